@@ -1,0 +1,41 @@
+/* gshm-bench: benchmarks are programs, not timed tests (DESIGN.md).
+ * Each subcommand prints a table (and --json where it has one) and writes
+ * nothing else; docs/PERFORMANCE.md records what it printed. */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+
+static const struct {
+  const char *name;
+  int (*main)(int, char **);
+  const char *help;
+} subcommands[] = {
+    {"copy", bench_copy_main, "P2P bandwidth/latency: copy engine vs SM kernels vs gshm_copy AUTO"},
+    {"broadcast", bench_broadcast_main, "one GPU to many: gshm_broadcast vs ncclBroadcast"},
+    {"attach", bench_attach_main, "create/open/map costs vs raw driver import and cudaIpc"},
+    {"control", bench_control_main, "control-plane throughput and latency with N clients"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: gshm-bench SUBCOMMAND [options]   (SUBCOMMAND --help for its options)\n\n");
+  for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)
+    fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].help);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    usage(stdout);
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)
+    if (!strcmp(argv[1], subcommands[i].name))
+      return subcommands[i].main(argc - 1, argv + 1);
+  fprintf(stderr, "gshm-bench: unknown subcommand '%s'\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

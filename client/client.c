@@ -1,0 +1,846 @@
+/* libgshm: connection, requests, leases and the lease cache. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "errors.h"
+#include "log.h"
+#include "util.h"
+
+#define DEFAULT_RECONNECT_MS 10000
+
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+
+/* The library is silent unless $GSHM_LOG_LEVEL asks (STYLE.md). */
+static void log_init(void) {
+  const char *v = getenv("GSHM_LOG_LEVEL");
+  gshm__log_setup("libgshm", v && *v ? atoi(v) : -1, 0);
+}
+
+const char *gshm_strerror(int err) { return gshm__strerror(err); }
+
+const char *gshm_last_error(gshm_client_t *client) { return client ? client->last_error : ""; }
+
+void gshm_free(void *p) { free(p); }
+
+static void set_last_error(struct gshm_client *c, const char *msg) {
+  snprintf(c->last_error, sizeof(c->last_error), "%s", msg ? msg : "");
+}
+
+static int socket_connect(const char *path, int *fd_out) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int fd, e;
+
+  if (strlen(path) >= sizeof(sa.sun_path))
+    return -ENAMETOOLONG;
+  strcpy(sa.sun_path, path);
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    e = -errno;
+    close(fd);
+    return e;
+  }
+  *fd_out = fd;
+  return 0;
+}
+
+/* Applies an unasked event from the daemon to the lease cache. */
+static void apply_event(struct gshm_client *c, const uint8_t *body, size_t len) {
+  Gshm__Event *ev = gshm__event__unpack(NULL, len, body);
+
+  if (!ev)
+    return;
+  for (struct gshm__lease *l = c->leases; l; l = l->next) {
+    if (l->info.id != ev->segment_id)
+      continue;
+    l->unlinked = true;
+    l->info.unlinked = 1;
+    if (ev->kind == GSHM__EVENT_KIND__EVENT_KIND_REVOKED)
+      l->revoked = true;
+  }
+  gshm_log_debug("event %d for segment %" PRIu64, ev->kind, ev->segment_id);
+  gshm__event__free_unpacked(ev, NULL);
+}
+
+/* Reads packets until the reply to request_id; events on the way are
+ * applied.  Returns 0 with *reply_out, or a negative errno (-ECONNRESET
+ * when the daemon closed the connection). */
+static int read_reply(struct gshm_client *c, uint32_t request_id, uint16_t type,
+                      Gshm__Reply **reply_out, int *fd_out, int flags_dontwait) {
+  for (;;) {
+    struct gshm_wire_header h;
+    int fds[4], nfds = 0;
+    ssize_t n;
+
+    if (flags_dontwait) {
+      /* Only drain what is already there (events). */
+      n = recv(c->fd, c->rx, 0, MSG_PEEK | MSG_DONTWAIT);
+      if (n < 0)
+        return errno == EAGAIN ? -EAGAIN : -errno;
+    }
+    n = gshm__wire_recv(c->fd, c->rx, sizeof(c->rx), fds, 4, &nfds);
+    if (n <= 0) {
+      for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+      return n == 0 ? -ECONNRESET : (int)n;
+    }
+    if (gshm__wire_parse_header(c->rx, (size_t)n, &h) || h.major != GSHM_PROTO_MAJOR) {
+      for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+      return -EPROTO;
+    }
+    if (h.type == GSHM_WIRE_EVENT) {
+      for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+      apply_event(c, c->rx + GSHM_WIRE_HEADER_SIZE, h.length);
+      continue;
+    }
+    if (flags_dontwait || h.type != (type | GSHM_WIRE_REPLY) || h.request_id != request_id) {
+      for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+      return -EPROTO;
+    }
+    *reply_out = gshm__reply__unpack(NULL, h.length, c->rx + GSHM_WIRE_HEADER_SIZE);
+    if (!*reply_out) {
+      for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+      return -EPROTO;
+    }
+    /* Exactly the fds we expect are kept; any other is closed. */
+    for (int i = 0; i < nfds; i++) {
+      if (i == 0 && fd_out)
+        *fd_out = fds[0];
+      else
+        close(fds[i]);
+    }
+    return 0;
+  }
+}
+
+/* Drains events already waiting on the socket (no blocking). */
+static void drain_events(struct gshm_client *c) {
+  Gshm__Reply *unused;
+  if (c->fd >= 0)
+    read_reply(c, 0, 0, &unused, NULL, 1);
+}
+
+static int hello(struct gshm_client *c) {
+  Gshm__Hello m = GSHM__HELLO__INIT;
+  Gshm__Reply *reply = NULL;
+  uint32_t id = ++c->next_request;
+  int e;
+
+  m.major = GSHM_PROTO_MAJOR;
+  m.minor = GSHM_PROTO_MINOR;
+  m.client_name = c->name;
+  m.resume_session_id = c->session_id;
+  if ((e = gshm__wire_send(c->fd, GSHM_WIRE_HELLO, id, &m.base, -1)))
+    return e;
+  if ((e = read_reply(c, id, GSHM_WIRE_HELLO, &reply, NULL, 0)))
+    return e;
+  if (reply->status != GSHM__STATUS__STATUS_OK) {
+    e = gshm__status_to_errno(reply->status);
+    set_last_error(c, reply->message);
+    gshm_log_err("gshmd refused hello: %s", reply->message);
+  } else if (reply->body_case != GSHM__REPLY__BODY_WELCOME) {
+    e = -EPROTO;
+  } else {
+    c->session_id = reply->welcome->session_id;
+    c->capabilities = reply->welcome->capabilities;
+  }
+  gshm__reply__free_unpacked(reply, NULL);
+  return e;
+}
+
+/* After the daemon came back: re-take every lease by segment id and
+ * generation.  The fds and mappings we hold stay valid throughout (they
+ * keep the memory alive on their own); the daemon's new fd is dropped. */
+static void retake_leases(struct gshm_client *c) {
+  for (struct gshm__lease *l = c->leases; l; l = l->next) {
+    Gshm__OpenRequest m = GSHM__OPEN_REQUEST__INIT;
+    Gshm__Reply *reply = NULL;
+    uint32_t id = ++c->next_request;
+    int fd = -1;
+
+    m.segment_id = l->info.id;
+    m.generation = l->info.generation;
+    m.access = l->access == GSHM_ACCESS_READ ? GSHM__ACCESS__ACCESS_READ
+                                             : GSHM__ACCESS__ACCESS_READ_WRITE;
+    m.name = "";
+    l->lease_id = 0;
+    if (gshm__wire_send(c->fd, GSHM_WIRE_OPEN, id, &m.base, -1) ||
+        read_reply(c, id, GSHM_WIRE_OPEN, &reply, &fd, 0))
+      return; /* the next request will notice the broken connection */
+    if (fd >= 0)
+      close(fd);
+    if (reply->status == GSHM__STATUS__STATUS_OK && reply->grant) {
+      l->lease_id = reply->grant->lease_id;
+      l->unlinked = reply->grant->segment &&
+                    reply->grant->segment->state == GSHM__SEGMENT_STATE__SEGMENT_STATE_UNLINKED;
+    } else {
+      l->revoked = true; /* lost across the restart */
+      gshm_log_warn("lease on '%s' not re-taken: %s", l->info.name, reply->message);
+    }
+    gshm__reply__free_unpacked(reply, NULL);
+    if (l->lease_id && l->addr)
+      gshm__report_mapping(c, l, NULL, 0, false);
+  }
+}
+
+/* Reconnects to a daemon that went away, waiting up to reconnect_ms for
+ * it to come back (systemd restarts it). */
+static int reconnect(struct gshm_client *c) {
+  struct timespec delay = {0, 10 * 1000 * 1000};
+  int64_t deadline = gshm__now_ns(CLOCK_MONOTONIC) + (int64_t)c->reconnect_ms * 1000000;
+  int e;
+
+  if (c->fd >= 0) {
+    close(c->fd);
+    c->fd = -1;
+  }
+  for (;;) {
+    e = socket_connect(c->path, &c->fd);
+    if (e == 0 && (e = hello(c)) == 0)
+      break;
+    if (c->fd >= 0) {
+      close(c->fd);
+      c->fd = -1;
+    }
+    if (e == -EPROTONOSUPPORT || e == -EACCES || gshm__now_ns(CLOCK_MONOTONIC) > deadline)
+      return e;
+    nanosleep(&delay, NULL);
+    if (delay.tv_nsec < 200 * 1000 * 1000)
+      delay.tv_nsec *= 2;
+  }
+  gshm_log_info("reconnected to gshmd, session %" PRIu64, c->session_id);
+  retake_leases(c);
+  return 0;
+}
+
+static bool connection_lost(int e) {
+  return e == -EPIPE || e == -ECONNRESET || e == -ENOTCONN || e == -ECONNREFUSED ||
+         e == -ENOENT;
+}
+
+int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
+                  Gshm__Reply **reply_out, int *fd_out) {
+  Gshm__Reply *reply = NULL;
+  int e = 0;
+
+  c->last_error[0] = '\0';
+  for (int attempt = 0; attempt < 2; attempt++) {
+    uint32_t id;
+    int fd = -1;
+    if (c->fd < 0 && (e = reconnect(c)))
+      break;
+    id = ++c->next_request;
+    e = gshm__wire_send(c->fd, type, id, msg, -1);
+    if (!e)
+      e = read_reply(c, id, type, &reply, fd_out ? &fd : NULL, 0);
+    if (e && connection_lost(e) && c->reconnect_ms > 0) {
+      close(c->fd);
+      c->fd = -1;
+      continue;
+    }
+    if (e)
+      break;
+    if (reply->status != GSHM__STATUS__STATUS_OK) {
+      e = gshm__status_to_errno(reply->status);
+      set_last_error(c, reply->message);
+      if (fd >= 0)
+        close(fd);
+      gshm__reply__free_unpacked(reply, NULL);
+      return e;
+    }
+    if (fd_out)
+      *fd_out = fd;
+    *reply_out = reply;
+    return 0;
+  }
+  if (e && connection_lost(e)) {
+    set_last_error(c, "connection to gshmd lost");
+    e = e == -ENOENT || e == -ECONNREFUSED ? -ECONNRESET : e;
+  }
+  return e;
+}
+
+int gshm_connect(const char *path, const char *client_name, gshm_client_t **client_out) {
+  struct gshm_client *c;
+  const char *env;
+  int e;
+
+  pthread_once(&log_once, log_init);
+  if (!client_out)
+    return -EINVAL;
+  if (!path || !*path)
+    path = (env = getenv("GSHM_SOCKET")) && *env ? env : GSHM_DEFAULT_SOCKET;
+  if (!(c = calloc(1, sizeof(*c))))
+    return -ENOMEM;
+  c->fd = -1;
+  pthread_mutex_init(&c->lock, NULL);
+  if (!(c->path = strdup(path))) {
+    free(c);
+    return -ENOMEM;
+  }
+  if (!client_name) {
+    extern char *program_invocation_short_name;
+    client_name = program_invocation_short_name;
+  }
+  snprintf(c->name, sizeof(c->name), "%s", client_name);
+  for (char *p = c->name; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f)
+      *p = '?';
+  env = getenv("GSHM_RECONNECT_MS");
+  c->reconnect_ms = env && *env ? atoi(env) : DEFAULT_RECONNECT_MS;
+  if ((e = socket_connect(c->path, &c->fd)) || (e = hello(c))) {
+    if (e != -EPROTONOSUPPORT)
+      gshm_log_info("cannot connect to gshmd at %s: %s", c->path, gshm_strerror(e));
+    if (c->fd >= 0)
+      close(c->fd);
+    pthread_mutex_destroy(&c->lock);
+    free(c->path);
+    free(c);
+    return e;
+  }
+  *client_out = c;
+  return 0;
+}
+
+static void lease_release(struct gshm_client *c, struct gshm__lease *l);
+
+void gshm_disconnect(gshm_client_t *c) {
+  if (!c)
+    return;
+  pthread_mutex_lock(&c->lock);
+  while (c->leases) {
+    struct gshm__lease *l = c->leases;
+    /* Segment objects still open are forgotten with the client: drop all
+     * references at once.  The connection's end ends the daemon leases. */
+    l->refs = 1;
+    l->map_refs = l->addr ? 1 : 0;
+    l->lease_id = 0; /* no close request: the connection is going */
+    lease_release(c, l);
+  }
+  if (c->fd >= 0)
+    close(c->fd);
+  pthread_mutex_unlock(&c->lock);
+  pthread_mutex_destroy(&c->lock);
+  free(c->path);
+  free(c);
+}
+
+static void info_from_wire(gshm_segment_info_t *o, const Gshm__SegmentInfo *i) {
+  memset(o, 0, sizeof(*o));
+  o->id = i->id;
+  o->generation = i->generation;
+  snprintf(o->name, sizeof(o->name), "%s", i->name);
+  o->size = i->size;
+  o->requested_size = i->requested_size;
+  o->granularity = i->granularity;
+  snprintf(o->location, sizeof(o->location), "%s", i->location);
+  o->device_index = i->device_index;
+  o->uid = i->uid;
+  o->gid = i->gid;
+  o->mode = i->mode;
+  o->flags = i->flags;
+  o->unlinked = i->state == GSHM__SEGMENT_STATE__SEGMENT_STATE_UNLINKED;
+  o->leases = i->leases;
+  o->created_ns = i->created_ns;
+}
+
+static int segment_new(struct gshm__lease *l, gshm_segment_t **seg_out) {
+  struct gshm_segment *s = calloc(1, sizeof(*s));
+  if (!s)
+    return -ENOMEM;
+  s->lease = l;
+  l->refs++;
+  *seg_out = s;
+  return 0;
+}
+
+/* Builds a lease from a grant reply; takes fd. */
+static int lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
+                            gshm_segment_t **seg_out) {
+  struct gshm__lease *l;
+  int e;
+
+  if (reply->body_case != GSHM__REPLY__BODY_GRANT || !reply->grant->segment || fd < 0) {
+    if (fd >= 0)
+      close(fd);
+    return -EPROTO;
+  }
+  if (!(l = calloc(1, sizeof(*l)))) {
+    close(fd);
+    return -ENOMEM;
+  }
+  l->client = c;
+  l->lease_id = reply->grant->lease_id;
+  l->access = reply->grant->access == GSHM__ACCESS__ACCESS_READ ? GSHM_ACCESS_READ
+                                                                 : GSHM_ACCESS_READ_WRITE;
+  l->fd = fd;
+  info_from_wire(&l->info, reply->grant->segment);
+  if ((e = segment_new(l, seg_out))) {
+    close(fd);
+    free(l);
+    return e;
+  }
+  l->next = c->leases;
+  c->leases = l;
+  return 0;
+}
+
+int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *location,
+                uint32_t mode, uint32_t flags, gshm_segment_t **seg_out) {
+  Gshm__CreateRequest m = GSHM__CREATE_REQUEST__INIT;
+  Gshm__Reply *reply = NULL;
+  int fd = -1, e;
+
+  if (!c || !name || !seg_out)
+    return -EINVAL;
+  if (strlen(name) > GSHM_NAME_MAX)
+    return -ENAMETOOLONG;
+  m.name = (char *)name;
+  m.size = size;
+  m.location = (char *)(location ? location : "host");
+  m.mode = mode;
+  m.flags = flags;
+  pthread_mutex_lock(&c->lock);
+  e = gshm__request(c, GSHM_WIRE_CREATE, &m.base, &reply, &fd);
+  if (!e) {
+    e = lease_from_grant(c, reply, fd, seg_out);
+    gshm__reply__free_unpacked(reply, NULL);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return e;
+}
+
+/* A lease of this client that can serve an open of name with access. */
+static struct gshm__lease *cached_lease(struct gshm_client *c, const char *name,
+                                        gshm_access_t access) {
+  drain_events(c);
+  for (struct gshm__lease *l = c->leases; l; l = l->next)
+    /* Same access only: a read-only open must not get a writable mapping. */
+    if (!l->unlinked && !l->revoked && l->lease_id && l->access == access &&
+        !strcmp(l->info.name, name))
+      return l;
+  return NULL;
+}
+
+int gshm_open(gshm_client_t *c, const char *name, gshm_access_t access, gshm_segment_t **seg_out) {
+  Gshm__OpenRequest m = GSHM__OPEN_REQUEST__INIT;
+  Gshm__Reply *reply = NULL;
+  struct gshm__lease *l;
+  int fd = -1, e;
+
+  if (!c || !name || !seg_out || (access != GSHM_ACCESS_READ && access != GSHM_ACCESS_READ_WRITE))
+    return -EINVAL;
+  if (strlen(name) > GSHM_NAME_MAX)
+    return -ENAMETOOLONG;
+  pthread_mutex_lock(&c->lock);
+  if ((l = cached_lease(c, name, access))) {
+    e = segment_new(l, seg_out);
+    pthread_mutex_unlock(&c->lock);
+    return e;
+  }
+  m.name = (char *)name;
+  m.access = access == GSHM_ACCESS_READ ? GSHM__ACCESS__ACCESS_READ
+                                        : GSHM__ACCESS__ACCESS_READ_WRITE;
+  e = gshm__request(c, GSHM_WIRE_OPEN, &m.base, &reply, &fd);
+  if (!e) {
+    e = lease_from_grant(c, reply, fd, seg_out);
+    gshm__reply__free_unpacked(reply, NULL);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return e;
+}
+
+/* Drops one reference; the last ends the lease (close request, unmap,
+ * close fd, free).  Caller holds c->lock. */
+static void lease_release(struct gshm_client *c, struct gshm__lease *l) {
+  if (--l->refs > 0)
+    return;
+  gshm__lease_unmap(l, false); /* the close below tells the daemon */
+  if (l->lease_id && c->fd >= 0) {
+    Gshm__CloseRequest m = GSHM__CLOSE_REQUEST__INIT;
+    Gshm__Reply *reply = NULL;
+    m.lease_id = l->lease_id;
+    /* A close that fails because the daemon is gone is still a close:
+     * the lease ended with the connection. */
+    if (gshm__request(c, GSHM_WIRE_CLOSE, &m.base, &reply, NULL) == 0)
+      gshm__reply__free_unpacked(reply, NULL);
+  }
+  for (struct gshm__lease **pp = &c->leases; *pp; pp = &(*pp)->next)
+    if (*pp == l) {
+      *pp = l->next;
+      break;
+    }
+  if (l->fd >= 0)
+    close(l->fd);
+  free(l);
+}
+
+int gshm_close(gshm_segment_t *seg) {
+  struct gshm_client *c;
+
+  if (!seg)
+    return 0;
+  c = seg->lease->client;
+  pthread_mutex_lock(&c->lock);
+  if (seg->mapped && --seg->lease->map_refs == 0)
+    gshm__lease_unmap(seg->lease, seg->lease->refs > 1); /* else the close tells */
+  lease_release(c, seg->lease);
+  pthread_mutex_unlock(&c->lock);
+  free(seg);
+  return 0;
+}
+
+int gshm_unlink(gshm_client_t *c, const char *name) {
+  Gshm__UnlinkRequest m = GSHM__UNLINK_REQUEST__INIT;
+  Gshm__Reply *reply = NULL;
+  int e;
+
+  if (!c || !name)
+    return -EINVAL;
+  if (strlen(name) > GSHM_NAME_MAX)
+    return -ENAMETOOLONG;
+  m.name = (char *)name;
+  pthread_mutex_lock(&c->lock);
+  e = gshm__request(c, GSHM_WIRE_UNLINK, &m.base, &reply, NULL);
+  if (!e)
+    gshm__reply__free_unpacked(reply, NULL);
+  /* Our own leases on that name are not served to new opens any more
+   * (the daemon's event may also be on its way). */
+  if (!e)
+    for (struct gshm__lease *l = c->leases; l; l = l->next)
+      if (!strcmp(l->info.name, name))
+        l->unlinked = true;
+  pthread_mutex_unlock(&c->lock);
+  return e;
+}
+
+static int stat_request(struct gshm_client *c, const char *name, uint64_t id,
+                        gshm_segment_info_t *info_out) {
+  Gshm__StatRequest m = GSHM__STAT_REQUEST__INIT;
+  Gshm__Reply *reply = NULL;
+  int e;
+
+  m.name = (char *)(name ? name : "");
+  m.segment_id = id;
+  e = gshm__request(c, GSHM_WIRE_STAT, &m.base, &reply, NULL);
+  if (e)
+    return e;
+  if (reply->body_case != GSHM__REPLY__BODY_SEGMENT)
+    e = -EPROTO;
+  else
+    info_from_wire(info_out, reply->segment);
+  gshm__reply__free_unpacked(reply, NULL);
+  return e;
+}
+
+int gshm_stat(gshm_segment_t *seg, gshm_segment_info_t *info_out) {
+  struct gshm_client *c;
+  gshm_segment_info_t info;
+  int e;
+
+  if (!seg || !info_out)
+    return -EINVAL;
+  c = seg->lease->client;
+  pthread_mutex_lock(&c->lock);
+  if (seg->lease->revoked) {
+    pthread_mutex_unlock(&c->lock);
+    return -ESTALE;
+  }
+  e = stat_request(c, NULL, seg->lease->info.id, &info);
+  if (!e && info.generation != seg->lease->info.generation)
+    e = -ESTALE;
+  if (!e) {
+    seg->lease->info.leases = info.leases;
+    seg->lease->info.unlinked = info.unlinked;
+    *info_out = info;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return e;
+}
+
+int gshm_stat_name(gshm_client_t *c, const char *name, gshm_segment_info_t *info_out) {
+  gshm_segment_info_t info;
+  int e;
+
+  if (!c || !name || !info_out)
+    return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  e = stat_request(c, name, 0, &info);
+  pthread_mutex_unlock(&c->lock);
+  if (!e)
+    *info_out = info;
+  return e;
+}
+
+const gshm_segment_info_t *gshm_segment_info(const gshm_segment_t *seg) {
+  return seg ? &seg->lease->info : NULL;
+}
+
+int gshm_segment_fd(const gshm_segment_t *seg) {
+  return seg && seg->lease->fd >= 0 ? seg->lease->fd : -EBADF;
+}
+
+gshm_access_t gshm_segment_access(const gshm_segment_t *seg) {
+  return seg ? seg->lease->access : GSHM_ACCESS_READ;
+}
+
+/* Pages through one list request type; add() appends one page's items to
+ * the growing array and returns the page's cursor. */
+typedef int (*page_fn)(const Gshm__Reply *reply, void **arr, size_t *n, size_t *cap,
+                       uint64_t *next);
+
+static int list_all(gshm_client_t *c, uint16_t type, Gshm__Reply__BodyCase want, page_fn add,
+                    void **arr_out, size_t *n_out) {
+  void *arr = NULL;
+  size_t n = 0, cap = 0;
+  uint64_t after = 0;
+  int e = 0;
+
+  if (!c || !arr_out || !n_out)
+    return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  do {
+    Gshm__ListRequest m = GSHM__LIST_REQUEST__INIT;
+    Gshm__Reply *reply = NULL;
+    uint64_t next = 0;
+    m.after = after;
+    if ((e = gshm__request(c, type, &m.base, &reply, NULL)))
+      break;
+    e = reply->body_case == want ? add(reply, &arr, &n, &cap, &next) : -EPROTO;
+    gshm__reply__free_unpacked(reply, NULL);
+    if (e)
+      break;
+    if (next && next <= after) {
+      e = -EPROTO; /* a cursor that does not advance would loop forever */
+      break;
+    }
+    after = next;
+  } while (after);
+  pthread_mutex_unlock(&c->lock);
+  if (e) {
+    free(arr);
+    return e;
+  }
+  *arr_out = arr;
+  *n_out = n;
+  return 0;
+}
+
+static int grow(void **arr, size_t *cap, size_t need, size_t elem) {
+  void *p;
+  size_t ncap = *cap ? *cap : 16;
+  if (need <= *cap)
+    return 0;
+  while (ncap < need)
+    ncap *= 2;
+  if (!(p = realloc(*arr, ncap * elem)))
+    return -ENOMEM;
+  *arr = p;
+  *cap = ncap;
+  return 0;
+}
+
+static int add_segments(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap,
+                        uint64_t *next) {
+  gshm_segment_info_t *a;
+  if (grow(arr, cap, *n + r->segments->n_segments, sizeof(*a)))
+    return -ENOMEM;
+  a = *arr;
+  for (size_t i = 0; i < r->segments->n_segments; i++)
+    info_from_wire(&a[(*n)++], r->segments->segments[i]);
+  *next = r->segments->next;
+  return 0;
+}
+
+static int add_leases(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap, uint64_t *next) {
+  gshm_lease_info_t *a;
+  if (grow(arr, cap, *n + r->leases->n_leases, sizeof(*a)))
+    return -ENOMEM;
+  a = *arr;
+  for (size_t i = 0; i < r->leases->n_leases; i++) {
+    const Gshm__LeaseInfo *w = r->leases->leases[i];
+    gshm_lease_info_t *o = &a[(*n)++];
+    size_t used = 0;
+    memset(o, 0, sizeof(*o));
+    o->lease_id = w->lease_id;
+    o->segment_id = w->segment_id;
+    snprintf(o->segment_name, sizeof(o->segment_name), "%s", w->segment_name);
+    snprintf(o->location, sizeof(o->location), "%s", w->location);
+    o->session_id = w->session_id;
+    o->pid = w->pid;
+    o->uid = w->uid;
+    snprintf(o->client_name, sizeof(o->client_name), "%s", w->client_name);
+    o->access = w->access == GSHM__ACCESS__ACCESS_READ ? GSHM_ACCESS_READ : GSHM_ACCESS_READ_WRITE;
+    o->since_ns = w->since_ns;
+    o->mapped = w->mapped;
+    for (size_t k = 0; k < w->n_mapped_devices; k++) {
+      int wrote = snprintf(o->mapped_devices + used, sizeof(o->mapped_devices) - used, "%s%s",
+                           k ? "," : "", w->mapped_devices[k]);
+      if (wrote < 0 || (size_t)wrote >= sizeof(o->mapped_devices) - used)
+        break;
+      used += (size_t)wrote;
+    }
+  }
+  *next = r->leases->next;
+  return 0;
+}
+
+static int add_clients(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap, uint64_t *next) {
+  gshm_client_info_t *a;
+  if (grow(arr, cap, *n + r->clients->n_clients, sizeof(*a)))
+    return -ENOMEM;
+  a = *arr;
+  for (size_t i = 0; i < r->clients->n_clients; i++) {
+    const Gshm__ClientInfo *w = r->clients->clients[i];
+    gshm_client_info_t *o = &a[(*n)++];
+    memset(o, 0, sizeof(*o));
+    o->session_id = w->session_id;
+    o->pid = w->pid;
+    o->uid = w->uid;
+    o->gid = w->gid;
+    snprintf(o->name, sizeof(o->name), "%s", w->name);
+    o->since_ns = w->since_ns;
+    o->leases = w->leases;
+  }
+  *next = r->clients->next;
+  return 0;
+}
+
+int gshm_list(gshm_client_t *c, gshm_segment_info_t **infos_out, size_t *count_out) {
+  return list_all(c, GSHM_WIRE_LIST_SEGMENTS, GSHM__REPLY__BODY_SEGMENTS, add_segments,
+                  (void **)infos_out, count_out);
+}
+
+int gshm_list_leases(gshm_client_t *c, gshm_lease_info_t **leases_out, size_t *count_out) {
+  return list_all(c, GSHM_WIRE_LIST_LEASES, GSHM__REPLY__BODY_LEASES, add_leases,
+                  (void **)leases_out, count_out);
+}
+
+int gshm_list_clients(gshm_client_t *c, gshm_client_info_t **clients_out, size_t *count_out) {
+  return list_all(c, GSHM_WIRE_LIST_CLIENTS, GSHM__REPLY__BODY_CLIENTS, add_clients,
+                  (void **)clients_out, count_out);
+}
+
+int gshm_status(gshm_client_t *c, gshm_status_info_t *status_out) {
+  Gshm__Empty m = GSHM__EMPTY__INIT;
+  Gshm__Reply *reply = NULL;
+  gshm_status_info_t st;
+  int e;
+
+  if (!c || !status_out)
+    return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  e = gshm__request(c, GSHM_WIRE_STATUS, &m.base, &reply, NULL);
+  pthread_mutex_unlock(&c->lock);
+  if (e)
+    return e;
+  if (reply->body_case != GSHM__REPLY__BODY_STATUS_INFO) {
+    gshm__reply__free_unpacked(reply, NULL);
+    return -EPROTO;
+  }
+  memset(&st, 0, sizeof(st));
+  snprintf(st.version, sizeof(st.version), "%s", reply->status_info->version);
+  st.pid = reply->status_info->pid;
+  st.started_ns = reply->status_info->started_ns;
+  st.clients = reply->status_info->clients;
+  st.segments = reply->status_info->segments;
+  st.leases = reply->status_info->leases;
+  st.devices = reply->status_info->devices;
+  st.bytes = reply->status_info->bytes;
+  for (size_t i = 0, used = 0; i < reply->status_info->n_backends; i++) {
+    int w = snprintf(st.backends + used, sizeof(st.backends) - used, "%s%s", i ? "," : "",
+                     reply->status_info->backends[i]);
+    if (w < 0 || (size_t)w >= sizeof(st.backends) - used)
+      break;
+    used += (size_t)w;
+  }
+  gshm__reply__free_unpacked(reply, NULL);
+  *status_out = st;
+  return 0;
+}
+
+void gshm__report_mapping(struct gshm_client *c, struct gshm__lease *l, char **uuids, size_t n,
+                          bool unmapped) {
+  Gshm__MapReport m = GSHM__MAP_REPORT__INIT;
+  Gshm__Reply *reply = NULL;
+
+  if (!l->lease_id)
+    return;
+  m.lease_id = l->lease_id;
+  m.device_uuids = uuids;
+  m.n_device_uuids = n;
+  m.unmapped = unmapped;
+  if (gshm__request(c, GSHM_WIRE_MAP_REPORT, &m.base, &reply, NULL) == 0)
+    gshm__reply__free_unpacked(reply, NULL);
+}
+
+static int add_devices(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap, uint64_t *next) {
+  gshm_device_info_t *a;
+  if (grow(arr, cap, *n + r->devices->n_devices, sizeof(*a)))
+    return -ENOMEM;
+  a = *arr;
+  for (size_t i = 0; i < r->devices->n_devices; i++) {
+    const Gshm__DeviceInfo *w = r->devices->devices[i];
+    gshm_device_info_t *o = &a[(*n)++];
+    memset(o, 0, sizeof(*o));
+    o->index = w->index;
+    snprintf(o->uuid, sizeof(o->uuid), "%s", w->uuid);
+    snprintf(o->pci_bus_id, sizeof(o->pci_bus_id), "%s", w->pci_bus_id);
+    snprintf(o->name, sizeof(o->name), "%s", w->name);
+    o->total_memory = w->total_memory;
+    o->free_memory = w->free_memory;
+    o->granularity = w->granularity;
+    o->cc_major = w->cc_major;
+    o->cc_minor = w->cc_minor;
+    for (size_t k = 0; k < w->n_peers && k < GSHM_MAX_PEERS; k++) {
+      o->peers[k].index = w->peers[k]->index;
+      o->peers[k].access = w->peers[k]->access;
+      o->peers[k].native_atomics = w->peers[k]->native_atomics;
+      o->peers[k].performance_rank = w->peers[k]->performance_rank;
+      o->peers[k].nvlinks = w->peers[k]->nvlinks;
+      o->npeers++;
+    }
+  }
+  *next = 0; /* one page: a node has few GPUs */
+  return 0;
+}
+
+int gshm_list_devices(gshm_client_t *c, gshm_device_info_t **devices_out, size_t *count_out) {
+  return list_all(c, GSHM_WIRE_DEVICES, GSHM__REPLY__BODY_DEVICES, add_devices,
+                  (void **)devices_out, count_out);
+}
+
+int gshm_metrics(gshm_client_t *c, char **text_out) {
+  Gshm__Empty m = GSHM__EMPTY__INIT;
+  Gshm__Reply *reply = NULL;
+  char *text;
+  int e;
+
+  if (!c || !text_out)
+    return -EINVAL;
+  pthread_mutex_lock(&c->lock);
+  e = gshm__request(c, GSHM_WIRE_METRICS, &m.base, &reply, NULL);
+  pthread_mutex_unlock(&c->lock);
+  if (e)
+    return e;
+  text = reply->body_case == GSHM__REPLY__BODY_TEXT ? strdup(reply->text) : NULL;
+  e = reply->body_case != GSHM__REPLY__BODY_TEXT ? -EPROTO : text ? 0 : -ENOMEM;
+  gshm__reply__free_unpacked(reply, NULL);
+  if (!e)
+    *text_out = text;
+  return e;
+}

@@ -1,0 +1,89 @@
+/* libgshm internals shared by client.c, map.c and map_cuda.c. */
+#ifndef GSHM_CLIENT_INTERNAL_H
+#define GSHM_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gshm.h"
+#include "gshm.pb-c.h"
+#include "wire.h"
+
+struct gshm__lease;
+
+/* One daemon lease held by this client connection.  gshm_open() of a name
+ * this client already holds (same id and generation, enough access, name
+ * not unlinked since) shares it: a cached re-open costs no round trip and
+ * no driver import (DESIGN.md "mapping cache"). */
+struct gshm__lease {
+  struct gshm_client *client;
+  uint64_t lease_id;       /* 0 when it could not be re-taken after a restart */
+  gshm_segment_info_t info;
+  gshm_access_t access;
+  int fd;                  /* memfd or cuMem POSIX fd; owned */
+  int refs;                /* gshm_segment_t objects using this lease */
+  bool unlinked;           /* name gone: never served to new opens */
+  bool revoked;            /* the daemon ended the lease */
+  /* The mapping, shared by every segment object of this lease. */
+  void *addr;
+  uint64_t map_size;
+  int map_refs;
+  void *device_map;        /* map_cuda.c's state; NULL for host mappings */
+  struct gshm__lease *next;
+};
+
+struct gshm_segment {
+  struct gshm__lease *lease;
+  bool mapped;             /* this object holds one of lease->map_refs */
+};
+
+struct gshm_client {
+  pthread_mutex_t lock;
+  int fd;                  /* -1 while disconnected */
+  char *path;
+  char name[64];
+  uint64_t session_id;
+  uint32_t next_request;
+  uint64_t capabilities;
+  struct gshm__lease *leases;
+  char last_error[256];
+  int reconnect_ms;        /* how long to wait for a restarted daemon */
+  uint8_t rx[GSHM_WIRE_MAX_PACKET + 1];
+};
+
+/* Sends msg as a request of type and waits for its reply, applying any
+ * event that arrives first; reconnects and re-takes leases once if the
+ * daemon went away.  Caller holds c->lock.  On success *reply_out is the
+ * decoded reply (free with gshm__reply__free_unpacked) and, when fd_out is
+ * not NULL, *fd_out the fd that came with it (or -1).  A non-OK status is
+ * returned as its negative errno after copying the message to
+ * c->last_error; *reply_out is then not set. */
+int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
+                  Gshm__Reply **reply_out, int *fd_out);
+
+/* Removes l's mapping (host munmap or device unmap), whoever holds it, and
+ * tells the daemon when `report`.  Returns 0 or the unmap's error.  Caller
+ * holds the lock. */
+int gshm__lease_unmap(struct gshm__lease *l, bool report);
+
+/* Tells the daemon which devices a lease is mapped on (for gshmctl
+ * mappings).  Best effort: errors are ignored.  Caller holds c->lock. */
+void gshm__report_mapping(struct gshm_client *c, struct gshm__lease *l, char **uuids, size_t n,
+                          bool unmapped);
+
+/* Device segments (map_cuda.c).  Import l->fd, reserve, map and set access
+ * on the devices; fills l->addr, l->map_size, l->device_map and, for the
+ * mapping report, uuids_out[0..*n_out) (static storage in l->device_map).
+ * Errors: as gshm_map() documents. */
+int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
+                     char ***uuids_out, size_t *n_out);
+/* Undoes gshm__map_device in reverse order; accepts an unmapped lease. */
+int gshm__unmap_device(struct gshm__lease *l);
+
+/* Copies the bytes of a mapped device segment to or from host memory
+ * through a staging copy (for gshmctl read/write).  offset and bytes in
+ * bytes, within the segment. */
+int gshm__device_rw(struct gshm__lease *l, uint64_t offset, void *host, size_t bytes, bool write);
+
+#endif

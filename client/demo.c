@@ -1,0 +1,258 @@
+/* gshm-demo: README's main job.
+ *
+ * Starts a private gshmd (its own socket in a fresh directory, built-in
+ * defaults), then: a producer process creates a segment and fills it with
+ * pseudo-random bytes; a consumer process opens it read-only, maps it and
+ * verifies every byte; while both hold it, `gshmctl mappings` shows them;
+ * then everything stops cleanly.  With --gpu (or when two GPUs are found and
+ * gshm-demo-gpu exists) the same is done with a device segment across GPUs. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gshm.h"
+#include "spawn.h"
+#include "util.h"
+
+#define SEGMENT "demo/weights"
+
+/* xorshift64*: the same stream in both processes, no shared state. */
+static uint64_t rng_next(uint64_t *s) {
+  *s ^= *s >> 12;
+  *s ^= *s << 25;
+  *s ^= *s >> 27;
+  return *s * 2685821657736338717ull;
+}
+
+static char self_dir[PATH_MAX];
+
+static void find_self_dir(void) {
+  ssize_t n = readlink("/proc/self/exe", self_dir, sizeof(self_dir) - 1);
+  char *slash;
+  self_dir[n > 0 ? n : 0] = '\0';
+  if ((slash = strrchr(self_dir, '/')))
+    *slash = '\0';
+}
+
+/* Producer: create, map, fill; then hold until the parent says go. */
+static int producer(const char *sock, uint64_t size, uint64_t seed, int ready_fd, int go_fd) {
+  gshm_client_t *c;
+  gshm_segment_t *seg;
+  uint64_t *p, s = seed;
+  void *addr;
+  char ok = 1, go;
+  int e;
+
+  if ((e = gshm_connect(sock, "demo-producer", &c)) ||
+      (e = gshm_create(c, SEGMENT, size, "host", 0600, 0, &seg)) ||
+      (e = gshm_map(seg, NULL, 0, &addr))) {
+    fprintf(stderr, "producer: %s\n", gshm_strerror(e));
+    return 1;
+  }
+  p = addr;
+  for (uint64_t i = 0; i < size / 8; i++)
+    p[i] = rng_next(&s);
+  printf("producer (pid %d): created '%s', %" PRIu64 " MiB at %s, filled with random data\n",
+         (int)getpid(), SEGMENT, size >> 20, gshm_segment_info(seg)->location);
+  fflush(stdout);
+  if (write(ready_fd, &ok, 1) != 1 || read(go_fd, &go, 1) != 1)
+    return 1;
+  gshm_close(seg);
+  gshm_disconnect(c);
+  return 0;
+}
+
+/* Consumer: open read-only, map, verify every byte; then hold. */
+static int consumer(const char *sock, uint64_t seed, int ready_fd, int go_fd) {
+  gshm_client_t *c;
+  gshm_segment_t *seg;
+  const uint64_t *p;
+  uint64_t s = seed, size, bad = 0;
+  void *addr;
+  char ok, go;
+  int e;
+
+  if ((e = gshm_connect(sock, "demo-consumer", &c)) ||
+      (e = gshm_open(c, SEGMENT, GSHM_ACCESS_READ, &seg)) ||
+      (e = gshm_map(seg, NULL, 0, &addr))) {
+    fprintf(stderr, "consumer: %s\n", gshm_strerror(e));
+    return 1;
+  }
+  size = gshm_segment_info(seg)->size;
+  p = addr;
+  for (uint64_t i = 0; i < size / 8; i++)
+    bad += p[i] != rng_next(&s);
+  printf("consumer (pid %d): opened '%s' read-only, mapped %" PRIu64 " MiB, verified %" PRIu64
+         " words: %s\n",
+         (int)getpid(), SEGMENT, size >> 20, size / 8, bad ? "MISMATCH" : "all equal");
+  fflush(stdout);
+  ok = bad == 0;
+  if (write(ready_fd, &ok, 1) != 1 || read(go_fd, &go, 1) != 1)
+    return 1;
+  gshm_close(seg);
+  gshm_disconnect(c);
+  return bad ? 1 : 0;
+}
+
+static int run_tool(const char *tool, const char *const *args) {
+  char path[PATH_MAX + 32];
+  const char *argv[16];
+  int argc = 0, status;
+  pid_t pid;
+
+  snprintf(path, sizeof(path), "%s/%s", self_dir, tool);
+  argv[argc++] = path;
+  for (int i = 0; args[i] && argc < 15; i++)
+    argv[argc++] = args[i];
+  argv[argc] = NULL;
+  fflush(stdout);
+  if ((pid = fork()) == 0) {
+    execv(path, (char *const *)argv);
+    execvp(tool, (char *const *)argv); /* installed: on PATH */
+    _exit(127);
+  }
+  if (pid < 0 || waitpid(pid, &status, 0) < 0)
+    return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static pid_t start_child(int (*fn)(void *), void *arg) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    fflush(stdout);
+    _exit(fn(arg));
+  }
+  return pid;
+}
+
+struct role {
+  const char *sock;
+  uint64_t size, seed;
+  int ready[2], go[2];
+  int is_producer;
+};
+
+static int role_main(void *p) {
+  struct role *r = p;
+  close(r->ready[0]);
+  close(r->go[1]);
+  return r->is_producer ? producer(r->sock, r->size, r->seed, r->ready[1], r->go[0])
+                        : consumer(r->sock, r->seed, r->ready[1], r->go[0]);
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {{"size", required_argument, NULL, 's'},
+                                       {"gpu", no_argument, NULL, 'g'},
+                                       {"no-gpu", no_argument, NULL, 'n'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
+  struct gshm_spawn sp;
+  struct role prod = {0}, cons = {0};
+  pid_t pp, pc;
+  uint64_t size = 64u << 20, seed;
+  int gpu = -1, o, e, rc = 0, status;
+  char okp = 0, okc = 0;
+
+  while ((o = getopt_long(argc, argv, "s:h", opts, NULL)) != -1) {
+    switch (o) {
+    case 's':
+      if (gshm__parse_size(optarg, &size) || size < 8) {
+        fprintf(stderr, "gshm-demo: bad size '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case 'g':
+      gpu = 1;
+      break;
+    case 'n':
+      gpu = 0;
+      break;
+    case 'h':
+      printf("usage: gshm-demo [--size BYTES] [--gpu|--no-gpu]\n"
+             "Starts a private gshmd, shares a segment between two processes, verifies it,\n"
+             "shows `gshmctl mappings`, and stops.  gshmd is found through $GSHMD, next to\n"
+             "this program, or on PATH.\n");
+      return 0;
+    default:
+      return 2;
+    }
+  }
+  find_self_dir();
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if ((e = gshm__spawn_init(&sp))) {
+    fprintf(stderr, "gshm-demo: %s\n", strerror(-e));
+    return 1;
+  }
+  printf("== starting gshmd on %s\n", sp.socket_path);
+  if ((e = gshm__spawn_start(&sp, gshm__find_gshmd(), (const char *const[]){"--log-level", "5", NULL},
+                             false, 10000))) {
+    fprintf(stderr, "gshm-demo: gshmd did not become ready: %s\n", strerror(-e));
+    gshm__spawn_cleanup(&sp);
+    return 1;
+  }
+  printf("gshmd ready (pid %d): %s\n", (int)sp.pid, sp.status);
+
+  seed = (uint64_t)gshm__now_ns(CLOCK_REALTIME) | 1;
+  prod = (struct role){.sock = sp.socket_path, .size = size, .seed = seed, .is_producer = 1};
+  cons = (struct role){.sock = sp.socket_path, .size = size, .seed = seed, .is_producer = 0};
+  if (pipe(prod.ready) || pipe(prod.go) || pipe(cons.ready) || pipe(cons.go))
+    return 1;
+
+  printf("\n== process A creates and fills, process B opens, maps and verifies\n");
+  pp = start_child(role_main, &prod);
+  close(prod.ready[1]);
+  close(prod.go[0]);
+  if (read(prod.ready[0], &okp, 1) != 1 || !okp) {
+    fprintf(stderr, "gshm-demo: producer failed\n");
+    rc = 1;
+  }
+  pc = rc ? -1 : start_child(role_main, &cons);
+  if (pc > 0) {
+    close(cons.ready[1]);
+    close(cons.go[0]);
+    if (read(cons.ready[0], &okc, 1) != 1 || !okc)
+      rc = 1;
+  }
+
+  printf("\n== gshmctl mappings (both processes hold the segment)\n");
+  run_tool("gshmctl", (const char *const[]){"--socket", sp.socket_path, "mappings", NULL});
+  printf("\n== gshmctl segments\n");
+  run_tool("gshmctl", (const char *const[]){"--socket", sp.socket_path, "segments", NULL});
+
+  /* Let both go, reap them. */
+  if (write(prod.go[1], "x", 1) != 1)
+    rc = 1;
+  if (pc > 0 && write(cons.go[1], "x", 1) != 1)
+    rc = 1;
+  if (waitpid(pp, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
+    rc = 1;
+  if (pc > 0 && (waitpid(pc, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status)))
+    rc = 1;
+
+  if (gpu != 0) {
+    int g;
+    printf("\n== device segments across GPUs (gshm-demo-gpu)\n");
+    g = run_tool("gshm-demo-gpu", (const char *const[]){"--socket", sp.socket_path, NULL});
+    if (g == 77 || g == 127)
+      printf("skipped: %s\n", g == 77 ? "fewer than two GPUs here" : "gshm-demo-gpu not built");
+    if (g != 0 && (gpu == 1 || (g != 77 && g != 127)))
+      rc = 1;
+  }
+
+  printf("\n== stopping gshmd\n");
+  status = gshm__spawn_stop(&sp, SIGTERM);
+  gshm__spawn_cleanup(&sp);
+  if (status != 0) {
+    fprintf(stderr, "gshm-demo: gshmd exited with status %d\n", status);
+    rc = 1;
+  }
+  printf("%s\n", rc ? "demo FAILED" : "demo ok: the segment was shared, verified and released");
+  return rc;
+}

@@ -1,0 +1,714 @@
+/* gshmctl: show and manage what gshmd shares.  A libgshm client itself.
+ *
+ * Exit codes (DESIGN.md): 0 ok, 1 error, 2 usage, 3 daemon unreachable,
+ * 4 permission denied, 5 not found. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gshm.h"
+#include "util.h"
+
+#define SCHEMA_VERSION 1
+#define CHUNK (4u << 20)
+
+enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3, EXIT_DENIED = 4,
+       EXIT_NOTFOUND = 5 };
+
+static const char *socket_path;
+static int json_out;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: gshmctl [--socket PATH] [--json] VERB [ARGS]\n"
+          "\n"
+          "Show and manage the segments that gshmd shares.\n"
+          "\n"
+          "Verbs:\n"
+          "  status                         daemon version, totals and backends\n"
+          "  segments                       every segment you may see\n"
+          "  mappings                       every lease: segment, pid, uid, client, access, devices\n"
+          "  clients                        every client connection\n"
+          "  devices                        GPUs, memory, and the P2P / NVLink matrix\n"
+          "  metrics                        Prometheus text exposition\n"
+          "  create NAME SIZE [--location LOC] [--mode MODE] [--legacy-ipc]\n"
+          "                                 SIZE in bytes or with K/M/G/T; LOC host (default),\n"
+          "                                 cuda:N or cuda:GPU-<uuid>; MODE octal, default 0600\n"
+          "  unlink NAME                    remove the name; memory goes with the last lease\n"
+          "  read NAME [--offset B] [--length B] [-o FILE]\n"
+          "                                 segment bytes to stdout or FILE\n"
+          "  write NAME [-i FILE] [--offset B]\n"
+          "                                 bytes from stdin or FILE into the segment\n"
+          "\n"
+          "Options:\n"
+          "  -s, --socket PATH   gshmd's socket (default $GSHM_SOCKET, else %s)\n"
+          "  -j, --json          one JSON document with a schema_version key\n"
+          "  -h, --help          this text\n"
+          "  -V, --version       gshmctl's version\n"
+          "\n"
+          "Exit status: 0 ok, 1 error, 2 usage, 3 daemon unreachable, 4 permission denied,\n"
+          "5 not found.\n",
+          GSHM_DEFAULT_SOCKET);
+}
+
+static int exit_code(int err) {
+  switch (-err) {
+  case 0:
+    return EXIT_OK;
+  case EACCES:
+  case EPERM:
+    return EXIT_DENIED;
+  case ENOENT:
+    return EXIT_NOTFOUND;
+  case EINVAL:
+    return EXIT_ERR;
+  default:
+    return EXIT_ERR;
+  }
+}
+
+/* Reports a failed call; returns the exit code. */
+static int fail(gshm_client_t *c, const char *what, int err) {
+  const char *detail = c ? gshm_last_error(c) : "";
+  fprintf(stderr, "gshmctl: %s: %s%s%s\n", what, gshm_strerror(err), *detail ? ": " : "", detail);
+  return exit_code(err);
+}
+
+static int connect_daemon(gshm_client_t **c) {
+  int e = gshm_connect(socket_path, "gshmctl", c);
+  if (e) {
+    const char *path = socket_path ? socket_path : getenv("GSHM_SOCKET");
+    fprintf(stderr, "gshmctl: cannot reach gshmd at %s: %s\n",
+            path && *path ? path : GSHM_DEFAULT_SOCKET, gshm_strerror(e));
+    return e == -EACCES ? EXIT_DENIED : EXIT_UNREACHABLE;
+  }
+  return 0;
+}
+
+static const char *rfc3339(int64_t ns, char *buf, size_t cap) {
+  time_t t = (time_t)(ns / 1000000000);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+static const char *age(int64_t ns, char *buf, size_t cap) {
+  int64_t s = (gshm__now_ns(CLOCK_REALTIME) - ns) / 1000000000;
+  if (s < 0)
+    s = 0;
+  if (s < 120)
+    snprintf(buf, cap, "%" PRId64 "s", s);
+  else if (s < 7200)
+    snprintf(buf, cap, "%" PRId64 "m", s / 60);
+  else if (s < 172800)
+    snprintf(buf, cap, "%" PRId64 "h", s / 3600);
+  else
+    snprintf(buf, cap, "%" PRId64 "d", s / 86400);
+  return buf;
+}
+
+static int print_json(json_t *doc) {
+  int e = json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  json_decref(doc);
+  fputc('\n', stdout);
+  return e ? EXIT_ERR : EXIT_OK;
+}
+
+static json_t *json_doc(void) {
+  json_t *doc = json_object();
+  json_object_set_new(doc, "schema_version", json_integer(SCHEMA_VERSION));
+  return doc;
+}
+
+static int cmd_status(gshm_client_t *c) {
+  gshm_status_info_t st;
+  char t[40], sz[32];
+  int e = gshm_status(c, &st);
+
+  if (e)
+    return fail(c, "status", e);
+  if (json_out) {
+    json_t *doc = json_doc();
+    json_object_set_new(doc, "version", json_string(st.version));
+    json_object_set_new(doc, "pid", json_integer(st.pid));
+    json_object_set_new(doc, "started", json_string(rfc3339(st.started_ns, t, sizeof(t))));
+    json_object_set_new(doc, "clients", json_integer(st.clients));
+    json_object_set_new(doc, "segments", json_integer(st.segments));
+    json_object_set_new(doc, "leases", json_integer(st.leases));
+    json_object_set_new(doc, "bytes", json_integer((json_int_t)st.bytes));
+    json_object_set_new(doc, "devices", json_integer(st.devices));
+    json_object_set_new(doc, "backends", json_string(st.backends));
+    return print_json(doc);
+  }
+  printf("gshmd %s, pid %d, up since %s\n", st.version, st.pid,
+         rfc3339(st.started_ns, t, sizeof(t)));
+  printf("backends: %s (%u GPU%s)\n", st.backends, st.devices, st.devices == 1 ? "" : "s");
+  printf("%u clients, %u segments (%s), %u leases\n", st.clients, st.segments,
+         gshm__format_size(st.bytes, sz, sizeof(sz)), st.leases);
+  return EXIT_OK;
+}
+
+static int cmd_segments(gshm_client_t *c) {
+  gshm_segment_info_t *v = NULL;
+  size_t n = 0;
+  char t[40], sz[32], mode[8];
+  int e = gshm_list(c, &v, &n);
+
+  if (e)
+    return fail(c, "segments", e);
+  if (json_out) {
+    json_t *doc = json_doc(), *arr = json_array();
+    for (size_t i = 0; i < n; i++) {
+      json_t *o = json_object();
+      snprintf(mode, sizeof(mode), "%04o", v[i].mode);
+      json_object_set_new(o, "name", json_string(v[i].name));
+      json_object_set_new(o, "id", json_integer((json_int_t)v[i].id));
+      json_object_set_new(o, "generation", json_integer((json_int_t)v[i].generation));
+      json_object_set_new(o, "size", json_integer((json_int_t)v[i].size));
+      json_object_set_new(o, "requested_size", json_integer((json_int_t)v[i].requested_size));
+      json_object_set_new(o, "location", json_string(v[i].location));
+      json_object_set_new(o, "device", v[i].device_index < 0 ? json_null()
+                                                             : json_integer(v[i].device_index));
+      json_object_set_new(o, "uid", json_integer(v[i].uid));
+      json_object_set_new(o, "gid", json_integer(v[i].gid));
+      json_object_set_new(o, "mode", json_string(mode));
+      json_object_set_new(o, "state", json_string(v[i].unlinked ? "unlinked" : "live"));
+      json_object_set_new(o, "leases", json_integer(v[i].leases));
+      json_object_set_new(o, "legacy_ipc", json_boolean(v[i].flags & GSHM_CREATE_LEGACY_IPC));
+      json_object_set_new(o, "created", json_string(rfc3339(v[i].created_ns, t, sizeof(t))));
+      json_array_append_new(arr, o);
+    }
+    json_object_set_new(doc, "segments", arr);
+    gshm_free(v);
+    return print_json(doc);
+  }
+  printf("%-6s %-28s %10s %-10s %6s %6s %5s %-8s %6s %s\n", "ID", "NAME", "SIZE", "LOCATION",
+         "UID", "GID", "MODE", "STATE", "LEASES", "AGE");
+  for (size_t i = 0; i < n; i++) {
+    char loc[16];
+    if (v[i].device_index >= 0)
+      snprintf(loc, sizeof(loc), "cuda:%d", v[i].device_index);
+    else
+      snprintf(loc, sizeof(loc), "host");
+    printf("%-6" PRIu64 " %-28s %10s %-10s %6u %6u %04o %-8s %6u %s\n", v[i].id, v[i].name,
+           gshm__format_size(v[i].size, sz, sizeof(sz)), loc, v[i].uid, v[i].gid, v[i].mode,
+           v[i].unlinked ? "unlinked" : "live", v[i].leases, age(v[i].created_ns, t, sizeof(t)));
+  }
+  gshm_free(v);
+  return EXIT_OK;
+}
+
+static int cmd_mappings(gshm_client_t *c) {
+  gshm_lease_info_t *v = NULL;
+  size_t n = 0;
+  char t[40];
+  int e = gshm_list_leases(c, &v, &n);
+
+  if (e)
+    return fail(c, "mappings", e);
+  if (json_out) {
+    json_t *doc = json_doc(), *arr = json_array();
+    for (size_t i = 0; i < n; i++) {
+      json_t *o = json_object(), *devs = json_array();
+      const char *p = v[i].mapped_devices;
+      while (*p) {
+        size_t k = strcspn(p, ",");
+        json_array_append_new(devs, json_stringn(p, k));
+        p += k + (p[k] == ',');
+      }
+      json_object_set_new(o, "segment", json_string(v[i].segment_name));
+      json_object_set_new(o, "segment_id", json_integer((json_int_t)v[i].segment_id));
+      json_object_set_new(o, "lease_id", json_integer((json_int_t)v[i].lease_id));
+      json_object_set_new(o, "location", json_string(v[i].location));
+      json_object_set_new(o, "pid", json_integer(v[i].pid));
+      json_object_set_new(o, "uid", json_integer(v[i].uid));
+      json_object_set_new(o, "client", json_string(v[i].client_name));
+      json_object_set_new(o, "session_id", json_integer((json_int_t)v[i].session_id));
+      json_object_set_new(o, "access", json_string(v[i].access == GSHM_ACCESS_READ ? "r" : "rw"));
+      json_object_set_new(o, "since", json_string(rfc3339(v[i].since_ns, t, sizeof(t))));
+      json_object_set_new(o, "mapped", json_boolean(v[i].mapped));
+      json_object_set_new(o, "devices", devs);
+      json_array_append_new(arr, o);
+    }
+    json_object_set_new(doc, "mappings", arr);
+    gshm_free(v);
+    return print_json(doc);
+  }
+  printf("%-28s %8s %6s %-16s %-6s %-6s %-6s %s\n", "SEGMENT", "PID", "UID", "CLIENT", "ACCESS",
+         "SINCE", "MAPPED", "DEVICES");
+  for (size_t i = 0; i < n; i++)
+    printf("%-28s %8d %6u %-16s %-6s %-6s %-6s %s\n", v[i].segment_name, v[i].pid, v[i].uid,
+           v[i].client_name, v[i].access == GSHM_ACCESS_READ ? "r" : "rw",
+           age(v[i].since_ns, t, sizeof(t)), v[i].mapped ? "yes" : "no",
+           !v[i].mapped ? "-" : *v[i].mapped_devices ? v[i].mapped_devices : "cpu");
+  gshm_free(v);
+  return EXIT_OK;
+}
+
+static int cmd_clients(gshm_client_t *c) {
+  gshm_client_info_t *v = NULL;
+  size_t n = 0;
+  char t[40];
+  int e = gshm_list_clients(c, &v, &n);
+
+  if (e)
+    return fail(c, "clients", e);
+  if (json_out) {
+    json_t *doc = json_doc(), *arr = json_array();
+    for (size_t i = 0; i < n; i++) {
+      json_t *o = json_object();
+      json_object_set_new(o, "session_id", json_integer((json_int_t)v[i].session_id));
+      json_object_set_new(o, "pid", json_integer(v[i].pid));
+      json_object_set_new(o, "uid", json_integer(v[i].uid));
+      json_object_set_new(o, "gid", json_integer(v[i].gid));
+      json_object_set_new(o, "name", json_string(v[i].name));
+      json_object_set_new(o, "since", json_string(rfc3339(v[i].since_ns, t, sizeof(t))));
+      json_object_set_new(o, "leases", json_integer(v[i].leases));
+      json_array_append_new(arr, o);
+    }
+    json_object_set_new(doc, "clients", arr);
+    gshm_free(v);
+    return print_json(doc);
+  }
+  printf("%-8s %8s %6s %6s %-20s %-6s %s\n", "SESSION", "PID", "UID", "GID", "NAME", "SINCE",
+         "LEASES");
+  for (size_t i = 0; i < n; i++)
+    printf("%-8" PRIu64 " %8d %6u %6u %-20s %-6s %u\n", v[i].session_id, v[i].pid, v[i].uid,
+           v[i].gid, v[i].name, age(v[i].since_ns, t, sizeof(t)), v[i].leases);
+  gshm_free(v);
+  return EXIT_OK;
+}
+
+static int cmd_devices(gshm_client_t *c) {
+  gshm_device_info_t *v = NULL;
+  size_t n = 0;
+  char a[32], b[32];
+  int e = gshm_list_devices(c, &v, &n);
+
+  if (e)
+    return fail(c, "devices", e);
+  if (json_out) {
+    json_t *doc = json_doc(), *arr = json_array();
+    for (size_t i = 0; i < n; i++) {
+      json_t *o = json_object(), *peers = json_array();
+      json_object_set_new(o, "index", json_integer(v[i].index));
+      json_object_set_new(o, "uuid", json_string(v[i].uuid));
+      json_object_set_new(o, "pci_bus_id", json_string(v[i].pci_bus_id));
+      json_object_set_new(o, "name", json_string(v[i].name));
+      json_object_set_new(o, "total_memory", json_integer((json_int_t)v[i].total_memory));
+      json_object_set_new(o, "free_memory", json_integer((json_int_t)v[i].free_memory));
+      json_object_set_new(o, "granularity", json_integer((json_int_t)v[i].granularity));
+      json_object_set_new(o, "compute_capability",
+                          json_sprintf("%d.%d", v[i].cc_major, v[i].cc_minor));
+      for (int k = 0; k < v[i].npeers; k++) {
+        json_t *p = json_object();
+        json_object_set_new(p, "index", json_integer(v[i].peers[k].index));
+        json_object_set_new(p, "access", json_boolean(v[i].peers[k].access));
+        json_object_set_new(p, "native_atomics", json_boolean(v[i].peers[k].native_atomics));
+        json_object_set_new(p, "performance_rank", json_integer(v[i].peers[k].performance_rank));
+        json_object_set_new(p, "nvlinks", v[i].peers[k].nvlinks < 0
+                                              ? json_null()
+                                              : json_integer(v[i].peers[k].nvlinks));
+        json_array_append_new(peers, p);
+      }
+      json_object_set_new(o, "peers", peers);
+      json_array_append_new(arr, o);
+    }
+    json_object_set_new(doc, "devices", arr);
+    gshm_free(v);
+    return print_json(doc);
+  }
+  if (n == 0) {
+    printf("no GPUs: this gshmd serves host segments only\n");
+    gshm_free(v);
+    return EXIT_OK;
+  }
+  printf("%-4s %-42s %-14s %-24s %5s %10s %10s\n", "IDX", "UUID", "PCI", "NAME", "CC", "TOTAL",
+         "FREE");
+  for (size_t i = 0; i < n; i++)
+    printf("%-4d %-42s %-14s %-24s %3d.%d %10s %10s\n", v[i].index, v[i].uuid, v[i].pci_bus_id,
+           v[i].name, v[i].cc_major, v[i].cc_minor,
+           gshm__format_size(v[i].total_memory, a, sizeof(a)),
+           gshm__format_size(v[i].free_memory, b, sizeof(b)));
+  /* The P2P matrix, p2pBandwidthLatencyTest style: NV<n> for NVLink,
+   * P2P for other peer access, - for none, X for self. */
+  printf("\nP2P   ");
+  for (size_t j = 0; j < n; j++)
+    printf(" GPU%-3d", v[j].index);
+  printf("\n");
+  for (size_t i = 0; i < n; i++) {
+    printf("GPU%-3d", v[i].index);
+    for (size_t j = 0; j < n; j++) {
+      const gshm_peer_info_t *p = NULL;
+      char cell[16] = "-";
+      for (int k = 0; k < v[i].npeers; k++)
+        if (v[i].peers[k].index == v[j].index)
+          p = &v[i].peers[k];
+      if (i == j)
+        strcpy(cell, "X");
+      else if (p && p->nvlinks > 0)
+        snprintf(cell, sizeof(cell), "NV%d", p->nvlinks);
+      else if (p && p->access)
+        strcpy(cell, "P2P");
+      printf(" %-6s", cell);
+    }
+    printf("\n");
+  }
+  gshm_free(v);
+  return EXIT_OK;
+}
+
+static int cmd_metrics(gshm_client_t *c) {
+  char *text = NULL;
+  int e = gshm_metrics(c, &text);
+  if (e)
+    return fail(c, "metrics", e);
+  fputs(text, stdout);
+  gshm_free(text);
+  return EXIT_OK;
+}
+
+static int parse_bytes(const char *what, const char *s, uint64_t *out) {
+  int e = gshm__parse_size(s, out);
+  if (e)
+    fprintf(stderr, "gshmctl: %s '%s': %s (use bytes or a K/M/G/T suffix)\n", what, s,
+            e == -ERANGE ? "too large" : "not a size");
+  return e;
+}
+
+static int cmd_create(gshm_client_t *c, int argc, char **argv) {
+  static const struct option opts[] = {{"location", required_argument, NULL, 'l'},
+                                       {"mode", required_argument, NULL, 'm'},
+                                       {"legacy-ipc", no_argument, NULL, 'L'},
+                                       {NULL, 0, NULL, 0}};
+  const char *location = "host";
+  uint32_t mode = 0600, flags = 0;
+  gshm_segment_t *seg;
+  uint64_t size;
+  char sz[32];
+  int o, e;
+
+  optind = 0; /* glibc: 0 re-initialises getopt for the verb's own options */
+  while ((o = getopt_long(argc, argv, "l:m:", opts, NULL)) != -1) {
+    char *end;
+    switch (o) {
+    case 'l':
+      location = optarg;
+      break;
+    case 'm':
+      errno = 0;
+      mode = (uint32_t)strtoul(optarg, &end, 8);
+      if (errno || *end || !*optarg || mode > 0777) {
+        fprintf(stderr, "gshmctl: create: mode '%s' is not octal 0000..0777\n", optarg);
+        return EXIT_USAGE;
+      }
+      break;
+    case 'L':
+      flags |= GSHM_CREATE_LEGACY_IPC;
+      break;
+    default:
+      return EXIT_USAGE;
+    }
+  }
+  if (argc - optind != 2) {
+    fprintf(stderr, "gshmctl: create NAME SIZE [--location LOC] [--mode MODE]\n");
+    return EXIT_USAGE;
+  }
+  if (parse_bytes("create: size", argv[optind + 1], &size))
+    return EXIT_USAGE;
+  if ((e = gshm_create(c, argv[optind], size, location, mode, flags, &seg)))
+    return fail(c, "create", e);
+  if (json_out) {
+    const gshm_segment_info_t *i = gshm_segment_info(seg);
+    json_t *doc = json_doc();
+    json_object_set_new(doc, "name", json_string(i->name));
+    json_object_set_new(doc, "id", json_integer((json_int_t)i->id));
+    json_object_set_new(doc, "generation", json_integer((json_int_t)i->generation));
+    json_object_set_new(doc, "size", json_integer((json_int_t)i->size));
+    json_object_set_new(doc, "requested_size", json_integer((json_int_t)i->requested_size));
+    json_object_set_new(doc, "location", json_string(i->location));
+    gshm_close(seg);
+    return print_json(doc);
+  }
+  printf("created '%s': %s at %s (id %" PRIu64 ")\n", gshm_segment_info(seg)->name,
+         gshm__format_size(gshm_segment_info(seg)->size, sz, sizeof(sz)),
+         gshm_segment_info(seg)->location, gshm_segment_info(seg)->id);
+  gshm_close(seg);
+  return EXIT_OK;
+}
+
+static int cmd_unlink(gshm_client_t *c, int argc, char **argv) {
+  int e;
+  if (argc != 2) {
+    fprintf(stderr, "gshmctl: unlink NAME\n");
+    return EXIT_USAGE;
+  }
+  if ((e = gshm_unlink(c, argv[1])))
+    return fail(c, "unlink", e);
+  if (!json_out)
+    printf("unlinked '%s'\n", argv[1]);
+  else
+    return print_json(json_doc());
+  return EXIT_OK;
+}
+
+static int write_all(int fd, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0)
+      return -errno;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* read and write share their option parsing. */
+static int rw_opts(int argc, char **argv, bool is_write, uint64_t *offset, uint64_t *length,
+                   bool *have_length, const char **file) {
+  static const struct option opts[] = {{"offset", required_argument, NULL, 'O'},
+                                       {"length", required_argument, NULL, 'n'},
+                                       {"output", required_argument, NULL, 'o'},
+                                       {"input", required_argument, NULL, 'i'},
+                                       {NULL, 0, NULL, 0}};
+  int o;
+
+  optind = 0; /* glibc: 0 re-initialises getopt for the verb's own options */
+  while ((o = getopt_long(argc, argv, is_write ? "i:" : "o:n:", opts, NULL)) != -1) {
+    switch (o) {
+    case 'O':
+      if (parse_bytes("offset", optarg, offset))
+        return EXIT_USAGE;
+      break;
+    case 'n':
+      if (is_write || parse_bytes("length", optarg, length))
+        return EXIT_USAGE;
+      *have_length = true;
+      break;
+    case 'o':
+    case 'i':
+      if ((o == 'o') == is_write)
+        return EXIT_USAGE;
+      *file = optarg;
+      break;
+    default:
+      return EXIT_USAGE;
+    }
+  }
+  if (argc - optind != 1) {
+    fprintf(stderr, is_write ? "gshmctl: write NAME [-i FILE] [--offset B]\n"
+                             : "gshmctl: read NAME [--offset B] [--length B] [-o FILE]\n");
+    return EXIT_USAGE;
+  }
+  return 0;
+}
+
+static int cmd_read(gshm_client_t *c, int argc, char **argv) {
+  uint64_t offset = 0, length = 0, done = 0;
+  bool have_length = false;
+  const char *file = NULL;
+  gshm_segment_t *seg = NULL;
+  void *addr, *buf = NULL;
+  int out = STDOUT_FILENO, e, rc = EXIT_OK;
+
+  if ((rc = rw_opts(argc, argv, false, &offset, &length, &have_length, &file)))
+    return rc;
+  if ((e = gshm_open(c, argv[optind], GSHM_ACCESS_READ, &seg)))
+    return fail(c, "read", e);
+  {
+    uint64_t size = gshm_segment_info(seg)->size;
+    if (offset > size || (have_length && length > size - offset)) {
+      fprintf(stderr, "gshmctl: read: range past the segment's %" PRIu64 " bytes\n", size);
+      gshm_close(seg);
+      return EXIT_ERR;
+    }
+    if (!have_length)
+      length = size - offset;
+  }
+  /* One mapping for the whole read: chunks then copy from it. */
+  if ((e = gshm_map(seg, NULL, 0, &addr))) {
+    rc = fail(c, "read: map", e);
+    goto out;
+  }
+  if (file && (out = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+    fprintf(stderr, "gshmctl: read: %s: %s\n", file, strerror(errno));
+    rc = EXIT_ERR;
+    goto out;
+  }
+  if (!(buf = malloc(CHUNK))) {
+    rc = fail(c, "read", -ENOMEM);
+    goto out;
+  }
+  while (done < length) {
+    size_t n = length - done < CHUNK ? (size_t)(length - done) : CHUNK;
+    if ((e = gshm_read(seg, offset + done, buf, n))) {
+      rc = fail(c, "read", e);
+      goto out;
+    }
+    if ((e = write_all(out, buf, n))) {
+      fprintf(stderr, "gshmctl: read: writing output: %s\n", strerror(-e));
+      rc = EXIT_ERR;
+      goto out;
+    }
+    done += n;
+  }
+out:
+  free(buf);
+  if (file && out >= 0 && close(out) < 0 && rc == EXIT_OK) {
+    fprintf(stderr, "gshmctl: read: %s: %s\n", file, strerror(errno));
+    rc = EXIT_ERR;
+  }
+  gshm_close(seg);
+  return rc;
+}
+
+static int cmd_write(gshm_client_t *c, int argc, char **argv) {
+  uint64_t offset = 0, unused = 0, done = 0, size;
+  bool have_length = false;
+  const char *file = NULL;
+  gshm_segment_t *seg = NULL;
+  void *addr, *buf = NULL;
+  int in = STDIN_FILENO, e, rc;
+
+  if ((rc = rw_opts(argc, argv, true, &offset, &unused, &have_length, &file)))
+    return rc;
+  if (file && (in = open(file, O_RDONLY | O_CLOEXEC)) < 0) {
+    fprintf(stderr, "gshmctl: write: %s: %s\n", file, strerror(errno));
+    return EXIT_ERR;
+  }
+  if ((e = gshm_open(c, argv[optind], GSHM_ACCESS_READ_WRITE, &seg))) {
+    rc = fail(c, "write", e);
+    goto out;
+  }
+  size = gshm_segment_info(seg)->size;
+  if ((e = gshm_map(seg, NULL, 0, &addr))) {
+    rc = fail(c, "write: map", e);
+    goto out;
+  }
+  if (!(buf = malloc(CHUNK))) {
+    rc = fail(c, "write", -ENOMEM);
+    goto out;
+  }
+  for (;;) {
+    ssize_t n = read(in, buf, CHUNK);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      fprintf(stderr, "gshmctl: write: reading input: %s\n", strerror(errno));
+      rc = EXIT_ERR;
+      break;
+    }
+    if (n == 0)
+      break;
+    if (offset + done > size || (uint64_t)n > size - offset - done) {
+      fprintf(stderr,
+              "gshmctl: write: input is larger than the segment (%" PRIu64 " bytes from offset %" PRIu64 ")\n",
+              size - (offset < size ? offset : size), offset);
+      rc = EXIT_ERR;
+      break;
+    }
+    if ((e = gshm_write(seg, offset + done, buf, (size_t)n))) {
+      rc = fail(c, "write", e);
+      break;
+    }
+    done += (uint64_t)n;
+  }
+  if (rc == EXIT_OK && !json_out && isatty(STDERR_FILENO))
+    fprintf(stderr, "wrote %" PRIu64 " bytes at offset %" PRIu64 "\n", done, offset);
+out:
+  free(buf);
+  if (file)
+    close(in);
+  gshm_close(seg);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
+                                       {"json", no_argument, NULL, 'j'},
+                                       {"help", no_argument, NULL, 'h'},
+                                       {"version", no_argument, NULL, 'V'},
+                                       {NULL, 0, NULL, 0}};
+  gshm_client_t *c = NULL;
+  const char *verb;
+  int o, rc;
+
+  /* "+": stop at the verb, whose own options follow it. */
+  while ((o = getopt_long(argc, argv, "+s:jhV", opts, NULL)) != -1) {
+    switch (o) {
+    case 's':
+      socket_path = optarg;
+      break;
+    case 'j':
+      json_out = 1;
+      break;
+    case 'h':
+      usage(stdout);
+      return EXIT_OK;
+    case 'V':
+      printf("gshmctl %d.%d\n", GSHM_VERSION_MAJOR, GSHM_VERSION_MINOR);
+      return EXIT_OK;
+    default:
+      usage(stderr);
+      return EXIT_USAGE;
+    }
+  }
+  if (optind >= argc) {
+    usage(stderr);
+    return EXIT_USAGE;
+  }
+  verb = argv[optind];
+  argc -= optind;
+  argv += optind;
+  if (!strcmp(verb, "help")) {
+    usage(stdout);
+    return EXIT_OK;
+  }
+  {
+    static const char *const verbs[] = {"status", "segments", "mappings", "clients", "devices",
+                                        "metrics", "create", "unlink", "read", "write"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+      known |= !strcmp(verb, verbs[i]);
+    if (!known) {
+      fprintf(stderr, "gshmctl: unknown verb '%s' (gshmctl --help lists them)\n", verb);
+      return EXIT_USAGE;
+    }
+  }
+  if ((rc = connect_daemon(&c)))
+    return rc;
+  if (!strcmp(verb, "status"))
+    rc = cmd_status(c);
+  else if (!strcmp(verb, "segments"))
+    rc = cmd_segments(c);
+  else if (!strcmp(verb, "mappings"))
+    rc = cmd_mappings(c);
+  else if (!strcmp(verb, "clients"))
+    rc = cmd_clients(c);
+  else if (!strcmp(verb, "devices"))
+    rc = cmd_devices(c);
+  else if (!strcmp(verb, "metrics"))
+    rc = cmd_metrics(c);
+  else if (!strcmp(verb, "create"))
+    rc = cmd_create(c, argc, argv);
+  else if (!strcmp(verb, "unlink"))
+    rc = cmd_unlink(c, argc, argv);
+  else if (!strcmp(verb, "read"))
+    rc = cmd_read(c, argc, argv);
+  else
+    rc = cmd_write(c, argc, argv);
+  gshm_disconnect(c);
+  return rc;
+}

@@ -1,0 +1,415 @@
+/* gshm.h: the libgshm client API (v1).
+ *
+ * gshm shares GPU and host memory between the processes of one node by
+ * name, with owners and permissions, through file descriptors: a daemon
+ * (gshmd) owns each segment; a client opens it by name and gets a lease and
+ * a file descriptor that it maps.
+ *
+ * Conventions, for every function below:
+ *  - Returns 0 (or a non-negative count) on success, a negative errno on
+ *    failure; gshm_strerror() names it.  Output arguments (`*_out`) are
+ *    written only on success.
+ *  - Every call that talks to the daemon may also return -ECONNRESET or
+ *    -EPIPE (the daemon went away and could not be reached again),
+ *    -EPROTO (the daemon broke the protocol) and -ENOMEM.  The daemon's
+ *    own explanation of the last failure is in gshm_last_error().
+ *  - A gshm_client_t may be used from several threads: requests are
+ *    serialised by a mutex inside it.  A gshm_segment_t belongs to one
+ *    client and must not be used after gshm_close() or
+ *    gshm_disconnect().
+ *  - The library prints nothing unless $GSHM_LOG_LEVEL is set (0..7,
+ *    syslog priorities; messages go to stderr).
+ *  - CUDA is loaded with dlopen only when a device segment is mapped or a
+ *    copy is asked for: host-only programs need no CUDA installation.
+ */
+#ifndef GSHM_H
+#define GSHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(GSHM_BUILDING_LIBRARY)
+#define GSHM_EXTERN __attribute__((visibility("default")))
+#else
+#define GSHM_EXTERN
+#endif
+
+#define GSHM_VERSION_MAJOR 0
+#define GSHM_VERSION_MINOR 1
+
+#define GSHM_NAME_MAX 255         /* bytes in a segment name, excluding NUL */
+#define GSHM_LOCATION_MAX 64      /* bytes in a location string, including NUL */
+#define GSHM_DEFAULT_SOCKET "/run/gshm/gshmd.sock"
+#define GSHM_LEGACY_IPC_HANDLE_SIZE 64
+
+typedef struct gshm_client gshm_client_t;
+typedef struct gshm_segment gshm_segment_t;
+
+typedef enum gshm_access {
+  GSHM_ACCESS_READ = 1,       /* map read-only */
+  GSHM_ACCESS_READ_WRITE = 2, /* map read-write */
+} gshm_access_t;
+
+/* Flags for gshm_create(). */
+#define GSHM_CREATE_LEGACY_IPC 0x1u /* also exportable as a cudaIpcMemHandle (see gshm_open_legacy_ipc) */
+
+/* What the daemon knows of a segment. */
+typedef struct gshm_segment_info {
+  uint64_t id;                     /* unique per daemon, never reused */
+  uint64_t generation;             /* bumps each time a name is created again */
+  char name[GSHM_NAME_MAX + 1];
+  uint64_t size;                   /* bytes allocated: requested rounded up to granularity */
+  uint64_t requested_size;         /* bytes asked for at create */
+  uint64_t granularity;            /* allocation granularity, bytes */
+  char location[GSHM_LOCATION_MAX]; /* "host" or "cuda:GPU-<uuid>" */
+  int device_index;                /* the daemon's GPU index; -1 for host */
+  uint32_t uid, gid;               /* owner */
+  uint32_t mode;                   /* permission bits, e.g. 0640 */
+  uint32_t flags;                  /* GSHM_CREATE_* */
+  int unlinked;                    /* 1: name removed, memory kept until the last lease ends */
+  uint32_t leases;                 /* leases held now, all clients */
+  int64_t created_ns;              /* CLOCK_REALTIME, nanoseconds */
+} gshm_segment_info_t;
+
+/* One lease: one client connection's open of one segment. */
+typedef struct gshm_lease_info {
+  uint64_t lease_id;
+  uint64_t segment_id;
+  char segment_name[GSHM_NAME_MAX + 1];
+  char location[GSHM_LOCATION_MAX];
+  uint64_t session_id;             /* the client connection's id */
+  int32_t pid;
+  uint32_t uid;
+  char client_name[64];
+  gshm_access_t access;
+  int64_t since_ns;                /* CLOCK_REALTIME */
+  int mapped;                      /* the client reported a mapping */
+  char mapped_devices[256];        /* comma-separated GPU UUIDs it mapped on; "" for CPU */
+} gshm_lease_info_t;
+
+/* One client connection. */
+typedef struct gshm_client_info {
+  uint64_t session_id;
+  int32_t pid;
+  uint32_t uid, gid;
+  char name[64];
+  int64_t since_ns;                /* CLOCK_REALTIME */
+  uint32_t leases;
+} gshm_client_info_t;
+
+/* The daemon as a whole. */
+typedef struct gshm_status_info {
+  char version[32];
+  int32_t pid;
+  int64_t started_ns;              /* CLOCK_REALTIME */
+  uint32_t clients, segments, leases, devices;
+  uint64_t bytes;                  /* allocated by all live and unlinked segments */
+  char backends[64];               /* comma-separated: "host", "host,cuda" */
+} gshm_status_info_t;
+
+#define GSHM_MAX_PEERS 16
+
+/* Peer-to-peer reachability from one GPU to another (daemon's indexes). */
+typedef struct gshm_peer_info {
+  int index;                       /* the peer GPU */
+  int access;                      /* 1: peer access supported (and enabled by gshmd) */
+  int native_atomics;              /* 1: native atomics over the link */
+  int performance_rank;            /* driver's relative rank, lower is better */
+  int nvlinks;                     /* NVLink links between the two; -1 unknown (no NVML) */
+} gshm_peer_info_t;
+
+/* One GPU as gshmd enumerated it. */
+typedef struct gshm_device_info {
+  int index;                       /* the daemon's index: location "cuda:N" */
+  char uuid[48];                   /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+  char pci_bus_id[32];
+  char name[96];
+  uint64_t total_memory, free_memory; /* bytes */
+  uint64_t granularity;            /* minimum allocation granularity, bytes */
+  int cc_major, cc_minor;          /* compute capability */
+  int npeers;                      /* entries in peers[] */
+  gshm_peer_info_t peers[GSHM_MAX_PEERS];
+} gshm_device_info_t;
+
+/* Connects to gshmd and says hello.
+ *  path         socket path; NULL means $GSHM_SOCKET, else GSHM_DEFAULT_SOCKET.
+ *  client_name  shown by `gshmctl clients` (truncated to 63 bytes); NULL: the
+ *               program's name.
+ *  client_out   receives the client; free it with gshm_disconnect().
+ * Errors: -ENOENT / -ECONNREFUSED no daemon at path (gshmctl exit 3);
+ * -EACCES the socket's mode refuses us; -EPROTONOSUPPORT the daemon speaks
+ * another major protocol version (gshm_last_error() cannot help here: the
+ * message is logged at GSHM_LOG_LEVEL>=3); -ENAMETOOLONG path too long. */
+GSHM_EXTERN int gshm_connect(const char *path, const char *client_name,
+                             gshm_client_t **client_out);
+
+/* Closes every segment still open on this client (unmapping it), ends the
+ * connection (the daemon ends its leases) and frees the client.
+ * Accepts NULL. */
+GSHM_EXTERN void gshm_disconnect(gshm_client_t *client);
+
+/* Creates a named segment and opens it read-write.
+ *  name      1..GSHM_NAME_MAX bytes; '/'-separated components, none empty,
+ *            "." or "..", no control characters.
+ *  size      bytes, > 0; rounded up to the location's granularity (page size
+ *            for host, the driver's minimum granularity for a GPU).
+ *  location  "host", "cuda:N" (daemon's device index) or "cuda:GPU-<uuid>";
+ *            NULL means "host".
+ *  mode      permission bits (0600, 0640, ...); 0 means 0600.
+ *  flags     GSHM_CREATE_* bits.
+ *  seg_out   receives the open segment (a lease); release with gshm_close().
+ * Errors: -EEXIST name in use; -EINVAL bad name, size 0, bad location or
+ * mode; -ENAMETOOLONG; -ENODEV no such GPU; -ENOTSUP backend not available
+ * on this daemon (e.g. no GPU driver) or legacy IPC disabled; -ENOMEM the
+ * backend could not allocate; -EDQUOT a per-user quota would be crossed;
+ * -EFBIG over the daemon's segment size limit; -EMFILE a limit on segments
+ * or leases. */
+GSHM_EXTERN int gshm_create(gshm_client_t *client, const char *name, uint64_t size,
+                            const char *location, uint32_t mode, uint32_t flags,
+                            gshm_segment_t **seg_out);
+
+/* Opens an existing segment by name: the daemon checks permission against
+ * our uid/gid (SO_PEERCRED) and records a lease for this connection.
+ *  access    GSHM_ACCESS_READ or GSHM_ACCESS_READ_WRITE.
+ *  seg_out   receives the open segment; release with gshm_close().
+ * Errors: -ENOENT no such name; -EACCES mode bits refuse this access;
+ * -EINVAL bad access or name; -EDQUOT / -EMFILE lease limits. */
+GSHM_EXTERN int gshm_open(gshm_client_t *client, const char *name, gshm_access_t access,
+                          gshm_segment_t **seg_out);
+
+/* Unmaps the segment if mapped, ends the lease and frees *seg.  The memory
+ * stays with the daemon until the segment is unlinked and its last lease
+ * ends.  Accepts NULL (returns 0).  Returns 0 even when the daemon is gone
+ * (the lease ended with the connection); -EBUSY never. */
+GSHM_EXTERN int gshm_close(gshm_segment_t *seg);
+
+/* Removes a segment's name.  Existing leases keep the memory until they
+ * end; the name can be created again at once (new id and generation).
+ * Errors: -ENOENT; -EACCES not the owner (nor an admin). */
+GSHM_EXTERN int gshm_unlink(gshm_client_t *client, const char *name);
+
+/* Fresh information about an open segment (lease count, unlinked state)
+ * from the daemon.  Errors: -ESTALE the segment was revoked. */
+GSHM_EXTERN int gshm_stat(gshm_segment_t *seg, gshm_segment_info_t *info_out);
+
+/* Information about a segment by name, without opening it.
+ * Errors: -ENOENT; -EACCES (no read permission). */
+GSHM_EXTERN int gshm_stat_name(gshm_client_t *client, const char *name,
+                               gshm_segment_info_t *info_out);
+
+/* The information this process got when it opened seg (no daemon round
+ * trip): name, id, generation, size, location.  Never fails for a valid seg. */
+GSHM_EXTERN const gshm_segment_info_t *gshm_segment_info(const gshm_segment_t *seg);
+
+/* The segment's file descriptor (a sealed memfd for host segments, a cuMem
+ * POSIX fd for device segments).  Borrowed: it stays the library's and is
+ * closed by gshm_close(); dup() it to keep it.  -EBADF if none. */
+GSHM_EXTERN int gshm_segment_fd(const gshm_segment_t *seg);
+
+/* The access this segment was opened with. */
+GSHM_EXTERN gshm_access_t gshm_segment_access(const gshm_segment_t *seg);
+
+/* Lists every segment this client may see, in id order, paging through the
+ * daemon as needed.  *infos_out is one malloc'ed array of *count_out
+ * entries (NULL when 0); free it with gshm_free(). */
+GSHM_EXTERN int gshm_list(gshm_client_t *client, gshm_segment_info_t **infos_out,
+                          size_t *count_out);
+
+/* Lists every lease (one row per client per open segment), as gshm_list. */
+GSHM_EXTERN int gshm_list_leases(gshm_client_t *client, gshm_lease_info_t **leases_out,
+                                 size_t *count_out);
+
+/* Lists every client connection, as gshm_list. */
+GSHM_EXTERN int gshm_list_clients(gshm_client_t *client, gshm_client_info_t **clients_out,
+                                  size_t *count_out);
+
+/* The daemon's totals and version. */
+GSHM_EXTERN int gshm_status(gshm_client_t *client, gshm_status_info_t *status_out);
+
+/* Lists the daemon's GPUs with their P2P matrix, as gshm_list.  An empty
+ * list (count 0) when the daemon has no CUDA backend. */
+GSHM_EXTERN int gshm_list_devices(gshm_client_t *client, gshm_device_info_t **devices_out,
+                                  size_t *count_out);
+
+/* The daemon's metrics in Prometheus text format (version 0.0.4).
+ * *text_out is malloc'ed and NUL-terminated; free it with gshm_free(). */
+GSHM_EXTERN int gshm_metrics(gshm_client_t *client, char **text_out);
+
+/* Frees an array returned by a gshm_list* function.  Accepts NULL. */
+GSHM_EXTERN void gshm_free(void *p);
+
+/* Maps an open segment into this process.
+ *  devices, ndevices  host segments: must be NULL/0 (a CPU mapping).
+ *                     Device segments: client-local CUDA ordinals (as
+ *                     CUDA_VISIBLE_DEVICES numbers them) that get access;
+ *                     NULL means every visible device that can reach the
+ *                     segment's GPU.
+ *  addr_out           receives a CPU pointer (host) or a device address
+ *                     (device segments), valid until gshm_unmap/gshm_close.
+ * Mapping an already mapped segment returns the same address.  Read-only
+ * leases map PROT_READ (host: enforced by the kernel through a read-only
+ * fd; device: cuMemSetAccess READ, enforced by the driver for mappings made
+ * by libgshm).
+ * Errors: -EINVAL devices given for a host segment, or an unknown ordinal;
+ * -ENODEV the segment's GPU is not visible to this process and no listed
+ * device can reach it; -ENOTSUP no CUDA driver here for a device segment;
+ * -EACCES / -ENOMEM / -EIO from mmap or the driver. */
+GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices,
+                         void **addr_out);
+
+/* Undoes gshm_map.  Returns 0 (also when not mapped), or -EIO when the
+ * driver refused to unmap (the mapping is then leaked, and logged). */
+GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
+
+/* Copies bytes between a segment and host memory, for host and device
+ * segments alike (device segments through the driver, a staging copy, on
+ * the segment's own GPU).  The segment is mapped for the copy if it is not
+ * mapped yet, and unmapped after.
+ *  offset, bytes  byte range within the segment.
+ *  buf            host memory of at least `bytes` bytes.
+ * Errors: -ERANGE range outside the segment; -EACCES gshm_write on a
+ * read-only lease; -ENOTSUP device segment without a CUDA driver here; the
+ * errors of gshm_map(). */
+GSHM_EXTERN int gshm_read(gshm_segment_t *seg, uint64_t offset, void *buf, size_t bytes);
+GSHM_EXTERN int gshm_write(gshm_segment_t *seg, uint64_t offset, const void *buf, size_t bytes);
+
+/* Daemon's explanation of this client's last failed request ("quota: 3 GiB
+ * of 4 GiB in use, 2 GiB more asked"), or "" when there is none.  The
+ * string is owned by the client and valid until its next request. */
+GSHM_EXTERN const char *gshm_last_error(gshm_client_t *client);
+
+/* A static description of a negative errno returned by this library. */
+GSHM_EXTERN const char *gshm_strerror(int err);
+
+/* ---- device segments: legacy IPC (client/map_cuda.c) ---- */
+
+/* Opens a segment created with GSHM_CREATE_LEGACY_IPC and returns its
+ * legacy CUDA IPC handle (the 64 bytes of a cudaIpcMemHandle_t /
+ * CUipcMemHandle), for stacks that only speak legacy IPC: pass the bytes
+ * to cudaIpcOpenMemHandle / cuIpcOpenMemHandle in this or another process.
+ *
+ * The handle is a bearer token: any process on the node that learns the
+ * bytes can open the memory read-write, whatever the segment's mode bits
+ * say.  That is why gshmd refuses this unless its config enables it
+ * (daemon.legacy_ipc = true, or gshmd --legacy-ipc) and the segment was
+ * created with GSHM_CREATE_LEGACY_IPC; such segments are cuMemAlloc'ed
+ * (legacy IPC cannot export cuMem VMM allocations), have no fd, cannot be
+ * mapped with gshm_map() (-EBADF) and do not survive a gshmd restart.
+ *
+ *  name        the segment; the open needs read-write permission.
+ *  handle_out  receives GSHM_LEGACY_IPC_HANDLE_SIZE (64) bytes.
+ *  seg_out     receives a segment object holding the lease: the daemon
+ *              keeps the memory at least until gshm_close(seg_out) (and
+ *              until the name is unlinked).  Close importers' mappings
+ *              (cuIpcCloseMemHandle) before that.  It is never shared with
+ *              gshm_open() by the lease cache.
+ * Errors: -ENOENT no such name; -EACCES the mode bits refuse read-write;
+ * -ENOTSUP legacy export disabled on this daemon, or the segment was not
+ * created with GSHM_CREATE_LEGACY_IPC; -EINVAL NULL argument. */
+GSHM_EXTERN int gshm_open_legacy_ipc(gshm_client_t *client, const char *name,
+                                     uint8_t handle_out[GSHM_LEGACY_IPC_HANDLE_SIZE],
+                                     gshm_segment_t **seg_out);
+/* ---- end device segments ---- */
+
+/* ---- copy, broadcast, signal (kernels/) ---- */
+
+/* How gshm_copy moves bytes. */
+typedef enum {
+  GSHM_COPY_AUTO = 0,   /* per size and topology, from measurements (below) */
+  GSHM_COPY_ENGINE = 1, /* the GPU's copy engine: cuMemcpyAsync */
+  GSHM_COPY_SM = 2,     /* libgshm's copy kernels on the GPU's SMs */
+} gshm_copy_method_t;
+
+/* Copies `bytes` bytes from src to dst, asynchronously on `stream`.
+ *  dst, src  any addresses this process can reach under CUDA's unified
+ *            addressing: device addresses from gshm_map, cuMemAlloc /
+ *            cudaMalloc memory of any visible GPU (peer memory included),
+ *            page-locked host memory, and, for GSHM_COPY_ENGINE only,
+ *            ordinary (pageable) host memory.  Any alignment; the ranges
+ *            must not overlap.
+ *  bytes     bytes to copy; 0 returns 0 at once.
+ *  method    GSHM_COPY_ENGINE: cuMemcpyAsync, the driver's copy engine.
+ *            GSHM_COPY_SM: a kernel of 16-byte vector loads and stores
+ *            (kernels/copy.cu) on the GPU of the stream's context: a push
+ *            when that is the source's GPU, a pull when it is the
+ *            destination's.
+ *            GSHM_COPY_AUTO: host memory on either side goes to the copy
+ *            engine; otherwise the choice follows a table of sizes measured
+ *            with `gshm-bench copy` on two H200s joined by NVLink (NV18),
+ *            kept with its numbers in kernels/copy.c and docs/PERFORMANCE.md:
+ *            SM kernels where a copy is small enough that fixed costs
+ *            dominate (between GPUs up to 2 MiB when the stream is on the
+ *            source's GPU, up to 512 KiB when on the destination's; within
+ *            one GPU up to 32 MiB), the copy engine above.
+ *  stream    a CUstream / cudaStream_t; NULL is the legacy default stream
+ *            of the current context.  The work runs in the stream's context
+ *            (cuStreamGetCtx).  With stream NULL and no current context,
+ *            the primary context of the source's GPU is used (a push), or
+ *            of the destination's when the source is host memory.
+ * Returns when the copy is queued, not done: order on `stream` or
+ * synchronize it before reading dst.  When src and dst are on different
+ * GPUs, peer access is enabled (cuCtxEnablePeerAccess, once, and left
+ * enabled) from the launching context to the other GPU's primary context,
+ * which is retained for the life of the process; memory mapped by gshm_map
+ * needs no such step.
+ * Errors: -EINVAL dst or src NULL, an unknown method, a stream from a
+ * context other than the current one's device that cannot be made
+ * current, or GSHM_COPY_SM on pageable host memory; -ENOTSUP
+ * GSHM_COPY_SM in a libgshm built without nvcc, or a GPU architecture the
+ * embedded kernels (sm_90 SASS + PTX) cannot run on; -EOPNOTSUPP
+ * GSHM_COPY_SM between GPUs without peer access; -ENOENT / -ENODEV no CUDA
+ * driver or no GPU; -ENOMEM, -EIO from the driver (logged at
+ * GSHM_LOG_LEVEL>=3). */
+GSHM_EXTERN int gshm_copy(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
+                          void *stream);
+
+/* Writes `value` to the 64-bit word at `flag` on `stream`, after all work
+ * queued on the stream before it, with a system-wide memory fence first
+ * (cuStreamWriteValue64 with CU_STREAM_WRITE_VALUE_DEFAULT; where the
+ * driver refuses that address, a one-thread kernel doing a system-scope
+ * fence and release store).  Pair it with gshm_wait() in another process
+ * that maps the same segment: its stream then sees every byte this stream
+ * wrote before the signal.
+ *  flag    8-byte-aligned device address (typically in a small segment
+ *          shared with the consumer; on either GPU) or page-locked host
+ *          memory.
+ *  value   a sequence number; consumers wait for >= value, so make it grow.
+ *  stream  as for gshm_copy.
+ * Errors: -EINVAL flag NULL or not 8-byte aligned; -ENOENT / -ENODEV no
+ * CUDA driver or GPU; -ENOTSUP the driver refuses stream memory operations
+ * on this address and libgshm was built without nvcc; -EIO the driver. */
+GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream);
+
+/* gshm_copy followed by gshm_signal(flag, value), fused into one kernel
+ * when the SM method is chosen and bytes <= 256 KiB (one block copies,
+ * fences system-wide and then stores the flag: one launch instead of
+ * two).  Parameters and errors as for gshm_copy and gshm_signal. */
+GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
+                                 gshm_copy_method_t method, uint64_t *flag, uint64_t value,
+                                 void *stream);
+
+/* Makes `stream` wait, without the host, until the 64-bit word at `flag`
+ * is >= value (cuStreamWaitValue64 with CU_STREAM_WAIT_VALUE_GEQ, i.e.
+ * (int64_t)(*flag - value) >= 0; plus CU_STREAM_WAIT_VALUE_FLUSH where the
+ * stream's GPU supports flushing remote writes).  Work queued on the stream
+ * after this call sees everything the signalling stream wrote before its
+ * gshm_signal(flag, v >= value).
+ *  flag    8-byte-aligned device address or page-locked host memory that
+ *          this process maps; best on the waiting stream's own GPU (the
+ *          wait polls it).
+ * Errors: -EINVAL flag NULL or misaligned; -ENOENT / -ENODEV no driver or
+ * GPU; -ENOTSUP the GPU does not support 64-bit stream memory operations;
+ * -EIO the driver. */
+GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream);
+
+/* ---- end copy ---- */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

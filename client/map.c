@@ -1,0 +1,137 @@
+/* gshm_map / gshm_unmap and byte access (gshm_read / gshm_write). */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "client_internal.h"
+#include "log.h"
+
+static bool is_host(const struct gshm__lease *l) { return l->info.device_index < 0; }
+
+/* Maps l once; later callers share the mapping.  Caller holds the lock. */
+static int lease_map(struct gshm__lease *l, const int *devices, size_t ndevices) {
+  char **uuids = NULL;
+  size_t nuuids = 0;
+  int e;
+
+  if (l->addr)
+    return 0;
+  if (is_host(l)) {
+    int prot = PROT_READ | (l->access == GSHM_ACCESS_READ_WRITE ? PROT_WRITE : 0);
+    void *p;
+    if (devices || ndevices)
+      return -EINVAL;
+    p = mmap(NULL, l->info.size, prot, MAP_SHARED, l->fd, 0);
+    if (p == MAP_FAILED)
+      return -errno;
+    l->addr = p;
+    l->map_size = l->info.size;
+  } else if ((e = gshm__map_device(l, devices, ndevices, &uuids, &nuuids))) {
+    return e;
+  }
+  gshm__report_mapping(l->client, l, uuids, nuuids, false);
+  return 0;
+}
+
+int gshm__lease_unmap(struct gshm__lease *l, bool report) {
+  int e = 0;
+
+  if (!l->addr)
+    return 0;
+  if (l->device_map)
+    e = gshm__unmap_device(l);
+  else if (munmap(l->addr, l->map_size) < 0)
+    e = -errno;
+  l->addr = NULL;
+  l->map_size = 0;
+  l->map_refs = 0;
+  if (report)
+    gshm__report_mapping(l->client, l, NULL, 0, true);
+  return e;
+}
+
+int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices, void **addr_out) {
+  struct gshm_client *c;
+  int e = 0;
+
+  if (!seg || !addr_out || (!devices && ndevices))
+    return -EINVAL;
+  c = seg->lease->client;
+  pthread_mutex_lock(&c->lock);
+  if (!seg->mapped) {
+    if (!(e = lease_map(seg->lease, devices, ndevices))) {
+      seg->mapped = true;
+      seg->lease->map_refs++;
+    }
+  }
+  if (!e)
+    *addr_out = seg->lease->addr;
+  pthread_mutex_unlock(&c->lock);
+  return e;
+}
+
+int gshm_unmap(gshm_segment_t *seg) {
+  struct gshm__lease *l;
+  struct gshm_client *c;
+  int e = 0;
+
+  if (!seg)
+    return -EINVAL;
+  l = seg->lease;
+  c = l->client;
+  pthread_mutex_lock(&c->lock);
+  if (seg->mapped) {
+    seg->mapped = false;
+    if (--l->map_refs == 0)
+      e = gshm__lease_unmap(l, true);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return e;
+}
+
+/* Shared body of gshm_read and gshm_write. */
+static int segment_rw(gshm_segment_t *seg, uint64_t offset, void *buf, size_t bytes, bool write) {
+  struct gshm__lease *l;
+  struct gshm_client *c;
+  bool temp = false;
+  int e = 0;
+
+  if (!seg || (!buf && bytes))
+    return -EINVAL;
+  l = seg->lease;
+  c = l->client;
+  if (offset > l->info.size || bytes > l->info.size - offset)
+    return -ERANGE;
+  if (write && l->access != GSHM_ACCESS_READ_WRITE)
+    return -EACCES;
+  if (bytes == 0)
+    return 0;
+  pthread_mutex_lock(&c->lock);
+  if (!l->addr) {
+    /* Map only for this copy (on the segment's own GPU for device ones). */
+    if ((e = lease_map(l, NULL, 0)))
+      goto out;
+    temp = true;
+  }
+  if (is_host(l)) {
+    if (write)
+      memcpy((char *)l->addr + offset, buf, bytes);
+    else
+      memcpy(buf, (const char *)l->addr + offset, bytes);
+  } else {
+    e = gshm__device_rw(l, offset, buf, bytes, write);
+  }
+  if (temp)
+    gshm__lease_unmap(l, true);
+out:
+  pthread_mutex_unlock(&c->lock);
+  return e;
+}
+
+int gshm_read(gshm_segment_t *seg, uint64_t offset, void *buf, size_t bytes) {
+  return segment_rw(seg, offset, buf, bytes, false);
+}
+
+int gshm_write(gshm_segment_t *seg, uint64_t offset, const void *buf, size_t bytes) {
+  return segment_rw(seg, offset, (void *)buf, bytes, true);
+}

@@ -1,0 +1,368 @@
+/* Device segments in libgshm: mapping a cuMem POSIX fd, staging copies for
+ * byte access, and the legacy cudaIpcMemHandle open.
+ *
+ * A device segment's fd (from gshmd, one per lease) is imported once per
+ * lease, given a virtual address range of its own, mapped, and made
+ * accessible to the requested devices.  The lease cache in client.c shares
+ * this one mapping between every gshm_open() of the same segment in this
+ * process, so a re-open costs no import.
+ *
+ * Devices are matched by UUID, never by index: the daemon's "cuda:1" and
+ * this process's ordinal 1 differ whenever CUDA_VISIBLE_DEVICES (or a
+ * container's device list) renumbers them.  The segment's canonical
+ * location, "cuda:GPU-<uuid>", names the owning GPU. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "cudadrv.h"
+#include "log.h"
+#include "util.h"
+
+/* Most devices one mapping gives access to (a node's GPUs). */
+#define MAP_MAX_DEVICES 64
+
+struct device_map {
+  const struct gshm_cudadrv *drv;
+  CUmemGenericAllocationHandle handle; /* imported; keeps the memory until unmap */
+  CUdeviceptr va;
+  uint64_t size;
+  CUdevice owner;                      /* the segment's GPU, local ordinal */
+  CUdevice copy_dev;                   /* a device with access: owner when listed */
+  CUcontext copy_ctx;                  /* its primary context, retained */
+  size_t ndevices;
+  CUdevice devices[MAP_MAX_DEVICES];
+  char uuid_buf[MAP_MAX_DEVICES][48];
+  char *uuids[MAP_MAX_DEVICES];
+};
+
+#define CU_LIB(drv, fn, ...) GSHM_CU(drv, GSHM_LOG_ERR, fn, __VA_ARGS__)
+
+static int load_driver(const struct gshm_cudadrv **drv_out) {
+  int e = gshm__cudadrv_load(GSHM_LOG_INFO, drv_out);
+  /* No driver (or no GPU) here: device segments cannot be mapped. */
+  return e ? -ENOTSUP : 0;
+}
+
+static int device_uuid(const struct gshm_cudadrv *drv, CUdevice dev, char buf[48]) {
+  CUuuid u;
+  int e = CU_LIB(drv, cuDeviceGetUuid, &u, dev);
+  if (!e)
+    gshm__format_gpu_uuid((const unsigned char *)u.bytes, buf);
+  return e;
+}
+
+/* This process's GPUs by UUID, read once: a first map should cost the
+ * driver's import and map, not an enumeration. */
+static struct {
+  pthread_once_t once;
+  int count;
+  CUdevice dev[MAP_MAX_DEVICES];
+  char uuid[MAP_MAX_DEVICES][48];
+} local = {.once = PTHREAD_ONCE_INIT};
+static const struct gshm_cudadrv *local_drv;
+
+static void local_devices_once(void) {
+  int count = 0;
+
+  if (CU_LIB(local_drv, cuDeviceGetCount, &count))
+    return;
+  for (int i = 0; i < count && local.count < MAP_MAX_DEVICES; i++) {
+    CUdevice d;
+    if (CU_LIB(local_drv, cuDeviceGet, &d, i) || device_uuid(local_drv, d, local.uuid[local.count]))
+      continue;
+    local.dev[local.count++] = d;
+  }
+}
+
+static const char *local_uuid(CUdevice d) {
+  for (int i = 0; i < local.count; i++)
+    if (local.dev[i] == d)
+      return local.uuid[i];
+  return NULL;
+}
+
+/* The local ordinal of the GPU named by location "cuda:GPU-<uuid>". */
+static int owner_device(const struct gshm_cudadrv *drv, const char *location, CUdevice *dev_out) {
+  struct gshm_location loc;
+
+  if (gshm__location_parse(location, &loc) || loc.kind != GSHM_LOCATION_CUDA_UUID)
+    return -EINVAL;
+  local_drv = drv;
+  pthread_once(&local.once, local_devices_once);
+  for (int i = 0; i < local.count; i++) {
+    if (!strcasecmp(local.uuid[i], loc.uuid)) {
+      *dev_out = local.dev[i];
+      return 0;
+    }
+  }
+  gshm_log_info("%s: not visible to this process (CUDA_VISIBLE_DEVICES?)", loc.uuid);
+  return -ENODEV;
+}
+
+/* Fills m->devices: the listed client-local ordinals, or every visible
+ * device that can reach the owner (the owner first).  Each must reach the
+ * owner: itself or by peer access. */
+static int pick_devices(const struct gshm_cudadrv *drv, struct device_map *m, const int *devices,
+                        size_t ndevices) {
+  int count = 0, e;
+
+  if ((e = CU_LIB(drv, cuDeviceGetCount, &count)))
+    return e;
+  m->ndevices = 0;
+  if (!devices) {
+    m->devices[m->ndevices++] = m->owner;
+    for (int i = 0; i < count && m->ndevices < MAP_MAX_DEVICES; i++) {
+      CUdevice d;
+      int can = 0;
+      if (CU_LIB(drv, cuDeviceGet, &d, i) || d == m->owner)
+        continue;
+      if (!GSHM_CU(drv, GSHM_LOG_DEBUG, cuDeviceCanAccessPeer, &can, d, m->owner) && can)
+        m->devices[m->ndevices++] = d;
+    }
+    return 0;
+  }
+  if (ndevices == 0 || ndevices > MAP_MAX_DEVICES)
+    return -EINVAL;
+  for (size_t k = 0; k < ndevices; k++) {
+    CUdevice d;
+    int can = 0;
+    bool dup = false;
+    if (devices[k] < 0 || devices[k] >= count)
+      return -EINVAL;
+    if ((e = CU_LIB(drv, cuDeviceGet, &d, devices[k])))
+      return e;
+    for (size_t j = 0; j < m->ndevices; j++)
+      dup |= m->devices[j] == d;
+    if (dup)
+      continue;
+    if (d != m->owner &&
+        (GSHM_CU(drv, GSHM_LOG_DEBUG, cuDeviceCanAccessPeer, &can, d, m->owner) || !can)) {
+      gshm_log_info("device %d cannot reach the segment's GPU (no peer access)", devices[k]);
+      return -ENODEV;
+    }
+    m->devices[m->ndevices++] = d;
+  }
+  return 0;
+}
+
+int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
+                     char ***uuids_out, size_t *n_out) {
+  const struct gshm_cudadrv *drv;
+  CUmemAccessDesc acc[MAP_MAX_DEVICES];
+  CUmemAllocationProp prop;
+  struct device_map *m;
+  CUcontext ctx = NULL;
+  char owner_uuid[48];
+  size_t gran;
+  int e;
+
+  if (l->fd < 0)
+    return -EBADF; /* a legacy IPC lease: no fd to map */
+  if ((e = load_driver(&drv)))
+    return e;
+  if (!(m = calloc(1, sizeof(*m))))
+    return -ENOMEM;
+  m->drv = drv;
+  m->size = l->info.size;
+  gran = l->info.granularity ? l->info.granularity : 2u << 20;
+  if ((e = owner_device(drv, l->info.location, &m->owner)))
+    goto free_map;
+  if ((e = pick_devices(drv, m, devices, ndevices)))
+    goto free_map;
+  m->copy_dev = m->devices[0];
+  for (size_t i = 0; i < m->ndevices; i++)
+    if (m->devices[i] == m->owner)
+      m->copy_dev = m->owner;
+  /* The VMM calls need no context, but the staging copies and the peer
+   * mappings want a live one on a device with access: retain its primary
+   * context (the CUDA runtime shares it) for as long as the mapping. */
+  if ((e = CU_LIB(drv, cuDevicePrimaryCtxRetain, &m->copy_ctx, m->copy_dev)))
+    goto free_map;
+  if ((e = CU_LIB(drv, cuCtxPushCurrent, m->copy_ctx)))
+    goto release_ctx;
+
+  if ((e = CU_LIB(drv, cuMemImportFromShareableHandle, &m->handle, (void *)(uintptr_t)l->fd,
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)))
+    goto pop_ctx;
+  /* The allocation must be where the daemon says: its location.id is an
+   * ordinal of this process, which we compare by UUID. */
+  memset(&prop, 0, sizeof(prop));
+  if ((e = CU_LIB(drv, cuMemGetAllocationPropertiesFromHandle, &prop, m->handle)))
+    goto release_handle;
+  if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != m->owner) {
+    if (!device_uuid(drv, prop.location.id, owner_uuid))
+      gshm_log_err("segment '%s' is on %s, not on %s", l->info.name, owner_uuid,
+                   l->info.location);
+    e = -ENODEV;
+    goto release_handle;
+  }
+  if ((e = CU_LIB(drv, cuMemAddressReserve, &m->va, m->size, gran, 0, 0)))
+    goto release_handle;
+  if ((e = CU_LIB(drv, cuMemMap, m->va, m->size, 0, m->handle, 0)))
+    goto release_va_range;
+  memset(acc, 0, sizeof(acc));
+  for (size_t i = 0; i < m->ndevices; i++) {
+    acc[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc[i].location.id = m->devices[i];
+    /* Read-only leases get a read-only mapping: the driver refuses writes
+     * through it (a kernel store faults, a copy into it fails). */
+    acc[i].flags = l->access == GSHM_ACCESS_READ ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                                 : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  if ((e = CU_LIB(drv, cuMemSetAccess, m->va, m->size, acc, m->ndevices)))
+    goto unmap_range;
+  for (size_t i = 0; i < m->ndevices; i++) {
+    const char *u = local_uuid(m->devices[i]);
+    if (u)
+      snprintf(m->uuid_buf[i], sizeof(m->uuid_buf[i]), "%s", u);
+    else if ((e = device_uuid(drv, m->devices[i], m->uuid_buf[i])))
+      goto unmap_range;
+    m->uuids[i] = m->uuid_buf[i];
+  }
+  CU_LIB(drv, cuCtxPopCurrent, &ctx);
+  l->addr = (void *)(uintptr_t)m->va;
+  l->map_size = m->size;
+  l->device_map = m;
+  *uuids_out = m->uuids;
+  *n_out = m->ndevices;
+  gshm_log_debug("segment '%s' mapped at 0x%llx on %zu device(s)", l->info.name,
+                 (unsigned long long)m->va, m->ndevices);
+  return 0;
+
+unmap_range:
+  CU_LIB(drv, cuMemUnmap, m->va, m->size);
+release_va_range:
+  CU_LIB(drv, cuMemAddressFree, m->va, m->size);
+release_handle:
+  CU_LIB(drv, cuMemRelease, m->handle);
+pop_ctx:
+  CU_LIB(drv, cuCtxPopCurrent, &ctx);
+release_ctx:
+  CU_LIB(drv, cuDevicePrimaryCtxRelease, m->copy_dev);
+free_map:
+  free(m);
+  return e;
+}
+
+int gshm__unmap_device(struct gshm__lease *l) {
+  struct device_map *m = l->device_map;
+  const struct gshm_cudadrv *drv;
+  int e = 0, r;
+
+  if (!m)
+    return 0;
+  drv = m->drv;
+  /* Work queued on the mapping must not fault: the caller synchronizes
+   * its streams before unmapping (gshm_unmap's contract). */
+  if ((r = CU_LIB(drv, cuMemUnmap, m->va, m->size)))
+    e = r;
+  if (!r && (r = CU_LIB(drv, cuMemAddressFree, m->va, m->size)))
+    e = r;
+  if ((r = CU_LIB(drv, cuMemRelease, m->handle)))
+    e = e ? e : r;
+  CU_LIB(drv, cuDevicePrimaryCtxRelease, m->copy_dev);
+  free(m);
+  l->device_map = NULL;
+  l->addr = NULL;
+  l->map_size = 0;
+  return e ? -EIO : 0;
+}
+
+int gshm__device_rw(struct gshm__lease *l, uint64_t offset, void *host, size_t bytes, bool write) {
+  struct device_map *m = l->device_map;
+  CUcontext ctx = NULL;
+  int e;
+
+  if (!m)
+    return -EINVAL;
+  if (offset > m->size || bytes > m->size - offset)
+    return -ERANGE;
+  if ((e = CU_LIB(m->drv, cuCtxPushCurrent, m->copy_ctx)))
+    return e;
+  /* cuMemcpy with pageable host memory is synchronous: the driver stages
+   * it through its own pinned buffers. */
+  if (write)
+    e = CU_LIB(m->drv, cuMemcpyHtoD, m->va + offset, host, bytes);
+  else
+    e = CU_LIB(m->drv, cuMemcpyDtoH, host, m->va + offset, bytes);
+  CU_LIB(m->drv, cuCtxPopCurrent, &ctx);
+  return e;
+}
+
+/* ---- legacy IPC ---- */
+
+int gshm_open_legacy_ipc(gshm_client_t *c, const char *name,
+                         uint8_t handle_out[GSHM_LEGACY_IPC_HANDLE_SIZE],
+                         gshm_segment_t **seg_out) {
+  Gshm__OpenRequest m = GSHM__OPEN_REQUEST__INIT;
+  Gshm__Reply *reply = NULL;
+  struct gshm__lease *l;
+  struct gshm_segment *s;
+  const Gshm__LeaseGrant *g;
+  const Gshm__SegmentInfo *i;
+  int fd = -1, e;
+
+  if (!c || !name || !handle_out || !seg_out)
+    return -EINVAL;
+  if (strlen(name) > GSHM_NAME_MAX)
+    return -ENAMETOOLONG;
+  m.name = (char *)name;
+  m.access = GSHM__ACCESS__ACCESS_READ_WRITE; /* a legacy handle maps read-write */
+  m.legacy_ipc = true;
+  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__request(c, GSHM_WIRE_OPEN, &m.base, &reply, &fd)))
+    goto unlock;
+  if (fd >= 0)
+    close(fd); /* not expected with a legacy grant */
+  g = reply->body_case == GSHM__REPLY__BODY_GRANT ? reply->grant : NULL;
+  if (!g || !g->segment || g->legacy_ipc_handle.len != GSHM_LEGACY_IPC_HANDLE_SIZE) {
+    e = -EPROTO;
+    goto free_reply;
+  }
+  l = calloc(1, sizeof(*l));
+  s = calloc(1, sizeof(*s));
+  if (!l || !s) {
+    free(l);
+    free(s);
+    e = -ENOMEM;
+    goto free_reply;
+  }
+  i = g->segment;
+  l->client = c;
+  l->lease_id = g->lease_id;
+  l->access = GSHM_ACCESS_READ_WRITE;
+  l->fd = -1;
+  /* Never served to gshm_open() by the lease cache: it has no fd. */
+  l->unlinked = true;
+  l->info.id = i->id;
+  l->info.generation = i->generation;
+  snprintf(l->info.name, sizeof(l->info.name), "%s", i->name);
+  l->info.size = i->size;
+  l->info.requested_size = i->requested_size;
+  l->info.granularity = i->granularity;
+  snprintf(l->info.location, sizeof(l->info.location), "%s", i->location);
+  l->info.device_index = i->device_index;
+  l->info.uid = i->uid;
+  l->info.gid = i->gid;
+  l->info.mode = i->mode;
+  l->info.flags = i->flags;
+  l->info.unlinked = i->state == GSHM__SEGMENT_STATE__SEGMENT_STATE_UNLINKED;
+  l->info.leases = i->leases;
+  l->info.created_ns = i->created_ns;
+  l->refs = 1;
+  l->next = c->leases;
+  c->leases = l;
+  s->lease = l;
+  memcpy(handle_out, g->legacy_ipc_handle.data, GSHM_LEGACY_IPC_HANDLE_SIZE);
+  *seg_out = s;
+free_reply:
+  gshm__reply__free_unpacked(reply, NULL);
+unlock:
+  pthread_mutex_unlock(&c->lock);
+  return e;
+}

@@ -1,0 +1,139 @@
+/* The CUDA driver API, loaded at run time.
+ *
+ * gshmd and libgshm never link libcuda: the same binaries must start on nodes
+ * without a driver (DESIGN.md "Backends").  libcuda.so.1 is dlopen'ed once
+ * and every entry point is resolved through cuGetProcAddress for the
+ * CUDA_VERSION of the headers we were compiled against, so a versioned
+ * symbol (cuMemAlloc_v2, cuStreamWaitValue64_v2, ...) always matches the
+ * prototype in <cuda.h>.  Only cuda.h's types are used at build time.
+ *
+ * Add an entry point by appending one X(...) line to GSHM_CUDADRV_MAP. */
+#ifndef GSHM_COMMON_CUDADRV_H
+#define GSHM_COMMON_CUDADRV_H
+
+#include <cuda.h>
+
+#include "log.h"
+
+#define GSHM_CUDADRV_ABI 12000
+
+/* X(name): required, at GSHM_CUDADRV_ABI.  V(member, "name", version):
+ * optional (NULL when the driver is older), the variant current at
+ * version, typed as cuda.h's `member`. */
+#define GSHM_CUDADRV_MAP(X, V)          \
+  X(cuInit)                             \
+  X(cuDriverGetVersion)                 \
+  X(cuGetErrorName)                     \
+  X(cuGetErrorString)                   \
+  X(cuDeviceGet)                        \
+  X(cuDeviceGetCount)                   \
+  X(cuDeviceGetName)                    \
+  X(cuDeviceGetUuid)                    \
+  X(cuDeviceGetAttribute)               \
+  X(cuDeviceTotalMem)                   \
+  X(cuDeviceGetPCIBusId)                \
+  X(cuDeviceCanAccessPeer)              \
+  X(cuDeviceGetP2PAttribute)            \
+  X(cuDevicePrimaryCtxRetain)           \
+  X(cuDevicePrimaryCtxRelease)          \
+  X(cuCtxSetCurrent)                    \
+  X(cuCtxGetCurrent)                    \
+  X(cuCtxGetDevice)                     \
+  X(cuCtxSynchronize)                   \
+  X(cuCtxEnablePeerAccess)              \
+  X(cuMemGetInfo)                       \
+  X(cuMemGetAllocationGranularity)      \
+  X(cuMemCreate)                        \
+  X(cuMemRelease)                       \
+  X(cuMemExportToShareableHandle)       \
+  X(cuMemImportFromShareableHandle)     \
+  X(cuMemAddressReserve)                \
+  X(cuMemAddressFree)                   \
+  X(cuMemMap)                           \
+  X(cuMemUnmap)                         \
+  X(cuMemSetAccess)                     \
+  X(cuMemAlloc)                         \
+  X(cuMemFree)                          \
+  X(cuMemAllocHost)                     \
+  X(cuMemFreeHost)                      \
+  X(cuMemHostRegister)                  \
+  X(cuMemHostUnregister)                \
+  X(cuMemcpy)                           \
+  X(cuMemcpyAsync)                      \
+  X(cuMemcpyPeerAsync)                  \
+  X(cuMemcpyHtoD)                       \
+  X(cuMemcpyDtoH)                       \
+  X(cuMemsetD8)                         \
+  X(cuMemsetD8Async)                    \
+  X(cuPointerGetAttribute)              \
+  X(cuStreamCreate)                     \
+  X(cuStreamDestroy)                    \
+  X(cuStreamSynchronize)                \
+  X(cuStreamWaitValue64)                \
+  X(cuStreamWriteValue64)               \
+  X(cuEventCreate)                      \
+  X(cuEventDestroy)                     \
+  X(cuEventRecord)                      \
+  X(cuEventSynchronize)                 \
+  X(cuEventElapsedTime)                 \
+  X(cuModuleLoadData)                   \
+  X(cuModuleUnload)                     \
+  X(cuModuleGetFunction)                \
+  X(cuFuncGetAttribute)                 \
+  X(cuOccupancyMaxPotentialBlockSize)   \
+  X(cuLaunchKernel)                     \
+  X(cuIpcGetMemHandle)                  \
+  X(cuIpcOpenMemHandle)                 \
+  X(cuIpcCloseMemHandle)               \
+  X(cuStreamGetCtx)                     \
+  X(cuStreamWaitEvent)                  \
+  X(cuCtxPushCurrent)                   \
+  X(cuCtxPopCurrent)                    \
+  X(cuMemGetAllocationPropertiesFromHandle) \
+  X(cuLaunchKernelEx)                   \
+  V(cuCtxGetDevice_v2, "cuCtxGetDevice", 13000) \
+  V(cuStreamGetCtx_v2, "cuStreamGetCtx", 12050)
+
+struct gshm_cudadrv {
+#define GSHM_CUDADRV_MEMBER(name) __typeof__(&name) name;
+#define GSHM_CUDADRV_VMEMBER(member, sym, ver) __typeof__(&member) member;
+  GSHM_CUDADRV_MAP(GSHM_CUDADRV_MEMBER, GSHM_CUDADRV_VMEMBER)
+#undef GSHM_CUDADRV_MEMBER
+#undef GSHM_CUDADRV_VMEMBER
+  int driver_version; /* e.g. 13000 */
+};
+
+/* Loads libcuda.so.1 and resolves every entry point, once per process
+ * (thread-safe).  On success *drv_out points at the process-wide table,
+ * which lives until exit; cuInit(0) has been called.
+ * Errors: -ENOENT libcuda.so.1 is not installed; -ENOSYS an entry point is
+ * missing (driver older than the CUDA_VERSION we were built for);
+ * -ENODEV cuInit failed (no device, driver not loaded).  The reason is
+ * logged at level `prio` the first time and is the same on every call. */
+int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out);
+
+/* Maps a CUresult to a negative errno: OUT_OF_MEMORY -ENOMEM,
+ * INVALID_VALUE/INVALID_HANDLE -EINVAL, NOT_SUPPORTED -ENOTSUP,
+ * NOT_PERMITTED -EPERM, INVALID_DEVICE/NO_DEVICE -ENODEV,
+ * PEER_ACCESS_UNSUPPORTED -EOPNOTSUPP, everything else -EIO. */
+int gshm__cuda_errno(CUresult r);
+
+/* Logs a failed driver call as "TEXT: NAME (description)" at prio. */
+void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *file, int line);
+
+/* Calls a driver function through table `drv`, and on failure logs the call
+ * text with cuGetErrorName at `prio` and evaluates to a negative errno
+ * (0 on success).  Feature probes pass GSHM_LOG_DEBUG. */
+#define GSHM_CU(drv, prio, fn, ...)                                         \
+  __extension__({                                                           \
+    CUresult gshm_cu_r_ = (drv)->fn(__VA_ARGS__);                           \
+    int gshm_cu_e_ = 0;                                                     \
+    if (gshm_cu_r_ != CUDA_SUCCESS) {                                       \
+      gshm__cuda_log((prio), gshm_cu_r_, #fn "(" #__VA_ARGS__ ")", __FILE__, \
+                     __LINE__);                                             \
+      gshm_cu_e_ = gshm__cuda_errno(gshm_cu_r_);                            \
+    }                                                                       \
+    gshm_cu_e_;                                                             \
+  })
+
+#endif

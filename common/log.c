@@ -1,0 +1,43 @@
+#include "log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *log_ident = "gshm";
+static int log_threshold = -1;
+static int log_prefix;
+
+void gshm__log_setup(const char *ident, int level, int prefix_priority) {
+  log_ident = ident;
+  log_threshold = level;
+  log_prefix = prefix_priority;
+}
+
+int gshm__log_level(void) { return log_threshold; }
+
+void gshm__log(int prio, const char *fmt, ...) {
+  int saved = errno;
+  char line[1024];
+  va_list ap;
+  int n;
+
+  if (prio > log_threshold) {
+    errno = saved;
+    return;
+  }
+  va_start(ap, fmt);
+  errno = saved; /* for %m */
+  vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  n = (int)strlen(line);
+  while (n > 0 && line[n - 1] == '\n')
+    line[--n] = '\0';
+  /* One fprintf per line: stderr is unbuffered, so lines from several
+   * threads do not interleave within a line. */
+  if (log_prefix)
+    fprintf(stderr, "<%d>%s: %s\n", prio, log_ident, line);
+  else
+    fprintf(stderr, "%s: %s\n", log_ident, line);
+  errno = saved;
+}

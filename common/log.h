@@ -1,0 +1,41 @@
+/* Logging shared by gshmd, libgshm and the tools.
+ *
+ * Levels are syslog priorities (0 emerg .. 7 debug).  The daemon prints
+ * "<N>" prefixes that journald understands (sd-daemon.h); the library is
+ * silent unless $GSHM_LOG_LEVEL asks for messages (STYLE.md: "do not log
+ * errors from library code"). */
+#ifndef GSHM_COMMON_LOG_H
+#define GSHM_COMMON_LOG_H
+
+#include <stdarg.h>
+
+enum {
+  GSHM_LOG_ERR = 3,
+  GSHM_LOG_WARNING = 4,
+  GSHM_LOG_NOTICE = 5,
+  GSHM_LOG_INFO = 6,
+  GSHM_LOG_DEBUG = 7,
+};
+
+/* Configures the process-wide logger: messages with priority <= level are
+ * written to stderr as "<prio>ident: text" when prefix_priority is set,
+ * else "ident: text".  ident is not copied and must outlive the logger. */
+void gshm__log_setup(const char *ident, int level, int prefix_priority);
+
+/* Current threshold; -1 means silent. */
+int gshm__log_level(void);
+
+/* Writes one line; errno is preserved so "%m" works in callers' formats. */
+void gshm__log(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define gshm_log_err(...) gshm__log(GSHM_LOG_ERR, __VA_ARGS__)
+#define gshm_log_warn(...) gshm__log(GSHM_LOG_WARNING, __VA_ARGS__)
+#define gshm_log_notice(...) gshm__log(GSHM_LOG_NOTICE, __VA_ARGS__)
+#define gshm_log_info(...) gshm__log(GSHM_LOG_INFO, __VA_ARGS__)
+#define gshm_log_debug(...)                                   \
+  do {                                                        \
+    if (gshm__log_level() >= GSHM_LOG_DEBUG)                  \
+      gshm__log(GSHM_LOG_DEBUG, __VA_ARGS__);                 \
+  } while (0)
+
+#endif

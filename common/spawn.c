@@ -1,0 +1,326 @@
+#include "spawn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util.h"
+
+static void *notify_thread(void *arg);
+
+int gshm__spawn_init(struct gshm_spawn *s) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  const char *tmp = getenv("TMPDIR");
+  int one = 1;
+
+  memset(s, 0, sizeof(*s));
+  s->notify_fd = -1;
+  s->listen_fd = -1;
+  snprintf(s->dir, sizeof(s->dir), "%s/gshm.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(s->dir))
+    return -errno;
+  chmod(s->dir, 0755); /* other users' test clients must reach the socket */
+  snprintf(s->socket_path, sizeof(s->socket_path), "%s/gshmd.sock", s->dir);
+  snprintf(s->notify_path, sizeof(s->notify_path), "%s/notify.sock", s->dir);
+  if (strlen(s->notify_path) >= sizeof(sa.sun_path))
+    return -ENAMETOOLONG;
+  strcpy(sa.sun_path, s->notify_path);
+  s->notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (s->notify_fd < 0 || bind(s->notify_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+    return -errno;
+  setsockopt(s->notify_fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
+  pthread_mutex_init(&s->lock, NULL);
+  pthread_cond_init(&s->changed, NULL);
+  if (pthread_create(&s->thread, NULL, notify_thread, s))
+    return -EAGAIN;
+  s->thread_running = true;
+  return 0;
+}
+
+static void store_remove(struct gshm_spawn *s, const char *name) {
+  for (int i = 0; i < s->nfds;) {
+    if (!strcmp(s->names[i], name)) {
+      close(s->fds[i]);
+      free(s->names[i]);
+      s->fds[i] = s->fds[s->nfds - 1];
+      s->names[i] = s->names[s->nfds - 1];
+      s->nfds--;
+    } else {
+      i++;
+    }
+  }
+}
+
+/* One datagram: newline-separated assignments, maybe with fds. */
+static void handle_datagram(struct gshm_spawn *s, char *msg, int *fds, int nfds) {
+  char *name = NULL, *save = NULL, *line;
+  bool store = false, remove = false;
+
+  for (line = strtok_r(msg, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    if (!strcmp(line, "READY=1"))
+      s->ready = true;
+    else if (!strcmp(line, "STOPPING=1"))
+      s->stopping = true;
+    else if (!strcmp(line, "WATCHDOG=1"))
+      s->watchdog_pings++;
+    else if (!strncmp(line, "STATUS=", 7))
+      snprintf(s->status, sizeof(s->status), "%s", line + 7);
+    else if (!strcmp(line, "FDSTORE=1"))
+      store = true;
+    else if (!strcmp(line, "FDSTOREREMOVE=1"))
+      remove = true;
+    else if (!strncmp(line, "FDNAME=", 7))
+      name = line + 7;
+  }
+  if (remove && name)
+    store_remove(s, name);
+  for (int i = 0; i < nfds; i++) {
+    if (store && s->nfds < GSHM_SPAWN_MAX_FDS) {
+      s->fds[s->nfds] = fds[i];
+      s->names[s->nfds] = strdup(name ? name : "stored");
+      s->nfds++;
+    } else {
+      close(fds[i]); /* systemd too drops fds that come without FDSTORE=1 */
+    }
+  }
+}
+
+/* Reads every queued datagram; returns how many. */
+static int drain(struct gshm_spawn *s) {
+  int count = 0;
+
+  for (;;) {
+    union {
+      struct cmsghdr align;
+      char buf[CMSG_SPACE(sizeof(int) * 253) + CMSG_SPACE(sizeof(struct ucred))];
+    } ctl;
+    char msg[4096];
+    struct iovec iov = {.iov_base = msg, .iov_len = sizeof(msg) - 1};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                        .msg_controllen = sizeof(ctl.buf)};
+    int fds[253], nfds = 0;
+    ssize_t n = recvmsg(s->notify_fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+
+    if (n < 0)
+      return count;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        memcpy(fds + nfds, CMSG_DATA(c), sizeof(int) * (size_t)k);
+        nfds += k;
+      }
+    msg[n] = '\0';
+    pthread_mutex_lock(&s->lock);
+    handle_datagram(s, msg, fds, nfds);
+    pthread_cond_broadcast(&s->changed);
+    pthread_mutex_unlock(&s->lock);
+    count++;
+  }
+}
+
+static void *notify_thread(void *arg) {
+  struct gshm_spawn *s = arg;
+
+  for (;;) {
+    struct pollfd p = {.fd = s->notify_fd, .events = POLLIN};
+    bool stop;
+    pthread_mutex_lock(&s->lock);
+    stop = s->thread_stop;
+    pthread_mutex_unlock(&s->lock);
+    if (stop)
+      break;
+    poll(&p, 1, 20);
+    drain(s);
+  }
+  return NULL;
+}
+
+void gshm__spawn_poll(struct gshm_spawn *s, int timeout_ms) {
+  /* The thread does the work; here we only give it time, and make sure
+   * whatever is queued right now has been handled. */
+  if (timeout_ms > 0) {
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+  }
+  drain(s);
+}
+
+static int make_listener(struct gshm_spawn *s) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int fd;
+
+  if (s->listen_fd >= 0)
+    return 0;
+  strcpy(sa.sun_path, s->socket_path);
+  unlink(s->socket_path);
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, SOMAXCONN) < 0) {
+    int e = -errno;
+    if (fd >= 0)
+      close(fd);
+    return e;
+  }
+  chmod(s->socket_path, 0666);
+  s->listen_fd = fd;
+  return 0;
+}
+
+int gshm__spawn_start(struct gshm_spawn *s, const char *gshmd_path, const char *const *extra_args,
+                      bool socket_activation, int timeout_ms) {
+  const char *argv[64];
+  int argc = 0, e, nfds, status;
+  int64_t deadline;
+
+  if (socket_activation && (e = make_listener(s)))
+    return e;
+  argv[argc++] = gshmd_path;
+  if (!socket_activation) {
+    argv[argc++] = "--socket";
+    argv[argc++] = s->socket_path;
+  }
+  for (int i = 0; extra_args && extra_args[i] && argc < 62; i++)
+    argv[argc++] = extra_args[i];
+  argv[argc] = NULL;
+  pthread_mutex_lock(&s->lock);
+  s->ready = s->stopping = false;
+  nfds = s->nfds + (socket_activation ? 1 : 0);
+  s->pid = fork();
+  if (s->pid != 0)
+    pthread_mutex_unlock(&s->lock); /* the child reads the store unlocked: it is a copy */
+  if (s->pid < 0)
+    return -errno;
+  if (s->pid == 0) {
+    /* Child: fds to 3.. in order, via high numbers so dup2 never clobbers
+     * one not yet moved. */
+    int tmp[GSHM_SPAWN_MAX_FDS + 1], k = 0;
+    static char names[65536], env_fds[32], env_pid[32];
+    size_t used = 0;
+    if (socket_activation)
+      tmp[k++] = fcntl(s->listen_fd, F_DUPFD_CLOEXEC, 10000);
+    for (int i = 0; i < s->nfds; i++)
+      tmp[k++] = fcntl(s->fds[i], F_DUPFD_CLOEXEC, 10000);
+    for (int i = 0; i < k; i++)
+      if (tmp[i] < 0 || dup2(tmp[i], 3 + i) < 0)
+        _exit(126);
+    names[0] = '\0';
+    if (socket_activation)
+      used += (size_t)snprintf(names + used, sizeof(names) - used, "gshmd");
+    for (int i = 0; i < s->nfds && used < sizeof(names); i++)
+      used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s", used ? ":" : "",
+                               s->names[i]);
+    snprintf(env_fds, sizeof(env_fds), "%d", nfds);
+    snprintf(env_pid, sizeof(env_pid), "%d", (int)getpid());
+    setenv("NOTIFY_SOCKET", s->notify_path, 1);
+    if (nfds) {
+      setenv("LISTEN_FDS", env_fds, 1);
+      setenv("LISTEN_PID", env_pid, 1);
+      setenv("LISTEN_FDNAMES", names, 1);
+    } else {
+      unsetenv("LISTEN_FDS");
+      unsetenv("LISTEN_PID");
+      unsetenv("LISTEN_FDNAMES");
+    }
+    execvp(gshmd_path, (char *const *)argv);
+    _exit(127);
+  }
+
+  deadline = gshm__now_ns(CLOCK_MONOTONIC) + (int64_t)timeout_ms * 1000000;
+  for (;;) {
+    struct timespec ts;
+    bool ready;
+    pthread_mutex_lock(&s->lock);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 20 * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    if (!s->ready)
+      pthread_cond_timedwait(&s->changed, &s->lock, &ts);
+    ready = s->ready;
+    pthread_mutex_unlock(&s->lock);
+    if (ready)
+      return 0;
+    if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
+      s->pid = 0;
+      return -ECHILD;
+    }
+    if (gshm__now_ns(CLOCK_MONOTONIC) > deadline)
+      return -ETIMEDOUT;
+  }
+}
+
+int gshm__spawn_stop(struct gshm_spawn *s, int sig) {
+  int status = -1;
+
+  if (s->pid <= 0)
+    return -1;
+  kill(s->pid, sig);
+  while (waitpid(s->pid, &status, 0) < 0 && errno == EINTR)
+    ;
+  s->pid = 0;
+  gshm__spawn_poll(s, 0); /* last datagrams (fd store updates) */
+  return status;
+}
+
+void gshm__spawn_cleanup(struct gshm_spawn *s) {
+  if (s->pid > 0)
+    gshm__spawn_stop(s, SIGTERM);
+  if (s->thread_running) {
+    pthread_mutex_lock(&s->lock);
+    s->thread_stop = true;
+    pthread_mutex_unlock(&s->lock);
+    pthread_join(s->thread, NULL);
+    s->thread_running = false;
+  }
+  for (int i = 0; i < s->nfds; i++) {
+    close(s->fds[i]);
+    free(s->names[i]);
+  }
+  s->nfds = 0;
+  if (s->notify_fd >= 0)
+    close(s->notify_fd);
+  if (s->listen_fd >= 0)
+    close(s->listen_fd);
+  s->notify_fd = s->listen_fd = -1;
+  if (*s->dir) {
+    unlink(s->socket_path);
+    unlink(s->notify_path);
+    rmdir(s->dir);
+  }
+}
+
+const char *gshm__find_gshmd(void) {
+  static char path[PATH_MAX + 32];
+  static const char *const rel[] = {"/../daemon/gshmd", "/../sbin/gshmd", "/gshmd"};
+  const char *env = getenv("GSHMD");
+  char exe[PATH_MAX];
+  ssize_t n;
+
+  if (env && *env)
+    return env;
+  n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    char *slash;
+    exe[n] = '\0';
+    if ((slash = strrchr(exe, '/')))
+      *slash = '\0';
+    for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]); i++) {
+      snprintf(path, sizeof(path), "%s%s", exe, rel[i]);
+      if (access(path, X_OK) == 0)
+        return path;
+    }
+  }
+  return "gshmd";
+}

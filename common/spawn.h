@@ -1,0 +1,67 @@
+/* Starting a private gshmd and playing the service manager's part for it:
+ * a NOTIFY_SOCKET that receives READY=1, STATUS=, WATCHDOG=1 and fd-store
+ * entries (FDSTORE=1 / FDSTOREREMOVE=1 with FDNAME=), and LISTEN_FDS /
+ * LISTEN_FDNAMES to hand stored fds (and optionally a listening socket)
+ * back on the next start (sd_listen_fds(3) protocol).  Used by gshm-demo,
+ * the tests and gshm-bench; readiness is the READY=1 datagram, never a
+ * sleep. */
+#ifndef GSHM_COMMON_SPAWN_H
+#define GSHM_COMMON_SPAWN_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+#define GSHM_SPAWN_MAX_FDS 4096
+
+struct gshm_spawn {
+  pid_t pid;                 /* 0 when not running */
+  char dir[256];             /* private mkdtemp directory */
+  char socket_path[300];     /* dir/gshmd.sock */
+  char notify_path[300];
+  int notify_fd;
+  bool ready, stopping;
+  char status[256];          /* last STATUS= */
+  unsigned watchdog_pings;
+  int fds[GSHM_SPAWN_MAX_FDS];     /* the fd store */
+  char *names[GSHM_SPAWN_MAX_FDS];
+  int nfds;
+  int listen_fd;             /* >= 0: pass as a socket-activated listener */
+  /* A thread drains the notify socket all the time, as a service manager
+   * does: gshmd blocks in sd_notify when the datagram queue is full.  The
+   * fields above that it writes are read under `lock`. */
+  pthread_t thread;
+  bool thread_running, thread_stop;
+  pthread_mutex_t lock;
+  pthread_cond_t changed;
+};
+
+/* Makes the private directory and the notify socket.  Returns 0 or a
+ * negative errno. */
+int gshm__spawn_init(struct gshm_spawn *s);
+
+/* Starts gshmd_path with "--socket <dir>/gshmd.sock" (unless
+ * socket_activation, which binds it here and passes it as LISTEN_FDS
+ * "gshmd") and extra args (NULL-terminated, may be NULL), handing back the
+ * fd store, and waits up to timeout_ms for READY=1.
+ * Returns 0; -ETIMEDOUT; -ECHILD gshmd exited first; other -errno. */
+int gshm__spawn_start(struct gshm_spawn *s, const char *gshmd_path, const char *const *extra_args,
+                      bool socket_activation, int timeout_ms);
+
+/* Waits up to timeout_ms for notify datagrams to be processed (0: lets the
+ * thread catch up with what is queued now). */
+void gshm__spawn_poll(struct gshm_spawn *s, int timeout_ms);
+
+/* Sends sig (SIGTERM, SIGKILL) and reaps.  Returns the wait status, or -1
+ * when not running.  The fd store is kept for the next start. */
+int gshm__spawn_stop(struct gshm_spawn *s, int sig);
+
+/* Closes the fd store, removes the directory; stops gshmd if running. */
+void gshm__spawn_cleanup(struct gshm_spawn *s);
+
+/* Finds gshmd: $GSHMD, then next to this executable (build tree:
+ * ../daemon/gshmd; install: ../sbin/gshmd), then "gshmd" on PATH.
+ * Returns a static string. */
+const char *gshm__find_gshmd(void);
+
+#endif

@@ -1,0 +1,131 @@
+#include "util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+int gshm__location_parse(const char *s, struct gshm_location *out) {
+  struct gshm_location loc;
+
+  memset(&loc, 0, sizeof(loc));
+  if (!s || !*s || !strcmp(s, "host")) {
+    loc.kind = GSHM_LOCATION_HOST;
+  } else if (!strncmp(s, "cuda:", 5)) {
+    const char *rest = s + 5;
+    if (!strncmp(rest, "GPU-", 4)) {
+      size_t n = strlen(rest);
+      if (n < 8 || n >= sizeof(loc.uuid))
+        return -EINVAL;
+      for (size_t i = 4; i < n; i++)
+        if (!isxdigit((unsigned char)rest[i]) && rest[i] != '-')
+          return -EINVAL;
+      loc.kind = GSHM_LOCATION_CUDA_UUID;
+      memcpy(loc.uuid, rest, n + 1);
+    } else {
+      char *end;
+      long v;
+      if (!isdigit((unsigned char)*rest))
+        return -EINVAL;
+      errno = 0;
+      v = strtol(rest, &end, 10);
+      if (errno || *end || v < 0 || v > 4096)
+        return -EINVAL;
+      loc.kind = GSHM_LOCATION_CUDA_INDEX;
+      loc.index = (int)v;
+    }
+  } else {
+    return -EINVAL;
+  }
+  *out = loc;
+  return 0;
+}
+
+int gshm__parse_size(const char *s, uint64_t *out) {
+  static const struct {
+    const char *suffix;
+    unsigned shift;
+  } units[] = {{"", 0},     {"b", 0},     {"k", 10},    {"kib", 10}, {"m", 20},
+               {"mib", 20}, {"g", 30},    {"gib", 30},  {"t", 40},   {"tib", 40}};
+  unsigned long long v;
+  char *end;
+
+  if (!s || !isdigit((unsigned char)*s))
+    return -EINVAL;
+  errno = 0;
+  v = strtoull(s, &end, 10);
+  if (errno == ERANGE)
+    return -ERANGE;
+  for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+    if (strcasecmp(end, units[i].suffix))
+      continue;
+    if (units[i].shift && v > (UINT64_MAX >> units[i].shift))
+      return -ERANGE;
+    *out = (uint64_t)v << units[i].shift;
+    return 0;
+  }
+  return -EINVAL;
+}
+
+const char *gshm__format_size(uint64_t bytes, char *buf, size_t cap) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  unsigned u = 0;
+  double v = (double)bytes;
+
+  while (v >= 1024 && u + 1 < sizeof(unit) / sizeof(unit[0])) {
+    v /= 1024;
+    u++;
+  }
+  if (u == 0)
+    snprintf(buf, cap, "%" PRIu64 " B", bytes);
+  else if (v == (double)(uint64_t)v)
+    snprintf(buf, cap, "%.0f %s", v, unit[u]);
+  else
+    snprintf(buf, cap, "%.1f %s", v, unit[u]);
+  return buf;
+}
+
+int gshm__name_check(const char *name, size_t max) {
+  size_t n, comp = 0;
+  const char *start;
+
+  if (!name)
+    return -EINVAL;
+  n = strnlen(name, max + 1);
+  if (n == 0)
+    return -EINVAL;
+  if (n > max)
+    return -ENAMETOOLONG;
+  start = name;
+  for (size_t i = 0; i <= n; i++) {
+    unsigned char c = (unsigned char)name[i];
+    if (c == '/' || c == '\0') {
+      if (comp == 0 || (comp == 1 && start[0] == '.') ||
+          (comp == 2 && start[0] == '.' && start[1] == '.'))
+        return -EINVAL;
+      comp = 0;
+      start = name + i + 1;
+      continue;
+    }
+    if (c < 0x20 || c == 0x7f)
+      return -EINVAL;
+    comp++;
+  }
+  return 0;
+}
+
+int64_t gshm__now_ns(clockid_t clock) {
+  struct timespec ts;
+  clock_gettime(clock, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void gshm__format_gpu_uuid(const unsigned char b[16], char buf[48]) {
+  snprintf(buf, 48,
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+           b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+           b[15]);
+}

@@ -1,0 +1,47 @@
+/* Small parsers and helpers shared by gshmd, libgshm and gshmctl. */
+#ifndef GSHM_COMMON_UTIL_H
+#define GSHM_COMMON_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#define GSHM_LOCATION_MAX 64
+
+enum gshm_location_kind {
+  GSHM_LOCATION_HOST = 0,
+  GSHM_LOCATION_CUDA_INDEX = 1, /* "cuda:N": the daemon's enumeration */
+  GSHM_LOCATION_CUDA_UUID = 2,  /* "cuda:GPU-<uuid>" */
+};
+
+struct gshm_location {
+  enum gshm_location_kind kind;
+  int index;       /* CUDA_INDEX */
+  char uuid[48];   /* CUDA_UUID: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+};
+
+/* Parses "host", "cuda:N" or "cuda:GPU-<uuid>" (also "" -> host).
+ * Returns 0 or -EINVAL. */
+int gshm__location_parse(const char *s, struct gshm_location *out);
+
+/* Parses a byte count: digits with an optional binary suffix K, M, G, T
+ * (also KiB/MiB/GiB/TiB, case-insensitive, no spaces).  Returns 0, -EINVAL
+ * (not a number, unknown suffix) or -ERANGE (over 2^64-1). */
+int gshm__parse_size(const char *s, uint64_t *out);
+
+/* Formats bytes as "64 MiB" style into buf; returns buf. */
+const char *gshm__format_size(uint64_t bytes, char *buf, size_t cap);
+
+/* Checks a segment name: 1..max bytes, printable ASCII/UTF-8 bytes >= 0x20
+ * except DEL, '/'-separated components that are non-empty and not "." or
+ * "..".  Returns 0, -EINVAL or -ENAMETOOLONG. */
+int gshm__name_check(const char *name, size_t max);
+
+/* clock_gettime in nanoseconds. */
+int64_t gshm__now_ns(clockid_t clock);
+
+/* Formats 16 raw UUID bytes as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+ * (nvidia-smi's form); buf needs 41 bytes. */
+void gshm__format_gpu_uuid(const unsigned char bytes[16], char buf[48]);
+
+#endif

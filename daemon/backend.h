@@ -1,0 +1,70 @@
+/* The memory backends behind gshmd's segments.
+ *
+ * A backend allocates memory for one location kind, hands out a file
+ * descriptor for each open, and frees.  The registry owns the only
+ * reference to each allocation (struct gshmd_alloc); fds handed to clients
+ * keep the memory alive on their own (memfd, cuMem POSIX fd), which is
+ * what lets gshmd park them in systemd's fd store across restarts. */
+#ifndef GSHMD_BACKEND_H
+#define GSHMD_BACKEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gshm.pb-c.h"
+#include "util.h"
+
+struct gshmd_config;
+struct gshmd_backend;
+
+/* One allocation. */
+struct gshmd_alloc {
+  struct gshmd_backend *backend;
+  uint64_t size;                     /* bytes allocated (rounded up) */
+  uint64_t granularity;              /* bytes */
+  int device_index;                  /* daemon's GPU index; -1 host */
+  char location[GSHM_LOCATION_MAX];  /* canonical: "host", "cuda:GPU-<uuid>" */
+  void *priv;                        /* backend-specific */
+};
+
+struct gshmd_backend_ops {
+  /* Allocates size bytes (> 0) at loc.  debug_name labels the memory
+   * (memfd name).  flags: GSHM__SEGMENT_FLAG__* bits.  *out is owned by
+   * the caller until ->free.  Errors: -ENOMEM, -ENODEV, -EINVAL, -ENOTSUP,
+   * -EIO. */
+  int (*alloc)(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
+               uint32_t flags, const char *debug_name, struct gshmd_alloc **out);
+  /* A new fd for one client: read-write, or read-only when !writable
+   * (where the backend can enforce it).  The caller owns and closes it. */
+  int (*export_fd)(struct gshmd_backend *b, struct gshmd_alloc *a, bool writable, int *fd_out);
+  /* Optional: a 64-byte cudaIpcMemHandle for a LEGACY_IPC allocation. */
+  int (*export_legacy_ipc)(struct gshmd_backend *b, struct gshmd_alloc *a,
+                           uint8_t handle_out[64]);
+  /* Optional: an fd that keeps the memory alive (for systemd's fd store),
+   * and the inverse: adopt such an fd after a restart (takes ownership of
+   * fd on success). */
+  int (*park_fd)(struct gshmd_backend *b, struct gshmd_alloc *a, int *fd_out);
+  int (*adopt_fd)(struct gshmd_backend *b, int fd, const char *location, uint64_t size,
+                  struct gshmd_alloc **out);
+  /* Releases the allocation; accepts NULL. */
+  void (*free)(struct gshmd_backend *b, struct gshmd_alloc *a);
+  /* Optional: fills the device list (cuda). */
+  int (*devices)(struct gshmd_backend *b, Gshm__DeviceList *list_out);
+  void (*destroy)(struct gshmd_backend *b);
+};
+
+struct gshmd_backend {
+  const char *name; /* "host", "cuda" */
+  const struct gshmd_backend_ops *ops;
+  unsigned ndevices;
+  void *priv;
+};
+
+/* Host memory: sealed memfds.  Never fails but for -ENOMEM. */
+int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backend **out);
+
+/* GPU memory through the CUDA driver's VMM API.  Errors: -ENOENT/-ENOSYS/
+ * -ENODEV no usable driver or device (logged once). */
+int gshmd_backend_cuda_create(const struct gshmd_config *cfg, struct gshmd_backend **out);
+
+#endif

@@ -1,0 +1,737 @@
+/* CUDA backend: device segments through the driver's virtual memory API.
+ *
+ * At start gshmd loads libcuda.so.1 (common/cudadrv.c, dlopen), enumerates
+ * the GPUs it can see, retains each one's primary context, enables peer
+ * access between every pair that supports it, and records the P2P matrix
+ * (access, native atomics, performance rank) and the NVLink link counts
+ * that NVML reports (libnvidia-ml.so.1, also dlopen'ed; -1 without it).
+ *
+ * A device segment is one cuMemCreate allocation made exportable as a POSIX
+ * file descriptor.  gshmd keeps the only owning handle and exports it once,
+ * at allocation; every open gets a dup() of that fd.  Measured on H200s
+ * (driver 580), cuMemExportToShareableHandle costs about 600 us per call,
+ * 40 times a daemon round trip, and a handle imported from a parked fd
+ * after a restart cannot be exported again at all (CUDA_ERROR_INVALID_VALUE):
+ * the one fd serves both.  The fd alone keeps the physical memory alive,
+ * which is what lets gshmd park it in systemd's fd store and re-import it
+ * after a restart (adopt_fd).
+ *
+ * Segments created with SEGMENT_FLAG_LEGACY_IPC are different: a legacy
+ * cudaIpcMemHandle only works on cuMemAlloc'ed memory, not on VMM
+ * allocations, so those are cuMemAlloc'ed in the owning GPU's primary
+ * context and exported with cuIpcGetMemHandle only.  A legacy handle is a
+ * 64-byte bearer token: any process on the node that learns the bytes can
+ * open the memory read-write, bypassing gshm's permission checks, which is
+ * why the config must enable it (daemon.legacy_ipc, off by default).
+ * Such segments have no fd: they cannot be opened as cuMem fds and cannot
+ * survive a daemon restart.
+ *
+ * Device messages start with the GPU's PCI bus id (STYLE.md). */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "cudadrv.h"
+#include "log.h"
+
+/* ---- NVML, the few entry points we need (no nvml.h at build time) ---- */
+
+typedef struct nvml_device_st *nvml_device_t;
+typedef struct {
+  char bus_id_legacy[16];
+  unsigned int domain;
+  unsigned int bus;
+  unsigned int device;
+  unsigned int pci_device_id;
+  unsigned int pci_subsystem_id;
+  char bus_id[32];
+} nvml_pci_info_t; /* nvmlPciInfo_t */
+
+enum {
+  NVML_SUCCESS = 0,
+  NVML_FEATURE_ENABLED = 1,
+  NVML_NVLINK_DEVICE_TYPE_GPU = 0,
+  NVML_NVLINK_DEVICE_TYPE_SWITCH = 2,
+  NVML_MAX_LINKS = 64, /* upper bound for the probe loop; NVML says when to stop */
+};
+
+struct nvml {
+  void *lib;
+  int (*init)(void);
+  int (*shutdown)(void);
+  int (*by_uuid)(const char *uuid, nvml_device_t *dev);
+  int (*link_state)(nvml_device_t dev, unsigned link, int *enabled);
+  int (*remote_pci)(nvml_device_t dev, unsigned link, nvml_pci_info_t *pci);
+  int (*remote_type)(nvml_device_t dev, unsigned link, int *type); /* optional */
+};
+
+/* ---- backend state ---- */
+
+struct cuda_dev {
+  CUdevice dev;
+  CUcontext ctx;               /* primary context, retained */
+  char uuid[48];               /* "GPU-..." */
+  char pci[32];                /* "0000:18:00.0": the log prefix */
+  unsigned pci_domain, pci_bus, pci_device;
+  char name[256];
+  uint64_t total;
+  int cc_major, cc_minor;
+  uint64_t granularity;        /* minimum for POSIX-fd device allocations */
+  bool vmm;                    /* VMM + POSIX fd handles supported */
+  /* NVML view, for the link counts. */
+  int gpu_links[32];           /* links of this GPU whose far end is GPU j (direct) */
+  int switch_links;            /* links to an NVSwitch */
+};
+
+struct cuda_backend {
+  struct gshmd_backend base;
+  const struct gshm_cudadrv *drv;
+  unsigned n;
+  struct cuda_dev *devs;
+  bool nvml_ok;
+  /* `gshmctl devices`: built once, free memory refreshed per call. */
+  Gshm__DeviceInfo *info;
+  Gshm__DeviceInfo **infop;
+  Gshm__PeerInfo *peers;       /* n * n, row i column j; diagonal unused */
+  Gshm__PeerInfo **peerp;      /* n rows of n - 1 pointers */
+};
+
+struct cuda_alloc {
+  struct gshmd_alloc base;
+  struct cuda_dev *d;
+  bool legacy;
+  CUmemGenericAllocationHandle handle; /* VMM segments */
+  int fd;                              /* VMM segments: its POSIX fd, exported once; else -1 */
+  CUdeviceptr ptr;                     /* LEGACY_IPC segments (cuMemAlloc) */
+};
+
+#define CU_ERR(cb, fn, ...) GSHM_CU((cb)->drv, GSHM_LOG_ERR, fn, __VA_ARGS__)
+
+static struct cuda_backend *cuda_of(struct gshmd_backend *b) { return (struct cuda_backend *)b; }
+
+static void cuda_free(struct gshmd_backend *b, struct gshmd_alloc *mem);
+static int export_once(struct cuda_backend *cb, struct cuda_alloc *a);
+
+static CUmemAllocationProp device_prop(CUdevice dev) {
+  CUmemAllocationProp p;
+
+  memset(&p, 0, sizeof(p));
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = dev;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return p;
+}
+
+static struct cuda_dev *dev_by_uuid(struct cuda_backend *cb, const char *uuid) {
+  for (unsigned i = 0; i < cb->n; i++)
+    if (!strcasecmp(cb->devs[i].uuid, uuid))
+      return &cb->devs[i];
+  return NULL;
+}
+
+static struct cuda_dev *dev_by_location(struct cuda_backend *cb, const struct gshm_location *loc) {
+  if (loc->kind == GSHM_LOCATION_CUDA_INDEX)
+    return loc->index >= 0 && (unsigned)loc->index < cb->n ? &cb->devs[loc->index] : NULL;
+  if (loc->kind == GSHM_LOCATION_CUDA_UUID)
+    return dev_by_uuid(cb, loc->uuid);
+  return NULL;
+}
+
+static int set_ctx(struct cuda_backend *cb, struct cuda_dev *d) {
+  return CU_ERR(cb, cuCtxSetCurrent, d->ctx);
+}
+
+static struct cuda_alloc *wrap(struct cuda_backend *cb, struct cuda_dev *d, uint64_t size,
+                               uint64_t gran) {
+  struct cuda_alloc *a = calloc(1, sizeof(*a));
+
+  if (!a)
+    return NULL;
+  a->base.backend = &cb->base;
+  a->base.size = size;
+  a->base.granularity = gran;
+  a->base.device_index = (int)(d - cb->devs);
+  snprintf(a->base.location, sizeof(a->base.location), "cuda:%s", d->uuid);
+  a->base.priv = a;
+  a->d = d;
+  a->fd = -1;
+  return a;
+}
+
+/* Zeroes a fresh VMM allocation through a temporary mapping.  The driver
+ * does not promise zeroed memory, and physical memory released by one
+ * user's segment may come back in another user's, all inside this one
+ * process: never hand out what a previous owner left there. */
+static int zero_handle(struct cuda_backend *cb, struct cuda_dev *d, CUmemGenericAllocationHandle h,
+                       uint64_t size, uint64_t gran) {
+  CUmemAccessDesc acc;
+  CUdeviceptr va = 0;
+  int e;
+
+  if ((e = set_ctx(cb, d)))
+    return e;
+  if ((e = CU_ERR(cb, cuMemAddressReserve, &va, size, gran, 0, 0)))
+    return e;
+  if ((e = CU_ERR(cb, cuMemMap, va, size, 0, h, 0)))
+    goto release_va_range;
+  memset(&acc, 0, sizeof(acc));
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = d->dev;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if ((e = CU_ERR(cb, cuMemSetAccess, va, size, &acc, 1)))
+    goto unmap_range;
+  if ((e = CU_ERR(cb, cuMemsetD8, va, 0, size)))
+    goto unmap_range;
+  e = CU_ERR(cb, cuStreamSynchronize, NULL);
+unmap_range:
+  CU_ERR(cb, cuMemUnmap, va, size);
+release_va_range:
+  CU_ERR(cb, cuMemAddressFree, va, size);
+  return e;
+}
+
+static int cuda_alloc(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
+                      uint32_t flags, const char *debug_name, struct gshmd_alloc **out) {
+  struct cuda_backend *cb = cuda_of(b);
+  bool legacy = flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC;
+  struct cuda_dev *d;
+  struct cuda_alloc *a;
+  CUmemAllocationProp prop;
+  CUmemGenericAllocationHandle h;
+  CUdeviceptr ptr;
+  uint64_t gran;
+  int e;
+
+  if (size == 0)
+    return -EINVAL;
+  if (!(d = dev_by_location(cb, loc)))
+    return -ENODEV;
+  /* Legacy segments use the same granularity, so that sizes do not depend
+   * on the flag (cuMemAlloc itself rounds to 2 MiB pages for large sizes). */
+  gran = d->granularity;
+  if (size > UINT64_MAX - gran)
+    return -EFBIG;
+  size = (size + gran - 1) / gran * gran;
+
+  if (legacy) {
+    if ((e = set_ctx(cb, d)))
+      return e;
+    if ((e = CU_ERR(cb, cuMemAlloc, &ptr, size)))
+      return e;
+    if ((e = CU_ERR(cb, cuMemsetD8, ptr, 0, size)) || (e = CU_ERR(cb, cuStreamSynchronize, NULL))) {
+      CU_ERR(cb, cuMemFree, ptr);
+      return e;
+    }
+    if (!(a = wrap(cb, d, size, gran))) {
+      CU_ERR(cb, cuMemFree, ptr);
+      return -ENOMEM;
+    }
+    a->legacy = true;
+    a->ptr = ptr;
+    gshm_log_debug("%s: '%s': %" PRIu64 " bytes cuMemAlloc'ed for legacy IPC", d->pci,
+                   debug_name, size);
+    *out = &a->base;
+    return 0;
+  }
+
+  if (!d->vmm) {
+    gshm_log_err("%s: '%s': this GPU does not support POSIX-fd cuMem allocations", d->pci,
+                 debug_name);
+    return -ENOTSUP;
+  }
+  prop = device_prop(d->dev);
+  if ((e = GSHM_CU(cb->drv, GSHM_LOG_WARNING, cuMemCreate, &h, size, &prop, 0))) {
+    gshm_log_warn("%s: '%s': cannot allocate %" PRIu64 " bytes", d->pci, debug_name, size);
+    return e;
+  }
+  if ((e = zero_handle(cb, d, h, size, gran))) {
+    CU_ERR(cb, cuMemRelease, h);
+    return e;
+  }
+  if (!(a = wrap(cb, d, size, gran))) {
+    CU_ERR(cb, cuMemRelease, h);
+    return -ENOMEM;
+  }
+  a->handle = h;
+  if ((e = export_once(cb, a))) {
+    cuda_free(b, &a->base);
+    return e;
+  }
+  *out = &a->base;
+  return 0;
+}
+
+/* Exports the allocation's POSIX fd, once, into a->fd. */
+static int export_once(struct cuda_backend *cb, struct cuda_alloc *a) {
+  int fd = -1, e;
+
+  if ((e = CU_ERR(cb, cuMemExportToShareableHandle, &fd, a->handle,
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)))
+    return e;
+  /* The driver's fd is not close-on-exec; ours never leak into children. */
+  if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+    e = -errno;
+    gshm_log_err("%s: F_SETFD on an exported fd: %m", a->d->pci);
+    close(fd);
+    return e;
+  }
+  a->fd = fd;
+  return 0;
+}
+
+/* A new fd for the allocation: a dup of the one exported at allocation
+ * (or adopted after a restart); the caller closes it. */
+static int export_posix_fd(struct cuda_backend *cb, struct cuda_alloc *a, int *fd_out) {
+  int fd, e;
+
+  (void)cb;
+  if (a->legacy || a->fd < 0)
+    return -ENOTSUP; /* cuMemAlloc memory has no POSIX fd */
+  fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 3);
+  if (fd < 0) {
+    e = -errno;
+    gshm_log_err("%s: dup of a segment fd: %m", a->d->pci);
+    return e;
+  }
+  *fd_out = fd;
+  return 0;
+}
+
+/* A new fd per open (a dup); the caller sends it and closes its copy.  `writable`
+ * cannot be enforced here: a cuMem POSIX fd carries no access mode, and
+ * whoever holds it can map it read-write.  Read-only leases are enforced
+ * by libgshm (cuMemSetAccess PROT_READ on its own mapping), which protects
+ * against mistakes, not against a hostile client of a read-only lease. */
+static int cuda_export_fd(struct gshmd_backend *b, struct gshmd_alloc *mem, bool writable,
+                          int *fd_out) {
+  (void)writable;
+  return export_posix_fd(cuda_of(b), mem->priv, fd_out);
+}
+
+/* The legacy cudaIpcMemHandle of a LEGACY_IPC segment: a bearer token (see
+ * the top of this file).  Repeated calls return the same bytes. */
+static int cuda_export_legacy_ipc(struct gshmd_backend *b, struct gshmd_alloc *mem,
+                                  uint8_t handle_out[64]) {
+  struct cuda_backend *cb = cuda_of(b);
+  struct cuda_alloc *a = mem->priv;
+  CUipcMemHandle h;
+  int e;
+
+  if (!a->legacy)
+    return -ENOTSUP;
+  if ((e = set_ctx(cb, a->d)))
+    return e;
+  if ((e = CU_ERR(cb, cuIpcGetMemHandle, &h, a->ptr)))
+    return e;
+  _Static_assert(sizeof(h.reserved) == 64, "cudaIpcMemHandle is 64 bytes");
+  memcpy(handle_out, h.reserved, 64);
+  return 0;
+}
+
+/* An fd for systemd's fd store: the same export; it alone keeps the memory
+ * alive across a gshmd restart.  Legacy segments cannot be parked. */
+static int cuda_park_fd(struct gshmd_backend *b, struct gshmd_alloc *mem, int *fd_out) {
+  struct cuda_alloc *a = mem->priv;
+
+  if (a->legacy) {
+    gshm_log_debug("%s: legacy IPC segments cannot be parked in the fd store", a->d->pci);
+    return -ENOTSUP;
+  }
+  return export_posix_fd(cuda_of(b), a, fd_out);
+}
+
+/* Checks that the imported allocation holds at least `size` bytes by
+ * mapping that many: cuMemMap refuses a range past the allocation's end.
+ * The driver has no call that returns an allocation's size. */
+static int check_size(struct cuda_backend *cb, struct cuda_dev *d, CUmemGenericAllocationHandle h,
+                      uint64_t size, uint64_t gran) {
+  CUdeviceptr va = 0;
+  int e;
+
+  if ((e = set_ctx(cb, d)))
+    return e;
+  if ((e = CU_ERR(cb, cuMemAddressReserve, &va, size, gran, 0, 0)))
+    return e;
+  if (!(e = CU_ERR(cb, cuMemMap, va, size, 0, h, 0)))
+    CU_ERR(cb, cuMemUnmap, va, size);
+  CU_ERR(cb, cuMemAddressFree, va, size);
+  return e;
+}
+
+/* Re-imports a parked fd after a restart.  Nothing handed back is trusted:
+ * it must be a device allocation on the GPU the saved location
+ * names (matched by UUID: indexes may change across a reboot of the
+ * driver or a different CUDA_VISIBLE_DEVICES), at least `size` bytes. */
+static int cuda_adopt_fd(struct gshmd_backend *b, int fd, const char *location, uint64_t size,
+                         struct gshmd_alloc **out) {
+  struct cuda_backend *cb = cuda_of(b);
+  struct gshm_location loc;
+  CUmemAllocationProp prop;
+  CUmemGenericAllocationHandle h;
+  struct cuda_dev *d;
+  struct cuda_alloc *a;
+  int e;
+
+  if (gshm__location_parse(location, &loc) || loc.kind != GSHM_LOCATION_CUDA_UUID || size == 0)
+    return -EINVAL;
+  if (!(d = dev_by_uuid(cb, loc.uuid))) {
+    gshm_log_err("%s: not among this daemon's GPUs; its segment cannot be restored", loc.uuid);
+    return -ENODEV;
+  }
+  if (size % d->granularity)
+    return -EINVAL;
+  if ((e = CU_ERR(cb, cuMemImportFromShareableHandle, &h, (void *)(uintptr_t)fd,
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)))
+    return e;
+  memset(&prop, 0, sizeof(prop));
+  if ((e = CU_ERR(cb, cuMemGetAllocationPropertiesFromHandle, &prop, h)))
+    goto release_handle;
+  /* (requestedHandleTypes is not reported for imported handles.) */
+  if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != d->dev) {
+    gshm_log_err("%s: parked fd is not a device allocation of this GPU (location type %d id %d)",
+                 d->pci, (int)prop.location.type, prop.location.id);
+    e = -EINVAL;
+    goto release_handle;
+  }
+  if ((e = check_size(cb, d, h, size, d->granularity))) {
+    gshm_log_err("%s: parked allocation is smaller than the recorded %" PRIu64 " bytes", d->pci,
+                 size);
+    e = -EINVAL;
+    goto release_handle;
+  }
+  if (!(a = wrap(cb, d, size, d->granularity))) {
+    e = -ENOMEM;
+    goto release_handle;
+  }
+  a->handle = h;
+  /* Kept: an imported handle cannot be exported again, so this fd is what
+   * later opens get dups of (and what is parked again). */
+  a->fd = fd;
+  *out = &a->base;
+  return 0;
+
+release_handle:
+  CU_ERR(cb, cuMemRelease, h);
+  return e;
+}
+
+static void cuda_free(struct gshmd_backend *b, struct gshmd_alloc *mem) {
+  struct cuda_backend *cb = cuda_of(b);
+  struct cuda_alloc *a;
+
+  if (!mem)
+    return;
+  a = mem->priv;
+  if (a->legacy) {
+    /* cuMemFree needs the owning context current. */
+    if (!set_ctx(cb, a->d))
+      CU_ERR(cb, cuMemFree, a->ptr);
+  } else if (a->handle) {
+    /* Exported fds that clients still hold keep the physical memory
+     * until they are closed; ours goes now. */
+    CU_ERR(cb, cuMemRelease, a->handle);
+  }
+  if (a->fd >= 0)
+    close(a->fd);
+  free(a);
+}
+
+/* ---- device list ---- */
+
+static int cuda_devices(struct gshmd_backend *b, Gshm__DeviceList *list_out) {
+  struct cuda_backend *cb = cuda_of(b);
+
+  for (unsigned i = 0; i < cb->n; i++) {
+    size_t fr = 0, total = 0;
+    if (!set_ctx(cb, &cb->devs[i]) && !CU_ERR(cb, cuMemGetInfo, &fr, &total))
+      cb->info[i].free_memory = fr;
+  }
+  list_out->n_devices = cb->n;
+  list_out->devices = cb->infop;
+  return 0;
+}
+
+static void cuda_destroy(struct gshmd_backend *b) {
+  struct cuda_backend *cb = cuda_of(b);
+
+  if (!cb)
+    return;
+  for (unsigned i = 0; cb->devs && i < cb->n; i++)
+    if (cb->devs[i].ctx)
+      cb->drv->cuDevicePrimaryCtxRelease(cb->devs[i].dev);
+  free(cb->devs);
+  free(cb->info);
+  free(cb->infop);
+  free(cb->peers);
+  free(cb->peerp);
+  free(cb);
+}
+
+static const struct gshmd_backend_ops cuda_ops = {
+    .alloc = cuda_alloc,
+    .export_fd = cuda_export_fd,
+    .export_legacy_ipc = cuda_export_legacy_ipc,
+    .park_fd = cuda_park_fd,
+    .adopt_fd = cuda_adopt_fd,
+    .free = cuda_free,
+    .devices = cuda_devices,
+    .destroy = cuda_destroy,
+};
+
+/* ---- setup ---- */
+
+static int attr(struct cuda_backend *cb, CUdevice dev, CUdevice_attribute a) {
+  int v = 0;
+  if (GSHM_CU(cb->drv, GSHM_LOG_DEBUG, cuDeviceGetAttribute, &v, a, dev))
+    return 0;
+  return v;
+}
+
+static int setup_device(struct cuda_backend *cb, int ordinal, struct cuda_dev *d) {
+  CUmemAllocationProp prop;
+  CUuuid uuid;
+  size_t gran = 0, total = 0;
+  int e;
+
+  if ((e = CU_ERR(cb, cuDeviceGet, &d->dev, ordinal)))
+    return e;
+  if ((e = CU_ERR(cb, cuDeviceGetUuid, &uuid, d->dev)))
+    return e;
+  gshm__format_gpu_uuid((const unsigned char *)uuid.bytes, d->uuid);
+  if ((e = CU_ERR(cb, cuDeviceGetPCIBusId, d->pci, (int)sizeof(d->pci), d->dev)))
+    return e;
+  if ((e = CU_ERR(cb, cuDeviceGetName, d->name, (int)sizeof(d->name), d->dev)))
+    return e;
+  if ((e = CU_ERR(cb, cuDeviceTotalMem, &total, d->dev)))
+    return e;
+  d->total = total;
+  d->cc_major = attr(cb, d->dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+  d->cc_minor = attr(cb, d->dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  d->pci_domain = (unsigned)attr(cb, d->dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
+  d->pci_bus = (unsigned)attr(cb, d->dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
+  d->pci_device = (unsigned)attr(cb, d->dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
+  d->vmm = attr(cb, d->dev, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) &&
+           attr(cb, d->dev, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED);
+  prop = device_prop(d->dev);
+  if (d->vmm && !GSHM_CU(cb->drv, GSHM_LOG_WARNING, cuMemGetAllocationGranularity, &gran, &prop,
+                         CU_MEM_ALLOC_GRANULARITY_MINIMUM) && gran)
+    d->granularity = gran;
+  else
+    d->granularity = 2u << 20; /* cuMemAlloc's large-page size */
+  if ((e = CU_ERR(cb, cuDevicePrimaryCtxRetain, &d->ctx, d->dev))) {
+    d->ctx = NULL;
+    return e;
+  }
+  gshm_log_info("%s: cuda:%d %s %s, %.1f GiB, cc %d.%d, granularity %" PRIu64 " KiB%s", d->pci,
+                ordinal, d->uuid, d->name, (double)d->total / (1 << 30), d->cc_major, d->cc_minor,
+                d->granularity >> 10, d->vmm ? "" : ", no POSIX-fd cuMem (legacy IPC only)");
+  return 0;
+}
+
+/* Enables peer access from every GPU's primary context to every other
+ * that it can reach, so that anything gshmd itself does across GPUs works,
+ * and reports the pairs that cannot. */
+static void setup_peer_access(struct cuda_backend *cb) {
+  for (unsigned i = 0; i < cb->n; i++) {
+    for (unsigned j = 0; j < cb->n; j++) {
+      int can = 0;
+      CUresult r;
+      if (i == j)
+        continue;
+      if (GSHM_CU(cb->drv, GSHM_LOG_WARNING, cuDeviceCanAccessPeer, &can, cb->devs[i].dev,
+                  cb->devs[j].dev) || !can) {
+        gshm_log_info("%s: no peer access to %s", cb->devs[i].pci, cb->devs[j].pci);
+        continue;
+      }
+      if (set_ctx(cb, &cb->devs[i]))
+        continue;
+      r = cb->drv->cuCtxEnablePeerAccess(cb->devs[j].ctx, 0);
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+        gshm__cuda_log(GSHM_LOG_WARNING, r, "cuCtxEnablePeerAccess", __FILE__, __LINE__);
+    }
+  }
+}
+
+/* Loads NVML and counts, for each GPU, its active NVLinks to each other
+ * GPU (direct links) and to NVSwitches.  Best effort: without NVML the
+ * counts stay -1. */
+static void setup_nvml(struct cuda_backend *cb) {
+  struct nvml nv = {0};
+
+  nv.lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!nv.lib) {
+    gshm_log_info("nvml: cannot load libnvidia-ml.so.1 (%s); NVLink counts unavailable",
+                  dlerror());
+    return;
+  }
+  nv.init = (int (*)(void))dlsym(nv.lib, "nvmlInit_v2");
+  nv.shutdown = (int (*)(void))dlsym(nv.lib, "nvmlShutdown");
+  nv.by_uuid = (int (*)(const char *, nvml_device_t *))dlsym(nv.lib, "nvmlDeviceGetHandleByUUID");
+  nv.link_state = (int (*)(nvml_device_t, unsigned, int *))dlsym(nv.lib, "nvmlDeviceGetNvLinkState");
+  nv.remote_pci = (int (*)(nvml_device_t, unsigned, nvml_pci_info_t *))dlsym(
+      nv.lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2");
+  nv.remote_type = (int (*)(nvml_device_t, unsigned, int *))dlsym(
+      nv.lib, "nvmlDeviceGetNvLinkRemoteDeviceType");
+  if (!nv.init || !nv.shutdown || !nv.by_uuid || !nv.link_state || !nv.remote_pci) {
+    gshm_log_info("nvml: missing entry points; NVLink counts unavailable");
+    return; /* keep the library loaded: dlclose of NVML is not worth the risk */
+  }
+  if (nv.init() != NVML_SUCCESS) {
+    gshm_log_info("nvml: nvmlInit failed; NVLink counts unavailable");
+    return;
+  }
+  for (unsigned i = 0; i < cb->n; i++) {
+    struct cuda_dev *d = &cb->devs[i];
+    nvml_device_t h;
+    int r = nv.by_uuid(d->uuid, &h);
+    if (r != NVML_SUCCESS) {
+      gshm_log_info("%s: nvml does not know %s (%d)", d->pci, d->uuid, r);
+      goto out;
+    }
+    for (unsigned link = 0; link < NVML_MAX_LINKS; link++) {
+      nvml_pci_info_t pci;
+      int on = 0, type = -1;
+      if (nv.link_state(h, link, &on) != NVML_SUCCESS)
+        break; /* past the last link, or no NVLink at all */
+      if (on != NVML_FEATURE_ENABLED)
+        continue;
+      if (nv.remote_type && nv.remote_type(h, link, &type) == NVML_SUCCESS &&
+          type == NVML_NVLINK_DEVICE_TYPE_SWITCH) {
+        d->switch_links++;
+        continue;
+      }
+      memset(&pci, 0, sizeof(pci));
+      if (nv.remote_pci(h, link, &pci) != NVML_SUCCESS)
+        continue;
+      for (unsigned j = 0; j < cb->n && j < 32; j++)
+        if (j != i && cb->devs[j].pci_domain == pci.domain && cb->devs[j].pci_bus == pci.bus &&
+            cb->devs[j].pci_device == pci.device)
+          d->gpu_links[j]++;
+    }
+  }
+  cb->nvml_ok = true;
+out:
+  nv.shutdown();
+}
+
+/* Links between GPUs i and j: direct links, plus, when both reach the
+ * NVSwitch fabric, the fewer of their switch links (nvidia-smi topo's NV#). */
+static int nvlinks_between(struct cuda_backend *cb, unsigned i, unsigned j) {
+  struct cuda_dev *a = &cb->devs[i], *b = &cb->devs[j];
+  int sw = a->switch_links < b->switch_links ? a->switch_links : b->switch_links;
+
+  if (!cb->nvml_ok)
+    return -1;
+  return (j < 32 ? a->gpu_links[j] : 0) + sw;
+}
+
+static int setup_device_list(struct cuda_backend *cb) {
+  unsigned n = cb->n;
+
+  cb->info = calloc(n, sizeof(*cb->info));
+  cb->infop = calloc(n, sizeof(*cb->infop));
+  cb->peers = calloc((size_t)n * n, sizeof(*cb->peers));
+  cb->peerp = calloc((size_t)n * n, sizeof(*cb->peerp));
+  if (!cb->info || !cb->infop || !cb->peers || !cb->peerp)
+    return -ENOMEM;
+  for (unsigned i = 0; i < n; i++) {
+    struct cuda_dev *d = &cb->devs[i];
+    Gshm__DeviceInfo *di = &cb->info[i];
+    Gshm__PeerInfo **row = &cb->peerp[(size_t)i * n];
+    size_t np = 0;
+
+    gshm__device_info__init(di);
+    di->index = (int32_t)i;
+    di->uuid = d->uuid;
+    di->pci_bus_id = d->pci;
+    di->name = d->name;
+    di->total_memory = d->total;
+    di->cc_major = d->cc_major;
+    di->cc_minor = d->cc_minor;
+    di->granularity = d->granularity;
+    for (unsigned j = 0; j < n; j++) {
+      Gshm__PeerInfo *p = &cb->peers[(size_t)i * n + j];
+      int v = 0;
+      if (i == j)
+        continue;
+      gshm__peer_info__init(p);
+      p->index = (int32_t)j;
+      if (!GSHM_CU(cb->drv, GSHM_LOG_DEBUG, cuDeviceGetP2PAttribute, &v,
+                   CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED, d->dev, cb->devs[j].dev))
+        p->access = v != 0;
+      v = 0;
+      if (!GSHM_CU(cb->drv, GSHM_LOG_DEBUG, cuDeviceGetP2PAttribute, &v,
+                   CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED, d->dev, cb->devs[j].dev))
+        p->native_atomics = v != 0;
+      v = 0;
+      if (!GSHM_CU(cb->drv, GSHM_LOG_DEBUG, cuDeviceGetP2PAttribute, &v,
+                   CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK, d->dev, cb->devs[j].dev))
+        p->performance_rank = v;
+      p->nvlinks = nvlinks_between(cb, i, j);
+      row[np++] = p;
+      gshm_log_info("%s: peer %s: access %s, native atomics %s, rank %d, nvlinks %d", d->pci,
+                    cb->devs[j].pci, p->access ? "yes" : "no", p->native_atomics ? "yes" : "no",
+                    p->performance_rank, p->nvlinks);
+    }
+    di->n_peers = np;
+    di->peers = row;
+    cb->infop[i] = di;
+  }
+  return 0;
+}
+
+int gshmd_backend_cuda_create(const struct gshmd_config *cfg, struct gshmd_backend **out) {
+  struct cuda_backend *cb;
+  int count = 0, e;
+
+  (void)cfg;
+  cb = calloc(1, sizeof(*cb));
+  if (!cb)
+    return -ENOMEM;
+  cb->base.name = "cuda";
+  cb->base.ops = &cuda_ops;
+  cb->base.priv = cb;
+  /* The caller logs the outcome once at notice level; the driver loader
+   * adds its reason at info. */
+  if ((e = gshm__cudadrv_load(GSHM_LOG_INFO, &cb->drv)))
+    goto fail;
+  if ((e = GSHM_CU(cb->drv, GSHM_LOG_INFO, cuDeviceGetCount, &count)))
+    goto fail;
+  if (count <= 0) {
+    e = -ENODEV;
+    goto fail;
+  }
+  if (!(cb->devs = calloc((size_t)count, sizeof(*cb->devs)))) {
+    e = -ENOMEM;
+    goto fail;
+  }
+  for (int i = 0; i < count; i++) {
+    if ((e = setup_device(cb, i, &cb->devs[i])))
+      goto fail;
+    cb->n = (unsigned)i + 1;
+  }
+  cb->base.ndevices = cb->n;
+  gshm_log_info("cuda: driver %d.%d, %u GPU(s)", cb->drv->driver_version / 1000,
+                cb->drv->driver_version % 1000 / 10, cb->n);
+  setup_peer_access(cb);
+  setup_nvml(cb);
+  if ((e = setup_device_list(cb)))
+    goto fail;
+  *out = &cb->base;
+  return 0;
+
+fail:
+  if (cb->drv)
+    cuda_destroy(&cb->base);
+  else
+    free(cb);
+  return e;
+}

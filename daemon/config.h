@@ -1,0 +1,80 @@
+/* gshmd configuration: one option table drives the INI parser (inih), the
+ * command-line flags, --help and the commented conf/gshmd.conf.
+ *
+ * Precedence, lowest first: built-in defaults, /etc/gshm/gshmd.conf (or
+ * --config FILE), FILE's directory conf.d/ *.conf in lexical order, then
+ * command-line flags.  Unknown keys and malformed values are errors that name
+ * the file, line and key. */
+#ifndef GSHMD_CONFIG_H
+#define GSHMD_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* The build may point these elsewhere (-DGSHMD_DEFAULT_CONFIG=...), e.g. to
+ * match CMAKE_INSTALL_FULL_SYSCONFDIR. */
+#ifndef GSHMD_DEFAULT_CONFIG
+#define GSHMD_DEFAULT_CONFIG "/etc/gshm/gshmd.conf"
+#endif
+#ifndef GSHMD_DEFAULT_SOCKET
+#define GSHMD_DEFAULT_SOCKET "/run/gshm/gshmd.sock"
+#endif
+
+struct gshmd_config {
+  /* [daemon] */
+  char *socket_path;        /* socket = ; $GSHM_SOCKET, then --socket override */
+  uint32_t socket_mode;     /* socket_mode = 0660 (octal) */
+  char *socket_group;       /* socket_group = ; "" keeps the daemon's group */
+  char *admin_group;        /* admin_group = ; "" means root only */
+  char *backend;            /* backend = auto|host|cuda */
+  int log_level;            /* log_level = 0..7 (syslog priorities), default 6 (info) */
+  bool legacy_ipc;          /* legacy_ipc = false: allow cudaIpcMemHandle export */
+  uint32_t watchdog_sec;    /* informational; the timer follows $WATCHDOG_USEC */
+
+  /* [limits] */
+  uint32_t max_connections;        /* default 4096 */
+  uint32_t max_segments;           /* default 65536; also sizes FileDescriptorStoreMax */
+  uint32_t max_fds_per_connection; /* fds a client may send in one packet: 0 */
+  uint32_t max_packet;             /* bytes, default 65536 */
+  uint32_t max_name;               /* bytes, default 255 */
+  uint32_t max_inflight;           /* requests queued per connection, default 16 */
+  uint64_t max_segment_size;       /* bytes, default 0 = no limit */
+  uint32_t idle_timeout_ms;        /* default 0 = never */
+  uint32_t partial_timeout_ms;     /* default 5000 */
+
+  /* [quota] per uid; 0 = unlimited */
+  uint64_t quota_host_bytes;
+  uint64_t quota_cuda_bytes;
+  uint32_t quota_segments;
+  uint32_t quota_leases;
+  uint32_t quota_connections;
+
+  /* [metrics] */
+  char *metrics_textfile;          /* "" = off */
+  uint32_t metrics_interval_sec;   /* default 15 */
+};
+
+/* What gshmd_config_setup() tells main to do next. */
+enum gshmd_config_action {
+  GSHMD_CONFIG_RUN = 0,      /* start the daemon */
+  GSHMD_CONFIG_EXIT_OK,      /* --help, --version, --print-config, --check-config ok */
+};
+
+/* Fills *cfg with the built-in defaults.  Returns 0 or -ENOMEM. */
+int gshmd_config_init(struct gshmd_config *cfg);
+
+/* Parses argv (getopt_long), loads the config file and its conf.d drop-ins,
+ * then re-applies the flags so they win.  Handles --help, --version,
+ * --print-config (writes the commented config file generated from the
+ * option table to stdout) and --check-config (validates, prints "ok" and
+ * returns EXIT_OK) itself.  Errors are printed to stderr as
+ * "gshmd: FILE:LINE: key 'KEY': WHAT" and returned as -EINVAL (bad value,
+ * unknown key, usage) or -ENOENT (explicit --config FILE missing; the
+ * default file may be missing).  *action_out is written only on success. */
+int gshmd_config_setup(struct gshmd_config *cfg, int argc, char **argv,
+                       enum gshmd_config_action *action_out);
+
+/* Frees the strings owned by *cfg; accepts a zeroed or half-filled cfg. */
+void gshmd_config_free(struct gshmd_config *cfg);
+
+#endif

@@ -1,0 +1,320 @@
+/* gshmd: the gshm daemon.  main() is a chain of setup steps with one
+ * shutdown path that copes with any of them half done
+ * (nvidia-persistenced's shape). */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "backend.h"
+#include "config.h"
+#include "fdstore.h"
+#include "log.h"
+#include "registry.h"
+#include "server.h"
+#include "util.h"
+
+struct daemon {
+  struct gshmd_config cfg;
+  uv_loop_t loop;
+  bool loop_ready;
+  struct gshmd_registry reg;
+  bool reg_ready;
+  struct gshmd_server srv;
+  bool srv_ready;
+  int listen_fd;
+  bool socket_activated;
+  bool socket_created; /* we bound the path: unlink it at exit */
+  uv_signal_t sigterm, sigint;
+  uv_timer_t status_timer, watchdog_timer;
+  uint64_t watchdog_usec;
+  char last_status[256];
+  struct gshmd_fdstore fdstore;
+  bool stopping;
+};
+
+static void setup_logging(struct daemon *d) {
+  /* Priority prefixes only where journald reads us; plain text on a tty. */
+  gshm__log_setup("gshmd", d->cfg.log_level, !isatty(STDERR_FILENO));
+}
+
+static int setup_backends(struct daemon *d) {
+  const char *want = d->cfg.backend ? d->cfg.backend : "auto";
+  int e;
+
+  if ((e = gshmd_backend_host_create(&d->cfg, &d->reg.host))) {
+    gshm_log_err("host backend: %s", strerror(-e));
+    return e;
+  }
+  if (!strcmp(want, "host"))
+    return 0;
+  e = gshmd_backend_cuda_create(&d->cfg, &d->reg.cuda);
+  if (e && !strcmp(want, "cuda")) {
+    gshm_log_err("backend = cuda, but the CUDA backend is unavailable: %s", strerror(-e));
+    return e;
+  }
+  if (e)
+    gshm_log_notice("device segments unavailable (%s); serving host segments only",
+                    strerror(-e));
+  else
+    gshm_log_info("cuda backend: %u device(s)", d->reg.cuda->ndevices);
+  return 0;
+}
+
+/* Binds the socket path unless systemd handed us a listening socket. */
+static int setup_socket(struct daemon *d, int *listen_fds, char **names, int nfds) {
+  const char *path = d->cfg.socket_path;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int fd, e;
+
+  for (int i = 0; i < nfds; i++) {
+    if (sd_is_socket_unix(listen_fds[i], SOCK_SEQPACKET, 1, NULL, 0) > 0) {
+      d->listen_fd = listen_fds[i];
+      listen_fds[i] = -1;
+      d->socket_activated = true;
+      gshm_log_info("listening on the socket systemd passed ('%s')", names ? names[i] : "?");
+      return 0;
+    }
+  }
+  if (strlen(path) >= sizeof(sa.sun_path)) {
+    gshm_log_err("socket path '%s' is longer than %zu bytes", path, sizeof(sa.sun_path) - 1);
+    return -ENAMETOOLONG;
+  }
+  strcpy(sa.sun_path, path);
+
+  /* The directory (e.g. /run/gshm) is made if missing; its parents not. */
+  {
+    char dir[sizeof(sa.sun_path)];
+    char *slash;
+    strcpy(dir, path);
+    slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+      *slash = '\0';
+      if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+        e = -errno;
+        gshm_log_err("mkdir %s: %m", dir);
+        return e;
+      }
+    }
+  }
+
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    e = -errno;
+    gshm_log_err("socket: %m");
+    return e;
+  }
+  if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    /* A live daemon answers connect(); a stale file from a crash does not. */
+    int probe, live;
+    if (errno != EADDRINUSE)
+      goto bind_failed;
+    probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    if (probe >= 0)
+      close(probe);
+    if (live) {
+      gshm_log_err("another gshmd is already listening on %s", path);
+      close(fd);
+      return -EADDRINUSE;
+    }
+    unlink(path);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+      goto bind_failed;
+  }
+  d->socket_created = true;
+  if (chmod(path, d->cfg.socket_mode) < 0)
+    gshm_log_warn("chmod %s %o: %m", path, d->cfg.socket_mode);
+  if (d->cfg.socket_group && *d->cfg.socket_group) {
+    struct group *g = getgrnam(d->cfg.socket_group);
+    if (!g || chown(path, (uid_t)-1, g->gr_gid) < 0)
+      gshm_log_warn("socket group '%s': %s", d->cfg.socket_group,
+                    g ? strerror(errno) : "no such group");
+  }
+  if (listen(fd, SOMAXCONN) < 0) {
+    e = -errno;
+    gshm_log_err("listen %s: %m", path);
+    close(fd);
+    return e;
+  }
+  d->listen_fd = fd;
+  gshm_log_info("listening on %s", path);
+  return 0;
+
+bind_failed:
+  e = -errno;
+  gshm_log_err("bind %s: %m", path);
+  close(fd);
+  return e;
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  struct daemon *d = h->data;
+
+  if (d->stopping)
+    return;
+  d->stopping = true;
+  gshm_log_info("%s: shutting down", strsignal(signum));
+  sd_notify(0, "STOPPING=1");
+  gshmd_server_stop(&d->srv);
+  uv_close((uv_handle_t *)&d->sigterm, NULL);
+  uv_close((uv_handle_t *)&d->sigint, NULL);
+  uv_close((uv_handle_t *)&d->status_timer, NULL);
+  if (d->watchdog_usec)
+    uv_close((uv_handle_t *)&d->watchdog_timer, NULL);
+}
+
+/* STATUS= for systemctl status, sent only when it changes. */
+static void update_status(struct daemon *d) {
+  char line[256], sz[32];
+
+  snprintf(line, sizeof(line), "STATUS=%u clients, %u segments, %s, %u leases",
+           d->reg.nclients, d->reg.nsegments, gshm__format_size(d->reg.bytes, sz, sizeof(sz)),
+           d->reg.nleases);
+  if (strcmp(line, d->last_status)) {
+    strcpy(d->last_status, line);
+    sd_notify(0, line);
+  }
+}
+
+static void on_status_timer(uv_timer_t *t) { update_status(t->data); }
+
+static void on_watchdog_timer(uv_timer_t *t) {
+  (void)t;
+  sd_notify(0, "WATCHDOG=1");
+}
+
+static int setup_timers(struct daemon *d) {
+  uv_timer_init(&d->loop, &d->status_timer);
+  d->status_timer.data = d;
+  uv_timer_start(&d->status_timer, on_status_timer, 1000, 1000);
+  uv_unref((uv_handle_t *)&d->status_timer);
+  /* Pet the watchdog at half its period, from the loop itself: a stuck
+   * loop stops the pats, which is the point. */
+  if (sd_watchdog_enabled(0, &d->watchdog_usec) > 0 && d->watchdog_usec) {
+    uint64_t ms = d->watchdog_usec / 2000;
+    uv_timer_init(&d->loop, &d->watchdog_timer);
+    d->watchdog_timer.data = d;
+    uv_timer_start(&d->watchdog_timer, on_watchdog_timer, 0, ms ? ms : 1);
+    uv_unref((uv_handle_t *)&d->watchdog_timer);
+  } else {
+    d->watchdog_usec = 0;
+  }
+  return 0;
+}
+
+static int setup_signals(struct daemon *d) {
+  signal(SIGPIPE, SIG_IGN);
+  uv_signal_init(&d->loop, &d->sigterm);
+  uv_signal_init(&d->loop, &d->sigint);
+  d->sigterm.data = d->sigint.data = d;
+  uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&d->sigint, on_signal, SIGINT);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  static struct daemon d;
+  enum gshmd_config_action action;
+  int *fds = NULL, nfds = 0, e, status = EXIT_FAILURE;
+  char **names = NULL;
+
+  d.listen_fd = -1;
+  if (gshmd_config_init(&d.cfg))
+    return EXIT_FAILURE;
+  e = gshmd_config_setup(&d.cfg, argc, argv, &action);
+  if (e < 0) {
+    gshmd_config_free(&d.cfg);
+    return e == -EINVAL ? 2 : EXIT_FAILURE;
+  }
+  if (action == GSHMD_CONFIG_EXIT_OK) {
+    gshmd_config_free(&d.cfg);
+    return EXIT_SUCCESS;
+  }
+  setup_logging(&d);
+
+  /* Everything systemd passed us: the listening socket and the fd store. */
+  nfds = sd_listen_fds_with_names(1, &names);
+  if (nfds < 0) {
+    gshm_log_warn("sd_listen_fds: %s", strerror(-nfds));
+    nfds = 0;
+  }
+  if (nfds > 0 && (fds = malloc(sizeof(int) * (size_t)nfds)))
+    for (int i = 0; i < nfds; i++)
+      fds[i] = SD_LISTEN_FDS_START + i;
+
+  if (uv_loop_init(&d.loop))
+    goto shutdown;
+  d.loop_ready = true;
+  gshmd_registry_init(&d.reg, &d.cfg);
+  d.reg_ready = true;
+  if (setup_backends(&d))
+    goto shutdown;
+  if (gshmd_fdstore_setup(&d.fdstore, &d.reg))
+    goto shutdown;
+  if (gshmd_fdstore_restore(&d.fdstore, fds, names, nfds))
+    goto shutdown;
+  if (setup_socket(&d, fds, names, nfds))
+    goto shutdown;
+  /* Whatever systemd passed that nobody claimed is closed, not leaked. */
+  for (int i = 0; fds && i < nfds; i++)
+    if (fds[i] >= 0) {
+      gshm_log_warn("closing unclaimed fd '%s' from systemd", names ? names[i] : "?");
+      close(fds[i]);
+      fds[i] = -1;
+    }
+  if (gshmd_server_start(&d.srv, &d.loop, &d.cfg, &d.reg, d.listen_fd))
+    goto shutdown;
+  d.srv_ready = true;
+  d.listen_fd = -1; /* the server owns it now */
+  setup_signals(&d);
+  setup_timers(&d);
+
+  update_status(&d);
+  sd_notify(0, "READY=1");
+  gshm_log_info("ready: %u segments restored", d.reg.nsegments);
+  uv_run(&d.loop, UV_RUN_DEFAULT);
+  status = EXIT_SUCCESS;
+
+shutdown:
+  if (d.srv_ready && !d.stopping)
+    gshmd_server_stop(&d.srv);
+  if (d.loop_ready) {
+    uv_run(&d.loop, UV_RUN_DEFAULT); /* let closing handles finish */
+  }
+  if (d.srv_ready)
+    close(d.srv.listen_fd);
+  if (d.listen_fd >= 0)
+    close(d.listen_fd);
+  if (d.socket_created && !d.socket_activated)
+    unlink(d.cfg.socket_path);
+  gshmd_fdstore_shutdown(&d.fdstore);
+  if (d.reg_ready)
+    gshmd_registry_destroy(&d.reg);
+  if (d.reg.cuda)
+    d.reg.cuda->ops->destroy(d.reg.cuda);
+  if (d.reg.host)
+    d.reg.host->ops->destroy(d.reg.host);
+  if (d.loop_ready)
+    uv_loop_close(&d.loop);
+  for (int i = 0; fds && i < nfds; i++)
+    if (fds[i] >= 0)
+      close(fds[i]);
+  free(fds);
+  if (names)
+    for (int i = 0; i < nfds; i++)
+      free(names[i]);
+  free(names);
+  gshmd_config_free(&d.cfg);
+  return status;
+}

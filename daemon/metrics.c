@@ -1,0 +1,134 @@
+/* Prometheus text exposition (format 0.0.4) of gshmd's state and counters.
+ * Names follow Prometheus practice: base units (bytes, seconds), _total
+ * for counters. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "gshm.pb-c.h"
+#include "registry.h"
+#include "server.h"
+#include "util.h"
+
+int gshmd_metrics_render(struct gshmd_server *s, char **text_out);
+
+static const char *const op_names[GSHM_WIRE_TYPE_MAX + 1] = {
+    [GSHM_WIRE_HELLO] = "hello",
+    [GSHM_WIRE_CREATE] = "create",
+    [GSHM_WIRE_OPEN] = "open",
+    [GSHM_WIRE_CLOSE] = "close",
+    [GSHM_WIRE_UNLINK] = "unlink",
+    [GSHM_WIRE_STAT] = "stat",
+    [GSHM_WIRE_LIST_SEGMENTS] = "list_segments",
+    [GSHM_WIRE_LIST_LEASES] = "list_leases",
+    [GSHM_WIRE_LIST_CLIENTS] = "list_clients",
+    [GSHM_WIRE_STATUS] = "status",
+    [GSHM_WIRE_DEVICES] = "devices",
+    [GSHM_WIRE_MAP_REPORT] = "map_report",
+    [GSHM_WIRE_METRICS] = "metrics",
+};
+
+/* Status label: the enum's name without its prefix, lowercase. */
+static const char *status_label(int status, char *buf, size_t cap) {
+  const ProtobufCEnumValue *v =
+      protobuf_c_enum_descriptor_get_value(&gshm__status__descriptor, status);
+  const char *name = v ? v->name : "unknown";
+  size_t i;
+
+  if (!strncmp(name, "STATUS_", 7))
+    name += 7;
+  for (i = 0; name[i] && i + 1 < cap; i++)
+    buf[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] + 32 : name[i]);
+  buf[i] = '\0';
+  return buf;
+}
+
+int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
+  struct gshmd_registry *r = s->reg;
+  struct gshm_list *pos;
+  uint64_t host_bytes = 0;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+
+  if (!f)
+    return -ENOMEM;
+  fprintf(f, "# HELP gshm_up Whether gshmd is serving.\n# TYPE gshm_up gauge\ngshm_up 1\n");
+  fprintf(f, "# HELP gshm_start_time_seconds When gshmd started (Unix time).\n"
+             "# TYPE gshm_start_time_seconds gauge\ngshm_start_time_seconds %.3f\n",
+          (double)s->started_ns / 1e9);
+  fprintf(f, "# HELP gshm_segments Segments held, live or unlinked-but-leased.\n"
+             "# TYPE gshm_segments gauge\ngshm_segments %u\n",
+          r->nsegments);
+  fprintf(f, "# HELP gshm_segment_bytes Bytes allocated by segments, by location.\n"
+             "# TYPE gshm_segment_bytes gauge\n");
+  /* One series per location: host first, then each GPU in first-seen order
+   * (few locations; a small linear merge is cheaper than a map). */
+  {
+    const char *locs[64];
+    uint64_t bytes[64];
+    unsigned nloc = 0;
+    gshm_list_foreach(pos, &r->segments) {
+      struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+      unsigned i;
+      if (seg->mem->device_index < 0) {
+        host_bytes += seg->mem->size;
+        continue;
+      }
+      for (i = 0; i < nloc && strcmp(locs[i], seg->mem->location); i++)
+        ;
+      if (i == nloc && nloc < 64) {
+        locs[nloc] = seg->mem->location;
+        bytes[nloc++] = 0;
+      }
+      if (i < nloc)
+        bytes[i] += seg->mem->size;
+    }
+    fprintf(f, "gshm_segment_bytes{location=\"host\"} %" PRIu64 "\n", host_bytes);
+    for (unsigned i = 0; i < nloc; i++)
+      fprintf(f, "gshm_segment_bytes{location=\"%s\"} %" PRIu64 "\n", locs[i], bytes[i]);
+  }
+  fprintf(f, "# HELP gshm_leases Leases held by clients.\n# TYPE gshm_leases gauge\n"
+             "gshm_leases %u\n",
+          r->nleases);
+  fprintf(f, "# HELP gshm_clients Client connections that said hello.\n"
+             "# TYPE gshm_clients gauge\ngshm_clients %u\n",
+          r->nclients);
+  fprintf(f, "# HELP gshm_connections Open connections, including before hello.\n"
+             "# TYPE gshm_connections gauge\ngshm_connections %u\n",
+          s->nconns);
+  fprintf(f, "# HELP gshm_connections_total Connections accepted.\n"
+             "# TYPE gshm_connections_total counter\ngshm_connections_total %" PRIu64 "\n",
+          s->connections_total);
+  fprintf(f, "# HELP gshm_requests_total Requests answered, by operation and status.\n"
+             "# TYPE gshm_requests_total counter\n");
+  for (int op = 1; op <= GSHM_WIRE_TYPE_MAX; op++)
+    for (int st = 0; st < GSHMD_NSTATUS; st++) {
+      char b[32];
+      if (s->requests[op][st])
+        fprintf(f, "gshm_requests_total{op=\"%s\",status=\"%s\"} %" PRIu64 "\n", op_names[op],
+                status_label(st, b, sizeof(b)), s->requests[op][st]);
+    }
+  fprintf(f, "# HELP gshm_protocol_errors_total Clients dropped for breaking the protocol.\n"
+             "# TYPE gshm_protocol_errors_total counter\ngshm_protocol_errors_total %" PRIu64 "\n",
+          s->protocol_errors);
+  fprintf(f, "# HELP gshm_quota_denials_total Requests refused by a quota.\n"
+             "# TYPE gshm_quota_denials_total counter\ngshm_quota_denials_total %" PRIu64 "\n",
+          s->quota_denials);
+  fprintf(f, "# HELP gshm_access_denials_total Requests refused by permissions.\n"
+             "# TYPE gshm_access_denials_total counter\ngshm_access_denials_total %" PRIu64 "\n",
+          s->access_denials);
+  fprintf(f, "# HELP gshm_fds_sent_total File descriptors handed to clients.\n"
+             "# TYPE gshm_fds_sent_total counter\ngshm_fds_sent_total %" PRIu64 "\n",
+          s->fds_sent);
+  if (fclose(f) != 0) {
+    free(text);
+    return -ENOMEM;
+  }
+  *text_out = text;
+  return 0;
+}

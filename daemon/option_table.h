@@ -1,0 +1,104 @@
+/* The gshmd option table: one row per configuration key.  It drives the INI
+ * handler, value validation, --help, --print-config (conf/gshmd.conf) and
+ * --dump-config, so a key added here appears everywhere at once.
+ *
+ * X(section, key, type, field, default, min, max, choices, help)
+ *
+ *   section  INI section, without brackets
+ *   key      key inside the section
+ *   type     STR, PATH, ENUM, BOOL, U32, SIZE32, SIZE, MODE, LOGLEVEL
+ *            (see enum option_type in config.c; the field's C type is
+ *            checked at compile time)
+ *   field    member of struct gshmd_config
+ *   default  the built-in default, written as it would be in the file; it
+ *            goes through the same parser as a file value
+ *   min,max  numeric range (U32, SIZE32, SIZE, MODE, LOGLEVEL) or byte
+ *            length (STR, PATH; min 1 forbids the empty string)
+ *   choices  ENUM only: the accepted words separated by '|'
+ *   help     one paragraph, wrapped when printed
+ *
+ * Rows of one section must stay together: --print-config writes a section
+ * header whenever the section changes. */
+#ifndef GSHMD_OPTION_TABLE_H
+#define GSHMD_OPTION_TABLE_H
+
+#include "config.h"
+
+#define GSHMD_OPTION_TABLE(X)                                                   \
+  X(daemon, socket, PATH, socket_path, GSHMD_DEFAULT_SOCKET, 1, 107, NULL,      \
+    "Path of the listening Unix socket (SOCK_SEQPACKET). Ignored when systemd " \
+    "passes the socket in (socket activation, gshmd.socket). $GSHM_SOCKET "     \
+    "overrides this key and --socket overrides both.")                          \
+  X(daemon, socket_mode, MODE, socket_mode, "0660", 0, 0777, NULL,              \
+    "Permission bits (octal) of the socket when gshmd creates it itself; "      \
+    "with socket activation SocketMode= of gshmd.socket applies. With "         \
+    "socket_group this decides who may connect.")                               \
+  X(daemon, socket_group, STR, socket_group, "", 0, 255, NULL,                  \
+    "Group that owns the socket when gshmd creates it itself; empty keeps the " \
+    "daemon's group.")                                                          \
+  X(daemon, admin_group, STR, admin_group, "", 0, 255, NULL,                    \
+    "Members of this group may use the admin verbs (revoke, unlink of other "   \
+    "users' segments); empty means root only.")                                 \
+  X(daemon, backend, ENUM, backend, "auto", 0, 0, "auto|host|cuda",             \
+    "Memory backend: auto (cuda when libcuda.so.1 loads and a device is "       \
+    "present, else host), host (sealed memfd segments only) or cuda.")          \
+  X(daemon, log_level, LOGLEVEL, log_level, "6", 0, 7, NULL,                    \
+    "Most verbose syslog priority that is logged, 0 (emerg) to 7 (debug); the " \
+    "names emerg, alert, crit, err, warning, notice, info and debug are "       \
+    "accepted too.")                                                            \
+  X(daemon, legacy_ipc, BOOL, legacy_ipc, "false", 0, 0, NULL,                  \
+    "Allow legacy cudaIpcMemHandle export of segments. Off by default: a "      \
+    "legacy handle is a 64-byte bearer token that any process on the node "     \
+    "could open, bypassing the permission checks.")                             \
+  X(daemon, watchdog_sec, U32, watchdog_sec, "30", 0, 86400, NULL,              \
+    "Informational watchdog period in seconds; the watchdog timer follows "     \
+    "$WATCHDOG_USEC, i.e. WatchdogSec= in gshmd.service.")                      \
+                                                                                \
+  X(limits, max_connections, U32, max_connections, "4096", 1, 1048576, NULL,    \
+    "Most client connections at once (all users).")                             \
+  X(limits, max_segments, U32, max_segments, "65536", 1, 16777216, NULL,        \
+    "Most segments at once (all users). Every segment's fd is kept in "         \
+    "systemd's fd store, so FileDescriptorStoreMax= in gshmd.service must be "  \
+    "at least this plus one (the state memfd).")                                \
+  X(limits, max_fds_per_connection, U32, max_fds_per_connection, "0", 0, 253,   \
+    NULL,                                                                       \
+    "File descriptors a client may send in one packet; a client that sends "   \
+    "more is dropped and every fd it sent is closed.")                          \
+  X(limits, max_packet, SIZE32, max_packet, "65536", 4096, 16777216, NULL,      \
+    "Largest request packet in bytes; larger packets are refused.")                                                             \
+  X(limits, max_name, U32, max_name, "255", 1, 4095, NULL,                      \
+    "Longest segment name in bytes.")                                           \
+  X(limits, max_inflight, U32, max_inflight, "16", 1, 65536, NULL,              \
+    "Requests queued per connection before gshmd stops reading from it.")       \
+  X(limits, max_segment_size, SIZE, max_segment_size, "0", 0, UINT64_MAX, NULL, \
+    "Largest segment a client may create, in bytes; 0 means no limit beyond "  \
+    "the quotas and free memory.")         \
+  X(limits, idle_timeout_ms, U32, idle_timeout_ms, "0", 0, UINT32_MAX, NULL,    \
+    "Drop a connection that sends nothing for this many milliseconds; 0 "       \
+    "never. Leases end with the connection.")                                   \
+  X(limits, partial_timeout_ms, U32, partial_timeout_ms, "5000", 0, UINT32_MAX, \
+    NULL,                                                                       \
+    "Drop a client that has not finished the hello exchange, or a request in "  \
+    "progress, within this many milliseconds; 0 never.")                        \
+                                                                                \
+  X(quota, host_bytes, SIZE, quota_host_bytes, "0", 0, UINT64_MAX, NULL,        \
+    "Per-uid limit on the bytes of host (memfd) segments; 0 means unlimited.")                                          \
+  X(quota, cuda_bytes, SIZE, quota_cuda_bytes, "0", 0, UINT64_MAX, NULL,        \
+    "Per-uid limit on the bytes of device segments, all GPUs together; 0 "     \
+    "means unlimited.")                                \
+  X(quota, segments, U32, quota_segments, "0", 0, UINT32_MAX, NULL,             \
+    "Per-uid limit on segments owned; 0 means unlimited.")                      \
+  X(quota, leases, U32, quota_leases, "0", 0, UINT32_MAX, NULL,                 \
+    "Per-uid limit on open leases; 0 means unlimited.")                         \
+  X(quota, connections, U32, quota_connections, "0", 0, UINT32_MAX, NULL,       \
+    "Per-uid limit on client connections; 0 means unlimited.")                  \
+                                                                                \
+  X(metrics, textfile, PATH, metrics_textfile, "", 0, 4095, NULL,               \
+    "Write Prometheus text metrics to this file every interval_sec, replacing " \
+    "it atomically (for node_exporter's textfile collector); empty turns it "   \
+    "off. The unit's ProtectSystem=strict needs a ReadWritePaths= drop-in "     \
+    "for the file's directory.")                                                \
+  X(metrics, interval_sec, U32, metrics_interval_sec, "15", 1, 86400, NULL,     \
+    "Seconds between two writes of the metrics textfile.")
+
+#endif

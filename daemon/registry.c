@@ -1,0 +1,578 @@
+#include "registry.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <search.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+#include "util.h"
+
+/* Per-uid usage, for quotas (DESIGN.md "Security model"). */
+struct usage {
+  uid_t uid;
+  uint64_t host_bytes, cuda_bytes;
+  uint32_t segments, leases, connections;
+};
+
+static void *usage_root;
+static char msgbuf[512];
+
+static int cmp_name(const void *a, const void *b) {
+  return strcmp(((const struct gshmd_segment *)a)->name, ((const struct gshmd_segment *)b)->name);
+}
+
+static int cmp_seg_id(const void *a, const void *b) {
+  uint64_t x = ((const struct gshmd_segment *)a)->id, y = ((const struct gshmd_segment *)b)->id;
+  return x < y ? -1 : x > y;
+}
+
+static int cmp_lease_id(const void *a, const void *b) {
+  uint64_t x = ((const struct gshmd_lease *)a)->id, y = ((const struct gshmd_lease *)b)->id;
+  return x < y ? -1 : x > y;
+}
+
+static int cmp_usage(const void *a, const void *b) {
+  uid_t x = ((const struct usage *)a)->uid, y = ((const struct usage *)b)->uid;
+  return x < y ? -1 : x > y;
+}
+
+/* The usage record of uid, created on first use; NULL only on ENOMEM. */
+static struct usage *usage_get(uid_t uid) {
+  struct usage key = {.uid = uid}, *u, **slot;
+
+  slot = tfind(&key, &usage_root, cmp_usage);
+  if (slot)
+    return *slot;
+  if (!(u = calloc(1, sizeof(*u))))
+    return NULL;
+  u->uid = uid;
+  slot = tsearch(u, &usage_root, cmp_usage);
+  if (!slot) {
+    free(u);
+    return NULL;
+  }
+  return u;
+}
+
+static void usage_free_node(void *p) { free(p); }
+
+void gshmd_registry_init(struct gshmd_registry *r, const struct gshmd_config *cfg) {
+  memset(r, 0, sizeof(*r));
+  r->cfg = cfg;
+  gshm_list_init(&r->segments);
+  gshm_list_init(&r->clients);
+  gshm_list_init(&r->leases);
+  r->next_segment_id = 1;
+  r->next_generation = 1;
+  r->next_lease_id = 1;
+  r->next_session_id = 1;
+}
+
+static void noop_free(void *p) { (void)p; }
+
+static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  struct usage *u = usage_get(seg->uid);
+  uint64_t size = seg->mem ? seg->mem->size : 0;
+
+  if (!seg->unlinked)
+    tdelete(seg, &r->by_name, cmp_name);
+  tdelete(seg, &r->by_id, cmp_seg_id);
+  gshm_list_del(&seg->node);
+  r->nsegments--;
+  r->bytes -= size;
+  if (u) {
+    if (seg->mem && seg->mem->device_index >= 0)
+      u->cuda_bytes -= size;
+    else
+      u->host_bytes -= size;
+    u->segments--;
+  }
+  if (r->on_event)
+    r->on_event(r, seg, GSHMD_SEGMENT_FREED);
+  gshm_log_info("segment '%s' id %" PRIu64 " freed (%" PRIu64 " bytes)", seg->name, seg->id,
+                size);
+  if (seg->mem)
+    seg->mem->backend->ops->free(seg->mem->backend, seg->mem);
+  free(seg->name);
+  free(seg);
+}
+
+static void lease_end(struct gshmd_registry *r, struct gshmd_lease *l) {
+  struct gshmd_segment *seg = l->seg;
+  struct usage *u = usage_get(l->client->cred.uid);
+
+  tdelete(l, &r->lease_by_id, cmp_lease_id);
+  gshm_list_del(&l->seg_node);
+  gshm_list_del(&l->client_node);
+  gshm_list_del(&l->node);
+  seg->nleases--;
+  l->client->nleases--;
+  r->nleases--;
+  if (u)
+    u->leases--;
+  free(l->mapped_devices);
+  free(l);
+  if (seg->unlinked && seg->nleases == 0)
+    segment_free(r, seg);
+}
+
+void gshmd_registry_destroy(struct gshmd_registry *r) {
+  struct gshm_list *pos, *tmp;
+
+  gshm_list_foreach_safe(pos, tmp, &r->clients)
+      gshmd_registry_client_remove(r, gshm_list_entry(pos, struct gshmd_client, node));
+  gshm_list_foreach_safe(pos, tmp, &r->segments) {
+    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+    /* Shutting down is not freeing: parked fds stay in the fd store so
+     * that the next gshmd gets the memory back. */
+    r->on_event = NULL;
+    segment_free(r, seg);
+  }
+  tdestroy(r->by_name, noop_free);
+  tdestroy(r->by_id, noop_free);
+  tdestroy(r->lease_by_id, noop_free);
+  tdestroy(usage_root, usage_free_node);
+  usage_root = NULL;
+  r->by_name = r->by_id = r->lease_by_id = NULL;
+}
+
+static const char *fmt_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char *fmt_msg(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msgbuf, sizeof(msgbuf), fmt, ap);
+  va_end(ap);
+  return msgbuf;
+}
+
+int gshmd_registry_client_add(struct gshmd_registry *r, const struct gshmd_cred *cred,
+                              struct gshmd_client **c_out, const char **msg_out) {
+  struct usage *u = usage_get(cred->uid);
+  struct gshmd_client *c;
+
+  if (!u)
+    return -ENOMEM;
+  if (r->cfg->quota_connections && u->connections >= r->cfg->quota_connections && cred->uid) {
+    *msg_out = fmt_msg("quota: uid %u has %u connections, limit %u", (unsigned)cred->uid,
+                       u->connections, r->cfg->quota_connections);
+    return -EDQUOT;
+  }
+  if (!(c = calloc(1, sizeof(*c))))
+    return -ENOMEM;
+  c->session_id = r->next_session_id++;
+  c->cred = *cred;
+  c->since_ns = gshm__now_ns(CLOCK_REALTIME);
+  gshm_list_init(&c->leases);
+  gshm_list_add_tail(&r->clients, &c->node);
+  r->nclients++;
+  u->connections++;
+  *c_out = c;
+  return 0;
+}
+
+void gshmd_registry_client_remove(struct gshmd_registry *r, struct gshmd_client *c) {
+  struct gshm_list *pos, *tmp;
+  struct usage *u;
+
+  if (!c)
+    return;
+  gshm_list_foreach_safe(pos, tmp, &c->leases)
+      lease_end(r, gshm_list_entry(pos, struct gshmd_lease, client_node));
+  gshm_list_del(&c->node);
+  r->nclients--;
+  if ((u = usage_get(c->cred.uid)))
+    u->connections--;
+  free(c);
+}
+
+static bool cred_in_group(const struct gshmd_cred *cred, gid_t gid) {
+  if (cred->gid == gid)
+    return true;
+  for (int i = 0; i < cred->ngroups; i++)
+    if (cred->groups[i] == gid)
+      return true;
+  return false;
+}
+
+bool gshmd_registry_may_access(const struct gshmd_client *c, const struct gshmd_segment *seg,
+                               int access) {
+  uint32_t need = access == GSHM__ACCESS__ACCESS_READ_WRITE ? 06 : 04, bits;
+
+  if (c->cred.admin)
+    return true;
+  /* POSIX order: the first class that matches decides. */
+  if (c->cred.uid == seg->uid)
+    bits = (seg->mode >> 6) & 7;
+  else if (cred_in_group(&c->cred, seg->gid))
+    bits = (seg->mode >> 3) & 7;
+  else
+    bits = seg->mode & 7;
+  return (bits & need) == need;
+}
+
+bool gshmd_registry_may_see(const struct gshmd_client *c, const struct gshmd_segment *seg) {
+  return c->cred.admin || c->cred.uid == seg->uid ||
+         gshmd_registry_may_access(c, seg, GSHM__ACCESS__ACCESS_READ);
+}
+
+struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name) {
+  struct gshmd_segment key = {.name = (char *)name}, **slot;
+  slot = tfind(&key, &r->by_name, cmp_name);
+  return slot ? *slot : NULL;
+}
+
+struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t id) {
+  struct gshmd_segment key = {.id = id}, **slot;
+  slot = tfind(&key, &r->by_id, cmp_seg_id);
+  return slot ? *slot : NULL;
+}
+
+struct gshmd_lease *gshmd_registry_find_lease(struct gshmd_registry *r, uint64_t lease_id) {
+  struct gshmd_lease key = {.id = lease_id}, **slot;
+  slot = tfind(&key, &r->lease_by_id, cmp_lease_id);
+  return slot ? *slot : NULL;
+}
+
+static int lease_add(struct gshmd_registry *r, struct gshmd_client *c, struct gshmd_segment *seg,
+                     int access, struct gshmd_lease **out, const char **msg_out) {
+  struct usage *u = usage_get(c->cred.uid);
+  struct gshmd_lease *l;
+
+  if (!u)
+    return -ENOMEM;
+  if (r->cfg->quota_leases && c->cred.uid && u->leases >= r->cfg->quota_leases) {
+    *msg_out = fmt_msg("quota: uid %u holds %u leases, limit %u", (unsigned)c->cred.uid,
+                       u->leases, r->cfg->quota_leases);
+    return -EDQUOT;
+  }
+  if (!(l = calloc(1, sizeof(*l))))
+    return -ENOMEM;
+  l->id = r->next_lease_id++;
+  l->seg = seg;
+  l->client = c;
+  l->access = access;
+  l->since_ns = gshm__now_ns(CLOCK_REALTIME);
+  if (!tsearch(l, &r->lease_by_id, cmp_lease_id)) {
+    free(l);
+    return -ENOMEM;
+  }
+  gshm_list_add_tail(&seg->leases, &l->seg_node);
+  gshm_list_add_tail(&c->leases, &l->client_node);
+  gshm_list_add_tail(&r->leases, &l->node);
+  seg->nleases++;
+  c->nleases++;
+  r->nleases++;
+  u->leases++;
+  *out = l;
+  return 0;
+}
+
+int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
+                          const Gshm__CreateRequest *req, struct gshmd_lease **lease_out,
+                          const char **msg_out) {
+  const struct gshmd_config *cfg = r->cfg;
+  struct gshm_location loc;
+  struct gshmd_backend *b;
+  struct gshmd_segment *seg;
+  struct gshmd_alloc *mem = NULL;
+  struct usage *u;
+  uint32_t mode = req->mode ? req->mode : 0600;
+  uint64_t quota, used;
+  bool cuda;
+  char a[32], q[32], s[32];
+  int e;
+
+  if ((e = gshm__name_check(req->name, cfg->max_name))) {
+    *msg_out = e == -ENAMETOOLONG
+                   ? fmt_msg("name is longer than %u bytes", cfg->max_name)
+                   : "bad name: 1..255 bytes, '/'-separated components, none empty, '.' or '..', "
+                     "no control characters";
+    return e;
+  }
+  if (req->size == 0) {
+    *msg_out = "size must be at least 1 byte";
+    return -EINVAL;
+  }
+  if (mode & ~0777u) {
+    *msg_out = fmt_msg("mode %o has bits outside 0777", mode);
+    return -EINVAL;
+  }
+  if (req->flags & ~(uint32_t)GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) {
+    *msg_out = "unknown segment flags";
+    return -EINVAL;
+  }
+  if (cfg->max_segment_size && req->size > cfg->max_segment_size) {
+    *msg_out = fmt_msg("size %s is over the daemon's limit of %s",
+                       gshm__format_size(req->size, s, sizeof(s)),
+                       gshm__format_size(cfg->max_segment_size, q, sizeof(q)));
+    return -EFBIG;
+  }
+  if (gshm__location_parse(req->location, &loc)) {
+    *msg_out = "bad location: use host, cuda:N or cuda:GPU-<uuid>";
+    return -EINVAL;
+  }
+  if (gshmd_registry_find_name(r, req->name)) {
+    *msg_out = fmt_msg("segment '%s' exists", req->name);
+    return -EEXIST;
+  }
+  if (cfg->max_segments && r->nsegments >= cfg->max_segments) {
+    *msg_out = fmt_msg("the daemon holds %u segments, its limit", r->nsegments);
+    return -EMFILE;
+  }
+  cuda = loc.kind != GSHM_LOCATION_HOST;
+  b = cuda ? r->cuda : r->host;
+  if (!b) {
+    *msg_out = "device segments are unavailable: this gshmd has no CUDA backend (no driver or no "
+               "GPU, or --backend host)";
+    return -ENOTSUP;
+  }
+  if ((req->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) && !cfg->legacy_ipc) {
+    *msg_out = "legacy IPC export is disabled (daemon.legacy_ipc = false)";
+    return -ENOTSUP;
+  }
+  if (!(u = usage_get(c->cred.uid)))
+    return -ENOMEM;
+  if (cfg->quota_segments && c->cred.uid && u->segments >= cfg->quota_segments) {
+    *msg_out = fmt_msg("quota: uid %u owns %u segments, limit %u", (unsigned)c->cred.uid,
+                       u->segments, cfg->quota_segments);
+    return -EDQUOT;
+  }
+  quota = cuda ? cfg->quota_cuda_bytes : cfg->quota_host_bytes;
+  used = cuda ? u->cuda_bytes : u->host_bytes;
+  if (quota && c->cred.uid && (req->size > quota || used > quota - req->size)) {
+    *msg_out = fmt_msg("quota: uid %u uses %s of %s on %s, %s more asked", (unsigned)c->cred.uid,
+                       gshm__format_size(used, a, sizeof(a)),
+                       gshm__format_size(quota, q, sizeof(q)), cuda ? "cuda" : "host",
+                       gshm__format_size(req->size, s, sizeof(s)));
+    return -EDQUOT;
+  }
+
+  if ((e = b->ops->alloc(b, &loc, req->size, req->flags, req->name, &mem))) {
+    *msg_out = e == -ENODEV   ? "no such GPU"
+               : e == -ENOMEM ? "out of memory at that location"
+                              : "the backend could not allocate";
+    return e;
+  }
+  /* Rounding up to the granularity may cross the quota after all. */
+  if (quota && c->cred.uid && (mem->size > quota || used > quota - mem->size)) {
+    b->ops->free(b, mem);
+    *msg_out = fmt_msg("quota: uid %u uses %s of %s, %s more after rounding",
+                       (unsigned)c->cred.uid, gshm__format_size(used, a, sizeof(a)),
+                       gshm__format_size(quota, q, sizeof(q)),
+                       gshm__format_size(mem->size, s, sizeof(s)));
+    return -EDQUOT;
+  }
+  if (!(seg = calloc(1, sizeof(*seg))) || !(seg->name = strdup(req->name))) {
+    free(seg);
+    b->ops->free(b, mem);
+    return -ENOMEM;
+  }
+  seg->id = r->next_segment_id++;
+  seg->generation = r->next_generation++;
+  seg->requested_size = req->size;
+  seg->mem = mem;
+  seg->uid = c->cred.uid;
+  seg->gid = c->cred.gid;
+  seg->mode = mode;
+  seg->flags = req->flags;
+  seg->created_ns = gshm__now_ns(CLOCK_REALTIME);
+  gshm_list_init(&seg->leases);
+  if (!tsearch(seg, &r->by_name, cmp_name) || !tsearch(seg, &r->by_id, cmp_seg_id)) {
+    tdelete(seg, &r->by_name, cmp_name);
+    b->ops->free(b, mem);
+    free(seg->name);
+    free(seg);
+    return -ENOMEM;
+  }
+  gshm_list_add_tail(&r->segments, &seg->node);
+  r->nsegments++;
+  r->bytes += mem->size;
+  u->segments++;
+  if (cuda)
+    u->cuda_bytes += mem->size;
+  else
+    u->host_bytes += mem->size;
+  gshm_log_info("segment '%s' id %" PRIu64 " created: %s at %s, mode %04o, uid %u, by pid %d",
+                seg->name, seg->id, gshm__format_size(mem->size, s, sizeof(s)), mem->location,
+                mode, (unsigned)seg->uid, (int)c->cred.pid);
+  if (r->on_event)
+    r->on_event(r, seg, GSHMD_SEGMENT_CREATED);
+
+  e = lease_add(r, c, seg, GSHM__ACCESS__ACCESS_READ_WRITE, lease_out, msg_out);
+  if (e) {
+    /* No lease, no segment: the create did not happen. */
+    seg->unlinked = true;
+    tdelete(seg, &r->by_name, cmp_name);
+    segment_free(r, seg);
+  }
+  return e;
+}
+
+int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
+                        const Gshm__OpenRequest *req, struct gshmd_lease **lease_out,
+                        const char **msg_out) {
+  struct gshmd_segment *seg;
+  int access = req->access;
+
+  if (access != GSHM__ACCESS__ACCESS_READ && access != GSHM__ACCESS__ACCESS_READ_WRITE) {
+    *msg_out = "access must be read or read-write";
+    return -EINVAL;
+  }
+  if (req->segment_id) {
+    seg = gshmd_registry_find_id(r, req->segment_id);
+    if (!seg || (req->generation && seg->generation != req->generation)) {
+      *msg_out = "segment is gone (revoked, or freed while the daemon restarted)";
+      return -ESTALE;
+    }
+  } else {
+    int e = gshm__name_check(req->name, r->cfg->max_name);
+    if (e) {
+      *msg_out = "bad name";
+      return e;
+    }
+    seg = gshmd_registry_find_name(r, req->name);
+    if (!seg) {
+      *msg_out = fmt_msg("no segment named '%s'", req->name);
+      return -ENOENT;
+    }
+  }
+  if (!gshmd_registry_may_access(c, seg, access)) {
+    *msg_out = fmt_msg("segment '%s' (uid %u, gid %u, mode %04o) refuses %s access to uid %u",
+                       seg->name, (unsigned)seg->uid, (unsigned)seg->gid, seg->mode,
+                       access == GSHM__ACCESS__ACCESS_READ ? "read" : "read-write",
+                       (unsigned)c->cred.uid);
+    gshm_log_notice("denied: pid %d uid %u %s open of '%s'", (int)c->cred.pid,
+                    (unsigned)c->cred.uid, access == GSHM__ACCESS__ACCESS_READ ? "read" : "rw",
+                    seg->name);
+    return -EACCES;
+  }
+  if (req->legacy_ipc && !(seg->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC)) {
+    *msg_out = "segment was not created with legacy IPC export";
+    return -ENOTSUP;
+  }
+  return lease_add(r, c, seg, access, lease_out, msg_out);
+}
+
+int gshmd_registry_close(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id) {
+  struct gshmd_lease *l = gshmd_registry_find_lease(r, lease_id);
+
+  if (!l || l->client != c)
+    return -ENOENT;
+  lease_end(r, l);
+  return 0;
+}
+
+int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
+                          const char **msg_out) {
+  struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
+
+  if (!seg) {
+    *msg_out = fmt_msg("no segment named '%s'", name);
+    return -ENOENT;
+  }
+  if (!c->cred.admin && c->cred.uid != seg->uid) {
+    *msg_out = fmt_msg("segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid);
+    return -EACCES;
+  }
+  tdelete(seg, &r->by_name, cmp_name);
+  seg->unlinked = true;
+  gshm_log_info("segment '%s' id %" PRIu64 " unlinked by pid %d (%u leases remain)", seg->name,
+                seg->id, (int)c->cred.pid, seg->nleases);
+  if (seg->nleases && r->on_event)
+    r->on_event(r, seg, GSHMD_SEGMENT_UNLINKED);
+  if (seg->nleases == 0)
+    segment_free(r, seg);
+  return 0;
+}
+
+void gshmd_segment_to_info(const struct gshmd_segment *seg, Gshm__SegmentInfo *info) {
+  gshm__segment_info__init(info);
+  info->id = seg->id;
+  info->generation = seg->generation;
+  info->name = seg->name;
+  info->size = seg->mem->size;
+  info->requested_size = seg->requested_size;
+  info->location = (char *)seg->mem->location;
+  info->uid = seg->uid;
+  info->gid = seg->gid;
+  info->mode = seg->mode;
+  info->flags = seg->flags;
+  info->state = seg->unlinked ? GSHM__SEGMENT_STATE__SEGMENT_STATE_UNLINKED
+                              : GSHM__SEGMENT_STATE__SEGMENT_STATE_LIVE;
+  info->leases = seg->nleases;
+  info->created_ns = seg->created_ns;
+  info->device_index = seg->mem->device_index;
+  info->granularity = seg->mem->granularity;
+}
+
+int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
+                         struct gshmd_alloc *mem) {
+  struct gshmd_segment *seg;
+  struct usage *u;
+
+  if (gshmd_registry_find_id(r, rec->id) || (!rec->unlinked && gshmd_registry_find_name(r, rec->name)))
+    return -EEXIST;
+  if (!(u = usage_get(rec->uid)))
+    return -ENOMEM;
+  if (!(seg = calloc(1, sizeof(*seg))) || !(seg->name = strdup(rec->name))) {
+    free(seg);
+    return -ENOMEM;
+  }
+  seg->id = rec->id;
+  seg->generation = rec->generation;
+  seg->requested_size = rec->requested_size;
+  seg->mem = mem;
+  seg->uid = rec->uid;
+  seg->gid = rec->gid;
+  seg->mode = rec->mode & 0777;
+  seg->flags = rec->flags;
+  seg->created_ns = rec->created_ns;
+  seg->unlinked = rec->unlinked;
+  gshm_list_init(&seg->leases);
+  if ((!seg->unlinked && !tsearch(seg, &r->by_name, cmp_name)) ||
+      !tsearch(seg, &r->by_id, cmp_seg_id)) {
+    if (!seg->unlinked)
+      tdelete(seg, &r->by_name, cmp_name);
+    free(seg->name);
+    free(seg);
+    return -ENOMEM;
+  }
+  /* Keep id order in the list (state records come sorted, but be safe). */
+  {
+    struct gshm_list *pos = r->segments.prev;
+    while (pos != &r->segments && gshm_list_entry(pos, struct gshmd_segment, node)->id > seg->id)
+      pos = pos->prev;
+    gshm_list_add_tail(pos->next, &seg->node);
+  }
+  r->nsegments++;
+  r->bytes += mem->size;
+  u->segments++;
+  if (mem->device_index >= 0)
+    u->cuda_bytes += mem->size;
+  else
+    u->host_bytes += mem->size;
+  if (seg->id >= r->next_segment_id)
+    r->next_segment_id = seg->id + 1;
+  if (seg->generation >= r->next_generation)
+    r->next_generation = seg->generation + 1;
+  return 0;
+}
+
+unsigned gshmd_registry_reap_unlinked(struct gshmd_registry *r) {
+  struct gshm_list *pos, *tmp;
+  unsigned n = 0;
+
+  gshm_list_foreach_safe(pos, tmp, &r->segments) {
+    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+    if (seg->unlinked && seg->nleases == 0) {
+      segment_free(r, seg);
+      n++;
+    }
+  }
+  return n;
+}

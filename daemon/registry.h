@@ -1,0 +1,146 @@
+/* gshmd's registry: segments, leases and clients (DESIGN.md "Objects").
+ *
+ * Single-threaded (the libuv loop).  Lookups by name and id use glibc's
+ * tsearch trees (O(log n)); ordered lists keep listing and pagination by
+ * id cheap, since ids only grow. */
+#ifndef GSHMD_REGISTRY_H
+#define GSHMD_REGISTRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "backend.h"
+#include "list.h"
+
+struct gshmd_config;
+
+struct gshmd_segment {
+  uint64_t id;
+  uint64_t generation;
+  char *name;
+  uint64_t requested_size;
+  struct gshmd_alloc *mem;
+  uid_t uid;
+  gid_t gid;
+  uint32_t mode;
+  uint32_t flags;
+  bool unlinked;
+  int64_t created_ns;
+  uint32_t nleases;
+  struct gshm_list leases;   /* gshmd_lease.seg_node */
+  struct gshm_list node;     /* registry.segments, id order */
+};
+
+/* Credentials of a connection, from SO_PEERCRED and SO_PEERGROUPS. */
+struct gshmd_cred {
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+  gid_t groups[64];
+  int ngroups;
+  bool admin;                /* root or a member of the admin group */
+};
+
+struct gshmd_client {
+  uint64_t session_id;
+  struct gshmd_cred cred;
+  char name[64];
+  int64_t since_ns;
+  uint32_t nleases;
+  struct gshm_list leases;   /* gshmd_lease.client_node */
+  struct gshm_list node;     /* registry.clients, id order */
+  void *conn;                /* the server's connection */
+};
+
+struct gshmd_lease {
+  uint64_t id;
+  struct gshmd_segment *seg;
+  struct gshmd_client *client;
+  int access;                /* GSHM__ACCESS__* */
+  int64_t since_ns;
+  bool mapped;
+  char *mapped_devices;      /* comma-separated UUIDs; NULL: none reported */
+  struct gshm_list seg_node;
+  struct gshm_list client_node;
+  struct gshm_list node;     /* registry.leases, id order */
+};
+
+enum gshmd_segment_event {
+  GSHMD_SEGMENT_CREATED = 1,
+  GSHMD_SEGMENT_UNLINKED = 2,
+  GSHMD_SEGMENT_FREED = 3,
+  GSHMD_SEGMENT_CHANGED = 4, /* owner or mode */
+};
+
+struct gshmd_registry {
+  const struct gshmd_config *cfg;
+  struct gshmd_backend *host;  /* never NULL once set up */
+  struct gshmd_backend *cuda;  /* NULL when unavailable */
+  void *by_name;               /* tsearch root: live (not unlinked) segments */
+  void *by_id;                 /* tsearch root: every segment */
+  void *lease_by_id;           /* tsearch root: every lease */
+  struct gshm_list segments, clients, leases;
+  uint64_t next_segment_id, next_generation, next_lease_id, next_session_id;
+  uint32_t nsegments, nclients, nleases;
+  uint64_t bytes;              /* allocated by all segments */
+  /* Segment events, for the fd store (daemon/fdstore.c): called after a
+   * create, an unlink and just before the memory is freed. */
+  void (*on_event)(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
+  void *user;
+};
+
+void gshmd_registry_init(struct gshmd_registry *r, const struct gshmd_config *cfg);
+/* Frees everything (clients, leases, segments and their memory). */
+void gshmd_registry_destroy(struct gshmd_registry *r);
+
+/* Registers a connection.  Errors: -EDQUOT the uid's connection quota
+ * (*msg_out explains), -ENOMEM. */
+int gshmd_registry_client_add(struct gshmd_registry *r, const struct gshmd_cred *cred,
+                              struct gshmd_client **c_out, const char **msg_out);
+/* Ends every lease of the client and frees it. */
+void gshmd_registry_client_remove(struct gshmd_registry *r, struct gshmd_client *c);
+
+/* Creates a segment and a read-write lease on it for c.  Errors as
+ * gshm_create() documents; *msg_out may point at a static or registry
+ * buffer explaining the failure. */
+int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
+                          const Gshm__CreateRequest *req, struct gshmd_lease **lease_out,
+                          const char **msg_out);
+
+/* Opens by name (or id+generation) with a permission check; adds a lease. */
+int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
+                        const Gshm__OpenRequest *req, struct gshmd_lease **lease_out,
+                        const char **msg_out);
+
+/* Ends a lease of c; -ENOENT when c holds no such lease. */
+int gshmd_registry_close(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id);
+
+int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
+                          const char **msg_out);
+
+/* A segment by name (live) or id (any state); NULL when missing. */
+struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name);
+struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t id);
+struct gshmd_lease *gshmd_registry_find_lease(struct gshmd_registry *r, uint64_t lease_id);
+
+/* Permission: may c open seg with access (GSHM__ACCESS__*)? */
+bool gshmd_registry_may_access(const struct gshmd_client *c, const struct gshmd_segment *seg,
+                               int access);
+/* May c see seg in listings (read permission, or admin)? */
+bool gshmd_registry_may_see(const struct gshmd_client *c, const struct gshmd_segment *seg);
+
+/* Re-creates a segment saved before a restart around adopted memory (no
+ * lease).  Takes ownership of mem on success.  Errors: -EEXIST id or live
+ * name already present, -ENOMEM. */
+int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
+                         struct gshmd_alloc *mem);
+
+/* Frees unlinked segments that nobody re-leased (after a restart's grace
+ * period).  Returns how many were freed. */
+unsigned gshmd_registry_reap_unlinked(struct gshmd_registry *r);
+
+/* Fills a SegmentInfo (strings point into seg: valid while seg lives). */
+void gshmd_segment_to_info(const struct gshmd_segment *seg, Gshm__SegmentInfo *info);
+
+#endif

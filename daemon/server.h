@@ -1,0 +1,48 @@
+/* gshmd's socket server: one libuv loop, uv_poll_t watchers on
+ * SOCK_SEQPACKET sockets, sendmsg/recvmsg for fd passing (libuv's streams
+ * cannot carry arbitrary fds on SEQPACKET). */
+#ifndef GSHMD_SERVER_H
+#define GSHMD_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "list.h"
+#include "wire.h"
+
+struct gshmd_config;
+struct gshmd_registry;
+
+#define GSHMD_NSTATUS 20 /* Gshm__Status values, for counters */
+
+struct gshmd_server {
+  uv_loop_t *loop;
+  const struct gshmd_config *cfg;
+  struct gshmd_registry *reg;
+  int listen_fd;
+  uv_poll_t listen_poll;
+  bool listening;
+  struct gshm_list conns;
+  uint32_t nconns;
+  bool have_admin_gid;
+  gid_t admin_gid;
+  int64_t started_ns;
+  /* Counters for metrics (issue 7): requests by type and status. */
+  uint64_t requests[GSHM_WIRE_TYPE_MAX + 1][GSHMD_NSTATUS];
+  uint64_t protocol_errors, connections_total, fds_sent, quota_denials, access_denials;
+  uint8_t rxbuf[GSHM_WIRE_MAX_PACKET + 1];
+  uint8_t txbuf[GSHM_WIRE_MAX_PACKET];
+};
+
+/* Starts serving on listen_fd (bound, listening, non-blocking or not; the
+ * server takes ownership).  Returns 0 or a negative errno from libuv. */
+int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gshmd_config *cfg,
+                       struct gshmd_registry *reg, int listen_fd);
+
+/* Closes every connection (their leases end) and the listening watcher.
+ * The handles finish closing on the next loop iteration. */
+void gshmd_server_stop(struct gshmd_server *s);
+
+#endif

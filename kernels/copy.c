@@ -1,0 +1,649 @@
+/* Host side of the copy kernels: gshm_copy, gshm_signal, gshm_wait.
+ *
+ * The kernels (kernels/copy.cu) are embedded as a fatbin and loaded with
+ * cuModuleLoadData lazily, once per CUcontext, through the dlopen'ed driver
+ * table (common/cudadrv.h); libgshm links neither cudart nor libcuda. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "copy_internal.h"
+#include "cudadrv.h"
+#include "gshm.h"
+#include "log.h"
+
+#ifdef GSHM_HAVE_COPY_FATBIN
+extern const unsigned long long gshm__copy_fatbin[];
+
+static const char *const kernel_names[GSHM__K_COUNT] = {
+    [GSHM__K_COPY_U1] = "gshm_copy_u1",         [GSHM__K_COPY_U4] = "gshm_copy_u4",
+    [GSHM__K_COPY_U8] = "gshm_copy_u8",         [GSHM__K_COPY_SIGNAL] = "gshm_copy_signal",
+    [GSHM__K_SIGNAL] = "gshm_signal",           [GSHM__K_FILL32] = "gshm_fill32",
+    [GSHM__K_COMPARE] = "gshm_compare",
+};
+#endif
+
+/* Largest copy done by the one-block fused copy-then-signal kernel; above
+ * it a copy is followed by a separate gshm_signal, whose few microseconds
+ * no longer matter next to the copy. */
+#define FUSED_SIGNAL_MAX (256u << 10)
+#define MAX_CONTEXTS 64
+#define MAX_DEVICES 64
+
+/* One loaded module per context.  Entries are never removed: a context
+ * destroyed and re-created at the same address would find a stale module,
+ * so a process that destroys contexts it copied in must not reuse them for
+ * gshm_copy (primary contexts, retained by libgshm, are never destroyed). */
+struct kctx {
+  CUcontext ctx;
+  CUdevice dev;
+  int sm_count;
+  int can_flush;         /* CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES */
+  int module_state;      /* 0 not tried, 1 loaded, <0 errno */
+  CUmodule module;
+  CUfunction fn[GSHM__K_COUNT];
+  CUdeviceptr scratch;   /* 8 bytes: gshm_compare's counter */
+  uint64_t peer_tried, peer_ok; /* by GPU ordinal */
+};
+
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kctx table[MAX_CONTEXTS];
+static int table_len;
+static CUcontext primary[MAX_DEVICES]; /* retained once, never released */
+
+int gshm__copy_have_kernels(void) {
+#ifdef GSHM_HAVE_COPY_FATBIN
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+/* ---- tuning, from measurements ----
+ *
+ * Figures: gshm-bench copy on two H200 SXM joined by 18 NVLinks (NV18),
+ * driver 580.159.04, 132 SMs, 2026-11-22 (docs/PERFORMANCE.md "P2P copy"
+ * has the full tables; GB/s = 1e9 B/s, medians of 11 event-timed batches).
+ *
+ * Launch shape (sweep `gshm-bench copy --sweep`, GPU0 -> GPU1): at 256 MiB
+ * every shape with >= 32 blocks of >= 512 threads gave 367-369 GB/s for a
+ * push and 369-372 for a pull; what hurts is too few blocks, most of all for
+ * pulls, whose remote loads need many SMs in flight (1 MiB pull with 2
+ * blocks: 20-40 GB/s; with >= 32 blocks: 176).  So the grid is spread:
+ * one 16-byte vector per thread until 2 blocks per SM, grid-stride past it.
+ * Copies up to 64 KiB use the unroll-free kernel.
+ *
+ * Programmatic dependent launch (copy.cu pdl_prologue) cut a back-to-back
+ * 16 B peer copy from 2.24 to 1.26 us (copy engine: 2.23) and made the SM
+ * kernel beat the copy engine up to 2 MiB one way (push 289 vs 275 GB/s at
+ * 2 MiB; 321 vs 322 at 4 MiB) and to 4 MiB both ways (620 vs 612); within
+ * one GPU up to 32 MiB (1862 vs 1822; at 64 MiB 1821 vs 1956).  Above,
+ * the copy engine wins: 396.7 GB/s one way and 780 both ways at 1 GiB
+ * against the SM kernel's 369.5 / 727, as issue 8 measured (an SM kernel
+ * tops out near 370 GB/s on NV18; splitting one copy between both gained
+ * nothing there, so no split is offered). */
+#define SM_SMALL_MAX (64u << 10) /* up to here: unroll-free kernel */
+#define SM_THREADS 512
+#define SM_BLOCKS_PER_SM 2
+
+struct gshm__copy_shape gshm__copy_pick_shape(size_t bytes, int sm_count, int pull) {
+  struct gshm__copy_shape s;
+  size_t n16 = bytes / 16 + 2, blocks, cap;
+
+  (void)pull; /* same shape: pulls need the spread most, pushes don't mind */
+  if (sm_count <= 0)
+    sm_count = 1;
+  if (bytes <= SM_SMALL_MAX) {
+    size_t t = (n16 + 31) / 32 * 32;
+    s.kernel = GSHM__K_COPY_U1;
+    s.threads = (unsigned)(t < 32 ? 32 : t > 1024 ? 1024 : t);
+  } else {
+    s.kernel = GSHM__K_COPY_U4;
+    s.threads = SM_THREADS;
+  }
+  blocks = (n16 + s.threads - 1) / s.threads;
+  cap = (size_t)sm_count * SM_BLOCKS_PER_SM;
+  s.blocks = (unsigned)(blocks < 1 ? 1 : blocks > cap ? cap : blocks);
+  return s;
+}
+
+/* AUTO: the largest size (bytes, inclusive) up to which the SM kernel beat
+ * the copy engine in the same run (above); the copy engine above it.
+ * peer push: kernel on the source's GPU (2 MiB: 288 vs 277 GB/s; 4 MiB:
+ * 321 vs 323).  peer pull: on the destination's (512 KiB: 157 vs 147;
+ * 1 MiB: 215 vs 214, a tie; 2 MiB: 266 vs 277).  Both ways at once the SM
+ * kernel still led at 4 MiB (621 vs 613), a 1.3% loss AUTO accepts to keep
+ * one table. */
+static const size_t auto_sm_max_push = 2u << 20;
+static const size_t auto_sm_max_pull = 512u << 10;
+static const size_t auto_sm_max_local = 32u << 20;
+
+int gshm__copy_auto_method(size_t bytes, int peer) {
+  size_t max = peer == 0 ? auto_sm_max_local : peer == 1 ? auto_sm_max_push : auto_sm_max_pull;
+
+  if (!gshm__copy_have_kernels())
+    return GSHM_COPY_ENGINE;
+  return bytes <= max ? GSHM_COPY_SM : GSHM_COPY_ENGINE;
+}
+
+/* ---- contexts and modules ---- */
+
+/* The device of a context that need not be current: cuCtxGetDevice_v2
+ * (CUDA 13.0) takes the context; older drivers only answer for the current
+ * one, so push it around the v1 call. */
+static int ctx_device(const struct gshm_cudadrv *drv, CUcontext ctx, CUdevice *dev) {
+  CUcontext popped;
+  int e;
+
+  if (drv->cuCtxGetDevice_v2)
+    return GSHM_CU(drv, GSHM_LOG_ERR, cuCtxGetDevice_v2, dev, ctx);
+  if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxPushCurrent, ctx)))
+    return e;
+  e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxGetDevice, dev);
+  drv->cuCtxPopCurrent(&popped);
+  return e;
+}
+
+/* The context a stream belongs to; the 12.5 variant also reports a green
+ * context, which we do not use. */
+static int stream_ctx(const struct gshm_cudadrv *drv, CUstream stream, CUcontext *ctx) {
+  CUgreenCtx green = NULL;
+
+  if (drv->cuStreamGetCtx_v2)
+    return GSHM_CU(drv, GSHM_LOG_ERR, cuStreamGetCtx_v2, stream, ctx, &green);
+  return GSHM_CU(drv, GSHM_LOG_ERR, cuStreamGetCtx, stream, ctx);
+}
+
+static int load_driver(const struct gshm_cudadrv **drv) {
+  return gshm__cudadrv_load(GSHM_LOG_ERR, drv);
+}
+
+/* Loads the module into k's context (which is current).  Under table_lock. */
+static int module_load(const struct gshm_cudadrv *drv, struct kctx *k) {
+#ifdef GSHM_HAVE_COPY_FATBIN
+  int e;
+
+  if (k->module_state)
+    return k->module_state < 0 ? k->module_state : 0;
+  e = GSHM_CU(drv, GSHM_LOG_ERR, cuModuleLoadData, &k->module, gshm__copy_fatbin);
+  if (e) {
+    /* NO_BINARY_FOR_GPU and friends: an architecture our fatbin lacks */
+    k->module_state = e == -EIO ? -ENOTSUP : e;
+    return k->module_state;
+  }
+  for (int i = 0; i < GSHM__K_COUNT && !e; i++)
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuModuleGetFunction, &k->fn[i], k->module, kernel_names[i]);
+  if (!e)
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemAlloc, &k->scratch, 8);
+  if (e) {
+    drv->cuModuleUnload(k->module);
+    k->module_state = e;
+    return e;
+  }
+  k->module_state = 1;
+  return 0;
+#else
+  (void)drv;
+  (void)k;
+  return -ENOTSUP;
+#endif
+}
+
+/* The table entry of the current context (created on first use). */
+static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
+  CUcontext ctx = NULL;
+  struct kctx *k = NULL;
+  int e;
+
+  e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxGetCurrent, &ctx);
+  if (e)
+    return e;
+  if (!ctx)
+    return -EINVAL;
+  pthread_mutex_lock(&table_lock);
+  for (int i = 0; i < table_len; i++)
+    if (table[i].ctx == ctx) {
+      k = &table[i];
+      break;
+    }
+  if (!k) {
+    if (table_len == MAX_CONTEXTS) {
+      pthread_mutex_unlock(&table_lock);
+      gshm_log_err("copy: more than %d CUDA contexts", MAX_CONTEXTS);
+      return -ENOMEM;
+    }
+    k = &table[table_len];
+    memset(k, 0, sizeof(*k));
+    e = ctx_device(drv, ctx, &k->dev);
+    if (!e)
+      e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceGetAttribute, &k->sm_count,
+                  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, k->dev);
+    if (e) {
+      pthread_mutex_unlock(&table_lock);
+      return e;
+    }
+    if (drv->cuDeviceGetAttribute(&k->can_flush, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES,
+                                  k->dev) != CUDA_SUCCESS)
+      k->can_flush = 0;
+    k->ctx = ctx;
+    table_len++;
+  }
+  pthread_mutex_unlock(&table_lock);
+  *k_out = k;
+  return 0;
+}
+
+/* k with its module loaded. */
+static int kctx_module(const struct gshm_cudadrv *drv, struct kctx **k_out) {
+  struct kctx *k;
+  int e = kctx_current(drv, &k);
+
+  if (e)
+    return e;
+  pthread_mutex_lock(&table_lock);
+  e = module_load(drv, k);
+  pthread_mutex_unlock(&table_lock);
+  if (!e)
+    *k_out = k;
+  return e;
+}
+
+static int primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontext *out) {
+  int e = 0;
+
+  if (ordinal < 0 || ordinal >= MAX_DEVICES)
+    return -ENODEV;
+  pthread_mutex_lock(&table_lock);
+  if (!primary[ordinal]) {
+    CUdevice dev;
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceGet, &dev, ordinal);
+    if (!e)
+      e = GSHM_CU(drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRetain, &primary[ordinal], dev);
+  }
+  if (!e)
+    *out = primary[ordinal];
+  pthread_mutex_unlock(&table_lock);
+  return e;
+}
+
+int gshm__copy_enable_peer(int ordinal) {
+  const struct gshm_cudadrv *drv;
+  struct kctx *k;
+  CUcontext peer;
+  uint64_t bit;
+  int can = 0, e;
+  CUresult r;
+
+  e = load_driver(&drv);
+  if (!e)
+    e = kctx_current(drv, &k);
+  if (e)
+    return e;
+  if (ordinal == (int)k->dev)
+    return 0;
+  if (ordinal < 0 || ordinal >= MAX_DEVICES)
+    return -ENODEV;
+  bit = 1ull << ordinal;
+  pthread_mutex_lock(&table_lock);
+  if (k->peer_tried & bit) {
+    e = k->peer_ok & bit ? 0 : -EOPNOTSUPP;
+    pthread_mutex_unlock(&table_lock);
+    return e;
+  }
+  pthread_mutex_unlock(&table_lock);
+
+  e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceCanAccessPeer, &can, k->dev, (CUdevice)ordinal);
+  if (!e && !can)
+    e = -EOPNOTSUPP;
+  if (!e)
+    e = primary_ctx(drv, ordinal, &peer);
+  if (!e) {
+    r = drv->cuCtxEnablePeerAccess(peer, 0);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+      gshm__cuda_log(GSHM_LOG_ERR, r, "cuCtxEnablePeerAccess", __FILE__, __LINE__);
+      e = r == CUDA_ERROR_TOO_MANY_PEERS ? -EOPNOTSUPP : gshm__cuda_errno(r);
+    }
+  }
+  if (e == -ENOMEM || e == -EIO)
+    return e; /* maybe transient: try again next time */
+  pthread_mutex_lock(&table_lock);
+  k->peer_tried |= bit;
+  if (!e)
+    k->peer_ok |= bit;
+  pthread_mutex_unlock(&table_lock);
+  return e;
+}
+
+/* ---- launches ---- */
+
+/* Launches kernel `kern` of k's module.  pdl: with programmatic stream
+ * serialization (the kernel may be scheduled while the previous kernel on
+ * the stream still runs; copy.cu's pdl_prologue keeps stream order).  It
+ * saves about a microsecond per back-to-back copy on H200 (gshm-bench copy,
+ * latency table, "SM" vs "SM no PDL"). */
+static int launch_ex(const struct gshm_cudadrv *drv, struct kctx *k, enum gshm__kernel kern,
+                     unsigned blocks, unsigned threads, CUstream stream, void **args, int pdl) {
+  CUlaunchAttribute attr;
+  CUlaunchConfig cfg;
+
+  if (!pdl)
+    return GSHM_CU(drv, GSHM_LOG_ERR, cuLaunchKernel, k->fn[kern], blocks, 1, 1, threads, 1, 1,
+                   0, stream, args, NULL);
+  memset(&attr, 0, sizeof(attr));
+  memset(&cfg, 0, sizeof(cfg));
+  attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  cfg.gridDimX = blocks;
+  cfg.gridDimY = cfg.gridDimZ = 1;
+  cfg.blockDimX = threads;
+  cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.hStream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return GSHM_CU(drv, GSHM_LOG_ERR, cuLaunchKernelEx, &cfg, k->fn[kern], args, NULL);
+}
+
+static int launch(const struct gshm_cudadrv *drv, struct kctx *k, enum gshm__kernel kern,
+                  unsigned blocks, unsigned threads, CUstream stream, void **args) {
+  return launch_ex(drv, k, kern, blocks, threads, stream, args, 0);
+}
+
+int gshm__copy_launch(void *dst, const void *src, size_t bytes, enum gshm__kernel kernel,
+                      unsigned blocks, unsigned threads, int pdl, CUstream stream) {
+  const struct gshm_cudadrv *drv;
+  struct kctx *k;
+  void *args[3] = {&dst, &src, &bytes};
+  int e;
+
+  if (kernel > GSHM__K_COPY_U8 || !blocks || threads < 32 || threads > 1024)
+    return -EINVAL;
+  e = load_driver(&drv);
+  if (!e)
+    e = kctx_module(drv, &k);
+  if (e)
+    return e;
+  return launch_ex(drv, k, kernel, blocks, threads, stream, args, pdl);
+}
+
+int gshm__copy_fill(void *p, size_t bytes, uint32_t seed, CUstream stream) {
+  const struct gshm_cudadrv *drv;
+  struct kctx *k;
+  size_t n32 = bytes / 4;
+  void *args[3] = {&p, &n32, &seed};
+  int e;
+
+  if (bytes % 4 || (uintptr_t)p % 4)
+    return -EINVAL;
+  e = load_driver(&drv);
+  if (!e)
+    e = kctx_module(drv, &k);
+  if (e)
+    return e;
+  return launch(drv, k, GSHM__K_FILL32, (unsigned)k->sm_count * 4, 512, stream, args);
+}
+
+int gshm__copy_compare(const void *a, const void *b, size_t bytes, CUstream stream,
+                       uint64_t *bad_out) {
+  const struct gshm_cudadrv *drv;
+  struct kctx *k;
+  unsigned long long bad = 0;
+  void *counter;
+  void *args[4] = {&a, &b, &bytes, &counter};
+  int e;
+
+  e = load_driver(&drv);
+  if (!e)
+    e = kctx_module(drv, &k);
+  if (e)
+    return e;
+  counter = (void *)(uintptr_t)k->scratch;
+  e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemsetD8Async, k->scratch, 0, 8, stream);
+  if (!e)
+    e = launch(drv, k, GSHM__K_COMPARE, (unsigned)k->sm_count * 4, 512, stream, args);
+  if (!e)
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)&bad, k->scratch, 8,
+                stream);
+  if (!e)
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamSynchronize, stream);
+  if (!e)
+    *bad_out = bad;
+  return e;
+}
+
+/* ---- gshm_copy ---- */
+
+/* Where an address lives: device memory of GPU `ordinal`, page-locked host
+ * memory, or pageable host memory the driver does not know. */
+struct where {
+  int device; /* 1: device memory */
+  int pinned; /* 1: host memory known to the driver */
+  int ordinal;
+};
+
+static void where_is(const struct gshm_cudadrv *drv, const void *p, struct where *w) {
+  CUmemorytype type = 0;
+  int ordinal = -1;
+
+  memset(w, 0, sizeof(*w));
+  w->ordinal = -1;
+  if (drv->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                 (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
+    return; /* pageable host memory (or garbage: the copy will say) */
+  if (type == CU_MEMORYTYPE_DEVICE &&
+      drv->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                 (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS) {
+    w->device = 1;
+    w->ordinal = ordinal;
+  } else {
+    w->pinned = 1;
+  }
+}
+
+/* Makes the context of `stream` current (pushing it if it is not), or, for
+ * a NULL stream without a current context, the primary context of GPU
+ * `fallback`.  *pushed tells the caller to pop. */
+static int enter_ctx(const struct gshm_cudadrv *drv, CUstream stream, int fallback, int *pushed) {
+  CUcontext cur = NULL, want = NULL;
+  int e;
+
+  *pushed = 0;
+  e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxGetCurrent, &cur);
+  if (e)
+    return e;
+  if (stream) {
+    e = stream_ctx(drv, stream, &want);
+    if (e)
+      return e;
+  } else {
+    want = cur;
+  }
+  if (!want) {
+    e = primary_ctx(drv, fallback < 0 ? 0 : fallback, &want);
+    if (e)
+      return e;
+  }
+  if (want == cur)
+    return 0;
+  e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxPushCurrent, want);
+  if (!e)
+    *pushed = 1;
+  return e;
+}
+
+static void leave_ctx(const struct gshm_cudadrv *drv, int pushed) {
+  CUcontext ignored;
+
+  if (pushed)
+    drv->cuCtxPopCurrent(&ignored);
+}
+
+static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_t value,
+                         CUstream stream) {
+  struct kctx *k;
+  CUresult r;
+  void *args[2] = {&flag, &value};
+  int e;
+
+  r = drv->cuStreamWriteValue64(stream, (CUdeviceptr)(uintptr_t)flag, value,
+                                CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (r == CUDA_SUCCESS)
+    return 0;
+  gshm__cuda_log(GSHM_LOG_DEBUG, r, "cuStreamWriteValue64", __FILE__, __LINE__);
+  e = kctx_module(drv, &k);
+  if (e)
+    return e == -ENOTSUP ? -ENOTSUP : gshm__cuda_errno(r);
+  return launch_ex(drv, k, GSHM__K_SIGNAL, 1, 1, stream, args, 1);
+}
+
+static int copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *src, size_t bytes,
+                       gshm_copy_method_t method, uint64_t *flag, uint64_t value,
+                       CUstream stream, const struct where *ws, const struct where *wd) {
+  struct kctx *k;
+  int e, peer, me, fused = 0;
+
+  e = kctx_current(drv, &k);
+  if (e)
+    return e;
+  me = (int)k->dev;
+  peer = ws->device && wd->device && ws->ordinal != wd->ordinal;
+
+  if (method == GSHM_COPY_AUTO) {
+    if (!ws->device || !wd->device || (ws->ordinal != me && wd->ordinal != me))
+      method = GSHM_COPY_ENGINE; /* host memory, or a third GPU's context */
+    else
+      method = gshm__copy_auto_method(bytes, !peer ? 0 : ws->ordinal == me ? 1 : 2);
+    if (method == GSHM_COPY_SM &&
+        ((ws->device && gshm__copy_enable_peer(ws->ordinal)) ||
+         (wd->device && gshm__copy_enable_peer(wd->ordinal)) || kctx_module(drv, &k)))
+      method = GSHM_COPY_ENGINE;
+  }
+
+  if (method == GSHM_COPY_SM) {
+    struct gshm__copy_shape s;
+    void *args[5] = {&dst, &src, &bytes, &flag, &value};
+
+    if ((!ws->device && !ws->pinned) || (!wd->device && !wd->pinned))
+      return -EINVAL;
+    if (!gshm__copy_have_kernels())
+      return -ENOTSUP;
+    if (ws->device && (e = gshm__copy_enable_peer(ws->ordinal)))
+      return e;
+    if (wd->device && (e = gshm__copy_enable_peer(wd->ordinal)))
+      return e;
+    e = kctx_module(drv, &k);
+    if (e)
+      return e;
+    if (flag && bytes <= FUSED_SIGNAL_MAX) {
+      s = gshm__copy_pick_shape(bytes, 1, 0);
+      s.blocks = 1;
+      if (s.threads < 1024 && bytes > SM_SMALL_MAX)
+        s.threads = 1024;
+      s.kernel = GSHM__K_COPY_SIGNAL;
+      fused = 1;
+    } else {
+      if (!bytes)
+        goto signal;
+      s = gshm__copy_pick_shape(bytes, k->sm_count, wd->device && wd->ordinal == me && peer);
+    }
+    e = launch_ex(drv, k, s.kernel, s.blocks, s.threads, stream, args, 1);
+  } else {
+    if (peer) {
+      /* direct NVLink/PCIe P2P instead of staging through the host;
+       * without peer access the driver still copies, only slower */
+      if (ws->ordinal != me)
+        (void)gshm__copy_enable_peer(ws->ordinal);
+      if (wd->ordinal != me)
+        (void)gshm__copy_enable_peer(wd->ordinal);
+    }
+    e = bytes ? GSHM_CU(drv, GSHM_LOG_ERR, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,
+                        (CUdeviceptr)(uintptr_t)src, bytes, stream)
+              : 0;
+  }
+signal:
+  if (!e && flag && !fused)
+    e = signal_in_ctx(drv, flag, value, stream);
+  return e;
+}
+
+static int copy_common(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
+                       uint64_t *flag, uint64_t value, void *stream) {
+  const struct gshm_cudadrv *drv;
+  struct where ws, wd;
+  int e, pushed;
+
+  if (!dst || !src || (unsigned)method > GSHM_COPY_SM || ((uintptr_t)flag & 7))
+    return -EINVAL;
+  if (!bytes && !flag)
+    return 0;
+  e = load_driver(&drv);
+  if (e)
+    return e;
+  where_is(drv, src, &ws);
+  where_is(drv, dst, &wd);
+  e = enter_ctx(drv, (CUstream)stream, ws.device ? ws.ordinal : wd.ordinal, &pushed);
+  if (e)
+    return e;
+  e = copy_in_ctx(drv, dst, src, bytes, method, flag, value, (CUstream)stream, &ws, &wd);
+  leave_ctx(drv, pushed);
+  return e;
+}
+
+GSHM_EXTERN int gshm_copy(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
+                          void *stream) {
+  return copy_common(dst, src, bytes, method, NULL, 0, stream);
+}
+
+GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
+                                 gshm_copy_method_t method, uint64_t *flag, uint64_t value,
+                                 void *stream) {
+  if (!flag)
+    return -EINVAL;
+  return copy_common(dst, src, bytes, method, flag, value, stream);
+}
+
+GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream) {
+  const struct gshm_cudadrv *drv;
+  struct where w;
+  int e, pushed;
+
+  if (!flag || ((uintptr_t)flag & 7))
+    return -EINVAL;
+  e = load_driver(&drv);
+  if (e)
+    return e;
+  where_is(drv, flag, &w);
+  e = enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
+  if (e)
+    return e;
+  e = signal_in_ctx(drv, flag, value, (CUstream)stream);
+  leave_ctx(drv, pushed);
+  return e;
+}
+
+GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream) {
+  const struct gshm_cudadrv *drv;
+  struct kctx *k;
+  struct where w;
+  unsigned flags = CU_STREAM_WAIT_VALUE_GEQ;
+  int e, pushed;
+
+  if (!flag || ((uintptr_t)flag & 7))
+    return -EINVAL;
+  e = load_driver(&drv);
+  if (e)
+    return e;
+  where_is(drv, flag, &w);
+  e = enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
+  if (e)
+    return e;
+  e = kctx_current(drv, &k);
+  if (!e) {
+    if (k->can_flush)
+      flags |= CU_STREAM_WAIT_VALUE_FLUSH;
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamWaitValue64, (CUstream)stream,
+                (CUdeviceptr)(uintptr_t)flag, value, flags);
+  }
+  leave_ctx(drv, pushed);
+  return e;
+}

@@ -1,0 +1,66 @@
+/* Internal interface of kernels/copy.c, for libgshm, gshm-bench and the GPU
+ * tests (never installed).  Functions here run in the calling thread's
+ * current CUDA context and take CUstream handles. */
+#ifndef GSHM_KERNELS_COPY_INTERNAL_H
+#define GSHM_KERNELS_COPY_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda.h>
+
+/* The entry points of kernels/copy.cu, in the order copy.c resolves them. */
+enum gshm__kernel {
+  GSHM__K_COPY_U1 = 0, /* no unroll: small copies, latency */
+  GSHM__K_COPY_U4,     /* 4 x 16 B in flight per thread */
+  GSHM__K_COPY_U8,     /* 8 x 16 B in flight per thread */
+  GSHM__K_COPY_SIGNAL, /* one block: copy, fence.sys, release store of a flag */
+  GSHM__K_SIGNAL,      /* fence.sys, release store of a flag */
+  GSHM__K_FILL32,      /* hash fill */
+  GSHM__K_COMPARE,     /* count differing bytes */
+  GSHM__K_COUNT
+};
+
+/* The launch shape the SM method picks for `bytes` (what gshm_copy uses). */
+struct gshm__copy_shape {
+  enum gshm__kernel kernel;
+  unsigned blocks, threads;
+};
+
+/* 1 when this build embeds the kernels (nvcc was found), else 0. */
+int gshm__copy_have_kernels(void);
+
+/* The shape gshm_copy's SM method uses for `bytes` on a GPU with sm_count
+ * multiprocessors; `pull` is 1 when the launching GPU is the destination's
+ * and the source is another GPU's. */
+struct gshm__copy_shape gshm__copy_pick_shape(size_t bytes, int sm_count, int pull);
+
+/* GSHM_COPY_ENGINE or GSHM_COPY_SM: what GSHM_COPY_AUTO picks for a
+ * device-to-device copy of `bytes` within one GPU (peer 0), between two
+ * GPUs launched on the source's (peer 1, a push) or on the destination's
+ * (peer 2, a pull). */
+int gshm__copy_auto_method(size_t bytes, int peer);
+
+/* Launches copy kernel `kernel` (U1/U4/U8) with an explicit shape, in the
+ * current context, on `stream`, with programmatic dependent launch when
+ * `pdl` is 1 (gshm_copy always uses it).  No peer-access set-up: the caller has
+ * made both addresses reachable.  For gshm-bench's sweeps.
+ * Errors: -ENOTSUP no kernels; -EINVAL bad kernel or shape; driver errors. */
+int gshm__copy_launch(void *dst, const void *src, size_t bytes, enum gshm__kernel kernel,
+                      unsigned blocks, unsigned threads, int pdl, CUstream stream);
+
+/* Fills `bytes` (a multiple of 4, 4-byte aligned) at p with a non-zero hash
+ * of (seed, word index), on `stream`, in the current context. */
+int gshm__copy_fill(void *p, size_t bytes, uint32_t seed, CUstream stream);
+
+/* Counts the bytes that differ between a and b, in the current context, on
+ * `stream`, and waits for the answer (synchronizes `stream`). */
+int gshm__copy_compare(const void *a, const void *b, size_t bytes, CUstream stream,
+                       uint64_t *bad_out);
+
+/* Enables peer access from the current context to GPU `ordinal`'s primary
+ * context, once per (context, GPU); 0 also when it was already enabled or
+ * ordinal is the current context's own GPU.  -EOPNOTSUPP no P2P path. */
+int gshm__copy_enable_peer(int ordinal);
+
+#endif

@@ -1,0 +1,89 @@
+/* Packet framing and file-descriptor passing for the gshm protocol.
+ *
+ * A packet is one SOCK_SEQPACKET message: a 16-byte header followed by a
+ * protobuf-c message (gshm.proto).  Both ends run on one host, so header
+ * fields are in host byte order.  Written once here, linked by gshmd,
+ * libgshm and the tests (STYLE.md: no copies in daemon/ and client/). */
+#ifndef GSHM_PROTO_WIRE_H
+#define GSHM_PROTO_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "gshm.pb-c.h"
+
+#define GSHM_WIRE_MAGIC 0x4d485347u /* "GSHM" in little-endian memory order */
+#define GSHM_PROTO_MAJOR 1
+#define GSHM_PROTO_MINOR 0
+#define GSHM_WIRE_HEADER_SIZE 16
+#define GSHM_WIRE_MAX_PACKET 65536u /* header included; larger packets are refused */
+#define GSHM_WIRE_MAX_FDS 253       /* SCM_MAX_FD: the most one recvmsg can carry */
+
+/* Header type: a request's operation; replies set GSHM_WIRE_REPLY. */
+enum gshm_wire_type {
+  GSHM_WIRE_HELLO = 1,         /* Hello -> Reply{welcome} */
+  GSHM_WIRE_CREATE = 2,        /* CreateRequest -> Reply{grant} + fd */
+  GSHM_WIRE_OPEN = 3,          /* OpenRequest -> Reply{grant} + fd */
+  GSHM_WIRE_CLOSE = 4,         /* CloseRequest -> Reply{} */
+  GSHM_WIRE_UNLINK = 5,        /* UnlinkRequest -> Reply{} */
+  GSHM_WIRE_STAT = 6,          /* StatRequest -> Reply{segment} */
+  GSHM_WIRE_LIST_SEGMENTS = 7, /* ListRequest -> Reply{segments} */
+  GSHM_WIRE_LIST_LEASES = 8,   /* ListRequest -> Reply{leases} */
+  GSHM_WIRE_LIST_CLIENTS = 9,  /* ListRequest -> Reply{clients} */
+  GSHM_WIRE_STATUS = 10,       /* Empty -> Reply{status_info} */
+  GSHM_WIRE_DEVICES = 11,      /* Empty -> Reply{devices} */
+  GSHM_WIRE_MAP_REPORT = 12,   /* MapReport -> Reply{} */
+  GSHM_WIRE_METRICS = 13,      /* Empty -> Reply{text} */
+  GSHM_WIRE_TYPE_MAX = 13,
+  GSHM_WIRE_EVENT = 0x4000,    /* Event, daemon -> client, unasked */
+  GSHM_WIRE_REPLY = 0x8000,
+};
+
+struct gshm_wire_header {
+  uint32_t magic;
+  uint8_t major;
+  uint8_t minor;
+  uint16_t type;
+  uint32_t request_id;
+  uint32_t length; /* payload bytes after the header; must match the packet */
+};
+
+_Static_assert(sizeof(struct gshm_wire_header) == GSHM_WIRE_HEADER_SIZE, "header size");
+
+/* Serialises header + msg into buf (cap bytes).  *len_out is the packet
+ * size.  Returns 0, or -EMSGSIZE when it would exceed cap or
+ * GSHM_WIRE_MAX_PACKET. */
+int gshm__wire_pack(uint16_t type, uint32_t request_id, const ProtobufCMessage *msg, void *buf,
+                    size_t cap, size_t *len_out);
+
+/* Sends one packet with an optional fd (fd < 0: none) as SCM_RIGHTS, with
+ * MSG_NOSIGNAL.  The fd stays the caller's.  Returns 0 or a negative errno
+ * from sendmsg (-EAGAIN on a full non-blocking socket, -EPIPE, ...). */
+int gshm__wire_sendmsg(int sock, const void *pkt, size_t len, int fd);
+
+/* Packs and sends (gshm__wire_pack + gshm__wire_sendmsg). */
+int gshm__wire_send(int sock, uint16_t type, uint32_t request_id, const ProtobufCMessage *msg,
+                    int fd);
+
+/* Receives one packet into buf (cap should be GSHM_WIRE_MAX_PACKET + 1 so
+ * that oversize packets are seen) with MSG_CMSG_CLOEXEC.  Every SCM_RIGHTS
+ * fd of every cmsg is collected: up to max_fds go to fds[] (caller owns
+ * them, *nfds_out says how many); the rest are closed here.
+ * Returns the packet length (> 0), 0 on end of stream, or a negative errno:
+ * -EMSGSIZE the packet was larger than cap (MSG_TRUNC) or its fds did not
+ * fit (MSG_CTRUNC; the kernel dropped those); -EAGAIN nothing to read.
+ * On -EMSGSIZE the fds that did arrive are still returned in fds[]. */
+ssize_t gshm__wire_recv(int sock, void *buf, size_t cap, int *fds, int max_fds, int *nfds_out);
+
+/* Validates a received packet's header: length >= header, magic, and
+ * length field == len - header.  Major version is checked by the caller
+ * (the hello exchange needs to answer a mismatch with both versions).
+ * Returns 0, -EBADMSG (bad magic or length) or -EPROTO (too short). */
+int gshm__wire_parse_header(const void *pkt, size_t len, struct gshm_wire_header *hdr_out);
+
+/* Wire status <-> negative errno (STATUS_OK <-> 0). */
+int gshm__status_to_errno(int status);
+int gshm__errno_to_status(int err);
+
+#endif

@@ -1,0 +1,108 @@
+"""Just enough of the CUDA driver API, loaded with ctypes on first use, to
+translate between this process's device ordinals and GPU UUIDs (gshm
+locations name GPUs by UUID: "cuda:GPU-<uuid>")."""
+
+import ctypes
+import threading
+
+__all__ = ["available", "device_count", "device_uuid", "ordinal_of_uuid", "current_device"]
+
+_lock = threading.Lock()
+_cuda = None
+_uuids = None
+
+
+class _CUuuid(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_ubyte * 16)]
+
+
+def _load():
+    global _cuda
+    if _cuda is not None:
+        return _cuda or None
+    with _lock:
+        if _cuda is None:
+            try:
+                c = ctypes.CDLL("libcuda.so.1")
+                if c.cuInit(0) != 0:
+                    raise OSError("cuInit failed")
+                _cuda = c
+            except (OSError, AttributeError):
+                _cuda = False
+    return _cuda or None
+
+
+def available():
+    """True when a CUDA driver with at least one device is usable here."""
+    return device_count() > 0
+
+
+def device_count():
+    c = _load()
+    if c is None:
+        return 0
+    n = ctypes.c_int(0)
+    if c.cuDeviceGetCount(ctypes.byref(n)) != 0:
+        return 0
+    return n.value
+
+
+def _format_uuid(b):
+    h = bytes(b).hex()
+    return "GPU-%s-%s-%s-%s-%s" % (h[0:8], h[8:12], h[12:16], h[16:20], h[20:32])
+
+
+def _all_uuids():
+    global _uuids
+    if _uuids is not None:
+        return _uuids
+    c = _load()
+    out = []
+    if c is not None:
+        get_uuid = getattr(c, "cuDeviceGetUuid_v2", None) or getattr(c, "cuDeviceGetUuid", None)
+        for i in range(device_count()):
+            dev = ctypes.c_int(0)
+            u = _CUuuid()
+            if c.cuDeviceGet(ctypes.byref(dev), i) != 0 or get_uuid is None \
+                    or get_uuid(ctypes.byref(u), dev) != 0:
+                out.append(None)
+            else:
+                out.append(_format_uuid(u.bytes))
+    _uuids = out
+    return out
+
+
+def device_uuid(ordinal):
+    """"GPU-<uuid>" of this process's device `ordinal` (as CUDA_VISIBLE_DEVICES
+    numbers them); ValueError if there is no such device."""
+    uuids = _all_uuids()
+    if not 0 <= ordinal < len(uuids) or uuids[ordinal] is None:
+        raise ValueError("gshm: no CUDA device %d in this process (%d visible)"
+                         % (ordinal, len(uuids)))
+    return uuids[ordinal]
+
+
+def ordinal_of_uuid(uuid):
+    """This process's ordinal for "GPU-<uuid>" (with or without the "GPU-"
+    prefix, any case), or None when that GPU is not visible here."""
+    want = uuid.lower()
+    if not want.startswith("gpu-"):
+        want = "gpu-" + want
+    for i, u in enumerate(_all_uuids()):
+        if u is not None and u.lower() == want:
+            return i
+    return None
+
+
+def current_device():
+    """The calling thread's current CUDA device per the driver (0 if none)."""
+    c = _load()
+    if c is None:
+        return 0
+    ctx = ctypes.c_void_p()
+    if c.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or not ctx.value:
+        return 0
+    dev = ctypes.c_int(0)
+    if c.cuCtxGetDevice(ctypes.byref(dev)) != 0:
+        return 0
+    return dev.value

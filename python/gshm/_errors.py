@@ -1,0 +1,114 @@
+"""gshm exceptions: OSError subclasses carrying the errno and gshm's message."""
+
+import errno as _errno
+
+__all__ = [
+    "Error", "NotFound", "Exists", "PermissionDenied", "InvalidArgument",
+    "Unreachable", "NoDevice", "NotSupported", "OutOfMemory", "LimitExceeded",
+    "Revoked", "ProtocolError", "error_for",
+]
+
+
+class Error(OSError):
+    """Base of every gshm error.
+
+    ``errno`` is the positive errno, ``strerror`` gshm's description of it
+    followed by the daemon's explanation when it gave one, ``gshm_message``
+    the daemon's explanation alone ("" if none), ``function`` the C function
+    that failed and ``filename`` the segment name or socket path involved
+    (or None)."""
+
+    gshm_message = ""
+    function = None
+
+
+class NotFound(Error, FileNotFoundError):
+    """ENOENT: no such segment."""
+
+
+class Exists(Error, FileExistsError):
+    """EEXIST: the name is in use."""
+
+
+class PermissionDenied(Error, PermissionError):
+    """EACCES / EPERM: the segment's owner and mode bits refuse this."""
+
+
+class InvalidArgument(Error, ValueError):
+    """EINVAL / ENAMETOOLONG: a bad name, size, location, mode or access."""
+
+
+class Unreachable(Error, ConnectionError):
+    """No daemon at the socket, or it went away (ECONNREFUSED, ECONNRESET, EPIPE)."""
+
+
+class NoDevice(Error):
+    """ENODEV: no such GPU, or it is not visible to this process."""
+
+
+class NotSupported(Error):
+    """ENOTSUP / EOPNOTSUPP: backend or feature not available on this daemon or machine."""
+
+
+class OutOfMemory(Error, MemoryError):
+    """ENOMEM: the backend or the library could not allocate."""
+
+
+class LimitExceeded(Error):
+    """EDQUOT / EFBIG / EMFILE: a quota or limit would be crossed."""
+
+
+class Revoked(Error):
+    """ESTALE: the segment was revoked by an administrator."""
+
+
+class ProtocolError(Error):
+    """EPROTO / EPROTONOSUPPORT: the daemon speaks another protocol."""
+
+
+_BY_ERRNO = {
+    _errno.ENOENT: NotFound,
+    _errno.EEXIST: Exists,
+    _errno.EACCES: PermissionDenied,
+    _errno.EPERM: PermissionDenied,
+    _errno.EINVAL: InvalidArgument,
+    _errno.ENAMETOOLONG: InvalidArgument,
+    _errno.ECONNREFUSED: Unreachable,
+    _errno.ECONNRESET: Unreachable,
+    _errno.EPIPE: Unreachable,
+    _errno.ENODEV: NoDevice,
+    _errno.ENOTSUP: NotSupported,
+    _errno.EOPNOTSUPP: NotSupported,
+    _errno.ENOMEM: OutOfMemory,
+    _errno.EDQUOT: LimitExceeded,
+    _errno.EFBIG: LimitExceeded,
+    _errno.EMFILE: LimitExceeded,
+    _errno.ESTALE: Revoked,
+    _errno.EPROTO: ProtocolError,
+    _errno.EPROTONOSUPPORT: ProtocolError,
+}
+
+
+def error_for(err, function=None, filename=None, message="", description=None, cls=None):
+    """The exception for a gshm return value ``err`` (negative or positive errno)."""
+    code = -err if err < 0 else err
+    if cls is None:
+        cls = _BY_ERRNO.get(code, Error)
+    if description is None:
+        try:
+            import os
+            description = os.strerror(code)
+        except ValueError:
+            description = "error %d" % code
+    text = description
+    if message and message != description:
+        text = "%s: %s" % (description, message)
+    if function:
+        text = "%s: %s" % (function, text)
+    if filename is not None:
+        exc = cls(code, text, filename)
+    else:
+        exc = cls(code, text)
+    exc.gshm_message = message or ""
+    exc.function = function
+    return exc

@@ -1,0 +1,279 @@
+"""Loading libgshm.so with ctypes, and ctypes mirrors of the structs of gshm.h.
+
+The structures below must match client/include/gshm.h field for field; the
+test suite compiles a small C program against the header and compares every
+size and offset (tests/test_host.py::test_struct_layout_matches_header).
+"""
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import threading
+
+__all__ = [
+    "GSHM_NAME_MAX",
+    "GSHM_LOCATION_MAX",
+    "GSHM_ACCESS_READ",
+    "GSHM_ACCESS_READ_WRITE",
+    "GSHM_CREATE_LEGACY_IPC",
+    "SegmentInfoC",
+    "LeaseInfoC",
+    "ClientInfoC",
+    "StatusInfoC",
+    "PeerInfoC",
+    "DeviceInfoC",
+    "STRUCTS",
+    "lib",
+    "library_path",
+    "optional_symbol",
+]
+
+GSHM_NAME_MAX = 255
+GSHM_LOCATION_MAX = 64
+GSHM_ACCESS_READ = 1
+GSHM_ACCESS_READ_WRITE = 2
+GSHM_CREATE_LEGACY_IPC = 0x1
+
+_c_access = ctypes.c_int  # gshm_access_t: a C enum, int-sized
+
+
+class SegmentInfoC(ctypes.Structure):
+    """gshm_segment_info_t"""
+
+    _fields_ = [
+        ("id", ctypes.c_uint64),
+        ("generation", ctypes.c_uint64),
+        ("name", ctypes.c_char * (GSHM_NAME_MAX + 1)),
+        ("size", ctypes.c_uint64),
+        ("requested_size", ctypes.c_uint64),
+        ("granularity", ctypes.c_uint64),
+        ("location", ctypes.c_char * GSHM_LOCATION_MAX),
+        ("device_index", ctypes.c_int),
+        ("uid", ctypes.c_uint32),
+        ("gid", ctypes.c_uint32),
+        ("mode", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("unlinked", ctypes.c_int),
+        ("leases", ctypes.c_uint32),
+        ("created_ns", ctypes.c_int64),
+    ]
+
+
+class LeaseInfoC(ctypes.Structure):
+    """gshm_lease_info_t"""
+
+    _fields_ = [
+        ("lease_id", ctypes.c_uint64),
+        ("segment_id", ctypes.c_uint64),
+        ("segment_name", ctypes.c_char * (GSHM_NAME_MAX + 1)),
+        ("location", ctypes.c_char * GSHM_LOCATION_MAX),
+        ("session_id", ctypes.c_uint64),
+        ("pid", ctypes.c_int32),
+        ("uid", ctypes.c_uint32),
+        ("client_name", ctypes.c_char * 64),
+        ("access", _c_access),
+        ("since_ns", ctypes.c_int64),
+        ("mapped", ctypes.c_int),
+        ("mapped_devices", ctypes.c_char * 256),
+    ]
+
+
+class ClientInfoC(ctypes.Structure):
+    """gshm_client_info_t"""
+
+    _fields_ = [
+        ("session_id", ctypes.c_uint64),
+        ("pid", ctypes.c_int32),
+        ("uid", ctypes.c_uint32),
+        ("gid", ctypes.c_uint32),
+        ("name", ctypes.c_char * 64),
+        ("since_ns", ctypes.c_int64),
+        ("leases", ctypes.c_uint32),
+    ]
+
+
+class StatusInfoC(ctypes.Structure):
+    """gshm_status_info_t"""
+
+    _fields_ = [
+        ("version", ctypes.c_char * 32),
+        ("pid", ctypes.c_int32),
+        ("started_ns", ctypes.c_int64),
+        ("clients", ctypes.c_uint32),
+        ("segments", ctypes.c_uint32),
+        ("leases", ctypes.c_uint32),
+        ("devices", ctypes.c_uint32),
+        ("bytes", ctypes.c_uint64),
+        ("backends", ctypes.c_char * 64),
+    ]
+
+
+GSHM_MAX_PEERS = 16
+
+
+class PeerInfoC(ctypes.Structure):
+    """gshm_peer_info_t"""
+
+    _fields_ = [
+        ("index", ctypes.c_int),
+        ("access", ctypes.c_int),
+        ("native_atomics", ctypes.c_int),
+        ("performance_rank", ctypes.c_int),
+        ("nvlinks", ctypes.c_int),
+    ]
+
+
+class DeviceInfoC(ctypes.Structure):
+    """gshm_device_info_t"""
+
+    _fields_ = [
+        ("index", ctypes.c_int),
+        ("uuid", ctypes.c_char * 48),
+        ("pci_bus_id", ctypes.c_char * 32),
+        ("name", ctypes.c_char * 96),
+        ("total_memory", ctypes.c_uint64),
+        ("free_memory", ctypes.c_uint64),
+        ("granularity", ctypes.c_uint64),
+        ("cc_major", ctypes.c_int),
+        ("cc_minor", ctypes.c_int),
+        ("npeers", ctypes.c_int),
+        ("peers", PeerInfoC * GSHM_MAX_PEERS),
+    ]
+
+
+# C type name -> ctypes mirror (used by the layout test).
+STRUCTS = {
+    "gshm_segment_info_t": SegmentInfoC,
+    "gshm_lease_info_t": LeaseInfoC,
+    "gshm_client_info_t": ClientInfoC,
+    "gshm_status_info_t": StatusInfoC,
+    "gshm_peer_info_t": PeerInfoC,
+    "gshm_device_info_t": DeviceInfoC,
+}
+
+_vp = ctypes.c_void_p
+_int = ctypes.c_int
+_size_p = ctypes.POINTER(ctypes.c_size_t)
+
+# name: (restype, argtypes).  Every function of gshm.h v1.
+_PROTOTYPES = {
+    "gshm_connect": (_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_vp)]),
+    "gshm_disconnect": (None, [_vp]),
+    "gshm_create": (_int, [_vp, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p,
+                           ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(_vp)]),
+    "gshm_open": (_int, [_vp, ctypes.c_char_p, _c_access, ctypes.POINTER(_vp)]),
+    "gshm_close": (_int, [_vp]),
+    "gshm_unlink": (_int, [_vp, ctypes.c_char_p]),
+    "gshm_stat": (_int, [_vp, ctypes.POINTER(SegmentInfoC)]),
+    "gshm_stat_name": (_int, [_vp, ctypes.c_char_p, ctypes.POINTER(SegmentInfoC)]),
+    "gshm_segment_info": (ctypes.POINTER(SegmentInfoC), [_vp]),
+    "gshm_segment_fd": (_int, [_vp]),
+    "gshm_segment_access": (_c_access, [_vp]),
+    "gshm_list": (_int, [_vp, ctypes.POINTER(ctypes.POINTER(SegmentInfoC)), _size_p]),
+    "gshm_list_leases": (_int, [_vp, ctypes.POINTER(ctypes.POINTER(LeaseInfoC)), _size_p]),
+    "gshm_list_clients": (_int, [_vp, ctypes.POINTER(ctypes.POINTER(ClientInfoC)), _size_p]),
+    "gshm_status": (_int, [_vp, ctypes.POINTER(StatusInfoC)]),
+    "gshm_free": (None, [_vp]),
+    "gshm_map": (_int, [_vp, ctypes.POINTER(ctypes.c_int), ctypes.c_size_t, ctypes.POINTER(_vp)]),
+    "gshm_unmap": (_int, [_vp]),
+    "gshm_last_error": (ctypes.c_char_p, [_vp]),
+    "gshm_strerror": (ctypes.c_char_p, [_int]),
+}
+
+# Symbols added after v1's first cut (devices, metrics, read/write, legacy
+# IPC, copy kernels of issue 8): looked up lazily, so that an older
+# libgshm still loads and only the missing feature raises NotImplementedError.
+_u64 = ctypes.c_uint64
+_OPTIONAL_PROTOTYPES = {
+    "gshm_list_devices": (_int, [_vp, ctypes.POINTER(ctypes.POINTER(DeviceInfoC)), _size_p]),
+    "gshm_metrics": (_int, [_vp, ctypes.POINTER(_vp)]),
+    "gshm_read": (_int, [_vp, _u64, _vp, ctypes.c_size_t]),
+    "gshm_write": (_int, [_vp, _u64, _vp, ctypes.c_size_t]),
+    "gshm_open_legacy_ipc": (_int, [_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint8 * 64),
+                                    ctypes.POINTER(_vp)]),
+    "gshm_copy": (_int, [_vp, _vp, ctypes.c_size_t, _int, _vp]),
+    "gshm_signal": (_int, [_vp, _u64, _vp]),
+    "gshm_copy_signal": (_int, [_vp, _vp, ctypes.c_size_t, _int, _vp, _u64, _vp]),
+    "gshm_wait": (_int, [_vp, _u64, _vp]),
+}
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def _package_dir():
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def _candidates():
+    env = os.environ.get("GSHM_LIBRARY")
+    if env:
+        # An explicit choice: use it or fail, never fall back silently.
+        return [env], True
+    here = _package_dir()
+    out = []
+    for d in (here, os.path.join(here, os.pardir, os.pardir, "build", "client")):
+        d = os.path.normpath(d)
+        for pattern in ("libgshm.so", "libgshm.so.*"):
+            out.extend(sorted(glob.glob(os.path.join(d, pattern))))
+    found = ctypes.util.find_library("gshm")
+    if found:
+        out.append(found)
+    out.append("libgshm.so.0")
+    out.append("libgshm.so")
+    return out, False
+
+
+def lib():
+    """The loaded libgshm (a ctypes.CDLL), loading it on first use."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        paths, explicit = _candidates()
+        errors = []
+        for p in paths:
+            try:
+                handle = ctypes.CDLL(p, use_errno=True)
+            except OSError as e:
+                errors.append("%s: %s" % (p, e))
+                continue
+            try:
+                for name, (restype, argtypes) in _PROTOTYPES.items():
+                    fn = getattr(handle, name)
+                    fn.restype = restype
+                    fn.argtypes = argtypes
+            except AttributeError as e:
+                errors.append("%s: not libgshm v1 (%s)" % (p, e))
+                continue
+            _lib, _lib_path = handle, p
+            return _lib
+        hint = ("$GSHM_LIBRARY=%s" % paths[0]) if explicit else (
+            "set $GSHM_LIBRARY to the full path of libgshm.so")
+        raise ImportError("gshm: cannot load libgshm (%s); tried: %s"
+                          % (hint, "; ".join(errors)))
+
+
+def library_path():
+    """Path (as given to dlopen) of the loaded libgshm."""
+    lib()
+    return _lib_path
+
+
+def optional_symbol(name):
+    """A function of libgshm that may be missing from this build; None if absent."""
+    handle = lib()
+    if name in _PROTOTYPES:
+        return getattr(handle, name)
+    try:
+        fn = getattr(handle, name)
+    except AttributeError:
+        return None
+    proto = _OPTIONAL_PROTOTYPES.get(name)
+    if proto is not None:
+        fn.restype, fn.argtypes = proto[0], proto[1]
+    return fn

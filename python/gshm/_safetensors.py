@@ -1,0 +1,172 @@
+"""The safetensors layout of a shared state dict, and its NumPy flavour.
+
+A segment holding a state dict is, from byte 0, a safetensors file:
+
+    8 bytes      N, little-endian u64
+    N bytes      JSON header: {"__metadata__": {...}, name: {"dtype": "F32",
+                 "shape": [...], "data_offsets": [begin, end]}, ...}, padded
+                 with spaces so that the data starts at a multiple of ALIGN
+    data         every tensor, contiguous and packed (safetensors forbids
+                 holes), ordered by decreasing item size so that each starts
+                 at a multiple of its own item size
+
+so `gshmctl read NAME -o model.safetensors` (which writes the segment's
+requested size) gives a file that safetensors loads.  Offsets in the header
+are relative to the start of the data, as the format says.
+"""
+
+import json
+import struct
+
+from ._dtypes import DTYPES, dtype as _to_dtype
+
+__all__ = ["ALIGN", "Layout", "plan", "parse", "share_arrays", "load_arrays"]
+
+ALIGN = 256  # where the data starts; a GPU-friendly multiple of 8
+FORMAT_VERSION = "1"
+
+_BY_ST = {d.safetensors: d for d in DTYPES.values() if d.safetensors}
+
+
+class Layout(object):
+    """Where everything goes.  header: the bytes of the 8-byte length and the
+    padded JSON; data_start: len(header); entries: [(name, DType, shape,
+    begin, end)] with absolute offsets in the segment; size: total bytes."""
+
+    def __init__(self, header, entries, size):
+        self.header = header
+        self.data_start = len(header)
+        self.entries = entries
+        self.size = size
+
+
+def plan(tensors, metadata=None, align=ALIGN):
+    """Layout for tensors: an iterable of (name, dtype spec, shape)."""
+    items = []
+    for i, (name, spec, shape) in enumerate(tensors):
+        if not isinstance(name, str):
+            raise TypeError("gshm: tensor names must be str, not %r" % (name,))
+        if name == "__metadata__":
+            raise ValueError("gshm: '__metadata__' is not a valid tensor name")
+        dt = _to_dtype(spec)
+        if dt.safetensors is None:
+            raise TypeError("gshm: safetensors has no %s (tensor %r)" % (dt.name, name))
+        shape = [int(d) for d in shape]
+        n = 1
+        for d in shape:
+            n *= d
+        items.append((i, name, dt, shape, n * dt.itemsize))
+    if len({it[1] for it in items}) != len(items):
+        raise ValueError("gshm: duplicate tensor names")
+    # Largest items first, each group in the caller's order: every tensor then
+    # begins at a multiple of its item size, with no gaps between tensors.
+    placed = {}
+    off = 0
+    for i, name, dt, shape, nbytes in sorted(items, key=lambda it: (-it[2].itemsize, it[0])):
+        placed[name] = (off, off + nbytes)
+        off += nbytes
+    meta = {"format": "pt", "gshm.layout": FORMAT_VERSION}
+    if metadata:
+        for k, v in metadata.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise TypeError("gshm: safetensors metadata must map str to str")
+            meta[k] = v
+    doc = {"__metadata__": meta}
+    for i, name, dt, shape, nbytes in items:
+        doc[name] = {"dtype": dt.safetensors, "shape": shape, "data_offsets": list(placed[name])}
+    js = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    total = 8 + len(js)
+    pad = (-total) % align
+    js += b" " * pad
+    header = struct.pack("<Q", len(js)) + js
+    start = len(header)
+    entries = [(name, dt, tuple(shape), start + placed[name][0], start + placed[name][1])
+               for i, name, dt, shape, nbytes in items]
+    return Layout(header, entries, start + off)
+
+
+def parse(read, size):
+    """Reads a layout back.  read(offset, n) returns n bytes of the segment;
+    size is the segment's size.  Returns (metadata, entries) like plan's.
+    Raises ValueError when the bytes are not a safetensors layout that fits."""
+    if size < 8:
+        raise ValueError("gshm: segment too small for a safetensors header")
+    (n,) = struct.unpack("<Q", bytes(read(0, 8)))
+    if n > size - 8 or n > 100 << 20:
+        raise ValueError("gshm: safetensors header length %d does not fit the segment" % n)
+    try:
+        doc = json.loads(bytes(read(8, n)).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError("gshm: bad safetensors header: %s" % e) from None
+    if not isinstance(doc, dict):
+        raise ValueError("gshm: bad safetensors header: not a JSON object")
+    start = 8 + n
+    meta = doc.pop("__metadata__", None) or {}
+    entries = []
+    for name, t in doc.items():
+        try:
+            dt = _BY_ST[t["dtype"]]
+            shape = tuple(int(d) for d in t["shape"])
+            b, e = (int(x) for x in t["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("gshm: bad safetensors entry %r: %r" % (name, t)) from None
+        count = 1
+        for d in shape:
+            if d < 0:
+                raise ValueError("gshm: bad shape for %r" % name)
+            count *= d
+        if e < b or e - b != count * dt.itemsize or start + e > size:
+            raise ValueError("gshm: tensor %r: offsets %r do not match its shape or the segment"
+                             % (name, (b, e)))
+        entries.append((name, dt, shape, start + b, start + e))
+    return meta, entries
+
+
+def share_arrays(client, name, arrays, location="host", mode=0o600, metadata=None):
+    """Creates segment `name` holding NumPy arrays (a dict) in the safetensors
+    layout; returns the open Segment (close it when done: the arrays stay
+    until the name is unlinked).  Host segments only."""
+    import numpy
+    # (numpy.ascontiguousarray would turn 0-d arrays into 1-d ones)
+    arrays = {k: numpy.asarray(v) for k, v in arrays.items()}
+    arrays = {k: v if v.flags.c_contiguous else v.copy(order="C") for k, v in arrays.items()}
+    layout = plan(((k, v.dtype, v.shape) for k, v in arrays.items()), metadata)
+    seg = client.create(name, layout.size, location=location, mode=mode)
+    try:
+        if not seg.is_host:
+            raise ValueError("gshm: share_arrays needs a host segment (use gshm.torch for GPUs)")
+        buf = memoryview(seg)
+        buf[:layout.data_start] = layout.header
+        for k, dt, shape, b, e in layout.entries:
+            buf[b:e] = arrays[k].reshape(-1).view(numpy.uint8).data if e > b else b""
+        del buf
+    except BaseException:
+        seg.close()
+        try:
+            client.unlink(name)
+        except Exception:
+            pass
+        raise
+    return seg
+
+
+def load_arrays(client, name, access="r"):
+    """Opens segment `name` (written by share_arrays or gshm.torch) and
+    returns {name: numpy array} views on it, no copy.  The lease lasts as
+    long as the arrays do."""
+    import numpy
+    seg = client.open(name, access)
+    try:
+        if not seg.is_host:
+            raise ValueError("gshm: load_arrays needs a host segment (use gshm.torch for GPUs)")
+        meta, entries = parse(lambda off, n: seg[off:off + n], seg.size)
+        out = {}
+        for k, dt, shape, b, e in entries:
+            if dt.typestr is None:
+                out[k] = seg.view("uint8", (e - b,), b)  # NumPy lacks this type: raw bytes
+            else:
+                out[k] = seg.view(dt, shape, b)
+        return out
+    except BaseException:
+        seg.close()
+        raise

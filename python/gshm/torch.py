@@ -1,0 +1,213 @@
+"""Sharing PyTorch state dicts through one gshm segment, zero copy.
+
+    # loader
+    with gshm.Client() as c:
+        seg = gshm.torch.share_state_dict(c, "llama/weights", model.state_dict())
+        seg.close()            # the weights stay with gshmd until unlinked
+
+    # any number of workers, on any GPU of the node
+    c = gshm.Client()
+    sd = gshm.torch.load_state_dict(c, "llama/weights", device="cuda:1")
+    model.load_state_dict(sd, assign=True)   # parameters ARE the shared memory
+
+The segment is a safetensors file from byte 0 (see gshm._safetensors), so
+`gshmctl read llama/weights -o w.safetensors` gives a loadable file.
+"""
+
+import warnings
+
+import torch as _torch
+
+from . import _cuda
+from ._core import Client, Segment  # noqa: F401  (documentation)
+from ._dtypes import dtype as _to_dtype
+from ._safetensors import plan as _plan, parse as _parse
+
+__all__ = ["share_state_dict", "load_state_dict", "tensor_view", "StateDict"]
+
+
+class StateDict(dict):
+    """What load_state_dict returns: a dict of tensors, plus where they live.
+
+    info     the segment's SegmentInfo
+    address  the segment's mapped address in this process (device address for
+             GPU segments); every tensor's data_ptr() lies in
+             [address, address + info.size)
+    metadata the safetensors __metadata__"""
+
+    info = None
+    address = None
+    metadata = None
+
+
+def _torch_dtype(dt):
+    t = getattr(_torch, dt.name, None)
+    if not isinstance(t, _torch.dtype):
+        raise TypeError("gshm: this torch has no %s" % dt.name)
+    return t
+
+
+def _as_bytes(t):
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(_torch.uint8)
+
+
+def _default_location(tensors):
+    for t in tensors:
+        if t.device.type == "cuda":
+            idx = t.device.index if t.device.index is not None else _torch.cuda.current_device()
+            return "cuda:" + _cuda.device_uuid(idx)
+        return "host"
+    return "host"
+
+
+def _cuda_ordinal(device):
+    if device is None:
+        return None
+    device = _torch.device(device)
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else _torch.cuda.current_device()
+
+
+def tensor_view(seg, dtype, shape, offset=0, device=None):
+    """A torch tensor of dtype and shape on segment seg's memory from byte
+    offset, no copy.  Device segments go through DLPack (the tensor keeps the
+    segment mapped); host segments through the buffer protocol."""
+    dt = _to_dtype(dtype)
+    tdt = _torch_dtype(dt)
+    shape = tuple(int(d) for d in shape)
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * dt.itemsize
+    if seg.is_host:
+        # validate bounds the same way for both kinds
+        seg.view("uint8", (nbytes,), offset)
+        if nbytes == 0:
+            return _torch.empty(shape, dtype=tdt)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*not writable.*")
+            raw = _torch.frombuffer(seg, dtype=_torch.uint8, count=nbytes, offset=offset)
+    else:
+        raw = _torch.from_dlpack(seg.view("uint8", (nbytes,), offset, device=device))
+    return raw.view(tdt).reshape(shape)
+
+
+def share_state_dict(client, name, state_dict, location=None, mode=0o600, metadata=None):
+    """Creates segment `name` holding every tensor of state_dict, laid out as a
+    safetensors file, and returns the open Segment (close it when done; the
+    weights stay with gshmd until `client.unlink(name)`).
+
+    location  "host", "cuda:N" (the daemon's index) or "cuda:GPU-<uuid>";
+              None: the GPU of the first tensor (by UUID), or "host" when it
+              is on the CPU.
+    metadata  extra safetensors __metadata__ (str -> str).
+    The copies are finished (the device synchronised) before this returns."""
+    items = []
+    for k, t in state_dict.items():
+        if not isinstance(t, _torch.Tensor):
+            raise TypeError("gshm: state_dict[%r] is a %s, not a tensor" % (k, type(t).__name__))
+        items.append((k, t))
+    if location is None:
+        location = _default_location(t for _, t in items)
+    layout = _plan(((k, t.dtype, tuple(t.shape)) for k, t in items), metadata)
+    seg = client.create(name, layout.size, location=location, mode=mode)
+    try:
+        src = dict(items)
+        header = _torch.frombuffer(bytearray(layout.header), dtype=_torch.uint8)
+        if seg.is_host:
+            dst = _torch.frombuffer(seg, dtype=_torch.uint8, count=layout.size)
+            sync = None
+        else:
+            dev = seg.device
+            seg.map(devices=[dev] if _segment_gpu_visible(seg) else None)
+            dst = _torch.from_dlpack(seg.view("uint8", (layout.size,), 0, device=dev))
+            sync = dst.device
+        dst[:layout.data_start].copy_(header)
+        for k, dt, shape, b, e in layout.entries:
+            if e > b:
+                dst[b:e].copy_(_as_bytes(src[k]))
+        if sync is not None:
+            _torch.cuda.synchronize(sync)
+        del dst
+    except BaseException:
+        seg.close()
+        try:
+            client.unlink(name)
+        except Exception:
+            pass
+        raise
+    return seg
+
+
+def _host_base(seg):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        return _torch.frombuffer(seg, dtype=_torch.uint8, count=1).data_ptr()
+
+
+def _segment_gpu_visible(seg):
+    uuid = seg.info.gpu_uuid
+    return uuid is not None and _cuda.ordinal_of_uuid(uuid) is not None
+
+
+def _read_header_bytes(seg, dev):
+    def read(off, n):
+        if n == 0:
+            return b""
+        t = _torch.from_dlpack(seg.view("uint8", (n,), off, device=dev)).cpu()
+        try:
+            return t.numpy().tobytes()
+        except RuntimeError:  # torch built without NumPy
+            return bytes(t.tolist())
+    return read
+
+
+def load_state_dict(client, name, device=None, access="r"):
+    """Opens segment `name` (written by share_state_dict, or any safetensors
+    layout) and returns {name: tensor}, every tensor a view on the mapped
+    segment: no copy.
+
+    device  None: a device segment's own GPU when visible here (else the
+            current device); a host segment gives CPU tensors.  "cuda:K":
+            map the segment on device K (peer access over NVLink/PCIe when
+            the memory lives on another GPU) and put the tensors there.
+            Asking a host segment for CUDA tensors, or a device segment for
+            CPU tensors, copies.
+    access  "r" (default): a read-only mapping; writing through the tensors
+            is then a CUDA fault.  "rw" for writable tensors.
+
+    The lease lasts for as long as any of the returned tensors does."""
+    seg = client.open(name, access)
+    try:
+        if seg.is_host:
+            meta, entries = _parse(lambda off, n: seg[off:off + n], seg.size)
+            out = StateDict((k, tensor_view(seg, dt, shape, b)) for k, dt, shape, b, e in entries)
+            out.info, out.metadata = seg.info, meta
+            out.address = _host_base(seg)
+            if device is not None and _torch.device(device).type != "cpu":
+                out = StateDict((k, v.to(device)) for k, v in out.items())
+                out.info, out.metadata = seg.info, meta
+                seg.close()
+            return out
+        want_cpu = device is not None and _torch.device(device).type == "cpu"
+        dev = _cuda_ordinal(device) if not want_cpu else None
+        if dev is None:
+            dev = seg.device
+        seg.map(devices=[dev])
+        meta, entries = _parse(_read_header_bytes(seg, dev), seg.size)
+        out = StateDict((k, tensor_view(seg, dt, shape, b, device=dev))
+                        for k, dt, shape, b, e in entries)
+        out.address = seg.address
+        if want_cpu:
+            out = StateDict((k, v.cpu()) for k, v in out.items())
+        out.info, out.metadata = seg.info, meta
+        # The tensors' DLPack exports hold the mapping and the lease now.
+        seg.close()
+        return out
+    except BaseException:
+        seg.close()
+        raise

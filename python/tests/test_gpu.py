@@ -1,0 +1,253 @@
+"""gshm's Python package on two GPUs: torch, cupy, DLPack, state dicts.
+
+Needs torch with two CUDA GPUs (cupy for the cupy parts) and a gshmd with the
+cuda backend, which the gpu_daemon fixture starts.  Run it through
+run_gpu.py (exits 77 when the GPUs are missing), or with pytest directly."""
+
+import gc
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import gshm_testutil
+from gshm_testutil import skip
+
+try:
+    import pytest
+except ImportError:  # run_gpu.py runs these tests without pytest too
+    pytest = None
+
+try:
+    import torch
+    _GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+except ImportError:
+    torch = None
+    _GPUS = 0
+
+try:
+    import cupy
+except Exception:
+    cupy = None
+
+if pytest is not None and _GPUS < 2:
+    pytest.skip("needs torch with 2 CUDA GPUs (%s)" % ("no torch" if torch is None else
+                                                        "%d visible" % _GPUS),
+                allow_module_level=True)
+
+import gshm
+import gshm.torch as gt
+
+MiB = 1 << 20
+
+# ------------------------------------------------------------- fixtures
+
+if pytest is not None:
+    @pytest.fixture(scope="module")
+    def gpu_daemon():
+        d = gshm_testutil.Daemon(backend="cuda")
+        d.start()
+        yield d
+        d.stop()
+
+    @pytest.fixture
+    def gpu_client(gpu_daemon):
+        with gshm.Client(gpu_daemon.socket, name="pytest-gpu") as c:
+            yield c
+
+
+def run_child(daemon, code, *args, timeout=300):
+    src = ("import sys, json, torch, gshm, gshm.torch as gt\nsock = sys.argv[1]\n"
+           + textwrap.dedent(code))
+    p = subprocess.run([sys.executable, "-c", src, daemon.socket] + [str(a) for a in args],
+                       env=gshm_testutil.child_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=timeout)
+    if p.returncode != 0:
+        raise AssertionError("child failed (%d):\n%s" % (p.returncode, p.stderr.decode()))
+    return p.stdout.decode()
+
+
+def random_state_dict(total_bytes, device):
+    """A varied state dict of about total_bytes on device."""
+    g = torch.Generator(device=device).manual_seed(1234)
+    sd = {}
+    specs = [(torch.float32, 4), (torch.bfloat16, 2), (torch.float16, 2)]
+    per = total_bytes // 24
+    for i in range(24):
+        dt, size = specs[i % len(specs)]
+        cols = 1024
+        rows = max(1, per // (size * cols))
+        sd["layers.%d.weight" % i] = torch.randn(rows, cols, generator=g, device=device).to(dt)
+        sd["layers.%d.bias" % i] = torch.randn(cols + i, generator=g, device=device).to(dt)
+    sd["embed.idx"] = torch.randint(0, 1 << 40, (1000,), generator=g, device=device)
+    sd["mask"] = torch.rand(333, generator=g, device=device) > 0.5
+    sd["q.int8"] = torch.randint(-128, 127, (4097,), generator=g, device=device,
+                                 dtype=torch.int8)
+    sd["scalar"] = torch.tensor(3.25, device=device)
+    sd["empty"] = torch.empty(0, 16, device=device)
+    return sd
+
+
+def digest(t):
+    t = t.detach().contiguous().cpu()
+    raw = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    return hashlib.sha256(bytes(raw.numpy().tobytes())).hexdigest()
+
+
+# ---------------------------------------------------------------- tests
+
+def test_state_dict_gpu0_to_gpu1_in_another_process(gpu_daemon, gpu_client, segname):
+    sd = random_state_dict(300 * MiB, "cuda:0")
+    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+    assert nbytes >= 290 * MiB
+    seg = gt.share_state_dict(gpu_client, segname, sd, location=gshm.location_of_device(0))
+    assert not seg.is_host and seg.requested_size >= nbytes
+    assert seg.info.gpu_uuid == gshm.location_of_device(0)[5:]
+    seg.close()
+    want = {k: [str(t.dtype), list(t.shape), digest(t)] for k, t in sd.items()}
+    out = run_child(gpu_daemon, """
+        name = sys.argv[2]
+        with gshm.Client(sock, name="gpu1-loader") as c:
+            sd = gt.load_state_dict(c, name, device="cuda:1")
+            lo, hi = sd.address, sd.address + sd.info.size
+            res = {}
+            for k, t in sd.items():
+                assert t.device == torch.device("cuda:1"), (k, t.device)
+                if t.numel():
+                    assert lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi, k
+                raw = t.contiguous().cpu().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+                import hashlib
+                res[k] = [str(t.dtype), list(t.shape), hashlib.sha256(raw.numpy().tobytes()).hexdigest()]
+            # the lease is held while the tensors live, by this process
+            mine = [l for l in c.leases() if l.segment == name and l.pid == __import__("os").getpid()]
+            assert len(mine) == 1 and mine[0].access == "r", mine
+            print(json.dumps(res))
+        """, segname)
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got == want
+    gpu_client.unlink(segname)
+
+
+def test_loaded_tensors_are_views_on_the_segment(gpu_daemon, gpu_client, segname):
+    sd = {"a": torch.arange(1 << 20, dtype=torch.float32, device="cuda:0"),
+          "b": torch.ones(3, 5, dtype=torch.bfloat16, device="cuda:0")}
+    gt.share_state_dict(gpu_client, segname, sd).close()
+    loaded = gt.load_state_dict(gpu_client, segname, device="cuda:1", access="rw")
+    lo, hi = loaded.address, loaded.address + loaded.info.size
+    for k, t in loaded.items():
+        assert lo <= t.data_ptr() < hi and t.device.index == 1
+        assert torch.equal(t.cpu(), sd[k].cpu())
+    # write through the loaded view on GPU 1, see it in a fresh load on GPU 0
+    loaded["a"][:10] = -1
+    torch.cuda.synchronize(1)
+    again = gt.load_state_dict(gpu_client, segname, device="cuda:0")
+    assert again["a"][:10].eq(-1).all().item() and again["a"][10].item() == 10
+    pid = os.getpid()
+    assert any(m["segment"] == segname and m["pid"] == pid for m in gpu_daemon.mappings())
+    del loaded, again, t
+    gc.collect()
+    torch.cuda.synchronize()
+    assert not any(m["segment"] == segname and m["pid"] == pid for m in gpu_daemon.mappings())
+    gpu_client.unlink(segname)
+
+
+def test_torch_and_cupy_views_alias_across_processes(gpu_daemon, gpu_client, segname):
+    n = 16 * MiB // 4
+    seg = gpu_client.create(segname, n * 4, location=gshm.location_of_device(0))
+    base = seg.map(devices=[0])
+    v = seg.view("float32", (n,))
+    t = torch.from_dlpack(v)
+    assert t.device == torch.device("cuda:0") and t.data_ptr() == base
+    t2 = torch.as_tensor(v, device="cuda:0")  # through __cuda_array_interface__
+    assert t2.data_ptr() == base
+    t.fill_(1.0)
+    torch.cuda.synchronize(0)
+    if cupy is not None:
+        with cupy.cuda.Device(0):
+            c = cupy.asarray(seg.view("float32", (n,)))
+            assert c.data.ptr == base
+            assert float(c.sum()) == n
+            c[:] = 2.0
+            cupy.cuda.runtime.deviceSynchronize()
+        assert float(t.sum().item()) == 2.0 * n
+    else:
+        t.fill_(2.0)
+        torch.cuda.synchronize(0)
+    # another process, on GPU 1, sees 2.0 and writes 3.0 into the first half
+    out = run_child(gpu_daemon, """
+        name, n = sys.argv[2], int(sys.argv[3])
+        with gshm.Client(sock) as c, c.open(name, "rw") as seg:
+            seg.map(devices=[1])
+            x = torch.from_dlpack(seg.view("float32", (n,), device=1))
+            assert x.device == torch.device("cuda:1")
+            print(float(x.sum().item()))
+            x[: n // 2] = 3.0
+            torch.cuda.synchronize(1)
+            del x
+        """, segname, n)
+    assert float(out.split()[-1]) == 2.0 * n
+    assert t[: n // 2].eq(3.0).all().item() and t[n // 2:].eq(2.0).all().item()
+    if cupy is not None:
+        with cupy.cuda.Device(0):
+            assert float(c[: n // 2].sum()) == 3.0 * (n // 2)
+        del c
+    del t, t2, v
+    seg.close()
+    gpu_client.unlink(segname)
+
+
+def test_tensor_keeps_lease_after_close(gpu_daemon, gpu_client, segname):
+    seg = gpu_client.create(segname, 4 * MiB, location=gshm.location_of_device(0))
+    t = torch.from_dlpack(seg.view("int32", (1024,)))
+    t.fill_(7)
+    seg.close()
+    pid = os.getpid()
+    assert any(m["segment"] == segname and m["pid"] == pid for m in gpu_daemon.mappings())
+    assert t.sum().item() == 7 * 1024  # still mapped
+    del t
+    gc.collect()
+    torch.cuda.synchronize()
+    assert not any(m["segment"] == segname and m["pid"] == pid for m in gpu_daemon.mappings())
+    gpu_client.unlink(segname)
+
+
+def test_device_view_bounds_and_dtypes(gpu_client, segname):
+    with gpu_client.create(segname, 2 * MiB, location=gshm.location_of_device(0)) as seg:
+        size = seg.size
+        for dtype, shape, offset in [("float32", (size // 4 + 1,), 0), ("uint8", (1,), size),
+                                     ("float64", (1,), 4), ("uint8", (2,), -1)]:
+            try:
+                seg.view(dtype, shape, offset)
+            except ValueError:
+                pass
+            else:
+                raise AssertionError("no ValueError for %r" % ((dtype, shape, offset),))
+        b = torch.from_dlpack(seg.view("bfloat16", (4, 4)))
+        assert b.dtype == torch.bfloat16 and b.shape == (4, 4)
+        with_cai = seg.view("float16", (8,))
+        assert with_cai.__cuda_array_interface__["typestr"] == "<f2"
+        assert with_cai.__cuda_array_interface__["version"] == 3
+        assert seg.view("uint8").__dlpack_device__() == (2, 0)
+        del b, with_cai
+    gpu_client.unlink(segname)
+
+
+def test_copy_between_gpus(gpu_client, segname):
+    if gshm._lib.optional_symbol("gshm_copy") is None:
+        skip("libgshm has no gshm_copy yet")
+    n = 8 * MiB
+    with gpu_client.create(segname, n, location=gshm.location_of_device(0)) as seg:
+        seg.map(devices=[0, 1])
+        src = torch.from_dlpack(seg.view("uint8", (n,), device=0))
+        src.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda:0"))
+        torch.cuda.synchronize(0)
+        dst = torch.empty(n, dtype=torch.uint8, device="cuda:1")
+        with torch.cuda.device(1):
+            s = torch.cuda.current_stream(1)
+            gshm.copy(dst, seg, n, stream=s)
+            s.synchronize()
+        assert torch.equal(dst.cpu(), src.cpu())
+        del src
+    gpu_client.unlink(segname)

@@ -1,0 +1,275 @@
+#!/usr/bin/env bash
+# Configuration contract of gshmd: option table, INI files, drop-ins,
+# environment and flags.
+#
+# usage: test_config.sh GSHMD COMMITTED_CONF [valgrind]
+#   GSHMD            the built gshmd binary
+#   COMMITTED_CONF   conf/gshmd.conf from the source tree
+#   valgrind         run the error and success paths under valgrind instead
+set -euo pipefail
+
+gshmd=$1
+committed=$2
+mode=${3:-}
+
+unset GSHM_SOCKET JOURNAL_STREAM
+export LC_ALL=C
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# run EXPECTED_RC CMD...: runs CMD with stdout in $tmp/out and stderr in
+# $tmp/err and checks its exit status.
+run() {
+  local want=$1 rc=0
+  shift
+  "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
+  if [[ $rc != "$want" ]]; then
+    fail "exit $rc, wanted $want: $*"
+    sed 's/^/  stderr: /' "$tmp/err" >&2
+    return 1
+  fi
+}
+
+# expect_err PATTERN: the last run's stderr matches the fixed string.
+expect_err() {
+  if ! grep -qF -- "$1" "$tmp/err"; then
+    fail "stderr lacks '$1'"
+    sed 's/^/  stderr: /' "$tmp/err" >&2
+  fi
+}
+
+# effective SECTION KEY ARGS...: value of SECTION.KEY from --dump-config.
+effective() {
+  local section=$1 key=$2
+  shift 2
+  "$gshmd" --dump-config "$@" |
+    awk -v s="[$section]" -v k="$key" '
+      /^\[/ { cur = $0; next }
+      cur == s && $1 == k { sub(/^[^=]*= ?/, ""); print; found = 1 }
+      END { exit !found }'
+}
+
+# expect_value SECTION KEY WANT ARGS...
+expect_value() {
+  local section=$1 key=$2 want=$3 got
+  shift 3
+  if ! got=$(effective "$section" "$key" "$@"); then
+    fail "--dump-config $* did not print $section.$key"
+  elif [[ $got != "$want" ]]; then
+    fail "$section.$key = '$got', wanted '$want' (args: $*)"
+  fi
+}
+
+if [[ $mode == valgrind ]]; then
+  command -v valgrind >/dev/null || { echo "SKIP: valgrind not installed"; exit 77; }
+  vg=(valgrind -q --leak-check=full --show-leak-kinds=all --errors-for-leak-kinds=all
+      --error-exitcode=99)
+  mkdir "$tmp/conf.d"
+  printf '[daemon]\nsocket = /tmp/a.sock\nsocket_group = gshm\n[metrics]\ntextfile = /tmp/m\n' \
+    >"$tmp/main.conf"
+  printf '[daemon]\nadmin_group = wheel\nbackend = host\n' >"$tmp/conf.d/10-a.conf"
+  run 0 "${vg[@]}" "$gshmd" --check-config --dump-config --config "$tmp/main.conf" \
+    --socket /tmp/b.sock --set daemon.admin_group=adm || true
+  run 0 "${vg[@]}" "$gshmd" --help || true
+  run 0 "${vg[@]}" "$gshmd" --print-config || true
+  printf '[daemon]\nsocket = /x\nbogus = 1\n' >"$tmp/conf.d/20-bad.conf"
+  run 2 "${vg[@]}" "$gshmd" --check-config --config "$tmp/main.conf" || true
+  run 2 "${vg[@]}" "$gshmd" --check-config --config "$tmp/main.conf" --no-such-flag || true
+  run 1 "${vg[@]}" "$gshmd" --check-config --config "$tmp/missing.conf" || true
+  [[ $failures == 0 ]] || { echo "$failures failure(s)" >&2; exit 1; }
+  echo "ok: valgrind clean"
+  exit 0
+fi
+
+# --- generated outputs -------------------------------------------------------
+
+# --print-config is the committed file, byte for byte.
+run 0 "$gshmd" --print-config || true
+if ! cmp -s "$tmp/out" "$committed"; then
+  fail "conf/gshmd.conf is stale; regenerate with: gshmd --print-config > conf/gshmd.conf"
+  diff -u "$committed" "$tmp/out" >&2 || true
+fi
+
+# Every key of the file, as section.key.
+mapfile -t keys < <(awk '/^\[/ { s = substr($0, 2, length($0) - 2); next }
+                         /^#[a-z_]+ =/ { k = substr($1, 2); print s "." k }' "$committed")
+if ((${#keys[@]} < 20)); then
+  fail "found only ${#keys[@]} keys in $committed"
+fi
+
+# --help names every key and every section.
+run 0 "$gshmd" --help || true
+for k in "${keys[@]}"; do
+  grep -qF -- "$k = " "$tmp/out" || fail "--help does not mention $k"
+done
+grep -qF -- "--check-config" "$tmp/out" || fail "--help does not mention --check-config"
+
+run 0 "$gshmd" --version || true
+grep -qE '^gshmd [0-9]+\.[0-9]+' "$tmp/out" || fail "--version printed '$(cat "$tmp/out")'"
+
+# The committed file itself is a valid configuration.
+run 0 "$gshmd" --check-config --config "$committed" || true
+[[ $(cat "$tmp/out") == "gshmd: configuration ok" ]] || fail "--check-config printed '$(cat "$tmp/out")'"
+
+# --- values --------------------------------------------------------------------
+
+cat >"$tmp/good.conf" <<'EOF'
+; a comment
+# another comment
+[daemon]
+socket = /tmp/gshm-test/gshmd.sock
+socket_mode = 0600
+socket_group = gshm
+backend = host   ; inline comment
+log_level = debug
+legacy_ipc = yes
+
+[limits]
+max_connections = 12
+max_packet = 8K
+max_segment_size = 2G
+[quota]
+host_bytes = 1T
+cuda_bytes = 3M
+segments = 7
+
+[metrics]
+textfile = /var/lib/node_exporter/gshm.prom
+EOF
+run 0 "$gshmd" --check-config --config "$tmp/good.conf" || true
+expect_value daemon socket /tmp/gshm-test/gshmd.sock --config "$tmp/good.conf"
+expect_value daemon socket_mode 0600 --config "$tmp/good.conf"
+expect_value daemon socket_group gshm --config "$tmp/good.conf"
+expect_value daemon backend host --config "$tmp/good.conf"
+expect_value daemon log_level 7 --config "$tmp/good.conf"
+expect_value daemon legacy_ipc true --config "$tmp/good.conf"
+expect_value limits max_connections 12 --config "$tmp/good.conf"
+expect_value limits max_packet 8192 --config "$tmp/good.conf"
+expect_value limits max_segment_size 2147483648 --config "$tmp/good.conf"
+expect_value quota host_bytes 1099511627776 --config "$tmp/good.conf"
+expect_value quota cuda_bytes 3145728 --config "$tmp/good.conf"
+expect_value quota segments 7 --config "$tmp/good.conf"
+expect_value limits max_name 255 --config "$tmp/good.conf" # untouched default
+expect_value metrics textfile /var/lib/node_exporter/gshm.prom --config "$tmp/good.conf"
+for b in true:true false:false yes:true no:false on:true off:false 1:true 0:false; do
+  expect_value daemon legacy_ipc "${b#*:}" --config "$tmp/good.conf" --set "daemon.legacy_ipc=${b%:*}"
+done
+
+# --dump-config prints a file that reads back to the same configuration.
+"$gshmd" --dump-config --config "$tmp/good.conf" >"$tmp/dump.conf"
+"$gshmd" --dump-config --config "$tmp/dump.conf" >"$tmp/dump2.conf"
+cmp -s "$tmp/dump.conf" "$tmp/dump2.conf" || fail "--dump-config output does not read back"
+
+# --- errors name the file, the line and the key ------------------------------
+
+# bad_file EXPECTED_RC LINE KEY MESSAGE CONTENT: CONTENT in a file must fail.
+n=0
+bad_file() {
+  local rc=$1 line=$2 key=$3 msg=$4 content=$5 f
+  n=$((n + 1))
+  f="$tmp/bad$n.conf"
+  printf '%b' "$content" >"$f"
+  run "$rc" "$gshmd" --check-config --config "$f" || return 0
+  expect_err "$f:$line:"
+  expect_err "'$key'"
+  expect_err "$msg"
+  [[ ! -s $tmp/out ]] || fail "configuration error but stdout says '$(cat "$tmp/out")'"
+}
+bad_file 2 4 daemon.no_such_key "unknown key" '[daemon]\nsocket = /a\n\nno_such_key = 1\n'
+bad_file 2 2 nosuch.key "unknown key" '[nosuch]\nkey = 1\n'
+bad_file 2 1 orphan "unknown key" 'orphan = 1\n[daemon]\n'
+bad_file 2 3 limits.max_connections "not a non-negative number" '[daemon]\n[limits]\nmax_connections = -3\n'
+bad_file 2 2 limits.max_connections "out of range" '[limits]\nmax_connections = 0\n'
+bad_file 2 2 limits.max_connections "too large" '[limits]\nmax_connections = 99999999999999999999999\n'
+bad_file 2 2 limits.max_connections "not a decimal" '[limits]\nmax_connections = 12abc\n'
+bad_file 2 2 daemon.socket_mode "not an octal number" '[daemon]\nsocket_mode = 999\n'
+bad_file 2 2 daemon.socket_mode "out of range" '[daemon]\nsocket_mode = 04755\n'
+bad_file 2 2 daemon.backend "not one of" '[daemon]\nbackend = gpu\n'
+bad_file 2 2 daemon.legacy_ipc "not a boolean" '[daemon]\nlegacy_ipc = maybe\n'
+bad_file 2 2 daemon.log_level "not a log level" '[daemon]\nlog_level = loud\n'
+bad_file 2 2 daemon.log_level "out of range" '[daemon]\nlog_level = 8\n'
+bad_file 2 2 daemon.socket "not an absolute path" '[daemon]\nsocket = relative.sock\n'
+bad_file 2 2 daemon.socket "must not be empty" '[daemon]\nsocket =\n'
+bad_file 2 2 daemon.socket "longer than" "[daemon]\nsocket = /$(printf 'x%.0s' {1..120})\n"
+bad_file 2 2 limits.max_segment_size "suffix" '[limits]\nmax_segment_size = 4X\n'
+bad_file 2 2 limits.max_segment_size "too large" '[limits]\nmax_segment_size = 99999999T\n'
+bad_file 2 2 limits.max_packet "out of range" '[limits]\nmax_packet = 4G\n'
+
+# Malformed lines: the first error wins, with its line.
+printf '[daemon]\nthis line has no equals sign\nbogus = 1\n' >"$tmp/syntax.conf"
+run 2 "$gshmd" --check-config --config "$tmp/syntax.conf" || true
+expect_err "$tmp/syntax.conf:2: syntax error"
+
+# Errors in a drop-in name the drop-in.
+mkdir -p "$tmp/withbad/conf.d"
+printf '[daemon]\n' >"$tmp/withbad/gshmd.conf"
+printf '[limits]\n\nmax_name = huge\n' >"$tmp/withbad/conf.d/50-x.conf"
+run 2 "$gshmd" --check-config --config "$tmp/withbad/gshmd.conf" || true
+expect_err "$tmp/withbad/conf.d/50-x.conf:3: key 'limits.max_name'"
+
+# An explicit --config that is missing is an error; usage errors exit 2.
+run 1 "$gshmd" --check-config --config "$tmp/missing.conf" || true
+expect_err "$tmp/missing.conf"
+expect_err "No such file or directory"
+run 2 "$gshmd" --no-such-flag || true
+expect_err "unrecognized option '--no-such-flag'"
+run 2 "$gshmd" --config || true
+expect_err "requires an argument"
+run 2 "$gshmd" --check-config --config "$tmp/good.conf" stray-argument || true
+run 2 "$gshmd" --check-config --config "$tmp/good.conf" --set daemon.nope=1 || true
+expect_err "unknown key 'daemon.nope'"
+run 2 "$gshmd" --check-config --config "$tmp/good.conf" --set not-a-key || true
+run 2 "$gshmd" --check-config --config "$tmp/good.conf" --log-level 9 || true
+expect_err "'daemon.log_level'"
+run 2 "$gshmd" --check-config --config "$tmp/good.conf" --backend gpu || true
+GSHM_SOCKET=relative run 2 "$gshmd" --check-config --config "$tmp/good.conf" || true
+expect_err "\$GSHM_SOCKET"
+
+# --- precedence: defaults < file < conf.d (lexical) < $GSHM_SOCKET < flags ----
+
+d="$tmp/prec"
+mkdir -p "$d/conf.d/ignored-dir.conf"
+cat >"$d/gshmd.conf" <<'EOF'
+[daemon]
+socket = /file.sock
+backend = cuda
+log_level = 3
+[limits]
+max_inflight = 5
+max_name = 100
+EOF
+printf '[daemon]\nsocket = /dropin.sock\nlog_level = 4\n' >"$d/conf.d/10-first.conf"
+printf '[daemon]\nlog_level = 5\n[limits]\nmax_name = 200\n' >"$d/conf.d/20-second.conf"
+printf '[daemon]\nlog_level = 1\n' >"$d/conf.d/15-not-conf.txt"
+printf '[daemon]\nlog_level = 1\n' >"$d/conf.d/.30-hidden.conf"
+
+expect_value limits max_inflight 5 --config "$d/gshmd.conf"     # file only
+expect_value daemon backend cuda --config "$d/gshmd.conf"
+expect_value daemon socket /dropin.sock --config "$d/gshmd.conf" # conf.d over file
+expect_value daemon log_level 5 --config "$d/gshmd.conf"         # 20- after 10-, *.conf only
+expect_value limits max_name 200 --config "$d/gshmd.conf"
+expect_value limits max_connections 4096 --config "$d/gshmd.conf" # default
+GSHM_SOCKET=/env.sock expect_value daemon socket /env.sock --config "$d/gshmd.conf"
+GSHM_SOCKET=/env.sock expect_value daemon socket /flag.sock --config "$d/gshmd.conf" --socket /flag.sock
+GSHM_SOCKET=/env.sock expect_value daemon socket /flag.sock --socket /flag.sock --config "$d/gshmd.conf"
+expect_value daemon socket /set.sock --config "$d/gshmd.conf" --set daemon.socket=/set.sock
+expect_value daemon backend host --config "$d/gshmd.conf" --backend host
+expect_value daemon log_level 7 --config "$d/gshmd.conf" --log-level 7
+expect_value daemon log_level 2 --config "$d/gshmd.conf" --log-level 7 --set daemon.log_level=crit
+expect_value daemon legacy_ipc true --config "$d/gshmd.conf" --legacy-ipc
+
+# A relative --config finds its conf.d relative to itself.
+(cd "$d" && expect_value daemon socket /dropin.sock --config gshmd.conf)
+
+if ((failures)); then
+  echo "$failures failure(s)" >&2
+  exit 1
+fi
+echo "ok: ${#keys[@]} keys, $n bad files"

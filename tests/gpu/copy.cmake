@@ -1,0 +1,16 @@
+# GPU tests of kernels/ (gshm_copy, gshm_copy_signal, gshm_wait), included by
+# tests/gpu/CMakeLists.txt.  Plain C (the GPU machine has no cmocka); each
+# exits 77 where it lacks the GPUs it needs.
+if(TARGET gshm)
+  set(gshm_copy_test_lib gshm)
+else()
+  set(gshm_copy_test_lib gshm_kernels) # before client/ exists
+endif()
+foreach(t test_copy test_signal)
+  add_executable(${t} ${CMAKE_CURRENT_LIST_DIR}/${t}.c)
+  target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/client/include)
+  target_link_libraries(${t} PRIVATE ${gshm_copy_test_lib} gshm_common)
+  gshm_warnings(${t})
+  add_test(NAME gpu.${t} COMMAND ${t})
+  set_tests_properties(gpu.${t} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600)
+endforeach()

@@ -1,0 +1,22 @@
+# GPU tests of device segments (issue 3) and of their restart through the
+# fd store (issue 4), included by tests/gpu/CMakeLists.txt.  Plain C (the
+# GPU machine has no cmocka) against a real gshmd started by
+# tests/harness.c; every role runs in its own process.  Exit 77 (skip)
+# without a driver or with fewer than two GPUs with peer access.
+if(TARGET gshm_harness)
+  set(gshm_segments_harness gshm_harness)
+else()
+  set(gshm_segments_harness_src ${PROJECT_SOURCE_DIR}/tests/harness.c)
+  set(gshm_segments_harness gshm_spawn)
+endif()
+add_executable(test_segments ${CMAKE_CURRENT_LIST_DIR}/test_segments.c ${gshm_segments_harness_src})
+target_include_directories(test_segments PRIVATE ${PROJECT_SOURCE_DIR}/tests
+                                                 ${PROJECT_SOURCE_DIR}/client/include)
+target_link_libraries(test_segments PRIVATE gshm ${gshm_segments_harness} gshm_common)
+gshm_warnings(test_segments)
+
+add_test(NAME gpu.segments COMMAND test_segments)
+add_test(NAME gpu.dev_restart COMMAND test_segments restart)
+set_tests_properties(gpu.segments gpu.dev_restart PROPERTIES
+  LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+  ENVIRONMENT "GSHMD=$<TARGET_FILE:gshmd>;GSHMCTL=$<TARGET_FILE:gshmctl>")

@@ -1,0 +1,191 @@
+/* gshm_copy on real GPUs: every method, within one GPU and between two
+ * (push, pull, both directions), on random data at sizes and offsets that
+ * hit the kernels' head, body and tail paths (1 B, 4095 B, 1 MiB + 3 B,
+ * 256 MiB, misaligned and mutually misaligned source/destination), with
+ * guard bytes around each destination that must stay untouched.  Plus the
+ * argument errors.  Exit 77 (skip) without a GPU; the peer cases need two
+ * and are skipped, said so, with one. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cudadrv.h"
+#include "gshm.h"
+
+#define SKIP 77
+#define GUARD 64
+#define GUARD_BYTE 0xA5
+
+static int failures;
+#define CHECK(cond, ...)                                                 \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                      \
+      fprintf(stderr, "\n");                                             \
+      failures++;                                                        \
+    }                                                                    \
+  } while (0)
+#define CU(call)                                                         \
+  do {                                                                   \
+    CUresult r_ = (call);                                                \
+    if (r_ != CUDA_SUCCESS) {                                            \
+      fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #call, (int)r_); \
+      exit(1);                                                           \
+    }                                                                    \
+  } while (0)
+
+static const struct gshm_cudadrv *drv;
+static CUcontext ctx[2];
+static CUstream stream[2];
+static CUdeviceptr src[2], dst[2];
+static unsigned char *rnd, *back;
+static size_t cap;
+
+static void fill_random(unsigned char *p, size_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    memcpy(p + i, &x, n - i < 8 ? n - i : 8);
+  }
+}
+
+static const char *mname(gshm_copy_method_t m) {
+  return m == GSHM_COPY_ENGINE ? "ENGINE" : m == GSHM_COPY_SM ? "SM" : "AUTO";
+}
+
+/* Copies n bytes GPU s (offset os) -> GPU d (offset od) with method m on
+ * the stream of GPU `on`, and checks the bytes and the guards. */
+static void one(int s, int d, int on, size_t n, size_t os, size_t od, gshm_copy_method_t m,
+                uint64_t seed) {
+  const unsigned char *data = rnd + seed % 1024; /* a different window each case */
+  size_t span = n + 2 * GUARD;
+  int e, bad = 0;
+
+  CU(drv->cuCtxSetCurrent(ctx[s]));
+  /* From pageable memory cuMemcpyHtoD may return before its DMA is done,
+   * and cuMemsetD8 is asynchronous: finish both before a copy on a
+   * non-blocking stream reads them. */
+  CU(drv->cuMemcpyHtoD(src[s], data, n + os));
+  CU(drv->cuStreamSynchronize(NULL));
+  CU(drv->cuCtxSetCurrent(ctx[d]));
+  CU(drv->cuMemsetD8(dst[d], GUARD_BYTE, span + od));
+  CU(drv->cuStreamSynchronize(NULL));
+  CU(drv->cuCtxSetCurrent(ctx[on]));
+  e = gshm_copy((void *)(uintptr_t)(dst[d] + GUARD + od), (const void *)(uintptr_t)(src[s] + os), n,
+                m, stream[on]);
+  CHECK(e == 0, "gshm_copy %s GPU%d->GPU%d on GPU%d %zu B: %d", mname(m), s, d, on, n, e);
+  CU(drv->cuStreamSynchronize(stream[on]));
+  CU(drv->cuCtxSetCurrent(ctx[d]));
+  CU(drv->cuMemcpyDtoH(back, dst[d], span + od));
+  for (size_t i = 0; i < GUARD + od; i++)
+    bad += back[i] != GUARD_BYTE;
+  for (size_t i = 0; i < GUARD; i++)
+    bad += back[GUARD + od + n + i] != GUARD_BYTE;
+  CHECK(!bad, "%s GPU%d->GPU%d on GPU%d, %zu B, src+%zu dst+%zu: %d guard bytes overwritten",
+        mname(m), s, d, on, n, os, od, bad);
+  if (memcmp(back + GUARD + od, data + os, n)) {
+    size_t i = 0;
+    while (back[GUARD + od + i] == data[os + i])
+      i++;
+    CHECK(0, "%s GPU%d->GPU%d on GPU%d, %zu B, src+%zu dst+%zu: first wrong byte at %zu", mname(m),
+          s, d, on, n, os, od, i);
+  }
+}
+
+int main(void) {
+  static const size_t sizes[] = {1, 15, 16, 17, 31, 4095, 4096, 65536 + 5, (1u << 20) + 3,
+                                 (4u << 20) + 9, 256u << 20};
+  static const size_t offs[][2] = {{0, 0}, {1, 0}, {0, 1}, {3, 7}, {5, 5}, {8, 0}, {15, 1}, {4, 12}};
+  static const gshm_copy_method_t methods[] = {GSHM_COPY_ENGINE, GSHM_COPY_SM, GSHM_COPY_AUTO};
+  int n = 0, e, cases = 0;
+  uint64_t seed = 1;
+  char host[64];
+
+  if (gshm__cudadrv_load(7, &drv) || drv->cuDeviceGetCount(&n) != CUDA_SUCCESS || n < 1) {
+    printf("SKIP: no CUDA GPU\n");
+    return SKIP;
+  }
+  if (n > 2)
+    n = 2;
+  cap = (256u << 20) + 64 + 2 * GUARD;
+  rnd = malloc(cap + 1024);
+  back = malloc(cap);
+  if (!rnd || !back)
+    return 1;
+  fill_random(rnd, cap + 1024, 42);
+  for (int g = 0; g < n; g++) {
+    CUdevice dev;
+    CU(drv->cuDeviceGet(&dev, g));
+    CU(drv->cuDevicePrimaryCtxRetain(&ctx[g], dev));
+    CU(drv->cuCtxSetCurrent(ctx[g]));
+    CU(drv->cuStreamCreate(&stream[g], CU_STREAM_NON_BLOCKING));
+    CU(drv->cuMemAlloc(&src[g], cap));
+    CU(drv->cuMemAlloc(&dst[g], cap));
+  }
+
+  /* argument errors and trivial cases */
+  CU(drv->cuCtxSetCurrent(ctx[0]));
+  CHECK(gshm_copy(NULL, (void *)(uintptr_t)src[0], 8, GSHM_COPY_AUTO, NULL) == -EINVAL, "NULL dst");
+  CHECK(gshm_copy((void *)(uintptr_t)dst[0], NULL, 8, GSHM_COPY_AUTO, NULL) == -EINVAL, "NULL src");
+  CHECK(gshm_copy((void *)(uintptr_t)dst[0], (void *)(uintptr_t)src[0], 8, (gshm_copy_method_t)7,
+                  NULL) == -EINVAL,
+        "bad method");
+  CHECK(gshm_copy((void *)(uintptr_t)dst[0], (void *)(uintptr_t)src[0], 0, GSHM_COPY_SM, NULL) == 0,
+        "0 bytes");
+  e = gshm_copy((void *)(uintptr_t)dst[0], host, sizeof(host), GSHM_COPY_SM, NULL);
+  CHECK(e == -EINVAL, "SM from pageable host memory: %d", e);
+  CHECK(gshm_signal((uint64_t *)(uintptr_t)(dst[0] + 4), 1, NULL) == -EINVAL, "misaligned flag");
+  CHECK(gshm_wait(NULL, 1, NULL) == -EINVAL, "NULL flag");
+
+  /* pageable host -> device and back through AUTO (the copy engine) */
+  memset(host, 0x5C, sizeof(host));
+  CHECK(gshm_copy((void *)(uintptr_t)dst[0], host, sizeof(host), GSHM_COPY_AUTO, NULL) == 0, "HtoD");
+  memset(host, 0, sizeof(host));
+  CHECK(gshm_copy(host, (void *)(uintptr_t)dst[0], sizeof(host), GSHM_COPY_AUTO, NULL) == 0, "DtoH");
+  CU(drv->cuStreamSynchronize(NULL));
+  CHECK(host[0] == 0x5C && host[63] == 0x5C, "host round trip: %x %x", host[0], host[63]);
+
+  /* NULL stream, no current context: the source GPU's primary context */
+  {
+    CUcontext popped;
+    unsigned char v[32];
+    CU(drv->cuMemsetD8(src[0], 0x3E, 32));
+    CU(drv->cuMemsetD8(dst[0], 0, 32));
+    CU(drv->cuStreamSynchronize(NULL));
+    CU(drv->cuCtxSetCurrent(NULL));
+    e = gshm_copy((void *)(uintptr_t)dst[0], (void *)(uintptr_t)src[0], 32, GSHM_COPY_SM, NULL);
+    CHECK(e == 0, "SM with no current context: %d", e);
+    CU(drv->cuCtxGetCurrent(&popped));
+    CHECK(popped == NULL, "gshm_copy left a context current");
+    CU(drv->cuCtxSetCurrent(ctx[0]));
+    CU(drv->cuStreamSynchronize(NULL));
+    CU(drv->cuMemcpyDtoH(v, dst[0], 32));
+    CHECK(v[0] == 0x3E && v[31] == 0x3E, "no-context copy: %x %x", v[0], v[31]);
+  }
+
+  for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++)
+    for (size_t oi = 0; oi < sizeof(offs) / sizeof(offs[0]); oi++) {
+      if (sizes[si] >= (4u << 20) && oi > 3)
+        continue; /* big sizes: fewer offsets, for time */
+      for (size_t mi = 0; mi < 3; mi++) {
+        /* within GPU0, push 0->1, pull 0->1 (run by GPU1), push 1->0 */
+        one(0, 0, 0, sizes[si], offs[oi][0], offs[oi][1], methods[mi], seed++);
+        cases++;
+        if (n >= 2) {
+          one(0, 1, 0, sizes[si], offs[oi][0], offs[oi][1], methods[mi], seed++);
+          one(0, 1, 1, sizes[si], offs[oi][0], offs[oi][1], methods[mi], seed++);
+          one(1, 0, 1, sizes[si], offs[oi][0], offs[oi][1], methods[mi], seed++);
+          cases += 3;
+        }
+      }
+    }
+  if (n < 2)
+    printf("note: one GPU: peer cases skipped\n");
+  printf("%d copies checked, %d failures\n", cases, failures);
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,165 @@
+#include "harness.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static bool names_backend(const char *const *args) {
+  for (int i = 0; args && args[i]; i++)
+    if (!strcmp(args[i], "--backend") || !strncmp(args[i], "--set=daemon.backend", 20))
+      return true;
+  return false;
+}
+
+static int start(struct harness *h, const char *const *extra, bool activated) {
+  const char *args[48];
+  int n = 0, e;
+
+  if (!names_backend(extra)) {
+    args[n++] = "--backend";
+    args[n++] = "host";
+  }
+  for (int i = 0; extra && extra[i] && n < 46; i++)
+    args[n++] = extra[i];
+  args[n] = NULL;
+  e = gshm__spawn_start(&h->sp, h->gshmd, args, activated, 20000);
+  if (e)
+    fprintf(stderr, "harness: gshmd (%s) did not become ready: %s\n", h->gshmd, strerror(-e));
+  return e;
+}
+
+static int init(struct harness *h) {
+  int e;
+  memset(h, 0, sizeof(*h));
+  if ((e = gshm__spawn_init(&h->sp))) {
+    fprintf(stderr, "harness: %s\n", strerror(-e));
+    return e;
+  }
+  h->gshmd = gshm__find_gshmd();
+  h->socket_path = h->sp.socket_path;
+  setenv("GSHM_SOCKET", h->socket_path, 1);
+  return 0;
+}
+
+int harness_start(struct harness *h, const char *const *extra_args) {
+  int e = init(h);
+  return e ? e : start(h, extra_args, false);
+}
+
+int harness_start_activated(struct harness *h, const char *const *extra_args) {
+  int e = init(h);
+  return e ? e : start(h, extra_args, true);
+}
+
+int harness_restart(struct harness *h, int sig, const char *const *extra_args) {
+  gshm__spawn_stop(&h->sp, sig);
+  return start(h, extra_args, h->sp.listen_fd >= 0);
+}
+
+int harness_stop(struct harness *h) {
+  int status = gshm__spawn_stop(&h->sp, SIGTERM);
+  gshm__spawn_cleanup(&h->sp);
+  return status;
+}
+
+int harness_fd_count(pid_t pid) {
+  char path[64];
+  struct dirent *d;
+  DIR *dir;
+  int n = 0;
+
+  snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+  if (!(dir = opendir(path)))
+    return -1;
+  while ((d = readdir(dir)))
+    n += d->d_name[0] != '.';
+  closedir(dir);
+  return n;
+}
+
+long harness_rss_kib(pid_t pid) {
+  char path[64], line[256];
+  long kib = -1;
+  FILE *f;
+
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  if (!(f = fopen(path, "r")))
+    return -1;
+  while (fgets(line, sizeof(line), f))
+    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+      break;
+  fclose(f);
+  return kib;
+}
+
+void harness_random(void *buf, size_t n, unsigned long long seed) {
+  unsigned long long s = seed | 1;
+  unsigned char *p = buf;
+  for (size_t i = 0; i < n; i += 8) {
+    unsigned long long v;
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    v = s * 2685821657736338717ull;
+    memcpy(p + i, &v, n - i < 8 ? n - i : 8);
+  }
+}
+
+int harness_gshmctl(struct harness *h, char **out, const char *const *args) {
+  char path[PATH_MAX];
+  const char *env = getenv("GSHMCTL"), *argv[32];
+  int argc = 0, pipefd[2], status;
+  size_t len = 0, cap = 4096;
+  char *buf = NULL;
+  pid_t pid;
+
+  if (env && *env) {
+    snprintf(path, sizeof(path), "%s", env);
+  } else {
+    snprintf(path, sizeof(path), "%s", h->gshmd);
+    char *slash = strrchr(path, '/');
+    if (slash)
+      snprintf(slash, sizeof(path) - (size_t)(slash - path), "/../client/gshmctl");
+  }
+  argv[argc++] = path;
+  argv[argc++] = "--socket";
+  argv[argc++] = h->socket_path;
+  for (int i = 0; args && args[i] && argc < 31; i++)
+    argv[argc++] = args[i];
+  argv[argc] = NULL;
+  if (pipe(pipefd) < 0)
+    return -1;
+  pid = fork();
+  if (pid == 0) {
+    dup2(pipefd[1], STDOUT_FILENO);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    execv(path, (char *const *)argv);
+    _exit(127);
+  }
+  close(pipefd[1]);
+  buf = malloc(cap);
+  for (;;) {
+    ssize_t n;
+    if (len + 1 >= cap)
+      buf = realloc(buf, cap *= 2);
+    n = read(pipefd[0], buf + len, cap - len - 1);
+    if (n <= 0)
+      break;
+    len += (size_t)n;
+  }
+  buf[len] = '\0';
+  close(pipefd[0]);
+  waitpid(pid, &status, 0);
+  if (out)
+    *out = buf;
+  else
+    free(buf);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}

@@ -1,0 +1,49 @@
+/* Test harness: a real gshmd on a mkdtemp socket, readiness from its
+ * READY=1 notification (never a sleep), and the service manager's part
+ * (fd store, LISTEN_FDS) for restart tests.  No test framework inside, so
+ * the GPU tests (whose machine lacks cmocka) use it too. */
+#ifndef GSHM_TESTS_HARNESS_H
+#define GSHM_TESTS_HARNESS_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "spawn.h"
+
+struct harness {
+  struct gshm_spawn sp;
+  const char *gshmd;        /* $GSHMD or the build tree's */
+  const char *socket_path;  /* sp.socket_path */
+};
+
+/* Starts gshmd with "--backend host" unless extra_args names a backend
+ * (extra_args NULL-terminated, may be NULL).  Returns 0 or a negative
+ * errno (the reason is printed). */
+int harness_start(struct harness *h, const char *const *extra_args);
+
+/* Same, socket-activated: the harness binds the socket and passes it. */
+int harness_start_activated(struct harness *h, const char *const *extra_args);
+
+/* Kills gshmd with sig and starts it again with everything it parked in
+ * the fd store (and the listening socket when socket-activated). */
+int harness_restart(struct harness *h, int sig, const char *const *extra_args);
+
+/* Stops gshmd (SIGTERM), removes the directory.  Returns gshmd's wait
+ * status (0: clean exit). */
+int harness_stop(struct harness *h);
+
+/* Open fds of a process (/proc/PID/fd), -1 on error. */
+int harness_fd_count(pid_t pid);
+
+/* Resident set of a process in KiB (/proc/PID/status VmRSS), -1 on error. */
+long harness_rss_kib(pid_t pid);
+
+/* Fills buf with bytes from a seeded xorshift stream (never all zero). */
+void harness_random(void *buf, size_t n, unsigned long long seed);
+
+/* Runs gshmctl (next to gshmd in the build tree: $GSHMCTL or
+ * ../client/gshmctl) with --socket and args; returns its exit code, and
+ * its stdout (malloc'ed, NUL-terminated) in *out when out is not NULL. */
+int harness_gshmctl(struct harness *h, char **out, const char *const *args);
+
+#endif

@@ -1,0 +1,286 @@
+/* Bad input gets a clear error and nothing is lost: each case speaks raw
+ * packets to a real gshmd, checks the reply and that the connection is
+ * dropped, and then that a client connected before the attack is still
+ * served, a segment created before still holds its bytes, and gshmd's fd
+ * count is back to its baseline. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+#include "wire.h"
+
+struct fx {
+  struct harness h;
+  gshm_client_t *bystander;
+  gshm_segment_t *kept;
+  unsigned char want[8192];
+  int baseline_fds;
+};
+
+static int setup(void **state) {
+  struct fx *f = calloc(1, sizeof(*f));
+  if (harness_start(&f->h, NULL))
+    return -1;
+  if (gshm_connect(f->h.socket_path, "bystander", &f->bystander) ||
+      gshm_create(f->bystander, "kept", sizeof(f->want), NULL, 0600, 0, &f->kept))
+    return -1;
+  harness_random(f->want, sizeof(f->want), 99);
+  if (gshm_write(f->kept, 0, f->want, sizeof(f->want)))
+    return -1;
+  f->baseline_fds = harness_fd_count(f->h.sp.pid);
+  *state = f;
+  return 0;
+}
+
+/* After every attack: still serving, nothing lost, nothing leaked. */
+static void check_unharmed(struct fx *f) {
+  gshm_status_info_t st;
+  unsigned char buf[sizeof(f->want)];
+  int fds = -1;
+
+  assert_int_equal(gshm_status(f->bystander, &st), 0);
+  assert_int_equal(gshm_read(f->kept, 0, buf, sizeof(buf)), 0);
+  assert_memory_equal(buf, f->want, sizeof(buf));
+  /* The daemon closes a dropped connection's socket on its next loop turn. */
+  for (int i = 0; i < 100; i++) {
+    fds = harness_fd_count(f->h.sp.pid);
+    if (fds == f->baseline_fds)
+      break;
+    usleep(10000);
+  }
+  assert_int_equal(fds, f->baseline_fds);
+}
+
+static int teardown(void **state) {
+  struct fx *f = *state;
+  int status;
+  check_unharmed(f);
+  gshm_close(f->kept);
+  gshm_disconnect(f->bystander);
+  status = harness_stop(&f->h);
+  free(f);
+  return status == 0 ? 0 : -1;
+}
+
+static int raw_connect(struct fx *f) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  struct timeval tv = {.tv_sec = 5};
+  strcpy(sa.sun_path, f->h.socket_path);
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+static void send_hello(int fd, uint32_t major) {
+  Gshm__Hello m = GSHM__HELLO__INIT;
+  m.major = major;
+  m.client_name = "raw";
+  assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_HELLO, 1, &m.base, -1), 0);
+}
+
+/* Reads one reply; returns its status and copies its message. */
+static int read_status(int fd, char *msg, size_t cap) {
+  static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
+  struct gshm_wire_header h;
+  int fds[8], nfds = 0, st;
+  ssize_t n = gshm__wire_recv(fd, buf, sizeof(buf), fds, 8, &nfds);
+  Gshm__Reply *r;
+
+  assert_true(n > 0);
+  assert_int_equal(nfds, 0);
+  assert_int_equal(gshm__wire_parse_header(buf, (size_t)n, &h), 0);
+  assert_true(h.type & GSHM_WIRE_REPLY);
+  r = gshm__reply__unpack(NULL, h.length, buf + GSHM_WIRE_HEADER_SIZE);
+  assert_non_null(r);
+  st = r->status;
+  if (msg)
+    snprintf(msg, cap, "%s", r->message);
+  gshm__reply__free_unpacked(r, NULL);
+  return st;
+}
+
+/* The daemon closes the connection after a protocol error. */
+static void assert_dropped(int fd) {
+  char b[16];
+  assert_int_equal(recv(fd, b, sizeof(b), 0), 0);
+  close(fd);
+}
+
+static void test_wrong_major_in_hello(void **state) {
+  struct fx *f = *state;
+  char msg[256];
+  int fd = raw_connect(f);
+
+  send_hello(fd, 2);
+  assert_int_equal(read_status(fd, msg, sizeof(msg)), GSHM__STATUS__STATUS_VERSION_MISMATCH);
+  assert_non_null(strstr(msg, "2.0")); /* names the client's version */
+  assert_non_null(strstr(msg, "1.0")); /* and gshmd's */
+  assert_dropped(fd);
+}
+
+static void test_wrong_major_in_header(void **state) {
+  struct fx *f = *state;
+  uint8_t pkt[GSHM_WIRE_HEADER_SIZE];
+  struct gshm_wire_header h = {.magic = GSHM_WIRE_MAGIC, .major = 9, .minor = 3,
+                               .type = GSHM_WIRE_HELLO, .request_id = 1, .length = 0};
+  char msg[256];
+  int fd = raw_connect(f);
+
+  memcpy(pkt, &h, sizeof(h));
+  assert_int_equal(send(fd, pkt, sizeof(pkt), 0), (ssize_t)sizeof(pkt));
+  assert_int_equal(read_status(fd, msg, sizeof(msg)), GSHM__STATUS__STATUS_VERSION_MISMATCH);
+  assert_non_null(strstr(msg, "9.3"));
+  assert_dropped(fd);
+}
+
+static void test_packet_over_64k(void **state) {
+  struct fx *f = *state;
+  static uint8_t big[GSHM_WIRE_MAX_PACKET + 1];
+  int fd = raw_connect(f);
+  struct gshm_wire_header h = {.magic = GSHM_WIRE_MAGIC, .major = 1, .type = GSHM_WIRE_HELLO,
+                               .length = sizeof(big) - GSHM_WIRE_HEADER_SIZE};
+
+  memcpy(big, &h, sizeof(h));
+  assert_int_equal(send(fd, big, sizeof(big), 0), (ssize_t)sizeof(big));
+  assert_int_equal(read_status(fd, NULL, 0), GSHM__STATUS__STATUS_TOO_BIG);
+  assert_dropped(fd);
+}
+
+static void test_truncated_and_lying_packets(void **state) {
+  struct fx *f = *state;
+  uint8_t pkt[64] = {0};
+  struct gshm_wire_header h = {.magic = GSHM_WIRE_MAGIC, .major = 1, .type = GSHM_WIRE_HELLO,
+                               .length = 40};
+  int fd = raw_connect(f);
+
+  /* Shorter than a header. */
+  assert_int_equal(send(fd, "GSHM1", 5, 0), 5);
+  assert_int_equal(read_status(fd, NULL, 0), GSHM__STATUS__STATUS_PROTOCOL_ERROR);
+  assert_dropped(fd);
+  /* A length field that does not match the packet. */
+  fd = raw_connect(f);
+  memcpy(pkt, &h, sizeof(h));
+  assert_int_equal(send(fd, pkt, GSHM_WIRE_HEADER_SIZE + 4, 0), GSHM_WIRE_HEADER_SIZE + 4);
+  assert_int_equal(read_status(fd, NULL, 0), GSHM__STATUS__STATUS_PROTOCOL_ERROR);
+  assert_dropped(fd);
+  /* A body that is not a Hello (truncated protobuf). */
+  fd = raw_connect(f);
+  h.length = 3;
+  memcpy(pkt, &h, sizeof(h));
+  memcpy(pkt + GSHM_WIRE_HEADER_SIZE, "\x1a\x7f\x41", 3); /* string field claiming 127 bytes */
+  assert_int_equal(send(fd, pkt, GSHM_WIRE_HEADER_SIZE + 3, 0), GSHM_WIRE_HEADER_SIZE + 3);
+  assert_int_equal(read_status(fd, NULL, 0), GSHM__STATUS__STATUS_PROTOCOL_ERROR);
+  assert_dropped(fd);
+}
+
+static void test_unknown_type_and_order(void **state) {
+  struct fx *f = *state;
+  Gshm__OpenRequest o = GSHM__OPEN_REQUEST__INIT;
+  char msg[256];
+  int fd = raw_connect(f);
+
+  /* Open before hello. */
+  o.name = "kept";
+  o.access = GSHM__ACCESS__ACCESS_READ;
+  assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_OPEN, 5, &o.base, -1), 0);
+  assert_int_equal(read_status(fd, msg, sizeof(msg)), GSHM__STATUS__STATUS_PROTOCOL_ERROR);
+  assert_non_null(strstr(msg, "hello"));
+  assert_dropped(fd);
+  /* An unknown message type after a good hello. */
+  fd = raw_connect(f);
+  send_hello(fd, GSHM_PROTO_MAJOR);
+  assert_int_equal(read_status(fd, NULL, 0), GSHM__STATUS__STATUS_OK);
+  assert_int_equal(gshm__wire_send(fd, 77, 2, NULL, -1), 0);
+  assert_int_equal(read_status(fd, msg, sizeof(msg)), GSHM__STATUS__STATUS_PROTOCOL_ERROR);
+  assert_non_null(strstr(msg, "unknown"));
+  assert_dropped(fd);
+}
+
+static void test_unexpected_fds_are_closed(void **state) {
+  struct fx *f = *state;
+  Gshm__Hello m = GSHM__HELLO__INIT;
+  uint8_t pkt[256];
+  size_t len;
+  int fds[200], fd = raw_connect(f), devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  char ctl[CMSG_SPACE(sizeof(fds))];
+  struct iovec iov;
+  struct msghdr mh = {0};
+  struct cmsghdr *c;
+
+  m.major = GSHM_PROTO_MAJOR;
+  m.client_name = "fds";
+  assert_int_equal(gshm__wire_pack(GSHM_WIRE_HELLO, 1, &m.base, pkt, sizeof(pkt), &len), 0);
+  for (int i = 0; i < 200; i++)
+    fds[i] = devnull;
+  iov.iov_base = pkt;
+  iov.iov_len = len;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = ctl;
+  mh.msg_controllen = sizeof(ctl);
+  c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(fds));
+  memcpy(CMSG_DATA(c), fds, sizeof(fds));
+  assert_int_equal(sendmsg(fd, &mh, 0), (ssize_t)len);
+  assert_int_equal(read_status(fd, NULL, 0), GSHM__STATUS__STATUS_PROTOCOL_ERROR);
+  assert_dropped(fd);
+  close(devnull);
+  /* teardown checks the daemon's fd count is back to baseline */
+}
+
+static void test_bad_requests_through_the_api(void **state) {
+  struct fx *f = *state;
+  Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
+  gshm_segment_t *s;
+  char name[300], msg[256];
+  int fd;
+
+  memset(name, 'n', 256);
+  name[256] = '\0';
+  assert_int_equal(gshm_create(f->bystander, "zero", 0, NULL, 0600, 0, &s), -EINVAL);
+  assert_true(strlen(gshm_last_error(f->bystander)) > 0);
+  assert_int_equal(gshm_create(f->bystander, name, 1, NULL, 0600, 0, &s), -ENAMETOOLONG);
+  assert_int_equal(gshm_open(f->bystander, "missing", GSHM_ACCESS_READ, &s), -ENOENT);
+  assert_int_equal(gshm_create(f->bystander, "gpu", 1, "cuda:0", 0600, 0, &s), -ENOTSUP);
+  assert_int_equal(gshm_create(f->bystander, "loc", 1, "mars", 0600, 0, &s), -EINVAL);
+  /* The daemon checks the name length itself, not only the library. */
+  fd = raw_connect(f);
+  send_hello(fd, GSHM_PROTO_MAJOR);
+  assert_int_equal(read_status(fd, NULL, 0), GSHM__STATUS__STATUS_OK);
+  cr.name = name;
+  cr.size = 1;
+  cr.location = "host";
+  assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_CREATE, 2, &cr.base, -1), 0);
+  assert_int_equal(read_status(fd, msg, sizeof(msg)), GSHM__STATUS__STATUS_NAME_TOO_LONG);
+  assert_non_null(strstr(msg, "255"));
+  close(fd);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_wrong_major_in_hello, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_wrong_major_in_header, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_packet_over_64k, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_truncated_and_lying_packets, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unknown_type_and_order, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unexpected_fds_are_closed, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bad_requests_through_the_api, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

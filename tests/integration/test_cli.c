@@ -1,0 +1,233 @@
+/* gshmctl as users run it: real gshmctl processes against a real gshmd.
+ * Byte-exact read/write round trips, exit codes, and --json documents. */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+
+#define CTL(h, out, ...) harness_gshmctl(h, out, (const char *const[]){__VA_ARGS__, NULL})
+
+static int setup(void **state) {
+  struct harness *h = calloc(1, sizeof(*h));
+  if (harness_start(h, NULL))
+    return -1;
+  *state = h;
+  return 0;
+}
+
+static int teardown(void **state) {
+  struct harness *h = *state;
+  int status = harness_stop(h);
+  free(h);
+  return status == 0 ? 0 : -1;
+}
+
+static char *write_random_file(struct harness *h, const char *name, size_t n, unsigned seed) {
+  char *path = malloc(512);
+  unsigned char *buf = malloc(n);
+  int fd;
+  snprintf(path, 512, "%s/%s", h->sp.dir, name);
+  harness_random(buf, n, seed);
+  fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, buf, n), (ssize_t)n);
+  close(fd);
+  free(buf);
+  return path;
+}
+
+static unsigned char *slurp(const char *path, size_t *n) {
+  struct stat st;
+  unsigned char *buf;
+  int fd = open(path, O_RDONLY);
+  assert_true(fd >= 0);
+  assert_int_equal(fstat(fd, &st), 0);
+  buf = malloc((size_t)st.st_size + 1);
+  assert_int_equal(read(fd, buf, (size_t)st.st_size), st.st_size);
+  close(fd);
+  *n = (size_t)st.st_size;
+  return buf;
+}
+
+static void test_read_write_roundtrip(void **state) {
+  struct harness *h = *state;
+  const size_t n = 3u << 20;
+  char *in = write_random_file(h, "in.bin", n, 1234), out[512];
+  unsigned char *a, *b;
+  size_t na, nb;
+
+  snprintf(out, sizeof(out), "%s/out.bin", h->sp.dir);
+  assert_int_equal(CTL(h, NULL, "create", "blob", "3M", "--mode", "0640"), 0);
+  assert_int_equal(CTL(h, NULL, "write", "blob", "-i", in), 0);
+  assert_int_equal(CTL(h, NULL, "read", "blob", "-o", out), 0);
+  a = slurp(in, &na);
+  b = slurp(out, &nb);
+  assert_int_equal(na, nb);
+  assert_memory_equal(a, b, na);
+  free(b);
+
+  /* A window, through stdout: --offset and --length. */
+  {
+    char *text = NULL;
+    assert_int_equal(CTL(h, &text, "read", "blob", "--offset", "1K", "--length", "4096"), 0);
+    assert_memory_equal(text, a + 1024, 4096);
+    free(text);
+  }
+  /* Input larger than the segment is refused with exit 1, not truncated silently. */
+  {
+    char *big = write_random_file(h, "big.bin", n + 1, 5);
+    assert_int_equal(CTL(h, NULL, "write", "blob", "-i", big), 1);
+    free(big);
+  }
+  free(a);
+  free(in);
+}
+
+static void test_exit_codes(void **state) {
+  struct harness *h = *state;
+  char *text = NULL;
+
+  assert_int_equal(CTL(h, NULL, "read", "no-such-segment"), 5);
+  assert_int_equal(CTL(h, NULL, "unlink", "no-such-segment"), 5);
+  assert_int_equal(CTL(h, NULL, "create", "x", "0"), 1);          /* size 0 */
+  assert_int_equal(CTL(h, NULL, "create", "x", "12Q"), 2);        /* not a size */
+  assert_int_equal(CTL(h, NULL, "create", "x"), 2);               /* missing SIZE */
+  assert_int_equal(CTL(h, NULL, "frobnicate"), 2);                /* unknown verb */
+  assert_int_equal(CTL(h, NULL, "create", "dup", "4K"), 0);
+  assert_int_equal(CTL(h, NULL, "create", "dup", "4K"), 1);       /* exists */
+  assert_int_equal(CTL(h, &text, "--help"), 0);
+  assert_non_null(strstr(text, "mappings"));
+  free(text);
+  /* A daemon that is not there: exit 3. */
+  {
+    struct harness fake = *h;
+    fake.socket_path = "/nonexistent/gshmd.sock";
+    assert_int_equal(CTL(&fake, NULL, "status"), 3);
+  }
+}
+
+static json_t *ctl_json(struct harness *h, const char *verb) {
+  char *text = NULL;
+  json_error_t err;
+  json_t *doc;
+  assert_int_equal(CTL(h, &text, "--json", verb), 0);
+  doc = json_loads(text, 0, &err);
+  if (!doc)
+    fprintf(stderr, "not JSON (%s): %s\n", err.text, text);
+  assert_non_null(doc);
+  free(text);
+  assert_int_equal(json_integer_value(json_object_get(doc, "schema_version")), 1);
+  return doc;
+}
+
+static void assert_keys(json_t *o, const char *const *keys) {
+  for (int i = 0; keys[i]; i++) {
+    if (!json_object_get(o, keys[i]))
+      fprintf(stderr, "missing key '%s'\n", keys[i]);
+    assert_non_null(json_object_get(o, keys[i]));
+  }
+}
+
+static void test_json_documents(void **state) {
+  struct harness *h = *state;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  void *addr;
+  json_t *doc, *arr, *row;
+
+  assert_int_equal(gshm_connect(h->socket_path, "json-holder", &c), 0);
+  assert_int_equal(gshm_create(c, "j/seg", 10000, "host", 0644, 0, &s), 0);
+  assert_int_equal(gshm_map(s, NULL, 0, &addr), 0);
+
+  doc = ctl_json(h, "segments");
+  arr = json_object_get(doc, "segments");
+  assert_int_equal(json_array_size(arr), 1);
+  row = json_array_get(arr, 0);
+  assert_keys(row, (const char *const[]){"name", "id", "generation", "size", "requested_size",
+                                         "location", "uid", "gid", "mode", "state", "leases",
+                                         "created", NULL});
+  assert_string_equal(json_string_value(json_object_get(row, "name")), "j/seg");
+  assert_int_equal(json_integer_value(json_object_get(row, "size")), 12288);
+  assert_int_equal(json_integer_value(json_object_get(row, "requested_size")), 10000);
+  assert_string_equal(json_string_value(json_object_get(row, "mode")), "0644");
+  json_decref(doc);
+
+  doc = ctl_json(h, "mappings");
+  arr = json_object_get(doc, "mappings");
+  assert_int_equal(json_array_size(arr), 1);
+  row = json_array_get(arr, 0);
+  assert_keys(row, (const char *const[]){"segment", "pid", "uid", "client", "access", "since",
+                                         "mapped", "devices", NULL});
+  assert_int_equal(json_integer_value(json_object_get(row, "pid")), getpid());
+  assert_string_equal(json_string_value(json_object_get(row, "client")), "json-holder");
+  assert_string_equal(json_string_value(json_object_get(row, "access")), "rw");
+  assert_true(json_is_true(json_object_get(row, "mapped")));
+  json_decref(doc);
+
+  doc = ctl_json(h, "clients");
+  arr = json_object_get(doc, "clients");
+  assert_true(json_array_size(arr) >= 2); /* us and gshmctl itself */
+  assert_keys(json_array_get(arr, 0),
+              (const char *const[]){"session_id", "pid", "uid", "gid", "name", "since", "leases",
+                                    NULL});
+  json_decref(doc);
+
+  doc = ctl_json(h, "status");
+  assert_keys(doc, (const char *const[]){"version", "pid", "clients", "segments", "leases", "bytes",
+                                         "backends", NULL});
+  assert_int_equal(json_integer_value(json_object_get(doc, "segments")), 1);
+  assert_int_equal(json_integer_value(json_object_get(doc, "pid")), h->sp.pid);
+  json_decref(doc);
+
+  doc = ctl_json(h, "devices");
+  assert_true(json_is_array(json_object_get(doc, "devices")));
+  json_decref(doc);
+
+  gshm_close(s);
+  gshm_disconnect(c);
+}
+
+static void test_tables(void **state) {
+  struct harness *h = *state;
+  char *text = NULL;
+
+  assert_int_equal(CTL(h, NULL, "create", "t/one", "64M"), 0);
+  assert_int_equal(CTL(h, &text, "segments"), 0);
+  assert_non_null(strstr(text, "t/one"));
+  assert_non_null(strstr(text, "64 MiB"));
+  free(text);
+  assert_int_equal(CTL(h, &text, "status"), 0);
+  assert_non_null(strstr(text, "1 segments"));
+  free(text);
+  assert_int_equal(CTL(h, &text, "metrics"), 0);
+  assert_non_null(strstr(text, "gshm_segments 1\n"));
+  free(text);
+  assert_int_equal(CTL(h, NULL, "unlink", "t/one"), 0);
+  assert_int_equal(CTL(h, &text, "segments"), 0);
+  assert_null(strstr(text, "t/one"));
+  free(text);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_read_write_roundtrip, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_exit_codes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_json_documents, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_tables, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

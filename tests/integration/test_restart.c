@@ -1,0 +1,155 @@
+/* Restart without losing a byte (issue 4): the harness plays systemd's
+ * part (NOTIFY_SOCKET with FDSTORE, LISTEN_FDS on the next start). */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+
+static const uint64_t sizes[] = {4096, (1u << 20) + 3, 8u << 20};
+#define NSEG (sizeof(sizes) / sizeof(sizes[0]))
+
+static void check_bytes(gshm_segment_t *s, uint64_t size, unsigned long long seed) {
+  unsigned char *got = malloc(size), *want = malloc(size);
+  harness_random(want, size, seed);
+  assert_int_equal(gshm_read(s, 0, got, size), 0);
+  assert_memory_equal(got, want, size);
+  free(got);
+  free(want);
+}
+
+static void kill_and_restart(bool activated) {
+  struct harness h;
+  gshm_client_t *c, *fresh;
+  gshm_segment_t *segs[NSEG], *gone, *s, *extra;
+  gshm_segment_info_t before[NSEG], *list;
+  unsigned long long seed = (unsigned long long)time(NULL);
+  uint8_t *mapped;
+  size_t n;
+  char name[32];
+
+  assert_int_equal(activated ? harness_start_activated(&h, NULL) : harness_start(&h, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "survivor", &c), 0);
+  for (size_t i = 0; i < NSEG; i++) {
+    unsigned char *buf = malloc(sizes[i]);
+    snprintf(name, sizeof(name), "keep/%zu", i);
+    assert_int_equal(gshm_create(c, name, sizes[i], NULL, 0640, 0, &segs[i]), 0);
+    harness_random(buf, sizes[i], seed + i);
+    assert_int_equal(gshm_write(segs[i], 0, buf, sizes[i]), 0);
+    before[i] = *gshm_segment_info(segs[i]);
+    free(buf);
+  }
+  /* Freed before the crash: must not come back. */
+  assert_int_equal(gshm_create(c, "gone", 4096, NULL, 0600, 0, &gone), 0);
+  assert_int_equal(gshm_close(gone), 0);
+  assert_int_equal(gshm_unlink(c, "gone"), 0);
+  /* A mapping held across the restart. */
+  assert_int_equal(gshm_map(segs[0], NULL, 0, (void **)&mapped), 0);
+
+  /* Nothing parked for the freed segment any more. */
+  gshm__spawn_poll(&h.sp, 0);
+  for (int i = 0; i < h.sp.nfds; i++)
+    assert_string_not_equal(h.sp.names[i], "seg-4");
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  /* READY came after the restore: the status sent with it counts them. */
+  assert_non_null(strstr(h.sp.status, "3 segments"));
+
+  assert_int_equal(gshm_connect(h.socket_path, "fresh", &fresh), 0);
+  assert_int_equal(gshm_list(fresh, &list, &n), 0);
+  assert_int_equal(n, NSEG);
+  for (size_t i = 0; i < NSEG; i++) {
+    assert_string_equal(list[i].name, before[i].name);
+    assert_int_equal(list[i].id, before[i].id);
+    assert_int_equal(list[i].generation, before[i].generation);
+    assert_int_equal(list[i].size, before[i].size);
+    assert_int_equal(list[i].requested_size, before[i].requested_size);
+    assert_int_equal(list[i].mode, 0640);
+    assert_int_equal(gshm_open(fresh, before[i].name, GSHM_ACCESS_READ, &s), 0);
+    check_bytes(s, sizes[i], seed + i);
+    gshm_close(s);
+  }
+  gshm_free(list);
+
+  /* The old client: its mapping still works, in both directions... */
+  mapped[0] ^= 0xff;
+  {
+    unsigned char b;
+    assert_int_equal(gshm_open(fresh, "keep/0", GSHM_ACCESS_READ, &s), 0);
+    assert_int_equal(gshm_read(s, 0, &b, 1), 0);
+    assert_int_equal(b, mapped[0]);
+    gshm_close(s);
+  }
+  /* ...and it reconnects on its next request, re-takes its leases and
+   * can open and create. */
+  assert_int_equal(gshm_create(c, "after", 4096, NULL, 0600, 0, &extra), 0);
+  {
+    gshm_lease_info_t *leases;
+    size_t nl, mine = 0;
+    assert_int_equal(gshm_list_leases(fresh, &leases, &nl), 0);
+    for (size_t i = 0; i < nl; i++)
+      mine += !strcmp(leases[i].client_name, "survivor");
+    assert_int_equal(mine, NSEG + 1); /* re-taken + the new one */
+    gshm_free(leases);
+  }
+  /* New ids continue after the restored ones. */
+  assert_true(gshm_segment_info(extra)->id > before[NSEG - 1].id + 1);
+  gshm_close(extra);
+  for (size_t i = 0; i < NSEG; i++)
+    gshm_close(segs[i]);
+  gshm_disconnect(c);
+  gshm_disconnect(fresh);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
+static void test_sigkill_restart(void **state) {
+  (void)state;
+  kill_and_restart(false);
+}
+
+static void test_sigkill_restart_socket_activated(void **state) {
+  (void)state;
+  kill_and_restart(true);
+}
+
+static void test_freed_entries_leave_the_store(void **state) {
+  struct harness h;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  int before;
+
+  (void)state;
+  assert_int_equal(harness_start(&h, NULL), 0);
+  before = h.sp.nfds;
+  assert_int_equal(gshm_connect(h.socket_path, "store", &c), 0);
+  assert_int_equal(gshm_create(c, "tmp", 4096, NULL, 0600, 0, &s), 0);
+  gshm__spawn_poll(&h.sp, 200);
+  assert_int_equal(h.sp.nfds, before + (before ? 1 : 2)); /* seg fd (+ first state) */
+  gshm_close(s);
+  assert_int_equal(gshm_unlink(c, "tmp"), 0);
+  gshm__spawn_poll(&h.sp, 200);
+  for (int i = 0; i < h.sp.nfds; i++)
+    assert_true(strncmp(h.sp.names[i], "seg-", 4)); /* no segment fd left */
+  assert_int_equal(h.sp.nfds, 1); /* only the latest state table */
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sigkill_restart),
+      cmocka_unit_test(test_sigkill_restart_socket_activated),
+      cmocka_unit_test(test_freed_entries_leave_the_store),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,299 @@
+/* Sharing between real processes through a real gshmd: bytes, unlink
+ * semantics, leases of killed clients, read-only enforcement, the lease
+ * cache and its invalidation. */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+#include "util.h"
+
+static int setup(void **state) {
+  struct harness *h = calloc(1, sizeof(*h));
+  if (harness_start(h, NULL))
+    return -1;
+  *state = h;
+  return 0;
+}
+
+static int teardown(void **state) {
+  struct harness *h = *state;
+  int status = harness_stop(h);
+  free(h);
+  return status == 0 ? 0 : -1; /* gshmd must exit cleanly */
+}
+
+/* Runs fn in a child process; returns its exit code. */
+static int in_child(int (*fn)(const char *, void *), const char *sock, void *arg) {
+  int status;
+  pid_t pid = fork();
+  if (pid == 0)
+    _exit(fn(sock, arg));
+  assert_true(pid > 0);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+struct share_args {
+  uint64_t size;
+  unsigned long long seed;
+};
+
+static int child_write(const char *sock, void *p) {
+  struct share_args *a = p;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  void *addr;
+  if (gshm_connect(sock, "writer", &c) ||
+      gshm_create(c, "test/share", a->size, "host", 0644, 0, &s) || gshm_map(s, NULL, 0, &addr))
+    return 1;
+  harness_random(addr, a->size, a->seed);
+  gshm_close(s); /* the segment stays: it is named */
+  gshm_disconnect(c);
+  return 0;
+}
+
+static int child_read(const char *sock, void *p) {
+  struct share_args *a = p;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  void *addr, *want = malloc(a->size);
+  int rc = 0;
+  if (gshm_connect(sock, "reader", &c) || gshm_open(c, "test/share", GSHM_ACCESS_READ, &s) ||
+      gshm_map(s, NULL, 0, &addr))
+    return 2;
+  harness_random(want, a->size, a->seed);
+  if (gshm_segment_info(s)->requested_size != a->size || memcmp(addr, want, a->size))
+    rc = 3;
+  /* A read-only lease's fd refuses a writable shared mapping: the kernel
+   * enforces it, not the library. */
+  if (mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, gshm_segment_fd(s), 0) != MAP_FAILED ||
+      errno != EACCES)
+    rc = 4;
+  if (gshm_write(s, 0, want, 1) != -EACCES)
+    rc = 5;
+  free(want);
+  gshm_close(s);
+  gshm_disconnect(c);
+  return rc;
+}
+
+static void test_share_across_processes(void **state) {
+  struct harness *h = *state;
+  struct share_args a = {.size = (3u << 20) + 5, .seed = (unsigned long long)time(NULL)};
+
+  assert_int_equal(in_child(child_write, h->socket_path, &a), 0);
+  assert_int_equal(in_child(child_read, h->socket_path, &a), 0);
+}
+
+static void test_unlink_while_leased(void **state) {
+  struct harness *h = *state;
+  gshm_client_t *a, *b;
+  gshm_segment_t *sa, *sb, *s2;
+  gshm_segment_info_t info;
+  gshm_status_info_t st;
+  unsigned char buf[4096], want[4096];
+  uint64_t gen;
+
+  assert_int_equal(gshm_connect(h->socket_path, "a", &a), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "b", &b), 0);
+  assert_int_equal(gshm_create(a, "u", 4096, NULL, 0644, 0, &sa), 0);
+  harness_random(want, sizeof(want), 7);
+  assert_int_equal(gshm_write(sa, 0, want, sizeof(want)), 0);
+  assert_int_equal(gshm_open(b, "u", GSHM_ACCESS_READ, &sb), 0);
+  gen = gshm_segment_info(sb)->generation;
+  assert_int_equal(gshm_close(sa), 0);
+  assert_int_equal(gshm_unlink(a, "u"), 0);
+
+  /* The name is gone at once... */
+  assert_int_equal(gshm_open(a, "u", GSHM_ACCESS_READ, &s2), -ENOENT);
+  assert_int_equal(gshm_stat(sb, &info), 0);
+  assert_true(info.unlinked);
+  /* ...the memory is not: b still reads the bytes. */
+  assert_int_equal(gshm_read(sb, 0, buf, sizeof(buf)), 0);
+  assert_memory_equal(buf, want, sizeof(buf));
+  assert_int_equal(gshm_status(a, &st), 0);
+  assert_int_equal(st.segments, 1);
+  /* The name is free for a new segment, with a new generation. */
+  assert_int_equal(gshm_create(a, "u", 4096, NULL, 0644, 0, &s2), 0);
+  assert_true(gshm_segment_info(s2)->generation > gen);
+  assert_int_equal(gshm_status(a, &st), 0);
+  assert_int_equal(st.segments, 2);
+  /* The last lease ends: the old memory goes. */
+  assert_int_equal(gshm_close(sb), 0);
+  assert_int_equal(gshm_status(a, &st), 0);
+  assert_int_equal(st.segments, 1);
+  assert_int_equal(st.bytes, 4096);
+  gshm_close(s2);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
+static void test_killed_client_leases_vanish(void **state) {
+  struct harness *h = *state;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  gshm_lease_info_t *leases;
+  size_t n;
+  int p[2], status;
+  char ok;
+  pid_t pid;
+  int64_t t0, waited_ms = -1;
+
+  assert_int_equal(gshm_connect(h->socket_path, "watcher", &c), 0);
+  assert_int_equal(gshm_create(c, "k", 65536, NULL, 0666, 0, &s), 0);
+  assert_int_equal(pipe(p), 0);
+  pid = fork();
+  if (pid == 0) {
+    gshm_client_t *cc;
+    gshm_segment_t *ss;
+    void *addr;
+    close(p[0]);
+    if (gshm_connect(h->socket_path, "victim", &cc) || gshm_open(cc, "k", GSHM_ACCESS_READ_WRITE, &ss) ||
+        gshm_map(ss, NULL, 0, &addr))
+      _exit(1);
+    memset(addr, 0x5a, 65536);
+    if (write(p[1], "1", 1) != 1)
+      _exit(1);
+    pause();
+    _exit(0);
+  }
+  close(p[1]);
+  assert_int_equal(read(p[0], &ok, 1), 1);
+  assert_int_equal(gshm_list_leases(c, &leases, &n), 0);
+  assert_int_equal(n, 2);
+  gshm_free(leases);
+
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  t0 = gshm__now_ns(CLOCK_MONOTONIC);
+  for (;;) {
+    bool found = false;
+    assert_int_equal(gshm_list_leases(c, &leases, &n), 0);
+    for (size_t i = 0; i < n; i++)
+      found |= leases[i].pid == pid;
+    gshm_free(leases);
+    if (!found) {
+      waited_ms = (gshm__now_ns(CLOCK_MONOTONIC) - t0) / 1000000;
+      break;
+    }
+    if (gshm__now_ns(CLOCK_MONOTONIC) - t0 > 2000000000LL)
+      break;
+    usleep(10000);
+  }
+  assert_true(waited_ms >= 0 && waited_ms <= 1000);
+  /* The memory and its bytes are intact for the others. */
+  {
+    unsigned char buf[65536], want[65536];
+    memset(want, 0x5a, sizeof(want));
+    assert_int_equal(gshm_read(s, 0, buf, sizeof(buf)), 0);
+    assert_memory_equal(buf, want, sizeof(buf));
+  }
+  close(p[0]);
+  gshm_close(s);
+  gshm_disconnect(c);
+}
+
+static void test_lease_cache(void **state) {
+  struct harness *h = *state;
+  gshm_client_t *c, *other;
+  gshm_segment_t *s1, *s2, *s3, *s4;
+  gshm_lease_info_t *leases;
+  void *a1, *a2;
+  size_t n;
+  uint64_t gen;
+  unsigned char v = 0;
+
+  assert_int_equal(gshm_connect(h->socket_path, "cache", &c), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "other", &other), 0);
+  assert_int_equal(gshm_create(other, "cached", 8192, NULL, 0666, 0, &s4), 0);
+  assert_int_equal(gshm_open(c, "cached", GSHM_ACCESS_READ_WRITE, &s1), 0);
+  assert_int_equal(gshm_map(s1, NULL, 0, &a1), 0);
+  gen = gshm_segment_info(s1)->generation;
+  /* A re-open while held: same lease, same mapping, no new lease. */
+  assert_int_equal(gshm_open(c, "cached", GSHM_ACCESS_READ_WRITE, &s2), 0);
+  assert_int_equal(gshm_map(s2, NULL, 0, &a2), 0);
+  assert_ptr_equal(a1, a2);
+  assert_int_equal(gshm_list_leases(c, &leases, &n), 0);
+  assert_int_equal(n, 2); /* other's create lease + one of ours */
+  gshm_free(leases);
+  /* Closing one object keeps the mapping for the other. */
+  assert_int_equal(gshm_close(s2), 0);
+  ((unsigned char *)a1)[0] = 0xab;
+
+  /* Another process unlinks and re-creates the name: the cache must not
+   * serve the stale generation. */
+  assert_int_equal(gshm_close(s4), 0);
+  assert_int_equal(gshm_unlink(other, "cached"), 0);
+  assert_int_equal(gshm_create(other, "cached", 8192, NULL, 0666, 0, &s4), 0);
+  assert_int_equal(gshm_open(c, "cached", GSHM_ACCESS_READ_WRITE, &s3), 0);
+  assert_true(gshm_segment_info(s3)->generation > gen);
+  assert_int_equal(gshm_read(s3, 0, &v, 1), 0);
+  assert_int_equal(v, 0); /* the new segment, not the old bytes */
+  gshm_close(s1);
+  gshm_close(s3);
+  gshm_close(s4);
+  gshm_disconnect(c);
+  gshm_disconnect(other);
+}
+
+static void test_lists_and_status(void **state) {
+  struct harness *h = *state;
+  enum { N = 600 }; /* more than one reply packet of segments */
+  gshm_segment_t *segs[N];
+  gshm_segment_info_t *infos;
+  gshm_client_info_t *clients;
+  gshm_status_info_t st;
+  gshm_client_t *c;
+  size_t n;
+  char name[64];
+
+  assert_int_equal(gshm_connect(h->socket_path, "lister", &c), 0);
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "many/segment-with-a-longish-name-%04d", i);
+    assert_int_equal(gshm_create(c, name, 1, NULL, 0600, 0, &segs[i]), 0);
+  }
+  assert_int_equal(gshm_list(c, &infos, &n), 0);
+  assert_int_equal(n, N);
+  for (size_t i = 1; i < n; i++)
+    assert_true(infos[i].id > infos[i - 1].id);
+  assert_string_equal(infos[N - 1].name, name);
+  gshm_free(infos);
+  assert_int_equal(gshm_list_clients(c, &clients, &n), 0);
+  assert_int_equal(n, 1);
+  assert_string_equal(clients[0].name, "lister");
+  assert_int_equal(clients[0].pid, getpid());
+  assert_int_equal(clients[0].leases, N);
+  gshm_free(clients);
+  assert_int_equal(gshm_status(c, &st), 0);
+  assert_int_equal(st.segments, N);
+  assert_int_equal(st.bytes, (uint64_t)N * 4096);
+  assert_string_equal(st.backends, "host");
+  for (int i = 0; i < N; i++)
+    gshm_close(segs[i]);
+  gshm_disconnect(c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_share_across_processes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unlink_while_leased, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_killed_client_leases_vanish, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_lease_cache, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_lists_and_status, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

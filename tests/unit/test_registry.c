@@ -1,0 +1,174 @@
+/* The registry on its own: permissions, leases, unlink semantics, quotas
+ * (host backend, no sockets). */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+#include "log.h"
+#include "registry.h"
+
+struct fixture {
+  struct gshmd_config cfg;
+  struct gshmd_registry reg;
+  struct gshmd_client *alice, *bob, *root;
+};
+
+static struct gshmd_client *add_client(struct gshmd_registry *r, uid_t uid, gid_t gid) {
+  struct gshmd_cred cred = {.pid = 1000 + (pid_t)uid, .uid = uid, .gid = gid, .admin = uid == 0};
+  struct gshmd_client *c = NULL;
+  const char *msg;
+  assert_int_equal(gshmd_registry_client_add(r, &cred, &c, &msg), 0);
+  return c;
+}
+
+static int setup(void **state) {
+  struct fixture *f = calloc(1, sizeof(*f));
+  f->cfg.max_name = 255;
+  f->cfg.max_segments = 100;
+  gshmd_registry_init(&f->reg, &f->cfg);
+  assert_int_equal(gshmd_backend_host_create(&f->cfg, &f->reg.host), 0);
+  f->alice = add_client(&f->reg, 1001, 100);
+  f->bob = add_client(&f->reg, 1002, 100);
+  f->root = add_client(&f->reg, 0, 0);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  struct fixture *f = *state;
+  gshmd_registry_destroy(&f->reg);
+  f->reg.host->ops->destroy(f->reg.host);
+  free(f);
+  return 0;
+}
+
+static int create(struct fixture *f, struct gshmd_client *c, const char *name, uint64_t size,
+                  uint32_t mode, struct gshmd_lease **l) {
+  Gshm__CreateRequest req = GSHM__CREATE_REQUEST__INIT;
+  const char *msg = NULL;
+  req.name = (char *)name;
+  req.size = size;
+  req.location = "host";
+  req.mode = mode;
+  return gshmd_registry_create(&f->reg, c, &req, l, &msg);
+}
+
+static int open_(struct fixture *f, struct gshmd_client *c, const char *name, int access,
+                 struct gshmd_lease **l) {
+  Gshm__OpenRequest req = GSHM__OPEN_REQUEST__INIT;
+  const char *msg = NULL;
+  req.name = (char *)name;
+  req.access = access;
+  return gshmd_registry_open(&f->reg, c, &req, l, &msg);
+}
+
+static void test_permissions(void **state) {
+  struct fixture *f = *state;
+  struct gshmd_lease *l, *lb;
+
+  assert_int_equal(create(f, f->alice, "a/private", 100, 0600, &l), 0);
+  assert_int_equal(l->seg->mem->size, 4096); /* page granularity */
+  assert_int_equal(l->seg->requested_size, 100);
+  assert_int_equal(open_(f, f->bob, "a/private", GSHM__ACCESS__ACCESS_READ, &lb), -EACCES);
+  assert_false(gshmd_registry_may_see(f->bob, l->seg));
+  assert_int_equal(open_(f, f->root, "a/private", GSHM__ACCESS__ACCESS_READ_WRITE, &lb), 0);
+
+  assert_int_equal(create(f, f->alice, "a/group", 100, 0640, &l), 0);
+  assert_int_equal(open_(f, f->bob, "a/group", GSHM__ACCESS__ACCESS_READ, &lb), 0);
+  assert_int_equal(open_(f, f->bob, "a/group", GSHM__ACCESS__ACCESS_READ_WRITE, &lb), -EACCES);
+  /* Only the owner or an admin unlinks. */
+  {
+    const char *msg;
+    assert_int_equal(gshmd_registry_unlink(&f->reg, f->bob, "a/group", &msg), -EACCES);
+    assert_int_equal(gshmd_registry_unlink(&f->reg, f->alice, "a/group", &msg), 0);
+  }
+}
+
+static void test_bad_requests(void **state) {
+  struct fixture *f = *state;
+  struct gshmd_lease *l;
+  char name[300];
+
+  assert_int_equal(create(f, f->alice, "zero", 0, 0600, &l), -EINVAL);
+  assert_int_equal(create(f, f->alice, "bad//name", 1, 0600, &l), -EINVAL);
+  assert_int_equal(create(f, f->alice, "mode", 1, 01777, &l), -EINVAL);
+  memset(name, 'x', 256);
+  name[256] = '\0';
+  assert_int_equal(create(f, f->alice, name, 1, 0600, &l), -ENAMETOOLONG);
+  assert_int_equal(create(f, f->alice, "dup", 1, 0600, &l), 0);
+  assert_int_equal(create(f, f->bob, "dup", 1, 0600, &l), -EEXIST);
+  assert_int_equal(open_(f, f->alice, "missing", GSHM__ACCESS__ACCESS_READ, &l), -ENOENT);
+  {
+    Gshm__CreateRequest req = GSHM__CREATE_REQUEST__INIT;
+    const char *msg = NULL;
+    req.name = "gpu";
+    req.size = 1;
+    req.location = "cuda:0";
+    /* No CUDA backend in this registry. */
+    assert_int_equal(gshmd_registry_create(&f->reg, f->alice, &req, &l, &msg), -ENOTSUP);
+    assert_non_null(msg);
+  }
+}
+
+static void test_unlink_keeps_memory_for_leases(void **state) {
+  struct fixture *f = *state;
+  struct gshmd_lease *la, *lb;
+  const char *msg;
+  uint64_t id, gen;
+
+  assert_int_equal(create(f, f->alice, "shared", 8192, 0644, &la), 0);
+  id = la->seg->id;
+  gen = la->seg->generation;
+  assert_int_equal(open_(f, f->bob, "shared", GSHM__ACCESS__ACCESS_READ, &lb), 0);
+  assert_int_equal(f->reg.nsegments, 1);
+  assert_int_equal(gshmd_registry_unlink(&f->reg, f->alice, "shared", &msg), 0);
+  /* Name gone at once, memory kept. */
+  assert_null(gshmd_registry_find_name(&f->reg, "shared"));
+  assert_non_null(gshmd_registry_find_id(&f->reg, id));
+  assert_int_equal(f->reg.bytes, 8192);
+  /* The name can be created again: new id, higher generation. */
+  {
+    struct gshmd_lease *l2;
+    assert_int_equal(create(f, f->alice, "shared", 4096, 0644, &l2), 0);
+    assert_true(l2->seg->id > id);
+    assert_true(l2->seg->generation > gen);
+  }
+  assert_int_equal(gshmd_registry_close(&f->reg, f->alice, la->id), 0);
+  assert_non_null(gshmd_registry_find_id(&f->reg, id)); /* bob still holds it */
+  gshmd_registry_client_remove(&f->reg, f->bob);        /* a connection ends */
+  f->bob = NULL;
+  assert_null(gshmd_registry_find_id(&f->reg, id));
+  assert_int_equal(f->reg.bytes, 4096);
+}
+
+static void test_quota(void **state) {
+  struct fixture *f = *state;
+  struct gshmd_lease *l1, *l2;
+  const char *msg;
+
+  f->cfg.quota_host_bytes = 3 * 4096;
+  assert_int_equal(create(f, f->alice, "q1", 2 * 4096, 0600, &l1), 0);
+  assert_int_equal(create(f, f->alice, "q2", 2 * 4096, 0600, &l2), -EDQUOT);
+  assert_int_equal(create(f, f->root, "q-root", 8 * 4096, 0600, &l2), 0); /* root is exempt */
+  assert_int_equal(gshmd_registry_close(&f->reg, f->alice, l1->id), 0);
+  assert_int_equal(gshmd_registry_unlink(&f->reg, f->alice, "q1", &msg), 0);
+  assert_int_equal(create(f, f->alice, "q2", 2 * 4096, 0600, &l2), 0); /* after a free */
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_permissions, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bad_requests, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unlink_keeps_memory_for_leases, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
+  };
+  gshm__log_setup("test", -1, 0);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

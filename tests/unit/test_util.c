@@ -1,0 +1,95 @@
+/* Size, location and name parsing. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "util.h"
+
+static void test_sizes(void **state) {
+  uint64_t v;
+  (void)state;
+  assert_int_equal(gshm__parse_size("4096", &v), 0);
+  assert_int_equal(v, 4096);
+  assert_int_equal(gshm__parse_size("4K", &v), 0);
+  assert_int_equal(v, 4096);
+  assert_int_equal(gshm__parse_size("64M", &v), 0);
+  assert_int_equal(v, 64ull << 20);
+  assert_int_equal(gshm__parse_size("2G", &v), 0);
+  assert_int_equal(v, 2ull << 30);
+  assert_int_equal(gshm__parse_size("3GiB", &v), 0);
+  assert_int_equal(v, 3ull << 30);
+  assert_int_equal(gshm__parse_size("1t", &v), 0);
+  assert_int_equal(v, 1ull << 40);
+  assert_int_equal(gshm__parse_size("", &v), -EINVAL);
+  assert_int_equal(gshm__parse_size("-1", &v), -EINVAL);
+  assert_int_equal(gshm__parse_size("12Q", &v), -EINVAL);
+  assert_int_equal(gshm__parse_size("1 K", &v), -EINVAL);
+  assert_int_equal(gshm__parse_size("99999999999999999999", &v), -ERANGE);
+  assert_int_equal(gshm__parse_size("17000000T", &v), -ERANGE);
+}
+
+static void test_locations(void **state) {
+  struct gshm_location l;
+  (void)state;
+  assert_int_equal(gshm__location_parse("host", &l), 0);
+  assert_int_equal(l.kind, GSHM_LOCATION_HOST);
+  assert_int_equal(gshm__location_parse("cuda:1", &l), 0);
+  assert_int_equal(l.kind, GSHM_LOCATION_CUDA_INDEX);
+  assert_int_equal(l.index, 1);
+  assert_int_equal(gshm__location_parse("cuda:GPU-1a2b3c4d-0000-1111-2222-333344445555", &l), 0);
+  assert_int_equal(l.kind, GSHM_LOCATION_CUDA_UUID);
+  assert_string_equal(l.uuid, "GPU-1a2b3c4d-0000-1111-2222-333344445555");
+  assert_int_equal(gshm__location_parse("cuda:", &l), -EINVAL);
+  assert_int_equal(gshm__location_parse("cuda:-1", &l), -EINVAL);
+  assert_int_equal(gshm__location_parse("cuda:GPU-zz", &l), -EINVAL);
+  assert_int_equal(gshm__location_parse("gpu0", &l), -EINVAL);
+}
+
+static void test_names(void **state) {
+  char long_name[300];
+  (void)state;
+  assert_int_equal(gshm__name_check("weights", 255), 0);
+  assert_int_equal(gshm__name_check("llama/70b/layer.0", 255), 0);
+  assert_int_equal(gshm__name_check("", 255), -EINVAL);
+  assert_int_equal(gshm__name_check("/abs", 255), -EINVAL);
+  assert_int_equal(gshm__name_check("a//b", 255), -EINVAL);
+  assert_int_equal(gshm__name_check("a/../b", 255), -EINVAL);
+  assert_int_equal(gshm__name_check("a/.", 255), -EINVAL);
+  assert_int_equal(gshm__name_check("tab\there", 255), -EINVAL);
+  memset(long_name, 'n', sizeof(long_name) - 1);
+  long_name[255] = '\0';
+  assert_int_equal(gshm__name_check(long_name, 255), 0);
+  long_name[255] = 'n';
+  long_name[256] = '\0';
+  assert_int_equal(gshm__name_check(long_name, 255), -ENAMETOOLONG);
+}
+
+static void test_format(void **state) {
+  char b[32];
+  (void)state;
+  assert_string_equal(gshm__format_size(512, b, sizeof(b)), "512 B");
+  assert_string_equal(gshm__format_size(64ull << 20, b, sizeof(b)), "64 MiB");
+  assert_string_equal(gshm__format_size(1536, b, sizeof(b)), "1.5 KiB");
+  {
+    const unsigned char u[16] = {0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0,
+                                 0, 1, 2, 3, 4, 5, 6, 7};
+    char s[48];
+    gshm__format_gpu_uuid(u, s);
+    assert_string_equal(s, "GPU-12345678-9abc-def0-0001-020304050607");
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sizes),
+      cmocka_unit_test(test_locations),
+      cmocka_unit_test(test_names),
+      cmocka_unit_test(test_format),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
