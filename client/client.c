@@ -374,7 +374,17 @@ static int lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
   struct gshm__lease *l;
   int e;
 
-  if (reply->body_case != GSHM__REPLY__BODY_GRANT || !reply->grant->segment || fd < 0) {
+  bool legacy;
+
+  if (reply->body_case != GSHM__REPLY__BODY_GRANT || !reply->grant->segment) {
+    if (fd >= 0)
+      close(fd);
+    return -EPROTO;
+  }
+  /* Every grant carries an fd, but a legacy-IPC one, which carries the
+   * 64-byte handle instead. */
+  legacy = reply->grant->legacy_ipc_handle.len == GSHM_LEGACY_IPC_HANDLE_SIZE;
+  if ((fd < 0) != legacy) {
     if (fd >= 0)
       close(fd);
     return -EPROTO;
@@ -388,6 +398,7 @@ static int lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
   l->access = reply->grant->access == GSHM__ACCESS__ACCESS_READ ? GSHM_ACCESS_READ
                                                                  : GSHM_ACCESS_READ_WRITE;
   l->fd = fd;
+  l->legacy = legacy;
   info_from_wire(&l->info, reply->grant->segment);
   if ((e = segment_new(l, seg_out))) {
     close(fd);
@@ -430,7 +441,7 @@ static struct gshm__lease *cached_lease(struct gshm_client *c, const char *name,
   drain_events(c);
   for (struct gshm__lease *l = c->leases; l; l = l->next)
     /* Same access only: a read-only open must not get a writable mapping. */
-    if (!l->unlinked && !l->revoked && l->lease_id && l->access == access &&
+    if (!l->unlinked && !l->revoked && !l->legacy && l->lease_id && l->access == access &&
         !strcmp(l->info.name, name))
       return l;
   return NULL;
@@ -784,8 +795,11 @@ void gshm__report_mapping(struct gshm_client *c, struct gshm__lease *l, char **u
   m.device_uuids = uuids;
   m.n_device_uuids = n;
   m.unmapped = unmapped;
-  if (gshm__request(c, GSHM_WIRE_MAP_REPORT, &m.base, &reply, NULL) == 0)
-    gshm__reply__free_unpacked(reply, NULL);
+  /* Request id 0: gshmd sends no reply, so this costs no round trip.  A
+   * lost connection is noticed by the next request. */
+  (void)reply;
+  if (c->fd >= 0)
+    gshm__wire_send(c->fd, GSHM_WIRE_MAP_REPORT, 0, &m.base, -1);
 }
 
 static int add_devices(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap, uint64_t *next) {

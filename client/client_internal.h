@@ -25,6 +25,7 @@ struct gshm__lease {
   int refs;                /* gshm_segment_t objects using this lease */
   bool unlinked;           /* name gone: never served to new opens */
   bool revoked;            /* the daemon ended the lease */
+  bool legacy;             /* a legacy-IPC lease: no fd, never cached */
   /* The mapping, shared by every segment object of this lease. */
   void *addr;
   uint64_t map_size;

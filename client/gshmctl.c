@@ -44,7 +44,8 @@ static void usage(FILE *f) {
           "                                 cuda:N or cuda:GPU-<uuid>; MODE octal, default 0600\n"
           "  unlink NAME                    remove the name; memory goes with the last lease\n"
           "  read NAME [--offset B] [--length B] [-o FILE]\n"
-          "                                 segment bytes to stdout or FILE\n"
+          "                                 segment bytes to stdout or FILE (default: up to\n"
+          "                                 the size asked for at create)\n"
           "  write NAME [-i FILE] [--offset B]\n"
           "                                 bytes from stdin or FILE into the segment\n"
           "\n"
@@ -528,14 +529,18 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   if ((e = gshm_open(c, argv[optind], GSHM_ACCESS_READ, &seg)))
     return fail(c, "read", e);
   {
+    /* By default the bytes that were asked for at create, not the
+     * granularity's padding: a segment holding a file reads back as that
+     * file (e.g. safetensors, which must end where its data ends). */
     uint64_t size = gshm_segment_info(seg)->size;
-    if (offset > size || (have_length && length > size - offset)) {
-      fprintf(stderr, "gshmctl: read: range past the segment's %" PRIu64 " bytes\n", size);
+    uint64_t end = have_length ? size : gshm_segment_info(seg)->requested_size;
+    if (offset > end || (have_length && length > size - offset)) {
+      fprintf(stderr, "gshmctl: read: range past the segment's %" PRIu64 " bytes\n", end);
       gshm_close(seg);
       return EXIT_ERR;
     }
     if (!have_length)
-      length = size - offset;
+      length = end - offset;
   }
   /* One mapping for the whole read: chunks then copy from it. */
   if ((e = gshm_map(seg, NULL, 0, &addr))) {
@@ -672,6 +677,24 @@ int main(int argc, char **argv) {
   verb = argv[optind];
   argc -= optind;
   argv += optind;
+  /* Global options may also follow the verb ("gshmctl mappings --json"):
+   * take them out before the verb parses its own. */
+  {
+    int w = 1;
+    for (int r = 1; r < argc; r++) {
+      if (!strcmp(argv[r], "--json") || !strcmp(argv[r], "-j")) {
+        json_out = 1;
+      } else if ((!strcmp(argv[r], "--socket") || !strcmp(argv[r], "-s")) && r + 1 < argc) {
+        socket_path = argv[++r];
+      } else if (!strncmp(argv[r], "--socket=", 9)) {
+        socket_path = argv[r] + 9;
+      } else {
+        argv[w++] = argv[r];
+      }
+    }
+    argc = w;
+    argv[argc] = NULL;
+  }
   if (!strcmp(verb, "help")) {
     usage(stdout);
     return EXIT_OK;

@@ -286,7 +286,9 @@ static int handle_create(struct req *q, Gshm__CreateRequest *m) {
 
   if (e)
     return set_error(q, e, msg);
-  if ((e = grant_lease(q, l, false))) {
+  /* A legacy-IPC segment has no fd (cuMemAlloc memory): its creator gets
+   * the handle instead. */
+  if ((e = grant_lease(q, l, (m->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) != 0))) {
     /* Undo: the creator could not get its fd, so nothing was created. */
     char *name = strdup(l->seg->name);
     gshmd_registry_close(q->c->srv->reg, q->c->client, l->id);
@@ -724,7 +726,10 @@ static void conn_handle_packet(struct conn *c, const uint8_t *pkt, size_t len) {
   if ((unsigned)reply.status < GSHMD_NSTATUS)
     s->requests[hdr.type][reply.status]++;
 
-  conn_send(c, hdr.type, hdr.request_id, &reply, q.fd_out);
+  /* A mapping report with request id 0 wants no reply (libgshm sends it
+   * without waiting, to keep a round trip off every first map). */
+  if (!(hdr.type == GSHM_WIRE_MAP_REPORT && hdr.request_id == 0))
+    conn_send(c, hdr.type, hdr.request_id, &reply, q.fd_out);
   if (q.fd_out >= 0)
     close(q.fd_out); /* the client has its own copy now (or never will) */
   for (size_t i = 0; i < sizeof(q.free_after) / sizeof(q.free_after[0]); i++)
