@@ -858,3 +858,43 @@ int gshm_metrics(gshm_client_t *c, char **text_out) {
     *text_out = text;
   return e;
 }
+
+/* Sends a request that names a segment and returns nothing of interest. */
+static int simple_request(gshm_client_t *c, uint16_t type, const ProtobufCMessage *m) {
+  Gshm__Reply *reply = NULL;
+  int e;
+
+  pthread_mutex_lock(&c->lock);
+  e = gshm__request(c, type, m, &reply, NULL);
+  pthread_mutex_unlock(&c->lock);
+  if (!e)
+    gshm__reply__free_unpacked(reply, NULL);
+  return e;
+}
+
+int gshm_chmod(gshm_client_t *c, const char *name, uint32_t mode) {
+  Gshm__ChmodRequest m = GSHM__CHMOD_REQUEST__INIT;
+  if (!c || !name)
+    return -EINVAL;
+  m.name = (char *)name;
+  m.mode = mode;
+  return simple_request(c, GSHM_WIRE_CHMOD, &m.base);
+}
+
+int gshm_chown(gshm_client_t *c, const char *name, uint32_t uid, uint32_t gid) {
+  Gshm__ChownRequest m = GSHM__CHOWN_REQUEST__INIT;
+  if (!c || !name)
+    return -EINVAL;
+  m.name = (char *)name;
+  m.uid = uid == (uint32_t)-1 ? -1 : (int64_t)uid;
+  m.gid = gid == (uint32_t)-1 ? -1 : (int64_t)gid;
+  return simple_request(c, GSHM_WIRE_CHOWN, &m.base);
+}
+
+int gshm_revoke(gshm_client_t *c, const char *name) {
+  Gshm__RevokeRequest m = GSHM__REVOKE_REQUEST__INIT;
+  if (!c || !name)
+    return -EINVAL;
+  m.name = (char *)name;
+  return simple_request(c, GSHM_WIRE_REVOKE, &m.base);
+}

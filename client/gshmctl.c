@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
+#include <pwd.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdbool.h>
@@ -43,6 +45,9 @@ static void usage(FILE *f) {
           "                                 SIZE in bytes or with K/M/G/T; LOC host (default),\n"
           "                                 cuda:N or cuda:GPU-<uuid>; MODE octal, default 0600\n"
           "  unlink NAME                    remove the name; memory goes with the last lease\n"
+          "  chmod NAME MODE                change permission bits (owner or admin)\n"
+          "  chown NAME [USER][:GROUP]      change owner (admin) and/or group\n"
+          "  revoke NAME                    admin: end every lease and unlink\n"
           "  read NAME [--offset B] [--length B] [-o FILE]\n"
           "                                 segment bytes to stdout or FILE (default: up to\n"
           "                                 the size asked for at create)\n"
@@ -462,6 +467,93 @@ static int cmd_unlink(gshm_client_t *c, int argc, char **argv) {
   return EXIT_OK;
 }
 
+static int cmd_chmod(gshm_client_t *c, int argc, char **argv) {
+  unsigned long mode;
+  char *end;
+  int e;
+
+  if (argc != 3) {
+    fprintf(stderr, "gshmctl: chmod NAME MODE\n");
+    return EXIT_USAGE;
+  }
+  errno = 0;
+  mode = strtoul(argv[2], &end, 8);
+  if (errno || *end || !*argv[2] || mode > 0777) {
+    fprintf(stderr, "gshmctl: chmod: mode '%s' is not octal 0000..0777\n", argv[2]);
+    return EXIT_USAGE;
+  }
+  if ((e = gshm_chmod(c, argv[1], (uint32_t)mode)))
+    return fail(c, "chmod", e);
+  return json_out ? print_json(json_doc()) : EXIT_OK;
+}
+
+/* A user or group by name or number; (uint32_t)-1 for "". */
+static int parse_id(const char *s, bool group, uint32_t *out) {
+  char *end;
+  unsigned long v;
+
+  if (!*s) {
+    *out = (uint32_t)-1;
+    return 0;
+  }
+  errno = 0;
+  v = strtoul(s, &end, 10);
+  if (!errno && !*end && v < UINT32_MAX) {
+    *out = (uint32_t)v;
+    return 0;
+  }
+  if (group) {
+    struct group *g = getgrnam(s);
+    if (g) {
+      *out = g->gr_gid;
+      return 0;
+    }
+  } else {
+    struct passwd *p = getpwnam(s);
+    if (p) {
+      *out = p->pw_uid;
+      return 0;
+    }
+  }
+  fprintf(stderr, "gshmctl: chown: no such %s '%s'\n", group ? "group" : "user", s);
+  return -ENOENT;
+}
+
+static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
+  char spec[256], *colon;
+  uint32_t uid, gid = (uint32_t)-1;
+  int e;
+
+  if (argc != 3 || strlen(argv[2]) >= sizeof(spec) || !*argv[2]) {
+    fprintf(stderr, "gshmctl: chown NAME [USER][:GROUP]\n");
+    return EXIT_USAGE;
+  }
+  strcpy(spec, argv[2]);
+  if ((colon = strchr(spec, ':'))) {
+    *colon = '\0';
+    if (parse_id(colon + 1, true, &gid))
+      return EXIT_NOTFOUND;
+  }
+  if (parse_id(spec, false, &uid))
+    return EXIT_NOTFOUND;
+  if ((e = gshm_chown(c, argv[1], uid, gid)))
+    return fail(c, "chown", e);
+  return json_out ? print_json(json_doc()) : EXIT_OK;
+}
+
+static int cmd_revoke(gshm_client_t *c, int argc, char **argv) {
+  int e;
+  if (argc != 2) {
+    fprintf(stderr, "gshmctl: revoke NAME\n");
+    return EXIT_USAGE;
+  }
+  if ((e = gshm_revoke(c, argv[1])))
+    return fail(c, "revoke", e);
+  if (!json_out)
+    printf("revoked '%s'\n", argv[1]);
+  return json_out ? print_json(json_doc()) : EXIT_OK;
+}
+
 static int write_all(int fd, const void *buf, size_t n) {
   const char *p = buf;
   while (n) {
@@ -701,7 +793,8 @@ int main(int argc, char **argv) {
   }
   {
     static const char *const verbs[] = {"status", "segments", "mappings", "clients", "devices",
-                                        "metrics", "create", "unlink", "read", "write"};
+                                        "metrics", "create", "unlink", "read", "write",
+                                        "chmod", "chown", "revoke"};
     bool known = false;
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
       known |= !strcmp(verb, verbs[i]);
@@ -730,6 +823,12 @@ int main(int argc, char **argv) {
     rc = cmd_unlink(c, argc, argv);
   else if (!strcmp(verb, "read"))
     rc = cmd_read(c, argc, argv);
+  else if (!strcmp(verb, "chmod"))
+    rc = cmd_chmod(c, argc, argv);
+  else if (!strcmp(verb, "chown"))
+    rc = cmd_chown(c, argc, argv);
+  else if (!strcmp(verb, "revoke"))
+    rc = cmd_revoke(c, argc, argv);
   else
     rc = cmd_write(c, argc, argv);
   gshm_disconnect(c);

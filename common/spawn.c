@@ -324,3 +324,18 @@ const char *gshm__find_gshmd(void) {
   }
   return "gshmd";
 }
+
+long gshm__proc_rss_kib(pid_t pid) {
+  char path[64], line[256];
+  long kib = -1;
+  FILE *f;
+
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  if (!(f = fopen(path, "r")))
+    return -1;
+  while (fgets(line, sizeof(line), f))
+    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+      break;
+  fclose(f);
+  return kib;
+}

@@ -59,6 +59,9 @@ int gshm__spawn_stop(struct gshm_spawn *s, int sig);
 /* Closes the fd store, removes the directory; stops gshmd if running. */
 void gshm__spawn_cleanup(struct gshm_spawn *s);
 
+/* Resident set of a process in KiB (/proc/PID/status VmRSS); -1 on error. */
+long gshm__proc_rss_kib(pid_t pid);
+
 /* Finds gshmd: $GSHMD, then next to this executable (build tree:
  * ../daemon/gshmd; install: ../sbin/gshmd), then "gshmd" on PATH.
  * Returns a static string. */

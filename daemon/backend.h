@@ -34,8 +34,11 @@ struct gshmd_backend_ops {
    * -EIO. */
   int (*alloc)(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
                uint32_t flags, const char *debug_name, struct gshmd_alloc **out);
-  /* A new fd for one client: read-write, or read-only when !writable
-   * (where the backend can enforce it).  The caller owns and closes it. */
+  /* The fd to send to one client: read-write, or read-only when !writable
+   * (where the backend can enforce it).  It is lent, not given: it stays
+   * the allocation's and is valid until ->free; the caller sends it
+   * (SCM_RIGHTS makes the client's own copy) and does not close it.
+   * Saves a dup and a close per open (callgrind, gshm-bench control). */
   int (*export_fd)(struct gshmd_backend *b, struct gshmd_alloc *a, bool writable, int *fd_out);
   /* Optional: a 64-byte cudaIpcMemHandle for a LEGACY_IPC allocation. */
   int (*export_legacy_ipc)(struct gshmd_backend *b, struct gshmd_alloc *a,

@@ -305,15 +305,23 @@ static int export_posix_fd(struct cuda_backend *cb, struct cuda_alloc *a, int *f
   return 0;
 }
 
-/* A new fd per open (a dup); the caller sends it and closes its copy.  `writable`
+/* The segment's one exported fd, lent (backend.h); the export is made once
+ * per segment because cuMemExportToShareableHandle costs about 600 us
+ * (gshm-bench attach on H200s).  `writable`
  * cannot be enforced here: a cuMem POSIX fd carries no access mode, and
  * whoever holds it can map it read-write.  Read-only leases are enforced
  * by libgshm (cuMemSetAccess PROT_READ on its own mapping), which protects
  * against mistakes, not against a hostile client of a read-only lease. */
 static int cuda_export_fd(struct gshmd_backend *b, struct gshmd_alloc *mem, bool writable,
                           int *fd_out) {
+  struct cuda_alloc *a = mem->priv;
+
+  (void)b;
   (void)writable;
-  return export_posix_fd(cuda_of(b), mem->priv, fd_out);
+  if (a->legacy || a->fd < 0)
+    return -ENOTSUP; /* cuMemAlloc memory has no POSIX fd */
+  *fd_out = a->fd;
+  return 0;
 }
 
 /* The legacy cudaIpcMemHandle of a LEGACY_IPC segment: a bearer token (see

@@ -21,6 +21,7 @@
 struct host_alloc {
   struct gshmd_alloc base;
   int memfd;
+  int ro_fd; /* O_RDONLY reopen for read-only leases, made on first use */
 };
 
 static int host_wrap(struct gshmd_backend *b, int fd, uint64_t size, struct gshmd_alloc **out) {
@@ -34,6 +35,7 @@ static int host_wrap(struct gshmd_backend *b, int fd, uint64_t size, struct gshm
   strcpy(h->base.location, "host");
   h->base.priv = h;
   h->memfd = fd;
+  h->ro_fd = -1;
   *out = &h->base;
   return 0;
 }
@@ -81,29 +83,33 @@ static int host_export_fd(struct gshmd_backend *b, struct gshmd_alloc *a, bool w
                           int *fd_out) {
   struct host_alloc *h = a->priv;
   char path[64];
-  int fd;
 
   (void)b;
   if (writable) {
-    fd = fcntl(h->memfd, F_DUPFD_CLOEXEC, 3);
-  } else {
+    *fd_out = h->memfd;
+    return 0;
+  }
+  if (h->ro_fd < 0) {
     /* A new open file description with O_RDONLY: the kernel then refuses
      * PROT_WRITE shared mappings and write(2) on it (EACCES), so a
      * read-only lease cannot write, whatever the client does. */
     snprintf(path, sizeof(path), "/proc/self/fd/%d", h->memfd);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    h->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (h->ro_fd < 0) {
+      int r = -errno;
+      gshm_log_err("host: read-only reopen of a memfd: %m");
+      return r;
+    }
   }
-  if (fd < 0) {
-    int r = -errno;
-    gshm_log_err("host: export fd: %m");
-    return r;
-  }
-  *fd_out = fd;
+  *fd_out = h->ro_fd;
   return 0;
 }
 
 static int host_park_fd(struct gshmd_backend *b, struct gshmd_alloc *a, int *fd_out) {
-  return host_export_fd(b, a, true, fd_out);
+  struct host_alloc *h = a->priv;
+  (void)b;
+  *fd_out = fcntl(h->memfd, F_DUPFD_CLOEXEC, 3);
+  return *fd_out < 0 ? -errno : 0;
 }
 
 static int host_adopt_fd(struct gshmd_backend *b, int fd, const char *location, uint64_t size,
@@ -131,6 +137,8 @@ static void host_free(struct gshmd_backend *b, struct gshmd_alloc *a) {
   h = a->priv;
   if (h->memfd >= 0)
     close(h->memfd);
+  if (h->ro_fd >= 0)
+    close(h->ro_fd);
   free(h);
 }
 

@@ -36,7 +36,8 @@ struct daemon {
   bool socket_activated;
   bool socket_created; /* we bound the path: unlink it at exit */
   uv_signal_t sigterm, sigint;
-  uv_timer_t status_timer, watchdog_timer;
+  uv_timer_t status_timer, watchdog_timer, metrics_timer;
+  bool metrics_timer_on;
   uint64_t watchdog_usec;
   char last_status[256];
   struct gshmd_fdstore fdstore;
@@ -172,6 +173,8 @@ static void on_signal(uv_signal_t *h, int signum) {
   uv_close((uv_handle_t *)&d->status_timer, NULL);
   if (d->watchdog_usec)
     uv_close((uv_handle_t *)&d->watchdog_timer, NULL);
+  if (d->metrics_timer_on)
+    uv_close((uv_handle_t *)&d->metrics_timer, NULL);
 }
 
 /* STATUS= for systemctl status, sent only when it changes. */
@@ -189,6 +192,13 @@ static void update_status(struct daemon *d) {
 
 static void on_status_timer(uv_timer_t *t) { update_status(t->data); }
 
+extern int gshmd_metrics_write_textfile(struct gshmd_server *s, const char *path);
+
+static void on_metrics_timer(uv_timer_t *t) {
+  struct daemon *d = t->data;
+  gshmd_metrics_write_textfile(&d->srv, d->cfg.metrics_textfile);
+}
+
 static void on_watchdog_timer(uv_timer_t *t) {
   (void)t;
   sd_notify(0, "WATCHDOG=1");
@@ -199,6 +209,14 @@ static int setup_timers(struct daemon *d) {
   d->status_timer.data = d;
   uv_timer_start(&d->status_timer, on_status_timer, 1000, 1000);
   uv_unref((uv_handle_t *)&d->status_timer);
+  if (d->cfg.metrics_textfile && *d->cfg.metrics_textfile) {
+    uint64_t ms = (uint64_t)d->cfg.metrics_interval_sec * 1000;
+    uv_timer_init(&d->loop, &d->metrics_timer);
+    d->metrics_timer.data = d;
+    uv_timer_start(&d->metrics_timer, on_metrics_timer, 0, ms ? ms : 1000);
+    uv_unref((uv_handle_t *)&d->metrics_timer);
+    d->metrics_timer_on = true;
+  }
   /* Pet the watchdog at half its period, from the loop itself: a stuck
    * loop stops the pats, which is the point. */
   if (sd_watchdog_enabled(0, &d->watchdog_usec) > 0 && d->watchdog_usec) {

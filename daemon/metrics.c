@@ -2,6 +2,8 @@
  * Names follow Prometheus practice: base units (bytes, seconds), _total
  * for counters. */
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 #include "gshm.pb-c.h"
 #include "registry.h"
 #include "server.h"
+#include "log.h"
 #include "util.h"
 
 int gshmd_metrics_render(struct gshmd_server *s, char **text_out);
@@ -30,6 +33,9 @@ static const char *const op_names[GSHM_WIRE_TYPE_MAX + 1] = {
     [GSHM_WIRE_DEVICES] = "devices",
     [GSHM_WIRE_MAP_REPORT] = "map_report",
     [GSHM_WIRE_METRICS] = "metrics",
+    [GSHM_WIRE_CHMOD] = "chmod",
+    [GSHM_WIRE_CHOWN] = "chown",
+    [GSHM_WIRE_REVOKE] = "revoke",
 };
 
 /* Status label: the enum's name without its prefix, lowercase. */
@@ -104,15 +110,33 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   fprintf(f, "# HELP gshm_connections_total Connections accepted.\n"
              "# TYPE gshm_connections_total counter\ngshm_connections_total %" PRIu64 "\n",
           s->connections_total);
-  fprintf(f, "# HELP gshm_requests_total Requests answered, by operation and status.\n"
-             "# TYPE gshm_requests_total counter\n");
-  for (int op = 1; op <= GSHM_WIRE_TYPE_MAX; op++)
+  /* Series appear with their first request; the family's metadata with
+   * its first series (no metadata without samples). */
+  for (int op = 1, any = 0; op <= GSHM_WIRE_TYPE_MAX; op++)
     for (int st = 0; st < GSHMD_NSTATUS; st++) {
       char b[32];
-      if (s->requests[op][st])
-        fprintf(f, "gshm_requests_total{op=\"%s\",status=\"%s\"} %" PRIu64 "\n", op_names[op],
-                status_label(st, b, sizeof(b)), s->requests[op][st]);
+      if (!s->requests[op][st])
+        continue;
+      if (!any++)
+        fprintf(f, "# HELP gshm_requests_total Requests answered, by operation and status.\n"
+                   "# TYPE gshm_requests_total counter\n");
+      fprintf(f, "gshm_requests_total{op=\"%s\",status=\"%s\"} %" PRIu64 "\n", op_names[op],
+              status_label(st, b, sizeof(b)), s->requests[op][st]);
     }
+  fprintf(f, "# HELP gshm_request_duration_seconds Time from a request's receipt to its reply.\n"
+             "# TYPE gshm_request_duration_seconds histogram\n");
+  {
+    uint64_t cum = 0;
+    for (int i = 0; i < GSHMD_NBUCKETS; i++) {
+      cum += s->duration_buckets[i];
+      fprintf(f, "gshm_request_duration_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
+              gshmd_duration_bounds[i], cum);
+    }
+    cum += s->duration_buckets[GSHMD_NBUCKETS];
+    fprintf(f, "gshm_request_duration_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", cum);
+    fprintf(f, "gshm_request_duration_seconds_sum %.9f\n", s->duration_sum);
+    fprintf(f, "gshm_request_duration_seconds_count %" PRIu64 "\n", s->duration_count);
+  }
   fprintf(f, "# HELP gshm_protocol_errors_total Clients dropped for breaking the protocol.\n"
              "# TYPE gshm_protocol_errors_total counter\ngshm_protocol_errors_total %" PRIu64 "\n",
           s->protocol_errors);
@@ -122,6 +146,9 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   fprintf(f, "# HELP gshm_access_denials_total Requests refused by permissions.\n"
              "# TYPE gshm_access_denials_total counter\ngshm_access_denials_total %" PRIu64 "\n",
           s->access_denials);
+  fprintf(f, "# HELP gshm_timeouts_total Connections dropped for no hello in time or idleness.\n"
+             "# TYPE gshm_timeouts_total counter\ngshm_timeouts_total %" PRIu64 "\n",
+          s->timeouts);
   fprintf(f, "# HELP gshm_fds_sent_total File descriptors handed to clients.\n"
              "# TYPE gshm_fds_sent_total counter\ngshm_fds_sent_total %" PRIu64 "\n",
           s->fds_sent);
@@ -131,4 +158,40 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   }
   *text_out = text;
   return 0;
+}
+
+/* Writes the exposition to cfg->metrics_textfile atomically: a temporary
+ * file in the same directory (named so that node_exporter's *.prom glob
+ * never reads it half-written), fsync, mode 0644, rename over the target.
+ * Returns 0 or a negative errno (logged once per distinct error). */
+int gshmd_metrics_write_textfile(struct gshmd_server *s, const char *path);
+int gshmd_metrics_write_textfile(struct gshmd_server *s, const char *path) {
+  static int last_err;
+  char tmp[4200], *text = NULL;
+  size_t len;
+  int fd, e;
+
+  if ((e = gshmd_metrics_render(s, &text)))
+    return e;
+  len = strlen(text);
+  if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp-gshmd", path) >= sizeof(tmp)) {
+    free(text);
+    return -ENAMETOOLONG;
+  }
+  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  e = fd < 0 ? -errno : 0;
+  if (!e && (write(fd, text, len) != (ssize_t)len || fchmod(fd, 0644) < 0 || fsync(fd) < 0))
+    e = errno ? -errno : -EIO;
+  if (fd >= 0 && close(fd) < 0 && !e)
+    e = -errno;
+  if (!e && rename(tmp, path) < 0)
+    e = -errno;
+  if (e) {
+    unlink(tmp);
+    if (e != last_err)
+      gshm_log_err("metrics textfile %s: %s", path, strerror(-e));
+  }
+  last_err = e;
+  free(text);
+  return e;
 }

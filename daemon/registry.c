@@ -158,7 +158,7 @@ int gshmd_registry_client_add(struct gshmd_registry *r, const struct gshmd_cred 
   if (!u)
     return -ENOMEM;
   if (r->cfg->quota_connections && u->connections >= r->cfg->quota_connections && cred->uid) {
-    *msg_out = fmt_msg("quota: uid %u has %u connections, limit %u", (unsigned)cred->uid,
+    *msg_out = fmt_msg("uid %u has %u connections, limit %u", (unsigned)cred->uid,
                        u->connections, r->cfg->quota_connections);
     return -EDQUOT;
   }
@@ -246,7 +246,7 @@ static int lease_add(struct gshmd_registry *r, struct gshmd_client *c, struct gs
   if (!u)
     return -ENOMEM;
   if (r->cfg->quota_leases && c->cred.uid && u->leases >= r->cfg->quota_leases) {
-    *msg_out = fmt_msg("quota: uid %u holds %u leases, limit %u", (unsigned)c->cred.uid,
+    *msg_out = fmt_msg("uid %u holds %u leases, limit %u", (unsigned)c->cred.uid,
                        u->leases, r->cfg->quota_leases);
     return -EDQUOT;
   }
@@ -338,14 +338,14 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
   if (!(u = usage_get(c->cred.uid)))
     return -ENOMEM;
   if (cfg->quota_segments && c->cred.uid && u->segments >= cfg->quota_segments) {
-    *msg_out = fmt_msg("quota: uid %u owns %u segments, limit %u", (unsigned)c->cred.uid,
+    *msg_out = fmt_msg("uid %u owns %u segments, limit %u", (unsigned)c->cred.uid,
                        u->segments, cfg->quota_segments);
     return -EDQUOT;
   }
   quota = cuda ? cfg->quota_cuda_bytes : cfg->quota_host_bytes;
   used = cuda ? u->cuda_bytes : u->host_bytes;
   if (quota && c->cred.uid && (req->size > quota || used > quota - req->size)) {
-    *msg_out = fmt_msg("quota: uid %u uses %s of %s on %s, %s more asked", (unsigned)c->cred.uid,
+    *msg_out = fmt_msg("uid %u uses %s of %s on %s, %s more asked", (unsigned)c->cred.uid,
                        gshm__format_size(used, a, sizeof(a)),
                        gshm__format_size(quota, q, sizeof(q)), cuda ? "cuda" : "host",
                        gshm__format_size(req->size, s, sizeof(s)));
@@ -361,7 +361,7 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
   /* Rounding up to the granularity may cross the quota after all. */
   if (quota && c->cred.uid && (mem->size > quota || used > quota - mem->size)) {
     b->ops->free(b, mem);
-    *msg_out = fmt_msg("quota: uid %u uses %s of %s, %s more after rounding",
+    *msg_out = fmt_msg("uid %u uses %s of %s, %s more after rounding",
                        (unsigned)c->cred.uid, gshm__format_size(used, a, sizeof(a)),
                        gshm__format_size(quota, q, sizeof(q)),
                        gshm__format_size(mem->size, s, sizeof(s)));
@@ -575,4 +575,114 @@ unsigned gshmd_registry_reap_unlinked(struct gshmd_registry *r) {
     }
   }
   return n;
+}
+
+int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
+                         uint32_t mode, const char **msg_out) {
+  struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
+
+  if (!seg) {
+    *msg_out = fmt_msg("no segment named '%s'", name);
+    return -ENOENT;
+  }
+  if (mode & ~0777u) {
+    *msg_out = fmt_msg("mode %o has bits outside 0777", mode);
+    return -EINVAL;
+  }
+  if (!c->cred.admin && c->cred.uid != seg->uid) {
+    *msg_out = fmt_msg("segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid);
+    return -EACCES;
+  }
+  gshm_log_info("segment '%s' mode %04o -> %04o by pid %d uid %u", seg->name, seg->mode, mode,
+                (int)c->cred.pid, (unsigned)c->cred.uid);
+  seg->mode = mode;
+  if (r->on_event)
+    r->on_event(r, seg, GSHMD_SEGMENT_CHANGED);
+  return 0;
+}
+
+int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
+                         int64_t uid, int64_t gid, const char **msg_out) {
+  struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
+  struct usage *from, *to;
+  uint64_t size;
+  bool cuda;
+
+  if (!seg) {
+    *msg_out = fmt_msg("no segment named '%s'", name);
+    return -ENOENT;
+  }
+  if (uid < -1 || uid > (int64_t)UINT32_MAX - 1 || gid < -1 || gid > (int64_t)UINT32_MAX - 1) {
+    *msg_out = "uid and gid must be 0..4294967294, or -1 to keep";
+    return -EINVAL;
+  }
+  if (!c->cred.admin && c->cred.uid != seg->uid) {
+    *msg_out = fmt_msg("segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid);
+    return -EACCES;
+  }
+  if (uid >= 0 && (uid_t)uid != seg->uid && !c->cred.admin) {
+    *msg_out = "only an admin gives a segment to another user";
+    return -EPERM;
+  }
+  if (gid >= 0 && !c->cred.admin && !cred_in_group(&c->cred, (gid_t)gid)) {
+    *msg_out = fmt_msg("uid %u is not in group %u", (unsigned)c->cred.uid, (unsigned)gid);
+    return -EPERM;
+  }
+  if (uid >= 0 && (uid_t)uid != seg->uid) {
+    /* Quota usage follows the owner. */
+    if (!(from = usage_get(seg->uid)) || !(to = usage_get((uid_t)uid)))
+      return -ENOMEM;
+    size = seg->mem->size;
+    cuda = seg->mem->device_index >= 0;
+    from->segments--;
+    to->segments++;
+    if (cuda) {
+      from->cuda_bytes -= size;
+      to->cuda_bytes += size;
+    } else {
+      from->host_bytes -= size;
+      to->host_bytes += size;
+    }
+    seg->uid = (uid_t)uid;
+  }
+  if (gid >= 0)
+    seg->gid = (gid_t)gid;
+  gshm_log_info("segment '%s' owner now %u:%u, by pid %d uid %u", seg->name, (unsigned)seg->uid,
+                (unsigned)seg->gid, (int)c->cred.pid, (unsigned)c->cred.uid);
+  if (r->on_event)
+    r->on_event(r, seg, GSHMD_SEGMENT_CHANGED);
+  return 0;
+}
+
+int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
+                          const char **msg_out) {
+  struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
+  struct gshm_list *pos, *tmp;
+  unsigned ended = 0;
+
+  if (!seg) {
+    *msg_out = fmt_msg("no segment named '%s'", name);
+    return -ENOENT;
+  }
+  if (!c->cred.admin) {
+    *msg_out = "revoke is for admins (root or the admin group)";
+    return -EPERM;
+  }
+  /* Unlink first so that ending the last lease frees the memory. */
+  tdelete(seg, &r->by_name, cmp_name);
+  seg->unlinked = true;
+  gshm_log_notice("segment '%s' id %" PRIu64 " revoked by pid %d uid %u (%u leases ended)",
+                  seg->name, seg->id, (int)c->cred.pid, (unsigned)c->cred.uid, seg->nleases);
+  if (seg->nleases == 0) {
+    segment_free(r, seg);
+    return 0;
+  }
+  gshm_list_foreach_safe(pos, tmp, &seg->leases) {
+    struct gshmd_lease *l = gshm_list_entry(pos, struct gshmd_lease, seg_node);
+    bool last = ++ended == seg->nleases;
+    lease_end(r, l); /* the last one frees seg */
+    if (last)
+      break;
+  }
+  return 0;
 }

@@ -119,6 +119,21 @@ int gshmd_registry_close(struct gshmd_registry *r, struct gshmd_client *c, uint6
 int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
                           const char **msg_out);
 
+/* Changes mode bits: owner or admin.  Errors: -ENOENT, -EACCES, -EINVAL. */
+int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
+                         uint32_t mode, const char **msg_out);
+
+/* Changes owner (admin only) and/or group (owner: a group it is in;
+ * admin: any).  uid/gid < 0: unchanged.  Quota usage moves with the owner.
+ * Errors: -ENOENT, -EACCES, -EPERM (owner change by a non-admin), -EINVAL. */
+int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
+                         int64_t uid, int64_t gid, const char **msg_out);
+
+/* Admin only: ends every lease of the segment and unlinks it.  The caller
+ * tells the lease holders first.  Errors: -ENOENT, -EPERM. */
+int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
+                          const char **msg_out);
+
 /* A segment by name (live) or id (any state); NULL when missing. */
 struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name);
 struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t id);

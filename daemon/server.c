@@ -20,6 +20,19 @@
 #define GSHM_VERSION "0.0.0"
 #endif
 
+const double gshmd_duration_bounds[GSHMD_NBUCKETS] = {
+    5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 5e-3, 25e-3, 100e-3, 1.0};
+
+static void observe_duration(struct gshmd_server *s, int64_t ns) {
+  double sec = (double)ns / 1e9;
+  unsigned i = 0;
+  while (i < GSHMD_NBUCKETS && sec > gshmd_duration_bounds[i])
+    i++;
+  s->duration_buckets[i]++;
+  s->duration_count++;
+  s->duration_sum += sec;
+}
+
 struct conn {
   struct gshmd_server *srv;
   uv_poll_t poll;
@@ -33,9 +46,8 @@ struct conn {
    * most one reply plus the events sent meanwhile, capped at OUTQ_MAX. */
   struct gshm_list outq;
   unsigned noutq;
+  int64_t accepted_ns, last_ns; /* CLOCK_MONOTONIC: timeouts */
 };
-
-#define OUTQ_MAX 64
 
 struct out_pkt {
   struct gshm_list node;
@@ -91,7 +103,7 @@ static int conn_send_packet(struct conn *c, size_t len, int fd) {
   if (c->noutq == 0)
     r = gshm__wire_sendmsg(c->fd, s->txbuf, len, fd);
   if (r == -EAGAIN) {
-    if (c->noutq >= OUTQ_MAX) {
+    if (c->noutq >= s->cfg->max_inflight) {
       conn_close(c, "client does not read its replies");
       return -1;
     }
@@ -328,6 +340,40 @@ static int handle_unlink(struct req *q, Gshm__UnlinkRequest *m) {
   if (seg && (q->c->client->cred.admin || q->c->client->cred.uid == seg->uid))
     notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED);
   e = gshmd_registry_unlink(r, q->c->client, m->name, &msg);
+  return e ? set_error(q, e, msg) : 0;
+}
+
+static int reply_segment(struct req *q, const char *name) {
+  struct gshmd_segment *seg = gshmd_registry_find_name(q->c->srv->reg, name);
+  if (seg) {
+    gshmd_segment_to_info(seg, &q->info);
+    q->reply->body_case = GSHM__REPLY__BODY_SEGMENT;
+    q->reply->segment = &q->info;
+  }
+  return 0;
+}
+
+static int handle_chmod(struct req *q, Gshm__ChmodRequest *m) {
+  const char *msg = NULL;
+  int e = gshmd_registry_chmod(q->c->srv->reg, q->c->client, m->name, m->mode, &msg);
+  return e ? set_error(q, e, msg) : reply_segment(q, m->name);
+}
+
+static int handle_chown(struct req *q, Gshm__ChownRequest *m) {
+  const char *msg = NULL;
+  int e = gshmd_registry_chown(q->c->srv->reg, q->c->client, m->name, m->uid, m->gid, &msg);
+  return e ? set_error(q, e, msg) : reply_segment(q, m->name);
+}
+
+static int handle_revoke(struct req *q, Gshm__RevokeRequest *m) {
+  struct gshmd_registry *r = q->c->srv->reg;
+  struct gshmd_segment *seg = gshmd_registry_find_name(r, m->name);
+  const char *msg = NULL;
+  int e;
+
+  if (seg && q->c->client->cred.admin)
+    notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_REVOKED);
+  e = gshmd_registry_revoke(r, q->c->client, m->name, &msg);
   return e ? set_error(q, e, msg) : 0;
 }
 
@@ -707,6 +753,15 @@ static void conn_handle_packet(struct conn *c, const uint8_t *pkt, size_t len) {
   case GSHM_WIRE_MAP_REPORT:
     DISPATCH(Gshm__MapReport, map_report, handle_map_report);
     break;
+  case GSHM_WIRE_CHMOD:
+    DISPATCH(Gshm__ChmodRequest, chmod_request, handle_chmod);
+    break;
+  case GSHM_WIRE_CHOWN:
+    DISPATCH(Gshm__ChownRequest, chown_request, handle_chown);
+    break;
+  case GSHM_WIRE_REVOKE:
+    DISPATCH(Gshm__RevokeRequest, revoke_request, handle_revoke);
+    break;
   case GSHM_WIRE_STATUS:
     err = handle_status(&q);
     break;
@@ -730,8 +785,7 @@ static void conn_handle_packet(struct conn *c, const uint8_t *pkt, size_t len) {
    * without waiting, to keep a round trip off every first map). */
   if (!(hdr.type == GSHM_WIRE_MAP_REPORT && hdr.request_id == 0))
     conn_send(c, hdr.type, hdr.request_id, &reply, q.fd_out);
-  if (q.fd_out >= 0)
-    close(q.fd_out); /* the client has its own copy now (or never will) */
+  /* q.fd_out is lent by the backend: not ours to close. */
   for (size_t i = 0; i < sizeof(q.free_after) / sizeof(q.free_after[0]); i++)
     free(q.free_after[i]);
   if (hdr.type == GSHM_WIRE_HELLO && err && !c->closing)
@@ -772,7 +826,9 @@ static void conn_read(struct conn *c) {
       conn_fail(c, 0, 0, GSHM__STATUS__STATUS_TOO_BIG, "packet larger than the limit");
       return;
     }
+    c->last_ns = gshm__now_ns(CLOCK_MONOTONIC);
     conn_handle_packet(c, s->rxbuf, (size_t)n);
+    observe_duration(s, gshm__now_ns(CLOCK_MONOTONIC) - c->last_ns);
   }
 }
 
@@ -867,6 +923,7 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     c->srv = s;
     c->fd = fd;
     gshm_list_init(&c->outq);
+    c->accepted_ns = c->last_ns = gshm__now_ns(CLOCK_MONOTONIC);
     peer_credentials(s, fd, &c->cred);
     if (uv_poll_init(s->loop, &c->poll, fd)) {
       close(fd);
@@ -878,6 +935,32 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     s->nconns++;
     s->connections_total++;
     uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_on_io);
+  }
+}
+
+/* Drops connections that never said hello (SEQPACKET has no partial
+ * packets: a slow client is one that connects and says nothing) and, when
+ * configured, connections idle for too long.  One sweep a second over the
+ * connection list instead of a timer per connection: 10,000 idle
+ * connections cost no timers. */
+static void on_sweep(uv_timer_t *t) {
+  struct gshmd_server *s = t->data;
+  int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
+  int64_t hello_ns = (int64_t)s->cfg->partial_timeout_ms * 1000000;
+  int64_t idle_ns = (int64_t)s->cfg->idle_timeout_ms * 1000000;
+  struct gshm_list *pos, *tmp;
+
+  gshm_list_foreach_safe(pos, tmp, &s->conns) {
+    struct conn *c = gshm_list_entry(pos, struct conn, node);
+    if (c->closing)
+      continue;
+    if (!c->client && hello_ns && now - c->accepted_ns > hello_ns) {
+      s->timeouts++;
+      conn_close(c, "no hello in time");
+    } else if (c->client && idle_ns && now - c->last_ns > idle_ns) {
+      s->timeouts++;
+      conn_close(c, "idle timeout");
+    }
   }
 }
 
@@ -903,6 +986,20 @@ int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gsh
   fl = fcntl(listen_fd, F_GETFL);
   if (fl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) < 0)
     return -errno;
+  if (cfg->partial_timeout_ms || cfg->idle_timeout_ms) {
+    uint64_t period = 1000;
+    uint32_t shortest = cfg->partial_timeout_ms && (!cfg->idle_timeout_ms ||
+                                                     cfg->partial_timeout_ms < cfg->idle_timeout_ms)
+                            ? cfg->partial_timeout_ms
+                            : cfg->idle_timeout_ms;
+    if (shortest / 4 < period)
+      period = shortest / 4 ? shortest / 4 : 1;
+    uv_timer_init(loop, &s->sweep_timer);
+    s->sweep_timer.data = s;
+    uv_timer_start(&s->sweep_timer, on_sweep, period, period);
+    uv_unref((uv_handle_t *)&s->sweep_timer);
+    s->sweeping = true;
+  }
   if ((r = uv_poll_init(loop, &s->listen_poll, listen_fd)))
     return r;
   s->listen_poll.data = s;
@@ -918,5 +1015,9 @@ void gshmd_server_stop(struct gshmd_server *s) {
   if (s->listening) {
     s->listening = false;
     uv_close((uv_handle_t *)&s->listen_poll, NULL);
+  }
+  if (s->sweeping) {
+    s->sweeping = false;
+    uv_close((uv_handle_t *)&s->sweep_timer, NULL);
   }
 }

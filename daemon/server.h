@@ -16,6 +16,10 @@ struct gshmd_config;
 struct gshmd_registry;
 
 #define GSHMD_NSTATUS 20 /* Gshm__Status values, for counters */
+#define GSHMD_NBUCKETS 12
+
+/* Upper bounds in seconds: 5 us .. 1 s, about 3x apart. */
+extern const double gshmd_duration_bounds[GSHMD_NBUCKETS];
 
 struct gshmd_server {
   uv_loop_t *loop;
@@ -24,6 +28,8 @@ struct gshmd_server {
   int listen_fd;
   uv_poll_t listen_poll;
   bool listening;
+  uv_timer_t sweep_timer;   /* hello and idle timeouts */
+  bool sweeping;
   struct gshm_list conns;
   uint32_t nconns;
   bool have_admin_gid;
@@ -31,7 +37,13 @@ struct gshmd_server {
   int64_t started_ns;
   /* Counters for metrics (issue 7): requests by type and status. */
   uint64_t requests[GSHM_WIRE_TYPE_MAX + 1][GSHMD_NSTATUS];
+  /* Request service time (receive to reply sent), a fixed-bucket
+   * histogram: bucket i counts requests <= gshmd_duration_bounds[i]. */
+  uint64_t duration_buckets[GSHMD_NBUCKETS + 1];
+  uint64_t duration_count;
+  double duration_sum;
   uint64_t protocol_errors, connections_total, fds_sent, quota_denials, access_denials;
+  uint64_t timeouts;
   uint8_t rxbuf[GSHM_WIRE_MAX_PACKET + 1];
   uint8_t txbuf[GSHM_WIRE_MAX_PACKET];
 };

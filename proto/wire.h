@@ -35,7 +35,10 @@ enum gshm_wire_type {
   GSHM_WIRE_DEVICES = 11,      /* Empty -> Reply{devices} */
   GSHM_WIRE_MAP_REPORT = 12,   /* MapReport -> Reply{} */
   GSHM_WIRE_METRICS = 13,      /* Empty -> Reply{text} */
-  GSHM_WIRE_TYPE_MAX = 13,
+  GSHM_WIRE_CHMOD = 14,        /* ChmodRequest -> Reply{segment} */
+  GSHM_WIRE_CHOWN = 15,        /* ChownRequest -> Reply{segment} */
+  GSHM_WIRE_REVOKE = 16,       /* RevokeRequest -> Reply{} (admin) */
+  GSHM_WIRE_TYPE_MAX = 16,
   GSHM_WIRE_EVENT = 0x4000,    /* Event, daemon -> client, unasked */
   GSHM_WIRE_REPLY = 0x8000,
 };

@@ -83,20 +83,7 @@ int harness_fd_count(pid_t pid) {
   return n;
 }
 
-long harness_rss_kib(pid_t pid) {
-  char path[64], line[256];
-  long kib = -1;
-  FILE *f;
-
-  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-  if (!(f = fopen(path, "r")))
-    return -1;
-  while (fgets(line, sizeof(line), f))
-    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-      break;
-  fclose(f);
-  return kib;
-}
+long harness_rss_kib(pid_t pid) { return gshm__proc_rss_kib(pid); }
 
 void harness_random(void *buf, size_t n, unsigned long long seed) {
   unsigned long long s = seed | 1;

@@ -192,6 +192,27 @@ GSHM_EXTERN int gshm_close(gshm_segment_t *seg);
  * Errors: -ENOENT; -EACCES not the owner (nor an admin). */
 GSHM_EXTERN int gshm_unlink(gshm_client_t *client, const char *name);
 
+/* Changes a segment's permission bits (like chmod(2)); leases already
+ * granted keep their access.  Owner or admin only.
+ * Errors: -ENOENT; -EACCES not the owner nor an admin; -EINVAL bits
+ * outside 0777. */
+GSHM_EXTERN int gshm_chmod(gshm_client_t *client, const char *name, uint32_t mode);
+
+/* Changes a segment's owner and/or group (like chown(2)); pass
+ * (uint32_t)-1 to keep one.  Only an admin (root or gshmd's admin group)
+ * gives a segment to another user, and per-user quotas move with it; the
+ * owner may set a group it belongs to.
+ * Errors: -ENOENT; -EACCES not the owner nor an admin; -EPERM the change
+ * needs an admin; -EINVAL. */
+GSHM_EXTERN int gshm_chown(gshm_client_t *client, const char *name, uint32_t uid, uint32_t gid);
+
+/* Admin only: ends every lease of the segment and unlinks it; the memory
+ * is freed once the holders' own fds and mappings go (the driver cannot
+ * take back what a process has mapped).  Holders get -ESTALE from their
+ * next request on that segment (gshm_stat).
+ * Errors: -ENOENT; -EPERM not an admin. */
+GSHM_EXTERN int gshm_revoke(gshm_client_t *client, const char *name);
+
 /* Fresh information about an open segment (lease count, unlinked state)
  * from the daemon.  Errors: -ESTALE the segment was revoked. */
 GSHM_EXTERN int gshm_stat(gshm_segment_t *seg, gshm_segment_info_t *info_out);
@@ -277,8 +298,8 @@ GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
 GSHM_EXTERN int gshm_read(gshm_segment_t *seg, uint64_t offset, void *buf, size_t bytes);
 GSHM_EXTERN int gshm_write(gshm_segment_t *seg, uint64_t offset, const void *buf, size_t bytes);
 
-/* Daemon's explanation of this client's last failed request ("quota: 3 GiB
- * of 4 GiB in use, 2 GiB more asked"), or "" when there is none.  The
+/* Daemon's explanation of this client's last failed request ("uid 1000 uses
+ * 3 GiB of 4 GiB on cuda, 2 GiB more asked"), or "" when there is none.  The
  * string is owned by the client and valid until its next request. */
 GSHM_EXTERN const char *gshm_last_error(gshm_client_t *client);
 

@@ -1,0 +1,213 @@
+/* Permissions between real users (issue 5): processes switch to other uids
+ * (setresuid/setgroups, as setpriv does; no /etc/passwd entries needed) and
+ * run gshmctl against one gshmd.  Needs root; skipped otherwise. */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define UID_A 60001
+#define UID_B 60002
+#define UID_ADMIN 60003
+#define GID_SHARED 60100
+
+static struct harness h;
+static gid_t admin_gid;
+static char ctl[PATH_MAX];
+
+struct user {
+  uid_t uid;
+  gid_t gid;
+  gid_t groups[4];
+  int ngroups;
+};
+
+static const struct user A = {UID_A, UID_A, {UID_A}, 1};
+static const struct user B_alone = {UID_B, UID_B, {UID_B}, 1};
+static const struct user B_shared = {UID_B, UID_B, {UID_B, GID_SHARED}, 2};
+static struct user admin = {UID_ADMIN, UID_ADMIN, {UID_ADMIN, 0}, 2};
+
+/* Runs gshmctl as user u; returns its exit code; stdout in *out (may be
+ * NULL), stderr in *err (may be NULL). */
+static int run_as(const struct user *u, char **out, char **err, const char *const *args) {
+  const char *argv[32];
+  int argc = 0, po[2], pe[2], status;
+  pid_t pid;
+
+  argv[argc++] = ctl;
+  argv[argc++] = "--socket";
+  argv[argc++] = h.socket_path;
+  for (int i = 0; args[i] && argc < 31; i++)
+    argv[argc++] = args[i];
+  argv[argc] = NULL;
+  assert_int_equal(pipe(po), 0);
+  assert_int_equal(pipe(pe), 0);
+  pid = fork();
+  if (pid == 0) {
+    dup2(po[1], 1);
+    dup2(pe[1], 2);
+    if (setgroups((size_t)u->ngroups, u->groups) || setresgid(u->gid, u->gid, u->gid) ||
+        setresuid(u->uid, u->uid, u->uid))
+      _exit(120);
+    execv(ctl, (char *const *)argv);
+    _exit(127);
+  }
+  close(po[1]);
+  close(pe[1]);
+  for (int k = 0; k < 2; k++) {
+    int fd = k ? pe[0] : po[0];
+    char **dst = k ? err : out;
+    size_t len = 0, cap = 65536;
+    char *buf = malloc(cap);
+    ssize_t n;
+    while ((n = read(fd, buf + len, cap - len - 1)) > 0) {
+      len += (size_t)n;
+      if (len + 1 >= cap)
+        buf = realloc(buf, cap *= 2);
+    }
+    buf[len] = '\0';
+    close(fd);
+    if (dst)
+      *dst = buf;
+    else
+      free(buf);
+  }
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+#define AS(u, out, err, ...) run_as(u, out, err, (const char *const[]){__VA_ARGS__, NULL})
+
+static int setup(void **state) {
+  struct group *g = getgrgid(4); /* Debian's "adm": any existing group will do */
+  char *slash, admin_arg[64];
+  (void)state;
+  if (geteuid() != 0 || !g)
+    return 0; /* the tests skip */
+  admin_gid = g->gr_gid;
+  admin.groups[1] = admin_gid;
+  snprintf(admin_arg, sizeof(admin_arg), "daemon.admin_group=%s", g->gr_name);
+  if (harness_start(&h, (const char *const[]){"--set", "daemon.socket_mode=0666", "--set",
+                                               admin_arg, "--set", "quota.host_bytes=64K", NULL}))
+    return -1;
+  snprintf(ctl, sizeof(ctl), "%s", getenv("GSHMCTL") ? getenv("GSHMCTL") : "");
+  if (!*ctl) {
+    snprintf(ctl, sizeof(ctl), "%s", h.gshmd);
+    if ((slash = strrchr(ctl, '/')))
+      strcpy(slash, "/../client/gshmctl");
+  }
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  if (geteuid() != 0 || !admin_gid)
+    return 0;
+  return harness_stop(&h) == 0 ? 0 : -1;
+}
+
+static void need_root(void) {
+  if (geteuid() != 0 || !admin_gid)
+    skip();
+}
+
+static void test_owner_group_other(void **state) {
+  char file[512], *out = NULL, *err = NULL;
+  unsigned char data[4096];
+  int fd;
+
+  (void)state;
+  need_root();
+  snprintf(file, sizeof(file), "%s/secret.bin", h.sp.dir);
+  harness_random(data, sizeof(data), 42);
+  fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  assert_int_equal(write(fd, data, sizeof(data)), (ssize_t)sizeof(data));
+  close(fd);
+
+  assert_int_equal(AS(&A, NULL, NULL, "create", "a/secret", "4K"), 0); /* default 0600 */
+  assert_int_equal(AS(&A, NULL, NULL, "write", "a/secret", "-i", file), 0);
+
+  /* B cannot open, read, write, unlink, chmod or even list it: EACCES, exit 4. */
+  assert_int_equal(AS(&B_alone, NULL, &err, "read", "a/secret", "-o", "/dev/null"), 4);
+  assert_non_null(strstr(err, "permission denied"));
+  free(err);
+  assert_int_equal(AS(&B_alone, NULL, NULL, "write", "a/secret", "-i", file), 4);
+  assert_int_equal(AS(&B_alone, NULL, NULL, "unlink", "a/secret"), 4);
+  assert_int_equal(AS(&B_alone, NULL, NULL, "chmod", "a/secret", "0666"), 4);
+  assert_int_equal(AS(&B_alone, &out, NULL, "segments"), 0);
+  assert_null(strstr(out, "a/secret"));
+  free(out);
+
+  /* A may not hand the segment to a group it is not in; an admin may. */
+  assert_int_equal(AS(&A, NULL, NULL, "chown", "a/secret", ":60100"), 4);
+  assert_int_equal(AS(&admin, NULL, NULL, "chown", "a/secret", ":60100"), 0);
+  assert_int_equal(AS(&A, NULL, NULL, "chmod", "a/secret", "0640"), 0);
+
+  /* B in the shared group: read-only yes, read-write no. */
+  assert_int_equal(AS(&B_shared, &out, NULL, "read", "a/secret"), 0);
+  assert_memory_equal(out, data, sizeof(data));
+  free(out);
+  assert_int_equal(AS(&B_shared, NULL, NULL, "write", "a/secret", "-i", file), 4);
+  assert_int_equal(AS(&B_shared, &out, NULL, "segments"), 0);
+  assert_non_null(strstr(out, "a/secret"));
+  free(out);
+  /* B outside the group still cannot. */
+  assert_int_equal(AS(&B_alone, NULL, NULL, "read", "a/secret", "-o", "/dev/null"), 4);
+  /* Only an admin gives a segment away. */
+  assert_int_equal(AS(&A, NULL, NULL, "chown", "a/secret", "60002"), 4);
+}
+
+static void test_quota(void **state) {
+  char *err = NULL;
+  (void)state;
+  need_root();
+  /* quota.host_bytes = 64K per uid */
+  assert_int_equal(AS(&A, NULL, NULL, "create", "q/one", "48K"), 0);
+  assert_int_equal(AS(&A, NULL, &err, "create", "q/two", "32K"), 1);
+  assert_non_null(strstr(err, "quota"));
+  assert_non_null(strstr(err, "uses 52 KiB")); /* the figures: 48K + 4K from above */
+  assert_non_null(strstr(err, "64 KiB"));
+  free(err);
+  assert_int_equal(AS(&B_alone, NULL, NULL, "create", "q/b", "32K"), 0); /* B has its own */
+  assert_int_equal(AS(&A, NULL, NULL, "unlink", "q/one"), 0);
+  assert_int_equal(AS(&A, NULL, NULL, "create", "q/two", "32K"), 0); /* after a free */
+}
+
+static void test_admin_sees_and_revokes(void **state) {
+  char *out = NULL;
+  (void)state;
+  need_root();
+  assert_int_equal(AS(&A, NULL, NULL, "create", "r/private", "4K"), 0);
+  assert_int_equal(AS(&admin, &out, NULL, "segments"), 0);
+  assert_non_null(strstr(out, "r/private"));
+  free(out);
+  assert_int_equal(AS(&B_alone, &out, NULL, "clients"), 0);
+  /* B sees only its own connection (gshmctl itself). */
+  assert_null(strstr(out, "60001"));
+  free(out);
+  assert_int_equal(AS(&A, NULL, NULL, "revoke", "r/private"), 4); /* admins only */
+  assert_int_equal(AS(&admin, NULL, NULL, "revoke", "r/private"), 0);
+  assert_int_equal(AS(&A, NULL, NULL, "read", "r/private"), 5); /* gone */
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_owner_group_other),
+      cmocka_unit_test(test_quota),
+      cmocka_unit_test(test_admin_sees_and_revokes),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

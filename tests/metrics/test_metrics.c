@@ -1,0 +1,993 @@
+/* Metrics (issue 7): gshmd's Prometheus text exposition against a real
+ * daemon.  The values must match what the test did (segments, bytes,
+ * leases, clients, requests, quota and permission denials, with a
+ * non-root client made by setresuid in a child); the text must pass a
+ * strict parser of the text format 0.0.4 (and `promtool check metrics`
+ * where promtool is installed); and the textfile that gshmd writes every
+ * interval_sec must be replaced atomically (rename over the old file: a
+ * reader never sees a partial file, the inode changes, no write lands on
+ * the .prom name itself). */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <math.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+
+#define NOBODY 65534
+
+/* ---- a strict parser of the Prometheus text format 0.0.4 ---- */
+
+struct sample {
+  char *name;   /* as written: gshm_x_bucket */
+  char *labels; /* canonical: sorted k=v joined by ',' (values unescaped) */
+  double value;
+};
+
+struct family {
+  char *name;
+  char type[16]; /* "" when no TYPE line */
+  bool help;
+  bool closed; /* a later family started: no more samples may come */
+};
+
+struct exposition {
+  struct sample *s;
+  size_t ns, caps;
+  struct family *f;
+  size_t nf, capf;
+  char err[256];
+  int line;
+};
+
+static void expo_free(struct exposition *x) {
+  for (size_t i = 0; i < x->ns; i++) {
+    free(x->s[i].name);
+    free(x->s[i].labels);
+  }
+  for (size_t i = 0; i < x->nf; i++)
+    free(x->f[i].name);
+  free(x->s);
+  free(x->f);
+  memset(x, 0, sizeof(*x));
+}
+
+static int parse_error(struct exposition *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int parse_error(struct exposition *x, const char *fmt, ...) {
+  va_list ap;
+  int n = snprintf(x->err, sizeof(x->err), "line %d: ", x->line);
+  va_start(ap, fmt);
+  vsnprintf(x->err + n, sizeof(x->err) - (size_t)n, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static bool metric_name_ok(const char *s, size_t n) {
+  if (!n || !(isalpha((unsigned char)s[0]) || s[0] == '_' || s[0] == ':'))
+    return false;
+  for (size_t i = 1; i < n; i++)
+    if (!(isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == ':'))
+      return false;
+  return true;
+}
+
+static bool label_name_ok(const char *s, size_t n) {
+  if (!n || !(isalpha((unsigned char)s[0]) || s[0] == '_'))
+    return false;
+  if (n >= 2 && s[0] == '_' && s[1] == '_')
+    return false; /* reserved */
+  for (size_t i = 1; i < n; i++)
+    if (!(isalnum((unsigned char)s[i]) || s[i] == '_'))
+      return false;
+  return true;
+}
+
+/* Go's strconv.ParseFloat as the text format uses it: decimal or
+ * exponent notation, NaN, +Inf, -Inf (and Inf).  No hex, no blanks. */
+static bool parse_value(const char *s, double *out) {
+  char *end;
+  if (!strcmp(s, "NaN")) {
+    *out = NAN;
+    return true;
+  }
+  if (!strcmp(s, "+Inf") || !strcmp(s, "Inf")) {
+    *out = INFINITY;
+    return true;
+  }
+  if (!strcmp(s, "-Inf")) {
+    *out = -INFINITY;
+    return true;
+  }
+  for (const char *p = s; *p; p++)
+    if (!(isdigit((unsigned char)*p) || *p == '.' || *p == 'e' || *p == 'E' || *p == '+' ||
+          *p == '-'))
+      return false;
+  errno = 0;
+  *out = strtod(s, &end);
+  return *s && !*end && errno == 0;
+}
+
+static struct family *family_find(struct exposition *x, const char *name) {
+  for (size_t i = 0; i < x->nf; i++)
+    if (!strcmp(x->f[i].name, name))
+      return &x->f[i];
+  return NULL;
+}
+
+static struct family *family_add(struct exposition *x, const char *name) {
+  struct family *f;
+  if (x->nf == x->capf) {
+    x->capf = x->capf ? x->capf * 2 : 32;
+    x->f = realloc(x->f, x->capf * sizeof(*x->f));
+  }
+  /* Starting a family closes every other one: a family's lines stay
+   * together. */
+  for (size_t i = 0; i < x->nf; i++)
+    x->f[i].closed = true;
+  f = &x->f[x->nf++];
+  memset(f, 0, sizeof(*f));
+  f->name = strdup(name);
+  return f;
+}
+
+/* The family a sample belongs to: histogram/summary suffixes map to their
+ * base name when that base has such a TYPE. */
+static const char *family_of(struct exposition *x, const char *name, char *buf, size_t cap) {
+  static const char *const suffixes[] = {"_bucket", "_sum", "_count"};
+  size_t n = strlen(name);
+  for (size_t i = 0; i < 3; i++) {
+    size_t k = strlen(suffixes[i]);
+    struct family *f;
+    if (n > k && !strcmp(name + n - k, suffixes[i]) && n - k < cap) {
+      memcpy(buf, name, n - k);
+      buf[n - k] = '\0';
+      f = family_find(x, buf);
+      if (f && (!strcmp(f->type, "histogram") ||
+                (!strcmp(f->type, "summary") && strcmp(suffixes[i], "_bucket"))))
+        return buf;
+    }
+  }
+  return name;
+}
+
+struct label {
+  char name[128];
+  char value[512];
+};
+
+static int cmp_label(const void *a, const void *b) {
+  return strcmp(((const struct label *)a)->name, ((const struct label *)b)->name);
+}
+
+/* Parses `{a="x",b="y"}` at *pp; canonical form into out. */
+static int parse_labels(struct exposition *x, const char **pp, struct label *ls, int *nl,
+                        char *out, size_t cap) {
+  const char *p = *pp + 1;
+  size_t used = 0;
+  *nl = 0;
+  out[0] = '\0';
+  for (;;) {
+    const char *start = p;
+    size_t vn = 0;
+    if (*p == '}')
+      break;
+    while (isalnum((unsigned char)*p) || *p == '_')
+      p++;
+    if (!label_name_ok(start, (size_t)(p - start)) || (size_t)(p - start) >= sizeof(ls[0].name))
+      return parse_error(x, "bad label name '%.*s'", (int)(p - start), start);
+    if (*nl >= 32)
+      return parse_error(x, "too many labels");
+    memcpy(ls[*nl].name, start, (size_t)(p - start));
+    ls[*nl].name[p - start] = '\0';
+    if (p[0] != '=' || p[1] != '"')
+      return parse_error(x, "label %s: expected =\"", ls[*nl].name);
+    p += 2;
+    while (*p != '"') {
+      char ch = *p;
+      if (!ch || ch == '\n')
+        return parse_error(x, "unterminated label value");
+      if (ch == '\\') {
+        p++;
+        if (*p == 'n')
+          ch = '\n';
+        else if (*p == '\\' || *p == '"')
+          ch = *p;
+        else
+          return parse_error(x, "bad escape \\%c in label value", *p ? *p : '0');
+      }
+      if (vn + 1 >= sizeof(ls[0].value))
+        return parse_error(x, "label value too long");
+      ls[*nl].value[vn++] = ch;
+      p++;
+    }
+    ls[*nl].value[vn] = '\0';
+    p++;
+    for (int i = 0; i < *nl; i++)
+      if (!strcmp(ls[i].name, ls[*nl].name))
+        return parse_error(x, "label %s given twice", ls[i].name);
+    (*nl)++;
+    if (*p == ',') {
+      p++;
+      continue;
+    }
+    if (*p != '}')
+      return parse_error(x, "expected , or } after a label");
+  }
+  qsort(ls, (size_t)*nl, sizeof(*ls), cmp_label);
+  for (int i = 0; i < *nl; i++) {
+    int w = snprintf(out + used, cap - used, "%s%s=%s", i ? "," : "", ls[i].name, ls[i].value);
+    if (w < 0 || (size_t)w >= cap - used)
+      return parse_error(x, "labels too long");
+    used += (size_t)w;
+  }
+  *pp = p + 1;
+  return 0;
+}
+
+static int parse_sample(struct exposition *x, const char *line) {
+  const char *p = line, *start = line;
+  char name[256], fam[256], labels[4096], value[64];
+  struct label ls[32];
+  struct family *f;
+  struct sample *s;
+  int nl = 0;
+  size_t k;
+
+  while (isalnum((unsigned char)*p) || *p == '_' || *p == ':')
+    p++;
+  if (!metric_name_ok(start, (size_t)(p - start)) || (size_t)(p - start) >= sizeof(name))
+    return parse_error(x, "bad metric name in '%s'", line);
+  memcpy(name, start, (size_t)(p - start));
+  name[p - start] = '\0';
+  labels[0] = '\0';
+  if (*p == '{' && parse_labels(x, &p, ls, &nl, labels, sizeof(labels)))
+    return -1;
+  if (*p != ' ')
+    return parse_error(x, "expected one space before the value in '%s'", line);
+  p++;
+  k = strcspn(p, " ");
+  if (!k || k >= sizeof(value))
+    return parse_error(x, "missing or long value in '%s'", line);
+  memcpy(value, p, k);
+  value[k] = '\0';
+  p += k;
+  if (*p == ' ') { /* optional timestamp: an integer of milliseconds */
+    p++;
+    if (*p == '-')
+      p++;
+    if (!isdigit((unsigned char)*p))
+      return parse_error(x, "bad timestamp in '%s'", line);
+    while (isdigit((unsigned char)*p))
+      p++;
+  }
+  if (*p)
+    return parse_error(x, "trailing text in '%s'", line);
+
+  f = family_find(x, family_of(x, name, fam, sizeof(fam)));
+  if (!f)
+    return parse_error(x, "sample %s comes before its HELP/TYPE lines", name);
+  if (f->closed)
+    return parse_error(x, "samples of %s are not together", f->name);
+  if (!f->help || !*f->type)
+    return parse_error(x, "%s lacks a %s line", f->name, f->help ? "TYPE" : "HELP");
+  if (x->ns == x->caps) {
+    x->caps = x->caps ? x->caps * 2 : 64;
+    x->s = realloc(x->s, x->caps * sizeof(*x->s));
+  }
+  s = &x->s[x->ns];
+  if (!parse_value(value, &s->value))
+    return parse_error(x, "bad value '%s'", value);
+  for (size_t i = 0; i < x->ns; i++)
+    if (!strcmp(x->s[i].name, name) && !strcmp(x->s[i].labels, labels))
+      return parse_error(x, "duplicate series %s{%s}", name, labels);
+  if (!strcmp(f->type, "counter")) {
+    if (strlen(f->name) < 6 || strcmp(f->name + strlen(f->name) - 6, "_total"))
+      return parse_error(x, "counter %s does not end in _total", f->name);
+    if (!(s->value >= 0))
+      return parse_error(x, "counter %s is negative or NaN", name);
+  }
+  for (int i = 0; i < nl; i++) {
+    if (!strcmp(ls[i].name, "le") && strcmp(f->type, "histogram"))
+      return parse_error(x, "label le on %s, which is not a histogram", name);
+    if (!strcmp(ls[i].name, "quantile") && strcmp(f->type, "summary"))
+      return parse_error(x, "label quantile on %s, which is not a summary", name);
+  }
+  if (!strcmp(f->type, "histogram")) {
+    bool bucket = strlen(name) > strlen(f->name) && !strcmp(name + strlen(f->name), "_bucket");
+    bool has_le = false;
+    for (int i = 0; i < nl; i++)
+      has_le |= !strcmp(ls[i].name, "le");
+    if (!strcmp(name, f->name))
+      return parse_error(x, "histogram %s has a bare sample", name);
+    if (bucket != has_le)
+      return parse_error(x, "%s: le belongs on _bucket samples only", name);
+  }
+  s->name = strdup(name);
+  s->labels = strdup(labels);
+  x->ns++;
+  return 0;
+}
+
+/* Removes the le=... pair from a canonical label string. */
+static void labels_without_le(const char *in, char *out, size_t cap, double *le) {
+  const char *p = in;
+  size_t used = 0;
+  out[0] = '\0';
+  *le = NAN;
+  while (*p) {
+    size_t k = strcspn(p, ",");
+    if (!strncmp(p, "le=", 3)) {
+      char v[64];
+      snprintf(v, sizeof(v), "%.*s", (int)(k - 3), p + 3);
+      if (!parse_value(v, le))
+        *le = NAN;
+    } else {
+      used += (size_t)snprintf(out + used, cap - used, "%s%.*s", used ? "," : "", (int)k, p);
+    }
+    p += k + (p[k] == ',');
+  }
+}
+
+/* Each histogram series (label set without le): buckets in increasing le
+ * order with non-decreasing counts, a +Inf bucket equal to _count, a _sum
+ * and a _count. */
+static int check_histograms(struct exposition *x) {
+  for (size_t fi = 0; fi < x->nf; fi++) {
+    struct family *f = &x->f[fi];
+    char bname[300], sname[300], cname[300];
+    if (strcmp(f->type, "histogram"))
+      continue;
+    snprintf(bname, sizeof(bname), "%s_bucket", f->name);
+    snprintf(sname, sizeof(sname), "%s_sum", f->name);
+    snprintf(cname, sizeof(cname), "%s_count", f->name);
+    for (size_t i = 0; i < x->ns; i++) {
+      char base[4096], other[4096];
+      double le, prev_le = -INFINITY, prev_count = 0, inf_count = NAN, count = NAN;
+      bool have_sum = false, first = true;
+      if (strcmp(x->s[i].name, bname))
+        continue;
+      labels_without_le(x->s[i].labels, base, sizeof(base), &le);
+      /* Only the first bucket of each series starts a check. */
+      for (size_t j = 0; j < i && first; j++)
+        if (!strcmp(x->s[j].name, bname)) {
+          labels_without_le(x->s[j].labels, other, sizeof(other), &le);
+          first = strcmp(other, base) != 0;
+        }
+      if (!first)
+        continue;
+      for (size_t j = i; j < x->ns; j++) {
+        if (!strcmp(x->s[j].name, bname)) {
+          labels_without_le(x->s[j].labels, other, sizeof(other), &le);
+          if (strcmp(other, base))
+            continue;
+          if (isnan(le))
+            return parse_error(x, "%s{%s}: bad le", bname, x->s[j].labels);
+          if (!(le > prev_le))
+            return parse_error(x, "%s{%s}: le not increasing", bname, base);
+          if (x->s[j].value < prev_count)
+            return parse_error(x, "%s{%s}: bucket counts decrease at le=%g", bname, base, le);
+          prev_le = le;
+          prev_count = x->s[j].value;
+          if (isinf(le))
+            inf_count = x->s[j].value;
+        } else if (!strcmp(x->s[j].labels, base) && !strcmp(x->s[j].name, sname)) {
+          have_sum = true;
+        } else if (!strcmp(x->s[j].labels, base) && !strcmp(x->s[j].name, cname)) {
+          count = x->s[j].value;
+        }
+      }
+      if (isnan(inf_count))
+        return parse_error(x, "%s{%s}: no le=\"+Inf\" bucket", bname, base);
+      if (isnan(count) || count != inf_count)
+        return parse_error(x, "%s{%s}: _count %g differs from the +Inf bucket %g", f->name, base, count,
+                    inf_count);
+      if (!have_sum)
+        return parse_error(x, "%s{%s}: no _sum", f->name, base);
+    }
+  }
+  return 0;
+}
+
+/* Parses a whole exposition; 0, or -1 with x->err. */
+static int expo_parse(struct exposition *x, const char *text) {
+  const char *p = text;
+  memset(x, 0, sizeof(*x));
+  if (!*text)
+    return parse_error(x, "empty exposition");
+  if (text[strlen(text) - 1] != '\n')
+    return parse_error(x, "the last line does not end with a line feed (partial file?)");
+  while (*p) {
+    size_t len = strcspn(p, "\n");
+    char *line = strndup(p, len);
+    int r = 0;
+    x->line++;
+    if (len && (line[len - 1] == ' ' || line[len - 1] == '\r' || line[len - 1] == '\t'))
+      r = parse_error(x, "trailing blank");
+    else if (!strncmp(line, "# HELP ", 7) || !strncmp(line, "# TYPE ", 7)) {
+      bool help = line[2] == 'H';
+      const char *n = line + 7, *e = n + strcspn(n, " ");
+      char name[256];
+      struct family *f;
+      if (!metric_name_ok(n, (size_t)(e - n)) || (size_t)(e - n) >= sizeof(name))
+        r = parse_error(x, "bad metric name in '%s'", line);
+      else {
+        memcpy(name, n, (size_t)(e - n));
+        name[e - n] = '\0';
+        f = family_find(x, name);
+        if (f && f->closed)
+          r = parse_error(x, "%s: metadata after another family", name);
+        else if (!f)
+          f = family_add(x, name);
+        if (!r && help) {
+          if (f->help)
+            r = parse_error(x, "second HELP for %s", name);
+          else if (*e != ' ' || !e[1])
+            r = parse_error(x, "empty HELP for %s", name);
+          for (const char *q = e; !r && *q; q++)
+            if (*q == '\\' && q[1] != 'n' && q[1] != '\\')
+              r = parse_error(x, "bad escape in HELP of %s", name);
+            else if (*q == '\\')
+              q++;
+          f->help = true;
+        } else if (!r) {
+          static const char *const types[] = {"counter", "gauge", "histogram", "summary",
+                                              "untyped"};
+          bool ok = false;
+          for (size_t i = 0; *e == ' ' && i < 5; i++)
+            ok |= !strcmp(e + 1, types[i]);
+          if (*f->type)
+            r = parse_error(x, "second TYPE for %s", name);
+          else if (!ok)
+            r = parse_error(x, "bad TYPE line '%s'", line);
+          else {
+            for (size_t i = 0; i < x->ns; i++) {
+              char fam[256];
+              if (!strcmp(family_of(x, x->s[i].name, fam, sizeof(fam)), name))
+                r = parse_error(x, "TYPE of %s after its samples", name);
+            }
+            snprintf(f->type, sizeof(f->type), "%s", e + 1);
+          }
+        }
+      }
+    } else if (len && line[0] == '#') {
+      /* a comment */
+    } else if (len) {
+      r = parse_sample(x, line);
+    }
+    free(line);
+    if (r)
+      return -1;
+    p += len + (p[len] == '\n');
+  }
+  for (size_t i = 0; i < x->nf; i++) {
+    bool any = false;
+    char fam[256];
+    for (size_t j = 0; j < x->ns && !any; j++)
+      any = !strcmp(family_of(x, x->s[j].name, fam, sizeof(fam)), x->f[i].name);
+    if (!any && strcmp(x->f[i].type, "histogram") && strcmp(x->f[i].type, "summary")) {
+      x->line = 0;
+      return parse_error(x, "family %s has metadata but no samples", x->f[i].name);
+    }
+  }
+  x->line = 0;
+  return check_histograms(x);
+}
+
+/* A sample's value; NAN when absent.  labels: canonical ("a=x,b=y") or NULL
+ * for none. */
+static double expo_get(const struct exposition *x, const char *name, const char *labels) {
+  for (size_t i = 0; i < x->ns; i++)
+    if (!strcmp(x->s[i].name, name) && !strcmp(x->s[i].labels, labels ? labels : ""))
+      return x->s[i].value;
+  return NAN;
+}
+
+static const char *expo_type(const struct exposition *x, const char *family) {
+  for (size_t i = 0; i < x->nf; i++)
+    if (!strcmp(x->f[i].name, family))
+      return x->f[i].type;
+  return NULL;
+}
+
+/* ---- harness ---- */
+
+static int start(void **state, const char *const *args) {
+  struct harness *h = calloc(1, sizeof(*h));
+  if (!h || harness_start(h, args)) {
+    free(h);
+    return -1;
+  }
+  *state = h;
+  return 0;
+}
+
+static int setup(void **state) {
+  /* A non-root client must reach the socket (the harness directory is
+   * 0755) and may own one segment. */
+  static const char *const args[] = {"--set", "daemon.socket_mode=0666", "--set",
+                                     "quota.segments=1", NULL};
+  return start(state, args);
+}
+
+static int teardown(void **state) {
+  struct harness *h = *state;
+  int status = harness_stop(h);
+  free(h);
+  return status == 0 ? 0 : -1;
+}
+
+/* The daemon's metrics, parsed; fails the test when they do not parse. */
+static void scrape(gshm_client_t *c, struct exposition *x, char **text_out) {
+  char *text = NULL;
+  assert_int_equal(gshm_metrics(c, &text), 0);
+  if (expo_parse(x, text)) {
+    fprintf(stderr, "%s\n--- exposition ---\n%s", x->err, text);
+    fail_msg("metrics do not parse: %s", x->err);
+  }
+  if (text_out)
+    *text_out = text;
+  else
+    gshm_free(text);
+}
+
+static void assert_metric(const struct exposition *x, const char *name, const char *labels,
+                          double want) {
+  double v = expo_get(x, name, labels);
+  if (isnan(v) && want == 0)
+    v = 0; /* a counter that never moved may be left out */
+  if (v != want)
+    fail_msg("%s{%s} = %g, want %g", name, labels ? labels : "", v, want);
+}
+
+/* ---- the format ---- */
+
+static void test_parser_rejects(void **state) {
+  /* The parser must catch what it is there to catch, or the other tests
+   * prove nothing. */
+  static const char *const bad[] = {
+      "# HELP a_total x\n# TYPE a_total counter\na_total 1", /* no final \n */
+      "# HELP a x\n# TYPE a gauge\na 1\na 2\n",              /* duplicate */
+      "# HELP a x\n# TYPE a gauge\na{b=\"1\",b=\"2\"} 1\n",  /* label twice */
+      "# HELP a x\n# TYPE a gauge\na{b=\"\\x\"} 1\n",        /* bad escape */
+      "# HELP a x\n# TYPE a gauge\na{b=\"1} 1\n",            /* unterminated */
+      "# HELP a x\n# TYPE a gauge\na 1x\n",                  /* bad value */
+      "# HELP a x\n# TYPE a gauge\n1a 1\n",                  /* bad name */
+      "# HELP a x\n# TYPE a gauge\na{__b=\"1\"} 1\n",        /* reserved label */
+      "a 1\n",                                               /* no metadata */
+      "# HELP a x\n# TYPE a counter\na 1\n",                 /* counter without _total */
+      "# HELP a_total x\n# TYPE a_total counter\na_total -1\n",
+      "# HELP a x\n# TYPE a gauge\n# TYPE a gauge\na 1\n",
+      "# HELP a x\n# TYPE a gauge\na 1\n# HELP b x\n# TYPE b gauge\nb 1\na{c=\"1\"} 2\n",
+      "# HELP h x\n# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\n"
+      "h_sum 1\nh_count 1\n", /* decreasing buckets */
+      "# HELP h x\n# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\n", /* no +Inf */
+      "# HELP h x\n# TYPE h histogram\nh_bucket{le=\"+Inf\"} 2\nh_sum 1\nh_count 1\n",
+      "# HELP h x\n# TYPE h histogram\nh_bucket{le=\"+Inf\"} 1\nh_count 1\n", /* no _sum */
+      "# HELP a x\n# TYPE a gauge\na 1 \n", /* trailing blank */
+  };
+  static const char *const good =
+      "# HELP a_total x \\\\ y\\n\n# TYPE a_total counter\na_total{x=\"q\\\"\\\\\\n\",y=\"\"} 1e3\n"
+      "# HELP g x\n# TYPE g gauge\ng NaN\ng{l=\"1\"} -Inf 1700000000000\n"
+      "# HELP h x\n# TYPE h histogram\nh_bucket{op=\"a\",le=\"0.5\"} 1\n"
+      "h_bucket{op=\"a\",le=\"+Inf\"} 3\nh_sum{op=\"a\"} 2.5\nh_count{op=\"a\"} 3\n";
+  struct exposition x;
+
+  (void)state;
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    if (expo_parse(&x, bad[i]) == 0)
+      fail_msg("accepted bad exposition #%zu:\n%s", i, bad[i]);
+    expo_free(&x);
+  }
+  if (expo_parse(&x, good))
+    fail_msg("rejected a good exposition: %s", x.err);
+  assert_true(expo_get(&x, "a_total", "x=q\"\\\n,y=") == 1000);
+  assert_true(expo_get(&x, "h_count", "op=a") == 3);
+  expo_free(&x);
+}
+
+/* Runs `promtool check metrics` on text when promtool is installed.
+ * Debian's prometheus package (which has it) is ~100 MB installed with
+ * its dependencies, so CI relies on the parser above; this is extra. */
+static void promtool_check(const char *text) {
+  char path[] = "/tmp/gshm-metrics-XXXXXX", cmd[256];
+  int fd, status;
+  FILE *f;
+
+  if (system("command -v promtool >/dev/null 2>&1") != 0)
+    return;
+  assert_true((fd = mkstemp(path)) >= 0);
+  assert_true((f = fdopen(fd, "w")) != NULL);
+  fputs(text, f);
+  fclose(f);
+  snprintf(cmd, sizeof(cmd), "promtool check metrics < %s", path);
+  status = system(cmd);
+  unlink(path);
+  assert_int_equal(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0);
+}
+
+/* In a child: becomes uid/gid 65534 and runs fn; returns its exit code. */
+static int as_nobody(int (*fn)(const char *), const char *sock) {
+  int status;
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (setgroups(0, NULL) < 0 || setresgid(NOBODY, NOBODY, NOBODY) < 0 ||
+        setresuid(NOBODY, NOBODY, NOBODY) < 0)
+      _exit(90);
+    _exit(fn(sock));
+  }
+  assert_true(pid > 0);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+/* Non-root: one segment within its quota, then one quota denial (a
+ * second segment) and one permission denial (an open of root's 0600
+ * segment). */
+static int nobody_denials(const char *sock) {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  int e;
+
+  if (gshm_connect(sock, "nobody", &c))
+    return 10;
+  if (gshm_create(c, "m/nobody", 8192, "host", 0600, 0, &s))
+    return 11;
+  gshm_close(s); /* named: stays */
+  if ((e = gshm_create(c, "m/nobody2", 4096, "host", 0600, 0, &s)) != -EDQUOT)
+    return 12; /* quota.segments = 1 */
+  if ((e = gshm_open(c, "m/private", GSHM_ACCESS_READ, &s)) != -EACCES)
+    return 13;
+  gshm_disconnect(c);
+  return 0;
+}
+
+static void test_values(void **state) {
+  struct harness *h = *state;
+  struct exposition x;
+  gshm_client_t *c, *c2;
+  gshm_segment_t *a, *b, *a2;
+  uint64_t sa, sb, sn;
+
+  assert_int_equal(gshm_connect(h->socket_path, "metrics", &c), 0);
+  scrape(c, &x, NULL);
+  assert_metric(&x, "gshm_up", NULL, 1);
+  assert_metric(&x, "gshm_segments", NULL, 0);
+  assert_metric(&x, "gshm_segment_bytes", "location=host", 0);
+  assert_metric(&x, "gshm_leases", NULL, 0);
+  assert_metric(&x, "gshm_clients", NULL, 1);
+  assert_metric(&x, "gshm_quota_denials_total", NULL, 0);
+  /* The families the issue names, with their types. */
+  assert_string_equal(expo_type(&x, "gshm_segments"), "gauge");
+  assert_string_equal(expo_type(&x, "gshm_segment_bytes"), "gauge");
+  assert_string_equal(expo_type(&x, "gshm_leases"), "gauge");
+  assert_string_equal(expo_type(&x, "gshm_clients"), "gauge");
+  assert_string_equal(expo_type(&x, "gshm_requests_total"), "counter");
+  assert_string_equal(expo_type(&x, "gshm_quota_denials_total"), "counter");
+  if (!expo_type(&x, "gshm_request_duration_seconds"))
+    fail_msg("no gshm_request_duration_seconds family (a histogram, issue 7)");
+  assert_string_equal(expo_type(&x, "gshm_request_duration_seconds"), "histogram");
+  expo_free(&x);
+
+  /* Two segments (one with a size that rounds up), one more client with a
+   * read-only lease: three leases in all. */
+  assert_int_equal(gshm_create(c, "m/public", 10000, "host", 0644, 0, &a), 0);
+  assert_int_equal(gshm_create(c, "m/private", 4096, "host", 0600, 0, &b), 0);
+  sa = gshm_segment_info(a)->size;
+  sb = gshm_segment_info(b)->size;
+  assert_true(sa >= 10000);
+  assert_int_equal(gshm_connect(h->socket_path, "metrics-2", &c2), 0);
+  assert_int_equal(gshm_open(c2, "m/public", GSHM_ACCESS_READ, &a2), 0);
+  scrape(c, &x, NULL);
+  assert_metric(&x, "gshm_segments", NULL, 2);
+  assert_metric(&x, "gshm_segment_bytes", "location=host", (double)(sa + sb));
+  assert_metric(&x, "gshm_leases", NULL, 3);
+  assert_metric(&x, "gshm_clients", NULL, 2);
+  assert_metric(&x, "gshm_requests_total", "op=create,status=ok", 2);
+  assert_metric(&x, "gshm_requests_total", "op=open,status=ok", 1);
+  assert_metric(&x, "gshm_requests_total", "op=hello,status=ok", 2);
+  assert_metric(&x, "gshm_fds_sent_total", NULL, 3);
+  expo_free(&x);
+
+  /* A non-root client: one segment of its own, a quota denial, a
+   * permission denial. */
+  assert_int_equal(as_nobody(nobody_denials, h->socket_path), 0);
+  scrape(c, &x, NULL);
+  sn = 8192;
+  assert_metric(&x, "gshm_segments", NULL, 3);
+  assert_metric(&x, "gshm_segment_bytes", "location=host", (double)(sa + sb + sn));
+  assert_metric(&x, "gshm_leases", NULL, 3); /* nobody's lease ended with its close */
+  assert_metric(&x, "gshm_clients", NULL, 2);
+  assert_metric(&x, "gshm_quota_denials_total", NULL, 1);
+  assert_metric(&x, "gshm_access_denials_total", NULL, 1);
+  assert_metric(&x, "gshm_requests_total", "op=create,status=ok", 3);
+  assert_metric(&x, "gshm_requests_total", "op=create,status=quota_exceeded", 1);
+  assert_metric(&x, "gshm_requests_total", "op=open,status=permission_denied", 1);
+  assert_metric(&x, "gshm_requests_total", "op=open,status=ok", 1);
+  expo_free(&x);
+
+  /* Leases and clients go with closes and disconnects; bytes with
+   * unlinks of unleased segments. */
+  gshm_close(a2);
+  gshm_disconnect(c2);
+  assert_int_equal(gshm_unlink(c, "m/nobody"), 0); /* root may */
+  gshm_close(b);
+  assert_int_equal(gshm_unlink(c, "m/private"), 0);
+  assert_int_equal(gshm_unlink(c, "m/public"), 0); /* a still leased: memory stays */
+  scrape(c, &x, NULL);
+  assert_metric(&x, "gshm_segments", NULL, 1);
+  assert_metric(&x, "gshm_segment_bytes", "location=host", (double)sa);
+  assert_metric(&x, "gshm_leases", NULL, 1);
+  assert_metric(&x, "gshm_clients", NULL, 1);
+  assert_metric(&x, "gshm_requests_total", "op=unlink,status=ok", 3);
+  assert_metric(&x, "gshm_requests_total", "op=close,status=ok", 3);
+  expo_free(&x);
+  gshm_close(a);
+  scrape(c, &x, NULL);
+  assert_metric(&x, "gshm_segments", NULL, 0);
+  assert_metric(&x, "gshm_segment_bytes", "location=host", 0);
+  assert_metric(&x, "gshm_leases", NULL, 0);
+  expo_free(&x);
+  gshm_disconnect(c);
+}
+
+static void test_format(void **state) {
+  struct harness *h = *state;
+  struct exposition x;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  gshm_segment_info_t info;
+  char *text = NULL;
+  double count = 0, requests = 0;
+
+  /* Some traffic with several statuses, so that every family has series. */
+  assert_int_equal(gshm_connect(h->socket_path, "format", &c), 0);
+  assert_int_equal(gshm_create(c, "m/fmt", 4096, "host", 0600, 0, &s), 0);
+  assert_int_equal(gshm_stat_name(c, "m/fmt", &info), 0);
+  assert_int_equal(gshm_stat_name(c, "m/none", &info), -ENOENT);
+  assert_int_equal(gshm_create(c, "m/fmt", 4096, "host", 0600, 0, &s), -EEXIST);
+  scrape(c, &x, &text);
+  promtool_check(text);
+  /* Histogram totals: every answered request is in the duration histogram
+   * (the scrape itself may be counted or not). */
+  for (size_t i = 0; i < x.ns; i++) {
+    if (!strcmp(x.s[i].name, "gshm_request_duration_seconds_count"))
+      count += x.s[i].value;
+    if (!strcmp(x.s[i].name, "gshm_requests_total"))
+      requests += x.s[i].value;
+  }
+  assert_true(requests >= 5);
+  if (count < requests || count > requests + 1)
+    fail_msg("duration histogram counts %g requests, gshm_requests_total %g", count, requests);
+  expo_free(&x);
+  gshm_free(text);
+  gshm_unlink(c, "m/fmt");
+  gshm_close(s);
+  gshm_disconnect(c);
+}
+
+/* ---- the textfile ---- */
+
+struct textfile_state {
+  struct harness h;
+  char dir[64];
+  char path[128];
+};
+
+static int setup_textfile(void **state) {
+  struct textfile_state *t = calloc(1, sizeof(*t));
+  char set[192];
+  const char *args[] = {"--set", set, "--set", "metrics.interval_sec=1", NULL};
+
+  if (!t)
+    return -1;
+  snprintf(t->dir, sizeof(t->dir), "/tmp/gshm-textfile.XXXXXX");
+  if (!mkdtemp(t->dir)) {
+    free(t);
+    return -1;
+  }
+  snprintf(t->path, sizeof(t->path), "%s/gshm.prom", t->dir);
+  snprintf(set, sizeof(set), "metrics.textfile=%s", t->path);
+  if (harness_start(&t->h, args)) {
+    rmdir(t->dir);
+    free(t);
+    return -1;
+  }
+  *state = t;
+  return 0;
+}
+
+static int teardown_textfile(void **state) {
+  struct textfile_state *t = *state;
+  char cmd[192];
+  int status = harness_stop(&t->h);
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", t->dir);
+  if (system(cmd) != 0)
+    status = -1;
+  free(t);
+  return status == 0 ? 0 : -1;
+}
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Reads the whole file at path; NULL when it does not exist.  *ino_out is
+ * the inode of what was read. */
+static char *read_file(const char *path, ino_t *ino_out, mode_t *mode_out) {
+  struct stat st;
+  size_t len = 0, cap = 65536;
+  char *buf;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+  if (fd < 0)
+    return NULL;
+  buf = malloc(cap + 1);
+  assert_non_null(buf);
+  assert_int_equal(fstat(fd, &st), 0);
+  for (;;) {
+    ssize_t n;
+    if (len == cap) {
+      cap *= 2;
+      buf = realloc(buf, cap + 1);
+      assert_non_null(buf);
+    }
+    n = read(fd, buf + len, cap - len);
+    assert_true(n >= 0);
+    if (n == 0)
+      break;
+    len += (size_t)n;
+  }
+  buf[len] = '\0';
+  close(fd);
+  if (ino_out)
+    *ino_out = st.st_ino;
+  if (mode_out)
+    *mode_out = st.st_mode;
+  return buf;
+}
+
+struct watch_counts {
+  unsigned moved_to;   /* renames onto gshm.prom */
+  unsigned direct;     /* IN_MODIFY / IN_CLOSE_WRITE on gshm.prom itself */
+  unsigned prom_temps; /* other names ending in .prom (node_exporter reads them) */
+};
+
+/* Drains inotify events (waiting up to timeout_ms for the first). */
+static void watch_drain(int ifd, int timeout_ms, struct watch_counts *w) {
+  char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+  struct pollfd pfd = {ifd, POLLIN, 0};
+
+  while (poll(&pfd, 1, timeout_ms) > 0) {
+    ssize_t n = read(ifd, buf, sizeof(buf));
+    timeout_ms = 0;
+    for (char *p = buf; n > 0 && p < buf + n;) {
+      struct inotify_event *ev = (struct inotify_event *)p;
+      const char *name = ev->len ? ev->name : "";
+      size_t nl = strlen(name);
+      if (!strcmp(name, "gshm.prom")) {
+        if (ev->mask & IN_MOVED_TO)
+          w->moved_to++;
+        if (ev->mask & (IN_MODIFY | IN_CLOSE_WRITE))
+          w->direct++;
+      } else if (nl > 5 && !strcmp(name + nl - 5, ".prom") && (ev->mask & IN_CREATE)) {
+        w->prom_temps++;
+      }
+      p += sizeof(*ev) + ev->len;
+    }
+  }
+}
+
+static void test_textfile(void **state) {
+  struct textfile_state *t = *state;
+  struct watch_counts w = {0, 0, 0};
+  struct exposition x;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  ino_t ino, inos[64];
+  mode_t mode;
+  unsigned ninos = 0, reads = 0;
+  int64_t deadline;
+  char *text = NULL;
+  int ifd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+
+  assert_true(ifd >= 0);
+  assert_true(inotify_add_watch(ifd, t->dir, IN_MOVED_TO | IN_CREATE | IN_MODIFY |
+                                                 IN_CLOSE_WRITE) >= 0);
+  /* The file appears within a few intervals of 1 s. */
+  deadline = mono_ms() + 5000;
+  while (!(text = read_file(t->path, &ino, &mode)) && mono_ms() < deadline)
+    watch_drain(ifd, 100, &w);
+  if (!text)
+    fail_msg("%s did not appear within 5 s (metrics.interval_sec=1)", t->path);
+  if (expo_parse(&x, text))
+    fail_msg("textfile does not parse: %s", x.err);
+  assert_metric(&x, "gshm_up", NULL, 1);
+  /* node_exporter runs as another user: the file must be world-readable. */
+  if ((mode & 0444) != 0444)
+    fail_msg("textfile mode %04o: node_exporter (another user) cannot read it", mode & 07777);
+  expo_free(&x);
+  free(text);
+
+  /* A change shows in the file within two intervals. */
+  assert_int_equal(gshm_connect(t->h.socket_path, "textfile", &c), 0);
+  assert_int_equal(gshm_create(c, "m/textfile", 4096, "host", 0600, 0, &s), 0);
+  deadline = mono_ms() + 3500;
+  for (;;) {
+    double v;
+    text = read_file(t->path, &ino, NULL);
+    assert_non_null(text);
+    if (expo_parse(&x, text))
+      fail_msg("textfile does not parse: %s", x.err);
+    v = expo_get(&x, "gshm_segments", NULL);
+    expo_free(&x);
+    free(text);
+    if (v == 1)
+      break;
+    if (mono_ms() > deadline)
+      fail_msg("gshm_segments in the textfile is %g, 1 expected, after 3.5 s", v);
+    watch_drain(ifd, 100, &w);
+  }
+
+  /* A reader looping for 3.5 s: every read is a whole, parseable file;
+   * the inode changes (rename over the old file, not a rewrite in place). */
+  memset(&w, 0, sizeof(w));
+  deadline = mono_ms() + 3500;
+  while (mono_ms() < deadline) {
+    text = read_file(t->path, &ino, NULL);
+    if (!text)
+      fail_msg("%s vanished (%s): a replacement must be a rename over it", t->path,
+               strerror(errno));
+    if (expo_parse(&x, text))
+      fail_msg("read #%u of the textfile does not parse (partial write?): %s", reads, x.err);
+    expo_free(&x);
+    free(text);
+    reads++;
+    if ((!ninos || inos[ninos - 1] != ino) && ninos < 64)
+      inos[ninos++] = ino;
+    watch_drain(ifd, 0, &w);
+  }
+  watch_drain(ifd, 0, &w);
+  assert_true(reads > 100);
+  if (ninos < 3)
+    fail_msg("the textfile's inode changed %u times in 3.5 s at interval 1 s", ninos - 1);
+  if (w.moved_to < 2)
+    fail_msg("%u renames onto gshm.prom in 3.5 s", w.moved_to);
+  if (w.direct)
+    fail_msg("%u writes landed on gshm.prom itself, not through a rename", w.direct);
+  if (w.prom_temps)
+    fail_msg("temporary files named *.prom: node_exporter would read them half-written");
+  close(ifd);
+  gshm_unlink(c, "m/textfile");
+  gshm_close(s);
+  gshm_disconnect(c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_parser_rejects),
+      cmocka_unit_test_setup_teardown(test_values, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_format, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_textfile, setup_textfile, teardown_textfile),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
