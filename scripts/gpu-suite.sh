@@ -1,0 +1,28 @@
+#!/bin/bash
+# The GPU suite and benchmarks in one go, for a lent GPU machine that has
+# the CUDA driver but none of the Debian libraries (see README):
+#   here:   cmake -S . -B build-gpu -DGSHM_STATIC_DEPS=ON && cmake --build build-gpu -j
+#   there:  scripts/gpu-suite.sh OUTDIR      (with build-gpu carried along)
+# ctest files hold absolute paths, so the tree is linked where it was built.
+set -uo pipefail
+out=${1:-${OUT:-/tmp/gshm-gpu}}
+src=$(cd "$(dirname "$0")/.." && pwd)
+built=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$src/build-gpu/CMakeCache.txt")
+mkdir -p "$out" "$(dirname "$built")"
+[ "$built" = "$src" ] || ln -sfn "$src" "$built"
+cd "$built/build-gpu" || exit 1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export GSHMD=$PWD/daemon/gshmd GSHMCTL=$PWD/client/gshmctl GSHM_LIBRARY=$PWD/client/libgshm.so
+
+{ nvidia-smi -L; nvidia-smi topo -m; git -C "$src" rev-parse --short HEAD 2>/dev/null; date -u; } \
+  > "$out/machine.txt" 2>&1
+ctest -L gpu --output-on-failure --timeout 600 > "$out/ctest-gpu.log" 2>&1
+echo "ctest rc=$?" >> "$out/ctest-gpu.log"
+timeout 120 ./client/gshm-demo --gpu > "$out/demo.log" 2>&1; echo "demo rc=$?" >> "$out/demo.log"
+timeout 200 ./bench/gshm-bench attach > "$out/bench-attach.txt" 2>&1
+timeout 240 ./bench/gshm-bench copy ${GSHM_COPY_ARGS:---only uni,bidi,latency --reps 7} \
+  > "$out/bench-copy.txt" 2>&1
+py=$(command -v /opt/torch/.venv/bin/python3 || command -v python3)
+timeout 180 "$py" "$src/python/examples/share_weights.py" --gshmd "$GSHMD" --size-mib 2048 \
+  --compare > "$out/python-example.txt" 2>&1
+tail -3 "$out/ctest-gpu.log"
