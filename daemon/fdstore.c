@@ -23,8 +23,15 @@ static uint64_t state_seq;
 static int notify_fd(const char *msg, int fd) {
   int r = sd_pid_notify_with_fds(0, 0, msg, &fd, 1);
   if (r <= 0) {
-    gshm_log_warn("fd store: '%s' not sent: %s", msg, r < 0 ? strerror(-r) : "no NOTIFY_SOCKET");
-    return r < 0 ? r : -ENOTCONN;
+    r = r < 0 ? r : -ENOTCONN;
+    /* Nobody listens any more (the service manager went away, or a test
+     * harness stopped): say so once, and stop trying for every segment. */
+    gshm_log_warn("fd store: cannot send to the service manager (%s); segments created from "
+                  "now on will not survive a gshmd restart",
+                  strerror(-r));
+    if (the_store)
+      the_store->enabled = false;
+    return r;
   }
   return 0;
 }

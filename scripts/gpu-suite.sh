@@ -12,12 +12,15 @@ mkdir -p "$out" "$(dirname "$built")"
 [ "$built" = "$src" ] || ln -sfn "$src" "$built"
 cd "$built/build-gpu" || exit 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ -x /opt/torch/.venv/bin/python3 ] && export GSHM_GPU_PYTHON=/opt/torch/.venv/bin/python3
 export GSHMD=$PWD/daemon/gshmd GSHMCTL=$PWD/client/gshmctl GSHM_LIBRARY=$PWD/client/libgshm.so
 
 { nvidia-smi -L; nvidia-smi topo -m; git -C "$src" rev-parse --short HEAD 2>/dev/null; date -u; } \
   > "$out/machine.txt" 2>&1
-ctest -L gpu --output-on-failure --timeout 600 > "$out/ctest-gpu.log" 2>&1
+ctest -L gpu --output-on-failure --timeout ${GSHM_TEST_TIMEOUT:-600} ${GSHM_CTEST_ARGS:-} \
+  > "$out/ctest-gpu.log" 2>&1
 echo "ctest rc=$?" >> "$out/ctest-gpu.log"
+[ -n "${GSHM_ONLY_CTEST:-}" ] && { tail -3 "$out/ctest-gpu.log"; exit 0; }
 timeout 120 ./client/gshm-demo --gpu > "$out/demo.log" 2>&1; echo "demo rc=$?" >> "$out/demo.log"
 timeout 200 ./bench/gshm-bench attach > "$out/bench-attach.txt" 2>&1
 timeout 240 ./bench/gshm-bench copy ${GSHM_COPY_ARGS:---only uni,bidi,latency --reps 7} \

@@ -412,8 +412,12 @@ static int role_legacy_produce(char **a) {
   REQUIRE(e == 0, "legacy open: %s (%s)", gshm_strerror(e), gshm_last_error(c));
   memcpy(ih.reserved, h, 64);
   ctx_of(0);
-  CHECK(drv->cuIpcOpenMemHandle(&p, ih, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS,
-        "cuIpcOpenMemHandle on GPU 0");
+  {
+    CUresult r = drv->cuIpcOpenMemHandle(&p, ih, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    const char *name = "?";
+    drv->cuGetErrorName(r, &name);
+    CHECK(r == CUDA_SUCCESS, "cuIpcOpenMemHandle on GPU 0: %d %s", (int)r, name);
+  }
   if (p) {
     fill_on(0, (void *)(uintptr_t)p, 2 * MiB, strtoull(a[2], NULL, 0));
     drv->cuIpcCloseMemHandle(p);
