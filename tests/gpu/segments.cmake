@@ -18,5 +18,5 @@ gshm_warnings(test_segments)
 add_test(NAME gpu.segments COMMAND test_segments)
 add_test(NAME gpu.dev_restart COMMAND test_segments restart)
 set_tests_properties(gpu.segments gpu.dev_restart PROPERTIES
-  LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+  LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 150
   ENVIRONMENT "GSHMD=$<TARGET_FILE:gshmd>;GSHMCTL=$<TARGET_FILE:gshmctl>")
