@@ -52,6 +52,7 @@ struct gshmd_config {
   /* [metrics] */
   char *metrics_textfile;          /* "" = off */
   uint32_t metrics_interval_sec;   /* default 15 */
+  char *metrics_http_listen;       /* "" = off; loopback "ADDR:PORT" */
 };
 
 /* What gshmd_config_setup() tells main to do next. */

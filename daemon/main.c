@@ -20,6 +20,7 @@
 #include "config.h"
 #include "fdstore.h"
 #include "log.h"
+#include "metrics_http.h"
 #include "registry.h"
 #include "server.h"
 #include "util.h"
@@ -41,6 +42,8 @@ struct daemon {
   uint64_t watchdog_usec;
   char last_status[256];
   struct gshmd_fdstore fdstore;
+  struct gshmd_metrics_http *http;
+  bool signals_on, timers_on;
   bool stopping;
 };
 
@@ -159,22 +162,37 @@ bind_failed:
   return e;
 }
 
+/* Closes every handle of ours on the loop, once, so that uv_run returns:
+ * from a signal, or from the shutdown path after a failed setup step. */
+static void close_handles(struct daemon *d) {
+  if (d->stopping)
+    return;
+  d->stopping = true;
+  if (d->srv_ready)
+    gshmd_server_stop(&d->srv);
+  if (d->signals_on) {
+    uv_close((uv_handle_t *)&d->sigterm, NULL);
+    uv_close((uv_handle_t *)&d->sigint, NULL);
+  }
+  if (d->timers_on) {
+    uv_close((uv_handle_t *)&d->status_timer, NULL);
+    if (d->watchdog_usec)
+      uv_close((uv_handle_t *)&d->watchdog_timer, NULL);
+    if (d->metrics_timer_on)
+      uv_close((uv_handle_t *)&d->metrics_timer, NULL);
+  }
+  gshmd_metrics_http_stop(d->http);
+  d->http = NULL;
+}
+
 static void on_signal(uv_signal_t *h, int signum) {
   struct daemon *d = h->data;
 
   if (d->stopping)
     return;
-  d->stopping = true;
   gshm_log_info("%s: shutting down", strsignal(signum));
   sd_notify(0, "STOPPING=1");
-  gshmd_server_stop(&d->srv);
-  uv_close((uv_handle_t *)&d->sigterm, NULL);
-  uv_close((uv_handle_t *)&d->sigint, NULL);
-  uv_close((uv_handle_t *)&d->status_timer, NULL);
-  if (d->watchdog_usec)
-    uv_close((uv_handle_t *)&d->watchdog_timer, NULL);
-  if (d->metrics_timer_on)
-    uv_close((uv_handle_t *)&d->metrics_timer, NULL);
+  close_handles(d);
 }
 
 /* STATUS= for systemctl status, sent only when it changes. */
@@ -205,6 +223,7 @@ static void on_watchdog_timer(uv_timer_t *t) {
 }
 
 static int setup_timers(struct daemon *d) {
+  d->timers_on = true;
   uv_timer_init(&d->loop, &d->status_timer);
   d->status_timer.data = d;
   uv_timer_start(&d->status_timer, on_status_timer, 1000, 1000);
@@ -238,6 +257,7 @@ static int setup_signals(struct daemon *d) {
   d->sigterm.data = d->sigint.data = d;
   uv_signal_start(&d->sigterm, on_signal, SIGTERM);
   uv_signal_start(&d->sigint, on_signal, SIGINT);
+  d->signals_on = true;
   return 0;
 }
 
@@ -297,6 +317,9 @@ int main(int argc, char **argv) {
   d.listen_fd = -1; /* the server owns it now */
   setup_signals(&d);
   setup_timers(&d);
+  if (d.cfg.metrics_http_listen && *d.cfg.metrics_http_listen &&
+      gshmd_metrics_http_start(&d.loop, &d.srv, d.cfg.metrics_http_listen, &d.http))
+    goto shutdown;
 
   update_status(&d);
   sd_notify(0, "READY=1");
@@ -305,9 +328,8 @@ int main(int argc, char **argv) {
   status = EXIT_SUCCESS;
 
 shutdown:
-  if (d.srv_ready && !d.stopping)
-    gshmd_server_stop(&d.srv);
   if (d.loop_ready) {
+    close_handles(&d);
     uv_run(&d.loop, UV_RUN_DEFAULT); /* let closing handles finish */
   }
   if (d.srv_ready)

@@ -100,6 +100,12 @@
     "off. The unit's ProtectSystem=strict needs a ReadWritePaths= drop-in "     \
     "for the file's directory.")                                                \
   X(metrics, interval_sec, U32, metrics_interval_sec, "15", 1, 86400, NULL,     \
-    "Seconds between two writes of the metrics textfile.")
+    "Seconds between two writes of the metrics textfile.")                     \
+  X(metrics, http_listen, STR, metrics_http_listen, "", 0, 64, NULL,            \
+    "Serve the metrics at http://ADDRESS:PORT/metrics (libmicrohttpd), e.g. "   \
+    "127.0.0.1:9477; loopback addresses only; empty turns it off. Scrapes see " \
+    "a snapshot at most one second old. The unit allows only AF_UNIX and a "   \
+    "private network: a drop-in with RestrictAddressFamilies=AF_UNIX AF_INET "  \
+    "AF_INET6, PrivateNetwork=no and IPAddressAllow=localhost is needed.")
 
 #endif

@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config
   libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libinih-dev
-  libjansson-dev libcmocka-dev
+  libjansson-dev libcmocka-dev libmicrohttpd-dev
   clang libclang-rt-14-dev valgrind
   python3 python3-pytest python3-numpy
   systemd

@@ -1,6 +1,7 @@
 /* Restart without losing a byte (issue 4): the harness plays systemd's
  * part (NOTIFY_SOCKET with FDSTORE, LISTEN_FDS on the next start). */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -145,8 +146,43 @@ static void test_freed_entries_leave_the_store(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
+/* WATCHDOG=1 comes from the loop at half the WatchdogSec period, and the
+ * STATUS= line follows what the daemon holds. */
+static void test_watchdog_and_status(void **state) {
+  struct harness h;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  unsigned pings;
+
+  (void)state;
+  setenv("WATCHDOG_USEC", "100000", 1); /* 100 ms: a ping every 50 ms */
+  assert_int_equal(harness_start(&h, NULL), 0);
+  unsetenv("WATCHDOG_USEC");
+  usleep(600 * 1000);
+  pthread_mutex_lock(&h.sp.lock);
+  pings = h.sp.watchdog_pings;
+  pthread_mutex_unlock(&h.sp.lock);
+  assert_true(pings >= 5);
+  assert_int_equal(gshm_connect(h.socket_path, "status", &c), 0);
+  assert_int_equal(gshm_create(c, "st", 4096, NULL, 0600, 0, &s), 0);
+  for (int i = 0; i < 30; i++) { /* STATUS= is refreshed once a second */
+    bool seen;
+    usleep(100 * 1000);
+    pthread_mutex_lock(&h.sp.lock);
+    seen = strstr(h.sp.status, "1 clients, 1 segments, 4 KiB, 1 leases") != NULL;
+    pthread_mutex_unlock(&h.sp.lock);
+    if (seen)
+      break;
+    assert_true(i < 29);
+  }
+  gshm_close(s);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_watchdog_and_status),
       cmocka_unit_test(test_sigkill_restart),
       cmocka_unit_test(test_sigkill_restart_socket_activated),
       cmocka_unit_test(test_freed_entries_leave_the_store),
