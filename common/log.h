@@ -31,7 +31,13 @@ void gshm__log(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 
 #define gshm_log_err(...) gshm__log(GSHM_LOG_ERR, __VA_ARGS__)
 #define gshm_log_warn(...) gshm__log(GSHM_LOG_WARNING, __VA_ARGS__)
 #define gshm_log_notice(...) gshm__log(GSHM_LOG_NOTICE, __VA_ARGS__)
-#define gshm_log_info(...) gshm__log(GSHM_LOG_INFO, __VA_ARGS__)
+/* Info and debug check the level first, so that their arguments (sizes
+ * formatted for humans, ...) cost nothing on the request path when off. */
+#define gshm_log_info(...)                                    \
+  do {                                                        \
+    if (gshm__log_level() >= GSHM_LOG_INFO)                   \
+      gshm__log(GSHM_LOG_INFO, __VA_ARGS__);                  \
+  } while (0)
 #define gshm_log_debug(...)                                   \
   do {                                                        \
     if (gshm__log_level() >= GSHM_LOG_DEBUG)                  \

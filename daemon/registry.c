@@ -430,13 +430,15 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
       return -ESTALE;
     }
   } else {
-    int e = gshm__name_check(req->name, r->cfg->max_name);
-    if (e) {
-      *msg_out = "bad name";
-      return e;
-    }
+    /* Only names that were valid at create are in the tree: check the
+     * name only when the lookup misses (callgrind: 6% of an open). */
     seg = gshmd_registry_find_name(r, req->name);
     if (!seg) {
+      int e = gshm__name_check(req->name, r->cfg->max_name);
+      if (e) {
+        *msg_out = e == -ENAMETOOLONG ? "name too long" : "bad name";
+        return e;
+      }
       *msg_out = fmt_msg("no segment named '%s'", req->name);
       return -ENOENT;
     }
