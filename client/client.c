@@ -893,8 +893,19 @@ int gshm_chown(gshm_client_t *c, const char *name, uint32_t uid, uint32_t gid) {
 
 int gshm_revoke(gshm_client_t *c, const char *name) {
   Gshm__RevokeRequest m = GSHM__REVOKE_REQUEST__INIT;
+  int e;
+
   if (!c || !name)
     return -EINVAL;
   m.name = (char *)name;
-  return simple_request(c, GSHM_WIRE_REVOKE, &m.base);
+  e = simple_request(c, GSHM_WIRE_REVOKE, &m.base);
+  /* gshmd tells every other holder; our own leases on it learn it here. */
+  if (!e) {
+    pthread_mutex_lock(&c->lock);
+    for (struct gshm__lease *l = c->leases; l; l = l->next)
+      if (!l->unlinked && !strcmp(l->info.name, name))
+        l->unlinked = l->revoked = true;
+    pthread_mutex_unlock(&c->lock);
+  }
+  return e;
 }

@@ -256,8 +256,15 @@ int gshm__spawn_start(struct gshm_spawn *s, const char *gshmd_path, const char *
       s->pid = 0;
       return -ECHILD;
     }
-    if (gshm__now_ns(CLOCK_MONOTONIC) > deadline)
+    if (gshm__now_ns(CLOCK_MONOTONIC) > deadline) {
+      /* Never leave a daemon behind that nobody will stop (it would keep
+       * a test runner's output pipe open until its timeout). */
+      kill(s->pid, SIGKILL);
+      while (waitpid(s->pid, &status, 0) < 0 && errno == EINTR)
+        ;
+      s->pid = 0;
       return -ETIMEDOUT;
+    }
   }
 }
 

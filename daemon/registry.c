@@ -517,6 +517,8 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
   struct gshmd_segment *seg;
   struct usage *u;
 
+  if (rec->id == 0 || rec->id == UINT64_MAX || rec->generation == UINT64_MAX)
+    return -EINVAL; /* ids and generations must stay increasing */
   if (gshmd_registry_find_id(r, rec->id) || (!rec->unlinked && gshmd_registry_find_name(r, rec->name)))
     return -EEXIST;
   if (!(u = usage_get(rec->uid)))
@@ -659,8 +661,7 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
 int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
                           const char **msg_out) {
   struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
-  struct gshm_list *pos, *tmp;
-  unsigned ended = 0;
+  unsigned n;
 
   if (!seg) {
     *msg_out = fmt_msg("no segment named '%s'", name);
@@ -679,12 +680,10 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
     segment_free(r, seg);
     return 0;
   }
-  gshm_list_foreach_safe(pos, tmp, &seg->leases) {
-    struct gshmd_lease *l = gshm_list_entry(pos, struct gshmd_lease, seg_node);
-    bool last = ++ended == seg->nleases;
-    lease_end(r, l); /* the last one frees seg */
-    if (last)
-      break;
-  }
+  /* lease_end() lowers seg->nleases and the last one frees seg, list head
+   * included: count first, never touch seg after the last (found by
+   * tests/fuzz/fuzz_server, corpus revoke_two_leases). */
+  for (n = seg->nleases; n > 0; n--)
+    lease_end(r, gshm_list_entry(seg->leases.next, struct gshmd_lease, seg_node));
   return 0;
 }

@@ -147,9 +147,12 @@ static int conn_send(struct conn *c, uint16_t type, uint32_t request_id, const G
   return conn_send_packet(c, len, fd);
 }
 
-/* Tells every connection with a lease on seg that its name went away. */
+/* Tells every connection with a lease on seg, but `except` (the requester,
+ * which learns it from its reply), that the segment's name went away.  A
+ * send that fails closes that connection, so the requester must not be
+ * among them: its client would be gone under the request. */
 static void notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg,
-                                 Gshm__EventKind kind) {
+                                 Gshm__EventKind kind, const struct conn *except) {
   Gshm__Event ev = GSHM__EVENT__INIT;
   struct gshm_list *pos;
   struct conn **targets;
@@ -169,7 +172,7 @@ static void notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *s
     bool seen = false;
     for (unsigned i = 0; i < n && !seen; i++)
       seen = targets[i] == c;
-    if (c && !seen)
+    if (c && c != except && !seen)
       targets[n++] = c;
   }
   for (unsigned i = 0; i < n; i++) {
@@ -338,7 +341,7 @@ static int handle_unlink(struct req *q, Gshm__UnlinkRequest *m) {
    * events go out before this reply, so whoever learns of the unlink from
    * the unlinker finds the event already in its socket. */
   if (seg && (q->c->client->cred.admin || q->c->client->cred.uid == seg->uid))
-    notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED);
+    notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, q->c);
   e = gshmd_registry_unlink(r, q->c->client, m->name, &msg);
   return e ? set_error(q, e, msg) : 0;
 }
@@ -372,7 +375,7 @@ static int handle_revoke(struct req *q, Gshm__RevokeRequest *m) {
   int e;
 
   if (seg && q->c->client->cred.admin)
-    notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_REVOKED);
+    notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_REVOKED, q->c);
   e = gshmd_registry_revoke(r, q->c->client, m->name, &msg);
   return e ? set_error(q, e, msg) : 0;
 }
@@ -858,7 +861,9 @@ static void conn_on_io(uv_poll_t *h, int status, int events) {
   struct conn *c = h->data;
 
   if (status < 0) {
-    conn_close(c, uv_strerror(status));
+    /* libuv reports POLLERR on a peer that died with unread replies as
+     * UV_EBADF: it is a reset connection. */
+    conn_close(c, status == UV_EBADF ? "connection reset" : uv_strerror(status));
     return;
   }
   if ((events & UV_WRITABLE) && c->noutq)

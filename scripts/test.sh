@@ -21,3 +21,8 @@ cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
    ctest --output-on-failure -j"$jobs" -LE valgrind)
+
+echo "== fuzz targets (clang + libFuzzer, 20 s each, on the seed corpus)"
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGSHM_WITH_CUDA=OFF
+cmake --build build-fuzz -j"$jobs" --target fuzz
+tests/fuzz/run.sh 20 build-fuzz

@@ -83,6 +83,17 @@ int harness_fd_count(pid_t pid) {
   return n;
 }
 
+int harness_stable_fd_count(pid_t pid) {
+  int least = -1;
+  for (int i = 0; i < 5; i++) {
+    int n = harness_fd_count(pid);
+    if (n >= 0 && (least < 0 || n < least))
+      least = n;
+    usleep(5000);
+  }
+  return least;
+}
+
 long harness_rss_kib(pid_t pid) { return gshm__proc_rss_kib(pid); }
 
 void harness_random(void *buf, size_t n, unsigned long long seed) {

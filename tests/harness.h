@@ -35,6 +35,11 @@ int harness_stop(struct harness *h);
 /* Open fds of a process (/proc/PID/fd), -1 on error. */
 int harness_fd_count(pid_t pid);
 
+/* The process's fd count once settled: the least of a few samples 5 ms
+ * apart (gshmd holds short-lived fds: sd_notify's socket, the state memfd
+ * while it is rewritten). */
+int harness_stable_fd_count(pid_t pid);
+
 /* Resident set of a process in KiB (/proc/PID/status VmRSS), -1 on error. */
 long harness_rss_kib(pid_t pid);
 

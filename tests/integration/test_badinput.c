@@ -47,7 +47,7 @@ static int setup(void **state) {
     if (gshm_status(f->bystander, &st))
       return -1;
   }
-  f->baseline_fds = harness_fd_count(f->h.sp.pid);
+  f->baseline_fds = harness_stable_fd_count(f->h.sp.pid);
   *state = f;
   return 0;
 }
@@ -63,7 +63,7 @@ static void check_unharmed(struct fx *f) {
   assert_memory_equal(buf, f->want, sizeof(buf));
   /* The daemon closes a dropped connection's socket on its next loop turn. */
   for (int i = 0; i < 100; i++) {
-    fds = harness_fd_count(f->h.sp.pid);
+    fds = harness_stable_fd_count(f->h.sp.pid);
     if (fds == f->baseline_fds)
       break;
     usleep(10000);
@@ -279,8 +279,38 @@ static void test_bad_requests_through_the_api(void **state) {
   close(fd);
 }
 
+/* A client that holds a lease, asks for an unlink and is gone before the
+ * reply: gshmd used to notify the requester's own connection too, the send
+ * failed, the connection closed under the request and the registry got a
+ * NULL client (SIGSEGV, found by tests/killpoint under load). */
+static void test_unlink_then_vanish(void **state) {
+  struct fx *f = *state;
+  Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
+  Gshm__UnlinkRequest ur = GSHM__UNLINK_REQUEST__INIT;
+  static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
+  int fds[4], nfds = 0;
+
+  for (int round = 0; round < 20; round++) {
+    int fd = raw_connect(f);
+    send_hello(fd, GSHM_PROTO_MAJOR);
+    assert_int_equal(read_status(fd, NULL, 0), GSHM__STATUS__STATUS_OK);
+    cr.name = "vanish";
+    cr.size = 4096;
+    cr.location = "host";
+    assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_CREATE, 2, &cr.base, -1), 0);
+    assert_true(gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds) > 0);
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+    ur.name = "vanish";
+    assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_UNLINK, 3, &ur.base, -1), 0);
+    close(fd); /* gone before the reply */
+  }
+  /* teardown: gshmd still serves the bystander, fds back to baseline */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_unlink_then_vanish, setup, teardown),
       cmocka_unit_test_setup_teardown(test_wrong_major_in_hello, setup, teardown),
       cmocka_unit_test_setup_teardown(test_wrong_major_in_header, setup, teardown),
       cmocka_unit_test_setup_teardown(test_packet_over_64k, setup, teardown),

@@ -1,0 +1,342 @@
+/* Writes the fuzz targets' seed corpus: make_corpus OUTDIR creates
+ * OUTDIR/<target>/<name> for every target in tests/fuzz/CMakeLists.txt.
+ * The output is checked in (tests/fuzz/corpus); rerun after a protocol
+ * change.  Small on purpose: libFuzzer grows it.
+ *
+ * corpus/fuzz_server also holds found-<sha1> files: the inputs of an
+ * 11-minute fuzz_server run, minimised with -merge=1, so that the short
+ * CI runs start from deep protocol states.  make_corpus leaves them be. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "wire.h"
+
+static const char *outdir;
+
+static void put(const char *target, const char *name, const void *data, size_t len) {
+  char path[1024];
+  FILE *f;
+
+  snprintf(path, sizeof(path), "%s/%s", outdir, target);
+  if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+    perror(path);
+    exit(1);
+  }
+  snprintf(path, sizeof(path), "%s/%s/%s", outdir, target, name);
+  if (!(f = fopen(path, "wb")) || fwrite(data, 1, len, f) != len || fclose(f)) {
+    perror(path);
+    exit(1);
+  }
+}
+
+static void put_msg(const char *target, const char *name, const ProtobufCMessage *m) {
+  uint8_t buf[4096];
+  size_t n = protobuf_c_message_pack(m, buf);
+  put(target, name, buf, n);
+}
+
+static size_t packet(uint16_t type, uint32_t id, const ProtobufCMessage *m, uint8_t *out) {
+  size_t len;
+  if (gshm__wire_pack(type, id, m, out, 4096, &len))
+    exit(1);
+  return len;
+}
+
+/* fuzz_server input: flags, then (u16 length, packet)*. */
+struct script {
+  uint8_t buf[8192];
+  size_t len;
+};
+
+static void script_add(struct script *s, uint16_t type, uint32_t id, const ProtobufCMessage *m) {
+  uint8_t pkt[4096];
+  size_t n = packet(type, id, m, pkt);
+  s->buf[s->len++] = (uint8_t)(n & 0xff);
+  s->buf[s->len++] = (uint8_t)(n >> 8);
+  memcpy(s->buf + s->len, pkt, n);
+  s->len += n;
+}
+
+int main(int argc, char **argv) {
+  Gshm__Hello hello = GSHM__HELLO__INIT;
+  Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
+  Gshm__OpenRequest op = GSHM__OPEN_REQUEST__INIT;
+  Gshm__CloseRequest cl = GSHM__CLOSE_REQUEST__INIT;
+  Gshm__UnlinkRequest ul = GSHM__UNLINK_REQUEST__INIT;
+  Gshm__StatRequest st = GSHM__STAT_REQUEST__INIT;
+  Gshm__ListRequest li = GSHM__LIST_REQUEST__INIT;
+  Gshm__MapReport mr = GSHM__MAP_REPORT__INIT;
+  Gshm__Event ev = GSHM__EVENT__INIT;
+  Gshm__Reply rep = GSHM__REPLY__INIT;
+  Gshm__Welcome wel = GSHM__WELCOME__INIT;
+  Gshm__LeaseGrant gr = GSHM__LEASE_GRANT__INIT;
+  Gshm__SegmentInfo si = GSHM__SEGMENT_INFO__INIT;
+  Gshm__SegmentList sl = GSHM__SEGMENT_LIST__INIT;
+  Gshm__LeaseInfo lsi = GSHM__LEASE_INFO__INIT;
+  Gshm__LeaseList ll = GSHM__LEASE_LIST__INIT;
+  Gshm__StatusInfo sti = GSHM__STATUS_INFO__INIT;
+  Gshm__StateRecord r1 = GSHM__STATE_RECORD__INIT, r2 = GSHM__STATE_RECORD__INIT,
+                    r3 = GSHM__STATE_RECORD__INIT;
+  Gshm__StateRecord *recs[3] = {&r1, &r2, &r3};
+  Gshm__StateTable tab = GSHM__STATE_TABLE__INIT;
+  Gshm__SegmentInfo *sip[1] = {&si};
+  Gshm__LeaseInfo *lip[1] = {&lsi};
+  char *uuids[2] = {"GPU-0a1b2c3d-0000-1111-2222-333344445555", "GPU-ffffffff"};
+  char *backends[2] = {"host", "cuda"};
+  uint8_t pkt[4096], handle[64];
+  struct script sc;
+  size_t n;
+
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s OUTDIR\n", argv[0]);
+    return 2;
+  }
+  outdir = argv[1];
+  mkdir(outdir, 0755);
+
+  hello.major = 1;
+  hello.client_name = "worker-3";
+  put_msg("fuzz_msg_hello", "hello", &hello.base);
+  hello.resume_session_id = 42;
+  put_msg("fuzz_msg_hello", "hello_resume", &hello.base);
+  cr.name = "models/llama/weights";
+  cr.size = 1 << 20;
+  cr.location = "host";
+  cr.mode = 0640;
+  put_msg("fuzz_msg_create_request", "host", &cr.base);
+  cr.location = "cuda:GPU-0a1b2c3d-0000-1111-2222-333344445555";
+  cr.flags = 1;
+  put_msg("fuzz_msg_create_request", "cuda_legacy", &cr.base);
+  op.name = "kv/block/17";
+  op.access = GSHM__ACCESS__ACCESS_READ;
+  put_msg("fuzz_msg_open_request", "by_name", &op.base);
+  op.segment_id = 7;
+  op.generation = 3;
+  op.legacy_ipc = 1;
+  put_msg("fuzz_msg_open_request", "by_id", &op.base);
+  cl.lease_id = 12345;
+  put_msg("fuzz_msg_close_request", "lease", &cl.base);
+  ul.name = "kv/block/17";
+  put_msg("fuzz_msg_unlink_request", "name", &ul.base);
+  st.name = "a";
+  put_msg("fuzz_msg_stat_request", "name", &st.base);
+  st.segment_id = 99;
+  put_msg("fuzz_msg_stat_request", "id", &st.base);
+  li.after = 10;
+  li.limit = 100;
+  put_msg("fuzz_msg_list_request", "page", &li.base);
+  mr.lease_id = 5;
+  mr.n_device_uuids = 2;
+  mr.device_uuids = uuids;
+  put_msg("fuzz_msg_map_report", "two", &mr.base);
+  ev.kind = GSHM__EVENT_KIND__EVENT_KIND_UNLINKED;
+  ev.segment_id = 7;
+  ev.generation = 2;
+  put_msg("fuzz_msg_event", "unlinked", &ev.base);
+
+  /* Replies: one of each body kind libgshm reads. */
+  rep.status = GSHM__STATUS__STATUS_OK;
+  wel.server_version = "0.1.0";
+  wel.session_id = 9;
+  wel.capabilities = 3;
+  wel.major = 1;
+  wel.max_packet = 65536;
+  rep.body_case = GSHM__REPLY__BODY_WELCOME;
+  rep.welcome = &wel;
+  put_msg("fuzz_msg_reply", "welcome", &rep.base);
+  si.id = 7;
+  si.generation = 2;
+  si.name = "kv/block/17";
+  si.size = 2 << 20;
+  si.requested_size = 1000;
+  si.location = "host";
+  si.uid = 1000;
+  si.gid = 1000;
+  si.mode = 0600;
+  si.state = GSHM__SEGMENT_STATE__SEGMENT_STATE_LIVE;
+  si.leases = 2;
+  si.device_index = -1;
+  si.granularity = 4096;
+  gr.segment = &si;
+  gr.lease_id = 4;
+  gr.access = GSHM__ACCESS__ACCESS_READ_WRITE;
+  memset(handle, 0x5a, sizeof(handle));
+  gr.legacy_ipc_handle.data = handle;
+  gr.legacy_ipc_handle.len = sizeof(handle);
+  rep.body_case = GSHM__REPLY__BODY_GRANT;
+  rep.grant = &gr;
+  put_msg("fuzz_msg_reply", "grant", &rep.base);
+  sl.n_segments = 1;
+  sl.segments = sip;
+  sl.next = 7;
+  rep.body_case = GSHM__REPLY__BODY_SEGMENTS;
+  rep.segments = &sl;
+  put_msg("fuzz_msg_reply", "segments", &rep.base);
+  lsi.lease_id = 4;
+  lsi.segment_id = 7;
+  lsi.segment_name = "kv/block/17";
+  lsi.pid = 1234;
+  lsi.client_name = "worker";
+  lsi.n_mapped_devices = 2;
+  lsi.mapped_devices = uuids;
+  lsi.mapped = 1;
+  lsi.location = "host";
+  ll.n_leases = 1;
+  ll.leases = lip;
+  rep.body_case = GSHM__REPLY__BODY_LEASES;
+  rep.leases = &ll;
+  put_msg("fuzz_msg_reply", "leases", &rep.base);
+  sti.version = "0.1.0";
+  sti.clients = 3;
+  sti.segments = 4;
+  sti.bytes = 1 << 30;
+  sti.n_backends = 2;
+  sti.backends = backends;
+  rep.body_case = GSHM__REPLY__BODY_STATUS_INFO;
+  rep.status_info = &sti;
+  put_msg("fuzz_msg_reply", "status", &rep.base);
+  rep.status = GSHM__STATUS__STATUS_PERMISSION_DENIED;
+  rep.message = "permission denied: segment 'x' is 0600, owned by uid 0";
+  rep.body_case = GSHM__REPLY__BODY__NOT_SET;
+  put_msg("fuzz_msg_reply", "error", &rep.base);
+
+  /* State table: seg-1 (4 KiB host, live), seg-2 (8 KiB, unlinked),
+   * seg-3 (unsealed memfd in fuzz_fdstore: refused). */
+  r1.id = 1;
+  r1.generation = 1;
+  r1.name = "a";
+  r1.requested_size = 100;
+  r1.size = 4096;
+  r1.location = "host";
+  r1.uid = 1000;
+  r1.mode = 0600;
+  r2 = r1;
+  r2.id = 2;
+  r2.name = "b/c";
+  r2.size = 8192;
+  r2.unlinked = 1;
+  r3 = r1;
+  r3.id = 3;
+  r3.name = "d";
+  tab.version = 1;
+  tab.seq = 7;
+  tab.next_segment_id = 4;
+  tab.next_generation = 2;
+  tab.next_lease_id = 10;
+  tab.next_session_id = 5;
+  tab.n_segments = 3;
+  tab.segments = recs;
+  put_msg("fuzz_msg_state_table", "three", &tab.base);
+  put_msg("fuzz_fdstore", "three", &tab.base);
+  tab.n_segments = 1;
+  put_msg("fuzz_fdstore", "one", &tab.base);
+  r2.name = "a";
+  r2.unlinked = 0;
+  tab.n_segments = 2;
+  put_msg("fuzz_fdstore", "dup_name", &tab.base);
+
+  /* Headers. */
+  put("fuzz_header", "hello", pkt, packet(GSHM_WIRE_HELLO, 1, &hello.base, pkt));
+  put("fuzz_header", "status", pkt, packet(GSHM_WIRE_STATUS, 2, NULL, pkt));
+  rep.status = GSHM__STATUS__STATUS_OK;
+  rep.body_case = GSHM__REPLY__BODY_GRANT;
+  put("fuzz_header", "reply", pkt, packet(GSHM_WIRE_OPEN | GSHM_WIRE_REPLY, 3, &rep.base, pkt));
+  put("fuzz_header", "event", pkt, packet(GSHM_WIRE_EVENT, 0, &ev.base, pkt));
+  n = packet(GSHM_WIRE_HELLO, 1, &hello.base, pkt);
+  pkt[4] = 2; /* major 2 */
+  put("fuzz_header", "major2", pkt, n);
+
+  /* Whole conversations for gshmd's request path (flag 1: fuzz_server
+   * says hello first). */
+  cr.name = "s";
+  cr.size = 4096;
+  cr.location = "host";
+  cr.mode = 0;
+  cr.flags = 0;
+  op.name = "s";
+  op.segment_id = 0;
+  op.generation = 0;
+  op.legacy_ipc = 0;
+  op.access = GSHM__ACCESS__ACCESS_READ_WRITE;
+  st.name = "s";
+  st.segment_id = 0;
+  cl.lease_id = 1;
+  ul.name = "s";
+  li.after = 0;
+  li.limit = 0;
+  mr.lease_id = 1;
+  sc.len = 0;
+  sc.buf[sc.len++] = 1;
+  script_add(&sc, GSHM_WIRE_CREATE, 2, &cr.base);
+  script_add(&sc, GSHM_WIRE_OPEN, 3, &op.base);
+  script_add(&sc, GSHM_WIRE_MAP_REPORT, 4, &mr.base);
+  script_add(&sc, GSHM_WIRE_STAT, 5, &st.base);
+  script_add(&sc, GSHM_WIRE_LIST_SEGMENTS, 6, &li.base);
+  script_add(&sc, GSHM_WIRE_LIST_LEASES, 7, &li.base);
+  script_add(&sc, GSHM_WIRE_LIST_CLIENTS, 8, &li.base);
+  script_add(&sc, GSHM_WIRE_UNLINK, 9, &ul.base);
+  script_add(&sc, GSHM_WIRE_CLOSE, 10, &cl.base);
+  script_add(&sc, GSHM_WIRE_STATUS, 11, NULL);
+  script_add(&sc, GSHM_WIRE_METRICS, 12, NULL);
+  script_add(&sc, GSHM_WIRE_DEVICES, 13, NULL);
+  put("fuzz_server", "session", sc.buf, sc.len);
+  sc.len = 0;
+  sc.buf[sc.len++] = 0;
+  script_add(&sc, GSHM_WIRE_HELLO, 1, &hello.base);
+  script_add(&sc, GSHM_WIRE_HELLO, 2, &hello.base);
+  put("fuzz_server", "hello_twice", sc.buf, sc.len);
+  sc.len = 0;
+  sc.buf[sc.len++] = 2;
+  script_add(&sc, GSHM_WIRE_OPEN, 1, &op.base);
+  put("fuzz_server", "open_first_with_fd", sc.buf, sc.len);
+  sc.len = 0;
+  sc.buf[sc.len++] = 1;
+  op.segment_id = 1;
+  op.generation = 1;
+  script_add(&sc, GSHM_WIRE_CREATE, 2, &cr.base);
+  script_add(&sc, GSHM_WIRE_OPEN, 3, &op.base);
+  op.legacy_ipc = 1;
+  script_add(&sc, GSHM_WIRE_OPEN, 4, &op.base);
+  cr.name = "t";
+  cr.flags = 1;
+  script_add(&sc, GSHM_WIRE_CREATE, 5, &cr.base);
+  put("fuzz_server", "reopen_by_id", sc.buf, sc.len);
+  /* Revoke of a segment with two leases (found by fuzz_server: a
+   * use-after-free in gshmd_registry_revoke once). */
+  {
+    Gshm__RevokeRequest rv = GSHM__REVOKE_REQUEST__INIT;
+    sc.len = 0;
+    sc.buf[sc.len++] = 1;
+    cr.name = "s";
+    cr.flags = 0;
+    op.segment_id = 0;
+    op.generation = 0;
+    op.legacy_ipc = 0;
+    script_add(&sc, GSHM_WIRE_CREATE, 2, &cr.base);
+    script_add(&sc, GSHM_WIRE_OPEN, 3, &op.base);
+    rv.name = "s";
+    script_add(&sc, GSHM_WIRE_REVOKE, 4, &rv.base);
+    put("fuzz_server", "revoke_two_leases", sc.buf, sc.len);
+  }
+
+  /* Config files. */
+  {
+    static const char *const confs[][2] = {
+        {"limits", "[limits]\nmax_connections = 2000\nmax_packet = 64K\nmax_fds_per_connection = 0\n"
+                   "idle_timeout_ms = 0\npartial_timeout_ms = 5000\n"},
+        {"daemon", "[daemon]\nsocket = /run/gshm/gshmd.sock\nsocket_mode = 0660\n"
+                   "backend = host\nlog_level = debug\nlegacy_ipc = no\nadmin_group = wheel\n"},
+        {"quota", "; per uid\n[quota]\nhost_bytes = 1G\ncuda_bytes = 80G\nsegments = 100\n"
+                  "leases = 1000\nconnections = 10\n[metrics]\ntextfile = /var/lib/x.prom\n"
+                  "interval_sec = 15\n"},
+        {"bad", "[limits]\nmax_packet = 1T\nnosuch = 1\n"},
+    };
+    for (size_t i = 0; i < sizeof(confs) / sizeof(confs[0]); i++)
+      put("fuzz_config", confs[i][0], confs[i][1], strlen(confs[i][1]));
+  }
+  return 0;
+}
