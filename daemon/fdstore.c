@@ -15,152 +15,179 @@
 #include "log.h"
 #include "registry.h"
 
-#define STATE_MAX (64u << 20) /* a saved table larger than this is refused */
+#define RECORD_MAX (1u << 20) /* a stored record larger than this is refused */
+#define ID_BLOCK 4096         /* ids reserved per ids-<v> record */
 
 static struct gshmd_fdstore *the_store; /* the registry callback's context */
-static uint64_t state_seq;
 
-static int notify_fd(const char *msg, int fd) {
-  int r = sd_pid_notify_with_fds(0, 0, msg, &fd, 1);
+/* Sends one fd to the store under name; on failure stops the store
+ * (nobody listens: say so once). */
+static int store_fd(struct gshmd_fdstore *fs, const char *name, int fd) {
+  char msg[96];
+  int r;
+
+  snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", name);
+  r = sd_pid_notify_with_fds(0, 0, msg, &fd, 1);
   if (r <= 0) {
     r = r < 0 ? r : -ENOTCONN;
-    /* Nobody listens any more (the service manager went away, or a test
-     * harness stopped): say so once, and stop trying for every segment. */
     gshm_log_warn("fd store: cannot send to the service manager (%s); segments created from "
                   "now on will not survive a gshmd restart",
                   strerror(-r));
-    if (the_store)
-      the_store->enabled = false;
+    fs->enabled = false;
     return r;
   }
   return 0;
 }
 
-static int park_segment(struct gshmd_segment *seg) {
-  struct gshmd_backend *b = seg->mem->backend;
-  char msg[64];
-  int fd, e;
-
-  if (!b->ops->park_fd)
-    return -ENOTSUP;
-  if ((e = b->ops->park_fd(b, seg->mem, &fd))) {
-    gshm_log_warn("fd store: cannot park segment %" PRIu64 ": %s", seg->id, strerror(-e));
-    return e;
-  }
-  snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=seg-%" PRIu64, seg->id);
-  e = notify_fd(msg, fd);
-  close(fd);
-  return e;
+static void store_remove(const char *name) {
+  char msg[96];
+  snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
+  sd_notify(0, msg);
 }
 
-/* Serialises the registry into a new sealed memfd, stores it as
- * state-<seq+1>, then removes state-<seq>: a crash in between leaves two
- * tables and restore takes the newer, never none. */
-int gshmd_fdstore_sync(struct gshmd_fdstore *fs) {
-  struct gshmd_registry *r = fs->reg;
-  Gshm__StateTable t = GSHM__STATE_TABLE__INIT;
-  Gshm__StateRecord *recs = NULL, **ptrs = NULL;
-  struct gshm_list *pos;
-  uint8_t *buf = NULL;
-  size_t n = 0, len;
-  char msg[64];
-  int fd = -1, e = 0;
+/* A sealed memfd holding msg's encoding. */
+static int sealed_record(const ProtobufCMessage *msg, int *fd_out) {
+  size_t len = protobuf_c_message_get_packed_size(msg);
+  uint8_t small[1024], *buf = len <= sizeof(small) ? small : malloc(len);
+  int fd, e = 0;
 
-  if (!fs->enabled)
-    return 0;
-  if (r->nsegments && (!(recs = calloc(r->nsegments, sizeof(*recs))) ||
-                       !(ptrs = calloc(r->nsegments, sizeof(*ptrs))))) {
-    e = -ENOMEM;
-    goto out;
-  }
-  gshm_list_foreach(pos, &r->segments) {
-    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
-    Gshm__StateRecord *x = &recs[n];
-    gshm__state_record__init(x);
-    x->id = seg->id;
-    x->generation = seg->generation;
-    x->name = seg->name;
-    x->requested_size = seg->requested_size;
-    x->size = seg->mem->size;
-    x->location = seg->mem->location;
-    x->uid = seg->uid;
-    x->gid = seg->gid;
-    x->mode = seg->mode;
-    x->flags = seg->flags;
-    x->created_ns = seg->created_ns;
-    x->unlinked = seg->unlinked;
-    ptrs[n++] = x;
-  }
-  t.version = 1;
-  t.seq = state_seq + 1;
-  t.next_segment_id = r->next_segment_id;
-  t.next_generation = r->next_generation;
-  t.next_lease_id = r->next_lease_id;
-  t.next_session_id = r->next_session_id;
-  t.n_segments = n;
-  t.segments = ptrs;
-  len = gshm__state_table__get_packed_size(&t);
-  if (!(buf = malloc(len ? len : 1))) {
-    e = -ENOMEM;
-    goto out;
-  }
-  gshm__state_table__pack(&t, buf);
-  fd = memfd_create("gshmd-state", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (!buf)
+    return -ENOMEM;
+  protobuf_c_message_pack(msg, buf);
+  fd = memfd_create("gshmd-record", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0 || (len && write(fd, buf, len) != (ssize_t)len) ||
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0) {
     e = -errno;
-    gshm_log_err("fd store: writing the state table: %m");
-    goto out;
+    gshm_log_err("fd store: writing a record: %m");
+    if (fd >= 0)
+      close(fd);
+  } else {
+    *fd_out = fd;
   }
-  snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=state-%" PRIu64, t.seq);
-  if ((e = notify_fd(msg, fd)))
-    goto out;
-  if (state_seq) {
-    snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=state-%" PRIu64, state_seq);
-    sd_notify(0, msg);
-  }
-  state_seq = t.seq;
-out:
-  if (fd >= 0)
-    close(fd);
-  free(buf);
-  free(ptrs);
-  free(recs);
+  if (buf != small)
+    free(buf);
   return e;
 }
 
-int gshmd_fdstore_segment_added(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
-  int e;
-  if (!fs->enabled)
-    return 0;
-  /* Segment first, then the table that names it. */
-  if ((e = park_segment(seg)))
+/* Stores meta-<id>-<v+1> for seg, then removes meta-<id>-<v>: a crash in
+ * between leaves two versions and restore takes the newer, never none. */
+static int store_meta(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+  Gshm__StateRecord x = GSHM__STATE_RECORD__INIT;
+  char name[64];
+  int fd, e;
+
+  x.id = seg->id;
+  x.generation = seg->generation;
+  x.name = seg->name;
+  x.requested_size = seg->requested_size;
+  x.size = seg->mem->size;
+  x.location = seg->mem->location;
+  x.uid = seg->uid;
+  x.gid = seg->gid;
+  x.mode = seg->mode;
+  x.flags = seg->flags;
+  x.created_ns = seg->created_ns;
+  x.unlinked = seg->unlinked;
+  if ((e = sealed_record(&x.base, &fd)))
     return e;
-  return gshmd_fdstore_sync(fs);
+  snprintf(name, sizeof(name), "meta-%" PRIu64 "-%" PRIu64, seg->id, seg->meta_version + 1);
+  e = store_fd(fs, name, fd);
+  close(fd);
+  if (e)
+    return e;
+  if (seg->meta_version) {
+    snprintf(name, sizeof(name), "meta-%" PRIu64 "-%" PRIu64, seg->id, seg->meta_version);
+    store_remove(name);
+  }
+  seg->meta_version++;
+  return 0;
+}
+
+/* Makes sure every id the registry may hand out next is below a stored
+ * limit, so that ids and generations are never reused after a restart.
+ * Written once per ID_BLOCK ids. */
+static int reserve_ids(struct gshmd_fdstore *fs) {
+  struct gshmd_registry *r = fs->reg;
+  Gshm__StateTable t = GSHM__STATE_TABLE__INIT;
+  char name[64];
+  int fd, e;
+
+  if (r->next_segment_id < fs->id_limit && r->next_generation < fs->gen_limit &&
+      r->next_lease_id < fs->lease_limit && r->next_session_id < fs->session_limit)
+    return 0;
+  t.version = 2;
+  t.seq = fs->ids_version + 1;
+  t.next_segment_id = r->next_segment_id + ID_BLOCK;
+  t.next_generation = r->next_generation + ID_BLOCK;
+  t.next_lease_id = r->next_lease_id + 16 * ID_BLOCK;
+  t.next_session_id = r->next_session_id + 16 * ID_BLOCK;
+  if ((e = sealed_record(&t.base, &fd)))
+    return e;
+  snprintf(name, sizeof(name), "ids-%" PRIu64, t.seq);
+  e = store_fd(fs, name, fd);
+  close(fd);
+  if (e)
+    return e;
+  if (fs->ids_version) {
+    snprintf(name, sizeof(name), "ids-%" PRIu64, fs->ids_version);
+    store_remove(name);
+  }
+  fs->ids_version = t.seq;
+  fs->id_limit = t.next_segment_id;
+  fs->gen_limit = t.next_generation;
+  fs->lease_limit = t.next_lease_id;
+  fs->session_limit = t.next_session_id;
+  return 0;
+}
+
+/* A new segment: its ids covered, its memory parked, then the record that
+ * names it. */
+static void segment_added(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+  struct gshmd_backend *b = seg->mem->backend;
+  char name[64];
+  int fd, e;
+
+  if (reserve_ids(fs) || !fs->enabled)
+    return;
+  if (!b->ops->park_fd) {
+    gshm_log_warn("fd store: segment %" PRIu64 " cannot be parked (backend)", seg->id);
+    return;
+  }
+  if ((e = b->ops->park_fd(b, seg->mem, &fd))) {
+    gshm_log_warn("fd store: cannot park segment %" PRIu64 ": %s", seg->id, strerror(-e));
+    return;
+  }
+  snprintf(name, sizeof(name), "seg-%" PRIu64, seg->id);
+  e = store_fd(fs, name, fd);
+  close(fd);
+  if (!e)
+    store_meta(fs, seg);
 }
 
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event) {
   struct gshmd_fdstore *fs = the_store;
-  char msg[64];
+  char name[64];
 
   (void)r;
   if (!fs || !fs->enabled)
     return;
   switch (event) {
   case GSHMD_SEGMENT_CREATED:
-    gshmd_fdstore_segment_added(fs, seg);
+    segment_added(fs, seg);
     break;
   case GSHMD_SEGMENT_FREED:
-    /* The segment has left the registry: first a table that no longer
-     * names it, then its fd out of the store (the memory goes only once
-     * systemd drops its copy too).  A crash in between leaves an fd that
-     * no table names, which the next start drops. */
-    gshmd_fdstore_sync(fs);
-    snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=seg-%" PRIu64, seg->id);
-    sd_notify(0, msg);
+    /* The record first, then the memory: a crash in between leaves memory
+     * that no record names, which the next start drops. */
+    if (seg->meta_version) {
+      snprintf(name, sizeof(name), "meta-%" PRIu64 "-%" PRIu64, seg->id, seg->meta_version);
+      store_remove(name);
+    }
+    snprintf(name, sizeof(name), "seg-%" PRIu64, seg->id);
+    store_remove(name);
     break;
-  default:
-    gshmd_fdstore_sync(fs);
+  default: /* unlinked, chmod, chown */
+    if (seg->meta_version)
+      store_meta(fs, seg);
     break;
   }
 }
@@ -176,12 +203,14 @@ int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg) {
   return 0;
 }
 
-static int read_state(int fd, Gshm__StateTable **out) {
+/* Reads a sealed record memfd into buf (malloc'ed).  Returns its length or
+ * a negative errno. */
+static ssize_t read_record(int fd, uint8_t **buf_out) {
   struct stat st;
   uint8_t *buf;
   ssize_t got = 0;
 
-  if (fstat(fd, &st) < 0 || st.st_size < 0 || (uint64_t)st.st_size > STATE_MAX)
+  if (fstat(fd, &st) < 0 || st.st_size < 0 || (uint64_t)st.st_size > RECORD_MAX)
     return -EINVAL;
   if (!(buf = malloc(st.st_size ? (size_t)st.st_size : 1)))
     return -ENOMEM;
@@ -193,73 +222,37 @@ static int read_state(int fd, Gshm__StateTable **out) {
     }
     got += k;
   }
-  *out = gshm__state_table__unpack(NULL, (size_t)st.st_size, buf);
-  free(buf);
-  return *out ? 0 : -EBADMSG;
+  *buf_out = buf;
+  return got;
 }
 
-int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
+/* What restore knows of one stored name. */
+enum kind { K_OTHER, K_SEG, K_META, K_IDS };
+
+static enum kind parse_name(const char *name, uint64_t *id, uint64_t *v) {
+  char tail;
+  if (sscanf(name, "seg-%" SCNu64 "%c", id, &tail) == 1)
+    return K_SEG;
+  if (sscanf(name, "meta-%" SCNu64 "-%" SCNu64 "%c", id, v, &tail) == 2)
+    return K_META;
+  if (sscanf(name, "ids-%" SCNu64 "%c", v, &tail) == 1)
+    return K_IDS;
+  return K_OTHER;
+}
+
+static void adopt_ids(struct gshmd_fdstore *fs, int fd, uint64_t v) {
   struct gshmd_registry *r = fs->reg;
-  Gshm__StateTable *t = NULL;
-  int state_idx = -1;
-  uint64_t best = 0;
-  char msg[64];
+  Gshm__StateTable *t;
+  uint8_t *buf = NULL;
+  ssize_t len = read_record(fd, &buf);
 
-  /* The newest table wins; older ones are leftovers of a crash mid-sync. */
-  for (int i = 0; i < n; i++) {
-    uint64_t seq;
-    if (fds[i] < 0 || !names || sscanf(names[i], "state-%" SCNu64, &seq) != 1)
-      continue;
-    if (state_idx < 0 || seq > best) {
-      best = seq;
-      state_idx = i;
-    }
+  if (len < 0 || !(t = gshm__state_table__unpack(NULL, (size_t)len, buf))) {
+    gshm_log_err("fd store: ids-%" PRIu64 " unreadable; ids restart above the restored ones", v);
+    free(buf);
+    return;
   }
-  if (state_idx >= 0) {
-    int e = read_state(fds[state_idx], &t);
-    if (e)
-      gshm_log_err("fd store: state table unreadable (%s); segments cannot be restored",
-                   strerror(-e));
-    else if (t->version != 1) {
-      gshm_log_err("fd store: state table version %u unknown", t->version);
-      gshm__state_table__free_unpacked(t, NULL);
-      t = NULL;
-    }
-    state_seq = best;
-  }
-
-  for (size_t k = 0; t && k < t->n_segments; k++) {
-    const Gshm__StateRecord *rec = t->segments[k];
-    struct gshmd_backend *b = !strcmp(rec->location, "host") ? r->host : r->cuda;
-    struct gshmd_alloc *mem = NULL;
-    char want[32];
-    int idx = -1, e;
-
-    snprintf(want, sizeof(want), "seg-%" PRIu64, rec->id);
-    for (int i = 0; i < n; i++)
-      if (fds[i] >= 0 && names && !strcmp(names[i], want))
-        idx = i;
-    if (idx < 0 || !b || !b->ops->adopt_fd) {
-      gshm_log_err("fd store: segment '%s' id %" PRIu64 " lost: %s", rec->name, rec->id,
-                   idx < 0 ? "its fd was not handed back" : "its backend is unavailable");
-      fs->dropped++;
-      continue;
-    }
-    if ((e = b->ops->adopt_fd(b, fds[idx], rec->location, rec->size, &mem)) ||
-        (e = gshmd_registry_adopt(r, rec, mem))) {
-      gshm_log_err("fd store: segment '%s' id %" PRIu64 " not restored: %s", rec->name, rec->id,
-                   strerror(-e));
-      if (mem) {
-        mem->backend->ops->free(mem->backend, mem); /* closes the adopted fd */
-        fds[idx] = -1;
-      }
-      fs->dropped++;
-      continue;
-    }
-    fds[idx] = -1; /* the backend owns it now */
-    fs->restored++;
-  }
-  if (t) {
+  free(buf);
+  if (t->version == 2) {
     if (t->next_segment_id > r->next_segment_id)
       r->next_segment_id = t->next_segment_id;
     if (t->next_generation > r->next_generation)
@@ -268,19 +261,125 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
       r->next_lease_id = t->next_lease_id;
     if (t->next_session_id > r->next_session_id)
       r->next_session_id = t->next_session_id;
-    gshm__state_table__free_unpacked(t, NULL);
+    fs->ids_version = v;
+  }
+  gshm__state_table__free_unpacked(t, NULL);
+}
+
+/* Restores one segment from its newest record and its memory fd. */
+static int adopt_segment(struct gshmd_fdstore *fs, int meta_fd, uint64_t id, uint64_t v,
+                         int *seg_fd) {
+  struct gshmd_registry *r = fs->reg;
+  struct gshmd_alloc *mem = NULL;
+  struct gshmd_backend *b;
+  Gshm__StateRecord *rec;
+  uint8_t *buf = NULL;
+  ssize_t len = read_record(meta_fd, &buf);
+  int e;
+
+  if (len < 0 || !(rec = gshm__state_record__unpack(NULL, (size_t)len, buf))) {
+    free(buf);
+    return -EBADMSG;
+  }
+  free(buf);
+  b = !strcmp(rec->location, "host") ? r->host : r->cuda;
+  if (rec->id != id)
+    e = -EBADMSG;
+  else if (*seg_fd < 0)
+    e = -ENOENT;
+  else if (!b || !b->ops->adopt_fd)
+    e = -ENODEV;
+  else if (!(e = b->ops->adopt_fd(b, *seg_fd, rec->location, rec->size, &mem))) {
+    *seg_fd = -1; /* the backend owns it now */
+    if ((e = gshmd_registry_adopt(r, rec, mem)))
+      b->ops->free(b, mem);
+    else
+      gshmd_registry_find_id(r, id)->meta_version = v;
+  }
+  if (e)
+    gshm_log_err("fd store: segment '%s' id %" PRIu64 " not restored: %s", rec->name, id,
+                 e == -ENOENT ? "its memory was not handed back" : strerror(-e));
+  gshm__state_record__free_unpacked(rec, NULL);
+  return e;
+}
+
+int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
+  uint64_t best_ids = 0;
+  int ids_idx = -1;
+
+  if (!names)
+    return 0;
+  /* The newest ids record. */
+  for (int i = 0; i < n; i++) {
+    uint64_t id, v;
+    if (fds[i] >= 0 && parse_name(names[i], &id, &v) == K_IDS && (ids_idx < 0 || v > best_ids)) {
+      best_ids = v;
+      ids_idx = i;
+    }
+  }
+  if (ids_idx >= 0)
+    adopt_ids(fs, fds[ids_idx], best_ids);
+
+  /* Each segment from its newest meta record (n is at most a few times
+   * the segment limit; this runs once, before READY). */
+  for (int i = 0; i < n; i++) {
+    uint64_t id, v, id2, v2;
+    int newest = i, seg = -1;
+    if (fds[i] < 0 || parse_name(names[i], &id, &v) != K_META)
+      continue;
+    for (int k = 0; k < n; k++) {
+      if (fds[k] < 0 || k == i)
+        continue;
+      switch (parse_name(names[k], &id2, &v2)) {
+      case K_META:
+        if (id2 == id && v2 > v) {
+          newest = k;
+          v = v2;
+        }
+        break;
+      case K_SEG:
+        if (id2 == id)
+          seg = k;
+        break;
+      default:
+        break;
+      }
+    }
+    if (newest != i)
+      continue; /* the newer one does the work */
+    if (adopt_segment(fs, fds[i], id, v, seg >= 0 ? &fds[seg] : &(int){-1}))
+      fs->dropped++;
+    else
+      fs->restored++;
   }
 
-  /* Whatever else the store gave us that is ours (stale tables, segments
-   * the table does not name) is removed from the store and closed. */
+  /* Ids continue above everything restored even without an ids record. */
+  {
+    struct gshmd_registry *r = fs->reg;
+    struct gshm_list *pos;
+    gshm_list_foreach(pos, &r->segments) {
+      struct gshmd_segment *s = gshm_list_entry(pos, struct gshmd_segment, node);
+      if (s->id >= r->next_segment_id)
+        r->next_segment_id = s->id + 1;
+      if (s->generation >= r->next_generation)
+        r->next_generation = s->generation + 1;
+    }
+  }
+
+  /* Our leftovers (older records, memory nobody names, the meta records
+   * now in use are kept in the store) are closed; the stale ones are also
+   * removed from the store. */
   for (int i = 0; i < n; i++) {
-    if (fds[i] < 0 || !names || (strncmp(names[i], "seg-", 4) && strncmp(names[i], "state-", 6)))
+    uint64_t id, v;
+    enum kind k;
+    struct gshmd_segment *s;
+    if (fds[i] < 0 || (k = parse_name(names[i], &id, &v)) == K_OTHER)
       continue;
-    if (i != state_idx && !strncmp(names[i], "seg-", 4))
-      gshm_log_warn("fd store: dropping %s, which the state table does not name", names[i]);
-    if (i != state_idx) {
-      snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%.40s", names[i]);
-      sd_notify(0, msg);
+    s = k == K_META ? gshmd_registry_find_id(fs->reg, id) : NULL;
+    if (!(k == K_META && s && s->meta_version == v) && !(k == K_IDS && i == ids_idx)) {
+      if (k == K_SEG)
+        gshm_log_warn("fd store: dropping %s, which no record names", names[i]);
+      store_remove(names[i]);
     }
     close(fds[i]);
     fds[i] = -1;

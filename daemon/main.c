@@ -37,8 +37,8 @@ struct daemon {
   bool socket_activated;
   bool socket_created; /* we bound the path: unlink it at exit */
   uv_signal_t sigterm, sigint;
-  uv_timer_t status_timer, watchdog_timer, metrics_timer;
-  bool metrics_timer_on;
+  uv_timer_t status_timer, watchdog_timer, metrics_timer, reap_timer;
+  bool metrics_timer_on, reap_timer_on;
   uint64_t watchdog_usec;
   char last_status[256];
   struct gshmd_fdstore fdstore;
@@ -180,6 +180,8 @@ static void close_handles(struct daemon *d) {
       uv_close((uv_handle_t *)&d->watchdog_timer, NULL);
     if (d->metrics_timer_on)
       uv_close((uv_handle_t *)&d->metrics_timer, NULL);
+    if (d->reap_timer_on)
+      uv_close((uv_handle_t *)&d->reap_timer, NULL);
   }
   gshmd_metrics_http_stop(d->http);
   d->http = NULL;
@@ -217,6 +219,18 @@ static void on_metrics_timer(uv_timer_t *t) {
   gshmd_metrics_write_textfile(&d->srv, d->cfg.metrics_textfile);
 }
 
+/* Segments that were unlinked but leased when gshmd went down come back
+ * unlinked with no lease; their clients re-take the leases on reconnect.
+ * Whatever nobody re-took within the grace period is freed. */
+#define RESTART_GRACE_MS 30000
+
+static void on_reap_timer(uv_timer_t *t) {
+  struct daemon *d = t->data;
+  unsigned n = gshmd_registry_reap_unlinked(&d->reg);
+  if (n)
+    gshm_log_info("freed %u unlinked segment(s) nobody re-took after the restart", n);
+}
+
 static void on_watchdog_timer(uv_timer_t *t) {
   (void)t;
   sd_notify(0, "WATCHDOG=1");
@@ -228,6 +242,13 @@ static int setup_timers(struct daemon *d) {
   d->status_timer.data = d;
   uv_timer_start(&d->status_timer, on_status_timer, 1000, 1000);
   uv_unref((uv_handle_t *)&d->status_timer);
+  if (d->fdstore.restored) {
+    uv_timer_init(&d->loop, &d->reap_timer);
+    d->reap_timer.data = d;
+    uv_timer_start(&d->reap_timer, on_reap_timer, RESTART_GRACE_MS, 0);
+    uv_unref((uv_handle_t *)&d->reap_timer);
+    d->reap_timer_on = true;
+  }
   if (d->cfg.metrics_textfile && *d->cfg.metrics_textfile) {
     uint64_t ms = (uint64_t)d->cfg.metrics_interval_sec * 1000;
     uv_timer_init(&d->loop, &d->metrics_timer);

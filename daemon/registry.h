@@ -30,6 +30,7 @@ struct gshmd_segment {
   uint32_t nleases;
   struct gshm_list leases;   /* gshmd_lease.seg_node */
   struct gshm_list node;     /* registry.segments, id order */
+  uint64_t meta_version;     /* fd store: version of its meta-<id>-<v> record */
 };
 
 /* Credentials of a connection, from SO_PEERCRED and SO_PEERGROUPS. */

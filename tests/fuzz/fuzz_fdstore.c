@@ -45,38 +45,59 @@ static int sealed_memfd(size_t size, bool seal) {
   return fd;
 }
 
+/* A record memfd holding data[0..len). */
+static int record(const uint8_t *data, size_t len) {
+  int fd = memfd_create("record", MFD_CLOEXEC);
+  if (fd < 0 || (len && write(fd, data, len) != (ssize_t)len))
+    abort();
+  return fd;
+}
+
+/* Input: two 16-bit little-endian lengths, then the bytes of meta-1-2,
+ * meta-2-1 and (the rest) ids-3, handed back with two segments' memory,
+ * an older meta-1-1, memory no record names (seg-9) and a foreign fd. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct gshmd_registry reg;
   struct gshmd_fdstore fs;
-  char *names[] = {"seg-1", "state-7", "seg-2", "seg-3", "other", "state-3"};
-  int fds[6], n = 6;
+  char *names[] = {"seg-1", "meta-1-2", "seg-2", "meta-2-1", "ids-3", "other", "meta-1-1",
+                   "seg-9"};
+  int fds[8], n = 8;
   struct gshm_list *pos;
   uint32_t nseg = 0;
   uint64_t bytes = 0;
+  size_t a, b;
 
-  if (size > 1 << 20)
+  if (size < 4 || size > 1 << 20)
     return 0;
+  a = (size_t)data[0] | (size_t)data[1] << 8;
+  b = (size_t)data[2] | (size_t)data[3] << 8;
+  data += 4;
+  size -= 4;
+  if (a > size)
+    a = size;
+  if (b > size - a)
+    b = size - a;
   gshmd_registry_init(&reg, &cfg);
   if (gshmd_backend_host_create(&cfg, &reg.host))
     abort();
   fds[0] = sealed_memfd(4096, true);
-  fds[1] = memfd_create("state", MFD_CLOEXEC);
-  if (fds[1] < 0 || (size && write(fds[1], data, size) != (ssize_t)size))
-    abort();
+  fds[1] = record(data, a);
   fds[2] = sealed_memfd(8192, true);
-  fds[3] = sealed_memfd(4096, false);
-  fds[4] = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  fds[5] = memfd_create("old-state", MFD_CLOEXEC); /* an older, empty table */
+  fds[3] = record(data + a, b);
+  fds[4] = record(data + a + b, size - a - b);
+  fds[5] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  fds[6] = record(NULL, 0);
+  fds[7] = sealed_memfd(4096, false);
   gshmd_fdstore_setup(&fs, &reg);
   if (gshmd_fdstore_restore(&fs, fds, names, n))
     abort();
   /* Ours are adopted or closed; "other" is not ours and stays. */
   for (int i = 0; i < n; i++)
-    if (i != 4 && fds[i] >= 0)
+    if (i != 5 && fds[i] >= 0)
       abort();
-  if (fds[4] < 0)
+  if (fds[5] < 0)
     abort();
-  close(fds[4]);
+  close(fds[5]);
   gshm_list_foreach(pos, &reg.segments) {
     struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
     nseg++;

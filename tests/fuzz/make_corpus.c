@@ -231,13 +231,29 @@ int main(int argc, char **argv) {
   tab.n_segments = 3;
   tab.segments = recs;
   put_msg("fuzz_msg_state_table", "three", &tab.base);
-  put_msg("fuzz_fdstore", "three", &tab.base);
-  tab.n_segments = 1;
-  put_msg("fuzz_fdstore", "one", &tab.base);
-  r2.name = "a";
-  r2.unlinked = 0;
-  tab.n_segments = 2;
-  put_msg("fuzz_fdstore", "dup_name", &tab.base);
+  /* fuzz_fdstore: lengths of meta-1-2 and meta-2-1, the two records, then
+   * an ids record (fdstore.c's layout). */
+  {
+    uint8_t buf[4096];
+    size_t a = protobuf_c_message_pack(&r1.base, buf + 4);
+    size_t b = protobuf_c_message_pack(&r2.base, buf + 4 + a);
+    size_t c;
+    tab.version = 2;
+    tab.n_segments = 0;
+    c = protobuf_c_message_pack(&tab.base, buf + 4 + a + b);
+    buf[0] = (uint8_t)a;
+    buf[1] = (uint8_t)(a >> 8);
+    buf[2] = (uint8_t)b;
+    buf[3] = (uint8_t)(b >> 8);
+    put("fuzz_fdstore", "two_segments", buf, 4 + a + b + c);
+    r2.name = "a";
+    r2.unlinked = 0; /* two live segments with one name: the second refused */
+    b = protobuf_c_message_pack(&r2.base, buf + 4 + a);
+    c = protobuf_c_message_pack(&tab.base, buf + 4 + a + b);
+    buf[2] = (uint8_t)b;
+    buf[3] = (uint8_t)(b >> 8);
+    put("fuzz_fdstore", "dup_name", buf, 4 + a + b + c);
+  }
 
   /* Headers. */
   put("fuzz_header", "hello", pkt, packet(GSHM_WIRE_HELLO, 1, &hello.base, pkt));

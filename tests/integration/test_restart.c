@@ -123,25 +123,73 @@ static void test_sigkill_restart_socket_activated(void **state) {
   kill_and_restart(true);
 }
 
+static int count_named(struct harness *h, const char *prefix) {
+  int n = 0;
+  pthread_mutex_lock(&h->sp.lock);
+  for (int i = 0; i < h->sp.nfds; i++)
+    n += !strncmp(h->sp.names[i], prefix, strlen(prefix));
+  pthread_mutex_unlock(&h->sp.lock);
+  return n;
+}
+
+/* The store holds one memory fd and one record per segment plus one ids
+ * record, whatever happened before: O(1) notifications per operation. */
 static void test_freed_entries_leave_the_store(void **state) {
   struct harness h;
   gshm_client_t *c;
   gshm_segment_t *s;
-  int before;
 
   (void)state;
   assert_int_equal(harness_start(&h, NULL), 0);
-  before = h.sp.nfds;
   assert_int_equal(gshm_connect(h.socket_path, "store", &c), 0);
   assert_int_equal(gshm_create(c, "tmp", 4096, NULL, 0600, 0, &s), 0);
   gshm__spawn_poll(&h.sp, 200);
-  assert_int_equal(h.sp.nfds, before + (before ? 1 : 2)); /* seg fd (+ first state) */
+  assert_int_equal(count_named(&h, "seg-"), 1);
+  assert_int_equal(count_named(&h, "meta-"), 1);
+  assert_int_equal(count_named(&h, "ids-"), 1);
+  /* A change replaces the record, it does not add one. */
+  assert_int_equal(gshm_chmod(c, "tmp", 0640), 0);
+  gshm__spawn_poll(&h.sp, 200);
+  assert_int_equal(count_named(&h, "meta-1-2"), 1);
+  assert_int_equal(count_named(&h, "meta-"), 1);
   gshm_close(s);
   assert_int_equal(gshm_unlink(c, "tmp"), 0);
   gshm__spawn_poll(&h.sp, 200);
-  for (int i = 0; i < h.sp.nfds; i++)
-    assert_true(strncmp(h.sp.names[i], "seg-", 4)); /* no segment fd left */
-  assert_int_equal(h.sp.nfds, 1); /* only the latest state table */
+  assert_int_equal(count_named(&h, "seg-"), 0);
+  assert_int_equal(count_named(&h, "meta-"), 0);
+  assert_int_equal(count_named(&h, "ids-"), 1);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
+/* An unlinked segment still leased when gshmd dies comes back unlinked;
+ * its holder re-takes the lease and keeps it; ids stay unique. */
+static void test_unlinked_but_leased_survives(void **state) {
+  struct harness h;
+  gshm_client_t *c, *other;
+  gshm_segment_t *s, *fresh;
+  gshm_segment_info_t info;
+  unsigned char b = 0;
+  uint64_t old_id;
+
+  (void)state;
+  assert_int_equal(harness_start(&h, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "holder", &c), 0);
+  assert_int_equal(gshm_create(c, "held", 4096, NULL, 0600, 0, &s), 0);
+  assert_int_equal(gshm_write(s, 0, "\x5a", 1), 0);
+  old_id = gshm_segment_info(s)->id;
+  assert_int_equal(gshm_unlink(c, "held"), 0);
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  assert_int_equal(gshm_stat(s, &info), 0); /* reconnects, re-takes */
+  assert_true(info.unlinked);
+  assert_int_equal(gshm_read(s, 0, &b, 1), 0);
+  assert_int_equal(b, 0x5a);
+  assert_int_equal(gshm_connect(h.socket_path, "other", &other), 0);
+  assert_int_equal(gshm_create(other, "held", 4096, NULL, 0600, 0, &fresh), 0);
+  assert_true(gshm_segment_info(fresh)->id > old_id);
+  gshm_close(fresh);
+  gshm_close(s);
+  gshm_disconnect(other);
   gshm_disconnect(c);
   assert_int_equal(harness_stop(&h), 0);
 }
@@ -186,6 +234,7 @@ int main(void) {
       cmocka_unit_test(test_sigkill_restart),
       cmocka_unit_test(test_sigkill_restart_socket_activated),
       cmocka_unit_test(test_freed_entries_leave_the_store),
+      cmocka_unit_test(test_unlinked_but_leased_survives),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
