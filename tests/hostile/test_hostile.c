@@ -86,19 +86,6 @@ static void raise_nofile(void) {
   }
 }
 
-/* gshmd opens short-lived fds of its own (sd_notify's socket, the fd
- * store's state memfd): the least of a few samples is its steady count. */
-static int stable_fd_count(pid_t pid) {
-  int best = -1;
-  for (int i = 0; i < 5; i++) {
-    int n = harness_fd_count(pid);
-    if (best < 0 || (n >= 0 && n < best))
-      best = n;
-    usleep(5000);
-  }
-  return best;
-}
-
 /* A failed check in teardown skips harness_stop; never leave gshmd
  * behind (ctest would wait for it, holding the output pipe). */
 static struct fx *running;
@@ -134,7 +121,7 @@ static int setup(void **state) {
     if (gshm_open(f->bystander, "kept", GSHM_ACCESS_READ, &ro) || gshm_close(ro))
       return -1;
   }
-  f->baseline_fds = stable_fd_count(f->h.sp.pid);
+  f->baseline_fds = harness_stable_fd_count(f->h.sp.pid);
   f->baseline_rss = harness_rss_kib(f->h.sp.pid);
   running = f;
   *state = f;

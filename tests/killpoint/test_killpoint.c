@@ -52,16 +52,6 @@ static void kill_leftover(void) {
   running = NULL;
 }
 
-static int stable_fd_count(pid_t pid) {
-  int best = -1;
-  for (int i = 0; i < 5; i++) {
-    int n = harness_fd_count(pid);
-    if (best < 0 || (n >= 0 && n < best))
-      best = n;
-    usleep(5000);
-  }
-  return best;
-}
 
 static int setup(void **state) {
   struct fx *f = calloc(1, sizeof(*f));
@@ -71,7 +61,7 @@ static int setup(void **state) {
     return -1;
   if (gshm_connect(f->h.socket_path, "watcher", &f->watcher))
     return -1;
-  f->baseline_fds = stable_fd_count(f->h.sp.pid);
+  f->baseline_fds = harness_stable_fd_count(f->h.sp.pid);
   running = f;
   *state = f;
   return 0;
