@@ -673,8 +673,13 @@ int main(int argc, char **argv) {
     gshm__format_gpu_uuid((const unsigned char *)u.bytes, uuid[i]);
     snprintf(loc[i], sizeof(loc[i]), "cuda:%s", uuid[i]);
   }
-  if (argc > 2 && !strcmp(argv[1], "--role"))
+  if (argc > 2 && !strcmp(argv[1], "--role")) {
+    /* Who runs which role (the legacy step has seen two producers). */
+    fprintf(stderr, "role %s: pid %d, parent %d, GSHM_SOCKET=%s\n", argv[2], (int)getpid(),
+            (int)getppid(), getenv("GSHM_SOCKET") ? getenv("GSHM_SOCKET") : "(unset)");
     return run_child_role(argc - 2, argv + 2);
+  }
+  fprintf(stderr, "orchestrator: pid %d\n", (int)getpid());
 
   drv->cuDeviceCanAccessPeer(&can01, 0, 1);
   drv->cuDeviceCanAccessPeer(&can10, 1, 0);
