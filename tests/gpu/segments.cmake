@@ -20,3 +20,14 @@ add_test(NAME gpu.dev_restart COMMAND test_segments restart)
 set_tests_properties(gpu.segments gpu.dev_restart PROPERTIES
   LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 150
   ENVIRONMENT "GSHMD=$<TARGET_FILE:gshmd>;GSHMCTL=$<TARGET_FILE:gshmctl>")
+
+# Kill points with device segments (issue 5): one GPU.
+add_executable(test_dev_killpoint ${CMAKE_CURRENT_LIST_DIR}/test_dev_killpoint.c ${gshm_segments_harness_src})
+target_include_directories(test_dev_killpoint PRIVATE ${PROJECT_SOURCE_DIR}/tests
+                                                      ${PROJECT_SOURCE_DIR}/client/include)
+target_link_libraries(test_dev_killpoint PRIVATE gshm ${gshm_segments_harness} gshm_common)
+gshm_warnings(test_dev_killpoint)
+add_test(NAME gpu.dev_killpoint COMMAND test_dev_killpoint)
+set_tests_properties(gpu.dev_killpoint PROPERTIES
+  LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+  ENVIRONMENT "GSHMD=$<TARGET_FILE:gshmd>;GSHMCTL=$<TARGET_FILE:gshmctl>")

@@ -1,0 +1,185 @@
+/* Kill points for device segments (issue 5, item 3): a client SIGKILLed
+ * after every step of create / map / write / unmap / close / unlink, and at
+ * random moments with requests in flight, leaves no lease, no fd in gshmd
+ * and no device memory behind (cuMemGetInfo back within 1 MiB).  One GPU;
+ * exit 77 without a driver or GPU.  Plain C: the GPU machines lack cmocka. */
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cudadrv.h"
+#include "gshm.h"
+#include "harness.h"
+#include "util.h"
+
+#define SKIP 77
+#define MiB (1024ull * 1024)
+#define SIZE (32 * MiB)
+
+static int failures;
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                            \
+      fprintf(stderr, "\n");                                                   \
+      failures++;                                                              \
+    }                                                                          \
+  } while (0)
+
+static const struct gshm_cudadrv *drv;
+/* GSHM_KP_HOST=1 runs the same kill points on host segments, without a
+ * GPU: a check of this test's own logic where no GPU is. */
+static const char *location = "cuda:0";
+
+static size_t free_mem(void) {
+  size_t f = 0, t = 0;
+  if (drv)
+    drv->cuMemGetInfo(&f, &t);
+  return f;
+}
+
+enum { S_CONNECT, S_CREATE, S_MAP, S_WRITE, S_UNMAP, S_CLOSE, S_UNLINK, S_DISCONNECT, S_COUNT };
+static const char *const step_names[S_COUNT] = {"connect", "create", "map",    "write",
+                                                "unmap",   "close",  "unlink", "disconnect"};
+
+/* The victim: runs the steps, raising SIGKILL after step `stop` (or
+ * looping forever when stop < 0, to be killed from outside). */
+static void victim(int stop, const char *name) {
+  static unsigned char buf[1 << 20];
+  gshm_client_t *c = NULL;
+  gshm_segment_t *s = NULL;
+  void *addr;
+
+  for (;;) {
+    for (int k = 0; k < S_COUNT; k++) {
+      int e = 0;
+      switch (k) {
+      case S_CONNECT: e = gshm_connect(NULL, "victim", &c); break;
+      case S_CREATE: e = gshm_create(c, name, SIZE, location, 0600, 0, &s); break;
+      case S_MAP: e = gshm_map(s, NULL, 0, &addr); break;
+      case S_WRITE: memset(buf, k, sizeof(buf)); e = gshm_write(s, 0, buf, sizeof(buf)); break;
+      case S_UNMAP: e = gshm_unmap(s); break;
+      case S_CLOSE: e = gshm_close(s); break;
+      case S_UNLINK: e = gshm_unlink(c, name); break;
+      case S_DISCONNECT: gshm_disconnect(c); break;
+      }
+      if (e)
+        _exit(10 + k);
+      if (k == stop)
+        raise(SIGKILL);
+    }
+    if (stop >= 0)
+      _exit(0);
+  }
+}
+
+/* After a kill: the victim's leases gone, leftovers unlinked, the daemon
+ * back to no segments and its baseline fds. */
+static void check_clean(struct harness *h, gshm_client_t *w, pid_t pid, const char *name,
+                        int base_fds, const char *what) {
+  gshm_lease_info_t *l;
+  gshm_status_info_t st;
+  size_t n;
+  int64_t t0 = gshm__now_ns(CLOCK_MONOTONIC);
+  bool found = true;
+
+  while (found && gshm__now_ns(CLOCK_MONOTONIC) - t0 < 2000000000LL) {
+    found = false;
+    if (gshm_list_leases(w, &l, &n) == 0) {
+      for (size_t i = 0; i < n; i++)
+        found |= l[i].pid == pid;
+      gshm_free(l);
+    }
+    if (found)
+      usleep(10000);
+  }
+  CHECK(!found, "%s: the victim's lease outlived it", what);
+  gshm_unlink(w, name); /* a named leftover is legitimately the owner's */
+  CHECK(gshm_status(w, &st) == 0 && st.segments == 0 && st.bytes == 0,
+        "%s: %u segments, %llu bytes left", what, st.segments, (unsigned long long)st.bytes);
+  CHECK(harness_stable_fd_count(h->sp.pid) == base_fds, "%s: gshmd fds %d, baseline %d", what,
+        harness_stable_fd_count(h->sp.pid), base_fds);
+}
+
+int main(void) {
+  static const char *const cuda_args[] = {"--backend", "cuda", NULL};
+  const char *const *args = cuda_args;
+  struct harness h;
+  gshm_client_t *w;
+  CUcontext ctx;
+  CUdevice dev;
+  size_t base_mem, after;
+  int count = 0, base_fds, st;
+
+  if (getenv("GSHM_KP_HOST")) {
+    location = "host";
+    args = NULL;
+  } else if (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) ||
+             drv->cuDeviceGetCount(&count) != CUDA_SUCCESS || count < 1) {
+    fprintf(stderr, "SKIP: needs a CUDA driver and a GPU\n");
+    return SKIP;
+  } else {
+    drv->cuDeviceGet(&dev, 0);
+    drv->cuDevicePrimaryCtxRetain(&ctx, dev);
+    drv->cuCtxSetCurrent(ctx);
+  }
+  if (harness_start(&h, args)) {
+    fprintf(stderr, "FAIL: gshmd --backend cuda did not start\n");
+    return 1;
+  }
+  if (gshm_connect(h.socket_path, "watcher", &w)) {
+    fprintf(stderr, "FAIL: watcher cannot connect\n");
+    return 1;
+  }
+  /* Baselines after one full round trip of a device segment (the first
+   * allocation on a device may set up driver state that stays). */
+  {
+    pid_t p = fork();
+    if (p == 0)
+      victim(S_DISCONNECT, "kp-warm");
+    waitpid(p, &st, 0);
+  }
+  base_fds = harness_stable_fd_count(h.sp.pid);
+  base_mem = free_mem();
+
+  for (int k = 0; k < S_COUNT; k++) {
+    char what[64];
+    pid_t p = fork();
+    if (p == 0)
+      victim(k, "kp-dev");
+    waitpid(p, &st, 0);
+    snprintf(what, sizeof(what), "kill after %s", step_names[k]);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "%s: victim exited %d", what, st);
+    check_clean(&h, w, p, "kp-dev", base_fds, what);
+  }
+  /* Kills at random moments, requests in flight. */
+  srand((unsigned)time(NULL));
+  for (int i = 0; i < 30; i++) {
+    char what[64];
+    pid_t p = fork();
+    if (p == 0)
+      victim(-1, "kp-loop");
+    usleep(2000 + (useconds_t)(rand() % 40000));
+    kill(p, SIGKILL);
+    waitpid(p, &st, 0);
+    snprintf(what, sizeof(what), "random kill %d", i);
+    check_clean(&h, w, p, "kp-loop", base_fds, what);
+  }
+  after = free_mem();
+  fprintf(stderr, "GPU 0 free memory: %zu -> %zu bytes\n", base_mem, after);
+  CHECK(after + MiB >= base_mem && after <= base_mem + MiB, "free memory off by %lld bytes",
+        (long long)after - (long long)base_mem);
+  gshm_disconnect(w);
+  st = harness_stop(&h);
+  CHECK(st == 0, "gshmd exit status %d", st);
+  fprintf(stderr, "dev_killpoint: %d failure(s)\n", failures);
+  return failures ? 1 : 0;
+}
