@@ -14,20 +14,10 @@
 #include "cudadrv.h"
 #include "gshm.h"
 
-#define SKIP 77
 #define GUARD 64
 #define GUARD_BYTE 0xA5
 
-static int failures;
-#define CHECK(cond, ...)                                                 \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                      \
-      fprintf(stderr, "\n");                                             \
-      failures++;                                                        \
-    }                                                                    \
-  } while (0)
+#include "gpu_check.h"
 #define CU(call)                                                         \
   do {                                                                   \
     CUresult r_ = (call);                                                \

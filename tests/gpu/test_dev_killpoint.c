@@ -19,20 +19,10 @@
 #include "harness.h"
 #include "util.h"
 
-#define SKIP 77
 #define MiB (1024ull * 1024)
 #define SIZE (32 * MiB)
 
-static int failures;
-#define CHECK(cond, ...)                                                       \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                            \
-      fprintf(stderr, "\n");                                                   \
-      failures++;                                                              \
-    }                                                                          \
-  } while (0)
+#include "gpu_check.h"
 
 static const struct gshm_cudadrv *drv;
 /* GSHM_KP_HOST=1 runs the same kill points on host segments, without a

@@ -39,26 +39,10 @@
 #include "harness.h"
 #include "util.h"
 
-#define SKIP 77
 #define MiB (1024ull * 1024)
 #define SEG_SIZE (64 * MiB + 4097) /* not a multiple of the granularity */
 
-static int failures;
-#define CHECK(cond, ...)                                                           \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);     \
-      fprintf(stderr, __VA_ARGS__);                                                \
-      fprintf(stderr, "\n");                                                       \
-      failures++;                                                                  \
-    }                                                                              \
-  } while (0)
-#define REQUIRE(cond, ...)                                                         \
-  do {                                                                             \
-    CHECK(cond, __VA_ARGS__);                                                      \
-    if (!(cond))                                                                   \
-      exit(1);                                                                     \
-  } while (0)
+#include "gpu_check.h"
 
 static const struct gshm_cudadrv *drv;
 static const char *self_exe;

@@ -1,0 +1,31 @@
+/* The GPU tests' assertions: plain C, since the GPU machines lack cmocka.
+ * CHECK counts a failure and goes on (the test's main returns failures ?
+ * 1 : 0); REQUIRE stops the process. */
+#ifndef GSHM_TESTS_GPU_CHECK_H
+#define GSHM_TESTS_GPU_CHECK_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define SKIP 77
+
+static int failures;
+
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                            \
+      fprintf(stderr, "\n");                                                   \
+      failures++;                                                              \
+    }                                                                          \
+  } while (0)
+
+#define REQUIRE(cond, ...)                                                     \
+  do {                                                                         \
+    CHECK(cond, __VA_ARGS__);                                                  \
+    if (!(cond))                                                               \
+      exit(1);                                                                 \
+  } while (0)
+
+#endif
