@@ -303,68 +303,68 @@ static int adopt_segment(struct gshmd_fdstore *fs, int meta_fd, uint64_t id, uin
   return e;
 }
 
-int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
-  uint64_t best_ids = 0;
-  int ids_idx = -1;
+struct entry {
+  enum kind kind;
+  uint64_t id, v;
+  int idx; /* into fds[] and names[] */
+};
 
-  if (!names)
+/* By id, then segment memory before records, then record version. */
+static int cmp_entry(const void *a, const void *b) {
+  const struct entry *x = a, *y = b;
+  if (x->id != y->id)
+    return x->id < y->id ? -1 : 1;
+  if (x->kind != y->kind)
+    return x->kind < y->kind ? -1 : 1;
+  return x->v < y->v ? -1 : x->v > y->v;
+}
+
+int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
+  struct entry *e;
+  uint64_t best_ids = 0;
+  int ids_idx = -1, ne = 0;
+
+  if (!names || n <= 0)
     return 0;
-  /* The newest ids record. */
+  if (!(e = malloc(sizeof(*e) * (size_t)n)))
+    return -ENOMEM;
+  /* Parse every name once; the newest ids record on the way. */
   for (int i = 0; i < n; i++) {
-    uint64_t id, v;
-    if (fds[i] >= 0 && parse_name(names[i], &id, &v) == K_IDS && (ids_idx < 0 || v > best_ids)) {
+    uint64_t id = 0, v = 0;
+    enum kind k = fds[i] < 0 ? K_OTHER : parse_name(names[i], &id, &v);
+    if (k == K_IDS && (ids_idx < 0 || v > best_ids)) {
       best_ids = v;
       ids_idx = i;
+    } else if (k == K_SEG || k == K_META) {
+      e[ne++] = (struct entry){k, id, v, i};
     }
   }
   if (ids_idx >= 0)
     adopt_ids(fs, fds[ids_idx], best_ids);
 
-  /* Each segment from its newest meta record (n is at most a few times
-   * the segment limit; this runs once, before READY). */
-  for (int i = 0; i < n; i++) {
-    uint64_t id, v, id2, v2;
-    int newest = i, seg = -1;
-    if (fds[i] < 0 || parse_name(names[i], &id, &v) != K_META)
-      continue;
-    for (int k = 0; k < n; k++) {
-      if (fds[k] < 0 || k == i)
-        continue;
-      switch (parse_name(names[k], &id2, &v2)) {
-      case K_META:
-        if (id2 == id && v2 > v) {
-          newest = k;
-          v = v2;
-        }
-        break;
-      case K_SEG:
-        if (id2 == id)
-          seg = k;
-        break;
-      default:
-        break;
-      }
+  /* Sorted, each id's entries are adjacent: its memory, then its records
+   * oldest first.  O(n log n) for the up to 2 x max_segments fds handed
+   * back, before READY. */
+  qsort(e, (size_t)ne, sizeof(*e), cmp_entry);
+  for (int i = 0; i < ne;) {
+    int j = i, seg = -1, meta = -1;
+    for (; j < ne && e[j].id == e[i].id; j++) {
+      if (e[j].kind == K_SEG)
+        seg = e[j].idx;
+      else
+        meta = j; /* the last is the newest */
     }
-    if (newest != i)
-      continue; /* the newer one does the work */
-    if (adopt_segment(fs, fds[i], id, v, seg >= 0 ? &fds[seg] : &(int){-1}))
-      fs->dropped++;
-    else
-      fs->restored++;
-  }
-
-  /* Ids continue above everything restored even without an ids record. */
-  {
-    struct gshmd_registry *r = fs->reg;
-    struct gshm_list *pos;
-    gshm_list_foreach(pos, &r->segments) {
-      struct gshmd_segment *s = gshm_list_entry(pos, struct gshmd_segment, node);
-      if (s->id >= r->next_segment_id)
-        r->next_segment_id = s->id + 1;
-      if (s->generation >= r->next_generation)
-        r->next_generation = s->generation + 1;
+    if (meta >= 0) {
+      if (adopt_segment(fs, fds[e[meta].idx], e[meta].id, e[meta].v,
+                        seg >= 0 ? &fds[seg] : &(int){-1}))
+        fs->dropped++;
+      else
+        fs->restored++;
     }
+    i = j;
   }
+  free(e);
+  /* (registry_adopt keeps next ids above every restored segment.) */
 
   /* Our leftovers (older records, memory nobody names, the meta records
    * now in use are kept in the store) are closed; the stale ones are also
