@@ -638,7 +638,7 @@ static void idle_holder(const char *path, unsigned n, int ctl, _Atomic unsigned 
   for (unsigned i = 0; i < n; i++) {
     struct gshm_wire_header h;
     int nfds = 0, rfds[4];
-    ssize_t k = gshm__wire_recv(fds[i], rx, sizeof(rx), rfds, 4, &nfds);
+    ssize_t k = gshm__wire_recv(fds[i], rx, sizeof(rx), rfds, 4, &nfds, 0);
     Gshm__Reply *r;
     if (k <= 0 || gshm__wire_parse_header(rx, (size_t)k, &h) ||
         h.type != (GSHM_WIRE_HELLO | GSHM_WIRE_REPLY) ||

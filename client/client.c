@@ -82,13 +82,9 @@ static int read_reply(struct gshm_client *c, uint32_t request_id, uint16_t type,
     int fds[4], nfds = 0;
     ssize_t n;
 
-    if (flags_dontwait) {
-      /* Only drain what is already there (events). */
-      n = recv(c->fd, c->rx, 0, MSG_PEEK | MSG_DONTWAIT);
-      if (n < 0)
-        return errno == EAGAIN ? -EAGAIN : -errno;
-    }
-    n = gshm__wire_recv(c->fd, c->rx, sizeof(c->rx), fds, 4, &nfds);
+    /* dontwait: only what is already queued (events), one syscall. */
+    n = gshm__wire_recv(c->fd, c->rx, sizeof(c->rx), fds, 4, &nfds,
+                        flags_dontwait ? MSG_DONTWAIT : 0);
     if (n <= 0) {
       for (int i = 0; i < nfds; i++)
         close(fds[i]);
@@ -787,7 +783,6 @@ int gshm_status(gshm_client_t *c, gshm_status_info_t *status_out) {
 void gshm__report_mapping(struct gshm_client *c, struct gshm__lease *l, char **uuids, size_t n,
                           bool unmapped) {
   Gshm__MapReport m = GSHM__MAP_REPORT__INIT;
-  Gshm__Reply *reply = NULL;
 
   if (!l->lease_id)
     return;
@@ -797,7 +792,6 @@ void gshm__report_mapping(struct gshm_client *c, struct gshm__lease *l, char **u
   m.unmapped = unmapped;
   /* Request id 0: gshmd sends no reply, so this costs no round trip.  A
    * lost connection is noticed by the next request. */
-  (void)reply;
   if (c->fd >= 0)
     gshm__wire_send(c->fd, GSHM_WIRE_MAP_REPORT, 0, &m.base, -1);
 }

@@ -822,7 +822,7 @@ static void conn_read(struct conn *c) {
   /* Bounded per wake-up so that one busy client cannot starve others. */
   for (int i = 0; i < 32 && !c->closing && !c->noutq; i++) {
     int nfds = 0;
-    ssize_t n = gshm__wire_recv(c->fd, s->rxbuf, sizeof(s->rxbuf), fds, GSHM_WIRE_MAX_FDS, &nfds);
+    ssize_t n = gshm__wire_recv(c->fd, s->rxbuf, sizeof(s->rxbuf), fds, GSHM_WIRE_MAX_FDS, &nfds, 0);
     for (int k = 0; k < nfds; k++)
       close(fds[k]); /* clients never send fds to gshmd */
     if (n == -EAGAIN)

@@ -75,7 +75,8 @@ int gshm__wire_send(int sock, uint16_t type, uint32_t request_id, const Protobuf
   return r;
 }
 
-ssize_t gshm__wire_recv(int sock, void *buf, size_t cap, int *fds, int max_fds, int *nfds_out) {
+ssize_t gshm__wire_recv(int sock, void *buf, size_t cap, int *fds, int max_fds, int *nfds_out,
+                        int flags) {
   /* Room for the most fds the kernel will put in one message, so that
    * every fd a client sends arrives here and gets closed, rather than
    * depending on what MSG_CTRUNC left behind. */
@@ -91,7 +92,7 @@ ssize_t gshm__wire_recv(int sock, void *buf, size_t cap, int *fds, int max_fds, 
   int nfds = 0;
 
   do
-    n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | flags);
   while (n < 0 && errno == EINTR);
   if (n < 0)
     return -errno;

@@ -70,14 +70,16 @@ int gshm__wire_send(int sock, uint16_t type, uint32_t request_id, const Protobuf
                     int fd);
 
 /* Receives one packet into buf (cap should be GSHM_WIRE_MAX_PACKET + 1 so
- * that oversize packets are seen) with MSG_CMSG_CLOEXEC.  Every SCM_RIGHTS
+ * that oversize packets are seen) with MSG_CMSG_CLOEXEC and `flags` (e.g.
+ * MSG_DONTWAIT to take only what is already queued).  Every SCM_RIGHTS
  * fd of every cmsg is collected: up to max_fds go to fds[] (caller owns
  * them, *nfds_out says how many); the rest are closed here.
  * Returns the packet length (> 0), 0 on end of stream, or a negative errno:
  * -EMSGSIZE the packet was larger than cap (MSG_TRUNC) or its fds did not
  * fit (MSG_CTRUNC; the kernel dropped those); -EAGAIN nothing to read.
  * On -EMSGSIZE the fds that did arrive are still returned in fds[]. */
-ssize_t gshm__wire_recv(int sock, void *buf, size_t cap, int *fds, int max_fds, int *nfds_out);
+ssize_t gshm__wire_recv(int sock, void *buf, size_t cap, int *fds, int max_fds, int *nfds_out,
+                        int flags);
 
 /* Validates a received packet's header: length >= header, magic, and
  * length field == len - header.  Major version is checked by the caller

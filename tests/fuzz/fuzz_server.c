@@ -101,7 +101,7 @@ static bool drain(int fd) {
   for (;;) {
     int fds[GSHM_WIRE_MAX_FDS], nfds = 0;
     struct gshm_wire_header h;
-    ssize_t n = gshm__wire_recv(fd, rx, sizeof(rx), fds, GSHM_WIRE_MAX_FDS, &nfds);
+    ssize_t n = gshm__wire_recv(fd, rx, sizeof(rx), fds, GSHM_WIRE_MAX_FDS, &nfds, 0);
     for (int i = 0; i < nfds; i++)
       close(fds[i]);
     if (n == -EAGAIN)

@@ -264,7 +264,7 @@ static int read_reply(int fd, uint32_t *request_id_out, char *msg, size_t cap) {
   Gshm__Reply *r;
 
   do {
-    n = gshm__wire_recv(fd, buf, sizeof(buf), fds, GSHM_WIRE_MAX_FDS, &nfds);
+    n = gshm__wire_recv(fd, buf, sizeof(buf), fds, GSHM_WIRE_MAX_FDS, &nfds, 0);
     for (int i = 0; i < nfds; i++)
       close(fds[i]);
     if (n == -EAGAIN || n == -EWOULDBLOCK)

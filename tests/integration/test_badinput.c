@@ -104,7 +104,7 @@ static int read_status(int fd, char *msg, size_t cap) {
   static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
   struct gshm_wire_header h;
   int fds[8], nfds = 0, st;
-  ssize_t n = gshm__wire_recv(fd, buf, sizeof(buf), fds, 8, &nfds);
+  ssize_t n = gshm__wire_recv(fd, buf, sizeof(buf), fds, 8, &nfds, 0);
   Gshm__Reply *r;
 
   assert_true(n > 0);
@@ -298,7 +298,7 @@ static void test_unlink_then_vanish(void **state) {
     cr.size = 4096;
     cr.location = "host";
     assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_CREATE, 2, &cr.base, -1), 0);
-    assert_true(gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds) > 0);
+    assert_true(gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds, 0) > 0);
     for (int i = 0; i < nfds; i++)
       close(fds[i]);
     ur.name = "vanish";

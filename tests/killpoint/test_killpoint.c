@@ -298,7 +298,7 @@ static int raw_connect_hello(struct fx *f) {
   m.major = GSHM_PROTO_MAJOR;
   m.client_name = "raw-victim";
   if (gshm__wire_send(fd, GSHM_WIRE_HELLO, 1, &m.base, -1) ||
-      gshm__wire_recv(fd, buf, sizeof(buf), fds, 8, &nfds) <= 0)
+      gshm__wire_recv(fd, buf, sizeof(buf), fds, 8, &nfds, 0) <= 0)
     _exit(5);
   return fd;
 }

@@ -72,7 +72,7 @@ static void test_fd_passing_and_extra_fds_closed(void **state) {
   (void)state;
   assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
   assert_int_equal(gshm__wire_send(sv[0], GSHM_WIRE_STATUS, 1, NULL, devnull), 0);
-  n = gshm__wire_recv(sv[1], buf, sizeof(buf), fds, 4, &nfds);
+  n = gshm__wire_recv(sv[1], buf, sizeof(buf), fds, 4, &nfds, 0);
   assert_int_equal(n, GSHM_WIRE_HEADER_SIZE);
   assert_int_equal(nfds, 1);
   assert_true(fcntl(fds[0], F_GETFD) & FD_CLOEXEC); /* MSG_CMSG_CLOEXEC */
@@ -93,7 +93,7 @@ static void test_fd_passing_and_extra_fds_closed(void **state) {
     c->cmsg_len = CMSG_LEN(sizeof(many));
     memcpy(CMSG_DATA(c), many, sizeof(many));
     assert_int_equal(sendmsg(sv[0], &mh, 0), 1);
-    n = gshm__wire_recv(sv[1], buf, sizeof(buf), fds, 2, &nfds);
+    n = gshm__wire_recv(sv[1], buf, sizeof(buf), fds, 2, &nfds, 0);
     assert_int_equal(n, 1);
     assert_int_equal(nfds, 2);
     for (int i = 0; i < nfds; i++)
@@ -109,7 +109,7 @@ static void test_fd_passing_and_extra_fds_closed(void **state) {
   {
     static uint8_t big[GSHM_WIRE_MAX_PACKET + 100];
     assert_int_equal(send(sv[0], big, sizeof(big), 0), (ssize_t)sizeof(big));
-    n = gshm__wire_recv(sv[1], buf, GSHM_WIRE_MAX_PACKET + 1, fds, 4, &nfds);
+    n = gshm__wire_recv(sv[1], buf, GSHM_WIRE_MAX_PACKET + 1, fds, 4, &nfds, 0);
     assert_int_equal(n, -EMSGSIZE);
   }
   close(sv[0]);
