@@ -47,6 +47,7 @@ struct conn {
   struct gshm_list outq;
   unsigned noutq;
   int64_t accepted_ns, last_ns; /* CLOCK_MONOTONIC: timeouts */
+  uint64_t notify_mark;         /* notify_lease_holders: already a target */
 };
 
 struct out_pkt {
@@ -166,14 +167,14 @@ static void notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *s
     return;
   /* Collect first: a send that fails closes its connection, which ends
    * that client's leases and so edits the list being walked. */
+  s->notify_seq++;
   gshm_list_foreach(pos, &seg->leases) {
     struct gshmd_lease *l = gshm_list_entry(pos, struct gshmd_lease, seg_node);
     struct conn *c = l->client->conn;
-    bool seen = false;
-    for (unsigned i = 0; i < n && !seen; i++)
-      seen = targets[i] == c;
-    if (c && c != except && !seen)
+    if (c && c != except && c->notify_mark != s->notify_seq) {
+      c->notify_mark = s->notify_seq; /* one event per connection */
       targets[n++] = c;
+    }
   }
   for (unsigned i = 0; i < n; i++) {
     if (targets[i]->closing ||

@@ -44,6 +44,7 @@ struct gshmd_server {
   double duration_sum;
   uint64_t protocol_errors, connections_total, fds_sent, quota_denials, access_denials;
   uint64_t timeouts;
+  uint64_t notify_seq;      /* marks connections already told of an event */
   /* Bump arena for unpacking one request (reset per packet): protobuf-c's
    * per-field mallocs were ~1,000 instructions a request (callgrind). */
   ProtobufCAllocator arena_allocator;
