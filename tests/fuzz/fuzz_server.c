@@ -142,28 +142,12 @@ static void dump_fds(void) {
     closedir(d);
 }
 
+/* Sends one packet, with a spare fd (which gshmd must close) when with_fd;
+ * the socket is non-blocking, so a full one just drops the packet. */
 static void send_packet(int fd, const uint8_t *p, size_t len, bool with_fd) {
-  union {
-    struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } ctl;
-  struct iovec iov = {.iov_base = (void *)p, .iov_len = len};
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-  int extra = -1;
+  int extra = with_fd ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
 
-  if (with_fd) {
-    struct cmsghdr *c;
-    extra = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    memset(&ctl, 0, sizeof(ctl));
-    mh.msg_control = ctl.buf;
-    mh.msg_controllen = sizeof(ctl.buf);
-    c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &extra, sizeof(int));
-  }
-  (void)sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)gshm__wire_sendmsg(fd, p, len, extra);
   if (extra >= 0)
     close(extra);
 }
