@@ -11,6 +11,10 @@
 
 static int failures;
 
+/* Each evaluates `cond` exactly once: conditions are often calls with side
+ * effects (REQUIRE(run_role(...) == 0, ...)).  An earlier REQUIRE expanded
+ * to CHECK(cond) followed by if (!(cond)), which ran such calls twice: two
+ * producers and two daemons in gpu.segments' legacy step. */
 #define CHECK(cond, ...)                                                       \
   do {                                                                         \
     if (!(cond)) {                                                             \
@@ -23,9 +27,13 @@ static int failures;
 
 #define REQUIRE(cond, ...)                                                     \
   do {                                                                         \
-    CHECK(cond, __VA_ARGS__);                                                  \
-    if (!(cond))                                                               \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: REQUIRE(%s) failed: ", __FILE__, __LINE__,       \
+              #cond);                                                          \
+      fprintf(stderr, __VA_ARGS__);                                            \
+      fprintf(stderr, "\n");                                                   \
       exit(1);                                                                 \
+    }                                                                          \
   } while (0)
 
 #endif
