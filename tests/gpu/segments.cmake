@@ -31,3 +31,9 @@ add_test(NAME gpu.dev_killpoint COMMAND test_dev_killpoint)
 set_tests_properties(gpu.dev_killpoint PROPERTIES
   LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
   ENVIRONMENT "GSHMD=$<TARGET_FILE:gshmd>;GSHMCTL=$<TARGET_FILE:gshmctl>")
+# The same kill points on host segments: checks the test's own logic
+# (victims exec'ed, leftovers unlinked, fd baseline) on every CI build.
+add_test(NAME killpoint.dev_logic_host COMMAND test_dev_killpoint)
+set_tests_properties(killpoint.dev_logic_host PROPERTIES
+  LABELS killpoint TIMEOUT 120
+  ENVIRONMENT "GSHM_KP_HOST=1;GSHMD=$<TARGET_FILE:gshmd>;GSHMCTL=$<TARGET_FILE:gshmctl>")

@@ -2,7 +2,12 @@
  * after every step of create / map / write / unmap / close / unlink, and at
  * random moments with requests in flight, leaves no lease, no fd in gshmd
  * and no device memory behind (cuMemGetInfo back within 1 MiB).  One GPU;
- * exit 77 without a driver or GPU.  Plain C: the GPU machines lack cmocka. */
+ * exit 77 without a driver or GPU.  Plain C: the GPU machines lack cmocka.
+ *
+ * Victims are fork + exec of this program (--victim STEP NAME): this
+ * process has initialised CUDA, and a child forked from it cannot use the
+ * driver (CUDA is not fork-safe), so a plain fork made every victim's map
+ * fail. */
 #include <errno.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -99,7 +104,23 @@ static void check_clean(struct harness *h, gshm_client_t *w, pid_t pid, const ch
         harness_stable_fd_count(h->sp.pid), base_fds);
 }
 
-int main(void) {
+/* Starts a victim process that runs `victim(stop, name)`; returns its pid. */
+static pid_t spawn_victim(int stop, const char *name) {
+  char arg[16];
+  pid_t p;
+
+  snprintf(arg, sizeof(arg), "%d", stop);
+  fflush(NULL);
+  p = fork();
+  if (p == 0) {
+    execl("/proc/self/exe", "test_dev_killpoint", "--victim", arg, name, (char *)NULL);
+    _exit(127);
+  }
+  REQUIRE(p > 0, "fork: %s", strerror(errno));
+  return p;
+}
+
+int main(int argc, char **argv) {
   static const char *const cuda_args[] = {"--backend", "cuda", NULL};
   const char *const *args = cuda_args;
   struct harness h;
@@ -109,8 +130,13 @@ int main(void) {
   size_t base_mem, after;
   int count = 0, base_fds, st;
 
-  if (getenv("GSHM_KP_HOST")) {
+  if (getenv("GSHM_KP_HOST"))
     location = "host";
+  if (argc == 4 && !strcmp(argv[1], "--victim")) {
+    victim(atoi(argv[2]), argv[3]);
+    return 0;
+  }
+  if (getenv("GSHM_KP_HOST")) {
     args = NULL;
   } else if (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) ||
              drv->cuDeviceGetCount(&count) != CUDA_SUCCESS || count < 1) {
@@ -132,19 +158,16 @@ int main(void) {
   /* Baselines after one full round trip of a device segment (the first
    * allocation on a device may set up driver state that stays). */
   {
-    pid_t p = fork();
-    if (p == 0)
-      victim(S_DISCONNECT, "kp-warm");
+    pid_t p = spawn_victim(S_DISCONNECT, "kp-warm");
     waitpid(p, &st, 0);
+    REQUIRE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "warm-up victim exited %d", st);
   }
   base_fds = harness_stable_fd_count(h.sp.pid);
   base_mem = free_mem();
 
   for (int k = 0; k < S_COUNT; k++) {
     char what[64];
-    pid_t p = fork();
-    if (p == 0)
-      victim(k, "kp-dev");
+    pid_t p = spawn_victim(k, "kp-dev");
     waitpid(p, &st, 0);
     snprintf(what, sizeof(what), "kill after %s", step_names[k]);
     CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "%s: victim exited %d", what, st);
@@ -154,9 +177,7 @@ int main(void) {
   srand((unsigned)time(NULL));
   for (int i = 0; i < 30; i++) {
     char what[64];
-    pid_t p = fork();
-    if (p == 0)
-      victim(-1, "kp-loop");
+    pid_t p = spawn_victim(-1, "kp-loop");
     usleep(2000 + (useconds_t)(rand() % 40000));
     kill(p, SIGKILL);
     waitpid(p, &st, 0);
