@@ -249,7 +249,7 @@ static int kctx_module(const struct gshm_cudadrv *drv, struct kctx **k_out) {
   return e;
 }
 
-static int primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontext *out) {
+int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontext *out) {
   int e = 0;
 
   if (ordinal < 0 || ordinal >= MAX_DEVICES)
@@ -297,7 +297,7 @@ int gshm__copy_enable_peer(int ordinal) {
   if (!e && !can)
     e = -EOPNOTSUPP;
   if (!e)
-    e = primary_ctx(drv, ordinal, &peer);
+    e = gshm__copy_primary_ctx(drv, ordinal, &peer);
   if (!e) {
     r = drv->cuCtxEnablePeerAccess(peer, 0);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
@@ -413,15 +413,7 @@ int gshm__copy_compare(const void *a, const void *b, size_t bytes, CUstream stre
 
 /* ---- gshm_copy ---- */
 
-/* Where an address lives: device memory of GPU `ordinal`, page-locked host
- * memory, or pageable host memory the driver does not know. */
-struct where {
-  int device; /* 1: device memory */
-  int pinned; /* 1: host memory known to the driver */
-  int ordinal;
-};
-
-static void where_is(const struct gshm_cudadrv *drv, const void *p, struct where *w) {
+void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm__where *w) {
   CUmemorytype type = 0;
   int ordinal = -1;
 
@@ -443,7 +435,7 @@ static void where_is(const struct gshm_cudadrv *drv, const void *p, struct where
 /* Makes the context of `stream` current (pushing it if it is not), or, for
  * a NULL stream without a current context, the primary context of GPU
  * `fallback`.  *pushed tells the caller to pop. */
-static int enter_ctx(const struct gshm_cudadrv *drv, CUstream stream, int fallback, int *pushed) {
+int gshm__copy_enter_ctx(const struct gshm_cudadrv *drv, CUstream stream, int fallback, int *pushed) {
   CUcontext cur = NULL, want = NULL;
   int e;
 
@@ -459,7 +451,7 @@ static int enter_ctx(const struct gshm_cudadrv *drv, CUstream stream, int fallba
     want = cur;
   }
   if (!want) {
-    e = primary_ctx(drv, fallback < 0 ? 0 : fallback, &want);
+    e = gshm__copy_primary_ctx(drv, fallback < 0 ? 0 : fallback, &want);
     if (e)
       return e;
   }
@@ -471,7 +463,7 @@ static int enter_ctx(const struct gshm_cudadrv *drv, CUstream stream, int fallba
   return e;
 }
 
-static void leave_ctx(const struct gshm_cudadrv *drv, int pushed) {
+void gshm__copy_leave_ctx(const struct gshm_cudadrv *drv, int pushed) {
   CUcontext ignored;
 
   if (pushed)
@@ -498,7 +490,7 @@ static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_
 
 static int copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *src, size_t bytes,
                        gshm_copy_method_t method, uint64_t *flag, uint64_t value,
-                       CUstream stream, const struct where *ws, const struct where *wd) {
+                       CUstream stream, const struct gshm__where *ws, const struct gshm__where *wd) {
   struct kctx *k;
   int e, peer, me, fused = 0;
 
@@ -566,10 +558,16 @@ signal:
   return e;
 }
 
+int gshm__copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *src, size_t bytes,
+                      gshm_copy_method_t method, CUstream stream, const struct gshm__where *ws,
+                      const struct gshm__where *wd) {
+  return copy_in_ctx(drv, dst, src, bytes, method, NULL, 0, stream, ws, wd);
+}
+
 static int copy_common(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
                        uint64_t *flag, uint64_t value, void *stream) {
   const struct gshm_cudadrv *drv;
-  struct where ws, wd;
+  struct gshm__where ws, wd;
   int e, pushed;
 
   if (!dst || !src || (unsigned)method > GSHM_COPY_SM || ((uintptr_t)flag & 7))
@@ -579,13 +577,13 @@ static int copy_common(void *dst, const void *src, size_t bytes, gshm_copy_metho
   e = load_driver(&drv);
   if (e)
     return e;
-  where_is(drv, src, &ws);
-  where_is(drv, dst, &wd);
-  e = enter_ctx(drv, (CUstream)stream, ws.device ? ws.ordinal : wd.ordinal, &pushed);
+  gshm__copy_where(drv, src, &ws);
+  gshm__copy_where(drv, dst, &wd);
+  e = gshm__copy_enter_ctx(drv, (CUstream)stream, ws.device ? ws.ordinal : wd.ordinal, &pushed);
   if (e)
     return e;
   e = copy_in_ctx(drv, dst, src, bytes, method, flag, value, (CUstream)stream, &ws, &wd);
-  leave_ctx(drv, pushed);
+  gshm__copy_leave_ctx(drv, pushed);
   return e;
 }
 
@@ -604,7 +602,7 @@ GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
 
 GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream) {
   const struct gshm_cudadrv *drv;
-  struct where w;
+  struct gshm__where w;
   int e, pushed;
 
   if (!flag || ((uintptr_t)flag & 7))
@@ -612,19 +610,19 @@ GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream) {
   e = load_driver(&drv);
   if (e)
     return e;
-  where_is(drv, flag, &w);
-  e = enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
+  gshm__copy_where(drv, flag, &w);
+  e = gshm__copy_enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
   if (e)
     return e;
   e = signal_in_ctx(drv, flag, value, (CUstream)stream);
-  leave_ctx(drv, pushed);
+  gshm__copy_leave_ctx(drv, pushed);
   return e;
 }
 
 GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream) {
   const struct gshm_cudadrv *drv;
   struct kctx *k;
-  struct where w;
+  struct gshm__where w;
   unsigned flags = CU_STREAM_WAIT_VALUE_GEQ;
   int e, pushed;
 
@@ -633,8 +631,8 @@ GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream) {
   e = load_driver(&drv);
   if (e)
     return e;
-  where_is(drv, flag, &w);
-  e = enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
+  gshm__copy_where(drv, flag, &w);
+  e = gshm__copy_enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
   if (e)
     return e;
   e = kctx_current(drv, &k);
@@ -644,6 +642,6 @@ GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream) {
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamWaitValue64, (CUstream)stream,
                 (CUdeviceptr)(uintptr_t)flag, value, flags);
   }
-  leave_ctx(drv, pushed);
+  gshm__copy_leave_ctx(drv, pushed);
   return e;
 }

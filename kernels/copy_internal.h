@@ -9,6 +9,9 @@
 
 #include <cuda.h>
 
+#include "cudadrv.h"
+#include "gshm.h"
+
 /* The entry points of kernels/copy.cu, in the order copy.c resolves them. */
 enum gshm__kernel {
   GSHM__K_COPY_U1 = 0, /* no unroll: small copies, latency */
@@ -62,5 +65,34 @@ int gshm__copy_compare(const void *a, const void *b, size_t bytes, CUstream stre
  * context, once per (context, GPU); 0 also when it was already enabled or
  * ordinal is the current context's own GPU.  -EOPNOTSUPP no P2P path. */
 int gshm__copy_enable_peer(int ordinal);
+
+/* ---- shared with kernels/broadcast.c ---- */
+
+/* Where an address lives: device memory of GPU `ordinal`, page-locked host
+ * memory, or pageable host memory the driver does not know. */
+struct gshm__where {
+  int device; /* 1: device memory */
+  int pinned; /* 1: host memory known to the driver */
+  int ordinal;
+};
+
+/* Fills *w for address p (cuPointerGetAttribute; unknown memory: all 0). */
+void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm__where *w);
+
+/* Makes the context of `stream` current (pushing it if it is not), or, for
+ * a NULL stream without a current context, the primary context of GPU
+ * `fallback`; *pushed tells the caller to call gshm__copy_leave_ctx. */
+int gshm__copy_enter_ctx(const struct gshm_cudadrv *drv, CUstream stream, int fallback,
+                         int *pushed);
+void gshm__copy_leave_ctx(const struct gshm_cudadrv *drv, int pushed);
+
+/* GPU `ordinal`'s primary context, retained once for the process's life. */
+int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontext *out);
+
+/* gshm_copy's body in the current context (which runs the copy), with the
+ * addresses already classified.  Errors as gshm_copy. */
+int gshm__copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *src, size_t bytes,
+                      gshm_copy_method_t method, CUstream stream, const struct gshm__where *ws,
+                      const struct gshm__where *wd);
 
 #endif

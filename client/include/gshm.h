@@ -388,6 +388,66 @@ typedef enum {
 GSHM_EXTERN int gshm_copy(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
                           void *stream);
 
+/* How gshm_broadcast moves one buffer to several.  Every algorithm splits
+ * the work into copy-engine copies (cuMemcpyAsync) issued on streams that
+ * libgshm keeps per ordered pair of GPUs (created on first use, never
+ * destroyed), ordered by events; none runs a kernel. */
+typedef enum {
+  GSHM_BCAST_AUTO = 0,  /* by size and layout, from measurements (below) */
+  GSHM_BCAST_STAR = 1,  /* one direct copy from the source to each destination,
+                           all at once: best where fixed costs dominate; the
+                           source's outbound links are shared n ways */
+  GSHM_BCAST_CHAIN = 2, /* a pipeline src -> d0 -> d1 -> ... in chunks: every
+                           link carries the data once; suits rings */
+  GSHM_BCAST_SPLIT = 3, /* the buffer cut into n parts; part i goes src -> d_i,
+                           and d_i forwards it to every other destination,
+                           chunk by chunk (a scatter then an all-gather,
+                           pipelined): for all-to-all NVLink (NVSwitch), where
+                           each GPU's inbound and outbound links all work */
+} gshm_broadcast_algo_t;
+
+/* Tuning for gshm_broadcast_ex; all-zero means gshm_broadcast's defaults. */
+typedef struct {
+  gshm_broadcast_algo_t algo;
+  size_t chunk_bytes; /* pipeline chunk for CHAIN / SPLIT; 0: the default
+                         (below); rounded up to 64 KiB */
+  int push;           /* 1: each copy is issued on the sending GPU's stream;
+                         0 (default): on the receiving GPU's (a pull), which
+                         spreads the copies over every GPU's copy engines */
+} gshm_broadcast_opts_t;
+
+/* Copies `bytes` bytes from src to each of dsts[0..n-1], asynchronously,
+ * ordered after the work already queued on `stream` and before the work
+ * queued on it afterwards.
+ *  src      device memory of one GPU (from gshm_map or cuMemAlloc), any
+ *           alignment.
+ *  dsts     n destinations of `bytes` bytes each, on any GPUs (several may
+ *           share a GPU, the source's included); none may overlap src or
+ *           another.  Host memory is allowed and makes AUTO pick STAR.
+ *  n        1..64.
+ *  bytes    bytes per destination; 0 returns 0 at once.
+ *  stream   a CUstream / cudaStream_t (NULL: the legacy default stream of
+ *           the current context; with no current context, the source GPU's
+ *           primary context is used).
+ * AUTO picks STAR up to 4 MiB and for host memory, SPLIT when the
+ * destinations sit on distinct GPUs other than the source's, CHAIN
+ * otherwise; chunks default to 8 MiB.  Figures: gshm-bench broadcast on
+ * four H200s (NV18 between every pair), docs/PERFORMANCE.md "Broadcast".
+ * Host cost: about n+1 driver calls per destination chunk (copy, event
+ * record and wait); libgshm holds one lock while it queues, so concurrent
+ * broadcasts from threads of one process are queued one after another.
+ * Errors: -EINVAL a NULL pointer, n outside 1..64, src not device memory,
+ * an unknown algorithm, CHAIN / SPLIT with host memory; -EOPNOTSUPP two
+ * GPUs without a peer path for a copy the algorithm needs; -ENOENT /
+ * -ENODEV no CUDA driver or GPU; -ENOMEM, -EIO from the driver. */
+GSHM_EXTERN int gshm_broadcast(const void *src, void *const dsts[], int n, size_t bytes,
+                               void *stream);
+
+/* gshm_broadcast with an explicit algorithm, chunk and issuing side (for
+ * tuning and gshm-bench); opts NULL is gshm_broadcast.  Errors as there. */
+GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, size_t bytes,
+                                  void *stream, const gshm_broadcast_opts_t *opts);
+
 /* Writes `value` to the 64-bit word at `flag` on `stream`, after all work
  * queued on the stream before it, with a system-wide memory fence first
  * (cuStreamWriteValue64 with CU_STREAM_WRITE_VALUE_DEFAULT; where the

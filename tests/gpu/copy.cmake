@@ -1,4 +1,4 @@
-# GPU tests of kernels/ (gshm_copy, gshm_copy_signal, gshm_wait), included by
+# GPU tests of kernels/ (gshm_copy, gshm_copy_signal, gshm_wait, gshm_broadcast), included by
 # tests/gpu/CMakeLists.txt.  Plain C (the GPU machine has no cmocka); each
 # exits 77 where it lacks the GPUs it needs.
 if(TARGET gshm)
@@ -6,7 +6,7 @@ if(TARGET gshm)
 else()
   set(gshm_copy_test_lib gshm_kernels) # before client/ exists
 endif()
-foreach(t test_copy test_signal)
+foreach(t test_copy test_signal test_broadcast)
   add_executable(${t} ${CMAKE_CURRENT_LIST_DIR}/${t}.c)
   target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/client/include)
   target_link_libraries(${t} PRIVATE ${gshm_copy_test_lib} gshm_common)

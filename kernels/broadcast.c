@@ -1,0 +1,382 @@
+/* gshm_broadcast: one buffer to several GPUs with copy-engine copies,
+ * pipelined in chunks and ordered by events (gshm.h documents the API).
+ *
+ * A broadcast is a plan: the buffer is cut into parts, and each part has a
+ * tree over the nodes (node 0 is the source, node 1 + i is dsts[i]) given
+ * by parent[]; every part is cut into chunks.  For each chunk of each part
+ * and each destination node, one cuMemcpyAsync copies the chunk from the
+ * node's parent; it is issued on the stream that libgshm keeps for the
+ * ordered pair (issuing GPU, other GPU), where the issuing GPU is the
+ * receiver's (a pull, the default) or the sender's (a push).  A copy out of
+ * a node that is itself a destination waits for the event recorded after
+ * the copy into it.  The three algorithms are three shapes of plan:
+ *
+ *   STAR   1 part, every parent is the source, 1 chunk.
+ *   CHAIN  1 part, parent of dsts[i] is dsts[i-1] (dsts[0]'s the source).
+ *   SPLIT  n parts; in part i, dsts[i]'s parent is the source and every
+ *          other destination's parent is dsts[i].  The source sends each
+ *          byte once, every destination receives each byte once, and a
+ *          destination sends (n-1)/n of the bytes: on an NVSwitch node all
+ *          of a GPU's links work in both directions at once, so the time is
+ *          about bytes / link rate plus one chunk per hop of fill.
+ *
+ * Chunks are queued chunk-major (chunk 0 of every part and node, then chunk
+ * 1, ...) so that every stream has work from the start.  That order also
+ * lets one event per (part, node) serve all chunks: the copies that wait for
+ * chunk c of a node are queued before the node's event is recorded again
+ * for chunk c + 1, and cuStreamWaitEvent waits for the record that was the
+ * latest when it was called (CUDA driver API, cuStreamWaitEvent).
+ *
+ * Streams and events belong to the GPUs' primary contexts, created on first
+ * use and kept for the life of the process (like the primary contexts,
+ * which gshm__copy_primary_ctx retains); one mutex covers a whole queueing,
+ * so the pools need no finer locking. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "copy_internal.h"
+#include "cudadrv.h"
+#include "gshm.h"
+#include "log.h"
+
+#define MAX_DSTS 64
+#define MAX_GPUS 64
+#define CHUNK_ALIGN ((size_t)64 << 10)
+
+/* AUTO's figures, from gshm-bench broadcast on four H200s (NV18 between
+ * every pair, through NVSwitch), docs/PERFORMANCE.md "Broadcast". */
+#define AUTO_STAR_MAX ((size_t)4 << 20)
+#define DEFAULT_CHUNK ((size_t)8 << 20)
+
+struct bgpu {
+  CUcontext ctx;            /* primary, retained by gshm__copy_primary_ctx */
+  CUstream stream[MAX_GPUS]; /* [other GPU]: copies this GPU issues */
+  CUevent *ev;              /* pool, in ctx */
+  int nev, used;            /* created, handed out in this broadcast */
+  uint64_t used_mask;       /* stream[other] used in this broadcast */
+  uint64_t peer_ok;         /* peer access enabled to these GPUs */
+};
+
+static pthread_mutex_t bc_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct bgpu bgpus[MAX_GPUS];
+
+/* Events recorded on callers' streams, one per caller context. */
+static struct {
+  CUcontext ctx;
+  CUevent ev;
+} start_ev[64];
+static int start_ev_len;
+
+/* The stream GPU g issues copies to or from GPU `other` on (g == other: a
+ * copy within g).  Under bc_lock. */
+static int pair_stream(const struct gshm_cudadrv *drv, int g, int other, CUstream *out) {
+  struct bgpu *b = &bgpus[g];
+  int e;
+
+  if (!b->ctx && (e = gshm__copy_primary_ctx(drv, g, &b->ctx)))
+    return e;
+  if (!b->stream[other]) {
+    if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxPushCurrent, b->ctx)))
+      return e;
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamCreate, &b->stream[other], CU_STREAM_NON_BLOCKING);
+    if (!e && other != g && !(b->peer_ok >> other & 1)) {
+      /* peer access from g to `other`, so the copy engine goes over NVLink
+       * directly (gshm__copy_enable_peer works on the current context) */
+      e = gshm__copy_enable_peer(other);
+      if (!e)
+        b->peer_ok |= 1ull << other;
+    }
+    {
+      CUcontext ignored;
+      drv->cuCtxPopCurrent(&ignored);
+    }
+    if (e) {
+      if (b->stream[other])
+        drv->cuStreamDestroy(b->stream[other]);
+      b->stream[other] = NULL;
+      return e;
+    }
+  }
+  *out = b->stream[other];
+  return 0;
+}
+
+/* A fresh event of GPU g's pool for this broadcast.  Under bc_lock. */
+static int pool_event(const struct gshm_cudadrv *drv, int g, CUevent *out) {
+  struct bgpu *b = &bgpus[g];
+  int e = 0;
+
+  if (b->used == b->nev) {
+    CUevent *grown = realloc(b->ev, sizeof(*grown) * (size_t)(b->nev + 8));
+    CUcontext ignored;
+
+    if (!grown)
+      return -ENOMEM;
+    b->ev = grown;
+    if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxPushCurrent, b->ctx)))
+      return e;
+    for (int i = 0; i < 8 && !e; i++) {
+      e = GSHM_CU(drv, GSHM_LOG_ERR, cuEventCreate, &b->ev[b->nev], CU_EVENT_DISABLE_TIMING);
+      if (!e)
+        b->nev++;
+    }
+    drv->cuCtxPopCurrent(&ignored);
+    if (e && b->used == b->nev)
+      return e;
+  }
+  *out = b->ev[b->used++];
+  return 0;
+}
+
+/* The start event of the current (caller's) context.  Under bc_lock. */
+static int caller_event(const struct gshm_cudadrv *drv, CUevent *out) {
+  CUcontext ctx = NULL;
+  int e;
+
+  if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxGetCurrent, &ctx)))
+    return e;
+  for (int i = 0; i < start_ev_len; i++)
+    if (start_ev[i].ctx == ctx) {
+      *out = start_ev[i].ev;
+      return 0;
+    }
+  if (start_ev_len == (int)(sizeof(start_ev) / sizeof(start_ev[0])))
+    return -ENOMEM;
+  if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuEventCreate, out, CU_EVENT_DISABLE_TIMING)))
+    return e;
+  start_ev[start_ev_len].ctx = ctx;
+  start_ev[start_ev_len++].ev = *out;
+  return 0;
+}
+
+/* The plan (see the top of this file). */
+struct plan {
+  int n;                      /* destinations */
+  int nparts;
+  size_t part_off[MAX_DSTS], part_len[MAX_DSTS];
+  unsigned char parent[MAX_DSTS][MAX_DSTS + 1]; /* [part][node] */
+  unsigned char order[MAX_DSTS][MAX_DSTS];      /* [part][k]: nodes, parents first */
+  unsigned char has_children[MAX_DSTS][MAX_DSTS + 1];
+  size_t chunk;
+};
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static void make_plan(struct plan *p, gshm_broadcast_algo_t algo, int n, size_t bytes,
+                      size_t chunk) {
+  memset(p, 0, sizeof(*p));
+  p->n = n;
+  p->chunk = chunk;
+  if (algo == GSHM_BCAST_SPLIT && n > 1) {
+    /* parts of equal length, cut at CHUNK_ALIGN where the size allows */
+    size_t per = round_up((bytes + (size_t)n - 1) / (size_t)n, bytes >= (size_t)n * CHUNK_ALIGN
+                                                                   ? CHUNK_ALIGN
+                                                                   : 1);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+      size_t len = off >= bytes ? 0 : bytes - off < per ? bytes - off : per;
+      int k = 0;
+      p->part_off[p->nparts] = off;
+      p->part_len[p->nparts] = len;
+      off += len;
+      p->parent[p->nparts][1 + i] = 0;
+      p->order[p->nparts][k++] = (unsigned char)(1 + i);
+      for (int j = 0; j < n; j++)
+        if (j != i) {
+          p->parent[p->nparts][1 + j] = (unsigned char)(1 + i);
+          p->order[p->nparts][k++] = (unsigned char)(1 + j);
+        }
+      p->has_children[p->nparts][1 + i] = 1;
+      p->nparts++;
+    }
+    return;
+  }
+  p->nparts = 1;
+  p->part_len[0] = bytes;
+  for (int i = 0; i < n; i++) {
+    p->order[0][i] = (unsigned char)(1 + i);
+    if (algo == GSHM_BCAST_CHAIN && i > 0) {
+      p->parent[0][1 + i] = (unsigned char)i;
+      p->has_children[0][i] = 1;
+    } else {
+      p->parent[0][1 + i] = 0;
+    }
+  }
+  if (algo == GSHM_BCAST_STAR || n == 1)
+    p->chunk = bytes; /* nothing to pipeline */
+}
+
+/* Queues the plan.  Under bc_lock; `start` has been recorded on the
+ * caller's `stream` in context `caller`.  Before returning, also on error
+ * (so that what was queued stays ordered before the caller's later work),
+ * the caller's stream is made to wait for the end of every stream used;
+ * the caller's context is current again on return. */
+static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const void *src,
+                    void *const dsts[], const int *gpu, CUcontext caller, CUstream stream,
+                    CUevent start, int push, int ce_only) {
+  const char *node_addr[MAX_DSTS + 1];
+  CUevent node_ev[MAX_DSTS][MAX_DSTS + 1];
+  size_t nchunks = 0;
+  int e = 0;
+
+  memset(node_ev, 0, sizeof(node_ev));
+  node_addr[0] = src;
+  for (int i = 0; i < p->n; i++)
+    node_addr[1 + i] = dsts[i];
+  for (int q = 0; q < p->nparts; q++) {
+    size_t c = (p->part_len[q] + p->chunk - 1) / p->chunk;
+    if (c > nchunks)
+      nchunks = c;
+  }
+  for (int g = 0; g < MAX_GPUS; g++) {
+    bgpus[g].used = 0;
+    bgpus[g].used_mask = 0;
+  }
+
+  for (size_t c = 0; c < nchunks && !e; c++) {
+    for (int q = 0; q < p->nparts && !e; q++) {
+      size_t off = c * p->chunk, len;
+      if (off >= p->part_len[q])
+        continue; /* a short part, or an empty one (bytes < n) */
+      len = p->part_len[q] - off < p->chunk ? p->part_len[q] - off : p->chunk;
+      off += p->part_off[q];
+      for (int k = 0; k < p->n && !e; k++) {
+        int node = p->order[q][k], par = p->parent[q][node];
+        int from = gpu[par], to = gpu[node];
+        int issuer = push ? from : to, other = push ? to : from;
+        CUstream s;
+
+        if ((e = pair_stream(drv, issuer, other, &s)))
+          break;
+        if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxSetCurrent, bgpus[issuer].ctx)))
+          break;
+        if (!(bgpus[issuer].used_mask >> other & 1)) {
+          /* first use in this broadcast: after the caller's earlier work */
+          if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamWaitEvent, s, start, 0)))
+            break;
+          bgpus[issuer].used_mask |= 1ull << other;
+        }
+        if (par != 0 &&
+            (e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamWaitEvent, s, node_ev[q][par], 0)))
+          break;
+        if (ce_only) {
+          e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemcpyAsync,
+                      (CUdeviceptr)(uintptr_t)(node_addr[node] + off),
+                      (CUdeviceptr)(uintptr_t)(node_addr[par] + off), len, s);
+        } else {
+          /* STAR: gshm_copy AUTO, SM kernels where they are faster */
+          struct gshm__where ws, wd;
+          gshm__copy_where(drv, node_addr[par], &ws);
+          gshm__copy_where(drv, node_addr[node], &wd);
+          e = gshm__copy_in_ctx(drv, (void *)(node_addr[node] + off), node_addr[par] + off, len,
+                                GSHM_COPY_AUTO, s, &ws, &wd);
+        }
+        if (e)
+          break;
+        if (p->has_children[q][node]) {
+          if (!node_ev[q][node] && (e = pool_event(drv, issuer, &node_ev[q][node])))
+            break;
+          e = GSHM_CU(drv, GSHM_LOG_ERR, cuEventRecord, node_ev[q][node], s);
+        }
+      }
+    }
+  }
+
+  /* join: the caller's stream waits for the end of every stream used */
+  for (int g = 0; g < MAX_GPUS; g++)
+    for (int other = 0; other < MAX_GPUS; other++) {
+      CUevent end;
+      int e2;
+
+      if (!(bgpus[g].used_mask >> other & 1))
+        continue;
+      if ((e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxSetCurrent, bgpus[g].ctx)) ||
+          (e2 = pool_event(drv, g, &end)) ||
+          (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuEventRecord, end, bgpus[g].stream[other])) ||
+          (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxSetCurrent, caller)) ||
+          (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamWaitEvent, stream, end, 0)))
+        e = e ? e : e2;
+    }
+  drv->cuCtxSetCurrent(caller);
+  return e;
+}
+
+GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, size_t bytes,
+                                  void *stream, const gshm_broadcast_opts_t *opts) {
+  const struct gshm_cudadrv *drv;
+  gshm_broadcast_opts_t o = {GSHM_BCAST_AUTO, 0, 0};
+  struct gshm__where ws, wd;
+  int gpu[MAX_DSTS + 1], all_device = 1, distinct = 1, pushed = 0, e;
+  CUcontext caller = NULL;
+  CUevent start;
+  struct plan *p;
+
+  if (opts)
+    o = *opts;
+  if (!src || !dsts || n < 1 || n > MAX_DSTS || (unsigned)o.algo > GSHM_BCAST_SPLIT)
+    return -EINVAL;
+  for (int i = 0; i < n; i++)
+    if (!dsts[i])
+      return -EINVAL;
+  if (!bytes)
+    return 0;
+  if ((e = gshm__cudadrv_load(GSHM_LOG_ERR, &drv)))
+    return e;
+  gshm__copy_where(drv, src, &ws);
+  if (!ws.device || ws.ordinal < 0 || ws.ordinal >= MAX_GPUS)
+    return -EINVAL;
+  gpu[0] = ws.ordinal;
+  for (int i = 0; i < n; i++) {
+    gshm__copy_where(drv, dsts[i], &wd);
+    if (!wd.device || wd.ordinal < 0 || wd.ordinal >= MAX_GPUS) {
+      all_device = 0;
+      gpu[1 + i] = -1;
+      continue;
+    }
+    gpu[1 + i] = wd.ordinal;
+    distinct &= wd.ordinal != ws.ordinal;
+    for (int j = 0; j < i; j++)
+      distinct &= gpu[1 + j] != wd.ordinal;
+  }
+  if (o.algo == GSHM_BCAST_AUTO)
+    o.algo = !all_device || bytes <= AUTO_STAR_MAX ? GSHM_BCAST_STAR
+             : distinct && n > 1                  ? GSHM_BCAST_SPLIT
+                                                  : GSHM_BCAST_CHAIN;
+  if (!all_device) {
+    /* host memory somewhere: plain gshm_copy per destination, in order */
+    if (o.algo != GSHM_BCAST_STAR)
+      return -EINVAL;
+    for (int i = 0; i < n && !e; i++)
+      e = gshm_copy(dsts[i], src, bytes, GSHM_COPY_AUTO, stream);
+    return e;
+  }
+  o.chunk_bytes = round_up(o.chunk_bytes ? o.chunk_bytes : DEFAULT_CHUNK, CHUNK_ALIGN);
+
+  if (!(p = malloc(sizeof(*p))))
+    return -ENOMEM;
+  make_plan(p, o.algo, n, bytes, o.chunk_bytes);
+
+  if ((e = gshm__copy_enter_ctx(drv, (CUstream)stream, gpu[0], &pushed))) {
+    free(p);
+    return e;
+  }
+  drv->cuCtxGetCurrent(&caller);
+  pthread_mutex_lock(&bc_lock);
+  e = caller_event(drv, &start);
+  if (!e)
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuEventRecord, start, (CUstream)stream);
+  if (!e)
+    e = run_plan(drv, p, src, dsts, gpu, caller, (CUstream)stream, start, o.push,
+                 o.algo != GSHM_BCAST_STAR);
+  pthread_mutex_unlock(&bc_lock);
+  gshm__copy_leave_ctx(drv, pushed);
+  free(p);
+  return e;
+}
+
+GSHM_EXTERN int gshm_broadcast(const void *src, void *const dsts[], int n, size_t bytes,
+                               void *stream) {
+  return gshm_broadcast_ex(src, dsts, n, bytes, stream, NULL);
+}

@@ -1,0 +1,236 @@
+/* gshm_broadcast on real GPUs: every algorithm (AUTO, STAR, CHAIN, SPLIT),
+ * pushed and pulled, with the default and a small chunk (many pipeline
+ * steps), on random data at sizes and offsets that hit the edges (1 B,
+ * 4095 B, 1 MiB + 3 B, 256 MiB, misaligned source and destinations), to
+ * one destination on every other GPU and to destinations that share GPUs
+ * (the source's included), with guard bytes around every destination.
+ *
+ * Ordering is part of what is checked: the source is written by an
+ * asynchronous copy queued on the caller's stream just before the
+ * broadcast (a broadcast that did not wait for it would copy old bytes),
+ * and only the caller's stream is synchronized before the destinations are
+ * read (one that did not join its internal streams back would be read
+ * half-done; libgshm's streams are non-blocking, so nothing else orders
+ * them).  Plus the argument errors.  Needs two GPUs with peer access;
+ * exits 77 otherwise. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cudadrv.h"
+#include "gshm.h"
+
+#include "gpu_check.h"
+
+#define MiB ((size_t)1 << 20)
+#define GUARD 64
+#define GUARD_BYTE 0x5A
+#define MAX_GPUS 8
+#define MAX_N 8
+#define CAP (256 * MiB + 4096)
+
+#define CU(call)                                                                \
+  do {                                                                          \
+    CUresult r_ = (call);                                                       \
+    if (r_ != CUDA_SUCCESS) {                                                   \
+      fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #call, (int)r_);  \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+static const struct gshm_cudadrv *drv;
+static int ngpus;
+static CUcontext ctx[MAX_GPUS];
+static CUstream stream[MAX_GPUS];
+static CUdeviceptr src;          /* on GPU 0 */
+static CUdeviceptr dbuf[MAX_N];  /* destination slots; slot_gpu[] says where */
+static int slot_gpu[MAX_N];
+static unsigned char *pinned;    /* source bytes, page-locked */
+static unsigned char *back;
+
+static void fill_random(unsigned char *p, size_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    memcpy(p + i, &x, n - i < 8 ? n - i : 8);
+  }
+}
+
+static const char *aname(gshm_broadcast_algo_t a) {
+  static const char *const n[] = {"AUTO", "STAR", "CHAIN", "SPLIT"};
+  return n[a];
+}
+
+/* Broadcasts n bytes from src + os to the slots listed in slots[0..nd-1]
+ * (each at + GUARD + od) and checks every destination and its guards. */
+static void one(const int *slots, int nd, size_t n, size_t os, size_t od,
+                const gshm_broadcast_opts_t *o, int on, uint64_t seed) {
+  void *dsts[MAX_N];
+  int e;
+
+  fill_random(pinned, n + os, seed);
+  for (int i = 0; i < nd; i++) {
+    CU(drv->cuCtxSetCurrent(ctx[slot_gpu[slots[i]]]));
+    CU(drv->cuMemsetD8(dbuf[slots[i]], GUARD_BYTE, n + od + 2 * GUARD));
+    CU(drv->cuCtxSynchronize());
+    dsts[i] = (void *)(uintptr_t)(dbuf[slots[i]] + GUARD + od);
+  }
+  /* the source written on the caller's stream, right before the broadcast */
+  CU(drv->cuCtxSetCurrent(ctx[on]));
+  CU(drv->cuMemcpyAsync(src, (CUdeviceptr)(uintptr_t)pinned, n + os, stream[on]));
+  e = gshm_broadcast_ex((const void *)(uintptr_t)(src + os), dsts, nd, n, stream[on], o);
+  CHECK(e == 0, "broadcast %s push %d chunk %zu, %d dsts, %zu B: %d (%s)", aname(o->algo),
+        o->push, o->chunk_bytes, nd, n, e, gshm_strerror(e));
+  CU(drv->cuStreamSynchronize(stream[on]));
+  for (int i = 0; i < nd; i++) {
+    size_t bad = 0, guards = 0, first = (size_t)-1;
+    CU(drv->cuCtxSetCurrent(ctx[slot_gpu[slots[i]]]));
+    CU(drv->cuMemcpyDtoH(back, dbuf[slots[i]], n + od + 2 * GUARD));
+    for (size_t k = 0; k < GUARD + od; k++)
+      guards += back[k] != GUARD_BYTE;
+    for (size_t k = 0; k < GUARD; k++)
+      guards += back[GUARD + od + n + k] != GUARD_BYTE;
+    for (size_t k = 0; k < n; k++)
+      if (back[GUARD + od + k] != pinned[os + k] && !bad++)
+        first = k;
+    CHECK(!bad && !guards,
+          "%s push %d chunk %zu on GPU%d, %zu B src+%zu dst+%zu, dst %d (GPU%d) of %d: %zu bytes "
+          "differ (first at %zu), %zu guard bytes overwritten",
+          aname(o->algo), o->push, o->chunk_bytes, on, n, os, od, i, slot_gpu[slots[i]], nd, bad,
+          first, guards);
+  }
+}
+
+static void errors(void) {
+  void *d[2] = {(void *)(uintptr_t)dbuf[0], NULL};
+  void *host = pinned;
+  gshm_broadcast_opts_t chain = {GSHM_BCAST_CHAIN, 0, 0}, bad = {(gshm_broadcast_algo_t)9, 0, 0};
+  const void *s = (const void *)(uintptr_t)src;
+
+  CU(drv->cuCtxSetCurrent(ctx[0]));
+  CHECK(gshm_broadcast(s, d, 0, 16, stream[0]) == -EINVAL, "n = 0");
+  CHECK(gshm_broadcast(s, d, 65, 16, stream[0]) == -EINVAL, "n = 65");
+  CHECK(gshm_broadcast(s, d, 2, 16, stream[0]) == -EINVAL, "a NULL destination");
+  CHECK(gshm_broadcast(NULL, d, 1, 16, stream[0]) == -EINVAL, "NULL source");
+  CHECK(gshm_broadcast(s, NULL, 1, 16, stream[0]) == -EINVAL, "NULL dsts");
+  CHECK(gshm_broadcast(pinned, d, 1, 16, stream[0]) == -EINVAL, "host source");
+  CHECK(gshm_broadcast_ex(s, d, 1, 16, stream[0], &bad) == -EINVAL, "unknown algorithm");
+  CHECK(gshm_broadcast_ex(s, &host, 1, 16, stream[0], &chain) == -EINVAL, "CHAIN to host");
+  CHECK(gshm_broadcast(s, d, 1, 0, stream[0]) == 0, "0 bytes");
+  fprintf(stderr, "errors: done (%d failures so far)\n", failures);
+}
+
+/* AUTO with a page-locked host destination next to a device one. */
+static void host_destination(void) {
+  const size_t n = MiB + 3;
+  unsigned char *h;
+  void *d[2];
+
+  CU(drv->cuCtxSetCurrent(ctx[0]));
+  CU(drv->cuMemAllocHost((void **)&h, n));
+  memset(h, 0, n);
+  fill_random(pinned, n, 77);
+  CU(drv->cuMemcpyAsync(src, (CUdeviceptr)(uintptr_t)pinned, n, stream[0]));
+  d[0] = h;
+  d[1] = (void *)(uintptr_t)dbuf[0];
+  CHECK(gshm_broadcast((const void *)(uintptr_t)src, d, 2, n, stream[0]) == 0, "host dst");
+  CU(drv->cuStreamSynchronize(stream[0]));
+  CHECK(!memcmp(h, pinned, n), "host destination differs");
+  CU(drv->cuMemcpyDtoH(back, dbuf[0], n));
+  CHECK(!memcmp(back, pinned, n), "device destination next to a host one differs");
+  CU(drv->cuMemFreeHost(h));
+  fprintf(stderr, "host destination: done (%d failures so far)\n", failures);
+}
+
+int main(void) {
+  static const size_t sizes[] = {1, 4095, MiB + 3, 256 * MiB};
+  static const size_t offs[][2] = {{0, 0}, {3, 0}, {0, 5}, {7, 13}};
+  int count = 0, distinct[MAX_N], nd = 0, shared[4], ns = 0;
+  uint64_t seed = 1;
+
+  if (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) || drv->cuDeviceGetCount(&count) != CUDA_SUCCESS ||
+      count < 2) {
+    fprintf(stderr, "SKIP: needs a CUDA driver and 2 GPUs (have %d)\n", count);
+    return SKIP;
+  }
+  ngpus = count > MAX_GPUS ? MAX_GPUS : count;
+  for (int g = 0; g < ngpus; g++) {
+    CUdevice dev;
+    int can = 1;
+    CU(drv->cuDeviceGet(&dev, g));
+    if (g)
+      CU(drv->cuDeviceCanAccessPeer(&can, 0, dev));
+    if (!can) {
+      fprintf(stderr, "SKIP: GPU 0 has no peer access to GPU %d\n", g);
+      return SKIP;
+    }
+    CU(drv->cuDevicePrimaryCtxRetain(&ctx[g], dev));
+    CU(drv->cuCtxSetCurrent(ctx[g]));
+    CU(drv->cuStreamCreate(&stream[g], CU_STREAM_NON_BLOCKING));
+  }
+  /* slots: one on every other GPU, then two more on GPU 1 and one on GPU 0 */
+  for (int g = 1; g < ngpus && nd < MAX_N - 3; g++) {
+    slot_gpu[nd] = g;
+    distinct[nd] = nd;
+    nd++;
+  }
+  slot_gpu[nd] = 1, shared[ns++] = 0, shared[ns++] = nd++;
+  slot_gpu[nd] = 0, shared[ns++] = nd++;
+  slot_gpu[nd] = 1, shared[ns++] = nd++;
+  for (int i = 0; i < nd; i++) {
+    CU(drv->cuCtxSetCurrent(ctx[slot_gpu[i]]));
+    CU(drv->cuMemAlloc(&dbuf[i], CAP + 2 * GUARD));
+  }
+  CU(drv->cuCtxSetCurrent(ctx[0]));
+  CU(drv->cuMemAlloc(&src, CAP));
+  CU(drv->cuMemAllocHost((void **)&pinned, CAP));
+  back = malloc(CAP + 2 * GUARD);
+  REQUIRE(back, "malloc");
+  fprintf(stderr, "%d GPUs; %d destinations on distinct GPUs, %d sharing GPUs\n", ngpus,
+          ngpus - 1, ns);
+
+  errors();
+  for (int a = GSHM_BCAST_AUTO; a <= GSHM_BCAST_SPLIT; a++)
+    for (int push = 0; push < 2; push++)
+      for (int ch = 0; ch < 2; ch++) {
+        gshm_broadcast_opts_t o = {(gshm_broadcast_algo_t)a, ch ? 64 << 10 : 0, push};
+        for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++)
+          for (size_t oi = 0; oi < sizeof(offs) / sizeof(offs[0]); oi++) {
+            /* 256 MiB: aligned only, default chunk; the small chunk
+             * pipelines 1 MiB + 3 B in 17 steps already */
+            if (sizes[si] > 64 * MiB && (oi || ch))
+              continue;
+            one(distinct, ngpus - 1, sizes[si], offs[oi][0], offs[oi][1], &o, 0, seed++);
+            one(shared, ns, sizes[si], offs[oi][0], offs[oi][1], &o, (int)(seed % 2), seed);
+            seed++;
+          }
+        fprintf(stderr, "%s push %d chunk %s: done (%d failures so far)\n", aname(o.algo), push,
+                ch ? "64 KiB" : "default", failures);
+      }
+  host_destination();
+  /* NULL stream with the source's context current: the legacy stream */
+  {
+    gshm_broadcast_opts_t o = {GSHM_BCAST_SPLIT, 0, 0};
+    void *d[MAX_N];
+    size_t n = 64 * MiB;
+    for (int i = 0; i < ngpus - 1; i++)
+      d[i] = (void *)(uintptr_t)dbuf[distinct[i]];
+    fill_random(pinned, n, 99);
+    CU(drv->cuCtxSetCurrent(ctx[0]));
+    CU(drv->cuMemcpyHtoD(src, pinned, n));
+    CHECK(gshm_broadcast_ex((const void *)(uintptr_t)src, d, ngpus - 1, n, NULL, &o) == 0,
+          "NULL stream");
+    CU(drv->cuStreamSynchronize(NULL));
+    for (int i = 0; i < ngpus - 1; i++) {
+      CU(drv->cuCtxSetCurrent(ctx[slot_gpu[distinct[i]]]));
+      CU(drv->cuMemcpyDtoH(back, dbuf[distinct[i]], n));
+      CHECK(!memcmp(back, pinned, n), "NULL stream: destination %d differs", i);
+    }
+  }
+  fprintf(stderr, "broadcast: %d failure(s)\n", failures);
+  return failures ? 1 : 0;
+}
