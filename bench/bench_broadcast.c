@@ -121,6 +121,7 @@ struct method {
   const char *name;
   int nccl;
   gshm_broadcast_opts_t o;
+  const char *tune; /* GSHM_BCAST_TUNE for this method (kernels/broadcast.c) */
 };
 
 static void queue(const struct method *m, size_t bytes) {
@@ -218,6 +219,10 @@ static struct result measure(const struct method *m, size_t bytes) {
   double live[MAX_REPS], gated[MAX_REPS], host[MAX_REPS], h;
   struct result r = {0, 0, 0, 1};
 
+  if (m->tune)
+    setenv("GSHM_BCAST_TUNE", m->tune, 1);
+  else
+    unsetenv("GSHM_BCAST_TUNE");
   for (int i = -2; i < reps; i++) {
     /* fresh data; the compare below proves every byte arrived */
     use(0);
@@ -277,18 +282,24 @@ static void usage(FILE *f) {
           "  --reps N      timed runs per cell, median reported (default 11, max %d)\n"
           "  --max BYTES   largest size (default 1073741824)\n"
           "  --gpus N      use GPUs 0..N-1 (default: all, at most %d)\n"
-          "  --sweep       also every algorithm x chunk (2-32 MiB) x push/pull\n",
+          "  --sweep       also every algorithm x chunk (2-32 MiB) x push/pull\n"
+          "  --sizes LIST  comma list of sizes in bytes (default 256 KiB..1 GiB, x4)\n"
+          "  --methods L   comma list replacing the default methods: nccl, auto, star,\n"
+          "                or ALGO:CHUNK_MIB[:push][:TUNE...] with ALGO chain|split and\n"
+          "                TUNE serial_scatter|one_fwd_stream|scatter_only\n",
           MAX_REPS, MAX_GPUS);
 }
 
 int bench_broadcast_main(int argc, char **argv) {
-  static const size_t sizes[] = {(size_t)256 << 10, (size_t)1 << 20,  (size_t)4 << 20,
+  static const size_t default_sizes[] = {(size_t)256 << 10, (size_t)1 << 20,  (size_t)4 << 20,
                                  (size_t)16 << 20,  (size_t)64 << 20, (size_t)256 << 20,
                                  (size_t)1 << 30};
   static const size_t chunks[] = {(size_t)2 << 20, (size_t)4 << 20, (size_t)8 << 20,
                                   (size_t)16 << 20, (size_t)32 << 20};
   struct method ms[64];
-  int nm = 0, count = 0, want = 0, sweep = 0;
+  size_t sizes[32];
+  int nm = 0, nsizes = 0, count = 0, want = 0, sweep = 0;
+  const char *methods = NULL;
   char sb[32];
 
   for (int i = 1; i < argc; i++) {
@@ -300,6 +311,19 @@ int bench_broadcast_main(int argc, char **argv) {
       want = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--sweep"))
       sweep = 1;
+    else if (!strcmp(argv[i], "--methods") && i + 1 < argc)
+      methods = argv[++i];
+    else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
+      char *p = argv[++i], *end;
+      while (*p && nsizes < 32) {
+        sizes[nsizes++] = strtoull(p, &end, 0);
+        if (end == p || (*end && *end != ',')) {
+          usage(stderr);
+          return 2;
+        }
+        p = *end ? end + 1 : end;
+      }
+    }
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout);
       return 0;
@@ -346,13 +370,51 @@ int bench_broadcast_main(int argc, char **argv) {
   }
   nccl_load();
 
-  if (nccl.lib)
-    ms[nm++] = (struct method){"ncclBroadcast", 1, {0, 0, 0}};
-  ms[nm++] = (struct method){"gshm AUTO", 0, {GSHM_BCAST_AUTO, 0, 0}};
-  ms[nm++] = (struct method){"STAR", 0, {GSHM_BCAST_STAR, 0, 0}};
-  ms[nm++] = (struct method){"CHAIN 8 MiB", 0, {GSHM_BCAST_CHAIN, (size_t)8 << 20, 0}};
-  ms[nm++] = (struct method){"SPLIT 8 MiB", 0, {GSHM_BCAST_SPLIT, (size_t)8 << 20, 0}};
-  if (sweep) {
+  if (!nsizes)
+    for (size_t i = 0; i < sizeof(default_sizes) / sizeof(default_sizes[0]); i++)
+      sizes[nsizes++] = default_sizes[i];
+  if (methods) {
+    static char names[64][64];
+    char buf[512], *save = NULL;
+    snprintf(buf, sizeof(buf), "%s", methods);
+    for (char *t = strtok_r(buf, ",", &save); t && nm < 64; t = strtok_r(NULL, ",", &save)) {
+      struct method m = {names[nm], 0, {GSHM_BCAST_AUTO, 0, 0}, NULL};
+      char *colon = strchr(t, ':');
+      snprintf(names[nm], sizeof(names[nm]), "%s", t);
+      if (!strcmp(t, "nccl")) {
+        if (!nccl.lib)
+          continue;
+        m.nccl = 1;
+        m.name = "ncclBroadcast";
+      } else if (!strcmp(t, "auto")) {
+        m.name = "gshm AUTO";
+      } else if (!strcmp(t, "star")) {
+        m.o.algo = GSHM_BCAST_STAR;
+      } else if (colon && (!strncmp(t, "chain:", 6) || !strncmp(t, "split:", 6))) {
+        char *rest;
+        m.o.algo = t[0] == 'c' ? GSHM_BCAST_CHAIN : GSHM_BCAST_SPLIT;
+        m.o.chunk_bytes = strtoull(colon + 1, &rest, 0) << 20;
+        m.o.push = strstr(rest, ":push") != NULL;
+        m.tune = strstr(rest, ":push") ? strstr(rest, ":push") + 5 : rest;
+        if (*m.tune == ':')
+          m.tune++;
+        if (!*m.tune)
+          m.tune = NULL;
+      } else {
+        fprintf(stderr, "gshm-bench broadcast: unknown method '%s'\n", t);
+        return 2;
+      }
+      ms[nm++] = m;
+    }
+  } else {
+    if (nccl.lib)
+      ms[nm++] = (struct method){"ncclBroadcast", 1, {0, 0, 0}, NULL};
+    ms[nm++] = (struct method){"gshm AUTO", 0, {GSHM_BCAST_AUTO, 0, 0}, NULL};
+    ms[nm++] = (struct method){"STAR", 0, {GSHM_BCAST_STAR, 0, 0}, NULL};
+    ms[nm++] = (struct method){"CHAIN 8 MiB", 0, {GSHM_BCAST_CHAIN, (size_t)8 << 20, 0}, NULL};
+    ms[nm++] = (struct method){"SPLIT 8 MiB", 0, {GSHM_BCAST_SPLIT, (size_t)8 << 20, 0}, NULL};
+  }
+  if (sweep && !methods) {
     static char names[64][40];
     for (int a = GSHM_BCAST_CHAIN; a <= GSHM_BCAST_SPLIT; a++)
       for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++)
@@ -362,7 +424,8 @@ int bench_broadcast_main(int argc, char **argv) {
           snprintf(names[nm], sizeof(names[nm]), "%s %zu MiB%s",
                    a == GSHM_BCAST_CHAIN ? "CHAIN" : "SPLIT", chunks[c] >> 20,
                    push ? " push" : "");
-          ms[nm] = (struct method){names[nm], 0, {(gshm_broadcast_algo_t)a, chunks[c], push}};
+          ms[nm] = (struct method){names[nm], 0, {(gshm_broadcast_algo_t)a, chunks[c], push},
+                                   NULL};
           nm++;
         }
   }
@@ -374,11 +437,11 @@ int bench_broadcast_main(int argc, char **argv) {
   printf("| size | method | live us | live algbw | gated us | gated algbw | host queue us | vs "
          "NCCL | check |\n");
   printf("|---:|:---|---:|---:|---:|---:|---:|---:|:---|\n");
-  for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+  for (int si = 0; si < nsizes; si++) {
     size_t b = sizes[si];
     double nccl_bw = 0;
-    if (b > max_bytes)
-      continue;
+    if (b > max_bytes || b % 4)
+      continue; /* the fill writes 32-bit words */
     for (int k = 0; k < nm; k++) {
       struct result r = measure(&ms[k], b);
       double bw = (double)b / (r.ms * 1e-3) / 1e9, gbw = (double)b / (r.gated_ms * 1e-3) / 1e9;

@@ -208,6 +208,23 @@ static void make_plan(struct plan *p, gshm_broadcast_algo_t algo, int n, size_t 
     p->chunk = bytes; /* nothing to pipeline */
 }
 
+/* Experiment knobs for gshm-bench (not API): GSHM_BCAST_TUNE, a comma list
+ * of serial_scatter (SPLIT's first hop on one stream of its issuing GPU),
+ * one_fwd_stream (every forward of a GPU on one stream), scatter_only
+ * (SPLIT without its forwards: wrong results, to time the first hop). */
+enum { TUNE_SERIAL_SCATTER = 1, TUNE_ONE_FWD = 2, TUNE_SCATTER_ONLY = 4 };
+static int tune_flags(void) {
+  const char *t = getenv("GSHM_BCAST_TUNE");
+  int f = 0;
+
+  if (!t)
+    return 0;
+  f |= strstr(t, "serial_scatter") ? TUNE_SERIAL_SCATTER : 0;
+  f |= strstr(t, "one_fwd_stream") ? TUNE_ONE_FWD : 0;
+  f |= strstr(t, "scatter_only") ? TUNE_SCATTER_ONLY : 0;
+  return f;
+}
+
 /* Queues the plan.  Under bc_lock; `start` has been recorded on the
  * caller's `stream` in context `caller`.  Before returning, also on error
  * (so that what was queued stays ordered before the caller's later work),
@@ -219,7 +236,7 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const 
   const char *node_addr[MAX_DSTS + 1];
   CUevent node_ev[MAX_DSTS][MAX_DSTS + 1];
   size_t nchunks = 0;
-  int e = 0;
+  int e = 0, tune = p->nparts > 1 ? tune_flags() : 0;
 
   memset(node_ev, 0, sizeof(node_ev));
   node_addr[0] = src;
@@ -247,6 +264,11 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const 
         int from = gpu[par], to = gpu[node];
         int issuer = push ? from : to, other = push ? to : from;
         CUstream s;
+
+        if (par != 0 && (tune & TUNE_SCATTER_ONLY))
+          continue;
+        if ((par == 0 && (tune & TUNE_SERIAL_SCATTER)) || (par != 0 && (tune & TUNE_ONE_FWD)))
+          other = issuer; /* the issuing GPU's own slot: one stream */
 
         if ((e = pair_stream(drv, issuer, other, &s)))
           break;
