@@ -121,7 +121,6 @@ struct method {
   const char *name;
   int nccl;
   gshm_broadcast_opts_t o;
-  const char *tune; /* GSHM_BCAST_TUNE for this method (kernels/broadcast.c) */
 };
 
 static void queue(const struct method *m, size_t bytes) {
@@ -219,10 +218,6 @@ static struct result measure(const struct method *m, size_t bytes) {
   double live[MAX_REPS], gated[MAX_REPS], host[MAX_REPS], h;
   struct result r = {0, 0, 0, 1};
 
-  if (m->tune)
-    setenv("GSHM_BCAST_TUNE", m->tune, 1);
-  else
-    unsetenv("GSHM_BCAST_TUNE");
   for (int i = -2; i < reps; i++) {
     /* fresh data; the compare below proves every byte arrived */
     use(0);
@@ -282,11 +277,10 @@ static void usage(FILE *f) {
           "  --reps N      timed runs per cell, median reported (default 11, max %d)\n"
           "  --max BYTES   largest size (default 1073741824)\n"
           "  --gpus N      use GPUs 0..N-1 (default: all, at most %d)\n"
-          "  --sweep       also every algorithm x chunk (2-32 MiB) x push/pull\n"
+          "  --sweep       also CHAIN and SPLIT x chunk (2-32 MiB) x push/pull\n"
           "  --sizes LIST  comma list of sizes in bytes (default 256 KiB..1 GiB, x4)\n"
           "  --methods L   comma list replacing the default methods: nccl, auto, star,\n"
-          "                or ALGO:CHUNK_MIB[:push][:TUNE...] with ALGO chain|split and\n"
-          "                TUNE serial_scatter|one_fwd_stream|scatter_only\n",
+          "                or ALGO:CHUNK_MIB[:pull][:lanesN] with ALGO chain|split\n",
           MAX_REPS, MAX_GPUS);
 }
 
@@ -378,7 +372,7 @@ int bench_broadcast_main(int argc, char **argv) {
     char buf[512], *save = NULL;
     snprintf(buf, sizeof(buf), "%s", methods);
     for (char *t = strtok_r(buf, ",", &save); t && nm < 64; t = strtok_r(NULL, ",", &save)) {
-      struct method m = {names[nm], 0, {GSHM_BCAST_AUTO, 0, 0}, NULL};
+      struct method m = {names[nm], 0, {GSHM_BCAST_AUTO, 0, 0, 0}};
       char *colon = strchr(t, ':');
       snprintf(names[nm], sizeof(names[nm]), "%s", t);
       if (!strcmp(t, "nccl")) {
@@ -394,12 +388,9 @@ int bench_broadcast_main(int argc, char **argv) {
         char *rest;
         m.o.algo = t[0] == 'c' ? GSHM_BCAST_CHAIN : GSHM_BCAST_SPLIT;
         m.o.chunk_bytes = strtoull(colon + 1, &rest, 0) << 20;
-        m.o.push = strstr(rest, ":push") != NULL;
-        m.tune = strstr(rest, ":push") ? strstr(rest, ":push") + 5 : rest;
-        if (*m.tune == ':')
-          m.tune++;
-        if (!*m.tune)
-          m.tune = NULL;
+        m.o.pull = strstr(rest, ":pull") != NULL;
+        if (strstr(rest, ":lanes"))
+          m.o.lanes = atoi(strstr(rest, ":lanes") + 6);
       } else {
         fprintf(stderr, "gshm-bench broadcast: unknown method '%s'\n", t);
         return 2;
@@ -408,24 +399,24 @@ int bench_broadcast_main(int argc, char **argv) {
     }
   } else {
     if (nccl.lib)
-      ms[nm++] = (struct method){"ncclBroadcast", 1, {0, 0, 0}, NULL};
-    ms[nm++] = (struct method){"gshm AUTO", 0, {GSHM_BCAST_AUTO, 0, 0}, NULL};
-    ms[nm++] = (struct method){"STAR", 0, {GSHM_BCAST_STAR, 0, 0}, NULL};
-    ms[nm++] = (struct method){"CHAIN 8 MiB", 0, {GSHM_BCAST_CHAIN, (size_t)8 << 20, 0}, NULL};
-    ms[nm++] = (struct method){"SPLIT 8 MiB", 0, {GSHM_BCAST_SPLIT, (size_t)8 << 20, 0}, NULL};
+      ms[nm++] = (struct method){"ncclBroadcast", 1, {0, 0, 0, 0}};
+    ms[nm++] = (struct method){"gshm AUTO", 0, {GSHM_BCAST_AUTO, 0, 0, 0}};
+    ms[nm++] = (struct method){"STAR", 0, {GSHM_BCAST_STAR, 0, 0, 0}};
+    ms[nm++] = (struct method){"CHAIN, AUTO's chunk", 0, {GSHM_BCAST_CHAIN, 0, 0, 0}};
+    ms[nm++] = (struct method){"CHAIN 2 lanes", 0, {GSHM_BCAST_CHAIN, 0, 0, 2}};
+    ms[nm++] = (struct method){"SPLIT 8 MiB", 0, {GSHM_BCAST_SPLIT, (size_t)8 << 20, 0, 0}};
   }
   if (sweep && !methods) {
     static char names[64][40];
     for (int a = GSHM_BCAST_CHAIN; a <= GSHM_BCAST_SPLIT; a++)
       for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++)
-        for (int push = 0; push < 2; push++) {
-          if (chunks[c] == ((size_t)8 << 20) && !push)
+        for (int pull = 0; pull < 2; pull++) {
+          if (a == GSHM_BCAST_SPLIT && chunks[c] == ((size_t)8 << 20) && !pull)
             continue; /* already in */
           snprintf(names[nm], sizeof(names[nm]), "%s %zu MiB%s",
                    a == GSHM_BCAST_CHAIN ? "CHAIN" : "SPLIT", chunks[c] >> 20,
-                   push ? " push" : "");
-          ms[nm] = (struct method){names[nm], 0, {(gshm_broadcast_algo_t)a, chunks[c], push},
-                                   NULL};
+                   pull ? " pull" : "");
+          ms[nm] = (struct method){names[nm], 0, {(gshm_broadcast_algo_t)a, chunks[c], pull, 0}};
           nm++;
         }
   }

@@ -6,19 +6,22 @@
  * by parent[]; every part is cut into chunks.  For each chunk of each part
  * and each destination node, one cuMemcpyAsync copies the chunk from the
  * node's parent; it is issued on the stream that libgshm keeps for the
- * ordered pair (issuing GPU, other GPU), where the issuing GPU is the
- * receiver's (a pull, the default) or the sender's (a push).  A copy out of
- * a node that is itself a destination waits for the event recorded after
- * the copy into it.  The three algorithms are three shapes of plan:
+ * ordered pair (issuing GPU, other GPU) and lane (chunk index modulo the
+ * lanes), where the issuing GPU is the sender's (a push, the default) or
+ * the receiver's (a pull).  A copy out of a node that is itself a
+ * destination waits for the event recorded after the copy into it.  The three algorithms are three shapes of plan:
  *
  *   STAR   1 part, every parent is the source, 1 chunk.
  *   CHAIN  1 part, parent of dsts[i] is dsts[i-1] (dsts[0]'s the source).
  *   SPLIT  n parts; in part i, dsts[i]'s parent is the source and every
  *          other destination's parent is dsts[i].  The source sends each
  *          byte once, every destination receives each byte once, and a
- *          destination sends (n-1)/n of the bytes: on an NVSwitch node all
- *          of a GPU's links work in both directions at once, so the time is
- *          about bytes / link rate plus one chunk per hop of fill.
+ *          destination sends (n-1)/n of the bytes, so on paper it needs
+ *          bytes / link rate plus one chunk of fill.  Measured on four
+ *          H200s behind NVSwitch it ran at 188-213 GB/s where CHAIN ran at
+ *          300: its first hop alone (GPU 0 to three GPUs at once) made 341
+ *          GB/s, and adding the forwards, which write to each GPU from
+ *          three GPUs at once, nearly doubled the time.
  *
  * Chunks are queued chunk-major (chunk 0 of every part and node, then chunk
  * 1, ...) so that every stream has work from the start.  That order also
@@ -45,17 +48,18 @@
 #define MAX_GPUS 64
 #define CHUNK_ALIGN ((size_t)64 << 10)
 
-/* AUTO's figures, from gshm-bench broadcast on four H200s (NV18 between
- * every pair, through NVSwitch), docs/PERFORMANCE.md "Broadcast". */
-#define AUTO_STAR_MAX ((size_t)4 << 20)
-#define DEFAULT_CHUNK ((size_t)8 << 20)
+/* AUTO's chunk: sqrt(bytes * AUTO_T0_BYTES / (n - 1)), gshm.h says why;
+ * figures from gshm-bench broadcast on four H200s (NV18 between every pair,
+ * through NVSwitch), docs/PERFORMANCE.md "Broadcast". */
+#define AUTO_T0_BYTES ((size_t)2 << 20)
+#define MAX_CHUNK ((size_t)64 << 20)
 
 struct bgpu {
   CUcontext ctx;            /* primary, retained by gshm__copy_primary_ctx */
-  CUstream stream[MAX_GPUS]; /* [other GPU]: copies this GPU issues */
+  CUstream stream[GSHM_BCAST_MAX_LANES][MAX_GPUS]; /* [lane][other GPU]: copies it issues */
   CUevent *ev;              /* pool, in ctx */
   int nev, used;            /* created, handed out in this broadcast */
-  uint64_t used_mask;       /* stream[other] used in this broadcast */
+  uint64_t used_mask[GSHM_BCAST_MAX_LANES]; /* stream[lane][other] used in this broadcast */
   uint64_t peer_ok;         /* peer access enabled to these GPUs */
 };
 
@@ -69,18 +73,19 @@ static struct {
 } start_ev[64];
 static int start_ev_len;
 
-/* The stream GPU g issues copies to or from GPU `other` on (g == other: a
- * copy within g).  Under bc_lock. */
-static int pair_stream(const struct gshm_cudadrv *drv, int g, int other, CUstream *out) {
+/* Stream `lane` of those GPU g issues copies to or from GPU `other` on
+ * (g == other: a copy within g).  Under bc_lock. */
+static int pair_stream(const struct gshm_cudadrv *drv, int g, int other, int lane, CUstream *out) {
   struct bgpu *b = &bgpus[g];
+  CUstream *slot = &b->stream[lane][other];
   int e;
 
   if (!b->ctx && (e = gshm__copy_primary_ctx(drv, g, &b->ctx)))
     return e;
-  if (!b->stream[other]) {
+  if (!*slot) {
     if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxPushCurrent, b->ctx)))
       return e;
-    e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamCreate, &b->stream[other], CU_STREAM_NON_BLOCKING);
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamCreate, slot, CU_STREAM_NON_BLOCKING);
     if (!e && other != g && !(b->peer_ok >> other & 1)) {
       /* peer access from g to `other`, so the copy engine goes over NVLink
        * directly (gshm__copy_enable_peer works on the current context) */
@@ -93,13 +98,13 @@ static int pair_stream(const struct gshm_cudadrv *drv, int g, int other, CUstrea
       drv->cuCtxPopCurrent(&ignored);
     }
     if (e) {
-      if (b->stream[other])
-        drv->cuStreamDestroy(b->stream[other]);
-      b->stream[other] = NULL;
+      if (*slot)
+        drv->cuStreamDestroy(*slot);
+      *slot = NULL;
       return e;
     }
   }
-  *out = b->stream[other];
+  *out = *slot;
   return 0;
 }
 
@@ -164,6 +169,24 @@ struct plan {
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+/* floor(sqrt(x)), Newton's method on integers (no libm in libgshm). */
+static uint64_t isqrt(uint64_t x) {
+  uint64_t r = x, y = (x + 1) / 2;
+
+  if (x < 2)
+    return x;
+  while (y < r) {
+    r = y;
+    y = (r + x / r) / 2;
+  }
+  return r;
+}
+
+static size_t auto_chunk(size_t bytes, int n) {
+  size_t c = n > 1 ? (size_t)isqrt((uint64_t)bytes / (uint64_t)(n - 1) * AUTO_T0_BYTES) : bytes;
+  return c < CHUNK_ALIGN ? CHUNK_ALIGN : c > MAX_CHUNK ? MAX_CHUNK : c;
+}
+
 static void make_plan(struct plan *p, gshm_broadcast_algo_t algo, int n, size_t bytes,
                       size_t chunk) {
   memset(p, 0, sizeof(*p));
@@ -208,23 +231,6 @@ static void make_plan(struct plan *p, gshm_broadcast_algo_t algo, int n, size_t 
     p->chunk = bytes; /* nothing to pipeline */
 }
 
-/* Experiment knobs for gshm-bench (not API): GSHM_BCAST_TUNE, a comma list
- * of serial_scatter (SPLIT's first hop on one stream of its issuing GPU),
- * one_fwd_stream (every forward of a GPU on one stream), scatter_only
- * (SPLIT without its forwards: wrong results, to time the first hop). */
-enum { TUNE_SERIAL_SCATTER = 1, TUNE_ONE_FWD = 2, TUNE_SCATTER_ONLY = 4 };
-static int tune_flags(void) {
-  const char *t = getenv("GSHM_BCAST_TUNE");
-  int f = 0;
-
-  if (!t)
-    return 0;
-  f |= strstr(t, "serial_scatter") ? TUNE_SERIAL_SCATTER : 0;
-  f |= strstr(t, "one_fwd_stream") ? TUNE_ONE_FWD : 0;
-  f |= strstr(t, "scatter_only") ? TUNE_SCATTER_ONLY : 0;
-  return f;
-}
-
 /* Queues the plan.  Under bc_lock; `start` has been recorded on the
  * caller's `stream` in context `caller`.  Before returning, also on error
  * (so that what was queued stays ordered before the caller's later work),
@@ -232,11 +238,11 @@ static int tune_flags(void) {
  * the caller's context is current again on return. */
 static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const void *src,
                     void *const dsts[], const int *gpu, CUcontext caller, CUstream stream,
-                    CUevent start, int push, int ce_only) {
+                    CUevent start, int push, int lanes, int ce_only) {
   const char *node_addr[MAX_DSTS + 1];
   CUevent node_ev[MAX_DSTS][MAX_DSTS + 1];
   size_t nchunks = 0;
-  int e = 0, tune = p->nparts > 1 ? tune_flags() : 0;
+  int e = 0;
 
   memset(node_ev, 0, sizeof(node_ev));
   node_addr[0] = src;
@@ -249,7 +255,7 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const 
   }
   for (int g = 0; g < MAX_GPUS; g++) {
     bgpus[g].used = 0;
-    bgpus[g].used_mask = 0;
+    memset(bgpus[g].used_mask, 0, sizeof(bgpus[g].used_mask));
   }
 
   for (size_t c = 0; c < nchunks && !e; c++) {
@@ -265,20 +271,18 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const 
         int issuer = push ? from : to, other = push ? to : from;
         CUstream s;
 
-        if (par != 0 && (tune & TUNE_SCATTER_ONLY))
-          continue;
-        if ((par == 0 && (tune & TUNE_SERIAL_SCATTER)) || (par != 0 && (tune & TUNE_ONE_FWD)))
-          other = issuer; /* the issuing GPU's own slot: one stream */
 
-        if ((e = pair_stream(drv, issuer, other, &s)))
+        int lane = (int)(c % (size_t)lanes);
+
+        if ((e = pair_stream(drv, issuer, other, lane, &s)))
           break;
         if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxSetCurrent, bgpus[issuer].ctx)))
           break;
-        if (!(bgpus[issuer].used_mask >> other & 1)) {
+        if (!(bgpus[issuer].used_mask[lane] >> other & 1)) {
           /* first use in this broadcast: after the caller's earlier work */
           if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamWaitEvent, s, start, 0)))
             break;
-          bgpus[issuer].used_mask |= 1ull << other;
+          bgpus[issuer].used_mask[lane] |= 1ull << other;
         }
         if (par != 0 &&
             (e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamWaitEvent, s, node_ev[q][par], 0)))
@@ -308,15 +312,16 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const 
 
   /* join: the caller's stream waits for the end of every stream used */
   for (int g = 0; g < MAX_GPUS; g++)
-    for (int other = 0; other < MAX_GPUS; other++) {
+    for (int i = 0; i < GSHM_BCAST_MAX_LANES * MAX_GPUS; i++) {
+      int lane = i / MAX_GPUS, other = i % MAX_GPUS;
       CUevent end;
       int e2;
 
-      if (!(bgpus[g].used_mask >> other & 1))
+      if (!(bgpus[g].used_mask[lane] >> other & 1))
         continue;
       if ((e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxSetCurrent, bgpus[g].ctx)) ||
           (e2 = pool_event(drv, g, &end)) ||
-          (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuEventRecord, end, bgpus[g].stream[other])) ||
+          (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuEventRecord, end, bgpus[g].stream[lane][other])) ||
           (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxSetCurrent, caller)) ||
           (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamWaitEvent, stream, end, 0)))
         e = e ? e : e2;
@@ -328,16 +333,17 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const 
 GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, size_t bytes,
                                   void *stream, const gshm_broadcast_opts_t *opts) {
   const struct gshm_cudadrv *drv;
-  gshm_broadcast_opts_t o = {GSHM_BCAST_AUTO, 0, 0};
+  gshm_broadcast_opts_t o = {GSHM_BCAST_AUTO, 0, 0, 0};
   struct gshm__where ws, wd;
-  int gpu[MAX_DSTS + 1], all_device = 1, distinct = 1, pushed = 0, e;
+  int gpu[MAX_DSTS + 1], all_device = 1, pushed = 0, e;
   CUcontext caller = NULL;
   CUevent start;
   struct plan *p;
 
   if (opts)
     o = *opts;
-  if (!src || !dsts || n < 1 || n > MAX_DSTS || (unsigned)o.algo > GSHM_BCAST_SPLIT)
+  if (!src || !dsts || n < 1 || n > MAX_DSTS || (unsigned)o.algo > GSHM_BCAST_SPLIT ||
+      o.lanes < 0 || o.lanes > GSHM_BCAST_MAX_LANES)
     return -EINVAL;
   for (int i = 0; i < n; i++)
     if (!dsts[i])
@@ -358,14 +364,9 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
       continue;
     }
     gpu[1 + i] = wd.ordinal;
-    distinct &= wd.ordinal != ws.ordinal;
-    for (int j = 0; j < i; j++)
-      distinct &= gpu[1 + j] != wd.ordinal;
   }
   if (o.algo == GSHM_BCAST_AUTO)
-    o.algo = !all_device || bytes <= AUTO_STAR_MAX ? GSHM_BCAST_STAR
-             : distinct && n > 1                  ? GSHM_BCAST_SPLIT
-                                                  : GSHM_BCAST_CHAIN;
+    o.algo = !all_device || n == 1 ? GSHM_BCAST_STAR : GSHM_BCAST_CHAIN;
   if (!all_device) {
     /* host memory somewhere: plain gshm_copy per destination, in order */
     if (o.algo != GSHM_BCAST_STAR)
@@ -374,7 +375,9 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
       e = gshm_copy(dsts[i], src, bytes, GSHM_COPY_AUTO, stream);
     return e;
   }
-  o.chunk_bytes = round_up(o.chunk_bytes ? o.chunk_bytes : DEFAULT_CHUNK, CHUNK_ALIGN);
+  o.chunk_bytes = round_up(o.chunk_bytes ? o.chunk_bytes : auto_chunk(bytes, n), CHUNK_ALIGN);
+  if (!o.lanes)
+    o.lanes = 1;
 
   if (!(p = malloc(sizeof(*p))))
     return -ENOMEM;
@@ -390,7 +393,7 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
   if (!e)
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuEventRecord, start, (CUstream)stream);
   if (!e)
-    e = run_plan(drv, p, src, dsts, gpu, caller, (CUstream)stream, start, o.push,
+    e = run_plan(drv, p, src, dsts, gpu, caller, (CUstream)stream, start, !o.pull, o.lanes,
                  o.algo != GSHM_BCAST_STAR);
   pthread_mutex_unlock(&bc_lock);
   gshm__copy_leave_ctx(drv, pushed);

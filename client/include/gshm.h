@@ -388,32 +388,38 @@ typedef enum {
 GSHM_EXTERN int gshm_copy(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
                           void *stream);
 
-/* How gshm_broadcast moves one buffer to several.  Every algorithm splits
- * the work into copy-engine copies (cuMemcpyAsync) issued on streams that
- * libgshm keeps per ordered pair of GPUs (created on first use, never
- * destroyed), ordered by events; none runs a kernel. */
+/* How gshm_broadcast moves one buffer to several.  CHAIN and SPLIT cut the
+ * buffer into chunks copied by the copy engines (cuMemcpyAsync) on streams
+ * that libgshm keeps per ordered pair of GPUs (created on first use, never
+ * destroyed), ordered by events; STAR copies as gshm_copy AUTO does. */
 typedef enum {
   GSHM_BCAST_AUTO = 0,  /* by size and layout, from measurements (below) */
   GSHM_BCAST_STAR = 1,  /* one direct copy from the source to each destination,
-                           all at once: best where fixed costs dominate; the
-                           source's outbound links are shared n ways */
-  GSHM_BCAST_CHAIN = 2, /* a pipeline src -> d0 -> d1 -> ... in chunks: every
-                           link carries the data once; suits rings */
+                           all queued at once; the source's links are shared */
+  GSHM_BCAST_CHAIN = 2, /* a pipeline src -> d0 -> d1 -> ... in chunks: each
+                           GPU receives from one GPU and sends to one */
   GSHM_BCAST_SPLIT = 3, /* the buffer cut into n parts; part i goes src -> d_i,
                            and d_i forwards it to every other destination,
-                           chunk by chunk (a scatter then an all-gather,
-                           pipelined): for all-to-all NVLink (NVSwitch), where
-                           each GPU's inbound and outbound links all work */
+                           chunk by chunk (a pipelined scatter + all-gather).
+                           Moves the least data per link, yet measured slower
+                           than CHAIN on four H200s behind NVSwitch, where a GPU
+                           written by several GPUs at once receives less than
+                           from one (docs/PERFORMANCE.md "Broadcast") */
 } gshm_broadcast_algo_t;
+
+#define GSHM_BCAST_MAX_LANES 4
 
 /* Tuning for gshm_broadcast_ex; all-zero means gshm_broadcast's defaults. */
 typedef struct {
   gshm_broadcast_algo_t algo;
-  size_t chunk_bytes; /* pipeline chunk for CHAIN / SPLIT; 0: the default
+  size_t chunk_bytes; /* pipeline chunk for CHAIN / SPLIT; 0: AUTO's choice
                          (below); rounded up to 64 KiB */
-  int push;           /* 1: each copy is issued on the sending GPU's stream;
-                         0 (default): on the receiving GPU's (a pull), which
-                         spreads the copies over every GPU's copy engines */
+  int pull;           /* 0 (default): each copy is issued on the sending GPU's
+                         stream (a push); 1: on the receiving GPU's.  Pushes
+                         measured faster at every size */
+  int lanes;          /* streams per GPU pair taking chunks in turn, so that
+                         one chunk's copy can start before the previous one
+                         ends; 0: 1; at most GSHM_BCAST_MAX_LANES */
 } gshm_broadcast_opts_t;
 
 /* Copies `bytes` bytes from src to each of dsts[0..n-1], asynchronously,
@@ -423,28 +429,35 @@ typedef struct {
  *           alignment.
  *  dsts     n destinations of `bytes` bytes each, on any GPUs (several may
  *           share a GPU, the source's included); none may overlap src or
- *           another.  Host memory is allowed and makes AUTO pick STAR.
+ *           another.  Page-locked or pageable host memory is allowed and
+ *           makes AUTO copy to each destination in turn (gshm_copy AUTO).
  *  n        1..64.
  *  bytes    bytes per destination; 0 returns 0 at once.
  *  stream   a CUstream / cudaStream_t (NULL: the legacy default stream of
  *           the current context; with no current context, the source GPU's
  *           primary context is used).
- * AUTO picks STAR up to 4 MiB and for host memory, SPLIT when the
- * destinations sit on distinct GPUs other than the source's, CHAIN
- * otherwise; chunks default to 8 MiB.  Figures: gshm-bench broadcast on
- * four H200s (NV18 between every pair), docs/PERFORMANCE.md "Broadcast".
- * Host cost: about n+1 driver calls per destination chunk (copy, event
- * record and wait); libgshm holds one lock while it queues, so concurrent
- * broadcasts from threads of one process are queued one after another.
+ * AUTO: one destination, gshm_copy AUTO; several, CHAIN of pushes in
+ * chunks of sqrt(bytes * 2 MiB / (n - 1)) (at least 64 KiB, at most
+ * 64 MiB).  That is the chunk minimising (bytes + (n-1) chunk) / rate +
+ * (bytes / chunk) * t0, the pipeline's fill plus a fixed cost t0 per copy;
+ * 2 MiB stands for t0 times the link's rate (about 5 us at 397 GB/s) and
+ * reproduces the best chunks measured with gshm-bench broadcast on four
+ * H200s: 4, 8 and 16 MiB at 16, 64 and 256 MiB (docs/PERFORMANCE.md
+ * "Broadcast").
+ * Host cost: about three driver calls per destination and chunk (copy,
+ * event record, event wait); libgshm holds one lock while it queues, so
+ * broadcasts from several threads of a process are queued one at a time.
  * Errors: -EINVAL a NULL pointer, n outside 1..64, src not device memory,
- * an unknown algorithm, CHAIN / SPLIT with host memory; -EOPNOTSUPP two
- * GPUs without a peer path for a copy the algorithm needs; -ENOENT /
- * -ENODEV no CUDA driver or GPU; -ENOMEM, -EIO from the driver. */
+ * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
+ * SPLIT with host memory; -EOPNOTSUPP two GPUs without a peer path for a
+ * copy the algorithm needs; -ENOENT / -ENODEV no CUDA driver or GPU;
+ * -ENOMEM, -EIO from the driver. */
 GSHM_EXTERN int gshm_broadcast(const void *src, void *const dsts[], int n, size_t bytes,
                                void *stream);
 
-/* gshm_broadcast with an explicit algorithm, chunk and issuing side (for
- * tuning and gshm-bench); opts NULL is gshm_broadcast.  Errors as there. */
+/* gshm_broadcast with an explicit algorithm, chunk, issuing side and lanes
+ * (for tuning and gshm-bench); opts NULL is gshm_broadcast.  Errors as
+ * there. */
 GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, size_t bytes,
                                   void *stream, const gshm_broadcast_opts_t *opts);
 

@@ -1,7 +1,8 @@
 /* gshm_broadcast on real GPUs: every algorithm (AUTO, STAR, CHAIN, SPLIT),
- * pushed and pulled, with the default and a small chunk (many pipeline
- * steps), on random data at sizes and offsets that hit the edges (1 B,
- * 4095 B, 1 MiB + 3 B, 256 MiB, misaligned source and destinations), to
+ * pushed and pulled, with the default chunk and with 64 KiB chunks (many
+ * pipeline steps) taken in turn by three lanes, on random data at sizes
+ * and offsets that hit the edges (1 B, 4095 B, 1 MiB + 3 B, 256 MiB,
+ * misaligned source and destinations), to
  * one destination on every other GPU and to destinations that share GPUs
  * (the source's included), with guard bytes around every destination.
  *
@@ -83,8 +84,8 @@ static void one(const int *slots, int nd, size_t n, size_t os, size_t od,
   CU(drv->cuCtxSetCurrent(ctx[on]));
   CU(drv->cuMemcpyAsync(src, (CUdeviceptr)(uintptr_t)pinned, n + os, stream[on]));
   e = gshm_broadcast_ex((const void *)(uintptr_t)(src + os), dsts, nd, n, stream[on], o);
-  CHECK(e == 0, "broadcast %s push %d chunk %zu, %d dsts, %zu B: %d (%s)", aname(o->algo),
-        o->push, o->chunk_bytes, nd, n, e, gshm_strerror(e));
+  CHECK(e == 0, "broadcast %s pull %d chunk %zu, %d dsts, %zu B: %d (%s)", aname(o->algo),
+        o->pull, o->chunk_bytes, nd, n, e, gshm_strerror(e));
   CU(drv->cuStreamSynchronize(stream[on]));
   for (int i = 0; i < nd; i++) {
     size_t bad = 0, guards = 0, first = (size_t)-1;
@@ -98,9 +99,9 @@ static void one(const int *slots, int nd, size_t n, size_t os, size_t od,
       if (back[GUARD + od + k] != pinned[os + k] && !bad++)
         first = k;
     CHECK(!bad && !guards,
-          "%s push %d chunk %zu on GPU%d, %zu B src+%zu dst+%zu, dst %d (GPU%d) of %d: %zu bytes "
+          "%s pull %d chunk %zu on GPU%d, %zu B src+%zu dst+%zu, dst %d (GPU%d) of %d: %zu bytes "
           "differ (first at %zu), %zu guard bytes overwritten",
-          aname(o->algo), o->push, o->chunk_bytes, on, n, os, od, i, slot_gpu[slots[i]], nd, bad,
+          aname(o->algo), o->pull, o->chunk_bytes, on, n, os, od, i, slot_gpu[slots[i]], nd, bad,
           first, guards);
   }
 }
@@ -108,7 +109,9 @@ static void one(const int *slots, int nd, size_t n, size_t os, size_t od,
 static void errors(void) {
   void *d[2] = {(void *)(uintptr_t)dbuf[0], NULL};
   void *host = pinned;
-  gshm_broadcast_opts_t chain = {GSHM_BCAST_CHAIN, 0, 0}, bad = {(gshm_broadcast_algo_t)9, 0, 0};
+  gshm_broadcast_opts_t chain = {GSHM_BCAST_CHAIN, 0, 0, 0};
+  gshm_broadcast_opts_t bad = {(gshm_broadcast_algo_t)9, 0, 0, 0};
+  gshm_broadcast_opts_t lanes = {GSHM_BCAST_CHAIN, 0, 0, GSHM_BCAST_MAX_LANES + 1};
   const void *s = (const void *)(uintptr_t)src;
 
   CU(drv->cuCtxSetCurrent(ctx[0]));
@@ -120,6 +123,7 @@ static void errors(void) {
   CHECK(gshm_broadcast(pinned, d, 1, 16, stream[0]) == -EINVAL, "host source");
   CHECK(gshm_broadcast_ex(s, d, 1, 16, stream[0], &bad) == -EINVAL, "unknown algorithm");
   CHECK(gshm_broadcast_ex(s, &host, 1, 16, stream[0], &chain) == -EINVAL, "CHAIN to host");
+  CHECK(gshm_broadcast_ex(s, d, 1, 16, stream[0], &lanes) == -EINVAL, "too many lanes");
   CHECK(gshm_broadcast(s, d, 1, 0, stream[0]) == 0, "0 bytes");
   fprintf(stderr, "errors: done (%d failures so far)\n", failures);
 }
@@ -195,9 +199,10 @@ int main(void) {
 
   errors();
   for (int a = GSHM_BCAST_AUTO; a <= GSHM_BCAST_SPLIT; a++)
-    for (int push = 0; push < 2; push++)
+    for (int pull = 0; pull < 2; pull++)
       for (int ch = 0; ch < 2; ch++) {
-        gshm_broadcast_opts_t o = {(gshm_broadcast_algo_t)a, ch ? 64 << 10 : 0, push};
+        /* default chunk and lanes, or 64 KiB chunks taken in turn by 3 lanes */
+        gshm_broadcast_opts_t o = {(gshm_broadcast_algo_t)a, ch ? 64 << 10 : 0, pull, ch ? 3 : 0};
         for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++)
           for (size_t oi = 0; oi < sizeof(offs) / sizeof(offs[0]); oi++) {
             /* 256 MiB: aligned only, default chunk; the small chunk
@@ -208,13 +213,13 @@ int main(void) {
             one(shared, ns, sizes[si], offs[oi][0], offs[oi][1], &o, (int)(seed % 2), seed);
             seed++;
           }
-        fprintf(stderr, "%s push %d chunk %s: done (%d failures so far)\n", aname(o.algo), push,
-                ch ? "64 KiB" : "default", failures);
+        fprintf(stderr, "%s pull %d chunk %s: done (%d failures so far)\n", aname(o.algo), pull,
+                ch ? "64 KiB, 3 lanes" : "default", failures);
       }
   host_destination();
   /* NULL stream with the source's context current: the legacy stream */
   {
-    gshm_broadcast_opts_t o = {GSHM_BCAST_SPLIT, 0, 0};
+    gshm_broadcast_opts_t o = {GSHM_BCAST_SPLIT, 0, 0, 0};
     void *d[MAX_N];
     size_t n = 64 * MiB;
     for (int i = 0; i < ngpus - 1; i++)
