@@ -7,4 +7,24 @@ int bench_broadcast_main(int argc, char **argv); /* bench_broadcast.c */
 int bench_attach_main(int argc, char **argv);    /* bench_attach.c */
 int bench_control_main(int argc, char **argv);   /* bench_control.c */
 
+/* ---- shared by the subcommands (bench_util.c) ---- */
+
+/* Median of v[0..n-1] (n >= 1); sorts v in place. */
+double bench_median(double *v, int n);
+
+/* Runs a CUDA driver call through `drv` (a struct gshm_cudadrv *, see
+ * common/cudadrv.h); on failure prints "gshm-bench PROG: CALL failed: NAME"
+ * with the place and exits 1. */
+#define BENCH_CU(drv, prog, call)                                                        \
+  do {                                                                                 \
+    CUresult r_ = (call);                                                              \
+    if (r_ != CUDA_SUCCESS) {                                                          \
+      const char *n_ = "?";                                                            \
+      (drv)->cuGetErrorName(r_, &n_);                                                  \
+      fprintf(stderr, "gshm-bench %s: %s failed: %s (%s:%d)\n", prog, #call, n_,       \
+              __FILE__, __LINE__);                                                     \
+      exit(1);                                                                         \
+    }                                                                                  \
+  } while (0)
+
 #endif

@@ -59,16 +59,6 @@ static double now_us(void) {
   return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof(*v), cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 #define DIE(...)                                  \
   do {                                            \
     fprintf(stderr, "gshm-bench attach: ");       \
@@ -200,7 +190,7 @@ static double bench_cuipc(const struct opts *o, uint64_t size, CUcontext map_ctx
   close(in[1]); /* the exporter frees and exits */
   close(out[0]);
   waitpid(pid, NULL, 0);
-  m = median(t, o->runs);
+  m = bench_median(t, o->runs);
   free(t);
   return m;
 }
@@ -215,7 +205,7 @@ static double bench_rtt(const struct opts *o, gshm_client_t *c) {
       DIE("status failed");
     t[r] = now_us() - t0;
   }
-  m = median(t, o->runs);
+  m = bench_median(t, o->runs);
   free(t);
   return m;
 }
@@ -245,7 +235,7 @@ static double bench_export(const struct opts *o, uint64_t size, uint64_t gran) {
     close(fd);
   }
   drv->cuMemRelease(h);
-  m = median(t, o->runs);
+  m = bench_median(t, o->runs);
   free(t);
   return m;
 }
@@ -277,7 +267,7 @@ static double bench_raw(const struct opts *o, int fd, uint64_t size, uint64_t gr
     drv->cuMemAddressFree(va, size);
     drv->cuMemRelease(h);
   }
-  m = median(t, o->runs);
+  m = bench_median(t, o->runs);
   free(t);
   return m;
 }
@@ -441,8 +431,8 @@ int bench_attach_main(int argc, char **argv) {
     exp_us = bench_export(&o, size, gran);
     ipc = bench_cuipc(&o, size, map_ctx);
     {
-      double mc = median(tc, o.runs), mo = median(to, o.runs), mm = median(tm, o.runs);
-      double mom = median(tom, o.runs), mk = median(tk, o.runs);
+      double mc = bench_median(tc, o.runs), mo = bench_median(to, o.runs), mm = bench_median(tm, o.runs);
+      double mom = bench_median(tom, o.runs), mk = bench_median(tk, o.runs);
       printf("%-8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %7.2f %9.2f %9.1f\n",
              gshm__format_size(size, sbuf, sizeof(sbuf)), mc, rtt, exp_us, mo, mm, mom, raw,
              mom / raw, mk, ipc);

@@ -50,17 +50,7 @@ struct gpu {
 };
 static struct gpu gpus[MAX_GPUS];
 
-#define CK(call)                                                                            \
-  do {                                                                                      \
-    CUresult r_ = (call);                                                                   \
-    if (r_ != CUDA_SUCCESS) {                                                               \
-      const char *n_ = "?";                                                                 \
-      drv->cuGetErrorName(r_, &n_);                                                         \
-      fprintf(stderr, "gshm-bench broadcast: %s failed: %s (%s:%d)\n", #call, n_, __FILE__, \
-              __LINE__);                                                                    \
-      exit(1);                                                                              \
-    }                                                                                       \
-  } while (0)
+#define CK(call) BENCH_CU(drv, "broadcast", call)
 
 static void use(int g) { CK(drv->cuCtxSetCurrent(gpus[g].ctx)); }
 
@@ -198,16 +188,6 @@ static float run_once(const struct method *m, size_t bytes, int gated, double *h
   return ms;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof(*v), cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 struct result {
   double ms, gated_ms, host_us;
   int ok;
@@ -254,9 +234,9 @@ static struct result measure(const struct method *m, size_t bytes) {
       }
     }
   }
-  r.ms = median(live, reps);
-  r.gated_ms = median(gated, reps);
-  r.host_us = median(host, reps);
+  r.ms = bench_median(live, reps);
+  r.gated_ms = bench_median(gated, reps);
+  r.host_us = bench_median(host, reps);
   return r;
 }
 

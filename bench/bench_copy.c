@@ -42,17 +42,7 @@ struct gpu {
 };
 static struct gpu gpus[MAX_GPUS];
 
-#define CK(call)                                                                       \
-  do {                                                                                 \
-    CUresult r_ = (call);                                                              \
-    if (r_ != CUDA_SUCCESS) {                                                          \
-      const char *n_ = "?";                                                            \
-      drv->cuGetErrorName(r_, &n_);                                                    \
-      fprintf(stderr, "gshm-bench copy: %s failed: %s (%s:%d)\n", #call, n_, __FILE__, \
-              __LINE__);                                                               \
-      exit(1);                                                                         \
-    }                                                                                  \
-  } while (0)
+#define CK(call) BENCH_CU(drv, "copy", call)
 #define CKE(call)                                                                         \
   do {                                                                                    \
     int e_ = (call);                                                                      \

@@ -52,6 +52,10 @@
  * figures from gshm-bench broadcast on four H200s (NV18 between every pair,
  * through NVSwitch), docs/PERFORMANCE.md "Broadcast". */
 #define AUTO_T0_BYTES ((size_t)2 << 20)
+/* AUTO's STAR: while the source sends at most this much in all (n * bytes).
+ * Three destinations: STAR led up to 4 MiB each (53 vs 71-73 us queued
+ * live, 47 vs 58 us gated) and CHAIN from 16 MiB (112 vs 148 us). */
+#define AUTO_STAR_MAX_TOTAL ((size_t)12 << 20)
 #define MAX_CHUNK ((size_t)64 << 20)
 
 struct bgpu {
@@ -366,7 +370,8 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
     gpu[1 + i] = wd.ordinal;
   }
   if (o.algo == GSHM_BCAST_AUTO)
-    o.algo = !all_device || n == 1 ? GSHM_BCAST_STAR : GSHM_BCAST_CHAIN;
+    o.algo = !all_device || n == 1 || bytes * (size_t)n <= AUTO_STAR_MAX_TOTAL ? GSHM_BCAST_STAR
+                                                                             : GSHM_BCAST_CHAIN;
   if (!all_device) {
     /* host memory somewhere: plain gshm_copy per destination, in order */
     if (o.algo != GSHM_BCAST_STAR)

@@ -30,7 +30,7 @@ step demo && { timeout 120 ./client/gshm-demo --gpu > "$out/demo.log" 2>&1; echo
 step attach && timeout 200 ./bench/gshm-bench attach > "$out/bench-attach.txt" 2>&1
 step copy && timeout 240 ./bench/gshm-bench copy ${GSHM_COPY_ARGS:---only uni,bidi,latency --reps 7} \
   > "$out/bench-copy.txt" 2>&1
-step broadcast && { timeout 300 ./bench/gshm-bench broadcast ${GSHM_BCAST_ARGS:---sweep} \
+step broadcast && { timeout 300 ./bench/gshm-bench broadcast ${GSHM_BCAST_ARGS:-} \
   > "$out/bench-broadcast.txt" 2>&1; echo "broadcast rc=$?" >> "$out/bench-broadcast.txt"; }
 py=$(command -v /opt/torch/.venv/bin/python3 || command -v python3)
 step python && timeout 180 "$py" "$src/python/examples/share_weights.py" --gshmd "$GSHMD" --size-mib 2048 \

@@ -436,9 +436,9 @@ typedef struct {
  *  stream   a CUstream / cudaStream_t (NULL: the legacy default stream of
  *           the current context; with no current context, the source GPU's
  *           primary context is used).
- * AUTO: one destination, gshm_copy AUTO; several, CHAIN of pushes in
- * chunks of sqrt(bytes * 2 MiB / (n - 1)) (at least 64 KiB, at most
- * 64 MiB).  That is the chunk minimising (bytes + (n-1) chunk) / rate +
+ * AUTO: STAR (pushes, gshm_copy AUTO each) for one destination or while
+ * n * bytes <= 12 MiB; above, CHAIN of pushes in chunks of
+ * sqrt(bytes * 2 MiB / (n - 1)) (at least 64 KiB, at most 64 MiB).  That is the chunk minimising (bytes + (n-1) chunk) / rate +
  * (bytes / chunk) * t0, the pipeline's fill plus a fixed cost t0 per copy;
  * 2 MiB stands for t0 times the link's rate (about 5 us at 397 GB/s) and
  * reproduces the best chunks measured with gshm-bench broadcast on four

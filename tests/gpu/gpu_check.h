@@ -4,8 +4,10 @@
 #ifndef GSHM_TESTS_GPU_CHECK_H
 #define GSHM_TESTS_GPU_CHECK_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define SKIP 77
 
@@ -35,5 +37,17 @@ static int failures;
       exit(1);                                                                 \
     }                                                                          \
   } while (0)
+
+/* Fills p[0..n-1] with xorshift64 bytes from `seed`: fresh, non-zero-ish
+ * data for the GPU tests (never measure or compare on zeros). */
+static inline void gpu_fill_random(unsigned char *p, size_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    memcpy(p + i, &x, n - i < 8 ? n - i : 8);
+  }
+}
 
 #endif

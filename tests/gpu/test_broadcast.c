@@ -51,16 +51,6 @@ static int slot_gpu[MAX_N];
 static unsigned char *pinned;    /* source bytes, page-locked */
 static unsigned char *back;
 
-static void fill_random(unsigned char *p, size_t n, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; i += 8) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    memcpy(p + i, &x, n - i < 8 ? n - i : 8);
-  }
-}
-
 static const char *aname(gshm_broadcast_algo_t a) {
   static const char *const n[] = {"AUTO", "STAR", "CHAIN", "SPLIT"};
   return n[a];
@@ -73,7 +63,7 @@ static void one(const int *slots, int nd, size_t n, size_t os, size_t od,
   void *dsts[MAX_N];
   int e;
 
-  fill_random(pinned, n + os, seed);
+  gpu_fill_random(pinned, n + os, seed);
   for (int i = 0; i < nd; i++) {
     CU(drv->cuCtxSetCurrent(ctx[slot_gpu[slots[i]]]));
     CU(drv->cuMemsetD8(dbuf[slots[i]], GUARD_BYTE, n + od + 2 * GUARD));
@@ -137,7 +127,7 @@ static void host_destination(void) {
   CU(drv->cuCtxSetCurrent(ctx[0]));
   CU(drv->cuMemAllocHost((void **)&h, n));
   memset(h, 0, n);
-  fill_random(pinned, n, 77);
+  gpu_fill_random(pinned, n, 77);
   CU(drv->cuMemcpyAsync(src, (CUdeviceptr)(uintptr_t)pinned, n, stream[0]));
   d[0] = h;
   d[1] = (void *)(uintptr_t)dbuf[0];
@@ -224,7 +214,7 @@ int main(void) {
     size_t n = 64 * MiB;
     for (int i = 0; i < ngpus - 1; i++)
       d[i] = (void *)(uintptr_t)dbuf[distinct[i]];
-    fill_random(pinned, n, 99);
+    gpu_fill_random(pinned, n, 99);
     CU(drv->cuCtxSetCurrent(ctx[0]));
     CU(drv->cuMemcpyHtoD(src, pinned, n));
     CHECK(gshm_broadcast_ex((const void *)(uintptr_t)src, d, ngpus - 1, n, NULL, &o) == 0,

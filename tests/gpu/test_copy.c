@@ -34,16 +34,6 @@ static CUdeviceptr src[2], dst[2];
 static unsigned char *rnd, *back;
 static size_t cap;
 
-static void fill_random(unsigned char *p, size_t n, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; i += 8) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    memcpy(p + i, &x, n - i < 8 ? n - i : 8);
-  }
-}
-
 static const char *mname(gshm_copy_method_t m) {
   return m == GSHM_COPY_ENGINE ? "ENGINE" : m == GSHM_COPY_SM ? "SM" : "AUTO";
 }
@@ -107,7 +97,7 @@ int main(void) {
   back = malloc(cap);
   if (!rnd || !back)
     return 1;
-  fill_random(rnd, cap + 1024, 42);
+  gpu_fill_random(rnd, cap + 1024, 42);
   for (int g = 0; g < n; g++) {
     CUdevice dev;
     CU(drv->cuDeviceGet(&dev, g));
