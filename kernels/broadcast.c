@@ -70,7 +70,11 @@ struct bgpu {
 static pthread_mutex_t bc_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct bgpu bgpus[MAX_GPUS];
 
-/* Events recorded on callers' streams, one per caller context. */
+/* Events recorded on callers' streams, one per caller context, never
+ * freed.  As with copy.c's per-context table, a context destroyed and then
+ * re-created at the same address would find a stale event (cuEventRecord
+ * then fails: -EINVAL or -EIO): broadcast from primary contexts, or from contexts
+ * that outlive their use of libgshm. */
 static struct {
   CUcontext ctx;
   CUevent ev;
