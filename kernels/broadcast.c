@@ -33,7 +33,9 @@
  * Streams and events belong to the GPUs' primary contexts, created on first
  * use and kept for the life of the process (like the primary contexts,
  * which gshm__copy_primary_ctx retains); one mutex covers a whole queueing,
- * so the pools need no finer locking. */
+ * so the pools need no finer locking.  The event that orders the streams
+ * after the caller's is the caller context's (gshm__copy_ctx_event), and
+ * peer access is what gshm__copy_enable_peer caches per context. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -64,22 +66,10 @@ struct bgpu {
   CUevent *ev;              /* pool, in ctx */
   int nev, used;            /* created, handed out in this broadcast */
   uint64_t used_mask[GSHM_BCAST_MAX_LANES]; /* stream[lane][other] used in this broadcast */
-  uint64_t peer_ok;         /* peer access enabled to these GPUs */
 };
 
 static pthread_mutex_t bc_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct bgpu bgpus[MAX_GPUS];
-
-/* Events recorded on callers' streams, one per caller context, never
- * freed.  As with copy.c's per-context table, a context destroyed and then
- * re-created at the same address would find a stale event (cuEventRecord
- * then fails: -EINVAL or -EIO): broadcast from primary contexts, or from contexts
- * that outlive their use of libgshm. */
-static struct {
-  CUcontext ctx;
-  CUevent ev;
-} start_ev[64];
-static int start_ev_len;
 
 /* Stream `lane` of those GPU g issues copies to or from GPU `other` on
  * (g == other: a copy within g).  Under bc_lock. */
@@ -94,13 +84,10 @@ static int pair_stream(const struct gshm_cudadrv *drv, int g, int other, int lan
     if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxPushCurrent, b->ctx)))
       return e;
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamCreate, slot, CU_STREAM_NON_BLOCKING);
-    if (!e && other != g && !(b->peer_ok >> other & 1)) {
+    if (!e && other != g)
       /* peer access from g to `other`, so the copy engine goes over NVLink
-       * directly (gshm__copy_enable_peer works on the current context) */
+       * directly (on the current context; cached there) */
       e = gshm__copy_enable_peer(other);
-      if (!e)
-        b->peer_ok |= 1ull << other;
-    }
     {
       CUcontext ignored;
       drv->cuCtxPopCurrent(&ignored);
@@ -140,27 +127,6 @@ static int pool_event(const struct gshm_cudadrv *drv, int g, CUevent *out) {
       return e;
   }
   *out = b->ev[b->used++];
-  return 0;
-}
-
-/* The start event of the current (caller's) context.  Under bc_lock. */
-static int caller_event(const struct gshm_cudadrv *drv, CUevent *out) {
-  CUcontext ctx = NULL;
-  int e;
-
-  if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxGetCurrent, &ctx)))
-    return e;
-  for (int i = 0; i < start_ev_len; i++)
-    if (start_ev[i].ctx == ctx) {
-      *out = start_ev[i].ev;
-      return 0;
-    }
-  if (start_ev_len == (int)(sizeof(start_ev) / sizeof(start_ev[0])))
-    return -ENOMEM;
-  if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuEventCreate, out, CU_EVENT_DISABLE_TIMING)))
-    return e;
-  start_ev[start_ev_len].ctx = ctx;
-  start_ev[start_ev_len++].ev = *out;
   return 0;
 }
 
@@ -245,7 +211,8 @@ static void make_plan(struct plan *p, gshm_broadcast_algo_t algo, int n, size_t 
  * the caller's stream is made to wait for the end of every stream used;
  * the caller's context is current again on return. */
 static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const void *src,
-                    void *const dsts[], const int *gpu, CUcontext caller, CUstream stream,
+                    void *const dsts[], const struct gshm__where *where, CUcontext caller,
+                    CUstream stream,
                     CUevent start, int push, int lanes, int ce_only) {
   const char *node_addr[MAX_DSTS + 1];
   CUevent node_ev[MAX_DSTS][MAX_DSTS + 1];
@@ -275,7 +242,7 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const 
       off += p->part_off[q];
       for (int k = 0; k < p->n && !e; k++) {
         int node = p->order[q][k], par = p->parent[q][node];
-        int from = gpu[par], to = gpu[node];
+        int from = where[par].ordinal, to = where[node].ordinal;
         int issuer = push ? from : to, other = push ? to : from;
         CUstream s;
 
@@ -301,11 +268,8 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const 
                       (CUdeviceptr)(uintptr_t)(node_addr[par] + off), len, s);
         } else {
           /* STAR: gshm_copy AUTO, SM kernels where they are faster */
-          struct gshm__where ws, wd;
-          gshm__copy_where(drv, node_addr[par], &ws);
-          gshm__copy_where(drv, node_addr[node], &wd);
           e = gshm__copy_in_ctx(drv, (void *)(node_addr[node] + off), node_addr[par] + off, len,
-                                GSHM_COPY_AUTO, s, &ws, &wd);
+                                GSHM_COPY_AUTO, s, &where[par], &where[node]);
         }
         if (e)
           break;
@@ -342,8 +306,8 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
                                   void *stream, const gshm_broadcast_opts_t *opts) {
   const struct gshm_cudadrv *drv;
   gshm_broadcast_opts_t o = {GSHM_BCAST_AUTO, 0, 0, 0};
-  struct gshm__where ws, wd;
-  int gpu[MAX_DSTS + 1], all_device = 1, pushed = 0, e;
+  struct gshm__where where[MAX_DSTS + 1]; /* [node]: 0 the source, 1 + i dsts[i] */
+  int all_device = 1, pushed = 0, e;
   CUcontext caller = NULL;
   CUevent start;
   struct plan *p;
@@ -360,18 +324,13 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
     return 0;
   if ((e = gshm__cudadrv_load(GSHM_LOG_ERR, &drv)))
     return e;
-  gshm__copy_where(drv, src, &ws);
-  if (!ws.device || ws.ordinal < 0 || ws.ordinal >= MAX_GPUS)
+  gshm__copy_where(drv, src, &where[0]);
+  if (!where[0].device || where[0].ordinal < 0 || where[0].ordinal >= MAX_GPUS)
     return -EINVAL;
-  gpu[0] = ws.ordinal;
   for (int i = 0; i < n; i++) {
-    gshm__copy_where(drv, dsts[i], &wd);
-    if (!wd.device || wd.ordinal < 0 || wd.ordinal >= MAX_GPUS) {
-      all_device = 0;
-      gpu[1 + i] = -1;
-      continue;
-    }
-    gpu[1 + i] = wd.ordinal;
+    struct gshm__where *w = &where[1 + i];
+    gshm__copy_where(drv, dsts[i], w);
+    all_device &= w->device && w->ordinal >= 0 && w->ordinal < MAX_GPUS;
   }
   if (o.algo == GSHM_BCAST_AUTO)
     o.algo = !all_device || n == 1 || bytes * (size_t)n <= AUTO_STAR_MAX_TOTAL ? GSHM_BCAST_STAR
@@ -392,17 +351,17 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
     return -ENOMEM;
   make_plan(p, o.algo, n, bytes, o.chunk_bytes);
 
-  if ((e = gshm__copy_enter_ctx(drv, (CUstream)stream, gpu[0], &pushed))) {
+  if ((e = gshm__copy_enter_ctx(drv, (CUstream)stream, where[0].ordinal, &pushed))) {
     free(p);
     return e;
   }
   drv->cuCtxGetCurrent(&caller);
   pthread_mutex_lock(&bc_lock);
-  e = caller_event(drv, &start);
+  e = gshm__copy_ctx_event(drv, &start);
   if (!e)
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuEventRecord, start, (CUstream)stream);
   if (!e)
-    e = run_plan(drv, p, src, dsts, gpu, caller, (CUstream)stream, start, !o.pull, o.lanes,
+    e = run_plan(drv, p, src, dsts, where, caller, (CUstream)stream, start, !o.pull, o.lanes,
                  o.algo != GSHM_BCAST_STAR);
   pthread_mutex_unlock(&bc_lock);
   gshm__copy_leave_ctx(drv, pushed);

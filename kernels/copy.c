@@ -44,6 +44,7 @@ struct kctx {
   CUmodule module;
   CUfunction fn[GSHM__K_COUNT];
   CUdeviceptr scratch;   /* 8 bytes: gshm_compare's counter */
+  CUevent order_ev;      /* gshm__copy_ctx_event's, created on first use */
   uint64_t peer_tried, peer_ok; /* by GPU ordinal */
 };
 
@@ -232,6 +233,21 @@ static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
   pthread_mutex_unlock(&table_lock);
   *k_out = k;
   return 0;
+}
+
+int gshm__copy_ctx_event(const struct gshm_cudadrv *drv, CUevent *out) {
+  struct kctx *k;
+  int e = kctx_current(drv, &k);
+
+  if (e)
+    return e;
+  pthread_mutex_lock(&table_lock);
+  if (!k->order_ev)
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuEventCreate, &k->order_ev, CU_EVENT_DISABLE_TIMING);
+  if (!e)
+    *out = k->order_ev;
+  pthread_mutex_unlock(&table_lock);
+  return e;
 }
 
 /* k with its module loaded. */

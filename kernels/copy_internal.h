@@ -89,6 +89,15 @@ void gshm__copy_leave_ctx(const struct gshm_cudadrv *drv, int pushed);
 /* GPU `ordinal`'s primary context, retained once for the process's life. */
 int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontext *out);
 
+/* An event of the current context, created on first use and kept with the
+ * context's entry in copy.c's table (so the same caveat applies: a
+ * context destroyed and re-created at the same address finds a stale
+ * event).  For ordering other streams after a caller's stream: record it,
+ * then wait for it (cuStreamWaitEvent captures the record at call time, so
+ * it may be recorded again at once).  Errors: -EINVAL no current context;
+ * -ENOMEM the table is full; driver errors. */
+int gshm__copy_ctx_event(const struct gshm_cudadrv *drv, CUevent *out);
+
 /* gshm_copy's body in the current context (which runs the copy), with the
  * addresses already classified.  Errors as gshm_copy. */
 int gshm__copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *src, size_t bytes,
