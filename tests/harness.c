@@ -161,3 +161,13 @@ int harness_gshmctl(struct harness *h, char **out, const char *const *args) {
     free(buf);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
+
+static struct harness *leftover;
+
+void harness_set_leftover(struct harness *h) { leftover = h; }
+
+void harness_kill_leftover(void) {
+  if (leftover && leftover->sp.pid > 0)
+    kill(leftover->sp.pid, SIGKILL);
+  leftover = NULL;
+}

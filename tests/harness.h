@@ -40,6 +40,14 @@ int harness_fd_count(pid_t pid);
  * while it is rewritten). */
 int harness_stable_fd_count(pid_t pid);
 
+/* A failed check in a test's teardown skips harness_stop; so that gshmd is
+ * never left behind (ctest would wait for it, holding the output pipe),
+ * harness_set_leftover remembers h (NULL: forgets it) and
+ * harness_kill_leftover, registered with atexit, SIGKILLs its gshmd (the
+ * pid is read at kill time, so a harness_restart is followed). */
+void harness_set_leftover(struct harness *h);
+void harness_kill_leftover(void);
+
 /* Resident set of a process in KiB (/proc/PID/status VmRSS), -1 on error. */
 long harness_rss_kib(pid_t pid);
 

@@ -38,6 +38,17 @@ static int failures;
     }                                                                          \
   } while (0)
 
+/* A CUDA driver call that must succeed; else the process exits 1.  (The
+ * file that uses it includes cudadrv.h.) */
+#define CU(call)                                                                \
+  do {                                                                          \
+    CUresult r_ = (call);                                                       \
+    if (r_ != CUDA_SUCCESS) {                                                   \
+      fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #call, (int)r_);  \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
 /* Fills p[0..n-1] with xorshift64 bytes from `seed`: fresh, non-zero-ish
  * data for the GPU tests (never measure or compare on zeros). */
 static inline void gpu_fill_random(unsigned char *p, size_t n, uint64_t seed) {

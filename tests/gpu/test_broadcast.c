@@ -32,15 +32,6 @@
 #define MAX_N 8
 #define CAP (256 * MiB + 4096)
 
-#define CU(call)                                                                \
-  do {                                                                          \
-    CUresult r_ = (call);                                                       \
-    if (r_ != CUDA_SUCCESS) {                                                   \
-      fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #call, (int)r_);  \
-      exit(1);                                                                  \
-    }                                                                           \
-  } while (0)
-
 static const struct gshm_cudadrv *drv;
 static int ngpus;
 static CUcontext ctx[MAX_GPUS];

@@ -18,14 +18,6 @@
 #define GUARD_BYTE 0xA5
 
 #include "gpu_check.h"
-#define CU(call)                                                         \
-  do {                                                                   \
-    CUresult r_ = (call);                                                \
-    if (r_ != CUDA_SUCCESS) {                                            \
-      fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #call, (int)r_); \
-      exit(1);                                                           \
-    }                                                                    \
-  } while (0)
 
 static const struct gshm_cudadrv *drv;
 static CUcontext ctx[2];

@@ -86,16 +86,6 @@ static void raise_nofile(void) {
   }
 }
 
-/* A failed check in teardown skips harness_stop; never leave gshmd
- * behind (ctest would wait for it, holding the output pipe). */
-static struct fx *running;
-
-static void kill_leftover(void) {
-  if (running && running->h.sp.pid > 0)
-    kill(running->h.sp.pid, SIGKILL);
-  running = NULL;
-}
-
 static int setup(void **state) {
   static const char *const args[] = {"--set", "limits.max_connections=2000", "--set",
                                      "limits.partial_timeout_ms=1000", NULL};
@@ -103,7 +93,7 @@ static int setup(void **state) {
 
   signal(SIGPIPE, SIG_IGN);
   raise_nofile();
-  kill_leftover();
+  harness_kill_leftover();
   if (!f || harness_start(&f->h, args))
     return -1;
   if (gshm_connect(f->h.socket_path, "bystander", &f->bystander) ||
@@ -123,7 +113,7 @@ static int setup(void **state) {
   }
   f->baseline_fds = harness_stable_fd_count(f->h.sp.pid);
   f->baseline_rss = harness_rss_kib(f->h.sp.pid);
-  running = f;
+  harness_set_leftover(&f->h);
   *state = f;
   return 0;
 }
@@ -234,7 +224,7 @@ static int teardown(void **state) {
   gshm_close(f->kept);
   gshm_disconnect(f->bystander);
   status = harness_stop(&f->h);
-  running = NULL;
+  harness_set_leftover(NULL);
   free(f);
   return status == 0 ? 0 : -1;
 }
@@ -865,6 +855,6 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_slowloris, setup, teardown),
       cmocka_unit_test_setup_teardown(test_never_reads_replies, setup, teardown),
   };
-  atexit(kill_leftover);
+  atexit(harness_kill_leftover);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

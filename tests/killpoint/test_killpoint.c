@@ -44,25 +44,16 @@ struct fx {
   int baseline_fds;
 };
 
-static struct fx *running;
-
-static void kill_leftover(void) {
-  if (running && running->h.sp.pid > 0)
-    kill(running->h.sp.pid, SIGKILL);
-  running = NULL;
-}
-
-
 static int setup(void **state) {
   struct fx *f = calloc(1, sizeof(*f));
 
-  kill_leftover();
+  harness_kill_leftover();
   if (!f || harness_start(&f->h, NULL))
     return -1;
   if (gshm_connect(f->h.socket_path, "watcher", &f->watcher))
     return -1;
   f->baseline_fds = harness_stable_fd_count(f->h.sp.pid);
-  running = f;
+  harness_set_leftover(&f->h);
   *state = f;
   return 0;
 }
@@ -73,7 +64,7 @@ static int teardown(void **state) {
 
   gshm_disconnect(f->watcher);
   status = harness_stop(&f->h);
-  running = NULL;
+  harness_set_leftover(NULL);
   free(f);
   return status == 0 ? 0 : -1;
 }
@@ -370,6 +361,6 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_kill_with_request_in_flight, setup, teardown),
   };
   signal(SIGPIPE, SIG_IGN);
-  atexit(kill_leftover);
+  atexit(harness_kill_leftover);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
