@@ -259,10 +259,7 @@ int gshm__spawn_start(struct gshm_spawn *s, const char *gshmd_path, const char *
     if (gshm__now_ns(CLOCK_MONOTONIC) > deadline) {
       /* Never leave a daemon behind that nobody will stop (it would keep
        * a test runner's output pipe open until its timeout). */
-      kill(s->pid, SIGKILL);
-      while (waitpid(s->pid, &status, 0) < 0 && errno == EINTR)
-        ;
-      s->pid = 0;
+      gshm__spawn_stop(s, SIGKILL);
       return -ETIMEDOUT;
     }
   }

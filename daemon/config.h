@@ -37,7 +37,7 @@ struct gshmd_config {
   uint32_t max_fds_per_connection; /* fds a client may send in one packet: 0 */
   uint32_t max_packet;             /* bytes, default 65536 */
   uint32_t max_name;               /* bytes, default 255 */
-  uint32_t max_inflight;           /* requests queued per connection, default 16 */
+  uint32_t max_inflight;           /* replies/events queued for a slow reader, default 16 */
   uint64_t max_segment_size;       /* bytes, default 0 = no limit */
   uint32_t idle_timeout_ms;        /* default 0 = never */
   uint32_t partial_timeout_ms;     /* default 5000 */

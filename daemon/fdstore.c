@@ -147,7 +147,7 @@ static void segment_added(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
   char name[64];
   int fd, e;
 
-  if (reserve_ids(fs) || !fs->enabled)
+  if (reserve_ids(fs)) /* also when it disabled the store */
     return;
   if (!b->ops->park_fd) {
     gshm_log_warn("fd store: segment %" PRIu64 " cannot be parked (backend)", seg->id);

@@ -20,6 +20,7 @@
 #include "config.h"
 #include "fdstore.h"
 #include "log.h"
+#include "metrics.h"
 #include "metrics_http.h"
 #include "registry.h"
 #include "server.h"
@@ -212,7 +213,6 @@ static void update_status(struct daemon *d) {
 
 static void on_status_timer(uv_timer_t *t) { update_status(t->data); }
 
-extern int gshmd_metrics_write_textfile(struct gshmd_server *s, const char *path);
 
 static void on_metrics_timer(uv_timer_t *t) {
   struct daemon *d = t->data;
@@ -253,7 +253,7 @@ static int setup_timers(struct daemon *d) {
     uint64_t ms = (uint64_t)d->cfg.metrics_interval_sec * 1000;
     uv_timer_init(&d->loop, &d->metrics_timer);
     d->metrics_timer.data = d;
-    uv_timer_start(&d->metrics_timer, on_metrics_timer, 0, ms ? ms : 1000);
+    uv_timer_start(&d->metrics_timer, on_metrics_timer, 0, ms); /* interval_sec >= 1 */
     uv_unref((uv_handle_t *)&d->metrics_timer);
     d->metrics_timer_on = true;
   }

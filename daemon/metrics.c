@@ -12,12 +12,11 @@
 
 #include "config.h"
 #include "gshm.pb-c.h"
+#include "metrics.h"
 #include "registry.h"
 #include "server.h"
 #include "log.h"
 #include "util.h"
-
-int gshmd_metrics_render(struct gshmd_server *s, char **text_out);
 
 static const char *const op_names[GSHM_WIRE_TYPE_MAX + 1] = {
     [GSHM_WIRE_HELLO] = "hello",
@@ -160,11 +159,7 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   return 0;
 }
 
-/* Writes the exposition to cfg->metrics_textfile atomically: a temporary
- * file in the same directory (named so that node_exporter's *.prom glob
- * never reads it half-written), fsync, mode 0644, rename over the target.
- * Returns 0 or a negative errno (logged once per distinct error). */
-int gshmd_metrics_write_textfile(struct gshmd_server *s, const char *path);
+/* metrics.h */
 int gshmd_metrics_write_textfile(struct gshmd_server *s, const char *path) {
   static int last_err;
   char tmp[4200], *text = NULL;

@@ -10,8 +10,7 @@
 #include <sys/socket.h>
 
 #include "log.h"
-
-int gshmd_metrics_render(struct gshmd_server *s, char **text_out);
+#include "metrics.h"
 
 /* Parses a loopback "ADDR:PORT" into sa.  Returns 0 or -EINVAL. */
 static int parse_loopback(const char *listen, struct sockaddr_storage *sa, socklen_t *len) {

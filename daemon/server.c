@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "metrics.h"
 #include "registry.h"
 #include "errors.h"
 #include "util.h"
@@ -43,7 +44,8 @@ struct conn {
   struct gshm_list node;
   /* Packets that did not fit in the socket buffer.  While any wait we
    * read nothing more from this client (backpressure): the queue holds at
-   * most one reply plus the events sent meanwhile, capped at OUTQ_MAX. */
+   * most one reply plus the events sent meanwhile, capped at the config's
+   * limits.max_inflight (then the client is dropped). */
   struct gshm_list outq;
   unsigned noutq;
   int64_t accepted_ns, last_ns; /* CLOCK_MONOTONIC: timeouts */
@@ -650,7 +652,6 @@ static int handle_map_report(struct req *q, Gshm__MapReport *m) {
   return 0;
 }
 
-extern int gshmd_metrics_render(struct gshmd_server *s, char **text_out);
 
 static int handle_metrics(struct req *q) {
   char *text = NULL;

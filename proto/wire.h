@@ -33,7 +33,7 @@ enum gshm_wire_type {
   GSHM_WIRE_LIST_CLIENTS = 9,  /* ListRequest -> Reply{clients} */
   GSHM_WIRE_STATUS = 10,       /* Empty -> Reply{status_info} */
   GSHM_WIRE_DEVICES = 11,      /* Empty -> Reply{devices} */
-  GSHM_WIRE_MAP_REPORT = 12,   /* MapReport -> Reply{} */
+  GSHM_WIRE_MAP_REPORT = 12,   /* MapReport -> Reply{}; none when request_id is 0 */
   GSHM_WIRE_METRICS = 13,      /* Empty -> Reply{text} */
   GSHM_WIRE_CHMOD = 14,        /* ChmodRequest -> Reply{segment} */
   GSHM_WIRE_CHOWN = 15,        /* ChownRequest -> Reply{segment} */
