@@ -22,6 +22,18 @@ struct usage {
 static void *usage_root;
 static char msgbuf[512];
 
+/* Adds (sign +1) or removes (-1) segment memory m, NULL for none, to u's
+ * usage: one segment and its bytes on the host or the GPUs. */
+static void usage_charge(struct usage *u, const struct gshmd_alloc *m, int sign) {
+  uint64_t size = m ? m->size : 0;
+
+  if (m && m->device_index >= 0)
+    u->cuda_bytes += sign > 0 ? size : -size;
+  else
+    u->host_bytes += sign > 0 ? size : -size;
+  u->segments += sign > 0 ? 1u : -1u;
+}
+
 static int cmp_name(const void *a, const void *b) {
   return strcmp(((const struct gshmd_segment *)a)->name, ((const struct gshmd_segment *)b)->name);
 }
@@ -85,13 +97,8 @@ static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg) {
   gshm_list_del(&seg->node);
   r->nsegments--;
   r->bytes -= size;
-  if (u) {
-    if (seg->mem && seg->mem->device_index >= 0)
-      u->cuda_bytes -= size;
-    else
-      u->host_bytes -= size;
-    u->segments--;
-  }
+  if (u)
+    usage_charge(u, seg->mem, -1);
   if (r->on_event)
     r->on_event(r, seg, GSHMD_SEGMENT_FREED);
   gshm_log_info("segment '%s' id %" PRIu64 " freed (%" PRIu64 " bytes)", seg->name, seg->id,
@@ -148,6 +155,23 @@ static const char *fmt_msg(const char *fmt, ...) {
   vsnprintf(msgbuf, sizeof(msgbuf), fmt, ap);
   va_end(ap);
   return msgbuf;
+}
+
+/* The errors of the requests that name a segment (open, unlink,
+ * chmod, chown, revoke): each sets *msg_out and returns the errno. */
+static int no_segment(const char *name, const char **msg_out) {
+  *msg_out = fmt_msg("no segment named '%s'", name);
+  return -ENOENT;
+}
+
+/* Unlink, chmod, chown: the segment's owner or an admin. */
+static bool may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg) {
+  return c->cred.admin || c->cred.uid == seg->uid;
+}
+
+static int not_owner(const struct gshmd_segment *seg, const char **msg_out) {
+  *msg_out = fmt_msg("segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid);
+  return -EACCES;
 }
 
 int gshmd_registry_client_add(struct gshmd_registry *r, const struct gshmd_cred *cred,
@@ -392,11 +416,7 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
   gshm_list_add_tail(&r->segments, &seg->node);
   r->nsegments++;
   r->bytes += mem->size;
-  u->segments++;
-  if (cuda)
-    u->cuda_bytes += mem->size;
-  else
-    u->host_bytes += mem->size;
+  usage_charge(u, mem, +1);
   gshm_log_info("segment '%s' id %" PRIu64 " created: %s at %s, mode %04o, uid %u, by pid %d",
                 seg->name, seg->id, gshm__format_size(mem->size, s, sizeof(s)), mem->location,
                 mode, (unsigned)seg->uid, (int)c->cred.pid);
@@ -439,8 +459,7 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
         *msg_out = e == -ENAMETOOLONG ? "name too long" : "bad name";
         return e;
       }
-      *msg_out = fmt_msg("no segment named '%s'", req->name);
-      return -ENOENT;
+      return no_segment(req->name, msg_out);
     }
   }
   if (!gshmd_registry_may_access(c, seg, access)) {
@@ -473,14 +492,10 @@ int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, cons
                           const char **msg_out) {
   struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
 
-  if (!seg) {
-    *msg_out = fmt_msg("no segment named '%s'", name);
-    return -ENOENT;
-  }
-  if (!c->cred.admin && c->cred.uid != seg->uid) {
-    *msg_out = fmt_msg("segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid);
-    return -EACCES;
-  }
+  if (!seg)
+    return no_segment(name, msg_out);
+  if (!may_manage(c, seg))
+    return not_owner(seg, msg_out);
   tdelete(seg, &r->by_name, cmp_name);
   seg->unlinked = true;
   gshm_log_info("segment '%s' id %" PRIu64 " unlinked by pid %d (%u leases remain)", seg->name,
@@ -555,11 +570,7 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
   }
   r->nsegments++;
   r->bytes += mem->size;
-  u->segments++;
-  if (mem->device_index >= 0)
-    u->cuda_bytes += mem->size;
-  else
-    u->host_bytes += mem->size;
+  usage_charge(u, mem, +1);
   if (seg->id >= r->next_segment_id)
     r->next_segment_id = seg->id + 1;
   if (seg->generation >= r->next_generation)
@@ -585,18 +596,14 @@ int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const
                          uint32_t mode, const char **msg_out) {
   struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
 
-  if (!seg) {
-    *msg_out = fmt_msg("no segment named '%s'", name);
-    return -ENOENT;
-  }
+  if (!seg)
+    return no_segment(name, msg_out);
   if (mode & ~0777u) {
     *msg_out = fmt_msg("mode %o has bits outside 0777", mode);
     return -EINVAL;
   }
-  if (!c->cred.admin && c->cred.uid != seg->uid) {
-    *msg_out = fmt_msg("segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid);
-    return -EACCES;
-  }
+  if (!may_manage(c, seg))
+    return not_owner(seg, msg_out);
   gshm_log_info("segment '%s' mode %04o -> %04o by pid %d uid %u", seg->name, seg->mode, mode,
                 (int)c->cred.pid, (unsigned)c->cred.uid);
   seg->mode = mode;
@@ -609,21 +616,15 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
                          int64_t uid, int64_t gid, const char **msg_out) {
   struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
   struct usage *from, *to;
-  uint64_t size;
-  bool cuda;
 
-  if (!seg) {
-    *msg_out = fmt_msg("no segment named '%s'", name);
-    return -ENOENT;
-  }
+  if (!seg)
+    return no_segment(name, msg_out);
   if (uid < -1 || uid > (int64_t)UINT32_MAX - 1 || gid < -1 || gid > (int64_t)UINT32_MAX - 1) {
     *msg_out = "uid and gid must be 0..4294967294, or -1 to keep";
     return -EINVAL;
   }
-  if (!c->cred.admin && c->cred.uid != seg->uid) {
-    *msg_out = fmt_msg("segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid);
-    return -EACCES;
-  }
+  if (!may_manage(c, seg))
+    return not_owner(seg, msg_out);
   if (uid >= 0 && (uid_t)uid != seg->uid && !c->cred.admin) {
     *msg_out = "only an admin gives a segment to another user";
     return -EPERM;
@@ -636,17 +637,8 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
     /* Quota usage follows the owner. */
     if (!(from = usage_get(seg->uid)) || !(to = usage_get((uid_t)uid)))
       return -ENOMEM;
-    size = seg->mem->size;
-    cuda = seg->mem->device_index >= 0;
-    from->segments--;
-    to->segments++;
-    if (cuda) {
-      from->cuda_bytes -= size;
-      to->cuda_bytes += size;
-    } else {
-      from->host_bytes -= size;
-      to->host_bytes += size;
-    }
+    usage_charge(from, seg->mem, -1);
+    usage_charge(to, seg->mem, +1);
     seg->uid = (uid_t)uid;
   }
   if (gid >= 0)
@@ -663,10 +655,8 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
   struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
   unsigned n;
 
-  if (!seg) {
-    *msg_out = fmt_msg("no segment named '%s'", name);
-    return -ENOENT;
-  }
+  if (!seg)
+    return no_segment(name, msg_out);
   if (!c->cred.admin) {
     *msg_out = "revoke is for admins (root or the admin group)";
     return -EPERM;
