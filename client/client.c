@@ -364,13 +364,11 @@ static int segment_new(struct gshm__lease *l, gshm_segment_t **seg_out) {
   return 0;
 }
 
-/* Builds a lease from a grant reply; takes fd. */
-static int lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
-                            gshm_segment_t **seg_out) {
+int gshm__lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
+                           gshm_segment_t **seg_out) {
   struct gshm__lease *l;
-  int e;
-
   bool legacy;
+  int e;
 
   if (reply->body_case != GSHM__REPLY__BODY_GRANT || !reply->grant->segment) {
     if (fd >= 0)
@@ -386,7 +384,8 @@ static int lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
     return -EPROTO;
   }
   if (!(l = calloc(1, sizeof(*l)))) {
-    close(fd);
+    if (fd >= 0)
+      close(fd);
     return -ENOMEM;
   }
   l->client = c;
@@ -394,10 +393,10 @@ static int lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
   l->access = reply->grant->access == GSHM__ACCESS__ACCESS_READ ? GSHM_ACCESS_READ
                                                                  : GSHM_ACCESS_READ_WRITE;
   l->fd = fd;
-  l->legacy = legacy;
   info_from_wire(&l->info, reply->grant->segment);
   if ((e = segment_new(l, seg_out))) {
-    close(fd);
+    if (fd >= 0)
+      close(fd);
     free(l);
     return e;
   }
@@ -424,7 +423,7 @@ int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *l
   pthread_mutex_lock(&c->lock);
   e = gshm__request(c, GSHM_WIRE_CREATE, &m.base, &reply, &fd);
   if (!e) {
-    e = lease_from_grant(c, reply, fd, seg_out);
+    e = gshm__lease_from_grant(c, reply, fd, seg_out);
     gshm__reply__free_unpacked(reply, NULL);
   }
   pthread_mutex_unlock(&c->lock);
@@ -436,8 +435,9 @@ static struct gshm__lease *cached_lease(struct gshm_client *c, const char *name,
                                         gshm_access_t access) {
   drain_events(c);
   for (struct gshm__lease *l = c->leases; l; l = l->next)
-    /* Same access only: a read-only open must not get a writable mapping. */
-    if (!l->unlinked && !l->revoked && !l->legacy && l->lease_id && l->access == access &&
+    /* Same access only: a read-only open must not get a writable mapping;
+     * never a legacy-IPC lease (it has no fd to map). */
+    if (!l->unlinked && !l->revoked && l->fd >= 0 && l->lease_id && l->access == access &&
         !strcmp(l->info.name, name))
       return l;
   return NULL;
@@ -464,7 +464,7 @@ int gshm_open(gshm_client_t *c, const char *name, gshm_access_t access, gshm_seg
                                         : GSHM__ACCESS__ACCESS_READ_WRITE;
   e = gshm__request(c, GSHM_WIRE_OPEN, &m.base, &reply, &fd);
   if (!e) {
-    e = lease_from_grant(c, reply, fd, seg_out);
+    e = gshm__lease_from_grant(c, reply, fd, seg_out);
     gshm__reply__free_unpacked(reply, NULL);
   }
   pthread_mutex_unlock(&c->lock);
@@ -887,19 +887,23 @@ int gshm_chown(gshm_client_t *c, const char *name, uint32_t uid, uint32_t gid) {
 
 int gshm_revoke(gshm_client_t *c, const char *name) {
   Gshm__RevokeRequest m = GSHM__REVOKE_REQUEST__INIT;
+  Gshm__Reply *reply = NULL;
   int e;
 
   if (!c || !name)
     return -EINVAL;
   m.name = (char *)name;
-  e = simple_request(c, GSHM_WIRE_REVOKE, &m.base);
-  /* gshmd tells every other holder; our own leases on it learn it here. */
+  /* As gshm_unlink: request and marking under one lock, so that no other
+   * thread's open is served a revoked lease from the cache in between.
+   * gshmd tells every other holder; our own leases on it learn it here. */
+  pthread_mutex_lock(&c->lock);
+  e = gshm__request(c, GSHM_WIRE_REVOKE, &m.base, &reply, NULL);
   if (!e) {
-    pthread_mutex_lock(&c->lock);
+    gshm__reply__free_unpacked(reply, NULL);
     for (struct gshm__lease *l = c->leases; l; l = l->next)
       if (!l->unlinked && !strcmp(l->info.name, name))
         l->unlinked = l->revoked = true;
-    pthread_mutex_unlock(&c->lock);
   }
+  pthread_mutex_unlock(&c->lock);
   return e;
 }

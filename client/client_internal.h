@@ -25,7 +25,6 @@ struct gshm__lease {
   int refs;                /* gshm_segment_t objects using this lease */
   bool unlinked;           /* name gone: never served to new opens */
   bool revoked;            /* the daemon ended the lease */
-  bool legacy;             /* a legacy-IPC lease: no fd, never cached */
   /* The mapping, shared by every segment object of this lease. */
   void *addr;
   uint64_t map_size;
@@ -62,6 +61,15 @@ struct gshm_client {
  * c->last_error; *reply_out is then not set. */
 int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
                   Gshm__Reply **reply_out, int *fd_out);
+
+/* Builds a lease of c, and a segment object on it in *seg_out, from a
+ * LeaseGrant reply (which the caller still frees) and the fd that came with
+ * it (owned: kept in the lease, or closed on error).  A grant carries an
+ * fd, or, for a legacy-IPC open, no fd and the 64-byte handle; such a lease
+ * has fd -1 and is never served by the lease cache.  Caller holds c->lock.
+ * Errors: -EPROTO not a grant, or fd and handle not as above; -ENOMEM. */
+int gshm__lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
+                           gshm_segment_t **seg_out);
 
 /* Removes l's mapping (host munmap or device unmap), whoever holds it, and
  * tells the daemon when `report`.  Returns 0 or the unmap's error.  Caller

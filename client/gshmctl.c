@@ -391,6 +391,21 @@ static int parse_bytes(const char *what, const char *s, uint64_t *out) {
   return e;
 }
 
+/* Mode bits in octal, 0000..0777; prints the usage error for verb `what`. */
+static int parse_mode(const char *what, const char *s, uint32_t *out) {
+  unsigned long v;
+  char *end;
+
+  errno = 0;
+  v = strtoul(s, &end, 8);
+  if (errno || *end || !*s || v > 0777) {
+    fprintf(stderr, "gshmctl: %s: mode '%s' is not octal 0000..0777\n", what, s);
+    return -EINVAL;
+  }
+  *out = (uint32_t)v;
+  return 0;
+}
+
 static int cmd_create(gshm_client_t *c, int argc, char **argv) {
   static const struct option opts[] = {{"location", required_argument, NULL, 'l'},
                                        {"mode", required_argument, NULL, 'm'},
@@ -405,18 +420,13 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
 
   optind = 0; /* glibc: 0 re-initialises getopt for the verb's own options */
   while ((o = getopt_long(argc, argv, "l:m:", opts, NULL)) != -1) {
-    char *end;
     switch (o) {
     case 'l':
       location = optarg;
       break;
     case 'm':
-      errno = 0;
-      mode = (uint32_t)strtoul(optarg, &end, 8);
-      if (errno || *end || !*optarg || mode > 0777) {
-        fprintf(stderr, "gshmctl: create: mode '%s' is not octal 0000..0777\n", optarg);
+      if (parse_mode("create", optarg, &mode))
         return EXIT_USAGE;
-      }
       break;
     case 'L':
       flags |= GSHM_CREATE_LEGACY_IPC;
@@ -452,37 +462,37 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
   return EXIT_OK;
 }
 
-static int cmd_unlink(gshm_client_t *c, int argc, char **argv) {
+/* unlink NAME, revoke NAME: one call on a name, "DONE 'NAME'" or {} . */
+static int cmd_by_name(gshm_client_t *c, int argc, char **argv, const char *verb,
+                       int (*fn)(gshm_client_t *, const char *), const char *done) {
   int e;
   if (argc != 2) {
-    fprintf(stderr, "gshmctl: unlink NAME\n");
+    fprintf(stderr, "gshmctl: %s NAME\n", verb);
     return EXIT_USAGE;
   }
-  if ((e = gshm_unlink(c, argv[1])))
-    return fail(c, "unlink", e);
-  if (!json_out)
-    printf("unlinked '%s'\n", argv[1]);
-  else
+  if ((e = fn(c, argv[1])))
+    return fail(c, verb, e);
+  if (json_out)
     return print_json(json_doc());
+  printf("%s '%s'\n", done, argv[1]);
   return EXIT_OK;
 }
 
+static int cmd_unlink(gshm_client_t *c, int argc, char **argv) {
+  return cmd_by_name(c, argc, argv, "unlink", gshm_unlink, "unlinked");
+}
+
 static int cmd_chmod(gshm_client_t *c, int argc, char **argv) {
-  unsigned long mode;
-  char *end;
+  uint32_t mode;
   int e;
 
   if (argc != 3) {
     fprintf(stderr, "gshmctl: chmod NAME MODE\n");
     return EXIT_USAGE;
   }
-  errno = 0;
-  mode = strtoul(argv[2], &end, 8);
-  if (errno || *end || !*argv[2] || mode > 0777) {
-    fprintf(stderr, "gshmctl: chmod: mode '%s' is not octal 0000..0777\n", argv[2]);
+  if (parse_mode("chmod", argv[2], &mode))
     return EXIT_USAGE;
-  }
-  if ((e = gshm_chmod(c, argv[1], (uint32_t)mode)))
+  if ((e = gshm_chmod(c, argv[1], mode)))
     return fail(c, "chmod", e);
   return json_out ? print_json(json_doc()) : EXIT_OK;
 }
@@ -542,16 +552,7 @@ static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
 }
 
 static int cmd_revoke(gshm_client_t *c, int argc, char **argv) {
-  int e;
-  if (argc != 2) {
-    fprintf(stderr, "gshmctl: revoke NAME\n");
-    return EXIT_USAGE;
-  }
-  if ((e = gshm_revoke(c, argv[1])))
-    return fail(c, "revoke", e);
-  if (!json_out)
-    printf("revoked '%s'\n", argv[1]);
-  return json_out ? print_json(json_doc()) : EXIT_OK;
+  return cmd_by_name(c, argc, argv, "revoke", gshm_revoke, "revoked");
 }
 
 static int write_all(int fd, const void *buf, size_t n) {

@@ -301,10 +301,6 @@ int gshm_open_legacy_ipc(gshm_client_t *c, const char *name,
                          gshm_segment_t **seg_out) {
   Gshm__OpenRequest m = GSHM__OPEN_REQUEST__INIT;
   Gshm__Reply *reply = NULL;
-  struct gshm__lease *l;
-  struct gshm_segment *s;
-  const Gshm__LeaseGrant *g;
-  const Gshm__SegmentInfo *i;
   int fd = -1, e;
 
   if (!c || !name || !handle_out || !seg_out)
@@ -317,50 +313,9 @@ int gshm_open_legacy_ipc(gshm_client_t *c, const char *name,
   pthread_mutex_lock(&c->lock);
   if ((e = gshm__request(c, GSHM_WIRE_OPEN, &m.base, &reply, &fd)))
     goto unlock;
-  if (fd >= 0)
-    close(fd); /* not expected with a legacy grant */
-  g = reply->body_case == GSHM__REPLY__BODY_GRANT ? reply->grant : NULL;
-  if (!g || !g->segment || g->legacy_ipc_handle.len != GSHM_LEGACY_IPC_HANDLE_SIZE) {
-    e = -EPROTO;
-    goto free_reply;
-  }
-  l = calloc(1, sizeof(*l));
-  s = calloc(1, sizeof(*s));
-  if (!l || !s) {
-    free(l);
-    free(s);
-    e = -ENOMEM;
-    goto free_reply;
-  }
-  i = g->segment;
-  l->client = c;
-  l->lease_id = g->lease_id;
-  l->access = GSHM_ACCESS_READ_WRITE;
-  l->fd = -1;
-  /* Never served to gshm_open() by the lease cache: it has no fd. */
-  l->unlinked = true;
-  l->info.id = i->id;
-  l->info.generation = i->generation;
-  snprintf(l->info.name, sizeof(l->info.name), "%s", i->name);
-  l->info.size = i->size;
-  l->info.requested_size = i->requested_size;
-  l->info.granularity = i->granularity;
-  snprintf(l->info.location, sizeof(l->info.location), "%s", i->location);
-  l->info.device_index = i->device_index;
-  l->info.uid = i->uid;
-  l->info.gid = i->gid;
-  l->info.mode = i->mode;
-  l->info.flags = i->flags;
-  l->info.unlinked = i->state == GSHM__SEGMENT_STATE__SEGMENT_STATE_UNLINKED;
-  l->info.leases = i->leases;
-  l->info.created_ns = i->created_ns;
-  l->refs = 1;
-  l->next = c->leases;
-  c->leases = l;
-  s->lease = l;
-  memcpy(handle_out, g->legacy_ipc_handle.data, GSHM_LEGACY_IPC_HANDLE_SIZE);
-  *seg_out = s;
-free_reply:
+  /* a grant with the handle and no fd (else -EPROTO) */
+  if (!(e = gshm__lease_from_grant(c, reply, fd, seg_out)))
+    memcpy(handle_out, reply->grant->legacy_ipc_handle.data, GSHM_LEGACY_IPC_HANDLE_SIZE);
   gshm__reply__free_unpacked(reply, NULL);
 unlock:
   pthread_mutex_unlock(&c->lock);
