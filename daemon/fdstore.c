@@ -105,7 +105,9 @@ static int store_meta(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
 
 /* Makes sure every id the registry may hand out next is below a stored
  * limit, so that ids and generations are never reused after a restart.
- * Written once per ID_BLOCK ids. */
+ * Called after every id is taken (segment, generation, session, lease);
+ * writes a record once per ID_BLOCK segment ids or generations and once per
+ * 16 x ID_BLOCK session or lease ids. */
 static int reserve_ids(struct gshmd_fdstore *fs) {
   struct gshmd_registry *r = fs->reg;
   Gshm__StateTable t = GSHM__STATE_TABLE__INIT;
@@ -172,6 +174,9 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
   if (!fs || !fs->enabled)
     return;
   switch (event) {
+  case GSHMD_IDS_USED:
+    reserve_ids(fs);
+    break;
   case GSHMD_SEGMENT_CREATED:
     segment_added(fs, seg);
     break;

@@ -24,7 +24,7 @@ struct gshmd_fdstore {
   uint64_t ids_version;
 };
 
-/* Hooks the registry (segment created/changed/freed).  Returns 0. */
+/* Hooks the registry (segment created/changed/freed, ids taken).  Returns 0. */
 int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg);
 
 /* Adopts "seg-*", "meta-*-*" and "ids-*" fds from fds[0..n) (names from

@@ -189,6 +189,8 @@ int gshmd_registry_client_add(struct gshmd_registry *r, const struct gshmd_cred 
   if (!(c = calloc(1, sizeof(*c))))
     return -ENOMEM;
   c->session_id = r->next_session_id++;
+  if (r->on_event)
+    r->on_event(r, NULL, GSHMD_IDS_USED);
   c->cred = *cred;
   c->since_ns = gshm__now_ns(CLOCK_REALTIME);
   gshm_list_init(&c->leases);
@@ -277,6 +279,8 @@ static int lease_add(struct gshmd_registry *r, struct gshmd_client *c, struct gs
   if (!(l = calloc(1, sizeof(*l))))
     return -ENOMEM;
   l->id = r->next_lease_id++;
+  if (r->on_event)
+    r->on_event(r, NULL, GSHMD_IDS_USED);
   l->seg = seg;
   l->client = c;
   l->access = access;

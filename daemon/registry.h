@@ -72,6 +72,7 @@ enum gshmd_segment_event {
   GSHMD_SEGMENT_UNLINKED = 2,
   GSHMD_SEGMENT_FREED = 3,
   GSHMD_SEGMENT_CHANGED = 4, /* owner or mode */
+  GSHMD_IDS_USED = 5,        /* a session or lease id was handed out; seg is NULL */
 };
 
 struct gshmd_registry {
@@ -85,8 +86,9 @@ struct gshmd_registry {
   uint64_t next_segment_id, next_generation, next_lease_id, next_session_id;
   uint32_t nsegments, nclients, nleases;
   uint64_t bytes;              /* allocated by all segments */
-  /* Segment events, for the fd store (daemon/fdstore.c): called after a
-   * create, an unlink and just before the memory is freed. */
+  /* Events, for the fd store (daemon/fdstore.c): called after a create,
+   * an unlink, an owner or mode change, just before the memory is freed,
+   * and after a session or lease id is taken (GSHMD_IDS_USED, seg NULL). */
   void (*on_event)(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
   void *user;
 };

@@ -194,6 +194,58 @@ static void test_unlinked_but_leased_survives(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
+/* The largest lease id among this client's view of the leases. */
+static uint64_t max_lease_id(gshm_client_t *c) {
+  gshm_lease_info_t *leases;
+  size_t n;
+  uint64_t max = 0;
+
+  assert_int_equal(gshm_list_leases(c, &leases, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    if (leases[i].lease_id > max)
+      max = leases[i].lease_id;
+  gshm_free(leases);
+  return max;
+}
+
+/* Lease ids handed out after a restart are above every one handed out
+ * before it, also when far more leases than segments were taken (the ids
+ * record is renewed as lease ids advance, not only on segment creation:
+ * 16 x 4096 = 65536 lease ids are reserved per record). */
+static void test_lease_ids_unique_across_restart(void **state) {
+  struct harness h;
+  gshm_client_t *c, *fresh;
+  gshm_segment_t *s, *again;
+  uint64_t before;
+
+  (void)state;
+  assert_int_equal(harness_start(&h, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "churn", &c), 0);
+  assert_int_equal(gshm_create(c, "churned", 4096, NULL, 0644, 0, &s), 0);
+  for (int i = 0; i < 16 * 4096 + 64; i++) {
+    assert_int_equal(gshm_open(c, "churned", GSHM_ACCESS_READ, &again), 0);
+    assert_int_equal(gshm_close(again), 0);
+  }
+  assert_int_equal(gshm_open(c, "churned", GSHM_ACCESS_READ, &again), 0);
+  before = max_lease_id(c);
+  assert_true(before > 16 * 4096);
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "fresh", &fresh), 0);
+  gshm_close(again); /* c reconnects: its lease on s is re-taken first */
+  {
+    gshm_segment_t *mine;
+    uint64_t after;
+    assert_int_equal(gshm_open(fresh, "churned", GSHM_ACCESS_READ, &mine), 0);
+    after = max_lease_id(fresh);
+    assert_true(after > before);
+    gshm_close(mine);
+  }
+  gshm_close(s);
+  gshm_disconnect(fresh);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
 /* WATCHDOG=1 comes from the loop at half the WatchdogSec period, and the
  * STATUS= line follows what the daemon holds. */
 static void test_watchdog_and_status(void **state) {
@@ -235,6 +287,7 @@ int main(void) {
       cmocka_unit_test(test_sigkill_restart_socket_activated),
       cmocka_unit_test(test_freed_entries_leave_the_store),
       cmocka_unit_test(test_unlinked_but_leased_survives),
+      cmocka_unit_test(test_lease_ids_unique_across_restart),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
