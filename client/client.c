@@ -27,7 +27,18 @@ static void log_init(void) {
 
 const char *gshm_strerror(int err) { return gshm__strerror(err); }
 
-const char *gshm_last_error(gshm_client_t *client) { return client ? client->last_error : ""; }
+const char *gshm_last_error(gshm_client_t *client) {
+  /* A copy per thread, taken under the lock: another thread's request
+   * rewrites client->last_error meanwhile. */
+  static __thread char copy[sizeof(client->last_error)];
+
+  if (!client)
+    return "";
+  pthread_mutex_lock(&client->lock);
+  memcpy(copy, client->last_error, sizeof(copy));
+  pthread_mutex_unlock(&client->lock);
+  return copy;
+}
 
 void gshm_free(void *p) { free(p); }
 
@@ -123,11 +134,25 @@ static int read_reply(struct gshm_client *c, uint32_t request_id, uint16_t type,
   }
 }
 
-/* Drains events already waiting on the socket (no blocking). */
-static void drain_events(struct gshm_client *c) {
+static int reconnect(struct gshm_client *c);
+static bool connection_lost(int e);
+
+/* Drains events already waiting on the socket (no blocking).  A daemon
+ * that went away may have sent events we never got (its restart lost
+ * them): then reconnect, which re-takes every lease by id and generation
+ * and marks those that are gone; returns false when still disconnected. */
+static bool drain_events(struct gshm_client *c) {
   Gshm__Reply *unused;
-  if (c->fd >= 0)
-    read_reply(c, 0, 0, &unused, NULL, 1);
+  int e = c->fd >= 0 ? read_reply(c, 0, 0, &unused, NULL, 1) : -ENOTCONN;
+
+  if (e && connection_lost(e)) {
+    if (c->fd >= 0)
+      close(c->fd);
+    c->fd = -1;
+    if (c->reconnect_ms <= 0 || reconnect(c))
+      return false;
+  }
+  return true;
 }
 
 static int hello(struct gshm_client *c) {
@@ -188,8 +213,11 @@ static void retake_leases(struct gshm_client *c) {
       gshm_log_warn("lease on '%s' not re-taken: %s", l->info.name, reply->message);
     }
     gshm__reply__free_unpacked(reply, NULL);
-    if (l->lease_id && l->addr)
-      gshm__report_mapping(c, l, NULL, 0, false);
+    if (l->lease_id && l->addr) {
+      char **uuids = NULL;
+      size_t n = gshm__map_device_uuids(l, &uuids);
+      gshm__report_mapping(c, l, uuids, n, false);
+    }
   }
 }
 
@@ -320,8 +348,13 @@ void gshm_disconnect(gshm_client_t *c) {
   pthread_mutex_lock(&c->lock);
   while (c->leases) {
     struct gshm__lease *l = c->leases;
-    /* Segment objects still open are forgotten with the client: drop all
+    /* Segment objects still open are freed with the client: drop all
      * references at once.  The connection's end ends the daemon leases. */
+    while (l->segs) {
+      struct gshm_segment *s = l->segs;
+      l->segs = s->next;
+      free(s);
+    }
     l->refs = 1;
     l->map_refs = l->addr ? 1 : 0;
     l->lease_id = 0; /* no close request: the connection is going */
@@ -359,6 +392,8 @@ static int segment_new(struct gshm__lease *l, gshm_segment_t **seg_out) {
   if (!s)
     return -ENOMEM;
   s->lease = l;
+  s->next = l->segs;
+  l->segs = s;
   l->refs++;
   *seg_out = s;
   return 0;
@@ -433,7 +468,8 @@ int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *l
 /* A lease of this client that can serve an open of name with access. */
 static struct gshm__lease *cached_lease(struct gshm_client *c, const char *name,
                                         gshm_access_t access) {
-  drain_events(c);
+  if (!drain_events(c))
+    return NULL; /* no daemon to confirm the name: the request will say */
   for (struct gshm__lease *l = c->leases; l; l = l->next)
     /* Same access only: a read-only open must not get a writable mapping;
      * never a legacy-IPC lease (it has no fd to map). */
@@ -477,6 +513,13 @@ static void lease_release(struct gshm_client *c, struct gshm__lease *l) {
   if (--l->refs > 0)
     return;
   gshm__lease_unmap(l, false); /* the close below tells the daemon */
+  /* Out of the list first: a reconnect inside the close request must not
+   * re-take the lease being closed (it would outlive this close). */
+  for (struct gshm__lease **pp = &c->leases; *pp; pp = &(*pp)->next)
+    if (*pp == l) {
+      *pp = l->next;
+      break;
+    }
   if (l->lease_id && c->fd >= 0) {
     Gshm__CloseRequest m = GSHM__CLOSE_REQUEST__INIT;
     Gshm__Reply *reply = NULL;
@@ -486,11 +529,6 @@ static void lease_release(struct gshm_client *c, struct gshm__lease *l) {
     if (gshm__request(c, GSHM_WIRE_CLOSE, &m.base, &reply, NULL) == 0)
       gshm__reply__free_unpacked(reply, NULL);
   }
-  for (struct gshm__lease **pp = &c->leases; *pp; pp = &(*pp)->next)
-    if (*pp == l) {
-      *pp = l->next;
-      break;
-    }
   if (l->fd >= 0)
     close(l->fd);
   free(l);
@@ -503,6 +541,11 @@ int gshm_close(gshm_segment_t *seg) {
     return 0;
   c = seg->lease->client;
   pthread_mutex_lock(&c->lock);
+  for (struct gshm_segment **pp = &seg->lease->segs; *pp; pp = &(*pp)->next)
+    if (*pp == seg) {
+      *pp = seg->next;
+      break;
+    }
   if (seg->mapped && --seg->lease->map_refs == 0)
     gshm__lease_unmap(seg->lease, seg->lease->refs > 1); /* else the close tells */
   lease_release(c, seg->lease);

@@ -30,12 +30,14 @@ struct gshm__lease {
   uint64_t map_size;
   int map_refs;
   void *device_map;        /* map_cuda.c's state; NULL for host mappings */
+  struct gshm_segment *segs; /* the segment objects on this lease */
   struct gshm__lease *next;
 };
 
 struct gshm_segment {
   struct gshm__lease *lease;
   bool mapped;             /* this object holds one of lease->map_refs */
+  struct gshm_segment *next; /* in lease->segs */
 };
 
 struct gshm_client {
@@ -87,6 +89,18 @@ void gshm__report_mapping(struct gshm_client *c, struct gshm__lease *l, char **u
  * Errors: as gshm_map() documents. */
 int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
                      char ***uuids_out, size_t *n_out);
+/* A mapped device lease: gives access to devices (as gshm_map() reads the
+ * list; NULL: every visible device that reaches the segment's GPU) that
+ * lack it, for every holder of the mapping; never removes access.  On
+ * success *n_out is 0 when nothing changed, else the mapping's device
+ * count with their UUIDs in *uuids_out (as gshm__map_device).  Errors: as
+ * gshm_map() documents. */
+int gshm__map_device_add(struct gshm__lease *l, const int *devices, size_t ndevices,
+                         char ***uuids_out, size_t *n_out);
+/* The UUIDs of the devices a mapped device lease is accessible from, in
+ * *uuids_out (storage of the mapping); returns their count, 0 for a lease
+ * without a device mapping. */
+size_t gshm__map_device_uuids(const struct gshm__lease *l, char ***uuids_out);
 /* Undoes gshm__map_device in reverse order; accepts an unmapped lease. */
 int gshm__unmap_device(struct gshm__lease *l);
 

@@ -8,14 +8,22 @@
 
 static bool is_host(const struct gshm__lease *l) { return l->info.device_index < 0; }
 
-/* Maps l once; later callers share the mapping.  Caller holds the lock. */
+/* Maps l once; later callers share the mapping, and devices they list
+ * that lack access get it.  Caller holds the lock. */
 static int lease_map(struct gshm__lease *l, const int *devices, size_t ndevices) {
   char **uuids = NULL;
   size_t nuuids = 0;
   int e;
 
-  if (l->addr)
+  if (l->addr && is_host(l))
+    return devices || ndevices ? -EINVAL : 0;
+  if (l->addr) {
+    if ((e = gshm__map_device_add(l, devices, ndevices, &uuids, &nuuids)))
+      return e;
+    if (nuuids) /* access added: the report lists every device now */
+      gshm__report_mapping(l->client, l, uuids, nuuids, false);
     return 0;
+  }
   if (is_host(l)) {
     int prot = PROT_READ | (l->access == GSHM_ACCESS_READ_WRITE ? PROT_WRITE : 0);
     void *p;
@@ -58,11 +66,9 @@ int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices, void **ad
     return -EINVAL;
   c = seg->lease->client;
   pthread_mutex_lock(&c->lock);
-  if (!seg->mapped) {
-    if (!(e = lease_map(seg->lease, devices, ndevices))) {
-      seg->mapped = true;
-      seg->lease->map_refs++;
-    }
+  if (!(e = lease_map(seg->lease, devices, ndevices)) && !seg->mapped) {
+    seg->mapped = true;
+    seg->lease->map_refs++;
   }
   if (!e)
     *addr_out = seg->lease->addr;

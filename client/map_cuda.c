@@ -104,6 +104,17 @@ static int owner_device(const struct gshm_cudadrv *drv, const char *location, CU
   return -ENODEV;
 }
 
+/* Fills m->uuid_buf[i] and m->uuids[i] for m->devices[i]. */
+static int name_device(struct device_map *m, size_t i) {
+  const char *u = local_uuid(m->devices[i]);
+  if (u)
+    snprintf(m->uuid_buf[i], sizeof(m->uuid_buf[i]), "%s", u);
+  else if (device_uuid(m->drv, m->devices[i], m->uuid_buf[i]))
+    return -EIO;
+  m->uuids[i] = m->uuid_buf[i];
+  return 0;
+}
+
 /* Fills m->devices: the listed client-local ordinals, or every visible
  * device that can reach the owner (the owner first).  Each must reach the
  * owner: itself or by peer access. */
@@ -216,14 +227,9 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
   }
   if ((e = CU_LIB(drv, cuMemSetAccess, m->va, m->size, acc, m->ndevices)))
     goto unmap_range;
-  for (size_t i = 0; i < m->ndevices; i++) {
-    const char *u = local_uuid(m->devices[i]);
-    if (u)
-      snprintf(m->uuid_buf[i], sizeof(m->uuid_buf[i]), "%s", u);
-    else if ((e = device_uuid(drv, m->devices[i], m->uuid_buf[i])))
+  for (size_t i = 0; i < m->ndevices; i++)
+    if ((e = name_device(m, i)))
       goto unmap_range;
-    m->uuids[i] = m->uuid_buf[i];
-  }
   CU_LIB(drv, cuCtxPopCurrent, &ctx);
   l->addr = (void *)(uintptr_t)m->va;
   l->map_size = m->size;
@@ -247,6 +253,60 @@ release_ctx:
 free_map:
   free(m);
   return e;
+}
+
+int gshm__map_device_add(struct gshm__lease *l, const int *devices, size_t ndevices,
+                         char ***uuids_out, size_t *n_out) {
+  struct device_map *m = l->device_map, want;
+  CUmemAccessDesc acc[MAP_MAX_DEVICES];
+  size_t nacc = 0, first = m ? m->ndevices : 0;
+  int e;
+
+  *n_out = 0;
+  if (!m)
+    return -EINVAL;
+  memset(&want, 0, sizeof(want));
+  want.drv = m->drv;
+  want.owner = m->owner;
+  if ((e = pick_devices(m->drv, &want, devices, ndevices)))
+    return e;
+  memset(acc, 0, sizeof(acc));
+  for (size_t k = 0; k < want.ndevices; k++) {
+    bool have = false;
+    for (size_t j = 0; j < m->ndevices; j++)
+      have |= m->devices[j] == want.devices[k];
+    if (have || first + nacc >= MAP_MAX_DEVICES)
+      continue;
+    acc[nacc].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc[nacc].location.id = want.devices[k];
+    acc[nacc].flags = l->access == GSHM_ACCESS_READ ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                                    : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    nacc++;
+  }
+  if (!nacc)
+    return 0;
+  if ((e = CU_LIB(m->drv, cuMemSetAccess, m->va, m->size, acc, nacc)))
+    return e;
+  for (size_t k = 0; k < nacc; k++) {
+    m->devices[m->ndevices] = acc[k].location.id;
+    if (name_device(m, m->ndevices))
+      snprintf(m->uuid_buf[m->ndevices], sizeof(m->uuid_buf[0]), "cuda:%d",
+               (int)acc[k].location.id); /* still has access; named by ordinal */
+    m->uuids[m->ndevices] = m->uuid_buf[m->ndevices];
+    m->ndevices++;
+  }
+  gshm_log_debug("segment '%s': access added for %zu device(s)", l->info.name, nacc);
+  *uuids_out = m->uuids;
+  *n_out = m->ndevices;
+  return 0;
+}
+
+size_t gshm__map_device_uuids(const struct gshm__lease *l, char ***uuids_out) {
+  struct device_map *m = l->device_map;
+  if (!m)
+    return 0;
+  *uuids_out = m->uuids;
+  return m->ndevices;
 }
 
 int gshm__unmap_device(struct gshm__lease *l) {

@@ -177,7 +177,8 @@ GSHM_EXTERN int gshm_create(gshm_client_t *client, const char *name, uint64_t si
  *  access    GSHM_ACCESS_READ or GSHM_ACCESS_READ_WRITE.
  *  seg_out   receives the open segment; release with gshm_close().
  * Errors: -ENOENT no such name; -EACCES mode bits refuse this access;
- * -EINVAL bad access or name; -EDQUOT / -EMFILE lease limits. */
+ * -EINVAL bad access or name; -ENAMETOOLONG name over GSHM_NAME_MAX;
+ * -EDQUOT / -EMFILE lease limits. */
 GSHM_EXTERN int gshm_open(gshm_client_t *client, const char *name, gshm_access_t access,
                           gshm_segment_t **seg_out);
 
@@ -189,7 +190,8 @@ GSHM_EXTERN int gshm_close(gshm_segment_t *seg);
 
 /* Removes a segment's name.  Existing leases keep the memory until they
  * end; the name can be created again at once (new id and generation).
- * Errors: -ENOENT; -EACCES not the owner (nor an admin). */
+ * Errors: -ENOENT; -EACCES not the owner (nor an admin); -EINVAL NULL
+ * argument; -ENAMETOOLONG name over GSHM_NAME_MAX. */
 GSHM_EXTERN int gshm_unlink(gshm_client_t *client, const char *name);
 
 /* Changes a segment's permission bits (like chmod(2)); leases already
@@ -214,7 +216,8 @@ GSHM_EXTERN int gshm_chown(gshm_client_t *client, const char *name, uint32_t uid
 GSHM_EXTERN int gshm_revoke(gshm_client_t *client, const char *name);
 
 /* Fresh information about an open segment (lease count, unlinked state)
- * from the daemon.  Errors: -ESTALE the segment was revoked. */
+ * from the daemon.  Errors: -ESTALE the segment was revoked; -EACCES its
+ * owner changed the mode since we opened it and we may no longer see it. */
 GSHM_EXTERN int gshm_stat(gshm_segment_t *seg, gshm_segment_info_t *info_out);
 
 /* Information about a segment by name, without opening it.
@@ -271,7 +274,10 @@ GSHM_EXTERN void gshm_free(void *p);
  *                     segment's GPU.
  *  addr_out           receives a CPU pointer (host) or a device address
  *                     (device segments), valid until gshm_unmap/gshm_close.
- * Mapping an already mapped segment returns the same address.  Read-only
+ * Mapping an already mapped segment (or another object of the same lease,
+ * from a cached gshm_open) returns the same address; devices listed then
+ * that lack access get it, for every holder of the mapping in this process
+ * (access is added, never taken away, until the last unmap).  Read-only
  * leases map PROT_READ (host: enforced by the kernel through a read-only
  * fd; device: cuMemSetAccess READ, enforced by the driver for mappings made
  * by libgshm).
@@ -282,8 +288,9 @@ GSHM_EXTERN void gshm_free(void *p);
 GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices,
                          void **addr_out);
 
-/* Undoes gshm_map.  Returns 0 (also when not mapped), or -EIO when the
- * driver refused to unmap (the mapping is then leaked, and logged). */
+/* Undoes gshm_map.  Returns 0 (also when not mapped), -EINVAL for a NULL
+ * seg, or -EIO when the driver refused to unmap (the mapping is then
+ * leaked, and logged). */
 GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
 
 /* Copies bytes between a segment and host memory, for host and device
@@ -299,8 +306,10 @@ GSHM_EXTERN int gshm_read(gshm_segment_t *seg, uint64_t offset, void *buf, size_
 GSHM_EXTERN int gshm_write(gshm_segment_t *seg, uint64_t offset, const void *buf, size_t bytes);
 
 /* Daemon's explanation of this client's last failed request ("uid 1000 uses
- * 3 GiB of 4 GiB on cuda, 2 GiB more asked"), or "" when there is none.  The
- * string is owned by the client and valid until its next request. */
+ * 3 GiB of 4 GiB on cuda, 2 GiB more asked"), or "" when there is none.
+ * Returns a copy in storage of the calling thread, valid until that
+ * thread's next gshm_last_error(); with several threads on one client,
+ * "last" is the last of any thread's requests. */
 GSHM_EXTERN const char *gshm_last_error(gshm_client_t *client);
 
 /* A static description of a negative errno returned by this library. */

@@ -309,6 +309,25 @@ static int role_cache(char **a) {
   fprintf(stderr, "cache: first open+map %.1f us, cached %.2f us\n", first_ns / 1e3,
           cached_ns / 1e3);
 
+  /* A cached open mapped for another device: same address, and that
+   * device gets access (it reads the bytes). */
+  {
+    int count = 0, one = 1;
+    REQUIRE(drv->cuDeviceGetCount(&count) == CUDA_SUCCESS, "cuDeviceGetCount");
+    if (count >= 2) {
+      gshm_segment_t *s5 = NULL;
+      void *a5 = NULL;
+      e = gshm_open(c, a[0], GSHM_ACCESS_READ_WRITE, &s5);
+      REQUIRE(e == 0, "cached open: %s", gshm_strerror(e));
+      e = gshm_map(s5, &one, 1, &a5);
+      REQUIRE(e == 0, "cached map for GPU 1: %s", gshm_strerror(e));
+      CHECK(a5 == a1, "cached map for GPU 1 at %p, first at %p", a5, a1);
+      verify_on(1, a1, gshm_segment_info(s1)->size, strtoull(a[2], NULL, 0),
+                "cached mapping read on GPU 1");
+      gshm_close(s5);
+    }
+  }
+
   /* The name is reused: a new segment, a new generation. */
   e = gshm_unlink(c, a[0]);
   REQUIRE(e == 0, "unlink: %s", gshm_strerror(e));

@@ -227,6 +227,19 @@ static void test_lease_cache(void **state) {
   assert_int_equal(gshm_open(c, "cached", GSHM_ACCESS_READ_WRITE, &s2), 0);
   assert_int_equal(gshm_map(s2, NULL, 0, &a2), 0);
   assert_ptr_equal(a1, a2);
+  /* A host mapping takes no device list, also when it is already mapped
+   * (by this object or by another on the same lease). */
+  {
+    int dev0 = 0;
+    void *a3 = NULL;
+    assert_int_equal(gshm_map(s2, &dev0, 1, &a3), -EINVAL);
+    assert_int_equal(gshm_open(c, "cached", GSHM_ACCESS_READ_WRITE, &s3), 0);
+    assert_int_equal(gshm_map(s3, &dev0, 1, &a3), -EINVAL);
+    assert_int_equal(gshm_map(s3, NULL, 0, &a3), 0);
+    assert_ptr_equal(a3, a1);
+    /* Left open: gshm_disconnect frees it (LeakSanitizer checks, in the
+     * sanitizer build). */
+  }
   assert_int_equal(gshm_list_leases(c, &leases, &n), 0);
   assert_int_equal(n, 2); /* other's create lease + one of ours */
   gshm_free(leases);
