@@ -343,6 +343,9 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
       e = gshm_copy(dsts[i], src, bytes, GSHM_COPY_AUTO, stream);
     return e;
   }
+  /* a chunk beyond the buffer is the buffer (and cannot overflow below) */
+  if (o.chunk_bytes > bytes)
+    o.chunk_bytes = bytes;
   o.chunk_bytes = round_up(o.chunk_bytes ? o.chunk_bytes : auto_chunk(bytes, n), CHUNK_ALIGN);
   if (!o.lanes)
     o.lanes = 1;

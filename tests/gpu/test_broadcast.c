@@ -197,6 +197,14 @@ int main(void) {
         fprintf(stderr, "%s pull %d chunk %s: done (%d failures so far)\n", aname(o.algo), pull,
                 ch ? "64 KiB, 3 lanes" : "default", failures);
       }
+  /* a chunk far beyond the buffer (up to SIZE_MAX) is the whole buffer */
+  {
+    gshm_broadcast_opts_t o = {GSHM_BCAST_CHAIN, (size_t)-1, 0, 0};
+    one(distinct, ngpus - 1, MiB + 3, 0, 0, &o, 0, seed++);
+    o.algo = GSHM_BCAST_SPLIT;
+    o.chunk_bytes = (size_t)-1 - 100;
+    one(shared, ns, MiB + 3, 0, 0, &o, 0, seed++);
+  }
   host_destination();
   /* NULL stream with the source's context current: the legacy stream */
   {
