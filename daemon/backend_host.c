@@ -61,6 +61,15 @@ static int host_alloc(struct gshmd_backend *b, const struct gshm_location *loc, 
     gshm_log_err("host: memfd_create: %m");
     return r;
   }
+  /* memfd_create makes the inode 0777: a client holding a read-only fd
+   * could reopen it read-write through /proc/self/fd.  Only gshmd's uid
+   * may open it by path. */
+  if (fchmod(fd, 0600) < 0) {
+    r = -errno;
+    gshm_log_err("host: fchmod of a memfd: %m");
+    close(fd);
+    return r;
+  }
   if (ftruncate(fd, (off_t)size) < 0) {
     r = errno == EFBIG || errno == EINVAL ? -EFBIG : -ENOMEM;
     gshm_log_err("host: ftruncate %llu bytes: %m", (unsigned long long)size);
@@ -125,6 +134,9 @@ static int host_adopt_fd(struct gshmd_backend *b, int fd, const char *location, 
   if (seals < 0 || (seals & HOST_SEALS) != HOST_SEALS || fstat(fd, &st) < 0 ||
       (uint64_t)st.st_size != size)
     return -EINVAL;
+  /* parked by a gshmd that left memfds 0777 (see host_alloc) */
+  if ((st.st_mode & 07777) != 0600 && fchmod(fd, 0600) < 0)
+    return -errno;
   return host_wrap(b, fd, size, out);
 }
 

@@ -169,6 +169,11 @@ static void close_handles(struct daemon *d) {
   if (d->stopping)
     return;
   d->stopping = true;
+  /* Detach the fd store first: ending the connections ends their leases,
+   * which frees unlinked segments, and those must stay parked for the
+   * next start to hand back to their holders (a graceful restart keeps
+   * what a SIGKILL keeps). */
+  gshmd_fdstore_shutdown(&d->fdstore);
   if (d->srv_ready)
     gshmd_server_stop(&d->srv);
   if (d->signals_on) {

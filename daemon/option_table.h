@@ -64,8 +64,9 @@
     NULL,                                                                       \
     "File descriptors a client may send in one packet; a client that sends "   \
     "more is dropped and every fd it sent is closed.")                          \
-  X(limits, max_packet, SIZE32, max_packet, "65536", 4096, 16777216, NULL,      \
-    "Largest request packet in bytes; larger packets are refused.")                                                             \
+  X(limits, max_packet, SIZE32, max_packet, "65536", 4096, 65536, NULL,         \
+    "Largest request packet in bytes, at most 64K (the wire format's "        \
+    "limit); larger packets are refused.")                                      \
   X(limits, max_name, U32, max_name, "255", 1, 4095, NULL,                      \
     "Longest segment name in bytes.")                                           \
   X(limits, max_inflight, U32, max_inflight, "16", 1, 65536, NULL,              \

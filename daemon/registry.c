@@ -188,10 +188,18 @@ int gshmd_registry_client_add(struct gshmd_registry *r, const struct gshmd_cred 
   }
   if (!(c = calloc(1, sizeof(*c))))
     return -ENOMEM;
+  c->cred = *cred;
+  c->cred.groups = NULL;
+  if (cred->ngroups > 0) {
+    if (!(c->cred.groups = malloc(sizeof(gid_t) * (size_t)cred->ngroups))) {
+      free(c);
+      return -ENOMEM;
+    }
+    memcpy(c->cred.groups, cred->groups, sizeof(gid_t) * (size_t)cred->ngroups);
+  }
   c->session_id = r->next_session_id++;
   if (r->on_event)
     r->on_event(r, NULL, GSHMD_IDS_USED);
-  c->cred = *cred;
   c->since_ns = gshm__now_ns(CLOCK_REALTIME);
   gshm_list_init(&c->leases);
   gshm_list_add_tail(&r->clients, &c->node);
@@ -213,6 +221,7 @@ void gshmd_registry_client_remove(struct gshmd_registry *r, struct gshmd_client 
   r->nclients--;
   if ((u = usage_get(c->cred.uid)))
     u->connections--;
+  free(c->cred.groups);
   free(c);
 }
 

@@ -38,7 +38,9 @@ struct gshmd_cred {
   pid_t pid;
   uid_t uid;
   gid_t gid;
-  gid_t groups[64];
+  gid_t *groups;             /* ngroups supplementary groups (all of them:
+                                SO_PEERGROUPS); heap, owned by the holder
+                                of this cred (connection or client) */
   int ngroups;
   bool admin;                /* root or a member of the admin group */
 };
@@ -99,6 +101,7 @@ void gshmd_registry_destroy(struct gshmd_registry *r);
 
 /* Registers a connection.  Errors: -EDQUOT the uid's connection quota
  * (*msg_out explains), -ENOMEM. */
+/* (The client gets its own copy of cred, groups included.) */
 int gshmd_registry_client_add(struct gshmd_registry *r, const struct gshmd_cred *cred,
                               struct gshmd_client **c_out, const char **msg_out);
 /* Ends every lease of the client and frees it. */

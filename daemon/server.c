@@ -72,6 +72,7 @@ static void conn_on_closed(uv_handle_t *h) {
       close(p->fd);
     free(p);
   }
+  free(c->cred.groups);
   free(c);
 }
 
@@ -897,10 +898,15 @@ static void conn_on_io(uv_poll_t *h, int status, int events) {
     conn_close(c, NULL);
 }
 
-static void peer_credentials(struct gshmd_server *s, int fd, struct gshmd_cred *cred) {
+/* The peer's credentials and every supplementary group (SO_PEERGROUPS
+ * says how many when they do not fit: up to NGROUPS_MAX, 65536).  On
+ * failure to read the groups, the peer has none: it can lose access
+ * through group bits, never gain any.  Returns -ENOMEM or 0. */
+static int peer_credentials(struct gshmd_server *s, int fd, struct gshmd_cred *cred) {
   struct ucred uc;
   socklen_t len = sizeof(uc);
-  gid_t groups[64];
+  gid_t small[64], *heap = NULL;
+  const gid_t *got = NULL;
 
   memset(cred, 0, sizeof(*cred));
   cred->uid = (uid_t)-1;
@@ -910,10 +916,25 @@ static void peer_credentials(struct gshmd_server *s, int fd, struct gshmd_cred *
     cred->uid = uc.uid;
     cred->gid = uc.gid;
   }
-  len = sizeof(groups);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0) {
+  len = sizeof(small);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, small, &len) == 0) {
+    got = small;
+  } else if (errno == ERANGE && len > sizeof(small)) { /* len: the size needed */
+    if (!(heap = malloc(len)))
+      return -ENOMEM;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, heap, &len) == 0)
+      got = heap;
+  }
+  if (got && len >= sizeof(gid_t)) {
+    if (!heap) {
+      if (!(heap = malloc(len)))
+        return -ENOMEM;
+      memcpy(heap, small, len);
+    }
+    cred->groups = heap;
     cred->ngroups = (int)(len / sizeof(gid_t));
-    memcpy(cred->groups, groups, len);
+  } else {
+    free(heap);
   }
   cred->admin = cred->uid == 0;
   if (!cred->admin && s->have_admin_gid) {
@@ -921,6 +942,29 @@ static void peer_credentials(struct gshmd_server *s, int fd, struct gshmd_cred *
     for (int i = 0; i < cred->ngroups && !cred->admin; i++)
       cred->admin = cred->groups[i] == s->admin_gid;
   }
+  return 0;
+}
+
+/* quota.connections counted at accept, before hello, over every
+ * connection of the uid: checked only at hello, a user could hold all of
+ * limits.max_connections with connections that never say hello (each
+ * dropped after limits.partial_timeout_ms, and opened again) and lock
+ * every other user out.  One pass over the connections per accept. */
+static bool over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred) {
+  uint32_t n = 0;
+  struct gshm_list *pos;
+
+  if (!s->cfg->quota_connections || cred->uid == 0)
+    return false;
+  gshm_list_foreach(pos, &s->conns) {
+    const struct conn *c = gshm_list_entry(pos, struct conn, node);
+    n += !c->closing && c->cred.uid == cred->uid;
+  }
+  if (n < s->cfg->quota_connections)
+    return false;
+  gshm_log_warn("connection refused: uid %u has %u connections, limit %u", (unsigned)cred->uid,
+                n, s->cfg->quota_connections);
+  return true;
 }
 
 static void on_accept(uv_poll_t *h, int status, int events) {
@@ -952,9 +996,10 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     c->fd = fd;
     gshm_list_init(&c->outq);
     c->accepted_ns = c->last_ns = gshm__now_ns(CLOCK_MONOTONIC);
-    peer_credentials(s, fd, &c->cred);
-    if (uv_poll_init(s->loop, &c->poll, fd)) {
+    if (peer_credentials(s, fd, &c->cred) || over_uid_quota(s, &c->cred) ||
+        uv_poll_init(s->loop, &c->poll, fd)) {
       close(fd);
+      free(c->cred.groups);
       free(c);
       continue;
     }

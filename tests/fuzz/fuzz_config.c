@@ -64,7 +64,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (ra == 0) {
     /* Ranges from option_table.h: an accepted file never escapes them. */
     if (a.max_connections < 1 || a.max_connections > 1048576 || a.max_fds_per_connection > 253 ||
-        a.max_packet < 4096 || a.max_packet > 16777216 || a.max_name < 1 || a.max_name > 4095 ||
+        a.max_packet < 4096 || a.max_packet > 65536 || a.max_name < 1 || a.max_name > 4095 ||
         a.max_inflight < 1 || a.socket_mode > 0777 || a.log_level < 0 || a.log_level > 7 ||
         !a.socket_path || a.socket_path[0] != '/' || strlen(a.socket_path) > 107 || !a.backend ||
         (strcmp(a.backend, "auto") && strcmp(a.backend, "host") && strcmp(a.backend, "cuda")))

@@ -162,9 +162,12 @@ static void test_freed_entries_leave_the_store(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
-/* An unlinked segment still leased when gshmd dies comes back unlinked;
- * its holder re-takes the lease and keeps it; ids stay unique. */
-static void test_unlinked_but_leased_survives(void **state) {
+/* An unlinked segment still leased when gshmd dies (sig SIGKILL) or is
+ * restarted gracefully (SIGTERM: systemctl restart; the connections end at
+ * stop, which frees the segment in the registry, but its memory and record
+ * stay parked) comes back unlinked; its holder re-takes the lease and
+ * keeps it; ids stay unique. */
+static void unlinked_but_leased_survives(int sig) {
   struct harness h;
   gshm_client_t *c, *other;
   gshm_segment_t *s, *fresh;
@@ -172,14 +175,14 @@ static void test_unlinked_but_leased_survives(void **state) {
   unsigned char b = 0;
   uint64_t old_id;
 
-  (void)state;
   assert_int_equal(harness_start(&h, NULL), 0);
   assert_int_equal(gshm_connect(h.socket_path, "holder", &c), 0);
   assert_int_equal(gshm_create(c, "held", 4096, NULL, 0600, 0, &s), 0);
   assert_int_equal(gshm_write(s, 0, "\x5a", 1), 0);
   old_id = gshm_segment_info(s)->id;
   assert_int_equal(gshm_unlink(c, "held"), 0);
-  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  assert_int_equal(harness_restart(&h, sig, NULL), 0);
+  assert_int_equal(count_named(&h, "seg-"), 1);
   assert_int_equal(gshm_stat(s, &info), 0); /* reconnects, re-takes */
   assert_true(info.unlinked);
   assert_int_equal(gshm_read(s, 0, &b, 1), 0);
@@ -192,6 +195,16 @@ static void test_unlinked_but_leased_survives(void **state) {
   gshm_disconnect(other);
   gshm_disconnect(c);
   assert_int_equal(harness_stop(&h), 0);
+}
+
+static void test_unlinked_but_leased_survives(void **state) {
+  (void)state;
+  unlinked_but_leased_survives(SIGKILL);
+}
+
+static void test_unlinked_but_leased_survives_sigterm(void **state) {
+  (void)state;
+  unlinked_but_leased_survives(SIGTERM);
 }
 
 /* The largest lease id among this client's view of the leases. */
@@ -352,6 +365,7 @@ int main(void) {
       cmocka_unit_test(test_freed_entries_leave_the_store),
       cmocka_unit_test(test_unlinked_but_leased_survives),
       cmocka_unit_test(test_lease_ids_unique_across_restart),
+      cmocka_unit_test(test_unlinked_but_leased_survives_sigterm),
       cmocka_unit_test(test_open_after_restart_sees_new_generation),
       cmocka_unit_test(test_close_after_restart_ends_the_lease),
   };

@@ -12,11 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "gshm.h"
 #include "harness.h"
 
 #define UID_A 60001
@@ -203,8 +206,164 @@ static void test_admin_sees_and_revokes(void **state) {
   assert_int_equal(AS(&A, NULL, NULL, "read", "r/private"), 5); /* gone */
 }
 
+/* Runs fn(arg) in a child switched to uid/gid with groups[0..ngroups);
+ * returns its exit code (fn's return value; 120: the switch failed). */
+static int child_as(uid_t uid, gid_t gid, const gid_t *groups, int ngroups,
+                    int (*fn)(const char *), const char *arg) {
+  int status;
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (setgroups((size_t)ngroups, groups) || setresgid(gid, gid, gid) ||
+        setresuid(uid, uid, uid))
+      _exit(120);
+    _exit(fn(arg));
+  }
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* A read-only lease: writes are refused, and so is reopening its fd
+ * read-write through /proc/self/fd (the memfd's inode is 0600, gshmd's). */
+static int try_reopen_rw(const char *socket_path) {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  char path[64];
+  int fd;
+
+  if (gshm_connect(socket_path, "reopen", &c) || gshm_open(c, "ro/file", GSHM_ACCESS_READ, &s))
+    return 2;
+  if (gshm_write(s, 0, "B", 1) != -EACCES)
+    return 3;
+  snprintf(path, sizeof(path), "/proc/self/fd/%d", gshm_segment_fd(s));
+  fd = open(path, O_RDWR);
+  if (fd >= 0)
+    return 4; /* upgraded itself to read-write */
+  return errno == EACCES ? 0 : 5;
+}
+
+static void test_read_only_fd_stays_read_only(void **state) {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  unsigned char b = 0;
+
+  (void)state;
+  need_root();
+  assert_int_equal(gshm_connect(h.socket_path, "owner", &c), 0);
+  assert_int_equal(gshm_create(c, "ro/file", 4096, NULL, 0644, 0, &s), 0);
+  assert_int_equal(gshm_write(s, 0, "A", 1), 0);
+  assert_int_equal(child_as(UID_B, UID_B, (gid_t[]){UID_B}, 1, try_reopen_rw, h.socket_path), 0);
+  assert_int_equal(gshm_read(s, 0, &b, 1), 0);
+  assert_int_equal(b, 'A');
+  gshm_close(s);
+  assert_int_equal(gshm_unlink(c, "ro/file"), 0);
+  gshm_disconnect(c);
+}
+
+static int try_group_read(const char *socket_path) {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  int e;
+
+  if (gshm_connect(socket_path, "groups", &c))
+    return 2;
+  e = gshm_open(c, "g/shared", GSHM_ACCESS_READ, &s);
+  return e == 0 ? 0 : e == -EACCES ? 3 : 4;
+}
+
+/* More supplementary groups than SO_PEERGROUPS fits in a small buffer:
+ * the group that grants access is the 100th. */
+static void test_many_groups(void **state) {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  gid_t groups[100];
+
+  (void)state;
+  need_root();
+  for (int i = 0; i < 100; i++)
+    groups[i] = 61000 + (gid_t)i;
+  groups[99] = GID_SHARED;
+  assert_int_equal(gshm_connect(h.socket_path, "owner", &c), 0);
+  assert_int_equal(gshm_create(c, "g/shared", 4096, NULL, 0640, 0, &s), 0);
+  assert_int_equal(gshm_chown(c, "g/shared", (uint32_t)-1, GID_SHARED), 0);
+  assert_int_equal(child_as(UID_B, UID_B, groups, 100, try_group_read, h.socket_path), 0);
+  /* and without the group: refused */
+  assert_int_equal(child_as(UID_B, UID_B, groups, 99, try_group_read, h.socket_path), 3);
+  gshm_close(s);
+  assert_int_equal(gshm_unlink(c, "g/shared"), 0);
+  gshm_disconnect(c);
+}
+
+/* Holds bare connections (no hello) to arg's socket as long as the daemon
+ * keeps them; exits with how many it still held after 300 ms. */
+static int hold_bare(const char *socket_path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int fds[8], kept = 0;
+
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", socket_path);
+  for (int i = 0; i < 8; i++) {
+    fds[i] = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    if (fds[i] < 0 || connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)) < 0)
+      return 100;
+  }
+  usleep(300 * 1000);
+  for (int i = 0; i < 8; i++) {
+    char b;
+    /* still open on the daemon's side: nothing to read yet */
+    kept += recv(fds[i], &b, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN;
+  }
+  return kept;
+}
+
+/* quota.connections holds before hello: a user's bare connections beyond
+ * it are refused, so they cannot fill limits.max_connections and lock the
+ * others out. */
+static void test_connection_quota_before_hello(void **state) {
+  struct harness q;
+  gshm_client_t *c;
+  int status, in[2];
+  pid_t pid;
+
+  (void)state;
+  need_root();
+  assert_int_equal(harness_start(&q, (const char *const[]){"--set", "daemon.socket_mode=0666",
+                                                           "--set", "quota.connections=2", "--set",
+                                                           "limits.max_connections=8", NULL}),
+                   0);
+  assert_int_equal(pipe(in), 0);
+  pid = fork();
+  if (pid == 0) { /* B: 8 bare connections, held until the parent says */
+    char b;
+    gid_t g = UID_B;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fds[8];
+    close(in[1]);
+    if (setgroups(1, &g) || setresgid(UID_B, UID_B, UID_B) || setresuid(UID_B, UID_B, UID_B))
+      _exit(120);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", q.socket_path);
+    for (int i = 0; i < 8; i++)
+      if ((fds[i] = socket(AF_UNIX, SOCK_SEQPACKET, 0)) < 0 ||
+          connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)) < 0)
+        _exit(100);
+    (void)!read(in[0], &b, 1);
+    _exit(0);
+  }
+  close(in[0]);
+  usleep(300 * 1000);
+  /* root still gets in, and B could keep only 2 of its 8 */
+  assert_int_equal(gshm_connect(q.socket_path, "root", &c), 0);
+  gshm_disconnect(c);
+  assert_int_equal(child_as(UID_B, UID_B, (gid_t[]){UID_B}, 1, hold_bare, q.socket_path), 0);
+  close(in[1]);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(harness_stop(&q), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_read_only_fd_stays_read_only),
+      cmocka_unit_test(test_many_groups),
+      cmocka_unit_test(test_connection_quota_before_hello),
       cmocka_unit_test(test_owner_group_other),
       cmocka_unit_test(test_quota),
       cmocka_unit_test(test_admin_sees_and_revokes),

@@ -576,8 +576,8 @@ static void test_parser_rejects(void **state) {
       "# HELP a_total x\n# TYPE a_total counter\na_total -1\n",
       "# HELP a x\n# TYPE a gauge\n# TYPE a gauge\na 1\n",
       "# HELP a x\n# TYPE a gauge\na 1\n# HELP b x\n# TYPE b gauge\nb 1\na{c=\"1\"} 2\n",
-      "# HELP h x\n# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\n"
-      "h_sum 1\nh_count 1\n", /* decreasing buckets */
+      ("# HELP h x\n# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\n"
+       "h_sum 1\nh_count 1\n"), /* decreasing buckets */
       "# HELP h x\n# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\n", /* no +Inf */
       "# HELP h x\n# TYPE h histogram\nh_bucket{le=\"+Inf\"} 2\nh_sum 1\nh_count 1\n",
       "# HELP h x\n# TYPE h histogram\nh_bucket{le=\"+Inf\"} 1\nh_count 1\n", /* no _sum */
