@@ -91,7 +91,9 @@
   X(cuCtxPopCurrent)                    \
   X(cuMemGetAllocationPropertiesFromHandle) \
   X(cuLaunchKernelEx)                   \
+  X(cuDevicePrimaryCtxReset)            \
   V(cuCtxGetDevice_v2, "cuCtxGetDevice", 13000) \
+  V(cuCtxGetId, "cuCtxGetId", 12000)    \
   V(cuStreamGetCtx_v2, "cuStreamGetCtx", 12050)
 
 struct gshm_cudadrv {

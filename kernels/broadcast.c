@@ -62,6 +62,7 @@
 
 struct bgpu {
   CUcontext ctx;            /* primary, retained by gshm__copy_primary_ctx */
+  unsigned long long ctx_id; /* its cuCtxGetId when the pools were made (0: unknown) */
   CUstream stream[GSHM_BCAST_MAX_LANES][MAX_GPUS]; /* [lane][other GPU]: copies it issues */
   CUevent *ev;              /* pool, in ctx */
   int nev, used;            /* created, handed out in this broadcast */
@@ -80,6 +81,8 @@ static int pair_stream(const struct gshm_cudadrv *drv, int g, int other, int lan
 
   if (!b->ctx && (e = gshm__copy_primary_ctx(drv, g, &b->ctx)))
     return e;
+  if (!b->ctx_id && drv->cuCtxGetId && drv->cuCtxGetId(b->ctx, &b->ctx_id) != CUDA_SUCCESS)
+    b->ctx_id = 0;
   if (!*slot) {
     if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxPushCurrent, b->ctx)))
       return e;
@@ -229,8 +232,19 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const 
       nchunks = c;
   }
   for (int g = 0; g < MAX_GPUS; g++) {
-    bgpus[g].used = 0;
-    memset(bgpus[g].used_mask, 0, sizeof(bgpus[g].used_mask));
+    struct bgpu *b = &bgpus[g];
+    unsigned long long id;
+    b->used = 0;
+    memset(b->used_mask, 0, sizeof(b->used_mask));
+    if (b->ctx && b->ctx_id && drv->cuCtxGetId(b->ctx, &id) == CUDA_SUCCESS && id != b->ctx_id) {
+      /* the primary context was reset (cudaDeviceReset): its streams and
+       * events went with it; make new ones (the handle stays) */
+      free(b->ev);
+      memset(&b->stream, 0, sizeof(b->stream));
+      b->ev = NULL;
+      b->nev = 0;
+      b->ctx_id = id;
+    }
   }
 
   for (size_t c = 0; c < nchunks && !e; c++) {

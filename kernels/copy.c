@@ -5,6 +5,7 @@
  * table (common/cudadrv.h); libgshm links neither cudart nor libcuda. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -31,12 +32,16 @@ static const char *const kernel_names[GSHM__K_COUNT] = {
 #define MAX_CONTEXTS 64
 #define MAX_DEVICES 64
 
-/* One loaded module per context.  Entries are never removed: a context
- * destroyed and re-created at the same address would find a stale module,
- * so a process that destroys contexts it copied in must not reuse them for
- * gshm_copy (primary contexts, retained by libgshm, are never destroyed). */
+/* One loaded module per context, found by handle and checked by the
+ * context's unique id (cuCtxGetId, CUDA 12.0+): a primary context reset
+ * (cudaDeviceReset) keeps the handle but not the module, events or peer
+ * access, and a context destroyed and created again can get the old
+ * handle; either way the entry is rebuilt.  Entries are never removed: a
+ * process that uses more than MAX_CONTEXTS contexts over its life gets
+ * -ENOMEM from then on. */
 struct kctx {
   CUcontext ctx;
+  unsigned long long ctx_id; /* 0: cuCtxGetId unavailable */
   CUdevice dev;
   int sm_count;
   int can_flush;         /* CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES */
@@ -168,6 +173,8 @@ static int module_load(const struct gshm_cudadrv *drv, struct kctx *k) {
   if (k->module_state)
     return k->module_state < 0 ? k->module_state : 0;
   e = GSHM_CU(drv, GSHM_LOG_ERR, cuModuleLoadData, &k->module, gshm__copy_fatbin);
+  if (e == -ENOMEM)
+    return e; /* maybe transient (the GPU is full now): try again next time */
   if (e) {
     /* NO_BINARY_FOR_GPU and friends: an architecture our fatbin lacks */
     k->module_state = e == -EIO ? -ENOTSUP : e;
@@ -179,7 +186,8 @@ static int module_load(const struct gshm_cudadrv *drv, struct kctx *k) {
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemAlloc, &k->scratch, 8);
   if (e) {
     drv->cuModuleUnload(k->module);
-    k->module_state = e;
+    if (e != -ENOMEM && e != -EIO)
+      k->module_state = e; /* else maybe transient: try again next time */
     return e;
   }
   k->module_state = 1;
@@ -195,6 +203,8 @@ static int module_load(const struct gshm_cudadrv *drv, struct kctx *k) {
 static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
   CUcontext ctx = NULL;
   struct kctx *k = NULL;
+  unsigned long long id = 0;
+  bool fresh = false;
   int e;
 
   e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxGetCurrent, &ctx);
@@ -202,25 +212,36 @@ static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
     return e;
   if (!ctx)
     return -EINVAL;
+  if (drv->cuCtxGetId && drv->cuCtxGetId(ctx, &id) != CUDA_SUCCESS)
+    id = 0;
   pthread_mutex_lock(&table_lock);
   for (int i = 0; i < table_len; i++)
     if (table[i].ctx == ctx) {
       k = &table[i];
       break;
     }
-  if (!k) {
+  if (k && id && k->ctx_id != id) {
+    /* another context behind the same handle: what the entry held went
+     * with the old one (nothing to free) */
+    gshm_log_info("copy: context %p was reset or re-created; reloading", (void *)ctx);
+    fresh = true;
+  } else if (!k) {
     if (table_len == MAX_CONTEXTS) {
       pthread_mutex_unlock(&table_lock);
       gshm_log_err("copy: more than %d CUDA contexts", MAX_CONTEXTS);
       return -ENOMEM;
     }
-    k = &table[table_len];
+    k = &table[table_len++];
+    fresh = true;
+  }
+  if (fresh) {
     memset(k, 0, sizeof(*k));
     e = ctx_device(drv, ctx, &k->dev);
     if (!e)
       e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceGetAttribute, &k->sm_count,
                   CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, k->dev);
     if (e) {
+      k->ctx = NULL; /* an unused slot (matches no context) */
       pthread_mutex_unlock(&table_lock);
       return e;
     }
@@ -228,7 +249,7 @@ static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
                                   k->dev) != CUDA_SUCCESS)
       k->can_flush = 0;
     k->ctx = ctx;
-    table_len++;
+    k->ctx_id = id;
   }
   pthread_mutex_unlock(&table_lock);
   *k_out = k;
@@ -486,13 +507,23 @@ void gshm__copy_leave_ctx(const struct gshm_cudadrv *drv, int pushed) {
     drv->cuCtxPopCurrent(&ignored);
 }
 
+/* A flag on another GPU than the current context's: that GPU must be
+ * reachable (peer access enabled from here), or the write or wait faults
+ * on the GPU (an illegal address that poisons the context).  Returns 0 or
+ * -EOPNOTSUPP (no peer path) and gshm__copy_enable_peer's errors. */
+static int flag_reachable(const struct gshm__where *wf) {
+  return wf->device ? gshm__copy_enable_peer(wf->ordinal) : 0;
+}
+
 static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_t value,
-                         CUstream stream) {
+                         CUstream stream, const struct gshm__where *wf) {
   struct kctx *k;
   CUresult r;
   void *args[2] = {&flag, &value};
   int e;
 
+  if ((e = flag_reachable(wf)))
+    return e;
   r = drv->cuStreamWriteValue64(stream, (CUdeviceptr)(uintptr_t)flag, value,
                                 CU_STREAM_WRITE_VALUE_DEFAULT);
   if (r == CUDA_SUCCESS)
@@ -506,7 +537,8 @@ static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_
 
 static int copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *src, size_t bytes,
                        gshm_copy_method_t method, uint64_t *flag, uint64_t value,
-                       CUstream stream, const struct gshm__where *ws, const struct gshm__where *wd) {
+                       const struct gshm__where *wf, CUstream stream,
+                       const struct gshm__where *ws, const struct gshm__where *wd) {
   struct kctx *k;
   int e, peer, me, fused = 0;
 
@@ -542,6 +574,8 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *sr
     e = kctx_module(drv, &k);
     if (e)
       return e;
+    if (flag && (e = flag_reachable(wf)))
+      return e;
     if (flag && bytes <= FUSED_SIGNAL_MAX) {
       s = gshm__copy_pick_shape(bytes, 1, 0);
       s.blocks = 1;
@@ -570,20 +604,20 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *sr
   }
 signal:
   if (!e && flag && !fused)
-    e = signal_in_ctx(drv, flag, value, stream);
+    e = signal_in_ctx(drv, flag, value, stream, wf);
   return e;
 }
 
 int gshm__copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *src, size_t bytes,
                       gshm_copy_method_t method, CUstream stream, const struct gshm__where *ws,
                       const struct gshm__where *wd) {
-  return copy_in_ctx(drv, dst, src, bytes, method, NULL, 0, stream, ws, wd);
+  return copy_in_ctx(drv, dst, src, bytes, method, NULL, 0, NULL, stream, ws, wd);
 }
 
 static int copy_common(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
                        uint64_t *flag, uint64_t value, void *stream) {
   const struct gshm_cudadrv *drv;
-  struct gshm__where ws, wd;
+  struct gshm__where ws, wd, wf = {0};
   int e, pushed;
 
   if (!dst || !src || (unsigned)method > GSHM_COPY_SM || ((uintptr_t)flag & 7))
@@ -595,10 +629,12 @@ static int copy_common(void *dst, const void *src, size_t bytes, gshm_copy_metho
     return e;
   gshm__copy_where(drv, src, &ws);
   gshm__copy_where(drv, dst, &wd);
+  if (flag)
+    gshm__copy_where(drv, flag, &wf);
   e = gshm__copy_enter_ctx(drv, (CUstream)stream, ws.device ? ws.ordinal : wd.ordinal, &pushed);
   if (e)
     return e;
-  e = copy_in_ctx(drv, dst, src, bytes, method, flag, value, (CUstream)stream, &ws, &wd);
+  e = copy_in_ctx(drv, dst, src, bytes, method, flag, value, &wf, (CUstream)stream, &ws, &wd);
   gshm__copy_leave_ctx(drv, pushed);
   return e;
 }
@@ -630,7 +666,7 @@ GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream) {
   e = gshm__copy_enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
   if (e)
     return e;
-  e = signal_in_ctx(drv, flag, value, (CUstream)stream);
+  e = signal_in_ctx(drv, flag, value, (CUstream)stream, &w);
   gshm__copy_leave_ctx(drv, pushed);
   return e;
 }
@@ -652,6 +688,8 @@ GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream) {
   if (e)
     return e;
   e = kctx_current(drv, &k);
+  if (!e)
+    e = flag_reachable(&w);
   if (!e) {
     if (k->can_flush)
       flags |= CU_STREAM_WAIT_VALUE_FLUSH;

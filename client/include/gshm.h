@@ -386,9 +386,9 @@ typedef enum {
  * enabled) from the launching context to the other GPU's primary context,
  * which is retained for the life of the process; memory mapped by gshm_map
  * needs no such step.
- * Errors: -EINVAL dst or src NULL, an unknown method, a stream from a
- * context other than the current one's device that cannot be made
- * current, or GSHM_COPY_SM on pageable host memory; -ENOTSUP
+ * Errors: -EINVAL dst or src NULL, an unknown method, or GSHM_COPY_SM on
+ * pageable host memory; -EIO a stream whose context cannot be made
+ * current (destroyed); -ENOTSUP
  * GSHM_COPY_SM in a libgshm built without nvcc, or a GPU architecture the
  * embedded kernels (sm_90 SASS + PTX) cannot run on; -EOPNOTSUPP
  * GSHM_COPY_SM between GPUs without peer access; -ENOENT / -ENODEV no CUDA
@@ -456,6 +456,12 @@ typedef struct {
  * Host cost: about three driver calls per destination and chunk (copy,
  * event record, event wait); libgshm holds one lock while it queues, so
  * broadcasts from several threads of a process are queued one at a time.
+ * Ordering: the copies run on streams libgshm keeps per GPU pair and shares
+ * between all broadcasts of the process, so broadcasts run in the order
+ * they were queued, whatever the callers' streams.  Never make an earlier
+ * broadcast's stream wait (gshm_wait, cuStreamWaitEvent) for work queued
+ * after a later broadcast on another stream: the later one waits behind
+ * the earlier one and neither ends.
  * Errors: -EINVAL a NULL pointer, n outside 1..64, src not device memory,
  * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
  * SPLIT with host memory; -EOPNOTSUPP two GPUs without a peer path for a
@@ -482,9 +488,11 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
  *          memory.
  *  value   a sequence number; consumers wait for >= value, so make it grow.
  *  stream  as for gshm_copy.
- * Errors: -EINVAL flag NULL or not 8-byte aligned; -ENOENT / -ENODEV no
- * CUDA driver or GPU; -ENOTSUP the driver refuses stream memory operations
- * on this address and libgshm was built without nvcc; -EIO the driver. */
+ * Errors: -EINVAL flag NULL or not 8-byte aligned; -EOPNOTSUPP the flag is
+ * on a GPU the stream's GPU has no peer path to (libgshm enables peer
+ * access where there is one); -ENOENT / -ENODEV no CUDA driver or GPU;
+ * -ENOTSUP the driver refuses stream memory operations on this address
+ * and libgshm was built without nvcc; -EIO the driver. */
 GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream);
 
 /* gshm_copy followed by gshm_signal(flag, value), fused into one kernel
@@ -504,7 +512,8 @@ GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
  *  flag    8-byte-aligned device address or page-locked host memory that
  *          this process maps; best on the waiting stream's own GPU (the
  *          wait polls it).
- * Errors: -EINVAL flag NULL or misaligned; -ENOENT / -ENODEV no driver or
+ * Errors: -EINVAL flag NULL or misaligned; -EOPNOTSUPP the flag is on a GPU
+ * the stream's GPU has no peer path to; -ENOENT / -ENODEV no driver or
  * GPU; -ENOTSUP the GPU does not support 64-bit stream memory operations;
  * -EIO the driver. */
 GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream);

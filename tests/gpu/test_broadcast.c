@@ -225,6 +225,37 @@ int main(void) {
       CHECK(!memcmp(back, pinned, n), "NULL stream: destination %d differs", i);
     }
   }
+  /* After GPU 0's primary context is reset (cudaDeviceReset), libgshm's
+   * streams and events there are gone: a CHAIN from a new buffer on GPU 0
+   * must make new ones, not fail on stale handles. */
+  if (ngpus >= 2) {
+    gshm_broadcast_opts_t o = {GSHM_BCAST_CHAIN, 256 << 10, 0, 0};
+    void *d[MAX_N];
+    size_t n = 4 * MiB + 5;
+    unsigned char *want = malloc(n);
+    CUdevice dev;
+    CUdeviceptr src2;
+    REQUIRE(want, "malloc");
+    gpu_fill_random(want, n, 1234);
+    for (int i = 0; i < ngpus - 1; i++)
+      d[i] = (void *)(uintptr_t)dbuf[distinct[i]];
+    CU(drv->cuCtxSetCurrent(ctx[0]));
+    CU(drv->cuCtxSynchronize());
+    CU(drv->cuDeviceGet(&dev, 0));
+    CU(drv->cuDevicePrimaryCtxReset(dev)); /* frees src, pinned, GPU 0's slots */
+    CU(drv->cuCtxSetCurrent(ctx[0]));
+    CU(drv->cuMemAlloc(&src2, n));
+    CU(drv->cuMemcpyHtoD(src2, want, n));
+    CHECK(gshm_broadcast_ex((const void *)(uintptr_t)src2, d, ngpus - 1, n, NULL, &o) == 0,
+          "CHAIN after a primary context reset");
+    CU(drv->cuCtxSynchronize());
+    for (int i = 0; i < ngpus - 1; i++) {
+      CU(drv->cuCtxSetCurrent(ctx[slot_gpu[distinct[i]]]));
+      CU(drv->cuMemcpyDtoH(back, dbuf[distinct[i]], n));
+      CHECK(!memcmp(back, want, n), "after reset: destination %d differs", i);
+    }
+    free(want);
+  }
   fprintf(stderr, "broadcast: %d failure(s)\n", failures);
   return failures ? 1 : 0;
 }

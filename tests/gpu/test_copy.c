@@ -140,6 +140,56 @@ int main(void) {
     CHECK(v[0] == 0x3E && v[31] == 0x3E, "no-context copy: %x %x", v[0], v[31]);
   }
 
+  /* A flag on the other GPU, before any peer copy enabled peer access:
+   * gshm_signal / gshm_copy_signal / gshm_wait on GPU 0's stream must
+   * reach it (libgshm enables peer access), not fault. */
+  if (n >= 2) {
+    CUdeviceptr flag;
+    uint64_t got = 0;
+    CU(drv->cuCtxSetCurrent(ctx[1]));
+    CU(drv->cuMemAlloc(&flag, 8));
+    CU(drv->cuMemsetD8(flag, 0, 8));
+    CU(drv->cuCtxSetCurrent(ctx[0]));
+    e = gshm_signal((uint64_t *)(uintptr_t)flag, 5, stream[0]);
+    CHECK(e == 0, "signal of a flag on GPU 1 from GPU 0: %d", e);
+    e = gshm_wait((const uint64_t *)(uintptr_t)flag, 5, stream[0]);
+    CHECK(e == 0, "wait on a flag on GPU 1 from GPU 0: %d", e);
+    e = gshm_copy_signal((void *)(uintptr_t)dst[0], (void *)(uintptr_t)src[0], 4096, GSHM_COPY_SM,
+                         (uint64_t *)(uintptr_t)flag, 6, stream[0]);
+    CHECK(e == 0, "fused copy-signal with the flag on GPU 1: %d", e);
+    CHECK(drv->cuStreamSynchronize(stream[0]) == CUDA_SUCCESS, "GPU 0's stream faulted");
+    CU(drv->cuCtxSetCurrent(ctx[1]));
+    CU(drv->cuMemcpyDtoH(&got, flag, 8));
+    CHECK(got == 6, "flag on GPU 1 reads %llu, want 6", (unsigned long long)got);
+    CU(drv->cuMemFree(flag));
+    CU(drv->cuCtxSetCurrent(ctx[0]));
+  }
+
+  /* Stream order through programmatic dependent launch: each round sets A
+   * (a memset), copies A to B and B to slot i of C with SM kernels, back to
+   * back with no host sync; a kernel that read before the previous one's
+   * stores landed leaves a wrong byte in some slot. */
+  {
+    const size_t slot = 64 << 10;
+    const int rounds = 200;
+    size_t bad = 0;
+    CUdeviceptr a = src[0], b = src[0] + slot, c = dst[0];
+    CU(drv->cuCtxSetCurrent(ctx[0]));
+    for (int i = 0; i < rounds && !bad; i++) {
+      CU(drv->cuMemsetD8Async(a, (unsigned char)(i + 1), slot, stream[0]));
+      bad += gshm_copy((void *)(uintptr_t)b, (void *)(uintptr_t)a, slot, GSHM_COPY_SM, stream[0]) != 0;
+      bad += gshm_copy((void *)(uintptr_t)(c + (size_t)i * slot), (void *)(uintptr_t)b, slot,
+                       GSHM_COPY_SM, stream[0]) != 0;
+    }
+    CHECK(bad == 0, "SM copies in the chain failed");
+    CU(drv->cuStreamSynchronize(stream[0]));
+    CU(drv->cuMemcpyDtoH(back, c, (size_t)rounds * slot));
+    for (int i = 0; i < rounds; i++)
+      for (size_t k = 0; k < slot; k++)
+        bad += back[(size_t)i * slot + k] != (unsigned char)(i + 1);
+    CHECK(bad == 0, "memset -> SM copy -> SM copy chain: %zu bytes out of order", bad);
+  }
+
   for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++)
     for (size_t oi = 0; oi < sizeof(offs) / sizeof(offs[0]); oi++) {
       if (sizes[si] >= (4u << 20) && oi > 3)
@@ -158,6 +208,30 @@ int main(void) {
     }
   if (n < 2)
     printf("note: one GPU: peer cases skipped\n");
+
+  /* After a primary context reset (what cudaDeviceReset does) the handle
+   * is the same but libgshm's module and events are gone: SM copies must
+   * work again, not fail with a stale module. */
+  {
+    CUdevice dev;
+    CUdeviceptr s2, d2;
+    unsigned char v[4096];
+    CU(drv->cuCtxSetCurrent(ctx[0]));
+    CU(drv->cuCtxSynchronize());
+    CU(drv->cuDeviceGet(&dev, 0));
+    CU(drv->cuDevicePrimaryCtxReset(dev));
+    CU(drv->cuCtxSetCurrent(ctx[0]));
+    CU(drv->cuMemAlloc(&s2, sizeof(v)));
+    CU(drv->cuMemAlloc(&d2, sizeof(v)));
+    CU(drv->cuMemsetD8(s2, 0x6B, sizeof(v)));
+    CU(drv->cuMemsetD8(d2, 0, sizeof(v)));
+    e = gshm_copy((void *)(uintptr_t)d2, (void *)(uintptr_t)s2, sizeof(v), GSHM_COPY_SM, NULL);
+    CHECK(e == 0, "SM copy after a primary context reset: %d", e);
+    CU(drv->cuCtxSynchronize());
+    CU(drv->cuMemcpyDtoH(v, d2, sizeof(v)));
+    CHECK(v[0] == 0x6B && v[sizeof(v) - 1] == 0x6B, "copy after reset: %x %x", v[0],
+          v[sizeof(v) - 1]);
+  }
   printf("%d copies checked, %d failures\n", cases, failures);
   return failures ? 1 : 0;
 }
