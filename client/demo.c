@@ -199,6 +199,10 @@ int main(int argc, char **argv) {
   }
   printf("gshmd ready (pid %d): %s\n", (int)sp.pid, sp.status);
 
+  /* a child that failed has closed its end of the go pipe: the write to
+   * it must fail (and be reported), not kill the demo before it stops its
+   * gshmd */
+  signal(SIGPIPE, SIG_IGN);
   seed = (uint64_t)gshm__now_ns(CLOCK_REALTIME) | 1;
   prod = (struct role){.sock = sp.socket_path, .size = size, .seed = seed, .is_producer = 1};
   cons = (struct role){.sock = sp.socket_path, .size = size, .seed = seed, .is_producer = 0};
@@ -222,9 +226,11 @@ int main(int argc, char **argv) {
   }
 
   printf("\n== gshmctl mappings (both processes hold the segment)\n");
-  run_tool("gshmctl", (const char *const[]){"--socket", sp.socket_path, "mappings", NULL});
+  if (run_tool("gshmctl", (const char *const[]){"--socket", sp.socket_path, "mappings", NULL}))
+    rc = 1;
   printf("\n== gshmctl segments\n");
-  run_tool("gshmctl", (const char *const[]){"--socket", sp.socket_path, "segments", NULL});
+  if (run_tool("gshmctl", (const char *const[]){"--socket", sp.socket_path, "segments", NULL}))
+    rc = 1;
 
   /* Let both go, reap them. */
   if (write(prod.go[1], "x", 1) != 1)

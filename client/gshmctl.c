@@ -40,7 +40,8 @@ static void usage(FILE *f) {
           "  mappings                       every lease: segment, pid, uid, client, access, devices\n"
           "  clients                        every client connection\n"
           "  devices                        GPUs, memory, and the P2P / NVLink matrix\n"
-          "  metrics                        Prometheus text exposition\n"
+          "  metrics                        Prometheus text exposition (--json: one\n"
+          "                                 string, key \"text\")\n"
           "  create NAME SIZE [--location LOC] [--mode MODE] [--legacy-ipc]\n"
           "                                 SIZE in bytes or with K/M/G/T; LOC host (default),\n"
           "                                 cuda:N or cuda:GPU-<uuid>; MODE octal, default 0600\n"
@@ -122,6 +123,43 @@ static const char *age(int64_t ns, char *buf, size_t cap) {
   return buf;
 }
 
+/* A JSON string of text that may not be UTF-8 (segment and client names
+ * are bytes): invalid bytes become U+FFFD instead of the key vanishing
+ * (json_string returns NULL for them). */
+static json_t *json_text(const char *text) {
+  json_t *j = json_string(text);
+  size_t n = strlen(text), o = 0;
+  char *fixed;
+
+  if (j || !(fixed = malloc(3 * n + 1)))
+    return j;
+  for (size_t i = 0; i < n;) {
+    /* the longest valid UTF-8 sequence at i, 0 if none */
+    unsigned char b = (unsigned char)text[i];
+    size_t len = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3
+                 : (b & 0xF8) == 0xF0 ? 4 : 0;
+    json_t *probe;
+    char seq[5] = {0};
+    if (len && i + len <= n) {
+      memcpy(seq, text + i, len);
+      if ((probe = json_string(seq))) {
+        json_decref(probe);
+        memcpy(fixed + o, seq, len);
+        o += len;
+        i += len;
+        continue;
+      }
+    }
+    memcpy(fixed + o, "\xEF\xBF\xBD", 3); /* U+FFFD */
+    o += 3;
+    i++;
+  }
+  fixed[o] = '\0';
+  j = json_string(fixed);
+  free(fixed);
+  return j;
+}
+
 static int print_json(json_t *doc) {
   int e = json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   json_decref(doc);
@@ -176,7 +214,7 @@ static int cmd_segments(gshm_client_t *c) {
     for (size_t i = 0; i < n; i++) {
       json_t *o = json_object();
       snprintf(mode, sizeof(mode), "%04o", v[i].mode);
-      json_object_set_new(o, "name", json_string(v[i].name));
+      json_object_set_new(o, "name", json_text(v[i].name));
       json_object_set_new(o, "id", json_integer((json_int_t)v[i].id));
       json_object_set_new(o, "generation", json_integer((json_int_t)v[i].generation));
       json_object_set_new(o, "size", json_integer((json_int_t)v[i].size));
@@ -231,13 +269,13 @@ static int cmd_mappings(gshm_client_t *c) {
         json_array_append_new(devs, json_stringn(p, k));
         p += k + (p[k] == ',');
       }
-      json_object_set_new(o, "segment", json_string(v[i].segment_name));
+      json_object_set_new(o, "segment", json_text(v[i].segment_name));
       json_object_set_new(o, "segment_id", json_integer((json_int_t)v[i].segment_id));
       json_object_set_new(o, "lease_id", json_integer((json_int_t)v[i].lease_id));
       json_object_set_new(o, "location", json_string(v[i].location));
       json_object_set_new(o, "pid", json_integer(v[i].pid));
       json_object_set_new(o, "uid", json_integer(v[i].uid));
-      json_object_set_new(o, "client", json_string(v[i].client_name));
+      json_object_set_new(o, "client", json_text(v[i].client_name));
       json_object_set_new(o, "session_id", json_integer((json_int_t)v[i].session_id));
       json_object_set_new(o, "access", json_string(v[i].access == GSHM_ACCESS_READ ? "r" : "rw"));
       json_object_set_new(o, "since", json_string(rfc3339(v[i].since_ns, t, sizeof(t))));
@@ -276,7 +314,7 @@ static int cmd_clients(gshm_client_t *c) {
       json_object_set_new(o, "pid", json_integer(v[i].pid));
       json_object_set_new(o, "uid", json_integer(v[i].uid));
       json_object_set_new(o, "gid", json_integer(v[i].gid));
-      json_object_set_new(o, "name", json_string(v[i].name));
+      json_object_set_new(o, "name", json_text(v[i].name));
       json_object_set_new(o, "since", json_string(rfc3339(v[i].since_ns, t, sizeof(t))));
       json_object_set_new(o, "leases", json_integer(v[i].leases));
       json_array_append_new(arr, o);
@@ -309,7 +347,7 @@ static int cmd_devices(gshm_client_t *c) {
       json_object_set_new(o, "index", json_integer(v[i].index));
       json_object_set_new(o, "uuid", json_string(v[i].uuid));
       json_object_set_new(o, "pci_bus_id", json_string(v[i].pci_bus_id));
-      json_object_set_new(o, "name", json_string(v[i].name));
+      json_object_set_new(o, "name", json_text(v[i].name));
       json_object_set_new(o, "total_memory", json_integer((json_int_t)v[i].total_memory));
       json_object_set_new(o, "free_memory", json_integer((json_int_t)v[i].free_memory));
       json_object_set_new(o, "granularity", json_integer((json_int_t)v[i].granularity));
@@ -378,6 +416,12 @@ static int cmd_metrics(gshm_client_t *c) {
   int e = gshm_metrics(c, &text);
   if (e)
     return fail(c, "metrics", e);
+  if (json_out) { /* the exposition text as one string */
+    json_t *doc = json_doc();
+    json_object_set_new(doc, "text", json_text(text));
+    gshm_free(text);
+    return print_json(doc);
+  }
   fputs(text, stdout);
   gshm_free(text);
   return EXIT_OK;
@@ -446,7 +490,7 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
   if (json_out) {
     const gshm_segment_info_t *i = gshm_segment_info(seg);
     json_t *doc = json_doc();
-    json_object_set_new(doc, "name", json_string(i->name));
+    json_object_set_new(doc, "name", json_text(i->name));
     json_object_set_new(doc, "id", json_integer((json_int_t)i->id));
     json_object_set_new(doc, "generation", json_integer((json_int_t)i->generation));
     json_object_set_new(doc, "size", json_integer((json_int_t)i->size));
@@ -691,6 +735,12 @@ static int cmd_write(gshm_client_t *c, int argc, char **argv) {
     goto out;
   }
   size = gshm_segment_info(seg)->size;
+  if (offset > size) {
+    fprintf(stderr, "gshmctl: write: offset %" PRIu64 " is past the segment's end (%" PRIu64
+            " bytes)\n", offset, size);
+    rc = EXIT_USAGE;
+    goto out;
+  }
   if ((e = gshm_map(seg, NULL, 0, &addr))) {
     rc = fail(c, "write: map", e);
     goto out;
@@ -833,5 +883,12 @@ int main(int argc, char **argv) {
   else
     rc = cmd_write(c, argc, argv);
   gshm_disconnect(c);
+  /* output that could not be written (a full disk, a closed pipe) is a
+   * failure, not a success with nothing shown */
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "gshmctl: writing output: %s\n", strerror(errno ? errno : EIO));
+    if (rc == EXIT_OK)
+      rc = EXIT_ERR;
+  }
   return rc;
 }
