@@ -762,10 +762,13 @@ class Segment(object):
 
 class HostSegment(Segment, mmap.mmap):
     """A host (memfd) segment.  It is also a Python mmap of the segment, so it
-    has the buffer protocol: numpy.frombuffer(seg, dtype), torch.frombuffer(seg,
-    dtype=...), memoryview(seg), seg[a:b] all see the shared memory (read-only
-    for "r" leases).  Views stay valid after close(): the memory stays mapped
-    until the last of them goes, while the lease ends at close()."""
+    has the buffer protocol: numpy.frombuffer(seg, dtype), memoryview(seg),
+    seg.view(), gshm.torch.tensor_view(seg, ...) and seg[a:b] all see the
+    shared memory (read-only for "r" leases).  Those views stay valid after
+    close(): the memory stays mapped until the last of them goes, while the
+    lease ends at close().  torch.frombuffer(seg, ...) keeps no buffer export
+    (only the object): a tensor made with it must not outlive close(); use
+    gshm.torch.tensor_view for one that may."""
 
     def __new__(cls, client, handle, info, access):
         fd = L.lib().gshm_segment_fd(handle.ptr)

@@ -88,9 +88,14 @@ def tensor_view(seg, dtype, shape, offset=0, device=None):
         seg.view("uint8", (nbytes,), offset)
         if nbytes == 0:
             return _torch.empty(shape, dtype=tdt)
+        # Through NumPy, not torch.frombuffer: frombuffer releases its buffer
+        # export at once and keeps only the object, so seg.close() would
+        # unmap the memory under the tensor.  The array holds an export
+        # (mmap.close then leaves the mapping to the last view) and the
+        # tensor holds the array.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*not writable.*")
-            raw = _torch.frombuffer(seg, dtype=_torch.uint8, count=nbytes, offset=offset)
+            raw = _torch.from_numpy(seg.view("uint8", (nbytes,), offset))
     else:
         raw = _torch.from_dlpack(seg.view("uint8", (nbytes,), offset, device=device))
     return raw.view(tdt).reshape(shape)

@@ -213,6 +213,22 @@ def test_tensor_keeps_lease_after_close(gpu_daemon, gpu_client, segname):
     gpu_client.unlink(segname)
 
 
+def test_host_tensor_view_survives_close(gpu_daemon, gpu_client, segname):
+    """A torch view of a host segment keeps the memory mapped after close()
+    (it once pointed at unmapped memory: torch.frombuffer keeps no export)."""
+    seg = gpu_client.create(segname, 1 * MiB, location="host")
+    t = gt.tensor_view(seg, "int32", (1024,))
+    t.fill_(11)
+    seg.close()
+    gc.collect()
+    assert t.sum().item() == 11 * 1024
+    t.add_(1)
+    assert int(t[1023]) == 12
+    del t
+    gc.collect()
+    gpu_client.unlink(segname)
+
+
 def test_device_view_bounds_and_dtypes(gpu_client, segname):
     with gpu_client.create(segname, 2 * MiB, location=gshm.location_of_device(0)) as seg:
         size = seg.size
