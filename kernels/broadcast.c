@@ -233,16 +233,20 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const 
   }
   for (int g = 0; g < MAX_GPUS; g++) {
     struct bgpu *b = &bgpus[g];
-    unsigned long long id;
+    unsigned long long id = 0;
+    CUcontext now;
     b->used = 0;
     memset(b->used_mask, 0, sizeof(b->used_mask));
-    if (b->ctx && b->ctx_id && drv->cuCtxGetId(b->ctx, &id) == CUDA_SUCCESS && id != b->ctx_id) {
+    if (!b->ctx || !drv->cuCtxGetId || gshm__copy_primary_ctx(drv, g, &now))
+      continue;
+    if (now != b->ctx || drv->cuCtxGetId(now, &id) != CUDA_SUCCESS || id != b->ctx_id) {
       /* the primary context was reset (cudaDeviceReset): its streams and
-       * events went with it; make new ones (the handle stays) */
+       * events went with it; make new ones in the context there is now */
       free(b->ev);
       memset(&b->stream, 0, sizeof(b->stream));
       b->ev = NULL;
       b->nev = 0;
+      b->ctx = now;
       b->ctx_id = id;
     }
   }

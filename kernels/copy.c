@@ -51,6 +51,9 @@ struct kctx {
   CUdeviceptr scratch;   /* 8 bytes: gshm_compare's counter */
   CUevent order_ev;      /* gshm__copy_ctx_event's, created on first use */
   uint64_t peer_tried, peer_ok; /* by GPU ordinal */
+  /* the peer's primary context (cuCtxGetId) when access was enabled: a
+   * reset there ends the access, which is then enabled again */
+  unsigned long long peer_ctx_id[MAX_DEVICES];
 };
 
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -292,6 +295,13 @@ int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontex
   if (ordinal < 0 || ordinal >= MAX_DEVICES)
     return -ENODEV;
   pthread_mutex_lock(&table_lock);
+  if (primary[ordinal] && drv->cuCtxGetId) {
+    /* reset since (cuDevicePrimaryCtxReset, cudaDeviceReset): the handle is
+     * dead until the primary context is retained again */
+    unsigned long long id;
+    if (drv->cuCtxGetId(primary[ordinal], &id) == CUDA_ERROR_CONTEXT_IS_DESTROYED)
+      primary[ordinal] = NULL;
+  }
   if (!primary[ordinal]) {
     CUdevice dev;
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceGet, &dev, ordinal);
@@ -309,6 +319,8 @@ int gshm__copy_enable_peer(int ordinal) {
   struct kctx *k;
   CUcontext peer;
   uint64_t bit;
+  unsigned long long was, id = 0;
+  bool tried, ok;
   int can = 0, e;
   CUresult r;
 
@@ -323,12 +335,15 @@ int gshm__copy_enable_peer(int ordinal) {
     return -ENODEV;
   bit = 1ull << ordinal;
   pthread_mutex_lock(&table_lock);
-  if (k->peer_tried & bit) {
-    e = k->peer_ok & bit ? 0 : -EOPNOTSUPP;
-    pthread_mutex_unlock(&table_lock);
-    return e;
-  }
+  tried = k->peer_tried & bit;
+  ok = k->peer_ok & bit;
+  was = k->peer_ctx_id[ordinal];
   pthread_mutex_unlock(&table_lock);
+  if (tried && (!ok || !was))
+    return ok ? 0 : -EOPNOTSUPP;
+  if (tried && !gshm__copy_primary_ctx(drv, ordinal, &peer) &&
+      drv->cuCtxGetId(peer, &id) == CUDA_SUCCESS && id == was)
+    return 0; /* enabled, towards the context there still is */
 
   e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceCanAccessPeer, &can, k->dev, (CUdevice)ordinal);
   if (!e && !can)
@@ -336,6 +351,8 @@ int gshm__copy_enable_peer(int ordinal) {
   if (!e)
     e = gshm__copy_primary_ctx(drv, ordinal, &peer);
   if (!e) {
+    if (!drv->cuCtxGetId || drv->cuCtxGetId(peer, &id) != CUDA_SUCCESS)
+      id = 0; /* cannot tell a reset: trust the first answer */
     r = drv->cuCtxEnablePeerAccess(peer, 0);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
       gshm__cuda_log(GSHM_LOG_ERR, r, "cuCtxEnablePeerAccess", __FILE__, __LINE__);
@@ -346,8 +363,10 @@ int gshm__copy_enable_peer(int ordinal) {
     return e; /* maybe transient: try again next time */
   pthread_mutex_lock(&table_lock);
   k->peer_tried |= bit;
+  k->peer_ok &= ~bit;
   if (!e)
     k->peer_ok |= bit;
+  k->peer_ctx_id[ordinal] = id;
   pthread_mutex_unlock(&table_lock);
   return e;
 }

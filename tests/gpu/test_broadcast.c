@@ -243,6 +243,9 @@ int main(void) {
     CU(drv->cuCtxSynchronize());
     CU(drv->cuDeviceGet(&dev, 0));
     CU(drv->cuDevicePrimaryCtxReset(dev)); /* frees src, pinned, GPU 0's slots */
+    /* the old handle is dead until retained again (what the runtime does
+     * on its next call after cudaDeviceReset) */
+    CU(drv->cuDevicePrimaryCtxRetain(&ctx[0], dev));
     CU(drv->cuCtxSetCurrent(ctx[0]));
     CU(drv->cuMemAlloc(&src2, n));
     CU(drv->cuMemcpyHtoD(src2, want, n));

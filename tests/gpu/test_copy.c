@@ -220,6 +220,9 @@ int main(void) {
     CU(drv->cuCtxSynchronize());
     CU(drv->cuDeviceGet(&dev, 0));
     CU(drv->cuDevicePrimaryCtxReset(dev));
+    /* the old handle is dead until retained again (what the runtime does
+     * on its next call after cudaDeviceReset) */
+    CU(drv->cuDevicePrimaryCtxRetain(&ctx[0], dev));
     CU(drv->cuCtxSetCurrent(ctx[0]));
     CU(drv->cuMemAlloc(&s2, sizeof(v)));
     CU(drv->cuMemAlloc(&d2, sizeof(v)));
