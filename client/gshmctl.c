@@ -485,6 +485,8 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
   }
   if (parse_bytes("create: size", argv[optind + 1], &size))
     return EXIT_USAGE;
+  if (!c)
+    return EXIT_OK; /* arguments only (see main) */
   if ((e = gshm_create(c, argv[optind], size, location, mode, flags, &seg)))
     return fail(c, "create", e);
   if (json_out) {
@@ -514,6 +516,8 @@ static int cmd_by_name(gshm_client_t *c, int argc, char **argv, const char *verb
     fprintf(stderr, "gshmctl: %s NAME\n", verb);
     return EXIT_USAGE;
   }
+  if (!c)
+    return EXIT_OK;
   if ((e = fn(c, argv[1])))
     return fail(c, verb, e);
   if (json_out)
@@ -536,6 +540,8 @@ static int cmd_chmod(gshm_client_t *c, int argc, char **argv) {
   }
   if (parse_mode("chmod", argv[2], &mode))
     return EXIT_USAGE;
+  if (!c)
+    return EXIT_OK;
   if ((e = gshm_chmod(c, argv[1], mode)))
     return fail(c, "chmod", e);
   return json_out ? print_json(json_doc()) : EXIT_OK;
@@ -590,6 +596,8 @@ static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
   }
   if (parse_id(spec, false, &uid))
     return EXIT_NOTFOUND;
+  if (!c)
+    return EXIT_OK;
   if ((e = gshm_chown(c, argv[1], uid, gid)))
     return fail(c, "chown", e);
   return json_out ? print_json(json_doc()) : EXIT_OK;
@@ -663,6 +671,8 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
 
   if ((rc = rw_opts(argc, argv, false, &offset, &length, &have_length, &file)))
     return rc;
+  if (!c)
+    return EXIT_OK;
   if ((e = gshm_open(c, argv[optind], GSHM_ACCESS_READ, &seg)))
     return fail(c, "read", e);
   {
@@ -726,6 +736,8 @@ static int cmd_write(gshm_client_t *c, int argc, char **argv) {
 
   if ((rc = rw_opts(argc, argv, true, &offset, &unused, &have_length, &file)))
     return rc;
+  if (!c)
+    return EXIT_OK;
   if (file && (in = open(file, O_RDONLY | O_CLOEXEC)) < 0) {
     fprintf(stderr, "gshmctl: write: %s: %s\n", file, strerror(errno));
     return EXIT_ERR;
@@ -780,6 +792,40 @@ out:
   if (file)
     close(in);
   gshm_close(seg);
+  return rc;
+}
+
+/* Runs verb on c; with c NULL (verbs that take arguments only), checks the
+ * arguments and returns EXIT_OK or their usage error without connecting. */
+static int dispatch(gshm_client_t *c, const char *verb, int argc, char **argv) {
+  int rc;
+
+  if (!strcmp(verb, "status"))
+    rc = cmd_status(c);
+  else if (!strcmp(verb, "segments"))
+    rc = cmd_segments(c);
+  else if (!strcmp(verb, "mappings"))
+    rc = cmd_mappings(c);
+  else if (!strcmp(verb, "clients"))
+    rc = cmd_clients(c);
+  else if (!strcmp(verb, "devices"))
+    rc = cmd_devices(c);
+  else if (!strcmp(verb, "metrics"))
+    rc = cmd_metrics(c);
+  else if (!strcmp(verb, "create"))
+    rc = cmd_create(c, argc, argv);
+  else if (!strcmp(verb, "unlink"))
+    rc = cmd_unlink(c, argc, argv);
+  else if (!strcmp(verb, "read"))
+    rc = cmd_read(c, argc, argv);
+  else if (!strcmp(verb, "chmod"))
+    rc = cmd_chmod(c, argc, argv);
+  else if (!strcmp(verb, "chown"))
+    rc = cmd_chown(c, argc, argv);
+  else if (!strcmp(verb, "revoke"))
+    rc = cmd_revoke(c, argc, argv);
+  else
+    rc = cmd_write(c, argc, argv);
   return rc;
 }
 
@@ -854,34 +900,15 @@ int main(int argc, char **argv) {
       return EXIT_USAGE;
     }
   }
+  /* A verb's arguments are checked before connecting: a usage error is
+   * exit 2 whether or not gshmd runs. */
+  if (strcmp(verb, "status") && strcmp(verb, "segments") && strcmp(verb, "mappings") &&
+      strcmp(verb, "clients") && strcmp(verb, "devices") && strcmp(verb, "metrics") &&
+      (rc = dispatch(NULL, verb, argc, argv)))
+    return rc;
   if ((rc = connect_daemon(&c)))
     return rc;
-  if (!strcmp(verb, "status"))
-    rc = cmd_status(c);
-  else if (!strcmp(verb, "segments"))
-    rc = cmd_segments(c);
-  else if (!strcmp(verb, "mappings"))
-    rc = cmd_mappings(c);
-  else if (!strcmp(verb, "clients"))
-    rc = cmd_clients(c);
-  else if (!strcmp(verb, "devices"))
-    rc = cmd_devices(c);
-  else if (!strcmp(verb, "metrics"))
-    rc = cmd_metrics(c);
-  else if (!strcmp(verb, "create"))
-    rc = cmd_create(c, argc, argv);
-  else if (!strcmp(verb, "unlink"))
-    rc = cmd_unlink(c, argc, argv);
-  else if (!strcmp(verb, "read"))
-    rc = cmd_read(c, argc, argv);
-  else if (!strcmp(verb, "chmod"))
-    rc = cmd_chmod(c, argc, argv);
-  else if (!strcmp(verb, "chown"))
-    rc = cmd_chown(c, argc, argv);
-  else if (!strcmp(verb, "revoke"))
-    rc = cmd_revoke(c, argc, argv);
-  else
-    rc = cmd_write(c, argc, argv);
+  rc = dispatch(c, verb, argc, argv);
   gshm_disconnect(c);
   /* output that could not be written (a full disk, a closed pipe) is a
    * failure, not a success with nothing shown */

@@ -117,6 +117,13 @@ static void test_exit_codes(void **state) {
     struct harness fake = *h;
     fake.socket_path = "/nonexistent/gshmd.sock";
     assert_int_equal(CTL(&fake, NULL, "status"), 3);
+    assert_int_equal(CTL(&fake, NULL, "create", "x", "4K"), 3);
+    /* bad arguments are a usage error whether or not gshmd runs */
+    assert_int_equal(CTL(&fake, NULL, "create", "x", "12Q"), 2);
+    assert_int_equal(CTL(&fake, NULL, "create", "x"), 2);
+    assert_int_equal(CTL(&fake, NULL, "chmod", "x", "999"), 2);
+    assert_int_equal(CTL(&fake, NULL, "unlink"), 2);
+    assert_int_equal(CTL(&fake, NULL, "read"), 2);
   }
 }
 
