@@ -182,6 +182,14 @@ __global__ void gshm_fill32(uint32_t *p, size_t n32, uint32_t seed) {
   }
 }
 
+/* How many of the four bytes of two 32-bit words differ. */
+__device__ __forceinline__ unsigned bytes_differ(uint32_t x, uint32_t y) {
+  uint32_t d = x ^ y;
+  /* a byte's high bit set where that byte of d is nonzero */
+  uint32_t nz = ((d & 0x7f7f7f7fu) + 0x7f7f7f7fu | d) & 0x80808080u;
+  return __popc(nz);
+}
+
 /* Counts the bytes that differ between a and b (n bytes each) into *bad. */
 __global__ void gshm_compare(const unsigned char *a, const unsigned char *b, size_t n,
                              unsigned long long *bad) {
@@ -194,7 +202,8 @@ __global__ void gshm_compare(const unsigned char *a, const unsigned char *b, siz
   if (aligned) {
     for (size_t i = tid; i < n16; i += nthreads) {
       uint4 x = ((const uint4 *)a)[i], y = ((const uint4 *)b)[i];
-      mine += (x.x != y.x) + (x.y != y.y) + (x.z != y.z) + (x.w != y.w);
+      mine += bytes_differ(x.x, y.x) + bytes_differ(x.y, y.y) + bytes_differ(x.z, y.z) +
+              bytes_differ(x.w, y.w);
     }
   } else {
     n16 = 0;
