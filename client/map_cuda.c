@@ -344,12 +344,18 @@ int gshm__device_rw(struct gshm__lease *l, uint64_t offset, void *host, size_t b
     return -ERANGE;
   if ((e = CU_LIB(m->drv, cuCtxPushCurrent, m->copy_ctx)))
     return e;
-  /* cuMemcpy with pageable host memory is synchronous: the driver stages
-   * it through its own pinned buffers. */
-  if (write)
+  /* From pageable memory cuMemcpyHtoD may return once the bytes are in
+   * the driver's staging buffers, before they reach the GPU (CUDA "API
+   * synchronization behavior"): gshm_write promises they are there, so
+   * wait for the (legacy default) stream it ran on.  DtoH into pageable
+   * memory returns with the bytes in place. */
+  if (write) {
     e = CU_LIB(m->drv, cuMemcpyHtoD, m->va + offset, host, bytes);
-  else
+    if (!e)
+      e = CU_LIB(m->drv, cuStreamSynchronize, NULL);
+  } else {
     e = CU_LIB(m->drv, cuMemcpyDtoH, host, m->va + offset, bytes);
+  }
   CU_LIB(m->drv, cuCtxPopCurrent, &ctx);
   return e;
 }
@@ -373,9 +379,16 @@ int gshm_open_legacy_ipc(gshm_client_t *c, const char *name,
   pthread_mutex_lock(&c->lock);
   if ((e = gshm__request(c, GSHM_WIRE_OPEN, &m.base, &reply, &fd)))
     goto unlock;
-  /* a grant with the handle and no fd (else -EPROTO) */
-  if (!(e = gshm__lease_from_grant(c, reply, fd, seg_out)))
+  /* a grant with the handle and no fd: anything else (an fd grant from a
+   * confused daemon) is -EPROTO, with the lease closed again */
+  if (reply->body_case != GSHM__REPLY__BODY_GRANT || !reply->grant ||
+      reply->grant->legacy_ipc_handle.len != GSHM_LEGACY_IPC_HANDLE_SIZE) {
+    if (fd >= 0)
+      close(fd);
+    e = -EPROTO;
+  } else if (!(e = gshm__lease_from_grant(c, reply, fd, seg_out))) {
     memcpy(handle_out, reply->grant->legacy_ipc_handle.data, GSHM_LEGACY_IPC_HANDLE_SIZE);
+  }
   gshm__reply__free_unpacked(reply, NULL);
 unlock:
   pthread_mutex_unlock(&c->lock);

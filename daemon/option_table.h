@@ -87,7 +87,9 @@
     "Per-uid limit on the bytes of host (memfd) segments; 0 means unlimited.")                                          \
   X(quota, cuda_bytes, SIZE, quota_cuda_bytes, "0", 0, UINT64_MAX, NULL,        \
     "Per-uid limit on the bytes of device segments, all GPUs together; 0 "     \
-    "means unlimited.")                                \
+    "means unlimited.  It counts segments until gshmd frees them: memory a "  \
+    "client keeps alive after that through its own copy of a segment's fd "   \
+    "(the driver cannot take it back) is not counted.")                        \
   X(quota, segments, U32, quota_segments, "0", 0, UINT32_MAX, NULL,             \
     "Per-uid limit on segments owned; 0 means unlimited.")                      \
   X(quota, leases, U32, quota_leases, "0", 0, UINT32_MAX, NULL,                 \

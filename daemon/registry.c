@@ -456,6 +456,10 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
     *msg_out = "access must be read or read-write";
     return -EINVAL;
   }
+  /* A legacy IPC handle always opens read-write (cuIpcOpenMemHandle has no
+   * read-only mode), whatever the request says: check for that. */
+  if (req->legacy_ipc)
+    access = GSHM__ACCESS__ACCESS_READ_WRITE;
   if (req->segment_id) {
     seg = gshmd_registry_find_id(r, req->segment_id);
     if (!seg || (req->generation && seg->generation != req->generation)) {

@@ -178,7 +178,8 @@ GSHM_EXTERN int gshm_create(gshm_client_t *client, const char *name, uint64_t si
  *  seg_out   receives the open segment; release with gshm_close().
  * Errors: -ENOENT no such name; -EACCES mode bits refuse this access;
  * -EINVAL bad access or name; -ENAMETOOLONG name over GSHM_NAME_MAX;
- * -EDQUOT / -EMFILE lease limits. */
+ * -ENOTSUP a legacy-IPC-only segment (use gshm_open_legacy_ipc); -EDQUOT /
+ * -EMFILE lease limits. */
 GSHM_EXTERN int gshm_open(gshm_client_t *client, const char *name, gshm_access_t access,
                           gshm_segment_t **seg_out);
 

@@ -83,6 +83,20 @@ static void test_permissions(void **state) {
   assert_int_equal(create(f, f->alice, "a/group", 100, 0640, &l), 0);
   assert_int_equal(open_(f, f->bob, "a/group", GSHM__ACCESS__ACCESS_READ, &lb), 0);
   assert_int_equal(open_(f, f->bob, "a/group", GSHM__ACCESS__ACCESS_READ_WRITE, &lb), -EACCES);
+  /* A legacy IPC handle opens read-write whatever the request asks: a
+   * reader must not get one (the flag set by hand: no CUDA here). */
+  {
+    Gshm__OpenRequest req = GSHM__OPEN_REQUEST__INIT;
+    const char *msg = NULL;
+    l->seg->flags |= GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC;
+    req.name = "a/group";
+    req.access = GSHM__ACCESS__ACCESS_READ;
+    req.legacy_ipc = 1;
+    assert_int_equal(gshmd_registry_open(&f->reg, f->bob, &req, &lb, &msg), -EACCES);
+    assert_int_equal(gshmd_registry_open(&f->reg, f->alice, &req, &lb, &msg), 0);
+    assert_int_equal(lb->access, GSHM__ACCESS__ACCESS_READ_WRITE);
+    l->seg->flags &= ~(uint32_t)GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC;
+  }
   /* Only the owner or an admin unlinks. */
   {
     const char *msg;
