@@ -384,6 +384,14 @@ static char *ini_state_read(char *str, int num, void *stream) {
       return NULL;
     }
   }
+  /* Debian's inih takes a line that starts with blanks as the continuation
+   * of the key above (multi-line values): "  admin_group = x" under
+   * "socket_group = y" became socket_group's value.  Indentation means
+   * nothing in gshmd.conf, so drop it. */
+  if (len && (str[0] == ' ' || str[0] == '\t')) {
+    size_t skip = strspn(str, " \t");
+    memmove(str, str + skip, len - skip + 1);
+  }
   return str;
 }
 

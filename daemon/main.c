@@ -133,6 +133,15 @@ static int setup_socket(struct daemon *d, int *listen_fds, char **names, int nfd
       close(fd);
       return -EADDRINUSE;
     }
+    {
+      /* only a stale socket is removed, never another kind of file */
+      struct stat st;
+      if (lstat(path, &st) < 0 || !S_ISSOCK(st.st_mode)) {
+        gshm_log_err("%s exists and is not a socket; not removing it", path);
+        close(fd);
+        return -EEXIST;
+      }
+    }
     unlink(path);
     if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
       goto bind_failed;
@@ -364,6 +373,10 @@ shutdown:
     close(d.listen_fd);
   if (d.socket_created && !d.socket_activated)
     unlink(d.cfg.socket_path);
+  /* a stopped gshmd must not go on reporting gshm_up 1 through the
+   * node exporter */
+  if (d.metrics_timer_on)
+    unlink(d.cfg.metrics_textfile);
   gshmd_fdstore_shutdown(&d.fdstore);
   if (d.reg_ready)
     gshmd_registry_destroy(&d.reg);

@@ -169,11 +169,14 @@ int gshmd_metrics_write_textfile(struct gshmd_server *s, const char *path) {
   if ((e = gshmd_metrics_render(s, &text)))
     return e;
   len = strlen(text);
-  if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp-gshmd", path) >= sizeof(tmp)) {
+  /* A new file of a random name next to the target (mkostemp: O_EXCL, so
+   * never through a symlink someone planted there; gshmd may run as
+   * root in a directory others write), then renamed over it. */
+  if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp-gshmd-XXXXXX", path) >= sizeof(tmp)) {
     free(text);
     return -ENAMETOOLONG;
   }
-  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd = mkostemp(tmp, O_CLOEXEC);
   e = fd < 0 ? -errno : 0;
   if (!e && (write(fd, text, len) != (ssize_t)len || fchmod(fd, 0644) < 0 || fsync(fd) < 0))
     e = errno ? -errno : -EIO;
@@ -182,7 +185,8 @@ int gshmd_metrics_write_textfile(struct gshmd_server *s, const char *path) {
   if (!e && rename(tmp, path) < 0)
     e = -errno;
   if (e) {
-    unlink(tmp);
+    if (fd >= 0)
+      unlink(tmp); /* ours (mkostemp made it) */
     if (e != last_err)
       gshm_log_err("metrics textfile %s: %s", path, strerror(-e));
   }

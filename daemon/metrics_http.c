@@ -128,7 +128,9 @@ int gshmd_metrics_http_start(uv_loop_t *loop, struct gshmd_server *srv, const ch
   pthread_mutex_init(&h->lock, NULL);
   h->srv = srv;
   refresh(h);
-  h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+  /* MHD_USE_AUTO: poll or epoll, not select(), which refuses descriptors
+   * numbered 1024 and above, and gshmd holds one per segment. */
+  h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG |
                                 (sa.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0),
                             0, NULL, NULL, answer, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_LIMIT, 16U, MHD_OPTION_CONNECTION_TIMEOUT, 10U,

@@ -268,6 +268,19 @@ expect_value daemon legacy_ipc true --config "$d/gshmd.conf" --legacy-ipc
 # A relative --config finds its conf.d relative to itself.
 (cd "$d" && expect_value daemon socket /dropin.sock --config gshmd.conf)
 
+# Indentation is not a continuation line (inih's multi-line values): each
+# indented key keeps its own value.
+printf '[daemon]\nsocket = /indent.sock\n    log_level = 6\n\t backend = host\n' >"$tmp/indent.conf"
+expect_value daemon socket /indent.sock --config "$tmp/indent.conf"
+expect_value daemon log_level 6 --config "$tmp/indent.conf"
+expect_value daemon backend host --config "$tmp/indent.conf"
+
+# A file at the socket path that is not a socket is never removed.
+echo keep >"$tmp/notasock"
+run 1 timeout 10 "$gshmd" --backend host --socket "$tmp/notasock" || true
+grep -q "not a socket" "$tmp/err" || fail "no 'not a socket' error: $(cat "$tmp/err")"
+[[ $(cat "$tmp/notasock" 2>/dev/null) == keep ]] || fail "gshmd removed a regular file at its socket path"
+
 if ((failures)); then
   echo "$failures failure(s)" >&2
   exit 1

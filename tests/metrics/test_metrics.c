@@ -982,8 +982,49 @@ static void test_textfile(void **state) {
   gshm_disconnect(c);
 }
 
+/* A symlink planted where a predictable temporary name would be is not
+ * followed (gshmd may run as root in a directory others can write), and
+ * the textfile goes away with gshmd (no stale gshm_up 1). */
+static void test_textfile_no_symlink_and_removed_at_stop(void **state) {
+  char dir[64], path[128], link_path[160], victim[128], set[192], buf[16] = {0};
+  const char *args[] = {"--set", set, "--set", "metrics.interval_sec=1", NULL};
+  struct harness h;
+  struct stat st;
+  int fd;
+
+  (void)state;
+  snprintf(dir, sizeof(dir), "/tmp/gshm-textfile.XXXXXX");
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof(path), "%s/gshm.prom", dir);
+  snprintf(victim, sizeof(victim), "%s/victim", dir);
+  snprintf(link_path, sizeof(link_path), "%s.tmp-gshmd", path); /* the old fixed name */
+  fd = open(victim, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, "victim", 6), 6);
+  close(fd);
+  assert_int_equal(symlink(victim, link_path), 0);
+  snprintf(set, sizeof(set), "metrics.textfile=%s", path);
+  assert_int_equal(harness_start(&h, args), 0);
+  usleep(1500 * 1000);
+  assert_int_equal(lstat(path, &st), 0);
+  assert_true(S_ISREG(st.st_mode));
+  fd = open(victim, O_RDONLY);
+  assert_true(fd >= 0);
+  assert_int_equal(read(fd, buf, sizeof(buf) - 1), 6);
+  close(fd);
+  assert_string_equal(buf, "victim");
+  assert_int_equal(stat(victim, &st), 0);
+  assert_int_equal(st.st_mode & 07777, 0600);
+  assert_int_equal(harness_stop(&h), 0);
+  assert_int_equal(access(path, F_OK), -1); /* removed at stop */
+  unlink(link_path);
+  unlink(victim);
+  assert_int_equal(rmdir(dir), 0); /* nothing else left behind */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_textfile_no_symlink_and_removed_at_stop),
       cmocka_unit_test(test_parser_rejects),
       cmocka_unit_test_setup_teardown(test_values, setup, teardown),
       cmocka_unit_test_setup_teardown(test_format, setup, teardown),
