@@ -201,15 +201,16 @@ int gshm__spawn_start(struct gshm_spawn *s, const char *gshmd_path, const char *
   if (s->pid < 0)
     return -errno;
   if (s->pid == 0) {
-    /* Child: fds to 3.. in order, via high numbers so dup2 never clobbers
-     * one not yet moved. */
-    int tmp[GSHM_SPAWN_MAX_FDS + 1], k = 0;
+    /* Child: fds to 3.. in order, via copies numbered above every target
+     * (3 + nfds and up, not a fixed high number that RLIMIT_NOFILE, often
+     * 1024, may not allow) so that dup2 never clobbers one not yet moved. */
+    int tmp[GSHM_SPAWN_MAX_FDS + 1], k = 0, base = 3 + nfds;
     static char names[65536], env_fds[32], env_pid[32];
     size_t used = 0;
     if (socket_activation)
-      tmp[k++] = fcntl(s->listen_fd, F_DUPFD_CLOEXEC, 10000);
+      tmp[k++] = fcntl(s->listen_fd, F_DUPFD_CLOEXEC, base);
     for (int i = 0; i < s->nfds; i++)
-      tmp[k++] = fcntl(s->fds[i], F_DUPFD_CLOEXEC, 10000);
+      tmp[k++] = fcntl(s->fds[i], F_DUPFD_CLOEXEC, base);
     for (int i = 0; i < k; i++)
       if (tmp[i] < 0 || dup2(tmp[i], 3 + i) < 0)
         _exit(126);
