@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 int gshm__location_parse(const char *s, struct gshm_location *out) {
   struct gshm_location loc;
@@ -128,4 +131,45 @@ void gshm__format_gpu_uuid(const unsigned char b[16], char buf[48]) {
            "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
            b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
            b[15]);
+}
+
+int gshm__parse_loopback(const char *listen, struct sockaddr_storage *sa, socklen_t *len) {
+  char host[64];
+  const char *colon = strrchr(listen, ':');
+  char *end;
+  long port;
+
+  if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof(host))
+    return -EINVAL;
+  port = strtol(colon + 1, &end, 10);
+  if (*end || !colon[1] || port < 1 || port > 65535)
+    return -EINVAL;
+  memcpy(host, listen, (size_t)(colon - listen));
+  host[colon - listen] = '\0';
+  memset(sa, 0, sizeof(*sa));
+  if (!strcmp(host, "localhost"))
+    strcpy(host, "127.0.0.1");
+  if (host[0] == '[') {
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)sa;
+    size_t n = strlen(host);
+    if (n < 3 || host[n - 1] != ']')
+      return -EINVAL;
+    host[n - 1] = '\0';
+    if (inet_pton(AF_INET6, host + 1, &s6->sin6_addr) != 1 || !IN6_IS_ADDR_LOOPBACK(&s6->sin6_addr))
+      return -EINVAL;
+    s6->sin6_family = AF_INET6;
+    s6->sin6_port = htons((uint16_t)port);
+    *len = sizeof(*s6);
+    return 0;
+  } else {
+    struct sockaddr_in *s4 = (struct sockaddr_in *)sa;
+    /* 127.0.0.0/8 only: gshm's metrics name users' segments. */
+    if (inet_pton(AF_INET, host, &s4->sin_addr) != 1 ||
+        (ntohl(s4->sin_addr.s_addr) >> 24) != 127)
+      return -EINVAL;
+    s4->sin_family = AF_INET;
+    s4->sin_port = htons((uint16_t)port);
+    *len = sizeof(*s4);
+    return 0;
+  }
 }

@@ -2,6 +2,7 @@
 #ifndef GSHM_COMMON_UTIL_H
 #define GSHM_COMMON_UTIL_H
 
+#include <sys/socket.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -28,6 +29,11 @@ int gshm__location_parse(const char *s, struct gshm_location *out);
  * (also KiB/MiB/GiB/TiB, case-insensitive, no spaces).  Returns 0, -EINVAL
  * (not a number, unknown suffix) or -ERANGE (over 2^64-1). */
 int gshm__parse_size(const char *s, uint64_t *out);
+
+/* Parses a loopback "ADDR:PORT" (127.0.0.0/8, [::1], or localhost; port
+ * 1..65535) into *sa and *len.  Returns 0 or -EINVAL (not that form, or
+ * not a loopback address: gshm's metrics name users' segments). */
+int gshm__parse_loopback(const char *listen, struct sockaddr_storage *sa, socklen_t *len);
 
 /* Formats bytes as "64 MiB" style into buf; returns buf. */
 const char *gshm__format_size(uint64_t bytes, char *buf, size_t cap);

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <ini.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "option_table.h"
+#include "util.h"
 
 #ifndef GSHM_VERSION
 #define GSHM_VERSION "0.1.0"
@@ -853,6 +855,25 @@ int gshmd_config_setup(struct gshmd_config *cfg, int argc, char **argv,
     r = override_apply(cfg, &overrides[i]);
     if (r < 0)
       goto out;
+  }
+
+  /* Values whose form the option table cannot express: checked here so
+   * that --check-config finds what would stop gshmd later. */
+  if (cfg->metrics_http_listen && *cfg->metrics_http_listen) {
+    struct sockaddr_storage sa;
+    socklen_t salen;
+    if (gshm__parse_loopback(cfg->metrics_http_listen, &sa, &salen)) {
+      config_error("metrics.http_listen '%s': want a loopback ADDRESS:PORT such as "
+                   "127.0.0.1:9477",
+                   cfg->metrics_http_listen);
+      r = -EINVAL;
+      goto out;
+    }
+  }
+  if (check && cfg->admin_group && *cfg->admin_group && !getgrnam(cfg->admin_group)) {
+    config_error("daemon.admin_group '%s': no such group", cfg->admin_group);
+    r = -EINVAL;
+    goto out;
   }
 
   if (dump)

@@ -11,48 +11,7 @@
 
 #include "log.h"
 #include "metrics.h"
-
-/* Parses a loopback "ADDR:PORT" into sa.  Returns 0 or -EINVAL. */
-static int parse_loopback(const char *listen, struct sockaddr_storage *sa, socklen_t *len) {
-  char host[64];
-  const char *colon = strrchr(listen, ':');
-  char *end;
-  long port;
-
-  if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof(host))
-    return -EINVAL;
-  port = strtol(colon + 1, &end, 10);
-  if (*end || !colon[1] || port < 1 || port > 65535)
-    return -EINVAL;
-  memcpy(host, listen, (size_t)(colon - listen));
-  host[colon - listen] = '\0';
-  memset(sa, 0, sizeof(*sa));
-  if (!strcmp(host, "localhost"))
-    strcpy(host, "127.0.0.1");
-  if (host[0] == '[') {
-    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)sa;
-    size_t n = strlen(host);
-    if (n < 3 || host[n - 1] != ']')
-      return -EINVAL;
-    host[n - 1] = '\0';
-    if (inet_pton(AF_INET6, host + 1, &s6->sin6_addr) != 1 || !IN6_IS_ADDR_LOOPBACK(&s6->sin6_addr))
-      return -EINVAL;
-    s6->sin6_family = AF_INET6;
-    s6->sin6_port = htons((uint16_t)port);
-    *len = sizeof(*s6);
-    return 0;
-  } else {
-    struct sockaddr_in *s4 = (struct sockaddr_in *)sa;
-    /* 127.0.0.0/8 only: gshm's metrics name users' segments. */
-    if (inet_pton(AF_INET, host, &s4->sin_addr) != 1 ||
-        (ntohl(s4->sin_addr.s_addr) >> 24) != 127)
-      return -EINVAL;
-    s4->sin_family = AF_INET;
-    s4->sin_port = htons((uint16_t)port);
-    *len = sizeof(*s4);
-    return 0;
-  }
-}
+#include "util.h"
 
 #ifdef GSHM_HAVE_MHD
 #include <microhttpd.h>
@@ -118,7 +77,7 @@ int gshmd_metrics_http_start(uv_loop_t *loop, struct gshmd_server *srv, const ch
   struct sockaddr_storage sa;
   socklen_t salen;
 
-  if (parse_loopback(listen, &sa, &salen)) {
+  if (gshm__parse_loopback(listen, &sa, &salen)) {
     gshm_log_err("metrics.http_listen '%s': want a loopback ADDRESS:PORT such as 127.0.0.1:9477",
                  listen);
     return -EINVAL;
@@ -177,7 +136,7 @@ int gshmd_metrics_http_start(uv_loop_t *loop, struct gshmd_server *srv, const ch
   socklen_t salen;
 
   (void)loop, (void)srv, (void)out;
-  if (parse_loopback(listen, &sa, &salen))
+  if (gshm__parse_loopback(listen, &sa, &salen))
     return -EINVAL;
   gshm_log_err("metrics.http_listen is set, but this gshmd was built without libmicrohttpd");
   return -ENOTSUP;

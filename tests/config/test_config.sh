@@ -275,6 +275,13 @@ expect_value daemon socket /indent.sock --config "$tmp/indent.conf"
 expect_value daemon log_level 6 --config "$tmp/indent.conf"
 expect_value daemon backend host --config "$tmp/indent.conf"
 
+# --check-config finds what would stop gshmd at start: a metrics listener
+# that is not a loopback ADDRESS:PORT, an admin group that does not exist.
+run 2 "$gshmd" --check-config --set metrics.http_listen=garbage
+run 2 "$gshmd" --check-config --set metrics.http_listen=0.0.0.0:9477
+run 0 "$gshmd" --check-config --set metrics.http_listen=127.0.0.1:9477
+run 2 "$gshmd" --check-config --set daemon.admin_group=no-such-group-gshm
+
 # A file at the socket path that is not a socket is never removed.
 echo keep >"$tmp/notasock"
 run 1 timeout 10 "$gshmd" --backend host --socket "$tmp/notasock" || true
