@@ -275,6 +275,12 @@ expect_value daemon socket /indent.sock --config "$tmp/indent.conf"
 expect_value daemon log_level 6 --config "$tmp/indent.conf"
 expect_value daemon backend host --config "$tmp/indent.conf"
 
+# A '#' after a blank ends the value (a trailing comment), not inside it.
+printf '[daemon]\nsocket = /c.sock  # where\nsocket_group = gshm\t# who\nlog_level = 6 #n\n' >"$tmp/comment.conf"
+expect_value daemon socket /c.sock --config "$tmp/comment.conf"
+expect_value daemon socket_group gshm --config "$tmp/comment.conf"
+expect_value daemon log_level 6 --config "$tmp/comment.conf"
+
 # --check-config finds what would stop gshmd at start: a metrics listener
 # that is not a loopback ADDRESS:PORT, an admin group that does not exist.
 run 2 "$gshmd" --check-config --set metrics.http_listen=garbage
