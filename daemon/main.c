@@ -40,6 +40,8 @@ struct daemon {
   uv_signal_t sigterm, sigint;
   uv_timer_t status_timer, watchdog_timer, metrics_timer, reap_timer;
   bool metrics_timer_on, reap_timer_on;
+  uv_work_t metrics_work;  /* the textfile's write, on the thread pool */
+  char *metrics_text;      /* what it writes; non-NULL while queued */
   uint64_t watchdog_usec;
   char last_status[256];
   struct gshmd_fdstore fdstore;
@@ -228,9 +230,32 @@ static void update_status(struct daemon *d) {
 static void on_status_timer(uv_timer_t *t) { update_status(t->data); }
 
 
+/* The textfile: rendered on the loop (it reads the registry), written on
+ * libuv's thread pool (write, fsync and rename must not stall clients
+ * behind a slow disk).  A write still running when the timer fires again
+ * skips that tick. */
+static void metrics_work(uv_work_t *w) {
+  struct daemon *d = w->data;
+  gshmd_metrics_store_textfile(d->cfg.metrics_textfile, d->metrics_text);
+}
+
+static void metrics_work_done(uv_work_t *w, int status) {
+  struct daemon *d = w->data;
+  (void)status;
+  free(d->metrics_text);
+  d->metrics_text = NULL;
+}
+
 static void on_metrics_timer(uv_timer_t *t) {
   struct daemon *d = t->data;
-  gshmd_metrics_write_textfile(&d->srv, d->cfg.metrics_textfile);
+
+  if (d->metrics_text || gshmd_metrics_render(&d->srv, &d->metrics_text))
+    return;
+  d->metrics_work.data = d;
+  if (uv_queue_work(&d->loop, &d->metrics_work, metrics_work, metrics_work_done)) {
+    free(d->metrics_text);
+    d->metrics_text = NULL;
+  }
 }
 
 /* Segments that were unlinked but leased when gshmd went down come back

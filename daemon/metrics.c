@@ -160,22 +160,17 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
 }
 
 /* metrics.h */
-int gshmd_metrics_write_textfile(struct gshmd_server *s, const char *path) {
-  static int last_err;
-  char tmp[4200], *text = NULL;
-  size_t len;
+int gshmd_metrics_store_textfile(const char *path, const char *text) {
+  static int last_err; /* one call at a time (see metrics.h) */
+  char tmp[4200];
+  size_t len = strlen(text);
   int fd, e;
 
-  if ((e = gshmd_metrics_render(s, &text)))
-    return e;
-  len = strlen(text);
   /* A new file of a random name next to the target (mkostemp: O_EXCL, so
    * never through a symlink someone planted there; gshmd may run as
    * root in a directory others write), then renamed over it. */
-  if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp-gshmd-XXXXXX", path) >= sizeof(tmp)) {
-    free(text);
+  if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp-gshmd-XXXXXX", path) >= sizeof(tmp))
     return -ENAMETOOLONG;
-  }
   fd = mkostemp(tmp, O_CLOEXEC);
   e = fd < 0 ? -errno : 0;
   if (!e && (write(fd, text, len) != (ssize_t)len || fchmod(fd, 0644) < 0 || fsync(fd) < 0))
@@ -191,6 +186,5 @@ int gshmd_metrics_write_textfile(struct gshmd_server *s, const char *path) {
       gshm_log_err("metrics textfile %s: %s", path, strerror(-e));
   }
   last_err = e;
-  free(text);
   return e;
 }

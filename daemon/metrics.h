@@ -1,6 +1,7 @@
 /* Prometheus text exposition of gshmd's state (metrics.c), used by the
  * METRICS request (server.c), the textfile timer (main.c) and the HTTP
- * endpoint's snapshot (metrics_http.c).  Loop thread only. */
+ * endpoint's snapshot (metrics_http.c).  Loop thread only, but for
+ * gshmd_metrics_store_textfile. */
 #ifndef GSHMD_METRICS_H
 #define GSHMD_METRICS_H
 
@@ -10,10 +11,13 @@ struct gshmd_server;
  * NUL-terminated malloc'ed string the caller frees.  Errors: -ENOMEM. */
 int gshmd_metrics_render(struct gshmd_server *s, char **text_out);
 
-/* Writes the exposition to `path` atomically: a temporary file in the same
- * directory (named so that node_exporter's *.prom glob never reads it
- * half-written), fsync, mode 0644, rename over the target.  Returns 0 or a
- * negative errno (logged once per distinct error). */
-int gshmd_metrics_write_textfile(struct gshmd_server *s, const char *path);
+/* Writes `text` (an exposition from gshmd_metrics_render) to `path`
+ * atomically: a new temporary file in the same directory (mkostemp; named
+ * so that node_exporter's *.prom glob never reads it half-written), fsync,
+ * mode 0644, rename over the target.  Touches no daemon state, so it may
+ * run off the loop (main.c runs it on libuv's thread pool: the fsync must
+ * not stall the clients), one call at a time.  Returns 0 or a negative
+ * errno (logged once per distinct error). */
+int gshmd_metrics_store_textfile(const char *path, const char *text);
 
 #endif
