@@ -16,7 +16,7 @@
 struct usage {
   uid_t uid;
   uint64_t host_bytes, cuda_bytes;
-  uint32_t segments, leases, connections;
+  uint32_t segments, leases;
 };
 
 static void *usage_root;
@@ -175,17 +175,9 @@ static int not_owner(const struct gshmd_segment *seg, const char **msg_out) {
 }
 
 int gshmd_registry_client_add(struct gshmd_registry *r, const struct gshmd_cred *cred,
-                              struct gshmd_client **c_out, const char **msg_out) {
-  struct usage *u = usage_get(cred->uid);
+                              struct gshmd_client **c_out) {
   struct gshmd_client *c;
 
-  if (!u)
-    return -ENOMEM;
-  if (r->cfg->quota_connections && u->connections >= r->cfg->quota_connections && cred->uid) {
-    *msg_out = fmt_msg("uid %u has %u connections, limit %u", (unsigned)cred->uid,
-                       u->connections, r->cfg->quota_connections);
-    return -EDQUOT;
-  }
   if (!(c = calloc(1, sizeof(*c))))
     return -ENOMEM;
   c->cred = *cred;
@@ -204,14 +196,12 @@ int gshmd_registry_client_add(struct gshmd_registry *r, const struct gshmd_cred 
   gshm_list_init(&c->leases);
   gshm_list_add_tail(&r->clients, &c->node);
   r->nclients++;
-  u->connections++;
   *c_out = c;
   return 0;
 }
 
 void gshmd_registry_client_remove(struct gshmd_registry *r, struct gshmd_client *c) {
   struct gshm_list *pos, *tmp;
-  struct usage *u;
 
   if (!c)
     return;
@@ -219,8 +209,6 @@ void gshmd_registry_client_remove(struct gshmd_registry *r, struct gshmd_client 
       lease_end(r, gshm_list_entry(pos, struct gshmd_lease, client_node));
   gshm_list_del(&c->node);
   r->nclients--;
-  if ((u = usage_get(c->cred.uid)))
-    u->connections--;
   free(c->cred.groups);
   free(c);
 }

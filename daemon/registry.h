@@ -99,11 +99,12 @@ void gshmd_registry_init(struct gshmd_registry *r, const struct gshmd_config *cf
 /* Frees everything (clients, leases, segments and their memory). */
 void gshmd_registry_destroy(struct gshmd_registry *r);
 
-/* Registers a connection.  Errors: -EDQUOT the uid's connection quota
- * (*msg_out explains), -ENOMEM. */
-/* (The client gets its own copy of cred, groups included.) */
+/* Registers a connection that said hello; the client gets its own copy of
+ * cred, groups included.  (quota.connections is the server's, counted at
+ * accept over every connection of the uid: server.c over_uid_quota.)
+ * Errors: -ENOMEM. */
 int gshmd_registry_client_add(struct gshmd_registry *r, const struct gshmd_cred *cred,
-                              struct gshmd_client **c_out, const char **msg_out);
+                              struct gshmd_client **c_out);
 /* Ends every lease of the client and frees it. */
 void gshmd_registry_client_remove(struct gshmd_registry *r, struct gshmd_client *c);
 

@@ -241,7 +241,6 @@ static int set_error(struct req *q, int err, const char *msg) {
 static int handle_hello(struct req *q, Gshm__Hello *m) {
   struct conn *c = q->c;
   struct gshmd_server *s = c->srv;
-  const char *msg = NULL;
   int e;
 
   if (m->major != GSHM_PROTO_MAJOR) {
@@ -253,8 +252,8 @@ static int handle_hello(struct req *q, Gshm__Hello *m) {
   }
   if (strlen(m->client_name) > 63 || !client_name_ok(m->client_name))
     return set_error(q, -EINVAL, "client name: at most 63 printable bytes");
-  if ((e = gshmd_registry_client_add(s->reg, &c->cred, &c->client, &msg)))
-    return set_error(q, e, msg);
+  if ((e = gshmd_registry_client_add(s->reg, &c->cred, &c->client)))
+    return set_error(q, e, "out of memory");
   snprintf(c->client->name, sizeof(c->client->name), "%s", m->client_name);
   c->client->conn = c;
   gshm_log_info("client %" PRIu64 " '%s' connected: pid %d uid %u gid %u%s", c->client->session_id,

@@ -23,8 +23,7 @@ struct fixture {
 static struct gshmd_client *add_client(struct gshmd_registry *r, uid_t uid, gid_t gid) {
   struct gshmd_cred cred = {.pid = 1000 + (pid_t)uid, .uid = uid, .gid = gid, .admin = uid == 0};
   struct gshmd_client *c = NULL;
-  const char *msg;
-  assert_int_equal(gshmd_registry_client_add(r, &cred, &c, &msg), 0);
+  assert_int_equal(gshmd_registry_client_add(r, &cred, &c), 0);
   return c;
 }
 
