@@ -54,6 +54,7 @@ struct kctx {
   /* the peer's primary context (cuCtxGetId) when access was enabled: a
    * reset there ends the access, which is then enabled again */
   unsigned long long peer_ctx_id[MAX_DEVICES];
+  CUcontext peer_ctx[MAX_DEVICES];
 };
 
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -338,12 +339,14 @@ int gshm__copy_enable_peer(int ordinal) {
   tried = k->peer_tried & bit;
   ok = k->peer_ok & bit;
   was = k->peer_ctx_id[ordinal];
+  peer = k->peer_ctx[ordinal];
   pthread_mutex_unlock(&table_lock);
   if (tried && (!ok || !was))
     return ok ? 0 : -EOPNOTSUPP;
-  if (tried && !gshm__copy_primary_ctx(drv, ordinal, &peer) &&
-      drv->cuCtxGetId(peer, &id) == CUDA_SUCCESS && id == was)
-    return 0; /* enabled, towards the context there still is */
+  /* one driver call: the context access was enabled to is still there (a
+   * reset destroys it or gives the handle a new id) */
+  if (tried && drv->cuCtxGetId(peer, &id) == CUDA_SUCCESS && id == was)
+    return 0;
 
   e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceCanAccessPeer, &can, k->dev, (CUdevice)ordinal);
   if (!e && !can)
@@ -367,6 +370,7 @@ int gshm__copy_enable_peer(int ordinal) {
   if (!e)
     k->peer_ok |= bit;
   k->peer_ctx_id[ordinal] = id;
+  k->peer_ctx[ordinal] = peer;
   pthread_mutex_unlock(&table_lock);
   return e;
 }
@@ -559,7 +563,7 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *sr
                        const struct gshm__where *wf, CUstream stream,
                        const struct gshm__where *ws, const struct gshm__where *wd) {
   struct kctx *k;
-  int e, peer, me, fused = 0;
+  int e, peer, me, fused = 0, ready = 0; /* ready: peers enabled, module loaded */
 
   e = kctx_current(drv, &k);
   if (e)
@@ -576,6 +580,8 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *sr
         ((ws->device && gshm__copy_enable_peer(ws->ordinal)) ||
          (wd->device && gshm__copy_enable_peer(wd->ordinal)) || kctx_module(drv, &k)))
       method = GSHM_COPY_ENGINE;
+    else
+      ready = method == GSHM_COPY_SM;
   }
 
   if (method == GSHM_COPY_SM) {
@@ -586,12 +592,11 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *sr
       return -EINVAL;
     if (!gshm__copy_have_kernels())
       return -ENOTSUP;
-    if (ws->device && (e = gshm__copy_enable_peer(ws->ordinal)))
+    if (!ready && ws->device && (e = gshm__copy_enable_peer(ws->ordinal)))
       return e;
-    if (wd->device && (e = gshm__copy_enable_peer(wd->ordinal)))
+    if (!ready && wd->device && (e = gshm__copy_enable_peer(wd->ordinal)))
       return e;
-    e = kctx_module(drv, &k);
-    if (e)
+    if (!ready && (e = kctx_module(drv, &k)))
       return e;
     if (flag && (e = flag_reachable(wf)))
       return e;
