@@ -289,10 +289,11 @@ int gshm__map_device_add(struct gshm__lease *l, const int *devices, size_t ndevi
     return e;
   for (size_t k = 0; k < nacc; k++) {
     m->devices[m->ndevices] = acc[k].location.id;
-    if (name_device(m, m->ndevices))
+    if (name_device(m, m->ndevices)) { /* it has access: named by ordinal then */
       snprintf(m->uuid_buf[m->ndevices], sizeof(m->uuid_buf[0]), "cuda:%d",
-               (int)acc[k].location.id); /* still has access; named by ordinal */
-    m->uuids[m->ndevices] = m->uuid_buf[m->ndevices];
+               (int)acc[k].location.id);
+      m->uuids[m->ndevices] = m->uuid_buf[m->ndevices];
+    }
     m->ndevices++;
   }
   gshm_log_debug("segment '%s': access added for %zu device(s)", l->info.name, nacc);
@@ -379,9 +380,10 @@ int gshm_open_legacy_ipc(gshm_client_t *c, const char *name,
   pthread_mutex_lock(&c->lock);
   if ((e = gshm__request(c, GSHM_WIRE_OPEN, &m.base, &reply, &fd)))
     goto unlock;
-  /* a grant with the handle and no fd: anything else (an fd grant from a
-   * confused daemon) is -EPROTO, with the lease closed again */
-  if (reply->body_case != GSHM__REPLY__BODY_GRANT || !reply->grant ||
+  /* gshm__lease_from_grant takes a grant with the handle and no fd, or one
+   * with an fd and no handle: only the first answers this request (an fd
+   * grant from a confused daemon is -EPROTO, not a read of a NULL handle) */
+  if (reply->body_case == GSHM__REPLY__BODY_GRANT &&
       reply->grant->legacy_ipc_handle.len != GSHM_LEGACY_IPC_HANDLE_SIZE) {
     if (fd >= 0)
       close(fd);
