@@ -19,9 +19,12 @@
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
-/* The library is silent unless $GSHM_LOG_LEVEL asks (STYLE.md). */
+/* The library is silent unless $GSHM_LOG_LEVEL asks (STYLE.md).  Every
+ * variable the library reads goes through secure_getenv: in a setuid or
+ * setgid program (AT_SECURE) the caller's environment must not choose the
+ * socket, the reconnect policy or what is written to stderr. */
 static void log_init(void) {
-  const char *v = getenv("GSHM_LOG_LEVEL");
+  const char *v = secure_getenv("GSHM_LOG_LEVEL");
   gshm__log_setup("libgshm", v && *v ? atoi(v) : -1, 0);
 }
 
@@ -307,7 +310,7 @@ int gshm_connect(const char *path, const char *client_name, gshm_client_t **clie
   if (!client_out)
     return -EINVAL;
   if (!path || !*path)
-    path = (env = getenv("GSHM_SOCKET")) && *env ? env : GSHM_DEFAULT_SOCKET;
+    path = (env = secure_getenv("GSHM_SOCKET")) && *env ? env : GSHM_DEFAULT_SOCKET;
   if (!(c = calloc(1, sizeof(*c))))
     return -ENOMEM;
   c->fd = -1;
@@ -324,7 +327,7 @@ int gshm_connect(const char *path, const char *client_name, gshm_client_t **clie
   for (char *p = c->name; *p; p++)
     if ((unsigned char)*p < 0x20 || *p == 0x7f)
       *p = '?';
-  env = getenv("GSHM_RECONNECT_MS");
+  env = secure_getenv("GSHM_RECONNECT_MS");
   c->reconnect_ms = env && *env ? atoi(env) : DEFAULT_RECONNECT_MS;
   if ((e = socket_connect(c->path, &c->fd)) || (e = hello(c))) {
     if (e != -EPROTONOSUPPORT)

@@ -92,7 +92,7 @@ static int fail(gshm_client_t *c, const char *what, int err) {
 static int connect_daemon(gshm_client_t **c) {
   int e = gshm_connect(socket_path, "gshmctl", c);
   if (e) {
-    const char *path = socket_path ? socket_path : getenv("GSHM_SOCKET");
+    const char *path = socket_path ? socket_path : secure_getenv("GSHM_SOCKET");
     fprintf(stderr, "gshmctl: cannot reach gshmd at %s: %s\n",
             path && *path ? path : GSHM_DEFAULT_SOCKET, gshm_strerror(e));
     return e == -EACCES ? EXIT_DENIED : EXIT_UNREACHABLE;

@@ -18,7 +18,9 @@
  *    client and must not be used after gshm_close() or
  *    gshm_disconnect().
  *  - The library prints nothing unless $GSHM_LOG_LEVEL is set (0..7,
- *    syslog priorities; messages go to stderr).
+ *    syslog priorities; messages go to stderr).  In a setuid or setgid
+ *    program (AT_SECURE) the library ignores $GSHM_SOCKET,
+ *    $GSHM_LOG_LEVEL and $GSHM_RECONNECT_MS (secure_getenv(3)).
  *  - CUDA is loaded with dlopen only when a device segment is mapped or a
  *    copy is asked for: host-only programs need no CUDA installation.
  */
@@ -136,7 +138,8 @@ typedef struct gshm_device_info {
 } gshm_device_info_t;
 
 /* Connects to gshmd and says hello.
- *  path         socket path; NULL means $GSHM_SOCKET, else GSHM_DEFAULT_SOCKET.
+ *  path         socket path; NULL means $GSHM_SOCKET (not in a setuid or
+ *               setgid program), else GSHM_DEFAULT_SOCKET.
  *  client_name  shown by `gshmctl clients` (truncated to 63 bytes); NULL: the
  *               program's name.
  *  client_out   receives the client; free it with gshm_disconnect().

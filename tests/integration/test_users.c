@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -359,6 +361,88 @@ static void test_connection_quota_before_hello(void **state) {
   assert_int_equal(harness_stop(&q), 0);
 }
 
+/* Issue 15 item 11: in a setgid program libgshm ignores $GSHM_SOCKET and
+ * $GSHM_LOG_LEVEL (secure_getenv), so the caller of a privileged program
+ * cannot point it at a socket of their own.  A setgid copy of gshmctl,
+ * run by user A with GSHM_SOCKET naming this test's gshmd, must not reach
+ * it; the same copy without the setgid bit does. */
+static int run_env_ctl(const char *exe, const char *const *args, char **err_out) {
+  int pe[2], status;
+  pid_t pid;
+
+  assert_int_equal(pipe(pe), 0);
+  pid = fork();
+  if (pid == 0) {
+    const char *argv[8];
+    int argc = 0;
+    gid_t g = UID_A;
+    dup2(pe[1], 2);
+    close(pe[0]);
+    argv[argc++] = exe;
+    for (int i = 0; args[i] && argc < 7; i++)
+      argv[argc++] = args[i];
+    argv[argc] = NULL;
+    setenv("GSHM_SOCKET", h.socket_path, 1);
+    setenv("GSHM_LOG_LEVEL", "7", 1);
+    if (setgroups(1, &g) || setresgid(UID_A, UID_A, UID_A) || setresuid(UID_A, UID_A, UID_A))
+      _exit(120);
+    execv(exe, (char *const *)argv);
+    _exit(127);
+  }
+  close(pe[1]);
+  {
+    size_t len = 0, cap = 65536;
+    char *buf = malloc(cap);
+    ssize_t n;
+    while ((n = read(pe[0], buf + len, cap - len - 1)) > 0)
+      len += (size_t)n;
+    buf[len] = '\0';
+    *err_out = buf;
+  }
+  close(pe[0]);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static void test_setgid_ignores_environment(void **state) {
+  char copy[PATH_MAX], *err = NULL;
+  struct statvfs vfs;
+  int in, out;
+
+  (void)state;
+  need_root();
+  if (statvfs(h.sp.dir, &vfs) == 0 && (vfs.f_flag & ST_NOSUID))
+    skip(); /* the setgid bit would do nothing here */
+  snprintf(copy, sizeof(copy), "%s/gshmctl-setgid", h.sp.dir);
+  in = open(ctl, O_RDONLY | O_CLOEXEC);
+  out = open(copy, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
+  assert_true(in >= 0 && out >= 0);
+  for (;;) {
+    char buf[65536];
+    ssize_t n = read(in, buf, sizeof(buf));
+    assert_true(n >= 0);
+    if (n == 0)
+      break;
+    assert_int_equal(write(out, buf, (size_t)n), n);
+  }
+  close(in);
+  close(out);
+  assert_int_equal(chown(copy, 0, admin_gid), 0);
+
+  /* Without the bit: the environment is honoured (the control). */
+  assert_int_equal(chmod(copy, 0755), 0);
+  assert_int_equal(run_env_ctl(copy, (const char *const[]){"status", NULL}, &err), 0);
+  free(err);
+  /* With it: the default socket, not ours, and no library log lines. */
+  assert_int_equal(chmod(copy, 02755), 0);
+  assert_int_not_equal(run_env_ctl(copy, (const char *const[]){"status", NULL}, &err), 0);
+  print_message("    setgid gshmctl: %s", err);
+  assert_null(strstr(err, h.socket_path));
+  assert_null(strstr(err, "libgshm"));
+  free(err);
+  unlink(copy);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_read_only_fd_stays_read_only),
@@ -367,6 +451,7 @@ int main(void) {
       cmocka_unit_test(test_owner_group_other),
       cmocka_unit_test(test_quota),
       cmocka_unit_test(test_admin_sees_and_revokes),
+      cmocka_unit_test(test_setgid_ignores_environment),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
