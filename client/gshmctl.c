@@ -201,7 +201,17 @@ static int cmd_status(gshm_client_t *c) {
   return EXIT_OK;
 }
 
+/* Names in table output come from other users (segment and client names,
+ * mapped devices): control characters, C1 bytes and bidi overrides in
+ * them must not reach the terminal raw (issue 15).  JSON output escapes
+ * on its own. */
+#define SHOWN_CAP (4 * 4096 + 1)
+static const char *shown(const char *text, char buf[SHOWN_CAP]) {
+  return gshm__escape_text(text, buf, SHOWN_CAP);
+}
+
 static int cmd_segments(gshm_client_t *c) {
+  static char esc[SHOWN_CAP];
   gshm_segment_info_t *v = NULL;
   size_t n = 0;
   char t[40], sz[32], mode[8];
@@ -243,7 +253,8 @@ static int cmd_segments(gshm_client_t *c) {
       snprintf(loc, sizeof(loc), "cuda:%d", v[i].device_index);
     else
       snprintf(loc, sizeof(loc), "host");
-    printf("%-6" PRIu64 " %-28s %10s %-10s %6u %6u %04o %-8s %6u %s\n", v[i].id, v[i].name,
+    printf("%-6" PRIu64 " %-28s %10s %-10s %6u %6u %04o %-8s %6u %s\n", v[i].id,
+           shown(v[i].name, esc),
            gshm__format_size(v[i].size, sz, sizeof(sz)), loc, v[i].uid, v[i].gid, v[i].mode,
            v[i].unlinked ? "unlinked" : "live", v[i].leases, age(v[i].created_ns, t, sizeof(t)));
   }
@@ -252,6 +263,7 @@ static int cmd_segments(gshm_client_t *c) {
 }
 
 static int cmd_mappings(gshm_client_t *c) {
+  static char esc[SHOWN_CAP], esc2[SHOWN_CAP], esc3[SHOWN_CAP];
   gshm_lease_info_t *v = NULL;
   size_t n = 0;
   char t[40];
@@ -290,15 +302,16 @@ static int cmd_mappings(gshm_client_t *c) {
   printf("%-28s %8s %6s %-16s %-6s %-6s %-6s %s\n", "SEGMENT", "PID", "UID", "CLIENT", "ACCESS",
          "SINCE", "MAPPED", "DEVICES");
   for (size_t i = 0; i < n; i++)
-    printf("%-28s %8d %6u %-16s %-6s %-6s %-6s %s\n", v[i].segment_name, v[i].pid, v[i].uid,
-           v[i].client_name, v[i].access == GSHM_ACCESS_READ ? "r" : "rw",
+    printf("%-28s %8d %6u %-16s %-6s %-6s %-6s %s\n", shown(v[i].segment_name, esc), v[i].pid,
+           v[i].uid, shown(v[i].client_name, esc2), v[i].access == GSHM_ACCESS_READ ? "r" : "rw",
            age(v[i].since_ns, t, sizeof(t)), v[i].mapped ? "yes" : "no",
-           !v[i].mapped ? "-" : *v[i].mapped_devices ? v[i].mapped_devices : "cpu");
+           !v[i].mapped ? "-" : *v[i].mapped_devices ? shown(v[i].mapped_devices, esc3) : "cpu");
   gshm_free(v);
   return EXIT_OK;
 }
 
 static int cmd_clients(gshm_client_t *c) {
+  static char esc[SHOWN_CAP];
   gshm_client_info_t *v = NULL;
   size_t n = 0;
   char t[40];
@@ -327,7 +340,7 @@ static int cmd_clients(gshm_client_t *c) {
          "LEASES");
   for (size_t i = 0; i < n; i++)
     printf("%-8" PRIu64 " %8d %6u %6u %-20s %-6s %u\n", v[i].session_id, v[i].pid, v[i].uid,
-           v[i].gid, v[i].name, age(v[i].since_ns, t, sizeof(t)), v[i].leases);
+           v[i].gid, shown(v[i].name, esc), age(v[i].since_ns, t, sizeof(t)), v[i].leases);
   gshm_free(v);
   return EXIT_OK;
 }

@@ -1,6 +1,7 @@
 #include "util.h"
 
 #include <ctype.h>
+#include <stdbool.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -88,6 +89,64 @@ const char *gshm__format_size(uint64_t bytes, char *buf, size_t cap) {
     snprintf(buf, cap, "%.0f %s", v, unit[u]);
   else
     snprintf(buf, cap, "%.1f %s", v, unit[u]);
+  return buf;
+}
+
+/* Length of the valid UTF-8 sequence at p (1..4), with its code point in
+ * *cp; 0 when p does not start one (overlong forms, surrogates and code
+ * points past U+10FFFF included). */
+static size_t utf8_seq(const unsigned char *p, uint32_t *cp) {
+  size_t len = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3
+               : (p[0] & 0xF8) == 0xF0 ? 4 : 0;
+  static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+  uint32_t v;
+
+  if (!len)
+    return 0;
+  v = len == 1 ? p[0] : p[0] & (0x7F >> len);
+  for (size_t i = 1; i < len; i++) {
+    if ((p[i] & 0xC0) != 0x80)
+      return 0;
+    v = v << 6 | (p[i] & 0x3F);
+  }
+  if (v < least[len] || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
+    return 0;
+  *cp = v;
+  return len;
+}
+
+static bool unprintable(uint32_t cp) {
+  return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || (cp >= 0x200B && cp <= 0x200F) ||
+         (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2060 && cp <= 0x206F) || cp == 0xFEFF;
+}
+
+const char *gshm__escape_text(const char *text, char *buf, size_t cap) {
+  const unsigned char *p = (const unsigned char *)text;
+  size_t o = 0;
+
+  while (*p) {
+    char piece[16];
+    uint32_t cp = 0;
+    size_t len = utf8_seq(p, &cp), k = 0;
+    if (!len) { /* a stray byte */
+      k = (size_t)snprintf(piece, sizeof(piece), "\\x%02X", p[0]);
+      len = 1;
+    } else if (cp == '\\') {
+      k = (size_t)snprintf(piece, sizeof(piece), "\\\\");
+    } else if (unprintable(cp)) {
+      for (size_t i = 0; i < len; i++)
+        k += (size_t)snprintf(piece + k, sizeof(piece) - k, "\\x%02X", p[i]);
+    } else {
+      memcpy(piece, p, len);
+      k = len;
+    }
+    if (o + k >= cap)
+      break;
+    memcpy(buf + o, piece, k);
+    o += k;
+    p += len;
+  }
+  buf[o] = '\0';
   return buf;
 }
 

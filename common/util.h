@@ -38,6 +38,15 @@ int gshm__parse_loopback(const char *listen, struct sockaddr_storage *sa, sockle
 /* Formats bytes as "64 MiB" style into buf; returns buf. */
 const char *gshm__format_size(uint64_t bytes, char *buf, size_t cap);
 
+/* Copies text into buf (cap bytes, cap >= 1; always NUL-terminated) for a
+ * terminal: '\\' becomes "\\\\", and every byte of a C0 or C1 control
+ * (U+0000..U+001F, U+007F..U+009F), of an invisible or bidi format
+ * character (U+200B..U+200F, U+2028..U+202E, U+2060..U+206F, U+FEFF) and
+ * of a byte sequence that is not valid UTF-8 becomes "\xHH".  Output that
+ * does not fit is cut at a character boundary.  Returns buf.  4 * strlen +
+ * 1 bytes always suffice. */
+const char *gshm__escape_text(const char *text, char *buf, size_t cap);
+
 /* Checks a segment name: 1..max bytes, printable ASCII/UTF-8 bytes >= 0x20
  * except DEL, '/'-separated components that are non-empty and not "." or
  * "..".  Returns 0, -EINVAL or -ENAMETOOLONG. */

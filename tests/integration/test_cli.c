@@ -229,12 +229,44 @@ static void test_tables(void **state) {
   free(text);
 }
 
+/* Issue 15 item 10: names that other users chose reach the table output
+ * escaped: a C1 CSI (U+009B, and a raw 0x9B byte), a bidi override and
+ * ESC never arrive raw at the terminal. */
+static void test_names_escaped(void **state) {
+  struct harness *h = *state;
+  static const char seg_name[] = "esc/\xc2\x9b" "2J\xe2\x80\xae" "gpj.exe";
+  static const char client_name[] = "evil\x9b" "31m";
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  char *text = NULL;
+
+  assert_int_equal(gshm_connect(h->socket_path, client_name, &c), 0);
+  assert_int_equal(gshm_create(c, seg_name, 4096, NULL, 0644, 0, &s), 0);
+  for (int k = 0; k < 3; k++) {
+    static const char *const verbs[] = {"segments", "mappings", "clients"};
+    assert_int_equal(CTL(h, &text, verbs[k]), 0);
+    print_message("    gshmctl %s:\n%s", verbs[k], text);
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+      assert_true(*p == '\n' || (*p >= 0x20 && *p != 0x7f && *p != 0x9b));
+    assert_null(strstr(text, "\xc2\x9b"));
+    assert_null(strstr(text, "\xe2\x80\xae"));
+    if (k < 2)
+      assert_non_null(strstr(text, "esc/\\xC2\\x9B2J\\xE2\\x80\\xAEgpj.exe"));
+    if (k > 0)
+      assert_non_null(strstr(text, "evil\\x9B31m"));
+    free(text);
+  }
+  gshm_close(s);
+  gshm_disconnect(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_read_write_roundtrip, setup, teardown),
       cmocka_unit_test_setup_teardown(test_exit_codes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_json_documents, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tables, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_names_escaped, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

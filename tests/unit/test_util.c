@@ -84,12 +84,32 @@ static void test_format(void **state) {
   }
 }
 
+/* Issue 15 item 10: what gshmctl tables print of other users' names. */
+static void test_escape(void **state) {
+  char buf[64];
+  (void)state;
+  assert_string_equal(gshm__escape_text("plain/name", buf, sizeof(buf)), "plain/name");
+  assert_string_equal(gshm__escape_text("caf\xc3\xa9", buf, sizeof(buf)), "caf\xc3\xa9");
+  assert_string_equal(gshm__escape_text("a\x1b[2Jb", buf, sizeof(buf)), "a\\x1B[2Jb");
+  assert_string_equal(gshm__escape_text("c1\xc2\x9b", buf, sizeof(buf)), "c1\\xC2\\x9B");
+  assert_string_equal(gshm__escape_text("raw\x9b", buf, sizeof(buf)), "raw\\x9B");
+  assert_string_equal(gshm__escape_text("\xe2\x80\xae", buf, sizeof(buf)), "\\xE2\\x80\\xAE");
+  assert_string_equal(gshm__escape_text("\xc0\xaf", buf, sizeof(buf)), "\\xC0\\xAF"); /* overlong */
+  assert_string_equal(gshm__escape_text("\xed\xa0\x80", buf, sizeof(buf)), "\\xED\\xA0\\x80");
+  assert_string_equal(gshm__escape_text("back\\slash", buf, sizeof(buf)), "back\\\\slash");
+  assert_string_equal(gshm__escape_text("del\x7f", buf, sizeof(buf)), "del\\x7F");
+  /* cut at a whole character, never inside an escape */
+  assert_string_equal(gshm__escape_text("ab\x9b", buf, 6), "ab");
+  assert_string_equal(gshm__escape_text("ab\x9b", buf, 7), "ab\\x9B");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
       cmocka_unit_test(test_locations),
       cmocka_unit_test(test_names),
       cmocka_unit_test(test_format),
+      cmocka_unit_test(test_escape),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
