@@ -169,8 +169,14 @@ static bool may_manage(const struct gshmd_client *c, const struct gshmd_segment 
   return c->cred.admin || c->cred.uid == seg->uid;
 }
 
-static int not_owner(const struct gshmd_segment *seg, const char **msg_out) {
-  *msg_out = fmt_msg("segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid);
+/* A refusal says who owns the segment only to a client that may see it
+ * in listings anyway; to others only "permission denied" (issue 15: an
+ * error must not reveal what `segments` hides). */
+static int not_owner(const struct gshmd_client *c, const struct gshmd_segment *seg,
+                     const char **msg_out) {
+  *msg_out = gshmd_registry_may_see(c, seg)
+                 ? fmt_msg("segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid)
+                 : "permission denied";
   return -EACCES;
 }
 
@@ -468,10 +474,14 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
     }
   }
   if (!gshmd_registry_may_access(c, seg, access)) {
-    *msg_out = fmt_msg("segment '%s' (uid %u, gid %u, mode %04o) refuses %s access to uid %u",
-                       seg->name, (unsigned)seg->uid, (unsigned)seg->gid, seg->mode,
-                       access == GSHM__ACCESS__ACCESS_READ ? "read" : "read-write",
-                       (unsigned)c->cred.uid);
+    /* The owner, group and mode only to a client that may see them. */
+    *msg_out = !gshmd_registry_may_see(c, seg)
+                   ? "permission denied"
+                   : fmt_msg("segment '%s' (uid %u, gid %u, mode %04o) refuses %s access to "
+                             "uid %u",
+                             seg->name, (unsigned)seg->uid, (unsigned)seg->gid, seg->mode,
+                             access == GSHM__ACCESS__ACCESS_READ ? "read" : "read-write",
+                             (unsigned)c->cred.uid);
     gshm_log_notice("denied: pid %d uid %u %s open of '%s'", (int)c->cred.pid,
                     (unsigned)c->cred.uid, access == GSHM__ACCESS__ACCESS_READ ? "read" : "rw",
                     seg->name);
@@ -500,7 +510,7 @@ int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, cons
   if (!seg)
     return no_segment(name, msg_out);
   if (!may_manage(c, seg))
-    return not_owner(seg, msg_out);
+    return not_owner(c, seg, msg_out);
   tdelete(seg, &r->by_name, cmp_name);
   seg->unlinked = true;
   gshm_log_info("segment '%s' id %" PRIu64 " unlinked by pid %d (%u leases remain)", seg->name,
@@ -608,7 +618,7 @@ int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const
     return -EINVAL;
   }
   if (!may_manage(c, seg))
-    return not_owner(seg, msg_out);
+    return not_owner(c, seg, msg_out);
   gshm_log_info("segment '%s' mode %04o -> %04o by pid %d uid %u", seg->name, seg->mode, mode,
                 (int)c->cred.pid, (unsigned)c->cred.uid);
   seg->mode = mode;
@@ -629,7 +639,7 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
     return -EINVAL;
   }
   if (!may_manage(c, seg))
-    return not_owner(seg, msg_out);
+    return not_owner(c, seg, msg_out);
   if (uid >= 0 && (uid_t)uid != seg->uid && !c->cred.admin) {
     *msg_out = "only an admin gives a segment to another user";
     return -EPERM;
