@@ -18,6 +18,20 @@
 #include "log.h"
 #include "util.h"
 
+const double gshmd_duration_bounds[GSHMD_NBUCKETS] = {
+    5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 5e-3, 25e-3, 100e-3, 1.0};
+
+void gshmd_histogram_observe(struct gshmd_histogram *h, int64_t ns) {
+  double sec = (double)ns / 1e9;
+  unsigned i = 0;
+
+  while (i < GSHMD_NBUCKETS && sec > gshmd_duration_bounds[i])
+    i++;
+  h->buckets[i]++;
+  h->count++;
+  h->sum += sec;
+}
+
 static const char *const op_names[GSHM_WIRE_TYPE_MAX + 1] = {
     [GSHM_WIRE_HELLO] = "hello",
     [GSHM_WIRE_CREATE] = "create",
@@ -127,14 +141,14 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   {
     uint64_t cum = 0;
     for (int i = 0; i < GSHMD_NBUCKETS; i++) {
-      cum += s->duration_buckets[i];
+      cum += s->duration.buckets[i];
       fprintf(f, "gshm_request_duration_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
               gshmd_duration_bounds[i], cum);
     }
-    cum += s->duration_buckets[GSHMD_NBUCKETS];
+    cum += s->duration.buckets[GSHMD_NBUCKETS];
     fprintf(f, "gshm_request_duration_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", cum);
-    fprintf(f, "gshm_request_duration_seconds_sum %.9f\n", s->duration_sum);
-    fprintf(f, "gshm_request_duration_seconds_count %" PRIu64 "\n", s->duration_count);
+    fprintf(f, "gshm_request_duration_seconds_sum %.9f\n", s->duration.sum);
+    fprintf(f, "gshm_request_duration_seconds_count %" PRIu64 "\n", s->duration.count);
   }
   fprintf(f, "# HELP gshm_protocol_errors_total Clients dropped for breaking the protocol.\n"
              "# TYPE gshm_protocol_errors_total counter\ngshm_protocol_errors_total %" PRIu64 "\n",

@@ -19,9 +19,6 @@ struct usage {
   uint32_t segments, leases;
 };
 
-static void *usage_root;
-static char msgbuf[512];
-
 /* Adds (sign +1) or removes (-1) segment memory m, NULL for none, to u's
  * usage: one segment and its bytes on the host or the GPUs. */
 static void usage_charge(struct usage *u, const struct gshmd_alloc *m, int sign) {
@@ -54,16 +51,16 @@ static int cmp_usage(const void *a, const void *b) {
 }
 
 /* The usage record of uid, created on first use; NULL only on ENOMEM. */
-static struct usage *usage_get(uid_t uid) {
+static struct usage *usage_get(struct gshmd_registry *r, uid_t uid) {
   struct usage key = {.uid = uid}, *u, **slot;
 
-  slot = tfind(&key, &usage_root, cmp_usage);
+  slot = tfind(&key, &r->usage_root, cmp_usage);
   if (slot)
     return *slot;
   if (!(u = calloc(1, sizeof(*u))))
     return NULL;
   u->uid = uid;
-  slot = tsearch(u, &usage_root, cmp_usage);
+  slot = tsearch(u, &r->usage_root, cmp_usage);
   if (!slot) {
     free(u);
     return NULL;
@@ -88,7 +85,7 @@ void gshmd_registry_init(struct gshmd_registry *r, const struct gshmd_config *cf
 static void noop_free(void *p) { (void)p; }
 
 static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg) {
-  struct usage *u = usage_get(seg->uid);
+  struct usage *u = usage_get(r, seg->uid);
   uint64_t size = seg->mem ? seg->mem->size : 0;
 
   if (!seg->unlinked)
@@ -111,7 +108,7 @@ static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg) {
 
 static void lease_end(struct gshmd_registry *r, struct gshmd_lease *l) {
   struct gshmd_segment *seg = l->seg;
-  struct usage *u = usage_get(l->client->cred.uid);
+  struct usage *u = usage_get(r, l->client->cred.uid);
 
   tdelete(l, &r->lease_by_id, cmp_lease_id);
   gshm_list_del(&l->seg_node);
@@ -143,24 +140,25 @@ void gshmd_registry_destroy(struct gshmd_registry *r) {
   tdestroy(r->by_name, noop_free);
   tdestroy(r->by_id, noop_free);
   tdestroy(r->lease_by_id, noop_free);
-  tdestroy(usage_root, usage_free_node);
-  usage_root = NULL;
+  tdestroy(r->usage_root, usage_free_node);
+  r->usage_root = NULL;
   r->by_name = r->by_id = r->lease_by_id = NULL;
 }
 
-static const char *fmt_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static const char *fmt_msg(const char *fmt, ...) {
+static const char *fmt_msg(struct gshmd_registry *r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static const char *fmt_msg(struct gshmd_registry *r, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msgbuf, sizeof(msgbuf), fmt, ap);
+  vsnprintf(r->msgbuf, sizeof(r->msgbuf), fmt, ap);
   va_end(ap);
-  return msgbuf;
+  return r->msgbuf;
 }
 
 /* The errors of the requests that name a segment (open, unlink,
  * chmod, chown, revoke): each sets *msg_out and returns the errno. */
-static int no_segment(const char *name, const char **msg_out) {
-  *msg_out = fmt_msg("no segment named '%s'", name);
+static int no_segment(struct gshmd_registry *r, const char *name, const char **msg_out) {
+  *msg_out = fmt_msg(r, "no segment named '%s'", name);
   return -ENOENT;
 }
 
@@ -172,10 +170,10 @@ static bool may_manage(const struct gshmd_client *c, const struct gshmd_segment 
 /* A refusal says who owns the segment only to a client that may see it
  * in listings anyway; to others only "permission denied" (issue 15: an
  * error must not reveal what `segments` hides). */
-static int not_owner(const struct gshmd_client *c, const struct gshmd_segment *seg,
-                     const char **msg_out) {
+static int not_owner(struct gshmd_registry *r, const struct gshmd_client *c,
+                     const struct gshmd_segment *seg, const char **msg_out) {
   *msg_out = gshmd_registry_may_see(c, seg)
-                 ? fmt_msg("segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid)
+                 ? fmt_msg(r, "segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid)
                  : "permission denied";
   return -EACCES;
 }
@@ -269,13 +267,13 @@ struct gshmd_lease *gshmd_registry_find_lease(struct gshmd_registry *r, uint64_t
 
 static int lease_add(struct gshmd_registry *r, struct gshmd_client *c, struct gshmd_segment *seg,
                      int access, struct gshmd_lease **out, const char **msg_out) {
-  struct usage *u = usage_get(c->cred.uid);
+  struct usage *u = usage_get(r, c->cred.uid);
   struct gshmd_lease *l;
 
   if (!u)
     return -ENOMEM;
   if (r->cfg->quota_leases && c->cred.uid && u->leases >= r->cfg->quota_leases) {
-    *msg_out = fmt_msg("uid %u holds %u leases, limit %u", (unsigned)c->cred.uid,
+    *msg_out = fmt_msg(r, "uid %u holds %u leases, limit %u", (unsigned)c->cred.uid,
                        u->leases, r->cfg->quota_leases);
     return -EDQUOT;
   }
@@ -320,7 +318,7 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
 
   if ((e = gshm__name_check(req->name, cfg->max_name))) {
     *msg_out = e == -ENAMETOOLONG
-                   ? fmt_msg("name is longer than %u bytes", cfg->max_name)
+                   ? fmt_msg(r, "name is longer than %u bytes", cfg->max_name)
                    : "bad name: 1..255 bytes, '/'-separated components, none empty, '.' or '..', "
                      "no control characters";
     return e;
@@ -330,7 +328,7 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
     return -EINVAL;
   }
   if (mode & ~0777u) {
-    *msg_out = fmt_msg("mode %o has bits outside 0777", mode);
+    *msg_out = fmt_msg(r, "mode %o has bits outside 0777", mode);
     return -EINVAL;
   }
   if (req->flags & ~(uint32_t)GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) {
@@ -338,7 +336,7 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
     return -EINVAL;
   }
   if (cfg->max_segment_size && req->size > cfg->max_segment_size) {
-    *msg_out = fmt_msg("size %s is over the daemon's limit of %s",
+    *msg_out = fmt_msg(r, "size %s is over the daemon's limit of %s",
                        gshm__format_size(req->size, s, sizeof(s)),
                        gshm__format_size(cfg->max_segment_size, q, sizeof(q)));
     return -EFBIG;
@@ -348,11 +346,11 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
     return -EINVAL;
   }
   if (gshmd_registry_find_name(r, req->name)) {
-    *msg_out = fmt_msg("segment '%s' exists", req->name);
+    *msg_out = fmt_msg(r, "segment '%s' exists", req->name);
     return -EEXIST;
   }
   if (cfg->max_segments && r->nsegments >= cfg->max_segments) {
-    *msg_out = fmt_msg("the daemon holds %u segments, its limit", r->nsegments);
+    *msg_out = fmt_msg(r, "the daemon holds %u segments, its limit", r->nsegments);
     return -EMFILE;
   }
   cuda = loc.kind != GSHM_LOCATION_HOST;
@@ -366,17 +364,17 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
     *msg_out = "legacy IPC export is disabled (daemon.legacy_ipc = false)";
     return -ENOTSUP;
   }
-  if (!(u = usage_get(c->cred.uid)))
+  if (!(u = usage_get(r, c->cred.uid)))
     return -ENOMEM;
   if (cfg->quota_segments && c->cred.uid && u->segments >= cfg->quota_segments) {
-    *msg_out = fmt_msg("uid %u owns %u segments, limit %u", (unsigned)c->cred.uid,
+    *msg_out = fmt_msg(r, "uid %u owns %u segments, limit %u", (unsigned)c->cred.uid,
                        u->segments, cfg->quota_segments);
     return -EDQUOT;
   }
   quota = cuda ? cfg->quota_cuda_bytes : cfg->quota_host_bytes;
   used = cuda ? u->cuda_bytes : u->host_bytes;
   if (quota && c->cred.uid && (req->size > quota || used > quota - req->size)) {
-    *msg_out = fmt_msg("uid %u uses %s of %s on %s, %s more asked", (unsigned)c->cred.uid,
+    *msg_out = fmt_msg(r, "uid %u uses %s of %s on %s, %s more asked", (unsigned)c->cred.uid,
                        gshm__format_size(used, a, sizeof(a)),
                        gshm__format_size(quota, q, sizeof(q)), cuda ? "cuda" : "host",
                        gshm__format_size(req->size, s, sizeof(s)));
@@ -392,7 +390,7 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
   /* Rounding up to the granularity may cross the quota after all. */
   if (quota && c->cred.uid && (mem->size > quota || used > quota - mem->size)) {
     b->ops->free(b, mem);
-    *msg_out = fmt_msg("uid %u uses %s of %s, %s more after rounding",
+    *msg_out = fmt_msg(r, "uid %u uses %s of %s, %s more after rounding",
                        (unsigned)c->cred.uid, gshm__format_size(used, a, sizeof(a)),
                        gshm__format_size(quota, q, sizeof(q)),
                        gshm__format_size(mem->size, s, sizeof(s)));
@@ -470,18 +468,18 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
         *msg_out = e == -ENAMETOOLONG ? "name too long" : "bad name";
         return e;
       }
-      return no_segment(req->name, msg_out);
+      return no_segment(r, req->name, msg_out);
     }
   }
   if (!gshmd_registry_may_access(c, seg, access)) {
     /* The owner, group and mode only to a client that may see them. */
     *msg_out = !gshmd_registry_may_see(c, seg)
                    ? "permission denied"
-                   : fmt_msg("segment '%s' (uid %u, gid %u, mode %04o) refuses %s access to "
-                             "uid %u",
-                             seg->name, (unsigned)seg->uid, (unsigned)seg->gid, seg->mode,
-                             access == GSHM__ACCESS__ACCESS_READ ? "read" : "read-write",
-                             (unsigned)c->cred.uid);
+                   : fmt_msg(r, "segment '%s' (uid %u, gid %u, mode %04o) refuses %s access to "
+                                "uid %u",
+                                seg->name, (unsigned)seg->uid, (unsigned)seg->gid, seg->mode,
+                                access == GSHM__ACCESS__ACCESS_READ ? "read" : "read-write",
+                                (unsigned)c->cred.uid);
     gshm_log_notice("denied: pid %d uid %u %s open of '%s'", (int)c->cred.pid,
                     (unsigned)c->cred.uid, access == GSHM__ACCESS__ACCESS_READ ? "read" : "rw",
                     seg->name);
@@ -508,9 +506,9 @@ int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, cons
   struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
 
   if (!seg)
-    return no_segment(name, msg_out);
+    return no_segment(r, name, msg_out);
   if (!may_manage(c, seg))
-    return not_owner(c, seg, msg_out);
+    return not_owner(r, c, seg, msg_out);
   tdelete(seg, &r->by_name, cmp_name);
   seg->unlinked = true;
   gshm_log_info("segment '%s' id %" PRIu64 " unlinked by pid %d (%u leases remain)", seg->name,
@@ -551,7 +549,7 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
     return -EINVAL; /* ids and generations must stay increasing */
   if (gshmd_registry_find_id(r, rec->id) || (!rec->unlinked && gshmd_registry_find_name(r, rec->name)))
     return -EEXIST;
-  if (!(u = usage_get(rec->uid)))
+  if (!(u = usage_get(r, rec->uid)))
     return -ENOMEM;
   if (!(seg = calloc(1, sizeof(*seg))) || !(seg->name = strdup(rec->name))) {
     free(seg);
@@ -612,13 +610,13 @@ int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const
   struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
 
   if (!seg)
-    return no_segment(name, msg_out);
+    return no_segment(r, name, msg_out);
   if (mode & ~0777u) {
-    *msg_out = fmt_msg("mode %o has bits outside 0777", mode);
+    *msg_out = fmt_msg(r, "mode %o has bits outside 0777", mode);
     return -EINVAL;
   }
   if (!may_manage(c, seg))
-    return not_owner(c, seg, msg_out);
+    return not_owner(r, c, seg, msg_out);
   gshm_log_info("segment '%s' mode %04o -> %04o by pid %d uid %u", seg->name, seg->mode, mode,
                 (int)c->cred.pid, (unsigned)c->cred.uid);
   seg->mode = mode;
@@ -633,24 +631,24 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
   struct usage *from, *to;
 
   if (!seg)
-    return no_segment(name, msg_out);
+    return no_segment(r, name, msg_out);
   if (uid < -1 || uid > (int64_t)UINT32_MAX - 1 || gid < -1 || gid > (int64_t)UINT32_MAX - 1) {
     *msg_out = "uid and gid must be 0..4294967294, or -1 to keep";
     return -EINVAL;
   }
   if (!may_manage(c, seg))
-    return not_owner(c, seg, msg_out);
+    return not_owner(r, c, seg, msg_out);
   if (uid >= 0 && (uid_t)uid != seg->uid && !c->cred.admin) {
     *msg_out = "only an admin gives a segment to another user";
     return -EPERM;
   }
   if (gid >= 0 && !c->cred.admin && !cred_in_group(&c->cred, (gid_t)gid)) {
-    *msg_out = fmt_msg("uid %u is not in group %u", (unsigned)c->cred.uid, (unsigned)gid);
+    *msg_out = fmt_msg(r, "uid %u is not in group %u", (unsigned)c->cred.uid, (unsigned)gid);
     return -EPERM;
   }
   if (uid >= 0 && (uid_t)uid != seg->uid) {
     /* Quota usage follows the owner. */
-    if (!(from = usage_get(seg->uid)) || !(to = usage_get((uid_t)uid)))
+    if (!(from = usage_get(r, seg->uid)) || !(to = usage_get(r, (uid_t)uid)))
       return -ENOMEM;
     usage_charge(from, seg->mem, -1);
     usage_charge(to, seg->mem, +1);
@@ -671,7 +669,7 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
   unsigned n;
 
   if (!seg)
-    return no_segment(name, msg_out);
+    return no_segment(r, name, msg_out);
   if (!c->cred.admin) {
     *msg_out = "revoke is for admins (root or the admin group)";
     return -EPERM;

@@ -92,7 +92,10 @@ struct gshmd_registry {
    * an unlink, an owner or mode change, just before the memory is freed,
    * and after a session or lease id is taken (GSHMD_IDS_USED, seg NULL). */
   void (*on_event)(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
-  void *user;
+  void *usage_root;            /* tsearch root: per-uid usage (quotas) */
+  /* The message of the last refused request (fmt_msg); valid until the
+   * next registry call. */
+  char msgbuf[512];
 };
 
 void gshmd_registry_init(struct gshmd_registry *r, const struct gshmd_config *cfg);

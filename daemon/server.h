@@ -10,16 +10,15 @@
 #include <uv.h>
 
 #include "list.h"
+#include "metrics.h"
 #include "wire.h"
 
 struct gshmd_config;
 struct gshmd_registry;
 
 #define GSHMD_NSTATUS 20 /* Gshm__Status values, for counters */
-#define GSHMD_NBUCKETS 12
-
-/* Upper bounds in seconds: 5 us .. 1 s, about 3x apart. */
-extern const double gshmd_duration_bounds[GSHMD_NBUCKETS];
+#define GSHMD_LIST_MAX 4096 /* items in one list reply, at most */
+#define GSHMD_LEASE_DEVICES 8 /* mapped devices listed per lease */
 
 struct gshmd_server {
   uv_loop_t *loop;
@@ -37,11 +36,7 @@ struct gshmd_server {
   int64_t started_ns;
   /* Counters for metrics (issue 7): requests by type and status. */
   uint64_t requests[GSHM_WIRE_TYPE_MAX + 1][GSHMD_NSTATUS];
-  /* Request service time (receive to reply sent), a fixed-bucket
-   * histogram: bucket i counts requests <= gshmd_duration_bounds[i]. */
-  uint64_t duration_buckets[GSHMD_NBUCKETS + 1];
-  uint64_t duration_count;
-  double duration_sum;
+  struct gshmd_histogram duration; /* request service time */
   uint64_t protocol_errors, connections_total, fds_sent, quota_denials, access_denials;
   uint64_t timeouts;
   uint64_t notify_seq;      /* marks connections already told of an event */
@@ -52,6 +47,22 @@ struct gshmd_server {
   uint8_t arena[4 * GSHM_WIRE_MAX_PACKET] __attribute__((aligned(16)));
   uint8_t rxbuf[GSHM_WIRE_MAX_PACKET + 1];
   uint8_t txbuf[GSHM_WIRE_MAX_PACKET];
+  /* One list reply's items (requests.c's pager), valid until it is sent:
+   * one kind of list at a time. */
+  union {
+    Gshm__SegmentInfo segments[GSHMD_LIST_MAX];
+    Gshm__ClientInfo clients[GSHMD_LIST_MAX];
+    struct {
+      Gshm__LeaseInfo info[GSHMD_LIST_MAX];
+      char *devs[GSHMD_LIST_MAX][GSHMD_LEASE_DEVICES];
+      char devbuf[GSHMD_LIST_MAX][GSHMD_LEASE_DEVICES][48];
+    } leases;
+  } list_items;
+  union {
+    Gshm__SegmentInfo *segments[GSHMD_LIST_MAX];
+    Gshm__LeaseInfo *leases[GSHMD_LIST_MAX];
+    Gshm__ClientInfo *clients[GSHMD_LIST_MAX];
+  } list_ptrs;
 };
 
 /* Starts serving on listen_fd (bound, listening, non-blocking or not; the

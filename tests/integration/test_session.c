@@ -268,6 +268,7 @@ static void test_lists_and_status(void **state) {
   enum { N = 600 }; /* more than one reply packet of segments */
   gshm_segment_t *segs[N];
   gshm_segment_info_t *infos;
+  gshm_lease_info_t *leases;
   gshm_client_info_t *clients;
   gshm_status_info_t st;
   gshm_client_t *c;
@@ -285,6 +286,12 @@ static void test_lists_and_status(void **state) {
     assert_true(infos[i].id > infos[i - 1].id);
   assert_string_equal(infos[N - 1].name, name);
   gshm_free(infos);
+  assert_int_equal(gshm_list_leases(c, &leases, &n), 0); /* pages too */
+  assert_int_equal(n, N);
+  for (size_t i = 1; i < n; i++)
+    assert_true(leases[i].lease_id > leases[i - 1].lease_id);
+  assert_string_equal(leases[N - 1].segment_name, name);
+  gshm_free(leases);
   assert_int_equal(gshm_list_clients(c, &clients, &n), 0);
   assert_int_equal(n, 1);
   assert_string_equal(clients[0].name, "lister");

@@ -1,0 +1,638 @@
+/* gshmd's request handlers: one per message type, each filling the reply
+ * (and the fd to send with it) from the registry and the backends, and
+ * the dispatcher that decodes a packet and sends the answer.  The socket
+ * side (reading, sending, queueing, accept) is server.c's. */
+#include "requests.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <inttypes.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "errors.h"
+#include "log.h"
+#include "metrics.h"
+#include "registry.h"
+#include "server.h"
+#include "util.h"
+
+#ifndef GSHM_VERSION
+#define GSHM_VERSION "0.0.0"
+#endif
+
+static bool client_name_ok(const char *name) {
+  for (const char *p = name; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f)
+      return false;
+  return true;
+}
+
+/* ---- request handlers: each fills *reply (and *fd_out) ---- */
+
+struct req {
+  struct conn *c;
+  uint16_t type; /* GSHM_WIRE_* */
+  const uint8_t *body;
+  size_t len;
+  Gshm__Reply *reply;
+  int fd_out;
+  char msg[256];
+  /* Storage that must outlive the handler until the reply is sent. */
+  Gshm__LeaseGrant grant;
+  Gshm__SegmentInfo info;
+  Gshm__Welcome welcome;
+  Gshm__StatusInfo status;
+  Gshm__DeviceList devices;
+  Gshm__SegmentList segments;
+  Gshm__LeaseList leases;
+  Gshm__ClientList clients;
+  char *backends[2];
+  uint8_t legacy_handle[64];
+  void *free_after; /* malloc'ed, freed after the reply is sent */
+};
+
+static int set_error(struct req *q, int err, const char *msg) {
+  q->reply->status = gshm__errno_to_status(err);
+  if (msg && *msg)
+    q->reply->message = (char *)msg;
+  else
+    q->reply->message = (char *)gshm__strerror(err);
+  if (err == -EDQUOT)
+    q->c->srv->quota_denials++;
+  else if (err == -EACCES || err == -EPERM)
+    q->c->srv->access_denials++;
+  return err;
+}
+
+/* The message for a client whose protocol major (in a Hello or a packet
+ * header) is not gshmd's, written into buf; returns buf. */
+static const char *version_mismatch(char *buf, size_t size, unsigned major, unsigned minor) {
+  snprintf(buf, size,
+           "protocol version mismatch: client speaks %u.%u, gshmd " GSHM_VERSION " speaks %u.%u",
+           major, minor, GSHM_PROTO_MAJOR, GSHM_PROTO_MINOR);
+  return buf;
+}
+
+static int handle_hello(struct req *q, Gshm__Hello *m) {
+  struct conn *c = q->c;
+  struct gshmd_server *s = c->srv;
+  int e;
+
+  if (m->major != GSHM_PROTO_MAJOR)
+    return set_error(q, -EPROTONOSUPPORT,
+                     version_mismatch(q->msg, sizeof(q->msg), m->major, m->minor));
+  if (strlen(m->client_name) > 63 || !client_name_ok(m->client_name))
+    return set_error(q, -EINVAL, "client name: at most 63 printable bytes");
+  if ((e = gshmd_registry_client_add(s->reg, &c->cred, &c->client)))
+    return set_error(q, e, "out of memory");
+  snprintf(c->client->name, sizeof(c->client->name), "%s", m->client_name);
+  c->client->conn = c;
+  gshm_log_info("client %" PRIu64 " '%s' connected: pid %d uid %u gid %u%s", c->client->session_id,
+                c->client->name, (int)c->cred.pid, (unsigned)c->cred.uid, (unsigned)c->cred.gid,
+                c->cred.admin ? " (admin)" : "");
+  q->welcome.server_version = GSHM_VERSION;
+  q->welcome.session_id = c->client->session_id;
+  q->welcome.capabilities = 1u | (s->reg->cuda ? 2u : 0u);
+  q->welcome.major = GSHM_PROTO_MAJOR;
+  q->welcome.minor = GSHM_PROTO_MINOR;
+  q->welcome.max_packet = s->cfg->max_packet;
+  q->reply->body_case = GSHM__REPLY__BODY_WELCOME;
+  q->reply->welcome = &q->welcome;
+  return 0;
+}
+
+static int grant_lease(struct req *q, struct gshmd_lease *l, bool legacy) {
+  struct gshmd_alloc *mem = l->seg->mem;
+  int e;
+
+  if (legacy) {
+    if (!mem->backend->ops->export_legacy_ipc)
+      return set_error(q, -ENOTSUP, "this backend has no legacy IPC export");
+    if ((e = mem->backend->ops->export_legacy_ipc(mem->backend, mem, q->legacy_handle)))
+      return set_error(q, e, "legacy IPC export failed");
+    q->grant.legacy_ipc_handle.data = q->legacy_handle;
+    q->grant.legacy_ipc_handle.len = sizeof(q->legacy_handle);
+  } else {
+    e = mem->backend->ops->export_fd(mem->backend, mem,
+                                     l->access == GSHM__ACCESS__ACCESS_READ_WRITE, &q->fd_out);
+    if (e)
+      return set_error(q, e, "cannot export the segment's fd");
+  }
+  gshmd_segment_to_info(l->seg, &q->info);
+  q->grant.segment = &q->info;
+  q->grant.lease_id = l->id;
+  q->grant.access = l->access;
+  q->reply->body_case = GSHM__REPLY__BODY_GRANT;
+  q->reply->grant = &q->grant;
+  return 0;
+}
+
+static int handle_create(struct req *q, Gshm__CreateRequest *m) {
+  struct gshmd_lease *l;
+  const char *msg = NULL;
+  int e = gshmd_registry_create(q->c->srv->reg, q->c->client, m, &l, &msg);
+
+  if (e)
+    return set_error(q, e, msg);
+  /* A legacy-IPC segment has no fd (cuMemAlloc memory): its creator gets
+   * the handle instead. */
+  if ((e = grant_lease(q, l, (m->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) != 0))) {
+    /* Undo: the creator could not get its fd, so nothing was created. */
+    char *name = strdup(l->seg->name);
+    gshmd_registry_close(q->c->srv->reg, q->c->client, l->id);
+    if (name)
+      gshmd_registry_unlink(q->c->srv->reg, q->c->client, name, &msg);
+    free(name);
+  }
+  return e;
+}
+
+static int handle_open(struct req *q, Gshm__OpenRequest *m) {
+  struct gshmd_lease *l;
+  const char *msg = NULL;
+  int e = gshmd_registry_open(q->c->srv->reg, q->c->client, m, &l, &msg);
+
+  if (e)
+    return set_error(q, e, msg);
+  if ((e = grant_lease(q, l, m->legacy_ipc)))
+    gshmd_registry_close(q->c->srv->reg, q->c->client, l->id);
+  return e;
+}
+
+static int handle_close(struct req *q, Gshm__CloseRequest *m) {
+  int e = gshmd_registry_close(q->c->srv->reg, q->c->client, m->lease_id);
+  return e ? set_error(q, e, "no such lease on this connection") : 0;
+}
+
+static int handle_unlink(struct req *q, Gshm__UnlinkRequest *m) {
+  struct gshmd_registry *r = q->c->srv->reg;
+  struct gshmd_segment *seg = gshmd_registry_find_name(r, m->name);
+  const char *msg = NULL;
+  int e;
+
+  /* Tell the holders first, while the segment surely still exists; the
+   * events go out before this reply, so whoever learns of the unlink from
+   * the unlinker finds the event already in its socket. */
+  if (seg && (q->c->client->cred.admin || q->c->client->cred.uid == seg->uid))
+    notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, q->c);
+  e = gshmd_registry_unlink(r, q->c->client, m->name, &msg);
+  return e ? set_error(q, e, msg) : 0;
+}
+
+static int reply_segment(struct req *q, const char *name) {
+  struct gshmd_segment *seg = gshmd_registry_find_name(q->c->srv->reg, name);
+  if (seg) {
+    gshmd_segment_to_info(seg, &q->info);
+    q->reply->body_case = GSHM__REPLY__BODY_SEGMENT;
+    q->reply->segment = &q->info;
+  }
+  return 0;
+}
+
+static int handle_chmod(struct req *q, Gshm__ChmodRequest *m) {
+  const char *msg = NULL;
+  int e = gshmd_registry_chmod(q->c->srv->reg, q->c->client, m->name, m->mode, &msg);
+  return e ? set_error(q, e, msg) : reply_segment(q, m->name);
+}
+
+static int handle_chown(struct req *q, Gshm__ChownRequest *m) {
+  const char *msg = NULL;
+  int e = gshmd_registry_chown(q->c->srv->reg, q->c->client, m->name, m->uid, m->gid, &msg);
+  return e ? set_error(q, e, msg) : reply_segment(q, m->name);
+}
+
+static int handle_revoke(struct req *q, Gshm__RevokeRequest *m) {
+  struct gshmd_registry *r = q->c->srv->reg;
+  struct gshmd_segment *seg = gshmd_registry_find_name(r, m->name);
+  const char *msg = NULL;
+  int e;
+
+  if (seg && q->c->client->cred.admin)
+    notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_REVOKED, q->c);
+  e = gshmd_registry_revoke(r, q->c->client, m->name, &msg);
+  return e ? set_error(q, e, msg) : 0;
+}
+
+static int handle_stat(struct req *q, Gshm__StatRequest *m) {
+  struct gshmd_registry *r = q->c->srv->reg;
+  struct gshmd_segment *seg;
+
+  seg = m->segment_id ? gshmd_registry_find_id(r, m->segment_id)
+                      : gshmd_registry_find_name(r, m->name);
+  if (!seg) {
+    if (m->segment_id)
+      return set_error(q, -ESTALE, "segment is gone");
+    snprintf(q->msg, sizeof(q->msg), "no segment named '%.200s'", m->name);
+    return set_error(q, -ENOENT, q->msg);
+  }
+  if (!gshmd_registry_may_see(q->c->client, seg))
+    return set_error(q, -EACCES, "permission denied");
+  gshmd_segment_to_info(seg, &q->info);
+  q->reply->body_case = GSHM__REPLY__BODY_SEGMENT;
+  q->reply->segment = &q->info;
+  return 0;
+}
+
+/* Room left in one reply packet for list items: the header, the Reply's
+ * own fields and the cursor take well under 64 bytes. */
+static size_t list_budget(const struct gshmd_server *s) {
+  size_t max = s->cfg->max_packet ? s->cfg->max_packet : GSHM_WIRE_MAX_PACKET;
+  if (max > GSHM_WIRE_MAX_PACKET)
+    max = GSHM_WIRE_MAX_PACKET;
+  return max - GSHM_WIRE_HEADER_SIZE - 64;
+}
+
+/* Bytes that one embedded message of packed size n adds: tag, length, body. */
+static size_t embedded_size(size_t n) {
+  size_t v = 1;
+  for (size_t k = n; k >= 128; k >>= 7)
+    v++;
+  return 1 + v + n;
+}
+
+/* First list node with id > after, walking from the id tree when possible. */
+static struct gshm_list *segments_after(struct gshmd_registry *r, uint64_t after) {
+  struct gshm_list *pos;
+  struct gshmd_segment *seg;
+
+  if (after == 0)
+    return r->segments.next;
+  if ((seg = gshmd_registry_find_id(r, after)))
+    return seg->node.next;
+  gshm_list_foreach(pos, &r->segments) {
+    if (gshm_list_entry(pos, struct gshmd_segment, node)->id > after)
+      return pos;
+  }
+  return &r->segments;
+}
+
+static unsigned list_limit(const Gshm__ListRequest *m) {
+  return m->limit == 0 || m->limit > GSHMD_LIST_MAX ? GSHMD_LIST_MAX : m->limit;
+}
+
+static bool may_see_client(const struct gshmd_client *viewer, const struct gshmd_client *c) {
+  return viewer->cred.admin || viewer->cred.uid == c->cred.uid;
+}
+
+/* One kind of list for the pager: which nodes the requester sees, and
+ * how one item of the reply is filled. */
+struct list_kind {
+  /* The id of the item at node (the cursor's unit), or 0 when the
+   * requester may not see it or it is not after the cursor. */
+  uint64_t (*visible)(const struct req *q, struct gshm_list *node, uint64_t after);
+  /* Fills item i of the reply (storage and pointer in the server's
+   * list_items / list_ptrs) from node; returns its packed size. */
+  size_t (*fill)(struct req *q, struct gshm_list *node, unsigned i);
+};
+
+static uint64_t segment_visible(const struct req *q, struct gshm_list *node, uint64_t after) {
+  const struct gshmd_segment *seg = gshm_list_entry(node, struct gshmd_segment, node);
+  (void)after; /* segments_after already started the walk past it */
+  return gshmd_registry_may_see(q->c->client, seg) ? seg->id : 0;
+}
+
+static size_t segment_fill(struct req *q, struct gshm_list *node, unsigned i) {
+  struct gshmd_server *s = q->c->srv;
+  Gshm__SegmentInfo *si = &s->list_items.segments[i];
+
+  gshmd_segment_to_info(gshm_list_entry(node, struct gshmd_segment, node), si);
+  s->list_ptrs.segments[i] = si;
+  return gshm__segment_info__get_packed_size(si);
+}
+
+static uint64_t lease_visible(const struct req *q, struct gshm_list *node, uint64_t after) {
+  const struct gshmd_lease *l = gshm_list_entry(node, struct gshmd_lease, node);
+  return l->id > after && may_see_client(q->c->client, l->client) ? l->id : 0;
+}
+
+static size_t lease_fill(struct req *q, struct gshm_list *node, unsigned i) {
+  struct gshmd_server *s = q->c->srv;
+  struct gshmd_lease *l = gshm_list_entry(node, struct gshmd_lease, node);
+  Gshm__LeaseInfo *li = &s->list_items.leases.info[i];
+  char **devs = s->list_items.leases.devs[i];
+
+  gshm__lease_info__init(li);
+  li->lease_id = l->id;
+  li->segment_id = l->seg->id;
+  li->segment_name = l->seg->name;
+  li->session_id = l->client->session_id;
+  li->pid = l->client->cred.pid;
+  li->uid = l->client->cred.uid;
+  li->client_name = l->client->name;
+  li->access = l->access;
+  li->since_ns = l->since_ns;
+  li->mapped = l->mapped;
+  li->location = l->seg->mem->location;
+  li->n_mapped_devices = 0;
+  li->mapped_devices = devs;
+  if (l->mapped_devices) {
+    const char *p = l->mapped_devices;
+    while (*p && li->n_mapped_devices < GSHMD_LEASE_DEVICES) {
+      size_t k = strcspn(p, ",");
+      char *buf = s->list_items.leases.devbuf[i][li->n_mapped_devices];
+      snprintf(buf, sizeof(s->list_items.leases.devbuf[i][0]), "%.*s", (int)k, p);
+      devs[li->n_mapped_devices++] = buf;
+      p += k + (p[k] == ',');
+    }
+  }
+  s->list_ptrs.leases[i] = li;
+  return gshm__lease_info__get_packed_size(li);
+}
+
+static uint64_t client_visible(const struct req *q, struct gshm_list *node, uint64_t after) {
+  const struct gshmd_client *cl = gshm_list_entry(node, struct gshmd_client, node);
+  return cl->session_id > after && may_see_client(q->c->client, cl) ? cl->session_id : 0;
+}
+
+static size_t client_fill(struct req *q, struct gshm_list *node, unsigned i) {
+  struct gshmd_server *s = q->c->srv;
+  struct gshmd_client *cl = gshm_list_entry(node, struct gshmd_client, node);
+  Gshm__ClientInfo *ci = &s->list_items.clients[i];
+
+  gshm__client_info__init(ci);
+  ci->session_id = cl->session_id;
+  ci->pid = cl->cred.pid;
+  ci->uid = cl->cred.uid;
+  ci->gid = cl->cred.gid;
+  ci->name = cl->name;
+  ci->since_ns = cl->since_ns;
+  ci->leases = cl->nleases;
+  s->list_ptrs.clients[i] = ci;
+  return gshm__client_info__get_packed_size(ci);
+}
+
+/* The pager: fills one page of a list, walking from `from` to `head`,
+ * with at most the request's limit of items and as many as fit in one
+ * reply packet.  Returns the number of items; *next_out is the cursor for
+ * the next page (the id of the last item), 0 when the walk ended. */
+static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm_list *from,
+                          struct gshm_list *head, const struct list_kind *kind,
+                          uint64_t *next_out) {
+  size_t budget = list_budget(q->c->srv), used = 0;
+  unsigned limit = list_limit(m), n = 0;
+  uint64_t last = 0;
+
+  *next_out = 0;
+  for (struct gshm_list *pos = from; pos != head; pos = pos->next) {
+    uint64_t id = kind->visible(q, pos, m->after);
+    size_t sz;
+    if (!id)
+      continue;
+    if (n == limit) {
+      *next_out = last;
+      break;
+    }
+    sz = embedded_size(kind->fill(q, pos, n));
+    if (used + sz > budget) {
+      *next_out = last;
+      break;
+    }
+    used += sz;
+    last = id;
+    n++;
+  }
+  return n;
+}
+
+/* LIST_SEGMENTS, LIST_LEASES and LIST_CLIENTS. */
+static int handle_list(struct req *q, Gshm__ListRequest *m) {
+  static const struct list_kind segments = {segment_visible, segment_fill},
+                                leases = {lease_visible, lease_fill},
+                                clients = {client_visible, client_fill};
+  struct gshmd_server *s = q->c->srv;
+  struct gshmd_registry *r = s->reg;
+
+  switch (q->type) {
+  case GSHM_WIRE_LIST_SEGMENTS:
+    gshm__segment_list__init(&q->segments);
+    q->segments.n_segments = list_page(q, m, segments_after(r, m->after), &r->segments,
+                                       &segments, &q->segments.next);
+    q->segments.segments = s->list_ptrs.segments;
+    q->reply->body_case = GSHM__REPLY__BODY_SEGMENTS;
+    q->reply->segments = &q->segments;
+    break;
+  case GSHM_WIRE_LIST_LEASES:
+    gshm__lease_list__init(&q->leases);
+    q->leases.n_leases = list_page(q, m, r->leases.next, &r->leases, &leases, &q->leases.next);
+    q->leases.leases = s->list_ptrs.leases;
+    q->reply->body_case = GSHM__REPLY__BODY_LEASES;
+    q->reply->leases = &q->leases;
+    break;
+  default:
+    gshm__client_list__init(&q->clients);
+    q->clients.n_clients =
+        list_page(q, m, r->clients.next, &r->clients, &clients, &q->clients.next);
+    q->clients.clients = s->list_ptrs.clients;
+    q->reply->body_case = GSHM__REPLY__BODY_CLIENTS;
+    q->reply->clients = &q->clients;
+    break;
+  }
+  return 0;
+}
+
+static int handle_status(struct req *q) {
+  struct gshmd_server *s = q->c->srv;
+  struct gshmd_registry *r = s->reg;
+
+  q->status.version = GSHM_VERSION;
+  q->status.started_ns = s->started_ns;
+  q->status.clients = r->nclients;
+  q->status.segments = r->nsegments;
+  q->status.bytes = r->bytes;
+  q->status.leases = r->nleases;
+  q->status.pid = getpid();
+  q->status.n_backends = 0;
+  q->status.backends = q->backends;
+  q->backends[q->status.n_backends++] = "host";
+  if (r->cuda) {
+    q->backends[q->status.n_backends++] = "cuda";
+    q->status.devices = r->cuda->ndevices;
+  }
+  q->reply->body_case = GSHM__REPLY__BODY_STATUS_INFO;
+  q->reply->status_info = &q->status;
+  return 0;
+}
+
+static int handle_devices(struct req *q) {
+  struct gshmd_registry *r = q->c->srv->reg;
+
+  gshm__device_list__init(&q->devices);
+  if (r->cuda && r->cuda->ops->devices) {
+    int e = r->cuda->ops->devices(r->cuda, &q->devices);
+    if (e)
+      return set_error(q, e, "cannot read device information");
+  }
+  q->reply->body_case = GSHM__REPLY__BODY_DEVICES;
+  q->reply->devices = &q->devices;
+  return 0;
+}
+
+static int handle_map_report(struct req *q, Gshm__MapReport *m) {
+  struct gshmd_lease *l = gshmd_registry_find_lease(q->c->srv->reg, m->lease_id);
+  size_t total = 1;
+  char *devs;
+
+  if (!l || l->client != q->c->client)
+    return set_error(q, -ENOENT, "no such lease on this connection");
+  if (m->n_device_uuids > 16)
+    return set_error(q, -EINVAL, "at most 16 devices per mapping report");
+  for (size_t i = 0; i < m->n_device_uuids; i++) {
+    if (strlen(m->device_uuids[i]) > 47 || !client_name_ok(m->device_uuids[i]) ||
+        strchr(m->device_uuids[i], ','))
+      return set_error(q, -EINVAL, "bad device uuid");
+    total += strlen(m->device_uuids[i]) + 1;
+  }
+  if (!(devs = malloc(total)))
+    return -ENOMEM;
+  devs[0] = '\0';
+  for (size_t i = 0; i < m->n_device_uuids; i++) {
+    if (i)
+      strcat(devs, ",");
+    strcat(devs, m->device_uuids[i]);
+  }
+  free(l->mapped_devices);
+  l->mapped_devices = devs;
+  l->mapped = !m->unmapped;
+  return 0;
+}
+
+static int handle_metrics(struct req *q) {
+  char *text = NULL;
+  int e = gshmd_metrics_render(q->c->srv, &text);
+
+  if (e)
+    return set_error(q, e, "cannot render metrics");
+  q->free_after = text;
+  q->reply->body_case = GSHM__REPLY__BODY_TEXT;
+  q->reply->text = text;
+  return 0;
+}
+
+/* Unpacks the body as message type T and calls handler H; a body that does
+ * not decode is a protocol error. */
+#define DISPATCH(T, lower, H)                                                         \
+  do {                                                                                \
+    T *msg_ = gshm__##lower##__unpack(&s->arena_allocator, q.len, q.body);            \
+    if (!msg_) {                                                                      \
+      conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,     \
+                "message does not decode as " #T);                                    \
+      return;                                                                         \
+    }                                                                                 \
+    err = H(&q, msg_);                                                                \
+    gshm__##lower##__free_unpacked(msg_, &s->arena_allocator);                        \
+  } while (0)
+
+void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
+  struct gshmd_server *s = c->srv;
+  Gshm__Reply reply = GSHM__REPLY__INIT;
+  struct gshm_wire_header hdr;
+  struct req q;
+  int err = 0;
+
+  if (gshm__wire_parse_header(pkt, len, &hdr)) {
+    conn_fail(c, 0, 0, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
+              len < GSHM_WIRE_HEADER_SIZE ? "packet shorter than the 16-byte header"
+                                          : "bad packet header (magic or length)");
+    return;
+  }
+  if (hdr.major != GSHM_PROTO_MAJOR) {
+    char m[160];
+    conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_VERSION_MISMATCH,
+              version_mismatch(m, sizeof(m), hdr.major, hdr.minor));
+    return;
+  }
+  if (hdr.type == 0 || hdr.type > GSHM_WIRE_TYPE_MAX) {
+    conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
+              "unknown message type");
+    return;
+  }
+  if (!c->client && hdr.type != GSHM_WIRE_HELLO) {
+    conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
+              "hello must come first");
+    return;
+  }
+  if (c->client && hdr.type == GSHM_WIRE_HELLO) {
+    conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
+              "hello was already said");
+    return;
+  }
+
+  s->arena_used = 0;
+  memset(&q, 0, sizeof(q));
+  q.c = c;
+  q.type = hdr.type;
+  q.body = pkt + GSHM_WIRE_HEADER_SIZE;
+  q.len = hdr.length;
+  q.reply = &reply;
+  q.fd_out = -1;
+  gshm__lease_grant__init(&q.grant);
+  gshm__welcome__init(&q.welcome);
+  gshm__status_info__init(&q.status);
+
+  switch (hdr.type) {
+  case GSHM_WIRE_HELLO:
+    DISPATCH(Gshm__Hello, hello, handle_hello);
+    break;
+  case GSHM_WIRE_CREATE:
+    DISPATCH(Gshm__CreateRequest, create_request, handle_create);
+    break;
+  case GSHM_WIRE_OPEN:
+    DISPATCH(Gshm__OpenRequest, open_request, handle_open);
+    break;
+  case GSHM_WIRE_CLOSE:
+    DISPATCH(Gshm__CloseRequest, close_request, handle_close);
+    break;
+  case GSHM_WIRE_UNLINK:
+    DISPATCH(Gshm__UnlinkRequest, unlink_request, handle_unlink);
+    break;
+  case GSHM_WIRE_STAT:
+    DISPATCH(Gshm__StatRequest, stat_request, handle_stat);
+    break;
+  case GSHM_WIRE_LIST_SEGMENTS:
+  case GSHM_WIRE_LIST_LEASES:
+  case GSHM_WIRE_LIST_CLIENTS:
+    DISPATCH(Gshm__ListRequest, list_request, handle_list);
+    break;
+  case GSHM_WIRE_MAP_REPORT:
+    DISPATCH(Gshm__MapReport, map_report, handle_map_report);
+    break;
+  case GSHM_WIRE_CHMOD:
+    DISPATCH(Gshm__ChmodRequest, chmod_request, handle_chmod);
+    break;
+  case GSHM_WIRE_CHOWN:
+    DISPATCH(Gshm__ChownRequest, chown_request, handle_chown);
+    break;
+  case GSHM_WIRE_REVOKE:
+    DISPATCH(Gshm__RevokeRequest, revoke_request, handle_revoke);
+    break;
+  case GSHM_WIRE_STATUS:
+    err = handle_status(&q);
+    break;
+  case GSHM_WIRE_DEVICES:
+    err = handle_devices(&q);
+    break;
+  case GSHM_WIRE_METRICS:
+    err = handle_metrics(&q);
+    break;
+  }
+  if (c->closing) /* DISPATCH failed */
+    return;
+  if (!err)
+    reply.status = GSHM__STATUS__STATUS_OK;
+  else if (reply.status == GSHM__STATUS__STATUS_UNSPECIFIED)
+    set_error(&q, err, NULL);
+  if ((unsigned)reply.status < GSHMD_NSTATUS)
+    s->requests[hdr.type][reply.status]++;
+
+  /* A mapping report with request id 0 wants no reply (libgshm sends it
+   * without waiting, to keep a round trip off every first map). */
+  if (!(hdr.type == GSHM_WIRE_MAP_REPORT && hdr.request_id == 0))
+    conn_send(c, hdr.type, hdr.request_id, &reply, q.fd_out);
+  /* q.fd_out is lent by the backend: not ours to close. */
+  free(q.free_after);
+  if (hdr.type == GSHM_WIRE_HELLO && err && !c->closing)
+    conn_close(c, reply.message); /* a refused hello ends the connection */
+}

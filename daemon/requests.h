@@ -1,0 +1,79 @@
+/* The seam between gshmd's connection I/O (server.c: sockets, queues,
+ * accept, timers) and its request handlers (requests.c: one function per
+ * message type, the list pager).  Internal to gshmd. */
+#ifndef GSHMD_REQUESTS_H
+#define GSHMD_REQUESTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "gshm.pb-c.h"
+#include "list.h"
+#include "registry.h"
+
+struct gshmd_server;
+
+/* One client connection (server.c owns it: accept creates it, the loop
+ * frees it after conn_close). */
+struct conn {
+  struct gshmd_server *srv;
+  uv_poll_t poll;
+  int fd;
+  struct gshmd_cred cred;
+  struct gshmd_client *client; /* set by hello */
+  bool closing;
+  struct gshm_list node;
+  /* Packets that did not fit in the socket buffer.  While any wait we
+   * read nothing more from this client (backpressure): the queue holds at
+   * most one reply plus the events sent meanwhile, capped at the config's
+   * limits.max_inflight (then the client is dropped). */
+  struct gshm_list outq;
+  unsigned noutq;
+  int64_t accepted_ns, last_ns; /* CLOCK_MONOTONIC: timeouts */
+  uint64_t notify_mark;         /* notify_lease_holders: already a target */
+};
+
+/* ---- server.c ---- */
+
+/* Ends the connection: its client and leases go now, the socket when the
+ * loop has closed the watcher.  why (may be NULL) goes to the log.  A
+ * second call does nothing. */
+void conn_close(struct conn *c, const char *why);
+
+/* Sends the packet of len bytes already in c->srv->txbuf, or queues a
+ * copy behind earlier ones when the client's socket buffer is full.  fd
+ * (>= 0: sent along) stays the caller's; a queued packet keeps a dup.
+ * Returns 0, or a negative errno after closing the connection: -ENOBUFS
+ * limits.max_inflight packets already wait, -ENOMEM, -EMFILE (no fd for
+ * the dup), or the send's error (-EPIPE, -ECONNRESET, ...). */
+int conn_send_packet(struct conn *c, size_t len, int fd);
+
+/* Packs reply as the answer (type | GSHM_WIRE_REPLY) to request_id and
+ * sends it as conn_send_packet does, with its errors, and -EMSGSIZE when
+ * the reply does not fit in one packet (the connection is closed). */
+int conn_send(struct conn *c, uint16_t type, uint32_t request_id, const Gshm__Reply *reply,
+              int fd);
+
+/* Answers a request that breaks the protocol with status and message,
+ * then drops the client; counts a protocol error. */
+void conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__Status status,
+               const char *message);
+
+/* Tells every connection with a lease on seg, but `except` (the requester,
+ * which learns it from its reply), that the segment's name went away
+ * (kind).  A send that fails closes that connection, so the requester
+ * must not be among them: its client would be gone under the request. */
+void notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg, Gshm__EventKind kind,
+                          const struct conn *except);
+
+/* ---- requests.c ---- */
+
+/* Handles one received packet of len bytes (header and body) from c:
+ * checks the header, decodes the body, runs the handler and sends the
+ * reply (with the backend's fd, which stays the backend's).  A packet
+ * that breaks the protocol, or a refused hello, closes the connection. */
+void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len);
+
+#endif
