@@ -24,9 +24,10 @@ from ._errors import (Error, NotFound, Exists, PermissionDenied, InvalidArgument
                       Unreachable, NoDevice, NotSupported, OutOfMemory, LimitExceeded,
                       Revoked, ProtocolError)
 from ._dtypes import DType, DTYPES, dtype
-from ._core import (Client, Segment, HostSegment, DeviceSegment, DeviceArray,
-                    SegmentInfo, LeaseInfo, ClientInfo, StatusInfo, DeviceInfo, PeerInfo,
-                    copy, copy_signal, signal, wait)
+from ._info import SegmentInfo, LeaseInfo, ClientInfo, StatusInfo, DeviceInfo, PeerInfo
+from ._segment import Segment, HostSegment, DeviceSegment, DeviceArray
+from ._client import Client
+from ._copy import copy, copy_signal, signal, wait
 from ._lib import (GSHM_ACCESS_READ as ACCESS_READ, GSHM_ACCESS_READ_WRITE as ACCESS_READ_WRITE,
                    GSHM_CREATE_LEGACY_IPC as CREATE_LEGACY_IPC, GSHM_NAME_MAX as NAME_MAX,
                    library_path)

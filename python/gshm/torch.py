@@ -19,7 +19,8 @@ import warnings
 import torch as _torch
 
 from . import _cuda
-from ._core import Client, Segment  # noqa: F401  (documentation)
+from ._client import Client  # noqa: F401  (documentation)
+from ._segment import Segment  # noqa: F401  (documentation)
 from ._dtypes import dtype as _to_dtype
 from ._safetensors import plan as _plan, parse as _parse
 

@@ -1,0 +1,183 @@
+"""The read-only records of the daemon's state: segments, leases, clients,
+status, devices and their peers (frozen dataclasses built from the C
+structs)."""
+
+import dataclasses
+import datetime
+
+from ._core import _dec, _access_name
+
+__all__ = ["SegmentInfo", "LeaseInfo", "ClientInfo", "StatusInfo", "DeviceInfo", "PeerInfo"]
+
+
+def _ns_to_datetime(ns):
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentInfo:
+    """gshm_segment_info_t."""
+    id: int
+    generation: int
+    name: str
+    size: int             #: bytes allocated (requested rounded up to granularity)
+    requested_size: int   #: bytes asked for at create
+    granularity: int
+    location: str         #: "host" or "cuda:GPU-<uuid>"
+    device_index: int     #: the daemon's GPU index; -1 for host
+    uid: int
+    gid: int
+    mode: int
+    flags: int
+    unlinked: bool
+    leases: int
+    created_ns: int
+
+    @classmethod
+    def _from_c(cls, c):
+        return cls(id=c.id, generation=c.generation, name=_dec(c.name), size=c.size,
+                   requested_size=c.requested_size, granularity=c.granularity,
+                   location=_dec(c.location), device_index=c.device_index, uid=c.uid,
+                   gid=c.gid, mode=c.mode, flags=c.flags, unlinked=bool(c.unlinked),
+                   leases=c.leases, created_ns=c.created_ns)
+
+    @property
+    def is_host(self):
+        return self.location == "host"
+
+    @property
+    def gpu_uuid(self):
+        """"GPU-<uuid>" of a device segment's GPU, None for host segments."""
+        if self.location.startswith("cuda:"):
+            rest = self.location[5:]
+            if rest.upper().startswith("GPU-"):
+                return rest
+        return None
+
+    @property
+    def created(self):
+        return _ns_to_datetime(self.created_ns)
+
+    def asdict(self):
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseInfo:
+    """gshm_lease_info_t: one client connection's open of one segment."""
+    lease_id: int
+    segment_id: int
+    segment: str
+    location: str
+    session_id: int
+    pid: int
+    uid: int
+    client: str
+    access: str           #: "r" or "rw"
+    since_ns: int
+    mapped: bool
+    devices: tuple        #: GPU UUIDs it mapped on; () for CPU or unmapped
+
+    @classmethod
+    def _from_c(cls, c):
+        devs = _dec(c.mapped_devices)
+        return cls(lease_id=c.lease_id, segment_id=c.segment_id, segment=_dec(c.segment_name),
+                   location=_dec(c.location), session_id=c.session_id, pid=c.pid, uid=c.uid,
+                   client=_dec(c.client_name), access=_access_name(c.access),
+                   since_ns=c.since_ns, mapped=bool(c.mapped),
+                   devices=tuple(d for d in devs.split(",") if d))
+
+    @property
+    def since(self):
+        return _ns_to_datetime(self.since_ns)
+
+    def asdict(self):
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientInfo:
+    """gshm_client_info_t: one client connection."""
+    session_id: int
+    pid: int
+    uid: int
+    gid: int
+    name: str
+    since_ns: int
+    leases: int
+
+    @classmethod
+    def _from_c(cls, c):
+        return cls(session_id=c.session_id, pid=c.pid, uid=c.uid, gid=c.gid, name=_dec(c.name),
+                   since_ns=c.since_ns, leases=c.leases)
+
+    def asdict(self):
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusInfo:
+    """gshm_status_info_t: the daemon as a whole."""
+    version: str
+    pid: int
+    started_ns: int
+    clients: int
+    segments: int
+    leases: int
+    devices: int
+    bytes: int
+    backends: tuple
+
+    @classmethod
+    def _from_c(cls, c):
+        return cls(version=_dec(c.version), pid=c.pid, started_ns=c.started_ns, clients=c.clients,
+                   segments=c.segments, leases=c.leases, devices=c.devices, bytes=c.bytes,
+                   backends=tuple(b for b in _dec(c.backends).split(",") if b))
+
+    def asdict(self):
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerInfo:
+    """gshm_peer_info_t: reachability of one GPU from another (daemon indexes)."""
+    index: int
+    access: bool
+    native_atomics: bool
+    performance_rank: int
+    nvlinks: int          #: -1 unknown
+
+    @classmethod
+    def _from_c(cls, c):
+        return cls(index=c.index, access=bool(c.access), native_atomics=bool(c.native_atomics),
+                   performance_rank=c.performance_rank, nvlinks=c.nvlinks)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    """gshm_device_info_t: one GPU as gshmd enumerated it."""
+    index: int            #: the daemon's index: location "cuda:N"
+    uuid: str
+    pci_bus_id: str
+    name: str
+    total_memory: int
+    free_memory: int
+    granularity: int
+    cc_major: int
+    cc_minor: int
+    peers: tuple          #: PeerInfo
+
+    @classmethod
+    def _from_c(cls, c):
+        n = max(0, min(c.npeers, len(c.peers)))
+        return cls(index=c.index, uuid=_dec(c.uuid), pci_bus_id=_dec(c.pci_bus_id),
+                   name=_dec(c.name), total_memory=c.total_memory, free_memory=c.free_memory,
+                   granularity=c.granularity, cc_major=c.cc_major, cc_minor=c.cc_minor,
+                   peers=tuple(PeerInfo._from_c(c.peers[i]) for i in range(n)))
+
+    @property
+    def location(self):
+        return "cuda:" + self.uuid
+
+    def asdict(self):
+        return dataclasses.asdict(self)

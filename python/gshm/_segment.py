@@ -1,0 +1,426 @@
+"""Open segments (leases) and their views: HostSegment (an mmap of the
+memfd), DeviceSegment and DeviceArray (__cuda_array_interface__, DLPack)."""
+
+import ctypes
+import mmap
+
+from . import _cuda, _dlpack
+from . import _lib as L
+from ._core import _finalizer, _optional, _raise, _state_lock
+from ._dtypes import dtype as _to_dtype
+from ._info import SegmentInfo
+
+__all__ = ["Segment", "HostSegment", "DeviceSegment", "DeviceArray"]
+
+
+def _check_view(size, dt, shape, offset):
+    """Validates a view of `size` bytes; returns (shape tuple, nbytes)."""
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        try:
+            offset = offset.__index__()
+        except AttributeError:
+            raise TypeError("gshm: offset must be an int, not %s" % type(offset).__name__) from None
+    if offset < 0:
+        raise ValueError("gshm: offset %d is negative" % offset)
+    if offset > size:
+        raise ValueError("gshm: offset %d is past the end of the segment (%d bytes)" % (offset, size))
+    if offset % dt.itemsize:
+        raise ValueError("gshm: offset %d is not a multiple of the %s item size (%d)"
+                         % (offset, dt.name, dt.itemsize))
+    if shape is None:
+        shape = ((size - offset) // dt.itemsize,)
+    elif isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)
+    else:
+        try:
+            shape = tuple(shape)
+        except TypeError:
+            raise TypeError("gshm: shape must be an int or a sequence of ints") from None
+    dims = []
+    for d in shape:
+        if isinstance(d, bool):
+            raise TypeError("gshm: shape must hold ints, not bool")
+        try:
+            d = d.__index__()
+        except AttributeError:
+            raise TypeError("gshm: shape must hold ints, not %s" % type(d).__name__) from None
+        if d < 0:
+            raise ValueError("gshm: negative dimension %d in shape %r" % (d, shape))
+        dims.append(d)
+    n = 1
+    for d in dims:
+        n *= d
+    nbytes = n * dt.itemsize
+    if offset + nbytes > size:
+        raise ValueError("gshm: a %s view of shape %r at offset %d needs %d bytes; the segment has %d"
+                         % (dt.name, tuple(dims), offset, offset + nbytes, size))
+    return tuple(dims), nbytes, offset
+
+
+class Segment(object):
+    """An open segment (a lease).  Returned by Client.create / Client.open;
+    a HostSegment or a DeviceSegment.
+
+    Use as a context manager or call close().  Attributes: name, size,
+    requested_size, location, access ("r"/"rw"), readonly, info (a
+    SegmentInfo from when it was opened; stat() asks the daemon again)."""
+
+    def _init(self, client, handle, info, access):
+        self._client = client
+        self._h = handle
+        self._info = info
+        self.access = access
+        self._address = None
+
+    # -- attributes
+    @property
+    def info(self):
+        return self._info
+
+    @property
+    def name(self):
+        return self._info.name
+
+    @property
+    def size(self):
+        return self._info.size
+
+    @property
+    def requested_size(self):
+        return self._info.requested_size
+
+    @property
+    def location(self):
+        return self._info.location
+
+    @property
+    def is_host(self):
+        return self._info.is_host
+
+    @property
+    def readonly(self):
+        return self.access == "r"
+
+    @property
+    def client(self):
+        return self._client
+
+    @property
+    def closed(self):
+        return self._h.owner_released
+
+    @property
+    def address(self):
+        """The address returned by map(), or None while not mapped."""
+        return self._address
+
+    def _ptr(self):
+        if self._h.owner_released or not self._h.ptr:
+            raise ValueError("gshm: segment %r is closed" % self._info.name)
+        return self._h.ptr
+
+    def fileno(self):
+        """The segment's fd (borrowed: closed by close(); os.dup() it to keep it)."""
+        fd = L.lib().gshm_segment_fd(self._ptr())
+        if fd < 0:
+            _raise(fd, "gshm_segment_fd", filename=self.name)
+        return fd
+
+    fd = property(fileno)
+
+    def stat(self):
+        """Fresh SegmentInfo from the daemon (lease count, unlinked state)."""
+        info = L.SegmentInfoC()
+        p = self._ptr()
+        rc = L.lib().gshm_stat(p, ctypes.byref(info))
+        if rc < 0:
+            _raise(rc, "gshm_stat", self._h.client.ptr, self.name)
+        return SegmentInfo._from_c(info)
+
+    def __len__(self):
+        return self._info.size
+
+    def read(self, offset=0, nbytes=None):
+        """Copies nbytes (default: to the end) from byte offset into a new
+        bytes object, for host and device segments alike (gshm_read)."""
+        if nbytes is None:
+            nbytes = self.size - offset
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
+            raise ValueError("gshm: range [%d, %d) is outside the segment (%d bytes)"
+                             % (offset, offset + nbytes, self.size))
+        fn = _optional("gshm_read")
+        buf = ctypes.create_string_buffer(max(nbytes, 1))
+        rc = fn(self._ptr(), offset, buf, nbytes)
+        if rc < 0:
+            _raise(rc, "gshm_read", self._h.client.ptr, self.name)
+        return buf.raw[:nbytes]
+
+    def write(self, data, offset=0):
+        """Copies data (bytes-like) into the segment at byte offset (gshm_write)."""
+        mv = memoryview(data).cast("B")
+        n = mv.nbytes
+        if offset < 0 or offset + n > self.size:
+            raise ValueError("gshm: range [%d, %d) is outside the segment (%d bytes)"
+                             % (offset, offset + n, self.size))
+        fn = _optional("gshm_write")
+        src = (ctypes.c_char * max(n, 1)).from_buffer_copy(mv) if n else None
+        rc = fn(self._ptr(), offset, src, n)
+        if rc < 0:
+            _raise(rc, "gshm_write", self._h.client.ptr, self.name)
+
+    # -- mapping
+    def map(self, devices=None):
+        """Maps the segment; returns its address (an int).
+
+        Host segments: devices must be None (a CPU mapping).  Device
+        segments: the CUDA ordinals of this process (as CUDA_VISIBLE_DEVICES
+        numbers them) that get access; None: every visible device that can
+        reach the segment's GPU.  Mapping again returns the same address."""
+        p = self._ptr()
+        if devices is not None:
+            if isinstance(devices, int):
+                devices = [devices]
+            devices = [int(getattr(d, "index", d) if not isinstance(d, int) else d) for d in devices]
+            arr = (ctypes.c_int * len(devices))(*devices)
+            n = len(devices)
+        else:
+            arr, n = None, 0
+        addr = ctypes.c_void_p()
+        rc = L.lib().gshm_map(p, arr, n, ctypes.byref(addr))
+        if rc < 0:
+            _raise(rc, "gshm_map", self._h.client.ptr, self.name)
+        self._address = addr.value or 0
+        self._mapped_devices = devices
+        return self._address
+
+    def unmap(self):
+        """Undoes map()."""
+        p = self._ptr()
+        rc = L.lib().gshm_unmap(p)
+        if rc < 0:
+            _raise(rc, "gshm_unmap", self._h.client.ptr, self.name)
+        self._address = None
+
+    @property
+    def mapped(self):
+        return self._address is not None
+
+    # -- lifetime
+    def close(self):
+        """Ends the lease (see the class documentation for live views)."""
+        self._fin()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<gshm.%s %r %s %d bytes %s%s>" % (
+            type(self).__name__, self._info.name, self._info.location, self._info.size,
+            self.access, " closed" if self.closed else "")
+
+
+class HostSegment(Segment, mmap.mmap):
+    """A host (memfd) segment.  It is also a Python mmap of the segment, so it
+    has the buffer protocol: numpy.frombuffer(seg, dtype), memoryview(seg),
+    seg.view(), gshm.torch.tensor_view(seg, ...) and seg[a:b] all see the
+    shared memory (read-only for "r" leases).  Those views stay valid after
+    close(): the memory stays mapped until the last of them goes, while the
+    lease ends at close().  torch.frombuffer(seg, ...) keeps no buffer export
+    (only the object): a tensor made with it must not outlive close(); use
+    gshm.torch.tensor_view for one that may."""
+
+    def __new__(cls, client, handle, info, access):
+        fd = L.lib().gshm_segment_fd(handle.ptr)
+        if fd < 0:
+            _raise(fd, "gshm_segment_fd", filename=info.name)
+        acc = mmap.ACCESS_READ if access == "r" else mmap.ACCESS_WRITE
+        return mmap.mmap.__new__(cls, fd, info.size, access=acc)
+
+    def __init__(self, client, handle, info, access):
+        self._init(client, handle, info, access)
+        self._fin = _finalizer(self, handle.release_owner)
+
+    __len__ = Segment.__len__
+
+    def close(self):
+        """Ends the lease now; views already taken keep the memory mapped."""
+        self._fin()
+        try:
+            mmap.mmap.close(self)
+        except BufferError:
+            pass  # exported buffers alive: unmapped when the last one goes
+
+    @property
+    def closed(self):
+        return self._h.owner_released
+
+    def view(self, dtype="uint8", shape=None, offset=0, device=None):
+        """A NumPy array of `dtype` and `shape` (default: as many items as fit)
+        on the segment's memory from byte `offset`.  Raises ValueError when it
+        would reach past the segment, when offset is not a multiple of the item
+        size, or for a dtype NumPy lacks (bfloat16, float8: view as uint16/uint8)."""
+        if device is not None and str(device) not in ("cpu", "host"):
+            raise ValueError("gshm: host segment %r has no device view; use device=None" % self.name)
+        self._ptr()
+        dt = _to_dtype(dtype)
+        shape, nbytes, offset = _check_view(self.size, dt, shape, offset)
+        if dt.typestr is None:
+            raise ValueError("gshm: NumPy has no %s; view the bytes as %s instead"
+                             % (dt.name, "uint16" if dt.itemsize == 2 else "uint8"))
+        import numpy
+        count = nbytes // dt.itemsize
+        return numpy.frombuffer(self, dtype=numpy.dtype(dt.typestr), count=count,
+                                offset=offset).reshape(shape)
+
+
+class DeviceSegment(Segment):
+    """A GPU segment.  After map() (view() maps on first use), view(dtype,
+    shape, offset) gives DeviceArray objects with __cuda_array_interface__ and
+    DLPack, for torch.from_dlpack / torch.as_tensor / cupy.asarray; each keeps
+    the segment mapped (and its lease held) for as long as it, or any tensor
+    made from it, lives.
+
+    The segment itself also exposes DLPack and __cuda_array_interface__ (the
+    whole segment as uint8).  A consumer of the segment's own
+    __cuda_array_interface__ holds only the segment object, so after that
+    close() defers unmapping until the segment object is garbage collected."""
+
+    def __init__(self, client, handle, info, access):
+        self._init(client, handle, info, access)
+        self._mapped_devices = None
+        self._fin = _finalizer(self, handle.release_owner)
+        self._pinned = False
+
+    @property
+    def device(self):
+        """The ordinal of this process's CUDA device that views are reported on
+        (DLPack device id): the first device given to map(), else the segment's
+        own GPU when visible here, else the current device."""
+        if self._mapped_devices:
+            return self._mapped_devices[0]
+        uuid = self._info.gpu_uuid
+        if uuid is not None:
+            ordinal = _cuda.ordinal_of_uuid(uuid)
+            if ordinal is not None:
+                return ordinal
+        return _cuda.current_device()
+
+    def view(self, dtype="uint8", shape=None, offset=0, device=None):
+        """A DeviceArray of `dtype` and `shape` (default: as many items as fit)
+        from byte `offset`.  device: the CUDA ordinal the view is reported on
+        (default: self.device).  Raises ValueError when the view would reach
+        past the segment or offset is not a multiple of the item size."""
+        self._ptr()
+        dt = _to_dtype(dtype)
+        shape, nbytes, offset = _check_view(self.size, dt, shape, offset)
+        if self._address is None:
+            self.map()
+        if device is None:
+            dev = self.device
+        else:
+            dev = getattr(device, "index", device)
+            if dev is None:
+                dev = self.device
+            dev = int(dev)
+        return DeviceArray(self, self._address + offset, offset, shape, dt, dev, self.readonly)
+
+    def unmap(self):
+        """Undoes map().  Raises BufferError while views of it are alive."""
+        with _state_lock:
+            if self._h.refs > 1:
+                raise BufferError("gshm: segment %r has live views; cannot unmap" % self.name)
+            Segment.unmap(self)
+
+    def _pin(self):
+        # A consumer may now hold the segment object alone: keep the mapping
+        # until this object is collected, whatever close() says.
+        if not self._pinned:
+            self._h.incref()
+            self._pinned = True
+            _finalizer(self, self._h.decref)
+
+    @property
+    def __cuda_array_interface__(self):
+        cai = self.view("uint8").__cuda_array_interface__
+        self._pin()
+        return cai
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        return self.view("uint8").__dlpack__(stream=stream, max_version=max_version,
+                                             dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self):
+        return (_dlpack.kDLCUDA, self.device)
+
+
+class DeviceArray(object):
+    """A typed, C-contiguous view of a mapped device segment, for CUDA array
+    consumers: __cuda_array_interface__ (version 3) and DLPack (__dlpack__,
+    __dlpack_device__).  Holds the segment mapped while it lives."""
+
+    def __init__(self, segment, ptr, offset, shape, dt, device, readonly):
+        handle = segment._h
+        handle.incref()
+        self._fin = _finalizer(self, handle.decref)
+        self.segment = segment
+        self.ptr = ptr
+        self.offset = offset
+        self.shape = tuple(shape)
+        self.dtype = dt
+        self.device = device
+        self.readonly = readonly
+        n = 1
+        for d in self.shape:
+            n *= d
+        self.size = n
+        self.nbytes = n * dt.itemsize
+
+    def data_ptr(self):
+        return self.ptr
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d view")
+        return self.shape[0]
+
+    @property
+    def __cuda_array_interface__(self):
+        if self.dtype.typestr is None:
+            # AttributeError: consumers then fall back to DLPack
+            raise AttributeError("gshm: %s has no __cuda_array_interface__ typestr; use DLPack"
+                                 % self.dtype.name)
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.typestr,
+            "data": (self.ptr if self.nbytes else 0, self.readonly),
+            "strides": None,
+            "version": 3,
+            "stream": None,  # nothing pending on any stream of ours
+        }
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        if copy:
+            raise BufferError("gshm: DLPack export never copies (copy=True)")
+        if dl_device is not None:
+            dl_device = tuple(dl_device)
+            if dl_device != (_dlpack.kDLCUDA, self.device):
+                raise BufferError("gshm: view lives on %r, not %r"
+                                  % ((_dlpack.kDLCUDA, self.device), dl_device))
+        # stream: the memory is written by other processes under their own
+        # synchronisation; we have no pending work to order against it.
+        return _dlpack.make_capsule(self, self.ptr, _dlpack.kDLCUDA, self.device,
+                                    self.dtype.dl_code, self.dtype.dl_bits, self.shape)
+
+    def __dlpack_device__(self):
+        return (_dlpack.kDLCUDA, self.device)
+
+    def __repr__(self):
+        return "<gshm.DeviceArray %s%r on cuda:%d at 0x%x (segment %r + %d)>" % (
+            self.dtype.name, self.shape, self.device, self.ptr, self.segment.name, self.offset)
