@@ -163,11 +163,50 @@ int harness_gshmctl(struct harness *h, char **out, const char *const *args) {
 }
 
 static struct harness *leftover;
+static pid_t leftover_owner; /* the test process, not a forked child */
 
-void harness_set_leftover(struct harness *h) { leftover = h; }
+void harness_set_leftover(struct harness *h) {
+  leftover = h;
+  leftover_owner = getpid();
+}
 
 void harness_kill_leftover(void) {
-  if (leftover && leftover->sp.pid > 0)
+  if (leftover && leftover->sp.pid > 0 && leftover_owner == getpid())
     kill(leftover->sp.pid, SIGKILL);
   leftover = NULL;
+}
+
+int harness_cmocka_start(void **state, size_t size, const char *const *extra_args) {
+  static bool at_exit;
+  struct harness *h;
+
+  if (!at_exit)
+    at_exit = atexit(harness_kill_leftover) == 0;
+  harness_kill_leftover(); /* the gshmd of a test whose teardown did not run */
+  if (size < sizeof(*h) || !(h = calloc(1, size)))
+    return -1;
+  if (harness_start(h, extra_args)) {
+    free(h);
+    return -1;
+  }
+  harness_set_leftover(h);
+  *state = h;
+  return 0;
+}
+
+int harness_cmocka_setup(void **state) {
+  return harness_cmocka_start(state, sizeof(struct harness), NULL);
+}
+
+int harness_cmocka_teardown(void **state) {
+  struct harness *h = *state;
+  int status;
+
+  if (!h)
+    return 0;
+  status = harness_stop(h);
+  harness_set_leftover(NULL);
+  free(h);
+  *state = NULL;
+  return status == 0 ? 0 : -1;
 }

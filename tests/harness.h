@@ -6,6 +6,7 @@
 #define GSHM_TESTS_HARNESS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "spawn.h"
@@ -47,6 +48,24 @@ int harness_stable_fd_count(pid_t pid);
  * pid is read at kill time, so a harness_restart is followed). */
 void harness_set_leftover(struct harness *h);
 void harness_kill_leftover(void);
+
+/* cmocka fixtures (as libuv's test/task.h serves its tests; plain C, no
+ * cmocka header needed).  harness_cmocka_start allocates size zeroed
+ * bytes (a fixture whose first member is a struct harness; size >=
+ * sizeof(struct harness)), kills the gshmd an earlier failed test left
+ * behind, starts gshmd with extra_args (as harness_start), remembers it
+ * for harness_kill_leftover (registered with atexit on the first call)
+ * and stores the fixture in *state.  Returns 0, or -1 with nothing
+ * allocated (the reason is printed).  harness_cmocka_setup is it with
+ * sizeof(struct harness) and no arguments. */
+int harness_cmocka_start(void **state, size_t size, const char *const *extra_args);
+int harness_cmocka_setup(void **state);
+
+/* Stops the fixture's gshmd (harness_stop) and frees *state (a fixture from
+ * harness_cmocka_start; the caller released its own members first).
+ * Returns 0, or -1 when gshmd did not exit cleanly: a test fails when the
+ * daemon it used could not shut down. */
+int harness_cmocka_teardown(void **state);
 
 /* Resident set of a process in KiB (/proc/PID/status VmRSS), -1 on error. */
 long harness_rss_kib(pid_t pid);

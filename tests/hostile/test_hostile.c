@@ -89,13 +89,13 @@ static void raise_nofile(void) {
 static int setup(void **state) {
   static const char *const args[] = {"--set", "limits.max_connections=2000", "--set",
                                      "limits.partial_timeout_ms=1000", NULL};
-  struct fx *f = calloc(1, sizeof(*f));
+  struct fx *f;
 
   signal(SIGPIPE, SIG_IGN);
   raise_nofile();
-  harness_kill_leftover();
-  if (!f || harness_start(&f->h, args))
+  if (harness_cmocka_start(state, sizeof(*f), args))
     return -1;
+  f = *state;
   if (gshm_connect(f->h.socket_path, "bystander", &f->bystander) ||
       gshm_create(f->bystander, "kept", sizeof(f->want), NULL, 0600, 0, &f->kept))
     return -1;
@@ -113,8 +113,6 @@ static int setup(void **state) {
   }
   f->baseline_fds = harness_stable_fd_count(f->h.sp.pid);
   f->baseline_rss = harness_rss_kib(f->h.sp.pid);
-  harness_set_leftover(&f->h);
-  *state = f;
   return 0;
 }
 
@@ -218,15 +216,11 @@ static void check_unharmed(struct fx *f) {
 
 static int teardown(void **state) {
   struct fx *f = *state;
-  int status;
 
   check_unharmed(f);
   gshm_close(f->kept);
   gshm_disconnect(f->bystander);
-  status = harness_stop(&f->h);
-  harness_set_leftover(NULL);
-  free(f);
-  return status == 0 ? 0 : -1;
+  return harness_cmocka_teardown(state);
 }
 
 static int raw_connect_flags(struct fx *f, int flags) {
@@ -855,6 +849,5 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_slowloris, setup, teardown),
       cmocka_unit_test_setup_teardown(test_never_reads_replies, setup, teardown),
   };
-  atexit(harness_kill_leftover);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

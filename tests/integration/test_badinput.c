@@ -31,9 +31,11 @@ struct fx {
 };
 
 static int setup(void **state) {
-  struct fx *f = calloc(1, sizeof(*f));
-  if (harness_start(&f->h, NULL))
+  struct fx *f;
+
+  if (harness_cmocka_start(state, sizeof(*f), NULL))
     return -1;
+  f = *state;
   if (gshm_connect(f->h.socket_path, "bystander", &f->bystander) ||
       gshm_create(f->bystander, "kept", sizeof(f->want), NULL, 0600, 0, &f->kept))
     return -1;
@@ -48,7 +50,6 @@ static int setup(void **state) {
       return -1;
   }
   f->baseline_fds = harness_stable_fd_count(f->h.sp.pid);
-  *state = f;
   return 0;
 }
 
@@ -73,13 +74,11 @@ static void check_unharmed(struct fx *f) {
 
 static int teardown(void **state) {
   struct fx *f = *state;
-  int status;
+
   check_unharmed(f);
   gshm_close(f->kept);
   gshm_disconnect(f->bystander);
-  status = harness_stop(&f->h);
-  free(f);
-  return status == 0 ? 0 : -1;
+  return harness_cmocka_teardown(state);
 }
 
 static int raw_connect(struct fx *f) {

@@ -21,21 +21,6 @@
 
 #define CTL(h, out, ...) harness_gshmctl(h, out, (const char *const[]){__VA_ARGS__, NULL})
 
-static int setup(void **state) {
-  struct harness *h = calloc(1, sizeof(*h));
-  if (harness_start(h, NULL))
-    return -1;
-  *state = h;
-  return 0;
-}
-
-static int teardown(void **state) {
-  struct harness *h = *state;
-  int status = harness_stop(h);
-  free(h);
-  return status == 0 ? 0 : -1;
-}
-
 static char *write_random_file(struct harness *h, const char *name, size_t n, unsigned seed) {
   char *path = malloc(512);
   unsigned char *buf = malloc(n);
@@ -262,11 +247,11 @@ static void test_names_escaped(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_read_write_roundtrip, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_exit_codes, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_json_documents, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_tables, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_names_escaped, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_read_write_roundtrip, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_exit_codes, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_json_documents, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_tables, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_names_escaped, harness_cmocka_setup, harness_cmocka_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,21 +21,6 @@
 #include "harness.h"
 #include "util.h"
 
-static int setup(void **state) {
-  struct harness *h = calloc(1, sizeof(*h));
-  if (harness_start(h, NULL))
-    return -1;
-  *state = h;
-  return 0;
-}
-
-static int teardown(void **state) {
-  struct harness *h = *state;
-  int status = harness_stop(h);
-  free(h);
-  return status == 0 ? 0 : -1; /* gshmd must exit cleanly */
-}
-
 /* Runs fn in a child process; returns its exit code. */
 static int in_child(int (*fn)(const char *, void *), const char *sock, void *arg) {
   int status;
@@ -309,11 +294,11 @@ static void test_lists_and_status(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_share_across_processes, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_unlink_while_leased, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_killed_client_leases_vanish, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_lease_cache, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_lists_and_status, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_share_across_processes, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_unlink_while_leased, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_killed_client_leases_vanish, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,7 +29,7 @@
 #define UID_ADMIN 60003
 #define GID_SHARED 60100
 
-static struct harness h;
+static struct harness *h; /* the group fixture; NULL when the tests skip */
 static gid_t admin_gid;
 static char ctl[PATH_MAX];
 
@@ -54,7 +54,7 @@ static int run_as(const struct user *u, char **out, char **err, const char *cons
 
   argv[argc++] = ctl;
   argv[argc++] = "--socket";
-  argv[argc++] = h.socket_path;
+  argv[argc++] = h->socket_path;
   for (int i = 0; args[i] && argc < 31; i++)
     argv[argc++] = args[i];
   argv[argc] = NULL;
@@ -99,18 +99,19 @@ static int run_as(const struct user *u, char **out, char **err, const char *cons
 static int setup(void **state) {
   struct group *g = getgrgid(4); /* Debian's "adm": any existing group will do */
   char *slash, admin_arg[64];
-  (void)state;
   if (geteuid() != 0 || !g)
     return 0; /* the tests skip */
   admin_gid = g->gr_gid;
   admin.groups[1] = admin_gid;
   snprintf(admin_arg, sizeof(admin_arg), "daemon.admin_group=%s", g->gr_name);
-  if (harness_start(&h, (const char *const[]){"--set", "daemon.socket_mode=0666", "--set",
-                                               admin_arg, "--set", "quota.host_bytes=64K", NULL}))
+  if (harness_cmocka_start(state, sizeof(*h),
+                           (const char *const[]){"--set", "daemon.socket_mode=0666", "--set",
+                                                 admin_arg, "--set", "quota.host_bytes=64K", NULL}))
     return -1;
+  h = *state;
   snprintf(ctl, sizeof(ctl), "%s", getenv("GSHMCTL") ? getenv("GSHMCTL") : "");
   if (!*ctl) {
-    snprintf(ctl, sizeof(ctl), "%s", h.gshmd);
+    snprintf(ctl, sizeof(ctl), "%s", h->gshmd);
     if ((slash = strrchr(ctl, '/')))
       strcpy(slash, "/../client/gshmctl");
   }
@@ -118,10 +119,8 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) {
-  (void)state;
-  if (geteuid() != 0 || !admin_gid)
-    return 0;
-  return harness_stop(&h) == 0 ? 0 : -1;
+  h = NULL;
+  return harness_cmocka_teardown(state); /* nothing to stop when the tests skipped */
 }
 
 static void need_root(void) {
@@ -136,7 +135,7 @@ static void test_owner_group_other(void **state) {
 
   (void)state;
   need_root();
-  snprintf(file, sizeof(file), "%s/secret.bin", h.sp.dir);
+  snprintf(file, sizeof(file), "%s/secret.bin", h->sp.dir);
   harness_random(data, sizeof(data), 42);
   fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   assert_int_equal(write(fd, data, sizeof(data)), (ssize_t)sizeof(data));
@@ -268,10 +267,10 @@ static void test_read_only_fd_stays_read_only(void **state) {
 
   (void)state;
   need_root();
-  assert_int_equal(gshm_connect(h.socket_path, "owner", &c), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "owner", &c), 0);
   assert_int_equal(gshm_create(c, "ro/file", 4096, NULL, 0644, 0, &s), 0);
   assert_int_equal(gshm_write(s, 0, "A", 1), 0);
-  assert_int_equal(child_as(UID_B, UID_B, (gid_t[]){UID_B}, 1, try_reopen_rw, h.socket_path), 0);
+  assert_int_equal(child_as(UID_B, UID_B, (gid_t[]){UID_B}, 1, try_reopen_rw, h->socket_path), 0);
   assert_int_equal(gshm_read(s, 0, &b, 1), 0);
   assert_int_equal(b, 'A');
   gshm_close(s);
@@ -302,12 +301,12 @@ static void test_many_groups(void **state) {
   for (int i = 0; i < 100; i++)
     groups[i] = 61000 + (gid_t)i;
   groups[99] = GID_SHARED;
-  assert_int_equal(gshm_connect(h.socket_path, "owner", &c), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "owner", &c), 0);
   assert_int_equal(gshm_create(c, "g/shared", 4096, NULL, 0640, 0, &s), 0);
   assert_int_equal(gshm_chown(c, "g/shared", (uint32_t)-1, GID_SHARED), 0);
-  assert_int_equal(child_as(UID_B, UID_B, groups, 100, try_group_read, h.socket_path), 0);
+  assert_int_equal(child_as(UID_B, UID_B, groups, 100, try_group_read, h->socket_path), 0);
   /* and without the group: refused */
-  assert_int_equal(child_as(UID_B, UID_B, groups, 99, try_group_read, h.socket_path), 3);
+  assert_int_equal(child_as(UID_B, UID_B, groups, 99, try_group_read, h->socket_path), 3);
   gshm_close(s);
   assert_int_equal(gshm_unlink(c, "g/shared"), 0);
   gshm_disconnect(c);
@@ -400,7 +399,7 @@ static int run_env_ctl(const char *exe, const char *const *args, char **err_out)
     for (int i = 0; args[i] && argc < 7; i++)
       argv[argc++] = args[i];
     argv[argc] = NULL;
-    setenv("GSHM_SOCKET", h.socket_path, 1);
+    setenv("GSHM_SOCKET", h->socket_path, 1);
     setenv("GSHM_LOG_LEVEL", "7", 1);
     if (setgroups(1, &g) || setresgid(UID_A, UID_A, UID_A) || setresuid(UID_A, UID_A, UID_A))
       _exit(120);
@@ -429,9 +428,9 @@ static void test_setgid_ignores_environment(void **state) {
 
   (void)state;
   need_root();
-  if (statvfs(h.sp.dir, &vfs) == 0 && (vfs.f_flag & ST_NOSUID))
+  if (statvfs(h->sp.dir, &vfs) == 0 && (vfs.f_flag & ST_NOSUID))
     skip(); /* the setgid bit would do nothing here */
-  snprintf(copy, sizeof(copy), "%s/gshmctl-setgid", h.sp.dir);
+  snprintf(copy, sizeof(copy), "%s/gshmctl-setgid", h->sp.dir);
   in = open(ctl, O_RDONLY | O_CLOEXEC);
   out = open(copy, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
   assert_true(in >= 0 && out >= 0);
@@ -455,7 +454,7 @@ static void test_setgid_ignores_environment(void **state) {
   assert_int_equal(chmod(copy, 02755), 0);
   assert_int_not_equal(run_env_ctl(copy, (const char *const[]){"status", NULL}, &err), 0);
   print_message("    setgid gshmctl: %s", err);
-  assert_null(strstr(err, h.socket_path));
+  assert_null(strstr(err, h->socket_path));
   assert_null(strstr(err, "libgshm"));
   free(err);
   unlink(copy);

@@ -45,28 +45,22 @@ struct fx {
 };
 
 static int setup(void **state) {
-  struct fx *f = calloc(1, sizeof(*f));
+  struct fx *f;
 
-  harness_kill_leftover();
-  if (!f || harness_start(&f->h, NULL))
+  if (harness_cmocka_start(state, sizeof(*f), NULL))
     return -1;
+  f = *state;
   if (gshm_connect(f->h.socket_path, "watcher", &f->watcher))
     return -1;
   f->baseline_fds = harness_stable_fd_count(f->h.sp.pid);
-  harness_set_leftover(&f->h);
-  *state = f;
   return 0;
 }
 
 static int teardown(void **state) {
   struct fx *f = *state;
-  int status;
 
   gshm_disconnect(f->watcher);
-  status = harness_stop(&f->h);
-  harness_set_leftover(NULL);
-  free(f);
-  return status == 0 ? 0 : -1;
+  return harness_cmocka_teardown(state);
 }
 
 /* The steps of one client's life.  Each returns 0 or fails the child
@@ -361,6 +355,5 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_kill_with_request_in_flight, setup, teardown),
   };
   signal(SIGPIPE, SIG_IGN);
-  atexit(harness_kill_leftover);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,6 +29,9 @@ static struct gshmd_client *add_client(struct gshmd_registry *r, uid_t uid, gid_
 
 static int setup(void **state) {
   struct fixture *f = calloc(1, sizeof(*f));
+
+  if (!f)
+    return -1;
   f->cfg.max_name = 255;
   f->cfg.max_segments = 100;
   gshmd_registry_init(&f->reg, &f->cfg);
