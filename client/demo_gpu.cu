@@ -5,11 +5,12 @@
 //   process B (this program re-executed with --consumer) opens the segment
 //   by name, maps it for GPU 1 only, and verifies every element with a
 //   kernel on GPU 1 that reads GPU 0's memory over the peer link (NVLink
-//   or PCIe).
+//   or PCIe).  With one GPU (or no peer access) B maps it on GPU 0 too:
+//   two processes share the segment on one GPU.
 //
 // It talks to the gshmd at --socket, $GSHM_SOCKET or /run/gshm/gshmd.sock,
 // or starts a private one with --spawn (found as $GSHMD, next to this
-// program, or on PATH).  Exits 77 when there are fewer than two GPUs.
+// program, or on PATH).  Exits 77 when there is no GPU.
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <signal.h>
@@ -69,11 +70,10 @@ __global__ void check(const uint32_t *p, uint64_t n, uint32_t seed, unsigned lon
     }                                                                                 \
   } while (0)
 
-static int consumer(const char *socket, uint32_t seed) {
+static int consumer(const char *socket, uint32_t seed, int dev) {
   gshm_client_t *c = NULL;
   gshm_segment_t *s = NULL;
   unsigned long long *d_bad, bad = 0, first = 0;
-  int dev = 1;
   void *addr = NULL;
   uint64_t n;
   cudaEvent_t t0, t1;
@@ -103,9 +103,10 @@ static int consumer(const char *socket, uint32_t seed) {
     printf("B: %llu of %llu elements differ (first at %llu)\n", bad, (unsigned long long)n,
            first);
   } else {
-    printf("B: a kernel on GPU %d read all %llu elements from GPU 0 over the peer link in "
-           "%.3f ms (%.1f GB/s): every one is right\n",
-           dev, (unsigned long long)n, ms, n * 4.0 / (ms * 1e6));
+    printf("B: a kernel on GPU %d read all %llu elements from GPU 0%s in %.3f ms (%.1f GB/s): "
+           "every one is right\n",
+           dev, (unsigned long long)n, dev ? " over the peer link" : " (the same GPU)", ms,
+           n * 4.0 / (ms * 1e6));
   }
   cudaFree(d_bad);
   gshm_close(s);
@@ -118,12 +119,12 @@ int main(int argc, char **argv) {
   uint64_t bytes = 256ull << 20;
   bool spawn = false;
   struct gshm_spawn sp;
-  int ndev = 0, can = 0, st;
+  int ndev = 0, can = 0, st, cdev = 0;
   uint32_t seed;
 
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--consumer") && i + 2 < argc)
-      return consumer(argv[i + 1], (uint32_t)strtoul(argv[i + 2], NULL, 0));
+    if (!strcmp(argv[i], "--consumer") && i + 3 < argc)
+      return consumer(argv[i + 1], (uint32_t)strtoul(argv[i + 2], NULL, 0), atoi(argv[i + 3]));
     if (!strcmp(argv[i], "--socket") && i + 1 < argc)
       socket = argv[++i];
     else if (!strcmp(argv[i], "--spawn"))
@@ -135,15 +136,15 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2) {
-    printf("gshm-demo-gpu: needs two GPUs, found %d; skipping\n", ndev);
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+    printf("gshm-demo-gpu: no GPU found (no CUDA driver, or no device visible); skipping\n");
     return SKIP;
   }
-  cudaDeviceCanAccessPeer(&can, 1, 0);
-  if (!can) {
-    printf("gshm-demo-gpu: GPU 1 cannot reach GPU 0 (no peer access); skipping\n");
-    return SKIP;
-  }
+  if (ndev >= 2 && cudaDeviceCanAccessPeer(&can, 1, 0) == cudaSuccess && can)
+    cdev = 1;
+  else
+    printf("gshm-demo-gpu: %s: process B uses GPU 0 as well\n",
+           ndev < 2 ? "one GPU" : "GPU 1 cannot reach GPU 0 (no peer access)");
   bytes = bytes / 4 * 4;
   if (spawn) {
     const char *args[] = {"--backend", "cuda", NULL};
@@ -181,12 +182,13 @@ int main(int argc, char **argv) {
          "kernel on GPU 0\n",
          (int)getpid(), NAME, (unsigned long long)info->size, info->location, info->device_index);
 
-  char seedbuf[16];
+  char seedbuf[16], devbuf[16];
   snprintf(seedbuf, sizeof(seedbuf), "%u", seed);
+  snprintf(devbuf, sizeof(devbuf), "%d", cdev);
   fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
-    execl("/proc/self/exe", argv[0], "--consumer", socket, seedbuf, (char *)NULL);
+    execl("/proc/self/exe", argv[0], "--consumer", socket, seedbuf, devbuf, (char *)NULL);
     _exit(127);
   }
   waitpid(pid, &st, 0);

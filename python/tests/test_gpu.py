@@ -1,8 +1,11 @@
-"""gshm's Python package on two GPUs: torch, cupy, DLPack, state dicts.
+"""gshm's Python package on GPUs: torch, cupy, DLPack, state dicts.
 
-Needs torch with two CUDA GPUs (cupy for the cupy parts) and a gshmd with the
-cuda backend, which the gpu_daemon fixture starts.  Run it through
-run_gpu.py (exits 77 when the GPUs are missing), or with pytest directly."""
+Needs torch with a CUDA GPU (cupy for the cupy parts) and a gshmd with the
+cuda backend, which the gpu_daemon fixture starts.  The "other" GPU (OTHER)
+is GPU 1 when there are two; with one GPU it is GPU 0, and the second
+process then shares the segment on the same GPU: only the reads over a peer
+link go untested.  Run it through run_gpu.py (exits 77 without a GPU), or
+with pytest directly."""
 
 import gc
 import hashlib
@@ -32,10 +35,13 @@ try:
 except Exception:
     cupy = None
 
-if pytest is not None and _GPUS < 2:
-    pytest.skip("needs torch with 2 CUDA GPUs (%s)" % ("no torch" if torch is None else
-                                                        "%d visible" % _GPUS),
+if pytest is not None and _GPUS < 1:
+    pytest.skip("needs torch with a CUDA GPU (%s)" % ("no torch" if torch is None else
+                                                       "none visible"),
                 allow_module_level=True)
+
+# The GPU a second process (or a second view) uses: 1 with two GPUs, else 0.
+OTHER = 1 if _GPUS >= 2 else 0
 
 import gshm
 import gshm.torch as gt
@@ -108,13 +114,13 @@ def test_state_dict_gpu0_to_gpu1_in_another_process(gpu_daemon, gpu_client, segn
     seg.close()
     want = {k: [str(t.dtype), list(t.shape), digest(t)] for k, t in sd.items()}
     out = run_child(gpu_daemon, """
-        name = sys.argv[2]
+        name, dev = sys.argv[2], "cuda:%s" % sys.argv[3]
         with gshm.Client(sock, name="gpu1-loader") as c:
-            sd = gt.load_state_dict(c, name, device="cuda:1")
+            sd = gt.load_state_dict(c, name, device=dev)
             lo, hi = sd.address, sd.address + sd.info.size
             res = {}
             for k, t in sd.items():
-                assert t.device == torch.device("cuda:1"), (k, t.device)
+                assert t.device == torch.device(dev), (k, t.device)
                 if t.numel():
                     assert lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi, k
                 raw = t.contiguous().cpu().reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
@@ -124,7 +130,7 @@ def test_state_dict_gpu0_to_gpu1_in_another_process(gpu_daemon, gpu_client, segn
             mine = [l for l in c.leases() if l.segment == name and l.pid == __import__("os").getpid()]
             assert len(mine) == 1 and mine[0].access == "r", mine
             print(json.dumps(res))
-        """, segname)
+        """, segname, OTHER)
     got = json.loads(out.strip().splitlines()[-1])
     assert got == want
     gpu_client.unlink(segname)
@@ -134,14 +140,14 @@ def test_loaded_tensors_are_views_on_the_segment(gpu_daemon, gpu_client, segname
     sd = {"a": torch.arange(1 << 20, dtype=torch.float32, device="cuda:0"),
           "b": torch.ones(3, 5, dtype=torch.bfloat16, device="cuda:0")}
     gt.share_state_dict(gpu_client, segname, sd).close()
-    loaded = gt.load_state_dict(gpu_client, segname, device="cuda:1", access="rw")
+    loaded = gt.load_state_dict(gpu_client, segname, device="cuda:%d" % OTHER, access="rw")
     lo, hi = loaded.address, loaded.address + loaded.info.size
     for k, t in loaded.items():
-        assert lo <= t.data_ptr() < hi and t.device.index == 1
+        assert lo <= t.data_ptr() < hi and t.device.index == OTHER
         assert torch.equal(t.cpu(), sd[k].cpu())
     # write through the loaded view on GPU 1, see it in a fresh load on GPU 0
     loaded["a"][:10] = -1
-    torch.cuda.synchronize(1)
+    torch.cuda.synchronize(OTHER)
     again = gt.load_state_dict(gpu_client, segname, device="cuda:0")
     assert again["a"][:10].eq(-1).all().item() and again["a"][10].item() == 10
     pid = os.getpid()
@@ -175,18 +181,19 @@ def test_torch_and_cupy_views_alias_across_processes(gpu_daemon, gpu_client, seg
     else:
         t.fill_(2.0)
         torch.cuda.synchronize(0)
-    # another process, on GPU 1, sees 2.0 and writes 3.0 into the first half
+    # another process, on GPU 1 (GPU 0 with one GPU), sees 2.0 and writes 3.0
+    # into the first half
     out = run_child(gpu_daemon, """
-        name, n = sys.argv[2], int(sys.argv[3])
+        name, n, dev = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
         with gshm.Client(sock) as c, c.open(name, "rw") as seg:
-            seg.map(devices=[1])
-            x = torch.from_dlpack(seg.view("float32", (n,), device=1))
-            assert x.device == torch.device("cuda:1")
+            seg.map(devices=[dev])
+            x = torch.from_dlpack(seg.view("float32", (n,), device=dev))
+            assert x.device == torch.device("cuda", dev)
             print(float(x.sum().item()))
             x[: n // 2] = 3.0
-            torch.cuda.synchronize(1)
+            torch.cuda.synchronize(dev)
             del x
-        """, segname, n)
+        """, segname, n, OTHER)
     assert float(out.split()[-1]) == 2.0 * n
     assert t[: n // 2].eq(3.0).all().item() and t[n // 2:].eq(2.0).all().item()
     if cupy is not None:
@@ -255,13 +262,13 @@ def test_copy_between_gpus(gpu_client, segname):
         skip("libgshm has no gshm_copy yet")
     n = 8 * MiB
     with gpu_client.create(segname, n, location=gshm.location_of_device(0)) as seg:
-        seg.map(devices=[0, 1])
+        seg.map(devices=sorted({0, OTHER}))
         src = torch.from_dlpack(seg.view("uint8", (n,), device=0))
         src.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda:0"))
         torch.cuda.synchronize(0)
-        dst = torch.empty(n, dtype=torch.uint8, device="cuda:1")
-        with torch.cuda.device(1):
-            s = torch.cuda.current_stream(1)
+        dst = torch.empty(n, dtype=torch.uint8, device="cuda:%d" % OTHER)
+        with torch.cuda.device(OTHER):
+            s = torch.cuda.current_stream(OTHER)
             gshm.copy(dst, seg, n, stream=s)
             s.synchronize()
         assert torch.equal(dst.cpu(), src.cpu())

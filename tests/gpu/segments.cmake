@@ -2,7 +2,7 @@
 # fd store (issue 4), included by tests/gpu/CMakeLists.txt.  Plain C (the
 # GPU machine has no cmocka) against a real gshmd started by
 # tests/harness.c; every role runs in its own process.  Exit 77 (skip)
-# without a driver or with fewer than two GPUs with peer access.
+# without a driver or a GPU; on one GPU only the peer steps are skipped.
 if(TARGET gshm_harness)
   set(gshm_segments_harness gshm_harness)
 else()

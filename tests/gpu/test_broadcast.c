@@ -12,8 +12,10 @@
  * and only the caller's stream is synchronized before the destinations are
  * read (one that did not join its internal streams back would be read
  * half-done; libgshm's streams are non-blocking, so nothing else orders
- * them).  Plus the argument errors.  Needs two GPUs with peer access;
- * exits 77 otherwise. */
+ * them).  Plus the argument errors.  Needs a GPU; exits 77 without one.
+ * With one GPU (or GPUs that lack peer access to GPU 0) every destination
+ * is on GPU 0, beside the source, and only the destinations on other GPUs
+ * are skipped (it says so). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,6 +36,7 @@
 
 static const struct gshm_cudadrv *drv;
 static int ngpus;
+static int ndistinct; /* slots on distinct GPUs: one on each other GPU, or one on GPU 0 */
 static CUcontext ctx[MAX_GPUS];
 static CUstream stream[MAX_GPUS];
 static CUdeviceptr src;          /* on GPU 0 */
@@ -138,8 +141,8 @@ int main(void) {
   uint64_t seed = 1;
 
   if (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) || drv->cuDeviceGetCount(&count) != CUDA_SUCCESS ||
-      count < 2) {
-    fprintf(stderr, "SKIP: needs a CUDA driver and 2 GPUs (have %d)\n", count);
+      count < 1) {
+    fprintf(stderr, "SKIP: needs a CUDA driver and a GPU (have %d)\n", count);
     return SKIP;
   }
   ngpus = count > MAX_GPUS ? MAX_GPUS : count;
@@ -149,23 +152,30 @@ int main(void) {
     CU(drv->cuDeviceGet(&dev, g));
     if (g)
       CU(drv->cuDeviceCanAccessPeer(&can, 0, dev));
-    if (!can) {
-      fprintf(stderr, "SKIP: GPU 0 has no peer access to GPU %d\n", g);
-      return SKIP;
+    if (!can) { /* the GPUs GPU 0 reaches are 0..g-1 */
+      fprintf(stderr, "GPU 0 has no peer access to GPU %d: using GPUs 0..%d only\n", g, g - 1);
+      ngpus = g;
+      break;
     }
     CU(drv->cuDevicePrimaryCtxRetain(&ctx[g], dev));
     CU(drv->cuCtxSetCurrent(ctx[g]));
     CU(drv->cuStreamCreate(&stream[g], CU_STREAM_NON_BLOCKING));
   }
-  /* slots: one on every other GPU, then two more on GPU 1 and one on GPU 0 */
-  for (int g = 1; g < ngpus && nd < MAX_N - 3; g++) {
+  if (ngpus < 2)
+    fprintf(stderr, "one GPU: every destination is on GPU 0 beside the source; SKIPPED (needs a "
+                    "second GPU with peer access): destinations on other GPUs, copies over peer "
+                    "links\n");
+  /* slots: one on every other GPU (one on GPU 0 when there is no other),
+   * then two more on GPU 1 and one on GPU 0 (all on GPU 0 with one GPU) */
+  for (int g = ngpus > 1 ? 1 : 0; g < ngpus && nd < MAX_N - 3; g++) {
     slot_gpu[nd] = g;
     distinct[nd] = nd;
     nd++;
   }
-  slot_gpu[nd] = 1, shared[ns++] = 0, shared[ns++] = nd++;
+  ndistinct = nd;
+  slot_gpu[nd] = 1 % ngpus, shared[ns++] = 0, shared[ns++] = nd++;
   slot_gpu[nd] = 0, shared[ns++] = nd++;
-  slot_gpu[nd] = 1, shared[ns++] = nd++;
+  slot_gpu[nd] = 1 % ngpus, shared[ns++] = nd++;
   for (int i = 0; i < nd; i++) {
     CU(drv->cuCtxSetCurrent(ctx[slot_gpu[i]]));
     CU(drv->cuMemAlloc(&dbuf[i], CAP + 2 * GUARD));
@@ -175,8 +185,8 @@ int main(void) {
   CU(drv->cuMemAllocHost((void **)&pinned, CAP));
   back = malloc(CAP + 2 * GUARD);
   REQUIRE(back, "malloc");
-  fprintf(stderr, "%d GPUs; %d destinations on distinct GPUs, %d sharing GPUs\n", ngpus,
-          ngpus - 1, ns);
+  fprintf(stderr, "%d GPU(s); %d destination(s) on distinct GPUs, %d sharing GPUs\n", ngpus,
+          ndistinct, ns);
 
   errors();
   for (int a = GSHM_BCAST_AUTO; a <= GSHM_BCAST_SPLIT; a++)
@@ -190,7 +200,7 @@ int main(void) {
              * pipelines 1 MiB + 3 B in 17 steps already */
             if (sizes[si] > 64 * MiB && (oi || ch))
               continue;
-            one(distinct, ngpus - 1, sizes[si], offs[oi][0], offs[oi][1], &o, 0, seed++);
+            one(distinct, ndistinct, sizes[si], offs[oi][0], offs[oi][1], &o, 0, seed++);
             one(shared, ns, sizes[si], offs[oi][0], offs[oi][1], &o, (int)(seed % 2), seed);
             seed++;
           }
@@ -200,7 +210,7 @@ int main(void) {
   /* a chunk far beyond the buffer (up to SIZE_MAX) is the whole buffer */
   {
     gshm_broadcast_opts_t o = {GSHM_BCAST_CHAIN, (size_t)-1, 0, 0};
-    one(distinct, ngpus - 1, MiB + 3, 0, 0, &o, 0, seed++);
+    one(distinct, ndistinct, MiB + 3, 0, 0, &o, 0, seed++);
     o.algo = GSHM_BCAST_SPLIT;
     o.chunk_bytes = (size_t)-1 - 100;
     one(shared, ns, MiB + 3, 0, 0, &o, 0, seed++);
@@ -211,15 +221,15 @@ int main(void) {
     gshm_broadcast_opts_t o = {GSHM_BCAST_SPLIT, 0, 0, 0};
     void *d[MAX_N];
     size_t n = 64 * MiB;
-    for (int i = 0; i < ngpus - 1; i++)
+    for (int i = 0; i < ndistinct; i++)
       d[i] = (void *)(uintptr_t)dbuf[distinct[i]];
     gpu_fill_random(pinned, n, 99);
     CU(drv->cuCtxSetCurrent(ctx[0]));
     CU(drv->cuMemcpyHtoD(src, pinned, n));
-    CHECK(gshm_broadcast_ex((const void *)(uintptr_t)src, d, ngpus - 1, n, NULL, &o) == 0,
+    CHECK(gshm_broadcast_ex((const void *)(uintptr_t)src, d, ndistinct, n, NULL, &o) == 0,
           "NULL stream");
     CU(drv->cuStreamSynchronize(NULL));
-    for (int i = 0; i < ngpus - 1; i++) {
+    for (int i = 0; i < ndistinct; i++) {
       CU(drv->cuCtxSetCurrent(ctx[slot_gpu[distinct[i]]]));
       CU(drv->cuMemcpyDtoH(back, dbuf[distinct[i]], n));
       CHECK(!memcmp(back, pinned, n), "NULL stream: destination %d differs", i);
@@ -227,8 +237,9 @@ int main(void) {
   }
   /* After GPU 0's primary context is reset (cudaDeviceReset), libgshm's
    * streams and events there are gone: a CHAIN from a new buffer on GPU 0
-   * must make new ones, not fail on stale handles. */
-  if (ngpus >= 2) {
+   * must make new ones, not fail on stale handles.  (With one GPU the
+   * reset frees the destinations too: they are allocated again.) */
+  {
     gshm_broadcast_opts_t o = {GSHM_BCAST_CHAIN, 256 << 10, 0, 0};
     void *d[MAX_N];
     size_t n = 4 * MiB + 5;
@@ -237,8 +248,6 @@ int main(void) {
     CUdeviceptr src2;
     REQUIRE(want, "malloc");
     gpu_fill_random(want, n, 1234);
-    for (int i = 0; i < ngpus - 1; i++)
-      d[i] = (void *)(uintptr_t)dbuf[distinct[i]];
     CU(drv->cuCtxSetCurrent(ctx[0]));
     CU(drv->cuCtxSynchronize());
     CU(drv->cuDeviceGet(&dev, 0));
@@ -249,10 +258,15 @@ int main(void) {
     CU(drv->cuCtxSetCurrent(ctx[0]));
     CU(drv->cuMemAlloc(&src2, n));
     CU(drv->cuMemcpyHtoD(src2, want, n));
-    CHECK(gshm_broadcast_ex((const void *)(uintptr_t)src2, d, ngpus - 1, n, NULL, &o) == 0,
+    for (int i = 0; i < ndistinct; i++) {
+      if (slot_gpu[distinct[i]] == 0)
+        CU(drv->cuMemAlloc(&dbuf[distinct[i]], n));
+      d[i] = (void *)(uintptr_t)dbuf[distinct[i]];
+    }
+    CHECK(gshm_broadcast_ex((const void *)(uintptr_t)src2, d, ndistinct, n, NULL, &o) == 0,
           "CHAIN after a primary context reset");
     CU(drv->cuCtxSynchronize());
-    for (int i = 0; i < ngpus - 1; i++) {
+    for (int i = 0; i < ndistinct; i++) {
       CU(drv->cuCtxSetCurrent(ctx[slot_gpu[distinct[i]]]));
       CU(drv->cuMemcpyDtoH(back, dbuf[distinct[i]], n));
       CHECK(!memcmp(back, want, n), "after reset: destination %d differs", i);
