@@ -20,6 +20,11 @@
  *               exported by another process (the legacy path, for
  *               comparison)
  *
+ * Then, per size, where a first open+map's time goes (second table): the
+ * round trip and the open with and without libgshm's reply polling
+ * (GSHM_POLL_US), and each driver call gshm_map makes, timed one by one on
+ * the fd a fresh gshm_open received.
+ *
  * It starts its own gshmd (--gshmd PATH or $GSHMD, with --backend cuda)
  * unless --socket names a running one. */
 #include <errno.h>
@@ -272,6 +277,90 @@ static double bench_raw(const struct opts *o, int fd, uint64_t size, uint64_t gr
   return m;
 }
 
+#define STEPS 8
+static const char *const step_names[STEPS] = {"retain", "push", "import", "props",
+                                              "reserve", "map", "access", "pop"};
+
+/* Times, one call at a time, what gshm_map does on the fd of a fresh
+ * gshm_open (a lease this process does not hold yet): medians into
+ * step_us[], and the whole of it into *total_us. */
+static void bench_steps(const struct opts *o, gshm_client_t *c, const char *name,
+                        CUdevice map_dev, double step_us[STEPS], double *total_us) {
+  double *t[STEPS + 1];
+  for (int k = 0; k <= STEPS; k++)
+    t[k] = calloc((size_t)o->runs, sizeof(double));
+  for (int r = 0; r < o->runs; r++) {
+    gshm_segment_t *seg;
+    CUmemGenericAllocationHandle h;
+    CUmemAllocationProp prop;
+    CUmemAccessDesc acc;
+    CUcontext ctx, popped;
+    CUdeviceptr va;
+    uint64_t size, gran;
+    double ts[STEPS + 1];
+    int e;
+
+    if ((e = gshm_open(c, name, GSHM_ACCESS_READ_WRITE, &seg)))
+      DIE("open: %s", gshm_strerror(e));
+    size = gshm_segment_info(seg)->size;
+    gran = gshm_segment_info(seg)->granularity;
+    memset(&acc, 0, sizeof(acc));
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = map_dev;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    memset(&prop, 0, sizeof(prop));
+    ts[0] = now_us();
+    BENCH_CU(drv, "attach", drv->cuDevicePrimaryCtxRetain(&ctx, map_dev));
+    ts[1] = now_us();
+    BENCH_CU(drv, "attach", drv->cuCtxPushCurrent(ctx));
+    ts[2] = now_us();
+    BENCH_CU(drv, "attach", drv->cuMemImportFromShareableHandle(
+                                &h, (void *)(uintptr_t)gshm_segment_fd(seg),
+                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    ts[3] = now_us();
+    BENCH_CU(drv, "attach", drv->cuMemGetAllocationPropertiesFromHandle(&prop, h));
+    ts[4] = now_us();
+    BENCH_CU(drv, "attach", drv->cuMemAddressReserve(&va, size, gran, 0, 0));
+    ts[5] = now_us();
+    BENCH_CU(drv, "attach", drv->cuMemMap(va, size, 0, h, 0));
+    ts[6] = now_us();
+    BENCH_CU(drv, "attach", drv->cuMemSetAccess(va, size, &acc, 1));
+    ts[7] = now_us();
+    BENCH_CU(drv, "attach", drv->cuCtxPopCurrent(&popped));
+    ts[8] = now_us();
+    for (int k = 0; k < STEPS; k++)
+      t[k][r] = ts[k + 1] - ts[k];
+    t[STEPS][r] = ts[STEPS] - ts[0];
+    drv->cuMemUnmap(va, size);
+    drv->cuMemAddressFree(va, size);
+    drv->cuMemRelease(h);
+    drv->cuDevicePrimaryCtxRelease(map_dev);
+    gshm_close(seg);
+  }
+  for (int k = 0; k < STEPS; k++)
+    step_us[k] = bench_median(t[k], o->runs);
+  *total_us = bench_median(t[STEPS], o->runs);
+  for (int k = 0; k <= STEPS; k++)
+    free(t[k]);
+}
+
+/* Median gshm_open of a segment not held (then closed), on client c. */
+static double bench_open(const struct opts *o, gshm_client_t *c, const char *name) {
+  double *t = calloc((size_t)o->runs, sizeof(double)), m;
+  for (int r = 0; r < o->runs; r++) {
+    gshm_segment_t *seg;
+    double t0 = now_us();
+    int e = gshm_open(c, name, GSHM_ACCESS_READ_WRITE, &seg);
+    if (e)
+      DIE("open: %s", gshm_strerror(e));
+    t[r] = now_us() - t0;
+    gshm_close(seg);
+  }
+  m = bench_median(t, o->runs);
+  free(t);
+  return m;
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: gshm-bench attach [--socket PATH | --gshmd PATH] [--runs N] [--device N]\n"
@@ -293,7 +382,10 @@ int bench_attach_main(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
   struct opts o = {.runs = 20, .device = 0, .map_device = -1};
   struct daemon d = {0};
-  gshm_client_t *c = NULL;
+  gshm_client_t *c = NULL, *c0 = NULL;
+  double steps[MAX_SIZES][STEPS], steps_total[MAX_SIZES], poll_open[MAX_SIZES][2];
+  double poll_rtt[MAX_SIZES][2];
+  int poll_default_us;
   CUdevice map_dev;
   CUcontext map_ctx;
   char loc[64], ustr[48], sbuf[32];
@@ -353,6 +445,20 @@ int bench_attach_main(int argc, char **argv) {
   }
   if ((e = gshm_connect(o.socket, "gshm-bench-attach", &c)))
     DIE("connect %s: %s", o.socket, gshm_strerror(e));
+  {
+    /* a second client that never polls for replies (for the breakdown) */
+    const char *env = getenv("GSHM_POLL_US");
+    char *saved = env ? strdup(env) : NULL;
+    setenv("GSHM_POLL_US", "0", 1);
+    if ((e = gshm_connect(o.socket, "gshm-bench-attach-nopoll", &c0)))
+      DIE("connect %s: %s", o.socket, gshm_strerror(e));
+    if (saved)
+      setenv("GSHM_POLL_US", saved, 1);
+    else
+      unsetenv("GSHM_POLL_US");
+    free(saved);
+    poll_default_us = env && *env ? atoi(env) : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 30 : 0;
+  }
 
   printf("gshm-bench attach: segments on GPU %d (%s), mapped on GPU %d, median of %d runs, "
          "microseconds\n",
@@ -416,6 +522,17 @@ int bench_attach_main(int argc, char **argv) {
         DIE("the cache did not serve the re-open");
       gshm_close(seg);
     }
+    /* Where the time goes: polling or not, and gshm_map's calls one by
+     * one on a freshly received fd (the held lease is closed first, so
+     * that every open is a first one). */
+    gshm_close(held);
+    bench_steps(&o, c, name, map_dev, steps[s], &steps_total[s]);
+    poll_open[s][0] = bench_open(&o, c0, name);
+    poll_open[s][1] = bench_open(&o, c, name);
+    poll_rtt[s][0] = bench_rtt(&o, c0);
+    poll_rtt[s][1] = bench_rtt(&o, c);
+    if ((e = gshm_open(c, name, GSHM_ACCESS_READ_WRITE, &held)))
+      DIE("open: %s", gshm_strerror(e));
     /* The raw driver calls on a copy of the fd, after our own mapping is
      * gone: the driver short-cuts an import of memory already imported. */
     seg_size = gshm_segment_info(held)->size;
@@ -445,10 +562,26 @@ int bench_attach_main(int argc, char **argv) {
     free(tk);
   }
   printf("rtt = a no-op request (gshm_status); export = cuMemExportToShareableHandle alone;\n"
-         "open = gshm_open (round trip + gshmd's export + SCM_RIGHTS); map = gshm_map (import,\n"
-         "reserve, map, set access, checks, and the mapping report's round trip);\n"
+         "open = gshm_open (round trip + gshmd's lent fd + SCM_RIGHTS); map = gshm_map (import,\n"
+         "reserve, map, set access, checks, and the mapping report, sent without a reply);\n"
          "raw = cuMemImportFromShareableHandle + cuMemAddressReserve + cuMemMap + cuMemSetAccess;\n"
          "ratio = open+map / raw\n");
+  printf("\nwhere a first open+map goes, medians in microseconds: rtt and open without reply\n"
+         "polling (GSHM_POLL_US=0) and with this process's default (%d us); gshm_map's driver\n"
+         "calls one by one on the fd of a fresh open\n",
+         poll_default_us);
+  printf("%-8s %8s %8s %8s %8s", "size", "rtt/0", "rtt/poll", "open/0", "open/pol");
+  for (int k = 0; k < STEPS; k++)
+    printf(" %8s", step_names[k]);
+  printf(" %8s\n", "calls");
+  for (int s = 0; s < o.nsizes; s++) {
+    printf("%-8s %8.1f %8.1f %8.1f %8.1f", gshm__format_size(o.sizes[s], sbuf, sizeof(sbuf)),
+           poll_rtt[s][0], poll_rtt[s][1], poll_open[s][0], poll_open[s][1]);
+    for (int k = 0; k < STEPS; k++)
+      printf(" %8.1f", steps[s][k]);
+    printf(" %8.1f\n", steps_total[s]);
+  }
+  gshm_disconnect(c0);
   gshm_disconnect(c);
   if (d.pid)
     daemon_stop(&d);

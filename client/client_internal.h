@@ -51,6 +51,7 @@ struct gshm_client {
   struct gshm__lease *leases;
   char last_error[256];
   int reconnect_ms;        /* how long to wait for a restarted daemon */
+  int poll_ns;             /* how long to poll for a reply before sleeping */
   uint8_t rx[GSHM_WIRE_MAX_PACKET + 1];
 };
 
