@@ -323,7 +323,7 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
  * (gshmd then has one of its own) and 0 on smaller machines, where a
  * polling client would take the CPU gshmd needs to answer. */
 static int default_poll_ns(void) {
-  const char *env = getenv("GSHM_POLL_US");
+  const char *env = secure_getenv("GSHM_POLL_US");
   long us;
 
   if (env && *env) {
