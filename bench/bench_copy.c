@@ -214,7 +214,10 @@ static void table_uni(int s, int d, size_t from, size_t to) {
     all = ok1 && ok2 && ok3 && ok4;
     printf("| %s | %.1f | %.1f | %s%.1f | %.1f | %s | %.3f | %s |\n", size_str(b, sb), ce, push,
            peer ? "" : "=", pull, aut,
-           gshm__copy_auto_method(b, peer) == GSHM_COPY_SM ? "SM" : "CE", aut / best,
+           gshm__copy_auto_method(b, peer ? GSHM__COPY_PUSH : GSHM__COPY_LOCAL) == GSHM_COPY_SM
+               ? "SM"
+               : "CE",
+           aut / best,
            all ? "ok" : "FAIL");
     fflush(stdout);
   }

@@ -30,6 +30,8 @@ static void log_init(void) {
 
 const char *gshm_strerror(int err) { return gshm__strerror(err); }
 
+const char *gshm_err_name(int err) { return gshm__errname(err); }
+
 const char *gshm_last_error(gshm_client_t *client) {
   /* A copy per thread, taken under the lock: another thread's request
    * rewrites client->last_error meanwhile. */
@@ -110,47 +112,29 @@ static int read_reply(struct gshm_client *c, uint32_t request_id, uint16_t type,
                       Gshm__Reply **reply_out, int *fd_out, int flags_dontwait) {
   for (;;) {
     struct gshm_wire_header h;
-    int fds[4], nfds = 0;
+    int fds[4], nfds = 0, kept = 0, e = 0;
+    bool event = false;
     ssize_t n;
 
     /* dontwait: only what is already queued (events), one syscall. */
     n = flags_dontwait ? gshm__wire_recv(c->fd, c->rx, sizeof(c->rx), fds, 4, &nfds, MSG_DONTWAIT)
                        : recv_polling(c, fds, &nfds);
-    if (n <= 0) {
-      for (int i = 0; i < nfds; i++)
-        close(fds[i]);
-      return n == 0 ? -ECONNRESET : (int)n;
-    }
-    if (gshm__wire_parse_header(c->rx, (size_t)n, &h) || h.major != GSHM_PROTO_MAJOR) {
-      for (int i = 0; i < nfds; i++)
-        close(fds[i]);
-      return -EPROTO;
-    }
-    if (h.type == GSHM_WIRE_EVENT) {
-      for (int i = 0; i < nfds; i++)
-        close(fds[i]);
+    if (n <= 0)
+      e = n == 0 ? -ECONNRESET : (int)n;
+    else if (gshm__wire_parse_header(c->rx, (size_t)n, &h) || h.major != GSHM_PROTO_MAJOR)
+      e = -EPROTO;
+    else if ((event = h.type == GSHM_WIRE_EVENT))
       apply_event(c, c->rx + GSHM_WIRE_HEADER_SIZE, h.length);
-      continue;
-    }
-    if (flags_dontwait || h.type != (type | GSHM_WIRE_REPLY) || h.request_id != request_id) {
-      for (int i = 0; i < nfds; i++)
-        close(fds[i]);
-      return -EPROTO;
-    }
-    *reply_out = gshm__reply__unpack(NULL, h.length, c->rx + GSHM_WIRE_HEADER_SIZE);
-    if (!*reply_out) {
-      for (int i = 0; i < nfds; i++)
-        close(fds[i]);
-      return -EPROTO;
-    }
-    /* Exactly the fds we expect are kept; any other is closed. */
-    for (int i = 0; i < nfds; i++) {
-      if (i == 0 && fd_out)
-        *fd_out = fds[0];
-      else
-        close(fds[i]);
-    }
-    return 0;
+    else if (flags_dontwait || h.type != (type | GSHM_WIRE_REPLY) || h.request_id != request_id)
+      e = -EPROTO;
+    else if (!(*reply_out = gshm__reply__unpack(NULL, h.length, c->rx + GSHM_WIRE_HEADER_SIZE)))
+      e = -EPROTO;
+    else if (nfds && fd_out)
+      *fd_out = fds[kept++]; /* exactly the fd we expect is kept */
+    for (int i = kept; i < nfds; i++) /* every other one is closed */
+      close(fds[i]);
+    if (!event)
+      return e;
   }
 }
 

@@ -40,9 +40,12 @@ struct device_map {
   char *uuids[MAP_MAX_DEVICES];
 };
 
-#define CU_LIB(drv, fn, ...) GSHM_CU(drv, GSHM_LOG_ERR, fn, __VA_ARGS__)
+#define CU_LIB(drv, fn, ...) GSHM_CU_ERR(drv, fn, __VA_ARGS__)
+#define CU_UNDO(drv, fn, ...) GSHM_CU_WARN(drv, fn, __VA_ARGS__) /* unwinding */
 
-static int load_driver(const struct gshm_cudadrv **drv_out) {
+/* The driver for mapping device segments: -ENOTSUP when there is none
+ * (reason logged at INFO once: a host-only machine is no error). */
+static int map_driver_load(const struct gshm_cudadrv **drv_out) {
   int e = gshm__cudadrv_load(GSHM_LOG_INFO, drv_out);
   /* No driver (or no GPU) here: device segments cannot be mapped. */
   return e ? -ENOTSUP : 0;
@@ -174,7 +177,7 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
 
   if (l->fd < 0)
     return -EBADF; /* a legacy IPC lease: no fd to map */
-  if ((e = load_driver(&drv)))
+  if ((e = map_driver_load(&drv)))
     return e;
   if (!(m = calloc(1, sizeof(*m))))
     return -ENOMEM;
@@ -241,15 +244,15 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
   return 0;
 
 unmap_range:
-  CU_LIB(drv, cuMemUnmap, m->va, m->size);
+  CU_UNDO(drv, cuMemUnmap, m->va, m->size);
 release_va_range:
-  CU_LIB(drv, cuMemAddressFree, m->va, m->size);
+  CU_UNDO(drv, cuMemAddressFree, m->va, m->size);
 release_handle:
-  CU_LIB(drv, cuMemRelease, m->handle);
+  CU_UNDO(drv, cuMemRelease, m->handle);
 pop_ctx:
-  CU_LIB(drv, cuCtxPopCurrent, &ctx);
+  CU_UNDO(drv, cuCtxPopCurrent, &ctx);
 release_ctx:
-  CU_LIB(drv, cuDevicePrimaryCtxRelease, m->copy_dev);
+  CU_UNDO(drv, cuDevicePrimaryCtxRelease, m->copy_dev);
 free_map:
   free(m);
   return e;

@@ -100,7 +100,7 @@ int gshm__cuda_errno(CUresult r) {
   case CUDA_ERROR_NO_DEVICE:
     return -ENODEV;
   case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED:
-    return -EOPNOTSUPP;
+    return -EXDEV;
   default:
     return -EIO;
   }

@@ -117,7 +117,7 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out);
 /* Maps a CUresult to a negative errno: OUT_OF_MEMORY -ENOMEM,
  * INVALID_VALUE/INVALID_HANDLE -EINVAL, NOT_SUPPORTED -ENOTSUP,
  * NOT_PERMITTED -EPERM, INVALID_DEVICE/NO_DEVICE -ENODEV,
- * PEER_ACCESS_UNSUPPORTED -EOPNOTSUPP, everything else -EIO. */
+ * PEER_ACCESS_UNSUPPORTED -EXDEV (no peer path), everything else -EIO. */
 int gshm__cuda_errno(CUresult r);
 
 /* Logs a failed driver call as "TEXT: NAME (description)" at prio. */
@@ -137,5 +137,14 @@ void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *fil
     }                                                                       \
     gshm_cu_e_;                                                             \
   })
+
+/* The two levels of UCX's UCT_CUDADRV_FUNC_LOG_ERR / _LOG_WARN: a call
+ * whose failure fails the operation logs at ERR; a call that undoes work
+ * (unwinding after a failure, or freeing: its failure at worst leaks)
+ * logs at WARNING.  Probes whose failure is an answer, and calls whose
+ * failure the caller reports in its own words, pass GSHM_LOG_DEBUG to
+ * GSHM_CU: each failure is logged once. */
+#define GSHM_CU_ERR(drv, fn, ...) GSHM_CU(drv, GSHM_LOG_ERR, fn, __VA_ARGS__)
+#define GSHM_CU_WARN(drv, fn, ...) GSHM_CU(drv, GSHM_LOG_WARNING, fn, __VA_ARGS__)
 
 #endif

@@ -1,6 +1,9 @@
 /* The one error table (libuv's UV_ERRNO_MAP pattern): every negative errno
- * that gshm returns, with its message.  gshm_strerror() and the daemon's
- * replies both read it. */
+ * that gshm returns, with its message.  gshm_strerror(), gshm_err_name()
+ * and the daemon's replies all read it.  One errno per meaning: on Linux
+ * ENOTSUP and EOPNOTSUPP are the same value (95), so gshm uses only
+ * ENOTSUP (a backend or feature is unavailable) and EXDEV for "these two
+ * GPUs have no peer path". */
 #ifndef GSHM_COMMON_ERRORS_H
 #define GSHM_COMMON_ERRORS_H
 
@@ -15,6 +18,7 @@
   X(EACCES, "permission denied")                                                   \
   X(EBUSY, "busy")                                                                 \
   X(EEXIST, "segment exists")                                                      \
+  X(EXDEV, "the two GPUs have no peer (P2P) path")                                 \
   X(ENODEV, "no such GPU, or the segment's GPU cannot be reached")                 \
   X(EINVAL, "invalid argument")                                                    \
   X(EMFILE, "a limit on segments, leases or connections was reached")              \
@@ -38,7 +42,8 @@
 /* Message for a negative (or positive) errno; never NULL. */
 const char *gshm__strerror(int err);
 
-/* Symbolic name, e.g. "EACCES"; "E?" when unknown. */
+/* Symbolic name of a negative (or positive) errno of the table, e.g.
+ * "EACCES"; "E?" for any other value. */
 const char *gshm__errname(int err);
 
 #endif

@@ -112,7 +112,11 @@ struct cuda_alloc {
   CUdeviceptr ptr;                     /* LEGACY_IPC segments (cuMemAlloc) */
 };
 
-#define CU_ERR(cb, fn, ...) GSHM_CU((cb)->drv, GSHM_LOG_ERR, fn, __VA_ARGS__)
+/* Driver calls through the backend's table (common/cudadrv.h): CU_ERR for
+ * a call whose failure fails the operation, CU_UNDO for one that undoes
+ * or frees. */
+#define CU_ERR(cb, fn, ...) GSHM_CU_ERR((cb)->drv, fn, __VA_ARGS__)
+#define CU_UNDO(cb, fn, ...) GSHM_CU_WARN((cb)->drv, fn, __VA_ARGS__)
 
 static struct cuda_backend *cuda_of(struct gshmd_backend *b) { return (struct cuda_backend *)b; }
 
@@ -192,9 +196,9 @@ static int zero_handle(struct cuda_backend *cb, struct cuda_dev *d, CUmemGeneric
     goto unmap_range;
   e = CU_ERR(cb, cuStreamSynchronize, NULL);
 unmap_range:
-  CU_ERR(cb, cuMemUnmap, va, size);
+  CU_UNDO(cb, cuMemUnmap, va, size);
 release_va_range:
-  CU_ERR(cb, cuMemAddressFree, va, size);
+  CU_UNDO(cb, cuMemAddressFree, va, size);
   return e;
 }
 
@@ -207,6 +211,7 @@ static int cuda_alloc(struct gshmd_backend *b, const struct gshm_location *loc, 
   CUmemAllocationProp prop;
   CUmemGenericAllocationHandle h;
   CUdeviceptr ptr;
+  CUresult r;
   uint64_t gran;
   int e;
 
@@ -227,11 +232,11 @@ static int cuda_alloc(struct gshmd_backend *b, const struct gshm_location *loc, 
     if ((e = CU_ERR(cb, cuMemAlloc, &ptr, size)))
       return e;
     if ((e = CU_ERR(cb, cuMemsetD8, ptr, 0, size)) || (e = CU_ERR(cb, cuStreamSynchronize, NULL))) {
-      CU_ERR(cb, cuMemFree, ptr);
+      CU_UNDO(cb, cuMemFree, ptr);
       return e;
     }
     if (!(a = wrap(cb, d, size, gran))) {
-      CU_ERR(cb, cuMemFree, ptr);
+      CU_UNDO(cb, cuMemFree, ptr);
       return -ENOMEM;
     }
     a->legacy = true;
@@ -248,16 +253,19 @@ static int cuda_alloc(struct gshmd_backend *b, const struct gshm_location *loc, 
     return -ENOTSUP;
   }
   prop = device_prop(d->dev);
-  if ((e = GSHM_CU(cb->drv, GSHM_LOG_WARNING, cuMemCreate, &h, size, &prop, 0))) {
-    gshm_log_warn("%s: '%s': cannot allocate %" PRIu64 " bytes", d->pci, debug_name, size);
-    return e;
+  if ((r = cb->drv->cuMemCreate(&h, size, &prop, 0)) != CUDA_SUCCESS) {
+    char what[160]; /* one line: the segment, the size and the driver's error */
+    snprintf(what, sizeof(what), "%s: '%s': cuMemCreate of %" PRIu64 " bytes", d->pci,
+             debug_name, size);
+    gshm__cuda_log(GSHM_LOG_WARNING, r, what, __FILE__, __LINE__);
+    return gshm__cuda_errno(r);
   }
   if ((e = zero_handle(cb, d, h, size, gran))) {
-    CU_ERR(cb, cuMemRelease, h);
+    CU_UNDO(cb, cuMemRelease, h);
     return e;
   }
   if (!(a = wrap(cb, d, size, gran))) {
-    CU_ERR(cb, cuMemRelease, h);
+    CU_UNDO(cb, cuMemRelease, h);
     return -ENOMEM;
   }
   a->handle = h;
@@ -368,9 +376,10 @@ static int check_size(struct cuda_backend *cb, struct cuda_dev *d, CUmemGenericA
     return e;
   if ((e = CU_ERR(cb, cuMemAddressReserve, &va, size, gran, 0, 0)))
     return e;
-  if (!(e = CU_ERR(cb, cuMemMap, va, size, 0, h, 0)))
-    CU_ERR(cb, cuMemUnmap, va, size);
-  CU_ERR(cb, cuMemAddressFree, va, size);
+  /* A refusal is the answer (the caller says what it means): debug. */
+  if (!(e = GSHM_CU(cb->drv, GSHM_LOG_DEBUG, cuMemMap, va, size, 0, h, 0)))
+    CU_UNDO(cb, cuMemUnmap, va, size);
+  CU_UNDO(cb, cuMemAddressFree, va, size);
   return e;
 }
 
@@ -427,7 +436,7 @@ static int cuda_adopt_fd(struct gshmd_backend *b, int fd, const char *location, 
   return 0;
 
 release_handle:
-  CU_ERR(cb, cuMemRelease, h);
+  CU_UNDO(cb, cuMemRelease, h);
   return e;
 }
 
@@ -441,11 +450,11 @@ static void cuda_free(struct gshmd_backend *b, struct gshmd_alloc *mem) {
   if (a->legacy) {
     /* cuMemFree needs the owning context current. */
     if (!set_ctx(cb, a->d))
-      CU_ERR(cb, cuMemFree, a->ptr);
+      CU_UNDO(cb, cuMemFree, a->ptr);
   } else if (a->handle) {
     /* Exported fds that clients still hold keep the physical memory
      * until they are closed; ours goes now. */
-    CU_ERR(cb, cuMemRelease, a->handle);
+    CU_UNDO(cb, cuMemRelease, a->handle);
   }
   if (a->fd >= 0)
     close(a->fd);

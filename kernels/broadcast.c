@@ -208,24 +208,40 @@ static void make_plan(struct plan *p, gshm_broadcast_algo_t algo, int n, size_t 
     p->chunk = bytes; /* nothing to pipeline */
 }
 
-/* Queues the plan.  Under bc_lock; `start` has been recorded on the
- * caller's `stream` in context `caller`.  Before returning, also on error
- * (so that what was queued stays ordered before the caller's later work),
- * the caller's stream is made to wait for the end of every stream used;
- * the caller's context is current again on return. */
-static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const void *src,
-                    void *const dsts[], const struct gshm__where *where, CUcontext caller,
-                    CUstream stream,
-                    CUevent start, int push, int lanes, int ce_only) {
+/* The buffers and streams of one broadcast, for run_plan. */
+struct run_params {
+  const void *src;
+  void *const *dsts;                 /* the plan's n destinations */
+  const struct gshm__where *where;   /* [node]: 0 the source, 1 + i dsts[i] */
+  CUcontext caller;                  /* the caller's context, current on entry */
+  CUstream stream;                   /* the caller's stream */
+  CUevent start;                     /* recorded on stream before the call */
+  int push;                          /* 1: the sending GPU issues each copy, 0: the receiver */
+  int lanes;                         /* streams per GPU pair, 1..GSHM_BCAST_MAX_LANES */
+  int ce_only;                       /* 1: cuMemcpyAsync; 0: gshm_copy AUTO (STAR) */
+};
+
+/* Queues the plan.  Under bc_lock; r->start has been recorded on the
+ * caller's r->stream in context r->caller.  Before returning, also on
+ * error (so that what was queued stays ordered before the caller's later
+ * work), the caller's stream is made to wait for the end of every stream
+ * used; the caller's context is current again on return. */
+static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p,
+                    const struct run_params *r) {
+  const struct gshm__where *where = r->where;
+  CUcontext caller = r->caller;
+  CUstream stream = r->stream;
+  CUevent start = r->start;
+  int push = r->push, lanes = r->lanes, ce_only = r->ce_only;
   const char *node_addr[MAX_DSTS + 1];
   CUevent node_ev[MAX_DSTS][MAX_DSTS + 1];
   size_t nchunks = 0;
   int e = 0;
 
   memset(node_ev, 0, sizeof(node_ev));
-  node_addr[0] = src;
+  node_addr[0] = r->src;
   for (int i = 0; i < p->n; i++)
-    node_addr[1 + i] = dsts[i];
+    node_addr[1 + i] = r->dsts[i];
   for (int q = 0; q < p->nparts; q++) {
     size_t c = (p->part_len[q] + p->chunk - 1) / p->chunk;
     if (c > nchunks)
@@ -263,8 +279,6 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p, const 
         int from = where[par].ordinal, to = where[node].ordinal;
         int issuer = push ? from : to, other = push ? to : from;
         CUstream s;
-
-
         int lane = (int)(c % (size_t)lanes);
 
         if ((e = pair_stream(drv, issuer, other, lane, &s)))
@@ -381,9 +395,11 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
   e = gshm__copy_ctx_event(drv, &start);
   if (!e)
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuEventRecord, start, (CUstream)stream);
-  if (!e)
-    e = run_plan(drv, p, src, dsts, where, caller, (CUstream)stream, start, !o.pull, o.lanes,
-                 o.algo != GSHM_BCAST_STAR);
+  if (!e) {
+    struct run_params r = {src,   dsts,     where,   caller,
+                           (CUstream)stream, start, !o.pull, o.lanes, o.algo != GSHM_BCAST_STAR};
+    e = run_plan(drv, p, &r);
+  }
   pthread_mutex_unlock(&bc_lock);
   gshm__copy_leave_ctx(drv, pushed);
   free(p);

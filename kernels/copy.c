@@ -129,8 +129,10 @@ static const size_t auto_sm_max_push = 2u << 20;
 static const size_t auto_sm_max_pull = 512u << 10;
 static const size_t auto_sm_max_local = 32u << 20;
 
-int gshm__copy_auto_method(size_t bytes, int peer) {
-  size_t max = peer == 0 ? auto_sm_max_local : peer == 1 ? auto_sm_max_push : auto_sm_max_pull;
+int gshm__copy_auto_method(size_t bytes, enum gshm__copy_peer peer) {
+  size_t max = peer == GSHM__COPY_LOCAL  ? auto_sm_max_local
+               : peer == GSHM__COPY_PUSH ? auto_sm_max_push
+                                         : auto_sm_max_pull;
 
   if (!gshm__copy_have_kernels())
     return GSHM_COPY_ENGINE;
@@ -165,7 +167,9 @@ static int stream_ctx(const struct gshm_cudadrv *drv, CUstream stream, CUcontext
   return GSHM_CU(drv, GSHM_LOG_ERR, cuStreamGetCtx, stream, ctx);
 }
 
-static int load_driver(const struct gshm_cudadrv **drv) {
+/* The driver for copies, signals and broadcasts: its absence is an error
+ * of the call (logged at ERR once). */
+static int copy_driver_load(const struct gshm_cudadrv **drv) {
   return gshm__cudadrv_load(GSHM_LOG_ERR, drv);
 }
 
@@ -325,7 +329,7 @@ int gshm__copy_enable_peer(int ordinal) {
   int can = 0, e;
   CUresult r;
 
-  e = load_driver(&drv);
+  e = copy_driver_load(&drv);
   if (!e)
     e = kctx_current(drv, &k);
   if (e)
@@ -342,7 +346,7 @@ int gshm__copy_enable_peer(int ordinal) {
   peer = k->peer_ctx[ordinal];
   pthread_mutex_unlock(&table_lock);
   if (tried && (!ok || !was))
-    return ok ? 0 : -EOPNOTSUPP;
+    return ok ? 0 : -EXDEV;
   /* one driver call: the context access was enabled to is still there (a
    * reset destroys it or gives the handle a new id) */
   if (tried && drv->cuCtxGetId(peer, &id) == CUDA_SUCCESS && id == was)
@@ -350,7 +354,7 @@ int gshm__copy_enable_peer(int ordinal) {
 
   e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceCanAccessPeer, &can, k->dev, (CUdevice)ordinal);
   if (!e && !can)
-    e = -EOPNOTSUPP;
+    e = -EXDEV;
   if (!e)
     e = gshm__copy_primary_ctx(drv, ordinal, &peer);
   if (!e) {
@@ -359,7 +363,7 @@ int gshm__copy_enable_peer(int ordinal) {
     r = drv->cuCtxEnablePeerAccess(peer, 0);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
       gshm__cuda_log(GSHM_LOG_ERR, r, "cuCtxEnablePeerAccess", __FILE__, __LINE__);
-      e = r == CUDA_ERROR_TOO_MANY_PEERS ? -EOPNOTSUPP : gshm__cuda_errno(r);
+      e = r == CUDA_ERROR_TOO_MANY_PEERS ? -EXDEV : gshm__cuda_errno(r);
     }
   }
   if (e == -ENOMEM || e == -EIO)
@@ -418,7 +422,7 @@ int gshm__copy_launch(void *dst, const void *src, size_t bytes, enum gshm__kerne
 
   if (kernel > GSHM__K_COPY_U8 || !blocks || threads < 32 || threads > 1024)
     return -EINVAL;
-  e = load_driver(&drv);
+  e = copy_driver_load(&drv);
   if (!e)
     e = kctx_module(drv, &k);
   if (e)
@@ -435,7 +439,7 @@ int gshm__copy_fill(void *p, size_t bytes, uint32_t seed, CUstream stream) {
 
   if (bytes % 4 || (uintptr_t)p % 4)
     return -EINVAL;
-  e = load_driver(&drv);
+  e = copy_driver_load(&drv);
   if (!e)
     e = kctx_module(drv, &k);
   if (e)
@@ -452,7 +456,7 @@ int gshm__copy_compare(const void *a, const void *b, size_t bytes, CUstream stre
   void *args[4] = {&a, &b, &bytes, &counter};
   int e;
 
-  e = load_driver(&drv);
+  e = copy_driver_load(&drv);
   if (!e)
     e = kctx_module(drv, &k);
   if (e)
@@ -533,7 +537,7 @@ void gshm__copy_leave_ctx(const struct gshm_cudadrv *drv, int pushed) {
 /* A flag on another GPU than the current context's: that GPU must be
  * reachable (peer access enabled from here), or the write or wait faults
  * on the GPU (an illegal address that poisons the context).  Returns 0 or
- * -EOPNOTSUPP (no peer path) and gshm__copy_enable_peer's errors. */
+ * -EXDEV (no peer path) and gshm__copy_enable_peer's errors. */
 static int flag_reachable(const struct gshm__where *wf) {
   return wf->device ? gshm__copy_enable_peer(wf->ordinal) : 0;
 }
@@ -558,10 +562,29 @@ static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_
   return launch_ex(drv, k, GSHM__K_SIGNAL, 1, 1, stream, args, 1);
 }
 
-static int copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *src, size_t bytes,
-                       gshm_copy_method_t method, uint64_t *flag, uint64_t value,
-                       const struct gshm__where *wf, CUstream stream,
-                       const struct gshm__where *ws, const struct gshm__where *wd) {
+/* One copy (and maybe a signal after it) for copy_in_ctx, its addresses
+ * classified. */
+struct copy_params {
+  void *dst;
+  const void *src;
+  size_t bytes;
+  gshm_copy_method_t method;
+  const struct gshm__where *ws, *wd; /* where src and dst live */
+  uint64_t *flag;                    /* NULL: no signal */
+  uint64_t value;                    /* stored at flag after the copy */
+  const struct gshm__where *wf;      /* where flag lives (with flag only) */
+};
+
+static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params *p,
+                       CUstream stream) {
+  /* locals: the kernel's arguments are their addresses */
+  void *dst = p->dst;
+  const void *src = p->src;
+  size_t bytes = p->bytes;
+  gshm_copy_method_t method = p->method;
+  uint64_t *flag = p->flag;
+  uint64_t value = p->value;
+  const struct gshm__where *ws = p->ws, *wd = p->wd, *wf = p->wf;
   struct kctx *k;
   int e, peer, me, fused = 0, ready = 0; /* ready: peers enabled, module loaded */
 
@@ -575,7 +598,9 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *sr
     if (!ws->device || !wd->device || (ws->ordinal != me && wd->ordinal != me))
       method = GSHM_COPY_ENGINE; /* host memory, or a third GPU's context */
     else
-      method = gshm__copy_auto_method(bytes, !peer ? 0 : ws->ordinal == me ? 1 : 2);
+      method = gshm__copy_auto_method(bytes, !peer                ? GSHM__COPY_LOCAL
+                                             : ws->ordinal == me ? GSHM__COPY_PUSH
+                                                                 : GSHM__COPY_PULL);
     if (method == GSHM_COPY_SM &&
         ((ws->device && gshm__copy_enable_peer(ws->ordinal)) ||
          (wd->device && gshm__copy_enable_peer(wd->ordinal)) || kctx_module(drv, &k)))
@@ -635,7 +660,9 @@ signal:
 int gshm__copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *src, size_t bytes,
                       gshm_copy_method_t method, CUstream stream, const struct gshm__where *ws,
                       const struct gshm__where *wd) {
-  return copy_in_ctx(drv, dst, src, bytes, method, NULL, 0, NULL, stream, ws, wd);
+  struct copy_params p = {dst, src, bytes, method, ws, wd, NULL, 0, NULL};
+
+  return copy_in_ctx(drv, &p, stream);
 }
 
 static int copy_common(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
@@ -648,7 +675,7 @@ static int copy_common(void *dst, const void *src, size_t bytes, gshm_copy_metho
     return -EINVAL;
   if (!bytes && !flag)
     return 0;
-  e = load_driver(&drv);
+  e = copy_driver_load(&drv);
   if (e)
     return e;
   gshm__copy_where(drv, src, &ws);
@@ -658,7 +685,10 @@ static int copy_common(void *dst, const void *src, size_t bytes, gshm_copy_metho
   e = gshm__copy_enter_ctx(drv, (CUstream)stream, ws.device ? ws.ordinal : wd.ordinal, &pushed);
   if (e)
     return e;
-  e = copy_in_ctx(drv, dst, src, bytes, method, flag, value, &wf, (CUstream)stream, &ws, &wd);
+  {
+    struct copy_params p = {dst, src, bytes, method, &ws, &wd, flag, value, &wf};
+    e = copy_in_ctx(drv, &p, (CUstream)stream);
+  }
   gshm__copy_leave_ctx(drv, pushed);
   return e;
 }
@@ -683,7 +713,7 @@ GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream) {
 
   if (!flag || ((uintptr_t)flag & 7))
     return -EINVAL;
-  e = load_driver(&drv);
+  e = copy_driver_load(&drv);
   if (e)
     return e;
   gshm__copy_where(drv, flag, &w);
@@ -704,7 +734,7 @@ GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream) {
 
   if (!flag || ((uintptr_t)flag & 7))
     return -EINVAL;
-  e = load_driver(&drv);
+  e = copy_driver_load(&drv);
   if (e)
     return e;
   gshm__copy_where(drv, flag, &w);

@@ -38,11 +38,18 @@ int gshm__copy_have_kernels(void);
  * and the source is another GPU's. */
 struct gshm__copy_shape gshm__copy_pick_shape(size_t bytes, int sm_count, int pull);
 
+/* Which GPUs a device-to-device copy spans, seen from the GPU that
+ * launches it. */
+enum gshm__copy_peer {
+  GSHM__COPY_LOCAL = 0, /* within one GPU */
+  GSHM__COPY_PUSH = 1,  /* two GPUs, launched on the source's */
+  GSHM__COPY_PULL = 2,  /* two GPUs, launched on the destination's */
+};
+
 /* GSHM_COPY_ENGINE or GSHM_COPY_SM: what GSHM_COPY_AUTO picks for a
- * device-to-device copy of `bytes` within one GPU (peer 0), between two
- * GPUs launched on the source's (peer 1, a push) or on the destination's
- * (peer 2, a pull). */
-int gshm__copy_auto_method(size_t bytes, int peer);
+ * device-to-device copy of `bytes` across `peer` (thresholds: see
+ * docs/PERFORMANCE.md "AUTO"). */
+int gshm__copy_auto_method(size_t bytes, enum gshm__copy_peer peer);
 
 /* Launches copy kernel `kernel` (U1/U4/U8) with an explicit shape, in the
  * current context, on `stream`, with programmatic dependent launch when
@@ -63,7 +70,7 @@ int gshm__copy_compare(const void *a, const void *b, size_t bytes, CUstream stre
 
 /* Enables peer access from the current context to GPU `ordinal`'s primary
  * context, once per (context, GPU); 0 also when it was already enabled or
- * ordinal is the current context's own GPU.  -EOPNOTSUPP no P2P path. */
+ * ordinal is the current context's own GPU.  -EXDEV no P2P path. */
 int gshm__copy_enable_peer(int ordinal);
 
 /* ---- shared with kernels/broadcast.c ---- */

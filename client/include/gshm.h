@@ -319,6 +319,12 @@ GSHM_EXTERN const char *gshm_last_error(gshm_client_t *client);
 /* A static description of a negative errno returned by this library. */
 GSHM_EXTERN const char *gshm_strerror(int err);
 
+/* The symbolic name of a negative (or positive) errno returned by this
+ * library, e.g. "EACCES" for -EACCES (static storage); "E?" for a value
+ * that gshm never returns.  ENOTSUP and EOPNOTSUPP are one value on Linux:
+ * gshm returns it only as -ENOTSUP ("ENOTSUP"). */
+GSHM_EXTERN const char *gshm_err_name(int err);
+
 /* ---- device segments: legacy IPC (client/map_cuda.c) ---- */
 
 /* Opens a segment created with GSHM_CREATE_LEGACY_IPC and returns its
@@ -394,7 +400,7 @@ typedef enum {
  * pageable host memory; -EIO a stream whose context cannot be made
  * current (destroyed); -ENOTSUP
  * GSHM_COPY_SM in a libgshm built without nvcc, or a GPU architecture the
- * embedded kernels (sm_90 SASS + PTX) cannot run on; -EOPNOTSUPP
+ * embedded kernels (sm_90 SASS + PTX) cannot run on; -EXDEV
  * GSHM_COPY_SM between GPUs without peer access; -ENOENT / -ENODEV no CUDA
  * driver or no GPU; -ENOMEM, -EIO from the driver (logged at
  * GSHM_LOG_LEVEL>=3). */
@@ -468,7 +474,7 @@ typedef struct {
  * the earlier one and neither ends.
  * Errors: -EINVAL a NULL pointer, n outside 1..64, src not device memory,
  * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
- * SPLIT with host memory; -EOPNOTSUPP two GPUs without a peer path for a
+ * SPLIT with host memory; -EXDEV two GPUs without a peer path for a
  * copy the algorithm needs; -ENOENT / -ENODEV no CUDA driver or GPU;
  * -ENOMEM, -EIO from the driver. */
 GSHM_EXTERN int gshm_broadcast(const void *src, void *const dsts[], int n, size_t bytes,
@@ -492,7 +498,7 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
  *          memory.
  *  value   a sequence number; consumers wait for >= value, so make it grow.
  *  stream  as for gshm_copy.
- * Errors: -EINVAL flag NULL or not 8-byte aligned; -EOPNOTSUPP the flag is
+ * Errors: -EINVAL flag NULL or not 8-byte aligned; -EXDEV the flag is
  * on a GPU the stream's GPU has no peer path to (libgshm enables peer
  * access where there is one); -ENOENT / -ENODEV no CUDA driver or GPU;
  * -ENOTSUP the driver refuses stream memory operations on this address
@@ -516,7 +522,7 @@ GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
  *  flag    8-byte-aligned device address or page-locked host memory that
  *          this process maps; best on the waiting stream's own GPU (the
  *          wait polls it).
- * Errors: -EINVAL flag NULL or misaligned; -EOPNOTSUPP the flag is on a GPU
+ * Errors: -EINVAL flag NULL or misaligned; -EXDEV the flag is on a GPU
  * the stream's GPU has no peer path to; -ENOENT / -ENODEV no driver or
  * GPU; -ENOTSUP the GPU does not support 64-bit stream memory operations;
  * -EIO the driver. */

@@ -47,7 +47,8 @@ class NoDevice(Error):
 
 
 class NotSupported(Error):
-    """ENOTSUP / EOPNOTSUPP: backend or feature not available on this daemon or machine."""
+    """ENOTSUP (= EOPNOTSUPP): backend or feature not available on this daemon or machine;
+    EXDEV: two GPUs without a peer path."""
 
 
 class OutOfMemory(Error, MemoryError):
@@ -79,6 +80,7 @@ _BY_ERRNO = {
     _errno.ENODEV: NoDevice,
     _errno.ENOTSUP: NotSupported,
     _errno.EOPNOTSUPP: NotSupported,
+    _errno.EXDEV: NotSupported,  # no peer path between two GPUs
     _errno.ENOMEM: OutOfMemory,
     _errno.EDQUOT: LimitExceeded,
     _errno.EFBIG: LimitExceeded,

@@ -292,8 +292,19 @@ static void test_lists_and_status(void **state) {
   gshm_disconnect(c);
 }
 
+/* gshm_err_name and gshm_strerror: the public face of the one error table. */
+static void test_error_names(void **state) {
+  (void)state;
+  assert_string_equal(gshm_err_name(-EACCES), "EACCES");
+  assert_string_equal(gshm_err_name(-EXDEV), "EXDEV");
+  assert_string_equal(gshm_err_name(-EOPNOTSUPP), "ENOTSUP");
+  assert_string_equal(gshm_err_name(-12345), "E?");
+  assert_string_equal(gshm_strerror(-EXDEV), "the two GPUs have no peer (P2P) path");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_error_names),
       cmocka_unit_test_setup_teardown(test_share_across_processes, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_unlink_while_leased, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_killed_client_leases_vanish, harness_cmocka_setup, harness_cmocka_teardown),

@@ -134,6 +134,18 @@ static void test_status_table(void **state) {
   }
   assert_string_equal(gshm__errname(-EDQUOT), "EDQUOT");
   assert_string_equal(gshm__strerror(-EACCES), "permission denied");
+  /* Every row of the table has its own name and message (a value listed
+   * twice would not compile: the switch would repeat a case). */
+#define CHECK_ROW(e, msg)                               \
+  assert_string_equal(gshm__errname(-(e)), #e);         \
+  assert_string_equal(gshm__errname(e), #e);            \
+  assert_string_equal(gshm__strerror(-(e)), msg);
+  GSHM_ERRNO_MAP(CHECK_ROW)
+#undef CHECK_ROW
+  assert_string_equal(gshm__errname(-EOPNOTSUPP), "ENOTSUP"); /* one value on Linux */
+  assert_string_equal(gshm__errname(-EXDEV), "EXDEV");       /* no peer path */
+  assert_string_equal(gshm__errname(-12345), "E?");
+  assert_string_equal(gshm__strerror(-12345), "unknown error");
 }
 
 int main(void) {
