@@ -29,7 +29,6 @@ struct gshmd_config {
   char *backend;            /* backend = auto|host|cuda */
   int log_level;            /* log_level = 0..7 (syslog priorities), default 6 (info) */
   bool legacy_ipc;          /* legacy_ipc = false: allow cudaIpcMemHandle export */
-  uint32_t watchdog_sec;    /* informational; the timer follows $WATCHDOG_USEC */
 
   /* [limits] */
   uint32_t max_connections;        /* default 4096 */

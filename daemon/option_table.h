@@ -50,9 +50,6 @@
     "Allow legacy cudaIpcMemHandle export of segments. Off by default: a "      \
     "legacy handle is a 64-byte bearer token that any process on the node "     \
     "could open, bypassing the permission checks.")                             \
-  X(daemon, watchdog_sec, U32, watchdog_sec, "30", 0, 86400, NULL,              \
-    "Informational watchdog period in seconds; the watchdog timer follows "     \
-    "$WATCHDOG_USEC, i.e. WatchdogSec= in gshmd.service.")                      \
                                                                                 \
   X(limits, max_connections, U32, max_connections, "4096", 1, 1048576, NULL,    \
     "Most client connections at once (all users).")                             \

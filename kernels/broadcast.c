@@ -17,11 +17,9 @@
  *          other destination's parent is dsts[i].  The source sends each
  *          byte once, every destination receives each byte once, and a
  *          destination sends (n-1)/n of the bytes, so on paper it needs
- *          bytes / link rate plus one chunk of fill.  Measured on four
- *          H200s behind NVSwitch it ran at 188-213 GB/s where CHAIN ran at
- *          300: its first hop alone (GPU 0 to three GPUs at once) made 341
- *          GB/s, and adding the forwards, which write to each GPU from
- *          three GPUs at once, nearly doubled the time.
+ *          bytes / link rate plus one chunk of fill; measured, it is
+ *          slower than CHAIN behind NVSwitch (docs/PERFORMANCE.md "AUTO
+ *          thresholds").
  *
  * Chunks are queued chunk-major (chunk 0 of every part and node, then chunk
  * 1, ...) so that every stream has work from the start.  That order also
@@ -50,13 +48,10 @@
 #define MAX_GPUS 64
 #define CHUNK_ALIGN ((size_t)64 << 10)
 
-/* AUTO's chunk: sqrt(bytes * AUTO_T0_BYTES / (n - 1)), gshm.h says why;
- * figures from gshm-bench broadcast on four H200s (NV18 between every pair,
- * through NVSwitch), docs/PERFORMANCE.md "Broadcast". */
+/* AUTO's chunk: sqrt(bytes * AUTO_T0_BYTES / (n - 1)); AUTO's STAR: while
+ * the source sends at most AUTO_STAR_MAX_TOTAL in all (n * bytes).  Why
+ * these values: docs/PERFORMANCE.md "AUTO thresholds". */
 #define AUTO_T0_BYTES ((size_t)2 << 20)
-/* AUTO's STAR: while the source sends at most this much in all (n * bytes).
- * Three destinations: STAR led up to 4 MiB each (53 vs 71-73 us queued
- * live, 47 vs 58 us gated) and CHAIN from 16 MiB (112 vs 148 us). */
 #define AUTO_STAR_MAX_TOTAL ((size_t)12 << 20)
 #define MAX_CHUNK ((size_t)64 << 20)
 

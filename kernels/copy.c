@@ -26,8 +26,8 @@ static const char *const kernel_names[GSHM__K_COUNT] = {
 #endif
 
 /* Largest copy done by the one-block fused copy-then-signal kernel; above
- * it a copy is followed by a separate gshm_signal, whose few microseconds
- * no longer matter next to the copy. */
+ * it a copy is followed by a separate gshm_signal (docs/PERFORMANCE.md
+ * "AUTO thresholds"). */
 #define FUSED_SIGNAL_MAX (256u << 10)
 #define MAX_CONTEXTS 64
 #define MAX_DEVICES 64
@@ -72,27 +72,12 @@ int gshm__copy_have_kernels(void) {
 
 /* ---- tuning, from measurements ----
  *
- * Figures: gshm-bench copy on two H200 SXM joined by 18 NVLinks (NV18),
- * driver 580.159.04, 132 SMs, 2026-11-22 (docs/PERFORMANCE.md "P2P copy"
- * has the full tables; GB/s = 1e9 B/s, medians of 11 event-timed batches).
- *
- * Launch shape (sweep `gshm-bench copy --sweep`, GPU0 -> GPU1): at 256 MiB
- * every shape with >= 32 blocks of >= 512 threads gave 367-369 GB/s for a
- * push and 369-372 for a pull; what hurts is too few blocks, most of all for
- * pulls, whose remote loads need many SMs in flight (1 MiB pull with 2
- * blocks: 20-40 GB/s; with >= 32 blocks: 176).  So the grid is spread:
- * one 16-byte vector per thread until 2 blocks per SM, grid-stride past it.
- * Copies up to 64 KiB use the unroll-free kernel.
- *
- * Programmatic dependent launch (copy.cu pdl_prologue) cut a back-to-back
- * 16 B peer copy from 2.24 to 1.26 us (copy engine: 2.23) and made the SM
- * kernel beat the copy engine up to 2 MiB one way (push 289 vs 275 GB/s at
- * 2 MiB; 321 vs 322 at 4 MiB) and to 4 MiB both ways (620 vs 612); within
- * one GPU up to 32 MiB (1862 vs 1822; at 64 MiB 1821 vs 1956).  Above,
- * the copy engine wins: 396.7 GB/s one way and 780 both ways at 1 GiB
- * against the SM kernel's 369.5 / 727, as issue 8 measured (an SM kernel
- * tops out near 370 GB/s on NV18; splitting one copy between both gained
- * nothing there, so no split is offered). */
+ * Every threshold below (launch shape, AUTO's sizes) and the gshm-bench
+ * runs behind it are in docs/PERFORMANCE.md "AUTO thresholds"; change
+ * them there and here together.  The grid is spread: one 16-byte vector
+ * per thread until SM_BLOCKS_PER_SM blocks per SM, grid-stride past it
+ * (too few blocks is what hurts, pulls most); small copies use the
+ * unroll-free kernel. */
 #define SM_SMALL_MAX (64u << 10) /* up to here: unroll-free kernel */
 #define SM_THREADS 512
 #define SM_BLOCKS_PER_SM 2
@@ -119,12 +104,8 @@ struct gshm__copy_shape gshm__copy_pick_shape(size_t bytes, int sm_count, int pu
 }
 
 /* AUTO: the largest size (bytes, inclusive) up to which the SM kernel beat
- * the copy engine in the same run (above); the copy engine above it.
- * peer push: kernel on the source's GPU (2 MiB: 288 vs 277 GB/s; 4 MiB:
- * 321 vs 323).  peer pull: on the destination's (512 KiB: 157 vs 147;
- * 1 MiB: 215 vs 214, a tie; 2 MiB: 266 vs 277).  Both ways at once the SM
- * kernel still led at 4 MiB (621 vs 613), a 1.3% loss AUTO accepts to keep
- * one table. */
+ * the copy engine, by kind of copy (docs/PERFORMANCE.md "AUTO
+ * thresholds"); the copy engine above it. */
 static const size_t auto_sm_max_push = 2u << 20;
 static const size_t auto_sm_max_pull = 512u << 10;
 static const size_t auto_sm_max_local = 32u << 20;

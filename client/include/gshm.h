@@ -378,13 +378,11 @@ typedef enum {
  *            when that is the source's GPU, a pull when it is the
  *            destination's.
  *            GSHM_COPY_AUTO: host memory on either side goes to the copy
- *            engine; otherwise the choice follows a table of sizes measured
- *            with `gshm-bench copy` on two H200s joined by NVLink (NV18),
- *            kept with its numbers in kernels/copy.c and docs/PERFORMANCE.md:
- *            SM kernels where a copy is small enough that fixed costs
- *            dominate (between GPUs up to 2 MiB when the stream is on the
- *            source's GPU, up to 512 KiB when on the destination's; within
- *            one GPU up to 32 MiB), the copy engine above.
+ *            engine; otherwise SM kernels where a copy is small enough that
+ *            fixed costs dominate, the copy engine above, by size
+ *            thresholds per kind of copy (within one GPU, a push, a pull)
+ *            measured with `gshm-bench copy`: docs/PERFORMANCE.md "AUTO
+ *            thresholds" has the table.
  *  stream    a CUstream / cudaStream_t; NULL is the legacy default stream
  *            of the current context.  The work runs in the stream's context
  *            (cuStreamGetCtx).  With stream NULL and no current context,
@@ -456,13 +454,11 @@ typedef struct {
  *           the current context; with no current context, the source GPU's
  *           primary context is used).
  * AUTO: STAR (pushes, gshm_copy AUTO each) for one destination or while
- * n * bytes <= 12 MiB; above, CHAIN of pushes in chunks of
- * sqrt(bytes * 2 MiB / (n - 1)) (at least 64 KiB, at most 64 MiB).  That is the chunk minimising (bytes + (n-1) chunk) / rate +
- * (bytes / chunk) * t0, the pipeline's fill plus a fixed cost t0 per copy;
- * 2 MiB stands for t0 times the link's rate (about 5 us at 397 GB/s) and
- * reproduces the best chunks measured with gshm-bench broadcast on four
- * H200s: 4, 8 and 16 MiB at 16, 64 and 256 MiB (docs/PERFORMANCE.md
- * "Broadcast").
+ * n * bytes is small; above, CHAIN of pushes in chunks of
+ * sqrt(bytes * T0 / (n - 1)), the chunk that minimises the pipeline's fill
+ * plus a fixed cost per copy.  The threshold, T0, the chunk's bounds and
+ * the gshm-bench broadcast runs behind them: docs/PERFORMANCE.md "AUTO
+ * thresholds".
  * Host cost: about three driver calls per destination and chunk (copy,
  * event record, event wait); libgshm holds one lock while it queues, so
  * broadcasts from several threads of a process are queued one at a time.
@@ -506,9 +502,9 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
 GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream);
 
 /* gshm_copy followed by gshm_signal(flag, value), fused into one kernel
- * when the SM method is chosen and bytes <= 256 KiB (one block copies,
- * fences system-wide and then stores the flag: one launch instead of
- * two).  Parameters and errors as for gshm_copy and gshm_signal. */
+ * when the SM method is chosen and the copy is small (the size is in
+ * docs/PERFORMANCE.md "AUTO thresholds"): one block copies, fences
+ * system-wide and then stores the flag, one launch instead of two.  Parameters and errors as for gshm_copy and gshm_signal. */
 GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
                                  gshm_copy_method_t method, uint64_t *flag, uint64_t value,
                                  void *stream);
