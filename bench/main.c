@@ -1,4 +1,5 @@
-/* gshm-bench: benchmarks are programs, not timed tests (DESIGN.md).
+/* gshm-bench: benchmarks are programs, not timed tests (docs/ARCHITECTURE.md
+ * "Configuration, metrics, tools").
  * Each subcommand prints a table (and --json where it has one) and writes
  * nothing else; docs/PERFORMANCE.md records what it printed. */
 #include <stdio.h>

@@ -19,10 +19,11 @@
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
-/* The library is silent unless $GSHM_LOG_LEVEL asks (STYLE.md).  Every
- * variable the library reads goes through secure_getenv: in a setuid or
- * setgid program (AT_SECURE) the caller's environment must not choose the
- * socket, the reconnect policy or what is written to stderr. */
+/* The library is silent unless $GSHM_LOG_LEVEL asks (docs/ARCHITECTURE.md
+ * "Errors and logging").  Every variable the library reads goes through
+ * secure_getenv: in a setuid or setgid program (AT_SECURE) the caller's
+ * environment must not choose the socket, the reconnect policy or what is
+ * written to stderr. */
 static void log_init(void) {
   const char *v = secure_getenv("GSHM_LOG_LEVEL");
   gshm__log_setup("libgshm", v && *v ? atoi(v) : -1, 0);

@@ -15,7 +15,7 @@ struct gshm__lease;
 /* One daemon lease held by this client connection.  gshm_open() of a name
  * this client already holds (same id and generation, enough access, name
  * not unlinked since) shares it: a cached re-open costs no round trip and
- * no driver import (DESIGN.md "mapping cache"). */
+ * no driver import (docs/ARCHITECTURE.md "The client's lease cache"). */
 struct gshm__lease {
   struct gshm_client *client;
   uint64_t lease_id;       /* 0 when it could not be re-taken after a restart */

@@ -1,7 +1,7 @@
 /* gshmctl: show and manage what gshmd shares.  A libgshm client itself.
  *
- * Exit codes (DESIGN.md): 0 ok, 1 error, 2 usage, 3 daemon unreachable,
- * 4 permission denied, 5 not found. */
+ * Exit codes (docs/ARCHITECTURE.md "Configuration, metrics, tools"): 0 ok,
+ * 1 error, 2 usage, 3 daemon unreachable, 4 permission denied, 5 not found. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>

@@ -1,7 +1,7 @@
 /* The CUDA driver API, loaded at run time.
  *
  * gshmd and libgshm never link libcuda: the same binaries must start on nodes
- * without a driver (DESIGN.md "Backends").  libcuda.so.1 is dlopen'ed once
+ * without a driver (docs/ARCHITECTURE.md "Backends").  libcuda.so.1 is dlopen'ed once
  * and every entry point is resolved through cuGetProcAddress for the
  * CUDA_VERSION of the headers we were compiled against, so a versioned
  * symbol (cuMemAlloc_v2, cuStreamWaitValue64_v2, ...) always matches the

@@ -2,8 +2,8 @@
  *
  * Levels are syslog priorities (0 emerg .. 7 debug).  The daemon prints
  * "<N>" prefixes that journald understands (sd-daemon.h); the library is
- * silent unless $GSHM_LOG_LEVEL asks for messages (STYLE.md: "do not log
- * errors from library code"). */
+ * silent unless $GSHM_LOG_LEVEL asks for messages (docs/ARCHITECTURE.md
+ * "Errors and logging": a library does not log errors its caller handles). */
 #ifndef GSHM_COMMON_LOG_H
 #define GSHM_COMMON_LOG_H
 

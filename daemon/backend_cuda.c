@@ -26,7 +26,8 @@
  * Such segments have no fd: they cannot be opened as cuMem fds and cannot
  * survive a daemon restart.
  *
- * Device messages start with the GPU's PCI bus id (STYLE.md). */
+ * Device messages start with the GPU's PCI bus id (docs/ARCHITECTURE.md
+ * "Errors and logging"). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -12,7 +12,7 @@
 #include "log.h"
 #include "util.h"
 
-/* Per-uid usage, for quotas (DESIGN.md "Security model"). */
+/* Per-uid usage, for quotas (docs/ARCHITECTURE.md "Security model"). */
 struct usage {
   uid_t uid;
   uint64_t host_bytes, cuda_bytes;

@@ -1,4 +1,5 @@
-/* gshmd's registry: segments, leases and clients (DESIGN.md "Objects").
+/* gshmd's registry: segments, leases and clients (docs/ARCHITECTURE.md
+ * "Objects").
  *
  * Single-threaded (the libuv loop).  Lookups by name and id use glibc's
  * tsearch trees (O(log n)); ordered lists keep listing and pagination by

@@ -1,4 +1,4 @@
-/* SM-driven copy kernels for libgshm (DESIGN.md "Copy kernels").
+/* SM-driven copy kernels for libgshm (docs/ARCHITECTURE.md "Kernels").
  *
  * Built with nvcc into a fatbin (SASS for each GSHM_CUDA_ARCHS entry plus PTX
  * of the highest), embedded as a byte array into libgshm and loaded with

@@ -3,7 +3,7 @@
  * A packet is one SOCK_SEQPACKET message: a 16-byte header followed by a
  * protobuf-c message (gshm.proto).  Both ends run on one host, so header
  * fields are in host byte order.  Written once here, linked by gshmd,
- * libgshm and the tests (STYLE.md: no copies in daemon/ and client/). */
+ * libgshm and the tests (docs/ARCHITECTURE.md "Layers": no copies in daemon/ and client/). */
 #ifndef GSHM_PROTO_WIRE_H
 #define GSHM_PROTO_WIRE_H
 
