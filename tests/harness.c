@@ -176,7 +176,7 @@ void harness_kill_leftover(void) {
   leftover = NULL;
 }
 
-int harness_cmocka_start(void **state, size_t size, const char *const *extra_args) {
+void *harness_cmocka_start(void **state, size_t size, const char *const *extra_args) {
   static bool at_exit;
   struct harness *h;
 
@@ -184,18 +184,18 @@ int harness_cmocka_start(void **state, size_t size, const char *const *extra_arg
     at_exit = atexit(harness_kill_leftover) == 0;
   harness_kill_leftover(); /* the gshmd of a test whose teardown did not run */
   if (size < sizeof(*h) || !(h = calloc(1, size)))
-    return -1;
+    return NULL;
   if (harness_start(h, extra_args)) {
     free(h);
-    return -1;
+    return NULL;
   }
   harness_set_leftover(h);
   *state = h;
-  return 0;
+  return h;
 }
 
 int harness_cmocka_setup(void **state) {
-  return harness_cmocka_start(state, sizeof(struct harness), NULL);
+  return harness_cmocka_start(state, sizeof(struct harness), NULL) ? 0 : -1;
 }
 
 int harness_cmocka_teardown(void **state) {

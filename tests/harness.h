@@ -55,10 +55,11 @@ void harness_kill_leftover(void);
  * sizeof(struct harness)), kills the gshmd an earlier failed test left
  * behind, starts gshmd with extra_args (as harness_start), remembers it
  * for harness_kill_leftover (registered with atexit on the first call)
- * and stores the fixture in *state.  Returns 0, or -1 with nothing
- * allocated (the reason is printed).  harness_cmocka_setup is it with
- * sizeof(struct harness) and no arguments. */
-int harness_cmocka_start(void **state, size_t size, const char *const *extra_args);
+ * and stores the fixture in *state.  Returns the fixture, or NULL with
+ * nothing allocated (the reason is printed).  harness_cmocka_setup is a
+ * cmocka setup function (0 or -1) that does it with sizeof(struct
+ * harness) and no arguments. */
+void *harness_cmocka_start(void **state, size_t size, const char *const *extra_args);
 int harness_cmocka_setup(void **state);
 
 /* Stops the fixture's gshmd (harness_stop) and frees *state (a fixture from

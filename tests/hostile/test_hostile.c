@@ -93,10 +93,8 @@ static int setup(void **state) {
 
   signal(SIGPIPE, SIG_IGN);
   raise_nofile();
-  if (harness_cmocka_start(state, sizeof(*f), args))
-    return -1;
-  f = *state;
-  if (gshm_connect(f->h.socket_path, "bystander", &f->bystander) ||
+  if (!(f = harness_cmocka_start(state, sizeof(*f), args)) ||
+      gshm_connect(f->h.socket_path, "bystander", &f->bystander) ||
       gshm_create(f->bystander, "kept", sizeof(f->want), NULL, 0600, 0, &f->kept))
     return -1;
   harness_random(f->want, sizeof(f->want), 0x5eed);

@@ -31,12 +31,9 @@ struct fx {
 };
 
 static int setup(void **state) {
-  struct fx *f;
+  struct fx *f = harness_cmocka_start(state, sizeof(*f), NULL);
 
-  if (harness_cmocka_start(state, sizeof(*f), NULL))
-    return -1;
-  f = *state;
-  if (gshm_connect(f->h.socket_path, "bystander", &f->bystander) ||
+  if (!f || gshm_connect(f->h.socket_path, "bystander", &f->bystander) ||
       gshm_create(f->bystander, "kept", sizeof(f->want), NULL, 0600, 0, &f->kept))
     return -1;
   harness_random(f->want, sizeof(f->want), 99);

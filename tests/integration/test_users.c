@@ -104,11 +104,11 @@ static int setup(void **state) {
   admin_gid = g->gr_gid;
   admin.groups[1] = admin_gid;
   snprintf(admin_arg, sizeof(admin_arg), "daemon.admin_group=%s", g->gr_name);
-  if (harness_cmocka_start(state, sizeof(*h),
+  h = harness_cmocka_start(state, sizeof(*h),
                            (const char *const[]){"--set", "daemon.socket_mode=0666", "--set",
-                                                 admin_arg, "--set", "quota.host_bytes=64K", NULL}))
+                                                 admin_arg, "--set", "quota.host_bytes=64K", NULL});
+  if (!h)
     return -1;
-  h = *state;
   snprintf(ctl, sizeof(ctl), "%s", getenv("GSHMCTL") ? getenv("GSHMCTL") : "");
   if (!*ctl) {
     snprintf(ctl, sizeof(ctl), "%s", h->gshmd);

@@ -45,12 +45,9 @@ struct fx {
 };
 
 static int setup(void **state) {
-  struct fx *f;
+  struct fx *f = harness_cmocka_start(state, sizeof(*f), NULL);
 
-  if (harness_cmocka_start(state, sizeof(*f), NULL))
-    return -1;
-  f = *state;
-  if (gshm_connect(f->h.socket_path, "watcher", &f->watcher))
+  if (!f || gshm_connect(f->h.socket_path, "watcher", &f->watcher))
     return -1;
   f->baseline_fds = harness_stable_fd_count(f->h.sp.pid);
   return 0;

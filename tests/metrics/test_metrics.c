@@ -40,7 +40,7 @@ static int setup(void **state) {
    * 0755) and may own one segment. */
   static const char *const args[] = {"--set", "daemon.socket_mode=0666", "--set",
                                      "quota.segments=1", NULL};
-  return harness_cmocka_start(state, sizeof(struct harness), args);
+  return harness_cmocka_start(state, sizeof(struct harness), args) ? 0 : -1;
 }
 
 /* The daemon's metrics, parsed; fails the test when they do not parse. */
@@ -308,11 +308,10 @@ static int setup_textfile(void **state) {
   if (!mkdtemp(dir))
     return -1;
   snprintf(set, sizeof(set), "metrics.textfile=%s/gshm.prom", dir);
-  if (harness_cmocka_start(state, sizeof(*t), args)) {
+  if (!(t = harness_cmocka_start(state, sizeof(*t), args))) {
     rmdir(dir);
     return -1;
   }
-  t = *state;
   snprintf(t->dir, sizeof(t->dir), "%s", dir);
   snprintf(t->path, sizeof(t->path), "%s/gshm.prom", dir);
   return 0;
