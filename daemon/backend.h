@@ -28,6 +28,12 @@ struct gshmd_alloc {
 };
 
 struct gshmd_backend_ops {
+  /* Optional: refuses, before anything is allocated, a size that loc can
+   * never hold (host: more than the machine's or gshmd's cgroup's
+   * memory), writing why, with the figures, into msg (cap bytes).
+   * Returns 0 or -EFBIG. */
+  int (*check_size)(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
+                    char *msg, size_t cap);
   /* Allocates size bytes (> 0) at loc.  debug_name labels the memory
    * (memfd name).  flags: GSHM__SEGMENT_FLAG__* bits.  *out is owned by
    * the caller until ->free.  Errors: -ENOMEM, -ENODEV, -EINVAL, -ENOTSUP,
@@ -49,6 +55,14 @@ struct gshmd_backend_ops {
   int (*park_fd)(struct gshmd_backend *b, struct gshmd_alloc *a, int *fd_out);
   int (*adopt_fd)(struct gshmd_backend *b, int fd, const char *location, uint64_t size,
                   struct gshmd_alloc **out);
+  /* Optional: gives the allocation's pages back now, when gshmd frees a
+   * segment for good (not at shutdown, where parked fds keep it for the
+   * next start).  Clients may still hold copies of its fd: without this
+   * they would keep the memory alive outside every quota (host: the
+   * memfd's pages are punched out, so a stray fd reads zeros and holds
+   * nothing until it writes again).  The device backend has none: the
+   * driver offers no revoke (docs/SECURITY.md). */
+  void (*discard)(struct gshmd_backend *b, struct gshmd_alloc *a);
   /* Releases the allocation; accepts NULL. */
   void (*free)(struct gshmd_backend *b, struct gshmd_alloc *a);
   /* Optional: fills the device list (cuda). */

@@ -3,9 +3,14 @@
  * The memfd is sized with ftruncate and sealed against shrinking, growing
  * and further sealing, so a client can never truncate it under another
  * client's mapping (SIGBUS).  Memory is committed lazily by the kernel as
- * pages are touched. */
+ * pages are touched, unless daemon.host_populate asks for every page at
+ * create time; either way a segment larger than the memory the machine
+ * (RAM + swap) or gshmd's cgroup can give is refused up front, since its
+ * pages could never all exist and a write into it would take SIGBUS. */
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +19,23 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "config.h"
 #include "log.h"
 
 #define HOST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+/* The backend's state: the config's choice and the memory figures,
+ * re-read at most once a second (a cgroup's limit may change at run
+ * time; /proc/meminfo costs tens of microseconds). */
+struct host_backend {
+  struct gshmd_backend base;
+  bool populate;
+  int64_t read_ns;             /* CLOCK_MONOTONIC of the last read; 0: never */
+  uint64_t ram, swap;          /* bytes: MemTotal, SwapTotal */
+  uint64_t cg_mem, cg_swap;    /* bytes: the tightest cgroup limits; UINT64_MAX none */
+};
+
+#define REREAD_NS 1000000000LL
 
 struct host_alloc {
   struct gshmd_alloc base;
@@ -37,6 +56,127 @@ static int host_wrap(struct gshmd_backend *b, int fd, uint64_t size, struct gshm
   h->memfd = fd;
   h->ro_fd = -1;
   *out = &h->base;
+  return 0;
+}
+
+/* A number from a one-line cgroup file: "max" and v1's near-2^63 values
+ * mean no limit (UINT64_MAX); a missing or unreadable file too. */
+static uint64_t read_limit(const char *dir, const char *file) {
+  char path[PATH_MAX], line[64];
+  unsigned long long v;
+  FILE *f;
+
+  snprintf(path, sizeof(path), "%s/%s", dir, file);
+  if (!(f = fopen(path, "re")))
+    return UINT64_MAX;
+  if (!fgets(line, sizeof(line), f) || sscanf(line, "%llu", &v) != 1 || v >= (1ull << 62))
+    v = UINT64_MAX;
+  fclose(f);
+  return v;
+}
+
+/* The tightest memory (and swap) limit of gshmd's cgroup and its
+ * ancestors, cgroup v2 or v1 (memory.max / memory.limit_in_bytes). */
+static void cgroup_limits(uint64_t *mem, uint64_t *swap) {
+  char line[PATH_MAX], dir[PATH_MAX];
+  const char *root = NULL, *rel = NULL, *fmem = NULL, *fswap = NULL;
+  FILE *f = fopen("/proc/self/cgroup", "re");
+
+  *mem = *swap = UINT64_MAX;
+  if (!f)
+    return;
+  while (fgets(line, sizeof(line), f)) {
+    char *p = strchr(line, ':'), *q = p ? strchr(p + 1, ':') : NULL;
+    if (!q)
+      continue;
+    q[strcspn(q, "\n")] = '\0';
+    if (!strncmp(line, "0::", 3) && !access("/sys/fs/cgroup/memory.max", F_OK)) {
+      root = "/sys/fs/cgroup", fmem = "memory.max", fswap = "memory.swap.max";
+    } else if (strstr(p, ":memory:") == p || !strncmp(p + 1, "memory,", 7) ||
+               strstr(p, ",memory:")) {
+      root = "/sys/fs/cgroup/memory", fmem = "memory.limit_in_bytes";
+      fswap = "memory.memsw.limit_in_bytes";
+    } else {
+      continue;
+    }
+    rel = q + 1;
+    snprintf(dir, sizeof(dir), "%s%s", root, rel);
+    break;
+  }
+  fclose(f);
+  if (!root)
+    return;
+  /* Inside a cgroup namespace the path may not exist under the mount:
+   * then the mount's root is ours. */
+  if (access(dir, F_OK))
+    snprintf(dir, sizeof(dir), "%s", root);
+  for (;;) {
+    uint64_t m = read_limit(dir, fmem), w = read_limit(dir, fswap);
+    char *slash;
+    if (m < *mem)
+      *mem = m;
+    /* v1's memsw counts memory and swap together */
+    if (!strcmp(fswap, "memory.memsw.limit_in_bytes") && w != UINT64_MAX)
+      w = w > m ? w - m : 0;
+    if (w < *swap)
+      *swap = w;
+    if (strlen(dir) <= strlen(root) || !(slash = strrchr(dir, '/')))
+      break;
+    *slash = '\0';
+  }
+}
+
+static void read_memory(struct host_backend *hb) {
+  char line[256];
+  unsigned long long kib;
+  FILE *f = fopen("/proc/meminfo", "re");
+
+  hb->ram = hb->swap = UINT64_MAX;
+  if (f) {
+    while (fgets(line, sizeof(line), f)) {
+      if (sscanf(line, "MemTotal: %llu kB", &kib) == 1)
+        hb->ram = (uint64_t)kib * 1024;
+      else if (sscanf(line, "SwapTotal: %llu kB", &kib) == 1)
+        hb->swap = (uint64_t)kib * 1024;
+    }
+    fclose(f);
+  }
+  cgroup_limits(&hb->cg_mem, &hb->cg_swap);
+  hb->read_ns = gshm__now_ns(CLOCK_MONOTONIC);
+}
+
+static uint64_t sum_sat(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+/* Refuses a host segment larger than what the machine (RAM + swap) or
+ * gshmd's cgroup (its memory limit + what swap it may use) can give,
+ * with the figures. */
+static int host_check_size(struct gshmd_backend *b, const struct gshm_location *loc,
+                           uint64_t size, char *msg, size_t cap) {
+  struct host_backend *hb = (struct host_backend *)b;
+  uint64_t machine, cgroup, swap;
+  char a[32], r[32], w[32];
+
+  if (loc->kind != GSHM_LOCATION_HOST)
+    return 0;
+  if (!hb->read_ns || gshm__now_ns(CLOCK_MONOTONIC) - hb->read_ns > REREAD_NS)
+    read_memory(hb);
+  machine = sum_sat(hb->ram, hb->swap);
+  swap = hb->cg_swap < hb->swap ? hb->cg_swap : hb->swap;
+  cgroup = hb->cg_mem == UINT64_MAX ? UINT64_MAX : sum_sat(hb->cg_mem, swap);
+  if (size > machine) {
+    snprintf(msg, cap, "a host segment of %s is larger than this machine's memory: %s RAM + %s "
+             "swap",
+             gshm__format_size(size, a, sizeof(a)), gshm__format_size(hb->ram, r, sizeof(r)),
+             gshm__format_size(hb->swap, w, sizeof(w)));
+    return -EFBIG;
+  }
+  if (size > cgroup) {
+    snprintf(msg, cap, "a host segment of %s is larger than gshmd's cgroup may use: memory limit "
+             "%s + %s swap",
+             gshm__format_size(size, a, sizeof(a)), gshm__format_size(hb->cg_mem, r, sizeof(r)),
+             gshm__format_size(swap, w, sizeof(w)));
+    return -EFBIG;
+  }
   return 0;
 }
 
@@ -73,6 +213,14 @@ static int host_alloc(struct gshmd_backend *b, const struct gshm_location *loc, 
   if (ftruncate(fd, (off_t)size) < 0) {
     r = errno == EFBIG || errno == EINVAL ? -EFBIG : -ENOMEM;
     gshm_log_err("host: ftruncate %llu bytes: %m", (unsigned long long)size);
+    close(fd);
+    return r;
+  }
+  /* daemon.host_populate: every page now, so that a create fails at once
+   * when memory is short instead of a later write taking SIGBUS. */
+  if (((struct host_backend *)b)->populate && fallocate(fd, 0, 0, (off_t)size) < 0) {
+    r = errno == ENOSPC || errno == ENOMEM ? -ENOMEM : -errno;
+    gshm_log_notice("host: populating %llu bytes: %m", (unsigned long long)size);
     close(fd);
     return r;
   }
@@ -140,6 +288,18 @@ static int host_adopt_fd(struct gshmd_backend *b, int fd, const char *location, 
   return host_wrap(b, fd, size, out);
 }
 
+/* Punches every page out of the memfd (the seals forbid growing and
+ * shrinking, not this): a client that kept its own copy of the fd after
+ * the segment was freed keeps no memory (issue 15). */
+static void host_discard(struct gshmd_backend *b, struct gshmd_alloc *a) {
+  struct host_alloc *h = a->priv;
+
+  (void)b;
+  if (fallocate(h->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)a->size) < 0)
+    gshm_log_warn("host: punching out a freed segment's %llu bytes: %m",
+                  (unsigned long long)a->size);
+}
+
 static void host_free(struct gshmd_backend *b, struct gshmd_alloc *a) {
   struct host_alloc *h;
 
@@ -157,22 +317,24 @@ static void host_free(struct gshmd_backend *b, struct gshmd_alloc *a) {
 static void host_destroy(struct gshmd_backend *b) { free(b); }
 
 static const struct gshmd_backend_ops host_ops = {
+    .check_size = host_check_size,
     .alloc = host_alloc,
     .export_fd = host_export_fd,
     .park_fd = host_park_fd,
     .adopt_fd = host_adopt_fd,
+    .discard = host_discard,
     .free = host_free,
     .destroy = host_destroy,
 };
 
 int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backend **out) {
-  struct gshmd_backend *b = calloc(1, sizeof(*b));
+  struct host_backend *hb = calloc(1, sizeof(*hb));
 
-  (void)cfg;
-  if (!b)
+  if (!hb)
     return -ENOMEM;
-  b->name = "host";
-  b->ops = &host_ops;
-  *out = b;
+  hb->base.name = "host";
+  hb->base.ops = &host_ops;
+  hb->populate = cfg && cfg->host_populate;
+  *out = &hb->base;
   return 0;
 }

@@ -29,6 +29,7 @@ struct gshmd_config {
   char *backend;            /* backend = auto|host|cuda */
   int log_level;            /* log_level = 0..7 (syslog priorities), default 6 (info) */
   bool legacy_ipc;          /* legacy_ipc = false: allow cudaIpcMemHandle export */
+  bool host_populate;       /* host_populate = false: allocate host pages at create */
 
   /* [limits] */
   uint32_t max_connections;        /* default 4096 */

@@ -50,6 +50,13 @@
     "Allow legacy cudaIpcMemHandle export of segments. Off by default: a "      \
     "legacy handle is a 64-byte bearer token that any process on the node "     \
     "could open, bypassing the permission checks.")                             \
+  X(daemon, host_populate, BOOL, host_populate, "false", 0, 0, NULL,            \
+    "Allocate every page of a host segment when it is created (fallocate), "   \
+    "so that a create fails at once when memory is short. Off: host segments " \
+    "are backed lazily, a page when it is first written, and a write into a "  \
+    "segment the memory cannot hold takes SIGBUS. Either way a host segment "   \
+    "larger than the machine's RAM + swap, or than gshmd's cgroup may use, "   \
+    "is refused.")                                                              \
                                                                                 \
   X(limits, max_connections, U32, max_connections, "4096", 1, 1048576, NULL,    \
     "Most client connections at once (all users).")                             \

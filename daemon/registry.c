@@ -84,7 +84,9 @@ void gshmd_registry_init(struct gshmd_registry *r, const struct gshmd_config *cf
 
 static void noop_free(void *p) { (void)p; }
 
-static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg) {
+/* Frees seg; discard (every caller but shutdown) also gives its pages
+ * back now, whoever still holds a copy of its fd. */
+static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg, bool discard) {
   struct usage *u = usage_get(r, seg->uid);
   uint64_t size = seg->mem ? seg->mem->size : 0;
 
@@ -100,6 +102,8 @@ static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg) {
     r->on_event(r, seg, GSHMD_SEGMENT_FREED);
   gshm_log_info("segment '%s' id %" PRIu64 " freed (%" PRIu64 " bytes)", seg->name, seg->id,
                 size);
+  if (seg->mem && discard && seg->mem->backend->ops->discard)
+    seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
   if (seg->mem)
     seg->mem->backend->ops->free(seg->mem->backend, seg->mem);
   free(seg->name);
@@ -122,7 +126,7 @@ static void lease_end(struct gshmd_registry *r, struct gshmd_lease *l) {
   free(l->mapped_devices);
   free(l);
   if (seg->unlinked && seg->nleases == 0)
-    segment_free(r, seg);
+    segment_free(r, seg, true);
 }
 
 void gshmd_registry_destroy(struct gshmd_registry *r) {
@@ -135,7 +139,7 @@ void gshmd_registry_destroy(struct gshmd_registry *r) {
     /* Shutting down is not freeing: parked fds stay in the fd store so
      * that the next gshmd gets the memory back. */
     r->on_event = NULL;
-    segment_free(r, seg);
+    segment_free(r, seg, false);
   }
   tdestroy(r->by_name, noop_free);
   tdestroy(r->by_id, noop_free);
@@ -381,6 +385,11 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
     return -EDQUOT;
   }
 
+  if (b->ops->check_size &&
+      (e = b->ops->check_size(b, &loc, req->size, r->msgbuf, sizeof(r->msgbuf)))) {
+    *msg_out = r->msgbuf;
+    return e;
+  }
   if ((e = b->ops->alloc(b, &loc, req->size, req->flags, req->name, &mem))) {
     *msg_out = e == -ENODEV   ? "no such GPU"
                : e == -ENOMEM ? "out of memory at that location"
@@ -433,7 +442,7 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
     /* No lease, no segment: the create did not happen. */
     seg->unlinked = true;
     tdelete(seg, &r->by_name, cmp_name);
-    segment_free(r, seg);
+    segment_free(r, seg, true);
   }
   return e;
 }
@@ -516,7 +525,7 @@ int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, cons
   if (seg->nleases && r->on_event)
     r->on_event(r, seg, GSHMD_SEGMENT_UNLINKED);
   if (seg->nleases == 0)
-    segment_free(r, seg);
+    segment_free(r, seg, true);
   return 0;
 }
 
@@ -598,7 +607,7 @@ unsigned gshmd_registry_reap_unlinked(struct gshmd_registry *r) {
   gshm_list_foreach_safe(pos, tmp, &r->segments) {
     struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
     if (seg->unlinked && seg->nleases == 0) {
-      segment_free(r, seg);
+      segment_free(r, seg, true);
       n++;
     }
   }
@@ -680,7 +689,7 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
   gshm_log_notice("segment '%s' id %" PRIu64 " revoked by pid %d uid %u (%u leases ended)",
                   seg->name, seg->id, (int)c->cred.pid, (unsigned)c->cred.uid, seg->nleases);
   if (seg->nleases == 0) {
-    segment_free(r, seg);
+    segment_free(r, seg, true);
     return 0;
   }
   /* lease_end() lowers seg->nleases and the last one frees seg, list head

@@ -20,6 +20,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -32,6 +33,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -835,6 +837,48 @@ static void test_never_reads_replies(void **state) {
   close(fd);
 }
 
+/* Issue 15 item 5: a client creates a host segment, fills it, keeps its
+ * own copy of the memfd, closes its lease and unlinks the segment, 50
+ * times over.  gshmd freed every segment (its quota counts 0 bytes), so
+ * the kept fds must hold no memory: gshmd punched their pages out. */
+static void test_kept_memfd_after_free(void **state) {
+  struct fx *f = *state;
+  enum { ROUNDS = 50, SIZE = 64 * 1024 };
+  static unsigned char fill[SIZE];
+  int kept[ROUNDS];
+  long blocks = 0;
+  gshm_status_info_t st;
+
+  memset(fill, 0xa5, sizeof(fill));
+  for (int i = 0; i < ROUNDS; i++) {
+    gshm_segment_t *s;
+    struct stat sb;
+    assert_int_equal(gshm_create(f->bystander, "stray", SIZE, NULL, 0600, 0, &s), 0);
+    assert_int_equal(gshm_write(s, 0, fill, sizeof(fill)), 0);
+    kept[i] = fcntl(gshm_segment_fd(s), F_DUPFD_CLOEXEC, 3);
+    assert_true(kept[i] >= 0);
+    assert_int_equal(fstat(kept[i], &sb), 0);
+    assert_true(sb.st_blocks * 512 >= SIZE); /* filled: the pages exist */
+    assert_int_equal(gshm_close(s), 0);
+    assert_int_equal(gshm_unlink(f->bystander, "stray"), 0);
+  }
+  assert_int_equal(gshm_status(f->bystander, &st), 0);
+  for (int i = 0; i < ROUNDS; i++) {
+    struct stat sb;
+    unsigned char b = 1;
+    assert_int_equal(fstat(kept[i], &sb), 0);
+    blocks += sb.st_blocks;
+    assert_int_equal(pread(kept[i], &b, 1, SIZE / 2), 1);
+    assert_int_equal(b, 0); /* reads as a hole */
+    close(kept[i]);
+  }
+  print_message("    %d kept memfds of freed segments hold %ld bytes (gshmd counts %" PRIu64
+                " bytes in %u segments)\n",
+                ROUNDS, blocks * 512, st.bytes, st.segments);
+  assert_int_equal(blocks, 0);
+  assert_int_equal(st.segments, 1); /* only "kept" */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_garbage_bytes, setup, teardown),
@@ -846,6 +890,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_thousand_idle_connections, setup, teardown),
       cmocka_unit_test_setup_teardown(test_slowloris, setup, teardown),
       cmocka_unit_test_setup_teardown(test_never_reads_replies, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_kept_memfd_after_free, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

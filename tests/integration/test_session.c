@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -302,6 +303,41 @@ static void test_error_names(void **state) {
   assert_string_equal(gshm_strerror(-EXDEV), "the two GPUs have no peer (P2P) path");
 }
 
+/* Issue 15 item 6: a host segment larger than the machine's memory is
+ * refused up front, with the figures; one that fits is backed lazily
+ * unless daemon.host_populate asks for its pages at create time. */
+static void test_host_size_and_populate(void **state) {
+  struct harness *h = *state, p;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  struct stat st;
+  const char *why;
+
+  assert_int_equal(gshm_connect(h->socket_path, "sizes", &c), 0);
+  assert_int_equal(gshm_create(c, "huge", 100ull << 40, NULL, 0600, 0, &s), -EFBIG); /* 100 TiB */
+  why = gshm_last_error(c);
+  print_message("    create 100 TiB: %s\n", why);
+  assert_non_null(strstr(why, "100 TiB"));
+  assert_true(strstr(why, "RAM") || strstr(why, "cgroup"));
+  assert_int_equal(gshm_create(c, "lazy", 4 << 20, NULL, 0600, 0, &s), 0);
+  assert_int_equal(fstat(gshm_segment_fd(s), &st), 0);
+  assert_int_equal(st.st_blocks, 0); /* nothing allocated until written */
+  gshm_close(s);
+  gshm_disconnect(c);
+
+  assert_int_equal(harness_start(&p, (const char *const[]){"--set", "daemon.host_populate=true",
+                                                           NULL}),
+                   0);
+  assert_int_equal(gshm_connect(p.socket_path, "populate", &c), 0);
+  assert_int_equal(gshm_create(c, "eager", 4 << 20, NULL, 0600, 0, &s), 0);
+  assert_int_equal(fstat(gshm_segment_fd(s), &st), 0);
+  assert_true(st.st_blocks * 512 >= 4 << 20);
+  gshm_close(s);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&p), 0);
+  setenv("GSHM_SOCKET", h->socket_path, 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_error_names),
@@ -310,6 +346,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_killed_client_leases_vanish, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_host_size_and_populate, harness_cmocka_setup, harness_cmocka_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
