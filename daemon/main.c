@@ -185,6 +185,7 @@ static void close_handles(struct daemon *d) {
    * next start to hand back to their holders (a graceful restart keeps
    * what a SIGKILL keeps). */
   gshmd_fdstore_shutdown(&d->fdstore);
+  d->reg.stopping = true;
   if (d->srv_ready)
     gshmd_server_stop(&d->srv);
   if (d->signals_on) {

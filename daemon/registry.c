@@ -102,7 +102,7 @@ static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg, bo
     r->on_event(r, seg, GSHMD_SEGMENT_FREED);
   gshm_log_info("segment '%s' id %" PRIu64 " freed (%" PRIu64 " bytes)", seg->name, seg->id,
                 size);
-  if (seg->mem && discard && seg->mem->backend->ops->discard)
+  if (seg->mem && discard && !r->stopping && seg->mem->backend->ops->discard)
     seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
   if (seg->mem)
     seg->mem->backend->ops->free(seg->mem->backend, seg->mem);

@@ -94,6 +94,11 @@ struct gshmd_registry {
    * and after a session or lease id is taken (GSHMD_IDS_USED, seg NULL). */
   void (*on_event)(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
   void *usage_root;            /* tsearch root: per-uid usage (quotas) */
+  /* Shutting down: segments freed from now on (connections ending) keep
+   * their pages, parked in the fd store for the next start and still
+   * mapped by their clients; otherwise a freed host segment's pages are
+   * punched out (backend discard). */
+  bool stopping;
   /* The message of the last refused request (fmt_msg); valid until the
    * next registry call. */
   char msgbuf[512];
