@@ -391,8 +391,15 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
   if (!e)
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuEventRecord, start, (CUstream)stream);
   if (!e) {
-    struct run_params r = {src,   dsts,     where,   caller,
-                           (CUstream)stream, start, !o.pull, o.lanes, o.algo != GSHM_BCAST_STAR};
+    struct run_params r = {.src = src,
+                           .dsts = dsts,
+                           .where = where,
+                           .caller = caller,
+                           .stream = (CUstream)stream,
+                           .start = start,
+                           .push = !o.pull,
+                           .lanes = o.lanes,
+                           .ce_only = o.algo != GSHM_BCAST_STAR};
     e = run_plan(drv, p, &r);
   }
   pthread_mutex_unlock(&bc_lock);

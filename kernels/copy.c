@@ -641,7 +641,8 @@ signal:
 int gshm__copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *src, size_t bytes,
                       gshm_copy_method_t method, CUstream stream, const struct gshm__where *ws,
                       const struct gshm__where *wd) {
-  struct copy_params p = {dst, src, bytes, method, ws, wd, NULL, 0, NULL};
+  struct copy_params p = {
+      .dst = dst, .src = src, .bytes = bytes, .method = method, .ws = ws, .wd = wd};
 
   return copy_in_ctx(drv, &p, stream);
 }
@@ -667,7 +668,15 @@ static int copy_common(void *dst, const void *src, size_t bytes, gshm_copy_metho
   if (e)
     return e;
   {
-    struct copy_params p = {dst, src, bytes, method, &ws, &wd, flag, value, &wf};
+    struct copy_params p = {.dst = dst,
+                            .src = src,
+                            .bytes = bytes,
+                            .method = method,
+                            .ws = &ws,
+                            .wd = &wd,
+                            .flag = flag,
+                            .value = value,
+                            .wf = &wf};
     e = copy_in_ctx(drv, &p, (CUstream)stream);
   }
   gshm__copy_leave_ctx(drv, pushed);
