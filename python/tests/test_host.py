@@ -283,6 +283,14 @@ def test_errno_bad_arguments(client, segname):
         client.open(segname, access="x")
 
 
+def test_errno_no_peer_path_is_not_supported():
+    # "no peer path" has its own errno (EXDEV) and stays a NotSupported
+    from gshm._errors import error_for
+    e = error_for(-errno.EXDEV, function="gshm_copy")
+    assert isinstance(e, gshm.NotSupported) and e.errno == errno.EXDEV
+    assert isinstance(error_for(-errno.ENOTSUP), gshm.NotSupported)
+
+
 def test_connect_failure_carries_errno(tmp_path):
     with pytest.raises(ConnectionError) as ei:
         gshm.Client(str(tmp_path / "nobody-here.sock"))
