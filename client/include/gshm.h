@@ -29,6 +29,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -354,6 +355,109 @@ GSHM_EXTERN int gshm_open_legacy_ipc(gshm_client_t *client, const char *name,
                                      uint8_t handle_out[GSHM_LEGACY_IPC_HANDLE_SIZE],
                                      gshm_segment_t **seg_out);
 /* ---- end device segments ---- */
+
+/* ---- PyTorch's allocator: pools of device segments (client/torch_alloc.c) ---- */
+
+/* A pool hands out device memory that gshmd owns: segments named
+ * "<prefix>/seg-NNNNNN" (NNNNNN from 000000), created on one GPU, mapped
+ * once in this process and carved up by libgshm (first fit).  Each segment
+ * is `granule` bytes, or, for an allocation larger than that, the
+ * allocation rounded up to 2 MiB; no allocation crosses a segment boundary,
+ * so every byte handed out is (segment name, offset).  They show in
+ * `gshmctl segments` with this process's user as owner.  Plug it into
+ * PyTorch with torch.cuda.memory.CUDAPluggableAllocator(<libgshm.so>,
+ * "gshm_torch_malloc", "gshm_torch_free") and a torch.cuda.MemPool (the
+ * Python package's gshm.torch.MemPool does all of this). */
+typedef struct gshm_pool gshm_pool_t;
+
+#define GSHM_POOL_PERSISTENT 0x1u        /* segments keep their names (and memory) after
+                                            this process ends, until unlinked */
+#define GSHM_POOL_SEGMENT_PER_ALLOC 0x2u /* one segment per allocation, no arena (for
+                                            measurements: slower; see docs/PERFORMANCE.md) */
+#define GSHM_POOL_DEFAULT_GRANULE (256ull << 20) /* bytes per arena segment */
+
+typedef struct gshm_pool_config {
+  const char *prefix; /* segment names are "<prefix>/seg-NNNNNN": a valid name prefix */
+  int device;         /* this process's CUDA ordinal (CUDA_VISIBLE_DEVICES numbering) */
+  uint32_t mode;      /* permission bits of the segments; 0 means 0600 */
+  uint32_t flags;     /* GSHM_POOL_* */
+  uint64_t granule;   /* bytes per arena segment, a multiple of 2 MiB; 0: the default */
+} gshm_pool_config_t;
+
+/* One segment of a pool, as gshm_pool_segments() lists them. */
+typedef struct gshm_pool_segment {
+  char name[GSHM_NAME_MAX + 1];
+  uint64_t id, generation;         /* as gshm_segment_info_t: what a manifest records */
+  uint64_t size;                   /* bytes */
+  uint64_t address;                /* device address of byte 0 in this process */
+  uint64_t live_bytes;             /* handed out and not freed */
+  uint64_t live_blocks;
+} gshm_pool_segment_t;
+
+/* Makes a pool.  It creates no segment yet: the first gshm_torch_malloc
+ * does.  The client must outlive the pool (gshm_pool_release first).
+ *  client    the connection that creates the segments; its uid owns them.
+ *  cfg       copied; cfg->prefix is copied too.
+ *  pool_out  receives the pool; end it with gshm_pool_release().
+ * Errors: -EINVAL NULL argument, unknown flags, granule not a multiple of
+ * 2 MiB, mode over 0777, negative device, or a prefix that is not a valid
+ * segment name; -ENAMETOOLONG prefix too long for "<prefix>/seg-NNNNNN";
+ * -ENOTSUP no CUDA driver here; -ENODEV no such CUDA device in this
+ * process; -EEXIST (persistent pools) "<prefix>/seg-000000" exists, i.e.
+ * the prefix holds a pool that was not released (unlink its segments
+ * first); the errors of gshm_stat_name(). */
+GSHM_EXTERN int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t *cfg,
+                                 gshm_pool_t **pool_out);
+
+/* Makes `pool` the one gshm_torch_malloc allocates from on the calling
+ * thread (NULL: none); returns the previous one, for restoring.  A thread
+ * with no active pool allocates from the process's only unreleased pool,
+ * and fails when there are several or none. */
+GSHM_EXTERN gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool);
+
+/* PyTorch's pluggable-allocator malloc: `size` bytes (rounded up to 512)
+ * from the calling thread's pool (gshm_pool_activate), growing it by a
+ * segment when no free range fits.  `stream` is not needed: freed ranges
+ * are reused only after the work queued before their free is done.
+ * Returns the device address, or NULL (PyTorch then raises its
+ * out-of-memory error) with the reason in gshm_torch_last_error():
+ * -EINVAL no pool for this thread or size <= 0; -ENODEV `device` is not the
+ * pool's; -EBADF the pool was released; the errors of gshm_create() (the
+ * daemon's explanation in gshm_last_error() of the pool's client) and
+ * gshm_map(). */
+GSHM_EXTERN void *gshm_torch_malloc(ssize_t size, int device, void *stream);
+
+/* PyTorch's pluggable-allocator free.  Waits for the work queued on
+ * `stream` (cuStreamSynchronize; PyTorch frees pool blocks only when it
+ * empties its cache, never on the allocation path), then returns the block
+ * to its pool.  A segment left empty is unmapped and closed at once in a
+ * non-persistent pool, and in a released one; a persistent pool keeps it
+ * for reuse.  `size` and `device` are not needed (the pool knows them).  A
+ * pointer that no pool handed out, or one freed twice, is ignored (never
+ * passed to cudaFree) and sets gshm_torch_last_error() to -EINVAL. */
+GSHM_EXTERN void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream);
+
+/* The result of the calling thread's last gshm_torch_malloc or
+ * gshm_torch_free: 0 or a negative errno. */
+GSHM_EXTERN int gshm_torch_last_error(void);
+
+/* Lists the pool's segments in creation order.  *segs_out is one malloc'ed
+ * array of *count_out entries (NULL when 0); free it with gshm_free().
+ * Errors: -EINVAL NULL argument; -ENOMEM. */
+GSHM_EXTERN int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs_out,
+                                   size_t *count_out);
+
+/* Ends a pool: it allocates no more; every segment with no live block is
+ * unmapped and closed, and with `unlink` non-zero the names of all its
+ * segments are removed (persistent pools; a non-persistent pool's have none),
+ * so their memory goes with the last lease.  unlink 0 leaves a persistent
+ * pool's segments to gshmd for another process to attach.  Segments that
+ * still hold live blocks (tensors not yet freed) stay mapped: they are
+ * closed when their last block is freed, and this returns -EBUSY with the
+ * pool still valid (call again later to free it).  Returns 0 when the pool
+ * was freed (do not use it again); -EINVAL pool NULL; -EBUSY as above. */
+GSHM_EXTERN int gshm_pool_release(gshm_pool_t *pool, int unlink);
+/* ---- end PyTorch's allocator ---- */
 
 /* ---- copy, broadcast, signal (kernels/) ---- */
 

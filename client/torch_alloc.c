@@ -1,0 +1,439 @@
+/* gshm as PyTorch's allocator: pools of device segments carved up in
+ * libgshm, behind PyTorch's pluggable-allocator signatures.
+ *
+ * A pool allocates from "arena" segments of pool->granule bytes (256 MiB
+ * by default) named "<prefix>/seg-NNNNNN", each created by gshmd, mapped
+ * once on the pool's device and carved up here by first fit over a sorted
+ * list of free extents.  An allocation larger than the granule gets a
+ * segment of its own, rounded up to 2 MiB.  Why arenas rather than one
+ * segment per allocation: a gshm_create of a device segment plus its
+ * import and map costs about a millisecond and one daemon round trip,
+ * and every segment is a name, a lease and an fd (daemon limits); PyTorch's
+ * caching allocator asks for blocks of 2 MiB and up, so a 16 GiB model
+ * built tensor by tensor would pay hundreds of them, an arena pool 64
+ * (docs/PERFORMANCE.md "PyTorch pool" has the measured costs; the flag
+ * GSHM_POOL_SEGMENT_PER_ALLOC keeps the other choice for comparison).
+ *
+ * No block ever crosses a segment boundary, so a published tensor is
+ * always (segment, offset) and another process maps each segment on its
+ * own.  The allocator's entry points cannot carry a pool argument (their
+ * signatures are PyTorch's), which is why the pools of a process are kept
+ * in one process-wide registry: malloc takes the calling thread's active
+ * pool, free finds the pool by address. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "client_internal.h"
+#include "cudadrv.h"
+#include "log.h"
+#include "util.h"
+
+#define POOL_ALIGN 512u                     /* PyTorch's smallest block size */
+#define POOL_SEG_ROUND (2ull << 20)         /* device granularity */
+#define POOL_MAX_SEGMENTS 1000000u          /* seg-NNNNNN */
+
+struct pool_seg {
+  gshm_segment_t *seg;
+  uint64_t base, size;
+  uint32_t index;
+  bool named;          /* its name is still ours to unlink */
+  struct gshm__arena arena;
+  struct pool_seg *next;
+};
+
+struct gshm_pool {
+  gshm_client_t *client;
+  char prefix[GSHM_NAME_MAX + 1];
+  char location[GSHM_LOCATION_MAX];
+  int device;
+  CUdevice cu_device;
+  CUcontext ctx; /* the device's primary context, retained */
+  const struct gshm_cudadrv *drv;
+  uint32_t mode, flags;
+  uint64_t granule;
+  pthread_mutex_t lock;
+  struct pool_seg *segs;
+  uint32_t next_index;
+  bool released;
+  bool release_unlinks; /* gshm_pool_release asked to unlink */
+  uint64_t allocations;
+  struct gshm_pool *next; /* in the registry */
+};
+
+/* The registry (see the top of the file for why it is process-wide). */
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct gshm_pool *registry;
+static __thread gshm_pool_t *active_pool;
+static __thread int last_error;
+
+static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* "<prefix>/seg-NNNNNN" into buf; -ENAMETOOLONG when it does not fit. */
+static int segment_name(const char *prefix, uint32_t index, char buf[GSHM_NAME_MAX + 1]) {
+  size_t len = strnlen(prefix, GSHM_NAME_MAX + 1);
+
+  if (len + sizeof("/seg-000000") - 1 > GSHM_NAME_MAX)
+    return -ENAMETOOLONG;
+  memcpy(buf, prefix, len);
+  snprintf(buf + len, GSHM_NAME_MAX + 1 - len, "/seg-%06u", index % POOL_MAX_SEGMENTS);
+  return 0;
+}
+
+/* Removes s's name, unless the name now belongs to another segment (it was
+ * unlinked by someone else and created again). */
+static void pool_seg_unlink(gshm_pool_t *p, struct pool_seg *s) {
+  const gshm_segment_info_t *mine = gshm_segment_info(s->seg);
+  gshm_segment_info_t now;
+
+  if (!s->named)
+    return;
+  s->named = false;
+  if (!gshm_stat_name(p->client, mine->name, &now) && now.id == mine->id)
+    gshm_unlink(p->client, mine->name);
+}
+
+/* Unmaps and closes one segment; unlinks its name when asked. */
+static void pool_seg_drop(gshm_pool_t *p, struct pool_seg *s, bool unlink) {
+  if (unlink)
+    pool_seg_unlink(p, s);
+  gshm_close(s->seg);
+  gshm__arena_fini(&s->arena);
+  free(s);
+}
+
+/* Creates, maps (and for a non-persistent pool at once unlinks) segment
+ * number p->next_index of at least `size` bytes.  Caller holds p->lock. */
+static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
+  char name[GSHM_NAME_MAX + 1];
+  struct pool_seg *s;
+  void *addr = NULL;
+  int e;
+
+  if (p->next_index >= POOL_MAX_SEGMENTS)
+    return -EMFILE;
+  if ((e = segment_name(p->prefix, p->next_index, name)))
+    return e;
+  if (!(s = calloc(1, sizeof(*s))))
+    return -ENOMEM;
+  if ((e = gshm_create(p->client, name, size, p->location, p->mode, 0, &s->seg)))
+    goto free_seg;
+  /* Without a name the memory goes with this process's lease. */
+  if (!(p->flags & GSHM_POOL_PERSISTENT) && (e = gshm_unlink(p->client, name)))
+    goto close_seg;
+  if ((e = gshm_map(s->seg, &p->device, 1, &addr)))
+    goto close_seg;
+  s->base = (uint64_t)(uintptr_t)addr;
+  s->size = gshm_segment_info(s->seg)->size;
+  if ((e = gshm__arena_init(&s->arena, s->size)))
+    goto close_seg;
+  s->index = p->next_index++;
+  s->named = p->flags & GSHM_POOL_PERSISTENT;
+  s->next = p->segs;
+  p->segs = s;
+  *seg_out = s;
+  gshm_log_debug("pool '%s': segment %s of %llu bytes at 0x%llx", p->prefix, name,
+                 (unsigned long long)s->size, (unsigned long long)s->base);
+  return 0;
+
+close_seg:
+  if (p->flags & GSHM_POOL_PERSISTENT)
+    gshm_unlink(p->client, name);
+  gshm_close(s->seg);
+free_seg:
+  free(s);
+  return e;
+}
+
+int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t *cfg,
+                     gshm_pool_t **pool_out) {
+  char name[GSHM_NAME_MAX + 1], uuid[48];
+  gshm_segment_info_t info;
+  gshm_pool_t *p;
+  int count = 0, e;
+  CUuuid u;
+
+  if (!client || !cfg || !cfg->prefix || !pool_out)
+    return -EINVAL;
+  if (cfg->flags & ~(GSHM_POOL_PERSISTENT | GSHM_POOL_SEGMENT_PER_ALLOC))
+    return -EINVAL;
+  if (cfg->granule % POOL_SEG_ROUND || cfg->mode > 0777 || cfg->device < 0)
+    return -EINVAL;
+  /* The longest name the pool makes must be a valid segment name. */
+  if ((e = segment_name(cfg->prefix, POOL_MAX_SEGMENTS - 1, name)) ||
+      (e = gshm__name_check(name, GSHM_NAME_MAX)) ||
+      (e = gshm__name_check(cfg->prefix, GSHM_NAME_MAX)))
+    return e;
+  if (!(p = calloc(1, sizeof(*p))))
+    return -ENOMEM;
+  p->client = client;
+  snprintf(p->prefix, sizeof(p->prefix), "%s", cfg->prefix);
+  p->device = cfg->device;
+  p->mode = cfg->mode ? cfg->mode : 0600;
+  p->flags = cfg->flags;
+  p->granule = cfg->granule ? cfg->granule : GSHM_POOL_DEFAULT_GRANULE;
+  pthread_mutex_init(&p->lock, NULL);
+  if (gshm__cudadrv_load(GSHM_LOG_INFO, &p->drv)) {
+    e = -ENOTSUP;
+    goto free_pool;
+  }
+  if ((e = GSHM_CU(p->drv, GSHM_LOG_ERR, cuDeviceGetCount, &count)))
+    goto free_pool;
+  if (cfg->device >= count) {
+    gshm_log_info("pool '%s': no CUDA device %d here (%d visible)", p->prefix, cfg->device,
+                  count);
+    e = -ENODEV;
+    goto free_pool;
+  }
+  if ((e = GSHM_CU(p->drv, GSHM_LOG_ERR, cuDeviceGet, &p->cu_device, cfg->device)) ||
+      (e = GSHM_CU(p->drv, GSHM_LOG_ERR, cuDeviceGetUuid, &u, p->cu_device)))
+    goto free_pool;
+  gshm__format_gpu_uuid((const unsigned char *)u.bytes, uuid);
+  snprintf(p->location, sizeof(p->location), "cuda:%s", uuid);
+  if ((e = GSHM_CU(p->drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRetain, &p->ctx, p->cu_device)))
+    goto free_pool;
+  /* A persistent prefix in use (a pool that was not released) is refused
+   * here, not at the first allocation inside PyTorch. */
+  if (p->flags & GSHM_POOL_PERSISTENT) {
+    segment_name(p->prefix, 0, name);
+    e = gshm_stat_name(client, name, &info);
+    if (e == 0 || e == -EACCES) {
+      gshm_log_info("pool '%s': %s exists already", p->prefix, name);
+      e = -EEXIST;
+      goto release_ctx;
+    }
+    if (e != -ENOENT)
+      goto release_ctx;
+  }
+  pthread_mutex_lock(&registry_lock);
+  p->next = registry;
+  registry = p;
+  pthread_mutex_unlock(&registry_lock);
+  *pool_out = p;
+  return 0;
+
+release_ctx:
+  GSHM_CU(p->drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRelease, p->cu_device);
+free_pool:
+  pthread_mutex_destroy(&p->lock);
+  free(p);
+  return e;
+}
+
+gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool) {
+  gshm_pool_t *prev = active_pool;
+  active_pool = pool;
+  return prev;
+}
+
+/* The pool malloc uses: the thread's active one, else the process's only
+ * pool that still allocates.  Takes registry_lock. */
+static gshm_pool_t *pool_for_malloc(void) {
+  gshm_pool_t *p, *only = NULL;
+  int n = 0;
+
+  if (active_pool)
+    return active_pool;
+  pthread_mutex_lock(&registry_lock);
+  for (p = registry; p; p = p->next)
+    if (!p->released) {
+      only = p;
+      n++;
+    }
+  pthread_mutex_unlock(&registry_lock);
+  return n == 1 ? only : NULL;
+}
+
+static int pool_malloc(gshm_pool_t *p, uint64_t size, void **ptr_out) {
+  struct pool_seg *s;
+  uint64_t off = 0;
+  int e = -ENOMEM;
+
+  pthread_mutex_lock(&p->lock);
+  if (p->released) {
+    e = -EBADF;
+    goto unlock;
+  }
+  if (!(p->flags & GSHM_POOL_SEGMENT_PER_ALLOC))
+    for (s = p->segs; s; s = s->next)
+      if (!(e = gshm__arena_carve(&s->arena, size, &off)))
+        break;
+  if (e) {
+    uint64_t want = round_up(size, POOL_SEG_ROUND);
+    if (!(p->flags & GSHM_POOL_SEGMENT_PER_ALLOC) && want < p->granule)
+      want = p->granule;
+    if ((e = pool_grow(p, want, &s)))
+      goto unlock;
+    if ((e = gshm__arena_carve(&s->arena, size, &off)))
+      goto unlock;
+  }
+  p->allocations++;
+  *ptr_out = (void *)(uintptr_t)(s->base + off);
+unlock:
+  pthread_mutex_unlock(&p->lock);
+  return e;
+}
+
+void *gshm_torch_malloc(ssize_t size, int device, void *stream) {
+  gshm_pool_t *p = pool_for_malloc();
+  void *ptr = NULL;
+  int e;
+
+  (void)stream; /* a range is reused only after its free synchronised */
+  if (!p)
+    e = -EINVAL;
+  else if (size <= 0)
+    e = -EINVAL;
+  else if (device != p->device)
+    e = -ENODEV;
+  else
+    e = pool_malloc(p, round_up((uint64_t)size, POOL_ALIGN), &ptr);
+  last_error = e;
+  if (e) {
+    gshm_log_err("gshm_torch_malloc(%zd, device %d): %s%s%s", size, device, gshm_strerror(e),
+                 p ? ", pool " : " (no active pool)", p ? p->prefix : "");
+    return NULL;
+  }
+  return ptr;
+}
+
+/* The segment of p holding address a, or NULL.  Caller holds p->lock. */
+static struct pool_seg *pool_find(gshm_pool_t *p, uint64_t a) {
+  for (struct pool_seg *s = p->segs; s; s = s->next)
+    if (a >= s->base && a < s->base + s->size)
+      return s;
+  return NULL;
+}
+
+/* Unlinks s from p->segs and drops it.  Caller holds p->lock. */
+static void pool_remove(gshm_pool_t *p, struct pool_seg *s, bool unlink) {
+  struct pool_seg **pp;
+  for (pp = &p->segs; *pp != s; pp = &(*pp)->next)
+    ;
+  *pp = s->next;
+  pool_seg_drop(p, s, unlink);
+}
+
+void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream) {
+  uint64_t a = (uint64_t)(uintptr_t)ptr;
+  struct pool_seg *s = NULL;
+  CUcontext ctx = NULL;
+  gshm_pool_t *p;
+  int e = -EINVAL;
+
+  (void)size;
+  (void)device;
+  if (!ptr)
+    return;
+  pthread_mutex_lock(&registry_lock);
+  for (p = registry; p; p = p->next) {
+    pthread_mutex_lock(&p->lock);
+    if ((s = pool_find(p, a)))
+      break; /* keeps p->lock */
+    pthread_mutex_unlock(&p->lock);
+  }
+  pthread_mutex_unlock(&registry_lock);
+  if (!s) {
+    /* Never handed out by a pool: leave it alone, whatever it is. */
+    gshm_log_err("gshm_torch_free(%p): not memory of a gshm pool; ignored", ptr);
+    last_error = -EINVAL;
+    return;
+  }
+  /* Stream order: the work queued on `stream` may still read or write the
+   * block.  PyTorch frees pool blocks only when it empties its cache, off
+   * the allocation path, so waiting here is cheap and keeps the block out
+   * of reuse (and its segment mapped) until that work is done. */
+  if (!GSHM_CU(p->drv, GSHM_LOG_ERR, cuCtxPushCurrent, p->ctx)) {
+    GSHM_CU(p->drv, GSHM_LOG_ERR, cuStreamSynchronize, (CUstream)stream);
+    GSHM_CU(p->drv, GSHM_LOG_ERR, cuCtxPopCurrent, &ctx);
+  }
+  e = gshm__arena_return(&s->arena, a - s->base);
+  if (e)
+    gshm_log_err("gshm_torch_free(%p): no block starts there (freed twice?); ignored", ptr);
+  /* A non-persistent pool gives memory back as soon as a segment is empty;
+   * a persistent one keeps it under its names until gshm_pool_release. */
+  else if (!s->arena.nlive && (!(p->flags & GSHM_POOL_PERSISTENT) || p->released))
+    pool_remove(p, s, p->release_unlinks);
+  pthread_mutex_unlock(&p->lock);
+  last_error = e;
+}
+
+int gshm_torch_last_error(void) { return last_error; }
+
+int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs_out, size_t *count_out) {
+  gshm_pool_segment_t *v;
+  struct pool_seg *s;
+  size_t n = 0, i = 0;
+
+  if (!pool || !segs_out || !count_out)
+    return -EINVAL;
+  pthread_mutex_lock(&pool->lock);
+  for (s = pool->segs; s; s = s->next)
+    n++;
+  if (!(v = calloc(n ? n : 1, sizeof(*v)))) {
+    pthread_mutex_unlock(&pool->lock);
+    return -ENOMEM;
+  }
+  /* pool->segs is newest first; callers get them in creation order */
+  for (s = pool->segs; s; s = s->next) {
+    const gshm_segment_info_t *info = gshm_segment_info(s->seg);
+    gshm_pool_segment_t *o = &v[n - 1 - i++];
+    snprintf(o->name, sizeof(o->name), "%s", info->name);
+    o->id = info->id;
+    o->generation = info->generation;
+    o->size = s->size;
+    o->address = s->base;
+    o->live_bytes = s->arena.live_bytes;
+    o->live_blocks = s->arena.nlive;
+  }
+  pthread_mutex_unlock(&pool->lock);
+  if (!n) {
+    free(v);
+    v = NULL;
+  }
+  *segs_out = v;
+  *count_out = n;
+  return 0;
+}
+
+int gshm_pool_release(gshm_pool_t *pool, int unlink) {
+  struct pool_seg *s, *next;
+  gshm_pool_t **pp;
+  bool busy = false;
+
+  if (!pool)
+    return -EINVAL;
+  pthread_mutex_lock(&pool->lock);
+  pool->released = true;
+  pool->release_unlinks = unlink != 0;
+  if (active_pool == pool)
+    active_pool = NULL;
+  for (s = pool->segs; s; s = next) {
+    next = s->next;
+    if (!s->arena.nlive) {
+      pool_remove(pool, s, unlink);
+    } else {
+      /* Live blocks stay mapped; only the name goes. */
+      if (unlink)
+        pool_seg_unlink(pool, s);
+      busy = true;
+    }
+  }
+  pthread_mutex_unlock(&pool->lock);
+  if (busy)
+    return -EBUSY;
+  pthread_mutex_lock(&registry_lock);
+  for (pp = &registry; *pp && *pp != pool; pp = &(*pp)->next)
+    ;
+  if (*pp)
+    *pp = pool->next;
+  pthread_mutex_unlock(&registry_lock);
+  GSHM_CU(pool->drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRelease, pool->cu_device);
+  pthread_mutex_destroy(&pool->lock);
+  free(pool);
+  return 0;
+}
