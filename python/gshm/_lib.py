@@ -23,6 +23,11 @@ __all__ = [
     "StatusInfoC",
     "PeerInfoC",
     "DeviceInfoC",
+    "PoolConfigC",
+    "PoolSegmentC",
+    "GSHM_POOL_PERSISTENT",
+    "GSHM_POOL_SEGMENT_PER_ALLOC",
+    "GSHM_POOL_DEFAULT_GRANULE",
     "STRUCTS",
     "lib",
     "library_path",
@@ -142,6 +147,36 @@ class DeviceInfoC(ctypes.Structure):
     ]
 
 
+class PoolConfigC(ctypes.Structure):
+    """gshm_pool_config_t"""
+
+    _fields_ = [
+        ("prefix", ctypes.c_char_p),
+        ("device", ctypes.c_int),
+        ("mode", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("granule", ctypes.c_uint64),
+    ]
+
+
+class PoolSegmentC(ctypes.Structure):
+    """gshm_pool_segment_t"""
+
+    _fields_ = [
+        ("name", ctypes.c_char * (GSHM_NAME_MAX + 1)),
+        ("id", ctypes.c_uint64),
+        ("generation", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+        ("address", ctypes.c_uint64),
+        ("live_bytes", ctypes.c_uint64),
+        ("live_blocks", ctypes.c_uint64),
+    ]
+
+
+GSHM_POOL_PERSISTENT = 0x1
+GSHM_POOL_SEGMENT_PER_ALLOC = 0x2
+GSHM_POOL_DEFAULT_GRANULE = 256 << 20
+
 # C type name -> ctypes mirror (used by the layout test).
 STRUCTS = {
     "gshm_segment_info_t": SegmentInfoC,
@@ -150,6 +185,8 @@ STRUCTS = {
     "gshm_status_info_t": StatusInfoC,
     "gshm_peer_info_t": PeerInfoC,
     "gshm_device_info_t": DeviceInfoC,
+    "gshm_pool_config_t": PoolConfigC,
+    "gshm_pool_segment_t": PoolSegmentC,
 }
 
 _vp = ctypes.c_void_p
@@ -196,6 +233,12 @@ _OPTIONAL_PROTOTYPES = {
     "gshm_signal": (_int, [_vp, _u64, _vp]),
     "gshm_copy_signal": (_int, [_vp, _vp, ctypes.c_size_t, _int, _vp, _u64, _vp]),
     "gshm_wait": (_int, [_vp, _u64, _vp]),
+    # the PyTorch pool of issue 14 (client/torch_alloc.c)
+    "gshm_pool_create": (_int, [_vp, ctypes.POINTER(PoolConfigC), ctypes.POINTER(_vp)]),
+    "gshm_pool_activate": (_vp, [_vp]),
+    "gshm_pool_segments": (_int, [_vp, ctypes.POINTER(ctypes.POINTER(PoolSegmentC)), _size_p]),
+    "gshm_pool_release": (_int, [_vp, _int]),
+    "gshm_torch_last_error": (_int, []),
 }
 
 _lock = threading.Lock()

@@ -20,7 +20,7 @@ import struct
 
 from ._dtypes import DTYPES, dtype as _to_dtype
 
-__all__ = ["ALIGN", "Layout", "plan", "parse", "share_arrays", "load_arrays"]
+__all__ = ["ALIGN", "Layout", "plan", "parse", "copy_plan", "share_arrays", "load_arrays"]
 
 ALIGN = 256  # where the data starts; a GPU-friendly multiple of 8
 FORMAT_VERSION = "1"
@@ -120,6 +120,31 @@ def parse(read, size):
                              % (name, (b, e)))
         entries.append((name, dt, shape, start + b, start + e))
     return meta, entries
+
+
+def copy_plan(jobs, data_start, data_end, chunk):
+    """Cuts a file's data region [data_start, data_end) into chunks of
+    `chunk` bytes and says, per chunk, which bytes go where.  jobs: (begin,
+    end, destination) with absolute file offsets.  Yields (file offset,
+    length, [(offset in the chunk, destination offset, length)]): every byte
+    of every job exactly once, in file order."""
+    jobs = sorted((b, e, dst) for b, e, dst in jobs if e > b)
+    j = 0
+    pos = data_start
+    while pos < data_end:
+        n = min(chunk, data_end - pos)
+        out = []
+        while j < len(jobs) and jobs[j][0] < pos + n:
+            b, e, dst = jobs[j]
+            lo, hi = max(b, pos), min(e, pos + n)
+            if hi > lo:
+                out.append((lo - pos, dst + (lo - b), hi - lo))
+            if e <= pos + n:
+                j += 1
+            else:
+                break
+        yield pos, n, out
+        pos += n
 
 
 def share_arrays(client, name, arrays, location="host", mode=0o600, metadata=None):

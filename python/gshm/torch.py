@@ -12,6 +12,20 @@
 
 The segment is a safetensors file from byte 0 (see gshm._safetensors), so
 `gshmctl read llama/weights -o w.safetensors` gives a loadable file.
+
+gshm as PyTorch's allocator, for engines that restart without reloading
+(gshm._torch_pool):
+
+    pool = gshm.torch.MemPool(client, "llama", device=0)   # persistent
+    with gshm.torch.use_pool(pool):
+        model = build_model().cuda()
+    pool.publish(model)
+    # any later process, after a crash too
+    sd = gshm.torch.attach(client, "llama", device=0)
+    model.load_state_dict(sd, assign=True)
+
+and load_safetensors(client, name, path) loads a file into a segment
+through pinned staging buffers, without PyTorch's device allocator.
 """
 
 import warnings
@@ -24,7 +38,9 @@ from ._segment import Segment  # noqa: F401  (documentation)
 from ._dtypes import dtype as _to_dtype
 from ._safetensors import plan as _plan, parse as _parse
 
-__all__ = ["share_state_dict", "load_state_dict", "tensor_view", "StateDict"]
+__all__ = ["share_state_dict", "load_state_dict", "tensor_view", "StateDict",
+           "MemPool", "use_pool", "attach", "load_module", "unlink_prefix",
+           "load_safetensors", "ManifestError", "StaleManifest"]
 
 
 class StateDict(dict):
@@ -39,6 +55,8 @@ class StateDict(dict):
     info = None
     address = None
     metadata = None
+    buffers = None   # attach(): non-persistent buffers of a published module
+    segments = None  # attach(): {segment name: SegmentInfo}
 
 
 def _torch_dtype(dt):
@@ -217,3 +235,9 @@ def load_state_dict(client, name, device=None, access="r"):
     except BaseException:
         seg.close()
         raise
+
+
+# After StateDict: these modules use it.
+from ._manifest import ManifestError, StaleManifest  # noqa: E402
+from ._torch_pool import MemPool, use_pool, attach, load_module, unlink_prefix  # noqa: E402
+from ._torch_load import load_safetensors  # noqa: E402

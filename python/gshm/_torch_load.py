@@ -1,0 +1,125 @@
+"""Loading a safetensors file from disk straight into a device segment.
+
+The file is read in chunks into two pinned host buffers in turn: while the
+GPU copies one buffer's pieces to their places in the segment (an async
+copy on a stream of its own), the next chunk is read into the other.  No
+tensor is allocated through PyTorch's device allocator.  The segment gets
+the layout share_state_dict makes (gshm._safetensors.plan), with the
+tensors in name order, so it holds the same bytes as
+share_state_dict(client, name, safetensors.torch.load_file(path)).
+"""
+
+import ctypes
+import os
+
+import torch as _torch
+
+from ._safetensors import plan as _plan, parse as _parse, copy_plan as _pieces
+
+__all__ = ["load_safetensors", "DEFAULT_CHUNK"]
+
+DEFAULT_CHUNK = 64 << 20
+
+
+def _pread_exact(fd, n, off):
+    b = os.pread(fd, n, off)
+    if len(b) != n:
+        raise ValueError("gshm: file ends at byte %d, %d more expected" % (off + len(b), n))
+    return b
+
+
+def _readinto_exact(f, mv):
+    got = 0
+    while got < len(mv):
+        n = f.readinto(mv[got:])
+        if not n:
+            raise ValueError("gshm: safetensors file shorter than its header says")
+        got += n
+
+
+def _progress_bar(total, progress, desc):
+    if progress is False or (progress is None and total < (1 << 30)):
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
+                disable=None if progress is None else False)
+
+
+def load_safetensors(client, name, path, location="cuda:0", mode=0o600, chunk_bytes=None,
+                     progress=None):
+    """Creates device segment `name` holding the tensors of safetensors file
+    `path`, and returns it open (close it when done; the weights stay with
+    gshmd until unlinked).  Read them with load_state_dict(client, name).
+
+    location     "cuda:N" (the daemon's index) or "cuda:GPU-<uuid>".
+    chunk_bytes  size of each of the two pinned staging buffers (64 MiB).
+    progress     None: a tqdm bar on loads of 1 GiB and more when tqdm is
+                 installed and stderr is a terminal; True / False: always /
+                 never (True still needs tqdm).
+
+    Raises ValueError for a file that is not safetensors (or is cut short),
+    the errors of Client.create; nothing is left behind on error."""
+    chunk = int(chunk_bytes or DEFAULT_CHUNK)
+    if chunk <= 0:
+        raise ValueError("gshm: chunk_bytes must be > 0")
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        fsize = os.fstat(fd).st_size
+        meta, entries = _parse(lambda off, n: _pread_exact(fd, n, off), fsize)
+        header_len = 8 + int.from_bytes(_pread_exact(fd, 8, 0), "little")
+        data_end = max([e for _, _, _, _, e in entries] + [header_len])
+        named = sorted(entries, key=lambda t: t[0])
+        layout = _plan(((k, dt, shape) for k, dt, shape, b, e in named), meta or None)
+        seg = client.create(name, layout.size, location=location, mode=mode)
+        try:
+            if seg.is_host:
+                raise ValueError("gshm: load_safetensors loads into a device segment, not %r"
+                                 % location)
+            dev = seg.device
+            seg.map(devices=[dev])
+            dst = _torch.from_dlpack(seg.view("uint8", (layout.size,), 0, device=dev))
+            header = _torch.frombuffer(bytearray(layout.header), dtype=_torch.uint8)
+            dst[:layout.data_start].copy_(header)
+            where = {k: b for k, _, _, b, _ in layout.entries}
+            jobs = [(b, e, where[k]) for k, _, _, b, e in entries]
+            _stream_in(f, dst, jobs, header_len, data_end, chunk, dev,
+                       _progress_bar(data_end - header_len, progress, name))
+            del dst
+        except BaseException:
+            seg.close()
+            try:
+                client.unlink(name)
+            except Exception:
+                pass
+            raise
+    return seg
+
+
+def _stream_in(f, dst, jobs, data_start, data_end, chunk, dev, bar):
+    chunk = min(chunk, max(data_end - data_start, 1))
+    bufs = [_torch.empty(chunk, dtype=_torch.uint8, pin_memory=True) for _ in range(2)]
+    done = [None, None]
+    stream = _torch.cuda.Stream(device=dev)
+    f.seek(data_start)
+    try:
+        for i, (pos, n, pieces) in enumerate(_pieces(jobs, data_start, data_end, chunk)):
+            k = i & 1
+            if done[k] is not None:
+                done[k].synchronize()  # the copies out of this buffer are done
+            mv = memoryview((ctypes.c_char * n).from_address(bufs[k].data_ptr())).cast("B")
+            _readinto_exact(f, mv)
+            with _torch.cuda.stream(stream):
+                for off, d, length in pieces:
+                    dst[d:d + length].copy_(bufs[k][off:off + length], non_blocking=True)
+                ev = _torch.cuda.Event()
+                ev.record(stream)
+            done[k] = ev
+            if bar is not None:
+                bar.update(n)
+        stream.synchronize()
+    finally:
+        if bar is not None:
+            bar.close()

@@ -1,0 +1,398 @@
+"""gshm as PyTorch's allocator: MemPool, use_pool, publish, attach.
+
+    pool = gshm.torch.MemPool(client, "llama", device=0)        # persistent
+    with gshm.torch.use_pool(pool):
+        model = build_model().cuda()          # every parameter lives in gshmd's segments
+    pool.publish(model)                       # "llama/manifest"
+
+    # a later process (the engine restarted, or crashed: SIGKILL included)
+    sd = gshm.torch.attach(client, "llama", device=0)
+    model.load_state_dict(sd, assign=True)    # zero copy
+
+The C allocator is libgshm's gshm_torch_malloc / gshm_torch_free behind
+torch.cuda.memory.CUDAPluggableAllocator and a torch.cuda.MemPool: no
+Python on the allocation path.
+"""
+
+import ctypes
+import gc
+import os
+import threading
+import warnings
+
+import torch as _torch
+
+from . import _cuda, _manifest
+from . import _lib as L
+from ._core import _enc, _raise
+from ._dtypes import dtype as _to_dtype
+from ._torch_conf import check_alloc_conf as _check_alloc_conf
+
+__all__ = ["MemPool", "use_pool", "attach", "load_module", "unlink_prefix"]
+
+_lock = threading.Lock()
+_allocator = None
+# torch MemPools (and the gshm pools under them) that must outlive their
+# Python owners: PyTorch frees a tensor that outlives its MemPool with
+# cudaFree (pytorch #146431), which our memory must never see.  A pool lands
+# here when it is released while tensors from it are still alive.
+_kept = []
+
+
+def _pluggable():
+    """The one CUDAPluggableAllocator over libgshm, kept for the process's
+    life (PyTorch holds only a raw pointer to it in its pools)."""
+    global _allocator
+    with _lock:
+        if _allocator is None:
+            _allocator = _torch.cuda.memory.CUDAPluggableAllocator(
+                L.library_path(), "gshm_torch_malloc", "gshm_torch_free")
+        return _allocator
+
+
+def _fn(name):
+    fn = L.optional_symbol(name)
+    if fn is None:
+        raise NotImplementedError("gshm: %s does not export %s (libgshm older than the "
+                                  "PyTorch pool)" % (L.library_path(), name))
+    return fn
+
+
+def _ordinal(device):
+    if isinstance(device, bool):
+        raise TypeError("gshm: device must be an int, 'cuda:N' or a torch.device")
+    if isinstance(device, int):
+        return device
+    d = _torch.device(device)
+    if d.type != "cuda":
+        raise ValueError("gshm: a pool lives on a CUDA device, not %s" % d)
+    return d.index if d.index is not None else _torch.cuda.current_device()
+
+
+class PoolSegment(object):
+    """One segment of a pool: name, id, generation, size, address, live_bytes,
+    live_blocks (gshm_pool_segment_t)."""
+
+    __slots__ = ("name", "id", "generation", "size", "address", "live_bytes", "live_blocks")
+
+    def __init__(self, c):
+        self.name = c.name.decode("utf-8", "surrogateescape")
+        self.id, self.generation, self.size = c.id, c.generation, c.size
+        self.address, self.live_bytes, self.live_blocks = c.address, c.live_bytes, c.live_blocks
+
+    def __repr__(self):
+        return "<PoolSegment %s %d bytes at 0x%x, %d live>" % (self.name, self.size,
+                                                               self.address, self.live_bytes)
+
+
+class MemPool(object):
+    """A pool of gshm device segments that PyTorch allocates from.
+
+    client      the gshm.Client whose user owns the segments; it must stay
+                open while the pool is used (a closed client is refused).
+    prefix      segment names are "<prefix>/seg-NNNNNN"; publish() writes
+                "<prefix>/manifest".
+    device      this process's CUDA ordinal (int, "cuda:N", torch.device).
+    persistent  True: the segments keep their names and memory after this
+                process ends (SIGKILL included) until release() or
+                unlink_prefix / `gshmctl unlink`; False: they have no names
+                and go with the process.
+    mode        permission bits of the segments and the manifest.
+    granule     bytes per arena segment (multiple of 2 MiB; None: 256 MiB).
+    segment_per_alloc  one segment per PyTorch block instead of arenas (for
+                measuring; slower).
+
+    Raises RuntimeError when expandable_segments is asked for, gshm.NoDevice
+    for an unknown device, gshm.Exists when a persistent prefix still holds
+    a pool that was not released, gshm.NotSupported without a CUDA driver,
+    ValueError for a bad prefix or a closed client."""
+
+    def __init__(self, client, prefix, device=0, persistent=True, mode=0o600, granule=None,
+                 segment_per_alloc=False):
+        _check_alloc_conf(os.environ)
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError("gshm: prefix must be a non-empty str")
+        self.client = client
+        self.prefix = prefix
+        self.device = _ordinal(device)
+        self.persistent = bool(persistent)
+        self.mode = mode
+        cp = client._ptr()  # raises for a closed client
+        cfg = L.PoolConfigC()
+        cfg.prefix = _enc(prefix)
+        cfg.device = self.device
+        cfg.mode = int(mode)
+        cfg.flags = (L.GSHM_POOL_PERSISTENT if persistent else 0) | (
+            L.GSHM_POOL_SEGMENT_PER_ALLOC if segment_per_alloc else 0)
+        cfg.granule = int(granule or 0)
+        out = ctypes.c_void_p()
+        rc = _fn("gshm_pool_create")(cp, ctypes.byref(cfg), ctypes.byref(out))
+        if rc < 0:
+            _raise(rc, "gshm_pool_create", cp, prefix)
+        self._ptr = out.value
+        # The pool's segments are opened through the client: hold its C
+        # connection for as long as the pool can be asked for memory.
+        self._client_handle = client._h
+        self._client_handle.incref()
+        try:
+            self._torch_pool = _torch.cuda.MemPool(_pluggable().allocator())
+        except BaseException:
+            _fn("gshm_pool_release")(self._ptr, 1)
+            self._client_handle.decref()
+            raise
+        self.released = False
+
+    def __repr__(self):
+        return "<gshm.torch.MemPool %r cuda:%d%s%s>" % (
+            self.prefix, self.device, " persistent" if self.persistent else "",
+            " released" if self.released else "")
+
+    def _check_usable(self):
+        if self.released:
+            raise ValueError("gshm: pool %r was released" % self.prefix)
+        if self.client.closed:
+            raise ValueError("gshm: pool %r: its client is closed" % self.prefix)
+
+    @property
+    def torch_pool(self):
+        """The torch.cuda.MemPool under this pool."""
+        return self._torch_pool
+
+    def segments(self):
+        """[PoolSegment] in creation order."""
+        if self._ptr is None:
+            return []
+        arr = ctypes.POINTER(L.PoolSegmentC)()
+        n = ctypes.c_size_t(0)
+        rc = _fn("gshm_pool_segments")(self._ptr, ctypes.byref(arr), ctypes.byref(n))
+        if rc < 0:
+            _raise(rc, "gshm_pool_segments", None, self.prefix)
+        try:
+            return [PoolSegment(arr[i]) for i in range(n.value)]
+        finally:
+            L.lib().gshm_free(arr)
+
+    def _locate(self, segs, t, what):
+        if not isinstance(t, _torch.Tensor):
+            raise TypeError("gshm: %s is a %s, not a tensor" % (what, type(t).__name__))
+        if t.device.type != "cuda" or t.device.index != self.device:
+            raise ValueError("gshm: %s is on %s, not in pool %r (cuda:%d): build it inside "
+                             "gshm.torch.use_pool(pool)" % (what, t.device, self.prefix,
+                                                            self.device))
+        dt = _to_dtype(str(t.dtype).replace("torch.", ""))
+        addr = t.data_ptr()
+        for s in segs:
+            if s.address <= addr < s.address + s.size:
+                return {"segment": s.name, "offset": addr - s.address, "dtype": dt.name,
+                        "shape": list(t.shape), "strides": list(t.stride())}
+        raise ValueError("gshm: %s (at 0x%x) was not allocated in pool %r: build it inside "
+                         "gshm.torch.use_pool(pool)" % (what, addr, self.prefix))
+
+    def publish(self, module_or_state_dict, metadata=None):
+        """Writes "<prefix>/manifest": for every tensor of the state dict (of
+        a torch.nn.Module: its state_dict(), plus its non-persistent buffers)
+        the segment, byte offset, dtype, shape and strides.  metadata: str ->
+        str, returned by attach() as .metadata.  The device is synchronised
+        first, so the bytes are in place.  Returns the manifest's name.
+        Raises ValueError for a tensor that is not in this pool, or for a
+        non-persistent pool (its segments have no names to attach by)."""
+        self._check_usable()
+        if not self.persistent:
+            raise ValueError("gshm: pool %r is not persistent: its segments have no names "
+                             "another process could attach" % self.prefix)
+        buffers = {}
+        if isinstance(module_or_state_dict, _torch.nn.Module):
+            m = module_or_state_dict
+            sd = m.state_dict(keep_vars=False)
+            for mod_name, mod in m.named_modules():
+                for b in getattr(mod, "_non_persistent_buffers_set", ()):
+                    t = mod._buffers.get(b)
+                    if t is not None:
+                        buffers[(mod_name + "." if mod_name else "") + b] = t
+        else:
+            sd = module_or_state_dict
+        _torch.cuda.synchronize(self.device)
+        segs = self.segments()
+        tensors = {k: self._locate(segs, v, "state_dict[%r]" % k) for k, v in sd.items()}
+        bufs = {k: self._locate(segs, v, "buffer %r" % k) for k, v in buffers.items()}
+        used = {e["segment"] for e in list(tensors.values()) + list(bufs.values())}
+        seginfo = {s.name: {"id": s.id, "generation": s.generation, "size": s.size}
+                   for s in segs if s.name in used}
+        data = _manifest.encode("cuda:" + _cuda.device_uuid(self.device), seginfo, tensors,
+                                bufs, metadata)
+        _manifest.write(self.client, self.prefix, data, self.mode)
+        return _manifest.manifest_name(self.prefix)
+
+    def release(self, unlink=True):
+        """Ends the pool.  unlink=True removes the manifest and the names of
+        all its segments; memory no tensor uses returns to the GPU now.
+        unlink=False lets go in this process only (a persistent pool's
+        segments stay for attach()).
+
+        Tensors allocated from the pool that are still alive keep their
+        memory: their segments stay mapped (never unmapped under a tensor)
+        and return at process exit, with a warning saying so."""
+        if self.released:
+            return
+        self.released = True
+        if unlink and self.persistent and not self.client.closed:
+            try:
+                self.client.unlink(_manifest.manifest_name(self.prefix))
+            except FileNotFoundError:
+                pass
+        release = _fn("gshm_pool_release")
+        _torch.cuda.synchronize(self.device)
+        gc.collect()
+        if release(self._ptr, 1 if unlink else 0) == 0:
+            self._finish()
+            return
+        # Blocks PyTorch caches in the pool: let it give them back, which it
+        # does by destroying its MemPool (its empty_cache ignores private
+        # pools, pytorch #145168), but only when no tensor uses them.
+        if self._pool_idle():
+            self._torch_pool = None
+            gc.collect()
+            if release(self._ptr, 1 if unlink else 0) == 0:
+                self._finish()
+                return
+        with _lock:
+            _kept.append(self)
+        warnings.warn("gshm: pool %r released while tensors from it are alive: their "
+                      "memory returns when this process ends" % self.prefix, RuntimeWarning,
+                      stacklevel=2)
+
+    def _pool_idle(self):
+        snap = getattr(self._torch_pool, "snapshot", None)
+        if snap is None:
+            return False
+        try:
+            for seg in snap():
+                for b in seg.get("blocks", ()):
+                    if b.get("state") != "inactive":
+                        return False
+        except Exception:
+            return False
+        return True
+
+    def _finish(self):
+        self._ptr = None
+        if self._torch_pool is not None:
+            # empty by now (every segment closed): keep it rather than let
+            # torch assert on a pool it still counts as used
+            with _lock:
+                _kept.append(self._torch_pool)
+            self._torch_pool = None
+        self._client_handle.decref()
+
+
+class use_pool(object):
+    """with gshm.torch.use_pool(pool): every CUDA allocation PyTorch makes on
+    this thread (on the pool's device) comes from the pool.  Raises
+    ValueError for a released pool or one whose client is closed; an
+    allocation the pool cannot make raises gshm's error (the daemon's
+    reason) instead of PyTorch's bare out-of-memory."""
+
+    def __init__(self, pool):
+        if not isinstance(pool, MemPool):
+            raise TypeError("gshm: use_pool takes a gshm.torch.MemPool, not %s"
+                            % type(pool).__name__)
+        self.pool = pool
+        self._prev = None
+        self._ctx = None
+
+    def __enter__(self):
+        self.pool._check_usable()
+        self._ctx = _torch.cuda.use_mem_pool(self.pool._torch_pool, device=self.pool.device)
+        self._prev = _fn("gshm_pool_activate")(self.pool._ptr)
+        try:
+            self._ctx.__enter__()
+        except BaseException:
+            _fn("gshm_pool_activate")(self._prev)
+            raise
+        return self.pool
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self._ctx.__exit__(exc_type, exc, tb)
+        finally:
+            _fn("gshm_pool_activate")(self._prev)
+        oom = getattr(_torch, "OutOfMemoryError", None) or _torch.cuda.OutOfMemoryError
+        if exc_type is not None and issubclass(exc_type, oom):
+            rc = _fn("gshm_torch_last_error")()
+            if rc < 0 and not self.pool.client.closed:
+                _raise(rc, "gshm_torch_malloc", self.pool.client._ptr(), self.pool.prefix)
+        return False
+
+
+def _device_for(manifest, device):
+    if device is not None:
+        return _ordinal(device)
+    loc = manifest["location"]
+    if loc.startswith("cuda:"):
+        k = _cuda.ordinal_of_uuid(loc[5:])
+        if k is not None:
+            return k
+    return _torch.cuda.current_device()
+
+
+def attach(client, prefix, device=None, access="r"):
+    """The tensors published under `prefix` as zero-copy views: a
+    gshm.torch.StateDict ready for model.load_state_dict(sd, assign=True)
+    (see load_module for non-persistent buffers, in sd.buffers).
+
+    device  this process's CUDA ordinal to map on (None: the pool's GPU when
+            visible here, else the current device; another GPU maps over
+            peer access).
+    access  "r" (default: writes through the tensors fault) or "rw".
+
+    Every tensor keeps its segment mapped (and leased) while it lives.
+    Raises gshm.NotFound when nothing is published under prefix,
+    ManifestError for a manifest that is not gshm's, StaleManifest when a
+    segment is gone or was created again since publish."""
+    from .torch import StateDict  # noqa: the public home of the class
+    man = _manifest.read(client, prefix)
+    dev = _device_for(man, device)
+    segs = _manifest.open_segments(client, man, access)
+    try:
+        bases = {}
+        for name, seg in segs.items():
+            seg.map(devices=[dev])
+            bases[name] = _torch.from_dlpack(seg.view("uint8", (seg.size,), 0, device=dev))
+
+        def view(e):
+            tdt = getattr(_torch, e["dtype"])
+            itemsize = _to_dtype(e["dtype"]).itemsize
+            end = _manifest.tensor_extent(e["offset"], itemsize, e["shape"], e["strides"])
+            span = max(end - e["offset"], 0)
+            span += (-span) % itemsize
+            raw = bases[e["segment"]][e["offset"]:e["offset"] + span]
+            return raw.view(tdt).as_strided(e["shape"], e["strides"])
+
+        out = StateDict((k, view(e)) for k, e in man["tensors"].items())
+        out.buffers = {k: view(e) for k, e in man["buffers"].items()}
+        out.metadata = man["metadata"]
+        out.segments = {n: s.info for n, s in segs.items()}
+    finally:
+        for seg in segs.values():
+            seg.close()  # the DLPack exports hold the mappings now
+    return out
+
+
+def load_module(module, sd, strict=True):
+    """module.load_state_dict(sd, assign=True, strict=strict), then the
+    non-persistent buffers attach() found (sd.buffers) put in place, so a
+    module built on the meta device is complete.  Returns load_state_dict's
+    result."""
+    r = module.load_state_dict(sd, assign=True, strict=strict)
+    for name, t in (getattr(sd, "buffers", None) or {}).items():
+        mod_name, _, b = name.rpartition(".")
+        mod = module.get_submodule(mod_name) if mod_name else module
+        if b in mod._buffers:
+            mod._buffers[b] = t
+    return r
+
+
+def unlink_prefix(client, prefix):
+    """Unlinks everything a pool left under prefix (its manifest and its
+    segments), for example after its process died; returns the names."""
+    return _manifest.unlink_prefix(client, prefix)

@@ -1,0 +1,264 @@
+"""The PyTorch pool's parts that need no GPU and no torch: the manifest
+format and its checks against real (host) segments, the C pool's refusals
+of bad configuration, the safetensors copy plan and the allocator-settings
+check.  The GPU half is tests/test_torch_pool_gpu.py."""
+
+import ctypes
+import errno
+import json
+import random
+import struct
+
+import pytest
+
+import gshm
+from gshm import _cuda, _manifest, _safetensors, _torch_conf
+from gshm import _lib as L
+
+MiB = 1 << 20
+
+
+def _seginfo(seg):
+    return {"id": seg.info.id, "generation": seg.info.generation, "size": seg.info.size}
+
+
+def _entry(seg, offset=0, dtype="float32", shape=(4,), strides=(1,)):
+    return {"segment": seg, "offset": offset, "dtype": dtype, "shape": list(shape),
+            "strides": list(strides)}
+
+
+# ---------------------------------------------------------------- manifest
+
+def test_manifest_round_trip():
+    segs = {"p/seg-000000": {"id": 3, "generation": 1, "size": 4096},
+            "p/seg-000001": {"id": 4, "generation": 2, "size": 8192}}
+    tensors = {"w": _entry("p/seg-000000", 256, "bfloat16", (8, 16), (16, 1)),
+               "t": _entry("p/seg-000001", 0, "float32", (16, 8), (1, 16)),  # transposed
+               "empty": _entry("p/seg-000001", 8192, "float32", (0, 3), (3, 1))}
+    data = _manifest.encode("cuda:GPU-x", segs, tensors, {"rope": _entry("p/seg-000000")},
+                            {"model": "llama"})
+    (n,) = struct.unpack("<Q", data[:8])
+    assert n == len(data) - 8
+    doc = json.loads(data[8:])
+    assert doc["format"] == "gshm.torch.pool" and doc["version"] == 1
+    m = _manifest.decode(data)
+    assert m["segments"] == segs
+    assert m["tensors"] == tensors
+    assert m["buffers"]["rope"]["offset"] == 0
+    assert m["metadata"] == {"model": "llama"}
+    assert m["location"] == "cuda:GPU-x"
+    # the extent of a strided tensor: last element + 1
+    assert _manifest.tensor_extent(256, 2, [8, 16], [16, 1]) == 256 + 128 * 2
+    assert _manifest.tensor_extent(0, 4, [16, 8], [1, 16]) == (15 + 7 * 16 + 1) * 4
+    assert _manifest.tensor_extent(64, 4, [0, 3], [3, 1]) == 64
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d[:5], "too short"),
+    (lambda d: struct.pack("<Q", 1 << 40) + d[8:], "does not fit"),
+    (lambda d: d[:8] + b"\xff" + d[9:], "not JSON"),
+    (lambda d: _redo(d, format="safetensors"), "not a gshm pool manifest"),
+    (lambda d: _redo(d, version=2), "version 2"),
+    (lambda d: _redo(d, segments=None), "bad manifest"),
+    (lambda d: _redo_tensor(d, offset=4088), "reaches byte"),
+    (lambda d: _redo_tensor(d, offset=2), "not aligned"),
+    (lambda d: _redo_tensor(d, segment="p/seg-000009"), "not in its list"),
+    (lambda d: _redo_tensor(d, strides=[-1]), "bad shape"),
+    (lambda d: _redo_tensor(d, dtype="float99"), "entry 'w'"),
+    (lambda d: _redo_tensor(d, shape=None), "entry 'w'"),
+])
+def test_manifest_refuses_bad_input(mutate, message):
+    good = _manifest.encode("cuda:GPU-x", {"p/seg-000000": {"id": 1, "generation": 1,
+                                                            "size": 4096}},
+                            {"w": _entry("p/seg-000000", 0, "float32", (4,), (1,))})
+    with pytest.raises(_manifest.ManifestError, match=message):
+        _manifest.decode(mutate(good))
+
+
+def _redo(data, **kw):
+    doc = json.loads(data[8:])
+    doc.update(kw)
+    js = json.dumps(doc).encode()
+    return struct.pack("<Q", len(js)) + js
+
+
+def _redo_tensor(data, **kw):
+    doc = json.loads(data[8:])
+    doc["tensors"]["w"].update(kw)
+    js = json.dumps(doc).encode()
+    return struct.pack("<Q", len(js)) + js
+
+
+def test_manifest_encode_checks():
+    segs = {"p/seg-000000": {"id": 1, "generation": 1, "size": 64}}
+    with pytest.raises(_manifest.ManifestError, match="reaches byte"):
+        _manifest.encode("x", segs, {"w": _entry("p/seg-000000", 0, "float32", (17,), (1,))})
+    with pytest.raises(TypeError):
+        _manifest.encode("x", segs, {}, metadata={"k": 1})
+
+
+# ---------------------------------------- manifests against real segments
+
+def _fake_pool(client, prefix, n=2):
+    segs = [client.create("%s/seg-%06d" % (prefix, i), 4096, location="host")
+            for i in range(n)]
+    info = {s.name: _seginfo(s) for s in segs}
+    tensors = {"w%d" % i: _entry(s.name, 0, "float32", (8,), (1,)) for i, s in enumerate(segs)}
+    _manifest.write(client, prefix, _manifest.encode("host", info, tensors))
+    for s in segs:
+        s.close()
+    return [s.name for s in segs]
+
+
+def _my_leases(client):
+    pid = __import__("os").getpid()
+    return [l for l in client.leases() if l.pid == pid]
+
+
+def test_manifest_write_read_open_and_unlink_prefix(client, segname):
+    names = _fake_pool(client, segname)
+    m = _manifest.read(client, segname)
+    assert sorted(m["segments"]) == names
+    segs = _manifest.open_segments(client, m)
+    assert sorted(segs) == names
+    for s in segs.values():
+        s.close()
+    # publishing again replaces the manifest
+    _manifest.write(client, segname, _manifest.encode("host", {}, {}))
+    assert _manifest.read(client, segname)["tensors"] == {}
+    client.create(segname + "-other/seg-000000", 4096, location="host").close()
+    done = _manifest.unlink_prefix(client, segname)
+    assert sorted(done) == sorted(names + [segname + "/manifest"])
+    assert client.exists(segname + "-other/seg-000000")  # another prefix is left alone
+    client.unlink(segname + "-other/seg-000000")
+    with pytest.raises(gshm.NotFound):
+        _manifest.read(client, segname)
+    assert _manifest.unlink_prefix(client, segname) == []
+
+
+def test_manifest_naming_a_gone_segment_is_stale(client, segname):
+    names = _fake_pool(client, segname)
+    m = _manifest.read(client, segname)
+    client.unlink(names[1])
+    with pytest.raises(_manifest.StaleManifest, match="no longer exists"):
+        _manifest.open_segments(client, m)
+    assert _my_leases(client) == []  # the first segment's open was undone
+    _manifest.unlink_prefix(client, segname)
+
+
+def test_manifest_naming_a_recreated_segment_is_stale(client, segname):
+    names = _fake_pool(client, segname)
+    m = _manifest.read(client, segname)
+    client.unlink(names[0])
+    client.create(names[0], 4096, location="host").close()  # same name, new generation
+    with pytest.raises(_manifest.StaleManifest, match="created again"):
+        _manifest.open_segments(client, m)
+    assert _my_leases(client) == []
+    _manifest.unlink_prefix(client, segname)
+
+
+def test_manifest_that_is_not_one(client, segname):
+    with client.create(segname + "/manifest", 64, location="host") as seg:
+        js = b'{"format": "x"}'
+        seg.write(struct.pack("<Q", len(js)) + js, 0)
+    with pytest.raises(_manifest.ManifestError, match="not a gshm pool manifest"):
+        _manifest.read(client, segname)
+    client.unlink(segname + "/manifest")
+
+
+# ------------------------------------------------------ the C pool's refusals
+
+def _pool_create(client, prefix, device=0, mode=0, flags=0, granule=0, cfg=True):
+    fn = L.optional_symbol("gshm_pool_create")
+    assert fn is not None, "libgshm lacks gshm_pool_create"
+    c = L.PoolConfigC()
+    c.prefix = prefix.encode() if prefix is not None else None
+    c.device, c.mode, c.flags, c.granule = device, mode, flags, granule
+    out = ctypes.c_void_p()
+    rc = fn(client._ptr(), ctypes.byref(c) if cfg else None, ctypes.byref(out))
+    if rc == 0:
+        assert L.optional_symbol("gshm_pool_release")(out.value, 1) == 0
+    return rc
+
+
+def test_pool_config_errors(client):
+    assert _pool_create(client, "p", cfg=False) == -errno.EINVAL
+    assert _pool_create(client, None) == -errno.EINVAL
+    assert _pool_create(client, "p", flags=0x80) == -errno.EINVAL
+    assert _pool_create(client, "p", granule=3 * MiB) == -errno.EINVAL
+    assert _pool_create(client, "p", mode=0o1777) == -errno.EINVAL
+    assert _pool_create(client, "p", device=-1) == -errno.EINVAL
+    assert _pool_create(client, "a//b") == -errno.EINVAL
+    assert _pool_create(client, "../x") == -errno.EINVAL
+    assert _pool_create(client, "") == -errno.EINVAL
+    assert _pool_create(client, "x" * (gshm.NAME_MAX - 10)) == -errno.ENAMETOOLONG
+    rc = _pool_create(client, "p", granule=64 * MiB)
+    if not _cuda.available():
+        assert rc == -errno.ENOTSUP  # a host-only node: no driver to allocate with
+    rc = _pool_create(client, "p", device=4096)
+    assert rc == (-errno.ENODEV if _cuda.available() else -errno.ENOTSUP)
+
+
+def test_allocator_without_a_pool_refuses_and_ignores():
+    lib = L.lib()
+    malloc, free = lib.gshm_torch_malloc, lib.gshm_torch_free
+    malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int,
+                                                        ctypes.c_void_p]
+    free.restype, free.argtypes = None, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
+                                         ctypes.c_void_p]
+    last = L.optional_symbol("gshm_torch_last_error")
+    assert L.optional_symbol("gshm_pool_activate")(None) is None
+    assert malloc(2 * MiB, 0, None) is None
+    assert last() == -errno.EINVAL
+    buf = ctypes.create_string_buffer(64)
+    free(ctypes.addressof(buf), 64, 0, None)  # not pool memory: left alone
+    assert last() == -errno.EINVAL
+    free(None, 0, 0, None)
+    assert L.optional_symbol("gshm_pool_release")(None, 1) == -errno.EINVAL
+
+
+# ------------------------------------------------- load_safetensors' plan
+
+def test_copy_plan_moves_every_byte_once():
+    rnd = random.Random(7)
+    for chunk in (1, 7, 64, 1000, 1 << 20):
+        # a packed file data region, tensors in a shuffled destination order
+        sizes = [rnd.choice([0, 1, 3, 64, 200, 999]) for _ in range(30)]
+        start, jobs, pos = 100, [], 100
+        dests = list(range(len(sizes)))
+        rnd.shuffle(dests)
+        dst_off = {}
+        acc = 5000
+        for d in dests:
+            dst_off[d] = acc
+            acc += sizes[d]
+        for i, n in enumerate(sizes):
+            jobs.append((pos, pos + n, dst_off[i]))
+            pos += n
+        src = bytes(rnd.getrandbits(8) for _ in range(pos))
+        out = bytearray(acc)
+        seen = 0
+        for fpos, n, pieces in _safetensors.copy_plan(jobs, start, pos, chunk):
+            assert n <= chunk and fpos == start + seen
+            seen += n
+            for off, d, length in pieces:
+                assert 0 <= off and off + length <= n
+                out[d:d + length] = src[fpos + off:fpos + off + length]
+        assert seen == pos - start
+        want = bytearray(acc)
+        for b, e, d in jobs:
+            want[d:d + e - b] = src[b:e]
+        assert out == want
+
+
+# --------------------------------------------------- PyTorch's own limits
+
+def test_expandable_segments_refused():
+    ok = ["", "max_split_size_mb:128", "expandable_segments:False",
+          "garbage_collection_threshold:0.6"]
+    for v in ok:
+        _torch_conf.check_alloc_conf({"PYTORCH_CUDA_ALLOC_CONF": v})
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        for v in ("expandable_segments:True", "max_split_size_mb:64,expandable_segments:true"):
+            with pytest.raises(RuntimeError, match="expandable_segments.*#147851"):
+                _torch_conf.check_alloc_conf({var: v})
