@@ -32,11 +32,20 @@ __all__ = ["MemPool", "use_pool", "attach", "load_module", "unlink_prefix"]
 
 _lock = threading.Lock()
 _allocator = None
-# torch MemPools (and the gshm pools under them) that must outlive their
-# Python owners: PyTorch frees a tensor that outlives its MemPool with
-# cudaFree (pytorch #146431), which our memory must never see.  A pool lands
-# here when it is released while tensors from it are still alive.
-_kept = []
+
+
+# A torch.cuda.MemPool over gshm is never destroyed while a tensor from it
+# may be alive: PyTorch frees a tensor that outlives its MemPool with
+# cudaFree (pytorch #146431), which our memory must never see.  So each one
+# gets an extra reference that only MemPool.release() drops, once PyTorch's
+# own snapshot says no block of the pool is in use; otherwise the pool lives
+# until the process ends (and its memory with the process's leases).
+def _immortal(obj):
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+def _mortal(obj):
+    ctypes.pythonapi.Py_DecRef(ctypes.py_object(obj))
 
 
 def _pluggable():
@@ -136,6 +145,7 @@ class MemPool(object):
         self._client_handle.incref()
         try:
             self._torch_pool = _torch.cuda.MemPool(_pluggable().allocator())
+            _immortal(self._torch_pool)
         except BaseException:
             _fn("gshm_pool_release")(self._ptr, 1)
             self._client_handle.decref()
@@ -250,13 +260,13 @@ class MemPool(object):
         # does by destroying its MemPool (its empty_cache ignores private
         # pools, pytorch #145168), but only when no tensor uses them.
         if self._pool_idle():
-            self._torch_pool = None
+            tp, self._torch_pool = self._torch_pool, None
+            _mortal(tp)
+            del tp
             gc.collect()
             if release(self._ptr, 1 if unlink else 0) == 0:
                 self._finish()
                 return
-        with _lock:
-            _kept.append(self)
         warnings.warn("gshm: pool %r released while tensors from it are alive: their "
                       "memory returns when this process ends" % self.prefix, RuntimeWarning,
                       stacklevel=2)
@@ -275,13 +285,7 @@ class MemPool(object):
         return True
 
     def _finish(self):
-        self._ptr = None
-        if self._torch_pool is not None:
-            # empty by now (every segment closed): keep it rather than let
-            # torch assert on a pool it still counts as used
-            with _lock:
-                _kept.append(self._torch_pool)
-            self._torch_pool = None
+        self._ptr = None  # freed by gshm_pool_release
         self._client_handle.decref()
 
 
@@ -316,6 +320,7 @@ class use_pool(object):
             self._ctx.__exit__(exc_type, exc, tb)
         finally:
             _fn("gshm_pool_activate")(self._prev)
+            self._ctx = None  # it refers to the torch pool
         oom = getattr(_torch, "OutOfMemoryError", None) or _torch.cuda.OutOfMemoryError
         if exc_type is not None and issubclass(exc_type, oom):
             rc = _fn("gshm_torch_last_error")()

@@ -1,0 +1,456 @@
+#!/usr/bin/env python3
+"""gshm as PyTorch's allocator on one GPU (ctest: python_torch_gpu, label gpu).
+
+    python3 python/tests/test_torch_pool_gpu.py [-v]
+
+1. Engine restart: process A builds a transformers Llama (random weights
+   from a fixed seed, >= 300 MB of bf16) inside a persistent gshm pool,
+   publishes it and is SIGKILLed; process B attaches, loads with
+   assign=True, and its logits for fixed tokens equal A's exactly, with
+   torch.cuda.max_memory_allocated() under 1% of the weights; unlinking the
+   prefix gives the GPU's free memory (gshmd's cuMemGetInfo) back to within
+   1 MiB of where it was before A started.
+2. load_safetensors of a >= 1 GiB file gives the bytes share_state_dict
+   gives of the same tensors, with torch.cuda.max_memory_allocated() 0.
+3. PyTorch's limits and bad input: expandable_segments refused,
+   empty_cache keeps the pool's memory, a pool released under live
+   tensors keeps them valid, unknown device, closed client, stale
+   manifest, a non-persistent pool goes with its process.
+
+Exits 77 when no interpreter here has torch with a CUDA GPU, transformers
+and safetensors ($GSHM_GPU_PYTHON picks one).  Paths as run_gpu.py."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gshm_testutil  # noqa: E402  (puts the package on sys.path)
+
+SKIP = 77
+MiB = 1 << 20
+PREFIX = "torchtest/llama"
+LLAMA = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=10,
+             num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=256,
+             tie_word_embeddings=False, attn_implementation="eager")
+TOKENS = [1, 15043, 29892, 590, 1024, 338, 263, 1243, 310, 278, 6590, 1788, 29889, 13, 450, 2]
+
+
+def llama(meta=False):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = dict(LLAMA)
+    attn = cfg.pop("attn_implementation")
+    config = LlamaConfig(**cfg)
+    config._attn_implementation = attn
+    if meta:
+        with torch.device("meta"):
+            return LlamaForCausalLM(config)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def logits_of(model):
+    import torch
+    ids = torch.tensor([TOKENS], device="cuda:0")
+    with torch.no_grad():
+        return model(input_ids=ids, use_cache=False).logits.cpu().float()
+
+
+# ------------------------------------------------------------ child roles
+
+def role_a(sock, out_dir):
+    """Builds the model in a persistent pool, publishes, then waits to die."""
+    import torch
+    import gshm
+    import gshm.torch as gt
+    c = gshm.Client(sock, name="engine-a")
+    pool = gt.MemPool(c, PREFIX, device=0, persistent=True)
+    model = llama()
+    with gt.use_pool(pool):
+        model = model.to(device="cuda:0", dtype=torch.bfloat16)
+    model.eval()
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    torch.save(logits_of(model), os.path.join(out_dir, "logits-a.pt"))
+    pool.publish(model, metadata={"model": "llama-test"})
+    segs = pool.segments()
+    # every parameter is in a pool segment (publish checked it too)
+    print("PUBLISHED " + json.dumps({
+        "weights": weights, "segments": len(segs), "pool_bytes": sum(s.size for s in segs),
+        "allocated_default": torch.cuda.memory_allocated(0)}), flush=True)
+    time.sleep(3600)
+
+
+def role_b(sock, out_dir):
+    """A restarted engine: attach, load with assign=True, forward."""
+    import torch
+    import gshm
+    import gshm.torch as gt
+    c = gshm.Client(sock, name="engine-b")
+    torch.cuda.init()
+    torch.cuda.reset_peak_memory_stats(0)
+    t0 = time.monotonic()
+    sd = gt.attach(c, PREFIX, device=0)
+    t_attach = time.monotonic() - t0
+    model = llama(meta=True)
+    gt.load_module(model, sd)
+    model.eval()
+    for n, p in list(model.named_parameters()) + list(model.named_buffers()):
+        assert p.device.type == "cuda", (n, p.device)
+    weights = sum(t.numel() * t.element_size() for t in sd.values())
+    torch.save(logits_of(model), os.path.join(out_dir, "logits-b.pt"))
+    torch.cuda.synchronize()
+    print(json.dumps({"weights": weights, "max_allocated": torch.cuda.max_memory_allocated(0),
+                      "attach_s": t_attach, "metadata": sd.metadata}), flush=True)
+
+
+def role_load(sock, out_dir):
+    """load_safetensors of a >= 1 GiB file against share_state_dict."""
+    import torch
+    from safetensors.torch import save_file
+    import gshm
+    import gshm.torch as gt
+    c = gshm.Client(sock, name="loader")
+    g = torch.Generator().manual_seed(5)
+    sd = {}
+    specs = [(torch.float32, 4), (torch.bfloat16, 2), (torch.float16, 2), (torch.int8, 1)]
+    total = 0
+    i = 0
+    while total < (1 << 30) + 3 * MiB:
+        dt, size = specs[i % len(specs)]
+        rows = 1 + (i * 7919) % 3000
+        t = torch.randn(rows, 4096, generator=g).to(dt) if dt != torch.int8 else \
+            torch.randint(-128, 127, (rows, 4096), generator=g, dtype=torch.int8)
+        sd["layer.%03d.w" % i] = t
+        total += t.numel() * size
+        i += 1
+    sd["scalar"] = torch.tensor(3.5)
+    sd["empty"] = torch.empty(0, 5)
+    sd = dict(sorted(sd.items()))
+    path = os.path.join(out_dir, "w.safetensors")
+    save_file(sd, path)
+    torch.cuda.init()
+    torch.cuda.reset_peak_memory_stats(0)
+    loc = gshm.location_of_device(0)
+    t0 = time.monotonic()
+    a = gt.load_safetensors(c, "torchtest/loaded", path, location=loc, progress=False)
+    t_load = time.monotonic() - t0
+    assert torch.cuda.memory_allocated(0) == 0
+    b = gt.share_state_dict(c, "torchtest/shared", sd, location=loc)
+    assert a.size == b.size, (a.size, b.size)
+    n = a.info.requested_size
+    assert n == b.info.requested_size
+    va = torch.from_dlpack(a.view("uint8", (n,), 0, device=0)).cpu()
+    vb = torch.from_dlpack(b.view("uint8", (n,), 0, device=0)).cpu()
+    same = torch.equal(va, vb)
+    # and the tensors read back through load_state_dict are the file's
+    back = gt.load_state_dict(c, "torchtest/loaded", device="cuda:0")
+    values = all(torch.equal(back[k].cpu(), v) for k, v in sd.items())
+    del back
+    peak = torch.cuda.max_memory_allocated(0)
+    a.close()
+    b.close()
+    c.unlink("torchtest/loaded")
+    c.unlink("torchtest/shared")
+    os.unlink(path)
+    print(json.dumps({"bytes": n, "file_bytes": total, "same": same, "values": values,
+                      "max_allocated": peak, "load_s": t_load}), flush=True)
+
+
+def role_limits(sock, out_dir):
+    """PyTorch's known limits and the bad-input cases, one line each."""
+    import torch
+    import gshm
+    import gshm.torch as gt
+    res = {}
+    c = gshm.Client(sock, name="limits")
+
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    try:
+        gt.MemPool(c, "torchtest/exp", device=0)
+        res["expandable_refused"] = False
+    except RuntimeError as e:
+        res["expandable_refused"] = "expandable_segments" in str(e)
+    del os.environ["PYTORCH_CUDA_ALLOC_CONF"]
+    res["expandable_nothing_left"] = not c.exists("torchtest/exp/seg-000000")
+
+    try:
+        gt.MemPool(c, "torchtest/dev", device=torch.cuda.device_count() + 3)
+        res["unknown_device"] = False
+    except gshm.NoDevice:
+        res["unknown_device"] = True
+
+    # empty_cache cannot take the pool's memory, nor corrupt live tensors
+    pool = gt.MemPool(c, "torchtest/ec", device=0)
+    with gt.use_pool(pool):
+        x = torch.arange(1 << 20, dtype=torch.float32, device="cuda:0")
+        y = torch.ones(3 << 20, dtype=torch.float32, device="cuda:0")
+    del y
+    before = [(s.name, s.size) for s in pool.segments()]
+    torch.cuda.empty_cache()
+    res["empty_cache_keeps_segments"] = [(s.name, s.size) for s in pool.segments()] == before
+    res["empty_cache_keeps_data"] = bool((x.cpu() == torch.arange(1 << 20,
+                                                                  dtype=torch.float32)).all())
+    # a prefix in use is refused up front
+    try:
+        gt.MemPool(c, "torchtest/ec", device=0)
+        res["prefix_in_use"] = False
+    except gshm.Exists:
+        res["prefix_in_use"] = True
+    # released while x lives: the names go, x stays valid, nothing unmapped
+    import warnings
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        pool.release()
+    res["release_warns_live"] = any("alive" in str(m.message) for m in w)
+    res["release_unlinks"] = not any(s.name.startswith("torchtest/ec/") and not s.unlinked
+                                     for s in c.segments())
+    x.add_(1)
+    torch.cuda.synchronize()
+    res["live_tensor_valid"] = bool((x.cpu() == torch.arange(1 << 20, dtype=torch.float32) + 1)
+                                    .all())
+    del x
+    try:
+        with gt.use_pool(pool):
+            pass
+        res["released_refused"] = False
+    except ValueError:
+        res["released_refused"] = True
+
+    # a pool whose client is closed
+    c2 = gshm.Client(sock, name="limits-2")
+    pool2 = gt.MemPool(c2, "torchtest/closed", device=0)
+    c2.close()
+    try:
+        with gt.use_pool(pool2):
+            torch.empty(1 << 20, device="cuda:0")
+        res["closed_client_refused"] = False
+    except ValueError as e:
+        res["closed_client_refused"] = "client is closed" in str(e)
+
+    # released with nothing alive: everything returns at once
+    pool3 = gt.MemPool(c, "torchtest/idle", device=0, granule=64 * MiB)
+    with gt.use_pool(pool3):
+        z = torch.zeros(5 << 20, device="cuda:0")
+    del z
+    free_before = torch.cuda.mem_get_info(0)[0]
+    pool3.release()
+    res["idle_release_leaves_no_names"] = not any(s.name.startswith("torchtest/idle/")
+                                                  for s in c.segments())
+    res["idle_release_returns_mib"] = (torch.cuda.mem_get_info(0)[0] - free_before) // MiB
+
+    # a stale manifest: a segment created again under its name
+    pool4 = gt.MemPool(c, "torchtest/stale", device=0, granule=32 * MiB)
+    with gt.use_pool(pool4):
+        w4 = torch.ones(1 << 20, device="cuda:0")
+    pool4.publish({"w": w4})
+    seg0 = pool4.segments()[0].name
+    sd = gt.attach(c, "torchtest/stale", device=0)
+    res["attach_small_ok"] = bool((sd["w"].cpu() == 1).all())
+    del sd
+    c.unlink(seg0)
+    c.create(seg0, 2 * MiB, location=gshm.location_of_device(0)).close()
+    try:
+        gt.attach(c, "torchtest/stale", device=0)
+        res["stale_refused"] = False
+    except gt.StaleManifest:
+        res["stale_refused"] = True
+    c.unlink(seg0)
+    try:
+        gt.attach(c, "torchtest/stale", device=0)
+        res["gone_refused"] = False
+    except gt.StaleManifest:
+        res["gone_refused"] = True
+    try:
+        gt.attach(c, "torchtest/never", device=0)
+        res["unpublished_refused"] = False
+    except gshm.NotFound:
+        res["unpublished_refused"] = True
+    # a tensor from outside the pool cannot be published
+    try:
+        pool4.publish({"w": torch.ones(4, device="cuda:0")})
+        res["foreign_tensor_refused"] = False
+    except ValueError:
+        res["foreign_tensor_refused"] = True
+    del w4
+    pool4.release()
+    gt.unlink_prefix(c, "torchtest/stale")
+
+    # a non-persistent pool: no names, and publish refuses
+    pool5 = gt.MemPool(c, "torchtest/np", device=0, persistent=False)
+    with gt.use_pool(pool5):
+        v = torch.ones(1 << 20, device="cuda:0")
+    res["nonpersistent_unnamed"] = not c.exists("torchtest/np/seg-000000")
+    try:
+        pool5.publish({"v": v})
+        res["nonpersistent_publish_refused"] = False
+    except ValueError:
+        res["nonpersistent_publish_refused"] = True
+    print(json.dumps(res), flush=True)
+    # exits with v alive: the pool's memory goes with the process
+
+
+ROLES = {"a": role_a, "b": role_b, "load": role_load, "limits": role_limits}
+
+
+# ------------------------------------------------------------ orchestration
+
+def child(py, role, sock, out_dir, timeout=300):
+    p = subprocess.run([py, os.path.abspath(__file__), "--role", role, sock, out_dir],
+                       env=gshm_testutil.child_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=timeout)
+    if p.returncode != 0:
+        raise AssertionError("role %s failed (%d):\n%s" % (role, p.returncode,
+                                                           p.stderr.decode()[-4000:]))
+    return json.loads(p.stdout.decode().strip().splitlines()[-1])
+
+
+def free_memory(c):
+    return c.devices()[0].free_memory
+
+
+def wait_free(c, want, slack, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        f = free_memory(c)
+        if abs(f - want) <= slack or time.monotonic() > deadline:
+            return f
+        time.sleep(0.2)
+
+
+def check_restart(py, daemon, c, out_dir, log):
+    free0 = free_memory(c)
+    a = subprocess.Popen([py, os.path.abspath(__file__), "--role", "a", daemon.socket, out_dir],
+                         env=gshm_testutil.child_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        line = b""
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            line = a.stdout.readline()
+            if not line or line.startswith(b"PUBLISHED "):
+                break
+        if not line.startswith(b"PUBLISHED "):
+            a.kill()
+            raise AssertionError("A did not publish:\n%s" % a.stderr.read().decode()[-4000:])
+        info = json.loads(line[len(b"PUBLISHED "):])
+        log("A: %s" % info)
+        assert info["weights"] >= 300e6, info
+        # gshmctl segments: the pool's segments, owned by us, held by A
+        segs = json.loads(daemon.gshmctl("--json", "segments").stdout)["segments"]
+        mine = [s for s in segs if s["name"].startswith(PREFIX + "/seg-")]
+        assert len(mine) == info["segments"] and mine, segs
+        assert all(s.get("uid", os.getuid()) == os.getuid() for s in mine), mine
+        maps = [m for m in daemon.mappings() if m.get("segment", m.get("segment_name", ""))
+                .startswith(PREFIX + "/") and m.get("pid") == a.pid]
+        assert maps, daemon.mappings()
+    finally:
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+        a.stdout.close()
+        a.stderr.close()
+    # persistent: the names and memory outlive A's SIGKILL
+    assert c.exists(PREFIX + "/manifest") and c.exists(PREFIX + "/seg-000000")
+    b = child(py, "b", daemon.socket, out_dir)
+    log("B: %s" % b)
+    import torch
+    la = torch.load(os.path.join(out_dir, "logits-a.pt"))
+    lb = torch.load(os.path.join(out_dir, "logits-b.pt"))
+    assert la.shape == lb.shape and torch.equal(la, lb), "logits differ: max |a-b| = %g" % (
+        (la - lb).abs().max().item())
+    assert b["metadata"].get("model") == "llama-test", b
+    assert b["max_allocated"] < 0.01 * b["weights"], b
+    import gshm.torch as gt
+    gone = gt.unlink_prefix(c, PREFIX)
+    assert PREFIX + "/manifest" in gone and len(gone) == info["segments"] + 1, gone
+    free1 = wait_free(c, free0, MiB)
+    log("free before A %d MiB, after unlink %d MiB (diff %d KiB)"
+        % (free0 // MiB, free1 // MiB, (free1 - free0) // 1024))
+    assert abs(free1 - free0) <= MiB, (free0, free1)
+
+
+def check_load(py, daemon, c, out_dir, log):
+    r = child(py, "load", daemon.socket, out_dir)
+    log("load_safetensors: %s" % r)
+    assert r["file_bytes"] >= 1 << 30, r
+    assert r["same"] and r["values"], r
+    assert r["max_allocated"] == 0, r
+
+
+def check_limits(py, daemon, c, out_dir, log):
+    free0 = free_memory(c)
+    r = child(py, "limits", daemon.socket, out_dir)
+    log("limits: %s" % r)
+    bad = [k for k, v in r.items() if v is False]
+    assert not bad, bad
+    assert r["idle_release_returns_mib"] >= 60, r  # the 64 MiB segment came back
+    # the non-persistent pool went with its process; nothing else is left
+    left = [s.name for s in c.segments() if s.name.startswith("torchtest/")]
+    assert not left, left
+    free1 = wait_free(c, free0, MiB)
+    assert abs(free1 - free0) <= MiB, (free0, free1)
+
+
+def probe(py):
+    code = ("import torch, transformers, safetensors\n"
+            "print(torch.cuda.device_count() if torch.cuda.is_available() else 0)\n")
+    try:
+        p = subprocess.run([py, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           timeout=180)
+        return int(p.stdout.split()[-1]) if p.returncode == 0 else None
+    except Exception:
+        return None
+
+
+def main(argv):
+    if argv[:1] == ["--role"]:
+        ROLES[argv[1]](argv[2], argv[3])
+        return 0
+    verbose = "-v" in argv
+    cands = [os.environ.get("GSHM_GPU_PYTHON"), sys.executable, "/usr/bin/python3"]
+    py = None
+    for cand in cands:
+        if cand and os.path.exists(cand) and (probe(cand) or 0) >= 1:
+            py = cand
+            break
+    if py is None:
+        print("test_torch_pool_gpu: skipped: no python with torch + a CUDA GPU, transformers "
+              "and safetensors (set $GSHM_GPU_PYTHON)")
+        return SKIP
+    if py != sys.executable:
+        os.execv(py, [py, os.path.abspath(__file__)] + argv)
+    import gshm
+
+    def log(msg):
+        if verbose:
+            print("  " + msg, flush=True)
+
+    passed = failed = 0
+    with gshm_testutil.Daemon(backend="cuda") as daemon, \
+            tempfile.TemporaryDirectory(prefix="gshm-torch-") as out_dir, \
+            gshm.Client(daemon.socket, name="orchestrator") as c:
+        for name, fn in (("restart_after_sigkill", check_restart),
+                         ("load_safetensors", check_load), ("limits", check_limits)):
+            t0 = time.monotonic()
+            try:
+                fn(py, daemon, c, out_dir, log)
+                passed += 1
+                status = "PASSED"
+            except Exception:
+                failed += 1
+                status = "FAILED"
+                traceback.print_exc()
+                sys.stderr.write(daemon.log()[-3000:])
+            print("%s %s (%.1f s)" % (name, status, time.monotonic() - t0), flush=True)
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
