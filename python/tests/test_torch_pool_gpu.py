@@ -325,7 +325,6 @@ def wait_free(c, want, slack, timeout=15.0):
 
 
 def check_restart(py, daemon, c, out_dir, log):
-    import gshm
     # gshmd's first device segment sets up state it keeps: not ours to count
     c.create("torchtest/warm-up", 2 * MiB, location="cuda:0").close()
     c.unlink("torchtest/warm-up")
