@@ -416,9 +416,9 @@ def main(argv):
         ROLES[argv[1]](argv[2], argv[3])
         return 0
     verbose = "-v" in argv
-    cands = [os.environ.get("GSHM_GPU_PYTHON"), sys.executable, "/usr/bin/python3"]
-    py = None
-    for cand in cands:
+    py = sys.executable if os.environ.get("GSHM_TORCH_TEST_PROBED") else None
+    for cand in ([] if py else [os.environ.get("GSHM_GPU_PYTHON"), sys.executable,
+                                "/usr/bin/python3"]):
         if cand and os.path.exists(cand) and (probe(cand) or 0) >= 1:
             py = cand
             break
@@ -427,6 +427,7 @@ def main(argv):
               "and safetensors (set $GSHM_GPU_PYTHON)")
         return SKIP
     if py != sys.executable:
+        os.environ["GSHM_TORCH_TEST_PROBED"] = "1"  # probed once is enough
         os.execv(py, [py, os.path.abspath(__file__)] + argv)
     import gshm
 
