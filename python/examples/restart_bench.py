@@ -304,6 +304,7 @@ def main():
     if not args.dir:
         tmp = tempfile.TemporaryDirectory(prefix="gshm-restart-")
         args.dir = tmp.name
+    os.makedirs(args.dir, exist_ok=True)
     try:
         for i, gib in enumerate(float(s) for s in args.sizes.split(",")):
             try:
