@@ -6,7 +6,7 @@ import errno
 import os
 
 from . import _lib as L
-from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _dec, _enc,
+from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _count, _dec, _enc,
                     _finalizer, _optional, _raise)
 from ._errors import InvalidArgument, Unreachable
 from ._info import ClientInfo, DeviceInfo, LeaseInfo, SegmentInfo, StatusInfo
@@ -87,6 +87,7 @@ class Client(object):
         size = int(size)
         if size <= 0:
             raise InvalidArgument(22, "gshm_create: size must be > 0, not %d" % size, name)
+        size = _count(size, "size")
         if flags is None:
             flags = 0
         if legacy_ipc:

@@ -2,7 +2,7 @@
 between segments, arrays and raw device addresses."""
 
 
-from ._core import _optional, _raise
+from ._core import _count, _optional, _raise
 from ._segment import DeviceArray, Segment
 
 __all__ = ["copy", "copy_signal", "signal", "wait"]
@@ -79,9 +79,7 @@ def copy(dst, src, nbytes=None, stream=None, method="auto"):
         if not known:
             raise ValueError("gshm.copy: nbytes is needed for raw addresses")
         nbytes = min(known)
-    nbytes = int(nbytes)
-    if nbytes < 0:
-        raise ValueError("gshm.copy: nbytes is negative")
+    nbytes = _count(int(nbytes), "gshm.copy: nbytes", "size_t")
     for size, what in ((dsize, "dst"), (ssize, "src")):
         if size is not None and nbytes > size:
             raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (nbytes, what, size))

@@ -4,6 +4,8 @@ counted handles of the C objects.  The public classes live in _client.py,
 _segment.py, _info.py and _copy.py; the package (gshm/__init__.py) is
 their API."""
 
+import ctypes
+import operator
 import os
 import threading
 import weakref
@@ -14,17 +16,40 @@ from ._errors import error_for
 # ---------------------------------------------------------------- helpers
 
 def _enc(s, what="name"):
+    """s (str, bytes or path-like; None stays None) as the bytes C sees.
+    An embedded NUL byte raises ValueError: ctypes would pass a shorter
+    string, and unlink("app/x\\0.tmp") would remove "app/x"."""
     if s is None:
         return None
-    if isinstance(s, bytes):
-        return s
     if isinstance(s, os.PathLike):
         s = os.fspath(s)
-        if isinstance(s, bytes):
-            return s
-    if not isinstance(s, str):
+    if isinstance(s, str):
+        b = s.encode("utf-8", "surrogateescape")
+    elif isinstance(s, bytes):
+        b = s
+    else:
         raise TypeError("gshm: %s must be str or bytes, not %s" % (what, type(s).__name__))
-    return s.encode("utf-8", "surrogateescape")
+    if b"\0" in b:
+        raise ValueError("gshm: %s %r contains a NUL byte" % (what, s))
+    return b
+
+
+_C_BITS = {"uint64_t": 64, "size_t": 8 * ctypes.sizeof(ctypes.c_size_t)}
+
+
+def _count(v, what, ctype="uint64_t"):
+    """v as a non-negative int that fits the C type; ValueError for a
+    negative one or one of 2**64 and up (ctypes would wrap it silently)."""
+    try:
+        n = operator.index(v)
+    except TypeError:
+        n = int(v)
+    if n < 0:
+        raise ValueError("gshm: %s %d is negative" % (what, n))
+    if n >> _C_BITS[ctype]:
+        raise ValueError("gshm: %s %d does not fit in %d bits (%s)" % (what, n, _C_BITS[ctype],
+                                                                      ctype))
+    return n
 
 
 def _dec(b):

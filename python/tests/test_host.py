@@ -291,6 +291,32 @@ def test_errno_no_peer_path_is_not_supported():
     assert isinstance(error_for(-errno.ENOTSUP), gshm.NotSupported)
 
 
+def test_nul_bytes_and_huge_sizes_raise(client, segname):
+    """Issue 15 item 8: ctypes cuts a name at its first NUL byte and wraps
+    integers modulo 2**64; neither may reach the C library."""
+    victim = segname + "/x"
+    with client.create(victim, 4096, location="host"):
+        pass
+    for call in (lambda: client.unlink(victim + "\0.tmp"),
+                 lambda: client.unlink((victim + "\0.tmp").encode()),
+                 lambda: client.open(victim + "\0", "r"),
+                 lambda: client.stat(victim + "\0junk"),
+                 lambda: client.create(victim + "\0new", 4096, location="host"),
+                 lambda: client.create(segname + "/y", 4096, location="host\0cuda:0")):
+        with pytest.raises(ValueError):
+            call()
+    assert client.exists(victim)  # the cut name was never sent
+    for size in (2**64, 2**64 + 4096, 2**65):
+        with pytest.raises(ValueError):
+            client.create(segname + "/big", size, location="host")
+        assert not client.exists(segname + "/big")  # 2**64 + 4096 would wrap to 4096
+    with pytest.raises(ValueError):
+        gshm.Client(client.socket + "\0other")
+    with pytest.raises(ValueError):
+        gshm.copy(4096, 8192, nbytes=2**64)
+    client.unlink(victim)
+
+
 def test_connect_failure_carries_errno(tmp_path):
     with pytest.raises(ConnectionError) as ei:
         gshm.Client(str(tmp_path / "nobody-here.sock"))
