@@ -119,6 +119,10 @@ class MemPool(object):
     def __init__(self, client, prefix, device=0, persistent=True, mode=0o600, granule=None,
                  segment_per_alloc=False):
         _check_alloc_conf(os.environ)
+        if not hasattr(_torch.cuda, "MemPool") or not hasattr(_torch.cuda, "use_mem_pool"):
+            raise NotImplementedError("gshm: MemPool needs torch.cuda.MemPool and use_mem_pool "
+                                      "(PyTorch 2.6 or later); this is torch %s"
+                                      % _torch.__version__)
         if not isinstance(prefix, str) or not prefix:
             raise ValueError("gshm: prefix must be a non-empty str")
         self.client = client
