@@ -34,6 +34,7 @@ struct gshmd_server {
   bool have_admin_gid;
   gid_t admin_gid;
   int64_t started_ns;
+  int64_t poll_ns;          /* cfg poll_us where >= 4 CPUs, else 0 (conn_read) */
   /* Counters for metrics (issue 7): requests by type and status. */
   uint64_t requests[GSHM_WIRE_TYPE_MAX + 1][GSHMD_NSTATUS];
   struct gshmd_histogram duration; /* request service time */
