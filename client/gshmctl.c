@@ -9,6 +9,7 @@
 #include <pwd.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +44,8 @@ static void usage(FILE *f) {
           "  metrics                        Prometheus text exposition (--json: one\n"
           "                                 string, key \"text\")\n"
           "  create NAME SIZE [--location LOC] [--mode MODE] [--legacy-ipc]\n"
-          "                                 SIZE in bytes or with K/M/G/T; LOC host (default),\n"
+          "                                 SIZE in bytes or with K/M/G/T (K = KB = KiB = 1024);\n"
+          "                                 LOC host (default),\n"
           "                                 cuda:N or cuda:GPU-<uuid>; MODE octal, default 0600\n"
           "  unlink NAME                    remove the name; memory goes with the last lease\n"
           "  chmod NAME MODE                change permission bits (owner or admin)\n"
@@ -82,20 +84,62 @@ static int exit_code(int err) {
   }
 }
 
+/* Reports an error on stderr and returns rc (the exit status).  err is the
+ * negative errno behind it, or 0.  With --json the report is one JSON
+ * object (README "gshmctl --json"):
+ *   {"schema_version": 1, "error": {"exit_code": 5, "errno": "ENOENT",
+ *    "message": "open: no such segment"}}
+ * ("errno" is null when there is none); else "gshmctl: MESSAGE". */
+static json_t *json_text(const char *text);
+static int errorf(int rc, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int errorf(int rc, int err, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (json_out) {
+    const char *name = err ? strerrorname_np(-err) : NULL;
+    json_t *doc = json_object(), *e = json_object();
+    json_object_set_new(doc, "schema_version", json_integer(SCHEMA_VERSION));
+    json_object_set_new(e, "exit_code", json_integer(rc));
+    json_object_set_new(e, "errno", name ? json_string(name) : json_null());
+    json_object_set_new(e, "message", json_text(msg));
+    json_object_set_new(doc, "error", e);
+    json_dumpf(doc, stderr, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    fputc('\n', stderr);
+    json_decref(doc);
+  } else {
+    fprintf(stderr, "gshmctl: %s\n", msg);
+  }
+  return rc;
+}
+
 /* Reports a failed call; returns the exit code. */
 static int fail(gshm_client_t *c, const char *what, int err) {
   const char *detail = c ? gshm_last_error(c) : "";
-  fprintf(stderr, "gshmctl: %s: %s%s%s\n", what, gshm_strerror(err), *detail ? ": " : "", detail);
-  return exit_code(err);
+  return errorf(exit_code(err), err, "%s: %s%s%s", what, gshm_strerror(err), *detail ? ": " : "",
+                detail);
+}
+
+/* A verb's getopt_long returned '?' (opterr is 0: getopt says nothing):
+ * names the option that is not one, and a negative number as such. */
+static int bad_option(const char *verb, char **argv) {
+  const char *arg = argv[optind - 1] ? argv[optind - 1] : "?";
+  bool negative = arg[0] == '-' && arg[1] >= '0' && arg[1] <= '9';
+  return errorf(EXIT_USAGE, -EINVAL, "%s: %s '%s'%s", verb,
+                negative ? "not a size or offset:" : "unknown option", arg,
+                negative ? " (sizes and offsets cannot be negative)" : "");
 }
 
 static int connect_daemon(gshm_client_t **c) {
   int e = gshm_connect(socket_path, "gshmctl", c);
   if (e) {
     const char *path = socket_path ? socket_path : secure_getenv("GSHM_SOCKET");
-    fprintf(stderr, "gshmctl: cannot reach gshmd at %s: %s\n",
-            path && *path ? path : GSHM_DEFAULT_SOCKET, gshm_strerror(e));
-    return e == -EACCES ? EXIT_DENIED : EXIT_UNREACHABLE;
+    return errorf(e == -EACCES ? EXIT_DENIED : EXIT_UNREACHABLE, e,
+                  "cannot reach gshmd at %s: %s", path && *path ? path : GSHM_DEFAULT_SOCKET,
+                  gshm_strerror(e));
   }
   return 0;
 }
@@ -443,8 +487,8 @@ static int cmd_metrics(gshm_client_t *c) {
 static int parse_bytes(const char *what, const char *s, uint64_t *out) {
   int e = gshm__parse_size(s, out);
   if (e)
-    fprintf(stderr, "gshmctl: %s '%s': %s (use bytes or a K/M/G/T suffix)\n", what, s,
-            e == -ERANGE ? "too large" : "not a size");
+    errorf(EXIT_USAGE, e, "%s '%s': %s (bytes, or K/M/G/T: K, KB and KiB all mean 1024)",
+           what, s, e == -ERANGE ? "too large" : "not a size");
   return e;
 }
 
@@ -456,7 +500,7 @@ static int parse_mode(const char *what, const char *s, uint32_t *out) {
   errno = 0;
   v = strtoul(s, &end, 8);
   if (errno || *end || !*s || v > 0777) {
-    fprintf(stderr, "gshmctl: %s: mode '%s' is not octal 0000..0777\n", what, s);
+    errorf(EXIT_USAGE, -EINVAL, "%s: mode '%s' is not octal 0000..0777", what, s);
     return -EINVAL;
   }
   *out = (uint32_t)v;
@@ -489,15 +533,16 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
       flags |= GSHM_CREATE_LEGACY_IPC;
       break;
     default:
-      return EXIT_USAGE;
+      return bad_option("create", argv);
     }
   }
   if (argc - optind != 2) {
-    fprintf(stderr, "gshmctl: create NAME SIZE [--location LOC] [--mode MODE]\n");
-    return EXIT_USAGE;
+    return errorf(EXIT_USAGE, -EINVAL, "usage: create NAME SIZE [--location LOC] [--mode MODE]");
   }
   if (parse_bytes("create: size", argv[optind + 1], &size))
     return EXIT_USAGE;
+  if (size == 0)
+    return errorf(EXIT_USAGE, -EINVAL, "create: size must be at least 1 byte");
   if (!c)
     return EXIT_OK; /* arguments only (see main) */
   if ((e = gshm_create(c, argv[optind], size, location, mode, flags, &seg)))
@@ -521,20 +566,23 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
   return EXIT_OK;
 }
 
-/* unlink NAME, revoke NAME: one call on a name, "DONE 'NAME'" or {} . */
+/* unlink NAME, revoke NAME: one call on a name, "DONE 'NAME'" or
+ * {"schema_version": 1, "name": NAME}. */
 static int cmd_by_name(gshm_client_t *c, int argc, char **argv, const char *verb,
                        int (*fn)(gshm_client_t *, const char *), const char *done) {
   int e;
   if (argc != 2) {
-    fprintf(stderr, "gshmctl: %s NAME\n", verb);
-    return EXIT_USAGE;
+    return errorf(EXIT_USAGE, -EINVAL, "usage: %s NAME", verb);
   }
   if (!c)
     return EXIT_OK;
   if ((e = fn(c, argv[1])))
     return fail(c, verb, e);
-  if (json_out)
-    return print_json(json_doc());
+  if (json_out) {
+    json_t *doc = json_doc();
+    json_object_set_new(doc, "name", json_text(argv[1]));
+    return print_json(doc);
+  }
   printf("%s '%s'\n", done, argv[1]);
   return EXIT_OK;
 }
@@ -548,8 +596,7 @@ static int cmd_chmod(gshm_client_t *c, int argc, char **argv) {
   int e;
 
   if (argc != 3) {
-    fprintf(stderr, "gshmctl: chmod NAME MODE\n");
-    return EXIT_USAGE;
+    return errorf(EXIT_USAGE, -EINVAL, "usage: chmod NAME MODE");
   }
   if (parse_mode("chmod", argv[2], &mode))
     return EXIT_USAGE;
@@ -557,7 +604,16 @@ static int cmd_chmod(gshm_client_t *c, int argc, char **argv) {
     return EXIT_OK;
   if ((e = gshm_chmod(c, argv[1], mode)))
     return fail(c, "chmod", e);
-  return json_out ? print_json(json_doc()) : EXIT_OK;
+  if (json_out) {
+    json_t *doc = json_doc();
+    char m[8];
+    snprintf(m, sizeof(m), "%04o", (unsigned)mode);
+    json_object_set_new(doc, "name", json_text(argv[1]));
+    json_object_set_new(doc, "mode", json_string(m));
+    return print_json(doc);
+  }
+  printf("changed the mode of '%s' to %04o\n", argv[1], (unsigned)mode);
+  return EXIT_OK;
 }
 
 /* A user or group by name or number; (uint32_t)-1 for "". */
@@ -588,7 +644,7 @@ static int parse_id(const char *s, bool group, uint32_t *out) {
       return 0;
     }
   }
-  fprintf(stderr, "gshmctl: chown: no such %s '%s'\n", group ? "group" : "user", s);
+  errorf(EXIT_NOTFOUND, -ENOENT, "chown: no such %s '%s'", group ? "group" : "user", s);
   return -ENOENT;
 }
 
@@ -598,8 +654,7 @@ static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
   int e;
 
   if (argc != 3 || strlen(argv[2]) >= sizeof(spec) || !*argv[2]) {
-    fprintf(stderr, "gshmctl: chown NAME [USER][:GROUP]\n");
-    return EXIT_USAGE;
+    return errorf(EXIT_USAGE, -EINVAL, "usage: chown NAME [USER][:GROUP]");
   }
   strcpy(spec, argv[2]);
   if ((colon = strchr(spec, ':'))) {
@@ -613,7 +668,15 @@ static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
     return EXIT_OK;
   if ((e = gshm_chown(c, argv[1], uid, gid)))
     return fail(c, "chown", e);
-  return json_out ? print_json(json_doc()) : EXIT_OK;
+  if (json_out) {
+    json_t *doc = json_doc();
+    json_object_set_new(doc, "name", json_text(argv[1]));
+    json_object_set_new(doc, "uid", uid == (uint32_t)-1 ? json_null() : json_integer(uid));
+    json_object_set_new(doc, "gid", gid == (uint32_t)-1 ? json_null() : json_integer(gid));
+    return print_json(doc);
+  }
+  printf("changed the owner of '%s' to %s\n", argv[1], argv[2]);
+  return EXIT_OK;
 }
 
 static int cmd_revoke(gshm_client_t *c, int argc, char **argv) {
@@ -652,24 +715,27 @@ static int rw_opts(int argc, char **argv, bool is_write, uint64_t *offset, uint6
         return EXIT_USAGE;
       break;
     case 'n':
-      if (is_write || parse_bytes("length", optarg, length))
+      if (is_write)
+        return errorf(EXIT_USAGE, -EINVAL, "write: --length is for read (write takes all input)");
+      if (parse_bytes("length", optarg, length))
         return EXIT_USAGE;
       *have_length = true;
       break;
     case 'o':
     case 'i':
       if ((o == 'o') == is_write)
-        return EXIT_USAGE;
+        return errorf(EXIT_USAGE, -EINVAL, "%s: %s is for %s", is_write ? "write" : "read",
+                      o == 'o' ? "-o/--output" : "-i/--input", is_write ? "read" : "write");
       *file = optarg;
       break;
     default:
-      return EXIT_USAGE;
+      return bad_option(is_write ? "write" : "read", argv);
     }
   }
   if (argc - optind != 1) {
-    fprintf(stderr, is_write ? "gshmctl: write NAME [-i FILE] [--offset B]\n"
-                             : "gshmctl: read NAME [--offset B] [--length B] [-o FILE]\n");
-    return EXIT_USAGE;
+    return errorf(EXIT_USAGE, -EINVAL, "usage: %s",
+                  is_write ? "write NAME [-i FILE] [--offset B]"
+                           : "read NAME [--offset B] [--length B] [-o FILE]");
   }
   return 0;
 }
@@ -695,9 +761,8 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
     uint64_t size = gshm_segment_info(seg)->size;
     uint64_t end = have_length ? size : gshm_segment_info(seg)->requested_size;
     if (offset > end || (have_length && length > size - offset)) {
-      fprintf(stderr, "gshmctl: read: range past the segment's %" PRIu64 " bytes\n", end);
       gshm_close(seg);
-      return EXIT_ERR;
+      return errorf(EXIT_ERR, -ERANGE, "read: range past the segment's %" PRIu64 " bytes", end);
     }
     if (!have_length)
       length = end - offset;
@@ -708,8 +773,7 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
     goto out;
   }
   if (file && (out = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
-    fprintf(stderr, "gshmctl: read: %s: %s\n", file, strerror(errno));
-    rc = EXIT_ERR;
+    rc = errorf(EXIT_ERR, -errno, "read: %s: %s", file, strerror(errno));
     goto out;
   }
   if (!(buf = malloc(CHUNK))) {
@@ -723,8 +787,7 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
       goto out;
     }
     if ((e = write_all(out, buf, n))) {
-      fprintf(stderr, "gshmctl: read: writing output: %s\n", strerror(-e));
-      rc = EXIT_ERR;
+      rc = errorf(EXIT_ERR, e, "read: writing output: %s", strerror(-e));
       goto out;
     }
     done += n;
@@ -732,8 +795,7 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
 out:
   free(buf);
   if (file && out >= 0 && close(out) < 0 && rc == EXIT_OK) {
-    fprintf(stderr, "gshmctl: read: %s: %s\n", file, strerror(errno));
-    rc = EXIT_ERR;
+    rc = errorf(EXIT_ERR, -errno, "read: %s: %s", file, strerror(errno));
   }
   gshm_close(seg);
   return rc;
@@ -752,8 +814,7 @@ static int cmd_write(gshm_client_t *c, int argc, char **argv) {
   if (!c)
     return EXIT_OK;
   if (file && (in = open(file, O_RDONLY | O_CLOEXEC)) < 0) {
-    fprintf(stderr, "gshmctl: write: %s: %s\n", file, strerror(errno));
-    return EXIT_ERR;
+    return errorf(EXIT_ERR, -errno, "write: %s: %s", file, strerror(errno));
   }
   if ((e = gshm_open(c, argv[optind], GSHM_ACCESS_READ_WRITE, &seg))) {
     rc = fail(c, "write", e);
@@ -761,9 +822,9 @@ static int cmd_write(gshm_client_t *c, int argc, char **argv) {
   }
   size = gshm_segment_info(seg)->size;
   if (offset > size) {
-    fprintf(stderr, "gshmctl: write: offset %" PRIu64 " is past the segment's end (%" PRIu64
-            " bytes)\n", offset, size);
-    rc = EXIT_USAGE;
+    rc = errorf(EXIT_USAGE, -ERANGE,
+                "write: offset %" PRIu64 " is past the segment's end (%" PRIu64 " bytes)", offset,
+                size);
     goto out;
   }
   if ((e = gshm_map(seg, NULL, 0, &addr))) {
@@ -779,17 +840,17 @@ static int cmd_write(gshm_client_t *c, int argc, char **argv) {
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0) {
-      fprintf(stderr, "gshmctl: write: reading input: %s\n", strerror(errno));
-      rc = EXIT_ERR;
+      rc = errorf(EXIT_ERR, -errno, "write: reading input: %s", strerror(errno));
       break;
     }
     if (n == 0)
       break;
     if (offset + done > size || (uint64_t)n > size - offset - done) {
-      fprintf(stderr,
-              "gshmctl: write: input is larger than the segment (%" PRIu64 " bytes from offset %" PRIu64 ")\n",
-              size - (offset < size ? offset : size), offset);
-      rc = EXIT_ERR;
+      /* both numbers: how much input there is (at least), and the room */
+      rc = errorf(EXIT_ERR, -EFBIG,
+                  "write: the input (at least %" PRIu64 " bytes) does not fit: the segment has "
+                  "%" PRIu64 " bytes, %" PRIu64 " of them from offset %" PRIu64 " on",
+                  done + (uint64_t)n, size, size - offset, offset);
       break;
     }
     if ((e = gshm_write(seg, offset + done, buf, (size_t)n))) {
@@ -798,8 +859,15 @@ static int cmd_write(gshm_client_t *c, int argc, char **argv) {
     }
     done += (uint64_t)n;
   }
-  if (rc == EXIT_OK && !json_out && isatty(STDERR_FILENO))
-    fprintf(stderr, "wrote %" PRIu64 " bytes at offset %" PRIu64 "\n", done, offset);
+  if (rc == EXIT_OK && json_out) {
+    json_t *doc = json_doc();
+    json_object_set_new(doc, "name", json_text(argv[optind]));
+    json_object_set_new(doc, "offset", json_integer((json_int_t)offset));
+    json_object_set_new(doc, "bytes", json_integer((json_int_t)done));
+    rc = print_json(doc);
+  } else if (rc == EXIT_OK) {
+    printf("wrote %" PRIu64 " bytes to '%s' at offset %" PRIu64 "\n", done, argv[optind], offset);
+  }
 out:
   free(buf);
   if (file)
@@ -852,6 +920,7 @@ int main(int argc, char **argv) {
   const char *verb;
   int o, rc;
 
+  opterr = 0; /* errorf reports, with the program's name (and as JSON) */
   /* "+": stop at the verb, whose own options follow it. */
   while ((o = getopt_long(argc, argv, "+s:jhV", opts, NULL)) != -1) {
     switch (o) {
@@ -865,11 +934,11 @@ int main(int argc, char **argv) {
       usage(stdout);
       return EXIT_OK;
     case 'V':
-      printf("gshmctl %d.%d\n", GSHM_VERSION_MAJOR, GSHM_VERSION_MINOR);
+      printf("gshmctl %s\n", GSHM_VERSION);
       return EXIT_OK;
     default:
-      usage(stderr);
-      return EXIT_USAGE;
+      return errorf(EXIT_USAGE, -EINVAL, "unknown option '%s' (gshmctl --help lists them)",
+                    argv[optind - 1]);
     }
   }
   if (optind >= argc) {
@@ -909,8 +978,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
       known |= !strcmp(verb, verbs[i]);
     if (!known) {
-      fprintf(stderr, "gshmctl: unknown verb '%s' (gshmctl --help lists them)\n", verb);
-      return EXIT_USAGE;
+      return errorf(EXIT_USAGE, -EINVAL, "unknown verb '%s' (gshmctl --help lists them)", verb);
     }
   }
   /* A verb's arguments are checked before connecting: a usage error is
@@ -926,7 +994,8 @@ int main(int argc, char **argv) {
   /* output that could not be written (a full disk, a closed pipe) is a
    * failure, not a success with nothing shown */
   if (fflush(stdout) != 0 || ferror(stdout)) {
-    fprintf(stderr, "gshmctl: writing output: %s\n", strerror(errno ? errno : EIO));
+    int err = errno ? errno : EIO;
+    errorf(EXIT_ERR, -err, "writing output: %s", strerror(err));
     if (rc == EXIT_OK)
       rc = EXIT_ERR;
   }

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *log_ident = "gshm";
 static int log_threshold = -1;
@@ -11,7 +12,8 @@ static int log_prefix;
 void gshm__log_setup(const char *ident, int level, int prefix_priority) {
   log_ident = ident;
   log_threshold = level;
-  log_prefix = prefix_priority;
+  /* "<6>" is for journald; a person at a terminal reads the line without it */
+  log_prefix = prefix_priority && !isatty(STDERR_FILENO);
 }
 
 int gshm__log_level(void) { return log_threshold; }

@@ -18,8 +18,9 @@ enum {
 };
 
 /* Configures the process-wide logger: messages with priority <= level are
- * written to stderr as "<prio>ident: text" when prefix_priority is set,
- * else "ident: text".  ident is not copied and must outlive the logger. */
+ * written to stderr as "<prio>ident: text" when prefix_priority is set and
+ * stderr is not a terminal (journald reads the prefix), else "ident: text".
+ * ident is not copied and must outlive the logger. */
 void gshm__log_setup(const char *ident, int level, int prefix_priority);
 
 /* Current threshold; -1 means silent. */

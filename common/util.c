@@ -52,8 +52,9 @@ int gshm__parse_size(const char *s, uint64_t *out) {
   static const struct {
     const char *suffix;
     unsigned shift;
-  } units[] = {{"", 0},     {"b", 0},     {"k", 10},    {"kib", 10}, {"m", 20},
-               {"mib", 20}, {"g", 30},    {"gib", 30},  {"t", 40},   {"tib", 40}};
+  } units[] = {{"", 0},    {"b", 0},    {"k", 10},   {"kb", 10},  {"kib", 10},
+               {"m", 20},   {"mb", 20},  {"mib", 20}, {"g", 30},   {"gb", 30},
+               {"gib", 30}, {"t", 40},   {"tb", 40},  {"tib", 40}};
   unsigned long long v;
   char *end;
 

@@ -25,9 +25,11 @@ struct gshm_location {
  * Returns 0 or -EINVAL. */
 int gshm__location_parse(const char *s, struct gshm_location *out);
 
-/* Parses a byte count: digits with an optional binary suffix K, M, G, T
- * (also KiB/MiB/GiB/TiB, case-insensitive, no spaces).  Returns 0, -EINVAL
- * (not a number, unknown suffix) or -ERANGE (over 2^64-1). */
+/* Parses a byte count: digits with an optional binary suffix K, M, G, T,
+ * also written KB/MB/GB/TB or KiB/MiB/GiB/TiB (case-insensitive, no
+ * spaces): every form means powers of 1024 (4K = 4KB = 4KiB = 4096).
+ * Returns 0, -EINVAL (not a number, unknown suffix) or -ERANGE (over
+ * 2^64-1). */
 int gshm__parse_size(const char *s, uint64_t *out);
 
 /* Parses a loopback "ADDR:PORT" (127.0.0.0/8, [::1], or localhost; port

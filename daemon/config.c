@@ -22,7 +22,7 @@
 #include "util.h"
 
 #ifndef GSHM_VERSION
-#define GSHM_VERSION "0.1.0"
+#error "GSHM_VERSION comes from project() in CMakeLists.txt"
 #endif
 
 enum option_type {

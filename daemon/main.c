@@ -55,6 +55,21 @@ static void setup_logging(struct daemon *d) {
   gshm__log_setup("gshmd", d->cfg.log_level, !isatty(STDERR_FILENO));
 }
 
+/* What is missing when the CUDA backend cannot start (gshm__cudadrv_load's
+ * and the backend's errors), said so that a user knows what to install. */
+static const char *cuda_missing(int e) {
+  switch (-e) {
+  case ENOENT:
+    return "libcuda.so.1 not found: no NVIDIA driver installed";
+  case ENOSYS:
+    return "the NVIDIA driver is older than the CUDA version gshm was built for";
+  case ENODEV:
+    return "cuInit failed: no NVIDIA GPU, or its driver is not loaded";
+  default:
+    return strerror(-e);
+  }
+}
+
 static int setup_backends(struct daemon *d) {
   const char *want = d->cfg.backend ? d->cfg.backend : "auto";
   int e;
@@ -67,12 +82,12 @@ static int setup_backends(struct daemon *d) {
     return 0;
   e = gshmd_backend_cuda_create(&d->cfg, &d->reg.cuda);
   if (e && !strcmp(want, "cuda")) {
-    gshm_log_err("backend = cuda, but the CUDA backend is unavailable: %s", strerror(-e));
+    gshm_log_err("backend = cuda, but the CUDA backend is unavailable: %s", cuda_missing(e));
     return e;
   }
   if (e)
     gshm_log_notice("device segments unavailable (%s); serving host segments only",
-                    strerror(-e));
+                    cuda_missing(e));
   else
     gshm_log_info("cuda backend: %u device(s)", d->reg.cuda->ndevices);
   return 0;

@@ -20,7 +20,7 @@
 #include "util.h"
 
 #ifndef GSHM_VERSION
-#define GSHM_VERSION "0.0.0"
+#error "GSHM_VERSION comes from project() in CMakeLists.txt"
 #endif
 
 static bool client_name_ok(const char *name) {

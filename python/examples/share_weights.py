@@ -35,11 +35,19 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the gshm package of this source tree
 
-import torch
-import torch.multiprocessing as mp
+try:  # --help works without torch; main() says what is missing
+    import torch
+    import torch.multiprocessing as mp
+except ImportError as e:
+    torch = mp = None
+    _TORCH_ERROR = e
 
 import gshm
-import gshm.torch as gt
+
+try:
+    import gshm.torch as gt
+except ImportError:
+    gt = None
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -156,6 +164,9 @@ def main():
     ap.add_argument("--compare", action="store_true",
                     help="also time a safetensors file and torch.multiprocessing CUDA IPC")
     args = ap.parse_args()
+    if torch is None:
+        sys.exit("share_weights.py needs PyTorch with CUDA (%s); run it with an interpreter "
+                 "that has torch, e.g. /opt/torch/.venv/bin/python3" % _TORCH_ERROR)
 
     ngpus = torch.cuda.device_count()
     if ngpus < 1:

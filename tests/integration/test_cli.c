@@ -88,7 +88,7 @@ static void test_exit_codes(void **state) {
 
   assert_int_equal(CTL(h, NULL, "read", "no-such-segment"), 5);
   assert_int_equal(CTL(h, NULL, "unlink", "no-such-segment"), 5);
-  assert_int_equal(CTL(h, NULL, "create", "x", "0"), 1);          /* size 0 */
+  assert_int_equal(CTL(h, NULL, "create", "x", "0"), 2);          /* size 0: usage */
   assert_int_equal(CTL(h, NULL, "create", "x", "12Q"), 2);        /* not a size */
   assert_int_equal(CTL(h, NULL, "create", "x"), 2);               /* missing SIZE */
   assert_int_equal(CTL(h, NULL, "frobnicate"), 2);                /* unknown verb */

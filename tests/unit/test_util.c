@@ -25,6 +25,18 @@ static void test_sizes(void **state) {
   assert_int_equal(v, 3ull << 30);
   assert_int_equal(gshm__parse_size("1t", &v), 0);
   assert_int_equal(v, 1ull << 40);
+  /* K, KB and KiB all mean 1024 (issue 16: "4KB" was not a size) */
+  assert_int_equal(gshm__parse_size("4KB", &v), 0);
+  assert_int_equal(v, 4096);
+  assert_int_equal(gshm__parse_size("4kib", &v), 0);
+  assert_int_equal(v, 4096);
+  assert_int_equal(gshm__parse_size("2MB", &v), 0);
+  assert_int_equal(v, 2ull << 20);
+  assert_int_equal(gshm__parse_size("1gb", &v), 0);
+  assert_int_equal(v, 1ull << 30);
+  assert_int_equal(gshm__parse_size("1TB", &v), 0);
+  assert_int_equal(v, 1ull << 40);
+  assert_int_equal(gshm__parse_size("4KiBB", &v), -EINVAL);
   assert_int_equal(gshm__parse_size("", &v), -EINVAL);
   assert_int_equal(gshm__parse_size("-1", &v), -EINVAL);
   assert_int_equal(gshm__parse_size("12Q", &v), -EINVAL);

@@ -1,0 +1,80 @@
+#!/bin/bash
+# What a new user reads (issue 16, items 5, 6, 7, 9): one version everywhere,
+# gshmctl's messages and exit codes, --json errors as a JSON object on
+# stderr, one line (or one JSON document) on every verb's success, and
+# share_weights.py --help without torch.
+#   test_messages.sh GSHMD GSHMCTL VERSION PYTHON SOURCE_DIR
+set -u
+gshmd=$1 ctl=$2 version=$3 py=$4 src=$5
+dir=$(mktemp -d)
+"$gshmd" --backend host --socket "$dir/s" --log-level 3 2>"$dir/gshmd.log" &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 200); do [ -S "$dir/s" ] && break; sleep 0.05; done
+export GSHM_SOCKET=$dir/s
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# run RC ARGS...: runs gshmctl, checks the exit code; output in $dir/out, $dir/err
+run() {
+  local want=$1 rc
+  shift
+  "$ctl" "$@" >"$dir/out" 2>"$dir/err"
+  rc=$?
+  [ "$rc" = "$want" ] || fail "gshmctl $*: exit $rc, want $want ($(cat "$dir/err"))"
+}
+has() { grep -qF -- "$2" "$dir/$1" || fail "$1 of the last command lacks '$2': $(cat "$dir/$1")"; }
+json() { "$py" -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$dir/$1" \
+           || fail "$1 is not JSON with $2: $(cat "$dir/$1")"; }
+
+# item 5: one version
+[ "$("$ctl" -V)" = "gshmctl $version" ] || fail "gshmctl -V: $("$ctl" -V)"
+[ "$("$gshmd" -V)" = "gshmd $version" ] || fail "gshmd -V: $("$gshmd" -V)"
+pyv=$(PYTHONPATH=$src/python "$py" -c 'import gshm; print(gshm.__version__)')
+[ "$pyv" = "$version" ] || fail "python gshm.__version__ $pyv, want $version"
+
+# item 6: messages, exit codes, sizes
+run 2 create x -5
+has err "gshmctl: create:"
+has err "'-5'"
+run 2 create x 0
+has err "at least 1 byte"
+run 0 create k4 4KB
+has out "4 KiB"
+run 0 create k4i 4KiB
+has out "4 KiB"
+run 0 create k4k 4k
+head -c 100 /dev/zero >"$dir/in100"
+run 1 write k4 --offset 4090 -i "$dir/in100"
+has err "100 bytes"
+has err "4096 bytes, 6 of them from offset 4090"
+run 2 --frobnicate status
+has err "gshmctl: unknown option '--frobnicate'"
+
+# item 7: the same success shape for every verb, JSON errors
+run 0 write k4 -i "$dir/in100"
+has out "wrote 100 bytes to 'k4' at offset 0"
+run 0 chmod k4 0640
+has out "changed the mode of 'k4' to 0640"
+run 0 unlink k4i
+has out "unlinked 'k4i'"
+run 0 --json chmod k4 0600
+json out "d['schema_version'] == 1 and d['name'] == 'k4' and d['mode'] == '0600'"
+run 0 --json write k4 -i "$dir/in100"
+json out "d['name'] == 'k4' and d['bytes'] == 100"
+run 0 --json unlink k4k
+json out "d['name'] == 'k4k'"
+run 5 --json unlink no-such
+json err "d['schema_version'] == 1 and d['error']['exit_code'] == 5 and d['error']['errno'] == 'ENOENT' and 'unlink' in d['error']['message']"
+[ -s "$dir/out" ] && fail "a --json error wrote to stdout: $(cat "$dir/out")"
+run 2 --json create x 12Q
+json err "d['error']['exit_code'] == 2 and d['error']['errno'] == 'EINVAL' and 'not a size' in d['error']['message']"
+GSHM_SOCKET=$dir/nothing-here run 3 --json status
+json err "d['error']['exit_code'] == 3 and d['error']['errno'] is not None"
+
+# item 9: the example's --help needs no torch
+"$py" "$src/python/examples/share_weights.py" --help >"$dir/out" 2>"$dir/err" \
+  || fail "share_weights.py --help: $(cat "$dir/err")"
+has out "usage: share_weights.py"
+
+[ "$failures" = 0 ] && echo "all checks passed"
+exit $((failures > 0))
