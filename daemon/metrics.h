@@ -1,6 +1,7 @@
 /* Prometheus text exposition of gshmd's state (metrics.c), used by the
- * METRICS request (server.c), the textfile timer (main.c) and the HTTP
- * endpoint's snapshot (metrics_http.c).  Loop thread only, but for
+ * METRICS request (requests.c), the textfile timer (main.c) and the HTTP
+ * endpoint's snapshot (metrics_http.c), and the request latency histogram
+ * that server.c feeds.  Loop thread only, but for
  * gshmd_metrics_store_textfile. */
 #ifndef GSHMD_METRICS_H
 #define GSHMD_METRICS_H
