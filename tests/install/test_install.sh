@@ -1,0 +1,86 @@
+#!/bin/bash
+# A new user's install (issue 16 items 1, 2): `cmake --install` of this
+# build into a scratch DESTDIR, then
+#   - the installed gshmctl and gshmd run without LD_LIBRARY_PATH (RUNPATH
+#     $ORIGIN/../lib) and say the project's version;
+#   - gshmd names the config file it reads by default (the prefix's etc);
+#   - a consumer project builds and runs against the installed tree with
+#     CMake (find_package(gshm VERSION), gshm::gshm) and with pkg-config;
+#   - find_package(gshm 99.0) is refused (gshmConfigVersion.cmake).
+#   test_install.sh BUILD_DIR PREFIX VERSION C_COMPILER
+set -u
+build=$1 prefix=$2 version=$3 cc=$4
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+root=$dir/root
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+DESTDIR=$root cmake --install "$build" >"$dir/install.log" 2>&1 || {
+  cat "$dir/install.log"
+  echo "FAIL: cmake --install"
+  exit 1
+}
+p=$root$prefix
+# multiarch or not: where libgshm.so landed
+lib=$(dirname "$(find "$p" -name 'libgshm.so' | head -1)")
+[ -f "$lib/cmake/gshm/gshmConfig.cmake" ] || fail "no gshmConfig.cmake in $lib/cmake/gshm"
+[ -f "$lib/cmake/gshm/gshmConfigVersion.cmake" ] || fail "no gshmConfigVersion.cmake"
+
+# RUNPATH, and the version from the one place
+out=$(env -u LD_LIBRARY_PATH "$p/bin/gshmctl" --version 2>&1) || fail "installed gshmctl: $out"
+[ "$out" = "gshmctl $version" ] || fail "installed gshmctl --version: $out"
+out=$(env -u LD_LIBRARY_PATH "$p/sbin/gshmd" --version 2>&1) || fail "installed gshmd: $out"
+[ "$out" = "gshmd $version" ] || fail "installed gshmd --version: $out"
+if command -v readelf >/dev/null; then
+  readelf -d "$p/bin/gshmctl" | grep -q 'R.*PATH.*\$ORIGIN/\.\./lib' ||
+    fail "gshmctl has no \$ORIGIN/../lib RUNPATH: $(readelf -d "$p/bin/gshmctl" | grep PATH)"
+fi
+# the config path the README states for this prefix
+want_conf=$([ "$prefix" = /usr ] && echo /etc/gshm/gshmd.conf || echo "$prefix/etc/gshm/gshmd.conf")
+"$p/sbin/gshmd" --help 2>&1 | grep -qF "$want_conf" ||
+  fail "gshmd --help does not name $want_conf"
+
+# a consumer project
+mkdir -p "$dir/consumer"
+cat >"$dir/consumer/main.c" <<'C'
+#include <gshm.h>
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+  /* no daemon needed: a call that only formats, and a version macro */
+  printf("gshm %d.%d: %s\n", GSHM_VERSION_MAJOR, GSHM_VERSION_MINOR, gshm_strerror(-2));
+  return strlen(gshm_strerror(-2)) ? 0 : 1;
+}
+C
+cat >"$dir/consumer/CMakeLists.txt" <<C
+cmake_minimum_required(VERSION 3.16)
+project(gshm_consumer C)
+find_package(gshm \${WANT} REQUIRED)
+add_executable(consumer main.c)
+target_link_libraries(consumer PRIVATE gshm::gshm)
+C
+if cmake -S "$dir/consumer" -B "$dir/cb" -DCMAKE_C_COMPILER="$cc" -DWANT="$version" \
+     -DCMAKE_PREFIX_PATH="$p" >"$dir/cmake.log" 2>&1 &&
+   cmake --build "$dir/cb" >>"$dir/cmake.log" 2>&1; then
+  "$dir/cb/consumer" | grep -q "^gshm " || fail "the CMake consumer did not run"
+else
+  cat "$dir/cmake.log"
+  fail "a consumer with find_package(gshm $version) did not build"
+fi
+if cmake -S "$dir/consumer" -B "$dir/cb99" -DCMAKE_C_COMPILER="$cc" -DWANT=99.0 \
+     -DCMAKE_PREFIX_PATH="$p" >"$dir/cmake99.log" 2>&1; then
+  fail "find_package(gshm 99.0) was accepted"
+fi
+# pkg-config, from the installed .pc (relocatable: ${pcfiledir})
+export PKG_CONFIG_PATH=$lib/pkgconfig
+if flags=$(pkg-config --cflags --libs gshm); then
+  [ "$(pkg-config --modversion gshm)" = "$version" ] || fail "pkg-config --modversion"
+  # shellcheck disable=SC2086
+  "$cc" -o "$dir/pc" "$dir/consumer/main.c" $flags -Wl,-rpath,"$lib" &&
+    "$dir/pc" | grep -q "^gshm " || fail "the pkg-config consumer did not build or run ($flags)"
+else
+  fail "pkg-config gshm"
+fi
+[ "$failures" = 0 ] && echo "install: all checks passed ($p)"
+exit $((failures > 0))
