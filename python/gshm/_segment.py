@@ -230,7 +230,12 @@ class HostSegment(Segment, mmap.mmap):
     close(): the memory stays mapped until the last of them goes, while the
     lease ends at close().  torch.frombuffer(seg, ...) keeps no buffer export
     (only the object): a tensor made with it must not outlive close(); use
-    gshm.torch.tensor_view for one that may."""
+    gshm.torch.tensor_view for one that may.
+
+    The memory is mapped from the start, so the segment is mapped in
+    libgshm too (gshm_map) and the daemon lists the lease as mapped
+    (`gshmctl mappings`) until close(); address is that mapping's address,
+    of the same memory."""
 
     def __new__(cls, client, handle, info, access):
         fd = L.lib().gshm_segment_fd(handle.ptr)
@@ -242,6 +247,8 @@ class HostSegment(Segment, mmap.mmap):
     def __init__(self, client, handle, info, access):
         self._init(client, handle, info, access)
         self._fin = _finalizer(self, handle.release_owner)
+        # the memory is mapped (this object is an mmap of it): say so to gshmd
+        self.map()
 
     __len__ = Segment.__len__
 

@@ -191,6 +191,28 @@ def test_create_here_open_and_view_in_another_process(daemon, client, segname):
     client.unlink(segname)
 
 
+def test_host_mappings_are_reported(daemon, client, segname):
+    """A host segment's memory is mapped as soon as it is open (numpy.frombuffer,
+    seg.view() need no map()): gshmctl mappings says so, for the creator and
+    for another process that only takes views (issue 16 item 4)."""
+    pid = os.getpid()
+    with client.create(segname, 8192, location="host") as seg:
+        mine = leases_of(daemon, segname, pid)
+        assert len(mine) == 1 and mine[0]["mapped"] and mine[0]["devices"] == [], mine
+        assert seg.mapped and seg.address
+        numpy.frombuffer(seg, numpy.uint8)[:4] = [1, 2, 3, 4]
+        run_child(daemon, """
+            import os
+            name = sys.argv[2]
+            with gshm.Client(sock) as c, c.open(name, "r") as seg:
+                v = seg.view("uint8", (4,))
+                assert list(v) == [1, 2, 3, 4], list(v)
+                mine = [l for l in c.leases() if l.segment == name and l.pid == os.getpid()]
+                assert len(mine) == 1 and mine[0].mapped and mine[0].devices == (), mine
+            """, segname)
+    client.unlink(segname)
+
+
 def test_typed_views_and_buffer_protocol(client, segname):
     with client.create(segname, 4096, location="host") as seg:
         assert len(seg) == seg.size == 4096
