@@ -18,7 +18,6 @@
 #define RECORD_MAX (1u << 20) /* a stored record larger than this is refused */
 #define ID_BLOCK 4096         /* ids reserved per ids-<v> record */
 
-static struct gshmd_fdstore *the_store; /* the registry callback's context */
 
 /* Sends one fd to the store under name; on failure stops the store
  * (nobody listens: say so once). */
@@ -167,10 +166,9 @@ static void segment_added(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
 }
 
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event) {
-  struct gshmd_fdstore *fs = the_store;
+  struct gshmd_fdstore *fs = r->on_event_data;
   char name[64];
 
-  (void)r;
   if (!fs || !fs->enabled)
     return;
   switch (event) {
@@ -203,7 +201,7 @@ int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg) {
   memset(fs, 0, sizeof(*fs));
   fs->reg = reg;
   fs->enabled = ns && *ns;
-  the_store = fs;
+  reg->on_event_data = fs;
   reg->on_event = on_event;
   return 0;
 }
@@ -395,7 +393,8 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
 }
 
 void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
-  if (fs->reg && fs->reg->on_event == on_event)
+  if (fs->reg && fs->reg->on_event == on_event) {
     fs->reg->on_event = NULL;
-  the_store = NULL;
+    fs->reg->on_event_data = NULL;
+  }
 }

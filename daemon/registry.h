@@ -93,6 +93,7 @@ struct gshmd_registry {
    * an unlink, an owner or mode change, just before the memory is freed,
    * and after a session or lease id is taken (GSHMD_IDS_USED, seg NULL). */
   void (*on_event)(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
+  void *on_event_data;         /* on_event's context (the fd store) */
   void *usage_root;            /* tsearch root: per-uid usage (quotas) */
   /* Shutting down: segments freed from now on (connections ending) keep
    * their pages, parked in the fd store for the next start and still
