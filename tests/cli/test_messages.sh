@@ -50,6 +50,16 @@ has err "4096 bytes, 6 of them from offset 4090"
 run 2 --frobnicate status
 has err "gshmctl: unknown option '--frobnicate'"
 
+# item 6: no "<6>" syslog prefix when stderr is a terminal (script gives one)
+if command -v script >/dev/null; then
+  script -qec "'$gshmd' --socket '$dir/t' --log-level 6 & sleep 0.5; kill \$!" \
+    /dev/null >"$dir/tty" 2>&1
+  grep -q "gshmd: listening" "$dir/tty" || fail "no log line on the terminal: $(cat "$dir/tty")"
+  grep -q "<6>" "$dir/tty" && fail "the <6> prefix reached a terminal: $(cat "$dir/tty")"
+  # and without a GPU (backend auto), gshmd says what is missing, not an errno
+  grep -q "device segments unavailable (No such file" "$dir/tty" && fail "$(cat "$dir/tty")"
+fi
+
 # item 7: the same success shape for every verb, JSON errors
 run 0 write k4 -i "$dir/in100"
 has out "wrote 100 bytes to 'k4' at offset 0"
