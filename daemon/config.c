@@ -147,6 +147,27 @@ __attribute__((format(printf, 1, 2))) static void config_error(const char *fmt, 
   fputc('\n', stderr);
 }
 
+/* Keys that older releases read and this one does not: a config file that
+ * still sets one starts gshmd with a warning instead of failing, so that an
+ * upgrade never stops the daemon over a key that no longer does anything. */
+static const struct {
+  const char *section, *key, *why;
+} retired_keys[] = {
+    {"daemon", "watchdog_sec", "the watchdog follows WatchdogSec= in gshmd.service"},
+};
+
+/* If section.key is retired, says so once on stderr (as a warning) and
+ * returns true: the caller then ignores the key. */
+static bool retired_key(const char *at, const char *section, const char *key) {
+  for (size_t i = 0; i < sizeof(retired_keys) / sizeof(retired_keys[0]); i++)
+    if (strcmp(retired_keys[i].section, section) == 0 && strcmp(retired_keys[i].key, key) == 0) {
+      fprintf(stderr, "%sgshmd: %s: key '%s.%s' is no longer read (%s); ignored\n",
+              stderr_is_journal() ? "<4>" : "", at, section, key, retired_keys[i].why);
+      return true;
+    }
+  return false;
+}
+
 static const struct option_def *option_find(const char *section, const char *key) {
   for (size_t i = 0; i < N_OPTIONS; i++)
     if (strcmp(options[i].section, section) == 0 && strcmp(options[i].key, key) == 0)
@@ -338,6 +359,8 @@ static int option_set_by_name(struct gshmd_config *cfg, const char *section, con
   else
     snprintf(at, sizeof(at), "%s", where->file);
   if (!opt) {
+    if (retired_key(at, section, key))
+      return 0;
     config_error("%s: unknown key '%s.%s'", at, section, key);
     return -EINVAL;
   }
@@ -417,6 +440,11 @@ static int ini_state_handle(void *user, const char *section, const char *name, c
     return 0;
   opt = option_find(section, name);
   if (!opt) {
+    char at[PATH_MAX + 32];
+
+    snprintf(at, sizeof(at), "%s:%d", st->path, st->line);
+    if (retired_key(at, section, name))
+      return 1;
     r = -EINVAL;
     if (section[0] == '\0')
       snprintf(st->message, sizeof(st->message),

@@ -185,6 +185,13 @@ bad_file() {
 bad_file 2 4 daemon.no_such_key "unknown key" '[daemon]\nsocket = /a\n\nno_such_key = 1\n'
 bad_file 2 2 nosuch.key "unknown key" '[nosuch]\nkey = 1\n'
 bad_file 2 1 orphan "unknown key" 'orphan = 1\n[daemon]\n'
+# A retired key (read by an older release) warns and is ignored: an
+# upgrade must not stop gshmd over a key that no longer does anything.
+printf '[daemon]\nwatchdog_sec = 30\n' >"$tmp/retired.conf"
+if run 0 "$gshmd" --check-config --config "$tmp/retired.conf"; then
+  expect_err "$tmp/retired.conf:2:"
+  expect_err "'daemon.watchdog_sec' is no longer read"
+fi
 bad_file 2 3 limits.max_connections "not a non-negative number" '[daemon]\n[limits]\nmax_connections = -3\n'
 bad_file 2 2 limits.max_connections "out of range" '[limits]\nmax_connections = 0\n'
 bad_file 2 2 limits.max_connections "too large" '[limits]\nmax_connections = 99999999999999999999999\n'
