@@ -318,6 +318,31 @@ static int default_poll_ns(void) {
   return sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 30000 : 0;
 }
 
+int gshm__request_more(struct gshm_client *c, uint16_t type, Gshm__Reply **reply_out) {
+  Gshm__Reply *reply = NULL;
+  int e;
+
+  if (c->fd < 0)
+    return -ECONNRESET;
+  if ((e = read_reply(c, c->next_request, type, &reply, NULL, 0))) {
+    if (connection_lost(e)) {
+      set_last_error(c, "connection to gshmd lost");
+      close(c->fd);
+      c->fd = -1;
+      e = -ECONNRESET;
+    }
+    return e;
+  }
+  if (reply->status != GSHM__STATUS__STATUS_OK) {
+    e = gshm__status_to_errno(reply->status);
+    set_last_error(c, reply->message);
+    gshm__reply__free_unpacked(reply, NULL);
+    return e;
+  }
+  *reply_out = reply;
+  return 0;
+}
+
 int gshm_connect(const char *path, const char *client_name, gshm_client_t **client_out) {
   struct gshm_client *c;
   const char *env;
@@ -389,7 +414,7 @@ void gshm_disconnect(gshm_client_t *c) {
   free(c);
 }
 
-static void info_from_wire(gshm_segment_info_t *o, const Gshm__SegmentInfo *i) {
+void gshm__info_from_wire(gshm_segment_info_t *o, const Gshm__SegmentInfo *i) {
   memset(o, 0, sizeof(*o));
   o->id = i->id;
   o->generation = i->generation;
@@ -406,6 +431,7 @@ static void info_from_wire(gshm_segment_info_t *o, const Gshm__SegmentInfo *i) {
   o->unlinked = i->state == GSHM__SEGMENT_STATE__SEGMENT_STATE_UNLINKED;
   o->leases = i->leases;
   o->created_ns = i->created_ns;
+  snprintf(o->source, sizeof(o->source), "%s", i->source ? i->source : "");
 }
 
 static int segment_new(struct gshm__lease *l, gshm_segment_t **seg_out) {
@@ -449,7 +475,7 @@ int gshm__lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
   l->access = reply->grant->access == GSHM__ACCESS__ACCESS_READ ? GSHM_ACCESS_READ
                                                                  : GSHM_ACCESS_READ_WRITE;
   l->fd = fd;
-  info_from_wire(&l->info, reply->grant->segment);
+  gshm__info_from_wire(&l->info, reply->grant->segment);
   if ((e = segment_new(l, seg_out))) {
     if (fd >= 0)
       close(fd);
@@ -613,7 +639,7 @@ static int stat_request(struct gshm_client *c, const char *name, uint64_t id,
   if (reply->body_case != GSHM__REPLY__BODY_SEGMENT)
     e = -EPROTO;
   else
-    info_from_wire(info_out, reply->segment);
+    gshm__info_from_wire(info_out, reply->segment);
   gshm__reply__free_unpacked(reply, NULL);
   return e;
 }
@@ -732,7 +758,7 @@ static int add_segments(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap
     return -ENOMEM;
   a = *arr;
   for (size_t i = 0; i < r->segments->n_segments; i++)
-    info_from_wire(&a[(*n)++], r->segments->segments[i]);
+    gshm__info_from_wire(&a[(*n)++], r->segments->segments[i]);
   *next = r->segments->next;
   return 0;
 }

@@ -65,6 +65,14 @@ struct gshm_client {
 int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
                   Gshm__Reply **reply_out, int *fd_out);
 
+/* Reads the next reply to the request gshm__request just sent (requests
+ * answered more than once: PULL's progress replies), as gshm__request.
+ * Caller holds c->lock.  No reconnect: a lost connection is -ECONNRESET. */
+int gshm__request_more(struct gshm_client *c, uint16_t type, Gshm__Reply **reply_out);
+
+/* A SegmentInfo from the wire in the public struct. */
+void gshm__info_from_wire(gshm_segment_info_t *o, const Gshm__SegmentInfo *i);
+
 /* Builds a lease of c, and a segment object on it in *seg_out, from a
  * LeaseGrant reply (which the caller still frees) and the fd that came with
  * it (owned: kept in the lease, or closed on error).  A grant carries an

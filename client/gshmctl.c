@@ -56,6 +56,11 @@ static void usage(FILE *f) {
           "                                 the size asked for at create)\n"
           "  write NAME [-i FILE] [--offset B]\n"
           "                                 bytes from stdin or FILE into the segment\n"
+          "  peers                          the cluster's peer nodes and their state\n"
+          "  segments --peer PEER           the segments peer node PEER exports\n"
+          "  pull PEER:NAME [--as LOCAL] [--location LOC] [--mode MODE]\n"
+          "                                 copy a peer's segment into a new local one\n"
+          "                                 (progress on a terminal; --json: one summary)\n"
           "\n"
           "Options:\n"
           "  -s, --socket PATH   gshmd's socket (default $GSHM_SOCKET, else %s)\n"
@@ -254,14 +259,26 @@ static const char *shown(const char *text, char buf[SHOWN_CAP]) {
   return gshm__escape_text(text, buf, SHOWN_CAP);
 }
 
-static int cmd_segments(gshm_client_t *c) {
-  static char esc[SHOWN_CAP];
+static int cmd_remote_segments(gshm_client_t *c, const char *peer);
+
+static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
+  static char esc[SHOWN_CAP], esc2[SHOWN_CAP];
   gshm_segment_info_t *v = NULL;
   size_t n = 0;
   char t[40], sz[32], mode[8];
-  int e = gshm_list(c, &v, &n);
+  int e;
 
-  if (e)
+  if (argc == 3 && !strcmp(argv[1], "--peer"))
+    return cmd_remote_segments(c, argv[2]);
+  if (argc == 2 && !strncmp(argv[1], "--peer=", 7))
+    return cmd_remote_segments(c, argv[1] + 7);
+  if (argc != 1) {
+    fprintf(stderr, "gshmctl: segments [--peer PEER]\n");
+    return EXIT_USAGE;
+  }
+  if (!c)
+    return EXIT_OK;
+  if ((e = gshm_list(c, &v, &n)))
     return fail(c, "segments", e);
   if (json_out) {
     json_t *doc = json_doc(), *arr = json_array();
@@ -283,6 +300,7 @@ static int cmd_segments(gshm_client_t *c) {
       json_object_set_new(o, "leases", json_integer(v[i].leases));
       json_object_set_new(o, "legacy_ipc", json_boolean(v[i].flags & GSHM_CREATE_LEGACY_IPC));
       json_object_set_new(o, "created", json_string(rfc3339(v[i].created_ns, t, sizeof(t))));
+      json_object_set_new(o, "source", v[i].source[0] ? json_text(v[i].source) : json_null());
       json_array_append_new(arr, o);
     }
     json_object_set_new(doc, "segments", arr);
@@ -297,10 +315,11 @@ static int cmd_segments(gshm_client_t *c) {
       snprintf(loc, sizeof(loc), "cuda:%d", v[i].device_index);
     else
       snprintf(loc, sizeof(loc), "host");
-    printf("%-6" PRIu64 " %-28s %10s %-10s %6u %6u %04o %-8s %6u %s\n", v[i].id,
+    printf("%-6" PRIu64 " %-28s %10s %-10s %6u %6u %04o %-8s %6u %s%s%s\n", v[i].id,
            shown(v[i].name, esc),
            gshm__format_size(v[i].size, sz, sizeof(sz)), loc, v[i].uid, v[i].gid, v[i].mode,
-           v[i].unlinked ? "unlinked" : "live", v[i].leases, age(v[i].created_ns, t, sizeof(t)));
+           v[i].unlinked ? "unlinked" : "live", v[i].leases, age(v[i].created_ns, t, sizeof(t)),
+           v[i].source[0] ? "  from " : "", shown(v[i].source, esc2));
   }
   gshm_free(v);
   return EXIT_OK;
@@ -876,6 +895,172 @@ out:
   return rc;
 }
 
+/* ---- cluster verbs ---- */
+
+static int cmd_peers(gshm_client_t *c) {
+  gshm_cluster_peer_t *v = NULL;
+  char node[64] = "";
+  size_t n = 0;
+  int e = gshm_cluster_peers(c, node, &v, &n);
+
+  if (e)
+    return fail(c, "peers", e);
+  if (json_out) {
+    json_t *doc = json_doc(), *arr = json_array();
+    json_object_set_new(doc, "node_name", json_text(node));
+    for (size_t i = 0; i < n; i++) {
+      json_t *o = json_object();
+      json_object_set_new(o, "name", json_text(v[i].name));
+      json_object_set_new(o, "address", json_text(v[i].address));
+      json_object_set_new(o, "state", json_string(v[i].state));
+      json_object_set_new(o, "exported", json_integer(v[i].exported));
+      json_object_set_new(o, "message", json_text(v[i].message));
+      json_array_append_new(arr, o);
+    }
+    json_object_set_new(doc, "peers", arr);
+    gshm_free(v);
+    return print_json(doc);
+  }
+  if (!node[0])
+    printf("cluster off (gshmd's cluster.listen and cluster.peers are empty)\n");
+  else
+    printf("node '%s', %zu peer%s\n", node, n, n == 1 ? "" : "s");
+  if (n)
+    printf("%-16s %-24s %-10s %8s %s\n", "PEER", "ADDRESS", "STATE", "EXPORTED", "MESSAGE");
+  for (size_t i = 0; i < n; i++)
+    printf("%-16s %-24s %-10s %8u %s\n", v[i].name, v[i].address, v[i].state, v[i].exported,
+           v[i].message);
+  gshm_free(v);
+  return EXIT_OK;
+}
+
+static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
+  gshm_segment_info_t *v = NULL;
+  size_t n = 0;
+  char t[40], sz[32];
+  int e;
+
+  if (!c)
+    return EXIT_OK;
+  if ((e = gshm_list_remote(c, peer, &v, &n)))
+    return fail(c, "segments --peer", e);
+  if (json_out) {
+    json_t *doc = json_doc(), *arr = json_array();
+    json_object_set_new(doc, "peer", json_text(peer));
+    for (size_t i = 0; i < n; i++) {
+      json_t *o = json_object();
+      json_object_set_new(o, "name", json_text(v[i].name));
+      json_object_set_new(o, "id", json_integer((json_int_t)v[i].id));
+      json_object_set_new(o, "generation", json_integer((json_int_t)v[i].generation));
+      json_object_set_new(o, "size", json_integer((json_int_t)v[i].size));
+      json_object_set_new(o, "requested_size", json_integer((json_int_t)v[i].requested_size));
+      json_object_set_new(o, "location", json_string(v[i].location));
+      json_object_set_new(o, "created", json_string(rfc3339(v[i].created_ns, t, sizeof(t))));
+      json_array_append_new(arr, o);
+    }
+    json_object_set_new(doc, "segments", arr);
+    gshm_free(v);
+    return print_json(doc);
+  }
+  printf("%-6s %-32s %10s %-44s %s\n", "ID", "NAME", "SIZE", "LOCATION", "AGE");
+  for (size_t i = 0; i < n; i++)
+    printf("%-6" PRIu64 " %-32s %10s %-44s %s\n", v[i].id, v[i].name,
+           gshm__format_size(v[i].requested_size, sz, sizeof(sz)), v[i].location,
+           age(v[i].created_ns, t, sizeof(t)));
+  gshm_free(v);
+  return EXIT_OK;
+}
+
+/* A progress bar on stderr: bytes, rate and time left. */
+static void pull_progress_bar(const gshm_pull_progress_t *p, void *arg) {
+  char done[32], total[32];
+  double frac = p->bytes_total ? (double)p->bytes_done / (double)p->bytes_total : 1.0;
+  double sec = (double)p->elapsed_ns / 1e9;
+  double rate = sec > 0 ? (double)p->bytes_done / sec : 0;
+  double left = rate > 0 ? (double)(p->bytes_total - p->bytes_done) / rate : 0;
+  char bar[31];
+  int fill = (int)(frac * 30);
+
+  (void)arg;
+  for (int i = 0; i < 30; i++)
+    bar[i] = i < fill ? '#' : '.';
+  bar[30] = '\0';
+  fprintf(stderr, "\r[%s] %3d%% %s / %s  %.2f GB/s  %d:%02d left ", bar, (int)(frac * 100),
+          gshm__format_size(p->bytes_done, done, sizeof(done)),
+          gshm__format_size(p->bytes_total, total, sizeof(total)), rate / 1e9,
+          (int)left / 60, (int)left % 60);
+}
+
+static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
+  static const struct option opts[] = {{"as", required_argument, NULL, 'a'},
+                                       {"location", required_argument, NULL, 'l'},
+                                       {"mode", required_argument, NULL, 'm'},
+                                       {NULL, 0, NULL, 0}};
+  gshm_pull_opts_t po = {0};
+  gshm_pull_result_t r;
+  char peer[64], sz[32];
+  const char *colon;
+  int o, e;
+  bool bar;
+
+  optind = 0;
+  while ((o = getopt_long(argc, argv, "a:l:m:", opts, NULL)) != -1) {
+    switch (o) {
+    case 'a':
+      po.local_name = optarg;
+      break;
+    case 'l':
+      po.location = optarg;
+      break;
+    case 'm':
+      if (parse_mode("pull", optarg, &po.mode))
+        return EXIT_USAGE;
+      break;
+    default:
+      return EXIT_USAGE;
+    }
+  }
+  if (argc - optind != 1 || !(colon = strchr(argv[optind], ':')) || colon == argv[optind] ||
+      !colon[1] || (size_t)(colon - argv[optind]) >= sizeof(peer)) {
+    fprintf(stderr, "gshmctl: pull PEER:NAME [--as LOCAL] [--location LOC] [--mode MODE]\n");
+    return EXIT_USAGE;
+  }
+  if (!c)
+    return EXIT_OK;
+  snprintf(peer, sizeof(peer), "%.*s", (int)(colon - argv[optind]), argv[optind]);
+  bar = !json_out && isatty(STDERR_FILENO);
+  if (bar)
+    po.progress = pull_progress_bar;
+  e = gshm_pull(c, peer, colon + 1, &po, &r);
+  if (bar)
+    fputc('\n', stderr);
+  if (e)
+    return fail(c, "pull", e);
+  if (json_out) {
+    json_t *doc = json_doc();
+    json_object_set_new(doc, "peer", json_text(r.peer));
+    json_object_set_new(doc, "remote_name", json_text(colon + 1));
+    json_object_set_new(doc, "remote_id", json_integer((json_int_t)r.remote_id));
+    json_object_set_new(doc, "remote_generation", json_integer((json_int_t)r.remote_generation));
+    json_object_set_new(doc, "name", json_text(r.segment.name));
+    json_object_set_new(doc, "id", json_integer((json_int_t)r.segment.id));
+    json_object_set_new(doc, "location", json_string(r.segment.location));
+    json_object_set_new(doc, "bytes", json_integer((json_int_t)r.bytes));
+    json_object_set_new(doc, "seconds", json_real((double)r.elapsed_ns / 1e9));
+    json_object_set_new(doc, "gb_per_s",
+                        json_real(r.elapsed_ns ? (double)r.bytes / (double)r.elapsed_ns : 0));
+    json_object_set_new(doc, "path", json_string(r.path));
+    json_object_set_new(doc, "path_reason", json_text(r.path_reason));
+    json_object_set_new(doc, "source", json_text(r.segment.source));
+    return print_json(doc);
+  }
+  printf("pulled %s:%s into '%s' (id %" PRIu64 "): %s in %.3f s, %.2f GB/s, path %s (%s)\n",
+         r.peer, colon + 1, r.segment.name, r.segment.id,
+         gshm__format_size(r.bytes, sz, sizeof(sz)), (double)r.elapsed_ns / 1e9,
+         r.elapsed_ns ? (double)r.bytes / (double)r.elapsed_ns : 0, r.path, r.path_reason);
+  return EXIT_OK;
+}
+
 /* Runs verb on c; with c NULL (verbs that take arguments only), checks the
  * arguments and returns EXIT_OK or their usage error without connecting. */
 static int dispatch(gshm_client_t *c, const char *verb, int argc, char **argv) {
@@ -884,7 +1069,11 @@ static int dispatch(gshm_client_t *c, const char *verb, int argc, char **argv) {
   if (!strcmp(verb, "status"))
     rc = cmd_status(c);
   else if (!strcmp(verb, "segments"))
-    rc = cmd_segments(c);
+    rc = cmd_segments(c, argc, argv);
+  else if (!strcmp(verb, "peers"))
+    rc = cmd_peers(c);
+  else if (!strcmp(verb, "pull"))
+    rc = cmd_pull(c, argc, argv);
   else if (!strcmp(verb, "mappings"))
     rc = cmd_mappings(c);
   else if (!strcmp(verb, "clients"))
@@ -973,7 +1162,7 @@ int main(int argc, char **argv) {
   {
     static const char *const verbs[] = {"status", "segments", "mappings", "clients", "devices",
                                         "metrics", "create", "unlink", "read", "write",
-                                        "chmod", "chown", "revoke"};
+                                        "chmod", "chown", "revoke", "peers", "pull"};
     bool known = false;
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
       known |= !strcmp(verb, verbs[i]);
@@ -983,7 +1172,7 @@ int main(int argc, char **argv) {
   }
   /* A verb's arguments are checked before connecting: a usage error is
    * exit 2 whether or not gshmd runs. */
-  if (strcmp(verb, "status") && strcmp(verb, "segments") && strcmp(verb, "mappings") &&
+  if (strcmp(verb, "status") && strcmp(verb, "peers") && strcmp(verb, "mappings") &&
       strcmp(verb, "clients") && strcmp(verb, "devices") && strcmp(verb, "metrics") &&
       (rc = dispatch(NULL, verb, argc, argv)))
     return rc;

@@ -54,6 +54,17 @@ struct gshmd_config {
   char *metrics_textfile;          /* "" = off */
   uint32_t metrics_interval_sec;   /* default 15 */
   char *metrics_http_listen;       /* "" = off; loopback "ADDR:PORT" */
+
+  /* [cluster] (daemon/cluster.c, docs/CLUSTER.md) */
+  char *cluster_listen;            /* "" = off; "ADDRESS:PORT" */
+  char *cluster_node_name;         /* "" = the host name */
+  char *cluster_peers;             /* "NAME=ADDRESS:PORT ..." */
+  char *cluster_export;            /* fnmatch patterns, blank-separated */
+  char *cluster_secret_file;       /* root-only file with the shared key */
+  char *cluster_pull_group;        /* "" = admins only */
+  uint64_t cluster_pull_chunk;     /* bytes per ucp_get_nbx */
+  uint32_t cluster_pull_depth;     /* gets in flight per pull */
+  uint64_t cluster_staging_bytes;  /* pinned host bytes per staged pull */
 };
 
 /* What gshmd_config_setup() tells main to do next. */

@@ -17,6 +17,7 @@
 #include <uv.h>
 
 #include "backend.h"
+#include "cluster.h"
 #include "config.h"
 #include "fdstore.h"
 #include "log.h"
@@ -46,6 +47,7 @@ struct daemon {
   char last_status[256];
   struct gshmd_fdstore fdstore;
   struct gshmd_metrics_http *http;
+  struct gshmd_cluster *cluster;
   bool signals_on, timers_on;
   bool stopping;
 };
@@ -200,6 +202,9 @@ static void close_handles(struct daemon *d) {
    * next start to hand back to their holders (a graceful restart keeps
    * what a SIGKILL keeps). */
   gshmd_fdstore_shutdown(&d->fdstore);
+  /* The cluster first: its pulls fail and tell their requesters, whose
+   * connections are still open. */
+  gshmd_cluster_stop(d->cluster);
   d->reg.stopping = true;
   if (d->srv_ready)
     gshmd_server_stop(&d->srv);
@@ -391,6 +396,9 @@ int main(int argc, char **argv) {
     goto shutdown;
   d.srv_ready = true;
   d.listen_fd = -1; /* the server owns it now */
+  if (gshmd_cluster_start(&d.loop, &d.cfg, &d.reg, &d.srv, &d.cluster))
+    goto shutdown;
+  d.srv.cluster = d.cluster;
   setup_signals(&d);
   setup_timers(&d);
   if (d.cfg.metrics_http_listen && *d.cfg.metrics_http_listen &&
@@ -408,6 +416,8 @@ shutdown:
     close_handles(&d);
     uv_run(&d.loop, UV_RUN_DEFAULT); /* let closing handles finish */
   }
+  gshmd_cluster_destroy(d.cluster);
+  d.srv.cluster = NULL;
   if (d.srv_ready)
     close(d.srv.listen_fd);
   if (d.listen_fd >= 0)

@@ -13,6 +13,7 @@
 #include "config.h"
 #include "gshm.pb-c.h"
 #include "metrics.h"
+#include "cluster.h"
 #include "registry.h"
 #include "server.h"
 #include "log.h"
@@ -49,6 +50,9 @@ static const char *const op_names[GSHM_WIRE_TYPE_MAX + 1] = {
     [GSHM_WIRE_CHMOD] = "chmod",
     [GSHM_WIRE_CHOWN] = "chown",
     [GSHM_WIRE_REVOKE] = "revoke",
+    [GSHM_WIRE_PEERS] = "peers",
+    [GSHM_WIRE_REMOTE_LIST] = "remote_list",
+    [GSHM_WIRE_PULL] = "pull",
 };
 
 /* Status label: the enum's name without its prefix, lowercase. */
@@ -165,6 +169,7 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   fprintf(f, "# HELP gshm_fds_sent_total File descriptors handed to clients.\n"
              "# TYPE gshm_fds_sent_total counter\ngshm_fds_sent_total %" PRIu64 "\n",
           s->fds_sent);
+  gshmd_cluster_metrics(s->cluster, f);
   if (fclose(f) != 0) {
     free(text);
     return -ENOMEM;

@@ -118,6 +118,35 @@
     "127.0.0.1:9477; loopback addresses only; empty turns it off. Scrapes see " \
     "a snapshot at most one second old. The unit allows only AF_UNIX and a "   \
     "private network: a drop-in with RestrictAddressFamilies=AF_UNIX AF_INET "  \
-    "AF_INET6, PrivateNetwork=no and IPAddressAllow=localhost is needed.")
+    "AF_INET6, PrivateNetwork=no and IPAddressAllow=localhost is needed.")    \
+                                                                                \
+  X(cluster, listen, STR, cluster_listen, "", 0, 128, NULL,                     \
+    "Serve peer nodes over UCX on ADDRESS:PORT (e.g. 10.0.0.5:7470); empty "    \
+    "turns the cluster off. Daemons talk UCP only: active messages for "        \
+    "control, one-sided gets for the bytes. See docs/CLUSTER.md.")             \
+  X(cluster, node_name, STR, cluster_node_name, "", 0, 63, NULL,                \
+    "This node's name as its peers know it (their cluster.peers); empty: the "  \
+    "host name.")                                                               \
+  X(cluster, peers, STR, cluster_peers, "", 0, 4095, NULL,                      \
+    "The peer nodes, NAME=ADDRESS:PORT separated by blanks or commas. Only "    \
+    "these may connect, and only these can be pulled from.")                   \
+  X(cluster, export, STR, cluster_export, "", 0, 4095, NULL,                    \
+    "Segment name patterns (fnmatch, blank-separated; '*' also matches '/') "   \
+    "that peers may list and read; empty exports nothing.")                     \
+  X(cluster, secret_file, PATH, cluster_secret_file, "", 0, 4095, NULL,         \
+    "File with the key every node of the cluster shares (at least 16 bytes; "   \
+    "e.g. head -c 32 /dev/urandom | base64). It must be owned by gshmd's user " \
+    "and readable by nobody else. Required when listen is set.")              \
+  X(cluster, pull_group, STR, cluster_pull_group, "", 0, 255, NULL,             \
+    "Members of this group (and admins) may pull segments from peers; empty "   \
+    "means admins only.")                                                       \
+  X(cluster, pull_chunk, SIZE, cluster_pull_chunk, "8M", 4096, 1073741824,      \
+    NULL, "Bytes per one-sided get (and per staging slot) of a pull.")          \
+  X(cluster, pull_depth, U32, cluster_pull_depth, "8", 1, 256, NULL,            \
+    "Gets (or staged chunks) in flight per pull.")                              \
+  X(cluster, staging_bytes, SIZE, cluster_staging_bytes, "64M", 1048576,        \
+    68719476736, NULL,                                                          \
+    "Pinned host memory for one staged device pull on each side (served and "   \
+    "pulled), split into pull_chunk slots.")
 
 #endif

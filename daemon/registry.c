@@ -100,12 +100,15 @@ static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg, bo
     usage_charge(u, seg->mem, -1);
   if (r->on_event)
     r->on_event(r, seg, GSHMD_SEGMENT_FREED);
+  if (r->on_free)
+    r->on_free(r, seg);
   gshm_log_info("segment '%s' id %" PRIu64 " freed (%" PRIu64 " bytes)", seg->name, seg->id,
                 size);
   if (seg->mem && discard && !r->stopping && seg->mem->backend->ops->discard)
     seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
   if (seg->mem)
     seg->mem->backend->ops->free(seg->mem->backend, seg->mem);
+  free(seg->source);
   free(seg->name);
   free(seg);
 }
@@ -547,6 +550,8 @@ void gshmd_segment_to_info(const struct gshmd_segment *seg, Gshm__SegmentInfo *i
   info->created_ns = seg->created_ns;
   info->device_index = seg->mem->device_index;
   info->granularity = seg->mem->granularity;
+  if (seg->source)
+    info->source = seg->source;
 }
 
 int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,

@@ -32,6 +32,8 @@ struct gshmd_segment {
   struct gshm_list leases;   /* gshmd_lease.seg_node */
   struct gshm_list node;     /* registry.segments, id order */
   uint64_t meta_version;     /* fd store: version of its meta-<id>-<v> record */
+  char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
+  void *cluster_export;      /* daemon/cluster.c: its UCX registration, if served */
 };
 
 /* Credentials of a connection, from SO_PEERCRED and SO_PEERGROUPS. */
@@ -103,6 +105,10 @@ struct gshmd_registry {
   /* The message of the last refused request (fmt_msg); valid until the
    * next registry call. */
   char msgbuf[512];
+  /* The cluster (daemon/cluster.c): called just before a segment's memory
+   * is freed, to drop its UCX registration (seg->cluster_export). */
+  void (*on_free)(struct gshmd_registry *r, struct gshmd_segment *seg);
+  void *on_free_arg;
 };
 
 void gshmd_registry_init(struct gshmd_registry *r, const struct gshmd_config *cfg);

@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "config.h"
 #include "errors.h"
 #include "log.h"
@@ -52,6 +53,8 @@ struct req {
   char *backends[2];
   uint8_t legacy_handle[64];
   void *free_after; /* malloc'ed, freed after the reply is sent */
+  uint32_t request_id;
+  bool deferred;    /* the handler answers later (cluster requests) */
 };
 
 static int set_error(struct req *q, int err, const char *msg) {
@@ -499,6 +502,27 @@ static int handle_map_report(struct req *q, Gshm__MapReport *m) {
   return 0;
 }
 
+/* Cluster requests: daemon/cluster.c answers them (REMOTE_LIST and PULL
+ * later, through gshmd_server_reply). */
+static int handle_peers(struct req *q) {
+  return gshmd_cluster_handle_peers(q->c->srv->cluster, q->reply);
+}
+
+static int handle_remote_list(struct req *q, Gshm__RemoteListRequest *m) {
+  const char *msg = NULL;
+  int e = gshmd_cluster_handle_remote_list(q->c->srv->cluster, q->c->client, q->request_id, m,
+                                           &msg);
+  q->deferred = e == 0;
+  return e ? set_error(q, e, msg) : 0;
+}
+
+static int handle_pull(struct req *q, Gshm__PullRequest *m) {
+  const char *msg = NULL;
+  int e = gshmd_cluster_handle_pull(q->c->srv->cluster, q->c->client, q->request_id, m, &msg);
+  q->deferred = e == 0;
+  return e ? set_error(q, e, msg) : 0;
+}
+
 static int handle_metrics(struct req *q) {
   char *text = NULL;
   int e = gshmd_metrics_render(q->c->srv, &text);
@@ -564,6 +588,7 @@ void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
   memset(&q, 0, sizeof(q));
   q.c = c;
   q.type = hdr.type;
+  q.request_id = hdr.request_id;
   q.body = pkt + GSHM_WIRE_HEADER_SIZE;
   q.len = hdr.length;
   q.reply = &reply;
@@ -617,6 +642,15 @@ void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
   case GSHM_WIRE_METRICS:
     err = handle_metrics(&q);
     break;
+  case GSHM_WIRE_PEERS:
+    err = handle_peers(&q);
+    break;
+  case GSHM_WIRE_REMOTE_LIST:
+    DISPATCH(Gshm__RemoteListRequest, remote_list_request, handle_remote_list);
+    break;
+  case GSHM_WIRE_PULL:
+    DISPATCH(Gshm__PullRequest, pull_request, handle_pull);
+    break;
   }
   if (c->closing) /* DISPATCH failed */
     return;
@@ -629,7 +663,7 @@ void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
 
   /* A mapping report with request id 0 wants no reply (libgshm sends it
    * without waiting, to keep a round trip off every first map). */
-  if (!(hdr.type == GSHM_WIRE_MAP_REPORT && hdr.request_id == 0))
+  if (!(hdr.type == GSHM_WIRE_MAP_REPORT && hdr.request_id == 0) && !q.deferred)
     conn_send(c, hdr.type, hdr.request_id, &reply, q.fd_out);
   /* q.fd_out is lent by the backend: not ours to close. */
   free(q.free_after);

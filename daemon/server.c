@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "config.h"
 #include "log.h"
 #include "metrics.h"
@@ -50,6 +51,7 @@ void conn_close(struct conn *c, const char *why) {
     gshm_log_info("client %" PRIu64 " '%s' pid %d uid %u disconnected%s%s", c->client->session_id,
                   c->client->name, (int)c->cred.pid, (unsigned)c->cred.uid, why ? ": " : "",
                   why ? why : "");
+    gshmd_cluster_client_gone(c->srv->cluster, c->client);
     gshmd_registry_client_remove(c->srv->reg, c->client);
     c->client = NULL;
   } else if (why) {
@@ -113,6 +115,16 @@ int conn_send(struct conn *c, uint16_t type, uint32_t request_id, const Gshm__Re
     return -EMSGSIZE;
   }
   return conn_send_packet(c, len, fd);
+}
+
+int gshmd_server_reply(struct gshmd_server *s, struct gshmd_client *client, uint16_t type,
+                       uint32_t request_id, const Gshm__Reply *reply) {
+  struct conn *c = client ? client->conn : NULL;
+
+  (void)s;
+  if (!c || c->closing)
+    return -ENOTCONN;
+  return conn_send(c, type, request_id, reply, -1) ? -ENOTCONN : 0;
 }
 
 void notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg, Gshm__EventKind kind,

@@ -15,6 +15,8 @@
 
 struct gshmd_config;
 struct gshmd_registry;
+struct gshmd_client;
+struct gshmd_cluster;
 
 #define GSHMD_NSTATUS 20 /* Gshm__Status values, for counters */
 #define GSHMD_LIST_MAX 4096 /* items in one list reply, at most */
@@ -24,6 +26,7 @@ struct gshmd_server {
   uv_loop_t *loop;
   const struct gshmd_config *cfg;
   struct gshmd_registry *reg;
+  struct gshmd_cluster *cluster; /* NULL: cluster off (daemon/cluster.c) */
   int listen_fd;
   uv_poll_t listen_poll;
   bool listening;
@@ -70,6 +73,12 @@ struct gshmd_server {
  * server takes ownership).  Returns 0 or a negative errno from libuv. */
 int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gshmd_config *cfg,
                        struct gshmd_registry *reg, int listen_fd);
+
+/* Sends a reply that a request handler deferred (cluster requests answer
+ * later) to the connection of client c.  Returns 0, or -ENOTCONN when c
+ * has no connection (internal clients) or it is closing, or -EMSGSIZE. */
+int gshmd_server_reply(struct gshmd_server *s, struct gshmd_client *c, uint16_t type,
+                       uint32_t request_id, const Gshm__Reply *reply);
 
 /* Closes every connection (their leases end) and the listening watcher.
  * The handles finish closing on the next loop iteration. */

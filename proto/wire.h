@@ -38,7 +38,10 @@ enum gshm_wire_type {
   GSHM_WIRE_CHMOD = 14,        /* ChmodRequest -> Reply{segment} */
   GSHM_WIRE_CHOWN = 15,        /* ChownRequest -> Reply{segment} */
   GSHM_WIRE_REVOKE = 16,       /* RevokeRequest -> Reply{} (admin) */
-  GSHM_WIRE_TYPE_MAX = 16,
+  GSHM_WIRE_PEERS = 17,        /* Empty -> Reply{cluster_peers} */
+  GSHM_WIRE_REMOTE_LIST = 18,  /* RemoteListRequest -> Reply{segments} */
+  GSHM_WIRE_PULL = 19,         /* PullRequest -> Reply{pull_progress}*, Reply{pull_result} */
+  GSHM_WIRE_TYPE_MAX = 19,
   GSHM_WIRE_EVENT = 0x4000,    /* Event, daemon -> client, unasked */
   GSHM_WIRE_REPLY = 0x8000,
 };

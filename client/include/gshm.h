@@ -48,6 +48,7 @@ extern "C" {
 #define GSHM_LOCATION_MAX 64      /* bytes in a location string, including NUL */
 #define GSHM_DEFAULT_SOCKET "/run/gshm/gshmd.sock"
 #define GSHM_LEGACY_IPC_HANDLE_SIZE 64
+#define GSHM_SOURCE_MAX 384       /* bytes in gshm_segment_info_t.source, including NUL */
 
 typedef struct gshm_client gshm_client_t;
 typedef struct gshm_segment gshm_segment_t;
@@ -76,6 +77,8 @@ typedef struct gshm_segment_info {
   int unlinked;                    /* 1: name removed, memory kept until the last lease ends */
   uint32_t leases;                 /* leases held now, all clients */
   int64_t created_ns;              /* CLOCK_REALTIME, nanoseconds */
+  char source[GSHM_SOURCE_MAX];    /* pulled from a peer node: "PEER:NAME#ID.GENERATION"
+                                      (the peer's segment id and generation); else "" */
 } gshm_segment_info_t;
 
 /* One lease: one client connection's open of one segment. */
@@ -267,6 +270,75 @@ GSHM_EXTERN int gshm_list_devices(gshm_client_t *client, gshm_device_info_t **de
 /* The daemon's metrics in Prometheus text format (version 0.0.4).
  * *text_out is malloc'ed and NUL-terminated; free it with gshm_free(). */
 GSHM_EXTERN int gshm_metrics(gshm_client_t *client, char **text_out);
+
+/* ---- Cluster: segments of peer nodes (docs/CLUSTER.md) ---- */
+
+/* One peer node of the daemon's cluster.peers. */
+typedef struct gshm_cluster_peer {
+  char name[64];
+  char address[136];               /* "ADDRESS:PORT" */
+  char state[16];                  /* "up", "connecting" or "down" */
+  uint32_t exported;               /* segments it exports, as last seen */
+  char message[160];               /* why it is down, if known */
+} gshm_cluster_peer_t;
+
+/* Lists the daemon's peers (an empty list when its cluster is off), as
+ * gshm_list.  node_name_out (may be NULL; 64 bytes) gets the daemon's own
+ * cluster node name ("" when off). */
+GSHM_EXTERN int gshm_cluster_peers(gshm_client_t *client, char *node_name_out,
+                                   gshm_cluster_peer_t **peers_out, size_t *count_out);
+
+/* Lists the segments that peer exports, as gshm_list (id, generation,
+ * name, sizes, location and created_ns are the peer's; uid, gid and mode
+ * are 0).  Errors: -ENOENT no such peer, -ENOTSUP the daemon's cluster is
+ * off, -ECONNRESET/-ECONNREFUSED/-ETIMEDOUT the peer cannot be reached,
+ * -EACCES/-EPERM the peer refused this node (key, peers list). */
+GSHM_EXTERN int gshm_list_remote(gshm_client_t *client, const char *peer,
+                                 gshm_segment_info_t **infos_out, size_t *count_out);
+
+/* Progress of a pull, reported about five times a second. */
+typedef struct gshm_pull_progress {
+  uint64_t bytes_done;
+  uint64_t bytes_total;
+  int64_t elapsed_ns;
+} gshm_pull_progress_t;
+
+typedef void (*gshm_pull_progress_fn)(const gshm_pull_progress_t *progress, void *arg);
+
+/* Options of gshm_pull(); a NULL pointer means all defaults. */
+typedef struct gshm_pull_opts {
+  const char *local_name;          /* NULL or "": the peer's name */
+  const char *location;            /* NULL or "": "host" for a host segment */
+  uint32_t mode;                   /* permission bits of the new segment; 0: 0600 */
+  gshm_pull_progress_fn progress;  /* NULL: none; called on the calling thread while the
+                                      client is busy: it must not use the client */
+  void *progress_arg;
+} gshm_pull_opts_t;
+
+/* What a pull did. */
+typedef struct gshm_pull_result {
+  gshm_segment_info_t segment;     /* the new local segment (its source set) */
+  uint64_t bytes;                  /* bytes copied */
+  int64_t elapsed_ns;              /* from the daemon's acceptance to the last byte */
+  char path[16];                   /* "host", "direct" or "staged" */
+  char path_reason[160];           /* why that path */
+  char peer[64];
+  uint64_t remote_id, remote_generation;
+} gshm_pull_result_t;
+
+/* Copies segment `name` that peer node `peer` exports into a new local
+ * segment owned by the caller, through the daemons (UCX one-sided reads;
+ * no bytes pass through this process).  Blocks until the copy is done;
+ * calls opts->progress meanwhile.  The new segment exists (and may be
+ * opened) from the start of the copy; on failure it is removed.  The
+ * caller must be an admin or in the daemon's cluster.pull_group.
+ * Errors: -ENOENT no such peer or segment (a segment the peer does not
+ * export is not found), -EEXIST the local name is taken, -EACCES not
+ * allowed to pull (or the peer refused this node), -ENOTSUP cluster off
+ * or a path this build lacks, -ECONNRESET the peer went away mid-pull,
+ * -EDQUOT, -EINVAL bad name, location or mode. */
+GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *name,
+                          const gshm_pull_opts_t *opts, gshm_pull_result_t *result_out);
 
 /* Frees an array returned by a gshm_list* function.  Accepts NULL. */
 GSHM_EXTERN void gshm_free(void *p);

@@ -62,6 +62,7 @@ class SegmentInfoC(ctypes.Structure):
         ("unlinked", ctypes.c_int),
         ("leases", ctypes.c_uint32),
         ("created_ns", ctypes.c_int64),
+        ("source", ctypes.c_char * 384),
     ]
 
 

@@ -1,0 +1,70 @@
+/* gshmd's cluster side: daemon to daemon over UCX (docs/CLUSTER.md).
+ *
+ * One UCP context and worker per gshmd, driven from the libuv loop through
+ * the worker's event fd (ucp_worker_get_efd + ucp_worker_arm): nothing
+ * busy-polls.  A ucp_listener takes peers' endpoints; this daemon opens
+ * one endpoint to each configured peer for its own requests.  Control is
+ * active messages (proto/cluster.proto), bytes are one-sided gets.
+ *
+ * The cluster is on when cluster.listen or cluster.peers is set. */
+#ifndef GSHMD_CLUSTER_H
+#define GSHMD_CLUSTER_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <uv.h>
+
+#include "gshm.pb-c.h"
+
+struct gshmd_config;
+struct gshmd_registry;
+struct gshmd_server;
+struct gshmd_client;
+struct gshmd_cluster;
+
+/* Starts the cluster when the config asks for it: reads the secret file,
+ * creates the UCP context and worker, the listener (cluster.listen) and
+ * the endpoints to the peers.  *cl_out is NULL when the cluster is off.
+ * Replies to local requests go out through srv.  Errors (logged): -EINVAL
+ * bad config (address, peers, secret file mode or length), -EIO UCX
+ * failed, -ENOMEM. */
+int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
+                        struct gshmd_registry *reg, struct gshmd_server *srv,
+                        struct gshmd_cluster **cl_out);
+
+/* Ends every pull (their partial segments are removed, their requesters
+ * get an error), closes every endpoint and the listener, unregisters
+ * every served segment and closes the loop handles; the caller runs the
+ * loop once more and then calls gshmd_cluster_destroy.  Accepts NULL. */
+void gshmd_cluster_stop(struct gshmd_cluster *cl);
+
+/* Frees the UCP worker and context and cl.  Accepts NULL. */
+void gshmd_cluster_destroy(struct gshmd_cluster *cl);
+
+/* ---- local requests (the daemon's request dispatch calls these) ---- */
+
+/* PEERS: fills reply->cluster_peers (storage in cl, valid until the next
+ * call).  cl may be NULL (cluster off: an empty list).  Returns 0. */
+int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, Gshm__Reply *reply);
+
+/* REMOTE_LIST and PULL take the request: on 0 the reply (for PULL:
+ * progress replies, then the result) comes later through
+ * gshmd_server_reply to client c with request_id.  Errors, with
+ * *msg_out: -ENOTSUP cluster off, -ENOENT no such peer, -EACCES
+ * (PULL) not in cluster.pull_group nor admin, -EINVAL bad argument,
+ * -ENOMEM. */
+int gshmd_cluster_handle_remote_list(struct gshmd_cluster *cl, struct gshmd_client *c,
+                                     uint32_t request_id, const Gshm__RemoteListRequest *m,
+                                     const char **msg_out);
+int gshmd_cluster_handle_pull(struct gshmd_cluster *cl, struct gshmd_client *c,
+                              uint32_t request_id, const Gshm__PullRequest *m,
+                              const char **msg_out);
+
+/* A local client is going away: its pending remote lists are dropped and
+ * its pulls fail (the partial segments are removed).  Accepts cl NULL. */
+void gshmd_cluster_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);
+
+/* Appends the cluster's Prometheus metrics to f.  Accepts cl NULL. */
+void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f);
+
+#endif

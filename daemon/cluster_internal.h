@@ -1,0 +1,174 @@
+/* Shared by cluster.c (context, endpoints, peers, trust, serving) and
+ * pull.c (the reading side of a pull). */
+#ifndef GSHMD_CLUSTER_INTERNAL_H
+#define GSHMD_CLUSTER_INTERNAL_H
+
+#include <netinet/in.h>
+#include <sodium.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+#include <uv.h>
+
+#include "cluster.h"
+#include "cluster.pb-c.h"
+#include "list.h"
+
+#define GSHMD_CLUSTER_AM_ID 0x67    /* the one active message id gshmd uses */
+#define GSHMD_CLUSTER_MAJOR 1
+#define GSHMD_CLUSTER_MINOR 0
+#define GSHMD_CLUSTER_NONCE 32
+#define GSHMD_CLUSTER_MAX_MSG 65536 /* larger control messages are refused */
+
+enum peer_state { PEER_DOWN, PEER_CONNECTING, PEER_UP };
+enum link_state {
+  LINK_HELLO,   /* outbound: hello sent; inbound: waiting for hello */
+  LINK_AUTH,    /* outbound: auth sent; inbound: challenge sent */
+  LINK_UP,
+  LINK_REFUSED, /* refusal sent; closed by the sweep */
+  LINK_CLOSED,  /* endpoint closing; freed when the close completes */
+};
+
+/* Counted refusals, for metrics and the once-logging. */
+enum refusal {
+  REFUSE_PROTOCOL,  /* undecodable, out of order, too large */
+  REFUSE_VERSION,
+  REFUSE_UNKNOWN_PEER,
+  REFUSE_BAD_KEY,
+  REFUSE_TIMEOUT,
+  REFUSE_LIMIT,
+  REFUSE_N,
+};
+
+struct link;
+
+/* One configured peer node. */
+struct peer {
+  char name[64];
+  char address[136];
+  struct sockaddr_storage sa;
+  socklen_t salen;
+  enum peer_state state;
+  struct link *out;          /* our endpoint to it, while connecting or up */
+  char why[160];             /* why it is down */
+  uint32_t exported;
+  int64_t retry_ns;          /* CLOCK_MONOTONIC: next connect attempt */
+  struct gshm_list waiting;  /* struct op: sent when the link is up */
+  /* metrics */
+  uint64_t pulls_ok, pulls_failed, bytes_host, bytes_staged, bytes_direct;
+};
+
+/* An answer to one of our requests, or the link's failure (m NULL). */
+struct op;
+typedef void (*op_done_fn)(struct op *op, int err, const char *msg,
+                           const Gshm__Cluster__Msg *m);
+
+/* A request to a peer: queued until the link is up, then sent, then
+ * answered (or failed with the link).  Owned by whoever made it; the
+ * done callback runs once, after which the op is off every list. */
+struct op {
+  struct gshm_list node;     /* peer->waiting or link->ops */
+  struct peer *peer;
+  uint32_t request_id;
+  Gshm__Cluster__Msg *msg;   /* what to send (owned by the maker) */
+  op_done_fn done;
+  void *arg;
+  bool queued;               /* on a list */
+  bool sent;                 /* on the link: only the answer or the link's end completes it */
+};
+
+/* One UCP endpoint, either direction. */
+struct link {
+  struct gshmd_cluster *cl;
+  ucp_ep_h ep;
+  bool inbound;
+  enum link_state state;
+  struct peer *peer;         /* outbound: from the start; inbound: after hello */
+  uint8_t nonce_mine[GSHMD_CLUSTER_NONCE], nonce_theirs[GSHMD_CLUSTER_NONCE];
+  char remote[64];           /* "ADDRESS:PORT" as seen */
+  int64_t since_ns;          /* CLOCK_MONOTONIC */
+  struct gshmd_client *serve_client; /* inbound, up: holds the serving leases */
+  struct gshm_list ops;      /* outbound: sent, awaiting answers */
+  struct gshm_list pulls;    /* struct pull.link_node using this link */
+  struct gshm_list node;     /* cl->links */
+  uint32_t next_request;
+  unsigned staged_busy;      /* inbound: staging copies running */
+  struct stage_buf *staging; /* inbound: pinned slots for staged grants */
+  void *close_req;           /* ucp_ep_close_nbx's request while closing */
+};
+
+struct gshmd_cluster {
+  uv_loop_t *loop;
+  const struct gshmd_config *cfg;
+  struct gshmd_registry *reg;
+  struct gshmd_server *srv;
+  char node_name[64];
+  uint8_t key[crypto_auth_KEYBYTES];
+  ucp_context_h ctx;
+  ucp_worker_h worker;
+  ucp_listener_h listener;
+  int efd;
+  uv_poll_t poll;
+  uv_idle_t idle;
+  uv_timer_t sweep;
+  bool handles_on, idle_on, stopping;
+  bool cuda_memory;          /* UCX registers CUDA memory (UCS_MEMORY_TYPE_CUDA) */
+  struct peer *peers;
+  unsigned npeers;
+  struct gshm_list links;
+  unsigned ninbound_pending; /* inbound links not yet up */
+  struct gshm_list pulls;    /* struct pull.node */
+  struct gshm_list lists;    /* struct remote_list.node */
+  struct gshm_list closing;  /* links whose endpoint is closing */
+  bool have_pull_gid;
+  gid_t pull_gid;
+  char **export_patterns;
+  unsigned nexport;
+  /* metrics */
+  uint64_t refusals[REFUSE_N];
+  uint64_t served_grants, served_bytes_staged;
+  uint64_t pull_errors_by_cause[8];
+  /* PEERS reply storage */
+  Gshm__ClusterPeerList peer_list;
+  Gshm__ClusterPeer *peer_infos;
+  Gshm__ClusterPeer **peer_ptrs;
+  char (*peer_state_buf)[16];
+};
+
+/* ---- cluster.c, for pull.c ---- */
+
+/* Queues op for peer (sends at once when its link is up; connects when
+ * it is down).  The op's msg request_id is set here.  Returns 0 or
+ * -ENOMEM. */
+int gshmd__cluster_op_submit(struct gshmd_cluster *cl, struct peer *p, struct op *op);
+/* Withdraws an op that has not been sent yet; its done is then never
+ * called.  Returns true when the op is not pending (withdrawn or already
+ * completed), false when it was sent and its done is still to come. */
+bool gshmd__cluster_op_cancel(struct op *op);
+/* Sends a message on a link that is up (fire and forget).  Returns 0 or
+ * a negative errno. */
+int gshmd__cluster_send(struct link *l, const Gshm__Cluster__Msg *m);
+/* Makes sure the worker is progressed soon (after posting operations
+ * outside a UCX callback). */
+void gshmd__cluster_kick(struct gshmd_cluster *cl);
+struct peer *gshmd__cluster_peer(struct gshmd_cluster *cl, const char *name);
+/* gshm.Status number <-> negative errno, as the local protocol. */
+int gshmd__cluster_status_errno(uint32_t status);
+
+/* ---- pull.c ---- */
+
+/* Starts a pull for local client c (see gshmd_cluster_handle_pull). */
+int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
+                      const Gshm__PullRequest *m, const char **msg_out);
+/* The link under running pulls failed: they fail. */
+void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l);
+/* Pulls of client c fail (it went away). */
+void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);
+/* Finishes pulls that are done or failed and have nothing in flight (run
+ * outside UCX callbacks). */
+void gshmd__pull_reap(struct gshmd_cluster *cl);
+/* Every pull fails at once (shutdown); in-flight gets are cancelled. */
+void gshmd__pull_stop_all(struct gshmd_cluster *cl);
+
+#endif

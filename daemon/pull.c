@@ -1,0 +1,455 @@
+/* The reading side of a pull: a read grant from the peer, a new local
+ * segment owned by the requesting user, pipelined one-sided gets into it,
+ * progress replies to the requester, and on any failure the partial
+ * segment removed (docs/CLUSTER.md). */
+#include <errno.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "backend.h"
+#include "cluster_internal.h"
+#include "config.h"
+#include "errors.h"
+#include "log.h"
+#include "registry.h"
+#include "server.h"
+#include "util.h"
+
+#define PROGRESS_NS 200000000LL /* a progress reply at most every 200 ms */
+
+struct pull;
+
+/* One get in flight. */
+struct get {
+  struct pull *p;
+  uint64_t len;
+};
+
+struct pull {
+  struct gshm_list node;      /* cl->pulls */
+  struct gshm_list link_node; /* link->pulls, once granted */
+  struct gshmd_cluster *cl;
+  struct peer *peer;
+  struct link *link;          /* the link the grant came on; NULL when lost */
+  struct gshmd_client *requester; /* NULL once gone */
+  uint32_t request_id;
+  struct gshmd_client *holder; /* internal client with the requester's cred */
+  struct gshmd_lease *lease;  /* holder's lease on the new segment */
+  struct op op;
+  Gshm__Cluster__Msg msg;
+  Gshm__Cluster__GrantRequest greq;
+  char remote_name[256];
+  char local_name[256];
+  char location[GSHM_LOCATION_MAX];
+  uint32_t mode;
+  bool granted, finished, on_link;
+  uint64_t grant_id, remote_id, remote_gen;
+  Gshm__Cluster__Path path;
+  char path_reason[160];
+  uint64_t remote_addr, total, next_off, done;
+  unsigned inflight;
+  ucp_rkey_h rkey;
+  ucp_mem_h memh;
+  void *dst;
+  size_t dst_len;
+  int64_t start_ns, last_progress_ns;
+  int err;
+  char why[256];
+};
+
+static void pull_fail(struct pull *p, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void pull_fail(struct pull *p, int err, const char *fmt, ...) {
+  va_list ap;
+
+  if (!p->err) {
+    p->err = err;
+    va_start(ap, fmt);
+    vsnprintf(p->why, sizeof(p->why), fmt, ap);
+    va_end(ap);
+  }
+  if (p->inflight == 0 && !p->op.queued)
+    p->finished = true;
+  gshmd__cluster_kick(p->cl);
+}
+
+static void send_progress(struct pull *p) {
+  Gshm__Reply reply = GSHM__REPLY__INIT;
+  Gshm__PullProgress pr = GSHM__PULL_PROGRESS__INIT;
+  int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
+
+  if (!p->requester || now - p->last_progress_ns < PROGRESS_NS)
+    return;
+  p->last_progress_ns = now;
+  pr.bytes_done = p->done;
+  pr.bytes_total = p->total;
+  pr.elapsed_ns = now - p->start_ns;
+  reply.status = GSHM__STATUS__STATUS_OK;
+  reply.body_case = GSHM__REPLY__BODY_PULL_PROGRESS;
+  reply.pull_progress = &pr;
+  gshmd_server_reply(p->cl->srv, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
+}
+
+static void issue_gets(struct pull *p);
+
+static void on_get_done(void *request, ucs_status_t status, void *user_data) {
+  struct get *g = user_data;
+  struct pull *p = g->p;
+
+  ucp_request_free(request);
+  p->inflight--;
+  if (status != UCS_OK) {
+    pull_fail(p, -ECONNRESET, "reading from peer '%s' failed: %s", p->peer->name,
+              ucs_status_string(status));
+  } else {
+    p->done += g->len;
+  }
+  free(g);
+  if (p->err) {
+    if (p->inflight == 0)
+      p->finished = true;
+    return;
+  }
+  issue_gets(p);
+  send_progress(p);
+}
+
+/* Keeps cluster.pull_depth gets of cluster.pull_chunk bytes in flight. */
+static void issue_gets(struct pull *p) {
+  struct gshmd_cluster *cl = p->cl;
+  uint64_t chunk = cl->cfg->cluster_pull_chunk;
+
+  while (!p->err && p->inflight < cl->cfg->cluster_pull_depth && p->next_off < p->total) {
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA |
+                                              UCP_OP_ATTR_FIELD_MEMH,
+                              .cb.send = on_get_done,
+                              .memh = p->memh};
+    uint64_t len = p->total - p->next_off < chunk ? p->total - p->next_off : chunk;
+    struct get *g = malloc(sizeof(*g));
+    ucs_status_ptr_t sp;
+
+    if (!g) {
+      pull_fail(p, -ENOMEM, "out of memory");
+      break;
+    }
+    g->p = p;
+    g->len = len;
+    rp.user_data = g;
+    sp = ucp_get_nbx(p->link->ep, (uint8_t *)p->dst + p->next_off, len,
+                     p->remote_addr + p->next_off, p->rkey, &rp);
+    p->next_off += len;
+    if (UCS_PTR_IS_PTR(sp)) {
+      p->inflight++;
+    } else {
+      free(g);
+      if (UCS_PTR_STATUS(sp) != UCS_OK)
+        pull_fail(p, -EIO, "get from peer '%s' failed: %s", p->peer->name,
+                  ucs_status_string(UCS_PTR_STATUS(sp)));
+      else
+        p->done += len;
+    }
+  }
+  if (!p->err && p->done == p->total && p->inflight == 0)
+    p->finished = true;
+  gshmd__cluster_kick(cl);
+}
+
+/* The new local segment, mapped and registered for the gets. */
+static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
+  struct gshmd_cluster *cl = p->cl;
+  Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
+  ucp_mem_map_params_t mp = {0};
+  struct gshmd_alloc *mem;
+  const char *msg = NULL;
+  char src[400];
+  int e, fd;
+
+  cr.name = p->local_name;
+  cr.size = s->size;
+  cr.location = p->location;
+  cr.mode = p->mode;
+  if ((e = gshmd_registry_create(cl->reg, p->holder, &cr, &p->lease, &msg))) {
+    pull_fail(p, e, "cannot create '%s': %s", p->local_name, msg ? msg : gshm__strerror(e));
+    return e;
+  }
+  snprintf(src, sizeof(src), "%s:%s#%" PRIu64 ".%" PRIu64, p->peer->name, s->name, s->id,
+           s->generation);
+  p->lease->seg->source = strdup(src);
+  mem = p->lease->seg->mem;
+  if (mem->device_index >= 0) {
+    pull_fail(p, -ENOTSUP, "pulling into device memory is not supported by this gshmd");
+    return -ENOTSUP;
+  }
+  if ((e = mem->backend->ops->export_fd(mem->backend, mem, true, &fd))) {
+    pull_fail(p, e, "cannot get the new segment's memory");
+    return e;
+  }
+  p->dst_len = mem->size;
+  p->dst = mmap(NULL, p->dst_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p->dst == MAP_FAILED) {
+    p->dst = NULL;
+    pull_fail(p, -ENOMEM, "cannot map the new segment: %s", strerror(errno));
+    return -ENOMEM;
+  }
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = p->dst;
+  mp.length = p->dst_len;
+  if (ucp_mem_map(cl->ctx, &mp, &p->memh) != UCS_OK) {
+    p->memh = NULL;
+    pull_fail(p, -EIO, "cannot register the new segment with UCX");
+    return -EIO;
+  }
+  return 0;
+}
+
+static void grant_done(struct op *op, int err, const char *why, const Gshm__Cluster__Msg *m) {
+  struct pull *p = op->arg;
+  const Gshm__Cluster__Grant *g;
+
+  if (err) {
+    pull_fail(p, err, "peer '%s': %s", p->peer->name, why);
+    return;
+  }
+  if (m->body_case != GSHM__CLUSTER__MSG__BODY_GRANT || !m->grant->segment) {
+    pull_fail(p, -EPROTO, "peer '%s' answered a grant request with something else",
+              p->peer->name);
+    return;
+  }
+  g = m->grant;
+  p->granted = true;
+  p->grant_id = g->grant_id;
+  p->remote_id = g->segment->id;
+  p->remote_gen = g->segment->generation;
+  p->path = g->path;
+  p->link = p->peer->out;
+  if (p->link) {
+    gshm_list_add_tail(&p->link->pulls, &p->link_node);
+    p->on_link = true;
+  }
+  if (p->err) { /* the requester left while we waited: give the grant back */
+    p->finished = true;
+    return;
+  }
+  if (!p->link) {
+    pull_fail(p, -ECONNRESET, "peer '%s' lost", p->peer->name);
+    return;
+  }
+  if (g->path != GSHM__CLUSTER__PATH__PATH_HOST) {
+    pull_fail(p, -ENOTSUP, "'%s' on peer '%s' is a device segment: not supported yet",
+              p->remote_name, p->peer->name);
+    return;
+  }
+  snprintf(p->path_reason, sizeof(p->path_reason),
+           "host segment: registered once by the peer, read with one-sided gets");
+  if (!p->location[0])
+    snprintf(p->location, sizeof(p->location), "host");
+  if (g->length < g->segment->size) {
+    pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->peer->name,
+              g->length, g->segment->size);
+    return;
+  }
+  if (make_local(p, g->segment))
+    return;
+  if (ucp_ep_rkey_unpack(p->link->ep, g->rkey.data, &p->rkey) != UCS_OK) {
+    p->rkey = NULL;
+    pull_fail(p, -EPROTO, "peer '%s' sent a key UCX cannot unpack", p->peer->name);
+    return;
+  }
+  p->remote_addr = g->address;
+  p->total = g->segment->size;
+  gshm_log_info("cluster: pulling '%s' from peer '%s' into '%s': %" PRIu64 " bytes, path host",
+                p->remote_name, p->peer->name, p->local_name, p->total);
+  issue_gets(p);
+}
+
+int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
+                      const Gshm__PullRequest *m, const char **msg_out) {
+  struct peer *peer = gshmd__cluster_peer(cl, m->peer);
+  const char *local = m->local_name && *m->local_name ? m->local_name : m->name;
+  struct gshm_location loc;
+  struct pull *p;
+  int e;
+
+  if (!peer) {
+    *msg_out = "no such peer in cluster.peers";
+    return -ENOENT;
+  }
+  if ((e = gshm__name_check(m->name, 255)) || (e = gshm__name_check(local, cl->cfg->max_name))) {
+    *msg_out = e == -ENAMETOOLONG ? "name too long" : "bad segment name";
+    return e;
+  }
+  if (m->location && *m->location && gshm__location_parse(m->location, &loc)) {
+    *msg_out = "bad location: use host, cuda:N or cuda:GPU-<uuid>";
+    return -EINVAL;
+  }
+  if (m->mode > 0777) {
+    *msg_out = "mode: permission bits, at most 0777";
+    return -EINVAL;
+  }
+  if (gshmd_registry_find_name(cl->reg, local)) {
+    *msg_out = "a local segment of that name exists";
+    return -EEXIST;
+  }
+  if (!(p = calloc(1, sizeof(*p))))
+    return -ENOMEM;
+  if ((e = gshmd_registry_client_add(cl->reg, &c->cred, &p->holder))) {
+    free(p);
+    return e;
+  }
+  snprintf(p->holder->name, sizeof(p->holder->name), "pull:%.58s", peer->name);
+  p->cl = cl;
+  p->peer = peer;
+  p->requester = c;
+  p->request_id = request_id;
+  snprintf(p->remote_name, sizeof(p->remote_name), "%s", m->name);
+  snprintf(p->local_name, sizeof(p->local_name), "%s", local);
+  snprintf(p->location, sizeof(p->location), "%s", m->location ? m->location : "");
+  p->mode = m->mode;
+  p->start_ns = p->last_progress_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  gshm__cluster__msg__init(&p->msg);
+  gshm__cluster__grant_request__init(&p->greq);
+  p->greq.name = p->remote_name;
+  p->msg.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  p->msg.grant_request = &p->greq;
+  p->op.msg = &p->msg;
+  p->op.done = grant_done;
+  p->op.arg = p;
+  gshm_list_add_tail(&cl->pulls, &p->node);
+  gshm_log_info("cluster: uid %u pid %d asks to pull '%s' from peer '%s' as '%s'",
+                (unsigned)c->cred.uid, (int)c->cred.pid, p->remote_name, peer->name,
+                p->local_name);
+  gshmd__cluster_op_submit(cl, peer, &p->op);
+  return 0;
+}
+
+static const char *path_name(Gshm__Cluster__Path path) {
+  switch (path) {
+  case GSHM__CLUSTER__PATH__PATH_HOST: return "host";
+  case GSHM__CLUSTER__PATH__PATH_DIRECT: return "direct";
+  case GSHM__CLUSTER__PATH__PATH_STAGED: return "staged";
+  default: return "none";
+  }
+}
+
+/* Ends a finished pull: the grant goes back, the segment stays (success)
+ * or goes (failure), the requester gets its answer. */
+static void pull_end(struct pull *p) {
+  struct gshmd_cluster *cl = p->cl;
+  Gshm__Reply reply = GSHM__REPLY__INIT;
+  Gshm__PullResult res = GSHM__PULL_RESULT__INIT;
+  Gshm__SegmentInfo info;
+  int64_t ns = gshm__now_ns(CLOCK_MONOTONIC) - p->start_ns;
+
+  gshmd__cluster_op_cancel(&p->op);
+  if (p->granted && p->link && p->link->state == LINK_UP) {
+    Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+    Gshm__Cluster__Release r = GSHM__CLUSTER__RELEASE__INIT;
+    r.grant_id = p->grant_id;
+    m.body_case = GSHM__CLUSTER__MSG__BODY_RELEASE;
+    m.release = &r;
+    gshmd__cluster_send(p->link, &m);
+  }
+  if (p->on_link)
+    gshm_list_del(&p->link_node);
+  if (p->rkey)
+    ucp_rkey_destroy(p->rkey);
+  if (p->memh)
+    ucp_mem_unmap(cl->ctx, p->memh);
+  if (p->dst)
+    munmap(p->dst, p->dst_len);
+  if (!p->err) {
+    char sz[32];
+    double gbs = ns > 0 ? (double)p->total / (double)ns : 0;
+    p->peer->pulls_ok++;
+    if (p->path == GSHM__CLUSTER__PATH__PATH_HOST)
+      p->peer->bytes_host += p->total;
+    else if (p->path == GSHM__CLUSTER__PATH__PATH_STAGED)
+      p->peer->bytes_staged += p->total;
+    else
+      p->peer->bytes_direct += p->total;
+    gshm_log_info("cluster: pulled '%s' from peer '%s' into '%s': %s in %.3f s (%.2f GB/s), "
+                  "path %s: %s",
+                  p->remote_name, p->peer->name, p->local_name,
+                  gshm__format_size(p->total, sz, sizeof(sz)), (double)ns / 1e9, gbs,
+                  path_name(p->path), p->path_reason);
+    gshmd_segment_to_info(p->lease->seg, &info);
+    res.segment = &info;
+    res.bytes = p->total;
+    res.elapsed_ns = ns;
+    res.path = (char *)path_name(p->path);
+    res.path_reason = p->path_reason;
+    res.peer = p->peer->name;
+    res.remote_id = p->remote_id;
+    res.remote_generation = p->remote_gen;
+    reply.status = GSHM__STATUS__STATUS_OK;
+    reply.body_case = GSHM__REPLY__BODY_PULL_RESULT;
+    reply.pull_result = &res;
+    if (p->requester)
+      gshmd_server_reply(cl->srv, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
+  } else {
+    const char *msg;
+    p->peer->pulls_failed++;
+    /* The partial segment goes, if the name is still ours. */
+    if (p->lease && !p->lease->seg->unlinked &&
+        gshmd_registry_find_name(cl->reg, p->local_name) == p->lease->seg)
+      gshmd_registry_unlink(cl->reg, p->holder, p->local_name, &msg);
+    gshm_log_warn("cluster: pull of '%s' from peer '%s' failed: %s", p->remote_name,
+                  p->peer->name, p->why);
+    if (p->requester) {
+      reply.status = gshm__errno_to_status(p->err);
+      reply.message = p->why;
+      gshmd_server_reply(cl->srv, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
+    }
+  }
+  gshmd_registry_client_remove(cl->reg, p->holder); /* ends the lease */
+  gshm_list_del(&p->node);
+  free(p);
+}
+
+void gshmd__pull_reap(struct gshmd_cluster *cl) {
+  struct gshm_list *pos, *tmp;
+  gshm_list_foreach_safe(pos, tmp, &cl->pulls) {
+    struct pull *p = gshm_list_entry(pos, struct pull, node);
+    if (p->finished && p->inflight == 0)
+      pull_end(p);
+  }
+}
+
+void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l) {
+  struct gshm_list *pos, *tmp;
+  (void)cl;
+  gshm_list_foreach_safe(pos, tmp, &l->pulls) {
+    struct pull *p = gshm_list_entry(pos, struct pull, link_node);
+    gshm_list_del(&p->link_node);
+    p->on_link = false;
+    p->link = NULL;
+    pull_fail(p, -ECONNRESET, "peer '%s' lost mid-pull (%" PRIu64 " of %" PRIu64 " bytes read)",
+              p->peer->name, p->done, p->total);
+  }
+}
+
+void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &cl->pulls) {
+    struct pull *p = gshm_list_entry(pos, struct pull, node);
+    if (p->requester == c) {
+      p->requester = NULL;
+      gshmd__cluster_op_cancel(&p->op); /* sent: its answer ends the pull */
+      pull_fail(p, -ECANCELED, "the requesting client went away");
+    }
+  }
+}
+
+void gshmd__pull_stop_all(struct gshmd_cluster *cl) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &cl->pulls) {
+    struct pull *p = gshm_list_entry(pos, struct pull, node);
+    gshmd__cluster_op_cancel(&p->op);
+    pull_fail(p, -ESHUTDOWN, "gshmd is stopping");
+  }
+}
