@@ -442,12 +442,13 @@ static void link_fail(struct link *l, int err, const char *why) {
     struct peer *p = l->peer;
     p->out = NULL;
     p->state = PEER_DOWN;
-    snprintf(p->why, sizeof(p->why), "%s", why);
     p->retry_ns = gshm__now_ns(CLOCK_MONOTONIC) + 2000000000LL;
+    /* logged on each change, not on every retry of an absent peer */
     if (was == LINK_UP)
       gshm_log_warn("cluster: peer '%s' (%s) down: %s", p->name, p->address, why);
-    else
+    else if (strcmp(p->why, why))
       gshm_log_info("cluster: cannot reach peer '%s' (%s): %s", p->name, p->address, why);
+    snprintf(p->why, sizeof(p->why), "%s", why);
     ops_fail(&p->waiting, err, why);
   } else if (l->inbound && was == LINK_UP && l->peer) {
     gshm_log_info("cluster: peer '%s' (%s) disconnected: %s", l->peer->name, l->remote, why);

@@ -18,7 +18,7 @@ struct gshmd_registry;
 struct gshmd_client;
 struct gshmd_cluster;
 
-#define GSHMD_NSTATUS 20 /* Gshm__Status values, for counters */
+#define GSHMD_NSTATUS 22 /* Gshm__Status values, for counters */
 #define GSHMD_LIST_MAX 4096 /* items in one list reply, at most */
 #define GSHMD_LEASE_DEVICES 8 /* mapped devices listed per lease */
 

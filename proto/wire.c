@@ -149,7 +149,9 @@ int gshm__wire_parse_header(const void *pkt, size_t len, struct gshm_wire_header
   X(GSHM__STATUS__STATUS_NO_DEVICE, ENODEV)          \
   X(GSHM__STATUS__STATUS_STALE, ESTALE)              \
   X(GSHM__STATUS__STATUS_NOT_PERMITTED, EPERM)       \
-  X(GSHM__STATUS__STATUS_BUSY, EBUSY)
+  X(GSHM__STATUS__STATUS_BUSY, EBUSY)                \
+  X(GSHM__STATUS__STATUS_PEER_LOST, ECONNRESET)      \
+  X(GSHM__STATUS__STATUS_TIMED_OUT, ETIMEDOUT)
 
 int gshm__status_to_errno(int status) {
   switch (status) {

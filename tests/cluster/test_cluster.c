@@ -1,0 +1,543 @@
+/* Two (and more) real gshmd on one machine, each with its own Unix socket
+ * and cluster port on 127.0.0.1, through UCX's tcp transport (issue 13,
+ * "Done when" 1): byte-exact pulls of 1 B, 4095 B, 64 MiB + 3 B and 1 GiB
+ * of random data; 50 concurrent pulls; refusals (not exported, unknown
+ * peer, wrong key); the serving daemon SIGKILLed mid-pull; random packets
+ * on the cluster port while local clients are served; unlink on the
+ * serving side during a pull. */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+
+struct node {
+  struct harness h;
+  char name[16];
+  int port;
+  char argv_store[12][512];
+  const char *argv[13];
+};
+
+static char dir[] = "/tmp/gshm-cluster-XXXXXX";
+static char key_path[300], other_key_path[300];
+static char group[64];
+static struct node A, B;      /* A serves (exports pub/ *), B pulls */
+
+/* Every node started, so that a failed check leaves no gshmd behind. */
+static struct node *started[16];
+static unsigned nstarted;
+
+static void kill_started(void) {
+  for (unsigned i = 0; i < nstarted; i++)
+    if (started[i]->h.sp.pid > 0)
+      kill(started[i]->h.sp.pid, SIGKILL);
+}
+
+static int free_port(void) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+  assert_true(fd >= 0);
+  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+  port = ntohs(sa.sin_port);
+  close(fd);
+  return port;
+}
+
+static void write_key(const char *path, unsigned long long seed) {
+  char key[44];
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+  assert_true(fd >= 0);
+  harness_random(key, sizeof(key), seed);
+  for (size_t i = 0; i < sizeof(key); i++)
+    key[i] = (char)('a' + (unsigned char)key[i] % 26);
+  assert_int_equal(write(fd, key, sizeof(key)), (ssize_t)sizeof(key));
+  close(fd);
+}
+
+/* Starts node n with its cluster settings; extra "--set" values follow. */
+static void node_start(struct node *n, const char *name, const char *peers, const char *key,
+                       const char *exports, ...) {
+  va_list ap;
+  const char *extra;
+  int k = 0;
+
+  snprintf(n->name, sizeof(n->name), "%s", name);
+  if (!n->port)
+    n->port = free_port();
+#define SET(...) snprintf(n->argv_store[k], sizeof(n->argv_store[k]), __VA_ARGS__), k++
+  SET("--set=cluster.listen=127.0.0.1:%d", n->port);
+  SET("--set=cluster.node_name=%s", name);
+  SET("--set=cluster.peers=%s", peers);
+  SET("--set=cluster.secret_file=%s", key);
+  SET("--set=cluster.export=%s", exports);
+  SET("--set=cluster.pull_group=%s", group);
+  va_start(ap, exports);
+  while ((extra = va_arg(ap, const char *)) && k < 12)
+    SET("--set=%s", extra);
+  va_end(ap);
+#undef SET
+  for (int i = 0; i < k; i++)
+    n->argv[i] = n->argv_store[i];
+  n->argv[k] = NULL;
+  assert_int_equal(harness_start(&n->h, n->argv), 0);
+  if (nstarted < 16)
+    started[nstarted++] = n;
+}
+
+static gshm_client_t *connect_to(struct node *n) {
+  gshm_client_t *c;
+  assert_int_equal(gshm_connect(n->h.socket_path, "test_cluster", &c), 0);
+  return c;
+}
+
+/* A host segment of size bytes filled from seed, created on n. */
+static void make_segment(gshm_client_t *c, const char *name, uint64_t size,
+                         unsigned long long seed) {
+  gshm_segment_t *seg;
+  void *p;
+  assert_int_equal(gshm_create(c, name, size, "host", 0600, 0, &seg), 0);
+  assert_int_equal(gshm_map(seg, NULL, 0, &p), 0);
+  harness_random(p, size, seed);
+  gshm_close(seg);
+}
+
+/* Does segment name on c hold exactly the bytes of seed? */
+static void check_segment(gshm_client_t *c, const char *name, uint64_t size,
+                          unsigned long long seed) {
+  gshm_segment_t *seg;
+  uint8_t *want = malloc(size);
+  void *p;
+  assert_non_null(want);
+  harness_random(want, size, seed);
+  assert_int_equal(gshm_open(c, name, GSHM_ACCESS_READ, &seg), 0);
+  assert_true(gshm_segment_info(seg)->requested_size == size);
+  assert_int_equal(gshm_map(seg, NULL, 0, &p), 0);
+  assert_int_equal(memcmp(p, want, size), 0);
+  gshm_close(seg);
+  free(want);
+}
+
+struct progress_log {
+  unsigned calls;
+  uint64_t last;
+  bool monotonic;
+  void (*hook)(void *);
+  void *hook_arg;
+};
+
+static void on_progress(const gshm_pull_progress_t *p, void *arg) {
+  struct progress_log *log = arg;
+  if (p->bytes_done < log->last || p->bytes_done > p->bytes_total)
+    log->monotonic = false;
+  log->last = p->bytes_done;
+  if (log->calls++ == 0 && log->hook)
+    log->hook(log->hook_arg);
+}
+
+static int group_setup(void **state) {
+  struct group *g = getgrgid(getegid());
+  (void)state;
+  assert_non_null(mkdtemp(dir));
+  snprintf(key_path, sizeof(key_path), "%s/key", dir);
+  snprintf(other_key_path, sizeof(other_key_path), "%s/other-key", dir);
+  write_key(key_path, 1);
+  write_key(other_key_path, 2);
+  assert_non_null(g);
+  snprintf(group, sizeof(group), "%s", g->gr_name);
+  A.port = free_port();
+  B.port = free_port();
+  {
+    char pa[64], pb[96];
+    /* A knows b and d (d is started with the wrong key below) */
+    snprintf(pa, sizeof(pa), "b=127.0.0.1:%d,d=127.0.0.1:1", B.port);
+    snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", A.port);
+    node_start(&A, "a", pa, key_path, "pub/*", NULL);
+    harness_set_leftover(&A.h);
+    node_start(&B, "b", pb, key_path, "", NULL);
+  }
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  assert_int_equal(harness_stop(&B.h), 0);
+  assert_int_equal(harness_stop(&A.h), 0);
+  harness_set_leftover(NULL);
+  unlink(key_path);
+  unlink(other_key_path);
+  rmdir(dir);
+  return 0;
+}
+
+/* 1 B, 4095 B, 64 MiB + 3 B and 1 GiB, byte for byte. */
+static void test_sizes(void **state) {
+  static const uint64_t sizes[] = {1, 4095, 64 * MiB + 3, 1 * GiB};
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  (void)state;
+
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+    char name[64], local[64], src[128];
+    struct progress_log log = {.monotonic = true};
+    gshm_pull_opts_t po = {.local_name = local, .progress = on_progress, .progress_arg = &log};
+    gshm_pull_result_t r;
+    gshm_segment_info_t st;
+    snprintf(name, sizeof(name), "pub/size-%zu", i);
+    snprintf(local, sizeof(local), "got/size-%zu", i);
+    make_segment(a, name, sizes[i], 100 + i);
+    assert_int_equal(gshm_stat_name(a, name, &st), 0);
+    assert_int_equal(gshm_pull(b, "a", name, &po, &r), 0);
+    assert_true(r.bytes == sizes[i]);
+    assert_string_equal(r.path, "host");
+    assert_string_equal(r.peer, "a");
+    assert_true(r.remote_id == st.id && r.remote_generation == st.generation);
+    snprintf(src, sizeof(src), "a:%s#%llu.%llu", name, (unsigned long long)st.id,
+             (unsigned long long)st.generation);
+    assert_string_equal(r.segment.source, src);
+    assert_true(log.monotonic);
+    if (r.elapsed_ns > 500000000LL)
+      assert_true(log.calls > 0);
+    check_segment(b, local, sizes[i], 100 + i);
+    assert_int_equal(gshm_unlink(a, name), 0);
+    assert_int_equal(gshm_unlink(b, local), 0);
+  }
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
+struct puller {
+  pthread_t t;
+  char local[64];
+  int err;
+};
+
+static void *pull_thread(void *arg) {
+  struct puller *p = arg;
+  gshm_client_t *c;
+  gshm_pull_opts_t po = {.local_name = p->local};
+  p->err = gshm_connect(B.h.socket_path, "puller", &c);
+  if (!p->err) {
+    p->err = gshm_pull(c, "a", "pub/shared", &po, NULL);
+    gshm_disconnect(c);
+  }
+  return NULL;
+}
+
+/* 50 pulls at once, from 50 client connections. */
+static void test_concurrent(void **state) {
+  static struct puller p[50];
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  (void)state;
+
+  make_segment(a, "pub/shared", 1 * MiB + 17, 7);
+  for (int i = 0; i < 50; i++) {
+    snprintf(p[i].local, sizeof(p[i].local), "many/%d", i);
+    assert_int_equal(pthread_create(&p[i].t, NULL, pull_thread, &p[i]), 0);
+  }
+  for (int i = 0; i < 50; i++) {
+    pthread_join(p[i].t, NULL);
+    assert_int_equal(p[i].err, 0);
+  }
+  for (int i = 0; i < 50; i++) {
+    check_segment(b, p[i].local, 1 * MiB + 17, 7);
+    assert_int_equal(gshm_unlink(b, p[i].local), 0);
+  }
+  assert_int_equal(gshm_unlink(a, "pub/shared"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
+/* Not exported: neither listed nor granted; unknown names likewise. */
+static void test_not_exported(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  gshm_segment_info_t *v = NULL, st;
+  size_t n = 0;
+  (void)state;
+
+  make_segment(a, "private/x", 4096, 3);
+  make_segment(a, "pub/visible", 4096, 4);
+  assert_int_equal(gshm_list_remote(b, "a", &v, &n), 0);
+  assert_int_equal(n, 1);
+  assert_string_equal(v[0].name, "pub/visible");
+  gshm_free(v);
+  assert_int_equal(gshm_pull(b, "a", "private/x", NULL, NULL), -ENOENT);
+  assert_non_null(strstr(gshm_last_error(b), "exports no segment"));
+  assert_int_equal(gshm_stat_name(b, "private/x", &st), -ENOENT); /* nothing left behind */
+  assert_int_equal(gshm_pull(b, "a", "pub/missing", NULL, NULL), -ENOENT);
+  assert_int_equal(gshm_pull(b, "nosuch", "pub/visible", NULL, NULL), -ENOENT);
+  /* the local name is taken */
+  make_segment(b, "taken", 4096, 5);
+  {
+    gshm_pull_opts_t po = {.local_name = "taken"};
+    assert_int_equal(gshm_pull(b, "a", "pub/visible", &po, NULL), -EEXIST);
+    check_segment(b, "taken", 4096, 5);
+  }
+  assert_int_equal(gshm_unlink(b, "taken"), 0);
+  assert_int_equal(gshm_unlink(a, "private/x"), 0);
+  assert_int_equal(gshm_unlink(a, "pub/visible"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
+/* A node A does not list, and a listed node with the wrong key. */
+static void test_refused_peers(void **state) {
+  static struct node eve, d;
+  gshm_client_t *a = connect_to(&A), *c;
+  char peers[64], *text = NULL;
+  (void)state;
+
+  make_segment(a, "pub/secret", 4096, 9);
+  snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
+  /* eve: right key, but not in A's peers */
+  node_start(&eve, "eve", peers, key_path, "", NULL);
+  c = connect_to(&eve);
+  assert_int_equal(gshm_pull(c, "a", "pub/secret", NULL, NULL), -EPERM);
+  assert_non_null(strstr(gshm_last_error(c), "not in cluster.peers"));
+  assert_int_equal(gshm_list_remote(c, "a", &(gshm_segment_info_t *){NULL}, &(size_t){0}),
+                   -EPERM);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&eve.h), 0);
+  /* d: in A's peers, wrong key: d finds that A cannot prove the key */
+  node_start(&d, "d", peers, other_key_path, "", NULL);
+  c = connect_to(&d);
+  assert_int_equal(gshm_pull(c, "a", "pub/secret", NULL, NULL), -EACCES);
+  assert_non_null(strstr(gshm_last_error(c), "shared key"));
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&d.h), 0);
+  /* A counted both refusals and still serves b */
+  assert_int_equal(harness_gshmctl(&A.h, &text, (const char *[]){"metrics", NULL}), 0);
+  {
+    const char *m = strstr(text, "gshm_cluster_refusals_total{cause=\"unknown_peer\"} ");
+    assert_non_null(m);
+    assert_true(atoi(strchr(m, '}') + 2) >= 1);
+  }
+  free(text);
+  {
+    gshm_client_t *b = connect_to(&B);
+    assert_int_equal(gshm_pull(b, "a", "pub/secret", &(gshm_pull_opts_t){.local_name = "s"},
+                               NULL),
+                     0);
+    check_segment(b, "s", 4096, 9);
+    assert_int_equal(gshm_unlink(b, "s"), 0);
+    gshm_disconnect(b);
+  }
+  assert_int_equal(gshm_unlink(a, "pub/secret"), 0);
+  gshm_disconnect(a);
+}
+
+struct bg_pull {
+  pthread_t t;
+  struct node *puller;
+  const char *peer, *name, *local;
+  struct progress_log log;
+  gshm_pull_result_t r;
+  int err;
+  char why[256];
+};
+
+static void *bg_pull_thread(void *arg) {
+  struct bg_pull *p = arg;
+  gshm_client_t *c;
+  gshm_pull_opts_t po = {.local_name = p->local, .progress = on_progress,
+                         .progress_arg = &p->log};
+  p->err = gshm_connect(p->puller->h.socket_path, "bg", &c);
+  if (!p->err) {
+    p->err = gshm_pull(c, p->peer, p->name, &po, &p->r);
+    snprintf(p->why, sizeof(p->why), "%s", gshm_last_error(c));
+    gshm_disconnect(c);
+  }
+  return NULL;
+}
+
+static void kill_node(void *arg) { kill(((struct node *)arg)->h.sp.pid, SIGKILL); }
+
+/* The serving daemon dies mid-pull: the pull fails, the puller is left
+ * with no partial segment, and its fds and RSS are back to baseline. */
+static void test_server_killed(void **state) {
+  static struct node k, p;
+  struct bg_pull bg = {.peer = "k", .name = "pub/big", .local = "big"};
+  char pk[64], pp[64];
+  gshm_client_t *c;
+  gshm_segment_info_t st;
+  int fds0, fds1;
+  long rss0, rss1;
+  (void)state;
+
+  k.port = free_port();
+  p.port = free_port();
+  snprintf(pk, sizeof(pk), "p=127.0.0.1:%d", p.port);
+  snprintf(pp, sizeof(pp), "k=127.0.0.1:%d", k.port);
+  node_start(&k, "k", pk, key_path, "pub/*", NULL);
+  /* small gets, one at a time: the pull lasts long enough to be cut */
+  node_start(&p, "p", pp, key_path, "", "cluster.pull_chunk=256K", "cluster.pull_depth=1", NULL);
+  c = connect_to(&k);
+  make_segment(c, "pub/big", 512 * MiB, 11);
+  gshm_disconnect(c);
+  fds0 = harness_stable_fd_count(p.h.sp.pid);
+  rss0 = harness_rss_kib(p.h.sp.pid);
+  bg.puller = &p;
+  bg.log.hook = kill_node;
+  bg.log.hook_arg = &k;
+  bg.log.monotonic = true;
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_pull_thread, &bg), 0);
+  pthread_join(bg.t, NULL);
+  assert_true(bg.log.calls > 0); /* it was cut mid-pull */
+  assert_int_equal(bg.err, -ECONNRESET);
+  assert_non_null(strstr(bg.why, "lost"));
+  c = connect_to(&p);
+  assert_int_equal(gshm_stat_name(c, "big", &st), -ENOENT);
+  gshm_disconnect(c);
+  fds1 = harness_stable_fd_count(p.h.sp.pid);
+  rss1 = harness_rss_kib(p.h.sp.pid);
+  print_message("puller fds %d -> %d, rss %ld -> %ld KiB\n", fds0, fds1, rss0, rss1);
+  /* the baseline had endpoints to k; none are left */
+  assert_true(fds1 <= fds0);
+  assert_true(rss1 < rss0 + 32 * 1024);
+  gshm__spawn_stop(&k.h.sp, SIGKILL);
+  gshm__spawn_cleanup(&k.h.sp);
+  assert_int_equal(harness_stop(&p.h), 0);
+}
+
+/* Unlinked on the serving side mid-pull: the lease of the serving daemon
+ * keeps the bytes; the copy is exact; the memory goes after the pull. */
+static void unlink_on_a(void *arg) {
+  (void)arg;
+  assert_int_equal(harness_gshmctl(&A.h, NULL, (const char *[]){"unlink", "pub/moving", NULL}),
+                   0);
+}
+
+static void test_unlink_during_pull(void **state) {
+  struct bg_pull bg = {.peer = "a", .name = "pub/moving", .local = "moved"};
+  gshm_client_t *a = connect_to(&A), *c;
+  gshm_status_info_t st;
+  char pp[64];
+  (void)state;
+
+  /* B again, with small gets one at a time: the pull lasts long enough
+   * for the unlink to land in the middle */
+  assert_int_equal(harness_stop(&B.h), 0);
+  memset(&B.h, 0, sizeof(B.h));
+  B.port = free_port(); /* the old one may linger in TIME_WAIT */
+  snprintf(pp, sizeof(pp), "a=127.0.0.1:%d", A.port);
+  node_start(&B, "b", pp, key_path, "", "cluster.pull_chunk=256K", "cluster.pull_depth=1", NULL);
+  make_segment(a, "pub/moving", 256 * MiB, 21);
+  bg.puller = &B;
+  bg.log.hook = unlink_on_a;
+  bg.log.monotonic = true;
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_pull_thread, &bg), 0);
+  pthread_join(bg.t, NULL);
+  assert_int_equal(bg.err, 0);
+  assert_true(bg.log.calls > 0); /* the unlink came mid-pull */
+  c = connect_to(&B);
+  check_segment(c, "moved", 256 * MiB, 21);
+  assert_int_equal(gshm_unlink(c, "moved"), 0);
+  gshm_disconnect(c);
+  /* A freed it once the grant ended */
+  assert_int_equal(gshm_status(a, &st), 0);
+  assert_int_equal(st.segments, 0);
+  gshm_disconnect(a);
+}
+
+/* 10,000 random packets on A's cluster port while a local client keeps
+ * being served; a pull works afterwards. */
+struct noise {
+  pthread_t t;
+  int port;
+  unsigned sent;
+};
+
+static void *noise_thread(void *arg) {
+  struct noise *n = arg;
+  uint8_t buf[1500];
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                           .sin_port = htons((uint16_t)n->port)};
+  for (unsigned conn = 0; n->sent < 10000; conn++) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+      if (fd >= 0)
+        close(fd);
+      continue;
+    }
+    for (int i = 0; i < 100 && n->sent < 10000; i++) {
+      size_t len = 1 + (size_t)((conn * 131 + (unsigned)i * 17) % sizeof(buf));
+      harness_random(buf, len, 1000 + n->sent);
+      if (send(fd, buf, len, MSG_NOSIGNAL) < 0)
+        break;
+      n->sent++;
+    }
+    close(fd);
+  }
+  return NULL;
+}
+
+static void test_random_packets(void **state) {
+  struct noise n = {.port = A.port};
+  gshm_client_t *a = connect_to(&A), *b;
+  unsigned served = 0;
+  (void)state;
+
+  assert_int_equal(pthread_create(&n.t, NULL, noise_thread, &n), 0);
+  while (n.sent < 10000) {
+    gshm_segment_t *seg;
+    int64_t t0 = (int64_t)time(NULL);
+    assert_int_equal(gshm_create(a, "local/while-noise", 4096, "host", 0600, 0, &seg), 0);
+    gshm_close(seg);
+    assert_int_equal(gshm_unlink(a, "local/while-noise"), 0);
+    assert_true((int64_t)time(NULL) - t0 < 5);
+    served++;
+  }
+  pthread_join(n.t, NULL);
+  print_message("%u local requests served during %u random packets\n", served, n.sent);
+  assert_true(served > 0);
+  make_segment(a, "pub/after-noise", 65536, 31);
+  b = connect_to(&B);
+  assert_int_equal(gshm_pull(b, "a", "pub/after-noise", &(gshm_pull_opts_t){.local_name = "an"},
+                             NULL),
+                   0);
+  check_segment(b, "an", 65536, 31);
+  assert_int_equal(gshm_unlink(b, "an"), 0);
+  assert_int_equal(gshm_unlink(a, "pub/after-noise"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sizes),
+      cmocka_unit_test(test_concurrent),
+      cmocka_unit_test(test_not_exported),
+      cmocka_unit_test(test_refused_peers),
+      cmocka_unit_test(test_random_packets),
+      cmocka_unit_test(test_server_killed),
+      cmocka_unit_test(test_unlink_during_pull),
+  };
+  setenv("UCX_TLS", "tcp", 0);
+  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+  atexit(harness_kill_leftover);
+  atexit(kill_started);
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
