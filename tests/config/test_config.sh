@@ -70,7 +70,7 @@ expect_value() {
 if [[ $mode == valgrind ]]; then
   command -v valgrind >/dev/null || { echo "SKIP: valgrind not installed"; exit 77; }
   vg=(valgrind -q --leak-check=full --show-leak-kinds=all --errors-for-leak-kinds=all
-      --error-exitcode=99)
+      --suppressions="$(dirname "$0")/../valgrind-ucx.supp" --error-exitcode=99)
   mkdir "$tmp/conf.d"
   printf '[daemon]\nsocket = /tmp/a.sock\nsocket_group = gshm\n[metrics]\ntextfile = /tmp/m\n' \
     >"$tmp/main.conf"
