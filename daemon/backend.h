@@ -63,6 +63,20 @@ struct gshmd_backend_ops {
    * nothing until it writes again).  The device backend has none: the
    * driver offers no revoke (docs/SECURITY.md). */
   void (*discard)(struct gshmd_backend *b, struct gshmd_alloc *a);
+  /* Optional (cuda; the cluster's device paths, docs/CLUSTER.md): the
+   * allocation's address in gshmd itself (mapped on first use, unmapped
+   * by ->free), for UCX registration and copies.  Errors: -EIO. */
+  int (*local_ptr)(struct gshmd_backend *b, struct gshmd_alloc *a, void **ptr_out);
+  /* Optional (cuda): copies len bytes between the allocation at offset
+   * and host memory (pinned for speed), synchronously; to_device: host
+   * to allocation.  May run on any thread (libuv's pool).  Errors:
+   * -EINVAL range, -EIO. */
+  int (*copy_host)(struct gshmd_backend *b, struct gshmd_alloc *a, uint64_t offset, void *host,
+                   uint64_t len, bool to_device);
+  /* Optional (cuda): size bytes of page-locked host memory, and its
+   * release.  Errors: -ENOMEM, -EIO. */
+  int (*host_alloc)(struct gshmd_backend *b, uint64_t size, void **ptr_out);
+  void (*host_free)(struct gshmd_backend *b, void *ptr);
   /* Releases the allocation; accepts NULL. */
   void (*free)(struct gshmd_backend *b, struct gshmd_alloc *a);
   /* Optional: fills the device list (cuda). */

@@ -30,6 +30,7 @@
  * "Errors and logging"). */
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -111,6 +112,7 @@ struct cuda_alloc {
   CUmemGenericAllocationHandle handle; /* VMM segments */
   int fd;                              /* VMM segments: its POSIX fd, exported once; else -1 */
   CUdeviceptr ptr;                     /* LEGACY_IPC segments (cuMemAlloc) */
+  CUdeviceptr va;                      /* local_ptr: gshmd's own mapping, 0 until asked */
 };
 
 /* Driver calls through the backend's table (common/cudadrv.h): CU_ERR for
@@ -453,6 +455,10 @@ static void cuda_free(struct gshmd_backend *b, struct gshmd_alloc *mem) {
     if (!set_ctx(cb, a->d))
       CU_UNDO(cb, cuMemFree, a->ptr);
   } else if (a->handle) {
+    if (a->va) {
+      CU_UNDO(cb, cuMemUnmap, a->va, a->base.size);
+      CU_UNDO(cb, cuMemAddressFree, a->va, a->base.size);
+    }
     /* Exported fds that clients still hold keep the physical memory
      * until they are closed; ours goes now. */
     CU_UNDO(cb, cuMemRelease, a->handle);
@@ -460,6 +466,88 @@ static void cuda_free(struct gshmd_backend *b, struct gshmd_alloc *mem) {
   if (a->fd >= 0)
     close(a->fd);
   free(a);
+}
+
+/* ---- the cluster's access from gshmd itself ---- */
+
+/* gshmd's own mapping of an allocation, made once (copies run on libuv's
+ * pool: the first two may race to make it). */
+static pthread_mutex_t va_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int local_va(struct cuda_backend *cb, struct cuda_alloc *a, CUdeviceptr *va_out) {
+  CUmemAccessDesc acc;
+  CUdeviceptr va = 0;
+  int e = 0;
+
+  if (a->legacy) {
+    *va_out = a->ptr;
+    return 0;
+  }
+  pthread_mutex_lock(&va_lock);
+  if (a->va)
+    goto out;
+  if ((e = set_ctx(cb, a->d)))
+    goto out;
+  if ((e = CU_ERR(cb, cuMemAddressReserve, &va, a->base.size, a->base.granularity, 0, 0)))
+    goto out;
+  if ((e = CU_ERR(cb, cuMemMap, va, a->base.size, 0, a->handle, 0)))
+    goto release_va_range;
+  memset(&acc, 0, sizeof(acc));
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = a->d->dev;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if ((e = CU_ERR(cb, cuMemSetAccess, va, a->base.size, &acc, 1)))
+    goto unmap_range;
+  a->va = va;
+  goto out;
+unmap_range:
+  CU_UNDO(cb, cuMemUnmap, va, a->base.size);
+release_va_range:
+  CU_UNDO(cb, cuMemAddressFree, va, a->base.size);
+out:
+  *va_out = a->va;
+  pthread_mutex_unlock(&va_lock);
+  return e;
+}
+
+static int cuda_local_ptr(struct gshmd_backend *b, struct gshmd_alloc *mem, void **ptr_out) {
+  CUdeviceptr va;
+  int e = local_va(cuda_of(b), mem->priv, &va);
+  if (!e)
+    *ptr_out = (void *)(uintptr_t)va;
+  return e;
+}
+
+static int cuda_copy_host(struct gshmd_backend *b, struct gshmd_alloc *mem, uint64_t offset,
+                          void *host, uint64_t len, bool to_device) {
+  struct cuda_backend *cb = cuda_of(b);
+  struct cuda_alloc *a = mem->priv;
+  CUdeviceptr va;
+  int e;
+
+  if (offset > mem->size || len > mem->size - offset)
+    return -EINVAL;
+  if ((e = local_va(cb, a, &va)) || (e = set_ctx(cb, a->d)))
+    return e;
+  return to_device ? CU_ERR(cb, cuMemcpyHtoD, va + offset, host, len)
+                   : CU_ERR(cb, cuMemcpyDtoH, host, va + offset, len);
+}
+
+static int cuda_host_alloc(struct gshmd_backend *b, uint64_t size, void **ptr_out) {
+  struct cuda_backend *cb = cuda_of(b);
+  int e;
+
+  if (!cb->n)
+    return -ENODEV;
+  if ((e = set_ctx(cb, &cb->devs[0])))
+    return e;
+  return CU_ERR(cb, cuMemAllocHost, ptr_out, size) ? -ENOMEM : 0;
+}
+
+static void cuda_host_free(struct gshmd_backend *b, void *ptr) {
+  struct cuda_backend *cb = cuda_of(b);
+  if (ptr && cb->n && !set_ctx(cb, &cb->devs[0]))
+    CU_UNDO(cb, cuMemFreeHost, ptr);
 }
 
 /* ---- device list ---- */
@@ -500,6 +588,10 @@ static const struct gshmd_backend_ops cuda_ops = {
     .park_fd = cuda_park_fd,
     .adopt_fd = cuda_adopt_fd,
     .free = cuda_free,
+    .local_ptr = cuda_local_ptr,
+    .copy_host = cuda_copy_host,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
     .devices = cuda_devices,
     .destroy = cuda_destroy,
 };

@@ -147,6 +147,11 @@
   X(cluster, staging_bytes, SIZE, cluster_staging_bytes, "64M", 1048576,        \
     68719476736, NULL,                                                          \
     "Pinned host memory for one staged device pull on each side (served and "   \
-    "pulled), split into pull_chunk slots.")
+    "pulled), split into pull_chunk slots.")                                  \
+  X(cluster, staging, ENUM, cluster_staging, "auto", 0, 0, "auto|always",       \
+    "How this node serves segments to peers: auto registers host segments "     \
+    "(and device segments where UCX supports CUDA memory) and stages device "   \
+    "segments otherwise; always copies every segment through pinned host "     \
+    "slots (for NICs that cannot reach the memory, and for tests).")
 
 #endif

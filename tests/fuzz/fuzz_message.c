@@ -13,6 +13,9 @@
 #include <string.h>
 
 #include "gshm.pb-c.h"
+#ifdef FUZZ_CLUSTER
+#include "cluster.pb-c.h"
+#endif
 
 #ifndef FUZZ_TYPE
 #error "define FUZZ_TYPE (e.g. Gshm__Hello) and FUZZ_LOWER (e.g. hello)"
