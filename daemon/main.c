@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -44,7 +45,8 @@ struct daemon {
   uv_work_t metrics_work;  /* the textfile's write, on the thread pool */
   char *metrics_text;      /* what it writes; non-NULL while queued */
   uint64_t watchdog_usec;
-  char last_status[256];
+  char last_status[512];
+  char fd_warning[160];    /* setup_fd_limit's finding, repeated in STATUS= */
   struct gshmd_fdstore fdstore;
   struct gshmd_metrics_http *http;
   struct gshmd_cluster *cluster;
@@ -69,6 +71,38 @@ static const char *cuda_missing(int e) {
     return "cuInit failed: no NVIDIA GPU, or its driver is not loaded";
   default:
     return strerror(-e);
+  }
+}
+
+/* Raises the soft RLIMIT_NOFILE to the hard limit (systemd's default soft
+ * limit is 1024, far below what 4096 connections and 65536 segments
+ * need) and says so when even that cannot cover the configured maximums:
+ * at the limit accept fails and gshmd serves nobody new (issue 15). */
+static void setup_fd_limit(struct daemon *d) {
+  /* a connection: 1 fd; a segment: its memory and a read-only reopen (host)
+   * or a cached export (cuda); plus the loop, the listener, logging,
+   * sd_notify and the fd store's records in flight */
+  uint64_t need = (uint64_t)d->cfg.max_connections + 2 * (uint64_t)d->cfg.max_segments + 64;
+  struct rlimit rl;
+
+  if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+    return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+      gshm_log_info("fd limit raised from %llu to %llu", (unsigned long long)was,
+                    (unsigned long long)rl.rlim_cur);
+    else
+      getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+    snprintf(d->fd_warning, sizeof(d->fd_warning),
+             "fd limit %llu is below the %llu that limits.max_connections=%u and "
+             "limits.max_segments=%u may need",
+             (unsigned long long)rl.rlim_cur, (unsigned long long)need, d->cfg.max_connections,
+             d->cfg.max_segments);
+    gshm_log_warn("%s: raise LimitNOFILE= in gshmd.service or lower the limits", d->fd_warning);
   }
 }
 
@@ -237,11 +271,11 @@ static void on_signal(uv_signal_t *h, int signum) {
 
 /* STATUS= for systemctl status, sent only when it changes. */
 static void update_status(struct daemon *d) {
-  char line[256], sz[32];
+  char line[512], sz[32];
 
-  snprintf(line, sizeof(line), "STATUS=%u clients, %u segments, %s, %u leases",
+  snprintf(line, sizeof(line), "STATUS=%u clients, %u segments, %s, %u leases%s%s",
            d->reg.nclients, d->reg.nsegments, gshm__format_size(d->reg.bytes, sz, sizeof(sz)),
-           d->reg.nleases);
+           d->reg.nleases, *d->fd_warning ? "; " : "", d->fd_warning);
   if (strcmp(line, d->last_status)) {
     strcpy(d->last_status, line);
     sd_notify(0, line);
@@ -377,6 +411,7 @@ int main(int argc, char **argv) {
   d.loop_ready = true;
   gshmd_registry_init(&d.reg, &d.cfg);
   d.reg_ready = true;
+  setup_fd_limit(&d);
   if (setup_backends(&d))
     goto shutdown;
   if (gshmd_fdstore_setup(&d.fdstore, &d.reg))

@@ -166,6 +166,9 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   fprintf(f, "# HELP gshm_timeouts_total Connections dropped for no hello in time or idleness.\n"
              "# TYPE gshm_timeouts_total counter\ngshm_timeouts_total %" PRIu64 "\n",
           s->timeouts);
+  fprintf(f, "# HELP gshm_accept_pauses_total Times gshmd stopped accepting at its fd limit.\n"
+             "# TYPE gshm_accept_pauses_total counter\ngshm_accept_pauses_total %" PRIu64 "\n",
+          s->accept_pauses);
   fprintf(f, "# HELP gshm_fds_sent_total File descriptors handed to clients.\n"
              "# TYPE gshm_fds_sent_total counter\ngshm_fds_sent_total %" PRIu64 "\n",
           s->fds_sent);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,12 +28,45 @@ struct out_pkt {
 };
 
 static void conn_on_io(uv_poll_t *h, int status, int events);
+static void on_accept(uv_poll_t *h, int status, int events);
+
+#define ACCEPT_RETRY_MS 1000 /* paused at the fd limit: try again after this */
+
+/* Polls the listener again after an EMFILE pause (an fd was freed). */
+static void accept_resume(struct gshmd_server *s) {
+  if (!s->accept_paused || !s->listening)
+    return;
+  s->accept_paused = false;
+  uv_timer_stop(&s->accept_timer);
+  uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
+}
+
+static void on_accept_timer(uv_timer_t *t) { accept_resume(t->data); }
+
+/* accept failed for want of fds: stop polling the listener (a pending
+ * connection would make it readable on every loop turn, 100% CPU) until
+ * a connection closes or ACCEPT_RETRY_MS pass. */
+static void accept_pause(struct gshmd_server *s, int err) {
+  if (!s->accept_logged) {
+    struct rlimit rl = {0};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    gshm_log_warn("accept: %s with %u connections (fd limit %llu); not accepting until an fd is "
+                  "freed",
+                  strerror(err), s->nconns, (unsigned long long)rl.rlim_cur);
+    s->accept_logged = true;
+    s->accept_pauses++;
+  }
+  s->accept_paused = true;
+  uv_poll_stop(&s->listen_poll);
+  uv_timer_start(&s->accept_timer, on_accept_timer, ACCEPT_RETRY_MS, 0);
+}
 
 static void conn_on_closed(uv_handle_t *h) {
   struct conn *c = h->data;
   struct gshm_list *pos, *tmp;
 
   close(c->fd);
+  accept_resume(c->srv);
   gshm_list_foreach_safe(pos, tmp, &c->outq) {
     struct out_pkt *p = gshm_list_entry(pos, struct out_pkt, node);
     if (p->fd >= 0)
@@ -365,9 +399,15 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     struct conn *c;
     int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+        accept_pause(s, errno);
+      else if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
         gshm_log_warn("accept: %m");
       return;
+    }
+    if (s->accept_logged) {
+      gshm_log_notice("accepting connections again (%u open)", s->nconns);
+      s->accept_logged = false;
     }
     if (s->cfg->max_connections && s->nconns >= s->cfg->max_connections) {
       gshm_log_warn("connection refused: %u connections, the limit", s->nconns);
@@ -464,6 +504,10 @@ int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gsh
     uv_unref((uv_handle_t *)&s->sweep_timer);
     s->sweeping = true;
   }
+  uv_timer_init(loop, &s->accept_timer);
+  s->accept_timer.data = s;
+  uv_unref((uv_handle_t *)&s->accept_timer);
+  s->accept_timer_on = true;
   if ((r = uv_poll_init(loop, &s->listen_poll, listen_fd)))
     return r;
   s->listen_poll.data = s;
@@ -483,5 +527,9 @@ void gshmd_server_stop(struct gshmd_server *s) {
   if (s->sweeping) {
     s->sweeping = false;
     uv_close((uv_handle_t *)&s->sweep_timer, NULL);
+  }
+  if (s->accept_timer_on) {
+    s->accept_timer_on = false;
+    uv_close((uv_handle_t *)&s->accept_timer, NULL);
   }
 }

@@ -32,6 +32,12 @@ struct gshmd_server {
   bool listening;
   uv_timer_t sweep_timer;   /* hello and idle timeouts */
   bool sweeping;
+  /* accept at the fd limit (EMFILE, ENFILE): the listener is not polled
+   * until a connection closes or accept_timer fires, so that a pending
+   * connection cannot spin the loop; logged once per episode. */
+  uv_timer_t accept_timer;
+  bool accept_timer_on, accept_paused, accept_logged;
+  uint64_t accept_pauses;   /* episodes, for metrics */
   struct gshm_list conns;
   uint32_t nconns;
   bool have_admin_gid;

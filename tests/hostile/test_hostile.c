@@ -879,6 +879,151 @@ static void test_kept_memfd_after_free(void **state) {
   assert_int_equal(st.segments, 1); /* only "kept" */
 }
 
+/* CPU time (user + system) of a process in clock ticks, -1 on error. */
+static long cpu_ticks(pid_t pid) {
+  char path[64], buf[1024], *p;
+  unsigned long ut, st;
+  ssize_t n;
+  int fd;
+
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+    return -1;
+  n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0)
+    return -1;
+  buf[n] = '\0';
+  /* after "(comm)": state is field 3, utime 14, stime 15 */
+  if (!(p = strrchr(buf, ')')) ||
+      sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+    return -1;
+  return (long)(ut + st);
+}
+
+/* The fd limit that leaves a process exactly `room` free fd numbers. */
+static rlim_t lowest_free_fds(pid_t pid, int room) {
+  static bool used[65536];
+  char path[64];
+  struct dirent *e;
+  DIR *d;
+  rlim_t lim = 0;
+
+  memset(used, 0, sizeof(used));
+  snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+  assert_non_null(d = opendir(path));
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.' && atoi(e->d_name) < 65536)
+      used[atoi(e->d_name)] = true;
+  closedir(d);
+  for (; room > 0 || (lim < 65536 && used[lim]); lim++)
+    if (!used[lim])
+      room--;
+  return lim;
+}
+
+/* Issue 15 item 4, at start: gshmd raises its soft fd limit to the hard
+ * one, and says (STATUS=) when even that is below what its configured
+ * maximums may need. */
+static void test_fd_limit_at_start(void **state) {
+  struct fx *f = *state;
+  struct rlimit mine, got;
+  struct harness g;
+
+  (void)f;
+  assert_int_equal(getrlimit(RLIMIT_NOFILE, &mine), 0);
+  if (mine.rlim_max <= 256)
+    skip();
+  {
+    struct rlimit low = {256, mine.rlim_max};
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0); /* gshmd inherits 256 */
+  }
+  assert_int_equal(harness_start(&g, (const char *const[]){"--set", "limits.max_segments=16777216",
+                                                           NULL}),
+                   0);
+  assert_int_equal(setrlimit(RLIMIT_NOFILE, &mine), 0);
+  assert_int_equal(prlimit(g.sp.pid, RLIMIT_NOFILE, NULL, &got), 0);
+  gshm__spawn_poll(&g.sp, 100);
+  print_message("    gshmd started at 256 fds: now %llu (hard %llu); STATUS=%s\n",
+                (unsigned long long)got.rlim_cur, (unsigned long long)got.rlim_max, g.sp.status);
+  assert_int_equal(got.rlim_cur, got.rlim_max);
+  if (got.rlim_max != RLIM_INFINITY && got.rlim_max < 33554432 + 64)
+    assert_non_null(strstr(g.sp.status, "fd limit"));
+  assert_int_equal(harness_stop(&g), 0);
+  /* limits that fit: no warning */
+  assert_int_equal(harness_start(&g, (const char *const[]){"--set", "limits.max_segments=16",
+                                                           "--set", "limits.max_connections=16",
+                                                           NULL}),
+                   0);
+  gshm__spawn_poll(&g.sp, 100);
+  assert_null(strstr(g.sp.status, "fd limit"));
+  assert_int_equal(harness_stop(&g), 0);
+  setenv("GSHM_SOCKET", f->h.socket_path, 1);
+}
+
+/* Issue 15 item 4, at run time: gshmd at its fd limit with a connection
+ * waiting in the listen backlog.  It must not spin on the listener (it
+ * did: 100% CPU and a log line per turn); once an fd is free it accepts
+ * the waiting client and answers its hello. */
+static void test_accept_at_fd_limit(void **state) {
+  struct fx *f = *state;
+  pid_t pid = f->h.sp.pid;
+  struct rlimit orig, tight;
+  int held[2], held_ok[2], waiting;
+  long t0, t1;
+
+  int served_early;
+
+  assert_int_equal(prlimit(pid, RLIMIT_NOFILE, NULL, &orig), 0);
+  /* The limit bounds fd numbers: room for exactly two more, whatever
+   * holes gshmd's fd table has. */
+  tight.rlim_cur = lowest_free_fds(pid, 2);
+  tight.rlim_max = orig.rlim_max;
+  assert_int_equal(prlimit(pid, RLIMIT_NOFILE, &tight, NULL), 0);
+  /* From here until the limit is back, a failed check would leave gshmd
+   * unable to accept the teardown's probe: measure first, check after. */
+  for (int i = 0; i < 2; i++) {
+    Gshm__Hello m = GSHM__HELLO__INIT;
+    m.major = GSHM_PROTO_MAJOR;
+    m.client_name = "held";
+    held[i] = raw_connect(f);
+    gshm__wire_send(held[i], GSHM_WIRE_HELLO, 1, &m.base, -1);
+    held_ok[i] = read_reply(held[i], NULL, NULL, 0);
+  }
+  waiting = raw_connect(f); /* in the backlog: gshmd has no fd for it */
+  {
+    Gshm__Hello m = GSHM__HELLO__INIT;
+    m.major = GSHM_PROTO_MAJOR;
+    m.client_name = "waiting";
+    gshm__wire_send(waiting, GSHM_WIRE_HELLO, 1, &m.base, -1);
+  }
+  usleep(200 * 1000);
+  t0 = cpu_ticks(pid);
+  usleep(1000 * 1000);
+  t1 = cpu_ticks(pid);
+  {
+    struct pollfd p = {.fd = waiting, .events = POLLIN};
+    served_early = poll(&p, 1, 0);
+  }
+  assert_int_equal(prlimit(pid, RLIMIT_NOFILE, &orig, NULL), 0);
+  print_message("    at the fd limit with a client waiting: gshmd used %ld of %ld ticks in 1 s\n",
+                t1 - t0, sysconf(_SC_CLK_TCK));
+  assert_int_equal(held_ok[0], GSHM__STATUS__STATUS_OK);
+  assert_int_equal(held_ok[1], GSHM__STATUS__STATUS_OK);
+  assert_true(t0 >= 0 && t1 >= 0);
+  assert_true(t1 - t0 < sysconf(_SC_CLK_TCK) / 5); /* under 20% of a CPU */
+  assert_int_equal(served_early, 0); /* it had no fd for the waiting client */
+  close(held[0]); /* frees an fd in gshmd */
+  {
+    double t = now_ms();
+    assert_int_equal(read_reply(waiting, NULL, NULL, 0), GSHM__STATUS__STATUS_OK);
+    print_message("    the waiting client was answered %.0f ms after an fd was freed\n",
+                  now_ms() - t);
+  }
+  close(held[1]);
+  close(waiting);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_garbage_bytes, setup, teardown),
@@ -891,6 +1036,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_slowloris, setup, teardown),
       cmocka_unit_test_setup_teardown(test_never_reads_replies, setup, teardown),
       cmocka_unit_test_setup_teardown(test_kept_memfd_after_free, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_fd_limit_at_start, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_accept_at_fd_limit, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
