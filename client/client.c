@@ -91,8 +91,8 @@ static void apply_event(struct gshm_client *c, const uint8_t *body, size_t len) 
 
 /* Receives one packet: a blocking recvmsg, after polling for up to
  * c->poll_ns.  gshmd answers most requests in a few microseconds; a thread
- * that sleeps in recvmsg pays the scheduler's wake-up on top (about 10 us
- * on an idle server, a third of an open).  Returns what gshm__wire_recv
+ * that sleeps in recvmsg pays the scheduler's wake-up on top, a large part
+ * of an open (docs/PERFORMANCE.md, Attach).  Returns what gshm__wire_recv
  * does. */
 static ssize_t recv_polling(struct gshm_client *c, int *fds, int *nfds) {
   if (c->poll_ns > 0) {

@@ -59,9 +59,10 @@
     "is refused.")                                                              \
   X(daemon, poll_us, U32, poll_us, "30", 0, 1000, NULL,                        \
     "After answering a request, keep polling that connection for its next "    \
-    "one for this many microseconds before sleeping (a client's open, map "    \
-    "report and close come back to back; a wake-up costs about 7 us). Only "   \
-    "where there are at least 4 CPUs; 0 turns it off.")                          \
+    "one for this many microseconds before sleeping: a client's open, map "    \
+    "report and close come back to back, and each wake-up from sleep adds "    \
+    "to their latency (docs/PERFORMANCE.md, Attach). Only where there are at " \
+    "least 4 CPUs; 0 turns it off.")                                            \
                                                                                 \
   X(limits, max_connections, U32, max_connections, "4096", 1, 1048576, NULL,    \
     "Most client connections at once (all users).")                             \

@@ -20,7 +20,11 @@
  *  - The library prints nothing unless $GSHM_LOG_LEVEL is set (0..7,
  *    syslog priorities; messages go to stderr).  In a setuid or setgid
  *    program (AT_SECURE) the library ignores $GSHM_SOCKET,
- *    $GSHM_LOG_LEVEL and $GSHM_RECONNECT_MS (secure_getenv(3)).
+ *    $GSHM_LOG_LEVEL, $GSHM_RECONNECT_MS and $GSHM_POLL_US
+ *    (secure_getenv(3)).
+ *  - A request polls its socket for the reply for up to $GSHM_POLL_US
+ *    microseconds (0..1000; default 30 on machines with 4 or more CPUs,
+ *    else 0) before it sleeps: shorter round trips for a little CPU.
  *  - CUDA is loaded with dlopen only when a device segment is mapped or a
  *    copy is asked for: host-only programs need no CUDA installation.
  */
