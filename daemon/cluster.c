@@ -30,7 +30,8 @@
  * the segment is freed (registry on_free), so that each segment is
  * registered with UCX once however often it is read. */
 struct export_reg {
-  void *addr;       /* mmap of the host segment (read-only) */
+  void *addr;       /* mmap of the host segment (read-only); device: the backend's mapping */
+  bool device;
   size_t len;
   ucp_mem_h memh;
   void *rkey;       /* ucp_rkey_pack() */
@@ -248,7 +249,7 @@ static void drive(struct gshmd_cluster *cl) {
     /* Links that failed inside a callback are closed here. */
     gshm_list_foreach_safe(pos, tmp, &cl->links) {
       struct link *l = gshm_list_entry(pos, struct link, node);
-      if (l->state == LINK_CLOSED && l->ep) {
+      if (l->state == LINK_CLOSED && l->ep && l->staged_busy == 0) {
         ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                   .flags = UCP_EP_CLOSE_FLAG_FORCE};
         ucs_status_ptr_t sp = ucp_ep_close_nbx(l->ep, &rp);
@@ -258,7 +259,6 @@ static void drive(struct gshmd_cluster *cl) {
           l->close_req = sp; /* finished by a later progress */
           gshm_list_add_tail(&cl->closing, &l->node);
         } else {
-          gshmd_stage_free(cl, l->staging);
           free(l);
         }
       }
@@ -268,7 +268,6 @@ static void drive(struct gshmd_cluster *cl) {
       if (ucp_request_check_status(l->close_req) != UCS_INPROGRESS) {
         ucp_request_free(l->close_req);
         gshm_list_del(&l->node);
-        gshmd_stage_free(cl, l->staging);
         free(l);
       } else {
         busy = true;
@@ -355,7 +354,7 @@ static void link_refuse(struct link *l, enum refusal why, int err, const char *m
 
 /* ---- ops: our requests to peers ---------------------------------------- */
 
-static void op_send(struct link *l, struct op *op) {
+void gshmd__cluster_op_send(struct link *l, struct op *op) {
   op->request_id = ++l->next_request ? l->next_request : ++l->next_request;
   op->msg->request_id = op->request_id;
   gshm_list_add_tail(&l->ops, &op->node);
@@ -371,7 +370,7 @@ static void op_send(struct link *l, struct op *op) {
 int gshmd__cluster_op_submit(struct gshmd_cluster *cl, struct peer *p, struct op *op) {
   op->peer = p;
   if (p->state == PEER_UP && p->out) {
-    op_send(p->out, op);
+    gshmd__cluster_op_send(p->out, op);
     return 0;
   }
   gshm_list_add_tail(&p->waiting, &op->node);
@@ -419,6 +418,7 @@ static struct link *link_new(struct gshmd_cluster *cl, bool inbound) {
   l->since_ns = gshm__now_ns(CLOCK_MONOTONIC);
   gshm_list_init(&l->ops);
   gshm_list_init(&l->pulls);
+  gshm_list_init(&l->staged);
   gshm_list_add_tail(&cl->links, &l->node);
   randombytes_buf(l->nonce_mine, sizeof(l->nonce_mine));
   if (inbound)
@@ -455,6 +455,15 @@ static void link_fail(struct link *l, int err, const char *why) {
   }
   ops_fail(&l->ops, err, why);
   gshmd__pull_link_lost(cl, l);
+  /* Staging copies still running read the granted segments and write
+   * the slots: the grants end with the last of them. */
+  if (l->staged_busy == 0)
+    gshmd__cluster_link_idle(cl, l);
+  gshmd__cluster_kick(cl);
+}
+
+void gshmd__cluster_link_idle(struct gshmd_cluster *cl, struct link *l) {
+  gshmd_stage_link_end(cl, l);
   if (l->serve_client) {
     gshmd_registry_client_remove(cl->reg, l->serve_client); /* ends its grants */
     l->serve_client = NULL;
@@ -720,7 +729,7 @@ static void on_auth_ok(struct link *l, const Gshm__Cluster__AuthOk *ok) {
     struct op *op = gshm_list_entry(p->waiting.next, struct op, node);
     gshm_list_del(&op->node);
     op->queued = false;
-    op_send(l, op);
+    gshmd__cluster_op_send(l, op);
   }
 }
 
@@ -787,7 +796,7 @@ static void export_reg_free(struct gshmd_cluster *cl, struct export_reg *x) {
     ucp_rkey_buffer_release(x->rkey);
   if (x->memh)
     ucp_mem_unmap(cl->ctx, x->memh);
-  if (x->addr)
+  if (x->addr && !x->device)
     munmap(x->addr, x->len);
   free(x);
 }
@@ -815,17 +824,30 @@ static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg,
   }
   if (!(x = calloc(1, sizeof(*x))))
     return -ENOMEM;
-  if ((e = mem->backend->ops->export_fd(mem->backend, mem, false, &fd)))
-    goto fail;
   x->len = mem->size;
-  x->addr = mmap(NULL, x->len, PROT_READ, MAP_SHARED, fd, 0);
-  if (x->addr == MAP_FAILED) {
-    e = -errno;
-    x->addr = NULL;
-    gshm_log_err("cluster: mmap of segment '%s': %m", seg->name);
-    goto fail;
-  }
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  if (mem->device_index >= 0) {
+    /* the direct path: UCX registers device memory (GPUDirect RDMA) */
+    x->device = true;
+    if (!mem->backend->ops->local_ptr) {
+      e = -ENOTSUP;
+      goto fail;
+    }
+    if ((e = mem->backend->ops->local_ptr(mem->backend, mem, &x->addr)))
+      goto fail;
+    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+  } else {
+    if ((e = mem->backend->ops->export_fd(mem->backend, mem, false, &fd)))
+      goto fail;
+    x->addr = mmap(NULL, x->len, PROT_READ, MAP_SHARED, fd, 0);
+    if (x->addr == MAP_FAILED) {
+      e = -errno;
+      x->addr = NULL;
+      gshm_log_err("cluster: mmap of segment '%s': %m", seg->name);
+      goto fail;
+    }
+  }
   mp.address = x->addr;
   mp.length = x->len;
   if (ucp_mem_map(cl->ctx, &mp, &x->memh) != UCS_OK ||
@@ -842,6 +864,20 @@ static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg,
 fail:
   export_reg_free(cl, x);
   return e;
+}
+
+int gshmd__cluster_host_map(struct gshmd_cluster *cl, struct gshmd_segment *seg,
+                            uint8_t **map_out) {
+  struct export_reg *x;
+  int e = export_reg_get(cl, seg, &x);
+  if (!e)
+    *map_out = x->addr;
+  return e;
+}
+
+void gshmd__cluster_grant_close(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id) {
+  if (l->serve_client)
+    gshmd_registry_close(cl->reg, l->serve_client, grant_id);
 }
 
 static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__GrantRequest *req) {
@@ -876,36 +912,44 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   segment_to_wire(seg, &s);
   g.segment = &s;
   g.grant_id = lease->id;
-  if (seg->mem->device_index < 0) {
+  /* The path: registered and read directly (host segments; device
+   * segments where UCX registers CUDA memory), or staged. */
+  if (!strcmp(cl->cfg->cluster_staging, "always") ||
+      (seg->mem->device_index >= 0 && !cl->cuda_memory)) {
+    struct stage_grant *sg;
+    if ((e = gshmd_stage_grant_new(cl, l, lease->id, &sg))) {
+      gshmd_registry_close(cl->reg, l->serve_client, lease->id);
+      send_status(l, rid, e,
+                  e == -EBUSY ? "too many staged pulls from this node at once; try again"
+                              : "cannot set up the staging buffer");
+      return;
+    }
+    g.path = GSHM__CLUSTER__PATH__PATH_STAGED;
+    g.address = (uint64_t)(uintptr_t)sg->sb->addr;
+    g.length = sg->sb->len;
+    g.rkey.data = sg->sb->rkey;
+    g.rkey.len = sg->sb->rkey_len;
+    g.slots = sg->sb->slots;
+    g.slot_size = sg->sb->slot_size;
+  } else {
     if ((e = export_reg_get(cl, seg, &x))) {
       gshmd_registry_close(cl->reg, l->serve_client, lease->id);
       send_status(l, rid, e, "cannot register the segment with UCX");
       return;
     }
-    g.path = GSHM__CLUSTER__PATH__PATH_HOST;
+    g.path = x->device ? GSHM__CLUSTER__PATH__PATH_DIRECT : GSHM__CLUSTER__PATH__PATH_HOST;
     g.address = (uint64_t)(uintptr_t)x->addr;
     g.length = seg->requested_size < x->len ? seg->requested_size : x->len;
     g.rkey.data = x->rkey;
     g.rkey.len = x->rkey_len;
-  } else {
-    struct stage_buf *sb;
-    if ((e = gshmd_stage_serve_buf(cl, l, &sb))) {
-      gshmd_registry_close(cl->reg, l->serve_client, lease->id);
-      send_status(l, rid, e, "cannot set up the staging buffer");
-      return;
-    }
-    g.path = GSHM__CLUSTER__PATH__PATH_STAGED;
-    g.address = (uint64_t)(uintptr_t)sb->addr;
-    g.length = sb->len;
-    g.rkey.data = sb->rkey;
-    g.rkey.len = sb->rkey_len;
-    g.slots = sb->slots;
-    g.slot_size = sb->slot_size;
   }
   cl->served_grants++;
   gshm_log_info("cluster: peer '%s' granted read of '%s' id %" PRIu64 " (%s, grant %" PRIu64 ")",
                 l->peer->name, seg->name, seg->id,
-                g.path == GSHM__CLUSTER__PATH__PATH_HOST ? "host" : "staged", lease->id);
+                g.path == GSHM__CLUSTER__PATH__PATH_HOST     ? "host"
+                : g.path == GSHM__CLUSTER__PATH__PATH_DIRECT ? "direct"
+                                                             : "staged",
+                lease->id);
   m.request_id = rid;
   m.status = GSHM__STATUS__STATUS_OK;
   m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
@@ -923,7 +967,8 @@ static void serve_release(struct link *l, const Gshm__Cluster__Release *r) {
   struct gshmd_lease *lease = link_grant(l, r->grant_id);
   if (lease) {
     gshm_log_debug("cluster: peer '%s' released grant %" PRIu64, l->peer->name, r->grant_id);
-    gshmd_registry_close(l->cl->reg, l->serve_client, lease->id);
+    if (gshmd_stage_grant_release(l->cl, l, r->grant_id))
+      gshmd_registry_close(l->cl->reg, l->serve_client, lease->id);
   }
 }
 
@@ -1478,7 +1523,6 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl) {
     return;
   if (cl->listener)
     ucp_listener_destroy(cl->listener);
-  gshmd_stage_destroy(cl);
   if (cl->worker)
     ucp_worker_destroy(cl->worker);
   if (cl->ctx)

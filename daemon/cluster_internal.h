@@ -42,6 +42,7 @@ enum refusal {
 };
 
 struct link;
+struct gshmd_segment;
 
 /* One configured peer node. */
 struct peer {
@@ -93,8 +94,8 @@ struct link {
   struct gshm_list pulls;    /* struct pull.link_node using this link */
   struct gshm_list node;     /* cl->links */
   uint32_t next_request;
-  unsigned staged_busy;      /* inbound: staging copies running */
-  struct stage_buf *staging; /* inbound: pinned slots for staged grants */
+  unsigned staged_busy;      /* inbound: staging copies running (the link waits for them) */
+  struct gshm_list staged;   /* inbound: struct stage_grant (stage.c) */
   void *close_req;           /* ucp_ep_close_nbx's request while closing */
 };
 
@@ -153,6 +154,18 @@ int gshmd__cluster_send(struct link *l, const Gshm__Cluster__Msg *m);
  * outside a UCX callback). */
 void gshmd__cluster_kick(struct gshmd_cluster *cl);
 struct peer *gshmd__cluster_peer(struct gshmd_cluster *cl, const char *name);
+/* Sends op on link l, which is up (an op of a running pull: never queued
+ * for a new endpoint).  Its done reports a failure. */
+void gshmd__cluster_op_send(struct link *l, struct op *op);
+/* A host segment's read-only mapping in gshmd (made with its UCX
+ * registration, kept until the segment is freed).  Errors: -ENOMEM, -EIO. */
+int gshmd__cluster_host_map(struct gshmd_cluster *cl, struct gshmd_segment *seg,
+                            uint8_t **map_out);
+/* Ends a grant's lease (stage.c, after copies that outlived a Release). */
+void gshmd__cluster_grant_close(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id);
+/* The last staging copy of a failed link finished: its leases and
+ * staging buffers go now. */
+void gshmd__cluster_link_idle(struct gshmd_cluster *cl, struct link *l);
 /* gshm.Status number <-> negative errno, as the local protocol. */
 int gshmd__cluster_status_errno(uint32_t status);
 

@@ -17,16 +17,23 @@
 #include "log.h"
 #include "registry.h"
 #include "server.h"
+#include "stage.h"
 #include "util.h"
 
 #define PROGRESS_NS 200000000LL /* a progress reply at most every 200 ms */
 
 struct pull;
 
-/* One get in flight. */
-struct get {
+/* One chunk in flight: [staged on the peer] -> get -> [copied into the
+ * local device segment]. */
+struct chunk {
   struct pull *p;
-  uint64_t len;
+  uint64_t off, len;
+  uint32_t slot;             /* staging slot (both sides), when staging */
+  struct op op;              /* Stage, when the peer stages */
+  Gshm__Cluster__Msg msg;
+  Gshm__Cluster__Stage st;
+  struct stage_copy sc;      /* slot -> local device segment */
 };
 
 struct pull {
@@ -51,11 +58,18 @@ struct pull {
   Gshm__Cluster__Path path;
   char path_reason[160];
   uint64_t remote_addr, total, next_off, done;
-  unsigned inflight;
+  unsigned inflight;             /* chunks in any step */
+  bool remote_staged, local_staged;
+  uint64_t remote_slot_size, chunk_size;
+  uint32_t nslots, nfree;
+  uint32_t *free_slots;
+  struct stage_buf *lsb;         /* local slots (local_staged) */
+  struct gshmd_alloc *mem;       /* the new segment's memory */
   ucp_rkey_h rkey;
   ucp_mem_h memh;
-  void *dst;
+  void *dst;                     /* where gets land without staging */
   size_t dst_len;
+  bool dst_mapped;               /* dst is our mmap of a host segment */
   int64_t start_ns, last_progress_ns;
   int err;
   char why[256];
@@ -94,64 +108,165 @@ static void send_progress(struct pull *p) {
   gshmd_server_reply(p->cl->srv, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
 }
 
-static void issue_gets(struct pull *p);
+static void issue_chunks(struct pull *p);
 
-static void on_get_done(void *request, ucs_status_t status, void *user_data) {
-  struct get *g = user_data;
-  struct pull *p = g->p;
+/* A chunk left every step (err 0: its bytes are in place). */
+static void chunk_end(struct chunk *c, int err, const char *why) {
+  struct pull *p = c->p;
 
-  ucp_request_free(request);
   p->inflight--;
-  if (status != UCS_OK) {
-    pull_fail(p, -ECONNRESET, "reading from peer '%s' failed: %s", p->peer->name,
-              ucs_status_string(status));
-  } else {
-    p->done += g->len;
-  }
-  free(g);
+  if (p->nslots)
+    p->free_slots[p->nfree++] = c->slot;
+  if (err)
+    pull_fail(p, err, "%s", why);
+  else
+    p->done += c->len;
+  free(c);
   if (p->err) {
-    if (p->inflight == 0)
+    if (p->inflight == 0 && !p->op.queued)
       p->finished = true;
+    gshmd__cluster_kick(p->cl);
     return;
   }
-  issue_gets(p);
+  issue_chunks(p);
   send_progress(p);
 }
 
-/* Keeps cluster.pull_depth gets of cluster.pull_chunk bytes in flight. */
-static void issue_gets(struct pull *p) {
+static void on_copied(struct stage_copy *sc, int err) {
+  chunk_end(sc->arg, err, "copying into the local device segment failed");
+}
+
+static void on_get_done(void *request, ucs_status_t status, void *user_data) {
+  struct chunk *c = user_data;
+  struct pull *p = c->p;
+  char why[200];
+
+  ucp_request_free(request);
+  if (status != UCS_OK) {
+    snprintf(why, sizeof(why), "reading from peer '%s' failed: %s", p->peer->name,
+             ucs_status_string(status));
+    chunk_end(c, -ECONNRESET, why);
+    return;
+  }
+  if (!p->local_staged) {
+    chunk_end(c, 0, NULL);
+    return;
+  }
+  c->sc.mem = p->mem;
+  c->sc.offset = c->off;
+  c->sc.len = c->len;
+  c->sc.host = (uint8_t *)p->lsb->addr + (uint64_t)c->slot * p->lsb->slot_size;
+  c->sc.to_segment = true;
+  c->sc.done = on_copied;
+  c->sc.arg = c;
+  if (gshmd_stage_copy(p->cl, &c->sc))
+    chunk_end(c, -ENOMEM, "out of memory");
+}
+
+static void chunk_get(struct chunk *c) {
+  struct pull *p = c->p;
+  ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                            UCP_OP_ATTR_FIELD_USER_DATA |
+                                            UCP_OP_ATTR_FIELD_MEMH,
+                            .cb.send = on_get_done,
+                            .user_data = c};
+  uint64_t src = p->remote_staged ? p->remote_addr + (uint64_t)c->slot * p->remote_slot_size
+                                  : p->remote_addr + c->off;
+  void *dst;
+  ucs_status_ptr_t sp;
+
+  if (!p->link) {
+    chunk_end(c, -ECONNRESET, "peer lost");
+    return;
+  }
+  if (p->local_staged) {
+    dst = (uint8_t *)p->lsb->addr + (uint64_t)c->slot * p->lsb->slot_size;
+    rp.memh = p->lsb->memh;
+  } else {
+    dst = (uint8_t *)p->dst + c->off;
+    rp.memh = p->memh;
+  }
+  sp = ucp_get_nbx(p->link->ep, dst, c->len, src, p->rkey, &rp);
+  if (UCS_PTR_IS_PTR(sp))
+    return;
+  if (UCS_PTR_STATUS(sp) != UCS_OK) {
+    char why[200];
+    snprintf(why, sizeof(why), "get from peer '%s' failed: %s", p->peer->name,
+             ucs_status_string(UCS_PTR_STATUS(sp)));
+    chunk_end(c, -EIO, why);
+    return;
+  }
+  /* done at once: the same steps as a completion (no request to free) */
+  if (!p->local_staged) {
+    chunk_end(c, 0, NULL);
+  } else {
+    c->sc.mem = p->mem;
+    c->sc.offset = c->off;
+    c->sc.len = c->len;
+    c->sc.host = dst;
+    c->sc.to_segment = true;
+    c->sc.done = on_copied;
+    c->sc.arg = c;
+    if (gshmd_stage_copy(p->cl, &c->sc))
+      chunk_end(c, -ENOMEM, "out of memory");
+  }
+}
+
+static void on_staged(struct op *op, int err, const char *why, const Gshm__Cluster__Msg *m) {
+  struct chunk *c = op->arg;
+  char buf[240];
+
+  if (!err && (m->body_case != GSHM__CLUSTER__MSG__BODY_STAGED || m->staged->slot != c->slot)) {
+    err = -EPROTO;
+    why = "the peer answered a stage request with something else";
+  }
+  if (err) {
+    snprintf(buf, sizeof(buf), "peer '%s': %s", c->p->peer->name, why);
+    chunk_end(c, err, buf);
+    return;
+  }
+  chunk_get(c);
+}
+
+/* Keeps cluster.pull_depth chunks in flight (and no more than there are
+ * staging slots). */
+static void issue_chunks(struct pull *p) {
   struct gshmd_cluster *cl = p->cl;
-  uint64_t chunk = cl->cfg->cluster_pull_chunk;
 
-  while (!p->err && p->inflight < cl->cfg->cluster_pull_depth && p->next_off < p->total) {
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                              UCP_OP_ATTR_FIELD_USER_DATA |
-                                              UCP_OP_ATTR_FIELD_MEMH,
-                              .cb.send = on_get_done,
-                              .memh = p->memh};
-    uint64_t len = p->total - p->next_off < chunk ? p->total - p->next_off : chunk;
-    struct get *g = malloc(sizeof(*g));
-    ucs_status_ptr_t sp;
-
-    if (!g) {
+  while (!p->err && p->inflight < cl->cfg->cluster_pull_depth && p->next_off < p->total &&
+         (!p->nslots || p->nfree)) {
+    struct chunk *c = calloc(1, sizeof(*c));
+    if (!c) {
       pull_fail(p, -ENOMEM, "out of memory");
       break;
     }
-    g->p = p;
-    g->len = len;
-    rp.user_data = g;
-    sp = ucp_get_nbx(p->link->ep, (uint8_t *)p->dst + p->next_off, len,
-                     p->remote_addr + p->next_off, p->rkey, &rp);
-    p->next_off += len;
-    if (UCS_PTR_IS_PTR(sp)) {
-      p->inflight++;
+    c->p = p;
+    c->off = p->next_off;
+    c->len = p->total - c->off < p->chunk_size ? p->total - c->off : p->chunk_size;
+    if (p->nslots)
+      c->slot = p->free_slots[--p->nfree];
+    p->next_off += c->len;
+    p->inflight++;
+    if (p->remote_staged) {
+      gshm__cluster__msg__init(&c->msg);
+      gshm__cluster__stage__init(&c->st);
+      c->st.grant_id = p->grant_id;
+      c->st.offset = c->off;
+      c->st.length = c->len;
+      c->st.slot = c->slot;
+      c->msg.body_case = GSHM__CLUSTER__MSG__BODY_STAGE;
+      c->msg.stage = &c->st;
+      c->op.msg = &c->msg;
+      c->op.done = on_staged;
+      c->op.arg = c;
+      c->op.peer = p->peer;
+      if (!p->link) {
+        chunk_end(c, -ECONNRESET, "peer lost");
+        break;
+      }
+      gshmd__cluster_op_send(p->link, &c->op);
     } else {
-      free(g);
-      if (UCS_PTR_STATUS(sp) != UCS_OK)
-        pull_fail(p, -EIO, "get from peer '%s' failed: %s", p->peer->name,
-                  ucs_status_string(UCS_PTR_STATUS(sp)));
-      else
-        p->done += len;
+      chunk_get(c);
     }
   }
   if (!p->err && p->done == p->total && p->inflight == 0)
@@ -180,10 +295,26 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   snprintf(src, sizeof(src), "%s:%s#%" PRIu64 ".%" PRIu64, p->peer->name, s->name, s->id,
            s->generation);
   p->lease->seg->source = strdup(src);
-  mem = p->lease->seg->mem;
+  mem = p->mem = p->lease->seg->mem;
   if (mem->device_index >= 0) {
-    pull_fail(p, -ENOTSUP, "pulling into device memory is not supported by this gshmd");
-    return -ENOTSUP;
+    if (p->local_staged)
+      return 0; /* written by copies from the local slots */
+    /* a CUDA-aware UCX writes the device segment itself */
+    if ((e = mem->backend->ops->local_ptr(mem->backend, mem, &p->dst))) {
+      pull_fail(p, e, "cannot map the new device segment");
+      return e;
+    }
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    mp.address = p->dst;
+    mp.length = mem->size;
+    mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+    if (ucp_mem_map(cl->ctx, &mp, &p->memh) != UCS_OK) {
+      p->memh = NULL;
+      pull_fail(p, -EIO, "cannot register the new device segment with UCX");
+      return -EIO;
+    }
+    return 0;
   }
   if ((e = mem->backend->ops->export_fd(mem->backend, mem, true, &fd))) {
     pull_fail(p, e, "cannot get the new segment's memory");
@@ -193,9 +324,11 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   p->dst = mmap(NULL, p->dst_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p->dst == MAP_FAILED) {
     p->dst = NULL;
+    p->dst_len = 0;
     pull_fail(p, -ENOMEM, "cannot map the new segment: %s", strerror(errno));
     return -ENOMEM;
   }
+  p->dst_mapped = true;
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   mp.address = p->dst;
   mp.length = p->dst_len;
@@ -205,6 +338,15 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
     return -EIO;
   }
   return 0;
+}
+
+static const char *path_name(Gshm__Cluster__Path path) {
+  switch (path) {
+  case GSHM__CLUSTER__PATH__PATH_HOST: return "host";
+  case GSHM__CLUSTER__PATH__PATH_DIRECT: return "direct";
+  case GSHM__CLUSTER__PATH__PATH_STAGED: return "staged";
+  default: return "none";
+  }
 }
 
 static void grant_done(struct op *op, int err, const char *why, const Gshm__Cluster__Msg *m) {
@@ -239,19 +381,74 @@ static void grant_done(struct op *op, int err, const char *why, const Gshm__Clus
     pull_fail(p, -ECONNRESET, "peer '%s' lost", p->peer->name);
     return;
   }
-  if (g->path != GSHM__CLUSTER__PATH__PATH_HOST) {
-    pull_fail(p, -ENOTSUP, "'%s' on peer '%s' is a device segment: not supported yet",
-              p->remote_name, p->peer->name);
-    return;
+  {
+    struct gshm_location loc;
+    bool remote_device = strcmp(g->segment->location, "host") != 0;
+    if (!p->location[0])
+      snprintf(p->location, sizeof(p->location), "%s", remote_device ? "cuda:0" : "host");
+    if (gshm__location_parse(p->location, &loc)) {
+      pull_fail(p, -EINVAL, "bad location '%s'", p->location);
+      return;
+    }
+    p->remote_staged = g->path == GSHM__CLUSTER__PATH__PATH_STAGED;
+    p->local_staged = loc.kind != GSHM_LOCATION_HOST && !p->cl->cuda_memory;
+    if (p->local_staged && !p->cl->reg->cuda) {
+      pull_fail(p, -ENOTSUP, "this node has no CUDA backend for location '%s'", p->location);
+      return;
+    }
+    if (p->remote_staged && p->local_staged)
+      snprintf(p->path_reason, sizeof(p->path_reason),
+               "staged through pinned host slots on both nodes (UCX without CUDA memory "
+               "support, or cluster.staging = always on the peer)");
+    else if (p->remote_staged)
+      snprintf(p->path_reason, sizeof(p->path_reason),
+               "staged through pinned host slots on the peer (%s segment; its UCX has no CUDA "
+               "memory support, or cluster.staging = always)",
+               remote_device ? "device" : "host");
+    else if (p->local_staged)
+      snprintf(p->path_reason, sizeof(p->path_reason),
+               "into device memory through pinned host slots here (this UCX has no CUDA "
+               "memory support)");
+    else if (g->path == GSHM__CLUSTER__PATH__PATH_DIRECT)
+      snprintf(p->path_reason, sizeof(p->path_reason),
+               "device segment registered by the peer's CUDA-aware UCX, read directly");
+    else
+      snprintf(p->path_reason, sizeof(p->path_reason),
+               "host segment: registered once by the peer, read with one-sided gets");
+    if (p->remote_staged || p->local_staged)
+      p->path = GSHM__CLUSTER__PATH__PATH_STAGED;
   }
-  snprintf(p->path_reason, sizeof(p->path_reason),
-           "host segment: registered once by the peer, read with one-sided gets");
-  if (!p->location[0])
-    snprintf(p->location, sizeof(p->location), "host");
-  if (g->length < g->segment->size) {
+  p->chunk_size = p->cl->cfg->cluster_pull_chunk;
+  if (p->remote_staged) {
+    if (!g->slots || !g->slot_size || g->length < (uint64_t)g->slots * g->slot_size) {
+      pull_fail(p, -EPROTO, "peer '%s' granted malformed staging slots", p->peer->name);
+      return;
+    }
+    p->remote_slot_size = g->slot_size;
+    p->nslots = g->slots;
+    if (g->slot_size < p->chunk_size)
+      p->chunk_size = g->slot_size;
+  } else if (g->length < g->segment->size) {
     pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->peer->name,
               g->length, g->segment->size);
     return;
+  }
+  if (p->local_staged) {
+    int e = gshmd_stage_buf_new(p->cl, p->chunk_size, false, &p->lsb);
+    if (e) {
+      pull_fail(p, e, "cannot set up the local staging buffer");
+      return;
+    }
+    if (!p->nslots || p->lsb->slots < p->nslots)
+      p->nslots = p->lsb->slots;
+  }
+  if (p->nslots) {
+    if (!(p->free_slots = calloc(p->nslots, sizeof(*p->free_slots)))) {
+      pull_fail(p, -ENOMEM, "out of memory");
+      return;
+    }
+    for (uint32_t i = 0; i < p->nslots; i++)
+      p->free_slots[p->nfree++] = p->nslots - 1 - i;
   }
   if (make_local(p, g->segment))
     return;
@@ -262,9 +459,11 @@ static void grant_done(struct op *op, int err, const char *why, const Gshm__Clus
   }
   p->remote_addr = g->address;
   p->total = g->segment->size;
-  gshm_log_info("cluster: pulling '%s' from peer '%s' into '%s': %" PRIu64 " bytes, path host",
-                p->remote_name, p->peer->name, p->local_name, p->total);
-  issue_gets(p);
+  gshm_log_info("cluster: pulling '%s' from peer '%s' into '%s' at %s: %" PRIu64
+                " bytes, path %s (%s)",
+                p->remote_name, p->peer->name, p->local_name, p->location, p->total,
+                path_name(p->path), p->path_reason);
+  issue_chunks(p);
 }
 
 int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
@@ -327,15 +526,6 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   return 0;
 }
 
-static const char *path_name(Gshm__Cluster__Path path) {
-  switch (path) {
-  case GSHM__CLUSTER__PATH__PATH_HOST: return "host";
-  case GSHM__CLUSTER__PATH__PATH_DIRECT: return "direct";
-  case GSHM__CLUSTER__PATH__PATH_STAGED: return "staged";
-  default: return "none";
-  }
-}
-
 /* Ends a finished pull: the grant goes back, the segment stays (success)
  * or goes (failure), the requester gets its answer. */
 static void pull_end(struct pull *p) {
@@ -360,8 +550,10 @@ static void pull_end(struct pull *p) {
     ucp_rkey_destroy(p->rkey);
   if (p->memh)
     ucp_mem_unmap(cl->ctx, p->memh);
-  if (p->dst)
+  if (p->dst_mapped)
     munmap(p->dst, p->dst_len);
+  gshmd_stage_free(cl, p->lsb);
+  free(p->free_slots);
   if (!p->err) {
     char sz[32];
     double gbs = ns > 0 ? (double)p->total / (double)ns : 0;

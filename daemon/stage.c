@@ -1,27 +1,68 @@
-/* Staging device segments through pinned host memory (docs/CLUSTER.md
- * "Device memory"). */
+/* Staging through pinned host memory: buffers, copies on libuv's thread
+ * pool, and the serving side of Stage requests (docs/CLUSTER.md "Device
+ * memory"). */
 #include "stage.h"
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "backend.h"
+#include "config.h"
+#include "log.h"
 #include "registry.h"
+#include "wire.h"
 
-int gshmd_stage_serve_buf(struct gshmd_cluster *cl, struct link *l, struct stage_buf **sb_out) {
-  (void)cl;
-  (void)l;
-  (void)sb_out;
-  return -ENOTSUP;
+#define MAX_STAGED_GRANTS 4 /* per link: each holds staging_bytes of pinned memory */
+
+static struct gshmd_backend *pinning_backend(struct gshmd_cluster *cl) {
+  struct gshmd_backend *b = cl->reg->cuda;
+  return b && b->ops->host_alloc && b->ops->host_free ? b : NULL;
 }
 
-int gshmd_stage_serve(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
-                      struct gshmd_segment *seg, const Gshm__Cluster__Stage *s) {
-  (void)cl;
-  (void)l;
-  (void)rid;
-  (void)seg;
-  (void)s;
-  return -ENOTSUP;
+int gshmd_stage_buf_new(struct gshmd_cluster *cl, uint64_t slot_size, bool with_rkey,
+                        struct stage_buf **sb_out) {
+  struct gshmd_backend *b = pinning_backend(cl);
+  ucp_mem_map_params_t mp = {0};
+  struct stage_buf *sb = calloc(1, sizeof(*sb));
+  int e = -ENOMEM;
+
+  if (!sb)
+    return -ENOMEM;
+  sb->slot_size = slot_size;
+  sb->slots = (uint32_t)(cl->cfg->cluster_staging_bytes / slot_size);
+  if (sb->slots == 0)
+    sb->slots = 1;
+  if (sb->slots > 256)
+    sb->slots = 256;
+  sb->len = sb->slots * slot_size;
+  if (b) {
+    if ((e = b->ops->host_alloc(b, sb->len, &sb->addr)))
+      goto fail;
+    sb->pinned = true;
+  } else if (posix_memalign(&sb->addr, 4096, sb->len)) {
+    sb->addr = NULL;
+    goto fail;
+  }
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = sb->addr;
+  mp.length = sb->len;
+  e = -EIO;
+  if (ucp_mem_map(cl->ctx, &mp, &sb->memh) != UCS_OK) {
+    sb->memh = NULL;
+    goto fail;
+  }
+  if (with_rkey && ucp_rkey_pack(cl->ctx, sb->memh, &sb->rkey, &sb->rkey_len) != UCS_OK) {
+    sb->rkey = NULL;
+    goto fail;
+  }
+  *sb_out = sb;
+  return 0;
+fail:
+  gshm_log_err("cluster: cannot set up %llu bytes of staging memory",
+               (unsigned long long)sb->len);
+  gshmd_stage_free(cl, sb);
+  return e;
 }
 
 void gshmd_stage_free(struct gshmd_cluster *cl, struct stage_buf *sb) {
@@ -31,7 +72,179 @@ void gshmd_stage_free(struct gshmd_cluster *cl, struct stage_buf *sb) {
     ucp_rkey_buffer_release(sb->rkey);
   if (sb->memh)
     ucp_mem_unmap(cl->ctx, sb->memh);
+  if (sb->addr) {
+    if (sb->pinned)
+      pinning_backend(cl)->ops->host_free(pinning_backend(cl), sb->addr);
+    else
+      free(sb->addr);
+  }
   free(sb);
 }
 
-void gshmd_stage_destroy(struct gshmd_cluster *cl) { (void)cl; }
+static void copy_work(uv_work_t *w) {
+  struct stage_copy *sc = w->data;
+  struct gshmd_alloc *mem = sc->mem;
+
+  if (sc->offset > mem->size || sc->len > mem->size - sc->offset) {
+    sc->err = -EINVAL;
+  } else if (sc->host_map) {
+    if (sc->to_segment)
+      memcpy(sc->host_map + sc->offset, sc->host, sc->len);
+    else
+      memcpy(sc->host, sc->host_map + sc->offset, sc->len);
+    sc->err = 0;
+  } else if (mem->backend->ops->copy_host) {
+    sc->err = mem->backend->ops->copy_host(mem->backend, mem, sc->offset, sc->host, sc->len,
+                                           sc->to_segment);
+  } else {
+    sc->err = -ENOTSUP;
+  }
+}
+
+static void copy_done(uv_work_t *w, int status) {
+  struct stage_copy *sc = w->data;
+  sc->done(sc, status ? -ECANCELED : sc->err);
+}
+
+int gshmd_stage_copy(struct gshmd_cluster *cl, struct stage_copy *sc) {
+  sc->work.data = sc;
+  return uv_queue_work(cl->loop, &sc->work, copy_work, copy_done) ? -ENOMEM : 0;
+}
+
+int gshmd_stage_grant_new(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id,
+                          struct stage_grant **g_out) {
+  struct stage_grant *g;
+  struct gshm_list *pos;
+  unsigned n = 0;
+  int e;
+
+  gshm_list_foreach(pos, &l->staged) {
+    n++;
+  }
+  (void)pos;
+  if (n >= MAX_STAGED_GRANTS)
+    return -EBUSY;
+  if (!(g = calloc(1, sizeof(*g))))
+    return -ENOMEM;
+  if ((e = gshmd_stage_buf_new(cl, cl->cfg->cluster_pull_chunk, true, &g->sb))) {
+    free(g);
+    return e;
+  }
+  g->grant_id = grant_id;
+  gshm_list_add_tail(&l->staged, &g->node);
+  *g_out = g;
+  return 0;
+}
+
+static struct stage_grant *grant_find(struct link *l, uint64_t grant_id) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &l->staged) {
+    struct stage_grant *g = gshm_list_entry(pos, struct stage_grant, node);
+    if (g->grant_id == grant_id)
+      return g;
+  }
+  return NULL;
+}
+
+static void grant_free(struct gshmd_cluster *cl, struct stage_grant *g) {
+  gshm_list_del(&g->node);
+  gshmd_stage_free(cl, g->sb);
+  free(g);
+}
+
+bool gshmd_stage_grant_release(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id) {
+  struct stage_grant *g = grant_find(l, grant_id);
+  if (!g)
+    return true;
+  if (g->busy) {
+    g->released = true;
+    return false;
+  }
+  grant_free(cl, g);
+  return true;
+}
+
+void gshmd_stage_link_end(struct gshmd_cluster *cl, struct link *l) {
+  while (!gshm_list_empty(&l->staged))
+    grant_free(cl, gshm_list_entry(l->staged.next, struct stage_grant, node));
+}
+
+/* A Stage being served: the copy, then the answer. */
+struct serve_job {
+  struct stage_copy sc;
+  struct gshmd_cluster *cl;
+  struct link *l;
+  uint64_t grant_id;
+  uint32_t rid, slot;
+};
+
+static void serve_done(struct stage_copy *sc, int err) {
+  struct serve_job *j = sc->arg;
+  struct link *l = j->l;
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Staged st = GSHM__CLUSTER__STAGED__INIT;
+
+  struct stage_grant *g = grant_find(l, j->grant_id);
+
+  l->staged_busy--;
+  if (g && --g->busy == 0 && g->released) {
+    /* a Release that came mid-copy: the grant and its lease end now */
+    grant_free(j->cl, g);
+    gshmd__cluster_grant_close(j->cl, l, j->grant_id);
+    g = NULL;
+  }
+  if (l->state == LINK_UP && g) {
+    m.request_id = j->rid;
+    if (err) {
+      m.status = (uint32_t)gshm__errno_to_status(err);
+      m.message = "the staging copy failed";
+    } else {
+      m.status = GSHM__STATUS__STATUS_OK;
+      st.slot = j->slot;
+      m.body_case = GSHM__CLUSTER__MSG__BODY_STAGED;
+      m.staged = &st;
+    }
+    gshmd__cluster_send(l, &m);
+  } else if (l->staged_busy == 0) {
+    gshmd__cluster_link_idle(j->cl, l); /* the cleanup link_fail left for us */
+  }
+  free(j);
+}
+
+int gshmd_stage_serve(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
+                      struct gshmd_segment *seg, const Gshm__Cluster__Stage *s) {
+  struct stage_grant *g = grant_find(l, s->grant_id);
+  struct serve_job *j;
+  uint8_t *map = NULL;
+  int e;
+
+  if (!g || g->released)
+    return -ESTALE;
+  if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
+      s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)
+    return -EINVAL;
+  if (seg->mem->device_index < 0 && (e = gshmd__cluster_host_map(cl, seg, &map)))
+    return e;
+  if (!(j = calloc(1, sizeof(*j))))
+    return -ENOMEM;
+  j->cl = cl;
+  j->l = l;
+  j->rid = rid;
+  j->grant_id = s->grant_id;
+  j->slot = s->slot;
+  j->sc.mem = seg->mem;
+  j->sc.host_map = map;
+  j->sc.offset = s->offset;
+  j->sc.len = s->length;
+  j->sc.host = (uint8_t *)g->sb->addr + (uint64_t)s->slot * g->sb->slot_size;
+  j->sc.to_segment = false;
+  j->sc.done = serve_done;
+  j->sc.arg = j;
+  if ((e = gshmd_stage_copy(cl, &j->sc))) {
+    free(j);
+    return e;
+  }
+  l->staged_busy++;
+  g->busy++;
+  return 0;
+}

@@ -462,6 +462,64 @@ static void test_unlink_during_pull(void **state) {
   gshm_disconnect(a);
 }
 
+/* The staged path (what device segments take without a CUDA-aware UCX),
+ * forced for host segments: the peer copies chunks into its slots, the
+ * puller gets each slot; several pulls at once each get their own slots. */
+struct staged_puller {
+  pthread_t t;
+  struct node *n;
+  char local[32];
+  gshm_pull_result_t r;
+  int err;
+};
+
+static void *staged_thread(void *arg) {
+  struct staged_puller *sp = arg;
+  gshm_client_t *c;
+  gshm_pull_opts_t po = {.local_name = sp->local};
+  sp->err = gshm_connect(sp->n->h.socket_path, "staged", &c);
+  if (!sp->err) {
+    sp->err = gshm_pull(c, "s", "pub/staged", &po, &sp->r);
+    gshm_disconnect(c);
+  }
+  return NULL;
+}
+
+static void test_staged(void **state) {
+  static struct node srv, q;
+  static struct staged_puller sp[3];
+  char ps[64], pq[64];
+  gshm_client_t *c;
+  (void)state;
+
+  srv.port = free_port();
+  q.port = free_port();
+  snprintf(ps, sizeof(ps), "q=127.0.0.1:%d", q.port);
+  snprintf(pq, sizeof(pq), "s=127.0.0.1:%d", srv.port);
+  node_start(&srv, "s", ps, key_path, "pub/*", "cluster.staging=always", "cluster.pull_chunk=1M",
+             "cluster.staging_bytes=4M", NULL);
+  node_start(&q, "q", pq, key_path, "", "cluster.pull_chunk=1M", NULL);
+  c = connect_to(&srv);
+  make_segment(c, "pub/staged", 64 * MiB + 5, 41);
+  gshm_disconnect(c);
+  for (int i = 0; i < 3; i++) {
+    sp[i].n = &q;
+    snprintf(sp[i].local, sizeof(sp[i].local), "staged/%d", i);
+    assert_int_equal(pthread_create(&sp[i].t, NULL, staged_thread, &sp[i]), 0);
+  }
+  c = connect_to(&q);
+  for (int i = 0; i < 3; i++) {
+    pthread_join(sp[i].t, NULL);
+    assert_int_equal(sp[i].err, 0);
+    assert_string_equal(sp[i].r.path, "staged");
+    assert_true(sp[i].r.bytes == 64 * MiB + 5);
+    check_segment(c, sp[i].local, 64 * MiB + 5, 41);
+  }
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&q.h), 0);
+  assert_int_equal(harness_stop(&srv.h), 0);
+}
+
 /* 10,000 random packets on A's cluster port while a local client keeps
  * being served; a pull works afterwards. */
 struct noise {
@@ -531,6 +589,7 @@ int main(void) {
       cmocka_unit_test(test_concurrent),
       cmocka_unit_test(test_not_exported),
       cmocka_unit_test(test_refused_peers),
+      cmocka_unit_test(test_staged),
       cmocka_unit_test(test_random_packets),
       cmocka_unit_test(test_server_killed),
       cmocka_unit_test(test_unlink_during_pull),
