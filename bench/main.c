@@ -16,6 +16,7 @@ static const struct {
     {"broadcast", bench_broadcast_main, "one GPU to many: gshm_broadcast vs ncclBroadcast"},
     {"attach", bench_attach_main, "create/open/map costs vs raw driver import and cudaIpc"},
     {"control", bench_control_main, "control-plane throughput and latency with N clients"},
+    {"pull", bench_pull_main, "pulling a segment from a peer gshmd vs ucx_perftest -t ucp_get"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,368 @@
+/* gshm-bench pull: pulling a segment from a peer gshmd (docs/CLUSTER.md)
+ * against UCX's own ucp_get, in the same run, on the same transport and
+ * sizes.
+ *
+ * It starts two gshmd (A exports, B pulls) with cluster endpoints on
+ * 127.0.0.1 and $UCX_TLS (default tcp).  For each size a segment at
+ * --location (host, or cuda:N: the staging path without a CUDA-aware UCX)
+ * is created on A; B pulls it --iters times after one warm-up pull; the
+ * median wall time of gshm_pull (request to result, control round trips
+ * included) gives the rate.  Then ucx_perftest -t ucp_get runs with the
+ * same size (server and client processes on 127.0.0.1, same UCX_TLS) and
+ * its overall bandwidth is printed beside it.  A 4 KiB pull's median time
+ * is compared with ucx_perftest's 4 KiB get latency.
+ *
+ * ucx_perftest: --perftest PATH, else $GSHM_UCX_PERFTEST, else
+ * ucx_perftest next to the carried UCX (../ucx-lib of gshmd, for a
+ * GSHM_STATIC_DEPS build), else the one on PATH. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "cudadrv.h"
+#include "gshm.h"
+#include "spawn.h"
+#include "util.h"
+
+struct opts {
+  uint64_t sizes[32];
+  int nsizes;
+  int iters;
+  const char *location;
+  const char *perftest;
+  const char *gshmd;
+  bool no_perftest;
+  const char *chunk, *depth;
+};
+
+static int free_port(void) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+    port = ntohs(sa.sin_port);
+  if (fd >= 0)
+    close(fd);
+  return port;
+}
+
+static double now_s(void) { return (double)gshm__now_ns(CLOCK_MONOTONIC) / 1e9; }
+
+static int parse_sizes(const char *s, struct opts *o) {
+  char *copy = strdup(s), *save = NULL;
+  o->nsizes = 0;
+  for (char *t = strtok_r(copy, ",", &save); t && o->nsizes < 32; t = strtok_r(NULL, ",", &save)) {
+    char *end;
+    uint64_t v = strtoull(t, &end, 10);
+    switch (*end) {
+    case 'K': case 'k': v <<= 10; break;
+    case 'M': case 'm': v <<= 20; break;
+    case 'G': case 'g': v <<= 30; break;
+    case '\0': break;
+    default:
+      free(copy);
+      return -1;
+    }
+    o->sizes[o->nsizes++] = v;
+  }
+  free(copy);
+  return o->nsizes ? 0 : -1;
+}
+
+/* Finds ucx_perftest; *ldpath_out gets the carried UCX directory (for
+ * LD_LIBRARY_PATH) when it is that one. */
+static const char *find_perftest(const struct opts *o, const char *gshmd, char *buf, size_t cap,
+                                 char *ldpath, size_t ldcap) {
+  const char *env = getenv("GSHM_UCX_PERFTEST");
+  const char *slash;
+
+  ldpath[0] = '\0';
+  if (o->perftest)
+    return o->perftest;
+  if (env && *env)
+    return env;
+  if (gshmd && (slash = strrchr(gshmd, '/'))) {
+    snprintf(ldpath, ldcap, "%.*s/../ucx-lib", (int)(slash - gshmd), gshmd);
+    snprintf(buf, cap, "%s/ucx_perftest", ldpath);
+    if (access(buf, X_OK) == 0)
+      return buf;
+    ldpath[0] = '\0';
+  }
+  return "ucx_perftest";
+}
+
+/* Runs ucx_perftest -t ucp_get for size bytes: a server process and a
+ * client on 127.0.0.1.  *mbs_out: overall bandwidth, MB/s (2^20);
+ * *lat_us_out: median latency, us.  Returns 0 or -1. */
+static int perftest(const char *bin, const char *ldpath, uint64_t size, int iters,
+                    double *mbs_out, double *lat_us_out) {
+  char ssize[32], siters[16], swarm[16], sport[16], line[512];
+  int port = free_port(), pipefd[2], status;
+  pid_t srv, cli;
+  FILE *f;
+  double best_mbs = -1, lat = -1;
+
+  snprintf(ssize, sizeof(ssize), "%" PRIu64, size);
+  snprintf(siters, sizeof(siters), "%d", iters);
+  snprintf(swarm, sizeof(swarm), "%d", iters / 5 + 1);
+  snprintf(sport, sizeof(sport), "%d", port);
+  if (ldpath[0])
+    setenv("LD_LIBRARY_PATH", ldpath, 1);
+  if ((srv = fork()) == 0) {
+    int dn = open("/dev/null", O_WRONLY);
+    dup2(dn, 1);
+    dup2(dn, 2);
+    execlp(bin, bin, "-t", "ucp_get", "-s", ssize, "-n", siters, "-w", swarm, "-p", sport, "-f",
+           "-v", (char *)NULL);
+    _exit(127);
+  }
+  usleep(300000); /* the server's listening socket: ucx_perftest has no readiness signal */
+  if (pipe(pipefd) < 0)
+    return -1;
+  if ((cli = fork()) == 0) {
+    dup2(pipefd[1], 1);
+    close(pipefd[0]);
+    execlp(bin, bin, "127.0.0.1", "-t", "ucp_get", "-s", ssize, "-n", siters, "-w", swarm, "-p",
+           sport, "-f", "-v", (char *)NULL);
+    _exit(127);
+  }
+  close(pipefd[1]);
+  f = fdopen(pipefd[0], "r");
+  while (f && fgets(line, sizeof(line), f)) {
+    double it, p50, avg, overall, avg_bw, overall_bw;
+    if (sscanf(line, "%lf,%lf,%lf,%lf,%lf,%lf", &it, &p50, &avg, &overall, &avg_bw,
+               &overall_bw) == 6) {
+      best_mbs = overall_bw;
+      lat = p50;
+    }
+  }
+  if (f)
+    fclose(f);
+  waitpid(cli, &status, 0);
+  kill(srv, SIGTERM);
+  waitpid(srv, NULL, 0);
+  if (ldpath[0])
+    unsetenv("LD_LIBRARY_PATH");
+  if (best_mbs < 0)
+    return -1;
+  *mbs_out = best_mbs;
+  *lat_us_out = lat;
+  return 0;
+}
+
+static int start_node(struct gshm_spawn *sp, const char *gshmd, const char *name, int port,
+                      const char *peers, const char *key, const char *exports, const struct opts *o) {
+  char a[10][320];
+  const char *args[12];
+  struct group *g = getgrgid(getegid());
+  int n = 0, e;
+
+  snprintf(a[n++], 320, "--set=cluster.listen=127.0.0.1:%d", port);
+  snprintf(a[n++], 320, "--set=cluster.node_name=%s", name);
+  snprintf(a[n++], 320, "--set=cluster.peers=%s", peers);
+  snprintf(a[n++], 320, "--set=cluster.secret_file=%s", key);
+  snprintf(a[n++], 320, "--set=cluster.export=%s", exports);
+  snprintf(a[n++], 320, "--set=cluster.pull_group=%s", g ? g->gr_name : "root");
+  snprintf(a[n++], 320, "--set=daemon.log_level=4");
+  snprintf(a[n++], 320, "--set=daemon.backend=%s", strncmp(o->location, "cuda", 4) ? "host" : "cuda");
+  if (o->chunk)
+    snprintf(a[n++], 320, "--set=cluster.pull_chunk=%s", o->chunk);
+  if (o->depth)
+    snprintf(a[n++], 320, "--set=cluster.pull_depth=%s", o->depth);
+  for (int i = 0; i < n; i++)
+    args[i] = a[i];
+  args[n] = NULL;
+  if ((e = gshm__spawn_init(sp)) || (e = gshm__spawn_start(sp, gshmd, args, false, 30000))) {
+    fprintf(stderr, "gshm-bench pull: cannot start gshmd %s: %s\n", name, strerror(-e));
+    return e;
+  }
+  return 0;
+}
+
+/* Fills the new segment (host: memset; device: cuMemsetD8) so that its
+ * pages exist before the first pull. */
+static int make_source(gshm_client_t *c, const struct opts *o, uint64_t size) {
+  gshm_segment_t *seg;
+  void *p;
+  int e;
+
+  if ((e = gshm_create(c, "bench/src", size, o->location, 0600, 0, &seg)))
+    return e;
+  if ((e = gshm_map(seg, NULL, 0, &p))) {
+    gshm_close(seg);
+    return e;
+  }
+  if (!strncmp(o->location, "cuda", 4)) {
+    const struct gshm_cudadrv *drv;
+    if (gshm__cudadrv_load(GSHM_LOG_ERR, &drv) ||
+        drv->cuMemsetD8((CUdeviceptr)(uintptr_t)p, 0x5a, size) != CUDA_SUCCESS ||
+        drv->cuCtxSynchronize() != CUDA_SUCCESS)
+      e = -EIO;
+  } else {
+    memset(p, 0x5a, size);
+  }
+  gshm_close(seg);
+  return e;
+}
+
+int bench_pull_main(int argc, char **argv) {
+  static const struct option lo[] = {{"sizes", required_argument, NULL, 's'},
+                                     {"iters", required_argument, NULL, 'n'},
+                                     {"location", required_argument, NULL, 'l'},
+                                     {"perftest", required_argument, NULL, 'P'},
+                                     {"no-perftest", no_argument, NULL, 'N'},
+                                     {"gshmd", required_argument, NULL, 'g'},
+                                     {"chunk", required_argument, NULL, 'c'},
+                                     {"depth", required_argument, NULL, 'd'},
+                                     {"help", no_argument, NULL, 'h'},
+                                     {NULL, 0, NULL, 0}};
+  struct opts o = {.iters = 5, .location = "host"};
+  struct gshm_spawn A = {0}, B = {0};
+  char dir[] = "/tmp/gshm-bench-pull-XXXXXX", key[300], pa[64], pb[64], ptbuf[PATH_MAX],
+       ldpath[PATH_MAX];
+  const char *gshmd, *pt;
+  gshm_client_t *a = NULL, *b = NULL;
+  int c, fd, rc = 1, port_a, port_b;
+  double lat4k_pull = -1;
+
+  parse_sizes("1M,4M,16M,64M,256M,1G,4G", &o);
+  while ((c = getopt_long(argc, argv, "s:n:l:P:Ng:c:d:h", lo, NULL)) != -1) {
+    switch (c) {
+    case 's':
+      if (parse_sizes(optarg, &o)) {
+        fprintf(stderr, "gshm-bench pull: bad --sizes '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case 'n': o.iters = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
+    case 'l': o.location = optarg; break;
+    case 'P': o.perftest = optarg; break;
+    case 'N': o.no_perftest = true; break;
+    case 'g': o.gshmd = optarg; break;
+    case 'c': o.chunk = optarg; break;
+    case 'd': o.depth = optarg; break;
+    case 'h':
+      printf("usage: gshm-bench pull [--sizes 1M,4M,...,4G] [--iters N] [--location host|cuda:N]\n"
+             "                       [--perftest PATH | --no-perftest] [--gshmd PATH]\n"
+             "                       [--chunk BYTES] [--depth N]\n");
+      return 0;
+    default:
+      return 2;
+    }
+  }
+  setenv("UCX_TLS", getenv("UCX_TLS") ? getenv("UCX_TLS") : "tcp", 1);
+  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+  gshmd = o.gshmd ? o.gshmd : gshm__find_gshmd();
+  if (!mkdtemp(dir))
+    return 1;
+  snprintf(key, sizeof(key), "%s/key", dir);
+  if ((fd = open(key, O_WRONLY | O_CREAT | O_TRUNC, 0600)) < 0 ||
+      write(fd, "gshm-bench-pull-key-0123456789ab\n", 33) != 33)
+    return 1;
+  close(fd);
+  port_a = free_port();
+  port_b = free_port();
+  snprintf(pa, sizeof(pa), "b=127.0.0.1:%d", port_b);
+  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", port_a);
+  if (start_node(&A, gshmd, "a", port_a, pa, key, "bench/*", &o) ||
+      start_node(&B, gshmd, "b", port_b, pb, key, "", &o))
+    goto out;
+  if (gshm_connect(A.socket_path, "bench-src", &a) || gshm_connect(B.socket_path, "bench-dst", &b))
+    goto out;
+  pt = find_perftest(&o, gshmd, ptbuf, sizeof(ptbuf), ldpath, sizeof(ldpath));
+  printf("gshm-bench pull: location %s, UCX_TLS=%s, %d iterations after 1 warm-up, medians\n",
+         o.location, getenv("UCX_TLS"), o.iters);
+  printf("%10s %12s %12s %14s %8s  %s\n", "SIZE", "PULL GB/s", "PULL ms", "ucp_get GB/s",
+         "RATIO", "PATH");
+  for (int i = 0; i < o.nsizes; i++) {
+    uint64_t size = o.sizes[i];
+    double t[64], pt_mbs = 0, pt_lat = 0, med;
+    gshm_pull_result_t r;
+    char sz[32];
+    int e, n = o.iters < 64 ? o.iters : 63;
+
+    if ((e = make_source(a, &o, size))) {
+      fprintf(stderr, "gshm-bench pull: source of %" PRIu64 " bytes: %s (%s)\n", size,
+              gshm_strerror(e), gshm_last_error(a));
+      goto out;
+    }
+    for (int k = -1; k < n; k++) {
+      gshm_pull_opts_t po = {.local_name = "bench/dst",
+                             .location = strncmp(o.location, "cuda", 4) ? NULL : o.location};
+      double t0 = now_s();
+      if ((e = gshm_pull(b, "a", "bench/src", &po, &r))) {
+        fprintf(stderr, "gshm-bench pull: %s (%s)\n", gshm_strerror(e), gshm_last_error(b));
+        goto out;
+      }
+      if (k >= 0)
+        t[k] = now_s() - t0;
+      gshm_unlink(b, "bench/dst");
+    }
+    gshm_unlink(a, "bench/src");
+    med = bench_median(t, n);
+    if (!o.no_perftest && perftest(pt, ldpath, size, size >= (256u << 20) ? 10 : 50, &pt_mbs,
+                                   &pt_lat)) {
+      fprintf(stderr, "gshm-bench pull: %s did not run (--no-perftest skips it)\n", pt);
+      pt_mbs = 0;
+    }
+    printf("%10s %12.2f %12.3f %14.2f %8.2f  %s\n", gshm__format_size(size, sz, sizeof(sz)),
+           (double)size / med / 1e9, med * 1e3, pt_mbs * 1048576.0 / 1e9,
+           pt_mbs > 0 ? ((double)size / med) / (pt_mbs * 1048576.0) : 0.0, r.path);
+    fflush(stdout);
+  }
+  /* 4 KiB: latency */
+  {
+    double t[64], pt_mbs = 0, pt_lat = 0;
+    int n = 50, e;
+    gshm_pull_result_t r;
+    struct opts small = o;
+    small.location = "host";
+    if ((e = make_source(a, &small, 4096)))
+      goto out;
+    for (int k = -5; k < n; k++) {
+      gshm_pull_opts_t po = {.local_name = "bench/dst"};
+      double t0 = now_s();
+      if ((e = gshm_pull(b, "a", "bench/src", &po, &r)))
+        goto out;
+      if (k >= 0)
+        t[k] = now_s() - t0;
+      gshm_unlink(b, "bench/dst");
+    }
+    gshm_unlink(a, "bench/src");
+    lat4k_pull = bench_median(t, n) * 1e6;
+    if (!o.no_perftest && !perftest(pt, ldpath, 4096, 2000, &pt_mbs, &pt_lat))
+      printf("4 KiB host pull: %.1f us median (request to result); ucp_get 4 KiB latency %.1f us "
+             "(%.2fx)\n",
+             lat4k_pull, pt_lat, lat4k_pull / pt_lat);
+    else
+      printf("4 KiB host pull: %.1f us median (request to result)\n", lat4k_pull);
+  }
+  rc = 0;
+out:
+  if (a)
+    gshm_disconnect(a);
+  if (b)
+    gshm_disconnect(b);
+  gshm__spawn_stop(&B, SIGTERM);
+  gshm__spawn_cleanup(&B);
+  gshm__spawn_stop(&A, SIGTERM);
+  gshm__spawn_cleanup(&A);
+  unlink(key);
+  rmdir(dir);
+  return rc;
+}

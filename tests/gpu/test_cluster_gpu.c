@@ -1,0 +1,146 @@
+/* A device segment pulled between two gshmd on one GPU (issue 13, "Done
+ * when" 2): gshmd A exports a cuda:0 segment of 1 GiB of random bytes,
+ * gshmd B pulls it into a cuda:0 segment of its own through UCX (tcp on
+ * 127.0.0.1) and the staging path (Debian's UCX has no CUDA support), and
+ * the test reads B's segment back from the GPU and compares every byte.
+ * Prints the pull's rate.  Plain C (no cmocka on the GPU machines); exit 77
+ * without a driver or a GPU.
+ *
+ *   test_cluster_gpu [BYTES]      default 1 GiB */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "cudadrv.h"
+#include "gshm.h"
+#include "harness.h"
+
+#include "gpu_check.h"
+
+static int free_port(void) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+  REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+              getsockname(fd, (struct sockaddr *)&sa, &len) == 0,
+          "a free port");
+  port = ntohs(sa.sin_port);
+  close(fd);
+  return port;
+}
+
+/* argv for one node; strings live in store. */
+static void node_args(char store[8][512], const char *argv[9], const char *name, int port,
+                      const char *peers, const char *key, const char *exports) {
+  struct group *g = getgrgid(getegid());
+  snprintf(store[0], 512, "--set=daemon.backend=cuda");
+  snprintf(store[1], 512, "--set=cluster.listen=127.0.0.1:%d", port);
+  snprintf(store[2], 512, "--set=cluster.node_name=%s", name);
+  snprintf(store[3], 512, "--set=cluster.peers=%s", peers);
+  snprintf(store[4], 512, "--set=cluster.secret_file=%s", key);
+  snprintf(store[5], 512, "--set=cluster.export=%s", exports);
+  snprintf(store[6], 512, "--set=cluster.pull_group=%s", g ? g->gr_name : "root");
+  for (int i = 0; i < 7; i++)
+    argv[i] = store[i];
+  argv[7] = NULL;
+}
+
+int main(int argc, char **argv) {
+  static char sa[8][512], sb[8][512];
+  const struct gshm_cudadrv *drv;
+  uint64_t size = argc > 1 ? strtoull(argv[1], NULL, 0) : (1ull << 30);
+  char dir[] = "/tmp/gshm-cluster-gpu-XXXXXX", key[300], pa[64], pb[64];
+  const char *aa[9], *ab[9];
+  struct harness A = {0}, B = {0};
+  gshm_client_t *a, *b;
+  gshm_segment_t *src, *dst;
+  gshm_pull_result_t r;
+  gshm_pull_opts_t po = {.local_name = "pulled/weights", .location = "cuda:0"};
+  uint8_t *want, *got;
+  void *dptr;
+  int count = 0, port_a, port_b, fd;
+  CUcontext ctx;
+  CUdevice dev;
+
+  if (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) || drv->cuDeviceGetCount(&count) != CUDA_SUCCESS ||
+      count < 1) {
+    fprintf(stderr, "SKIP: needs a CUDA driver and a GPU (have %d)\n", count);
+    return SKIP;
+  }
+  CU(drv->cuDeviceGet(&dev, 0));
+  CU(drv->cuDevicePrimaryCtxRetain(&ctx, dev));
+  CU(drv->cuCtxSetCurrent(ctx));
+  setenv("UCX_TLS", "tcp", 0);
+  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+  REQUIRE(mkdtemp(dir), "mkdtemp");
+  snprintf(key, sizeof(key), "%s/key", dir);
+  fd = open(key, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(fd >= 0 && write(fd, "gpu-test-cluster-key-0123456789\n", 32) == 32, "key file");
+  close(fd);
+  port_a = free_port();
+  port_b = free_port();
+  snprintf(pa, sizeof(pa), "b=127.0.0.1:%d", port_b);
+  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", port_a);
+  node_args(sa, aa, "a", port_a, pa, key, "pub/*");
+  node_args(sb, ab, "b", port_b, pb, key, "");
+  REQUIRE(harness_start(&A, aa) == 0, "gshmd a");
+  harness_set_leftover(&A);
+  atexit(harness_kill_leftover);
+  REQUIRE(harness_start(&B, ab) == 0, "gshmd b");
+  REQUIRE(gshm_connect(A.socket_path, "gpu-src", &a) == 0, "connect a");
+  REQUIRE(gshm_connect(B.socket_path, "gpu-dst", &b) == 0, "connect b");
+
+  /* the source: random bytes on the GPU through gshmd a */
+  REQUIRE((want = malloc(size)) && (got = malloc(size)), "host buffers");
+  harness_random(want, size, 13);
+  REQUIRE(gshm_create(a, "pub/weights", size, "cuda:0", 0600, 0, &src) == 0, "create: %s",
+          gshm_last_error(a));
+  REQUIRE(gshm_map(src, NULL, 0, &dptr) == 0, "map source");
+  CU(drv->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dptr, want, size));
+  CU(drv->cuCtxSynchronize());
+  gshm_close(src);
+
+  /* the pull */
+  {
+    int e = gshm_pull(b, "a", "pub/weights", &po, &r);
+    REQUIRE(e == 0, "pull: %s: %s", gshm_strerror(e), gshm_last_error(b));
+  }
+  printf("pulled %" PRIu64 " bytes cuda:0 -> cuda:0 in %.3f s: %.2f GB/s, path %s (%s)\n",
+         r.bytes, (double)r.elapsed_ns / 1e9, (double)r.bytes / (double)r.elapsed_ns, r.path,
+         r.path_reason);
+  CHECK(r.bytes == size, "bytes %" PRIu64, r.bytes);
+  CHECK(strcmp(r.path, "staged") == 0 || strcmp(r.path, "direct") == 0, "path %s", r.path);
+  CHECK(strncmp(r.segment.location, "cuda:", 5) == 0, "location %s", r.segment.location);
+
+  /* read back from the GPU: every byte */
+  REQUIRE(gshm_open(b, "pulled/weights", GSHM_ACCESS_READ, &dst) == 0, "open pulled");
+  REQUIRE(gshm_map(dst, NULL, 0, &dptr) == 0, "map pulled");
+  memset(got, 0, size);
+  CU(drv->cuMemcpyDtoH(got, (CUdeviceptr)(uintptr_t)dptr, size));
+  CHECK(memcmp(got, want, size) == 0, "pulled bytes differ from the source");
+  gshm_close(dst);
+
+  CHECK(gshm_unlink(b, "pulled/weights") == 0, "unlink pulled");
+  CHECK(gshm_unlink(a, "pub/weights") == 0, "unlink source");
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+  CHECK(harness_stop(&B) == 0, "gshmd b exit");
+  CHECK(harness_stop(&A) == 0, "gshmd a exit");
+  harness_set_leftover(NULL);
+  unlink(key);
+  rmdir(dir);
+  free(want);
+  free(got);
+  printf("%s\n", failures ? "FAIL" : "ok");
+  return failures ? 1 : 0;
+}
