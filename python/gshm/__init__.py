@@ -24,7 +24,8 @@ from ._errors import (Error, NotFound, Exists, PermissionDenied, InvalidArgument
                       Unreachable, NoDevice, NotSupported, OutOfMemory, LimitExceeded,
                       Revoked, ProtocolError)
 from ._dtypes import DType, DTYPES, dtype
-from ._info import SegmentInfo, LeaseInfo, ClientInfo, StatusInfo, DeviceInfo, PeerInfo
+from ._info import (SegmentInfo, LeaseInfo, ClientInfo, StatusInfo, DeviceInfo, PeerInfo,
+                    ClusterPeer, PullResult)
 from ._segment import Segment, HostSegment, DeviceSegment, DeviceArray
 from ._client import Client
 from ._copy import copy, copy_signal, signal, wait
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "Segment", "HostSegment", "DeviceSegment", "DeviceArray",
     "SegmentInfo", "LeaseInfo", "ClientInfo", "StatusInfo", "DeviceInfo", "PeerInfo",
+    "ClusterPeer", "PullResult",
     "copy", "copy_signal", "signal", "wait",
     "Error", "NotFound", "Exists", "PermissionDenied", "InvalidArgument", "Unreachable",
     "NoDevice", "NotSupported", "OutOfMemory", "LimitExceeded", "Revoked", "ProtocolError",

@@ -9,7 +9,8 @@ from . import _lib as L
 from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _count, _dec, _enc,
                     _finalizer, _optional, _raise)
 from ._errors import InvalidArgument, Unreachable
-from ._info import ClientInfo, DeviceInfo, LeaseInfo, SegmentInfo, StatusInfo
+from ._info import (ClientInfo, ClusterPeer, DeviceInfo, LeaseInfo, PullResult, SegmentInfo,
+                    StatusInfo)
 from ._segment import DeviceSegment, HostSegment
 
 __all__ = ["Client"]
@@ -192,6 +193,70 @@ class Client(object):
             return _dec(ctypes.string_at(text.value)) if text.value else ""
         finally:
             L.lib().gshm_free(text)
+
+    # ---- cluster (docs/CLUSTER.md) ----
+
+    def peers(self):
+        """The daemon's peer nodes (list of ClusterPeer; empty when its cluster
+        is off)."""
+        fn = _optional("gshm_cluster_peers")
+        p = self._ptr()
+        arr = ctypes.POINTER(L.ClusterPeerC)()
+        n = ctypes.c_size_t(0)
+        rc = fn(p, None, ctypes.byref(arr), ctypes.byref(n))
+        if rc < 0:
+            _raise(rc, "gshm_cluster_peers", p)
+        try:
+            return [ClusterPeer._from_c(arr[i]) for i in range(n.value)]
+        finally:
+            L.lib().gshm_free(ctypes.cast(arr, ctypes.c_void_p))
+
+    def remote_segments(self, peer):
+        """The segments peer node `peer` exports (list of SegmentInfo: the
+        peer's ids, names, sizes and locations)."""
+        fn = _optional("gshm_list_remote")
+        p = self._ptr()
+        arr = ctypes.POINTER(L.SegmentInfoC)()
+        n = ctypes.c_size_t(0)
+        rc = fn(p, _enc(peer), ctypes.byref(arr), ctypes.byref(n))
+        if rc < 0:
+            _raise(rc, "gshm_list_remote", p, peer)
+        try:
+            return [SegmentInfo._from_c(arr[i]) for i in range(n.value)]
+        finally:
+            L.lib().gshm_free(ctypes.cast(arr, ctypes.c_void_p))
+
+    def pull(self, peer, name, local_name=None, location=None, mode=0o600, progress=None):
+        """Copies segment `name` that peer node `peer` exports into a new local
+        segment owned by this user (`local_name`, default the same name; at
+        `location`, default host for a host segment, cuda:0 for a device
+        one).  The daemons move the bytes; this blocks until they are all
+        there and returns a PullResult.  `progress(bytes_done, bytes_total,
+        elapsed_ns)` is called about five times a second meanwhile (it must
+        not use this client).  Errors as gshm_pull: NotFound (no such peer,
+        or not exported), Exists, PermissionDenied, Unreachable
+        (the peer went away; the partial segment is removed)."""
+        fn = _optional("gshm_pull")
+        p = self._ptr()
+        opts = L.PullOptsC()
+        opts.local_name = _enc(local_name) if local_name else None
+        opts.location = _enc(location) if location else None
+        opts.mode = int(mode)
+        cb = None
+        if progress is not None:
+            def _cb(pr, arg):
+                try:
+                    progress(pr.contents.bytes_done, pr.contents.bytes_total,
+                             pr.contents.elapsed_ns)
+                except Exception:  # an exception cannot cross the C frame
+                    pass
+            cb = L.PULL_PROGRESS_FN(_cb)
+            opts.progress = cb
+        res = L.PullResultC()
+        rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
+        if rc < 0:
+            _raise(rc, "gshm_pull", p, "%s:%s" % (peer, name))
+        return PullResult._from_c(res)
 
     def open_legacy_ipc(self, name):
         """(handle, segment): the 64-byte legacy CUDA IPC handle of a segment

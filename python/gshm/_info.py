@@ -7,7 +7,8 @@ import datetime
 
 from ._core import _dec, _access_name
 
-__all__ = ["SegmentInfo", "LeaseInfo", "ClientInfo", "StatusInfo", "DeviceInfo", "PeerInfo"]
+__all__ = ["SegmentInfo", "LeaseInfo", "ClientInfo", "StatusInfo", "DeviceInfo", "PeerInfo",
+           "ClusterPeer", "PullResult"]
 
 
 def _ns_to_datetime(ns):
@@ -32,6 +33,8 @@ class SegmentInfo:
     unlinked: bool
     leases: int
     created_ns: int
+    #: pulled from a peer node: "PEER:NAME#ID.GENERATION"; else ""
+    source: str = ""
 
     @classmethod
     def _from_c(cls, c):
@@ -39,7 +42,7 @@ class SegmentInfo:
                    requested_size=c.requested_size, granularity=c.granularity,
                    location=_dec(c.location), device_index=c.device_index, uid=c.uid,
                    gid=c.gid, mode=c.mode, flags=c.flags, unlinked=bool(c.unlinked),
-                   leases=c.leases, created_ns=c.created_ns)
+                   leases=c.leases, created_ns=c.created_ns, source=_dec(c.source))
 
     @property
     def is_host(self):
@@ -181,3 +184,41 @@ class DeviceInfo:
 
     def asdict(self):
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterPeer:
+    """gshm_cluster_peer_t: a peer node of the daemon's cluster."""
+    name: str
+    address: str
+    state: str            #: "up", "connecting" or "down"
+    exported: int         #: segments it exports, as last seen
+    message: str          #: why it is down, if known
+
+    @classmethod
+    def _from_c(cls, c):
+        return cls(name=_dec(c.name), address=_dec(c.address), state=_dec(c.state),
+                   exported=c.exported, message=_dec(c.message))
+
+
+@dataclasses.dataclass(frozen=True)
+class PullResult:
+    """gshm_pull_result_t: what a pull did."""
+    segment: SegmentInfo  #: the new local segment
+    bytes: int
+    elapsed_ns: int
+    path: str             #: "host", "direct" or "staged"
+    path_reason: str
+    peer: str
+    remote_id: int
+    remote_generation: int
+
+    @property
+    def gb_per_s(self):
+        return self.bytes / self.elapsed_ns if self.elapsed_ns else 0.0
+
+    @classmethod
+    def _from_c(cls, c):
+        return cls(segment=SegmentInfo._from_c(c.segment), bytes=c.bytes, elapsed_ns=c.elapsed_ns,
+                   path=_dec(c.path), path_reason=_dec(c.path_reason), peer=_dec(c.peer),
+                   remote_id=c.remote_id, remote_generation=c.remote_generation)

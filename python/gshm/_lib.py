@@ -66,6 +66,58 @@ class SegmentInfoC(ctypes.Structure):
     ]
 
 
+class ClusterPeerC(ctypes.Structure):
+    """gshm_cluster_peer_t"""
+
+    _fields_ = [
+        ("name", ctypes.c_char * 64),
+        ("address", ctypes.c_char * 136),
+        ("state", ctypes.c_char * 16),
+        ("exported", ctypes.c_uint32),
+        ("message", ctypes.c_char * 160),
+    ]
+
+
+class PullProgressC(ctypes.Structure):
+    """gshm_pull_progress_t"""
+
+    _fields_ = [
+        ("bytes_done", ctypes.c_uint64),
+        ("bytes_total", ctypes.c_uint64),
+        ("elapsed_ns", ctypes.c_int64),
+    ]
+
+
+PULL_PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(PullProgressC), ctypes.c_void_p)
+
+
+class PullOptsC(ctypes.Structure):
+    """gshm_pull_opts_t"""
+
+    _fields_ = [
+        ("local_name", ctypes.c_char_p),
+        ("location", ctypes.c_char_p),
+        ("mode", ctypes.c_uint32),
+        ("progress", PULL_PROGRESS_FN),
+        ("progress_arg", ctypes.c_void_p),
+    ]
+
+
+class PullResultC(ctypes.Structure):
+    """gshm_pull_result_t"""
+
+    _fields_ = [
+        ("segment", SegmentInfoC),
+        ("bytes", ctypes.c_uint64),
+        ("elapsed_ns", ctypes.c_int64),
+        ("path", ctypes.c_char * 16),
+        ("path_reason", ctypes.c_char * 160),
+        ("peer", ctypes.c_char * 64),
+        ("remote_id", ctypes.c_uint64),
+        ("remote_generation", ctypes.c_uint64),
+    ]
+
+
 class LeaseInfoC(ctypes.Structure):
     """gshm_lease_info_t"""
 
@@ -234,6 +286,13 @@ _OPTIONAL_PROTOTYPES = {
     "gshm_signal": (_int, [_vp, _u64, _vp]),
     "gshm_copy_signal": (_int, [_vp, _vp, ctypes.c_size_t, _int, _vp, _u64, _vp]),
     "gshm_wait": (_int, [_vp, _u64, _vp]),
+    # the cluster of issue 13 (client/cluster.c)
+    "gshm_cluster_peers": (_int, [_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.POINTER(ClusterPeerC)),
+                                  _size_p]),
+    "gshm_list_remote": (_int, [_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.POINTER(SegmentInfoC)),
+                                _size_p]),
+    "gshm_pull": (_int, [_vp, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(PullOptsC),
+                         ctypes.POINTER(PullResultC)]),
     # the PyTorch pool of issue 14 (client/torch_alloc.c)
     "gshm_pool_create": (_int, [_vp, ctypes.POINTER(PoolConfigC), ctypes.POINTER(_vp)]),
     "gshm_pool_activate": (_vp, [_vp]),
