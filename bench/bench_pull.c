@@ -209,7 +209,11 @@ static int make_source(gshm_client_t *c, const struct opts *o, uint64_t size) {
   }
   if (!strncmp(o->location, "cuda", 4)) {
     const struct gshm_cudadrv *drv;
-    if (gshm__cudadrv_load(GSHM_LOG_ERR, &drv) ||
+    CUdevice dev;
+    CUcontext ctx;
+    if (gshm__cudadrv_load(GSHM_LOG_ERR, &drv) || drv->cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        drv->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
+        drv->cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
         drv->cuMemsetD8((CUdeviceptr)(uintptr_t)p, 0x5a, size) != CUDA_SUCCESS ||
         drv->cuCtxSynchronize() != CUDA_SUCCESS)
       e = -EIO;
@@ -315,8 +319,9 @@ int bench_pull_main(int argc, char **argv) {
     }
     gshm_unlink(a, "bench/src");
     med = bench_median(t, n);
-    if (!o.no_perftest && perftest(pt, ldpath, size, size >= (256u << 20) ? 10 : 50, &pt_mbs,
-                                   &pt_lat)) {
+    if (!o.no_perftest &&
+        perftest(pt, ldpath, size,
+                 size >= (1ull << 30) ? 3 : size >= (256ull << 20) ? 10 : 50, &pt_mbs, &pt_lat)) {
       fprintf(stderr, "gshm-bench pull: %s did not run (--no-perftest skips it)\n", pt);
       pt_mbs = 0;
     }

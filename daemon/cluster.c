@@ -1327,6 +1327,14 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
   for (int i = 0; i < REFUSE_N; i++)
     fprintf(f, "gshm_cluster_refusals_total{cause=\"%s\"} %" PRIu64 "\n", causes[i],
             cl->refusals[i]);
+  fprintf(f, "# HELP gshm_cluster_pull_errors_total Failed pulls, by cause.\n"
+             "# TYPE gshm_cluster_pull_errors_total counter\n");
+  for (unsigned i = 0; i < 8; i++) {
+    static const int any_errno[8] = {ECONNRESET, ENOENT, EACCES, EEXIST,
+                                     ECANCELED, ENOMEM, EPROTO, EIO};
+    fprintf(f, "gshm_cluster_pull_errors_total{cause=\"%s\"} %" PRIu64 "\n",
+            gshmd__pull_error_cause(-any_errno[i], NULL), cl->pull_errors[i]);
+  }
   fprintf(f, "# HELP gshm_cluster_grants_total Read grants given to peers.\n"
              "# TYPE gshm_cluster_grants_total counter\n"
              "gshm_cluster_grants_total %" PRIu64 "\n",

@@ -129,7 +129,7 @@ struct gshmd_cluster {
   /* metrics */
   uint64_t refusals[REFUSE_N];
   uint64_t served_grants, served_bytes_staged;
-  uint64_t pull_errors_by_cause[8];
+  uint64_t pull_errors[8];   /* by cause: see gshmd__pull_error_cause */
   /* PEERS reply storage */
   Gshm__ClusterPeerList peer_list;
   Gshm__ClusterPeer *peer_infos;
@@ -181,6 +181,9 @@ void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);
 /* Finishes pulls that are done or failed and have nothing in flight (run
  * outside UCX callbacks). */
 void gshmd__pull_reap(struct gshmd_cluster *cl);
+/* The metrics label of a failed pull's errno, and its index in
+ * cl->pull_errors (< 8). */
+const char *gshmd__pull_error_cause(int err, unsigned *index_out);
 /* Every pull fails at once (shutdown); in-flight gets are cancelled. */
 void gshmd__pull_stop_all(struct gshmd_cluster *cl);
 

@@ -526,6 +526,25 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   return 0;
 }
 
+const char *gshmd__pull_error_cause(int err, unsigned *index_out) {
+  static const char *const names[8] = {"peer_lost", "not_found", "refused", "exists",
+                                       "canceled", "no_memory", "protocol", "other"};
+  unsigned i;
+  switch (-err) {
+  case ECONNRESET: case ETIMEDOUT: case ESHUTDOWN: i = 0; break;
+  case ENOENT: i = 1; break;
+  case EACCES: case EPERM: i = 2; break;
+  case EEXIST: i = 3; break;
+  case ECANCELED: i = 4; break;
+  case ENOMEM: case EDQUOT: i = 5; break;
+  case EPROTO: case EPROTONOSUPPORT: i = 6; break;
+  default: i = 7; break;
+  }
+  if (index_out)
+    *index_out = i;
+  return names[i];
+}
+
 /* Ends a finished pull: the grant goes back, the segment stays (success)
  * or goes (failure), the requester gets its answer. */
 static void pull_end(struct pull *p) {
@@ -585,7 +604,10 @@ static void pull_end(struct pull *p) {
       gshmd_server_reply(cl->srv, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
   } else {
     const char *msg;
+    unsigned cause;
     p->peer->pulls_failed++;
+    gshmd__pull_error_cause(p->err, &cause);
+    cl->pull_errors[cause]++;
     /* The partial segment goes, if the name is still ours. */
     if (p->lease && !p->lease->seg->unlinked &&
         gshmd_registry_find_name(cl->reg, p->local_name) == p->lease->seg)

@@ -18,7 +18,7 @@ export GSHMD=$PWD/daemon/gshmd GSHMCTL=$PWD/client/gshmctl GSHM_LIBRARY=$PWD/cli
 { nvidia-smi -L; nvidia-smi topo -m; git -C "$src" rev-parse --short HEAD 2>/dev/null; date -u; } \
   > "$out/machine.txt" 2>&1
 # GSHM_STEPS picks what runs (comma list; default all, in this order).
-steps=",${GSHM_STEPS:-ctest,demo,attach,copy,broadcast,python},"
+steps=",${GSHM_STEPS:-ctest,demo,attach,copy,broadcast,python,pull},"
 [ -n "${GSHM_ONLY_CTEST:-}" ] && steps=",ctest,"
 step() { case "$steps" in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 if step ctest; then
@@ -35,5 +35,12 @@ step broadcast && { timeout 300 ./bench/gshm-bench broadcast ${GSHM_BCAST_ARGS:-
 py=$(command -v /opt/torch/.venv/bin/python3 || command -v python3)
 step python && timeout 180 "$py" "$src/python/examples/share_weights.py" --gshmd "$GSHMD" --size-mib 2048 \
   --compare > "$out/python-example.txt" 2>&1
+# pulls from a peer gshmd (UCX tcp on 127.0.0.1) vs ucx_perftest -t ucp_get
+if step pull; then
+  timeout 150 ./bench/gshm-bench pull ${GSHM_PULL_ARGS:---sizes 1M,64M,1G,4G --iters 3} \
+    > "$out/bench-pull-host.txt" 2>&1
+  timeout 150 ./bench/gshm-bench pull --location cuda:0 ${GSHM_PULL_ARGS:---sizes 1M,64M,1G,4G --iters 3} \
+    --no-perftest > "$out/bench-pull-cuda.txt" 2>&1
+fi
 [ -f "$out/ctest-gpu.log" ] && tail -3 "$out/ctest-gpu.log"
 exit 0

@@ -297,6 +297,16 @@ static void test_not_exported(void **state) {
     check_segment(b, "taken", 4096, 5);
   }
   assert_int_equal(gshm_unlink(b, "taken"), 0);
+  {
+    /* B counted the refusals by cause */
+    char *text = NULL;
+    const char *m;
+    assert_int_equal(gshm_metrics(b, &text), 0);
+    m = strstr(text, "gshm_cluster_pull_errors_total{cause=\"not_found\"} ");
+    assert_non_null(m);
+    assert_true(atoi(strchr(m, '}') + 2) >= 2); /* private/x, pub/missing */
+    gshm_free(text);
+  }
   assert_int_equal(gshm_unlink(a, "private/x"), 0);
   assert_int_equal(gshm_unlink(a, "pub/visible"), 0);
   gshm_disconnect(a);

@@ -18,11 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cudadrv.h"
 #include "gshm.h"
 #include "harness.h"
+#include "util.h"
 
 #include "gpu_check.h"
 
@@ -121,6 +123,25 @@ int main(int argc, char **argv) {
   CHECK(r.bytes == size, "bytes %" PRIu64, r.bytes);
   CHECK(strcmp(r.path, "staged") == 0 || strcmp(r.path, "direct") == 0, "path %s", r.path);
   CHECK(strncmp(r.segment.location, "cuda:", 5) == 0, "location %s", r.segment.location);
+
+  /* the reference for the staged path: pinned device-to-host copies */
+  {
+    void *pinned;
+    uint64_t n = size < (256ull << 20) ? size : (256ull << 20);
+    double t0, t1;
+    CU(drv->cuMemAllocHost(&pinned, n));
+    REQUIRE(gshm_open(b, "pulled/weights", GSHM_ACCESS_READ, &dst) == 0, "open pulled");
+    REQUIRE(gshm_map(dst, NULL, 0, &dptr) == 0, "map pulled");
+    CU(drv->cuMemcpyDtoH(pinned, (CUdeviceptr)(uintptr_t)dptr, n)); /* warm-up */
+    t0 = (double)gshm__now_ns(CLOCK_MONOTONIC);
+    for (int i = 0; i < 4; i++)
+      CU(drv->cuMemcpyDtoH(pinned, (CUdeviceptr)(uintptr_t)dptr, n));
+    t1 = (double)gshm__now_ns(CLOCK_MONOTONIC);
+    printf("device-to-host copy into pinned memory: %.2f GB/s (%" PRIu64 " bytes x 4)\n",
+           4.0 * (double)n / (t1 - t0), n);
+    gshm_close(dst);
+    CU(drv->cuMemFreeHost(pinned));
+  }
 
   /* read back from the GPU: every byte */
   REQUIRE(gshm_open(b, "pulled/weights", GSHM_ACCESS_READ, &dst) == 0, "open pulled");
