@@ -19,7 +19,16 @@
  * own.  The allocator's entry points cannot carry a pool argument (their
  * signatures are PyTorch's), which is why the pools of a process are kept
  * in one process-wide registry: malloc takes the calling thread's active
- * pool, free finds the pool by address. */
+ * pool, free finds the pool by address.
+ *
+ * Threads: PyTorch may free from any thread (an OOM retry, empty_cache, a
+ * MemPool's destructor).  A pool is found, from malloc and free alike, only
+ * under registry_lock, and its own lock is taken before registry_lock is
+ * dropped (the one lock order: registry, then pool); gshm_pool_release
+ * unregisters a pool and then waits for its lock before freeing it.  A
+ * thread's active pool is checked against the registry (pointer and serial
+ * number) on every malloc, so a pool released by another thread is never
+ * dereferenced. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -59,7 +68,8 @@ struct gshm_pool {
   pthread_mutex_t lock;
   struct pool_seg *segs;
   uint32_t next_index;
-  bool released;
+  uint64_t serial; /* unique in the process: tells a new pool from a freed one */
+  bool released;   /* written under lock; read atomically by pool_for_malloc */
   bool release_unlinks; /* gshm_pool_release asked to unlink */
   uint64_t allocations;
   struct gshm_pool *next; /* in the registry */
@@ -68,7 +78,9 @@ struct gshm_pool {
 /* The registry (see the top of the file for why it is process-wide). */
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct gshm_pool *registry;
+static uint64_t registry_serial;
 static __thread gshm_pool_t *active_pool;
+static __thread uint64_t active_serial;
 static __thread int last_error;
 
 static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -112,6 +124,7 @@ static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
   char name[GSHM_NAME_MAX + 1];
   struct pool_seg *s;
   void *addr = NULL;
+  bool named = false;
   int e;
 
   if (p->next_index >= POOL_MAX_SEGMENTS)
@@ -122,9 +135,13 @@ static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
     return -ENOMEM;
   if ((e = gshm_create(p->client, name, size, p->location, p->mode, 0, &s->seg)))
     goto free_seg;
+  named = true;
   /* Without a name the memory goes with this process's lease. */
-  if (!(p->flags & GSHM_POOL_PERSISTENT) && (e = gshm_unlink(p->client, name)))
-    goto close_seg;
+  if (!(p->flags & GSHM_POOL_PERSISTENT)) {
+    if ((e = gshm_unlink(p->client, name)))
+      goto close_seg;
+    named = false;
+  }
   if ((e = gshm_map(s->seg, &p->device, 1, &addr)))
     goto close_seg;
   s->base = (uint64_t)(uintptr_t)addr;
@@ -141,7 +158,8 @@ static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
   return 0;
 
 close_seg:
-  if (p->flags & GSHM_POOL_PERSISTENT)
+  /* the segment is ours and new: its name must not outlive the failure */
+  if (named)
     gshm_unlink(p->client, name);
   gshm_close(s->seg);
 free_seg:
@@ -210,6 +228,7 @@ int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t *cfg,
       goto release_ctx;
   }
   pthread_mutex_lock(&registry_lock);
+  p->serial = ++registry_serial;
   p->next = registry;
   registry = p;
   pthread_mutex_unlock(&registry_lock);
@@ -224,36 +243,69 @@ free_pool:
   return e;
 }
 
+/* Whether p is a registered pool (compared as a pointer: p may be freed).
+ * Caller holds registry_lock. */
+static bool pool_registered(const gshm_pool_t *p) {
+  for (const gshm_pool_t *q = registry; q; q = q->next)
+    if (q == p)
+      return true;
+  return false;
+}
+
 gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool) {
   gshm_pool_t *prev = active_pool;
-  active_pool = pool;
+
+  active_pool = NULL;
+  active_serial = 0;
+  if (pool) {
+    pthread_mutex_lock(&registry_lock);
+    if (pool_registered(pool)) {
+      active_pool = pool;
+      active_serial = pool->serial;
+    }
+    pthread_mutex_unlock(&registry_lock);
+  }
   return prev;
 }
 
-/* The pool malloc uses: the thread's active one, else the process's only
- * pool that still allocates.  Takes registry_lock. */
-static gshm_pool_t *pool_for_malloc(void) {
+/* The pool malloc uses, returned with its lock held: the thread's active
+ * one, else the process's only pool that still allocates.  NULL with
+ * *err_out set when there is none: -EBADF the active pool was released
+ * (by any thread), -EINVAL no active pool and not exactly one other. */
+static gshm_pool_t *pool_for_malloc(int *err_out) {
   gshm_pool_t *p, *only = NULL;
   int n = 0;
 
-  if (active_pool)
-    return active_pool;
   pthread_mutex_lock(&registry_lock);
-  for (p = registry; p; p = p->next)
-    if (!p->released) {
-      only = p;
-      n++;
+  if (active_pool) {
+    if (pool_registered(active_pool) && active_pool->serial == active_serial) {
+      only = active_pool;
+      n = 1;
+    } else {
+      *err_out = -EBADF;
     }
+  } else {
+    for (p = registry; p; p = p->next)
+      if (!__atomic_load_n(&p->released, __ATOMIC_ACQUIRE)) {
+        only = p;
+        n++;
+      }
+    if (n != 1)
+      *err_out = -EINVAL;
+  }
+  if (n == 1)
+    pthread_mutex_lock(&only->lock);
   pthread_mutex_unlock(&registry_lock);
   return n == 1 ? only : NULL;
 }
 
+/* Carves `size` bytes out of p, growing it when nothing fits.  Caller
+ * holds p->lock. */
 static int pool_malloc(gshm_pool_t *p, uint64_t size, void **ptr_out) {
   struct pool_seg *s;
   uint64_t off = 0;
   int e = -ENOMEM;
 
-  pthread_mutex_lock(&p->lock);
   if (p->released) {
     e = -EBADF;
     goto unlock;
@@ -274,31 +326,39 @@ static int pool_malloc(gshm_pool_t *p, uint64_t size, void **ptr_out) {
   p->allocations++;
   *ptr_out = (void *)(uintptr_t)(s->base + off);
 unlock:
-  pthread_mutex_unlock(&p->lock);
   return e;
 }
 
 void *gshm_torch_malloc(ssize_t size, int device, void *stream) {
-  gshm_pool_t *p = pool_for_malloc();
+  gshm_pool_t *p;
   void *ptr = NULL;
-  int e;
+  int e = 0;
 
   (void)stream; /* a range is reused only after its free synchronised */
-  if (!p)
-    e = -EINVAL;
-  else if (size <= 0)
-    e = -EINVAL;
-  else if (device != p->device)
-    e = -ENODEV;
-  else
-    e = pool_malloc(p, round_up((uint64_t)size, POOL_ALIGN), &ptr);
-  last_error = e;
-  if (e) {
-    gshm_log_err("gshm_torch_malloc(%zd, device %d): %s%s%s", size, device, gshm_strerror(e),
-                 p ? ", pool " : " (no active pool)", p ? p->prefix : "");
+  if (size == 0) {
+    last_error = 0; /* nothing to allocate: NULL, as for any allocator */
     return NULL;
   }
-  return ptr;
+  if (size < 0) {
+    last_error = -EINVAL;
+    gshm_log_err("gshm_torch_malloc(%zd): negative size", size);
+    return NULL;
+  }
+  if ((p = pool_for_malloc(&e))) {
+    if (device != p->device)
+      e = -ENODEV;
+    else
+      e = pool_malloc(p, round_up((uint64_t)size, POOL_ALIGN), &ptr);
+    if (e)
+      gshm_log_err("gshm_torch_malloc(%zd, device %d): %s, pool %s", size, device,
+                   gshm_strerror(e), p->prefix);
+    pthread_mutex_unlock(&p->lock);
+  } else {
+    gshm_log_err("gshm_torch_malloc(%zd, device %d): %s", size, device,
+                 e == -EBADF ? "the thread's pool was released" : "no active pool");
+  }
+  last_error = e;
+  return e ? NULL : ptr;
 }
 
 /* The segment of p holding address a, or NULL.  Caller holds p->lock. */
@@ -343,12 +403,20 @@ void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     last_error = -EINVAL;
     return;
   }
-  /* Stream order: the work queued on `stream` may still read or write the
-   * block.  PyTorch frees pool blocks only when it empties its cache, off
-   * the allocation path, so waiting here is cheap and keeps the block out
-   * of reuse (and its segment mapped) until that work is done. */
+  /* Order after the GPU's work: kernels queued on `stream` (the stream the
+   * block was allocated on, as PyTorch's pluggable allocator passes it) or
+   * on another stream that used the block may still read or write it.
+   * PyTorch's own allocator frees with cudaFree, which waits for the whole
+   * device; so does this, on the pool's context (pushed: whatever context
+   * is current on this thread, on whichever device), before the block can
+   * be reused or its segment unmapped.  The whole context rather than
+   * `stream`: that handle may be a stream destroyed since the block was
+   * allocated.  PyTorch frees pool blocks only when it empties its cache
+   * (release, OOM retry), never on the allocation path, so the wait is
+   * rare. */
+  (void)stream;
   if (!GSHM_CU(p->drv, GSHM_LOG_ERR, cuCtxPushCurrent, p->ctx)) {
-    GSHM_CU(p->drv, GSHM_LOG_ERR, cuStreamSynchronize, (CUstream)stream);
+    GSHM_CU(p->drv, GSHM_LOG_ERR, cuCtxSynchronize);
     GSHM_CU(p->drv, GSHM_LOG_ERR, cuCtxPopCurrent, &ctx);
   }
   e = gshm__arena_return(&s->arena, a - s->base);
@@ -408,7 +476,7 @@ int gshm_pool_release(gshm_pool_t *pool, int unlink) {
   if (!pool)
     return -EINVAL;
   pthread_mutex_lock(&pool->lock);
-  pool->released = true;
+  __atomic_store_n(&pool->released, true, __ATOMIC_RELEASE);
   pool->release_unlinks = unlink != 0;
   if (active_pool == pool)
     active_pool = NULL;
@@ -432,6 +500,10 @@ int gshm_pool_release(gshm_pool_t *pool, int unlink) {
   if (*pp)
     *pp = pool->next;
   pthread_mutex_unlock(&registry_lock);
+  /* A malloc or free that found the pool before it left the registry holds
+   * (or waits for) its lock: let it finish before the lock goes. */
+  pthread_mutex_lock(&pool->lock);
+  pthread_mutex_unlock(&pool->lock);
   GSHM_CU(pool->drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRelease, pool->cu_device);
   pthread_mutex_destroy(&pool->lock);
   free(pool);

@@ -488,27 +488,35 @@ GSHM_EXTERN int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t
 /* Makes `pool` the one gshm_torch_malloc allocates from on the calling
  * thread (NULL: none); returns the previous one, for restoring.  A thread
  * with no active pool allocates from the process's only unreleased pool,
- * and fails when there are several or none. */
+ * and fails when there are several or none.  A pool that was freed
+ * (gshm_pool_release returned 0) activates none, so restoring a stale
+ * previous pool is safe.  Any thread may release a pool that is active on
+ * another: that thread's next gshm_torch_malloc fails with -EBADF. */
 GSHM_EXTERN gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool);
 
 /* PyTorch's pluggable-allocator malloc: `size` bytes (rounded up to 512)
  * from the calling thread's pool (gshm_pool_activate), growing it by a
  * segment when no free range fits.  `stream` is not needed: freed ranges
- * are reused only after the work queued before their free is done.
- * Returns the device address, or NULL (PyTorch then raises its
+ * are reused only after the device finished the work queued before their
+ * free.  Thread-safe.  Returns the device address; NULL for size 0 (with
+ * gshm_torch_last_error() 0); otherwise NULL (PyTorch then raises its
  * out-of-memory error) with the reason in gshm_torch_last_error():
- * -EINVAL no pool for this thread or size <= 0; -ENODEV `device` is not the
- * pool's; -EBADF the pool was released; the errors of gshm_create() (the
- * daemon's explanation in gshm_last_error() of the pool's client) and
- * gshm_map(). */
+ * -EINVAL size < 0, or no active pool and not exactly one unreleased pool
+ * in the process; -EBADF the thread's pool was released; -ENODEV `device`
+ * is not the pool's; -EMFILE the pool has a million segments; the errors
+ * of gshm_create() (the daemon's explanation in gshm_last_error() of the
+ * pool's client) and gshm_map().  A failed growth leaves no segment, name
+ * or mapping behind. */
 GSHM_EXTERN void *gshm_torch_malloc(ssize_t size, int device, void *stream);
 
-/* PyTorch's pluggable-allocator free.  Waits for the work queued on
- * `stream` (cuStreamSynchronize; PyTorch frees pool blocks only when it
- * empties its cache, never on the allocation path), then returns the block
- * to its pool.  A segment left empty is unmapped and closed at once in a
- * non-persistent pool, and in a released one; a persistent pool keeps it
- * for reuse.  `size` and `device` are not needed (the pool knows them).  A
+/* PyTorch's pluggable-allocator free, from any thread.  Waits for all work
+ * queued on the pool's device (cuCtxSynchronize on the pool's context,
+ * pushed whatever context is current; as cudaFree does; PyTorch frees pool
+ * blocks only when it empties its cache, never on the allocation path),
+ * then returns the block to its pool.  A segment left empty is unmapped and
+ * closed at once in a non-persistent pool, and in a released one; a
+ * persistent pool keeps it for reuse.  `size`, `device` and `stream` are
+ * not needed (the pool knows them; `stream` may be destroyed by now).  A
  * pointer that no pool handed out, or one freed twice, is ignored (never
  * passed to cudaFree) and sets gshm_torch_last_error() to -EINVAL. */
 GSHM_EXTERN void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream);

@@ -1,0 +1,508 @@
+/* The PyTorch pool (client/torch_alloc.c) without a GPU or a daemon: the
+ * pool's own code, linked against a fake CUDA driver table and a fake
+ * segment API (below) whose "device memory" is host memory, so that CI
+ * checks what a GPU run cannot easily provoke: threads racing on the
+ * registry, a pool released while active on another thread, the order of
+ * free's wait against reuse, and that every failed growth leaves no
+ * segment, name or mapping.  tests/../python/tests/test_torch_pool_gpu.py
+ * runs the same code against a real driver and gshmd. */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cudadrv.h"
+#include "gshm.h"
+
+#define MiB (1ull << 20)
+
+/* ---- the fake segment API: named blocks of host memory ---- */
+
+struct gshm_segment {
+  gshm_segment_info_t info;
+  void *mem;
+  bool mapped;
+};
+
+#define MAX_NAMES 64
+static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  char name[GSHM_NAME_MAX + 1];
+  uint64_t id;
+} names[MAX_NAMES];
+static uint64_t next_id = 1;
+static int open_segments, live_mappings;
+static int fail_create, fail_map, fail_unlink; /* the next N calls fail */
+static gshm_client_t *const fake_client = (gshm_client_t *)0x1;
+
+static int name_find(const char *name) {
+  for (int i = 0; i < MAX_NAMES; i++)
+    if (names[i].id && !strcmp(names[i].name, name))
+      return i;
+  return -1;
+}
+
+int gshm_create(gshm_client_t *client, const char *name, uint64_t size, const char *location,
+                uint32_t mode, uint32_t flags, gshm_segment_t **seg_out) {
+  struct gshm_segment *s;
+  int i, e = 0;
+
+  (void)client, (void)location, (void)mode, (void)flags;
+  pthread_mutex_lock(&fake_lock);
+  if (fail_create) {
+    fail_create--;
+    e = -ENOSPC;
+  } else if (name_find(name) >= 0) {
+    e = -EEXIST;
+  }
+  for (i = 0; !e && i < MAX_NAMES && names[i].id; i++)
+    ;
+  if (!e && i == MAX_NAMES)
+    e = -ENFILE;
+  if (!e) {
+    s = calloc(1, sizeof(*s));
+    s->info.id = next_id++;
+    s->info.generation = 1;
+    snprintf(s->info.name, sizeof(s->info.name), "%s", name);
+    s->info.size = (size + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
+    s->info.requested_size = size;
+    names[i].id = s->info.id;
+    snprintf(names[i].name, sizeof(names[i].name), "%s", name);
+    open_segments++;
+    *seg_out = s;
+  }
+  pthread_mutex_unlock(&fake_lock);
+  return e;
+}
+
+int gshm_unlink(gshm_client_t *client, const char *name) {
+  int i, e = 0;
+  (void)client;
+  pthread_mutex_lock(&fake_lock);
+  if (fail_unlink) {
+    fail_unlink--;
+    e = -EIO;
+  } else if ((i = name_find(name)) < 0) {
+    e = -ENOENT;
+  } else {
+    names[i].id = 0;
+  }
+  pthread_mutex_unlock(&fake_lock);
+  return e;
+}
+
+int gshm_stat_name(gshm_client_t *client, const char *name, gshm_segment_info_t *info_out) {
+  int i, e = 0;
+  (void)client;
+  pthread_mutex_lock(&fake_lock);
+  if ((i = name_find(name)) < 0) {
+    e = -ENOENT;
+  } else {
+    memset(info_out, 0, sizeof(*info_out));
+    info_out->id = names[i].id;
+  }
+  pthread_mutex_unlock(&fake_lock);
+  return e;
+}
+
+int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices, void **addr_out) {
+  int e = 0;
+  (void)devices, (void)ndevices;
+  pthread_mutex_lock(&fake_lock);
+  if (fail_map) {
+    fail_map--;
+    e = -ENOMEM;
+  } else {
+    seg->mem = malloc(seg->info.size);
+    seg->mapped = true;
+    live_mappings++;
+    *addr_out = seg->mem;
+  }
+  pthread_mutex_unlock(&fake_lock);
+  return e;
+}
+
+int gshm_close(gshm_segment_t *seg) {
+  if (!seg)
+    return 0;
+  pthread_mutex_lock(&fake_lock);
+  if (seg->mapped)
+    live_mappings--;
+  open_segments--;
+  pthread_mutex_unlock(&fake_lock);
+  free(seg->mem);
+  free(seg);
+  return 0;
+}
+
+const gshm_segment_info_t *gshm_segment_info(const gshm_segment_t *seg) { return &seg->info; }
+
+const char *gshm_strerror(int err) { return strerror(-err); }
+
+static int names_left(void) {
+  int n = 0;
+  pthread_mutex_lock(&fake_lock);
+  for (int i = 0; i < MAX_NAMES; i++)
+    n += names[i].id != 0;
+  pthread_mutex_unlock(&fake_lock);
+  return n;
+}
+
+/* ---- the fake driver: contexts as a per-thread stack ---- */
+
+#define POOL_CTX ((CUcontext)0x5001)
+#define OTHER_CTX ((CUcontext)0x5002)
+static __thread CUcontext ctx_stack[8];
+static __thread int ctx_depth;
+static int syncs, syncs_on_pool_ctx, ctx_retained;
+
+static CUresult fake_count(int *n) {
+  *n = 2;
+  return CUDA_SUCCESS;
+}
+static CUresult fake_get(CUdevice *d, int ordinal) {
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+static CUresult fake_uuid(CUuuid *u, CUdevice d) {
+  memset(u->bytes, 0x10 + d, sizeof(u->bytes));
+  return CUDA_SUCCESS;
+}
+static CUresult fake_retain(CUcontext *c, CUdevice d) {
+  (void)d;
+  __atomic_add_fetch(&ctx_retained, 1, __ATOMIC_SEQ_CST);
+  *c = POOL_CTX;
+  return CUDA_SUCCESS;
+}
+static CUresult fake_release(CUdevice d) {
+  (void)d;
+  __atomic_sub_fetch(&ctx_retained, 1, __ATOMIC_SEQ_CST);
+  return CUDA_SUCCESS;
+}
+static CUresult fake_push(CUcontext c) {
+  ctx_stack[ctx_depth++] = c;
+  return CUDA_SUCCESS;
+}
+static CUresult fake_pop(CUcontext *c) {
+  *c = ctx_stack[--ctx_depth];
+  return CUDA_SUCCESS;
+}
+static CUresult fake_sync(void) {
+  __atomic_add_fetch(&syncs, 1, __ATOMIC_SEQ_CST);
+  if (ctx_depth && ctx_stack[ctx_depth - 1] == POOL_CTX)
+    __atomic_add_fetch(&syncs_on_pool_ctx, 1, __ATOMIC_SEQ_CST);
+  return CUDA_SUCCESS;
+}
+
+static struct gshm_cudadrv fake_drv;
+
+int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
+  (void)prio;
+  fake_drv.cuDeviceGetCount = fake_count;
+  fake_drv.cuDeviceGet = fake_get;
+  fake_drv.cuDeviceGetUuid = fake_uuid;
+  fake_drv.cuDevicePrimaryCtxRetain = fake_retain;
+  fake_drv.cuDevicePrimaryCtxRelease = fake_release;
+  fake_drv.cuCtxPushCurrent = fake_push;
+  fake_drv.cuCtxPopCurrent = fake_pop;
+  fake_drv.cuCtxSynchronize = fake_sync;
+  *drv_out = &fake_drv;
+  return 0;
+}
+
+int gshm__cuda_errno(CUresult r) { return r == CUDA_SUCCESS ? 0 : -EIO; }
+
+void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *file, int line) {
+  (void)prio, (void)r, (void)call_text, (void)file, (void)line;
+}
+
+/* ---- helpers ---- */
+
+static gshm_pool_t *pool_new(const char *prefix, uint32_t flags, uint64_t granule) {
+  gshm_pool_config_t cfg = {.prefix = prefix, .device = 0, .flags = flags, .granule = granule};
+  gshm_pool_t *p = NULL;
+  assert_int_equal(gshm_pool_create(fake_client, &cfg, &p), 0);
+  return p;
+}
+
+static void assert_nothing_left(void) {
+  assert_int_equal(open_segments, 0);
+  assert_int_equal(live_mappings, 0);
+  assert_int_equal(names_left(), 0);
+  assert_int_equal(ctx_retained, 0);
+}
+
+/* ---- tests ---- */
+
+static void test_sizes_and_foreign_pointers(void **state) {
+  gshm_pool_t *p = pool_new("t/sizes", GSHM_POOL_PERSISTENT, 2 * MiB);
+  char local[64];
+  void *a, *b;
+  (void)state;
+
+  gshm_pool_activate(p);
+  assert_null(gshm_torch_malloc(0, 0, NULL));
+  assert_int_equal(gshm_torch_last_error(), 0);
+  assert_int_equal(open_segments, 0); /* size 0 grows nothing */
+  assert_null(gshm_torch_malloc(-1, 0, NULL));
+  assert_int_equal(gshm_torch_last_error(), -EINVAL);
+  assert_null(gshm_torch_malloc(512, 1, NULL)); /* not the pool's device */
+  assert_int_equal(gshm_torch_last_error(), -ENODEV);
+  assert_non_null(a = gshm_torch_malloc(1, 0, NULL));
+  assert_non_null(b = gshm_torch_malloc(1, 0, NULL));
+  assert_int_equal((char *)b - (char *)a, 512); /* rounded up to PyTorch's 512 */
+  assert_int_equal(open_segments, 1);
+  gshm_torch_free(local, sizeof(local), 0, NULL); /* not ours: ignored */
+  assert_int_equal(gshm_torch_last_error(), -EINVAL);
+  gshm_torch_free(a, 1, 0, NULL);
+  assert_int_equal(gshm_torch_last_error(), 0);
+  gshm_torch_free(a, 1, 0, NULL); /* twice */
+  assert_int_equal(gshm_torch_last_error(), -EINVAL);
+  gshm_torch_free(b, 1, 0, NULL);
+  /* persistent: the empty segment stays, named, until release */
+  assert_int_equal(open_segments, 1);
+  assert_int_equal(names_left(), 1);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  assert_null(gshm_pool_activate(NULL)); /* release deactivated it */
+  assert_nothing_left();
+}
+
+/* free waits for the device on the pool's context, pushed over whatever
+ * context the thread has, and only then makes the range reusable. */
+static void test_free_synchronises_on_the_pool_context(void **state) {
+  gshm_pool_t *p = pool_new("t/sync", 0, 2 * MiB);
+  void *a, *b, *c;
+  (void)state;
+
+  gshm_pool_activate(p);
+  assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
+  assert_non_null(b = gshm_torch_malloc(MiB, 0, NULL));
+  fake_push(OTHER_CTX); /* the thread works on another device */
+  syncs = syncs_on_pool_ctx = 0;
+  gshm_torch_free(a, MiB, 0, (void *)0x1234 /* a stream destroyed since: not used */);
+  assert_int_equal(syncs, 1);
+  assert_int_equal(syncs_on_pool_ctx, 1);
+  assert_int_equal(ctx_depth, 1);
+  assert_ptr_equal(ctx_stack[0], OTHER_CTX); /* the thread's context is back */
+  CUcontext c0;
+  fake_pop(&c0);
+  assert_non_null(c = gshm_torch_malloc(MiB, 0, NULL));
+  assert_ptr_equal(c, a); /* reused, after the wait */
+  gshm_torch_free(b, MiB, 0, NULL);
+  gshm_torch_free(c, MiB, 0, NULL);
+  /* non-persistent: an empty segment goes at once, and never had a name */
+  assert_int_equal(open_segments, 0);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  assert_nothing_left();
+}
+
+/* Every way growing can fail leaves no segment, name or mapping. */
+static void test_failed_growth_leaves_nothing(void **state) {
+  const uint32_t kinds[] = {GSHM_POOL_PERSISTENT, 0};
+  (void)state;
+
+  for (size_t k = 0; k < 2; k++) {
+    gshm_pool_t *p = pool_new(k ? "t/grow-np" : "t/grow-p", kinds[k], 2 * MiB);
+    void *a;
+    gshm_pool_activate(p);
+    fail_create = 1;
+    assert_null(gshm_torch_malloc(MiB, 0, NULL));
+    assert_int_equal(gshm_torch_last_error(), -ENOSPC);
+    fail_map = 1;
+    assert_null(gshm_torch_malloc(MiB, 0, NULL));
+    assert_int_equal(gshm_torch_last_error(), -ENOMEM);
+    assert_int_equal(open_segments, 0);
+    assert_int_equal(names_left(), 0);
+    if (!kinds[k]) {
+      /* the unlink that makes it anonymous fails: the name must still go */
+      fail_unlink = 1;
+      assert_null(gshm_torch_malloc(MiB, 0, NULL));
+      assert_int_equal(gshm_torch_last_error(), -EIO);
+      assert_int_equal(open_segments, 0);
+      assert_int_equal(names_left(), 0);
+    }
+    /* and the index is not burnt: the next growth is seg-000000 */
+    assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
+    gshm_pool_segment_t *segs;
+    size_t n;
+    assert_int_equal(gshm_pool_segments(p, &segs, &n), 0);
+    assert_int_equal(n, 1);
+    assert_non_null(strstr(segs[0].name, "/seg-000000"));
+    free(segs);
+    gshm_torch_free(a, MiB, 0, NULL);
+    assert_int_equal(gshm_pool_release(p, 1), 0);
+    assert_nothing_left();
+  }
+}
+
+/* A pool released with live blocks keeps them mapped, loses its names,
+ * and goes when the last block is freed (from any thread). */
+static void test_release_with_live_blocks(void **state) {
+  gshm_pool_t *p = pool_new("t/busy", GSHM_POOL_PERSISTENT, 2 * MiB);
+  void *a, *big;
+  (void)state;
+
+  gshm_pool_activate(p);
+  assert_non_null(a = gshm_torch_malloc(4096, 0, NULL));
+  assert_non_null(big = gshm_torch_malloc(5 * MiB, 0, NULL)); /* a segment of its own */
+  assert_int_equal(open_segments, 2);
+  memset(big, 7, 5 * MiB); /* the fake's memory: writable like the device's */
+  assert_int_equal(gshm_pool_release(p, 1), -EBUSY);
+  assert_int_equal(names_left(), 0);
+  assert_int_equal(live_mappings, 2);
+  assert_null(gshm_torch_malloc(4096, 0, NULL)); /* release deactivated it here */
+  assert_int_equal(gshm_torch_last_error(), -EINVAL);
+  gshm_pool_activate(p); /* still registered (busy), but allocates no more */
+  assert_null(gshm_torch_malloc(4096, 0, NULL));
+  assert_int_equal(gshm_torch_last_error(), -EBADF);
+  gshm_torch_free(big, 5 * MiB, 0, NULL);
+  assert_int_equal(live_mappings, 1);
+  gshm_torch_free(a, 4096, 0, NULL);
+  assert_int_equal(live_mappings, 0);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  assert_nothing_left();
+}
+
+struct stale_arg {
+  gshm_pool_t *pool;
+  pthread_barrier_t *step;
+  void *ptr1, *ptr2; /* cmocka's asserts belong to the main thread */
+  int rc1, rc2;
+};
+
+static void *stale_thread(void *arg) {
+  struct stale_arg *s = arg;
+  gshm_pool_activate(s->pool);
+  pthread_barrier_wait(s->step); /* activated */
+  pthread_barrier_wait(s->step); /* the pool was released and freed, a new one made */
+  s->ptr1 = gshm_torch_malloc(4096, 0, NULL);
+  s->rc1 = gshm_torch_last_error();
+  gshm_pool_activate(s->pool); /* restoring a freed pool activates none */
+  s->ptr2 = gshm_torch_malloc(4096, 0, NULL);
+  s->rc2 = gshm_torch_last_error();
+  gshm_pool_activate(NULL);
+  return NULL;
+}
+
+/* Another thread's active pool released and freed under it: its malloc
+ * fails cleanly (ASan would see a use after free), and a new pool made
+ * meanwhile (perhaps at the same address) is not taken for the old one. */
+static void test_pool_released_while_active_elsewhere(void **state) {
+  pthread_barrier_t step;
+  struct stale_arg s = {.step = &step};
+  pthread_t t;
+  gshm_pool_t *p2, *p3;
+  void *x;
+  (void)state;
+
+  pthread_barrier_init(&step, NULL, 2);
+  s.pool = pool_new("t/stale", 0, 2 * MiB);
+  pthread_create(&t, NULL, stale_thread, &s);
+  pthread_barrier_wait(&step);
+  assert_int_equal(gshm_pool_release(s.pool, 1), 0);
+  p2 = pool_new("t/stale2", 0, 2 * MiB); /* malloc may hand it the old address */
+  p3 = pool_new("t/stale3", 0, 2 * MiB);
+  pthread_barrier_wait(&step);
+  pthread_join(t, NULL);
+  assert_null(s.ptr1);
+  assert_int_equal(s.rc1, -EBADF);
+  assert_null(s.ptr2);
+  /* after the stale restore: no active pool, and two unreleased ones */
+  assert_int_equal(s.rc2, -EINVAL);
+  /* the one unreleased pool serves a thread with none active */
+  assert_int_equal(gshm_pool_release(p3, 1), 0);
+  gshm_pool_activate(NULL);
+  assert_non_null(x = gshm_torch_malloc(4096, 0, NULL));
+  gshm_torch_free(x, 4096, 0, NULL);
+  assert_int_equal(gshm_pool_release(p2, 1), 0);
+  pthread_barrier_destroy(&step);
+  assert_nothing_left();
+}
+
+#define THREADS 4
+#define ROUNDS 3000
+
+struct race_arg {
+  gshm_pool_t *pool;
+  unsigned seed;
+  int errors;
+};
+
+/* malloc, fill with a pattern, check, free; blocks of several threads
+ * live at once, in the same segments. */
+static void *race_thread(void *arg) {
+  struct race_arg *r = arg;
+  struct {
+    unsigned char *p;
+    size_t n;
+    unsigned char v;
+  } live[16] = {{0}};
+
+  gshm_pool_activate(r->pool);
+  for (int i = 0; i < ROUNDS; i++) {
+    int k = rand_r(&r->seed) % 16;
+    if (live[k].p) {
+      for (size_t j = 0; j < live[k].n; j += 61)
+        if (live[k].p[j] != live[k].v)
+          r->errors++;
+      gshm_torch_free(live[k].p, (ssize_t)live[k].n, 0, NULL);
+      if (gshm_torch_last_error())
+        r->errors++;
+      live[k].p = NULL;
+    } else {
+      live[k].n = 512 * (1 + rand_r(&r->seed) % 600);
+      live[k].v = (unsigned char)rand_r(&r->seed);
+      if (!(live[k].p = gshm_torch_malloc((ssize_t)live[k].n, 0, NULL))) {
+        r->errors++;
+        continue;
+      }
+      memset(live[k].p, live[k].v, live[k].n);
+    }
+  }
+  for (int k = 0; k < 16; k++)
+    if (live[k].p)
+      gshm_torch_free(live[k].p, 0, 0, NULL);
+  gshm_pool_activate(NULL);
+  return NULL;
+}
+
+static void test_threads_share_a_pool(void **state) {
+  const uint32_t kinds[] = {GSHM_POOL_PERSISTENT, 0};
+  (void)state;
+
+  for (size_t k = 0; k < 2; k++) {
+    pthread_t t[THREADS];
+    struct race_arg r[THREADS];
+    gshm_pool_t *p = pool_new("t/race", kinds[k], 2 * MiB);
+    for (int i = 0; i < THREADS; i++) {
+      r[i] = (struct race_arg){.pool = p, .seed = 17u + (unsigned)i};
+      pthread_create(&t[i], NULL, race_thread, &r[i]);
+    }
+    for (int i = 0; i < THREADS; i++) {
+      pthread_join(t[i], NULL);
+      assert_int_equal(r[i].errors, 0);
+    }
+    assert_int_equal(gshm_pool_release(p, 1), 0);
+    assert_nothing_left();
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sizes_and_foreign_pointers),
+      cmocka_unit_test(test_free_synchronises_on_the_pool_context),
+      cmocka_unit_test(test_failed_growth_leaves_nothing),
+      cmocka_unit_test(test_release_with_live_blocks),
+      cmocka_unit_test(test_pool_released_while_active_elsewhere),
+      cmocka_unit_test(test_threads_share_a_pool),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
