@@ -42,5 +42,9 @@ if step pull; then
   timeout 150 ./bench/gshm-bench pull --location cuda:0 ${GSHM_PULL_ARGS:---sizes 1M,64M,1G,4G --iters 3} \
     --no-perftest > "$out/bench-pull-cuda.txt" 2>&1
 fi
+# Not in the default steps (minutes, 18 GiB of disk or /dev/shm): GSHM_STEPS=restart.
+step restart && { timeout 570 "$py" "$src/python/examples/restart_bench.py" --gshmd "$GSHMD" \
+  --sizes ${GSHM_RESTART_SIZES:-2,16} --budget 540 --out "$out/restart.md" > "$out/restart.log" 2>&1;
+  echo "restart rc=$?" >> "$out/restart.log"; cat "$out/restart.md" 2>/dev/null; }
 [ -f "$out/ctest-gpu.log" ] && tail -3 "$out/ctest-gpu.log"
 exit 0

@@ -119,6 +119,12 @@ def parse(read, size):
             raise ValueError("gshm: tensor %r: offsets %r do not match its shape or the segment"
                              % (name, (b, e)))
         entries.append((name, dt, shape, start + b, start + e))
+    # Tensors may not share bytes (safetensors forbids it, and a copy plan
+    # that reads each file byte once would leave one of them unwritten).
+    spans = sorted((b, e, name) for name, _, _, b, e in entries if e > b)
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise ValueError("gshm: tensors %r and %r overlap in the file" % (n0, n1))
     return meta, entries
 
 

@@ -10,6 +10,7 @@ share_state_dict(client, name, safetensors.torch.load_file(path)).
 """
 
 import ctypes
+import mmap
 import os
 
 import torch as _torch
@@ -98,10 +99,65 @@ def load_safetensors(client, name, path, location="cuda:0", mode=0o600, chunk_by
     return seg
 
 
+class _Staging(object):
+    """Two page-locked host buffers of `chunk` bytes, owned here: an
+    anonymous mapping registered with CUDA (cudaHostRegister), so that
+    close() gives the memory back to the system at once, on success and on
+    error alike (PyTorch's pin_memory tensors would stay in its host cache
+    for the process's life).  Falls back to pin_memory tensors where the
+    registration is not available."""
+
+    def __init__(self, chunk):
+        self.chunk = chunk
+        self._map = self._ptr = None
+        self.bufs = self.views = None
+        rt = getattr(_torch.cuda, "cudart", None)
+        try:
+            rt = rt() if rt is not None else None
+        except Exception:
+            rt = None
+        if rt is not None and hasattr(rt, "cudaHostRegister"):
+            m = mmap.mmap(-1, 2 * chunk)
+            flat = _torch.frombuffer(m, dtype=_torch.uint8)
+            # portable: page-locked for every device's context, not only
+            # the current one (the copies run on `dev`'s stream)
+            try:
+                rc = int(rt.cudaHostRegister(flat.data_ptr(), 2 * chunk, 1))
+            except Exception:
+                rc = -1
+            if rc == 0:
+                self._rt, self._map, self._ptr = rt, m, flat.data_ptr()
+                self.bufs = [flat[:chunk], flat[chunk:]]
+                self.views = [memoryview(m)[:chunk], memoryview(m)[chunk:]]
+                return
+            del flat
+            m.close()
+        self.bufs = [_torch.empty(chunk, dtype=_torch.uint8, pin_memory=True)
+                     for _ in range(2)]
+        self.views = [memoryview((ctypes.c_char * chunk).from_address(b.data_ptr())).cast("B")
+                      for b in self.bufs]
+
+    def close(self):
+        """After every copy out of the buffers has finished."""
+        for v in self.views or ():
+            v.release()
+        self.views = self.bufs = None
+        if self._map is not None:
+            self._rt.cudaHostUnregister(self._ptr)
+            import gc
+            gc.collect()  # the tensors' buffer exports, before the unmap
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # a tensor view still lives: the mapping goes with it
+            self._map = None
+
+
 def _stream_in(f, dst, jobs, data_start, data_end, chunk, dev, bar):
     chunk = min(chunk, max(data_end - data_start, 1))
-    bufs = [_torch.empty(chunk, dtype=_torch.uint8, pin_memory=True) for _ in range(2)]
+    stage = _Staging(chunk)
     done = [None, None]
+    buf = None
     stream = _torch.cuda.Stream(device=dev)
     f.seek(data_start)
     try:
@@ -109,17 +165,22 @@ def _stream_in(f, dst, jobs, data_start, data_end, chunk, dev, bar):
             k = i & 1
             if done[k] is not None:
                 done[k].synchronize()  # the copies out of this buffer are done
-            mv = memoryview((ctypes.c_char * n).from_address(bufs[k].data_ptr())).cast("B")
-            _readinto_exact(f, mv)
+            # read this chunk while the GPU copies the other buffer's
+            _readinto_exact(f, stage.views[k][:n])
+            buf = stage.bufs[k]
             with _torch.cuda.stream(stream):
                 for off, d, length in pieces:
-                    dst[d:d + length].copy_(bufs[k][off:off + length], non_blocking=True)
+                    dst[d:d + length].copy_(buf[off:off + length], non_blocking=True)
                 ev = _torch.cuda.Event()
                 ev.record(stream)
             done[k] = ev
             if bar is not None:
                 bar.update(n)
-        stream.synchronize()
     finally:
+        # On error too: no copy may still read the staging buffers, or
+        # write the segment the caller is about to unmap and unlink.
+        stream.synchronize()
+        del buf
+        stage.close()
         if bar is not None:
             bar.close()

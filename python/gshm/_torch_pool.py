@@ -368,7 +368,18 @@ def attach(client, prefix, device=None, access="r"):
             seg.map(devices=[dev])
             bases[name] = _torch.from_dlpack(seg.view("uint8", (seg.size,), 0, device=dev))
 
+        made = {}
+
         def view(e):
+            # Entries for the same bytes give the same tensor (tied weights,
+            # e.g. embed_tokens and lm_head): after load_state_dict the tied
+            # parameters share one memory, as in the published module.
+            key = (e["segment"], e["offset"], e["dtype"], tuple(e["shape"]), tuple(e["strides"]))
+            if key not in made:
+                made[key] = _view(e)
+            return made[key]
+
+        def _view(e):
             tdt = getattr(_torch, e["dtype"])
             itemsize = _to_dtype(e["dtype"]).itemsize
             end = _manifest.tensor_extent(e["offset"], itemsize, e["shape"], e["strides"])

@@ -6,6 +6,7 @@ check.  The GPU half is tests/test_torch_pool_gpu.py."""
 import ctypes
 import errno
 import json
+import os
 import random
 import struct
 
@@ -111,7 +112,7 @@ def _fake_pool(client, prefix, n=2):
 
 
 def _my_leases(client):
-    pid = __import__("os").getpid()
+    pid = os.getpid()
     return [l for l in client.leases() if l.pid == pid]
 
 
@@ -251,6 +252,45 @@ def test_copy_plan_moves_every_byte_once():
         assert out == want
 
 
+def _st_file(entries, data_len, header_len=None):
+    """A safetensors file's bytes: {name: (dtype, shape, begin, end)}."""
+    doc = {k: {"dtype": dt, "shape": list(sh), "data_offsets": [b, e]}
+           for k, (dt, sh, b, e) in entries.items()}
+    js = json.dumps(doc).encode()
+    n = len(js) if header_len is None else header_len
+    return struct.pack("<Q", n) + js + bytes(data_len)
+
+
+def _st_parse(data):
+    return _safetensors.parse(lambda off, n: data[off:off + n], len(data))
+
+
+def test_safetensors_parse_refuses_hostile_headers():
+    ok = _st_file({"a": ("F32", (2, 2), 0, 16), "b": ("BF16", (3,), 16, 22)}, 22)
+    meta, entries = _st_parse(ok)
+    assert [(k, b, e) for k, dt, sh, b, e in entries] == [("a", len(ok) - 22, len(ok) - 6),
+                                                           ("b", len(ok) - 6, len(ok))]
+    bad = [
+        (_st_file({"a": ("F32", (4,), 0, 16), "b": ("F32", (2,), 8, 16)}, 16), "overlap"),
+        (_st_file({"a": ("F32", (4,), 0, 16)}, 8), "do not match"),           # past the end
+        (_st_file({"a": ("F32", (4,), 0, 12)}, 16), "do not match"),          # shape vs bytes
+        (_st_file({"a": ("F32", (4,), 16, 0)}, 16), "do not match"),          # end < begin
+        (_st_file({"a": ("F32", (-4,), 0, 0)}, 16), "bad shape"),
+        (_st_file({"a": ("Q7", (4,), 0, 16)}, 16), "bad safetensors entry"),
+        (_st_file({"a": ("F32", (4,), 0, 16)}, 16, header_len=1 << 40), "does not fit"),
+        (_st_file({"a": ("F32", (4,), 0, 16)}, 16, header_len=(100 << 20) + 1), "does not fit"),
+        (b"\x05\x00", "too small"),
+    ]
+    for data, message in bad:
+        with pytest.raises(ValueError, match=message):
+            _st_parse(data)
+    # a header too long for the format's own limit is refused before it is read
+    huge = struct.pack("<Q", (100 << 20) + 1)
+    with pytest.raises(ValueError, match="does not fit"):
+        _safetensors.parse(lambda off, n: huge[off:off + n] if off == 0 else
+                           pytest.fail("read the header"), 200 << 20)
+
+
 # --------------------------------------------------- PyTorch's own limits
 
 def test_expandable_segments_refused():
@@ -262,3 +302,69 @@ def test_expandable_segments_refused():
         for v in ("expandable_segments:True", "max_split_size_mb:64,expandable_segments:true"):
             with pytest.raises(RuntimeError, match="expandable_segments.*#147851"):
                 _torch_conf.check_alloc_conf({var: v})
+
+
+# ------------------------------------------ the restart benchmark's frame
+
+def _restart_bench():
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "examples", "restart_bench.py")
+    spec = importlib.util.spec_from_file_location("restart_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # no torch at import
+    return mod, path
+
+
+def test_restart_bench_table():
+    rb, _ = _restart_bench()
+    GiB = rb.GiB
+    build = {"weights_bytes": 2 * GiB, "build_default_s": 1.0, "build_pool_s": 1.1,
+             "pool_segments": 8, "build_per_alloc_s": 1.5, "per_alloc_segments": 200}
+    res = [{"gib": 2, "build": build,
+            "attach": {"load_s": 0.1, "restart_s": 4.0, "import_s": 3.0},
+            "load_file": {"load_s": 1.0, "restart_s": 6.0, "import_s": 3.0},
+            "load_safetensors": {"load_s": 0.9, "restart_s": 5.5, "import_s": 3.0}},
+           {"gib": 16, "build": dict(build, weights_bytes=16 * GiB),
+            "attach": {"load_s": 0.1, "restart_s": 4.0, "import_s": 3.0},
+            "load_file": {"load_s": 8.0, "restart_s": 12.0, "import_s": 3.0},
+            "errors": ["load_safetensors: killed after 20 s"]},
+           {"gib": 0, "error": "run stopped: no GPU"}]
+    text = rb.table(res, "H100")
+    lines = text.splitlines()
+    rows = [l for l in lines if l.startswith("| 2.00 GiB |") or l.startswith("| 16.00 GiB |")]
+    # 3 + 2 restart rows, 2 target rows, 2 build rows
+    assert len(rows) == 9, text
+    assert "| 2.00 GiB | 1/10 | NO | 0.67 | NO |" in lines, text
+    assert "| 16.00 GiB | 1/80 | yes | 0.33 | yes |" in lines, text
+    assert "| 2.00 GiB | 1.00 s | 1.10 s | 1.10 | 8 | 1.50 s | 1.50 | 200 |" in lines, text
+    assert "- 16 GiB: load_safetensors: killed after 20 s" in lines, text
+    assert "- 0 GiB: run stopped: no GPU" in lines, text
+    for l in lines:  # every table row has its header's column count
+        if l.startswith("|"):
+            assert l.count("|") in (6, 9), l
+
+
+def test_restart_bench_file_dir(tmp_path):
+    rb, _ = _restart_bench()
+    missing = tmp_path / "a" / "b"
+    assert rb.dir_with_room([str(missing)], 1) == str(missing)  # made
+    assert rb.dir_with_room([str(tmp_path / "x"), "/proc/nonexistent/y"], 1 << 60) is None
+    assert rb.dir_with_room(["/proc/nonexistent/y", str(tmp_path)], 1) == str(tmp_path)
+    assert rb.file_dirs(None)[0] in (os.environ.get("TMPDIR") or "/tmp",)
+
+
+def test_restart_bench_without_a_gpu_still_writes_its_table(tmp_path):
+    import subprocess
+    import sys
+    _, path = _restart_bench()
+    out = tmp_path / "no" / "such" / "dir" / "restart.md"
+    code = ("import sys; sys.modules['torch'] = None\n"  # as on CI: no torch
+            "sys.argv = [%r, '--sizes', '0.01', '--out', %r, '--budget', '30']\n"
+            "import runpy; runpy.run_path(%r, run_name='__main__')\n" % (path, str(out), path))
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=60)
+    assert p.returncode == 1, p.stderr.decode()
+    assert b"| weights | how |" in p.stdout and b"run stopped" in p.stdout, p.stdout
+    assert out.read_text() == p.stdout.decode()
+    assert json.loads((tmp_path / "no/such/dir/restart.md.json").read_text())["results"]

@@ -106,6 +106,7 @@ def role_b(sock, out_dir):
     t0 = time.monotonic()
     sd = gt.attach(c, PREFIX, device=0)
     t_attach = time.monotonic() - t0
+    sd_allocated = torch.cuda.memory_allocated(0) - baseline
     model = llama(meta=True)
     gt.load_module(model, sd)
     model.eval()
@@ -116,6 +117,7 @@ def role_b(sock, out_dir):
     torch.save(logits_of(model), os.path.join(out_dir, "logits-b.pt"))
     torch.cuda.synchronize()
     print(json.dumps({"weights": weights, "workspace": baseline, "after_load": loaded,
+                      "sd_allocated": sd_allocated,
                       "max_allocated": torch.cuda.max_memory_allocated(0) - baseline,
                       "attach_s": t_attach, "metadata": sd.metadata}), flush=True)
 
@@ -259,10 +261,13 @@ def role_limits(sock, out_dir):
     pool4 = gt.MemPool(c, "torchtest/stale", device=0, granule=32 * MiB)
     with gt.use_pool(pool4):
         w4 = torch.ones(1 << 20, device="cuda:0")
-    pool4.publish({"w": w4})
+    pool4.publish({"w": w4, "w_tied": w4, "w_t": w4.view(1024, 1024).t()})
     seg0 = pool4.segments()[0].name
     sd = gt.attach(c, "torchtest/stale", device=0)
     res["attach_small_ok"] = bool((sd["w"].cpu() == 1).all())
+    res["attach_tied_is_one_tensor"] = sd["w_tied"] is sd["w"]
+    res["attach_strided_view"] = (tuple(sd["w_t"].stride()) == (1, 1024)
+                                  and sd["w_t"].data_ptr() == sd["w"].data_ptr())
     del sd
     c.unlink(seg0)
     c.create(seg0, 2 * MiB, location=gshm.location_of_device(0)).close()
@@ -369,6 +374,29 @@ def check_restart(py, daemon, c, out_dir, log):
         a.stdout.close()
         a.stderr.close()
     # persistent: the names and memory outlive A's SIGKILL
+    failures = []
+    try:
+        check_b(py, daemon, c, out_dir, log)
+    except Exception:
+        failures.append(traceback.format_exc())
+    # Whatever B found, the prefix is unlinked and the free memory checked:
+    # the pool's memory must all come back.
+    import gshm.torch as gt
+    gone = gt.unlink_prefix(c, PREFIX)
+    free1 = wait_free(c, free0, MiB)
+    log("free before A %d MiB, after unlink %d MiB (diff %d KiB)"
+        % (free0 // MiB, free1 // MiB, (free1 - free0) // 1024))
+    if not (PREFIX + "/manifest" in gone and len(gone) == info["segments"] + 1):
+        failures.append("unlink_prefix removed %r, not the manifest and %d segments"
+                        % (gone, info["segments"]))
+    if abs(free1 - free0) > MiB:
+        failures.append("free device memory %d bytes before A, %d after unlinking (%+d KiB)"
+                        % (free0, free1, (free1 - free0) // 1024))
+    if failures:
+        raise AssertionError("\n".join(failures))
+
+
+def check_b(py, daemon, c, out_dir, log):
     assert c.exists(PREFIX + "/manifest") and c.exists(PREFIX + "/seg-000000")
     b = child(py, "b", daemon.socket, out_dir)
     log("B: %s" % b)
@@ -378,17 +406,18 @@ def check_restart(py, daemon, c, out_dir, log):
     assert la.shape == lb.shape and torch.equal(la, lb), "logits differ: max |a-b| = %g" % (
         (la - lb).abs().max().item())
     assert b["metadata"].get("model") == "llama-test", b
-    # allocated through PyTorch by B: nothing for the weights, under 1% of
-    # them through the first forward (beyond cuBLAS's workspace, see role_b)
+    # Allocated through PyTorch by B.  Issue 14 asks for under 1% of the
+    # weights; B's first matmul makes cuBLAS take its workspace (32 MiB on
+    # an H100, 9% of this 357 MB model) from PyTorch's allocator, a fixed
+    # per-process cost that loading the weights any other way pays too, so
+    # role_b takes it before measuring and it is checked here to be no more
+    # than a workspace.  Beyond it: exactly 0 bytes for the weights
+    # (attach + load_module), and under 1% of them through the first
+    # forward (activations of 16 tokens).
+    assert b["workspace"] <= 64 * MiB, b
     assert b["after_load"] == 0, b
     assert b["max_allocated"] < 0.01 * b["weights"], b
-    import gshm.torch as gt
-    gone = gt.unlink_prefix(c, PREFIX)
-    assert PREFIX + "/manifest" in gone and len(gone) == info["segments"] + 1, gone
-    free1 = wait_free(c, free0, MiB)
-    log("free before A %d MiB, after unlink %d MiB (diff %d KiB)"
-        % (free0 // MiB, free1 // MiB, (free1 - free0) // 1024))
-    assert abs(free1 - free0) <= MiB, (free0, free1)
+    assert b["sd_allocated"] == 0, b
 
 
 def check_load(py, daemon, c, out_dir, log):
