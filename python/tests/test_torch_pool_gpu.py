@@ -344,9 +344,10 @@ def check_restart(py, daemon, c, out_dir, log):
     c.create("torchtest/warm-up", 2 * MiB, location="cuda:0").close()
     c.unlink("torchtest/warm-up")
     free0 = free_memory(c)
+    # A's stderr to a file: a pipe nobody reads while A runs could fill and stop it
+    a_err = open(os.path.join(out_dir, "a.stderr"), "w+b")
     a = subprocess.Popen([py, os.path.abspath(__file__), "--role", "a", daemon.socket, out_dir],
-                         env=gshm_testutil.child_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+                         env=gshm_testutil.child_env(), stdout=subprocess.PIPE, stderr=a_err)
     try:
         line = b""
         deadline = time.monotonic() + 300
@@ -356,7 +357,9 @@ def check_restart(py, daemon, c, out_dir, log):
                 break
         if not line.startswith(b"PUBLISHED "):
             a.kill()
-            raise AssertionError("A did not publish:\n%s" % a.stderr.read().decode()[-4000:])
+            a.wait()
+            a_err.seek(0)
+            raise AssertionError("A did not publish:\n%s" % a_err.read().decode()[-4000:])
         info = json.loads(line[len(b"PUBLISHED "):])
         log("A: %s" % info)
         assert info["weights"] >= 300e6, info
@@ -372,7 +375,7 @@ def check_restart(py, daemon, c, out_dir, log):
         a.send_signal(signal.SIGKILL)
         a.wait()
         a.stdout.close()
-        a.stderr.close()
+        a_err.close()
     # persistent: the names and memory outlive A's SIGKILL
     failures = []
     try:
