@@ -25,6 +25,8 @@ if step ctest; then
   ctest -L gpu --output-on-failure --timeout ${GSHM_TEST_TIMEOUT:-600} ${GSHM_CTEST_ARGS:-} \
     > "$out/ctest-gpu.log" 2>&1
   echo "ctest rc=$?" >> "$out/ctest-gpu.log"
+  # every test's own output, passed ones too (which steps a test skipped)
+  cp Testing/Temporary/LastTest.log "$out/ctest-gpu-full.log" 2>/dev/null
 fi
 step demo && { timeout 120 ./client/gshm-demo --gpu > "$out/demo.log" 2>&1; echo "demo rc=$?" >> "$out/demo.log"; }
 step attach && timeout 200 ./bench/gshm-bench attach > "$out/bench-attach.txt" 2>&1
