@@ -45,8 +45,9 @@ if step pull; then
     --no-perftest > "$out/bench-pull-cuda.txt" 2>&1
 fi
 # Not in the default steps (minutes, 18 GiB of disk or /dev/shm): GSHM_STEPS=restart.
-step restart && { timeout 570 "$py" "$src/python/examples/restart_bench.py" --gshmd "$GSHMD" \
-  --sizes ${GSHM_RESTART_SIZES:-2,16} --budget 540 --out "$out/restart.md" > "$out/restart.log" 2>&1;
+rb=${GSHM_RESTART_BUDGET:-540}
+step restart && { timeout $((rb + 30)) "$py" "$src/python/examples/restart_bench.py" --gshmd "$GSHMD" \
+  --sizes ${GSHM_RESTART_SIZES:-2,16} --budget "$rb" --out "$out/restart.md" > "$out/restart.log" 2>&1;
   echo "restart rc=$?" >> "$out/restart.log"; cat "$out/restart.md" 2>/dev/null; }
 [ -f "$out/ctest-gpu.log" ] && tail -3 "$out/ctest-gpu.log"
 exit 0
