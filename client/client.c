@@ -304,9 +304,10 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
 }
 
 /* How long a request polls for its reply before sleeping: $GSHM_POLL_US
- * microseconds (0 to 1000), else 30 us where there are at least 4 CPUs
- * (gshmd then has one of its own) and 0 on smaller machines, where a
- * polling client would take the CPU gshmd needs to answer. */
+ * microseconds (0 to 1000), else 30 us where this process may run on at
+ * least 4 CPUs (gshmd then has one of its own) and 0 on smaller machines
+ * or cpusets, where a polling client would take the CPU gshmd needs to
+ * answer. */
 static int default_poll_ns(void) {
   const char *env = secure_getenv("GSHM_POLL_US");
   long us;
@@ -315,7 +316,7 @@ static int default_poll_ns(void) {
     us = strtol(env, NULL, 10);
     return (int)(us < 0 ? 0 : us > 1000 ? 1000 : us) * 1000;
   }
-  return sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 30000 : 0;
+  return gshm__usable_cpus() >= GSHM_POLL_MIN_CPUS ? 30000 : 0;
 }
 
 int gshm__request_more(struct gshm_client *c, uint16_t type, Gshm__Reply **reply_out) {

@@ -1,3 +1,6 @@
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#endif
 #include "util.h"
 
 #include <ctype.h>
@@ -11,6 +14,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sched.h>
+#include <unistd.h>
 
 int gshm__location_parse(const char *s, struct gshm_location *out) {
   struct gshm_location loc;
@@ -184,6 +189,16 @@ int64_t gshm__now_ns(clockid_t clock) {
   struct timespec ts;
   clock_gettime(clock, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int gshm__usable_cpus(void) {
+  cpu_set_t set;
+  long n;
+
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+    return CPU_COUNT(&set);
+  n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
 }
 
 void gshm__format_gpu_uuid(const unsigned char b[16], char buf[48]) {

@@ -57,6 +57,14 @@ int gshm__name_check(const char *name, size_t max);
 /* clock_gettime in nanoseconds. */
 int64_t gshm__now_ns(clockid_t clock);
 
+/* CPUs this process may run on: its affinity mask (what a cpuset or
+ * taskset leaves it), else the online count; at least 1.  gshmd and
+ * libgshm poll briefly instead of sleeping only where there are at least
+ * GSHM_POLL_MIN_CPUS of them (a poller would take the CPU its peer needs
+ * on a smaller machine). */
+int gshm__usable_cpus(void);
+#define GSHM_POLL_MIN_CPUS 4
+
 /* Formats 16 raw UUID bytes as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
  * (nvidia-smi's form); buf needs 41 bytes. */
 void gshm__format_gpu_uuid(const unsigned char bytes[16], char buf[48]);

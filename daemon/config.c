@@ -744,6 +744,10 @@ int gshmd_config_init(struct gshmd_config *cfg) {
       return r;
     }
   }
+  /* poll_us's default holds where gshmd can poll without taking the CPU
+   * its clients need; a value from a file or --set applies everywhere. */
+  if (gshm__usable_cpus() < GSHM_POLL_MIN_CPUS)
+    cfg->poll_us = 0;
   return 0;
 }
 

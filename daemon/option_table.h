@@ -61,8 +61,10 @@
     "After answering a request, keep polling that connection for its next "    \
     "one for this many microseconds before sleeping: a client's open, map "    \
     "report and close come back to back, and each wake-up from sleep adds "    \
-    "to their latency (docs/PERFORMANCE.md, Attach). Only where there are at " \
-    "least 4 CPUs; 0 turns it off.")                                            \
+    "to their latency (docs/PERFORMANCE.md, Attach). It stops as soon as "     \
+    "another connection or event waits. The default holds only where gshmd "   \
+    "may run on at least 4 CPUs (else 0); a value set here applies on any "    \
+    "machine. 0 turns it off.")                                                 \
                                                                                 \
   X(limits, max_connections, U32, max_connections, "4096", 1, 1048576, NULL,    \
     "Most client connections at once (all users).")                             \

@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <inttypes.h>
+#include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,6 +228,16 @@ static void arena_free(void *data, void *p) {
 }
 
 
+/* Whether any handle of the loop has an event ready (another client, the
+ * listener, metrics, the cluster, a signal): libuv's epoll set is
+ * level-triggered, so its fd is readable exactly then.  The connection
+ * being read is not among them when this is asked (its last read said
+ * EAGAIN).  One poll(2) that does not wait. */
+static bool loop_has_work(const struct gshmd_server *s) {
+  struct pollfd p = {.fd = uv_backend_fd(s->loop), .events = POLLIN};
+  return p.fd < 0 || poll(&p, 1, 0) != 0;
+}
+
 static void conn_read(struct conn *c) {
   struct gshmd_server *s = c->srv;
   int fds[GSHM_WIRE_MAX_FDS];
@@ -239,8 +251,9 @@ static void conn_read(struct conn *c) {
     if (n == -EAGAIN) {
       /* After a request, the same client's next one often follows at
        * once (open, map report, close): poll for it a little rather than
-       * pay a wake-up from epoll (cfg poll_us, on >= 4 CPUs only). */
-      if (!i || !s->poll_ns)
+       * pay a wake-up from epoll (cfg poll_us).  Never while anything
+       * else waits on the loop: other clients come first. */
+      if (!i || !s->poll_ns || loop_has_work(s))
         return;
       if (!poll_until)
         poll_until = gshm__now_ns(CLOCK_MONOTONIC) + s->poll_ns;
@@ -472,8 +485,7 @@ int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gsh
   s->reg = reg;
   s->listen_fd = listen_fd;
   s->started_ns = gshm__now_ns(CLOCK_REALTIME);
-  /* On fewer CPUs a polling gshmd would take the CPU its clients need. */
-  s->poll_ns = sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? (int64_t)cfg->poll_us * 1000 : 0;
+  s->poll_ns = (int64_t)cfg->poll_us * 1000; /* by default 0 on < 4 CPUs (config.c) */
   s->arena_allocator.alloc = arena_alloc;
   s->arena_allocator.free = arena_free;
   s->arena_allocator.allocator_data = s;

@@ -23,8 +23,9 @@
  *    $GSHM_LOG_LEVEL, $GSHM_RECONNECT_MS and $GSHM_POLL_US
  *    (secure_getenv(3)).
  *  - A request polls its socket for the reply for up to $GSHM_POLL_US
- *    microseconds (0..1000; default 30 on machines with 4 or more CPUs,
- *    else 0) before it sleeps: shorter round trips for a little CPU.
+ *    microseconds (0..1000; default 30 where the process may run on 4 or
+ *    more CPUs (its affinity mask), else 0) before it sleeps: shorter
+ *    round trips for a little CPU.  gshmd's own side is daemon.poll_us.
  *  - CUDA is loaded with dlopen only when a device segment is mapped or a
  *    copy is asked for: host-only programs need no CUDA installation.
  */

@@ -162,6 +162,14 @@ for b in true:true false:false yes:true no:false on:true off:false 1:true 0:fals
   expect_value daemon legacy_ipc "${b#*:}" --config "$tmp/good.conf" --set "daemon.legacy_ipc=${b%:*}"
 done
 
+# poll_us: its default holds where gshmd may run on 4+ CPUs (else 0); a
+# value that is set applies on any machine.
+want_poll=$([[ $(nproc) -ge 4 ]] && echo 30 || echo 0)
+expect_value daemon poll_us "$want_poll" --config "$tmp/good.conf"
+expect_value daemon poll_us 0 --config "$tmp/good.conf" --set daemon.poll_us=0
+expect_value daemon poll_us 50 --config "$tmp/good.conf" --set daemon.poll_us=50
+expect_value daemon poll_us 30 --config "$tmp/good.conf" --set daemon.poll_us=30
+
 # --dump-config prints a file that reads back to the same configuration.
 "$gshmd" --dump-config --config "$tmp/good.conf" >"$tmp/dump.conf"
 "$gshmd" --dump-config --config "$tmp/dump.conf" >"$tmp/dump2.conf"

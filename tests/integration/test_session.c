@@ -338,6 +338,49 @@ static void test_host_size_and_populate(void **state) {
   setenv("GSHM_SOCKET", h->socket_path, 1);
 }
 
+static int setup_polling(void **state) {
+  /* 1 ms: far longer than a round trip, so a daemon that let one
+   * connection's poll hold the loop would show it in every sample */
+  static const char *const args[] = {"--set", "daemon.poll_us=1000", NULL};
+  return harness_cmocka_start(state, sizeof(struct harness), args) ? 0 : -1;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* daemon.poll_us: after answering A, gshmd polls A's connection for its
+ * next request, but never while another client's request waits: B's
+ * round trip right after A's must not wait out A's 1 ms poll.  (A value
+ * that is set applies on any machine, so this runs on 2 CPUs too.) */
+static void test_poll_yields_to_other_clients(void **state) {
+  struct harness *h = *state;
+  enum { ROUNDS = 41 };
+  int64_t rtt[ROUNDS];
+  gshm_client_t *a, *b;
+  gshm_status_info_t st;
+
+  setenv("GSHM_POLL_US", "0", 1); /* the clients sleep; only gshmd polls */
+  assert_int_equal(gshm_connect(h->socket_path, "poll-a", &a), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "poll-b", &b), 0);
+  for (int i = 0; i < ROUNDS; i++) {
+    int64_t t0;
+    assert_int_equal(gshm_status(a, &st), 0); /* gshmd now polls A */
+    t0 = gshm__now_ns(CLOCK_MONOTONIC);
+    assert_int_equal(gshm_status(b, &st), 0);
+    rtt[i] = gshm__now_ns(CLOCK_MONOTONIC) - t0;
+    assert_int_equal(gshm_status(a, &st), 0); /* A's next request is still answered */
+  }
+  qsort(rtt, ROUNDS, sizeof(rtt[0]), cmp_i64);
+  print_message("    B's round trip while gshmd polls A: median %lld us, max %lld us\n",
+                (long long)rtt[ROUNDS / 2] / 1000, (long long)rtt[ROUNDS - 1] / 1000);
+  assert_true(rtt[ROUNDS / 2] < 500000); /* waiting out A's poll: about 1 ms */
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+  unsetenv("GSHM_POLL_US");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_error_names),
@@ -347,6 +390,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_host_size_and_populate, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_poll_yields_to_other_clients, setup_polling, harness_cmocka_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
