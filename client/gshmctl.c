@@ -96,6 +96,19 @@ static int exit_code(int err) {
  *    "message": "open: no such segment"}}
  * ("errno" is null when there is none); else "gshmctl: MESSAGE". */
 static json_t *json_text(const char *text);
+
+/* The "errno" of a --json error: libgshm's name for it (one name per
+ * value: "ENOTSUP", never "EOPNOTSUPP"), glibc's for one that libgshm
+ * does not return itself (a failed write of the output), NULL for 0. */
+static const char *errno_name(int err) {
+  const char *name;
+
+  if (!err)
+    return NULL;
+  name = gshm_err_name(err);
+  return strcmp(name, "E?") ? name : strerrorname_np(err < 0 ? -err : err);
+}
+
 static int errorf(int rc, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int errorf(int rc, int err, const char *fmt, ...) {
   char msg[1024];
@@ -105,7 +118,7 @@ static int errorf(int rc, int err, const char *fmt, ...) {
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   if (json_out) {
-    const char *name = err ? strerrorname_np(-err) : NULL;
+    const char *name = errno_name(err);
     json_t *doc = json_object(), *e = json_object();
     json_object_set_new(doc, "schema_version", json_integer(SCHEMA_VERSION));
     json_object_set_new(e, "exit_code", json_integer(rc));
@@ -128,11 +141,16 @@ static int fail(gshm_client_t *c, const char *what, int err) {
                 detail);
 }
 
-/* A verb's getopt_long returned '?' (opterr is 0: getopt says nothing):
- * names the option that is not one, and a negative number as such. */
-static int bad_option(const char *verb, char **argv) {
+/* A verb's getopt_long returned o, '?' or ':' (opterr is 0 and the
+ * option strings start with ':', so getopt says nothing itself): names the
+ * option that is not one, the one that lacks its value (':'), and a
+ * negative number as such.  Returns EXIT_USAGE. */
+static int bad_option(const char *verb, int o, char **argv) {
   const char *arg = argv[optind - 1] ? argv[optind - 1] : "?";
   bool negative = arg[0] == '-' && arg[1] >= '0' && arg[1] <= '9';
+
+  if (o == ':')
+    return errorf(EXIT_USAGE, -EINVAL, "%s: option '%s' needs a value", verb, arg);
   return errorf(EXIT_USAGE, -EINVAL, "%s: %s '%s'%s", verb,
                 negative ? "not a size or offset:" : "unknown option", arg,
                 negative ? " (sizes and offsets cannot be negative)" : "");
@@ -273,8 +291,7 @@ static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
   if (argc == 2 && !strncmp(argv[1], "--peer=", 7))
     return cmd_remote_segments(c, argv[1] + 7);
   if (argc != 1) {
-    fprintf(stderr, "gshmctl: segments [--peer PEER]\n");
-    return EXIT_USAGE;
+    return errorf(EXIT_USAGE, -EINVAL, "usage: segments [--peer PEER]");
   }
   if (!c)
     return EXIT_OK;
@@ -539,7 +556,7 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
   int o, e;
 
   optind = 0; /* glibc: 0 re-initialises getopt for the verb's own options */
-  while ((o = getopt_long(argc, argv, "l:m:", opts, NULL)) != -1) {
+  while ((o = getopt_long(argc, argv, ":l:m:", opts, NULL)) != -1) {
     switch (o) {
     case 'l':
       location = optarg;
@@ -552,7 +569,7 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
       flags |= GSHM_CREATE_LEGACY_IPC;
       break;
     default:
-      return bad_option("create", argv);
+      return bad_option("create", o, argv);
     }
   }
   if (argc - optind != 2) {
@@ -727,7 +744,7 @@ static int rw_opts(int argc, char **argv, bool is_write, uint64_t *offset, uint6
   int o;
 
   optind = 0; /* glibc: 0 re-initialises getopt for the verb's own options */
-  while ((o = getopt_long(argc, argv, is_write ? "i:" : "o:n:", opts, NULL)) != -1) {
+  while ((o = getopt_long(argc, argv, is_write ? ":i:" : ":o:n:", opts, NULL)) != -1) {
     switch (o) {
     case 'O':
       if (parse_bytes("offset", optarg, offset))
@@ -748,7 +765,7 @@ static int rw_opts(int argc, char **argv, bool is_write, uint64_t *offset, uint6
       *file = optarg;
       break;
     default:
-      return bad_option(is_write ? "write" : "read", argv);
+      return bad_option(is_write ? "write" : "read", o, argv);
     }
   }
   if (argc - optind != 1) {
@@ -1004,7 +1021,7 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
   bool bar;
 
   optind = 0;
-  while ((o = getopt_long(argc, argv, "a:l:m:", opts, NULL)) != -1) {
+  while ((o = getopt_long(argc, argv, ":a:l:m:", opts, NULL)) != -1) {
     switch (o) {
     case 'a':
       po.local_name = optarg;
@@ -1017,13 +1034,13 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
         return EXIT_USAGE;
       break;
     default:
-      return EXIT_USAGE;
+      return bad_option("pull", o, argv);
     }
   }
   if (argc - optind != 1 || !(colon = strchr(argv[optind], ':')) || colon == argv[optind] ||
       !colon[1] || (size_t)(colon - argv[optind]) >= sizeof(peer)) {
-    fprintf(stderr, "gshmctl: pull PEER:NAME [--as LOCAL] [--location LOC] [--mode MODE]\n");
-    return EXIT_USAGE;
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "usage: pull PEER:NAME [--as LOCAL] [--location LOC] [--mode MODE]");
   }
   if (!c)
     return EXIT_OK;
@@ -1111,7 +1128,7 @@ int main(int argc, char **argv) {
 
   opterr = 0; /* errorf reports, with the program's name (and as JSON) */
   /* "+": stop at the verb, whose own options follow it. */
-  while ((o = getopt_long(argc, argv, "+s:jhV", opts, NULL)) != -1) {
+  while ((o = getopt_long(argc, argv, "+:s:jhV", opts, NULL)) != -1) {
     switch (o) {
     case 's':
       socket_path = optarg;
@@ -1125,12 +1142,16 @@ int main(int argc, char **argv) {
     case 'V':
       printf("gshmctl %s\n", GSHM_VERSION);
       return EXIT_OK;
+    case ':':
+      return errorf(EXIT_USAGE, -EINVAL, "option '%s' needs a value", argv[optind - 1]);
     default:
       return errorf(EXIT_USAGE, -EINVAL, "unknown option '%s' (gshmctl --help lists them)",
                     argv[optind - 1]);
     }
   }
   if (optind >= argc) {
+    if (json_out)
+      return errorf(EXIT_USAGE, -EINVAL, "no verb (gshmctl --help lists them)");
     usage(stderr);
     return EXIT_USAGE;
   }

@@ -182,6 +182,10 @@ int gshm__errno_to_status(int err) {
     return GSHM__STATUS__STATUS_TOO_BIG;
   case EBADMSG:
     return GSHM__STATUS__STATUS_PROTOCOL_ERROR;
+  case EXDEV: /* no peer path (a CUDA result, gshm__cuda_errno): was
+               * EOPNOTSUPP until it got its own errno; the wire keeps
+               * saying "not supported" rather than "internal" */
+    return GSHM__STATUS__STATUS_NOT_SUPPORTED;
   default:
     return GSHM__STATUS__STATUS_INTERNAL;
   }

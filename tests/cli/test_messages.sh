@@ -80,6 +80,29 @@ run 2 --json create x 12Q
 json err "d['error']['exit_code'] == 2 and d['error']['errno'] == 'EINVAL' and 'not a size' in d['error']['message']"
 GSHM_SOCKET=$dir/nothing-here run 3 --json status
 json err "d['error']['exit_code'] == 3 and d['error']['errno'] is not None"
+# every usage error is the same JSON object with --json (stdout empty)
+usage_json() {
+  run 2 --json "$@"
+  json err "d['schema_version'] == 1 and d['error']['exit_code'] == 2 and d['error']['errno'] == 'EINVAL'"
+  [ -s "$dir/out" ] && fail "gshmctl --json $*: usage text on stdout: $(cat "$dir/out")"
+}
+usage_json
+has err "no verb"
+usage_json -s
+has err "option '-s' needs a value"
+usage_json create x 4K --location
+has err "create: option '--location' needs a value"
+usage_json read k4 -o
+has err "read: option '-o' needs a value"
+usage_json create x 4K --frob
+has err "create: unknown option '--frob'"
+usage_json segments extra
+usage_json pull no-colon
+usage_json pull a:b --frob
+usage_json frobnicate
+# the errno's name is libgshm's: ENOTSUP (the same value as EOPNOTSUPP)
+run 1 --json create g 4K --location cuda:0
+json err "d['error']['errno'] == 'ENOTSUP'"
 
 # item 9: the example's --help needs no torch
 "$py" "$src/python/examples/share_weights.py" --help >"$dir/out" 2>"$dir/err" \

@@ -132,6 +132,10 @@ static void test_status_table(void **state) {
     for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++)
       assert_int_equal(gshm__status_to_errno(gshm__errno_to_status(-errs[i])), -errs[i]);
   }
+  /* errnos without a status of their own */
+  assert_int_equal(gshm__errno_to_status(-EXDEV), GSHM__STATUS__STATUS_NOT_SUPPORTED);
+  assert_int_equal(gshm__errno_to_status(-EAGAIN), GSHM__STATUS__STATUS_LIMIT);
+  assert_int_equal(gshm__errno_to_status(-ERANGE), GSHM__STATUS__STATUS_INTERNAL);
   assert_string_equal(gshm__errname(-EDQUOT), "EDQUOT");
   assert_string_equal(gshm__strerror(-EACCES), "permission denied");
   /* Every row of the table has its own name and message (a value listed
