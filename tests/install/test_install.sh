@@ -7,9 +7,13 @@
 #   - a consumer project builds and runs against the installed tree with
 #     CMake (find_package(gshm VERSION), gshm::gshm) and with pkg-config;
 #   - find_package(gshm 99.0) is refused (gshmConfigVersion.cmake).
-#   test_install.sh BUILD_DIR PREFIX VERSION C_COMPILER
+#   test_install.sh BUILD_DIR PREFIX VERSION C_COMPILER RUNPATH
+# RUNPATH is ON, or OFF where the prefix puts libgshm in a system library
+# directory (/usr): then the programs carry none and run with the
+# library on the loader's path (here LD_LIBRARY_PATH, the tree being a
+# DESTDIR).
 set -u
-build=$1 prefix=$2 version=$3 cc=$4
+build=$1 prefix=$2 version=$3 cc=$4 runpath=${5:-ON}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 root=$dir/root
@@ -28,17 +32,30 @@ lib=$(dirname "$(find "$p" -name 'libgshm.so' | head -1)")
 [ -f "$lib/cmake/gshm/gshmConfigVersion.cmake" ] || fail "no gshmConfigVersion.cmake"
 
 # RUNPATH, and the version from the one place
-out=$(env -u LD_LIBRARY_PATH "$p/bin/gshmctl" --version 2>&1) || fail "installed gshmctl: $out"
+if [ "$runpath" = ON ]; then
+  libenv=(env -u LD_LIBRARY_PATH)
+else
+  libenv=(env LD_LIBRARY_PATH="$lib")
+fi
+out=$("${libenv[@]}" "$p/bin/gshmctl" --version 2>&1) || fail "installed gshmctl: $out"
 [ "$out" = "gshmctl $version" ] || fail "installed gshmctl --version: $out"
-out=$(env -u LD_LIBRARY_PATH "$p/sbin/gshmd" --version 2>&1) || fail "installed gshmd: $out"
+out=$("${libenv[@]}" "$p/sbin/gshmd" --version 2>&1) || fail "installed gshmd: $out"
 [ "$out" = "gshmd $version" ] || fail "installed gshmd --version: $out"
 if command -v readelf >/dev/null; then
-  readelf -d "$p/bin/gshmctl" | grep -q 'R.*PATH.*\$ORIGIN/\.\./lib' ||
-    fail "gshmctl has no \$ORIGIN/../lib RUNPATH: $(readelf -d "$p/bin/gshmctl" | grep PATH)"
+  if [ "$runpath" = ON ]; then
+    readelf -d "$p/bin/gshmctl" | grep -q 'R.*PATH.*\$ORIGIN/\.\./lib' ||
+      fail "gshmctl has no \$ORIGIN/../lib RUNPATH: $(readelf -d "$p/bin/gshmctl" | grep PATH)"
+  elif readelf -d "$p/bin/gshmctl" | grep -q 'R.*PATH'; then
+    fail "gshmctl under $prefix has an RPATH: $(readelf -d "$p/bin/gshmctl" | grep PATH)"
+  fi
 fi
-# the config path the README states for this prefix
-want_conf=$([ "$prefix" = /usr ] && echo /etc/gshm/gshmd.conf || echo "$prefix/etc/gshm/gshmd.conf")
-"$p/sbin/gshmd" --help 2>&1 | grep -qF "$want_conf" ||
+# the config path the README states for this prefix (GNUInstallDirs)
+case $prefix in
+/usr) want_conf=/etc/gshm/gshmd.conf ;;
+/opt/*) want_conf=/etc$prefix/gshm/gshmd.conf ;;
+*) want_conf=$prefix/etc/gshm/gshmd.conf ;;
+esac
+"${libenv[@]}" "$p/sbin/gshmd" --help 2>&1 | grep -qF "$want_conf" ||
   fail "gshmd --help does not name $want_conf"
 
 # a consumer project
