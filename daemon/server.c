@@ -45,6 +45,63 @@ static void accept_resume(struct gshmd_server *s) {
 
 static void on_accept_timer(uv_timer_t *t) { accept_resume(t->data); }
 
+/* Closing an fd a client gave us can block: a TCP socket with SO_LINGER
+ * and unacknowledged data waits up to its linger time in close(), and so
+ * do FUSE or NFS files; the last reference to a client's socket can hold
+ * such fds in its unread queue.  Those closes never run on the loop: a
+ * batch goes to libuv's thread pool (issue 15). */
+struct close_batch {
+  uv_work_t work;
+  struct gshmd_server *srv;
+  int n;
+  int fds[];
+};
+
+static void close_batch_work(uv_work_t *w) {
+  struct close_batch *b = w->data;
+  for (int i = 0; i < b->n; i++)
+    close(b->fds[i]);
+}
+
+static void close_batch_done(uv_work_t *w, int status) {
+  struct close_batch *b = w->data;
+  (void)status;
+  accept_resume(b->srv); /* fds were freed */
+  free(b);
+}
+
+/* Closes fds[0..n) off the loop thread (on the loop only if the batch
+ * cannot be queued: out of memory). */
+static void close_later(struct gshmd_server *s, const int *fds, int n) {
+  struct close_batch *b;
+
+  if (n <= 0)
+    return;
+  if ((b = malloc(sizeof(*b) + sizeof(int) * (size_t)n))) {
+    b->work.data = b;
+    b->srv = s;
+    b->n = n;
+    memcpy(b->fds, fds, sizeof(int) * (size_t)n);
+    if (uv_queue_work(s->loop, &b->work, close_batch_work, close_batch_done) == 0)
+      return;
+    free(b);
+  }
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+}
+
+#ifndef SO_PASSRIGHTS
+#define SO_PASSRIGHTS 83 /* Linux 6.16 */
+#endif
+
+/* Refuses fds at the sender (sendmsg fails with EPERM) where the kernel
+ * can (SO_PASSRIGHTS, Linux 6.16+; accepted sockets inherit it from the
+ * listener, so nothing slips in before accept).  Returns true if set. */
+static bool refuse_fds(int fd) {
+  int off = 0;
+  return setsockopt(fd, SOL_SOCKET, SO_PASSRIGHTS, &off, sizeof(off)) == 0;
+}
+
 /* accept failed for want of fds: stop polling the listener (a pending
  * connection would make it readable on every loop turn, 100% CPU) until
  * a connection closes or ACCEPT_RETRY_MS pass. */
@@ -67,8 +124,7 @@ static void conn_on_closed(uv_handle_t *h) {
   struct conn *c = h->data;
   struct gshm_list *pos, *tmp;
 
-  close(c->fd);
-  accept_resume(c->srv);
+  close_later(c->srv, &c->fd, 1); /* its unread packets may carry fds */
   gshm_list_foreach_safe(pos, tmp, &c->outq) {
     struct out_pkt *p = gshm_list_entry(pos, struct out_pkt, node);
     if (p->fd >= 0)
@@ -246,8 +302,7 @@ static void conn_read(struct conn *c) {
   for (int i = 0; i < 32 && !c->closing && !c->noutq;) {
     int nfds = 0;
     ssize_t n = gshm__wire_recv(c->fd, s->rxbuf, sizeof(s->rxbuf), fds, GSHM_WIRE_MAX_FDS, &nfds, 0);
-    for (int k = 0; k < nfds; k++)
-      close(fds[k]); /* clients never send fds to gshmd */
+    close_later(s, fds, nfds); /* no request takes an fd */
     if (n == -EAGAIN) {
       /* After a request, the same client's next one often follows at
        * once (open, map report, close): poll for it a little rather than
@@ -499,6 +554,11 @@ int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gsh
     s->have_admin_gid = true;
     s->admin_gid = g->gr_gid;
   }
+  /* Where none is expected, the kernel refuses fds before they reach us. */
+  if (!cfg->max_fds_per_connection)
+    s->fds_refused = refuse_fds(listen_fd);
+  gshm_log_debug("client fds: %s", s->fds_refused ? "refused by the kernel (SO_PASSRIGHTS)"
+                                                  : "received, closed off the loop");
   fl = fcntl(listen_fd, F_GETFL);
   if (fl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) < 0)
     return -errno;

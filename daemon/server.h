@@ -38,6 +38,7 @@ struct gshmd_server {
   uv_timer_t accept_timer;
   bool accept_timer_on, accept_paused, accept_logged;
   uint64_t accept_pauses;   /* episodes, for metrics */
+  bool fds_refused;         /* SO_PASSRIGHTS is off on the listener */
   struct gshm_list conns;
   uint32_t nconns;
   bool have_admin_gid;
