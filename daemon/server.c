@@ -66,6 +66,7 @@ static void close_batch_work(uv_work_t *w) {
 static void close_batch_done(uv_work_t *w, int status) {
   struct close_batch *b = w->data;
   (void)status;
+  b->srv->closes_pending--;
   accept_resume(b->srv); /* fds were freed */
   free(b);
 }
@@ -82,8 +83,10 @@ static void close_later(struct gshmd_server *s, const int *fds, int n) {
     b->srv = s;
     b->n = n;
     memcpy(b->fds, fds, sizeof(int) * (size_t)n);
-    if (uv_queue_work(s->loop, &b->work, close_batch_work, close_batch_done) == 0)
+    if (uv_queue_work(s->loop, &b->work, close_batch_work, close_batch_done) == 0) {
+      s->closes_pending++;
       return;
+    }
     free(b);
   }
   for (int i = 0; i < n; i++)
