@@ -807,6 +807,7 @@ static void on_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg)
     gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unregistered", seg->name, seg->id);
     export_reg_free(cl, seg->cluster_export);
     seg->cluster_export = NULL;
+    cl->registered--;
   }
 }
 
@@ -859,6 +860,8 @@ static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg,
   gshm_log_debug("cluster: segment '%s' id %" PRIu64 " registered (%zu bytes, rkey %zu bytes)",
                  seg->name, seg->id, x->len, x->rkey_len);
   seg->cluster_export = x;
+  cl->registrations++;
+  cl->registered++;
   *out = x;
   return 0;
 fail:
@@ -1335,6 +1338,13 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
     fprintf(f, "gshm_cluster_pull_errors_total{cause=\"%s\"} %" PRIu64 "\n",
             gshmd__pull_error_cause(-any_errno[i], NULL), cl->pull_errors[i]);
   }
+  fprintf(f, "# HELP gshm_cluster_registrations_total Segments registered with UCX (once each).\n"
+             "# TYPE gshm_cluster_registrations_total counter\n"
+             "gshm_cluster_registrations_total %" PRIu64 "\n"
+             "# HELP gshm_cluster_registered_segments Segments registered with UCX now.\n"
+             "# TYPE gshm_cluster_registered_segments gauge\n"
+             "gshm_cluster_registered_segments %u\n",
+          cl->registrations, cl->registered);
   fprintf(f, "# HELP gshm_cluster_grants_total Read grants given to peers.\n"
              "# TYPE gshm_cluster_grants_total counter\n"
              "gshm_cluster_grants_total %" PRIu64 "\n",

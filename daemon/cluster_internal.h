@@ -129,6 +129,8 @@ struct gshmd_cluster {
   /* metrics */
   uint64_t refusals[REFUSE_N];
   uint64_t served_grants, served_bytes_staged;
+  uint64_t registrations;    /* segments registered with UCX, ever */
+  uint32_t registered;       /* registered now */
   uint64_t pull_errors[8];   /* by cause: see gshmd__pull_error_cause */
   /* PEERS reply storage */
   Gshm__ClusterPeerList peer_list;

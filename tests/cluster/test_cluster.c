@@ -247,10 +247,26 @@ static void *pull_thread(void *arg) {
   return NULL;
 }
 
-/* 50 pulls at once, from 50 client connections. */
+/* A counter or gauge (no labels) from c's daemon's metrics. */
+static long metric(gshm_client_t *c, const char *name) {
+  char *text = NULL, key[160];
+  const char *m;
+  long v;
+  assert_int_equal(gshm_metrics(c, &text), 0);
+  snprintf(key, sizeof(key), "\n%s ", name);
+  m = strstr(text, key);
+  assert_non_null(m);
+  v = atol(m + strlen(key));
+  gshm_free(text);
+  return v;
+}
+
+/* 50 pulls at once, from 50 client connections; the segment is
+ * registered with UCX once for all of them, and unregistered when freed. */
 static void test_concurrent(void **state) {
   static struct puller p[50];
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  long regs0 = metric(a, "gshm_cluster_registrations_total");
   (void)state;
 
   make_segment(a, "pub/shared", 1 * MiB + 17, 7);
@@ -266,7 +282,10 @@ static void test_concurrent(void **state) {
     check_segment(b, p[i].local, 1 * MiB + 17, 7);
     assert_int_equal(gshm_unlink(b, p[i].local), 0);
   }
+  assert_int_equal(metric(a, "gshm_cluster_registrations_total"), regs0 + 1);
+  assert_int_equal(metric(a, "gshm_cluster_registered_segments"), 1);
   assert_int_equal(gshm_unlink(a, "pub/shared"), 0);
+  assert_int_equal(metric(a, "gshm_cluster_registered_segments"), 0);
   gshm_disconnect(a);
   gshm_disconnect(b);
 }
