@@ -1515,6 +1515,7 @@ void gshmd_cluster_stop(struct gshmd_cluster *cl) {
       usleep(1000);
   }
   gshmd__pull_reap(cl);
+  gshmd_stage_pool_drain(cl);
   gshm_list_foreach(spos, &cl->reg->segments) {
     struct gshmd_segment *seg = gshm_list_entry(spos, struct gshmd_segment, node);
     export_reg_free(cl, seg->cluster_export);
@@ -1541,6 +1542,7 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl) {
     return;
   if (cl->listener)
     ucp_listener_destroy(cl->listener);
+  gshmd_stage_pool_drain(cl);
   if (cl->worker)
     ucp_worker_destroy(cl->worker);
   if (cl->ctx)

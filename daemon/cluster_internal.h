@@ -129,6 +129,8 @@ struct gshmd_cluster {
   /* metrics */
   uint64_t refusals[REFUSE_N];
   uint64_t served_grants, served_bytes_staged;
+  struct stage_buf *stage_pool[4]; /* stage.c: free staging buffers, kept for the next pull */
+  unsigned nstage_pool;
   uint64_t registrations;    /* segments registered with UCX, ever */
   uint32_t registered;       /* registered now */
   uint64_t pull_errors[8];   /* by cause: see gshmd__pull_error_cause */

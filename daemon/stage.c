@@ -20,14 +20,25 @@ static struct gshmd_backend *pinning_backend(struct gshmd_cluster *cl) {
   return b && b->ops->host_alloc && b->ops->host_free ? b : NULL;
 }
 
+static void stage_buf_destroy(struct gshmd_cluster *cl, struct stage_buf *sb);
+
 int gshmd_stage_buf_new(struct gshmd_cluster *cl, uint64_t slot_size, bool with_rkey,
                         struct stage_buf **sb_out) {
   struct gshmd_backend *b = pinning_backend(cl);
   ucp_mem_map_params_t mp = {0};
-  struct stage_buf *sb = calloc(1, sizeof(*sb));
+  struct stage_buf *sb;
   int e = -ENOMEM;
 
-  if (!sb)
+  /* A buffer whose rkey went to a peer serves peers only: a kept one
+   * never holds what this node pulls for its own users. */
+  for (unsigned i = 0; i < cl->nstage_pool; i++)
+    if (cl->stage_pool[i]->slot_size == slot_size &&
+        (cl->stage_pool[i]->rkey != NULL) == with_rkey) {
+      *sb_out = cl->stage_pool[i];
+      cl->stage_pool[i] = cl->stage_pool[--cl->nstage_pool];
+      return 0;
+    }
+  if (!(sb = calloc(1, sizeof(*sb))))
     return -ENOMEM;
   sb->slot_size = slot_size;
   sb->slots = (uint32_t)(cl->cfg->cluster_staging_bytes / slot_size);
@@ -61,13 +72,26 @@ int gshmd_stage_buf_new(struct gshmd_cluster *cl, uint64_t slot_size, bool with_
 fail:
   gshm_log_err("cluster: cannot set up %llu bytes of staging memory",
                (unsigned long long)sb->len);
-  gshmd_stage_free(cl, sb);
+  stage_buf_destroy(cl, sb);
   return e;
 }
 
 void gshmd_stage_free(struct gshmd_cluster *cl, struct stage_buf *sb) {
   if (!sb)
     return;
+  if (!cl->stopping && cl->nstage_pool < sizeof(cl->stage_pool) / sizeof(cl->stage_pool[0])) {
+    cl->stage_pool[cl->nstage_pool++] = sb;
+    return;
+  }
+  stage_buf_destroy(cl, sb);
+}
+
+void gshmd_stage_pool_drain(struct gshmd_cluster *cl) {
+  while (cl->nstage_pool)
+    stage_buf_destroy(cl, cl->stage_pool[--cl->nstage_pool]);
+}
+
+static void stage_buf_destroy(struct gshmd_cluster *cl, struct stage_buf *sb) {
   if (sb->rkey)
     ucp_rkey_buffer_release(sb->rkey);
   if (sb->memh)

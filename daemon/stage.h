@@ -36,12 +36,17 @@ struct stage_grant {
 };
 
 /* cluster.staging_bytes in slots of slot_size bytes (at least one),
- * registered; with_rkey packs its rkey for a peer.  Errors: -ENOMEM,
- * -EIO. */
+ * registered; with_rkey packs its rkey for a peer.  A kept buffer of the
+ * same slot size and kind when there is one.  Errors: -ENOMEM, -EIO. */
 int gshmd_stage_buf_new(struct gshmd_cluster *cl, uint64_t slot_size, bool with_rkey,
                         struct stage_buf **sb_out);
-/* Frees a staging buffer; accepts NULL. */
+/* Gives a staging buffer back: kept for the next staged pull (pinning
+ * and registering 64 MiB costs tens of milliseconds, more than a small
+ * pull), or freed when four wait already or the cluster stops.  Accepts
+ * NULL. */
 void gshmd_stage_free(struct gshmd_cluster *cl, struct stage_buf *sb);
+/* Frees the kept buffers (cluster stop). */
+void gshmd_stage_pool_drain(struct gshmd_cluster *cl);
 
 /* One copy between a segment and host memory, on libuv's thread pool.
  * host_map: the segment's mapping in gshmd for a host segment (NULL for
