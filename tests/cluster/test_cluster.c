@@ -549,6 +549,46 @@ static void test_staged(void **state) {
   assert_int_equal(harness_stop(&srv.h), 0);
 }
 
+/* The pulling daemon dies mid-pull: the serving side ends the grant (no
+ * lease left) and frees the segment's registration with the segment. */
+static void test_puller_killed(void **state) {
+  struct bg_pull bg = {.peer = "a", .name = "pub/victim", .local = "victim"};
+  gshm_client_t *a = connect_to(&A);
+  gshm_status_info_t st;
+  char pp[64];
+  int i;
+  (void)state;
+
+  /* B is still the slow puller of test_unlink_during_pull */
+  make_segment(a, "pub/victim", 256 * MiB, 51);
+  bg.puller = &B;
+  bg.log.hook = kill_node;
+  bg.log.hook_arg = &B;
+  bg.log.monotonic = true;
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_pull_thread, &bg), 0);
+  pthread_join(bg.t, NULL);
+  assert_true(bg.log.calls > 0);
+  assert_true(bg.err != 0);
+  for (i = 0; i < 200; i++) { /* the endpoint's error reaches A within a few seconds */
+    assert_int_equal(gshm_status(a, &st), 0);
+    if (st.leases == 0)
+      break;
+    usleep(50000);
+  }
+  assert_int_equal(st.leases, 0);
+  assert_int_equal(metric(a, "gshm_cluster_registered_segments"), 1);
+  assert_int_equal(gshm_unlink(a, "pub/victim"), 0);
+  assert_int_equal(metric(a, "gshm_cluster_registered_segments"), 0);
+  gshm_disconnect(a);
+  /* B again, for the next tests and the teardown */
+  gshm__spawn_stop(&B.h.sp, SIGKILL);
+  gshm__spawn_cleanup(&B.h.sp);
+  memset(&B.h, 0, sizeof(B.h));
+  B.port = free_port();
+  snprintf(pp, sizeof(pp), "a=127.0.0.1:%d", A.port);
+  node_start(&B, "b", pp, key_path, "", NULL);
+}
+
 /* 10,000 random packets on A's cluster port while a local client keeps
  * being served; a pull works afterwards. */
 struct noise {
@@ -622,6 +662,7 @@ int main(void) {
       cmocka_unit_test(test_random_packets),
       cmocka_unit_test(test_server_killed),
       cmocka_unit_test(test_unlink_during_pull),
+      cmocka_unit_test(test_puller_killed),
   };
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
