@@ -249,7 +249,7 @@ static void drive(struct gshmd_cluster *cl) {
     /* Links that failed inside a callback are closed here. */
     gshm_list_foreach_safe(pos, tmp, &cl->links) {
       struct link *l = gshm_list_entry(pos, struct link, node);
-      if (l->state == LINK_CLOSED && l->ep && l->staged_busy == 0) {
+      if (l->state == LINK_CLOSED && l->ep && l->busy == 0) {
         ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                   .flags = UCP_EP_CLOSE_FLAG_FORCE};
         ucs_status_ptr_t sp = ucp_ep_close_nbx(l->ep, &rp);
@@ -457,7 +457,7 @@ static void link_fail(struct link *l, int err, const char *why) {
   gshmd__pull_link_lost(cl, l);
   /* Staging copies still running read the granted segments and write
    * the slots: the grants end with the last of them. */
-  if (l->staged_busy == 0)
+  if (l->busy == 0)
     gshmd__cluster_link_idle(cl, l);
   gshmd__cluster_kick(cl);
 }
@@ -920,7 +920,7 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   if (!strcmp(cl->cfg->cluster_staging, "always") ||
       (seg->mem->device_index >= 0 && !cl->cuda_memory)) {
     struct stage_grant *sg;
-    if ((e = gshmd_stage_grant_new(cl, l, lease->id, &sg))) {
+    if ((e = gshmd_stage_grant_new(cl, l, lease->id, true, &sg))) {
       gshmd_registry_close(cl->reg, l->serve_client, lease->id);
       send_status(l, rid, e,
                   e == -EBUSY ? "too many staged pulls from this node at once; try again"
@@ -935,7 +935,8 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
     g.slots = sg->sb->slots;
     g.slot_size = sg->sb->slot_size;
   } else {
-    if ((e = export_reg_get(cl, seg, &x))) {
+    struct stage_grant *hg;
+    if ((e = export_reg_get(cl, seg, &x)) || (e = gshmd_stage_grant_new(cl, l, lease->id, false, &hg))) {
       gshmd_registry_close(cl->reg, l->serve_client, lease->id);
       send_status(l, rid, e, "cannot register the segment with UCX");
       return;
@@ -968,10 +969,120 @@ static struct gshmd_lease *link_grant(struct link *l, uint64_t grant_id) {
 
 static void serve_release(struct link *l, const Gshm__Cluster__Release *r) {
   struct gshmd_lease *lease = link_grant(l, r->grant_id);
-  if (lease) {
-    gshm_log_debug("cluster: peer '%s' released grant %" PRIu64, l->peer->name, r->grant_id);
-    if (gshmd_stage_grant_release(l->cl, l, r->grant_id))
-      gshmd_registry_close(l->cl->reg, l->serve_client, lease->id);
+  if (!lease)
+    return;
+  /* with bytes of the grant still being sent, the lease (which keeps
+   * their memory) ends with the last send */
+  gshm_log_debug("cluster: peer '%s' released grant %" PRIu64, l->peer->name, r->grant_id);
+  if (gshmd_stage_grant_release(l->cl, l, r->grant_id))
+    gshmd_registry_close(l->cl->reg, l->serve_client, lease->id);
+}
+
+void gshmd__cluster_link_unbusy(struct gshmd_cluster *cl, struct link *l) {
+  if (l->busy)
+    return;
+  if (l->state != LINK_UP)
+    gshmd__cluster_link_idle(cl, l); /* the cleanup link_fail left for us */
+}
+
+/* One data message being sent. */
+struct data_send {
+  struct data_hdr hdr;
+  struct link *l;
+  void (*done)(void *arg, ucs_status_t st);
+  void *arg;
+};
+
+static void on_data_sent(void *request, ucs_status_t status, void *user_data) {
+  struct data_send *ds = user_data;
+  struct link *l = ds->l;
+
+  if (request)
+    ucp_request_free(request);
+  l->busy--;
+  if (ds->done)
+    ds->done(ds->arg, status);
+  free(ds);
+  gshmd__cluster_link_unbusy(l->cl, l);
+}
+
+int gshmd__cluster_send_data(struct link *l, uint32_t rid, uint64_t offset, const void *src,
+                             uint64_t len, ucp_mem_h memh, void (*done)(void *arg, ucs_status_t st),
+                             void *arg) {
+  ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                                            UCP_OP_ATTR_FIELD_USER_DATA,
+                            .flags = UCP_AM_SEND_FLAG_REPLY,
+                            .cb.send = on_data_sent};
+  struct data_send *ds;
+  ucs_status_ptr_t sp;
+
+  if (!l->ep || l->state != LINK_UP)
+    return -ENOTCONN;
+  if (!(ds = calloc(1, sizeof(*ds))))
+    return -ENOMEM;
+  ds->hdr.request_id = rid;
+  ds->hdr.offset = offset;
+  ds->l = l;
+  ds->done = done;
+  ds->arg = arg;
+  rp.user_data = ds;
+  if (memh) {
+    rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    rp.memh = memh;
+  }
+  l->busy++;
+  sp = ucp_am_send_nbx(l->ep, GSHMD_CLUSTER_DATA_AM_ID, &ds->hdr, sizeof(ds->hdr), src, len, &rp);
+  gshmd__cluster_kick(l->cl);
+  if (!UCS_PTR_IS_PTR(sp))
+    on_data_sent(NULL, UCS_PTR_STATUS(sp), ds);
+  return 0;
+}
+
+/* A Read's bytes went (or failed): the grant is one send less busy. */
+struct read_send {
+  struct gshmd_cluster *cl;
+  struct link *l;
+  uint64_t grant_id;
+};
+
+static void on_read_sent(void *arg, ucs_status_t st) {
+  struct read_send *rs = arg;
+  (void)st;
+  gshmd_stage_grant_unbusy(rs->cl, rs->l, rs->grant_id);
+  free(rs);
+}
+
+/* Read: the bytes of a host (or directly registered device) grant. */
+static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *r) {
+  struct gshmd_lease *lease = link_grant(l, r->grant_id);
+  struct stage_grant *g = gshmd_stage_grant_find(l, r->grant_id);
+  struct read_send *rs;
+  struct export_reg *x;
+  struct gshmd_segment *seg;
+  int e;
+
+  if (!lease || !g || g->sb || !(seg = lease->seg) || !(x = seg->cluster_export)) {
+    send_status(l, rid, -ESTALE, "no such grant (or a staged one: use Stage)");
+    return;
+  }
+  if (r->length == 0 || r->offset > seg->requested_size ||
+      r->length > seg->requested_size - r->offset || r->offset + r->length > x->len) {
+    send_status(l, rid, -EINVAL, "read outside the segment");
+    return;
+  }
+  if (!(rs = malloc(sizeof(*rs)))) {
+    send_status(l, rid, -ENOMEM, "out of memory");
+    return;
+  }
+  rs->cl = l->cl;
+  rs->l = l;
+  rs->grant_id = r->grant_id;
+  g->busy++;
+  if ((e = gshmd__cluster_send_data(l, rid, r->offset, (uint8_t *)x->addr + r->offset, r->length,
+                                    x->memh, on_read_sent, rs))) {
+    g->busy--;
+    free(rs);
+    send_status(l, rid, e, "cannot send");
   }
 }
 
@@ -1050,6 +1161,10 @@ static void link_handle(struct link *l, Gshm__Cluster__Msg *m) {
     if (l->inbound && up)
       return serve_release(l, m->release);
     break;
+  case GSHM__CLUSTER__MSG__BODY_READ:
+    if (l->inbound && up)
+      return serve_read(l, m->request_id, m->read);
+    break;
   case GSHM__CLUSTER__MSG__BODY_LIST_REPLY:
   case GSHM__CLUSTER__MSG__BODY_GRANT:
   case GSHM__CLUSTER__MSG__BODY_STAGED:
@@ -1089,6 +1204,39 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
   }
   link_handle(l, m);
   gshm__cluster__msg__free_unpacked(m, NULL);
+  return UCS_OK;
+}
+
+/* The bytes answering one of our Reads or Stages. */
+static ucs_status_t on_data_am(void *arg, const void *header, size_t header_length, void *data,
+                               size_t length, const ucp_am_recv_param_t *param) {
+  struct gshmd_cluster *cl = arg;
+  struct link *l = param->reply_ep ? link_by_ep(cl, param->reply_ep) : NULL;
+  struct data_hdr hdr;
+  struct gshm_list *pos;
+
+  if (!l || l->inbound || l->state != LINK_UP || header_length != sizeof(hdr)) {
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
+      ucp_am_data_release(cl->worker, data);
+    if (l && l->state == LINK_UP)
+      link_refuse(l, REFUSE_PROTOCOL, -EPROTO, "unexpected data message");
+    else if (!l)
+      refused(cl, REFUSE_PROTOCOL, "a data message from an unknown endpoint", "dropped");
+    return UCS_OK;
+  }
+  memcpy(&hdr, header, sizeof(hdr));
+  gshm_list_foreach(pos, &l->ops) {
+    struct op *op = gshm_list_entry(pos, struct op, node);
+    if (op->request_id == hdr.request_id && op->on_data) {
+      gshm_list_del(&op->node);
+      op->queued = false;
+      op->on_data(op, data, length, param);
+      return UCS_OK;
+    }
+  }
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
+    ucp_am_data_release(cl->worker, data);
+  link_refuse(l, REFUSE_PROTOCOL, -EPROTO, "data for no request");
   return UCS_OK;
 }
 
@@ -1355,7 +1503,14 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
 
 static int setup_ucp(struct gshmd_cluster *cl) {
   ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
-                    .features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
+                    /* No UCP_FEATURE_RMA: with it UCX 1.13 answers software
+                     * GET requests (transports without RMA, such as tcp) from
+                     * any endpoint at any address, before gshm's hello, and
+                     * aborts gshmd when the reader died meanwhile
+                     * (ucp_get_req_handler: "unexpected error: Endpoint
+                     * timeout").  The bytes go as active messages, by
+                     * rendezvous when large. */
+                    .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
                     .mt_workers_shared = 0};
   ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                             .thread_mode = UCS_THREAD_MODE_SINGLE};
@@ -1379,6 +1534,10 @@ static int setup_ucp(struct gshmd_cluster *cl) {
     goto fail;
   if ((st = ucp_worker_get_efd(cl->worker, &cl->efd)) != UCS_OK)
     goto fail;
+  if ((st = ucp_worker_set_am_recv_handler(cl->worker, &ap)) != UCS_OK)
+    goto fail;
+  ap.id = GSHMD_CLUSTER_DATA_AM_ID;
+  ap.cb = on_data_am;
   if ((st = ucp_worker_set_am_recv_handler(cl->worker, &ap)) != UCS_OK)
     goto fail;
   gshm_log_info("cluster: UCX %s; device memory %s", ucp_get_version_string(),

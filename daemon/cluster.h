@@ -4,7 +4,8 @@
  * the worker's event fd (ucp_worker_get_efd + ucp_worker_arm): nothing
  * busy-polls.  A ucp_listener takes peers' endpoints; this daemon opens
  * one endpoint to each configured peer for its own requests.  Control is
- * active messages (proto/cluster.proto), bytes are one-sided gets.
+ * active messages (proto/cluster.proto); the bytes are data messages sent
+ * by rendezvous from registered memory (no UCP RMA: docs/CLUSTER.md).
  *
  * The cluster is on when cluster.listen or cluster.peers is set. */
 #ifndef GSHMD_CLUSTER_H

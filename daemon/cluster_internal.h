@@ -15,7 +15,15 @@
 #include "cluster.pb-c.h"
 #include "list.h"
 
-#define GSHMD_CLUSTER_AM_ID 0x67    /* the one active message id gshmd uses */
+#define GSHMD_CLUSTER_AM_ID 0x67      /* control: one Msg per message */
+#define GSHMD_CLUSTER_DATA_AM_ID 0x68 /* bytes: struct data_hdr, then the bytes */
+
+/* The header of a data message. */
+struct data_hdr {
+  uint32_t request_id;      /* of the Read or Stage it answers */
+  uint32_t reserved;
+  uint64_t offset;          /* in the segment */
+};
 #define GSHMD_CLUSTER_MAJOR 1
 #define GSHMD_CLUSTER_MINOR 0
 #define GSHMD_CLUSTER_NONCE 32
@@ -74,6 +82,10 @@ struct op {
   uint32_t request_id;
   Gshm__Cluster__Msg *msg;   /* what to send (owned by the maker) */
   op_done_fn done;
+  /* Read and Stage: the bytes of the answer (data is UCX's: copy it, or
+   * start ucp_am_recv_data_nbx on it when param says RNDV, before
+   * returning).  The op is off every list when it is called. */
+  void (*on_data)(struct op *op, void *data, size_t len, const ucp_am_recv_param_t *param);
   void *arg;
   bool queued;               /* on a list */
   bool sent;                 /* on the link: only the answer or the link's end completes it */
@@ -94,7 +106,8 @@ struct link {
   struct gshm_list pulls;    /* struct pull.link_node using this link */
   struct gshm_list node;     /* cl->links */
   uint32_t next_request;
-  unsigned staged_busy;      /* inbound: staging copies running (the link waits for them) */
+  unsigned busy;             /* inbound: staging copies and data sends running; the
+                                link's leases and buffers wait for them */
   struct gshm_list staged;   /* inbound: struct stage_grant (stage.c) */
   void *close_req;           /* ucp_ep_close_nbx's request while closing */
 };
@@ -161,6 +174,16 @@ struct peer *gshmd__cluster_peer(struct gshmd_cluster *cl, const char *name);
 /* Sends op on link l, which is up (an op of a running pull: never queued
  * for a new endpoint).  Its done reports a failure. */
 void gshmd__cluster_op_send(struct link *l, struct op *op);
+/* Sends the bytes [src, src + len) answering request rid on l (data
+ * message; memh: their registration, or NULL).  l->busy counts the send
+ * until it completes; then done(arg, status) runs.  Returns 0 or a
+ * negative errno (done not called). */
+int gshmd__cluster_send_data(struct link *l, uint32_t rid, uint64_t offset, const void *src,
+                             uint64_t len, ucp_mem_h memh, void (*done)(void *arg, ucs_status_t st),
+                             void *arg);
+/* A busy link's count went down: when it reaches 0 on a failed link, its
+ * cleanup happens. */
+void gshmd__cluster_link_unbusy(struct gshmd_cluster *cl, struct link *l);
 /* A host segment's read-only mapping in gshmd (made with its UCX
  * registration, kept until the segment is freed).  Errors: -ENOMEM, -EIO. */
 int gshmd__cluster_host_map(struct gshmd_cluster *cl, struct gshmd_segment *seg,

@@ -126,7 +126,7 @@
   X(cluster, listen, STR, cluster_listen, "", 0, 128, NULL,                     \
     "Serve peer nodes over UCX on ADDRESS:PORT (e.g. 10.0.0.5:7470); empty "    \
     "turns the cluster off. Daemons talk UCP only: active messages for "        \
-    "control, one-sided gets for the bytes. See docs/CLUSTER.md.")             \
+    "control, rendezvous sends for the bytes. See docs/CLUSTER.md.")         \
   X(cluster, node_name, STR, cluster_node_name, "", 0, 63, NULL,                \
     "This node's name as its peers know it (their cluster.peers); empty: the "  \
     "host name.")                                                               \
@@ -144,9 +144,9 @@
     "Members of this group (and admins) may pull segments from peers; empty "   \
     "means admins only.")                                                       \
   X(cluster, pull_chunk, SIZE, cluster_pull_chunk, "8M", 4096, 1073741824,      \
-    NULL, "Bytes per one-sided get (and per staging slot) of a pull.")          \
+    NULL, "Bytes per read request (and per staging slot) of a pull.")         \
   X(cluster, pull_depth, U32, cluster_pull_depth, "8", 1, 256, NULL,            \
-    "Gets (or staged chunks) in flight per pull.")                              \
+    "Read requests (or staged chunks) in flight per pull.")                     \
   X(cluster, staging_bytes, SIZE, cluster_staging_bytes, "64M", 1048576,        \
     68719476736, NULL,                                                          \
     "Pinned host memory for one staged device pull on each side (served and "   \

@@ -1,7 +1,7 @@
 /* The reading side of a pull: a read grant from the peer, a new local
- * segment owned by the requesting user, pipelined one-sided gets into it,
- * progress replies to the requester, and on any failure the partial
- * segment removed (docs/CLUSTER.md). */
+ * segment owned by the requesting user, pipelined chunk reads whose bytes
+ * are received straight into it, progress replies to the requester, and
+ * on any failure the partial segment removed (docs/CLUSTER.md). */
 #include <errno.h>
 #include <stdarg.h>
 #include <inttypes.h>
@@ -24,15 +24,17 @@
 
 struct pull;
 
-/* One chunk in flight: [staged on the peer] -> get -> [copied into the
- * local device segment]. */
+/* One chunk in flight: asked for (Read, or Stage: copied into a slot on
+ * the peer first) -> its bytes received -> [copied into the local device
+ * segment from a local slot]. */
 struct chunk {
   struct pull *p;
   uint64_t off, len;
   uint32_t slot;             /* staging slot (both sides), when staging */
-  struct op op;              /* Stage, when the peer stages */
+  struct op op;              /* Read, or Stage when the peer stages */
   Gshm__Cluster__Msg msg;
   Gshm__Cluster__Stage st;
+  Gshm__Cluster__Read rd;
   struct stage_copy sc;      /* slot -> local device segment */
 };
 
@@ -136,18 +138,11 @@ static void on_copied(struct stage_copy *sc, int err) {
   chunk_end(sc->arg, err, "copying into the local device segment failed");
 }
 
-static void on_get_done(void *request, ucs_status_t status, void *user_data) {
-  struct chunk *c = user_data;
+/* The chunk's bytes are where the answer put them: into the local
+ * device segment from its slot, or done. */
+static void chunk_landed(struct chunk *c) {
   struct pull *p = c->p;
-  char why[200];
 
-  ucp_request_free(request);
-  if (status != UCS_OK) {
-    snprintf(why, sizeof(why), "reading from peer '%s' failed: %s", p->peer->name,
-             ucs_status_string(status));
-    chunk_end(c, -ECONNRESET, why);
-    return;
-  }
   if (!p->local_staged) {
     chunk_end(c, 0, NULL);
     return;
@@ -163,73 +158,82 @@ static void on_get_done(void *request, ucs_status_t status, void *user_data) {
     chunk_end(c, -ENOMEM, "out of memory");
 }
 
-static void chunk_get(struct chunk *c) {
-  struct pull *p = c->p;
-  ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                            UCP_OP_ATTR_FIELD_USER_DATA |
-                                            UCP_OP_ATTR_FIELD_MEMH,
-                            .cb.send = on_get_done,
-                            .user_data = c};
-  uint64_t src = p->remote_staged ? p->remote_addr + (uint64_t)c->slot * p->remote_slot_size
-                                  : p->remote_addr + c->off;
-  void *dst;
-  ucs_status_ptr_t sp;
+static void on_recv_done(void *request, ucs_status_t status, size_t length, void *user_data) {
+  struct chunk *c = user_data;
+  char why[200];
 
-  if (!p->link) {
-    chunk_end(c, -ECONNRESET, "peer lost");
+  ucp_request_free(request);
+  if (status != UCS_OK || length != c->len) {
+    snprintf(why, sizeof(why), "receiving from peer '%s' failed: %s", c->p->peer->name,
+             status != UCS_OK ? ucs_status_string(status) : "short message");
+    chunk_end(c, -ECONNRESET, why);
     return;
   }
-  if (p->local_staged) {
-    dst = (uint8_t *)p->lsb->addr + (uint64_t)c->slot * p->lsb->slot_size;
-    rp.memh = p->lsb->memh;
-  } else {
-    dst = (uint8_t *)p->dst + c->off;
-    rp.memh = p->memh;
-  }
-  sp = ucp_get_nbx(p->link->ep, dst, c->len, src, p->rkey, &rp);
-  if (UCS_PTR_IS_PTR(sp))
-    return;
-  if (UCS_PTR_STATUS(sp) != UCS_OK) {
-    char why[200];
-    snprintf(why, sizeof(why), "get from peer '%s' failed: %s", p->peer->name,
-             ucs_status_string(UCS_PTR_STATUS(sp)));
-    chunk_end(c, -EIO, why);
-    return;
-  }
-  /* done at once: the same steps as a completion (no request to free) */
-  if (!p->local_staged) {
-    chunk_end(c, 0, NULL);
-  } else {
-    c->sc.mem = p->mem;
-    c->sc.offset = c->off;
-    c->sc.len = c->len;
-    c->sc.host = dst;
-    c->sc.to_segment = true;
-    c->sc.done = on_copied;
-    c->sc.arg = c;
-    if (gshmd_stage_copy(p->cl, &c->sc))
-      chunk_end(c, -ENOMEM, "out of memory");
-  }
+  chunk_landed(c);
 }
 
-static void on_staged(struct op *op, int err, const char *why, const Gshm__Cluster__Msg *m) {
+/* The answer's bytes: copied (eager), or received by rendezvous straight
+ * into place (the segment, or the local slot). */
+static void on_chunk_data(struct op *op, void *data, size_t len, const ucp_am_recv_param_t *param) {
+  struct chunk *c = op->arg;
+  struct pull *p = c->p;
+  void *dst = p->local_staged ? (uint8_t *)p->lsb->addr + (uint64_t)c->slot * p->lsb->slot_size
+                              : (uint8_t *)p->dst + c->off;
+  ucp_mem_h memh = p->local_staged ? p->lsb->memh : p->memh;
+
+  if (len != c->len) {
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
+      ucp_am_data_release(p->cl->worker, data);
+    chunk_end(c, -EPROTO, "the peer sent a chunk of the wrong size");
+    return;
+  }
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.recv_am = on_recv_done,
+                              .user_data = c};
+    ucs_status_ptr_t sp;
+    if (memh) {
+      rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      rp.memh = memh;
+    }
+    sp = ucp_am_recv_data_nbx(p->cl->worker, data, dst, len, &rp);
+    if (UCS_PTR_IS_PTR(sp))
+      return;
+    if (UCS_PTR_STATUS(sp) != UCS_OK) {
+      chunk_end(c, -ECONNRESET, "receiving from the peer failed");
+      return;
+    }
+  } else if (p->mem->device_index >= 0 && !p->local_staged) {
+    /* the direct path, a small chunk: into device memory by the driver */
+    int e = p->mem->backend->ops->copy_host(p->mem->backend, p->mem, c->off, data, len, true);
+    if (e) {
+      chunk_end(c, e, "copying into the local device segment failed");
+      return;
+    }
+  } else {
+    memcpy(dst, data, len);
+  }
+  chunk_landed(c);
+}
+
+static void on_chunk_answer(struct op *op, int err, const char *why,
+                            const Gshm__Cluster__Msg *m) {
   struct chunk *c = op->arg;
   char buf[240];
 
-  if (!err && (m->body_case != GSHM__CLUSTER__MSG__BODY_STAGED || m->staged->slot != c->slot)) {
+  (void)m;
+  if (!err) { /* an answer without bytes */
     err = -EPROTO;
-    why = "the peer answered a stage request with something else";
+    why = "the peer answered a read without the bytes";
   }
-  if (err) {
-    snprintf(buf, sizeof(buf), "peer '%s': %s", c->p->peer->name, why);
-    chunk_end(c, err, buf);
-    return;
-  }
-  chunk_get(c);
+  snprintf(buf, sizeof(buf), "peer '%s': %s", c->p->peer->name, why);
+  chunk_end(c, err, buf);
 }
 
 /* Keeps cluster.pull_depth chunks in flight (and no more than there are
- * staging slots). */
+ * staging slots): each a Read (or, from a staging peer, a Stage) answered
+ * with its bytes. */
 static void issue_chunks(struct pull *p) {
   struct gshmd_cluster *cl = p->cl;
 
@@ -247,8 +251,8 @@ static void issue_chunks(struct pull *p) {
       c->slot = p->free_slots[--p->nfree];
     p->next_off += c->len;
     p->inflight++;
+    gshm__cluster__msg__init(&c->msg);
     if (p->remote_staged) {
-      gshm__cluster__msg__init(&c->msg);
       gshm__cluster__stage__init(&c->st);
       c->st.grant_id = p->grant_id;
       c->st.offset = c->off;
@@ -256,18 +260,24 @@ static void issue_chunks(struct pull *p) {
       c->st.slot = c->slot;
       c->msg.body_case = GSHM__CLUSTER__MSG__BODY_STAGE;
       c->msg.stage = &c->st;
-      c->op.msg = &c->msg;
-      c->op.done = on_staged;
-      c->op.arg = c;
-      c->op.peer = p->peer;
-      if (!p->link) {
-        chunk_end(c, -ECONNRESET, "peer lost");
-        break;
-      }
-      gshmd__cluster_op_send(p->link, &c->op);
     } else {
-      chunk_get(c);
+      gshm__cluster__read__init(&c->rd);
+      c->rd.grant_id = p->grant_id;
+      c->rd.offset = c->off;
+      c->rd.length = c->len;
+      c->msg.body_case = GSHM__CLUSTER__MSG__BODY_READ;
+      c->msg.read = &c->rd;
     }
+    c->op.msg = &c->msg;
+    c->op.done = on_chunk_answer;
+    c->op.on_data = on_chunk_data;
+    c->op.arg = c;
+    c->op.peer = p->peer;
+    if (!p->link) {
+      chunk_end(c, -ECONNRESET, "peer lost");
+      break;
+    }
+    gshmd__cluster_op_send(p->link, &c->op);
   }
   if (!p->err && p->done == p->total && p->inflight == 0)
     p->finished = true;
@@ -411,10 +421,10 @@ static void grant_done(struct op *op, int err, const char *why, const Gshm__Clus
                "memory support)");
     else if (g->path == GSHM__CLUSTER__PATH__PATH_DIRECT)
       snprintf(p->path_reason, sizeof(p->path_reason),
-               "device segment registered by the peer's CUDA-aware UCX, read directly");
+               "device segment registered by the peer's CUDA-aware UCX, sent directly");
     else
       snprintf(p->path_reason, sizeof(p->path_reason),
-               "host segment: registered once by the peer, read with one-sided gets");
+               "host segment: registered once by the peer, sent zero-copy by rendezvous");
     if (p->remote_staged || p->local_staged)
       p->path = GSHM__CLUSTER__PATH__PATH_STAGED;
   }
@@ -452,12 +462,6 @@ static void grant_done(struct op *op, int err, const char *why, const Gshm__Clus
   }
   if (make_local(p, g->segment))
     return;
-  if (ucp_ep_rkey_unpack(p->link->ep, g->rkey.data, &p->rkey) != UCS_OK) {
-    p->rkey = NULL;
-    pull_fail(p, -EPROTO, "peer '%s' sent a key UCX cannot unpack", p->peer->name);
-    return;
-  }
-  p->remote_addr = g->address;
   p->total = g->segment->size;
   gshm_log_info("cluster: pulling '%s' from peer '%s' into '%s' at %s: %" PRIu64
                 " bytes, path %s (%s)",

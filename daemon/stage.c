@@ -136,21 +136,20 @@ int gshmd_stage_copy(struct gshmd_cluster *cl, struct stage_copy *sc) {
 }
 
 int gshmd_stage_grant_new(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id,
-                          struct stage_grant **g_out) {
+                          bool staged, struct stage_grant **g_out) {
   struct stage_grant *g;
   struct gshm_list *pos;
   unsigned n = 0;
   int e;
 
   gshm_list_foreach(pos, &l->staged) {
-    n++;
+    n += gshm_list_entry(pos, struct stage_grant, node)->sb != NULL;
   }
-  (void)pos;
-  if (n >= MAX_STAGED_GRANTS)
+  if (staged && n >= MAX_STAGED_GRANTS)
     return -EBUSY;
   if (!(g = calloc(1, sizeof(*g))))
     return -ENOMEM;
-  if ((e = gshmd_stage_buf_new(cl, cl->cfg->cluster_pull_chunk, true, &g->sb))) {
+  if (staged && (e = gshmd_stage_buf_new(cl, cl->cfg->cluster_pull_chunk, true, &g->sb))) {
     free(g);
     return e;
   }
@@ -168,6 +167,11 @@ static struct stage_grant *grant_find(struct link *l, uint64_t grant_id) {
       return g;
   }
   return NULL;
+}
+
+struct stage_grant *gshmd_stage_grant_find(struct link *l, uint64_t grant_id) {
+  struct stage_grant *g = grant_find(l, grant_id);
+  return g && !g->released ? g : NULL;
 }
 
 static void grant_free(struct gshmd_cluster *cl, struct stage_grant *g) {
@@ -202,37 +206,50 @@ struct serve_job {
   uint32_t rid, slot;
 };
 
+void gshmd_stage_grant_unbusy(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id) {
+  struct stage_grant *g = grant_find(l, grant_id);
+
+  if (g && --g->busy == 0 && g->released) {
+    /* a Release that came mid-send: the grant and its lease end now */
+    grant_free(cl, g);
+    gshmd__cluster_grant_close(cl, l, grant_id);
+  }
+}
+
+/* The grant's part of a Stage ends (its bytes sent, or not). */
+static void serve_end(struct serve_job *j) {
+  gshmd_stage_grant_unbusy(j->cl, j->l, j->grant_id);
+  free(j);
+}
+
+static void on_slot_sent(void *arg, ucs_status_t st) {
+  (void)st;
+  serve_end(arg);
+}
+
 static void serve_done(struct stage_copy *sc, int err) {
   struct serve_job *j = sc->arg;
   struct link *l = j->l;
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
-  Gshm__Cluster__Staged st = GSHM__CLUSTER__STAGED__INIT;
-
+  struct gshmd_cluster *cl = j->cl;
   struct stage_grant *g = grant_find(l, j->grant_id);
 
-  l->staged_busy--;
-  if (g && --g->busy == 0 && g->released) {
-    /* a Release that came mid-copy: the grant and its lease end now */
-    grant_free(j->cl, g);
-    gshmd__cluster_grant_close(j->cl, l, j->grant_id);
-    g = NULL;
-  }
-  if (l->state == LINK_UP && g) {
-    m.request_id = j->rid;
-    if (err) {
+  if (!err && (!g || g->released || l->state != LINK_UP))
+    err = -ESTALE;
+  if (!err)
+    err = gshmd__cluster_send_data(l, j->rid, j->sc.offset, j->sc.host, j->sc.len, g->sb->memh,
+                                   on_slot_sent, j);
+  l->busy--; /* the copy's count; a send counts itself */
+  if (err) {
+    if (l->state == LINK_UP) {
+      Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+      m.request_id = j->rid;
       m.status = (uint32_t)gshm__errno_to_status(err);
       m.message = "the staging copy failed";
-    } else {
-      m.status = GSHM__STATUS__STATUS_OK;
-      st.slot = j->slot;
-      m.body_case = GSHM__CLUSTER__MSG__BODY_STAGED;
-      m.staged = &st;
+      gshmd__cluster_send(l, &m);
     }
-    gshmd__cluster_send(l, &m);
-  } else if (l->staged_busy == 0) {
-    gshmd__cluster_link_idle(j->cl, l); /* the cleanup link_fail left for us */
+    serve_end(j);
   }
-  free(j);
+  gshmd__cluster_link_unbusy(cl, l);
 }
 
 int gshmd_stage_serve(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
@@ -242,7 +259,7 @@ int gshmd_stage_serve(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
   uint8_t *map = NULL;
   int e;
 
-  if (!g || g->released)
+  if (!g || g->released || !g->sb)
     return -ESTALE;
   if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
       s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)
@@ -268,7 +285,7 @@ int gshmd_stage_serve(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
     free(j);
     return e;
   }
-  l->staged_busy++;
+  l->busy++;
   g->busy++;
   return 0;
 }

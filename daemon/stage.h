@@ -26,10 +26,11 @@ struct stage_buf {
   size_t rkey_len;
 };
 
-/* One staged grant being served: its slots. */
+/* One grant being served: its data sends (and copies) in flight, and for
+ * a staged grant its slots. */
 struct stage_grant {
   uint64_t grant_id;
-  struct stage_buf *sb;
+  struct stage_buf *sb;  /* NULL: not staged */
   unsigned busy;         /* copies into its slots running */
   bool released;         /* Release came while busy: ends when the copies do */
   struct gshm_list node; /* link->staged */
@@ -67,11 +68,17 @@ struct stage_copy {
 };
 int gshmd_stage_copy(struct gshmd_cluster *cl, struct stage_copy *sc);
 
-/* Serving: a staged grant on link l for segment seg (made at grant time,
- * freed at release or when the link ends).  Errors: -EBUSY too many
- * staged grants on this link, as gshmd_stage_buf_new. */
+/* Serving: the record of a grant on link l (made at grant time, freed at
+ * release or when the link ends); staged: with its slots.  Errors:
+ * -EBUSY too many staged grants on this link, -ENOMEM, as
+ * gshmd_stage_buf_new. */
 int gshmd_stage_grant_new(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id,
-                          struct stage_grant **g_out);
+                          bool staged, struct stage_grant **g_out);
+/* The grant record of l, NULL when none (or released). */
+struct stage_grant *gshmd_stage_grant_find(struct link *l, uint64_t grant_id);
+/* One send or copy of the grant ended: a Release that came meanwhile
+ * takes effect with the last. */
+void gshmd_stage_grant_unbusy(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id);
 /* Release of a grant: ends it now, or when its copies finish.  Returns
  * true when the grant ended now (or was not staged): the caller closes
  * its lease; false: stage.c closes it later. */
@@ -79,7 +86,7 @@ bool gshmd_stage_grant_release(struct gshmd_cluster *cl, struct link *l, uint64_
 /* Frees every staged grant of l (the link ended, no copy running). */
 void gshmd_stage_link_end(struct gshmd_cluster *cl, struct link *l);
 /* Copies the chunk a Stage message names from seg into its slot and
- * answers Staged (request_id rid) on l once the bytes are in host memory.
+ * sends them from there as the data message answering request rid.
  * Errors (nothing sent): -ESTALE no such staged grant, -EINVAL range or
  * slot, -ENOMEM. */
 int gshmd_stage_serve(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
