@@ -309,8 +309,113 @@ static void test_unlink_then_vanish(void **state) {
   /* teardown: gshmd still serves the bystander, fds back to baseline */
 }
 
+/* One LIST_* request on a raw connection; returns the reply (free it). */
+static Gshm__Reply *list_raw(int fd, uint16_t type, uint64_t after, uint32_t limit) {
+  static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
+  static uint32_t id = 100;
+  Gshm__ListRequest m = GSHM__LIST_REQUEST__INIT;
+  struct gshm_wire_header h;
+  Gshm__Reply *r;
+  int fds[4], nfds = 0;
+  ssize_t n;
+
+  m.after = after;
+  m.limit = limit;
+  assert_int_equal(gshm__wire_send(fd, type, ++id, &m.base, -1), 0);
+  n = gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds, 0);
+  assert_true(n > 0);
+  assert_int_equal(nfds, 0);
+  assert_int_equal(gshm__wire_parse_header(buf, (size_t)n, &h), 0);
+  assert_int_equal(h.type, type | GSHM_WIRE_REPLY);
+  assert_int_equal(h.request_id, id);
+  assert_non_null(r = gshm__reply__unpack(NULL, h.length, buf + GSHM_WIRE_HEADER_SIZE));
+  assert_int_equal(r->status, GSHM__STATUS__STATUS_OK);
+  return r;
+}
+
+/* The one list pager (requests.c list_page) at its edges, for each kind:
+ * a page filled exactly by the limit ends the list (next 0), a shorter
+ * limit gives the cursor of its last item, a cursor past the end gives an
+ * empty page, and a cursor naming a segment that is gone starts after it. */
+static void test_list_pages(void **state) {
+  struct fx *f = *state;
+  gshm_segment_t *p1, *p2;
+  uint64_t ids[3];
+  Gshm__Reply *r;
+  int fd = raw_connect(f);
+
+  send_hello(fd, GSHM_PROTO_MAJOR);
+  assert_int_equal(read_status(fd, NULL, 0), GSHM__STATUS__STATUS_OK);
+  assert_int_equal(gshm_create(f->bystander, "p1", 1, NULL, 0600, 0, &p1), 0);
+  assert_int_equal(gshm_create(f->bystander, "p2", 1, NULL, 0600, 0, &p2), 0);
+
+  /* segments: kept, p1, p2 */
+  r = list_raw(fd, GSHM_WIRE_LIST_SEGMENTS, 0, 3);
+  assert_int_equal(r->segments->n_segments, 3);
+  assert_int_equal(r->segments->next, 0); /* exactly full: no empty page after */
+  for (int i = 0; i < 3; i++)
+    ids[i] = r->segments->segments[i]->id;
+  assert_true(ids[0] < ids[1] && ids[1] < ids[2]);
+  gshm__reply__free_unpacked(r, NULL);
+  r = list_raw(fd, GSHM_WIRE_LIST_SEGMENTS, 0, 2);
+  assert_int_equal(r->segments->n_segments, 2);
+  assert_int_equal(r->segments->next, ids[1]);
+  gshm__reply__free_unpacked(r, NULL);
+  r = list_raw(fd, GSHM_WIRE_LIST_SEGMENTS, ids[1], 2);
+  assert_int_equal(r->segments->n_segments, 1);
+  assert_int_equal(r->segments->segments[0]->id, ids[2]);
+  assert_int_equal(r->segments->next, 0);
+  gshm__reply__free_unpacked(r, NULL);
+  r = list_raw(fd, GSHM_WIRE_LIST_SEGMENTS, ids[2], 0);
+  assert_int_equal(r->segments->n_segments, 0); /* empty page */
+  assert_int_equal(r->segments->next, 0);
+  gshm__reply__free_unpacked(r, NULL);
+  assert_int_equal(gshm_unlink(f->bystander, "p1"), 0);
+  gshm_close(p1); /* p1 is gone: its id is no longer in the registry */
+  r = list_raw(fd, GSHM_WIRE_LIST_SEGMENTS, ids[1], 0);
+  assert_int_equal(r->segments->n_segments, 1);
+  assert_int_equal(r->segments->segments[0]->id, ids[2]);
+  gshm__reply__free_unpacked(r, NULL);
+
+  /* leases: the bystander's on kept and p2 */
+  r = list_raw(fd, GSHM_WIRE_LIST_LEASES, 0, 2);
+  assert_int_equal(r->leases->n_leases, 2);
+  assert_int_equal(r->leases->next, 0);
+  gshm__reply__free_unpacked(r, NULL);
+  r = list_raw(fd, GSHM_WIRE_LIST_LEASES, 0, 1);
+  assert_int_equal(r->leases->n_leases, 1);
+  assert_int_equal(r->leases->next, r->leases->leases[0]->lease_id);
+  ids[0] = r->leases->next;
+  gshm__reply__free_unpacked(r, NULL);
+  r = list_raw(fd, GSHM_WIRE_LIST_LEASES, ids[0], 1);
+  assert_int_equal(r->leases->n_leases, 1);
+  assert_true(r->leases->leases[0]->lease_id > ids[0]);
+  assert_int_equal(r->leases->next, 0);
+  gshm__reply__free_unpacked(r, NULL);
+
+  /* clients: the bystander and this raw connection */
+  r = list_raw(fd, GSHM_WIRE_LIST_CLIENTS, 0, 2);
+  assert_int_equal(r->clients->n_clients, 2);
+  assert_int_equal(r->clients->next, 0);
+  ids[0] = r->clients->clients[1]->session_id;
+  gshm__reply__free_unpacked(r, NULL);
+  r = list_raw(fd, GSHM_WIRE_LIST_CLIENTS, 0, 1);
+  assert_int_equal(r->clients->n_clients, 1);
+  assert_int_equal(r->clients->next, r->clients->clients[0]->session_id);
+  gshm__reply__free_unpacked(r, NULL);
+  r = list_raw(fd, GSHM_WIRE_LIST_CLIENTS, ids[0], 0);
+  assert_int_equal(r->clients->n_clients, 0);
+  assert_int_equal(r->clients->next, 0);
+  gshm__reply__free_unpacked(r, NULL);
+
+  assert_int_equal(gshm_unlink(f->bystander, "p2"), 0);
+  gshm_close(p2);
+  close(fd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_list_pages, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unlink_then_vanish, setup, teardown),
       cmocka_unit_test_setup_teardown(test_wrong_major_in_hello, setup, teardown),
       cmocka_unit_test_setup_teardown(test_wrong_major_in_header, setup, teardown),
