@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -619,6 +620,47 @@ static void test_puller_killed(void **state) {
   node_start(&B, "b", pp, key_path, "", NULL);
 }
 
+/* The requesting process dies mid-pull: the pull stops, its partial
+ * segment goes, the grant on the serving side ends. */
+static void test_requester_killed(void **state) {
+  gshm_client_t *a = connect_to(&A), *b;
+  gshm_segment_info_t st;
+  gshm_status_info_t sa;
+  pid_t child;
+  int i, status;
+  (void)state;
+
+  make_segment(a, "pub/orphan", 512 * MiB, 61);
+  child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    gshm_client_t *c;
+    if (gshm_connect(B.h.socket_path, "doomed", &c))
+      _exit(1);
+    gshm_pull(c, "a", "pub/orphan", &(gshm_pull_opts_t){.local_name = "orphan"}, NULL);
+    _exit(0);
+  }
+  b = connect_to(&B);
+  for (i = 0; i < 1000 && gshm_stat_name(b, "orphan", &st) != 0; i++)
+    usleep(2000);
+  assert_int_equal(gshm_stat_name(b, "orphan", &st), 0); /* the pull is under way */
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  for (i = 0; i < 200 && gshm_stat_name(b, "orphan", &st) == 0; i++)
+    usleep(20000);
+  assert_int_equal(gshm_stat_name(b, "orphan", &st), -ENOENT);
+  for (i = 0; i < 200; i++) {
+    assert_int_equal(gshm_status(a, &sa), 0);
+    if (sa.leases == 0)
+      break;
+    usleep(20000);
+  }
+  assert_int_equal(sa.leases, 0);
+  assert_int_equal(gshm_unlink(a, "pub/orphan"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 /* 10,000 random packets on A's cluster port while a local client keeps
  * being served; a pull works afterwards. */
 struct noise {
@@ -693,6 +735,7 @@ int main(void) {
       cmocka_unit_test(test_server_killed),
       cmocka_unit_test(test_unlink_during_pull),
       cmocka_unit_test(test_puller_killed),
+      cmocka_unit_test(test_requester_killed),
   };
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
