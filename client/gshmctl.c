@@ -1165,7 +1165,9 @@ int main(int argc, char **argv) {
     for (int r = 1; r < argc; r++) {
       if (!strcmp(argv[r], "--json") || !strcmp(argv[r], "-j")) {
         json_out = 1;
-      } else if ((!strcmp(argv[r], "--socket") || !strcmp(argv[r], "-s")) && r + 1 < argc) {
+      } else if (!strcmp(argv[r], "--socket") || !strcmp(argv[r], "-s")) {
+        if (r + 1 == argc)
+          return errorf(EXIT_USAGE, -EINVAL, "option '%s' needs a value", argv[r]);
         socket_path = argv[++r];
       } else if (!strncmp(argv[r], "--socket=", 9)) {
         socket_path = argv[r] + 9;
@@ -1192,11 +1194,15 @@ int main(int argc, char **argv) {
     }
   }
   /* A verb's arguments are checked before connecting: a usage error is
-   * exit 2 whether or not gshmd runs. */
-  if (strcmp(verb, "status") && strcmp(verb, "peers") && strcmp(verb, "mappings") &&
-      strcmp(verb, "clients") && strcmp(verb, "devices") && strcmp(verb, "metrics") &&
-      (rc = dispatch(NULL, verb, argc, argv)))
+   * exit 2 whether or not gshmd runs.  The listing verbs take none. */
+  if (!strcmp(verb, "status") || !strcmp(verb, "peers") || !strcmp(verb, "mappings") ||
+      !strcmp(verb, "clients") || !strcmp(verb, "devices") || !strcmp(verb, "metrics")) {
+    if (argc > 1)
+      return errorf(EXIT_USAGE, -EINVAL, "%s: %s '%s' (it takes none)", verb,
+                    argv[1][0] == '-' ? "unknown option" : "unexpected argument", argv[1]);
+  } else if ((rc = dispatch(NULL, verb, argc, argv))) {
     return rc;
+  }
   if ((rc = connect_daemon(&c)))
     return rc;
   rc = dispatch(c, verb, argc, argv);

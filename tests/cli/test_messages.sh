@@ -100,6 +100,14 @@ usage_json segments extra
 usage_json pull no-colon
 usage_json pull a:b --frob
 usage_json frobnicate
+usage_json status --socket
+has err "option '--socket' needs a value"
+# the listing verbs take no arguments: a typo is not silently ignored
+usage_json status x
+has err "status: unexpected argument 'x'"
+run 2 mappings --frob
+has err "gshmctl: mappings: unknown option '--frob'"
+usage_json clients --frob
 # the errno's name is libgshm's: ENOTSUP (the same value as EOPNOTSUPP)
 run 1 --json create g 4K --location cuda:0
 json err "d['error']['errno'] == 'ENOTSUP'"
