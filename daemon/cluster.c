@@ -39,6 +39,7 @@ struct export_reg {
 };
 
 static void link_fail(struct link *l, int err, const char *why);
+static int setup_listener(struct gshmd_cluster *cl);
 static void link_handle(struct link *l, Gshm__Cluster__Msg *m);
 static void peer_connect(struct gshmd_cluster *cl, struct peer *p);
 
@@ -1249,6 +1250,8 @@ static void on_sweep(uv_timer_t *t) {
                   1000000;
   struct gshm_list *pos, *tmp;
 
+  if (cl->listen_pending)
+    setup_listener(cl);
   gshm_list_foreach_safe(pos, tmp, &cl->links) {
     struct link *l = gshm_list_entry(pos, struct link, node);
     if (l->state == LINK_REFUSED && now - l->since_ns > 1000000000LL)
@@ -1568,11 +1571,18 @@ static int setup_listener(struct gshmd_cluster *cl) {
   lp.conn_handler.cb = on_conn_request;
   lp.conn_handler.arg = cl;
   if ((st = ucp_listener_create(cl->worker, &lp, &cl->listener)) != UCS_OK) {
-    gshm_log_err("cluster: cannot listen on %s: %s", cl->cfg->cluster_listen,
-                 ucs_status_string(st));
+    /* Usually the port of a gshmd that just died, still in TIME_WAIT:
+     * local clients must not wait for it, so the sweep tries again. */
+    if (!cl->listen_pending)
+      gshm_log_warn("cluster: cannot listen on %s yet (%s); trying again every second",
+                    cl->cfg->cluster_listen, ucs_status_string(st));
     cl->listener = NULL;
-    return -EIO;
+    cl->listen_pending = true;
+    return 0;
   }
+  if (cl->listen_pending)
+    gshm_log_notice("cluster: listening on %s now", cl->cfg->cluster_listen);
+  cl->listen_pending = false;
   gshm_log_info("cluster: node '%s' listening on %s, %u peer(s), %u export pattern(s)",
                 cl->node_name, cl->cfg->cluster_listen, cl->npeers, cl->nexport);
   return 0;

@@ -128,6 +128,7 @@ struct gshmd_cluster {
   uv_timer_t sweep;
   bool handles_on, idle_on, stopping;
   bool cuda_memory;          /* UCX registers CUDA memory (UCS_MEMORY_TYPE_CUDA) */
+  bool listen_pending;       /* cluster.listen could not be bound yet: retried by the sweep */
   struct peer *peers;
   unsigned npeers;
   struct gshm_list links;

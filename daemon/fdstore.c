@@ -87,6 +87,8 @@ static int store_meta(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
   x.flags = seg->flags;
   x.created_ns = seg->created_ns;
   x.unlinked = seg->unlinked;
+  if (seg->source)
+    x.source = seg->source;
   if ((e = sealed_record(&x.base, &fd)))
     return e;
   snprintf(name, sizeof(name), "meta-%" PRIu64 "-%" PRIu64, seg->id, seg->meta_version + 1);

@@ -305,6 +305,9 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   snprintf(src, sizeof(src), "%s:%s#%" PRIu64 ".%" PRIu64, p->peer->name, s->name, s->id,
            s->generation);
   p->lease->seg->source = strdup(src);
+  /* the fd store's record of the segment says where it came from */
+  if (cl->reg->on_event)
+    cl->reg->on_event(cl->reg, p->lease->seg, GSHMD_SEGMENT_CHANGED);
   mem = p->mem = p->lease->seg->mem;
   if (mem->device_index >= 0) {
     if (p->local_staged)

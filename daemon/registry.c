@@ -579,11 +579,17 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
   seg->flags = rec->flags;
   seg->created_ns = rec->created_ns;
   seg->unlinked = rec->unlinked;
+  if (rec->source && *rec->source && !(seg->source = strdup(rec->source))) {
+    free(seg->name);
+    free(seg);
+    return -ENOMEM;
+  }
   gshm_list_init(&seg->leases);
   if ((!seg->unlinked && !tsearch(seg, &r->by_name, cmp_name)) ||
       !tsearch(seg, &r->by_id, cmp_seg_id)) {
     if (!seg->unlinked)
       tdelete(seg, &r->by_name, cmp_name);
+    free(seg->source);
     free(seg->name);
     free(seg);
     return -ENOMEM;

@@ -661,6 +661,37 @@ static void test_requester_killed(void **state) {
   gshm_disconnect(b);
 }
 
+/* A pulled segment keeps its source across a restart of the daemon (the
+ * fd store's record carries it). */
+static void test_source_survives_restart(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  gshm_pull_result_t r;
+  gshm_segment_info_t st;
+  char want[GSHM_SOURCE_MAX];
+  (void)state;
+
+  make_segment(a, "pub/kept", 4096, 71);
+  assert_int_equal(gshm_pull(b, "a", "pub/kept", &(gshm_pull_opts_t){.local_name = "kept"}, &r),
+                   0);
+  snprintf(want, sizeof(want), "%s", r.segment.source);
+  assert_non_null(strstr(want, "a:pub/kept#"));
+  gshm_disconnect(b);
+  /* the same port at once: gshmd retries binding it meanwhile */
+  assert_int_equal(harness_restart(&B.h, SIGKILL, B.argv), 0);
+  b = connect_to(&B);
+  assert_int_equal(gshm_stat_name(b, "kept", &st), 0);
+  assert_string_equal(st.source, want);
+  check_segment(b, "kept", 4096, 71);
+  assert_int_equal(gshm_unlink(b, "kept"), 0);
+  /* and B pulls again once its endpoint to A is back */
+  assert_int_equal(gshm_pull(b, "a", "pub/kept", &(gshm_pull_opts_t){.local_name = "kept2"}, NULL),
+                   0);
+  assert_int_equal(gshm_unlink(b, "kept2"), 0);
+  assert_int_equal(gshm_unlink(a, "pub/kept"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 /* 10,000 random packets on A's cluster port while a local client keeps
  * being served; a pull works afterwards. */
 struct noise {
@@ -736,6 +767,7 @@ int main(void) {
       cmocka_unit_test(test_unlink_during_pull),
       cmocka_unit_test(test_puller_killed),
       cmocka_unit_test(test_requester_killed),
+      cmocka_unit_test(test_source_survives_restart),
   };
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
