@@ -622,30 +622,42 @@ static void test_puller_killed(void **state) {
 
 /* The requesting process dies mid-pull: the pull stops, its partial
  * segment goes, the grant on the serving side ends. */
+static void tell_parent(const gshm_pull_progress_t *pr, void *arg) {
+  (void)pr;
+  if (write(*(int *)arg, "p", 1) < 0)
+    _exit(3);
+}
+
 static void test_requester_killed(void **state) {
   gshm_client_t *a = connect_to(&A), *b;
   gshm_segment_info_t st;
   gshm_status_info_t sa;
   pid_t child;
-  int i, status;
+  int i, status, pipefd[2];
+  char ch;
   (void)state;
 
-  make_segment(a, "pub/orphan", 512 * MiB, 61);
+  make_segment(a, "pub/orphan", 1 * GiB, 61);
+  assert_int_equal(pipe(pipefd), 0);
   child = fork();
   assert_true(child >= 0);
   if (child == 0) {
     gshm_client_t *c;
+    gshm_pull_opts_t po = {.local_name = "orphan", .progress = tell_parent,
+                           .progress_arg = &pipefd[1]};
+    close(pipefd[0]);
     if (gshm_connect(B.h.socket_path, "doomed", &c))
       _exit(1);
-    gshm_pull(c, "a", "pub/orphan", &(gshm_pull_opts_t){.local_name = "orphan"}, NULL);
+    gshm_pull(c, "a", "pub/orphan", &po, NULL);
     _exit(0);
   }
-  b = connect_to(&B);
-  for (i = 0; i < 1000 && gshm_stat_name(b, "orphan", &st) != 0; i++)
-    usleep(2000);
-  assert_int_equal(gshm_stat_name(b, "orphan", &st), 0); /* the pull is under way */
+  close(pipefd[1]);
+  /* the first progress reply: the pull is under way */
+  assert_int_equal(read(pipefd[0], &ch, 1), 1);
   kill(child, SIGKILL);
   waitpid(child, &status, 0);
+  close(pipefd[0]);
+  b = connect_to(&B);
   for (i = 0; i < 200 && gshm_stat_name(b, "orphan", &st) == 0; i++)
     usleep(20000);
   assert_int_equal(gshm_stat_name(b, "orphan", &st), -ENOENT);
