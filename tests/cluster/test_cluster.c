@@ -673,6 +673,39 @@ static void test_requester_killed(void **state) {
   gshm_disconnect(b);
 }
 
+/* gshmctl peers, segments --peer and pull, as a user types them. */
+static void test_gshmctl(void **state) {
+  gshm_client_t *a = connect_to(&A);
+  char *out = NULL;
+  (void)state;
+
+  make_segment(a, "pub/cli", 65536, 81);
+  assert_int_equal(harness_gshmctl(&B.h, &out, (const char *[]){"peers", NULL}), 0);
+  assert_non_null(strstr(out, "node 'b'"));
+  assert_non_null(strstr(out, " up "));
+  free(out);
+  assert_int_equal(harness_gshmctl(&B.h, &out, (const char *[]){"segments", "--peer", "a", NULL}),
+                   0);
+  assert_non_null(strstr(out, "pub/cli"));
+  free(out);
+  assert_int_equal(harness_gshmctl(&B.h, &out,
+                                   (const char *[]){"--json", "pull", "a:pub/cli", "--as", "cli",
+                                                    "--mode", "0640", NULL}),
+                   0);
+  assert_non_null(strstr(out, "\"path\": \"host\""));
+  assert_non_null(strstr(out, "\"bytes\": 65536"));
+  free(out);
+  assert_int_equal(harness_gshmctl(&B.h, &out, (const char *[]){"segments", NULL}), 0);
+  assert_non_null(strstr(out, "from a:pub/cli#"));
+  assert_non_null(strstr(out, "0640"));
+  free(out);
+  assert_int_equal(harness_gshmctl(&B.h, NULL, (const char *[]){"pull", "a:pub/none", NULL}), 5);
+  assert_int_equal(harness_gshmctl(&B.h, NULL, (const char *[]){"pull", "no-colon", NULL}), 2);
+  assert_int_equal(harness_gshmctl(&B.h, NULL, (const char *[]){"unlink", "cli", NULL}), 0);
+  assert_int_equal(gshm_unlink(a, "pub/cli"), 0);
+  gshm_disconnect(a);
+}
+
 /* A pulled segment keeps its source across a restart of the daemon (the
  * fd store's record carries it). */
 static void test_source_survives_restart(void **state) {
@@ -780,6 +813,7 @@ int main(void) {
       cmocka_unit_test(test_puller_killed),
       cmocka_unit_test(test_requester_killed),
       cmocka_unit_test(test_source_survives_restart),
+      cmocka_unit_test(test_gshmctl),
   };
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
