@@ -93,6 +93,9 @@ static bool pump_until_readable(int fd) {
     uv_run(&loop, UV_RUN_NOWAIT);
     if (poll(&p, 1, 0) > 0)
       return true;
+    /* a dropped client's socket closes on the thread pool: wait for it */
+    if (srv.closes_pending)
+      uv_run(&loop, UV_RUN_ONCE);
   }
   /* gshmd closes a dropped connection's socket on the thread pool, so the
    * hang-up that answers a bad packet may still be on its way there. */
