@@ -968,7 +968,8 @@ int bench_control_main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   raise_nofile();
   if (!o.socket) {
-    const char *args[] = {"--backend", "host", "--log-level", "4", "--set", maxconn, NULL};
+    const char *args[] = {"--backend", "host", "--log-level", "4", "--set", maxconn,
+                          "--set", "quota.connections=0", NULL};
     snprintf(maxconn, sizeof(maxconn), "limits.max_connections=%u", o.idle + 1024);
     if ((e = gshm__spawn_init(&sp))) {
       fprintf(stderr, "gshm-bench control: %s\n", strerror(-e));

@@ -34,6 +34,7 @@ struct gshmd_config {
 
   /* [limits] */
   uint32_t max_connections;        /* default 4096 */
+  uint32_t admin_connections;      /* of those, kept for root and admins: default 64 */
   uint32_t max_segments;           /* default 65536; also sizes FileDescriptorStoreMax */
   uint32_t max_fds_per_connection; /* fds a client may send in one packet: 0 */
   uint32_t max_packet;             /* bytes, default 65536 */
@@ -43,7 +44,7 @@ struct gshmd_config {
   uint32_t idle_timeout_ms;        /* default 0 = never */
   uint32_t partial_timeout_ms;     /* default 5000 */
 
-  /* [quota] per uid; 0 = unlimited */
+  /* [quota] per uid; 0 = unlimited; root exempt */
   uint64_t quota_host_bytes;
   uint64_t quota_cuda_bytes;
   uint32_t quota_segments;

@@ -67,7 +67,13 @@
     "machine. 0 turns it off.")                                                 \
                                                                                 \
   X(limits, max_connections, U32, max_connections, "4096", 1, 1048576, NULL,    \
-    "Most client connections at once (all users).")                             \
+    "Most client connections at once (all users). The last "                    \
+    "admin_connections of them are kept for root and the admin group.")        \
+  X(limits, admin_connections, U32, admin_connections, "64", 0, 1048575, NULL,  \
+    "Connections of max_connections that only root and members of "             \
+    "daemon.admin_group may use, so that an admin can always connect (to look " \
+    "or to revoke) when other users hold all the rest; at most a quarter of "  \
+    "max_connections is kept.")                                                 \
   X(limits, max_segments, U32, max_segments, "65536", 1, 16777216, NULL,        \
     "Most segments at once (all users). Every segment's fd is kept in "         \
     "systemd's fd store, so FileDescriptorStoreMax= in gshmd.service must be "  \
@@ -104,10 +110,14 @@
     "(the driver cannot take it back) is not counted.")                        \
   X(quota, segments, U32, quota_segments, "0", 0, UINT32_MAX, NULL,             \
     "Per-uid limit on segments owned; 0 means unlimited.")                      \
-  X(quota, leases, U32, quota_leases, "0", 0, UINT32_MAX, NULL,                 \
-    "Per-uid limit on open leases; 0 means unlimited.")                         \
-  X(quota, connections, U32, quota_connections, "0", 0, UINT32_MAX, NULL,       \
-    "Per-uid limit on client connections; 0 means unlimited.")                  \
+  X(quota, leases, U32, quota_leases, "65536", 0, UINT32_MAX, NULL,             \
+    "Per-uid limit on open leases (root is exempt); 0 means unlimited. The "   \
+    "default is far above what a workload holds and keeps one user from "     \
+    "growing gshmd's memory without bound (about 150 bytes a lease).")          \
+  X(quota, connections, U32, quota_connections, "1024", 0, UINT32_MAX, NULL,    \
+    "Per-uid limit on client connections, counted from accept, before hello "   \
+    "(root is exempt); 0 means unlimited. Checked before "                      \
+    "limits.max_connections, so that one user cannot take every connection.")  \
                                                                                 \
   X(metrics, textfile, PATH, metrics_textfile, "", 0, 4095, NULL,               \
     "Write Prometheus text metrics to this file every interval_sec, replacing " \

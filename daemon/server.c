@@ -458,6 +458,19 @@ static bool over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred
   return true;
 }
 
+/* limits.max_connections, of which the last limits.admin_connections (at
+ * most a quarter) only root and the admin group may take. */
+static bool over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred) {
+  uint32_t max = s->cfg->max_connections, reserve = s->cfg->admin_connections;
+  uint32_t limit = cred->admin ? max : max - (reserve < max / 4 ? reserve : max / 4);
+
+  if (!max || s->nconns < limit)
+    return false;
+  gshm_log_warn("connection refused: %u connections, the limit%s", s->nconns,
+                cred->admin ? "" : " for users who are not admins");
+  return true;
+}
+
 static void on_accept(uv_poll_t *h, int status, int events) {
   struct gshmd_server *s = h->data;
 
@@ -480,11 +493,6 @@ static void on_accept(uv_poll_t *h, int status, int events) {
       gshm_log_notice("accepting connections again (%u open)", s->nconns);
       s->accept_logged = false;
     }
-    if (s->cfg->max_connections && s->nconns >= s->cfg->max_connections) {
-      gshm_log_warn("connection refused: %u connections, the limit", s->nconns);
-      close(fd);
-      continue;
-    }
     if (!(c = calloc(1, sizeof(*c)))) {
       close(fd);
       continue;
@@ -493,8 +501,10 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     c->fd = fd;
     gshm_list_init(&c->outq);
     c->accepted_ns = c->last_ns = gshm__now_ns(CLOCK_MONOTONIC);
+    /* The uid's quota first, then the global limit less the admins'
+     * reserve: one user can fill neither (issue 15). */
     if (peer_credentials(s, fd, &c->cred) || over_uid_quota(s, &c->cred) ||
-        uv_poll_init(s->loop, &c->poll, fd)) {
+        over_global_limit(s, &c->cred) || uv_poll_init(s->loop, &c->poll, fd)) {
       close(fd);
       free(c->cred.groups);
       free(c);

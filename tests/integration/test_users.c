@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -23,6 +25,7 @@
 
 #include "gshm.h"
 #include "harness.h"
+#include "wire.h"
 
 #define UID_A 60001
 #define UID_B 60002
@@ -460,6 +463,220 @@ static void test_setgid_ignores_environment(void **state) {
   unlink(copy);
 }
 
+/* ---- issue 15 item 3: fair defaults ---- */
+
+/* One reply's status on fd within 5 s (fds that come with it are closed);
+ * -1 on EOF or timeout. */
+static int raw_status(int fd) {
+  static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
+  struct gshm_wire_header hdr;
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  int fds[4], nfds = 0, st;
+  ssize_t n;
+  Gshm__Reply *r;
+
+  if (poll(&p, 1, 5000) != 1)
+    return -1;
+  n = gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds, 0);
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  if (n <= 0 || gshm__wire_parse_header(buf, (size_t)n, &hdr) ||
+      !(r = gshm__reply__unpack(NULL, hdr.length, buf + GSHM_WIRE_HEADER_SIZE)))
+    return -1;
+  st = r->status;
+  gshm__reply__free_unpacked(r, NULL);
+  return st;
+}
+
+/* A connection that said hello, or -1 when gshmd refused it. */
+static int hello_conn(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  Gshm__Hello m = GSHM__HELLO__INIT;
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+  m.major = GSHM_PROTO_MAJOR;
+  m.client_name = "hog";
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+      gshm__wire_send(fd, GSHM_WIRE_HELLO, 1, &m.base, -1) ||
+      raw_status(fd) != GSHM__STATUS__STATUS_OK) {
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* As uid `uid`: takes every connection and (leases > 0) every lease on
+ * fair/shared that gshmd gives it, writes both counts and the status that
+ * ended the leases to `out`, holds them until `hold` closes. */
+static void hog(uid_t uid, const char *path, int out, int hold, bool leases) {
+  enum { MAXC = 8192 };
+  static int conns[MAXC];
+  uint32_t report[3] = {0};
+  struct rlimit rl = {MAXC + 64, MAXC + 64};
+  gid_t g = uid;
+  char b;
+
+  setrlimit(RLIMIT_NOFILE, &rl);
+  if (setgroups(1, &g) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid))
+    _exit(120);
+  while (report[0] < MAXC && (conns[report[0]] = hello_conn(path)) >= 0)
+    report[0]++;
+  if (report[0] && leases) {
+    Gshm__OpenRequest o = GSHM__OPEN_REQUEST__INIT;
+    int st = GSHM__STATUS__STATUS_OK;
+    o.name = "fair/shared";
+    o.access = GSHM__ACCESS__ACCESS_READ;
+    /* 32 requests in flight at a time: 65536 round trips take a while */
+    while (st == GSHM__STATUS__STATUS_OK && report[1] < 70000) { /* past the default quota */
+      for (int k = 0; k < 32; k++)
+        if (gshm__wire_send(conns[0], GSHM_WIRE_OPEN, 2 + (uint32_t)k, &o.base, -1))
+          _exit(121);
+      for (int k = 0; k < 32; k++) {
+        int r = raw_status(conns[0]);
+        if (r == GSHM__STATUS__STATUS_OK)
+          report[1]++;
+        else if (st == GSHM__STATUS__STATUS_OK)
+          st = r;
+      }
+    }
+    report[2] = (uint32_t)st;
+  }
+  if (write(out, report, sizeof(report)) != sizeof(report))
+    _exit(122);
+  (void)!read(hold, &b, 1);
+  _exit(0);
+}
+
+static int status_only(const char *socket_path) {
+  gshm_client_t *c;
+  gshm_status_info_t st;
+  int e;
+
+  if (gshm_connect(socket_path, "status", &c))
+    return 2;
+  e = gshm_status(c, &st);
+  gshm_disconnect(c);
+  return e ? 3 : 0;
+}
+
+static int status_as_b(const char *socket_path) {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  gshm_status_info_t st;
+  int e;
+
+  if (gshm_connect(socket_path, "b", &c))
+    return 2;
+  if (gshm_status(c, &st))
+    return 3;
+  e = gshm_open(c, "fair/shared", GSHM_ACCESS_READ, &s);
+  gshm_disconnect(c);
+  return e ? 4 : 0;
+}
+
+/* With the default config, one uid holding its whole connection and lease
+ * quota leaves another uid and root served; with a small max_connections,
+ * non-admin users together cannot take the admins' reserve. */
+static void test_fair_defaults(void **state) {
+  char admin_arg[64];
+  struct harness q;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  uint32_t got[3];
+  int out[2], hold[2], status;
+  pid_t pid;
+
+  (void)state;
+  need_root();
+  snprintf(admin_arg, sizeof(admin_arg), "daemon.admin_group=%s", getgrgid(admin_gid)->gr_name);
+  assert_int_equal(harness_start(&q, (const char *const[]){"--set", "daemon.socket_mode=0666",
+                                                           "--set", admin_arg, NULL}),
+                   0);
+  assert_int_equal(gshm_connect(q.socket_path, "root", &c), 0);
+  assert_int_equal(gshm_create(c, "fair/shared", 4096, NULL, 0644, 0, &s), 0);
+  assert_int_equal(pipe(out), 0);
+  assert_int_equal(pipe(hold), 0);
+  if ((pid = fork()) == 0) {
+    close(out[0]);
+    close(hold[1]);
+    hog(UID_A, q.socket_path, out[1], hold[0], true);
+  }
+  close(out[1]);
+  close(hold[0]);
+  assert_int_equal(read(out[0], got, sizeof(got)), (ssize_t)sizeof(got));
+  print_message("    uid %u got %u connections and %u leases (then status %u)\n", UID_A, got[0],
+                got[1], got[2]);
+  assert_int_equal(got[0], 1024);  /* quota.connections */
+  assert_int_equal(got[1], 65536); /* quota.leases */
+  assert_int_equal(gshm__status_to_errno((int)got[2]), -EDQUOT);
+  /* Meanwhile another uid and root are served. */
+  assert_int_equal(child_as(UID_B, UID_B, (gid_t[]){UID_B}, 1, status_as_b, q.socket_path), 0);
+  {
+    gshm_client_t *r;
+    gshm_segment_t *again;
+    assert_int_equal(gshm_connect(q.socket_path, "root2", &r), 0);
+    assert_int_equal(gshm_open(r, "fair/shared", GSHM_ACCESS_READ, &again), 0);
+    gshm_disconnect(r);
+  }
+  close(hold[1]);
+  close(out[0]);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_int_equal(WEXITSTATUS(status), 0);
+  gshm_close(s);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&q), 0);
+
+  /* max_connections 40: 10 kept for admins (a quarter, below the default
+   * 64).  A takes its 16 (quota.connections); of the 30 that others may
+   * use, B then gets 14; an admin and root still get in. */
+  assert_int_equal(harness_start(&q, (const char *const[]){"--set", "daemon.socket_mode=0666",
+                                                           "--set", admin_arg, "--set",
+                                                           "limits.max_connections=40", "--set",
+                                                           "quota.connections=16", NULL}),
+                   0);
+  {
+    pid_t kids[2];
+    uint32_t counts[2];
+    int outs[2][2], holds[2][2];
+    for (int k = 0; k < 2; k++) {
+      assert_int_equal(pipe(outs[k]), 0);
+      assert_int_equal(pipe(holds[k]), 0);
+      if ((kids[k] = fork()) == 0) {
+        close(outs[k][0]);
+        close(holds[k][1]);
+        hog(k ? UID_B : UID_A, q.socket_path, outs[k][1], holds[k][0], false);
+      }
+      close(outs[k][1]);
+      close(holds[k][0]);
+      assert_int_equal(read(outs[k][0], got, sizeof(got)), (ssize_t)sizeof(got));
+      counts[k] = got[0];
+    }
+    print_message("    max_connections 40: uid %u got %u, uid %u got %u\n", UID_A, counts[0],
+                  UID_B, counts[1]);
+    assert_int_equal(counts[0], 16);
+    assert_int_equal(counts[1], 14);
+    {
+      gshm_client_t *r;
+      gshm_status_info_t st;
+      assert_int_equal(gshm_connect(q.socket_path, "root", &r), 0);
+      assert_int_equal(gshm_status(r, &st), 0);
+      assert_int_equal(child_as(UID_ADMIN, UID_ADMIN, admin.groups, 2, status_only, q.socket_path),
+                       0);
+      gshm_disconnect(r);
+    }
+    /* every hold pipe first: the second child inherited the first's */
+    for (int k = 0; k < 2; k++) {
+      close(holds[k][1]);
+      close(outs[k][0]);
+    }
+    for (int k = 0; k < 2; k++)
+      assert_int_equal(waitpid(kids[k], &status, 0), kids[k]);
+  }
+  assert_int_equal(harness_stop(&q), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_read_only_fd_stays_read_only),
@@ -469,6 +686,7 @@ int main(void) {
       cmocka_unit_test(test_quota),
       cmocka_unit_test(test_admin_sees_and_revokes),
       cmocka_unit_test(test_setgid_ignores_environment),
+      cmocka_unit_test(test_fair_defaults),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
