@@ -1,4 +1,4 @@
-/* First-fit carving of one address range; see arena.h.  The lists are
+/* Best-fit carving of one address range; see arena.h.  The lists are
  * short (PyTorch's blocks are 2 MiB and up, a segment 256 MiB), so plain
  * linked lists do. */
 #include "arena.h"
@@ -36,16 +36,36 @@ void gshm__arena_fini(struct gshm__arena *a) {
   a->live_bytes = 0;
 }
 
+/* The link to the smallest free extent of at least size bytes (the first
+ * of equals), or NULL. */
+static struct gshm__extent **best_fit(struct gshm__arena *a, uint64_t size) {
+  struct gshm__extent **pp, **best = NULL;
+
+  for (pp = &a->free; *pp; pp = &(*pp)->next)
+    if ((*pp)->size >= size && (!best || (*pp)->size < (*best)->size))
+      best = pp;
+  return best;
+}
+
+int gshm__arena_fit(struct gshm__arena *a, uint64_t size, uint64_t *leftover_out) {
+  struct gshm__extent **pp;
+
+  if (!size)
+    return -EINVAL;
+  if (!(pp = best_fit(a, size)))
+    return -ENOMEM;
+  *leftover_out = (*pp)->size - size;
+  return 0;
+}
+
 int gshm__arena_carve(struct gshm__arena *a, uint64_t size, uint64_t *off_out) {
   struct gshm__extent **pp, *x, *blk;
 
   if (!size)
     return -EINVAL;
-  for (pp = &a->free; (x = *pp); pp = &x->next)
-    if (x->size >= size)
-      break;
-  if (!x || !(blk = malloc(sizeof(*blk))))
+  if (!(pp = best_fit(a, size)) || !(blk = malloc(sizeof(*blk))))
     return -ENOMEM;
+  x = *pp;
   blk->off = x->off;
   blk->size = size;
   blk->next = a->live;

@@ -1,4 +1,4 @@
-/* First-fit carving of one address range (a pool segment of
+/* Best-fit carving of one address range (a pool segment of
  * client/torch_alloc.c): offsets only, no memory is touched. */
 #ifndef GSHM_CLIENT_ARENA_H
 #define GSHM_CLIENT_ARENA_H
@@ -26,9 +26,15 @@ int gshm__arena_init(struct gshm__arena *a, uint64_t size);
  * arena that init failed on or zeroed. */
 void gshm__arena_fini(struct gshm__arena *a);
 
-/* Takes `size` bytes (> 0) at the lowest offset that fits; *off_out gets
- * it.  Errors: -ENOMEM no free extent is large enough (or malloc
- * failed); -EINVAL size 0. */
+/* How well `size` bytes (> 0) fit: *leftover_out gets the bytes the
+ * smallest free extent that holds them would have left.  Errors: -ENOMEM
+ * no free extent is large enough; -EINVAL size 0. */
+int gshm__arena_fit(struct gshm__arena *a, uint64_t size, uint64_t *leftover_out);
+
+/* Takes `size` bytes (> 0) from the start of the smallest free extent
+ * that holds them (best fit; the lowest offset among equals); *off_out
+ * gets their offset.  Errors: -ENOMEM no free extent is large enough (or
+ * malloc failed); -EINVAL size 0. */
 int gshm__arena_carve(struct gshm__arena *a, uint64_t size, uint64_t *off_out);
 
 /* Gives back the block that starts at `off`, merging it with free

@@ -437,7 +437,7 @@ GSHM_EXTERN int gshm_open_legacy_ipc(gshm_client_t *client, const char *name,
 
 /* A pool hands out device memory that gshmd owns: segments named
  * "<prefix>/seg-NNNNNN" (NNNNNN from 000000), created on one GPU, mapped
- * once in this process and carved up by libgshm (first fit).  Each segment
+ * once in this process and carved up by libgshm (best fit).  Each segment
  * is `granule` bytes, or, for an allocation larger than that, the
  * allocation rounded up to 2 MiB; no allocation crosses a segment boundary,
  * so every byte handed out is (segment name, offset).  They show in

@@ -1,4 +1,4 @@
-/* The first-fit carving behind gshm's PyTorch pool (client/arena.c),
+/* The best-fit carving behind gshm's PyTorch pool (client/arena.c),
  * checked against a byte map of the range after every step. */
 #include <errno.h>
 #include <setjmp.h>
@@ -55,6 +55,42 @@ static void test_first_fit_and_merge(void **state) {
   gshm__arena_fini(&a); /* twice is harmless */
 }
 
+/* A block goes to the smallest hole that holds it, the lowest of equals,
+ * not to the first: first fit spent the large holes on small blocks. */
+static void test_best_fit(void **state) {
+  struct gshm__arena a;
+  uint64_t o, left;
+  (void)state;
+
+  assert_int_equal(gshm__arena_init(&a, 1000), 0);
+  for (uint64_t want = 0, size[] = {300, 100, 300, 100, 200}; want < 5; want++)
+    assert_int_equal(gshm__arena_carve(&a, size[want], &o), 0);
+  /* holes: 0..300, 400..700, 700..800 (merged with its neighbour: 400..800) */
+  assert_int_equal(gshm__arena_return(&a, 0), 0);
+  assert_int_equal(gshm__arena_return(&a, 400), 0);
+  assert_int_equal(gshm__arena_return(&a, 700), 0);
+  assert_int_equal(gshm__arena_fit(&a, 0, &left), -EINVAL);
+  assert_int_equal(gshm__arena_fit(&a, 401, &left), -ENOMEM);
+  assert_int_equal(gshm__arena_fit(&a, 250, &left), 0);
+  assert_int_equal(left, 50); /* the 300 hole, not the 400 one */
+  assert_int_equal(gshm__arena_carve(&a, 250, &o), 0);
+  assert_int_equal(o, 0);
+  assert_int_equal(gshm__arena_carve(&a, 50, &o), 0); /* the 50 left at 250 */
+  assert_int_equal(o, 250);
+  assert_int_equal(gshm__arena_fit(&a, 400, &left), 0);
+  assert_int_equal(left, 0);
+  /* equal holes: the lowest offset */
+  assert_int_equal(gshm__arena_carve(&a, 100, &o), 0);
+  assert_int_equal(o, 400);
+  assert_int_equal(gshm__arena_carve(&a, 100, &o), 0);
+  assert_int_equal(gshm__arena_carve(&a, 100, &o), 0);
+  assert_int_equal(gshm__arena_return(&a, 400), 0);
+  assert_int_equal(gshm__arena_return(&a, 600), 0); /* holes 400..500, 600..800 */
+  assert_int_equal(gshm__arena_carve(&a, 100, &o), 0);
+  assert_int_equal(o, 400);
+  gshm__arena_fini(&a);
+}
+
 /* Random carves and returns; a byte map says which bytes are taken, and
  * every block handed out must be free in it. */
 static void test_random(void **state) {
@@ -100,6 +136,7 @@ static void test_random(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_first_fit_and_merge),
+      cmocka_unit_test(test_best_fit),
       cmocka_unit_test(test_random),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
