@@ -3,7 +3,7 @@ gshm's arena segments, for the Llama shapes of restart_bench.py.
 
     python3 python/examples/pool_overhead.py --gshmd build/daemon/gshmd --sizes 2,16
 
-For each size one process builds the model on GPU 0 inside a persistent pool
+For each size one child process (one for all sizes) builds the model on GPU 0 inside a persistent pool
 (bf16, directly on the device, as restart_bench.py does) and prints one JSON
 line: the weights' bytes, PyTorch's view of the pool (memory_snapshot of the
 MemPool: segments PyTorch got from gshm, bytes in blocks in use, bytes in
@@ -27,22 +27,28 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 
 def child(a):
-    import torch
     import gshm
+    c = gshm.Client(a.socket, name="pool-overhead")
+    for gib in a.sizes.split(","):
+        one(c, float(gib))
+    return 0
+
+
+def one(c, gib):
+    import torch
     import gshm.torch as gt
     from restart_bench import config_for
     from transformers import LlamaForCausalLM
-    cfg = config_for(a.gib)
+    cfg = config_for(gib)
     torch.set_default_dtype(torch.bfloat16)
-    c = gshm.Client(a.socket, name="pool-overhead")
-    pool = gt.MemPool(c, "overhead-%g" % a.gib, device=0)
+    pool = gt.MemPool(c, "overhead-%g" % gib, device=0)
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with gt.use_pool(pool):
         with torch.device("cuda:0"):
             m = LlamaForCausalLM(cfg)
     torch.cuda.synchronize()
-    res = {"gib": a.gib, "layers": cfg.num_hidden_layers,
+    res = {"gib": gib, "layers": cfg.num_hidden_layers,
            "build_s": round(time.perf_counter() - t0, 3),
            "weights": sum(t.numel() * t.element_size() for t in m.state_dict().values())}
     snap = []
@@ -64,7 +70,6 @@ def child(a):
     print(json.dumps(res), flush=True)
     del m, snap
     pool.release()
-    return 0
 
 
 def main():
@@ -72,9 +77,9 @@ def main():
     ap.add_argument("--socket", help="a running gshmd's socket (default: start --gshmd)")
     ap.add_argument("--gshmd", help="gshmd to start on a temporary socket")
     ap.add_argument("--sizes", default="2,16", help="GiB of weights, comma-separated")
-    ap.add_argument("--gib", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.gib is not None:
+    if a.child:
         return child(a)
     daemon = None
     if not a.socket:
@@ -83,11 +88,9 @@ def main():
             os.environ["GSHMD"] = os.path.abspath(a.gshmd)
         daemon = gshm_testutil.Daemon(backend="cuda").start()
         a.socket = daemon.socket
-    rc = 0
     try:
-        for gib in a.sizes.split(","):
-            rc |= subprocess.call([sys.executable, os.path.abspath(__file__), "--socket",
-                                   a.socket, "--gib", gib], timeout=300)
+        rc = subprocess.call([sys.executable, os.path.abspath(__file__), "--child", "--socket",
+                              a.socket, "--sizes", a.sizes], timeout=300)
     finally:
         if daemon is not None:
             daemon.stop()
