@@ -915,6 +915,18 @@ int gshmd_config_setup(struct gshmd_config *cfg, int argc, char **argv,
       goto out;
     }
   }
+  /* One list item must fit in one reply: the largest is a lease (segment
+   * name, client name, location, 8 device UUIDs and a dozen numbers:
+   * under 1 KiB besides the name), within max_packet less the header and
+   * the reply's own fields (requests.c list_budget). */
+  if ((uint64_t)cfg->max_name + GSHMD_LIST_ITEM_OVERHEAD > (uint64_t)cfg->max_packet - 16 - 64) {
+    config_error("limits.max_name %u: a list item with a name that long does not fit in one "
+                 "reply of limits.max_packet %u bytes (names up to %u fit)",
+                 cfg->max_name, cfg->max_packet,
+                 cfg->max_packet - 16 - 64 - GSHMD_LIST_ITEM_OVERHEAD);
+    r = -EINVAL;
+    goto out;
+  }
   if (check && cfg->admin_group && *cfg->admin_group && !getgrnam(cfg->admin_group)) {
     config_error("daemon.admin_group '%s': no such group", cfg->admin_group);
     r = -EINVAL;

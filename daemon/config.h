@@ -69,6 +69,10 @@ struct gshmd_config {
   char *cluster_staging;           /* auto|always: how device (and host) segments are served */
 };
 
+/* Bytes a list item (lease, the largest) takes besides its segment name,
+ * at most: the bound gshmd_config_setup checks limits.max_name against. */
+#define GSHMD_LIST_ITEM_OVERHEAD 1024
+
 /* What gshmd_config_setup() tells main to do next. */
 enum gshmd_config_action {
   GSHMD_CONFIG_RUN = 0,      /* start the daemon */

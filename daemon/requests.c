@@ -389,7 +389,11 @@ static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm
       break;
     }
     sz = embedded_size(kind->fill(q, pos, n));
-    if (used + sz > budget) {
+    /* An item larger than the configured budget (limits lowered since a
+     * long name was made, e.g. across a restart) goes alone on its page,
+     * up to the wire's 64 KiB that every client reads: a list never ends
+     * before its last item. */
+    if (used + sz > (n ? budget : GSHM_WIRE_MAX_PACKET - GSHM_WIRE_HEADER_SIZE - 64)) {
       *next_out = last;
       break;
     }

@@ -229,6 +229,15 @@ printf '[limits]\n\nmax_name = huge\n' >"$tmp/withbad/conf.d/50-x.conf"
 run 2 "$gshmd" --check-config --config "$tmp/withbad/gshmd.conf" || true
 expect_err "$tmp/withbad/conf.d/50-x.conf:3: key 'limits.max_name'"
 
+# Limits where one list item with the longest name cannot fit in a reply
+# are refused (issue 15 item 7); the figures say what would fit.
+run 2 "$gshmd" --check-config --config "$tmp/good.conf" --set limits.max_packet=4096 \
+  --set limits.max_name=4095 || true
+expect_err "limits.max_name 4095"
+expect_err "names up to 2992 fit"
+run 0 "$gshmd" --check-config --config "$tmp/good.conf" --set limits.max_packet=4096 \
+  --set limits.max_name=2992 || true
+
 # An explicit --config that is missing is an error; usage errors exit 2.
 run 1 "$gshmd" --check-config --config "$tmp/missing.conf" || true
 expect_err "$tmp/missing.conf"

@@ -12,12 +12,15 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "gshm.h"
 #include "harness.h"
+#include "wire.h"
 
 static const uint64_t sizes[] = {4096, (1u << 20) + 3, 8u << 20};
 #define NSEG (sizeof(sizes) / sizeof(sizes[0]))
@@ -358,6 +361,71 @@ static void test_watchdog_and_status(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
+/* Issue 15 item 7: segments whose names no longer fit in one reply under
+ * the limits of the next start (4000-byte names, then limits.max_packet
+ * 4096) are still listed, each alone on its page: a listing never ends
+ * before its last item. */
+static void test_listing_never_ends_early(void **state) {
+  static char names[3][4001];
+  gshm_segment_info_t *infos = NULL;
+  struct harness h;
+  gshm_client_t *c;
+  size_t n = 0;
+
+  (void)state;
+  assert_int_equal(harness_start(&h, (const char *const[]){"--set", "limits.max_name=4095", NULL}),
+                   0);
+  /* libgshm refuses names over 255 bytes: the raw protocol makes them */
+  {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    Gshm__Hello hm = GSHM__HELLO__INIT;
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", h.socket_path);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    hm.major = GSHM_PROTO_MAJOR;
+    hm.client_name = "long";
+    assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_HELLO, 1, &hm.base, -1), 0);
+    for (int i = 0; i <= 3; i++) {
+      int fds[4], nfds = 0;
+      struct gshm_wire_header hdr;
+      Gshm__Reply *r;
+      ssize_t len = gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds, 0);
+      assert_true(len > 0);
+      for (int k = 0; k < nfds; k++)
+        close(fds[k]);
+      assert_int_equal(gshm__wire_parse_header(buf, (size_t)len, &hdr), 0);
+      assert_non_null(r = gshm__reply__unpack(NULL, hdr.length, buf + GSHM_WIRE_HEADER_SIZE));
+      assert_int_equal(r->status, GSHM__STATUS__STATUS_OK);
+      gshm__reply__free_unpacked(r, NULL);
+      if (i < 3) {
+        Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
+        memset(names[i], 'a' + i, 4000);
+        names[i][4000] = '\0';
+        cr.name = names[i];
+        cr.size = 4096;
+        cr.location = "host";
+        cr.mode = 0644;
+        assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_CREATE, 2 + (uint32_t)i, &cr.base, -1), 0);
+      }
+    }
+    close(fd);
+  }
+  assert_int_equal(harness_restart(&h, SIGKILL, (const char *const[]){"--set",
+                                                                      "limits.max_packet=4096",
+                                                                      NULL}),
+                   0);
+  assert_int_equal(gshm_connect(h.socket_path, "lister", &c), 0);
+  assert_int_equal(gshm_list(c, &infos, &n), 0);
+  print_message("    listed %zu of 3 segments with 4000-byte names at max_packet 4096\n", n);
+  assert_int_equal(n, 3);
+  for (size_t i = 0; i < n; i++) /* gshm_segment_info_t keeps 255 bytes of a name */
+    assert_int_equal(strncmp(infos[i].name, names[i], strlen(infos[i].name)), 0);
+  gshm_free(infos);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_watchdog_and_status),
@@ -369,6 +437,7 @@ int main(void) {
       cmocka_unit_test(test_unlinked_but_leased_survives_sigterm),
       cmocka_unit_test(test_open_after_restart_sees_new_generation),
       cmocka_unit_test(test_close_after_restart_ends_the_lease),
+      cmocka_unit_test(test_listing_never_ends_early),
   };
   /* The common default soft limit: restarts hand fds back at any limit
    * (the harness once moved them through fd 10000). */
