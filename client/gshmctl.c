@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -137,6 +138,11 @@ static int errorf(int rc, int err, const char *fmt, ...) {
 /* Reports a failed call; returns the exit code. */
 static int fail(gshm_client_t *c, const char *what, int err) {
   const char *detail = c ? gshm_last_error(c) : "";
+
+  /* gshmd's whole explanation may be the error's own text ("permission
+   * denied" to a user who may not see the segment): say it once. */
+  if (strcasecmp(detail, gshm_strerror(err)) == 0)
+    detail = "";
   return errorf(exit_code(err), err, "%s: %s%s%s", what, gshm_strerror(err), *detail ? ": " : "",
                 detail);
 }
