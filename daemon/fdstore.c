@@ -19,8 +19,18 @@
 #define ID_BLOCK 4096         /* ids reserved per ids-<v> record */
 
 
-/* Sends one fd to the store under name; on failure stops the store
- * (nobody listens: say so once). */
+static void count_failure(struct gshmd_fdstore *fs, const char *what, int r) {
+  fs->failed_sends++;
+  fs->reg->fdstore_failed_sends = fs->failed_sends;
+  if (fs->reg->fdstore_pending) /* said once while behind */
+    return;
+  fs->reg->fdstore_pending = 1;
+  gshm_log_warn("fd store: cannot send %s to the service manager (%s); will resend", what,
+                strerror(-r));
+}
+
+/* Sends one fd to the store under name.  Returns 0 or a negative errno
+ * (counted and logged; the caller records what is owed). */
 static int store_fd(struct gshmd_fdstore *fs, const char *name, int fd) {
   char msg[96];
   int r;
@@ -29,19 +39,58 @@ static int store_fd(struct gshmd_fdstore *fs, const char *name, int fd) {
   r = sd_pid_notify_with_fds(0, 0, msg, &fd, 1);
   if (r <= 0) {
     r = r < 0 ? r : -ENOTCONN;
-    gshm_log_warn("fd store: cannot send to the service manager (%s); segments created from "
-                  "now on will not survive a gshmd restart",
-                  strerror(-r));
-    fs->enabled = false;
+    count_failure(fs, name, r);
     return r;
   }
   return 0;
 }
 
-static void store_remove(const char *name) {
-  char msg[96];
+/* Removes name from the store; when that cannot be sent, owes it. */
+static void store_remove(struct gshmd_fdstore *fs, const char *name) {
+  char msg[96], *copy;
+  int r;
+
   snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
-  sd_notify(0, msg);
+  r = sd_notify(0, msg);
+  if (r > 0)
+    return;
+  count_failure(fs, msg, r < 0 ? r : -ENOTCONN);
+  if (fs->nremoves == fs->removes_cap) {
+    size_t cap = fs->removes_cap ? 2 * fs->removes_cap : 16;
+    char **n = realloc(fs->removes, cap * sizeof(*n));
+    if (!n)
+      return; /* logged above */
+    fs->removes = n;
+    fs->removes_cap = cap;
+  }
+  if ((copy = strdup(name)))
+    fs->removes[fs->nremoves++] = copy;
+}
+
+/* Owes seg's record (and its memory when need_seg). */
+static void owe(struct gshmd_fdstore *fs, uint64_t id, bool need_seg) {
+  for (size_t i = 0; i < fs->nowed; i++)
+    if (fs->owed[i].id == id) {
+      fs->owed[i].need_seg |= need_seg;
+      return;
+    }
+  if (fs->nowed == fs->owed_cap) {
+    size_t cap = fs->owed_cap ? 2 * fs->owed_cap : 16;
+    struct fdstore_owed *n = realloc(fs->owed, cap * sizeof(*n));
+    if (!n)
+      return;
+    fs->owed = n;
+    fs->owed_cap = cap;
+  }
+  fs->owed[fs->nowed++] = (struct fdstore_owed){id, need_seg};
+}
+
+static void forget_owed(struct gshmd_fdstore *fs, uint64_t id) {
+  for (size_t i = 0; i < fs->nowed; i++)
+    if (fs->owed[i].id == id) {
+      fs->owed[i] = fs->owed[--fs->nowed];
+      return;
+    }
 }
 
 /* A sealed memfd holding msg's encoding. */
@@ -98,7 +147,7 @@ static int store_meta(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
     return e;
   if (seg->meta_version) {
     snprintf(name, sizeof(name), "meta-%" PRIu64 "-%" PRIu64, seg->id, seg->meta_version);
-    store_remove(name);
+    store_remove(fs, name);
   }
   seg->meta_version++;
   return 0;
@@ -133,7 +182,7 @@ static int reserve_ids(struct gshmd_fdstore *fs) {
     return e;
   if (fs->ids_version) {
     snprintf(name, sizeof(name), "ids-%" PRIu64, fs->ids_version);
-    store_remove(name);
+    store_remove(fs, name);
   }
   fs->ids_version = t.seq;
   fs->id_limit = t.next_segment_id;
@@ -143,28 +192,72 @@ static int reserve_ids(struct gshmd_fdstore *fs) {
   return 0;
 }
 
-/* A new segment: its ids covered, its memory parked, then the record that
- * names it. */
-static void segment_added(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+/* A new segment (or one owed since a failed send): its ids covered, its
+ * memory parked (need_seg), then the record that names it.  Returns 0 or a
+ * negative errno; on failure what is missing is owed. */
+static int segment_added(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bool need_seg) {
   struct gshmd_backend *b = seg->mem->backend;
   char name[64];
   int fd, e;
 
-  if (reserve_ids(fs)) /* also when it disabled the store */
-    return;
-  if (!b->ops->park_fd) {
-    gshm_log_warn("fd store: segment %" PRIu64 " cannot be parked (backend)", seg->id);
-    return;
+  if ((e = reserve_ids(fs)))
+    goto owed;
+  if (need_seg) {
+    if (!b->ops->park_fd) {
+      gshm_log_warn("fd store: segment %" PRIu64 " cannot be parked (backend)", seg->id);
+      return 0;
+    }
+    if ((e = b->ops->park_fd(b, seg->mem, &fd))) {
+      gshm_log_warn("fd store: cannot park segment %" PRIu64 ": %s", seg->id, strerror(-e));
+      goto owed;
+    }
+    snprintf(name, sizeof(name), "seg-%" PRIu64, seg->id);
+    e = store_fd(fs, name, fd);
+    close(fd);
+    if (e)
+      goto owed;
+    need_seg = false;
   }
-  if ((e = b->ops->park_fd(b, seg->mem, &fd))) {
-    gshm_log_warn("fd store: cannot park segment %" PRIu64 ": %s", seg->id, strerror(-e));
+  if (!(e = store_meta(fs, seg)))
+    return 0;
+owed:
+  owe(fs, seg->id, need_seg);
+  return e;
+}
+
+/* Sends what is owed, removals first (an unlinked segment must never come
+ * back), stopping at the first failure. */
+static void resend(struct gshmd_fdstore *fs) {
+  size_t n = fs->nremoves;
+  char **names = fs->removes;
+
+  if (!n && !fs->nowed)
     return;
+  fs->removes = NULL;
+  fs->nremoves = fs->removes_cap = 0;
+  for (size_t i = 0; i < n; i++) {
+    store_remove(fs, names[i]); /* owes it again on failure */
+    free(names[i]);
   }
-  snprintf(name, sizeof(name), "seg-%" PRIu64, seg->id);
-  e = store_fd(fs, name, fd);
-  close(fd);
-  if (!e)
-    store_meta(fs, seg);
+  free(names);
+  while (fs->nowed) {
+    struct fdstore_owed o = fs->owed[fs->nowed - 1];
+    struct gshmd_segment *seg = gshmd_registry_find_id(fs->reg, o.id);
+    fs->nowed--;
+    if (seg && seg->mem && segment_added(fs, seg, o.need_seg))
+      break; /* owed again */
+  }
+}
+
+unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs) {
+  if (!fs->enabled)
+    return 0;
+  resend(fs);
+  reserve_ids(fs); /* an ids record owed: its limits were not raised */
+  if (fs->reg->fdstore_pending && !fs->nowed && !fs->nremoves)
+    gshm_log_notice("fd store: caught up after %" PRIu64 " failed send(s)", fs->failed_sends);
+  fs->reg->fdstore_pending = (uint32_t)(fs->nowed + fs->nremoves);
+  return fs->reg->fdstore_pending;
 }
 
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event) {
@@ -173,28 +266,32 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
 
   if (!fs || !fs->enabled)
     return;
+  resend(fs);
   switch (event) {
   case GSHMD_IDS_USED:
     reserve_ids(fs);
     break;
   case GSHMD_SEGMENT_CREATED:
-    segment_added(fs, seg);
+    segment_added(fs, seg, true);
     break;
   case GSHMD_SEGMENT_FREED:
     /* The record first, then the memory: a crash in between leaves memory
      * that no record names, which the next start drops. */
+    forget_owed(fs, seg->id);
     if (seg->meta_version) {
       snprintf(name, sizeof(name), "meta-%" PRIu64 "-%" PRIu64, seg->id, seg->meta_version);
-      store_remove(name);
+      store_remove(fs, name);
     }
     snprintf(name, sizeof(name), "seg-%" PRIu64, seg->id);
-    store_remove(name);
+    store_remove(fs, name);
     break;
   default: /* unlinked, chmod, chown */
-    if (seg->meta_version)
-      store_meta(fs, seg);
+    /* (A segment whose first record was never stored is owed already.) */
+    if (seg->meta_version && store_meta(fs, seg))
+      owe(fs, seg->id, false);
     break;
   }
+  r->fdstore_pending = (uint32_t)(fs->nowed + fs->nremoves);
 }
 
 int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg) {
@@ -384,7 +481,7 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
     if (!(k == K_META && s && s->meta_version == v) && !(k == K_IDS && i == ids_idx)) {
       if (k == K_SEG)
         gshm_log_warn("fd store: dropping %s, which no record names", names[i]);
-      store_remove(names[i]);
+      store_remove(fs, names[i]);
     }
     close(fds[i]);
     fds[i] = -1;
@@ -395,6 +492,17 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
 }
 
 void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
+  if (fs->nowed || fs->nremoves)
+    gshm_log_err("fd store behind: %zu segment record(s) and %zu removal(s) not stored; those "
+                 "changes will be lost or undone at the next start",
+                 fs->nowed, fs->nremoves);
+  for (size_t i = 0; i < fs->nremoves; i++)
+    free(fs->removes[i]);
+  free(fs->removes);
+  free(fs->owed);
+  fs->removes = NULL;
+  fs->owed = NULL;
+  fs->nremoves = fs->nowed = fs->removes_cap = fs->owed_cap = 0;
   if (fs->reg && fs->reg->on_event == on_event) {
     fs->reg->on_event = NULL;
     fs->reg->on_event_data = NULL;

@@ -10,6 +10,7 @@
 #define GSHMD_FDSTORE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct gshmd_registry;
@@ -22,6 +23,15 @@ struct gshmd_fdstore {
   /* Ids below these limits are covered by the stored ids-<v> record. */
   uint64_t id_limit, gen_limit, lease_limit, session_limit;
   uint64_t ids_version;
+  /* Owed to the store after a failed send (EMFILE, ENOMEM, ETOOMANYREFS):
+   * segments whose memory (need_seg) and/or newest record must be sent,
+   * and names whose FDSTOREREMOVE must be sent.  Resent, removals first,
+   * before every store event and by gshmd_fdstore_retry. */
+  struct fdstore_owed { uint64_t id; bool need_seg; } *owed;
+  size_t nowed, owed_cap;
+  char **removes;
+  size_t nremoves, removes_cap;
+  uint64_t failed_sends; /* notifications that failed, for metrics */
 };
 
 /* Hooks the registry (segment created/changed/freed, ids taken).  Returns 0. */
@@ -35,6 +45,13 @@ int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg);
  * only for out-of-memory. */
 int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
 
+/* Resends everything owed (see struct gshmd_fdstore).  Returns how many
+ * segments the store is still behind by (owed records plus owed
+ * removals), 0 when it is up to date or disabled. */
+unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs);
+
+/* Unhooks the registry; says so in the log when the store is behind (those
+ * changes are lost or undone at the next start).  Frees what is owed. */
 void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs);
 
 #endif

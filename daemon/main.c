@@ -271,11 +271,14 @@ static void on_signal(uv_signal_t *h, int signum) {
 
 /* STATUS= for systemctl status, sent only when it changes. */
 static void update_status(struct daemon *d) {
-  char line[512], sz[32];
+  char line[512], sz[32], behind[64] = "";
+  unsigned owed = gshmd_fdstore_retry(&d->fdstore); /* the store's retry, once a second */
 
-  snprintf(line, sizeof(line), "STATUS=%u clients, %u segments, %s, %u leases%s%s",
+  if (owed)
+    snprintf(behind, sizeof(behind), "; fd store behind: %u segments", owed);
+  snprintf(line, sizeof(line), "STATUS=%u clients, %u segments, %s, %u leases%s%s%s",
            d->reg.nclients, d->reg.nsegments, gshm__format_size(d->reg.bytes, sz, sizeof(sz)),
-           d->reg.nleases, *d->fd_warning ? "; " : "", d->fd_warning);
+           d->reg.nleases, *d->fd_warning ? "; " : "", d->fd_warning, behind);
   if (strcmp(line, d->last_status)) {
     strcpy(d->last_status, line);
     sd_notify(0, line);

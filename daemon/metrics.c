@@ -172,6 +172,13 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   fprintf(f, "# HELP gshm_fds_sent_total File descriptors handed to clients.\n"
              "# TYPE gshm_fds_sent_total counter\ngshm_fds_sent_total %" PRIu64 "\n",
           s->fds_sent);
+  fprintf(f, "# HELP gshm_fdstore_pending Segments whose state the fd store is behind by.\n"
+             "# TYPE gshm_fdstore_pending gauge\ngshm_fdstore_pending %u\n",
+          r->fdstore_pending);
+  fprintf(f, "# HELP gshm_fdstore_failed_sends_total Notifications to the fd store that failed.\n"
+             "# TYPE gshm_fdstore_failed_sends_total counter\n"
+             "gshm_fdstore_failed_sends_total %" PRIu64 "\n",
+          r->fdstore_failed_sends);
   gshmd_cluster_metrics(s->cluster, f);
   if (fclose(f) != 0) {
     free(text);

@@ -96,6 +96,10 @@ struct gshmd_registry {
    * and after a session or lease id is taken (GSHMD_IDS_USED, seg NULL). */
   void (*on_event)(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
   void *on_event_data;         /* on_event's context (the fd store) */
+  /* Kept by the fd store for metrics: segments it is behind by, failed
+   * notifications. */
+  uint32_t fdstore_pending;
+  uint64_t fdstore_failed_sends;
   void *usage_root;            /* tsearch root: per-uid usage (quotas) */
   /* Shutting down: segments freed from now on (connections ending) keep
    * their pages, parked in the fd store for the next start and still

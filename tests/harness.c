@@ -1,6 +1,7 @@
 #include "harness.h"
 
 #include <dirent.h>
+#include <stdbool.h>
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -81,6 +82,27 @@ int harness_fd_count(pid_t pid) {
     n += d->d_name[0] != '.';
   closedir(dir);
   return n;
+}
+
+long harness_lowest_free_fd(pid_t pid, int room) {
+  static bool used[65536];
+  char path[64];
+  struct dirent *e;
+  DIR *d;
+  long lim = 0;
+
+  memset(used, 0, sizeof(used));
+  snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+  if (!(d = opendir(path)))
+    return -1;
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.' && atoi(e->d_name) < 65536)
+      used[atoi(e->d_name)] = true;
+  closedir(d);
+  for (; room > 0 || (lim < 65536 && used[lim]); lim++)
+    if (!used[lim])
+      room--;
+  return lim;
 }
 
 int harness_stable_fd_count(pid_t pid) {

@@ -36,6 +36,11 @@ int harness_stop(struct harness *h);
 /* Open fds of a process (/proc/PID/fd), -1 on error. */
 int harness_fd_count(pid_t pid);
 
+/* The fd limit (RLIMIT_NOFILE soft value) that leaves pid room for exactly
+ * `room` more fds, whatever holes its fd table has (the limit bounds fd
+ * numbers).  Fds numbered 65536 and above are not counted.  -1 on error. */
+long harness_lowest_free_fd(pid_t pid, int room);
+
 /* The process's fd count once settled: the least of a few samples 5 ms
  * apart (gshmd holds short-lived fds: sd_notify's socket, the state memfd
  * while it is rewritten). */

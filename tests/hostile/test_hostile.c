@@ -919,27 +919,6 @@ static long cpu_ticks(pid_t pid) {
   return (long)(ut + st);
 }
 
-/* The fd limit that leaves a process exactly `room` free fd numbers. */
-static rlim_t lowest_free_fds(pid_t pid, int room) {
-  static bool used[65536];
-  char path[64];
-  struct dirent *e;
-  DIR *d;
-  rlim_t lim = 0;
-
-  memset(used, 0, sizeof(used));
-  snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-  assert_non_null(d = opendir(path));
-  while ((e = readdir(d)))
-    if (e->d_name[0] != '.' && atoi(e->d_name) < 65536)
-      used[atoi(e->d_name)] = true;
-  closedir(d);
-  for (; room > 0 || (lim < 65536 && used[lim]); lim++)
-    if (!used[lim])
-      room--;
-  return lim;
-}
-
 /* Issue 15 item 4, at start: gshmd raises its soft fd limit to the hard
  * one, and says (STATUS=) when even that is below what its configured
  * maximums may need. */
@@ -995,7 +974,7 @@ static void test_accept_at_fd_limit(void **state) {
   assert_int_equal(prlimit(pid, RLIMIT_NOFILE, NULL, &orig), 0);
   /* The limit bounds fd numbers: room for exactly two more, whatever
    * holes gshmd's fd table has. */
-  tight.rlim_cur = lowest_free_fds(pid, 2);
+  tight.rlim_cur = (rlim_t)harness_lowest_free_fd(pid, 2);
   tight.rlim_max = orig.rlim_max;
   assert_int_equal(prlimit(pid, RLIMIT_NOFILE, &tight, NULL), 0);
   /* From here until the limit is back, a failed check would leave gshmd

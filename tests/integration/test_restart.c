@@ -1,6 +1,7 @@
 /* Restart without losing a byte (issue 4): the harness plays systemd's
  * part (NOTIFY_SOCKET with FDSTORE, LISTEN_FDS on the next start). */
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -426,6 +427,97 @@ static void test_listing_never_ends_early(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
+static bool stored(struct harness *h, const char *name) {
+  bool found = false;
+  pthread_mutex_lock(&h->sp.lock);
+  for (int i = 0; i < h->sp.nfds; i++)
+    found |= !strcmp(h->sp.names[i], name);
+  pthread_mutex_unlock(&h->sp.lock);
+  return found;
+}
+
+/* Issue 15 item 2: store sends that fail (gshmd at its fd limit: sd_notify
+ * cannot open its socket, the record memfd cannot be made) are resent once
+ * fds are free again (retry timer, then the next store event), so a
+ * SIGKILL restart gives exactly the state before the kill: the segment
+ * unlinked meanwhile stays gone, the chmod holds, the new segment is back,
+ * bytes intact.  Before the fix the unlinked segment came back and the
+ * chmod was undone. */
+static void test_failed_store_sends_are_resent(void **state) {
+  static const char *const names[] = {"a/unlinked", "a/chmodded", "a/kept", "a/new"};
+  struct harness h;
+  gshm_client_t *c, *fresh;
+  gshm_segment_t *s[4];
+  gshm_segment_info_t *list;
+  struct rlimit orig, tight;
+  unsigned long long seed = (unsigned long long)time(NULL);
+  size_t n;
+  char seg_a[32];
+
+  (void)state;
+  assert_int_equal(harness_start(&h, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "store", &c), 0);
+  for (int i = 0; i < 3; i++) {
+    unsigned char buf[8192];
+    assert_int_equal(gshm_create(c, names[i], sizeof(buf), NULL, 0640, 0, &s[i]), 0);
+    harness_random(buf, sizeof(buf), seed + (unsigned)i);
+    assert_int_equal(gshm_write(s[i], 0, buf, sizeof(buf)), 0);
+  }
+  snprintf(seg_a, sizeof(seg_a), "seg-%" PRIu64, gshm_segment_info(s[0])->id);
+  assert_int_equal(gshm_close(s[0]), 0);
+  gshm__spawn_poll(&h.sp, 200);
+  assert_true(stored(&h, seg_a));
+
+  /* No fd left to gshmd: every store notification fails. */
+  assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, NULL, &orig), 0);
+  tight.rlim_cur = (rlim_t)harness_lowest_free_fd(h.sp.pid, 0);
+  tight.rlim_max = orig.rlim_max;
+  assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, &tight, NULL), 0);
+  assert_int_equal(gshm_chmod(c, names[1], 0604), 0);
+  /* (Freeing it frees fds: the retry may succeed from here on.) */
+  assert_int_equal(gshm_unlink(c, names[0]), 0);
+  assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, &orig, NULL), 0);
+
+  /* The retry timer (1 s) resends without any further request. */
+  for (int i = 0; i < 50 && stored(&h, seg_a); i++)
+    gshm__spawn_poll(&h.sp, 100);
+  assert_false(stored(&h, seg_a));
+  assert_true(stored(&h, "meta-2-2"));
+  assert_int_equal(gshm_create(c, names[3], 4096, NULL, 0600, 0, &s[3]), 0);
+  assert_int_equal(gshm_write(s[3], 0, "new", 3), 0);
+  gshm__spawn_poll(&h.sp, 200);
+  assert_null(strstr(h.sp.status, "fd store behind"));
+
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "fresh", &fresh), 0);
+  assert_int_equal(gshm_list(fresh, &list, &n), 0);
+  assert_int_equal(n, 3);
+  for (size_t i = 0; i < n; i++) {
+    assert_string_equal(list[i].name, names[i + 1]);
+    assert_int_equal(list[i].mode, i == 0 ? 0604 : i == 1 ? 0640 : 0600);
+  }
+  gshm_free(list);
+  for (int i = 1; i < 3; i++) {
+    gshm_segment_t *o;
+    assert_int_equal(gshm_open(fresh, names[i], GSHM_ACCESS_READ, &o), 0);
+    check_bytes(o, 8192, seed + (unsigned)i);
+    gshm_close(o);
+  }
+  {
+    gshm_segment_t *o;
+    char got[3];
+    assert_int_equal(gshm_open(fresh, names[3], GSHM_ACCESS_READ, &o), 0);
+    assert_int_equal(gshm_read(o, 0, got, 3), 0);
+    assert_memory_equal(got, "new", 3);
+    gshm_close(o);
+  }
+  for (int i = 1; i < 4; i++)
+    gshm_close(s[i]);
+  gshm_disconnect(fresh);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_watchdog_and_status),
@@ -438,6 +530,7 @@ int main(void) {
       cmocka_unit_test(test_open_after_restart_sees_new_generation),
       cmocka_unit_test(test_close_after_restart_ends_the_lease),
       cmocka_unit_test(test_listing_never_ends_early),
+      cmocka_unit_test(test_failed_store_sends_are_resent),
   };
   /* The common default soft limit: restarts hand fds back at any limit
    * (the harness once moved them through fd 10000). */
