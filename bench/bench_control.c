@@ -129,26 +129,11 @@ static void sleep_ms(int ms) {
 
 /* CPU time (user + system) of a process, in seconds; -1 when unknown. */
 static double proc_cpu_s(pid_t pid) {
-  char path[64], buf[1024], *p;
-  unsigned long long ut, st;
-  ssize_t n;
-  int fd;
+  uint64_t ticks;
 
-  if (pid <= 0)
+  if (gshm__proc_cpu_ticks(pid, &ticks))
     return -1;
-  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-  if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-    return -1;
-  n = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (n <= 0)
-    return -1;
-  buf[n] = '\0';
-  /* Fields after the ")" that ends comm: state is 3rd, utime 14th, stime 15th. */
-  if (!(p = strrchr(buf, ')')) ||
-      sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-    return -1;
-  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+  return (double)ticks / (double)sysconf(_SC_CLK_TCK);
 }
 
 static double procs_cpu_s(const pid_t *pids, unsigned n) {

@@ -344,3 +344,30 @@ long gshm__proc_rss_kib(pid_t pid) {
   fclose(f);
   return kib;
 }
+
+int gshm__proc_cpu_ticks(pid_t pid, uint64_t *ticks_out) {
+  char path[64], buf[1024], *p;
+  unsigned long long ut, st;
+  ssize_t n;
+  int fd, e;
+
+  if (pid <= 0)
+    return -EINVAL;
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+    return -errno;
+  n = read(fd, buf, sizeof(buf) - 1);
+  e = errno;
+  close(fd);
+  if (n < 0)
+    return -e;
+  if (n == 0)
+    return -EBADMSG;
+  buf[n] = '\0';
+  /* after "(comm)": state is field 3, utime 14, stime 15 */
+  if (!(p = strrchr(buf, ')')) ||
+      sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+    return -EBADMSG;
+  *ticks_out = (uint64_t)ut + (uint64_t)st;
+  return 0;
+}

@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #define GSHM_SPAWN_MAX_FDS 4096
@@ -61,6 +62,16 @@ void gshm__spawn_cleanup(struct gshm_spawn *s);
 
 /* Resident set of a process in KiB (/proc/PID/status VmRSS); -1 on error. */
 long gshm__proc_rss_kib(pid_t pid);
+
+/* CPU time a process has used so far, user + system (fields 14 and 15 of
+ * /proc/PID/stat, proc(5)), in clock ticks: divide by sysconf(_SC_CLK_TCK)
+ * for seconds.  The fields are counted from the LAST ')' of the line, so a
+ * command name holding spaces or ')' does not shift them.
+ *   pid        in: the process (any process this one may read /proc of)
+ *   ticks_out  out: the ticks; written only on success
+ * Returns 0; -EINVAL pid <= 0; -ENOENT no such process; -EBADMSG the line
+ * does not parse; other -errno from open/read. */
+int gshm__proc_cpu_ticks(pid_t pid, uint64_t *ticks_out);
 
 /* Finds gshmd: $GSHMD, then next to this executable (build tree:
  * ../daemon/gshmd; install: ../sbin/gshmd), then "gshmd" on PATH.
