@@ -1,6 +1,7 @@
 """gshm.Client: a connection to gshmd and the requests that name segments
 or list the daemon's state."""
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -14,6 +15,24 @@ from ._info import (ClientInfo, ClusterPeer, DeviceInfo, LeaseInfo, PullResult, 
 from ._segment import DeviceSegment, HostSegment
 
 __all__ = ["Client"]
+
+
+@contextlib.contextmanager
+def _unlink_on_error(client, name, seg):
+    """For the body that fills segment `name` (seg, just created): when the
+    body raises anything (KeyboardInterrupt included), closes seg, unlinks
+    `name` and re-raises the body's exception.  A failed unlink (an
+    Exception) is ignored, so it never hides that exception; seg.close()
+    does not raise.  Nothing is done when the body succeeds."""
+    try:
+        yield seg
+    except BaseException:
+        seg.close()
+        try:
+            client.unlink(name)
+        except Exception:
+            pass
+        raise
 
 
 class Client(object):

@@ -18,6 +18,7 @@ are relative to the start of the data, as the format says.
 import json
 import struct
 
+from ._client import _unlink_on_error
 from ._dtypes import DTYPES, dtype as _to_dtype
 
 __all__ = ["ALIGN", "Layout", "plan", "parse", "copy_plan", "share_arrays", "load_arrays"]
@@ -163,7 +164,7 @@ def share_arrays(client, name, arrays, location="host", mode=0o600, metadata=Non
     arrays = {k: v if v.flags.c_contiguous else v.copy(order="C") for k, v in arrays.items()}
     layout = plan(((k, v.dtype, v.shape) for k, v in arrays.items()), metadata)
     seg = client.create(name, layout.size, location=location, mode=mode)
-    try:
+    with _unlink_on_error(client, name, seg):
         if not seg.is_host:
             raise ValueError("gshm: share_arrays needs a host segment (use gshm.torch for GPUs)")
         buf = memoryview(seg)
@@ -171,13 +172,6 @@ def share_arrays(client, name, arrays, location="host", mode=0o600, metadata=Non
         for k, dt, shape, b, e in layout.entries:
             buf[b:e] = arrays[k].reshape(-1).view(numpy.uint8).data if e > b else b""
         del buf
-    except BaseException:
-        seg.close()
-        try:
-            client.unlink(name)
-        except Exception:
-            pass
-        raise
     return seg
 
 

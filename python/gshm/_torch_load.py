@@ -15,6 +15,7 @@ import os
 
 import torch as _torch
 
+from ._client import _unlink_on_error
 from ._safetensors import plan as _plan, parse as _parse, copy_plan as _pieces
 
 __all__ = ["load_safetensors", "DEFAULT_CHUNK"]
@@ -75,7 +76,7 @@ def load_safetensors(client, name, path, location="cuda:0", mode=0o600, chunk_by
         named = sorted(entries, key=lambda t: t[0])
         layout = _plan(((k, dt, shape) for k, dt, shape, b, e in named), meta or None)
         seg = client.create(name, layout.size, location=location, mode=mode)
-        try:
+        with _unlink_on_error(client, name, seg):
             if seg.is_host:
                 raise ValueError("gshm: load_safetensors loads into a device segment, not %r"
                                  % location)
@@ -89,13 +90,6 @@ def load_safetensors(client, name, path, location="cuda:0", mode=0o600, chunk_by
             _stream_in(f, dst, jobs, header_len, data_end, chunk, dev,
                        _progress_bar(data_end - header_len, progress, name))
             del dst
-        except BaseException:
-            seg.close()
-            try:
-                client.unlink(name)
-            except Exception:
-                pass
-            raise
     return seg
 
 

@@ -33,7 +33,7 @@ import warnings
 import torch as _torch
 
 from . import _cuda
-from ._client import Client  # noqa: F401  (documentation)
+from ._client import Client, _unlink_on_error  # noqa: F401  (Client: documentation)
 from ._segment import Segment  # noqa: F401  (documentation)
 from ._dtypes import dtype as _to_dtype
 from ._safetensors import plan as _plan, parse as _parse
@@ -139,7 +139,7 @@ def share_state_dict(client, name, state_dict, location=None, mode=0o600, metada
         location = _default_location(t for _, t in items)
     layout = _plan(((k, t.dtype, tuple(t.shape)) for k, t in items), metadata)
     seg = client.create(name, layout.size, location=location, mode=mode)
-    try:
+    with _unlink_on_error(client, name, seg):
         src = dict(items)
         header = _torch.frombuffer(bytearray(layout.header), dtype=_torch.uint8)
         if seg.is_host:
@@ -157,13 +157,6 @@ def share_state_dict(client, name, state_dict, location=None, mode=0o600, metada
         if sync is not None:
             _torch.cuda.synchronize(sync)
         del dst
-    except BaseException:
-        seg.close()
-        try:
-            client.unlink(name)
-        except Exception:
-            pass
-        raise
     return seg
 
 

@@ -473,6 +473,29 @@ def test_share_and_load_arrays_across_processes(daemon, client, segname):
     client.unlink(segname)
 
 
+@pytest.mark.parametrize("unlink_fails", [False, True])
+@pytest.mark.parametrize("exc", [ValueError("fill failed"), KeyboardInterrupt()])
+def test_share_arrays_leaves_nothing_on_error(monkeypatch, client, segname, exc, unlink_fails):
+    """A failure while a new segment is filled closes it and unlinks its
+    name, and the caller gets that very exception, even when the unlink
+    fails too (gshm._client._unlink_on_error)."""
+    def fill(seg):
+        raise exc
+    monkeypatch.setattr(_safetensors, "memoryview", fill, raising=False)
+    if unlink_fails:
+        real_unlink = client.unlink
+
+        def unlink(name):
+            real_unlink(name)
+            raise gshm.NotFound(errno.ENOENT, "gshm_unlink: injected", name)
+        monkeypatch.setattr(client, "unlink", unlink)
+    with pytest.raises(type(exc)) as got:
+        _safetensors.share_arrays(client, segname, {"x": numpy.arange(4)})
+    assert got.value is exc
+    assert not client.exists(segname)
+    assert [l for l in client.leases() if l.segment == segname] == []
+
+
 def test_copy_needs_gshm_copy():
     if _lib.optional_symbol("gshm_copy") is not None:
         pytest.skip("this libgshm has gshm_copy (tested by test_gpu.py)")
