@@ -45,9 +45,11 @@ if step pull; then
     --no-perftest > "$out/bench-pull-cuda.txt" 2>&1
 fi
 # Not in the default steps (minutes, 18 GiB of disk or /dev/shm): GSHM_STEPS=restart.
+# GSHM_RESTART_ARGS: more options, e.g. "--start warm --repeat 5 --cold-repeat 2".
 rb=${GSHM_RESTART_BUDGET:-540}
 step restart && { timeout $((rb + 30)) "$py" "$src/python/examples/restart_bench.py" --gshmd "$GSHMD" \
-  --sizes ${GSHM_RESTART_SIZES:-2,16} --budget "$rb" --out "$out/restart.md" > "$out/restart.log" 2>&1;
+  --sizes ${GSHM_RESTART_SIZES:-2,16} --budget "$rb" ${GSHM_RESTART_ARGS:-} \
+  --out "$out/restart.md" > "$out/restart.log" 2>&1;
   echo "restart rc=$?" >> "$out/restart.log"; cat "$out/restart.md" 2>/dev/null; }
 [ -f "$out/ctest-gpu.log" ] && tail -3 "$out/ctest-gpu.log"
 exit 0

@@ -316,33 +316,82 @@ def _restart_bench():
     return mod, path
 
 
+def _restart_run(how, start, rep, load_s, restart_s, import_s=0.0):
+    return {"how": how, "start": start, "rep": rep, "load_s": load_s, "restart_s": restart_s,
+            "spawn_s": 0.1, "import_s": import_s, "cuda_s": 0.3, "meta_s": 0.1,
+            "assign_s": 0.01, "buffers_s": 0.01, "forward_s": 0.5}
+
+
 def test_restart_bench_table():
     rb, _ = _restart_bench()
     GiB = rb.GiB
     build = {"weights_bytes": 2 * GiB, "build_default_s": 1.0, "build_pool_s": 1.1,
              "pool_segments": 8, "build_per_alloc_s": 1.5, "per_alloc_segments": 200}
-    res = [{"gib": 2, "build": build,
-            "attach": {"load_s": 0.1, "restart_s": 4.0, "import_s": 3.0},
-            "load_file": {"load_s": 1.0, "restart_s": 6.0, "import_s": 3.0},
-            "load_safetensors": {"load_s": 0.9, "restart_s": 5.5, "import_s": 3.0}},
-           {"gib": 16, "build": dict(build, weights_bytes=16 * GiB),
-            "attach": {"load_s": 0.1, "restart_s": 4.0, "import_s": 3.0},
-            "load_file": {"load_s": 8.0, "restart_s": 12.0, "import_s": 3.0},
-            "errors": ["load_safetensors: killed after 20 s"]},
+    r = _restart_run
+    res = [{"gib": 2, "build": build, "runs": [
+               r("attach", "cold", 1, 0.1, 14.0, 12.0), r("load_file", "cold", 1, 1.0, 15.0, 12.0),
+               r("load_safetensors", "cold", 1, 0.9, 14.9, 12.0),
+               r("attach", "warm", 1, 0.1, 1.0), r("attach", "warm", 2, 0.1, 3.0),
+               r("attach", "warm", 3, 0.1, 1.2),
+               r("load_file", "warm", 1, 1.0, 2.0), r("load_file", "warm", 2, 1.0, 2.4)],
+            "errors": ["warm load_file #3: child 5 (exit 1): Traceback (most recent call last):"
+                       "\n  File x\nRuntimeError: boom"]},
+           {"gib": 16, "build": dict(build, weights_bytes=16 * GiB), "runs": [
+               r("attach", "warm", 1, 0.1, 1.0), r("load_file", "warm", 1, 8.0, 12.0)],
+            "skipped": ["cold attach #1", "cold load_file #1"]},
            {"gib": 0, "error": "run stopped: no GPU"}]
     text = rb.table(res, "H100")
     lines = text.splitlines()
     rows = [l for l in lines if l.startswith("| 2.00 GiB |") or l.startswith("| 16.00 GiB |")]
-    # 3 + 2 restart rows, 2 target rows, 2 build rows
-    assert len(rows) == 9, text
-    assert "| 2.00 GiB | 1/10 | NO | 0.67 | NO |" in lines, text
-    assert "| 16.00 GiB | 1/80 | yes | 0.33 | yes |" in lines, text
+    # restart rows 5 + 2, target rows 2 + 1, phase rows 5 + 2, build rows 2
+    assert len(rows) == 19, text
+    # medians and ranges: warm attach ran 3 times (1.0, 3.0, 1.2)
+    assert "| 2.00 GiB | attach | warm | 3 | 0.100 s | 0.100-0.100 | 1.20 s | 1.00-3.00 |" \
+        in lines, text
+    assert "| 2.00 GiB | cold | 1/10 | NO | 0.93 | NO |" in lines, text
+    assert "| 2.00 GiB | warm | 1/10 | NO | 0.55 | NO |" in lines, text
+    assert "| 16.00 GiB | warm | 1/80 | yes | 0.08 | yes |" in lines, text
+    assert not any(l.startswith("| 16.00 GiB | cold |") for l in lines), text
+    # phases: other = restart - spawn - the phases (14.0 - 0.1 - 13.03)
+    assert "| 2.00 GiB | attach | cold | 0.100 | 12.000 | 0.300 | 0.100 | 0.100 | 0.010 | " \
+        "0.010 | 0.500 | 0.880 | 14.000 |" in lines, text
     assert "| 2.00 GiB | 1.00 s | 1.10 s | 1.10 | 8 | 1.50 s | 1.50 | 200 |" in lines, text
-    assert "- 16 GiB: load_safetensors: killed after 20 s" in lines, text
+    assert "- 2 GiB: warm load_file #3: child 5 (exit 1): Traceback (most recent call last): " \
+        "... RuntimeError: boom" in lines, text
+    assert "- 16 GiB: skipped for --budget: cold attach #1, cold load_file #1" in lines, text
     assert "- 0 GiB: run stopped: no GPU" in lines, text
+    header = None
     for l in lines:  # every table row has its header's column count
-        if l.startswith("|"):
-            assert l.count("|") in (6, 9), l
+        if l.startswith("| weights"):
+            header = l.count("|")
+        elif l.startswith("|"):
+            assert l.count("|") == header, l
+    assert "other_s" not in res[0]["runs"][0]  # the table leaves the raw runs as they were
+
+
+def test_restart_bench_run_plan():
+    import argparse
+    rb, _ = _restart_bench()
+    plan = rb.run_plan(argparse.Namespace(starts=["cold", "warm"], repeat=3, cold_repeat=1))
+    assert len(plan) == 12
+    # every way warm first, then cold, then the other warm repeats
+    assert [(s, h) for _, s, h in plan[:6]] == [("warm", h) for h in rb.HOWS] + \
+        [("cold", h) for h in rb.HOWS]
+    assert {(r, s) for r, s, _ in plan[6:]} == {(1, "warm"), (2, "warm")}
+    assert len(rb.run_plan(argparse.Namespace(starts=["cold"], repeat=3, cold_repeat=2))) == 6
+
+
+def test_restart_bench_fork_server():
+    """The warm start's fork server with a stand-in restart (no torch): a
+    normal child, one that raises, exits, prints, hangs past its timeout, a
+    server that dies, one that does not answer, one whose stdin closes."""
+    import subprocess
+    import sys
+    _, path = _restart_bench()
+    p = subprocess.run([sys.executable, path, "--selftest-forkserver"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()
+    assert b"selftest-forkserver: ok" in p.stdout
 
 
 def test_restart_bench_file_dir(tmp_path):
