@@ -23,8 +23,10 @@ and from two starts (--start, default both):
   warm  a child forked, per restart, by a fork server that the parent
         started once per size: it has imported torch, gshm, gshm.torch,
         transformers' LlamaForCausalLM and safetensors.torch, and never
-        initializes CUDA (a CUDA context does not survive fork).  The clock
-        starts when the parent writes the request to the fork server.
+        initializes CUDA (a CUDA context does not survive fork; it runs with
+        PYTORCH_NVML_BASED_CUDA_CHECK=1 so that torch.cuda.is_available()
+        would not either).  The clock starts when the parent writes the
+        request to the fork server.
 
 Both starts run the same restart code (restart()), which reports its
 phases: import (about 0 when warm), CUDA context, meta model build, the
@@ -631,8 +633,10 @@ class WarmStart:
             raise RuntimeError("fork server not started again: it died %d times"
                                % len(self.info))
         self.left -= 1
+        # torch.cuda.is_available() from NVML, not cuInit, should an import ask
+        env = dict(child_env(), PYTORCH_NVML_BASED_CUDA_CHECK="1")
         self.server = ForkServer(child_cmd(self.args, "forkserver", ["--parent", str(os.getpid())]),
-                                 child_env())
+                                 env)
         self.info.append({"pid": self.server.proc.pid})
 
     def run(self, how):
@@ -648,6 +652,9 @@ class WarmStart:
             except Exception:
                 self.server.close(0)
                 raise
+            if self.info[-1].get("cuda_driver_initialized"):
+                print("warning: the fork server's imports initialized the CUDA driver (cuInit); "
+                      "its children may not be able to use CUDA", file=sys.stderr)
         left = time_left(args, "warm " + how, NEED_WARM)
         return self.server.request(how, min(args.timeout, left))
 
