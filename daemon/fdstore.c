@@ -17,6 +17,23 @@
 
 #define RECORD_MAX (1u << 20) /* a stored record larger than this is refused */
 #define ID_BLOCK 4096         /* ids reserved per ids-<v> record */
+#define JOURNAL_NAME "journal"
+#define JOURNAL_HEAD 4096u       /* the header's page; contents follow */
+#define JOURNAL_AREA (64u << 10) /* each of the two areas, at first */
+#define JOURNAL_VERSION 1
+#define JOURNAL_MAX (16u << 20)  /* largest contents (about 80,000 records) */
+
+/* The journal's first bytes.  off and len name the area holding the
+ * current StateTable (version 3); a rewrite goes to the other area and is
+ * made current by one pwrite of this header, which a SIGKILL cannot tear
+ * (a write within one page of a tmpfs file is copied whole). */
+struct journal_head {
+  char magic[8];
+  uint32_t version;
+  uint32_t pad;
+  uint64_t off, len;
+};
+static const char journal_magic[8] = {'G', 'S', 'H', 'M', 'J', 'R', 'N', 'L'};
 
 
 static void count_failure(struct gshmd_fdstore *fs, const char *what, int r) {
@@ -43,6 +60,22 @@ static int store_fd(struct gshmd_fdstore *fs, const char *name, int fd) {
     return r;
   }
   return 0;
+}
+
+/* What a stored name is. */
+enum kind { K_OTHER, K_SEG, K_META, K_IDS, K_JOURNAL };
+
+static enum kind parse_name(const char *name, uint64_t *id, uint64_t *v) {
+  char tail;
+  if (sscanf(name, "seg-%" SCNu64 "%c", id, &tail) == 1)
+    return K_SEG;
+  if (sscanf(name, "meta-%" SCNu64 "-%" SCNu64 "%c", id, v, &tail) == 2)
+    return K_META;
+  if (sscanf(name, "ids-%" SCNu64 "%c", v, &tail) == 1)
+    return K_IDS;
+  if (!strcmp(name, JOURNAL_NAME))
+    return K_JOURNAL;
+  return K_OTHER;
 }
 
 /* Removes name from the store; when that cannot be sent, owes it. */
@@ -117,27 +150,33 @@ static int sealed_record(const ProtobufCMessage *msg, int *fd_out) {
   return e;
 }
 
+/* seg's current state as a StateRecord (strings borrowed from seg). */
+static void fill_record(const struct gshmd_segment *seg, Gshm__StateRecord *x) {
+  gshm__state_record__init(x);
+  x->id = seg->id;
+  x->generation = seg->generation;
+  x->name = seg->name;
+  x->requested_size = seg->requested_size;
+  x->size = seg->mem->size;
+  x->location = seg->mem->location;
+  x->uid = seg->uid;
+  x->gid = seg->gid;
+  x->mode = seg->mode;
+  x->flags = seg->flags;
+  x->created_ns = seg->created_ns;
+  x->unlinked = seg->unlinked;
+  if (seg->source)
+    x->source = seg->source;
+}
+
 /* Stores meta-<id>-<v+1> for seg, then removes meta-<id>-<v>: a crash in
  * between leaves two versions and restore takes the newer, never none. */
 static int store_meta(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
-  Gshm__StateRecord x = GSHM__STATE_RECORD__INIT;
+  Gshm__StateRecord x;
   char name[64];
   int fd, e;
 
-  x.id = seg->id;
-  x.generation = seg->generation;
-  x.name = seg->name;
-  x.requested_size = seg->requested_size;
-  x.size = seg->mem->size;
-  x.location = seg->mem->location;
-  x.uid = seg->uid;
-  x.gid = seg->gid;
-  x.mode = seg->mode;
-  x.flags = seg->flags;
-  x.created_ns = seg->created_ns;
-  x.unlinked = seg->unlinked;
-  if (seg->source)
-    x.source = seg->source;
+  fill_record(seg, &x);
   if ((e = sealed_record(&x.base, &fd)))
     return e;
   snprintf(name, sizeof(name), "meta-%" PRIu64 "-%" PRIu64, seg->id, seg->meta_version + 1);
@@ -249,14 +288,174 @@ static void resend(struct gshmd_fdstore *fs) {
   }
 }
 
+/* ---- The journal ----
+ * One unsealed memfd, stored once as "journal" and then rewritten in
+ * place: systemd holds the same file, so what is written there survives a
+ * SIGKILL with no further notification, and no write into it needs a new
+ * fd (which is what fails at EMFILE).  It holds what the store is behind
+ * by: the newest record of each owed segment, the ids of freed segments
+ * whose entries could not be removed, and the ids handed out.  Restore
+ * reads it first, so a failed send never brings back an unlinked segment,
+ * undoes a chmod or reuses an id. */
+
+static bool ids_behind(const struct gshmd_fdstore *fs) {
+  const struct gshmd_registry *r = fs->reg;
+  return r->next_segment_id >= fs->id_limit || r->next_generation >= fs->gen_limit ||
+         r->next_lease_id >= fs->lease_limit || r->next_session_id >= fs->session_limit;
+}
+
+/* Sizes fd for two areas of `area` bytes after the header, with every page
+ * allocated now so that later writes cannot fail for memory.  Returns 0 or
+ * a negative errno. */
+static int journal_size(int fd, uint64_t area) {
+  off_t size = (off_t)(JOURNAL_HEAD + 2 * area);
+  if (ftruncate(fd, size) < 0 || fallocate(fd, 0, 0, size) < 0)
+    return -errno;
+  return 0;
+}
+
+static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off) {
+  ssize_t k = pwrite(fd, buf, len, (off_t)off);
+  if (k < 0)
+    return -errno;
+  return (size_t)k == len ? 0 : -EIO;
+}
+
+static int journal_write_head(int fd, uint64_t off, uint64_t len) {
+  struct journal_head h = {.version = JOURNAL_VERSION, .off = off, .len = len};
+  memcpy(h.magic, journal_magic, sizeof(h.magic));
+  return pwrite_all(fd, &h, sizeof(h), 0);
+}
+
+/* Makes a new, empty journal (not yet stored).  Returns 0 or a negative
+ * errno. */
+static int journal_create(struct gshmd_fdstore *fs) {
+  int fd = memfd_create("gshmd-journal", MFD_CLOEXEC), e;
+
+  if (fd < 0)
+    return -errno;
+  if ((e = journal_size(fd, JOURNAL_AREA)) || (e = journal_write_head(fd, JOURNAL_HEAD, 0))) {
+    close(fd);
+    return e;
+  }
+  fs->journal_fd = fd;
+  fs->journal_area = JOURNAL_AREA;
+  fs->journal_off = JOURNAL_HEAD;
+  fs->journal_len = 0;
+  return 0;
+}
+
+/* Writes t to the area not in use and makes it current, growing the file
+ * (both areas) when t does not fit.  Returns 0 or a negative errno; on
+ * failure the current contents are untouched. */
+static int journal_put(struct gshmd_fdstore *fs, const Gshm__StateTable *t) {
+  size_t len = protobuf_c_message_get_packed_size(&t->base);
+  uint64_t area = fs->journal_area, off;
+  uint8_t *buf;
+  int e;
+
+  if (len > JOURNAL_MAX)
+    return -E2BIG;
+  if (len > area) {
+    /* The new areas start past the old second one's end, so the current
+     * contents stay intact until the header moves. */
+    while (area < len)
+      area *= 2;
+    if ((e = journal_size(fs->journal_fd, area)))
+      return e;
+    off = JOURNAL_HEAD + area;
+  } else {
+    off = fs->journal_off == JOURNAL_HEAD ? JOURNAL_HEAD + area : JOURNAL_HEAD;
+  }
+  if (!(buf = malloc(len ? len : 1)))
+    return -ENOMEM;
+  protobuf_c_message_pack(&t->base, buf);
+  e = pwrite_all(fs->journal_fd, buf, len, off);
+  free(buf);
+  if (e || (e = journal_write_head(fs->journal_fd, off, len)))
+    return e;
+  fs->journal_area = area;
+  fs->journal_off = off;
+  fs->journal_len = len;
+  return 0;
+}
+
+/* Rewrites the journal from what is owed now; an empty one once caught up.
+ * Called after every change to what is owed, before the request that
+ * caused it is answered. */
+static void journal_sync(struct gshmd_fdstore *fs) {
+  struct gshmd_registry *r = fs->reg;
+  Gshm__StateTable t = GSHM__STATE_TABLE__INIT;
+  Gshm__StateRecord *recs = NULL, **precs = NULL;
+  uint64_t *freed = NULL;
+  bool behind = ids_behind(fs);
+  int e = -ENOMEM;
+
+  if (fs->journal_fd < 0 || (!fs->nowed && !fs->nremoves && !behind && !fs->journal_len))
+    return;
+  t.version = 3;
+  t.seq = ++fs->journal_seq;
+  if (behind) {
+    t.next_segment_id = r->next_segment_id;
+    t.next_generation = r->next_generation;
+    t.next_lease_id = r->next_lease_id;
+    t.next_session_id = r->next_session_id;
+  }
+  if ((fs->nowed && (!(recs = calloc(fs->nowed, sizeof(*recs))) ||
+                     !(precs = calloc(fs->nowed, sizeof(*precs))))) ||
+      (fs->nremoves && !(freed = calloc(fs->nremoves, sizeof(*freed)))))
+    goto out;
+  for (size_t i = 0; i < fs->nowed; i++) {
+    struct gshmd_segment *seg = gshmd_registry_find_id(r, fs->owed[i].id);
+    if (seg && seg->mem) {
+      fill_record(seg, &recs[t.n_segments]);
+      precs[t.n_segments] = &recs[t.n_segments];
+      t.n_segments++;
+    }
+  }
+  t.segments = precs;
+  /* A removal owed for a segment that no longer exists: it was freed. */
+  for (size_t i = 0; i < fs->nremoves; i++) {
+    uint64_t id, v;
+    enum kind k = parse_name(fs->removes[i], &id, &v);
+    bool seen = false;
+    if ((k != K_SEG && k != K_META) || gshmd_registry_find_id(r, id))
+      continue;
+    for (size_t j = 0; j < t.n_freed && !seen; j++)
+      seen = freed[j] == id;
+    if (!seen)
+      freed[t.n_freed++] = id;
+  }
+  t.freed = freed;
+  e = journal_put(fs, &t);
+out:
+  if (e && !fs->journal_failed)
+    gshm_log_err("fd store: cannot write the journal (%s); a crash now may bring back "
+                 "unlinked segments or undo changes",
+                 strerror(-e));
+  fs->journal_failed = e != 0;
+  free(recs);
+  free(precs);
+  free(freed);
+}
+
+/* How many things the store is behind by (for STATUS= and the metrics). */
+static uint32_t pending(const struct gshmd_fdstore *fs) {
+  return (uint32_t)(fs->nowed + fs->nremoves) +
+         (fs->journal_fd >= 0 && (!fs->journal_stored || fs->journal_failed));
+}
+
 unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs) {
   if (!fs->enabled)
     return 0;
+  if (fs->journal_fd >= 0 && !fs->journal_stored)
+    fs->journal_stored = !store_fd(fs, JOURNAL_NAME, fs->journal_fd);
   resend(fs);
   reserve_ids(fs); /* an ids record owed: its limits were not raised */
-  if (fs->reg->fdstore_pending && !fs->nowed && !fs->nremoves)
+  journal_sync(fs);
+  if (fs->reg->fdstore_pending && !pending(fs))
     gshm_log_notice("fd store: caught up after %" PRIu64 " failed send(s)", fs->failed_sends);
-  fs->reg->fdstore_pending = (uint32_t)(fs->nowed + fs->nremoves);
+  fs->reg->fdstore_pending = pending(fs);
   return fs->reg->fdstore_pending;
 }
 
@@ -291,7 +490,8 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
       owe(fs, seg->id, false);
     break;
   }
-  r->fdstore_pending = (uint32_t)(fs->nowed + fs->nremoves);
+  journal_sync(fs);
+  r->fdstore_pending = pending(fs);
 }
 
 int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg) {
@@ -300,6 +500,7 @@ int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg) {
   memset(fs, 0, sizeof(*fs));
   fs->reg = reg;
   fs->enabled = ns && *ns;
+  fs->journal_fd = -1;
   reg->on_event_data = fs;
   reg->on_event = on_event;
   return 0;
@@ -328,20 +529,6 @@ static ssize_t read_record(int fd, uint8_t **buf_out) {
   return got;
 }
 
-/* What restore knows of one stored name. */
-enum kind { K_OTHER, K_SEG, K_META, K_IDS };
-
-static enum kind parse_name(const char *name, uint64_t *id, uint64_t *v) {
-  char tail;
-  if (sscanf(name, "seg-%" SCNu64 "%c", id, &tail) == 1)
-    return K_SEG;
-  if (sscanf(name, "meta-%" SCNu64 "-%" SCNu64 "%c", id, v, &tail) == 2)
-    return K_META;
-  if (sscanf(name, "ids-%" SCNu64 "%c", v, &tail) == 1)
-    return K_IDS;
-  return K_OTHER;
-}
-
 static void adopt_ids(struct gshmd_fdstore *fs, int fd, uint64_t v) {
   struct gshmd_registry *r = fs->reg;
   Gshm__StateTable *t;
@@ -368,23 +555,17 @@ static void adopt_ids(struct gshmd_fdstore *fs, int fd, uint64_t v) {
   gshm__state_table__free_unpacked(t, NULL);
 }
 
-/* Restores one segment from its newest record and its memory fd. */
-static int adopt_segment(struct gshmd_fdstore *fs, int meta_fd, uint64_t id, uint64_t v,
-                         int *seg_fd) {
+/* Restores one segment from rec (its newest record: a stored meta-<id>-<v>
+ * or the journal's) and its memory fd (*seg_fd, -1 when not handed back;
+ * set to -1 once adopted).  v is the newest stored record's version (0:
+ * none), which the segment's next record replaces. */
+static int adopt_segment(struct gshmd_fdstore *fs, const Gshm__StateRecord *rec, uint64_t id,
+                         uint64_t v, int *seg_fd) {
   struct gshmd_registry *r = fs->reg;
   struct gshmd_alloc *mem = NULL;
-  struct gshmd_backend *b;
-  Gshm__StateRecord *rec;
-  uint8_t *buf = NULL;
-  ssize_t len = read_record(meta_fd, &buf);
+  struct gshmd_backend *b = !strcmp(rec->location, "host") ? r->host : r->cuda;
   int e;
 
-  if (len < 0 || !(rec = gshm__state_record__unpack(NULL, (size_t)len, buf))) {
-    free(buf);
-    return -EBADMSG;
-  }
-  free(buf);
-  b = !strcmp(rec->location, "host") ? r->host : r->cuda;
   if (rec->id != id)
     e = -EBADMSG;
   else if (*seg_fd < 0)
@@ -401,8 +582,75 @@ static int adopt_segment(struct gshmd_fdstore *fs, int meta_fd, uint64_t id, uin
   if (e)
     gshm_log_err("fd store: segment '%s' id %" PRIu64 " not restored: %s", rec->name, id,
                  e == -ENOENT ? "its memory was not handed back" : strerror(-e));
-  gshm__state_record__free_unpacked(rec, NULL);
   return e;
+}
+
+static Gshm__StateRecord *read_state_record(int fd) {
+  uint8_t *buf = NULL;
+  ssize_t len = read_record(fd, &buf);
+  Gshm__StateRecord *rec = len < 0 ? NULL : gshm__state_record__unpack(NULL, (size_t)len, buf);
+  free(buf);
+  return rec;
+}
+
+/* Takes fd as this run's journal and returns what it holds (NULL when
+ * empty or unreadable; said in the log).  An fd that cannot be one (not a
+ * writable regular file) is refused: *fd stays, to be closed and removed
+ * with the leftovers, and a new journal is made. */
+static Gshm__StateTable *journal_adopt(struct gshmd_fdstore *fs, int *fd) {
+  struct journal_head h;
+  struct stat st;
+  Gshm__StateTable *t = NULL;
+  uint8_t *buf;
+  uint64_t area;
+  int seals = fcntl(*fd, F_GET_SEALS);
+
+  if (fstat(*fd, &st) < 0 || !S_ISREG(st.st_mode) || (seals > 0 && (seals & F_SEAL_WRITE)) ||
+      st.st_size < (off_t)(JOURNAL_HEAD + 2 * JOURNAL_AREA) ||
+      (uint64_t)st.st_size > JOURNAL_HEAD + 2 * (uint64_t)JOURNAL_MAX) {
+    gshm_log_err("fd store: the stored journal is not usable; a new one is made");
+    return NULL;
+  }
+  fs->journal_fd = *fd;
+  fs->journal_stored = true;
+  *fd = -1;
+  area = ((uint64_t)st.st_size - JOURNAL_HEAD) / 2;
+  fs->journal_area = area;
+  fs->journal_off = JOURNAL_HEAD;
+  fs->journal_len = 1; /* rewritten (emptied at least) after restore */
+  if (pread(fs->journal_fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
+      memcmp(h.magic, journal_magic, sizeof(h.magic)) || h.version != JOURNAL_VERSION ||
+      (h.off != JOURNAL_HEAD && h.off != JOURNAL_HEAD + area) || h.len > area) {
+    gshm_log_err("fd store: the journal's header is not one this gshmd wrote; ignored");
+    return NULL;
+  }
+  fs->journal_off = h.off;
+  if (!h.len || !(buf = malloc(h.len)))
+    return NULL;
+  if (pread(fs->journal_fd, buf, h.len, (off_t)h.off) != (ssize_t)h.len ||
+      !(t = gshm__state_table__unpack(NULL, h.len, buf)) || t->version != 3) {
+    gshm_log_err("fd store: the journal is unreadable; restoring from the stored records alone");
+    if (t)
+      gshm__state_table__free_unpacked(t, NULL);
+    t = NULL;
+  }
+  free(buf);
+  return t;
+}
+
+static bool has_id(const uint64_t *ids, size_t n, uint64_t id) {
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] == id)
+      return true;
+  return false;
+}
+
+/* The journal's record for id; NULL. */
+static Gshm__StateRecord *journal_record(const Gshm__StateTable *t, uint64_t id) {
+  for (size_t i = 0; t && i < t->n_segments; i++)
+    if (t->segments[i] && t->segments[i]->id == id)
+      return t->segments[i];
+  return NULL;
 }
 
 struct entry {
@@ -421,14 +669,17 @@ static int cmp_entry(const void *a, const void *b) {
   return x->v < y->v ? -1 : x->v > y->v;
 }
 
-int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
+/* Restores what the names in fds[0..n) and the journal jt hold. */
+static int restore(struct gshmd_fdstore *fs, int *fds, char **names, int n,
+                   const Gshm__StateTable *jt) {
+  struct gshmd_registry *r = fs->reg;
   struct entry *e;
+  const uint64_t *freed = jt ? jt->freed : NULL;
+  size_t nfreed = jt ? jt->n_freed : 0;
   uint64_t best_ids = 0;
   int ids_idx = -1, ne = 0;
 
-  if (!names || n <= 0)
-    return 0;
-  if (!(e = malloc(sizeof(*e) * (size_t)n)))
+  if (!(e = malloc(sizeof(*e) * (size_t)(n ? n : 1))))
     return -ENOMEM;
   /* Parse every name once; the newest ids record on the way. */
   for (int i = 0; i < n; i++) {
@@ -443,52 +694,132 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
   }
   if (ids_idx >= 0)
     adopt_ids(fs, fds[ids_idx], best_ids);
+  if (jt) { /* ids handed out after the stored reservation */
+    if (jt->next_segment_id > r->next_segment_id)
+      r->next_segment_id = jt->next_segment_id;
+    if (jt->next_generation > r->next_generation)
+      r->next_generation = jt->next_generation;
+    if (jt->next_lease_id > r->next_lease_id)
+      r->next_lease_id = jt->next_lease_id;
+    if (jt->next_session_id > r->next_session_id)
+      r->next_session_id = jt->next_session_id;
+  }
 
   /* Sorted, each id's entries are adjacent: its memory, then its records
    * oldest first.  O(n log n) for the up to 2 x max_segments fds handed
-   * back, before READY. */
+   * back, before READY.  A freed id is skipped (its entries go with the
+   * leftovers); one the journal has a newer record for takes that record
+   * and owes it to the store. */
   qsort(e, (size_t)ne, sizeof(*e), cmp_entry);
   for (int i = 0; i < ne;) {
     int j = i, seg = -1, meta = -1;
-    for (; j < ne && e[j].id == e[i].id; j++) {
+    uint64_t id = e[i].id;
+    Gshm__StateRecord *jrec = journal_record(jt, id), *rec = NULL;
+    for (; j < ne && e[j].id == id; j++) {
       if (e[j].kind == K_SEG)
         seg = e[j].idx;
       else
         meta = j; /* the last is the newest */
     }
-    if (meta >= 0) {
-      if (adopt_segment(fs, fds[e[meta].idx], e[meta].id, e[meta].v,
-                        seg >= 0 ? &fds[seg] : &(int){-1}))
-        fs->dropped++;
-      else
-        fs->restored++;
-    }
     i = j;
+    if (has_id(freed, nfreed, id) || (meta < 0 && !jrec))
+      continue;
+    if (!jrec && !(rec = read_state_record(fds[e[meta].idx]))) {
+      gshm_log_err("fd store: segment id %" PRIu64 " not restored: its record is unreadable", id);
+      fs->dropped++;
+      continue;
+    }
+    if (adopt_segment(fs, jrec ? jrec : rec, id, meta >= 0 ? e[meta].v : 0,
+                      seg >= 0 ? &fds[seg] : &(int){-1})) {
+      fs->dropped++;
+    } else {
+      fs->restored++;
+      if (jrec)
+        owe(fs, id, false);
+    }
+    if (rec)
+      gshm__state_record__free_unpacked(rec, NULL);
   }
   free(e);
+  /* The journal's records whose segment nothing above restored. */
+  for (size_t i = 0; jt && i < jt->n_segments; i++) {
+    const Gshm__StateRecord *jrec = jt->segments[i];
+    if (jrec && !has_id(freed, nfreed, jrec->id) && !gshmd_registry_find_id(r, jrec->id)) {
+      bool named = false; /* named in the store: counted above */
+      for (int k = 0; k < n && !named; k++) {
+        uint64_t id, v;
+        enum kind kk = parse_name(names[k], &id, &v);
+        named = (kk == K_SEG || kk == K_META) && id == jrec->id;
+      }
+      if (!named) {
+        gshm_log_err("fd store: segment '%s' id %" PRIu64 " not restored: its memory was "
+                     "never stored",
+                     jrec->name, jrec->id);
+        fs->dropped++;
+      }
+    }
+  }
+  if (jt) {
+    fs->journal_records = (unsigned)jt->n_segments;
+    fs->journal_freed = (unsigned)nfreed;
+  }
   /* (registry_adopt keeps next ids above every restored segment.) */
 
-  /* Our leftovers (older records, memory nobody names, the meta records
-   * now in use are kept in the store) are closed; the stale ones are also
-   * removed from the store. */
+  /* Our leftovers (older records, freed segments, memory nobody names;
+   * the meta records now in use are kept in the store) are closed; the
+   * stale ones are also removed from the store. */
   for (int i = 0; i < n; i++) {
     uint64_t id, v;
     enum kind k;
     struct gshmd_segment *s;
     if (fds[i] < 0 || (k = parse_name(names[i], &id, &v)) == K_OTHER)
       continue;
-    s = k == K_META ? gshmd_registry_find_id(fs->reg, id) : NULL;
-    if (!(k == K_META && s && s->meta_version == v) && !(k == K_IDS && i == ids_idx)) {
-      if (k == K_SEG)
+    s = k == K_META ? gshmd_registry_find_id(r, id) : NULL;
+    if (k == K_JOURNAL && fs->journal_fd >= 0) {
+      /* (A second journal: removing it by name would remove ours too.) */
+    } else if (!(k == K_META && s && s->meta_version == v) && !(k == K_IDS && i == ids_idx)) {
+      if (k == K_SEG && !has_id(freed, nfreed, id))
         gshm_log_warn("fd store: dropping %s, which no record names", names[i]);
       store_remove(fs, names[i]);
     }
     close(fds[i]);
     fds[i] = -1;
   }
-  if (fs->restored || fs->dropped)
-    gshm_log_notice("fd store: %u segment(s) restored, %u lost", fs->restored, fs->dropped);
   return 0;
+}
+
+int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
+  Gshm__StateTable *jt = NULL;
+  int e = 0;
+
+  if (names && n > 0) {
+    for (int i = 0; i < n; i++)
+      if (fds[i] >= 0 && fs->journal_fd < 0 && !strcmp(names[i], JOURNAL_NAME))
+        jt = journal_adopt(fs, &fds[i]);
+    e = restore(fs, fds, names, n, jt);
+    if (jt)
+      gshm__state_table__free_unpacked(jt, NULL);
+    if (fs->restored || fs->dropped || fs->journal_records || fs->journal_freed)
+      gshm_log_notice("fd store: %u segment(s) restored, %u lost; the journal held %u newer "
+                      "record(s) and %u freed segment(s)",
+                      fs->restored, fs->dropped, fs->journal_records, fs->journal_freed);
+  }
+  if (!fs->enabled)
+    return e;
+  /* This run's journal: the one handed back, else a new one. */
+  if (fs->journal_fd < 0) {
+    int je = journal_create(fs);
+    if (je)
+      gshm_log_err("fd store: cannot make the journal (%s); a failed send may bring back an "
+                   "unlinked segment after a crash",
+                   strerror(-je));
+    else
+      fs->journal_stored = !store_fd(fs, JOURNAL_NAME, fs->journal_fd);
+  }
+  reserve_ids(fs);
+  journal_sync(fs);
+  fs->reg->fdstore_pending = pending(fs);
+  return e;
 }
 
 void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
@@ -503,6 +834,9 @@ void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
   fs->removes = NULL;
   fs->owed = NULL;
   fs->nremoves = fs->nowed = fs->removes_cap = fs->owed_cap = 0;
+  if (fs->journal_fd >= 0) /* (the store keeps its own copy) */
+    close(fs->journal_fd);
+  fs->journal_fd = -1;
   if (fs->reg && fs->reg->on_event == on_event) {
     fs->reg->on_event = NULL;
     fs->reg->on_event_data = NULL;

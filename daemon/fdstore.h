@@ -1,7 +1,9 @@
 /* Restart without losing a byte: gshmd parks in systemd's fd store, for
  * every segment, its memory fd (FDSTORE=1, FDNAME=seg-<id>) and a small
  * sealed memfd with its metadata (meta-<id>-<v>: a StateRecord), plus one
- * record that reserves ids ahead (ids-<v>).  Each operation costs O(1)
+ * record that reserves ids ahead (ids-<v>) and the journal (FDNAME=
+ * journal), a memfd rewritten in place with whatever a failed send left
+ * the store behind by, so that no failure brings back an unlinked segment.  Each operation costs O(1)
  * notifications whatever the number of segments (a whole-table rewrite per
  * create was 67% of create+unlink, gshm-bench control).  On start, what
  * sd_listen_fds_with_names() returns is adopted back before READY=1.
@@ -32,6 +34,15 @@ struct gshmd_fdstore {
   char **removes;
   size_t nremoves, removes_cap;
   uint64_t failed_sends; /* notifications that failed, for metrics */
+  /* The journal (fdstore.c): a memfd stored once and rewritten in place
+   * with what is owed; -1 without a service manager. */
+  int journal_fd;
+  bool journal_stored;   /* its FDSTORE=1 went through */
+  bool journal_failed;   /* its last rewrite failed (logged once) */
+  uint64_t journal_area; /* bytes per area */
+  uint64_t journal_off, journal_len; /* the current contents */
+  uint64_t journal_seq;
+  unsigned journal_records, journal_freed; /* applied at restore */
 };
 
 /* Hooks the registry (segment created/changed/freed, ids taken).  Returns 0. */

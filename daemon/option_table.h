@@ -77,7 +77,7 @@
   X(limits, max_segments, U32, max_segments, "65536", 1, 16777216, NULL,        \
     "Most segments at once (all users). Every segment's fd is kept in "         \
     "systemd's fd store, so FileDescriptorStoreMax= in gshmd.service must be "  \
-    "at least twice this plus 3 (memory and record per segment).")             \
+    "at least twice this plus 4 (memory and record per segment).")             \
   X(limits, max_fds_per_connection, U32, max_fds_per_connection, "0", 0, 253,   \
     NULL,                                                                       \
     "File descriptors a client may send in one packet; a client that sends "   \

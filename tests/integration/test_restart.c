@@ -518,6 +518,103 @@ static void test_failed_store_sends_are_resent(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
+/* Issue 15 item 2, the part a retry cannot cover: gshmd is SIGKILLed while
+ * the store is still behind (its fd limit so low that no notification can
+ * be sent: no socket, no record memfd).  The journal, a memfd stored at
+ * start and rewritten in place, carries what the store missed, so the
+ * restart gives exactly the state before the kill: the segment unlinked
+ * while the store failed stays gone, the chmod holds, the other segment
+ * and every byte are back, and no id is handed out twice.  Before the
+ * journal (74cede6) the unlinked segment came back under its name and the
+ * chmod was undone. */
+static void test_sigkill_while_the_store_is_behind(void **state) {
+  static const char *const names[] = {"b/unlinked", "b/chmodded", "b/kept"};
+  struct harness h;
+  gshm_client_t *c, *fresh;
+  gshm_segment_t *s[3], *held;
+  gshm_segment_info_t *list;
+  struct rlimit orig, none;
+  unsigned long long seed = (unsigned long long)time(NULL) ^ 0x5eedULL;
+  uint64_t last_id, last_gen;
+  size_t n;
+  char seg_a[32];
+
+  (void)state;
+  assert_int_equal(harness_start(&h, NULL), 0);
+  assert_true(stored(&h, "journal"));
+  assert_int_equal(gshm_connect(h.socket_path, "store", &c), 0);
+  for (int i = 0; i < 3; i++) {
+    unsigned char buf[8192];
+    assert_int_equal(gshm_create(c, names[i], sizeof(buf), NULL, 0640, 0, &s[i]), 0);
+    harness_random(buf, sizeof(buf), seed + (unsigned)i);
+    assert_int_equal(gshm_write(s[i], 0, buf, sizeof(buf)), 0);
+  }
+  last_id = gshm_segment_info(s[2])->id;
+  last_gen = gshm_segment_info(s[2])->generation;
+  snprintf(seg_a, sizeof(seg_a), "seg-%" PRIu64, gshm_segment_info(s[0])->id);
+  assert_int_equal(gshm_close(s[0]), 0);
+  gshm__spawn_poll(&h.sp, 200);
+
+  /* No new fd at all from here to the kill: every send fails. */
+  assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, NULL, &orig), 0);
+  none.rlim_cur = 0;
+  none.rlim_max = orig.rlim_max;
+  assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, &none, NULL), 0);
+  assert_int_equal(gshm_unlink(c, names[0]), 0);
+  assert_int_equal(gshm_chmod(c, names[1], 0604), 0);
+  /* An unlinked segment still leased: restored as unlinked, never by name. */
+  assert_int_equal(gshm_unlink(c, names[2]), 0);
+  held = s[2];
+  /* A create cannot even make its memory: refused, nothing half-made. */
+  assert_int_not_equal(gshm_create(c, "b/new", 4096, NULL, 0600, 0, &s[0]), 0);
+  gshm__spawn_poll(&h.sp, 1500); /* a retry tick, which fails too (and so
+                                  * does STATUS=: sd_notify needs an fd) */
+  assert_true(stored(&h, seg_a)); /* the store is behind */
+
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "fresh", &fresh), 0);
+  assert_int_equal(gshm_list(fresh, &list, &n), 0);
+  assert_int_equal(n, 2); /* (a listing shows unlinked segments too) */
+  assert_string_equal(list[0].name, names[1]);
+  assert_int_equal(list[0].mode, 0604);
+  assert_false(list[0].unlinked);
+  assert_string_equal(list[1].name, names[2]);
+  assert_true(list[1].unlinked);
+  gshm_free(list);
+  {
+    gshm_segment_info_t info;
+    assert_int_equal(gshm_stat(held, &info), 0); /* reconnects, re-takes */
+    assert_true(info.unlinked);
+    check_bytes(held, 8192, seed + 2);
+  }
+  assert_int_equal(gshm_open(fresh, names[0], GSHM_ACCESS_READ, &s[0]), -ENOENT);
+  assert_int_equal(gshm_open(fresh, names[2], GSHM_ACCESS_READ, &s[0]), -ENOENT);
+  {
+    gshm_segment_t *o;
+    assert_int_equal(gshm_open(fresh, names[1], GSHM_ACCESS_READ, &o), 0);
+    check_bytes(o, 8192, seed + 1);
+    gshm_close(o);
+  }
+  /* New ids and generations are above every one handed out before. */
+  {
+    gshm_segment_t *o;
+    assert_int_equal(gshm_create(fresh, "b/after", 4096, NULL, 0600, 0, &o), 0);
+    assert_true(gshm_segment_info(o)->id > last_id);
+    assert_true(gshm_segment_info(o)->generation > last_gen);
+    gshm_close(o);
+  }
+  /* Caught up: the stale entries left the store. */
+  for (int i = 0; i < 30 && strstr(h.sp.status, "fd store behind"); i++)
+    gshm__spawn_poll(&h.sp, 100);
+  assert_false(stored(&h, seg_a));
+  assert_null(strstr(h.sp.status, "fd store behind"));
+  gshm_close(held);
+  gshm_close(s[1]);
+  gshm_disconnect(fresh);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_watchdog_and_status),
@@ -531,6 +628,7 @@ int main(void) {
       cmocka_unit_test(test_close_after_restart_ends_the_lease),
       cmocka_unit_test(test_listing_never_ends_early),
       cmocka_unit_test(test_failed_store_sends_are_resent),
+      cmocka_unit_test(test_sigkill_while_the_store_is_behind),
   };
   /* The common default soft limit: restarts hand fds back at any limit
    * (the harness once moved them through fd 10000). */
