@@ -5,7 +5,8 @@
  * It starts two gshmd (A exports, B pulls) with cluster endpoints on
  * 127.0.0.1 and $UCX_TLS (default tcp).  For each size a segment at
  * --location (host, or cuda:N: the staging path without a CUDA-aware UCX)
- * is created on A; B pulls it --iters times after one warm-up pull; the
+ * is created on A; B pulls it (into --to, default the same location: a
+ * segment of GPU 0 pulled onto GPU 1 with --location cuda:0 --to cuda:1) --iters times after one warm-up pull; the
  * median wall time of gshm_pull (request to result, control round trips
  * included) gives the rate.  Then ucx_perftest -t ucp_get runs with the
  * same size (server and client processes on 127.0.0.1, same UCX_TLS) and
@@ -44,6 +45,7 @@ struct opts {
   int nsizes;
   int iters;
   const char *location;
+  const char *to; /* the pulled segment's location; NULL: location */
   const char *perftest;
   const char *gshmd;
   bool no_perftest;
@@ -180,7 +182,8 @@ static int start_node(struct gshm_spawn *sp, const char *gshmd, const char *name
   snprintf(a[n++], 320, "--set=cluster.export=%s", exports);
   snprintf(a[n++], 320, "--set=cluster.pull_group=%s", g ? g->gr_name : "root");
   snprintf(a[n++], 320, "--set=daemon.log_level=4");
-  snprintf(a[n++], 320, "--set=daemon.backend=%s", strncmp(o->location, "cuda", 4) ? "host" : "cuda");
+  snprintf(a[n++], 320, "--set=daemon.backend=%s",
+           strncmp(o->location, "cuda", 4) && strncmp(o->to, "cuda", 4) ? "host" : "cuda");
   if (o->chunk)
     snprintf(a[n++], 320, "--set=cluster.pull_chunk=%s", o->chunk);
   if (o->depth)
@@ -212,7 +215,9 @@ static int make_source(gshm_client_t *c, const struct opts *o, uint64_t size) {
     const struct gshm_cudadrv *drv;
     CUdevice dev;
     CUcontext ctx;
-    if (gshm__cudadrv_load(GSHM_LOG_ERR, &drv) || drv->cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+    int ordinal = atoi(o->location + 5); /* "cuda:N" */
+    if (gshm__cudadrv_load(GSHM_LOG_ERR, &drv) ||
+        drv->cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS ||
         drv->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
         drv->cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
         drv->cuMemsetD8((CUdeviceptr)(uintptr_t)p, 0x5a, size) != CUDA_SUCCESS ||
@@ -229,6 +234,7 @@ int bench_pull_main(int argc, char **argv) {
   static const struct option lo[] = {{"sizes", required_argument, NULL, 's'},
                                      {"iters", required_argument, NULL, 'n'},
                                      {"location", required_argument, NULL, 'l'},
+                                     {"to", required_argument, NULL, 't'},
                                      {"perftest", required_argument, NULL, 'P'},
                                      {"no-perftest", no_argument, NULL, 'N'},
                                      {"gshmd", required_argument, NULL, 'g'},
@@ -246,7 +252,7 @@ int bench_pull_main(int argc, char **argv) {
   double lat4k_pull = -1;
 
   parse_sizes("1M,4M,16M,64M,256M,1G,4G", &o);
-  while ((c = getopt_long(argc, argv, "s:n:l:P:Ng:c:d:h", lo, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:h", lo, NULL)) != -1) {
     switch (c) {
     case 's':
       if (parse_sizes(optarg, &o)) {
@@ -256,6 +262,7 @@ int bench_pull_main(int argc, char **argv) {
       break;
     case 'n': o.iters = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
     case 'l': o.location = optarg; break;
+    case 't': o.to = optarg; break;
     case 'P': o.perftest = optarg; break;
     case 'N': o.no_perftest = true; break;
     case 'g': o.gshmd = optarg; break;
@@ -263,12 +270,20 @@ int bench_pull_main(int argc, char **argv) {
     case 'd': o.depth = optarg; break;
     case 'h':
       printf("usage: gshm-bench pull [--sizes 1M,4M,...,4G] [--iters N] [--location host|cuda:N]\n"
+             "                       [--to host|cuda:N (default: --location)]\n"
              "                       [--perftest PATH | --no-perftest] [--gshmd PATH]\n"
              "                       [--chunk BYTES] [--depth N]\n");
       return 0;
     default:
       return 2;
     }
+  }
+  if (!o.to)
+    o.to = o.location;
+  if ((strncmp(o.location, "cuda:", 5) && strcmp(o.location, "host")) ||
+      (strncmp(o.to, "cuda:", 5) && strcmp(o.to, "host"))) {
+    fprintf(stderr, "gshm-bench pull: --location and --to take host or cuda:N\n");
+    return 2;
   }
   setenv("UCX_TLS", getenv("UCX_TLS") ? getenv("UCX_TLS") : "tcp", 1);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
@@ -290,8 +305,8 @@ int bench_pull_main(int argc, char **argv) {
   if (gshm_connect(A.socket_path, "bench-src", &a) || gshm_connect(B.socket_path, "bench-dst", &b))
     goto out;
   pt = find_perftest(&o, gshmd, ptbuf, sizeof(ptbuf), ldpath, sizeof(ldpath));
-  printf("gshm-bench pull: location %s, UCX_TLS=%s, %d iterations after 1 warm-up, medians\n",
-         o.location, getenv("UCX_TLS"), o.iters);
+  printf("gshm-bench pull: from %s to %s, UCX_TLS=%s, %d iterations after 1 warm-up, medians\n",
+         o.location, o.to, getenv("UCX_TLS"), o.iters);
   printf("%10s %12s %12s %14s %8s  %s\n", "SIZE", "PULL GB/s", "PULL ms", "ucp_get GB/s",
          "RATIO", "PATH");
   for (int i = 0; i < o.nsizes; i++) {
@@ -308,7 +323,7 @@ int bench_pull_main(int argc, char **argv) {
     }
     for (int k = -1; k < n; k++) {
       gshm_pull_opts_t po = {.local_name = "bench/dst",
-                             .location = strncmp(o.location, "cuda", 4) ? NULL : o.location};
+                             .location = strncmp(o.to, "cuda", 4) ? NULL : o.to};
       double t0 = now_s();
       if ((e = gshm_pull(b, "a", "bench/src", &po, &r))) {
         fprintf(stderr, "gshm-bench pull: %s (%s)\n", gshm_strerror(e), gshm_last_error(b));

@@ -43,6 +43,10 @@ if step pull; then
     > "$out/bench-pull-host.txt" 2>&1
   timeout 150 ./bench/gshm-bench pull --location cuda:0 ${GSHM_PULL_ARGS:---sizes 1M,64M,1G,4G --iters 3} \
     --no-perftest > "$out/bench-pull-cuda.txt" 2>&1
+  # two GPUs: a segment of GPU 0 on one gshmd pulled onto GPU 1 by the other
+  [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] &&
+    timeout 150 ./bench/gshm-bench pull --location cuda:0 --to cuda:1 \
+      ${GSHM_PULL_ARGS:---sizes 1M,64M,1G,4G --iters 3} --no-perftest > "$out/bench-pull-cuda01.txt" 2>&1
 fi
 # Not in the default steps (minutes, 18 GiB of disk or /dev/shm): GSHM_STEPS=restart.
 # GSHM_RESTART_ARGS: more options, e.g. "--start warm --repeat 5 --cold-repeat 2".
