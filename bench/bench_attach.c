@@ -43,6 +43,7 @@
 #include "bench.h"
 #include "cudadrv.h"
 #include "gshm.h"
+#include "spawn.h"
 #include "util.h"
 
 #define MAX_SIZES 8
@@ -72,58 +73,22 @@ static double now_us(void) {
     exit(1);                                      \
   } while (0)
 
-/* ---- a private gshmd, ready when it says READY=1 ---- */
+/* ---- a private gshmd ----
+ * Started through common/spawn.c, which plays the service manager for as
+ * long as gshmd runs (READY=1, and the fd store that every create and
+ * unlink writes to).  A notify socket closed after READY=1 (as this bench
+ * once did) makes every store send fail, and gshmd then retries what it
+ * owes on each request: that work is not what an attach costs. */
 
-struct daemon {
-  pid_t pid;
-  char dir[64];
-  char socket[128];
-};
-
-static void daemon_start(struct daemon *d, const char *gshmd) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  char notify[128], buf[512];
-  struct timeval tv = {30, 0};
-  int fd;
-
-  strcpy(d->dir, "/tmp/gshm-bench-XXXXXX");
-  if (!mkdtemp(d->dir))
-    DIE("mkdtemp: %s", strerror(errno));
-  snprintf(d->socket, sizeof(d->socket), "%s/gshmd.sock", d->dir);
-  snprintf(notify, sizeof(notify), "%s/notify", d->dir);
-  fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  strcpy(sa.sun_path, notify);
-  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-    DIE("notify socket: %s", strerror(errno));
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  d->pid = fork();
-  if (d->pid == 0) {
-    setenv("NOTIFY_SOCKET", notify, 1);
-    execl(gshmd, gshmd, "--backend", "cuda", "--legacy-ipc", "--log-level", "4", "--socket",
-          d->socket, (char *)NULL);
-    _exit(127);
-  }
-  for (;;) {
-    ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);
-    if (n < 0)
-      DIE("gshmd (%s) did not become ready", gshmd);
-    buf[n] = '\0';
-    if (strstr(buf, "READY=1"))
-      break;
-  }
-  close(fd);
-}
-
-static void daemon_stop(struct daemon *d) {
-  char path[160];
-  if (d->pid > 0) {
-    kill(d->pid, SIGTERM);
-    waitpid(d->pid, NULL, 0);
-  }
-  snprintf(path, sizeof(path), "%s/notify", d->dir);
-  unlink(path);
-  unlink(d->socket);
-  rmdir(d->dir);
+static int daemon_start(struct gshm_spawn *sp, const char *gshmd) {
+  static const char *const args[] = {"--backend", "cuda", "--legacy-ipc", "--log-level", "4",
+                                     NULL};
+  int e = gshm__spawn_init(sp);
+  if (!e)
+    e = gshm__spawn_start(sp, gshmd, args, false, 30000);
+  if (e)
+    DIE("gshmd (%s) did not become ready: %s", gshmd, strerror(-e));
+  return 0;
 }
 
 /* ---- the legacy exporter: another process (a process cannot open its
@@ -381,7 +346,7 @@ int bench_attach_main(int argc, char **argv) {
       {"map-device", required_argument, NULL, 'm'}, {"size", required_argument, NULL, 'z'},
       {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
   struct opts o = {.runs = 20, .device = 0, .map_device = -1};
-  struct daemon d = {0};
+  static struct gshm_spawn d; /* (4096 stored fds: not on the stack) */
   gshm_client_t *c = NULL, *c0 = NULL;
   double steps[MAX_SIZES][STEPS], steps_total[MAX_SIZES], poll_open[MAX_SIZES][2];
   double poll_rtt[MAX_SIZES][2];
@@ -440,8 +405,8 @@ int bench_attach_main(int argc, char **argv) {
 
   if (!o.socket) {
     const char *g = o.gshmd ? o.gshmd : getenv("GSHMD");
-    daemon_start(&d, g && *g ? g : "gshmd");
-    o.socket = d.socket;
+    daemon_start(&d, g && *g ? g : gshm__find_gshmd());
+    o.socket = d.socket_path;
   }
   if ((e = gshm_connect(o.socket, "gshm-bench-attach", &c)))
     DIE("connect %s: %s", o.socket, gshm_strerror(e));
@@ -584,6 +549,6 @@ int bench_attach_main(int argc, char **argv) {
   gshm_disconnect(c0);
   gshm_disconnect(c);
   if (d.pid)
-    daemon_stop(&d);
+    gshm__spawn_cleanup(&d); /* SIGTERM, reap, close the store */
   return 0;
 }
