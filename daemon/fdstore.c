@@ -78,6 +78,22 @@ static enum kind parse_name(const char *name, uint64_t *id, uint64_t *v) {
   return K_OTHER;
 }
 
+/* Owes the removal of name (heap; taken, or freed when it cannot be
+ * recorded: out of memory, logged by the failure before). */
+static void owe_remove(struct gshmd_fdstore *fs, char *name) {
+  if (fs->nremoves == fs->removes_cap) {
+    size_t cap = fs->removes_cap ? 2 * fs->removes_cap : 16;
+    char **n = realloc(fs->removes, cap * sizeof(*n));
+    if (!n) {
+      free(name);
+      return;
+    }
+    fs->removes = n;
+    fs->removes_cap = cap;
+  }
+  fs->removes[fs->nremoves++] = name;
+}
+
 /* Removes name from the store; when that cannot be sent, owes it. */
 static void store_remove(struct gshmd_fdstore *fs, const char *name) {
   char msg[96], *copy;
@@ -88,16 +104,8 @@ static void store_remove(struct gshmd_fdstore *fs, const char *name) {
   if (r > 0)
     return;
   count_failure(fs, msg, r < 0 ? r : -ENOTCONN);
-  if (fs->nremoves == fs->removes_cap) {
-    size_t cap = fs->removes_cap ? 2 * fs->removes_cap : 16;
-    char **n = realloc(fs->removes, cap * sizeof(*n));
-    if (!n)
-      return; /* logged above */
-    fs->removes = n;
-    fs->removes_cap = cap;
-  }
   if ((copy = strdup(name)))
-    fs->removes[fs->nremoves++] = copy;
+    owe_remove(fs, copy);
 }
 
 /* Owes seg's record (and its memory when need_seg). */
@@ -275,6 +283,10 @@ static void resend(struct gshmd_fdstore *fs) {
   fs->removes = NULL;
   fs->nremoves = fs->removes_cap = 0;
   for (size_t i = 0; i < n; i++) {
+    if (fs->nremoves) { /* one failed: the rest stay owed, untried */
+      owe_remove(fs, names[i]);
+      continue;
+    }
     store_remove(fs, names[i]); /* owes it again on failure */
     free(names[i]);
   }
@@ -799,10 +811,12 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
     e = restore(fs, fds, names, n, jt);
     if (jt)
       gshm__state_table__free_unpacked(jt, NULL);
-    if (fs->restored || fs->dropped || fs->journal_records || fs->journal_freed)
-      gshm_log_notice("fd store: %u segment(s) restored, %u lost; the journal held %u newer "
-                      "record(s) and %u freed segment(s)",
-                      fs->restored, fs->dropped, fs->journal_records, fs->journal_freed);
+    if (fs->restored || fs->dropped)
+      gshm_log_notice("fd store: %u segment(s) restored, %u lost", fs->restored, fs->dropped);
+    if (fs->journal_records || fs->journal_freed)
+      gshm_log_notice("fd store: the store was behind at the stop; the journal held %u newer "
+                      "record(s) and %u freed segment(s), applied",
+                      fs->journal_records, fs->journal_freed);
   }
   if (!fs->enabled)
     return e;
@@ -813,8 +827,24 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
       gshm_log_err("fd store: cannot make the journal (%s); a failed send may bring back an "
                    "unlinked segment after a crash",
                    strerror(-je));
-    else
-      fs->journal_stored = !store_fd(fs, JOURNAL_NAME, fs->journal_fd);
+    else if ((je = sd_pid_notify_with_fds(0, 0, "FDSTORE=1\nFDNAME=" JOURNAL_NAME,
+                                          &fs->journal_fd, 1)) == -ECONNREFUSED ||
+             je == -ENOENT) {
+      /* $NOTIFY_SOCKET names a socket nobody reads (a stale variable, a
+       * test that stopped listening): every send would fail and be owed
+       * for ever. */
+      gshm_log_warn("fd store off: no service manager listens on $NOTIFY_SOCKET (%s); "
+                    "segments will not survive a restart",
+                    strerror(-je));
+      close(fs->journal_fd);
+      fs->journal_fd = -1;
+      fs->enabled = false;
+      return e;
+    } else if (je <= 0) {
+      count_failure(fs, JOURNAL_NAME, je < 0 ? je : -ENOTCONN);
+    } else {
+      fs->journal_stored = true;
+    }
   }
   reserve_ids(fs);
   journal_sync(fs);
