@@ -1,12 +1,17 @@
 /* libFuzzer target: restoring saved state after a restart
- * (gshmd_fdstore_restore: read_state's StateTable decoder, then adoption of
- * each record's segment fd into a fresh registry).
+ * (gshmd_fdstore_restore: the StateRecord and StateTable decoders, the
+ * journal's header and contents, then adoption of each segment's memory fd
+ * into a fresh registry).
  *
- * The input is the state memfd's contents (FDNAME=state-7); beside it the
- * "fd store" holds sealed host memfds seg-1 (4 KiB), seg-2 (8 KiB) and
- * seg-3 (4 KiB, unsealed: must be refused) and an unrelated fd.  Checked:
- * no crash or leak, every fd handed in is either adopted (set to -1) or
- * closed, and the registry's counters agree with its lists. */
+ * Input: three 16-bit little-endian lengths, then the bytes of meta-1-2,
+ * meta-2-1 and ids-3, then the journal: its first 32 bytes are its header
+ * (struct journal_head) and the rest its first area (at JOURNAL_HEAD,
+ * 4096).  Beside them the "fd store" holds sealed host memfds seg-1
+ * (4 KiB) and seg-2 (8 KiB), an older meta-1-1, memory no record names
+ * (seg-9, unsealed: must be refused) and an unrelated fd.  Checked: no
+ * crash or leak, every fd handed in is either adopted (set to -1) or
+ * closed, the registry's counters agree with its lists, and no segment
+ * comes back without memory. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -31,7 +36,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argv;
   unsetenv("NOTIFY_SOCKET"); /* sd_notify: no service manager */
   unsetenv("LISTEN_FDS");
-  gshm__log_setup("fuzz", 0, 0);
+  gshm__log_setup("fuzz", getenv("GSHM_FUZZ_LOG") ? 7 : 0, 0); /* GSHM_FUZZ_LOG=1: say what restore did */
   if (gshmd_config_init(&cfg))
     abort();
   return 0;
@@ -53,30 +58,42 @@ static int record(const uint8_t *data, size_t len) {
   return fd;
 }
 
-/* Input: two 16-bit little-endian lengths, then the bytes of meta-1-2,
- * meta-2-1 and (the rest) ids-3, handed back with two segments' memory,
- * an older meta-1-1, memory no record names (seg-9) and a foreign fd. */
+/* A journal memfd: head (up to 32 bytes) at 0, area at 4096, sized as
+ * gshmd sizes a new one (the header page and two 64 KiB areas). */
+static int journal(const uint8_t *data, size_t len) {
+  int fd = memfd_create("journal", MFD_CLOEXEC);
+  size_t head = len < 32 ? len : 32;
+  if (fd < 0 || ftruncate(fd, 4096 + 2 * 65536) < 0 ||
+      (head && pwrite(fd, data, head, 0) != (ssize_t)head) ||
+      (len > head && pwrite(fd, data + head, len - head > 65536 ? 65536 : len - head, 4096) < 0))
+    abort();
+  return fd;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct gshmd_registry reg;
   struct gshmd_fdstore fs;
   char *names[] = {"seg-1", "meta-1-2", "seg-2", "meta-2-1", "ids-3", "other", "meta-1-1",
-                   "seg-9"};
-  int fds[8], n = 8;
+                   "seg-9", "journal"};
+  int fds[9], n = 9;
   struct gshm_list *pos;
   uint32_t nseg = 0;
   uint64_t bytes = 0;
-  size_t a, b;
+  size_t a, b, c;
 
-  if (size < 4 || size > 1 << 20)
+  if (size < 6 || size > 1 << 20)
     return 0;
   a = (size_t)data[0] | (size_t)data[1] << 8;
   b = (size_t)data[2] | (size_t)data[3] << 8;
-  data += 4;
-  size -= 4;
+  c = (size_t)data[4] | (size_t)data[5] << 8;
+  data += 6;
+  size -= 6;
   if (a > size)
     a = size;
   if (b > size - a)
     b = size - a;
+  if (c > size - a - b)
+    c = size - a - b;
   gshmd_registry_init(&reg, &cfg);
   if (gshmd_backend_host_create(&cfg, &reg.host))
     abort();
@@ -84,10 +101,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fds[1] = record(data, a);
   fds[2] = sealed_memfd(8192, true);
   fds[3] = record(data + a, b);
-  fds[4] = record(data + a + b, size - a - b);
+  fds[4] = record(data + a + b, c);
   fds[5] = open("/dev/null", O_RDONLY | O_CLOEXEC);
   fds[6] = record(NULL, 0);
   fds[7] = sealed_memfd(4096, false);
+  fds[8] = journal(data + a + b + c, size - a - b - c);
   gshmd_fdstore_setup(&fs, &reg);
   if (gshmd_fdstore_restore(&fs, fds, names, n))
     abort();

@@ -231,28 +231,56 @@ int main(int argc, char **argv) {
   tab.n_segments = 3;
   tab.segments = recs;
   put_msg("fuzz_msg_state_table", "three", &tab.base);
-  /* fuzz_fdstore: lengths of meta-1-2 and meta-2-1, the two records, then
-   * an ids record (fdstore.c's layout). */
+  /* fuzz_fdstore: lengths of meta-1-2, meta-2-1 and ids-3, the three
+   * records, then the journal (its 32-byte header, then its first area:
+   * fdstore.c's layout). */
   {
-    uint8_t buf[4096];
-    size_t a = protobuf_c_message_pack(&r1.base, buf + 4);
-    size_t b = protobuf_c_message_pack(&r2.base, buf + 4 + a);
-    size_t c;
+    uint8_t buf[8192];
+    size_t a = protobuf_c_message_pack(&r1.base, buf + 6);
+    size_t b = protobuf_c_message_pack(&r2.base, buf + 6 + a);
+    size_t c, j;
+    Gshm__StateRecord *jrecs[1], jr;
+    uint64_t freed[1] = {2};
+    struct {
+      char magic[8];
+      uint32_t version, pad;
+      uint64_t off, len;
+    } head = {{'G', 'S', 'H', 'M', 'J', 'R', 'N', 'L'}, 1, 0, 4096, 0};
     tab.version = 2;
     tab.n_segments = 0;
-    c = protobuf_c_message_pack(&tab.base, buf + 4 + a + b);
+    c = protobuf_c_message_pack(&tab.base, buf + 6 + a + b);
     buf[0] = (uint8_t)a;
     buf[1] = (uint8_t)(a >> 8);
     buf[2] = (uint8_t)b;
     buf[3] = (uint8_t)(b >> 8);
-    put("fuzz_fdstore", "two_segments", buf, 4 + a + b + c);
+    buf[4] = (uint8_t)c;
+    buf[5] = (uint8_t)(c >> 8);
+    put("fuzz_fdstore", "two_segments", buf, 6 + a + b + c);
+    /* the journal: segment 1 chmodded, segment 2 freed, ids handed out */
+    jr = r1;
+    jr.mode = 0604;
+    jrecs[0] = &jr;
+    tab.version = 3;
+    tab.n_segments = 1;
+    tab.segments = jrecs;
+    tab.n_freed = 1;
+    tab.freed = freed;
+    j = protobuf_c_message_pack(&tab.base, buf + 6 + a + b + c + sizeof(head));
+    head.len = j;
+    memcpy(buf + 6 + a + b + c, &head, sizeof(head));
+    put("fuzz_fdstore", "journal", buf, 6 + a + b + c + sizeof(head) + j);
+    tab.version = 2;
+    tab.n_segments = 0;
+    tab.n_freed = 0;
     r2.name = "a";
     r2.unlinked = 0; /* two live segments with one name: the second refused */
-    b = protobuf_c_message_pack(&r2.base, buf + 4 + a);
-    c = protobuf_c_message_pack(&tab.base, buf + 4 + a + b);
+    b = protobuf_c_message_pack(&r2.base, buf + 6 + a);
+    c = protobuf_c_message_pack(&tab.base, buf + 6 + a + b);
     buf[2] = (uint8_t)b;
     buf[3] = (uint8_t)(b >> 8);
-    put("fuzz_fdstore", "dup_name", buf, 4 + a + b + c);
+    buf[4] = (uint8_t)c;
+    buf[5] = (uint8_t)(c >> 8);
+    put("fuzz_fdstore", "dup_name", buf, 6 + a + b + c);
   }
 
   /* Headers. */
