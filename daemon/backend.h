@@ -51,7 +51,8 @@ struct gshmd_backend_ops {
                            uint8_t handle_out[64]);
   /* Optional: an fd that keeps the memory alive (for systemd's fd store),
    * and the inverse: adopt such an fd after a restart (takes ownership of
-   * fd on success). */
+   * fd on success).  park_fd returns -ENOTSUP for an allocation that can
+   * never be parked (legacy IPC: not retried); other errors are retried. */
   int (*park_fd)(struct gshmd_backend *b, struct gshmd_alloc *a, int *fd_out);
   int (*adopt_fd)(struct gshmd_backend *b, int fd, const char *location, uint64_t size,
                   struct gshmd_alloc **out);

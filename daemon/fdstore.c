@@ -254,7 +254,14 @@ static int segment_added(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bo
       gshm_log_warn("fd store: segment %" PRIu64 " cannot be parked (backend)", seg->id);
       return 0;
     }
-    if ((e = b->ops->park_fd(b, seg->mem, &fd))) {
+    if ((e = b->ops->park_fd(b, seg->mem, &fd)) == -ENOTSUP) {
+      /* (legacy IPC allocations: nothing to retry, so nothing owed) */
+      gshm_log_notice("fd store: segment '%s' id %" PRIu64 " cannot be parked (%s): it will "
+                      "not survive a restart of gshmd",
+                      seg->name, seg->id, seg->mem->location);
+      return 0;
+    }
+    if (e) {
       gshm_log_warn("fd store: cannot park segment %" PRIu64 ": %s", seg->id, strerror(-e));
       goto owed;
     }
