@@ -15,8 +15,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 [ -x /opt/torch/.venv/bin/python3 ] && export GSHM_GPU_PYTHON=/opt/torch/.venv/bin/python3
 export GSHMD=$PWD/daemon/gshmd GSHMCTL=$PWD/client/gshmctl GSHM_LIBRARY=$PWD/client/libgshm.so
 
-{ nvidia-smi -L; nvidia-smi topo -m; git -C "$src" rev-parse --short HEAD 2>/dev/null; date -u; } \
-  > "$out/machine.txt" 2>&1
+# The commit: $src/COMMIT where the tree was exported without .git (write it
+# beside `git archive HEAD | tar -x -C DIR`: git rev-parse --short HEAD >
+# DIR/COMMIT); else the tree's own .git (never a repository further up).
+commit() { cat "$src/COMMIT" 2>/dev/null ||
+  { [ -e "$src/.git" ] && git -C "$src" rev-parse --short HEAD; } || echo "commit unknown"; }
+{ nvidia-smi -L; nvidia-smi topo -m; echo "commit $(commit)"; date -u; } > "$out/machine.txt" 2>&1
 # GSHM_STEPS picks what runs (comma list; default all, in this order).
 steps=",${GSHM_STEPS:-ctest,demo,attach,copy,broadcast,python,pull},"
 [ -n "${GSHM_ONLY_CTEST:-}" ] && steps=",ctest,"
