@@ -3,6 +3,8 @@
  * gshmd B pulls it into a cuda:0 segment of its own through UCX (tcp on
  * 127.0.0.1) and the staging path (Debian's UCX has no CUDA support), and
  * the test reads B's segment back from the GPU and compares every byte.
+ * With two GPUs the same source is pulled again onto GPU 1 (cuda:1) and
+ * read back the same way; with one GPU that step is skipped and says so.
  * Prints the pull's rate.  Plain C (no cmocka on the GPU machines); exit 77
  * without a driver or a GPU.
  *
@@ -150,6 +152,36 @@ int main(int argc, char **argv) {
   CU(drv->cuMemcpyDtoH(got, (CUdeviceptr)(uintptr_t)dptr, size));
   CHECK(memcmp(got, want, size) == 0, "pulled bytes differ from the source");
   gshm_close(dst);
+
+  /* two GPUs: the segment of GPU 0 (gshmd a) pulled onto GPU 1 by gshmd b */
+  if (count < 2) {
+    fprintf(stderr, "one GPU: the pull from cuda:0 onto cuda:1 SKIPPED (needs a second GPU)\n");
+  } else {
+    gshm_pull_opts_t p1 = {.local_name = "pulled/gpu1", .location = "cuda:1"};
+    int e = gshm_pull(b, "a", "pub/weights", &p1, &r);
+    REQUIRE(e == 0, "pull onto cuda:1: %s: %s", gshm_strerror(e), gshm_last_error(b));
+    printf("pulled %" PRIu64 " bytes cuda:0 -> cuda:1 in %.3f s: %.2f GB/s, path %s\n", r.bytes,
+           (double)r.elapsed_ns / 1e9, (double)r.bytes / (double)r.elapsed_ns, r.path);
+    CHECK(r.bytes == size, "bytes %" PRIu64, r.bytes);
+    REQUIRE(gshm_open(b, "pulled/gpu1", GSHM_ACCESS_READ, &dst) == 0, "open pulled/gpu1");
+    {
+      CUdevice dev1;
+      CUuuid u;
+      char ustr[48], want_loc[64];
+      CU(drv->cuDeviceGet(&dev1, 1));
+      CU(drv->cuDeviceGetUuid(&u, dev1));
+      gshm__format_gpu_uuid((const unsigned char *)u.bytes, ustr);
+      snprintf(want_loc, sizeof(want_loc), "cuda:%s", ustr);
+      CHECK(strcmp(gshm_segment_info(dst)->location, want_loc) == 0, "location %s, not %s",
+            gshm_segment_info(dst)->location, want_loc);
+    }
+    REQUIRE(gshm_map(dst, NULL, 0, &dptr) == 0, "map pulled/gpu1");
+    memset(got, 0, size);
+    CU(drv->cuMemcpyDtoH(got, (CUdeviceptr)(uintptr_t)dptr, size)); /* (unified addressing) */
+    CHECK(memcmp(got, want, size) == 0, "bytes pulled onto GPU 1 differ from the source");
+    gshm_close(dst);
+    CHECK(gshm_unlink(b, "pulled/gpu1") == 0, "unlink pulled/gpu1");
+  }
 
   CHECK(gshm_unlink(b, "pulled/weights") == 0, "unlink pulled");
   CHECK(gshm_unlink(a, "pub/weights") == 0, "unlink source");
