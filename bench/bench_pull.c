@@ -343,9 +343,13 @@ int bench_pull_main(int argc, char **argv) {
       fprintf(stderr, "gshm-bench pull: %s did not run (--no-perftest skips it)\n", pt);
       pt_mbs = 0;
     }
-    printf("%10s %12.2f %12.3f %14.2f %8.2f  %s\n", gshm__format_size(size, sz, sizeof(sz)),
-           (double)size / med / 1e9, med * 1e3, pt_mbs * 1048576.0 / 1e9,
-           pt_mbs > 0 ? ((double)size / med) / (pt_mbs * 1048576.0) : 0.0, r.path);
+    if (pt_mbs > 0)
+      printf("%10s %12.2f %12.3f %14.2f %8.2f  %s\n", gshm__format_size(size, sz, sizeof(sz)),
+             (double)size / med / 1e9, med * 1e3, pt_mbs * 1048576.0 / 1e9,
+             ((double)size / med) / (pt_mbs * 1048576.0), r.path);
+    else /* ucx_perftest not run (--no-perftest, 4 GiB and up) or failed */
+      printf("%10s %12.2f %12.3f %14s %8s  %s\n", gshm__format_size(size, sz, sizeof(sz)),
+             (double)size / med / 1e9, med * 1e3, "-", "-", r.path);
     fflush(stdout);
   }
   /* 4 KiB: latency */
