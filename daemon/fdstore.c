@@ -384,7 +384,11 @@ static int journal_put(struct gshmd_fdstore *fs, const Gshm__StateTable *t) {
       return e;
     off = JOURNAL_HEAD + area;
   } else {
-    off = fs->journal_off == JOURNAL_HEAD ? JOURNAL_HEAD + area : JOURNAL_HEAD;
+    /* The area the current contents do not start in (after a growth that
+     * failed half-way, or in a journal adopted from a larger file, they
+     * may start at the old second area, inside the new first one's
+     * bounds but ending before the new second one). */
+    off = fs->journal_off < JOURNAL_HEAD + area ? JOURNAL_HEAD + area : JOURNAL_HEAD;
   }
   if (!(buf = malloc(len ? len : 1)))
     return -ENOMEM;
@@ -639,7 +643,8 @@ static Gshm__StateTable *journal_adopt(struct gshmd_fdstore *fs, int *fd) {
   fs->journal_len = 1; /* rewritten (emptied at least) after restore */
   if (pread(fs->journal_fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
       memcmp(h.magic, journal_magic, sizeof(h.magic)) || h.version != JOURNAL_VERSION ||
-      (h.off != JOURNAL_HEAD && h.off != JOURNAL_HEAD + area) || h.len > area) {
+      h.off < JOURNAL_HEAD || h.len > JOURNAL_MAX || h.off > (uint64_t)st.st_size ||
+      h.len > (uint64_t)st.st_size - h.off) {
     gshm_log_err("fd store: the journal's header is not one this gshmd wrote; ignored");
     return NULL;
   }
