@@ -552,6 +552,18 @@ static ssize_t read_record(int fd, uint8_t **buf_out) {
   return got;
 }
 
+/* The registry's next ids, raised to t's where those are higher. */
+static void raise_ids(struct gshmd_registry *r, const Gshm__StateTable *t) {
+  if (t->next_segment_id > r->next_segment_id)
+    r->next_segment_id = t->next_segment_id;
+  if (t->next_generation > r->next_generation)
+    r->next_generation = t->next_generation;
+  if (t->next_lease_id > r->next_lease_id)
+    r->next_lease_id = t->next_lease_id;
+  if (t->next_session_id > r->next_session_id)
+    r->next_session_id = t->next_session_id;
+}
+
 static void adopt_ids(struct gshmd_fdstore *fs, int fd, uint64_t v) {
   struct gshmd_registry *r = fs->reg;
   Gshm__StateTable *t;
@@ -565,14 +577,7 @@ static void adopt_ids(struct gshmd_fdstore *fs, int fd, uint64_t v) {
   }
   free(buf);
   if (t->version == 2) {
-    if (t->next_segment_id > r->next_segment_id)
-      r->next_segment_id = t->next_segment_id;
-    if (t->next_generation > r->next_generation)
-      r->next_generation = t->next_generation;
-    if (t->next_lease_id > r->next_lease_id)
-      r->next_lease_id = t->next_lease_id;
-    if (t->next_session_id > r->next_session_id)
-      r->next_session_id = t->next_session_id;
+    raise_ids(r, t);
     fs->ids_version = v;
   }
   gshm__state_table__free_unpacked(t, NULL);
@@ -718,16 +723,8 @@ static int restore(struct gshmd_fdstore *fs, int *fds, char **names, int n,
   }
   if (ids_idx >= 0)
     adopt_ids(fs, fds[ids_idx], best_ids);
-  if (jt) { /* ids handed out after the stored reservation */
-    if (jt->next_segment_id > r->next_segment_id)
-      r->next_segment_id = jt->next_segment_id;
-    if (jt->next_generation > r->next_generation)
-      r->next_generation = jt->next_generation;
-    if (jt->next_lease_id > r->next_lease_id)
-      r->next_lease_id = jt->next_lease_id;
-    if (jt->next_session_id > r->next_session_id)
-      r->next_session_id = jt->next_session_id;
-  }
+  if (jt) /* ids handed out after the stored reservation */
+    raise_ids(r, jt);
 
   /* Sorted, each id's entries are adjacent: its memory, then its records
    * oldest first.  O(n log n) for the up to 2 x max_segments fds handed
