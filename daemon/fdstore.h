@@ -48,12 +48,18 @@ struct gshmd_fdstore {
 /* Hooks the registry (segment created/changed/freed, ids taken).  Returns 0. */
 int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg);
 
-/* Adopts "seg-*", "meta-*-*" and "ids-*" fds from fds[0..n) (names from
- * sd_listen_fds_with_names); adopted entries are set to -1 in fds[].  A
- * segment whose memory or metadata is missing or does not match is
- * dropped (logged); our leftovers are closed and removed from the store;
- * fds with other names are left alone.  Returns 0, or a negative errno
- * only for out-of-memory. */
+/* Adopts "seg-*", "meta-*-*", "ids-*" and "journal" fds from fds[0..n)
+ * (names from sd_listen_fds_with_names); adopted entries are set to -1 in
+ * fds[].  The journal is read first: its freed segments are dropped, its
+ * records replace older stored ones (and are owed to the store again), its
+ * ids raise the next ones.  A segment whose memory or metadata is missing
+ * or does not match is dropped (logged); our leftovers are closed and
+ * removed from the store; fds with other names are left alone.  Then,
+ * under a service manager, this run's journal is made and stored (or the
+ * adopted one kept) and ids are reserved; a $NOTIFY_SOCKET nobody reads
+ * turns the store off (logged).  Call once, after gshmd_fdstore_setup and
+ * before READY=1 (also with n == 0).  Returns 0, or a negative errno only
+ * for out-of-memory. */
 int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
 
 /* Resends everything owed (see struct gshmd_fdstore).  Returns how many
