@@ -11,6 +11,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "gshm.pb-c.h"
 #include "log.h"
 #include "registry.h"
@@ -21,7 +22,7 @@
 #define JOURNAL_HEAD 4096u       /* the header's page; contents follow */
 #define JOURNAL_AREA (64u << 10) /* each of the two areas, at first */
 #define JOURNAL_VERSION 1
-#define JOURNAL_MAX (16u << 20)  /* largest contents (about 80,000 records) */
+#define JOURNAL_READ_MAX (1ull << 30) /* largest contents adopted at restore */
 
 /* The journal's first bytes.  off and len name the area holding the
  * current StateTable (version 3); a rewrite goes to the other area and is
@@ -65,13 +66,31 @@ static int store_fd(struct gshmd_fdstore *fs, const char *name, int fd) {
 /* What a stored name is. */
 enum kind { K_OTHER, K_SEG, K_META, K_IDS, K_JOURNAL };
 
+/* A decimal number from 1 up, digits only (no sign, space or leading 0);
+ * *end past it.  Returns false otherwise. */
+static bool number(const char *p, uint64_t *out, const char **end) {
+  uint64_t n = 0;
+  const char *q = p;
+  if (*q < '1' || *q > '9')
+    return false;
+  for (; *q >= '0' && *q <= '9'; q++) {
+    if (n > (UINT64_MAX - (uint64_t)(*q - '0')) / 10)
+      return false;
+    n = n * 10 + (uint64_t)(*q - '0');
+  }
+  *out = n;
+  *end = q;
+  return true;
+}
+
 static enum kind parse_name(const char *name, uint64_t *id, uint64_t *v) {
-  char tail;
-  if (sscanf(name, "seg-%" SCNu64 "%c", id, &tail) == 1)
+  const char *p;
+  if (!strncmp(name, "seg-", 4) && number(name + 4, id, &p) && !*p)
     return K_SEG;
-  if (sscanf(name, "meta-%" SCNu64 "-%" SCNu64 "%c", id, v, &tail) == 2)
+  if (!strncmp(name, "meta-", 5) && number(name + 5, id, &p) && *p == '-' &&
+      number(p + 1, v, &p) && !*p)
     return K_META;
-  if (sscanf(name, "ids-%" SCNu64 "%c", v, &tail) == 1)
+  if (!strncmp(name, "ids-", 4) && number(name + 4, v, &p) && !*p)
     return K_IDS;
   if (!strcmp(name, JOURNAL_NAME))
     return K_JOURNAL;
@@ -144,6 +163,7 @@ static int sealed_record(const ProtobufCMessage *msg, int *fd_out) {
     return -ENOMEM;
   protobuf_c_message_pack(msg, buf);
   fd = memfd_create("gshmd-record", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  errno = EIO; /* (a short write sets none) */
   if (fd < 0 || (len && write(fd, buf, len) != (ssize_t)len) ||
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0) {
     e = -errno;
@@ -270,6 +290,7 @@ static int segment_added(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bo
     close(fd);
     if (e)
       goto owed;
+    seg->parked = true;
     need_seg = false;
   }
   if (!(e = store_meta(fs, seg)))
@@ -373,7 +394,7 @@ static int journal_put(struct gshmd_fdstore *fs, const Gshm__StateTable *t) {
   uint8_t *buf;
   int e;
 
-  if (len > JOURNAL_MAX)
+  if (len > fs->journal_max)
     return -E2BIG;
   if (len > area) {
     /* The new areas start past the old second one's end, so the current
@@ -406,16 +427,27 @@ static int journal_put(struct gshmd_fdstore *fs, const Gshm__StateTable *t) {
 /* Rewrites the journal from what is owed now; an empty one once caught up.
  * Called after every change to what is owed, before the request that
  * caused it is answered. */
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 static void journal_sync(struct gshmd_fdstore *fs) {
   struct gshmd_registry *r = fs->reg;
   Gshm__StateTable t = GSHM__STATE_TABLE__INIT;
   Gshm__StateRecord *recs = NULL, **precs = NULL;
-  uint64_t *freed = NULL;
+  uint64_t *freed = NULL, *versions = NULL;
   bool behind = ids_behind(fs);
   int e = -ENOMEM;
 
   if (fs->journal_fd < 0 || (!fs->nowed && !fs->nremoves && !behind && !fs->journal_len))
     return;
+  if (!fs->nowed && !fs->nremoves && !behind) {
+    /* Caught up: an empty journal, said by the header alone, once. */
+    if ((e = journal_write_head(fs->journal_fd, fs->journal_off, 0)) == 0)
+      fs->journal_len = 0;
+    goto out;
+  }
   t.version = 3;
   t.seq = ++fs->journal_seq;
   if (behind) {
@@ -425,29 +457,40 @@ static void journal_sync(struct gshmd_fdstore *fs) {
     t.next_session_id = r->next_session_id;
   }
   if ((fs->nowed && (!(recs = calloc(fs->nowed, sizeof(*recs))) ||
-                     !(precs = calloc(fs->nowed, sizeof(*precs))))) ||
+                     !(precs = calloc(fs->nowed, sizeof(*precs))) ||
+                     !(versions = calloc(fs->nowed, sizeof(*versions))))) ||
       (fs->nremoves && !(freed = calloc(fs->nremoves, sizeof(*freed)))))
     goto out;
+  /* Each record stands for the version its segment's next stored record
+   * will have: at restore it counts only if no stored record is as new
+   * (a journal whose rewrite failed later can only be older). */
   for (size_t i = 0; i < fs->nowed; i++) {
     struct gshmd_segment *seg = gshmd_registry_find_id(r, fs->owed[i].id);
     if (seg && seg->mem) {
       fill_record(seg, &recs[t.n_segments]);
       precs[t.n_segments] = &recs[t.n_segments];
+      versions[t.n_segments] = seg->meta_version + 1;
       t.n_segments++;
     }
   }
   t.segments = precs;
-  /* A removal owed for a segment that no longer exists: it was freed. */
+  t.n_record_versions = t.n_segments;
+  t.record_versions = versions;
+  /* A removal owed for a segment that no longer exists: it was freed
+   * (sorted, each id once: O(n log n) per rewrite). */
   for (size_t i = 0; i < fs->nremoves; i++) {
     uint64_t id, v;
     enum kind k = parse_name(fs->removes[i], &id, &v);
-    bool seen = false;
-    if ((k != K_SEG && k != K_META) || gshmd_registry_find_id(r, id))
-      continue;
-    for (size_t j = 0; j < t.n_freed && !seen; j++)
-      seen = freed[j] == id;
-    if (!seen)
+    if ((k == K_SEG || k == K_META) && !gshmd_registry_find_id(r, id))
       freed[t.n_freed++] = id;
+  }
+  if (t.n_freed) {
+    size_t u = 1;
+    qsort(freed, t.n_freed, sizeof(*freed), cmp_u64);
+    for (size_t i = 1; i < t.n_freed; i++)
+      if (freed[i] != freed[u - 1])
+        freed[u++] = freed[i];
+    t.n_freed = u;
   }
   t.freed = freed;
   e = journal_put(fs, &t);
@@ -459,6 +502,7 @@ out:
   fs->journal_failed = e != 0;
   free(recs);
   free(precs);
+  free(versions);
   free(freed);
 }
 
@@ -504,8 +548,10 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
       snprintf(name, sizeof(name), "meta-%" PRIu64 "-%" PRIu64, seg->id, seg->meta_version);
       store_remove(fs, name);
     }
-    snprintf(name, sizeof(name), "seg-%" PRIu64, seg->id);
-    store_remove(fs, name);
+    if (seg->parked) { /* (memory never stored is not removed, nor owed) */
+      snprintf(name, sizeof(name), "seg-%" PRIu64, seg->id);
+      store_remove(fs, name);
+    }
     break;
   default: /* unlinked, chmod, chown */
     /* (A segment whose first record was never stored is owed already.) */
@@ -524,6 +570,12 @@ int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg) {
   fs->reg = reg;
   fs->enabled = ns && *ns;
   fs->journal_fd = -1;
+  /* Room for a record of every segment there may be (name, location and
+   * the fixed fields in under 160 bytes besides the name) and 16 MiB of
+   * freed ids (2 million); at most what restore adopts. */
+  fs->journal_max = (uint64_t)reg->cfg->max_segments * (reg->cfg->max_name + 160u) + (16u << 20);
+  if (fs->journal_max > JOURNAL_READ_MAX)
+    fs->journal_max = JOURNAL_READ_MAX;
   reg->on_event_data = fs;
   reg->on_event = on_event;
   return 0;
@@ -564,23 +616,24 @@ static void raise_ids(struct gshmd_registry *r, const Gshm__StateTable *t) {
     r->next_session_id = t->next_session_id;
 }
 
-static void adopt_ids(struct gshmd_fdstore *fs, int fd, uint64_t v) {
-  struct gshmd_registry *r = fs->reg;
+/* Raises the registry's next ids to what the ids record in fd reserved.
+ * Returns false when it is unreadable (logged). */
+static bool adopt_ids(struct gshmd_fdstore *fs, int fd, uint64_t v) {
   Gshm__StateTable *t;
   uint8_t *buf = NULL;
   ssize_t len = read_record(fd, &buf);
+  bool ok;
 
   if (len < 0 || !(t = gshm__state_table__unpack(NULL, (size_t)len, buf))) {
-    gshm_log_err("fd store: ids-%" PRIu64 " unreadable; ids restart above the restored ones", v);
+    gshm_log_err("fd store: ids-%" PRIu64 " unreadable; an older ids record is used", v);
     free(buf);
-    return;
+    return false;
   }
   free(buf);
-  if (t->version == 2) {
-    raise_ids(r, t);
-    fs->ids_version = v;
-  }
+  if ((ok = t->version == 2))
+    raise_ids(fs->reg, t);
   gshm__state_table__free_unpacked(t, NULL);
+  return ok;
 }
 
 /* Restores one segment from rec (its newest record: a stored meta-<id>-<v>
@@ -602,10 +655,13 @@ static int adopt_segment(struct gshmd_fdstore *fs, const Gshm__StateRecord *rec,
     e = -ENODEV;
   else if (!(e = b->ops->adopt_fd(b, *seg_fd, rec->location, rec->size, &mem))) {
     *seg_fd = -1; /* the backend owns it now */
-    if ((e = gshmd_registry_adopt(r, rec, mem)))
+    if ((e = gshmd_registry_adopt(r, rec, mem))) {
       b->ops->free(b, mem);
-    else
-      gshmd_registry_find_id(r, id)->meta_version = v;
+    } else {
+      struct gshmd_segment *seg = gshmd_registry_find_id(r, id);
+      seg->meta_version = v;
+      seg->parked = true;
+    }
   }
   if (e)
     gshm_log_err("fd store: segment '%s' id %" PRIu64 " not restored: %s", rec->name, id,
@@ -635,7 +691,7 @@ static Gshm__StateTable *journal_adopt(struct gshmd_fdstore *fs, int *fd) {
 
   if (fstat(*fd, &st) < 0 || !S_ISREG(st.st_mode) || (seals > 0 && (seals & F_SEAL_WRITE)) ||
       st.st_size < (off_t)(JOURNAL_HEAD + 2 * JOURNAL_AREA) ||
-      (uint64_t)st.st_size > JOURNAL_HEAD + 2 * (uint64_t)JOURNAL_MAX) {
+      (uint64_t)st.st_size > JOURNAL_HEAD + 2 * JOURNAL_READ_MAX) {
     gshm_log_err("fd store: the stored journal is not usable; a new one is made");
     return NULL;
   }
@@ -648,7 +704,7 @@ static Gshm__StateTable *journal_adopt(struct gshmd_fdstore *fs, int *fd) {
   fs->journal_len = 1; /* rewritten (emptied at least) after restore */
   if (pread(fs->journal_fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
       memcmp(h.magic, journal_magic, sizeof(h.magic)) || h.version != JOURNAL_VERSION ||
-      h.off < JOURNAL_HEAD || h.len > JOURNAL_MAX || h.off > (uint64_t)st.st_size ||
+      h.off < JOURNAL_HEAD || h.len > JOURNAL_READ_MAX || h.off > (uint64_t)st.st_size ||
       h.len > (uint64_t)st.st_size - h.off) {
     gshm_log_err("fd store: the journal's header is not one this gshmd wrote; ignored");
     return NULL;
@@ -667,19 +723,60 @@ static Gshm__StateTable *journal_adopt(struct gshmd_fdstore *fs, int *fd) {
   return t;
 }
 
-static bool has_id(const uint64_t *ids, size_t n, uint64_t id) {
-  for (size_t i = 0; i < n; i++)
-    if (ids[i] == id)
-      return true;
-  return false;
+/* The journal's contents, sorted for lookups by id. */
+struct journal_view {
+  struct jrec {
+    const Gshm__StateRecord *rec;
+    uint64_t version; /* the meta-<id>-<v> it stands for */
+    bool used;
+  } *recs;
+  size_t nrecs;
+  uint64_t *freed; /* sorted */
+  size_t nfreed;
+};
+
+static int cmp_jrec(const void *a, const void *b) {
+  const struct jrec *x = a, *y = b;
+  return x->rec->id < y->rec->id ? -1 : x->rec->id > y->rec->id;
 }
 
-/* The journal's record for id; NULL. */
-static Gshm__StateRecord *journal_record(const Gshm__StateTable *t, uint64_t id) {
-  for (size_t i = 0; t && i < t->n_segments; i++)
-    if (t->segments[i] && t->segments[i]->id == id)
-      return t->segments[i];
-  return NULL;
+static int journal_view(const Gshm__StateTable *jt, struct journal_view *jv) {
+  memset(jv, 0, sizeof(*jv));
+  if (!jt)
+    return 0;
+  if ((jt->n_segments && !(jv->recs = calloc(jt->n_segments, sizeof(*jv->recs)))) ||
+      (jt->n_freed && !(jv->freed = malloc(jt->n_freed * sizeof(*jv->freed))))) {
+    free(jv->recs);
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < jt->n_segments; i++)
+    if (jt->segments[i] && jt->segments[i]->id) /* (a record without its
+                                                   version counts as 1) */
+      jv->recs[jv->nrecs++] = (struct jrec){
+          jt->segments[i], i < jt->n_record_versions ? jt->record_versions[i] : 1, false};
+  qsort(jv->recs, jv->nrecs, sizeof(*jv->recs), cmp_jrec);
+  if (jt->n_freed)
+    memcpy(jv->freed, jt->freed, jt->n_freed * sizeof(*jv->freed));
+  jv->nfreed = jt->n_freed;
+  qsort(jv->freed, jv->nfreed, sizeof(*jv->freed), cmp_u64);
+  return 0;
+}
+
+static bool freed_id(const struct journal_view *jv, uint64_t id) {
+  return jv->nfreed && bsearch(&id, jv->freed, jv->nfreed, sizeof(id), cmp_u64);
+}
+
+/* The journal's newest record for id (the last of equal ids); NULL. */
+static struct jrec *journal_record(struct journal_view *jv, uint64_t id) {
+  size_t lo = 0, hi = jv->nrecs;
+  while (lo < hi) { /* first index with rec->id > id */
+    size_t mid = lo + (hi - lo) / 2;
+    if (jv->recs[mid].rec->id <= id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo && jv->recs[lo - 1].rec->id == id ? &jv->recs[lo - 1] : NULL;
 }
 
 struct entry {
@@ -698,44 +795,78 @@ static int cmp_entry(const void *a, const void *b) {
   return x->v < y->v ? -1 : x->v > y->v;
 }
 
+/* Adopts the newest readable ids record of names[0..n) and sets
+ * fs->ids_version above every one seen, so the next record replaces them
+ * all (an unreadable newest one must not hide the later ones).  Returns the
+ * adopted one's index, -1. */
+static int restore_ids(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
+  int best = -1;
+  uint64_t best_v = 0, top = 0;
+
+  for (;;) {
+    int pick = -1;
+    uint64_t pick_v = 0;
+    for (int i = 0; i < n; i++) {
+      uint64_t id, v;
+      if (fds[i] >= 0 && parse_name(names[i], &id, &v) == K_IDS &&
+          (best_v == 0 || v < best_v) && v > pick_v) {
+        pick = i;
+        pick_v = v;
+      }
+    }
+    if (pick < 0)
+      break;
+    if (pick_v > top)
+      top = pick_v;
+    best_v = pick_v;
+    if (adopt_ids(fs, fds[pick], pick_v)) {
+      best = pick;
+      break;
+    }
+  }
+  fs->ids_version = top;
+  return best;
+}
+
 /* Restores what the names in fds[0..n) and the journal jt hold. */
 static int restore(struct gshmd_fdstore *fs, int *fds, char **names, int n,
                    const Gshm__StateTable *jt) {
   struct gshmd_registry *r = fs->reg;
+  struct journal_view jv;
   struct entry *e;
-  const uint64_t *freed = jt ? jt->freed : NULL;
-  size_t nfreed = jt ? jt->n_freed : 0;
-  uint64_t best_ids = 0;
-  int ids_idx = -1, ne = 0;
+  int ids_idx, ne = 0;
 
-  if (!(e = malloc(sizeof(*e) * (size_t)(n ? n : 1))))
+  if (journal_view(jt, &jv))
     return -ENOMEM;
-  /* Parse every name once; the newest ids record on the way. */
+  if (!(e = malloc(sizeof(*e) * (size_t)(n ? n : 1)))) {
+    free(jv.recs);
+    free(jv.freed);
+    return -ENOMEM;
+  }
+  ids_idx = restore_ids(fs, fds, names, n);
+  if (jt) /* ids handed out after the stored reservation */
+    raise_ids(r, jt);
   for (int i = 0; i < n; i++) {
     uint64_t id = 0, v = 0;
     enum kind k = fds[i] < 0 ? K_OTHER : parse_name(names[i], &id, &v);
-    if (k == K_IDS && (ids_idx < 0 || v > best_ids)) {
-      best_ids = v;
-      ids_idx = i;
-    } else if (k == K_SEG || k == K_META) {
+    if (k == K_SEG || k == K_META)
       e[ne++] = (struct entry){k, id, v, i};
-    }
   }
-  if (ids_idx >= 0)
-    adopt_ids(fs, fds[ids_idx], best_ids);
-  if (jt) /* ids handed out after the stored reservation */
-    raise_ids(r, jt);
 
   /* Sorted, each id's entries are adjacent: its memory, then its records
    * oldest first.  O(n log n) for the up to 2 x max_segments fds handed
    * back, before READY.  A freed id is skipped (its entries go with the
-   * leftovers); one the journal has a newer record for takes that record
-   * and owes it to the store. */
+   * leftovers); the journal's record for an id is used when it stands for
+   * a newer version than the newest stored one (a journal whose rewrite
+   * failed holds older ones), and is then owed to the store. */
   qsort(e, (size_t)ne, sizeof(*e), cmp_entry);
   for (int i = 0; i < ne;) {
     int j = i, seg = -1, meta = -1;
-    uint64_t id = e[i].id;
-    Gshm__StateRecord *jrec = journal_record(jt, id), *rec = NULL;
+    uint64_t id = e[i].id, stored_v;
+    struct jrec *jr = journal_record(&jv, id);
+    Gshm__StateRecord *rec = NULL;
+    const Gshm__StateRecord *use;
+    struct gshmd_segment *holder;
     for (; j < ne && e[j].id == id; j++) {
       if (e[j].kind == K_SEG)
         seg = e[j].idx;
@@ -743,52 +874,58 @@ static int restore(struct gshmd_fdstore *fs, int *fds, char **names, int n,
         meta = j; /* the last is the newest */
     }
     i = j;
-    if (has_id(freed, nfreed, id) || (meta < 0 && !jrec))
+    stored_v = meta >= 0 ? e[meta].v : 0;
+    if (jr)
+      jr->used = true;
+    if (jr && jr->version <= stored_v)
+      jr = NULL; /* the store has it, or newer */
+    if (freed_id(&jv, id) || (meta < 0 && !jr))
       continue;
-    if (!jrec && !(rec = read_state_record(fds[e[meta].idx]))) {
+    if (!jr && !(rec = read_state_record(fds[e[meta].idx]))) {
       gshm_log_err("fd store: segment id %" PRIu64 " not restored: its record is unreadable", id);
       fs->dropped++;
       continue;
     }
-    if (adopt_segment(fs, jrec ? jrec : rec, id, meta >= 0 ? e[meta].v : 0,
-                      seg >= 0 ? &fds[seg] : &(int){-1})) {
+    use = jr ? jr->rec : rec;
+    /* A name held by an older segment: that one was unlinked before this
+     * one was made (a record of the unlink that never reached the store). */
+    if (!use->unlinked && (holder = gshmd_registry_find_name(r, use->name)) &&
+        holder->id < id) {
+      gshm_log_warn("fd store: segment '%s' id %" PRIu64 " restored unlinked: id %" PRIu64
+                    " holds its name",
+                    holder->name, holder->id, id);
+      gshmd_registry_unname(r, holder);
+      owe(fs, holder->id, false);
+    }
+    if (adopt_segment(fs, use, id, stored_v, seg >= 0 ? &fds[seg] : &(int){-1})) {
       fs->dropped++;
     } else {
       fs->restored++;
-      if (jrec)
+      if (jr)
         owe(fs, id, false);
     }
     if (rec)
       gshm__state_record__free_unpacked(rec, NULL);
   }
-  free(e);
-  /* The journal's records whose segment nothing above restored. */
-  for (size_t i = 0; jt && i < jt->n_segments; i++) {
-    const Gshm__StateRecord *jrec = jt->segments[i];
-    if (jrec && !has_id(freed, nfreed, jrec->id) && !gshmd_registry_find_id(r, jrec->id)) {
-      bool named = false; /* named in the store: counted above */
-      for (int k = 0; k < n && !named; k++) {
-        uint64_t id, v;
-        enum kind kk = parse_name(names[k], &id, &v);
-        named = (kk == K_SEG || kk == K_META) && id == jrec->id;
-      }
-      if (!named) {
-        gshm_log_err("fd store: segment '%s' id %" PRIu64 " not restored: its memory was "
-                     "never stored",
-                     jrec->name, jrec->id);
-        fs->dropped++;
-      }
+  /* The journal's records for segments the store has nothing of: their
+   * memory never reached it. */
+  for (size_t i = 0; i < jv.nrecs; i++)
+    if (!jv.recs[i].used && !freed_id(&jv, jv.recs[i].rec->id) &&
+        (i + 1 == jv.nrecs || jv.recs[i + 1].rec->id != jv.recs[i].rec->id)) {
+      gshm_log_err("fd store: segment '%s' id %" PRIu64 " not restored: its memory was "
+                   "never stored",
+                   jv.recs[i].rec->name, jv.recs[i].rec->id);
+      fs->dropped++;
     }
-  }
-  if (jt) {
-    fs->journal_records = (unsigned)jt->n_segments;
-    fs->journal_freed = (unsigned)nfreed;
-  }
+  free(e);
+  fs->journal_records = (unsigned)jv.nrecs;
+  fs->journal_freed = (unsigned)jv.nfreed;
   /* (registry_adopt keeps next ids above every restored segment.) */
 
-  /* Our leftovers (older records, freed segments, memory nobody names;
-   * the meta records now in use are kept in the store) are closed; the
-   * stale ones are also removed from the store. */
+  /* Our leftovers (older records, freed segments, memory nobody names,
+   * unreadable ids records; the meta records now in use are kept in the
+   * store) are closed; the stale ones are also removed from the store.  A
+   * journal is never removed by name: the one in use has the same name. */
   for (int i = 0; i < n; i++) {
     uint64_t id, v;
     enum kind k;
@@ -796,16 +933,17 @@ static int restore(struct gshmd_fdstore *fs, int *fds, char **names, int n,
     if (fds[i] < 0 || (k = parse_name(names[i], &id, &v)) == K_OTHER)
       continue;
     s = k == K_META ? gshmd_registry_find_id(r, id) : NULL;
-    if (k == K_JOURNAL && fs->journal_fd >= 0) {
-      /* (A second journal: removing it by name would remove ours too.) */
-    } else if (!(k == K_META && s && s->meta_version == v) && !(k == K_IDS && i == ids_idx)) {
-      if (k == K_SEG && !has_id(freed, nfreed, id))
+    if (k != K_JOURNAL && !(k == K_META && s && s->meta_version == v) &&
+        !(k == K_IDS && i == ids_idx)) {
+      if (k == K_SEG && !freed_id(&jv, id))
         gshm_log_warn("fd store: dropping %s, which no record names", names[i]);
       store_remove(fs, names[i]);
     }
     close(fds[i]);
     fds[i] = -1;
   }
+  free(jv.recs);
+  free(jv.freed);
   return 0;
 }
 
@@ -863,9 +1001,12 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
 
 void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
   if (fs->nowed || fs->nremoves)
-    gshm_log_err("fd store behind: %zu segment record(s) and %zu removal(s) not stored; those "
-                 "changes will be lost or undone at the next start",
-                 fs->nowed, fs->nremoves);
+    gshm_log_warn("fd store behind at the stop: %zu segment record(s) and %zu removal(s) not "
+                  "sent; the journal carries them%s",
+                  fs->nowed, fs->nremoves,
+                  fs->journal_fd >= 0 && fs->journal_stored && !fs->journal_failed
+                      ? ""
+                      : " (NOT: it could not be stored or written; they are lost)");
   for (size_t i = 0; i < fs->nremoves; i++)
     free(fs->removes[i]);
   free(fs->removes);

@@ -42,6 +42,7 @@ struct gshmd_fdstore {
   uint64_t journal_area; /* bytes per area */
   uint64_t journal_off, journal_len; /* the current contents */
   uint64_t journal_seq;
+  uint64_t journal_max;  /* largest contents written (from the limits) */
   unsigned journal_records, journal_freed; /* applied at restore */
 };
 

@@ -611,6 +611,13 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
   return 0;
 }
 
+void gshmd_registry_unname(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  if (seg->unlinked)
+    return;
+  tdelete(seg, &r->by_name, cmp_name);
+  seg->unlinked = true;
+}
+
 unsigned gshmd_registry_reap_unlinked(struct gshmd_registry *r) {
   struct gshm_list *pos, *tmp;
   unsigned n = 0;

@@ -32,6 +32,7 @@ struct gshmd_segment {
   struct gshm_list leases;   /* gshmd_lease.seg_node */
   struct gshm_list node;     /* registry.segments, id order */
   uint64_t meta_version;     /* fd store: version of its meta-<id>-<v> record */
+  bool parked;               /* fd store: its memory (seg-<id>) was stored */
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
   void *cluster_export;      /* daemon/cluster.c: its UCX registration, if served */
 };
@@ -171,6 +172,12 @@ bool gshmd_registry_may_access(const struct gshmd_client *c, const struct gshmd_
                                int access);
 /* May c see seg in listings (read permission, or admin)? */
 bool gshmd_registry_may_see(const struct gshmd_client *c, const struct gshmd_segment *seg);
+
+/* At restore: seg (adopted, linked) loses its name to a newer segment that
+ * holds the same one, which can only have been created after seg was
+ * unlinked; seg stays, unlinked (reaped with the others once no lease
+ * returns).  No event is raised (the caller owes seg's record). */
+void gshmd_registry_unname(struct gshmd_registry *r, struct gshmd_segment *seg);
 
 /* Re-creates a segment saved before a restart around adopted memory (no
  * lease).  Takes ownership of mem on success.  Errors: -EEXIST id or live
