@@ -1,0 +1,273 @@
+/* Restore from systemd's fd store (daemon/fdstore.c) on its own: what the
+ * names and fds handed back after a restart become, with the journal's
+ * rules (tests/integration/test_restart.c runs the whole daemon).
+ * No service manager here ($NOTIFY_SOCKET unset): restore only reads. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+#include "fdstore.h"
+#include "gshm.pb-c.h"
+#include "log.h"
+#include "registry.h"
+
+struct store {
+  int fds[16];
+  char *names[16];
+  int n;
+};
+
+struct fixture {
+  struct gshmd_config cfg;
+  struct gshmd_registry reg;
+  struct gshmd_fdstore fs;
+  struct store st;
+};
+
+static int setup(void **state) {
+  struct fixture *f = calloc(1, sizeof(*f));
+  if (!f)
+    return -1;
+  unsetenv("NOTIFY_SOCKET");
+  gshm__log_setup("test", 3, 0);
+  if (gshmd_config_init(&f->cfg))
+    return -1;
+  gshmd_registry_init(&f->reg, &f->cfg);
+  if (gshmd_backend_host_create(&f->cfg, &f->reg.host))
+    return -1;
+  gshmd_fdstore_setup(&f->fs, &f->reg);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  struct fixture *f = *state;
+  for (int i = 0; i < f->st.n; i++) {
+    if (f->st.fds[i] >= 0)
+      close(f->st.fds[i]);
+    free(f->st.names[i]);
+  }
+  gshmd_fdstore_shutdown(&f->fs);
+  gshmd_registry_destroy(&f->reg);
+  f->reg.host->ops->destroy(f->reg.host);
+  gshmd_config_free(&f->cfg);
+  free(f);
+  return 0;
+}
+
+static void put(struct store *st, const char *name, int fd) {
+  assert_true(fd >= 0 && st->n < 16);
+  st->fds[st->n] = fd;
+  st->names[st->n] = strdup(name);
+  st->n++;
+}
+
+/* A segment's memory as gshmd parks it: a sealed host memfd. */
+static int memory(size_t size) {
+  int fd = memfd_create("seg", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  assert_true(fd >= 0 && ftruncate(fd, (off_t)size) == 0 &&
+              fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0);
+  return fd;
+}
+
+static int bytes_fd(const uint8_t *buf, size_t len) {
+  int fd = memfd_create("record", MFD_CLOEXEC);
+  assert_true(fd >= 0 && write(fd, buf, len) == (ssize_t)len);
+  return fd;
+}
+
+static int message_fd(const ProtobufCMessage *m) {
+  uint8_t buf[4096];
+  size_t len = protobuf_c_message_get_packed_size(m);
+  assert_true(len <= sizeof(buf));
+  protobuf_c_message_pack(m, buf);
+  return bytes_fd(buf, len);
+}
+
+static Gshm__StateRecord record(uint64_t id, const char *name, uint32_t mode, bool unlinked) {
+  Gshm__StateRecord r = GSHM__STATE_RECORD__INIT;
+  r.id = id;
+  r.generation = id;
+  r.name = (char *)name;
+  r.requested_size = 4096;
+  r.size = 4096;
+  r.location = "host";
+  r.uid = 1000;
+  r.mode = mode;
+  r.unlinked = unlinked;
+  return r;
+}
+
+/* A journal as gshmd writes one: header, then t at 4096 (the first area). */
+static int journal(const Gshm__StateTable *t) {
+  struct {
+    char magic[8];
+    uint32_t version, pad;
+    uint64_t off, len;
+  } h = {{'G', 'S', 'H', 'M', 'J', 'R', 'N', 'L'}, 1, 0, 4096, 0};
+  uint8_t buf[8192];
+  int fd = memfd_create("journal", MFD_CLOEXEC);
+
+  h.len = protobuf_c_message_get_packed_size(&t->base);
+  assert_true(h.len <= sizeof(buf));
+  protobuf_c_message_pack(&t->base, buf);
+  assert_true(fd >= 0 && ftruncate(fd, 4096 + 2 * 65536) == 0 &&
+              pwrite(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) &&
+              pwrite(fd, buf, h.len, 4096) == (ssize_t)h.len);
+  return fd;
+}
+
+static void restore(struct fixture *f) {
+  assert_int_equal(gshmd_fdstore_restore(&f->fs, f->st.fds, f->st.names, f->st.n), 0);
+  for (int i = 0; i < f->st.n; i++)
+    assert_int_equal(f->st.fds[i], -1); /* every one ours: adopted or closed */
+}
+
+/* A journal record counts only when it stands for a newer version than the
+ * newest stored record: a journal whose later rewrite failed must not undo
+ * what the store got afterwards. */
+static void stale_and_newer_journal_records(void **state, uint64_t jversion, uint32_t want) {
+  struct fixture *f = *state;
+  Gshm__StateRecord stored = record(1, "x", 0600, false), newer = record(1, "x", 0604, false);
+  Gshm__StateRecord *recs[] = {&newer};
+  uint64_t versions[] = {jversion};
+  Gshm__StateTable t = GSHM__STATE_TABLE__INIT;
+  struct gshmd_segment *seg;
+
+  t.version = 3;
+  t.seq = 1;
+  t.n_segments = 1;
+  t.segments = recs;
+  t.n_record_versions = 1;
+  t.record_versions = versions;
+  put(&f->st, "seg-1", memory(4096));
+  put(&f->st, "meta-1-3", message_fd(&stored.base));
+  put(&f->st, "journal", journal(&t));
+  restore(f);
+  assert_non_null(seg = gshmd_registry_find_name(&f->reg, "x"));
+  assert_int_equal(seg->mode, want);
+  assert_int_equal(seg->meta_version, 3);
+  assert_int_equal(f->fs.restored, 1);
+}
+
+static void test_stale_journal_record_loses(void **state) {
+  stale_and_newer_journal_records(state, 3, 0600); /* the store has version 3 already */
+}
+
+static void test_newer_journal_record_wins(void **state) {
+  stale_and_newer_journal_records(state, 4, 0604);
+}
+
+/* Freed in the journal: not restored, whatever the store still holds; a
+ * record the journal has for a segment whose memory never reached the
+ * store: lost, counted. */
+static void test_freed_and_memoryless(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord a = record(1, "a", 0600, false), b = record(2, "b", 0600, false);
+  Gshm__StateRecord c = record(3, "c", 0600, false), *recs[] = {&c};
+  uint64_t freed[] = {1}, versions[] = {1};
+  Gshm__StateTable t = GSHM__STATE_TABLE__INIT;
+
+  t.version = 3;
+  t.n_freed = 1;
+  t.freed = freed;
+  t.n_segments = 1;
+  t.segments = recs;
+  t.n_record_versions = 1;
+  t.record_versions = versions;
+  put(&f->st, "seg-1", memory(4096));
+  put(&f->st, "meta-1-1", message_fd(&a.base));
+  put(&f->st, "seg-2", memory(4096));
+  put(&f->st, "meta-2-1", message_fd(&b.base));
+  put(&f->st, "journal", journal(&t));
+  restore(f);
+  assert_null(gshmd_registry_find_id(&f->reg, 1));
+  assert_non_null(gshmd_registry_find_name(&f->reg, "b"));
+  assert_null(gshmd_registry_find_id(&f->reg, 3));
+  assert_int_equal(f->fs.restored, 1);
+  assert_int_equal(f->fs.dropped, 1); /* c */
+}
+
+/* Two linked records with one name (the older one's unlink never reached
+ * the store): the newer segment keeps the name, the older comes back
+ * unlinked, and both keep their memory. */
+static void test_newest_holder_keeps_the_name(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord a = record(1, "x", 0600, false), b = record(2, "x", 0640, false);
+  struct gshmd_segment *s1, *s2;
+
+  put(&f->st, "seg-1", memory(4096));
+  put(&f->st, "meta-1-1", message_fd(&a.base));
+  put(&f->st, "seg-2", memory(4096));
+  put(&f->st, "meta-2-1", message_fd(&b.base));
+  restore(f);
+  assert_non_null(s1 = gshmd_registry_find_id(&f->reg, 1));
+  assert_non_null(s2 = gshmd_registry_find_id(&f->reg, 2));
+  assert_ptr_equal(gshmd_registry_find_name(&f->reg, "x"), s2);
+  assert_true(s1->unlinked);
+  assert_false(s2->unlinked);
+  assert_int_equal(f->fs.restored, 2);
+  assert_int_equal(f->fs.nowed, 1); /* s1's unlinked record, for the store */
+}
+
+/* An unreadable newest ids record must not hide an older readable one, and
+ * the next one is numbered above both. */
+static void test_unreadable_ids_record(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateTable t = GSHM__STATE_TABLE__INIT;
+  static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f};
+
+  t.version = 2;
+  t.seq = 5;
+  t.next_segment_id = 4100;
+  t.next_generation = 5000;
+  t.next_lease_id = 70000;
+  t.next_session_id = 66000;
+  put(&f->st, "ids-5", message_fd(&t.base));
+  put(&f->st, "ids-9", bytes_fd(garbage, sizeof(garbage)));
+  restore(f);
+  assert_true(f->reg.next_segment_id >= 4100);
+  assert_true(f->reg.next_generation >= 5000);
+  assert_true(f->reg.next_lease_id >= 70000);
+  assert_true(f->reg.next_session_id >= 66000);
+  assert_int_equal(f->fs.ids_version, 9);
+}
+
+/* Names that only look like ours are not ours (strict parsing). */
+static void test_names_parsed_strictly(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord a = record(1, "a", 0600, false);
+  int other;
+
+  put(&f->st, "seg-1", memory(4096));
+  put(&f->st, "meta-1-1", message_fd(&a.base));
+  put(&f->st, "meta-1-0", message_fd(&a.base));  /* version 0: not ours */
+  put(&f->st, "meta--1-2", message_fd(&a.base)); /* a sign */
+  other = f->st.n - 1;
+  assert_int_equal(gshmd_fdstore_restore(&f->fs, f->st.fds, f->st.names, f->st.n), 0);
+  assert_int_equal(f->fs.restored, 1);
+  assert_int_equal(gshmd_registry_find_id(&f->reg, 1)->meta_version, 1);
+  assert_true(f->st.fds[other - 1] >= 0 && f->st.fds[other] >= 0); /* left alone */
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_stale_journal_record_loses, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_newer_journal_record_wins, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_freed_and_memoryless, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_newest_holder_keeps_the_name, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unreadable_ids_record, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_names_parsed_strictly, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
