@@ -754,11 +754,13 @@ static int journal_view(const Gshm__StateTable *jt, struct journal_view *jv) {
                                                    version counts as 1) */
       jv->recs[jv->nrecs++] = (struct jrec){
           jt->segments[i], i < jt->n_record_versions ? jt->record_versions[i] : 1, false};
-  qsort(jv->recs, jv->nrecs, sizeof(*jv->recs), cmp_jrec);
-  if (jt->n_freed)
+  if (jv->nrecs)
+    qsort(jv->recs, jv->nrecs, sizeof(*jv->recs), cmp_jrec);
+  if (jt->n_freed) {
     memcpy(jv->freed, jt->freed, jt->n_freed * sizeof(*jv->freed));
-  jv->nfreed = jt->n_freed;
-  qsort(jv->freed, jv->nfreed, sizeof(*jv->freed), cmp_u64);
+    jv->nfreed = jt->n_freed;
+    qsort(jv->freed, jv->nfreed, sizeof(*jv->freed), cmp_u64);
+  }
   return 0;
 }
 
@@ -901,8 +903,10 @@ static int restore(struct gshmd_fdstore *fs, int *fds, char **names, int n,
       fs->dropped++;
     } else {
       fs->restored++;
-      if (jr)
+      if (jr) {
         owe(fs, id, false);
+        fs->journal_records++;
+      }
     }
     if (rec)
       gshm__state_record__free_unpacked(rec, NULL);
@@ -918,7 +922,6 @@ static int restore(struct gshmd_fdstore *fs, int *fds, char **names, int n,
       fs->dropped++;
     }
   free(e);
-  fs->journal_records = (unsigned)jv.nrecs;
   fs->journal_freed = (unsigned)jv.nfreed;
   /* (registry_adopt keeps next ids above every restored segment.) */
 
@@ -961,8 +964,8 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
     if (fs->restored || fs->dropped)
       gshm_log_notice("fd store: %u segment(s) restored, %u lost", fs->restored, fs->dropped);
     if (fs->journal_records || fs->journal_freed)
-      gshm_log_notice("fd store: the store was behind at the stop; the journal held %u newer "
-                      "record(s) and %u freed segment(s), applied",
+      gshm_log_notice("fd store: the store was behind at the stop; from the journal: %u "
+                      "record(s) newer than the stored ones, %u freed segment(s)",
                       fs->journal_records, fs->journal_freed);
   }
   if (!fs->enabled)

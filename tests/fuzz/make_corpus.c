@@ -240,7 +240,7 @@ int main(int argc, char **argv) {
     size_t b = protobuf_c_message_pack(&r2.base, buf + 6 + a);
     size_t c, j;
     Gshm__StateRecord *jrecs[1], jr;
-    uint64_t freed[1] = {2};
+    uint64_t freed[1] = {2}, jversions[1] = {3}; /* newer than meta-1-2 */
     struct {
       char magic[8];
       uint32_t version, pad;
@@ -265,6 +265,8 @@ int main(int argc, char **argv) {
     tab.segments = jrecs;
     tab.n_freed = 1;
     tab.freed = freed;
+    tab.n_record_versions = 1;
+    tab.record_versions = jversions;
     j = protobuf_c_message_pack(&tab.base, buf + 6 + a + b + c + sizeof(head));
     head.len = j;
     memcpy(buf + 6 + a + b + c, &head, sizeof(head));
@@ -272,6 +274,7 @@ int main(int argc, char **argv) {
     tab.version = 2;
     tab.n_segments = 0;
     tab.n_freed = 0;
+    tab.n_record_versions = 0;
     r2.name = "a";
     r2.unlinked = 0; /* two live segments with one name: the second refused */
     b = protobuf_c_message_pack(&r2.base, buf + 6 + a);
