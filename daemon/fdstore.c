@@ -48,11 +48,22 @@ static void count_failure(struct gshmd_fdstore *fs, const char *what, int r) {
 }
 
 /* Sends one fd to the store under name.  Returns 0 or a negative errno
- * (counted and logged; the caller records what is owed). */
+ * (counted and logged; the caller records what is owed).  -ENOSPC: the
+ * store may be full.  systemd keeps at most FileDescriptorStoreMax = 2 x
+ * max_segments + 4 fds and drops one past that while sd_notify succeeds;
+ * that bound holds while what is stored is the live segments' entries, but
+ * freed segments whose removals are owed still fill the store, so while
+ * live and such segments together pass max_segments a new fd waits (owed,
+ * the journal has its record) until the removals go through. */
 static int store_fd(struct gshmd_fdstore *fs, const char *name, int fd) {
   char msg[96];
   int r;
 
+  if (fs->owed_freed && (uint64_t)fs->reg->nsegments + fs->owed_freed >
+                            (uint64_t)fs->reg->cfg->max_segments) {
+    count_failure(fs, name, -ENOSPC);
+    return -ENOSPC;
+  }
   snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", name);
   r = sd_pid_notify_with_fds(0, 0, msg, &fd, 1);
   if (r <= 0) {
@@ -440,6 +451,8 @@ static void journal_sync(struct gshmd_fdstore *fs) {
   bool behind = ids_behind(fs);
   int e = -ENOMEM;
 
+  if (!fs->nremoves)
+    fs->owed_freed = 0;
   if (fs->journal_fd < 0 || (!fs->nowed && !fs->nremoves && !behind && !fs->journal_len))
     return;
   if (!fs->nowed && !fs->nremoves && !behind) {
@@ -493,6 +506,7 @@ static void journal_sync(struct gshmd_fdstore *fs) {
     t.n_freed = u;
   }
   t.freed = freed;
+  fs->owed_freed = t.n_freed;
   e = journal_put(fs, &t);
 out:
   if (e && !fs->journal_failed)

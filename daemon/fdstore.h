@@ -34,6 +34,7 @@ struct gshmd_fdstore {
   char **removes;
   size_t nremoves, removes_cap;
   uint64_t failed_sends; /* notifications that failed, for metrics */
+  size_t owed_freed;     /* freed segments with removals owed (journal_sync) */
   /* The journal (fdstore.c): a memfd stored once and rewritten in place
    * with what is owed; -1 without a service manager. */
   int journal_fd;
