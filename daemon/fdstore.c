@@ -281,12 +281,10 @@ static int segment_added(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bo
   if ((e = reserve_ids(fs)))
     goto owed;
   if (need_seg) {
-    if (!b->ops->park_fd) {
-      gshm_log_warn("fd store: segment %" PRIu64 " cannot be parked (backend)", seg->id);
-      return 0;
-    }
-    if ((e = b->ops->park_fd(b, seg->mem, &fd)) == -ENOTSUP) {
-      /* (legacy IPC allocations: nothing to retry, so nothing owed) */
+    e = b->ops->park_fd ? b->ops->park_fd(b, seg->mem, &fd) : -ENOTSUP;
+    if (e == -ENOTSUP) {
+      /* (legacy IPC allocations, a backend without park_fd: nothing to
+       * retry, so nothing owed) */
       gshm_log_notice("fd store: segment '%s' id %" PRIu64 " cannot be parked (%s): it will "
                       "not survive a restart of gshmd",
                       seg->name, seg->id, seg->mem->location);
@@ -435,14 +433,14 @@ static int journal_put(struct gshmd_fdstore *fs, const Gshm__StateTable *t) {
   return 0;
 }
 
-/* Rewrites the journal from what is owed now; an empty one once caught up.
- * Called after every change to what is owed, before the request that
- * caused it is answered. */
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return x < y ? -1 : x > y;
 }
 
+/* Rewrites the journal from what is owed now; an empty one once caught up.
+ * Called after every change to what is owed, before the request that
+ * caused it is answered. */
 static void journal_sync(struct gshmd_fdstore *fs) {
   struct gshmd_registry *r = fs->reg;
   Gshm__StateTable t = GSHM__STATE_TABLE__INIT;
