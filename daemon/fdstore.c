@@ -138,13 +138,17 @@ static void store_remove(struct gshmd_fdstore *fs, const char *name) {
     owe_remove(fs, copy);
 }
 
-/* Owes seg's record (and its memory when need_seg). */
-static void owe(struct gshmd_fdstore *fs, uint64_t id, bool need_seg) {
-  for (size_t i = 0; i < fs->nowed; i++)
-    if (fs->owed[i].id == id) {
-      fs->owed[i].need_seg |= need_seg;
-      return;
-    }
+/* Owes seg's record (and its memory when need_seg).  seg->owed says
+ * whether it is in the list already, so owing a new one is O(1) (restore
+ * owes every segment the journal had a newer record for). */
+static void owe(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bool need_seg) {
+  if (seg->owed) {
+    for (size_t i = 0; i < fs->nowed; i++)
+      if (fs->owed[i].id == seg->id) {
+        fs->owed[i].need_seg |= need_seg;
+        return;
+      }
+  }
   if (fs->nowed == fs->owed_cap) {
     size_t cap = fs->owed_cap ? 2 * fs->owed_cap : 16;
     struct fdstore_owed *n = realloc(fs->owed, cap * sizeof(*n));
@@ -153,12 +157,17 @@ static void owe(struct gshmd_fdstore *fs, uint64_t id, bool need_seg) {
     fs->owed = n;
     fs->owed_cap = cap;
   }
-  fs->owed[fs->nowed++] = (struct fdstore_owed){id, need_seg};
+  fs->owed[fs->nowed++] = (struct fdstore_owed){seg->id, need_seg};
+  seg->owed = true;
 }
 
-static void forget_owed(struct gshmd_fdstore *fs, uint64_t id) {
+/* seg leaves the owed list (freed); O(1) unless it is in it. */
+static void forget_owed(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+  if (!seg->owed)
+    return;
+  seg->owed = false;
   for (size_t i = 0; i < fs->nowed; i++)
-    if (fs->owed[i].id == id) {
+    if (fs->owed[i].id == seg->id) {
       fs->owed[i] = fs->owed[--fs->nowed];
       return;
     }
@@ -305,7 +314,7 @@ static int segment_added(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bo
   if (!(e = store_meta(fs, seg)))
     return 0;
 owed:
-  owe(fs, seg->id, need_seg);
+  owe(fs, seg, need_seg);
   return e;
 }
 
@@ -332,7 +341,10 @@ static void resend(struct gshmd_fdstore *fs) {
     struct fdstore_owed o = fs->owed[fs->nowed - 1];
     struct gshmd_segment *seg = gshmd_registry_find_id(fs->reg, o.id);
     fs->nowed--;
-    if (seg && seg->mem && segment_added(fs, seg, o.need_seg))
+    if (!seg)
+      continue;
+    seg->owed = false;
+    if (seg->mem && segment_added(fs, seg, o.need_seg))
       break; /* owed again */
   }
 }
@@ -555,7 +567,7 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
   case GSHMD_SEGMENT_FREED:
     /* The record first, then the memory: a crash in between leaves memory
      * that no record names, which the next start drops. */
-    forget_owed(fs, seg->id);
+    forget_owed(fs, seg);
     if (seg->meta_version) {
       snprintf(name, sizeof(name), "meta-%" PRIu64 "-%" PRIu64, seg->id, seg->meta_version);
       store_remove(fs, name);
@@ -568,7 +580,7 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
   default: /* unlinked, chmod, chown */
     /* (A segment whose first record was never stored is owed already.) */
     if (seg->meta_version && store_meta(fs, seg))
-      owe(fs, seg->id, false);
+      owe(fs, seg, false);
     break;
   }
   journal_sync(fs);
@@ -909,14 +921,14 @@ static int restore(struct gshmd_fdstore *fs, int *fds, char **names, int n,
                     " holds its name",
                     holder->name, holder->id, id);
       gshmd_registry_unname(r, holder);
-      owe(fs, holder->id, false);
+      owe(fs, holder, false);
     }
     if (adopt_segment(fs, use, id, stored_v, seg >= 0 ? &fds[seg] : &(int){-1})) {
       fs->dropped++;
     } else {
       fs->restored++;
       if (jr) {
-        owe(fs, id, false);
+        owe(fs, gshmd_registry_find_id(r, id), false);
         fs->journal_records++;
       }
     }

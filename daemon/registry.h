@@ -33,6 +33,7 @@ struct gshmd_segment {
   struct gshm_list node;     /* registry.segments, id order */
   uint64_t meta_version;     /* fd store: version of its meta-<id>-<v> record */
   bool parked;               /* fd store: its memory (seg-<id>) was stored */
+  bool owed;                 /* fd store: in its owed list */
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
   void *cluster_export;      /* daemon/cluster.c: its UCX registration, if served */
 };
