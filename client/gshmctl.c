@@ -246,6 +246,18 @@ static json_t *json_doc(void) {
   return doc;
 }
 
+/* A segment's identity in JSON, in o (the fields every listing and create
+ * shares, in this order): name, id, generation, size, requested_size,
+ * location. */
+static void json_segment_identity(json_t *o, const gshm_segment_info_t *i) {
+  json_object_set_new(o, "name", json_text(i->name));
+  json_object_set_new(o, "id", json_integer((json_int_t)i->id));
+  json_object_set_new(o, "generation", json_integer((json_int_t)i->generation));
+  json_object_set_new(o, "size", json_integer((json_int_t)i->size));
+  json_object_set_new(o, "requested_size", json_integer((json_int_t)i->requested_size));
+  json_object_set_new(o, "location", json_string(i->location));
+}
+
 static int cmd_status(gshm_client_t *c) {
   gshm_status_info_t st;
   char t[40], sz[32];
@@ -308,12 +320,7 @@ static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
     for (size_t i = 0; i < n; i++) {
       json_t *o = json_object();
       snprintf(mode, sizeof(mode), "%04o", v[i].mode);
-      json_object_set_new(o, "name", json_text(v[i].name));
-      json_object_set_new(o, "id", json_integer((json_int_t)v[i].id));
-      json_object_set_new(o, "generation", json_integer((json_int_t)v[i].generation));
-      json_object_set_new(o, "size", json_integer((json_int_t)v[i].size));
-      json_object_set_new(o, "requested_size", json_integer((json_int_t)v[i].requested_size));
-      json_object_set_new(o, "location", json_string(v[i].location));
+      json_segment_identity(o, &v[i]);
       json_object_set_new(o, "device", v[i].device_index < 0 ? json_null()
                                                              : json_integer(v[i].device_index));
       json_object_set_new(o, "uid", json_integer(v[i].uid));
@@ -592,12 +599,7 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
   if (json_out) {
     const gshm_segment_info_t *i = gshm_segment_info(seg);
     json_t *doc = json_doc();
-    json_object_set_new(doc, "name", json_text(i->name));
-    json_object_set_new(doc, "id", json_integer((json_int_t)i->id));
-    json_object_set_new(doc, "generation", json_integer((json_int_t)i->generation));
-    json_object_set_new(doc, "size", json_integer((json_int_t)i->size));
-    json_object_set_new(doc, "requested_size", json_integer((json_int_t)i->requested_size));
-    json_object_set_new(doc, "location", json_string(i->location));
+    json_segment_identity(doc, i);
     gshm_close(seg);
     return print_json(doc);
   }
@@ -972,12 +974,7 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
     json_object_set_new(doc, "peer", json_text(peer));
     for (size_t i = 0; i < n; i++) {
       json_t *o = json_object();
-      json_object_set_new(o, "name", json_text(v[i].name));
-      json_object_set_new(o, "id", json_integer((json_int_t)v[i].id));
-      json_object_set_new(o, "generation", json_integer((json_int_t)v[i].generation));
-      json_object_set_new(o, "size", json_integer((json_int_t)v[i].size));
-      json_object_set_new(o, "requested_size", json_integer((json_int_t)v[i].requested_size));
-      json_object_set_new(o, "location", json_string(v[i].location));
+      json_segment_identity(o, &v[i]);
       json_object_set_new(o, "created", json_string(rfc3339(v[i].created_ns, t, sizeof(t))));
       json_array_append_new(arr, o);
     }
