@@ -36,6 +36,20 @@ static void check_bytes(gshm_segment_t *s, uint64_t size, unsigned long long see
   free(want);
 }
 
+/* Creates name (mode 0640) filled with size random bytes of seed, the
+ * counterpart of check_bytes. */
+static gshm_segment_t *create_filled(gshm_client_t *c, const char *name, uint64_t size,
+                                     unsigned long long seed) {
+  unsigned char *buf = malloc(size);
+  gshm_segment_t *s;
+  assert_non_null(buf);
+  assert_int_equal(gshm_create(c, name, size, NULL, 0640, 0, &s), 0);
+  harness_random(buf, size, seed);
+  assert_int_equal(gshm_write(s, 0, buf, size), 0);
+  free(buf);
+  return s;
+}
+
 static bool stored(struct harness *h, const char *name) {
   bool found = false;
   pthread_mutex_lock(&h->sp.lock);
@@ -68,13 +82,9 @@ static void kill_and_restart(bool activated) {
   assert_int_equal(activated ? harness_start_activated(&h, NULL) : harness_start(&h, NULL), 0);
   assert_int_equal(gshm_connect(h.socket_path, "survivor", &c), 0);
   for (size_t i = 0; i < NSEG; i++) {
-    unsigned char *buf = malloc(sizes[i]);
     snprintf(name, sizeof(name), "keep/%zu", i);
-    assert_int_equal(gshm_create(c, name, sizes[i], NULL, 0640, 0, &segs[i]), 0);
-    harness_random(buf, sizes[i], seed + i);
-    assert_int_equal(gshm_write(segs[i], 0, buf, sizes[i]), 0);
+    segs[i] = create_filled(c, name, sizes[i], seed + i);
     before[i] = *gshm_segment_info(segs[i]);
-    free(buf);
   }
   /* Freed before the crash: must not come back. */
   assert_int_equal(gshm_create(c, "gone", 4096, NULL, 0600, 0, &gone), 0);
@@ -465,12 +475,8 @@ static void test_failed_store_sends_are_resent(void **state) {
   (void)state;
   assert_int_equal(harness_start(&h, NULL), 0);
   assert_int_equal(gshm_connect(h.socket_path, "store", &c), 0);
-  for (int i = 0; i < 3; i++) {
-    unsigned char buf[8192];
-    assert_int_equal(gshm_create(c, names[i], sizeof(buf), NULL, 0640, 0, &s[i]), 0);
-    harness_random(buf, sizeof(buf), seed + (unsigned)i);
-    assert_int_equal(gshm_write(s[i], 0, buf, sizeof(buf)), 0);
-  }
+  for (int i = 0; i < 3; i++)
+    s[i] = create_filled(c, names[i], 8192, seed + (unsigned)i);
   snprintf(seg_a, sizeof(seg_a), "seg-%" PRIu64, gshm_segment_info(s[0])->id);
   assert_int_equal(gshm_close(s[0]), 0);
   gshm__spawn_poll(&h.sp, 200);
@@ -551,12 +557,8 @@ static void test_sigkill_while_the_store_is_behind(void **state) {
   assert_int_equal(harness_start(&h, NULL), 0);
   assert_true(stored(&h, "journal"));
   assert_int_equal(gshm_connect(h.socket_path, "store", &c), 0);
-  for (int i = 0; i < 3; i++) {
-    unsigned char buf[8192];
-    assert_int_equal(gshm_create(c, names[i], sizeof(buf), NULL, 0640, 0, &s[i]), 0);
-    harness_random(buf, sizeof(buf), seed + (unsigned)i);
-    assert_int_equal(gshm_write(s[i], 0, buf, sizeof(buf)), 0);
-  }
+  for (int i = 0; i < 3; i++)
+    s[i] = create_filled(c, names[i], 8192, seed + (unsigned)i);
   last_id = gshm_segment_info(s[2])->id;
   last_gen = gshm_segment_info(s[2])->generation;
   snprintf(seg_a, sizeof(seg_a), "seg-%" PRIu64, gshm_segment_info(s[0])->id);
