@@ -539,55 +539,93 @@ static int handle_metrics(struct req *q) {
   return 0;
 }
 
-/* Unpacks the body as message type T and calls handler H; a body that does
- * not decode is a protocol error. */
+/* Checks the packet header and that hello comes first, once.  On a bad
+ * packet fails the connection (with the reason) and returns false. */
+static bool request_header_ok(struct conn *c, const uint8_t *pkt, size_t len,
+                              struct gshm_wire_header *hdr) {
+  const char *why = NULL;
+  char m[160];
+
+  if (gshm__wire_parse_header(pkt, len, hdr)) {
+    conn_fail(c, 0, 0, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
+              len < GSHM_WIRE_HEADER_SIZE ? "packet shorter than the 16-byte header"
+                                          : "bad packet header (magic or length)");
+    return false;
+  }
+  if (hdr->major != GSHM_PROTO_MAJOR) {
+    conn_fail(c, hdr->type, hdr->request_id, GSHM__STATUS__STATUS_VERSION_MISMATCH,
+              version_mismatch(m, sizeof(m), hdr->major, hdr->minor));
+    return false;
+  }
+  if (hdr->type == 0 || hdr->type > GSHM_WIRE_TYPE_MAX)
+    why = "unknown message type";
+  else if (!c->client && hdr->type != GSHM_WIRE_HELLO)
+    why = "hello must come first";
+  else if (c->client && hdr->type == GSHM_WIRE_HELLO)
+    why = "hello was already said";
+  if (why) {
+    conn_fail(c, hdr->type, hdr->request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR, why);
+    return false;
+  }
+  return true;
+}
+
+/* Unpacks the body as message type T, calls handler H and returns its
+ * result; a body that does not decode is a protocol error (the connection
+ * fails, c->closing says so). */
 #define DISPATCH(T, lower, H)                                                         \
   do {                                                                                \
-    T *msg_ = gshm__##lower##__unpack(&s->arena_allocator, q.len, q.body);            \
+    T *msg_ = gshm__##lower##__unpack(&s->arena_allocator, q->len, q->body);          \
     if (!msg_) {                                                                      \
-      conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,     \
+      conn_fail(q->c, q->type, q->request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,    \
                 "message does not decode as " #T);                                    \
-      return;                                                                         \
+      return 0;                                                                       \
     }                                                                                 \
-    err = H(&q, msg_);                                                                \
+    err = H(q, msg_);                                                                 \
     gshm__##lower##__free_unpacked(msg_, &s->arena_allocator);                        \
+    return err;                                                                       \
   } while (0)
+
+/* Runs the handler of q's message type: 0 or a negative errno. */
+static int request_dispatch(struct req *q) {
+  struct gshmd_server *s = q->c->srv;
+  int err;
+
+  switch (q->type) {
+  case GSHM_WIRE_HELLO: DISPATCH(Gshm__Hello, hello, handle_hello);
+  case GSHM_WIRE_CREATE: DISPATCH(Gshm__CreateRequest, create_request, handle_create);
+  case GSHM_WIRE_OPEN: DISPATCH(Gshm__OpenRequest, open_request, handle_open);
+  case GSHM_WIRE_CLOSE: DISPATCH(Gshm__CloseRequest, close_request, handle_close);
+  case GSHM_WIRE_UNLINK: DISPATCH(Gshm__UnlinkRequest, unlink_request, handle_unlink);
+  case GSHM_WIRE_STAT: DISPATCH(Gshm__StatRequest, stat_request, handle_stat);
+  case GSHM_WIRE_LIST_SEGMENTS:
+  case GSHM_WIRE_LIST_LEASES:
+  case GSHM_WIRE_LIST_CLIENTS: DISPATCH(Gshm__ListRequest, list_request, handle_list);
+  case GSHM_WIRE_MAP_REPORT: DISPATCH(Gshm__MapReport, map_report, handle_map_report);
+  case GSHM_WIRE_CHMOD: DISPATCH(Gshm__ChmodRequest, chmod_request, handle_chmod);
+  case GSHM_WIRE_CHOWN: DISPATCH(Gshm__ChownRequest, chown_request, handle_chown);
+  case GSHM_WIRE_REVOKE: DISPATCH(Gshm__RevokeRequest, revoke_request, handle_revoke);
+  case GSHM_WIRE_STATUS: return handle_status(q);
+  case GSHM_WIRE_DEVICES: return handle_devices(q);
+  case GSHM_WIRE_METRICS: return handle_metrics(q);
+  case GSHM_WIRE_PEERS: return handle_peers(q);
+  case GSHM_WIRE_REMOTE_LIST:
+    DISPATCH(Gshm__RemoteListRequest, remote_list_request, handle_remote_list);
+  case GSHM_WIRE_PULL: DISPATCH(Gshm__PullRequest, pull_request, handle_pull);
+  }
+  return 0;
+}
+#undef DISPATCH
 
 void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
   struct gshmd_server *s = c->srv;
   Gshm__Reply reply = GSHM__REPLY__INIT;
   struct gshm_wire_header hdr;
   struct req q;
-  int err = 0;
+  int err;
 
-  if (gshm__wire_parse_header(pkt, len, &hdr)) {
-    conn_fail(c, 0, 0, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
-              len < GSHM_WIRE_HEADER_SIZE ? "packet shorter than the 16-byte header"
-                                          : "bad packet header (magic or length)");
+  if (!request_header_ok(c, pkt, len, &hdr))
     return;
-  }
-  if (hdr.major != GSHM_PROTO_MAJOR) {
-    char m[160];
-    conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_VERSION_MISMATCH,
-              version_mismatch(m, sizeof(m), hdr.major, hdr.minor));
-    return;
-  }
-  if (hdr.type == 0 || hdr.type > GSHM_WIRE_TYPE_MAX) {
-    conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
-              "unknown message type");
-    return;
-  }
-  if (!c->client && hdr.type != GSHM_WIRE_HELLO) {
-    conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
-              "hello must come first");
-    return;
-  }
-  if (c->client && hdr.type == GSHM_WIRE_HELLO) {
-    conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
-              "hello was already said");
-    return;
-  }
-
   s->arena_used = 0;
   memset(&q, 0, sizeof(q));
   q.c = c;
@@ -601,62 +639,8 @@ void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
   gshm__welcome__init(&q.welcome);
   gshm__status_info__init(&q.status);
 
-  switch (hdr.type) {
-  case GSHM_WIRE_HELLO:
-    DISPATCH(Gshm__Hello, hello, handle_hello);
-    break;
-  case GSHM_WIRE_CREATE:
-    DISPATCH(Gshm__CreateRequest, create_request, handle_create);
-    break;
-  case GSHM_WIRE_OPEN:
-    DISPATCH(Gshm__OpenRequest, open_request, handle_open);
-    break;
-  case GSHM_WIRE_CLOSE:
-    DISPATCH(Gshm__CloseRequest, close_request, handle_close);
-    break;
-  case GSHM_WIRE_UNLINK:
-    DISPATCH(Gshm__UnlinkRequest, unlink_request, handle_unlink);
-    break;
-  case GSHM_WIRE_STAT:
-    DISPATCH(Gshm__StatRequest, stat_request, handle_stat);
-    break;
-  case GSHM_WIRE_LIST_SEGMENTS:
-  case GSHM_WIRE_LIST_LEASES:
-  case GSHM_WIRE_LIST_CLIENTS:
-    DISPATCH(Gshm__ListRequest, list_request, handle_list);
-    break;
-  case GSHM_WIRE_MAP_REPORT:
-    DISPATCH(Gshm__MapReport, map_report, handle_map_report);
-    break;
-  case GSHM_WIRE_CHMOD:
-    DISPATCH(Gshm__ChmodRequest, chmod_request, handle_chmod);
-    break;
-  case GSHM_WIRE_CHOWN:
-    DISPATCH(Gshm__ChownRequest, chown_request, handle_chown);
-    break;
-  case GSHM_WIRE_REVOKE:
-    DISPATCH(Gshm__RevokeRequest, revoke_request, handle_revoke);
-    break;
-  case GSHM_WIRE_STATUS:
-    err = handle_status(&q);
-    break;
-  case GSHM_WIRE_DEVICES:
-    err = handle_devices(&q);
-    break;
-  case GSHM_WIRE_METRICS:
-    err = handle_metrics(&q);
-    break;
-  case GSHM_WIRE_PEERS:
-    err = handle_peers(&q);
-    break;
-  case GSHM_WIRE_REMOTE_LIST:
-    DISPATCH(Gshm__RemoteListRequest, remote_list_request, handle_remote_list);
-    break;
-  case GSHM_WIRE_PULL:
-    DISPATCH(Gshm__PullRequest, pull_request, handle_pull);
-    break;
-  }
-  if (c->closing) /* DISPATCH failed */
+  err = request_dispatch(&q);
+  if (c->closing) /* the body did not decode */
     return;
   if (!err)
     reply.status = GSHM__STATUS__STATUS_OK;

@@ -16,7 +16,7 @@
 #include "cluster.h"
 #include "config.h"
 #include "log.h"
-#include "metrics.h"
+#include "histogram.h"
 #include "registry.h"
 #include "requests.h"
 #include "errors.h"

@@ -10,7 +10,7 @@
 #include <uv.h>
 
 #include "list.h"
-#include "metrics.h"
+#include "histogram.h"
 #include "wire.h"
 
 struct gshmd_config;
