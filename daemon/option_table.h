@@ -7,7 +7,7 @@
  *   section  INI section, without brackets
  *   key      key inside the section
  *   type     STR, PATH, ENUM, BOOL, U32, SIZE32, SIZE, MODE, LOGLEVEL
- *            (see enum option_type in config.c; the field's C type is
+ *            (see enum option_type in config_internal.h; the field's C type is
  *            checked at compile time)
  *   field    member of struct gshmd_config
  *   default  the built-in default, written as it would be in the file; it
