@@ -129,6 +129,60 @@ static int setup_backends(struct daemon *d) {
   return 0;
 }
 
+/* Makes the socket's directory (e.g. /run/gshm) if missing; its parents
+ * not. */
+static int socket_dir_make(const char *path) {
+  char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  char *slash;
+  int e;
+
+  snprintf(dir, sizeof(dir), "%s", path);
+  slash = strrchr(dir, '/');
+  if (slash && slash != dir) {
+    *slash = '\0';
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+      e = -errno;
+      gshm_log_err("mkdir %s: %m", dir);
+      return e;
+    }
+  }
+  return 0;
+}
+
+/* Binds fd to sa; a stale socket file left by a crash is replaced, a live
+ * daemon's socket or another kind of file is not.  Returns 0 or a
+ * negative errno (logged). */
+static int socket_bind(int fd, const struct sockaddr_un *sa, const char *path) {
+  struct stat st;
+  int probe, live, e;
+
+  if (bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0)
+    return 0;
+  if (errno != EADDRINUSE)
+    goto bind_failed;
+  /* A live daemon answers connect(); a stale file from a crash does not. */
+  probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  live = probe >= 0 && connect(probe, (const struct sockaddr *)sa, sizeof(*sa)) == 0;
+  if (probe >= 0)
+    close(probe);
+  if (live) {
+    gshm_log_err("another gshmd is already listening on %s", path);
+    return -EADDRINUSE;
+  }
+  /* only a stale socket is removed, never another kind of file */
+  if (lstat(path, &st) < 0 || !S_ISSOCK(st.st_mode)) {
+    gshm_log_err("%s exists and is not a socket; not removing it", path);
+    return -EEXIST;
+  }
+  unlink(path);
+  if (bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0)
+    return 0;
+bind_failed:
+  e = -errno;
+  gshm_log_err("bind %s: %m", path);
+  return e;
+}
+
 /* Binds the socket path unless systemd handed us a listening socket. */
 static int setup_socket(struct daemon *d, int *listen_fds, char **names, int nfds) {
   const char *path = d->cfg.socket_path;
@@ -149,55 +203,17 @@ static int setup_socket(struct daemon *d, int *listen_fds, char **names, int nfd
     return -ENAMETOOLONG;
   }
   strcpy(sa.sun_path, path);
-
-  /* The directory (e.g. /run/gshm) is made if missing; its parents not. */
-  {
-    char dir[sizeof(sa.sun_path)];
-    char *slash;
-    strcpy(dir, path);
-    slash = strrchr(dir, '/');
-    if (slash && slash != dir) {
-      *slash = '\0';
-      if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-        e = -errno;
-        gshm_log_err("mkdir %s: %m", dir);
-        return e;
-      }
-    }
-  }
-
+  if ((e = socket_dir_make(path)))
+    return e;
   fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     e = -errno;
     gshm_log_err("socket: %m");
     return e;
   }
-  if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-    /* A live daemon answers connect(); a stale file from a crash does not. */
-    int probe, live;
-    if (errno != EADDRINUSE)
-      goto bind_failed;
-    probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-    if (probe >= 0)
-      close(probe);
-    if (live) {
-      gshm_log_err("another gshmd is already listening on %s", path);
-      close(fd);
-      return -EADDRINUSE;
-    }
-    {
-      /* only a stale socket is removed, never another kind of file */
-      struct stat st;
-      if (lstat(path, &st) < 0 || !S_ISSOCK(st.st_mode)) {
-        gshm_log_err("%s exists and is not a socket; not removing it", path);
-        close(fd);
-        return -EEXIST;
-      }
-    }
-    unlink(path);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-      goto bind_failed;
+  if ((e = socket_bind(fd, &sa, path))) {
+    close(fd);
+    return e;
   }
   d->socket_created = true;
   if (chmod(path, d->cfg.socket_mode) < 0)
@@ -217,12 +233,6 @@ static int setup_socket(struct daemon *d, int *listen_fds, char **names, int nfd
   d->listen_fd = fd;
   gshm_log_info("listening on %s", path);
   return 0;
-
-bind_failed:
-  e = -errno;
-  gshm_log_err("bind %s: %m", path);
-  close(fd);
-  return e;
 }
 
 /* Closes every handle of ours on the loop, once, so that uv_run returns:
@@ -379,11 +389,113 @@ static int setup_signals(struct daemon *d) {
   return 0;
 }
 
+/* The fds systemd passed us (the listening socket and the fd store's),
+ * each set to -1 once a setup step has claimed it. */
+struct passed_fds {
+  int *fds;
+  char **names; /* NULL when systemd gave none */
+  int n;
+};
+
+static void passed_fds_get(struct passed_fds *p) {
+  p->n = sd_listen_fds_with_names(1, &p->names);
+  if (p->n < 0) {
+    gshm_log_warn("sd_listen_fds: %s", strerror(-p->n));
+    p->n = 0;
+  }
+  if (p->n > 0 && (p->fds = malloc(sizeof(int) * (size_t)p->n)))
+    for (int i = 0; i < p->n; i++)
+      p->fds[i] = SD_LISTEN_FDS_START + i;
+}
+
+/* Closes what no setup step claimed (warning, when warn: systemd passed
+ * something gshmd does not know) and frees the table. */
+static void passed_fds_close(struct passed_fds *p, bool warn) {
+  for (int i = 0; p->fds && i < p->n; i++)
+    if (p->fds[i] >= 0) {
+      if (warn)
+        gshm_log_warn("closing unclaimed fd '%s' from systemd", p->names ? p->names[i] : "?");
+      close(p->fds[i]);
+      p->fds[i] = -1;
+    }
+}
+
+static void passed_fds_free(struct passed_fds *p) {
+  passed_fds_close(p, false);
+  free(p->fds);
+  if (p->names)
+    for (int i = 0; i < p->n; i++)
+      free(p->names[i]);
+  free(p->names);
+}
+
+/* The setup chain, from the loop to READY=1: 0, or -1 when a step failed
+ * (it logged why); shutdown_all copes with wherever it stopped. */
+static int setup_all(struct daemon *d, struct passed_fds *p) {
+  if (uv_loop_init(&d->loop))
+    return -1;
+  d->loop_ready = true;
+  gshmd_registry_init(&d->reg, &d->cfg);
+  d->reg_ready = true;
+  setup_fd_limit(d);
+  if (setup_backends(d) || gshmd_fdstore_setup(&d->fdstore, &d->reg) ||
+      gshmd_fdstore_restore(&d->fdstore, p->fds, p->names, p->n) ||
+      setup_socket(d, p->fds, p->names, p->n))
+    return -1;
+  /* Whatever systemd passed that nobody claimed is closed, not leaked. */
+  passed_fds_close(p, true);
+  if (gshmd_server_start(&d->srv, &d->loop, &d->cfg, &d->reg, d->listen_fd))
+    return -1;
+  d->srv_ready = true;
+  d->listen_fd = -1; /* the server owns it now */
+  if (gshmd_cluster_start(&d->loop, &d->cfg, &d->reg, &d->srv, &d->cluster))
+    return -1;
+  d->srv.cluster = d->cluster;
+  setup_signals(d);
+  setup_timers(d);
+  if (d->cfg.metrics_http_listen && *d->cfg.metrics_http_listen &&
+      gshmd_metrics_http_start(&d->loop, &d->srv, d->cfg.metrics_http_listen, &d->http))
+    return -1;
+  update_status(d);
+  sd_notify(0, "READY=1");
+  gshm_log_info("ready: %u segments restored", d->reg.nsegments);
+  return 0;
+}
+
+/* The one shutdown path, after a clean stop or a failed setup step. */
+static void shutdown_all(struct daemon *d) {
+  if (d->loop_ready) {
+    close_handles(d);
+    uv_run(&d->loop, UV_RUN_DEFAULT); /* let closing handles finish */
+  }
+  gshmd_cluster_destroy(d->cluster);
+  d->srv.cluster = NULL;
+  if (d->srv_ready)
+    close(d->srv.listen_fd);
+  if (d->listen_fd >= 0)
+    close(d->listen_fd);
+  if (d->socket_created && !d->socket_activated)
+    unlink(d->cfg.socket_path);
+  /* a stopped gshmd must not go on reporting gshm_up 1 through the
+   * node exporter */
+  if (d->metrics_timer_on)
+    unlink(d->cfg.metrics_textfile);
+  gshmd_fdstore_shutdown(&d->fdstore);
+  if (d->reg_ready)
+    gshmd_registry_destroy(&d->reg);
+  if (d->reg.cuda)
+    d->reg.cuda->ops->destroy(d->reg.cuda);
+  if (d->reg.host)
+    d->reg.host->ops->destroy(d->reg.host);
+  if (d->loop_ready)
+    uv_loop_close(&d->loop);
+}
+
 int main(int argc, char **argv) {
   static struct daemon d;
+  struct passed_fds passed = {0};
   enum gshmd_config_action action;
-  int *fds = NULL, nfds = 0, e, status = EXIT_FAILURE;
-  char **names = NULL;
+  int e, status = EXIT_FAILURE;
 
   d.listen_fd = -1;
   if (gshmd_config_init(&d.cfg))
@@ -398,91 +510,13 @@ int main(int argc, char **argv) {
     return EXIT_SUCCESS;
   }
   setup_logging(&d);
-
-  /* Everything systemd passed us: the listening socket and the fd store. */
-  nfds = sd_listen_fds_with_names(1, &names);
-  if (nfds < 0) {
-    gshm_log_warn("sd_listen_fds: %s", strerror(-nfds));
-    nfds = 0;
+  passed_fds_get(&passed);
+  if (setup_all(&d, &passed) == 0) {
+    uv_run(&d.loop, UV_RUN_DEFAULT);
+    status = EXIT_SUCCESS;
   }
-  if (nfds > 0 && (fds = malloc(sizeof(int) * (size_t)nfds)))
-    for (int i = 0; i < nfds; i++)
-      fds[i] = SD_LISTEN_FDS_START + i;
-
-  if (uv_loop_init(&d.loop))
-    goto shutdown;
-  d.loop_ready = true;
-  gshmd_registry_init(&d.reg, &d.cfg);
-  d.reg_ready = true;
-  setup_fd_limit(&d);
-  if (setup_backends(&d))
-    goto shutdown;
-  if (gshmd_fdstore_setup(&d.fdstore, &d.reg))
-    goto shutdown;
-  if (gshmd_fdstore_restore(&d.fdstore, fds, names, nfds))
-    goto shutdown;
-  if (setup_socket(&d, fds, names, nfds))
-    goto shutdown;
-  /* Whatever systemd passed that nobody claimed is closed, not leaked. */
-  for (int i = 0; fds && i < nfds; i++)
-    if (fds[i] >= 0) {
-      gshm_log_warn("closing unclaimed fd '%s' from systemd", names ? names[i] : "?");
-      close(fds[i]);
-      fds[i] = -1;
-    }
-  if (gshmd_server_start(&d.srv, &d.loop, &d.cfg, &d.reg, d.listen_fd))
-    goto shutdown;
-  d.srv_ready = true;
-  d.listen_fd = -1; /* the server owns it now */
-  if (gshmd_cluster_start(&d.loop, &d.cfg, &d.reg, &d.srv, &d.cluster))
-    goto shutdown;
-  d.srv.cluster = d.cluster;
-  setup_signals(&d);
-  setup_timers(&d);
-  if (d.cfg.metrics_http_listen && *d.cfg.metrics_http_listen &&
-      gshmd_metrics_http_start(&d.loop, &d.srv, d.cfg.metrics_http_listen, &d.http))
-    goto shutdown;
-
-  update_status(&d);
-  sd_notify(0, "READY=1");
-  gshm_log_info("ready: %u segments restored", d.reg.nsegments);
-  uv_run(&d.loop, UV_RUN_DEFAULT);
-  status = EXIT_SUCCESS;
-
-shutdown:
-  if (d.loop_ready) {
-    close_handles(&d);
-    uv_run(&d.loop, UV_RUN_DEFAULT); /* let closing handles finish */
-  }
-  gshmd_cluster_destroy(d.cluster);
-  d.srv.cluster = NULL;
-  if (d.srv_ready)
-    close(d.srv.listen_fd);
-  if (d.listen_fd >= 0)
-    close(d.listen_fd);
-  if (d.socket_created && !d.socket_activated)
-    unlink(d.cfg.socket_path);
-  /* a stopped gshmd must not go on reporting gshm_up 1 through the
-   * node exporter */
-  if (d.metrics_timer_on)
-    unlink(d.cfg.metrics_textfile);
-  gshmd_fdstore_shutdown(&d.fdstore);
-  if (d.reg_ready)
-    gshmd_registry_destroy(&d.reg);
-  if (d.reg.cuda)
-    d.reg.cuda->ops->destroy(d.reg.cuda);
-  if (d.reg.host)
-    d.reg.host->ops->destroy(d.reg.host);
-  if (d.loop_ready)
-    uv_loop_close(&d.loop);
-  for (int i = 0; fds && i < nfds; i++)
-    if (fds[i] >= 0)
-      close(fds[i]);
-  free(fds);
-  if (names)
-    for (int i = 0; i < nfds; i++)
-      free(names[i]);
-  free(names);
+  shutdown_all(&d);
+  passed_fds_free(&passed);
   gshmd_config_free(&d.cfg);
   return status;
 }
