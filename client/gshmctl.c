@@ -288,8 +288,8 @@ static int cmd_status(gshm_client_t *c) {
 
 /* Names in table output come from other users (segment and client names,
  * mapped devices): control characters, C1 bytes and bidi overrides in
- * them must not reach the terminal raw (issue 15).  JSON output escapes
- * on its own. */
+ * them must not reach the terminal raw: another user could rewrite what
+ * the admin sees or move the cursor.  JSON output escapes on its own. */
 #define SHOWN_CAP (4 * 4096 + 1)
 static const char *shown(const char *text, char buf[SHOWN_CAP]) {
   return gshm__escape_text(text, buf, SHOWN_CAP);

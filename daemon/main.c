@@ -77,7 +77,7 @@ static const char *cuda_missing(int e) {
 /* Raises the soft RLIMIT_NOFILE to the hard limit (systemd's default soft
  * limit is 1024, far below what 4096 connections and 65536 segments
  * need) and says so when even that cannot cover the configured maximums:
- * at the limit accept fails and gshmd serves nobody new (issue 15). */
+ * at the limit accept fails and gshmd serves nobody new. */
 static void setup_fd_limit(struct daemon *d) {
   /* a connection: 1 fd; a segment: its memory and a read-only reopen (host)
    * or a cached export (cuda); plus the loop, the listener, logging,
@@ -472,6 +472,7 @@ static void shutdown_all(struct daemon *d) {
   d->srv.cluster = NULL;
   if (d->srv_ready)
     close(d->srv.listen_fd);
+  gshmd_server_free(&d->srv);
   if (d->listen_fd >= 0)
     close(d->listen_fd);
   if (d->socket_created && !d->socket_activated)

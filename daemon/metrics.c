@@ -98,15 +98,16 @@ static void write_segment_bytes(FILE *f, struct gshmd_registry *r) {
  * family's metadata with its first series (no metadata without samples). */
 static void write_requests(FILE *f, struct gshmd_server *s) {
   for (int op = 1, any = 0; op <= GSHM_WIRE_TYPE_MAX; op++)
-    for (int st = 0; st < GSHMD_NSTATUS; st++) {
+    for (unsigned st = 0; st < s->nstatus; st++) {
+      uint64_t *n = gshmd_server_requests(s, (unsigned)op, st);
       char b[32];
-      if (!s->requests[op][st])
+      if (!n || !*n)
         continue;
       if (!any++)
         fprintf(f, "# HELP gshm_requests_total Requests answered, by operation and status.\n"
                    "# TYPE gshm_requests_total counter\n");
       fprintf(f, "gshm_requests_total{op=\"%s\",status=\"%s\"} %" PRIu64 "\n", op_names[op],
-              status_label(st, b, sizeof(b)), s->requests[op][st]);
+              status_label((int)st, b, sizeof(b)), *n);
     }
 }
 

@@ -175,8 +175,8 @@ static bool may_manage(const struct gshmd_client *c, const struct gshmd_segment 
 }
 
 /* A refusal says who owns the segment only to a client that may see it
- * in listings anyway; to others only "permission denied" (issue 15: an
- * error must not reveal what `segments` hides). */
+ * in listings anyway; to others only "permission denied": an error must
+ * not reveal what `segments` hides. */
 static int not_owner(struct gshmd_registry *r, const struct gshmd_client *c,
                      const struct gshmd_segment *seg, const char **msg_out) {
   *msg_out = gshmd_registry_may_see(c, seg)

@@ -180,7 +180,7 @@ static int handle_unlink(struct req *q, Gshm__UnlinkRequest *m) {
    * events go out before this reply, so whoever learns of the unlink from
    * the unlinker finds the event already in its socket. */
   if (seg && (q->c->client->cred.admin || q->c->client->cred.uid == seg->uid))
-    notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, q->c);
+    gshmd_notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, q->c);
   e = gshmd_registry_unlink(r, q->c->client, m->name, &msg);
   return e ? set_error(q, e, msg) : 0;
 }
@@ -214,7 +214,7 @@ static int handle_revoke(struct req *q, Gshm__RevokeRequest *m) {
   int e;
 
   if (seg && q->c->client->cred.admin)
-    notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_REVOKED, q->c);
+    gshmd_notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_REVOKED, q->c);
   e = gshmd_registry_revoke(r, q->c->client, m->name, &msg);
   return e ? set_error(q, e, msg) : 0;
 }
@@ -547,14 +547,14 @@ static bool request_header_ok(struct conn *c, const uint8_t *pkt, size_t len,
   char m[160];
 
   if (gshm__wire_parse_header(pkt, len, hdr)) {
-    conn_fail(c, 0, 0, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
-              len < GSHM_WIRE_HEADER_SIZE ? "packet shorter than the 16-byte header"
-                                          : "bad packet header (magic or length)");
+    gshmd_conn_fail(c, 0, 0, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
+                    len < GSHM_WIRE_HEADER_SIZE ? "packet shorter than the 16-byte header"
+                    : "bad packet header (magic or length)");
     return false;
   }
   if (hdr->major != GSHM_PROTO_MAJOR) {
-    conn_fail(c, hdr->type, hdr->request_id, GSHM__STATUS__STATUS_VERSION_MISMATCH,
-              version_mismatch(m, sizeof(m), hdr->major, hdr->minor));
+    gshmd_conn_fail(c, hdr->type, hdr->request_id, GSHM__STATUS__STATUS_VERSION_MISMATCH,
+                    version_mismatch(m, sizeof(m), hdr->major, hdr->minor));
     return false;
   }
   if (hdr->type == 0 || hdr->type > GSHM_WIRE_TYPE_MAX)
@@ -564,7 +564,7 @@ static bool request_header_ok(struct conn *c, const uint8_t *pkt, size_t len,
   else if (c->client && hdr->type == GSHM_WIRE_HELLO)
     why = "hello was already said";
   if (why) {
-    conn_fail(c, hdr->type, hdr->request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR, why);
+    gshmd_conn_fail(c, hdr->type, hdr->request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR, why);
     return false;
   }
   return true;
@@ -577,8 +577,8 @@ static bool request_header_ok(struct conn *c, const uint8_t *pkt, size_t len,
   do {                                                                                \
     T *msg_ = gshm__##lower##__unpack(&s->arena_allocator, q->len, q->body);          \
     if (!msg_) {                                                                      \
-      conn_fail(q->c, q->type, q->request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,    \
-                "message does not decode as " #T);                                    \
+      gshmd_conn_fail(q->c, q->type, q->request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,    \
+                      "message does not decode as " #T);                                    \
       return 0;                                                                       \
     }                                                                                 \
     err = H(q, msg_);                                                                 \
@@ -621,6 +621,7 @@ void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
   struct gshmd_server *s = c->srv;
   Gshm__Reply reply = GSHM__REPLY__INIT;
   struct gshm_wire_header hdr;
+  uint64_t *counter;
   struct req q;
   int err;
 
@@ -646,15 +647,15 @@ void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
     reply.status = GSHM__STATUS__STATUS_OK;
   else if (reply.status == GSHM__STATUS__STATUS_UNSPECIFIED)
     set_error(&q, err, NULL);
-  if ((unsigned)reply.status < GSHMD_NSTATUS)
-    s->requests[hdr.type][reply.status]++;
+  if ((counter = gshmd_server_requests(s, hdr.type, (unsigned)reply.status)))
+    (*counter)++;
 
   /* A mapping report with request id 0 wants no reply (libgshm sends it
    * without waiting, to keep a round trip off every first map). */
   if (!(hdr.type == GSHM_WIRE_MAP_REPORT && hdr.request_id == 0) && !q.deferred)
-    conn_send(c, hdr.type, hdr.request_id, &reply, q.fd_out);
+    gshmd_conn_send(c, hdr.type, hdr.request_id, &reply, q.fd_out);
   /* q.fd_out is lent by the backend: not ours to close. */
   free(q.free_after);
   if (hdr.type == GSHM_WIRE_HELLO && err && !c->closing)
-    conn_close(c, reply.message); /* a refused hello ends the connection */
+    gshmd_conn_close(c, reply.message); /* a refused hello ends the connection */
 }
