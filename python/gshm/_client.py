@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gshm.Client: a connection to gshmd and the requests that name segments
 or list the daemon's state."""
 

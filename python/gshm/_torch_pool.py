@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gshm as PyTorch's allocator: MemPool, use_pool, publish, attach.
 
     pool = gshm.torch.MemPool(client, "llama", device=0)        # persistent

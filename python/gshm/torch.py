@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Sharing PyTorch state dicts through one gshm segment, zero copy.
 
     # loader

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gshm Python package over host segments, against a real gshmd (no GPU).
 
 Run: GSHM_LIBRARY=... GSHMD=... GSHMCTL=... python3 -m pytest -q python/tests/test_host.py
