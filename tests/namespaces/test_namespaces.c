@@ -5,8 +5,8 @@
  *
  * Each "box" is a process in its own user, pid, ipc, mount and network
  * namespaces.  Its mount namespace has a private /run holding only
- * /run/gshm/gshmd.sock, a bind mount of the host's gshmd socket (the
- * volume a container gets), and the host's socket directory is covered by
+ * /run/gshm/gshmd.sock, a read-only bind mount of the host's gshmd socket
+ * (the volume a container gets), and the host's socket directory is covered by
  * an empty tmpfs; the box connects to the default socket path
  * (GSHM_SOCKET unset).  Two kinds:
  *
@@ -144,6 +144,8 @@ static int enter_box(const struct box *b, const char *host_socket) {
   STEP(fd = open(BOX_SOCKET, O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
   close(fd);
   STEP(mount(host_socket, BOX_SOCKET, NULL, MS_BIND, NULL));
+  /* read-only, as docs/CONTAINERS.md's ":ro": connecting still works */
+  STEP(mount(NULL, BOX_SOCKET, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL));
   /* the host's socket directory: an empty tmpfs over it in the box */
   snprintf(dir, sizeof(dir), "%s", host_socket);
   *strrchr(dir, '/') = '\0';
