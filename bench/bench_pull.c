@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench pull: pulling a segment from a peer gshmd (docs/CLUSTER.md)
  * against UCX's own ucp_get, in the same run, on the same transport and
  * sizes.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench: benchmarks are programs, not timed tests (docs/ARCHITECTURE.md
  * "Configuration, metrics, tools").
  * Each subcommand prints a table (and --json where it has one) and writes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libgshm: connection, requests, leases and the lease cache. */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libgshm internals shared by client.c, map.c and map_cuda.c. */
 #ifndef GSHM_CLIENT_INTERNAL_H
 #define GSHM_CLIENT_INTERNAL_H

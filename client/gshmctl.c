@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmctl: show and manage what gshmd shares.  A libgshm client itself.
  *
  * Exit codes (docs/ARCHITECTURE.md "Configuration, metrics, tools"): 0 ok,

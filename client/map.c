@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm_map / gshm_unmap and byte access (gshm_read / gshm_write). */
 #include <errno.h>
 #include <string.h>

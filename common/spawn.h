@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Starting a private gshmd and playing the service manager's part for it:
  * a NOTIFY_SOCKET that receives READY=1, STATUS=, WATCHDOG=1 and fd-store
  * entries (FDSTORE=1 / FDSTOREREMOVE=1 with FDNAME=), and LISTEN_FDS /

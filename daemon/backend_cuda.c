@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CUDA backend: device segments through the driver's virtual memory API.
  *
  * At start gshmd loads libcuda.so.1 (common/cudadrv.c, dlopen), enumerates

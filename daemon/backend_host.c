@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Host backend: one sealed memfd per segment.
  *
  * The memfd is sized with ftruncate and sealed against shrinking, growing

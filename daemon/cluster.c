@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd to gshmd over UCX: the UCP context and worker on the libuv loop,
  * peers and their endpoints, the authenticated hello, and serving
  * exported segments to peers (list, read grants, staging).  The reading

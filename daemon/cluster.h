@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd's cluster side: daemon to daemon over UCX (docs/CLUSTER.md).
  *
  * One UCP context and worker per gshmd, driven from the libuv loop through

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared by cluster.c (context, endpoints, peers, trust, serving) and
  * pull.c (the reading side of a pull). */
 #ifndef GSHMD_CLUSTER_INTERNAL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd configuration: defaults, INI files (inih), environment and
  * command-line flags, all through the option table in option_table.h. */
 #include "config.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Restart without losing a byte: gshmd parks in systemd's fd store, for
  * every segment, its memory fd (FDSTORE=1, FDNAME=seg-<id>) and a small
  * sealed memfd with its metadata (meta-<id>-<v>: a StateRecord), plus one

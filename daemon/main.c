@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd: the gshm daemon.  main() is a chain of setup steps with one
  * shutdown path that copes with any of them half done
  * (nvidia-persistenced's shape). */

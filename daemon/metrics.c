@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Prometheus text exposition (format 0.0.4) of gshmd's state and counters.
  * Names follow Prometheus practice: base units (bytes, seconds), _total
  * for counters. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Prometheus text exposition of gshmd's state (metrics.c), used by the
  * METRICS request (requests.c), the textfile timer (main.c) and the HTTP
  * endpoint's snapshot (metrics_http.c).  Loop thread only, but for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The gshmd option table: one row per configuration key.  It drives the INI
  * handler, value validation, --help, --print-config (conf/gshmd.conf) and
  * --dump-config, so a key added here appears everywhere at once.

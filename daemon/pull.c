@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The reading side of a pull: a read grant from the peer, a new local
  * segment owned by the requesting user, pipelined chunk reads whose bytes
  * are received straight into it, progress replies to the requester, and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd's registry: segments, leases and clients (docs/ARCHITECTURE.md
  * "Objects").
  *

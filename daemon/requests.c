@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd's request handlers: one per message type, each filling the reply
  * (and the fd to send with it) from the registry and the backends, and
  * the dispatcher that decodes a packet and sends the answer.  The socket

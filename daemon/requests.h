@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The seam between gshmd's connection I/O (server.c: sockets, queues,
  * accept, timers) and its request handlers (requests.c: one function per
  * message type, the list pager).  Internal to gshmd. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd's socket server: one libuv loop, uv_poll_t watchers on
  * SOCK_SEQPACKET sockets, sendmsg/recvmsg for fd passing (libuv's streams
  * cannot carry arbitrary fds on SEQPACKET). */

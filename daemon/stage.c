@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Staging through pinned host memory: buffers, copies on libuv's thread
  * pool, and the serving side of Stage requests (docs/CLUSTER.md "Device
  * memory"). */

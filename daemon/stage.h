@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Staging through pinned host memory (docs/CLUSTER.md "Device memory"):
  * the serving side copies chunks of a segment into host slots that the
  * reader gets, the reading side copies the slots it got into its device

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # README's test command: install dependencies, then build and run the whole
 # suite twice: a normal build, and an ASan/UBSan build of everything.
 # GPU tests (label gpu) report "skipped" where the GPUs are missing.

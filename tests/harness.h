@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Test harness: a real gshmd on a mkdtemp socket, readiness from its
  * READY=1 notification (never a sleep), and the service manager's part
  * (fd store, LISTEN_FDS) for restart tests.  No test framework inside, so

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm.h: the libgshm client API (v1).
  *
  * gshm shares GPU and host memory between the processes of one node by

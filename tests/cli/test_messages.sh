@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # What a new user reads: one version everywhere, gshmctl's messages and
 # exit codes, --json errors as a JSON object on stderr, one line (or one
 # JSON document) on every verb's success, share_weights.py --help without

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Two (and more) real gshmd on one machine, each with its own Unix socket
  * and cluster port on 127.0.0.1, through UCX's tcp transport (issue 13,
  * "Done when" 1): byte-exact pulls of 1 B, 4095 B, 64 MiB + 3 B and 1 GiB

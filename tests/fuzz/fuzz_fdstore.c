@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: restoring saved state after a restart
  * (gshmd_fdstore_restore: the StateRecord and StateTable decoders, the
  * journal's header and contents, then adoption of each segment's memory fd

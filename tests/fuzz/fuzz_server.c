@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: gshmd's real request path.  The daemon's server,
  * registry, host backend, metrics and fd store code run in this process
  * on a libuv loop, listening on an abstract Unix socket; each input is

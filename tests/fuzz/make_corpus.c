@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Writes the fuzz targets' seed corpus: make_corpus OUTDIR creates
  * OUTDIR/<target>/<name> for every target in tests/fuzz/CMakeLists.txt.
  * The output is checked in (tests/fuzz/corpus); rerun after a protocol

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # GPU tests of device segments (issue 3) and of their restart through the
 # fd store (issue 4), included by tests/gpu/CMakeLists.txt.  Plain C (the
 # GPU machine has no cmocka) against a real gshmd started by

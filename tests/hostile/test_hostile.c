@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Hostile clients (issue 5, "Done when" 2).  Each case attacks a real
  * gshmd on a temporary socket, then checks that it is unharmed:
  *

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # A new user's install (issue 16 items 1, 2): `cmake --install` of this
 # build into a scratch DESTDIR, then
 #   - the installed gshmctl and gshmd run without LD_LIBRARY_PATH (RUNPATH

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmctl as users run it: real gshmctl processes against a real gshmd.
  * Byte-exact read/write round trips, exit codes, and --json documents. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Restart without losing a byte (issue 4): the harness plays systemd's
  * part (NOTIFY_SOCKET with FDSTORE, LISTEN_FDS on the next start). */
 #include <errno.h>

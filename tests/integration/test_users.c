@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Permissions between real users (issue 5): processes switch to other uids
  * (setresuid/setgroups, as setpriv does; no /etc/passwd entries needed) and
  * run gshmctl against one gshmd.  Needs root; skipped otherwise. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Kill points (issue 5, "Done when" 3): a client SIGKILLed at any step of
  * connect / create / map / write / open / close / unlink leaves no lease,
  * no fd and no memory behind in gshmd.

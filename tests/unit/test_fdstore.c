@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Restore from systemd's fd store (daemon/fdstore.c) on its own: what the
  * names and fds handed back after a restart become, with the journal's
  * rules (tests/integration/test_restart.c runs the whole daemon).
