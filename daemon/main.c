@@ -83,7 +83,8 @@ static const char *cuda_missing(int e) {
  * limit is 1024, far below what 4096 connections and 65536 segments
  * need) and says once when even that cannot cover the configured
  * maximums: at the limit accept fails and gshmd serves nobody new.  Under
- * systemd that is a warning (and part of STATUS=).  Started by hand under
+ * systemd that is a warning (and part of STATUS=).  Started by hand (no
+ * INVOCATION_ID or NOTIFY_SOCKET from a service manager) under
  * a shell's limit below the unit's LimitNOFILE= it is expected (a test, a
  * try-out): said at debug level only, unless the unit's limit would not
  * suffice either. */
@@ -92,8 +93,10 @@ static void setup_fd_limit(struct daemon *d) {
    * or a cached export (cuda); plus the loop, the listener, logging,
    * sd_notify and the fd store's records in flight */
   uint64_t need = (uint64_t)d->cfg.max_connections + 2 * (uint64_t)d->cfg.max_segments + 64;
-  const char *invocation = getenv("INVOCATION_ID"); /* set by systemd for its services */
-  bool by_hand = !invocation || !*invocation;
+  /* systemd sets INVOCATION_ID for its services, NOTIFY_SOCKET for
+   * Type=notify ones (and whoever reads STATUS=) */
+  const char *invocation = getenv("INVOCATION_ID"), *notify = getenv("NOTIFY_SOCKET");
+  bool by_hand = !(invocation && *invocation) && !(notify && *notify);
   struct rlimit rl;
 
   if (getrlimit(RLIMIT_NOFILE, &rl) < 0)

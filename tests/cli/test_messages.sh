@@ -137,7 +137,7 @@ has out "usage: share_weights.py"
 # under systemd (INVOCATION_ID) the same shortfall is a warning
 fdlimit() { # fdlimit LOGLEVEL [ENV...]: gshmd's stderr in $dir/fd.log
   rm -f "$dir/fd.s"
-  (ulimit -n 1024 && exec env "${@:2}" "$gshmd" --backend host --socket "$dir/fd.s" \
+  (ulimit -n 1024 && exec env -u NOTIFY_SOCKET -u INVOCATION_ID "${@:2}" "$gshmd" --backend host --socket "$dir/fd.s" \
      --log-level "$1") 2>"$dir/fd.log" &
   local p=$!
   for _ in $(seq 200); do [ -S "$dir/fd.s" ] && break; sleep 0.05; done
