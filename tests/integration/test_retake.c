@@ -32,69 +32,16 @@
 #define UID_B 60012
 #define SIZE (1u << 20)
 
-/* A child process running as another uid, stepped by its parent through
- * two pipes (one byte per step). */
-struct kid {
-  pid_t pid;
-  int to_kid, from_kid; /* parent's ends */
-  int in, out;          /* kid's ends */
-};
-
 /* In a child: a failed check exits 1 with the line (no cmocka there). */
 #define CHECK(cond)                                                                      \
   do {                                                                                   \
     if (!(cond)) {                                                                       \
       fprintf(stderr, "%s:%d (uid %u): check failed: %s (%s)\n", __FILE__, __LINE__,     \
-              (unsigned)getuid(), #cond, gshm_last_error(NULL));                           \
+              (unsigned)getuid(), #cond, gshm_last_error(NULL));                         \
       _exit(1);                                                                          \
     }                                                                                    \
   } while (0)
 
-static void kid_step(int fd) {
-  char b = 1;
-  if (write(fd, &b, 1) != 1)
-    _exit(2);
-}
-
-/* Waits for the other side's step; false when it died or 60 s passed. */
-static bool kid_await(int fd) {
-  struct pollfd p = {.fd = fd, .events = POLLIN};
-  char b;
-  return poll(&p, 1, 60000) == 1 && read(fd, &b, 1) == 1;
-}
-
-static void kid_start(struct kid *k, uid_t uid, void (*body)(struct kid *, void *), void *arg) {
-  int a[2], b[2];
-
-  assert_int_equal(pipe(a), 0);
-  assert_int_equal(pipe(b), 0);
-  k->pid = fork();
-  assert_true(k->pid >= 0);
-  if (k->pid == 0) {
-    gid_t g = uid;
-    close(a[1]);
-    close(b[0]);
-    k->in = a[0];
-    k->out = b[1];
-    if (setgroups(1, &g) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid))
-      _exit(120);
-    body(k, arg);
-    _exit(0);
-  }
-  close(a[0]);
-  close(b[1]);
-  k->to_kid = a[1];
-  k->from_kid = b[0];
-}
-
-/* The child's exit code (0: every check held). */
-static int kid_wait(struct kid *k) {
-  int status;
-  close(k->to_kid);
-  close(k->from_kid);
-  assert_int_equal(waitpid(k->pid, &status, 0), k->pid);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 static const char *const daemon_args[] = {"--set", "daemon.socket_mode=0666", NULL};
 
@@ -136,7 +83,7 @@ static size_t leases_on(struct harness *h, uint64_t id) {
 
 /* ---- 1: an owner's read-write create lease on a 0444 segment ---- */
 
-static void owner_0444(struct kid *k, void *arg) {
+static void owner_0444(struct harness_kid *k, void *arg) {
   gshm_client_t *c;
   gshm_segment_t *s;
   gshm_segment_info_t info;
@@ -149,15 +96,15 @@ static void owner_0444(struct kid *k, void *arg) {
   memset(p, 0xab, SIZE);
   *id = gshm_segment_info(s)->id;
   CHECK(write(k->out, id, sizeof(*id)) == sizeof(*id));
-  CHECK(kid_await(k->in)); /* gshmd was SIGKILLed and restarted */
+  CHECK(harness_kid_await(k->in, 60000)); /* gshmd was SIGKILLed and restarted */
   CHECK(gshm_stat(s, &info) == 0); /* reconnects, re-takes */
   CHECK(info.leases == 1);
   CHECK(gshm_write(s, 0, "\xab", 1) == 0); /* still read-write */
   CHECK(gshm_unlink(c, "ro/own") == 0);
   CHECK(count_byte(p, SIZE, 0xab) == SIZE);
   CHECK(gshm_stat(s, &info) == 0 && info.unlinked && info.leases == 1);
-  kid_step(k->out);
-  CHECK(kid_await(k->in)); /* counted by gshmd after the unlink */
+  harness_kid_step(k->out);
+  CHECK(harness_kid_await(k->in, 60000)); /* counted by gshmd after the unlink */
   CHECK(count_byte(p, SIZE, 0xab) == SIZE);
   gshm_close(s);
   gshm_disconnect(c);
@@ -168,24 +115,24 @@ static void owner_0444(struct kid *k, void *arg) {
  * 1,048,576 bytes and gshmd counts its lease. */
 static void test_owner_keeps_rw_lease_on_0444(void **state) {
   struct harness *h = *state;
-  struct kid k;
+  struct harness_kid k;
   uint64_t id;
 
   need_root();
-  kid_start(&k, UID_OWNER, owner_0444, &id);
+  assert_int_equal(harness_kid_start(&k, UID_OWNER, UID_OWNER, owner_0444, &id), 0);
   assert_int_equal(read(k.from_kid, &id, sizeof(id)), (ssize_t)sizeof(id));
   assert_int_equal(harness_restart(h, SIGKILL, daemon_args), 0);
-  kid_step(k.to_kid);
-  assert_true(kid_await(k.from_kid));
+  harness_kid_step(k.to_kid);
+  assert_true(harness_kid_await(k.from_kid, 60000));
   assert_int_equal(leases_on(h, id), 1);
-  kid_step(k.to_kid);
-  assert_int_equal(kid_wait(&k), 0);
+  harness_kid_step(k.to_kid);
+  assert_int_equal(harness_kid_wait(&k), 0);
 }
 
 /* ---- 2: a reader whose access a chmod removed; the unlink lands before
  * it reconnects ---- */
 
-static void fill_and_close(struct kid *k, void *arg) {
+static void fill_and_close(struct harness_kid *k, void *arg) {
   const char *name = arg;
   gshm_client_t *c;
   gshm_segment_t *s;
@@ -196,18 +143,18 @@ static void fill_and_close(struct kid *k, void *arg) {
   harness_random(buf, SIZE, 26);
   CHECK(gshm_write(s, 0, buf, SIZE) == 0);
   CHECK(gshm_close(s) == 0); /* the segment stays; only the reader leases it */
-  kid_step(k->out);
-  CHECK(kid_await(k->in));
+  harness_kid_step(k->out);
+  CHECK(harness_kid_await(k->in, 60000));
   CHECK(gshm_chmod(c, name, 0600) == 0); /* the reader may not open it any more */
-  kid_step(k->out);
-  CHECK(kid_await(k->in)); /* gshmd restarted */
+  harness_kid_step(k->out);
+  CHECK(harness_kid_await(k->in, 60000)); /* gshmd restarted */
   CHECK(gshm_unlink(c, name) == 0); /* before the reader has reconnected */
-  kid_step(k->out);
+  harness_kid_step(k->out);
   gshm_disconnect(c);
   free(buf);
 }
 
-static void reader(struct kid *k, void *arg) {
+static void reader(struct harness_kid *k, void *arg) {
   const char *name = arg;
   gshm_client_t *c;
   gshm_segment_t *s;
@@ -218,12 +165,12 @@ static void reader(struct kid *k, void *arg) {
   CHECK(gshm_open(c, name, GSHM_ACCESS_READ, &s) == 0);
   CHECK(gshm_map(s, NULL, 0, (void **)&p) == 0);
   CHECK(memcmp(p, want, SIZE) == 0);
-  kid_step(k->out);
-  CHECK(kid_await(k->in)); /* chmod 0600, restart and unlink happened */
+  harness_kid_step(k->out);
+  CHECK(harness_kid_await(k->in, 60000)); /* chmod 0600, restart and unlink happened */
   CHECK(memcmp(p, want, SIZE) == 0);
   CHECK(gshm_read(s, SIZE - 1, &b, 1) == 0 && b == want[SIZE - 1]); /* re-takes */
-  kid_step(k->out);
-  CHECK(kid_await(k->in)); /* counted */
+  harness_kid_step(k->out);
+  CHECK(harness_kid_await(k->in, 60000)); /* counted */
   CHECK(memcmp(p, want, SIZE) == 0);
   gshm_close(s);
   gshm_disconnect(c);
@@ -232,36 +179,36 @@ static void reader(struct kid *k, void *arg) {
 
 static void test_reader_keeps_lease_after_chmod_and_unlink(void **state) {
   struct harness *h = *state;
-  struct kid w, r;
+  struct harness_kid w, r;
   gshm_client_t *root;
   gshm_segment_info_t info;
   uint64_t id;
 
   need_root();
-  kid_start(&w, UID_A, fill_and_close, "chm/x");
-  assert_true(kid_await(w.from_kid));
-  kid_start(&r, UID_B, reader, "chm/x");
-  assert_true(kid_await(r.from_kid)); /* mapped and checked */
+  assert_int_equal(harness_kid_start(&w, UID_A, UID_A, fill_and_close, "chm/x"), 0);
+  assert_true(harness_kid_await(w.from_kid, 60000));
+  assert_int_equal(harness_kid_start(&r, UID_B, UID_B, reader, "chm/x"), 0);
+  assert_true(harness_kid_await(r.from_kid, 60000)); /* mapped and checked */
   assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
   assert_int_equal(gshm_stat_name(root, "chm/x", &info), 0);
   id = info.id;
   gshm_disconnect(root);
-  kid_step(w.to_kid);
-  assert_true(kid_await(w.from_kid)); /* chmod 0600 */
+  harness_kid_step(w.to_kid);
+  assert_true(harness_kid_await(w.from_kid, 60000)); /* chmod 0600 */
   assert_int_equal(harness_restart(h, SIGKILL, daemon_args), 0);
-  kid_step(w.to_kid);
-  assert_true(kid_await(w.from_kid)); /* unlinked */
-  assert_int_equal(kid_wait(&w), 0);
-  kid_step(r.to_kid);
-  assert_true(kid_await(r.from_kid));
+  harness_kid_step(w.to_kid);
+  assert_true(harness_kid_await(w.from_kid, 60000)); /* unlinked */
+  assert_int_equal(harness_kid_wait(&w), 0);
+  harness_kid_step(r.to_kid);
+  assert_true(harness_kid_await(r.from_kid, 60000));
   assert_int_equal(leases_on(h, id), 1);
-  kid_step(r.to_kid);
-  assert_int_equal(kid_wait(&r), 0);
+  harness_kid_step(r.to_kid);
+  assert_int_equal(harness_kid_wait(&r), 0);
 }
 
 /* ---- 3: revoked while gshmd was down ---- */
 
-static void revoked_reader(struct kid *k, void *arg) {
+static void revoked_reader(struct harness_kid *k, void *arg) {
   const char *name = arg;
   gshm_client_t *c;
   gshm_segment_t *s;
@@ -272,8 +219,8 @@ static void revoked_reader(struct kid *k, void *arg) {
   CHECK(gshm_connect(NULL, "revoked", &c) == 0);
   CHECK(gshm_open(c, name, GSHM_ACCESS_READ, &s) == 0);
   CHECK(gshm_map(s, NULL, 0, &p) == 0);
-  kid_step(k->out);
-  CHECK(kid_await(k->in)); /* restarted, then revoked before we reconnect */
+  harness_kid_step(k->out);
+  CHECK(harness_kid_await(k->in, 60000)); /* restarted, then revoked before we reconnect */
   CHECK(gshm_read(s, 0, &b, 1) == -ESTALE);
   CHECK(gshm_map(s, NULL, 0, &p) == -ESTALE);
   CHECK(gshm_stat(s, &info) == -ESTALE);
@@ -283,7 +230,7 @@ static void revoked_reader(struct kid *k, void *arg) {
 
 static void test_revoked_while_down_fails_next_call(void **state) {
   struct harness *h = *state;
-  struct kid r;
+  struct harness_kid r;
   gshm_client_t *root;
   gshm_segment_t *s;
 
@@ -291,12 +238,12 @@ static void test_revoked_while_down_fails_next_call(void **state) {
   assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
   assert_int_equal(gshm_create(root, "rv/x", 4096, NULL, 0644, 0, &s), 0);
   assert_int_equal(gshm_close(s), 0);
-  kid_start(&r, UID_B, revoked_reader, "rv/x");
-  assert_true(kid_await(r.from_kid));
+  assert_int_equal(harness_kid_start(&r, UID_B, UID_B, revoked_reader, "rv/x"), 0);
+  assert_true(harness_kid_await(r.from_kid, 60000));
   assert_int_equal(harness_restart(h, SIGKILL, daemon_args), 0);
   assert_int_equal(gshm_revoke(root, "rv/x"), 0); /* root reconnects first */
-  kid_step(r.to_kid);
-  assert_int_equal(kid_wait(&r), 0);
+  harness_kid_step(r.to_kid);
+  assert_int_equal(harness_kid_wait(&r), 0);
   gshm_disconnect(root);
 }
 
@@ -361,7 +308,7 @@ static int raw_retake(int fd, const struct grant *g, int access, const uint8_t *
 
 /* Owner A: a 0000 segment whose create lease (read-write) carries a
  * token; only that token, for that access and uid, re-takes it. */
-static void token_owner(struct kid *k, void *arg) {
+static void token_owner(struct harness_kid *k, void *arg) {
   Gshm__CreateRequest m = GSHM__CREATE_REQUEST__INIT;
   struct grant g, other;
   Gshm__Reply *r;
@@ -407,7 +354,7 @@ static void token_owner(struct kid *k, void *arg) {
   CHECK(raw_retake(fd, &other, GSHM__ACCESS__ACCESS_READ_WRITE, g.token, 32) ==
         GSHM__STATUS__STATUS_STALE);
   CHECK(write(k->out, &g, sizeof(g)) == sizeof(g)); /* to the other uid */
-  CHECK(kid_await(k->in)); /* gshmd restarted: the key came back with it */
+  CHECK(harness_kid_await(k->in, 60000)); /* gshmd restarted: the key came back with it */
   close(fd);
   fd = raw_connect();
   gshm__reply__free_unpacked(raw_reply(fd), NULL);
@@ -416,7 +363,7 @@ static void token_owner(struct kid *k, void *arg) {
   close(fd);
 }
 
-static void token_thief(struct kid *k, void *arg) {
+static void token_thief(struct harness_kid *k, void *arg) {
   const struct grant *g = arg;
   int fd = raw_connect();
 
@@ -431,18 +378,18 @@ static void token_thief(struct kid *k, void *arg) {
 
 static void test_token_proves_one_grant_to_one_uid(void **state) {
   struct harness *h = *state;
-  struct kid a, b;
+  struct harness_kid a, b;
   struct grant g;
 
   need_root();
-  kid_start(&a, UID_A, token_owner, NULL);
+  assert_int_equal(harness_kid_start(&a, UID_A, UID_A, token_owner, NULL), 0);
   assert_int_equal(read(a.from_kid, &g, sizeof(g)), (ssize_t)sizeof(g));
-  kid_start(&b, UID_B, token_thief, &g);
-  assert_int_equal(kid_wait(&b), 0);
+  assert_int_equal(harness_kid_start(&b, UID_B, UID_B, token_thief, &g), 0);
+  assert_int_equal(harness_kid_wait(&b), 0);
   /* ...and the key survives a restart: A's token still re-takes. */
   assert_int_equal(harness_restart(h, SIGKILL, daemon_args), 0);
-  kid_step(a.to_kid);
-  assert_int_equal(kid_wait(&a), 0);
+  harness_kid_step(a.to_kid);
+  assert_int_equal(harness_kid_wait(&a), 0);
 }
 
 int main(void) {
