@@ -22,6 +22,7 @@
 #include "cluster.h"
 #include "config.h"
 #include "fdstore.h"
+#include "leasekey.h"
 #include "log.h"
 #include "metrics.h"
 #include "metrics_http.h"
@@ -49,6 +50,7 @@ struct daemon {
   char last_status[512];
   char fd_warning[160];    /* setup_fd_limit's finding, repeated in STATUS= */
   struct gshmd_fdstore fdstore;
+  struct gshmd_leasekey leasekey; /* lease tokens' key, kept in the fd store */
   struct gshmd_metrics_http *http;
   struct gshmd_cluster *cluster;
   bool signals_on, timers_on;
@@ -306,6 +308,8 @@ static void update_status(struct daemon *d) {
   char line[512], sz[32], behind[64] = "";
   unsigned owed = gshmd_fdstore_retry(&d->fdstore); /* the store's retry, once a second */
 
+  gshmd_leasekey_retry(&d->leasekey);
+
   if (owed)
     snprintf(behind, sizeof(behind), "; fd store behind: %u segments", owed);
   snprintf(line, sizeof(line), "STATUS=%u clients, %u segments, %s, %u leases%s%s%s",
@@ -348,9 +352,12 @@ static void on_metrics_timer(uv_timer_t *t) {
   }
 }
 
-/* Segments that were unlinked but leased when gshmd went down come back
- * unlinked with no lease; their clients re-take the leases on reconnect.
- * Whatever nobody re-took within the grace period is freed. */
+/* Segments come back from the fd store with no lease: their clients
+ * re-take the leases when they reconnect (on their next call), each with
+ * the token that proves its grant.  Until the grace period ends an
+ * unlinked one nobody has re-taken yet is kept for them; then it is freed
+ * (registry_reap_unlinked), its pages left to the mappings that may still
+ * hold them. */
 #define RESTART_GRACE_MS 30000
 
 static void on_reap_timer(uv_timer_t *t) {
@@ -371,6 +378,7 @@ static int setup_timers(struct daemon *d) {
   d->status_timer.data = d;
   uv_timer_start(&d->status_timer, on_status_timer, 1000, 1000);
   uv_unref((uv_handle_t *)&d->status_timer);
+  d->reg.restore_grace_over = !d->fdstore.restored;
   if (d->fdstore.restored) {
     uv_timer_init(&d->loop, &d->reap_timer);
     d->reap_timer.data = d;
@@ -460,7 +468,12 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
   gshmd_registry_init(&d->reg, &d->cfg);
   d->reg_ready = true;
   setup_fd_limit(d);
-  if (setup_backends(d) || gshmd_fdstore_setup(&d->fdstore, &d->reg) ||
+  if (setup_backends(d))
+    return -1;
+  /* The lease key first: its entry is not the fd store's to adopt. */
+  if (!gshmd_leasekey_setup(&d->leasekey, p->fds, p->names, p->n))
+    gshmd_leasekey_attach(&d->leasekey, &d->reg);
+  if (gshmd_fdstore_setup(&d->fdstore, &d->reg) ||
       gshmd_fdstore_restore(&d->fdstore, p->fds, p->names, p->n) ||
       setup_socket(d, p->fds, p->names, p->n))
     return -1;
@@ -506,6 +519,7 @@ static void shutdown_all(struct daemon *d) {
   gshmd_fdstore_shutdown(&d->fdstore);
   if (d->reg_ready)
     gshmd_registry_destroy(&d->reg);
+  gshmd_leasekey_destroy(&d->leasekey);
   if (d->reg.cuda)
     d->reg.cuda->ops->destroy(d->reg.cuda);
   if (d->reg.host)

@@ -129,6 +129,10 @@ static int grant_lease(struct req *q, struct gshmd_lease *l, bool legacy) {
   q->grant.segment = &q->info;
   q->grant.lease_id = l->id;
   q->grant.access = l->access;
+  if (l->has_token) { /* the lease outlives the reply: l->token stays valid */
+    q->grant.lease_token.data = l->token;
+    q->grant.lease_token.len = sizeof(l->token);
+  }
   q->reply->body_case = GSHM__REPLY__BODY_GRANT;
   q->reply->grant = &q->grant;
   return 0;
