@@ -31,9 +31,8 @@ struct gshmd_segment {
   uint32_t nleases;
   struct gshm_list leases;   /* gshmd_lease.seg_node */
   struct gshm_list node;     /* registry.segments, id order */
-  uint64_t meta_version;     /* fd store: version of its meta-<id>-<v> record */
-  bool parked;               /* fd store: its memory (seg-<id>) was stored */
-  bool owed;                 /* fd store: in its owed list */
+  uint32_t fs_bucket;        /* fd store: its bucket's number + 1; 0: none */
+  uint32_t fs_slot;          /* fd store: its place in that bucket */
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
   void *cluster_export;      /* daemon/cluster.c: its UCX registration, if served */
 };
