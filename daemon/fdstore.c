@@ -536,6 +536,22 @@ uint64_t gshmd_fdstore_names_bytes(uint64_t nbuckets) {
   return bytes + 3 * 24;
 }
 
+uint64_t gshmd_fdstore_max_fdnames(uint64_t max_segments, uint64_t max_name) {
+  return gshmd_fdstore_names_bytes(gshmd_fdstore_max_buckets(max_segments, max_name));
+}
+
+uint64_t gshmd_fdstore_max_restorable(uint64_t max_name) {
+  uint64_t lo = 0, hi = 1ull << 40; /* largest n with names within the limit */
+  while (lo < hi) {
+    uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (gshmd_fdstore_max_fdnames(mid, max_name) <= FDSTORE_FDNAMES_MAX)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg) {
   const char *ns = getenv("NOTIFY_SOCKET");
   uint64_t rec = RECORD_FIXED_MAX + 3 + reg->cfg->max_name + FDSTORE_RECORD_SLACK;
@@ -547,6 +563,15 @@ int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg) {
   fs->capacity = (uint32_t)((FDSTORE_BUCKET_BYTES - 64) / rec);
   if (fs->capacity > FDSTORE_BUCKET_FDS)
     fs->capacity = FDSTORE_BUCKET_FDS;
+  if (fs->enabled &&
+      gshmd_fdstore_max_fdnames(reg->cfg->max_segments, reg->cfg->max_name) > FDSTORE_FDNAMES_MAX) {
+    gshm_log_err("limits.max_segments %u cannot be restored after a restart: its fd store "
+                 "names would pass the %u bytes of LISTEN_FDNAMES that execve allows "
+                 "(MAX_ARG_STRLEN); at most %" PRIu64 " at limits.max_name %u",
+                 reg->cfg->max_segments, FDSTORE_FDNAMES_MAX,
+                 gshmd_fdstore_max_restorable(reg->cfg->max_name), reg->cfg->max_name);
+    return -E2BIG;
+  }
   reg->on_event_data = fs;
   reg->on_event = on_event;
   return 0;

@@ -59,7 +59,11 @@ struct gshmd_fdstore {
   uint32_t journal_nslots; /* buckets its size covers */
 };
 
-/* Hooks the registry (segment created/changed/freed, ids taken).  Returns 0. */
+/* Hooks the registry (segment created/changed/freed, ids taken).  Returns
+ * 0, or -E2BIG (logged) when, under a service manager, limits.max_segments
+ * is more than the store
+ * can hand back after a restart (gshmd_fdstore_max_restorable): gshmd
+ * then refuses to start. */
 int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg);
 
 /* Adopts what fds[0..n) (names from sd_listen_fds_with_names) hold of
@@ -94,6 +98,19 @@ uint64_t gshmd_fdstore_max_buckets(uint64_t max_segments, uint64_t max_name);
 /* Bytes of LISTEN_FDNAMES the store's names take at most with nbuckets
  * buckets (names joined by ':'), besides other names. */
 uint64_t gshmd_fdstore_names_bytes(uint64_t nbuckets);
+
+/* What LISTEN_FDNAMES may take of the fd store's names: MAX_ARG_STRLEN
+ * (131072, the most execve takes of one environment string) less
+ * "LISTEN_FDNAMES=", its NUL and 4096 bytes for names not ours (the
+ * listening socket's, other stored fds'). */
+#define FDSTORE_FDNAMES_MAX (131072u - 16u - 4096u)
+
+/* gshmd_fdstore_names_bytes at the most buckets max_segments can need. */
+uint64_t gshmd_fdstore_max_fdnames(uint64_t max_segments, uint64_t max_name);
+
+/* The largest limits.max_segments whose store can be handed back
+ * (gshmd_fdstore_max_fdnames within FDSTORE_FDNAMES_MAX). */
+uint64_t gshmd_fdstore_max_restorable(uint64_t max_name);
 
 /* Unhooks the registry; says so in the log when the store is behind (those
  * changes are lost or undone at the next start).  Closes the buckets'

@@ -153,8 +153,8 @@ static Gshm__StateRecord *read_state_record(int fd) {
 /* Restores one id from its sorted entries e[0..ne) (its memory, then its
  * records oldest first) and the journal view: the journal's record wins
  * when it stands for a newer version than the newest stored one. */
-static void restore_id(struct gshmd_fdstore *fs, int *fds, struct journal_view *jv,
-                       const struct entry *e, int ne) {
+static void restore_id(struct gshmd_fdstore *fs, int *fds, char **names,
+                       struct journal_view *jv, const struct entry *e, int ne) {
   int seg = -1, meta = -1;
   uint64_t id = e[0].id, stored_v;
   struct jrec *jr = journal_record(jv, id);
@@ -181,6 +181,7 @@ static void restore_id(struct gshmd_fdstore *fs, int *fds, struct journal_view *
   }
   if (gshmd__fdstore_adopt(fs, jr ? jr->rec : rec, seg >= 0 ? &fds[seg] : NULL) == 0) {
     fs->converted++;
+    gshmd__fdstore_retire(fs, names[seg]); /* (its fd is the backend's now) */
     if ((s = gshmd_registry_find_id(fs->reg, id)) && fs->enabled)
       gshmd__fdstore_place(fs, s, false);
   }
@@ -251,7 +252,7 @@ int gshmd__legacy_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
   for (int i = 0, j; i < ne; i = j) {
     for (j = i; j < ne && e[j].id == e[i].id; j++)
       ;
-    restore_id(fs, fds, &jv, e + i, j - i);
+    restore_id(fs, fds, names, &jv, e + i, j - i);
   }
   say_unused(fs, &jv);
   leftovers(fs, fds, names, n);
