@@ -351,12 +351,47 @@ static void child_exec(struct gshm_spawn *s, const char *const *argv, int nfds,
   _exit(127);
 }
 
+/* Waits up to timeout_ms for READY=1 from the child started last.
+ * Returns 0, -ECHILD (it exited first) or -ETIMEDOUT (it was killed). */
+static int wait_ready(struct gshm_spawn *s, int timeout_ms) {
+  int status;
+  int64_t deadline;
+
+  deadline = gshm__now_ns(CLOCK_MONOTONIC) + (int64_t)timeout_ms * 1000000;
+  for (;;) {
+    struct timespec ts;
+    bool ready;
+    pthread_mutex_lock(&s->lock);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 20 * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    if (!s->ready)
+      pthread_cond_timedwait(&s->changed, &s->lock, &ts);
+    ready = s->ready;
+    pthread_mutex_unlock(&s->lock);
+    if (ready)
+      return 0;
+    if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
+      s->pid = 0;
+      return -ECHILD;
+    }
+    if (gshm__now_ns(CLOCK_MONOTONIC) > deadline) {
+      /* Never leave a daemon behind that nobody will stop (it would keep
+       * a test runner's output pipe open until its timeout). */
+      gshm__spawn_stop(s, SIGKILL);
+      return -ETIMEDOUT;
+    }
+  }
+}
+
 int gshm__spawn_start(struct gshm_spawn *s, const char *gshmd_path, const char *const *extra_args,
                       bool socket_activation, int timeout_ms) {
   const char *argv[64];
   int argc = 0, e, nfds, status, *tmp = NULL, err_pipe[2];
   char *names = NULL;
-  int64_t deadline;
 
   if (socket_activation && (e = make_listener(s)))
     return e;
@@ -409,34 +444,7 @@ int gshm__spawn_start(struct gshm_spawn *s, const char *gshmd_path, const char *
     }
   }
 
-  deadline = gshm__now_ns(CLOCK_MONOTONIC) + (int64_t)timeout_ms * 1000000;
-  for (;;) {
-    struct timespec ts;
-    bool ready;
-    pthread_mutex_lock(&s->lock);
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 20 * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
-    }
-    if (!s->ready)
-      pthread_cond_timedwait(&s->changed, &s->lock, &ts);
-    ready = s->ready;
-    pthread_mutex_unlock(&s->lock);
-    if (ready)
-      return 0;
-    if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
-      s->pid = 0;
-      return -ECHILD;
-    }
-    if (gshm__now_ns(CLOCK_MONOTONIC) > deadline) {
-      /* Never leave a daemon behind that nobody will stop (it would keep
-       * a test runner's output pipe open until its timeout). */
-      gshm__spawn_stop(s, SIGKILL);
-      return -ETIMEDOUT;
-    }
-  }
+  return wait_ready(s, timeout_ms);
 }
 
 int gshm__spawn_stop(struct gshm_spawn *s, int sig) {

@@ -452,12 +452,75 @@ static void test_chmods_while_behind_cost_the_same(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
+/* 300 chmods of segments with long names (two buckets) while no datagram
+ * can be sent: the journal keeps both buckets' newest state, one bucket
+ * written per chmod; after a SIGKILL every mode is the new one. */
+static void test_journal_grows(void **state) {
+  enum { N = 300 };
+  struct harness h;
+  gshm_client_t *c, *fresh;
+  gshm_segment_info_t *list;
+  struct rlimit orig, none;
+  char name[256];
+  size_t n;
+  struct rlimit mine, more;
+
+  (void)state;
+  /* (room for the fds of 300 segments the test holds at once) */
+  assert_int_equal(getrlimit(RLIMIT_NOFILE, &mine), 0);
+  more = mine;
+  more.rlim_cur = mine.rlim_max < 4096 ? mine.rlim_max : 4096;
+  assert_int_equal(setrlimit(RLIMIT_NOFILE, &more), 0);
+  assert_int_equal(harness_start(&h, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "many", &c), 0);
+  for (int i = 0; i < N; i++) {
+    gshm_segment_t *s;
+    snprintf(name, sizeof(name), "grow/%0200d", i);
+    assert_int_equal(gshm_create(c, name, 4096, NULL, 0640, 0, &s), 0);
+    gshm_close(s);
+  }
+  gshm__spawn_poll(&h.sp, 200);
+  assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, NULL, &orig), 0);
+  none.rlim_cur = 0;
+  none.rlim_max = orig.rlim_max;
+  assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, &none, NULL), 0);
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "grow/%0200d", i);
+    assert_int_equal(gshm_chmod(c, name, 0600 | (unsigned)(i % 8) << 3), 0);
+  }
+  { /* (the same file systemd holds: it covers both buckets' copies) */
+    struct stat st = {0};
+    pthread_mutex_lock(&h.sp.lock);
+    for (int i = 0; i < h.sp.nfds; i++)
+      if (!strcmp(h.sp.names[i], "journal2"))
+        fstat(h.sp.fds[i], &st);
+    pthread_mutex_unlock(&h.sp.lock);
+    assert_true(st.st_size >= 4096 + 4 * (192 << 10));
+  }
+  assert_int_equal(count_prefix(&h, "b"), 4);
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "fresh", &fresh), 0);
+  assert_int_equal(gshm_list(fresh, &list, &n), 0);
+  assert_int_equal(n, N);
+  for (size_t i = 0; i < n; i++) {
+    snprintf(name, sizeof(name), "grow/%0200zu", i);
+    assert_string_equal(list[i].name, name);
+    assert_int_equal(list[i].mode, 0600 | (unsigned)(i % 8) << 3);
+  }
+  gshm_free(list);
+  gshm_disconnect(fresh);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&h), 0);
+  setrlimit(RLIMIT_NOFILE, &mine);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_upgrade_from_one_fd_per_segment),
       cmocka_unit_test(test_upgrade_from_running_old_sigkill),
       cmocka_unit_test(test_upgrade_from_running_old_sigterm),
       cmocka_unit_test(test_chmods_while_behind_cost_the_same),
+      cmocka_unit_test(test_journal_grows),
       cmocka_unit_test(test_restart_at_the_fd_limit),
   };
   atexit(harness_kill_leftover);
