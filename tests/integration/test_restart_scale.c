@@ -392,6 +392,18 @@ static void test_upgrade_from_running_old_sigterm(void **state) {
   upgrade_from_running_old(SIGTERM);
 }
 
+/* Creates n 4 KiB segments named prefix and i (zero-padded to width),
+ * with mode, and closes them. */
+static void create_many(gshm_client_t *c, int n, const char *prefix, int width, uint32_t mode) {
+  char name[256];
+  for (int i = 0; i < n; i++) {
+    gshm_segment_t *s;
+    snprintf(name, sizeof(name), "%s%0*d", prefix, width, i);
+    assert_int_equal(gshm_create(c, name, 4096, NULL, mode, 0, &s), 0);
+    gshm_close(s);
+  }
+}
+
 /* While the store is behind (gshmd without capabilities at RLIMIT_NOFILE
  * 0: every bucket datagram fails with ETOOMANYREFS), each request writes
  * one bucket into the journal: the 2000th chmod costs what the 100th did
@@ -410,12 +422,7 @@ static void test_chmods_while_behind_cost_the_same(void **state) {
   assert_int_equal(harness_start(&h, NULL), 0);
   harness_set_leftover(&h);
   assert_int_equal(gshm_connect(h.socket_path, "behind", &c), 0);
-  for (int i = 0; i < N; i++) {
-    gshm_segment_t *s;
-    snprintf(name, sizeof(name), "c/%d", i);
-    assert_int_equal(gshm_create(c, name, 4096, NULL, 0600, 0, &s), 0);
-    gshm_close(s);
-  }
+  create_many(c, N, "c/", 1, 0600);
   assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, NULL, &orig), 0);
   none.rlim_cur = 0;
   none.rlim_max = orig.rlim_max;
@@ -473,12 +480,7 @@ static void test_journal_grows(void **state) {
   assert_int_equal(setrlimit(RLIMIT_NOFILE, &more), 0);
   assert_int_equal(harness_start(&h, NULL), 0);
   assert_int_equal(gshm_connect(h.socket_path, "many", &c), 0);
-  for (int i = 0; i < N; i++) {
-    gshm_segment_t *s;
-    snprintf(name, sizeof(name), "grow/%0200d", i);
-    assert_int_equal(gshm_create(c, name, 4096, NULL, 0640, 0, &s), 0);
-    gshm_close(s);
-  }
+  create_many(c, N, "grow/", 200, 0640);
   gshm__spawn_poll(&h.sp, 200);
   assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, NULL, &orig), 0);
   none.rlim_cur = 0;
