@@ -94,6 +94,7 @@ static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg, bo
   if (!seg->unlinked)
     tdelete(seg, &r->by_name, cmp_name);
   tdelete(seg, &r->by_id, cmp_seg_id);
+  gshmd_seg_index_remove(&r->seg_index, seg->id);
   gshm_list_del(&seg->node);
   r->nsegments--;
   r->bytes -= size;
@@ -162,6 +163,7 @@ void gshmd_registry_destroy(struct gshmd_registry *r) {
   }
   tdestroy(r->by_name, noop_free);
   tdestroy(r->by_id, noop_free);
+  gshmd_seg_index_free(&r->seg_index);
   tdestroy(r->lease_by_id, noop_free);
   tdestroy(r->usage_root, usage_free_node);
   r->usage_root = NULL;
@@ -282,6 +284,10 @@ struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t 
   return slot ? *slot : NULL;
 }
 
+struct gshmd_segment *gshmd_registry_find_after(struct gshmd_registry *r, uint64_t after) {
+  return gshmd_seg_index_after(&r->seg_index, after);
+}
+
 struct gshmd_lease *gshmd_registry_find_lease(struct gshmd_registry *r, uint64_t lease_id) {
   struct gshmd_lease key = {.id = lease_id}, **slot;
   slot = tfind(&key, &r->lease_by_id, cmp_lease_id);
@@ -380,6 +386,8 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
     *msg_out = fmt_msg(r, "the daemon holds %u segments, its limit", r->nsegments);
     return -EMFILE;
   }
+  if (gshmd_seg_index_reserve(&r->seg_index))
+    return -ENOMEM;
   cuda = loc.kind != GSHM_LOCATION_HOST;
   b = cuda ? r->cuda : r->host;
   if (!b) {
@@ -451,6 +459,7 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
     return -ENOMEM;
   }
   gshm_list_add_tail(&r->segments, &seg->node);
+  gshmd_seg_index_add(&r->seg_index, seg, seg->id);
   r->nsegments++;
   r->bytes += mem->size;
   usage_charge(u, mem, +1);
@@ -592,7 +601,7 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
     return -EINVAL; /* ids and generations must stay increasing */
   if (gshmd_registry_find_id(r, rec->id) || (!rec->unlinked && gshmd_registry_find_name(r, rec->name)))
     return -EEXIST;
-  if (!(u = usage_get(r, rec->uid)))
+  if (gshmd_seg_index_reserve(&r->seg_index) || !(u = usage_get(r, rec->uid)))
     return -ENOMEM;
   if (!(seg = calloc(1, sizeof(*seg))) || !(seg->name = strdup(rec->name))) {
     free(seg);
@@ -631,6 +640,7 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
       pos = pos->prev;
     gshm_list_add_tail(pos->next, &seg->node);
   }
+  gshmd_seg_index_add(&r->seg_index, seg, seg->id);
   r->nsegments++;
   r->bytes += mem->size;
   usage_charge(u, mem, +1);

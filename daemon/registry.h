@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "list.h"
+#include "seg_index.h"
 
 struct gshmd_config;
 
@@ -36,9 +37,8 @@ struct gshmd_segment {
   uint32_t nleases;
   struct gshm_list leases;   /* gshmd_lease.seg_node */
   struct gshm_list node;     /* registry.segments, id order */
-  uint64_t meta_version;     /* fd store: version of its meta-<id>-<v> record */
-  bool parked;               /* fd store: its memory (seg-<id>) was stored */
-  bool owed;                 /* fd store: in its owed list */
+  uint32_t fs_bucket;        /* fd store: its bucket's number + 1; 0: none */
+  uint32_t fs_slot;          /* fd store: its place in that bucket */
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
   void *cluster_export;      /* daemon/cluster.c: its UCX registration, if served */
 };
@@ -100,6 +100,7 @@ struct gshmd_registry {
   void *by_id;                 /* tsearch root: every segment */
   void *lease_by_id;           /* tsearch root: every lease */
   struct gshm_list segments, clients, leases;
+  struct gshmd_seg_index seg_index; /* segments by id, with a lower bound */
   uint64_t next_segment_id, next_generation, next_lease_id, next_session_id;
   uint32_t nsegments, nclients, nleases;
   uint64_t bytes;              /* allocated by all segments */
@@ -198,6 +199,10 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
 struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name);
 struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t id);
 struct gshmd_lease *gshmd_registry_find_lease(struct gshmd_registry *r, uint64_t lease_id);
+/* The segment with the smallest id above `after` (any state), or NULL:
+ * where a listing resumes, also after its cursor's segment was freed.
+ * O(log n) amortized. */
+struct gshmd_segment *gshmd_registry_find_after(struct gshmd_registry *r, uint64_t after);
 
 /* Permission: may c open seg with access (GSHM__ACCESS__*)? */
 bool gshmd_registry_may_access(const struct gshmd_client *c, const struct gshmd_segment *seg,

@@ -263,18 +263,14 @@ static size_t embedded_size(size_t n) {
 
 /* First list node with id > after, walking from the id tree when possible. */
 static struct gshm_list *segments_after(struct gshmd_registry *r, uint64_t after) {
-  struct gshm_list *pos;
   struct gshmd_segment *seg;
 
   if (after == 0)
     return r->segments.next;
   if ((seg = gshmd_registry_find_id(r, after)))
     return seg->node.next;
-  gshm_list_foreach(pos, &r->segments) {
-    if (gshm_list_entry(pos, struct gshmd_segment, node)->id > after)
-      return pos;
-  }
-  return &r->segments;
+  /* the cursor's segment was freed: its successor by id, O(log n) */
+  return (seg = gshmd_registry_find_after(r, after)) ? &seg->node : &r->segments;
 }
 
 static unsigned list_limit(const Gshm__ListRequest *m) {
