@@ -218,7 +218,7 @@ static void test_tables(void **state) {
   free(text);
 }
 
-/* Issue 15 item 10: names that other users chose reach the table output
+/* Names that other users chose reach the table output
  * escaped: a C1 CSI (U+009B, and a raw 0x9B byte), a bidi override and
  * ESC never arrive raw at the terminal. */
 static void test_names_escaped(void **state) {
