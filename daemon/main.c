@@ -168,63 +168,81 @@ static int setup_socket(struct daemon *d, int *listen_fds, char **names, int nfd
     }
   }
 
-  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    e = -errno;
-    gshm_log_err("socket: %m");
-    return e;
-  }
-  if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-    /* A live daemon answers connect(); a stale file from a crash does not. */
-    int probe, live;
-    if (errno != EADDRINUSE)
-      goto bind_failed;
-    probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-    if (probe >= 0)
-      close(probe);
-    if (live) {
-      gshm_log_err("another gshmd is already listening on %s", path);
-      close(fd);
-      return -EADDRINUSE;
-    }
-    {
-      /* only a stale socket is removed, never another kind of file */
-      struct stat st;
-      if (lstat(path, &st) < 0 || !S_ISSOCK(st.st_mode)) {
+  /* A socket already there: a live daemon answers connect() (refuse to
+   * start); a stale one from a crash does not (replaced); never another
+   * kind of file. */
+  {
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+      int probe;
+      bool live;
+      if (!S_ISSOCK(st.st_mode)) {
         gshm_log_err("%s exists and is not a socket; not removing it", path);
-        close(fd);
         return -EEXIST;
       }
+      probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+      live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+      if (probe >= 0)
+        close(probe);
+      if (live) {
+        gshm_log_err("another gshmd is already listening on %s", path);
+        return -EADDRINUSE;
+      }
     }
-    unlink(path);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-      goto bind_failed;
+  }
+  /* The socket appears at its path with its mode and group in one step:
+   * bound (under a umask giving that mode) and set up under a temporary
+   * name next to it, then renamed over the stale one.  Clients
+   * reconnecting during a restart never find the path missing or refusing
+   * them (a non-root client got EACCES between bind and chmod, and took it
+   * for a real refusal).  A path too long for the temporary name is bound
+   * in place. */
+  {
+    char tmp[sizeof(sa.sun_path)];
+    int n = snprintf(tmp, sizeof(tmp), "%s.%d~", path, (int)getpid());
+    bool staged = n > 0 && (size_t)n < sizeof(tmp);
+    const char *bound = staged ? tmp : path;
+    struct sockaddr_un ta = {.sun_family = AF_UNIX};
+    mode_t old;
+    int r;
+
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+      e = -errno;
+      gshm_log_err("socket: %m");
+      return e;
+    }
+    strcpy(ta.sun_path, bound);
+    unlink(bound); /* a leftover temporary name, or the stale socket */
+    old = umask(0777 & ~d->cfg.socket_mode);
+    r = bind(fd, (struct sockaddr *)&ta, sizeof(ta));
+    umask(old);
+    if (r < 0) {
+      e = -errno;
+      gshm_log_err("bind %s: %m", bound);
+      close(fd);
+      return e;
+    }
+    if (chmod(bound, d->cfg.socket_mode) < 0)
+      gshm_log_warn("chmod %s %o: %m", bound, d->cfg.socket_mode);
+    if (d->cfg.socket_group && *d->cfg.socket_group) {
+      struct group *g = getgrnam(d->cfg.socket_group);
+      if (!g || chown(bound, (uid_t)-1, g->gr_gid) < 0)
+        gshm_log_warn("socket group '%s': %s", d->cfg.socket_group,
+                      g ? strerror(errno) : "no such group");
+    }
+    if (listen(fd, SOMAXCONN) < 0 || (staged && rename(tmp, path) < 0)) {
+      e = -errno;
+      gshm_log_err("%s %s: %m", staged ? "listen or rename" : "listen", bound);
+      unlink(bound);
+      close(fd);
+      return e;
+    }
   }
   d->socket_created = true;
-  if (chmod(path, d->cfg.socket_mode) < 0)
-    gshm_log_warn("chmod %s %o: %m", path, d->cfg.socket_mode);
-  if (d->cfg.socket_group && *d->cfg.socket_group) {
-    struct group *g = getgrnam(d->cfg.socket_group);
-    if (!g || chown(path, (uid_t)-1, g->gr_gid) < 0)
-      gshm_log_warn("socket group '%s': %s", d->cfg.socket_group,
-                    g ? strerror(errno) : "no such group");
-  }
-  if (listen(fd, SOMAXCONN) < 0) {
-    e = -errno;
-    gshm_log_err("listen %s: %m", path);
-    close(fd);
-    return e;
-  }
   d->listen_fd = fd;
   gshm_log_info("listening on %s", path);
   return 0;
-
-bind_failed:
-  e = -errno;
-  gshm_log_err("bind %s: %m", path);
-  close(fd);
-  return e;
 }
 
 /* Closes every handle of ours on the loop, once, so that uv_run returns:
