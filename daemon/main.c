@@ -173,18 +173,20 @@ static int socket_dir_make(const char *path) {
   return 0;
 }
 
-/* Binds fd to sa; a stale socket file left by a crash is replaced, a live
- * daemon's socket or another kind of file is not.  Returns 0 or a
- * negative errno (logged). */
-static int socket_bind(int fd, const struct sockaddr_un *sa, const char *path) {
+/* A socket already at path: a live daemon answers connect() (refuse to
+ * start); a stale one from a crash does not (replaced later); never
+ * another kind of file.  Returns 0 or a negative errno (logged). */
+static int socket_check_existing(const struct sockaddr_un *sa, const char *path) {
   struct stat st;
-  int probe, live, e;
+  int probe;
+  bool live;
 
-  if (bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0)
+  if (lstat(path, &st) < 0)
     return 0;
-  if (errno != EADDRINUSE)
-    goto bind_failed;
-  /* A live daemon answers connect(); a stale file from a crash does not. */
+  if (!S_ISSOCK(st.st_mode)) {
+    gshm_log_err("%s exists and is not a socket; not removing it", path);
+    return -EEXIST;
+  }
   probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   live = probe >= 0 && connect(probe, (const struct sockaddr *)sa, sizeof(*sa)) == 0;
   if (probe >= 0)
@@ -193,18 +195,63 @@ static int socket_bind(int fd, const struct sockaddr_un *sa, const char *path) {
     gshm_log_err("another gshmd is already listening on %s", path);
     return -EADDRINUSE;
   }
-  /* only a stale socket is removed, never another kind of file */
-  if (lstat(path, &st) < 0 || !S_ISSOCK(st.st_mode)) {
-    gshm_log_err("%s exists and is not a socket; not removing it", path);
-    return -EEXIST;
+  return 0;
+}
+
+/* Gives the bound socket at name the configured mode and group. */
+static void socket_set_owner(struct daemon *d, const char *name) {
+  if (chmod(name, d->cfg.socket_mode) < 0)
+    gshm_log_warn("chmod %s %o: %m", name, d->cfg.socket_mode);
+  if (d->cfg.socket_group && *d->cfg.socket_group) {
+    struct group *g = getgrnam(d->cfg.socket_group);
+    if (!g || chown(name, (uid_t)-1, g->gr_gid) < 0)
+      gshm_log_warn("socket group '%s': %s", d->cfg.socket_group,
+                    g ? strerror(errno) : "no such group");
   }
-  unlink(path);
-  if (bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0)
-    return 0;
-bind_failed:
-  e = -errno;
-  gshm_log_err("bind %s: %m", path);
-  return e;
+}
+
+/* The socket appears at its path with its mode and group in one step:
+ * bound (under a umask giving that mode) and set up under a temporary
+ * name next to it, then renamed over a stale one.  Clients reconnecting
+ * during a restart never find the path missing or refusing them (a
+ * non-root client got EACCES between bind and chmod, and took it for a
+ * real refusal).  A path too long for the temporary name is bound in
+ * place.  Returns the listening fd or a negative errno (logged). */
+static int socket_bind_listen(struct daemon *d, const char *path) {
+  char tmp[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  int n = snprintf(tmp, sizeof(tmp), "%s.%d~", path, (int)getpid());
+  bool staged = n > 0 && (size_t)n < sizeof(tmp);
+  const char *bound = staged ? tmp : path;
+  struct sockaddr_un ta = {.sun_family = AF_UNIX};
+  mode_t old;
+  int fd, r, e;
+
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    e = -errno;
+    gshm_log_err("socket: %m");
+    return e;
+  }
+  strcpy(ta.sun_path, bound);
+  unlink(bound); /* a leftover temporary name, or the stale socket */
+  old = umask(0777 & ~d->cfg.socket_mode);
+  r = bind(fd, (struct sockaddr *)&ta, sizeof(ta));
+  umask(old);
+  if (r < 0) {
+    e = -errno;
+    gshm_log_err("bind %s: %m", bound);
+    close(fd);
+    return e;
+  }
+  socket_set_owner(d, bound);
+  if (listen(fd, SOMAXCONN) < 0 || (staged && rename(tmp, path) < 0)) {
+    e = -errno;
+    gshm_log_err("%s %s: %m", staged ? "listen or rename" : "listen", bound);
+    unlink(bound);
+    close(fd);
+    return e;
+  }
+  return fd;
 }
 
 /* Binds the socket path unless systemd handed us a listening socket. */
@@ -227,33 +274,11 @@ static int setup_socket(struct daemon *d, int *listen_fds, char **names, int nfd
     return -ENAMETOOLONG;
   }
   strcpy(sa.sun_path, path);
-  if ((e = socket_dir_make(path)))
+  if ((e = socket_dir_make(path)) || (e = socket_check_existing(&sa, path)))
     return e;
-  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    e = -errno;
-    gshm_log_err("socket: %m");
-    return e;
-  }
-  if ((e = socket_bind(fd, &sa, path))) {
-    close(fd);
-    return e;
-  }
+  if ((fd = socket_bind_listen(d, path)) < 0)
+    return fd;
   d->socket_created = true;
-  if (chmod(path, d->cfg.socket_mode) < 0)
-    gshm_log_warn("chmod %s %o: %m", path, d->cfg.socket_mode);
-  if (d->cfg.socket_group && *d->cfg.socket_group) {
-    struct group *g = getgrnam(d->cfg.socket_group);
-    if (!g || chown(path, (uid_t)-1, g->gr_gid) < 0)
-      gshm_log_warn("socket group '%s': %s", d->cfg.socket_group,
-                    g ? strerror(errno) : "no such group");
-  }
-  if (listen(fd, SOMAXCONN) < 0) {
-    e = -errno;
-    gshm_log_err("listen %s: %m", path);
-    close(fd);
-    return e;
-  }
   d->listen_fd = fd;
   gshm_log_info("listening on %s", path);
   return 0;

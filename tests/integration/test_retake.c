@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* A lease is the same lease after a gshmd restart (SIGKILL, then the fd
- * store): same access, counted, its bytes intact, whatever chmod or unlink
- * happened meanwhile; a revoked one fails its holder's next call; a lease
- * token proves one grant to one uid and nothing else.  Clients run as
+ * store): same access, counted, its bytes intact, whatever chmod, chown or
+ * unlink happened meanwhile; a revoked one fails its holder's next call; a
+ * lease token proves one grant to one uid and nothing else.  Clients run as
  * other uids in forked children (setresuid, as test_users does), so this
  * needs root; skipped otherwise. */
 #include <errno.h>
@@ -206,7 +206,53 @@ static void test_reader_keeps_lease_after_chmod_and_unlink(void **state) {
   assert_int_equal(harness_kid_wait(&r), 0);
 }
 
-/* ---- 3: revoked while gshmd was down ---- */
+/* ---- 3: given away (chown) and unlinked by root while gshmd was down ---- */
+
+static void chowned_holder(struct harness_kid *k, void *arg) {
+  const char *name = arg;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  uint8_t *p, b = 0;
+
+  CHECK(gshm_connect(NULL, "chowned", &c) == 0);
+  CHECK(gshm_create(c, name, SIZE, NULL, 0600, 0, &s) == 0);
+  CHECK(gshm_map(s, NULL, 0, (void **)&p) == 0);
+  memset(p, 0x3c, SIZE);
+  harness_kid_step(k->out);
+  CHECK(harness_kid_await(k->in, 60000)); /* chown to B, restart, unlink */
+  CHECK(gshm_read(s, 1, &b, 1) == 0 && b == 0x3c); /* re-takes: no longer ours, 0600 */
+  CHECK(gshm_write(s, 0, "\x3c", 1) == 0);          /* and still read-write */
+  CHECK(count_byte(p, SIZE, 0x3c) == SIZE);
+  harness_kid_step(k->out);
+  CHECK(harness_kid_await(k->in, 60000)); /* counted */
+  CHECK(count_byte(p, SIZE, 0x3c) == SIZE);
+  gshm_close(s);
+  gshm_disconnect(c);
+}
+
+static void test_holder_keeps_lease_after_chown(void **state) {
+  struct harness *h = *state;
+  struct harness_kid k;
+  gshm_client_t *root;
+  gshm_segment_info_t info;
+
+  need_root();
+  assert_int_equal(harness_kid_start(&k, UID_A, UID_A, chowned_holder, "cho/x"), 0);
+  assert_true(harness_kid_await(k.from_kid, 60000));
+  assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
+  assert_int_equal(gshm_chown(root, "cho/x", UID_B, UID_B), 0);
+  assert_int_equal(gshm_stat_name(root, "cho/x", &info), 0);
+  assert_int_equal(harness_restart(h, SIGKILL, daemon_args), 0);
+  assert_int_equal(gshm_unlink(root, "cho/x"), 0); /* root reconnects first */
+  gshm_disconnect(root);
+  harness_kid_step(k.to_kid);
+  assert_true(harness_kid_await(k.from_kid, 60000));
+  assert_int_equal(leases_on(h, info.id), 1);
+  harness_kid_step(k.to_kid);
+  assert_int_equal(harness_kid_wait(&k), 0);
+}
+
+/* ---- 4: revoked while gshmd was down ---- */
 
 static void revoked_reader(struct harness_kid *k, void *arg) {
   const char *name = arg;
@@ -247,7 +293,7 @@ static void test_revoked_while_down_fails_next_call(void **state) {
   gshm_disconnect(root);
 }
 
-/* ---- 4: what a token proves (the raw protocol) ---- */
+/* ---- 5: what a token proves (the raw protocol) ---- */
 
 static int raw_connect(void) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -397,6 +443,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_owner_keeps_rw_lease_on_0444, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reader_keeps_lease_after_chmod_and_unlink, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_holder_keeps_lease_after_chown, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revoked_while_down_fails_next_call, setup, teardown),
       cmocka_unit_test_setup_teardown(test_token_proves_one_grant_to_one_uid, setup, teardown),
   };
