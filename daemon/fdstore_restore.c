@@ -233,10 +233,11 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
 }
 
 void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
-  if (fs->ndirty || fs->nremoves)
-    gshm_log_warn("fd store behind at the stop: %" PRIu32 " bucket(s) and %zu removal(s) not "
-                  "sent; the journal carries the buckets%s",
-                  fs->ndirty, fs->nremoves,
+  if (fs->ndirty || fs->nremoves || fs->nunplaced)
+    gshm_log_warn("fd store behind at the stop: %" PRIu32 " bucket(s), %" PRIu32
+                  " segment(s) never stored and %zu removal(s) not sent; the journal "
+                  "carries the buckets%s",
+                  fs->ndirty, fs->nunplaced, fs->nremoves,
                   fs->journal_fd >= 0 && fs->journal_stored && !fs->journal_failed
                       ? ""
                       : " (NOT: it could not be stored or written; they are lost)");
@@ -250,6 +251,11 @@ void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
       close(fs->buckets[i]->end[1]);
       free(fs->buckets[i]);
     }
+  for (uint32_t i = 0; i < fs->nunplaced; i++)
+    fs->unplaced[i]->fs_slot = 0;
+  free(fs->unplaced);
+  fs->unplaced = NULL;
+  fs->nunplaced = fs->unplaced_cap = 0;
   free(fs->buckets);
   free(fs->open);
   free(fs->dirty);
