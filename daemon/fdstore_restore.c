@@ -193,6 +193,8 @@ static bool start_journal(struct gshmd_fdstore *fs) {
 /* Takes this run's journal from the names handed back (the first usable
  * "journal2"; others are closed and removed). */
 static void find_journal(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
+  bool unusable = false;
+
   for (int i = 0; i < n; i++) {
     uint64_t id, v;
     if (fds[i] < 0 || gshmd__fdstore_parse_name(names[i], &id, &v) != K_JOURNAL2)
@@ -201,9 +203,14 @@ static void find_journal(struct gshmd_fdstore *fs, int *fds, char **names, int n
       fds[i] = -1;
       continue;
     }
-    close(fds[i]); /* (not removed by name: ours has the same one) */
+    unusable = true;
+    close(fds[i]);
     fds[i] = -1;
   }
+  /* (by name: only when none was kept, else ours would go too; and never
+   * owed: a late removal would take the new one stored after this) */
+  if (unusable && fs->journal_fd < 0 && fs->enabled)
+    sd_notify(0, "FDSTOREREMOVE=1\nFDNAME=" FDSTORE_JOURNAL_NAME);
 }
 
 int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
