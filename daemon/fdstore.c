@@ -82,6 +82,8 @@ void gshmd__fdstore_remove(struct gshmd_fdstore *fs, const char *name) {
   char msg[96], *copy;
   int r;
 
+  if (!fs->enabled) /* (no service manager: nothing to remove, nothing owed) */
+    return;
   snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
   r = sd_notify(0, msg);
   if (r > 0)
