@@ -29,9 +29,10 @@
 
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
 
-/* How many buckets the store is behind by, for STATUS= and the metrics. */
+/* How many buckets (and segments no bucket took) the store is behind by,
+ * for STATUS= and the metrics. */
 static uint32_t pending(const struct gshmd_fdstore *fs) {
-  return fs->ndirty + (uint32_t)fs->nremoves +
+  return fs->ndirty + fs->nunplaced + (uint32_t)fs->nremoves +
          (fs->journal_fd >= 0 && (!fs->journal_stored || fs->journal_failed));
 }
 
@@ -81,6 +82,8 @@ void gshmd__fdstore_remove(struct gshmd_fdstore *fs, const char *name) {
   char msg[96], *copy;
   int r;
 
+  if (!fs->enabled) /* (no service manager: nothing to remove, nothing owed) */
+    return;
   snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
   r = sd_notify(0, msg);
   if (r > 0)
@@ -360,10 +363,35 @@ static struct fdstore_bucket *bucket_add(struct gshmd_fdstore *fs) {
   return b;
 }
 
+/* Owes seg's placement (no bucket could take it). */
+static void owe_place(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+  if (seg->fs_slot) /* (owed already) */
+    return;
+  if (fs->nunplaced == fs->unplaced_cap) {
+    uint32_t cap = fs->unplaced_cap ? 2 * fs->unplaced_cap : 16;
+    struct gshmd_segment **n = realloc(fs->unplaced, cap * sizeof(*n));
+    if (!n)
+      return;
+    fs->unplaced = n;
+    fs->unplaced_cap = cap;
+  }
+  fs->unplaced[fs->nunplaced++] = seg;
+  seg->fs_slot = fs->nunplaced;
+}
+
+/* seg is no longer owed a placement (placed, or freed). */
+static void forget_place(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+  struct gshmd_segment *last = fs->unplaced[--fs->nunplaced];
+  fs->unplaced[seg->fs_slot - 1] = last;
+  last->fs_slot = seg->fs_slot;
+  seg->fs_slot = 0;
+}
+
 /* Puts seg in a bucket with room (a new one when none has) and writes
  * that bucket (or, !write, leaves it for gshmd__fdstore_settle: restore
  * places many).  Returns 0 or a negative errno: -ENOTSUP seg's memory has
- * no fd to store (legacy IPC), -ENOMEM/-EMFILE no bucket. */
+ * no fd to store (legacy IPC: never retried), -ENOMEM/-EMFILE no bucket
+ * (seg is owed: fs->unplaced). */
 int gshmd__fdstore_place(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bool write) {
   struct gshmd_backend *bk = seg->mem->backend;
   struct fdstore_bucket *b = NULL;
@@ -387,7 +415,8 @@ int gshmd__fdstore_place(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bo
   }
   if (!b && !(b = bucket_add(fs))) {
     e = errno ? -errno : -ENOMEM;
-    gshm_log_err("fd store: no bucket for segment %" PRIu64 ": %s", seg->id, strerror(-e));
+    gshmd__fdstore_count_failure(fs, "a new bucket", e);
+    owe_place(fs, seg); /* (placed by the resend) */
     return e;
   }
   seg->fs_bucket = b->index + 1;
@@ -464,12 +493,18 @@ static void unplace(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
  * nothing is dirty. */
 static void resend(struct gshmd_fdstore *fs) {
   resend_removes(fs);
+  while (fs->nunplaced) {
+    struct gshmd_segment *seg = fs->unplaced[fs->nunplaced - 1];
+    forget_place(fs, seg);
+    if (gshmd__fdstore_place(fs, seg, true) && seg->fs_slot)
+      break; /* owed again */
+  }
   while (fs->ndirty && !fs->nremoves) {
     struct fdstore_bucket *b = fs->buckets[fs->dirty[fs->ndirty - 1]];
     if (bucket_write(fs, b))
       break;
   }
-  if (!fs->ndirty && fs->nretire && !fs->nremoves) {
+  if (!fs->ndirty && !fs->nunplaced && fs->nretire && !fs->nremoves) {
     for (size_t i = 0; i < fs->nretire; i++) {
       gshmd__fdstore_remove(fs, fs->retire[i]);
       free(fs->retire[i]);
@@ -483,7 +518,7 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
 
   if (!fs || !fs->enabled)
     return;
-  if (fs->nremoves || fs->ndirty)
+  if (fs->nremoves || fs->ndirty || fs->nunplaced)
     resend(fs);
   switch (event) {
   case GSHMD_IDS_USED:
@@ -496,6 +531,8 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
   case GSHMD_SEGMENT_FREED:
     if (seg->fs_bucket)
       unplace(fs, seg);
+    else if (seg->fs_slot)
+      forget_place(fs, seg);
     break;
   default: /* unlinked, chmod, chown */
     if (seg->fs_bucket)

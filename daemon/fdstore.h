@@ -44,6 +44,11 @@ struct gshmd_fdstore {
   uint32_t capacity;       /* members per bucket (from limits.max_name) */
   uint32_t *open, nopen, open_cap;
   uint32_t *dirty, ndirty, dirty_cap;
+  /* Segments no bucket could take yet (no socket for a new one: EMFILE,
+   * ENOMEM); each knows its place here (fs_slot - 1).  Placed by the
+   * resend. */
+  struct gshmd_segment **unplaced;
+  uint32_t nunplaced, unplaced_cap;
   /* FDSTOREREMOVE names owed after a failed send; and names of an
    * earlier format (or a bucket that lost one end) removed once every
    * bucket is stored. */

@@ -193,6 +193,8 @@ static bool start_journal(struct gshmd_fdstore *fs) {
 /* Takes this run's journal from the names handed back (the first usable
  * "journal2"; others are closed and removed). */
 static void find_journal(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
+  bool unusable = false;
+
   for (int i = 0; i < n; i++) {
     uint64_t id, v;
     if (fds[i] < 0 || gshmd__fdstore_parse_name(names[i], &id, &v) != K_JOURNAL2)
@@ -201,9 +203,14 @@ static void find_journal(struct gshmd_fdstore *fs, int *fds, char **names, int n
       fds[i] = -1;
       continue;
     }
-    close(fds[i]); /* (not removed by name: ours has the same one) */
+    unusable = true;
+    close(fds[i]);
     fds[i] = -1;
   }
+  /* (by name: only when none was kept, else ours would go too; and never
+   * owed: a late removal would take the new one stored after this) */
+  if (unusable && fs->journal_fd < 0 && fs->enabled)
+    sd_notify(0, "FDSTOREREMOVE=1\nFDNAME=" FDSTORE_JOURNAL_NAME);
 }
 
 int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
@@ -233,10 +240,11 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
 }
 
 void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
-  if (fs->ndirty || fs->nremoves)
-    gshm_log_warn("fd store behind at the stop: %" PRIu32 " bucket(s) and %zu removal(s) not "
-                  "sent; the journal carries the buckets%s",
-                  fs->ndirty, fs->nremoves,
+  if (fs->ndirty || fs->nremoves || fs->nunplaced)
+    gshm_log_warn("fd store behind at the stop: %" PRIu32 " bucket(s), %" PRIu32
+                  " segment(s) never stored and %zu removal(s) not sent; the journal "
+                  "carries the buckets%s",
+                  fs->ndirty, fs->nunplaced, fs->nremoves,
                   fs->journal_fd >= 0 && fs->journal_stored && !fs->journal_failed
                       ? ""
                       : " (NOT: it could not be stored or written; they are lost)");
@@ -250,6 +258,11 @@ void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
       close(fs->buckets[i]->end[1]);
       free(fs->buckets[i]);
     }
+  for (uint32_t i = 0; i < fs->nunplaced; i++)
+    fs->unplaced[i]->fs_slot = 0;
+  free(fs->unplaced);
+  fs->unplaced = NULL;
+  fs->nunplaced = fs->unplaced_cap = 0;
   free(fs->buckets);
   free(fs->open);
   free(fs->dirty);

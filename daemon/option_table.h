@@ -76,9 +76,11 @@
     "or to revoke) when other users hold all the rest; at most a quarter of "  \
     "max_connections is kept.")                                                 \
   X(limits, max_segments, U32, max_segments, "65536", 1, 16777216, NULL,        \
-    "Most segments at once (all users). Every segment's fd is kept in "         \
-    "systemd's fd store, so FileDescriptorStoreMax= in gshmd.service must be "  \
-    "at least twice this plus 4 (memory and record per segment).")             \
+    "Most segments at once (all users). Every segment survives a restart in "  \
+    "systemd's fd store, in buckets of up to 253 (2 fds each); at most "        \
+    "2139504 at max_name 255, beyond which LISTEN_FDNAMES could not be handed " \
+    "back and gshmd refuses to start. RLIMIT_NOFILE must exceed it: the "       \
+    "buckets' fds count as in flight.")                                         \
   X(limits, max_fds_per_connection, U32, max_fds_per_connection, "0", 0, 253,   \
     NULL,                                                                       \
     "File descriptors a client may send in one packet; a client that sends "   \

@@ -630,6 +630,45 @@ static void test_sigkill_while_the_store_is_behind(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
+/* A segment created while no bucket can be made (gshmd one fd below what
+ * a socketpair needs: the memfd is made, the bucket's sockets are not) is
+ * owed and placed by the retry timer once fds are free: a SIGKILL after
+ * that brings it back with its bytes. */
+static void test_segment_without_a_bucket_is_placed_later(void **state) {
+  struct harness h;
+  gshm_client_t *c, *fresh;
+  gshm_segment_t *s;
+  struct rlimit orig, tight;
+  unsigned long long seed = (unsigned long long)time(NULL) ^ 0xb0c4e7ULL;
+
+  (void)state;
+  assert_int_equal(harness_start(&h, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "late", &c), 0);
+  assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, NULL, &orig), 0);
+  tight.rlim_cur = (rlim_t)harness_lowest_free_fd(h.sp.pid, 1); /* the memfd only */
+  tight.rlim_max = orig.rlim_max;
+  assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, &tight, NULL), 0);
+  s = create_filled(c, "late/x", 8192, seed);
+  gshm__spawn_poll(&h.sp, 100);
+  assert_int_equal(gshm__spawn_store_memory_fds(&h.sp), 0); /* no bucket yet */
+  assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, &orig, NULL), 0);
+  for (int i = 0; i < 50 && gshm__spawn_store_memory_fds(&h.sp) != 1; i++)
+    gshm__spawn_poll(&h.sp, 100); /* the retry timer (1 s) */
+  assert_int_equal(gshm__spawn_store_memory_fds(&h.sp), 1);
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "fresh", &fresh), 0);
+  {
+    gshm_segment_t *o;
+    assert_int_equal(gshm_open(fresh, "late/x", GSHM_ACCESS_READ, &o), 0);
+    check_bytes(o, 8192, seed);
+    gshm_close(o);
+  }
+  gshm_close(s);
+  gshm_disconnect(fresh);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_watchdog_and_status),
@@ -644,6 +683,7 @@ int main(void) {
       cmocka_unit_test(test_listing_never_ends_early),
       cmocka_unit_test(test_failed_store_sends_are_resent),
       cmocka_unit_test(test_sigkill_while_the_store_is_behind),
+      cmocka_unit_test(test_segment_without_a_bucket_is_placed_later),
   };
   /* The common default soft limit: restarts hand fds back at any limit
    * (the harness once moved them through fd 10000). */
