@@ -634,6 +634,8 @@ static void test_sigkill_while_the_store_is_behind(void **state) {
  * owed and placed by the retry timer once fds are free: a SIGKILL after
  * that brings it back with its bytes. */
 static void test_segment_without_a_bucket_is_placed_later(void **state) {
+  enum { PAD = 256 };
+  int pad[PAD];
   struct harness h;
   gshm_client_t *c, *fresh;
   gshm_segment_t *s;
@@ -643,6 +645,23 @@ static void test_segment_without_a_bucket_is_placed_later(void **state) {
   (void)state;
   assert_int_equal(harness_start(&h, NULL), 0);
   assert_int_equal(gshm_connect(h.socket_path, "late", &c), 0);
+  /* The create's reply carries an fd: without capabilities the kernel
+   * refuses it while gshmd's user has more fds in flight (every process
+   * of that uid, other tests' buckets included) than gshmd's limit.  Idle
+   * connections lift gshmd's lowest free fd, and so the limit, well above
+   * that. */
+  {
+    int base = harness_fd_count(h.sp.pid);
+    for (int i = 0; i < PAD; i++) {
+      struct sockaddr_un sa = {.sun_family = AF_UNIX};
+      snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", h.socket_path);
+      pad[i] = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+      assert_int_equal(connect(pad[i], (struct sockaddr *)&sa, sizeof(sa)), 0);
+    }
+    for (int i = 0; i < 100 && harness_fd_count(h.sp.pid) < base + PAD; i++)
+      gshm__spawn_poll(&h.sp, 10);
+    assert_true(harness_fd_count(h.sp.pid) >= base + PAD);
+  }
   assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, NULL, &orig), 0);
   tight.rlim_cur = (rlim_t)harness_lowest_free_fd(h.sp.pid, 1); /* the memfd only */
   tight.rlim_max = orig.rlim_max;
@@ -651,6 +670,8 @@ static void test_segment_without_a_bucket_is_placed_later(void **state) {
   gshm__spawn_poll(&h.sp, 100);
   assert_int_equal(gshm__spawn_store_memory_fds(&h.sp), 0); /* no bucket yet */
   assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, &orig, NULL), 0);
+  for (int i = 0; i < PAD; i++)
+    close(pad[i]);
   for (int i = 0; i < 50 && gshm__spawn_store_memory_fds(&h.sp) != 1; i++)
     gshm__spawn_poll(&h.sp, 100); /* the retry timer (1 s) */
   assert_int_equal(gshm__spawn_store_memory_fds(&h.sp), 1);
