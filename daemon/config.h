@@ -56,7 +56,7 @@ struct gshmd_config {
   uint32_t metrics_interval_sec;   /* default 15 */
   char *metrics_http_listen;       /* "" = off; loopback "ADDR:PORT" */
 
-  /* [cluster] (daemon/cluster.c, docs/CLUSTER.md) */
+  /* [cluster] (daemon/cluster/, docs/CLUSTER.md) */
   char *cluster_listen;            /* "" = off; "ADDRESS:PORT" */
   char *cluster_node_name;         /* "" = the host name */
   char *cluster_peers;             /* "NAME=ADDRESS:PORT ..." */

@@ -368,6 +368,12 @@ static int setup_timers(struct daemon *d) {
   return 0;
 }
 
+/* The cluster's answers to deferred requests go out through the server. */
+static int cluster_reply(void *arg, struct gshmd_client *c, uint16_t type, uint32_t request_id,
+                         const Gshm__Reply *reply) {
+  return gshmd_server_reply(arg, c, type, request_id, reply);
+}
+
 static int setup_signals(struct daemon *d) {
   signal(SIGPIPE, SIG_IGN);
   uv_signal_init(&d->loop, &d->sigterm);
@@ -434,7 +440,7 @@ int main(int argc, char **argv) {
     goto shutdown;
   d.srv_ready = true;
   d.listen_fd = -1; /* the server owns it now */
-  if (gshmd_cluster_start(&d.loop, &d.cfg, &d.reg, &d.srv, &d.cluster))
+  if (gshmd_cluster_start(&d.loop, &d.cfg, &d.reg, cluster_reply, &d.srv, &d.cluster))
     goto shutdown;
   d.srv.cluster = d.cluster;
   setup_signals(&d);
