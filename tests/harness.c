@@ -1,6 +1,7 @@
 #include "harness.h"
 
 #include <dirent.h>
+#include <grp.h>
 #include <stdbool.h>
 #include <errno.h>
 #include <limits.h>
@@ -231,4 +232,21 @@ int harness_cmocka_teardown(void **state) {
   free(h);
   *state = NULL;
   return status == 0 ? 0 : -1;
+}
+
+int harness_as_nobody(int (*fn)(const char *arg), const char *arg) {
+  int status;
+  pid_t pid = fork();
+
+  if (pid < 0)
+    return -1;
+  if (pid == 0) {
+    if (setgroups(0, NULL) < 0 || setresgid(HARNESS_NOBODY, HARNESS_NOBODY, HARNESS_NOBODY) < 0 ||
+        setresuid(HARNESS_NOBODY, HARNESS_NOBODY, HARNESS_NOBODY) < 0)
+      _exit(90);
+    _exit(fn(arg));
+  }
+  if (waitpid(pid, &status, 0) != pid)
+    return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
 }

@@ -15,6 +15,7 @@
 #include "internal.h"
 #include "log.h"
 #include "registry.h"
+#include "util.h"
 #include "wire.h"
 
 /* ---- the link layer's hooks ------------------------------------------- */
@@ -71,6 +72,23 @@ int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, Gshm__Reply *reply) {
   return 0;
 }
 
+/* Whether local client c may see and pull what peers export: admins and
+ * members of cluster.pull_group.  Returns 0 or -EACCES with *msg_out. */
+static int may_pull(const struct gshmd_cluster *cl, const struct gshmd_client *c,
+                    const char **msg_out) {
+  bool member = c->cred.admin || (cl->have_pull_gid && c->cred.gid == cl->pull_gid);
+
+  for (int i = 0; cl->have_pull_gid && i < c->cred.ngroups && !member; i++)
+    member = c->cred.groups[i] == cl->pull_gid;
+  if (member)
+    return 0;
+  *msg_out = cl->have_pull_gid ? "listing and pulling peers' segments needs membership in "
+                                 "cluster.pull_group"
+                               : "listing and pulling peers' segments is for admins "
+                                 "(cluster.pull_group is empty)";
+  return -EACCES;
+}
+
 /* One REMOTE_LIST in flight: the local client's request and ours to the peer. */
 struct remote_list {
   struct peer_req preq;
@@ -108,6 +126,14 @@ static void remote_list_done(struct peer_req *req, int err, const char *why,
     }
     for (size_t i = 0; i < n; i++) {
       const Gshm__Cluster__Segment *s = r->segments[i];
+      struct gshm_location loc;
+      /* what the peer says goes to a local client (and a terminal) */
+      if (gshm__name_check(s->name, 255) || gshm__location_parse(s->location, &loc)) {
+        err = -EPROTO;
+        why = "the peer listed a segment with a malformed name or location";
+        n = 0;
+        break;
+      }
       gshm__segment_info__init(&infos[i]);
       infos[i].id = s->id;
       infos[i].generation = s->generation;
@@ -120,10 +146,13 @@ static void remote_list_done(struct peer_req *req, int err, const char *why,
       infos[i].device_index = strcmp(s->location, "host") ? 0 : -1;
       ptrs[i] = &infos[i];
     }
+  }
+  if (!err) {
+    const Gshm__Cluster__ListReply *r = m->list_reply;
     list.n_segments = n;
     list.segments = ptrs;
     list.next = r->next;
-    if (!err && r->next == 0 && rl->req.after == 0)
+    if (r->next == 0 && rl->req.after == 0)
       req->peer->exported = (uint32_t)n;
     reply.body_case = GSHM__REPLY__BODY_SEGMENTS;
     reply.segments = &list;
@@ -146,11 +175,14 @@ int gshmd_cluster_handle_remote_list(struct gshmd_cluster *cl, struct gshmd_clie
                                      const char **msg_out) {
   struct remote_list *rl;
   struct peer *p;
+  int e;
 
   if (!cl) {
     *msg_out = "the cluster is off on this node (cluster.listen and cluster.peers are empty)";
     return -ENOTSUP;
   }
+  if ((e = may_pull(cl, c, msg_out)))
+    return e;
   if (!(p = gshmd__link_peer_find(&cl->ll, m->peer))) {
     *msg_out = "no such peer in cluster.peers";
     return -ENOENT;
@@ -176,21 +208,14 @@ int gshmd_cluster_handle_remote_list(struct gshmd_cluster *cl, struct gshmd_clie
 int gshmd_cluster_handle_pull(struct gshmd_cluster *cl, struct gshmd_client *c,
                               uint32_t request_id, const Gshm__PullRequest *m,
                               const char **msg_out) {
+  int e;
+
   if (!cl) {
     *msg_out = "the cluster is off on this node (cluster.listen and cluster.peers are empty)";
     return -ENOTSUP;
   }
-  if (!c->cred.admin) {
-    bool member = cl->have_pull_gid && c->cred.gid == cl->pull_gid;
-    for (int i = 0; cl->have_pull_gid && i < c->cred.ngroups && !member; i++)
-      member = c->cred.groups[i] == cl->pull_gid;
-    if (!member) {
-      *msg_out = cl->have_pull_gid ? "pulling from peers needs membership in cluster.pull_group"
-                                   : "pulling from peers is for admins (cluster.pull_group is "
-                                     "empty)";
-      return -EACCES;
-    }
-  }
+  if ((e = may_pull(cl, c, msg_out)))
+    return e;
   return gshmd__pull_start(cl, c, request_id, m, msg_out);
 }
 
@@ -322,7 +347,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
     cl->stage.pin = reg->cuda;
   reg->on_free = gshmd__serve_segment_free;
   reg->on_free_arg = cl;
-  gshm_log_info("cluster: node '%s': %u peer(s), %u export pattern(s)", cl->ll.node_name,
+  gshm_log_info("cluster: node '%s': %u peer(s), %u export rule(s)", cl->ll.node_name,
                 cl->ll.npeers, cl->nexport);
   *cl_out = cl;
   return 0;
@@ -349,8 +374,8 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl) {
   gshmd_stage_pool_drain(&cl->stage);
   gshmd__link_destroy(&cl->ll);
   for (unsigned i = 0; i < cl->nexport; i++)
-    free(cl->export_patterns[i]);
-  free(cl->export_patterns);
+    free(cl->exports[i].pattern);
+  free(cl->exports);
   free(cl->ll.peers);
   free(cl->peer_infos);
   free(cl->peer_ptrs);

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <netdb.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,24 +99,70 @@ static int parse_peers(struct links *ll, const char *spec) {
   return 0;
 }
 
+/* OWNER of an export rule: a user (name or uid), or "@" and a group
+ * (name or gid). */
+static int parse_owner(const char *who, struct export_rule *rule) {
+  bool group = who[0] == '@';
+  const char *name = who + group;
+  char *end;
+  unsigned long id;
+
+  if (!*name)
+    return -EINVAL;
+  errno = 0;
+  id = strtoul(name, &end, 10);
+  if (name[0] >= '0' && name[0] <= '9' && !*end && !errno && id < UINT32_MAX) {
+    rule->id = (uint32_t)id;
+  } else if (group) {
+    struct group *g = getgrnam(name);
+    if (!g)
+      return -ENOENT;
+    rule->id = g->gr_gid;
+  } else {
+    struct passwd *pw = getpwnam(name);
+    if (!pw)
+      return -ENOENT;
+    rule->id = pw->pw_uid;
+  }
+  rule->owner = group ? EXPORT_GROUP : EXPORT_USER;
+  return 0;
+}
+
+/* cluster.export: PATTERN or PATTERN:OWNER rules (docs/CLUSTER.md,
+ * "What peers may read"). */
 static int parse_exports(struct gshmd_cluster *cl, const char *spec) {
   char *copy = strdup(spec ? spec : ""), *save = NULL, *tok;
+  int e = 0;
 
   if (!copy)
     return -ENOMEM;
-  for (tok = strtok_r(copy, " \t,", &save); tok; tok = strtok_r(NULL, " \t,", &save)) {
-    char **n = realloc(cl->export_patterns, sizeof(*n) * (cl->nexport + 1));
-    if (!n || !(n[cl->nexport] = strdup(tok))) {
-      if (n)
-        cl->export_patterns = n;
-      free(copy);
-      return -ENOMEM;
+  for (tok = strtok_r(copy, " \t,", &save); tok && !e; tok = strtok_r(NULL, " \t,", &save)) {
+    struct export_rule *n, rule = {.owner = EXPORT_ADMINS};
+    char *colon = strchr(tok, ':');
+
+    if (colon) {
+      *colon = '\0';
+      if (!*tok || (e = parse_owner(colon + 1, &rule))) {
+        gshm_log_err("cluster.export '%s:%s': %s", tok, colon + 1,
+                     !*tok          ? "want PATTERN or PATTERN:OWNER"
+                     : e == -ENOENT ? "no such user or group"
+                                    : "want PATTERN:USER or PATTERN:@GROUP");
+        e = -EINVAL;
+        break;
+      }
     }
-    cl->export_patterns = n;
-    cl->nexport++;
+    if (!(n = realloc(cl->exports, sizeof(*n) * (cl->nexport + 1))) ||
+        !(rule.pattern = strdup(tok))) {
+      if (n)
+        cl->exports = n;
+      e = -ENOMEM;
+      break;
+    }
+    cl->exports = n;
+    cl->exports[cl->nexport++] = rule;
   }
   free(copy);
-  return 0;
+  return e;
 }
 
 /* The shared key: a file only gshmd's user may read; its bytes (blanks
@@ -214,3 +261,4 @@ int gshmd__cluster_conf(struct gshmd_cluster *cl) {
     return e;
   return 0;
 }
+

@@ -31,6 +31,19 @@ enum pull_failure {
   PULL_FAIL_N,
 };
 
+/* One rule of cluster.export: segments whose name matches pattern, of
+ * the owners it names, that their mode lets peers read
+ * (gshmd__serve_exported). */
+struct export_rule {
+  char *pattern;  /* fnmatch */
+  enum {
+    EXPORT_ADMINS,  /* PATTERN: owned by root or gshmd's user, mode o+r */
+    EXPORT_USER,    /* PATTERN:USER: owned by uid id, mode o+r */
+    EXPORT_GROUP,   /* PATTERN:@GROUP: of group id, mode g+r */
+  } owner;
+  uint32_t id;    /* uid or gid */
+};
+
 struct gshmd_cluster {
   struct links ll;
   struct stage_pool stage;
@@ -44,7 +57,7 @@ struct gshmd_cluster {
   struct gshm_list lists;    /* struct remote_list.node */
   bool have_pull_gid;
   gid_t pull_gid;
-  char **export_patterns;
+  struct export_rule *exports; /* cluster.export */
   unsigned nexport;
   /* metrics */
   uint64_t served_grants;
@@ -82,7 +95,8 @@ bool gshmd__hello_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__C
 
 /* ---- serve.c: what peers read from this node ---- */
 
-/* Whether peers may see seg (cluster.export, not unlinked). */
+/* Whether peers may see and read seg: not unlinked, and a rule of
+ * cluster.export allows its name, its owner and its mode. */
 bool gshmd__serve_exported(const struct gshmd_cluster *cl, const struct gshmd_segment *seg);
 /* Segments peers may see now. */
 unsigned gshmd__serve_count(struct gshmd_cluster *cl);

@@ -410,7 +410,7 @@ static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
 
   p->chunk_size = p->cl->cfg->cluster_pull_chunk;
   if (p->remote_staged) {
-    if (!g->slots || !g->slot_size || g->length < (uint64_t)g->slots * g->slot_size) {
+    if (!gshmd_stage_grant_ok(g->slots, g->slot_size, g->length)) {
       pull_fail(p, -EPROTO, "peer '%s' granted malformed staging slots", p->peer->name);
       return -EPROTO;
     }

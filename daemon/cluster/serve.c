@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -20,6 +21,8 @@
 #include "registry.h"
 
 #define MAX_STAGED_GRANTS 4 /* per link: each holds staging_bytes of pinned memory */
+#define LIST_PAGE_SEGMENTS 256 /* segments in one list answer at most */
+#define LIST_PAGE_BYTES 32768  /* and their encoding (GSHMD_CLUSTER_MAX_MSG bounds a message) */
 
 /* A served segment's registration: made at its first grant, kept until
  * the segment is freed (registry on_free), so that each segment is
@@ -43,11 +46,29 @@ struct serve_grant {
   struct gshm_list node; /* link->grants */
 };
 
+/* Whether rule x lets peers read seg.  A peer reads as "others" of this
+ * node, or as a member of the group the rule names: the rule says whose
+ * segments may leave the node (a user cannot export a segment by naming
+ * it under a pattern), the mode says that the owner lets them. */
+static bool rule_allows(const struct export_rule *x, const struct gshmd_segment *seg) {
+  if (fnmatch(x->pattern, seg->name, 0) != 0)
+    return false;
+  switch (x->owner) {
+  case EXPORT_ADMINS:
+    return (seg->uid == 0 || seg->uid == geteuid()) && (seg->mode & S_IROTH);
+  case EXPORT_USER:
+    return seg->uid == x->id && (seg->mode & S_IROTH);
+  case EXPORT_GROUP:
+    return seg->gid == x->id && (seg->mode & S_IRGRP);
+  }
+  return false;
+}
+
 bool gshmd__serve_exported(const struct gshmd_cluster *cl, const struct gshmd_segment *seg) {
   if (seg->unlinked)
     return false;
   for (unsigned i = 0; i < cl->nexport; i++)
-    if (fnmatch(cl->export_patterns[i], seg->name, 0) == 0)
+    if (rule_allows(&cl->exports[i], seg))
       return true;
   return false;
 }
@@ -90,7 +111,7 @@ static void serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRe
   Gshm__Cluster__Segment *segs;
   Gshm__Cluster__Segment **ptrs;
   struct gshm_list *pos;
-  size_t used = 0, n = 0, cap = 256;
+  size_t used = 0, n = 0, cap = LIST_PAGE_SEGMENTS;
 
   segs = calloc(cap, sizeof(*segs));
   ptrs = calloc(cap, sizeof(*ptrs));
@@ -105,9 +126,14 @@ static void serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRe
     size_t sz;
     if (seg->id <= req->after || !gshmd__serve_exported(cl, seg))
       continue;
+    /* a full page ends here, before segs[n] is written */
+    if (n == cap) {
+      r.next = segs[n - 1].id;
+      break;
+    }
     segment_to_wire(seg, &segs[n]);
     sz = gshm__cluster__segment__get_packed_size(&segs[n]) + 8;
-    if (n == cap || used + sz > 32768) {
+    if (used + sz > LIST_PAGE_BYTES) {
       r.next = n ? segs[n - 1].id : 0;
       break;
     }

@@ -16,6 +16,17 @@ struct gshmd_backend;
 
 #define STAGE_POOL_KEEP 4     /* staging buffers kept for the next pull */
 #define STAGE_MAX_SLOTS 256   /* slots per staging buffer */
+#define STAGE_MIN_SLOT_SIZE 4096ull      /* a slot is cluster.pull_chunk bytes: */
+#define STAGE_MAX_SLOT_SIZE (1ull << 30) /* the option table's bounds */
+
+/* Whether a peer's staged grant (slots of slot_size bytes within length
+ * bytes) is one a gshmd's staging could have made.  The puller sizes its
+ * slot table by slots: a peer's word alone must not (2^26 slots took
+ * 256 MiB). */
+static inline bool gshmd_stage_grant_ok(uint64_t slots, uint64_t slot_size, uint64_t length) {
+  return slots >= 1 && slots <= STAGE_MAX_SLOTS && slot_size >= STAGE_MIN_SLOT_SIZE &&
+         slot_size <= STAGE_MAX_SLOT_SIZE && slots * slot_size <= length;
+}
 
 /* Host slots registered with UCX: page-locked (the CUDA backend's
  * host_alloc) when there is one, else plain pages. */
