@@ -35,10 +35,20 @@ typedef int (*gshmd_cluster_reply_fn)(void *arg, struct gshmd_client *c, uint16_
  * the endpoints to the peers.  *cl_out is NULL when the cluster is off.
  * Replies to local requests go out through reply(reply_arg, ...).
  * Errors (logged): -EINVAL bad config (address, peers, secret file mode
- * or length), -EIO UCX failed, -ENOMEM. */
+ * or length), -EADDRINUSE cluster.listen is taken, -EIO UCX failed,
+ * -ENOMEM. */
 int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                         struct gshmd_registry *reg, gshmd_cluster_reply_fn reply,
                         void *reply_arg, struct gshmd_cluster **cl_out);
+
+/* --check-config: reads the [cluster] keys as gshmd_cluster_start does
+ * (listen and peers addresses, node names, export rules and their users
+ * and groups, the secret file's owner, mode and length, pull_group) and
+ * logs what is wrong, without starting anything.  Run it as gshmd's
+ * user: the secret file must be that user's.  Returns 0 (also when the
+ * cluster is off), -EINVAL (logged), -EIO libsodium does not initialise,
+ * or -ENOMEM. */
+int gshmd_cluster_check_config(const struct gshmd_config *cfg);
 
 /* Ends every pull (their partial segments are removed, their requesters
  * get an error), closes every endpoint and the listener, unregisters

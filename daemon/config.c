@@ -935,9 +935,14 @@ int gshmd_config_setup(struct gshmd_config *cfg, int argc, char **argv,
 
   if (dump)
     print_effective_config(stdout, cfg);
-  if (check)
-    printf("gshmd: configuration ok\n");
-  if (dump || check)
+  if (check) {
+    /* the caller checks what other layers read (the cluster's keys) and
+     * says "configuration ok" */
+    *action_out = GSHMD_CONFIG_CHECK;
+    r = 0;
+    goto out;
+  }
+  if (dump)
     goto exit_ok;
   *action_out = GSHMD_CONFIG_RUN;
   r = 0;

@@ -76,7 +76,9 @@ struct gshmd_config {
 /* What gshmd_config_setup() tells main to do next. */
 enum gshmd_config_action {
   GSHMD_CONFIG_RUN = 0,      /* start the daemon */
-  GSHMD_CONFIG_EXIT_OK,      /* --help, --version, --print-config, --check-config ok */
+  GSHMD_CONFIG_EXIT_OK,      /* --help, --version, --print-config, --dump-config */
+  GSHMD_CONFIG_CHECK,        /* --check-config: the options are valid; the caller checks
+                                the rest (gshmd_cluster_check_config), then exits */
 };
 
 /* Fills *cfg with the built-in defaults.  Returns 0 or -ENOMEM. */

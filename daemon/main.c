@@ -403,6 +403,15 @@ int main(int argc, char **argv) {
     gshmd_config_free(&d.cfg);
     return EXIT_SUCCESS;
   }
+  if (action == GSHMD_CONFIG_CHECK) {
+    /* what gshmd_cluster_start would refuse, refused the same way */
+    gshm__log_setup("gshmd", GSHM_LOG_ERR, 0);
+    e = gshmd_cluster_check_config(&d.cfg);
+    if (!e)
+      printf("gshmd: configuration ok\n");
+    gshmd_config_free(&d.cfg);
+    return e == -EINVAL ? 2 : e ? EXIT_FAILURE : EXIT_SUCCESS;
+  }
   setup_logging(&d);
 
   /* Everything systemd passed us: the listening socket and the fd store. */

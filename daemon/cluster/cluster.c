@@ -302,6 +302,28 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
 
 /* ---- start and stop --------------------------------------------------- */
 
+/* Whether the config turns the cluster on. */
+static bool cluster_on(const struct gshmd_config *cfg) {
+  return (cfg->cluster_listen && *cfg->cluster_listen) ||
+         (cfg->cluster_peers && *cfg->cluster_peers);
+}
+
+int gshmd_cluster_check_config(const struct gshmd_config *cfg) {
+  struct gshmd_cluster *cl;
+  int e;
+
+  if (!cluster_on(cfg))
+    return 0;
+  if (sodium_init() < 0)
+    return -EIO;
+  if (!(cl = calloc(1, sizeof(*cl))))
+    return -ENOMEM;
+  cl->cfg = cfg;
+  e = gshmd__cluster_conf(cl);
+  gshmd_cluster_destroy(cl);
+  return e;
+}
+
 int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                         struct gshmd_registry *reg, gshmd_cluster_reply_fn reply,
                         void *reply_arg, struct gshmd_cluster **cl_out) {
@@ -309,8 +331,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   int e;
 
   *cl_out = NULL;
-  if ((!cfg->cluster_listen || !*cfg->cluster_listen) &&
-      (!cfg->cluster_peers || !*cfg->cluster_peers))
+  if (!cluster_on(cfg))
     return 0;
   if (sodium_init() < 0) {
     gshm_log_err("cluster: libsodium does not initialise");
@@ -331,7 +352,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                                      .after_progress = after_progress, .arg = cl};
   cl->ll.hello_timeout_ns =
       (int64_t)(cfg->partial_timeout_ms ? cfg->partial_timeout_ms : 5000) * 1000000;
-  if ((e = gshmd__cluster_conf(cl)))
+  if ((e = gshmd__cluster_conf(cl)) || (e = gshmd__cluster_listen_check(&cl->ll)))
     goto fail;
   cl->peer_infos = calloc(cl->ll.npeers + 1, sizeof(*cl->peer_infos));
   cl->peer_ptrs = calloc(cl->ll.npeers + 1, sizeof(*cl->peer_ptrs));

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -79,6 +80,12 @@ static int parse_peers(struct links *ll, const char *spec) {
     memset(p, 0, sizeof(*p));
     snprintf(p->name, sizeof(p->name), "%.*s", (int)(eq - tok), tok);
     snprintf(p->address, sizeof(p->address), "%s", eq + 1);
+    if (!gshmd__cluster_name_ok(p->name)) {
+      gshm_log_err("cluster.peers: peer name '%s': 1 to 63 bytes, no blanks or control bytes",
+                   p->name);
+      free(copy);
+      return -EINVAL;
+    }
     if (gshmd__cluster_parse_address(p->address, &p->sa, &p->salen)) {
       gshm_log_err("cluster.peers: peer '%s': cannot resolve '%s' (want ADDRESS:PORT)", p->name,
                    p->address);
@@ -262,3 +269,24 @@ int gshmd__cluster_conf(struct gshmd_cluster *cl) {
   return 0;
 }
 
+int gshmd__cluster_listen_check(const struct links *ll) {
+  int fd, one = 1, e = 0;
+
+  if (!ll->listen || !*ll->listen)
+    return 0;
+  fd = socket(ll->listen_sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return 0; /* the listener's own setup says what is wrong */
+  /* SO_REUSEADDR as a listener sets it: a port in TIME_WAIT (a gshmd
+   * that just died) binds, a port something listens on does not */
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+      bind(fd, (const struct sockaddr *)&ll->listen_sa, ll->listen_salen) < 0 &&
+      errno == EADDRINUSE) {
+    gshm_log_err("cluster.listen %s: the port is in use (another gshmd, or another program, "
+                 "listens there)",
+                 ll->listen);
+    e = -EADDRINUSE;
+  }
+  close(fd);
+  return e;
+}

@@ -82,6 +82,10 @@ int gshmd__cluster_parse_address(const char *s, struct sockaddr_storage *sa, soc
  * key from cluster.secret_file; cluster.pull_group.  Errors (logged):
  * -EINVAL, -ENOMEM. */
 int gshmd__cluster_conf(struct gshmd_cluster *cl);
+/* At start: whether cluster.listen is free to listen on.  Returns 0 (also
+ * for errors the listener itself reports, such as an address this host
+ * does not have yet), or -EADDRINUSE (logged): something listens there. */
+int gshmd__cluster_listen_check(const struct links *ll);
 /* A node name: 1 to 63 bytes, no blanks or control bytes. */
 bool gshmd__cluster_name_ok(const char *s);
 
