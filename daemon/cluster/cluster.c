@@ -107,6 +107,7 @@ static void remote_list_done(struct peer_req *req, int err, const char *why,
   Gshm__Reply reply = GSHM__REPLY__INIT;
   Gshm__SegmentList list = GSHM__SEGMENT_LIST__INIT;
   Gshm__SegmentInfo *infos = NULL, **ptrs = NULL;
+  char msg[GSHMD_PEER_ERROR_LEN];
   size_t n = 0;
 
   gshm_list_del(&rl->node);
@@ -159,7 +160,7 @@ static void remote_list_done(struct peer_req *req, int err, const char *why,
   }
   if (err) {
     reply.status = gshm__errno_to_status(err);
-    reply.message = (char *)why;
+    reply.message = gshmd__peer_error(req, err, m, why, msg, sizeof(msg));
   } else {
     reply.status = GSHM__STATUS__STATUS_OK;
   }

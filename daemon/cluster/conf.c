@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The [cluster] keys: peers, export patterns, the shared key, the pull
- * group, this node's name and address. */
+/* The [cluster] keys: peers, export rules, the shared key, the pull
+ * group, this node's name and address; and how a peer is named in the
+ * errors local clients get. */
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -289,4 +290,18 @@ int gshmd__cluster_listen_check(const struct links *ll) {
   }
   close(fd);
   return e;
+}
+
+char *gshmd__peer_error(const struct peer_req *req, int err, const Gshm__Cluster__Msg *m,
+                        const char *why, char *buf, size_t size) {
+  const struct peer *p = req->peer;
+  bool unreachable = err == -ECONNREFUSED || err == -ECONNRESET || err == -ETIMEDOUT ||
+                     err == -ENOTCONN || err == -EHOSTUNREACH || err == -ENETUNREACH;
+
+  if (m) /* the peer answered: its own words */
+    snprintf(buf, size, "peer '%s': %s", p->name, why);
+  else
+    snprintf(buf, size, "peer '%s' (%s)%s: %s", p->name, p->address,
+             !unreachable ? "" : req->sent ? " lost" : " unreachable", why);
+  return buf;
 }

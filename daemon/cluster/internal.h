@@ -86,6 +86,15 @@ int gshmd__cluster_conf(struct gshmd_cluster *cl);
  * for errors the listener itself reports, such as an address this host
  * does not have yet), or -EADDRINUSE (logged): something listens there. */
 int gshmd__cluster_listen_check(const struct links *ll);
+#define GSHMD_PEER_ERROR_LEN 320
+/* The message for a local client whose request req to a peer failed
+ * with err: "peer 'NAME': WHY" when the peer answered m with an error,
+ * else "peer 'NAME' (ADDRESS): WHY", with "unreachable" (the link did not
+ * come up) or "lost" (the request was sent) before the colon when err
+ * says the connection failed.  Written into buf (size bytes, at least
+ * GSHMD_PEER_ERROR_LEN); returns buf. */
+char *gshmd__peer_error(const struct peer_req *req, int err, const Gshm__Cluster__Msg *m,
+                        const char *why, char *buf, size_t size);
 /* A node name: 1 to 63 bytes, no blanks or control bytes. */
 bool gshmd__cluster_name_ok(const char *s);
 

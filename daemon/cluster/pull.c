@@ -448,7 +448,8 @@ static void grant_done(struct peer_req *req, int err, const char *why,
   const Gshm__Cluster__Grant *g;
 
   if (err) {
-    pull_fail(p, err, "peer '%s': %s", p->peer->name, why);
+    char msg[GSHMD_PEER_ERROR_LEN];
+    pull_fail(p, err, "%s", gshmd__peer_error(req, err, m, why, msg, sizeof(msg)));
     return;
   }
   if (m->body_case != GSHM__CLUSTER__MSG__BODY_GRANT || !m->grant->segment) {

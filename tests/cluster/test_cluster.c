@@ -960,6 +960,24 @@ static void test_least_privilege(void **state) {
   assert_int_equal(harness_stop(&C.h), 0);
 }
 
+/* A peer that cannot be reached: the error names it, its address and
+ * what failed. */
+static void test_unreachable_peer(void **state) {
+  gshm_client_t *a = connect_to(&A);
+  gshm_segment_info_t *v = NULL;
+  size_t n = 0;
+  int e;
+  (void)state;
+
+  e = gshm_list_remote(a, "d", &v, &n); /* d=127.0.0.1:1: nothing listens */
+  assert_true(e == -ECONNREFUSED || e == -ECONNRESET || e == -ETIMEDOUT);
+  assert_non_null(strstr(gshm_last_error(a), "peer 'd' (127.0.0.1:1)"));
+  e = gshm_pull(a, "d", "pub/x", NULL, NULL);
+  assert_true(e == -ECONNREFUSED || e == -ECONNRESET || e == -ETIMEDOUT);
+  assert_non_null(strstr(gshm_last_error(a), "peer 'd' (127.0.0.1:1)"));
+  gshm_disconnect(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
@@ -976,6 +994,7 @@ int main(void) {
       cmocka_unit_test(test_gshmctl),
       cmocka_unit_test(test_list_many),
       cmocka_unit_test(test_least_privilege),
+      cmocka_unit_test(test_unreachable_peer),
   };
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
