@@ -12,6 +12,7 @@
 #ifndef GSHMD_CLUSTER_H
 #define GSHMD_CLUSTER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <uv.h>
@@ -61,9 +62,18 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl);
 
 /* ---- local requests (the daemon's request dispatch calls these) ---- */
 
-/* PEERS: fills reply->cluster_peers (storage in cl, valid until the next
- * call).  cl may be NULL (cluster off: an empty list).  Returns 0. */
-int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, Gshm__Reply *reply);
+#define GSHMD_PEERS_WAIT_MS 1000 /* PEERS waits this long at most for peers' counts */
+
+/* PEERS for client c: the peers, their state and their exported
+ * segments now.  When no peer is up (or cl is NULL: the cluster is off, an
+ * empty list) it fills reply->cluster_peers (storage in cl, valid until
+ * the next call) and sets *deferred_out false; otherwise it asks every up
+ * peer for its count and the reply goes later through the reply function
+ * to c with request_id (at most GSHMD_PEERS_WAIT_MS later: a peer that
+ * has not answered by then shows its last known count), *deferred_out
+ * true.  Returns 0, or -ENOMEM (nothing deferred). */
+int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
+                               uint32_t request_id, Gshm__Reply *reply, bool *deferred_out);
 
 /* REMOTE_LIST and PULL take the request: on 0 the reply (for PULL:
  * progress replies, then the result) comes later through the reply

@@ -283,7 +283,8 @@ typedef struct gshm_cluster_peer {
   char name[64];
   char address[136];               /* "ADDRESS:PORT" */
   char state[16];                  /* "up", "connecting" or "down" */
-  uint32_t exported;               /* segments it exports, as last seen */
+  uint32_t exported;               /* segments it exports: now for an up peer (the daemon
+                                      asks each, waiting 1 s at most), else as last seen */
   char message[160];               /* why it is down, if known */
 } gshm_cluster_peer_t;
 

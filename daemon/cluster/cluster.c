@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The cluster's front door: start and stop, the link layer's hooks
- * (which file above it gets what), the local requests PEERS,
- * REMOTE_LIST and PULL, and the metrics.  docs/CLUSTER.md states the
+ * (which file above it gets what), the local requests REMOTE_LIST and
+ * PULL (PEERS: peers.c), and the metrics.  docs/CLUSTER.md states the
  * protocol and the trust model. */
 #include "cluster.h"
 
@@ -40,37 +40,6 @@ static void on_idle(struct link *l) { gshmd__serve_link_idle(cluster_of(l->ll), 
 static void after_progress(void *arg) { gshmd__pull_reap(arg); }
 
 /* ---- local requests ---------------------------------------------------- */
-
-int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, Gshm__Reply *reply) {
-  static Gshm__ClusterPeerList empty;
-
-  if (!cl) {
-    gshm__cluster_peer_list__init(&empty);
-    reply->body_case = GSHM__REPLY__BODY_CLUSTER_PEERS;
-    reply->cluster_peers = &empty;
-    return 0;
-  }
-  gshm__cluster_peer_list__init(&cl->peer_list);
-  cl->peer_list.node_name = cl->ll.node_name;
-  cl->peer_list.listen = cl->cfg->cluster_listen ? cl->cfg->cluster_listen : "";
-  cl->peer_list.cuda_memory = cl->ll.cuda_memory;
-  for (unsigned i = 0; i < cl->ll.npeers; i++) {
-    struct peer *p = &cl->ll.peers[i];
-    Gshm__ClusterPeer *ci = &cl->peer_infos[i];
-    gshm__cluster_peer__init(ci);
-    ci->name = p->name;
-    ci->address = p->address;
-    ci->state = p->state == PEER_UP ? "up" : p->state == PEER_CONNECTING ? "connecting" : "down";
-    ci->exported = p->exported;
-    ci->message = p->why;
-    cl->peer_ptrs[i] = ci;
-  }
-  cl->peer_list.n_peers = cl->ll.npeers;
-  cl->peer_list.peers = cl->peer_ptrs;
-  reply->body_case = GSHM__REPLY__BODY_CLUSTER_PEERS;
-  reply->cluster_peers = &cl->peer_list;
-  return 0;
-}
 
 /* Whether local client c may see and pull what peers export: admins and
  * members of cluster.pull_group.  Returns 0 or -EACCES with *msg_out. */
@@ -153,8 +122,7 @@ static void remote_list_done(struct peer_req *req, int err, const char *why,
     list.n_segments = n;
     list.segments = ptrs;
     list.next = r->next;
-    if (r->next == 0 && rl->req.after == 0)
-      req->peer->exported = (uint32_t)n;
+    req->peer->exported = r->total;
     reply.body_case = GSHM__REPLY__BODY_SEGMENTS;
     reply.segments = &list;
   }
@@ -235,6 +203,7 @@ void gshmd_cluster_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c)
       }
     }
   }
+  gshmd__peers_client_gone(cl, c);
   gshmd__pull_client_gone(cl, c);
 }
 
@@ -347,6 +316,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   cl->reply_arg = reply_arg;
   gshm_list_init(&cl->pulls);
   gshm_list_init(&cl->lists);
+  gshm_list_init(&cl->peer_queries);
   cl->ll.loop = loop;
   cl->ll.hooks = (struct link_hooks){.on_connect = on_connect, .on_message = on_message,
                                      .on_lost = on_lost, .on_idle = on_idle,
@@ -383,6 +353,7 @@ void gshmd_cluster_stop(struct gshmd_cluster *cl) {
   if (!cl || cl->ll.stopping)
     return;
   cl->stage.stopping = true;
+  gshmd__peers_stop(cl);
   gshmd__pull_stop_all(cl);
   gshmd__link_stop(&cl->ll);
   gshmd__pull_reap(cl);

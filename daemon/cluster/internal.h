@@ -2,7 +2,8 @@
 /* What the files of daemon/cluster/ above the link layer share: the
  * cluster's state and each file's entry points.  Arrows point down:
  * cluster.c (front door) -> hello.c -> serve.c -> link.c, stage.c;
- * pull.c -> link.c, stage.c; conf.c stands alone.  The link layer calls
+ * cluster.c -> peers.c, pull.c -> link.c, stage.c; conf.c stands alone
+ * (pull.c and cluster.c word peers' errors with it).  The link layer calls
  * up only through struct link_hooks, which cluster.c fills. */
 #ifndef GSHMD_CLUSTER_INTERNAL_H
 #define GSHMD_CLUSTER_INTERNAL_H
@@ -55,6 +56,7 @@ struct gshmd_cluster {
   uint8_t key[crypto_auth_KEYBYTES];
   struct gshm_list pulls;    /* struct pull.node */
   struct gshm_list lists;    /* struct remote_list.node */
+  struct gshm_list peer_queries; /* struct peers_query.node (peers.c) */
   bool have_pull_gid;
   gid_t pull_gid;
   struct export_rule *exports; /* cluster.export */
@@ -125,6 +127,14 @@ void gshmd__serve_link_idle(struct gshmd_cluster *cl, struct link *l);
 void gshmd__serve_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg);
 /* Drops every registration (cluster stop). */
 void gshmd__serve_stop(struct gshmd_cluster *cl);
+
+/* ---- peers.c: the PEERS request ---- */
+
+/* Client c went away: its PEERS answers are dropped. */
+void gshmd__peers_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);
+/* Cluster stop: every PEERS query is answered now and its timer closed
+ * (freed in the loop turn that follows). */
+void gshmd__peers_stop(struct gshmd_cluster *cl);
 
 /* ---- pull.c: what this node reads from peers ---- */
 

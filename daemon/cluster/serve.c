@@ -143,6 +143,7 @@ static void serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRe
   }
   r.n_segments = n;
   r.segments = ptrs;
+  r.total = gshmd__serve_count(cl);
   m.request_id = rid;
   m.status = GSHM__STATUS__STATUS_OK;
   m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;

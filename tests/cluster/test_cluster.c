@@ -978,6 +978,47 @@ static void test_unreachable_peer(void **state) {
   gshm_disconnect(a);
 }
 
+/* What B's PEERS says A exports now. */
+static uint32_t exported_by_a(gshm_client_t *b) {
+  gshm_cluster_peer_t *v = NULL;
+  size_t n = 0;
+  uint32_t count = UINT32_MAX;
+
+  assert_int_equal(gshm_cluster_peers(b, NULL, &v, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(v[i].name, "a")) {
+      assert_string_equal(v[i].state, "up");
+      count = v[i].exported;
+    }
+  gshm_free(v);
+  assert_true(count != UINT32_MAX);
+  return count;
+}
+
+/* gshmctl peers shows what a peer exports now, not at its hello. */
+static void test_peers_count(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  uint32_t before;
+  char *out = NULL, want[64];
+  (void)state;
+
+  assert_int_equal(gshm_list_remote(b, "a", &(gshm_segment_info_t *){NULL}, &(size_t){0}), 0);
+  before = exported_by_a(b);
+  make_segment(a, "pub/count-1", 4096, 71);
+  make_segment(a, "pub/count-2", 4096, 72);
+  assert_int_equal(gshm_chmod(a, "pub/count-2", 0600), 0); /* not exported */
+  assert_int_equal(exported_by_a(b), before + 1);
+  assert_int_equal(harness_gshmctl(&B.h, &out, (const char *[]){"peers", NULL}), 0);
+  snprintf(want, sizeof(want), " %-10s %8u ", "up", before + 1); /* gshmctl's columns */
+  assert_non_null(strstr(out, want));
+  free(out);
+  assert_int_equal(gshm_unlink(a, "pub/count-1"), 0);
+  assert_int_equal(exported_by_a(b), before);
+  assert_int_equal(gshm_unlink(a, "pub/count-2"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
@@ -995,6 +1036,7 @@ int main(void) {
       cmocka_unit_test(test_list_many),
       cmocka_unit_test(test_least_privilege),
       cmocka_unit_test(test_unreachable_peer),
+      cmocka_unit_test(test_peers_count),
   };
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
