@@ -303,5 +303,12 @@ char *gshmd__peer_error(const struct peer_req *req, int err, const Gshm__Cluster
   else
     snprintf(buf, size, "peer '%s' (%s)%s: %s", p->name, p->address,
              !unreachable ? "" : req->sent ? " lost" : " unreachable", why);
+  gshmd__cluster_text_clean(buf);
   return buf;
+}
+
+void gshmd__cluster_text_clean(char *s) {
+  for (; *s; s++)
+    if ((unsigned char)*s < 0x20 || *s == 0x7f)
+      *s = '?';
 }

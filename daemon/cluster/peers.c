@@ -48,6 +48,7 @@ static void fill_peers(struct gshmd_cluster *cl, Gshm__Reply *reply) {
     ci->address = p->address;
     ci->state = p->state == PEER_UP ? "up" : p->state == PEER_CONNECTING ? "connecting" : "down";
     ci->exported = p->exported;
+    gshmd__cluster_text_clean(p->why); /* may hold a peer's refusal */
     ci->message = p->why;
     cl->peer_ptrs[i] = ci;
   }
