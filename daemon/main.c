@@ -385,6 +385,19 @@ static int setup_signals(struct daemon *d) {
   return 0;
 }
 
+/* --check-config, once the options are valid: what gshmd_cluster_start
+ * would refuse is refused the same way.  Returns main's exit status. */
+static int check_config(struct daemon *d) {
+  int e;
+
+  gshm__log_setup("gshmd", GSHM_LOG_ERR, 0);
+  e = gshmd_cluster_check_config(&d->cfg);
+  if (!e)
+    printf("gshmd: configuration ok\n");
+  gshmd_config_free(&d->cfg);
+  return e == -EINVAL ? 2 : e ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
 int main(int argc, char **argv) {
   static struct daemon d;
   enum gshmd_config_action action;
@@ -403,15 +416,8 @@ int main(int argc, char **argv) {
     gshmd_config_free(&d.cfg);
     return EXIT_SUCCESS;
   }
-  if (action == GSHMD_CONFIG_CHECK) {
-    /* what gshmd_cluster_start would refuse, refused the same way */
-    gshm__log_setup("gshmd", GSHM_LOG_ERR, 0);
-    e = gshmd_cluster_check_config(&d.cfg);
-    if (!e)
-      printf("gshmd: configuration ok\n");
-    gshmd_config_free(&d.cfg);
-    return e == -EINVAL ? 2 : e ? EXIT_FAILURE : EXIT_SUCCESS;
-  }
+  if (action == GSHMD_CONFIG_CHECK)
+    return check_config(&d);
   setup_logging(&d);
 
   /* Everything systemd passed us: the listening socket and the fd store. */
