@@ -64,6 +64,15 @@ static bool rule_allows(const struct export_rule *x, const struct gshmd_segment 
   return false;
 }
 
+/* Whether a rule's pattern matches seg's name (for the log: why a
+ * segment of that name is not exported). */
+static bool name_matches(const struct gshmd_cluster *cl, const struct gshmd_segment *seg) {
+  for (unsigned i = 0; i < cl->nexport; i++)
+    if (fnmatch(cl->exports[i].pattern, seg->name, 0) == 0)
+      return true;
+  return false;
+}
+
 bool gshmd__serve_exported(const struct gshmd_cluster *cl, const struct gshmd_segment *seg) {
   if (seg->unlinked)
     return false;
@@ -371,8 +380,11 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   if (!seg || !gshmd__serve_exported(cl, seg)) {
     snprintf(buf, sizeof(buf), "node '%s' exports no segment named '%.255s'", cl->ll.node_name,
              req->name);
-    gshm_log_notice("cluster: peer '%s' asked for '%.255s': not exported", l->peer->name,
-                    req->name);
+    gshm_log_notice("cluster: peer '%s' asked for '%.255s': not exported%s", l->peer->name,
+                    req->name, seg && name_matches(cl, seg)
+                                   ? " (its name matches cluster.export, its owner or mode "
+                                     "does not: see the rules in docs/CLUSTER.md)"
+                                   : "");
     gshmd__link_send_status(l, rid, -ENOENT, buf);
     return;
   }
