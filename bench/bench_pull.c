@@ -206,7 +206,7 @@ static int make_source(gshm_client_t *c, const struct opts *o, uint64_t size) {
   void *p;
   int e;
 
-  if ((e = gshm_create(c, "bench/src", size, o->location, 0600, 0, &seg)))
+  if ((e = gshm_create(c, "bench/src", size, o->location, 0644, 0, &seg)))
     return e;
   if ((e = gshm_map(seg, NULL, 0, &p))) {
     gshm_close(seg);

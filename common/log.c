@@ -19,9 +19,29 @@ void gshm__log_setup(const char *ident, int level, int prefix_priority) {
 
 int gshm__log_level(void) { return log_threshold; }
 
+/* Copies in to out (size bytes) with control bytes as \xNN: a name or a
+ * peer's text in a message ("x\n<0>...") never starts a line of its own,
+ * at a priority of its choosing. */
+static void escape_controls(const char *in, char *out, size_t size) {
+  static const char hex[] = "0123456789abcdef";
+  size_t o = 0;
+
+  for (const unsigned char *p = (const unsigned char *)in; *p && o + 5 <= size; p++) {
+    if (*p < 0x20 || *p == 0x7f) {
+      out[o++] = '\\';
+      out[o++] = 'x';
+      out[o++] = hex[*p >> 4];
+      out[o++] = hex[*p & 15];
+    } else {
+      out[o++] = (char)*p;
+    }
+  }
+  out[o] = '\0';
+}
+
 void gshm__log(int prio, const char *fmt, ...) {
   int saved = errno;
-  char line[1024];
+  char line[1024], text[4 * sizeof(line)];
   va_list ap;
   int n;
 
@@ -36,11 +56,12 @@ void gshm__log(int prio, const char *fmt, ...) {
   n = (int)strlen(line);
   while (n > 0 && line[n - 1] == '\n')
     line[--n] = '\0';
+  escape_controls(line, text, sizeof(text));
   /* One fprintf per line: stderr is unbuffered, so lines from several
    * threads do not interleave within a line. */
   if (log_prefix)
-    fprintf(stderr, "<%d>%s: %s\n", prio, log_ident, line);
+    fprintf(stderr, "<%d>%s: %s\n", prio, log_ident, text);
   else
-    fprintf(stderr, "%s: %s\n", log_ident, line);
+    fprintf(stderr, "%s: %s\n", log_ident, text);
   errno = saved;
 }

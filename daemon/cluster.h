@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* gshmd's cluster side: daemon to daemon over UCX (docs/CLUSTER.md).
+/* gshmd's cluster side: daemon to daemon over UCX (docs/CLUSTER.md); the
+ * code is in daemon/cluster/, one job per file (cluster/internal.h).
  *
  * One UCP context and worker per gshmd, driven from the libuv loop through
  * the worker's event fd (ucp_worker_get_efd + ucp_worker_arm): nothing
@@ -12,6 +13,7 @@
 #ifndef GSHMD_CLUSTER_H
 #define GSHMD_CLUSTER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <uv.h>
@@ -20,19 +22,35 @@
 
 struct gshmd_config;
 struct gshmd_registry;
-struct gshmd_server;
 struct gshmd_client;
 struct gshmd_cluster;
+
+/* How the cluster answers a local client's deferred request (REMOTE_LIST
+ * progress and result, PULL progress and result): the daemon's server
+ * sends reply to client c as message type with request_id.  Returns 0 or
+ * a negative errno (the cluster ignores it: the client went away). */
+typedef int (*gshmd_cluster_reply_fn)(void *arg, struct gshmd_client *c, uint16_t type,
+                                      uint32_t request_id, const Gshm__Reply *reply);
 
 /* Starts the cluster when the config asks for it: reads the secret file,
  * creates the UCP context and worker, the listener (cluster.listen) and
  * the endpoints to the peers.  *cl_out is NULL when the cluster is off.
- * Replies to local requests go out through srv.  Errors (logged): -EINVAL
- * bad config (address, peers, secret file mode or length), -EIO UCX
- * failed, -ENOMEM. */
+ * Replies to local requests go out through reply(reply_arg, ...).
+ * Errors (logged): -EINVAL bad config (address, peers, secret file mode
+ * or length), -EADDRINUSE cluster.listen is taken, -EIO UCX failed,
+ * -ENOMEM. */
 int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
-                        struct gshmd_registry *reg, struct gshmd_server *srv,
-                        struct gshmd_cluster **cl_out);
+                        struct gshmd_registry *reg, gshmd_cluster_reply_fn reply,
+                        void *reply_arg, struct gshmd_cluster **cl_out);
+
+/* --check-config: reads the [cluster] keys as gshmd_cluster_start does
+ * (listen and peers addresses, node names, export rules and their users
+ * and groups, the secret file's owner, mode and length, pull_group) and
+ * logs what is wrong, without starting anything.  Run it as gshmd's
+ * user: the secret file must be that user's.  Returns 0 (also when the
+ * cluster is off), -EINVAL (logged), -EIO libsodium does not initialise,
+ * or -ENOMEM. */
+int gshmd_cluster_check_config(const struct gshmd_config *cfg);
 
 /* Ends every pull (their partial segments are removed, their requesters
  * get an error), closes every endpoint and the listener, unregisters
@@ -45,13 +63,22 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl);
 
 /* ---- local requests (the daemon's request dispatch calls these) ---- */
 
-/* PEERS: fills reply->cluster_peers (storage in cl, valid until the next
- * call).  cl may be NULL (cluster off: an empty list).  Returns 0. */
-int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, Gshm__Reply *reply);
+#define GSHMD_PEERS_WAIT_MS 1000 /* PEERS waits this long at most for peers' counts */
+
+/* PEERS for client c: the peers, their state and their exported
+ * segments now.  When no peer is up (or cl is NULL: the cluster is off, an
+ * empty list) it fills reply->cluster_peers (storage in cl, valid until
+ * the next call) and sets *deferred_out false; otherwise it asks every up
+ * peer for its count and the reply goes later through the reply function
+ * to c with request_id (at most GSHMD_PEERS_WAIT_MS later: a peer that
+ * has not answered by then shows its last known count), *deferred_out
+ * true.  Returns 0, or -ENOMEM (nothing deferred). */
+int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
+                               uint32_t request_id, Gshm__Reply *reply, bool *deferred_out);
 
 /* REMOTE_LIST and PULL take the request: on 0 the reply (for PULL:
- * progress replies, then the result) comes later through
- * gshmd_server_reply to client c with request_id.  Errors, with
+ * progress replies, then the result) comes later through the reply
+ * function to client c with request_id.  Errors, with
  * *msg_out: -ENOTSUP cluster off, -ENOENT no such peer, -EACCES
  * (PULL) not in cluster.pull_group nor admin, -EINVAL bad argument,
  * -ENOMEM. */

@@ -567,6 +567,7 @@ int gshmd_config_setup(struct gshmd_config *cfg, int argc, char **argv,
                        enum gshmd_config_action *action_out) {
   struct cmdline cl = {0};
   int r = cmdline_parse(&cl, argc, argv);
+  bool check = false;
 
   if (r == 0 && !cl.answered)
     r = config_load_all(cfg, &cl);
@@ -575,15 +576,18 @@ int gshmd_config_setup(struct gshmd_config *cfg, int argc, char **argv,
   if (r == 0 && !cl.answered) {
     if (cl.dump)
       gshmd__config_print_effective(stdout, cfg);
-    if (cl.check)
-      printf("gshmd: configuration ok\n");
-    cl.answered = cl.dump || cl.check;
+    /* --check-config: the caller checks what other layers read (the
+     * cluster's keys) and says "configuration ok" */
+    check = cl.check;
+    cl.answered = cl.dump && !cl.check;
   }
   free(cl.overrides);
   if (r < 0)
     return r;
-  if (cl.answered)
+  if (cl.answered || check)
     fflush(stdout);
-  *action_out = cl.answered ? GSHMD_CONFIG_EXIT_OK : GSHMD_CONFIG_RUN;
+  *action_out = check         ? GSHMD_CONFIG_CHECK
+                : cl.answered ? GSHMD_CONFIG_EXIT_OK
+                              : GSHMD_CONFIG_RUN;
   return 0;
 }

@@ -57,7 +57,7 @@ struct gshmd_config {
   uint32_t metrics_interval_sec;   /* default 15 */
   char *metrics_http_listen;       /* "" = off; loopback "ADDR:PORT" */
 
-  /* [cluster] (daemon/cluster.c, docs/CLUSTER.md) */
+  /* [cluster] (daemon/cluster/, docs/CLUSTER.md) */
   char *cluster_listen;            /* "" = off; "ADDRESS:PORT" */
   char *cluster_node_name;         /* "" = the host name */
   char *cluster_peers;             /* "NAME=ADDRESS:PORT ..." */
@@ -77,7 +77,9 @@ struct gshmd_config {
 /* What gshmd_config_setup() tells main to do next. */
 enum gshmd_config_action {
   GSHMD_CONFIG_RUN = 0,      /* start the daemon */
-  GSHMD_CONFIG_EXIT_OK,      /* --help, --version, --print-config, --check-config ok */
+  GSHMD_CONFIG_EXIT_OK,      /* --help, --version, --print-config, --dump-config */
+  GSHMD_CONFIG_CHECK,        /* --check-config: the options are valid; the caller checks
+                                the rest (gshmd_cluster_check_config), then exits */
 };
 
 /* Fills *cfg with the built-in defaults.  Returns 0 or -ENOMEM. */

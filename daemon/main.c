@@ -433,6 +433,12 @@ static int setup_timers(struct daemon *d) {
   return 0;
 }
 
+/* The cluster's answers to deferred requests go out through the server. */
+static int cluster_reply(void *arg, struct gshmd_client *c, uint16_t type, uint32_t request_id,
+                         const Gshm__Reply *reply) {
+  return gshmd_server_reply(arg, c, type, request_id, reply);
+}
+
 static int setup_signals(struct daemon *d) {
   signal(SIGPIPE, SIG_IGN);
   uv_signal_init(&d->loop, &d->sigterm);
@@ -508,7 +514,7 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
     return -1;
   d->srv_ready = true;
   d->listen_fd = -1; /* the server owns it now */
-  if (gshmd_cluster_start(&d->loop, &d->cfg, &d->reg, &d->srv, &d->cluster))
+  if (gshmd_cluster_start(&d->loop, &d->cfg, &d->reg, cluster_reply, &d->srv, &d->cluster))
     return -1;
   d->srv.cluster = d->cluster;
   setup_signals(d);
@@ -553,6 +559,19 @@ static void shutdown_all(struct daemon *d) {
     uv_loop_close(&d->loop);
 }
 
+/* --check-config, once the options are valid: what gshmd_cluster_start
+ * would refuse is refused the same way.  Returns main's exit status. */
+static int check_config(struct daemon *d) {
+  int e;
+
+  gshm__log_setup("gshmd", GSHM_LOG_ERR, 0);
+  e = gshmd_cluster_check_config(&d->cfg);
+  if (!e)
+    printf("gshmd: configuration ok\n");
+  gshmd_config_free(&d->cfg);
+  return e == -EINVAL ? 2 : e ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
 int main(int argc, char **argv) {
   static struct daemon d;
   struct passed_fds passed = {0};
@@ -571,6 +590,8 @@ int main(int argc, char **argv) {
     gshmd_config_free(&d.cfg);
     return EXIT_SUCCESS;
   }
+  if (action == GSHMD_CONFIG_CHECK)
+    return check_config(&d);
   setup_logging(&d);
   passed_fds_get(&passed);
   if (setup_all(&d, &passed) == 0) {

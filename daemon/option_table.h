@@ -147,15 +147,18 @@
     "The peer nodes, NAME=ADDRESS:PORT separated by blanks or commas. Only "    \
     "these may connect, and only these can be pulled from.")                   \
   X(cluster, export, STR, cluster_export, "", 0, 4095, NULL,                    \
-    "Segment name patterns (fnmatch, blank-separated; '*' also matches '/') "   \
-    "that peers may list and read; empty exports nothing.")                     \
+    "What peers may list and read, rules separated by blanks: PATTERN "        \
+    "(fnmatch; '*' also matches '/') exports matching segments of root and "    \
+    "gshmd's user that others may read (mode o+r); PATTERN:USER those of "      \
+    "USER that others may read; PATTERN:@GROUP those of group GROUP that the "  \
+    "group may read (g+r). Empty exports nothing.")                             \
   X(cluster, secret_file, PATH, cluster_secret_file, "", 0, 4095, NULL,         \
     "File with the key every node of the cluster shares (at least 16 bytes; "   \
     "e.g. head -c 32 /dev/urandom | base64). It must be owned by gshmd's user " \
     "and readable by nobody else. Required when listen is set.")              \
   X(cluster, pull_group, STR, cluster_pull_group, "", 0, 255, NULL,             \
-    "Members of this group (and admins) may pull segments from peers; empty "   \
-    "means admins only.")                                                       \
+    "Members of this group (and admins) may list and pull peers' segments; "  \
+    "empty means admins only.")                                                 \
   X(cluster, pull_chunk, SIZE, cluster_pull_chunk, "8M", 4096, 1073741824,      \
     NULL, "Bytes per read request (and per staging slot) of a pull.")         \
   X(cluster, pull_depth, U32, cluster_pull_depth, "8", 1, 256, NULL,            \

@@ -40,7 +40,7 @@ struct gshmd_segment {
   uint32_t fs_bucket;        /* fd store: its bucket's number + 1; 0: none */
   uint32_t fs_slot;          /* fd store: its place in that bucket */
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
-  void *cluster_export;      /* daemon/cluster.c: its UCX registration, if served */
+  void *cluster_export;      /* daemon/cluster/serve.c: its UCX registration, if served */
 };
 
 /* Credentials of a connection, from SO_PEERCRED and SO_PEERGROUPS. */
@@ -122,7 +122,7 @@ struct gshmd_registry {
   /* The message of the last refused request (fmt_msg); valid until the
    * next registry call. */
   char msgbuf[512];
-  /* The cluster (daemon/cluster.c): called just before a segment's memory
+  /* The cluster (daemon/cluster/serve.c): called just before a segment's memory
    * is freed, to drop its UCX registration (seg->cluster_export). */
   void (*on_free)(struct gshmd_registry *r, struct gshmd_segment *seg);
   void *on_free_arg;

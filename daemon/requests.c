@@ -507,10 +507,14 @@ static int handle_map_report(struct req *q, Gshm__MapReport *m) {
   return 0;
 }
 
-/* Cluster requests: daemon/cluster.c answers them (REMOTE_LIST and PULL
+/* Cluster requests: daemon/cluster/ answers them (REMOTE_LIST and PULL
  * later, through gshmd_server_reply). */
 static int handle_peers(struct req *q) {
-  return gshmd_cluster_handle_peers(q->c->srv->cluster, q->reply);
+  bool deferred = false;
+  int e = gshmd_cluster_handle_peers(q->c->srv->cluster, q->c->client, q->request_id, q->reply,
+                                     &deferred);
+  q->deferred = deferred;
+  return e ? set_error(q, e, "out of memory") : 0;
 }
 
 static int handle_remote_list(struct req *q, Gshm__RemoteListRequest *m) {

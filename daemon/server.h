@@ -26,7 +26,7 @@ struct gshmd_server {
   uv_loop_t *loop;
   const struct gshmd_config *cfg;
   struct gshmd_registry *reg;
-  struct gshmd_cluster *cluster; /* NULL: cluster off (daemon/cluster.c) */
+  struct gshmd_cluster *cluster; /* NULL: cluster off (daemon/cluster/) */
   int listen_fd;
   uv_poll_t listen_poll;
   bool listening;

@@ -295,3 +295,20 @@ int harness_kid_wait(struct harness_kid *k) {
     return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
+
+int harness_as_nobody(int (*fn)(const char *arg), const char *arg) {
+  int status;
+  pid_t pid = fork();
+
+  if (pid < 0)
+    return -1;
+  if (pid == 0) {
+    if (setgroups(0, NULL) < 0 || setresgid(HARNESS_NOBODY, HARNESS_NOBODY, HARNESS_NOBODY) < 0 ||
+        setresuid(HARNESS_NOBODY, HARNESS_NOBODY, HARNESS_NOBODY) < 0)
+      _exit(90);
+    _exit(fn(arg));
+  }
+  if (waitpid(pid, &status, 0) != pid)
+    return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}

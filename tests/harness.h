@@ -77,6 +77,16 @@ int harness_cmocka_teardown(void **state);
 /* Resident set of a process in KiB (/proc/PID/status VmRSS), -1 on error. */
 long harness_rss_kib(pid_t pid);
 
+/* uid and gid of the unprivileged user tests run clients as (nobody). */
+#define HARNESS_NOBODY 65534
+
+/* In a forked child that becomes uid and gid HARNESS_NOBODY with no
+ * supplementary groups (the caller is root), runs fn(arg) and exits with
+ * its result.  Returns that exit status, 90 when the child could not
+ * change its ids, 100 + N when signal N killed it, -1 when fork or
+ * waitpid failed. */
+int harness_as_nobody(int (*fn)(const char *arg), const char *arg);
+
 /* Fills buf with bytes from a seeded xorshift stream (never all zero). */
 void harness_random(void *buf, size_t n, unsigned long long seed);
 

@@ -293,7 +293,8 @@ typedef struct gshm_cluster_peer {
   char name[64];
   char address[136];               /* "ADDRESS:PORT" */
   char state[16];                  /* "up", "connecting" or "down" */
-  uint32_t exported;               /* segments it exports, as last seen */
+  uint32_t exported;               /* segments it exports: now for an up peer (the daemon
+                                      asks each, waiting 1 s at most), else as last seen */
   char message[160];               /* why it is down, if known */
 } gshm_cluster_peer_t;
 
@@ -305,9 +306,12 @@ GSHM_EXTERN int gshm_cluster_peers(gshm_client_t *client, char *node_name_out,
 
 /* Lists the segments that peer exports, as gshm_list (id, generation,
  * name, sizes, location and created_ns are the peer's; uid, gid and mode
- * are 0).  Errors: -ENOENT no such peer, -ENOTSUP the daemon's cluster is
- * off, -ECONNRESET/-ECONNREFUSED/-ETIMEDOUT the peer cannot be reached,
- * -EACCES/-EPERM the peer refused this node (key, peers list). */
+ * are 0): the segments the peer's cluster.export rules let peers read.
+ * Errors: -ENOENT no such peer, -ENOTSUP the daemon's cluster is off,
+ * -EACCES the caller is neither an admin nor in cluster.pull_group, or the
+ * peer refused this node's key, -EPERM the peer refused this node (not in
+ * its peers), -ECONNRESET/-ECONNREFUSED/-ETIMEDOUT the peer cannot be
+ * reached, -EPROTO the peer listed a malformed name or location. */
 GSHM_EXTERN int gshm_list_remote(gshm_client_t *client, const char *peer,
                                  gshm_segment_info_t **infos_out, size_t *count_out);
 

@@ -48,7 +48,7 @@ def test_pull(pair):
     a, b = pair
     data = os.urandom(3 * 1024 * 1024 + 7)
     with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
-        with ca.create("pub/py", len(data), location="host") as seg:
+        with ca.create("pub/py", len(data), location="host", mode=0o644) as seg:
             memoryview(seg)[:len(data)] = data
         src = ca.stat("pub/py")
         assert [s.name for s in cb.remote_segments("a")] == ["pub/py"]

@@ -45,6 +45,9 @@ static char dir[] = "/tmp/gshm-cluster-XXXXXX";
 static char key_path[300], other_key_path[300];
 static char group[64];
 static struct node A, B;      /* A serves (exports pub/ *), B pulls */
+static struct node C;         /* pulls, with pull_group nogroup */
+#define NOBODY HARNESS_NOBODY
+#define A_EXPORTS "pub/* sq/*:nobody g/*:@nogroup"
 
 /* Every node started, so that a failed check leaves no gshmd behind. */
 static struct node *started[16];
@@ -98,6 +101,7 @@ static void node_start(struct node *n, const char *name, const char *peers, cons
   SET("--set=cluster.secret_file=%s", key);
   SET("--set=cluster.export=%s", exports);
   SET("--set=cluster.pull_group=%s", group);
+  SET("--set=daemon.socket_mode=0666"); /* nobody's clients (test_least_privilege) */
   va_start(ap, exports);
   while ((extra = va_arg(ap, const char *)) && k < 12)
     SET("--set=%s", extra);
@@ -122,7 +126,8 @@ static void make_segment(gshm_client_t *c, const char *name, uint64_t size,
                          unsigned long long seed) {
   gshm_segment_t *seg;
   void *p;
-  assert_int_equal(gshm_create(c, name, size, "host", 0600, 0, &seg), 0);
+  /* readable by others: what a plain export rule lets peers read */
+  assert_int_equal(gshm_create(c, name, size, "host", 0644, 0, &seg), 0);
   assert_int_equal(gshm_map(seg, NULL, 0, &p), 0);
   harness_random(p, size, seed);
   gshm_close(seg);
@@ -173,12 +178,13 @@ static int group_setup(void **state) {
   snprintf(group, sizeof(group), "%s", g->gr_name);
   A.port = free_port();
   B.port = free_port();
+  C.port = free_port();
   {
-    char pa[64], pb[96];
-    /* A knows b and d (d is started with the wrong key below) */
-    snprintf(pa, sizeof(pa), "b=127.0.0.1:%d,d=127.0.0.1:1", B.port);
+    char pa[96], pb[96];
+    /* A knows b, c and d (d is started with the wrong key below) */
+    snprintf(pa, sizeof(pa), "b=127.0.0.1:%d,d=127.0.0.1:1,c=127.0.0.1:%d", B.port, C.port);
     snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", A.port);
-    node_start(&A, "a", pa, key_path, "pub/*", NULL);
+    node_start(&A, "a", pa, key_path, A_EXPORTS, NULL);
     harness_set_leftover(&A.h);
     node_start(&B, "b", pb, key_path, "", NULL);
   }
@@ -801,6 +807,219 @@ static void test_random_packets(void **state) {
   gshm_disconnect(b);
 }
 
+/* One list request for more exported segments than one answer holds:
+ * the serving node pages them (it wrote past its array before). */
+static void test_list_many(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  gshm_segment_info_t *v = NULL, st;
+  size_t n = 0, many = 0;
+  char name[64];
+  (void)state;
+
+  for (int i = 0; i < 300; i++) {
+    gshm_segment_t *seg;
+    snprintf(name, sizeof(name), "pub/many/%03d", i);
+    assert_int_equal(gshm_create(a, name, 4096, "host", 0644, 0, &seg), 0);
+    gshm_close(seg);
+  }
+  assert_int_equal(gshm_list_remote(b, "a", &v, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    many += strncmp(v[i].name, "pub/many/", 9) == 0;
+  assert_int_equal(many, 300);
+  gshm_free(v);
+  assert_int_equal(gshm_stat_name(a, "pub/many/299", &st), 0); /* A is alive */
+  for (int i = 0; i < 300; i++) {
+    snprintf(name, sizeof(name), "pub/many/%03d", i);
+    assert_int_equal(gshm_unlink(a, name), 0);
+  }
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
+/* nobody's own segments on A: under pub/ (not allowed to nobody), under
+ * sq/ (allowed, one readable by others, one not). */
+static int nobody_creates(const char *socket_path) {
+  static const struct {
+    const char *name;
+    uint32_t mode;
+  } mine[] = {{"pub/squat", 0644}, {"sq/mine", 0644}, {"sq/private", 0600}};
+  gshm_client_t *c;
+  if (gshm_connect(socket_path, "nobody", &c))
+    return 1;
+  for (size_t i = 0; i < sizeof(mine) / sizeof(mine[0]); i++) {
+    gshm_segment_t *seg;
+    void *p;
+    if (gshm_create(c, mine[i].name, 4096, "host", mine[i].mode, 0, &seg) ||
+        gshm_map(seg, NULL, 0, &p))
+      return 2;
+    memset(p, 0x5a, 4096);
+    gshm_close(seg);
+  }
+  gshm_disconnect(c);
+  return 0;
+}
+
+/* nobody on C (a member of C's pull_group): sees exactly what A's rules
+ * let peers read, pulls what is listed and nothing else. */
+static int nobody_pulls(const char *socket_path) {
+  static const char *const listed[] = {"pub/root-public", "g/shared", "sq/mine"}; /* id order */
+  static const char *const hidden[] = {"pub/root-private", "pub/squat", "sq/private",
+                                       "g/closed", "g/other"};
+  gshm_segment_info_t *v = NULL;
+  gshm_client_t *c;
+  size_t n = 0;
+  int rc = 0;
+
+  if (gshm_connect(socket_path, "nobody", &c))
+    return 1;
+  if (gshm_list_remote(c, "a", &v, &n))
+    return 2;
+  if (n != 3)
+    rc = 3;
+  for (size_t i = 0; i < n && !rc; i++)
+    if (strcmp(v[i].name, listed[i]))
+      rc = 4;
+  gshm_free(v);
+  for (size_t i = 0; i < 5 && !rc; i++)
+    if (gshm_pull(c, "a", hidden[i], NULL, NULL) != -ENOENT)
+      rc = 10 + (int)i;
+  for (size_t i = 0; i < 3 && !rc; i++) {
+    gshm_pull_opts_t po = {.local_name = "got"};
+    if (gshm_pull(c, "a", listed[i], &po, NULL) || gshm_unlink(c, "got"))
+      rc = 20 + (int)i;
+  }
+  gshm_disconnect(c);
+  return rc;
+}
+
+/* nobody on B (not in B's pull_group): may not list peers, as it may not
+ * pull. */
+static int nobody_lists(const char *socket_path) {
+  gshm_segment_info_t *v = NULL;
+  gshm_client_t *c;
+  size_t n = 0;
+  int rc = 0;
+
+  if ((rc = gshm_connect(socket_path, "nobody", &c))) {
+    fprintf(stderr, "nobody cannot connect to %s: %s\n", socket_path, gshm_strerror(rc));
+    return 1;
+  }
+  if (gshm_list_remote(c, "a", &v, &n) != -EACCES)
+    rc = 2;
+  else if (!strstr(gshm_last_error(c), "pull_group"))
+    rc = 3;
+  else if (gshm_pull(c, "a", "pub/root-public", NULL, NULL) != -EACCES)
+    rc = 4;
+  gshm_free(v);
+  gshm_disconnect(c);
+  return rc;
+}
+
+/* Least privilege: peers read what a rule of cluster.export allows by
+ * name, owner and mode, and only pull_group members of the pulling node
+ * list or pull. */
+static void test_least_privilege(void **state) {
+  static const char *const made[] = {"pub/root-private", "pub/root-public", "g/shared",
+                                     "g/closed",         "g/other",         "pub/squat",
+                                     "sq/mine",          "sq/private"};
+  gshm_client_t *a = connect_to(&A);
+  char peers[64];
+  (void)state;
+
+  snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
+  node_start(&C, "c", peers, key_path, "", "cluster.pull_group=nogroup", NULL);
+  make_segment(a, "pub/root-public", 4096, 61);
+  make_segment(a, "g/shared", 4096, 62);
+  make_segment(a, "g/closed", 4096, 63);
+  make_segment(a, "g/other", 4096, 64);
+  assert_int_equal(gshm_chmod(a, "g/shared", 0640), 0);
+  assert_int_equal(gshm_chown(a, "g/shared", (uint32_t)-1, NOBODY), 0);
+  assert_int_equal(gshm_chmod(a, "g/closed", 0600), 0); /* the group, unreadable */
+  assert_int_equal(gshm_chown(a, "g/closed", (uint32_t)-1, NOBODY), 0);
+  assert_int_equal(gshm_chmod(a, "g/other", 0640), 0); /* readable by root's group only */
+  {
+    gshm_segment_t *seg;
+    assert_int_equal(gshm_create(a, "pub/root-private", 4096, "host", 0600, 0, &seg), 0);
+    gshm_close(seg);
+  }
+  assert_int_equal(harness_as_nobody(nobody_creates, A.h.socket_path), 0);
+  assert_int_equal(harness_as_nobody(nobody_pulls, C.h.socket_path), 0);
+  assert_int_equal(harness_as_nobody(nobody_lists, B.h.socket_path), 0);
+  /* root on C still pulls what is exported */
+  {
+    gshm_client_t *c = connect_to(&C);
+    assert_int_equal(gshm_pull(c, "a", "pub/root-private", NULL, NULL), -ENOENT);
+    assert_int_equal(gshm_pull(c, "a", "g/shared", &(gshm_pull_opts_t){.local_name = "s"},
+                               NULL),
+                     0);
+    check_segment(c, "s", 4096, 62);
+    gshm_disconnect(c);
+  }
+  for (size_t i = 0; i < sizeof(made) / sizeof(made[0]); i++)
+    assert_int_equal(gshm_unlink(a, made[i]), 0);
+  gshm_disconnect(a);
+  assert_int_equal(harness_stop(&C.h), 0);
+}
+
+/* A peer that cannot be reached: the error names it, its address and
+ * what failed. */
+static void test_unreachable_peer(void **state) {
+  gshm_client_t *a = connect_to(&A);
+  gshm_segment_info_t *v = NULL;
+  size_t n = 0;
+  int e;
+  (void)state;
+
+  e = gshm_list_remote(a, "d", &v, &n); /* d=127.0.0.1:1: nothing listens */
+  assert_true(e == -ECONNREFUSED || e == -ECONNRESET || e == -ETIMEDOUT);
+  assert_non_null(strstr(gshm_last_error(a), "peer 'd' (127.0.0.1:1)"));
+  e = gshm_pull(a, "d", "pub/x", NULL, NULL);
+  assert_true(e == -ECONNREFUSED || e == -ECONNRESET || e == -ETIMEDOUT);
+  assert_non_null(strstr(gshm_last_error(a), "peer 'd' (127.0.0.1:1)"));
+  gshm_disconnect(a);
+}
+
+/* What B's PEERS says A exports now. */
+static uint32_t exported_by_a(gshm_client_t *b) {
+  gshm_cluster_peer_t *v = NULL;
+  size_t n = 0;
+  uint32_t count = UINT32_MAX;
+
+  assert_int_equal(gshm_cluster_peers(b, NULL, &v, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(v[i].name, "a")) {
+      assert_string_equal(v[i].state, "up");
+      count = v[i].exported;
+    }
+  gshm_free(v);
+  assert_true(count != UINT32_MAX);
+  return count;
+}
+
+/* gshmctl peers shows what a peer exports now, not at its hello. */
+static void test_peers_count(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  uint32_t before;
+  char *out = NULL, want[64];
+  (void)state;
+
+  assert_int_equal(gshm_list_remote(b, "a", &(gshm_segment_info_t *){NULL}, &(size_t){0}), 0);
+  before = exported_by_a(b);
+  make_segment(a, "pub/count-1", 4096, 71);
+  make_segment(a, "pub/count-2", 4096, 72);
+  assert_int_equal(gshm_chmod(a, "pub/count-2", 0600), 0); /* not exported */
+  assert_int_equal(exported_by_a(b), before + 1);
+  assert_int_equal(harness_gshmctl(&B.h, &out, (const char *[]){"peers", NULL}), 0);
+  snprintf(want, sizeof(want), " %-10s %8u ", "up", before + 1); /* gshmctl's columns */
+  assert_non_null(strstr(out, want));
+  free(out);
+  assert_int_equal(gshm_unlink(a, "pub/count-1"), 0);
+  assert_int_equal(exported_by_a(b), before);
+  assert_int_equal(gshm_unlink(a, "pub/count-2"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
@@ -815,10 +1034,16 @@ int main(void) {
       cmocka_unit_test(test_requester_killed),
       cmocka_unit_test(test_source_survives_restart),
       cmocka_unit_test(test_gshmctl),
+      cmocka_unit_test(test_list_many),
+      cmocka_unit_test(test_least_privilege),
+      cmocka_unit_test(test_unreachable_peer),
+      cmocka_unit_test(test_peers_count),
   };
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
   atexit(harness_kill_leftover);
   atexit(kill_started);
+  if (getenv("GSHM_TEST_FILTER"))
+    cmocka_set_test_filter(getenv("GSHM_TEST_FILTER"));
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

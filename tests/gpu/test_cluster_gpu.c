@@ -108,7 +108,7 @@ int main(int argc, char **argv) {
   /* the source: random bytes on the GPU through gshmd a */
   REQUIRE((want = malloc(size)) && (got = malloc(size)), "host buffers");
   harness_random(want, size, 13);
-  REQUIRE(gshm_create(a, "pub/weights", size, "cuda:0", 0600, 0, &src) == 0, "create: %s",
+  REQUIRE(gshm_create(a, "pub/weights", size, "cuda:0", 0644, 0, &src) == 0, "create: %s",
           gshm_last_error(a));
   REQUIRE(gshm_map(src, NULL, 0, &dptr) == 0, "map source");
   CU(drv->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dptr, want, size));

@@ -32,7 +32,6 @@
 #include "harness.h"
 #include "prometheus.h"
 
-#define NOBODY 65534
 
 /* ---- harness ---- */
 
@@ -133,21 +132,6 @@ static void promtool_check(const char *text) {
   assert_int_equal(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0);
 }
 
-/* In a child: becomes uid/gid 65534 and runs fn; returns its exit code. */
-static int as_nobody(int (*fn)(const char *), const char *sock) {
-  int status;
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (setgroups(0, NULL) < 0 || setresgid(NOBODY, NOBODY, NOBODY) < 0 ||
-        setresuid(NOBODY, NOBODY, NOBODY) < 0)
-      _exit(90);
-    _exit(fn(sock));
-  }
-  assert_true(pid > 0);
-  assert_int_equal(waitpid(pid, &status, 0), pid);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-}
-
 /* Non-root: one segment within its quota, then one quota denial (a
  * second segment) and one permission denial (an open of root's 0600
  * segment). */
@@ -218,7 +202,7 @@ static void test_values(void **state) {
 
   /* A non-root client: one segment of its own, a quota denial, a
    * permission denial. */
-  assert_int_equal(as_nobody(nobody_denials, h->socket_path), 0);
+  assert_int_equal(harness_as_nobody(nobody_denials, h->socket_path), 0);
   scrape(c, &x, NULL);
   sn = 8192;
   assert_metric(&x, "gshm_segments", NULL, 3);

@@ -12,14 +12,13 @@
 #include <sys/mman.h>
 
 #include "backend.h"
-#include "cluster_internal.h"
 #include "config.h"
 #include "errors.h"
 #include "log.h"
 #include "registry.h"
-#include "server.h"
-#include "stage.h"
+#include "internal.h"
 #include "util.h"
+#include "wire.h"
 
 #define PROGRESS_NS 200000000LL /* a progress reply at most every 200 ms */
 
@@ -32,7 +31,7 @@ struct chunk {
   struct pull *p;
   uint64_t off, len;
   uint32_t slot;             /* staging slot (both sides), when staging */
-  struct op op;              /* Read, or Stage when the peer stages */
+  struct peer_req req;              /* Read, or Stage when the peer stages */
   Gshm__Cluster__Msg msg;
   Gshm__Cluster__Stage st;
   Gshm__Cluster__Read rd;
@@ -49,7 +48,7 @@ struct pull {
   uint32_t request_id;
   struct gshmd_client *holder; /* internal client with the requester's cred */
   struct gshmd_lease *lease;  /* holder's lease on the new segment */
-  struct op op;
+  struct peer_req req;
   Gshm__Cluster__Msg msg;
   Gshm__Cluster__GrantRequest greq;
   char remote_name[256];
@@ -60,15 +59,14 @@ struct pull {
   uint64_t grant_id, remote_id, remote_gen;
   Gshm__Cluster__Path path;
   char path_reason[160];
-  uint64_t remote_addr, total, next_off, done;
+  uint64_t total, next_off, done;
   unsigned inflight;             /* chunks in any step */
   bool remote_staged, local_staged;
-  uint64_t remote_slot_size, chunk_size;
+  uint64_t chunk_size;
   uint32_t nslots, nfree;
   uint32_t *free_slots;
   struct stage_buf *lsb;         /* local slots (local_staged) */
   struct gshmd_alloc *mem;       /* the new segment's memory */
-  ucp_rkey_h rkey;
   ucp_mem_h memh;
   void *dst;                     /* where gets land without staging */
   size_t dst_len;
@@ -89,9 +87,9 @@ static void pull_fail(struct pull *p, int err, const char *fmt, ...) {
     vsnprintf(p->why, sizeof(p->why), fmt, ap);
     va_end(ap);
   }
-  if (p->inflight == 0 && !p->op.queued)
+  if (p->inflight == 0 && !p->req.queued)
     p->finished = true;
-  gshmd__cluster_kick(p->cl);
+  gshmd__link_kick(&p->cl->ll);
 }
 
 static void send_progress(struct pull *p) {
@@ -108,7 +106,7 @@ static void send_progress(struct pull *p) {
   reply.status = GSHM__STATUS__STATUS_OK;
   reply.body_case = GSHM__REPLY__BODY_PULL_PROGRESS;
   reply.pull_progress = &pr;
-  gshmd_server_reply(p->cl->srv, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
+  p->cl->reply(p->cl->reply_arg, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
 }
 
 static void issue_chunks(struct pull *p);
@@ -126,9 +124,9 @@ static void chunk_end(struct chunk *c, int err, const char *why) {
     p->done += c->len;
   free(c);
   if (p->err) {
-    if (p->inflight == 0 && !p->op.queued)
+    if (p->inflight == 0 && !p->req.queued)
       p->finished = true;
-    gshmd__cluster_kick(p->cl);
+    gshmd__link_kick(&p->cl->ll);
     return;
   }
   issue_chunks(p);
@@ -155,7 +153,7 @@ static void chunk_landed(struct chunk *c) {
   c->sc.to_segment = true;
   c->sc.done = on_copied;
   c->sc.arg = c;
-  if (gshmd_stage_copy(p->cl, &c->sc))
+  if (gshmd_stage_copy(&p->cl->stage, &c->sc))
     chunk_end(c, -ENOMEM, "out of memory");
 }
 
@@ -175,8 +173,8 @@ static void on_recv_done(void *request, ucs_status_t status, size_t length, void
 
 /* The answer's bytes: copied (eager), or received by rendezvous straight
  * into place (the segment, or the local slot). */
-static void on_chunk_data(struct op *op, void *data, size_t len, const ucp_am_recv_param_t *param) {
-  struct chunk *c = op->arg;
+static void on_chunk_data(struct peer_req *req, void *data, size_t len, const ucp_am_recv_param_t *param) {
+  struct chunk *c = req->arg;
   struct pull *p = c->p;
   void *dst = p->local_staged ? (uint8_t *)p->lsb->addr + (uint64_t)c->slot * p->lsb->slot_size
                               : (uint8_t *)p->dst + c->off;
@@ -184,7 +182,7 @@ static void on_chunk_data(struct op *op, void *data, size_t len, const ucp_am_re
 
   if (len != c->len) {
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
-      ucp_am_data_release(p->cl->worker, data);
+      ucp_am_data_release(p->cl->ll.worker, data);
     chunk_end(c, -EPROTO, "the peer sent a chunk of the wrong size");
     return;
   }
@@ -198,7 +196,7 @@ static void on_chunk_data(struct op *op, void *data, size_t len, const ucp_am_re
       rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
       rp.memh = memh;
     }
-    sp = ucp_am_recv_data_nbx(p->cl->worker, data, dst, len, &rp);
+    sp = ucp_am_recv_data_nbx(p->cl->ll.worker, data, dst, len, &rp);
     if (UCS_PTR_IS_PTR(sp))
       return;
     if (UCS_PTR_STATUS(sp) != UCS_OK) {
@@ -218,9 +216,9 @@ static void on_chunk_data(struct op *op, void *data, size_t len, const ucp_am_re
   chunk_landed(c);
 }
 
-static void on_chunk_answer(struct op *op, int err, const char *why,
+static void on_chunk_answer(struct peer_req *req, int err, const char *why,
                             const Gshm__Cluster__Msg *m) {
-  struct chunk *c = op->arg;
+  struct chunk *c = req->arg;
   char buf[240];
 
   (void)m;
@@ -269,20 +267,20 @@ static void issue_chunks(struct pull *p) {
       c->msg.body_case = GSHM__CLUSTER__MSG__BODY_READ;
       c->msg.read = &c->rd;
     }
-    c->op.msg = &c->msg;
-    c->op.done = on_chunk_answer;
-    c->op.on_data = on_chunk_data;
-    c->op.arg = c;
-    c->op.peer = p->peer;
+    c->req.msg = &c->msg;
+    c->req.done = on_chunk_answer;
+    c->req.on_data = on_chunk_data;
+    c->req.arg = c;
+    c->req.peer = p->peer;
     if (!p->link) {
       chunk_end(c, -ECONNRESET, "peer lost");
       break;
     }
-    gshmd__cluster_op_send(p->link, &c->op);
+    gshmd__link_req_send(p->link, &c->req);
   }
   if (!p->err && p->done == p->total && p->inflight == 0)
     p->finished = true;
-  gshmd__cluster_kick(cl);
+  gshmd__link_kick(&cl->ll);
 }
 
 /* The new local segment, mapped and registered for the gets. */
@@ -323,7 +321,7 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
     mp.address = p->dst;
     mp.length = mem->size;
     mp.memory_type = UCS_MEMORY_TYPE_CUDA;
-    if (ucp_mem_map(cl->ctx, &mp, &p->memh) != UCS_OK) {
+    if (ucp_mem_map(cl->ll.ctx, &mp, &p->memh) != UCS_OK) {
       p->memh = NULL;
       pull_fail(p, -EIO, "cannot register the new device segment with UCX");
       return -EIO;
@@ -346,7 +344,7 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   mp.address = p->dst;
   mp.length = p->dst_len;
-  if (ucp_mem_map(cl->ctx, &mp, &p->memh) != UCS_OK) {
+  if (ucp_mem_map(cl->ll.ctx, &mp, &p->memh) != UCS_OK) {
     p->memh = NULL;
     pull_fail(p, -EIO, "cannot register the new segment with UCX");
     return -EIO;
@@ -363,12 +361,95 @@ static const char *path_name(Gshm__Cluster__Path path) {
   }
 }
 
-static void grant_done(struct op *op, int err, const char *why, const Gshm__Cluster__Msg *m) {
-  struct pull *p = op->arg;
+/* Decides where the bytes go on each side and says why (the pull's
+ * path and path_reason).  Returns 0 or a negative errno (the pull failed). */
+static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
+  struct gshm_location loc;
+  bool remote_device = strcmp(g->segment->location, "host") != 0;
+
+  if (!p->location[0])
+    snprintf(p->location, sizeof(p->location), "%s", remote_device ? "cuda:0" : "host");
+  if (gshm__location_parse(p->location, &loc)) {
+    pull_fail(p, -EINVAL, "bad location '%s'", p->location);
+    return -EINVAL;
+  }
+  p->remote_staged = g->path == GSHM__CLUSTER__PATH__PATH_STAGED;
+  p->local_staged = loc.kind != GSHM_LOCATION_HOST && !p->cl->ll.cuda_memory;
+  if (p->local_staged && !p->cl->reg->cuda) {
+    pull_fail(p, -ENOTSUP, "this node has no CUDA backend for location '%s'", p->location);
+    return -ENOTSUP;
+  }
+  if (p->remote_staged && p->local_staged)
+    snprintf(p->path_reason, sizeof(p->path_reason),
+             "staged through pinned host slots on both nodes (UCX without CUDA memory "
+             "support, or cluster.staging = always on the peer)");
+  else if (p->remote_staged)
+    snprintf(p->path_reason, sizeof(p->path_reason),
+             "staged through pinned host slots on the peer (%s segment; its UCX has no CUDA "
+             "memory support, or cluster.staging = always)",
+             remote_device ? "device" : "host");
+  else if (p->local_staged)
+    snprintf(p->path_reason, sizeof(p->path_reason),
+             "into device memory through pinned host slots here (this UCX has no CUDA "
+             "memory support)");
+  else if (g->path == GSHM__CLUSTER__PATH__PATH_DIRECT)
+    snprintf(p->path_reason, sizeof(p->path_reason),
+             "device segment registered by the peer's CUDA-aware UCX, sent directly");
+  else
+    snprintf(p->path_reason, sizeof(p->path_reason),
+             "host segment: registered once by the peer, sent zero-copy by rendezvous");
+  if (p->remote_staged || p->local_staged)
+    p->path = GSHM__CLUSTER__PATH__PATH_STAGED;
+  return 0;
+}
+
+/* The chunk size and the staging slots of both sides.  Returns 0 or a
+ * negative errno (the pull failed). */
+static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
+  int e;
+
+  p->chunk_size = p->cl->cfg->cluster_pull_chunk;
+  if (p->remote_staged) {
+    if (!gshmd_stage_grant_ok(g->slots, g->slot_size, g->length)) {
+      pull_fail(p, -EPROTO, "peer '%s' granted malformed staging slots", p->peer->name);
+      return -EPROTO;
+    }
+    p->nslots = g->slots;
+    if (g->slot_size < p->chunk_size)
+      p->chunk_size = g->slot_size;
+  } else if (g->length < g->segment->size) {
+    pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->peer->name,
+              g->length, g->segment->size);
+    return -EPROTO;
+  }
+  if (p->local_staged) {
+    if ((e = gshmd_stage_buf_new(&p->cl->stage, p->chunk_size, false, &p->lsb))) {
+      pull_fail(p, e, "cannot set up the local staging buffer");
+      return e;
+    }
+    if (!p->nslots || p->lsb->slots < p->nslots)
+      p->nslots = p->lsb->slots;
+  }
+  if (p->nslots) {
+    if (!(p->free_slots = calloc(p->nslots, sizeof(*p->free_slots)))) {
+      pull_fail(p, -ENOMEM, "out of memory");
+      return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < p->nslots; i++)
+      p->free_slots[p->nfree++] = p->nslots - 1 - i;
+  }
+  return 0;
+}
+
+/* The peer answered the grant request: set up and start reading. */
+static void grant_done(struct peer_req *req, int err, const char *why,
+                       const Gshm__Cluster__Msg *m) {
+  struct pull *p = req->arg;
   const Gshm__Cluster__Grant *g;
 
   if (err) {
-    pull_fail(p, err, "peer '%s': %s", p->peer->name, why);
+    char msg[GSHMD_PEER_ERROR_LEN];
+    pull_fail(p, err, "%s", gshmd__peer_error(req, err, m, why, msg, sizeof(msg)));
     return;
   }
   if (m->body_case != GSHM__CLUSTER__MSG__BODY_GRANT || !m->grant->segment) {
@@ -395,76 +476,7 @@ static void grant_done(struct op *op, int err, const char *why, const Gshm__Clus
     pull_fail(p, -ECONNRESET, "peer '%s' lost", p->peer->name);
     return;
   }
-  {
-    struct gshm_location loc;
-    bool remote_device = strcmp(g->segment->location, "host") != 0;
-    if (!p->location[0])
-      snprintf(p->location, sizeof(p->location), "%s", remote_device ? "cuda:0" : "host");
-    if (gshm__location_parse(p->location, &loc)) {
-      pull_fail(p, -EINVAL, "bad location '%s'", p->location);
-      return;
-    }
-    p->remote_staged = g->path == GSHM__CLUSTER__PATH__PATH_STAGED;
-    p->local_staged = loc.kind != GSHM_LOCATION_HOST && !p->cl->cuda_memory;
-    if (p->local_staged && !p->cl->reg->cuda) {
-      pull_fail(p, -ENOTSUP, "this node has no CUDA backend for location '%s'", p->location);
-      return;
-    }
-    if (p->remote_staged && p->local_staged)
-      snprintf(p->path_reason, sizeof(p->path_reason),
-               "staged through pinned host slots on both nodes (UCX without CUDA memory "
-               "support, or cluster.staging = always on the peer)");
-    else if (p->remote_staged)
-      snprintf(p->path_reason, sizeof(p->path_reason),
-               "staged through pinned host slots on the peer (%s segment; its UCX has no CUDA "
-               "memory support, or cluster.staging = always)",
-               remote_device ? "device" : "host");
-    else if (p->local_staged)
-      snprintf(p->path_reason, sizeof(p->path_reason),
-               "into device memory through pinned host slots here (this UCX has no CUDA "
-               "memory support)");
-    else if (g->path == GSHM__CLUSTER__PATH__PATH_DIRECT)
-      snprintf(p->path_reason, sizeof(p->path_reason),
-               "device segment registered by the peer's CUDA-aware UCX, sent directly");
-    else
-      snprintf(p->path_reason, sizeof(p->path_reason),
-               "host segment: registered once by the peer, sent zero-copy by rendezvous");
-    if (p->remote_staged || p->local_staged)
-      p->path = GSHM__CLUSTER__PATH__PATH_STAGED;
-  }
-  p->chunk_size = p->cl->cfg->cluster_pull_chunk;
-  if (p->remote_staged) {
-    if (!g->slots || !g->slot_size || g->length < (uint64_t)g->slots * g->slot_size) {
-      pull_fail(p, -EPROTO, "peer '%s' granted malformed staging slots", p->peer->name);
-      return;
-    }
-    p->remote_slot_size = g->slot_size;
-    p->nslots = g->slots;
-    if (g->slot_size < p->chunk_size)
-      p->chunk_size = g->slot_size;
-  } else if (g->length < g->segment->size) {
-    pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->peer->name,
-              g->length, g->segment->size);
-    return;
-  }
-  if (p->local_staged) {
-    int e = gshmd_stage_buf_new(p->cl, p->chunk_size, false, &p->lsb);
-    if (e) {
-      pull_fail(p, e, "cannot set up the local staging buffer");
-      return;
-    }
-    if (!p->nslots || p->lsb->slots < p->nslots)
-      p->nslots = p->lsb->slots;
-  }
-  if (p->nslots) {
-    if (!(p->free_slots = calloc(p->nslots, sizeof(*p->free_slots)))) {
-      pull_fail(p, -ENOMEM, "out of memory");
-      return;
-    }
-    for (uint32_t i = 0; i < p->nslots; i++)
-      p->free_slots[p->nfree++] = p->nslots - 1 - i;
-  }
-  if (make_local(p, g->segment))
+  if (choose_path(p, g) || setup_slots(p, g) || make_local(p, g->segment))
     return;
   p->total = g->segment->size;
   gshm_log_info("cluster: pulling '%s' from peer '%s' into '%s' at %s: %" PRIu64
@@ -476,7 +488,7 @@ static void grant_done(struct op *op, int err, const char *why, const Gshm__Clus
 
 int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
                       const Gshm__PullRequest *m, const char **msg_out) {
-  struct peer *peer = gshmd__cluster_peer(cl, m->peer);
+  struct peer *peer = gshmd__link_peer_find(&cl->ll, m->peer);
   const char *local = m->local_name && *m->local_name ? m->local_name : m->name;
   struct gshm_location loc;
   struct pull *p;
@@ -523,111 +535,114 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   p->greq.name = p->remote_name;
   p->msg.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
   p->msg.grant_request = &p->greq;
-  p->op.msg = &p->msg;
-  p->op.done = grant_done;
-  p->op.arg = p;
+  p->req.msg = &p->msg;
+  p->req.done = grant_done;
+  p->req.arg = p;
   gshm_list_add_tail(&cl->pulls, &p->node);
   gshm_log_info("cluster: uid %u pid %d asks to pull '%s' from peer '%s' as '%s'",
                 (unsigned)c->cred.uid, (int)c->cred.pid, p->remote_name, peer->name,
                 p->local_name);
-  gshmd__cluster_op_submit(cl, peer, &p->op);
+  gshmd__link_req_submit(&cl->ll, peer, &p->req);
   return 0;
 }
 
-const char *gshmd__pull_error_cause(int err, unsigned *index_out) {
-  static const char *const names[8] = {"peer_lost", "not_found", "refused", "exists",
-                                       "canceled", "no_memory", "protocol", "other"};
-  unsigned i;
+enum pull_failure gshmd__pull_failure(int err) {
   switch (-err) {
-  case ECONNRESET: case ETIMEDOUT: case ESHUTDOWN: i = 0; break;
-  case ENOENT: i = 1; break;
-  case EACCES: case EPERM: i = 2; break;
-  case EEXIST: i = 3; break;
-  case ECANCELED: i = 4; break;
-  case ENOMEM: case EDQUOT: i = 5; break;
-  case EPROTO: case EPROTONOSUPPORT: i = 6; break;
-  default: i = 7; break;
+  case ECONNRESET: case ETIMEDOUT: case ESHUTDOWN: return PULL_FAIL_PEER_LOST;
+  case ENOENT: return PULL_FAIL_NOT_FOUND;
+  case EACCES: case EPERM: return PULL_FAIL_REFUSED;
+  case EEXIST: return PULL_FAIL_EXISTS;
+  case ECANCELED: return PULL_FAIL_CANCELED;
+  case ENOMEM: case EDQUOT: return PULL_FAIL_NO_MEMORY;
+  case EPROTO: case EPROTONOSUPPORT: return PULL_FAIL_PROTOCOL;
+  default: return PULL_FAIL_OTHER;
   }
-  if (index_out)
-    *index_out = i;
-  return names[i];
+}
+
+/* A pull got every byte: the requester gets its result. */
+static void pull_succeeded(struct pull *p, int64_t ns) {
+  Gshm__Reply reply = GSHM__REPLY__INIT;
+  Gshm__PullResult res = GSHM__PULL_RESULT__INIT;
+  Gshm__SegmentInfo info;
+  char sz[32];
+  double gbs = ns > 0 ? (double)p->total / (double)ns : 0;
+
+  p->peer->pulls_ok++;
+  if (p->path == GSHM__CLUSTER__PATH__PATH_HOST)
+    p->peer->bytes_host += p->total;
+  else if (p->path == GSHM__CLUSTER__PATH__PATH_STAGED)
+    p->peer->bytes_staged += p->total;
+  else
+    p->peer->bytes_direct += p->total;
+  gshm_log_info("cluster: pulled '%s' from peer '%s' into '%s': %s in %.3f s (%.2f GB/s), "
+                "path %s: %s",
+                p->remote_name, p->peer->name, p->local_name,
+                gshm__format_size(p->total, sz, sizeof(sz)), (double)ns / 1e9, gbs,
+                path_name(p->path), p->path_reason);
+  gshmd_segment_to_info(p->lease->seg, &info);
+  res.segment = &info;
+  res.bytes = p->total;
+  res.elapsed_ns = ns;
+  res.path = (char *)path_name(p->path);
+  res.path_reason = p->path_reason;
+  res.peer = p->peer->name;
+  res.remote_id = p->remote_id;
+  res.remote_generation = p->remote_gen;
+  reply.status = GSHM__STATUS__STATUS_OK;
+  reply.body_case = GSHM__REPLY__BODY_PULL_RESULT;
+  reply.pull_result = &res;
+  if (p->requester)
+    p->cl->reply(p->cl->reply_arg, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
+}
+
+/* A pull failed: the partial segment goes, the requester gets why. */
+static void pull_failed(struct pull *p) {
+  struct gshmd_cluster *cl = p->cl;
+  Gshm__Reply reply = GSHM__REPLY__INIT;
+  const char *msg;
+
+  p->peer->pulls_failed++;
+  cl->pull_errors[gshmd__pull_failure(p->err)]++;
+  /* The partial segment goes, if the name is still ours. */
+  if (p->lease && !p->lease->seg->unlinked &&
+      gshmd_registry_find_name(cl->reg, p->local_name) == p->lease->seg)
+    gshmd_registry_unlink(cl->reg, p->holder, p->local_name, &msg);
+  gshm_log_warn("cluster: pull of '%s' from peer '%s' failed: %s", p->remote_name,
+                p->peer->name, p->why);
+  if (p->requester) {
+    reply.status = gshm__errno_to_status(p->err);
+    reply.message = p->why;
+    cl->reply(cl->reply_arg, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
+  }
 }
 
 /* Ends a finished pull: the grant goes back, the segment stays (success)
  * or goes (failure), the requester gets its answer. */
 static void pull_end(struct pull *p) {
   struct gshmd_cluster *cl = p->cl;
-  Gshm__Reply reply = GSHM__REPLY__INIT;
-  Gshm__PullResult res = GSHM__PULL_RESULT__INIT;
-  Gshm__SegmentInfo info;
   int64_t ns = gshm__now_ns(CLOCK_MONOTONIC) - p->start_ns;
 
-  gshmd__cluster_op_cancel(&p->op);
+  gshmd__link_req_cancel(&p->req);
   if (p->granted && p->link && p->link->state == LINK_UP) {
     Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
     Gshm__Cluster__Release r = GSHM__CLUSTER__RELEASE__INIT;
     r.grant_id = p->grant_id;
     m.body_case = GSHM__CLUSTER__MSG__BODY_RELEASE;
     m.release = &r;
-    gshmd__cluster_send(p->link, &m);
+    gshmd__link_send(p->link, &m);
   }
   if (p->on_link)
     gshm_list_del(&p->link_node);
-  if (p->rkey)
-    ucp_rkey_destroy(p->rkey);
   if (p->memh)
-    ucp_mem_unmap(cl->ctx, p->memh);
+    ucp_mem_unmap(cl->ll.ctx, p->memh);
   if (p->dst_mapped)
     munmap(p->dst, p->dst_len);
-  gshmd_stage_free(cl, p->lsb);
+  gshmd_stage_free(&cl->stage, p->lsb);
   free(p->free_slots);
-  if (!p->err) {
-    char sz[32];
-    double gbs = ns > 0 ? (double)p->total / (double)ns : 0;
-    p->peer->pulls_ok++;
-    if (p->path == GSHM__CLUSTER__PATH__PATH_HOST)
-      p->peer->bytes_host += p->total;
-    else if (p->path == GSHM__CLUSTER__PATH__PATH_STAGED)
-      p->peer->bytes_staged += p->total;
-    else
-      p->peer->bytes_direct += p->total;
-    gshm_log_info("cluster: pulled '%s' from peer '%s' into '%s': %s in %.3f s (%.2f GB/s), "
-                  "path %s: %s",
-                  p->remote_name, p->peer->name, p->local_name,
-                  gshm__format_size(p->total, sz, sizeof(sz)), (double)ns / 1e9, gbs,
-                  path_name(p->path), p->path_reason);
-    gshmd_segment_to_info(p->lease->seg, &info);
-    res.segment = &info;
-    res.bytes = p->total;
-    res.elapsed_ns = ns;
-    res.path = (char *)path_name(p->path);
-    res.path_reason = p->path_reason;
-    res.peer = p->peer->name;
-    res.remote_id = p->remote_id;
-    res.remote_generation = p->remote_gen;
-    reply.status = GSHM__STATUS__STATUS_OK;
-    reply.body_case = GSHM__REPLY__BODY_PULL_RESULT;
-    reply.pull_result = &res;
-    if (p->requester)
-      gshmd_server_reply(cl->srv, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
-  } else {
-    const char *msg;
-    unsigned cause;
-    p->peer->pulls_failed++;
-    gshmd__pull_error_cause(p->err, &cause);
-    cl->pull_errors[cause]++;
-    /* The partial segment goes, if the name is still ours. */
-    if (p->lease && !p->lease->seg->unlinked &&
-        gshmd_registry_find_name(cl->reg, p->local_name) == p->lease->seg)
-      gshmd_registry_unlink(cl->reg, p->holder, p->local_name, &msg);
-    gshm_log_warn("cluster: pull of '%s' from peer '%s' failed: %s", p->remote_name,
-                  p->peer->name, p->why);
-    if (p->requester) {
-      reply.status = gshm__errno_to_status(p->err);
-      reply.message = p->why;
-      gshmd_server_reply(cl->srv, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
-    }
-  }
+  if (!p->err)
+    pull_succeeded(p, ns);
+  else
+    pull_failed(p);
   gshmd_registry_client_remove(cl->reg, p->holder); /* ends the lease */
   gshm_list_del(&p->node);
   free(p);
@@ -661,7 +676,7 @@ void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c) {
     struct pull *p = gshm_list_entry(pos, struct pull, node);
     if (p->requester == c) {
       p->requester = NULL;
-      gshmd__cluster_op_cancel(&p->op); /* sent: its answer ends the pull */
+      gshmd__link_req_cancel(&p->req); /* sent: its answer ends the pull */
       pull_fail(p, -ECANCELED, "the requesting client went away");
     }
   }
@@ -671,7 +686,7 @@ void gshmd__pull_stop_all(struct gshmd_cluster *cl) {
   struct gshm_list *pos;
   gshm_list_foreach(pos, &cl->pulls) {
     struct pull *p = gshm_list_entry(pos, struct pull, node);
-    gshmd__cluster_op_cancel(&p->op);
+    gshmd__link_req_cancel(&p->req);
     pull_fail(p, -ESHUTDOWN, "gshmd is stopping");
   }
 }

@@ -1,0 +1,314 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The [cluster] keys: peers, export rules, the shared key, the pull
+ * group, this node's name and address; and how a peer is named in the
+ * errors local clients get. */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <netdb.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "internal.h"
+#include "log.h"
+
+/* "HOST:PORT" or "[V6]:PORT" to a socket address. */
+int gshmd__cluster_parse_address(const char *s, struct sockaddr_storage *sa, socklen_t *len) {
+  char host[128], port[16];
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV}, *res = NULL;
+  const char *colon;
+  size_t hl;
+
+  if (s[0] == '[') {
+    const char *end = strchr(s, ']');
+    if (!end || end[1] != ':')
+      return -EINVAL;
+    hl = (size_t)(end - s - 1);
+    s++;
+    colon = end + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (!colon)
+      return -EINVAL;
+    hl = (size_t)(colon - s);
+  }
+  if (hl == 0 || hl >= sizeof(host) || strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(port))
+    return -EINVAL;
+  memcpy(host, s, hl);
+  host[hl] = '\0';
+  strcpy(port, colon + 1);
+  if (strspn(port, "0123456789") != strlen(port) || atoi(port) <= 0 || atoi(port) > 65535)
+    return -EINVAL;
+  if (getaddrinfo(host, port, &hints, &res) || !res)
+    return -EINVAL;
+  memcpy(sa, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return 0;
+}
+
+static int parse_peers(struct links *ll, const char *spec) {
+  char *copy = strdup(spec ? spec : ""), *save = NULL, *tok;
+  unsigned cap = 0;
+
+  if (!copy)
+    return -ENOMEM;
+  for (tok = strtok_r(copy, " \t,", &save); tok; tok = strtok_r(NULL, " \t,", &save)) {
+    char *eq = strchr(tok, '=');
+    struct peer *p;
+    if (!eq || eq == tok || (size_t)(eq - tok) >= sizeof(p->name) ||
+        strlen(eq + 1) >= sizeof(p->address)) {
+      gshm_log_err("cluster.peers: '%s' is not NAME=ADDRESS:PORT", tok);
+      free(copy);
+      return -EINVAL;
+    }
+    if (ll->npeers == cap) {
+      struct peer *n = realloc(ll->peers, sizeof(*n) * (cap = cap ? 2 * cap : 8));
+      if (!n) {
+        free(copy);
+        return -ENOMEM;
+      }
+      ll->peers = n;
+    }
+    p = &ll->peers[ll->npeers];
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "%.*s", (int)(eq - tok), tok);
+    snprintf(p->address, sizeof(p->address), "%s", eq + 1);
+    if (!gshmd__cluster_name_ok(p->name)) {
+      gshm_log_err("cluster.peers: peer name '%s': 1 to 63 bytes, no blanks or control bytes",
+                   p->name);
+      free(copy);
+      return -EINVAL;
+    }
+    if (gshmd__cluster_parse_address(p->address, &p->sa, &p->salen)) {
+      gshm_log_err("cluster.peers: peer '%s': cannot resolve '%s' (want ADDRESS:PORT)", p->name,
+                   p->address);
+      free(copy);
+      return -EINVAL;
+    }
+    for (unsigned i = 0; i < ll->npeers; i++)
+      if (!strcmp(ll->peers[i].name, p->name)) {
+        gshm_log_err("cluster.peers: peer '%s' named twice", p->name);
+        free(copy);
+        return -EINVAL;
+      }
+    ll->npeers++;
+  }
+  free(copy);
+  for (unsigned i = 0; i < ll->npeers; i++)
+    gshm_list_init(&ll->peers[i].waiting); /* after the last realloc */
+  return 0;
+}
+
+/* OWNER of an export rule: a user (name or uid), or "@" and a group
+ * (name or gid). */
+static int parse_owner(const char *who, struct export_rule *rule) {
+  bool group = who[0] == '@';
+  const char *name = who + group;
+  char *end;
+  unsigned long id;
+
+  if (!*name)
+    return -EINVAL;
+  errno = 0;
+  id = strtoul(name, &end, 10);
+  if (name[0] >= '0' && name[0] <= '9' && !*end && !errno && id < UINT32_MAX) {
+    rule->id = (uint32_t)id;
+  } else if (group) {
+    struct group *g = getgrnam(name);
+    if (!g)
+      return -ENOENT;
+    rule->id = g->gr_gid;
+  } else {
+    struct passwd *pw = getpwnam(name);
+    if (!pw)
+      return -ENOENT;
+    rule->id = pw->pw_uid;
+  }
+  rule->owner = group ? EXPORT_GROUP : EXPORT_USER;
+  return 0;
+}
+
+/* cluster.export: PATTERN or PATTERN:OWNER rules (docs/CLUSTER.md,
+ * "What peers may read"). */
+static int parse_exports(struct gshmd_cluster *cl, const char *spec) {
+  char *copy = strdup(spec ? spec : ""), *save = NULL, *tok;
+  int e = 0;
+
+  if (!copy)
+    return -ENOMEM;
+  for (tok = strtok_r(copy, " \t,", &save); tok && !e; tok = strtok_r(NULL, " \t,", &save)) {
+    struct export_rule *n, rule = {.owner = EXPORT_ADMINS};
+    char *colon = strchr(tok, ':');
+
+    if (colon) {
+      *colon = '\0';
+      if (!*tok || (e = parse_owner(colon + 1, &rule))) {
+        gshm_log_err("cluster.export '%s:%s': %s", tok, colon + 1,
+                     !*tok          ? "want PATTERN or PATTERN:OWNER"
+                     : e == -ENOENT ? "no such user or group"
+                                    : "want PATTERN:USER or PATTERN:@GROUP");
+        e = -EINVAL;
+        break;
+      }
+    }
+    if (!(n = realloc(cl->exports, sizeof(*n) * (cl->nexport + 1))) ||
+        !(rule.pattern = strdup(tok))) {
+      if (n)
+        cl->exports = n;
+      e = -ENOMEM;
+      break;
+    }
+    cl->exports = n;
+    cl->exports[cl->nexport++] = rule;
+  }
+  free(copy);
+  return e;
+}
+
+/* The shared key: a file only gshmd's user may read; its bytes (blanks
+ * around them dropped) hashed to crypto_auth's key size. */
+static int read_secret(struct gshmd_cluster *cl, const char *path) {
+  uint8_t buf[4096];
+  struct stat st;
+  ssize_t n;
+  size_t b = 0, e;
+  int fd;
+
+  if (!path || !*path) {
+    gshm_log_err("cluster.secret_file is required when the cluster is on");
+    return -EINVAL;
+  }
+  if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0) {
+    gshm_log_err("cluster.secret_file %s: %m", path);
+    return -EINVAL;
+  }
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+      (st.st_mode & 077)) {
+    gshm_log_err("cluster.secret_file %s: must be a regular file owned by uid %u with no group "
+                 "or other permissions (chmod 0600)",
+                 path, (unsigned)geteuid());
+    close(fd);
+    return -EINVAL;
+  }
+  n = read(fd, buf, sizeof(buf));
+  close(fd);
+  if (n < 0) {
+    gshm_log_err("cluster.secret_file %s: %m", path);
+    return -EINVAL;
+  }
+  e = (size_t)n;
+  while (b < e && (buf[b] == ' ' || buf[b] == '\n' || buf[b] == '\t' || buf[b] == '\r'))
+    b++;
+  while (e > b && (buf[e - 1] == ' ' || buf[e - 1] == '\n' || buf[e - 1] == '\t' ||
+                   buf[e - 1] == '\r'))
+    e--;
+  if (e - b < 16) {
+    gshm_log_err("cluster.secret_file %s: the key must be at least 16 bytes", path);
+    sodium_memzero(buf, sizeof(buf));
+    return -EINVAL;
+  }
+  crypto_generichash(cl->key, sizeof(cl->key), buf + b, e - b, NULL, 0);
+  sodium_memzero(buf, sizeof(buf));
+  return 0;
+}
+
+bool gshmd__cluster_name_ok(const char *s) {
+  size_t n = strlen(s);
+  if (n == 0 || n > 63)
+    return false;
+  for (const char *p = s; *p; p++)
+    if ((unsigned char)*p <= 0x20 || *p == 0x7f)
+      return false;
+  return true;
+}
+
+static int read_pull_group(struct gshmd_cluster *cl, const char *group) {
+  struct group *g;
+
+  if (!group || !*group)
+    return 0;
+  if (!(g = getgrnam(group))) {
+    gshm_log_err("cluster.pull_group '%s' does not exist", group);
+    return -EINVAL;
+  }
+  cl->have_pull_gid = true;
+  cl->pull_gid = g->gr_gid;
+  return 0;
+}
+
+int gshmd__cluster_conf(struct gshmd_cluster *cl) {
+  const struct gshmd_config *cfg = cl->cfg;
+  struct links *ll = &cl->ll;
+  int e;
+
+  if (cfg->cluster_node_name && *cfg->cluster_node_name)
+    snprintf(ll->node_name, sizeof(ll->node_name), "%s", cfg->cluster_node_name);
+  else if (gethostname(ll->node_name, sizeof(ll->node_name) - 1) < 0)
+    strcpy(ll->node_name, "localhost");
+  if (!gshmd__cluster_name_ok(ll->node_name)) {
+    gshm_log_err("cluster.node_name '%s': 1 to 63 bytes, no blanks", ll->node_name);
+    return -EINVAL;
+  }
+  ll->listen = cfg->cluster_listen;
+  if (ll->listen && *ll->listen &&
+      gshmd__cluster_parse_address(ll->listen, &ll->listen_sa, &ll->listen_salen)) {
+    gshm_log_err("cluster.listen '%s': want ADDRESS:PORT", ll->listen);
+    return -EINVAL;
+  }
+  if ((e = parse_peers(ll, cfg->cluster_peers)) || (e = parse_exports(cl, cfg->cluster_export)) ||
+      (e = read_secret(cl, cfg->cluster_secret_file)) ||
+      (e = read_pull_group(cl, cfg->cluster_pull_group)))
+    return e;
+  return 0;
+}
+
+int gshmd__cluster_listen_check(const struct links *ll) {
+  int fd, one = 1, e = 0;
+
+  if (!ll->listen || !*ll->listen)
+    return 0;
+  fd = socket(ll->listen_sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return 0; /* the listener's own setup says what is wrong */
+  /* SO_REUSEADDR as a listener sets it: a port in TIME_WAIT (a gshmd
+   * that just died) binds, a port something listens on does not */
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+      bind(fd, (const struct sockaddr *)&ll->listen_sa, ll->listen_salen) < 0 &&
+      errno == EADDRINUSE) {
+    gshm_log_err("cluster.listen %s: the port is in use (another gshmd, or another program, "
+                 "listens there)",
+                 ll->listen);
+    e = -EADDRINUSE;
+  }
+  close(fd);
+  return e;
+}
+
+char *gshmd__peer_error(const struct peer_req *req, int err, const Gshm__Cluster__Msg *m,
+                        const char *why, char *buf, size_t size) {
+  const struct peer *p = req->peer;
+  bool unreachable = err == -ECONNREFUSED || err == -ECONNRESET || err == -ETIMEDOUT ||
+                     err == -ENOTCONN || err == -EHOSTUNREACH || err == -ENETUNREACH;
+
+  if (m) /* the peer answered: its own words */
+    snprintf(buf, size, "peer '%s': %s", p->name, why);
+  else
+    snprintf(buf, size, "peer '%s' (%s)%s: %s", p->name, p->address,
+             !unreachable ? "" : req->sent ? " lost" : " unreachable", why);
+  gshmd__cluster_text_clean(buf);
+  return buf;
+}
+
+void gshmd__cluster_text_clean(char *s) {
+  for (; *s; s++)
+    if ((unsigned char)*s < 0x20 || *s == 0x7f)
+      *s = '?';
+}

@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* What the files of daemon/cluster/ above the link layer share: the
+ * cluster's state and each file's entry points.  Arrows point down:
+ * cluster.c (front door) -> hello.c -> serve.c -> link.c, stage.c;
+ * cluster.c -> peers.c, pull.c -> link.c, stage.c; conf.c stands alone
+ * (pull.c and cluster.c word peers' errors with it).  The link layer calls
+ * up only through struct link_hooks, which cluster.c fills. */
+#ifndef GSHMD_CLUSTER_INTERNAL_H
+#define GSHMD_CLUSTER_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "cluster.h"
+#include "link.h"
+#include "stage.h"
+
+struct gshmd_segment;
+
+/* Why pulls failed, for gshm_cluster_pull_errors_total{cause}. */
+enum pull_failure {
+  PULL_FAIL_PEER_LOST,  /* -ECONNRESET, -ETIMEDOUT, -ESHUTDOWN */
+  PULL_FAIL_NOT_FOUND,  /* -ENOENT */
+  PULL_FAIL_REFUSED,    /* -EACCES, -EPERM */
+  PULL_FAIL_EXISTS,     /* -EEXIST */
+  PULL_FAIL_CANCELED,   /* -ECANCELED */
+  PULL_FAIL_NO_MEMORY,  /* -ENOMEM, -EDQUOT */
+  PULL_FAIL_PROTOCOL,   /* -EPROTO, -EPROTONOSUPPORT */
+  PULL_FAIL_OTHER,
+  PULL_FAIL_N,
+};
+
+/* One rule of cluster.export: segments whose name matches pattern, of
+ * the owners it names, that their mode lets peers read
+ * (gshmd__serve_exported). */
+struct export_rule {
+  char *pattern;  /* fnmatch */
+  enum {
+    EXPORT_ADMINS,  /* PATTERN: owned by root or gshmd's user, mode o+r */
+    EXPORT_USER,    /* PATTERN:USER: owned by uid id, mode o+r */
+    EXPORT_GROUP,   /* PATTERN:@GROUP: of group id, mode g+r */
+  } owner;
+  uint32_t id;    /* uid or gid */
+};
+
+struct gshmd_cluster {
+  struct links ll;
+  struct stage_pool stage;
+  uv_loop_t *loop;
+  const struct gshmd_config *cfg;
+  struct gshmd_registry *reg;
+  gshmd_cluster_reply_fn reply; /* to local clients (the daemon's server) */
+  void *reply_arg;
+  uint8_t key[crypto_auth_KEYBYTES];
+  struct gshm_list pulls;    /* struct pull.node */
+  struct gshm_list lists;    /* struct remote_list.node */
+  struct gshm_list peer_queries; /* struct peers_query.node (peers.c) */
+  bool have_pull_gid;
+  gid_t pull_gid;
+  struct export_rule *exports; /* cluster.export */
+  unsigned nexport;
+  /* metrics */
+  uint64_t served_grants;
+  uint64_t registrations;    /* segments registered with UCX, ever */
+  uint32_t registered;       /* registered now */
+  uint64_t pull_errors[PULL_FAIL_N];
+  /* PEERS reply storage */
+  Gshm__ClusterPeerList peer_list;
+  Gshm__ClusterPeer *peer_infos;
+  Gshm__ClusterPeer **peer_ptrs;
+};
+
+static inline struct gshmd_cluster *cluster_of(struct links *ll) {
+  return (struct gshmd_cluster *)((char *)ll - offsetof(struct gshmd_cluster, ll));
+}
+
+/* ---- conf.c: the [cluster] keys ---- */
+
+/* "HOST:PORT" or "[V6]:PORT" to a socket address.  Returns 0 or -EINVAL. */
+int gshmd__cluster_parse_address(const char *s, struct sockaddr_storage *sa, socklen_t *len);
+/* cluster.peers into ll->peers; cluster.export into cl's patterns; the
+ * key from cluster.secret_file; cluster.pull_group.  Errors (logged):
+ * -EINVAL, -ENOMEM. */
+int gshmd__cluster_conf(struct gshmd_cluster *cl);
+/* At start: whether cluster.listen is free to listen on.  Returns 0 (also
+ * for errors the listener itself reports, such as an address this host
+ * does not have yet), or -EADDRINUSE (logged): something listens there. */
+int gshmd__cluster_listen_check(const struct links *ll);
+#define GSHMD_PEER_ERROR_LEN 320
+/* The message for a local client whose request req to a peer failed
+ * with err: "peer 'NAME': WHY" when the peer answered m with an error,
+ * else "peer 'NAME' (ADDRESS): WHY", with "unreachable" (the link did not
+ * come up) or "lost" (the request was sent) before the colon when err
+ * says the connection failed.  Written into buf (size bytes, at least
+ * GSHMD_PEER_ERROR_LEN); returns buf. */
+char *gshmd__peer_error(const struct peer_req *req, int err, const Gshm__Cluster__Msg *m,
+                        const char *why, char *buf, size_t size);
+/* Replaces control bytes of s (a peer's words on their way to a local
+ * client, and from there to a terminal) with '?', in place. */
+void gshmd__cluster_text_clean(char *s);
+/* A node name: 1 to 63 bytes, no blanks or control bytes. */
+bool gshmd__cluster_name_ok(const char *s);
+
+/* ---- hello.c: the authenticated hello ---- */
+
+/* Outbound link l has its endpoint: sends the Hello. */
+void gshmd__hello_begin(struct link *l);
+/* A hello step (Hello, Challenge, Auth, AuthOk) on a link that is not up
+ * yet.  Returns false when m is not the step the link waits for. */
+bool gshmd__hello_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__Cluster__Msg *m);
+
+/* ---- serve.c: what peers read from this node ---- */
+
+/* Whether peers may see and read seg: not unlinked, and a rule of
+ * cluster.export allows its name, its owner and its mode. */
+bool gshmd__serve_exported(const struct gshmd_cluster *cl, const struct gshmd_segment *seg);
+/* Segments peers may see now. */
+unsigned gshmd__serve_count(struct gshmd_cluster *cl);
+/* Inbound link l proved the key: the internal client "peer:NAME" that
+ * will hold its leases.  Errors: -ENOMEM. */
+int gshmd__serve_link_up(struct gshmd_cluster *cl, struct link *l);
+/* A request from a peer on its up inbound link.  Returns false when m is
+ * not a request. */
+bool gshmd__serve_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__Cluster__Msg *m);
+/* A failed link has nothing in flight: its grants and leases end. */
+void gshmd__serve_link_idle(struct gshmd_cluster *cl, struct link *l);
+/* Registry hook: a segment's memory is about to be freed. */
+void gshmd__serve_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg);
+/* Drops every registration (cluster stop). */
+void gshmd__serve_stop(struct gshmd_cluster *cl);
+
+/* ---- peers.c: the PEERS request ---- */
+
+/* Client c went away: its PEERS answers are dropped. */
+void gshmd__peers_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);
+/* Cluster stop: every PEERS query is answered now and its timer closed
+ * (freed in the loop turn that follows). */
+void gshmd__peers_stop(struct gshmd_cluster *cl);
+
+/* ---- pull.c: what this node reads from peers ---- */
+
+/* Starts a pull for local client c (see gshmd_cluster_handle_pull). */
+int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
+                      const Gshm__PullRequest *m, const char **msg_out);
+/* The link under running pulls failed: they fail. */
+void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l);
+/* Pulls of client c fail (it went away). */
+void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);
+/* Finishes pulls that are done or failed and have nothing in flight (run
+ * outside UCX callbacks). */
+void gshmd__pull_reap(struct gshmd_cluster *cl);
+/* Every pull fails at once (shutdown); in-flight gets are cancelled. */
+void gshmd__pull_stop_all(struct gshmd_cluster *cl);
+/* The cause of a failed pull's errno. */
+enum pull_failure gshmd__pull_failure(int err);
+
+#endif

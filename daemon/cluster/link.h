@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The cluster's link layer: one UCP worker on the libuv loop, the
+ * configured peers, the endpoints to and from them (links), the requests
+ * this node sends to peers (queued until the link is up, matched with
+ * their answers), data messages, and the sweep (handshake timeouts,
+ * reconnects).  It knows nothing of what the messages mean: everything
+ * above it (the hello, serving, pulls) is reached through struct
+ * link_hooks, as libuv reaches its handles through their callbacks. */
+#ifndef GSHMD_CLUSTER_LINK_H
+#define GSHMD_CLUSTER_LINK_H
+
+#include <netinet/in.h>
+#include <sodium.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+#include <uv.h>
+
+#include "cluster.pb-c.h"
+#include "list.h"
+
+#define GSHMD_CLUSTER_AM_ID 0x67      /* control: one Msg per message */
+#define GSHMD_CLUSTER_DATA_AM_ID 0x68 /* bytes: struct data_hdr, then the bytes */
+#define GSHMD_CLUSTER_MAJOR 1
+#define GSHMD_CLUSTER_MINOR 0
+#define GSHMD_CLUSTER_NONCE 32
+#define GSHMD_CLUSTER_MAX_MSG 65536 /* larger control messages are refused */
+
+/* The header of a data message. */
+struct data_hdr {
+  uint32_t request_id;      /* of the Read or Stage it answers */
+  uint32_t reserved;
+  uint64_t offset;          /* in the segment */
+};
+
+enum peer_state { PEER_DOWN, PEER_CONNECTING, PEER_UP };
+enum link_state {
+  LINK_HELLO,   /* outbound: hello sent; inbound: waiting for hello */
+  LINK_AUTH,    /* outbound: auth sent; inbound: challenge sent */
+  LINK_UP,
+  LINK_REFUSED, /* refusal sent; closed by the sweep */
+  LINK_CLOSED,  /* endpoint closing; freed when the close completes */
+};
+
+/* Counted refusals, for metrics and the once-logging. */
+enum refusal {
+  REFUSE_PROTOCOL,  /* undecodable, out of order, too large */
+  REFUSE_VERSION,
+  REFUSE_UNKNOWN_PEER,
+  REFUSE_BAD_KEY,
+  REFUSE_TIMEOUT,
+  REFUSE_LIMIT,
+  REFUSE_N,
+};
+
+struct link;
+struct links;
+
+/* One configured peer node. */
+struct peer {
+  char name[64];
+  char address[136];
+  struct sockaddr_storage sa;
+  socklen_t salen;
+  enum peer_state state;
+  struct link *out;          /* our endpoint to it, while connecting or up */
+  char why[160];             /* why it is down */
+  uint32_t exported;
+  int64_t retry_ns;          /* CLOCK_MONOTONIC: next connect attempt */
+  struct gshm_list waiting;  /* struct peer_req: sent when the link is up */
+  /* metrics */
+  uint64_t pulls_ok, pulls_failed, bytes_host, bytes_staged, bytes_direct;
+};
+
+/* An answer to one of our requests, or the link's failure (m NULL). */
+struct peer_req;
+typedef void (*peer_req_done_fn)(struct peer_req *req, int err, const char *msg,
+                                 const Gshm__Cluster__Msg *m);
+
+/* A request this node sends to a peer: queued until the link is up, then
+ * sent, then answered (or failed with the link).  Owned by whoever made
+ * it; done runs once, after which the request is off every list. */
+struct peer_req {
+  struct gshm_list node;     /* peer->waiting or link->reqs */
+  struct peer *peer;
+  uint32_t request_id;
+  Gshm__Cluster__Msg *msg;   /* what to send (owned by the maker) */
+  peer_req_done_fn done;
+  /* Read and Stage: the bytes of the answer (data is UCX's: copy it, or
+   * start ucp_am_recv_data_nbx on it when param says RNDV, before
+   * returning).  The request is off every list when it is called. */
+  void (*on_data)(struct peer_req *req, void *data, size_t len, const ucp_am_recv_param_t *param);
+  void *arg;
+  bool queued;               /* on a list */
+  bool sent;                 /* on the link: only the answer or the link's end completes it */
+};
+
+/* One UCP endpoint, either direction. */
+struct link {
+  struct links *ll;
+  ucp_ep_h ep;
+  bool inbound;
+  enum link_state state;
+  struct peer *peer;         /* outbound: from the start; inbound: after hello */
+  uint8_t nonce_mine[GSHMD_CLUSTER_NONCE], nonce_theirs[GSHMD_CLUSTER_NONCE];
+  char remote[64];           /* "ADDRESS:PORT" as seen */
+  int64_t since_ns;          /* CLOCK_MONOTONIC */
+  struct gshm_list reqs;     /* outbound: sent, awaiting answers */
+  struct gshm_list node;     /* ll->links */
+  uint32_t next_request;
+  unsigned busy;             /* inbound: staging copies and data sends running; the
+                                link's serving state waits for them */
+  void *close_req;           /* ucp_ep_close_nbx's request while closing */
+  /* owned by the layers above (serve.c, pull.c) */
+  struct gshmd_client *serve_client; /* inbound, up: holds the serving leases */
+  struct gshm_list grants;   /* inbound: struct serve_grant */
+  struct gshm_list pulls;    /* outbound: struct pull.link_node using this link */
+};
+
+/* What the link layer calls above it.  Every hook is called outside of
+ * no lock and may send; none may free the link. */
+struct link_hooks {
+  /* A new outbound endpoint to l->peer: say hello. */
+  void (*on_connect)(struct link *l);
+  /* A control message that is not an answer to one of our requests
+   * (hello steps before the link is up, requests after). */
+  void (*on_message)(struct link *l, Gshm__Cluster__Msg *m);
+  /* l failed (was up or not): what runs on it fails. */
+  void (*on_lost)(struct link *l);
+  /* A failed link has nothing in flight any more: its serving state goes. */
+  void (*on_idle)(struct link *l);
+  /* After each batch of worker progress, outside UCX callbacks. */
+  void (*after_progress)(void *arg);
+  void *arg;
+};
+
+/* The link layer's state (one per gshmd, in struct gshmd_cluster). */
+struct links {
+  uv_loop_t *loop;
+  struct link_hooks hooks;
+  char node_name[64];
+  ucp_context_h ctx;
+  ucp_worker_h worker;
+  ucp_listener_h listener;
+  int efd;
+  uv_poll_t poll;
+  uv_idle_t idle;
+  uv_timer_t sweep;
+  bool handles_on, idle_on, stopping;
+  bool cuda_memory;          /* UCX registers CUDA memory (UCS_MEMORY_TYPE_CUDA) */
+  const char *listen;        /* cluster.listen, "" or NULL: none */
+  struct sockaddr_storage listen_sa; /* cluster.listen parsed */
+  socklen_t listen_salen;
+  bool listen_pending;       /* cluster.listen could not be bound yet: retried by the sweep */
+  int64_t hello_timeout_ns;  /* a hello not done by then is dropped */
+  struct peer *peers;
+  unsigned npeers;
+  struct gshm_list links;
+  unsigned ninbound_pending; /* inbound links not yet up */
+  struct gshm_list closing;  /* links whose endpoint is closing */
+  uint64_t refusals[REFUSE_N];
+};
+
+/* Sets up the UCP context and worker (AM handlers, event fd), the
+ * listener on ll->listen_sa and the loop handles; the caller filled loop,
+ * hooks, node_name, listen (with listen_sa), hello_timeout_ns and peers.
+ * Errors (logged): -EIO UCX failed. */
+int gshmd__link_start(struct links *ll);
+/* Fails every link and request, closes the endpoints (bounded wait) and
+ * the listener, and closes the loop handles.  Accepts a half-started ll. */
+void gshmd__link_stop(struct links *ll);
+/* Frees the worker and the context (after gshmd__link_stop and one more
+ * turn of the loop). */
+void gshmd__link_destroy(struct links *ll);
+
+/* Queues req for peer p (sent at once when its link is up; connects when
+ * it is down).  The request id is set when it is sent. */
+void gshmd__link_req_submit(struct links *ll, struct peer *p, struct peer_req *req);
+/* Withdraws a request that has not been sent yet; its done is then never
+ * called.  Returns true when it is not pending (withdrawn or already
+ * completed), false when it was sent and its done is still to come. */
+bool gshmd__link_req_cancel(struct peer_req *req);
+/* Sends req on link l, which is up (a request of a running pull: never
+ * queued for a new endpoint).  Its done reports a failure. */
+void gshmd__link_req_send(struct link *l, struct peer_req *req);
+/* Sends a message on a link (fire and forget).  Returns 0, -ENOTCONN,
+ * -EMSGSIZE, -ENOMEM or -EIO. */
+int gshmd__link_send(struct link *l, const Gshm__Cluster__Msg *m);
+/* An answer or refusal with status (negative errno) and message. */
+void gshmd__link_send_status(struct link *l, uint32_t request_id, int err, const char *message);
+/* Sends the bytes [src, src + len) answering request rid on l (data
+ * message; memh: their registration, or NULL).  l->busy counts the send
+ * until it completes; then done(arg, status) runs.  Returns 0 or a
+ * negative errno (done not called). */
+int gshmd__link_send_data(struct link *l, uint32_t rid, uint64_t offset, const void *src,
+                          uint64_t len, ucp_mem_h memh, void (*done)(void *arg, ucs_status_t st),
+                          void *arg);
+/* Registers the data messages' handler on ll's worker (after
+ * gshmd__link_start).  Returns 0 or -EIO. */
+int gshmd__link_data_start(struct links *ll);
+/* The link of a UCP endpoint, or NULL. */
+struct link *gshmd__link_by_ep(struct links *ll, ucp_ep_h ep);
+/* l->busy went down: when it reaches 0 on a failed link, on_idle runs. */
+void gshmd__link_unbusy(struct link *l);
+/* Makes sure the worker is progressed soon (after posting operations
+ * outside a UCX callback). */
+void gshmd__link_kick(struct links *ll);
+/* The outbound link to p finished its hello: it is up, and the requests
+ * that waited for it go. */
+void gshmd__link_up(struct link *l, uint32_t exported);
+/* Ends a link: its requests fail, on_lost runs, its peer goes down; the
+ * endpoint is closed outside UCX callbacks. */
+void gshmd__link_fail(struct link *l, int err, const char *why);
+/* Refuses a peer: tells it why, counts and logs it, closes the link. */
+void gshmd__link_refuse(struct link *l, enum refusal why, int err, const char *message);
+/* Counts a refusal; logs the first of each cause and then at powers of two. */
+void gshmd__link_refused(struct links *ll, enum refusal why, const char *who, const char *what);
+/* The configured peer of that name, or NULL. */
+struct peer *gshmd__link_peer_find(struct links *ll, const char *name);
+/* gshm.Status number -> negative errno, as the local protocol. */
+int gshmd__link_status_errno(uint32_t status);
+
+#endif

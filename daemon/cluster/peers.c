@@ -1,0 +1,182 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* PEERS: the configured peers, their state and the segments each exports
+ * now.  The count a peer gave in its hello goes stale as segments come
+ * and go there, so each PEERS asks every up peer again (a List that
+ * returns no segment, only the total) and answers when all have, or
+ * after GSHMD_PEERS_WAIT_MS with the last known count of the others. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "config.h"
+#include "internal.h"
+#include "wire.h"
+
+/* One peer's count being asked for. */
+struct count_req {
+  struct peer_req preq;
+  Gshm__Cluster__Msg msg;
+  Gshm__Cluster__ListRequest req;
+  struct peers_query *q;
+};
+
+/* One PEERS waiting for the counts. */
+struct peers_query {
+  struct gshmd_cluster *cl;
+  struct gshmd_client *client; /* NULL: went away, nothing to answer */
+  uint32_t request_id;
+  unsigned pending;            /* count requests whose done has not run */
+  bool answered;
+  bool timer_open;             /* until its close callback ran */
+  uv_timer_t timer;
+  struct count_req *reqs;      /* one per up peer */
+  unsigned nreqs;
+  struct gshm_list node;       /* cl->peer_queries */
+};
+
+/* Fills reply->cluster_peers from what is known now. */
+static void fill_peers(struct gshmd_cluster *cl, Gshm__Reply *reply) {
+  gshm__cluster_peer_list__init(&cl->peer_list);
+  cl->peer_list.node_name = cl->ll.node_name;
+  cl->peer_list.listen = cl->cfg->cluster_listen ? cl->cfg->cluster_listen : "";
+  cl->peer_list.cuda_memory = cl->ll.cuda_memory;
+  for (unsigned i = 0; i < cl->ll.npeers; i++) {
+    struct peer *p = &cl->ll.peers[i];
+    Gshm__ClusterPeer *ci = &cl->peer_infos[i];
+    gshm__cluster_peer__init(ci);
+    ci->name = p->name;
+    ci->address = p->address;
+    ci->state = p->state == PEER_UP ? "up" : p->state == PEER_CONNECTING ? "connecting" : "down";
+    ci->exported = p->exported;
+    gshmd__cluster_text_clean(p->why); /* may hold a peer's refusal */
+    ci->message = p->why;
+    cl->peer_ptrs[i] = ci;
+  }
+  cl->peer_list.n_peers = cl->ll.npeers;
+  cl->peer_list.peers = cl->peer_ptrs;
+  reply->body_case = GSHM__REPLY__BODY_CLUSTER_PEERS;
+  reply->cluster_peers = &cl->peer_list;
+}
+
+static void query_free_if_done(struct peers_query *q) {
+  if (q->answered && !q->pending && !q->timer_open) {
+    gshm_list_del(&q->node);
+    free(q->reqs);
+    free(q);
+  }
+}
+
+static void on_timer_closed(uv_handle_t *h) {
+  struct peers_query *q = h->data;
+  q->timer_open = false;
+  query_free_if_done(q);
+}
+
+/* Answers the query (once) with what is known now. */
+static void query_answer(struct peers_query *q) {
+  Gshm__Reply reply = GSHM__REPLY__INIT;
+
+  if (q->answered)
+    return;
+  q->answered = true;
+  if (q->client) {
+    reply.status = GSHM__STATUS__STATUS_OK;
+    fill_peers(q->cl, &reply);
+    q->cl->reply(q->cl->reply_arg, q->client, GSHM_WIRE_PEERS, q->request_id, &reply);
+  }
+  uv_timer_stop(&q->timer);
+  uv_close((uv_handle_t *)&q->timer, on_timer_closed);
+}
+
+static void on_wait_over(uv_timer_t *t) { query_answer(t->data); }
+
+static void count_done(struct peer_req *req, int err, const char *why,
+                       const Gshm__Cluster__Msg *m) {
+  struct count_req *cr = req->arg;
+  struct peers_query *q = cr->q;
+
+  (void)why;
+  if (!err && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST_REPLY)
+    req->peer->exported = m->list_reply->total;
+  if (--q->pending == 0)
+    query_answer(q);
+  query_free_if_done(q);
+}
+
+/* Asks each up peer for its count on behalf of q.  Returns how many were
+ * asked. */
+static unsigned ask_up_peers(struct gshmd_cluster *cl, struct peers_query *q) {
+  for (unsigned i = 0; i < cl->ll.npeers; i++) {
+    struct peer *p = &cl->ll.peers[i];
+    struct count_req *cr = &q->reqs[q->nreqs];
+    if (p->state != PEER_UP)
+      continue;
+    cr->q = q;
+    gshm__cluster__msg__init(&cr->msg);
+    gshm__cluster__list_request__init(&cr->req);
+    cr->req.after = UINT64_MAX; /* no segment, only the total */
+    cr->msg.body_case = GSHM__CLUSTER__MSG__BODY_LIST;
+    cr->msg.list = &cr->req;
+    cr->preq.msg = &cr->msg;
+    cr->preq.done = count_done;
+    cr->preq.arg = cr;
+    q->nreqs++;
+    q->pending++;
+    gshmd__link_req_submit(&cl->ll, p, &cr->preq);
+  }
+  return q->nreqs;
+}
+
+int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
+                               uint32_t request_id, Gshm__Reply *reply, bool *deferred_out) {
+  static Gshm__ClusterPeerList empty;
+  struct peers_query *q;
+  unsigned up = 0;
+
+  *deferred_out = false;
+  if (!cl) {
+    gshm__cluster_peer_list__init(&empty);
+    reply->body_case = GSHM__REPLY__BODY_CLUSTER_PEERS;
+    reply->cluster_peers = &empty;
+    return 0;
+  }
+  for (unsigned i = 0; i < cl->ll.npeers; i++)
+    up += cl->ll.peers[i].state == PEER_UP;
+  if (!up || cl->ll.stopping) {
+    fill_peers(cl, reply);
+    return 0;
+  }
+  if (!(q = calloc(1, sizeof(*q))) || !(q->reqs = calloc(up, sizeof(*q->reqs)))) {
+    free(q);
+    return -ENOMEM;
+  }
+  q->cl = cl;
+  q->client = c;
+  q->request_id = request_id;
+  uv_timer_init(cl->loop, &q->timer);
+  q->timer.data = q;
+  q->timer_open = true;
+  gshm_list_add_tail(&cl->peer_queries, &q->node);
+  uv_timer_start(&q->timer, on_wait_over, GSHMD_PEERS_WAIT_MS, 0);
+  *deferred_out = true;
+  ask_up_peers(cl, q); /* a done may run at once: the query then answers */
+  return 0;
+}
+
+void gshmd__peers_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c) {
+  struct gshm_list *pos;
+
+  gshm_list_foreach(pos, &cl->peer_queries) {
+    struct peers_query *q = gshm_list_entry(pos, struct peers_query, node);
+    if (q->client == c)
+      q->client = NULL;
+  }
+}
+
+void gshmd__peers_stop(struct gshmd_cluster *cl) {
+  struct gshm_list *pos, *tmp;
+
+  gshm_list_foreach_safe(pos, tmp, &cl->peer_queries) {
+    query_answer(gshm_list_entry(pos, struct peers_query, node));
+  }
+}

@@ -1,0 +1,594 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Serving peers: the list of exported segments, read grants (a read
+ * lease held by the internal client "peer:NAME" of the link, and the
+ * segment's UCX registration), Read and Stage requests answered with data
+ * messages, and Release (docs/CLUSTER.md). */
+#include <errno.h>
+#include <fnmatch.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "config.h"
+#include "errors.h"
+#include "internal.h"
+#include "log.h"
+#include "registry.h"
+
+#define MAX_STAGED_GRANTS 4 /* per link: each holds staging_bytes of pinned memory */
+#define LIST_PAGE_SEGMENTS 256 /* segments in one list answer at most */
+#define LIST_PAGE_BYTES 32768  /* and their encoding (GSHMD_CLUSTER_MAX_MSG bounds a message) */
+
+/* A served segment's registration: made at its first grant, kept until
+ * the segment is freed (registry on_free), so that each segment is
+ * registered with UCX once however often it is read. */
+struct export_reg {
+  void *addr;       /* mmap of the host segment (read-only); device: the backend's mapping */
+  bool device;
+  size_t len;
+  ucp_mem_h memh;
+  void *rkey;       /* ucp_rkey_pack() */
+  size_t rkey_len;
+};
+
+/* One grant being served: its data sends (and copies) in flight, and for
+ * a staged grant its slots. */
+struct serve_grant {
+  uint64_t grant_id;
+  struct stage_buf *sb;  /* NULL: not staged */
+  unsigned busy;         /* sends and copies of its bytes running */
+  bool released;         /* Release came while busy: ends when they do */
+  struct gshm_list node; /* link->grants */
+};
+
+/* Whether rule x lets peers read seg.  A peer reads as "others" of this
+ * node, or as a member of the group the rule names: the rule says whose
+ * segments may leave the node (a user cannot export a segment by naming
+ * it under a pattern), the mode says that the owner lets them. */
+static bool rule_allows(const struct export_rule *x, const struct gshmd_segment *seg) {
+  if (fnmatch(x->pattern, seg->name, 0) != 0)
+    return false;
+  switch (x->owner) {
+  case EXPORT_ADMINS:
+    return (seg->uid == 0 || seg->uid == geteuid()) && (seg->mode & S_IROTH);
+  case EXPORT_USER:
+    return seg->uid == x->id && (seg->mode & S_IROTH);
+  case EXPORT_GROUP:
+    return seg->gid == x->id && (seg->mode & S_IRGRP);
+  }
+  return false;
+}
+
+/* Whether a rule's pattern matches seg's name (for the log: why a
+ * segment of that name is not exported). */
+static bool name_matches(const struct gshmd_cluster *cl, const struct gshmd_segment *seg) {
+  for (unsigned i = 0; i < cl->nexport; i++)
+    if (fnmatch(cl->exports[i].pattern, seg->name, 0) == 0)
+      return true;
+  return false;
+}
+
+bool gshmd__serve_exported(const struct gshmd_cluster *cl, const struct gshmd_segment *seg) {
+  if (seg->unlinked)
+    return false;
+  for (unsigned i = 0; i < cl->nexport; i++)
+    if (rule_allows(&cl->exports[i], seg))
+      return true;
+  return false;
+}
+
+unsigned gshmd__serve_count(struct gshmd_cluster *cl) {
+  unsigned n = 0;
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &cl->reg->segments) {
+    n += gshmd__serve_exported(cl, gshm_list_entry(pos, struct gshmd_segment, node));
+  }
+  return n;
+}
+
+int gshmd__serve_link_up(struct gshmd_cluster *cl, struct link *l) {
+  struct gshmd_cred cred = {.pid = getpid(), .uid = geteuid(), .gid = getegid(), .admin = true};
+
+  /* The serving leases of this link belong to an internal client that
+   * gshmctl clients and mappings show as "peer:NAME". */
+  if (gshmd_registry_client_add(cl->reg, &cred, &l->serve_client))
+    return -ENOMEM;
+  snprintf(l->serve_client->name, sizeof(l->serve_client->name), "peer:%.58s", l->peer->name);
+  return 0;
+}
+
+static void segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster__Segment *s) {
+  gshm__cluster__segment__init(s);
+  s->id = seg->id;
+  s->generation = seg->generation;
+  s->name = seg->name;
+  s->size = seg->requested_size;
+  s->allocated = seg->mem->size;
+  s->location = (char *)seg->mem->location;
+  s->created_ns = seg->created_ns;
+}
+
+static void serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRequest *req) {
+  struct gshmd_cluster *cl = cluster_of(l->ll);
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+  Gshm__Cluster__Segment *segs;
+  Gshm__Cluster__Segment **ptrs;
+  struct gshm_list *pos;
+  size_t used = 0, n = 0, cap = LIST_PAGE_SEGMENTS;
+
+  segs = calloc(cap, sizeof(*segs));
+  ptrs = calloc(cap, sizeof(*ptrs));
+  if (!segs || !ptrs) {
+    free(segs);
+    free(ptrs);
+    gshmd__link_send_status(l, rid, -ENOMEM, "out of memory");
+    return;
+  }
+  gshm_list_foreach(pos, &cl->reg->segments) {
+    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+    size_t sz;
+    if (seg->id <= req->after || !gshmd__serve_exported(cl, seg))
+      continue;
+    /* a full page ends here, before segs[n] is written */
+    if (n == cap) {
+      r.next = segs[n - 1].id;
+      break;
+    }
+    segment_to_wire(seg, &segs[n]);
+    sz = gshm__cluster__segment__get_packed_size(&segs[n]) + 8;
+    if (used + sz > LIST_PAGE_BYTES) {
+      r.next = n ? segs[n - 1].id : 0;
+      break;
+    }
+    used += sz;
+    ptrs[n] = &segs[n];
+    n++;
+  }
+  r.n_segments = n;
+  r.segments = ptrs;
+  r.total = gshmd__serve_count(cl);
+  m.request_id = rid;
+  m.status = GSHM__STATUS__STATUS_OK;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+  m.list_reply = &r;
+  gshmd__link_send(l, &m);
+  free(segs);
+  free(ptrs);
+}
+
+/* ---- registrations ---------------------------------------------------- */
+
+static void export_reg_free(struct gshmd_cluster *cl, struct export_reg *x) {
+  if (!x)
+    return;
+  if (x->rkey)
+    ucp_rkey_buffer_release(x->rkey);
+  if (x->memh)
+    ucp_mem_unmap(cl->ll.ctx, x->memh);
+  if (x->addr && !x->device)
+    munmap(x->addr, x->len);
+  free(x);
+}
+
+void gshmd__serve_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  struct gshmd_cluster *cl = r->on_free_arg;
+  if (seg->cluster_export) {
+    gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unregistered", seg->name, seg->id);
+    export_reg_free(cl, seg->cluster_export);
+    seg->cluster_export = NULL;
+    cl->registered--;
+  }
+}
+
+void gshmd__serve_stop(struct gshmd_cluster *cl) {
+  struct gshm_list *pos;
+
+  gshm_list_foreach(pos, &cl->reg->segments) {
+    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+    export_reg_free(cl, seg->cluster_export);
+    seg->cluster_export = NULL;
+  }
+  if (cl->reg->on_free == gshmd__serve_segment_free) {
+    cl->reg->on_free = NULL;
+    cl->reg->on_free_arg = NULL;
+  }
+}
+
+/* Maps and registers a host segment for peers' gets, once per segment. */
+static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg,
+                          struct export_reg **out) {
+  struct gshmd_alloc *mem = seg->mem;
+  ucp_mem_map_params_t mp = {0};
+  struct export_reg *x;
+  int fd, e;
+
+  if (seg->cluster_export) {
+    *out = seg->cluster_export;
+    return 0;
+  }
+  if (!(x = calloc(1, sizeof(*x))))
+    return -ENOMEM;
+  x->len = mem->size;
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  if (mem->device_index >= 0) {
+    /* the direct path: UCX registers device memory (GPUDirect RDMA) */
+    x->device = true;
+    if (!mem->backend->ops->local_ptr) {
+      e = -ENOTSUP;
+      goto fail;
+    }
+    if ((e = mem->backend->ops->local_ptr(mem->backend, mem, &x->addr)))
+      goto fail;
+    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+  } else {
+    if ((e = mem->backend->ops->export_fd(mem->backend, mem, false, &fd)))
+      goto fail;
+    x->addr = mmap(NULL, x->len, PROT_READ, MAP_SHARED, fd, 0);
+    if (x->addr == MAP_FAILED) {
+      e = -errno;
+      x->addr = NULL;
+      gshm_log_err("cluster: mmap of segment '%s': %m", seg->name);
+      goto fail;
+    }
+  }
+  mp.address = x->addr;
+  mp.length = x->len;
+  if (ucp_mem_map(cl->ll.ctx, &mp, &x->memh) != UCS_OK ||
+      ucp_rkey_pack(cl->ll.ctx, x->memh, &x->rkey, &x->rkey_len) != UCS_OK) {
+    gshm_log_err("cluster: cannot register segment '%s' with UCX", seg->name);
+    e = -EIO;
+    goto fail;
+  }
+  gshm_log_debug("cluster: segment '%s' id %" PRIu64 " registered (%zu bytes, rkey %zu bytes)",
+                 seg->name, seg->id, x->len, x->rkey_len);
+  seg->cluster_export = x;
+  cl->registrations++;
+  cl->registered++;
+  *out = x;
+  return 0;
+fail:
+  export_reg_free(cl, x);
+  return e;
+}
+
+/* ---- grant records ---------------------------------------------------- */
+
+/* The record of a grant on link l (made at grant time, freed at release
+ * or when the link ends); staged: with its slots.  Errors: -EBUSY too
+ * many staged grants on this link, -ENOMEM, as gshmd_stage_buf_new. */
+static int grant_new(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id, bool staged,
+                     struct serve_grant **g_out) {
+  struct serve_grant *g;
+  struct gshm_list *pos;
+  unsigned n = 0;
+  int e;
+
+  gshm_list_foreach(pos, &l->grants) {
+    n += gshm_list_entry(pos, struct serve_grant, node)->sb != NULL;
+  }
+  if (staged && n >= MAX_STAGED_GRANTS)
+    return -EBUSY;
+  if (!(g = calloc(1, sizeof(*g))))
+    return -ENOMEM;
+  if (staged && (e = gshmd_stage_buf_new(&cl->stage, cl->cfg->cluster_pull_chunk, true, &g->sb))) {
+    free(g);
+    return e;
+  }
+  g->grant_id = grant_id;
+  gshm_list_add_tail(&l->grants, &g->node);
+  *g_out = g;
+  return 0;
+}
+
+/* The grant record of l, released or not; NULL when none. */
+static struct serve_grant *grant_find(struct link *l, uint64_t grant_id) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &l->grants) {
+    struct serve_grant *g = gshm_list_entry(pos, struct serve_grant, node);
+    if (g->grant_id == grant_id)
+      return g;
+  }
+  return NULL;
+}
+
+static void grant_free(struct gshmd_cluster *cl, struct serve_grant *g) {
+  gshm_list_del(&g->node);
+  gshmd_stage_free(&cl->stage, g->sb);
+  free(g);
+}
+
+/* One send or copy of the grant ended: a Release that came meanwhile
+ * takes effect with the last, and the grant's lease ends. */
+static void grant_unbusy(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id) {
+  struct serve_grant *g = grant_find(l, grant_id);
+
+  if (g && --g->busy == 0 && g->released) {
+    grant_free(cl, g);
+    if (l->serve_client)
+      gshmd_registry_close(cl->reg, l->serve_client, grant_id);
+  }
+}
+
+void gshmd__serve_link_idle(struct gshmd_cluster *cl, struct link *l) {
+  while (!gshm_list_empty(&l->grants))
+    grant_free(cl, gshm_list_entry(l->grants.next, struct serve_grant, node));
+  if (l->serve_client) {
+    gshmd_registry_client_remove(cl->reg, l->serve_client); /* ends its grants */
+    l->serve_client = NULL;
+  }
+}
+
+/* ---- requests --------------------------------------------------------- */
+
+/* Fills the grant's path fields: registered and read directly (host
+ * segments; device segments where UCX registers CUDA memory), or staged.
+ * Returns 0, or a negative errno with *why_out. */
+static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_segment *seg,
+                      uint64_t grant_id, Gshm__Cluster__Grant *g, const char **why_out) {
+  struct serve_grant *sg;
+  struct export_reg *x = NULL;
+  int e;
+
+  if (!strcmp(cl->cfg->cluster_staging, "always") ||
+      (seg->mem->device_index >= 0 && !cl->ll.cuda_memory)) {
+    if ((e = grant_new(cl, l, grant_id, true, &sg))) {
+      *why_out = e == -EBUSY ? "too many staged pulls from this node at once; try again"
+                             : "cannot set up the staging buffer";
+      return e;
+    }
+    g->path = GSHM__CLUSTER__PATH__PATH_STAGED;
+    g->address = (uint64_t)(uintptr_t)sg->sb->addr;
+    g->length = sg->sb->len;
+    g->rkey.data = sg->sb->rkey;
+    g->rkey.len = sg->sb->rkey_len;
+    g->slots = sg->sb->slots;
+    g->slot_size = sg->sb->slot_size;
+    return 0;
+  }
+  if ((e = export_reg_get(cl, seg, &x)) || (e = grant_new(cl, l, grant_id, false, &sg))) {
+    *why_out = "cannot register the segment with UCX";
+    return e;
+  }
+  g->path = x->device ? GSHM__CLUSTER__PATH__PATH_DIRECT : GSHM__CLUSTER__PATH__PATH_HOST;
+  g->address = (uint64_t)(uintptr_t)x->addr;
+  g->length = seg->requested_size < x->len ? seg->requested_size : x->len;
+  g->rkey.data = x->rkey;
+  g->rkey.len = x->rkey_len;
+  return 0;
+}
+
+static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__GrantRequest *req) {
+  struct gshmd_cluster *cl = cluster_of(l->ll);
+  struct gshmd_segment *seg = gshmd_registry_find_name(cl->reg, req->name);
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
+  Gshm__Cluster__Segment s;
+  Gshm__OpenRequest open = GSHM__OPEN_REQUEST__INIT;
+  struct gshmd_lease *lease;
+  const char *msg = NULL;
+  char buf[400];
+  int e;
+
+  /* A segment that is not exported does not exist for peers. */
+  if (!seg || !gshmd__serve_exported(cl, seg)) {
+    snprintf(buf, sizeof(buf), "node '%s' exports no segment named '%.255s'", cl->ll.node_name,
+             req->name);
+    gshm_log_notice("cluster: peer '%s' asked for '%.255s': not exported%s", l->peer->name,
+                    req->name, seg && name_matches(cl, seg)
+                                   ? " (its name matches cluster.export, its owner or mode "
+                                     "does not: see the rules in docs/CLUSTER.md)"
+                                   : "");
+    gshmd__link_send_status(l, rid, -ENOENT, buf);
+    return;
+  }
+  open.segment_id = seg->id;
+  open.generation = seg->generation;
+  open.access = GSHM__ACCESS__ACCESS_READ;
+  if ((e = gshmd_registry_open(cl->reg, l->serve_client, &open, &lease, &msg))) {
+    gshmd__link_send_status(l, rid, e, msg);
+    return;
+  }
+  segment_to_wire(seg, &s);
+  g.segment = &s;
+  g.grant_id = lease->id;
+  if ((e = grant_path(cl, l, seg, lease->id, &g, &msg))) {
+    gshmd_registry_close(cl->reg, l->serve_client, lease->id);
+    gshmd__link_send_status(l, rid, e, msg);
+    return;
+  }
+  cl->served_grants++;
+  gshm_log_info("cluster: peer '%s' granted read of '%s' id %" PRIu64 " (%s, grant %" PRIu64 ")",
+                l->peer->name, seg->name, seg->id,
+                g.path == GSHM__CLUSTER__PATH__PATH_HOST     ? "host"
+                : g.path == GSHM__CLUSTER__PATH__PATH_DIRECT ? "direct"
+                                                             : "staged",
+                lease->id);
+  m.request_id = rid;
+  m.status = GSHM__STATUS__STATUS_OK;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
+  m.grant = &g;
+  gshmd__link_send(l, &m);
+}
+
+/* The serving lease of a grant this link holds; NULL when it has none. */
+static struct gshmd_lease *link_lease(struct link *l, uint64_t grant_id) {
+  struct gshmd_lease *lease = gshmd_registry_find_lease(cluster_of(l->ll)->reg, grant_id);
+  return lease && lease->client == l->serve_client ? lease : NULL;
+}
+
+static void serve_release(struct link *l, const Gshm__Cluster__Release *r) {
+  struct gshmd_cluster *cl = cluster_of(l->ll);
+  struct gshmd_lease *lease = link_lease(l, r->grant_id);
+  struct serve_grant *g;
+
+  if (!lease)
+    return;
+  gshm_log_debug("cluster: peer '%s' released grant %" PRIu64, l->peer->name, r->grant_id);
+  if ((g = grant_find(l, r->grant_id)) && g->busy) {
+    /* with bytes of the grant still being sent, the lease (which keeps
+     * their memory) ends with the last send */
+    g->released = true;
+    return;
+  }
+  if (g)
+    grant_free(cl, g);
+  gshmd_registry_close(cl->reg, l->serve_client, lease->id);
+}
+
+/* A send of a grant's bytes: when it ends, the grant is one send less busy. */
+struct grant_send {
+  struct stage_copy sc;  /* Stage: the copy into the slot first */
+  struct gshmd_cluster *cl;
+  struct link *l;
+  uint64_t grant_id;
+  uint32_t rid;
+};
+
+static void on_grant_sent(void *arg, ucs_status_t st) {
+  struct grant_send *gs = arg;
+  (void)st;
+  grant_unbusy(gs->cl, gs->l, gs->grant_id);
+  free(gs);
+}
+
+static struct grant_send *grant_send_new(struct link *l, struct serve_grant *g, uint32_t rid) {
+  struct grant_send *gs = calloc(1, sizeof(*gs));
+  if (!gs)
+    return NULL;
+  gs->cl = cluster_of(l->ll);
+  gs->l = l;
+  gs->grant_id = g->grant_id;
+  gs->rid = rid;
+  return gs;
+}
+
+/* Read: the bytes of a host (or directly registered device) grant. */
+static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *r) {
+  struct gshmd_lease *lease = link_lease(l, r->grant_id);
+  struct serve_grant *g = grant_find(l, r->grant_id);
+  struct grant_send *gs;
+  struct export_reg *x;
+  struct gshmd_segment *seg;
+  int e;
+
+  if (!lease || !g || g->released || g->sb || !(seg = lease->seg) || !(x = seg->cluster_export)) {
+    gshmd__link_send_status(l, rid, -ESTALE, "no such grant (or a staged one: use Stage)");
+    return;
+  }
+  if (r->length == 0 || r->offset > seg->requested_size ||
+      r->length > seg->requested_size - r->offset || r->offset + r->length > x->len) {
+    gshmd__link_send_status(l, rid, -EINVAL, "read outside the segment");
+    return;
+  }
+  if (!(gs = grant_send_new(l, g, rid))) {
+    gshmd__link_send_status(l, rid, -ENOMEM, "out of memory");
+    return;
+  }
+  g->busy++;
+  if ((e = gshmd__link_send_data(l, rid, r->offset, (uint8_t *)x->addr + r->offset, r->length,
+                                 x->memh, on_grant_sent, gs))) {
+    g->busy--;
+    free(gs);
+    gshmd__link_send_status(l, rid, e, "cannot send");
+  }
+}
+
+/* A Stage's copy into its slot finished: the slot goes out. */
+static void on_slot_filled(struct stage_copy *sc, int err) {
+  struct grant_send *gs = sc->arg;
+  struct link *l = gs->l;
+  struct serve_grant *g = grant_find(l, gs->grant_id);
+
+  if (!err && (!g || g->released || l->state != LINK_UP))
+    err = -ESTALE;
+  if (!err)
+    err = gshmd__link_send_data(l, gs->rid, sc->offset, sc->host, sc->len, g->sb->memh,
+                                on_grant_sent, gs);
+  l->busy--; /* the copy's count; a send counts itself */
+  if (err) {
+    if (l->state == LINK_UP)
+      gshmd__link_send_status(l, gs->rid, err, "the staging copy failed");
+    on_grant_sent(gs, UCS_OK);
+  }
+  gshmd__link_unbusy(l);
+}
+
+/* Copies the chunk a Stage names into its slot and sends it from there
+ * as the data message answering request rid.  Errors (nothing sent):
+ * -ESTALE no such staged grant, -EINVAL range or slot, -ENOMEM. */
+static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
+                       struct gshmd_segment *seg, const Gshm__Cluster__Stage *s) {
+  struct serve_grant *g = grant_find(l, s->grant_id);
+  struct grant_send *gs;
+  struct export_reg *x = NULL;
+  int e;
+
+  if (!g || g->released || !g->sb)
+    return -ESTALE;
+  if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
+      s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)
+    return -EINVAL;
+  if (seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, &x)))
+    return e;
+  if (!(gs = grant_send_new(l, g, rid)))
+    return -ENOMEM;
+  gs->sc.mem = seg->mem;
+  gs->sc.host_map = x ? x->addr : NULL;
+  gs->sc.offset = s->offset;
+  gs->sc.len = s->length;
+  gs->sc.host = (uint8_t *)g->sb->addr + (uint64_t)s->slot * g->sb->slot_size;
+  gs->sc.to_segment = false;
+  gs->sc.done = on_slot_filled;
+  gs->sc.arg = gs;
+  if ((e = gshmd_stage_copy(&cl->stage, &gs->sc))) {
+    free(gs);
+    return e;
+  }
+  l->busy++;
+  g->busy++;
+  return 0;
+}
+
+static void serve_stage(struct link *l, uint32_t rid, const Gshm__Cluster__Stage *s) {
+  struct gshmd_lease *lease = link_lease(l, s->grant_id);
+  int e;
+
+  if (!lease) {
+    gshmd__link_send_status(l, rid, -ESTALE, "no such grant");
+    return;
+  }
+  if ((e = stage_chunk(cluster_of(l->ll), l, rid, lease->seg, s)))
+    gshmd__link_send_status(l, rid, e, "cannot stage that chunk");
+}
+
+bool gshmd__serve_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__Cluster__Msg *m) {
+  (void)cl;
+  if (!l->inbound || l->state != LINK_UP)
+    return false;
+  switch (m->body_case) {
+  case GSHM__CLUSTER__MSG__BODY_LIST:
+    serve_list(l, m->request_id, m->list);
+    return true;
+  case GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST:
+    serve_grant(l, m->request_id, m->grant_request);
+    return true;
+  case GSHM__CLUSTER__MSG__BODY_STAGE:
+    serve_stage(l, m->request_id, m->stage);
+    return true;
+  case GSHM__CLUSTER__MSG__BODY_RELEASE:
+    serve_release(l, m->release);
+    return true;
+  case GSHM__CLUSTER__MSG__BODY_READ:
+    serve_read(l, m->request_id, m->read);
+    return true;
+  default:
+    return false;
+  }
+}

@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Staging through pinned host memory (docs/CLUSTER.md "Device memory"):
+ * host buffers registered with UCX, kept in a small pool between pulls,
+ * and copies between a segment and host memory on libuv's thread pool.
+ * Who uses the slots for what is serve.c's and pull.c's business. */
+#ifndef GSHMD_CLUSTER_STAGE_H
+#define GSHMD_CLUSTER_STAGE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <ucp/api/ucp.h>
+#include <uv.h>
+
+struct gshmd_alloc;
+struct gshmd_backend;
+
+#define STAGE_POOL_KEEP 4     /* staging buffers kept for the next pull */
+#define STAGE_MAX_SLOTS 256   /* slots per staging buffer */
+#define STAGE_MIN_SLOT_SIZE 4096ull      /* a slot is cluster.pull_chunk bytes: */
+#define STAGE_MAX_SLOT_SIZE (1ull << 30) /* the option table's bounds */
+
+/* Whether a peer's staged grant (slots of slot_size bytes within length
+ * bytes) is one a gshmd's staging could have made.  The puller sizes its
+ * slot table by slots: a peer's word alone must not (2^26 slots took
+ * 256 MiB). */
+static inline bool gshmd_stage_grant_ok(uint64_t slots, uint64_t slot_size, uint64_t length) {
+  return slots >= 1 && slots <= STAGE_MAX_SLOTS && slot_size >= STAGE_MIN_SLOT_SIZE &&
+         slot_size <= STAGE_MAX_SLOT_SIZE && slots * slot_size <= length;
+}
+
+/* Host slots registered with UCX: page-locked (the CUDA backend's
+ * host_alloc) when there is one, else plain pages. */
+struct stage_buf {
+  void *addr;
+  uint64_t len;
+  uint32_t slots;
+  uint64_t slot_size;
+  bool pinned;
+  ucp_mem_h memh;
+  void *rkey;          /* packed, when made for peers */
+  size_t rkey_len;
+};
+
+/* The staging state of one gshmd. */
+struct stage_pool {
+  uv_loop_t *loop;
+  ucp_context_h ctx;
+  struct gshmd_backend *pin;  /* backend that pins host memory, or NULL */
+  uint64_t staging_bytes;     /* cluster.staging_bytes: one buffer */
+  bool stopping;              /* buffers given back are freed, not kept */
+  struct stage_buf *kept[STAGE_POOL_KEEP];
+  unsigned nkept;
+};
+
+/* sp->staging_bytes in slots of slot_size bytes (at least one, at most
+ * STAGE_MAX_SLOTS), registered; with_rkey packs its rkey for a peer.  A
+ * kept buffer of the same slot size and kind when there is one.  Errors:
+ * -ENOMEM, -EIO. */
+int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, bool with_rkey,
+                        struct stage_buf **sb_out);
+/* Gives a staging buffer back: kept for the next staged pull (pinning
+ * and registering 64 MiB costs tens of milliseconds, more than a small
+ * pull), or freed when STAGE_POOL_KEEP wait already or the cluster
+ * stops.  Accepts NULL. */
+void gshmd_stage_free(struct stage_pool *sp, struct stage_buf *sb);
+/* Frees the kept buffers (cluster stop). */
+void gshmd_stage_pool_drain(struct stage_pool *sp);
+
+/* One copy between a segment and host memory, on libuv's thread pool.
+ * host_map: the segment's mapping in gshmd for a host segment (NULL for
+ * a device segment, copied by its backend).  done runs on the loop with
+ * err 0 or a negative errno. */
+struct stage_copy;
+typedef void (*stage_done_fn)(struct stage_copy *sc, int err);
+struct stage_copy {
+  uv_work_t work;
+  struct gshmd_alloc *mem;
+  uint8_t *host_map;
+  uint64_t offset, len;
+  void *host;
+  bool to_segment;
+  int err;
+  stage_done_fn done;
+  void *arg;
+};
+/* Queues the copy.  Returns 0 or -ENOMEM (done not called). */
+int gshmd_stage_copy(struct stage_pool *sp, struct stage_copy *sc);
+
+#endif

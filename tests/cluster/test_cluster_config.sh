@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# gshmd --check-config refuses every [cluster] config that gshmd refuses
+# at start, with the same message; a cluster port something else
+# listens on is one clear error at start.
+#
+# usage: test_cluster_config.sh GSHMD
+set -euo pipefail
+
+gshmd=$1
+unset GSHM_SOCKET JOURNAL_STREAM NOTIFY_SOCKET
+export LC_ALL=C
+
+tmp=$(mktemp -d)
+holder=
+cleanup() {
+  [[ -n $holder ]] && kill "$holder" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+head -c 32 /dev/urandom | base64 >"$tmp/key"
+chmod 0600 "$tmp/key"
+printf 'short-key' >"$tmp/short"
+chmod 0600 "$tmp/short"
+cp "$tmp/key" "$tmp/open-key"
+chmod 0640 "$tmp/open-key"
+
+# refused WHAT MESSAGE ARGS...: --check-config exits 2 and gshmd exits
+# non-zero, both saying MESSAGE on stderr.
+refused() {
+  local what=$1 msg=$2 rc=0
+  shift 2
+  "$gshmd" --check-config "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
+  if [[ $rc != 2 ]] || ! grep -qF -- "$msg" "$tmp/err"; then
+    fail "$what: --check-config exit $rc, wanted 2 and '$msg'"
+    sed 's/^/  stderr: /' "$tmp/err" >&2
+  fi
+  rc=0
+  timeout 30 "$gshmd" --backend host --set "daemon.socket=$tmp/sock" "$@" \
+    >"$tmp/out" 2>"$tmp/err" || rc=$?
+  if [[ $rc == 0 || $rc == 124 ]] || ! grep -qF -- "$msg" "$tmp/err"; then
+    fail "$what: gshmd exit $rc, wanted a refusal with '$msg'"
+    sed 's/^/  stderr: /' "$tmp/err" >&2
+  fi
+}
+
+L=(--set cluster.listen=127.0.0.1:1)
+K=(--set "cluster.secret_file=$tmp/key")
+
+refused "listen without a secret" "cluster.secret_file is required" "${L[@]}"
+refused "peers without a secret" "cluster.secret_file is required" \
+  --set cluster.peers=n=127.0.0.1:7470
+refused "missing key" "No such file" "${L[@]}" --set "cluster.secret_file=$tmp/none"
+refused "short key" "at least 16 bytes" "${L[@]}" --set "cluster.secret_file=$tmp/short"
+refused "key readable by the group" "chmod 0600" "${L[@]}" --set "cluster.secret_file=$tmp/open-key"
+refused "listen without a port" "want ADDRESS:PORT" --set cluster.listen=127.0.0.1 "${K[@]}"
+refused "peer without an address" "is not NAME=ADDRESS:PORT" "${L[@]}" "${K[@]}" \
+  --set cluster.peers=node7
+refused "peer without a port" "cannot resolve" "${L[@]}" "${K[@]}" \
+  --set cluster.peers=node7=10.0.0.7
+refused "peer named twice" "named twice" "${L[@]}" "${K[@]}" \
+  --set "cluster.peers=n=127.0.0.1:2,n=127.0.0.1:3"
+refused "peer name with a control byte" "no blanks or control bytes" "${L[@]}" "${K[@]}" \
+  --set "cluster.peers=a$(printf '\033')b=127.0.0.1:2"
+refused "node name with a blank" "cluster.node_name" "${L[@]}" "${K[@]}" \
+  --set "cluster.node_name=a b"
+refused "export of an unknown user" "no such user or group" "${L[@]}" "${K[@]}" \
+  --set "cluster.export=llama/*:no-such-user-here"
+refused "export of an unknown group" "no such user or group" "${L[@]}" "${K[@]}" \
+  --set "cluster.export=llama/*:@no-such-group-here"
+refused "export rule without a pattern" "want PATTERN" "${L[@]}" "${K[@]}" \
+  --set "cluster.export=:root"
+refused "unknown pull group" "does not exist" "${L[@]}" "${K[@]}" \
+  --set cluster.pull_group=no-such-group-here
+
+# what is accepted
+rc=0
+"$gshmd" --check-config "${L[@]}" "${K[@]}" --set "cluster.peers=n=127.0.0.1:2" \
+  --set "cluster.export=llama/* kv/*:root kv/*:@root" >"$tmp/out" 2>"$tmp/err" || rc=$?
+if [[ $rc != 0 ]] || ! grep -qF "configuration ok" "$tmp/out"; then
+  fail "a good cluster config: exit $rc"
+  sed 's/^/  stderr: /' "$tmp/err" >&2
+fi
+
+# A port something listens on: one clear error at start.
+python3 -c '
+import socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(120)' >"$tmp/port" &
+holder=$!
+for _ in $(seq 100); do [[ -s $tmp/port ]] && break; sleep 0.1; done
+port=$(cat "$tmp/port")
+rc=0
+timeout 30 "$gshmd" --backend host --set "daemon.socket=$tmp/sock" \
+  --set "cluster.listen=127.0.0.1:$port" "${K[@]}" >"$tmp/out" 2>"$tmp/err" || rc=$?
+if [[ $rc == 0 || $rc == 124 ]] || ! grep -qF "cluster.listen 127.0.0.1:$port: the port is in use" "$tmp/err"; then
+  fail "port in use: exit $rc"
+  sed 's/^/  stderr: /' "$tmp/err" >&2
+fi
+
+if ((failures)); then
+  echo "$failures failure(s)" >&2
+  exit 1
+fi
+echo "cluster config: ok"
