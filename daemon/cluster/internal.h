@@ -18,6 +18,8 @@
 
 struct gshmd_segment;
 
+#define GSHMD_PULLS_SHOWN 64 /* pulls in flight that PEERS lists (one reply packet) */
+
 /* Why pulls failed, for gshm_cluster_pull_errors_total{cause}. */
 enum pull_failure {
   PULL_FAIL_PEER_LOST,  /* -ECONNRESET, -ETIMEDOUT, -ESHUTDOWN */
@@ -40,7 +42,7 @@ struct gshmd_cluster {
   gshmd_cluster_reply_fn reply; /* to local clients (the daemon's server) */
   void *reply_arg;
   uint8_t key[crypto_auth_KEYBYTES];
-  struct gshm_list pulls;    /* struct pull.node */
+  struct gshm_list pulls;    /* struct pull_set.node */
   struct gshm_list lists;    /* struct remote_list.node */
   bool have_pull_gid;
   gid_t pull_gid;
@@ -55,6 +57,8 @@ struct gshmd_cluster {
   Gshm__ClusterPeerList peer_list;
   Gshm__ClusterPeer *peer_infos;
   Gshm__ClusterPeer **peer_ptrs;
+  Gshm__ClusterPull pull_infos[GSHMD_PULLS_SHOWN];
+  Gshm__ClusterPull *pull_ptrs[GSHMD_PULLS_SHOWN];
 };
 
 static inline struct gshmd_cluster *cluster_of(struct links *ll) {
@@ -113,6 +117,10 @@ void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);
 void gshmd__pull_reap(struct gshmd_cluster *cl);
 /* Every pull fails at once (shutdown); in-flight gets are cancelled. */
 void gshmd__pull_stop_all(struct gshmd_cluster *cl);
+/* Describes up to max pulls in flight (sets count once) into out; the
+ * strings point into the pulls (valid until the loop runs again).
+ * Returns how many. */
+size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, size_t max);
 /* The cause of a failed pull's errno. */
 enum pull_failure gshmd__pull_failure(int err);
 

@@ -1,8 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The reading side of a pull: a read grant from the peer, a new local
- * segment owned by the requesting user, pipelined chunk reads whose bytes
- * are received straight into it, progress replies to the requester, and
- * on any failure the partial segment removed (docs/CLUSTER.md). */
+/* The reading side of a pull: one segment, or a set (every segment a peer
+ * exports under a prefix, listed page by page).  Each segment gets a read
+ * grant from the peer, a new hidden local segment owned by the requesting
+ * user, and pipelined chunk reads whose bytes are received straight into
+ * it; grants for the next segments are asked while earlier ones read
+ * (GRANTS_AHEAD), and one budget of chunks in flight (cluster.pull_depth)
+ * serves the whole set.  Progress replies go to the requester.  Nobody
+ * sees a new segment until every byte of every segment is in: then the
+ * set is published in one step (gshmd_registry_publish); on any failure
+ * the hidden segments are freed, and a restart cannot bring one back (the
+ * fd store never hears of them).  docs/CLUSTER.md. */
 #include <errno.h>
 #include <stdarg.h>
 #include <inttypes.h>
@@ -21,8 +28,11 @@
 #include "wire.h"
 
 #define PROGRESS_NS 200000000LL /* a progress reply at most every 200 ms */
+#define GRANTS_AHEAD 16         /* segments of a set granted (or asked for) at once */
+#define PULL_SET_MAX 16384      /* segments in one set */
 
 struct pull;
+struct pull_set;
 
 /* One chunk in flight: asked for (Read, or Stage: copied into a slot on
  * the peer first) -> its bytes received -> [copied into the local device
@@ -38,27 +48,25 @@ struct chunk {
   struct stage_copy sc;      /* slot -> local device segment */
 };
 
+/* One segment of a set: started (grant asked) -> granted -> every byte
+ * in (finished) -> closed (grant released, mapping gone; its hidden
+ * segment waits for the set). */
 struct pull {
-  struct gshm_list node;      /* cl->pulls */
+  struct pull_set *s;
   struct gshm_list link_node; /* link->pulls, once granted */
-  struct gshmd_cluster *cl;
-  struct peer *peer;
   struct link *link;          /* the link the grant came on; NULL when lost */
-  struct gshmd_client *requester; /* NULL once gone */
-  uint32_t request_id;
-  struct gshmd_client *holder; /* internal client with the requester's cred */
-  struct gshmd_lease *lease;  /* holder's lease on the new segment */
-  struct peer_req req;
+  struct peer_req req;        /* the grant request */
+  bool req_pending;           /* submitted, its done still to come */
   Gshm__Cluster__Msg msg;
   Gshm__Cluster__GrantRequest greq;
   char remote_name[256];
   char local_name[256];
   char location[GSHM_LOCATION_MAX];
-  uint32_t mode;
-  bool granted, finished, on_link;
+  bool started, granted, finished, closed, on_link;
   uint64_t grant_id, remote_id, remote_gen;
   Gshm__Cluster__Path path;
   char path_reason[160];
+  uint64_t listed;               /* its size in the peer's listing (0: not listed) */
   uint64_t total, next_off, done;
   unsigned inflight;             /* chunks in any step */
   bool remote_staged, local_staged;
@@ -66,71 +74,114 @@ struct pull {
   uint32_t nslots, nfree;
   uint32_t *free_slots;
   struct stage_buf *lsb;         /* local slots (local_staged) */
-  struct gshmd_alloc *mem;       /* the new segment's memory */
+  struct gshmd_segment *seg;     /* the new segment, hidden until the set is published */
+  struct gshmd_alloc *mem;       /* its memory */
   ucp_mem_h memh;
   void *dst;                     /* where gets land without staging */
   size_t dst_len;
   bool dst_mapped;               /* dst is our mmap of a host segment */
+};
+
+/* One request: a segment, or every segment under a prefix. */
+struct pull_set {
+  struct gshm_list node;      /* cl->pulls */
+  struct gshmd_cluster *cl;
+  struct peer *peer;
+  struct gshmd_client *requester; /* NULL once gone */
+  uint32_t request_id;
+  struct gshmd_client *holder; /* internal client with the requester's cred */
+  char name[256];             /* the segment, or the prefix */
+  char local[256];            /* its local name, or the local prefix */
+  char location[GSHM_LOCATION_MAX];
+  uint32_t mode;
+  bool prefix, replace;
+  /* the listing of a prefix, page by page */
+  struct peer_req lreq;
+  Gshm__Cluster__Msg lmsg;
+  Gshm__Cluster__ListRequest lr;
+  bool listing, lreq_pending;
+  struct pull **items;
+  size_t n, cap;
+  size_t next_start;          /* items[next_start] is the next to ask a grant for */
+  size_t first_open;          /* items before it are closed */
+  size_t nclosed;
+  unsigned active;            /* started, not closed */
+  unsigned inflight;          /* chunks in flight, all items */
+  uint64_t total, done;       /* bytes */
   int64_t start_ns, last_progress_ns;
   int err;
   char why[256];
 };
 
-static void pull_fail(struct pull *p, int err, const char *fmt, ...)
+static void set_fail(struct pull_set *s, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void pull_fail(struct pull *p, int err, const char *fmt, ...) {
+static void set_fail(struct pull_set *s, int err, const char *fmt, ...) {
   va_list ap;
 
-  if (!p->err) {
-    p->err = err;
+  if (!s->err) {
+    s->err = err;
     va_start(ap, fmt);
-    vsnprintf(p->why, sizeof(p->why), fmt, ap);
+    vsnprintf(s->why, sizeof(s->why), fmt, ap);
     va_end(ap);
+    /* what is not sent yet is withdrawn; what is sent ends with its answer */
+    if (s->lreq_pending && gshmd__link_req_cancel(&s->lreq))
+      s->lreq_pending = false;
+    for (size_t i = s->first_open; i < s->next_start; i++) {
+      struct pull *p = s->items[i];
+      if (p->req_pending && gshmd__link_req_cancel(&p->req))
+        p->req_pending = false;
+    }
   }
-  if (p->inflight == 0 && !p->req.queued)
-    p->finished = true;
-  gshmd__link_kick(&p->cl->ll);
+  gshmd__link_kick(&s->cl->ll);
 }
 
-static void send_progress(struct pull *p) {
+/* A failure of one segment fails its set. */
+#define pull_fail(p, err, ...) set_fail((p)->s, err, __VA_ARGS__)
+
+static void send_progress(struct pull_set *s) {
   Gshm__Reply reply = GSHM__REPLY__INIT;
   Gshm__PullProgress pr = GSHM__PULL_PROGRESS__INIT;
   int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
 
-  if (!p->requester || now - p->last_progress_ns < PROGRESS_NS)
+  if (!s->requester || now - s->last_progress_ns < PROGRESS_NS)
     return;
-  p->last_progress_ns = now;
-  pr.bytes_done = p->done;
-  pr.bytes_total = p->total;
-  pr.elapsed_ns = now - p->start_ns;
+  s->last_progress_ns = now;
+  pr.bytes_done = s->done;
+  pr.bytes_total = s->total;
+  pr.elapsed_ns = now - s->start_ns;
+  pr.segments_done = (uint32_t)s->nclosed;
+  pr.segments_total = s->listing ? 0 : (uint32_t)s->n;
   reply.status = GSHM__STATUS__STATUS_OK;
   reply.body_case = GSHM__REPLY__BODY_PULL_PROGRESS;
   reply.pull_progress = &pr;
-  p->cl->reply(p->cl->reply_arg, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
+  s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
 }
 
-static void issue_chunks(struct pull *p);
+static void set_issue(struct pull_set *s);
 
 /* A chunk left every step (err 0: its bytes are in place). */
 static void chunk_end(struct chunk *c, int err, const char *why) {
   struct pull *p = c->p;
+  struct pull_set *s = p->s;
 
   p->inflight--;
+  s->inflight--;
   if (p->nslots)
     p->free_slots[p->nfree++] = c->slot;
-  if (err)
+  if (err) {
     pull_fail(p, err, "%s", why);
-  else
+  } else {
     p->done += c->len;
-  free(c);
-  if (p->err) {
-    if (p->inflight == 0 && !p->req.queued)
-      p->finished = true;
-    gshmd__link_kick(&p->cl->ll);
-    return;
+    s->done += c->len;
   }
-  issue_chunks(p);
-  send_progress(p);
+  free(c);
+  if (!s->err) {
+    if (p->done == p->total)
+      p->finished = true;
+    set_issue(s);
+    send_progress(s);
+  }
+  gshmd__link_kick(&s->cl->ll);
 }
 
 static void on_copied(struct stage_copy *sc, int err) {
@@ -153,7 +204,7 @@ static void chunk_landed(struct chunk *c) {
   c->sc.to_segment = true;
   c->sc.done = on_copied;
   c->sc.arg = c;
-  if (gshmd_stage_copy(&p->cl->stage, &c->sc))
+  if (gshmd_stage_copy(&p->s->cl->stage, &c->sc))
     chunk_end(c, -ENOMEM, "out of memory");
 }
 
@@ -163,7 +214,7 @@ static void on_recv_done(void *request, ucs_status_t status, size_t length, void
 
   ucp_request_free(request);
   if (status != UCS_OK || length != c->len) {
-    snprintf(why, sizeof(why), "receiving from peer '%s' failed: %s", c->p->peer->name,
+    snprintf(why, sizeof(why), "receiving from peer '%s' failed: %s", c->p->s->peer->name,
              status != UCS_OK ? ucs_status_string(status) : "short message");
     chunk_end(c, -ECONNRESET, why);
     return;
@@ -182,7 +233,7 @@ static void on_chunk_data(struct peer_req *req, void *data, size_t len, const uc
 
   if (len != c->len) {
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
-      ucp_am_data_release(p->cl->ll.worker, data);
+      ucp_am_data_release(p->s->cl->ll.worker, data);
     chunk_end(c, -EPROTO, "the peer sent a chunk of the wrong size");
     return;
   }
@@ -196,7 +247,7 @@ static void on_chunk_data(struct peer_req *req, void *data, size_t len, const uc
       rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
       rp.memh = memh;
     }
-    sp = ucp_am_recv_data_nbx(p->cl->ll.worker, data, dst, len, &rp);
+    sp = ucp_am_recv_data_nbx(p->s->cl->ll.worker, data, dst, len, &rp);
     if (UCS_PTR_IS_PTR(sp))
       return;
     if (UCS_PTR_STATUS(sp) != UCS_OK) {
@@ -226,17 +277,18 @@ static void on_chunk_answer(struct peer_req *req, int err, const char *why,
     err = -EPROTO;
     why = "the peer answered a read without the bytes";
   }
-  snprintf(buf, sizeof(buf), "peer '%s': %s", c->p->peer->name, why);
+  snprintf(buf, sizeof(buf), "peer '%s': %s", c->p->s->peer->name, why);
   chunk_end(c, err, buf);
 }
 
-/* Keeps cluster.pull_depth chunks in flight (and no more than there are
- * staging slots): each a Read (or, from a staging peer, a Stage) answered
- * with its bytes. */
+/* Keeps the set's chunks in flight (cluster.pull_depth over the whole
+ * set, and no more than p has staging slots) from p: each a Read (or,
+ * from a staging peer, a Stage) answered with its bytes. */
 static void issue_chunks(struct pull *p) {
-  struct gshmd_cluster *cl = p->cl;
+  struct pull_set *s = p->s;
+  struct gshmd_cluster *cl = s->cl;
 
-  while (!p->err && p->inflight < cl->cfg->cluster_pull_depth && p->next_off < p->total &&
+  while (!s->err && s->inflight < cl->cfg->cluster_pull_depth && p->next_off < p->total &&
          (!p->nslots || p->nfree)) {
     struct chunk *c = calloc(1, sizeof(*c));
     if (!c) {
@@ -250,6 +302,7 @@ static void issue_chunks(struct pull *p) {
       c->slot = p->free_slots[--p->nfree];
     p->next_off += c->len;
     p->inflight++;
+    s->inflight++;
     gshm__cluster__msg__init(&c->msg);
     if (p->remote_staged) {
       gshm__cluster__stage__init(&c->st);
@@ -271,21 +324,30 @@ static void issue_chunks(struct pull *p) {
     c->req.done = on_chunk_answer;
     c->req.on_data = on_chunk_data;
     c->req.arg = c;
-    c->req.peer = p->peer;
+    c->req.peer = s->peer;
     if (!p->link) {
       chunk_end(c, -ECONNRESET, "peer lost");
       break;
     }
     gshmd__link_req_send(p->link, &c->req);
   }
-  if (!p->err && p->done == p->total && p->inflight == 0)
-    p->finished = true;
-  gshmd__link_kick(&cl->ll);
+}
+
+/* Chunks for the open segments, oldest first, while the budget lasts. */
+static void set_issue(struct pull_set *s) {
+  for (size_t i = s->first_open; i < s->next_start && !s->err; i++) {
+    struct pull *p = s->items[i];
+    if (s->inflight >= s->cl->cfg->cluster_pull_depth)
+      break;
+    if (p->granted && !p->closed && !p->finished && p->total)
+      issue_chunks(p);
+  }
+  gshmd__link_kick(&s->cl->ll);
 }
 
 /* The new local segment, mapped and registered for the gets. */
 static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
-  struct gshmd_cluster *cl = p->cl;
+  struct gshmd_cluster *cl = p->s->cl;
   Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
   ucp_mem_map_params_t mp = {0};
   struct gshmd_alloc *mem;
@@ -296,18 +358,16 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   cr.name = p->local_name;
   cr.size = s->size;
   cr.location = p->location;
-  cr.mode = p->mode;
-  if ((e = gshmd_registry_create(cl->reg, p->holder, &cr, &p->lease, &msg))) {
+  cr.mode = p->s->mode;
+  if ((e = gshmd_registry_create_hidden(cl->reg, p->s->holder, &cr, &p->seg, &msg))) {
     pull_fail(p, e, "cannot create '%s': %s", p->local_name, msg ? msg : gshm__strerror(e));
     return e;
   }
-  snprintf(src, sizeof(src), "%s:%s#%" PRIu64 ".%" PRIu64, p->peer->name, s->name, s->id,
+  /* (the fd store's record, written at publish, says where it came from) */
+  snprintf(src, sizeof(src), "%s:%s#%" PRIu64 ".%" PRIu64, p->s->peer->name, s->name, s->id,
            s->generation);
-  p->lease->seg->source = strdup(src);
-  /* the fd store's record of the segment says where it came from */
-  if (cl->reg->on_event)
-    cl->reg->on_event(cl->reg, p->lease->seg, GSHMD_SEGMENT_CHANGED);
-  mem = p->mem = p->lease->seg->mem;
+  p->seg->source = strdup(src);
+  mem = p->mem = p->seg->mem;
   if (mem->device_index >= 0) {
     if (p->local_staged)
       return 0; /* written by copies from the local slots */
@@ -374,8 +434,8 @@ static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
     return -EINVAL;
   }
   p->remote_staged = g->path == GSHM__CLUSTER__PATH__PATH_STAGED;
-  p->local_staged = loc.kind != GSHM_LOCATION_HOST && !p->cl->ll.cuda_memory;
-  if (p->local_staged && !p->cl->reg->cuda) {
+  p->local_staged = loc.kind != GSHM_LOCATION_HOST && !p->s->cl->ll.cuda_memory;
+  if (p->local_staged && !p->s->cl->reg->cuda) {
     pull_fail(p, -ENOTSUP, "this node has no CUDA backend for location '%s'", p->location);
     return -ENOTSUP;
   }
@@ -408,22 +468,22 @@ static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
 static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
   int e;
 
-  p->chunk_size = p->cl->cfg->cluster_pull_chunk;
+  p->chunk_size = p->s->cl->cfg->cluster_pull_chunk;
   if (p->remote_staged) {
     if (!g->slots || !g->slot_size || g->length < (uint64_t)g->slots * g->slot_size) {
-      pull_fail(p, -EPROTO, "peer '%s' granted malformed staging slots", p->peer->name);
+      pull_fail(p, -EPROTO, "peer '%s' granted malformed staging slots", p->s->peer->name);
       return -EPROTO;
     }
     p->nslots = g->slots;
     if (g->slot_size < p->chunk_size)
       p->chunk_size = g->slot_size;
   } else if (g->length < g->segment->size) {
-    pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->peer->name,
+    pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->s->peer->name,
               g->length, g->segment->size);
     return -EPROTO;
   }
   if (p->local_staged) {
-    if ((e = gshmd_stage_buf_new(&p->cl->stage, p->chunk_size, false, &p->lsb))) {
+    if ((e = gshmd_stage_buf_new(&p->s->cl->stage, p->chunk_size, false, &p->lsb))) {
       pull_fail(p, e, "cannot set up the local staging buffer");
       return e;
     }
@@ -445,15 +505,17 @@ static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
 static void grant_done(struct peer_req *req, int err, const char *why,
                        const Gshm__Cluster__Msg *m) {
   struct pull *p = req->arg;
+  struct pull_set *s = p->s;
   const Gshm__Cluster__Grant *g;
 
+  p->req_pending = false;
   if (err) {
-    pull_fail(p, err, "peer '%s': %s", p->peer->name, why);
+    pull_fail(p, err, "peer '%s': %s (segment '%s')", s->peer->name, why, p->remote_name);
     return;
   }
   if (m->body_case != GSHM__CLUSTER__MSG__BODY_GRANT || !m->grant->segment) {
     pull_fail(p, -EPROTO, "peer '%s' answered a grant request with something else",
-              p->peer->name);
+              s->peer->name);
     return;
   }
   g = m->grant;
@@ -462,27 +524,156 @@ static void grant_done(struct peer_req *req, int err, const char *why,
   p->remote_id = g->segment->id;
   p->remote_gen = g->segment->generation;
   p->path = g->path;
-  p->link = p->peer->out;
+  p->link = s->peer->out;
   if (p->link) {
     gshm_list_add_tail(&p->link->pulls, &p->link_node);
     p->on_link = true;
   }
-  if (p->err) { /* the requester left while we waited: give the grant back */
-    p->finished = true;
+  if (s->err) /* the set failed while we waited: the grant goes back */
     return;
-  }
   if (!p->link) {
-    pull_fail(p, -ECONNRESET, "peer '%s' lost", p->peer->name);
+    pull_fail(p, -ECONNRESET, "peer '%s' lost", s->peer->name);
     return;
   }
   if (choose_path(p, g) || setup_slots(p, g) || make_local(p, g->segment))
     return;
   p->total = g->segment->size;
+  s->total += p->total - p->listed; /* the grant's size, not the listing's */
   gshm_log_info("cluster: pulling '%s' from peer '%s' into '%s' at %s: %" PRIu64
                 " bytes, path %s (%s)",
-                p->remote_name, p->peer->name, p->local_name, p->location, p->total,
+                p->remote_name, s->peer->name, p->local_name, p->location, p->total,
                 path_name(p->path), p->path_reason);
-  issue_chunks(p);
+  set_issue(s);
+}
+
+/* Asks grants for the next segments while fewer than GRANTS_AHEAD are
+ * open (run outside UCX callbacks). */
+static void set_start_grants(struct pull_set *s) {
+  while (!s->err && s->next_start < s->n && s->active < GRANTS_AHEAD) {
+    struct pull *p = s->items[s->next_start++];
+    p->started = true;
+    p->req_pending = true;
+    s->active++;
+    gshmd__link_req_submit(&s->cl->ll, s->peer, &p->req);
+  }
+}
+
+/* A new item of the set: remote segment `name`, `size` bytes.  Returns 0
+ * or a negative errno (the set failed). */
+static int set_add(struct pull_set *s, const char *name, uint64_t size) {
+  struct gshmd_cluster *cl = s->cl;
+  struct pull *p;
+  int e;
+
+  if (s->n == PULL_SET_MAX) {
+    set_fail(s, -E2BIG, "more than %u segments under '%s' on peer '%s'", PULL_SET_MAX, s->name,
+             s->peer->name);
+    return -E2BIG;
+  }
+  if (s->n == s->cap) {
+    size_t ncap = s->cap ? s->cap * 2 : 16;
+    struct pull **a = realloc(s->items, ncap * sizeof(*a));
+    if (!a) {
+      set_fail(s, -ENOMEM, "out of memory");
+      return -ENOMEM;
+    }
+    s->items = a;
+    s->cap = ncap;
+  }
+  if (!(p = calloc(1, sizeof(*p)))) {
+    set_fail(s, -ENOMEM, "out of memory");
+    return -ENOMEM;
+  }
+  s->items[s->n++] = p;
+  p->s = s;
+  snprintf(p->remote_name, sizeof(p->remote_name), "%s", name);
+  if (!s->prefix)
+    snprintf(p->local_name, sizeof(p->local_name), "%s", s->local);
+  else if ((size_t)snprintf(p->local_name, sizeof(p->local_name), "%s%s", s->local,
+                            name + strlen(s->name)) >= sizeof(p->local_name))
+    p->local_name[0] = '\0';
+  if ((e = gshm__name_check(p->local_name, cl->cfg->max_name))) {
+    set_fail(s, e, "segment '%s' of peer '%s' would be '%s' here: not a valid name", name,
+             s->peer->name, p->local_name);
+    return e;
+  }
+  if (!s->replace && gshmd_registry_find_name(cl->reg, p->local_name)) {
+    set_fail(s, -EEXIST, "a local segment named '%s' exists (replace it with --replace)",
+             p->local_name);
+    return -EEXIST;
+  }
+  snprintf(p->location, sizeof(p->location), "%s", s->location);
+  p->listed = size;
+  s->total += size;
+  gshm__cluster__msg__init(&p->msg);
+  gshm__cluster__grant_request__init(&p->greq);
+  p->greq.name = p->remote_name;
+  p->msg.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  p->msg.grant_request = &p->greq;
+  p->req.msg = &p->msg;
+  p->req.done = grant_done;
+  p->req.arg = p;
+  return 0;
+}
+
+static void list_page_done(struct peer_req *req, int err, const char *why,
+                           const Gshm__Cluster__Msg *m);
+
+/* Asks the peer for its next page of exported segments. */
+static void list_next(struct pull_set *s, uint64_t after) {
+  gshm__cluster__msg__init(&s->lmsg);
+  gshm__cluster__list_request__init(&s->lr);
+  s->lr.after = after;
+  s->lmsg.body_case = GSHM__CLUSTER__MSG__BODY_LIST;
+  s->lmsg.list = &s->lr;
+  s->lreq.msg = &s->lmsg;
+  s->lreq.done = list_page_done;
+  s->lreq.arg = s;
+  s->lreq_pending = true;
+  gshmd__link_req_submit(&s->cl->ll, s->peer, &s->lreq);
+}
+
+/* A page of the peer's exported segments: the ones under the prefix join
+ * the set; the next page is asked for at once (the grants of this one
+ * start meanwhile). */
+static void list_page_done(struct peer_req *req, int err, const char *why,
+                           const Gshm__Cluster__Msg *m) {
+  struct pull_set *s = req->arg;
+  const Gshm__Cluster__ListReply *r;
+  size_t plen = strlen(s->name);
+
+  s->lreq_pending = false;
+  if (s->err)
+    return;
+  if (err) {
+    set_fail(s, err, "peer '%s': %s", s->peer->name, why);
+    return;
+  }
+  if (m->body_case != GSHM__CLUSTER__MSG__BODY_LIST_REPLY) {
+    set_fail(s, -EPROTO, "peer '%s' answered a list with something else", s->peer->name);
+    return;
+  }
+  r = m->list_reply;
+  for (size_t i = 0; i < r->n_segments; i++) {
+    const Gshm__Cluster__Segment *g = r->segments[i];
+    if (!g || !g->name || gshm__name_check(g->name, 255) || strncmp(g->name, s->name, plen))
+      continue;
+    if (set_add(s, g->name, g->size))
+      return;
+  }
+  if (r->next) {
+    if (r->next <= s->lr.after) { /* a cursor must advance */
+      set_fail(s, -EPROTO, "peer '%s' sent a list cursor that does not advance",
+               s->peer->name);
+      return;
+    }
+    list_next(s, r->next);
+  } else {
+    s->listing = false;
+    if (!s->n)
+      set_fail(s, -ENOENT, "peer '%s' exports no segment under '%s'", s->peer->name, s->name);
+  }
+  gshmd__link_kick(&s->cl->ll);
 }
 
 int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
@@ -490,14 +681,21 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   struct peer *peer = gshmd__link_peer_find(&cl->ll, m->peer);
   const char *local = m->local_name && *m->local_name ? m->local_name : m->name;
   struct gshm_location loc;
-  struct pull *p;
+  struct pull_set *s;
   int e;
 
   if (!peer) {
     *msg_out = "no such peer in cluster.peers";
     return -ENOENT;
   }
-  if ((e = gshm__name_check(m->name, 255)) || (e = gshm__name_check(local, cl->cfg->max_name))) {
+  if (m->prefix) {
+    /* prefixes: "" (everything exported), or a name's start */
+    if (strlen(m->name) > 255 || strlen(local) > cl->cfg->max_name) {
+      *msg_out = "prefix too long";
+      return -ENAMETOOLONG;
+    }
+  } else if ((e = gshm__name_check(m->name, 255)) ||
+             (e = gshm__name_check(local, cl->cfg->max_name))) {
     *msg_out = e == -ENAMETOOLONG ? "name too long" : "bad segment name";
     return e;
   }
@@ -509,39 +707,38 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
     *msg_out = "mode: permission bits, at most 0777";
     return -EINVAL;
   }
-  if (gshmd_registry_find_name(cl->reg, local)) {
-    *msg_out = "a local segment of that name exists";
+  if (!m->prefix && !m->replace && gshmd_registry_find_name(cl->reg, local)) {
+    *msg_out = "a local segment of that name exists (replace it with --replace)";
     return -EEXIST;
   }
-  if (!(p = calloc(1, sizeof(*p))))
+  if (!(s = calloc(1, sizeof(*s))))
     return -ENOMEM;
-  if ((e = gshmd_registry_client_add(cl->reg, &c->cred, &p->holder))) {
-    free(p);
+  if ((e = gshmd_registry_client_add(cl->reg, &c->cred, &s->holder))) {
+    free(s);
     return e;
   }
-  snprintf(p->holder->name, sizeof(p->holder->name), "pull:%.58s", peer->name);
-  p->cl = cl;
-  p->peer = peer;
-  p->requester = c;
-  p->request_id = request_id;
-  snprintf(p->remote_name, sizeof(p->remote_name), "%s", m->name);
-  snprintf(p->local_name, sizeof(p->local_name), "%s", local);
-  snprintf(p->location, sizeof(p->location), "%s", m->location ? m->location : "");
-  p->mode = m->mode;
-  p->start_ns = p->last_progress_ns = gshm__now_ns(CLOCK_MONOTONIC);
-  gshm__cluster__msg__init(&p->msg);
-  gshm__cluster__grant_request__init(&p->greq);
-  p->greq.name = p->remote_name;
-  p->msg.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
-  p->msg.grant_request = &p->greq;
-  p->req.msg = &p->msg;
-  p->req.done = grant_done;
-  p->req.arg = p;
-  gshm_list_add_tail(&cl->pulls, &p->node);
-  gshm_log_info("cluster: uid %u pid %d asks to pull '%s' from peer '%s' as '%s'",
-                (unsigned)c->cred.uid, (int)c->cred.pid, p->remote_name, peer->name,
-                p->local_name);
-  gshmd__link_req_submit(&cl->ll, peer, &p->req);
+  snprintf(s->holder->name, sizeof(s->holder->name), "pull:%.58s", peer->name);
+  s->cl = cl;
+  s->peer = peer;
+  s->requester = c;
+  s->request_id = request_id;
+  s->prefix = m->prefix;
+  s->replace = m->replace;
+  snprintf(s->name, sizeof(s->name), "%s", m->name);
+  snprintf(s->local, sizeof(s->local), "%s", local);
+  snprintf(s->location, sizeof(s->location), "%s", m->location ? m->location : "");
+  s->mode = m->mode;
+  s->start_ns = s->last_progress_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  gshm_list_add_tail(&cl->pulls, &s->node);
+  gshm_log_info("cluster: uid %u pid %d asks to pull %s'%s' from peer '%s' as '%s'%s",
+                (unsigned)c->cred.uid, (int)c->cred.pid, s->prefix ? "every segment under " : "",
+                s->name, peer->name, s->local, s->replace ? " (replacing)" : "");
+  if (s->prefix) {
+    s->listing = true;
+    list_next(s, 0);
+  } else if (!set_add(s, s->name, 0)) {
+    set_start_grants(s);
+  }
   return 0;
 }
 
@@ -558,70 +755,106 @@ enum pull_failure gshmd__pull_failure(int err) {
   }
 }
 
-/* A pull got every byte: the requester gets its result. */
-static void pull_succeeded(struct pull *p, int64_t ns) {
+/* One segment's result (a set sends one per segment, the last one ends
+ * the request). */
+static void reply_item(struct pull_set *s, size_t i, int64_t ns) {
+  struct pull *p = s->items[i];
   Gshm__Reply reply = GSHM__REPLY__INIT;
   Gshm__PullResult res = GSHM__PULL_RESULT__INIT;
   Gshm__SegmentInfo info;
-  char sz[32];
-  double gbs = ns > 0 ? (double)p->total / (double)ns : 0;
 
-  p->peer->pulls_ok++;
-  if (p->path == GSHM__CLUSTER__PATH__PATH_HOST)
-    p->peer->bytes_host += p->total;
-  else if (p->path == GSHM__CLUSTER__PATH__PATH_STAGED)
-    p->peer->bytes_staged += p->total;
-  else
-    p->peer->bytes_direct += p->total;
-  gshm_log_info("cluster: pulled '%s' from peer '%s' into '%s': %s in %.3f s (%.2f GB/s), "
-                "path %s: %s",
-                p->remote_name, p->peer->name, p->local_name,
-                gshm__format_size(p->total, sz, sizeof(sz)), (double)ns / 1e9, gbs,
-                path_name(p->path), p->path_reason);
-  gshmd_segment_to_info(p->lease->seg, &info);
+  gshmd_segment_to_info(p->seg, &info);
   res.segment = &info;
   res.bytes = p->total;
   res.elapsed_ns = ns;
   res.path = (char *)path_name(p->path);
   res.path_reason = p->path_reason;
-  res.peer = p->peer->name;
+  res.peer = s->peer->name;
   res.remote_id = p->remote_id;
   res.remote_generation = p->remote_gen;
+  if (s->prefix) {
+    res.index = (uint32_t)i;
+    res.count = (uint32_t)s->n;
+    res.set_bytes = s->done;
+  }
   reply.status = GSHM__STATUS__STATUS_OK;
   reply.body_case = GSHM__REPLY__BODY_PULL_RESULT;
   reply.pull_result = &res;
-  if (p->requester)
-    p->cl->reply(p->cl->reply_arg, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
+  s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
 }
 
-/* A pull failed: the partial segment goes, the requester gets why. */
-static void pull_failed(struct pull *p) {
-  struct gshmd_cluster *cl = p->cl;
-  Gshm__Reply reply = GSHM__REPLY__INIT;
-  const char *msg;
+/* Every byte of the set is in: its segments appear at once, and the
+ * requester gets their results.  Returns 0 or the publish's error. */
+static int set_succeeded(struct pull_set *s, int64_t ns) {
+  struct gshmd_segment **segs = calloc(s->n, sizeof(*segs));
+  const char *msg = NULL;
+  char sz[32];
+  int e;
 
-  p->peer->pulls_failed++;
-  cl->pull_errors[gshmd__pull_failure(p->err)]++;
-  /* The partial segment goes, if the name is still ours. */
-  if (p->lease && !p->lease->seg->unlinked &&
-      gshmd_registry_find_name(cl->reg, p->local_name) == p->lease->seg)
-    gshmd_registry_unlink(cl->reg, p->holder, p->local_name, &msg);
-  gshm_log_warn("cluster: pull of '%s' from peer '%s' failed: %s", p->remote_name,
-                p->peer->name, p->why);
-  if (p->requester) {
-    reply.status = gshm__errno_to_status(p->err);
-    reply.message = p->why;
-    cl->reply(cl->reply_arg, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
+  if (!segs) {
+    set_fail(s, -ENOMEM, "out of memory");
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < s->n; i++)
+    segs[i] = s->items[i]->seg;
+  e = gshmd_registry_publish(s->cl->reg, s->holder, segs, s->n, s->replace, &msg);
+  free(segs);
+  if (e) {
+    set_fail(s, e, "cannot publish the pulled segments: %s", msg ? msg : gshm__strerror(e));
+    return e;
+  }
+  for (size_t i = 0; i < s->n; i++) {
+    struct pull *p = s->items[i];
+    s->peer->pulls_ok++;
+    if (p->path == GSHM__CLUSTER__PATH__PATH_HOST)
+      s->peer->bytes_host += p->total;
+    else if (p->path == GSHM__CLUSTER__PATH__PATH_STAGED)
+      s->peer->bytes_staged += p->total;
+    else
+      s->peer->bytes_direct += p->total;
+  }
+  gshm_log_info("cluster: pulled %s'%s' from peer '%s' into '%s': %zu segment(s), %s in "
+                "%.3f s (%.2f GB/s)",
+                s->prefix ? "every segment under " : "", s->name, s->peer->name, s->local, s->n,
+                gshm__format_size(s->done, sz, sizeof(sz)), (double)ns / 1e9,
+                ns > 0 ? (double)s->done / (double)ns : 0.0);
+  /* (each seg is live until the loop runs again) */
+  for (size_t i = 0; i < s->n; i++) {
+    if (s->requester)
+      reply_item(s, i, ns);
+    s->items[i]->seg = NULL; /* the registry's now */
+  }
+  return 0;
+}
+
+/* The set failed: its hidden segments go, the requester gets why. */
+static void set_failed(struct pull_set *s) {
+  struct gshmd_cluster *cl = s->cl;
+  Gshm__Reply reply = GSHM__REPLY__INIT;
+
+  s->peer->pulls_failed++;
+  cl->pull_errors[gshmd__pull_failure(s->err)]++;
+  for (size_t i = 0; i < s->n; i++)
+    if (s->items[i]->seg) {
+      gshmd_registry_discard_hidden(cl->reg, s->items[i]->seg);
+      s->items[i]->seg = NULL;
+    }
+  gshm_log_warn("cluster: pull of %s'%s' from peer '%s' failed: %s",
+                s->prefix ? "the set under " : "", s->name, s->peer->name, s->why);
+  if (s->requester) {
+    reply.status = gshm__errno_to_status(s->err);
+    reply.message = s->why;
+    cl->reply(cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
   }
 }
 
-/* Ends a finished pull: the grant goes back, the segment stays (success)
- * or goes (failure), the requester gets its answer. */
-static void pull_end(struct pull *p) {
-  struct gshmd_cluster *cl = p->cl;
-  int64_t ns = gshm__now_ns(CLOCK_MONOTONIC) - p->start_ns;
+/* A segment has nothing in flight and is done (or its set failed): the
+ * grant goes back, the mapping and the slots go; the hidden segment
+ * stays with the set. */
+static void item_close(struct pull *p) {
+  struct pull_set *s = p->s;
+  struct gshmd_cluster *cl = s->cl;
 
-  gshmd__link_req_cancel(&p->req);
   if (p->granted && p->link && p->link->state == LINK_UP) {
     Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
     Gshm__Cluster__Release r = GSHM__CLUSTER__RELEASE__INIT;
@@ -632,28 +865,62 @@ static void pull_end(struct pull *p) {
   }
   if (p->on_link)
     gshm_list_del(&p->link_node);
+  p->on_link = false;
   if (p->memh)
     ucp_mem_unmap(cl->ll.ctx, p->memh);
+  p->memh = NULL;
   if (p->dst_mapped)
     munmap(p->dst, p->dst_len);
+  p->dst_mapped = false;
   gshmd_stage_free(&cl->stage, p->lsb);
+  p->lsb = NULL;
   free(p->free_slots);
-  if (!p->err)
-    pull_succeeded(p, ns);
-  else
-    pull_failed(p);
-  gshmd_registry_client_remove(cl->reg, p->holder); /* ends the lease */
-  gshm_list_del(&p->node);
-  free(p);
+  p->free_slots = NULL;
+  p->closed = true;
+  s->active--;
+  s->nclosed++;
+}
+
+/* Ends a set with nothing in flight: published or freed, answered, gone. */
+static void set_end(struct pull_set *s) {
+  struct gshmd_cluster *cl = s->cl;
+  int64_t ns = gshm__now_ns(CLOCK_MONOTONIC) - s->start_ns;
+
+  if (s->err || set_succeeded(s, ns))
+    set_failed(s);
+  gshmd_registry_client_remove(cl->reg, s->holder);
+  for (size_t i = 0; i < s->n; i++)
+    free(s->items[i]);
+  free(s->items);
+  gshm_list_del(&s->node);
+  free(s);
+}
+
+/* Closes the finished segments of s, starts the next grants, and ends s
+ * when nothing of it is left in flight.  Returns true when s was freed. */
+static bool set_reap(struct pull_set *s) {
+  for (size_t i = s->first_open; i < s->next_start; i++) {
+    struct pull *p = s->items[i];
+    if (!p->closed && (p->finished || s->err) && p->inflight == 0 && !p->req_pending)
+      item_close(p);
+    if (p->closed && i == s->first_open)
+      s->first_open++;
+  }
+  set_start_grants(s);
+  if (!s->err)
+    set_issue(s);
+  if (s->active == 0 && !s->lreq_pending &&
+      (s->err || (!s->listing && s->nclosed == s->n))) {
+    set_end(s);
+    return true;
+  }
+  return false;
 }
 
 void gshmd__pull_reap(struct gshmd_cluster *cl) {
   struct gshm_list *pos, *tmp;
-  gshm_list_foreach_safe(pos, tmp, &cl->pulls) {
-    struct pull *p = gshm_list_entry(pos, struct pull, node);
-    if (p->finished && p->inflight == 0)
-      pull_end(p);
-  }
+  gshm_list_foreach_safe(pos, tmp, &cl->pulls)
+      set_reap(gshm_list_entry(pos, struct pull_set, node));
 }
 
 void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l) {
@@ -664,28 +931,50 @@ void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l) {
     gshm_list_del(&p->link_node);
     p->on_link = false;
     p->link = NULL;
-    pull_fail(p, -ECONNRESET, "peer '%s' lost mid-pull (%" PRIu64 " of %" PRIu64 " bytes read)",
-              p->peer->name, p->done, p->total);
+    pull_fail(p, -ECONNRESET,
+              "peer '%s' lost mid-pull (%" PRIu64 " of %" PRIu64 " bytes of '%s' read)",
+              p->s->peer->name, p->done, p->total, p->remote_name);
   }
 }
 
 void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c) {
   struct gshm_list *pos;
   gshm_list_foreach(pos, &cl->pulls) {
-    struct pull *p = gshm_list_entry(pos, struct pull, node);
-    if (p->requester == c) {
-      p->requester = NULL;
-      gshmd__link_req_cancel(&p->req); /* sent: its answer ends the pull */
-      pull_fail(p, -ECANCELED, "the requesting client went away");
+    struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
+    if (s->requester == c) {
+      s->requester = NULL;
+      set_fail(s, -ECANCELED, "the requesting client went away");
     }
   }
 }
 
 void gshmd__pull_stop_all(struct gshmd_cluster *cl) {
   struct gshm_list *pos;
+  gshm_list_foreach(pos, &cl->pulls)
+      set_fail(gshm_list_entry(pos, struct pull_set, node), -ESHUTDOWN, "gshmd is stopping");
+}
+
+size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, size_t max) {
+  int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
+  struct gshm_list *pos;
+  size_t n = 0;
+
   gshm_list_foreach(pos, &cl->pulls) {
-    struct pull *p = gshm_list_entry(pos, struct pull, node);
-    gshmd__link_req_cancel(&p->req);
-    pull_fail(p, -ESHUTDOWN, "gshmd is stopping");
+    struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
+    Gshm__ClusterPull *o = &out[n];
+    if (n == max)
+      break;
+    gshm__cluster_pull__init(o);
+    o->peer = s->peer->name;
+    o->name = s->name;
+    o->prefix = s->prefix;
+    o->uid = (uint32_t)s->holder->cred.uid;
+    o->bytes_done = s->done;
+    o->bytes_total = s->total;
+    o->segments_done = (uint32_t)s->nclosed;
+    o->segments_total = s->listing ? 0 : (uint32_t)s->n;
+    o->elapsed_ns = now - s->start_ns;
+    n++;
   }
+  return n;
 }
