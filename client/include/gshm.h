@@ -382,7 +382,8 @@ GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *n
  * every segment is in; then all appear in one step.  On failure (peer
  * lost, caller gone, quota, the daemon killed) none appears, then or
  * after a restart.  Local names are opts->local_name (default: prefix)
- * followed by the rest of each peer name.  A local name that exists
+ * followed by the rest of each peer name; opts->location applies to the
+ * device segments (host ones, such as a model's manifest, stay host).  A local name that exists
  * fails the pull with -EEXIST unless opts->replace, which unlinks the old
  * segments in the same step (their holders keep them).  Blocks; calls
  * opts->progress meanwhile (segment counts included).  *results_out gets

@@ -427,7 +427,9 @@ static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
   struct gshm_location loc;
   bool remote_device = strcmp(g->segment->location, "host") != 0;
 
-  if (!p->location[0])
+  /* (a set's location is for its device segments: a host one, such as a
+   * published model's manifest, stays on the host) */
+  if (!p->location[0] || (p->s->prefix && !remote_device))
     snprintf(p->location, sizeof(p->location), "%s", remote_device ? "cuda:0" : "host");
   if (gshm__location_parse(p->location, &loc)) {
     pull_fail(p, -EINVAL, "bad location '%s'", p->location);
