@@ -1,8 +1,6 @@
 """Client.pull, Client.peers and Client.remote_segments against two real
 gshmd talking UCX over tcp on 127.0.0.1 (docs/CLUSTER.md)."""
-import grp
 import os
-import socket
 import tempfile
 
 import pytest
@@ -11,35 +9,14 @@ import gshm
 import gshm_testutil
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def pair():
-    os.environ.setdefault("UCX_TLS", "tcp")
-    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
     keydir = tempfile.mkdtemp(prefix="gshm-pykey-")
-    key = os.path.join(keydir, "key")
-    fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.write(fd, b"python-cluster-test-key-0123456789\n")
-    os.close(fd)
-    pa, pb = _free_port(), _free_port()
-    group = grp.getgrgid(os.getegid()).gr_name
-
-    def args(name, port, peers, export):
-        return ["--set=cluster.listen=127.0.0.1:%d" % port, "--set=cluster.node_name=" + name,
-                "--set=cluster.peers=" + peers, "--set=cluster.secret_file=" + key,
-                "--set=cluster.export=" + export, "--set=cluster.pull_group=" + group]
-
-    a = gshm_testutil.Daemon(args=args("a", pa, "b=127.0.0.1:%d" % pb, "pub/*")).start()
-    b = gshm_testutil.Daemon(args=args("b", pb, "a=127.0.0.1:%d" % pa, "")).start()
+    a, b = gshm_testutil.cluster_pair(keydir, "pub/*")
     yield a, b
     b.stop()
     a.stop()
-    os.unlink(key)
+    os.unlink(os.path.join(keydir, "key"))
     os.rmdir(keydir)
 
 

@@ -17,10 +17,8 @@ returns (checked from another client while it runs).
 Exits 77 where test_torch_pool_gpu.py does (no torch with a CUDA GPU,
 transformers, safetensors)."""
 
-import grp
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,32 +33,6 @@ import test_torch_pool_gpu as tp  # noqa: E402  (the model, its roles, the probe
 SKIP = 77
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_pair(keydir):
-    key = os.path.join(keydir, "key")
-    fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.write(fd, b"gpu-pull-model-test-key-0123456789\n")
-    os.close(fd)
-    pa, pb = _free_port(), _free_port()
-    group = grp.getgrgid(os.getegid()).gr_name
-
-    def args(name, port, peers, export):
-        return ["--set=cluster.listen=127.0.0.1:%d" % port, "--set=cluster.node_name=" + name,
-                "--set=cluster.peers=" + peers, "--set=cluster.secret_file=" + key,
-                "--set=cluster.export=" + export, "--set=cluster.pull_group=" + group]
-
-    a = gshm_testutil.Daemon(backend="cuda",
-                             args=args("a", pa, "b=127.0.0.1:%d" % pb, "torchtest/*")).start()
-    b = gshm_testutil.Daemon(backend="cuda",
-                             args=args("b", pb, "a=127.0.0.1:%d" % pa, "")).start()
-    return a, b
-
-
 def publish_on_a(py, sock, out_dir):
     """Runs test_torch_pool_gpu's role A on gshmd A until it published; then
     SIGKILLs it (the pool is persistent: the segments stay)."""
@@ -68,15 +40,7 @@ def publish_on_a(py, sock, out_dir):
     a = subprocess.Popen([py, tp.__file__, "--role", "a", sock, out_dir],
                          env=gshm_testutil.child_env(), stdout=subprocess.PIPE, stderr=err)
     try:
-        line = b""
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            line = a.stdout.readline()
-            if not line or line.startswith(b"PUBLISHED "):
-                break
-        if not line.startswith(b"PUBLISHED "):
-            err.seek(0)
-            raise AssertionError("A did not publish:\n%s" % err.read().decode()[-4000:])
+        tp.wait_published(a, err)
     finally:
         a.send_signal(signal.SIGKILL)
         a.wait()
@@ -102,12 +66,10 @@ def main(argv):
     import torch
     import gshm
 
-    os.environ.setdefault("UCX_TLS", "tcp")
-    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
     gpus = torch.cuda.device_count()
     prefix = tp.PREFIX  # "torchtest/llama", role A's and role B's
     with tempfile.TemporaryDirectory(prefix="gshm-pullmodel-") as tmp:
-        a, b = start_pair(tmp)
+        a, b = gshm_testutil.cluster_pair(tmp, "torchtest/*", backend="cuda")
         try:
             publish_on_a(py, a.socket, tmp)
             with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb, \
