@@ -1,6 +1,7 @@
 /* libgshm's cluster calls: peers, a peer's segments, pulls
  * (docs/CLUSTER.md).  The daemons move the bytes; these only ask. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,16 +157,62 @@ static void result_from_wire(gshm_pull_result_t *out, const Gshm__PullResult *r)
   out->remote_generation = r->remote_generation;
 }
 
-/* One PULL request: progress replies, then the results (one for a single
- * pull, count for a set: index 0 to count - 1, in order).  *results_out
- * is malloc'ed. */
+/* One segment of a set from its pull_items entry; its source from the
+ * request (peer, prefix, local prefix). */
+static void item_from_wire(gshm_pull_result_t *out, const Gshm__PulledSegment *it,
+                           const char *peer, const char *prefix, const char *local) {
+  size_t ll = strlen(local);
+
+  memset(out, 0, sizeof(*out));
+  snprintf(out->segment.name, sizeof(out->segment.name), "%s", it->name);
+  out->segment.id = it->id;
+  out->segment.generation = it->generation;
+  out->segment.size = it->size;
+  out->segment.requested_size = it->bytes;
+  snprintf(out->segment.location, sizeof(out->segment.location), "%s", it->location);
+  out->segment.device_index = it->device_index;
+  snprintf(out->segment.source, sizeof(out->segment.source), "%s:%s%s#%" PRIu64 ".%" PRIu64,
+           peer, prefix, strncmp(it->name, local, ll) ? "" : it->name + ll, it->remote_id,
+           it->remote_generation);
+  out->bytes = it->bytes;
+  snprintf(out->path, sizeof(out->path), "%s", it->path);
+  snprintf(out->peer, sizeof(out->peer), "%s", peer);
+  out->remote_id = it->remote_id;
+  out->remote_generation = it->remote_generation;
+}
+
+/* A set's items so far (pull_items pages, in order). */
+struct pulled {
+  gshm_pull_result_t *v;
+  size_t n, cap;
+};
+
+static int add_items(struct pulled *pd, const Gshm__PullItems *pi, const Gshm__PullRequest *m) {
+  const char *local = m->local_name && *m->local_name ? m->local_name : m->name;
+
+  if (pi->first != pd->n || pi->n_items > 4096 || pd->n + pi->n_items > 4096)
+    return -EPROTO;
+  if (pd->n + pi->n_items > pd->cap) {
+    size_t cap = pd->n + pi->n_items + 256;
+    gshm_pull_result_t *v = realloc(pd->v, cap * sizeof(*v));
+    if (!v)
+      return -ENOMEM;
+    pd->v = v;
+    pd->cap = cap;
+  }
+  for (size_t i = 0; i < pi->n_items; i++)
+    item_from_wire(&pd->v[pd->n++], pi->items[i], m->peer, m->name, local);
+  return 0;
+}
+
+/* One PULL request: progress replies, then (a set) pull_items pages, then
+ * the result.  *results_out (malloc'ed) gets one entry per segment. */
 static int pull_request(gshm_client_t *c, const char *peer, const char *name, bool prefix,
                         const gshm_pull_opts_t *opts, gshm_pull_result_t **results_out,
                         size_t *count_out) {
   Gshm__PullRequest m = GSHM__PULL_REQUEST__INIT;
   Gshm__Reply *reply = NULL;
-  gshm_pull_result_t *res = NULL;
-  size_t n = 0, count = 1;
+  struct pulled pd = {0};
   int e;
 
   m.peer = (char *)peer;
@@ -189,22 +236,28 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
                                  .segments_total = prefix ? p->segments_total : 1};
       if (opts && opts->progress)
         opts->progress(&pr, opts->progress_arg);
+    } else if (prefix && reply->body_case == GSHM__REPLY__BODY_PULL_ITEMS) {
+      if ((e = add_items(&pd, reply->pull_items, &m)))
+        break;
     } else if (reply->body_case == GSHM__REPLY__BODY_PULL_RESULT && reply->pull_result->segment) {
       const Gshm__PullResult *r = reply->pull_result;
-      if (n == 0) { /* the first result says how many come */
-        count = prefix ? r->count : 1;
-        if (!count || count > 1u << 20 || !(res = calloc(count, sizeof(*res)))) {
-          e = count ? -ENOMEM : -EPROTO;
+      if (!prefix) {
+        if (!(pd.v = calloc(1, sizeof(*pd.v)))) {
+          e = -ENOMEM;
           break;
         }
-      }
-      if ((prefix && (r->index != n || r->count != count))) {
-        e = -EPROTO;
+        result_from_wire(&pd.v[0], r);
+        pd.n = 1;
+      } else if (r->count != pd.n || !pd.n) {
+        e = -EPROTO; /* pages missing */
         break;
+      } else {
+        /* the first segment's reason stands for the set (per segment: path) */
+        snprintf(pd.v[0].path_reason, sizeof(pd.v[0].path_reason), "%s", r->path_reason);
+        for (size_t i = 0; i < pd.n; i++)
+          pd.v[i].elapsed_ns = r->elapsed_ns;
       }
-      result_from_wire(&res[n++], r);
-      if (n == count)
-        break;
+      break;
     } else {
       e = -EPROTO;
       break;
@@ -217,11 +270,11 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
   if (reply)
     gshm__reply__free_unpacked(reply, NULL);
   if (e) {
-    free(res);
+    free(pd.v);
     return e;
   }
-  *results_out = res;
-  *count_out = n;
+  *results_out = pd.v;
+  *count_out = pd.n;
   return 0;
 }
 

@@ -387,10 +387,13 @@ GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *n
  * fails the pull with -EEXIST unless opts->replace, which unlinks the old
  * segments in the same step (their holders keep them).  Blocks; calls
  * opts->progress meanwhile (segment counts included).  *results_out gets
- * one gshm_pull_result_t per segment (for gshm_free; elapsed_ns is the
- * set's) and *count_out their number.
+ * one gshm_pull_result_t per segment, in the peer's id order (for
+ * gshm_free), and *count_out their number: each with its segment's name,
+ * id, generation, sizes, location, device_index and source (owner and
+ * mode are the caller's and opts->mode: not filled), its bytes, path and
+ * remote ids; elapsed_ns is the whole set's, path_reason set on the first.
  * Errors: as gshm_pull; -ENOENT also when the peer exports nothing under
- * the prefix, -E2BIG more than 16384 segments, -EINVAL a NULL argument or
+ * the prefix, -E2BIG more than 4096 segments, -EINVAL a NULL argument or
  * a prefix or local prefix that makes a name invalid here. */
 GSHM_EXTERN int gshm_pull_prefix(gshm_client_t *client, const char *peer, const char *prefix,
                                  const gshm_pull_opts_t *opts, gshm_pull_result_t **results_out,

@@ -29,7 +29,11 @@
 
 #define PROGRESS_NS 200000000LL /* a progress reply at most every 200 ms */
 #define GRANTS_AHEAD 16         /* segments of a set granted (or asked for) at once */
-#define PULL_SET_MAX 16384      /* segments in one set */
+/* Segments in one set: its pull_items replies (about 100 bytes a segment
+ * with names of 30 bytes, 350 at most) must fit what a connection may
+ * queue (limits.max_inflight packets of 64 KiB beyond the socket's
+ * buffer) while the client reads them. */
+#define PULL_SET_MAX 4096
 
 struct pull;
 struct pull_set;
@@ -757,14 +761,67 @@ enum pull_failure gshmd__pull_failure(int err) {
   }
 }
 
-/* One segment's result (a set sends one per segment, the last one ends
- * the request). */
-static void reply_item(struct pull_set *s, size_t i, int64_t ns) {
-  struct pull *p = s->items[i];
+#define ITEMS_PAGE 49152 /* bytes of PulledSegment per pull_items reply (packets: 64 KiB) */
+
+/* Sends `items` pages of the set's segments items[first..n): as many as
+ * fit one reply each. */
+static void reply_items(struct pull_set *s) {
+  Gshm__PulledSegment *items = calloc(s->n, sizeof(*items));
+  Gshm__PulledSegment **ptrs = calloc(s->n, sizeof(*ptrs));
+  size_t first = 0, used = 0;
+
+  if (!items || !ptrs) {
+    free(items);
+    free(ptrs);
+    return; /* the final result still comes (count says what is missing) */
+  }
+  for (size_t i = 0; i <= s->n; i++) {
+    if (i < s->n) {
+      struct pull *p = s->items[i];
+      Gshm__PulledSegment *o = &items[i];
+      gshm__pulled_segment__init(o);
+      o->name = p->seg->name;
+      o->id = p->seg->id;
+      o->generation = p->seg->generation;
+      o->size = p->seg->mem->size;
+      o->bytes = p->total;
+      o->location = (char *)p->seg->mem->location;
+      o->path = (char *)path_name(p->path);
+      o->remote_id = p->remote_id;
+      o->remote_generation = p->remote_gen;
+      o->device_index = p->seg->mem->device_index;
+      ptrs[i] = o;
+      used += gshm__pulled_segment__get_packed_size(o) + 4;
+    }
+    if ((i == s->n && i > first) || used > ITEMS_PAGE) {
+      Gshm__Reply reply = GSHM__REPLY__INIT;
+      Gshm__PullItems pi = GSHM__PULL_ITEMS__INIT;
+      size_t end = i == s->n ? i : i + 1;
+      pi.items = &ptrs[first];
+      pi.n_items = end - first;
+      pi.first = (uint32_t)first;
+      reply.status = GSHM__STATUS__STATUS_OK;
+      reply.body_case = GSHM__REPLY__BODY_PULL_ITEMS;
+      reply.pull_items = &pi;
+      s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
+      first = end;
+      used = 0;
+    }
+  }
+  free(items);
+  free(ptrs);
+}
+
+/* The result that ends the request: the (first) segment's, and for a set
+ * the whole set's count, bytes and time. */
+static void reply_result(struct pull_set *s, int64_t ns) {
+  struct pull *p = s->items[0];
   Gshm__Reply reply = GSHM__REPLY__INIT;
   Gshm__PullResult res = GSHM__PULL_RESULT__INIT;
   Gshm__SegmentInfo info;
 
+  if (s->prefix)
+    reply_items(s);
   gshmd_segment_to_info(p->seg, &info);
   res.segment = &info;
   res.bytes = p->total;
@@ -775,7 +832,6 @@ static void reply_item(struct pull_set *s, size_t i, int64_t ns) {
   res.remote_id = p->remote_id;
   res.remote_generation = p->remote_gen;
   if (s->prefix) {
-    res.index = (uint32_t)i;
     res.count = (uint32_t)s->n;
     res.set_bytes = s->done;
   }
@@ -820,12 +876,10 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
                 s->prefix ? "every segment under " : "", s->name, s->peer->name, s->local, s->n,
                 gshm__format_size(s->done, sz, sizeof(sz)), (double)ns / 1e9,
                 ns > 0 ? (double)s->done / (double)ns : 0.0);
-  /* (each seg is live until the loop runs again) */
-  for (size_t i = 0; i < s->n; i++) {
-    if (s->requester)
-      reply_item(s, i, ns);
+  if (s->requester) /* (each seg is live until the loop runs again) */
+    reply_result(s, ns);
+  for (size_t i = 0; i < s->n; i++)
     s->items[i]->seg = NULL; /* the registry's now */
-  }
   return 0;
 }
 

@@ -368,6 +368,41 @@ static void test_replace(void **state) {
   gshm_disconnect(b);
 }
 
+/* 300 segments with 200-byte names: the peer's listing comes in several
+ * pages and so does the result (pull_items); every name and source is
+ * right, in order. */
+static void test_set_pages(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  gshm_pull_result_t *v = NULL;
+  gshm_pull_opts_t po = {.local_name = "many/"};
+  char pad[192], name[256], want[GSHM_SOURCE_MAX];
+  size_t n = 0;
+  (void)state;
+
+  memset(pad, 'x', sizeof(pad) - 1);
+  pad[sizeof(pad) - 1] = '\0';
+  for (int i = 0; i < 300; i++) {
+    snprintf(name, sizeof(name), "pub/many/%s%03d", pad, i);
+    make_segment(a, name, 64 + (uint64_t)i, 500 + (unsigned long long)i);
+  }
+  assert_int_equal(gshm_pull_prefix(b, "a", "pub/many/", &po, &v, &n), 0);
+  assert_int_equal(n, 300);
+  for (size_t i = 0; i < n; i++) {
+    snprintf(name, sizeof(name), "many/%s%03zu", pad, i);
+    assert_string_equal(v[i].segment.name, name);
+    assert_true(v[i].bytes == 64 + i);
+    snprintf(want, sizeof(want), "a:pub/many/%s%03zu#", pad, i);
+    assert_memory_equal(v[i].segment.source, want, strlen(want));
+    check_segment(b, name, 64 + i, 500 + i);
+    assert_int_equal(gshm_unlink(b, name), 0);
+    snprintf(name, sizeof(name), "pub/many/%s%03zu", pad, i);
+    assert_int_equal(gshm_unlink(a, name), 0);
+  }
+  gshm_free(v);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 static void kill_node(void *arg) { kill(((struct node *)arg)->h.sp.pid, SIGKILL); }
 
 /* The serving node dies mid-set: the pull fails and leaves nothing (no
@@ -418,6 +453,7 @@ int main(void) {
       cmocka_unit_test(test_killed_mid_pull_restart),
       cmocka_unit_test(test_set_all_at_once),
       cmocka_unit_test(test_replace),
+      cmocka_unit_test(test_set_pages),
       cmocka_unit_test(test_set_peer_killed),
   };
   const char *filter = getenv("GSHM_TEST_FILTER");
