@@ -784,6 +784,22 @@ void gshmd_registry_discard_hidden(struct gshmd_registry *r, struct gshmd_segmen
   segment_drop(r, seg);
 }
 
+static int cmp_seg_ptr_name(const void *a, const void *b) {
+  return cmp_name(*(struct gshmd_segment *const *)a, *(struct gshmd_segment *const *)b);
+}
+
+/* A segment of segs[0..n) whose name another one has too, or NULL;
+ * scratch: room for n pointers. */
+static struct gshmd_segment *duplicate_name(struct gshmd_segment *const *segs, size_t n,
+                                            struct gshmd_segment **scratch) {
+  memcpy(scratch, segs, n * sizeof(*scratch));
+  qsort(scratch, n, sizeof(*scratch), cmp_seg_ptr_name);
+  for (size_t i = 1; i < n; i++)
+    if (!cmp_name(scratch[i - 1], scratch[i]))
+      return scratch[i];
+  return NULL;
+}
+
 /* The live segment that holds seg's name, or NULL. */
 static struct gshmd_segment *name_holder(struct gshmd_registry *r, struct gshmd_segment *seg) {
   struct gshmd_segment **slot = tfind(seg, &r->by_name, cmp_name);
@@ -808,13 +824,19 @@ static void publish_undo(struct gshmd_registry *r, struct gshmd_segment *const *
 int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
                            struct gshmd_segment *const *segs, size_t n, bool replace,
                            const char **msg_out) {
-  struct gshmd_segment **old = calloc(n ? n : 1, sizeof(*old));
+  struct gshmd_segment **old = calloc(n ? n : 1, sizeof(*old)), *dup;
   uint64_t id0 = r->next_segment_id;
   size_t named = 0, ided = 0;
   char sz[32];
 
   if (!old)
     return -ENOMEM;
+  if ((dup = duplicate_name(segs, n, old))) { /* (old: scratch space, cleared after) */
+    *msg_out = fmt_msg(r, "two segments of the set are named '%s'", dup->name);
+    free(old);
+    return -EINVAL;
+  }
+  memset(old, 0, n * sizeof(*old));
   for (size_t i = 0; i < n; i++) {
     if (!(old[i] = name_holder(r, segs[i])))
       continue;

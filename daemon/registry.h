@@ -154,14 +154,15 @@ int gshmd_registry_create_hidden(struct gshmd_registry *r, struct gshmd_client *
                                  const char **msg_out);
 /* Frees a hidden segment (pages discarded) and its quota charge. */
 void gshmd_registry_discard_hidden(struct gshmd_registry *r, struct gshmd_segment *seg);
-/* Makes the n hidden segments segs (distinct names) live under their
+/* Makes the n hidden segments segs live under their
  * names, all in one step of the loop: no client sees some and not the
  * others.  A name a live segment holds is refused (-EEXIST) unless
  * replace, which needs c to own that segment or be an admin (-EACCES) and
  * unlinks it in the same step (its lease holders keep it until they let
  * go).  The fd store is told of the new segments (CREATED) before the
  * replaced ones go.  On error nothing changed and the segments stay
- * hidden.  Errors: -EEXIST, -EACCES, -ENOMEM. */
+ * hidden.  Errors: -EEXIST, -EACCES, -EINVAL two of segs share a name,
+ * -ENOMEM. */
 int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
                            struct gshmd_segment *const *segs, size_t n, bool replace,
                            const char **msg_out);
