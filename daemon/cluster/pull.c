@@ -682,6 +682,21 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
   gshmd__link_kick(&s->cl->ll);
 }
 
+/* A prefix: "" (everything) or the start of a valid name of at most max
+ * bytes (what it would be with one more byte).  0, -EINVAL or
+ * -ENAMETOOLONG. */
+static int prefix_check(const char *prefix, unsigned max) {
+  char name[258];
+  size_t n = strlen(prefix);
+
+  if (!n)
+    return 0;
+  if (n >= max || n > 255)
+    return -ENAMETOOLONG;
+  snprintf(name, sizeof(name), "%sx", prefix);
+  return gshm__name_check(name, max);
+}
+
 int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
                       const Gshm__PullRequest *m, const char **msg_out) {
   struct peer *peer = gshmd__link_peer_find(&cl->ll, m->peer);
@@ -695,10 +710,9 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
     return -ENOENT;
   }
   if (m->prefix) {
-    /* prefixes: "" (everything exported), or a name's start */
-    if (strlen(m->name) > 255 || strlen(local) > cl->cfg->max_name) {
-      *msg_out = "prefix too long";
-      return -ENAMETOOLONG;
+    if ((e = prefix_check(m->name, 255)) || (e = prefix_check(local, cl->cfg->max_name))) {
+      *msg_out = e == -ENAMETOOLONG ? "prefix too long" : "bad prefix: the start of a name";
+      return e;
     }
   } else if ((e = gshm__name_check(m->name, 255)) ||
              (e = gshm__name_check(local, cl->cfg->max_name))) {

@@ -322,6 +322,11 @@ static void test_set_all_at_once(void **state) {
     gshm_pull_opts_t po = {.local_name = "set/"};
     assert_int_equal(gshm_pull_prefix(b, "a", "pub/set/", &po, &v, &n), -EEXIST);
     assert_int_equal(gshm_pull_prefix(b, "a", "pub/none/", NULL, &v, &n), -ENOENT);
+    /* a prefix is the start of a valid name: no control bytes, no "//" */
+    assert_int_equal(gshm_pull_prefix(b, "a", "pub/\n<0>x", NULL, &v, &n), -EINVAL);
+    assert_int_equal(gshm_pull_prefix(b, "a", "pub//", NULL, &v, &n), -EINVAL);
+    po.local_name = "bad\x01/";
+    assert_int_equal(gshm_pull_prefix(b, "a", "pub/set/", &po, &v, &n), -EINVAL);
   }
   check_set(b, "set/", 100);
   gshm_disconnect(a);
