@@ -452,6 +452,32 @@ static void test_set_peer_killed(void **state) {
   gshm__spawn_cleanup(&k.h.sp);
 }
 
+/* A set that crosses a limit of the pulling node midway (here
+ * limits.max_segments: root, as the tests run, has no quota) fails whole:
+ * the segments already in are freed, no name appears. */
+static void test_set_over_limit(void **state) {
+  gshm_client_t *b;
+  gshm_pull_result_t *v = NULL;
+  gshm_status_info_t s;
+  size_t n = 0;
+  char pb[64];
+  (void)state;
+
+  assert_int_equal(harness_stop(&B.h), 0);
+  memset(&B.h, 0, sizeof(B.h));
+  B.port = free_port();
+  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", A.port);
+  node_start(&B, "b", pb, key_path, "", "limits.max_segments=12", NULL);
+  b = connect_to(&B);
+  assert_int_equal(gshm_pull_prefix(b, "a", "pub/set/", NULL, &v, &n), -EMFILE);
+  assert_non_null(strstr(gshm_last_error(b), "limit"));
+  assert_int_equal(count_named(b, "pub/set/"), 0);
+  assert_int_equal(gshm_status(b, &s), 0);
+  assert_int_equal(s.segments, 0);
+  assert_true(s.bytes == 0);
+  gshm_disconnect(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_invisible_while_pulling),
@@ -460,6 +486,7 @@ int main(void) {
       cmocka_unit_test(test_replace),
       cmocka_unit_test(test_set_pages),
       cmocka_unit_test(test_set_peer_killed),
+      cmocka_unit_test(test_set_over_limit),
   };
   const char *filter = getenv("GSHM_TEST_FILTER");
   setenv("UCX_TLS", "tcp", 0);
