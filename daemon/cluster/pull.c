@@ -67,6 +67,7 @@ struct pull {
   char local_name[256];
   char location[GSHM_LOCATION_MAX];
   bool started, granted, finished, closed, on_link;
+  struct pull *next_retry;    /* s->retry: refused for now (busy peer), asked again later */
   uint64_t grant_id, remote_id, remote_gen;
   Gshm__Cluster__Path path;
   char path_reason[160];
@@ -110,6 +111,9 @@ struct pull_set {
   size_t first_open;          /* items before it are closed */
   size_t nclosed;
   unsigned active;            /* started, not closed */
+  unsigned window;            /* grants held or asked at once: GRANTS_AHEAD, less for a
+                                 peer that said it is busy */
+  struct pull *retry, **retry_tail; /* segments to ask again, in order */
   unsigned inflight;          /* chunks in flight, all items */
   uint64_t total, done;       /* bytes */
   int64_t start_ns, last_progress_ns;
@@ -507,6 +511,8 @@ static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
   return 0;
 }
 
+static bool grant_later(struct pull *p);
+
 /* The peer answered the grant request: set up and start reading. */
 static void grant_done(struct peer_req *req, int err, const char *why,
                        const Gshm__Cluster__Msg *m) {
@@ -515,6 +521,8 @@ static void grant_done(struct peer_req *req, int err, const char *why,
   const Gshm__Cluster__Grant *g;
 
   p->req_pending = false;
+  if (err == -EBUSY && !s->err && grant_later(p))
+    return;
   if (err) {
     pull_fail(p, err, "peer '%s': %s (segment '%s')", s->peer->name, why, p->remote_name);
     return;
@@ -552,16 +560,44 @@ static void grant_done(struct peer_req *req, int err, const char *why,
   set_issue(s);
 }
 
-/* Asks grants for the next segments while fewer than GRANTS_AHEAD are
- * open (run outside UCX callbacks). */
+/* Asks grants for the next segments (those a busy peer refused first)
+ * while fewer than s->window are open (run outside UCX callbacks). */
 static void set_start_grants(struct pull_set *s) {
-  while (!s->err && s->next_start < s->n && s->active < GRANTS_AHEAD) {
-    struct pull *p = s->items[s->next_start++];
+  while (!s->err && s->active < s->window && (s->retry || s->next_start < s->n)) {
+    struct pull *p = s->retry;
+    if (p) {
+      if (!(s->retry = p->next_retry))
+        s->retry_tail = &s->retry;
+    } else {
+      p = s->items[s->next_start++];
+    }
     p->started = true;
     p->req_pending = true;
     s->active++;
     gshmd__link_req_submit(&s->cl->ll, s->peer, &p->req);
   }
+}
+
+/* The peer refused p's grant as busy (it caps grants per link, e.g.
+ * staged ones) while other segments of the set hold grants: p waits for
+ * one of them to close, and the set asks no more at once than it holds
+ * now.  Returns false when nothing else is open (a real failure). */
+static bool grant_later(struct pull *p) {
+  struct pull_set *s = p->s;
+
+  if (s->active <= 1)
+    return false;
+  s->active--;
+  if (s->window == GRANTS_AHEAD)
+    gshm_log_info("cluster: peer '%s' is busy: the pull of '%s' waits for its grants to end "
+                  "before it asks more",
+                  s->peer->name, s->name);
+  s->window = s->active;
+  p->started = false;
+  p->next_retry = NULL;
+  *s->retry_tail = p;
+  s->retry_tail = &p->next_retry;
+  return true;
 }
 
 /* A new item of the set: remote segment `name`, `size` bytes.  Returns 0
@@ -749,6 +785,8 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   snprintf(s->location, sizeof(s->location), "%s", m->location ? m->location : "");
   s->mode = m->mode;
   s->start_ns = s->last_progress_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  s->window = GRANTS_AHEAD;
+  s->retry_tail = &s->retry;
   gshm_list_add_tail(&cl->pulls, &s->node);
   gshm_log_info("cluster: uid %u pid %d asks to pull %s'%s' from peer '%s' as '%s'%s",
                 (unsigned)c->cred.uid, (int)c->cred.pid, s->prefix ? "every segment under " : "",

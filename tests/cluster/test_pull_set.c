@@ -410,29 +410,55 @@ static void test_set_pages(void **state) {
 
 static void kill_node(void *arg) { kill(((struct node *)arg)->h.sp.pid, SIGKILL); }
 
-/* The serving node dies mid-set: the pull fails and leaves nothing (no
+/* A serving node (k) that caps staged grants: the set waits for them.
+ * Then another one (j) dies mid-set: the pull fails and leaves nothing (no
  * name, no segment, no memory), then and after a restart. */
 static void test_set_peer_killed(void **state) {
-  static struct node k;
-  struct bg_pull bg = {.puller = &B, .peer = "k", .name = "pub/set/", .local = "lost/",
-                       .prefix = true, .hook = kill_node, .hook_arg = &k};
+  static struct node k, j;
+  struct bg_pull bg = {.puller = &B, .peer = "j", .name = "pub/set/", .local = "lost/",
+                       .prefix = true, .hook = kill_node, .hook_arg = &j};
+  gshm_pull_result_t *v = NULL;
   gshm_client_t *c, *b;
   gshm_status_info_t s;
-  char pk[64], pb[160];
+  char pk[64], pb[200];
+  size_t n = 0;
   (void)state;
 
-  /* B again, knowing k too */
+  /* B again, knowing k and j too */
   k.port = free_port();
+  j.port = free_port();
   snprintf(pk, sizeof(pk), "b=127.0.0.1:%d", B.port);
-  node_start(&k, "k", pk, key_path, "pub/*", NULL);
+  /* k stages every read, and holds at most 4 staged grants per link: a set
+   * asks for more at once, and must wait for them instead of failing */
+  node_start(&k, "k", pk, key_path, "pub/*", "cluster.staging=always", "cluster.staging_bytes=4M",
+             NULL);
+  node_start(&j, "j", pk, key_path, "pub/*", NULL);
   assert_int_equal(harness_stop(&B.h), 0);
   memset(&B.h, 0, sizeof(B.h));
   B.port = free_port();
-  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d,k=127.0.0.1:%d", A.port, k.port);
+  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d,k=127.0.0.1:%d,j=127.0.0.1:%d", A.port, k.port,
+           j.port);
   node_start(&B, "b", pb, key_path, "", "cluster.pull_chunk=32K", "cluster.pull_depth=1", NULL);
   c = connect_to(&k);
   make_set(c, 300);
   gshm_disconnect(c);
+  c = connect_to(&j);
+  make_set(c, 400);
+  gshm_disconnect(c);
+  b = connect_to(&B);
+  assert_int_equal(
+      gshm_pull_prefix(b, "k", "pub/set/", &(gshm_pull_opts_t){.local_name = "staged/"}, &v, &n),
+      0);
+  assert_int_equal(n, NSET);
+  for (size_t i = 0; i < n; i++)
+    assert_string_equal(v[i].path, "staged");
+  gshm_free(v);
+  check_set(b, "staged/", 300);
+  unlink_set(b, "staged/");
+  gshm_disconnect(b);
+  gshm__spawn_stop(&k.h.sp, SIGTERM);
+  gshm__spawn_cleanup(&k.h.sp);
+
   assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
   pthread_join(bg.t, NULL);
   assert_true(bg.calls > 0);
@@ -448,8 +474,8 @@ static void test_set_peer_killed(void **state) {
   assert_int_equal(gshm_status(b, &s), 0);
   assert_int_equal(s.segments, 0);
   gshm_disconnect(b);
-  gshm__spawn_stop(&k.h.sp, SIGKILL);
-  gshm__spawn_cleanup(&k.h.sp);
+  gshm__spawn_stop(&j.h.sp, SIGKILL);
+  gshm__spawn_cleanup(&j.h.sp);
 }
 
 /* A set that crosses a limit of the pulling node midway (here
