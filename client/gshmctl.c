@@ -1171,8 +1171,18 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
   }
   e = prefix ? gshm_pull_prefix(c, peer, colon + 1, &po, &v, &n)
              : gshm_pull(c, peer, colon + 1, &po, &r);
-  if (bar)
+  if (bar) {
+    if (!e) { /* the bar at its end (progress comes at most every 200 ms) */
+      gshm_pull_progress_t end = {.elapsed_ns = prefix ? (n ? v[0].elapsed_ns : 0) : r.elapsed_ns,
+                                  .segments_done = prefix ? (uint32_t)n : 1,
+                                  .segments_total = prefix ? (uint32_t)n : 1};
+      for (size_t i = 0; i < (prefix ? n : 1); i++)
+        end.bytes_done += prefix ? v[i].bytes : r.bytes;
+      end.bytes_total = end.bytes_done;
+      pull_progress_bar(&end, &prefix);
+    }
     fputc('\n', stderr);
+  }
   if (e)
     return fail(c, "pull", e);
   if (prefix) {
