@@ -2,7 +2,7 @@
 /* What the files of daemon/cluster/ above the link layer share: the
  * cluster's state and each file's entry points.  Arrows point down:
  * cluster.c (front door) -> hello.c -> serve.c -> link.c, stage.c;
- * pull.c -> link.c, stage.c; conf.c stands alone.  The link layer calls
+ * pullset.c -> pull.c (pull.h) -> link.c, stage.c; conf.c stands alone.  The link layer calls
  * up only through struct link_hooks, which cluster.c fills. */
 #ifndef GSHMD_CLUSTER_INTERNAL_H
 #define GSHMD_CLUSTER_INTERNAL_H
@@ -103,7 +103,7 @@ void gshmd__serve_segment_free(struct gshmd_registry *r, struct gshmd_segment *s
 /* Drops every registration (cluster stop). */
 void gshmd__serve_stop(struct gshmd_cluster *cl);
 
-/* ---- pull.c: what this node reads from peers ---- */
+/* ---- pull.c, pullset.c: what this node reads from peers ---- */
 
 /* Starts a pull for local client c (see gshmd_cluster_handle_pull). */
 int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
