@@ -2,22 +2,19 @@
 /* libgshm's cluster calls: peers, a peer's segments, pulls
  * (docs/CLUSTER.md).  The daemons move the bytes; these only ask. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
 
-int gshm_cluster_peers(gshm_client_t *c, char *node_name_out, gshm_cluster_peer_t **peers_out,
-                       size_t *count_out) {
+/* The PEERS reply (its body checked). */
+static int peers_request(gshm_client_t *c, Gshm__Reply **reply_out) {
   Gshm__Empty m = GSHM__EMPTY__INIT;
   Gshm__Reply *reply = NULL;
-  gshm_cluster_peer_t *a = NULL;
-  size_t n = 0;
   int e;
 
-  if (!c || !peers_out || !count_out)
-    return -EINVAL;
   pthread_mutex_lock(&c->lock);
   e = gshm__request(c, GSHM_WIRE_PEERS, &m.base, &reply, NULL);
   pthread_mutex_unlock(&c->lock);
@@ -27,6 +24,21 @@ int gshm_cluster_peers(gshm_client_t *c, char *node_name_out, gshm_cluster_peer_
     gshm__reply__free_unpacked(reply, NULL);
     return -EPROTO;
   }
+  *reply_out = reply;
+  return 0;
+}
+
+int gshm_cluster_peers(gshm_client_t *c, char *node_name_out, gshm_cluster_peer_t **peers_out,
+                       size_t *count_out) {
+  Gshm__Reply *reply = NULL;
+  gshm_cluster_peer_t *a = NULL;
+  size_t n = 0;
+  int e;
+
+  if (!c || !peers_out || !count_out)
+    return -EINVAL;
+  if ((e = peers_request(c, &reply)))
+    return e;
   n = reply->cluster_peers->n_peers;
   if (n && !(a = calloc(n, sizeof(*a)))) {
     gshm__reply__free_unpacked(reply, NULL);
@@ -44,6 +56,39 @@ int gshm_cluster_peers(gshm_client_t *c, char *node_name_out, gshm_cluster_peer_
     snprintf(node_name_out, 64, "%s", reply->cluster_peers->node_name);
   gshm__reply__free_unpacked(reply, NULL);
   *peers_out = a;
+  *count_out = n;
+  return 0;
+}
+
+int gshm_cluster_pulls(gshm_client_t *c, gshm_cluster_pull_t **pulls_out, size_t *count_out) {
+  Gshm__Reply *reply = NULL;
+  gshm_cluster_pull_t *a = NULL;
+  size_t n;
+  int e;
+
+  if (!c || !pulls_out || !count_out)
+    return -EINVAL;
+  if ((e = peers_request(c, &reply)))
+    return e;
+  n = reply->cluster_peers->n_pulls;
+  if (n && !(a = calloc(n, sizeof(*a)))) {
+    gshm__reply__free_unpacked(reply, NULL);
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const Gshm__ClusterPull *p = reply->cluster_peers->pulls[i];
+    snprintf(a[i].peer, sizeof(a[i].peer), "%s", p->peer);
+    snprintf(a[i].name, sizeof(a[i].name), "%s", p->name);
+    a[i].prefix = p->prefix;
+    a[i].uid = p->uid;
+    a[i].bytes_done = p->bytes_done;
+    a[i].bytes_total = p->bytes_total;
+    a[i].segments_done = p->segments_done;
+    a[i].segments_total = p->segments_total;
+    a[i].elapsed_ns = p->elapsed_ns;
+  }
+  gshm__reply__free_unpacked(reply, NULL);
+  *pulls_out = a;
   *count_out = n;
   return 0;
 }
@@ -101,53 +146,159 @@ int gshm_list_remote(gshm_client_t *c, const char *peer, gshm_segment_info_t **i
   return 0;
 }
 
-int gshm_pull(gshm_client_t *c, const char *peer, const char *name, const gshm_pull_opts_t *opts,
-              gshm_pull_result_t *result_out) {
+static void result_from_wire(gshm_pull_result_t *out, const Gshm__PullResult *r) {
+  memset(out, 0, sizeof(*out));
+  gshm__info_from_wire(&out->segment, r->segment);
+  out->bytes = r->bytes;
+  out->elapsed_ns = r->elapsed_ns;
+  snprintf(out->path, sizeof(out->path), "%s", r->path);
+  snprintf(out->path_reason, sizeof(out->path_reason), "%s", r->path_reason);
+  snprintf(out->peer, sizeof(out->peer), "%s", r->peer);
+  out->remote_id = r->remote_id;
+  out->remote_generation = r->remote_generation;
+}
+
+/* One segment of a set from its pull_items entry; its source from the
+ * request (peer, prefix, local prefix). */
+static void item_from_wire(gshm_pull_result_t *out, const Gshm__PulledSegment *it,
+                           const char *peer, const char *prefix, const char *local) {
+  size_t ll = strlen(local);
+
+  memset(out, 0, sizeof(*out));
+  snprintf(out->segment.name, sizeof(out->segment.name), "%s", it->name);
+  out->segment.id = it->id;
+  out->segment.generation = it->generation;
+  out->segment.size = it->size;
+  out->segment.requested_size = it->bytes;
+  snprintf(out->segment.location, sizeof(out->segment.location), "%s", it->location);
+  out->segment.device_index = it->device_index;
+  snprintf(out->segment.source, sizeof(out->segment.source), "%s:%s%s#%" PRIu64 ".%" PRIu64,
+           peer, prefix, strncmp(it->name, local, ll) ? "" : it->name + ll, it->remote_id,
+           it->remote_generation);
+  out->bytes = it->bytes;
+  snprintf(out->path, sizeof(out->path), "%s", it->path);
+  snprintf(out->peer, sizeof(out->peer), "%s", peer);
+  out->remote_id = it->remote_id;
+  out->remote_generation = it->remote_generation;
+}
+
+/* A set's items so far (pull_items pages, in order). */
+struct pulled {
+  gshm_pull_result_t *v;
+  size_t n, cap;
+};
+
+static int add_items(struct pulled *pd, const Gshm__PullItems *pi, const Gshm__PullRequest *m) {
+  const char *local = m->local_name && *m->local_name ? m->local_name : m->name;
+
+  if (pi->first != pd->n || pi->n_items > 4096 || pd->n + pi->n_items > 4096)
+    return -EPROTO;
+  if (pd->n + pi->n_items > pd->cap) {
+    size_t cap = pd->n + pi->n_items + 256;
+    gshm_pull_result_t *v = realloc(pd->v, cap * sizeof(*v));
+    if (!v)
+      return -ENOMEM;
+    pd->v = v;
+    pd->cap = cap;
+  }
+  for (size_t i = 0; i < pi->n_items; i++)
+    item_from_wire(&pd->v[pd->n++], pi->items[i], m->peer, m->name, local);
+  return 0;
+}
+
+/* One PULL request: progress replies, then (a set) pull_items pages, then
+ * the result.  *results_out (malloc'ed) gets one entry per segment. */
+static int pull_request(gshm_client_t *c, const char *peer, const char *name, bool prefix,
+                        const gshm_pull_opts_t *opts, gshm_pull_result_t **results_out,
+                        size_t *count_out) {
   Gshm__PullRequest m = GSHM__PULL_REQUEST__INIT;
   Gshm__Reply *reply = NULL;
+  struct pulled pd = {0};
   int e;
 
-  if (!c || !peer || !name)
-    return -EINVAL;
   m.peer = (char *)peer;
   m.name = (char *)name;
+  m.prefix = prefix;
   if (opts) {
     m.local_name = (char *)(opts->local_name ? opts->local_name : "");
     m.location = (char *)(opts->location ? opts->location : "");
     m.mode = opts->mode;
+    m.replace = opts->replace != 0;
   }
   pthread_mutex_lock(&c->lock);
   e = gshm__request(c, GSHM_WIRE_PULL, &m.base, &reply, NULL);
-  /* Progress replies until the result (or an error status). */
-  while (!e && reply->body_case == GSHM__REPLY__BODY_PULL_PROGRESS) {
-    gshm_pull_progress_t pr = {.bytes_done = reply->pull_progress->bytes_done,
-                               .bytes_total = reply->pull_progress->bytes_total,
-                               .elapsed_ns = reply->pull_progress->elapsed_ns};
+  while (!e) {
+    if (reply->body_case == GSHM__REPLY__BODY_PULL_PROGRESS) {
+      const Gshm__PullProgress *p = reply->pull_progress;
+      gshm_pull_progress_t pr = {.bytes_done = p->bytes_done,
+                                 .bytes_total = p->bytes_total,
+                                 .elapsed_ns = p->elapsed_ns,
+                                 .segments_done = p->segments_done,
+                                 .segments_total = prefix ? p->segments_total : 1};
+      if (opts && opts->progress)
+        opts->progress(&pr, opts->progress_arg);
+    } else if (prefix && reply->body_case == GSHM__REPLY__BODY_PULL_ITEMS) {
+      if ((e = add_items(&pd, reply->pull_items, &m)))
+        break;
+    } else if (reply->body_case == GSHM__REPLY__BODY_PULL_RESULT && reply->pull_result->segment) {
+      const Gshm__PullResult *r = reply->pull_result;
+      if (!prefix) {
+        if (!(pd.v = calloc(1, sizeof(*pd.v)))) {
+          e = -ENOMEM;
+          break;
+        }
+        result_from_wire(&pd.v[0], r);
+        pd.n = 1;
+      } else if (r->count != pd.n || !pd.n) {
+        e = -EPROTO; /* pages missing */
+        break;
+      } else {
+        /* the first segment's reason stands for the set (per segment: path) */
+        snprintf(pd.v[0].path_reason, sizeof(pd.v[0].path_reason), "%s", r->path_reason);
+        for (size_t i = 0; i < pd.n; i++)
+          pd.v[i].elapsed_ns = r->elapsed_ns;
+      }
+      break;
+    } else {
+      e = -EPROTO;
+      break;
+    }
     gshm__reply__free_unpacked(reply, NULL);
     reply = NULL;
-    if (opts && opts->progress)
-      opts->progress(&pr, opts->progress_arg);
     e = gshm__request_more(c, GSHM_WIRE_PULL, &reply);
   }
   pthread_mutex_unlock(&c->lock);
-  if (e)
-    return e;
-  if (reply->body_case != GSHM__REPLY__BODY_PULL_RESULT || !reply->pull_result->segment) {
+  if (reply)
     gshm__reply__free_unpacked(reply, NULL);
-    return -EPROTO;
+  if (e) {
+    free(pd.v);
+    return e;
   }
-  if (result_out) {
-    const Gshm__PullResult *r = reply->pull_result;
-    memset(result_out, 0, sizeof(*result_out));
-    gshm__info_from_wire(&result_out->segment, r->segment);
-    result_out->bytes = r->bytes;
-    result_out->elapsed_ns = r->elapsed_ns;
-    snprintf(result_out->path, sizeof(result_out->path), "%s", r->path);
-    snprintf(result_out->path_reason, sizeof(result_out->path_reason), "%s", r->path_reason);
-    snprintf(result_out->peer, sizeof(result_out->peer), "%s", r->peer);
-    result_out->remote_id = r->remote_id;
-    result_out->remote_generation = r->remote_generation;
-  }
-  gshm__reply__free_unpacked(reply, NULL);
+  *results_out = pd.v;
+  *count_out = pd.n;
   return 0;
+}
+
+int gshm_pull(gshm_client_t *c, const char *peer, const char *name, const gshm_pull_opts_t *opts,
+              gshm_pull_result_t *result_out) {
+  gshm_pull_result_t *res;
+  size_t n;
+  int e;
+
+  if (!c || !peer || !name)
+    return -EINVAL;
+  if ((e = pull_request(c, peer, name, false, opts, &res, &n)))
+    return e;
+  if (result_out)
+    *result_out = res[0];
+  free(res);
+  return 0;
+}
+
+int gshm_pull_prefix(gshm_client_t *c, const char *peer, const char *prefix,
+                     const gshm_pull_opts_t *opts, gshm_pull_result_t **results_out,
+                     size_t *count_out) {
+  if (!c || !peer || !prefix || !results_out || !count_out)
+    return -EINVAL;
+  return pull_request(c, peer, prefix, true, opts, results_out, count_out);
 }

@@ -60,9 +60,13 @@ static void usage(FILE *f) {
           "                                 bytes from stdin or FILE into the segment\n"
           "  peers                          the cluster's peer nodes and their state\n"
           "  segments --peer PEER           the segments peer node PEER exports\n"
-          "  pull PEER:NAME [--as LOCAL] [--location LOC] [--mode MODE]\n"
-          "                                 copy a peer's segment into a new local one\n"
-          "                                 (progress on a terminal; --json: one summary)\n"
+          "  pull PEER:NAME [--as LOCAL] [--prefix] [--replace] [--location LOC]\n"
+          "       [--mode MODE]             copy a peer's segment into a new local one;\n"
+          "                                 --prefix: every segment it exports under NAME,\n"
+          "                                 all appearing at once (--as: local prefix);\n"
+          "                                 --replace: swap out local segments of those\n"
+          "                                 names (progress on a terminal; --json: one\n"
+          "                                 summary)\n"
           "\n"
           "Options:\n"
           "  -s, --socket PATH   gshmd's socket (default $GSHM_SOCKET, else %s)\n"
@@ -955,12 +959,47 @@ out:
 
 /* ---- cluster verbs ---- */
 
+/* The pulls in flight, as `peers` shows them (JSON: an array). */
+static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
+  char done[32], total[32];
+  json_t *arr = json_out ? json_array() : NULL;
+
+  if (n && !json_out)
+    printf("\n%zu pull%s in flight:\n%-16s %-32s %6s %-22s %s\n", n, n == 1 ? "" : "s", "PEER",
+           "NAME", "UID", "BYTES", "SEGMENTS");
+  for (size_t i = 0; i < n; i++) {
+    double sec = (double)v[i].elapsed_ns / 1e9;
+    if (json_out) {
+      json_t *o = json_object();
+      json_object_set_new(o, "peer", json_text(v[i].peer));
+      json_object_set_new(o, "name", json_text(v[i].name));
+      json_object_set_new(o, "prefix", json_boolean(v[i].prefix));
+      json_object_set_new(o, "uid", json_integer(v[i].uid));
+      json_object_set_new(o, "bytes_done", json_integer((json_int_t)v[i].bytes_done));
+      json_object_set_new(o, "bytes_total", json_integer((json_int_t)v[i].bytes_total));
+      json_object_set_new(o, "segments_done", json_integer(v[i].segments_done));
+      json_object_set_new(o, "segments_total", json_integer(v[i].segments_total));
+      json_object_set_new(o, "seconds", json_real(sec));
+      json_array_append_new(arr, o);
+      continue;
+    }
+    printf("%-16s %-32s %6u %9s/%-9s  %u/%u%s  %.1f s\n", v[i].peer, v[i].name, v[i].uid,
+           gshm__format_size(v[i].bytes_done, done, sizeof(done)),
+           gshm__format_size(v[i].bytes_total, total, sizeof(total)), v[i].segments_done,
+           v[i].segments_total, v[i].prefix && !v[i].segments_total ? " (listing)" : "", sec);
+  }
+  return arr;
+}
+
 static int cmd_peers(gshm_client_t *c) {
   gshm_cluster_peer_t *v = NULL;
+  gshm_cluster_pull_t *pv = NULL;
   char node[64] = "";
-  size_t n = 0;
+  size_t n = 0, np = 0;
   int e = gshm_cluster_peers(c, node, &v, &n);
 
+  if (!e && (e = gshm_cluster_pulls(c, &pv, &np)))
+    gshm_free(v);
   if (e)
     return fail(c, "peers", e);
   if (json_out) {
@@ -976,7 +1015,9 @@ static int cmd_peers(gshm_client_t *c) {
       json_array_append_new(arr, o);
     }
     json_object_set_new(doc, "peers", arr);
+    json_object_set_new(doc, "pulls", pulls_in_flight(pv, np));
     gshm_free(v);
+    gshm_free(pv);
     return print_json(doc);
   }
   if (!node[0])
@@ -988,7 +1029,9 @@ static int cmd_peers(gshm_client_t *c) {
   for (size_t i = 0; i < n; i++)
     printf("%-16s %-24s %-10s %8u %s\n", v[i].name, v[i].address, v[i].state, v[i].exported,
            v[i].message);
+  pulls_in_flight(pv, np);
   gshm_free(v);
+  gshm_free(pv);
   return EXIT_OK;
 }
 
@@ -1024,8 +1067,10 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
   return EXIT_OK;
 }
 
-/* A progress bar on stderr: bytes, rate and time left. */
+/* A progress bar on stderr for the whole pull: bytes, rate, time left and,
+ * for a set, segments done. */
 static void pull_progress_bar(const gshm_pull_progress_t *p, void *arg) {
+  char segs[48] = "";
   char done[32], total[32];
   double frac = p->bytes_total ? (double)p->bytes_done / (double)p->bytes_total : 1.0;
   double sec = (double)p->elapsed_ns / 1e9;
@@ -1034,30 +1079,94 @@ static void pull_progress_bar(const gshm_pull_progress_t *p, void *arg) {
   char bar[31];
   int fill = (int)(frac * 30);
 
-  (void)arg;
+  if (*(const bool *)arg)
+    snprintf(segs, sizeof(segs), p->segments_total ? "  %u/%u segments" : "  %u segments (listing)",
+             p->segments_done, p->segments_total);
   for (int i = 0; i < 30; i++)
     bar[i] = i < fill ? '#' : '.';
   bar[30] = '\0';
-  fprintf(stderr, "\r[%s] %3d%% %s / %s  %.2f GB/s  %d:%02d left ", bar, (int)(frac * 100),
+  fprintf(stderr, "\r[%s] %3d%% %s / %s  %.2f GB/s  %d:%02d left%s ", bar, (int)(frac * 100),
           gshm__format_size(p->bytes_done, done, sizeof(done)),
           gshm__format_size(p->bytes_total, total, sizeof(total)), rate / 1e9,
-          (int)left / 60, (int)left % 60);
+          (int)left / 60, (int)left % 60, segs);
+}
+
+/* One pulled segment, as --json shows it. */
+static json_t *pulled_json(const gshm_pull_result_t *r, const char *remote_name) {
+  json_t *o = json_object();
+  json_object_set_new(o, "peer", json_text(r->peer));
+  json_object_set_new(o, "remote_name", json_text(remote_name));
+  json_object_set_new(o, "remote_id", json_integer((json_int_t)r->remote_id));
+  json_object_set_new(o, "remote_generation", json_integer((json_int_t)r->remote_generation));
+  json_object_set_new(o, "name", json_text(r->segment.name));
+  json_object_set_new(o, "id", json_integer((json_int_t)r->segment.id));
+  json_object_set_new(o, "location", json_string(r->segment.location));
+  json_object_set_new(o, "bytes", json_integer((json_int_t)r->bytes));
+  json_object_set_new(o, "path", json_string(r->path));
+  json_object_set_new(o, "path_reason", json_text(r->path_reason));
+  json_object_set_new(o, "source", json_text(r->segment.source));
+  return o;
+}
+
+/* The peer's name of a pulled segment: its source "PEER:NAME#ID.GEN". */
+static const char *source_name(const gshm_pull_result_t *r, char *buf, size_t len) {
+  const char *colon = strchr(r->segment.source, ':');
+  const char *hash = colon ? strrchr(colon, '#') : NULL;
+  if (!hash)
+    return "";
+  snprintf(buf, len, "%.*s", (int)(hash - colon - 1), colon + 1);
+  return buf;
+}
+
+/* The summary of a set pull (--prefix). */
+static int pulled_set(const char *peer, const char *prefix, const gshm_pull_result_t *v,
+                      size_t n) {
+  uint64_t bytes = 0;
+  double sec = n ? (double)v[0].elapsed_ns / 1e9 : 0;
+  unsigned paths[3] = {0};
+  char sz[32], name[GSHM_SOURCE_MAX];
+
+  for (size_t i = 0; i < n; i++) {
+    bytes += v[i].bytes;
+    paths[!strcmp(v[i].path, "staged") ? 1 : !strcmp(v[i].path, "direct") ? 2 : 0]++;
+  }
+  if (json_out) {
+    json_t *doc = json_doc(), *arr = json_array();
+    json_object_set_new(doc, "peer", json_text(peer));
+    json_object_set_new(doc, "prefix", json_text(prefix));
+    json_object_set_new(doc, "count", json_integer((json_int_t)n));
+    json_object_set_new(doc, "bytes", json_integer((json_int_t)bytes));
+    json_object_set_new(doc, "seconds", json_real(sec));
+    json_object_set_new(doc, "gb_per_s", json_real(sec > 0 ? (double)bytes / sec / 1e9 : 0));
+    for (size_t i = 0; i < n; i++)
+      json_array_append_new(arr, pulled_json(&v[i], source_name(&v[i], name, sizeof(name))));
+    json_object_set_new(doc, "segments", arr);
+    return print_json(doc);
+  }
+  printf("pulled %zu segment%s under %s:%s: %s in %.3f s, %.2f GB/s (paths: %u host, %u staged, "
+         "%u direct)\n",
+         n, n == 1 ? "" : "s", peer, prefix, gshm__format_size(bytes, sz, sizeof(sz)), sec,
+         sec > 0 ? (double)bytes / sec / 1e9 : 0, paths[0], paths[1], paths[2]);
+  return EXIT_OK;
 }
 
 static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
   static const struct option opts[] = {{"as", required_argument, NULL, 'a'},
                                        {"location", required_argument, NULL, 'l'},
                                        {"mode", required_argument, NULL, 'm'},
+                                       {"prefix", no_argument, NULL, 'p'},
+                                       {"replace", no_argument, NULL, 'r'},
                                        {NULL, 0, NULL, 0}};
   gshm_pull_opts_t po = {0};
-  gshm_pull_result_t r;
+  gshm_pull_result_t r, *v = NULL;
   char peer[64], sz[32];
   const char *colon;
-  int o, e;
-  bool bar;
+  size_t n = 0;
+  int o, e, rc;
+  bool bar, prefix = false;
 
   optind = 0;
-  while ((o = getopt_long(argc, argv, ":a:l:m:", opts, NULL)) != -1) {
+  while ((o = getopt_long(argc, argv, ":a:l:m:pr", opts, NULL)) != -1) {
     switch (o) {
     case 'a':
       po.local_name = optarg;
@@ -1069,42 +1178,58 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
       if (parse_mode("pull", optarg, &po.mode))
         return EXIT_USAGE;
       break;
+    case 'p':
+      prefix = true;
+      break;
+    case 'r':
+      po.replace = 1;
+      break;
     default:
       return bad_option("pull", o, argv);
     }
   }
   if (argc - optind != 1 || !(colon = strchr(argv[optind], ':')) || colon == argv[optind] ||
-      !colon[1] || (size_t)(colon - argv[optind]) >= sizeof(peer)) {
+      (!colon[1] && !prefix) || (size_t)(colon - argv[optind]) >= sizeof(peer)) {
     return errorf(EXIT_USAGE, -EINVAL,
-                  "usage: pull PEER:NAME [--as LOCAL] [--location LOC] [--mode MODE]");
+                  "usage: pull PEER:NAME [--as LOCAL] [--prefix] [--replace] [--location LOC] "
+                  "[--mode MODE]");
   }
   if (!c)
     return EXIT_OK;
   snprintf(peer, sizeof(peer), "%.*s", (int)(colon - argv[optind]), argv[optind]);
   bar = !json_out && isatty(STDERR_FILENO);
-  if (bar)
+  if (bar) {
     po.progress = pull_progress_bar;
-  e = gshm_pull(c, peer, colon + 1, &po, &r);
-  if (bar)
+    po.progress_arg = &prefix;
+  }
+  e = prefix ? gshm_pull_prefix(c, peer, colon + 1, &po, &v, &n)
+             : gshm_pull(c, peer, colon + 1, &po, &r);
+  if (bar) {
+    if (!e) { /* the bar at its end (progress comes at most every 200 ms) */
+      gshm_pull_progress_t end = {.elapsed_ns = prefix ? (n ? v[0].elapsed_ns : 0) : r.elapsed_ns,
+                                  .segments_done = prefix ? (uint32_t)n : 1,
+                                  .segments_total = prefix ? (uint32_t)n : 1};
+      for (size_t i = 0; i < (prefix ? n : 1); i++)
+        end.bytes_done += prefix ? v[i].bytes : r.bytes;
+      end.bytes_total = end.bytes_done;
+      pull_progress_bar(&end, &prefix);
+    }
     fputc('\n', stderr);
+  }
   if (e)
     return fail(c, "pull", e);
+  if (prefix) {
+    rc = pulled_set(peer, colon + 1, v, n);
+    gshm_free(v);
+    return rc;
+  }
   if (json_out) {
-    json_t *doc = json_doc();
-    json_object_set_new(doc, "peer", json_text(r.peer));
-    json_object_set_new(doc, "remote_name", json_text(colon + 1));
-    json_object_set_new(doc, "remote_id", json_integer((json_int_t)r.remote_id));
-    json_object_set_new(doc, "remote_generation", json_integer((json_int_t)r.remote_generation));
-    json_object_set_new(doc, "name", json_text(r.segment.name));
-    json_object_set_new(doc, "id", json_integer((json_int_t)r.segment.id));
-    json_object_set_new(doc, "location", json_string(r.segment.location));
-    json_object_set_new(doc, "bytes", json_integer((json_int_t)r.bytes));
+    json_t *doc = json_doc(), *one = pulled_json(&r, colon + 1);
+    json_object_update(doc, one);
+    json_decref(one);
     json_object_set_new(doc, "seconds", json_real((double)r.elapsed_ns / 1e9));
     json_object_set_new(doc, "gb_per_s",
                         json_real(r.elapsed_ns ? (double)r.bytes / (double)r.elapsed_ns : 0));
-    json_object_set_new(doc, "path", json_string(r.path));
-    json_object_set_new(doc, "path_reason", json_text(r.path_reason));
-    json_object_set_new(doc, "source", json_text(r.segment.source));
     return print_json(doc);
   }
   printf("pulled %s:%s into '%s' (id %" PRIu64 "): %s in %.3f s, %.2f GB/s, path %s (%s)\n",

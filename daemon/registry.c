@@ -77,6 +77,7 @@ void gshmd_registry_init(struct gshmd_registry *r, const struct gshmd_config *cf
   gshm_list_init(&r->segments);
   gshm_list_init(&r->clients);
   gshm_list_init(&r->leases);
+  gshm_list_init(&r->hidden);
   r->next_segment_id = 1;
   r->next_generation = 1;
   r->next_lease_id = 1;
@@ -161,6 +162,8 @@ void gshmd_registry_destroy(struct gshmd_registry *r) {
     r->on_event = NULL;
     segment_free(r, seg, false);
   }
+  gshm_list_foreach_safe(pos, tmp, &r->hidden)
+      gshmd_registry_discard_hidden(r, gshm_list_entry(pos, struct gshmd_segment, node));
   tdestroy(r->by_name, noop_free);
   tdestroy(r->by_id, noop_free);
   gshmd_seg_index_free(&r->seg_index);
@@ -334,9 +337,13 @@ static int lease_add(struct gshmd_registry *r, struct gshmd_client *c, struct gs
   return 0;
 }
 
-int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
-                          const Gshm__CreateRequest *req, struct gshmd_lease **lease_out,
-                          const char **msg_out) {
+/* Checks a create request of c and allocates its segment, charged to c's
+ * usage and r->bytes but in no tree or list and without an id yet.
+ * hidden: the name may be taken now (a hidden segment's name is checked
+ * when it is published).  Errors as gshmd_registry_create. */
+static int segment_new(struct gshmd_registry *r, struct gshmd_client *c,
+                       const Gshm__CreateRequest *req, bool hidden,
+                       struct gshmd_segment **seg_out, const char **msg_out) {
   const struct gshmd_config *cfg = r->cfg;
   struct gshm_location loc;
   struct gshmd_backend *b;
@@ -378,16 +385,14 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
     *msg_out = "bad location: use host, cuda:N or cuda:GPU-<uuid>";
     return -EINVAL;
   }
-  if (gshmd_registry_find_name(r, req->name)) {
+  if (!hidden && gshmd_registry_find_name(r, req->name)) {
     *msg_out = fmt_msg(r, "segment '%s' exists", req->name);
     return -EEXIST;
   }
-  if (cfg->max_segments && r->nsegments >= cfg->max_segments) {
+  if (cfg->max_segments && r->nsegments + r->nhidden >= cfg->max_segments) {
     *msg_out = fmt_msg(r, "the daemon holds %u segments, its limit", r->nsegments);
     return -EMFILE;
   }
-  if (gshmd_seg_index_reserve(&r->seg_index))
-    return -ENOMEM;
   cuda = loc.kind != GSHM_LOCATION_HOST;
   b = cuda ? r->cuda : r->host;
   if (!b) {
@@ -441,8 +446,6 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
     b->ops->free(b, mem);
     return -ENOMEM;
   }
-  seg->id = r->next_segment_id++;
-  seg->generation = r->next_generation++;
   seg->requested_size = req->size;
   seg->mem = mem;
   seg->uid = c->cred.uid;
@@ -451,21 +454,64 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
   seg->flags = req->flags;
   seg->created_ns = gshm__now_ns(CLOCK_REALTIME);
   gshm_list_init(&seg->leases);
+  r->bytes += mem->size;
+  usage_charge(u, mem, +1);
+  *seg_out = seg;
+  return 0;
+}
+
+/* Frees a segment of segment_new that is in no tree or list: its usage,
+ * its pages (discarded) and its memory. */
+static void segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  struct usage *u = usage_get(r, seg->uid);
+
+  r->bytes -= seg->mem->size;
+  if (u)
+    usage_charge(u, seg->mem, -1);
+  if (seg->mem->backend->ops->discard)
+    seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
+  seg->mem->backend->ops->free(seg->mem->backend, seg->mem);
+  free(seg->source);
+  free(seg->name);
+  free(seg);
+}
+
+/* Gives seg (from segment_new, its name free) its id and generation and
+ * makes it live: in the name and id trees and the id-ordered list.
+ * Errors: -ENOMEM (seg untouched, in no tree). */
+static int segment_insert(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  if (gshmd_seg_index_reserve(&r->seg_index)) /* so that the index add cannot fail */
+    return -ENOMEM;
+  seg->id = r->next_segment_id;
   if (!tsearch(seg, &r->by_name, cmp_name) || !tsearch(seg, &r->by_id, cmp_seg_id)) {
     tdelete(seg, &r->by_name, cmp_name);
-    b->ops->free(b, mem);
-    free(seg->name);
-    free(seg);
+    seg->id = 0;
     return -ENOMEM;
   }
+  r->next_segment_id++;
+  seg->generation = r->next_generation++;
   gshm_list_add_tail(&r->segments, &seg->node);
   gshmd_seg_index_add(&r->seg_index, seg, seg->id);
   r->nsegments++;
-  r->bytes += mem->size;
-  usage_charge(u, mem, +1);
+  return 0;
+}
+
+int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
+                          const Gshm__CreateRequest *req, struct gshmd_lease **lease_out,
+                          const char **msg_out) {
+  struct gshmd_segment *seg;
+  char s[32];
+  int e;
+
+  if ((e = segment_new(r, c, req, false, &seg, msg_out)))
+    return e;
+  if ((e = segment_insert(r, seg))) {
+    segment_drop(r, seg);
+    return e;
+  }
   gshm_log_info("segment '%s' id %" PRIu64 " created: %s at %s, mode %04o, uid %u, by pid %d",
-                seg->name, seg->id, gshm__format_size(mem->size, s, sizeof(s)), mem->location,
-                mode, (unsigned)seg->uid, (int)c->cred.pid);
+                seg->name, seg->id, gshm__format_size(seg->mem->size, s, sizeof(s)),
+                seg->mem->location, seg->mode, (unsigned)seg->uid, (int)c->cred.pid);
   if (r->on_event)
     r->on_event(r, seg, GSHMD_SEGMENT_CREATED);
 
@@ -752,4 +798,144 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
   /* Revoke takes the memory back, restored or not: the pages go now. */
   segment_free(r, seg, true);
   return 0;
+}
+
+int gshmd_registry_create_hidden(struct gshmd_registry *r, struct gshmd_client *c,
+                                 const Gshm__CreateRequest *req, struct gshmd_segment **seg_out,
+                                 const char **msg_out) {
+  struct gshmd_segment *seg;
+  int e;
+
+  if ((e = segment_new(r, c, req, true, &seg, msg_out)))
+    return e;
+  gshm_list_add_tail(&r->hidden, &seg->node);
+  r->nhidden++;
+  *seg_out = seg;
+  return 0;
+}
+
+void gshmd_registry_discard_hidden(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  gshm_list_del(&seg->node);
+  r->nhidden--;
+  segment_drop(r, seg);
+}
+
+static int cmp_seg_ptr_name(const void *a, const void *b) {
+  return cmp_name(*(struct gshmd_segment *const *)a, *(struct gshmd_segment *const *)b);
+}
+
+/* A segment of segs[0..n) whose name another one has too, or NULL;
+ * scratch: room for n pointers. */
+static struct gshmd_segment *duplicate_name(struct gshmd_segment *const *segs, size_t n,
+                                            struct gshmd_segment **scratch) {
+  memcpy(scratch, segs, n * sizeof(*scratch));
+  qsort(scratch, n, sizeof(*scratch), cmp_seg_ptr_name);
+  for (size_t i = 1; i < n; i++)
+    if (!cmp_name(scratch[i - 1], scratch[i]))
+      return scratch[i];
+  return NULL;
+}
+
+/* The live segment that holds seg's name, or NULL. */
+static struct gshmd_segment *name_holder(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  struct gshmd_segment **slot = tfind(seg, &r->by_name, cmp_name);
+  return slot ? *slot : NULL;
+}
+
+/* Undoes the tree insertions of publish for segs[0..n): ids from id0. */
+static void publish_undo(struct gshmd_registry *r, struct gshmd_segment *const *segs, size_t n,
+                         size_t named, size_t ided, uint64_t id0) {
+  for (size_t i = 0; i < ided; i++)
+    tdelete(segs[i], &r->by_id, cmp_seg_id);
+  for (size_t i = 0; i < named; i++)
+    if (segs[i]->unlinked) /* (marks the ones publish named) */
+      tdelete(segs[i], &r->by_name, cmp_name);
+  for (size_t i = 0; i < n; i++) {
+    segs[i]->unlinked = false;
+    segs[i]->id = 0;
+  }
+  r->next_segment_id = id0;
+}
+
+int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
+                           struct gshmd_segment *const *segs, size_t n, bool replace,
+                           const char **msg_out) {
+  struct gshmd_segment **old = calloc(n ? n : 1, sizeof(*old)), *dup;
+  uint64_t id0 = r->next_segment_id;
+  size_t named = 0, ided = 0;
+  char sz[32];
+
+  if (!old)
+    return -ENOMEM;
+  if ((dup = duplicate_name(segs, n, old))) { /* (old: scratch space, cleared after) */
+    *msg_out = fmt_msg(r, "two segments of the set are named '%s'", dup->name);
+    free(old);
+    return -EINVAL;
+  }
+  memset(old, 0, n * sizeof(*old));
+  for (size_t i = 0; i < n; i++) {
+    if (!(old[i] = name_holder(r, segs[i])))
+      continue;
+    if (!replace || !may_manage(c, old[i])) {
+      *msg_out = !replace ? fmt_msg(r, "segment '%s' exists (replace it with --replace)",
+                                    segs[i]->name)
+                          : fmt_msg(r, "segment '%s' is not yours to replace", segs[i]->name);
+      free(old);
+      return !replace ? -EEXIST : -EACCES;
+    }
+  }
+  /* Every allocation first (tree nodes), undone on failure: nothing is
+   * visible until the last one succeeded.  seg->unlinked marks, for the
+   * undo, the ones given a name node of their own. */
+  for (size_t i = 0; i < n; i++)
+    segs[i]->id = r->next_segment_id++;
+  for (; ided < n; ided++)
+    if (!tsearch(segs[ided], &r->by_id, cmp_seg_id))
+      goto nomem;
+  for (; named < n; named++) {
+    if (old[named])
+      continue;
+    if (!tsearch(segs[named], &r->by_name, cmp_name))
+      goto nomem;
+    segs[named]->unlinked = true;
+  }
+  /* The swap: no failure from here on.  A replaced name's tree node is
+   * given the new segment in place (same name, so the tree stays
+   * ordered). */
+  for (size_t i = 0; i < n; i++) {
+    struct gshmd_segment *seg = segs[i];
+    seg->unlinked = false;
+    if (old[i])
+      *(struct gshmd_segment **)tfind(seg, &r->by_name, cmp_name) = seg;
+    seg->generation = r->next_generation++;
+    gshm_list_del(&seg->node); /* off r->hidden */
+    r->nhidden--;
+    gshm_list_add_tail(&r->segments, &seg->node);
+    r->nsegments++;
+    gshm_log_info("segment '%s' id %" PRIu64 " published: %s at %s, mode %04o, uid %u%s",
+                  seg->name, seg->id, gshm__format_size(seg->mem->size, sz, sizeof(sz)),
+                  seg->mem->location, seg->mode, (unsigned)seg->uid,
+                  old[i] ? " (replaces the old one)" : "");
+  }
+  /* The fd store learns of the new segments before the old ones go: a
+   * crash in between restores the newer of two that share a name. */
+  for (size_t i = 0; i < n && r->on_event; i++)
+    r->on_event(r, segs[i], GSHMD_SEGMENT_CREATED);
+  for (size_t i = 0; i < n; i++) {
+    if (!old[i])
+      continue;
+    old[i]->unlinked = true; /* its name node is the new segment's now */
+    gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain)", old[i]->name,
+                  old[i]->id, old[i]->nleases);
+    if (old[i]->nleases && r->on_event)
+      r->on_event(r, old[i], GSHMD_SEGMENT_UNLINKED);
+    if (old[i]->nleases == 0)
+      segment_free(r, old[i], true);
+  }
+  free(old);
+  return 0;
+nomem:
+  publish_undo(r, segs, n, named, ided, id0);
+  free(old);
+  return -ENOMEM;
 }

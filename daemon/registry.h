@@ -139,6 +139,11 @@ struct gshmd_registry {
    * Until then an unlinked restored segment nobody has re-taken is kept
    * (gshmd_registry_reap_unlinked frees it when the period ends). */
   bool restore_grace_over;
+  /* Hidden segments (gshmd_registry_create_hidden): allocated and charged
+   * to their owner, in no tree and no listing, never told to the fd store
+   * (a restart cannot bring one back); gshmd_segment.node links them. */
+  struct gshm_list hidden;
+  uint32_t nhidden;
 };
 
 void gshmd_registry_init(struct gshmd_registry *r, const struct gshmd_config *cfg);
@@ -160,6 +165,31 @@ void gshmd_registry_client_remove(struct gshmd_registry *r, struct gshmd_client 
 int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
                           const Gshm__CreateRequest *req, struct gshmd_lease **lease_out,
                           const char **msg_out);
+
+/* A hidden segment: what gshmd_registry_create checks and allocates (the
+ * same errors, except that the name may be taken: it is checked when the
+ * segment is published), owned by c's uid and charged to its quota, but
+ * with no id, no lease and no name anyone can see: not listed, not
+ * opened, not stat'ed, not exported, and not in the fd store, so a
+ * restart frees it with the process.  *seg_out is the registry's: give it
+ * to gshmd_registry_publish or gshmd_registry_discard_hidden. */
+int gshmd_registry_create_hidden(struct gshmd_registry *r, struct gshmd_client *c,
+                                 const Gshm__CreateRequest *req, struct gshmd_segment **seg_out,
+                                 const char **msg_out);
+/* Frees a hidden segment (pages discarded) and its quota charge. */
+void gshmd_registry_discard_hidden(struct gshmd_registry *r, struct gshmd_segment *seg);
+/* Makes the n hidden segments segs live under their
+ * names, all in one step of the loop: no client sees some and not the
+ * others.  A name a live segment holds is refused (-EEXIST) unless
+ * replace, which needs c to own that segment or be an admin (-EACCES) and
+ * unlinks it in the same step (its lease holders keep it until they let
+ * go).  The fd store is told of the new segments (CREATED) before the
+ * replaced ones go.  On error nothing changed and the segments stay
+ * hidden.  Errors: -EEXIST, -EACCES, -EINVAL two of segs share a name,
+ * -ENOMEM. */
+int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
+                           struct gshmd_segment *const *segs, size_t n, bool replace,
+                           const char **msg_out);
 
 /* Opens by name, or re-takes a lease by id and generation, and adds a
  * lease.  A re-take whose lease_token token_check accepts gets the access

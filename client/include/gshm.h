@@ -119,7 +119,8 @@ typedef struct gshm_status_info {
   int32_t pid;
   int64_t started_ns;              /* CLOCK_REALTIME */
   uint32_t clients, segments, leases, devices;
-  uint64_t bytes;                  /* allocated by all live and unlinked segments */
+  uint64_t bytes;                  /* allocated by all live and unlinked segments and
+                                      by pulls in progress (not yet named) */
   char backends[64];               /* comma-separated: "host", "host,cuda" */
 } gshm_status_info_t;
 
@@ -304,6 +305,26 @@ typedef struct gshm_cluster_peer {
 GSHM_EXTERN int gshm_cluster_peers(gshm_client_t *client, char *node_name_out,
                                    gshm_cluster_peer_t **peers_out, size_t *count_out);
 
+/* A pull in flight on the daemon (gshm_cluster_pulls). */
+typedef struct gshm_cluster_pull {
+  char peer[64];
+  char name[256];                  /* the segment, or the set's prefix */
+  int prefix;                      /* 1: a set (every segment under name) */
+  uint32_t uid;                    /* who asked */
+  uint64_t bytes_done, bytes_total;
+  uint32_t segments_done;
+  uint32_t segments_total;         /* 0 while a set is still being listed */
+  int64_t elapsed_ns;
+} gshm_cluster_pull_t;
+
+/* Lists the pulls in flight on the daemon (at most 64, oldest first; an
+ * empty list when its cluster is off), as gshm_list: *pulls_out is an
+ * array of *count_out entries (NULL when none) for gshm_free.  Errors:
+ * -EINVAL a NULL argument, -ENOMEM, -EPROTO, and those of every request
+ * (-ECONNRESET the daemon went away). */
+GSHM_EXTERN int gshm_cluster_pulls(gshm_client_t *client, gshm_cluster_pull_t **pulls_out,
+                                   size_t *count_out);
+
 /* Lists the segments that peer exports, as gshm_list (id, generation,
  * name, sizes, location and created_ns are the peer's; uid, gid and mode
  * are 0): the segments the peer's cluster.export rules let peers read.
@@ -318,20 +339,27 @@ GSHM_EXTERN int gshm_list_remote(gshm_client_t *client, const char *peer,
 /* Progress of a pull, reported about five times a second. */
 typedef struct gshm_pull_progress {
   uint64_t bytes_done;
-  uint64_t bytes_total;
+  uint64_t bytes_total;            /* a set: grows while its listing comes in */
   int64_t elapsed_ns;
+  uint32_t segments_done;          /* segments whose every byte is in */
+  uint32_t segments_total;         /* 0 while a set is still being listed; 1 for one */
 } gshm_pull_progress_t;
 
 typedef void (*gshm_pull_progress_fn)(const gshm_pull_progress_t *progress, void *arg);
 
-/* Options of gshm_pull(); a NULL pointer means all defaults. */
+/* Options of gshm_pull() and gshm_pull_prefix(); a NULL pointer means
+ * all defaults. */
 typedef struct gshm_pull_opts {
-  const char *local_name;          /* NULL or "": the peer's name */
+  const char *local_name;          /* NULL or "": the peer's name; gshm_pull_prefix: the
+                                      local prefix that takes the place of the peer's */
   const char *location;            /* NULL or "": "host" for a host segment */
   uint32_t mode;                   /* permission bits of the new segment; 0: 0600 */
   gshm_pull_progress_fn progress;  /* NULL: none; called on the calling thread while the
                                       client is busy: it must not use the client */
   void *progress_arg;
+  int replace;                     /* 1: a local segment that holds a new name is unlinked
+                                      in the step that publishes the new one (its holders
+                                      keep it); 0: such a name fails the pull, -EEXIST */
 } gshm_pull_opts_t;
 
 /* What a pull did. */
@@ -348,16 +376,42 @@ typedef struct gshm_pull_result {
 /* Copies segment `name` that peer node `peer` exports into a new local
  * segment owned by the caller, through the daemons (UCX one-sided reads;
  * no bytes pass through this process).  Blocks until the copy is done;
- * calls opts->progress meanwhile.  The new segment exists (and may be
- * opened) from the start of the copy; on failure it is removed.  The
- * caller must be an admin or in the daemon's cluster.pull_group.
+ * calls opts->progress meanwhile.  The new segment has no name anyone can
+ * see (list, stat, open) until its last byte is in; on failure, or when
+ * the daemon dies first, it never appears.  The caller must be an admin
+ * or in the daemon's cluster.pull_group.
  * Errors: -ENOENT no such peer or segment (a segment the peer does not
- * export is not found), -EEXIST the local name is taken, -EACCES not
- * allowed to pull (or the peer refused this node), -ENOTSUP cluster off
- * or a path this build lacks, -ECONNRESET the peer went away mid-pull,
- * -EDQUOT, -EINVAL bad name, location or mode. */
+ * export is not found), -EEXIST the local name is taken (and not
+ * opts->replace), -EACCES not allowed to pull (or the peer refused this
+ * node, or opts->replace of a segment the caller does not own),
+ * -ENOTSUP cluster off or a path this build lacks, -ECONNRESET the peer
+ * went away mid-pull, -EDQUOT, -EINVAL bad name, location or mode. */
 GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *name,
                           const gshm_pull_opts_t *opts, gshm_pull_result_t *result_out);
+
+/* Pulls every segment that peer node `peer` exports whose name starts
+ * with `prefix` ("" pulls all it exports), in one request: the peer's
+ * listing, the grants and the reads are pipelined across the segments.
+ * All or nothing: no new name is visible to anyone until every byte of
+ * every segment is in; then all appear in one step.  On failure (peer
+ * lost, caller gone, quota, the daemon killed) none appears, then or
+ * after a restart.  Local names are opts->local_name (default: prefix)
+ * followed by the rest of each peer name; opts->location applies to the
+ * device segments (host ones, such as a model's manifest, stay host).  A local name that exists
+ * fails the pull with -EEXIST unless opts->replace, which unlinks the old
+ * segments in the same step (their holders keep them).  Blocks; calls
+ * opts->progress meanwhile (segment counts included).  *results_out gets
+ * one gshm_pull_result_t per segment, in the peer's id order (for
+ * gshm_free), and *count_out their number: each with its segment's name,
+ * id, generation, sizes, location, device_index and source (owner and
+ * mode are the caller's and opts->mode: not filled), its bytes, path and
+ * remote ids; elapsed_ns is the whole set's, path_reason set on the first.
+ * Errors: as gshm_pull; -ENOENT also when the peer exports nothing under
+ * the prefix, -E2BIG more than 4096 segments, -EINVAL a NULL argument or
+ * a prefix or local prefix that makes a name invalid here. */
+GSHM_EXTERN int gshm_pull_prefix(gshm_client_t *client, const char *peer, const char *prefix,
+                                 const gshm_pull_opts_t *opts, gshm_pull_result_t **results_out,
+                                 size_t *count_out);
 
 /* Frees an array returned by a gshm_list* function.  Accepts NULL. */
 GSHM_EXTERN void gshm_free(void *p);

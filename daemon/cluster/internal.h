@@ -2,8 +2,8 @@
 /* What the files of daemon/cluster/ above the link layer share: the
  * cluster's state and each file's entry points.  Arrows point down:
  * cluster.c (front door) -> hello.c -> serve.c -> link.c, stage.c;
- * cluster.c -> peers.c, pull.c -> link.c, stage.c; conf.c stands alone
- * (pull.c and cluster.c word peers' errors with it).  The link layer calls
+ * cluster.c -> peers.c, pullset.c -> pull.c (pull.h) -> link.c, stage.c; conf.c stands
+ * alone (pull.c and cluster.c word peers' errors with it).  The link layer calls
  * up only through struct link_hooks, which cluster.c fills. */
 #ifndef GSHMD_CLUSTER_INTERNAL_H
 #define GSHMD_CLUSTER_INTERNAL_H
@@ -18,6 +18,8 @@
 #include "stage.h"
 
 struct gshmd_segment;
+
+#define GSHMD_PULLS_SHOWN 64 /* pulls in flight that PEERS lists (one reply packet) */
 
 /* Why pulls failed, for gshm_cluster_pull_errors_total{cause}. */
 enum pull_failure {
@@ -54,7 +56,7 @@ struct gshmd_cluster {
   gshmd_cluster_reply_fn reply; /* to local clients (the daemon's server) */
   void *reply_arg;
   uint8_t key[crypto_auth_KEYBYTES];
-  struct gshm_list pulls;    /* struct pull.node */
+  struct gshm_list pulls;    /* struct pull_set.node */
   struct gshm_list lists;    /* struct remote_list.node */
   struct gshm_list peer_queries; /* struct peers_query.node (peers.c) */
   bool have_pull_gid;
@@ -70,6 +72,8 @@ struct gshmd_cluster {
   Gshm__ClusterPeerList peer_list;
   Gshm__ClusterPeer *peer_infos;
   Gshm__ClusterPeer **peer_ptrs;
+  Gshm__ClusterPull pull_infos[GSHMD_PULLS_SHOWN];
+  Gshm__ClusterPull *pull_ptrs[GSHMD_PULLS_SHOWN];
 };
 
 static inline struct gshmd_cluster *cluster_of(struct links *ll) {
@@ -139,7 +143,7 @@ void gshmd__peers_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);
  * (freed in the loop turn that follows). */
 void gshmd__peers_stop(struct gshmd_cluster *cl);
 
-/* ---- pull.c: what this node reads from peers ---- */
+/* ---- pull.c, pullset.c: what this node reads from peers ---- */
 
 /* Starts a pull for local client c (see gshmd_cluster_handle_pull). */
 int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
@@ -153,6 +157,10 @@ void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);
 void gshmd__pull_reap(struct gshmd_cluster *cl);
 /* Every pull fails at once (shutdown); in-flight gets are cancelled. */
 void gshmd__pull_stop_all(struct gshmd_cluster *cl);
+/* Describes up to max pulls in flight (sets count once) into out; the
+ * strings point into the pulls (valid until the loop runs again).
+ * Returns how many. */
+size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, size_t max);
 /* The cause of a failed pull's errno. */
 enum pull_failure gshmd__pull_failure(int err);
 

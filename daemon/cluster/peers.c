@@ -54,6 +54,10 @@ static void fill_peers(struct gshmd_cluster *cl, Gshm__Reply *reply) {
   }
   cl->peer_list.n_peers = cl->ll.npeers;
   cl->peer_list.peers = cl->peer_ptrs;
+  cl->peer_list.n_pulls = gshmd__pull_describe(cl, cl->pull_infos, GSHMD_PULLS_SHOWN);
+  for (size_t i = 0; i < cl->peer_list.n_pulls; i++)
+    cl->pull_ptrs[i] = &cl->pull_infos[i];
+  cl->peer_list.pulls = cl->pull_ptrs;
   reply->body_case = GSHM__REPLY__BODY_CLUSTER_PEERS;
   reply->cluster_peers = &cl->peer_list;
 }

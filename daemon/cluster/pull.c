@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The reading side of a pull: a read grant from the peer, a new local
- * segment owned by the requesting user, pipelined chunk reads whose bytes
- * are received straight into it, progress replies to the requester, and
- * on any failure the partial segment removed (docs/CLUSTER.md). */
+/* The reading side of a pull, one segment at a time (its set is
+ * pullset.c's): a read grant from the peer, a new hidden local segment
+ * owned by the requesting user, pipelined chunk reads whose bytes are
+ * received straight into it (every data-moving call of the pull is
+ * here), the set's chunk budget (cluster.pull_depth over all its
+ * segments), and the grant's release.  docs/CLUSTER.md. */
 #include <errno.h>
 #include <stdarg.h>
 #include <inttypes.h>
@@ -17,12 +19,11 @@
 #include "log.h"
 #include "registry.h"
 #include "internal.h"
+#include "pull.h"
 #include "util.h"
 #include "wire.h"
 
 #define PROGRESS_NS 200000000LL /* a progress reply at most every 200 ms */
-
-struct pull;
 
 /* One chunk in flight: asked for (Read, or Stage: copied into a slot on
  * the peer first) -> its bytes received -> [copied into the local device
@@ -38,99 +39,71 @@ struct chunk {
   struct stage_copy sc;      /* slot -> local device segment */
 };
 
-struct pull {
-  struct gshm_list node;      /* cl->pulls */
-  struct gshm_list link_node; /* link->pulls, once granted */
-  struct gshmd_cluster *cl;
-  struct peer *peer;
-  struct link *link;          /* the link the grant came on; NULL when lost */
-  struct gshmd_client *requester; /* NULL once gone */
-  uint32_t request_id;
-  struct gshmd_client *holder; /* internal client with the requester's cred */
-  struct gshmd_lease *lease;  /* holder's lease on the new segment */
-  struct peer_req req;
-  Gshm__Cluster__Msg msg;
-  Gshm__Cluster__GrantRequest greq;
-  char remote_name[256];
-  char local_name[256];
-  char location[GSHM_LOCATION_MAX];
-  uint32_t mode;
-  bool granted, finished, on_link;
-  uint64_t grant_id, remote_id, remote_gen;
-  Gshm__Cluster__Path path;
-  char path_reason[160];
-  uint64_t total, next_off, done;
-  unsigned inflight;             /* chunks in any step */
-  bool remote_staged, local_staged;
-  uint64_t chunk_size;
-  uint32_t nslots, nfree;
-  uint32_t *free_slots;
-  struct stage_buf *lsb;         /* local slots (local_staged) */
-  struct gshmd_alloc *mem;       /* the new segment's memory */
-  ucp_mem_h memh;
-  void *dst;                     /* where gets land without staging */
-  size_t dst_len;
-  bool dst_mapped;               /* dst is our mmap of a host segment */
-  int64_t start_ns, last_progress_ns;
-  int err;
-  char why[256];
-};
-
-static void pull_fail(struct pull *p, int err, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void pull_fail(struct pull *p, int err, const char *fmt, ...) {
+void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...) {
   va_list ap;
 
-  if (!p->err) {
-    p->err = err;
+  if (!s->err) {
+    s->err = err;
     va_start(ap, fmt);
-    vsnprintf(p->why, sizeof(p->why), fmt, ap);
+    vsnprintf(s->why, sizeof(s->why), fmt, ap);
     va_end(ap);
+    /* what is not sent yet is withdrawn; what is sent ends with its answer */
+    if (s->lreq_pending && gshmd__link_req_cancel(&s->lreq))
+      s->lreq_pending = false;
+    for (size_t i = s->first_open; i < s->next_start; i++) {
+      struct pull *p = s->items[i];
+      if (p->req_pending && gshmd__link_req_cancel(&p->req))
+        p->req_pending = false;
+    }
   }
-  if (p->inflight == 0 && !p->req.queued)
-    p->finished = true;
-  gshmd__link_kick(&p->cl->ll);
+  gshmd__link_kick(&s->cl->ll);
 }
 
-static void send_progress(struct pull *p) {
+/* A failure of one segment fails its set. */
+#define pull_fail(p, err, ...) gshmd__pull_set_fail((p)->s, err, __VA_ARGS__)
+
+void gshmd__pull_send_progress(struct pull_set *s) {
   Gshm__Reply reply = GSHM__REPLY__INIT;
   Gshm__PullProgress pr = GSHM__PULL_PROGRESS__INIT;
   int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
 
-  if (!p->requester || now - p->last_progress_ns < PROGRESS_NS)
+  if (!s->requester || now - s->last_progress_ns < PROGRESS_NS)
     return;
-  p->last_progress_ns = now;
-  pr.bytes_done = p->done;
-  pr.bytes_total = p->total;
-  pr.elapsed_ns = now - p->start_ns;
+  s->last_progress_ns = now;
+  pr.bytes_done = s->done;
+  pr.bytes_total = s->total;
+  pr.elapsed_ns = now - s->start_ns;
+  pr.segments_done = (uint32_t)s->nclosed;
+  pr.segments_total = s->listing ? 0 : (uint32_t)s->n;
   reply.status = GSHM__STATUS__STATUS_OK;
   reply.body_case = GSHM__REPLY__BODY_PULL_PROGRESS;
   reply.pull_progress = &pr;
-  p->cl->reply(p->cl->reply_arg, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
+  s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
 }
-
-static void issue_chunks(struct pull *p);
 
 /* A chunk left every step (err 0: its bytes are in place). */
 static void chunk_end(struct chunk *c, int err, const char *why) {
   struct pull *p = c->p;
+  struct pull_set *s = p->s;
 
   p->inflight--;
+  s->inflight--;
   if (p->nslots)
     p->free_slots[p->nfree++] = c->slot;
-  if (err)
+  if (err) {
     pull_fail(p, err, "%s", why);
-  else
+  } else {
     p->done += c->len;
-  free(c);
-  if (p->err) {
-    if (p->inflight == 0 && !p->req.queued)
-      p->finished = true;
-    gshmd__link_kick(&p->cl->ll);
-    return;
+    s->done += c->len;
   }
-  issue_chunks(p);
-  send_progress(p);
+  free(c);
+  if (!s->err) {
+    if (p->done == p->total)
+      p->finished = true;
+    gshmd__pull_set_issue(s);
+    gshmd__pull_send_progress(s);
+  }
+  gshmd__link_kick(&s->cl->ll);
 }
 
 static void on_copied(struct stage_copy *sc, int err) {
@@ -153,7 +126,7 @@ static void chunk_landed(struct chunk *c) {
   c->sc.to_segment = true;
   c->sc.done = on_copied;
   c->sc.arg = c;
-  if (gshmd_stage_copy(&p->cl->stage, &c->sc))
+  if (gshmd_stage_copy(&p->s->cl->stage, &c->sc))
     chunk_end(c, -ENOMEM, "out of memory");
 }
 
@@ -163,7 +136,7 @@ static void on_recv_done(void *request, ucs_status_t status, size_t length, void
 
   ucp_request_free(request);
   if (status != UCS_OK || length != c->len) {
-    snprintf(why, sizeof(why), "receiving from peer '%s' failed: %s", c->p->peer->name,
+    snprintf(why, sizeof(why), "receiving from peer '%s' failed: %s", c->p->s->peer->name,
              status != UCS_OK ? ucs_status_string(status) : "short message");
     chunk_end(c, -ECONNRESET, why);
     return;
@@ -182,7 +155,7 @@ static void on_chunk_data(struct peer_req *req, void *data, size_t len, const uc
 
   if (len != c->len) {
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
-      ucp_am_data_release(p->cl->ll.worker, data);
+      ucp_am_data_release(p->s->cl->ll.worker, data);
     chunk_end(c, -EPROTO, "the peer sent a chunk of the wrong size");
     return;
   }
@@ -196,7 +169,7 @@ static void on_chunk_data(struct peer_req *req, void *data, size_t len, const uc
       rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
       rp.memh = memh;
     }
-    sp = ucp_am_recv_data_nbx(p->cl->ll.worker, data, dst, len, &rp);
+    sp = ucp_am_recv_data_nbx(p->s->cl->ll.worker, data, dst, len, &rp);
     if (UCS_PTR_IS_PTR(sp))
       return;
     if (UCS_PTR_STATUS(sp) != UCS_OK) {
@@ -226,17 +199,18 @@ static void on_chunk_answer(struct peer_req *req, int err, const char *why,
     err = -EPROTO;
     why = "the peer answered a read without the bytes";
   }
-  snprintf(buf, sizeof(buf), "peer '%s': %s", c->p->peer->name, why);
+  snprintf(buf, sizeof(buf), "peer '%s': %s", c->p->s->peer->name, why);
   chunk_end(c, err, buf);
 }
 
-/* Keeps cluster.pull_depth chunks in flight (and no more than there are
- * staging slots): each a Read (or, from a staging peer, a Stage) answered
- * with its bytes. */
+/* Keeps the set's chunks in flight (cluster.pull_depth over the whole
+ * set, and no more than p has staging slots) from p: each a Read (or,
+ * from a staging peer, a Stage) answered with its bytes. */
 static void issue_chunks(struct pull *p) {
-  struct gshmd_cluster *cl = p->cl;
+  struct pull_set *s = p->s;
+  struct gshmd_cluster *cl = s->cl;
 
-  while (!p->err && p->inflight < cl->cfg->cluster_pull_depth && p->next_off < p->total &&
+  while (!s->err && s->inflight < cl->cfg->cluster_pull_depth && p->next_off < p->total &&
          (!p->nslots || p->nfree)) {
     struct chunk *c = calloc(1, sizeof(*c));
     if (!c) {
@@ -250,6 +224,7 @@ static void issue_chunks(struct pull *p) {
       c->slot = p->free_slots[--p->nfree];
     p->next_off += c->len;
     p->inflight++;
+    s->inflight++;
     gshm__cluster__msg__init(&c->msg);
     if (p->remote_staged) {
       gshm__cluster__stage__init(&c->st);
@@ -271,21 +246,30 @@ static void issue_chunks(struct pull *p) {
     c->req.done = on_chunk_answer;
     c->req.on_data = on_chunk_data;
     c->req.arg = c;
-    c->req.peer = p->peer;
+    c->req.peer = s->peer;
     if (!p->link) {
       chunk_end(c, -ECONNRESET, "peer lost");
       break;
     }
     gshmd__link_req_send(p->link, &c->req);
   }
-  if (!p->err && p->done == p->total && p->inflight == 0)
-    p->finished = true;
-  gshmd__link_kick(&cl->ll);
+}
+
+/* Chunks for the open segments, oldest first, while the budget lasts. */
+void gshmd__pull_set_issue(struct pull_set *s) {
+  for (size_t i = s->first_open; i < s->next_start && !s->err; i++) {
+    struct pull *p = s->items[i];
+    if (s->inflight >= s->cl->cfg->cluster_pull_depth)
+      break;
+    if (p->granted && !p->closed && !p->finished && p->total)
+      issue_chunks(p);
+  }
+  gshmd__link_kick(&s->cl->ll);
 }
 
 /* The new local segment, mapped and registered for the gets. */
 static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
-  struct gshmd_cluster *cl = p->cl;
+  struct gshmd_cluster *cl = p->s->cl;
   Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
   ucp_mem_map_params_t mp = {0};
   struct gshmd_alloc *mem;
@@ -296,18 +280,16 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   cr.name = p->local_name;
   cr.size = s->size;
   cr.location = p->location;
-  cr.mode = p->mode;
-  if ((e = gshmd_registry_create(cl->reg, p->holder, &cr, &p->lease, &msg))) {
+  cr.mode = p->s->mode;
+  if ((e = gshmd_registry_create_hidden(cl->reg, p->s->holder, &cr, &p->seg, &msg))) {
     pull_fail(p, e, "cannot create '%s': %s", p->local_name, msg ? msg : gshm__strerror(e));
     return e;
   }
-  snprintf(src, sizeof(src), "%s:%s#%" PRIu64 ".%" PRIu64, p->peer->name, s->name, s->id,
+  /* (the fd store's record, written at publish, says where it came from) */
+  snprintf(src, sizeof(src), "%s:%s#%" PRIu64 ".%" PRIu64, p->s->peer->name, s->name, s->id,
            s->generation);
-  p->lease->seg->source = strdup(src);
-  /* the fd store's record of the segment says where it came from */
-  if (cl->reg->on_event)
-    cl->reg->on_event(cl->reg, p->lease->seg, GSHMD_SEGMENT_CHANGED);
-  mem = p->mem = p->lease->seg->mem;
+  p->seg->source = strdup(src);
+  mem = p->mem = p->seg->mem;
   if (mem->device_index >= 0) {
     if (p->local_staged)
       return 0; /* written by copies from the local slots */
@@ -352,7 +334,7 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   return 0;
 }
 
-static const char *path_name(Gshm__Cluster__Path path) {
+const char *gshmd__pull_path_name(Gshm__Cluster__Path path) {
   switch (path) {
   case GSHM__CLUSTER__PATH__PATH_HOST: return "host";
   case GSHM__CLUSTER__PATH__PATH_DIRECT: return "direct";
@@ -367,15 +349,17 @@ static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
   struct gshm_location loc;
   bool remote_device = strcmp(g->segment->location, "host") != 0;
 
-  if (!p->location[0])
+  /* (a set's location is for its device segments: a host one, such as a
+   * published model's manifest, stays on the host) */
+  if (!p->location[0] || (p->s->prefix && !remote_device))
     snprintf(p->location, sizeof(p->location), "%s", remote_device ? "cuda:0" : "host");
   if (gshm__location_parse(p->location, &loc)) {
     pull_fail(p, -EINVAL, "bad location '%s'", p->location);
     return -EINVAL;
   }
   p->remote_staged = g->path == GSHM__CLUSTER__PATH__PATH_STAGED;
-  p->local_staged = loc.kind != GSHM_LOCATION_HOST && !p->cl->ll.cuda_memory;
-  if (p->local_staged && !p->cl->reg->cuda) {
+  p->local_staged = loc.kind != GSHM_LOCATION_HOST && !p->s->cl->ll.cuda_memory;
+  if (p->local_staged && !p->s->cl->reg->cuda) {
     pull_fail(p, -ENOTSUP, "this node has no CUDA backend for location '%s'", p->location);
     return -ENOTSUP;
   }
@@ -408,22 +392,22 @@ static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
 static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
   int e;
 
-  p->chunk_size = p->cl->cfg->cluster_pull_chunk;
+  p->chunk_size = p->s->cl->cfg->cluster_pull_chunk;
   if (p->remote_staged) {
     if (!gshmd_stage_grant_ok(g->slots, g->slot_size, g->length)) {
-      pull_fail(p, -EPROTO, "peer '%s' granted malformed staging slots", p->peer->name);
+      pull_fail(p, -EPROTO, "peer '%s' granted malformed staging slots", p->s->peer->name);
       return -EPROTO;
     }
     p->nslots = g->slots;
     if (g->slot_size < p->chunk_size)
       p->chunk_size = g->slot_size;
   } else if (g->length < g->segment->size) {
-    pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->peer->name,
+    pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->s->peer->name,
               g->length, g->segment->size);
     return -EPROTO;
   }
   if (p->local_staged) {
-    if ((e = gshmd_stage_buf_new(&p->cl->stage, p->chunk_size, false, &p->lsb))) {
+    if ((e = gshmd_stage_buf_new(&p->s->cl->stage, p->chunk_size, false, &p->lsb))) {
       pull_fail(p, e, "cannot set up the local staging buffer");
       return e;
     }
@@ -442,11 +426,15 @@ static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
 }
 
 /* The peer answered the grant request: set up and start reading. */
-static void grant_done(struct peer_req *req, int err, const char *why,
+void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
                        const Gshm__Cluster__Msg *m) {
   struct pull *p = req->arg;
+  struct pull_set *s = p->s;
   const Gshm__Cluster__Grant *g;
 
+  p->req_pending = false;
+  if (err == -EBUSY && !s->err && gshmd__pull_grant_later(p))
+    return;
   if (err) {
     char msg[GSHMD_PEER_ERROR_LEN];
     pull_fail(p, err, "%s", gshmd__peer_error(req, err, m, why, msg, sizeof(msg)));
@@ -454,7 +442,7 @@ static void grant_done(struct peer_req *req, int err, const char *why,
   }
   if (m->body_case != GSHM__CLUSTER__MSG__BODY_GRANT || !m->grant->segment) {
     pull_fail(p, -EPROTO, "peer '%s' answered a grant request with something else",
-              p->peer->name);
+              s->peer->name);
     return;
   }
   g = m->grant;
@@ -463,166 +451,35 @@ static void grant_done(struct peer_req *req, int err, const char *why,
   p->remote_id = g->segment->id;
   p->remote_gen = g->segment->generation;
   p->path = g->path;
-  p->link = p->peer->out;
+  p->link = s->peer->out;
   if (p->link) {
     gshm_list_add_tail(&p->link->pulls, &p->link_node);
     p->on_link = true;
   }
-  if (p->err) { /* the requester left while we waited: give the grant back */
-    p->finished = true;
+  if (s->err) /* the set failed while we waited: the grant goes back */
     return;
-  }
   if (!p->link) {
-    pull_fail(p, -ECONNRESET, "peer '%s' lost", p->peer->name);
+    pull_fail(p, -ECONNRESET, "peer '%s' lost", s->peer->name);
     return;
   }
   if (choose_path(p, g) || setup_slots(p, g) || make_local(p, g->segment))
     return;
   p->total = g->segment->size;
+  s->total += p->total - p->listed; /* the grant's size, not the listing's */
   gshm_log_info("cluster: pulling '%s' from peer '%s' into '%s' at %s: %" PRIu64
                 " bytes, path %s (%s)",
-                p->remote_name, p->peer->name, p->local_name, p->location, p->total,
-                path_name(p->path), p->path_reason);
-  issue_chunks(p);
+                p->remote_name, s->peer->name, p->local_name, p->location, p->total,
+                gshmd__pull_path_name(p->path), p->path_reason);
+  gshmd__pull_set_issue(s);
 }
 
-int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
-                      const Gshm__PullRequest *m, const char **msg_out) {
-  struct peer *peer = gshmd__link_peer_find(&cl->ll, m->peer);
-  const char *local = m->local_name && *m->local_name ? m->local_name : m->name;
-  struct gshm_location loc;
-  struct pull *p;
-  int e;
+/* A segment has nothing in flight and is done (or its set failed): the
+ * grant goes back, the mapping and the slots go; the hidden segment
+ * stays with the set. */
+void gshmd__pull_item_close(struct pull *p) {
+  struct pull_set *s = p->s;
+  struct gshmd_cluster *cl = s->cl;
 
-  if (!peer) {
-    *msg_out = "no such peer in cluster.peers";
-    return -ENOENT;
-  }
-  if ((e = gshm__name_check(m->name, 255)) || (e = gshm__name_check(local, cl->cfg->max_name))) {
-    *msg_out = e == -ENAMETOOLONG ? "name too long" : "bad segment name";
-    return e;
-  }
-  if (m->location && *m->location && gshm__location_parse(m->location, &loc)) {
-    *msg_out = "bad location: use host, cuda:N or cuda:GPU-<uuid>";
-    return -EINVAL;
-  }
-  if (m->mode > 0777) {
-    *msg_out = "mode: permission bits, at most 0777";
-    return -EINVAL;
-  }
-  if (gshmd_registry_find_name(cl->reg, local)) {
-    *msg_out = "a local segment of that name exists";
-    return -EEXIST;
-  }
-  if (!(p = calloc(1, sizeof(*p))))
-    return -ENOMEM;
-  if ((e = gshmd_registry_client_add(cl->reg, &c->cred, &p->holder))) {
-    free(p);
-    return e;
-  }
-  snprintf(p->holder->name, sizeof(p->holder->name), "pull:%.58s", peer->name);
-  p->cl = cl;
-  p->peer = peer;
-  p->requester = c;
-  p->request_id = request_id;
-  snprintf(p->remote_name, sizeof(p->remote_name), "%s", m->name);
-  snprintf(p->local_name, sizeof(p->local_name), "%s", local);
-  snprintf(p->location, sizeof(p->location), "%s", m->location ? m->location : "");
-  p->mode = m->mode;
-  p->start_ns = p->last_progress_ns = gshm__now_ns(CLOCK_MONOTONIC);
-  gshm__cluster__msg__init(&p->msg);
-  gshm__cluster__grant_request__init(&p->greq);
-  p->greq.name = p->remote_name;
-  p->msg.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
-  p->msg.grant_request = &p->greq;
-  p->req.msg = &p->msg;
-  p->req.done = grant_done;
-  p->req.arg = p;
-  gshm_list_add_tail(&cl->pulls, &p->node);
-  gshm_log_info("cluster: uid %u pid %d asks to pull '%s' from peer '%s' as '%s'",
-                (unsigned)c->cred.uid, (int)c->cred.pid, p->remote_name, peer->name,
-                p->local_name);
-  gshmd__link_req_submit(&cl->ll, peer, &p->req);
-  return 0;
-}
-
-enum pull_failure gshmd__pull_failure(int err) {
-  switch (-err) {
-  case ECONNRESET: case ETIMEDOUT: case ESHUTDOWN: return PULL_FAIL_PEER_LOST;
-  case ENOENT: return PULL_FAIL_NOT_FOUND;
-  case EACCES: case EPERM: return PULL_FAIL_REFUSED;
-  case EEXIST: return PULL_FAIL_EXISTS;
-  case ECANCELED: return PULL_FAIL_CANCELED;
-  case ENOMEM: case EDQUOT: return PULL_FAIL_NO_MEMORY;
-  case EPROTO: case EPROTONOSUPPORT: return PULL_FAIL_PROTOCOL;
-  default: return PULL_FAIL_OTHER;
-  }
-}
-
-/* A pull got every byte: the requester gets its result. */
-static void pull_succeeded(struct pull *p, int64_t ns) {
-  Gshm__Reply reply = GSHM__REPLY__INIT;
-  Gshm__PullResult res = GSHM__PULL_RESULT__INIT;
-  Gshm__SegmentInfo info;
-  char sz[32];
-  double gbs = ns > 0 ? (double)p->total / (double)ns : 0;
-
-  p->peer->pulls_ok++;
-  if (p->path == GSHM__CLUSTER__PATH__PATH_HOST)
-    p->peer->bytes_host += p->total;
-  else if (p->path == GSHM__CLUSTER__PATH__PATH_STAGED)
-    p->peer->bytes_staged += p->total;
-  else
-    p->peer->bytes_direct += p->total;
-  gshm_log_info("cluster: pulled '%s' from peer '%s' into '%s': %s in %.3f s (%.2f GB/s), "
-                "path %s: %s",
-                p->remote_name, p->peer->name, p->local_name,
-                gshm__format_size(p->total, sz, sizeof(sz)), (double)ns / 1e9, gbs,
-                path_name(p->path), p->path_reason);
-  gshmd_segment_to_info(p->lease->seg, &info);
-  res.segment = &info;
-  res.bytes = p->total;
-  res.elapsed_ns = ns;
-  res.path = (char *)path_name(p->path);
-  res.path_reason = p->path_reason;
-  res.peer = p->peer->name;
-  res.remote_id = p->remote_id;
-  res.remote_generation = p->remote_gen;
-  reply.status = GSHM__STATUS__STATUS_OK;
-  reply.body_case = GSHM__REPLY__BODY_PULL_RESULT;
-  reply.pull_result = &res;
-  if (p->requester)
-    p->cl->reply(p->cl->reply_arg, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
-}
-
-/* A pull failed: the partial segment goes, the requester gets why. */
-static void pull_failed(struct pull *p) {
-  struct gshmd_cluster *cl = p->cl;
-  Gshm__Reply reply = GSHM__REPLY__INIT;
-  const char *msg;
-
-  p->peer->pulls_failed++;
-  cl->pull_errors[gshmd__pull_failure(p->err)]++;
-  /* The partial segment goes, if the name is still ours. */
-  if (p->lease && !p->lease->seg->unlinked &&
-      gshmd_registry_find_name(cl->reg, p->local_name) == p->lease->seg)
-    gshmd_registry_unlink(cl->reg, p->holder, p->local_name, &msg);
-  gshm_log_warn("cluster: pull of '%s' from peer '%s' failed: %s", p->remote_name,
-                p->peer->name, p->why);
-  if (p->requester) {
-    reply.status = gshm__errno_to_status(p->err);
-    reply.message = p->why;
-    cl->reply(cl->reply_arg, p->requester, GSHM_WIRE_PULL, p->request_id, &reply);
-  }
-}
-
-/* Ends a finished pull: the grant goes back, the segment stays (success)
- * or goes (failure), the requester gets its answer. */
-static void pull_end(struct pull *p) {
-  struct gshmd_cluster *cl = p->cl;
-  int64_t ns = gshm__now_ns(CLOCK_MONOTONIC) - p->start_ns;
-
-  gshmd__link_req_cancel(&p->req);
   if (p->granted && p->link && p->link->state == LINK_UP) {
     Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
     Gshm__Cluster__Release r = GSHM__CLUSTER__RELEASE__INIT;
@@ -633,28 +490,20 @@ static void pull_end(struct pull *p) {
   }
   if (p->on_link)
     gshm_list_del(&p->link_node);
+  p->on_link = false;
   if (p->memh)
     ucp_mem_unmap(cl->ll.ctx, p->memh);
+  p->memh = NULL;
   if (p->dst_mapped)
     munmap(p->dst, p->dst_len);
+  p->dst_mapped = false;
   gshmd_stage_free(&cl->stage, p->lsb);
+  p->lsb = NULL;
   free(p->free_slots);
-  if (!p->err)
-    pull_succeeded(p, ns);
-  else
-    pull_failed(p);
-  gshmd_registry_client_remove(cl->reg, p->holder); /* ends the lease */
-  gshm_list_del(&p->node);
-  free(p);
-}
-
-void gshmd__pull_reap(struct gshmd_cluster *cl) {
-  struct gshm_list *pos, *tmp;
-  gshm_list_foreach_safe(pos, tmp, &cl->pulls) {
-    struct pull *p = gshm_list_entry(pos, struct pull, node);
-    if (p->finished && p->inflight == 0)
-      pull_end(p);
-  }
+  p->free_slots = NULL;
+  p->closed = true;
+  s->active--;
+  s->nclosed++;
 }
 
 void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l) {
@@ -665,28 +514,9 @@ void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l) {
     gshm_list_del(&p->link_node);
     p->on_link = false;
     p->link = NULL;
-    pull_fail(p, -ECONNRESET, "peer '%s' lost mid-pull (%" PRIu64 " of %" PRIu64 " bytes read)",
-              p->peer->name, p->done, p->total);
+    pull_fail(p, -ECONNRESET,
+              "peer '%s' lost mid-pull (%" PRIu64 " of %" PRIu64 " bytes of '%s' read)",
+              p->s->peer->name, p->done, p->total, p->remote_name);
   }
 }
 
-void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c) {
-  struct gshm_list *pos;
-  gshm_list_foreach(pos, &cl->pulls) {
-    struct pull *p = gshm_list_entry(pos, struct pull, node);
-    if (p->requester == c) {
-      p->requester = NULL;
-      gshmd__link_req_cancel(&p->req); /* sent: its answer ends the pull */
-      pull_fail(p, -ECANCELED, "the requesting client went away");
-    }
-  }
-}
-
-void gshmd__pull_stop_all(struct gshmd_cluster *cl) {
-  struct gshm_list *pos;
-  gshm_list_foreach(pos, &cl->pulls) {
-    struct pull *p = gshm_list_entry(pos, struct pull, node);
-    gshmd__link_req_cancel(&p->req);
-    pull_fail(p, -ESHUTDOWN, "gshmd is stopping");
-  }
-}

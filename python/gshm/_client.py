@@ -247,22 +247,36 @@ class Client(object):
         finally:
             L.lib().gshm_free(ctypes.cast(arr, ctypes.c_void_p))
 
-    def pull(self, peer, name, local_name=None, location=None, mode=0o600, progress=None):
+    def pull(self, peer, name, local_name=None, location=None, mode=0o600, progress=None,
+             prefix=False, replace=False):
         """Copies segment `name` that peer node `peer` exports into a new local
         segment owned by this user (`local_name`, default the same name; at
         `location`, default host for a host segment, cuda:0 for a device
         one).  The daemons move the bytes; this blocks until they are all
-        there and returns a PullResult.  `progress(bytes_done, bytes_total,
-        elapsed_ns)` is called about five times a second meanwhile (it must
-        not use this client).  Errors as gshm_pull: NotFound (no such peer,
-        or not exported), Exists, PermissionDenied, Unreachable
-        (the peer went away; the partial segment is removed)."""
-        fn = _optional("gshm_pull")
+        there and returns a PullResult.  Nobody sees the new name before its
+        last byte is in.
+
+        prefix=True pulls every segment the peer exports whose name starts
+        with `name` ("llama/": a published gshm.torch model, manifest and
+        segments) in one pipelined request and returns a list of
+        PullResult, one per segment; `local_name` is then the local prefix.
+        All or nothing: the names appear together once every byte is in, or
+        none does.  replace=True swaps out local segments holding those
+        names in the same step (their holders keep them) instead of failing
+        with Exists.
+
+        `progress(bytes_done, bytes_total, elapsed_ns)` is called about five
+        times a second meanwhile (it must not use this client).  Errors as
+        gshm_pull: NotFound (no such peer, or nothing exported under that
+        name), Exists, PermissionDenied, Unreachable (the peer went away;
+        nothing is left behind)."""
+        fn = _optional("gshm_pull_prefix" if prefix else "gshm_pull")
         p = self._ptr()
         opts = L.PullOptsC()
         opts.local_name = _enc(local_name) if local_name else None
         opts.location = _enc(location) if location else None
         opts.mode = int(mode)
+        opts.replace = 1 if replace else 0
         cb = None
         if progress is not None:
             def _cb(pr, arg):
@@ -273,11 +287,23 @@ class Client(object):
                     pass
             cb = L.PULL_PROGRESS_FN(_cb)
             opts.progress = cb
-        res = L.PullResultC()
-        rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
+        what = "%s:%s" % (peer, name)
+        if not prefix:
+            res = L.PullResultC()
+            rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
+            if rc < 0:
+                _raise(rc, "gshm_pull", p, what)
+            return PullResult._from_c(res)
+        arr = ctypes.POINTER(L.PullResultC)()
+        n = ctypes.c_size_t(0)
+        rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(arr),
+                ctypes.byref(n))
         if rc < 0:
-            _raise(rc, "gshm_pull", p, "%s:%s" % (peer, name))
-        return PullResult._from_c(res)
+            _raise(rc, "gshm_pull_prefix", p, what)
+        try:
+            return [PullResult._from_c(arr[i]) for i in range(n.value)]
+        finally:
+            L.lib().gshm_free(ctypes.cast(arr, ctypes.c_void_p))
 
     def open_legacy_ipc(self, name):
         """(handle, segment): the 64-byte legacy CUDA IPC handle of a segment

@@ -86,6 +86,8 @@ class PullProgressC(ctypes.Structure):
         ("bytes_done", ctypes.c_uint64),
         ("bytes_total", ctypes.c_uint64),
         ("elapsed_ns", ctypes.c_int64),
+        ("segments_done", ctypes.c_uint32),
+        ("segments_total", ctypes.c_uint32),
     ]
 
 
@@ -101,6 +103,7 @@ class PullOptsC(ctypes.Structure):
         ("mode", ctypes.c_uint32),
         ("progress", PULL_PROGRESS_FN),
         ("progress_arg", ctypes.c_void_p),
+        ("replace", ctypes.c_int),
     ]
 
 
@@ -294,6 +297,8 @@ _OPTIONAL_PROTOTYPES = {
                                 _size_p]),
     "gshm_pull": (_int, [_vp, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(PullOptsC),
                          ctypes.POINTER(PullResultC)]),
+    "gshm_pull_prefix": (_int, [_vp, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(PullOptsC),
+                                ctypes.POINTER(ctypes.POINTER(PullResultC)), _size_p]),
     # the PyTorch pool of issue 14 (client/torch_alloc.c)
     "gshm_pool_create": (_int, [_vp, ctypes.POINTER(PoolConfigC), ctypes.POINTER(_vp)]),
     "gshm_pool_activate": (_vp, [_vp]),

@@ -20,6 +20,15 @@ strides in elements.  id and generation are what the daemon said when the
 pool created the segment: a segment unlinked and created again under the
 same name has another id, and attach() refuses it as stale.
 
+A manifest pulled from a peer node with its segments (one set pull of the
+prefix, `gshmctl pull node:llama/ --prefix`) still names the peer's ids;
+read() resolves it: the manifest segment's source ("PEER:NAME#ID.GEN")
+gives the peer and the prefix there, every segment name is moved from
+that prefix to the local one, and open_segments() accepts a local segment
+whose own source is exactly the recorded one (same peer, name, id and
+generation): the bytes are those the manifest describes, and a segment
+that was created again on the peer before the pull is still refused.
+
 Nothing here needs torch or a GPU."""
 
 import json
@@ -29,7 +38,7 @@ from ._dtypes import dtype as _to_dtype
 
 __all__ = ["FORMAT", "VERSION", "ManifestError", "StaleManifest", "manifest_name",
            "segment_prefix", "encode", "decode", "tensor_extent", "write", "read",
-           "open_segments", "unlink_prefix"]
+           "open_segments", "unlink_prefix", "parse_source"]
 
 FORMAT = "gshm.torch.pool"
 VERSION = 1
@@ -160,11 +169,52 @@ def write(client, prefix, data, mode=0o600):
     seg.close()
 
 
+def parse_source(source):
+    """(peer, name, id, generation) of a pulled segment's source
+    "PEER:NAME#ID.GEN", or None when it was not pulled (or says nothing
+    parseable)."""
+    peer, colon, rest = (source or "").partition(":")
+    name, hash_, ids = rest.rpartition("#")
+    sid, dot, gen = ids.partition(".")
+    if not colon or not hash_ or not dot or not peer or not name:
+        return None
+    try:
+        return peer, name, int(sid), int(gen)
+    except ValueError:
+        return None
+
+
+def _resolve_pulled(doc, prefix, source):
+    """A manifest pulled from a peer: its segments under the local prefix,
+    each remembering the peer's name and ids (open_segments checks them)."""
+    src = parse_source(source)
+    if src is None or not src[1].endswith("/manifest"):
+        return doc
+    peer, name = src[0], src[1][:-len("/manifest")]
+
+    def local(n):
+        if not n.startswith(name + "/"):
+            raise ManifestError("gshm: pulled manifest names segment %r, not under its own "
+                                "prefix %r on peer %r" % (n, name, peer))
+        return prefix + n[len(name):]
+
+    for k in ("tensors", "buffers"):
+        for e in doc[k].values():
+            e["segment"] = local(e["segment"])
+    doc["segments"] = {local(n): dict(v, source="%s:%s#%d.%d" % (peer, n, v["id"],
+                                                              v["generation"]))
+                       for n, v in doc["segments"].items()}
+    doc["pulled_from"] = {"peer": peer, "prefix": name}
+    return doc
+
+
 def read(client, prefix):
-    """Reads and checks "<prefix>/manifest".  Raises gshm.NotFound when the
-    prefix has none (nothing published, or released), ManifestError."""
+    """Reads and checks "<prefix>/manifest" (resolved to the local names when
+    it was pulled from a peer).  Raises gshm.NotFound when the prefix has
+    none (nothing published, or released), ManifestError."""
     with client.open(manifest_name(prefix), "r") as seg:
-        return decode(seg.read(0, seg.info.requested_size))
+        doc = decode(seg.read(0, seg.info.requested_size))
+        return _resolve_pulled(doc, prefix, seg.info.source)
 
 
 def open_segments(client, manifest, access="r"):
@@ -183,7 +233,13 @@ def open_segments(client, manifest, access="r"):
                                     "(unlinked or released)" % name) from None
             out[name] = seg
             info = seg.info
-            if info.id != want["id"] or info.generation != want["generation"]:
+            if "source" in want:  # pulled with the manifest: the copy of that very segment
+                if info.source != want["source"]:
+                    raise StaleManifest(
+                        "gshm: segment %r is not the copy the pulled manifest describes "
+                        "(it came from %r, the manifest says %r)"
+                        % (name, info.source or "this node", want["source"]))
+            elif info.id != want["id"] or info.generation != want["generation"]:
                 raise StaleManifest(
                     "gshm: segment %r was created again since the manifest was written "
                     "(id %d generation %d, manifest says id %d generation %d)"

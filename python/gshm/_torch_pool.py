@@ -335,10 +335,12 @@ class use_pool(object):
         return False
 
 
-def _device_for(manifest, device):
+def _device_for(manifest, device, segs):
     if device is not None:
         return _ordinal(device)
     loc = manifest["location"]
+    if "pulled_from" in manifest and segs:  # the copies' GPU here, not the peer's
+        loc = next(iter(segs.values())).info.location
     if loc.startswith("cuda:"):
         k = _cuda.ordinal_of_uuid(loc[5:])
         if k is not None:
@@ -356,14 +358,17 @@ def attach(client, prefix, device=None, access="r"):
             peer access).
     access  "r" (default: writes through the tensors fault) or "rw".
 
-    Every tensor keeps its segment mapped (and leased) while it lives.
+    Every tensor keeps its segment mapped (and leased) while it lives.  A
+    prefix pulled from a peer node in one set pull (manifest and segments,
+    `client.pull(peer, "llama/", prefix=True)`) attaches the same way: the
+    manifest is resolved to the local copies (gshm._manifest).
     Raises gshm.NotFound when nothing is published under prefix,
     ManifestError for a manifest that is not gshm's, StaleManifest when a
     segment is gone or was created again since publish."""
     man = _manifest.read(client, prefix)
-    dev = _device_for(man, device)
     segs = _manifest.open_segments(client, man, access)
     try:
+        dev = _device_for(man, device, segs)
         bases = {}
         for name, seg in segs.items():
             seg.map(devices=[dev])

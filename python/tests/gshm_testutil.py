@@ -192,3 +192,38 @@ def skip(reason):
         raise Skipped(reason)
     import pytest
     pytest.skip(reason)
+
+
+def cluster_pair(keydir, export, backend="host"):
+    """Two started gshmd, nodes "a" (exports `export`) and "b", peers of
+    each other on free ports of 127.0.0.1, with a key in keydir and this
+    process's group as cluster.pull_group.  Returns (a, b); stop both."""
+    import grp
+    import socket
+
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    os.environ.setdefault("UCX_TLS", "tcp")
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    key = os.path.join(keydir, "key")
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"python-cluster-test-key-0123456789\n")
+    os.close(fd)
+    pa, pb = free_port(), free_port()
+    group = grp.getgrgid(os.getegid()).gr_name
+
+    def args(name, port, peers, exp):
+        return ["--set=cluster.listen=127.0.0.1:%d" % port, "--set=cluster.node_name=" + name,
+                "--set=cluster.peers=" + peers, "--set=cluster.secret_file=" + key,
+                "--set=cluster.export=" + exp, "--set=cluster.pull_group=" + group]
+
+    a = Daemon(backend=backend, args=args("a", pa, "b=127.0.0.1:%d" % pb, export)).start()
+    try:
+        b = Daemon(backend=backend, args=args("b", pb, "a=127.0.0.1:%d" % pa, "")).start()
+    except BaseException:
+        a.stop()
+        raise
+    return a, b

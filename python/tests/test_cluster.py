@@ -1,9 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Client.pull, Client.peers and Client.remote_segments against two real
 gshmd talking UCX over tcp on 127.0.0.1 (docs/CLUSTER.md)."""
-import grp
 import os
-import socket
 import tempfile
 
 import pytest
@@ -12,35 +10,14 @@ import gshm
 import gshm_testutil
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def pair():
-    os.environ.setdefault("UCX_TLS", "tcp")
-    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
     keydir = tempfile.mkdtemp(prefix="gshm-pykey-")
-    key = os.path.join(keydir, "key")
-    fd = os.open(key, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.write(fd, b"python-cluster-test-key-0123456789\n")
-    os.close(fd)
-    pa, pb = _free_port(), _free_port()
-    group = grp.getgrgid(os.getegid()).gr_name
-
-    def args(name, port, peers, export):
-        return ["--set=cluster.listen=127.0.0.1:%d" % port, "--set=cluster.node_name=" + name,
-                "--set=cluster.peers=" + peers, "--set=cluster.secret_file=" + key,
-                "--set=cluster.export=" + export, "--set=cluster.pull_group=" + group]
-
-    a = gshm_testutil.Daemon(args=args("a", pa, "b=127.0.0.1:%d" % pb, "pub/*")).start()
-    b = gshm_testutil.Daemon(args=args("b", pb, "a=127.0.0.1:%d" % pa, "")).start()
+    a, b = gshm_testutil.cluster_pair(keydir, "pub/*")
     yield a, b
     b.stop()
     a.stop()
-    os.unlink(key)
+    os.unlink(os.path.join(keydir, "key"))
     os.rmdir(keydir)
 
 
@@ -70,3 +47,69 @@ def test_pull(pair):
             cb.pull("a", "pub/py", local_name="py/copy")
         cb.unlink("py/copy")
         ca.unlink("pub/py")
+
+
+def _publish_host_model(client, prefix, seed):
+    """A pool's layout on host segments: three segments and a manifest
+    whose tensors lie in them (what gshm.torch publishes, without torch)."""
+    from gshm import _manifest
+    rnd = __import__("random").Random(seed)
+    segs, tensors, data = {}, {}, {}
+    for i, size in enumerate((4096, 65536 + 12, 3 * 4096)):
+        name = "%s/seg-%06d" % (prefix, i)
+        blob = bytes(rnd.getrandbits(8) for _ in range(size))
+        with client.create(name, size, location="host") as seg:
+            memoryview(seg)[:size] = blob
+            segs[name] = {"id": seg.info.id, "generation": seg.info.generation, "size": size}
+        data[name] = blob
+        tensors["layer%d.weight" % i] = {"segment": name, "offset": 8, "dtype": "float32",
+                                         "shape": [16, 4], "strides": [4, 1]}
+    _manifest.write(client, prefix, _manifest.encode("host", segs, tensors))
+    return data
+
+
+def test_pull_prefix_resolves_manifest(pair):
+    """One set pull of a published model's prefix, under another local
+    prefix: the manifest resolves to the local copies by their source,
+    every tensor's bytes are the peer's; a copy replaced by hand is stale;
+    replace=True swaps the whole set."""
+    from gshm import _manifest
+    a, b = pair
+    with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
+        data = _publish_host_model(ca, "pub/llama", 1)
+        seen = []
+        rs = cb.pull("a", "pub/llama/", local_name="llama/", prefix=True,
+                     progress=lambda done, total, ns: seen.append((done, total)))
+        assert sorted(r.segment.name for r in rs) == ["llama/manifest", "llama/seg-000000",
+                                                      "llama/seg-000001", "llama/seg-000002"]
+        assert all(r.path == "host" for r in rs)
+        man = _manifest.read(cb, "llama")
+        assert man["pulled_from"] == {"peer": "a", "prefix": "pub/llama"}
+        assert sorted(man["segments"]) == ["llama/seg-000000", "llama/seg-000001",
+                                           "llama/seg-000002"]
+        segs = _manifest.open_segments(cb, man)
+        try:
+            for name, e in man["tensors"].items():
+                seg = segs[e["segment"]]
+                src = data["pub/llama" + e["segment"][len("llama"):]]
+                got = bytes(memoryview(seg)[e["offset"]:e["offset"] + 256])
+                assert got == src[e["offset"]:e["offset"] + 256], name
+        finally:
+            for s in segs.values():
+                s.close()
+        # the same names again: refused, unless replace
+        with pytest.raises(gshm.Exists):
+            cb.pull("a", "pub/llama/", local_name="llama/", prefix=True)
+        # a segment that is not the pulled copy is refused as stale
+        cb.unlink("llama/seg-000001")
+        cb.create("llama/seg-000001", 65536 + 12, location="host").close()
+        with pytest.raises(_manifest.StaleManifest):
+            _manifest.open_segments(cb, _manifest.read(cb, "llama"))
+        rs = cb.pull("a", "pub/llama/", local_name="llama/", prefix=True, replace=True)
+        assert len(rs) == 4
+        for s in _manifest.open_segments(cb, _manifest.read(cb, "llama")).values():
+            s.close()
+        for r in rs:
+            cb.unlink(r.segment.name)
+        for n in list(data) + ["pub/llama/manifest"]:
+            ca.unlink(n)

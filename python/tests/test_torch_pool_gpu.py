@@ -340,6 +340,23 @@ def wait_free(c, want, slack, timeout=15.0):
         time.sleep(0.2)
 
 
+def wait_published(a, a_err):
+    """Role A's PUBLISHED line, parsed (A is the Popen, its stderr in the
+    file a_err); AssertionError with A's stderr when it does not come."""
+    line = b""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        line = a.stdout.readline()
+        if not line or line.startswith(b"PUBLISHED "):
+            break
+    if not line.startswith(b"PUBLISHED "):
+        a.kill()
+        a.wait()
+        a_err.seek(0)
+        raise AssertionError("A did not publish:\n%s" % a_err.read().decode()[-4000:])
+    return json.loads(line[len(b"PUBLISHED "):])
+
+
 def check_restart(py, daemon, c, out_dir, log):
     # gshmd's first device segment sets up state it keeps: not ours to count
     c.create("torchtest/warm-up", 2 * MiB, location="cuda:0").close()
@@ -350,18 +367,7 @@ def check_restart(py, daemon, c, out_dir, log):
     a = subprocess.Popen([py, os.path.abspath(__file__), "--role", "a", daemon.socket, out_dir],
                          env=gshm_testutil.child_env(), stdout=subprocess.PIPE, stderr=a_err)
     try:
-        line = b""
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            line = a.stdout.readline()
-            if not line or line.startswith(b"PUBLISHED "):
-                break
-        if not line.startswith(b"PUBLISHED "):
-            a.kill()
-            a.wait()
-            a_err.seek(0)
-            raise AssertionError("A did not publish:\n%s" % a_err.read().decode()[-4000:])
-        info = json.loads(line[len(b"PUBLISHED "):])
+        info = wait_published(a, a_err)
         log("A: %s" % info)
         assert info["weights"] >= 300e6, info
         # gshmctl segments: the pool's segments, owned by us, held by A

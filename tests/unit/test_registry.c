@@ -179,12 +179,88 @@ static void test_quota(void **state) {
   assert_int_equal(create(f, f->alice, "q2", 2 * 4096, 0600, &l2), 0); /* after a free */
 }
 
+static struct gshmd_segment *hidden(struct fixture *f, struct gshmd_client *c,
+                                    const char *name, uint64_t size) {
+  Gshm__CreateRequest req = GSHM__CREATE_REQUEST__INIT;
+  struct gshmd_segment *seg = NULL;
+  const char *msg = NULL;
+  req.name = (char *)name;
+  req.size = size;
+  req.location = "host";
+  assert_int_equal(gshmd_registry_create_hidden(&f->reg, c, &req, &seg, &msg), 0);
+  return seg;
+}
+
+/* Hidden segments: charged, but not found by name or id, not counted as
+ * segments; published together; the name may be taken meanwhile. */
+static void test_hidden_publish(void **state) {
+  struct fixture *f = *state;
+  struct gshmd_segment *segs[3];
+  struct gshmd_lease *l;
+  const char *msg = NULL;
+
+  segs[0] = hidden(f, f->alice, "m/a", 100);
+  segs[1] = hidden(f, f->alice, "m/b", 5000);
+  assert_null(gshmd_registry_find_name(&f->reg, "m/a"));
+  assert_int_equal(f->reg.nsegments, 0);
+  assert_int_equal(f->reg.nhidden, 2);
+  assert_true(f->reg.bytes == 4096 + 8192);
+  assert_int_equal(open_(f, f->bob, "m/a", GSHM__ACCESS__ACCESS_READ, &l), -ENOENT);
+  /* a name created meanwhile is not held by the hidden one */
+  assert_int_equal(create(f, f->bob, "m/b", 10, 0644, &l), 0);
+  assert_int_equal(gshmd_registry_publish(&f->reg, f->alice, segs, 2, false, &msg), -EEXIST);
+  assert_null(gshmd_registry_find_name(&f->reg, "m/a")); /* nothing of the set */
+  assert_int_equal(f->reg.nhidden, 2);
+  /* replacing bob's segment needs bob or an admin */
+  assert_int_equal(gshmd_registry_publish(&f->reg, f->alice, segs, 2, true, &msg), -EACCES);
+  assert_null(gshmd_registry_find_name(&f->reg, "m/a"));
+  assert_true(gshmd_registry_find_name(&f->reg, "m/b") == l->seg);
+  assert_int_equal(gshmd_registry_publish(&f->reg, f->root, segs, 2, true, &msg), 0);
+  assert_true(gshmd_registry_find_name(&f->reg, "m/a") == segs[0]);
+  assert_true(gshmd_registry_find_name(&f->reg, "m/b") == segs[1]);
+  assert_true(gshmd_registry_find_id(&f->reg, segs[1]->id) == segs[1]);
+  assert_true(segs[0]->id < segs[1]->id);
+  assert_int_equal(f->reg.nhidden, 0);
+  /* bob's old m/b: unlinked, still held by its lease, gone with it */
+  assert_true(l->seg->unlinked);
+  assert_int_equal(f->reg.nsegments, 3);
+  assert_int_equal(gshmd_registry_close(&f->reg, f->bob, l->id), 0);
+  assert_int_equal(f->reg.nsegments, 2);
+  assert_int_equal(gshmd_registry_unlink(&f->reg, f->alice, "m/b", &msg), 0);
+  assert_null(gshmd_registry_find_name(&f->reg, "m/b"));
+  assert_true(gshmd_registry_find_name(&f->reg, "m/a") == segs[0]);
+}
+
+/* A set with a name twice is refused whole; discarding gives the memory
+ * back. */
+static void test_hidden_duplicate_discard(void **state) {
+  struct fixture *f = *state;
+  struct gshmd_segment *segs[3];
+  const char *msg = NULL;
+
+  segs[0] = hidden(f, f->alice, "d/x", 10);
+  segs[1] = hidden(f, f->alice, "d/y", 10);
+  segs[2] = hidden(f, f->alice, "d/x", 10);
+  assert_int_equal(gshmd_registry_publish(&f->reg, f->alice, segs, 3, false, &msg), -EINVAL);
+  assert_int_equal(gshmd_registry_publish(&f->reg, f->alice, segs, 3, true, &msg), -EINVAL);
+  assert_null(gshmd_registry_find_name(&f->reg, "d/x"));
+  assert_null(gshmd_registry_find_name(&f->reg, "d/y"));
+  for (int i = 0; i < 3; i++)
+    gshmd_registry_discard_hidden(&f->reg, segs[i]);
+  assert_int_equal(f->reg.nhidden, 0);
+  assert_true(f->reg.bytes == 0);
+  /* and one left hidden is freed with the registry (teardown, ASan) */
+  hidden(f, f->bob, "d/left", 10);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_permissions, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_requests, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unlink_keeps_memory_for_leases, setup, teardown),
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hidden_publish, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hidden_duplicate_discard, setup, teardown),
   };
   gshm__log_setup("test", -1, 0);
   return cmocka_run_group_tests(tests, NULL, NULL);

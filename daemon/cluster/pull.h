@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* What pull.c (one segment's bytes: grant, paths, chunks) and pullset.c
+ * (a request: the set, its listing, grants ahead, publish, results)
+ * share. */
+#ifndef GSHMD_CLUSTER_PULL_H
+#define GSHMD_CLUSTER_PULL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "internal.h"
+#include "util.h"
+
+#define GRANTS_AHEAD 16         /* segments of a set granted (or asked for) at once */
+/* Segments in one set: its pull_items replies (about 100 bytes a segment
+ * with names of 30 bytes, 350 at most) must fit what a connection may
+ * queue (limits.max_inflight packets of 64 KiB beyond the socket's
+ * buffer) while the client reads them. */
+#define PULL_SET_MAX 4096
+
+struct pull;
+struct pull_set;
+
+
+/* One segment of a set: started (grant asked) -> granted -> every byte
+ * in (finished) -> closed (grant released, mapping gone; its hidden
+ * segment waits for the set). */
+struct pull {
+  struct pull_set *s;
+  struct gshm_list link_node; /* link->pulls, once granted */
+  struct link *link;          /* the link the grant came on; NULL when lost */
+  struct peer_req req;        /* the grant request */
+  bool req_pending;           /* submitted, its done still to come */
+  Gshm__Cluster__Msg msg;
+  Gshm__Cluster__GrantRequest greq;
+  char remote_name[256];
+  char local_name[256];
+  char location[GSHM_LOCATION_MAX];
+  bool started, granted, finished, closed, on_link;
+  struct pull *next_retry;    /* s->retry: refused for now (busy peer), asked again later */
+  uint64_t grant_id, remote_id, remote_gen;
+  Gshm__Cluster__Path path;
+  char path_reason[160];
+  uint64_t listed;               /* its size in the peer's listing (0: not listed) */
+  uint64_t total, next_off, done;
+  unsigned inflight;             /* chunks in any step */
+  bool remote_staged, local_staged;
+  uint64_t chunk_size;
+  uint32_t nslots, nfree;
+  uint32_t *free_slots;
+  struct stage_buf *lsb;         /* local slots (local_staged) */
+  struct gshmd_segment *seg;     /* the new segment, hidden until the set is published */
+  struct gshmd_alloc *mem;       /* its memory */
+  ucp_mem_h memh;
+  void *dst;                     /* where gets land without staging */
+  size_t dst_len;
+  bool dst_mapped;               /* dst is our mmap of a host segment */
+};
+
+/* One request: a segment, or every segment under a prefix. */
+struct pull_set {
+  struct gshm_list node;      /* cl->pulls */
+  struct gshmd_cluster *cl;
+  struct peer *peer;
+  struct gshmd_client *requester; /* NULL once gone */
+  uint32_t request_id;
+  struct gshmd_client *holder; /* internal client with the requester's cred */
+  char name[256];             /* the segment, or the prefix */
+  char local[256];            /* its local name, or the local prefix */
+  char location[GSHM_LOCATION_MAX];
+  uint32_t mode;
+  bool prefix, replace;
+  /* the listing of a prefix, page by page */
+  struct peer_req lreq;
+  Gshm__Cluster__Msg lmsg;
+  Gshm__Cluster__ListRequest lr;
+  bool listing, lreq_pending;
+  struct pull **items;
+  size_t n, cap;
+  size_t next_start;          /* items[next_start] is the next to ask a grant for */
+  size_t first_open;          /* items before it are closed */
+  size_t nclosed;
+  unsigned active;            /* started, not closed */
+  unsigned window;            /* grants held or asked at once: GRANTS_AHEAD, less for a
+                                 peer that said it is busy */
+  struct pull *retry, **retry_tail; /* segments to ask again, in order */
+  unsigned inflight;          /* chunks in flight, all items */
+  uint64_t total, done;       /* bytes */
+  int64_t start_ns, last_progress_ns;
+  int err;
+  char why[256];
+};
+
+/* ---- pull.c ---- */
+
+/* The set fails (first error wins): what is not sent yet is withdrawn. */
+void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Chunks for the open segments, oldest first, while the budget lasts. */
+void gshmd__pull_set_issue(struct pull_set *s);
+/* A progress reply to the requester (at most every PROGRESS_NS). */
+void gshmd__pull_send_progress(struct pull_set *s);
+/* The peer's answer to p's grant request (p->req.done). */
+void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
+                            const Gshm__Cluster__Msg *m);
+/* p has nothing in flight: its grant goes back, its mapping and slots go
+ * (its hidden segment stays with the set). */
+void gshmd__pull_item_close(struct pull *p);
+/* "host", "direct", "staged" or "none". */
+const char *gshmd__pull_path_name(Gshm__Cluster__Path path);
+
+/* ---- pullset.c ---- */
+
+/* The peer refused p's grant as busy while other segments of the set
+ * hold grants: p is asked again later.  False when nothing else is open. */
+bool gshmd__pull_grant_later(struct pull *p);
+
+#endif

@@ -1,0 +1,500 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A pull request as a whole (pull.h): one segment, or every segment a
+ * peer exports under a prefix, listed page by page; grants asked
+ * GRANTS_AHEAD segments ahead (fewer for a busy peer); all of them
+ * published at once when every byte is in, or all freed; the results in
+ * pages; the pulls in flight for PEERS.  pull.c moves each segment's
+ * bytes.  docs/CLUSTER.md. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "errors.h"
+#include "log.h"
+#include "pull.h"
+#include "registry.h"
+#include "util.h"
+#include "wire.h"
+
+/* Asks grants for the next segments (those a busy peer refused first)
+ * while fewer than s->window are open (run outside UCX callbacks). */
+static void set_start_grants(struct pull_set *s) {
+  while (!s->err && s->active < s->window && (s->retry || s->next_start < s->n)) {
+    struct pull *p = s->retry;
+    if (p) {
+      if (!(s->retry = p->next_retry))
+        s->retry_tail = &s->retry;
+    } else {
+      p = s->items[s->next_start++];
+    }
+    p->started = true;
+    p->req_pending = true;
+    s->active++;
+    gshmd__link_req_submit(&s->cl->ll, s->peer, &p->req);
+  }
+}
+
+/* The peer refused p's grant as busy (it caps grants per link, e.g.
+ * staged ones) while other segments of the set hold grants: p waits for
+ * one of them to close, and the set asks no more at once than it holds
+ * now.  Returns false when nothing else is open (a real failure). */
+bool gshmd__pull_grant_later(struct pull *p) {
+  struct pull_set *s = p->s;
+
+  if (s->active <= 1)
+    return false;
+  s->active--;
+  if (s->window == GRANTS_AHEAD)
+    gshm_log_info("cluster: peer '%s' is busy: the pull of '%s' waits for its grants to end "
+                  "before it asks more",
+                  s->peer->name, s->name);
+  s->window = s->active;
+  p->started = false;
+  p->next_retry = NULL;
+  *s->retry_tail = p;
+  s->retry_tail = &p->next_retry;
+  return true;
+}
+
+/* A new item of the set: remote segment `name`, `size` bytes.  Returns 0
+ * or a negative errno (the set failed). */
+static int set_add(struct pull_set *s, const char *name, uint64_t size) {
+  struct gshmd_cluster *cl = s->cl;
+  struct pull *p;
+  int e;
+
+  if (s->n == PULL_SET_MAX) {
+    gshmd__pull_set_fail(s, -E2BIG, "more than %u segments under '%s' on peer '%s'", PULL_SET_MAX, s->name,
+             s->peer->name);
+    return -E2BIG;
+  }
+  if (s->n == s->cap) {
+    size_t ncap = s->cap ? s->cap * 2 : 16;
+    struct pull **a = realloc(s->items, ncap * sizeof(*a));
+    if (!a) {
+      gshmd__pull_set_fail(s, -ENOMEM, "out of memory");
+      return -ENOMEM;
+    }
+    s->items = a;
+    s->cap = ncap;
+  }
+  if (!(p = calloc(1, sizeof(*p)))) {
+    gshmd__pull_set_fail(s, -ENOMEM, "out of memory");
+    return -ENOMEM;
+  }
+  s->items[s->n++] = p;
+  p->s = s;
+  snprintf(p->remote_name, sizeof(p->remote_name), "%s", name);
+  if (!s->prefix)
+    snprintf(p->local_name, sizeof(p->local_name), "%s", s->local);
+  else if ((size_t)snprintf(p->local_name, sizeof(p->local_name), "%s%s", s->local,
+                            name + strlen(s->name)) >= sizeof(p->local_name))
+    p->local_name[0] = '\0';
+  if ((e = gshm__name_check(p->local_name, cl->cfg->max_name))) {
+    gshmd__pull_set_fail(s, e, "segment '%s' of peer '%s' would be '%s' here: not a valid name", name,
+             s->peer->name, p->local_name);
+    return e;
+  }
+  if (!s->replace && gshmd_registry_find_name(cl->reg, p->local_name)) {
+    gshmd__pull_set_fail(s, -EEXIST, "a local segment named '%s' exists (replace it with --replace)",
+             p->local_name);
+    return -EEXIST;
+  }
+  snprintf(p->location, sizeof(p->location), "%s", s->location);
+  p->listed = size;
+  s->total += size;
+  gshm__cluster__msg__init(&p->msg);
+  gshm__cluster__grant_request__init(&p->greq);
+  p->greq.name = p->remote_name;
+  p->msg.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  p->msg.grant_request = &p->greq;
+  p->req.msg = &p->msg;
+  p->req.done = gshmd__pull_grant_done;
+  p->req.arg = p;
+  return 0;
+}
+
+static void list_page_done(struct peer_req *req, int err, const char *why,
+                           const Gshm__Cluster__Msg *m);
+
+/* Asks the peer for its next page of exported segments. */
+static void list_next(struct pull_set *s, uint64_t after) {
+  gshm__cluster__msg__init(&s->lmsg);
+  gshm__cluster__list_request__init(&s->lr);
+  s->lr.after = after;
+  s->lmsg.body_case = GSHM__CLUSTER__MSG__BODY_LIST;
+  s->lmsg.list = &s->lr;
+  s->lreq.msg = &s->lmsg;
+  s->lreq.done = list_page_done;
+  s->lreq.arg = s;
+  s->lreq_pending = true;
+  gshmd__link_req_submit(&s->cl->ll, s->peer, &s->lreq);
+}
+
+/* A page of the peer's exported segments: the ones under the prefix join
+ * the set; the next page is asked for at once (the grants of this one
+ * start meanwhile). */
+static void list_page_done(struct peer_req *req, int err, const char *why,
+                           const Gshm__Cluster__Msg *m) {
+  struct pull_set *s = req->arg;
+  const Gshm__Cluster__ListReply *r;
+  size_t plen = strlen(s->name);
+
+  s->lreq_pending = false;
+  if (s->err)
+    return;
+  if (err) {
+    gshmd__pull_set_fail(s, err, "peer '%s': %s", s->peer->name, why);
+    return;
+  }
+  if (m->body_case != GSHM__CLUSTER__MSG__BODY_LIST_REPLY) {
+    gshmd__pull_set_fail(s, -EPROTO, "peer '%s' answered a list with something else", s->peer->name);
+    return;
+  }
+  r = m->list_reply;
+  for (size_t i = 0; i < r->n_segments; i++) {
+    const Gshm__Cluster__Segment *g = r->segments[i];
+    if (!g || !g->name || gshm__name_check(g->name, 255) || strncmp(g->name, s->name, plen))
+      continue;
+    if (set_add(s, g->name, g->size))
+      return;
+  }
+  if (r->next) {
+    if (r->next <= s->lr.after) { /* a cursor must advance */
+      gshmd__pull_set_fail(s, -EPROTO, "peer '%s' sent a list cursor that does not advance",
+               s->peer->name);
+      return;
+    }
+    list_next(s, r->next);
+  } else {
+    s->listing = false;
+    if (!s->n)
+      gshmd__pull_set_fail(s, -ENOENT, "peer '%s' exports no segment under '%s'", s->peer->name, s->name);
+  }
+  gshmd__link_kick(&s->cl->ll);
+}
+
+/* A prefix: "" (everything) or the start of a valid name of at most max
+ * bytes (what it would be with one more byte).  0, -EINVAL or
+ * -ENAMETOOLONG. */
+static int prefix_check(const char *prefix, unsigned max) {
+  char name[258];
+  size_t n = strlen(prefix);
+
+  if (!n)
+    return 0;
+  if (n >= max || n > 255)
+    return -ENAMETOOLONG;
+  snprintf(name, sizeof(name), "%sx", prefix);
+  return gshm__name_check(name, max);
+}
+
+int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
+                      const Gshm__PullRequest *m, const char **msg_out) {
+  struct peer *peer = gshmd__link_peer_find(&cl->ll, m->peer);
+  const char *local = m->local_name && *m->local_name ? m->local_name : m->name;
+  struct gshm_location loc;
+  struct pull_set *s;
+  int e;
+
+  if (!peer) {
+    *msg_out = "no such peer in cluster.peers";
+    return -ENOENT;
+  }
+  if (m->prefix) {
+    if ((e = prefix_check(m->name, 255)) || (e = prefix_check(local, cl->cfg->max_name))) {
+      *msg_out = e == -ENAMETOOLONG ? "prefix too long" : "bad prefix: the start of a name";
+      return e;
+    }
+  } else if ((e = gshm__name_check(m->name, 255)) ||
+             (e = gshm__name_check(local, cl->cfg->max_name))) {
+    *msg_out = e == -ENAMETOOLONG ? "name too long" : "bad segment name";
+    return e;
+  }
+  if (m->location && *m->location && gshm__location_parse(m->location, &loc)) {
+    *msg_out = "bad location: use host, cuda:N or cuda:GPU-<uuid>";
+    return -EINVAL;
+  }
+  if (m->mode > 0777) {
+    *msg_out = "mode: permission bits, at most 0777";
+    return -EINVAL;
+  }
+  if (!m->prefix && !m->replace && gshmd_registry_find_name(cl->reg, local)) {
+    *msg_out = "a local segment of that name exists (replace it with --replace)";
+    return -EEXIST;
+  }
+  if (!(s = calloc(1, sizeof(*s))))
+    return -ENOMEM;
+  if ((e = gshmd_registry_client_add(cl->reg, &c->cred, &s->holder))) {
+    free(s);
+    return e;
+  }
+  snprintf(s->holder->name, sizeof(s->holder->name), "pull:%.58s", peer->name);
+  s->cl = cl;
+  s->peer = peer;
+  s->requester = c;
+  s->request_id = request_id;
+  s->prefix = m->prefix;
+  s->replace = m->replace;
+  snprintf(s->name, sizeof(s->name), "%s", m->name);
+  snprintf(s->local, sizeof(s->local), "%s", local);
+  snprintf(s->location, sizeof(s->location), "%s", m->location ? m->location : "");
+  s->mode = m->mode;
+  s->start_ns = s->last_progress_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  s->window = GRANTS_AHEAD;
+  s->retry_tail = &s->retry;
+  gshm_list_add_tail(&cl->pulls, &s->node);
+  gshm_log_info("cluster: uid %u pid %d asks to pull %s'%s' from peer '%s' as '%s'%s",
+                (unsigned)c->cred.uid, (int)c->cred.pid, s->prefix ? "every segment under " : "",
+                s->name, peer->name, s->local, s->replace ? " (replacing)" : "");
+  if (s->prefix) {
+    s->listing = true;
+    list_next(s, 0);
+  } else if (!set_add(s, s->name, 0)) {
+    set_start_grants(s);
+  }
+  return 0;
+}
+
+enum pull_failure gshmd__pull_failure(int err) {
+  switch (-err) {
+  case ECONNRESET: case ETIMEDOUT: case ESHUTDOWN: return PULL_FAIL_PEER_LOST;
+  case ENOENT: return PULL_FAIL_NOT_FOUND;
+  case EACCES: case EPERM: return PULL_FAIL_REFUSED;
+  case EEXIST: return PULL_FAIL_EXISTS;
+  case ECANCELED: return PULL_FAIL_CANCELED;
+  case ENOMEM: case EDQUOT: return PULL_FAIL_NO_MEMORY;
+  case EPROTO: case EPROTONOSUPPORT: return PULL_FAIL_PROTOCOL;
+  default: return PULL_FAIL_OTHER;
+  }
+}
+
+#define ITEMS_PAGE 49152 /* bytes of PulledSegment per pull_items reply (packets: 64 KiB) */
+
+/* Sends `items` pages of the set's segments items[first..n): as many as
+ * fit one reply each. */
+static void reply_items(struct pull_set *s) {
+  Gshm__PulledSegment *items = calloc(s->n, sizeof(*items));
+  Gshm__PulledSegment **ptrs = calloc(s->n, sizeof(*ptrs));
+  size_t first = 0, used = 0;
+
+  if (!items || !ptrs) {
+    free(items);
+    free(ptrs);
+    return; /* the final result still comes (count says what is missing) */
+  }
+  for (size_t i = 0; i <= s->n; i++) {
+    if (i < s->n) {
+      struct pull *p = s->items[i];
+      Gshm__PulledSegment *o = &items[i];
+      gshm__pulled_segment__init(o);
+      o->name = p->seg->name;
+      o->id = p->seg->id;
+      o->generation = p->seg->generation;
+      o->size = p->seg->mem->size;
+      o->bytes = p->total;
+      o->location = (char *)p->seg->mem->location;
+      o->path = (char *)gshmd__pull_path_name(p->path);
+      o->remote_id = p->remote_id;
+      o->remote_generation = p->remote_gen;
+      o->device_index = p->seg->mem->device_index;
+      ptrs[i] = o;
+      used += gshm__pulled_segment__get_packed_size(o) + 4;
+    }
+    if ((i == s->n && i > first) || used > ITEMS_PAGE) {
+      Gshm__Reply reply = GSHM__REPLY__INIT;
+      Gshm__PullItems pi = GSHM__PULL_ITEMS__INIT;
+      size_t end = i == s->n ? i : i + 1;
+      pi.items = &ptrs[first];
+      pi.n_items = end - first;
+      pi.first = (uint32_t)first;
+      reply.status = GSHM__STATUS__STATUS_OK;
+      reply.body_case = GSHM__REPLY__BODY_PULL_ITEMS;
+      reply.pull_items = &pi;
+      s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
+      first = end;
+      used = 0;
+    }
+  }
+  free(items);
+  free(ptrs);
+}
+
+/* The result that ends the request: the (first) segment's, and for a set
+ * the whole set's count, bytes and time. */
+static void reply_result(struct pull_set *s, int64_t ns) {
+  struct pull *p = s->items[0];
+  Gshm__Reply reply = GSHM__REPLY__INIT;
+  Gshm__PullResult res = GSHM__PULL_RESULT__INIT;
+  Gshm__SegmentInfo info;
+
+  if (s->prefix)
+    reply_items(s);
+  gshmd_segment_to_info(p->seg, &info);
+  res.segment = &info;
+  res.bytes = p->total;
+  res.elapsed_ns = ns;
+  res.path = (char *)gshmd__pull_path_name(p->path);
+  res.path_reason = p->path_reason;
+  res.peer = s->peer->name;
+  res.remote_id = p->remote_id;
+  res.remote_generation = p->remote_gen;
+  if (s->prefix) {
+    res.count = (uint32_t)s->n;
+    res.set_bytes = s->done;
+  }
+  reply.status = GSHM__STATUS__STATUS_OK;
+  reply.body_case = GSHM__REPLY__BODY_PULL_RESULT;
+  reply.pull_result = &res;
+  s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
+}
+
+/* Every byte of the set is in: its segments appear at once, and the
+ * requester gets their results.  Returns 0 or the publish's error. */
+static int set_succeeded(struct pull_set *s, int64_t ns) {
+  struct gshmd_segment **segs = calloc(s->n, sizeof(*segs));
+  const char *msg = NULL;
+  char sz[32];
+  int e;
+
+  if (!segs) {
+    gshmd__pull_set_fail(s, -ENOMEM, "out of memory");
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < s->n; i++)
+    segs[i] = s->items[i]->seg;
+  e = gshmd_registry_publish(s->cl->reg, s->holder, segs, s->n, s->replace, &msg);
+  free(segs);
+  if (e) {
+    gshmd__pull_set_fail(s, e, "cannot publish the pulled segments: %s", msg ? msg : gshm__strerror(e));
+    return e;
+  }
+  for (size_t i = 0; i < s->n; i++) {
+    struct pull *p = s->items[i];
+    s->peer->pulls_ok++;
+    if (p->path == GSHM__CLUSTER__PATH__PATH_HOST)
+      s->peer->bytes_host += p->total;
+    else if (p->path == GSHM__CLUSTER__PATH__PATH_STAGED)
+      s->peer->bytes_staged += p->total;
+    else
+      s->peer->bytes_direct += p->total;
+  }
+  gshm_log_info("cluster: pulled %s'%s' from peer '%s' into '%s': %zu segment(s), %s in "
+                "%.3f s (%.2f GB/s)",
+                s->prefix ? "every segment under " : "", s->name, s->peer->name, s->local, s->n,
+                gshm__format_size(s->done, sz, sizeof(sz)), (double)ns / 1e9,
+                ns > 0 ? (double)s->done / (double)ns : 0.0);
+  if (s->requester) /* (each seg is live until the loop runs again) */
+    reply_result(s, ns);
+  for (size_t i = 0; i < s->n; i++)
+    s->items[i]->seg = NULL; /* the registry's now */
+  return 0;
+}
+
+/* The set failed: its hidden segments go, the requester gets why. */
+static void set_failed(struct pull_set *s) {
+  struct gshmd_cluster *cl = s->cl;
+  Gshm__Reply reply = GSHM__REPLY__INIT;
+
+  s->peer->pulls_failed++;
+  cl->pull_errors[gshmd__pull_failure(s->err)]++;
+  for (size_t i = 0; i < s->n; i++)
+    if (s->items[i]->seg) {
+      gshmd_registry_discard_hidden(cl->reg, s->items[i]->seg);
+      s->items[i]->seg = NULL;
+    }
+  gshm_log_warn("cluster: pull of %s'%s' from peer '%s' failed: %s",
+                s->prefix ? "the set under " : "", s->name, s->peer->name, s->why);
+  if (s->requester) {
+    reply.status = gshm__errno_to_status(s->err);
+    reply.message = s->why;
+    cl->reply(cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
+  }
+}
+
+/* Ends a set with nothing in flight: published or freed, answered, gone. */
+static void set_end(struct pull_set *s) {
+  struct gshmd_cluster *cl = s->cl;
+  int64_t ns = gshm__now_ns(CLOCK_MONOTONIC) - s->start_ns;
+
+  if (s->err || set_succeeded(s, ns))
+    set_failed(s);
+  gshmd_registry_client_remove(cl->reg, s->holder);
+  for (size_t i = 0; i < s->n; i++)
+    free(s->items[i]);
+  free(s->items);
+  gshm_list_del(&s->node);
+  free(s);
+}
+
+/* Closes the finished segments of s, starts the next grants, and ends s
+ * when nothing of it is left in flight.  Returns true when s was freed. */
+static bool set_reap(struct pull_set *s) {
+  for (size_t i = s->first_open; i < s->next_start; i++) {
+    struct pull *p = s->items[i];
+    if (!p->closed && (p->finished || s->err) && p->inflight == 0 && !p->req_pending)
+      gshmd__pull_item_close(p);
+    if (p->closed && i == s->first_open)
+      s->first_open++;
+  }
+  set_start_grants(s);
+  if (!s->err)
+    gshmd__pull_set_issue(s);
+  if (s->active == 0 && !s->lreq_pending &&
+      (s->err || (!s->listing && s->nclosed == s->n))) {
+    set_end(s);
+    return true;
+  }
+  return false;
+}
+
+void gshmd__pull_reap(struct gshmd_cluster *cl) {
+  struct gshm_list *pos, *tmp;
+  gshm_list_foreach_safe(pos, tmp, &cl->pulls)
+      set_reap(gshm_list_entry(pos, struct pull_set, node));
+}
+
+void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &cl->pulls) {
+    struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
+    if (s->requester == c) {
+      s->requester = NULL;
+      gshmd__pull_set_fail(s, -ECANCELED, "the requesting client went away");
+    }
+  }
+}
+
+void gshmd__pull_stop_all(struct gshmd_cluster *cl) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &cl->pulls)
+      gshmd__pull_set_fail(gshm_list_entry(pos, struct pull_set, node), -ESHUTDOWN, "gshmd is stopping");
+}
+
+size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, size_t max) {
+  int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
+  struct gshm_list *pos;
+  size_t n = 0;
+
+  gshm_list_foreach(pos, &cl->pulls) {
+    struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
+    Gshm__ClusterPull *o = &out[n];
+    if (n == max)
+      break;
+    gshm__cluster_pull__init(o);
+    o->peer = s->peer->name;
+    o->name = s->name;
+    o->prefix = s->prefix;
+    o->uid = (uint32_t)s->holder->cred.uid;
+    o->bytes_done = s->done;
+    o->bytes_total = s->total;
+    o->segments_done = (uint32_t)s->nclosed;
+    o->segments_total = s->listing ? 0 : (uint32_t)s->n;
+    o->elapsed_ns = now - s->start_ns;
+    n++;
+  }
+  return n;
+}

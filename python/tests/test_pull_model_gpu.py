@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""A published model moves to another node in one pull and attaches there
+(ctest: python_pull_model_gpu, label gpu).
+
+    python3 python/tests/test_pull_model_gpu.py [-v]
+
+gshmd A and gshmd B (cuda backend, cluster over UCX tcp on 127.0.0.1):
+test_torch_pool_gpu.py's role A builds a transformers Llama in a
+persistent gshm.torch MemPool under A, publishes it and is SIGKILLed; B
+pulls the prefix (manifest and every segment) in one client.pull(...,
+prefix=True) onto the second GPU where there is one, else the same GPU;
+role B attaches it on B with gshm.torch.attach and its logits equal A's
+exactly.  Another client listing B all along never sees part of the set.
+
+Exits 77 where test_torch_pool_gpu.py does (no torch with a CUDA GPU,
+transformers, safetensors)."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gshm_testutil  # noqa: E402
+import test_torch_pool_gpu as tp  # noqa: E402  (the model, its roles, the probe)
+
+SKIP = 77
+
+
+def publish_on_a(py, sock, out_dir):
+    """Runs test_torch_pool_gpu's role A on gshmd A until it published; then
+    SIGKILLs it (the pool is persistent: the segments stay)."""
+    err = open(os.path.join(out_dir, "a.stderr"), "w+b")
+    a = subprocess.Popen([py, tp.__file__, "--role", "a", sock, out_dir],
+                         env=gshm_testutil.child_env(), stdout=subprocess.PIPE, stderr=err)
+    try:
+        tp.wait_published(a, err)
+    finally:
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+        a.stdout.close()
+        err.close()
+
+
+def main(argv):
+    verbose = "-v" in argv
+    py = sys.executable if os.environ.get("GSHM_TORCH_TEST_PROBED") else None
+    for cand in ([] if py else [os.environ.get("GSHM_GPU_PYTHON"), sys.executable,
+                                "/usr/bin/python3"]):
+        if cand and os.path.exists(cand) and (tp.probe(cand) or 0) >= 1:
+            py = cand
+            break
+    if py is None:
+        print("test_pull_model_gpu: skipped: no python with torch + a CUDA GPU, transformers "
+              "and safetensors (set $GSHM_GPU_PYTHON)")
+        return SKIP
+    if py != sys.executable:
+        os.environ["GSHM_TORCH_TEST_PROBED"] = "1"
+        os.execv(py, [py, os.path.abspath(__file__)] + argv)
+    import torch
+    import gshm
+
+    gpus = torch.cuda.device_count()
+    prefix = tp.PREFIX  # "torchtest/llama", role A's and role B's
+    with tempfile.TemporaryDirectory(prefix="gshm-pullmodel-") as tmp:
+        a, b = gshm_testutil.cluster_pair(tmp, "torchtest/*", backend="cuda")
+        try:
+            publish_on_a(py, a.socket, tmp)
+            with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb, \
+                    gshm.Client(b.socket) as watcher:
+                exported = [s.name for s in cb.remote_segments("a")
+                            if s.name.startswith(prefix + "/")]
+                assert exported, "A exports nothing under %s/" % prefix
+                seen_partial = []
+                stop = threading.Event()
+
+                def watch():
+                    while not stop.is_set():
+                        k = sum(1 for s in watcher.segments() if s.name.startswith(prefix + "/"))
+                        if k and k != len(exported):  # (all of them: published, reply on its way)
+                            seen_partial.append(k)
+                        time.sleep(0.005)
+                t = threading.Thread(target=watch)
+                t.start()
+                loc = "cuda:1" if gpus > 1 else "cuda:0"
+                t0 = time.monotonic()
+                try:
+                    rs = cb.pull("a", prefix + "/", prefix=True, location=loc)
+                finally:
+                    stop.set()
+                    t.join()
+                secs = time.monotonic() - t0
+                total = sum(r.bytes for r in rs)
+                if verbose:
+                    print("  pulled %d segments, %d bytes in %.2f s (%.2f GB/s) to %s, paths %s"
+                          % (len(rs), total, secs, total / secs / 1e9, loc,
+                             sorted({r.path for r in rs})), flush=True)
+                assert sorted(r.segment.name for r in rs) == sorted(exported)
+                assert not seen_partial, seen_partial  # never a part of the set
+                man = [r for r in rs if r.segment.name == prefix + "/manifest"]
+                assert man and man[0].segment.location == "host", rs
+                if gpus > 1:
+                    want = gshm.location_of_device(1)
+                    assert all(r.segment.location == want for r in rs
+                               if r.segment.name != prefix + "/manifest"), rs
+            r = tp.child(py, "b", b.socket, tmp)  # attach on B, load, forward
+            if verbose:
+                print("  B: %s" % r, flush=True)
+            la = torch.load(os.path.join(tmp, "logits-a.pt"))
+            lb = torch.load(os.path.join(tmp, "logits-b.pt"))
+            assert torch.equal(la, lb), (la - lb).abs().max()
+            print("pull_model PASSED")
+            with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
+                from gshm import _manifest
+                _manifest.unlink_prefix(ca, prefix)
+                _manifest.unlink_prefix(cb, prefix)
+            return 0
+        except Exception:
+            import traceback
+            traceback.print_exc()
+            sys.stderr.write(a.log()[-3000:])
+            sys.stderr.write(b.log()[-3000:])
+            print("pull_model FAILED")
+            return 1
+        finally:
+            b.stop()
+            a.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

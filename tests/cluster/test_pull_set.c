@@ -1,0 +1,524 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Pulls are all or nothing, with real gshmd on 127.0.0.1 (UCX tcp): a
+ * pull in progress is invisible under its final name (list, stat, open
+ * from another client); a puller SIGKILLed mid-pull and restarted through
+ * the fd store brings nothing partial back; a set under a prefix appears
+ * at once and byte-exact; a set whose peer dies mid-set leaves nothing;
+ * --replace swaps a set while a reader of the old one keeps its bytes;
+ * gshmctl pull --prefix --json and gshmctl peers (pulls in flight). */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+#include "nodes.h"
+
+#define NSET 24 /* segments in the test set */
+
+static char dir[] = "/tmp/gshm-pullset-XXXXXX";
+static char key_path[300];
+static struct node A, B; /* A serves pub/ *; B pulls slowly (small chunks, one at a time) */
+
+/* Segments of c's daemon whose names start with prefix. */
+static unsigned count_named(gshm_client_t *c, const char *prefix) {
+  gshm_segment_info_t *v = NULL;
+  size_t n = 0;
+  unsigned k = 0;
+  assert_int_equal(gshm_list(c, &v, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    k += strncmp(v[i].name, prefix, strlen(prefix)) == 0;
+  gshm_free(v);
+  return k;
+}
+
+/* The set: NSET segments pub/set/NN of mixed sizes (one of 96 MiB, so that
+ * the slow puller takes a while), seeds from base. */
+static uint64_t set_size(int i) { return i == 3 ? 96 * MiB : 4096 * (uint64_t)(i + 1) + 7; }
+
+static void make_set(gshm_client_t *c, unsigned long long base) {
+  char name[64];
+  for (int i = 0; i < NSET; i++) {
+    snprintf(name, sizeof(name), "pub/set/%02d", i);
+    make_segment(c, name, set_size(i), base + (unsigned long long)i);
+  }
+}
+
+static void check_set(gshm_client_t *c, const char *prefix, unsigned long long base) {
+  char name[64];
+  for (int i = 0; i < NSET; i++) {
+    snprintf(name, sizeof(name), "%s%02d", prefix, i);
+    check_segment(c, name, set_size(i), base + (unsigned long long)i);
+  }
+}
+
+static void unlink_set(gshm_client_t *c, const char *prefix) {
+  char name[64];
+  for (int i = 0; i < NSET; i++) {
+    snprintf(name, sizeof(name), "%s%02d", prefix, i);
+    assert_int_equal(gshm_unlink(c, name), 0);
+  }
+}
+
+static int group_setup(void **state) {
+  struct group *g = getgrgid(getegid());
+  char pa[64], pb[64];
+  (void)state;
+
+  assert_non_null(mkdtemp(dir));
+  snprintf(key_path, sizeof(key_path), "%s/key", dir);
+  write_key(key_path, 5);
+  assert_non_null(g);
+  snprintf(group, sizeof(group), "%s", g->gr_name);
+  A.port = free_port();
+  B.port = free_port();
+  snprintf(pa, sizeof(pa), "b=127.0.0.1:%d", B.port);
+  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", A.port);
+  node_start(&A, "a", pa, key_path, "pub/*", NULL);
+  /* small gets, one at a time: a pull lasts long enough to be watched */
+  node_start(&B, "b", pb, key_path, "", "cluster.pull_chunk=32K", "cluster.pull_depth=1", NULL);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  assert_int_equal(harness_stop(&B.h), 0);
+  assert_int_equal(harness_stop(&A.h), 0);
+  unlink(key_path);
+  rmdir(dir);
+  return 0;
+}
+
+/* A pull in the background, with a hook at its first progress reply. */
+struct bg_pull {
+  pthread_t t;
+  struct node *puller;
+  const char *peer, *name, *local;
+  bool prefix;
+  int replace;
+  void (*hook)(void *);
+  void *hook_arg;
+  unsigned calls;
+  uint32_t max_segments_total;
+  gshm_pull_result_t r, *v;
+  size_t n;
+  int err;
+};
+
+static void bg_progress(const gshm_pull_progress_t *p, void *arg) {
+  struct bg_pull *bg = arg;
+  if (p->segments_total > bg->max_segments_total)
+    bg->max_segments_total = p->segments_total;
+  if (bg->calls++ == 0 && bg->hook)
+    bg->hook(bg->hook_arg);
+}
+
+static void *bg_thread(void *arg) {
+  struct bg_pull *bg = arg;
+  gshm_client_t *c;
+  gshm_pull_opts_t po = {.local_name = bg->local, .progress = bg_progress, .progress_arg = bg,
+                         .replace = bg->replace};
+  bg->err = gshm_connect(bg->puller->h.socket_path, "bg", &c);
+  if (!bg->err) {
+    bg->err = bg->prefix ? gshm_pull_prefix(c, bg->peer, bg->name, &po, &bg->v, &bg->n)
+                         : gshm_pull(c, bg->peer, bg->name, &po, &bg->r);
+    gshm_disconnect(c);
+  }
+  return NULL;
+}
+
+/* Looks at B from another client while the pull runs. */
+struct watch {
+  const char *name;     /* the final name (single pull) */
+  const char *prefix;   /* the set's local prefix */
+  unsigned looks;
+  unsigned partial;     /* sets seen with some but not all names */
+  atomic_bool stop;
+  pthread_t t;
+  int stat_rc, open_rc;   /* look_unnamed's findings */
+  unsigned listed, segments;
+  uint64_t bytes;
+};
+
+/* (hooks run on the pulling thread: they record, the test asserts) */
+static void look_unnamed(void *arg) {
+  struct watch *w = arg;
+  gshm_client_t *c;
+  gshm_segment_info_t st;
+  gshm_segment_t *seg = NULL;
+  gshm_status_info_t s;
+
+  if (gshm_connect(B.h.socket_path, "look", &c))
+    return;
+  w->stat_rc = gshm_stat_name(c, w->name, &st);
+  w->open_rc = gshm_open(c, w->name, GSHM_ACCESS_READ, &seg);
+  if (!w->open_rc)
+    gshm_close(seg);
+  w->listed = count_named(c, w->name);
+  if (!gshm_status(c, &s)) {
+    w->segments = s.segments;
+    w->bytes = s.bytes;
+  }
+  w->looks++;
+  gshm_disconnect(c);
+}
+
+/* While a 128 MiB pull runs, its name is not there: not listed, stat'ed or
+ * opened; afterwards it is, byte for byte. */
+static void test_invisible_while_pulling(void **state) {
+  static struct watch w = {.name = "hidden"};
+  struct bg_pull bg = {.puller = &B, .peer = "a", .name = "pub/hidden", .local = "hidden",
+                       .hook = look_unnamed, .hook_arg = &w};
+  gshm_client_t *a = connect_to(&A), *b;
+  (void)state;
+
+  make_segment(a, "pub/hidden", 128 * MiB, 31);
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+  pthread_join(bg.t, NULL);
+  assert_int_equal(bg.err, 0);
+  assert_int_equal(w.looks, 1); /* looked at mid-pull */
+  assert_int_equal(w.stat_rc, -ENOENT);
+  assert_int_equal(w.open_rc, -ENOENT);
+  assert_int_equal(w.listed, 0);
+  assert_int_equal(w.segments, 0);
+  assert_true(w.bytes >= 128 * MiB); /* the hidden segment's memory is counted */
+  b = connect_to(&B);
+  check_segment(b, "hidden", 128 * MiB, 31);
+  assert_int_equal(gshm_unlink(b, "hidden"), 0);
+  assert_int_equal(gshm_unlink(a, "pub/hidden"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
+static void tell_parent(const gshm_pull_progress_t *pr, void *arg) {
+  (void)pr;
+  if (write(*(int *)arg, "p", 1) < 0)
+    _exit(3);
+}
+
+/* B is SIGKILLed mid-pull and restarted with what it left in the fd
+ * store: no partial segment comes back, no memory is held. */
+static void test_killed_mid_pull_restart(void **state) {
+  gshm_client_t *a = connect_to(&A), *b;
+  gshm_segment_info_t st;
+  gshm_status_info_t s;
+  pid_t child;
+  int status, pipefd[2];
+  char ch;
+  (void)state;
+
+  make_segment(a, "pub/partial", 96 * MiB, 41);
+  assert_int_equal(pipe(pipefd), 0);
+  child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    gshm_client_t *c;
+    gshm_pull_opts_t po = {.local_name = "partial", .progress = tell_parent,
+                           .progress_arg = &pipefd[1]};
+    close(pipefd[0]);
+    if (gshm_connect(B.h.socket_path, "doomed", &c))
+      _exit(1);
+    gshm_pull(c, "a", "pub/partial", &po, NULL);
+    _exit(0);
+  }
+  close(pipefd[1]);
+  assert_int_equal(read(pipefd[0], &ch, 1), 1); /* the pull is under way */
+  assert_int_equal(harness_restart(&B.h, SIGKILL, B.argv), 0);
+  waitpid(child, &status, 0);
+  close(pipefd[0]);
+  b = connect_to(&B);
+  assert_int_equal(gshm_stat_name(b, "partial", &st), -ENOENT);
+  assert_int_equal(gshm_status(b, &s), 0);
+  assert_int_equal(s.segments, 0);
+  assert_true(s.bytes == 0);
+  gshm_disconnect(b);
+  assert_int_equal(gshm_unlink(a, "pub/partial"), 0);
+  gshm_disconnect(a);
+}
+
+static void *watch_thread(void *arg) {
+  struct watch *w = arg;
+  gshm_client_t *c = connect_to(&B);
+  while (!atomic_load(&w->stop)) {
+    unsigned k = count_named(c, w->prefix);
+    w->partial += k != 0 && k != NSET;
+    w->looks++;
+    usleep(2000);
+  }
+  gshm_disconnect(c);
+  return NULL;
+}
+
+/* gshmctl peers (text and JSON) while the set's pull is in flight. */
+static char *peers_out[2];
+
+static void peers_shows_pull(void *arg) {
+  (void)arg;
+  harness_gshmctl(&B.h, &peers_out[0], (const char *[]){"peers", NULL});
+  harness_gshmctl(&B.h, &peers_out[1], (const char *[]){"--json", "peers", NULL});
+}
+
+/* One request pulls the set under pub/set/ into set/: while it runs no
+ * name of it exists (a watcher lists B all along), then all do, each
+ * byte-exact, and the result has one entry per segment. */
+static void test_set_all_at_once(void **state) {
+  static struct watch w = {.prefix = "set/"};
+  struct bg_pull bg = {.puller = &B, .peer = "a", .name = "pub/set/", .local = "set/",
+                       .prefix = true, .hook = peers_shows_pull};
+  gshm_client_t *a = connect_to(&A), *b;
+  (void)state;
+
+  make_set(a, 100);
+  make_segment(a, "pub/settle", 4096, 1); /* under pub/set but not pub/set/: not pulled */
+  assert_int_equal(pthread_create(&w.t, NULL, watch_thread, &w), 0);
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+  pthread_join(bg.t, NULL);
+  atomic_store(&w.stop, true);
+  pthread_join(w.t, NULL);
+  assert_int_equal(bg.err, 0);
+  assert_true(bg.calls > 0);
+  assert_int_equal(bg.max_segments_total, NSET);
+  assert_non_null(peers_out[0]);
+  assert_non_null(strstr(peers_out[0], "1 pull in flight"));
+  assert_non_null(strstr(peers_out[0], "pub/set/"));
+  assert_non_null(peers_out[1]);
+  assert_non_null(strstr(peers_out[1], "\"prefix\": true"));
+  free(peers_out[0]);
+  free(peers_out[1]);
+  assert_int_equal(bg.n, NSET);
+  print_message("watcher listed B %u times during the pull, %u partial\n", w.looks, w.partial);
+  assert_true(w.looks > 2);
+  assert_int_equal(w.partial, 0);
+  b = connect_to(&B);
+  assert_int_equal(count_named(b, "set/"), NSET);
+  assert_int_equal(count_named(b, "settle"), 0);
+  for (size_t i = 0; i < bg.n; i++) {
+    assert_string_equal(bg.v[i].path, "host");
+    assert_true(bg.v[i].bytes == bg.v[i].segment.requested_size);
+    assert_non_null(strstr(bg.v[i].segment.source, "a:pub/set/"));
+  }
+  gshm_free(bg.v);
+  check_set(b, "set/", 100);
+  /* a second set pull into the same names is refused, changing nothing */
+  {
+    gshm_pull_result_t *v = NULL;
+    size_t n = 0;
+    gshm_pull_opts_t po = {.local_name = "set/"};
+    assert_int_equal(gshm_pull_prefix(b, "a", "pub/set/", &po, &v, &n), -EEXIST);
+    assert_int_equal(gshm_pull_prefix(b, "a", "pub/none/", NULL, &v, &n), -ENOENT);
+    /* a prefix is the start of a valid name: no control bytes, no "//" */
+    assert_int_equal(gshm_pull_prefix(b, "a", "pub/\n<0>x", NULL, &v, &n), -EINVAL);
+    assert_int_equal(gshm_pull_prefix(b, "a", "pub//", NULL, &v, &n), -EINVAL);
+    po.local_name = "bad\x01/";
+    assert_int_equal(gshm_pull_prefix(b, "a", "pub/set/", &po, &v, &n), -EINVAL);
+  }
+  check_set(b, "set/", 100);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
+/* --replace while a reader maps the old set/03: the reader keeps the old
+ * bytes; new opens get the new ones; the old copy goes when let go. */
+static void test_replace(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *reader = connect_to(&B);
+  gshm_segment_t *old;
+  gshm_status_info_t s;
+  uint8_t *want = malloc(set_size(3));
+  char *out = NULL;
+  void *p;
+  (void)state;
+
+  assert_non_null(want);
+  assert_int_equal(gshm_open(reader, "set/03", GSHM_ACCESS_READ, &old), 0);
+  assert_int_equal(gshm_map(old, NULL, 0, &p), 0);
+  unlink_set(a, "pub/set/");
+  make_set(a, 200);
+  assert_int_equal(harness_gshmctl(&B.h, &out,
+                                   (const char *[]){"--json", "pull", "a:pub/set/", "--prefix",
+                                                    "--as", "set/", "--replace", NULL}),
+                   0);
+  assert_non_null(strstr(out, "\"count\": 24"));
+  assert_non_null(strstr(out, "\"gb_per_s\""));
+  assert_non_null(strstr(out, "\"path\": \"host\""));
+  assert_non_null(strstr(out, "\"remote_name\": \"pub/set/03\""));
+  free(out);
+  check_set(b, "set/", 200);
+  harness_random(want, set_size(3), 103); /* the old bytes, still mapped */
+  assert_int_equal(memcmp(p, want, set_size(3)), 0);
+  assert_int_equal(gshm_status(b, &s), 0);
+  assert_int_equal(s.segments, NSET + 1); /* the old set/03, unlinked, held */
+  gshm_close(old);
+  assert_int_equal(gshm_status(b, &s), 0);
+  assert_int_equal(s.segments, NSET);
+  free(want);
+  unlink_set(b, "set/");
+  gshm_disconnect(reader);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
+/* 300 segments with 200-byte names: the peer's listing comes in several
+ * pages and so does the result (pull_items); every name and source is
+ * right, in order. */
+static void test_set_pages(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  gshm_pull_result_t *v = NULL;
+  gshm_pull_opts_t po = {.local_name = "many/"};
+  char pad[192], name[256], want[GSHM_SOURCE_MAX];
+  size_t n = 0;
+  (void)state;
+
+  memset(pad, 'x', sizeof(pad) - 1);
+  pad[sizeof(pad) - 1] = '\0';
+  for (int i = 0; i < 300; i++) {
+    snprintf(name, sizeof(name), "pub/many/%s%03d", pad, i);
+    make_segment(a, name, 64 + (uint64_t)i, 500 + (unsigned long long)i);
+  }
+  assert_int_equal(gshm_pull_prefix(b, "a", "pub/many/", &po, &v, &n), 0);
+  assert_int_equal(n, 300);
+  for (size_t i = 0; i < n; i++) {
+    snprintf(name, sizeof(name), "many/%s%03zu", pad, i);
+    assert_string_equal(v[i].segment.name, name);
+    assert_true(v[i].bytes == 64 + i);
+    snprintf(want, sizeof(want), "a:pub/many/%s%03zu#", pad, i);
+    assert_memory_equal(v[i].segment.source, want, strlen(want));
+    check_segment(b, name, 64 + i, 500 + i);
+    assert_int_equal(gshm_unlink(b, name), 0);
+    snprintf(name, sizeof(name), "pub/many/%s%03zu", pad, i);
+    assert_int_equal(gshm_unlink(a, name), 0);
+  }
+  gshm_free(v);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
+static void kill_node(void *arg) { kill(((struct node *)arg)->h.sp.pid, SIGKILL); }
+
+/* A serving node (k) that caps staged grants: the set waits for them.
+ * Then another one (j) dies mid-set: the pull fails and leaves nothing (no
+ * name, no segment, no memory), then and after a restart. */
+static void test_set_peer_killed(void **state) {
+  static struct node k, j;
+  struct bg_pull bg = {.puller = &B, .peer = "j", .name = "pub/set/", .local = "lost/",
+                       .prefix = true, .hook = kill_node, .hook_arg = &j};
+  gshm_pull_result_t *v = NULL;
+  gshm_client_t *c, *b;
+  gshm_status_info_t s;
+  char pk[64], pb[200];
+  size_t n = 0;
+  (void)state;
+
+  /* B again, knowing k and j too */
+  k.port = free_port();
+  j.port = free_port();
+  snprintf(pk, sizeof(pk), "b=127.0.0.1:%d", B.port);
+  /* k stages every read, and holds at most 4 staged grants per link: a set
+   * asks for more at once, and must wait for them instead of failing */
+  node_start(&k, "k", pk, key_path, "pub/*", "cluster.staging=always", "cluster.staging_bytes=4M",
+             NULL);
+  node_start(&j, "j", pk, key_path, "pub/*", NULL);
+  assert_int_equal(harness_stop(&B.h), 0);
+  memset(&B.h, 0, sizeof(B.h));
+  B.port = free_port();
+  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d,k=127.0.0.1:%d,j=127.0.0.1:%d", A.port, k.port,
+           j.port);
+  node_start(&B, "b", pb, key_path, "", "cluster.pull_chunk=32K", "cluster.pull_depth=1", NULL);
+  c = connect_to(&k);
+  make_set(c, 300);
+  gshm_disconnect(c);
+  c = connect_to(&j);
+  make_set(c, 400);
+  gshm_disconnect(c);
+  b = connect_to(&B);
+  assert_int_equal(
+      gshm_pull_prefix(b, "k", "pub/set/", &(gshm_pull_opts_t){.local_name = "staged/"}, &v, &n),
+      0);
+  assert_int_equal(n, NSET);
+  for (size_t i = 0; i < n; i++)
+    assert_string_equal(v[i].path, "staged");
+  gshm_free(v);
+  check_set(b, "staged/", 300);
+  unlink_set(b, "staged/");
+  gshm_disconnect(b);
+  gshm__spawn_stop(&k.h.sp, SIGTERM);
+  gshm__spawn_cleanup(&k.h.sp);
+
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+  pthread_join(bg.t, NULL);
+  assert_true(bg.calls > 0);
+  assert_int_equal(bg.err, -ECONNRESET);
+  b = connect_to(&B);
+  assert_int_equal(count_named(b, "lost/"), 0);
+  assert_int_equal(gshm_status(b, &s), 0);
+  assert_int_equal(s.segments, 0);
+  assert_true(s.bytes == 0);
+  gshm_disconnect(b);
+  assert_int_equal(harness_restart(&B.h, SIGKILL, B.argv), 0);
+  b = connect_to(&B);
+  assert_int_equal(gshm_status(b, &s), 0);
+  assert_int_equal(s.segments, 0);
+  gshm_disconnect(b);
+  gshm__spawn_stop(&j.h.sp, SIGKILL);
+  gshm__spawn_cleanup(&j.h.sp);
+}
+
+/* A set that crosses a limit of the pulling node midway (here
+ * limits.max_segments: root, as the tests run, has no quota) fails whole:
+ * the segments already in are freed, no name appears. */
+static void test_set_over_limit(void **state) {
+  gshm_client_t *b;
+  gshm_pull_result_t *v = NULL;
+  gshm_status_info_t s;
+  size_t n = 0;
+  char pb[64];
+  (void)state;
+
+  assert_int_equal(harness_stop(&B.h), 0);
+  memset(&B.h, 0, sizeof(B.h));
+  B.port = free_port();
+  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", A.port);
+  node_start(&B, "b", pb, key_path, "", "limits.max_segments=12", NULL);
+  b = connect_to(&B);
+  assert_int_equal(gshm_pull_prefix(b, "a", "pub/set/", NULL, &v, &n), -EMFILE);
+  assert_non_null(strstr(gshm_last_error(b), "limit"));
+  assert_int_equal(count_named(b, "pub/set/"), 0);
+  assert_int_equal(gshm_status(b, &s), 0);
+  assert_int_equal(s.segments, 0);
+  assert_true(s.bytes == 0);
+  gshm_disconnect(b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_invisible_while_pulling),
+      cmocka_unit_test(test_killed_mid_pull_restart),
+      cmocka_unit_test(test_set_all_at_once),
+      cmocka_unit_test(test_replace),
+      cmocka_unit_test(test_set_pages),
+      cmocka_unit_test(test_set_peer_killed),
+      cmocka_unit_test(test_set_over_limit),
+  };
+  const char *filter = getenv("GSHM_TEST_FILTER");
+  setenv("UCX_TLS", "tcp", 0);
+  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+  atexit(kill_started);
+  if (filter)
+    cmocka_set_test_filter(filter);
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
