@@ -58,13 +58,14 @@ def _publish_host_model(client, prefix, seed):
     for i, size in enumerate((4096, 65536 + 12, 3 * 4096)):
         name = "%s/seg-%06d" % (prefix, i)
         blob = bytes(rnd.getrandbits(8) for _ in range(size))
-        with client.create(name, size, location="host") as seg:
+        # readable by others: what a plain export pattern lets a peer read
+        with client.create(name, size, location="host", mode=0o644) as seg:
             memoryview(seg)[:size] = blob
             segs[name] = {"id": seg.info.id, "generation": seg.info.generation, "size": size}
         data[name] = blob
         tensors["layer%d.weight" % i] = {"segment": name, "offset": 8, "dtype": "float32",
                                          "shape": [16, 4], "strides": [4, 1]}
-    _manifest.write(client, prefix, _manifest.encode("host", segs, tensors))
+    _manifest.write(client, prefix, _manifest.encode("host", segs, tensors), mode=0o644)
     return data
 
 

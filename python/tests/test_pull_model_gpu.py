@@ -36,8 +36,9 @@ def publish_on_a(py, sock, out_dir):
     """Runs test_torch_pool_gpu's role A on gshmd A until it published; then
     SIGKILLs it (the pool is persistent: the segments stay)."""
     err = open(os.path.join(out_dir, "a.stderr"), "w+b")
+    env = dict(gshm_testutil.child_env(), GSHM_TEST_POOL_MODE="644")  # exported: readable
     a = subprocess.Popen([py, tp.__file__, "--role", "a", sock, out_dir],
-                         env=gshm_testutil.child_env(), stdout=subprocess.PIPE, stderr=err)
+                         env=env, stdout=subprocess.PIPE, stderr=err)
     try:
         tp.wait_published(a, err)
     finally:

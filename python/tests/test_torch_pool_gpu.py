@@ -72,7 +72,10 @@ def role_a(sock, out_dir):
     import gshm
     import gshm.torch as gt
     c = gshm.Client(sock, name="engine-a")
-    pool = gt.MemPool(c, PREFIX, device=0, persistent=True)
+    # a pull test (test_pull_model_gpu) needs the model readable by others:
+    # what a plain cluster.export pattern lets a peer read
+    mode = int(os.environ.get("GSHM_TEST_POOL_MODE", "600"), 8)
+    pool = gt.MemPool(c, PREFIX, device=0, persistent=True, mode=mode)
     model = llama()
     with gt.use_pool(pool):
         model = model.to(device="cuda:0", dtype=torch.bfloat16)
