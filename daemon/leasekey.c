@@ -99,15 +99,29 @@ int gshmd_leasekey_setup(struct gshmd_leasekey *k, int *fds, char **names, int n
                  "checked against the segments' modes");
     return -EIO;
   }
+  bool dropped = false;
+
   for (int i = 0; fds && names && i < n; i++) {
     if (fds[i] < 0 || !names[i] || strcmp(names[i], LEASEKEY_NAME))
       continue;
     if (!k->restored && key_read(k, fds[i]))
       k->restored = true;
-    else if (!k->restored)
-      gshm_log_warn("fd store: unreadable lease key dropped");
+    else
+      dropped = true;
     close(fds[i]);
     fds[i] = -1;
+  }
+  /* An unreadable (or second) entry leaves the store, by name, before a
+   * new key is stored under that name: stale keys must not pile up there.
+   * A readable one is then stored again below. */
+  if (dropped) {
+    gshm_log_warn("fd store: unreadable lease key dropped");
+    sd_notify(0, "FDSTOREREMOVE=1\nFDNAME=" LEASEKEY_NAME);
+    if (k->restored) {
+      e = key_store(k);
+      if (e && e != -ECONNREFUSED && e != -ENOENT)
+        k->owed = true;
+    }
   }
   if (k->restored) {
     k->ready = true;
