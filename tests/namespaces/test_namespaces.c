@@ -191,6 +191,14 @@ static void box_start(const struct box *b, box_fn fn, struct boxed *bx) {
       /* "init N" goes first: wait until it is written */
       if (read(sync[0], &c, 1) != 1)
         _exit(5);
+      /* The box's own /proc, as container runtimes mount it: in a new pid
+       * namespace that still sees the host's /proc, /proc/<getpid()> is
+       * another process, and cuInit fails with CUDA_ERROR_OPERATING_SYSTEM
+       * (304; seen on the lent H200s, where `unshare -U -r -m -p -f` alone
+       * gave 304 and `-U -r -m` gave 0). */
+      if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+        fprintf(stderr, "%s box: mount /proc: %s (device segments need it)\n", b->kind,
+                strerror(errno));
       failures = 0; /* the box's own, not the test's so far */
       unsetenv("GSHM_SOCKET"); /* the default path, as in a container */
       _exit(fn(b, up[1], down[0]));
