@@ -10,7 +10,7 @@ PACKAGES=(
   libjansson-dev libcmocka-dev libmicrohttpd-dev
   libucx-dev ucx-utils libsodium-dev
   clang libclang-rt-14-dev valgrind
-  python3 python3-pytest python3-numpy
+  python3 python3-pytest python3-numpy mypy
   systemd
 )
 

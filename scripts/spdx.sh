@@ -75,25 +75,30 @@ has_line() {
 }
 
 # Adds the line to file $1 in style $2, after a shebang and a Python coding
-# line where there are; the file keeps its inode, mode and owner.
+# line where there are.  Nothing else of the file changes (sed keeps a
+# missing final newline missing); mode and owner stay.
 add_line() {
-  local f=$1 style=$2 text tmp
+  local f=$1 style=$2 text after=0 line
   case "$style" in
     c) text="/* $SPDX */" ;;
     slash) text="// $SPDX" ;;
     hash) text="# $SPDX" ;;
   esac
-  tmp=$(mktemp)
-  awk -v text="$text" '
-    function coding(s) { return s ~ /^[ \t\f]*#.*coding[:=][ \t]*[-_.a-zA-Z0-9]+/ }
-    !done && NR == 1 && /^#!/ { print; next }
-    !done && NR <= 2 && coding($0) { print; next }
-    !done { print text; done = 1 }
-    { print }
-    END { if (!done) print text }
-  ' "$f" >"$tmp"
-  cat "$tmp" >"$f"
-  rm -f "$tmp"
+  if [ ! -s "$f" ]; then
+    printf '%s\n' "$text" >"$f"
+    return
+  fi
+  IFS= read -r line <"$f" || true
+  case "$line" in '#!'*) after=1 ;; esac
+  line=$(sed -n "$((after + 1))p" "$f")
+  if [ "${f%.py}" != "$f" ] && [ "$after" -lt 2 ] && printf '%s\n' "$line" | grep -Eq '^[[:space:]]*#.*coding[:=][[:space:]]*[-_.a-zA-Z0-9]+'; then
+    after=$((after + 1))
+  fi
+  if [ "$after" -eq 0 ]; then
+    sed -i "1i\\$text" "$f"
+  else
+    sed -i "${after}a\\$text" "$f"
+  fi
 }
 
 missing=0

@@ -21,14 +21,16 @@ $GSHM_LIBRARY, then libgshm.so* next to this package or in ../build/client of
 the source tree, then the dynamic linker's search path.
 """
 
+from typing import Any
+
 from ._errors import (Error, NotFound, Exists, PermissionDenied, InvalidArgument,
                       Unreachable, NoDevice, NotSupported, OutOfMemory, LimitExceeded,
                       Revoked, ProtocolError)
-from ._dtypes import DType, DTYPES, dtype
+from ._dtypes import DType, DTypeLike, DTYPES, dtype
 from ._info import (SegmentInfo, LeaseInfo, ClientInfo, StatusInfo, DeviceInfo, PeerInfo,
                     ClusterPeer, PullResult)
-from ._segment import Segment, HostSegment, DeviceSegment, DeviceArray
-from ._client import Client
+from ._segment import Segment, HostSegment, DeviceSegment, DeviceArray, Shape, Devices
+from ._client import Client, AnySegment, Location
 from ._copy import copy, copy_signal, signal, wait
 from ._lib import (GSHM_ACCESS_READ as ACCESS_READ, GSHM_ACCESS_READ_WRITE as ACCESS_READ_WRITE,
                    GSHM_CREATE_LEGACY_IPC as CREATE_LEGACY_IPC, GSHM_NAME_MAX as NAME_MAX,
@@ -45,10 +47,12 @@ __all__ = [
     "NoDevice", "NotSupported", "OutOfMemory", "LimitExceeded", "Revoked", "ProtocolError",
     "DType", "DTYPES", "dtype", "ACCESS_READ", "ACCESS_READ_WRITE", "CREATE_LEGACY_IPC",
     "NAME_MAX", "library_path", "location_of_device",
+    # type aliases for annotations (py.typed)
+    "AnySegment", "Location", "DTypeLike", "Shape", "Devices",
 ]
 
 
-def location_of_device(ordinal):
+def location_of_device(ordinal: Any) -> str:
     """The gshm location ("cuda:GPU-<uuid>") of this process's CUDA device
     `ordinal`: unlike "cuda:N" (the daemon's numbering) it names the same GPU
     whatever CUDA_VISIBLE_DEVICES says."""

@@ -2,10 +2,13 @@
 """gshm.Client: a connection to gshmd and the requests that name segments
 or list the daemon's state."""
 
+from __future__ import annotations
+
 import contextlib
 import ctypes
 import errno
 import os
+from typing import Callable, Iterator, List, Optional, Tuple, TypeVar, Union
 
 from . import _lib as L
 from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _count, _dec, _enc,
@@ -13,13 +16,20 @@ from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _coun
 from ._errors import InvalidArgument, Unreachable
 from ._info import (ClientInfo, ClusterPeer, DeviceInfo, LeaseInfo, PullResult, SegmentInfo,
                     StatusInfo)
-from ._segment import DeviceSegment, HostSegment
+from ._segment import DeviceSegment, HostSegment, Segment
 
-__all__ = ["Client"]
+__all__ = ["Client", "Location", "AnySegment"]
+
+# Where a segment lives: "host", "cuda:N" (the daemon's device index),
+# "cuda:GPU-<uuid>", or an int N for "cuda:N".
+Location = Union[str, int]
+# What create and open return: HostSegment or DeviceSegment by location.
+AnySegment = Union[HostSegment, DeviceSegment]
+_Seg = TypeVar("_Seg", bound=Segment)
 
 
 @contextlib.contextmanager
-def _unlink_on_error(client, name, seg):
+def _unlink_on_error(client: Client, name: str, seg: _Seg) -> Iterator[_Seg]:
     """For the body that fills segment `name` (seg, just created): when the
     body raises anything (KeyboardInterrupt included), closes seg, unlinks
     `name` and re-raises the body's exception.  A failed unlink (an
@@ -47,7 +57,8 @@ class Client(object):
     client (segments with live device views keep theirs until those go).
     """
 
-    def __init__(self, socket=None, name=None):
+    def __init__(self, socket: Optional[Union[str, os.PathLike[str]]] = None,
+                 name: Optional[str] = None) -> None:
         lib = L.lib()
         out = ctypes.c_void_p()
         rc = lib.gshm_connect(_enc(socket, "socket"), _enc(name, "name"), ctypes.byref(out))
@@ -64,36 +75,37 @@ class Client(object):
         self.name = name
 
     # -- lifetime
-    def close(self):
+    def close(self) -> None:
         """Closes every segment of this client and disconnects."""
         self._fin()
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._h.owner_released
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<gshm.Client %s%s>" % (self.socket, " closed" if self.closed else "")
 
-    def _ptr(self):
+    def _ptr(self) -> int:
         if self._h.owner_released or not self._h.ptr:
             raise ValueError("gshm: client is closed")
         return self._h.ptr
 
     @property
-    def last_error(self):
+    def last_error(self) -> str:
         """The daemon's explanation of this client's last failed request, or ""."""
         m = L.lib().gshm_last_error(self._ptr())
         return _dec(m) if m else ""
 
     # -- segments
-    def create(self, name, size, location="host", mode=0o600, flags=0, legacy_ipc=False):
+    def create(self, name: str, size: int, location: Optional[Location] = "host", mode: int = 0o600,
+               flags: Optional[int] = 0, legacy_ipc: bool = False) -> AnySegment:
         """Creates segment `name` of `size` bytes and opens it read-write.
 
         location  "host" (the default, as for gshm_create and gshmctl create),
@@ -122,7 +134,7 @@ class Client(object):
             _raise(rc, "gshm_create", p, name)
         return self._wrap(out.value)
 
-    def open(self, name, access="rw"):
+    def open(self, name: str, access: str = "rw") -> AnySegment:
         """Opens segment `name` ("r": read-only, "rw": read-write).
         Raises NotFound (ENOENT), PermissionDenied (EACCES), ..."""
         code = _access_code(access)
@@ -133,7 +145,7 @@ class Client(object):
             _raise(rc, "gshm_open", p, name)
         return self._wrap(out.value)
 
-    def _wrap(self, ptr):
+    def _wrap(self, ptr: Optional[int]) -> AnySegment:
         try:
             handle = _SegHandle(ptr, self._h)
         except BaseException:
@@ -149,14 +161,14 @@ class Client(object):
             handle.release_owner()
             raise
 
-    def unlink(self, name):
+    def unlink(self, name: str) -> None:
         """Removes segment `name`; leases keep its memory until they end."""
         p = self._ptr()
         rc = L.lib().gshm_unlink(p, _enc(name))
         if rc < 0:
             _raise(rc, "gshm_unlink", p, name)
 
-    def stat(self, name):
+    def stat(self, name: str) -> SegmentInfo:
         """SegmentInfo of segment `name`, without opening it."""
         p = self._ptr()
         info = L.SegmentInfoC()
@@ -165,7 +177,7 @@ class Client(object):
             _raise(rc, "gshm_stat_name", p, name)
         return SegmentInfo._from_c(info)
 
-    def exists(self, name):
+    def exists(self, name: str) -> bool:
         try:
             self.stat(name)
             return True
@@ -185,24 +197,24 @@ class Client(object):
         finally:
             lib.gshm_free(ctypes.cast(arr, ctypes.c_void_p))
 
-    def segments(self):
+    def segments(self) -> List[SegmentInfo]:
         """Every segment this client may see (list of SegmentInfo, id order)."""
         return self._list("gshm_list", L.SegmentInfoC, SegmentInfo)
 
-    def leases(self):
+    def leases(self) -> List[LeaseInfo]:
         """Every lease (list of LeaseInfo): one per client per open segment."""
         return self._list("gshm_list_leases", L.LeaseInfoC, LeaseInfo)
 
-    def clients(self):
+    def clients(self) -> List[ClientInfo]:
         """Every client connection (list of ClientInfo)."""
         return self._list("gshm_list_clients", L.ClientInfoC, ClientInfo)
 
-    def devices(self):
+    def devices(self) -> List[DeviceInfo]:
         """The daemon's GPUs with their P2P reachability (list of DeviceInfo);
         empty without a CUDA backend."""
         return self._list("gshm_list_devices", L.DeviceInfoC, DeviceInfo)
 
-    def metrics(self):
+    def metrics(self) -> str:
         """The daemon's metrics, Prometheus text format."""
         fn = _optional("gshm_metrics")
         p = self._ptr()
@@ -217,7 +229,7 @@ class Client(object):
 
     # ---- cluster (docs/CLUSTER.md) ----
 
-    def peers(self):
+    def peers(self) -> List[ClusterPeer]:
         """The daemon's peer nodes (list of ClusterPeer; empty when its cluster
         is off)."""
         fn = _optional("gshm_cluster_peers")
@@ -232,7 +244,7 @@ class Client(object):
         finally:
             L.lib().gshm_free(ctypes.cast(arr, ctypes.c_void_p))
 
-    def remote_segments(self, peer):
+    def remote_segments(self, peer: str) -> List[SegmentInfo]:
         """The segments peer node `peer` exports (list of SegmentInfo: the
         peer's ids, names, sizes and locations)."""
         fn = _optional("gshm_list_remote")
@@ -247,8 +259,11 @@ class Client(object):
         finally:
             L.lib().gshm_free(ctypes.cast(arr, ctypes.c_void_p))
 
-    def pull(self, peer, name, local_name=None, location=None, mode=0o600, progress=None,
-             prefix=False, replace=False):
+    def pull(self, peer: str, name: str, local_name: Optional[str] = None,
+             location: Optional[str] = None, mode: int = 0o600,
+             progress: Optional[Callable[[int, int, int], object]] = None,
+             prefix: bool = False, replace: bool = False
+             ) -> Union[PullResult, List[PullResult]]:
         """Copies segment `name` that peer node `peer` exports into a new local
         segment owned by this user (`local_name`, default the same name; at
         `location`, default host for a host segment, cuda:0 for a device
@@ -305,7 +320,7 @@ class Client(object):
         finally:
             L.lib().gshm_free(ctypes.cast(arr, ctypes.c_void_p))
 
-    def open_legacy_ipc(self, name):
+    def open_legacy_ipc(self, name: str) -> Tuple[bytes, AnySegment]:
         """(handle, segment): the 64-byte legacy CUDA IPC handle of a segment
         created with legacy_ipc=True (for cudaIpcOpenMemHandle), and a segment
         object holding the lease; close it after every importer closed its
@@ -319,7 +334,7 @@ class Client(object):
             _raise(rc, "gshm_open_legacy_ipc", p, name)
         return bytes(handle), self._wrap(out.value)
 
-    def status(self):
+    def status(self) -> StatusInfo:
         """The daemon's totals and version (StatusInfo)."""
         p = self._ptr()
         st = L.StatusInfoC()

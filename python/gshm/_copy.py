@@ -2,6 +2,7 @@
 """gshm.copy, signal, wait and copy_signal: stream-ordered copies and flags
 between segments, arrays and raw device addresses."""
 
+from typing import Any, Optional
 
 from ._core import _count, _optional, _raise
 from ._segment import DeviceArray, Segment
@@ -57,7 +58,8 @@ def _stream_handle(stream):
                     % type(stream).__name__)
 
 
-def copy(dst, src, nbytes=None, stream=None, method="auto"):
+def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
+         method: str = "auto") -> None:
     """Copies `nbytes` bytes from `src` to `dst` on a CUDA stream with
     gshm_copy (enqueued: synchronise the stream before reading dst).
 
@@ -80,11 +82,11 @@ def copy(dst, src, nbytes=None, stream=None, method="auto"):
         if not known:
             raise ValueError("gshm.copy: nbytes is needed for raw addresses")
         nbytes = min(known)
-    nbytes = _count(int(nbytes), "gshm.copy: nbytes", "size_t")
+    n: int = _count(int(nbytes), "gshm.copy: nbytes", "size_t")
     for size, what in ((dsize, "dst"), (ssize, "src")):
-        if size is not None and nbytes > size:
-            raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (nbytes, what, size))
-    rc = fn(d, s, nbytes, m, _stream_handle(stream))
+        if size is not None and n > size:
+            raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (n, what, size))
+    rc = fn(d, s, n, m, _stream_handle(stream))
     if rc < 0:
         _raise(rc, "gshm_copy")
 
@@ -98,7 +100,7 @@ def _flag_address(flag):
     return addr
 
 
-def signal(flag, value, stream=None):
+def signal(flag: Any, value: int, stream: Any = None) -> None:
     """Writes the 64-bit `value` to `flag` on `stream` after the work queued
     before it (gshm_signal).  flag: an address, a DeviceArray (its first 8
     bytes), a segment or a tensor."""
@@ -107,7 +109,7 @@ def signal(flag, value, stream=None):
         _raise(rc, "gshm_signal")
 
 
-def wait(flag, value, stream=None):
+def wait(flag: Any, value: int, stream: Any = None) -> None:
     """Makes `stream` wait, without the host, until the 64-bit word at
     `flag` is >= value (gshm_wait)."""
     rc = _optional("gshm_wait")(_flag_address(flag), int(value), _stream_handle(stream))
@@ -115,7 +117,8 @@ def wait(flag, value, stream=None):
         _raise(rc, "gshm_wait")
 
 
-def copy_signal(dst, src, nbytes, flag, value, stream=None, method="auto"):
+def copy_signal(dst: Any, src: Any, nbytes: int, flag: Any, value: int,
+                stream: Any = None, method: str = "auto") -> None:
     """copy() then signal(flag, value), fused into one kernel where possible."""
     fn = _optional("gshm_copy_signal")
     try:

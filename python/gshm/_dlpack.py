@@ -21,6 +21,7 @@ deleter called late, from any thread, finds them.
 
 import ctypes
 import threading
+from typing import Any, Dict
 
 __all__ = ["DLDevice", "DLDataType", "DLTensor", "DLManagedTensor", "make_capsule",
            "kDLCPU", "kDLCUDA", "kDLCUDAHost", "live_exports"]
@@ -60,7 +61,7 @@ DLManagedTensor._fields_ = [
 ]
 
 # address of a DLManagedTensor -> _Export (everything it points to, and the owner)
-_LIVE = {}
+_LIVE: Dict[int, Any] = {}
 _LIVE_LOCK = threading.Lock()
 
 

@@ -3,12 +3,13 @@
 code and safetensors name."""
 
 import collections
+from typing import Any, NamedTuple, Optional, Union
 
-__all__ = ["DType", "dtype", "DTYPES"]
+__all__ = ["DType", "DTypeLike", "dtype", "DTYPES"]
 
-DType = collections.namedtuple(
-    "DType", "name itemsize typestr dl_code dl_bits safetensors")
-DType.__doc__ = """One element type.
+
+class DType(NamedTuple):
+    """One element type.
 
 name         canonical name ("float32", "bfloat16", ...), as torch spells it
 itemsize     bytes per element
@@ -16,6 +17,19 @@ typestr      NumPy array-interface typestr ("<f4"), or None where NumPy has none
 dl_code      DLPack DLDataTypeCode
 dl_bits      DLPack bits
 safetensors  safetensors dtype name ("F32"), or None"""
+
+    name: str
+    itemsize: int
+    typestr: Optional[str]
+    dl_code: int
+    dl_bits: int
+    safetensors: Optional[str]
+
+
+# What dtype() accepts: a DType, a name ("float32", "bf16", "F32", "<f4"),
+# a NumPy dtype or scalar type, or a torch.dtype (object: NumPy and torch
+# are optional, and their types are not spelled here).
+DTypeLike = Union[DType, str, Any]
 
 # DLPack type codes (dlpack.h, DLDataTypeCode)
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex, kDLBool = 0, 1, 2, 4, 5, 6
@@ -61,7 +75,7 @@ for _d in DTYPES.values():
 del _d
 
 
-def dtype(spec):
+def dtype(spec: DTypeLike) -> DType:
     """The DType for spec: a DType, a name ("float32", "bf16", "F32", "<f4"), a
     NumPy dtype or scalar type, or a torch.dtype.  Raises ValueError for
     unknown or big-endian types."""

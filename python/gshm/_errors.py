@@ -2,6 +2,7 @@
 """gshm exceptions: OSError subclasses carrying the errno and gshm's message."""
 
 import errno as _errno
+from typing import Optional, Type
 
 __all__ = [
     "Error", "NotFound", "Exists", "PermissionDenied", "InvalidArgument",
@@ -19,8 +20,8 @@ class Error(OSError):
     that failed and ``filename`` the segment name or socket path involved
     (or None)."""
 
-    gshm_message = ""
-    function = None
+    gshm_message: str = ""
+    function: Optional[str] = None
 
 
 class NotFound(Error, FileNotFoundError):
@@ -92,7 +93,9 @@ _BY_ERRNO = {
 }
 
 
-def error_for(err, function=None, filename=None, message="", description=None, cls=None):
+def error_for(err: int, function: Optional[str] = None, filename: Optional[str] = None,
+              message: str = "", description: Optional[str] = None,
+              cls: Optional[Type[Error]] = None) -> Error:
     """The exception for a gshm return value ``err`` (negative or positive errno)."""
     code = -err if err < 0 else err
     if cls is None:

@@ -5,6 +5,7 @@ structs)."""
 
 import dataclasses
 import datetime
+from typing import Any, Dict, Optional, Tuple
 
 from ._core import _dec, _access_name
 
@@ -12,7 +13,7 @@ __all__ = ["SegmentInfo", "LeaseInfo", "ClientInfo", "StatusInfo", "DeviceInfo",
            "ClusterPeer", "PullResult"]
 
 
-def _ns_to_datetime(ns):
+def _ns_to_datetime(ns: int) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
 
 
@@ -46,11 +47,11 @@ class SegmentInfo:
                    leases=c.leases, created_ns=c.created_ns, source=_dec(c.source))
 
     @property
-    def is_host(self):
+    def is_host(self) -> bool:
         return self.location == "host"
 
     @property
-    def gpu_uuid(self):
+    def gpu_uuid(self) -> Optional[str]:
         """"GPU-<uuid>" of a device segment's GPU, None for host segments."""
         if self.location.startswith("cuda:"):
             rest = self.location[5:]
@@ -59,10 +60,10 @@ class SegmentInfo:
         return None
 
     @property
-    def created(self):
+    def created(self) -> datetime.datetime:
         return _ns_to_datetime(self.created_ns)
 
-    def asdict(self):
+    def asdict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -92,10 +93,10 @@ class LeaseInfo:
                    devices=tuple(d for d in devs.split(",") if d))
 
     @property
-    def since(self):
+    def since(self) -> datetime.datetime:
         return _ns_to_datetime(self.since_ns)
 
-    def asdict(self):
+    def asdict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -115,7 +116,7 @@ class ClientInfo:
         return cls(session_id=c.session_id, pid=c.pid, uid=c.uid, gid=c.gid, name=_dec(c.name),
                    since_ns=c.since_ns, leases=c.leases)
 
-    def asdict(self):
+    def asdict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -130,7 +131,7 @@ class StatusInfo:
     leases: int
     devices: int
     bytes: int
-    backends: tuple
+    backends: Tuple[str, ...]  #: ("host",), ("host", "cuda")
 
     @classmethod
     def _from_c(cls, c):
@@ -138,7 +139,7 @@ class StatusInfo:
                    segments=c.segments, leases=c.leases, devices=c.devices, bytes=c.bytes,
                    backends=tuple(b for b in _dec(c.backends).split(",") if b))
 
-    def asdict(self):
+    def asdict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -180,10 +181,10 @@ class DeviceInfo:
                    peers=tuple(PeerInfo._from_c(c.peers[i]) for i in range(n)))
 
     @property
-    def location(self):
+    def location(self) -> str:
         return "cuda:" + self.uuid
 
-    def asdict(self):
+    def asdict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -215,7 +216,7 @@ class PullResult:
     remote_generation: int
 
     @property
-    def gb_per_s(self):
+    def gb_per_s(self) -> float:
         return self.bytes / self.elapsed_ns if self.elapsed_ns else 0.0
 
     @classmethod

@@ -98,8 +98,8 @@ def parse(read, size):
         raise ValueError("gshm: safetensors header length %d does not fit the segment" % n)
     try:
         doc = json.loads(bytes(read(8, n)).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ValueError("gshm: bad safetensors header: %s" % e) from None
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ValueError("gshm: bad safetensors header: %s" % err) from None
     if not isinstance(doc, dict):
         raise ValueError("gshm: bad safetensors header: not a JSON object")
     start = 8 + n

@@ -2,19 +2,35 @@
 """Open segments (leases) and their views: HostSegment (an mmap of the
 memfd), DeviceSegment and DeviceArray (__cuda_array_interface__, DLPack)."""
 
+from __future__ import annotations
+
 import ctypes
 import mmap
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _cuda, _dlpack
 from . import _lib as L
 from ._core import _finalizer, _optional, _raise, _state_lock
-from ._dtypes import dtype as _to_dtype
+from ._dtypes import DType, DTypeLike, dtype as _to_dtype
 from ._info import SegmentInfo
 
-__all__ = ["Segment", "HostSegment", "DeviceSegment", "DeviceArray"]
+if TYPE_CHECKING:
+    import numpy
+    from ._client import Client
+
+__all__ = ["Segment", "HostSegment", "DeviceSegment", "DeviceArray", "Shape", "Devices"]
+
+# A view's shape: one int, a sequence of ints, or None (as many items as fit).
+Shape = Union[int, Sequence[int], None]
+# CUDA devices of this process: an ordinal, a sequence of them (ints or
+# objects with .index, such as torch.device), or None (every device that
+# can reach the segment's GPU).
+Devices = Union[int, Sequence[Any], None]
+
+_S = TypeVar("_S", bound="Segment")
 
 
-def _check_view(size, dt, shape, offset):
+def _check_view(size: int, dt: DType, shape: Any, offset: Any) -> Tuple[Tuple[int, ...], int, int]:
     """Validates a view of `size` bytes; returns (shape tuple, nbytes)."""
     if isinstance(offset, bool) or not isinstance(offset, int):
         try:
@@ -30,7 +46,9 @@ def _check_view(size, dt, shape, offset):
                          % (offset, dt.name, dt.itemsize))
     if shape is None:
         shape = ((size - offset) // dt.itemsize,)
-    elif isinstance(shape, int) and not isinstance(shape, bool):
+    elif isinstance(shape, int):
+        if isinstance(shape, bool):
+            raise TypeError("gshm: shape must be an int or a sequence of ints")
         shape = (shape,)
     else:
         try:
@@ -58,6 +76,11 @@ def _check_view(size, dt, shape, offset):
     return tuple(dims), nbytes, offset
 
 
+def _ordinal(device: Any) -> int:
+    """A CUDA ordinal from an int or an object with .index (torch.device)."""
+    return device if isinstance(device, int) else int(getattr(device, "index", device))
+
+
 class Segment(object):
     """An open segment (a lease).  Returned by Client.create / Client.open;
     a HostSegment or a DeviceSegment.
@@ -66,7 +89,11 @@ class Segment(object):
     requested_size, location, access ("r"/"rw"), readonly, info (a
     SegmentInfo from when it was opened; stat() asks the daemon again)."""
 
-    def _init(self, client, handle, info, access):
+    access: str
+    _address: Optional[int]
+    _fin: Any
+
+    def _init(self, client: Client, handle: Any, info: SegmentInfo, access: str) -> None:
         self._client = client
         self._h = handle
         self._info = info
@@ -75,52 +102,52 @@ class Segment(object):
 
     # -- attributes
     @property
-    def info(self):
+    def info(self) -> SegmentInfo:
         return self._info
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self._info.name
 
     @property
-    def size(self):
+    def size(self) -> int:
         return self._info.size
 
     @property
-    def requested_size(self):
+    def requested_size(self) -> int:
         return self._info.requested_size
 
     @property
-    def location(self):
+    def location(self) -> str:
         return self._info.location
 
     @property
-    def is_host(self):
+    def is_host(self) -> bool:
         return self._info.is_host
 
     @property
-    def readonly(self):
+    def readonly(self) -> bool:
         return self.access == "r"
 
     @property
-    def client(self):
+    def client(self) -> Client:
         return self._client
 
     @property
-    def closed(self):
-        return self._h.owner_released
+    def closed(self) -> bool:
+        return bool(self._h.owner_released)
 
     @property
-    def address(self):
+    def address(self) -> Optional[int]:
         """The address returned by map(), or None while not mapped."""
         return self._address
 
-    def _ptr(self):
+    def _ptr(self) -> int:
         if self._h.owner_released or not self._h.ptr:
             raise ValueError("gshm: segment %r is closed" % self._info.name)
         return self._h.ptr
 
-    def fileno(self):
+    def fileno(self) -> int:
         """The segment's fd (borrowed: closed by close(); os.dup() it to keep it)."""
         fd = L.lib().gshm_segment_fd(self._ptr())
         if fd < 0:
@@ -129,7 +156,7 @@ class Segment(object):
 
     fd = property(fileno)
 
-    def stat(self):
+    def stat(self) -> SegmentInfo:
         """Fresh SegmentInfo from the daemon (lease count, unlinked state)."""
         info = L.SegmentInfoC()
         p = self._ptr()
@@ -138,10 +165,10 @@ class Segment(object):
             _raise(rc, "gshm_stat", self._h.client.ptr, self.name)
         return SegmentInfo._from_c(info)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._info.size
 
-    def read(self, offset=0, nbytes=None):
+    def read(self, offset: int = 0, nbytes: Optional[int] = None) -> bytes:
         """Copies nbytes (default: to the end) from byte offset into a new
         bytes object, for host and device segments alike (gshm_read)."""
         if nbytes is None:
@@ -156,7 +183,7 @@ class Segment(object):
             _raise(rc, "gshm_read", self._h.client.ptr, self.name)
         return buf.raw[:nbytes]
 
-    def write(self, data, offset=0):
+    def write(self, data: Any, offset: int = 0) -> None:
         """Copies data (bytes-like) into the segment at byte offset (gshm_write)."""
         mv = memoryview(data).cast("B")
         n = mv.nbytes
@@ -170,7 +197,7 @@ class Segment(object):
             _raise(rc, "gshm_write", self._h.client.ptr, self.name)
 
     # -- mapping
-    def map(self, devices=None):
+    def map(self, devices: Devices = None) -> int:
         """Maps the segment; returns its address (an int).
 
         Host segments: devices must be None (a CPU mapping).  Device
@@ -178,23 +205,24 @@ class Segment(object):
         numbers them) that get access; None: every visible device that can
         reach the segment's GPU.  Mapping again returns the same address."""
         p = self._ptr()
+        ordinals: Optional[List[int]] = None
+        arr: Any = None
+        n = 0
         if devices is not None:
             if isinstance(devices, int):
                 devices = [devices]
-            devices = [int(getattr(d, "index", d) if not isinstance(d, int) else d) for d in devices]
-            arr = (ctypes.c_int * len(devices))(*devices)
-            n = len(devices)
-        else:
-            arr, n = None, 0
+            ordinals = [_ordinal(d) for d in devices]
+            arr = (ctypes.c_int * len(ordinals))(*ordinals)
+            n = len(ordinals)
         addr = ctypes.c_void_p()
         rc = L.lib().gshm_map(p, arr, n, ctypes.byref(addr))
         if rc < 0:
             _raise(rc, "gshm_map", self._h.client.ptr, self.name)
         self._address = addr.value or 0
-        self._mapped_devices = devices
+        self._mapped_devices = ordinals
         return self._address
 
-    def unmap(self):
+    def unmap(self) -> None:
         """Undoes map()."""
         p = self._ptr()
         rc = L.lib().gshm_unmap(p)
@@ -203,27 +231,29 @@ class Segment(object):
         self._address = None
 
     @property
-    def mapped(self):
+    def mapped(self) -> bool:
         return self._address is not None
 
     # -- lifetime
-    def close(self):
+    def close(self) -> None:
         """Ends the lease (see the class documentation for live views)."""
         self._fin()
 
-    def __enter__(self):
+    def __enter__(self: _S) -> _S:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<gshm.%s %r %s %d bytes %s%s>" % (
             type(self).__name__, self._info.name, self._info.location, self._info.size,
             self.access, " closed" if self.closed else "")
 
 
-class HostSegment(Segment, mmap.mmap):
+# Segment.read/write (offset, nbytes) come first in the MRO, before mmap's
+# file-like read/write; typeshed's mmap has no __new__ and a plain `closed`.
+class HostSegment(Segment, mmap.mmap):  # type: ignore[misc]
     """A host (memfd) segment.  It is also a Python mmap of the segment, so it
     has the buffer protocol: numpy.frombuffer(seg, dtype), memoryview(seg),
     seg.view(), gshm.torch.tensor_view(seg, ...) and seg[a:b] all see the
@@ -238,14 +268,14 @@ class HostSegment(Segment, mmap.mmap):
     (`gshmctl mappings`) until close(); address is that mapping's address,
     of the same memory."""
 
-    def __new__(cls, client, handle, info, access):
+    def __new__(cls, client: Client, handle: Any, info: SegmentInfo, access: str) -> HostSegment:
         fd = L.lib().gshm_segment_fd(handle.ptr)
         if fd < 0:
             _raise(fd, "gshm_segment_fd", filename=info.name)
         acc = mmap.ACCESS_READ if access == "r" else mmap.ACCESS_WRITE
-        return mmap.mmap.__new__(cls, fd, info.size, access=acc)
+        return mmap.mmap.__new__(cls, fd, info.size, access=acc)  # type: ignore[call-arg]
 
-    def __init__(self, client, handle, info, access):
+    def __init__(self, client: Client, handle: Any, info: SegmentInfo, access: str) -> None:
         self._init(client, handle, info, access)
         self._fin = _finalizer(self, handle.release_owner)
         # the memory is mapped (this object is an mmap of it): say so to gshmd
@@ -253,7 +283,7 @@ class HostSegment(Segment, mmap.mmap):
 
     __len__ = Segment.__len__
 
-    def close(self):
+    def close(self) -> None:
         """Ends the lease now; views already taken keep the memory mapped."""
         self._fin()
         try:
@@ -261,11 +291,12 @@ class HostSegment(Segment, mmap.mmap):
         except BufferError:
             pass  # exported buffers alive: unmapped when the last one goes
 
-    @property
-    def closed(self):
-        return self._h.owner_released
+    @property  # type: ignore[override]
+    def closed(self) -> bool:
+        return bool(self._h.owner_released)
 
-    def view(self, dtype="uint8", shape=None, offset=0, device=None):
+    def view(self, dtype: DTypeLike = "uint8", shape: Shape = None, offset: int = 0,
+             device: Any = None) -> numpy.ndarray[Any, Any]:
         """A NumPy array of `dtype` and `shape` (default: as many items as fit)
         on the segment's memory from byte `offset`.  Raises ValueError when it
         would reach past the segment, when offset is not a multiple of the item
@@ -274,14 +305,14 @@ class HostSegment(Segment, mmap.mmap):
             raise ValueError("gshm: host segment %r has no device view; use device=None" % self.name)
         self._ptr()
         dt = _to_dtype(dtype)
-        shape, nbytes, offset = _check_view(self.size, dt, shape, offset)
+        dims, nbytes, offset = _check_view(self.size, dt, shape, offset)
         if dt.typestr is None:
             raise ValueError("gshm: NumPy has no %s; view the bytes as %s instead"
                              % (dt.name, "uint16" if dt.itemsize == 2 else "uint8"))
         import numpy
         count = nbytes // dt.itemsize
         return numpy.frombuffer(self, dtype=numpy.dtype(dt.typestr), count=count,
-                                offset=offset).reshape(shape)
+                                offset=offset).reshape(dims)
 
 
 class DeviceSegment(Segment):
@@ -296,14 +327,16 @@ class DeviceSegment(Segment):
     __cuda_array_interface__ holds only the segment object, so after that
     close() defers unmapping until the segment object is garbage collected."""
 
-    def __init__(self, client, handle, info, access):
+    _mapped_devices: Optional[List[int]]
+
+    def __init__(self, client: Client, handle: Any, info: SegmentInfo, access: str) -> None:
         self._init(client, handle, info, access)
         self._mapped_devices = None
         self._fin = _finalizer(self, handle.release_owner)
         self._pinned = False
 
     @property
-    def device(self):
+    def device(self) -> int:
         """The ordinal of this process's CUDA device that views are reported on
         (DLPack device id): the first device given to map(), else the segment's
         own GPU when visible here, else the current device."""
@@ -316,16 +349,16 @@ class DeviceSegment(Segment):
                 return ordinal
         return _cuda.current_device()
 
-    def view(self, dtype="uint8", shape=None, offset=0, device=None):
+    def view(self, dtype: DTypeLike = "uint8", shape: Shape = None, offset: int = 0,
+             device: Any = None) -> DeviceArray:
         """A DeviceArray of `dtype` and `shape` (default: as many items as fit)
         from byte `offset`.  device: the CUDA ordinal the view is reported on
         (default: self.device).  Raises ValueError when the view would reach
         past the segment or offset is not a multiple of the item size."""
         self._ptr()
         dt = _to_dtype(dtype)
-        shape, nbytes, offset = _check_view(self.size, dt, shape, offset)
-        if self._address is None:
-            self.map()
+        dims, nbytes, offset = _check_view(self.size, dt, shape, offset)
+        base = self._address if self._address is not None else self.map()
         if device is None:
             dev = self.device
         else:
@@ -333,9 +366,9 @@ class DeviceSegment(Segment):
             if dev is None:
                 dev = self.device
             dev = int(dev)
-        return DeviceArray(self, self._address + offset, offset, shape, dt, dev, self.readonly)
+        return DeviceArray(self, base + offset, offset, dims, dt, dev, self.readonly)
 
-    def unmap(self):
+    def unmap(self) -> None:
         """Undoes map().  Raises BufferError while views of it are alive."""
         with _state_lock:
             if self._h.refs > 1:
@@ -351,16 +384,17 @@ class DeviceSegment(Segment):
             _finalizer(self, self._h.decref)
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
         cai = self.view("uint8").__cuda_array_interface__
         self._pin()
         return cai
 
-    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, stream: Any = None, max_version: Optional[Tuple[int, int]] = None,
+                   dl_device: Optional[Tuple[int, int]] = None, copy: Optional[bool] = None) -> Any:
         return self.view("uint8").__dlpack__(stream=stream, max_version=max_version,
                                              dl_device=dl_device, copy=copy)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> Tuple[int, int]:
         return (_dlpack.kDLCUDA, self.device)
 
 
@@ -369,7 +403,8 @@ class DeviceArray(object):
     consumers: __cuda_array_interface__ (version 3) and DLPack (__dlpack__,
     __dlpack_device__).  Holds the segment mapped while it lives."""
 
-    def __init__(self, segment, ptr, offset, shape, dt, device, readonly):
+    def __init__(self, segment: DeviceSegment, ptr: int, offset: int, shape: Sequence[int],
+                 dt: DType, device: int, readonly: bool) -> None:
         handle = segment._h
         handle.incref()
         self._fin = _finalizer(self, handle.decref)
@@ -386,20 +421,20 @@ class DeviceArray(object):
         self.size = n
         self.nbytes = n * dt.itemsize
 
-    def data_ptr(self):
+    def data_ptr(self) -> int:
         return self.ptr
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return len(self.shape)
 
-    def __len__(self):
+    def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d view")
         return self.shape[0]
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
         if self.dtype.typestr is None:
             # AttributeError: consumers then fall back to DLPack
             raise AttributeError("gshm: %s has no __cuda_array_interface__ typestr; use DLPack"
@@ -413,22 +448,23 @@ class DeviceArray(object):
             "stream": None,  # nothing pending on any stream of ours
         }
 
-    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, stream: Any = None, max_version: Optional[Tuple[int, int]] = None,
+                   dl_device: Optional[Tuple[int, int]] = None, copy: Optional[bool] = None) -> Any:
         if copy:
             raise BufferError("gshm: DLPack export never copies (copy=True)")
         if dl_device is not None:
-            dl_device = tuple(dl_device)
-            if dl_device != (_dlpack.kDLCUDA, self.device):
+            want = tuple(dl_device)
+            if want != (_dlpack.kDLCUDA, self.device):
                 raise BufferError("gshm: view lives on %r, not %r"
-                                  % ((_dlpack.kDLCUDA, self.device), dl_device))
+                                  % ((_dlpack.kDLCUDA, self.device), want))
         # stream: the memory is written by other processes under their own
         # synchronisation; we have no pending work to order against it.
         return _dlpack.make_capsule(self, self.ptr, _dlpack.kDLCUDA, self.device,
                                     self.dtype.dl_code, self.dtype.dl_bits, self.shape)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> Tuple[int, int]:
         return (_dlpack.kDLCUDA, self.device)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<gshm.DeviceArray %s%r on cuda:%d at 0x%x (segment %r + %d)>" % (
             self.dtype.name, self.shape, self.device, self.ptr, self.segment.name, self.offset)

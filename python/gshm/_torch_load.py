@@ -13,10 +13,12 @@ share_state_dict(client, name, safetensors.torch.load_file(path)).
 import ctypes
 import mmap
 import os
+from typing import Optional, Union
 
 import torch as _torch
 
-from ._client import _unlink_on_error
+from ._client import AnySegment, Client, _unlink_on_error
+from ._segment import DeviceSegment
 from ._safetensors import plan as _plan, parse as _parse, copy_plan as _pieces
 
 __all__ = ["load_safetensors", "DEFAULT_CHUNK"]
@@ -51,8 +53,10 @@ def _progress_bar(total, progress, desc):
                 disable=None if progress is None else False)
 
 
-def load_safetensors(client, name, path, location="cuda:0", mode=0o600, chunk_bytes=None,
-                     progress=None):
+def load_safetensors(client: Client, name: str, path: Union[str, "os.PathLike[str]"],
+                     location: str = "cuda:0", mode: int = 0o600,
+                     chunk_bytes: Optional[int] = None,
+                     progress: Optional[bool] = None) -> AnySegment:
     """Creates device segment `name` holding the tensors of safetensors file
     `path`, and returns it open (close it when done; the weights stay with
     gshmd until unlinked).  Read them with load_state_dict(client, name).
@@ -78,7 +82,7 @@ def load_safetensors(client, name, path, location="cuda:0", mode=0o600, chunk_by
         layout = _plan(((k, dt, shape) for k, dt, shape, b, e in named), meta or None)
         seg = client.create(name, layout.size, location=location, mode=mode)
         with _unlink_on_error(client, name, seg):
-            if seg.is_host:
+            if not isinstance(seg, DeviceSegment):
                 raise ValueError("gshm: load_safetensors loads into a device segment, not %r"
                                  % location)
             dev = seg.device

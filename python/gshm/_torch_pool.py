@@ -15,11 +15,14 @@ torch.cuda.memory.CUDAPluggableAllocator and a torch.cuda.MemPool: no
 Python on the allocation path.
 """
 
+from __future__ import annotations
+
 import ctypes
 import gc
 import os
 import threading
 import warnings
+from typing import Any, List, Mapping, Optional, Union
 
 import torch as _torch
 
@@ -29,6 +32,7 @@ from ._core import _enc, _raise
 from ._dtypes import dtype as _to_dtype
 from ._torch_conf import check_alloc_conf as _check_alloc_conf
 from ._torch_state import StateDict
+from ._client import Client
 
 __all__ = ["MemPool", "use_pool", "attach", "load_module", "unlink_prefix"]
 
@@ -86,12 +90,12 @@ class PoolSegment(object):
 
     __slots__ = ("name", "id", "generation", "size", "address", "live_bytes", "live_blocks")
 
-    def __init__(self, c):
+    def __init__(self, c: Any) -> None:
         self.name = c.name.decode("utf-8", "surrogateescape")
         self.id, self.generation, self.size = c.id, c.generation, c.size
         self.address, self.live_bytes, self.live_blocks = c.address, c.live_bytes, c.live_blocks
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<PoolSegment %s %d bytes at 0x%x, %d live>" % (self.name, self.size,
                                                                self.address, self.live_bytes)
 
@@ -118,8 +122,9 @@ class MemPool(object):
     a pool that was not released, gshm.NotSupported without a CUDA driver,
     ValueError for a bad prefix or a closed client."""
 
-    def __init__(self, client, prefix, device=0, persistent=True, mode=0o600, granule=None,
-                 segment_per_alloc=False):
+    def __init__(self, client: Client, prefix: str, device: Any = 0, persistent: bool = True,
+                 mode: int = 0o600, granule: Optional[int] = None,
+                 segment_per_alloc: bool = False) -> None:
         _check_alloc_conf(os.environ)
         if not hasattr(_torch.cuda, "MemPool") or not hasattr(_torch.cuda, "use_mem_pool"):
             raise NotImplementedError("gshm: MemPool needs torch.cuda.MemPool and use_mem_pool "
@@ -158,7 +163,7 @@ class MemPool(object):
             raise
         self.released = False
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<gshm.torch.MemPool %r cuda:%d%s%s>" % (
             self.prefix, self.device, " persistent" if self.persistent else "",
             " released" if self.released else "")
@@ -170,11 +175,11 @@ class MemPool(object):
             raise ValueError("gshm: pool %r: its client is closed" % self.prefix)
 
     @property
-    def torch_pool(self):
+    def torch_pool(self) -> Any:
         """The torch.cuda.MemPool under this pool."""
         return self._torch_pool
 
-    def segments(self):
+    def segments(self) -> List[PoolSegment]:
         """[PoolSegment] in creation order."""
         if self._ptr is None:
             return []
@@ -204,7 +209,8 @@ class MemPool(object):
         raise ValueError("gshm: %s (at 0x%x) was not allocated in pool %r: build it inside "
                          "gshm.torch.use_pool(pool)" % (what, addr, self.prefix))
 
-    def publish(self, module_or_state_dict, metadata=None):
+    def publish(self, module_or_state_dict: Union[_torch.nn.Module, Mapping[str, _torch.Tensor]],
+                metadata: Optional[Mapping[str, Any]] = None) -> str:
         """Writes "<prefix>/manifest": for every tensor of the state dict (of
         a torch.nn.Module: its state_dict(), plus its non-persistent buffers)
         the segment, byte offset, dtype, shape and strides.  metadata: str ->
@@ -239,7 +245,7 @@ class MemPool(object):
         _manifest.write(self.client, self.prefix, data, self.mode)
         return _manifest.manifest_name(self.prefix)
 
-    def release(self, unlink=True):
+    def release(self, unlink: bool = True) -> None:
         """Ends the pool.  unlink=True removes the manifest and the names of
         all its segments; memory no tensor uses returns to the GPU now.
         unlink=False lets go in this process only (a persistent pool's
@@ -302,15 +308,15 @@ class use_pool(object):
     allocation the pool cannot make raises gshm's error (the daemon's
     reason) instead of PyTorch's bare out-of-memory."""
 
-    def __init__(self, pool):
+    def __init__(self, pool: MemPool) -> None:
         if not isinstance(pool, MemPool):
             raise TypeError("gshm: use_pool takes a gshm.torch.MemPool, not %s"
                             % type(pool).__name__)
         self.pool = pool
-        self._prev = None
-        self._ctx = None
+        self._prev: Any = None
+        self._ctx: Any = None
 
-    def __enter__(self):
+    def __enter__(self) -> MemPool:
         self.pool._check_usable()
         self._ctx = _torch.cuda.use_mem_pool(self.pool._torch_pool, device=self.pool.device)
         self._prev = _fn("gshm_pool_activate")(self.pool._ptr)
@@ -321,7 +327,7 @@ class use_pool(object):
             raise
         return self.pool
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
             self._ctx.__exit__(exc_type, exc, tb)
         finally:
@@ -332,7 +338,6 @@ class use_pool(object):
             rc = _fn("gshm_torch_last_error")()
             if rc < 0 and not self.pool.client.closed:
                 _raise(rc, "gshm_torch_malloc", self.pool.client._ptr(), self.pool.prefix)
-        return False
 
 
 def _device_for(manifest, device, segs):
@@ -348,7 +353,7 @@ def _device_for(manifest, device, segs):
     return _torch.cuda.current_device()
 
 
-def attach(client, prefix, device=None, access="r"):
+def attach(client: Client, prefix: str, device: Any = None, access: str = "r") -> StateDict:
     """The tensors published under `prefix` as zero-copy views: a
     gshm.torch.StateDict ready for model.load_state_dict(sd, assign=True)
     (see load_module for non-persistent buffers, in sd.buffers).
@@ -404,7 +409,8 @@ def attach(client, prefix, device=None, access="r"):
     return out
 
 
-def load_module(module, sd, strict=True):
+def load_module(module: _torch.nn.Module, sd: Mapping[str, _torch.Tensor],
+                strict: bool = True) -> Any:
     """module.load_state_dict(sd, assign=True, strict=strict), then the
     non-persistent buffers attach() found (sd.buffers) put in place, so a
     module built on the meta device is complete.  Returns load_state_dict's
@@ -418,7 +424,7 @@ def load_module(module, sd, strict=True):
     return r
 
 
-def unlink_prefix(client, prefix):
+def unlink_prefix(client: Client, prefix: str) -> List[str]:
     """Unlinks everything a pool left under prefix (its manifest and its
     segments), for example after its process died; returns the names."""
     return _manifest.unlink_prefix(client, prefix)

@@ -6,7 +6,7 @@ so the class lives below both of them."""
 from typing import Any, Dict, Optional
 
 
-class StateDict(dict):  # type: ignore[type-arg]  (dict[str, torch.Tensor]; torch may lack stubs)
+class StateDict(Dict[str, Any]):  # {name: torch.Tensor}
     """What load_state_dict and attach return: a dict of tensors, plus where they live.
 
     info     the segment's SegmentInfo (load_state_dict)

@@ -29,14 +29,17 @@ and load_safetensors(client, name, path) loads a file into a segment
 through pinned staging buffers, without PyTorch's device allocator.
 """
 
+from __future__ import annotations
+
 import warnings
+from typing import Any, Mapping, Optional, Sequence
 
 import torch as _torch
 
 from . import _cuda
-from ._client import Client, _unlink_on_error  # noqa: F401  (Client: documentation)
-from ._segment import Segment  # noqa: F401  (documentation)
-from ._dtypes import dtype as _to_dtype
+from ._client import AnySegment, Client, Location, _unlink_on_error
+from ._segment import DeviceSegment, HostSegment, Segment  # noqa: F401  (Segment: documentation)
+from ._dtypes import DTypeLike, dtype as _to_dtype
 from ._safetensors import plan as _plan, parse as _parse
 from ._torch_state import StateDict
 from ._manifest import ManifestError, StaleManifest
@@ -80,7 +83,8 @@ def _cuda_ordinal(device):
     return device.index if device.index is not None else _torch.cuda.current_device()
 
 
-def tensor_view(seg, dtype, shape, offset=0, device=None):
+def tensor_view(seg: AnySegment, dtype: DTypeLike, shape: Sequence[int], offset: int = 0,
+                device: Any = None) -> _torch.Tensor:
     """A torch tensor of dtype and shape on segment seg's memory from byte
     offset, no copy.  Device segments go through DLPack (the tensor keeps the
     segment mapped); host segments through the buffer protocol."""
@@ -109,7 +113,9 @@ def tensor_view(seg, dtype, shape, offset=0, device=None):
     return raw.view(tdt).reshape(shape)
 
 
-def share_state_dict(client, name, state_dict, location=None, mode=0o600, metadata=None):
+def share_state_dict(client: Client, name: str, state_dict: Mapping[str, _torch.Tensor],
+                     location: Optional[Location] = None, mode: int = 0o600,
+                     metadata: Optional[Mapping[str, str]] = None) -> AnySegment:
     """Creates segment `name` holding every tensor of state_dict, laid out as a
     safetensors file, and returns the open Segment (close it when done; the
     weights stay with gshmd until `client.unlink(name)`).
@@ -131,7 +137,7 @@ def share_state_dict(client, name, state_dict, location=None, mode=0o600, metada
     with _unlink_on_error(client, name, seg):
         src = dict(items)
         header = _torch.frombuffer(bytearray(layout.header), dtype=_torch.uint8)
-        if seg.is_host:
+        if isinstance(seg, HostSegment):
             dst = _torch.frombuffer(seg, dtype=_torch.uint8, count=layout.size)
             sync = None
         else:
@@ -172,7 +178,8 @@ def _read_header_bytes(seg, dev):
     return read
 
 
-def load_state_dict(client, name, device=None, access="r"):
+def load_state_dict(client: Client, name: str, device: Any = None,
+                    access: str = "r") -> StateDict:
     """Opens segment `name` (written by share_state_dict, or any safetensors
     layout) and returns {name: tensor}, every tensor a view on the mapped
     segment: no copy.
@@ -189,7 +196,7 @@ def load_state_dict(client, name, device=None, access="r"):
     The lease lasts for as long as any of the returned tensors does."""
     seg = client.open(name, access)
     try:
-        if seg.is_host:
+        if isinstance(seg, HostSegment):
             meta, entries = _parse(lambda off, n: seg[off:off + n], seg.size)
             out = StateDict((k, tensor_view(seg, dt, shape, b)) for k, dt, shape, b, e in entries)
             out.info, out.metadata = seg.info, meta

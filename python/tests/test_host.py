@@ -602,7 +602,8 @@ def test_torch_state_dict_on_a_host_segment(daemon, client, segname):
 
 def test_package_imports_have_no_cycle():
     """The modules of gshm import one another without a cycle, lazy imports
-    inside functions included: each layer only uses the ones below it."""
+    inside functions included: each layer only uses the ones below it.
+    Imports under `if TYPE_CHECKING:` are for annotations only (never run)."""
     import ast
     pkg = os.path.dirname(gshm.__file__)
     mods = {f[:-3] for f in os.listdir(pkg) if f.endswith(".py")}
@@ -610,8 +611,14 @@ def test_package_imports_have_no_cycle():
     for m in mods:
         with open(os.path.join(pkg, m + ".py")) as f:
             tree = ast.parse(f.read())
+        typing_only = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+                typing_only.update(id(n) for b in node.body for n in ast.walk(b))
         deps = set()
         for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.ImportFrom) and node.level == 1:
                 if node.module:
                     deps.add(node.module.split(".")[0])
@@ -633,3 +640,85 @@ def test_package_imports_have_no_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m, [])
+
+
+def _python_m_gshm(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "gshm"] + list(args),
+                          env=env or gshm_testutil.child_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=60)
+
+
+def test_python_m_gshm_is_gshmctl_status(daemon, client, segname):
+    """python -m gshm says what gshmctl status says (the same numbers, from
+    $GSHM_SOCKET as a container would), segments lists what exists, and an
+    unreachable daemon exits 3 as gshmctl does."""
+    with client.create(segname, 3 << 20, location="host", mode=0o640):
+        env = gshm_testutil.child_env(GSHM_SOCKET=daemon.socket)
+        p = _python_m_gshm(env=env)
+        assert p.returncode == 0, p.stderr.decode()
+        ctl = daemon.gshmctl("status").stdout.decode().splitlines()
+        mine = p.stdout.decode().splitlines()
+        # the first two lines are the same; the third counts this client as well
+        assert mine[:2] == ctl[:2], (mine, ctl)
+        want = json.loads(daemon.gshmctl("--json", "status").stdout)
+        got = json.loads(_python_m_gshm("--json", "--socket", daemon.socket).stdout)
+        for k in ("version", "pid", "started", "backends", "devices", "segments", "bytes"):
+            assert got[k] == want[k], (k, got, want)
+
+        p = _python_m_gshm("segments", "--socket", daemon.socket)
+        assert p.returncode == 0, p.stderr.decode()
+        row = [l for l in p.stdout.decode().splitlines() if segname in l]
+        assert len(row) == 1 and "3 MiB" in row[0] and "0640" in row[0] and "host" in row[0], row
+        doc = json.loads(_python_m_gshm("--json", "clients", "--socket", daemon.socket).stdout)
+        assert any(c["name"] == "pytest" and c["pid"] == os.getpid() for c in doc["clients"]), doc
+    client.unlink(segname)
+
+    p = _python_m_gshm("--socket", daemon.socket + ".absent")
+    assert p.returncode == 3 and b"cannot reach gshmd" in p.stderr, (p.returncode, p.stderr)
+
+
+def test_public_api_is_annotated():
+    """Every public function and method (dunders included) of gshm and
+    gshm.torch has type hints on each parameter and its return: py.typed
+    promises them to mypy.  Read from the sources: gshm.torch needs torch
+    to import."""
+    import ast
+    pkg = os.path.dirname(gshm.__file__)
+    assert os.path.exists(os.path.join(pkg, "py.typed"))
+
+    def public(f):
+        return not f.name.startswith("_") or (f.name.startswith("__") and f.name.endswith("__"))
+
+    missing, checked = [], 0
+    for mod in ("__init__", "__main__", "_client", "_segment", "_copy", "_info", "_dtypes",
+                "_errors", "torch", "_torch_pool", "_torch_load", "_torch_state"):
+        with open(os.path.join(pkg, mod + ".py")) as f:
+            tree = ast.parse(f.read())
+        funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and public(n)]
+        for c in tree.body:
+            if isinstance(c, ast.ClassDef) and not c.name.startswith("_"):
+                funcs += [n for n in c.body if isinstance(n, ast.FunctionDef) and public(n)]
+        for node in funcs:
+            a = node.args
+            params = [p for p in a.posonlyargs + a.args + a.kwonlyargs
+                      if p.arg not in ("self", "cls")]
+            params += [p for p in (a.vararg, a.kwarg) if p is not None]
+            bad = [p.arg for p in params if p.annotation is None]
+            if node.returns is None:
+                bad.append("return")
+            if bad:
+                missing.append("%s.py:%d %s: %s" % (mod, node.lineno, node.name, ", ".join(bad)))
+            checked += 1
+    assert checked > 80 and not missing, "\n".join(missing)
+
+
+def test_typed_example_runs(daemon):
+    """examples/typed_host.py (what python_mypy checks) works as written."""
+    path = os.path.join(gshm_testutil.PYTHON_DIR, "examples", "typed_host.py")
+    p = subprocess.run([sys.executable, path, daemon.socket], env=gshm_testutil.child_env(),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()
+    out = p.stdout.decode().splitlines()
+    assert out[-1] == str(float(512 * 512)), out
+    names = [s["name"] for s in json.loads(daemon.gshmctl("--json", "segments").stdout)["segments"]]
+    assert "examples/typed_host" not in names, names  # the example unlinks what it made

@@ -39,7 +39,8 @@
  *
  * --gpu: the same with device segments on the daemon's GPU 0 (gshmd with
  * the cuda backend; ctest gpu.namespaces, label gpu); exit 77 without a
- * CUDA driver and a GPU.  Without --gpu: host segments (ctest
+ * CUDA driver and a GPU.  The test process itself never initialises CUDA
+ * (its children do), since the boxes it forks could not use it then.  Without --gpu: host segments (ctest
  * namespaces).  Needs root (to be a second, unprivileged user) and a
  * kernel that allows user namespaces; exits 77 saying why otherwise. */
 #include <errno.h>
@@ -316,6 +317,26 @@ static int open_rc(gshm_client_t *c, const char *name, gshm_access_t access) {
   return e;
 }
 
+/* The host's side of the bytes runs in a child with its own connection:
+ * the test process never initialises CUDA, which a forked box could then
+ * not use (CUDA does not survive fork).  Returns create_filled's or
+ * check_filled's result (0; 1: other bytes; else a negative errno). */
+static int host_bytes(bool create, const char *name, uint32_t mode, unsigned long long seed) {
+  int status;
+  pid_t pid = fork();
+  REQUIRE(pid >= 0, "fork");
+  if (pid == 0) {
+    gshm_client_t *c;
+    int e = gshm_connect(h.socket_path, "host-bytes", &c);
+    if (!e)
+      e = create ? create_filled(c, name, mode, seed) : check_filled(c, name, seed);
+    _exit(e < 0 ? 100 - e : e); /* 0, 1, or 100 + errno */
+  }
+  REQUIRE(waitpid(pid, &status, 0) == pid && WIFEXITED(status), "host-bytes child");
+  status = WEXITSTATUS(status);
+  return status >= 100 ? -(status - 100) : status;
+}
+
 /* ---- what runs in the boxes ---- */
 
 /* The sharing step: reads the host's segment, checks what the outer uid may
@@ -543,7 +564,7 @@ static void step_share(gshm_client_t *host, const struct box *b) {
   box_run(b, box_share);
   snprintf(name, sizeof(name), "box/%s", b->kind);
   /* and back: the host reads what the box wrote; owner as gshmd saw it */
-  CHECK(check_filled(host, name, b->rootless ? 22 : 21) == 0, "%s not read back on the host",
+  CHECK(host_bytes(false, name, 0, b->rootless ? 22 : 21) == 0, "%s not read back on the host",
         name);
   CHECK(gshm_stat_name(host, name, &info) == 0 &&
             info.uid == (b->rootless ? OUTER_UID : 0u) &&
@@ -640,9 +661,9 @@ static void step_refused(const struct box *b) {
 }
 
 static void make_host_segments(gshm_client_t *host) {
-  REQUIRE(create_filled(host, "host/shared", 0644, 11) == 0, "create host/shared");
-  REQUIRE(create_filled(host, "host/private", 0600, 12) == 0, "create host/private");
-  REQUIRE(create_filled(host, "host/group", 0640, 13) == 0, "create host/group");
+  REQUIRE(host_bytes(true, "host/shared", 0644, 11) == 0, "create host/shared");
+  REQUIRE(host_bytes(true, "host/private", 0600, 12) == 0, "create host/private");
+  REQUIRE(host_bytes(true, "host/group", 0640, 13) == 0, "create host/group");
   REQUIRE(gshm_chown(host, "host/group", (uint32_t)-1, SHARE_GID) == 0, "chown host/group");
 }
 
@@ -690,6 +711,23 @@ static int probe(void) {
   return SKIP;
 }
 
+/* GPUs the driver sees, counted in a child: CUDA initialised here would not
+ * work in the boxes forked later.  0 without a driver. */
+static int gpu_count(void) {
+  int status;
+  pid_t pid = fork();
+  REQUIRE(pid >= 0, "fork");
+  if (pid == 0) {
+    const struct gshm_cudadrv *drv;
+    int count = 0;
+    if (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) || drv->cuDeviceGetCount(&count) != CUDA_SUCCESS)
+      count = 0;
+    _exit(count > 100 ? 100 : count);
+  }
+  REQUIRE(waitpid(pid, &status, 0) == pid, "waitpid");
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+}
+
 int main(int argc, char **argv) {
   const char *const host_args[] = {"--backend", "host", NULL};
   const char *const gpu_args[] = {"--backend", "cuda", NULL};
@@ -701,10 +739,8 @@ int main(int argc, char **argv) {
   if ((e = probe()))
     return e;
   if (gpu) {
-    const struct gshm_cudadrv *drv;
-    int count = 0;
-    if (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) || drv->cuDeviceGetCount(&count) != CUDA_SUCCESS ||
-        count < 1) {
+    int count = gpu_count();
+    if (count < 1) {
       fprintf(stderr, "SKIP: needs a CUDA driver and a GPU (have %d)\n", count);
       return SKIP;
     }
@@ -724,7 +760,7 @@ int main(int argc, char **argv) {
     step_share(host, &boxes[i]);
     step_kill(&boxes[i]);
   }
-  CHECK(check_filled(host, "host/shared", 11) == 0, "host/shared changed under the boxes");
+  CHECK(host_bytes(false, "host/shared", 0, 11) == 0, "host/shared changed under the boxes");
   gshm_disconnect(host);
   harness_set_leftover(NULL);
   st = harness_stop(&h);

@@ -1,0 +1,123 @@
+# SPDX-License-Identifier: Apache-2.0
+"""python -m gshm: is gshmd reachable from here, and what does it hold?
+
+The equivalent of `gshmctl status` (and `segments`, `clients`) with only
+Python and libgshm, for a quick check inside a container:
+
+    python3 -m gshm                    # status: version, backends, totals
+    python3 -m gshm segments           # the segments this user may read
+    python3 -m gshm clients            # every client (host pids and uids)
+    python3 -m gshm --json status      # one JSON document
+    python3 -m gshm --socket /run/gshm/gshmd.sock
+
+Exit status as gshmctl's: 0 ok, 1 error, 3 daemon unreachable, 4
+permission denied (the socket's mode or group refuses this user)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from ._client import Client
+from ._errors import Error, PermissionDenied, Unreachable
+from ._info import ClientInfo, SegmentInfo, StatusInfo
+
+EXIT_OK, EXIT_ERROR, EXIT_UNREACHABLE, EXIT_DENIED = 0, 1, 3, 4
+
+
+def _size(n: int) -> str:
+    """1536 -> "1.5 KiB", as gshmctl writes sizes."""
+    units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    v, i = float(n), 0
+    while v >= 1024 and i < len(units) - 1:
+        v /= 1024
+        i += 1
+    if i == 0:
+        return "%d bytes" % n
+    return ("%d %s" if v == int(v) else "%.1f %s") % (v, units[i])
+
+
+def _when(ns: int) -> str:
+    t = datetime.datetime.fromtimestamp(ns // 1_000_000_000, tz=datetime.timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_lines(st: StatusInfo) -> List[str]:
+    """gshmctl status's three lines for st."""
+    gpus = "GPU" if st.devices == 1 else "GPUs"
+    return ["gshmd %s, pid %d, up since %s" % (st.version, st.pid, _when(st.started_ns)),
+            "backends: %s (%d %s)" % (",".join(st.backends), st.devices, gpus),
+            "%d clients, %d segments (%s), %d leases"
+            % (st.clients, st.segments, _size(st.bytes), st.leases)]
+
+
+def segment_lines(segs: Sequence[SegmentInfo]) -> List[str]:
+    out = ["%-6s %-30s %12s %-12s %6s %6s %5s %-8s %6s"
+           % ("ID", "NAME", "SIZE", "LOCATION", "UID", "GID", "MODE", "STATE", "LEASES")]
+    for s in segs:
+        loc = s.location if s.is_host else "cuda:%d" % s.device_index
+        out.append("%-6d %-30s %12s %-12s %6d %6d %04o %-8s %6d"
+                   % (s.id, s.name, _size(s.size), loc, s.uid, s.gid, s.mode,
+                      "unlinked" if s.unlinked else "live", s.leases))
+    return out
+
+
+def client_lines(clients: Sequence[ClientInfo]) -> List[str]:
+    out = ["%-8s %8s %6s %6s %-20s %6s" % ("SESSION", "PID", "UID", "GID", "NAME", "LEASES")]
+    for c in clients:
+        out.append("%-8d %8d %6d %6d %-20s %6d"
+                   % (c.session_id, c.pid, c.uid, c.gid, c.name, c.leases))
+    return out
+
+
+def _status_json(c: Client) -> Dict[str, Any]:
+    st = c.status()
+    doc = st.asdict()
+    doc["started"] = _when(st.started_ns)
+    doc["backends"] = ",".join(st.backends)  # as gshmctl --json status
+    return doc
+
+
+VERBS: Dict[str, Callable[[Client, bool], Any]] = {
+    "status": lambda c, js: _status_json(c) if js else status_lines(c.status()),
+    "segments": lambda c, js: ([s.asdict() for s in c.segments()] if js
+                               else segment_lines(c.segments())),
+    "clients": lambda c, js: ([s.asdict() for s in c.clients()] if js
+                              else client_lines(c.clients())),
+}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gshm",
+                                description="gshmd's state from Python (as gshmctl).")
+    p.add_argument("verb", nargs="?", default="status", choices=sorted(VERBS))
+    p.add_argument("-s", "--socket", default=None,
+                   help="gshmd's socket (default $GSHM_SOCKET, else /run/gshm/gshmd.sock)")
+    p.add_argument("-j", "--json", action="store_true", help="one JSON document")
+    args = p.parse_args(argv)
+    try:
+        with Client(args.socket, name="python -m gshm") as c:
+            result = VERBS[args.verb](c, args.json)
+    except Unreachable as e:
+        print("gshm: cannot reach gshmd at %s: %s" % (e.filename, e.strerror), file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except PermissionDenied as e:
+        print("gshm: %s (%s)" % (e.strerror, e.filename), file=sys.stderr)
+        return EXIT_DENIED
+    except Error as e:
+        print("gshm: %s" % (e,), file=sys.stderr)
+        return EXIT_ERROR
+    if args.json:
+        key = args.verb
+        doc = result if args.verb == "status" else {key: result}
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print("\n".join(result))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
