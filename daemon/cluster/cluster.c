@@ -225,8 +225,10 @@ static const char *pull_failure_name(enum pull_failure f) {
 /* ---- metrics ---------------------------------------------------------- */
 
 void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
-  static const char *const causes[REFUSE_N] = {"protocol", "version", "unknown_peer",
-                                               "bad_key", "timeout", "limit"};
+  static const char *const causes[REFUSE_N] = {
+      [REFUSE_PROTOCOL] = "protocol", [REFUSE_VERSION] = "version",
+      [REFUSE_UNKNOWN_PEER] = "unknown_peer", [REFUSE_BAD_KEY] = "bad_key",
+      [REFUSE_TIMEOUT] = "timeout", [REFUSE_LIMIT] = "limit", [REFUSE_TAMPERED] = "tampered"};
   if (!cl)
     return;
   fprintf(f, "# HELP gshm_cluster_peer_up 1 when the endpoint to the peer is authenticated.\n"
@@ -304,6 +306,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   cl->ll.hooks = (struct link_hooks){.on_connect = on_connect, .on_message = on_message,
                                      .on_lost = on_lost, .on_idle = on_idle,
                                      .after_progress = after_progress, .arg = cl};
+  cl->ll.encrypt = cfg->cluster_encrypt;
   cl->ll.hello_timeout_ns =
       (int64_t)(cfg->partial_timeout_ms ? cfg->partial_timeout_ms : 5000) * 1000000;
   if ((e = gshmd__cluster_conf(cl)))
@@ -314,7 +317,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
     e = -ENOMEM;
     goto fail;
   }
-  if ((e = gshmd__link_start(&cl->ll)) || (e = gshmd__link_data_start(&cl->ll)))
+  if ((e = gshmd__link_start(&cl->ll)))
     goto fail;
   cl->stage = (struct stage_pool){.loop = loop, .ctx = cl->ll.ctx,
                                   .staging_bytes = cfg->cluster_staging_bytes};

@@ -20,6 +20,8 @@
 #include "registry.h"
 
 #define MAX_STAGED_GRANTS 4 /* per link: each holds staging_bytes of pinned memory */
+#define MAX_GRANTS 64       /* per link: grants live at once */
+#define MAX_BUSY 64         /* per link: reads and stages in flight */
 
 /* A served segment's registration: made at its first grant, kept until
  * the segment is freed (registry on_free), so that each segment is
@@ -234,10 +236,13 @@ static int grant_new(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id
   unsigned n = 0;
   int e;
 
+  unsigned all = 0;
+
   gshm_list_foreach(pos, &l->grants) {
     n += gshm_list_entry(pos, struct serve_grant, node)->sb != NULL;
+    all++;
   }
-  if (staged && n >= MAX_STAGED_GRANTS)
+  if ((staged && n >= MAX_STAGED_GRANTS) || all >= MAX_GRANTS)
     return -EBUSY;
   if (!(g = calloc(1, sizeof(*g))))
     return -ENOMEM;
@@ -300,10 +305,10 @@ static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
   struct export_reg *x = NULL;
   int e;
 
-  if (!strcmp(cl->cfg->cluster_staging, "always") ||
-      (seg->mem->device_index >= 0 && !cl->ll.cuda_memory)) {
+  /* the streams read host memory: device segments go through slots */
+  if (!strcmp(cl->cfg->cluster_staging, "always") || seg->mem->device_index >= 0) {
     if ((e = grant_new(cl, l, grant_id, true, &sg))) {
-      *why_out = e == -EBUSY ? "too many staged pulls from this node at once; try again"
+      *why_out = e == -EBUSY ? "too many pulls from this node at once; try again"
                              : "cannot set up the staging buffer";
       return e;
     }
@@ -317,7 +322,8 @@ static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
     return 0;
   }
   if ((e = export_reg_get(cl, seg, &x)) || (e = grant_new(cl, l, grant_id, false, &sg))) {
-    *why_out = "cannot register the segment with UCX";
+    *why_out = e == -EBUSY ? "too many pulls from this node at once; try again"
+                           : "cannot register the segment with UCX";
     return e;
   }
   g->path = x->device ? GSHM__CLUSTER__PATH__PATH_DIRECT : GSHM__CLUSTER__PATH__PATH_HOST;
@@ -412,9 +418,9 @@ struct grant_send {
   uint32_t rid;
 };
 
-static void on_grant_sent(void *arg, ucs_status_t st) {
+static void on_grant_sent(void *arg, int err) {
   struct grant_send *gs = arg;
-  (void)st;
+  (void)err;
   grant_unbusy(gs->cl, gs->l, gs->grant_id);
   free(gs);
 }
@@ -448,13 +454,17 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
     gshmd__link_send_status(l, rid, -EINVAL, "read outside the segment");
     return;
   }
+  if (l->busy >= MAX_BUSY) {
+    gshmd__link_send_status(l, rid, -EBUSY, "too many reads in flight");
+    return;
+  }
   if (!(gs = grant_send_new(l, g, rid))) {
     gshmd__link_send_status(l, rid, -ENOMEM, "out of memory");
     return;
   }
   g->busy++;
   if ((e = gshmd__link_send_data(l, rid, r->offset, (uint8_t *)x->addr + r->offset, r->length,
-                                 x->memh, on_grant_sent, gs))) {
+                                 on_grant_sent, gs))) {
     g->busy--;
     free(gs);
     gshmd__link_send_status(l, rid, e, "cannot send");
@@ -470,13 +480,12 @@ static void on_slot_filled(struct stage_copy *sc, int err) {
   if (!err && (!g || g->released || l->state != LINK_UP))
     err = -ESTALE;
   if (!err)
-    err = gshmd__link_send_data(l, gs->rid, sc->offset, sc->host, sc->len, g->sb->memh,
-                                on_grant_sent, gs);
+    err = gshmd__link_send_data(l, gs->rid, sc->offset, sc->host, sc->len, on_grant_sent, gs);
   l->busy--; /* the copy's count; a send counts itself */
   if (err) {
     if (l->state == LINK_UP)
       gshmd__link_send_status(l, gs->rid, err, "the staging copy failed");
-    on_grant_sent(gs, UCS_OK);
+    on_grant_sent(gs, err);
   }
   gshmd__link_unbusy(l);
 }
@@ -493,6 +502,8 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
 
   if (!g || g->released || !g->sb)
     return -ESTALE;
+  if (l->busy >= MAX_BUSY)
+    return -EBUSY;
   if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
       s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)
     return -EINVAL;

@@ -28,120 +28,13 @@
 
 #include "gshm.h"
 #include "harness.h"
+#include "nodes.h"
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
 
-struct node {
-  struct harness h;
-  char name[16];
-  int port;
-  char argv_store[12][512];
-  const char *argv[13];
-};
-
-static char dir[] = "/tmp/gshm-cluster-XXXXXX";
-static char key_path[300], other_key_path[300];
-static char group[64];
+static struct cluster_keys keys;
 static struct node A, B;      /* A serves (exports pub/ *), B pulls */
-
-/* Every node started, so that a failed check leaves no gshmd behind. */
-static struct node *started[16];
-static unsigned nstarted;
-
-static void kill_started(void) {
-  for (unsigned i = 0; i < nstarted; i++)
-    if (started[i]->h.sp.pid > 0)
-      kill(started[i]->h.sp.pid, SIGKILL);
-}
-
-static int free_port(void) {
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-
-  assert_true(fd >= 0);
-  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-  port = ntohs(sa.sin_port);
-  close(fd);
-  return port;
-}
-
-static void write_key(const char *path, unsigned long long seed) {
-  char key[44];
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-
-  assert_true(fd >= 0);
-  harness_random(key, sizeof(key), seed);
-  for (size_t i = 0; i < sizeof(key); i++)
-    key[i] = (char)('a' + (unsigned char)key[i] % 26);
-  assert_int_equal(write(fd, key, sizeof(key)), (ssize_t)sizeof(key));
-  close(fd);
-}
-
-/* Starts node n with its cluster settings; extra "--set" values follow. */
-static void node_start(struct node *n, const char *name, const char *peers, const char *key,
-                       const char *exports, ...) {
-  va_list ap;
-  const char *extra;
-  int k = 0;
-
-  snprintf(n->name, sizeof(n->name), "%s", name);
-  if (!n->port)
-    n->port = free_port();
-#define SET(...) snprintf(n->argv_store[k], sizeof(n->argv_store[k]), __VA_ARGS__), k++
-  SET("--set=cluster.listen=127.0.0.1:%d", n->port);
-  SET("--set=cluster.node_name=%s", name);
-  SET("--set=cluster.peers=%s", peers);
-  SET("--set=cluster.secret_file=%s", key);
-  SET("--set=cluster.export=%s", exports);
-  SET("--set=cluster.pull_group=%s", group);
-  va_start(ap, exports);
-  while ((extra = va_arg(ap, const char *)) && k < 12)
-    SET("--set=%s", extra);
-  va_end(ap);
-#undef SET
-  for (int i = 0; i < k; i++)
-    n->argv[i] = n->argv_store[i];
-  n->argv[k] = NULL;
-  assert_int_equal(harness_start(&n->h, n->argv), 0);
-  if (nstarted < 16)
-    started[nstarted++] = n;
-}
-
-static gshm_client_t *connect_to(struct node *n) {
-  gshm_client_t *c;
-  assert_int_equal(gshm_connect(n->h.socket_path, "test_cluster", &c), 0);
-  return c;
-}
-
-/* A host segment of size bytes filled from seed, created on n. */
-static void make_segment(gshm_client_t *c, const char *name, uint64_t size,
-                         unsigned long long seed) {
-  gshm_segment_t *seg;
-  void *p;
-  assert_int_equal(gshm_create(c, name, size, "host", 0600, 0, &seg), 0);
-  assert_int_equal(gshm_map(seg, NULL, 0, &p), 0);
-  harness_random(p, size, seed);
-  gshm_close(seg);
-}
-
-/* Does segment name on c hold exactly the bytes of seed? */
-static void check_segment(gshm_client_t *c, const char *name, uint64_t size,
-                          unsigned long long seed) {
-  gshm_segment_t *seg;
-  uint8_t *want = malloc(size);
-  void *p;
-  assert_non_null(want);
-  harness_random(want, size, seed);
-  assert_int_equal(gshm_open(c, name, GSHM_ACCESS_READ, &seg), 0);
-  assert_true(gshm_segment_info(seg)->requested_size == size);
-  assert_int_equal(gshm_map(seg, NULL, 0, &p), 0);
-  assert_int_equal(memcmp(p, want, size), 0);
-  gshm_close(seg);
-  free(want);
-}
 
 struct progress_log {
   unsigned calls;
@@ -161,15 +54,8 @@ static void on_progress(const gshm_pull_progress_t *p, void *arg) {
 }
 
 static int group_setup(void **state) {
-  struct group *g = getgrgid(getegid());
   (void)state;
-  assert_non_null(mkdtemp(dir));
-  snprintf(key_path, sizeof(key_path), "%s/key", dir);
-  snprintf(other_key_path, sizeof(other_key_path), "%s/other-key", dir);
-  write_key(key_path, 1);
-  write_key(other_key_path, 2);
-  assert_non_null(g);
-  snprintf(group, sizeof(group), "%s", g->gr_name);
+  keys_make(&keys, "gshm-cluster");
   A.port = free_port();
   B.port = free_port();
   {
@@ -177,21 +63,17 @@ static int group_setup(void **state) {
     /* A knows b and d (d is started with the wrong key below) */
     snprintf(pa, sizeof(pa), "b=127.0.0.1:%d,d=127.0.0.1:1", B.port);
     snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", A.port);
-    node_start(&A, "a", pa, key_path, "pub/*", NULL);
+    node_start(&A, "a", pa, keys.key, "pub/*", NULL);
     harness_set_leftover(&A.h);
-    node_start(&B, "b", pb, key_path, "", NULL);
+    node_start(&B, "b", pb, keys.key, "", NULL);
   }
   return 0;
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  assert_int_equal(harness_stop(&B.h), 0);
-  assert_int_equal(harness_stop(&A.h), 0);
-  harness_set_leftover(NULL);
-  unlink(key_path);
-  unlink(other_key_path);
-  rmdir(dir);
+  nodes_stop(&A, &B);
+  keys_remove(&keys);
   return 0;
 }
 
@@ -246,20 +128,6 @@ static void *pull_thread(void *arg) {
     gshm_disconnect(c);
   }
   return NULL;
-}
-
-/* A counter or gauge (no labels) from c's daemon's metrics. */
-static long metric(gshm_client_t *c, const char *name) {
-  char *text = NULL, key[160];
-  const char *m;
-  long v;
-  assert_int_equal(gshm_metrics(c, &text), 0);
-  snprintf(key, sizeof(key), "\n%s ", name);
-  m = strstr(text, key);
-  assert_non_null(m);
-  v = atol(m + strlen(key));
-  gshm_free(text);
-  return v;
 }
 
 /* Waits up to 10 s for a metric to reach want (a peer's Release, or the
@@ -356,7 +224,7 @@ static void test_refused_peers(void **state) {
   make_segment(a, "pub/secret", 4096, 9);
   snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
   /* eve: right key, but not in A's peers */
-  node_start(&eve, "eve", peers, key_path, "", NULL);
+  node_start(&eve, "eve", peers, keys.key, "", NULL);
   c = connect_to(&eve);
   assert_int_equal(gshm_pull(c, "a", "pub/secret", NULL, NULL), -EPERM);
   assert_non_null(strstr(gshm_last_error(c), "not in cluster.peers"));
@@ -365,7 +233,7 @@ static void test_refused_peers(void **state) {
   gshm_disconnect(c);
   assert_int_equal(harness_stop(&eve.h), 0);
   /* d: in A's peers, wrong key: d finds that A cannot prove the key */
-  node_start(&d, "d", peers, other_key_path, "", NULL);
+  node_start(&d, "d", peers, keys.other_key, "", NULL);
   c = connect_to(&d);
   assert_int_equal(gshm_pull(c, "a", "pub/secret", NULL, NULL), -EACCES);
   assert_non_null(strstr(gshm_last_error(c), "shared key"));
@@ -434,9 +302,9 @@ static void test_server_killed(void **state) {
   p.port = free_port();
   snprintf(pk, sizeof(pk), "p=127.0.0.1:%d", p.port);
   snprintf(pp, sizeof(pp), "k=127.0.0.1:%d", k.port);
-  node_start(&k, "k", pk, key_path, "pub/*", NULL);
+  node_start(&k, "k", pk, keys.key, "pub/*", NULL);
   /* small gets, one at a time: the pull lasts long enough to be cut */
-  node_start(&p, "p", pp, key_path, "", "cluster.pull_chunk=256K", "cluster.pull_depth=1", NULL);
+  node_start(&p, "p", pp, keys.key, "", "cluster.pull_chunk=256K", "cluster.pull_depth=1", NULL);
   c = connect_to(&k);
   make_segment(c, "pub/big", 512 * MiB, 11);
   gshm_disconnect(c);
@@ -498,7 +366,7 @@ static void test_unlink_during_pull(void **state) {
   memset(&B.h, 0, sizeof(B.h));
   B.port = free_port(); /* the old one may linger in TIME_WAIT */
   snprintf(pp, sizeof(pp), "a=127.0.0.1:%d", A.port);
-  node_start(&B, "b", pp, key_path, "", "cluster.pull_chunk=256K", "cluster.pull_depth=1", NULL);
+  node_start(&B, "b", pp, keys.key, "", "cluster.pull_chunk=256K", "cluster.pull_depth=1", NULL);
   make_segment(a, "pub/moving", 256 * MiB, 21);
   bg.puller = &B;
   bg.log.hook = unlink_on_a;
@@ -556,9 +424,9 @@ static void test_staged(void **state) {
   q.port = free_port();
   snprintf(ps, sizeof(ps), "q=127.0.0.1:%d", q.port);
   snprintf(pq, sizeof(pq), "s=127.0.0.1:%d", srv.port);
-  node_start(&srv, "s", ps, key_path, "pub/*", "cluster.staging=always", "cluster.pull_chunk=1M",
+  node_start(&srv, "s", ps, keys.key, "pub/*", "cluster.staging=always", "cluster.pull_chunk=1M",
              "cluster.staging_bytes=4M", NULL);
-  node_start(&q, "q", pq, key_path, "", "cluster.pull_chunk=1M", NULL);
+  node_start(&q, "q", pq, keys.key, "", "cluster.pull_chunk=1M", NULL);
   c = connect_to(&srv);
   make_segment(c, "pub/staged", 64 * MiB + 5, 41);
   gshm_disconnect(c);
@@ -617,7 +485,7 @@ static void test_puller_killed(void **state) {
   memset(&B.h, 0, sizeof(B.h));
   B.port = free_port();
   snprintf(pp, sizeof(pp), "a=127.0.0.1:%d", A.port);
-  node_start(&B, "b", pp, key_path, "", NULL);
+  node_start(&B, "b", pp, keys.key, "", NULL);
 }
 
 /* The requesting process dies mid-pull: the pull stops, its partial
@@ -818,6 +686,6 @@ int main(void) {
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
   atexit(harness_kill_leftover);
-  atexit(kill_started);
+  atexit(nodes_kill);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

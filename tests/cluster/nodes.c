@@ -1,0 +1,158 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Real gshmd nodes of a cluster on 127.0.0.1 (nodes.h). */
+#include "nodes.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+char node_group[64];
+
+/* Every node started, so that a failed check leaves no gshmd behind. */
+static struct node *started[16];
+static unsigned nstarted;
+
+void nodes_kill(void) {
+  for (unsigned i = 0; i < nstarted; i++)
+    if (started[i]->h.sp.pid > 0)
+      kill(started[i]->h.sp.pid, SIGKILL);
+}
+
+int free_port(void) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+  assert_true(fd >= 0);
+  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+  port = ntohs(sa.sin_port);
+  close(fd);
+  return port;
+}
+
+void write_key(const char *path, unsigned long long seed) {
+  char key[44];
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+  assert_true(fd >= 0);
+  harness_random(key, sizeof(key), seed);
+  for (size_t i = 0; i < sizeof(key); i++)
+    key[i] = (char)('a' + (unsigned char)key[i] % 26);
+  assert_int_equal(write(fd, key, sizeof(key)), (ssize_t)sizeof(key));
+  close(fd);
+}
+
+/* Starts node n with its cluster settings; extra "--set" values follow. */
+void node_start(struct node *n, const char *name, const char *peers, const char *key,
+                       const char *exports, ...) {
+  va_list ap;
+  const char *extra;
+  int k = 0;
+
+  snprintf(n->name, sizeof(n->name), "%s", name);
+  if (!n->port)
+    n->port = free_port();
+#define SET(...) snprintf(n->argv_store[k], sizeof(n->argv_store[k]), __VA_ARGS__), k++
+  SET("--set=cluster.listen=127.0.0.1:%d", n->port);
+  SET("--set=cluster.node_name=%s", name);
+  SET("--set=cluster.peers=%s", peers);
+  SET("--set=cluster.secret_file=%s", key);
+  SET("--set=cluster.export=%s", exports);
+  SET("--set=cluster.pull_group=%s", node_group);
+  va_start(ap, exports);
+  while ((extra = va_arg(ap, const char *)) && k < 12)
+    SET("--set=%s", extra);
+  va_end(ap);
+#undef SET
+  for (int i = 0; i < k; i++)
+    n->argv[i] = n->argv_store[i];
+  n->argv[k] = NULL;
+  assert_int_equal(harness_start(&n->h, n->argv), 0);
+  if (nstarted < 16)
+    started[nstarted++] = n;
+}
+
+gshm_client_t *connect_to(struct node *n) {
+  gshm_client_t *c;
+  assert_int_equal(gshm_connect(n->h.socket_path, "test_cluster", &c), 0);
+  return c;
+}
+
+/* A host segment of size bytes filled from seed, created on n. */
+void make_segment(gshm_client_t *c, const char *name, uint64_t size,
+                         unsigned long long seed) {
+  gshm_segment_t *seg;
+  void *p;
+  assert_int_equal(gshm_create(c, name, size, "host", 0600, 0, &seg), 0);
+  assert_int_equal(gshm_map(seg, NULL, 0, &p), 0);
+  harness_random(p, size, seed);
+  gshm_close(seg);
+}
+
+/* Does segment name on c hold exactly the bytes of seed? */
+void check_segment(gshm_client_t *c, const char *name, uint64_t size,
+                          unsigned long long seed) {
+  gshm_segment_t *seg;
+  uint8_t *want = malloc(size);
+  void *p;
+  assert_non_null(want);
+  harness_random(want, size, seed);
+  assert_int_equal(gshm_open(c, name, GSHM_ACCESS_READ, &seg), 0);
+  assert_true(gshm_segment_info(seg)->requested_size == size);
+  assert_int_equal(gshm_map(seg, NULL, 0, &p), 0);
+  assert_int_equal(memcmp(p, want, size), 0);
+  gshm_close(seg);
+  free(want);
+}
+
+/* A counter or gauge (no labels) from c's daemon's metrics. */
+long metric(gshm_client_t *c, const char *name) {
+  char *text = NULL, key[160];
+  const char *m;
+  long v;
+  assert_int_equal(gshm_metrics(c, &text), 0);
+  snprintf(key, sizeof(key), "\n%s ", name);
+  m = strstr(text, key);
+  assert_non_null(m);
+  v = atol(m + strlen(key));
+  gshm_free(text);
+  return v;
+}
+
+
+void keys_make(struct cluster_keys *k, const char *prefix) {
+  struct group *g = getgrgid(getegid());
+
+  snprintf(k->dir, sizeof(k->dir), "/tmp/%s-XXXXXX", prefix);
+  assert_non_null(mkdtemp(k->dir));
+  snprintf(k->key, sizeof(k->key), "%s/key", k->dir);
+  snprintf(k->other_key, sizeof(k->other_key), "%s/other-key", k->dir);
+  write_key(k->key, 1);
+  write_key(k->other_key, 2);
+  assert_non_null(g);
+  snprintf(node_group, sizeof(node_group), "%s", g->gr_name);
+}
+
+void keys_remove(struct cluster_keys *k) {
+  unlink(k->key);
+  unlink(k->other_key);
+  rmdir(k->dir);
+}
+
+void nodes_stop(struct node *serving, struct node *puller) {
+  assert_int_equal(harness_stop(&puller->h), 0);
+  assert_int_equal(harness_stop(&serving->h), 0);
+  harness_set_leftover(NULL);
+}
