@@ -143,7 +143,8 @@ static long wait_metric(gshm_client_t *c, const char *name, long want) {
 }
 
 /* 50 pulls at once, from 50 client connections; the segment is
- * registered with UCX once for all of them, and unregistered when freed. */
+ * registered with UCX only while grants of it live: grants that overlap
+ * share one registration, and none is left when the last ends. */
 static void test_concurrent(void **state) {
   static struct puller p[50];
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
@@ -163,11 +164,13 @@ static void test_concurrent(void **state) {
     check_segment(b, p[i].local, 1 * MiB + 17, 7);
     assert_int_equal(gshm_unlink(b, p[i].local), 0);
   }
-  assert_int_equal(metric(a, "gshm_cluster_registrations_total"), regs0 + 1);
-  assert_int_equal(metric(a, "gshm_cluster_registered_segments"), 1);
-  assert_int_equal(gshm_unlink(a, "pub/shared"), 0);
-  /* freed (and unregistered) when the last grant is released */
+  {
+    long regs = metric(a, "gshm_cluster_registrations_total") - regs0;
+    assert_true(regs >= 1 && regs < 50);
+  }
+  /* unregistered when the last grant is released, while the segment lives */
   assert_int_equal(wait_metric(a, "gshm_cluster_registered_segments", 0), 0);
+  assert_int_equal(gshm_unlink(a, "pub/shared"), 0);
   gshm_disconnect(a);
   gshm_disconnect(b);
 }
@@ -475,9 +478,9 @@ static void test_puller_killed(void **state) {
     usleep(50000);
   }
   assert_int_equal(st.leases, 0);
-  assert_int_equal(metric(a, "gshm_cluster_registered_segments"), 1);
+  /* the grant ended with the puller: so did the registration */
+  assert_int_equal(metric(a, "gshm_cluster_registered_segments"), 0);
   assert_int_equal(gshm_unlink(a, "pub/victim"), 0);
-  assert_int_equal(wait_metric(a, "gshm_cluster_registered_segments", 0), 0);
   gshm_disconnect(a);
   /* B again, for the next tests and the teardown */
   gshm__spawn_stop(&B.h.sp, SIGKILL);
