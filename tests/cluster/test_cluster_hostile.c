@@ -398,14 +398,40 @@ struct proxy {
   int lfd;
   atomic_bool stop;
   uint64_t flip_at;          /* 0: none; else the byte (from 1) of S's stream to flip */
+  unsigned flip_frame;       /* 0: none; else the frame (from 1) whose first payload byte flips */
   const uint8_t *pattern;    /* 64 bytes to look for in S's stream */
   atomic_bool seen;
 };
+
+/* Where frame px->flip_frame's first payload byte is in S's stream (from
+ * 1), once the headers before it went by (0 until then).  Frames 1 and 2
+ * (Challenge, AuthOk) have no tag; the later ones 16 bytes. */
+struct frames {
+  uint64_t next;             /* offset of the next header */
+  unsigned n;                /* headers seen */
+  uint8_t hdr[24];
+};
+
+static uint64_t frame_flip_at(struct proxy *px, struct frames *f, const uint8_t *p, uint64_t at,
+                              size_t len) {
+  while (px->flip_frame && f->n < px->flip_frame && f->next + 24 <= at + len) {
+    struct frame_hdr h;
+    for (int i = 0; i < 24; i++) /* the header may straddle two reads */
+      if (f->next + (uint64_t)i >= at)
+        f->hdr[i] = p[f->next + (uint64_t)i - at];
+    memcpy(&h, f->hdr, sizeof(h));
+    if (++f->n == px->flip_frame)
+      return f->next + 24 + 1;
+    f->next += 24 + h.len + (f->n >= 3 ? 16 : 0);
+  }
+  return 0;
+}
 
 static void proxy_pipe(struct proxy *px, int c, int s) {
   static uint8_t buf[64 + 65536];
   size_t ntail = 0; /* buf[0, ntail): the last bytes of S's stream, for the pattern */
   uint64_t from_s = 0;
+  struct frames fr = {0};
 
   while (!px->stop) {
     struct pollfd pf[2] = {{.fd = c, .events = POLLIN}, {.fd = s, .events = POLLIN}};
@@ -422,6 +448,8 @@ static void proxy_pipe(struct proxy *px, int c, int s) {
       continue;
     if ((r = recv(s, buf + ntail, 65536, 0)) <= 0)
       return;
+    if (px->flip_frame && !px->flip_at)
+      px->flip_at = frame_flip_at(px, &fr, buf + ntail, from_s, (size_t)r);
     if (px->flip_at && from_s < px->flip_at && from_s + (uint64_t)r >= px->flip_at)
       buf[ntail + (px->flip_at - from_s - 1)] ^= 0x01;
     from_s += (uint64_t)r;
@@ -474,26 +502,29 @@ static void start_behind_proxy(struct node *n, const char *name, const char *ext
   node_start(n, name, peers, keys.key, "", extra, NULL);
 }
 
-/* One flipped bit of S's bytes on the wire: the pull fails, nothing of it
- * stays, and the puller counts the tampering. */
+/* One flipped bit of S's bytes on the wire, in a data frame (the third
+ * MiB) or in the first control frame after the hello (the Grant): the
+ * pull fails, nothing of it stays, and the puller counts the tampering. */
 static void test_tampered_stream(void **state) {
-  static struct node m;
-  struct proxy px = {.flip_at = 2 * MiB};
+  static struct node m[2];
   gshm_client_t *s = connect_to(&S), *mc;
   gshm_segment_info_t info;
   (void)state;
 
   make_segment(s, "pub/tamper", 8 * MiB, 7);
-  proxy_start(&px);
-  start_behind_proxy(&m, "m", "cluster.pull_chunk=1M");
-  mc = connect_to(&m);
-  assert_int_equal(gshm_pull(mc, "s", "pub/tamper", NULL, NULL), -EPROTO);
-  assert_non_null(strstr(gshm_last_error(mc), "authentication"));
-  assert_int_equal(gshm_stat_name(mc, "pub/tamper", &info), -ENOENT);
-  assert_int_equal(refusals(mc, "tampered"), 1);
-  gshm_disconnect(mc);
-  assert_int_equal(harness_stop(&m.h), 0);
-  proxy_stop(&px);
+  for (int i = 0; i < 2; i++) {
+    struct proxy px = {.flip_at = i ? 0 : 2 * MiB, .flip_frame = i ? 3 : 0};
+    proxy_start(&px);
+    start_behind_proxy(&m[i], "m", "cluster.pull_chunk=1M");
+    mc = connect_to(&m[i]);
+    assert_int_equal(gshm_pull(mc, "s", "pub/tamper", NULL, NULL), -EPROTO);
+    assert_non_null(strstr(gshm_last_error(mc), "authentication"));
+    assert_int_equal(gshm_stat_name(mc, "pub/tamper", &info), -ENOENT);
+    assert_int_equal(refusals(mc, "tampered"), 1);
+    gshm_disconnect(mc);
+    assert_int_equal(harness_stop(&m[i].h), 0);
+    proxy_stop(&px);
+  }
   assert_int_equal(gshm_unlink(s, "pub/tamper"), 0);
   gshm_disconnect(s);
 }
