@@ -385,6 +385,20 @@ static void test_idle_flood(void **state) {
     close(fds[i]);
   }
   assert_true(slowest_stat(s, 20) < 100);
+  /* 25 addresses with 4 connections each: at most 64 in their hello at once */
+  open_after = 0;
+  for (int i = 0; i < 100; i++) {
+    char from[32];
+    snprintf(from, sizeof(from), "127.0.0.%d", 3 + i / 4);
+    assert_true((fds[i] = tcp_connect(from, S.port)) >= 0);
+  }
+  usleep(300000);
+  for (int i = 0; i < 100; i++)
+    open_after += !closed_within(fds[i], 1);
+  assert_true(open_after >= 32 && open_after <= 64);
+  assert_true(slowest_stat(s, 20) < 100);
+  for (int i = 0; i < 100; i++)
+    close(fds[i]);
   gshm_disconnect(s);
   gshm_disconnect(p);
 }
