@@ -157,6 +157,13 @@
     "Encrypt the bytes between nodes (AES-256-GCM, or ChaCha20-Poly1305 where " \
     "a CPU lacks AES-NI); every frame is authenticated either way. Either "     \
     "side asking for it is enough.")                                          \
+  X(cluster, transport, ENUM, cluster_transport, "auto", 0, 0, "auto|tcp|ucx",   \
+    "How the bytes move between two nodes (the hello decides, on the "         \
+    "cluster port): auto over UCX where an endpoint with peer failure "         \
+    "detection reaches the other node (RDMA) and encryption is off, else over " \
+    "gshm's TCP stream; tcp always over the stream; ucx also over UCX "         \
+    "transports that cannot detect a dead peer (shared memory in UCX 1.13), "   \
+    "eagerly (for tests and trials).")                                        \
   X(cluster, pull_chunk, SIZE, cluster_pull_chunk, "8M", 4096, 1073741824,      \
     NULL, "Bytes per read request (and per staging slot) of a pull.")         \
   X(cluster, pull_depth, U32, cluster_pull_depth, "8", 1, 256, NULL,            \

@@ -26,13 +26,16 @@ static void on_message(struct link *l, Gshm__Cluster__Msg *m) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
   bool up = l->state == LINK_UP;
 
-  if (up ? gshmd__serve_handle(cl, l, m) : gshmd__hello_handle(cl, l, m))
+  if ((up && gshmd__serve_handle(cl, l, m)) || gshmd__hello_handle(cl, l, m))
     return;
   gshmd__link_refuse(l, REFUSE_PROTOCOL, -EPROTO,
                      up ? "unexpected message" : "message before the hello");
 }
 
-static void on_lost(struct link *l) { gshmd__pull_link_lost(cluster_of(l->ll), l); }
+static void on_lost(struct link *l) {
+  gshmd__link_data_lost(l);
+  gshmd__pull_link_lost(cluster_of(l->ll), l);
+}
 
 static void on_idle(struct link *l) { gshmd__serve_link_idle(cluster_of(l->ll), l); }
 
@@ -305,8 +308,12 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   cl->ll.loop = loop;
   cl->ll.hooks = (struct link_hooks){.on_connect = on_connect, .on_message = on_message,
                                      .on_lost = on_lost, .on_idle = on_idle,
+                                     .data_dest = gshmd__link_data_dest,
+                                     .data_done = gshmd__link_data_done,
                                      .after_progress = after_progress, .arg = cl};
   cl->ll.encrypt = cfg->cluster_encrypt;
+  cl->ll.ucx_allowed = !cfg->cluster_encrypt && strcmp(cfg->cluster_transport, "tcp");
+  cl->ll.ucx_without_peer_errors = !strcmp(cfg->cluster_transport, "ucx");
   cl->ll.hello_timeout_ns =
       (int64_t)(cfg->partial_timeout_ms ? cfg->partial_timeout_ms : 5000) * 1000000;
   if ((e = gshmd__cluster_conf(cl)))
@@ -317,7 +324,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
     e = -ENOMEM;
     goto fail;
   }
-  if ((e = gshmd__link_start(&cl->ll)))
+  if ((e = gshmd__link_start(&cl->ll)) || (e = gshmd__link_data_start(&cl->ll)))
     goto fail;
   cl->stage = (struct stage_pool){.loop = loop, .ctx = cl->ll.ctx,
                                   .staging_bytes = cfg->cluster_staging_bytes};

@@ -13,7 +13,15 @@
 /* This node's capabilities in its hello (enum Cap). */
 static uint32_t caps_mine(const struct gshmd_cluster *cl) {
   return (cl->ll.encrypt ? GSHM__CLUSTER__CAP__CAP_ENCRYPT : 0) |
-         (crypto_aead_aes256gcm_is_available() ? GSHM__CLUSTER__CAP__CAP_AES : 0);
+         (crypto_aead_aes256gcm_is_available() ? GSHM__CLUSTER__CAP__CAP_AES : 0) |
+         (cl->ll.ucx_allowed ? GSHM__CLUSTER__CAP__CAP_UCX : 0);
+}
+
+/* Whether the bytes of this link may go over UCX: both sides said so in
+ * their hello, and neither asked for encryption (UCX encrypts nothing). */
+static bool ucx_agreed(const struct gshmd_cluster *cl, const struct link *l) {
+  uint32_t both = caps_mine(cl) & l->caps_theirs, either = caps_mine(cl) | l->caps_theirs;
+  return (both & GSHM__CLUSTER__CAP__CAP_UCX) && !(either & GSHM__CLUSTER__CAP__CAP_ENCRYPT);
 }
 
 /* The exchange as both sides see it: connecting side (C) first. */
@@ -208,10 +216,85 @@ static void on_auth(struct link *l, const Gshm__Cluster__Auth *a) {
                 gshmd__stream_mode_name(l->st.mode_tx));
 }
 
-/* Outbound: AuthOk, the peer is up: what waited for it goes. */
+/* Outbound: offers this worker's address to the peer, for the bytes of
+ * our Reads; false when that cannot be (the stream carries them). */
+static bool offer_ucx(struct gshmd_cluster *cl, struct link *l) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__UcxOffer o = GSHM__CLUSTER__UCX_OFFER__INIT;
+  ucp_address_t *addr;
+  size_t len;
+  int e;
+
+  if (!ucx_agreed(cl, l) || gshmd__link_worker_address(&cl->ll, &addr, &len))
+    return false;
+  randombytes_buf(&l->ucx_token, sizeof(l->ucx_token));
+  o.worker_address.data = (uint8_t *)addr;
+  o.worker_address.len = len;
+  o.token = l->ucx_token;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_UCX_OFFER;
+  m.ucx_offer = &o;
+  e = gshmd__link_send(l, &m);
+  ucp_worker_release_address(cl->ll.worker, addr);
+  return e == 0 && (l->ucx_offered = true);
+}
+
+/* Outbound: AuthOk: the keys, then UCX offered, or the peer is up. */
 static void on_auth_ok(struct link *l, const Gshm__Cluster__AuthOk *ok) {
-  hello_keys(cluster_of(l->ll), l, false, true);
-  gshmd__link_up(l, ok->exported);
+  struct gshmd_cluster *cl = cluster_of(l->ll);
+
+  hello_keys(cl, l, false, true);
+  l->peer->exported = ok->exported;
+  if (!offer_ucx(cl, l))
+    gshmd__link_up(l, ok->exported);
+}
+
+/* Outbound: the peer's answer to our UcxOffer; the peer is up. */
+static void on_ucx_answer(struct link *l, const Gshm__Cluster__UcxAnswer *a) {
+  l->ucx_offered = false;
+  l->ucx = a->ok;
+  if (!a->ok)
+    gshm_log_info("cluster: peer '%s' sends over the TCP stream: %.200s", l->peer->name,
+                  a->why);
+  gshmd__link_up(l, l->peer->exported);
+}
+
+/* UCX told us an endpoint to a peer's worker failed: its link fails
+ * (found by the endpoint: a link that already went has none). */
+static void on_ucx_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
+  struct links *ll = arg;
+  struct gshm_list *pos;
+  char why[96];
+
+  gshm_list_foreach(pos, &ll->links) {
+    struct link *l = gshm_list_entry(pos, struct link, node);
+    if (l->ucx_ep == ep) {
+      snprintf(why, sizeof(why), "UCX endpoint failed (%s)", ucs_status_string(status));
+      gshmd__link_fail(l, -ECONNRESET, why);
+      return;
+    }
+  }
+}
+
+/* Inbound, up: the peer's worker address; the bytes of its Reads go to
+ * it over UCX from now on, when an endpoint reaches it. */
+static void on_ucx_offer(struct gshmd_cluster *cl, struct link *l,
+                         const Gshm__Cluster__UcxOffer *o) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__UcxAnswer a = GSHM__CLUSTER__UCX_ANSWER__INIT;
+
+  if (!ucx_agreed(cl, l) || o->worker_address.len == 0) {
+    a.why = "this node does not move bytes over UCX (cluster.transport or encrypt)";
+  } else if (gshmd__link_worker_ep(&cl->ll, o->worker_address.data, o->worker_address.len,
+                                   on_ucx_ep_error, &cl->ll, &l->ucx_ep, &l->ucx_eager)) {
+    a.why = "no UCX transport of this node reaches the peer";
+  } else {
+    l->ucx_token = o->token;
+    a.ok = true;
+    a.why = cl->ll.ucx_tls;
+  }
+  m.body_case = GSHM__CLUSTER__MSG__BODY_UCX_ANSWER;
+  m.ucx_answer = &a;
+  gshmd__link_send(l, &m);
 }
 
 void gshmd__hello_begin(struct link *l) {
@@ -232,7 +315,6 @@ void gshmd__hello_begin(struct link *l) {
 }
 
 bool gshmd__hello_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__Cluster__Msg *m) {
-  (void)cl;
   switch (m->body_case) {
   case GSHM__CLUSTER__MSG__BODY_HELLO:
     if (!l->inbound || l->state != LINK_HELLO)
@@ -253,6 +335,16 @@ bool gshmd__hello_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__C
     if (l->inbound || l->state != LINK_AUTH)
       return false;
     on_auth_ok(l, m->auth_ok);
+    return true;
+  case GSHM__CLUSTER__MSG__BODY_UCX_OFFER:
+    if (!l->inbound || l->state != LINK_UP || l->ucx_ep)
+      return false;
+    on_ucx_offer(cl, l, m->ucx_offer);
+    return true;
+  case GSHM__CLUSTER__MSG__BODY_UCX_ANSWER:
+    if (l->inbound || l->state != LINK_AUTH || !l->ucx_offered)
+      return false;
+    on_ucx_answer(l, m->ucx_answer);
     return true;
   default:
     return false;

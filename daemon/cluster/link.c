@@ -154,10 +154,21 @@ static void on_stream_closed(struct stream *s) {
   link_maybe_free(l);
 }
 
+static void *on_stream_data_dest(struct stream *s, uint32_t rid, uint64_t offset, uint64_t len,
+                                 void **tok_out) {
+  struct link *l = s->owner;
+  return l->ll->hooks.data_dest(l, rid, offset, len, tok_out);
+}
+
+static void on_stream_data_done(struct stream *s, void *tok, int err) {
+  struct link *l = s->owner;
+  l->ll->hooks.data_done(l, tok, err);
+}
+
 static const struct stream_ops link_stream_ops = {
     .on_ctrl = on_stream_ctrl,
-    .data_dest = gshmd__link_data_dest,
-    .data_done = gshmd__link_data_done,
+    .data_dest = on_stream_data_dest,
+    .data_done = on_stream_data_done,
     .on_error = on_stream_error,
     .on_closed = on_stream_closed,
 };
@@ -178,6 +189,7 @@ static struct link *link_new(struct links *ll, bool inbound) {
   gshm_list_init(&l->reqs);
   gshm_list_init(&l->pulls);
   gshm_list_init(&l->grants);
+  gshm_list_init(&l->ucx_sends);
   gshm_list_add_tail(&ll->links, &l->node);
   randombytes_buf(l->nonce_mine, sizeof(l->nonce_mine));
   if (inbound)

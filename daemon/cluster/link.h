@@ -121,14 +121,21 @@ struct link {
   unsigned busy;             /* inbound: staging copies and data sends running; the
                                 link's serving state waits for them */
   bool stream_closed;        /* the stream is closed: freed when busy is 0 */
+  /* UCX for the bytes (data.c), decided after the hello (hello.c) */
+  bool ucx;                  /* outbound: the peer sends our Reads' bytes over UCX */
+  bool ucx_offered;          /* outbound: UcxOffer sent, UcxAnswer awaited */
+  uint64_t ucx_token;        /* marks this link's UCX data messages */
+  ucp_ep_h ucx_ep;           /* inbound: to the peer's worker, from its UcxOffer */
+  bool ucx_eager;            /* inbound: ucx_ep cannot tell a dead peer: no rendezvous */
+  struct gshm_list ucx_sends; /* inbound: data sends UCX has not completed */
   /* owned by the layers above (serve.c, pull.c) */
   struct gshmd_client *serve_client; /* inbound, up: holds the serving leases */
   struct gshm_list grants;   /* inbound: struct serve_grant */
   struct gshm_list pulls;    /* outbound: struct pull.link_node using this link */
 };
 
-/* What the link layer calls above it.  Every hook is called outside of
- * no lock and may send; none may free the link. */
+/* What the link layer calls above it (on the loop thread).  A hook may
+ * send and fail links; the link layer frees a link itself. */
 struct link_hooks {
   /* A new outbound endpoint to l->peer: say hello. */
   void (*on_connect)(struct link *l);
@@ -139,6 +146,10 @@ struct link_hooks {
   void (*on_lost)(struct link *l);
   /* A failed link has nothing in flight any more: its serving state goes. */
   void (*on_idle)(struct link *l);
+  /* Data frames on l's stream (data.c): where a frame's bytes go, and
+   * their end (stream.h's data_dest and data_done). */
+  void *(*data_dest)(struct link *l, uint32_t rid, uint64_t offset, uint64_t len, void **tok_out);
+  void (*data_done)(struct link *l, void *tok, int err);
   /* After each batch of worker progress, outside UCX callbacks. */
   void (*after_progress)(void *arg);
   void *arg;
@@ -158,6 +169,14 @@ struct links {
   uv_timer_t sweep;
   bool handles_on, idle_on, stopping;
   bool worker_handles;       /* poll and idle are open */
+  bool ucx_allowed;          /* cluster.transport auto or ucx, and encryption off */
+  bool ucx_without_peer_errors; /* cluster.transport = ucx: also endpoints that cannot
+                                   tell a dead peer */
+  char ucx_tls[256];         /* UCX_TLS as gshmd set it */
+  ucp_ep_h *ep_closing;      /* endpoints to close outside UCX callbacks, then their requests */
+  void **ep_close_reqs;
+  unsigned nep_closing, nep_close_reqs;
+  void *abandoned;           /* data.c: records of sends UCX never completed (first word: next) */
   bool encrypt;              /* cluster.encrypt */
   unsigned nconns;           /* links with a socket (the fd budget) */
   unsigned max_conns;
@@ -202,16 +221,24 @@ void gshmd__link_req_send(struct link *l, struct peer_req *req);
 int gshmd__link_send(struct link *l, const Gshm__Cluster__Msg *m);
 /* An answer or refusal with status (negative errno) and message. */
 void gshmd__link_send_status(struct link *l, uint32_t request_id, int err, const char *message);
-/* Sends the bytes [src, src + len) answering request rid on l (a data
- * frame; src stays valid and unchanged until done).  l->busy counts the
- * send until it completes; then done(arg, err) runs.  Returns 0 or a
- * negative errno (done not called). */
+/* data.c: the bytes of Reads and Stages.
+ *
+ * Sends the bytes [src, src + len) answering request rid on l: over UCX
+ * when the peer's UcxOffer made l->ucx_ep (memh: their registration, or
+ * NULL), else as a data frame of the stream.  src stays valid and
+ * unchanged until done.  l->busy counts the send until it completes; then
+ * done(arg, err) runs.  Returns 0 or a negative errno (done not called). */
 int gshmd__link_send_data(struct link *l, uint32_t rid, uint64_t offset, const void *src,
-                          uint64_t len, void (*done)(void *arg, int err), void *arg);
-/* The stream callbacks for data frames (data.c). */
-void *gshmd__link_data_dest(struct stream *s, uint32_t rid, uint64_t offset, uint64_t len,
+                          uint64_t len, ucp_mem_h memh, void (*done)(void *arg, int err),
+                          void *arg);
+/* The link_hooks data_dest and data_done for the stream. */
+void *gshmd__link_data_dest(struct link *l, uint32_t rid, uint64_t offset, uint64_t len,
                             void **tok_out);
-void gshmd__link_data_done(struct stream *s, void *tok, int err);
+void gshmd__link_data_done(struct link *l, void *tok, int err);
+/* Takes UCX data messages (after gshmd__link_start).  Returns 0 or -EIO. */
+int gshmd__link_data_start(struct links *ll);
+/* l failed: its UCX endpoint goes. */
+void gshmd__link_data_lost(struct link *l);
 /* Inbound links of peer p that passed the hello. */
 unsigned gshmd__link_count_up(struct links *ll, const struct peer *p);
 /* l->busy went down: when it reaches 0 on a failed link, on_idle runs. */
@@ -223,6 +250,21 @@ void gshmd__link_unbusy(struct link *l);
 int gshmd__link_worker_start(struct links *ll);
 void gshmd__link_worker_stop(struct links *ll);
 void gshmd__link_worker_destroy(struct links *ll);
+/* This worker's address (ucp_worker_get_address; release with
+ * ucp_worker_release_address).  Returns 0 or -EIO. */
+int gshmd__link_worker_address(struct links *ll, ucp_address_t **addr_out, size_t *len_out);
+/* An endpoint to the worker at addr (a peer's, from its authenticated
+ * UcxOffer), with peer error handling (err_cb(arg) when it fails) where
+ * the transports have it, else without, and then *eager_out: send eagerly
+ * only.
+ * Returns 0, or -EHOSTUNREACH when no transport of this UCX reaches it. */
+int gshmd__link_worker_ep(struct links *ll, const void *addr, size_t len,
+                          ucp_err_handler_cb_t err_cb, void *arg, ucp_ep_h *ep_out,
+                          bool *eager_out);
+/* Closes ep soon, outside UCX callbacks (force: its sends fail). */
+void gshmd__link_worker_ep_close(struct links *ll, ucp_ep_h ep);
+/* Sets the handler of active message id (instead of the refusing one). */
+int gshmd__link_worker_am(struct links *ll, unsigned id, ucp_am_recv_callback_t cb, void *arg);
 /* Makes sure the worker is progressed soon (after posting operations
  * outside a UCX callback). */
 void gshmd__link_kick(struct links *ll);

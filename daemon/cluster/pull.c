@@ -305,6 +305,7 @@ static const char *path_name(Gshm__Cluster__Path path) {
  * path and path_reason).  Returns 0 or a negative errno (the pull failed). */
 static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
   struct gshm_location loc;
+  char via[96];
   bool remote_device = strcmp(g->segment->location, "host") != 0;
 
   if (!p->location[0])
@@ -320,7 +321,12 @@ static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
     pull_fail(p, -ENOTSUP, "this node has no CUDA backend for location '%s'", p->location);
     return -ENOTSUP;
   }
-  snprintf(p->path_reason, sizeof(p->path_reason), "%s; over gshm's TCP stream, %s",
+  if (p->link->ucx)
+    snprintf(via, sizeof(via), "UCX (transports %.60s)", p->cl->ll.ucx_tls);
+  else
+    snprintf(via, sizeof(via), "gshm's TCP stream, %s",
+             gshmd__stream_mode_name(p->link->st.mode_rx));
+  snprintf(p->path_reason, sizeof(p->path_reason), "%.72s; over %.80s",
            p->remote_staged && p->local_staged
                ? "staged through pinned host slots on both nodes"
            : p->remote_staged ? (remote_device ? "device segment staged through pinned host "
@@ -329,7 +335,7 @@ static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
                                                  "(cluster.staging = always)")
            : p->local_staged ? "into device memory through pinned host slots here"
                              : "host segment, sent from the peer's mapping",
-           gshmd__stream_mode_name(p->peer->out ? p->peer->out->st.mode_rx : STREAM_AUTH));
+           via);
   if (p->remote_staged || p->local_staged)
     p->path = GSHM__CLUSTER__PATH__PATH_STAGED;
   return 0;

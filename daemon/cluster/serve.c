@@ -487,7 +487,7 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
   }
   g->busy++;
   if ((e = gshmd__link_send_data(l, rid, r->offset, (uint8_t *)x->addr + r->offset, r->length,
-                                 on_grant_sent, gs))) {
+                                 x->memh, on_grant_sent, gs))) {
     g->busy--;
     free(gs);
     gshmd__link_send_status(l, rid, e, "cannot send");
@@ -503,7 +503,8 @@ static void on_slot_filled(struct stage_copy *sc, int err) {
   if (!err && (!g || g->released || l->state != LINK_UP))
     err = -ESTALE;
   if (!err)
-    err = gshmd__link_send_data(l, gs->rid, sc->offset, sc->host, sc->len, on_grant_sent, gs);
+    err = gshmd__link_send_data(l, gs->rid, sc->offset, sc->host, sc->len, g->sb->memh,
+                                on_grant_sent, gs);
   l->busy--; /* the copy's count; a send counts itself */
   if (err) {
     if (l->state == LINK_UP)

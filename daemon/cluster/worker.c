@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "link.h"
 #include "log.h"
@@ -38,6 +39,35 @@ void gshmd__link_kick(struct links *ll) {
 /* Progresses the worker a bounded number of times, does the work that
  * callbacks left for outside them, then arms the event fd; when there is
  * more to do, the idle handle keeps the loop from blocking. */
+/* Closes the endpoints queued by gshmd__link_worker_ep_close and frees
+ * the close requests that finished; true while some still run. */
+static bool close_eps(struct links *ll) {
+  unsigned k = 0;
+
+  while (ll->nep_closing) {
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(ll->ep_closing[--ll->nep_closing], &rp);
+    void **n;
+    if (!UCS_PTR_IS_PTR(sp))
+      continue;
+    if (!(n = realloc(ll->ep_close_reqs, sizeof(*n) * (ll->nep_close_reqs + 1)))) {
+      ucp_request_free(sp); /* the close goes on; its request is not waited for */
+      continue;
+    }
+    ll->ep_close_reqs = n;
+    ll->ep_close_reqs[ll->nep_close_reqs++] = sp;
+  }
+  for (unsigned i = 0; i < ll->nep_close_reqs; i++) {
+    if (ucp_request_check_status(ll->ep_close_reqs[i]) != UCS_INPROGRESS)
+      ucp_request_free(ll->ep_close_reqs[i]);
+    else
+      ll->ep_close_reqs[k++] = ll->ep_close_reqs[i];
+  }
+  ll->nep_close_reqs = k;
+  return k != 0;
+}
+
 static void drive(struct links *ll) {
   bool busy = false;
 
@@ -48,6 +78,8 @@ static void drive(struct links *ll) {
         busy = true;
         break;
       }
+    if (ll->worker)
+      busy |= close_eps(ll);
     if (ll->hooks.after_progress)
       ll->hooks.after_progress(ll->hooks.arg);
     if (busy)
@@ -89,17 +121,19 @@ static void transports_without_tcp(char *out, size_t size) {
   char copy[256], *save = NULL, *tok;
   size_t n = 0;
 
-  if (!env || !*env || !strcmp(env, "all") || env[0] == '^') {
-    /* all (but what the user excluded), and never tcp */
-    snprintf(out, size, "%s%s", env && env[0] == '^' ? env : "^", 
-             env && env[0] == '^' ? ",tcp" : "tcp");
+  if (!env || !*env || !strcmp(env, "all")) {
+    snprintf(out, size, "^tcp"); /* everything but tcp */
     return;
   }
-  snprintf(copy, sizeof(copy), "%s", env);
+  if (env[0] == '^') {
+    snprintf(out, size, "%s,tcp", env); /* what the user left out, and tcp */
+    return;
+  }
+  snprintf(copy, sizeof(copy), "%s", env); /* the user's list without tcp */
   out[0] = '\0';
   for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
-    if (strcmp(tok, "tcp") && strcmp(tok, "all"))
-      n += (size_t)snprintf(out + n, n < size ? size - n : 0, "%s%s", n ? "," : "", tok);
+    if (strcmp(tok, "tcp") && n < size)
+      n += (size_t)snprintf(out + n, size - n, "%s%s", n ? "," : "", tok);
   if (!out[0])
     snprintf(out, size, "^tcp");
 }
@@ -119,11 +153,11 @@ static int setup_ucp(struct links *ll) {
   ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
   ucp_config_t *config;
   ucs_status_t st;
-  char tls[300];
+  char *tls = ll->ucx_tls;
 
   if ((st = ucp_config_read(NULL, NULL, &config)) != UCS_OK)
     goto fail;
-  transports_without_tcp(tls, sizeof(tls));
+  transports_without_tcp(tls, sizeof(ll->ucx_tls));
   if (getenv("UCX_TLS") && strcmp(getenv("UCX_TLS"), tls))
     gshm_log_notice("cluster: UCX_TLS=%s overridden to %s: UCX's tcp transport is never used "
                     "(bytes over TCP go on gshm's authenticated streams)",
@@ -174,6 +208,12 @@ int gshmd__link_worker_start(struct links *ll) {
 }
 
 void gshmd__link_worker_stop(struct links *ll) {
+  /* the endpoints' closes finish before the worker goes (bounded) */
+  for (int i = 0; ll->worker && i < 2000 && (close_eps(ll) || ll->nep_closing); i++) {
+    ucp_worker_progress(ll->worker);
+    if (i > 100)
+      usleep(1000);
+  }
   if (!ll->worker_handles)
     return;
   ll->worker_handles = false;
@@ -181,10 +221,79 @@ void gshmd__link_worker_stop(struct links *ll) {
   uv_close((uv_handle_t *)&ll->idle, NULL);
 }
 
+int gshmd__link_worker_address(struct links *ll, ucp_address_t **addr_out, size_t *len_out) {
+  return ucp_worker_get_address(ll->worker, addr_out, len_out) == UCS_OK ? 0 : -EIO;
+}
+
+int gshmd__link_worker_ep(struct links *ll, const void *addr, size_t len,
+                          ucp_err_handler_cb_t err_cb, void *arg, ucp_ep_h *ep_out,
+                          bool *eager_out) {
+  ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                      UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                        .address = addr,
+                        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                        .err_handler = {.cb = err_cb, .arg = arg}};
+  ucs_status_t st;
+
+  (void)len; /* UCX reads the address's own length */
+  *eager_out = false;
+  st = ucp_ep_create(ll->worker, &ep, ep_out);
+  if (st == UCS_ERR_UNREACHABLE && ll->ucx_without_peer_errors) {
+    /* UCX 1.13's shared-memory transports cannot tell a dead peer: the
+     * link's TCP stream does, and the endpoint is closed with it.  Such
+     * an endpoint sends eagerly only: a rendezvous would have the reader
+     * copy from the sender's memory (cma), which UCX treats as fatal
+     * when the sender died meanwhile. */
+    ep.field_mask &= ~(uint64_t)UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(ll->worker, &ep, ep_out);
+    *eager_out = true;
+  }
+  if (st != UCS_OK) {
+    gshm_log_info("cluster: no UCX endpoint to a peer's worker: %s", ucs_status_string(st));
+    return -EHOSTUNREACH;
+  }
+  gshmd__link_kick(ll);
+  return 0;
+}
+
+void gshmd__link_worker_ep_close(struct links *ll, ucp_ep_h ep) {
+  ucp_ep_h *n = realloc(ll->ep_closing, sizeof(*n) * (ll->nep_closing + 1));
+  if (!n) { /* closed here then, inside whatever callback this is */
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &rp);
+    if (UCS_PTR_IS_PTR(sp))
+      ucp_request_free(sp);
+    return;
+  }
+  ll->ep_closing = n;
+  ll->ep_closing[ll->nep_closing++] = ep;
+  gshmd__link_kick(ll);
+}
+
+int gshmd__link_worker_am(struct links *ll, unsigned id, ucp_am_recv_callback_t cb, void *arg) {
+  ucp_am_handler_param_t ap = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                             UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                             UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                               .id = id, .cb = cb, .arg = arg};
+  return ucp_worker_set_am_recv_handler(ll->worker, &ap) == UCS_OK ? 0 : -EIO;
+}
+
 void gshmd__link_worker_destroy(struct links *ll) {
   if (ll->worker)
     ucp_worker_destroy(ll->worker);
   ll->worker = NULL;
+  while (ll->abandoned) { /* sends UCX never completed: no callback comes now */
+    void *next = *(void **)ll->abandoned;
+    free(ll->abandoned);
+    ll->abandoned = next;
+  }
+  free(ll->ep_closing);
+  free(ll->ep_close_reqs);
+  ll->ep_closing = NULL;
+  ll->ep_close_reqs = NULL;
   if (ll->ctx)
     ucp_cleanup(ll->ctx);
   ll->ctx = NULL;

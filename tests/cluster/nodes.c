@@ -71,6 +71,8 @@ void node_start(struct node *n, const char *name, const char *peers, const char 
   SET("--set=cluster.secret_file=%s", key);
   SET("--set=cluster.export=%s", exports);
   SET("--set=cluster.pull_group=%s", node_group);
+  if (getenv("GSHM_TEST_CLUSTER_TRANSPORT")) /* every node of the run: ctest runs it twice */
+    SET("--set=cluster.transport=%s", getenv("GSHM_TEST_CLUSTER_TRANSPORT"));
   va_start(ap, exports);
   while ((extra = va_arg(ap, const char *)) && k < 12)
     SET("--set=%s", extra);

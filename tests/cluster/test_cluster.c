@@ -1,6 +1,7 @@
 /* Two (and more) real gshmd on one machine, each with its own Unix socket
- * and cluster port on 127.0.0.1, through UCX's tcp transport (issue 13,
- * "Done when" 1): byte-exact pulls of 1 B, 4095 B, 64 MiB + 3 B and 1 GiB
+ * and cluster port on 127.0.0.1; ctest runs it twice: the bytes over
+ * gshm's TCP stream, and with GSHM_TEST_CLUSTER_TRANSPORT=ucx over UCX's
+ * shared-memory transports: byte-exact pulls of 1 B, 4095 B, 64 MiB + 3 B and 1 GiB
  * of random data; 50 concurrent pulls; refusals (not exported, unknown
  * peer, wrong key); the serving daemon SIGKILLed mid-pull; random packets
  * on the cluster port while local clients are served; unlink on the
@@ -96,6 +97,13 @@ static void test_sizes(void **state) {
     assert_int_equal(gshm_pull(b, "a", name, &po, &r), 0);
     assert_true(r.bytes == sizes[i]);
     assert_string_equal(r.path, "host");
+    /* the transport the hello chose: UCX over shared memory between two
+     * gshmd on one host only with cluster.transport = ucx */
+    {
+      const char *t = getenv("GSHM_TEST_CLUSTER_TRANSPORT");
+      assert_non_null(strstr(r.path_reason, t && !strcmp(t, "ucx") ? "over UCX"
+                                                                   : "over gshm's TCP stream"));
+    }
     assert_string_equal(r.peer, "a");
     assert_true(r.remote_id == st.id && r.remote_generation == st.generation);
     snprintf(src, sizeof(src), "a:%s#%llu.%llu", name, (unsigned long long)st.id,
@@ -342,7 +350,9 @@ static void test_server_killed(void **state) {
   print_message("puller fds %d -> %d, rss %ld -> %ld KiB\n", fds0, fds1, rss0, rss1);
   /* the baseline had endpoints to k; none are left */
   assert_true(fds1 <= fds0);
+#ifndef __SANITIZE_ADDRESS__ /* ASan keeps freed memory in quarantine (UCX's 8 MiB eager buffers) */
   assert_true(rss1 < rss0 + 32 * 1024);
+#endif
   gshm__spawn_stop(&k.h.sp, SIGKILL);
   gshm__spawn_cleanup(&k.h.sp);
   assert_int_equal(harness_stop(&p.h), 0);
@@ -478,8 +488,9 @@ static void test_puller_killed(void **state) {
     usleep(50000);
   }
   assert_int_equal(st.leases, 0);
-  /* the grant ended with the puller: so did the registration */
-  assert_int_equal(metric(a, "gshm_cluster_registered_segments"), 0);
+  /* the grant ended with the puller: so did the registration (the
+   * metrics are a snapshot up to a second old) */
+  assert_int_equal(wait_metric(a, "gshm_cluster_registered_segments", 0), 0);
   assert_int_equal(gshm_unlink(a, "pub/victim"), 0);
   gshm_disconnect(a);
   /* B again, for the next tests and the teardown */

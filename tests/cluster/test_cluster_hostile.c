@@ -509,11 +509,12 @@ static void proxy_stop(struct proxy *px) {
   close(px->lfd);
 }
 
-/* Node name through the proxy, with extra settings. */
+/* Node name through the proxy, with extra settings; the bytes on the
+ * TCP stream (over UCX they would pass beside the proxy). */
 static void start_behind_proxy(struct node *n, const char *name, const char *extra) {
   char peers[64];
   snprintf(peers, sizeof(peers), "s=127.0.0.1:%d", proxy_port);
-  node_start(n, name, peers, keys.key, "", extra, NULL);
+  node_start(n, name, peers, keys.key, "", extra, "cluster.transport=tcp", NULL);
 }
 
 /* One flipped bit of S's bytes on the wire, in a data frame (the third
