@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench: one program, one subcommand per file (bench_<name>.c). */
 #ifndef GSHM_BENCH_H
 #define GSHM_BENCH_H

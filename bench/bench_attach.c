@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench attach: what it costs to get at a shared device segment.
  *
  * For each size (default 2 MiB, 64 MiB, 4 GiB), medians over --runs runs:

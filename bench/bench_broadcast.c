@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench broadcast: one GPU's buffer to every other GPU, gshm_broadcast
  * (each algorithm) against NCCL's ncclBroadcast on the same GPUs, buffers
  * and sizes, in one run.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench control: control-plane throughput and latency with N clients.
  *
  * For each operation and each N (default 1,2,4,8,16,32,64,128,256), N

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench copy: P2P bandwidth and latency, modelled on CUDA samples'
  * p2pBandwidthLatencyTest: the copy engine (cuMemcpyAsync with peer access
  * enabled, what cudaMemcpyPeerAsync does), libgshm's SM kernels (push: run

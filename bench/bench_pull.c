@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench pull: pulling a segment from a peer gshmd (docs/CLUSTER.md)
  * against one plain TCP connection moving the same bytes, and against
  * UCX's own ucp_get, in the same run, on the same sizes.

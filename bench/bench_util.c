@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers shared by gshm-bench's subcommands (bench.h). */
 #include <stdlib.h>
 

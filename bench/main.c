@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench: benchmarks are programs, not timed tests (docs/ARCHITECTURE.md
  * "Configuration, metrics, tools").
  * Each subcommand prints a table (and --json where it has one) and writes
@@ -6,6 +7,10 @@
 #include <string.h>
 
 #include "bench.h"
+
+#ifndef GSHM_VERSION
+#error "GSHM_VERSION comes from project() in CMakeLists.txt"
+#endif
 
 static const struct {
   const char *name;
@@ -20,7 +25,8 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: gshm-bench SUBCOMMAND [options]   (SUBCOMMAND --help for its options)\n\n");
+  fprintf(f, "usage: gshm-bench SUBCOMMAND [options]   (SUBCOMMAND --help for its options)\n"
+             "       gshm-bench --version\n\n");
   for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)
     fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].help);
 }
@@ -32,6 +38,10 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     usage(stdout);
+    return 0;
+  }
+  if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+    printf("gshm-bench " GSHM_VERSION "\n");
     return 0;
   }
   for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Best-fit carving of one address range; see arena.h.  The lists are
  * short (PyTorch's blocks are 2 MiB and up, a segment 256 MiB), so plain
  * linked lists do. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Best-fit carving of one address range (a pool segment of
  * client/torch_alloc.c): offsets only, no memory is touched. */
 #ifndef GSHM_CLIENT_ARENA_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libgshm: connection, requests, leases and the lease cache. */
 #include <errno.h>
 #include <fcntl.h>
@@ -139,14 +140,15 @@ static int read_reply(struct gshm_client *c, uint32_t request_id, uint16_t type,
   }
 }
 
-static int reconnect(struct gshm_client *c);
+static int reconnect(struct gshm_client *c, int wait_ms);
 static bool connection_lost(int e);
 
 /* Drains events already waiting on the socket (no blocking).  A daemon
  * that went away may have sent events we never got (its restart lost
- * them): then reconnect, which re-takes every lease by id and generation
- * and marks those that are gone; returns false when still disconnected. */
-static bool drain_events(struct gshm_client *c) {
+ * them): then reconnect (waiting up to reconnect_ms when `wait`, else one
+ * attempt), which re-takes every lease by id and generation and marks
+ * those that are gone; returns false when still disconnected. */
+bool gshm__drain_events(struct gshm_client *c, bool wait) {
   Gshm__Reply *unused;
   int e = c->fd >= 0 ? read_reply(c, 0, 0, &unused, NULL, 1) : -ENOTCONN;
 
@@ -154,7 +156,7 @@ static bool drain_events(struct gshm_client *c) {
     if (c->fd >= 0)
       close(c->fd);
     c->fd = -1;
-    if (c->reconnect_ms <= 0 || reconnect(c))
+    if (c->reconnect_ms <= 0 || reconnect(c, wait ? c->reconnect_ms : 0))
       return false;
   }
   return true;
@@ -188,9 +190,20 @@ static int hello(struct gshm_client *c) {
   return e;
 }
 
+/* Keeps the grant's token (none, or one too long to be ours: none). */
+static void lease_set_token(struct gshm__lease *l, const Gshm__LeaseGrant *g) {
+  l->token_len = g->lease_token.len <= sizeof(l->token) ? g->lease_token.len : 0;
+  if (l->token_len)
+    memcpy(l->token, g->lease_token.data, l->token_len);
+}
+
 /* After the daemon came back: re-take every lease by segment id and
- * generation.  The fds and mappings we hold stay valid throughout (they
- * keep the memory alive on their own); the daemon's new fd is dropped. */
+ * generation, with the token of its grant, so that it comes back with the
+ * access it was granted whatever chmod, chown or unlink happened.  The fds
+ * and mappings we hold stay valid throughout (they keep the memory alive
+ * on their own); the daemon's new fd is dropped.  A lease that cannot come
+ * back (revoked: its segment is gone) is marked, and calls on it fail with
+ * -ESTALE from now on. */
 static void retake_leases(struct gshm_client *c) {
   for (struct gshm__lease *l = c->leases; l; l = l->next) {
     Gshm__OpenRequest m = GSHM__OPEN_REQUEST__INIT;
@@ -203,6 +216,8 @@ static void retake_leases(struct gshm_client *c) {
     m.access = l->access == GSHM_ACCESS_READ ? GSHM__ACCESS__ACCESS_READ
                                              : GSHM__ACCESS__ACCESS_READ_WRITE;
     m.name = "";
+    m.lease_token.data = l->token;
+    m.lease_token.len = l->token_len;
     l->lease_id = 0;
     if (gshm__wire_send(c->fd, GSHM_WIRE_OPEN, id, &m.base, -1) ||
         read_reply(c, id, GSHM_WIRE_OPEN, &reply, &fd, 0))
@@ -211,6 +226,7 @@ static void retake_leases(struct gshm_client *c) {
       close(fd);
     if (reply->status == GSHM__STATUS__STATUS_OK && reply->grant) {
       l->lease_id = reply->grant->lease_id;
+      lease_set_token(l, reply->grant);
       l->unlinked = reply->grant->segment &&
                     reply->grant->segment->state == GSHM__SEGMENT_STATE__SEGMENT_STATE_UNLINKED;
     } else {
@@ -226,11 +242,11 @@ static void retake_leases(struct gshm_client *c) {
   }
 }
 
-/* Reconnects to a daemon that went away, waiting up to reconnect_ms for
- * it to come back (systemd restarts it). */
-static int reconnect(struct gshm_client *c) {
+/* Reconnects to a daemon that went away, waiting up to wait_ms for it to
+ * come back (systemd restarts it); 0: one attempt. */
+static int reconnect(struct gshm_client *c, int wait_ms) {
   struct timespec delay = {0, 10 * 1000 * 1000};
-  int64_t deadline = gshm__now_ns(CLOCK_MONOTONIC) + (int64_t)c->reconnect_ms * 1000000;
+  int64_t deadline = gshm__now_ns(CLOCK_MONOTONIC) + (int64_t)wait_ms * 1000000;
   int e;
 
   if (c->fd >= 0) {
@@ -270,7 +286,7 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
   for (int attempt = 0; attempt < 2; attempt++) {
     uint32_t id;
     int fd = -1;
-    if (c->fd < 0 && (e = reconnect(c)))
+    if (c->fd < 0 && (e = reconnect(c, c->reconnect_ms)))
       break;
     id = ++c->next_request;
     e = gshm__wire_send(c->fd, type, id, msg, -1);
@@ -476,6 +492,7 @@ int gshm__lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
   l->access = reply->grant->access == GSHM__ACCESS__ACCESS_READ ? GSHM_ACCESS_READ
                                                                  : GSHM_ACCESS_READ_WRITE;
   l->fd = fd;
+  lease_set_token(l, reply->grant);
   gshm__info_from_wire(&l->info, reply->grant->segment);
   if ((e = segment_new(l, seg_out))) {
     if (fd >= 0)
@@ -516,7 +533,7 @@ int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *l
 /* A lease of this client that can serve an open of name with access. */
 static struct gshm__lease *cached_lease(struct gshm_client *c, const char *name,
                                         gshm_access_t access) {
-  if (!drain_events(c))
+  if (!gshm__drain_events(c, true))
     return NULL; /* no daemon to confirm the name: the request will say */
   for (struct gshm__lease *l = c->leases; l; l = l->next)
     /* Same access only: a read-only open must not get a writable mapping;

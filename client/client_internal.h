@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libgshm internals shared by client.c, map.c and map_cuda.c. */
 #ifndef GSHM_CLIENT_INTERNAL_H
 #define GSHM_CLIENT_INTERNAL_H
@@ -24,7 +25,12 @@ struct gshm__lease {
   int fd;                  /* memfd or cuMem POSIX fd; owned */
   int refs;                /* gshm_segment_t objects using this lease */
   bool unlinked;           /* name gone: never served to new opens */
-  bool revoked;            /* the daemon ended the lease */
+  bool revoked;            /* the daemon ended the lease, or it could not be re-taken after
+                              a restart: calls on its segments fail with -ESTALE */
+  /* The daemon's proof of this grant (LeaseGrant.lease_token), sent back
+   * to re-take the lease after a restart; token_len 0: none given. */
+  uint8_t token[32];
+  size_t token_len;
   /* The mapping, shared by every segment object of this lease. */
   void *addr;
   uint64_t map_size;
@@ -69,6 +75,12 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
  * answered more than once: PULL's progress replies), as gshm__request.
  * Caller holds c->lock.  No reconnect: a lost connection is -ECONNRESET. */
 int gshm__request_more(struct gshm_client *c, uint16_t type, Gshm__Reply **reply_out);
+
+/* Applies the events already waiting on the socket (no blocking); a
+ * connection found dead is reconnected (waiting up to $GSHM_RECONNECT_MS
+ * when `wait`, else one attempt), which re-takes every lease.  Returns
+ * false when still disconnected.  Caller holds c->lock. */
+bool gshm__drain_events(struct gshm_client *c, bool wait);
 
 /* A SegmentInfo from the wire in the public struct. */
 void gshm__info_from_wire(gshm_segment_info_t *o, const Gshm__SegmentInfo *i);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libgshm's cluster calls: peers, a peer's segments, pulls
  * (docs/CLUSTER.md).  The daemons move the bytes; these only ask. */
 #include <errno.h>

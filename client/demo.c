@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-demo: README's main job.
  *
  * Starts a private gshmd (its own socket in a fresh directory, built-in

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # gshm-demo-gpu (client/demo_gpu.cu): README's device demo.  Process A
 # creates a segment on GPU 0 and fills it with a kernel; process B maps it
 # on GPU 1 and verifies every element with a kernel over the peer link.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // gshm-demo-gpu: one device segment shared across processes and GPUs.
 //
 //   process A (this program) creates a segment on GPU 0 and fills it with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmctl: show and manage what gshmd shares.  A libgshm client itself.
  *
  * Exit codes (docs/ARCHITECTURE.md "Configuration, metrics, tools"): 0 ok,
@@ -54,7 +55,7 @@ static void usage(FILE *f) {
           "  revoke NAME                    admin: end every lease and unlink\n"
           "  read NAME [--offset B] [--length B] [-o FILE]\n"
           "                                 segment bytes to stdout or FILE (default: up to\n"
-          "                                 the size asked for at create)\n"
+          "                                 the size asked for at create); --json needs -o\n"
           "  write NAME [-i FILE] [--offset B]\n"
           "                                 bytes from stdin or FILE into the segment\n"
           "  peers                          the cluster's peer nodes and their state\n"
@@ -153,10 +154,23 @@ static int fail(gshm_client_t *c, const char *what, int err) {
  * negative number as such.  Returns EXIT_USAGE. */
 static int bad_option(const char *verb, int o, char **argv) {
   const char *arg = argv[optind - 1] ? argv[optind - 1] : "?";
-  bool negative = arg[0] == '-' && arg[1] >= '0' && arg[1] <= '9';
+  char letter[3] = {'-', (char)optopt, '\0'};
+  bool negative;
 
   if (o == ':')
     return errorf(EXIT_USAGE, -EINVAL, "%s: option '%s' needs a value", verb, arg);
+  /* A short option: getopt may still be inside its argument ("-4K" stops
+   * at '4' before optind moves past it, so argv[optind - 1] is the word
+   * before): name the argument that starts with the letter, or the letter. */
+  if (optopt) {
+    arg = letter;
+    for (char **a = argv + 1; *a; a++)
+      if ((*a)[0] == '-' && (*a)[1] == optopt) {
+        arg = *a;
+        break;
+      }
+  }
+  negative = arg[0] == '-' && arg[1] >= '0' && arg[1] <= '9';
   return errorf(EXIT_USAGE, -EINVAL, "%s: %s '%s'%s", verb,
                 negative ? "not a size or offset:" : "unknown option", arg,
                 negative ? " (sizes and offsets cannot be negative)" : "");
@@ -288,8 +302,8 @@ static int cmd_status(gshm_client_t *c) {
 
 /* Names in table output come from other users (segment and client names,
  * mapped devices): control characters, C1 bytes and bidi overrides in
- * them must not reach the terminal raw (issue 15).  JSON output escapes
- * on its own. */
+ * them must not reach the terminal raw: another user could rewrite what
+ * the admin sees or move the cursor.  JSON output escapes on its own. */
 #define SHOWN_CAP (4 * 4096 + 1)
 static const char *shown(const char *text, char buf[SHOWN_CAP]) {
   return gshm__escape_text(text, buf, SHOWN_CAP);
@@ -784,6 +798,17 @@ static int rw_opts(int argc, char **argv, bool is_write, uint64_t *offset, uint6
   return 0;
 }
 
+/* The document of a read or write: {"schema_version", "name", "offset",
+ * "bytes"}; the caller may add keys, then prints it. */
+static json_t *json_transfer(const char *name, uint64_t offset, uint64_t bytes) {
+  json_t *doc = json_doc();
+
+  json_object_set_new(doc, "name", json_text(name));
+  json_object_set_new(doc, "offset", json_integer((json_int_t)offset));
+  json_object_set_new(doc, "bytes", json_integer((json_int_t)bytes));
+  return doc;
+}
+
 static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   uint64_t offset = 0, length = 0, done = 0;
   bool have_length = false;
@@ -794,6 +819,13 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
 
   if ((rc = rw_opts(argc, argv, false, &offset, &length, &have_length, &file)))
     return rc;
+  /* JSON has no form for raw bytes, and a base64 copy of a segment of
+   * gigabytes in one document helps nobody: the bytes go to a file, the
+   * document says what was read. */
+  if (json_out && !file)
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "read: --json cannot print a segment's bytes; give -o FILE (the JSON "
+                  "document then says what was read)");
   if (!c)
     return EXIT_OK;
   if ((e = gshm_open(c, argv[optind], GSHM_ACCESS_READ, &seg)))
@@ -842,6 +874,11 @@ out:
     rc = errorf(EXIT_ERR, -errno, "read: %s: %s", file, strerror(errno));
   }
   gshm_close(seg);
+  if (rc == EXIT_OK && json_out) {
+    json_t *doc = json_transfer(argv[optind], offset, done);
+    json_object_set_new(doc, "file", json_text(file));
+    rc = print_json(doc);
+  }
   return rc;
 }
 
@@ -904,11 +941,7 @@ static int cmd_write(gshm_client_t *c, int argc, char **argv) {
     done += (uint64_t)n;
   }
   if (rc == EXIT_OK && json_out) {
-    json_t *doc = json_doc();
-    json_object_set_new(doc, "name", json_text(argv[optind]));
-    json_object_set_new(doc, "offset", json_integer((json_int_t)offset));
-    json_object_set_new(doc, "bytes", json_integer((json_int_t)done));
-    rc = print_json(doc);
+    rc = print_json(json_transfer(argv[optind], offset, done));
   } else if (rc == EXIT_OK) {
     printf("wrote %" PRIu64 " bytes to '%s' at offset %" PRIu64 "\n", done, argv[optind], offset);
   }

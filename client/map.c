@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm_map / gshm_unmap and byte access (gshm_read / gshm_write). */
 #include <errno.h>
 #include <string.h>
@@ -66,7 +67,10 @@ int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices, void **ad
     return -EINVAL;
   c = seg->lease->client;
   pthread_mutex_lock(&c->lock);
-  if (!(e = lease_map(seg->lease, devices, ndevices)) && !seg->mapped) {
+  gshm__drain_events(c, false); /* a revoke (or a restart) is learnt here */
+  if (seg->lease->revoked) /* never a mapping of memory gshmd took back */
+    e = -ESTALE;
+  else if (!(e = lease_map(seg->lease, devices, ndevices)) && !seg->mapped) {
     seg->mapped = true;
     seg->lease->map_refs++;
   }
@@ -113,6 +117,11 @@ static int segment_rw(gshm_segment_t *seg, uint64_t offset, void *buf, size_t by
   if (bytes == 0)
     return 0;
   pthread_mutex_lock(&c->lock);
+  gshm__drain_events(c, false); /* one non-blocking recv: learns of a revoke or a restart */
+  if (l->revoked) {
+    e = -ESTALE;
+    goto out;
+  }
   if (!l->addr) {
     /* Map only for this copy (on the segment's own GPU for device ones). */
     if ((e = lease_map(l, NULL, 0)))

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Device segments in libgshm: mapping a cuMem POSIX fd, staging copies for
  * byte access, and the legacy cudaIpcMemHandle open.
  *

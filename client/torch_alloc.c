@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm as PyTorch's allocator: pools of device segments carved up in
  * libgshm, behind PyTorch's pluggable-allocator signatures.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA driver API, loaded at run time.
  *
  * gshmd and libgshm never link libcuda: the same binaries must start on nodes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The one error table (libuv's UV_ERRNO_MAP pattern): every negative errno
  * that gshm returns, with its message.  gshm_strerror(), gshm_err_name()
  * and the daemon's replies all read it.  One errno per meaning: on Linux

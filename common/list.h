@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Intrusive circular doubly-linked list (the shape of libuv's queue.h and
  * the Linux kernel's list.h): O(1) insert and remove with no allocation. */
 #ifndef GSHM_COMMON_LIST_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Logging shared by gshmd, libgshm and the tools.
  *
  * Levels are syslog priorities (0 emerg .. 7 debug).  The daemon prints

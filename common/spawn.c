@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "spawn.h"
 
 #include <errno.h>
@@ -8,7 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -55,6 +59,7 @@ static void store_remove(struct gshm_spawn *s, const char *name) {
       free(s->names[i]);
       s->fds[i] = s->fds[s->nfds - 1];
       s->names[i] = s->names[s->nfds - 1];
+      s->nopoll[i] = s->nopoll[s->nfds - 1];
       s->nfds--;
     } else {
       i++;
@@ -62,10 +67,106 @@ static void store_remove(struct gshm_spawn *s, const char *name) {
   }
 }
 
+/* Stores fd under name (called with the lock held, or before any thread
+ * reads the store). */
+static int store_put(struct gshm_spawn *s, const char *name, int fd, bool nopoll) {
+  if (s->store_max && s->nfds >= s->store_max) {
+    close(fd);
+    s->store_refused++;
+    return -ENOSPC;
+  }
+  if (s->nfds == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 64;
+    int *fds = realloc(s->fds, sizeof(*fds) * (size_t)cap);
+    char **names = fds ? realloc(s->names, sizeof(*names) * (size_t)cap) : NULL;
+    bool *nopolls = names ? realloc(s->nopoll, sizeof(*nopolls) * (size_t)cap) : NULL;
+    if (fds)
+      s->fds = fds;
+    if (names)
+      s->names = names;
+    if (!nopolls) {
+      close(fd);
+      return -ENOMEM;
+    }
+    s->nopoll = nopolls;
+    s->cap = cap;
+  }
+  if (!(s->names[s->nfds] = strdup(name))) {
+    close(fd);
+    return -ENOMEM;
+  }
+  s->fds[s->nfds] = fd;
+  s->nopoll[s->nfds] = nopoll;
+  s->nfds++;
+  return 0;
+}
+
+int gshm__spawn_store_add(struct gshm_spawn *s, const char *name, int fd, bool nopoll) {
+  int e;
+  pthread_mutex_lock(&s->lock);
+  e = store_put(s, name, fd, nopoll);
+  pthread_mutex_unlock(&s->lock);
+  return e;
+}
+
+/* The fds queued at the head of a socket's receive queue (peeked, the
+ * copies closed); 0 when empty or not a socket. */
+static int peek_fd_count(int fd) {
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int) * 253)];
+  } ctl;
+  char b;
+  struct iovec iov = {.iov_base = &b, .iov_len = 1};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                      .msg_controllen = sizeof(ctl.buf)};
+  int n = 0;
+
+  if (recvmsg(fd, &mh, MSG_PEEK | MSG_DONTWAIT | MSG_CMSG_CLOEXEC) < 0)
+    return 0;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      for (int i = 0; i < k; i++) {
+        int f;
+        memcpy(&f, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof(f));
+        close(f);
+      }
+      n += k;
+    }
+  return n;
+}
+
+int gshm__spawn_store_memory_fds(struct gshm_spawn *s) {
+  int n = 0;
+  pthread_mutex_lock(&s->lock);
+  for (int i = 0; i < s->nfds; i++) {
+    const char *m = s->names[i];
+    size_t len = strlen(m);
+    if (!strncmp(m, "seg-", 4))
+      n++;
+    else if (m[0] == 'b' && len >= 3 && (m[len - 1] == 'a' || m[len - 1] == 'b') &&
+             strspn(m + 1, "0123456789") == len - 2)
+      n += peek_fd_count(s->fds[i]);
+  }
+  pthread_mutex_unlock(&s->lock);
+  return n;
+}
+
+static size_t gshm__spawn_fdnames_len_locked(struct gshm_spawn *s, bool socket_activation);
+
+size_t gshm__spawn_fdnames_len(struct gshm_spawn *s, bool socket_activation) {
+  size_t len;
+  pthread_mutex_lock(&s->lock);
+  len = gshm__spawn_fdnames_len_locked(s, socket_activation);
+  pthread_mutex_unlock(&s->lock);
+  return len;
+}
+
 /* One datagram: newline-separated assignments, maybe with fds. */
 static void handle_datagram(struct gshm_spawn *s, char *msg, int *fds, int nfds) {
   char *name = NULL, *save = NULL, *line;
-  bool store = false, remove = false;
+  bool store = false, remove = false, nopoll = false;
 
   for (line = strtok_r(msg, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
     if (!strcmp(line, "READY=1"))
@@ -82,17 +183,16 @@ static void handle_datagram(struct gshm_spawn *s, char *msg, int *fds, int nfds)
       remove = true;
     else if (!strncmp(line, "FDNAME=", 7))
       name = line + 7;
+    else if (!strcmp(line, "FDPOLL=0"))
+      nopoll = true;
   }
   if (remove && name)
     store_remove(s, name);
   for (int i = 0; i < nfds; i++) {
-    if (store && s->nfds < GSHM_SPAWN_MAX_FDS) {
-      s->fds[s->nfds] = fds[i];
-      s->names[s->nfds] = strdup(name ? name : "stored");
-      s->nfds++;
-    } else {
+    if (store)
+      store_put(s, name ? name : "stored", fds[i], nopoll);
+    else
       close(fds[i]); /* systemd too drops fds that come without FDSTORE=1 */
-    }
   }
 }
 
@@ -176,65 +276,87 @@ static int make_listener(struct gshm_spawn *s) {
   return 0;
 }
 
-int gshm__spawn_start(struct gshm_spawn *s, const char *gshmd_path, const char *const *extra_args,
-                      bool socket_activation, int timeout_ms) {
-  const char *argv[64];
-  int argc = 0, e, nfds, status;
-  int64_t deadline;
+static size_t gshm__spawn_fdnames_len_locked(struct gshm_spawn *s, bool socket_activation) {
+  size_t len = socket_activation ? strlen("gshmd") : 0;
+  for (int i = 0; i < s->nfds; i++)
+    len += strlen(s->names[i]) + (len || i ? 1 : 0);
+  return len;
+}
 
-  if (socket_activation && (e = make_listener(s)))
-    return e;
-  argv[argc++] = gshmd_path;
-  if (!socket_activation) {
-    argv[argc++] = "--socket";
-    argv[argc++] = s->socket_path;
+/* LISTEN_FDNAMES into names (room: gshm__spawn_fdnames_len_locked + 1). */
+static void fdnames_join(struct gshm_spawn *s, bool socket_activation, char *names) {
+  size_t used = 0;
+  names[0] = '\0';
+  if (socket_activation)
+    used += (size_t)sprintf(names, "gshmd");
+  for (int i = 0; i < s->nfds; i++)
+    used += (size_t)sprintf(names + used, "%s%s", used || i ? ":" : "", s->names[i]);
+}
+
+/* As gshmd.service's CapabilityBoundingSet= (empty): no capability
+ * survives the exec, also for root (the bounding set and the inheritable
+ * set are emptied; without CAP_SETPCAP, as a normal user, there is
+ * nothing to drop).  Without CAP_SYS_RESOURCE the kernel counts the fds
+ * gshmd keeps in flight in its buckets against RLIMIT_NOFILE, as in
+ * production. */
+static void drop_capabilities(void) {
+  struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct d[2];
+
+  for (int c = 0; c < 64; c++)
+    prctl(PR_CAPBSET_DROP, c, 0, 0, 0);
+  if (syscall(SYS_capget, &h, d) == 0) {
+    d[0].inheritable = d[1].inheritable = 0;
+    syscall(SYS_capset, &h, d);
   }
-  for (int i = 0; extra_args && extra_args[i] && argc < 62; i++)
-    argv[argc++] = extra_args[i];
-  argv[argc] = NULL;
-  pthread_mutex_lock(&s->lock);
-  s->ready = s->stopping = false;
-  nfds = s->nfds + (socket_activation ? 1 : 0);
-  s->pid = fork();
-  if (s->pid != 0)
-    pthread_mutex_unlock(&s->lock); /* the child reads the store unlocked: it is a copy */
-  if (s->pid < 0)
-    return -errno;
-  if (s->pid == 0) {
-    /* Child: fds to 3.. in order, via copies numbered above every target
-     * (3 + nfds and up, not a fixed high number that RLIMIT_NOFILE, often
-     * 1024, may not allow) so that dup2 never clobbers one not yet moved. */
-    int tmp[GSHM_SPAWN_MAX_FDS + 1], k = 0, base = 3 + nfds;
-    static char names[65536], env_fds[32], env_pid[32];
-    size_t used = 0;
-    if (socket_activation)
-      tmp[k++] = fcntl(s->listen_fd, F_DUPFD_CLOEXEC, base);
-    for (int i = 0; i < s->nfds; i++)
-      tmp[k++] = fcntl(s->fds[i], F_DUPFD_CLOEXEC, base);
-    for (int i = 0; i < k; i++)
-      if (tmp[i] < 0 || dup2(tmp[i], 3 + i) < 0)
-        _exit(126);
-    names[0] = '\0';
-    if (socket_activation)
-      used += (size_t)snprintf(names + used, sizeof(names) - used, "gshmd");
-    for (int i = 0; i < s->nfds && used < sizeof(names); i++)
-      used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s", used ? ":" : "",
-                               s->names[i]);
-    snprintf(env_fds, sizeof(env_fds), "%d", nfds);
-    snprintf(env_pid, sizeof(env_pid), "%d", (int)getpid());
-    setenv("NOTIFY_SOCKET", s->notify_path, 1);
-    if (nfds) {
-      setenv("LISTEN_FDS", env_fds, 1);
-      setenv("LISTEN_PID", env_pid, 1);
-      setenv("LISTEN_FDNAMES", names, 1);
-    } else {
-      unsetenv("LISTEN_FDS");
-      unsetenv("LISTEN_PID");
-      unsetenv("LISTEN_FDNAMES");
-    }
-    execvp(gshmd_path, (char *const *)argv);
+}
+
+/* The forked child: the store's fds to 3.. in order, via copies numbered
+ * above every target (3 + nfds and up, not a fixed high number that
+ * RLIMIT_NOFILE, often 1024, may not allow) so that dup2 never clobbers
+ * one not yet moved; the environment of sd_listen_fds(3); then gshmd.  An
+ * exec failure's errno goes to err_fd. */
+static void child_exec(struct gshm_spawn *s, const char *const *argv, int nfds,
+                       bool socket_activation, int *tmp, const char *names, int err_fd) {
+  int k = 0, base = 3 + nfds, e;
+  char env_fds[32], env_pid[32];
+
+  if (socket_activation)
+    tmp[k++] = fcntl(s->listen_fd, F_DUPFD_CLOEXEC, base);
+  for (int i = 0; i < s->nfds; i++)
+    tmp[k++] = fcntl(s->fds[i], F_DUPFD_CLOEXEC, base);
+  if (err_fd < base) { /* (keep it clear of the targets) */
+    int moved = fcntl(err_fd, F_DUPFD_CLOEXEC, base);
+    err_fd = moved >= 0 ? moved : err_fd;
+  }
+  for (int i = 0; i < k; i++)
+    if (tmp[i] < 0 || dup2(tmp[i], 3 + i) < 0)
+      _exit(126);
+  snprintf(env_fds, sizeof(env_fds), "%d", nfds);
+  snprintf(env_pid, sizeof(env_pid), "%d", (int)getpid());
+  setenv("NOTIFY_SOCKET", s->notify_path, 1);
+  if (nfds) {
+    setenv("LISTEN_FDS", env_fds, 1);
+    setenv("LISTEN_PID", env_pid, 1);
+    setenv("LISTEN_FDNAMES", names, 1);
+  } else {
+    unsetenv("LISTEN_FDS");
+    unsetenv("LISTEN_PID");
+    unsetenv("LISTEN_FDNAMES");
+  }
+  drop_capabilities();
+  execvp(argv[0], (char *const *)argv);
+  e = errno;
+  if (write(err_fd, &e, sizeof(e)) < 0)
     _exit(127);
-  }
+  _exit(127);
+}
+
+/* Waits up to timeout_ms for READY=1 from the child started last.
+ * Returns 0, -ECHILD (it exited first) or -ETIMEDOUT (it was killed). */
+static int wait_ready(struct gshm_spawn *s, int timeout_ms) {
+  int status;
+  int64_t deadline;
 
   deadline = gshm__now_ns(CLOCK_MONOTONIC) + (int64_t)timeout_ms * 1000000;
   for (;;) {
@@ -266,6 +388,66 @@ int gshm__spawn_start(struct gshm_spawn *s, const char *gshmd_path, const char *
   }
 }
 
+int gshm__spawn_start(struct gshm_spawn *s, const char *gshmd_path, const char *const *extra_args,
+                      bool socket_activation, int timeout_ms) {
+  const char *argv[64];
+  int argc = 0, e, nfds, status, *tmp = NULL, err_pipe[2];
+  char *names = NULL;
+
+  if (socket_activation && (e = make_listener(s)))
+    return e;
+  argv[argc++] = gshmd_path;
+  if (!socket_activation) {
+    argv[argc++] = "--socket";
+    argv[argc++] = s->socket_path;
+  }
+  for (int i = 0; extra_args && extra_args[i] && argc < 62; i++)
+    argv[argc++] = extra_args[i];
+  argv[argc] = NULL;
+  pthread_mutex_lock(&s->lock);
+  s->ready = s->stopping = false;
+  nfds = s->nfds + (socket_activation ? 1 : 0);
+  /* Made before fork: LISTEN_FDNAMES (unbounded: execve, not this code,
+   * refuses one too long, as under systemd) and the child's fd table. */
+  if (!(names = malloc(gshm__spawn_fdnames_len_locked(s, socket_activation) + 1)) ||
+      !(tmp = malloc(sizeof(int) * ((size_t)nfds + 1))) || pipe2(err_pipe, O_CLOEXEC) < 0) {
+    pthread_mutex_unlock(&s->lock);
+    free(names);
+    free(tmp);
+    return -ENOMEM;
+  }
+  fdnames_join(s, socket_activation, names);
+  s->pid = fork();
+  if (s->pid != 0) {
+    pthread_mutex_unlock(&s->lock); /* the child reads the store unlocked: it is a copy */
+    free(names);
+    free(tmp);
+    close(err_pipe[1]);
+  }
+  if (s->pid < 0) {
+    close(err_pipe[0]);
+    return -errno;
+  }
+  if (s->pid == 0)
+    child_exec(s, argv, nfds, socket_activation, tmp, names, err_pipe[1]);
+  {
+    /* An exec failure comes back as its errno; EOF: gshmd is running. */
+    int child_errno = 0;
+    ssize_t got;
+    while ((got = read(err_pipe[0], &child_errno, sizeof(child_errno))) < 0 && errno == EINTR)
+      ;
+    close(err_pipe[0]);
+    if (got == (ssize_t)sizeof(child_errno)) {
+      while (waitpid(s->pid, &status, 0) < 0 && errno == EINTR)
+        ;
+      s->pid = 0;
+      return -child_errno;
+    }
+  }
+
+  return wait_ready(s, timeout_ms);
+}
+
 int gshm__spawn_stop(struct gshm_spawn *s, int sig) {
   int status = -1;
 
@@ -293,7 +475,13 @@ void gshm__spawn_cleanup(struct gshm_spawn *s) {
     close(s->fds[i]);
     free(s->names[i]);
   }
-  s->nfds = 0;
+  free(s->fds);
+  free(s->names);
+  free(s->nopoll);
+  s->fds = NULL;
+  s->names = NULL;
+  s->nopoll = NULL;
+  s->nfds = s->cap = 0;
   if (s->notify_fd >= 0)
     close(s->notify_fd);
   if (s->listen_fd >= 0)

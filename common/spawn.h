@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Starting a private gshmd and playing the service manager's part for it:
  * a NOTIFY_SOCKET that receives READY=1, STATUS=, WATCHDOG=1 and fd-store
  * entries (FDSTORE=1 / FDSTOREREMOVE=1 with FDNAME=), and LISTEN_FDS /
@@ -13,8 +14,6 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define GSHM_SPAWN_MAX_FDS 4096
-
 struct gshm_spawn {
   pid_t pid;                 /* 0 when not running */
   char dir[256];             /* private mkdtemp directory */
@@ -24,9 +23,16 @@ struct gshm_spawn {
   bool ready, stopping;
   char status[256];          /* last STATUS= */
   unsigned watchdog_pings;
-  int fds[GSHM_SPAWN_MAX_FDS];     /* the fd store */
-  char *names[GSHM_SPAWN_MAX_FDS];
-  int nfds;
+  /* The fd store, as systemd keeps it: fds[i] stored under names[i]
+   * (FDSTORE=1, FDNAME=), nopoll[i] when sent with FDPOLL=0.  Past
+   * store_max fds (FileDescriptorStoreMax=; 0: no limit) a new one is
+   * closed, as systemd does while sd_notify succeeds. */
+  int *fds;
+  char **names;
+  bool *nopoll;
+  int nfds, cap;
+  int store_max;
+  unsigned store_refused;    /* fds closed for store_max */
   int listen_fd;             /* >= 0: pass as a socket-activated listener */
   /* A thread drains the notify socket all the time, as a service manager
    * does: gshmd blocks in sd_notify when the datagram queue is full.  The
@@ -41,11 +47,27 @@ struct gshm_spawn {
  * negative errno. */
 int gshm__spawn_init(struct gshm_spawn *s);
 
+/* Adds fd (taken) to the fd store under name, as FDSTORE=1 would: to
+ * build a store written by another program (an earlier format) for the
+ * next start.  Returns 0, -ENOSPC (store_max: fd closed) or -ENOMEM. */
+int gshm__spawn_store_add(struct gshm_spawn *s, const char *name, int fd, bool nopoll);
+
+/* Memory fds the store holds for gshmd: one per "seg-<id>" entry plus
+ * those carried by the datagrams queued in its buckets (b<n>a / b<n>b:
+ * peeked, the copies closed).  -1 on error. */
+int gshm__spawn_store_memory_fds(struct gshm_spawn *s);
+
+/* Bytes of LISTEN_FDNAMES the next start would pass (names joined by ':',
+ * "gshmd" first when socket_activation), without the terminating NUL. */
+size_t gshm__spawn_fdnames_len(struct gshm_spawn *s, bool socket_activation);
+
 /* Starts gshmd_path with "--socket <dir>/gshmd.sock" (unless
  * socket_activation, which binds it here and passes it as LISTEN_FDS
  * "gshmd") and extra args (NULL-terminated, may be NULL), handing back the
  * fd store, and waits up to timeout_ms for READY=1.
- * Returns 0; -ETIMEDOUT; -ECHILD gshmd exited first; other -errno. */
+ * Returns 0; -ETIMEDOUT; -ECHILD gshmd exited first; -E2BIG execve
+ * refused the environment (LISTEN_FDNAMES past MAX_ARG_STRLEN, 131072
+ * bytes, as it would under systemd); other -errno. */
 int gshm__spawn_start(struct gshm_spawn *s, const char *gshmd_path, const char *const *extra_args,
                       bool socket_activation, int timeout_ms);
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Small parsers and helpers shared by gshmd, libgshm and gshmctl. */
 #ifndef GSHM_COMMON_UTIL_H
 #define GSHM_COMMON_UTIL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The memory backends behind gshmd's segments.
  *
  * A backend allocates memory for one location kind, hands out a file

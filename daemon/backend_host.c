@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Host backend: one sealed memfd per segment.
  *
  * The memfd is sized with ftruncate and sealed against shrinking, growing
@@ -290,7 +291,8 @@ static int host_adopt_fd(struct gshmd_backend *b, int fd, const char *location, 
 
 /* Punches every page out of the memfd (the seals forbid growing and
  * shrinking, not this): a client that kept its own copy of the fd after
- * the segment was freed keeps no memory (issue 15). */
+ * the segment was freed keeps no memory: the node's memory accounting
+ * stays true once the segment is gone. */
 static void host_discard(struct gshmd_backend *b, struct gshmd_alloc *a) {
   struct host_alloc *h = a->priv;
 

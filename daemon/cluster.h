@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd's cluster side: daemon to daemon (docs/CLUSTER.md); the code is
  * in daemon/cluster/, one job per file (cluster/internal.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd configuration: one option table drives the INI parser (inih), the
  * command-line flags, --help and the commented conf/gshmd.conf.
  *

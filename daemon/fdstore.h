@@ -1,12 +1,20 @@
-/* Restart without losing a byte: gshmd parks in systemd's fd store, for
- * every segment, its memory fd (FDSTORE=1, FDNAME=seg-<id>) and a small
- * sealed memfd with its metadata (meta-<id>-<v>: a StateRecord), plus one
- * record that reserves ids ahead (ids-<v>) and the journal (FDNAME=
- * journal), a memfd rewritten in place with whatever a failed send left
- * the store behind by, so that no failure brings back an unlinked segment.  Each operation costs O(1)
- * notifications whatever the number of segments (a whole-table rewrite per
- * create was 67% of create+unlink, gshm-bench control).  On start, what
- * sd_listen_fds_with_names() returns is adopted back before READY=1.
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Restart without losing a byte: gshmd keeps every segment's memory fd
+ * and its record in systemd's fd store, a few hundred fds whatever the
+ * number of segments.  Segments are grouped in buckets of up to 253
+ * (SCM_MAX_FD): a bucket is an AF_UNIX datagram socketpair whose two ends
+ * are stored once (FDNAME=b<n>a, b<n>b, FDPOLL=0) and whose one queued
+ * datagram carries the members' memory fds (SCM_RIGHTS) and their
+ * StateRecords (a StateBucket); a change rewrites that one bucket in place
+ * (the new datagram is sent before the old one is dropped) with no store
+ * notification.  One record reserves ids ahead (ids-<v>), and the journal
+ * (FDNAME=journal2, a memfd written in place) keeps each bucket whose
+ * datagram could not be sent.  Why one datagram per bucket and not one fd
+ * per segment: systemd passes every stored fd's name in one environment
+ * string, LISTEN_FDNAMES, which execve refuses past 131072 bytes
+ * (docs/ARCHITECTURE.md, "The fd store").  On start, what
+ * sd_listen_fds_with_names() returns is adopted back before READY=1, also
+ * from the one-fd-per-segment format of earlier releases (converted).
  * Without $NOTIFY_SOCKET (no service manager) all of this is skipped. */
 #ifndef GSHMD_FDSTORE_H
 #define GSHMD_FDSTORE_H
@@ -17,60 +25,102 @@
 
 struct gshmd_registry;
 struct gshmd_segment;
+struct fdstore_bucket;
 
 struct gshmd_fdstore {
   struct gshmd_registry *reg;
   bool enabled;   /* $NOTIFY_SOCKET is set and the manager listens */
   unsigned restored, dropped;
+  unsigned from_journal;   /* buckets restored from the journal */
+  unsigned converted;      /* segments restored from the legacy format */
   /* Ids below these limits are covered by the stored ids-<v> record. */
   uint64_t id_limit, gen_limit, lease_limit, session_limit;
   uint64_t ids_version;
-  /* Owed to the store after a failed send (EMFILE, ENOMEM, ETOOMANYREFS):
-   * segments whose memory (need_seg) and/or newest record must be sent,
-   * and names whose FDSTOREREMOVE must be sent.  Resent, removals first,
-   * before every store event and by gshmd_fdstore_retry. */
-  struct fdstore_owed { uint64_t id; bool need_seg; } *owed;
-  size_t nowed, owed_cap;
+  /* Buckets by number (NULL: none of that number), those with room for
+   * another member (a stack) and those the store lacks the current state
+   * of (resent by gshmd_fdstore_retry; each knows its position here). */
+  struct fdstore_bucket **buckets;
+  uint32_t nbuckets, buckets_cap;
+  uint32_t capacity;       /* members per bucket (from limits.max_name) */
+  uint32_t *open, nopen, open_cap;
+  uint32_t *dirty, ndirty, dirty_cap;
+  /* Segments no bucket could take yet (no socket for a new one: EMFILE,
+   * ENOMEM); each knows its place here (fs_slot - 1).  Placed by the
+   * resend. */
+  struct gshmd_segment **unplaced;
+  uint32_t nunplaced, unplaced_cap;
+  /* FDSTOREREMOVE names owed after a failed send; and names of an
+   * earlier format (or a bucket that lost one end) removed once every
+   * bucket is stored. */
   char **removes;
   size_t nremoves, removes_cap;
-  uint64_t failed_sends; /* notifications that failed, for metrics */
-  size_t owed_freed;     /* freed segments with removals owed (journal_sync) */
-  /* The journal (fdstore.c): a memfd stored once and rewritten in place
-   * with what is owed; -1 without a service manager. */
+  char **retire;
+  size_t nretire, retire_cap;
+  uint64_t failed_sends;   /* notifications and datagrams that failed */
+  /* The journal (fdstore_journal.c); -1 without a service manager. */
   int journal_fd;
-  bool journal_stored;   /* its FDSTORE=1 went through */
-  bool journal_failed;   /* its last rewrite failed (logged once) */
-  uint64_t journal_area; /* bytes per area */
-  uint64_t journal_off, journal_len; /* the current contents */
-  uint64_t journal_seq;
-  uint64_t journal_max;  /* largest contents written (from the limits) */
-  unsigned journal_records, journal_freed; /* applied at restore */
+  bool journal_stored;     /* its FDSTORE=1 went through */
+  bool journal_failed;     /* its last write failed (logged once) */
+  bool journal_ids;        /* its header holds ids past the stored record */
+  uint32_t journal_nslots; /* buckets its size covers */
 };
 
-/* Hooks the registry (segment created/changed/freed, ids taken).  Returns 0. */
+/* Hooks the registry (segment created/changed/freed, ids taken).  Returns
+ * 0, or -E2BIG (logged) when, under a service manager, limits.max_segments
+ * is more than the store
+ * can hand back after a restart (gshmd_fdstore_max_restorable): gshmd
+ * then refuses to start. */
 int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg);
 
-/* Adopts "seg-*", "meta-*-*", "ids-*" and "journal" fds from fds[0..n)
- * (names from sd_listen_fds_with_names); adopted entries are set to -1 in
- * fds[].  The journal is read first: its freed segments are dropped, its
- * records replace older stored ones (and are owed to the store again), its
- * ids raise the next ones.  A segment whose memory or metadata is missing
- * or does not match is dropped (logged); our leftovers are closed and
- * removed from the store; fds with other names are left alone.  Then,
- * under a service manager, this run's journal is made and stored (or the
- * adopted one kept) and ids are reserved; a $NOTIFY_SOCKET nobody reads
- * turns the store off (logged).  Call once, after gshmd_fdstore_setup and
- * before READY=1 (also with n == 0).  Returns 0, or a negative errno only
- * for out-of-memory. */
+/* Adopts what fds[0..n) (names from sd_listen_fds_with_names) hold of
+ * ours: buckets ("b<n>a", "b<n>b"), "ids-<v>", "journal2", and the
+ * legacy format's "seg-<id>", "meta-<id>-<v>" and "journal"; adopted
+ * entries are set to -1 in fds[].  Each bucket's newest copy (its queued
+ * datagrams and the journal's, by seq) gives its segments; segments are
+ * adopted in id order; a segment whose memory is missing or does not
+ * match is dropped (logged).  Legacy segments are placed in buckets and
+ * their names removed once those are stored.  fds with other names are
+ * left alone (never closed or removed).  Then, under a service manager,
+ * this run's journal is made and stored (or the adopted one kept) and ids
+ * are reserved; a $NOTIFY_SOCKET nobody reads turns the store off
+ * (logged).  Call once, after gshmd_fdstore_setup and before READY=1
+ * (also with n == 0).  Returns 0, or a negative errno only for
+ * out-of-memory. */
 int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
 
-/* Resends everything owed (see struct gshmd_fdstore).  Returns how many
- * segments the store is still behind by (owed records plus owed
- * removals), 0 when it is up to date or disabled. */
+/* Resends what the store lacks: owed removals, unstored bucket ends and
+ * journal, each dirty bucket.  Returns how many things the store is still
+ * behind by (dirty buckets plus owed removals), 0 when up to date or
+ * disabled. */
 unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs);
 
+/* The most buckets max_segments segments with names of max_name bytes can
+ * need (each bucket is filled before a new one is made), and so the most
+ * fds the store holds: 2 per bucket + 3 (ids record and its replacement,
+ * journal).  For the unit's FileDescriptorStoreMax and the check at
+ * start. */
+uint64_t gshmd_fdstore_max_buckets(uint64_t max_segments, uint64_t max_name);
+
+/* Bytes of LISTEN_FDNAMES the store's names take at most with nbuckets
+ * buckets (names joined by ':'), besides other names. */
+uint64_t gshmd_fdstore_names_bytes(uint64_t nbuckets);
+
+/* What LISTEN_FDNAMES may take of the fd store's names: MAX_ARG_STRLEN
+ * (131072, the most execve takes of one environment string) less
+ * "LISTEN_FDNAMES=", its NUL and 4096 bytes for names not ours (the
+ * listening socket's, other stored fds'). */
+#define FDSTORE_FDNAMES_MAX (131072u - 16u - 4096u)
+
+/* gshmd_fdstore_names_bytes at the most buckets max_segments can need. */
+uint64_t gshmd_fdstore_max_fdnames(uint64_t max_segments, uint64_t max_name);
+
+/* The largest limits.max_segments whose store can be handed back
+ * (gshmd_fdstore_max_fdnames within FDSTORE_FDNAMES_MAX). */
+uint64_t gshmd_fdstore_max_restorable(uint64_t max_name);
+
 /* Unhooks the registry; says so in the log when the store is behind (those
- * changes are lost or undone at the next start).  Frees what is owed. */
+ * changes are lost or undone at the next start).  Closes the buckets'
+ * ends (systemd keeps its own copies). */
 void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs);
 
 #endif

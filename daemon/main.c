@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd: the gshm daemon.  main() is a chain of setup steps with one
  * shutdown path that copes with any of them half done
  * (nvidia-persistenced's shape). */
@@ -21,6 +22,7 @@
 #include "cluster.h"
 #include "config.h"
 #include "fdstore.h"
+#include "leasekey.h"
 #include "log.h"
 #include "metrics.h"
 #include "metrics_http.h"
@@ -48,6 +50,7 @@ struct daemon {
   char last_status[512];
   char fd_warning[160];    /* setup_fd_limit's finding, repeated in STATUS= */
   struct gshmd_fdstore fdstore;
+  struct gshmd_leasekey leasekey; /* lease tokens' key, kept in the fd store */
   struct gshmd_metrics_http *http;
   struct gshmd_cluster *cluster;
   bool signals_on, timers_on;
@@ -74,15 +77,28 @@ static const char *cuda_missing(int e) {
   }
 }
 
+#ifndef GSHMD_UNIT_LIMIT_NOFILE
+#define GSHMD_UNIT_LIMIT_NOFILE 1048576 /* LimitNOFILE= of gshmd.service */
+#endif
+
 /* Raises the soft RLIMIT_NOFILE to the hard limit (systemd's default soft
  * limit is 1024, far below what 4096 connections and 65536 segments
- * need) and says so when even that cannot cover the configured maximums:
- * at the limit accept fails and gshmd serves nobody new (issue 15). */
+ * need) and says once when even that cannot cover the configured
+ * maximums: at the limit accept fails and gshmd serves nobody new.  Under
+ * systemd that is a warning (and part of STATUS=).  Started by hand (no
+ * INVOCATION_ID or NOTIFY_SOCKET from a service manager) under
+ * a shell's limit below the unit's LimitNOFILE= it is expected (a test, a
+ * try-out): said at debug level only, unless the unit's limit would not
+ * suffice either. */
 static void setup_fd_limit(struct daemon *d) {
   /* a connection: 1 fd; a segment: its memory and a read-only reopen (host)
    * or a cached export (cuda); plus the loop, the listener, logging,
    * sd_notify and the fd store's records in flight */
   uint64_t need = (uint64_t)d->cfg.max_connections + 2 * (uint64_t)d->cfg.max_segments + 64;
+  /* systemd sets INVOCATION_ID for its services, NOTIFY_SOCKET for
+   * Type=notify ones (and whoever reads STATUS=) */
+  const char *invocation = getenv("INVOCATION_ID"), *notify = getenv("NOTIFY_SOCKET");
+  bool by_hand = !(invocation && *invocation) && !(notify && *notify);
   struct rlimit rl;
 
   if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
@@ -96,14 +112,22 @@ static void setup_fd_limit(struct daemon *d) {
     else
       getrlimit(RLIMIT_NOFILE, &rl);
   }
-  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
-    snprintf(d->fd_warning, sizeof(d->fd_warning),
-             "fd limit %llu is below the %llu that limits.max_connections=%u and "
-             "limits.max_segments=%u may need",
-             (unsigned long long)rl.rlim_cur, (unsigned long long)need, d->cfg.max_connections,
-             d->cfg.max_segments);
-    gshm_log_warn("%s: raise LimitNOFILE= in gshmd.service or lower the limits", d->fd_warning);
+  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
+    return;
+  if (by_hand && rl.rlim_cur < GSHMD_UNIT_LIMIT_NOFILE) {
+    gshm_log_debug("fd limit %llu is below the %llu that limits.max_connections=%u and "
+                   "limits.max_segments=%u may need (gshmd.service gives %llu)",
+                   (unsigned long long)rl.rlim_cur, (unsigned long long)need,
+                   d->cfg.max_connections, d->cfg.max_segments,
+                   (unsigned long long)GSHMD_UNIT_LIMIT_NOFILE);
+    return;
   }
+  snprintf(d->fd_warning, sizeof(d->fd_warning),
+           "fd limit %llu is below the %llu that limits.max_connections=%u and "
+           "limits.max_segments=%u may need",
+           (unsigned long long)rl.rlim_cur, (unsigned long long)need, d->cfg.max_connections,
+           d->cfg.max_segments);
+  gshm_log_warn("%s: raise LimitNOFILE= in gshmd.service or lower the limits", d->fd_warning);
 }
 
 static int setup_backends(struct daemon *d) {
@@ -129,6 +153,107 @@ static int setup_backends(struct daemon *d) {
   return 0;
 }
 
+/* Makes the socket's directory (e.g. /run/gshm) if missing; its parents
+ * not. */
+static int socket_dir_make(const char *path) {
+  char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  char *slash;
+  int e;
+
+  snprintf(dir, sizeof(dir), "%s", path);
+  slash = strrchr(dir, '/');
+  if (slash && slash != dir) {
+    *slash = '\0';
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+      e = -errno;
+      gshm_log_err("mkdir %s: %m", dir);
+      return e;
+    }
+  }
+  return 0;
+}
+
+/* A socket already at path: a live daemon answers connect() (refuse to
+ * start); a stale one from a crash does not (replaced later); never
+ * another kind of file.  Returns 0 or a negative errno (logged). */
+static int socket_check_existing(const struct sockaddr_un *sa, const char *path) {
+  struct stat st;
+  int probe;
+  bool live;
+
+  if (lstat(path, &st) < 0)
+    return 0;
+  if (!S_ISSOCK(st.st_mode)) {
+    gshm_log_err("%s exists and is not a socket; not removing it", path);
+    return -EEXIST;
+  }
+  probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  live = probe >= 0 && connect(probe, (const struct sockaddr *)sa, sizeof(*sa)) == 0;
+  if (probe >= 0)
+    close(probe);
+  if (live) {
+    gshm_log_err("another gshmd is already listening on %s", path);
+    return -EADDRINUSE;
+  }
+  return 0;
+}
+
+/* Gives the bound socket at name the configured mode and group. */
+static void socket_set_owner(struct daemon *d, const char *name) {
+  if (chmod(name, d->cfg.socket_mode) < 0)
+    gshm_log_warn("chmod %s %o: %m", name, d->cfg.socket_mode);
+  if (d->cfg.socket_group && *d->cfg.socket_group) {
+    struct group *g = getgrnam(d->cfg.socket_group);
+    if (!g || chown(name, (uid_t)-1, g->gr_gid) < 0)
+      gshm_log_warn("socket group '%s': %s", d->cfg.socket_group,
+                    g ? strerror(errno) : "no such group");
+  }
+}
+
+/* The socket appears at its path with its mode and group in one step:
+ * bound (under a umask giving that mode) and set up under a temporary
+ * name next to it, then renamed over a stale one.  Clients reconnecting
+ * during a restart never find the path missing or refusing them (a
+ * non-root client got EACCES between bind and chmod, and took it for a
+ * real refusal).  A path too long for the temporary name is bound in
+ * place.  Returns the listening fd or a negative errno (logged). */
+static int socket_bind_listen(struct daemon *d, const char *path) {
+  char tmp[sizeof(((struct sockaddr_un *)0)->sun_path)];
+  int n = snprintf(tmp, sizeof(tmp), "%s.%d~", path, (int)getpid());
+  bool staged = n > 0 && (size_t)n < sizeof(tmp);
+  const char *bound = staged ? tmp : path;
+  struct sockaddr_un ta = {.sun_family = AF_UNIX};
+  mode_t old;
+  int fd, r, e;
+
+  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    e = -errno;
+    gshm_log_err("socket: %m");
+    return e;
+  }
+  strcpy(ta.sun_path, bound);
+  unlink(bound); /* a leftover temporary name, or the stale socket */
+  old = umask(0777 & ~d->cfg.socket_mode);
+  r = bind(fd, (struct sockaddr *)&ta, sizeof(ta));
+  umask(old);
+  if (r < 0) {
+    e = -errno;
+    gshm_log_err("bind %s: %m", bound);
+    close(fd);
+    return e;
+  }
+  socket_set_owner(d, bound);
+  if (listen(fd, SOMAXCONN) < 0 || (staged && rename(tmp, path) < 0)) {
+    e = -errno;
+    gshm_log_err("%s %s: %m", staged ? "listen or rename" : "listen", bound);
+    unlink(bound);
+    close(fd);
+    return e;
+  }
+  return fd;
+}
+
 /* Binds the socket path unless systemd handed us a listening socket. */
 static int setup_socket(struct daemon *d, int *listen_fds, char **names, int nfds) {
   const char *path = d->cfg.socket_path;
@@ -149,80 +274,14 @@ static int setup_socket(struct daemon *d, int *listen_fds, char **names, int nfd
     return -ENAMETOOLONG;
   }
   strcpy(sa.sun_path, path);
-
-  /* The directory (e.g. /run/gshm) is made if missing; its parents not. */
-  {
-    char dir[sizeof(sa.sun_path)];
-    char *slash;
-    strcpy(dir, path);
-    slash = strrchr(dir, '/');
-    if (slash && slash != dir) {
-      *slash = '\0';
-      if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-        e = -errno;
-        gshm_log_err("mkdir %s: %m", dir);
-        return e;
-      }
-    }
-  }
-
-  fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    e = -errno;
-    gshm_log_err("socket: %m");
+  if ((e = socket_dir_make(path)) || (e = socket_check_existing(&sa, path)))
     return e;
-  }
-  if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-    /* A live daemon answers connect(); a stale file from a crash does not. */
-    int probe, live;
-    if (errno != EADDRINUSE)
-      goto bind_failed;
-    probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-    if (probe >= 0)
-      close(probe);
-    if (live) {
-      gshm_log_err("another gshmd is already listening on %s", path);
-      close(fd);
-      return -EADDRINUSE;
-    }
-    {
-      /* only a stale socket is removed, never another kind of file */
-      struct stat st;
-      if (lstat(path, &st) < 0 || !S_ISSOCK(st.st_mode)) {
-        gshm_log_err("%s exists and is not a socket; not removing it", path);
-        close(fd);
-        return -EEXIST;
-      }
-    }
-    unlink(path);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-      goto bind_failed;
-  }
+  if ((fd = socket_bind_listen(d, path)) < 0)
+    return fd;
   d->socket_created = true;
-  if (chmod(path, d->cfg.socket_mode) < 0)
-    gshm_log_warn("chmod %s %o: %m", path, d->cfg.socket_mode);
-  if (d->cfg.socket_group && *d->cfg.socket_group) {
-    struct group *g = getgrnam(d->cfg.socket_group);
-    if (!g || chown(path, (uid_t)-1, g->gr_gid) < 0)
-      gshm_log_warn("socket group '%s': %s", d->cfg.socket_group,
-                    g ? strerror(errno) : "no such group");
-  }
-  if (listen(fd, SOMAXCONN) < 0) {
-    e = -errno;
-    gshm_log_err("listen %s: %m", path);
-    close(fd);
-    return e;
-  }
   d->listen_fd = fd;
   gshm_log_info("listening on %s", path);
   return 0;
-
-bind_failed:
-  e = -errno;
-  gshm_log_err("bind %s: %m", path);
-  close(fd);
-  return e;
 }
 
 /* Closes every handle of ours on the loop, once, so that uv_run returns:
@@ -274,6 +333,8 @@ static void update_status(struct daemon *d) {
   char line[512], sz[32], behind[64] = "";
   unsigned owed = gshmd_fdstore_retry(&d->fdstore); /* the store's retry, once a second */
 
+  gshmd_leasekey_retry(&d->leasekey);
+
   if (owed)
     snprintf(behind, sizeof(behind), "; fd store behind: %u segments", owed);
   snprintf(line, sizeof(line), "STATUS=%u clients, %u segments, %s, %u leases%s%s%s",
@@ -316,9 +377,12 @@ static void on_metrics_timer(uv_timer_t *t) {
   }
 }
 
-/* Segments that were unlinked but leased when gshmd went down come back
- * unlinked with no lease; their clients re-take the leases on reconnect.
- * Whatever nobody re-took within the grace period is freed. */
+/* Segments come back from the fd store with no lease: their clients
+ * re-take the leases when they reconnect (on their next call), each with
+ * the token that proves its grant.  Until the grace period ends an
+ * unlinked one nobody has re-taken yet is kept for them; then it is freed
+ * (registry_reap_unlinked), its pages left to the mappings that may still
+ * hold them. */
 #define RESTART_GRACE_MS 30000
 
 static void on_reap_timer(uv_timer_t *t) {
@@ -339,6 +403,7 @@ static int setup_timers(struct daemon *d) {
   d->status_timer.data = d;
   uv_timer_start(&d->status_timer, on_status_timer, 1000, 1000);
   uv_unref((uv_handle_t *)&d->status_timer);
+  d->reg.restore_grace_over = !d->fdstore.restored;
   if (d->fdstore.restored) {
     uv_timer_init(&d->loop, &d->reap_timer);
     d->reap_timer.data = d;
@@ -385,11 +450,120 @@ static int setup_signals(struct daemon *d) {
   return 0;
 }
 
+/* The fds systemd passed us (the listening socket and the fd store's),
+ * each set to -1 once a setup step has claimed it. */
+struct passed_fds {
+  int *fds;
+  char **names; /* NULL when systemd gave none */
+  int n;
+};
+
+static void passed_fds_get(struct passed_fds *p) {
+  p->n = sd_listen_fds_with_names(1, &p->names);
+  if (p->n < 0) {
+    gshm_log_warn("sd_listen_fds: %s", strerror(-p->n));
+    p->n = 0;
+  }
+  if (p->n > 0 && (p->fds = malloc(sizeof(int) * (size_t)p->n)))
+    for (int i = 0; i < p->n; i++)
+      p->fds[i] = SD_LISTEN_FDS_START + i;
+}
+
+/* Closes what no setup step claimed (warning, when warn: systemd passed
+ * something gshmd does not know) and frees the table. */
+static void passed_fds_close(struct passed_fds *p, bool warn) {
+  for (int i = 0; p->fds && i < p->n; i++)
+    if (p->fds[i] >= 0) {
+      if (warn)
+        gshm_log_warn("closing unclaimed fd '%s' from systemd", p->names ? p->names[i] : "?");
+      close(p->fds[i]);
+      p->fds[i] = -1;
+    }
+}
+
+static void passed_fds_free(struct passed_fds *p) {
+  passed_fds_close(p, false);
+  free(p->fds);
+  if (p->names)
+    for (int i = 0; i < p->n; i++)
+      free(p->names[i]);
+  free(p->names);
+}
+
+/* The setup chain, from the loop to READY=1: 0, or -1 when a step failed
+ * (it logged why); shutdown_all copes with wherever it stopped. */
+static int setup_all(struct daemon *d, struct passed_fds *p) {
+  if (uv_loop_init(&d->loop))
+    return -1;
+  d->loop_ready = true;
+  gshmd_registry_init(&d->reg, &d->cfg);
+  d->reg_ready = true;
+  setup_fd_limit(d);
+  if (setup_backends(d))
+    return -1;
+  /* The lease key first: its entry is not the fd store's to adopt. */
+  if (!gshmd_leasekey_setup(&d->leasekey, p->fds, p->names, p->n))
+    gshmd_leasekey_attach(&d->leasekey, &d->reg);
+  if (gshmd_fdstore_setup(&d->fdstore, &d->reg) ||
+      gshmd_fdstore_restore(&d->fdstore, p->fds, p->names, p->n) ||
+      setup_socket(d, p->fds, p->names, p->n))
+    return -1;
+  /* Whatever systemd passed that nobody claimed is closed, not leaked. */
+  passed_fds_close(p, true);
+  if (gshmd_server_start(&d->srv, &d->loop, &d->cfg, &d->reg, d->listen_fd))
+    return -1;
+  d->srv_ready = true;
+  d->listen_fd = -1; /* the server owns it now */
+  if (gshmd_cluster_start(&d->loop, &d->cfg, &d->reg, cluster_reply, &d->srv, &d->cluster))
+    return -1;
+  d->srv.cluster = d->cluster;
+  setup_signals(d);
+  setup_timers(d);
+  if (d->cfg.metrics_http_listen && *d->cfg.metrics_http_listen &&
+      gshmd_metrics_http_start(&d->loop, &d->srv, d->cfg.metrics_http_listen, &d->http))
+    return -1;
+  update_status(d);
+  sd_notify(0, "READY=1");
+  gshm_log_info("ready: %u segments restored", d->reg.nsegments);
+  return 0;
+}
+
+/* The one shutdown path, after a clean stop or a failed setup step. */
+static void shutdown_all(struct daemon *d) {
+  if (d->loop_ready) {
+    close_handles(d);
+    uv_run(&d->loop, UV_RUN_DEFAULT); /* let closing handles finish */
+  }
+  gshmd_cluster_destroy(d->cluster);
+  d->srv.cluster = NULL;
+  if (d->srv_ready)
+    close(d->srv.listen_fd);
+  gshmd_server_free(&d->srv);
+  if (d->listen_fd >= 0)
+    close(d->listen_fd);
+  if (d->socket_created && !d->socket_activated)
+    unlink(d->cfg.socket_path);
+  /* a stopped gshmd must not go on reporting gshm_up 1 through the
+   * node exporter */
+  if (d->metrics_timer_on)
+    unlink(d->cfg.metrics_textfile);
+  gshmd_fdstore_shutdown(&d->fdstore);
+  if (d->reg_ready)
+    gshmd_registry_destroy(&d->reg);
+  gshmd_leasekey_destroy(&d->leasekey);
+  if (d->reg.cuda)
+    d->reg.cuda->ops->destroy(d->reg.cuda);
+  if (d->reg.host)
+    d->reg.host->ops->destroy(d->reg.host);
+  if (d->loop_ready)
+    uv_loop_close(&d->loop);
+}
+
 int main(int argc, char **argv) {
   static struct daemon d;
+  struct passed_fds passed = {0};
   enum gshmd_config_action action;
-  int *fds = NULL, nfds = 0, e, status = EXIT_FAILURE;
-  char **names = NULL;
+  int e, status = EXIT_FAILURE;
 
   d.listen_fd = -1;
   if (gshmd_config_init(&d.cfg))
@@ -404,91 +578,13 @@ int main(int argc, char **argv) {
     return EXIT_SUCCESS;
   }
   setup_logging(&d);
-
-  /* Everything systemd passed us: the listening socket and the fd store. */
-  nfds = sd_listen_fds_with_names(1, &names);
-  if (nfds < 0) {
-    gshm_log_warn("sd_listen_fds: %s", strerror(-nfds));
-    nfds = 0;
+  passed_fds_get(&passed);
+  if (setup_all(&d, &passed) == 0) {
+    uv_run(&d.loop, UV_RUN_DEFAULT);
+    status = EXIT_SUCCESS;
   }
-  if (nfds > 0 && (fds = malloc(sizeof(int) * (size_t)nfds)))
-    for (int i = 0; i < nfds; i++)
-      fds[i] = SD_LISTEN_FDS_START + i;
-
-  if (uv_loop_init(&d.loop))
-    goto shutdown;
-  d.loop_ready = true;
-  gshmd_registry_init(&d.reg, &d.cfg);
-  d.reg_ready = true;
-  setup_fd_limit(&d);
-  if (setup_backends(&d))
-    goto shutdown;
-  if (gshmd_fdstore_setup(&d.fdstore, &d.reg))
-    goto shutdown;
-  if (gshmd_fdstore_restore(&d.fdstore, fds, names, nfds))
-    goto shutdown;
-  if (setup_socket(&d, fds, names, nfds))
-    goto shutdown;
-  /* Whatever systemd passed that nobody claimed is closed, not leaked. */
-  for (int i = 0; fds && i < nfds; i++)
-    if (fds[i] >= 0) {
-      gshm_log_warn("closing unclaimed fd '%s' from systemd", names ? names[i] : "?");
-      close(fds[i]);
-      fds[i] = -1;
-    }
-  if (gshmd_server_start(&d.srv, &d.loop, &d.cfg, &d.reg, d.listen_fd))
-    goto shutdown;
-  d.srv_ready = true;
-  d.listen_fd = -1; /* the server owns it now */
-  if (gshmd_cluster_start(&d.loop, &d.cfg, &d.reg, cluster_reply, &d.srv, &d.cluster))
-    goto shutdown;
-  d.srv.cluster = d.cluster;
-  setup_signals(&d);
-  setup_timers(&d);
-  if (d.cfg.metrics_http_listen && *d.cfg.metrics_http_listen &&
-      gshmd_metrics_http_start(&d.loop, &d.srv, d.cfg.metrics_http_listen, &d.http))
-    goto shutdown;
-
-  update_status(&d);
-  sd_notify(0, "READY=1");
-  gshm_log_info("ready: %u segments restored", d.reg.nsegments);
-  uv_run(&d.loop, UV_RUN_DEFAULT);
-  status = EXIT_SUCCESS;
-
-shutdown:
-  if (d.loop_ready) {
-    close_handles(&d);
-    uv_run(&d.loop, UV_RUN_DEFAULT); /* let closing handles finish */
-  }
-  gshmd_cluster_destroy(d.cluster);
-  d.srv.cluster = NULL;
-  if (d.srv_ready)
-    close(d.srv.listen_fd);
-  if (d.listen_fd >= 0)
-    close(d.listen_fd);
-  if (d.socket_created && !d.socket_activated)
-    unlink(d.cfg.socket_path);
-  /* a stopped gshmd must not go on reporting gshm_up 1 through the
-   * node exporter */
-  if (d.metrics_timer_on)
-    unlink(d.cfg.metrics_textfile);
-  gshmd_fdstore_shutdown(&d.fdstore);
-  if (d.reg_ready)
-    gshmd_registry_destroy(&d.reg);
-  if (d.reg.cuda)
-    d.reg.cuda->ops->destroy(d.reg.cuda);
-  if (d.reg.host)
-    d.reg.host->ops->destroy(d.reg.host);
-  if (d.loop_ready)
-    uv_loop_close(&d.loop);
-  for (int i = 0; fds && i < nfds; i++)
-    if (fds[i] >= 0)
-      close(fds[i]);
-  free(fds);
-  if (names)
-    for (int i = 0; i < nfds; i++)
-      free(names[i]);
-  free(names);
+  shutdown_all(&d);
+  passed_fds_free(&passed);
   gshmd_config_free(&d.cfg);
   return status;
 }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Prometheus text exposition (format 0.0.4) of gshmd's state and counters.
  * Names follow Prometheus practice: base units (bytes, seconds), _total
  * for counters. */
@@ -18,20 +19,6 @@
 #include "server.h"
 #include "log.h"
 #include "util.h"
-
-const double gshmd_duration_bounds[GSHMD_NBUCKETS] = {
-    5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 5e-3, 25e-3, 100e-3, 1.0};
-
-void gshmd_histogram_observe(struct gshmd_histogram *h, int64_t ns) {
-  double sec = (double)ns / 1e9;
-  unsigned i = 0;
-
-  while (i < GSHMD_NBUCKETS && sec > gshmd_duration_bounds[i])
-    i++;
-  h->buckets[i]++;
-  h->count++;
-  h->sum += sec;
-}
 
 static const char *const op_names[GSHM_WIRE_TYPE_MAX + 1] = {
     [GSHM_WIRE_HELLO] = "hello",
@@ -70,10 +57,78 @@ static const char *status_label(int status, char *buf, size_t cap) {
   return buf;
 }
 
+/* One sample with its HELP and TYPE lines: type is "gauge" or "counter". */
+static void write_one(FILE *f, const char *type, const char *name, const char *help,
+                      uint64_t value) {
+  fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %" PRIu64 "\n", name, help, name, type, name, value);
+}
+
+/* gshm_segment_bytes: one series per location, host first, then each GPU
+ * in first-seen order (few locations; a small linear merge is cheaper than
+ * a map). */
+static void write_segment_bytes(FILE *f, struct gshmd_registry *r) {
+  const char *locs[64];
+  uint64_t bytes[64], host_bytes = 0;
+  unsigned nloc = 0;
+  struct gshm_list *pos;
+
+  fprintf(f, "# HELP gshm_segment_bytes Bytes allocated by segments, by location.\n"
+             "# TYPE gshm_segment_bytes gauge\n");
+  gshm_list_foreach(pos, &r->segments) {
+    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+    unsigned i;
+    if (seg->mem->device_index < 0) {
+      host_bytes += seg->mem->size;
+      continue;
+    }
+    for (i = 0; i < nloc && strcmp(locs[i], seg->mem->location); i++)
+      ;
+    if (i == nloc && nloc < 64) {
+      locs[nloc] = seg->mem->location;
+      bytes[nloc++] = 0;
+    }
+    if (i < nloc)
+      bytes[i] += seg->mem->size;
+  }
+  fprintf(f, "gshm_segment_bytes{location=\"host\"} %" PRIu64 "\n", host_bytes);
+  for (unsigned i = 0; i < nloc; i++)
+    fprintf(f, "gshm_segment_bytes{location=\"%s\"} %" PRIu64 "\n", locs[i], bytes[i]);
+}
+
+/* gshm_requests_total: series appear with their first request; the
+ * family's metadata with its first series (no metadata without samples). */
+static void write_requests(FILE *f, struct gshmd_server *s) {
+  for (int op = 1, any = 0; op <= GSHM_WIRE_TYPE_MAX; op++)
+    for (unsigned st = 0; st < s->nstatus; st++) {
+      uint64_t *n = gshmd_server_requests(s, (unsigned)op, st);
+      char b[32];
+      if (!n || !*n)
+        continue;
+      if (!any++)
+        fprintf(f, "# HELP gshm_requests_total Requests answered, by operation and status.\n"
+                   "# TYPE gshm_requests_total counter\n");
+      fprintf(f, "gshm_requests_total{op=\"%s\",status=\"%s\"} %" PRIu64 "\n", op_names[op],
+              status_label((int)st, b, sizeof(b)), *n);
+    }
+}
+
+static void write_server_counters(FILE *f, struct gshmd_server *s) {
+  write_one(f, "counter", "gshm_protocol_errors_total",
+            "Clients dropped for breaking the protocol.", s->protocol_errors);
+  write_one(f, "counter", "gshm_quota_denials_total", "Requests refused by a quota.",
+            s->quota_denials);
+  write_one(f, "counter", "gshm_access_denials_total", "Requests refused by permissions.",
+            s->access_denials);
+  write_one(f, "counter", "gshm_timeouts_total",
+            "Connections dropped for no hello in time or idleness.", s->timeouts);
+  write_one(f, "counter", "gshm_accept_pauses_total",
+            "Times gshmd stopped accepting at its fd limit.", s->accept_pauses);
+  write_one(f, "counter", "gshm_fds_sent_total", "File descriptors handed to clients.",
+            s->fds_sent);
+}
+
 int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   struct gshmd_registry *r = s->reg;
-  struct gshm_list *pos;
-  uint64_t host_bytes = 0;
   char *text = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&text, &len);
@@ -84,101 +139,24 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   fprintf(f, "# HELP gshm_start_time_seconds When gshmd started (Unix time).\n"
              "# TYPE gshm_start_time_seconds gauge\ngshm_start_time_seconds %.3f\n",
           (double)s->started_ns / 1e9);
-  fprintf(f, "# HELP gshm_segments Segments held, live or unlinked-but-leased.\n"
-             "# TYPE gshm_segments gauge\ngshm_segments %u\n",
-          r->nsegments);
-  fprintf(f, "# HELP gshm_segment_bytes Bytes allocated by segments, by location.\n"
-             "# TYPE gshm_segment_bytes gauge\n");
-  /* One series per location: host first, then each GPU in first-seen order
-   * (few locations; a small linear merge is cheaper than a map). */
-  {
-    const char *locs[64];
-    uint64_t bytes[64];
-    unsigned nloc = 0;
-    gshm_list_foreach(pos, &r->segments) {
-      struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
-      unsigned i;
-      if (seg->mem->device_index < 0) {
-        host_bytes += seg->mem->size;
-        continue;
-      }
-      for (i = 0; i < nloc && strcmp(locs[i], seg->mem->location); i++)
-        ;
-      if (i == nloc && nloc < 64) {
-        locs[nloc] = seg->mem->location;
-        bytes[nloc++] = 0;
-      }
-      if (i < nloc)
-        bytes[i] += seg->mem->size;
-    }
-    fprintf(f, "gshm_segment_bytes{location=\"host\"} %" PRIu64 "\n", host_bytes);
-    for (unsigned i = 0; i < nloc; i++)
-      fprintf(f, "gshm_segment_bytes{location=\"%s\"} %" PRIu64 "\n", locs[i], bytes[i]);
-  }
-  fprintf(f, "# HELP gshm_leases Leases held by clients.\n# TYPE gshm_leases gauge\n"
-             "gshm_leases %u\n",
-          r->nleases);
-  fprintf(f, "# HELP gshm_clients Client connections that said hello.\n"
-             "# TYPE gshm_clients gauge\ngshm_clients %u\n",
-          r->nclients);
-  fprintf(f, "# HELP gshm_connections Open connections, including before hello.\n"
-             "# TYPE gshm_connections gauge\ngshm_connections %u\n",
-          s->nconns);
-  fprintf(f, "# HELP gshm_connections_total Connections accepted.\n"
-             "# TYPE gshm_connections_total counter\ngshm_connections_total %" PRIu64 "\n",
-          s->connections_total);
-  /* Series appear with their first request; the family's metadata with
-   * its first series (no metadata without samples). */
-  for (int op = 1, any = 0; op <= GSHM_WIRE_TYPE_MAX; op++)
-    for (int st = 0; st < GSHMD_NSTATUS; st++) {
-      char b[32];
-      if (!s->requests[op][st])
-        continue;
-      if (!any++)
-        fprintf(f, "# HELP gshm_requests_total Requests answered, by operation and status.\n"
-                   "# TYPE gshm_requests_total counter\n");
-      fprintf(f, "gshm_requests_total{op=\"%s\",status=\"%s\"} %" PRIu64 "\n", op_names[op],
-              status_label(st, b, sizeof(b)), s->requests[op][st]);
-    }
-  fprintf(f, "# HELP gshm_request_duration_seconds Time from a request's receipt to its reply.\n"
-             "# TYPE gshm_request_duration_seconds histogram\n");
-  {
-    uint64_t cum = 0;
-    for (int i = 0; i < GSHMD_NBUCKETS; i++) {
-      cum += s->duration.buckets[i];
-      fprintf(f, "gshm_request_duration_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
-              gshmd_duration_bounds[i], cum);
-    }
-    cum += s->duration.buckets[GSHMD_NBUCKETS];
-    fprintf(f, "gshm_request_duration_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", cum);
-    fprintf(f, "gshm_request_duration_seconds_sum %.9f\n", s->duration.sum);
-    fprintf(f, "gshm_request_duration_seconds_count %" PRIu64 "\n", s->duration.count);
-  }
-  fprintf(f, "# HELP gshm_protocol_errors_total Clients dropped for breaking the protocol.\n"
-             "# TYPE gshm_protocol_errors_total counter\ngshm_protocol_errors_total %" PRIu64 "\n",
-          s->protocol_errors);
-  fprintf(f, "# HELP gshm_quota_denials_total Requests refused by a quota.\n"
-             "# TYPE gshm_quota_denials_total counter\ngshm_quota_denials_total %" PRIu64 "\n",
-          s->quota_denials);
-  fprintf(f, "# HELP gshm_access_denials_total Requests refused by permissions.\n"
-             "# TYPE gshm_access_denials_total counter\ngshm_access_denials_total %" PRIu64 "\n",
-          s->access_denials);
-  fprintf(f, "# HELP gshm_timeouts_total Connections dropped for no hello in time or idleness.\n"
-             "# TYPE gshm_timeouts_total counter\ngshm_timeouts_total %" PRIu64 "\n",
-          s->timeouts);
-  fprintf(f, "# HELP gshm_accept_pauses_total Times gshmd stopped accepting at its fd limit.\n"
-             "# TYPE gshm_accept_pauses_total counter\ngshm_accept_pauses_total %" PRIu64 "\n",
-          s->accept_pauses);
-  fprintf(f, "# HELP gshm_fds_sent_total File descriptors handed to clients.\n"
-             "# TYPE gshm_fds_sent_total counter\ngshm_fds_sent_total %" PRIu64 "\n",
-          s->fds_sent);
-  fprintf(f, "# HELP gshm_fdstore_pending Segments whose state the fd store is behind by.\n"
-             "# TYPE gshm_fdstore_pending gauge\ngshm_fdstore_pending %u\n",
-          r->fdstore_pending);
-  fprintf(f, "# HELP gshm_fdstore_failed_sends_total Notifications to the fd store that failed.\n"
-             "# TYPE gshm_fdstore_failed_sends_total counter\n"
-             "gshm_fdstore_failed_sends_total %" PRIu64 "\n",
-          r->fdstore_failed_sends);
+  write_one(f, "gauge", "gshm_segments", "Segments held, live or unlinked-but-leased.",
+            r->nsegments);
+  write_segment_bytes(f, r);
+  write_one(f, "gauge", "gshm_leases", "Leases held by clients.", r->nleases);
+  write_one(f, "gauge", "gshm_clients", "Client connections that said hello.", r->nclients);
+  write_one(f, "gauge", "gshm_connections", "Open connections, including before hello.",
+            s->nconns);
+  write_one(f, "counter", "gshm_connections_total", "Connections accepted.",
+            s->connections_total);
+  write_requests(f, s);
+  gshmd_histogram_write_family(f, "gshm_request_duration_seconds",
+                               "Time from a request's receipt to its reply.");
+  gshmd_histogram_write_series(f, "gshm_request_duration_seconds", NULL, &s->duration);
+  write_server_counters(f, s);
+  write_one(f, "gauge", "gshm_fdstore_pending", "Segments whose state the fd store is behind by.",
+            r->fdstore_pending);
+  write_one(f, "counter", "gshm_fdstore_failed_sends_total",
+            "Notifications to the fd store that failed.", r->fdstore_failed_sends);
   gshmd_cluster_metrics(s->cluster, f);
   if (fclose(f) != 0) {
     free(text);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Optional Prometheus endpoint on a loopback TCP address (libmicrohttpd).
  *
  * libmicrohttpd serves from its own thread; the registry belongs to the

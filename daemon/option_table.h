@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The gshmd option table: one row per configuration key.  It drives the INI
  * handler, value validation, --help, --print-config (conf/gshmd.conf) and
  * --dump-config, so a key added here appears everywhere at once.
@@ -7,7 +8,7 @@
  *   section  INI section, without brackets
  *   key      key inside the section
  *   type     STR, PATH, ENUM, BOOL, U32, SIZE32, SIZE, MODE, LOGLEVEL
- *            (see enum option_type in config.c; the field's C type is
+ *            (see enum option_type in config_internal.h; the field's C type is
  *            checked at compile time)
  *   field    member of struct gshmd_config
  *   default  the built-in default, written as it would be in the file; it
@@ -75,9 +76,11 @@
     "or to revoke) when other users hold all the rest; at most a quarter of "  \
     "max_connections is kept.")                                                 \
   X(limits, max_segments, U32, max_segments, "65536", 1, 16777216, NULL,        \
-    "Most segments at once (all users). Every segment's fd is kept in "         \
-    "systemd's fd store, so FileDescriptorStoreMax= in gshmd.service must be "  \
-    "at least twice this plus 4 (memory and record per segment).")             \
+    "Most segments at once (all users). Every segment survives a restart in "  \
+    "systemd's fd store, in buckets of up to 253 (2 fds each); at most "        \
+    "2139504 at max_name 255, beyond which LISTEN_FDNAMES could not be handed " \
+    "back and gshmd refuses to start. RLIMIT_NOFILE must exceed it: the "       \
+    "buckets' fds count as in flight.")                                         \
   X(limits, max_fds_per_connection, U32, max_fds_per_connection, "0", 0, 253,   \
     NULL,                                                                       \
     "File descriptors a client may send in one packet; a client that sends "   \

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "registry.h"
 
 #include <errno.h>
@@ -93,6 +94,7 @@ static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg, bo
   if (!seg->unlinked)
     tdelete(seg, &r->by_name, cmp_name);
   tdelete(seg, &r->by_id, cmp_seg_id);
+  gshmd_seg_index_remove(&r->seg_index, seg->id);
   gshm_list_del(&seg->node);
   r->nsegments--;
   r->bytes -= size;
@@ -113,7 +115,22 @@ static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg, bo
   free(seg);
 }
 
-static void lease_end(struct gshmd_registry *r, struct gshmd_lease *l) {
+/* seg is unlinked and unleased: frees it, unless it came through a
+ * restart whose grace period is still on (a holder that has not
+ * reconnected yet may re-take it).  A restored segment's pages are not
+ * punched: such a holder may still map them, and gshmd cannot tell (the
+ * kernel frees them with the last mapping and fd).  Returns whether seg
+ * was freed. */
+static bool segment_release(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  if (seg->restored && !r->restore_grace_over)
+    return false;
+  segment_free(r, seg, !seg->restored);
+  return true;
+}
+
+/* Ends lease l; the last lease of an unlinked segment releases it unless
+ * `keep` (revoke frees the segment itself). */
+static void lease_end(struct gshmd_registry *r, struct gshmd_lease *l, bool keep) {
   struct gshmd_segment *seg = l->seg;
   struct usage *u = usage_get(r, l->client->cred.uid);
 
@@ -128,8 +145,8 @@ static void lease_end(struct gshmd_registry *r, struct gshmd_lease *l) {
     u->leases--;
   free(l->mapped_devices);
   free(l);
-  if (seg->unlinked && seg->nleases == 0)
-    segment_free(r, seg, true);
+  if (seg->unlinked && seg->nleases == 0 && !keep)
+    segment_release(r, seg);
 }
 
 void gshmd_registry_destroy(struct gshmd_registry *r) {
@@ -146,6 +163,7 @@ void gshmd_registry_destroy(struct gshmd_registry *r) {
   }
   tdestroy(r->by_name, noop_free);
   tdestroy(r->by_id, noop_free);
+  gshmd_seg_index_free(&r->seg_index);
   tdestroy(r->lease_by_id, noop_free);
   tdestroy(r->usage_root, usage_free_node);
   r->usage_root = NULL;
@@ -175,8 +193,8 @@ static bool may_manage(const struct gshmd_client *c, const struct gshmd_segment 
 }
 
 /* A refusal says who owns the segment only to a client that may see it
- * in listings anyway; to others only "permission denied" (issue 15: an
- * error must not reveal what `segments` hides). */
+ * in listings anyway; to others only "permission denied": an error must
+ * not reveal what `segments` hides. */
 static int not_owner(struct gshmd_registry *r, const struct gshmd_client *c,
                      const struct gshmd_segment *seg, const char **msg_out) {
   *msg_out = gshmd_registry_may_see(c, seg)
@@ -217,7 +235,7 @@ void gshmd_registry_client_remove(struct gshmd_registry *r, struct gshmd_client 
   if (!c)
     return;
   gshm_list_foreach_safe(pos, tmp, &c->leases)
-      lease_end(r, gshm_list_entry(pos, struct gshmd_lease, client_node));
+      lease_end(r, gshm_list_entry(pos, struct gshmd_lease, client_node), false);
   gshm_list_del(&c->node);
   r->nclients--;
   free(c->cred.groups);
@@ -266,6 +284,10 @@ struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t 
   return slot ? *slot : NULL;
 }
 
+struct gshmd_segment *gshmd_registry_find_after(struct gshmd_registry *r, uint64_t after) {
+  return gshmd_seg_index_after(&r->seg_index, after);
+}
+
 struct gshmd_lease *gshmd_registry_find_lease(struct gshmd_registry *r, uint64_t lease_id) {
   struct gshmd_lease key = {.id = lease_id}, **slot;
   slot = tfind(&key, &r->lease_by_id, cmp_lease_id);
@@ -293,6 +315,10 @@ static int lease_add(struct gshmd_registry *r, struct gshmd_client *c, struct gs
   l->client = c;
   l->access = access;
   l->since_ns = gshm__now_ns(CLOCK_REALTIME);
+  if (r->token_make) {
+    r->token_make(r->token_arg, seg, c->cred.uid, access, l->token);
+    l->has_token = true;
+  }
   if (!tsearch(l, &r->lease_by_id, cmp_lease_id)) {
     free(l);
     return -ENOMEM;
@@ -360,6 +386,8 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
     *msg_out = fmt_msg(r, "the daemon holds %u segments, its limit", r->nsegments);
     return -EMFILE;
   }
+  if (gshmd_seg_index_reserve(&r->seg_index))
+    return -ENOMEM;
   cuda = loc.kind != GSHM_LOCATION_HOST;
   b = cuda ? r->cuda : r->host;
   if (!b) {
@@ -431,6 +459,7 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
     return -ENOMEM;
   }
   gshm_list_add_tail(&r->segments, &seg->node);
+  gshmd_seg_index_add(&r->seg_index, seg, seg->id);
   r->nsegments++;
   r->bytes += mem->size;
   usage_charge(u, mem, +1);
@@ -455,6 +484,7 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
                         const char **msg_out) {
   struct gshmd_segment *seg;
   int access = req->access;
+  bool granted = false;
 
   if (access != GSHM__ACCESS__ACCESS_READ && access != GSHM__ACCESS__ACCESS_READ_WRITE) {
     *msg_out = "access must be read or read-write";
@@ -470,6 +500,14 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
       *msg_out = "segment is gone (revoked, or freed while the daemon restarted)";
       return -ESTALE;
     }
+    /* A re-take that proves its grant keeps the grant's access: a lease is
+     * a capability given once, as an open file is, and a later chmod,
+     * chown or unlink does not take it back (revoke does: it frees the
+     * segment, and ids are never reused).  A legacy IPC re-open is not a
+     * re-take. */
+    granted = !req->legacy_ipc && r->token_check && req->generation &&
+              r->token_check(r->token_arg, seg, c->cred.uid, access, req->lease_token.data,
+                             req->lease_token.len);
   } else {
     /* Only names that were valid at create are in the tree: check the
      * name only when the lookup misses (callgrind: 6% of an open). */
@@ -483,7 +521,7 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
       return no_segment(r, req->name, msg_out);
     }
   }
-  if (!gshmd_registry_may_access(c, seg, access)) {
+  if (!granted && !gshmd_registry_may_access(c, seg, access)) {
     /* The owner, group and mode only to a client that may see them. */
     *msg_out = !gshmd_registry_may_see(c, seg)
                    ? "permission denied"
@@ -509,7 +547,7 @@ int gshmd_registry_close(struct gshmd_registry *r, struct gshmd_client *c, uint6
 
   if (!l || l->client != c)
     return -ENOENT;
-  lease_end(r, l);
+  lease_end(r, l, false);
   return 0;
 }
 
@@ -525,10 +563,10 @@ int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, cons
   seg->unlinked = true;
   gshm_log_info("segment '%s' id %" PRIu64 " unlinked by pid %d (%u leases remain)", seg->name,
                 seg->id, (int)c->cred.pid, seg->nleases);
-  if (seg->nleases && r->on_event)
+  if (seg->nleases == 0 && segment_release(r, seg))
+    return 0;
+  if (r->on_event)
     r->on_event(r, seg, GSHMD_SEGMENT_UNLINKED);
-  if (seg->nleases == 0)
-    segment_free(r, seg, true);
   return 0;
 }
 
@@ -563,7 +601,7 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
     return -EINVAL; /* ids and generations must stay increasing */
   if (gshmd_registry_find_id(r, rec->id) || (!rec->unlinked && gshmd_registry_find_name(r, rec->name)))
     return -EEXIST;
-  if (!(u = usage_get(r, rec->uid)))
+  if (gshmd_seg_index_reserve(&r->seg_index) || !(u = usage_get(r, rec->uid)))
     return -ENOMEM;
   if (!(seg = calloc(1, sizeof(*seg))) || !(seg->name = strdup(rec->name))) {
     free(seg);
@@ -579,6 +617,7 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
   seg->flags = rec->flags;
   seg->created_ns = rec->created_ns;
   seg->unlinked = rec->unlinked;
+  seg->restored = true;
   if (rec->source && *rec->source && !(seg->source = strdup(rec->source))) {
     free(seg->name);
     free(seg);
@@ -601,6 +640,7 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
       pos = pos->prev;
     gshm_list_add_tail(pos->next, &seg->node);
   }
+  gshmd_seg_index_add(&r->seg_index, seg, seg->id);
   r->nsegments++;
   r->bytes += mem->size;
   usage_charge(u, mem, +1);
@@ -622,12 +662,11 @@ unsigned gshmd_registry_reap_unlinked(struct gshmd_registry *r) {
   struct gshm_list *pos, *tmp;
   unsigned n = 0;
 
+  r->restore_grace_over = true;
   gshm_list_foreach_safe(pos, tmp, &r->segments) {
     struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
-    if (seg->unlinked && seg->nleases == 0) {
-      segment_free(r, seg, true);
-      n++;
-    }
+    if (seg->unlinked && seg->nleases == 0)
+      n += segment_release(r, seg);
   }
   return n;
 }
@@ -706,14 +745,11 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
   seg->unlinked = true;
   gshm_log_notice("segment '%s' id %" PRIu64 " revoked by pid %d uid %u (%u leases ended)",
                   seg->name, seg->id, (int)c->cred.pid, (unsigned)c->cred.uid, seg->nleases);
-  if (seg->nleases == 0) {
-    segment_free(r, seg, true);
-    return 0;
-  }
-  /* lease_end() lowers seg->nleases and the last one frees seg, list head
-   * included: count first, never touch seg after the last (found by
+  /* Count first: the list head goes with seg (found by
    * tests/fuzz/fuzz_server, corpus revoke_two_leases). */
   for (n = seg->nleases; n > 0; n--)
-    lease_end(r, gshm_list_entry(seg->leases.next, struct gshmd_lease, seg_node));
+    lease_end(r, gshm_list_entry(seg->leases.next, struct gshmd_lease, seg_node), true);
+  /* Revoke takes the memory back, restored or not: the pages go now. */
+  segment_free(r, seg, true);
   return 0;
 }

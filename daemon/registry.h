@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd's registry: segments, leases and clients (docs/ARCHITECTURE.md
  * "Objects").
  *
@@ -13,6 +14,7 @@
 
 #include "backend.h"
 #include "list.h"
+#include "seg_index.h"
 
 struct gshmd_config;
 
@@ -27,13 +29,16 @@ struct gshmd_segment {
   uint32_t mode;
   uint32_t flags;
   bool unlinked;
+  /* Adopted from the fd store at this start: leases granted before the
+   * restart may still be held by clients that have not re-taken them yet,
+   * which gshmd cannot count (docs/ARCHITECTURE.md "The fd store"). */
+  bool restored;
   int64_t created_ns;
   uint32_t nleases;
   struct gshm_list leases;   /* gshmd_lease.seg_node */
   struct gshm_list node;     /* registry.segments, id order */
-  uint64_t meta_version;     /* fd store: version of its meta-<id>-<v> record */
-  bool parked;               /* fd store: its memory (seg-<id>) was stored */
-  bool owed;                 /* fd store: in its owed list */
+  uint32_t fs_bucket;        /* fd store: its bucket's number + 1; 0: none */
+  uint32_t fs_slot;          /* fd store: its place in that bucket */
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
   void *cluster_export;      /* daemon/cluster/serve.c: its UCX registration, if served */
 };
@@ -61,6 +66,9 @@ struct gshmd_client {
   void *conn;                /* the server's connection */
 };
 
+/* Bytes of a lease token (daemon/leasekey.c: crypto_auth's MAC). */
+#define GSHMD_LEASE_TOKEN_BYTES 32
+
 struct gshmd_lease {
   uint64_t id;
   struct gshmd_segment *seg;
@@ -69,6 +77,8 @@ struct gshmd_lease {
   int64_t since_ns;
   bool mapped;
   char *mapped_devices;      /* comma-separated UUIDs; NULL: none reported */
+  bool has_token;            /* token is set (the registry has a token_make) */
+  uint8_t token[GSHMD_LEASE_TOKEN_BYTES]; /* proof of this grant (LeaseGrant.lease_token) */
   struct gshm_list seg_node;
   struct gshm_list client_node;
   struct gshm_list node;     /* registry.leases, id order */
@@ -90,6 +100,7 @@ struct gshmd_registry {
   void *by_id;                 /* tsearch root: every segment */
   void *lease_by_id;           /* tsearch root: every lease */
   struct gshm_list segments, clients, leases;
+  struct gshmd_seg_index seg_index; /* segments by id, with a lower bound */
   uint64_t next_segment_id, next_generation, next_lease_id, next_session_id;
   uint32_t nsegments, nclients, nleases;
   uint64_t bytes;              /* allocated by all segments */
@@ -115,6 +126,19 @@ struct gshmd_registry {
    * is freed, to drop its UCX registration (seg->cluster_export). */
   void (*on_free)(struct gshmd_registry *r, struct gshmd_segment *seg);
   void *on_free_arg;
+  /* Lease tokens (daemon/leasekey.c; both NULL: none issued, re-takes are
+   * checked against the mode).  token_make writes the token of a grant of
+   * access on seg to a client of uid; token_check says whether token (len
+   * bytes, from the client) is exactly that, in constant time. */
+  void (*token_make)(void *arg, const struct gshmd_segment *seg, uid_t uid, int access,
+                     uint8_t out[GSHMD_LEASE_TOKEN_BYTES]);
+  bool (*token_check)(void *arg, const struct gshmd_segment *seg, uid_t uid, int access,
+                      const uint8_t *token, size_t len);
+  void *token_arg;
+  /* After a restart: false until the grace period for re-takes is over.
+   * Until then an unlinked restored segment nobody has re-taken is kept
+   * (gshmd_registry_reap_unlinked frees it when the period ends). */
+  bool restore_grace_over;
 };
 
 void gshmd_registry_init(struct gshmd_registry *r, const struct gshmd_config *cfg);
@@ -137,7 +161,13 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
                           const Gshm__CreateRequest *req, struct gshmd_lease **lease_out,
                           const char **msg_out);
 
-/* Opens by name (or id+generation) with a permission check; adds a lease. */
+/* Opens by name, or re-takes a lease by id and generation, and adds a
+ * lease.  A re-take whose lease_token token_check accepts gets the access
+ * it was granted with, whatever the segment's mode, owner or name are now;
+ * any other open is checked against the mode.  Errors: -EINVAL bad access
+ * or name, -ENAMETOOLONG, -ENOENT no such name, -ESTALE the id is gone or
+ * has another generation, -EACCES, -ENOTSUP legacy IPC not allowed,
+ * -EDQUOT quota.leases, -ENOMEM. */
 int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
                         const Gshm__OpenRequest *req, struct gshmd_lease **lease_out,
                         const char **msg_out);
@@ -158,8 +188,10 @@ int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const
 int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
                          int64_t uid, int64_t gid, const char **msg_out);
 
-/* Admin only: ends every lease of the segment and unlinks it.  The caller
- * tells the lease holders first.  Errors: -ENOENT, -EPERM. */
+/* Admin only: ends every lease of the segment, unlinks and frees it (a
+ * host segment's pages are punched out: its holders' mappings read zeros,
+ * and their re-takes after a restart find the id gone).  The caller tells
+ * the lease holders first.  Errors: -ENOENT, -EPERM. */
 int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
                           const char **msg_out);
 
@@ -167,6 +199,10 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
 struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name);
 struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t id);
 struct gshmd_lease *gshmd_registry_find_lease(struct gshmd_registry *r, uint64_t lease_id);
+/* The segment with the smallest id above `after` (any state), or NULL:
+ * where a listing resumes, also after its cursor's segment was freed.
+ * O(log n) amortized. */
+struct gshmd_segment *gshmd_registry_find_after(struct gshmd_registry *r, uint64_t after);
 
 /* Permission: may c open seg with access (GSHM__ACCESS__*)? */
 bool gshmd_registry_may_access(const struct gshmd_client *c, const struct gshmd_segment *seg,
@@ -186,8 +222,11 @@ void gshmd_registry_unname(struct gshmd_registry *r, struct gshmd_segment *seg);
 int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
                          struct gshmd_alloc *mem);
 
-/* Frees unlinked segments that nobody re-leased (after a restart's grace
- * period).  Returns how many were freed. */
+/* Ends a restart's grace period: frees the unlinked segments that nobody
+ * re-leased, without punching their pages (a client that has not
+ * reconnected yet may still map them: the kernel frees them with its last
+ * mapping), and from now on frees restored segments as soon as they are
+ * unlinked and unleased.  Returns how many were freed. */
 unsigned gshmd_registry_reap_unlinked(struct gshmd_registry *r);
 
 /* Fills a SegmentInfo (strings point into seg: valid while seg lives). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd's request handlers: one per message type, each filling the reply
  * (and the fd to send with it) from the registry and the backends, and
  * the dispatcher that decodes a packet and sends the answer.  The socket
@@ -128,6 +129,10 @@ static int grant_lease(struct req *q, struct gshmd_lease *l, bool legacy) {
   q->grant.segment = &q->info;
   q->grant.lease_id = l->id;
   q->grant.access = l->access;
+  if (l->has_token) { /* the lease outlives the reply: l->token stays valid */
+    q->grant.lease_token.data = l->token;
+    q->grant.lease_token.len = sizeof(l->token);
+  }
   q->reply->body_case = GSHM__REPLY__BODY_GRANT;
   q->reply->grant = &q->grant;
   return 0;
@@ -180,7 +185,7 @@ static int handle_unlink(struct req *q, Gshm__UnlinkRequest *m) {
    * events go out before this reply, so whoever learns of the unlink from
    * the unlinker finds the event already in its socket. */
   if (seg && (q->c->client->cred.admin || q->c->client->cred.uid == seg->uid))
-    notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, q->c);
+    gshmd_notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, q->c);
   e = gshmd_registry_unlink(r, q->c->client, m->name, &msg);
   return e ? set_error(q, e, msg) : 0;
 }
@@ -214,7 +219,7 @@ static int handle_revoke(struct req *q, Gshm__RevokeRequest *m) {
   int e;
 
   if (seg && q->c->client->cred.admin)
-    notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_REVOKED, q->c);
+    gshmd_notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_REVOKED, q->c);
   e = gshmd_registry_revoke(r, q->c->client, m->name, &msg);
   return e ? set_error(q, e, msg) : 0;
 }
@@ -258,18 +263,14 @@ static size_t embedded_size(size_t n) {
 
 /* First list node with id > after, walking from the id tree when possible. */
 static struct gshm_list *segments_after(struct gshmd_registry *r, uint64_t after) {
-  struct gshm_list *pos;
   struct gshmd_segment *seg;
 
   if (after == 0)
     return r->segments.next;
   if ((seg = gshmd_registry_find_id(r, after)))
     return seg->node.next;
-  gshm_list_foreach(pos, &r->segments) {
-    if (gshm_list_entry(pos, struct gshmd_segment, node)->id > after)
-      return pos;
-  }
-  return &r->segments;
+  /* the cursor's segment was freed: its successor by id, O(log n) */
+  return (seg = gshmd_registry_find_after(r, after)) ? &seg->node : &r->segments;
 }
 
 static unsigned list_limit(const Gshm__ListRequest *m) {
@@ -539,55 +540,94 @@ static int handle_metrics(struct req *q) {
   return 0;
 }
 
-/* Unpacks the body as message type T and calls handler H; a body that does
- * not decode is a protocol error. */
+/* Checks the packet header and that hello comes first, once.  On a bad
+ * packet fails the connection (with the reason) and returns false. */
+static bool request_header_ok(struct conn *c, const uint8_t *pkt, size_t len,
+                              struct gshm_wire_header *hdr) {
+  const char *why = NULL;
+  char m[160];
+
+  if (gshm__wire_parse_header(pkt, len, hdr)) {
+    gshmd_conn_fail(c, 0, 0, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
+                    len < GSHM_WIRE_HEADER_SIZE ? "packet shorter than the 16-byte header"
+                    : "bad packet header (magic or length)");
+    return false;
+  }
+  if (hdr->major != GSHM_PROTO_MAJOR) {
+    gshmd_conn_fail(c, hdr->type, hdr->request_id, GSHM__STATUS__STATUS_VERSION_MISMATCH,
+                    version_mismatch(m, sizeof(m), hdr->major, hdr->minor));
+    return false;
+  }
+  if (hdr->type == 0 || hdr->type > GSHM_WIRE_TYPE_MAX)
+    why = "unknown message type";
+  else if (!c->client && hdr->type != GSHM_WIRE_HELLO)
+    why = "hello must come first";
+  else if (c->client && hdr->type == GSHM_WIRE_HELLO)
+    why = "hello was already said";
+  if (why) {
+    gshmd_conn_fail(c, hdr->type, hdr->request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR, why);
+    return false;
+  }
+  return true;
+}
+
+/* Unpacks the body as message type T, calls handler H and returns its
+ * result; a body that does not decode is a protocol error (the connection
+ * fails, c->closing says so). */
 #define DISPATCH(T, lower, H)                                                         \
   do {                                                                                \
-    T *msg_ = gshm__##lower##__unpack(&s->arena_allocator, q.len, q.body);            \
+    T *msg_ = gshm__##lower##__unpack(&s->arena_allocator, q->len, q->body);          \
     if (!msg_) {                                                                      \
-      conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,     \
-                "message does not decode as " #T);                                    \
-      return;                                                                         \
+      gshmd_conn_fail(q->c, q->type, q->request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,    \
+                      "message does not decode as " #T);                                    \
+      return 0;                                                                       \
     }                                                                                 \
-    err = H(&q, msg_);                                                                \
+    err = H(q, msg_);                                                                 \
     gshm__##lower##__free_unpacked(msg_, &s->arena_allocator);                        \
+    return err;                                                                       \
   } while (0)
+
+/* Runs the handler of q's message type: 0 or a negative errno. */
+static int request_dispatch(struct req *q) {
+  struct gshmd_server *s = q->c->srv;
+  int err;
+
+  switch (q->type) {
+  case GSHM_WIRE_HELLO: DISPATCH(Gshm__Hello, hello, handle_hello);
+  case GSHM_WIRE_CREATE: DISPATCH(Gshm__CreateRequest, create_request, handle_create);
+  case GSHM_WIRE_OPEN: DISPATCH(Gshm__OpenRequest, open_request, handle_open);
+  case GSHM_WIRE_CLOSE: DISPATCH(Gshm__CloseRequest, close_request, handle_close);
+  case GSHM_WIRE_UNLINK: DISPATCH(Gshm__UnlinkRequest, unlink_request, handle_unlink);
+  case GSHM_WIRE_STAT: DISPATCH(Gshm__StatRequest, stat_request, handle_stat);
+  case GSHM_WIRE_LIST_SEGMENTS:
+  case GSHM_WIRE_LIST_LEASES:
+  case GSHM_WIRE_LIST_CLIENTS: DISPATCH(Gshm__ListRequest, list_request, handle_list);
+  case GSHM_WIRE_MAP_REPORT: DISPATCH(Gshm__MapReport, map_report, handle_map_report);
+  case GSHM_WIRE_CHMOD: DISPATCH(Gshm__ChmodRequest, chmod_request, handle_chmod);
+  case GSHM_WIRE_CHOWN: DISPATCH(Gshm__ChownRequest, chown_request, handle_chown);
+  case GSHM_WIRE_REVOKE: DISPATCH(Gshm__RevokeRequest, revoke_request, handle_revoke);
+  case GSHM_WIRE_STATUS: return handle_status(q);
+  case GSHM_WIRE_DEVICES: return handle_devices(q);
+  case GSHM_WIRE_METRICS: return handle_metrics(q);
+  case GSHM_WIRE_PEERS: return handle_peers(q);
+  case GSHM_WIRE_REMOTE_LIST:
+    DISPATCH(Gshm__RemoteListRequest, remote_list_request, handle_remote_list);
+  case GSHM_WIRE_PULL: DISPATCH(Gshm__PullRequest, pull_request, handle_pull);
+  }
+  return 0;
+}
+#undef DISPATCH
 
 void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
   struct gshmd_server *s = c->srv;
   Gshm__Reply reply = GSHM__REPLY__INIT;
   struct gshm_wire_header hdr;
+  uint64_t *counter;
   struct req q;
-  int err = 0;
+  int err;
 
-  if (gshm__wire_parse_header(pkt, len, &hdr)) {
-    conn_fail(c, 0, 0, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
-              len < GSHM_WIRE_HEADER_SIZE ? "packet shorter than the 16-byte header"
-                                          : "bad packet header (magic or length)");
+  if (!request_header_ok(c, pkt, len, &hdr))
     return;
-  }
-  if (hdr.major != GSHM_PROTO_MAJOR) {
-    char m[160];
-    conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_VERSION_MISMATCH,
-              version_mismatch(m, sizeof(m), hdr.major, hdr.minor));
-    return;
-  }
-  if (hdr.type == 0 || hdr.type > GSHM_WIRE_TYPE_MAX) {
-    conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
-              "unknown message type");
-    return;
-  }
-  if (!c->client && hdr.type != GSHM_WIRE_HELLO) {
-    conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
-              "hello must come first");
-    return;
-  }
-  if (c->client && hdr.type == GSHM_WIRE_HELLO) {
-    conn_fail(c, hdr.type, hdr.request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
-              "hello was already said");
-    return;
-  }
-
   s->arena_used = 0;
   memset(&q, 0, sizeof(q));
   q.c = c;
@@ -601,76 +641,22 @@ void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
   gshm__welcome__init(&q.welcome);
   gshm__status_info__init(&q.status);
 
-  switch (hdr.type) {
-  case GSHM_WIRE_HELLO:
-    DISPATCH(Gshm__Hello, hello, handle_hello);
-    break;
-  case GSHM_WIRE_CREATE:
-    DISPATCH(Gshm__CreateRequest, create_request, handle_create);
-    break;
-  case GSHM_WIRE_OPEN:
-    DISPATCH(Gshm__OpenRequest, open_request, handle_open);
-    break;
-  case GSHM_WIRE_CLOSE:
-    DISPATCH(Gshm__CloseRequest, close_request, handle_close);
-    break;
-  case GSHM_WIRE_UNLINK:
-    DISPATCH(Gshm__UnlinkRequest, unlink_request, handle_unlink);
-    break;
-  case GSHM_WIRE_STAT:
-    DISPATCH(Gshm__StatRequest, stat_request, handle_stat);
-    break;
-  case GSHM_WIRE_LIST_SEGMENTS:
-  case GSHM_WIRE_LIST_LEASES:
-  case GSHM_WIRE_LIST_CLIENTS:
-    DISPATCH(Gshm__ListRequest, list_request, handle_list);
-    break;
-  case GSHM_WIRE_MAP_REPORT:
-    DISPATCH(Gshm__MapReport, map_report, handle_map_report);
-    break;
-  case GSHM_WIRE_CHMOD:
-    DISPATCH(Gshm__ChmodRequest, chmod_request, handle_chmod);
-    break;
-  case GSHM_WIRE_CHOWN:
-    DISPATCH(Gshm__ChownRequest, chown_request, handle_chown);
-    break;
-  case GSHM_WIRE_REVOKE:
-    DISPATCH(Gshm__RevokeRequest, revoke_request, handle_revoke);
-    break;
-  case GSHM_WIRE_STATUS:
-    err = handle_status(&q);
-    break;
-  case GSHM_WIRE_DEVICES:
-    err = handle_devices(&q);
-    break;
-  case GSHM_WIRE_METRICS:
-    err = handle_metrics(&q);
-    break;
-  case GSHM_WIRE_PEERS:
-    err = handle_peers(&q);
-    break;
-  case GSHM_WIRE_REMOTE_LIST:
-    DISPATCH(Gshm__RemoteListRequest, remote_list_request, handle_remote_list);
-    break;
-  case GSHM_WIRE_PULL:
-    DISPATCH(Gshm__PullRequest, pull_request, handle_pull);
-    break;
-  }
-  if (c->closing) /* DISPATCH failed */
+  err = request_dispatch(&q);
+  if (c->closing) /* the body did not decode */
     return;
   if (!err)
     reply.status = GSHM__STATUS__STATUS_OK;
   else if (reply.status == GSHM__STATUS__STATUS_UNSPECIFIED)
     set_error(&q, err, NULL);
-  if ((unsigned)reply.status < GSHMD_NSTATUS)
-    s->requests[hdr.type][reply.status]++;
+  if ((counter = gshmd_server_requests(s, hdr.type, (unsigned)reply.status)))
+    (*counter)++;
 
   /* A mapping report with request id 0 wants no reply (libgshm sends it
    * without waiting, to keep a round trip off every first map). */
   if (!(hdr.type == GSHM_WIRE_MAP_REPORT && hdr.request_id == 0) && !q.deferred)
-    conn_send(c, hdr.type, hdr.request_id, &reply, q.fd_out);
+    gshmd_conn_send(c, hdr.type, hdr.request_id, &reply, q.fd_out);
   /* q.fd_out is lent by the backend: not ours to close. */
   free(q.free_after);
   if (hdr.type == GSHM_WIRE_HELLO && err && !c->closing)
-    conn_close(c, reply.message); /* a refused hello ends the connection */
+    gshmd_conn_close(c, reply.message); /* a refused hello ends the connection */
 }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The seam between gshmd's connection I/O (server.c: sockets, queues,
  * accept, timers) and its request handlers (requests.c: one function per
  * message type, the list pager).  Internal to gshmd. */
@@ -16,7 +17,7 @@
 struct gshmd_server;
 
 /* One client connection (server.c owns it: accept creates it, the loop
- * frees it after conn_close). */
+ * frees it after gshmd_conn_close). */
 struct conn {
   struct gshmd_server *srv;
   uv_poll_t poll;
@@ -32,7 +33,7 @@ struct conn {
   struct gshm_list outq;
   unsigned noutq;
   int64_t accepted_ns, last_ns; /* CLOCK_MONOTONIC: timeouts */
-  uint64_t notify_mark;         /* notify_lease_holders: already a target */
+  uint64_t notify_mark;         /* gshmd_notify_lease_holders: already a target */
 };
 
 /* ---- server.c ---- */
@@ -40,7 +41,7 @@ struct conn {
 /* Ends the connection: its client and leases go now, the socket when the
  * loop has closed the watcher.  why (may be NULL) goes to the log.  A
  * second call does nothing. */
-void conn_close(struct conn *c, const char *why);
+void gshmd_conn_close(struct conn *c, const char *why);
 
 /* Sends the packet of len bytes already in c->srv->txbuf, or queues a
  * copy behind earlier ones when the client's socket buffer is full.  fd
@@ -48,25 +49,25 @@ void conn_close(struct conn *c, const char *why);
  * Returns 0, or a negative errno after closing the connection: -ENOBUFS
  * limits.max_inflight packets already wait, -ENOMEM, -EMFILE (no fd for
  * the dup), or the send's error (-EPIPE, -ECONNRESET, ...). */
-int conn_send_packet(struct conn *c, size_t len, int fd);
+int gshmd_conn_send_packet(struct conn *c, size_t len, int fd);
 
 /* Packs reply as the answer (type | GSHM_WIRE_REPLY) to request_id and
- * sends it as conn_send_packet does, with its errors, and -EMSGSIZE when
+ * sends it as gshmd_conn_send_packet does, with its errors, and -EMSGSIZE when
  * the reply does not fit in one packet (the connection is closed). */
-int conn_send(struct conn *c, uint16_t type, uint32_t request_id, const Gshm__Reply *reply,
-              int fd);
+int gshmd_conn_send(struct conn *c, uint16_t type, uint32_t request_id, const Gshm__Reply *reply,
+                    int fd);
 
 /* Answers a request that breaks the protocol with status and message,
  * then drops the client; counts a protocol error. */
-void conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__Status status,
-               const char *message);
+void gshmd_conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__Status status,
+                     const char *message);
 
 /* Tells every connection with a lease on seg, but `except` (the requester,
  * which learns it from its reply), that the segment's name went away
  * (kind).  A send that fails closes that connection, so the requester
  * must not be among them: its client would be gone under the request. */
-void notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg, Gshm__EventKind kind,
-                          const struct conn *except);
+void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg,
+                                Gshm__EventKind kind, const struct conn *except);
 
 /* ---- requests.c ---- */
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "server.h"
 
 #include <errno.h>
@@ -16,7 +17,7 @@
 #include "cluster.h"
 #include "config.h"
 #include "log.h"
-#include "metrics.h"
+#include "histogram.h"
 #include "registry.h"
 #include "requests.h"
 #include "errors.h"
@@ -48,8 +49,9 @@ static void on_accept_timer(uv_timer_t *t) { accept_resume(t->data); }
 /* Closing an fd a client gave us can block: a TCP socket with SO_LINGER
  * and unacknowledged data waits up to its linger time in close(), and so
  * do FUSE or NFS files; the last reference to a client's socket can hold
- * such fds in its unread queue.  Those closes never run on the loop: a
- * batch goes to libuv's thread pool (issue 15). */
+ * such fds in its unread queue.  Those closes never run on the loop (one
+ * hostile client would stall every other): a batch goes to libuv's thread
+ * pool. */
 struct close_batch {
   uv_work_t work;
   struct gshmd_server *srv;
@@ -138,7 +140,7 @@ static void conn_on_closed(uv_handle_t *h) {
   free(c);
 }
 
-void conn_close(struct conn *c, const char *why) {
+void gshmd_conn_close(struct conn *c, const char *why) {
   if (c->closing)
     return;
   c->closing = true;
@@ -159,7 +161,7 @@ void conn_close(struct conn *c, const char *why) {
   uv_close((uv_handle_t *)&c->poll, conn_on_closed);
 }
 
-int conn_send_packet(struct conn *c, size_t len, int fd) {
+int gshmd_conn_send_packet(struct conn *c, size_t len, int fd) {
   struct gshmd_server *s = c->srv;
   struct out_pkt *p;
   int r = -EAGAIN;
@@ -168,11 +170,11 @@ int conn_send_packet(struct conn *c, size_t len, int fd) {
     r = gshm__wire_sendmsg(c->fd, s->txbuf, len, fd);
   if (r == -EAGAIN) {
     if (c->noutq >= s->cfg->max_inflight) {
-      conn_close(c, "client does not read its replies");
+      gshmd_conn_close(c, "client does not read its replies");
       return -ENOBUFS;
     }
     if (!(p = malloc(sizeof(*p) + len))) {
-      conn_close(c, "out of memory");
+      gshmd_conn_close(c, "out of memory");
       return -ENOMEM;
     }
     memcpy(p->data, s->txbuf, len);
@@ -181,7 +183,7 @@ int conn_send_packet(struct conn *c, size_t len, int fd) {
     if (fd >= 0 && (p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
       r = -errno;
       free(p);
-      conn_close(c, "cannot keep fd for a queued reply");
+      gshmd_conn_close(c, "cannot keep fd for a queued reply");
       return r;
     }
     gshm_list_add_tail(&c->outq, &p->node);
@@ -190,7 +192,7 @@ int conn_send_packet(struct conn *c, size_t len, int fd) {
     return 0;
   }
   if (r) {
-    conn_close(c, r == -EPIPE || r == -ECONNRESET ? NULL : "send failed");
+    gshmd_conn_close(c, r == -EPIPE || r == -ECONNRESET ? NULL : "send failed");
     return r;
   }
   if (fd >= 0)
@@ -198,18 +200,18 @@ int conn_send_packet(struct conn *c, size_t len, int fd) {
   return 0;
 }
 
-int conn_send(struct conn *c, uint16_t type, uint32_t request_id, const Gshm__Reply *reply,
-              int fd) {
+int gshmd_conn_send(struct conn *c, uint16_t type, uint32_t request_id, const Gshm__Reply *reply,
+                    int fd) {
   size_t len;
 
   if (gshm__wire_pack(type | GSHM_WIRE_REPLY, request_id, &reply->base, c->srv->txbuf,
                       sizeof(c->srv->txbuf), &len)) {
     /* Cannot happen for bounded replies: lists are paginated to fit. */
     gshm_log_err("reply to type %u does not fit in one packet", type);
-    conn_close(c, "reply too large");
+    gshmd_conn_close(c, "reply too large");
     return -EMSGSIZE;
   }
-  return conn_send_packet(c, len, fd);
+  return gshmd_conn_send_packet(c, len, fd);
 }
 
 int gshmd_server_reply(struct gshmd_server *s, struct gshmd_client *client, uint16_t type,
@@ -219,11 +221,11 @@ int gshmd_server_reply(struct gshmd_server *s, struct gshmd_client *client, uint
   (void)s;
   if (!c || c->closing)
     return -ENOTCONN;
-  return conn_send(c, type, request_id, reply, -1) ? -ENOTCONN : 0;
+  return gshmd_conn_send(c, type, request_id, reply, -1) ? -ENOTCONN : 0;
 }
 
-void notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg, Gshm__EventKind kind,
-                          const struct conn *except) {
+void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg,
+                                Gshm__EventKind kind, const struct conn *except) {
   Gshm__Event ev = GSHM__EVENT__INIT;
   struct gshm_list *pos;
   struct conn **targets;
@@ -250,20 +252,20 @@ void notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg, Gsh
     if (targets[i]->closing ||
         gshm__wire_pack(GSHM_WIRE_EVENT, 0, &ev.base, s->txbuf, sizeof(s->txbuf), &len))
       continue;
-    conn_send_packet(targets[i], len, -1);
+    gshmd_conn_send_packet(targets[i], len, -1);
   }
   free(targets);
 }
 
-void conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__Status status,
-               const char *message) {
+void gshmd_conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__Status status,
+                     const char *message) {
   Gshm__Reply reply = GSHM__REPLY__INIT;
 
   c->srv->protocol_errors++;
   reply.status = status;
   reply.message = (char *)message;
-  if (conn_send(c, type, request_id, &reply, -1) == 0)
-    conn_close(c, message);
+  if (gshmd_conn_send(c, type, request_id, &reply, -1) == 0)
+    gshmd_conn_close(c, message);
 }
 
 /* The arena's allocator: memory comes from srv->arena until it is full
@@ -322,26 +324,26 @@ static void conn_read(struct conn *c) {
     i++;
     poll_until = 0;
     if (n == 0) {
-      conn_close(c, NULL);
+      gshmd_conn_close(c, NULL);
       return;
     }
     if (n == -EMSGSIZE) {
-      conn_fail(c, 0, 0, GSHM__STATUS__STATUS_TOO_BIG,
-                nfds ? "too many file descriptors in one packet"
-                     : "packet larger than the 64 KiB limit");
+      gshmd_conn_fail(c, 0, 0, GSHM__STATUS__STATUS_TOO_BIG,
+                      nfds ? "too many file descriptors in one packet"
+                      : "packet larger than the 64 KiB limit");
       return;
     }
     if (n < 0) {
-      conn_close(c, "receive failed");
+      gshmd_conn_close(c, "receive failed");
       return;
     }
     if (nfds > (int)s->cfg->max_fds_per_connection) {
-      conn_fail(c, 0, 0, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
-                "unexpected file descriptors (closed)");
+      gshmd_conn_fail(c, 0, 0, GSHM__STATUS__STATUS_PROTOCOL_ERROR,
+                      "unexpected file descriptors (closed)");
       return;
     }
     if ((size_t)n > (s->cfg->max_packet ? s->cfg->max_packet : GSHM_WIRE_MAX_PACKET)) {
-      conn_fail(c, 0, 0, GSHM__STATUS__STATUS_TOO_BIG, "packet larger than the limit");
+      gshmd_conn_fail(c, 0, 0, GSHM__STATUS__STATUS_TOO_BIG, "packet larger than the limit");
       return;
     }
     c->last_ns = gshm__now_ns(CLOCK_MONOTONIC);
@@ -357,7 +359,7 @@ static void conn_flush(struct conn *c) {
     if (r == -EAGAIN)
       return;
     if (r) {
-      conn_close(c, NULL);
+      gshmd_conn_close(c, NULL);
       return;
     }
     if (p->fd >= 0) {
@@ -378,7 +380,7 @@ static void conn_on_io(uv_poll_t *h, int status, int events) {
   if (status < 0) {
     /* libuv reports POLLERR on a peer that died with unread replies as
      * UV_EBADF: it is a reset connection. */
-    conn_close(c, status == UV_EBADF ? "connection reset" : uv_strerror(status));
+    gshmd_conn_close(c, status == UV_EBADF ? "connection reset" : uv_strerror(status));
     return;
   }
   if ((events & UV_WRITABLE) && c->noutq)
@@ -386,7 +388,7 @@ static void conn_on_io(uv_poll_t *h, int status, int events) {
   if (!c->closing && !c->noutq && (events & UV_READABLE))
     conn_read(c);
   else if (!c->closing && (events & UV_DISCONNECT) && !(events & UV_READABLE))
-    conn_close(c, NULL);
+    gshmd_conn_close(c, NULL);
 }
 
 /* The peer's credentials and every supplementary group (SO_PEERGROUPS
@@ -502,7 +504,7 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     gshm_list_init(&c->outq);
     c->accepted_ns = c->last_ns = gshm__now_ns(CLOCK_MONOTONIC);
     /* The uid's quota first, then the global limit less the admins'
-     * reserve: one user can fill neither (issue 15). */
+     * reserve: one user can fill neither. */
     if (peer_credentials(s, fd, &c->cred) || over_uid_quota(s, &c->cred) ||
         over_global_limit(s, &c->cred) || uv_poll_init(s->loop, &c->poll, fd)) {
       close(fd);
@@ -536,10 +538,10 @@ static void on_sweep(uv_timer_t *t) {
       continue;
     if (!c->client && hello_ns && now - c->accepted_ns > hello_ns) {
       s->timeouts++;
-      conn_close(c, "no hello in time");
+      gshmd_conn_close(c, "no hello in time");
     } else if (c->client && idle_ns && now - c->last_ns > idle_ns) {
       s->timeouts++;
-      conn_close(c, "idle timeout");
+      gshmd_conn_close(c, "idle timeout");
     }
   }
 }
@@ -558,6 +560,14 @@ int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gsh
   s->arena_allocator.free = arena_free;
   s->arena_allocator.allocator_data = s;
   gshm_list_init(&s->conns);
+  /* One counter per status the protocol defines: the enum's values are
+   * explicitly numbered and never renumbered, so the highest bounds them. */
+  for (unsigned i = 0; i < gshm__status__descriptor.n_values; i++)
+    if (gshm__status__descriptor.values[i].value >= (int)s->nstatus)
+      s->nstatus = (unsigned)gshm__status__descriptor.values[i].value + 1;
+  s->requests = calloc((size_t)(GSHM_WIRE_TYPE_MAX + 1) * s->nstatus, sizeof(*s->requests));
+  if (!s->requests)
+    return -ENOMEM;
   if (cfg->admin_group && *cfg->admin_group) {
     struct group *g = getgrnam(cfg->admin_group);
     if (!g) {
@@ -604,7 +614,7 @@ void gshmd_server_stop(struct gshmd_server *s) {
   struct gshm_list *pos, *tmp;
 
   gshm_list_foreach_safe(pos, tmp, &s->conns)
-      conn_close(gshm_list_entry(pos, struct conn, node), NULL);
+      gshmd_conn_close(gshm_list_entry(pos, struct conn, node), NULL);
   if (s->listening) {
     s->listening = false;
     uv_close((uv_handle_t *)&s->listen_poll, NULL);
@@ -617,4 +627,9 @@ void gshmd_server_stop(struct gshmd_server *s) {
     s->accept_timer_on = false;
     uv_close((uv_handle_t *)&s->accept_timer, NULL);
   }
+}
+
+void gshmd_server_free(struct gshmd_server *s) {
+  free(s->requests);
+  s->requests = NULL;
 }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd's socket server: one libuv loop, uv_poll_t watchers on
  * SOCK_SEQPACKET sockets, sendmsg/recvmsg for fd passing (libuv's streams
  * cannot carry arbitrary fds on SEQPACKET). */
@@ -10,7 +11,7 @@
 #include <uv.h>
 
 #include "list.h"
-#include "metrics.h"
+#include "histogram.h"
 #include "wire.h"
 
 struct gshmd_config;
@@ -18,7 +19,6 @@ struct gshmd_registry;
 struct gshmd_client;
 struct gshmd_cluster;
 
-#define GSHMD_NSTATUS 22 /* Gshm__Status values, for counters */
 #define GSHMD_LIST_MAX 4096 /* items in one list reply, at most */
 #define GSHMD_LEASE_DEVICES 8 /* mapped devices listed per lease */
 
@@ -46,8 +46,11 @@ struct gshmd_server {
   gid_t admin_gid;
   int64_t started_ns;
   int64_t poll_ns;          /* cfg poll_us where >= 4 CPUs, else 0 (conn_read) */
-  /* Counters for metrics (issue 7): requests by type and status. */
-  uint64_t requests[GSHM_WIRE_TYPE_MAX + 1][GSHMD_NSTATUS];
+  /* Counters for metrics: requests by type and status, a
+   * (GSHM_WIRE_TYPE_MAX + 1) x nstatus table (gshmd_server_requests);
+   * nstatus comes from the protocol's Status enum (its highest value + 1). */
+  uint64_t *requests;
+  unsigned nstatus;
   struct gshmd_histogram duration; /* request service time */
   uint64_t protocol_errors, connections_total, fds_sent, quota_denials, access_denials;
   uint64_t timeouts;
@@ -78,7 +81,9 @@ struct gshmd_server {
 };
 
 /* Starts serving on listen_fd (bound, listening, non-blocking or not; the
- * server takes ownership).  Returns 0 or a negative errno from libuv. */
+ * server takes ownership).  Returns 0; -ENOENT when daemon.admin_group
+ * names no group; -ENOMEM; or a negative errno from fcntl or libuv.
+ * gshmd_server_free frees what it allocated, whatever it returned. */
 int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gshmd_config *cfg,
                        struct gshmd_registry *reg, int listen_fd);
 
@@ -91,5 +96,19 @@ int gshmd_server_reply(struct gshmd_server *s, struct gshmd_client *c, uint16_t 
 /* Closes every connection (their leases end) and the listening watcher.
  * The handles finish closing on the next loop iteration. */
 void gshmd_server_stop(struct gshmd_server *s);
+
+/* Frees what gshmd_server_start allocated, once the loop has finished
+ * closing the server's handles (after gshmd_server_stop and uv_run).
+ * Accepts a server that never started. */
+void gshmd_server_free(struct gshmd_server *s);
+
+/* The counter of requests of wire type `type` answered with `status`, or
+ * NULL when either is out of range. */
+static inline uint64_t *gshmd_server_requests(struct gshmd_server *s, unsigned type,
+                                              unsigned status) {
+  if (!s->requests || type > GSHM_WIRE_TYPE_MAX || status >= s->nstatus)
+    return NULL;
+  return &s->requests[(size_t)type * s->nstatus + status];
+}
 
 #endif

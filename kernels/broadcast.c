@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm_broadcast: one buffer to several GPUs with copy-engine copies,
  * pipelined in chunks and ordered by events (gshm.h documents the API).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Host side of the copy kernels: gshm_copy, gshm_signal, gshm_wait.
  *
  * The kernels (kernels/copy.cu) are embedded as a fatbin and loaded with

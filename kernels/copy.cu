@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* SM-driven copy kernels for libgshm (docs/ARCHITECTURE.md "Kernels").
  *
  * Built with nvcc into a fatbin (SASS for each GSHM_CUDA_ARCHS entry plus PTX

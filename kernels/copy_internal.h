@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Internal interface of kernels/copy.c, for libgshm, gshm-bench and the GPU
  * tests (never installed).  Functions here run in the calling thread's
  * current CUDA context and take CUstream handles. */

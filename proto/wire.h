@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Packet framing and file-descriptor passing for the gshm protocol.
  *
  * A packet is one SOCK_SEQPACKET message: a 16-byte header followed by a

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Copies Debian's UCX shared objects, their module directory and
 # ucx_perftest into DIR, for a -DGSHM_STATIC_DEPS=ON build that must run
 # on a machine without the Debian packages (the GPU machines): gshmd

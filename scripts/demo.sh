@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # README's main job: install dependencies, build, run gshm-demo (a private
 # gshmd, two processes sharing a segment, gshmctl mappings, clean stop).
 set -euo pipefail

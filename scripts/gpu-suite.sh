@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # The GPU suite and benchmarks in one go, for a lent GPU machine that has
 # the CUDA driver but none of the Debian libraries (see README):
 #   here:   cmake -S . -B build-gpu -DGSHM_STATIC_DEPS=ON && cmake --build build-gpu -j

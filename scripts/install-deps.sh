@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the Debian 12 packages gshm builds, tests and runs with.
 # Idempotent: does nothing when everything is already there.
 set -euo pipefail

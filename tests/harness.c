@@ -1,6 +1,9 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "harness.h"
 
 #include <dirent.h>
+#include <grp.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <errno.h>
 #include <limits.h>
@@ -231,4 +234,64 @@ int harness_cmocka_teardown(void **state) {
   free(h);
   *state = NULL;
   return status == 0 ? 0 : -1;
+}
+
+int harness_kid_start(struct harness_kid *k, uid_t uid, gid_t gid,
+                      void (*body)(struct harness_kid *k, void *arg), void *arg) {
+  int a[2], b[2], e;
+
+  if (pipe(a))
+    return -errno;
+  if (pipe(b)) {
+    e = -errno;
+    close(a[0]);
+    close(a[1]);
+    return e;
+  }
+  if ((k->pid = fork()) < 0) {
+    e = -errno;
+    close(a[0]);
+    close(a[1]);
+    close(b[0]);
+    close(b[1]);
+    return e;
+  }
+  if (k->pid == 0) {
+    close(a[1]);
+    close(b[0]);
+    k->in = a[0];
+    k->out = b[1];
+    if (uid != (uid_t)-1 &&
+        (setgroups(1, &gid) || setresgid(gid, gid, gid) || setresuid(uid, uid, uid)))
+      _exit(120);
+    body(k, arg);
+    _exit(0);
+  }
+  close(a[0]);
+  close(b[1]);
+  k->to_kid = a[1];
+  k->from_kid = b[0];
+  k->in = k->out = -1;
+  return 0;
+}
+
+int harness_kid_step(int fd) {
+  char b = 1;
+  return write(fd, &b, 1) == 1 ? 0 : -EPIPE;
+}
+
+bool harness_kid_await(int fd, int timeout_ms) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  char b;
+  return poll(&p, 1, timeout_ms) == 1 && read(fd, &b, 1) == 1;
+}
+
+int harness_kid_wait(struct harness_kid *k) {
+  int status;
+
+  close(k->to_kid);
+  close(k->from_kid);
+  if (waitpid(k->pid, &status, 0) != k->pid)
+    return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Test harness: a real gshmd on a mkdtemp socket, readiness from its
  * READY=1 notification (never a sleep), and the service manager's part
  * (fd store, LISTEN_FDS) for restart tests.  No test framework inside, so
@@ -78,6 +79,31 @@ long harness_rss_kib(pid_t pid);
 
 /* Fills buf with bytes from a seeded xorshift stream (never all zero). */
 void harness_random(void *buf, size_t n, unsigned long long seed);
+
+/* A child process, as another user, stepped by its parent: one byte per
+ * step through two pipes (the parent's ends to_kid/from_kid, the child's
+ * in/out). */
+struct harness_kid {
+  pid_t pid;
+  int to_kid, from_kid;
+  int in, out;
+};
+
+/* Forks; the child switches to uid (primary group gid, no other groups;
+ * uid (uid_t)-1: stays who it is), runs body(k, arg) and exits 0 (body
+ * exits non-zero itself on a failed check; 120 when the switch failed).
+ * Returns 0 or a negative errno. */
+int harness_kid_start(struct harness_kid *k, uid_t uid, gid_t gid,
+                      void (*body)(struct harness_kid *k, void *arg), void *arg);
+/* One step to the other side (fd: to_kid from the parent, out from the
+ * child).  Returns 0 or a negative errno. */
+int harness_kid_step(int fd);
+/* Waits up to timeout_ms for the other side's step (from_kid / in);
+ * false when it died or the time passed. */
+bool harness_kid_await(int fd, int timeout_ms);
+/* Closes the parent's ends and reaps the child: its exit code, 128 + the
+ * signal that killed it, or -1. */
+int harness_kid_wait(struct harness_kid *k);
 
 /* Runs gshmctl (next to gshmd in the build tree: $GSHMCTL or
  * ../client/gshmctl) with --socket and args; returns its exit code, and

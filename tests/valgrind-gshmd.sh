@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # gshmd under valgrind memcheck, for the integration tests (issue 5).
 #
 # As gshmd:   GSHM_VALGRIND_GSHMD=REAL_GSHMD GSHM_VALGRIND_LOGDIR=DIR valgrind-gshmd.sh ARGS...

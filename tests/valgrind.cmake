@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # valgrind memcheck over the integration tests, with gshmd itself under
 # valgrind (issue 5): tests/valgrind-gshmd.sh points $GSHMD at itself,
 # execs valgrind on the real gshmd, and checks every log for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // chain_probe: where a pipelined chain broadcast of 1 GiB loses time
 // against the link (issue 8; docs/PERFORMANCE.md "Broadcast", "Why a chain
 // stops near ncclBroadcast").  An experiment, kept so that the numbers it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm.h: the libgshm client API (v1).
  *
  * gshm shares GPU and host memory between the processes of one node by
@@ -221,16 +222,25 @@ GSHM_EXTERN int gshm_chmod(gshm_client_t *client, const char *name, uint32_t mod
  * needs an admin; -EINVAL. */
 GSHM_EXTERN int gshm_chown(gshm_client_t *client, const char *name, uint32_t uid, uint32_t gid);
 
-/* Admin only: ends every lease of the segment and unlinks it; the memory
- * is freed once the holders' own fds and mappings go (the driver cannot
- * take back what a process has mapped).  Holders get -ESTALE from their
- * next request on that segment (gshm_stat).
+/* Admin only: ends every lease of the segment and unlinks it.  A host
+ * segment's pages are punched out at once (its holders' mappings read
+ * zeros); a device segment's memory is freed once the holders' own fds and
+ * mappings go (the driver cannot take back what a process has mapped).
+ * Holders get -ESTALE from their next call on that segment (gshm_stat,
+ * gshm_map, gshm_read, gshm_write), also when the revoke happened while
+ * the daemon restarted.
  * Errors: -ENOENT; -EPERM not an admin. */
 GSHM_EXTERN int gshm_revoke(gshm_client_t *client, const char *name);
 
 /* Fresh information about an open segment (lease count, unlinked state)
- * from the daemon.  Errors: -ESTALE the segment was revoked; -EACCES its
- * owner changed the mode since we opened it and we may no longer see it. */
+ * from the daemon.  After a daemon restart libgshm re-takes this
+ * process's leases on its next call, each with the access it was granted
+ * (a lease is kept whatever chmod, chown or unlink happened meanwhile).
+ * Errors: -ESTALE the segment was revoked (also while the daemon was
+ * down), or it was unlinked and this process did not call gshmd for 30 s
+ * after a restart, so the lease was not re-taken (the mapping keeps its
+ * bytes); -EACCES its owner changed the mode since we opened it and we may
+ * no longer see it. */
 GSHM_EXTERN int gshm_stat(gshm_segment_t *seg, gshm_segment_info_t *info_out);
 
 /* Information about a segment by name, without opening it.
@@ -366,7 +376,9 @@ GSHM_EXTERN void gshm_free(void *p);
  * Errors: -EINVAL devices given for a host segment, or an unknown ordinal;
  * -ENODEV the segment's GPU is not visible to this process and no listed
  * device can reach it; -ENOTSUP no CUDA driver here for a device segment;
- * -EACCES / -ENOMEM / -EIO from mmap or the driver. */
+ * -EACCES / -ENOMEM / -EIO from mmap or the driver; -ESTALE the lease
+ * ended (revoked, or it could not be re-taken after a daemon restart: see
+ * gshm_stat). */
 GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices,
                          void **addr_out);
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where a gshm.torch.MemPool's memory goes: weights vs PyTorch's blocks vs
 gshm's arena segments, for the Llama shapes of restart_bench.py.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Engine restart, measured: attach from gshm against reloading the weights.
 
     python3 python/examples/restart_bench.py --gshmd build/daemon/gshmd \\

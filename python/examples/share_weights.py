@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Share model weights once, map them in many worker processes on other GPUs.
 
 One loader process puts a state dict into one gshm segment on GPU 0

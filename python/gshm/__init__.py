@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gshm: named, permissioned GPU and host memory segments shared between
 processes through gshmd, from Python (ctypes over libgshm.so).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gshm.Client: a connection to gshmd and the requests that name segments
 or list the daemon's state."""
 
@@ -92,10 +93,11 @@ class Client(object):
         return _dec(m) if m else ""
 
     # -- segments
-    def create(self, name, size, location="cuda:0", mode=0o600, flags=0, legacy_ipc=False):
+    def create(self, name, size, location="host", mode=0o600, flags=0, legacy_ipc=False):
         """Creates segment `name` of `size` bytes and opens it read-write.
 
-        location  "host", "cuda:N" (the daemon's device index), "cuda:GPU-<uuid>",
+        location  "host" (the default, as for gshm_create and gshmctl create),
+                  "cuda:N" (the daemon's device index), "cuda:GPU-<uuid>",
                   or an int N for "cuda:N".
         mode      permission bits like chmod (0o600, 0o640, ...).
         Raises Exists (EEXIST), InvalidArgument, NoDevice, NotSupported,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gshm.copy, signal, wait and copy_signal: stream-ordered copies and flags
 between segments, arrays and raw device addresses."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ctypes glue shared by the client, segment and info modules: name
 encoding, error raising, access codes, optional symbols and the reference
 counted handles of the C objects.  The public classes live in _client.py,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Just enough of the CUDA driver API, loaded with ctypes on first use, to
 translate between this process's device ordinals and GPU UUIDs (gshm
 locations name GPUs by UUID: "cuda:GPU-<uuid>")."""

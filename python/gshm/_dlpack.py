@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DLPack export (legacy, unversioned "dltensor" capsules) with ctypes.
 
 A capsule holds a DLManagedTensor whose memory (and the shape and strides

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Element types understood by Segment.view(), with their NumPy typestr, DLPack
 code and safetensors name."""
 

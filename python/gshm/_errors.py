@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gshm exceptions: OSError subclasses carrying the errno and gshm's message."""
 
 import errno as _errno

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The read-only records of the daemon's state: segments, leases, clients,
 status, devices and their peers (frozen dataclasses built from the C
 structs)."""

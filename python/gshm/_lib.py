@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loading libgshm.so with ctypes, and ctypes mirrors of the structs of gshm.h.
 
 The structures below must match client/include/gshm.h field for field; the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The manifest of a published pool: which tensor lies where.
 
 A pool (gshm.torch.MemPool) allocates from device segments

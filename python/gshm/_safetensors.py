@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The safetensors layout of a shared state dict, and its NumPy flavour.
 
 A segment holding a state dict is, from byte 0, a safetensors file:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Open segments (leases) and their views: HostSegment (an mmap of the
 memfd), DeviceSegment and DeviceArray (__cuda_array_interface__, DLPack)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PyTorch allocator settings that gshm's MemPool cannot work under; no
 torch import here, so that the check is testable anywhere."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loading a safetensors file from disk straight into a device segment.
 
 The file is read in chunks into two pinned host buffers in turn: while the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gshm as PyTorch's allocator: MemPool, use_pool, publish, attach.
 
     pool = gshm.torch.MemPool(client, "llama", device=0)        # persistent
@@ -27,6 +28,7 @@ from . import _lib as L
 from ._core import _enc, _raise
 from ._dtypes import dtype as _to_dtype
 from ._torch_conf import check_alloc_conf as _check_alloc_conf
+from ._torch_state import StateDict
 
 __all__ = ["MemPool", "use_pool", "attach", "load_module", "unlink_prefix"]
 
@@ -358,7 +360,6 @@ def attach(client, prefix, device=None, access="r"):
     Raises gshm.NotFound when nothing is published under prefix,
     ManifestError for a manifest that is not gshm's, StaleManifest when a
     segment is gone or was created again since publish."""
-    from .torch import StateDict  # noqa: the public home of the class
     man = _manifest.read(client, prefix)
     dev = _device_for(man, device)
     segs = _manifest.open_segments(client, man, access)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Sharing PyTorch state dicts through one gshm segment, zero copy.
 
     # loader
@@ -37,26 +38,14 @@ from ._client import Client, _unlink_on_error  # noqa: F401  (Client: documentat
 from ._segment import Segment  # noqa: F401  (documentation)
 from ._dtypes import dtype as _to_dtype
 from ._safetensors import plan as _plan, parse as _parse
+from ._torch_state import StateDict
+from ._manifest import ManifestError, StaleManifest
+from ._torch_pool import MemPool, use_pool, attach, load_module, unlink_prefix
+from ._torch_load import load_safetensors
 
 __all__ = ["share_state_dict", "load_state_dict", "tensor_view", "StateDict",
            "MemPool", "use_pool", "attach", "load_module", "unlink_prefix",
            "load_safetensors", "ManifestError", "StaleManifest"]
-
-
-class StateDict(dict):
-    """What load_state_dict returns: a dict of tensors, plus where they live.
-
-    info     the segment's SegmentInfo
-    address  the segment's mapped address in this process (device address for
-             GPU segments); every tensor's data_ptr() lies in
-             [address, address + info.size)
-    metadata the safetensors __metadata__"""
-
-    info = None
-    address = None
-    metadata = None
-    buffers = None   # attach(): non-persistent buffers of a published module
-    segments = None  # attach(): {segment name: SegmentInfo}
 
 
 def _torch_dtype(dt):
@@ -228,9 +217,3 @@ def load_state_dict(client, name, device=None, access="r"):
     except BaseException:
         seg.close()
         raise
-
-
-# After StateDict: these modules use it.
-from ._manifest import ManifestError, StaleManifest  # noqa: E402
-from ._torch_pool import MemPool, use_pool, attach, load_module, unlink_prefix  # noqa: E402
-from ._torch_load import load_safetensors  # noqa: E402

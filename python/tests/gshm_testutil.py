@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Starting a real gshmd for the tests (also used by run_gpu.py without pytest).
 
 Paths: $GSHMD (default <repo>/build/daemon/gshmd), $GSHMCTL (default

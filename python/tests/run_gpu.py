@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Runs the gshm Python GPU tests (tests/test_gpu.py).
 
     python3 python/tests/run_gpu.py [-q] [pytest args...]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Client.pull, Client.peers and Client.remote_segments against two real
 gshmd talking UCX over tcp on 127.0.0.1 (docs/CLUSTER.md)."""
 import grp

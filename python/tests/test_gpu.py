@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gshm's Python package on GPUs: torch, cupy, DLPack, state dicts.
 
 Needs torch with a CUDA GPU (cupy for the cupy parts) and a gshmd with the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gshm Python package over host segments, against a real gshmd (no GPU).
 
 Run: GSHM_LIBRARY=... GSHMD=... GSHMCTL=... python3 -m pytest -q python/tests/test_host.py
@@ -188,6 +189,15 @@ def test_create_here_open_and_view_in_another_process(daemon, client, segname):
             """, segname, n)
         want = numpy.random.default_rng(99).integers(0, 256, n, dtype=numpy.uint8)
         assert numpy.array_equal(seg.view("uint8", (n,)), want)
+    client.unlink(segname)
+
+
+def test_create_defaults_to_host(client, segname):
+    """Client.create without a location makes a host segment, as gshm_create
+    (NULL) and gshmctl create do: the same call works on a node without a GPU."""
+    with client.create(segname, 4096) as seg:
+        assert isinstance(seg, gshm.HostSegment) and seg.location == "host"
+        assert client.stat(segname).location == "host"
     client.unlink(segname)
 
 
@@ -588,3 +598,38 @@ def test_torch_state_dict_on_a_host_segment(daemon, client, segname):
             assert torch.equal(t, sd[k]), k
     del loaded, u
     client.unlink(segname)
+
+
+def test_package_imports_have_no_cycle():
+    """The modules of gshm import one another without a cycle, lazy imports
+    inside functions included: each layer only uses the ones below it."""
+    import ast
+    pkg = os.path.dirname(gshm.__file__)
+    mods = {f[:-3] for f in os.listdir(pkg) if f.endswith(".py")}
+    graph = {}
+    for m in mods:
+        with open(os.path.join(pkg, m + ".py")) as f:
+            tree = ast.parse(f.read())
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    deps.add(node.module.split(".")[0])
+                else:
+                    deps.update(a.name for a in node.names if a.name in mods)
+        graph[m] = deps & mods - {m, "__init__"}
+    assert graph["_torch_pool"] and graph["torch"], graph  # the walk found imports
+
+    state = {}
+
+    def visit(m, path):
+        state[m] = "open"
+        for d in sorted(graph[m]):
+            assert state.get(d) != "open", "import cycle: " + " -> ".join(path + [m, d])
+            if d not in state:
+                visit(d, path + [m])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The PyTorch pool's parts that need no GPU and no torch: the manifest
 format and its checks against real (host) segments, the C pool's refusals
 of bad configuration, the safetensors copy plan and the allocator-settings

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """gshm as PyTorch's allocator on one GPU (ctest: python_torch_gpu, label gpu).
 
     python3 python/tests/test_torch_pool_gpu.py [-v]

@@ -1,11 +1,12 @@
 #!/bin/bash
-# What a new user reads (issue 16, items 5, 6, 7, 9): one version everywhere,
-# gshmctl's messages and exit codes, --json errors as a JSON object on
-# stderr, one line (or one JSON document) on every verb's success, and
-# share_weights.py --help without torch.
-#   test_messages.sh GSHMD GSHMCTL VERSION PYTHON SOURCE_DIR
+# SPDX-License-Identifier: Apache-2.0
+# What a new user reads: one version everywhere, gshmctl's messages and
+# exit codes, --json errors as a JSON object on stderr, one line (or one
+# JSON document) on every verb's success, share_weights.py --help without
+# torch, and gshmd's fd-limit message only where it means something.
+#   test_messages.sh GSHMD GSHMCTL VERSION PYTHON SOURCE_DIR BENCH
 set -u
-gshmd=$1 ctl=$2 version=$3 py=$4 src=$5
+gshmd=$1 ctl=$2 version=$3 py=$4 src=$5 bench=$6
 dir=$(mktemp -d)
 "$gshmd" --backend host --socket "$dir/s" --log-level 3 2>"$dir/gshmd.log" &
 pid=$!
@@ -29,6 +30,7 @@ json() { "$py" -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 i
 # item 5: one version
 [ "$("$ctl" -V)" = "gshmctl $version" ] || fail "gshmctl -V: $("$ctl" -V)"
 [ "$("$gshmd" -V)" = "gshmd $version" ] || fail "gshmd -V: $("$gshmd" -V)"
+[ "$("$bench" --version)" = "gshm-bench $version" ] || fail "gshm-bench --version: $("$bench" --version 2>&1)"
 pyv=$(PYTHONPATH=$src/python "$py" -c 'import gshm; print(gshm.__version__)')
 [ "$pyv" = "$version" ] || fail "python gshm.__version__ $pyv, want $version"
 
@@ -38,6 +40,12 @@ has err "gshmctl: create:"
 has err "'-5'"
 run 2 create x 0
 has err "at least 1 byte"
+# a negative size after the name blames the size, not the name
+run 2 create s/f -4K
+has err "'-4K'"
+grep -qF "'s/f'" "$dir/err" && fail "create s/f -4K blames the name: $(cat "$dir/err")"
+run 2 create x 4K -q
+has err "create: unknown option '-q'"
 run 0 create k4 4KB
 has out "4 KiB"
 run 0 create k4i 4KiB
@@ -108,6 +116,13 @@ has err "status: unexpected argument 'x'"
 run 2 mappings --frob
 has err "gshmctl: mappings: unknown option '--frob'"
 usage_json clients --frob
+# --json read has no form for raw bytes: refused without -o, a summary with
+run 0 create jr 4K
+usage_json read jr
+has err "-o FILE"
+run 0 --json read jr -o "$dir/jr.bin"
+json out "d['schema_version'] == 1 and d['name'] == 'jr' and d['bytes'] == 4096 and d['file'].endswith('jr.bin')"
+[ "$(stat -c %s "$dir/jr.bin")" = 4096 ] || fail "--json read -o wrote $(stat -c %s "$dir/jr.bin") bytes"
 # the errno's name is libgshm's: ENOTSUP (the same value as EOPNOTSUPP)
 run 1 --json create g 4K --location cuda:0
 json err "d['error']['errno'] == 'ENOTSUP'"
@@ -116,6 +131,27 @@ json err "d['error']['errno'] == 'ENOTSUP'"
 "$py" "$src/python/examples/share_weights.py" --help >"$dir/out" 2>"$dir/err" \
   || fail "share_weights.py --help: $(cat "$dir/err")"
 has out "usage: share_weights.py"
+
+# the fd limit: a hand-started gshmd under a shell's limit (below the
+# unit's LimitNOFILE=) says nothing at notice level, once at debug level;
+# under systemd (INVOCATION_ID) the same shortfall is a warning
+fdlimit() { # fdlimit LOGLEVEL [ENV...]: gshmd's stderr in $dir/fd.log
+  rm -f "$dir/fd.s"
+  (ulimit -n 1024 && exec env -u NOTIFY_SOCKET -u INVOCATION_ID "${@:2}" "$gshmd" --backend host --socket "$dir/fd.s" \
+     --log-level "$1") 2>"$dir/fd.log" &
+  local p=$!
+  for _ in $(seq 200); do [ -S "$dir/fd.s" ] && break; sleep 0.05; done
+  kill $p; wait $p 2>/dev/null
+}
+fdlimit 6
+grep -q "fd limit" "$dir/fd.log" && fail "hand start warns about the fd limit: $(cat "$dir/fd.log")"
+fdlimit 7
+[ "$(grep -c "fd limit 1024 is below" "$dir/fd.log")" = 1 ] \
+  || fail "debug log lacks one fd-limit line: $(cat "$dir/fd.log")"
+grep "fd limit 1024 is below" "$dir/fd.log" | grep -q "^<7>" || fail "not at debug: $(cat "$dir/fd.log")"
+fdlimit 6 INVOCATION_ID=0123456789abcdef
+grep "fd limit 1024 is below" "$dir/fd.log" | grep -q "^<4>" \
+  || fail "under systemd the fd limit is not a warning: $(cat "$dir/fd.log")"
 
 [ "$failures" = 0 ] && echo "all checks passed"
 exit $((failures > 0))

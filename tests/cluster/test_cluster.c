@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Two (and more) real gshmd on one machine, each with its own Unix socket
  * and cluster port on 127.0.0.1; ctest runs it twice: the bytes over
  * gshm's TCP stream, and with GSHM_TEST_CLUSTER_TRANSPORT=ucx over UCX's

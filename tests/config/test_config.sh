@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Configuration contract of gshmd: option table, INI files, drop-ins,
 # environment and flags.
 #

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: the INI configuration parser (daemon/config.c, inih),
  * through its public entry point gshmd_config_setup() with
  * --config /proc/self/fd/N, N a memfd holding the input.  That path's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: restoring saved state after a restart
  * (gshmd_fdstore_restore: the StateRecord and StateTable decoders, the
  * journal's header and contents, then adoption of each segment's memory fd
@@ -8,7 +9,9 @@
  * (struct journal_head) and the rest its first area (at JOURNAL_HEAD,
  * 4096).  Beside them the "fd store" holds sealed host memfds seg-1
  * (4 KiB) and seg-2 (8 KiB), an older meta-1-1, memory no record names
- * (seg-9, unsealed: must be refused) and an unrelated fd.  Checked: no
+ * (seg-9, unsealed: must be refused) and an unrelated fd; and bucket 0
+ * (b0a, b0b: a socketpair) with the journal's bytes also queued as its
+ * datagram's payload, carrying one sealed 4 KiB memfd.  Checked: no
  * crash or leak, every fd handed in is either adopted (set to -1) or
  * closed, the registry's counters agree with its lists, and no segment
  * comes back without memory. */
@@ -18,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -70,12 +74,36 @@ static int journal(const uint8_t *data, size_t len) {
   return fd;
 }
 
+/* A socketpair with payload queued in end 1's queue (sent from end 0)
+ * with one sealed memfd: bucket 0's ends in fds[0..1]. */
+static void bucket(const uint8_t *payload, size_t len, int *fds) {
+  union {
+    struct cmsghdr align;
+    char b[CMSG_SPACE(sizeof(int))];
+  } ctl;
+  int mem = sealed_memfd(4096, true);
+  struct iovec iov = {.iov_base = (void *)payload, .iov_len = len > 65536 ? 65536 : len};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                      .msg_controllen = sizeof(ctl.b)};
+  struct cmsghdr *c;
+
+  memset(ctl.b, 0, sizeof(ctl.b));
+  c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(c), &mem, sizeof(int));
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, fds) < 0 || sendmsg(fds[0], &mh, 0) < 0)
+    abort();
+  close(mem);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct gshmd_registry reg;
   struct gshmd_fdstore fs;
   char *names[] = {"seg-1", "meta-1-2", "seg-2", "meta-2-1", "ids-3", "other", "meta-1-1",
-                   "seg-9", "journal"};
-  int fds[9], n = 9;
+                   "seg-9", "journal", "b0a", "b0b"};
+  int fds[11], n = 11;
   struct gshm_list *pos;
   uint32_t nseg = 0;
   uint64_t bytes = 0;
@@ -106,6 +134,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fds[6] = record(NULL, 0);
   fds[7] = sealed_memfd(4096, false);
   fds[8] = journal(data + a + b + c, size - a - b - c);
+  bucket(data + a + b + c, size - a - b - c, &fds[9]);
   gshmd_fdstore_setup(&fs, &reg);
   if (gshmd_fdstore_restore(&fs, fds, names, n))
     abort();
@@ -125,7 +154,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!seg->unlinked && gshmd_registry_find_name(&reg, seg->name) != seg)
       abort();
   }
-  if (nseg != reg.nsegments || bytes != reg.bytes || nseg > 2)
+  if (nseg != reg.nsegments || bytes != reg.bytes || nseg > 3)
     abort();
   gshmd_fdstore_shutdown(&fs);
   gshmd_registry_destroy(&reg);

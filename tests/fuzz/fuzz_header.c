@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: the packet header (gshm__wire_parse_header) and the
  * decisions gshmd and libgshm take on it before decoding a body: the major
  * version, the type range, reply/event bits, and the status <-> errno map

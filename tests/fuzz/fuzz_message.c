@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target for one protobuf-c message decoder, chosen at build time
  * (tests/fuzz/CMakeLists.txt compiles this file once per message):
  *   -DFUZZ_TYPE=Gshm__Hello -DFUZZ_LOWER=hello

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: gshmd's real request path.  The daemon's server,
  * registry, host backend, metrics and fd store code run in this process
  * on a libuv loop, listening on an abstract Unix socket; each input is
@@ -29,6 +30,7 @@
 #include "backend.h"
 #include "config.h"
 #include "fdstore.h"
+#include "leasekey.h"
 #include "log.h"
 #include "registry.h"
 #include "server.h"
@@ -58,6 +60,10 @@ static int fd_count(void) {
   return n;
 }
 
+/* Lease tokens are issued and checked, so that re-takes with hostile
+ * tokens reach crypto_auth_verify. */
+static struct gshmd_leasekey leasekey;
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   int lfd;
 
@@ -71,6 +77,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   if (gshmd_backend_host_create(&cfg, &reg.host))
     abort();
   gshmd_fdstore_setup(&fs, &reg);
+  if (gshmd_leasekey_setup(&leasekey, NULL, NULL, 0))
+    abort();
+  gshmd_leasekey_attach(&leasekey, &reg);
   addr.sun_family = AF_UNIX;
   addrlen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
                         (size_t)snprintf(addr.sun_path + 1, sizeof(addr.sun_path) - 1,
@@ -228,6 +237,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     gshmd_registry_init(&reg, &cfg);
     reg.host = host;
     gshmd_fdstore_setup(&fs, &reg);
+    gshmd_leasekey_attach(&leasekey, &reg);
   }
   if (fd_count() != baseline) {
     fprintf(stderr, "fuzz_server: %d fds open, %d before\n", fd_count(), baseline);

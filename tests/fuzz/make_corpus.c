@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Writes the fuzz targets' seed corpus: make_corpus OUTDIR creates
  * OUTDIR/<target>/<name> for every target in tests/fuzz/CMakeLists.txt.
  * The output is checked in (tests/fuzz/corpus); rerun after a protocol
@@ -285,6 +286,24 @@ int main(int argc, char **argv) {
     buf[4] = (uint8_t)c;
     buf[5] = (uint8_t)(c >> 8);
     put("fuzz_fdstore", "dup_name", buf, 6 + a + b + c);
+    /* bucket 0's datagram (the journal's bytes, queued with one 4 KiB
+     * memfd): segment 5 "q" */
+    {
+      Gshm__StateBucket bk = GSHM__STATE_BUCKET__INIT;
+      Gshm__StateRecord q = r1, *qs[1] = {&q};
+      q.id = 5;
+      q.generation = 5;
+      q.name = "q";
+      q.size = q.requested_size = 4096;
+      q.location = "host";
+      bk.version = 1;
+      bk.seq = 3;
+      bk.n_segments = 1;
+      bk.segments = qs;
+      memset(buf, 0, 6);
+      j = protobuf_c_message_pack(&bk.base, buf + 6);
+      put("fuzz_fdstore", "bucket", buf, 6 + j);
+    }
   }
 
   /* Headers. */

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Runs every fuzz target of a build for SECONDS each on a copy of its seed
 # corpus (tests/fuzz/corpus/<target>); fails on the first finding.
 #   tests/fuzz/run.sh SECONDS BUILD_DIR [TARGET...]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # GPU tests of kernels/ (gshm_copy, gshm_copy_signal, gshm_wait, gshm_broadcast), included by
 # tests/gpu/CMakeLists.txt.  Plain C (the GPU machine has no cmocka); each
 # exits 77 where it lacks the GPUs it needs.

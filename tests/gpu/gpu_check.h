@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The GPU tests' assertions: plain C, since the GPU machines lack cmocka.
  * CHECK counts a failure and goes on (the test's main returns failures ?
  * 1 : 0); REQUIRE stops the process. */

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # GPU tests of device segments (issue 3) and of their restart through the
 # fd store (issue 4), included by tests/gpu/CMakeLists.txt.  Plain C (the
 # GPU machine has no cmocka) against a real gshmd started by
@@ -48,3 +49,21 @@ add_test(NAME gpu.cluster_pull COMMAND test_cluster_gpu)
 set_tests_properties(gpu.cluster_pull PROPERTIES
   LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
   ENVIRONMENT "GSHMD=$<TARGET_FILE:gshmd>;GSHMCTL=$<TARGET_FILE:gshmctl>;UCX_TLS=tcp;UCX_WARN_UNUSED_ENV_VARS=n")
+
+# A device lease holder keeps its leases (access, count, bytes) across a
+# gshmd SIGKILL + fd store restart with a chmod in between: one GPU.
+add_executable(test_dev_lease ${CMAKE_CURRENT_LIST_DIR}/test_dev_lease.c ${gshm_segments_harness_src})
+target_include_directories(test_dev_lease PRIVATE ${PROJECT_SOURCE_DIR}/tests
+                                                  ${PROJECT_SOURCE_DIR}/client/include)
+target_link_libraries(test_dev_lease PRIVATE gshm ${gshm_segments_harness} gshm_common)
+gshm_warnings(test_dev_lease)
+add_test(NAME gpu.dev_lease_restart COMMAND test_dev_lease)
+set_tests_properties(gpu.dev_lease_restart PROPERTIES
+  LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 150
+  ENVIRONMENT "GSHMD=$<TARGET_FILE:gshmd>;GSHMCTL=$<TARGET_FILE:gshmctl>")
+# The same steps on a host segment: checks the test's own logic on every
+# CI build.
+add_test(NAME integration.dev_lease_logic_host COMMAND test_dev_lease)
+set_tests_properties(integration.dev_lease_logic_host PROPERTIES
+  LABELS integration TIMEOUT 120
+  ENVIRONMENT "GSHM_DEV_LEASE_HOST=1;GSHMD=$<TARGET_FILE:gshmd>;GSHMCTL=$<TARGET_FILE:gshmctl>")

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm_broadcast on real GPUs: every algorithm (AUTO, STAR, CHAIN, SPLIT),
  * pushed and pulled, with the default chunk and with 64 KiB chunks (many
  * pipeline steps) taken in turn by three lanes, on random data at sizes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A device segment pulled between two gshmd on one GPU (issue 13, "Done
  * when" 2): gshmd A exports a cuda:0 segment of 1 GiB of random bytes,
  * gshmd B pulls it into a cuda:0 segment of its own through UCX (tcp on

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* gshm_copy on real GPUs: every method, within one GPU and between two
  * (push, pull, both directions), on random data at sizes and offsets that
  * hit the kernels' head, body and tail paths (1 B, 4095 B, 1 MiB + 3 B,

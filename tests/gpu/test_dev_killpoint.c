@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Kill points for device segments (issue 5, item 3): a client SIGKILLed
  * after every step of create / map / write / unmap / close / unlink, and at
  * random moments with requests in flight, leaves no lease, no fd in gshmd

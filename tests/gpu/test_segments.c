@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Device segments on real GPUs, against a real gshmd (tests/harness.h),
  * every role in its own process (this program re-executed with a role):
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Cross-process copy-then-signal ordering (issue 8): a producer process on
  * GPU0 copies into a consumer's buffer on GPU1 and signals a flag there
  * (gshm_copy_signal); the consumer process has already queued, on its own

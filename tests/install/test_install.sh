@@ -1,12 +1,19 @@
 #!/bin/bash
-# A new user's install (issue 16 items 1, 2): `cmake --install` of this
-# build into a scratch DESTDIR, then
+# SPDX-License-Identifier: Apache-2.0
+# A new user's install: `cmake --install` of this build into a scratch
+# DESTDIR, then
 #   - the installed gshmctl and gshmd run without LD_LIBRARY_PATH (RUNPATH
 #     $ORIGIN/../lib) and say the project's version;
 #   - gshmd names the config file it reads by default (the prefix's etc);
 #   - a consumer project builds and runs against the installed tree with
-#     CMake (find_package(gshm VERSION), gshm::gshm) and with pkg-config;
-#   - find_package(gshm 99.0) is refused (gshmConfigVersion.cmake).
+#     CMake (find_package(gshm VERSION), gshm::gshm) and with pkg-config,
+#     the latter without LD_LIBRARY_PATH (-Wl,-rpath in `pkg-config --libs`);
+#   - find_package(gshm 99.0) is refused (gshmConfigVersion.cmake);
+#   - `cmake --install --prefix P` to another prefix puts the units, the
+#     tmpfiles.d and sysusers.d snippets and gshmd.conf under P (the
+#     configuration where GNUInstallDirs puts it for P), the unit runs P's
+#     gshmd with P's gshmd.conf, and every file of both installs lies in
+#     the DESTDIR (the host is left untouched).
 #   test_install.sh BUILD_DIR PREFIX VERSION C_COMPILER RUNPATH
 # RUNPATH is ON, or OFF where the prefix puts libgshm in a system library
 # directory (/usr): then the programs carry none and run with the
@@ -89,15 +96,55 @@ if cmake -S "$dir/consumer" -B "$dir/cb99" -DCMAKE_C_COMPILER="$cc" -DWANT=99.0 
      -DCMAKE_PREFIX_PATH="$p" >"$dir/cmake99.log" 2>&1; then
   fail "find_package(gshm 99.0) was accepted"
 fi
-# pkg-config, from the installed .pc (relocatable: ${pcfiledir})
+# pkg-config, from the installed .pc (relocatable: ${pcfiledir}); where the
+# programs carry a RUNPATH, so does what `pkg-config --libs` builds
 export PKG_CONFIG_PATH=$lib/pkgconfig
 if flags=$(pkg-config --cflags --libs gshm); then
   [ "$(pkg-config --modversion gshm)" = "$version" ] || fail "pkg-config --modversion"
+  if [ "$runpath" = ON ]; then
+    case $flags in *-Wl,-rpath,*) ;; *) fail "pkg-config --libs gshm has no -Wl,-rpath: $flags" ;; esac
+  fi
   # shellcheck disable=SC2086
-  "$cc" -o "$dir/pc" "$dir/consumer/main.c" $flags -Wl,-rpath,"$lib" &&
-    "$dir/pc" | grep -q "^gshm " || fail "the pkg-config consumer did not build or run ($flags)"
+  "$cc" -o "$dir/pc" "$dir/consumer/main.c" $flags &&
+    "${libenv[@]}" "$dir/pc" | grep -q "^gshm " ||
+    fail "the pkg-config consumer did not build or run without LD_LIBRARY_PATH ($flags)"
 else
   fail "pkg-config gshm"
 fi
+
+# the same build installed to another prefix: the system files follow it
+alt=/opt/gshm-install-test-$$
+case $prefix in /opt/gshm-install-test-*) alt=/srv/gshm-install-test-$$ ;; esac
+[ -e "$alt" ] && fail "$alt exists on this host before the test"
+DESTDIR=$root cmake --install "$build" --prefix "$alt" >"$dir/install-alt.log" 2>&1 || {
+  cat "$dir/install-alt.log"
+  fail "cmake --install --prefix $alt"
+}
+case $alt in
+/opt/*) alt_conf=/etc$alt/gshm ;;
+*) alt_conf=$alt/etc/gshm ;;
+esac
+for f in "$alt/sbin/gshmd" "$alt/lib/systemd/system/gshmd.service" \
+         "$alt/lib/systemd/system/gshmd.socket" "$alt/lib/tmpfiles.d/gshm.conf" \
+         "$alt/lib/sysusers.d/gshm.conf" "$alt_conf/gshmd.conf"; do
+  [ -f "$root$f" ] || fail "--prefix $alt: not installed: $f"
+done
+[ -d "$root$alt_conf/conf.d" ] || fail "--prefix $alt: no $alt_conf/conf.d"
+unit=$root$alt/lib/systemd/system/gshmd.service
+grep -qxF "ExecStart=$alt/sbin/gshmd --config $alt_conf/gshmd.conf" "$unit" ||
+  fail "--prefix $alt: the unit's $(grep ^ExecStart= "$unit")"
+# the configured prefix's unit runs its gshmd with the compiled-in default
+grep -rqxF "ExecStart=$prefix/sbin/gshmd" "$root" --include=gshmd.service ||
+  fail "no unit for $prefix with ExecStart=$prefix/sbin/gshmd"
+# every file the last install names (install_manifest.txt lists them without
+# DESTDIR) is in the DESTDIR, and the host has no trace of the new prefix
+n=0
+while read -r f; do
+  n=$((n + 1))
+  [ -e "$root$f" ] || fail "installed, but not under DESTDIR: $f"
+done <"$build/install_manifest.txt"
+[ "$n" -gt 10 ] || fail "install_manifest.txt lists $n files"
+grep -q "/gshmd.service$" "$build/install_manifest.txt" || fail "the unit is not in the manifest"
+[ -e "$alt" ] || [ -e "/etc$alt" ] && fail "the DESTDIR install wrote $alt or /etc$alt on the host"
 [ "$failures" = 0 ] && echo "install: all checks passed ($p)"
 exit $((failures > 0))

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Bad input gets a clear error and nothing is lost: each case speaks raw
  * packets to a real gshmd, checks the reply and that the connection is
  * dropped, and then that a client connected before the attack is still

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Sharing between real processes through a real gshmd: bytes, unlink
  * semantics, leases of killed clients, read-only enforcement, the lease
  * cache and its invalidation. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Kill points (issue 5, "Done when" 3): a client SIGKILLed at any step of
  * connect / create / map / write / open / close / unlink leaves no lease,
  * no fd and no memory behind in gshmd.
@@ -187,17 +188,13 @@ static int expect_baseline(struct fx *f, const char *what) {
   if (fds != f->baseline_fds)
     print_message("after %s: gshmd has %d fds, baseline %d\n", what, fds, f->baseline_fds);
   assert_int_equal(fds, f->baseline_fds);
-  /* Nor in the fd store: a parked seg-<id> fd would keep the memory
-   * alive in systemd after gshmd freed it. */
+  /* Nor in the fd store: a memory fd left in a bucket's datagram would
+   * keep the memory alive in systemd after gshmd freed it. */
   {
     int parked = -1;
     for (int i = 0; i < 300 && parked; i++) {
       gshm__spawn_poll(&f->h.sp, 10);
-      pthread_mutex_lock(&f->h.sp.lock);
-      parked = 0;
-      for (int k = 0; k < f->h.sp.nfds; k++)
-        parked += f->h.sp.names[k] && !strncmp(f->h.sp.names[k], "seg-", 4);
-      pthread_mutex_unlock(&f->h.sp.lock);
+      parked = gshm__spawn_store_memory_fds(&f->h.sp);
     }
     if (parked)
       print_message("after %s: %d segment fds still parked in the fd store\n", what, parked);

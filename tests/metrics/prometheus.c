@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The Prometheus text format parser of prometheus.h. */
 #include "prometheus.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A strict parser of the Prometheus text exposition format 0.0.4, for
  * the metrics tests: every line checked (names, labels and their escapes,
  * values, HELP and TYPE placement), histograms checked for cumulative

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* metrics.http_listen: a real gshmd serves GET /metrics on loopback, with
  * values that follow what clients did (within the 1 s snapshot), 404
  * elsewhere, and refuses a non-loopback address at start. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Metrics (issue 7): gshmd's Prometheus text exposition against a real
  * daemon.  The values must match what the test did (segments, bytes,
  * leases, clients, requests, quota and permission denials, with a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the systemd, conf and daemon parts of the build into a temporary
 # DESTDIR and checks what systemd will see: the units pass
 # `systemd-analyze verify`, gshmd.service scores an exposure level of at most

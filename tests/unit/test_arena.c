@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The best-fit carving behind gshm's PyTorch pool (client/arena.c),
  * checked against a byte map of the range after every step. */
 #include <errno.h>

@@ -1,6 +1,9 @@
-/* Restore from systemd's fd store (daemon/fdstore.c) on its own: what the
- * names and fds handed back after a restart become, with the journal's
- * rules (tests/integration/test_restart.c runs the whole daemon).
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Restore from systemd's fd store (daemon/fdstore*.c) on its own: what the
+ * names and fds handed back after a restart become: the one-fd-per-segment
+ * format's rules with its journal, the buckets' (newest datagram wins, an
+ * unreadable one is left queued), and the names' size at max_segments
+ * (tests/integration/test_restart*.c run the whole daemon).
  * No service manager here ($NOTIFY_SOCKET unset): restore only reads. */
 #include <errno.h>
 #include <fcntl.h>
@@ -8,9 +11,12 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -156,7 +162,7 @@ static void stale_and_newer_journal_records(void **state, uint64_t jversion, uin
   restore(f);
   assert_non_null(seg = gshmd_registry_find_name(&f->reg, "x"));
   assert_int_equal(seg->mode, want);
-  assert_int_equal(seg->meta_version, 3);
+  assert_int_equal(f->fs.converted, 1);
   assert_int_equal(f->fs.restored, 1);
 }
 
@@ -217,7 +223,7 @@ static void test_newest_holder_keeps_the_name(void **state) {
   assert_true(s1->unlinked);
   assert_false(s2->unlinked);
   assert_int_equal(f->fs.restored, 2);
-  assert_int_equal(f->fs.nowed, 1); /* s1's unlinked record, for the store */
+  assert_int_equal(f->fs.converted, 2);
 }
 
 /* An unreadable newest ids record must not hide an older readable one, and
@@ -256,8 +262,163 @@ static void test_names_parsed_strictly(void **state) {
   other = f->st.n - 1;
   assert_int_equal(gshmd_fdstore_restore(&f->fs, f->st.fds, f->st.names, f->st.n), 0);
   assert_int_equal(f->fs.restored, 1);
-  assert_int_equal(gshmd_registry_find_id(&f->reg, 1)->meta_version, 1);
+  assert_int_equal(f->fs.converted, 1);
   assert_true(f->st.fds[other - 1] >= 0 && f->st.fds[other] >= 0); /* left alone */
+}
+
+/* ---- Buckets ---- */
+
+/* Queues on end `from` of a socketpair (so in the other end's queue) a
+ * datagram of bucket 0 with seq and the records recs[0..n), each with a
+ * 4 KiB memfd. */
+static void queue_bucket(int from, uint64_t seq, Gshm__StateRecord *recs, size_t n) {
+  Gshm__StateBucket t = GSHM__STATE_BUCKET__INIT;
+  Gshm__StateRecord *p[8];
+  uint8_t buf[8192];
+  union {
+    struct cmsghdr align;
+    char b[CMSG_SPACE(sizeof(int) * 8)];
+  } ctl;
+  int fds[8];
+  struct iovec iov = {.iov_base = buf};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                      .msg_controllen = CMSG_SPACE(sizeof(int) * n)};
+  struct cmsghdr *c;
+
+  t.version = 1;
+  t.seq = seq;
+  for (size_t i = 0; i < n; i++) {
+    p[i] = &recs[i];
+    fds[i] = memory(4096);
+  }
+  t.segments = p;
+  t.n_segments = n;
+  iov.iov_len = protobuf_c_message_pack(&t.base, buf);
+  memset(ctl.b, 0, sizeof(ctl.b));
+  c = CMSG_FIRSTHDR(&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * n);
+  memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
+  assert_true(sendmsg(from, &mh, 0) > 0);
+  for (size_t i = 0; i < n; i++)
+    close(fds[i]);
+}
+
+static int queued(int fd) {
+  char b;
+  return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) >= 0;
+}
+
+/* A rewrite SIGKILLed between its send and the drop leaves a datagram in
+ * both queues: the higher seq wins, the other is dropped. */
+static void test_bucket_newest_datagram_wins(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord old = record(7, "x", 0600, false), now = record(7, "x", 0640, false);
+  int sv[2];
+
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  queue_bucket(sv[1], 4, &old, 1); /* into a's queue */
+  queue_bucket(sv[0], 5, &now, 1); /* into b's queue */
+  put(&f->st, "b0a", sv[0]);
+  put(&f->st, "b0b", sv[1]);
+  assert_int_equal(gshmd_fdstore_restore(&f->fs, f->st.fds, f->st.names, f->st.n), 0);
+  assert_int_equal(f->fs.restored, 1);
+  assert_int_equal(gshmd_registry_find_id(&f->reg, 7)->mode, 0640);
+  assert_int_equal(f->st.fds[0], -1); /* both ends kept by the store */
+  assert_false(queued(sv[0]));        /* the older one dropped */
+  assert_true(queued(sv[1]));
+}
+
+/* Swapped: the older datagram is the one in b's queue. */
+static void test_bucket_newest_datagram_wins_either_queue(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord old = record(7, "x", 0600, false), now = record(7, "x", 0640, false);
+  int sv[2];
+
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  queue_bucket(sv[1], 9, &now, 1);
+  queue_bucket(sv[0], 8, &old, 1);
+  put(&f->st, "b0a", sv[0]);
+  put(&f->st, "b0b", sv[1]);
+  assert_int_equal(gshmd_fdstore_restore(&f->fs, f->st.fds, f->st.names, f->st.n), 0);
+  assert_int_equal(gshmd_registry_find_id(&f->reg, 7)->mode, 0640);
+  assert_true(queued(sv[0]));
+  assert_false(queued(sv[1]));
+}
+
+/* A datagram whose fds do not fit under RLIMIT_NOFILE (MSG_CTRUNC) is not
+ * restored and stays queued, untouched, for a start with a higher limit. */
+static void test_bucket_unreadable_is_left_queued(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {record(1, "a", 0600, false), record(2, "b", 0600, false)};
+  struct rlimit was, tight;
+  int sv[2], low;
+
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  queue_bucket(sv[0], 1, r, 2);
+  put(&f->st, "b0a", sv[0]);
+  put(&f->st, "b0b", sv[1]);
+  low = dup(0); /* the lowest free fd: a limit at it leaves no room */
+  close(low);
+  assert_int_equal(getrlimit(RLIMIT_NOFILE, &was), 0);
+  tight = was;
+  tight.rlim_cur = (rlim_t)low;
+  assert_int_equal(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  assert_int_equal(gshmd_fdstore_restore(&f->fs, f->st.fds, f->st.names, f->st.n), 0);
+  assert_int_equal(setrlimit(RLIMIT_NOFILE, &was), 0);
+  assert_int_equal(f->fs.restored, 0);
+  assert_true(queued(sv[1]));
+  assert_int_equal(f->st.fds[0], -1); /* held (frozen), never rewritten */
+}
+
+/* The names the store hands back at limits.max_segments (every bucket
+ * full but the last, as placement fills them: gshmd_fdstore_max_buckets),
+ * joined as systemd joins them in LISTEN_FDNAMES with the socket's name
+ * and another helper's, fit execve's MAX_ARG_STRLEN, and the whole
+ * environment ARG_MAX; at the largest max_segments gshmd accepts too. */
+static size_t fdnames(uint64_t nbuckets, char **out) {
+  size_t cap = nbuckets * 24 + 256, used = 0;
+  char *s = malloc(cap);
+  assert_non_null(s);
+  used += (size_t)sprintf(s, "gshmd.socket:leasekey");
+  for (uint64_t i = 0; i < nbuckets; i++)
+    used += (size_t)sprintf(s + used, ":b%llua:b%llub", (unsigned long long)i,
+                            (unsigned long long)i);
+  used += (size_t)sprintf(s + used, ":ids-18446744073709551615:ids-1:journal2");
+  *out = s;
+  return used;
+}
+
+static void test_fdnames_fit_at_max_segments(void **state) {
+  struct fixture *f = *state;
+  extern char **environ;
+  size_t env = 0;
+  uint64_t limits[] = {f->cfg.max_segments, gshmd_fdstore_max_restorable(f->cfg.max_name)};
+  uint64_t nb;
+  char *names;
+  size_t len;
+
+  for (char **e = environ; *e; e++)
+    env += strlen(*e) + 1 + sizeof(char *);
+  /* placement fills buckets of fs.capacity: the bound is that count */
+  nb = gshmd_fdstore_max_buckets(f->cfg.max_segments, f->cfg.max_name);
+  assert_int_equal(nb, (f->cfg.max_segments + f->fs.capacity - 1) / f->fs.capacity);
+  for (int k = 0; k < 2; k++) {
+    nb = gshmd_fdstore_max_buckets(limits[k], f->cfg.max_name);
+    len = fdnames(nb, &names);
+    print_message("    max_segments %llu: %llu buckets, LISTEN_FDNAMES %zu bytes\n",
+                  (unsigned long long)limits[k], (unsigned long long)nb, len);
+    assert_true(strlen("LISTEN_FDNAMES=") + len + 1 <= 131072);
+    assert_true(gshmd_fdstore_names_bytes(nb) + strlen("gshmd.socket:leasekey:") >= len - 40);
+    assert_true(env + len + 64 + 2 * sizeof(char *) < (size_t)sysconf(_SC_ARG_MAX));
+    free(names);
+  }
+  /* one past the largest accepted would not fit */
+  assert_true(gshmd_fdstore_max_fdnames(limits[1] + f->fs.capacity, f->cfg.max_name) >
+              FDSTORE_FDNAMES_MAX);
+  /* the default restores */
+  assert_true(f->cfg.max_segments <= limits[1]);
 }
 
 int main(void) {
@@ -268,6 +429,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_newest_holder_keeps_the_name, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unreadable_ids_record, setup, teardown),
       cmocka_unit_test_setup_teardown(test_names_parsed_strictly, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bucket_newest_datagram_wins, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bucket_newest_datagram_wins_either_queue, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_bucket_unreadable_is_left_queued, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_fdnames_fit_at_max_segments, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The PyTorch pool (client/torch_alloc.c) without a GPU or a daemon: the
  * pool's own code, linked against a fake CUDA driver table and a fake
  * segment API (below) whose "device memory" is host memory, so that CI

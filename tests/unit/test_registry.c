@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The registry on its own: permissions, leases, unlink semantics, quotas
  * (host backend, no sockets). */
 #include <errno.h>

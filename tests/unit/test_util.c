@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Size, location and name parsing. */
 #include <errno.h>
 #include <setjmp.h>

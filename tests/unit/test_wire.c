@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Packet framing, fd passing and the status table. */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* What the CUDA backend's two files share: backend_cuda.c (segments:
+ * allocate, export, adopt, free; the ops table) and backend_cuda_devices.c
+ * (the GPUs: probe, peer access, NVLink counts, the device list). */
+#ifndef GSHMD_BACKEND_CUDA_INTERNAL_H
+#define GSHMD_BACKEND_CUDA_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cudadrv.h"
+
+struct cuda_dev {
+  CUdevice dev;
+  CUcontext ctx;               /* primary context, retained */
+  char uuid[48];               /* "GPU-..." */
+  char pci[32];                /* "0000:18:00.0": the log prefix */
+  unsigned pci_domain, pci_bus, pci_device;
+  char name[256];
+  uint64_t total;
+  int cc_major, cc_minor;
+  uint64_t granularity;        /* minimum for POSIX-fd device allocations */
+  bool vmm;                    /* VMM + POSIX fd handles supported */
+  /* NVML view, for the link counts. */
+  int gpu_links[32];           /* links of this GPU whose far end is GPU j (direct) */
+  int switch_links;            /* links to an NVSwitch */
+};
+
+struct cuda_backend {
+  struct gshmd_backend base;
+  const struct gshm_cudadrv *drv;
+  unsigned n;
+  struct cuda_dev *devs;
+  bool nvml_ok;
+  /* `gshmctl devices`: built once, free memory refreshed per call. */
+  Gshm__DeviceInfo *info;
+  Gshm__DeviceInfo **infop;
+  Gshm__PeerInfo *peers;       /* n * n, row i column j; diagonal unused */
+  Gshm__PeerInfo **peerp;      /* n rows of n - 1 pointers */
+};
+
+/* Driver calls through the backend's table (common/cudadrv.h): CU_ERR for
+ * a call whose failure fails the operation, CU_UNDO for one that undoes
+ * or frees. */
+#define CU_ERR(cb, fn, ...) GSHM_CU_ERR((cb)->drv, fn, __VA_ARGS__)
+#define CU_UNDO(cb, fn, ...) GSHM_CU_WARN((cb)->drv, fn, __VA_ARGS__)
+
+/* The properties of a POSIX-fd-exportable pinned allocation on dev. */
+static inline CUmemAllocationProp device_prop(CUdevice dev) {
+  CUmemAllocationProp p;
+
+  memset(&p, 0, sizeof(p));
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = dev;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return p;
+}
+
+/* Makes d's primary context current on this thread: 0 or -EIO (logged). */
+static inline int set_ctx(struct cuda_backend *cb, struct cuda_dev *d) {
+  return CU_ERR(cb, cuCtxSetCurrent, d->ctx);
+}
+
+/* Finds every GPU the driver shows and fills cb->devs, cb->n (as far as
+ * setup got: cuda_destroy releases what was retained), peer access, the
+ * NVLink counts and the device list of `gshmctl devices`.  Returns 0;
+ * -ENODEV with no GPU; -EIO when a driver call fails (logged); -ENOMEM. */
+int gshmd__cuda_setup_devices(struct cuda_backend *cb);
+
+#endif

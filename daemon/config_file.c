@@ -1,0 +1,191 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* gshmd's INI configuration files: the file itself (through inih, with
+ * our line counting, '#' comments and indentation rules) and its conf.d
+ * drop-ins.  Values go through the option table (config.c). */
+#include <dirent.h>
+#include <errno.h>
+#include <ini.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "config_internal.h"
+
+/* State shared by the line-counting reader and the inih handler: inih in
+ * Debian is built without INI_HANDLER_LINENO, so the reader counts lines. */
+struct ini_state {
+  struct gshmd_config *cfg;
+  FILE *fp;
+  const char *path;
+  int line;          /* line of the chunk inih is processing */
+  bool at_line_start;
+  int error;         /* first handler error, negative errno; stops the reader */
+  int error_line;
+  char message[PATH_MAX + 256];
+};
+
+static char *ini_state_read(char *str, int num, void *stream) {
+  struct ini_state *st = stream;
+  size_t len;
+  int c;
+
+  if (st->error < 0)
+    return NULL; /* stop at the first error: later lines would only add noise */
+  if (!fgets(str, num, st->fp))
+    return NULL;
+  if (st->at_line_start)
+    st->line++;
+  len = strlen(str);
+  st->at_line_start = len > 0 && str[len - 1] == '\n';
+  if (!st->at_line_start && (int)len == num - 1) {
+    c = getc(st->fp);
+    if (c != EOF) {
+      ungetc(c, st->fp);
+      st->error = -EINVAL;
+      st->error_line = st->line;
+      snprintf(st->message, sizeof(st->message), "%s:%d: line longer than %d bytes", st->path,
+               st->line, num - 3);
+      return NULL;
+    }
+  }
+  /* Debian's inih takes a line that starts with blanks as the continuation
+   * of the key above (multi-line values): "  admin_group = x" under
+   * "socket_group = y" became socket_group's value.  Indentation means
+   * nothing in gshmd.conf, so drop it. */
+  if (len && (str[0] == ' ' || str[0] == '\t')) {
+    size_t skip = strspn(str, " \t");
+    memmove(str, str + skip, len - skip + 1);
+  }
+  /* A '#' after a blank starts a comment, as in the generated file's style
+   * ("socket_group = gshm  # who may connect"); inih only knows ';' there,
+   * and kept the rest as part of the value. */
+  for (char *p = str + 1; *p; p++)
+    if (*p == '#' && (p[-1] == ' ' || p[-1] == '\t')) {
+      *p++ = '\n';
+      *p = '\0';
+      break;
+    }
+  return str;
+}
+
+static int ini_state_handle(void *user, const char *section, const char *name, const char *value) {
+  struct ini_state *st = user;
+  const struct option_def *opt;
+  char whybuf[160];
+  const char *why = NULL;
+  int r;
+
+  if (st->error < 0)
+    return 0;
+  opt = gshmd__config_option_find(section, name);
+  if (!opt) {
+    char at[PATH_MAX + 32];
+
+    snprintf(at, sizeof(at), "%s:%d", st->path, st->line);
+    if (gshmd__config_retired_key(at, section, name))
+      return 1;
+    r = -EINVAL;
+    if (section[0] == '\0')
+      snprintf(st->message, sizeof(st->message),
+               "%s:%d: unknown key '%s' (every key belongs in a [section])", st->path, st->line,
+               name);
+    else
+      snprintf(st->message, sizeof(st->message), "%s:%d: unknown key '%s.%s'", st->path, st->line,
+               section, name);
+  } else {
+    r = gshmd__config_option_set(st->cfg, opt, value, &why, whybuf, sizeof(whybuf));
+    if (r == 0)
+      return 1;
+    snprintf(st->message, sizeof(st->message), "%s:%d: key '%s.%s': %s", st->path, st->line,
+             section, name, why);
+  }
+  st->error = r;
+  st->error_line = st->line;
+  return 0;
+}
+
+/* Parses one INI file into cfg.  A missing file is -ENOENT, reported unless
+ * quiet_missing. */
+int gshmd__config_load_file(struct gshmd_config *cfg, const char *path, bool quiet_missing) {
+  struct ini_state st = {.cfg = cfg, .path = path, .at_line_start = true};
+  int r;
+
+  st.fp = fopen(path, "re");
+  if (!st.fp) {
+    r = -errno;
+    if (!(quiet_missing && r == -ENOENT))
+      gshmd__config_error("cannot open configuration file %s: %m", path);
+    return r;
+  }
+  r = ini_parse_stream(ini_state_read, &st, ini_state_handle, &st);
+  if (ferror(st.fp)) {
+    r = errno ? -errno : -EIO;
+    gshmd__config_error("cannot read configuration file %s: %s", path, strerror(-r));
+  } else if (r > 0 && (st.error == 0 || r < st.error_line)) {
+    /* inih found a malformed line before any value error. */
+    gshmd__config_error("%s:%d: syntax error (expected '[section]' or 'key = value')", path, r);
+    r = -EINVAL;
+  } else if (st.error < 0) {
+    gshmd__config_error("%s", st.message);
+    r = st.error;
+  } else if (r < 0) {
+    gshmd__config_error("cannot parse configuration file %s: out of memory", path);
+    r = -ENOMEM;
+  }
+  fclose(st.fp);
+  return r;
+}
+
+static int dropin_filter(const struct dirent *de) {
+  size_t len = strlen(de->d_name);
+
+  return de->d_name[0] != '.' && len > 5 && strcmp(de->d_name + len - 5, ".conf") == 0;
+}
+
+static int dropin_compare(const struct dirent **a, const struct dirent **b) {
+  return strcmp((*a)->d_name, (*b)->d_name); /* bytewise, whatever the locale */
+}
+
+/* Reads <dir of path>/conf.d/ *.conf in lexical order; a missing conf.d is
+ * fine. */
+int gshmd__config_load_dropins(struct gshmd_config *cfg, const char *path) {
+  const char *slash = strrchr(path, '/');
+  char dir[PATH_MAX], file[PATH_MAX];
+  struct dirent **names = NULL;
+  int n, r = 0;
+
+  if (!slash)
+    snprintf(dir, sizeof(dir), "conf.d");
+  else if ((size_t)snprintf(dir, sizeof(dir), "%.*s/conf.d", (int)(slash - path), path) >=
+           sizeof(dir)) {
+    gshmd__config_error("configuration path too long: %s", path);
+    return -ENAMETOOLONG;
+  }
+  n = scandir(dir, &names, dropin_filter, dropin_compare);
+  if (n < 0) {
+    r = -errno;
+    if (r == -ENOENT || r == -ENOTDIR)
+      return 0;
+    gshmd__config_error("cannot read drop-in directory %s: %m", dir);
+    return r;
+  }
+  for (int i = 0; i < n; i++) {
+    struct stat stbuf;
+
+    if (r == 0) {
+      if ((size_t)snprintf(file, sizeof(file), "%s/%s", dir, names[i]->d_name) >= sizeof(file)) {
+        gshmd__config_error("drop-in path too long: %s/%s", dir, names[i]->d_name);
+        r = -ENAMETOOLONG;
+      } else if (stat(file, &stbuf) == 0 && !S_ISREG(stbuf.st_mode)) {
+        /* directories and the like named *.conf are not drop-ins */
+      } else {
+        r = gshmd__config_load_file(cfg, file, false);
+      }
+    }
+    free(names[i]);
+  }
+  free(names);
+  return r;
+}

@@ -1,0 +1,426 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The fd store's buckets: an AF_UNIX SOCK_DGRAM socketpair whose two ends
+ * systemd holds, with one datagram queued that carries up to 253 memory
+ * fds (SCM_RIGHTS) and a StateBucket with their records.
+ *
+ * A rewrite sends the new datagram from the end whose receive queue holds
+ * the old one (so it lands in the other end's queue), then receives the
+ * old one without a control buffer (the kernel closes its fds, none is
+ * installed).  A SIGKILL anywhere leaves at least one complete datagram;
+ * each queue never holds more than one.  A socketpair's queue has no
+ * length limit (net.unix.max_dgram_qlen does not apply to a connected
+ * pair); the bounds are the sender's send buffer (sk_sndbuf, a datagram
+ * past sk_sndbuf - 32 fails with EMSGSIZE) and the sending user's fds in
+ * flight (more than RLIMIT_NOFILE: ETOOMANYREFS, unless CAP_SYS_RESOURCE).
+ * Restore peeks (MSG_PEEK installs copies of the fds and leaves the
+ * datagram queued), so a restart that dies half-way loses nothing. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "fdstore_internal.h"
+#include "log.h"
+#include "registry.h"
+
+struct fdstore_bucket *gshmd__bucket_new(uint32_t index) {
+  struct fdstore_bucket *b = calloc(1, sizeof(*b));
+  int sv[2], buf = FDSTORE_BUCKET_BYTES + (16 << 10);
+
+  if (!b)
+    return NULL;
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv) < 0) {
+    free(b);
+    return NULL;
+  }
+  /* (capped at net.core.wmem_max; the default buffer holds a bucket too) */
+  setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  b->index = index;
+  b->end[0] = sv[0];
+  b->end[1] = sv[1];
+  b->queued = -1;
+  return b;
+}
+
+/* b's members as a StateBucket of sequence seq, in *buf_out (malloc'ed;
+ * NULL when out of memory).  Returns its length. */
+size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint8_t **buf_out) {
+  Gshm__StateBucket t = GSHM__STATE_BUCKET__INIT;
+  Gshm__StateRecord recs[FDSTORE_BUCKET_FDS], *precs[FDSTORE_BUCKET_FDS];
+  size_t len;
+
+  t.version = 1;
+  t.seq = seq;
+  t.bucket = b->index;
+  for (uint32_t i = 0; i < b->n; i++) {
+    gshmd__fdstore_fill_record(b->seg[i], &recs[i]);
+    precs[i] = &recs[i];
+  }
+  t.n_segments = b->n;
+  t.segments = precs;
+  len = protobuf_c_message_get_packed_size(&t.base);
+  if ((*buf_out = malloc(len ? len : 1)))
+    protobuf_c_message_pack(&t.base, *buf_out);
+  return len;
+}
+
+/* Sends payload with every member's memory fd (lent by the backend) into
+ * the queue not holding the current datagram, then drops that one.
+ * Returns 0 or a negative errno (nothing changed: the old datagram stays). */
+int gshmd__bucket_send(struct fdstore_bucket *b, const uint8_t *payload, size_t len) {
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int) * FDSTORE_BUCKET_FDS)];
+  } ctl;
+  struct iovec iov = {.iov_base = (void *)payload, .iov_len = len};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+  int from = b->queued < 0 ? 0 : b->queued, *fds = (int *)CMSG_DATA(&ctl.align);
+
+  if (b->n) {
+    struct cmsghdr *c;
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * b->n);
+    memset(ctl.buf, 0, mh.msg_controllen); /* (the padding too) */
+    c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * b->n);
+    fds = (int *)CMSG_DATA(c);
+    for (uint32_t i = 0; i < b->n; i++) {
+      struct gshmd_alloc *m = b->seg[i]->mem;
+      int e = m->backend->ops->export_fd(m->backend, m, true, &fds[i]);
+      if (e)
+        return e;
+    }
+  }
+  if (sendmsg(b->end[from], &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+    return -errno;
+  if (b->queued >= 0) /* (no control buffer: its fds are closed, not installed) */
+    while (recv(b->end[b->queued], NULL, 0, MSG_DONTWAIT | MSG_TRUNC) < 0 && errno == EINTR)
+      ;
+  b->queued = 1 - from;
+  return 0;
+}
+
+/* ---- Restore ---- */
+
+/* One queued datagram, peeked: its StateBucket and the fds it carried. */
+struct peeked {
+  Gshm__StateBucket *t;
+  int fds[FDSTORE_BUCKET_FDS];
+  int nfds;
+};
+
+static void peeked_free(struct peeked *p) {
+  for (int i = 0; i < p->nfds; i++)
+    if (p->fds[i] >= 0)
+      close(p->fds[i]);
+  p->nfds = 0;
+  if (p->t)
+    gshm__state_bucket__free_unpacked(p->t, NULL);
+  p->t = NULL;
+}
+
+/* Peeks the head of fd's receive queue into p.  Returns 1 (a valid one
+ * for bucket index), 0 (queue empty), -EBADMSG (not one of ours: the
+ * caller drops it), -EMFILE (its fds could not all be installed: the
+ * datagram stays queued, untouched) or another negative errno. */
+static int peek_one(int fd, uint32_t index, uint8_t *buf, size_t cap, struct peeked *p) {
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int) * FDSTORE_BUCKET_FDS)];
+  } ctl;
+  struct iovec iov = {.iov_base = buf, .iov_len = cap};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                      .msg_controllen = sizeof(ctl.buf)};
+  ssize_t n = recvmsg(fd, &mh, MSG_PEEK | MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+
+  memset(p, 0, sizeof(*p));
+  if (n < 0)
+    return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+      for (int i = 0; i < k; i++) {
+        int f;
+        memcpy(&f, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof(f));
+        if (p->nfds < FDSTORE_BUCKET_FDS)
+          p->fds[p->nfds++] = f;
+        else
+          close(f);
+      }
+    }
+  if (mh.msg_flags & MSG_CTRUNC) {
+    peeked_free(p);
+    return -EMFILE;
+  }
+  if ((mh.msg_flags & MSG_TRUNC) || !(p->t = gshm__state_bucket__unpack(NULL, (size_t)n, buf)) ||
+      p->t->version != 1 || p->t->bucket != index || p->t->n_segments != (size_t)p->nfds) {
+    peeked_free(p);
+    return -EBADMSG;
+  }
+  for (size_t i = 0; i < p->t->n_segments; i++)
+    if (!p->t->segments[i] || !p->t->segments[i]->id || !p->t->segments[i]->location) {
+      peeked_free(p);
+      return -EBADMSG;
+    }
+  return 1;
+}
+
+/* The first valid datagram of end's queue (garbage before it dropped).
+ * Returns as peek_one. */
+static int peek_valid(int end, uint32_t index, uint8_t *buf, size_t cap, struct peeked *p) {
+  for (int tries = 0; tries < 64; tries++) {
+    int e = peek_one(end, index, buf, cap, p);
+    if (e != -EBADMSG)
+      return e;
+    gshm_log_warn("fd store: dropping a datagram of bucket %" PRIu32 " that is not ours",
+                  index);
+    recv(end, NULL, 0, MSG_DONTWAIT | MSG_TRUNC);
+  }
+  return -EBADMSG;
+}
+
+/* A segment to adopt: its record, its memory fd, and its bucket. */
+struct member {
+  const Gshm__StateRecord *rec;
+  int *fd;
+  struct fdstore_bucket *b;
+};
+
+/* One bucket's ends handed back, and what was read from them. */
+struct found {
+  uint32_t index;
+  int idx[2]; /* into fds[] and names[]; -1 when not handed back */
+  struct peeked dg[2];
+  Gshm__StateBucket *journal; /* its journal copy when newer */
+  const Gshm__StateBucket *use;
+  int use_dg; /* the datagram whose fds serve (0, 1), -1 none */
+};
+
+static int cmp_found(const void *a, const void *b) {
+  const struct found *x = a, *y = b;
+  return x->index < y->index ? -1 : x->index > y->index;
+}
+
+static int cmp_member(const void *a, const void *b) {
+  const struct member *x = a, *y = b;
+  return x->rec->id < y->rec->id ? -1 : x->rec->id > y->rec->id;
+}
+
+/* Groups the b<n>a / b<n>b names of fds[0..n) by n (sorted).  Returns how
+ * many buckets, or -ENOMEM. */
+static int collect(int *fds, char **names, int n, struct found **out) {
+  struct found *f = calloc((size_t)n + 1, sizeof(*f));
+  int nf = 0;
+
+  if (!f)
+    return -ENOMEM;
+  for (int i = 0; i < n; i++) {
+    uint64_t k, v;
+    if (fds[i] >= 0 && gshmd__fdstore_parse_name(names[i], &k, &v) == K_BUCKET)
+      f[nf++] = (struct found){.index = (uint32_t)k, .idx = {v ? -1 : i, v ? i : -1}};
+  }
+  qsort(f, (size_t)nf, sizeof(*f), cmp_found);
+  {
+    int m = 0;
+    for (int i = 0; i < nf; i++) {
+      if (m && f[m - 1].index == f[i].index) { /* the other end; a duplicate name is dropped */
+        for (int k = 0; k < 2; k++)
+          if (f[i].idx[k] >= 0 && f[m - 1].idx[k] < 0)
+            f[m - 1].idx[k] = f[i].idx[k];
+        continue;
+      }
+      f[m++] = f[i];
+    }
+    nf = m;
+  }
+  *out = f;
+  return nf;
+}
+
+
+/* Reads what f's ends (fds[f->idx[k]]) hold: the newest valid datagram
+ * (the older one is dropped from its queue) and the journal's copy when
+ * newer.  Returns the highest seq seen, or 0 with *frozen set when a
+ * datagram's fds could not be installed (left queued, untouched). */
+static uint64_t read_found(struct gshmd_fdstore *fs, const int *fds, struct found *f, uint8_t *buf,
+                           size_t cap, bool *frozen) {
+  uint64_t seq[2] = {0, 0}, top;
+
+  f->use_dg = -1;
+  for (int k = 0; k < 2; k++) {
+    int e = f->idx[k] < 0 ? 0 : peek_valid(fds[f->idx[k]], f->index, buf, cap, &f->dg[k]);
+    if (e == -EMFILE) {
+      gshm_log_err("fd store: bucket %" PRIu32 " not restored: its fds do not fit under "
+                   "RLIMIT_NOFILE (raise LimitNOFILE=); it stays stored, untouched",
+                   f->index);
+      peeked_free(&f->dg[0]);
+      *frozen = true;
+      return 0;
+    }
+    if (e == 1)
+      seq[k] = f->dg[k].t->seq;
+  }
+  if (seq[0] || seq[1]) {
+    int old = seq[0] > seq[1] ? 1 : 0;
+    f->use_dg = 1 - old;
+    if (seq[old]) { /* a rewrite killed before it dropped the old one */
+      recv(fds[f->idx[old]], NULL, 0, MSG_DONTWAIT | MSG_TRUNC);
+    }
+    peeked_free(&f->dg[old]);
+    f->use = f->dg[f->use_dg].t;
+  }
+  top = f->use ? f->use->seq : 0;
+  if ((f->journal = gshmd__journal_get(fs, f->index)) && f->journal->seq > top) {
+    f->use = f->journal;
+    top = f->journal->seq;
+    fs->from_journal++;
+  }
+  return top;
+}
+
+/* The fd of record id in f's datagram (NULL: its memory never reached the
+ * store).  Linear: only when the journal's copy is newer. */
+static int *fd_of(struct found *f, size_t i) {
+  struct peeked *p = f->use_dg >= 0 ? &f->dg[f->use_dg] : NULL;
+  uint64_t id = f->use->segments[i]->id;
+
+  if (!p)
+    return NULL;
+  if (f->use == p->t)
+    return &p->fds[i];
+  for (int k = 0; k < p->nfds; k++)
+    if (p->t->segments[k]->id == id)
+      return &p->fds[k];
+  return NULL;
+}
+
+/* Registers f as bucket f->index with its ends (taken from fds[]).  A
+ * bucket of which only one end came back is not kept: NULL (its
+ * members go to other buckets, its name is retired). */
+static struct fdstore_bucket *keep_bucket(struct gshmd_fdstore *fs, int *fds, char **names,
+                                          struct found *f, uint64_t seq, bool frozen) {
+  struct fdstore_bucket *b;
+
+  if (f->idx[0] < 0 || f->idx[1] < 0) {
+    int i = f->idx[0] >= 0 ? f->idx[0] : f->idx[1];
+    gshm_log_warn("fd store: bucket %" PRIu32 " came back with one end; its segments move",
+                  f->index);
+    gshmd__fdstore_retire(fs, names[i]);
+    return NULL;
+  }
+  if (f->index >= fs->buckets_cap) {
+    uint32_t cap = fs->buckets_cap ? fs->buckets_cap : 16;
+    struct fdstore_bucket **n;
+    while (cap <= f->index)
+      cap *= 2;
+    if (!(n = realloc(fs->buckets, cap * sizeof(*n))))
+      return NULL;
+    memset(n + fs->buckets_cap, 0, (cap - fs->buckets_cap) * sizeof(*n));
+    fs->buckets = n;
+    fs->buckets_cap = cap;
+  }
+  if (!(b = calloc(1, sizeof(*b))))
+    return NULL;
+  b->index = f->index;
+  for (int k = 0; k < 2; k++) {
+    b->end[k] = fds[f->idx[k]];
+    b->stored[k] = true;
+    fds[f->idx[k]] = -1;
+  }
+  b->queued = f->use_dg;
+  b->seq = seq;
+  b->frozen = frozen;
+  fs->buckets[f->index] = b;
+  if (f->index >= fs->nbuckets)
+    fs->nbuckets = f->index + 1;
+  return b;
+}
+
+/* Adopts every member of the buckets found, in id order (the registry's
+ * list is kept in id order: O(1) per segment that way), into the buckets
+ * they came from (or, for a bucket that lost an end, into new ones). */
+static int adopt_members(struct gshmd_fdstore *fs, struct found *f, int nf,
+                         struct fdstore_bucket **kept) {
+  struct member *m;
+  size_t nm = 0, total = 0;
+
+  for (int i = 0; i < nf; i++)
+    total += f[i].use ? f[i].use->n_segments : 0;
+  if (!(m = malloc((total ? total : 1) * sizeof(*m))))
+    return -ENOMEM;
+  for (int i = 0; i < nf; i++)
+    for (size_t k = 0; f[i].use && k < f[i].use->n_segments; k++)
+      m[nm++] = (struct member){f[i].use->segments[k], fd_of(&f[i], k), kept[i]};
+  qsort(m, nm, sizeof(*m), cmp_member);
+  for (size_t i = 0; i < nm; i++) {
+    struct gshmd_segment *seg;
+    struct fdstore_bucket *b = m[i].b;
+    if (i && m[i].rec->id == m[i - 1].rec->id) {
+      gshm_log_err("fd store: segment id %" PRIu64 " is in two buckets; the second is dropped",
+                   m[i].rec->id);
+      fs->dropped++;
+    } else if (gshmd__fdstore_adopt(fs, m[i].rec, m[i].fd) == 0) {
+      seg = gshmd_registry_find_id(fs->reg, m[i].rec->id);
+      if (b && b->n < FDSTORE_BUCKET_FDS) {
+        seg->fs_bucket = b->index + 1;
+        seg->fs_slot = b->n;
+        b->seg[b->n++] = seg;
+        continue;
+      }
+      if (fs->enabled)
+        gshmd__fdstore_place(fs, seg, false);
+      continue;
+    }
+    if (b) /* its bucket must be rewritten without it */
+      b->rewrite = true;
+  }
+  free(m);
+  return 0;
+}
+
+int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
+  struct found *f = NULL;
+  struct fdstore_bucket **kept = NULL;
+  size_t cap = FDSTORE_BUCKET_BYTES + (64 << 10);
+  uint8_t *buf = malloc(cap);
+  int nf = buf ? collect(fds, names, n, &f) : -ENOMEM, e = 0;
+
+  if (nf < 0 || !(kept = calloc((size_t)nf + 1, sizeof(*kept)))) {
+    free(buf);
+    free(f);
+    return -ENOMEM;
+  }
+  for (int i = 0; i < nf; i++) {
+    bool frozen = false;
+    uint64_t seq = read_found(fs, fds, &f[i], buf, cap, &frozen);
+    kept[i] = keep_bucket(fs, fds, names, &f[i], seq, frozen);
+    if (kept[i] && f[i].journal && f[i].use == f[i].journal)
+      kept[i]->rewrite = true; /* the journal's copy is newer: resent */
+    if (!kept[i])
+      for (int k = 0; k < 2; k++)
+        if (f[i].idx[k] >= 0 && fds[f[i].idx[k]] >= 0) {
+          close(fds[f[i].idx[k]]);
+          fds[f[i].idx[k]] = -1;
+        }
+  }
+  e = adopt_members(fs, f, nf, kept);
+  for (int i = 0; i < nf; i++) {
+    if (f[i].use && f[i].use_dg < 0 && f[i].use->n_segments)
+      gshm_log_err("fd store: bucket %" PRIu32 ": %zu segment(s) whose memory never reached "
+                   "the store are lost",
+                   f[i].index, f[i].use->n_segments);
+    peeked_free(&f[i].dg[0]);
+    peeked_free(&f[i].dg[1]);
+    if (f[i].journal)
+      gshm__state_bucket__free_unpacked(f[i].journal, NULL);
+  }
+  free(kept);
+  free(f);
+  free(buf);
+  return e;
+}

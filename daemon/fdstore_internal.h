@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* What the fd store's files share (fdstore.c: events, placement, stored
+ * names; fdstore_bucket.c: the datagrams; fdstore_journal.c: the journal;
+ * fdstore_legacy.c: restoring the one-fd-per-segment format).  Not for
+ * the rest of gshmd: fdstore.h is the interface. */
+#ifndef GSHMD_FDSTORE_INTERNAL_H
+#define GSHMD_FDSTORE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "fdstore.h"
+#include "gshm.pb-c.h"
+
+struct gshmd_segment;
+
+/* A bucket holds at most SCM_MAX_FD (253, include/net/scm.h) memory fds:
+ * one sendmsg can carry no more. */
+#define FDSTORE_BUCKET_FDS 253
+/* Bytes of records a bucket's datagram may carry: well under the socket's
+ * default send buffer (net.core.wmem_default, 212992 on Linux; a unix
+ * datagram longer than sk_sndbuf - 32 fails with EMSGSIZE), which gshmd
+ * can use without CAP_NET_ADMIN. */
+#define FDSTORE_BUCKET_BYTES (192u << 10)
+/* Room kept per record for a change that makes it longer (chown, unlink:
+ * a few varint bytes). */
+#define FDSTORE_RECORD_SLACK 16u
+/* Bucket numbers above this in a stored name are not ours. */
+#define FDSTORE_BUCKET_INDEX_MAX (1u << 20)
+#define FDSTORE_JOURNAL_NAME "journal2"
+#define FDSTORE_LEGACY_JOURNAL_NAME "journal"
+
+struct fdstore_bucket {
+  uint32_t index;          /* n of b<n>a / b<n>b */
+  int end[2];              /* the socketpair's ends a and b; -1 */
+  bool stored[2];          /* each end's FDSTORE=1 went through */
+  int queued;              /* whose receive queue holds the datagram sent
+                              last: 0 a, 1 b, -1 none */
+  uint64_t seq;            /* of the newest state written (sent or journal) */
+  bool dirty;              /* the store lacks its current state */
+  bool on_open;            /* in fs->open */
+  bool frozen;             /* restore could not read it: never rewritten */
+  bool rewrite;            /* restore: to be written once it is over */
+  uint32_t dirty_pos;      /* index in fs->dirty */
+  uint32_t n;              /* members */
+  size_t bytes;            /* packed size of the last payload */
+  struct gshmd_segment *seg[FDSTORE_BUCKET_FDS];
+};
+
+/* What a stored name is. */
+enum fdstore_kind {
+  K_OTHER,
+  K_SEG,          /* legacy: seg-<id> */
+  K_META,         /* legacy: meta-<id>-<v> */
+  K_IDS,          /* ids-<v> */
+  K_JOURNAL,      /* legacy: journal */
+  K_JOURNAL2,     /* journal2 */
+  K_BUCKET,       /* b<n>a (v 0), b<n>b (v 1) */
+};
+
+enum fdstore_kind gshmd__fdstore_parse_name(const char *name, uint64_t *id, uint64_t *v);
+
+/* fdstore.c */
+void gshmd__fdstore_count_failure(struct gshmd_fdstore *fs, const char *what, int r);
+int gshmd__fdstore_store_fd(struct gshmd_fdstore *fs, const char *name, int fd, bool nopoll);
+void gshmd__fdstore_remove(struct gshmd_fdstore *fs, const char *name);
+int gshmd__fdstore_retire(struct gshmd_fdstore *fs, const char *name);
+void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, Gshm__StateRecord *x);
+int gshmd__fdstore_adopt(struct gshmd_fdstore *fs, const Gshm__StateRecord *rec, int *fd);
+int gshmd__fdstore_place(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bool write);
+void gshmd__fdstore_settle(struct gshmd_fdstore *fs);
+void gshmd__fdstore_raise_ids(struct gshmd_registry *r, const Gshm__StateTable *t);
+ssize_t gshmd__fdstore_read_record(int fd, uint8_t **buf_out);
+
+/* fdstore_bucket.c */
+struct fdstore_bucket *gshmd__bucket_new(uint32_t index);
+int gshmd__bucket_send(struct fdstore_bucket *b, const uint8_t *payload, size_t len);
+size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint8_t **buf_out);
+int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
+
+/* fdstore_journal.c */
+int gshmd__journal_create(struct gshmd_fdstore *fs);
+bool gshmd__journal_adopt(struct gshmd_fdstore *fs, int fd);
+int gshmd__journal_put(struct gshmd_fdstore *fs, struct fdstore_bucket *b, const uint8_t *payload,
+                       size_t len);
+int gshmd__journal_clear(struct gshmd_fdstore *fs, struct fdstore_bucket *b);
+Gshm__StateBucket *gshmd__journal_get(struct gshmd_fdstore *fs, uint32_t index);
+int gshmd__journal_put_ids(struct gshmd_fdstore *fs);
+
+/* fdstore_legacy.c */
+int gshmd__legacy_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
+
+#endif
