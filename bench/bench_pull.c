@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench pull: pulling a segment from a peer gshmd (docs/CLUSTER.md)
- * against UCX's own ucp_get, in the same run, on the same transport and
- * sizes.
+ * against one plain TCP connection moving the same bytes, and against
+ * UCX's own ucp_get, in the same run, on the same sizes.
  *
- * It starts two gshmd (A exports, B pulls) with cluster endpoints on
- * 127.0.0.1 and $UCX_TLS (default tcp).  For each size a segment at
+ * It starts two gshmd (A exports, B pulls) with cluster ports on
+ * 127.0.0.1 (--encrypt sets cluster.encrypt on both).  The plain TCP
+ * baseline sends size bytes from memory over one connection on
+ * 127.0.0.1 to a thread that reads them into a buffer of its own: what a
+ * pull does without gshm's frames, tags and daemons.  For each size a segment at
  * --location (host, or cuda:N: the staging path without a CUDA-aware UCX)
  * is created on A; B pulls it (into --to, default the same location: a
  * segment of GPU 0 pulled onto GPU 1 with --location cuda:0 --to cuda:1) --iters times after one warm-up pull; the
@@ -28,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
@@ -50,6 +55,7 @@ struct opts {
   const char *perftest;
   const char *gshmd;
   bool no_perftest;
+  bool encrypt;
   const char *chunk, *depth;
 };
 
@@ -169,10 +175,97 @@ static int perftest(const char *bin, const char *ldpath, uint64_t size, int iter
   return 0;
 }
 
+/* The receiving end of the plain TCP baseline. */
+struct tcp_rx {
+  int fd;
+  uint8_t *dst;
+  uint64_t size;
+  int err;
+};
+
+static void *tcp_rx_thread(void *arg) {
+  struct tcp_rx *rx = arg;
+  uint64_t got = 0;
+  while (got < rx->size) {
+    ssize_t r = recv(rx->fd, rx->dst + got, rx->size - got > (1u << 30) ? (1u << 30) : rx->size - got, 0);
+    if (r <= 0) {
+      rx->err = -1;
+      break;
+    }
+    got += (uint64_t)r;
+  }
+  return NULL;
+}
+
+/* Seconds one plain TCP connection on 127.0.0.1 takes to move size bytes
+ * from src into new memory, as a pull lands in a new segment (connection
+ * made beforehand, the memory's pages made on the way); -1 on failure. */
+static double tcp_once(const uint8_t *src, uint64_t size) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(sa);
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), cfd = -1;
+  uint8_t *dst = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  struct tcp_rx rx = {.fd = -1, .dst = dst, .size = size};
+  pthread_t t;
+  uint64_t sent = 0;
+  double t0, el = -1;
+
+  if (dst == MAP_FAILED || lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(lfd, 1) ||
+      getsockname(lfd, (struct sockaddr *)&sa, &len) ||
+      (cfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+      connect(cfd, (struct sockaddr *)&sa, sizeof(sa)) || (rx.fd = accept(lfd, NULL, NULL)) < 0)
+    goto out;
+  t0 = now_s();
+  if (pthread_create(&t, NULL, tcp_rx_thread, &rx))
+    goto out;
+  while (sent < size) {
+    ssize_t w = send(cfd, src + sent, size - sent > (1u << 30) ? (1u << 30) : size - sent,
+                     MSG_NOSIGNAL);
+    if (w <= 0)
+      break;
+    sent += (uint64_t)w;
+  }
+  pthread_join(t, NULL);
+  if (sent == size && !rx.err)
+    el = now_s() - t0;
+out:
+  if (rx.fd >= 0)
+    close(rx.fd);
+  if (cfd >= 0)
+    close(cfd);
+  if (lfd >= 0)
+    close(lfd);
+  if (dst != MAP_FAILED)
+    munmap(dst, size);
+  return el;
+}
+
+/* Median GB/s of the plain TCP baseline for size bytes (iters runs). */
+static double tcp_gbs(uint64_t size, int iters) {
+  uint8_t *src = malloc(size);
+  double t[64], med = -1;
+  int n = iters < 64 ? iters : 63, k = 0;
+
+  if (src) {
+    memset(src, 0x5a, size);
+    for (k = -1; k < n; k++) {
+      double el = tcp_once(src, size);
+      if (el <= 0)
+        break;
+      if (k >= 0)
+        t[k] = el;
+    }
+    if (k == n)
+      med = bench_median(t, n);
+  }
+  free(src);
+  return med > 0 ? (double)size / med / 1e9 : -1;
+}
+
 static int start_node(struct gshm_spawn *sp, const char *gshmd, const char *name, int port,
                       const char *peers, const char *key, const char *exports, const struct opts *o) {
-  char a[10][320];
-  const char *args[12];
+  char a[11][320];
+  const char *args[13];
   struct group *g = getgrgid(getegid());
   int n = 0, e;
 
@@ -189,6 +282,8 @@ static int start_node(struct gshm_spawn *sp, const char *gshmd, const char *name
     snprintf(a[n++], 320, "--set=cluster.pull_chunk=%s", o->chunk);
   if (o->depth)
     snprintf(a[n++], 320, "--set=cluster.pull_depth=%s", o->depth);
+  if (o->encrypt)
+    snprintf(a[n++], 320, "--set=cluster.encrypt=true");
   for (int i = 0; i < n; i++)
     args[i] = a[i];
   args[n] = NULL;
@@ -241,6 +336,7 @@ int bench_pull_main(int argc, char **argv) {
                                      {"gshmd", required_argument, NULL, 'g'},
                                      {"chunk", required_argument, NULL, 'c'},
                                      {"depth", required_argument, NULL, 'd'},
+                                     {"encrypt", no_argument, NULL, 'e'},
                                      {"help", no_argument, NULL, 'h'},
                                      {NULL, 0, NULL, 0}};
   struct opts o = {.iters = 5, .location = "host"};
@@ -253,7 +349,7 @@ int bench_pull_main(int argc, char **argv) {
   double lat4k_pull = -1;
 
   parse_sizes("1M,4M,16M,64M,256M,1G,4G", &o);
-  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:h", lo, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:eh", lo, NULL)) != -1) {
     switch (c) {
     case 's':
       if (parse_sizes(optarg, &o)) {
@@ -269,11 +365,12 @@ int bench_pull_main(int argc, char **argv) {
     case 'g': o.gshmd = optarg; break;
     case 'c': o.chunk = optarg; break;
     case 'd': o.depth = optarg; break;
+    case 'e': o.encrypt = true; break;
     case 'h':
       printf("usage: gshm-bench pull [--sizes 1M,4M,...,4G] [--iters N] [--location host|cuda:N]\n"
              "                       [--to host|cuda:N (default: --location)]\n"
              "                       [--perftest PATH | --no-perftest] [--gshmd PATH]\n"
-             "                       [--chunk BYTES] [--depth N]\n");
+             "                       [--chunk BYTES] [--depth N] [--encrypt]\n");
       return 0;
     default:
       return 2;
@@ -306,13 +403,15 @@ int bench_pull_main(int argc, char **argv) {
   if (gshm_connect(A.socket_path, "bench-src", &a) || gshm_connect(B.socket_path, "bench-dst", &b))
     goto out;
   pt = find_perftest(&o, gshmd, ptbuf, sizeof(ptbuf), ldpath, sizeof(ldpath));
-  printf("gshm-bench pull: from %s to %s, UCX_TLS=%s, %d iterations after 1 warm-up, medians\n",
-         o.location, o.to, getenv("UCX_TLS"), o.iters);
-  printf("%10s %12s %12s %14s %8s  %s\n", "SIZE", "PULL GB/s", "PULL ms", "ucp_get GB/s",
-         "RATIO", "PATH");
+  printf("gshm-bench pull: from %s to %s, %s, UCX_TLS=%s (ucp_get), %d iterations after 1 "
+         "warm-up, medians\n",
+         o.location, o.to, o.encrypt ? "cluster.encrypt on" : "authenticated", getenv("UCX_TLS"),
+         o.iters);
+  printf("%10s %12s %12s %10s %8s %14s %8s  %s\n", "SIZE", "PULL GB/s", "PULL ms", "TCP GB/s",
+         "vs TCP", "ucp_get GB/s", "RATIO", "PATH");
   for (int i = 0; i < o.nsizes; i++) {
     uint64_t size = o.sizes[i];
-    double t[64], pt_mbs = 0, pt_lat = 0, med;
+    double t[64], pt_mbs = 0, pt_lat = 0, med, tcp;
     gshm_pull_result_t r;
     char sz[32];
     int e, n = o.iters < 64 ? o.iters : 63;
@@ -344,13 +443,14 @@ int bench_pull_main(int argc, char **argv) {
       fprintf(stderr, "gshm-bench pull: %s did not run (--no-perftest skips it)\n", pt);
       pt_mbs = 0;
     }
+    tcp = tcp_gbs(size, n);
+    printf("%10s %12.2f %12.3f %10.2f %8.2f", gshm__format_size(size, sz, sizeof(sz)),
+           (double)size / med / 1e9, med * 1e3, tcp, tcp > 0 ? (double)size / med / 1e9 / tcp : 0);
     if (pt_mbs > 0)
-      printf("%10s %12.2f %12.3f %14.2f %8.2f  %s\n", gshm__format_size(size, sz, sizeof(sz)),
-             (double)size / med / 1e9, med * 1e3, pt_mbs * 1048576.0 / 1e9,
+      printf(" %14.2f %8.2f  %s\n", pt_mbs * 1048576.0 / 1e9,
              ((double)size / med) / (pt_mbs * 1048576.0), r.path);
     else /* ucx_perftest not run (--no-perftest, 4 GiB and up) or failed */
-      printf("%10s %12.2f %12.3f %14s %8s  %s\n", gshm__format_size(size, sz, sizeof(sz)),
-             (double)size / med / 1e9, med * 1e3, "-", "-", r.path);
+      printf(" %14s %8s  %s\n", "-", "-", r.path);
     fflush(stdout);
   }
   /* 4 KiB: latency */

@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* gshmd's cluster side: daemon to daemon over UCX (docs/CLUSTER.md); the
- * code is in daemon/cluster/, one job per file (cluster/internal.h).
+/* gshmd's cluster side: daemon to daemon (docs/CLUSTER.md); the code is
+ * in daemon/cluster/, one job per file (cluster/internal.h).
  *
- * One UCP context and worker per gshmd, driven from the libuv loop through
- * the worker's event fd (ucp_worker_get_efd + ucp_worker_arm): nothing
- * busy-polls.  A ucp_listener takes peers' endpoints; this daemon opens
- * one endpoint to each configured peer for its own requests.  Control is
- * active messages (proto/cluster.proto); the bytes are data messages sent
- * by rendezvous from registered memory (no UCP RMA: docs/CLUSTER.md).
+ * gshmd listens on cluster.listen with its own TCP socket and opens one
+ * connection to each configured peer for its own requests; peers prove
+ * the cluster key there (the hello), and every frame after it is
+ * authenticated (and encrypted with cluster.encrypt).  Control messages
+ * (proto/cluster.proto) and, by default, the bytes go on that stream; the
+ * bytes go over UCX (RDMA, shared memory) where the hello sets it up.  The
+ * UCP worker is driven from the libuv loop through its event fd: nothing
+ * busy-polls.
  *
  * The cluster is on when cluster.listen or cluster.peers is set. */
 #ifndef GSHMD_CLUSTER_H
@@ -33,8 +35,8 @@ typedef int (*gshmd_cluster_reply_fn)(void *arg, struct gshmd_client *c, uint16_
                                       uint32_t request_id, const Gshm__Reply *reply);
 
 /* Starts the cluster when the config asks for it: reads the secret file,
- * creates the UCP context and worker, the listener (cluster.listen) and
- * the endpoints to the peers.  *cl_out is NULL when the cluster is off.
+ * creates the UCP context and worker, listens on cluster.listen and
+ * connects to the peers.  *cl_out is NULL when the cluster is off.
  * Replies to local requests go out through reply(reply_arg, ...).
  * Errors (logged): -EINVAL bad config (address, peers, secret file mode
  * or length), -EADDRINUSE cluster.listen is taken, -EIO UCX failed,
@@ -53,7 +55,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
 int gshmd_cluster_check_config(const struct gshmd_config *cfg);
 
 /* Ends every pull (their partial segments are removed, their requesters
- * get an error), closes every endpoint and the listener, unregisters
+ * get an error), closes every connection and the listener, unregisters
  * every served segment and closes the loop handles; the caller runs the
  * loop once more and then calls gshmd_cluster_destroy.  Accepts NULL. */
 void gshmd_cluster_stop(struct gshmd_cluster *cl);

@@ -64,6 +64,8 @@ struct gshmd_config {
   char *cluster_export;            /* fnmatch patterns, blank-separated */
   char *cluster_secret_file;       /* root-only file with the shared key */
   char *cluster_pull_group;        /* "" = admins only */
+  bool cluster_encrypt;            /* encrypt the streams between nodes */
+  char *cluster_transport;         /* auto|tcp: UCX where it reaches, or the stream only */
   uint64_t cluster_pull_chunk;     /* bytes per ucp_get_nbx */
   uint32_t cluster_pull_depth;     /* gets in flight per pull */
   uint64_t cluster_staging_bytes;  /* pinned host bytes per staged pull */

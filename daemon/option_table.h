@@ -137,9 +137,9 @@
     "AF_INET6, PrivateNetwork=no and IPAddressAllow=localhost is needed.")    \
                                                                                 \
   X(cluster, listen, STR, cluster_listen, "", 0, 128, NULL,                     \
-    "Serve peer nodes over UCX on ADDRESS:PORT (e.g. 10.0.0.5:7470); empty "    \
-    "turns the cluster off. Daemons talk UCP only: active messages for "        \
-    "control, rendezvous sends for the bytes. See docs/CLUSTER.md.")         \
+    "Serve peer nodes on ADDRESS:PORT (e.g. 10.0.0.5:7470), the one TCP port "  \
+    "gshmd listens on; empty turns the cluster off. Peers prove the cluster "   \
+    "key there before anything else. See docs/CLUSTER.md.")                  \
   X(cluster, node_name, STR, cluster_node_name, "", 0, 63, NULL,                \
     "This node's name as its peers know it (their cluster.peers); empty: the "  \
     "host name.")                                                               \
@@ -159,6 +159,17 @@
   X(cluster, pull_group, STR, cluster_pull_group, "", 0, 255, NULL,             \
     "Members of this group (and admins) may list and pull peers' segments; "  \
     "empty means admins only.")                                                 \
+  X(cluster, encrypt, BOOL, cluster_encrypt, "false", 0, 0, NULL,              \
+    "Encrypt the bytes between nodes (AES-256-GCM, or ChaCha20-Poly1305 where " \
+    "a CPU lacks AES-NI); every frame is authenticated either way. Either "     \
+    "side asking for it is enough.")                                          \
+  X(cluster, transport, ENUM, cluster_transport, "auto", 0, 0, "auto|tcp|ucx",   \
+    "How the bytes move between two nodes (the hello decides, on the "         \
+    "cluster port): auto over UCX where an endpoint with peer failure "         \
+    "detection reaches the other node (RDMA) and encryption is off, else over " \
+    "gshm's TCP stream; tcp always over the stream; ucx also over UCX "         \
+    "transports that cannot detect a dead peer (shared memory in UCX 1.13), "   \
+    "eagerly (for tests and trials).")                                        \
   X(cluster, pull_chunk, SIZE, cluster_pull_chunk, "8M", 4096, 1073741824,      \
     NULL, "Bytes per read request (and per staging slot) of a pull.")         \
   X(cluster, pull_depth, U32, cluster_pull_depth, "8", 1, 256, NULL,            \

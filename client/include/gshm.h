@@ -374,7 +374,7 @@ typedef struct gshm_pull_result {
 } gshm_pull_result_t;
 
 /* Copies segment `name` that peer node `peer` exports into a new local
- * segment owned by the caller, through the daemons (UCX one-sided reads;
+ * segment owned by the caller, through the daemons (their cluster port;
  * no bytes pass through this process).  Blocks until the copy is done;
  * calls opts->progress meanwhile.  The new segment has no name anyone can
  * see (list, stat, open) until its last byte is in; on failure, or when

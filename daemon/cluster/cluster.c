@@ -27,13 +27,16 @@ static void on_message(struct link *l, Gshm__Cluster__Msg *m) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
   bool up = l->state == LINK_UP;
 
-  if (up ? gshmd__serve_handle(cl, l, m) : gshmd__hello_handle(cl, l, m))
+  if ((up && gshmd__serve_handle(cl, l, m)) || gshmd__hello_handle(cl, l, m))
     return;
   gshmd__link_refuse(l, REFUSE_PROTOCOL, -EPROTO,
                      up ? "unexpected message" : "message before the hello");
 }
 
-static void on_lost(struct link *l) { gshmd__pull_link_lost(cluster_of(l->ll), l); }
+static void on_lost(struct link *l) {
+  gshmd__link_data_lost(l);
+  gshmd__pull_link_lost(cluster_of(l->ll), l);
+}
 
 static void on_idle(struct link *l) { gshmd__serve_link_idle(cluster_of(l->ll), l); }
 
@@ -220,8 +223,10 @@ static const char *pull_failure_name(enum pull_failure f) {
 /* ---- metrics ---------------------------------------------------------- */
 
 void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
-  static const char *const causes[REFUSE_N] = {"protocol", "version", "unknown_peer",
-                                               "bad_key", "timeout", "limit"};
+  static const char *const causes[REFUSE_N] = {
+      [REFUSE_PROTOCOL] = "protocol", [REFUSE_VERSION] = "version",
+      [REFUSE_UNKNOWN_PEER] = "unknown_peer", [REFUSE_BAD_KEY] = "bad_key",
+      [REFUSE_TIMEOUT] = "timeout", [REFUSE_LIMIT] = "limit", [REFUSE_TAMPERED] = "tampered"};
   if (!cl)
     return;
   fprintf(f, "# HELP gshm_cluster_peer_up 1 when the endpoint to the peer is authenticated.\n"
@@ -257,10 +262,10 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
   for (int i = 0; i < PULL_FAIL_N; i++)
     fprintf(f, "gshm_cluster_pull_errors_total{cause=\"%s\"} %" PRIu64 "\n",
             pull_failure_name((enum pull_failure)i), cl->pull_errors[i]);
-  fprintf(f, "# HELP gshm_cluster_registrations_total Segments registered with UCX (once each).\n"
+  fprintf(f, "# HELP gshm_cluster_registrations_total Registrations of served segments with UCX (one per run of overlapping grants).\n"
              "# TYPE gshm_cluster_registrations_total counter\n"
              "gshm_cluster_registrations_total %" PRIu64 "\n"
-             "# HELP gshm_cluster_registered_segments Segments registered with UCX now.\n"
+             "# HELP gshm_cluster_registered_segments Served segments registered with UCX now (under a live grant).\n"
              "# TYPE gshm_cluster_registered_segments gauge\n"
              "gshm_cluster_registered_segments %u\n",
           cl->registrations, cl->registered);
@@ -320,7 +325,12 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   cl->ll.loop = loop;
   cl->ll.hooks = (struct link_hooks){.on_connect = on_connect, .on_message = on_message,
                                      .on_lost = on_lost, .on_idle = on_idle,
+                                     .data_dest = gshmd__link_data_dest,
+                                     .data_done = gshmd__link_data_done,
                                      .after_progress = after_progress, .arg = cl};
+  cl->ll.encrypt = cfg->cluster_encrypt;
+  cl->ll.ucx_allowed = !cfg->cluster_encrypt && strcmp(cfg->cluster_transport, "tcp");
+  cl->ll.ucx_without_peer_errors = !strcmp(cfg->cluster_transport, "ucx");
   cl->ll.hello_timeout_ns =
       (int64_t)(cfg->partial_timeout_ms ? cfg->partial_timeout_ms : 5000) * 1000000;
   if ((e = gshmd__cluster_conf(cl)) || (e = gshmd__cluster_listen_check(&cl->ll)))

@@ -1,104 +1,224 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Data messages: the bytes answering a Read or a Stage, sent from
- * registered memory (by rendezvous when large) and received into the
- * request's destination by its on_data. */
+/* The bytes of Reads and Stages (link.h): sent from the granted memory
+ * as one data frame of the stream, or, where the hello set up UCX for the
+ * link (hello.c), as one UCX active message whose bytes UCX moves by
+ * rendezvous (shared memory, RDMA); received straight into the request's
+ * destination either way. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "link.h"
+#include "util.h"
 
-/* One data message being sent. */
+#define DATA_AM_ID 0x68 /* the only UCX message id gshm takes */
+
+/* The header of a UCX data message. */
+struct ucx_data_hdr {
+  uint64_t token;           /* the receiving link's (its UcxOffer) */
+  uint32_t request_id;
+  uint32_t reserved;
+  uint64_t offset;
+};
+
+/* One send of bytes. */
 struct data_send {
-  struct data_hdr hdr;
+  void *next_abandoned;     /* first: ll->abandoned's list */
+  struct ucx_data_hdr hdr;  /* UCX: sent with the bytes */
+  struct gshm_list node;    /* UCX: l->ucx_sends until it completes */
+  bool abandoned;           /* UCX: the link failed first (freed by UCX's callback) */
   struct link *l;
-  void (*done)(void *arg, ucs_status_t st);
+  void (*done)(void *arg, int err);
   void *arg;
 };
 
-static void on_data_sent(void *request, ucs_status_t status, void *user_data) {
-  struct data_send *ds = user_data;
+static void data_sent(struct data_send *ds, int err) {
   struct link *l = ds->l;
 
-  if (request)
-    ucp_request_free(request);
+  l->active_ns = gshm__now_ns(CLOCK_MONOTONIC);
   l->busy--;
   if (ds->done)
-    ds->done(ds->arg, status);
+    ds->done(ds->arg, err);
   free(ds);
   gshmd__link_unbusy(l);
 }
 
-int gshmd__link_send_data(struct link *l, uint32_t rid, uint64_t offset, const void *src,
-                          uint64_t len, ucp_mem_h memh, void (*done)(void *arg, ucs_status_t st),
-                          void *arg) {
-  ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
-                                            UCP_OP_ATTR_FIELD_USER_DATA,
-                            .flags = UCP_AM_SEND_FLAG_REPLY,
-                            .cb.send = on_data_sent};
-  struct data_send *ds;
+static void on_stream_sent(void *arg, int err) { data_sent(arg, err); }
+
+static void on_ucx_sent(void *request, ucs_status_t status, void *user_data) {
+  struct data_send *ds = user_data;
+
+  if (request)
+    ucp_request_free(request);
+  if (ds->abandoned)
+    return; /* freed with the worker (ll->abandoned) */
+  gshm_list_del(&ds->node);
+  data_sent(ds, status == UCS_OK ? 0 : -ECONNRESET);
+}
+
+/* Over UCX: the bytes go by rendezvous when large (zero-copy where the
+ * transport reads memory itself). */
+static int send_ucx(struct data_send *ds, const void *src, uint64_t len, ucp_mem_h memh) {
+  struct link *l = ds->l;
+  ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                            UCP_OP_ATTR_FIELD_USER_DATA |
+                                            UCP_OP_ATTR_FIELD_FLAGS,
+                            .cb.send = on_ucx_sent,
+                            .user_data = ds,
+                            .flags = l->ucx_eager ? UCP_AM_SEND_FLAG_EAGER : 0};
   ucs_status_ptr_t sp;
 
-  if (!l->ep || l->state != LINK_UP)
-    return -ENOTCONN;
-  if (!(ds = calloc(1, sizeof(*ds))))
-    return -ENOMEM;
-  ds->hdr.request_id = rid;
-  ds->hdr.offset = offset;
-  ds->l = l;
-  ds->done = done;
-  ds->arg = arg;
-  rp.user_data = ds;
   if (memh) {
     rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
     rp.memh = memh;
   }
   l->busy++;
-  sp = ucp_am_send_nbx(l->ep, GSHMD_CLUSTER_DATA_AM_ID, &ds->hdr, sizeof(ds->hdr), src, len, &rp);
+  gshm_list_add_tail(&l->ucx_sends, &ds->node);
+  sp = ucp_am_send_nbx(l->ucx_ep, DATA_AM_ID, &ds->hdr, sizeof(ds->hdr), src, len, &rp);
   gshmd__link_kick(l->ll);
   if (!UCS_PTR_IS_PTR(sp))
-    on_data_sent(NULL, UCS_PTR_STATUS(sp), ds);
+    on_ucx_sent(NULL, UCS_PTR_STATUS(sp), ds);
   return 0;
 }
 
-/* The bytes answering one of our Reads or Stages. */
+int gshmd__link_send_data(struct link *l, uint32_t rid, uint64_t offset, const void *src,
+                          uint64_t len, ucp_mem_h memh, void (*done)(void *arg, int err),
+                          void *arg) {
+  struct data_send *ds;
+  int e;
+
+  if (l->state != LINK_UP)
+    return -ENOTCONN;
+  if (!(ds = calloc(1, sizeof(*ds))))
+    return -ENOMEM;
+  ds->l = l;
+  ds->done = done;
+  ds->arg = arg;
+  ds->hdr.token = l->ucx_token;
+  ds->hdr.request_id = rid;
+  ds->hdr.offset = offset;
+  if (l->ucx_ep)
+    return send_ucx(ds, src, len, memh);
+  if ((e = gshmd__stream_send_data(&l->st, rid, offset, src, len, on_stream_sent, ds))) {
+    free(ds);
+    return e;
+  }
+  l->busy++;
+  return 0;
+}
+
+void *gshmd__link_data_dest(struct link *l, uint32_t rid, uint64_t offset, uint64_t len,
+                            void **tok_out) {
+  struct gshm_list *pos;
+  void *dst;
+
+  if (l->inbound || l->state != LINK_UP)
+    return NULL;
+  gshm_list_foreach(pos, &l->reqs) {
+    struct peer_req *req = gshm_list_entry(pos, struct peer_req, node);
+    if (req->request_id != rid || !req->data_dest)
+      continue;
+    gshm_list_del(&req->node);
+    req->queued = false;
+    if (!(dst = req->data_dest(req, offset, len))) {
+      req->done(req, -EPROTO, "the peer sent bytes that do not fit the request", NULL);
+      return NULL;
+    }
+    *tok_out = req;
+    return dst;
+  }
+  return NULL;
+}
+
+void gshmd__link_data_done(struct link *l, void *tok, int err) {
+  struct peer_req *req = tok;
+
+  l->active_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  req->data_done(req, err);
+  gshmd__link_kick(l->ll);
+}
+
+/* The link a UCX data message is for: an outbound link that is up and
+ * took UCX, by its token. */
+static struct link *link_by_token(struct links *ll, uint64_t token) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &ll->links) {
+    struct link *l = gshm_list_entry(pos, struct link, node);
+    if (!l->inbound && l->ucx && l->state == LINK_UP &&
+        sodium_memcmp(&l->ucx_token, &token, sizeof(token)) == 0)
+      return l;
+  }
+  return NULL;
+}
+
+static void on_ucx_received(void *request, ucs_status_t status, size_t length, void *user_data) {
+  struct peer_req *req = user_data;
+  ucp_request_free(request);
+  req->data_done(req, status == UCS_OK && length ? 0 : -ECONNRESET);
+}
+
 static ucs_status_t on_data_am(void *arg, const void *header, size_t header_length, void *data,
                                size_t length, const ucp_am_recv_param_t *param) {
   struct links *ll = arg;
-  struct link *l = param->reply_ep ? gshmd__link_by_ep(ll, param->reply_ep) : NULL;
-  struct data_hdr hdr;
-  struct gshm_list *pos;
+  bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  struct ucx_data_hdr hdr;
+  struct peer_req *req = NULL;
+  struct link *l = NULL;
+  void *dst = NULL;
 
-  if (!l || l->inbound || l->state != LINK_UP || header_length != sizeof(hdr)) {
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
+  if (header_length == sizeof(hdr)) {
+    memcpy(&hdr, header, sizeof(hdr));
+    l = link_by_token(ll, hdr.token);
+  }
+  if (l)
+    dst = gshmd__link_data_dest(l, hdr.request_id, hdr.offset, length, (void **)&req);
+  if (!dst) {
+    if (rndv)
       ucp_am_data_release(ll->worker, data);
-    if (l && l->state == LINK_UP)
-      gshmd__link_refuse(l, REFUSE_PROTOCOL, -EPROTO, "unexpected data message");
-    else if (!l)
-      gshmd__link_refused(ll, REFUSE_PROTOCOL, "a data message from an unknown endpoint",
-                          "dropped");
+    if (l)
+      gshmd__link_fail(l, -EPROTO, "the peer sent bytes for no request over UCX");
+    else
+      gshmd__link_refused(ll, REFUSE_PROTOCOL, "a UCX data message", "for no link");
     return UCS_OK;
   }
-  memcpy(&hdr, header, sizeof(hdr));
-  gshm_list_foreach(pos, &l->reqs) {
-    struct peer_req *req = gshm_list_entry(pos, struct peer_req, node);
-    if (req->request_id == hdr.request_id && req->on_data) {
-      gshm_list_del(&req->node);
-      req->queued = false;
-      req->on_data(req, data, length, param);
-      return UCS_OK;
-    }
+  if (rndv) {
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                              UCP_OP_ATTR_FIELD_USER_DATA,
+                              .cb.recv_am = on_ucx_received,
+                              .user_data = req};
+    ucs_status_ptr_t sp = ucp_am_recv_data_nbx(ll->worker, data, dst, length, &rp);
+    if (!UCS_PTR_IS_PTR(sp))
+      req->data_done(req, UCS_PTR_STATUS(sp) == UCS_OK ? 0 : -ECONNRESET);
+  } else {
+    memcpy(dst, data, length);
+    req->data_done(req, 0);
   }
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
-    ucp_am_data_release(ll->worker, data);
-  gshmd__link_refuse(l, REFUSE_PROTOCOL, -EPROTO, "data for no request");
+  gshmd__link_kick(ll);
   return UCS_OK;
 }
 
 int gshmd__link_data_start(struct links *ll) {
-  ucp_am_handler_param_t ap = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                                             UCP_AM_HANDLER_PARAM_FIELD_CB |
-                                             UCP_AM_HANDLER_PARAM_FIELD_ARG,
-                               .id = GSHMD_CLUSTER_DATA_AM_ID, .cb = on_data_am, .arg = ll};
-  return ucp_worker_set_am_recv_handler(ll->worker, &ap) == UCS_OK ? 0 : -EIO;
+  return gshmd__link_worker_am(ll, DATA_AM_ID, on_data_am, ll);
+}
+
+void gshmd__link_data_lost(struct link *l) {
+  if (l->ucx_ep) {
+    gshmd__link_worker_ep_close(l->ll, l->ucx_ep);
+    l->ucx_ep = NULL;
+  }
+  /* UCX 1.13's shared-memory endpoints cannot tell a dead peer, and a
+   * rendezvous send to one never completes: the link's sends end now (the
+   * peer reads our memory, we never touch it again); UCX's callback, if
+   * it ever comes, only frees the record. */
+  while (!gshm_list_empty(&l->ucx_sends)) {
+    struct data_send *ds = gshm_list_entry(l->ucx_sends.next, struct data_send, node);
+    gshm_list_del(&ds->node);
+    ds->abandoned = true;
+    ds->next_abandoned = l->ll->abandoned;
+    l->ll->abandoned = ds;
+    l->busy--;
+    if (ds->done)
+      ds->done(ds->arg, -ECONNRESET);
+  }
+  gshmd__link_unbusy(l);
 }

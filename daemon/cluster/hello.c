@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The authenticated hello (docs/CLUSTER.md "How a pull goes"): mutual
- * challenge-response with libsodium's crypto_auth over both nonces and
- * both node names. */
+ * challenge-response with libsodium's crypto_auth over both nonces, both
+ * node names and both sides' capabilities, on the link's stream before
+ * its keys; then the keys of the stream. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,27 +10,89 @@
 #include "internal.h"
 #include "log.h"
 
-/* crypto_auth over a direction label, both nonces and both names:
- * connecting side (C) first in every field, so that no proof can be
- * replayed in the other direction or on another exchange. */
-static void hello_mac(const struct gshmd_cluster *cl, char dir, const uint8_t *nonce_c,
-                      const uint8_t *nonce_s, const char *name_c, const char *name_s,
-                      uint8_t mac[crypto_auth_BYTES]) {
-  uint8_t buf[16 + 2 * GSHMD_CLUSTER_NONCE + 2 * 64];
-  size_t n = 0, a = strlen(name_c), b = strlen(name_s);
+/* This node's capabilities in its hello (enum Cap). */
+static uint32_t caps_mine(const struct gshmd_cluster *cl) {
+  return (cl->ll.encrypt ? GSHM__CLUSTER__CAP__CAP_ENCRYPT : 0) |
+         (crypto_aead_aes256gcm_is_available() ? GSHM__CLUSTER__CAP__CAP_AES : 0) |
+         (cl->ll.ucx_allowed ? GSHM__CLUSTER__CAP__CAP_UCX : 0);
+}
 
-  memcpy(buf, "gshm-cluster-1 ", 15);
+/* Whether the bytes of this link may go over UCX: both sides said so in
+ * their hello, and neither asked for encryption (UCX encrypts nothing). */
+static bool ucx_agreed(const struct gshmd_cluster *cl, const struct link *l) {
+  uint32_t both = caps_mine(cl) & l->caps_theirs, either = caps_mine(cl) | l->caps_theirs;
+  return (both & GSHM__CLUSTER__CAP__CAP_UCX) && !(either & GSHM__CLUSTER__CAP__CAP_ENCRYPT);
+}
+
+/* The exchange as both sides see it: connecting side (C) first. */
+struct hello_view {
+  const uint8_t *nonce_c, *nonce_s;
+  const char *name_c, *name_s;
+  uint32_t caps_c, caps_s;
+};
+
+static struct hello_view view_of(const struct gshmd_cluster *cl, const struct link *l) {
+  struct hello_view v;
+  if (l->inbound)
+    v = (struct hello_view){l->nonce_theirs, l->nonce_mine, l->peer->name, cl->ll.node_name,
+                            l->caps_theirs, caps_mine(cl)};
+  else
+    v = (struct hello_view){l->nonce_mine, l->nonce_theirs, cl->ll.node_name, l->peer->name,
+                            caps_mine(cl), l->caps_theirs};
+  return v;
+}
+
+/* crypto_auth over a label, a direction, both nonces, both names and
+ * both sides' capabilities, so that no proof can be replayed in the
+ * other direction or on another exchange, and nobody between the two
+ * can turn encryption off. */
+static void hello_mac(const struct gshmd_cluster *cl, const struct link *l, char dir,
+                      uint8_t mac[crypto_auth_BYTES]) {
+  struct hello_view v = view_of(cl, l);
+  uint8_t buf[16 + 2 * GSHMD_CLUSTER_NONCE + 2 * 64 + 8];
+  size_t n = 0, a = strlen(v.name_c), b = strlen(v.name_s);
+
+  memcpy(buf, "gshm-cluster-2 ", 15);
   n = 15;
   buf[n++] = (uint8_t)dir;
-  memcpy(buf + n, nonce_c, GSHMD_CLUSTER_NONCE);
+  memcpy(buf + n, v.nonce_c, GSHMD_CLUSTER_NONCE);
   n += GSHMD_CLUSTER_NONCE;
-  memcpy(buf + n, nonce_s, GSHMD_CLUSTER_NONCE);
+  memcpy(buf + n, v.nonce_s, GSHMD_CLUSTER_NONCE);
   n += GSHMD_CLUSTER_NONCE;
-  memcpy(buf + n, name_c, a + 1); /* names are < 64 bytes; NULs separate them */
+  memcpy(buf + n, v.name_c, a + 1); /* names are < 64 bytes; NULs separate them */
   n += a + 1;
-  memcpy(buf + n, name_s, b + 1);
+  memcpy(buf + n, v.name_s, b + 1);
   n += b + 1;
+  memcpy(buf + n, &v.caps_c, 4);
+  memcpy(buf + n + 4, &v.caps_s, 4);
+  n += 8;
   crypto_auth(mac, buf, n, cl->key);
+}
+
+/* From the next frame on, the link's stream is protected with keys of
+ * this exchange: one per direction, from the shared key and both nonces
+ * (crypto_generichash keyed with the cluster key, then crypto_kdf). */
+static void hello_keys(const struct gshmd_cluster *cl, struct link *l, bool tx, bool rx) {
+  struct hello_view v = view_of(cl, l);
+  uint8_t in[16 + 2 * GSHMD_CLUSTER_NONCE], master[crypto_kdf_KEYBYTES];
+  uint8_t c2s[STREAM_KEY], s2c[STREAM_KEY];
+  enum stream_mode mode = gshmd__stream_mode(
+      ((v.caps_c | v.caps_s) & GSHM__CLUSTER__CAP__CAP_ENCRYPT) != 0,
+      ((v.caps_c & v.caps_s) & GSHM__CLUSTER__CAP__CAP_AES) != 0);
+
+  memcpy(in, "gshm-session-2\0\0", 16);
+  memcpy(in + 16, v.nonce_c, GSHMD_CLUSTER_NONCE);
+  memcpy(in + 16 + GSHMD_CLUSTER_NONCE, v.nonce_s, GSHMD_CLUSTER_NONCE);
+  crypto_generichash(master, sizeof(master), in, sizeof(in), cl->key, sizeof(cl->key));
+  crypto_kdf_derive_from_key(c2s, sizeof(c2s), 1, "gshm-c2s", master);
+  crypto_kdf_derive_from_key(s2c, sizeof(s2c), 2, "gshm-s2c", master);
+  if (tx)
+    gshmd__stream_key_tx(&l->st, mode, l->inbound ? s2c : c2s);
+  if (rx)
+    gshmd__stream_key_rx(&l->st, mode, l->inbound ? c2s : s2c);
+  sodium_memzero(master, sizeof(master));
+  sodium_memzero(c2s, sizeof(c2s));
+  sodium_memzero(s2c, sizeof(s2c));
 }
 
 /* Inbound: Hello -> Challenge. */
@@ -57,7 +120,9 @@ static void on_hello(struct link *l, const Gshm__Cluster__Hello *h) {
     return;
   }
   memcpy(l->nonce_theirs, h->nonce.data, GSHMD_CLUSTER_NONCE);
-  hello_mac(cl, 'S', l->nonce_theirs, l->nonce_mine, l->peer->name, cl->ll.node_name, mac);
+  l->caps_theirs = h->caps;
+  hello_mac(cl, l, 'S', mac);
+  c.caps = caps_mine(cl);
   c.major = GSHMD_CLUSTER_MAJOR;
   c.minor = GSHMD_CLUSTER_MINOR;
   c.node_name = cl->ll.node_name;
@@ -96,20 +161,22 @@ static void on_challenge(struct link *l, const Gshm__Cluster__Challenge *c) {
     return;
   }
   memcpy(l->nonce_theirs, c->nonce.data, GSHMD_CLUSTER_NONCE);
-  hello_mac(cl, 'S', l->nonce_mine, l->nonce_theirs, cl->ll.node_name, l->peer->name, mac);
+  l->caps_theirs = c->caps;
+  hello_mac(cl, l, 'S', mac);
   if (sodium_memcmp(mac, c->mac.data, sizeof(mac)) != 0) {
     snprintf(msg, sizeof(msg), "peer '%s' did not prove the shared key (cluster.secret_file differs)",
              l->peer->name);
     gshmd__link_refuse(l, REFUSE_BAD_KEY, -EACCES, msg);
     return;
   }
-  hello_mac(cl, 'C', l->nonce_mine, l->nonce_theirs, cl->ll.node_name, l->peer->name, mac);
+  hello_mac(cl, l, 'C', mac);
   a.mac.data = mac;
   a.mac.len = sizeof(mac);
   m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH;
   m.auth = &a;
   l->state = LINK_AUTH;
   gshmd__link_send(l, &m);
+  hello_keys(cl, l, true, false); /* what we send after Auth is keyed */
 }
 
 /* Inbound: Auth -> AuthOk; the link serves from now on. */
@@ -120,10 +187,16 @@ static void on_auth(struct link *l, const Gshm__Cluster__Auth *a) {
   uint8_t mac[crypto_auth_BYTES];
   char msg[200];
 
-  hello_mac(cl, 'C', l->nonce_theirs, l->nonce_mine, l->peer->name, cl->ll.node_name, mac);
+  hello_mac(cl, l, 'C', mac);
   if (a->mac.len != sizeof(mac) || sodium_memcmp(mac, a->mac.data, sizeof(mac)) != 0) {
     snprintf(msg, sizeof(msg), "node '%s' did not prove the shared key", l->peer->name);
     gshmd__link_refuse(l, REFUSE_BAD_KEY, -EACCES, msg);
+    return;
+  }
+  if (gshmd__link_count_up(&cl->ll, l->peer) >= LINK_MAX_PER_PEER) {
+    snprintf(msg, sizeof(msg), "node '%s' has %u connections up already", l->peer->name,
+             LINK_MAX_PER_PEER);
+    gshmd__link_refuse(l, REFUSE_LIMIT, -EBUSY, msg);
     return;
   }
   if (gshmd__serve_link_up(cl, l)) {
@@ -132,16 +205,96 @@ static void on_auth(struct link *l, const Gshm__Cluster__Auth *a) {
   }
   l->state = LINK_UP;
   cl->ll.ninbound_pending--;
-  gshm_log_info("cluster: peer '%s' connected from %s", l->peer->name, l->remote);
   ok.exported = gshmd__serve_count(cl);
   m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH_OK;
   m.auth_ok = &ok;
+  /* AuthOk goes before the keys (a refusal would have gone there too);
+   * every frame after it, both ways, is keyed */
   gshmd__link_send(l, &m);
+  hello_keys(cl, l, true, true);
+  gshm_log_info("cluster: peer '%s' connected from %s, %s", l->peer->name, l->remote,
+                gshmd__stream_mode_name(l->st.mode_tx));
 }
 
-/* Outbound: AuthOk, the peer is up: what waited for it goes. */
+/* Outbound: offers this worker's address to the peer, for the bytes of
+ * our Reads; false when that cannot be (the stream carries them). */
+static bool offer_ucx(struct gshmd_cluster *cl, struct link *l) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__UcxOffer o = GSHM__CLUSTER__UCX_OFFER__INIT;
+  ucp_address_t *addr;
+  size_t len;
+  int e;
+
+  if (!ucx_agreed(cl, l) || gshmd__link_worker_address(&cl->ll, &addr, &len))
+    return false;
+  randombytes_buf(&l->ucx_token, sizeof(l->ucx_token));
+  o.worker_address.data = (uint8_t *)addr;
+  o.worker_address.len = len;
+  o.token = l->ucx_token;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_UCX_OFFER;
+  m.ucx_offer = &o;
+  e = gshmd__link_send(l, &m);
+  ucp_worker_release_address(cl->ll.worker, addr);
+  return e == 0 && (l->ucx_offered = true);
+}
+
+/* Outbound: AuthOk: the keys, then UCX offered, or the peer is up. */
 static void on_auth_ok(struct link *l, const Gshm__Cluster__AuthOk *ok) {
-  gshmd__link_up(l, ok->exported);
+  struct gshmd_cluster *cl = cluster_of(l->ll);
+
+  hello_keys(cl, l, false, true);
+  l->peer->exported = ok->exported;
+  if (!offer_ucx(cl, l))
+    gshmd__link_up(l, ok->exported);
+}
+
+/* Outbound: the peer's answer to our UcxOffer; the peer is up. */
+static void on_ucx_answer(struct link *l, const Gshm__Cluster__UcxAnswer *a) {
+  l->ucx_offered = false;
+  l->ucx = a->ok;
+  if (!a->ok)
+    gshm_log_info("cluster: peer '%s' sends over the TCP stream: %.200s", l->peer->name,
+                  a->why);
+  gshmd__link_up(l, l->peer->exported);
+}
+
+/* UCX told us an endpoint to a peer's worker failed: its link fails
+ * (found by the endpoint: a link that already went has none). */
+static void on_ucx_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
+  struct links *ll = arg;
+  struct gshm_list *pos;
+  char why[96];
+
+  gshm_list_foreach(pos, &ll->links) {
+    struct link *l = gshm_list_entry(pos, struct link, node);
+    if (l->ucx_ep == ep) {
+      snprintf(why, sizeof(why), "UCX endpoint failed (%s)", ucs_status_string(status));
+      gshmd__link_fail(l, -ECONNRESET, why);
+      return;
+    }
+  }
+}
+
+/* Inbound, up: the peer's worker address; the bytes of its Reads go to
+ * it over UCX from now on, when an endpoint reaches it. */
+static void on_ucx_offer(struct gshmd_cluster *cl, struct link *l,
+                         const Gshm__Cluster__UcxOffer *o) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__UcxAnswer a = GSHM__CLUSTER__UCX_ANSWER__INIT;
+
+  if (!ucx_agreed(cl, l) || o->worker_address.len == 0) {
+    a.why = "this node does not move bytes over UCX (cluster.transport or encrypt)";
+  } else if (gshmd__link_worker_ep(&cl->ll, o->worker_address.data, o->worker_address.len,
+                                   on_ucx_ep_error, &cl->ll, &l->ucx_ep, &l->ucx_eager)) {
+    a.why = "no UCX transport of this node reaches the peer";
+  } else {
+    l->ucx_token = o->token;
+    a.ok = true;
+    a.why = cl->ll.ucx_tls;
+  }
+  m.body_case = GSHM__CLUSTER__MSG__BODY_UCX_ANSWER;
+  m.ucx_answer = &a;
+  gshmd__link_send(l, &m);
 }
 
 void gshmd__hello_begin(struct link *l) {
@@ -154,6 +307,7 @@ void gshmd__hello_begin(struct link *l) {
   h.node_name = cl->ll.node_name;
   h.nonce.data = l->nonce_mine;
   h.nonce.len = sizeof(l->nonce_mine);
+  h.caps = caps_mine(cl);
   m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
   m.hello = &h;
   if (gshmd__link_send(l, &m))
@@ -161,7 +315,6 @@ void gshmd__hello_begin(struct link *l) {
 }
 
 bool gshmd__hello_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__Cluster__Msg *m) {
-  (void)cl;
   switch (m->body_case) {
   case GSHM__CLUSTER__MSG__BODY_HELLO:
     if (!l->inbound || l->state != LINK_HELLO)
@@ -182,6 +335,16 @@ bool gshmd__hello_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__C
     if (l->inbound || l->state != LINK_AUTH)
       return false;
     on_auth_ok(l, m->auth_ok);
+    return true;
+  case GSHM__CLUSTER__MSG__BODY_UCX_OFFER:
+    if (!l->inbound || l->state != LINK_UP || l->ucx_ep)
+      return false;
+    on_ucx_offer(cl, l, m->ucx_offer);
+    return true;
+  case GSHM__CLUSTER__MSG__BODY_UCX_ANSWER:
+    if (l->inbound || l->state != LINK_AUTH || !l->ucx_offered)
+      return false;
+    on_ucx_answer(l, m->ucx_answer);
     return true;
   default:
     return false;

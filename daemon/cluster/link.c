@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The link layer (link.h): the UCP worker driven from the libuv loop
- * through its event fd (ucp_worker_get_efd + ucp_worker_arm: nothing
- * busy-polls), the listener, endpoints in both directions, requests to
- * peers and their answers, data messages, and the sweep. */
+/* The link layer (link.h): the cluster port (one TCP listener, libuv),
+ * connections to and from peers as gshm streams, requests to peers and
+ * their answers, and the sweep.  The UCP worker is worker.c. */
 #include "link.h"
 
 #include <arpa/inet.h>
@@ -10,141 +9,39 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
-#include "errors.h"
 #include "log.h"
 #include "util.h"
 #include "wire.h"
 
-/* The worker loop: at most PROGRESS_ROUNDS batches of at most
- * PROGRESS_BATCH ucp_worker_progress calls per loop turn, so that local
- * clients are served between two batches during a pull. */
-#define PROGRESS_ROUNDS 4
-#define PROGRESS_BATCH 256
 #define RECONNECT_DELAY_NS 2000000000LL /* after a link to a peer fails */
 #define RETRY_DELAY_NS 5000000000LL     /* between attempts on an absent peer */
 #define REFUSED_LINGER_NS 1000000000LL  /* a refused link is closed after this */
 #define SWEEP_MS 1000
-#define MAX_INBOUND_PENDING 64          /* inbound links in their hello at once */
-#define STOP_SPINS 2000                 /* progress rounds while stopping (about 2 s) */
+#define LISTEN_BACKLOG 64
 
 static int setup_listener(struct links *ll);
-
-/* ---- driving the worker from the loop --------------------------------- */
-
-static void drive(struct links *ll);
-
-static void on_idle(uv_idle_t *h) { drive(h->data); }
-
-static void on_efd(uv_poll_t *h, int status, int events) {
-  (void)status;
-  (void)events;
-  drive(h->data);
-}
-
-void gshmd__link_kick(struct links *ll) {
-  if (ll->handles_on && !ll->idle_on) {
-    uv_idle_start(&ll->idle, on_idle);
-    ll->idle_on = true;
-  }
-}
-
-/* Closes the endpoints of links that failed inside a callback; returns
- * true while closes are still running. */
-static bool close_failed(struct links *ll) {
-  struct gshm_list *pos, *tmp;
-  bool busy = false;
-
-  gshm_list_foreach_safe(pos, tmp, &ll->links) {
-    struct link *l = gshm_list_entry(pos, struct link, node);
-    if (l->state == LINK_CLOSED && l->ep && l->busy == 0) {
-      ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                .flags = UCP_EP_CLOSE_FLAG_FORCE};
-      ucs_status_ptr_t sp = ucp_ep_close_nbx(l->ep, &rp);
-      l->ep = NULL;
-      gshm_list_del(&l->node);
-      if (UCS_PTR_IS_PTR(sp)) {
-        l->close_req = sp; /* finished by a later progress */
-        gshm_list_add_tail(&ll->closing, &l->node);
-      } else {
-        free(l);
-      }
-    }
-  }
-  gshm_list_foreach_safe(pos, tmp, &ll->closing) {
-    struct link *l = gshm_list_entry(pos, struct link, node);
-    if (ucp_request_check_status(l->close_req) != UCS_INPROGRESS) {
-      ucp_request_free(l->close_req);
-      gshm_list_del(&l->node);
-      free(l);
-    } else {
-      busy = true;
-    }
-  }
-  return busy;
-}
-
-/* Progresses the worker a bounded number of times, does the work UCX
- * callbacks left for outside them, then arms the event fd; when there is
- * more to do, the idle handle keeps the loop from blocking. */
-static void drive(struct links *ll) {
-  bool busy = false;
-
-  for (int round = 0; round < PROGRESS_ROUNDS && !busy; round++) {
-    unsigned n = 0;
-    while (ucp_worker_progress(ll->worker))
-      if (++n >= PROGRESS_BATCH) {
-        busy = true;
-        break;
-      }
-    busy |= close_failed(ll);
-    if (ll->hooks.after_progress)
-      ll->hooks.after_progress(ll->hooks.arg);
-    if (busy)
-      break;
-    if (ucp_worker_arm(ll->worker) == UCS_OK) {
-      if (ll->idle_on) {
-        uv_idle_stop(&ll->idle);
-        ll->idle_on = false;
-      }
-      return;
-    }
-  }
-  gshmd__link_kick(ll);
-}
+static void link_maybe_free(struct link *l);
 
 /* ---- sending ---------------------------------------------------------- */
 
-static void on_am_sent(void *request, ucs_status_t status, void *user_data) {
-  (void)status;
-  free(user_data);
-  ucp_request_free(request);
-}
-
 int gshmd__link_send(struct link *l, const Gshm__Cluster__Msg *m) {
   size_t len = gshm__cluster__msg__get_packed_size(m);
-  ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
-                                            UCP_OP_ATTR_FIELD_USER_DATA,
-                            .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
-                            .cb.send = on_am_sent};
-  ucs_status_ptr_t sp;
   uint8_t *buf;
+  int e;
 
-  if (!l->ep || l->state == LINK_CLOSED)
+  if (l->state == LINK_CLOSED)
     return -ENOTCONN;
   if (len > GSHMD_CLUSTER_MAX_MSG)
     return -EMSGSIZE;
   if (!(buf = malloc(len ? len : 1)))
     return -ENOMEM;
   gshm__cluster__msg__pack(m, buf);
-  rp.user_data = buf;
-  sp = ucp_am_send_nbx(l->ep, GSHMD_CLUSTER_AM_ID, NULL, 0, buf, len, &rp);
-  gshmd__link_kick(l->ll);
-  if (UCS_PTR_IS_PTR(sp))
-    return 0; /* buf is freed by on_am_sent */
+  e = gshmd__stream_send_ctrl(&l->st, buf, len);
   free(buf);
-  return UCS_PTR_STATUS(sp) == UCS_OK ? 0 : -EIO;
+  return e;
 }
 
 void gshmd__link_send_status(struct link *l, uint32_t request_id, int err, const char *message) {
@@ -181,6 +78,7 @@ void gshmd__link_unbusy(struct link *l) {
   if (l->state != LINK_UP && l->ll->hooks.on_idle)
     l->ll->hooks.on_idle(l); /* the cleanup gshmd__link_fail left for us */
   gshmd__link_kick(l->ll);
+  link_maybe_free(l);
 }
 
 /* ---- requests to peers ------------------------------------------------ */
@@ -190,6 +88,7 @@ static void peer_connect(struct links *ll, struct peer *p);
 void gshmd__link_req_send(struct link *l, struct peer_req *req) {
   req->request_id = ++l->next_request ? l->next_request : ++l->next_request;
   req->msg->request_id = req->request_id;
+  req->sent_ns = gshm__now_ns(CLOCK_MONOTONIC);
   gshm_list_add_tail(&l->reqs, &req->node);
   req->queued = true;
   req->sent = true;
@@ -231,31 +130,80 @@ static void reqs_fail(struct gshm_list *list, int err, const char *why) {
 
 /* ---- links ------------------------------------------------------------ */
 
-static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
-  struct link *l = arg;
-  char why[96];
+static void on_stream_ctrl(struct stream *s, const uint8_t *payload, size_t len);
 
-  (void)ep;
-  snprintf(why, sizeof(why), "connection lost (%s)", ucs_status_string(status));
-  gshmd__link_fail(l, -ECONNRESET, why);
+static void on_stream_error(struct stream *s, int err, const char *why) {
+  struct link *l = s->owner;
+  char buf[160];
+
+  if (err == -EBADMSG) {
+    gshmd__link_refused(l->ll, REFUSE_TAMPERED, l->remote, why);
+    gshmd__link_fail(l, -EPROTO, why);
+    return;
+  }
+  if (err == -EPROTO)
+    gshmd__link_refused(l->ll, REFUSE_PROTOCOL, l->remote, why);
+  snprintf(buf, sizeof(buf), "connection lost (%s)", why);
+  gshmd__link_fail(l, err == -EPROTO ? -EPROTO : -ECONNRESET, buf);
 }
+
+static void on_stream_closed(struct stream *s) {
+  struct link *l = s->owner;
+  l->stream_closed = true;
+  l->ll->nconns--;
+  link_maybe_free(l);
+}
+
+static void *on_stream_data_dest(struct stream *s, uint32_t rid, uint64_t offset, uint64_t len,
+                                 void **tok_out) {
+  struct link *l = s->owner;
+  return l->ll->hooks.data_dest(l, rid, offset, len, tok_out);
+}
+
+static void on_stream_data_done(struct stream *s, void *tok, int err) {
+  struct link *l = s->owner;
+  l->ll->hooks.data_done(l, tok, err);
+}
+
+static const struct stream_ops link_stream_ops = {
+    .on_ctrl = on_stream_ctrl,
+    .data_dest = on_stream_data_dest,
+    .data_done = on_stream_data_done,
+    .on_error = on_stream_error,
+    .on_closed = on_stream_closed,
+};
 
 static struct link *link_new(struct links *ll, bool inbound) {
   struct link *l = calloc(1, sizeof(*l));
   if (!l)
     return NULL;
+  if (gshmd__stream_init(&l->st, ll->loop, &link_stream_ops, l)) {
+    free(l);
+    return NULL;
+  }
+  ll->nconns++;
   l->ll = ll;
   l->inbound = inbound;
   l->state = LINK_HELLO;
-  l->since_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  l->since_ns = l->active_ns = gshm__now_ns(CLOCK_MONOTONIC);
   gshm_list_init(&l->reqs);
   gshm_list_init(&l->pulls);
   gshm_list_init(&l->grants);
+  gshm_list_init(&l->ucx_sends);
   gshm_list_add_tail(&ll->links, &l->node);
   randombytes_buf(l->nonce_mine, sizeof(l->nonce_mine));
   if (inbound)
     ll->ninbound_pending++;
   return l;
+}
+
+/* Frees a failed link once its stream is closed and nothing it started
+ * runs any more. */
+static void link_maybe_free(struct link *l) {
+  if (l->state == LINK_CLOSED && l->stream_closed && l->busy == 0) {
+    gshm_list_del(&l->node);
+    free(l);
+  }
 }
 
 /* The peer of a failed outbound link goes down (logged on each change,
@@ -294,6 +242,7 @@ void gshmd__link_fail(struct link *l, int err, const char *why) {
    * serving state goes with the last of them. */
   if (l->busy == 0 && ll->hooks.on_idle)
     ll->hooks.on_idle(l);
+  gshmd__stream_close(&l->st); /* on_stream_closed frees the link */
   gshmd__link_kick(ll);
 }
 
@@ -304,8 +253,8 @@ void gshmd__link_up(struct link *l, uint32_t exported) {
   p->state = PEER_UP;
   p->exported = exported;
   p->why[0] = '\0';
-  gshm_log_info("cluster: peer '%s' (%s) up, %u exported segment(s)", p->name, p->address,
-                exported);
+  gshm_log_info("cluster: peer '%s' (%s) up, %u exported segment(s), %s", p->name, p->address,
+                exported, gshmd__stream_mode_name(l->st.mode_tx));
   while (!gshm_list_empty(&p->waiting) && l->state == LINK_UP) {
     struct peer_req *req = gshm_list_entry(p->waiting.next, struct peer_req, node);
     gshm_list_del(&req->node);
@@ -314,14 +263,14 @@ void gshmd__link_up(struct link *l, uint32_t exported) {
   }
 }
 
-struct link *gshmd__link_by_ep(struct links *ll, ucp_ep_h ep) {
+unsigned gshmd__link_count_up(struct links *ll, const struct peer *p) {
   struct gshm_list *pos;
+  unsigned n = 0;
   gshm_list_foreach(pos, &ll->links) {
     struct link *l = gshm_list_entry(pos, struct link, node);
-    if (l->ep == ep)
-      return l;
+    n += l->inbound && l->state == LINK_UP && l->peer == p;
   }
-  return NULL;
+  return n;
 }
 
 static void sockaddr_text(const struct sockaddr *sa, char *buf, size_t size) {
@@ -337,59 +286,92 @@ static void sockaddr_text(const struct sockaddr *sa, char *buf, size_t size) {
   snprintf(buf, size, "%s:%d", host, port);
 }
 
-static void peer_connect(struct links *ll, struct peer *p) {
-  ucp_ep_params_t ep = {0};
-  struct link *l;
-  ucs_status_t st;
+static void on_connected(uv_connect_t *c, int status) {
+  struct link *l = c->data;
+  char why[96];
 
-  if (ll->stopping || p->out)
+  if (l->state == LINK_CLOSED)
+    return;
+  if (status) {
+    snprintf(why, sizeof(why), "%s", uv_strerror(status));
+    /* ECONNRESET: the status a client reads as "the peer cannot be
+     * reached" (ECONNREFUSED has none: it would reach it as EPROTO) */
+    gshmd__link_fail(l, -ECONNRESET, why);
+    return;
+  }
+  if (gshmd__stream_start(&l->st)) {
+    gshmd__link_fail(l, -EIO, "cannot read the connection");
+    return;
+  }
+  l->ll->hooks.on_connect(l);
+}
+
+static void peer_connect(struct links *ll, struct peer *p) {
+  struct link *l;
+  int e;
+
+  if (ll->stopping || p->out || ll->nconns >= ll->max_conns)
     return;
   if (!(l = link_new(ll, false)))
     return;
   l->peer = p;
   snprintf(l->remote, sizeof(l->remote), "%.63s", p->address);
-  ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  ep.sockaddr.addr = (const struct sockaddr *)&p->sa;
-  ep.sockaddr.addrlen = p->salen;
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  ep.err_handler.cb = on_ep_error;
-  ep.err_handler.arg = l;
   p->out = l;
   p->state = PEER_CONNECTING;
-  if ((st = ucp_ep_create(ll->worker, &ep, &l->ep)) != UCS_OK) {
-    l->ep = NULL;
-    gshmd__link_fail(l, -EIO, ucs_status_string(st));
+  l->connect.data = l;
+  if ((e = uv_tcp_connect(&l->connect, &l->st.tcp, (const struct sockaddr *)&p->sa,
+                          on_connected))) {
+    gshmd__link_fail(l, -EIO, uv_strerror(e));
     return;
   }
-  ll->hooks.on_connect(l);
 }
 
-static void on_conn_request(ucp_conn_request_h req, void *arg) {
-  struct links *ll = arg;
-  ucp_conn_request_attr_t attr = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
-  ucp_ep_params_t ep = {0};
-  struct link *l;
-  char remote[64] = "?";
+/* Inbound connections in their hello from the address of sa. */
+static unsigned pending_from(struct links *ll, const struct sockaddr_storage *sa) {
+  struct gshm_list *pos;
+  unsigned n = 0;
+  gshm_list_foreach(pos, &ll->links) {
+    struct link *l = gshm_list_entry(pos, struct link, node);
+    if (!l->inbound || l->state == LINK_UP || l->state == LINK_CLOSED ||
+        l->remote_sa.ss_family != sa->ss_family)
+      continue;
+    if (sa->ss_family == AF_INET)
+      n += ((const struct sockaddr_in *)&l->remote_sa)->sin_addr.s_addr ==
+           ((const struct sockaddr_in *)sa)->sin_addr.s_addr;
+    else
+      n += !memcmp(&((const struct sockaddr_in6 *)&l->remote_sa)->sin6_addr,
+                   &((const struct sockaddr_in6 *)sa)->sin6_addr, sizeof(struct in6_addr));
+  }
+  return n;
+}
 
-  if (ucp_conn_request_query(req, &attr) == UCS_OK)
-    sockaddr_text((const struct sockaddr *)&attr.client_address, remote, sizeof(remote));
-  if (ll->stopping || ll->ninbound_pending >= MAX_INBOUND_PENDING || !(l = link_new(ll, true))) {
-    gshmd__link_refused(ll, REFUSE_LIMIT, remote, "too many connections in their hello");
-    ucp_listener_reject(ll->listener, req);
+/* A connection on the cluster port: taken into its hello, or closed at
+ * once when a bound says no (no byte is read from it then). */
+static void on_connection(uv_stream_t *server, int status) {
+  struct links *ll = server->data;
+  struct link *l;
+  int salen = sizeof(struct sockaddr_storage);
+  const char *no = NULL;
+
+  if (status || !(l = link_new(ll, true)))
+    return; /* the kernel keeps the connection queued; the next one retries */
+  if (uv_accept(server, (uv_stream_t *)&l->st.tcp)) {
+    gshmd__link_fail(l, -EIO, "accept failed");
     return;
   }
-  snprintf(l->remote, sizeof(l->remote), "%s", remote);
-  ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-  ep.conn_request = req;
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  ep.err_handler.cb = on_ep_error;
-  ep.err_handler.arg = l;
-  if (ucp_ep_create(ll->worker, &ep, &l->ep) != UCS_OK) {
-    l->ep = NULL;
-    gshmd__link_fail(l, -EIO, "cannot create the endpoint");
+  uv_tcp_getpeername(&l->st.tcp, (struct sockaddr *)&l->remote_sa, &salen);
+  sockaddr_text((const struct sockaddr *)&l->remote_sa, l->remote, sizeof(l->remote));
+  if (ll->stopping)
+    no = "gshmd is stopping";
+  else if (ll->nconns > ll->max_conns)
+    no = "no cluster connection left in gshmd's budget";
+  else if (ll->ninbound_pending > LINK_MAX_PENDING)
+    no = "too many connections in their hello";
+  else if (pending_from(ll, &l->remote_sa) > LINK_MAX_PENDING_ADDR)
+    no = "too many connections in their hello from this address";
+  if (no || gshmd__stream_start(&l->st)) {
+    gshmd__link_refused(ll, REFUSE_LIMIT, l->remote, no ? no : "cannot read the connection");
+    gshmd__link_fail(l, -EAGAIN, no ? no : "cannot read");
   }
 }
 
@@ -452,55 +434,60 @@ static void link_handle(struct link *l, Gshm__Cluster__Msg *m) {
   l->ll->hooks.on_message(l, m);
 }
 
-static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
-                          size_t length, const ucp_am_recv_param_t *param) {
-  struct links *ll = arg;
-  struct link *l = param->reply_ep ? gshmd__link_by_ep(ll, param->reply_ep) : NULL;
+static void on_stream_ctrl(struct stream *s, const uint8_t *payload, size_t len) {
+  struct link *l = s->owner;
   Gshm__Cluster__Msg *m;
 
-  (void)header;
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    ucp_am_data_release(ll->worker, data); /* we only ever send eager */
-    if (l)
-      gshmd__link_refuse(l, REFUSE_PROTOCOL, -EPROTO, "rendezvous control message");
-    return UCS_OK;
-  }
-  if (!l) {
-    gshmd__link_refused(ll, REFUSE_PROTOCOL, "a message from an unknown endpoint",
-                        "no reply endpoint");
-    return UCS_OK;
-  }
+  l->active_ns = gshm__now_ns(CLOCK_MONOTONIC);
   if (l->state == LINK_CLOSED || l->state == LINK_REFUSED)
-    return UCS_OK;
-  if (header_length || length > GSHMD_CLUSTER_MAX_MSG ||
-      !(m = gshm__cluster__msg__unpack(NULL, length, data))) {
+    return;
+  if (!(m = gshm__cluster__msg__unpack(NULL, len, payload))) {
     gshmd__link_refuse(l, REFUSE_PROTOCOL, -EPROTO, "message does not decode");
-    return UCS_OK;
+    return;
   }
   link_handle(l, m);
   gshm__cluster__msg__free_unpacked(m, NULL);
-  return UCS_OK;
 }
 
-/* ---- the sweep: handshake timeouts, reconnects ------------------------ */
+/* ---- the sweep: timeouts, reconnects ---------------------------------- */
+
+/* A link that waits too long: a hello not done, a refused link the peer
+ * did not close, requests the peer leaves unanswered, or a peer that
+ * stopped reading what we send. */
+static const char *link_overdue(struct link *l, int64_t now) {
+  struct links *ll = l->ll;
+  int64_t hello = l->inbound && ll->hello_timeout_ns > LINK_HELLO_NS ? LINK_HELLO_NS
+                                                                     : ll->hello_timeout_ns;
+
+  if (l->state == LINK_REFUSED && now - l->since_ns > REFUSED_LINGER_NS)
+    return "refused";
+  if ((l->state == LINK_HELLO || l->state == LINK_AUTH) && now - l->since_ns > hello) {
+    if (l->inbound)
+      gshmd__link_refused(ll, REFUSE_TIMEOUT, l->remote, "no hello in time");
+    return "no answer to the hello in time";
+  }
+  if (l->state != LINK_UP || now - l->active_ns <= LINK_REQUEST_NS)
+    return NULL;
+  if (!gshm_list_empty(&l->reqs) &&
+      now - gshm_list_entry(l->reqs.next, struct peer_req, node)->sent_ns > LINK_REQUEST_NS)
+    return "the peer did not answer in time";
+  if (l->busy && l->st.tx_bytes)
+    return "the peer did not read what it asked for in time";
+  return NULL;
+}
 
 static void on_sweep(uv_timer_t *t) {
   struct links *ll = t->data;
   int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
   struct gshm_list *pos, *tmp;
+  const char *why;
 
   if (ll->listen_pending)
     setup_listener(ll);
   gshm_list_foreach_safe(pos, tmp, &ll->links) {
     struct link *l = gshm_list_entry(pos, struct link, node);
-    if (l->state == LINK_REFUSED && now - l->since_ns > REFUSED_LINGER_NS)
-      gshmd__link_fail(l, -EACCES, "refused");
-    else if ((l->state == LINK_HELLO || l->state == LINK_AUTH) &&
-             now - l->since_ns > ll->hello_timeout_ns) {
-      if (l->inbound)
-        gshmd__link_refused(ll, REFUSE_TIMEOUT, l->remote, "no hello in time");
-      gshmd__link_fail(l, -ETIMEDOUT, "no answer to the hello in time");
-    }
+    if (l->state != LINK_CLOSED && (why = link_overdue(l, now)))
+      gshmd__link_fail(l, -ETIMEDOUT, why);
   }
   for (unsigned i = 0; i < ll->npeers; i++) {
     struct peer *p = &ll->peers[i];
@@ -514,93 +501,56 @@ static void on_sweep(uv_timer_t *t) {
 
 /* ---- start and stop --------------------------------------------------- */
 
-static int setup_ucp(struct links *ll) {
-  ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
-                    /* No UCP_FEATURE_RMA: with it UCX 1.13 answers software
-                     * GET requests (transports without RMA, such as tcp) from
-                     * any endpoint at any address, before gshm's hello, and
-                     * aborts gshmd when the reader died meanwhile
-                     * (ucp_get_req_handler: "unexpected error: Endpoint
-                     * timeout").  The bytes go as active messages, by
-                     * rendezvous when large. */
-                    .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
-                    .mt_workers_shared = 0};
-  ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                            .thread_mode = UCS_THREAD_MODE_SINGLE};
-  ucp_am_handler_param_t ap = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                                             UCP_AM_HANDLER_PARAM_FIELD_CB |
-                                             UCP_AM_HANDLER_PARAM_FIELD_ARG,
-                               .id = GSHMD_CLUSTER_AM_ID, .cb = on_am, .arg = ll};
-  ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
-  ucp_config_t *config;
-  ucs_status_t st;
-
-  if ((st = ucp_config_read(NULL, NULL, &config)) != UCS_OK)
-    goto fail;
-  st = ucp_init(&p, config, &ll->ctx);
-  ucp_config_release(config);
-  if (st != UCS_OK)
-    goto fail;
-  if (ucp_context_query(ll->ctx, &attr) == UCS_OK)
-    ll->cuda_memory = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
-  if ((st = ucp_worker_create(ll->ctx, &wp, &ll->worker)) != UCS_OK)
-    goto fail;
-  if ((st = ucp_worker_get_efd(ll->worker, &ll->efd)) != UCS_OK)
-    goto fail;
-  if ((st = ucp_worker_set_am_recv_handler(ll->worker, &ap)) != UCS_OK)
-    goto fail;
-  gshm_log_info("cluster: UCX %s; device memory %s", ucp_get_version_string(),
-                ll->cuda_memory ? "registered directly (UCX has CUDA support)"
-                                : "staged through pinned host buffers (this UCX has no CUDA "
-                                  "memory support)");
-  return 0;
-fail:
-  gshm_log_err("cluster: UCX setup failed: %s", ucs_status_string(st));
-  return -EIO;
-}
+static void free_handle(uv_handle_t *h) { free(h); }
 
 static int setup_listener(struct links *ll) {
-  ucp_listener_params_t lp = {0};
-  ucs_status_t st;
+  uv_tcp_t *t;
+  int e;
 
-  if (!ll->listen || !*ll->listen)
+  if (!ll->listen || !*ll->listen || ll->listener)
     return 0;
-  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  lp.sockaddr.addr = (const struct sockaddr *)&ll->listen_sa;
-  lp.sockaddr.addrlen = ll->listen_salen;
-  lp.conn_handler.cb = on_conn_request;
-  lp.conn_handler.arg = ll;
-  if ((st = ucp_listener_create(ll->worker, &lp, &ll->listener)) != UCS_OK) {
+  if (!(t = malloc(sizeof(*t))))
+    return -ENOMEM;
+  uv_tcp_init(ll->loop, t);
+  t->data = ll;
+  if ((e = uv_tcp_bind(t, (const struct sockaddr *)&ll->listen_sa, 0)) ||
+      (e = uv_listen((uv_stream_t *)t, LISTEN_BACKLOG, on_connection))) {
     /* Usually the port of a gshmd that just died, still in TIME_WAIT:
-     * local clients must not wait for it, so the sweep tries again. */
+     * local clients must not wait for it, so the sweep tries again on a
+     * new socket. */
     if (!ll->listen_pending)
       gshm_log_warn("cluster: cannot listen on %s yet (%s); trying again every second",
-                    ll->listen, ucs_status_string(st));
-    ll->listener = NULL;
+                    ll->listen, uv_strerror(e));
     ll->listen_pending = true;
+    uv_close((uv_handle_t *)t, free_handle);
     return 0;
   }
   if (ll->listen_pending)
     gshm_log_notice("cluster: listening on %s now", ll->listen);
   ll->listen_pending = false;
+  ll->listener = t;
   gshm_log_info("cluster: node '%s' listening on %s, %u peer(s)", ll->node_name, ll->listen,
                 ll->npeers);
   return 0;
 }
 
+/* The cluster's connections take at most a quarter of gshmd's fds (and
+ * LINK_MAX_FDS): the rest stays for local clients. */
+static unsigned conn_budget(void) {
+  struct rlimit rl;
+  unsigned n = LINK_MAX_FDS;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < n)
+    n = (unsigned)(rl.rlim_cur / 4);
+  return n ? n : 1;
+}
+
 int gshmd__link_start(struct links *ll) {
   int e;
 
-  ll->efd = -1;
+  ll->max_conns = conn_budget();
   gshm_list_init(&ll->links);
-  gshm_list_init(&ll->closing);
-  if ((e = setup_ucp(ll)) || (e = setup_listener(ll)))
+  if ((e = gshmd__link_worker_start(ll)) || (e = setup_listener(ll)))
     return e;
-  uv_poll_init(ll->loop, &ll->poll, ll->efd);
-  ll->poll.data = ll;
-  uv_poll_start(&ll->poll, UV_READABLE, on_efd);
-  uv_idle_init(ll->loop, &ll->idle);
-  ll->idle.data = ll;
   uv_timer_init(ll->loop, &ll->sweep);
   ll->sweep.data = ll;
   uv_timer_start(&ll->sweep, on_sweep, 0, SWEEP_MS);
@@ -621,35 +571,24 @@ void gshmd__link_stop(struct links *ll) {
                          "gshmd is stopping");
     for (unsigned i = 0; i < ll->npeers; i++)
       reqs_fail(&ll->peers[i].waiting, -ESHUTDOWN, "gshmd is stopping");
-    /* Close the endpoints and let the closes finish (bounded). */
-    for (int i = 0; ll->worker && i < STOP_SPINS &&
-                    (!gshm_list_empty(&ll->links) || !gshm_list_empty(&ll->closing));
-         i++) {
-      drive(ll);
-      if (i > 100)
-        usleep(1000);
-    }
   }
   if (ll->listener) {
-    ucp_listener_destroy(ll->listener);
+    uv_close((uv_handle_t *)ll->listener, free_handle);
     ll->listener = NULL;
   }
+  ll->listen_pending = false;
   if (ll->handles_on) {
     ll->handles_on = false;
-    uv_close((uv_handle_t *)&ll->poll, NULL);
-    uv_close((uv_handle_t *)&ll->idle, NULL);
     uv_close((uv_handle_t *)&ll->sweep, NULL);
   }
+  gshmd__link_worker_stop(ll);
 }
 
 void gshmd__link_destroy(struct links *ll) {
-  if (ll->listener)
-    ucp_listener_destroy(ll->listener);
-  ll->listener = NULL;
-  if (ll->worker)
-    ucp_worker_destroy(ll->worker);
-  ll->worker = NULL;
-  if (ll->ctx)
-    ucp_cleanup(ll->ctx);
-  ll->ctx = NULL;
+  while (ll->links.next && !gshm_list_empty(&ll->links)) {
+    struct link *l = gshm_list_entry(ll->links.next, struct link, node);
+    gshm_list_del(&l->node);
+    free(l);
+  }
+  gshmd__link_worker_destroy(ll);
 }

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The cluster's link layer: one UCP worker on the libuv loop, the
- * configured peers, the endpoints to and from them (links), the requests
- * this node sends to peers (queued until the link is up, matched with
- * their answers), data messages, and the sweep (handshake timeouts,
- * reconnects).  It knows nothing of what the messages mean: everything
+/* The cluster's link layer: the configured peers, the connections to and
+ * from them on the cluster port (links: gshm's own framed TCP streams,
+ * stream.h), the requests this node sends to peers (queued until the link
+ * is up, matched with their answers), data frames, the UCP worker on the
+ * libuv loop, and the sweep (hello and request timeouts, reconnects).  It knows nothing of what the messages mean: everything
  * above it (the hello, serving, pulls) is reached through struct
  * link_hooks, as libuv reaches its handles through their callbacks. */
 #ifndef GSHMD_CLUSTER_LINK_H
@@ -19,20 +19,21 @@
 
 #include "cluster.pb-c.h"
 #include "list.h"
+#include "stream.h"
 
-#define GSHMD_CLUSTER_AM_ID 0x67      /* control: one Msg per message */
-#define GSHMD_CLUSTER_DATA_AM_ID 0x68 /* bytes: struct data_hdr, then the bytes */
-#define GSHMD_CLUSTER_MAJOR 1
+#define GSHMD_CLUSTER_MAJOR 2
 #define GSHMD_CLUSTER_MINOR 0
 #define GSHMD_CLUSTER_NONCE 32
-#define GSHMD_CLUSTER_MAX_MSG 65536 /* larger control messages are refused */
+#define GSHMD_CLUSTER_MAX_MSG STREAM_CTRL_MAX /* larger control messages are refused */
 
-/* The header of a data message. */
-struct data_hdr {
-  uint32_t request_id;      /* of the Read or Stage it answers */
-  uint32_t reserved;
-  uint64_t offset;          /* in the segment */
-};
+/* Bounds on what peers, and hosts that are not peers yet, can make this
+ * node hold. */
+#define LINK_MAX_PENDING 64      /* inbound connections in their hello, in all */
+#define LINK_MAX_PENDING_ADDR 4  /* ... from one source address */
+#define LINK_MAX_PER_PEER 4      /* inbound links of one peer that passed the hello */
+#define LINK_MAX_FDS 256         /* cluster connections in all (fds: see gshmd__link_start) */
+#define LINK_HELLO_NS 3000000000LL     /* an inbound hello not done by then is closed */
+#define LINK_REQUEST_NS 60000000000LL  /* a request without progress for that long fails */
 
 enum peer_state { PEER_DOWN, PEER_CONNECTING, PEER_UP };
 enum link_state {
@@ -51,6 +52,7 @@ enum refusal {
   REFUSE_BAD_KEY,
   REFUSE_TIMEOUT,
   REFUSE_LIMIT,
+  REFUSE_TAMPERED,  /* a frame failed its authentication after the hello */
   REFUSE_N,
 };
 
@@ -87,39 +89,53 @@ struct peer_req {
   uint32_t request_id;
   Gshm__Cluster__Msg *msg;   /* what to send (owned by the maker) */
   peer_req_done_fn done;
-  /* Read and Stage: the bytes of the answer (data is UCX's: copy it, or
-   * start ucp_am_recv_data_nbx on it when param says RNDV, before
-   * returning).  The request is off every list when it is called. */
-  void (*on_data)(struct peer_req *req, void *data, size_t len, const ucp_am_recv_param_t *param);
+  /* Read and Stage: where the len bytes of the answer at offset go (NULL:
+   * they are refused; the link fails).  The request is off every list
+   * when it is called; data_done follows once, when the bytes are in
+   * place and verified (err 0) or not. */
+  void *(*data_dest)(struct peer_req *req, uint64_t offset, uint64_t len);
+  void (*data_done)(struct peer_req *req, int err);
   void *arg;
+  int64_t sent_ns;           /* CLOCK_MONOTONIC, when sent */
   bool queued;               /* on a list */
   bool sent;                 /* on the link: only the answer or the link's end completes it */
 };
 
-/* One UCP endpoint, either direction. */
+/* One connection on the cluster port, either direction. */
 struct link {
   struct links *ll;
-  ucp_ep_h ep;
+  struct stream st;          /* the TCP connection; freed with the link */
+  uv_connect_t connect;
   bool inbound;
   enum link_state state;
   struct peer *peer;         /* outbound: from the start; inbound: after hello */
   uint8_t nonce_mine[GSHMD_CLUSTER_NONCE], nonce_theirs[GSHMD_CLUSTER_NONCE];
   char remote[64];           /* "ADDRESS:PORT" as seen */
+  struct sockaddr_storage remote_sa;
   int64_t since_ns;          /* CLOCK_MONOTONIC */
+  int64_t active_ns;         /* CLOCK_MONOTONIC: the last frame received or sent */
+  uint32_t caps_theirs;      /* the hello's capabilities (hello.c) */
   struct gshm_list reqs;     /* outbound: sent, awaiting answers */
   struct gshm_list node;     /* ll->links */
   uint32_t next_request;
   unsigned busy;             /* inbound: staging copies and data sends running; the
                                 link's serving state waits for them */
-  void *close_req;           /* ucp_ep_close_nbx's request while closing */
+  bool stream_closed;        /* the stream is closed: freed when busy is 0 */
+  /* UCX for the bytes (data.c), decided after the hello (hello.c) */
+  bool ucx;                  /* outbound: the peer sends our Reads' bytes over UCX */
+  bool ucx_offered;          /* outbound: UcxOffer sent, UcxAnswer awaited */
+  uint64_t ucx_token;        /* marks this link's UCX data messages */
+  ucp_ep_h ucx_ep;           /* inbound: to the peer's worker, from its UcxOffer */
+  bool ucx_eager;            /* inbound: ucx_ep cannot tell a dead peer: no rendezvous */
+  struct gshm_list ucx_sends; /* inbound: data sends UCX has not completed */
   /* owned by the layers above (serve.c, pull.c) */
   struct gshmd_client *serve_client; /* inbound, up: holds the serving leases */
   struct gshm_list grants;   /* inbound: struct serve_grant */
   struct gshm_list pulls;    /* outbound: struct pull.link_node using this link */
 };
 
-/* What the link layer calls above it.  Every hook is called outside of
- * no lock and may send; none may free the link. */
+/* What the link layer calls above it (on the loop thread).  A hook may
+ * send and fail links; the link layer frees a link itself. */
 struct link_hooks {
   /* A new outbound endpoint to l->peer: say hello. */
   void (*on_connect)(struct link *l);
@@ -130,6 +146,10 @@ struct link_hooks {
   void (*on_lost)(struct link *l);
   /* A failed link has nothing in flight any more: its serving state goes. */
   void (*on_idle)(struct link *l);
+  /* Data frames on l's stream (data.c): where a frame's bytes go, and
+   * their end (stream.h's data_dest and data_done). */
+  void *(*data_dest)(struct link *l, uint32_t rid, uint64_t offset, uint64_t len, void **tok_out);
+  void (*data_done)(struct link *l, void *tok, int err);
   /* After each batch of worker progress, outside UCX callbacks. */
   void (*after_progress)(void *arg);
   void *arg;
@@ -142,12 +162,24 @@ struct links {
   char node_name[64];
   ucp_context_h ctx;
   ucp_worker_h worker;
-  ucp_listener_h listener;
   int efd;
+  uv_tcp_t *listener;        /* cluster.listen: the one TCP port gshmd listens on */
   uv_poll_t poll;
   uv_idle_t idle;
   uv_timer_t sweep;
   bool handles_on, idle_on, stopping;
+  bool worker_handles;       /* poll and idle are open */
+  bool ucx_allowed;          /* cluster.transport auto or ucx, and encryption off */
+  bool ucx_without_peer_errors; /* cluster.transport = ucx: also endpoints that cannot
+                                   tell a dead peer */
+  char ucx_tls[256];         /* UCX_TLS as gshmd set it */
+  ucp_ep_h *ep_closing;      /* endpoints to close outside UCX callbacks, then their requests */
+  void **ep_close_reqs;
+  unsigned nep_closing, nep_close_reqs;
+  void *abandoned;           /* data.c: records of sends UCX never completed (first word: next) */
+  bool encrypt;              /* cluster.encrypt */
+  unsigned nconns;           /* links with a socket (the fd budget) */
+  unsigned max_conns;
   bool cuda_memory;          /* UCX registers CUDA memory (UCS_MEMORY_TYPE_CUDA) */
   const char *listen;        /* cluster.listen, "" or NULL: none */
   struct sockaddr_storage listen_sa; /* cluster.listen parsed */
@@ -158,20 +190,20 @@ struct links {
   unsigned npeers;
   struct gshm_list links;
   unsigned ninbound_pending; /* inbound links not yet up */
-  struct gshm_list closing;  /* links whose endpoint is closing */
   uint64_t refusals[REFUSE_N];
 };
 
-/* Sets up the UCP context and worker (AM handlers, event fd), the
- * listener on ll->listen_sa and the loop handles; the caller filled loop,
- * hooks, node_name, listen (with listen_sa), hello_timeout_ns and peers.
- * Errors (logged): -EIO UCX failed. */
+/* Sets up the UCP context and worker (never with UCX's tcp transport),
+ * the TCP listener on ll->listen_sa and the loop handles; the caller
+ * filled loop, hooks, node_name, listen (with listen_sa),
+ * hello_timeout_ns, encrypt and peers.  Errors (logged): -EIO UCX failed. */
 int gshmd__link_start(struct links *ll);
-/* Fails every link and request, closes the endpoints (bounded wait) and
- * the listener, and closes the loop handles.  Accepts a half-started ll. */
+/* Fails every link and request and closes the connections, the listener
+ * and the loop handles (they finish on the next loop run).  Accepts a
+ * half-started ll. */
 void gshmd__link_stop(struct links *ll);
-/* Frees the worker and the context (after gshmd__link_stop and one more
- * turn of the loop). */
+/* Frees what is left of the links, the worker and the context (after
+ * gshmd__link_stop and a run of the loop). */
 void gshmd__link_destroy(struct links *ll);
 
 /* Queues req for peer p (sent at once when its link is up; connects when
@@ -189,20 +221,50 @@ void gshmd__link_req_send(struct link *l, struct peer_req *req);
 int gshmd__link_send(struct link *l, const Gshm__Cluster__Msg *m);
 /* An answer or refusal with status (negative errno) and message. */
 void gshmd__link_send_status(struct link *l, uint32_t request_id, int err, const char *message);
-/* Sends the bytes [src, src + len) answering request rid on l (data
- * message; memh: their registration, or NULL).  l->busy counts the send
- * until it completes; then done(arg, status) runs.  Returns 0 or a
- * negative errno (done not called). */
+/* data.c: the bytes of Reads and Stages.
+ *
+ * Sends the bytes [src, src + len) answering request rid on l: over UCX
+ * when the peer's UcxOffer made l->ucx_ep (memh: their registration, or
+ * NULL), else as a data frame of the stream.  src stays valid and
+ * unchanged until done.  l->busy counts the send until it completes; then
+ * done(arg, err) runs.  Returns 0 or a negative errno (done not called). */
 int gshmd__link_send_data(struct link *l, uint32_t rid, uint64_t offset, const void *src,
-                          uint64_t len, ucp_mem_h memh, void (*done)(void *arg, ucs_status_t st),
+                          uint64_t len, ucp_mem_h memh, void (*done)(void *arg, int err),
                           void *arg);
-/* Registers the data messages' handler on ll's worker (after
- * gshmd__link_start).  Returns 0 or -EIO. */
+/* The link_hooks data_dest and data_done for the stream. */
+void *gshmd__link_data_dest(struct link *l, uint32_t rid, uint64_t offset, uint64_t len,
+                            void **tok_out);
+void gshmd__link_data_done(struct link *l, void *tok, int err);
+/* Takes UCX data messages (after gshmd__link_start).  Returns 0 or -EIO. */
 int gshmd__link_data_start(struct links *ll);
-/* The link of a UCP endpoint, or NULL. */
-struct link *gshmd__link_by_ep(struct links *ll, ucp_ep_h ep);
+/* l failed: its UCX endpoint goes. */
+void gshmd__link_data_lost(struct link *l);
+/* Inbound links of peer p that passed the hello. */
+unsigned gshmd__link_count_up(struct links *ll, const struct peer *p);
 /* l->busy went down: when it reaches 0 on a failed link, on_idle runs. */
 void gshmd__link_unbusy(struct link *l);
+/* worker.c: the UCP context and worker (never UCX's tcp transport; a
+ * refusing handler for every active message id), polled from the loop.
+ * Start errors (logged): -EIO.  Stop closes the handles; destroy frees
+ * the worker and the context. */
+int gshmd__link_worker_start(struct links *ll);
+void gshmd__link_worker_stop(struct links *ll);
+void gshmd__link_worker_destroy(struct links *ll);
+/* This worker's address (ucp_worker_get_address; release with
+ * ucp_worker_release_address).  Returns 0 or -EIO. */
+int gshmd__link_worker_address(struct links *ll, ucp_address_t **addr_out, size_t *len_out);
+/* An endpoint to the worker at addr (a peer's, from its authenticated
+ * UcxOffer), with peer error handling (err_cb(arg) when it fails) where
+ * the transports have it, else without, and then *eager_out: send eagerly
+ * only.
+ * Returns 0, or -EHOSTUNREACH when no transport of this UCX reaches it. */
+int gshmd__link_worker_ep(struct links *ll, const void *addr, size_t len,
+                          ucp_err_handler_cb_t err_cb, void *arg, ucp_ep_h *ep_out,
+                          bool *eager_out);
+/* Closes ep soon, outside UCX callbacks (force: its sends fail). */
+void gshmd__link_worker_ep_close(struct links *ll, ucp_ep_h ep);
+/* Sets the handler of active message id (instead of the refusing one). */
+int gshmd__link_worker_am(struct links *ll, unsigned id, ucp_am_recv_callback_t cb, void *arg);
 /* Makes sure the worker is progressed soon (after posting operations
  * outside a UCX callback). */
 void gshmd__link_kick(struct links *ll);

@@ -130,61 +130,28 @@ static void chunk_landed(struct chunk *c) {
     chunk_end(c, -ENOMEM, "out of memory");
 }
 
-static void on_recv_done(void *request, ucs_status_t status, size_t length, void *user_data) {
-  struct chunk *c = user_data;
-  char why[200];
-
-  ucp_request_free(request);
-  if (status != UCS_OK || length != c->len) {
-    snprintf(why, sizeof(why), "receiving from peer '%s' failed: %s", c->p->s->peer->name,
-             status != UCS_OK ? ucs_status_string(status) : "short message");
-    chunk_end(c, -ECONNRESET, why);
-    return;
-  }
-  chunk_landed(c);
-}
-
-/* The answer's bytes: copied (eager), or received by rendezvous straight
- * into place (the segment, or the local slot). */
-static void on_chunk_data(struct peer_req *req, void *data, size_t len, const ucp_am_recv_param_t *param) {
+/* Where the answer's bytes go: straight into the new segment, or into
+ * the chunk's local slot.  NULL when they are not the chunk's. */
+static void *chunk_dest(struct peer_req *req, uint64_t offset, uint64_t len) {
   struct chunk *c = req->arg;
   struct pull *p = c->p;
-  void *dst = p->local_staged ? (uint8_t *)p->lsb->addr + (uint64_t)c->slot * p->lsb->slot_size
-                              : (uint8_t *)p->dst + c->off;
-  ucp_mem_h memh = p->local_staged ? p->lsb->memh : p->memh;
 
-  if (len != c->len) {
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
-      ucp_am_data_release(p->s->cl->ll.worker, data);
-    chunk_end(c, -EPROTO, "the peer sent a chunk of the wrong size");
+  if (offset != c->off || len != c->len)
+    return NULL;
+  return p->local_staged ? (uint8_t *)p->lsb->addr + (uint64_t)c->slot * p->lsb->slot_size
+                         : (uint8_t *)p->dst + c->off;
+}
+
+/* The answer's bytes are in place and authentic, or not. */
+static void chunk_data_done(struct peer_req *req, int err) {
+  struct chunk *c = req->arg;
+  char why[200];
+
+  if (err) {
+    snprintf(why, sizeof(why), "receiving from peer '%s' failed: %s", c->p->s->peer->name,
+             err == -EBADMSG ? "a chunk failed its authentication" : "connection lost");
+    chunk_end(c, err == -EBADMSG ? -EPROTO : -ECONNRESET, why);
     return;
-  }
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                              UCP_OP_ATTR_FIELD_USER_DATA,
-                              .cb.recv_am = on_recv_done,
-                              .user_data = c};
-    ucs_status_ptr_t sp;
-    if (memh) {
-      rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-      rp.memh = memh;
-    }
-    sp = ucp_am_recv_data_nbx(p->s->cl->ll.worker, data, dst, len, &rp);
-    if (UCS_PTR_IS_PTR(sp))
-      return;
-    if (UCS_PTR_STATUS(sp) != UCS_OK) {
-      chunk_end(c, -ECONNRESET, "receiving from the peer failed");
-      return;
-    }
-  } else if (p->mem->device_index >= 0 && !p->local_staged) {
-    /* the direct path, a small chunk: into device memory by the driver */
-    int e = p->mem->backend->ops->copy_host(p->mem->backend, p->mem, c->off, data, len, true);
-    if (e) {
-      chunk_end(c, e, "copying into the local device segment failed");
-      return;
-    }
-  } else {
-    memcpy(dst, data, len);
   }
   chunk_landed(c);
 }
@@ -244,7 +211,8 @@ static void issue_chunks(struct pull *p) {
     }
     c->req.msg = &c->msg;
     c->req.done = on_chunk_answer;
-    c->req.on_data = on_chunk_data;
+    c->req.data_dest = chunk_dest;
+    c->req.data_done = chunk_data_done;
     c->req.arg = c;
     c->req.peer = s->peer;
     if (!p->link) {
@@ -267,11 +235,10 @@ void gshmd__pull_set_issue(struct pull_set *s) {
   gshmd__link_kick(&s->cl->ll);
 }
 
-/* The new local segment, mapped and registered for the gets. */
+/* The new local segment, mapped for the chunks to land in. */
 static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   struct gshmd_cluster *cl = p->s->cl;
   Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
-  ucp_mem_map_params_t mp = {0};
   struct gshmd_alloc *mem;
   const char *msg = NULL;
   char src[400];
@@ -290,26 +257,8 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
            s->generation);
   p->seg->source = strdup(src);
   mem = p->mem = p->seg->mem;
-  if (mem->device_index >= 0) {
-    if (p->local_staged)
-      return 0; /* written by copies from the local slots */
-    /* a CUDA-aware UCX writes the device segment itself */
-    if ((e = mem->backend->ops->local_ptr(mem->backend, mem, &p->dst))) {
-      pull_fail(p, e, "cannot map the new device segment");
-      return e;
-    }
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                    UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-    mp.address = p->dst;
-    mp.length = mem->size;
-    mp.memory_type = UCS_MEMORY_TYPE_CUDA;
-    if (ucp_mem_map(cl->ll.ctx, &mp, &p->memh) != UCS_OK) {
-      p->memh = NULL;
-      pull_fail(p, -EIO, "cannot register the new device segment with UCX");
-      return -EIO;
-    }
-    return 0;
-  }
+  if (mem->device_index >= 0)
+    return 0; /* written by copies from the local slots */
   if ((e = mem->backend->ops->export_fd(mem->backend, mem, true, &fd))) {
     pull_fail(p, e, "cannot get the new segment's memory");
     return e;
@@ -323,14 +272,6 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
     return -ENOMEM;
   }
   p->dst_mapped = true;
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  mp.address = p->dst;
-  mp.length = p->dst_len;
-  if (ucp_mem_map(cl->ll.ctx, &mp, &p->memh) != UCS_OK) {
-    p->memh = NULL;
-    pull_fail(p, -EIO, "cannot register the new segment with UCX");
-    return -EIO;
-  }
   return 0;
 }
 
@@ -347,6 +288,7 @@ const char *gshmd__pull_path_name(Gshm__Cluster__Path path) {
  * path and path_reason).  Returns 0 or a negative errno (the pull failed). */
 static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
   struct gshm_location loc;
+  char via[96];
   bool remote_device = strcmp(g->segment->location, "host") != 0;
 
   /* (a set's location is for its device segments: a host one, such as a
@@ -358,30 +300,27 @@ static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
     return -EINVAL;
   }
   p->remote_staged = g->path == GSHM__CLUSTER__PATH__PATH_STAGED;
-  p->local_staged = loc.kind != GSHM_LOCATION_HOST && !p->s->cl->ll.cuda_memory;
+  /* the streams write host memory: a device segment fills from slots */
+  p->local_staged = loc.kind != GSHM_LOCATION_HOST;
   if (p->local_staged && !p->s->cl->reg->cuda) {
     pull_fail(p, -ENOTSUP, "this node has no CUDA backend for location '%s'", p->location);
     return -ENOTSUP;
   }
-  if (p->remote_staged && p->local_staged)
-    snprintf(p->path_reason, sizeof(p->path_reason),
-             "staged through pinned host slots on both nodes (UCX without CUDA memory "
-             "support, or cluster.staging = always on the peer)");
-  else if (p->remote_staged)
-    snprintf(p->path_reason, sizeof(p->path_reason),
-             "staged through pinned host slots on the peer (%s segment; its UCX has no CUDA "
-             "memory support, or cluster.staging = always)",
-             remote_device ? "device" : "host");
-  else if (p->local_staged)
-    snprintf(p->path_reason, sizeof(p->path_reason),
-             "into device memory through pinned host slots here (this UCX has no CUDA "
-             "memory support)");
-  else if (g->path == GSHM__CLUSTER__PATH__PATH_DIRECT)
-    snprintf(p->path_reason, sizeof(p->path_reason),
-             "device segment registered by the peer's CUDA-aware UCX, sent directly");
+  if (p->link->ucx)
+    snprintf(via, sizeof(via), "UCX (transports %.60s)", p->s->cl->ll.ucx_tls);
   else
-    snprintf(p->path_reason, sizeof(p->path_reason),
-             "host segment: registered once by the peer, sent zero-copy by rendezvous");
+    snprintf(via, sizeof(via), "gshm's TCP stream, %s",
+             gshmd__stream_mode_name(p->link->st.mode_rx));
+  snprintf(p->path_reason, sizeof(p->path_reason), "%.72s; over %.80s",
+           p->remote_staged && p->local_staged
+               ? "staged through pinned host slots on both nodes"
+           : p->remote_staged ? (remote_device ? "device segment staged through pinned host "
+                                                 "slots on the peer"
+                                               : "staged through pinned host slots on the peer "
+                                                 "(cluster.staging = always)")
+           : p->local_staged ? "into device memory through pinned host slots here"
+                             : "host segment, sent from the peer's mapping",
+           via);
   if (p->remote_staged || p->local_staged)
     p->path = GSHM__CLUSTER__PATH__PATH_STAGED;
   return 0;
@@ -491,9 +430,6 @@ void gshmd__pull_item_close(struct pull *p) {
   if (p->on_link)
     gshm_list_del(&p->link_node);
   p->on_link = false;
-  if (p->memh)
-    ucp_mem_unmap(cl->ll.ctx, p->memh);
-  p->memh = NULL;
   if (p->dst_mapped)
     munmap(p->dst, p->dst_len);
   p->dst_mapped = false;

@@ -51,7 +51,6 @@ struct pull {
   struct stage_buf *lsb;         /* local slots (local_staged) */
   struct gshmd_segment *seg;     /* the new segment, hidden until the set is published */
   struct gshmd_alloc *mem;       /* its memory */
-  ucp_mem_h memh;
   void *dst;                     /* where gets land without staging */
   size_t dst_len;
   bool dst_mapped;               /* dst is our mmap of a host segment */

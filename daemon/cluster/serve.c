@@ -23,10 +23,13 @@
 #define MAX_STAGED_GRANTS 4 /* per link: each holds staging_bytes of pinned memory */
 #define LIST_PAGE_SEGMENTS 256 /* segments in one list answer at most */
 #define LIST_PAGE_BYTES 32768  /* and their encoding (GSHMD_CLUSTER_MAX_MSG bounds a message) */
+#define MAX_GRANTS 64       /* per link: grants live at once */
+#define MAX_BUSY 64         /* per link: reads and stages in flight */
 
-/* A served segment's registration: made at its first grant, kept until
- * the segment is freed (registry on_free), so that each segment is
- * registered with UCX once however often it is read. */
+/* A served host segment's mapping and UCX registration: made at its
+ * first grant, shared by the grants that overlap, dropped with the last
+ * of them (or when the segment is freed): UCX never holds a segment that
+ * no grant covers. */
 struct export_reg {
   void *addr;       /* mmap of the host segment (read-only); device: the backend's mapping */
   bool device;
@@ -34,12 +37,14 @@ struct export_reg {
   ucp_mem_h memh;
   void *rkey;       /* ucp_rkey_pack() */
   size_t rkey_len;
+  unsigned grants;  /* live grants of the segment: the registration ends with the last */
 };
 
 /* One grant being served: its data sends (and copies) in flight, and for
  * a staged grant its slots. */
 struct serve_grant {
   uint64_t grant_id;
+  struct gshmd_segment *seg; /* host segment: holds seg->cluster_export */
   struct stage_buf *sb;  /* NULL: not staged */
   unsigned busy;         /* sends and copies of its bytes running */
   bool released;         /* Release came while busy: ends when they do */
@@ -263,23 +268,30 @@ fail:
 /* The record of a grant on link l (made at grant time, freed at release
  * or when the link ends); staged: with its slots.  Errors: -EBUSY too
  * many staged grants on this link, -ENOMEM, as gshmd_stage_buf_new. */
-static int grant_new(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id, bool staged,
-                     struct serve_grant **g_out) {
+static int grant_new(struct gshmd_cluster *cl, struct link *l, struct gshmd_segment *seg,
+                     uint64_t grant_id, bool staged, struct serve_grant **g_out) {
   struct serve_grant *g;
   struct gshm_list *pos;
   unsigned n = 0;
   int e;
 
+  unsigned all = 0;
+
   gshm_list_foreach(pos, &l->grants) {
     n += gshm_list_entry(pos, struct serve_grant, node)->sb != NULL;
+    all++;
   }
-  if (staged && n >= MAX_STAGED_GRANTS)
+  if ((staged && n >= MAX_STAGED_GRANTS) || all >= MAX_GRANTS)
     return -EBUSY;
   if (!(g = calloc(1, sizeof(*g))))
     return -ENOMEM;
-  if (staged && (e = gshmd_stage_buf_new(&cl->stage, cl->cfg->cluster_pull_chunk, true, &g->sb))) {
+  if (staged && (e = gshmd_stage_buf_new(&cl->stage, cl->cfg->cluster_pull_chunk, false, &g->sb))) {
     free(g);
     return e;
+  }
+  if (seg->cluster_export) {
+    g->seg = seg;
+    ((struct export_reg *)seg->cluster_export)->grants++;
   }
   g->grant_id = grant_id;
   gshm_list_add_tail(&l->grants, &g->node);
@@ -299,6 +311,15 @@ static struct serve_grant *grant_find(struct link *l, uint64_t grant_id) {
 }
 
 static void grant_free(struct gshmd_cluster *cl, struct serve_grant *g) {
+  struct export_reg *x = g->seg ? g->seg->cluster_export : NULL;
+
+  if (x && --x->grants == 0) { /* the segment's last grant */
+    gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unregistered", g->seg->name,
+                   g->seg->id);
+    export_reg_free(cl, x);
+    g->seg->cluster_export = NULL;
+    cl->registered--;
+  }
   gshm_list_del(&g->node);
   gshmd_stage_free(&cl->stage, g->sb);
   free(g);
@@ -327,6 +348,16 @@ void gshmd__serve_link_idle(struct gshmd_cluster *cl, struct link *l) {
 
 /* ---- requests --------------------------------------------------------- */
 
+/* A registration that no grant took (the grant failed after it) goes. */
+static void reg_unused(struct gshmd_cluster *cl, struct gshmd_segment *seg) {
+  struct export_reg *x = seg->cluster_export;
+  if (x && x->grants == 0) {
+    export_reg_free(cl, x);
+    seg->cluster_export = NULL;
+    cl->registered--;
+  }
+}
+
 /* Fills the grant's path fields: registered and read directly (host
  * segments; device segments where UCX registers CUDA memory), or staged.
  * Returns 0, or a negative errno with *why_out. */
@@ -336,31 +367,29 @@ static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
   struct export_reg *x = NULL;
   int e;
 
-  if (!strcmp(cl->cfg->cluster_staging, "always") ||
-      (seg->mem->device_index >= 0 && !cl->ll.cuda_memory)) {
-    if ((e = grant_new(cl, l, grant_id, true, &sg))) {
-      *why_out = e == -EBUSY ? "too many staged pulls from this node at once; try again"
+  /* the streams read host memory: device segments go through slots */
+  if (!strcmp(cl->cfg->cluster_staging, "always") || seg->mem->device_index >= 0) {
+    if ((seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, &x))) ||
+        (e = grant_new(cl, l, seg, grant_id, true, &sg))) {
+      reg_unused(cl, seg);
+      *why_out = e == -EBUSY ? "too many pulls from this node at once; try again"
                              : "cannot set up the staging buffer";
       return e;
     }
     g->path = GSHM__CLUSTER__PATH__PATH_STAGED;
-    g->address = (uint64_t)(uintptr_t)sg->sb->addr;
     g->length = sg->sb->len;
-    g->rkey.data = sg->sb->rkey;
-    g->rkey.len = sg->sb->rkey_len;
     g->slots = sg->sb->slots;
     g->slot_size = sg->sb->slot_size;
     return 0;
   }
-  if ((e = export_reg_get(cl, seg, &x)) || (e = grant_new(cl, l, grant_id, false, &sg))) {
-    *why_out = "cannot register the segment with UCX";
+  if ((e = export_reg_get(cl, seg, &x)) || (e = grant_new(cl, l, seg, grant_id, false, &sg))) {
+    reg_unused(cl, seg);
+    *why_out = e == -EBUSY ? "too many pulls from this node at once; try again"
+                           : "cannot register the segment with UCX";
     return e;
   }
   g->path = x->device ? GSHM__CLUSTER__PATH__PATH_DIRECT : GSHM__CLUSTER__PATH__PATH_HOST;
-  g->address = (uint64_t)(uintptr_t)x->addr;
   g->length = seg->requested_size < x->len ? seg->requested_size : x->len;
-  g->rkey.data = x->rkey;
-  g->rkey.len = x->rkey_len;
   return 0;
 }
 
@@ -451,9 +480,9 @@ struct grant_send {
   uint32_t rid;
 };
 
-static void on_grant_sent(void *arg, ucs_status_t st) {
+static void on_grant_sent(void *arg, int err) {
   struct grant_send *gs = arg;
-  (void)st;
+  (void)err;
   grant_unbusy(gs->cl, gs->l, gs->grant_id);
   free(gs);
 }
@@ -487,6 +516,10 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
     gshmd__link_send_status(l, rid, -EINVAL, "read outside the segment");
     return;
   }
+  if (l->busy >= MAX_BUSY) {
+    gshmd__link_send_status(l, rid, -EBUSY, "too many reads in flight");
+    return;
+  }
   if (!(gs = grant_send_new(l, g, rid))) {
     gshmd__link_send_status(l, rid, -ENOMEM, "out of memory");
     return;
@@ -515,7 +548,7 @@ static void on_slot_filled(struct stage_copy *sc, int err) {
   if (err) {
     if (l->state == LINK_UP)
       gshmd__link_send_status(l, gs->rid, err, "the staging copy failed");
-    on_grant_sent(gs, UCS_OK);
+    on_grant_sent(gs, err);
   }
   gshmd__link_unbusy(l);
 }
@@ -532,6 +565,8 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
 
   if (!g || g->released || !g->sb)
     return -ESTALE;
+  if (l->busy >= MAX_BUSY)
+    return -EBUSY;
   if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
       s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)
     return -EINVAL;

@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* What the cluster tests share (nodes.h). */
+#include "nodes.h"
+
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,14 +17,13 @@
 
 #include <cmocka.h>
 
-#include "nodes.h"
+char node_group[64];
 
 /* Every node started, so that a failed check leaves no gshmd behind. */
 static struct node *started[16];
 static unsigned nstarted;
-char group[64];
 
-void kill_started(void) {
+void nodes_kill(void) {
   for (unsigned i = 0; i < nstarted; i++)
     if (started[i]->h.sp.pid > 0)
       kill(started[i]->h.sp.pid, SIGKILL);
@@ -69,8 +70,10 @@ void node_start(struct node *n, const char *name, const char *peers, const char 
   SET("--set=cluster.peers=%s", peers);
   SET("--set=cluster.secret_file=%s", key);
   SET("--set=cluster.export=%s", exports);
-  SET("--set=cluster.pull_group=%s", group);
+  SET("--set=cluster.pull_group=%s", node_group);
   SET("--set=daemon.socket_mode=0666"); /* nobody's clients (test_least_privilege) */
+  if (getenv("GSHM_TEST_CLUSTER_TRANSPORT")) /* every node of the run: ctest runs it twice */
+    SET("--set=cluster.transport=%s", getenv("GSHM_TEST_CLUSTER_TRANSPORT"));
   va_start(ap, exports);
   while ((extra = va_arg(ap, const char *)) && k < 16)
     SET("--set=%s", extra);
@@ -118,3 +121,41 @@ void check_segment(gshm_client_t *c, const char *name, uint64_t size,
   free(want);
 }
 
+/* A counter or gauge (no labels) from c's daemon's metrics. */
+long metric(gshm_client_t *c, const char *name) {
+  char *text = NULL, key[160];
+  const char *m;
+  long v;
+  assert_int_equal(gshm_metrics(c, &text), 0);
+  snprintf(key, sizeof(key), "\n%s ", name);
+  m = strstr(text, key);
+  assert_non_null(m);
+  v = atol(m + strlen(key));
+  gshm_free(text);
+  return v;
+}
+
+void keys_make(struct cluster_keys *k, const char *prefix) {
+  struct group *g = getgrgid(getegid());
+
+  snprintf(k->dir, sizeof(k->dir), "/tmp/%s-XXXXXX", prefix);
+  assert_non_null(mkdtemp(k->dir));
+  snprintf(k->key, sizeof(k->key), "%s/key", k->dir);
+  snprintf(k->other_key, sizeof(k->other_key), "%s/other-key", k->dir);
+  write_key(k->key, 1);
+  write_key(k->other_key, 2);
+  assert_non_null(g);
+  snprintf(node_group, sizeof(node_group), "%s", g->gr_name);
+}
+
+void keys_remove(struct cluster_keys *k) {
+  unlink(k->key);
+  unlink(k->other_key);
+  rmdir(k->dir);
+}
+
+void nodes_stop(struct node *serving, struct node *puller) {
+  assert_int_equal(harness_stop(&puller->h), 0);
+  assert_int_equal(harness_stop(&serving->h), 0);
+  harness_set_leftover(NULL);
+}

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* What the cluster tests share: gshmd nodes on 127.0.0.1 with their
- * cluster settings, keys, and host segments of seeded bytes.  cmocka
- * asserts inside (include after <cmocka.h>'s prerequisites). */
-#ifndef GSHM_TESTS_CLUSTER_NODES_H
-#define GSHM_TESTS_CLUSTER_NODES_H
+/* What the cluster tests share: real gshmd nodes of a cluster on
+ * 127.0.0.1, each with its own Unix socket and cluster port, their keys,
+ * and host segments of seeded bytes.  cmocka asserts inside (include
+ * after <cmocka.h>'s prerequisites). */
+#ifndef GSHM_TEST_CLUSTER_NODES_H
+#define GSHM_TEST_CLUSTER_NODES_H
 
 #include <stdint.h>
 
@@ -21,26 +22,41 @@ struct node {
   const char *argv[17];
 };
 
-/* The cluster.pull_group every node gets (the test's own group: set it
- * before the first node_start). */
-extern char group[64];
+/* cluster.pull_group of every node started (the test's own group: set it,
+ * or call keys_make, before the first node_start). */
+extern char node_group[64];
 
-/* SIGKILLs every node started (atexit: a failed check leaves no gshmd). */
-void kill_started(void);
-/* A free TCP port on 127.0.0.1 (bound once, then closed). */
+/* Starts n as cluster node `name` listening on n->port (a free one when
+ * 0) with peers, the key file and the export patterns; extra "--set"
+ * values follow, NULL-terminated.  GSHM_TEST_CLUSTER_TRANSPORT in the
+ * environment sets every node's cluster.transport.  n->argv keeps the
+ * arguments (for harness_restart). */
+void node_start(struct node *n, const char *name, const char *peers, const char *key,
+                const char *exports, ...);
+/* SIGKILLs every node started (atexit: a failed check leaves none behind). */
+void nodes_kill(void);
+/* A TCP port of 127.0.0.1 free right now (bound once, then closed). */
 int free_port(void);
 /* Writes a 44-byte key from seed to path (0600). */
 void write_key(const char *path, unsigned long long seed);
-/* Starts n as cluster node `name` listening on n->port (a free one when
- * 0) with peers, the key file and the export patterns; extra "--set"
- * values follow, NULL-terminated.  n->argv keeps the arguments (for
- * harness_restart). */
-void node_start(struct node *n, const char *name, const char *peers, const char *key,
-                const char *exports, ...);
 gshm_client_t *connect_to(struct node *n);
-/* A host segment of size bytes filled from seed, created through c. */
+/* A host segment of size bytes filled from seed, created through c, mode
+ * 0644 (readable by others: what a plain export rule lets peers read). */
 void make_segment(gshm_client_t *c, const char *name, uint64_t size, unsigned long long seed);
 /* Asserts that segment name on c holds exactly the bytes of seed. */
 void check_segment(gshm_client_t *c, const char *name, uint64_t size, unsigned long long seed);
+/* A temporary folder with two key files (seeds 1 and 2); node_group set
+ * to this process's group. */
+struct cluster_keys {
+  char dir[64];
+  char key[300], other_key[300];
+};
+void keys_make(struct cluster_keys *k, const char *prefix);
+void keys_remove(struct cluster_keys *k);
+/* Stops the nodes of a test group, puller first (their exit status
+ * must be 0). */
+void nodes_stop(struct node *serving, struct node *puller);
+/* A counter or gauge (no labels) from c's daemon's metrics. */
+long metric(gshm_client_t *c, const char *name);
 
 #endif

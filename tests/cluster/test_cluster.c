@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Two (and more) real gshmd on one machine, each with its own Unix socket
- * and cluster port on 127.0.0.1, through UCX's tcp transport (issue 13,
- * "Done when" 1): byte-exact pulls of 1 B, 4095 B, 64 MiB + 3 B and 1 GiB
+ * and cluster port on 127.0.0.1; ctest runs it twice: the bytes over
+ * gshm's TCP stream, and with GSHM_TEST_CLUSTER_TRANSPORT=ucx over UCX's
+ * shared-memory transports: byte-exact pulls of 1 B, 4095 B, 64 MiB + 3 B and 1 GiB
  * of random data; 50 concurrent pulls; refusals (not exported, unknown
  * peer, wrong key); the serving daemon SIGKILLed mid-pull; random packets
  * on the cluster port while local clients are served; unlink on the
@@ -31,8 +32,7 @@
 #include "harness.h"
 #include "nodes.h"
 
-static char dir[] = "/tmp/gshm-cluster-XXXXXX";
-static char key_path[300], other_key_path[300];
+static struct cluster_keys keys;
 static struct node A, B;      /* A serves (exports pub/ *), B pulls */
 static struct node C;         /* pulls, with pull_group nogroup */
 #define NOBODY HARNESS_NOBODY
@@ -56,15 +56,8 @@ static void on_progress(const gshm_pull_progress_t *p, void *arg) {
 }
 
 static int group_setup(void **state) {
-  struct group *g = getgrgid(getegid());
   (void)state;
-  assert_non_null(mkdtemp(dir));
-  snprintf(key_path, sizeof(key_path), "%s/key", dir);
-  snprintf(other_key_path, sizeof(other_key_path), "%s/other-key", dir);
-  write_key(key_path, 1);
-  write_key(other_key_path, 2);
-  assert_non_null(g);
-  snprintf(group, sizeof(group), "%s", g->gr_name);
+  keys_make(&keys, "gshm-cluster");
   A.port = free_port();
   B.port = free_port();
   C.port = free_port();
@@ -73,21 +66,17 @@ static int group_setup(void **state) {
     /* A knows b, c and d (d is started with the wrong key below) */
     snprintf(pa, sizeof(pa), "b=127.0.0.1:%d,d=127.0.0.1:1,c=127.0.0.1:%d", B.port, C.port);
     snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", A.port);
-    node_start(&A, "a", pa, key_path, A_EXPORTS, NULL);
+    node_start(&A, "a", pa, keys.key, A_EXPORTS, NULL);
     harness_set_leftover(&A.h);
-    node_start(&B, "b", pb, key_path, "", NULL);
+    node_start(&B, "b", pb, keys.key, "", NULL);
   }
   return 0;
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  assert_int_equal(harness_stop(&B.h), 0);
-  assert_int_equal(harness_stop(&A.h), 0);
-  harness_set_leftover(NULL);
-  unlink(key_path);
-  unlink(other_key_path);
-  rmdir(dir);
+  nodes_stop(&A, &B);
+  keys_remove(&keys);
   return 0;
 }
 
@@ -110,6 +99,13 @@ static void test_sizes(void **state) {
     assert_int_equal(gshm_pull(b, "a", name, &po, &r), 0);
     assert_true(r.bytes == sizes[i]);
     assert_string_equal(r.path, "host");
+    /* the transport the hello chose: UCX over shared memory between two
+     * gshmd on one host only with cluster.transport = ucx */
+    {
+      const char *t = getenv("GSHM_TEST_CLUSTER_TRANSPORT");
+      assert_non_null(strstr(r.path_reason, t && !strcmp(t, "ucx") ? "over UCX"
+                                                                   : "over gshm's TCP stream"));
+    }
     assert_string_equal(r.peer, "a");
     assert_true(r.remote_id == st.id && r.remote_generation == st.generation);
     snprintf(src, sizeof(src), "a:%s#%llu.%llu", name, (unsigned long long)st.id,
@@ -144,20 +140,6 @@ static void *pull_thread(void *arg) {
   return NULL;
 }
 
-/* A counter or gauge (no labels) from c's daemon's metrics. */
-static long metric(gshm_client_t *c, const char *name) {
-  char *text = NULL, key[160];
-  const char *m;
-  long v;
-  assert_int_equal(gshm_metrics(c, &text), 0);
-  snprintf(key, sizeof(key), "\n%s ", name);
-  m = strstr(text, key);
-  assert_non_null(m);
-  v = atol(m + strlen(key));
-  gshm_free(text);
-  return v;
-}
-
 /* Waits up to 10 s for a metric to reach want (a peer's Release, or the
  * end of an endpoint, reaches the serving daemon after the puller's
  * answer): returns the last value seen. */
@@ -171,7 +153,8 @@ static long wait_metric(gshm_client_t *c, const char *name, long want) {
 }
 
 /* 50 pulls at once, from 50 client connections; the segment is
- * registered with UCX once for all of them, and unregistered when freed. */
+ * registered with UCX only while grants of it live: grants that overlap
+ * share one registration, and none is left when the last ends. */
 static void test_concurrent(void **state) {
   static struct puller p[50];
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
@@ -191,11 +174,13 @@ static void test_concurrent(void **state) {
     check_segment(b, p[i].local, 1 * MiB + 17, 7);
     assert_int_equal(gshm_unlink(b, p[i].local), 0);
   }
-  assert_int_equal(metric(a, "gshm_cluster_registrations_total"), regs0 + 1);
-  assert_int_equal(metric(a, "gshm_cluster_registered_segments"), 1);
-  assert_int_equal(gshm_unlink(a, "pub/shared"), 0);
-  /* freed (and unregistered) when the last grant is released */
+  {
+    long regs = metric(a, "gshm_cluster_registrations_total") - regs0;
+    assert_true(regs >= 1 && regs < 50);
+  }
+  /* unregistered when the last grant is released, while the segment lives */
   assert_int_equal(wait_metric(a, "gshm_cluster_registered_segments", 0), 0);
+  assert_int_equal(gshm_unlink(a, "pub/shared"), 0);
   gshm_disconnect(a);
   gshm_disconnect(b);
 }
@@ -252,7 +237,7 @@ static void test_refused_peers(void **state) {
   make_segment(a, "pub/secret", 4096, 9);
   snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
   /* eve: right key, but not in A's peers */
-  node_start(&eve, "eve", peers, key_path, "", NULL);
+  node_start(&eve, "eve", peers, keys.key, "", NULL);
   c = connect_to(&eve);
   assert_int_equal(gshm_pull(c, "a", "pub/secret", NULL, NULL), -EPERM);
   assert_non_null(strstr(gshm_last_error(c), "not in cluster.peers"));
@@ -261,7 +246,7 @@ static void test_refused_peers(void **state) {
   gshm_disconnect(c);
   assert_int_equal(harness_stop(&eve.h), 0);
   /* d: in A's peers, wrong key: d finds that A cannot prove the key */
-  node_start(&d, "d", peers, other_key_path, "", NULL);
+  node_start(&d, "d", peers, keys.other_key, "", NULL);
   c = connect_to(&d);
   assert_int_equal(gshm_pull(c, "a", "pub/secret", NULL, NULL), -EACCES);
   assert_non_null(strstr(gshm_last_error(c), "shared key"));
@@ -330,9 +315,9 @@ static void test_server_killed(void **state) {
   p.port = free_port();
   snprintf(pk, sizeof(pk), "p=127.0.0.1:%d", p.port);
   snprintf(pp, sizeof(pp), "k=127.0.0.1:%d", k.port);
-  node_start(&k, "k", pk, key_path, "pub/*", NULL);
+  node_start(&k, "k", pk, keys.key, "pub/*", NULL);
   /* small gets, one at a time: the pull lasts long enough to be cut */
-  node_start(&p, "p", pp, key_path, "", "cluster.pull_chunk=256K", "cluster.pull_depth=1", NULL);
+  node_start(&p, "p", pp, keys.key, "", "cluster.pull_chunk=256K", "cluster.pull_depth=1", NULL);
   c = connect_to(&k);
   make_segment(c, "pub/big", 512 * MiB, 11);
   gshm_disconnect(c);
@@ -367,7 +352,9 @@ static void test_server_killed(void **state) {
   print_message("puller fds %d -> %d, rss %ld -> %ld KiB\n", fds0, fds1, rss0, rss1);
   /* the baseline had endpoints to k; none are left */
   assert_true(fds1 <= fds0);
+#ifndef __SANITIZE_ADDRESS__ /* ASan keeps freed memory in quarantine (UCX's 8 MiB eager buffers) */
   assert_true(rss1 < rss0 + 32 * 1024);
+#endif
   gshm__spawn_stop(&k.h.sp, SIGKILL);
   gshm__spawn_cleanup(&k.h.sp);
   assert_int_equal(harness_stop(&p.h), 0);
@@ -394,7 +381,7 @@ static void test_unlink_during_pull(void **state) {
   memset(&B.h, 0, sizeof(B.h));
   B.port = free_port(); /* the old one may linger in TIME_WAIT */
   snprintf(pp, sizeof(pp), "a=127.0.0.1:%d", A.port);
-  node_start(&B, "b", pp, key_path, "", "cluster.pull_chunk=256K", "cluster.pull_depth=1", NULL);
+  node_start(&B, "b", pp, keys.key, "", "cluster.pull_chunk=256K", "cluster.pull_depth=1", NULL);
   make_segment(a, "pub/moving", 256 * MiB, 21);
   bg.puller = &B;
   bg.log.hook = unlink_on_a;
@@ -452,9 +439,9 @@ static void test_staged(void **state) {
   q.port = free_port();
   snprintf(ps, sizeof(ps), "q=127.0.0.1:%d", q.port);
   snprintf(pq, sizeof(pq), "s=127.0.0.1:%d", srv.port);
-  node_start(&srv, "s", ps, key_path, "pub/*", "cluster.staging=always", "cluster.pull_chunk=1M",
+  node_start(&srv, "s", ps, keys.key, "pub/*", "cluster.staging=always", "cluster.pull_chunk=1M",
              "cluster.staging_bytes=4M", NULL);
-  node_start(&q, "q", pq, key_path, "", "cluster.pull_chunk=1M", NULL);
+  node_start(&q, "q", pq, keys.key, "", "cluster.pull_chunk=1M", NULL);
   c = connect_to(&srv);
   make_segment(c, "pub/staged", 64 * MiB + 5, 41);
   gshm_disconnect(c);
@@ -503,9 +490,10 @@ static void test_puller_killed(void **state) {
     usleep(50000);
   }
   assert_int_equal(st.leases, 0);
-  assert_int_equal(metric(a, "gshm_cluster_registered_segments"), 1);
-  assert_int_equal(gshm_unlink(a, "pub/victim"), 0);
+  /* the grant ended with the puller: so did the registration (the
+   * metrics are a snapshot up to a second old) */
   assert_int_equal(wait_metric(a, "gshm_cluster_registered_segments", 0), 0);
+  assert_int_equal(gshm_unlink(a, "pub/victim"), 0);
   gshm_disconnect(a);
   /* B again, for the next tests and the teardown */
   gshm__spawn_stop(&B.h.sp, SIGKILL);
@@ -513,7 +501,7 @@ static void test_puller_killed(void **state) {
   memset(&B.h, 0, sizeof(B.h));
   B.port = free_port();
   snprintf(pp, sizeof(pp), "a=127.0.0.1:%d", A.port);
-  node_start(&B, "b", pp, key_path, "", NULL);
+  node_start(&B, "b", pp, keys.key, "", NULL);
 }
 
 /* The requesting process dies mid-pull: the pull stops, its partial
@@ -816,7 +804,7 @@ static void test_least_privilege(void **state) {
   (void)state;
 
   snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
-  node_start(&C, "c", peers, key_path, "", "cluster.pull_group=nogroup", NULL);
+  node_start(&C, "c", peers, keys.key, "", "cluster.pull_group=nogroup", NULL);
   make_segment(a, "pub/root-public", 4096, 61);
   make_segment(a, "g/shared", 4096, 62);
   make_segment(a, "g/closed", 4096, 63);
@@ -931,7 +919,7 @@ int main(void) {
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
   atexit(harness_kill_leftover);
-  atexit(kill_started);
+  atexit(nodes_kill);
   if (getenv("GSHM_TEST_FILTER"))
     cmocka_set_test_filter(getenv("GSHM_TEST_FILTER"));
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -85,7 +85,7 @@ static int group_setup(void **state) {
   snprintf(key_path, sizeof(key_path), "%s/key", dir);
   write_key(key_path, 5);
   assert_non_null(g);
-  snprintf(group, sizeof(group), "%s", g->gr_name);
+  snprintf(node_group, sizeof(node_group), "%s", g->gr_name);
   A.port = free_port();
   B.port = free_port();
   snprintf(pa, sizeof(pa), "b=127.0.0.1:%d", B.port);
@@ -517,7 +517,7 @@ int main(void) {
   const char *filter = getenv("GSHM_TEST_FILTER");
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
-  atexit(kill_started);
+  atexit(nodes_kill);
   if (filter)
     cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cluster.pb-c.h"
 #include "wire.h"
 
 static const char *outdir;
@@ -387,6 +388,48 @@ int main(int argc, char **argv) {
     rv.name = "s";
     script_add(&sc, GSHM_WIRE_REVOKE, 4, &rv.base);
     put("fuzz_server", "revoke_two_leases", sc.buf, sc.len);
+  }
+
+  /* The cluster port (fuzz_cluster_stream): before the hello, a Hello in
+   * one frame (24-byte header, then the Msg); after it, records
+   * [what][u16 len][bytes] that the target seals: a control Msg, a data
+   * frame, raw bytes. */
+  {
+    uint8_t nonce[32] = {7}, buf[512];
+    Gshm__Cluster__Hello h = GSHM__CLUSTER__HELLO__INIT;
+    Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+    Gshm__Cluster__Read rd = GSHM__CLUSTER__READ__INIT;
+    size_t len;
+    h.major = 2;
+    h.node_name = "b";
+    h.nonce.data = nonce;
+    h.nonce.len = sizeof(nonce);
+    m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
+    m.hello = &h;
+    len = gshm__cluster__msg__pack(&m, buf + 25);
+    memset(buf, 0, 25);
+    buf[0] = 0; /* phase: before the hello */
+    buf[1] = (uint8_t)len;
+    buf[5] = 1; /* control frame */
+    put("fuzz_cluster_stream", "hello", buf, 25 + len);
+    rd.grant_id = 2;
+    rd.length = 4096;
+    gshm__cluster__msg__init(&m);
+    m.request_id = 3;
+    m.body_case = GSHM__CLUSTER__MSG__BODY_READ;
+    m.read = &rd;
+    len = gshm__cluster__msg__pack(&m, buf + 4);
+    buf[0] = 1; /* after the hello, authenticated */
+    buf[1] = 0;
+    buf[2] = (uint8_t)len;
+    buf[3] = 0;
+    buf[4 + len] = 1; /* a data frame of 16 bytes */
+    buf[5 + len] = 16;
+    buf[6 + len] = 0;
+    memset(buf + 7 + len, 0x5a, 16);
+    put("fuzz_cluster_stream", "read_and_data", buf, 23 + len);
+    buf[0] = 5; /* encrypted */
+    put("fuzz_cluster_stream", "read_and_data_encrypted", buf, 23 + len);
   }
 
   /* Config files. */

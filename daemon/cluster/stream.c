@@ -1,0 +1,489 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* gshm's framed, authenticated TCP connection between two gshmd
+ * (stream.h). */
+#include "stream.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "struct frame_hdr is sent as it lies in memory: little-endian hosts only"
+#endif
+_Static_assert(sizeof(struct frame_hdr) == 24, "frame header size");
+
+enum { RX_HDR, RX_PAYLOAD, RX_TAG };
+
+/* One frame to send: header, payload (the caller's or ours), tag. */
+struct stream_tx {
+  struct gshm_list node;        /* s->txq until written */
+  struct stream *s;
+  struct frame_hdr hdr;
+  const uint8_t *payload;
+  uint8_t *owned;               /* ciphertext or a control payload: freed with tx */
+  uint64_t n;                   /* nonce */
+  uint8_t tag[STREAM_TAG];
+  bool ready, dropped;
+  int err;
+  void (*done)(void *arg, int err);
+  void *arg;
+  uv_work_t work;
+  uv_write_t wr;
+};
+
+/* One data frame received: verified (and decrypted) on the pool. */
+struct stream_rx {
+  struct stream *s;
+  struct frame_hdr hdr;
+  uint8_t *dst;
+  void *tok;
+  uint64_t n;
+  uint8_t tag[STREAM_TAG];
+  int err;
+  uv_work_t work;
+};
+
+/* ---- the constructions ------------------------------------------------- */
+
+enum stream_mode gshmd__stream_mode(bool encrypt, bool aes_both) {
+  if (!encrypt)
+    return STREAM_AUTH;
+  return aes_both ? STREAM_AES256GCM : STREAM_CHACHA20;
+}
+
+const char *gshmd__stream_mode_name(enum stream_mode m) {
+  switch (m) {
+  case STREAM_AUTH: return "authenticated (Poly1305)";
+  case STREAM_AES256GCM: return "encrypted (AES-256-GCM)";
+  case STREAM_CHACHA20: return "encrypted (ChaCha20-Poly1305)";
+  default: return "plain";
+  }
+}
+
+static void nonce_of(uint64_t n, uint8_t nonce[12]) {
+  memset(nonce, 0, 12);
+  memcpy(nonce, &n, sizeof(n));
+}
+
+/* Protects one frame: tag over header and payload; out (may be in) gets
+ * the ciphertext when the mode encrypts. */
+static void seal(enum stream_mode mode, const uint8_t *key, uint64_t n,
+                 const struct frame_hdr *hdr, const uint8_t *in, uint8_t *out, size_t len,
+                 uint8_t tag[STREAM_TAG]) {
+  uint8_t nonce[12];
+  nonce_of(n, nonce);
+  if (mode == STREAM_AES256GCM) {
+    crypto_aead_aes256gcm_encrypt_detached(out, tag, NULL, in, len, (const uint8_t *)hdr,
+                                           sizeof(*hdr), NULL, nonce, key);
+  } else if (mode == STREAM_CHACHA20) {
+    crypto_aead_chacha20poly1305_ietf_encrypt_detached(out, tag, NULL, in, len,
+                                                       (const uint8_t *)hdr, sizeof(*hdr),
+                                                       NULL, nonce, key);
+  } else {
+    /* Poly1305 with a one-time key from ChaCha20 at this frame's nonce:
+     * ChaCha20-Poly1305 without the encryption. */
+    crypto_onetimeauth_state st;
+    uint8_t otk[crypto_onetimeauth_KEYBYTES];
+    crypto_stream_chacha20_ietf(otk, sizeof(otk), nonce, key);
+    crypto_onetimeauth_init(&st, otk);
+    crypto_onetimeauth_update(&st, (const uint8_t *)hdr, sizeof(*hdr));
+    crypto_onetimeauth_update(&st, in, len);
+    crypto_onetimeauth_final(&st, tag);
+    sodium_memzero(otk, sizeof(otk));
+  }
+}
+
+/* Checks one frame's tag (and decrypts buf in place).  Returns 0 or
+ * -EBADMSG. */
+static int unseal(enum stream_mode mode, const uint8_t *key, uint64_t n,
+                  const struct frame_hdr *hdr, uint8_t *buf, size_t len,
+                  const uint8_t tag[STREAM_TAG]) {
+  uint8_t nonce[12], want[STREAM_TAG];
+  int r;
+
+  nonce_of(n, nonce);
+  if (mode == STREAM_AES256GCM)
+    r = crypto_aead_aes256gcm_decrypt_detached(buf, NULL, buf, len, tag, (const uint8_t *)hdr,
+                                               sizeof(*hdr), nonce, key);
+  else if (mode == STREAM_CHACHA20)
+    r = crypto_aead_chacha20poly1305_ietf_decrypt_detached(buf, NULL, buf, len, tag,
+                                                           (const uint8_t *)hdr, sizeof(*hdr),
+                                                           nonce, key);
+  else {
+    seal(STREAM_AUTH, key, n, hdr, buf, NULL, len, want);
+    r = crypto_verify_16(want, tag);
+  }
+  return r == 0 ? 0 : -EBADMSG;
+}
+
+/* ---- sending ----------------------------------------------------------- */
+
+static void tx_free(struct stream_tx *tx) {
+  free(tx->owned);
+  free(tx);
+}
+
+static void tx_end(struct stream_tx *tx, int err) {
+  if (tx->done)
+    tx->done(tx->arg, err);
+  tx_free(tx);
+}
+
+static void maybe_closed(struct stream *s) {
+  if (s->closed && s->jobs == 0 && s->ops->on_closed) {
+    const struct stream_ops *ops = s->ops;
+    s->ops = NULL; /* once */
+    ops->on_closed(s);
+  }
+}
+
+static void on_written(uv_write_t *wr, int status) {
+  struct stream_tx *tx = wr->data;
+  struct stream *s = tx->s;
+  size_t len = tx->hdr.len;
+
+  s->tx_bytes -= len;
+  tx_end(tx, status ? -ECONNRESET : 0);
+}
+
+/* Writes the frames at the head of the queue whose crypto is done, in
+ * nonce order. */
+static void flush(struct stream *s) {
+  while (!s->closing && !gshm_list_empty(&s->txq)) {
+    struct stream_tx *tx = gshm_list_entry(s->txq.next, struct stream_tx, node);
+    uv_buf_t b[3];
+    unsigned nb = 0;
+    if (!tx->ready)
+      return;
+    gshm_list_del(&tx->node);
+    b[nb++] = uv_buf_init((char *)&tx->hdr, sizeof(tx->hdr));
+    if (tx->hdr.len)
+      b[nb++] = uv_buf_init((char *)(tx->owned ? tx->owned : tx->payload), tx->hdr.len);
+    if (s->mode_tx != STREAM_PLAIN && tx->n != UINT64_MAX)
+      b[nb++] = uv_buf_init((char *)tx->tag, STREAM_TAG);
+    tx->wr.data = tx;
+    if (uv_write(&tx->wr, (uv_stream_t *)&s->tcp, b, nb, on_written)) {
+      s->tx_bytes -= tx->hdr.len;
+      tx_end(tx, -ECONNRESET);
+    }
+  }
+}
+
+int gshmd__stream_send_ctrl(struct stream *s, const uint8_t *payload, size_t len) {
+  struct stream_tx *tx;
+
+  if (s->closing || s->failed)
+    return -ENOTCONN;
+  if (len > (s->mode_tx == STREAM_PLAIN ? STREAM_PREHELLO_MAX : STREAM_CTRL_MAX))
+    return -EMSGSIZE;
+  if (!(tx = calloc(1, sizeof(*tx))) || !(tx->owned = malloc(len ? len : 1))) {
+    free(tx);
+    return -ENOMEM;
+  }
+  tx->s = s;
+  tx->hdr.kind = FRAME_CTRL;
+  tx->hdr.len = (uint32_t)len;
+  tx->n = UINT64_MAX; /* no tag before the keys */
+  if (s->mode_tx != STREAM_PLAIN) {
+    tx->n = s->n_tx++;
+    seal(s->mode_tx, s->key_tx, tx->n, &tx->hdr, payload, tx->owned, len, tx->tag);
+    if (s->mode_tx == STREAM_AUTH)
+      memcpy(tx->owned, payload, len);
+  } else {
+    memcpy(tx->owned, payload, len);
+  }
+  tx->ready = true;
+  s->tx_bytes += len;
+  gshm_list_add_tail(&s->txq, &tx->node);
+  flush(s);
+  return 0;
+}
+
+static void seal_work(uv_work_t *w) {
+  struct stream_tx *tx = w->data;
+  struct stream *s = tx->s;
+  seal(s->mode_tx, s->key_tx, tx->n, &tx->hdr, tx->payload, tx->owned, tx->hdr.len, tx->tag);
+}
+
+static void seal_done(uv_work_t *w, int status) {
+  struct stream_tx *tx = w->data;
+  struct stream *s = tx->s;
+
+  s->jobs--;
+  tx->ready = true;
+  if (tx->dropped || status) {
+    tx_end(tx, -ECONNRESET);
+    maybe_closed(s);
+    return;
+  }
+  flush(s);
+}
+
+int gshmd__stream_send_data(struct stream *s, uint32_t request_id, uint64_t offset,
+                            const void *src, uint64_t len, void (*done)(void *arg, int err),
+                            void *arg) {
+  struct stream_tx *tx;
+
+  if (s->closing || s->failed || s->mode_tx == STREAM_PLAIN)
+    return -ENOTCONN;
+  if (len == 0 || len > UINT32_MAX)
+    return -EINVAL;
+  if (!(tx = calloc(1, sizeof(*tx))))
+    return -ENOMEM;
+  if (s->mode_tx != STREAM_AUTH && !(tx->owned = malloc(len))) {
+    free(tx);
+    return -ENOMEM;
+  }
+  tx->s = s;
+  tx->hdr.kind = FRAME_DATA;
+  tx->hdr.len = (uint32_t)len;
+  tx->hdr.request_id = request_id;
+  tx->hdr.offset = offset;
+  tx->payload = src;
+  tx->done = done;
+  tx->arg = arg;
+  tx->work.data = tx;
+  tx->n = s->n_tx; /* before the job can read it */
+  if (uv_queue_work(s->loop, &tx->work, seal_work, seal_done)) {
+    tx_free(tx);
+    return -ENOMEM;
+  }
+  s->n_tx++;
+  s->jobs++;
+  s->tx_bytes += len;
+  gshm_list_add_tail(&s->txq, &tx->node);
+  return 0;
+}
+
+/* ---- receiving --------------------------------------------------------- */
+
+static void stream_fail(struct stream *s, int err, const char *why) {
+  if (s->failed)
+    return;
+  s->failed = true;
+  if (s->data_dst) { /* a data frame half read */
+    s->data_dst = NULL;
+    s->ops->data_done(s, s->data_tok, -ECONNRESET);
+  }
+  if (s->ops && s->ops->on_error)
+    s->ops->on_error(s, err, why);
+  gshmd__stream_close(s);
+}
+
+static void open_work(uv_work_t *w) {
+  struct stream_rx *rx = w->data;
+  struct stream *s = rx->s;
+  rx->err = unseal(s->mode_rx, s->key_rx, rx->n, &rx->hdr, rx->dst, rx->hdr.len, rx->tag);
+}
+
+static void open_done(uv_work_t *w, int status) {
+  struct stream_rx *rx = w->data;
+  struct stream *s = rx->s;
+
+  s->jobs--;
+  if (s->ops)
+    s->ops->data_done(s, rx->tok, status ? -ECANCELED : rx->err);
+  if (!status && rx->err && !s->failed)
+    stream_fail(s, rx->err, "a data frame failed its authentication");
+  free(rx);
+  maybe_closed(s);
+}
+
+/* A whole data frame is in: verify it on the pool. */
+static void data_frame_in(struct stream *s) {
+  struct stream_rx *rx = calloc(1, sizeof(*rx));
+  void *tok = s->data_tok;
+  uint8_t *dst = s->data_dst;
+
+  s->data_dst = NULL;
+  if (!rx) {
+    s->ops->data_done(s, tok, -ENOMEM);
+    stream_fail(s, -ENOMEM, "out of memory");
+    return;
+  }
+  rx->s = s;
+  rx->hdr = s->hdr;
+  rx->dst = dst;
+  rx->tok = tok;
+  rx->n = s->n_rx - 1;
+  memcpy(rx->tag, s->tag, STREAM_TAG);
+  rx->work.data = rx;
+  if (uv_queue_work(s->loop, &rx->work, open_work, open_done)) {
+    free(rx);
+    s->ops->data_done(s, tok, -ENOMEM);
+    stream_fail(s, -ENOMEM, "out of memory");
+    return;
+  }
+  s->jobs++;
+}
+
+/* A whole control frame is in: check it and hand it over. */
+static void ctrl_frame_in(struct stream *s) {
+  uint8_t *p = s->ctrl;
+  size_t len = s->hdr.len;
+
+  if (s->mode_rx != STREAM_PLAIN &&
+      unseal(s->mode_rx, s->key_rx, s->n_rx - 1, &s->hdr, p, len, s->tag)) {
+    stream_fail(s, -EBADMSG, "a control frame failed its authentication");
+    return;
+  }
+  s->ops->on_ctrl(s, p, len);
+  if (p != s->ctrl_small)
+    free(p);
+  s->ctrl = NULL;
+}
+
+/* The header is in: where the payload goes. */
+static int header_in(struct stream *s) {
+  struct frame_hdr *h = &s->hdr;
+
+  if (s->mode_rx != STREAM_PLAIN)
+    s->n_rx++;
+  if (h->kind == FRAME_CTRL) {
+    size_t max = s->mode_rx == STREAM_PLAIN ? STREAM_PREHELLO_MAX : STREAM_CTRL_MAX;
+    if (h->len > max || h->request_id || h->offset) {
+      stream_fail(s, -EPROTO, s->mode_rx == STREAM_PLAIN ? "oversized or malformed frame before "
+                                                        "the hello"
+                                                      : "oversized control frame");
+      return -EPROTO;
+    }
+    s->ctrl = h->len <= sizeof(s->ctrl_small) ? s->ctrl_small : malloc(h->len);
+    if (!s->ctrl) {
+      stream_fail(s, -ENOMEM, "out of memory");
+      return -ENOMEM;
+    }
+    return 0;
+  }
+  if (h->kind != FRAME_DATA || s->mode_rx == STREAM_PLAIN || h->len == 0) {
+    stream_fail(s, -EPROTO, "unexpected frame");
+    return -EPROTO;
+  }
+  s->data_dst = s->ops->data_dest(s, h->request_id, h->offset, h->len, &s->data_tok);
+  if (!s->data_dst) {
+    stream_fail(s, -EPROTO, "data for no request");
+    return -EPROTO;
+  }
+  return 0;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  struct stream *s = h->data;
+  (void)suggested;
+  switch (s->rx_step) {
+  case RX_HDR:
+    *buf = uv_buf_init((char *)&s->hdr + s->got, (unsigned)(sizeof(s->hdr) - s->got));
+    break;
+  case RX_PAYLOAD:
+    *buf = uv_buf_init((char *)(s->hdr.kind == FRAME_DATA ? s->data_dst : s->ctrl) + s->got,
+                       (unsigned)(s->hdr.len - s->got > (1u << 30) ? (1u << 30)
+                                                                   : s->hdr.len - s->got));
+    break;
+  default:
+    *buf = uv_buf_init((char *)s->tag + s->got, (unsigned)(STREAM_TAG - s->got));
+    break;
+  }
+}
+
+/* One step of the frame is complete: the next. */
+static void step_done(struct stream *s) {
+  s->got = 0;
+  if (s->rx_step == RX_HDR) {
+    if (header_in(s))
+      return;
+    s->rx_step = s->hdr.len ? RX_PAYLOAD : s->mode_rx != STREAM_PLAIN ? RX_TAG : RX_HDR;
+    if (s->rx_step != RX_HDR)
+      return;
+  } else if (s->rx_step == RX_PAYLOAD && s->mode_rx != STREAM_PLAIN) {
+    s->rx_step = RX_TAG;
+    return;
+  }
+  s->rx_step = RX_HDR;
+  if (s->hdr.kind == FRAME_DATA)
+    data_frame_in(s);
+  else
+    ctrl_frame_in(s);
+}
+
+static void on_read(uv_stream_t *h, ssize_t nread, const uv_buf_t *buf) {
+  struct stream *s = h->data;
+  size_t want;
+
+  (void)buf;
+  if (nread == UV_EOF) {
+    stream_fail(s, -ECONNRESET, "closed by the peer");
+    return;
+  }
+  if (nread < 0) {
+    stream_fail(s, (int)nread, uv_strerror((int)nread));
+    return;
+  }
+  if (s->failed || s->closing)
+    return;
+  s->got += (size_t)nread;
+  want = s->rx_step == RX_HDR ? sizeof(s->hdr) : s->rx_step == RX_TAG ? STREAM_TAG : s->hdr.len;
+  if (s->got == want)
+    step_done(s);
+}
+
+/* ---- life -------------------------------------------------------------- */
+
+int gshmd__stream_init(struct stream *s, uv_loop_t *loop, const struct stream_ops *ops,
+                       void *owner) {
+  int e;
+  memset(s, 0, sizeof(*s));
+  s->loop = loop;
+  s->ops = ops;
+  s->owner = owner;
+  gshm_list_init(&s->txq);
+  if ((e = uv_tcp_init(loop, &s->tcp)))
+    return e;
+  s->tcp.data = s;
+  return 0;
+}
+
+int gshmd__stream_start(struct stream *s) {
+  uv_tcp_nodelay(&s->tcp, 1);
+  return uv_read_start((uv_stream_t *)&s->tcp, on_alloc, on_read);
+}
+
+void gshmd__stream_key_tx(struct stream *s, enum stream_mode mode, const uint8_t *key) {
+  s->mode_tx = mode;
+  memcpy(s->key_tx, key, STREAM_KEY);
+}
+
+void gshmd__stream_key_rx(struct stream *s, enum stream_mode mode, const uint8_t *key) {
+  s->mode_rx = mode;
+  memcpy(s->key_rx, key, STREAM_KEY);
+}
+
+static void on_tcp_closed(uv_handle_t *h) {
+  struct stream *s = h->data;
+  s->closed = true;
+  sodium_memzero(s->key_tx, sizeof(s->key_tx));
+  sodium_memzero(s->key_rx, sizeof(s->key_rx));
+  maybe_closed(s);
+}
+
+void gshmd__stream_close(struct stream *s) {
+  if (s->closing)
+    return;
+  s->closing = true;
+  if (s->data_dst) {
+    s->data_dst = NULL;
+    s->ops->data_done(s, s->data_tok, -ECONNRESET);
+  }
+  if (s->ctrl && s->ctrl != s->ctrl_small)
+    free(s->ctrl);
+  s->ctrl = NULL;
+  while (!gshm_list_empty(&s->txq)) {
+    struct stream_tx *tx = gshm_list_entry(s->txq.next, struct stream_tx, node);
+    gshm_list_del(&tx->node);
+    gshm_list_init(&tx->node);
+    if (tx->ready)
+      tx_end(tx, -ECONNRESET);
+    else
+      tx->dropped = true; /* its job ends it */
+  }
+  uv_read_stop((uv_stream_t *)&s->tcp);
+  uv_close((uv_handle_t *)&s->tcp, on_tcp_closed);
+}

@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* gshm's own framed TCP connection between two gshmd, on the cluster
+ * port: the hello runs on it, then every frame is authenticated with
+ * keys derived from the hello (libsodium), and encrypted when the
+ * cluster asks for it.  Control frames carry one cluster Msg; data frames
+ * carry the bytes answering a Read or a Stage, received straight into the
+ * request's destination and verified (and decrypted) there on libuv's
+ * thread pool, several frames at once, so that one core does not bound a
+ * pull.
+ *
+ * Frame: struct frame_hdr (24 bytes, little-endian, authenticated as
+ * associated data), len payload bytes, then STREAM_TAG bytes of tag once
+ * keyed.  Nonce: the frame's number in its direction (64 bits), so that
+ * frames cannot be replayed, reordered or moved between directions. */
+#ifndef GSHMD_CLUSTER_STREAM_H
+#define GSHMD_CLUSTER_STREAM_H
+
+#include <sodium.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "list.h"
+
+#define STREAM_TAG 16
+#define STREAM_KEY 32
+#define STREAM_PREHELLO_MAX 1024 /* largest frame before the keys: the hello's */
+#define STREAM_CTRL_MAX 65536    /* largest control frame after the hello */
+
+enum frame_kind { FRAME_CTRL = 1, FRAME_DATA = 2 };
+
+struct frame_hdr {
+  uint32_t len;          /* payload bytes */
+  uint8_t kind;          /* enum frame_kind */
+  uint8_t reserved[3];
+  uint32_t request_id;   /* DATA: the request it answers */
+  uint32_t reserved2;
+  uint64_t offset;       /* DATA: in the segment */
+};
+
+/* How frames are protected once keyed. */
+enum stream_mode {
+  STREAM_PLAIN,          /* before the hello's end: nothing */
+  STREAM_AUTH,           /* Poly1305 tag over header and payload, one-time key from ChaCha20 */
+  STREAM_AES256GCM,      /* encrypted: AES-256-GCM (both CPUs have AES-NI) */
+  STREAM_CHACHA20,       /* encrypted: ChaCha20-Poly1305-IETF */
+};
+
+struct stream;
+
+/* What the stream calls (its owner, the link). */
+struct stream_ops {
+  /* A control frame's payload (verified, decrypted). */
+  void (*on_ctrl)(struct stream *s, const uint8_t *payload, size_t len);
+  /* A data frame's header: where its len bytes go.  NULL refuses it (the
+   * stream fails).  *tok_out is handed back to data_done. */
+  void *(*data_dest)(struct stream *s, uint32_t request_id, uint64_t offset, uint64_t len,
+                     void **tok_out);
+  /* A data frame's bytes are in place and verified (err 0), or not
+   * (-EBADMSG wrong tag, -ECONNRESET the stream ended first). */
+  void (*data_done)(struct stream *s, void *tok, int err);
+  /* The stream failed or the peer closed it (once; err < 0). */
+  void (*on_error)(struct stream *s, int err, const char *why);
+  /* The TCP handle is closed and no job runs: the owner may free s. */
+  void (*on_closed)(struct stream *s);
+};
+
+struct stream_tx;
+
+struct stream {
+  uv_tcp_t tcp;
+  uv_loop_t *loop;
+  const struct stream_ops *ops;
+  void *owner;
+  enum stream_mode mode_tx, mode_rx;
+  uint8_t key_tx[STREAM_KEY], key_rx[STREAM_KEY];
+  uint64_t n_tx, n_rx;          /* frames so far, each direction (the nonces) */
+  /* receiving */
+  int rx_step;                  /* header, payload, tag */
+  struct frame_hdr hdr;
+  size_t got;
+  uint8_t *ctrl;                /* control payload (pre-hello: ctrl_small) */
+  uint8_t ctrl_small[STREAM_PREHELLO_MAX];
+  uint8_t *data_dst;
+  void *data_tok;
+  uint8_t tag[STREAM_TAG];
+  /* sending: frames in nonce order; each goes when its crypto is done */
+  struct gshm_list txq;
+  unsigned jobs;                /* crypto jobs on the thread pool */
+  size_t tx_bytes;              /* queued, not yet written */
+  bool failed, closing, closed;
+};
+
+/* Sets up s on loop (uv_tcp_init); the caller connects or accepts on
+ * s->tcp and then calls gshmd__stream_start.  Returns 0 or a negative
+ * errno from libuv. */
+int gshmd__stream_init(struct stream *s, uv_loop_t *loop, const struct stream_ops *ops,
+                       void *owner);
+/* Starts reading.  Returns 0 or a negative errno. */
+int gshmd__stream_start(struct stream *s);
+/* From the next frame we send (tx) or receive (rx) on, frames in that
+ * direction are protected with key and mode. */
+void gshmd__stream_key_tx(struct stream *s, enum stream_mode mode, const uint8_t *key);
+void gshmd__stream_key_rx(struct stream *s, enum stream_mode mode, const uint8_t *key);
+/* Queues one control frame (len <= STREAM_CTRL_MAX, <= STREAM_PREHELLO_MAX
+ * before the keys).  Returns 0, -ENOTCONN, -EMSGSIZE or -ENOMEM. */
+int gshmd__stream_send_ctrl(struct stream *s, const uint8_t *payload, size_t len);
+/* Queues one data frame of [src, src + len) answering request_id (keyed
+ * streams only).  src must stay valid and unchanged until done(arg, err)
+ * runs (once: after the write, or when the stream fails).  Returns 0 or
+ * a negative errno (done not called). */
+int gshmd__stream_send_data(struct stream *s, uint32_t request_id, uint64_t offset,
+                            const void *src, uint64_t len, void (*done)(void *arg, int err),
+                            void *arg);
+/* Ends the stream: reading stops, queued frames are dropped (their done
+ * runs with -ECONNRESET), the handle closes; on_closed runs once every
+ * job has finished too.  Idempotent. */
+void gshmd__stream_close(struct stream *s);
+/* The protection of a stream both sides can use: encrypt asks for
+ * encryption; aes_both: both sides' CPUs do AES-256-GCM in hardware. */
+enum stream_mode gshmd__stream_mode(bool encrypt, bool aes_both);
+/* The name of a mode, for logs and results. */
+const char *gshmd__stream_mode_name(enum stream_mode m);
+
+#endif

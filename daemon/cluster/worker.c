@@ -1,0 +1,300 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The UCP worker of the link layer, driven from the libuv loop through
+ * its event fd (ucp_worker_get_efd + ucp_worker_arm: nothing
+ * busy-polls), and the idle turn that runs link_hooks.after_progress.
+ * UCX never gets its tcp transport, and no UCX message reaches gshm. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "link.h"
+#include "log.h"
+
+/* The worker loop: at most PROGRESS_ROUNDS batches of at most
+ * PROGRESS_BATCH ucp_worker_progress calls per loop turn, so that local
+ * clients are served between two batches during a pull. */
+#define PROGRESS_ROUNDS 4
+#define PROGRESS_BATCH 256
+
+/* ---- driving the worker from the loop --------------------------------- */
+
+static void drive(struct links *ll);
+
+static void on_idle(uv_idle_t *h) { drive(h->data); }
+
+static void on_efd(uv_poll_t *h, int status, int events) {
+  (void)status;
+  (void)events;
+  drive(h->data);
+}
+
+void gshmd__link_kick(struct links *ll) {
+  if (ll->worker_handles && !ll->idle_on) {
+    uv_idle_start(&ll->idle, on_idle);
+    ll->idle_on = true;
+  }
+}
+
+/* Progresses the worker a bounded number of times, does the work that
+ * callbacks left for outside them, then arms the event fd; when there is
+ * more to do, the idle handle keeps the loop from blocking. */
+/* Closes the endpoints queued by gshmd__link_worker_ep_close and frees
+ * the close requests that finished; true while some still run. */
+static bool close_eps(struct links *ll) {
+  unsigned k = 0;
+
+  while (ll->nep_closing) {
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(ll->ep_closing[--ll->nep_closing], &rp);
+    void **n;
+    if (!UCS_PTR_IS_PTR(sp))
+      continue;
+    if (!(n = realloc(ll->ep_close_reqs, sizeof(*n) * (ll->nep_close_reqs + 1)))) {
+      ucp_request_free(sp); /* the close goes on; its request is not waited for */
+      continue;
+    }
+    ll->ep_close_reqs = n;
+    ll->ep_close_reqs[ll->nep_close_reqs++] = sp;
+  }
+  for (unsigned i = 0; i < ll->nep_close_reqs; i++) {
+    if (ucp_request_check_status(ll->ep_close_reqs[i]) != UCS_INPROGRESS)
+      ucp_request_free(ll->ep_close_reqs[i]);
+    else
+      ll->ep_close_reqs[k++] = ll->ep_close_reqs[i];
+  }
+  ll->nep_close_reqs = k;
+  return k != 0;
+}
+
+static void drive(struct links *ll) {
+  bool busy = false;
+
+  for (int round = 0; round < PROGRESS_ROUNDS && !busy; round++) {
+    unsigned n = 0;
+    while (ll->worker && ucp_worker_progress(ll->worker))
+      if (++n >= PROGRESS_BATCH) {
+        busy = true;
+        break;
+      }
+    if (ll->worker)
+      busy |= close_eps(ll);
+    if (ll->hooks.after_progress)
+      ll->hooks.after_progress(ll->hooks.arg);
+    if (busy)
+      break;
+    if (!ll->worker || ucp_worker_arm(ll->worker) == UCS_OK) {
+      if (ll->idle_on) {
+        uv_idle_stop(&ll->idle);
+        ll->idle_on = false;
+      }
+      return;
+    }
+  }
+  gshmd__link_kick(ll);
+}
+
+/* Any active message: nothing here is reachable through UCX before the
+ * hello, and no message id is gshm's: each one is dropped and counted.
+ * Registered for every id UCX's 16-bit header can carry, so that UCX
+ * 1.13, which reads its handler table before checking the id, always
+ * finds an entry (an unregistered id crashed it). */
+static ucs_status_t on_am_refused(void *arg, const void *header, size_t header_length,
+                                  void *data, size_t length, const ucp_am_recv_param_t *param) {
+  struct links *ll = arg;
+  (void)header, (void)header_length, (void)length;
+  uint64_t n;
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
+    ucp_am_data_release(ll->worker, data);
+  n = ++ll->refusals[REFUSE_PROTOCOL];
+  if ((n & (n - 1)) == 0) /* the first, then at powers of two */
+    gshm_log_warn("cluster: dropped a UCX active message (gshm takes none)");
+  return UCS_OK;
+}
+
+/* UCX_TLS without tcp, whatever the environment says: UCX's tcp
+ * transport listens on every interface and writes wherever a sender says
+ * (docs/CLUSTER.md). */
+static void transports_without_tcp(char *out, size_t size) {
+  const char *env = getenv("UCX_TLS");
+  char copy[256], *save = NULL, *tok;
+  size_t n = 0;
+
+  if (!env || !*env || !strcmp(env, "all")) {
+    snprintf(out, size, "^tcp"); /* everything but tcp */
+    return;
+  }
+  if (env[0] == '^') {
+    snprintf(out, size, "%s,tcp", env); /* what the user left out, and tcp */
+    return;
+  }
+  snprintf(copy, sizeof(copy), "%s", env); /* the user's list without tcp */
+  out[0] = '\0';
+  for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+    if (strcmp(tok, "tcp") && n < size)
+      n += (size_t)snprintf(out + n, size - n, "%s%s", n ? "," : "", tok);
+  if (!out[0])
+    snprintf(out, size, "^tcp");
+}
+
+static int setup_ucp(struct links *ll) {
+  ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+                    /* No UCP_FEATURE_RMA: with it UCX 1.13 answers software
+                     * GET requests from any endpoint at any address. */
+                    .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+                    .mt_workers_shared = 0};
+  ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                            .thread_mode = UCS_THREAD_MODE_SINGLE};
+  ucp_am_handler_param_t ap = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                             UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                             UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                               .cb = on_am_refused, .arg = ll};
+  ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+  ucp_config_t *config;
+  ucs_status_t st;
+  char *tls = ll->ucx_tls;
+
+  if ((st = ucp_config_read(NULL, NULL, &config)) != UCS_OK)
+    goto fail;
+  transports_without_tcp(tls, sizeof(ll->ucx_tls));
+  if (getenv("UCX_TLS") && strcmp(getenv("UCX_TLS"), tls))
+    gshm_log_notice("cluster: UCX_TLS=%s overridden to %s: UCX's tcp transport is never used "
+                    "(bytes over TCP go on gshm's authenticated streams)",
+                    getenv("UCX_TLS"), tls);
+  if ((st = ucp_config_modify(config, "TLS", tls)) != UCS_OK) {
+    ucp_config_release(config);
+    goto fail;
+  }
+  st = ucp_init(&p, config, &ll->ctx);
+  ucp_config_release(config);
+  if (st != UCS_OK)
+    goto fail;
+  if (ucp_context_query(ll->ctx, &attr) == UCS_OK)
+    ll->cuda_memory = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  if ((st = ucp_worker_create(ll->ctx, &wp, &ll->worker)) != UCS_OK)
+    goto fail;
+  if ((st = ucp_worker_get_efd(ll->worker, &ll->efd)) != UCS_OK)
+    goto fail;
+  for (int id = UINT16_MAX; id >= 0; id--) {
+    ap.id = (unsigned)id;
+    if ((st = ucp_worker_set_am_recv_handler(ll->worker, &ap)) != UCS_OK)
+      goto fail;
+  }
+  gshm_log_info("cluster: UCX %s (transports %s); device memory %s", ucp_get_version_string(),
+                tls,
+                ll->cuda_memory ? "registered directly (UCX has CUDA support)"
+                                : "staged through pinned host buffers (this UCX has no CUDA "
+                                  "memory support)");
+  return 0;
+fail:
+  gshm_log_err("cluster: UCX setup failed: %s", ucs_status_string(st));
+  return -EIO;
+}
+
+int gshmd__link_worker_start(struct links *ll) {
+  int e;
+
+  ll->efd = -1;
+  if ((e = setup_ucp(ll)))
+    return e;
+  uv_poll_init(ll->loop, &ll->poll, ll->efd);
+  ll->poll.data = ll;
+  uv_poll_start(&ll->poll, UV_READABLE, on_efd);
+  uv_idle_init(ll->loop, &ll->idle);
+  ll->idle.data = ll;
+  ll->worker_handles = true;
+  return 0;
+}
+
+void gshmd__link_worker_stop(struct links *ll) {
+  /* the endpoints' closes finish before the worker goes (bounded) */
+  for (int i = 0; ll->worker && i < 2000 && (close_eps(ll) || ll->nep_closing); i++) {
+    ucp_worker_progress(ll->worker);
+    if (i > 100)
+      usleep(1000);
+  }
+  if (!ll->worker_handles)
+    return;
+  ll->worker_handles = false;
+  uv_close((uv_handle_t *)&ll->poll, NULL);
+  uv_close((uv_handle_t *)&ll->idle, NULL);
+}
+
+int gshmd__link_worker_address(struct links *ll, ucp_address_t **addr_out, size_t *len_out) {
+  return ucp_worker_get_address(ll->worker, addr_out, len_out) == UCS_OK ? 0 : -EIO;
+}
+
+int gshmd__link_worker_ep(struct links *ll, const void *addr, size_t len,
+                          ucp_err_handler_cb_t err_cb, void *arg, ucp_ep_h *ep_out,
+                          bool *eager_out) {
+  ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                      UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                        .address = addr,
+                        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                        .err_handler = {.cb = err_cb, .arg = arg}};
+  ucs_status_t st;
+
+  (void)len; /* UCX reads the address's own length */
+  *eager_out = false;
+  st = ucp_ep_create(ll->worker, &ep, ep_out);
+  if (st == UCS_ERR_UNREACHABLE && ll->ucx_without_peer_errors) {
+    /* UCX 1.13's shared-memory transports cannot tell a dead peer: the
+     * link's TCP stream does, and the endpoint is closed with it.  Such
+     * an endpoint sends eagerly only: a rendezvous would have the reader
+     * copy from the sender's memory (cma), which UCX treats as fatal
+     * when the sender died meanwhile. */
+    ep.field_mask &= ~(uint64_t)UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(ll->worker, &ep, ep_out);
+    *eager_out = true;
+  }
+  if (st != UCS_OK) {
+    gshm_log_info("cluster: no UCX endpoint to a peer's worker: %s", ucs_status_string(st));
+    return -EHOSTUNREACH;
+  }
+  gshmd__link_kick(ll);
+  return 0;
+}
+
+void gshmd__link_worker_ep_close(struct links *ll, ucp_ep_h ep) {
+  ucp_ep_h *n = realloc(ll->ep_closing, sizeof(*n) * (ll->nep_closing + 1));
+  if (!n) { /* closed here then, inside whatever callback this is */
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &rp);
+    if (UCS_PTR_IS_PTR(sp))
+      ucp_request_free(sp);
+    return;
+  }
+  ll->ep_closing = n;
+  ll->ep_closing[ll->nep_closing++] = ep;
+  gshmd__link_kick(ll);
+}
+
+int gshmd__link_worker_am(struct links *ll, unsigned id, ucp_am_recv_callback_t cb, void *arg) {
+  ucp_am_handler_param_t ap = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                             UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                             UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                               .id = id, .cb = cb, .arg = arg};
+  return ucp_worker_set_am_recv_handler(ll->worker, &ap) == UCS_OK ? 0 : -EIO;
+}
+
+void gshmd__link_worker_destroy(struct links *ll) {
+  if (ll->worker)
+    ucp_worker_destroy(ll->worker);
+  ll->worker = NULL;
+  while (ll->abandoned) { /* sends UCX never completed: no callback comes now */
+    void *next = *(void **)ll->abandoned;
+    free(ll->abandoned);
+    ll->abandoned = next;
+  }
+  free(ll->ep_closing);
+  free(ll->ep_close_reqs);
+  ll->ep_closing = NULL;
+  ll->ep_close_reqs = NULL;
+  if (ll->ctx)
+    ucp_cleanup(ll->ctx);
+  ll->ctx = NULL;
+}

@@ -1,0 +1,591 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The cluster port under attack, with real gshmd on 127.0.0.1: gshmd
+ * listens on cluster.listen and on no other TCP port (UCX_TLS=tcp in the
+ * environment is overridden); a peer that skips its own check and sends a
+ * wrong MAC is refused and counted by the serving node, and the mirror
+ * case by the puller; hosts that never say hello are bounded in memory,
+ * connections and time while local clients keep being served; a flipped
+ * byte on the wire fails the pull; cluster.encrypt hides the bytes. */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cluster.pb-c.h"
+#include "gshm.h"
+#include "harness.h"
+#include "nodes.h"
+
+/* The frame header of the cluster port (proto/cluster.proto). */
+struct frame_hdr {
+  uint32_t len;
+  uint8_t kind;
+  uint8_t reserved[3];
+  uint32_t request_id;
+  uint32_t reserved2;
+  uint64_t offset;
+};
+
+static struct cluster_keys keys;
+static struct node S, P; /* S serves pub/ *, P pulls from it directly */
+static int proxy_port, rogue_port;
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int tcp_connect(const char *from, int port) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+  assert_true(fd >= 0);
+  if (from) {
+    struct sockaddr_in me = {.sin_family = AF_INET};
+    inet_pton(AF_INET, from, &me.sin_addr);
+    assert_int_equal(bind(fd, (struct sockaddr *)&me, sizeof(me)), 0);
+  }
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    close(fd);
+    return -errno;
+  }
+  return fd;
+}
+
+static void send_msg(int fd, const Gshm__Cluster__Msg *m) {
+  uint8_t buf[2048];
+  struct frame_hdr h = {.kind = 1};
+  h.len = (uint32_t)gshm__cluster__msg__get_packed_size(m);
+  assert_true(h.len <= sizeof(buf) - sizeof(h));
+  memcpy(buf, &h, sizeof(h));
+  gshm__cluster__msg__pack(m, buf + sizeof(h));
+  assert_int_equal(send(fd, buf, sizeof(h) + h.len, MSG_NOSIGNAL), (ssize_t)(sizeof(h) + h.len));
+}
+
+/* Reads exactly n bytes within ms; 0, or -1 at EOF, error or time out. */
+static int read_full(int fd, void *buf, size_t n, int ms) {
+  size_t got = 0;
+  int64_t end = now_ms() + ms;
+  while (got < n) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    ssize_t r;
+    if (poll(&p, 1, (int)(end - now_ms() > 0 ? end - now_ms() : 0)) <= 0)
+      return -1;
+    if ((r = recv(fd, (uint8_t *)buf + got, n - got, 0)) <= 0)
+      return -1;
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+/* The next plain control message on fd (before any key), NULL at EOF. */
+static Gshm__Cluster__Msg *recv_msg(int fd) {
+  struct frame_hdr h;
+  uint8_t buf[2048];
+  if (read_full(fd, &h, sizeof(h), 5000) || h.kind != 1 || h.len > sizeof(buf) ||
+      read_full(fd, buf, h.len, 5000))
+    return NULL;
+  return gshm__cluster__msg__unpack(NULL, h.len, buf);
+}
+
+/* Whether the peer closed fd within ms (EOF or reset, after any bytes). */
+static bool closed_within(int fd, int ms) {
+  int64_t end = now_ms() + ms;
+  uint8_t buf[4096];
+  do {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int64_t left = end - now_ms();
+    if (poll(&p, 1, left > 100 ? 100 : left > 0 ? (int)left : 0) > 0 &&
+        recv(fd, buf, sizeof(buf), MSG_DONTWAIT) <= 0)
+      return true;
+  } while (now_ms() < end);
+  return false;
+}
+
+static long refusals(gshm_client_t *c, const char *cause) {
+  char name[96];
+  snprintf(name, sizeof(name), "gshm_cluster_refusals_total{cause=\"%s\"}", cause);
+  return metric(c, name);
+}
+
+static int group_setup(void **state) {
+  (void)state;
+  keys_make(&keys, "gshm-hostile");
+  S.port = free_port();
+  P.port = free_port();
+  proxy_port = free_port();
+  rogue_port = free_port();
+  {
+    char ps[160], pp[64];
+    /* m and e reach S through the test's proxy; r is a rogue peer name */
+    snprintf(ps, sizeof(ps), "p=127.0.0.1:%d,m=127.0.0.1:1,e=127.0.0.1:1,r=127.0.0.1:1", P.port);
+    snprintf(pp, sizeof(pp), "s=127.0.0.1:%d", S.port);
+    node_start(&S, "s", ps, keys.key, "pub/*", NULL);
+    harness_set_leftover(&S.h);
+    node_start(&P, "p", pp, keys.key, "", NULL);
+  }
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  nodes_stop(&S, &P);
+  keys_remove(&keys);
+  return 0;
+}
+
+/* ---- one port ----------------------------------------------------------- */
+
+/* The TCP ports process pid listens on (from /proc/net/tcp{,6} and its fds). */
+static unsigned listening_ports(pid_t pid, int *ports, unsigned max) {
+  unsigned long inodes[256];
+  unsigned ninodes = 0, n = 0;
+  char path[64], link[64];
+  struct dirent *e;
+  DIR *d;
+
+  snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+  assert_non_null(d = opendir(path));
+  while ((e = readdir(d)) && ninodes < 256) {
+    char fdp[320];
+    ssize_t r;
+    snprintf(fdp, sizeof(fdp), "%s/%s", path, e->d_name);
+    if ((r = readlink(fdp, link, sizeof(link) - 1)) > 0) {
+      link[r] = '\0';
+      if (sscanf(link, "socket:[%lu]", &inodes[ninodes]) == 1)
+        ninodes++;
+    }
+  }
+  closedir(d);
+  for (int v6 = 0; v6 < 2; v6++) {
+    FILE *f = fopen(v6 ? "/proc/net/tcp6" : "/proc/net/tcp", "r");
+    char line[512];
+    if (!f)
+      continue;
+    while (fgets(line, sizeof(line), f)) {
+      char local[128];
+      unsigned st, port;
+      unsigned long inode;
+      if (sscanf(line, " %*d: %127s %*s %x %*s %*s %*s %*d %*d %lu", local, &st, &inode) != 3 ||
+          st != 0x0A || !strchr(local, ':'))
+        continue;
+      sscanf(strchr(local, ':') + 1, "%x", &port);
+      for (unsigned i = 0; i < ninodes; i++)
+        if (inodes[i] == inode && n < max)
+          ports[n++] = (int)port;
+    }
+    fclose(f);
+  }
+  return n;
+}
+
+static void test_one_port(void **state) {
+  int ports[16];
+  unsigned n;
+  (void)state;
+
+  n = listening_ports(S.h.sp.pid, ports, 16);
+  assert_int_equal(n, 1);
+  assert_int_equal(ports[0], S.port);
+  n = listening_ports(P.h.sp.pid, ports, 16);
+  assert_int_equal(n, 1);
+  assert_int_equal(ports[0], P.port);
+}
+
+/* ---- rogue peers ----------------------------------------------------------- */
+
+/* A peer that skips its own verification: it ignores the Challenge's MAC
+ * and sends a wrong one.  The serving node must refuse and count it. */
+static void test_rogue_peer_wrong_mac(void **state) {
+  gshm_client_t *s = connect_to(&S);
+  long before = refusals(s, "bad_key");
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *r;
+  Gshm__Cluster__Hello h = GSHM__CLUSTER__HELLO__INIT;
+  Gshm__Cluster__Auth a = GSHM__CLUSTER__AUTH__INIT;
+  uint8_t nonce[32] = {1}, mac[32] = {2};
+  int fd = tcp_connect(NULL, S.port);
+  (void)state;
+
+  assert_true(fd >= 0);
+  h.major = 2;
+  h.node_name = "r";
+  h.nonce.data = nonce;
+  h.nonce.len = sizeof(nonce);
+  m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
+  m.hello = &h;
+  send_msg(fd, &m);
+  assert_non_null(r = recv_msg(fd));
+  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY_CHALLENGE);
+  gshm__cluster__msg__free_unpacked(r, NULL);
+  a.mac.data = mac;
+  a.mac.len = sizeof(mac);
+  gshm__cluster__msg__init(&m);
+  m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH;
+  m.auth = &a;
+  send_msg(fd, &m);
+  /* a refusal, never AuthOk, then the connection closes */
+  assert_non_null(r = recv_msg(fd));
+  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY__NOT_SET);
+  assert_int_not_equal(r->status, 1);
+  assert_non_null(strstr(r->message, "did not prove the shared key"));
+  gshm__cluster__msg__free_unpacked(r, NULL);
+  assert_true(closed_within(fd, 4000));
+  close(fd);
+  assert_int_equal(refusals(s, "bad_key"), before + 1);
+  gshm_disconnect(s);
+}
+
+/* The mirror case: a "serving node" that answers the hello with a wrong
+ * MAC.  The puller must refuse it before saying anything more. */
+static void test_rogue_server_wrong_mac(void **state) {
+  static struct node c;
+  gshm_client_t *cc;
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *r;
+  Gshm__Cluster__Challenge ch = GSHM__CLUSTER__CHALLENGE__INIT;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)rogue_port)};
+  uint8_t nonce[32] = {3}, mac[32] = {4};
+  char peers[64];
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), fd;
+  (void)state;
+
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  assert_int_equal(setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &(int){1}, sizeof(int)), 0);
+  assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(lfd, 4), 0);
+  snprintf(peers, sizeof(peers), "rogue=127.0.0.1:%d", rogue_port);
+  node_start(&c, "c", peers, keys.key, "", NULL);
+  assert_true((fd = accept(lfd, NULL, NULL)) >= 0);
+  assert_non_null(r = recv_msg(fd));
+  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY_HELLO);
+  gshm__cluster__msg__free_unpacked(r, NULL);
+  ch.major = 2;
+  ch.node_name = "rogue";
+  ch.nonce.data = nonce;
+  ch.nonce.len = sizeof(nonce);
+  ch.mac.data = mac;
+  ch.mac.len = sizeof(mac);
+  m.body_case = GSHM__CLUSTER__MSG__BODY_CHALLENGE;
+  m.challenge = &ch;
+  send_msg(fd, &m);
+  /* a refusal, never Auth */
+  assert_non_null(r = recv_msg(fd));
+  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY__NOT_SET);
+  assert_non_null(strstr(r->message, "did not prove the shared key"));
+  gshm__cluster__msg__free_unpacked(r, NULL);
+  assert_true(closed_within(fd, 4000));
+  close(fd);
+  close(lfd);
+  cc = connect_to(&c);
+  assert_true(refusals(cc, "bad_key") >= 1);
+  gshm_disconnect(cc);
+  assert_int_equal(harness_stop(&c.h), 0);
+}
+
+/* ---- hosts that never say hello -------------------------------------------- */
+
+static long rss_kib(pid_t pid) {
+  char path[64], line[256];
+  long kib = -1;
+  FILE *f;
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  assert_non_null(f = fopen(path, "r"));
+  while (fgets(line, sizeof(line), f))
+    if (sscanf(line, "VmRSS: %ld", &kib) == 1)
+      break;
+  fclose(f);
+  return kib;
+}
+
+/* The slowest of n stats of a local client, in milliseconds. */
+static int64_t slowest_stat(gshm_client_t *c, int n) {
+  int64_t worst = 0;
+  for (int i = 0; i < n; i++) {
+    gshm_segment_info_t info;
+    int64_t t0 = now_ms();
+    assert_int_equal(gshm_stat_name(c, "pub/probe", &info), 0);
+    if (now_ms() - t0 > worst)
+      worst = now_ms() - t0;
+  }
+  return worst;
+}
+
+/* One frame that claims 256 MiB before any hello, and a data frame before
+ * the hello: each closes its connection at once; memory stays put. */
+static void test_prehello_frames(void **state) {
+  gshm_client_t *s = connect_to(&S);
+  long rss0 = rss_kib(S.h.sp.pid);
+  uint8_t junk[65536];
+  (void)state;
+
+  make_segment(s, "pub/probe", 4096, 5);
+  for (int i = 0; i < 8; i++) {
+    struct frame_hdr h = {.len = 256u << 20, .kind = (uint8_t)(i % 2 ? 2 : 1)};
+    int fd = tcp_connect(NULL, S.port);
+    assert_true(fd >= 0);
+    assert_int_equal(send(fd, &h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+    for (int k = 0; k < 16; k++) /* what follows is never read into memory */
+      if (send(fd, junk, sizeof(junk), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+        break;
+    assert_true(closed_within(fd, 2000));
+    close(fd);
+  }
+  assert_true(slowest_stat(s, 20) < 100);
+  assert_true(rss_kib(S.h.sp.pid) - rss0 < 8 * 1024);
+  assert_true(refusals(s, "protocol") >= 8);
+  gshm_disconnect(s);
+}
+
+/* 200 connections from one address that say nothing: at most a few are
+ * kept, and only for a few seconds; meanwhile local stats stay fast and a
+ * real peer (another address) pulls. */
+static void test_idle_flood(void **state) {
+  gshm_client_t *s = connect_to(&S), *p = connect_to(&P);
+  int fds[200], open_after = 0;
+  (void)state;
+
+  for (int i = 0; i < 200; i++)
+    assert_true((fds[i] = tcp_connect("127.0.0.2", S.port)) >= 0);
+  assert_true(slowest_stat(s, 20) < 100);
+  usleep(300000);
+  for (int i = 0; i < 200; i++)
+    open_after += !closed_within(fds[i], 1);
+  assert_true(open_after <= 4);
+  assert_true(refusals(s, "limit") >= 190);
+  /* the real peer is not starved */
+  make_segment(s, "pub/flood", 1 * MiB, 6);
+  assert_int_equal(gshm_pull(p, "s", "pub/flood", NULL, NULL), 0);
+  check_segment(p, "pub/flood", 1 * MiB, 6);
+  assert_int_equal(gshm_unlink(p, "pub/flood"), 0);
+  assert_int_equal(gshm_unlink(s, "pub/flood"), 0);
+  /* and the ones it kept are closed after the hello's few seconds */
+  for (int i = 0; i < 200; i++) {
+    if (open_after)
+      assert_true(closed_within(fds[i], 6000));
+    close(fds[i]);
+  }
+  assert_true(slowest_stat(s, 20) < 100);
+  /* 25 addresses with 4 connections each: at most 64 in their hello at once */
+  open_after = 0;
+  for (int i = 0; i < 100; i++) {
+    char from[32];
+    snprintf(from, sizeof(from), "127.0.0.%d", 3 + i / 4);
+    assert_true((fds[i] = tcp_connect(from, S.port)) >= 0);
+  }
+  usleep(300000);
+  for (int i = 0; i < 100; i++)
+    open_after += !closed_within(fds[i], 1);
+  assert_true(open_after >= 32 && open_after <= 64);
+  assert_true(slowest_stat(s, 20) < 100);
+  for (int i = 0; i < 100; i++)
+    close(fds[i]);
+  gshm_disconnect(s);
+  gshm_disconnect(p);
+}
+
+/* ---- a man in the middle ---------------------------------------------------- */
+
+/* Forwards one connection at a time from proxy_port to S; in S's
+ * direction it may flip one byte, and it looks for a plaintext pattern. */
+struct proxy {
+  pthread_t t;
+  int lfd;
+  atomic_bool stop;
+  uint64_t flip_at;          /* 0: none; else the byte (from 1) of S's stream to flip */
+  unsigned flip_frame;       /* 0: none; else the frame (from 1) whose first payload byte flips */
+  const uint8_t *pattern;    /* 64 bytes to look for in S's stream */
+  atomic_bool seen;
+};
+
+/* Where frame px->flip_frame's first payload byte is in S's stream (from
+ * 1), once the headers before it went by (0 until then).  Frames 1 and 2
+ * (Challenge, AuthOk) have no tag; the later ones 16 bytes. */
+struct frames {
+  uint64_t next;             /* offset of the next header */
+  unsigned n;                /* headers seen */
+  uint8_t hdr[24];
+};
+
+static uint64_t frame_flip_at(struct proxy *px, struct frames *f, const uint8_t *p, uint64_t at,
+                              size_t len) {
+  while (px->flip_frame && f->n < px->flip_frame && f->next + 24 <= at + len) {
+    struct frame_hdr h;
+    for (int i = 0; i < 24; i++) /* the header may straddle two reads */
+      if (f->next + (uint64_t)i >= at)
+        f->hdr[i] = p[f->next + (uint64_t)i - at];
+    memcpy(&h, f->hdr, sizeof(h));
+    if (++f->n == px->flip_frame)
+      return f->next + 24 + 1;
+    f->next += 24 + h.len + (f->n >= 3 ? 16 : 0);
+  }
+  return 0;
+}
+
+static void proxy_pipe(struct proxy *px, int c, int s) {
+  static uint8_t buf[64 + 65536];
+  size_t ntail = 0; /* buf[0, ntail): the last bytes of S's stream, for the pattern */
+  uint64_t from_s = 0;
+  struct frames fr = {0};
+
+  while (!px->stop) {
+    struct pollfd pf[2] = {{.fd = c, .events = POLLIN}, {.fd = s, .events = POLLIN}};
+    ssize_t r;
+    size_t k;
+    if (poll(pf, 2, 100) <= 0)
+      continue;
+    if (pf[0].revents) {
+      uint8_t up[65536];
+      if ((r = recv(c, up, sizeof(up), 0)) <= 0 || send(s, up, (size_t)r, MSG_NOSIGNAL) != r)
+        return;
+    }
+    if (!pf[1].revents)
+      continue;
+    if ((r = recv(s, buf + ntail, 65536, 0)) <= 0)
+      return;
+    if (px->flip_frame && !px->flip_at)
+      px->flip_at = frame_flip_at(px, &fr, buf + ntail, from_s, (size_t)r);
+    if (px->flip_at && from_s < px->flip_at && from_s + (uint64_t)r >= px->flip_at)
+      buf[ntail + (px->flip_at - from_s - 1)] ^= 0x01;
+    from_s += (uint64_t)r;
+    if (px->pattern && memmem(buf, ntail + (size_t)r, px->pattern, 64))
+      px->seen = true;
+    if (send(c, buf + ntail, (size_t)r, MSG_NOSIGNAL) != r)
+      return;
+    k = ntail + (size_t)r < 64 ? ntail + (size_t)r : 64;
+    memmove(buf, buf + ntail + (size_t)r - k, k);
+    ntail = k;
+  }
+}
+
+static void *proxy_thread(void *arg) {
+  struct proxy *px = arg;
+  while (!px->stop) {
+    struct pollfd pf = {.fd = px->lfd, .events = POLLIN};
+    int c, s;
+    if (poll(&pf, 1, 100) <= 0 || (c = accept(px->lfd, NULL, NULL)) < 0)
+      continue;
+    if ((s = tcp_connect(NULL, S.port)) >= 0) {
+      proxy_pipe(px, c, s);
+      close(s);
+    }
+    close(c);
+  }
+  return NULL;
+}
+
+static void proxy_start(struct proxy *px) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)proxy_port)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  px->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_int_equal(setsockopt(px->lfd, SOL_SOCKET, SO_REUSEADDR, &(int){1}, sizeof(int)), 0);
+  assert_int_equal(bind(px->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(px->lfd, 8), 0);
+  assert_int_equal(pthread_create(&px->t, NULL, proxy_thread, px), 0);
+}
+
+static void proxy_stop(struct proxy *px) {
+  px->stop = true;
+  pthread_join(px->t, NULL);
+  close(px->lfd);
+}
+
+/* Node name through the proxy, with extra settings; the bytes on the
+ * TCP stream (over UCX they would pass beside the proxy). */
+static void start_behind_proxy(struct node *n, const char *name, const char *extra) {
+  char peers[64];
+  snprintf(peers, sizeof(peers), "s=127.0.0.1:%d", proxy_port);
+  node_start(n, name, peers, keys.key, "", extra, "cluster.transport=tcp", NULL);
+}
+
+/* One flipped bit of S's bytes on the wire, in a data frame (the third
+ * MiB) or in the first control frame after the hello (the Grant): the
+ * pull fails, nothing of it stays, and the puller counts the tampering. */
+static void test_tampered_stream(void **state) {
+  static struct node m[2];
+  gshm_client_t *s = connect_to(&S), *mc;
+  gshm_segment_info_t info;
+  (void)state;
+
+  make_segment(s, "pub/tamper", 8 * MiB, 7);
+  for (int i = 0; i < 2; i++) {
+    struct proxy px = {.flip_at = i ? 0 : 2 * MiB, .flip_frame = i ? 3 : 0};
+    proxy_start(&px);
+    start_behind_proxy(&m[i], "m", "cluster.pull_chunk=1M");
+    mc = connect_to(&m[i]);
+    assert_int_equal(gshm_pull(mc, "s", "pub/tamper", NULL, NULL), -EPROTO);
+    assert_non_null(strstr(gshm_last_error(mc), "authentication"));
+    assert_int_equal(gshm_stat_name(mc, "pub/tamper", &info), -ENOENT);
+    assert_int_equal(refusals(mc, "tampered"), 1);
+    gshm_disconnect(mc);
+    assert_int_equal(harness_stop(&m[i].h), 0);
+    proxy_stop(&px);
+  }
+  assert_int_equal(gshm_unlink(s, "pub/tamper"), 0);
+  gshm_disconnect(s);
+}
+
+/* With cluster.encrypt on the puller only, the segment's bytes never show
+ * on the wire (and the proxy does see them when it is off). */
+static void test_encrypted(void **state) {
+  static struct node e, m;
+  uint8_t *want = malloc(4 * MiB);
+  gshm_client_t *s = connect_to(&S), *c;
+  gshm_pull_result_t res;
+  (void)state;
+
+  assert_non_null(want);
+  make_segment(s, "pub/secret", 4 * MiB, 8);
+  harness_random(want, 4 * MiB, 8);
+  for (int enc = 0; enc < 2; enc++) {
+    struct proxy px = {.pattern = want + 3 * MiB + 5};
+    struct node *n = enc ? &e : &m;
+    proxy_start(&px);
+    start_behind_proxy(n, enc ? "e" : "m", enc ? "cluster.encrypt=true" : "cluster.encrypt=false");
+    c = connect_to(n);
+    assert_int_equal(gshm_pull(c, "s", "pub/secret", NULL, &res), 0);
+    check_segment(c, "pub/secret", 4 * MiB, 8);
+    assert_true((strstr(res.path_reason, "encrypted") != NULL) == (enc == 1));
+    assert_true(px.seen == (enc == 0));
+    gshm_disconnect(c);
+    assert_int_equal(harness_stop(&n->h), 0);
+    proxy_stop(&px);
+  }
+  assert_int_equal(gshm_unlink(s, "pub/secret"), 0);
+  gshm_disconnect(s);
+  free(want);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_one_port),
+      cmocka_unit_test(test_rogue_peer_wrong_mac),
+      cmocka_unit_test(test_rogue_server_wrong_mac),
+      cmocka_unit_test(test_prehello_frames),
+      cmocka_unit_test(test_idle_flood),
+      cmocka_unit_test(test_tampered_stream),
+      cmocka_unit_test(test_encrypted),
+  };
+  setenv("UCX_TLS", "tcp", 0);
+  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+  atexit(harness_kill_leftover);
+  atexit(nodes_kill);
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
