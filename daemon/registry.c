@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/* The registry: init/destroy, clients, permissions, find, leases, create/open/close/unlink. */
 #include "registry.h"
 
 #include <errno.h>
@@ -11,18 +12,12 @@
 
 #include "config.h"
 #include "log.h"
+#include "registry_internal.h"
 #include "util.h"
-
-/* Per-uid usage, for quotas (docs/ARCHITECTURE.md "Security model"). */
-struct usage {
-  uid_t uid;
-  uint64_t host_bytes, cuda_bytes;
-  uint32_t segments, leases;
-};
 
 /* Adds (sign +1) or removes (-1) segment memory m, NULL for none, to u's
  * usage: one segment and its bytes on the host or the GPUs. */
-static void usage_charge(struct usage *u, const struct gshmd_alloc *m, int sign) {
+void gshmd__reg_usage_charge(struct usage *u, const struct gshmd_alloc *m, int sign) {
   uint64_t size = m ? m->size : 0;
 
   if (m && m->device_index >= 0)
@@ -32,11 +27,11 @@ static void usage_charge(struct usage *u, const struct gshmd_alloc *m, int sign)
   u->segments += sign > 0 ? 1u : -1u;
 }
 
-static int cmp_name(const void *a, const void *b) {
+int gshmd__reg_cmp_name(const void *a, const void *b) {
   return strcmp(((const struct gshmd_segment *)a)->name, ((const struct gshmd_segment *)b)->name);
 }
 
-static int cmp_seg_id(const void *a, const void *b) {
+int gshmd__reg_cmp_seg_id(const void *a, const void *b) {
   uint64_t x = ((const struct gshmd_segment *)a)->id, y = ((const struct gshmd_segment *)b)->id;
   return x < y ? -1 : x > y;
 }
@@ -52,7 +47,7 @@ static int cmp_usage(const void *a, const void *b) {
 }
 
 /* The usage record of uid, created on first use; NULL only on ENOMEM. */
-static struct usage *usage_get(struct gshmd_registry *r, uid_t uid) {
+struct usage *gshmd__reg_usage_get(struct gshmd_registry *r, uid_t uid) {
   struct usage key = {.uid = uid}, *u, **slot;
 
   slot = tfind(&key, &r->usage_root, cmp_usage);
@@ -88,25 +83,24 @@ static void noop_free(void *p) { (void)p; }
 
 /* Frees seg; discard (every caller but shutdown) also gives its pages
  * back now, whoever still holds a copy of its fd. */
-static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg, bool discard) {
-  struct usage *u = usage_get(r, seg->uid);
+void gshmd__reg_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg, bool discard) {
+  struct usage *u = gshmd__reg_usage_get(r, seg->uid);
   uint64_t size = seg->mem ? seg->mem->size : 0;
 
   if (!seg->unlinked)
-    tdelete(seg, &r->by_name, cmp_name);
-  tdelete(seg, &r->by_id, cmp_seg_id);
+    tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
+  tdelete(seg, &r->by_id, gshmd__reg_cmp_seg_id);
   gshmd_seg_index_remove(&r->seg_index, seg->id);
   gshm_list_del(&seg->node);
   r->nsegments--;
   r->bytes -= size;
   if (u)
-    usage_charge(u, seg->mem, -1);
+    gshmd__reg_usage_charge(u, seg->mem, -1);
   if (r->on_event)
     r->on_event(r, seg, GSHMD_SEGMENT_FREED);
   if (r->on_free)
     r->on_free(r, seg);
-  gshm_log_info("segment '%s' id %" PRIu64 " freed (%" PRIu64 " bytes)", seg->name, seg->id,
-                size);
+  gshm_log_info("segment '%s' id %" PRIu64 " freed (%" PRIu64 " bytes)", seg->name, seg->id, size);
   if (seg->mem && discard && !r->stopping && seg->mem->backend->ops->discard)
     seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
   if (seg->mem)
@@ -122,18 +116,18 @@ static void segment_free(struct gshmd_registry *r, struct gshmd_segment *seg, bo
  * punched: such a holder may still map them, and gshmd cannot tell (the
  * kernel frees them with the last mapping and fd).  Returns whether seg
  * was freed. */
-static bool segment_release(struct gshmd_registry *r, struct gshmd_segment *seg) {
+bool gshmd__reg_segment_release(struct gshmd_registry *r, struct gshmd_segment *seg) {
   if (seg->restored && !r->restore_grace_over)
     return false;
-  segment_free(r, seg, !seg->restored);
+  gshmd__reg_segment_free(r, seg, !seg->restored);
   return true;
 }
 
 /* Ends lease l; the last lease of an unlinked segment releases it unless
  * `keep` (revoke frees the segment itself). */
-static void lease_end(struct gshmd_registry *r, struct gshmd_lease *l, bool keep) {
+void gshmd__reg_lease_end(struct gshmd_registry *r, struct gshmd_lease *l, bool keep) {
   struct gshmd_segment *seg = l->seg;
-  struct usage *u = usage_get(r, l->client->cred.uid);
+  struct usage *u = gshmd__reg_usage_get(r, l->client->cred.uid);
 
   tdelete(l, &r->lease_by_id, cmp_lease_id);
   gshm_list_del(&l->seg_node);
@@ -147,7 +141,7 @@ static void lease_end(struct gshmd_registry *r, struct gshmd_lease *l, bool keep
   free(l->mapped_devices);
   free(l);
   if (seg->unlinked && seg->nleases == 0 && !keep)
-    segment_release(r, seg);
+    gshmd__reg_segment_release(r, seg);
 }
 
 void gshmd_registry_destroy(struct gshmd_registry *r) {
@@ -160,7 +154,7 @@ void gshmd_registry_destroy(struct gshmd_registry *r) {
     /* Shutting down is not freeing: parked fds stay in the fd store so
      * that the next gshmd gets the memory back. */
     r->on_event = NULL;
-    segment_free(r, seg, false);
+    gshmd__reg_segment_free(r, seg, false);
   }
   gshm_list_foreach_safe(pos, tmp, &r->hidden)
       gshmd_registry_discard_hidden(r, gshm_list_entry(pos, struct gshmd_segment, node));
@@ -173,9 +167,7 @@ void gshmd_registry_destroy(struct gshmd_registry *r) {
   r->by_name = r->by_id = r->lease_by_id = NULL;
 }
 
-static const char *fmt_msg(struct gshmd_registry *r, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static const char *fmt_msg(struct gshmd_registry *r, const char *fmt, ...) {
+const char *gshmd__reg_fmt_msg(struct gshmd_registry *r, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(r->msgbuf, sizeof(r->msgbuf), fmt, ap);
@@ -185,24 +177,25 @@ static const char *fmt_msg(struct gshmd_registry *r, const char *fmt, ...) {
 
 /* The errors of the requests that name a segment (open, unlink,
  * chmod, chown, revoke): each sets *msg_out and returns the errno. */
-static int no_segment(struct gshmd_registry *r, const char *name, const char **msg_out) {
-  *msg_out = fmt_msg(r, "no segment named '%s'", name);
+int gshmd__reg_no_segment(struct gshmd_registry *r, const char *name, const char **msg_out) {
+  *msg_out = gshmd__reg_fmt_msg(r, "no segment named '%s'", name);
   return -ENOENT;
 }
 
 /* Unlink, chmod, chown: the segment's owner or an admin. */
-static bool may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg) {
+bool gshmd__reg_may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg) {
   return c->cred.admin || c->cred.uid == seg->uid;
 }
 
 /* A refusal says who owns the segment only to a client that may see it
  * in listings anyway; to others only "permission denied": an error must
  * not reveal what `segments` hides. */
-static int not_owner(struct gshmd_registry *r, const struct gshmd_client *c,
-                     const struct gshmd_segment *seg, const char **msg_out) {
-  *msg_out = gshmd_registry_may_see(c, seg)
-                 ? fmt_msg(r, "segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid)
-                 : "permission denied";
+int gshmd__reg_not_owner(struct gshmd_registry *r, const struct gshmd_client *c,
+                         const struct gshmd_segment *seg, const char **msg_out) {
+  *msg_out =
+      gshmd_registry_may_see(c, seg)
+          ? gshmd__reg_fmt_msg(r, "segment '%s' belongs to uid %u", seg->name, (unsigned)seg->uid)
+          : "permission denied";
   return -EACCES;
 }
 
@@ -238,14 +231,14 @@ void gshmd_registry_client_remove(struct gshmd_registry *r, struct gshmd_client 
   if (!c)
     return;
   gshm_list_foreach_safe(pos, tmp, &c->leases)
-      lease_end(r, gshm_list_entry(pos, struct gshmd_lease, client_node), false);
+      gshmd__reg_lease_end(r, gshm_list_entry(pos, struct gshmd_lease, client_node), false);
   gshm_list_del(&c->node);
   r->nclients--;
   free(c->cred.groups);
   free(c);
 }
 
-static bool cred_in_group(const struct gshmd_cred *cred, gid_t gid) {
+bool gshmd__reg_cred_in_group(const struct gshmd_cred *cred, gid_t gid) {
   if (cred->gid == gid)
     return true;
   for (int i = 0; i < cred->ngroups; i++)
@@ -263,7 +256,7 @@ bool gshmd_registry_may_access(const struct gshmd_client *c, const struct gshmd_
   /* POSIX order: the first class that matches decides. */
   if (c->cred.uid == seg->uid)
     bits = (seg->mode >> 6) & 7;
-  else if (cred_in_group(&c->cred, seg->gid))
+  else if (gshmd__reg_cred_in_group(&c->cred, seg->gid))
     bits = (seg->mode >> 3) & 7;
   else
     bits = seg->mode & 7;
@@ -277,13 +270,13 @@ bool gshmd_registry_may_see(const struct gshmd_client *c, const struct gshmd_seg
 
 struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name) {
   struct gshmd_segment key = {.name = (char *)name}, **slot;
-  slot = tfind(&key, &r->by_name, cmp_name);
+  slot = tfind(&key, &r->by_name, gshmd__reg_cmp_name);
   return slot ? *slot : NULL;
 }
 
 struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t id) {
   struct gshmd_segment key = {.id = id}, **slot;
-  slot = tfind(&key, &r->by_id, cmp_seg_id);
+  slot = tfind(&key, &r->by_id, gshmd__reg_cmp_seg_id);
   return slot ? *slot : NULL;
 }
 
@@ -299,14 +292,14 @@ struct gshmd_lease *gshmd_registry_find_lease(struct gshmd_registry *r, uint64_t
 
 static int lease_add(struct gshmd_registry *r, struct gshmd_client *c, struct gshmd_segment *seg,
                      int access, struct gshmd_lease **out, const char **msg_out) {
-  struct usage *u = usage_get(r, c->cred.uid);
+  struct usage *u = gshmd__reg_usage_get(r, c->cred.uid);
   struct gshmd_lease *l;
 
   if (!u)
     return -ENOMEM;
   if (r->cfg->quota_leases && c->cred.uid && u->leases >= r->cfg->quota_leases) {
-    *msg_out = fmt_msg(r, "uid %u holds %u leases, limit %u", (unsigned)c->cred.uid,
-                       u->leases, r->cfg->quota_leases);
+    *msg_out = gshmd__reg_fmt_msg(r, "uid %u holds %u leases, limit %u", (unsigned)c->cred.uid,
+                                  u->leases, r->cfg->quota_leases);
     return -EDQUOT;
   }
   if (!(l = calloc(1, sizeof(*l))))
@@ -337,28 +330,34 @@ static int lease_add(struct gshmd_registry *r, struct gshmd_client *c, struct gs
   return 0;
 }
 
-/* Checks a create request of c and allocates its segment, charged to c's
- * usage and r->bytes but in no tree or list and without an id yet.
- * hidden: the name may be taken now (a hidden segment's name is checked
- * when it is published).  Errors as gshmd_registry_create. */
-static int segment_new(struct gshmd_registry *r, struct gshmd_client *c,
-                       const Gshm__CreateRequest *req, bool hidden,
-                       struct gshmd_segment **seg_out, const char **msg_out) {
-  const struct gshmd_config *cfg = r->cfg;
-  struct gshm_location loc;
-  struct gshmd_backend *b;
-  struct gshmd_segment *seg;
-  struct gshmd_alloc *mem = NULL;
-  struct usage *u;
-  uint32_t mode = req->mode ? req->mode : 0600;
-  uint64_t quota, used;
-  bool cuda;
+/* The quota check of segment_new, made twice: on the size asked and again
+ * on the size rounded up to the granularity.  where (" on host", " on
+ * cuda" or "") and what ("asked", "after rounding") word the message.
+ * 0, or -EDQUOT with *msg_out set. */
+static int quota_check(struct gshmd_registry *r, uid_t uid, uint64_t quota, uint64_t used,
+                       uint64_t size, const char *where, const char *what, const char **msg_out) {
   char a[32], q[32], s[32];
+
+  if (!quota || !uid || (size <= quota && used <= quota - size))
+    return 0;
+  *msg_out = gshmd__reg_fmt_msg(
+      r, "uid %u uses %s of %s%s, %s more %s", (unsigned)uid, gshm__format_size(used, a, sizeof(a)),
+      gshm__format_size(quota, q, sizeof(q)), where, gshm__format_size(size, s, sizeof(s)), what);
+  return -EDQUOT;
+}
+
+/* The checks of a create request on its own: name, size, mode, flags,
+ * the daemon's size limit and the location, parsed into *loc.  0 or
+ * negative errno with *msg_out set. */
+static int request_check(struct gshmd_registry *r, const Gshm__CreateRequest *req, uint32_t mode,
+                         struct gshm_location *loc, const char **msg_out) {
+  const struct gshmd_config *cfg = r->cfg;
+  char q[32], s[32];
   int e;
 
   if ((e = gshm__name_check(req->name, cfg->max_name))) {
     *msg_out = e == -ENAMETOOLONG
-                   ? fmt_msg(r, "name is longer than %u bytes", cfg->max_name)
+                   ? gshmd__reg_fmt_msg(r, "name is longer than %u bytes", cfg->max_name)
                    : "bad name: 1..255 bytes, '/'-separated components, none empty, '.' or '..', "
                      "no control characters";
     return e;
@@ -368,7 +367,7 @@ static int segment_new(struct gshmd_registry *r, struct gshmd_client *c,
     return -EINVAL;
   }
   if (mode & ~0777u) {
-    *msg_out = fmt_msg(r, "mode %o has bits outside 0777", mode);
+    *msg_out = gshmd__reg_fmt_msg(r, "mode %o has bits outside 0777", mode);
     return -EINVAL;
   }
   if (req->flags & ~(uint32_t)GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) {
@@ -376,21 +375,65 @@ static int segment_new(struct gshmd_registry *r, struct gshmd_client *c,
     return -EINVAL;
   }
   if (cfg->max_segment_size && req->size > cfg->max_segment_size) {
-    *msg_out = fmt_msg(r, "size %s is over the daemon's limit of %s",
-                       gshm__format_size(req->size, s, sizeof(s)),
-                       gshm__format_size(cfg->max_segment_size, q, sizeof(q)));
+    *msg_out = gshmd__reg_fmt_msg(r, "size %s is over the daemon's limit of %s",
+                                  gshm__format_size(req->size, s, sizeof(s)),
+                                  gshm__format_size(cfg->max_segment_size, q, sizeof(q)));
     return -EFBIG;
   }
-  if (gshm__location_parse(req->location, &loc)) {
+  if (gshm__location_parse(req->location, loc)) {
     *msg_out = "bad location: use host, cuda:N or cuda:GPU-<uuid>";
     return -EINVAL;
   }
+  return 0;
+}
+
+/* Asks backend b for req->size bytes at loc into *mem_out (owned by the
+ * caller).  0 or the backend's negative errno with *msg_out set. */
+static int backend_alloc(struct gshmd_registry *r, struct gshmd_backend *b,
+                         const struct gshm_location *loc, const Gshm__CreateRequest *req,
+                         struct gshmd_alloc **mem_out, const char **msg_out) {
+  int e;
+
+  if (b->ops->check_size &&
+      (e = b->ops->check_size(b, loc, req->size, r->msgbuf, sizeof(r->msgbuf)))) {
+    *msg_out = r->msgbuf;
+    return e;
+  }
+  if ((e = b->ops->alloc(b, loc, req->size, req->flags, req->name, mem_out))) {
+    *msg_out = e == -ENODEV   ? "no such GPU"
+               : e == -ENOMEM ? "out of memory at that location"
+                              : "the backend could not allocate";
+    return e;
+  }
+  return 0;
+}
+
+/* Checks a create request of c and allocates its segment, charged to c's
+ * usage and r->bytes but in no tree or list and without an id yet.
+ * hidden: the name may be taken now (a hidden segment's name is checked
+ * when it is published).  Errors as gshmd_registry_create. */
+int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
+                           const Gshm__CreateRequest *req, bool hidden,
+                           struct gshmd_segment **seg_out, const char **msg_out) {
+  const struct gshmd_config *cfg = r->cfg;
+  struct gshm_location loc;
+  struct gshmd_backend *b;
+  struct gshmd_segment *seg;
+  struct gshmd_alloc *mem = NULL;
+  struct usage *u;
+  uint32_t mode = req->mode ? req->mode : 0600;
+  uint64_t quota, used;
+  bool cuda;
+  int e;
+
+  if ((e = request_check(r, req, mode, &loc, msg_out)))
+    return e;
   if (!hidden && gshmd_registry_find_name(r, req->name)) {
-    *msg_out = fmt_msg(r, "segment '%s' exists", req->name);
+    *msg_out = gshmd__reg_fmt_msg(r, "segment '%s' exists", req->name);
     return -EEXIST;
   }
   if (cfg->max_segments && r->nsegments + r->nhidden >= cfg->max_segments) {
-    *msg_out = fmt_msg(r, "the daemon holds %u segments, its limit", r->nsegments);
+    *msg_out = gshmd__reg_fmt_msg(r, "the daemon holds %u segments, its limit", r->nsegments);
     return -EMFILE;
   }
   cuda = loc.kind != GSHM_LOCATION_HOST;
@@ -404,42 +447,25 @@ static int segment_new(struct gshmd_registry *r, struct gshmd_client *c,
     *msg_out = "legacy IPC export is disabled (daemon.legacy_ipc = false)";
     return -ENOTSUP;
   }
-  if (!(u = usage_get(r, c->cred.uid)))
+  if (!(u = gshmd__reg_usage_get(r, c->cred.uid)))
     return -ENOMEM;
   if (cfg->quota_segments && c->cred.uid && u->segments >= cfg->quota_segments) {
-    *msg_out = fmt_msg(r, "uid %u owns %u segments, limit %u", (unsigned)c->cred.uid,
-                       u->segments, cfg->quota_segments);
+    *msg_out = gshmd__reg_fmt_msg(r, "uid %u owns %u segments, limit %u", (unsigned)c->cred.uid,
+                                  u->segments, cfg->quota_segments);
     return -EDQUOT;
   }
   quota = cuda ? cfg->quota_cuda_bytes : cfg->quota_host_bytes;
   used = cuda ? u->cuda_bytes : u->host_bytes;
-  if (quota && c->cred.uid && (req->size > quota || used > quota - req->size)) {
-    *msg_out = fmt_msg(r, "uid %u uses %s of %s on %s, %s more asked", (unsigned)c->cred.uid,
-                       gshm__format_size(used, a, sizeof(a)),
-                       gshm__format_size(quota, q, sizeof(q)), cuda ? "cuda" : "host",
-                       gshm__format_size(req->size, s, sizeof(s)));
-    return -EDQUOT;
-  }
+  if ((e = quota_check(r, c->cred.uid, quota, used, req->size, cuda ? " on cuda" : " on host",
+                       "asked", msg_out)))
+    return e;
 
-  if (b->ops->check_size &&
-      (e = b->ops->check_size(b, &loc, req->size, r->msgbuf, sizeof(r->msgbuf)))) {
-    *msg_out = r->msgbuf;
+  if ((e = backend_alloc(r, b, &loc, req, &mem, msg_out)))
     return e;
-  }
-  if ((e = b->ops->alloc(b, &loc, req->size, req->flags, req->name, &mem))) {
-    *msg_out = e == -ENODEV   ? "no such GPU"
-               : e == -ENOMEM ? "out of memory at that location"
-                              : "the backend could not allocate";
-    return e;
-  }
   /* Rounding up to the granularity may cross the quota after all. */
-  if (quota && c->cred.uid && (mem->size > quota || used > quota - mem->size)) {
+  if ((e = quota_check(r, c->cred.uid, quota, used, mem->size, "", "after rounding", msg_out))) {
     b->ops->free(b, mem);
-    *msg_out = fmt_msg(r, "uid %u uses %s of %s, %s more after rounding",
-                       (unsigned)c->cred.uid, gshm__format_size(used, a, sizeof(a)),
-                       gshm__format_size(quota, q, sizeof(q)),
-                       gshm__format_size(mem->size, s, sizeof(s)));
-    return -EDQUOT;
+    return e;
   }
   if (!(seg = calloc(1, sizeof(*seg))) || !(seg->name = strdup(req->name))) {
     free(seg);
@@ -455,19 +481,19 @@ static int segment_new(struct gshmd_registry *r, struct gshmd_client *c,
   seg->created_ns = gshm__now_ns(CLOCK_REALTIME);
   gshm_list_init(&seg->leases);
   r->bytes += mem->size;
-  usage_charge(u, mem, +1);
+  gshmd__reg_usage_charge(u, mem, +1);
   *seg_out = seg;
   return 0;
 }
 
-/* Frees a segment of segment_new that is in no tree or list: its usage,
+/* Frees a segment of gshmd__reg_segment_new that is in no tree or list: its usage,
  * its pages (discarded) and its memory. */
-static void segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg) {
-  struct usage *u = usage_get(r, seg->uid);
+void gshmd__reg_segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  struct usage *u = gshmd__reg_usage_get(r, seg->uid);
 
   r->bytes -= seg->mem->size;
   if (u)
-    usage_charge(u, seg->mem, -1);
+    gshmd__reg_usage_charge(u, seg->mem, -1);
   if (seg->mem->backend->ops->discard)
     seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
   seg->mem->backend->ops->free(seg->mem->backend, seg->mem);
@@ -476,15 +502,16 @@ static void segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg) {
   free(seg);
 }
 
-/* Gives seg (from segment_new, its name free) its id and generation and
+/* Gives seg (from gshmd__reg_segment_new, its name free) its id and generation and
  * makes it live: in the name and id trees and the id-ordered list.
  * Errors: -ENOMEM (seg untouched, in no tree). */
-static int segment_insert(struct gshmd_registry *r, struct gshmd_segment *seg) {
+int gshmd__reg_segment_insert(struct gshmd_registry *r, struct gshmd_segment *seg) {
   if (gshmd_seg_index_reserve(&r->seg_index)) /* so that the index add cannot fail */
     return -ENOMEM;
   seg->id = r->next_segment_id;
-  if (!tsearch(seg, &r->by_name, cmp_name) || !tsearch(seg, &r->by_id, cmp_seg_id)) {
-    tdelete(seg, &r->by_name, cmp_name);
+  if (!tsearch(seg, &r->by_name, gshmd__reg_cmp_name) ||
+      !tsearch(seg, &r->by_id, gshmd__reg_cmp_seg_id)) {
+    tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
     seg->id = 0;
     return -ENOMEM;
   }
@@ -503,10 +530,10 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
   char s[32];
   int e;
 
-  if ((e = segment_new(r, c, req, false, &seg, msg_out)))
+  if ((e = gshmd__reg_segment_new(r, c, req, false, &seg, msg_out)))
     return e;
-  if ((e = segment_insert(r, seg))) {
-    segment_drop(r, seg);
+  if ((e = gshmd__reg_segment_insert(r, seg))) {
+    gshmd__reg_segment_drop(r, seg);
     return e;
   }
   gshm_log_info("segment '%s' id %" PRIu64 " created: %s at %s, mode %04o, uid %u, by pid %d",
@@ -519,8 +546,8 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
   if (e) {
     /* No lease, no segment: the create did not happen. */
     seg->unlinked = true;
-    tdelete(seg, &r->by_name, cmp_name);
-    segment_free(r, seg, true);
+    tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
+    gshmd__reg_segment_free(r, seg, true);
   }
   return e;
 }
@@ -564,18 +591,20 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
         *msg_out = e == -ENAMETOOLONG ? "name too long" : "bad name";
         return e;
       }
-      return no_segment(r, req->name, msg_out);
+      return gshmd__reg_no_segment(r, req->name, msg_out);
     }
   }
   if (!granted && !gshmd_registry_may_access(c, seg, access)) {
     /* The owner, group and mode only to a client that may see them. */
-    *msg_out = !gshmd_registry_may_see(c, seg)
-                   ? "permission denied"
-                   : fmt_msg(r, "segment '%s' (uid %u, gid %u, mode %04o) refuses %s access to "
-                                "uid %u",
-                                seg->name, (unsigned)seg->uid, (unsigned)seg->gid, seg->mode,
-                                access == GSHM__ACCESS__ACCESS_READ ? "read" : "read-write",
-                                (unsigned)c->cred.uid);
+    *msg_out =
+        !gshmd_registry_may_see(c, seg)
+            ? "permission denied"
+            : gshmd__reg_fmt_msg(r,
+                                 "segment '%s' (uid %u, gid %u, mode %04o) refuses %s access to "
+                                 "uid %u",
+                                 seg->name, (unsigned)seg->uid, (unsigned)seg->gid, seg->mode,
+                                 access == GSHM__ACCESS__ACCESS_READ ? "read" : "read-write",
+                                 (unsigned)c->cred.uid);
     gshm_log_notice("denied: pid %d uid %u %s open of '%s'", (int)c->cred.pid,
                     (unsigned)c->cred.uid, access == GSHM__ACCESS__ACCESS_READ ? "read" : "rw",
                     seg->name);
@@ -593,7 +622,7 @@ int gshmd_registry_close(struct gshmd_registry *r, struct gshmd_client *c, uint6
 
   if (!l || l->client != c)
     return -ENOENT;
-  lease_end(r, l, false);
+  gshmd__reg_lease_end(r, l, false);
   return 0;
 }
 
@@ -602,14 +631,14 @@ int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, cons
   struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
 
   if (!seg)
-    return no_segment(r, name, msg_out);
-  if (!may_manage(c, seg))
-    return not_owner(r, c, seg, msg_out);
-  tdelete(seg, &r->by_name, cmp_name);
+    return gshmd__reg_no_segment(r, name, msg_out);
+  if (!gshmd__reg_may_manage(c, seg))
+    return gshmd__reg_not_owner(r, c, seg, msg_out);
+  tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
   seg->unlinked = true;
   gshm_log_info("segment '%s' id %" PRIu64 " unlinked by pid %d (%u leases remain)", seg->name,
                 seg->id, (int)c->cred.pid, seg->nleases);
-  if (seg->nleases == 0 && segment_release(r, seg))
+  if (seg->nleases == 0 && gshmd__reg_segment_release(r, seg))
     return 0;
   if (r->on_event)
     r->on_event(r, seg, GSHMD_SEGMENT_UNLINKED);
@@ -636,306 +665,4 @@ void gshmd_segment_to_info(const struct gshmd_segment *seg, Gshm__SegmentInfo *i
   info->granularity = seg->mem->granularity;
   if (seg->source)
     info->source = seg->source;
-}
-
-int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
-                         struct gshmd_alloc *mem) {
-  struct gshmd_segment *seg;
-  struct usage *u;
-
-  if (rec->id == 0 || rec->id == UINT64_MAX || rec->generation == UINT64_MAX)
-    return -EINVAL; /* ids and generations must stay increasing */
-  if (gshmd_registry_find_id(r, rec->id) || (!rec->unlinked && gshmd_registry_find_name(r, rec->name)))
-    return -EEXIST;
-  if (gshmd_seg_index_reserve(&r->seg_index) || !(u = usage_get(r, rec->uid)))
-    return -ENOMEM;
-  if (!(seg = calloc(1, sizeof(*seg))) || !(seg->name = strdup(rec->name))) {
-    free(seg);
-    return -ENOMEM;
-  }
-  seg->id = rec->id;
-  seg->generation = rec->generation;
-  seg->requested_size = rec->requested_size;
-  seg->mem = mem;
-  seg->uid = rec->uid;
-  seg->gid = rec->gid;
-  seg->mode = rec->mode & 0777;
-  seg->flags = rec->flags;
-  seg->created_ns = rec->created_ns;
-  seg->unlinked = rec->unlinked;
-  seg->restored = true;
-  if (rec->source && *rec->source && !(seg->source = strdup(rec->source))) {
-    free(seg->name);
-    free(seg);
-    return -ENOMEM;
-  }
-  gshm_list_init(&seg->leases);
-  if ((!seg->unlinked && !tsearch(seg, &r->by_name, cmp_name)) ||
-      !tsearch(seg, &r->by_id, cmp_seg_id)) {
-    if (!seg->unlinked)
-      tdelete(seg, &r->by_name, cmp_name);
-    free(seg->source);
-    free(seg->name);
-    free(seg);
-    return -ENOMEM;
-  }
-  /* Keep id order in the list (state records come sorted, but be safe). */
-  {
-    struct gshm_list *pos = r->segments.prev;
-    while (pos != &r->segments && gshm_list_entry(pos, struct gshmd_segment, node)->id > seg->id)
-      pos = pos->prev;
-    gshm_list_add_tail(pos->next, &seg->node);
-  }
-  gshmd_seg_index_add(&r->seg_index, seg, seg->id);
-  r->nsegments++;
-  r->bytes += mem->size;
-  usage_charge(u, mem, +1);
-  if (seg->id >= r->next_segment_id)
-    r->next_segment_id = seg->id + 1;
-  if (seg->generation >= r->next_generation)
-    r->next_generation = seg->generation + 1;
-  return 0;
-}
-
-void gshmd_registry_unname(struct gshmd_registry *r, struct gshmd_segment *seg) {
-  if (seg->unlinked)
-    return;
-  tdelete(seg, &r->by_name, cmp_name);
-  seg->unlinked = true;
-}
-
-unsigned gshmd_registry_reap_unlinked(struct gshmd_registry *r) {
-  struct gshm_list *pos, *tmp;
-  unsigned n = 0;
-
-  r->restore_grace_over = true;
-  gshm_list_foreach_safe(pos, tmp, &r->segments) {
-    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
-    if (seg->unlinked && seg->nleases == 0)
-      n += segment_release(r, seg);
-  }
-  return n;
-}
-
-int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
-                         uint32_t mode, const char **msg_out) {
-  struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
-
-  if (!seg)
-    return no_segment(r, name, msg_out);
-  if (mode & ~0777u) {
-    *msg_out = fmt_msg(r, "mode %o has bits outside 0777", mode);
-    return -EINVAL;
-  }
-  if (!may_manage(c, seg))
-    return not_owner(r, c, seg, msg_out);
-  gshm_log_info("segment '%s' mode %04o -> %04o by pid %d uid %u", seg->name, seg->mode, mode,
-                (int)c->cred.pid, (unsigned)c->cred.uid);
-  seg->mode = mode;
-  if (r->on_event)
-    r->on_event(r, seg, GSHMD_SEGMENT_CHANGED);
-  return 0;
-}
-
-int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
-                         int64_t uid, int64_t gid, const char **msg_out) {
-  struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
-  struct usage *from, *to;
-
-  if (!seg)
-    return no_segment(r, name, msg_out);
-  if (uid < -1 || uid > (int64_t)UINT32_MAX - 1 || gid < -1 || gid > (int64_t)UINT32_MAX - 1) {
-    *msg_out = "uid and gid must be 0..4294967294, or -1 to keep";
-    return -EINVAL;
-  }
-  if (!may_manage(c, seg))
-    return not_owner(r, c, seg, msg_out);
-  if (uid >= 0 && (uid_t)uid != seg->uid && !c->cred.admin) {
-    *msg_out = "only an admin gives a segment to another user";
-    return -EPERM;
-  }
-  if (gid >= 0 && !c->cred.admin && !cred_in_group(&c->cred, (gid_t)gid)) {
-    *msg_out = fmt_msg(r, "uid %u is not in group %u", (unsigned)c->cred.uid, (unsigned)gid);
-    return -EPERM;
-  }
-  if (uid >= 0 && (uid_t)uid != seg->uid) {
-    /* Quota usage follows the owner. */
-    if (!(from = usage_get(r, seg->uid)) || !(to = usage_get(r, (uid_t)uid)))
-      return -ENOMEM;
-    usage_charge(from, seg->mem, -1);
-    usage_charge(to, seg->mem, +1);
-    seg->uid = (uid_t)uid;
-  }
-  if (gid >= 0)
-    seg->gid = (gid_t)gid;
-  gshm_log_info("segment '%s' owner now %u:%u, by pid %d uid %u", seg->name, (unsigned)seg->uid,
-                (unsigned)seg->gid, (int)c->cred.pid, (unsigned)c->cred.uid);
-  if (r->on_event)
-    r->on_event(r, seg, GSHMD_SEGMENT_CHANGED);
-  return 0;
-}
-
-int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
-                          const char **msg_out) {
-  struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
-  unsigned n;
-
-  if (!seg)
-    return no_segment(r, name, msg_out);
-  if (!c->cred.admin) {
-    *msg_out = "revoke is for admins (root or the admin group)";
-    return -EPERM;
-  }
-  /* Unlink first so that ending the last lease frees the memory. */
-  tdelete(seg, &r->by_name, cmp_name);
-  seg->unlinked = true;
-  gshm_log_notice("segment '%s' id %" PRIu64 " revoked by pid %d uid %u (%u leases ended)",
-                  seg->name, seg->id, (int)c->cred.pid, (unsigned)c->cred.uid, seg->nleases);
-  /* Count first: the list head goes with seg (found by
-   * tests/fuzz/fuzz_server, corpus revoke_two_leases). */
-  for (n = seg->nleases; n > 0; n--)
-    lease_end(r, gshm_list_entry(seg->leases.next, struct gshmd_lease, seg_node), true);
-  /* Revoke takes the memory back, restored or not: the pages go now. */
-  segment_free(r, seg, true);
-  return 0;
-}
-
-int gshmd_registry_create_hidden(struct gshmd_registry *r, struct gshmd_client *c,
-                                 const Gshm__CreateRequest *req, struct gshmd_segment **seg_out,
-                                 const char **msg_out) {
-  struct gshmd_segment *seg;
-  int e;
-
-  if ((e = segment_new(r, c, req, true, &seg, msg_out)))
-    return e;
-  gshm_list_add_tail(&r->hidden, &seg->node);
-  r->nhidden++;
-  *seg_out = seg;
-  return 0;
-}
-
-void gshmd_registry_discard_hidden(struct gshmd_registry *r, struct gshmd_segment *seg) {
-  gshm_list_del(&seg->node);
-  r->nhidden--;
-  segment_drop(r, seg);
-}
-
-static int cmp_seg_ptr_name(const void *a, const void *b) {
-  return cmp_name(*(struct gshmd_segment *const *)a, *(struct gshmd_segment *const *)b);
-}
-
-/* A segment of segs[0..n) whose name another one has too, or NULL;
- * scratch: room for n pointers. */
-static struct gshmd_segment *duplicate_name(struct gshmd_segment *const *segs, size_t n,
-                                            struct gshmd_segment **scratch) {
-  memcpy(scratch, segs, n * sizeof(*scratch));
-  qsort(scratch, n, sizeof(*scratch), cmp_seg_ptr_name);
-  for (size_t i = 1; i < n; i++)
-    if (!cmp_name(scratch[i - 1], scratch[i]))
-      return scratch[i];
-  return NULL;
-}
-
-/* The live segment that holds seg's name, or NULL. */
-static struct gshmd_segment *name_holder(struct gshmd_registry *r, struct gshmd_segment *seg) {
-  struct gshmd_segment **slot = tfind(seg, &r->by_name, cmp_name);
-  return slot ? *slot : NULL;
-}
-
-/* Undoes the tree insertions of publish for segs[0..n): ids from id0. */
-static void publish_undo(struct gshmd_registry *r, struct gshmd_segment *const *segs, size_t n,
-                         size_t named, size_t ided, uint64_t id0) {
-  for (size_t i = 0; i < ided; i++)
-    tdelete(segs[i], &r->by_id, cmp_seg_id);
-  for (size_t i = 0; i < named; i++)
-    if (segs[i]->unlinked) /* (marks the ones publish named) */
-      tdelete(segs[i], &r->by_name, cmp_name);
-  for (size_t i = 0; i < n; i++) {
-    segs[i]->unlinked = false;
-    segs[i]->id = 0;
-  }
-  r->next_segment_id = id0;
-}
-
-int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
-                           struct gshmd_segment *const *segs, size_t n, bool replace,
-                           const char **msg_out) {
-  struct gshmd_segment **old = calloc(n ? n : 1, sizeof(*old)), *dup;
-  uint64_t id0 = r->next_segment_id;
-  size_t named = 0, ided = 0;
-  char sz[32];
-
-  if (!old)
-    return -ENOMEM;
-  if ((dup = duplicate_name(segs, n, old))) { /* (old: scratch space, cleared after) */
-    *msg_out = fmt_msg(r, "two segments of the set are named '%s'", dup->name);
-    free(old);
-    return -EINVAL;
-  }
-  memset(old, 0, n * sizeof(*old));
-  for (size_t i = 0; i < n; i++) {
-    if (!(old[i] = name_holder(r, segs[i])))
-      continue;
-    if (!replace || !may_manage(c, old[i])) {
-      *msg_out = !replace ? fmt_msg(r, "segment '%s' exists (replace it with --replace)",
-                                    segs[i]->name)
-                          : fmt_msg(r, "segment '%s' is not yours to replace", segs[i]->name);
-      free(old);
-      return !replace ? -EEXIST : -EACCES;
-    }
-  }
-  /* Every allocation first (tree nodes), undone on failure: nothing is
-   * visible until the last one succeeded.  seg->unlinked marks, for the
-   * undo, the ones given a name node of their own. */
-  for (size_t i = 0; i < n; i++)
-    segs[i]->id = r->next_segment_id++;
-  for (; ided < n; ided++)
-    if (!tsearch(segs[ided], &r->by_id, cmp_seg_id))
-      goto nomem;
-  for (; named < n; named++) {
-    if (old[named])
-      continue;
-    if (!tsearch(segs[named], &r->by_name, cmp_name))
-      goto nomem;
-    segs[named]->unlinked = true;
-  }
-  /* The swap: no failure from here on.  A replaced name's tree node is
-   * given the new segment in place (same name, so the tree stays
-   * ordered). */
-  for (size_t i = 0; i < n; i++) {
-    struct gshmd_segment *seg = segs[i];
-    seg->unlinked = false;
-    if (old[i])
-      *(struct gshmd_segment **)tfind(seg, &r->by_name, cmp_name) = seg;
-    seg->generation = r->next_generation++;
-    gshm_list_del(&seg->node); /* off r->hidden */
-    r->nhidden--;
-    gshm_list_add_tail(&r->segments, &seg->node);
-    r->nsegments++;
-    gshm_log_info("segment '%s' id %" PRIu64 " published: %s at %s, mode %04o, uid %u%s",
-                  seg->name, seg->id, gshm__format_size(seg->mem->size, sz, sizeof(sz)),
-                  seg->mem->location, seg->mode, (unsigned)seg->uid,
-                  old[i] ? " (replaces the old one)" : "");
-  }
-  /* The fd store learns of the new segments before the old ones go: a
-   * crash in between restores the newer of two that share a name. */
-  for (size_t i = 0; i < n && r->on_event; i++)
-    r->on_event(r, segs[i], GSHMD_SEGMENT_CREATED);
-  for (size_t i = 0; i < n; i++) {
-    if (!old[i])
-      continue;
-    old[i]->unlinked = true; /* its name node is the new segment's now */
-    gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain)", old[i]->name,
-                  old[i]->id, old[i]->nleases);
-    if (old[i]->nleases && r->on_event)
-      r->on_event(r, old[i], GSHMD_SEGMENT_UNLINKED);
-    if (old[i]->nleases == 0)
-      segment_free(r, old[i], true);
-  }
-  free(old);
-  return 0;
-nomem:
-  publish_undo(r, segs, n, named, ided, id0);
-  free(old);
-  return -ENOMEM;
 }

@@ -1,0 +1,180 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The registry's administration: adopt at restore, unname, reap, chmod, chown, revoke. */
+#include "registry.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <search.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+#include "registry_internal.h"
+#include "util.h"
+
+int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
+                         struct gshmd_alloc *mem) {
+  struct gshmd_segment *seg;
+  struct usage *u;
+
+  if (rec->id == 0 || rec->id == UINT64_MAX || rec->generation == UINT64_MAX)
+    return -EINVAL; /* ids and generations must stay increasing */
+  if (gshmd_registry_find_id(r, rec->id) ||
+      (!rec->unlinked && gshmd_registry_find_name(r, rec->name)))
+    return -EEXIST;
+  if (gshmd_seg_index_reserve(&r->seg_index) || !(u = gshmd__reg_usage_get(r, rec->uid)))
+    return -ENOMEM;
+  if (!(seg = calloc(1, sizeof(*seg))) || !(seg->name = strdup(rec->name))) {
+    free(seg);
+    return -ENOMEM;
+  }
+  seg->id = rec->id;
+  seg->generation = rec->generation;
+  seg->requested_size = rec->requested_size;
+  seg->mem = mem;
+  seg->uid = rec->uid;
+  seg->gid = rec->gid;
+  seg->mode = rec->mode & 0777;
+  seg->flags = rec->flags;
+  seg->created_ns = rec->created_ns;
+  seg->unlinked = rec->unlinked;
+  seg->restored = true;
+  if (rec->source && *rec->source && !(seg->source = strdup(rec->source))) {
+    free(seg->name);
+    free(seg);
+    return -ENOMEM;
+  }
+  gshm_list_init(&seg->leases);
+  if ((!seg->unlinked && !tsearch(seg, &r->by_name, gshmd__reg_cmp_name)) ||
+      !tsearch(seg, &r->by_id, gshmd__reg_cmp_seg_id)) {
+    if (!seg->unlinked)
+      tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
+    free(seg->source);
+    free(seg->name);
+    free(seg);
+    return -ENOMEM;
+  }
+  /* Keep id order in the list (state records come sorted, but be safe). */
+  {
+    struct gshm_list *pos = r->segments.prev;
+    while (pos != &r->segments && gshm_list_entry(pos, struct gshmd_segment, node)->id > seg->id)
+      pos = pos->prev;
+    gshm_list_add_tail(pos->next, &seg->node);
+  }
+  gshmd_seg_index_add(&r->seg_index, seg, seg->id);
+  r->nsegments++;
+  r->bytes += mem->size;
+  gshmd__reg_usage_charge(u, mem, +1);
+  if (seg->id >= r->next_segment_id)
+    r->next_segment_id = seg->id + 1;
+  if (seg->generation >= r->next_generation)
+    r->next_generation = seg->generation + 1;
+  return 0;
+}
+
+void gshmd_registry_unname(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  if (seg->unlinked)
+    return;
+  tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
+  seg->unlinked = true;
+}
+
+unsigned gshmd_registry_reap_unlinked(struct gshmd_registry *r) {
+  struct gshm_list *pos, *tmp;
+  unsigned n = 0;
+
+  r->restore_grace_over = true;
+  gshm_list_foreach_safe(pos, tmp, &r->segments) {
+    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+    if (seg->unlinked && seg->nleases == 0)
+      n += gshmd__reg_segment_release(r, seg);
+  }
+  return n;
+}
+
+int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
+                         uint32_t mode, const char **msg_out) {
+  struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
+
+  if (!seg)
+    return gshmd__reg_no_segment(r, name, msg_out);
+  if (mode & ~0777u) {
+    *msg_out = gshmd__reg_fmt_msg(r, "mode %o has bits outside 0777", mode);
+    return -EINVAL;
+  }
+  if (!gshmd__reg_may_manage(c, seg))
+    return gshmd__reg_not_owner(r, c, seg, msg_out);
+  gshm_log_info("segment '%s' mode %04o -> %04o by pid %d uid %u", seg->name, seg->mode, mode,
+                (int)c->cred.pid, (unsigned)c->cred.uid);
+  seg->mode = mode;
+  if (r->on_event)
+    r->on_event(r, seg, GSHMD_SEGMENT_CHANGED);
+  return 0;
+}
+
+int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
+                         int64_t uid, int64_t gid, const char **msg_out) {
+  struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
+  struct usage *from, *to;
+
+  if (!seg)
+    return gshmd__reg_no_segment(r, name, msg_out);
+  if (uid < -1 || uid > (int64_t)UINT32_MAX - 1 || gid < -1 || gid > (int64_t)UINT32_MAX - 1) {
+    *msg_out = "uid and gid must be 0..4294967294, or -1 to keep";
+    return -EINVAL;
+  }
+  if (!gshmd__reg_may_manage(c, seg))
+    return gshmd__reg_not_owner(r, c, seg, msg_out);
+  if (uid >= 0 && (uid_t)uid != seg->uid && !c->cred.admin) {
+    *msg_out = "only an admin gives a segment to another user";
+    return -EPERM;
+  }
+  if (gid >= 0 && !c->cred.admin && !gshmd__reg_cred_in_group(&c->cred, (gid_t)gid)) {
+    *msg_out =
+        gshmd__reg_fmt_msg(r, "uid %u is not in group %u", (unsigned)c->cred.uid, (unsigned)gid);
+    return -EPERM;
+  }
+  if (uid >= 0 && (uid_t)uid != seg->uid) {
+    /* Quota usage follows the owner. */
+    if (!(from = gshmd__reg_usage_get(r, seg->uid)) || !(to = gshmd__reg_usage_get(r, (uid_t)uid)))
+      return -ENOMEM;
+    gshmd__reg_usage_charge(from, seg->mem, -1);
+    gshmd__reg_usage_charge(to, seg->mem, +1);
+    seg->uid = (uid_t)uid;
+  }
+  if (gid >= 0)
+    seg->gid = (gid_t)gid;
+  gshm_log_info("segment '%s' owner now %u:%u, by pid %d uid %u", seg->name, (unsigned)seg->uid,
+                (unsigned)seg->gid, (int)c->cred.pid, (unsigned)c->cred.uid);
+  if (r->on_event)
+    r->on_event(r, seg, GSHMD_SEGMENT_CHANGED);
+  return 0;
+}
+
+int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
+                          const char **msg_out) {
+  struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
+  unsigned n;
+
+  if (!seg)
+    return gshmd__reg_no_segment(r, name, msg_out);
+  if (!c->cred.admin) {
+    *msg_out = "revoke is for admins (root or the admin group)";
+    return -EPERM;
+  }
+  /* Unlink first so that ending the last lease frees the memory. */
+  tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
+  seg->unlinked = true;
+  gshm_log_notice("segment '%s' id %" PRIu64 " revoked by pid %d uid %u (%u leases ended)",
+                  seg->name, seg->id, (int)c->cred.pid, (unsigned)c->cred.uid, seg->nleases);
+  /* Count first: the list head goes with seg (found by
+   * tests/fuzz/fuzz_server, corpus revoke_two_leases). */
+  for (n = seg->nleases; n > 0; n--)
+    gshmd__reg_lease_end(r, gshm_list_entry(seg->leases.next, struct gshmd_lease, seg_node), true);
+  /* Revoke takes the memory back, restored or not: the pages go now. */
+  gshmd__reg_segment_free(r, seg, true);
+  return 0;
+}

@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The registry's helpers shared by registry.c, registry_admin.c and
+ * registry_publish.c. */
+#ifndef GSHMD_REGISTRY_INTERNAL_H
+#define GSHMD_REGISTRY_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "registry.h"
+
+/* Per-uid usage, for quotas (docs/ARCHITECTURE.md "Security model"). */
+struct usage {
+  uid_t uid;
+  uint64_t host_bytes, cuda_bytes;
+  uint32_t segments, leases;
+};
+
+/* Adds (sign +1) or removes (-1) segment memory m, NULL for none, to u's usage.
+ */
+void gshmd__reg_usage_charge(struct usage *u, const struct gshmd_alloc *m, int sign);
+/* uid's usage record, made on first use; NULL when out of memory. */
+struct usage *gshmd__reg_usage_get(struct gshmd_registry *r, uid_t uid);
+/* Tree orders: segments by name, by id. */
+int gshmd__reg_cmp_name(const void *a, const void *b);
+int gshmd__reg_cmp_seg_id(const void *a, const void *b);
+/* Formats a message into r->msgbuf and returns it (valid until the next call).
+ */
+const char *gshmd__reg_fmt_msg(struct gshmd_registry *r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Sets *msg_out to "no segment named ..." and returns -ENOENT. */
+int gshmd__reg_no_segment(struct gshmd_registry *r, const char *name, const char **msg_out);
+/* Whether c may unlink, chmod or chown seg: its owner or an admin. */
+bool gshmd__reg_may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg);
+/* Sets *msg_out to the refusal (owner named only to one who may see seg);
+ * returns -EACCES. */
+int gshmd__reg_not_owner(struct gshmd_registry *r, const struct gshmd_client *c,
+                         const struct gshmd_segment *seg, const char **msg_out);
+/* Whether cred's primary or supplementary groups hold gid. */
+bool gshmd__reg_cred_in_group(const struct gshmd_cred *cred, gid_t gid);
+/* Frees seg (out of every tree and list); discard also gives its pages back
+ * now. */
+void gshmd__reg_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg, bool discard);
+/* Frees an unlinked, unleased seg unless a restart's grace period keeps it;
+ * returns whether freed. */
+bool gshmd__reg_segment_release(struct gshmd_registry *r, struct gshmd_segment *seg);
+/* Ends lease l; the last lease of an unlinked segment releases it unless keep.
+ */
+void gshmd__reg_lease_end(struct gshmd_registry *r, struct gshmd_lease *l, bool keep);
+/* Checks req and c's quotas, allocates and charges a segment in no tree or list
+ * (hidden: the name may be taken); 0 or negative errno with *msg_out set. */
+int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
+                           const Gshm__CreateRequest *req, bool hidden,
+                           struct gshmd_segment **seg_out, const char **msg_out);
+/* Frees a segment of segment_new that is in no tree or list. */
+void gshmd__reg_segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg);
+/* Gives seg its id and puts it in the trees, list and index; 0 or -ENOMEM. */
+int gshmd__reg_segment_insert(struct gshmd_registry *r, struct gshmd_segment *seg);
+
+#endif

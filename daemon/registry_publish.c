@@ -1,0 +1,171 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Hidden segments and their publishing in one step, for cluster pulls. */
+#include "registry.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <search.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+#include "registry_internal.h"
+#include "util.h"
+
+int gshmd_registry_create_hidden(struct gshmd_registry *r, struct gshmd_client *c,
+                                 const Gshm__CreateRequest *req, struct gshmd_segment **seg_out,
+                                 const char **msg_out) {
+  struct gshmd_segment *seg;
+  int e;
+
+  if ((e = gshmd__reg_segment_new(r, c, req, true, &seg, msg_out)))
+    return e;
+  gshm_list_add_tail(&r->hidden, &seg->node);
+  r->nhidden++;
+  *seg_out = seg;
+  return 0;
+}
+
+void gshmd_registry_discard_hidden(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  gshm_list_del(&seg->node);
+  r->nhidden--;
+  gshmd__reg_segment_drop(r, seg);
+}
+
+static int cmp_seg_ptr_name(const void *a, const void *b) {
+  return gshmd__reg_cmp_name(*(struct gshmd_segment *const *)a, *(struct gshmd_segment *const *)b);
+}
+
+/* A segment of segs[0..n) whose name another one has too, or NULL;
+ * scratch: room for n pointers. */
+static struct gshmd_segment *duplicate_name(struct gshmd_segment *const *segs, size_t n,
+                                            struct gshmd_segment **scratch) {
+  memcpy(scratch, segs, n * sizeof(*scratch));
+  qsort(scratch, n, sizeof(*scratch), cmp_seg_ptr_name);
+  for (size_t i = 1; i < n; i++)
+    if (!gshmd__reg_cmp_name(scratch[i - 1], scratch[i]))
+      return scratch[i];
+  return NULL;
+}
+
+/* The live segment that holds seg's name, or NULL. */
+static struct gshmd_segment *name_holder(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  struct gshmd_segment **slot = tfind(seg, &r->by_name, gshmd__reg_cmp_name);
+  return slot ? *slot : NULL;
+}
+
+/* Undoes the tree insertions of publish for segs[0..n): ids from id0. */
+static void publish_undo(struct gshmd_registry *r, struct gshmd_segment *const *segs, size_t n,
+                         size_t named, size_t ided, uint64_t id0) {
+  for (size_t i = 0; i < ided; i++)
+    tdelete(segs[i], &r->by_id, gshmd__reg_cmp_seg_id);
+  for (size_t i = 0; i < named; i++)
+    if (segs[i]->unlinked) /* (marks the ones publish named) */
+      tdelete(segs[i], &r->by_name, gshmd__reg_cmp_name);
+  for (size_t i = 0; i < n; i++) {
+    segs[i]->unlinked = false;
+    segs[i]->id = 0;
+  }
+  r->next_segment_id = id0;
+}
+
+/* Fills old[i] with the segment that holds segs[i]'s name, NULL for none;
+ * each must be c's to replace, and replace asked.  0, or -EEXIST or
+ * -EACCES with *msg_out set. */
+static int name_holders(struct gshmd_registry *r, struct gshmd_client *c,
+                        struct gshmd_segment *const *segs, size_t n, bool replace,
+                        struct gshmd_segment **old, const char **msg_out) {
+  for (size_t i = 0; i < n; i++) {
+    if (!(old[i] = name_holder(r, segs[i])))
+      continue;
+    if (!replace) {
+      *msg_out =
+          gshmd__reg_fmt_msg(r, "segment '%s' exists (replace it with --replace)", segs[i]->name);
+      return -EEXIST;
+    }
+    if (!gshmd__reg_may_manage(c, old[i])) {
+      *msg_out = gshmd__reg_fmt_msg(r, "segment '%s' is not yours to replace", segs[i]->name);
+      return -EACCES;
+    }
+  }
+  return 0;
+}
+
+int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
+                           struct gshmd_segment *const *segs, size_t n, bool replace,
+                           const char **msg_out) {
+  struct gshmd_segment **old = calloc(n ? n : 1, sizeof(*old)), *dup;
+  uint64_t id0 = r->next_segment_id;
+  size_t named = 0, ided = 0;
+  char sz[32];
+  int e;
+
+  if (!old)
+    return -ENOMEM;
+  if ((dup = duplicate_name(segs, n, old))) { /* (old: scratch space, cleared after) */
+    *msg_out = gshmd__reg_fmt_msg(r, "two segments of the set are named '%s'", dup->name);
+    free(old);
+    return -EINVAL;
+  }
+  memset(old, 0, n * sizeof(*old));
+  if ((e = name_holders(r, c, segs, n, replace, old, msg_out))) {
+    free(old);
+    return e;
+  }
+  /* Every allocation first (tree nodes), undone on failure: nothing is
+   * visible until the last one succeeded.  seg->unlinked marks, for the
+   * undo, the ones given a name node of their own. */
+  for (size_t i = 0; i < n; i++)
+    segs[i]->id = r->next_segment_id++;
+  for (; ided < n; ided++)
+    if (!tsearch(segs[ided], &r->by_id, gshmd__reg_cmp_seg_id))
+      goto nomem;
+  for (; named < n; named++) {
+    if (old[named])
+      continue;
+    if (!tsearch(segs[named], &r->by_name, gshmd__reg_cmp_name))
+      goto nomem;
+    segs[named]->unlinked = true;
+  }
+  /* The swap: no failure from here on.  A replaced name's tree node is
+   * given the new segment in place (same name, so the tree stays
+   * ordered). */
+  for (size_t i = 0; i < n; i++) {
+    struct gshmd_segment *seg = segs[i];
+    seg->unlinked = false;
+    if (old[i])
+      *(struct gshmd_segment **)tfind(seg, &r->by_name, gshmd__reg_cmp_name) = seg;
+    seg->generation = r->next_generation++;
+    gshm_list_del(&seg->node); /* off r->hidden */
+    r->nhidden--;
+    gshm_list_add_tail(&r->segments, &seg->node);
+    r->nsegments++;
+    gshm_log_info("segment '%s' id %" PRIu64 " published: %s at %s, mode %04o, uid %u%s", seg->name,
+                  seg->id, gshm__format_size(seg->mem->size, sz, sizeof(sz)), seg->mem->location,
+                  seg->mode, (unsigned)seg->uid, old[i] ? " (replaces the old one)" : "");
+  }
+  /* The fd store learns of the new segments before the old ones go: a
+   * crash in between restores the newer of two that share a name. */
+  for (size_t i = 0; i < n && r->on_event; i++)
+    r->on_event(r, segs[i], GSHMD_SEGMENT_CREATED);
+  for (size_t i = 0; i < n; i++) {
+    if (!old[i])
+      continue;
+    old[i]->unlinked = true; /* its name node is the new segment's now */
+    gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain)", old[i]->name,
+                  old[i]->id, old[i]->nleases);
+    if (old[i]->nleases && r->on_event)
+      r->on_event(r, old[i], GSHMD_SEGMENT_UNLINKED);
+    if (old[i]->nleases == 0)
+      gshmd__reg_segment_free(r, old[i], true);
+  }
+  free(old);
+  return 0;
+nomem:
+  publish_undo(r, segs, n, named, ided, id0);
+  free(old);
+  return -ENOMEM;
+}
