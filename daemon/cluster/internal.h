@@ -59,6 +59,9 @@ struct gshmd_cluster {
   struct gshm_list pulls;    /* struct pull_set.node */
   struct gshm_list lists;    /* struct remote_list.node */
   struct gshm_list peer_queries; /* struct peers_query.node (peers.c) */
+  struct gshm_list relays;   /* relay.c: segments pulled here that peers may read meanwhile */
+  struct gshm_list relay_lists; /* relay.c: Lists waiting for a set's listing */
+  uint64_t next_set_seq;     /* struct pull_set.seq */
   bool have_pull_gid;
   gid_t pull_gid;
   struct export_rule *exports; /* cluster.export */

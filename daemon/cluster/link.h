@@ -131,6 +131,7 @@ struct link {
   /* owned by the layers above (serve.c, pull.c) */
   struct gshmd_client *serve_client; /* inbound, up: holds the serving leases */
   struct gshm_list grants;   /* inbound: struct serve_grant */
+  unsigned parked;           /* inbound: requests parked by relay.c */
   struct gshm_list pulls;    /* outbound: struct pull.link_node using this link */
 };
 

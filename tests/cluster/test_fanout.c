@@ -1,0 +1,315 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Fan-out: a gshmd that is still pulling a set serves it onward as its
+ * chunks land, with four real gshmd on 127.0.0.1 in a chain A -> B -> C
+ * -> D (each pulls the set under fan/ from the one before, all under
+ * way at once).  Every byte checked on B, C and D; on each node the names
+ * appear only at the end; A serves the set once.  B SIGKILLed mid-chain:
+ * C and D fail, nothing of the set on C or D, nor after restarting C.  A
+ * set B would not export once published (mode 0600) is not relayed. */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+#include "nodes.h"
+#include "util.h"
+
+#define NSET 12 /* segments in the set */
+
+static struct cluster_keys keys;
+static struct node A, B, C, D;
+static struct node *chain[4] = {&A, &B, &C, &D};
+
+/* Segment i of the set: mixed sizes, one of 48 MiB (B, which pulls in
+ * small chunks one at a time, takes a while over it). */
+static uint64_t set_size(int i) { return i == 5 ? 48 * MiB : 65536 * (uint64_t)(i + 1) + 13; }
+
+static void make_set(gshm_client_t *c, const char *prefix, unsigned long long base) {
+  set_make(c, prefix, NSET, set_size, base);
+}
+
+static void check_set(gshm_client_t *c, const char *prefix, unsigned long long base) {
+  set_check(c, prefix, NSET, set_size, base);
+}
+
+static void unlink_set(gshm_client_t *c, const char *prefix) { set_unlink(c, prefix, NSET); }
+
+static int group_setup(void **state) {
+  char peers[4][96];
+  (void)state;
+
+  keys_make(&keys, "gshm-fanout");
+  for (int i = 0; i < 4; i++)
+    chain[i]->port = free_port();
+  /* each node knows the one before and the one after */
+  snprintf(peers[0], sizeof(peers[0]), "b=127.0.0.1:%d", B.port);
+  snprintf(peers[1], sizeof(peers[1]), "a=127.0.0.1:%d,c=127.0.0.1:%d", A.port, C.port);
+  snprintf(peers[2], sizeof(peers[2]), "b=127.0.0.1:%d,d=127.0.0.1:%d", B.port, D.port);
+  snprintf(peers[3], sizeof(peers[3]), "c=127.0.0.1:%d", C.port);
+  node_start(&A, "a", peers[0], keys.key, "fan/*", NULL);
+  /* B reads in small chunks, one at a time: the chain runs behind it */
+  node_start(&B, "b", peers[1], keys.key, "fan/*", "cluster.pull_chunk=16K",
+             "cluster.pull_depth=1", NULL);
+  node_start(&C, "c", peers[2], keys.key, "fan/*", "cluster.pull_chunk=1M", NULL);
+  node_start(&D, "d", peers[3], keys.key, "fan/*", "cluster.pull_chunk=1M", NULL);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  for (int i = 3; i >= 0; i--)
+    assert_int_equal(harness_stop(&chain[i]->h), 0);
+  keys_remove(&keys);
+  return 0;
+}
+
+/* One hop's pull of the set, in the background. */
+struct hop {
+  pthread_t t;
+  struct node *puller;
+  const char *peer, *prefix;
+  uint32_t mode;
+  gshm_pull_result_t *v;
+  size_t n;
+  int err;
+  int64_t start_ns, end_ns;
+};
+
+static void *hop_thread(void *arg) {
+  struct hop *h = arg;
+  gshm_pull_opts_t po = {.mode = h->mode};
+  gshm_client_t *c;
+
+  h->start_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  h->err = gshm_connect(h->puller->h.socket_path, "hop", &c);
+  if (!h->err) {
+    h->err = gshm_pull_prefix(c, h->peer, h->prefix, &po, &h->v, &h->n);
+    gshm_disconnect(c);
+  }
+  h->end_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  return NULL;
+}
+
+/* Waits until n has a pull in flight whose listing is done (its segments
+ * created, hidden: what the next hop lists) and returns its bytes done;
+ * -1 when none came within 10 s. */
+static long long wait_pull_listed(struct node *n, uint64_t min_done) {
+  gshm_client_t *c = connect_to(n);
+  long long done = -1;
+
+  for (int k = 0; k < 5000 && done < 0; k++) {
+    gshm_cluster_pull_t *v = NULL;
+    size_t cnt = 0;
+    assert_int_equal(gshm_cluster_pulls(c, &v, &cnt), 0);
+    if (cnt == 1 && v[0].segments_total == NSET && v[0].bytes_done >= min_done)
+      done = (long long)v[0].bytes_done;
+    gshm_free(v);
+    if (done < 0)
+      usleep(2000);
+  }
+  gshm_disconnect(c);
+  return done;
+}
+
+static void hop_start(struct hop *h, struct node *puller, const char *peer, const char *prefix,
+                      uint32_t mode) {
+  h->puller = puller;
+  h->peer = peer;
+  h->prefix = prefix;
+  h->mode = mode;
+  assert_int_equal(pthread_create(&h->t, NULL, hop_thread, h), 0);
+}
+
+/* Lists B, C and D all along: a name of the set is there with all the
+ * others or not at all. */
+struct watch {
+  atomic_bool stop;
+  unsigned looks, partial;
+  pthread_t t;
+};
+
+static void *watch_thread(void *arg) {
+  struct watch *w = arg;
+  gshm_client_t *c[3] = {connect_to(&B), connect_to(&C), connect_to(&D)};
+  while (!atomic_load(&w->stop)) {
+    for (int i = 0; i < 3; i++) {
+      unsigned k = count_named(c[i], "fan/chain/");
+      w->partial += k != 0 && k != NSET;
+    }
+    w->looks++;
+    usleep(2000);
+  }
+  for (int i = 0; i < 3; i++)
+    gshm_disconnect(c[i]);
+  return NULL;
+}
+
+/* A -> B -> C -> D, each hop started as soon as the one before has listed
+ * the set: C reads from B and D from C while B still pulls from A; A
+ * serves the set once; every byte on B, C and D; names only at the end. */
+static void test_chain(void **state) {
+  static struct watch w;
+  struct hop hb = {0}, hc = {0}, hd = {0};
+  gshm_client_t *a = connect_to(&A), *c;
+  long grants0 = metric(a, "gshm_cluster_grants_total");
+  const char *pre = "fan/chain/";
+  (void)state;
+
+  make_set(a, pre, 300);
+  assert_int_equal(pthread_create(&w.t, NULL, watch_thread, &w), 0);
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  assert_true(wait_pull_listed(&C, 0) >= 0);
+  hop_start(&hd, &D, "c", pre, 0644);
+  pthread_join(hb.t, NULL);
+  pthread_join(hc.t, NULL);
+  pthread_join(hd.t, NULL);
+  atomic_store(&w.stop, true);
+  pthread_join(w.t, NULL);
+  print_message("B %.3f s, C %.3f s, D %.3f s; watcher looked %u times, %u partial\n",
+                (double)(hb.end_ns - hb.start_ns) / 1e9, (double)(hc.end_ns - hc.start_ns) / 1e9,
+                (double)(hd.end_ns - hd.start_ns) / 1e9, w.looks, w.partial);
+  assert_int_equal(hb.err, 0);
+  assert_int_equal(hc.err, 0);
+  assert_int_equal(hd.err, 0);
+  assert_int_equal(hb.n, NSET);
+  assert_int_equal(hc.n, NSET);
+  assert_int_equal(hd.n, NSET);
+  /* C and D were under way while B was still pulling (relayed) */
+  assert_true(hc.start_ns < hb.end_ns);
+  assert_true(hd.start_ns < hb.end_ns);
+  assert_int_equal(w.partial, 0);
+  assert_true(w.looks > 2);
+  /* the source served each segment once, whatever the chain's length */
+  assert_int_equal(metric(a, "gshm_cluster_grants_total") - grants0, NSET);
+  for (int i = 1; i < 4; i++) {
+    c = connect_to(chain[i]);
+    check_set(c, pre, 300);
+    unlink_set(c, pre);
+    gshm_disconnect(c);
+  }
+  gshm_free(hb.v);
+  gshm_free(hc.v);
+  gshm_free(hd.v);
+  unlink_set(a, pre);
+  gshm_disconnect(a);
+}
+
+/* Waits (up to 10 s) until n holds no segment memory; returns its bytes. */
+static uint64_t wait_empty(struct node *n) {
+  gshm_client_t *c = connect_to(n);
+  gshm_status_info_t s = {0};
+  for (int k = 0; k < 1000; k++) {
+    assert_int_equal(gshm_status(c, &s), 0);
+    if (s.segments == 0 && s.bytes == 0)
+      break;
+    usleep(10000);
+  }
+  gshm_disconnect(c);
+  return s.bytes + s.segments;
+}
+
+/* B is SIGKILLed (and restarted empty) while C and D read the set through
+ * it: both fail, nothing of the set on C or D, nor on C after a restart. */
+static void test_relay_killed(void **state) {
+  struct hop hb = {0}, hc = {0}, hd = {0};
+  gshm_client_t *a = connect_to(&A), *c;
+  int64_t kill_ns;
+  const char *pre = "fan/kill/";
+  (void)state;
+
+  make_set(a, pre, 400);
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  assert_true(wait_pull_listed(&C, 1) > 0); /* bytes relayed to C */
+  hop_start(&hd, &D, "c", pre, 0644);
+  assert_true(wait_pull_listed(&D, 0) >= 0);
+  kill_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  assert_int_equal(harness_restart(&B.h, SIGKILL, B.argv), 0);
+  pthread_join(hb.t, NULL);
+  pthread_join(hc.t, NULL);
+  pthread_join(hd.t, NULL);
+  print_message("B killed %.3f s into its pull: C %d (%s), D %d (%s)\n",
+                (double)(kill_ns - hb.start_ns) / 1e9, hc.err, gshm_strerror(hc.err), hd.err,
+                gshm_strerror(hd.err));
+  /* (B's requester reconnects to the restarted B, whose pull starts anew) */
+  if (!hb.err) {
+    c = connect_to(&B);
+    unlink_set(c, pre);
+    gshm_disconnect(c);
+  }
+  gshm_free(hb.v);
+  assert_true(hc.err < 0);
+  assert_true(hd.err < 0);
+  for (int i = 2; i < 4; i++) {
+    c = connect_to(chain[i]);
+    assert_int_equal(count_named(c, pre), 0);
+    gshm_disconnect(c);
+    assert_true(wait_empty(chain[i]) == 0);
+  }
+  assert_int_equal(harness_restart(&C.h, SIGKILL, C.argv), 0);
+  c = connect_to(&C);
+  assert_int_equal(count_named(c, pre), 0);
+  gshm_disconnect(c);
+  assert_true(wait_empty(&C) == 0);
+  unlink_set(a, pre);
+  gshm_disconnect(a);
+}
+
+/* B pulls a set as 0600 (not exported once published: a plain rule
+ * needs o+r): while it is in flight C neither lists nor gets any of it. */
+static void test_not_exported_not_relayed(void **state) {
+  struct hop hb = {0};
+  gshm_client_t *a = connect_to(&A), *b, *c = connect_to(&C);
+  gshm_pull_result_t *v = NULL, r;
+  gshm_cluster_pull_t *pl = NULL;
+  size_t n = 0;
+  const char *pre = "fan/priv/";
+  (void)state;
+
+  make_set(a, pre, 500);
+  hop_start(&hb, &B, "a", pre, 0600);
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  assert_int_equal(gshm_pull_prefix(c, "b", pre, NULL, &v, &n), -ENOENT);
+  assert_int_equal(gshm_pull(c, "b", "fan/priv/05", NULL, &r), -ENOENT);
+  /* (B was still pulling: what C was refused was in flight there) */
+  b = connect_to(&B);
+  assert_int_equal(gshm_cluster_pulls(b, &pl, &n), 0);
+  assert_int_equal(n, 1);
+  gshm_free(pl);
+  pthread_join(hb.t, NULL);
+  assert_int_equal(hb.err, 0);
+  gshm_free(hb.v);
+  assert_int_equal(count_named(c, pre), 0);
+  check_set(b, pre, 500);
+  unlink_set(b, pre);
+  unlink_set(a, pre);
+  gshm_disconnect(b);
+  gshm_disconnect(c);
+  gshm_disconnect(a);
+}
+
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_chain),
+      cmocka_unit_test(test_relay_killed),
+      cmocka_unit_test(test_not_exported_not_relayed),
+  };
+  atexit(nodes_kill);
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
