@@ -25,6 +25,7 @@
 #include "wire.h"
 
 #define PROGRESS_NS 200000000LL /* a progress reply at most every 200 ms */
+#define SOURCE_MAX 384 /* a source as clients take it (gshm.h GSHM_SOURCE_MAX) */
 
 /* One chunk in flight: asked for (Read, or Stage: copied into a slot on
  * the peer first) -> its bytes received -> [copied into the local device
@@ -245,21 +246,39 @@ static void local_location(struct pull *p, bool remote_device) {
     snprintf(p->location, sizeof(p->location), "%s", remote_device ? "cuda:0" : "host");
 }
 
-int gshmd__pull_item_create(struct pull *p, uint64_t size, const char *remote_location) {
+/* Where p's copy of the peer segment s comes from (its source): where
+ * the peer got it, when the peer pulled it too, else the peer's own. */
+static void set_source(struct pull *p, const Gshm__Cluster__Segment *s) {
+  char src[400];
+
+  if (s->source && *s->source && strlen(s->source) < SOURCE_MAX && strchr(s->source, ':') &&
+      strchr(s->source, '#')) {
+    snprintf(src, sizeof(src), "%s", s->source);
+    gshmd__cluster_text_clean(src);
+  } else {
+    snprintf(src, sizeof(src), "%s:%s#%" PRIu64 ".%" PRIu64, p->s->peer->name, s->name, s->id,
+             s->generation);
+  }
+  free(p->seg->source);
+  p->seg->source = strdup(src);
+}
+
+int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s) {
   struct gshmd_cluster *cl = p->s->cl;
   Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
   const char *msg = NULL;
   int e;
 
-  local_location(p, strcmp(remote_location, "host") != 0);
+  local_location(p, s->location && strcmp(s->location, "host") != 0);
   cr.name = p->local_name;
-  cr.size = size;
+  cr.size = s->size;
   cr.location = p->location;
   cr.mode = p->s->mode;
   if ((e = gshmd_registry_create_hidden(cl->reg, p->s->holder, &cr, &p->seg, &msg))) {
     pull_fail(p, e, "cannot create '%s': %s", p->local_name, msg ? msg : gshm__strerror(e));
     return e;
   }
+  set_source(p, s); /* (a peer relaying it shows it) */
   if ((e = gshmd__relay_new(cl, p->seg))) {
     pull_fail(p, e, "out of memory");
     return e;
@@ -271,21 +290,16 @@ int gshmd__pull_item_create(struct pull *p, uint64_t size, const char *remote_lo
  * for the chunks to land in. */
 static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   struct gshmd_alloc *mem;
-  char src[400];
   int e, fd;
 
-  if (!p->seg && (e = gshmd__pull_item_create(p, s->size, s->location)))
+  if (!p->seg && (e = gshmd__pull_item_create(p, s)))
     return e;
   if (p->seg->requested_size != s->size || (p->seg->mem->device_index >= 0) != p->local_staged) {
     pull_fail(p, -ESTALE, "segment '%s' of peer '%s' changed since it was listed", p->remote_name,
               p->s->peer->name);
     return -ESTALE;
   }
-  /* (the fd store's record, written at publish, says where it came from) */
-  snprintf(src, sizeof(src), "%s:%s#%" PRIu64 ".%" PRIu64, p->s->peer->name, s->name, s->id,
-           s->generation);
-  free(p->seg->source);
-  p->seg->source = strdup(src);
+  set_source(p, s); /* (the fd store's record, written at publish) */
   mem = p->mem = p->seg->mem;
   if (mem->device_index >= 0)
     return 0; /* written by copies from the local slots */

@@ -107,12 +107,12 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
 /* p has nothing in flight: its grant goes back, its mapping and slots go
  * (its hidden segment stays with the set). */
 void gshmd__pull_item_close(struct pull *p);
-/* Creates p's hidden local segment, size bytes, for a peer segment at
- * remote_location ("host" or a device), and relays it to peers while it
- * fills (relay.h): at grant time, or when a set is listed (so that a
- * peer relaying the set sees all of it).  Returns 0 or a negative errno
- * (the set failed). */
-int gshmd__pull_item_create(struct pull *p, uint64_t size, const char *remote_location);
+/* Creates p's hidden local segment for peer segment s (its size,
+ * location there, source), and relays it to peers while it fills
+ * (relay.h): at grant time, or when a set is listed (so that a peer
+ * relaying the set sees all of it).  Returns 0 or a negative errno (the
+ * set failed). */
+int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s);
 /* "host", "direct", "staged" or "none". */
 const char *gshmd__pull_path_name(Gshm__Cluster__Path path);
 

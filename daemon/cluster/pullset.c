@@ -60,10 +60,11 @@ bool gshmd__pull_grant_later(struct pull *p) {
   return true;
 }
 
-/* A new item of the set: remote segment `name`, `size` bytes; for a
- * listed one, its location there (its hidden segment is made now), else
- * NULL.  Returns 0 or a negative errno (the set failed). */
-static int set_add(struct pull_set *s, const char *name, uint64_t size, const char *location) {
+/* A new item of the set: remote segment `name`, `size` bytes; listed:
+ * the peer's listing of it (its hidden segment is made now), else NULL.
+ * Returns 0 or a negative errno (the set failed). */
+static int set_add(struct pull_set *s, const char *name, uint64_t size,
+                   const Gshm__Cluster__Segment *listed) {
   struct gshmd_cluster *cl = s->cl;
   struct pull *p;
   int e;
@@ -116,7 +117,7 @@ static int set_add(struct pull_set *s, const char *name, uint64_t size, const ch
   p->req.msg = &p->msg;
   p->req.done = gshmd__pull_grant_done;
   p->req.arg = p;
-  return location ? gshmd__pull_item_create(p, size, location) : 0;
+  return listed ? gshmd__pull_item_create(p, listed) : 0;
 }
 
 /* Whether the set has a segment of that peer name already (a peer that
@@ -173,7 +174,7 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
         (s->relayed && set_has(s, g->name)))
       continue;
     s->relayed |= g->in_flight;
-    if (set_add(s, g->name, g->size, g->location && *g->location ? g->location : "host"))
+    if (set_add(s, g->name, g->size, g))
       return;
   }
   if (r->next) {

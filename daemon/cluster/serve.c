@@ -117,6 +117,7 @@ static void segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster__Segm
   s->allocated = seg->mem->size;
   s->location = (char *)seg->mem->location;
   s->created_ns = seg->created_ns;
+  s->source = seg->source ? seg->source : (char *)"";
 }
 
 /* A List answer being filled: at most LIST_PAGE_SEGMENTS segments and

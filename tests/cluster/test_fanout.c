@@ -193,6 +193,20 @@ static void test_chain(void **state) {
   assert_true(hd.start_ns < hb.end_ns);
   assert_int_equal(w.partial, 0);
   assert_true(w.looks > 2);
+  /* each copy's source (stat) is A's segment, however many hops it took:
+   * what a pulled manifest resolves against */
+  for (int i = 0; i < NSET; i++) {
+    gshm_segment_info_t want, got;
+    char name[64];
+    gshm_client_t *cb = connect_to(&B), *cd = connect_to(&D);
+    snprintf(name, sizeof(name), "%s%02d", pre, i);
+    assert_int_equal(gshm_stat_name(cb, name, &want), 0);
+    assert_int_equal(gshm_stat_name(cd, name, &got), 0);
+    assert_non_null(strstr(want.source, "a:fan/chain/"));
+    assert_string_equal(got.source, want.source);
+    gshm_disconnect(cb);
+    gshm_disconnect(cd);
+  }
   /* the source served each segment once, whatever the chain's length */
   assert_int_equal(metric(a, "gshm_cluster_grants_total") - grants0, NSET);
   for (int i = 1; i < 4; i++) {
