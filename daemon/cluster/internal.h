@@ -2,7 +2,9 @@
 /* What the files of daemon/cluster/ above the link layer share: the
  * cluster's state and each file's entry points.  Arrows point down:
  * cluster.c (front door) -> hello.c -> serve.c -> link.c, stage.c;
- * cluster.c -> peers.c, pullset.c -> pull.c (pull.h) -> link.c, stage.c; conf.c stands
+ * cluster.c -> peers.c, pullset.c -> pull.c (pull.h) -> link.c, stage.c;
+ * serve.c, pull.c, pullset.c -> relay.c (relay.h: serving what is still
+ * being pulled), which serves parked reads again through serve.c; conf.c stands
  * alone (pull.c and cluster.c word peers' errors with it).  The link layer calls
  * up only through struct link_hooks, which cluster.c fills. */
 #ifndef GSHMD_CLUSTER_INTERNAL_H
