@@ -318,11 +318,50 @@ static void test_not_exported_not_relayed(void **state) {
 }
 
 
+/* C reads with 200 chunks of 16 KiB in flight (cluster.pull_depth=200)
+ * from a set B is still pulling: B parks at most 64 reads of the link and
+ * refuses the others (-EBUSY), so C fails; B's own pull is untouched and
+ * C's reads, parked or not, leave nothing behind on B. */
+static void test_parked_reads_capped(void **state) {
+  const char *pre = "fan/cap/", *argv[20];
+  struct hop hb = {0}, hc = {0};
+  gshm_client_t *a = connect_to(&A), *b;
+  int k = 0;
+  (void)state;
+
+  while (C.argv[k])
+    argv[k] = C.argv[k], k++;
+  argv[k++] = "--set=cluster.pull_depth=200";
+  argv[k++] = "--set=cluster.pull_chunk=16K";
+  argv[k] = NULL;
+  assert_int_equal(harness_restart(&C.h, SIGTERM, argv), 0);
+  make_set(a, pre, 600);
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  pthread_join(hc.t, NULL);
+  pthread_join(hb.t, NULL);
+  print_message("C (200 reads in flight): %d (%s)\n", hc.err, gshm_strerror(hc.err));
+  assert_int_equal(hc.err, -EBUSY);
+  assert_int_equal(hb.err, 0);
+  gshm_free(hb.v);
+  assert_true(wait_empty(&C) == 0);
+  b = connect_to(&B);
+  check_set(b, pre, 600);
+  unlink_set(b, pre);
+  gshm_disconnect(b);
+  assert_true(wait_empty(&B) == 0); /* no lease of C's grants left on B */
+  assert_int_equal(harness_restart(&C.h, SIGTERM, C.argv), 0);
+  unlink_set(a, pre);
+  gshm_disconnect(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chain),
       cmocka_unit_test(test_relay_killed),
       cmocka_unit_test(test_not_exported_not_relayed),
+      cmocka_unit_test(test_parked_reads_capped),
   };
   atexit(nodes_kill);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
