@@ -421,7 +421,8 @@ static void set_failed(struct pull_set *s) {
   cl->pull_errors[gshmd__pull_failure(s->err)]++;
   for (size_t i = 0; i < s->n; i++)
     if (s->items[i]->seg) {
-      gshmd__relay_end(cl, s->items[i]->seg, s->err, "the relaying node's own pull of the set failed");
+      gshmd__relay_end(cl, s->items[i]->seg, s->err,
+                       "the relaying node's own pull of the set failed");
       gshmd_registry_discard_hidden(cl->reg, s->items[i]->seg);
       s->items[i]->seg = NULL;
     }
