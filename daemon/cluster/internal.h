@@ -127,6 +127,12 @@ bool gshmd__hello_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__C
 bool gshmd__serve_exported(const struct gshmd_cluster *cl, const struct gshmd_segment *seg);
 /* Segments peers may see now. */
 unsigned gshmd__serve_count(struct gshmd_cluster *cl);
+/* seg as peers see it (strings point into seg). */
+void gshmd__serve_segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster__Segment *s);
+/* serve_list.c: answers a peer's List on its link l (request rid): a
+ * page of exported segments, or later (parked by relay.c while a set of
+ * this node is still listing). */
+void gshmd__serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRequest *req);
 /* Inbound link l proved the key: the internal client "peer:NAME" that
  * will hold its leases.  Errors: -ENOMEM. */
 int gshmd__serve_link_up(struct gshmd_cluster *cl, struct link *l);

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Serving peers: the list of exported segments, read grants (a read
+/* Serving peers: which segments are exported (the list itself is
+ * serve_list.c's), read grants (a read
  * lease held by the internal client "peer:NAME" of the link, and the
  * segment's UCX registration), Read and Stage requests answered with data
  * messages, and Release (docs/CLUSTER.md). */
@@ -22,8 +23,6 @@
 #include "relay.h"
 
 #define MAX_STAGED_GRANTS 4 /* per link: each holds staging_bytes of pinned memory */
-#define LIST_PAGE_SEGMENTS 256 /* segments in one list answer at most */
-#define LIST_PAGE_BYTES 32768  /* and their encoding (GSHMD_CLUSTER_MAX_MSG bounds a message) */
 #define MAX_GRANTS 64       /* per link: grants live at once */
 #define MAX_BUSY 64         /* per link: reads and stages in flight */
 
@@ -108,7 +107,7 @@ int gshmd__serve_link_up(struct gshmd_cluster *cl, struct link *l) {
   return 0;
 }
 
-static void segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster__Segment *s) {
+void gshmd__serve_segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster__Segment *s) {
   gshm__cluster__segment__init(s);
   s->id = seg->id;
   s->generation = seg->generation;
@@ -118,83 +117,6 @@ static void segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster__Segm
   s->location = (char *)seg->mem->location;
   s->created_ns = seg->created_ns;
   s->source = seg->source ? seg->source : (char *)"";
-}
-
-/* A List answer being filled: at most LIST_PAGE_SEGMENTS segments and
- * LIST_PAGE_BYTES of them; next is the key of the last one when full. */
-struct list_page {
-  Gshm__Cluster__Segment *segs;
-  Gshm__Cluster__Segment **ptrs;
-  size_t n, used;
-  uint64_t last, next;
-};
-
-/* Adds seg (listing key `key`) to the page; false when it is full. */
-static bool page_add(void *arg, struct gshmd_segment *seg, uint64_t key) {
-  struct list_page *pg = arg;
-  size_t sz;
-
-  if (pg->n == LIST_PAGE_SEGMENTS) {
-    pg->next = pg->last;
-    return false;
-  }
-  segment_to_wire(seg, &pg->segs[pg->n]);
-  pg->segs[pg->n].in_flight = seg->hidden;
-  sz = gshm__cluster__segment__get_packed_size(&pg->segs[pg->n]) + 8;
-  if (pg->used + sz > LIST_PAGE_BYTES) {
-    pg->next = pg->n ? pg->last : 0;
-    return false;
-  }
-  pg->used += sz;
-  pg->ptrs[pg->n] = &pg->segs[pg->n];
-  pg->n++;
-  pg->last = key;
-  return true;
-}
-
-/* A page of what peers may see.  Keys: segment ids; with_in_flight, the
- * relayed segments first (keys below RELAY_KEY_END), then the published
- * ones (RELAY_KEY_END + id), so that a set published between two pages is
- * listed again rather than missed. */
-static void serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRequest *req) {
-  struct gshmd_cluster *cl = cluster_of(l->ll);
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
-  Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
-  struct list_page pg = {0};
-  uint64_t base = req->with_in_flight ? RELAY_KEY_END : 0;
-  struct gshm_list *pos;
-
-  if (gshmd__relay_list_wait(cl, l, rid, req))
-    return;
-  pg.segs = calloc(LIST_PAGE_SEGMENTS, sizeof(*pg.segs));
-  pg.ptrs = calloc(LIST_PAGE_SEGMENTS, sizeof(*pg.ptrs));
-  if (!pg.segs || !pg.ptrs) {
-    free(pg.segs);
-    free(pg.ptrs);
-    gshmd__link_send_status(l, rid, -ENOMEM, "out of memory");
-    return;
-  }
-  if (base && req->after < base)
-    gshmd__relay_foreach(cl, req->after, page_add, &pg);
-  if (!pg.next) {
-    gshm_list_foreach(pos, &cl->reg->segments) {
-      struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
-      if (base + seg->id > req->after && gshmd__serve_exported(cl, seg) &&
-          !page_add(&pg, seg, base + seg->id))
-        break;
-    }
-  }
-  r.n_segments = pg.n;
-  r.segments = pg.ptrs;
-  r.next = pg.next;
-  r.total = gshmd__serve_count(cl);
-  m.request_id = rid;
-  m.status = GSHM__STATUS__STATUS_OK;
-  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
-  m.list_reply = &r;
-  gshmd__link_send(l, &m);
-  free(pg.segs);
-  free(pg.ptrs);
 }
 
 /* ---- registrations ---------------------------------------------------- */
@@ -469,7 +391,7 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
     gshmd__link_send_status(l, rid, e, msg);
     return;
   }
-  segment_to_wire(seg, &s);
+  gshmd__serve_segment_to_wire(seg, &s);
   s.in_flight = seg->hidden;
   g.segment = &s;
   g.grant_id = lease->id;
@@ -668,7 +590,7 @@ bool gshmd__serve_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__C
     return false;
   switch (m->body_case) {
   case GSHM__CLUSTER__MSG__BODY_LIST:
-    serve_list(l, m->request_id, m->list);
+    gshmd__serve_list(l, m->request_id, m->list);
     return true;
   case GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST:
     serve_grant(l, m->request_id, m->grant_request);
