@@ -39,11 +39,12 @@ set_tests_properties(killpoint.dev_logic_host PROPERTIES
   LABELS killpoint TIMEOUT 120
   ENVIRONMENT "GSHM_KP_HOST=1;GSHMD=$<TARGET_FILE:gshmd>;GSHMCTL=$<TARGET_FILE:gshmctl>")
 
-# A device segment pulled between two gshmd on one GPU over UCX (issue 13).
+# A device segment pulled between two gshmd on one GPU over UCX; a set of
+# device segments relayed by a gshmd still pulling it (fan-out).
 add_executable(test_cluster_gpu ${CMAKE_CURRENT_LIST_DIR}/test_cluster_gpu.c ${gshm_segments_harness_src})
 target_include_directories(test_cluster_gpu PRIVATE ${PROJECT_SOURCE_DIR}/tests
                                                     ${PROJECT_SOURCE_DIR}/client/include)
-target_link_libraries(test_cluster_gpu PRIVATE gshm ${gshm_segments_harness} gshm_common)
+target_link_libraries(test_cluster_gpu PRIVATE gshm ${gshm_segments_harness} gshm_common pthread)
 gshm_warnings(test_cluster_gpu)
 add_test(NAME gpu.cluster_pull COMMAND test_cluster_gpu)
 set_tests_properties(gpu.cluster_pull PROPERTIES
