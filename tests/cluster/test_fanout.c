@@ -20,6 +20,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "gshm.h"
 #include "harness.h"
@@ -31,6 +33,7 @@
 static struct cluster_keys keys;
 static struct node A, B, C, D;
 static struct node *chain[4] = {&A, &B, &C, &D};
+static int silent_fd = -1; /* "e", a peer of B that takes connections and never answers */
 
 /* Segment i of the set: mixed sizes, one of 48 MiB (B, which pulls in
  * small chunks one at a time, takes a while over it). */
@@ -46,8 +49,24 @@ static void check_set(gshm_client_t *c, const char *prefix, unsigned long long b
 
 static void unlink_set(gshm_client_t *c, const char *prefix) { set_unlink(c, prefix, NSET); }
 
+/* A TCP listener of 127.0.0.1 that never accepts: a connection to it
+ * opens (the kernel's backlog) and hears nothing.  *port_out: its port. */
+static int silent_listener(int *port_out) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+  assert_true(fd >= 0);
+  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(fd, 8), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+  *port_out = ntohs(sa.sin_port);
+  return fd;
+}
+
 static int group_setup(void **state) {
-  char peers[4][96];
+  char peers[4][128];
+  int silent_port;
   (void)state;
 
   keys_make(&keys, "gshm-fanout");
@@ -55,7 +74,9 @@ static int group_setup(void **state) {
     chain[i]->port = free_port();
   /* each node knows the one before and the one after */
   snprintf(peers[0], sizeof(peers[0]), "b=127.0.0.1:%d", B.port);
-  snprintf(peers[1], sizeof(peers[1]), "a=127.0.0.1:%d,c=127.0.0.1:%d", A.port, C.port);
+  silent_fd = silent_listener(&silent_port);
+  snprintf(peers[1], sizeof(peers[1]), "a=127.0.0.1:%d,c=127.0.0.1:%d,e=127.0.0.1:%d", A.port,
+           C.port, silent_port);
   snprintf(peers[2], sizeof(peers[2]), "b=127.0.0.1:%d,d=127.0.0.1:%d", B.port, D.port);
   snprintf(peers[3], sizeof(peers[3]), "c=127.0.0.1:%d", C.port);
   node_start(&A, "a", peers[0], keys.key, "fan/*", NULL);
@@ -103,9 +124,10 @@ static void *hop_thread(void *arg) {
 }
 
 /* Waits until n has a pull in flight whose listing is done (its segments
- * created, hidden: what the next hop lists) and returns its bytes done;
- * -1 when none came within 10 s. */
-static long long wait_pull_listed(struct node *n, uint64_t min_done) {
+ * created, hidden: what the next hop lists) with at least min_done bytes
+ * in, or (min_done < 0) any pull in flight, listed or not; returns its
+ * bytes done, -1 when none came within 10 s. */
+static long long wait_pull_listed(struct node *n, long long min_done) {
   gshm_client_t *c = connect_to(n);
   long long done = -1;
 
@@ -113,7 +135,8 @@ static long long wait_pull_listed(struct node *n, uint64_t min_done) {
     gshm_cluster_pull_t *v = NULL;
     size_t cnt = 0;
     assert_int_equal(gshm_cluster_pulls(c, &v, &cnt), 0);
-    if (cnt == 1 && v[0].segments_total == NSET && v[0].bytes_done >= min_done)
+    if (cnt == 1 && (min_done < 0 || (v[0].segments_total == NSET &&
+                                      (long long)v[0].bytes_done >= min_done)))
       done = (long long)v[0].bytes_done;
     gshm_free(v);
     if (done < 0)
@@ -169,10 +192,12 @@ static void test_chain(void **state) {
 
   make_set(a, pre, 300);
   assert_int_equal(pthread_create(&w.t, NULL, watch_thread, &w), 0);
+  /* each hop as soon as the one before has its request, listed or not
+   * (a relayed listing waits for the relay's own) */
   hop_start(&hb, &B, "a", pre, 0644);
-  assert_true(wait_pull_listed(&B, 0) >= 0);
+  assert_true(wait_pull_listed(&B, -1) >= 0);
   hop_start(&hc, &C, "b", pre, 0644);
-  assert_true(wait_pull_listed(&C, 0) >= 0);
+  assert_true(wait_pull_listed(&C, -1) >= 0);
   hop_start(&hd, &D, "c", pre, 0644);
   pthread_join(hb.t, NULL);
   pthread_join(hc.t, NULL);
@@ -356,12 +381,45 @@ static void test_parked_reads_capped(void **state) {
   gshm_disconnect(a);
 }
 
+/* C asks B for the set while B's own listing is still under way (B pulls
+ * from "e", which never answers): C's listing waits on B (C shows its pull
+ * still listing) instead of finding nothing; when B's pull fails, C gets
+ * B's answer then: nothing under the prefix. */
+static void test_listing_waits(void **state) {
+  const char *pre = "fan/wait/";
+  struct hop hb = {0}, hc = {0};
+  gshm_client_t *c = connect_to(&C);
+  gshm_cluster_pull_t *v = NULL;
+  size_t n = 0;
+  (void)state;
+
+  hop_start(&hb, &B, "e", pre, 0644);
+  assert_true(wait_pull_listed(&B, -1) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  assert_true(wait_pull_listed(&C, -1) >= 0);
+  usleep(300000);
+  assert_int_equal(gshm_cluster_pulls(c, &v, &n), 0);
+  assert_int_equal(n, 1); /* still there: its listing waits for B's */
+  assert_int_equal(v[0].segments_total, 0);
+  gshm_free(v);
+  close(silent_fd); /* B's link to e fails, and so B's pull */
+  silent_fd = -1;
+  pthread_join(hb.t, NULL);
+  pthread_join(hc.t, NULL);
+  print_message("B %d (%s), C %d (%s)\n", hb.err, gshm_strerror(hb.err), hc.err,
+                gshm_strerror(hc.err));
+  assert_true(hb.err < 0);
+  assert_int_equal(hc.err, -ENOENT);
+  gshm_disconnect(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chain),
       cmocka_unit_test(test_relay_killed),
       cmocka_unit_test(test_not_exported_not_relayed),
       cmocka_unit_test(test_parked_reads_capped),
+      cmocka_unit_test(test_listing_waits),
   };
   atexit(nodes_kill);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
