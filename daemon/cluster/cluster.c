@@ -271,8 +271,12 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
           cl->registrations, cl->registered);
   fprintf(f, "# HELP gshm_cluster_grants_total Read grants given to peers.\n"
              "# TYPE gshm_cluster_grants_total counter\n"
-             "gshm_cluster_grants_total %" PRIu64 "\n",
-          cl->served_grants);
+             "gshm_cluster_grants_total %" PRIu64 "\n"
+             "# HELP gshm_cluster_relay_waits_total Peers' reads of a segment still being "
+             "pulled here that waited for its chunks (fan-out).\n"
+             "# TYPE gshm_cluster_relay_waits_total counter\n"
+             "gshm_cluster_relay_waits_total %" PRIu64 "\n",
+          cl->served_grants, cl->relay_waits);
 }
 
 /* ---- start and stop --------------------------------------------------- */

@@ -70,6 +70,7 @@ struct gshmd_cluster {
   unsigned nexport;
   /* metrics */
   uint64_t served_grants;
+  uint64_t relay_waits;      /* reads parked by relay.c, ever */
   uint64_t registrations;    /* segments registered with UCX, ever */
   uint32_t registered;       /* registered now */
   uint64_t pull_errors[PULL_FAIL_N];

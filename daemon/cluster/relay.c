@@ -175,7 +175,6 @@ int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
   struct relay *x = seg->cluster_relay;
   struct relay_wait *w;
 
-  (void)cl;
   if (!seg->hidden)
     return 0;
   if (!x || seg->unlinked) {
@@ -210,6 +209,7 @@ int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
     w->m.stage = &w->st;
   }
   gshm_list_add_tail(&x->waits, &w->node);
+  cl->relay_waits++;
   return 1;
 }
 

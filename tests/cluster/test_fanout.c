@@ -7,6 +7,7 @@
  * C and D fail, nothing of the set on C or D, nor after restarting C.  A
  * set B would not export once published (mode 0600) is not relayed. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -59,6 +60,7 @@ static int silent_listener(int *port_out) {
   assert_true(fd >= 0);
   assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
   assert_int_equal(listen(fd, 8), 0);
+  assert_int_equal(fcntl(fd, F_SETFL, O_NONBLOCK), 0);
   assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
   *port_out = ntohs(sa.sin_port);
   return fd;
@@ -93,6 +95,7 @@ static int group_teardown(void **state) {
   for (int i = 3; i >= 0; i--)
     assert_int_equal(harness_stop(&chain[i]->h), 0);
   keys_remove(&keys);
+  close(silent_fd);
   return 0;
 }
 
@@ -234,6 +237,15 @@ static void test_chain(void **state) {
   }
   /* the source served each segment once, whatever the chain's length */
   assert_int_equal(metric(a, "gshm_cluster_grants_total") - grants0, NSET);
+  /* C's reads (1 MiB chunks) outran B (16 KiB ones): some waited on B */
+  c = connect_to(&B);
+  print_message("reads that waited for their chunks: %ld on B, ",
+                metric(c, "gshm_cluster_relay_waits_total"));
+  assert_true(metric(c, "gshm_cluster_relay_waits_total") > 0);
+  gshm_disconnect(c);
+  c = connect_to(&C);
+  print_message("%ld on C\n", metric(c, "gshm_cluster_relay_waits_total"));
+  gshm_disconnect(c);
   for (int i = 1; i < 4; i++) {
     c = connect_to(chain[i]);
     check_set(c, pre, 300);
@@ -381,6 +393,34 @@ static void test_parked_reads_capped(void **state) {
   gshm_disconnect(a);
 }
 
+/* Closes the connections waiting on the silent listener: their hello
+ * ends at once (the peer closed). */
+static void silent_drop(void) {
+  int fd;
+  while ((fd = accept4(silent_fd, NULL, NULL, SOCK_NONBLOCK)) >= 0)
+    close(fd);
+}
+
+/* Waits (up to 10 s) until n sees peer `name` down: its next request
+ * starts a connection (and the hello's 3 s) afresh. */
+static void wait_peer_down(struct node *n, const char *name) {
+  gshm_client_t *c = connect_to(n);
+  bool down = false;
+
+  for (int k = 0; k < 5000 && !down; k++) {
+    gshm_cluster_peer_t *v = NULL;
+    size_t cnt = 0;
+    assert_int_equal(gshm_cluster_peers(c, NULL, &v, &cnt), 0);
+    for (size_t i = 0; i < cnt; i++)
+      down |= !strcmp(v[i].name, name) && !strcmp(v[i].state, "down");
+    gshm_free(v);
+    if (!down)
+      usleep(2000);
+  }
+  gshm_disconnect(c);
+  assert_true(down);
+}
+
 /* C asks B for the set while B's own listing is still under way (B pulls
  * from "e", which never answers): C's listing waits on B (C shows its pull
  * still listing) instead of finding nothing; when B's pull fails, C gets
@@ -393,6 +433,10 @@ static void test_listing_waits(void **state) {
   size_t n = 0;
   (void)state;
 
+  /* (B retries e every 5 s, and each try ends after the hello's 5 s: ends
+   * the one under way, so that the pull starts one afresh) */
+  silent_drop();
+  wait_peer_down(&B, "e");
   hop_start(&hb, &B, "e", pre, 0644);
   assert_true(wait_pull_listed(&B, -1) >= 0);
   hop_start(&hc, &C, "b", pre, 0644);
@@ -402,8 +446,7 @@ static void test_listing_waits(void **state) {
   assert_int_equal(n, 1); /* still there: its listing waits for B's */
   assert_int_equal(v[0].segments_total, 0);
   gshm_free(v);
-  close(silent_fd); /* B's link to e fails, and so B's pull */
-  silent_fd = -1;
+  silent_drop(); /* B's link to e fails, and so B's pull */
   pthread_join(hb.t, NULL);
   pthread_join(hc.t, NULL);
   print_message("B %d (%s), C %d (%s)\n", hb.err, gshm_strerror(hb.err), hc.err,
