@@ -11,9 +11,9 @@
  * embedding of 32000 x HIDDEN and a final norm) or COUNT segments of SIZE
  * bytes (--set COUNTxSIZE).  Each iteration times one plain pull n0 -> n1
  * alone (into one/), then the chain: node i pulls the set from node i - 1,
- * every hop started as soon as the one before it has listed the set
- * (milliseconds: a relaying node lists only once its own listing is
- * done), timed from the first start to the last hop's result.  Every
+ * every hop started as soon as the one before it has its request (a
+ * relaying node answers a listing once its own listing is done), timed
+ * from the first start to the last hop's result.  Every
  * byte of every copy is compared with n0's.  Prints the medians: one-pull
  * seconds, fan-out seconds, their ratio (the target is <= 1.3) and GB/s. */
 #include <errno.h>
@@ -211,15 +211,15 @@ static int hop_start(struct fan *f, struct hop *h, int node, const char *local) 
   return pthread_create(&h->t, NULL, hop_thread, h) ? -1 : 0;
 }
 
-/* Waits (up to 60 s) until node shows a pull in flight that has listed
- * its set, or hop h (node's) ended: the next hop may list it there. */
+/* Waits (up to 60 s) until node shows a pull in flight, or hop h (node's)
+ * ended: the next hop may list the set there. */
 static void wait_listed(struct fan *f, int node, struct hop *h) {
   for (int k = 0; k < 60000 && !__atomic_load_n(&h->done, __ATOMIC_ACQUIRE); k++) {
     gshm_cluster_pull_t *v = NULL;
     size_t n = 0;
     bool listed = false;
     if (gshm_cluster_pulls(f->c[node], &v, &n) == 0) {
-      listed = n > 0 && v[0].segments_total > 0;
+      listed = n > 0;
       gshm_free(v);
     }
     if (listed)
