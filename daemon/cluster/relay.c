@@ -157,7 +157,8 @@ struct gshmd_segment *gshmd__relay_find(struct gshmd_cluster *cl, const char *na
   return NULL;
 }
 
-/* A parked copy of request m of link l.  NULL when out of memory. */
+/* A wait for request rid of link l (the caller fills its message),
+ * counted on l.  NULL when out of memory. */
 static struct relay_wait *wait_new(struct link *l, uint32_t rid) {
   struct relay_wait *w = calloc(1, sizeof(*w));
   if (!w)
