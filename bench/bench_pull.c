@@ -1,22 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench pull: pulling a segment from a peer gshmd (docs/CLUSTER.md)
- * against one plain TCP connection moving the same bytes, and against
- * UCX's own ucp_get, in the same run, on the same sizes.
+ * against the best anchors on the same transport, in the same run, on
+ * the same sizes: K plain TCP connections (K = --streams, the data lanes
+ * the pull uses; a sender and a receiver thread each) moving the same
+ * bytes into new memory (a memfd's, as a pull must) and into memory
+ * written before, taking turns with the pull, and UCX's own ucx_perftest
+ * tag_bw and ucp_am_bw over the same UCX_TLS (tcp unless set).
  *
  * It starts two gshmd (A exports, B pulls) with cluster ports on
- * 127.0.0.1 (--encrypt sets cluster.encrypt on both).  The plain TCP
- * baseline sends size bytes from memory over one connection on
- * 127.0.0.1 to a thread that reads them into a buffer of its own: what a
- * pull does without gshm's frames, tags and daemons.  For each size a segment at
- * --location (host, or cuda:N: the staging path without a CUDA-aware UCX)
- * is created on A; B pulls it (into --to, default the same location: a
- * segment of GPU 0 pulled onto GPU 1 with --location cuda:0 --to cuda:1) --iters times after one warm-up pull; the
- * median wall time of gshm_pull (request to result, control round trips
- * included) gives the rate.  Then ucx_perftest -t ucp_get runs with the
- * same size (server and client processes on 127.0.0.1, same UCX_TLS) and
- * its overall bandwidth is printed beside it.  A 4 KiB pull's median time
- * is compared with ucx_perftest's 4 KiB get latency.  ucx_perftest is not
- * run for 4 GiB and more (its results there are garbage).
+ * 127.0.0.1 (--encrypt sets cluster.encrypt on both, --streams
+ * cluster.streams).  For each size a segment at --location (host, filled
+ * with pseudo-random bytes; or cuda:N: the staging path without a
+ * CUDA-aware UCX) is created on A; B pulls it (into --to, default the same
+ * location) --iters times after one warm-up pull; the median wall time of
+ * gshm_pull (request to result, control round trips included) gives the
+ * rate.  A 4 KiB pull's median time is compared with ucx_perftest's 4 KiB
+ * ucp_get latency.  ucx_perftest is not run for 4 GiB and more (its
+ * results there are garbage).
  *
  * ucx_perftest: --perftest PATH, else $GSHM_UCX_PERFTEST, else
  * ucx_perftest next to the carried UCX (../ucx-lib of gshmd, for a
@@ -284,33 +284,6 @@ out:
   return el;
 }
 
-/* Median GB/s of the plain TCP baseline (k connections) for size bytes
- * (iters runs after one warm-up): into new memory each run (fresh), or
- * into one buffer written before (warm). */
-static double tcp_gbs(uint64_t size, int iters, unsigned k, bool fresh) {
-  uint8_t *src = malloc(size), *dst = fresh ? NULL : malloc(size);
-  double t[64], med = -1;
-  int n = iters < 64 ? iters : 63, i = 0;
-
-  if (src && (fresh || dst)) {
-    bench_fill_random(src, size);
-    if (dst)
-      memset(dst, 1, size);
-    for (i = -1; i < n; i++) {
-      double el = tcp_once(src, dst, size, k);
-      if (el <= 0)
-        break;
-      if (i >= 0)
-        t[i] = el;
-    }
-    if (i == n)
-      med = bench_median(t, n);
-  }
-  free(src);
-  free(dst);
-  return med > 0 ? (double)size / med / 1e9 : -1;
-}
-
 static int start_node(struct gshm_spawn *sp, const char *gshmd, const char *name, int port,
                       const char *peers, const char *key, const char *exports, const struct opts *o) {
   char a[12][320];
@@ -473,7 +446,9 @@ int bench_pull_main(int argc, char **argv) {
          "TCPxK new", "vs", "TCPxK warm", "vs", "tag_bw", "am_bw", "vsBEST", "PATH");
   for (int i = 0; i < o.nsizes; i++) {
     uint64_t size = o.sizes[i];
-    double t[64], med, gbs, tcp_new, tcp_warm, best, tag = -1, am = -1, mbs, lat;
+    double t[64], t_new[64], t_warm[64], med, gbs, tcp_new, tcp_warm, best, tag = -1, am = -1,
+        mbs, lat;
+    uint8_t *tsrc, *twarm;
     gshm_pull_result_t r;
     char sz[32];
     int e, n = o.iters < 64 ? o.iters : 63;
@@ -483,18 +458,36 @@ int bench_pull_main(int argc, char **argv) {
               gshm_strerror(e), gshm_last_error(a));
       goto out;
     }
+    /* the pull and the TCP baselines take turns, so that a machine whose
+     * speed drifts (a shared host) shifts all three alike */
+    if (!(tsrc = malloc(size)) || !(twarm = malloc(size))) {
+      free(tsrc);
+      goto out;
+    }
+    bench_fill_random(tsrc, size);
+    memset(twarm, 1, size);
     for (int k = -1; k < n; k++) {
       gshm_pull_opts_t po = {.local_name = "bench/dst",
                              .location = strncmp(o.to, "cuda", 4) ? NULL : o.to};
-      double t0 = now_s();
+      double t0 = now_s(), tn, tw;
       if ((e = gshm_pull(b, "a", "bench/src", &po, &r))) {
         fprintf(stderr, "gshm-bench pull: %s (%s)\n", gshm_strerror(e), gshm_last_error(b));
+        free(tsrc);
+        free(twarm);
         goto out;
       }
       if (k >= 0)
         t[k] = now_s() - t0;
       gshm_unlink(b, "bench/dst");
+      tn = tcp_once(tsrc, NULL, size, o.streams);
+      tw = tcp_once(tsrc, twarm, size, o.streams);
+      if (k >= 0) {
+        t_new[k] = tn;
+        t_warm[k] = tw;
+      }
     }
+    free(tsrc);
+    free(twarm);
     gshm_unlink(a, "bench/src");
     med = bench_median(t, n);
     gbs = (double)size / med / 1e9;
@@ -509,8 +502,8 @@ int bench_pull_main(int argc, char **argv) {
       if (tag < 0 && am < 0)
         fprintf(stderr, "gshm-bench pull: %s did not run (--no-perftest skips it)\n", pt);
     }
-    tcp_new = tcp_gbs(size, n, o.streams, true);
-    tcp_warm = tcp_gbs(size, n, o.streams, false);
+    tcp_new = (double)size / bench_median(t_new, n) / 1e9;
+    tcp_warm = (double)size / bench_median(t_warm, n) / 1e9;
     best = tcp_new > tcp_warm ? tcp_new : tcp_warm;
     best = tag > best ? tag : am > best ? am : best;
     printf("%8s %9.2f %9.2f %10.2f %6.2f %10.2f %6.2f %8.2f %8.2f %6.2f  %s\n",

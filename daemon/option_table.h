@@ -170,9 +170,9 @@
     "gshm's TCP stream; tcp always over the stream; ucx also over UCX "         \
     "transports that cannot detect a dead peer (shared memory in UCX 1.13), "   \
     "eagerly (for tests and trials).")                                        \
-  X(cluster, pull_chunk, SIZE, cluster_pull_chunk, "8M", 4096, 1073741824,      \
+  X(cluster, pull_chunk, SIZE, cluster_pull_chunk, "2M", 4096, 1073741824,      \
     NULL, "Bytes per read request (and per staging slot) of a pull.")         \
-  X(cluster, pull_depth, U32, cluster_pull_depth, "16", 1, 256, NULL,           \
+  X(cluster, pull_depth, U32, cluster_pull_depth, "32", 1, 256, NULL,           \
     "Read requests (or staged chunks) in flight per pull.")                     \
   X(cluster, streams, U32, cluster_streams, "8", 1, 16, NULL,                   \
     "TCP connections that carry the bytes this node pulls from one peer, each " \

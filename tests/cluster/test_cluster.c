@@ -185,6 +185,38 @@ static void test_concurrent(void **state) {
   gshm_disconnect(b);
 }
 
+/* Data lanes: B's link to A has cluster.streams (8) lanes that carry
+ * the bytes (none where the bytes go over UCX); a node with
+ * cluster.streams=1 pulls on its one connection; both land every byte. */
+static void test_lanes(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
+  const char *t = getenv("GSHM_TEST_CLUSTER_TRANSPORT");
+  long lanes = t && !strcmp(t, "ucx") ? 0 : 8;
+  char peers[64];
+  (void)state;
+
+  make_segment(a, "pub/laned", 48 * MiB + 4097, 81);
+  assert_int_equal(gshm_pull(b, "a", "pub/laned", &(gshm_pull_opts_t){.local_name = "laned"},
+                             NULL),
+                   0);
+  check_segment(b, "laned", 48 * MiB + 4097, 81);
+  assert_int_equal(wait_metric(b, "gshm_cluster_lanes{peer=\"a\"}", lanes), lanes);
+  assert_int_equal(gshm_unlink(b, "laned"), 0);
+  snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
+  node_start(&C, "c", peers, keys.key, "", "cluster.streams=1", NULL);
+  c = connect_to(&C);
+  assert_int_equal(gshm_pull(c, "a", "pub/laned", &(gshm_pull_opts_t){.local_name = "one"},
+                             NULL),
+                   0);
+  check_segment(c, "one", 48 * MiB + 4097, 81);
+  assert_int_equal(metric(c, "gshm_cluster_lanes{peer=\"a\"}"), 0);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&C.h), 0);
+  assert_int_equal(gshm_unlink(a, "pub/laned"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 /* Not exported: neither listed nor granted; unknown names likewise. */
 static void test_not_exported(void **state) {
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
@@ -913,6 +945,7 @@ int main(void) {
       cmocka_unit_test(test_gshmctl),
       cmocka_unit_test(test_list_many),
       cmocka_unit_test(test_least_privilege),
+      cmocka_unit_test(test_lanes),
       cmocka_unit_test(test_unreachable_peer),
       cmocka_unit_test(test_peers_count),
   };
