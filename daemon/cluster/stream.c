@@ -328,10 +328,10 @@ static void ctrl_frame_in(struct stream *s) {
     stream_fail(s, -EBADMSG, "a control frame failed its authentication");
     return;
   }
+  s->ctrl = NULL; /* ours now: on_ctrl may close the stream, which frees s->ctrl */
   s->ops->on_ctrl(s, p, len);
   if (p != s->ctrl_small)
     free(p);
-  s->ctrl = NULL;
 }
 
 /* The header is in: where the payload goes. */
