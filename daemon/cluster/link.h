@@ -32,6 +32,12 @@
 #define LINK_MAX_PENDING_ADDR 4  /* ... from one source address */
 #define LINK_MAX_PER_PEER 4      /* inbound links of one peer that passed the hello */
 #define LINK_MAX_LANES 16        /* data lanes of one link (lane.h) */
+#define LINK_MAX_READS 64        /* Reads and Stages in flight per link: the serving side
+                                    refuses more as busy (serve.c) */
+#define PEER_READ_BUDGET 48      /* ... and a puller keeps at most this many in flight to one
+                                    peer over all its pulls (pull.c): the serving side counts a
+                                    read until its send completes, which it may hear of after
+                                    the bytes arrived and the next Read did */
 #define LINK_LANE_TOKEN 16       /* bytes of a link's lane token */
 #define LINK_MAX_FDS 256         /* cluster connections in all (fds: see gshmd__link_start) */
 #define LINK_HELLO_NS 3000000000LL     /* an inbound hello not done by then is closed */
@@ -74,6 +80,7 @@ struct peer {
   int64_t retry_ns;          /* CLOCK_MONOTONIC: next connect attempt */
   struct gshm_list waiting;  /* struct peer_req: sent when the link is up */
   unsigned lanes_connecting;  /* our lanes to it in their hello (lane.h) */
+  unsigned reads_inflight;    /* our Reads and Stages to it not yet ended (pull.c) */
   /* metrics */
   uint64_t pulls_ok, pulls_failed, bytes_host, bytes_staged, bytes_direct;
 };
