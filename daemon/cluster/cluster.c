@@ -234,6 +234,14 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
   for (unsigned i = 0; i < cl->ll.npeers; i++)
     fprintf(f, "gshm_cluster_peer_up{peer=\"%s\"} %d\n", cl->ll.peers[i].name,
             cl->ll.peers[i].state == PEER_UP);
+  fprintf(f, "# HELP gshm_cluster_lanes Data lanes (extra TCP connections, cluster.streams) up "
+             "on this node's link to each peer.\n"
+             "# TYPE gshm_cluster_lanes gauge\n");
+  for (unsigned i = 0; i < cl->ll.npeers; i++) {
+    const struct link *out = cl->ll.peers[i].out;
+    fprintf(f, "gshm_cluster_lanes{peer=\"%s\"} %u\n", cl->ll.peers[i].name,
+            out && out->state == LINK_UP ? out->nlanes : 0);
+  }
   fprintf(f, "# HELP gshm_cluster_pulls_total Pulls from each peer, by result.\n"
              "# TYPE gshm_cluster_pulls_total counter\n");
   for (unsigned i = 0; i < cl->ll.npeers; i++)
@@ -329,6 +337,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                                      .data_done = gshmd__link_data_done,
                                      .after_progress = after_progress, .arg = cl};
   cl->ll.encrypt = cfg->cluster_encrypt;
+  cl->ll.streams = cfg->cluster_streams;
   cl->ll.ucx_allowed = !cfg->cluster_encrypt && strcmp(cfg->cluster_transport, "tcp");
   cl->ll.ucx_without_peer_errors = !strcmp(cfg->cluster_transport, "ucx");
   cl->ll.hello_timeout_ns =

@@ -24,7 +24,6 @@
 #define LIST_PAGE_SEGMENTS 256 /* segments in one list answer at most */
 #define LIST_PAGE_BYTES 32768  /* and their encoding (GSHMD_CLUSTER_MAX_MSG bounds a message) */
 #define MAX_GRANTS 64       /* per link: grants live at once */
-#define MAX_BUSY 64         /* per link: reads and stages in flight */
 
 /* A served host segment's mapping and UCX registration: made at its
  * first grant, shared by the grants that overlap, dropped with the last
@@ -516,7 +515,7 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
     gshmd__link_send_status(l, rid, -EINVAL, "read outside the segment");
     return;
   }
-  if (l->busy >= MAX_BUSY) {
+  if (l->busy >= LINK_MAX_READS) {
     gshmd__link_send_status(l, rid, -EBUSY, "too many reads in flight");
     return;
   }
@@ -565,7 +564,7 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
 
   if (!g || g->released || !g->sb)
     return -ESTALE;
-  if (l->busy >= MAX_BUSY)
+  if (l->busy >= LINK_MAX_READS)
     return -EBUSY;
   if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
       s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)
