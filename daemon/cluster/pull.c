@@ -332,6 +332,9 @@ static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
   }
   if (p->link->ucx)
     snprintf(via, sizeof(via), "UCX (transports %.60s)", p->s->cl->ll.ucx_tls);
+  else if (p->link->nlanes)
+    snprintf(via, sizeof(via), "gshm's TCP stream and %u data lanes, %s", p->link->nlanes,
+             gshmd__stream_mode_name(p->link->st.mode_rx));
   else
     snprintf(via, sizeof(via), "gshm's TCP stream, %s",
              gshmd__stream_mode_name(p->link->st.mode_rx));
