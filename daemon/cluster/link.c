@@ -223,12 +223,16 @@ static void peer_down(struct link *l, enum link_state was, int err, const char *
   reqs_fail(&p->waiting, err, why);
 }
 
-/* A lane fails: its thread stops; an outbound lane that never came up
- * makes room for the next (or, after two such, for none). */
+/* A lane fails: its thread stops, and its link fails unless that is why;
+ * an outbound lane that never came up makes room for the next (or, after
+ * two such, for none). */
 static void lane_down(struct link *l, enum link_state was) {
   struct peer *p = l->peer;
+  struct link *parent = l->lane_of;
 
-  gshmd__lane_stop(l);
+  gshmd__lane_stop(l); /* off its link's lanes */
+  if (parent) /* a lane failed on its own (a timeout): its link's bytes on it are lost */
+    gshmd__link_fail(parent, -ECONNRESET, "connection lost (a data lane failed)");
   if (l->inbound || was == LINK_UP || !p)
     return;
   p->lanes_connecting--;
