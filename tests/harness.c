@@ -129,6 +129,16 @@ int harness_stable_fd_count(pid_t pid) {
 
 long harness_rss_kib(pid_t pid) { return gshm__proc_rss_kib(pid); }
 
+int harness_store_count(struct harness *h, const char *prefix) {
+  int n = 0;
+
+  pthread_mutex_lock(&h->sp.lock);
+  for (int i = 0; i < h->sp.nfds; i++)
+    n += !strncmp(h->sp.names[i], prefix, strlen(prefix));
+  pthread_mutex_unlock(&h->sp.lock);
+  return n;
+}
+
 void harness_random(void *buf, size_t n, unsigned long long seed) {
   unsigned long long s = seed | 1;
   unsigned char *p = buf;

@@ -87,6 +87,11 @@ long harness_rss_kib(pid_t pid);
  * waitpid failed. */
 int harness_as_nobody(int (*fn)(const char *arg), const char *arg);
 
+/* How many fds gshmd has parked in the harness's fd store (the service
+ * manager's part, sp) under a name that starts with prefix ("": all of
+ * them), read under the store's lock (the notify thread changes it). */
+int harness_store_count(struct harness *h, const char *prefix);
+
 /* Fills buf with bytes from a seeded xorshift stream (never all zero). */
 void harness_random(void *buf, size_t n, unsigned long long seed);
 
