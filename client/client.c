@@ -313,7 +313,7 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
     return 0;
   }
   if (e && connection_lost(e)) {
-    set_last_error(c, "connection to gshmd lost");
+    set_last_error(c, GSHM_LOST_GSHMD_TEXT);
     e = e == -ENOENT || e == -ECONNREFUSED ? -ECONNRESET : e;
   }
   return e;
@@ -343,7 +343,7 @@ int gshm__request_more(struct gshm_client *c, uint16_t type, Gshm__Reply **reply
     return -ECONNRESET;
   if ((e = read_reply(c, c->next_request, type, &reply, NULL, 0))) {
     if (connection_lost(e)) {
-      set_last_error(c, "connection to gshmd lost");
+      set_last_error(c, GSHM_LOST_GSHMD_TEXT);
       close(c->fd);
       c->fd = -1;
       e = -ECONNRESET;

@@ -124,5 +124,8 @@ int harness_kid_wait(struct harness_kid *k);
  * ../client/gshmctl) with --socket and args; returns its exit code, and
  * its stdout (malloc'ed, NUL-terminated) in *out when out is not NULL. */
 int harness_gshmctl(struct harness *h, char **out, const char *const *args);
+/* Same, with its stderr in *out too when with_stderr (its messages). */
+int harness_gshmctl_stderr(struct harness *h, char **out, const char *const *args,
+                           bool with_stderr);
 
 #endif
