@@ -713,13 +713,8 @@ gshm_access_t gshm_segment_access(const gshm_segment_t *seg) {
   return seg ? seg->lease->access : GSHM_ACCESS_READ;
 }
 
-/* Pages through one list request type; add() appends one page's items to
- * the growing array and returns the page's cursor. */
-typedef int (*page_fn)(const Gshm__Reply *reply, void **arr, size_t *n, size_t *cap,
-                       uint64_t *next);
-
-static int list_all(gshm_client_t *c, uint16_t type, Gshm__Reply__BodyCase want, page_fn add,
-                    void **arr_out, size_t *n_out) {
+int gshm__list_all(gshm_client_t *c, uint16_t type, const char *peer, Gshm__Reply__BodyCase want,
+                   gshm__page_fn add, void **arr_out, size_t *n_out) {
   void *arr = NULL;
   size_t n = 0, cap = 0;
   uint64_t after = 0;
@@ -730,10 +725,12 @@ static int list_all(gshm_client_t *c, uint16_t type, Gshm__Reply__BodyCase want,
   pthread_mutex_lock(&c->lock);
   do {
     Gshm__ListRequest m = GSHM__LIST_REQUEST__INIT;
+    Gshm__RemoteListRequest rm = GSHM__REMOTE_LIST_REQUEST__INIT;
     Gshm__Reply *reply = NULL;
     uint64_t next = 0;
-    m.after = after;
-    if ((e = gshm__request(c, type, &m.base, &reply, NULL)))
+    m.after = rm.after = after;
+    rm.peer = (char *)peer;
+    if ((e = gshm__request(c, type, peer ? &rm.base : &m.base, &reply, NULL)))
       break;
     e = reply->body_case == want ? add(reply, &arr, &n, &cap, &next) : -EPROTO;
     gshm__reply__free_unpacked(reply, NULL);
@@ -769,8 +766,8 @@ static int grow(void **arr, size_t *cap, size_t need, size_t elem) {
   return 0;
 }
 
-static int add_segments(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap,
-                        uint64_t *next) {
+int gshm__list_add_segments(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap,
+                            uint64_t *next) {
   gshm_segment_info_t *a;
   if (grow(arr, cap, *n + r->segments->n_segments, sizeof(*a)))
     return -ENOMEM;
@@ -836,18 +833,18 @@ static int add_clients(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap,
 }
 
 int gshm_list(gshm_client_t *c, gshm_segment_info_t **infos_out, size_t *count_out) {
-  return list_all(c, GSHM_WIRE_LIST_SEGMENTS, GSHM__REPLY__BODY_SEGMENTS, add_segments,
-                  (void **)infos_out, count_out);
+  return gshm__list_all(c, GSHM_WIRE_LIST_SEGMENTS, NULL, GSHM__REPLY__BODY_SEGMENTS,
+                        gshm__list_add_segments, (void **)infos_out, count_out);
 }
 
 int gshm_list_leases(gshm_client_t *c, gshm_lease_info_t **leases_out, size_t *count_out) {
-  return list_all(c, GSHM_WIRE_LIST_LEASES, GSHM__REPLY__BODY_LEASES, add_leases,
-                  (void **)leases_out, count_out);
+  return gshm__list_all(c, GSHM_WIRE_LIST_LEASES, NULL, GSHM__REPLY__BODY_LEASES, add_leases,
+                        (void **)leases_out, count_out);
 }
 
 int gshm_list_clients(gshm_client_t *c, gshm_client_info_t **clients_out, size_t *count_out) {
-  return list_all(c, GSHM_WIRE_LIST_CLIENTS, GSHM__REPLY__BODY_CLIENTS, add_clients,
-                  (void **)clients_out, count_out);
+  return gshm__list_all(c, GSHM_WIRE_LIST_CLIENTS, NULL, GSHM__REPLY__BODY_CLIENTS, add_clients,
+                        (void **)clients_out, count_out);
 }
 
 int gshm_status(gshm_client_t *c, gshm_status_info_t *status_out) {
@@ -936,8 +933,8 @@ static int add_devices(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap,
 }
 
 int gshm_list_devices(gshm_client_t *c, gshm_device_info_t **devices_out, size_t *count_out) {
-  return list_all(c, GSHM_WIRE_DEVICES, GSHM__REPLY__BODY_DEVICES, add_devices,
-                  (void **)devices_out, count_out);
+  return gshm__list_all(c, GSHM_WIRE_DEVICES, NULL, GSHM__REPLY__BODY_DEVICES, add_devices,
+                        (void **)devices_out, count_out);
 }
 
 int gshm_metrics(gshm_client_t *c, char **text_out) {
