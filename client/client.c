@@ -319,6 +319,24 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
   return e;
 }
 
+int gshm__request_body(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
+                       Gshm__Reply__BodyCase want, Gshm__Reply **reply_out) {
+  Gshm__Reply *reply = NULL;
+  int e;
+
+  pthread_mutex_lock(&c->lock);
+  e = gshm__request(c, type, msg, &reply, NULL);
+  pthread_mutex_unlock(&c->lock);
+  if (e)
+    return e;
+  if (want != GSHM__REPLY__BODY__NOT_SET && reply->body_case != want) {
+    gshm__reply__free_unpacked(reply, NULL);
+    return -EPROTO;
+  }
+  *reply_out = reply;
+  return 0;
+}
+
 /* How long a request polls for its reply before sleeping: $GSHM_POLL_US
  * microseconds (0 to 1000), else 30 us where this process may run on at
  * least 4 CPUs (gshmd then has one of its own) and 0 on smaller machines
@@ -855,15 +873,9 @@ int gshm_status(gshm_client_t *c, gshm_status_info_t *status_out) {
 
   if (!c || !status_out)
     return -EINVAL;
-  pthread_mutex_lock(&c->lock);
-  e = gshm__request(c, GSHM_WIRE_STATUS, &m.base, &reply, NULL);
-  pthread_mutex_unlock(&c->lock);
-  if (e)
+  if ((e = gshm__request_body(c, GSHM_WIRE_STATUS, &m.base, GSHM__REPLY__BODY_STATUS_INFO,
+                              &reply)))
     return e;
-  if (reply->body_case != GSHM__REPLY__BODY_STATUS_INFO) {
-    gshm__reply__free_unpacked(reply, NULL);
-    return -EPROTO;
-  }
   memset(&st, 0, sizeof(st));
   snprintf(st.version, sizeof(st.version), "%s", reply->status_info->version);
   st.pid = reply->status_info->pid;
@@ -945,13 +957,9 @@ int gshm_metrics(gshm_client_t *c, char **text_out) {
 
   if (!c || !text_out)
     return -EINVAL;
-  pthread_mutex_lock(&c->lock);
-  e = gshm__request(c, GSHM_WIRE_METRICS, &m.base, &reply, NULL);
-  pthread_mutex_unlock(&c->lock);
-  if (e)
+  if ((e = gshm__request_body(c, GSHM_WIRE_METRICS, &m.base, GSHM__REPLY__BODY_TEXT, &reply)))
     return e;
-  text = reply->body_case == GSHM__REPLY__BODY_TEXT ? strdup(reply->text) : NULL;
-  e = reply->body_case != GSHM__REPLY__BODY_TEXT ? -EPROTO : text ? 0 : -ENOMEM;
+  e = (text = strdup(reply->text)) ? 0 : -ENOMEM;
   gshm__reply__free_unpacked(reply, NULL);
   if (!e)
     *text_out = text;
@@ -961,11 +969,8 @@ int gshm_metrics(gshm_client_t *c, char **text_out) {
 /* Sends a request that names a segment and returns nothing of interest. */
 static int simple_request(gshm_client_t *c, uint16_t type, const ProtobufCMessage *m) {
   Gshm__Reply *reply = NULL;
-  int e;
+  int e = gshm__request_body(c, type, m, GSHM__REPLY__BODY__NOT_SET, &reply);
 
-  pthread_mutex_lock(&c->lock);
-  e = gshm__request(c, type, m, &reply, NULL);
-  pthread_mutex_unlock(&c->lock);
   if (!e)
     gshm__reply__free_unpacked(reply, NULL);
   return e;

@@ -71,6 +71,12 @@ struct gshm_client {
 int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
                   Gshm__Reply **reply_out, int *fd_out);
 
+/* gshm__request under c->lock, for a request answered once with no fd:
+ * the reply must have body want (GSHM__REPLY__BODY__NOT_SET: any), else
+ * -EPROTO.  On success *reply_out as gshm__request's; errors as its. */
+int gshm__request_body(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
+                       Gshm__Reply__BodyCase want, Gshm__Reply **reply_out);
+
 /* Reads the next reply to the request gshm__request just sent (requests
  * answered more than once: PULL's progress replies), as gshm__request.
  * Caller holds c->lock.  No reconnect: a lost connection is -ECONNRESET. */

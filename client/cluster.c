@@ -12,20 +12,9 @@
 /* The PEERS reply (its body checked). */
 static int peers_request(gshm_client_t *c, Gshm__Reply **reply_out) {
   Gshm__Empty m = GSHM__EMPTY__INIT;
-  Gshm__Reply *reply = NULL;
-  int e;
 
-  pthread_mutex_lock(&c->lock);
-  e = gshm__request(c, GSHM_WIRE_PEERS, &m.base, &reply, NULL);
-  pthread_mutex_unlock(&c->lock);
-  if (e)
-    return e;
-  if (reply->body_case != GSHM__REPLY__BODY_CLUSTER_PEERS) {
-    gshm__reply__free_unpacked(reply, NULL);
-    return -EPROTO;
-  }
-  *reply_out = reply;
-  return 0;
+  return gshm__request_body(c, GSHM_WIRE_PEERS, &m.base, GSHM__REPLY__BODY_CLUSTER_PEERS,
+                            reply_out);
 }
 
 int gshm_cluster_peers(gshm_client_t *c, char *node_name_out, gshm_cluster_peer_t **peers_out,
