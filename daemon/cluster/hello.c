@@ -103,6 +103,20 @@ static void hello_keys(const struct gshmd_cluster *cl, struct link *l, bool tx, 
   sodium_memzero(s2c, sizeof(s2c));
 }
 
+/* Whether the peer's hello or challenge speaks our major version of the
+ * cluster protocol; refuses the link (REFUSE_VERSION) when it does not,
+ * with one wording on either side of the link. */
+static bool version_ok(struct link *l, uint32_t major, uint32_t minor) {
+  char msg[96];
+
+  if (major == GSHMD_CLUSTER_MAJOR)
+    return true;
+  snprintf(msg, sizeof(msg), "peer speaks cluster protocol %u.%u, this gshmd %u.%u", major, minor,
+           GSHMD_CLUSTER_MAJOR, GSHMD_CLUSTER_MINOR);
+  gshmd__link_refuse(l, REFUSE_VERSION, -EPROTONOSUPPORT, msg);
+  return false;
+}
+
 /* Inbound: Hello -> Challenge. */
 static void on_hello(struct link *l, const Gshm__Cluster__Hello *h) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
@@ -111,12 +125,8 @@ static void on_hello(struct link *l, const Gshm__Cluster__Hello *h) {
   uint8_t mac[crypto_auth_BYTES];
   char msg[200];
 
-  if (h->major != GSHMD_CLUSTER_MAJOR) {
-    snprintf(msg, sizeof(msg), "cluster protocol %u.%u is not spoken here (%u.%u)", h->major,
-             h->minor, GSHMD_CLUSTER_MAJOR, GSHMD_CLUSTER_MINOR);
-    gshmd__link_refuse(l, REFUSE_VERSION, -EPROTONOSUPPORT, msg);
+  if (!version_ok(l, h->major, h->minor))
     return;
-  }
   if (h->nonce.len != GSHMD_CLUSTER_NONCE || !gshmd__cluster_name_ok(h->node_name) ||
       (h->lane_of.len && h->lane_of.len != LINK_LANE_TOKEN)) {
     gshmd__link_refuse(l, REFUSE_PROTOCOL, -EPROTO, "malformed hello");
@@ -157,12 +167,8 @@ static void on_challenge(struct link *l, const Gshm__Cluster__Challenge *c) {
   uint8_t mac[crypto_auth_BYTES];
   char msg[400];
 
-  if (c->major != GSHMD_CLUSTER_MAJOR) {
-    snprintf(msg, sizeof(msg), "peer speaks cluster protocol %u.%u, this gshmd %u.%u", c->major,
-             c->minor, GSHMD_CLUSTER_MAJOR, GSHMD_CLUSTER_MINOR);
-    gshmd__link_refuse(l, REFUSE_VERSION, -EPROTONOSUPPORT, msg);
+  if (!version_ok(l, c->major, c->minor))
     return;
-  }
   if (c->nonce.len != GSHMD_CLUSTER_NONCE || c->mac.len != crypto_auth_BYTES) {
     gshmd__link_refuse(l, REFUSE_PROTOCOL, -EPROTO, "malformed challenge");
     return;

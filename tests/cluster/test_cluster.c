@@ -924,6 +924,7 @@ static void test_least_privilege(void **state) {
 static void test_unreachable_peer(void **state) {
   gshm_client_t *a = connect_to(&A);
   gshm_segment_info_t *v = NULL;
+  char *out = NULL;
   size_t n = 0;
   int e;
   (void)state;
@@ -934,6 +935,13 @@ static void test_unreachable_peer(void **state) {
   e = gshm_pull(a, "d", "pub/x", NULL, NULL);
   assert_true(e == -ECONNREFUSED || e == -ECONNRESET || e == -ETIMEDOUT);
   assert_non_null(strstr(gshm_last_error(a), "peer 'd' (127.0.0.1:1)"));
+  /* gshmctl pull words it as gshmd's log does, and never blames gshmd */
+  assert_int_not_equal(harness_gshmctl_stderr(&A.h, &out, (const char *[]){"pull", "d:pub/x", NULL},
+                                              true), 0);
+  assert_non_null(strstr(out, "gshmctl: pull of 'pub/x' from peer 'd' failed: "));
+  assert_non_null(strstr(out, "peer 'd' (127.0.0.1:1)"));
+  assert_null(strstr(out, "gshmd"));
+  free(out);
   gshm_disconnect(a);
 }
 

@@ -213,26 +213,36 @@ static void test_one_port(void **state) {
 
 /* ---- rogue peers ----------------------------------------------------------- */
 
+/* Sends a Hello as node name, speaking cluster protocol major.minor,
+ * with a fixed nonce and no capabilities. */
+static void send_hello(int fd, uint32_t major, uint32_t minor, const char *name) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Hello h = GSHM__CLUSTER__HELLO__INIT;
+  uint8_t nonce[32] = {1};
+
+  h.major = major;
+  h.minor = minor;
+  h.node_name = (char *)name;
+  h.nonce.data = nonce;
+  h.nonce.len = sizeof(nonce);
+  m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
+  m.hello = &h;
+  send_msg(fd, &m);
+}
+
 /* A peer that skips its own verification: it ignores the Challenge's MAC
  * and sends a wrong one.  The serving node must refuse and count it. */
 static void test_rogue_peer_wrong_mac(void **state) {
   gshm_client_t *s = connect_to(&S);
   long before = refusals(s, "bad_key");
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *r;
-  Gshm__Cluster__Hello h = GSHM__CLUSTER__HELLO__INIT;
   Gshm__Cluster__Auth a = GSHM__CLUSTER__AUTH__INIT;
-  uint8_t nonce[32] = {1}, mac[32] = {2};
+  uint8_t mac[32] = {2};
   int fd = tcp_connect(NULL, S.port);
   (void)state;
 
   assert_true(fd >= 0);
-  h.major = 2;
-  h.node_name = "r";
-  h.nonce.data = nonce;
-  h.nonce.len = sizeof(nonce);
-  m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
-  m.hello = &h;
-  send_msg(fd, &m);
+  send_hello(fd, 2, 0, "r");
   assert_non_null(r = recv_msg(fd));
   assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY_CHALLENGE);
   gshm__cluster__msg__free_unpacked(r, NULL);
@@ -303,6 +313,27 @@ static void test_rogue_lane(void **state) {
   assert_true(closed_within(fd, 4000));
   close(fd);
   assert_int_equal(refusals(s, "bad_key"), bad_key + 1);
+  gshm_disconnect(s);
+}
+
+/* A peer that speaks another major version of the cluster protocol is
+ * refused at its hello, with both versions named, and counted. */
+static void test_rogue_peer_wrong_version(void **state) {
+  gshm_client_t *s = connect_to(&S);
+  long before = refusals(s, "version");
+  Gshm__Cluster__Msg *r;
+  int fd = tcp_connect(NULL, S.port);
+  (void)state;
+
+  assert_true(fd >= 0);
+  send_hello(fd, 7, 3, "p");
+  assert_non_null(r = recv_msg(fd));
+  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY__NOT_SET);
+  assert_non_null(strstr(r->message, "cluster protocol 7.3"));
+  gshm__cluster__msg__free_unpacked(r, NULL);
+  assert_true(closed_within(fd, 4000));
+  close(fd);
+  assert_int_equal(refusals(s, "version"), before + 1);
   gshm_disconnect(s);
 }
 
@@ -630,6 +661,7 @@ int main(void) {
       cmocka_unit_test(test_one_port),
       cmocka_unit_test(test_rogue_peer_wrong_mac),
       cmocka_unit_test(test_rogue_lane),
+      cmocka_unit_test(test_rogue_peer_wrong_version),
       cmocka_unit_test(test_rogue_server_wrong_mac),
       cmocka_unit_test(test_prehello_frames),
       cmocka_unit_test(test_idle_flood),
