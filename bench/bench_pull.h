@@ -20,6 +20,7 @@ struct pull_opts {
   bool no_perftest;
   bool encrypt;
   const char *chunk, *depth;
+  unsigned streams;  /* cluster.streams on both nodes, and the TCP baseline's connections */
   /* --fanout N: N + 1 nodes in a chain, each pulling the set from the
    * one before; the set: --model LAYERSxHIDDEN or --set COUNTxSIZE */
   int fanout;

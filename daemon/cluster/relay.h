@@ -16,14 +16,15 @@
 #include <stdint.h>
 
 #include "cluster.pb-c.h"
+#include "link.h"
 
 struct gshmd_cluster;
 struct gshmd_segment;
 struct link;
 
 /* Reads (and lists) of one link parked at once, with its reads in flight:
- * what serve.c allows a link in flight (MAX_BUSY). */
-#define RELAY_MAX_PARKED 64
+ * what serve.c allows a link in flight. */
+#define RELAY_MAX_PARKED LINK_MAX_READS
 
 /* seg (hidden, just created by a pull) starts with nothing landed.
  * Errors: -ENOMEM (seg is then not relayed). */

@@ -24,7 +24,6 @@
 
 #define MAX_STAGED_GRANTS 4 /* per link: each holds staging_bytes of pinned memory */
 #define MAX_GRANTS 64       /* per link: grants live at once */
-#define MAX_BUSY 64         /* per link: reads and stages in flight */
 
 /* A served host segment's mapping and UCX registration: made at its
  * first grant, shared by the grants that overlap, dropped with the last
@@ -491,7 +490,7 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
       gshmd__link_send_status(l, rid, e, why);
     return;
   }
-  if (l->busy >= MAX_BUSY) {
+  if (l->busy >= LINK_MAX_READS) {
     gshmd__link_send_status(l, rid, -EBUSY, "too many reads in flight");
     return;
   }
@@ -540,7 +539,7 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
 
   if (!g || g->released || !g->sb)
     return -ESTALE;
-  if (l->busy >= MAX_BUSY)
+  if (l->busy >= LINK_MAX_READS)
     return -EBUSY;
   if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
       s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)

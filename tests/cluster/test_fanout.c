@@ -237,11 +237,11 @@ static void test_chain(void **state) {
   }
   /* the source served each segment once, whatever the chain's length */
   assert_int_equal(metric(a, "gshm_cluster_grants_total") - grants0, NSET);
-  /* C's reads (1 MiB chunks) outran B (16 KiB ones): some waited on B */
+  /* (how many of C's and D's reads waited for their chunks depends on
+   * who ran ahead: shown, not asserted; the bytes are checked below) */
   c = connect_to(&B);
   print_message("reads that waited for their chunks: %ld on B, ",
                 metric(c, "gshm_cluster_relay_waits_total"));
-  assert_true(metric(c, "gshm_cluster_relay_waits_total") > 0);
   gshm_disconnect(c);
   c = connect_to(&C);
   print_message("%ld on C\n", metric(c, "gshm_cluster_relay_waits_total"));
@@ -355,17 +355,20 @@ static void test_not_exported_not_relayed(void **state) {
 }
 
 
-/* C reads with 200 chunks of 16 KiB in flight (cluster.pull_depth=200)
- * from a set B is still pulling: B parks at most 64 reads of the link and
- * refuses the others (-EBUSY), so C fails; B's own pull is untouched and
- * C's reads, parked or not, leave nothing behind on B. */
-static void test_parked_reads_capped(void **state) {
+/* C asks for 200 chunks of 16 KiB at once (cluster.pull_depth=200) of a
+ * set B is still pulling: its per-peer read budget keeps them within
+ * what B parks for one link (LINK_MAX_READS), so B parks what has not
+ * landed, refuses nothing, and C gets every byte; nothing of C's reads
+ * stays on B. */
+static void test_many_reads_parked(void **state) {
   const char *pre = "fan/cap/", *argv[20];
   struct hop hb = {0}, hc = {0};
-  gshm_client_t *a = connect_to(&A), *b;
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
+  long waits0 = metric(b, "gshm_cluster_relay_waits_total");
   int k = 0;
   (void)state;
 
+  gshm_disconnect(b);
   while (C.argv[k])
     argv[k] = C.argv[k], k++;
   argv[k++] = "--set=cluster.pull_depth=200";
@@ -378,11 +381,19 @@ static void test_parked_reads_capped(void **state) {
   hop_start(&hc, &C, "b", pre, 0644);
   pthread_join(hc.t, NULL);
   pthread_join(hb.t, NULL);
-  print_message("C (200 reads in flight): %d (%s)\n", hc.err, gshm_strerror(hc.err));
-  assert_int_equal(hc.err, -EBUSY);
+  b = connect_to(&B);
+  print_message("C (200 reads asked at once): %d (%s); %ld reads waited on B\n", hc.err,
+                gshm_strerror(hc.err), metric(b, "gshm_cluster_relay_waits_total") - waits0);
+  assert_int_equal(hc.err, 0);
   assert_int_equal(hb.err, 0);
+  assert_true(hc.start_ns < hb.end_ns); /* (read from B's pull in flight) */
+  gshm_disconnect(b);
   gshm_free(hb.v);
-  assert_true(wait_empty(&C) == 0);
+  gshm_free(hc.v);
+  c = connect_to(&C);
+  check_set(c, pre, 600);
+  unlink_set(c, pre);
+  gshm_disconnect(c);
   b = connect_to(&B);
   check_set(b, pre, 600);
   unlink_set(b, pre);
@@ -461,7 +472,7 @@ int main(void) {
       cmocka_unit_test(test_chain),
       cmocka_unit_test(test_relay_killed),
       cmocka_unit_test(test_not_exported_not_relayed),
-      cmocka_unit_test(test_parked_reads_capped),
+      cmocka_unit_test(test_many_reads_parked),
       cmocka_unit_test(test_listing_waits),
   };
   atexit(nodes_kill);
