@@ -291,11 +291,12 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
   }
   if (!(f.sizes = set_sizes(o, &f.count)) || start_nodes(&f, gshmd, key) || make_set(&f))
     goto out;
-  printf("gshm-bench pull --fanout %d: %u host segments, %s (%s), chunk %s, depth %s, %s; "
-         "%d iteration(s), medians\n",
+  printf("gshm-bench pull --fanout %d: %u host segments, %s (%s), chunk %s, depth %s, "
+         "%u streams, %s; %d iteration(s), medians\n",
          o->fanout, f.count, gshm__format_size(f.total, sz, sizeof(sz)),
          o->set_count ? "--set" : "--model", o->chunk ? o->chunk : "default",
-         o->depth ? o->depth : "default", o->encrypt ? "encrypted" : "authenticated", n);
+         o->depth ? o->depth : "default", o->streams, o->encrypt ? "encrypted" : "authenticated",
+         n);
   for (int k = 0; k < n; k++)
     if (iteration(&f, &one[k], &fan[k]))
       goto out;
