@@ -41,26 +41,14 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_pull.h"
 #include "cudadrv.h"
 #include "gshm.h"
 #include "spawn.h"
 #include "util.h"
 
-struct opts {
-  uint64_t sizes[32];
-  int nsizes;
-  int iters;
-  const char *location;
-  const char *to; /* the pulled segment's location; NULL: location */
-  const char *perftest;
-  const char *gshmd;
-  bool no_perftest;
-  bool encrypt;
-  const char *chunk, *depth;
-  unsigned streams;  /* cluster.streams on both nodes, and the TCP baseline's connections */
-};
 
-static int free_port(void) {
+int bench_free_port(void) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t len = sizeof(sa);
   int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
@@ -72,9 +60,9 @@ static int free_port(void) {
   return port;
 }
 
-static double now_s(void) { return (double)gshm__now_ns(CLOCK_MONOTONIC) / 1e9; }
+double bench_now_s(void) { return (double)gshm__now_ns(CLOCK_MONOTONIC) / 1e9; }
 
-static int parse_sizes(const char *s, struct opts *o) {
+static int parse_sizes(const char *s, struct pull_opts *o) {
   char *copy = strdup(s), *save = NULL;
   o->nsizes = 0;
   for (char *t = strtok_r(copy, ",", &save); t && o->nsizes < 32; t = strtok_r(NULL, ",", &save)) {
@@ -97,7 +85,7 @@ static int parse_sizes(const char *s, struct opts *o) {
 
 /* Finds ucx_perftest; *ldpath_out gets the carried UCX directory (for
  * LD_LIBRARY_PATH) when it is that one. */
-static const char *find_perftest(const struct opts *o, const char *gshmd, char *buf, size_t cap,
+static const char *find_perftest(const struct pull_opts *o, const char *gshmd, char *buf, size_t cap,
                                  char *ldpath, size_t ldcap) {
   const char *env = getenv("GSHM_UCX_PERFTEST");
   const char *slash;
@@ -124,7 +112,7 @@ static const char *find_perftest(const struct opts *o, const char *gshmd, char *
 static int perftest(const char *bin, const char *ldpath, const char *test, uint64_t size,
                     int iters, double *mbs_out, double *lat_us_out) {
   char ssize[32], siters[16], swarm[16], sport[16], line[512];
-  int port = free_port(), pipefd[2], status;
+  int port = bench_free_port(), pipefd[2], status;
   pid_t srv, cli;
   FILE *f;
   double best_mbs = -1, lat = -1;
@@ -260,7 +248,7 @@ static double tcp_once(const uint8_t *src, uint8_t *dst, uint64_t size, unsigned
     t[made].dst = mem + (off < size ? off : size);
     t[made].len = off >= size ? 0 : size - off < per ? size - off : per;
   }
-  t0 = now_s();
+  t0 = bench_now_s();
   for (; started < k; started++)
     if (pthread_create(&t[started].rt, NULL, tcp_rx_thread, &t[started]) ||
         pthread_create(&t[started].st, NULL, tcp_tx_thread, &t[started]))
@@ -271,7 +259,7 @@ static double tcp_once(const uint8_t *src, uint8_t *dst, uint64_t size, unsigned
     bad |= t[i].err;
   }
   if (started == k && !bad)
-    el = now_s() - t0;
+    el = bench_now_s() - t0;
 out:
   for (unsigned i = 0; i < made; i++) {
     close(t[i].sfd);
@@ -284,8 +272,9 @@ out:
   return el;
 }
 
-static int start_node(struct gshm_spawn *sp, const char *gshmd, const char *name, int port,
-                      const char *peers, const char *key, const char *exports, const struct opts *o) {
+int bench_pull_node_start(struct gshm_spawn *sp, const char *gshmd, const char *name, int port,
+                          const char *peers, const char *key, const char *exports,
+                          const struct pull_opts *o) {
   char a[12][320];
   const char *args[14];
   struct group *g = getgrgid(getegid());
@@ -319,7 +308,7 @@ static int start_node(struct gshm_spawn *sp, const char *gshmd, const char *name
 
 /* Fills the new segment (host: memset; device: cuMemsetD8) so that its
  * pages exist before the first pull. */
-static int make_source(gshm_client_t *c, const struct opts *o, uint64_t size) {
+static int make_source(gshm_client_t *c, const struct pull_opts *o, uint64_t size) {
   gshm_segment_t *seg;
   void *p;
   int e;
@@ -360,10 +349,13 @@ int bench_pull_main(int argc, char **argv) {
                                      {"chunk", required_argument, NULL, 'c'},
                                      {"depth", required_argument, NULL, 'd'},
                                      {"encrypt", no_argument, NULL, 'e'},
+                                     {"fanout", required_argument, NULL, 'F'},
+                                     {"model", required_argument, NULL, 'M'},
+                                     {"set", required_argument, NULL, 'S'},
                                      {"streams", required_argument, NULL, 'k'},
                                      {"help", no_argument, NULL, 'h'},
                                      {NULL, 0, NULL, 0}};
-  struct opts o = {.iters = 5, .location = "host", .streams = 8};
+  struct pull_opts o = {.iters = 5, .location = "host", .streams = 8};
   struct gshm_spawn A = {0}, B = {0};
   char dir[] = "/tmp/gshm-bench-pull-XXXXXX", key[300], pa[64], pb[64], ptbuf[PATH_MAX],
        ldpath[PATH_MAX];
@@ -373,7 +365,7 @@ int bench_pull_main(int argc, char **argv) {
   double lat4k_pull = -1;
 
   parse_sizes("1M,4M,16M,64M,256M,1G,4G", &o);
-  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:h", lo, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:h", lo, NULL)) != -1) {
     switch (c) {
     case 's':
       if (parse_sizes(optarg, &o)) {
@@ -390,6 +382,14 @@ int bench_pull_main(int argc, char **argv) {
     case 'c': o.chunk = optarg; break;
     case 'd': o.depth = optarg; break;
     case 'e': o.encrypt = true; break;
+    case 'F': o.fanout = atoi(optarg); break;
+    case 'M':
+    case 'S':
+      if (bench_fanout_set_opt(&o, c == 'M', optarg)) {
+        fprintf(stderr, "gshm-bench pull: bad --%s '%s'\n", c == 'M' ? "model" : "set", optarg);
+        return 2;
+      }
+      break;
     case 'k':
       o.streams = (unsigned)atoi(optarg);
       if (o.streams < 1 || o.streams > 16) {
@@ -401,7 +401,12 @@ int bench_pull_main(int argc, char **argv) {
       printf("usage: gshm-bench pull [--sizes 1M,4M,...,4G] [--iters N] [--location host|cuda:N]\n"
              "                       [--to host|cuda:N (default: --location)]\n"
              "                       [--perftest PATH | --no-perftest] [--gshmd PATH]\n"
-             "                       [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n");
+             "                       [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
+             "       gshm-bench pull --fanout N [--model LAYERSxHIDDEN | --set COUNTxSIZE]\n"
+             "                       [--iters N] [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
+             "         N+1 gshmd: node i+1 pulls a set from node i, all at once (a chain),\n"
+             "         against one plain pull; default --model 8x1536 (bf16 tensors of\n"
+             "         8 transformer layers, hidden size 1536: about 550 MB)\n");
       return 0;
     default:
       return 2;
@@ -424,12 +429,18 @@ int bench_pull_main(int argc, char **argv) {
       write(fd, "gshm-bench-pull-key-0123456789ab\n", 33) != 33)
     return 1;
   close(fd);
-  port_a = free_port();
-  port_b = free_port();
+  port_a = bench_free_port();
+  port_b = bench_free_port();
   snprintf(pa, sizeof(pa), "b=127.0.0.1:%d", port_b);
   snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", port_a);
-  if (start_node(&A, gshmd, "a", port_a, pa, key, "bench/*", &o) ||
-      start_node(&B, gshmd, "b", port_b, pb, key, "", &o))
+  if (o.fanout) { /* bench_fanout.c */
+    rc = bench_fanout_run(&o, gshmd, key);
+    unlink(key);
+    rmdir(dir);
+    return rc;
+  }
+  if (bench_pull_node_start(&A, gshmd, "a", port_a, pa, key, "bench/*", &o) ||
+      bench_pull_node_start(&B, gshmd, "b", port_b, pb, key, "", &o))
     goto out;
   if (gshm_connect(A.socket_path, "bench-src", &a) || gshm_connect(B.socket_path, "bench-dst", &b))
     goto out;
@@ -469,7 +480,7 @@ int bench_pull_main(int argc, char **argv) {
     for (int k = -1; k < n; k++) {
       gshm_pull_opts_t po = {.local_name = "bench/dst",
                              .location = strncmp(o.to, "cuda", 4) ? NULL : o.to};
-      double t0 = now_s(), tn, tw;
+      double t0 = bench_now_s(), tn, tw;
       if ((e = gshm_pull(b, "a", "bench/src", &po, &r))) {
         fprintf(stderr, "gshm-bench pull: %s (%s)\n", gshm_strerror(e), gshm_last_error(b));
         free(tsrc);
@@ -477,7 +488,7 @@ int bench_pull_main(int argc, char **argv) {
         goto out;
       }
       if (k >= 0)
-        t[k] = now_s() - t0;
+        t[k] = bench_now_s() - t0;
       gshm_unlink(b, "bench/dst");
       tn = tcp_once(tsrc, NULL, size, o.streams);
       tw = tcp_once(tsrc, twarm, size, o.streams);
@@ -517,17 +528,17 @@ int bench_pull_main(int argc, char **argv) {
     double t[64], pt_mbs = 0, pt_lat = 0;
     int n = 50, e;
     gshm_pull_result_t r;
-    struct opts small = o;
+    struct pull_opts small = o;
     small.location = "host";
     if ((e = make_source(a, &small, 4096)))
       goto out;
     for (int k = -5; k < n; k++) {
       gshm_pull_opts_t po = {.local_name = "bench/dst"};
-      double t0 = now_s();
+      double t0 = bench_now_s();
       if ((e = gshm_pull(b, "a", "bench/src", &po, &r)))
         goto out;
       if (k >= 0)
-        t[k] = now_s() - t0;
+        t[k] = bench_now_s() - t0;
       gshm_unlink(b, "bench/dst");
     }
     gshm_unlink(a, "bench/src");

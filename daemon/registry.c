@@ -140,8 +140,12 @@ void gshmd__reg_lease_end(struct gshmd_registry *r, struct gshmd_lease *l, bool 
     u->leases--;
   free(l->mapped_devices);
   free(l);
-  if (seg->unlinked && seg->nleases == 0 && !keep)
-    gshmd__reg_segment_release(r, seg);
+  if (seg->unlinked && seg->nleases == 0 && !keep) {
+    if (seg->hidden) /* discarded while a peer relayed it */
+      gshmd_registry_discard_hidden(r, seg);
+    else
+      gshmd__reg_segment_release(r, seg);
+  }
 }
 
 void gshmd_registry_destroy(struct gshmd_registry *r) {
@@ -290,8 +294,8 @@ struct gshmd_lease *gshmd_registry_find_lease(struct gshmd_registry *r, uint64_t
   return slot ? *slot : NULL;
 }
 
-static int lease_add(struct gshmd_registry *r, struct gshmd_client *c, struct gshmd_segment *seg,
-                     int access, struct gshmd_lease **out, const char **msg_out) {
+int gshmd__reg_lease_add(struct gshmd_registry *r, struct gshmd_client *c, struct gshmd_segment *seg,
+                         int access, struct gshmd_lease **out, const char **msg_out) {
   struct usage *u = gshmd__reg_usage_get(r, c->cred.uid);
   struct gshmd_lease *l;
 
@@ -542,7 +546,7 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
   if (r->on_event)
     r->on_event(r, seg, GSHMD_SEGMENT_CREATED);
 
-  e = lease_add(r, c, seg, GSHM__ACCESS__ACCESS_READ_WRITE, lease_out, msg_out);
+  e = gshmd__reg_lease_add(r, c, seg, GSHM__ACCESS__ACCESS_READ_WRITE, lease_out, msg_out);
   if (e) {
     /* No lease, no segment: the create did not happen. */
     seg->unlinked = true;
@@ -614,7 +618,7 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
     *msg_out = "segment was not created with legacy IPC export";
     return -ENOTSUP;
   }
-  return lease_add(r, c, seg, access, lease_out, msg_out);
+  return gshmd__reg_lease_add(r, c, seg, access, lease_out, msg_out);
 }
 
 int gshmd_registry_close(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id) {

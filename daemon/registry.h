@@ -41,6 +41,10 @@ struct gshmd_segment {
   uint32_t fs_slot;          /* fd store: its place in that bucket */
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
   void *cluster_export;      /* daemon/cluster/serve.c: its UCX registration, if served */
+  /* Hidden (gshmd_registry_create_hidden) until published.  unlinked on
+   * a hidden segment: discarded while leased, freed with its last lease. */
+  bool hidden;
+  void *cluster_relay;       /* daemon/cluster/relay.c: its landed chunks, while pulled */
 };
 
 /* Credentials of a connection, from SO_PEERCRED and SO_PEERGROUPS. */
@@ -177,8 +181,18 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
 int gshmd_registry_create_hidden(struct gshmd_registry *r, struct gshmd_client *c,
                                  const Gshm__CreateRequest *req, struct gshmd_segment **seg_out,
                                  const char **msg_out);
-/* Frees a hidden segment (pages discarded) and its quota charge. */
+/* Frees a hidden segment (pages discarded) and its quota charge; one
+ * that leases hold (gshmd_registry_lease_hidden) is freed with the last
+ * of them, and is never published. */
 void gshmd_registry_discard_hidden(struct gshmd_registry *r, struct gshmd_segment *seg);
+/* A lease of c on hidden segment seg (a peer relaying a pull in flight:
+ * daemon/cluster/relay.c), without a permission check: the caller made
+ * it.  It keeps seg's memory while held, also after a discard; the lease
+ * stays valid when seg is published.  Errors: -ESTALE seg was discarded,
+ * -EDQUOT quota.leases, -ENOMEM. */
+int gshmd_registry_lease_hidden(struct gshmd_registry *r, struct gshmd_client *c,
+                                struct gshmd_segment *seg, int access,
+                                struct gshmd_lease **lease_out, const char **msg_out);
 /* Makes the n hidden segments segs live under their
  * names, all in one step of the loop: no client sees some and not the
  * others.  A name a live segment holds is refused (-EEXIST) unless

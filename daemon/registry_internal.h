@@ -53,6 +53,11 @@ void gshmd__reg_lease_end(struct gshmd_registry *r, struct gshmd_lease *l, bool 
 int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
                            const Gshm__CreateRequest *req, bool hidden,
                            struct gshmd_segment **seg_out, const char **msg_out);
+/* Adds a lease of c on seg (no permission check); 0, -EDQUOT (with
+ * *msg_out) or -ENOMEM. */
+int gshmd__reg_lease_add(struct gshmd_registry *r, struct gshmd_client *c,
+                         struct gshmd_segment *seg, int access, struct gshmd_lease **out,
+                         const char **msg_out);
 /* Frees a segment of segment_new that is in no tree or list. */
 void gshmd__reg_segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg);
 /* Gives seg its id and puts it in the trees, list and index; 0 or -ENOMEM. */

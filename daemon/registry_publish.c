@@ -25,14 +25,31 @@ int gshmd_registry_create_hidden(struct gshmd_registry *r, struct gshmd_client *
     return e;
   gshm_list_add_tail(&r->hidden, &seg->node);
   r->nhidden++;
+  seg->hidden = true;
   *seg_out = seg;
   return 0;
 }
 
 void gshmd_registry_discard_hidden(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  if (seg->nleases) { /* a peer's grant holds it: freed with its last lease */
+    seg->unlinked = true;
+    return;
+  }
   gshm_list_del(&seg->node);
   r->nhidden--;
+  if (r->on_free)
+    r->on_free(r, seg); /* (a served segment's registration) */
   gshmd__reg_segment_drop(r, seg);
+}
+
+int gshmd_registry_lease_hidden(struct gshmd_registry *r, struct gshmd_client *c,
+                                struct gshmd_segment *seg, int access,
+                                struct gshmd_lease **lease_out, const char **msg_out) {
+  if (!seg->hidden || seg->unlinked) {
+    *msg_out = "the segment's pull failed here";
+    return -ESTALE;
+  }
+  return gshmd__reg_lease_add(r, c, seg, access, lease_out, msg_out);
 }
 
 static int cmp_seg_ptr_name(const void *a, const void *b) {
@@ -136,6 +153,7 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
   for (size_t i = 0; i < n; i++) {
     struct gshmd_segment *seg = segs[i];
     seg->unlinked = false;
+    seg->hidden = false;
     if (old[i])
       *(struct gshmd_segment **)tfind(seg, &r->by_name, gshmd__reg_cmp_name) = seg;
     seg->generation = r->next_generation++;

@@ -269,8 +269,12 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
           cl->registrations, cl->registered);
   fprintf(f, "# HELP gshm_cluster_grants_total Read grants given to peers.\n"
              "# TYPE gshm_cluster_grants_total counter\n"
-             "gshm_cluster_grants_total %" PRIu64 "\n",
-          cl->served_grants);
+             "gshm_cluster_grants_total %" PRIu64 "\n"
+             "# HELP gshm_cluster_relay_waits_total Peers' reads of a segment still being "
+             "pulled here that waited for its chunks (fan-out).\n"
+             "# TYPE gshm_cluster_relay_waits_total counter\n"
+             "gshm_cluster_relay_waits_total %" PRIu64 "\n",
+          cl->served_grants, cl->relay_waits);
 }
 
 /* ---- start and stop --------------------------------------------------- */
@@ -320,6 +324,8 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   gshm_list_init(&cl->pulls);
   gshm_list_init(&cl->lists);
   gshm_list_init(&cl->peer_queries);
+  gshm_list_init(&cl->relays);
+  gshm_list_init(&cl->relay_lists);
   cl->ll.loop = loop;
   cl->ll.hooks = (struct link_hooks){.on_connect = on_connect, .on_message = on_message,
                                      .on_lost = on_lost, .on_idle = on_idle,

@@ -2,7 +2,9 @@
 /* What the files of daemon/cluster/ above the link layer share: the
  * cluster's state and each file's entry points.  Arrows point down:
  * cluster.c (front door) -> hello.c -> serve.c -> link.c, stage.c;
- * cluster.c -> peers.c, pullset.c -> pull.c (pull.h) -> link.c, stage.c; conf.c stands
+ * cluster.c -> peers.c, pullset.c -> pull.c (pull.h) -> link.c, stage.c;
+ * serve.c, pull.c, pullset.c -> relay.c (relay.h: serving what is still
+ * being pulled), which serves parked reads again through serve.c; conf.c stands
  * alone (pull.c and cluster.c word peers' errors with it).  The link layer calls
  * up only through struct link_hooks, which cluster.c fills. */
 #ifndef GSHMD_CLUSTER_INTERNAL_H
@@ -47,12 +49,16 @@ struct gshmd_cluster {
   struct gshm_list pulls;    /* struct pull_set.node */
   struct gshm_list lists;    /* struct remote_list.node */
   struct gshm_list peer_queries; /* struct peers_query.node (peers.c) */
+  struct gshm_list relays;   /* relay.c: segments pulled here that peers may read meanwhile */
+  struct gshm_list relay_lists; /* relay.c: Lists waiting for a set's listing */
+  uint64_t next_set_seq;     /* struct pull_set.seq */
   bool have_pull_gid;
   gid_t pull_gid;
   struct export_rule *exports; /* cluster.export */
   unsigned nexport;
   /* metrics */
   uint64_t served_grants;
+  uint64_t relay_waits;      /* reads parked by relay.c, ever */
   uint64_t registrations;    /* segments registered with UCX, ever */
   uint32_t registered;       /* registered now */
   uint64_t pull_errors[GSHM_PULL_FAIL_N]; /* by cause (common/errors.h) */
@@ -110,6 +116,12 @@ bool gshmd__hello_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__C
 bool gshmd__serve_exported(const struct gshmd_cluster *cl, const struct gshmd_segment *seg);
 /* Segments peers may see now. */
 unsigned gshmd__serve_count(struct gshmd_cluster *cl);
+/* seg as peers see it (strings point into seg). */
+void gshmd__serve_segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster__Segment *s);
+/* serve_list.c: answers a peer's List on its link l (request rid): a
+ * page of exported segments, or later (parked by relay.c while a set of
+ * this node is still listing). */
+void gshmd__serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRequest *req);
 /* Inbound link l proved the key: the internal client "peer:NAME" that
  * will hold its leases.  Errors: -ENOMEM. */
 int gshmd__serve_link_up(struct gshmd_cluster *cl, struct link *l);

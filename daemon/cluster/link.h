@@ -141,6 +141,7 @@ struct link {
   /* owned by the layers above (serve.c, pull.c) */
   struct gshmd_client *serve_client; /* inbound, up: holds the serving leases */
   struct gshm_list grants;   /* inbound: struct serve_grant */
+  unsigned parked;           /* inbound: requests parked by relay.c */
   struct gshm_list pulls;    /* outbound: struct pull.link_node using this link */
   /* data lanes (lane.h) */
   bool is_lane;              /* this connection is a data lane of lane_of */

@@ -20,10 +20,12 @@
 #include "registry.h"
 #include "internal.h"
 #include "pull.h"
+#include "relay.h"
 #include "util.h"
 #include "wire.h"
 
 #define PROGRESS_NS 200000000LL /* a progress reply at most every 200 ms */
+#define SOURCE_MAX 384 /* a source as clients take it (gshm.h GSHM_SOURCE_MAX) */
 
 /* One chunk in flight: asked for (Read, or Stage: copied into a slot on
  * the peer first) -> its bytes received -> [copied into the local device
@@ -117,6 +119,7 @@ static void chunk_end(struct chunk *c, int err, const char *why) {
   } else {
     p->done += c->len;
     s->done += c->len;
+    gshmd__relay_landed(s->cl, p->seg, c->off, c->len); /* peers reading it meanwhile */
   }
   free(c);
   if (!s->err) {
@@ -259,15 +262,38 @@ void gshmd__pull_set_issue(struct pull_set *s) {
   gshmd__link_kick(&s->cl->ll);
 }
 
-/* The new local segment, mapped for the chunks to land in. */
-static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
+/* Where a segment of the set goes here: the location asked for (a set's
+ * applies to its device segments; host ones, such as a published
+ * model's manifest, stay on the host), else where it is on the peer. */
+static void local_location(struct pull *p, bool remote_device) {
+  if (!p->location[0] || (p->s->prefix && !remote_device))
+    snprintf(p->location, sizeof(p->location), "%s", remote_device ? "cuda:0" : "host");
+}
+
+/* Where p's copy of the peer segment s comes from (its source): where
+ * the peer got it, when the peer pulled it too, else the peer's own. */
+static void set_source(struct pull *p, const Gshm__Cluster__Segment *s) {
+  char src[400];
+
+  if (s->source && *s->source && strlen(s->source) < SOURCE_MAX && strchr(s->source, ':') &&
+      strchr(s->source, '#')) {
+    snprintf(src, sizeof(src), "%s", s->source);
+    gshmd__cluster_text_clean(src);
+  } else {
+    snprintf(src, sizeof(src), "%s:%s#%" PRIu64 ".%" PRIu64, p->s->peer->name, s->name, s->id,
+             s->generation);
+  }
+  free(p->seg->source);
+  p->seg->source = strdup(src);
+}
+
+int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s) {
   struct gshmd_cluster *cl = p->s->cl;
   Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
-  struct gshmd_alloc *mem;
   const char *msg = NULL;
-  char src[400];
-  int e, fd;
+  int e;
 
+  local_location(p, s->location && strcmp(s->location, "host") != 0);
   cr.name = p->local_name;
   cr.size = s->size;
   cr.location = p->location;
@@ -276,10 +302,28 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
     pull_fail(p, e, "cannot create '%s': %s", p->local_name, msg ? msg : gshm__strerror(e));
     return e;
   }
-  /* (the fd store's record, written at publish, says where it came from) */
-  snprintf(src, sizeof(src), "%s:%s#%" PRIu64 ".%" PRIu64, p->s->peer->name, s->name, s->id,
-           s->generation);
-  p->seg->source = strdup(src);
+  set_source(p, s); /* (a peer relaying it shows it) */
+  if ((e = gshmd__relay_new(cl, p->seg))) {
+    pull_fail(p, e, "out of memory");
+    return e;
+  }
+  return 0;
+}
+
+/* The new local segment (made now, or when the set was listed), mapped
+ * for the chunks to land in. */
+static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
+  struct gshmd_alloc *mem;
+  int e, fd;
+
+  if (!p->seg && (e = gshmd__pull_item_create(p, s)))
+    return e;
+  if (p->seg->requested_size != s->size || (p->seg->mem->device_index >= 0) != p->local_staged) {
+    pull_fail(p, -ESTALE, "segment '%s' of peer '%s' changed since it was listed", p->remote_name,
+              p->s->peer->name);
+    return -ESTALE;
+  }
+  set_source(p, s); /* (the fd store's record, written at publish) */
   mem = p->mem = p->seg->mem;
   if (mem->device_index >= 0)
     return 0; /* written by copies from the local slots */
@@ -315,10 +359,7 @@ static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
   char via[96];
   bool remote_device = strcmp(g->segment->location, "host") != 0;
 
-  /* (a set's location is for its device segments: a host one, such as a
-   * published model's manifest, stays on the host) */
-  if (!p->location[0] || (p->s->prefix && !remote_device))
-    snprintf(p->location, sizeof(p->location), "%s", remote_device ? "cuda:0" : "host");
+  local_location(p, remote_device);
   if (gshm__location_parse(p->location, &loc)) {
     pull_fail(p, -EINVAL, "bad location '%s'", p->location);
     return -EINVAL;

@@ -60,6 +60,7 @@ struct pull {
 struct pull_set {
   struct gshm_list node;      /* cl->pulls */
   struct gshmd_cluster *cl;
+  uint64_t seq;               /* order of start (relay.c's listing keys) */
   struct peer *peer;
   struct gshmd_client *requester; /* NULL once gone */
   uint32_t request_id;
@@ -74,6 +75,7 @@ struct pull_set {
   Gshm__Cluster__Msg lmsg;
   Gshm__Cluster__ListRequest lr;
   bool listing, lreq_pending;
+  bool relayed;               /* the peer listed segments it is still pulling */
   struct pull **items;
   size_t n, cap;
   size_t next_start;          /* items[next_start] is the next to ask a grant for */
@@ -105,6 +107,12 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
 /* p has nothing in flight: its grant goes back, its mapping and slots go
  * (its hidden segment stays with the set). */
 void gshmd__pull_item_close(struct pull *p);
+/* Creates p's hidden local segment for peer segment s (its size,
+ * location there, source), and relays it to peers while it fills
+ * (relay.h): at grant time, or when a set is listed (so that a peer
+ * relaying the set sees all of it).  Returns 0 or a negative errno (the
+ * set failed). */
+int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s);
 /* "host", "direct", "staged" or "none". */
 const char *gshmd__pull_path_name(Gshm__Cluster__Path path);
 

@@ -16,6 +16,7 @@
 #include "log.h"
 #include "pull.h"
 #include "registry.h"
+#include "relay.h"
 #include "util.h"
 #include "wire.h"
 
@@ -59,9 +60,11 @@ bool gshmd__pull_grant_later(struct pull *p) {
   return true;
 }
 
-/* A new item of the set: remote segment `name`, `size` bytes.  Returns 0
- * or a negative errno (the set failed). */
-static int set_add(struct pull_set *s, const char *name, uint64_t size) {
+/* A new item of the set: remote segment `name`, `size` bytes; listed:
+ * the peer's listing of it (its hidden segment is made now), else NULL.
+ * Returns 0 or a negative errno (the set failed). */
+static int set_add(struct pull_set *s, const char *name, uint64_t size,
+                   const Gshm__Cluster__Segment *listed) {
   struct gshmd_cluster *cl = s->cl;
   struct pull *p;
   int e;
@@ -114,7 +117,16 @@ static int set_add(struct pull_set *s, const char *name, uint64_t size) {
   p->req.msg = &p->msg;
   p->req.done = gshmd__pull_grant_done;
   p->req.arg = p;
-  return 0;
+  return listed ? gshmd__pull_item_create(p, listed) : 0;
+}
+
+/* Whether the set has a segment of that peer name already (a peer that
+ * lists segments in flight lists one again once it published it). */
+static bool set_has(const struct pull_set *s, const char *name) {
+  for (size_t i = 0; i < s->n; i++)
+    if (!strcmp(s->items[i]->remote_name, name))
+      return true;
+  return false;
 }
 
 static void list_page_done(struct peer_req *req, int err, const char *why,
@@ -125,6 +137,7 @@ static void list_next(struct pull_set *s, uint64_t after) {
   gshm__cluster__msg__init(&s->lmsg);
   gshm__cluster__list_request__init(&s->lr);
   s->lr.after = after;
+  s->lr.with_in_flight = true;
   s->lmsg.body_case = GSHM__CLUSTER__MSG__BODY_LIST;
   s->lmsg.list = &s->lr;
   s->lreq.msg = &s->lmsg;
@@ -157,9 +170,11 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
   r = m->list_reply;
   for (size_t i = 0; i < r->n_segments; i++) {
     const Gshm__Cluster__Segment *g = r->segments[i];
-    if (!g || !g->name || gshm__name_check(g->name, 255) || strncmp(g->name, s->name, plen))
+    if (!g || !g->name || gshm__name_check(g->name, 255) || strncmp(g->name, s->name, plen) ||
+        (s->relayed && set_has(s, g->name)))
       continue;
-    if (set_add(s, g->name, g->size))
+    s->relayed |= g->in_flight;
+    if (set_add(s, g->name, g->size, g))
       return;
   }
   if (r->next) {
@@ -234,6 +249,7 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   }
   snprintf(s->holder->name, sizeof(s->holder->name), "pull:%.58s", peer->name);
   s->cl = cl;
+  s->seq = cl->next_set_seq++;
   s->peer = peer;
   s->requester = c;
   s->request_id = request_id;
@@ -253,7 +269,7 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   if (s->prefix) {
     s->listing = true;
     list_next(s, 0);
-  } else if (!set_add(s, s->name, 0)) {
+  } else if (!set_add(s, s->name, 0, NULL)) {
     set_start_grants(s);
   }
   return 0;
@@ -376,8 +392,10 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
                 ns > 0 ? (double)s->done / (double)ns : 0.0);
   if (s->requester) /* (each seg is live until the loop runs again) */
     reply_result(s, ns);
-  for (size_t i = 0; i < s->n; i++)
+  for (size_t i = 0; i < s->n; i++) {
+    gshmd__relay_end(s->cl, s->items[i]->seg, 0, NULL);
     s->items[i]->seg = NULL; /* the registry's now */
+  }
   return 0;
 }
 
@@ -391,6 +409,8 @@ static void set_failed(struct pull_set *s) {
   cl->pull_errors[gshm__pull_failure(s->err)]++;
   for (size_t i = 0; i < s->n; i++)
     if (s->items[i]->seg) {
+      gshmd__relay_end(cl, s->items[i]->seg, s->err,
+                       "the relaying node's own pull of the set failed");
       gshmd_registry_discard_hidden(cl->reg, s->items[i]->seg);
       s->items[i]->seg = NULL;
     }
@@ -443,6 +463,7 @@ void gshmd__pull_reap(struct gshmd_cluster *cl) {
   struct gshm_list *pos, *tmp;
   gshm_list_foreach_safe(pos, tmp, &cl->pulls)
       set_reap(gshm_list_entry(pos, struct pull_set, node));
+  gshmd__relay_poll(cl); /* Lists that waited for a set's listing */
 }
 
 void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c) {

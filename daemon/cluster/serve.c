@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Serving peers: the list of exported segments, read grants (a read
+/* Serving peers: which segments are exported (the list itself is
+ * serve_list.c's), read grants (a read
  * lease held by the internal client "peer:NAME" of the link, and the
  * segment's UCX registration), Read and Stage requests answered with data
  * messages, and Release (docs/CLUSTER.md). */
@@ -19,10 +20,9 @@
 #include "internal.h"
 #include "log.h"
 #include "registry.h"
+#include "relay.h"
 
 #define MAX_STAGED_GRANTS 4 /* per link: each holds staging_bytes of pinned memory */
-#define LIST_PAGE_SEGMENTS 256 /* segments in one list answer at most */
-#define LIST_PAGE_BYTES 32768  /* and their encoding (GSHMD_CLUSTER_MAX_MSG bounds a message) */
 #define MAX_GRANTS 64       /* per link: grants live at once */
 
 /* A served host segment's mapping and UCX registration: made at its
@@ -106,7 +106,7 @@ int gshmd__serve_link_up(struct gshmd_cluster *cl, struct link *l) {
   return 0;
 }
 
-static void segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster__Segment *s) {
+void gshmd__serve_segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster__Segment *s) {
   gshm__cluster__segment__init(s);
   s->id = seg->id;
   s->generation = seg->generation;
@@ -115,55 +115,7 @@ static void segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster__Segm
   s->allocated = seg->mem->size;
   s->location = (char *)seg->mem->location;
   s->created_ns = seg->created_ns;
-}
-
-static void serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRequest *req) {
-  struct gshmd_cluster *cl = cluster_of(l->ll);
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
-  Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
-  Gshm__Cluster__Segment *segs;
-  Gshm__Cluster__Segment **ptrs;
-  struct gshm_list *pos;
-  size_t used = 0, n = 0, cap = LIST_PAGE_SEGMENTS;
-
-  segs = calloc(cap, sizeof(*segs));
-  ptrs = calloc(cap, sizeof(*ptrs));
-  if (!segs || !ptrs) {
-    free(segs);
-    free(ptrs);
-    gshmd__link_send_status(l, rid, -ENOMEM, "out of memory");
-    return;
-  }
-  gshm_list_foreach(pos, &cl->reg->segments) {
-    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
-    size_t sz;
-    if (seg->id <= req->after || !gshmd__serve_exported(cl, seg))
-      continue;
-    /* a full page ends here, before segs[n] is written */
-    if (n == cap) {
-      r.next = segs[n - 1].id;
-      break;
-    }
-    segment_to_wire(seg, &segs[n]);
-    sz = gshm__cluster__segment__get_packed_size(&segs[n]) + 8;
-    if (used + sz > LIST_PAGE_BYTES) {
-      r.next = n ? segs[n - 1].id : 0;
-      break;
-    }
-    used += sz;
-    ptrs[n] = &segs[n];
-    n++;
-  }
-  r.n_segments = n;
-  r.segments = ptrs;
-  r.total = gshmd__serve_count(cl);
-  m.request_id = rid;
-  m.status = GSHM__STATUS__STATUS_OK;
-  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
-  m.list_reply = &r;
-  gshmd__link_send(l, &m);
-  free(segs);
-  free(ptrs);
+  s->source = seg->source ? seg->source : (char *)"";
 }
 
 /* ---- registrations ---------------------------------------------------- */
@@ -337,6 +289,7 @@ static void grant_unbusy(struct gshmd_cluster *cl, struct link *l, uint64_t gran
 }
 
 void gshmd__serve_link_idle(struct gshmd_cluster *cl, struct link *l) {
+  gshmd__relay_link_gone(cl, l);
   while (!gshm_list_empty(&l->grants))
     grant_free(cl, gshm_list_entry(l->grants.next, struct serve_grant, node));
   if (l->serve_client) {
@@ -392,18 +345,35 @@ static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
   return 0;
 }
 
+/* A read lease of l's client on seg: opened as a local client would, or,
+ * on a segment this node is still pulling, taken on the hidden segment
+ * (relay.h).  Errors as gshmd_registry_open, gshmd_registry_lease_hidden. */
+static int grant_lease(struct gshmd_cluster *cl, struct link *l, struct gshmd_segment *seg,
+                       struct gshmd_lease **lease_out, const char **msg_out) {
+  Gshm__OpenRequest open = GSHM__OPEN_REQUEST__INIT;
+
+  if (seg->hidden)
+    return gshmd_registry_lease_hidden(cl->reg, l->serve_client, seg, GSHM__ACCESS__ACCESS_READ,
+                                       lease_out, msg_out);
+  open.segment_id = seg->id;
+  open.generation = seg->generation;
+  open.access = GSHM__ACCESS__ACCESS_READ;
+  return gshmd_registry_open(cl->reg, l->serve_client, &open, lease_out, msg_out);
+}
+
 static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__GrantRequest *req) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
   struct gshmd_segment *seg = gshmd_registry_find_name(cl->reg, req->name);
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
   Gshm__Cluster__Segment s;
-  Gshm__OpenRequest open = GSHM__OPEN_REQUEST__INIT;
   struct gshmd_lease *lease;
   const char *msg = NULL;
   char buf[400];
   int e;
 
+  if (!seg) /* one this node is still pulling (relay.h) */
+    seg = gshmd__relay_find(cl, req->name);
   /* A segment that is not exported does not exist for peers. */
   if (!seg || !gshmd__serve_exported(cl, seg)) {
     snprintf(buf, sizeof(buf), "node '%s' exports no segment named '%.255s'", cl->ll.node_name,
@@ -416,14 +386,12 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
     gshmd__link_send_status(l, rid, -ENOENT, buf);
     return;
   }
-  open.segment_id = seg->id;
-  open.generation = seg->generation;
-  open.access = GSHM__ACCESS__ACCESS_READ;
-  if ((e = gshmd_registry_open(cl->reg, l->serve_client, &open, &lease, &msg))) {
+  if ((e = grant_lease(cl, l, seg, &lease, &msg))) {
     gshmd__link_send_status(l, rid, e, msg);
     return;
   }
-  segment_to_wire(seg, &s);
+  gshmd__serve_segment_to_wire(seg, &s);
+  s.in_flight = seg->hidden;
   g.segment = &s;
   g.grant_id = lease->id;
   if ((e = grant_path(cl, l, seg, lease->id, &g, &msg))) {
@@ -504,6 +472,7 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
   struct grant_send *gs;
   struct export_reg *x;
   struct gshmd_segment *seg;
+  const char *why;
   int e;
 
   if (!lease || !g || g->released || g->sb || !(seg = lease->seg) || !(x = seg->cluster_export)) {
@@ -513,6 +482,12 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
   if (r->length == 0 || r->offset > seg->requested_size ||
       r->length > seg->requested_size - r->offset || r->offset + r->length > x->len) {
     gshmd__link_send_status(l, rid, -EINVAL, "read outside the segment");
+    return;
+  }
+  /* a segment still being pulled here: the range waits until it landed */
+  if ((e = gshmd__relay_gate(cluster_of(l->ll), l, seg, rid, r, NULL, &why))) {
+    if (e < 0)
+      gshmd__link_send_status(l, rid, e, why);
     return;
   }
   if (l->busy >= LINK_MAX_READS) {
@@ -592,10 +567,16 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
 
 static void serve_stage(struct link *l, uint32_t rid, const Gshm__Cluster__Stage *s) {
   struct gshmd_lease *lease = link_lease(l, s->grant_id);
+  const char *why;
   int e;
 
   if (!lease) {
     gshmd__link_send_status(l, rid, -ESTALE, "no such grant");
+    return;
+  }
+  if ((e = gshmd__relay_gate(cluster_of(l->ll), l, lease->seg, rid, NULL, s, &why))) {
+    if (e < 0)
+      gshmd__link_send_status(l, rid, e, why);
     return;
   }
   if ((e = stage_chunk(cluster_of(l->ll), l, rid, lease->seg, s)))
@@ -608,7 +589,7 @@ bool gshmd__serve_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__C
     return false;
   switch (m->body_case) {
   case GSHM__CLUSTER__MSG__BODY_LIST:
-    serve_list(l, m->request_id, m->list);
+    gshmd__serve_list(l, m->request_id, m->list);
     return true;
   case GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST:
     serve_grant(l, m->request_id, m->grant_request);

@@ -121,6 +121,43 @@ void check_segment(gshm_client_t *c, const char *name, uint64_t size,
   free(want);
 }
 
+unsigned count_named(gshm_client_t *c, const char *prefix) {
+  gshm_segment_info_t *v = NULL;
+  size_t n = 0;
+  unsigned k = 0;
+  assert_int_equal(gshm_list(c, &v, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    k += strncmp(v[i].name, prefix, strlen(prefix)) == 0;
+  gshm_free(v);
+  return k;
+}
+
+void set_make(gshm_client_t *c, const char *prefix, int n, uint64_t (*size)(int),
+              unsigned long long base) {
+  char name[300];
+  for (int i = 0; i < n; i++) {
+    snprintf(name, sizeof(name), "%s%02d", prefix, i);
+    make_segment(c, name, size(i), base + (unsigned long long)i);
+  }
+}
+
+void set_check(gshm_client_t *c, const char *prefix, int n, uint64_t (*size)(int),
+               unsigned long long base) {
+  char name[300];
+  for (int i = 0; i < n; i++) {
+    snprintf(name, sizeof(name), "%s%02d", prefix, i);
+    check_segment(c, name, size(i), base + (unsigned long long)i);
+  }
+}
+
+void set_unlink(gshm_client_t *c, const char *prefix, int n) {
+  char name[300];
+  for (int i = 0; i < n; i++) {
+    snprintf(name, sizeof(name), "%s%02d", prefix, i);
+    assert_int_equal(gshm_unlink(c, name), 0);
+  }
+}
+
 /* A counter or gauge (no labels) from c's daemon's metrics. */
 long metric(gshm_client_t *c, const char *name) {
   char *text = NULL, key[160];

@@ -45,6 +45,16 @@ gshm_client_t *connect_to(struct node *n);
 void make_segment(gshm_client_t *c, const char *name, uint64_t size, unsigned long long seed);
 /* Asserts that segment name on c holds exactly the bytes of seed. */
 void check_segment(gshm_client_t *c, const char *name, uint64_t size, unsigned long long seed);
+/* Segments of c's daemon whose names start with prefix. */
+unsigned count_named(gshm_client_t *c, const char *prefix);
+/* A set of n host segments PREFIX00, PREFIX01, ...: segment i holds
+ * size(i) bytes of seed base + i (set_make creates, set_check asserts
+ * every byte, set_unlink unlinks them). */
+void set_make(gshm_client_t *c, const char *prefix, int n, uint64_t (*size)(int),
+              unsigned long long base);
+void set_check(gshm_client_t *c, const char *prefix, int n, uint64_t (*size)(int),
+               unsigned long long base);
+void set_unlink(gshm_client_t *c, const char *prefix, int n);
 /* A temporary folder with two key files (seeds 1 and 2); node_group set
  * to this process's group. */
 struct cluster_keys {

@@ -36,45 +36,19 @@ static char dir[] = "/tmp/gshm-pullset-XXXXXX";
 static char key_path[300];
 static struct node A, B; /* A serves pub/ *; B pulls slowly (small chunks, one at a time) */
 
-/* Segments of c's daemon whose names start with prefix. */
-static unsigned count_named(gshm_client_t *c, const char *prefix) {
-  gshm_segment_info_t *v = NULL;
-  size_t n = 0;
-  unsigned k = 0;
-  assert_int_equal(gshm_list(c, &v, &n), 0);
-  for (size_t i = 0; i < n; i++)
-    k += strncmp(v[i].name, prefix, strlen(prefix)) == 0;
-  gshm_free(v);
-  return k;
-}
-
 /* The set: NSET segments pub/set/NN of mixed sizes (one of 96 MiB, so that
  * the slow puller takes a while), seeds from base. */
 static uint64_t set_size(int i) { return i == 3 ? 96 * MiB : 4096 * (uint64_t)(i + 1) + 7; }
 
 static void make_set(gshm_client_t *c, unsigned long long base) {
-  char name[64];
-  for (int i = 0; i < NSET; i++) {
-    snprintf(name, sizeof(name), "pub/set/%02d", i);
-    make_segment(c, name, set_size(i), base + (unsigned long long)i);
-  }
+  set_make(c, "pub/set/", NSET, set_size, base);
 }
 
 static void check_set(gshm_client_t *c, const char *prefix, unsigned long long base) {
-  char name[64];
-  for (int i = 0; i < NSET; i++) {
-    snprintf(name, sizeof(name), "%s%02d", prefix, i);
-    check_segment(c, name, set_size(i), base + (unsigned long long)i);
-  }
+  set_check(c, prefix, NSET, set_size, base);
 }
 
-static void unlink_set(gshm_client_t *c, const char *prefix) {
-  char name[64];
-  for (int i = 0; i < NSET; i++) {
-    snprintf(name, sizeof(name), "%s%02d", prefix, i);
-    assert_int_equal(gshm_unlink(c, name), 0);
-  }
-}
+static void unlink_set(gshm_client_t *c, const char *prefix) { set_unlink(c, prefix, NSET); }
 
 static int group_setup(void **state) {
   struct group *g = getgrgid(getegid());

@@ -47,8 +47,10 @@ gshm_segments_add_test(gpu.dev_killpoint gpu 300 COMMAND test_dev_killpoint)
 gshm_segments_add_test(killpoint.dev_logic_host killpoint 120 ENV GSHM_KP_HOST=1
                        COMMAND test_dev_killpoint)
 
-# A device segment pulled between two gshmd on one GPU over UCX.
+# A device segment pulled between two gshmd on one GPU over UCX; a set of
+# device segments relayed by a gshmd still pulling it (fan-out).
 gshm_segments_test(test_cluster_gpu)
+target_link_libraries(test_cluster_gpu PRIVATE pthread)
 gshm_segments_add_test(gpu.cluster_pull gpu 300 ENV UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n
                        COMMAND test_cluster_gpu)
 

@@ -6,6 +6,10 @@
  * the test reads B's segment back from the GPU and compares every byte.
  * With two GPUs the same source is pulled again onto GPU 1 (cuda:1) and
  * read back the same way; with one GPU that step is skipped and says so.
+ * Then fan-out with device segments: a third gshmd C pulls a set of
+ * device segments from B while B is still pulling it from A (B relays
+ * each chunk as it lands: staged on both sides), onto GPU 1 when there is
+ * one; every byte of B's and C's copies is read back.
  * Prints the pull's rate.  Plain C (no cmocka on the GPU machines); exit 77
  * without a driver or a GPU.
  *
@@ -16,6 +20,7 @@
 #include <grp.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,20 +65,123 @@ static void node_args(char store[8][512], const char *argv[9], const char *name,
   argv[7] = NULL;
 }
 
+#define FAN_N 6 /* segments of the fan-out set: fan/00 .. fan/05 */
+
+static uint64_t fan_size(int i, uint64_t size) { return i == 2 ? size / 2 : size / 16 + 4099; }
+
+/* Every byte of node c's fan/NN is seed base + i. */
+static void fan_check(const struct gshm_cudadrv *drv, gshm_client_t *c, const char *who,
+                      uint64_t size, uint8_t *want, uint8_t *got) {
+  for (int i = 0; i < FAN_N; i++) {
+    gshm_segment_t *seg;
+    void *dptr;
+    char name[32];
+    uint64_t n = fan_size(i, size);
+    snprintf(name, sizeof(name), "fan/%02d", i);
+    harness_random(want, n, 500 + (unsigned)i);
+    REQUIRE(gshm_open(c, name, GSHM_ACCESS_READ, &seg) == 0, "%s: open %s", who, name);
+    REQUIRE(gshm_map(seg, NULL, 0, &dptr) == 0, "%s: map %s", who, name);
+    memset(got, 0, n);
+    CU(drv->cuMemcpyDtoH(got, (CUdeviceptr)(uintptr_t)dptr, n));
+    CHECK(memcmp(got, want, n) == 0, "%s: %s differs from the source", who, name);
+    gshm_close(seg);
+    CHECK(gshm_unlink(c, name) == 0, "%s: unlink %s", who, name);
+  }
+}
+
+/* One hop of the fan-out chain, in a thread. */
+struct hop {
+  pthread_t t;
+  const char *sock, *peer, *location;
+  int err;
+  int64_t t0, t1;
+};
+
+static void *hop_thread(void *arg) {
+  struct hop *h = arg;
+  gshm_pull_opts_t po = {.location = h->location, .mode = 0644};
+  gshm_pull_result_t *v = NULL;
+  gshm_client_t *c;
+  size_t n = 0;
+
+  h->t0 = gshm__now_ns(CLOCK_MONOTONIC);
+  if (!(h->err = gshm_connect(h->sock, "gpu-hop", &c))) {
+    if (!(h->err = gshm_pull_prefix(c, h->peer, "fan/", &po, &v, &n)))
+      gshm_free(v);
+    gshm_disconnect(c);
+  }
+  h->t1 = gshm__now_ns(CLOCK_MONOTONIC);
+  return NULL;
+}
+
+/* A's set of device segments to B and, relayed by B as it lands, to C. */
+static void fan_out(const struct gshm_cudadrv *drv, gshm_client_t *a, gshm_client_t *b,
+                    struct harness *B, struct harness *C, int gpus, uint64_t size,
+                    uint8_t *want, uint8_t *got) {
+  struct hop hb = {.sock = B->socket_path, .peer = "a", .location = "cuda:0"};
+  struct hop hc = {.sock = C->socket_path, .peer = "b", .location = gpus > 1 ? "cuda:1" : "cuda:0"};
+  gshm_client_t *c;
+  bool listed = false;
+
+  for (int i = 0; i < FAN_N; i++) {
+    gshm_segment_t *seg;
+    void *dptr;
+    char name[32];
+    snprintf(name, sizeof(name), "fan/%02d", i);
+    harness_random(want, fan_size(i, size), 500 + (unsigned)i);
+    REQUIRE(gshm_create(a, name, fan_size(i, size), "cuda:0", 0644, 0, &seg) == 0, "create %s",
+            name);
+    REQUIRE(gshm_map(seg, NULL, 0, &dptr) == 0, "map %s", name);
+    CU(drv->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dptr, want, fan_size(i, size)));
+    gshm_close(seg);
+  }
+  CU(drv->cuCtxSynchronize());
+  REQUIRE(pthread_create(&hb.t, NULL, hop_thread, &hb) == 0, "thread");
+  for (int k = 0; k < 10000 && !listed; k++) { /* B has listed the set: C may list B */
+    gshm_cluster_pull_t *v = NULL;
+    size_t n = 0;
+    if (gshm_cluster_pulls(b, &v, &n) == 0) {
+      listed = n == 1 && v[0].segments_total == FAN_N;
+      gshm_free(v);
+    }
+    usleep(1000);
+  }
+  REQUIRE(listed, "B's pull of the set did not show in its pulls in flight");
+  REQUIRE(pthread_create(&hc.t, NULL, hop_thread, &hc) == 0, "thread");
+  pthread_join(hb.t, NULL);
+  pthread_join(hc.t, NULL);
+  printf("fan-out of %d device segments: B %.3f s, C %.3f s (%s), C started %.3f s before B "
+         "ended\n",
+         FAN_N, (double)(hb.t1 - hb.t0) / 1e9, (double)(hc.t1 - hc.t0) / 1e9, hc.location,
+         (double)(hb.t1 - hc.t0) / 1e9);
+  REQUIRE(hb.err == 0, "B's pull: %s", gshm_strerror(hb.err));
+  REQUIRE(hc.err == 0, "C's pull (relayed by B): %s", gshm_strerror(hc.err));
+  CHECK(hc.t0 < hb.t1, "C started after B's pull ended: nothing was relayed");
+  fan_check(drv, b, "B", size, want, got);
+  REQUIRE(gshm_connect(C->socket_path, "gpu-c", &c) == 0, "connect c");
+  fan_check(drv, c, "C", size, want, got);
+  gshm_disconnect(c);
+  for (int i = 0; i < FAN_N; i++) {
+    char name[32];
+    snprintf(name, sizeof(name), "fan/%02d", i);
+    CHECK(gshm_unlink(a, name) == 0, "unlink %s", name);
+  }
+}
+
 int main(int argc, char **argv) {
-  static char sa[8][512], sb[8][512];
+  static char sa[8][512], sb[8][512], sc[8][512];
   const struct gshm_cudadrv *drv;
   uint64_t size = argc > 1 ? strtoull(argv[1], NULL, 0) : (1ull << 30);
-  char dir[] = "/tmp/gshm-cluster-gpu-XXXXXX", key[300], pa[64], pb[64];
-  const char *aa[9], *ab[9];
-  struct harness A = {0}, B = {0};
+  char dir[] = "/tmp/gshm-cluster-gpu-XXXXXX", key[300], pa[64], pb[96], pc[64];
+  const char *aa[9], *ab[9], *ac[9];
+  struct harness A = {0}, B = {0}, C = {0};
   gshm_client_t *a, *b;
   gshm_segment_t *src, *dst;
   gshm_pull_result_t r;
   gshm_pull_opts_t po = {.local_name = "pulled/weights", .location = "cuda:0"};
   uint8_t *want, *got;
   void *dptr;
-  int count = 0, port_a, port_b, fd;
+  int count = 0, port_a, port_b, port_c, fd;
   CUcontext ctx;
   CUdevice dev;
 
@@ -94,14 +202,18 @@ int main(int argc, char **argv) {
   close(fd);
   port_a = free_port();
   port_b = free_port();
+  port_c = free_port();
   snprintf(pa, sizeof(pa), "b=127.0.0.1:%d", port_b);
-  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", port_a);
-  node_args(sa, aa, "a", port_a, pa, key, "pub/*");
-  node_args(sb, ab, "b", port_b, pb, key, "");
+  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d,c=127.0.0.1:%d", port_a, port_c);
+  snprintf(pc, sizeof(pc), "b=127.0.0.1:%d", port_b);
+  node_args(sa, aa, "a", port_a, pa, key, "pub/* fan/*");
+  node_args(sb, ab, "b", port_b, pb, key, "fan/*"); /* B relays the fan-out set to C */
+  node_args(sc, ac, "c", port_c, pc, key, "");
   REQUIRE(harness_start(&A, aa) == 0, "gshmd a");
   harness_set_leftover(&A);
   atexit(harness_kill_leftover);
   REQUIRE(harness_start(&B, ab) == 0, "gshmd b");
+  REQUIRE(harness_start(&C, ac) == 0, "gshmd c");
   REQUIRE(gshm_connect(A.socket_path, "gpu-src", &a) == 0, "connect a");
   REQUIRE(gshm_connect(B.socket_path, "gpu-dst", &b) == 0, "connect b");
 
@@ -186,8 +298,10 @@ int main(int argc, char **argv) {
 
   CHECK(gshm_unlink(b, "pulled/weights") == 0, "unlink pulled");
   CHECK(gshm_unlink(a, "pub/weights") == 0, "unlink source");
+  fan_out(drv, a, b, &B, &C, count, size, want, got);
   gshm_disconnect(a);
   gshm_disconnect(b);
+  CHECK(harness_stop(&C) == 0, "gshmd c exit");
   CHECK(harness_stop(&B) == 0, "gshmd b exit");
   CHECK(harness_stop(&A) == 0, "gshmd a exit");
   harness_set_leftover(NULL);

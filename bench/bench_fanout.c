@@ -1,0 +1,314 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* gshm-bench pull --fanout N: one set moved to N nodes at once against
+ * one plain pull of it, in the same run (docs/CLUSTER.md "Moving a model
+ * to several nodes").
+ *
+ * N + 1 gshmd on 127.0.0.1 (n0 .. nN, each a peer of the one before and
+ * the one after).  n0 holds the set fan/NNNNN: host segments of random
+ * bytes (libsodium's deterministic stream, one seed per segment), the
+ * bf16 tensors of a transformer (--model LAYERSxHIDDEN: per layer q, k, v,
+ * o of HIDDEN^2, gate, up, down of HIDDEN x 8/3 HIDDEN, two norms; an
+ * embedding of 32000 x HIDDEN and a final norm) or COUNT segments of SIZE
+ * bytes (--set COUNTxSIZE).  Each iteration times one plain pull n0 -> n1
+ * alone (into one/), then the chain: node i pulls the set from node i - 1,
+ * every hop started as soon as the one before it has its request (a
+ * relaying node answers a listing once its own listing is done), timed
+ * from the first start to the last hop's result.  Every
+ * byte of every copy is compared with n0's.  Prints the medians: one-pull
+ * seconds, fan-out seconds, their ratio (the target is <= 1.3) and GB/s. */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "bench_pull.h"
+#include "gshm.h"
+#include "util.h"
+
+#define FAN_MAX 16 /* hops at most */
+
+int bench_fanout_set_opt(struct pull_opts *o, bool model, const char *arg) {
+  char *end;
+  unsigned long a = strtoul(arg, &end, 10), b;
+  uint64_t size;
+
+  if (!a || (*end != 'x' && *end != 'X'))
+    return -1;
+  size = b = strtoul(end + 1, &end, 10);
+  if (!b)
+    return -1;
+  if (model) {
+    if (*end || a > 1000 || b > 65536)
+      return -1;
+    o->layers = (unsigned)a;
+    o->hidden = (unsigned)b;
+    o->set_count = 0;
+    return 0;
+  }
+  switch (*end) {
+  case 'K': case 'k': size <<= 10; break;
+  case 'M': case 'm': size <<= 20; break;
+  case 'G': case 'g': size <<= 30; break;
+  case '\0': break;
+  default: return -1;
+  }
+  if (a > 4096)
+    return -1;
+  o->set_count = (unsigned)a;
+  o->set_size = size;
+  return 0;
+}
+
+/* The sizes of the set's segments (heap; *n_out of them). */
+static uint64_t *set_sizes(const struct pull_opts *o, unsigned *n_out) {
+  uint64_t h = o->hidden ? o->hidden : 1536, ffn = (h * 8 / 3 + 255) / 256 * 256;
+  unsigned layers = o->layers ? o->layers : 8, n = 0;
+  unsigned count = o->set_count ? o->set_count : layers * 9 + 2;
+  uint64_t *v = calloc(count, sizeof(*v));
+
+  if (!v)
+    return NULL;
+  if (o->set_count) {
+    for (; n < count; n++)
+      v[n] = o->set_size;
+  } else {
+    v[n++] = 32000 * h * 2; /* embedding */
+    for (unsigned l = 0; l < layers; l++) {
+      for (int k = 0; k < 4; k++)
+        v[n++] = h * h * 2; /* q, k, v, o */
+      for (int k = 0; k < 3; k++)
+        v[n++] = h * ffn * 2; /* gate, up, down */
+      v[n++] = h * 2;         /* two norms */
+      v[n++] = h * 2;
+    }
+    v[n++] = h * 2; /* final norm */
+  }
+  *n_out = n;
+  return v;
+}
+
+/* The run: nodes, the set's sizes and n0's mappings of it. */
+struct fan {
+  const struct pull_opts *o;
+  int nodes;
+  struct gshm_spawn sp[FAN_MAX + 1];
+  gshm_client_t *c[FAN_MAX + 1];
+  uint64_t *sizes, total;
+  unsigned count;
+  gshm_segment_t **src;
+  void **src_map;
+};
+
+static int start_nodes(struct fan *f, const char *gshmd, const char *key) {
+  int port[FAN_MAX + 1];
+  char name[16], peers[128];
+
+  for (int i = 0; i < f->nodes; i++)
+    port[i] = bench_free_port();
+  for (int i = 0; i < f->nodes; i++) {
+    int k = 0;
+    peers[0] = '\0';
+    if (i > 0)
+      k += snprintf(peers + k, sizeof(peers) - k, "n%d=127.0.0.1:%d", i - 1, port[i - 1]);
+    if (i + 1 < f->nodes)
+      snprintf(peers + k, sizeof(peers) - k, "%sn%d=127.0.0.1:%d", k ? "," : "", i + 1,
+               port[i + 1]);
+    snprintf(name, sizeof(name), "n%d", i);
+    if (bench_pull_node_start(&f->sp[i], gshmd, name, port[i], peers, key, "fan/*", f->o) ||
+        gshm_connect(f->sp[i].socket_path, "bench-fanout", &f->c[i]))
+      return -1;
+  }
+  return 0;
+}
+
+/* n0's set: created, filled with random bytes, kept open and mapped. */
+static int make_set(struct fan *f) {
+  unsigned char seed[randombytes_SEEDBYTES] = {0};
+  char name[64];
+  int e;
+
+  if (!(f->src = calloc(f->count, sizeof(*f->src))) ||
+      !(f->src_map = calloc(f->count, sizeof(*f->src_map))))
+    return -ENOMEM;
+  for (unsigned i = 0; i < f->count; i++) {
+    snprintf(name, sizeof(name), "fan/%05u", i);
+    if ((e = gshm_create(f->c[0], name, f->sizes[i], "host", 0644, 0, &f->src[i])) ||
+        (e = gshm_map(f->src[i], NULL, 0, &f->src_map[i]))) {
+      fprintf(stderr, "gshm-bench pull: cannot make %s: %s\n", name, gshm_strerror(e));
+      return e;
+    }
+    memcpy(seed, &i, sizeof(i));
+    randombytes_buf_deterministic(f->src_map[i], f->sizes[i], seed);
+    f->total += f->sizes[i];
+  }
+  return 0;
+}
+
+/* Every byte of node's copy under prefix is n0's; then it is unlinked.
+ * Returns 0 or -1 (printed). */
+static int check_copy(struct fan *f, int node, const char *prefix) {
+  char name[64];
+  int bad = 0;
+
+  for (unsigned i = 0; i < f->count; i++) {
+    gshm_segment_t *seg;
+    void *p;
+    snprintf(name, sizeof(name), "%s%05u", prefix, i);
+    if (gshm_open(f->c[node], name, GSHM_ACCESS_READ, &seg) == 0) {
+      if (gshm_map(seg, NULL, 0, &p) || gshm_segment_info(seg)->requested_size != f->sizes[i] ||
+          memcmp(p, f->src_map[i], f->sizes[i]))
+        bad++;
+      gshm_close(seg);
+      gshm_unlink(f->c[node], name);
+    } else {
+      bad++;
+    }
+  }
+  if (bad)
+    fprintf(stderr, "gshm-bench pull: %d segment(s) of n%d's copy differ or are missing\n", bad,
+            node);
+  return bad ? -1 : 0;
+}
+
+/* One hop: a set pull on its own connection, in a thread. */
+struct hop {
+  pthread_t t;
+  const char *sock, *local;
+  char peer[16];
+  double t0, t1;
+  int err;
+  bool done;
+};
+
+static void *hop_thread(void *arg) {
+  struct hop *h = arg;
+  gshm_pull_opts_t po = {.local_name = h->local, .mode = 0644};
+  gshm_pull_result_t *v = NULL;
+  gshm_client_t *c;
+  size_t n = 0;
+
+  h->t0 = bench_now_s();
+  if (!(h->err = gshm_connect(h->sock, "bench-hop", &c))) {
+    if (!(h->err = gshm_pull_prefix(c, h->peer, "fan/", &po, &v, &n)))
+      gshm_free(v);
+    gshm_disconnect(c);
+  }
+  h->t1 = bench_now_s();
+  __atomic_store_n(&h->done, true, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static int hop_start(struct fan *f, struct hop *h, int node, const char *local) {
+  h->sock = f->sp[node].socket_path;
+  h->local = local;
+  snprintf(h->peer, sizeof(h->peer), "n%d", node - 1);
+  return pthread_create(&h->t, NULL, hop_thread, h) ? -1 : 0;
+}
+
+/* Waits (up to 60 s) until node shows a pull in flight, or hop h (node's)
+ * ended: the next hop may list the set there. */
+static void wait_listed(struct fan *f, int node, struct hop *h) {
+  for (int k = 0; k < 60000 && !__atomic_load_n(&h->done, __ATOMIC_ACQUIRE); k++) {
+    gshm_cluster_pull_t *v = NULL;
+    size_t n = 0;
+    bool listed = false;
+    if (gshm_cluster_pulls(f->c[node], &v, &n) == 0) {
+      listed = n > 0;
+      gshm_free(v);
+    }
+    if (listed)
+      return;
+    usleep(1000);
+  }
+}
+
+/* One iteration: *one_s (n0 -> n1 alone) and *fan_s (the chain). */
+static int iteration(struct fan *f, double *one_s, double *fan_s) {
+  struct hop one = {0}, hops[FAN_MAX + 1];
+  int e = 0;
+
+  memset(hops, 0, sizeof(hops));
+  if (hop_start(f, &one, 1, "one/"))
+    return -1;
+  pthread_join(one.t, NULL);
+  if (one.err || check_copy(f, 1, "one/")) {
+    fprintf(stderr, "gshm-bench pull: the plain pull failed: %s\n", gshm_strerror(one.err));
+    return -1;
+  }
+  *one_s = one.t1 - one.t0;
+  for (int i = 1; i < f->nodes; i++) {
+    if (hop_start(f, &hops[i], i, "fan/"))
+      return -1;
+    if (i + 1 < f->nodes)
+      wait_listed(f, i, &hops[i]);
+  }
+  *fan_s = 0;
+  for (int i = 1; i < f->nodes; i++) {
+    pthread_join(hops[i].t, NULL);
+    if (hops[i].err) {
+      fprintf(stderr, "gshm-bench pull: hop n%d -> n%d failed: %s\n", i - 1, i,
+              gshm_strerror(hops[i].err));
+      e = -1;
+    }
+    if (hops[i].t1 - hops[1].t0 > *fan_s)
+      *fan_s = hops[i].t1 - hops[1].t0;
+  }
+  for (int i = 1; i < f->nodes && !e; i++)
+    e = check_copy(f, i, "fan/");
+  return e;
+}
+
+static void fan_free(struct fan *f) {
+  for (unsigned i = 0; f->src && i < f->count; i++)
+    if (f->src[i])
+      gshm_close(f->src[i]);
+  for (int i = 0; i < f->nodes; i++) {
+    if (f->c[i])
+      gshm_disconnect(f->c[i]);
+    gshm__spawn_stop(&f->sp[i], SIGTERM);
+    gshm__spawn_cleanup(&f->sp[i]);
+  }
+  free(f->src);
+  free(f->src_map);
+  free(f->sizes);
+}
+
+int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *key) {
+  struct fan f = {.o = o, .nodes = o->fanout + 1};
+  double one[64], fan[64], om, fm;
+  int n = o->iters < 64 ? o->iters : 64, rc = 1;
+  char sz[32];
+
+  if (o->fanout < 1 || o->fanout > FAN_MAX || strcmp(o->location, "host") || sodium_init() < 0) {
+    fprintf(stderr, "gshm-bench pull: --fanout takes 1 to %d, host segments\n", FAN_MAX);
+    return 2;
+  }
+  if (!(f.sizes = set_sizes(o, &f.count)) || start_nodes(&f, gshmd, key) || make_set(&f))
+    goto out;
+  printf("gshm-bench pull --fanout %d: %u host segments, %s (%s), chunk %s, depth %s, "
+         "%u streams, %s; %d iteration(s), medians\n",
+         o->fanout, f.count, gshm__format_size(f.total, sz, sizeof(sz)),
+         o->set_count ? "--set" : "--model", o->chunk ? o->chunk : "default",
+         o->depth ? o->depth : "default", o->streams, o->encrypt ? "encrypted" : "authenticated",
+         n);
+  for (int k = 0; k < n; k++)
+    if (iteration(&f, &one[k], &fan[k]))
+      goto out;
+  om = bench_median(one, n);
+  fm = bench_median(fan, n);
+  printf("one pull n0 -> n1:        %8.3f s  %6.2f GB/s\n", om, (double)f.total / om / 1e9);
+  printf("fan-out to %2d nodes:      %8.3f s  %6.2f GB/s per copy, %.2f GB/s in all\n",
+         o->fanout, fm, (double)f.total / fm / 1e9, (double)f.total * o->fanout / fm / 1e9);
+  printf("ratio fan-out / one pull: %8.2f    (target <= 1.3); every byte of every copy checked\n",
+         fm / om);
+  rc = 0;
+out:
+  fan_free(&f);
+  return rc;
+}

@@ -1,0 +1,300 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Relaying a pull in flight (relay.h): per relayed segment, the bytes
+ * landed in each granule (cluster.pull_chunk bytes: chunks land in any
+ * order and never twice, so a count per granule says when it is whole)
+ * and the reads parked on it; the Lists parked while a set is listing;
+ * the in-flight part of a listing. */
+#include "relay.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "internal.h"
+#include "log.h"
+#include "pull.h"
+#include "registry.h"
+
+/* One relayed segment (seg->cluster_relay), from its creation to the end
+ * of its set. */
+struct relay {
+  struct gshm_list node;     /* cl->relays */
+  struct gshmd_segment *seg;
+  uint64_t size, granule;
+  size_t n;                  /* granules */
+  uint64_t *landed;          /* bytes landed, per granule */
+  struct gshm_list waits;    /* struct relay_wait: reads parked on it */
+};
+
+/* A request parked: its copy, served again as it came. */
+struct relay_wait {
+  struct gshm_list node;     /* relay->waits or cl->relay_lists */
+  struct link *l;
+  Gshm__Cluster__Msg m;
+  Gshm__Cluster__Read rd;
+  Gshm__Cluster__Stage st;
+  Gshm__Cluster__ListRequest lr;
+};
+
+int gshmd__relay_new(struct gshmd_cluster *cl, struct gshmd_segment *seg) {
+  struct relay *x = calloc(1, sizeof(*x));
+  uint64_t g = cl->cfg->cluster_pull_chunk ? cl->cfg->cluster_pull_chunk : 1;
+
+  if (!x)
+    return -ENOMEM;
+  x->seg = seg;
+  x->size = seg->requested_size;
+  x->granule = g;
+  x->n = (size_t)((x->size + g - 1) / g);
+  if (x->n && !(x->landed = calloc(x->n, sizeof(*x->landed)))) {
+    free(x);
+    return -ENOMEM;
+  }
+  gshm_list_init(&x->waits);
+  gshm_list_add_tail(&cl->relays, &x->node);
+  seg->cluster_relay = x;
+  return 0;
+}
+
+static uint64_t granule_len(const struct relay *x, size_t i) {
+  uint64_t start = (uint64_t)i * x->granule;
+  return x->size - start < x->granule ? x->size - start : x->granule;
+}
+
+/* Whether [off, off + len) has landed; a range outside the segment is
+ * left to serve.c to refuse. */
+static bool landed(const struct relay *x, uint64_t off, uint64_t len) {
+  if (len == 0 || off >= x->size || len > x->size - off)
+    return true;
+  for (size_t i = off / x->granule; i <= (off + len - 1) / x->granule; i++)
+    if (x->landed[i] < granule_len(x, i))
+      return false;
+  return true;
+}
+
+static void wait_range(const struct relay_wait *w, uint64_t *off, uint64_t *len) {
+  *off = w->m.body_case == GSHM__CLUSTER__MSG__BODY_READ ? w->rd.offset : w->st.offset;
+  *len = w->m.body_case == GSHM__CLUSTER__MSG__BODY_READ ? w->rd.length : w->st.length;
+}
+
+/* Takes w off its list and serves its request again (or drops it when
+ * its link is no longer up). */
+static void wait_resume(struct gshmd_cluster *cl, struct relay_wait *w) {
+  gshm_list_del(&w->node);
+  w->l->parked--;
+  if (w->l->state == LINK_UP)
+    gshmd__serve_handle(cl, w->l, &w->m);
+  free(w);
+}
+
+/* The first parked read of x whose range has landed, or NULL. */
+static struct relay_wait *ready_wait(struct relay *x) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &x->waits) {
+    struct relay_wait *w = gshm_list_entry(pos, struct relay_wait, node);
+    uint64_t off, len;
+    wait_range(w, &off, &len);
+    if (landed(x, off, len))
+      return w;
+  }
+  return NULL;
+}
+
+void gshmd__relay_landed(struct gshmd_cluster *cl, struct gshmd_segment *seg, uint64_t off,
+                         uint64_t len) {
+  struct relay *x = seg ? seg->cluster_relay : NULL;
+  struct relay_wait *w;
+  uint64_t end;
+
+  if (!x || len == 0 || off >= x->size)
+    return;
+  end = len > x->size - off ? x->size : off + len;
+  while (off < end) {
+    size_t i = off / x->granule;
+    uint64_t gend = (uint64_t)(i + 1) * x->granule;
+    uint64_t n = (gend < end ? gend : end) - off;
+    x->landed[i] += n;
+    off += n;
+  }
+  /* (served one at a time from the head: a send may end links and so
+   * drop other waits) */
+  while ((w = ready_wait(x)))
+    wait_resume(cl, w);
+}
+
+void gshmd__relay_end(struct gshmd_cluster *cl, struct gshmd_segment *seg, int err,
+                      const char *why) {
+  struct relay *x = seg ? seg->cluster_relay : NULL;
+
+  if (!x)
+    return;
+  seg->cluster_relay = NULL;
+  gshm_list_del(&x->node);
+  while (!gshm_list_empty(&x->waits)) {
+    struct relay_wait *w = gshm_list_entry(x->waits.next, struct relay_wait, node);
+    if (!err) {
+      wait_resume(cl, w); /* (seg is published: served whole) */
+      continue;
+    }
+    gshm_list_del(&w->node);
+    w->l->parked--;
+    if (w->l->state == LINK_UP)
+      gshmd__link_send_status(w->l, w->m.request_id, err, why);
+    free(w);
+  }
+  free(x->landed);
+  free(x);
+}
+
+struct gshmd_segment *gshmd__relay_find(struct gshmd_cluster *cl, const char *name) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &cl->relays) {
+    struct relay *x = gshm_list_entry(pos, struct relay, node);
+    if (!x->seg->unlinked && !strcmp(x->seg->name, name))
+      return x->seg;
+  }
+  return NULL;
+}
+
+/* A wait for request rid of link l (the caller fills its message),
+ * counted on l.  NULL when out of memory. */
+static struct relay_wait *wait_new(struct link *l, uint32_t rid) {
+  struct relay_wait *w = calloc(1, sizeof(*w));
+  if (!w)
+    return NULL;
+  w->l = l;
+  gshm__cluster__msg__init(&w->m);
+  w->m.request_id = rid;
+  l->parked++;
+  return w;
+}
+
+int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_segment *seg,
+                      uint32_t rid, const Gshm__Cluster__Read *rd,
+                      const Gshm__Cluster__Stage *st, const char **why_out) {
+  struct relay *x = seg->cluster_relay;
+  struct relay_wait *w;
+
+  if (!seg->hidden)
+    return 0;
+  if (!x || seg->unlinked) {
+    *why_out = "this node's own pull of that segment failed";
+    return -ECONNRESET;
+  }
+  if (landed(x, rd ? rd->offset : st->offset, rd ? rd->length : st->length))
+    return 0;
+  if (l->busy + l->parked >= RELAY_MAX_PARKED) {
+    *why_out = "too many reads in flight";
+    return -EBUSY;
+  }
+  if (!(w = wait_new(l, rid))) {
+    *why_out = "out of memory";
+    return -ENOMEM;
+  }
+  /* (fields copied: the message's unknown fields go with it) */
+  if (rd) {
+    gshm__cluster__read__init(&w->rd);
+    w->rd.grant_id = rd->grant_id;
+    w->rd.offset = rd->offset;
+    w->rd.length = rd->length;
+    w->m.body_case = GSHM__CLUSTER__MSG__BODY_READ;
+    w->m.read = &w->rd;
+  } else {
+    gshm__cluster__stage__init(&w->st);
+    w->st.grant_id = st->grant_id;
+    w->st.offset = st->offset;
+    w->st.length = st->length;
+    w->st.slot = st->slot;
+    w->m.body_case = GSHM__CLUSTER__MSG__BODY_STAGE;
+    w->m.stage = &w->st;
+  }
+  gshm_list_add_tail(&x->waits, &w->node);
+  cl->relay_waits++;
+  return 1;
+}
+
+/* Whether a set of this node other than one pulling from `from` is still
+ * listing its peer (its segments are not all created yet). */
+static bool listing_under_way(struct gshmd_cluster *cl, const struct peer *from) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &cl->pulls) {
+    struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
+    if (s->prefix && s->listing && !s->err && s->peer != from)
+      return true;
+  }
+  return false;
+}
+
+bool gshmd__relay_list_wait(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
+                            const Gshm__Cluster__ListRequest *req) {
+  struct relay_wait *w;
+
+  if (!req->with_in_flight || l->busy + l->parked >= RELAY_MAX_PARKED ||
+      !listing_under_way(cl, l->peer) || !(w = wait_new(l, rid)))
+    return false;
+  gshm__cluster__list_request__init(&w->lr);
+  w->lr.after = req->after;
+  w->lr.with_in_flight = true;
+  w->m.body_case = GSHM__CLUSTER__MSG__BODY_LIST;
+  w->m.list = &w->lr;
+  gshm_list_add_tail(&cl->relay_lists, &w->node);
+  return true;
+}
+
+void gshmd__relay_poll(struct gshmd_cluster *cl) {
+  while (!gshm_list_empty(&cl->relay_lists)) {
+    struct relay_wait *w = gshm_list_entry(cl->relay_lists.next, struct relay_wait, node);
+    if (listing_under_way(cl, w->l->peer))
+      return; /* (they all wait for the same) */
+    wait_resume(cl, w);
+  }
+}
+
+/* Drops the waits of link l from list h. */
+static void drop_waits(struct gshm_list *h, struct link *l) {
+  struct gshm_list *pos, *tmp;
+  gshm_list_foreach_safe(pos, tmp, h) {
+    struct relay_wait *w = gshm_list_entry(pos, struct relay_wait, node);
+    if (w->l != l)
+      continue;
+    gshm_list_del(&w->node);
+    l->parked--;
+    free(w);
+  }
+}
+
+void gshmd__relay_link_gone(struct gshmd_cluster *cl, struct link *l) {
+  struct gshm_list *pos;
+  if (!l->parked)
+    return;
+  gshm_list_foreach(pos, &cl->relays)
+      drop_waits(&gshm_list_entry(pos, struct relay, node)->waits, l);
+  drop_waits(&cl->relay_lists, l);
+}
+
+/* A set's item's listing key: sets in the order they started (their
+ * seq), items in order; below RELAY_KEY_END. */
+static uint64_t item_key(const struct pull_set *s, size_t i) {
+  return 1 + (s->seq << 13) + i; /* (PULL_SET_MAX < 8192) */
+}
+
+void gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after,
+                          bool (*fn)(void *arg, struct gshmd_segment *seg, uint64_t key),
+                          void *arg) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &cl->pulls) {
+    struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
+    if (s->err)
+      continue;
+    for (size_t i = 0; i < s->n; i++) {
+      struct gshmd_segment *seg = s->items[i]->seg;
+      uint64_t key = item_key(s, i);
+      if (key <= after || !seg || !seg->cluster_relay || !gshmd__serve_exported(cl, seg) ||
+          gshmd_registry_find_name(cl->reg, seg->name))
+        continue;
+      if (!fn(arg, seg, key))
+        return;
+    }
+  }
+}

@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Relaying a pull in flight (fan-out): what this node serves of the
+ * segments it is still pulling.  A pulled segment is hidden until its set
+ * is published; meanwhile a peer may list it (ListRequest.with_in_flight),
+ * take a grant on it and read the ranges whose chunks have landed here.
+ * A read of a range that has not landed yet waits here (parked) and is
+ * served the moment the covering chunks land, or refused when this
+ * node's own pull of it fails.  pull.c tells this file that a chunk
+ * landed (gshmd__relay_landed); serve.c asks it before it sends a read's
+ * bytes (gshmd__relay_gate).  docs/CLUSTER.md "Moving a model to several
+ * nodes". */
+#ifndef GSHMD_CLUSTER_RELAY_H
+#define GSHMD_CLUSTER_RELAY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cluster.pb-c.h"
+#include "link.h"
+
+struct gshmd_cluster;
+struct gshmd_segment;
+struct link;
+
+/* Reads (and lists) of one link parked at once, with its reads in flight:
+ * what serve.c allows a link in flight. */
+#define RELAY_MAX_PARKED LINK_MAX_READS
+
+/* seg (hidden, just created by a pull) starts with nothing landed.
+ * Errors: -ENOMEM (seg is then not relayed). */
+int gshmd__relay_new(struct gshmd_cluster *cl, struct gshmd_segment *seg);
+/* Bytes [off, off + len) of seg landed (verified, in its memory): the
+ * parked reads they complete are served now.  No-op for a segment that
+ * is not relayed. */
+void gshmd__relay_landed(struct gshmd_cluster *cl, struct gshmd_segment *seg, uint64_t off,
+                         uint64_t len);
+/* seg's pull ended: err 0, it is published (parked reads are served);
+ * else every parked read is refused with err and why, and later reads of
+ * seg fail.  No-op for a segment that is not relayed. */
+void gshmd__relay_end(struct gshmd_cluster *cl, struct gshmd_segment *seg, int err,
+                      const char *why);
+/* The relayed segment named name (the first of the pulls in flight that
+ * will publish it), or NULL. */
+struct gshmd_segment *gshmd__relay_find(struct gshmd_cluster *cl, const char *name);
+/* Before a Read (rd) or Stage (st) of seg by link l, request rid, sends
+ * bytes: 0 go on (not relayed, or the range has landed); 1 parked (the
+ * request is served again through gshmd__serve_handle when it has
+ * landed); or a negative errno with *why_out: -ECONNRESET this node's
+ * pull of seg failed, -EBUSY too many parked on l, -ENOMEM. */
+int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_segment *seg,
+                      uint32_t rid, const Gshm__Cluster__Read *rd,
+                      const Gshm__Cluster__Stage *st, const char **why_out);
+/* A List asking for segments in flight waits while a set of this node is
+ * still listing its own peer (other than l's): true when it was parked
+ * (answered through gshmd__serve_handle later). */
+bool gshmd__relay_list_wait(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
+                            const Gshm__Cluster__ListRequest *req);
+/* Calls fn for each relayed segment that peers may list (exported once
+ * published, its name not held by a live segment; two sets in flight
+ * here may list one name twice: the puller keeps the first), with a listing key
+ * above after, in key order, while fn returns true.  Keys are below
+ * RELAY_KEY_END. */
+#define RELAY_KEY_END (1ull << 62)
+void gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after,
+                          bool (*fn)(void *arg, struct gshmd_segment *seg, uint64_t key),
+                          void *arg);
+/* Answers the parked Lists whose wait is over (after each loop batch). */
+void gshmd__relay_poll(struct gshmd_cluster *cl);
+/* Link l is gone: what it parked is dropped unanswered. */
+void gshmd__relay_link_gone(struct gshmd_cluster *cl, struct link *l);
+
+#endif

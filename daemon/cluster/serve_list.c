@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* What peers see of this node: the answer to a List, a page at a time.
+ * Keys (the cursor): segment ids; with ListRequest.with_in_flight, the
+ * segments of this node's pulls in flight first (relay.c, keys below
+ * RELAY_KEY_END), then the published ones (RELAY_KEY_END + id), so that a
+ * set published between two pages is listed again rather than missed. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "internal.h"
+#include "registry.h"
+#include "relay.h"
+
+#define LIST_PAGE_SEGMENTS 256 /* segments in one list answer at most */
+#define LIST_PAGE_BYTES 32768  /* and their encoding (GSHMD_CLUSTER_MAX_MSG bounds a message) */
+
+/* A List answer being filled: at most LIST_PAGE_SEGMENTS segments and
+ * LIST_PAGE_BYTES of them; next is the key of the last one when full. */
+struct list_page {
+  Gshm__Cluster__Segment *segs;
+  Gshm__Cluster__Segment **ptrs;
+  size_t n, used;
+  uint64_t last, next;
+};
+
+/* Adds seg (listing key `key`) to the page; false when it is full. */
+static bool page_add(void *arg, struct gshmd_segment *seg, uint64_t key) {
+  struct list_page *pg = arg;
+  size_t sz;
+
+  if (pg->n == LIST_PAGE_SEGMENTS) {
+    pg->next = pg->last;
+    return false;
+  }
+  gshmd__serve_segment_to_wire(seg, &pg->segs[pg->n]);
+  pg->segs[pg->n].in_flight = seg->hidden;
+  sz = gshm__cluster__segment__get_packed_size(&pg->segs[pg->n]) + 8;
+  if (pg->used + sz > LIST_PAGE_BYTES) {
+    pg->next = pg->n ? pg->last : 0;
+    return false;
+  }
+  pg->used += sz;
+  pg->ptrs[pg->n] = &pg->segs[pg->n];
+  pg->n++;
+  pg->last = key;
+  return true;
+}
+
+void gshmd__serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRequest *req) {
+  struct gshmd_cluster *cl = cluster_of(l->ll);
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+  struct list_page pg = {0};
+  uint64_t base = req->with_in_flight ? RELAY_KEY_END : 0;
+  struct gshm_list *pos;
+
+  if (gshmd__relay_list_wait(cl, l, rid, req))
+    return;
+  pg.segs = calloc(LIST_PAGE_SEGMENTS, sizeof(*pg.segs));
+  pg.ptrs = calloc(LIST_PAGE_SEGMENTS, sizeof(*pg.ptrs));
+  if (!pg.segs || !pg.ptrs) {
+    free(pg.segs);
+    free(pg.ptrs);
+    gshmd__link_send_status(l, rid, -ENOMEM, "out of memory");
+    return;
+  }
+  if (base && req->after < base)
+    gshmd__relay_foreach(cl, req->after, page_add, &pg);
+  if (!pg.next) {
+    gshm_list_foreach(pos, &cl->reg->segments) {
+      struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+      if (base + seg->id > req->after && gshmd__serve_exported(cl, seg) &&
+          !page_add(&pg, seg, base + seg->id))
+        break;
+    }
+  }
+  r.n_segments = pg.n;
+  r.segments = pg.ptrs;
+  r.next = pg.next;
+  r.total = gshmd__serve_count(cl);
+  m.request_id = rid;
+  m.status = GSHM__STATUS__STATUS_OK;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+  m.list_reply = &r;
+  gshmd__link_send(l, &m);
+  free(pg.segs);
+  free(pg.ptrs);
+}

@@ -1,0 +1,480 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Fan-out: a gshmd that is still pulling a set serves it onward as its
+ * chunks land, with four real gshmd on 127.0.0.1 in a chain A -> B -> C
+ * -> D (each pulls the set under fan/ from the one before, all under
+ * way at once).  Every byte checked on B, C and D; on each node the names
+ * appear only at the end; A serves the set once.  B SIGKILLed mid-chain:
+ * C and D fail, nothing of the set on C or D, nor after restarting C.  A
+ * set B would not export once published (mode 0600) is not relayed. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "gshm.h"
+#include "harness.h"
+#include "nodes.h"
+#include "util.h"
+
+#define NSET 12 /* segments in the set */
+
+static struct cluster_keys keys;
+static struct node A, B, C, D;
+static struct node *chain[4] = {&A, &B, &C, &D};
+static int silent_fd = -1; /* "e", a peer of B that takes connections and never answers */
+
+/* Segment i of the set: mixed sizes, one of 48 MiB (B, which pulls in
+ * small chunks one at a time, takes a while over it). */
+static uint64_t set_size(int i) { return i == 5 ? 48 * MiB : 65536 * (uint64_t)(i + 1) + 13; }
+
+static void make_set(gshm_client_t *c, const char *prefix, unsigned long long base) {
+  set_make(c, prefix, NSET, set_size, base);
+}
+
+static void check_set(gshm_client_t *c, const char *prefix, unsigned long long base) {
+  set_check(c, prefix, NSET, set_size, base);
+}
+
+static void unlink_set(gshm_client_t *c, const char *prefix) { set_unlink(c, prefix, NSET); }
+
+/* A TCP listener of 127.0.0.1 that never accepts: a connection to it
+ * opens (the kernel's backlog) and hears nothing.  *port_out: its port. */
+static int silent_listener(int *port_out) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+  assert_true(fd >= 0);
+  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(fd, 8), 0);
+  assert_int_equal(fcntl(fd, F_SETFL, O_NONBLOCK), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+  *port_out = ntohs(sa.sin_port);
+  return fd;
+}
+
+static int group_setup(void **state) {
+  char peers[4][128];
+  int silent_port;
+  (void)state;
+
+  keys_make(&keys, "gshm-fanout");
+  for (int i = 0; i < 4; i++)
+    chain[i]->port = free_port();
+  /* each node knows the one before and the one after */
+  snprintf(peers[0], sizeof(peers[0]), "b=127.0.0.1:%d", B.port);
+  silent_fd = silent_listener(&silent_port);
+  snprintf(peers[1], sizeof(peers[1]), "a=127.0.0.1:%d,c=127.0.0.1:%d,e=127.0.0.1:%d", A.port,
+           C.port, silent_port);
+  snprintf(peers[2], sizeof(peers[2]), "b=127.0.0.1:%d,d=127.0.0.1:%d", B.port, D.port);
+  snprintf(peers[3], sizeof(peers[3]), "c=127.0.0.1:%d", C.port);
+  node_start(&A, "a", peers[0], keys.key, "fan/*", NULL);
+  /* B reads in small chunks, one at a time: the chain runs behind it */
+  node_start(&B, "b", peers[1], keys.key, "fan/*", "cluster.pull_chunk=16K",
+             "cluster.pull_depth=1", NULL);
+  node_start(&C, "c", peers[2], keys.key, "fan/*", "cluster.pull_chunk=1M", NULL);
+  node_start(&D, "d", peers[3], keys.key, "fan/*", "cluster.pull_chunk=1M", NULL);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  for (int i = 3; i >= 0; i--)
+    assert_int_equal(harness_stop(&chain[i]->h), 0);
+  keys_remove(&keys);
+  close(silent_fd);
+  return 0;
+}
+
+/* One hop's pull of the set, in the background. */
+struct hop {
+  pthread_t t;
+  struct node *puller;
+  const char *peer, *prefix;
+  uint32_t mode;
+  gshm_pull_result_t *v;
+  size_t n;
+  int err;
+  int64_t start_ns, end_ns;
+};
+
+static void *hop_thread(void *arg) {
+  struct hop *h = arg;
+  gshm_pull_opts_t po = {.mode = h->mode};
+  gshm_client_t *c;
+
+  h->start_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  h->err = gshm_connect(h->puller->h.socket_path, "hop", &c);
+  if (!h->err) {
+    h->err = gshm_pull_prefix(c, h->peer, h->prefix, &po, &h->v, &h->n);
+    gshm_disconnect(c);
+  }
+  h->end_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  return NULL;
+}
+
+/* Waits until n has a pull in flight whose listing is done (its segments
+ * created, hidden: what the next hop lists) with at least min_done bytes
+ * in, or (min_done < 0) any pull in flight, listed or not; returns its
+ * bytes done, -1 when none came within 10 s. */
+static long long wait_pull_listed(struct node *n, long long min_done) {
+  gshm_client_t *c = connect_to(n);
+  long long done = -1;
+
+  for (int k = 0; k < 5000 && done < 0; k++) {
+    gshm_cluster_pull_t *v = NULL;
+    size_t cnt = 0;
+    assert_int_equal(gshm_cluster_pulls(c, &v, &cnt), 0);
+    if (cnt == 1 && (min_done < 0 || (v[0].segments_total == NSET &&
+                                      (long long)v[0].bytes_done >= min_done)))
+      done = (long long)v[0].bytes_done;
+    gshm_free(v);
+    if (done < 0)
+      usleep(2000);
+  }
+  gshm_disconnect(c);
+  return done;
+}
+
+static void hop_start(struct hop *h, struct node *puller, const char *peer, const char *prefix,
+                      uint32_t mode) {
+  h->puller = puller;
+  h->peer = peer;
+  h->prefix = prefix;
+  h->mode = mode;
+  assert_int_equal(pthread_create(&h->t, NULL, hop_thread, h), 0);
+}
+
+/* Lists B, C and D all along: a name of the set is there with all the
+ * others or not at all. */
+struct watch {
+  atomic_bool stop;
+  unsigned looks, partial;
+  pthread_t t;
+};
+
+static void *watch_thread(void *arg) {
+  struct watch *w = arg;
+  gshm_client_t *c[3] = {connect_to(&B), connect_to(&C), connect_to(&D)};
+  while (!atomic_load(&w->stop)) {
+    for (int i = 0; i < 3; i++) {
+      unsigned k = count_named(c[i], "fan/chain/");
+      w->partial += k != 0 && k != NSET;
+    }
+    w->looks++;
+    usleep(2000);
+  }
+  for (int i = 0; i < 3; i++)
+    gshm_disconnect(c[i]);
+  return NULL;
+}
+
+/* A -> B -> C -> D, each hop started as soon as the one before has listed
+ * the set: C reads from B and D from C while B still pulls from A; A
+ * serves the set once; every byte on B, C and D; names only at the end. */
+static void test_chain(void **state) {
+  static struct watch w;
+  struct hop hb = {0}, hc = {0}, hd = {0};
+  gshm_client_t *a = connect_to(&A), *c;
+  long grants0 = metric(a, "gshm_cluster_grants_total");
+  const char *pre = "fan/chain/";
+  (void)state;
+
+  make_set(a, pre, 300);
+  assert_int_equal(pthread_create(&w.t, NULL, watch_thread, &w), 0);
+  /* each hop as soon as the one before has its request, listed or not
+   * (a relayed listing waits for the relay's own) */
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, -1) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  assert_true(wait_pull_listed(&C, -1) >= 0);
+  hop_start(&hd, &D, "c", pre, 0644);
+  pthread_join(hb.t, NULL);
+  pthread_join(hc.t, NULL);
+  pthread_join(hd.t, NULL);
+  atomic_store(&w.stop, true);
+  pthread_join(w.t, NULL);
+  print_message("B %.3f s, C %.3f s, D %.3f s; watcher looked %u times, %u partial\n",
+                (double)(hb.end_ns - hb.start_ns) / 1e9, (double)(hc.end_ns - hc.start_ns) / 1e9,
+                (double)(hd.end_ns - hd.start_ns) / 1e9, w.looks, w.partial);
+  assert_int_equal(hb.err, 0);
+  assert_int_equal(hc.err, 0);
+  assert_int_equal(hd.err, 0);
+  assert_int_equal(hb.n, NSET);
+  assert_int_equal(hc.n, NSET);
+  assert_int_equal(hd.n, NSET);
+  /* C and D were under way while B was still pulling (relayed) */
+  assert_true(hc.start_ns < hb.end_ns);
+  assert_true(hd.start_ns < hb.end_ns);
+  assert_int_equal(w.partial, 0);
+  assert_true(w.looks > 2);
+  /* each copy's source (stat) is A's segment, however many hops it took:
+   * what a pulled manifest resolves against */
+  for (int i = 0; i < NSET; i++) {
+    gshm_segment_info_t want, got;
+    char name[64];
+    gshm_client_t *cb = connect_to(&B), *cd = connect_to(&D);
+    snprintf(name, sizeof(name), "%s%02d", pre, i);
+    assert_int_equal(gshm_stat_name(cb, name, &want), 0);
+    assert_int_equal(gshm_stat_name(cd, name, &got), 0);
+    assert_non_null(strstr(want.source, "a:fan/chain/"));
+    assert_string_equal(got.source, want.source);
+    gshm_disconnect(cb);
+    gshm_disconnect(cd);
+  }
+  /* the source served each segment once, whatever the chain's length */
+  assert_int_equal(metric(a, "gshm_cluster_grants_total") - grants0, NSET);
+  /* (how many of C's and D's reads waited for their chunks depends on
+   * who ran ahead: shown, not asserted; the bytes are checked below) */
+  c = connect_to(&B);
+  print_message("reads that waited for their chunks: %ld on B, ",
+                metric(c, "gshm_cluster_relay_waits_total"));
+  gshm_disconnect(c);
+  c = connect_to(&C);
+  print_message("%ld on C\n", metric(c, "gshm_cluster_relay_waits_total"));
+  gshm_disconnect(c);
+  for (int i = 1; i < 4; i++) {
+    c = connect_to(chain[i]);
+    check_set(c, pre, 300);
+    unlink_set(c, pre);
+    gshm_disconnect(c);
+  }
+  gshm_free(hb.v);
+  gshm_free(hc.v);
+  gshm_free(hd.v);
+  unlink_set(a, pre);
+  gshm_disconnect(a);
+}
+
+/* Waits (up to 10 s) until n holds no segment memory; returns its bytes. */
+static uint64_t wait_empty(struct node *n) {
+  gshm_client_t *c = connect_to(n);
+  gshm_status_info_t s = {0};
+  for (int k = 0; k < 1000; k++) {
+    assert_int_equal(gshm_status(c, &s), 0);
+    if (s.segments == 0 && s.bytes == 0)
+      break;
+    usleep(10000);
+  }
+  gshm_disconnect(c);
+  return s.bytes + s.segments;
+}
+
+/* B is SIGKILLed (and restarted empty) while C and D read the set through
+ * it: both fail, nothing of the set on C or D, nor on C after a restart. */
+static void test_relay_killed(void **state) {
+  struct hop hb = {0}, hc = {0}, hd = {0};
+  gshm_client_t *a = connect_to(&A), *c;
+  int64_t kill_ns;
+  const char *pre = "fan/kill/";
+  (void)state;
+
+  make_set(a, pre, 400);
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  assert_true(wait_pull_listed(&C, 1) > 0); /* bytes relayed to C */
+  hop_start(&hd, &D, "c", pre, 0644);
+  assert_true(wait_pull_listed(&D, 0) >= 0);
+  kill_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  assert_int_equal(harness_restart(&B.h, SIGKILL, B.argv), 0);
+  pthread_join(hb.t, NULL);
+  pthread_join(hc.t, NULL);
+  pthread_join(hd.t, NULL);
+  print_message("B killed %.3f s into its pull: C %d (%s), D %d (%s)\n",
+                (double)(kill_ns - hb.start_ns) / 1e9, hc.err, gshm_strerror(hc.err), hd.err,
+                gshm_strerror(hd.err));
+  /* (B's requester reconnects to the restarted B, whose pull starts anew) */
+  if (!hb.err) {
+    c = connect_to(&B);
+    unlink_set(c, pre);
+    gshm_disconnect(c);
+  }
+  gshm_free(hb.v);
+  assert_true(hc.err < 0);
+  assert_true(hd.err < 0);
+  for (int i = 2; i < 4; i++) {
+    c = connect_to(chain[i]);
+    assert_int_equal(count_named(c, pre), 0);
+    gshm_disconnect(c);
+    assert_true(wait_empty(chain[i]) == 0);
+  }
+  assert_int_equal(harness_restart(&C.h, SIGKILL, C.argv), 0);
+  c = connect_to(&C);
+  assert_int_equal(count_named(c, pre), 0);
+  gshm_disconnect(c);
+  assert_true(wait_empty(&C) == 0);
+  unlink_set(a, pre);
+  gshm_disconnect(a);
+}
+
+/* B pulls a set as 0600 (not exported once published: a plain rule
+ * needs o+r): while it is in flight C neither lists nor gets any of it. */
+static void test_not_exported_not_relayed(void **state) {
+  struct hop hb = {0};
+  gshm_client_t *a = connect_to(&A), *b, *c = connect_to(&C);
+  gshm_pull_result_t *v = NULL, r;
+  gshm_cluster_pull_t *pl = NULL;
+  size_t n = 0;
+  const char *pre = "fan/priv/";
+  (void)state;
+
+  make_set(a, pre, 500);
+  hop_start(&hb, &B, "a", pre, 0600);
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  assert_int_equal(gshm_pull_prefix(c, "b", pre, NULL, &v, &n), -ENOENT);
+  assert_int_equal(gshm_pull(c, "b", "fan/priv/05", NULL, &r), -ENOENT);
+  /* (B was still pulling: what C was refused was in flight there) */
+  b = connect_to(&B);
+  assert_int_equal(gshm_cluster_pulls(b, &pl, &n), 0);
+  assert_int_equal(n, 1);
+  gshm_free(pl);
+  pthread_join(hb.t, NULL);
+  assert_int_equal(hb.err, 0);
+  gshm_free(hb.v);
+  assert_int_equal(count_named(c, pre), 0);
+  check_set(b, pre, 500);
+  unlink_set(b, pre);
+  unlink_set(a, pre);
+  gshm_disconnect(b);
+  gshm_disconnect(c);
+  gshm_disconnect(a);
+}
+
+
+/* C asks for 200 chunks of 16 KiB at once (cluster.pull_depth=200) of a
+ * set B is still pulling: its per-peer read budget keeps them within
+ * what B parks for one link (LINK_MAX_READS), so B parks what has not
+ * landed, refuses nothing, and C gets every byte; nothing of C's reads
+ * stays on B. */
+static void test_many_reads_parked(void **state) {
+  const char *pre = "fan/cap/", *argv[20];
+  struct hop hb = {0}, hc = {0};
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
+  long waits0 = metric(b, "gshm_cluster_relay_waits_total");
+  int k = 0;
+  (void)state;
+
+  gshm_disconnect(b);
+  while (C.argv[k])
+    argv[k] = C.argv[k], k++;
+  argv[k++] = "--set=cluster.pull_depth=200";
+  argv[k++] = "--set=cluster.pull_chunk=16K";
+  argv[k] = NULL;
+  assert_int_equal(harness_restart(&C.h, SIGTERM, argv), 0);
+  make_set(a, pre, 600);
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  pthread_join(hc.t, NULL);
+  pthread_join(hb.t, NULL);
+  b = connect_to(&B);
+  print_message("C (200 reads asked at once): %d (%s); %ld reads waited on B\n", hc.err,
+                gshm_strerror(hc.err), metric(b, "gshm_cluster_relay_waits_total") - waits0);
+  assert_int_equal(hc.err, 0);
+  assert_int_equal(hb.err, 0);
+  assert_true(hc.start_ns < hb.end_ns); /* (read from B's pull in flight) */
+  gshm_disconnect(b);
+  gshm_free(hb.v);
+  gshm_free(hc.v);
+  c = connect_to(&C);
+  check_set(c, pre, 600);
+  unlink_set(c, pre);
+  gshm_disconnect(c);
+  b = connect_to(&B);
+  check_set(b, pre, 600);
+  unlink_set(b, pre);
+  gshm_disconnect(b);
+  assert_true(wait_empty(&B) == 0); /* no lease of C's grants left on B */
+  assert_int_equal(harness_restart(&C.h, SIGTERM, C.argv), 0);
+  unlink_set(a, pre);
+  gshm_disconnect(a);
+}
+
+/* Closes the connections waiting on the silent listener: their hello
+ * ends at once (the peer closed). */
+static void silent_drop(void) {
+  int fd;
+  while ((fd = accept4(silent_fd, NULL, NULL, SOCK_NONBLOCK)) >= 0)
+    close(fd);
+}
+
+/* Waits (up to 10 s) until n sees peer `name` down: its next request
+ * starts a connection (and the hello's 3 s) afresh. */
+static void wait_peer_down(struct node *n, const char *name) {
+  gshm_client_t *c = connect_to(n);
+  bool down = false;
+
+  for (int k = 0; k < 5000 && !down; k++) {
+    gshm_cluster_peer_t *v = NULL;
+    size_t cnt = 0;
+    assert_int_equal(gshm_cluster_peers(c, NULL, &v, &cnt), 0);
+    for (size_t i = 0; i < cnt; i++)
+      down |= !strcmp(v[i].name, name) && !strcmp(v[i].state, "down");
+    gshm_free(v);
+    if (!down)
+      usleep(2000);
+  }
+  gshm_disconnect(c);
+  assert_true(down);
+}
+
+/* C asks B for the set while B's own listing is still under way (B pulls
+ * from "e", which never answers): C's listing waits on B (C shows its pull
+ * still listing) instead of finding nothing; when B's pull fails, C gets
+ * B's answer then: nothing under the prefix. */
+static void test_listing_waits(void **state) {
+  const char *pre = "fan/wait/";
+  struct hop hb = {0}, hc = {0};
+  gshm_client_t *c = connect_to(&C);
+  gshm_cluster_pull_t *v = NULL;
+  size_t n = 0;
+  (void)state;
+
+  /* (B retries e every 5 s, and each try ends after the hello's 5 s: ends
+   * the one under way, so that the pull starts one afresh) */
+  silent_drop();
+  wait_peer_down(&B, "e");
+  hop_start(&hb, &B, "e", pre, 0644);
+  assert_true(wait_pull_listed(&B, -1) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  assert_true(wait_pull_listed(&C, -1) >= 0);
+  usleep(300000);
+  assert_int_equal(gshm_cluster_pulls(c, &v, &n), 0);
+  assert_int_equal(n, 1); /* still there: its listing waits for B's */
+  assert_int_equal(v[0].segments_total, 0);
+  gshm_free(v);
+  silent_drop(); /* B's link to e fails, and so B's pull */
+  pthread_join(hb.t, NULL);
+  pthread_join(hc.t, NULL);
+  print_message("B %d (%s), C %d (%s)\n", hb.err, gshm_strerror(hb.err), hc.err,
+                gshm_strerror(hc.err));
+  assert_true(hb.err < 0);
+  assert_int_equal(hc.err, -ENOENT);
+  gshm_disconnect(c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_chain),
+      cmocka_unit_test(test_relay_killed),
+      cmocka_unit_test(test_not_exported_not_relayed),
+      cmocka_unit_test(test_many_reads_parked),
+      cmocka_unit_test(test_listing_waits),
+  };
+  atexit(nodes_kill);
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
