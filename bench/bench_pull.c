@@ -21,7 +21,9 @@
  * ucx_perftest: --perftest PATH, else $GSHM_UCX_PERFTEST, else
  * ucx_perftest next to the carried UCX (../ucx-lib of gshmd, for a
  * GSHM_STATIC_DEPS build), else the one on PATH. */
+#include <dirent.h>
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
@@ -272,6 +274,31 @@ out:
   return el;
 }
 
+/* Node k (the k-th started by this process) and every thread it has
+ * (its later threads inherit the mask) on CPUs [k*n, (k+1)*n) modulo the
+ * machine's: nodes that share no core, as machines would. */
+static void pin_node(pid_t pid, const char *name, unsigned n) {
+  static unsigned started;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  unsigned first = (unsigned)((started++ * n) % (unsigned)(ncpu > 0 ? ncpu : 1));
+  char path[64];
+  cpu_set_t set;
+  DIR *d;
+  struct dirent *de;
+
+  CPU_ZERO(&set);
+  for (unsigned i = 0; i < n; i++)
+    CPU_SET((first + i) % (unsigned)(ncpu > 0 ? ncpu : 1), &set);
+  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+  if (!(d = opendir(path)))
+    return;
+  while ((de = readdir(d)))
+    if (de->d_name[0] != '.' && sched_setaffinity(atoi(de->d_name), sizeof(set), &set))
+      fprintf(stderr, "gshm-bench pull: cannot pin gshmd %s: %s\n", name, strerror(errno));
+  closedir(d);
+  printf("gshm-bench pull: gshmd %s on CPUs %u-%u\n", name, first, first + n - 1);
+}
+
 int bench_pull_node_start(struct gshm_spawn *sp, const char *gshmd, const char *name, int port,
                           const char *peers, const char *key, const char *exports,
                           const struct pull_opts *o) {
@@ -303,6 +330,8 @@ int bench_pull_node_start(struct gshm_spawn *sp, const char *gshmd, const char *
     fprintf(stderr, "gshm-bench pull: cannot start gshmd %s: %s\n", name, strerror(-e));
     return e;
   }
+  if (o->cpus_per_node)
+    pin_node(sp->pid, name, o->cpus_per_node);
   return 0;
 }
 
@@ -353,6 +382,7 @@ int bench_pull_main(int argc, char **argv) {
                                      {"model", required_argument, NULL, 'M'},
                                      {"set", required_argument, NULL, 'S'},
                                      {"streams", required_argument, NULL, 'k'},
+                                     {"cpus-per-node", required_argument, NULL, 'C'},
                                      {"help", no_argument, NULL, 'h'},
                                      {NULL, 0, NULL, 0}};
   struct pull_opts o = {.iters = 5, .location = "host", .streams = 8};
@@ -365,7 +395,7 @@ int bench_pull_main(int argc, char **argv) {
   double lat4k_pull = -1;
 
   parse_sizes("1M,4M,16M,64M,256M,1G,4G", &o);
-  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:h", lo, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:h", lo, NULL)) != -1) {
     switch (c) {
     case 's':
       if (parse_sizes(optarg, &o)) {
@@ -390,6 +420,7 @@ int bench_pull_main(int argc, char **argv) {
         return 2;
       }
       break;
+    case 'C': o.cpus_per_node = (unsigned)atoi(optarg); break;
     case 'k':
       o.streams = (unsigned)atoi(optarg);
       if (o.streams < 1 || o.streams > 16) {
@@ -402,6 +433,7 @@ int bench_pull_main(int argc, char **argv) {
              "                       [--to host|cuda:N (default: --location)]\n"
              "                       [--perftest PATH | --no-perftest] [--gshmd PATH]\n"
              "                       [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
+             "                       [--cpus-per-node N (node k on CPUs k*N..k*N+N-1)]\n"
              "       gshm-bench pull --fanout N [--model LAYERSxHIDDEN | --set COUNTxSIZE]\n"
              "                       [--iters N] [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
              "         N+1 gshmd: node i+1 pulls a set from node i, all at once (a chain),\n"

@@ -27,6 +27,9 @@ struct pull_opts {
   unsigned layers, hidden;  /* model shapes (bf16), when set_count is 0 */
   unsigned set_count;
   uint64_t set_size;
+  /* --cpus-per-node N: the k-th gshmd started gets CPUs [k*N, (k+1)*N)
+   * (modulo the machine's), as if each node were a machine of its own */
+  unsigned cpus_per_node;
 };
 
 /* A TCP port of 127.0.0.1 free right now; 0 on failure. */
