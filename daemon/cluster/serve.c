@@ -25,6 +25,8 @@
 #define LIST_PAGE_BYTES 32768  /* and their encoding (GSHMD_CLUSTER_MAX_MSG bounds a message) */
 #define MAX_GRANTS 64       /* per link: grants live at once */
 #define MAX_BUSY 64         /* per link: reads and stages in flight */
+#define MAX_ANSWERS_QUEUED (1u << 20) /* per link: answers not yet written (bytes, stream.h) */
+#define BUSY_MESSAGE "too many pulls from this node at once; try again"
 
 /* A served host segment's mapping and UCX registration: made at its
  * first grant, shared by the grants that overlap, dropped with the last
@@ -104,6 +106,7 @@ int gshmd__serve_link_up(struct gshmd_cluster *cl, struct link *l) {
   if (gshmd_registry_client_add(cl->reg, &cred, &l->serve_client))
     return -ENOMEM;
   snprintf(l->serve_client->name, sizeof(l->serve_client->name), "peer:%.58s", l->peer->name);
+  l->st.ctrl_queued_max = MAX_ANSWERS_QUEUED;
   return 0;
 }
 
@@ -265,23 +268,25 @@ fail:
 
 /* ---- grant records ---------------------------------------------------- */
 
+/* Grants of link l: all of them, or the staged ones. */
+static unsigned grants_of(struct link *l, bool staged) {
+  struct gshm_list *pos;
+  unsigned n = 0;
+  gshm_list_foreach(pos, &l->grants) {
+    n += !staged || gshm_list_entry(pos, struct serve_grant, node)->sb != NULL;
+  }
+  return n;
+}
+
 /* The record of a grant on link l (made at grant time, freed at release
  * or when the link ends); staged: with its slots.  Errors: -EBUSY too
  * many staged grants on this link, -ENOMEM, as gshmd_stage_buf_new. */
 static int grant_new(struct gshmd_cluster *cl, struct link *l, struct gshmd_segment *seg,
                      uint64_t grant_id, bool staged, struct serve_grant **g_out) {
   struct serve_grant *g;
-  struct gshm_list *pos;
-  unsigned n = 0;
   int e;
 
-  unsigned all = 0;
-
-  gshm_list_foreach(pos, &l->grants) {
-    n += gshm_list_entry(pos, struct serve_grant, node)->sb != NULL;
-    all++;
-  }
-  if ((staged && n >= MAX_STAGED_GRANTS) || all >= MAX_GRANTS)
+  if (staged && grants_of(l, true) >= MAX_STAGED_GRANTS)
     return -EBUSY;
   if (!(g = calloc(1, sizeof(*g))))
     return -ENOMEM;
@@ -372,8 +377,7 @@ static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
     if ((seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, &x))) ||
         (e = grant_new(cl, l, seg, grant_id, true, &sg))) {
       reg_unused(cl, seg);
-      *why_out = e == -EBUSY ? "too many pulls from this node at once; try again"
-                             : "cannot set up the staging buffer";
+      *why_out = e == -EBUSY ? BUSY_MESSAGE : "cannot set up the staging buffer";
       return e;
     }
     g->path = GSHM__CLUSTER__PATH__PATH_STAGED;
@@ -384,8 +388,7 @@ static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
   }
   if ((e = export_reg_get(cl, seg, &x)) || (e = grant_new(cl, l, seg, grant_id, false, &sg))) {
     reg_unused(cl, seg);
-    *why_out = e == -EBUSY ? "too many pulls from this node at once; try again"
-                           : "cannot register the segment with UCX";
+    *why_out = e == -EBUSY ? BUSY_MESSAGE : "cannot register the segment with UCX";
     return e;
   }
   g->path = x->device ? GSHM__CLUSTER__PATH__PATH_DIRECT : GSHM__CLUSTER__PATH__PATH_HOST;
@@ -405,6 +408,11 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   char buf[400];
   int e;
 
+  /* the cap first: a refusal costs the loop next to nothing */
+  if (grants_of(l, false) >= MAX_GRANTS) {
+    gshmd__link_send_status(l, rid, -EBUSY, BUSY_MESSAGE);
+    return;
+  }
   /* A segment that is not exported does not exist for peers. */
   if (!seg || !gshmd__serve_exported(cl, seg)) {
     snprintf(buf, sizeof(buf), "node '%s' exports no segment named '%.255s'", cl->ll.node_name,
@@ -507,6 +515,10 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
   struct gshmd_segment *seg;
   int e;
 
+  if (l->busy >= MAX_BUSY) { /* the cap first: never queued */
+    gshmd__link_send_status(l, rid, -EBUSY, "too many reads in flight on this link");
+    return;
+  }
   if (!lease || !g || g->released || g->sb || !(seg = lease->seg) || !(x = seg->cluster_export)) {
     gshmd__link_send_status(l, rid, -ESTALE, "no such grant (or a staged one: use Stage)");
     return;
@@ -514,10 +526,6 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
   if (r->length == 0 || r->offset > seg->requested_size ||
       r->length > seg->requested_size - r->offset || r->offset + r->length > x->len) {
     gshmd__link_send_status(l, rid, -EINVAL, "read outside the segment");
-    return;
-  }
-  if (l->busy >= MAX_BUSY) {
-    gshmd__link_send_status(l, rid, -EBUSY, "too many reads in flight");
     return;
   }
   if (!(gs = grant_send_new(l, g, rid))) {

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -158,4 +159,22 @@ void nodes_stop(struct node *serving, struct node *puller) {
   assert_int_equal(harness_stop(&puller->h), 0);
   assert_int_equal(harness_stop(&serving->h), 0);
   harness_set_leftover(NULL);
+}
+
+int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t slowest_stat(gshm_client_t *c, const char *name, int n) {
+  int64_t worst = 0;
+  for (int i = 0; i < n; i++) {
+    gshm_segment_info_t info;
+    int64_t t0 = now_ms();
+    assert_int_equal(gshm_stat_name(c, name, &info), 0);
+    if (now_ms() - t0 > worst)
+      worst = now_ms() - t0;
+  }
+  return worst;
 }

@@ -7,6 +7,7 @@
 #define GSHM_TEST_CLUSTER_NODES_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "gshm.h"
 #include "harness.h"
@@ -58,5 +59,10 @@ void keys_remove(struct cluster_keys *k);
 void nodes_stop(struct node *serving, struct node *puller);
 /* A counter or gauge (no labels) from c's daemon's metrics. */
 long metric(gshm_client_t *c, const char *name);
+/* CLOCK_MONOTONIC in milliseconds. */
+int64_t now_ms(void);
+/* The slowest of n stats of segment `name` by a local client, in
+ * milliseconds (each must succeed). */
+int64_t slowest_stat(gshm_client_t *c, const char *name, int n);
 
 #endif
