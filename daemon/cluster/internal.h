@@ -20,6 +20,7 @@
 struct gshmd_segment;
 
 #define GSHMD_PULLS_SHOWN 64 /* pulls in flight that PEERS lists (one reply packet) */
+#define GSHMD_LIST_PAGE_SEGMENTS 256 /* segments in one list answer at most */
 
 /* Why pulls failed, for gshm_cluster_pull_errors_total{cause}. */
 enum pull_failure {

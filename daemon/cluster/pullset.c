@@ -120,6 +120,45 @@ static int set_add(struct pull_set *s, const char *name, uint64_t size) {
 static void list_page_done(struct peer_req *req, int err, const char *why,
                            const Gshm__Cluster__Msg *m);
 
+/* Whether the set has an item of remote name `name` already. */
+static bool set_has(const struct pull_set *s, const char *name) {
+  for (size_t i = 0; i < s->n; i++)
+    if (!strcmp(s->items[i]->remote_name, name))
+      return true;
+  return false;
+}
+
+/* A page of the peer's list is refused as a whole (the set fails with
+ * -EPROTO, naming the peer and the entry; returns true) when it holds
+ * more than a page, an entry that is not after the cursor, a segment
+ * gshm would not make (gshmd__pull_segment_bad), or a name twice. */
+static bool list_page_bad(struct pull_set *s, const Gshm__Cluster__ListReply *r) {
+  const char *why = NULL;
+  size_t i;
+
+  if (r->n_segments > GSHMD_LIST_PAGE_SEGMENTS) {
+    gshmd__pull_set_fail(s, -EPROTO, "peer '%s' listed %zu segments in one page (at most %u)",
+                         s->peer->name, r->n_segments, GSHMD_LIST_PAGE_SEGMENTS);
+    return true;
+  }
+  for (i = 0; i < r->n_segments && !why; i++) {
+    const Gshm__Cluster__Segment *g = r->segments[i];
+    if (g->id <= s->lr.after)
+      why = "an id not after the cursor";
+    else if (!(why = gshmd__pull_segment_bad(s->cl, g)) && set_has(s, g->name))
+      why = "a name listed twice";
+    for (size_t j = 0; j < i && !why; j++)
+      if (!strcmp(g->name, r->segments[j]->name))
+        why = "a name listed twice";
+  }
+  if (!why)
+    return false;
+  /* (the peer's name for it is not repeated: it may be anything) */
+  gshmd__pull_set_fail(s, -EPROTO, "peer '%s' sent a list of segments with %s (entry %zu of %zu)",
+                       s->peer->name, why, i, r->n_segments);
+  return true;
+}
+
 /* Asks the peer for its next page of exported segments. */
 static void list_next(struct pull_set *s, uint64_t after) {
   gshm__cluster__msg__init(&s->lmsg);
@@ -155,9 +194,11 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
     return;
   }
   r = m->list_reply;
+  if (list_page_bad(s, r))
+    return;
   for (size_t i = 0; i < r->n_segments; i++) {
     const Gshm__Cluster__Segment *g = r->segments[i];
-    if (!g || !g->name || gshm__name_check(g->name, 255) || strncmp(g->name, s->name, plen))
+    if (strncmp(g->name, s->name, plen))
       continue;
     if (set_add(s, g->name, g->size))
       return;

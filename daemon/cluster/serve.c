@@ -21,7 +21,6 @@
 #include "registry.h"
 
 #define MAX_STAGED_GRANTS 4 /* per link: each holds staging_bytes of pinned memory */
-#define LIST_PAGE_SEGMENTS 256 /* segments in one list answer at most */
 #define LIST_PAGE_BYTES 32768  /* and their encoding (GSHMD_CLUSTER_MAX_MSG bounds a message) */
 #define MAX_GRANTS 64       /* per link: grants live at once */
 #define MAX_BUSY 64         /* per link: reads and stages in flight */
@@ -128,7 +127,7 @@ static void serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRe
   Gshm__Cluster__Segment *segs;
   Gshm__Cluster__Segment **ptrs;
   struct gshm_list *pos;
-  size_t used = 0, n = 0, cap = LIST_PAGE_SEGMENTS;
+  size_t used = 0, n = 0, cap = GSHMD_LIST_PAGE_SEGMENTS;
 
   segs = calloc(cap, sizeof(*segs));
   ptrs = calloc(cap, sizeof(*ptrs));

@@ -89,9 +89,13 @@ void rogue_send(struct rogue *r, const Gshm__Cluster__Msg *m) {
     return;
   }
   gshm__cluster__msg__pack(m, buf);
+  rogue_send_packed(r, buf, len);
+  free(buf);
+}
+
+void rogue_send_packed(struct rogue *r, const uint8_t *buf, size_t len) {
   if (gshmd__stream_send_ctrl(&r->st, buf, len))
     r->failed = true;
-  free(buf);
 }
 
 /* Connecting side: the node's Challenge -> our Auth. */

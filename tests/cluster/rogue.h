@@ -58,6 +58,9 @@ int rogue_connect(struct rogue *r, int port, const char *name, const char *peer,
 int rogue_accept(struct rogue *r, int lfd, const char *name, const uint8_t key[32]);
 /* Sends one control message (after the hello: authenticated). */
 void rogue_send(struct rogue *r, const Gshm__Cluster__Msg *m);
+/* Sends len bytes as one control frame's payload (a packed Msg that a
+ * test may have altered). */
+void rogue_send_packed(struct rogue *r, const uint8_t *buf, size_t len);
 /* Runs the loop for ms milliseconds, or until the link fails. */
 void rogue_run(struct rogue *r, int ms);
 /* Runs the loop until until(r) holds or ms pass; returns until(r). */
