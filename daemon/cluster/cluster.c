@@ -262,7 +262,7 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
   for (int i = 0; i < PULL_FAIL_N; i++)
     fprintf(f, "gshm_cluster_pull_errors_total{cause=\"%s\"} %" PRIu64 "\n",
             pull_failure_name((enum pull_failure)i), cl->pull_errors[i]);
-  fprintf(f, "# HELP gshm_cluster_registrations_total Registrations of served segments with UCX (one per run of overlapping grants).\n"
+  fprintf(f, "# HELP gshm_cluster_registrations_total Registrations of served segments with UCX (one per run of overlapping grants whose bytes go over UCX; none for gshm's TCP stream).\n"
              "# TYPE gshm_cluster_registrations_total counter\n"
              "gshm_cluster_registrations_total %" PRIu64 "\n"
              "# HELP gshm_cluster_registered_segments Served segments registered with UCX now (under a live grant).\n"

@@ -27,17 +27,17 @@
 #define MAX_ANSWERS_QUEUED (1u << 20) /* per link: answers not yet written (bytes, stream.h) */
 #define BUSY_MESSAGE "too many pulls from this node at once; try again"
 
-/* A served host segment's mapping and UCX registration: made at its
- * first grant, shared by the grants that overlap, dropped with the last
- * of them (or when the segment is freed): UCX never holds a segment that
- * no grant covers. */
+/* A served segment's mapping, made at its first grant, and its UCX
+ * registration, made at its first grant whose bytes go over UCX (a
+ * grant whose bytes go on gshm's TCP stream registers nothing); shared
+ * by the grants that overlap, both dropped with the last of them (or
+ * when the segment is freed): UCX never holds a segment that no grant
+ * covers. */
 struct export_reg {
   void *addr;       /* mmap of the host segment (read-only); device: the backend's mapping */
   bool device;
   size_t len;
-  ucp_mem_h memh;
-  void *rkey;       /* ucp_rkey_pack() */
-  size_t rkey_len;
+  ucp_mem_h memh;   /* NULL: not registered with UCX */
   unsigned grants;  /* live grants of the segment: the registration ends with the last */
 };
 
@@ -171,13 +171,14 @@ static void serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRe
 
 /* ---- registrations ---------------------------------------------------- */
 
+/* Drops x (NULL: nothing): its registration, if any, and its mapping. */
 static void export_reg_free(struct gshmd_cluster *cl, struct export_reg *x) {
   if (!x)
     return;
-  if (x->rkey)
-    ucp_rkey_buffer_release(x->rkey);
-  if (x->memh)
+  if (x->memh) {
     ucp_mem_unmap(cl->ll.ctx, x->memh);
+    cl->registered--;
+  }
   if (x->addr && !x->device)
     munmap(x->addr, x->len);
   free(x);
@@ -186,10 +187,9 @@ static void export_reg_free(struct gshmd_cluster *cl, struct export_reg *x) {
 void gshmd__serve_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg) {
   struct gshmd_cluster *cl = r->on_free_arg;
   if (seg->cluster_export) {
-    gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unregistered", seg->name, seg->id);
+    gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unmapped", seg->name, seg->id);
     export_reg_free(cl, seg->cluster_export);
     seg->cluster_export = NULL;
-    cl->registered--;
   }
 }
 
@@ -207,62 +207,65 @@ void gshmd__serve_stop(struct gshmd_cluster *cl) {
   }
 }
 
-/* Maps and registers a host segment for peers' gets, once per segment. */
-static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg,
-                          struct export_reg **out) {
-  struct gshmd_alloc *mem = seg->mem;
+/* Registers x (seg's mapping) with UCX, once. */
+static int export_register(struct gshmd_cluster *cl, struct gshmd_segment *seg,
+                           struct export_reg *x) {
   ucp_mem_map_params_t mp = {0};
-  struct export_reg *x;
-  int fd, e;
 
-  if (seg->cluster_export) {
-    *out = seg->cluster_export;
+  if (x->memh)
     return 0;
-  }
-  if (!(x = calloc(1, sizeof(*x))))
-    return -ENOMEM;
-  x->len = mem->size;
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  if (mem->device_index >= 0) {
-    /* the direct path: UCX registers device memory (GPUDirect RDMA) */
-    x->device = true;
-    if (!mem->backend->ops->local_ptr) {
-      e = -ENOTSUP;
-      goto fail;
-    }
-    if ((e = mem->backend->ops->local_ptr(mem->backend, mem, &x->addr)))
-      goto fail;
+  if (x->device) { /* the direct path: UCX registers device memory (GPUDirect RDMA) */
     mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
     mp.memory_type = UCS_MEMORY_TYPE_CUDA;
-  } else {
-    if ((e = mem->backend->ops->export_fd(mem->backend, mem, false, &fd)))
-      goto fail;
-    x->addr = mmap(NULL, x->len, PROT_READ, MAP_SHARED, fd, 0);
-    if (x->addr == MAP_FAILED) {
-      e = -errno;
-      x->addr = NULL;
-      gshm_log_err("cluster: mmap of segment '%s': %m", seg->name);
-      goto fail;
-    }
   }
   mp.address = x->addr;
   mp.length = x->len;
-  if (ucp_mem_map(cl->ll.ctx, &mp, &x->memh) != UCS_OK ||
-      ucp_rkey_pack(cl->ll.ctx, x->memh, &x->rkey, &x->rkey_len) != UCS_OK) {
+  if (ucp_mem_map(cl->ll.ctx, &mp, &x->memh) != UCS_OK) {
+    x->memh = NULL;
     gshm_log_err("cluster: cannot register segment '%s' with UCX", seg->name);
-    e = -EIO;
-    goto fail;
+    return -EIO;
   }
-  gshm_log_debug("cluster: segment '%s' id %" PRIu64 " registered (%zu bytes, rkey %zu bytes)",
-                 seg->name, seg->id, x->len, x->rkey_len);
-  seg->cluster_export = x;
+  gshm_log_debug("cluster: segment '%s' id %" PRIu64 " registered (%zu bytes)", seg->name,
+                 seg->id, x->len);
   cl->registrations++;
   cl->registered++;
+  return 0;
+}
+
+/* seg's mapping for peers' reads, made once per segment; registered with
+ * UCX too when ucx (the grant's bytes go over UCX).  Errors: -ENOMEM,
+ * -ENOTSUP, -EIO, the backend's. */
+static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg, bool ucx,
+                          struct export_reg **out) {
+  struct gshmd_alloc *mem = seg->mem;
+  struct export_reg *x = seg->cluster_export;
+  int fd, e;
+
+  if (!x) {
+    if (!(x = calloc(1, sizeof(*x))))
+      return -ENOMEM;
+    x->len = mem->size;
+    x->device = mem->device_index >= 0;
+    if (x->device)
+      e = mem->backend->ops->local_ptr ? mem->backend->ops->local_ptr(mem->backend, mem, &x->addr)
+                                       : -ENOTSUP;
+    else if (!(e = mem->backend->ops->export_fd(mem->backend, mem, false, &fd)) &&
+             (x->addr = mmap(NULL, x->len, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+      e = -errno;
+      x->addr = NULL;
+      gshm_log_err("cluster: mmap of segment '%s': %m", seg->name);
+    }
+    if (e) {
+      export_reg_free(cl, x);
+      return e;
+    }
+    seg->cluster_export = x;
+  }
+  if (ucx && (e = export_register(cl, seg, x)))
+    return e; /* (the mapping stays for the grants it has, or goes with reg_unused) */
   *out = x;
   return 0;
-fail:
-  export_reg_free(cl, x);
-  return e;
 }
 
 /* ---- grant records ---------------------------------------------------- */
@@ -318,11 +321,10 @@ static void grant_free(struct gshmd_cluster *cl, struct serve_grant *g) {
   struct export_reg *x = g->seg ? g->seg->cluster_export : NULL;
 
   if (x && --x->grants == 0) { /* the segment's last grant */
-    gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unregistered", g->seg->name,
-                   g->seg->id);
+    gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unmapped%s", g->seg->name, g->seg->id,
+                   x->memh ? " and unregistered" : "");
     export_reg_free(cl, x);
     g->seg->cluster_export = NULL;
-    cl->registered--;
   }
   gshm_list_del(&g->node);
   gshmd_stage_free(&cl->stage, g->sb);
@@ -358,7 +360,6 @@ static void reg_unused(struct gshmd_cluster *cl, struct gshmd_segment *seg) {
   if (x && x->grants == 0) {
     export_reg_free(cl, x);
     seg->cluster_export = NULL;
-    cl->registered--;
   }
 }
 
@@ -373,7 +374,7 @@ static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
 
   /* the streams read host memory: device segments go through slots */
   if (!strcmp(cl->cfg->cluster_staging, "always") || seg->mem->device_index >= 0) {
-    if ((seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, &x))) ||
+    if ((seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, false, &x))) ||
         (e = grant_new(cl, l, seg, grant_id, true, &sg))) {
       reg_unused(cl, seg);
       *why_out = e == -EBUSY ? BUSY_MESSAGE : "cannot set up the staging buffer";
@@ -385,7 +386,11 @@ static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
     g->slot_size = sg->sb->slot_size;
     return 0;
   }
-  if ((e = export_reg_get(cl, seg, &x)) || (e = grant_new(cl, l, seg, grant_id, false, &sg))) {
+  /* registered with UCX only where the bytes go over UCX (the peer's
+   * UcxOffer made l->ucx_ep); on gshm's TCP stream they are read from the
+   * mapping */
+  if ((e = export_reg_get(cl, seg, l->ucx_ep != NULL, &x)) ||
+      (e = grant_new(cl, l, seg, grant_id, false, &sg))) {
     reg_unused(cl, seg);
     *why_out = e == -EBUSY ? BUSY_MESSAGE : "cannot register the segment with UCX";
     return e;
@@ -577,7 +582,7 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
   if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
       s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)
     return -EINVAL;
-  if (seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, &x)))
+  if (seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, false, &x)))
     return e;
   if (!(gs = grant_send_new(l, g, rid)))
     return -ENOMEM;
