@@ -25,10 +25,11 @@
 #include "nodes.h"
 #include "rogue.h"
 
-/* gshmd's caps (docs/SECURITY.md): links of one peer, grants and reads
- * in flight per link. */
+/* gshmd's caps (docs/SECURITY.md): links of one peer, grants (staged
+ * ones) and reads in flight per link. */
 #define LINKS_PER_PEER 4
 #define GRANTS_PER_LINK 64
+#define STAGED_GRANTS_PER_LINK 4
 #define READS_PER_LINK 64
 
 static struct cluster_keys keys;
@@ -236,10 +237,45 @@ static void test_grant_and_read_flood(void **state) {
   rogue_close(&r);
 }
 
+/* Staged grants (cluster.staging = always) each hold staging_bytes of
+ * pinned memory: 4 per link, the rest refused as busy. */
+static void test_staged_grants(void **state) {
+  static struct node s2;
+  static struct rogue r;
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__GrantRequest gr = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  struct tally t = {0};
+  gshm_client_t *c;
+  (void)state;
+
+  node_start(&s2, "s2", "r=127.0.0.1:1", keys.key, "pub/*", "cluster.staging=always",
+             "cluster.staging_bytes=1M", "cluster.pull_chunk=256K", NULL);
+  c = connect_to(&s2);
+  make_segment(c, "pub/st", 1 * MiB, 3);
+  assert_int_equal(rogue_connect(&r, s2.port, "r", "s2", key), 0);
+  r.on_msg = count_answer;
+  r.arg = &t;
+  gr.name = "pub/st";
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  m.grant_request = &gr;
+  for (uint32_t i = 1; i <= 100; i++) {
+    m.request_id = i;
+    rogue_send(&r, &m);
+  }
+  want_answers = 100;
+  assert_true(rogue_run_until(&r, all_answered, 30000));
+  assert_int_equal(t.grants, STAGED_GRANTS_PER_LINK);
+  assert_int_equal(t.busy, 100 - STAGED_GRANTS_PER_LINK);
+  rogue_close(&r);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&s2.h), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_links_per_peer),
       cmocka_unit_test(test_grant_and_read_flood),
+      cmocka_unit_test(test_staged_grants),
   };
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
