@@ -6,6 +6,7 @@
  * refuses the rest as busy, its memory stays bounded, and a local
  * client's stat stays under 100 ms throughout. */
 #include <errno.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -31,6 +32,15 @@
 #define GRANTS_PER_LINK 64
 #define STAGED_GRANTS_PER_LINK 4
 #define READS_PER_LINK 64
+
+/* Under AddressSanitizer freed memory sits in a quarantine (up to 256
+ * MiB) before it is reused, so gshmd's RSS says nothing there (its leak
+ * checker does that job): reported, not checked. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RSS_BOUND_KIB(k) LONG_MAX
+#else
+#define RSS_BOUND_KIB(k) (k)
+#endif
 
 static struct cluster_keys keys;
 static struct node S; /* serves pub/ *; "r" is the rogue's name in its peers */
@@ -200,7 +210,7 @@ static void test_grant_and_read_flood(void **state) {
   assert_int_equal(t.other, 0);
   assert_true(w.slowest_ms < 100);
   /* its answers wait in the sockets, not in gshmd: it stopped reading */
-  assert_true(w.rss_max_kib - rss0 < 8 * 1024);
+  assert_true(w.rss_max_kib - rss0 < RSS_BOUND_KIB(8 * 1024));
   w.slowest_ms = 0;
 
   /* reads of one grant (2 MiB each), none of whose bytes the
@@ -233,7 +243,7 @@ static void test_grant_and_read_flood(void **state) {
   assert_int_equal(t.busy, nreads - r.data_frames);
   assert_int_equal(t.other, 0);
   assert_true(w.slowest_ms < 100);
-  assert_true(w.rss_max_kib - rss0 < 16 * 1024);
+  assert_true(w.rss_max_kib - rss0 < RSS_BOUND_KIB(16 * 1024));
   rogue_close(&r);
 }
 
