@@ -52,11 +52,14 @@ static long refusals(gshm_client_t *c, const char *cause) {
   return metric(c, name);
 }
 
-/* A local client's stats and S's memory, sampled while an attack runs. */
+/* A local client's stats and S's memory, sampled while an attack runs:
+ * the slowest stat (raw_ms), and the slowest less the time the watching
+ * thread and gshmd's loop thread waited for a CPU (slowest_ms: the
+ * machine runs other work too; what is left is gshmd's doing). */
 struct watch {
   pthread_t t;
   atomic_bool stop;
-  int64_t slowest_ms;
+  int64_t slowest_ms, raw_ms;
   long rss_max_kib;
 };
 
@@ -66,10 +69,12 @@ static void *watch_thread(void *arg) {
   if (gshm_connect(S.h.socket_path, "watch", &c))
     return NULL;
   while (!w->stop) {
-    int64_t ms = slowest_stat(c, "pub/probe", 5);
+    int64_t raw, ms = slowest_stat_busy(c, "pub/probe", 5, S.h.sp.pid, &raw);
     long rss = harness_rss_kib(S.h.sp.pid);
     if (ms > w->slowest_ms)
       w->slowest_ms = ms;
+    if (raw > w->raw_ms)
+      w->raw_ms = raw;
     if (rss > w->rss_max_kib)
       w->rss_max_kib = rss;
     usleep(2000);
@@ -203,15 +208,15 @@ static void test_grant_and_read_flood(void **state) {
   want_answers = ngrants;
   assert_true(rogue_run_until(&r, all_answered, 120000));
   printf("grants: %" PRIu64 " granted, %" PRIu64 " busy, %" PRIu64 " other (%s); "
-         "rss +%ld KiB, slowest stat %" PRId64 " ms\n",
-         t.grants, t.busy, t.other, t.other_msg, w.rss_max_kib - rss0, w.slowest_ms);
+         "rss +%ld KiB, slowest stat %" PRId64 " ms (%" PRId64 " ms with waits for a CPU)\n",
+         t.grants, t.busy, t.other, t.other_msg, w.rss_max_kib - rss0, w.slowest_ms, w.raw_ms);
   assert_int_equal(t.grants, GRANTS_PER_LINK);
   assert_int_equal(t.busy, ngrants - GRANTS_PER_LINK);
   assert_int_equal(t.other, 0);
   assert_true(w.slowest_ms < 100);
   /* its answers wait in the sockets, not in gshmd: it stopped reading */
   assert_true(w.rss_max_kib - rss0 < RSS_BOUND_KIB(8 * 1024));
-  w.slowest_ms = 0;
+  w.slowest_ms = w.raw_ms = 0;
 
   /* reads of one grant (2 MiB each), none of whose bytes the
    * rogue takes until it has sent them all */
@@ -234,8 +239,8 @@ static void test_grant_and_read_flood(void **state) {
   assert_true(rogue_run_until(&r, all_answered, 120000));
   watch_stop(&w);
   printf("reads: %" PRIu64 " sent, %" PRIu64 " busy, %" PRIu64 " other (%s); "
-         "rss +%ld KiB, slowest stat %" PRId64 " ms\n",
-         r.data_frames, t.busy, t.other, t.other_msg, w.rss_max_kib - rss0, w.slowest_ms);
+         "rss +%ld KiB, slowest stat %" PRId64 " ms (%" PRId64 " ms with waits for a CPU)\n",
+         r.data_frames, t.busy, t.other, t.other_msg, w.rss_max_kib - rss0, w.slowest_ms, w.raw_ms);
   /* (a few more may have gone into the sockets' buffers before the rogue
    * stopped taking them) */
   assert_true(r.data_frames >= 1 && r.data_frames <= READS_PER_LINK + 4);
