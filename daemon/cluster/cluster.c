@@ -267,8 +267,11 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
              "gshm_cluster_registrations_total %" PRIu64 "\n"
              "# HELP gshm_cluster_registered_segments Served segments registered with UCX now (under a live grant).\n"
              "# TYPE gshm_cluster_registered_segments gauge\n"
-             "gshm_cluster_registered_segments %u\n",
-          cl->registrations, cl->registered);
+             "gshm_cluster_registered_segments %u\n"
+             "# HELP gshm_cluster_registered_staging_buffers Staging buffers registered with UCX now (held by a grant or pull over UCX).\n"
+             "# TYPE gshm_cluster_registered_staging_buffers gauge\n"
+             "gshm_cluster_registered_staging_buffers %u\n",
+          cl->registrations, cl->registered, cl->stage.registered);
   fprintf(f, "# HELP gshm_cluster_grants_total Read grants given to peers.\n"
              "# TYPE gshm_cluster_grants_total counter\n"
              "gshm_cluster_grants_total %" PRIu64 "\n",

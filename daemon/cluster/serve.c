@@ -292,7 +292,7 @@ static int grant_new(struct gshmd_cluster *cl, struct link *l, struct gshmd_segm
     return -EBUSY;
   if (!(g = calloc(1, sizeof(*g))))
     return -ENOMEM;
-  if (staged && (e = gshmd_stage_buf_new(&cl->stage, cl->cfg->cluster_pull_chunk, false, &g->sb))) {
+  if (staged && (e = gshmd_stage_buf_new(&cl->stage, cl->cfg->cluster_pull_chunk, l->ucx_ep != NULL, &g->sb))) {
     free(g);
     return e;
   }

@@ -253,7 +253,8 @@ static void test_grant_and_read_flood(void **state) {
 }
 
 /* Staged grants (cluster.staging = always) each hold staging_bytes of
- * pinned memory: 4 per link, the rest refused as busy. */
+ * pinned memory: 4 per link, the rest refused as busy; none registers
+ * anything with UCX, as their bytes would go on the TCP stream. */
 static void test_staged_grants(void **state) {
   static struct node s2;
   static struct rogue r;
@@ -281,6 +282,9 @@ static void test_staged_grants(void **state) {
   assert_true(rogue_run_until(&r, all_answered, 30000));
   assert_int_equal(t.grants, STAGED_GRANTS_PER_LINK);
   assert_int_equal(t.busy, 100 - STAGED_GRANTS_PER_LINK);
+  /* their bytes would go on the TCP stream: nothing is registered with UCX */
+  assert_int_equal(metric(c, "gshm_cluster_registered_staging_buffers"), 0);
+  assert_int_equal(metric(c, "gshm_cluster_registered_segments"), 0);
   rogue_close(&r);
   gshm_disconnect(c);
   assert_int_equal(harness_stop(&s2.h), 0);
