@@ -31,6 +31,8 @@
 #define LINK_MAX_PENDING 64      /* inbound connections in their hello, in all */
 #define LINK_MAX_PENDING_ADDR 4  /* ... from one source address */
 #define LINK_MAX_PER_PEER 4      /* inbound links of one peer that passed the hello */
+#define LINK_MAX_READS 64        /* Reads and Stages in flight on one link: a serving node
+                                    refuses more as busy, a pulling one sends no more to a peer */
 #define LINK_MAX_FDS 256         /* cluster connections in all (fds: see gshmd__link_start) */
 #define LINK_HELLO_NS 3000000000LL     /* an inbound hello not done by then is closed */
 #define LINK_REQUEST_NS 60000000000LL  /* a request without progress for that long fails */
@@ -71,6 +73,7 @@ struct peer {
   uint32_t exported;
   int64_t retry_ns;          /* CLOCK_MONOTONIC: next connect attempt */
   struct gshm_list waiting;  /* struct peer_req: sent when the link is up */
+  unsigned reads_out;        /* our Reads and Stages to it not yet ended (pull.c) */
   /* metrics */
   uint64_t pulls_ok, pulls_failed, bytes_host, bytes_staged, bytes_direct;
 };

@@ -37,6 +37,7 @@ struct chunk {
   Gshm__Cluster__Stage st;
   Gshm__Cluster__Read rd;
   struct stage_copy sc;      /* slot -> local device segment */
+  bool sent;                 /* counted in the peer's reads_out */
 };
 
 void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...) {
@@ -86,6 +87,8 @@ static void chunk_end(struct chunk *c, int err, const char *why) {
   struct pull *p = c->p;
   struct pull_set *s = p->s;
 
+  if (c->sent) /* (sets that waited for it go on at the next reap: gshmd__pull_reap) */
+    s->peer->reads_out--;
   p->inflight--;
   s->inflight--;
   if (p->nslots)
@@ -171,14 +174,15 @@ static void on_chunk_answer(struct peer_req *req, int err, const char *why,
 }
 
 /* Keeps the set's chunks in flight (cluster.pull_depth over the whole
- * set, and no more than p has staging slots) from p: each a Read (or,
+ * set, no more than p has staging slots, no more than LINK_MAX_READS to
+ * the peer over all sets) from p: each a Read (or,
  * from a staging peer, a Stage) answered with its bytes. */
 static void issue_chunks(struct pull *p) {
   struct pull_set *s = p->s;
   struct gshmd_cluster *cl = s->cl;
 
   while (!s->err && s->inflight < cl->cfg->cluster_pull_depth && p->next_off < p->total &&
-         (!p->nslots || p->nfree)) {
+         (!p->nslots || p->nfree) && s->peer->reads_out < LINK_MAX_READS) {
     struct chunk *c = calloc(1, sizeof(*c));
     if (!c) {
       pull_fail(p, -ENOMEM, "out of memory");
@@ -219,6 +223,8 @@ static void issue_chunks(struct pull *p) {
       chunk_end(c, -ECONNRESET, "peer lost");
       break;
     }
+    c->sent = true;
+    s->peer->reads_out++;
     gshmd__link_req_send(p->link, &c->req);
   }
 }

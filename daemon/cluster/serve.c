@@ -23,7 +23,6 @@
 #define MAX_STAGED_GRANTS 4 /* per link: each holds staging_bytes of pinned memory */
 #define LIST_PAGE_BYTES 32768  /* and their encoding (GSHMD_CLUSTER_MAX_MSG bounds a message) */
 #define MAX_GRANTS 64       /* per link: grants live at once */
-#define MAX_BUSY 64         /* per link: reads and stages in flight */
 #define MAX_ANSWERS_QUEUED (1u << 20) /* per link: answers not yet written (bytes, stream.h) */
 #define BUSY_MESSAGE "too many pulls from this node at once; try again"
 
@@ -519,7 +518,7 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
   struct gshmd_segment *seg;
   int e;
 
-  if (l->busy >= MAX_BUSY) { /* the cap first: never queued */
+  if (l->busy >= LINK_MAX_READS) { /* the cap first: never queued */
     gshmd__link_send_status(l, rid, -EBUSY, "too many reads in flight on this link");
     return;
   }
@@ -577,7 +576,7 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
 
   if (!g || g->released || !g->sb)
     return -ESTALE;
-  if (l->busy >= MAX_BUSY)
+  if (l->busy >= LINK_MAX_READS)
     return -EBUSY;
   if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
       s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)

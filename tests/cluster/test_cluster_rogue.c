@@ -4,7 +4,8 @@
  * 100,000 grants and thousands of reads without waiting for answers and
  * without reading them; gshmd keeps at most its caps in flight per link,
  * refuses the rest as busy, its memory stays bounded, and a local
- * client's stat stays under 100 ms throughout. */
+ * client's stat stays under 100 ms throughout.  And an honest puller
+ * with many pulls at once keeps within those caps. */
 #include <errno.h>
 #include <limits.h>
 #include <inttypes.h>
@@ -290,11 +291,77 @@ static void test_staged_grants(void **state) {
   assert_int_equal(harness_stop(&s2.h), 0);
 }
 
+/* ---- honest pullers stay within the caps ------------------------------ */
+
+struct honest_pull {
+  pthread_t t;
+  struct node *puller;
+  int i, err;
+  char msg[320];
+};
+
+static void *honest_thread(void *arg) {
+  struct honest_pull *x = arg;
+  char name[32], local[32];
+  gshm_pull_opts_t po = {.local_name = local};
+  gshm_client_t *c;
+
+  snprintf(name, sizeof(name), "pub/c%d", x->i);
+  snprintf(local, sizeof(local), "l/c%d", x->i);
+  if ((x->err = gshm_connect(x->puller->h.socket_path, "honest", &c)))
+    return NULL;
+  x->err = gshm_pull(c, "s", name, &po, NULL);
+  snprintf(x->msg, sizeof(x->msg), "%s", gshm_last_error(c));
+  gshm_disconnect(c);
+  return NULL;
+}
+
+/* 16 pulls at once from one peer, 8 reads in flight each (more than a
+ * serving node takes on one link): the puller keeps to the serving
+ * node's cap, and every pull succeeds (8 of 16 failed as busy before). */
+static void test_honest_pulls_within_caps(void **state) {
+  static struct node p;
+  static struct honest_pull th[16];
+  gshm_client_t *s = connect_to(&S), *c;
+  char peers[64], name[32];
+  (void)state;
+
+  for (int i = 0; i < 16; i++) {
+    snprintf(name, sizeof(name), "pub/c%d", i);
+    make_segment(s, name, 16 * MiB, 10 + (unsigned)i);
+  }
+  snprintf(peers, sizeof(peers), "s=127.0.0.1:%d", S.port);
+  node_start(&p, "r", peers, keys.key, "", "cluster.pull_chunk=256K", "cluster.pull_depth=8",
+             NULL);
+  for (int i = 0; i < 16; i++) {
+    th[i].puller = &p;
+    th[i].i = i;
+    assert_int_equal(pthread_create(&th[i].t, NULL, honest_thread, &th[i]), 0);
+  }
+  for (int i = 0; i < 16; i++) {
+    pthread_join(th[i].t, NULL);
+    if (th[i].err)
+      printf("pull %d: %d %s\n", i, th[i].err, th[i].msg);
+    assert_int_equal(th[i].err, 0);
+  }
+  c = connect_to(&p);
+  for (int i = 0; i < 16; i++) {
+    snprintf(name, sizeof(name), "l/c%d", i);
+    check_segment(c, name, 16 * MiB, 10 + (unsigned)i);
+    snprintf(name, sizeof(name), "pub/c%d", i);
+    assert_int_equal(gshm_unlink(s, name), 0);
+  }
+  gshm_disconnect(c);
+  gshm_disconnect(s);
+  assert_int_equal(harness_stop(&p.h), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_links_per_peer),
       cmocka_unit_test(test_grant_and_read_flood),
       cmocka_unit_test(test_staged_grants),
+      cmocka_unit_test(test_honest_pulls_within_caps),
   };
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
