@@ -3,6 +3,8 @@
 #ifndef GSHM_BENCH_H
 #define GSHM_BENCH_H
 
+#include <stddef.h>
+
 int bench_copy_main(int argc, char **argv);      /* bench_copy.c */
 int bench_broadcast_main(int argc, char **argv); /* bench_broadcast.c */
 int bench_attach_main(int argc, char **argv);    /* bench_attach.c */
@@ -13,6 +15,10 @@ int bench_pull_main(int argc, char **argv);      /* bench_pull.c */
 
 /* Median of v[0..n-1] (n >= 1); sorts v in place. */
 double bench_median(double *v, int n);
+
+/* Fills the n bytes at p with pseudo-random bytes (splitmix64 from a
+ * fixed seed: not zeros, not one repeated byte, the same every run). */
+void bench_fill_random(void *p, size_t n);
 
 /* Runs a CUDA driver call through `drv` (a struct gshm_cudadrv *, see
  * common/cudadrv.h); on failure prints "gshm-bench PROG: CALL failed: NAME"

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers shared by gshm-bench's subcommands (bench.h). */
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bench.h"
 
@@ -12,4 +14,20 @@ static int cmp_double(const void *a, const void *b) {
 double bench_median(double *v, int n) {
   qsort(v, (size_t)n, sizeof(*v), cmp_double);
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+void bench_fill_random(void *p, size_t n) {
+  uint64_t x = 0x9e3779b97f4a7c15ull, z;
+  uint8_t *b = p;
+  size_t i = 0;
+
+  for (; i + 8 <= n; i += 8) {
+    z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    memcpy(b + i, &z, 8);
+  }
+  for (; i < n; i++)
+    b[i] = (uint8_t)(i * 131 + 7);
 }

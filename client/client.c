@@ -313,10 +313,28 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
     return 0;
   }
   if (e && connection_lost(e)) {
-    set_last_error(c, "connection to gshmd lost");
+    set_last_error(c, GSHM_LOST_GSHMD_TEXT);
     e = e == -ENOENT || e == -ECONNREFUSED ? -ECONNRESET : e;
   }
   return e;
+}
+
+int gshm__request_body(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
+                       Gshm__Reply__BodyCase want, Gshm__Reply **reply_out) {
+  Gshm__Reply *reply = NULL;
+  int e;
+
+  pthread_mutex_lock(&c->lock);
+  e = gshm__request(c, type, msg, &reply, NULL);
+  pthread_mutex_unlock(&c->lock);
+  if (e)
+    return e;
+  if (want != GSHM__REPLY__BODY__NOT_SET && reply->body_case != want) {
+    gshm__reply__free_unpacked(reply, NULL);
+    return -EPROTO;
+  }
+  *reply_out = reply;
+  return 0;
 }
 
 /* How long a request polls for its reply before sleeping: $GSHM_POLL_US
@@ -343,7 +361,7 @@ int gshm__request_more(struct gshm_client *c, uint16_t type, Gshm__Reply **reply
     return -ECONNRESET;
   if ((e = read_reply(c, c->next_request, type, &reply, NULL, 0))) {
     if (connection_lost(e)) {
-      set_last_error(c, "connection to gshmd lost");
+      set_last_error(c, GSHM_LOST_GSHMD_TEXT);
       close(c->fd);
       c->fd = -1;
       e = -ECONNRESET;
@@ -713,13 +731,8 @@ gshm_access_t gshm_segment_access(const gshm_segment_t *seg) {
   return seg ? seg->lease->access : GSHM_ACCESS_READ;
 }
 
-/* Pages through one list request type; add() appends one page's items to
- * the growing array and returns the page's cursor. */
-typedef int (*page_fn)(const Gshm__Reply *reply, void **arr, size_t *n, size_t *cap,
-                       uint64_t *next);
-
-static int list_all(gshm_client_t *c, uint16_t type, Gshm__Reply__BodyCase want, page_fn add,
-                    void **arr_out, size_t *n_out) {
+int gshm__list_all(gshm_client_t *c, uint16_t type, const char *peer, Gshm__Reply__BodyCase want,
+                   gshm__page_fn add, void **arr_out, size_t *n_out) {
   void *arr = NULL;
   size_t n = 0, cap = 0;
   uint64_t after = 0;
@@ -730,10 +743,12 @@ static int list_all(gshm_client_t *c, uint16_t type, Gshm__Reply__BodyCase want,
   pthread_mutex_lock(&c->lock);
   do {
     Gshm__ListRequest m = GSHM__LIST_REQUEST__INIT;
+    Gshm__RemoteListRequest rm = GSHM__REMOTE_LIST_REQUEST__INIT;
     Gshm__Reply *reply = NULL;
     uint64_t next = 0;
-    m.after = after;
-    if ((e = gshm__request(c, type, &m.base, &reply, NULL)))
+    m.after = rm.after = after;
+    rm.peer = (char *)peer;
+    if ((e = gshm__request(c, type, peer ? &rm.base : &m.base, &reply, NULL)))
       break;
     e = reply->body_case == want ? add(reply, &arr, &n, &cap, &next) : -EPROTO;
     gshm__reply__free_unpacked(reply, NULL);
@@ -769,8 +784,8 @@ static int grow(void **arr, size_t *cap, size_t need, size_t elem) {
   return 0;
 }
 
-static int add_segments(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap,
-                        uint64_t *next) {
+int gshm__list_add_segments(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap,
+                            uint64_t *next) {
   gshm_segment_info_t *a;
   if (grow(arr, cap, *n + r->segments->n_segments, sizeof(*a)))
     return -ENOMEM;
@@ -836,18 +851,18 @@ static int add_clients(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap,
 }
 
 int gshm_list(gshm_client_t *c, gshm_segment_info_t **infos_out, size_t *count_out) {
-  return list_all(c, GSHM_WIRE_LIST_SEGMENTS, GSHM__REPLY__BODY_SEGMENTS, add_segments,
-                  (void **)infos_out, count_out);
+  return gshm__list_all(c, GSHM_WIRE_LIST_SEGMENTS, NULL, GSHM__REPLY__BODY_SEGMENTS,
+                        gshm__list_add_segments, (void **)infos_out, count_out);
 }
 
 int gshm_list_leases(gshm_client_t *c, gshm_lease_info_t **leases_out, size_t *count_out) {
-  return list_all(c, GSHM_WIRE_LIST_LEASES, GSHM__REPLY__BODY_LEASES, add_leases,
-                  (void **)leases_out, count_out);
+  return gshm__list_all(c, GSHM_WIRE_LIST_LEASES, NULL, GSHM__REPLY__BODY_LEASES, add_leases,
+                        (void **)leases_out, count_out);
 }
 
 int gshm_list_clients(gshm_client_t *c, gshm_client_info_t **clients_out, size_t *count_out) {
-  return list_all(c, GSHM_WIRE_LIST_CLIENTS, GSHM__REPLY__BODY_CLIENTS, add_clients,
-                  (void **)clients_out, count_out);
+  return gshm__list_all(c, GSHM_WIRE_LIST_CLIENTS, NULL, GSHM__REPLY__BODY_CLIENTS, add_clients,
+                        (void **)clients_out, count_out);
 }
 
 int gshm_status(gshm_client_t *c, gshm_status_info_t *status_out) {
@@ -858,15 +873,9 @@ int gshm_status(gshm_client_t *c, gshm_status_info_t *status_out) {
 
   if (!c || !status_out)
     return -EINVAL;
-  pthread_mutex_lock(&c->lock);
-  e = gshm__request(c, GSHM_WIRE_STATUS, &m.base, &reply, NULL);
-  pthread_mutex_unlock(&c->lock);
-  if (e)
+  if ((e = gshm__request_body(c, GSHM_WIRE_STATUS, &m.base, GSHM__REPLY__BODY_STATUS_INFO,
+                              &reply)))
     return e;
-  if (reply->body_case != GSHM__REPLY__BODY_STATUS_INFO) {
-    gshm__reply__free_unpacked(reply, NULL);
-    return -EPROTO;
-  }
   memset(&st, 0, sizeof(st));
   snprintf(st.version, sizeof(st.version), "%s", reply->status_info->version);
   st.pid = reply->status_info->pid;
@@ -936,8 +945,8 @@ static int add_devices(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap,
 }
 
 int gshm_list_devices(gshm_client_t *c, gshm_device_info_t **devices_out, size_t *count_out) {
-  return list_all(c, GSHM_WIRE_DEVICES, GSHM__REPLY__BODY_DEVICES, add_devices,
-                  (void **)devices_out, count_out);
+  return gshm__list_all(c, GSHM_WIRE_DEVICES, NULL, GSHM__REPLY__BODY_DEVICES, add_devices,
+                        (void **)devices_out, count_out);
 }
 
 int gshm_metrics(gshm_client_t *c, char **text_out) {
@@ -948,13 +957,9 @@ int gshm_metrics(gshm_client_t *c, char **text_out) {
 
   if (!c || !text_out)
     return -EINVAL;
-  pthread_mutex_lock(&c->lock);
-  e = gshm__request(c, GSHM_WIRE_METRICS, &m.base, &reply, NULL);
-  pthread_mutex_unlock(&c->lock);
-  if (e)
+  if ((e = gshm__request_body(c, GSHM_WIRE_METRICS, &m.base, GSHM__REPLY__BODY_TEXT, &reply)))
     return e;
-  text = reply->body_case == GSHM__REPLY__BODY_TEXT ? strdup(reply->text) : NULL;
-  e = reply->body_case != GSHM__REPLY__BODY_TEXT ? -EPROTO : text ? 0 : -ENOMEM;
+  e = (text = strdup(reply->text)) ? 0 : -ENOMEM;
   gshm__reply__free_unpacked(reply, NULL);
   if (!e)
     *text_out = text;
@@ -964,11 +969,8 @@ int gshm_metrics(gshm_client_t *c, char **text_out) {
 /* Sends a request that names a segment and returns nothing of interest. */
 static int simple_request(gshm_client_t *c, uint16_t type, const ProtobufCMessage *m) {
   Gshm__Reply *reply = NULL;
-  int e;
+  int e = gshm__request_body(c, type, m, GSHM__REPLY__BODY__NOT_SET, &reply);
 
-  pthread_mutex_lock(&c->lock);
-  e = gshm__request(c, type, m, &reply, NULL);
-  pthread_mutex_unlock(&c->lock);
   if (!e)
     gshm__reply__free_unpacked(reply, NULL);
   return e;

@@ -71,6 +71,12 @@ struct gshm_client {
 int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
                   Gshm__Reply **reply_out, int *fd_out);
 
+/* gshm__request under c->lock, for a request answered once with no fd:
+ * the reply must have body want (GSHM__REPLY__BODY__NOT_SET: any), else
+ * -EPROTO.  On success *reply_out as gshm__request's; errors as its. */
+int gshm__request_body(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
+                       Gshm__Reply__BodyCase want, Gshm__Reply **reply_out);
+
 /* Reads the next reply to the request gshm__request just sent (requests
  * answered more than once: PULL's progress replies), as gshm__request.
  * Caller holds c->lock.  No reconnect: a lost connection is -ECONNRESET. */
@@ -84,6 +90,24 @@ bool gshm__drain_events(struct gshm_client *c, bool wait);
 
 /* A SegmentInfo from the wire in the public struct. */
 void gshm__info_from_wire(gshm_segment_info_t *o, const Gshm__SegmentInfo *i);
+
+/* One page of a list reply: appends its items to the growing array *arr
+ * (*n items, room for *cap; grown with realloc) and writes the page's
+ * cursor to *next (0: the last page).  0 or -ENOMEM. */
+typedef int (*gshm__page_fn)(const Gshm__Reply *reply, void **arr, size_t *n, size_t *cap,
+                             uint64_t *next);
+
+/* Pages through list request type (a ListRequest, or a RemoteListRequest
+ * naming peer when peer is not NULL) under c's lock: every page's reply
+ * must have body want, add() appends its items.  On success *arr_out (the
+ * caller frees it) holds *n_out items.  -EINVAL a NULL argument, -EPROTO a
+ * reply of another body or a cursor that does not advance, -ENOMEM, or
+ * gshm__request's error. */
+int gshm__list_all(gshm_client_t *c, uint16_t type, const char *peer, Gshm__Reply__BodyCase want,
+                   gshm__page_fn add, void **arr_out, size_t *n_out);
+/* The gshm__page_fn of segment lists (SegmentList into gshm_segment_info_t). */
+int gshm__list_add_segments(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap,
+                            uint64_t *next);
 
 /* Builds a lease of c, and a segment object on it in *seg_out, from a
  * LeaseGrant reply (which the caller still frees) and the fd that came with

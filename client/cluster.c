@@ -12,20 +12,9 @@
 /* The PEERS reply (its body checked). */
 static int peers_request(gshm_client_t *c, Gshm__Reply **reply_out) {
   Gshm__Empty m = GSHM__EMPTY__INIT;
-  Gshm__Reply *reply = NULL;
-  int e;
 
-  pthread_mutex_lock(&c->lock);
-  e = gshm__request(c, GSHM_WIRE_PEERS, &m.base, &reply, NULL);
-  pthread_mutex_unlock(&c->lock);
-  if (e)
-    return e;
-  if (reply->body_case != GSHM__REPLY__BODY_CLUSTER_PEERS) {
-    gshm__reply__free_unpacked(reply, NULL);
-    return -EPROTO;
-  }
-  *reply_out = reply;
-  return 0;
+  return gshm__request_body(c, GSHM_WIRE_PEERS, &m.base, GSHM__REPLY__BODY_CLUSTER_PEERS,
+                            reply_out);
 }
 
 int gshm_cluster_peers(gshm_client_t *c, char *node_name_out, gshm_cluster_peer_t **peers_out,
@@ -95,55 +84,10 @@ int gshm_cluster_pulls(gshm_client_t *c, gshm_cluster_pull_t **pulls_out, size_t
 
 int gshm_list_remote(gshm_client_t *c, const char *peer, gshm_segment_info_t **infos_out,
                      size_t *count_out) {
-  gshm_segment_info_t *arr = NULL;
-  size_t n = 0, cap = 0;
-  uint64_t after = 0;
-  int e = 0;
-
-  if (!c || !peer || !infos_out || !count_out)
+  if (!peer)
     return -EINVAL;
-  pthread_mutex_lock(&c->lock);
-  do {
-    Gshm__RemoteListRequest m = GSHM__REMOTE_LIST_REQUEST__INIT;
-    Gshm__Reply *reply = NULL;
-    const Gshm__SegmentList *l;
-    m.peer = (char *)peer;
-    m.after = after;
-    if ((e = gshm__request(c, GSHM_WIRE_REMOTE_LIST, &m.base, &reply, NULL)))
-      break;
-    if (reply->body_case != GSHM__REPLY__BODY_SEGMENTS) {
-      gshm__reply__free_unpacked(reply, NULL);
-      e = -EPROTO;
-      break;
-    }
-    l = reply->segments;
-    if (n + l->n_segments > cap) {
-      size_t ncap = cap ? cap : 16;
-      gshm_segment_info_t *p;
-      while (ncap < n + l->n_segments)
-        ncap *= 2;
-      if (!(p = realloc(arr, ncap * sizeof(*p)))) {
-        gshm__reply__free_unpacked(reply, NULL);
-        e = -ENOMEM;
-        break;
-      }
-      arr = p;
-      cap = ncap;
-    }
-    for (size_t i = 0; i < l->n_segments; i++)
-      gshm__info_from_wire(&arr[n++], l->segments[i]);
-    e = l->next && l->next <= after ? -EPROTO : 0; /* a cursor must advance */
-    after = l->next;
-    gshm__reply__free_unpacked(reply, NULL);
-  } while (!e && after);
-  pthread_mutex_unlock(&c->lock);
-  if (e) {
-    free(arr);
-    return e;
-  }
-  *infos_out = arr;
-  *count_out = n;
-  return 0;
+  return gshm__list_all(c, GSHM_WIRE_REMOTE_LIST, peer, GSHM__REPLY__BODY_SEGMENTS,
+                        gshm__list_add_segments, (void **)infos_out, count_out);
 }
 
 static void result_from_wire(gshm_pull_result_t *out, const Gshm__PullResult *r) {

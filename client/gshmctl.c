@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "errors.h"
 #include "gshm.h"
 #include "util.h"
 
@@ -1215,6 +1216,12 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
       pull_progress_bar(&end, &prefix);
     }
     fputc('\n', stderr);
+  }
+  if (e && strcmp(gshm_last_error(c), GSHM_LOST_GSHMD_TEXT)) { /* gshmd's answer: as its log */
+    char msg[768];
+    return errorf(exit_code(e), e, "%s",
+                  gshm__pull_failure_message(msg, sizeof(msg), prefix, colon + 1, peer, e,
+                                             gshm_last_error(c)));
   }
   if (e)
     return fail(c, "pull", e);

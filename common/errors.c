@@ -2,6 +2,7 @@
 #include "errors.h"
 
 #include <errno.h>
+#include <stdio.h>
 
 const char *gshm__strerror(int err) {
   if (err < 0)
@@ -31,4 +32,41 @@ const char *gshm__errname(int err) {
   default:
     return "E?";
   }
+}
+
+enum gshm_pull_failure gshm__pull_failure(int err) {
+  switch (err < 0 ? -err : err) {
+  case ECONNRESET: case ETIMEDOUT: case ESHUTDOWN: return GSHM_PULL_FAIL_PEER_LOST;
+  case ENOENT: return GSHM_PULL_FAIL_NOT_FOUND;
+  case EACCES: case EPERM: return GSHM_PULL_FAIL_REFUSED;
+  case EEXIST: return GSHM_PULL_FAIL_EXISTS;
+  case ECANCELED: return GSHM_PULL_FAIL_CANCELED;
+  case ENOMEM: case EDQUOT: return GSHM_PULL_FAIL_NO_MEMORY;
+  case EPROTO: case EPROTONOSUPPORT: return GSHM_PULL_FAIL_PROTOCOL;
+  default: return GSHM_PULL_FAIL_OTHER;
+  }
+}
+
+#define GSHM_PULL_FAILURE_LABEL(name, label, text) [GSHM_PULL_FAIL_##name] = label,
+#define GSHM_PULL_FAILURE_TEXT(name, label, text) [GSHM_PULL_FAIL_##name] = text,
+static const char *const pull_failure_labels[GSHM_PULL_FAIL_N] = {
+    GSHM_PULL_FAILURE_MAP(GSHM_PULL_FAILURE_LABEL)};
+static const char *const pull_failure_texts[GSHM_PULL_FAIL_N] = {
+    GSHM_PULL_FAILURE_MAP(GSHM_PULL_FAILURE_TEXT)};
+#undef GSHM_PULL_FAILURE_LABEL
+#undef GSHM_PULL_FAILURE_TEXT
+
+const char *gshm__pull_failure_label(enum gshm_pull_failure f) {
+  return (unsigned)f < GSHM_PULL_FAIL_N ? pull_failure_labels[f] : "other";
+}
+
+char *gshm__pull_failure_message(char *buf, size_t len, bool prefix, const char *name,
+                                 const char *peer, int err, const char *why) {
+  const char *cause = pull_failure_texts[gshm__pull_failure(err)];
+  bool has_why = why && *why;
+
+  snprintf(buf, len, "pull of %s'%s' from peer '%s' failed: %s%s%s", prefix ? "the set under " : "",
+           name, peer, cause ? cause : gshm__strerror(err), has_why ? ": " : "",
+           has_why ? why : "");
+  return buf;
 }

@@ -8,6 +8,9 @@
 #ifndef GSHM_COMMON_ERRORS_H
 #define GSHM_COMMON_ERRORS_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
 #define GSHM_ERRNO_MAP(X)                                                          \
   X(EPERM, "operation not permitted (admin only)")                                 \
   X(ENOENT, "not found")                    \
@@ -40,11 +43,55 @@
   X(ESTALE, "segment or lease is gone (revoked, or freed across a daemon restart)") \
   X(EDQUOT, "quota exceeded")
 
+/* libgshm's gshm_last_error() when the connection to gshmd itself was
+ * lost (no answer of gshmd's to show): gshmctl tells it from an answer. */
+#define GSHM_LOST_GSHMD_TEXT "connection to gshmd lost"
+
 /* Message for a negative (or positive) errno; never NULL. */
 const char *gshm__strerror(int err);
 
 /* Symbolic name of a negative (or positive) errno of the table, e.g.
  * "EACCES"; "E?" for any other value. */
 const char *gshm__errname(int err);
+
+/* Why a pull from a cluster peer failed, by the errno that ended it: one
+ * table for gshmd's gshm_cluster_pull_errors_total{cause} label, its log
+ * line and gshmctl pull's message, so that both say the same thing
+ * (the errno's own text would speak of the local gshmd: "connection to
+ * gshmd reset" for a peer that went away).  X(NAME, label, text); text
+ * NULL: the errno's own (gshm__strerror). */
+#define GSHM_PULL_FAILURE_MAP(X)                                   \
+  X(PEER_LOST, "peer_lost", "peer lost or unreachable")            \
+  X(NOT_FOUND, "not_found", "not found")                           \
+  X(REFUSED, "refused", "permission denied")                       \
+  X(EXISTS, "exists", "segment exists")                            \
+  X(CANCELED, "canceled", "canceled")                              \
+  X(NO_MEMORY, "no_memory", "out of memory or quota")              \
+  X(PROTOCOL, "protocol", "protocol error")                        \
+  X(OTHER, "other", NULL)
+
+enum gshm_pull_failure {
+#define GSHM_PULL_FAILURE_ENUM(name, label, text) GSHM_PULL_FAIL_##name,
+  GSHM_PULL_FAILURE_MAP(GSHM_PULL_FAILURE_ENUM)
+#undef GSHM_PULL_FAILURE_ENUM
+  GSHM_PULL_FAIL_N
+};
+
+/* The cause of a failed pull's negative errno: PEER_LOST for -ECONNRESET,
+ * -ETIMEDOUT, -ESHUTDOWN; NOT_FOUND -ENOENT; REFUSED -EACCES, -EPERM;
+ * EXISTS -EEXIST; CANCELED -ECANCELED; NO_MEMORY -ENOMEM, -EDQUOT;
+ * PROTOCOL -EPROTO, -EPROTONOSUPPORT; OTHER any other. */
+enum gshm_pull_failure gshm__pull_failure(int err);
+
+/* A cause's metrics label ("peer_lost"); "other" out of range. */
+const char *gshm__pull_failure_label(enum gshm_pull_failure f);
+
+/* The one wording of a failed pull, into buf (len bytes, truncated,
+ * NUL-terminated): "pull of [the set under ]'NAME' from peer 'PEER'
+ * failed: CAUSE: WHY" (CAUSE: the table's text for err, else its errno
+ * text; ": WHY" left out when why is NULL or empty).  prefix: a set pull
+ * (NAME is its prefix).  Returns buf. */
+char *gshm__pull_failure_message(char *buf, size_t len, bool prefix, const char *name,
+                                 const char *peer, int err, const char *why);
 
 #endif

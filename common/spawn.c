@@ -124,17 +124,7 @@ static int peek_fd_count(int fd) {
 
   if (recvmsg(fd, &mh, MSG_PEEK | MSG_DONTWAIT | MSG_CMSG_CLOEXEC) < 0)
     return 0;
-  for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-      for (int i = 0; i < k; i++) {
-        int f;
-        memcpy(&f, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof(f));
-        close(f);
-      }
-      n += k;
-    }
-  return n;
+  return gshm__cmsg_take_fds(&mh, NULL, 0, &n);
 }
 
 int gshm__spawn_store_memory_fds(struct gshm_spawn *s) {

@@ -249,3 +249,24 @@ int gshm__parse_loopback(const char *listen, struct sockaddr_storage *sa, sockle
     return 0;
   }
 }
+
+int gshm__cmsg_take_fds(struct msghdr *mh, int *fds, int max, int *nfds) {
+  int total = 0;
+
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
+    size_t count;
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+      continue; /* SCM_CREDENTIALS etc. carry no fds */
+    count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; i++) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (*nfds < max)
+        fds[(*nfds)++] = fd;
+      else
+        close(fd);
+    }
+    total += (int)count;
+  }
+  return total;
+}

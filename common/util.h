@@ -66,6 +66,13 @@ int64_t gshm__now_ns(clockid_t clock);
 int gshm__usable_cpus(void);
 #define GSHM_POLL_MIN_CPUS 4
 
+/* Takes every SCM_RIGHTS fd of mh's control messages, after a recvmsg
+ * (with or without MSG_PEEK): fds[*nfds..max) receive them in order (the
+ * caller owns those; *nfds advances), every one past max is closed here,
+ * so none leaks whatever the sender packed.  fds may be NULL when max is
+ * 0.  Returns how many fds the message carried. */
+int gshm__cmsg_take_fds(struct msghdr *mh, int *fds, int max, int *nfds);
+
 /* Formats 16 raw UUID bytes as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
  * (nvidia-smi's form); buf needs 41 bytes. */
 void gshm__format_gpu_uuid(const unsigned char bytes[16], char buf[48]);

@@ -68,6 +68,7 @@ struct gshmd_config {
   char *cluster_transport;         /* auto|tcp: UCX where it reaches, or the stream only */
   uint64_t cluster_pull_chunk;     /* bytes per ucp_get_nbx */
   uint32_t cluster_pull_depth;     /* gets in flight per pull */
+  uint32_t cluster_streams;        /* TCP data lanes a puller opens per peer */
   uint64_t cluster_staging_bytes;  /* pinned host bytes per staged pull */
   char *cluster_staging;           /* auto|always: how device (and host) segments are served */
 };

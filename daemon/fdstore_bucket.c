@@ -24,6 +24,7 @@
 #include "fdstore_internal.h"
 #include "log.h"
 #include "registry.h"
+#include "util.h"
 
 struct fdstore_bucket *gshmd__bucket_new(uint32_t index) {
   struct fdstore_bucket *b = calloc(1, sizeof(*b));
@@ -141,18 +142,7 @@ static int peek_one(int fd, uint32_t index, uint8_t *buf, size_t cap, struct pee
   memset(p, 0, sizeof(*p));
   if (n < 0)
     return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
-  for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-      for (int i = 0; i < k; i++) {
-        int f;
-        memcpy(&f, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof(f));
-        if (p->nfds < FDSTORE_BUCKET_FDS)
-          p->fds[p->nfds++] = f;
-        else
-          close(f);
-      }
-    }
+  gshm__cmsg_take_fds(&mh, p->fds, FDSTORE_BUCKET_FDS, &p->nfds);
   if (mh.msg_flags & MSG_CTRUNC) {
     peeked_free(p);
     return -EMFILE;

@@ -377,14 +377,8 @@ static void on_metrics_timer(uv_timer_t *t) {
   }
 }
 
-/* Segments come back from the fd store with no lease: their clients
- * re-take the leases when they reconnect (on their next call), each with
- * the token that proves its grant.  Until the grace period ends an
- * unlinked one nobody has re-taken yet is kept for them; then it is freed
- * (registry_reap_unlinked), its pages left to the mappings that may still
- * hold them. */
-#define RESTART_GRACE_MS 30000
-
+/* A restart's grace period is over (its length and what it keeps: the
+ * registry's, gshmd_registry_grace_begin). */
 static void on_reap_timer(uv_timer_t *t) {
   struct daemon *d = t->data;
   unsigned n = gshmd_registry_reap_unlinked(&d->reg);
@@ -398,16 +392,17 @@ static void on_watchdog_timer(uv_timer_t *t) {
 }
 
 static int setup_timers(struct daemon *d) {
+  uint64_t grace_ms;
+
   d->timers_on = true;
   uv_timer_init(&d->loop, &d->status_timer);
   d->status_timer.data = d;
   uv_timer_start(&d->status_timer, on_status_timer, 1000, 1000);
   uv_unref((uv_handle_t *)&d->status_timer);
-  d->reg.restore_grace_over = !d->fdstore.restored;
-  if (d->fdstore.restored) {
+  if ((grace_ms = gshmd_registry_grace_begin(&d->reg))) {
     uv_timer_init(&d->loop, &d->reap_timer);
     d->reap_timer.data = d;
-    uv_timer_start(&d->reap_timer, on_reap_timer, RESTART_GRACE_MS, 0);
+    uv_timer_start(&d->reap_timer, on_reap_timer, grace_ms, 0);
     uv_unref((uv_handle_t *)&d->reap_timer);
     d->reap_timer_on = true;
   }

@@ -170,11 +170,16 @@
     "gshm's TCP stream; tcp always over the stream; ucx also over UCX "         \
     "transports that cannot detect a dead peer (shared memory in UCX 1.13), "   \
     "eagerly (for tests and trials).")                                        \
-  X(cluster, pull_chunk, SIZE, cluster_pull_chunk, "8M", 4096, 1073741824,      \
+  X(cluster, pull_chunk, SIZE, cluster_pull_chunk, "4M", 4096, 1073741824,      \
     NULL, "Bytes per read request (and per staging slot) of a pull.")         \
-  X(cluster, pull_depth, U32, cluster_pull_depth, "8", 1, 256, NULL,            \
-    "Read requests (or staged chunks) in flight per pull.")                     \
-  X(cluster, staging_bytes, SIZE, cluster_staging_bytes, "64M", 1048576,        \
+  X(cluster, pull_depth, U32, cluster_pull_depth, "32", 1, 256, NULL,           \
+    "Read requests (or staged chunks) in flight per pull (and at most 48 to "  \
+    "one peer over all pulls).")                                               \
+  X(cluster, streams, U32, cluster_streams, "8", 1, 16, NULL,                   \
+    "TCP connections that carry the bytes this node pulls from one peer, each " \
+    "moved by a thread of its own on both nodes (1: the link's own "           \
+    "connection, on gshmd's event loop). Not used where the bytes go over UCX.") \
+  X(cluster, staging_bytes, SIZE, cluster_staging_bytes, "128M", 1048576,        \
     68719476736, NULL,                                                          \
     "Pinned host memory for one staged device pull on each side (served and "   \
     "pulled), split into pull_chunk slots.")                                  \

@@ -135,9 +135,10 @@ struct gshmd_registry {
   bool (*token_check)(void *arg, const struct gshmd_segment *seg, uid_t uid, int access,
                       const uint8_t *token, size_t len);
   void *token_arg;
-  /* After a restart: false until the grace period for re-takes is over.
-   * Until then an unlinked restored segment nobody has re-taken is kept
-   * (gshmd_registry_reap_unlinked frees it when the period ends). */
+  /* False while a restart's grace period for re-takes may be on: from
+   * init until gshmd_registry_grace_begin finds nothing restored or
+   * gshmd_registry_reap_unlinked ends the period.  Until then an unlinked
+   * restored segment nobody has re-taken is kept. */
   bool restore_grace_over;
   /* Hidden segments (gshmd_registry_create_hidden): allocated and charged
    * to their owner, in no tree and no listing, never told to the fd store
@@ -251,6 +252,19 @@ void gshmd_registry_unname(struct gshmd_registry *r, struct gshmd_segment *seg);
  * name already present, -ENOMEM. */
 int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
                          struct gshmd_alloc *mem);
+
+/* How long a restart's grace period lasts, in milliseconds: segments come
+ * back from the fd store with no lease, and their clients re-take the
+ * leases when they reconnect (on their next call, each with the token that
+ * proves its grant).  Until the period ends an unlinked restored segment
+ * that nobody has re-taken yet is kept for them. */
+#define GSHMD_RESTART_GRACE_MS 30000
+
+/* Starts a restart's grace period, once the fd store's segments are
+ * adopted: returns its length (GSHMD_RESTART_GRACE_MS), after which the
+ * caller calls gshmd_registry_reap_unlinked, or 0 when no segment was
+ * restored (no period: restored segments' rules are off from now on). */
+uint64_t gshmd_registry_grace_begin(struct gshmd_registry *r);
 
 /* Ends a restart's grace period: frees the unlinked segments that nobody
  * re-leased, without punching their pages (a client that has not

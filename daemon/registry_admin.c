@@ -82,6 +82,17 @@ void gshmd_registry_unname(struct gshmd_registry *r, struct gshmd_segment *seg) 
   seg->unlinked = true;
 }
 
+uint64_t gshmd_registry_grace_begin(struct gshmd_registry *r) {
+  struct gshm_list *pos;
+
+  gshm_list_foreach(pos, &r->segments) {
+    if (gshm_list_entry(pos, struct gshmd_segment, node)->restored)
+      return GSHMD_RESTART_GRACE_MS;
+  }
+  r->restore_grace_over = true;
+  return 0;
+}
+
 unsigned gshmd_registry_reap_unlinked(struct gshmd_registry *r) {
   struct gshm_list *pos, *tmp;
   unsigned n = 0;

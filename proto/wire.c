@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "util.h"
+
 int gshm__wire_pack(uint16_t type, uint32_t request_id, const ProtobufCMessage *msg, void *buf,
                     size_t cap, size_t *len_out) {
   struct gshm_wire_header h;
@@ -88,7 +90,6 @@ ssize_t gshm__wire_recv(int sock, void *buf, size_t cap, int *fds, int max_fds, 
   struct iovec iov = {.iov_base = buf, .iov_len = cap};
   struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
                       .msg_controllen = sizeof(ctl.buf)};
-  struct cmsghdr *c;
   ssize_t n;
   int nfds = 0;
 
@@ -98,20 +99,7 @@ ssize_t gshm__wire_recv(int sock, void *buf, size_t cap, int *fds, int max_fds, 
   if (n < 0)
     return -errno;
 
-  for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-    size_t i, count;
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-      continue; /* SCM_CREDENTIALS etc. carry no fds */
-    count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (i = 0; i < count; i++) {
-      int fd;
-      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (nfds < max_fds)
-        fds[nfds++] = fd;
-      else
-        close(fd);
-    }
-  }
+  gshm__cmsg_take_fds(&mh, fds, max_fds, &nfds);
   *nfds_out = nfds;
   if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))
     return -EMSGSIZE;

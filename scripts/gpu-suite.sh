@@ -42,16 +42,21 @@ step broadcast && { timeout 300 ./bench/gshm-bench broadcast ${GSHM_BCAST_ARGS:-
 py=$(command -v /opt/torch/.venv/bin/python3 || command -v python3)
 step python && timeout 180 "$py" "$src/python/examples/share_weights.py" --gshmd "$GSHMD" --size-mib 2048 \
   --compare > "$out/python-example.txt" 2>&1
-# pulls from a peer gshmd (UCX tcp on 127.0.0.1) vs ucx_perftest -t ucp_get
+# pulls from a peer gshmd over gshm's TCP stream and its data lanes on 127.0.0.1, against
+# K plain TCP connections and ucx_perftest tag_bw / ucp_am_bw (the bench runs the anchors)
 if step pull; then
-  timeout 150 ./bench/gshm-bench pull ${GSHM_PULL_ARGS:---sizes 1M,64M,1G,4G --iters 3} \
-    > "$out/bench-pull-host.txt" 2>&1
-  timeout 150 ./bench/gshm-bench pull --location cuda:0 ${GSHM_PULL_ARGS:---sizes 1M,64M,1G,4G --iters 3} \
-    --no-perftest > "$out/bench-pull-cuda.txt" 2>&1
+  pa=${GSHM_PULL_ARGS:---sizes 64M,1G --iters 5}
+  timeout 240 ./bench/gshm-bench pull $pa > "$out/bench-pull-host.txt" 2>&1
+  timeout 150 ./bench/gshm-bench pull $pa --encrypt --no-perftest \
+    > "$out/bench-pull-host-encrypt.txt" 2>&1
+  timeout 150 ./bench/gshm-bench pull $pa --streams 1 --no-perftest \
+    > "$out/bench-pull-host-1stream.txt" 2>&1
+  timeout 150 ./bench/gshm-bench pull --location cuda:0 $pa --no-perftest \
+    > "$out/bench-pull-cuda.txt" 2>&1
   # two GPUs: a segment of GPU 0 on one gshmd pulled onto GPU 1 by the other
   [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] &&
-    timeout 150 ./bench/gshm-bench pull --location cuda:0 --to cuda:1 \
-      ${GSHM_PULL_ARGS:---sizes 1M,64M,1G,4G --iters 3} --no-perftest > "$out/bench-pull-cuda01.txt" 2>&1
+    timeout 150 ./bench/gshm-bench pull --location cuda:0 --to cuda:1 $pa --no-perftest \
+      > "$out/bench-pull-cuda01.txt" 2>&1
 fi
 # Not in the default steps (minutes, 18 GiB of disk or /dev/shm): GSHM_STEPS=restart.
 # GSHM_RESTART_ARGS: more options, e.g. "--start warm --repeat 5 --cold-repeat 2".

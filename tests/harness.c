@@ -129,6 +129,16 @@ int harness_stable_fd_count(pid_t pid) {
 
 long harness_rss_kib(pid_t pid) { return gshm__proc_rss_kib(pid); }
 
+int harness_store_count(struct harness *h, const char *prefix) {
+  int n = 0;
+
+  pthread_mutex_lock(&h->sp.lock);
+  for (int i = 0; i < h->sp.nfds; i++)
+    n += !strncmp(h->sp.names[i], prefix, strlen(prefix));
+  pthread_mutex_unlock(&h->sp.lock);
+  return n;
+}
+
 void harness_random(void *buf, size_t n, unsigned long long seed) {
   unsigned long long s = seed | 1;
   unsigned char *p = buf;
@@ -142,7 +152,8 @@ void harness_random(void *buf, size_t n, unsigned long long seed) {
   }
 }
 
-int harness_gshmctl(struct harness *h, char **out, const char *const *args) {
+int harness_gshmctl_stderr(struct harness *h, char **out, const char *const *args,
+                           bool with_stderr) {
   char path[PATH_MAX];
   const char *env = getenv("GSHMCTL"), *argv[32];
   int argc = 0, pipefd[2], status;
@@ -169,6 +180,8 @@ int harness_gshmctl(struct harness *h, char **out, const char *const *args) {
   pid = fork();
   if (pid == 0) {
     dup2(pipefd[1], STDOUT_FILENO);
+    if (with_stderr)
+      dup2(pipefd[1], STDERR_FILENO);
     close(pipefd[0]);
     close(pipefd[1]);
     execv(path, (char *const *)argv);
@@ -319,4 +332,8 @@ int harness_as_nobody(int (*fn)(const char *arg), const char *arg) {
   if (waitpid(pid, &status, 0) != pid)
     return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+int harness_gshmctl(struct harness *h, char **out, const char *const *args) {
+  return harness_gshmctl_stderr(h, out, args, false);
 }

@@ -87,6 +87,11 @@ long harness_rss_kib(pid_t pid);
  * waitpid failed. */
 int harness_as_nobody(int (*fn)(const char *arg), const char *arg);
 
+/* How many fds gshmd has parked in the harness's fd store (the service
+ * manager's part, sp) under a name that starts with prefix ("": all of
+ * them), read under the store's lock (the notify thread changes it). */
+int harness_store_count(struct harness *h, const char *prefix);
+
 /* Fills buf with bytes from a seeded xorshift stream (never all zero). */
 void harness_random(void *buf, size_t n, unsigned long long seed);
 
@@ -119,5 +124,8 @@ int harness_kid_wait(struct harness_kid *k);
  * ../client/gshmctl) with --socket and args; returns its exit code, and
  * its stdout (malloc'ed, NUL-terminated) in *out when out is not NULL. */
 int harness_gshmctl(struct harness *h, char **out, const char *const *args);
+/* Same, with its stderr in *out too when with_stderr (its messages). */
+int harness_gshmctl_stderr(struct harness *h, char **out, const char *const *args,
+                           bool with_stderr);
 
 #endif

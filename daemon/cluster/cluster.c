@@ -210,16 +210,6 @@ void gshmd_cluster_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c)
   gshmd__pull_client_gone(cl, c);
 }
 
-/* A pull failure's metrics label. */
-static const char *pull_failure_name(enum pull_failure f) {
-  static const char *const names[PULL_FAIL_N] = {
-      [PULL_FAIL_PEER_LOST] = "peer_lost", [PULL_FAIL_NOT_FOUND] = "not_found",
-      [PULL_FAIL_REFUSED] = "refused",     [PULL_FAIL_EXISTS] = "exists",
-      [PULL_FAIL_CANCELED] = "canceled",   [PULL_FAIL_NO_MEMORY] = "no_memory",
-      [PULL_FAIL_PROTOCOL] = "protocol",   [PULL_FAIL_OTHER] = "other"};
-  return f < PULL_FAIL_N ? names[f] : "other";
-}
-
 /* ---- metrics ---------------------------------------------------------- */
 
 void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
@@ -234,6 +224,14 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
   for (unsigned i = 0; i < cl->ll.npeers; i++)
     fprintf(f, "gshm_cluster_peer_up{peer=\"%s\"} %d\n", cl->ll.peers[i].name,
             cl->ll.peers[i].state == PEER_UP);
+  fprintf(f, "# HELP gshm_cluster_lanes Data lanes (extra TCP connections, cluster.streams) up "
+             "on this node's link to each peer.\n"
+             "# TYPE gshm_cluster_lanes gauge\n");
+  for (unsigned i = 0; i < cl->ll.npeers; i++) {
+    const struct link *out = cl->ll.peers[i].out;
+    fprintf(f, "gshm_cluster_lanes{peer=\"%s\"} %u\n", cl->ll.peers[i].name,
+            out && out->state == LINK_UP ? out->nlanes : 0);
+  }
   fprintf(f, "# HELP gshm_cluster_pulls_total Pulls from each peer, by result.\n"
              "# TYPE gshm_cluster_pulls_total counter\n");
   for (unsigned i = 0; i < cl->ll.npeers; i++)
@@ -259,9 +257,9 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
             cl->ll.refusals[i]);
   fprintf(f, "# HELP gshm_cluster_pull_errors_total Failed pulls, by cause.\n"
              "# TYPE gshm_cluster_pull_errors_total counter\n");
-  for (int i = 0; i < PULL_FAIL_N; i++)
+  for (int i = 0; i < GSHM_PULL_FAIL_N; i++)
     fprintf(f, "gshm_cluster_pull_errors_total{cause=\"%s\"} %" PRIu64 "\n",
-            pull_failure_name((enum pull_failure)i), cl->pull_errors[i]);
+            gshm__pull_failure_label((enum gshm_pull_failure)i), cl->pull_errors[i]);
   fprintf(f, "# HELP gshm_cluster_registrations_total Registrations of served segments with UCX (one per run of overlapping grants whose bytes go over UCX; none for gshm's TCP stream).\n"
              "# TYPE gshm_cluster_registrations_total counter\n"
              "gshm_cluster_registrations_total %" PRIu64 "\n"
@@ -332,6 +330,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                                      .data_done = gshmd__link_data_done,
                                      .after_progress = after_progress, .arg = cl};
   cl->ll.encrypt = cfg->cluster_encrypt;
+  cl->ll.streams = cfg->cluster_streams;
   cl->ll.ucx_allowed = !cfg->cluster_encrypt && strcmp(cfg->cluster_transport, "tcp");
   cl->ll.ucx_without_peer_errors = !strcmp(cfg->cluster_transport, "ucx");
   cl->ll.hello_timeout_ns =

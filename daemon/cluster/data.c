@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The bytes of Reads and Stages (link.h): sent from the granted memory
- * as one data frame of the stream, or, where the hello set up UCX for the
+ * as one data frame on one of the link's data lanes (lane.h), or of its
+ * own stream while it has none, or, where the hello set up UCX for the
  * link (hello.c), as one UCX active message whose bytes UCX moves by
  * rendezvous (shared memory, RDMA); received straight into the request's
  * destination either way. */
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lane.h"
 #include "link.h"
 #include "util.h"
 
@@ -99,7 +101,10 @@ int gshmd__link_send_data(struct link *l, uint32_t rid, uint64_t offset, const v
   ds->hdr.offset = offset;
   if (l->ucx_ep)
     return send_ucx(ds, src, len, memh);
-  if ((e = gshmd__stream_send_data(&l->st, rid, offset, src, len, on_stream_sent, ds))) {
+  e = gshmd__lane_send(l, rid, offset, src, len, on_stream_sent, ds);
+  if (e == -ENOTCONN) /* no lane up (yet): the link's own stream */
+    e = gshmd__stream_send_data(&l->st, rid, offset, src, len, on_stream_sent, ds);
+  if (e) {
     free(ds);
     return e;
   }

@@ -8,13 +8,15 @@
 #include <string.h>
 
 #include "internal.h"
+#include "lane.h"
 #include "log.h"
 
 /* This node's capabilities in its hello (enum Cap). */
 static uint32_t caps_mine(const struct gshmd_cluster *cl) {
   return (cl->ll.encrypt ? GSHM__CLUSTER__CAP__CAP_ENCRYPT : 0) |
          (crypto_aead_aes256gcm_is_available() ? GSHM__CLUSTER__CAP__CAP_AES : 0) |
-         (cl->ll.ucx_allowed ? GSHM__CLUSTER__CAP__CAP_UCX : 0);
+         (cl->ll.ucx_allowed ? GSHM__CLUSTER__CAP__CAP_UCX : 0) |
+         GSHM__CLUSTER__CAP__CAP_LANES;
 }
 
 /* Whether the bytes of this link may go over UCX: both sides said so in
@@ -49,7 +51,7 @@ static struct hello_view view_of(const struct gshmd_cluster *cl, const struct li
 static void hello_mac(const struct gshmd_cluster *cl, const struct link *l, char dir,
                       uint8_t mac[crypto_auth_BYTES]) {
   struct hello_view v = view_of(cl, l);
-  uint8_t buf[16 + 2 * GSHMD_CLUSTER_NONCE + 2 * 64 + 8];
+  uint8_t buf[16 + 2 * GSHMD_CLUSTER_NONCE + 2 * 64 + 8 + LINK_LANE_TOKEN];
   size_t n = 0, a = strlen(v.name_c), b = strlen(v.name_s);
 
   memcpy(buf, "gshm-cluster-2 ", 15);
@@ -66,6 +68,10 @@ static void hello_mac(const struct gshmd_cluster *cl, const struct link *l, char
   memcpy(buf + n, &v.caps_c, 4);
   memcpy(buf + n + 4, &v.caps_s, 4);
   n += 8;
+  if (l->is_lane) { /* the link it joins (absent from exchanges of 2.0) */
+    memcpy(buf + n, l->lane_token, LINK_LANE_TOKEN);
+    n += LINK_LANE_TOKEN;
+  }
   crypto_auth(mac, buf, n, cl->key);
 }
 
@@ -86,6 +92,8 @@ static void hello_keys(const struct gshmd_cluster *cl, struct link *l, bool tx, 
   crypto_generichash(master, sizeof(master), in, sizeof(in), cl->key, sizeof(cl->key));
   crypto_kdf_derive_from_key(c2s, sizeof(c2s), 1, "gshm-c2s", master);
   crypto_kdf_derive_from_key(s2c, sizeof(s2c), 2, "gshm-s2c", master);
+  if (!l->is_lane) /* what this link's lanes name it by (lane.h) */
+    crypto_kdf_derive_from_key(l->lane_token, LINK_LANE_TOKEN, 3, "gshm-lan", master);
   if (tx)
     gshmd__stream_key_tx(&l->st, mode, l->inbound ? s2c : c2s);
   if (rx)
@@ -93,6 +101,20 @@ static void hello_keys(const struct gshmd_cluster *cl, struct link *l, bool tx, 
   sodium_memzero(master, sizeof(master));
   sodium_memzero(c2s, sizeof(c2s));
   sodium_memzero(s2c, sizeof(s2c));
+}
+
+/* Whether the peer's hello or challenge speaks our major version of the
+ * cluster protocol; refuses the link (REFUSE_VERSION) when it does not,
+ * with one wording on either side of the link. */
+static bool version_ok(struct link *l, uint32_t major, uint32_t minor) {
+  char msg[96];
+
+  if (major == GSHMD_CLUSTER_MAJOR)
+    return true;
+  snprintf(msg, sizeof(msg), "peer speaks cluster protocol %u.%u, this gshmd %u.%u", major, minor,
+           GSHMD_CLUSTER_MAJOR, GSHMD_CLUSTER_MINOR);
+  gshmd__link_refuse(l, REFUSE_VERSION, -EPROTONOSUPPORT, msg);
+  return false;
 }
 
 /* Inbound: Hello -> Challenge. */
@@ -103,15 +125,16 @@ static void on_hello(struct link *l, const Gshm__Cluster__Hello *h) {
   uint8_t mac[crypto_auth_BYTES];
   char msg[200];
 
-  if (h->major != GSHMD_CLUSTER_MAJOR) {
-    snprintf(msg, sizeof(msg), "cluster protocol %u.%u is not spoken here (%u.%u)", h->major,
-             h->minor, GSHMD_CLUSTER_MAJOR, GSHMD_CLUSTER_MINOR);
-    gshmd__link_refuse(l, REFUSE_VERSION, -EPROTONOSUPPORT, msg);
+  if (!version_ok(l, h->major, h->minor))
     return;
-  }
-  if (h->nonce.len != GSHMD_CLUSTER_NONCE || !gshmd__cluster_name_ok(h->node_name)) {
+  if (h->nonce.len != GSHMD_CLUSTER_NONCE || !gshmd__cluster_name_ok(h->node_name) ||
+      (h->lane_of.len && h->lane_of.len != LINK_LANE_TOKEN)) {
     gshmd__link_refuse(l, REFUSE_PROTOCOL, -EPROTO, "malformed hello");
     return;
+  }
+  if (h->lane_of.len) { /* a data lane: which link, proved at Auth */
+    l->is_lane = true;
+    memcpy(l->lane_token, h->lane_of.data, LINK_LANE_TOKEN);
   }
   if (!(l->peer = gshmd__link_peer_find(&cl->ll, h->node_name))) {
     snprintf(msg, sizeof(msg), "node '%.63s' is not in cluster.peers of '%s'", h->node_name,
@@ -144,12 +167,8 @@ static void on_challenge(struct link *l, const Gshm__Cluster__Challenge *c) {
   uint8_t mac[crypto_auth_BYTES];
   char msg[400];
 
-  if (c->major != GSHMD_CLUSTER_MAJOR) {
-    snprintf(msg, sizeof(msg), "peer speaks cluster protocol %u.%u, this gshmd %u.%u", c->major,
-             c->minor, GSHMD_CLUSTER_MAJOR, GSHMD_CLUSTER_MINOR);
-    gshmd__link_refuse(l, REFUSE_VERSION, -EPROTONOSUPPORT, msg);
+  if (!version_ok(l, c->major, c->minor))
     return;
-  }
   if (c->nonce.len != GSHMD_CLUSTER_NONCE || c->mac.len != crypto_auth_BYTES) {
     gshmd__link_refuse(l, REFUSE_PROTOCOL, -EPROTO, "malformed challenge");
     return;
@@ -179,6 +198,44 @@ static void on_challenge(struct link *l, const Gshm__Cluster__Challenge *c) {
   hello_keys(cl, l, true, false); /* what we send after Auth is keyed */
 }
 
+/* The link of l's peer that an inbound lane names, up; NULL if none. */
+static struct link *lane_parent(struct links *ll, const struct link *lane) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &ll->links) {
+    struct link *l = gshm_list_entry(pos, struct link, node);
+    if (l->inbound && !l->is_lane && l->state == LINK_UP && l->peer == lane->peer &&
+        sodium_memcmp(l->lane_token, lane->lane_token, LINK_LANE_TOKEN) == 0)
+      return l;
+  }
+  return NULL;
+}
+
+/* Inbound lane, proved: AuthOk, the keys, and its thread sends the
+ * bytes of its link's Reads from now on (lane.h). */
+static void lane_up_inbound(struct gshmd_cluster *cl, struct link *l) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__AuthOk ok = GSHM__CLUSTER__AUTH_OK__INIT;
+  struct link *parent = lane_parent(&cl->ll, l);
+  char msg[160];
+  int e;
+
+  if (!parent) {
+    gshmd__link_refuse(l, REFUSE_PROTOCOL, -ENOENT, "a data lane for no link");
+    return;
+  }
+  m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH_OK;
+  m.auth_ok = &ok;
+  gshmd__link_send(l, &m);
+  hello_keys(cl, l, true, true);
+  cl->ll.ninbound_pending--;
+  if ((e = gshmd__lane_attach(l, parent))) {
+    l->state = LINK_UP; /* no longer pending: gshmd__link_fail counts it so */
+    snprintf(msg, sizeof(msg), "cannot start a data lane of peer '%s': %s", l->peer->name,
+             strerror(-e));
+    gshmd__link_fail(l, e, msg);
+  }
+}
+
 /* Inbound: Auth -> AuthOk; the link serves from now on. */
 static void on_auth(struct link *l, const Gshm__Cluster__Auth *a) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
@@ -191,6 +248,10 @@ static void on_auth(struct link *l, const Gshm__Cluster__Auth *a) {
   if (a->mac.len != sizeof(mac) || sodium_memcmp(mac, a->mac.data, sizeof(mac)) != 0) {
     snprintf(msg, sizeof(msg), "node '%s' did not prove the shared key", l->peer->name);
     gshmd__link_refuse(l, REFUSE_BAD_KEY, -EACCES, msg);
+    return;
+  }
+  if (l->is_lane) {
+    lane_up_inbound(cl, l);
     return;
   }
   if (gshmd__link_count_up(&cl->ll, l->peer) >= LINK_MAX_PER_PEER) {
@@ -238,11 +299,36 @@ static bool offer_ucx(struct gshmd_cluster *cl, struct link *l) {
   return e == 0 && (l->ucx_offered = true);
 }
 
+/* Outbound lane, AuthOk in: its thread receives the bytes of its link's
+ * Reads from now on, if that link is still up (lane.h). */
+static void lane_up_outbound(struct link *l) {
+  struct peer *p = l->peer;
+  struct link *parent = p->out;
+  char msg[160];
+  int e = -ENOENT;
+
+  p->lanes_connecting--;
+  if (parent && parent->state == LINK_UP &&
+      sodium_memcmp(parent->lane_token, l->lane_token, LINK_LANE_TOKEN) == 0 &&
+      !(e = gshmd__lane_attach(l, parent))) {
+    gshmd__lanes_open(parent); /* the next one */
+    return;
+  }
+  p->lanes_connecting++; /* gshmd__link_fail counts it off */
+  snprintf(msg, sizeof(msg), "cannot start a data lane to peer '%s': %s", p->name,
+           strerror(-e));
+  gshmd__link_fail(l, e, msg);
+}
+
 /* Outbound: AuthOk: the keys, then UCX offered, or the peer is up. */
 static void on_auth_ok(struct link *l, const Gshm__Cluster__AuthOk *ok) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
 
   hello_keys(cl, l, false, true);
+  if (l->is_lane) {
+    lane_up_outbound(l);
+    return;
+  }
   l->peer->exported = ok->exported;
   if (!offer_ucx(cl, l))
     gshmd__link_up(l, ok->exported);
@@ -308,6 +394,10 @@ void gshmd__hello_begin(struct link *l) {
   h.nonce.data = l->nonce_mine;
   h.nonce.len = sizeof(l->nonce_mine);
   h.caps = caps_mine(cl);
+  if (l->is_lane) {
+    h.lane_of.data = l->lane_token;
+    h.lane_of.len = LINK_LANE_TOKEN;
+  }
   m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
   m.hello = &h;
   if (gshmd__link_send(l, &m))

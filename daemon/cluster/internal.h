@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include "cluster.h"
+#include "errors.h"
 #include "link.h"
 #include "stage.h"
 
@@ -21,19 +22,6 @@ struct gshmd_segment;
 
 #define GSHMD_PULLS_SHOWN 64 /* pulls in flight that PEERS lists (one reply packet) */
 #define GSHMD_LIST_PAGE_SEGMENTS 256 /* segments in one list answer at most */
-
-/* Why pulls failed, for gshm_cluster_pull_errors_total{cause}. */
-enum pull_failure {
-  PULL_FAIL_PEER_LOST,  /* -ECONNRESET, -ETIMEDOUT, -ESHUTDOWN */
-  PULL_FAIL_NOT_FOUND,  /* -ENOENT */
-  PULL_FAIL_REFUSED,    /* -EACCES, -EPERM */
-  PULL_FAIL_EXISTS,     /* -EEXIST */
-  PULL_FAIL_CANCELED,   /* -ECANCELED */
-  PULL_FAIL_NO_MEMORY,  /* -ENOMEM, -EDQUOT */
-  PULL_FAIL_PROTOCOL,   /* -EPROTO, -EPROTONOSUPPORT */
-  PULL_FAIL_OTHER,
-  PULL_FAIL_N,
-};
 
 /* One rule of cluster.export: segments whose name matches pattern, of
  * the owners it names, that their mode lets peers read
@@ -68,7 +56,7 @@ struct gshmd_cluster {
   uint64_t served_grants;
   uint64_t registrations;    /* segments registered with UCX, ever */
   uint32_t registered;       /* registered now */
-  uint64_t pull_errors[PULL_FAIL_N];
+  uint64_t pull_errors[GSHM_PULL_FAIL_N]; /* by cause (common/errors.h) */
   /* PEERS reply storage */
   Gshm__ClusterPeerList peer_list;
   Gshm__ClusterPeer *peer_infos;
@@ -162,7 +150,5 @@ void gshmd__pull_stop_all(struct gshmd_cluster *cl);
  * strings point into the pulls (valid until the loop runs again).
  * Returns how many. */
 size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, size_t max);
-/* The cause of a failed pull's errno. */
-enum pull_failure gshmd__pull_failure(int err);
 
 #endif

@@ -3,6 +3,7 @@
  * connections to and from peers as gshm streams, requests to peers and
  * their answers, and the sweep.  The UCP worker is worker.c. */
 #include "link.h"
+#include "lane.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -222,6 +223,26 @@ static void peer_down(struct link *l, enum link_state was, int err, const char *
   reqs_fail(&p->waiting, err, why);
 }
 
+/* A lane fails: its thread stops, and its link fails unless that is why;
+ * an outbound lane that never came up makes room for the next (or, after
+ * two such, for none). */
+static void lane_down(struct link *l, enum link_state was) {
+  struct peer *p = l->peer;
+  struct link *parent = l->lane_of;
+
+  gshmd__lane_stop(l); /* off its link's lanes */
+  if (parent) /* a lane failed on its own (a timeout): its link's bytes on it are lost */
+    gshmd__link_fail(parent, -ECONNRESET, "connection lost (a data lane failed)");
+  if (l->inbound || was == LINK_UP || !p)
+    return;
+  p->lanes_connecting--;
+  if (p->out && p->out->state == LINK_UP &&
+      sodium_memcmp(p->out->lane_token, l->lane_token, LINK_LANE_TOKEN) == 0) {
+    p->out->lane_failures++;
+    gshmd__lanes_open(p->out);
+  }
+}
+
 void gshmd__link_fail(struct link *l, int err, const char *why) {
   struct links *ll = l->ll;
   enum link_state was = l->state;
@@ -231,9 +252,13 @@ void gshmd__link_fail(struct link *l, int err, const char *why) {
   l->state = LINK_CLOSED;
   if (l->inbound && was != LINK_UP)
     ll->ninbound_pending--;
+  if (l->is_lane)
+    lane_down(l, was);
+  else
+    gshmd__lanes_fail(l);
   if (l->peer && l->peer->out == l)
     peer_down(l, was, err, why);
-  else if (l->inbound && was == LINK_UP && l->peer)
+  else if (l->inbound && was == LINK_UP && l->peer && !l->is_lane)
     gshm_log_info("cluster: peer '%s' (%s) disconnected: %s", l->peer->name, l->remote, why);
   reqs_fail(&l->reqs, err, why);
   if (ll->hooks.on_lost)
@@ -261,6 +286,7 @@ void gshmd__link_up(struct link *l, uint32_t exported) {
     req->queued = false;
     gshmd__link_req_send(l, req);
   }
+  gshmd__lanes_open(l);
 }
 
 unsigned gshmd__link_count_up(struct links *ll, const struct peer *p) {
@@ -268,7 +294,7 @@ unsigned gshmd__link_count_up(struct links *ll, const struct peer *p) {
   unsigned n = 0;
   gshm_list_foreach(pos, &ll->links) {
     struct link *l = gshm_list_entry(pos, struct link, node);
-    n += l->inbound && l->state == LINK_UP && l->peer == p;
+    n += l->inbound && l->state == LINK_UP && l->peer == p && !l->is_lane;
   }
   return n;
 }
@@ -304,6 +330,28 @@ static void on_connected(uv_connect_t *c, int status) {
     return;
   }
   l->ll->hooks.on_connect(l);
+}
+
+struct link *gshmd__link_connect_lane(struct link *parent) {
+  struct links *ll = parent->ll;
+  struct peer *p = parent->peer;
+  struct link *l;
+  int e;
+
+  if (ll->stopping || ll->nconns >= ll->max_conns || !(l = link_new(ll, false)))
+    return NULL;
+  l->peer = p;
+  l->is_lane = true;
+  memcpy(l->lane_token, parent->lane_token, LINK_LANE_TOKEN);
+  snprintf(l->remote, sizeof(l->remote), "%.63s", p->address);
+  p->lanes_connecting++;
+  l->connect.data = l;
+  if ((e = uv_tcp_connect(&l->connect, &l->st.tcp, (const struct sockaddr *)&p->sa,
+                          on_connected))) {
+    gshmd__link_fail(l, -EIO, uv_strerror(e));
+    return NULL;
+  }
+  return l;
 }
 
 static void peer_connect(struct links *ll, struct peer *p) {
@@ -466,6 +514,10 @@ static const char *link_overdue(struct link *l, int64_t now) {
       gshmd__link_refused(ll, REFUSE_TIMEOUT, l->remote, "no hello in time");
     return "no answer to the hello in time";
   }
+  if (l->is_lane)
+    return l->state == LINK_UP && gshmd__lane_overdue(l, now)
+               ? "the peer did not read a data lane in time"
+               : NULL;
   if (l->state != LINK_UP || now - l->active_ns <= LINK_REQUEST_NS)
     return NULL;
   if (!gshm_list_empty(&l->reqs) &&
@@ -549,7 +601,8 @@ int gshmd__link_start(struct links *ll) {
 
   ll->max_conns = conn_budget();
   gshm_list_init(&ll->links);
-  if ((e = gshmd__link_worker_start(ll)) || (e = setup_listener(ll)))
+  if ((e = gshmd__lanes_init(ll)) || (e = gshmd__link_worker_start(ll)) ||
+      (e = setup_listener(ll)))
     return e;
   uv_timer_init(ll->loop, &ll->sweep);
   ll->sweep.data = ll;
@@ -572,6 +625,7 @@ void gshmd__link_stop(struct links *ll) {
     for (unsigned i = 0; i < ll->npeers; i++)
       reqs_fail(&ll->peers[i].waiting, -ESHUTDOWN, "gshmd is stopping");
   }
+  gshmd__lanes_stop(ll); /* waits for the lanes' threads */
   if (ll->listener) {
     uv_close((uv_handle_t *)ll->listener, free_handle);
     ll->listener = NULL;
@@ -590,5 +644,6 @@ void gshmd__link_destroy(struct links *ll) {
     gshm_list_del(&l->node);
     free(l);
   }
+  gshmd__lanes_destroy(ll);
   gshmd__link_worker_destroy(ll);
 }

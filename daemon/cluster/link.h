@@ -22,7 +22,7 @@
 #include "stream.h"
 
 #define GSHMD_CLUSTER_MAJOR 2
-#define GSHMD_CLUSTER_MINOR 0
+#define GSHMD_CLUSTER_MINOR 1
 #define GSHMD_CLUSTER_NONCE 32
 #define GSHMD_CLUSTER_MAX_MSG STREAM_CTRL_MAX /* larger control messages are refused */
 
@@ -31,8 +31,14 @@
 #define LINK_MAX_PENDING 64      /* inbound connections in their hello, in all */
 #define LINK_MAX_PENDING_ADDR 4  /* ... from one source address */
 #define LINK_MAX_PER_PEER 4      /* inbound links of one peer that passed the hello */
-#define LINK_MAX_READS 64        /* Reads and Stages in flight on one link: a serving node
-                                    refuses more as busy, a pulling one sends no more to a peer */
+#define LINK_MAX_LANES 16        /* data lanes of one link (lane.h) */
+#define LINK_MAX_READS 64        /* Reads and Stages in flight per link: the serving side
+                                    refuses more as busy (serve.c) */
+#define PEER_READ_BUDGET 48      /* ... and a puller keeps at most this many in flight to one
+                                    peer over all its pulls (pull.c): the serving side counts a
+                                    read until its send completes, which it may hear of after
+                                    the bytes arrived and the next Read did */
+#define LINK_LANE_TOKEN 16       /* bytes of a link's lane token */
 #define LINK_MAX_FDS 256         /* cluster connections in all (fds: see gshmd__link_start) */
 #define LINK_HELLO_NS 3000000000LL     /* an inbound hello not done by then is closed */
 #define LINK_REQUEST_NS 60000000000LL  /* a request without progress for that long fails */
@@ -73,7 +79,8 @@ struct peer {
   uint32_t exported;
   int64_t retry_ns;          /* CLOCK_MONOTONIC: next connect attempt */
   struct gshm_list waiting;  /* struct peer_req: sent when the link is up */
-  unsigned reads_out;        /* our Reads and Stages to it not yet ended (pull.c) */
+  unsigned lanes_connecting;  /* our lanes to it in their hello (lane.h) */
+  unsigned reads_inflight;    /* our Reads and Stages to it not yet ended (pull.c) */
   /* metrics */
   uint64_t pulls_ok, pulls_failed, bytes_host, bytes_staged, bytes_direct;
 };
@@ -135,6 +142,15 @@ struct link {
   struct gshmd_client *serve_client; /* inbound, up: holds the serving leases */
   struct gshm_list grants;   /* inbound: struct serve_grant */
   struct gshm_list pulls;    /* outbound: struct pull.link_node using this link */
+  /* data lanes (lane.h) */
+  bool is_lane;              /* this connection is a data lane of lane_of */
+  struct link *lane_of;      /* a lane: its link (NULL once that link failed) */
+  struct lane *lane;         /* a lane after its hello: its thread's state */
+  uint8_t lane_token[LINK_LANE_TOKEN]; /* a link: from its session key (hello.c); an inbound
+                                          lane in its hello: the token its Hello named */
+  struct link *lanes[LINK_MAX_LANES];  /* a link: its lanes that are up */
+  unsigned nlanes;
+  unsigned lane_failures;    /* outbound link: lanes that failed in their hello */
 };
 
 /* What the link layer calls above it (on the loop thread).  A hook may
@@ -194,6 +210,8 @@ struct links {
   struct gshm_list links;
   unsigned ninbound_pending; /* inbound links not yet up */
   uint64_t refusals[REFUSE_N];
+  unsigned streams;          /* cluster.streams: lanes a puller opens per link */
+  struct lane_queue *lanes_q; /* lane.c: the threads' events for the loop */
 };
 
 /* Sets up the UCP context and worker (never with UCX's tcp transport),
@@ -244,6 +262,7 @@ int gshmd__link_data_start(struct links *ll);
 void gshmd__link_data_lost(struct link *l);
 /* Inbound links of peer p that passed the hello. */
 unsigned gshmd__link_count_up(struct links *ll, const struct peer *p);
+struct link *gshmd__link_connect_lane(struct link *parent);
 /* l->busy went down: when it reaches 0 on a failed link, on_idle runs. */
 void gshmd__link_unbusy(struct link *l);
 /* worker.c: the UCP context and worker (never UCX's tcp transport; a

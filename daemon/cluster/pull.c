@@ -37,7 +37,6 @@ struct chunk {
   Gshm__Cluster__Stage st;
   Gshm__Cluster__Read rd;
   struct stage_copy sc;      /* slot -> local device segment */
-  bool sent;                 /* counted in the peer's reads_out */
 };
 
 void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...) {
@@ -82,15 +81,35 @@ void gshmd__pull_send_progress(struct pull_set *s) {
   s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
 }
 
+/* Other sets pulling from peer that wait for its read budget
+ * (PEER_READ_BUDGET) get their turn, oldest first. */
+static void peer_budget_freed(struct gshmd_cluster *cl, struct peer *peer,
+                              struct pull_set *except) {
+  static bool busy; /* no nesting: an issue that ends chunks at once frees budget again */
+  struct gshm_list *pos;
+
+  if (busy)
+    return;
+  busy = true;
+  gshm_list_foreach(pos, &cl->pulls) {
+    struct pull_set *o = gshm_list_entry(pos, struct pull_set, node);
+    if (peer->reads_inflight >= PEER_READ_BUDGET)
+      break;
+    if (o != except && o->peer == peer && !o->err)
+      gshmd__pull_set_issue(o);
+  }
+  busy = false;
+}
+
 /* A chunk left every step (err 0: its bytes are in place). */
 static void chunk_end(struct chunk *c, int err, const char *why) {
   struct pull *p = c->p;
   struct pull_set *s = p->s;
 
-  if (c->sent) /* (sets that waited for it go on at the next reap: gshmd__pull_reap) */
-    s->peer->reads_out--;
   p->inflight--;
   s->inflight--;
+  s->peer->reads_inflight--;
+  peer_budget_freed(s->cl, s->peer, s);
   if (p->nslots)
     p->free_slots[p->nfree++] = c->slot;
   if (err) {
@@ -174,15 +193,14 @@ static void on_chunk_answer(struct peer_req *req, int err, const char *why,
 }
 
 /* Keeps the set's chunks in flight (cluster.pull_depth over the whole
- * set, no more than p has staging slots, no more than LINK_MAX_READS to
- * the peer over all sets) from p: each a Read (or,
+ * set, and no more than p has staging slots) from p: each a Read (or,
  * from a staging peer, a Stage) answered with its bytes. */
 static void issue_chunks(struct pull *p) {
   struct pull_set *s = p->s;
   struct gshmd_cluster *cl = s->cl;
 
   while (!s->err && s->inflight < cl->cfg->cluster_pull_depth && p->next_off < p->total &&
-         (!p->nslots || p->nfree) && s->peer->reads_out < LINK_MAX_READS) {
+         (!p->nslots || p->nfree) && s->peer->reads_inflight < PEER_READ_BUDGET) {
     struct chunk *c = calloc(1, sizeof(*c));
     if (!c) {
       pull_fail(p, -ENOMEM, "out of memory");
@@ -196,6 +214,7 @@ static void issue_chunks(struct pull *p) {
     p->next_off += c->len;
     p->inflight++;
     s->inflight++;
+    s->peer->reads_inflight++;
     gshm__cluster__msg__init(&c->msg);
     if (p->remote_staged) {
       gshm__cluster__stage__init(&c->st);
@@ -223,8 +242,6 @@ static void issue_chunks(struct pull *p) {
       chunk_end(c, -ECONNRESET, "peer lost");
       break;
     }
-    c->sent = true;
-    s->peer->reads_out++;
     gshmd__link_req_send(p->link, &c->req);
   }
 }
@@ -233,7 +250,8 @@ static void issue_chunks(struct pull *p) {
 void gshmd__pull_set_issue(struct pull_set *s) {
   for (size_t i = s->first_open; i < s->next_start && !s->err; i++) {
     struct pull *p = s->items[i];
-    if (s->inflight >= s->cl->cfg->cluster_pull_depth)
+    if (s->inflight >= s->cl->cfg->cluster_pull_depth ||
+        s->peer->reads_inflight >= PEER_READ_BUDGET)
       break;
     if (p->granted && !p->closed && !p->finished && p->total)
       issue_chunks(p);
@@ -328,6 +346,9 @@ static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
   }
   if (p->link->ucx)
     snprintf(via, sizeof(via), "UCX (transports %.60s)", p->s->cl->ll.ucx_tls);
+  else if (p->link->nlanes)
+    snprintf(via, sizeof(via), "gshm's TCP stream and %u data lanes, %s", p->link->nlanes,
+             gshmd__stream_mode_name(p->link->st.mode_rx));
   else
     snprintf(via, sizeof(via), "gshm's TCP stream, %s",
              gshmd__stream_mode_name(p->link->st.mode_rx));

@@ -300,19 +300,6 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   return 0;
 }
 
-enum pull_failure gshmd__pull_failure(int err) {
-  switch (-err) {
-  case ECONNRESET: case ETIMEDOUT: case ESHUTDOWN: return PULL_FAIL_PEER_LOST;
-  case ENOENT: return PULL_FAIL_NOT_FOUND;
-  case EACCES: case EPERM: return PULL_FAIL_REFUSED;
-  case EEXIST: return PULL_FAIL_EXISTS;
-  case ECANCELED: return PULL_FAIL_CANCELED;
-  case ENOMEM: case EDQUOT: return PULL_FAIL_NO_MEMORY;
-  case EPROTO: case EPROTONOSUPPORT: return PULL_FAIL_PROTOCOL;
-  default: return PULL_FAIL_OTHER;
-  }
-}
-
 #define ITEMS_PAGE 49152 /* bytes of PulledSegment per pull_items reply (packets: 64 KiB) */
 
 /* Sends `items` pages of the set's segments items[first..n): as many as
@@ -439,16 +426,17 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
 static void set_failed(struct pull_set *s) {
   struct gshmd_cluster *cl = s->cl;
   Gshm__Reply reply = GSHM__REPLY__INIT;
+  char msg[512];
 
   s->peer->pulls_failed++;
-  cl->pull_errors[gshmd__pull_failure(s->err)]++;
+  cl->pull_errors[gshm__pull_failure(s->err)]++;
   for (size_t i = 0; i < s->n; i++)
     if (s->items[i]->seg) {
       gshmd_registry_discard_hidden(cl->reg, s->items[i]->seg);
       s->items[i]->seg = NULL;
     }
-  gshm_log_warn("cluster: pull of %s'%s' from peer '%s' failed: %s",
-                s->prefix ? "the set under " : "", s->name, s->peer->name, s->why);
+  gshm_log_warn("cluster: %s", gshm__pull_failure_message(msg, sizeof(msg), s->prefix, s->name,
+                                                          s->peer->name, s->err, s->why));
   if (s->requester) {
     reply.status = gshm__errno_to_status(s->err);
     reply.message = s->why;

@@ -4,8 +4,10 @@
 #include "stream.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "struct frame_hdr is sent as it lies in memory: little-endian hosts only"
@@ -65,11 +67,9 @@ static void nonce_of(uint64_t n, uint8_t nonce[12]) {
   memcpy(nonce, &n, sizeof(n));
 }
 
-/* Protects one frame: tag over header and payload; out (may be in) gets
- * the ciphertext when the mode encrypts. */
-static void seal(enum stream_mode mode, const uint8_t *key, uint64_t n,
-                 const struct frame_hdr *hdr, const uint8_t *in, uint8_t *out, size_t len,
-                 uint8_t tag[STREAM_TAG]) {
+void gshmd__stream_seal(enum stream_mode mode, const uint8_t *key, uint64_t n,
+                        const struct frame_hdr *hdr, const uint8_t *in, uint8_t *out,
+                        size_t len, uint8_t tag[STREAM_TAG]) {
   uint8_t nonce[12];
   nonce_of(n, nonce);
   if (mode == STREAM_AES256GCM) {
@@ -93,11 +93,9 @@ static void seal(enum stream_mode mode, const uint8_t *key, uint64_t n,
   }
 }
 
-/* Checks one frame's tag (and decrypts buf in place).  Returns 0 or
- * -EBADMSG. */
-static int unseal(enum stream_mode mode, const uint8_t *key, uint64_t n,
-                  const struct frame_hdr *hdr, uint8_t *buf, size_t len,
-                  const uint8_t tag[STREAM_TAG]) {
+int gshmd__stream_unseal(enum stream_mode mode, const uint8_t *key, uint64_t n,
+                         const struct frame_hdr *hdr, uint8_t *buf, size_t len,
+                         const uint8_t tag[STREAM_TAG]) {
   uint8_t nonce[12], want[STREAM_TAG];
   int r;
 
@@ -110,7 +108,7 @@ static int unseal(enum stream_mode mode, const uint8_t *key, uint64_t n,
                                                            (const uint8_t *)hdr, sizeof(*hdr),
                                                            nonce, key);
   else {
-    seal(STREAM_AUTH, key, n, hdr, buf, NULL, len, want);
+    gshmd__stream_seal(STREAM_AUTH, key, n, hdr, buf, NULL, len, want);
     r = crypto_verify_16(want, tag);
   }
   return r == 0 ? 0 : -EBADMSG;
@@ -199,7 +197,8 @@ int gshmd__stream_send_ctrl(struct stream *s, const uint8_t *payload, size_t len
   tx->n = UINT64_MAX; /* no tag before the keys */
   if (s->mode_tx != STREAM_PLAIN) {
     tx->n = s->n_tx++;
-    seal(s->mode_tx, s->key_tx, tx->n, &tx->hdr, payload, tx->owned, len, tx->tag);
+    gshmd__stream_seal(s->mode_tx, s->key_tx, tx->n, &tx->hdr, payload, tx->owned, len,
+                       tx->tag);
     if (s->mode_tx == STREAM_AUTH)
       memcpy(tx->owned, payload, len);
   } else {
@@ -216,7 +215,8 @@ int gshmd__stream_send_ctrl(struct stream *s, const uint8_t *payload, size_t len
 static void seal_work(uv_work_t *w) {
   struct stream_tx *tx = w->data;
   struct stream *s = tx->s;
-  seal(s->mode_tx, s->key_tx, tx->n, &tx->hdr, tx->payload, tx->owned, tx->hdr.len, tx->tag);
+  gshmd__stream_seal(s->mode_tx, s->key_tx, tx->n, &tx->hdr, tx->payload, tx->owned,
+                     tx->hdr.len, tx->tag);
 }
 
 static void seal_done(uv_work_t *w, int status) {
@@ -287,7 +287,8 @@ static void stream_fail(struct stream *s, int err, const char *why) {
 static void open_work(uv_work_t *w) {
   struct stream_rx *rx = w->data;
   struct stream *s = rx->s;
-  rx->err = unseal(s->mode_rx, s->key_rx, rx->n, &rx->hdr, rx->dst, rx->hdr.len, rx->tag);
+  rx->err =
+      gshmd__stream_unseal(s->mode_rx, s->key_rx, rx->n, &rx->hdr, rx->dst, rx->hdr.len, rx->tag);
 }
 
 static void open_done(uv_work_t *w, int status) {
@@ -337,14 +338,14 @@ static void ctrl_frame_in(struct stream *s) {
   size_t len = s->hdr.len;
 
   if (s->mode_rx != STREAM_PLAIN &&
-      unseal(s->mode_rx, s->key_rx, s->n_rx - 1, &s->hdr, p, len, s->tag)) {
+      gshmd__stream_unseal(s->mode_rx, s->key_rx, s->n_rx - 1, &s->hdr, p, len, s->tag)) {
     stream_fail(s, -EBADMSG, "a control frame failed its authentication");
     return;
   }
+  s->ctrl = NULL; /* ours now: on_ctrl may close the stream, which frees s->ctrl */
   s->ops->on_ctrl(s, p, len);
   if (p != s->ctrl_small)
     free(p);
-  s->ctrl = NULL;
 }
 
 /* The header is in: where the payload goes. */
@@ -506,4 +507,36 @@ void gshmd__stream_close(struct stream *s) {
   }
   uv_read_stop((uv_stream_t *)&s->tcp);
   uv_close((uv_handle_t *)&s->tcp, on_tcp_closed);
+}
+
+int gshmd__stream_detach(struct stream *s, struct stream_state *out) {
+  uv_os_fd_t fd;
+  int dup_fd, flags;
+
+  if (s->closing || s->failed)
+    return -ENOTCONN;
+  /* Every byte we queued is in the kernel, nothing of a frame is half
+   * read (the stream reads exactly one frame step at a time), and no
+   * crypto job runs: the connection's state is whole. */
+  if (s->tcp.write_queue_size || s->jobs || s->rx_step != RX_HDR || s->got)
+    return -EBUSY;
+  if (uv_fileno((uv_handle_t *)&s->tcp, &fd))
+    return -EBADF;
+  if ((dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0)
+    return -errno;
+  /* libuv made the open file nonblocking; the new owner blocks */
+  if ((flags = fcntl(dup_fd, F_GETFL)) < 0 || fcntl(dup_fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
+    int e = -errno;
+    close(dup_fd);
+    return e;
+  }
+  out->fd = dup_fd;
+  out->mode_tx = s->mode_tx;
+  out->mode_rx = s->mode_rx;
+  memcpy(out->key_tx, s->key_tx, STREAM_KEY);
+  memcpy(out->key_rx, s->key_rx, STREAM_KEY);
+  out->n_tx = s->n_tx;
+  out->n_rx = s->n_rx;
+  gshmd__stream_close(s);
+  return 0;
 }

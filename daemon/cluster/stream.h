@@ -123,6 +123,35 @@ int gshmd__stream_send_data(struct stream *s, uint32_t request_id, uint64_t offs
  * runs with -ECONNRESET), the handle closes; on_closed runs once every
  * job has finished too.  Idempotent. */
 void gshmd__stream_close(struct stream *s);
+/* Protects one frame with mode and key as frame number n of its
+ * direction: tag over hdr (associated data) and the len bytes of in;
+ * out (len bytes, may be in; unused by STREAM_AUTH) gets the ciphertext
+ * when the mode encrypts. */
+void gshmd__stream_seal(enum stream_mode mode, const uint8_t *key, uint64_t n,
+                        const struct frame_hdr *hdr, const uint8_t *in, uint8_t *out,
+                        size_t len, uint8_t tag[STREAM_TAG]);
+/* Checks frame n's tag over hdr and the len bytes of buf, decrypting buf
+ * in place when the mode encrypts.  Returns 0 or -EBADMSG. */
+int gshmd__stream_unseal(enum stream_mode mode, const uint8_t *key, uint64_t n,
+                         const struct frame_hdr *hdr, uint8_t *buf, size_t len,
+                         const uint8_t tag[STREAM_TAG]);
+
+/* A keyed connection taken over from libuv (gshmd__stream_detach). */
+struct stream_state {
+  int fd;                       /* blocking, close-on-exec; the taker closes it */
+  enum stream_mode mode_tx, mode_rx;
+  uint8_t key_tx[STREAM_KEY], key_rx[STREAM_KEY];
+  uint64_t n_tx, n_rx;          /* the next frame numbers */
+};
+/* Hands s's connection to a thread of its own (lane.c): a duplicate of
+ * its fd, made blocking, with the keys and frame numbers of both
+ * directions go to *out (the caller owns out->fd and wipes the keys);
+ * then s closes as gshmd__stream_close does (on_closed follows).  Only
+ * between frames: -EBUSY while bytes we queued are not all in the kernel,
+ * a frame is half read, or a crypto job runs; -ENOTCONN on a failed or
+ * closing stream; -EBADF or an fcntl errno (s stays open). */
+int gshmd__stream_detach(struct stream *s, struct stream_state *out);
+
 /* The protection of a stream both sides can use: encrypt asks for
  * encryption; aes_both: both sides' CPUs do AES-256-GCM in hardware. */
 enum stream_mode gshmd__stream_mode(bool encrypt, bool aes_both);

@@ -190,6 +190,87 @@ static void test_concurrent(void **state) {
   gshm_disconnect(b);
 }
 
+/* Data lanes: B's link to A has cluster.streams (8) lanes that carry
+ * the bytes (none where the bytes go over UCX); a node with
+ * cluster.streams=1 pulls on its one connection; both land every byte. */
+static void test_lanes(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
+  const char *t = getenv("GSHM_TEST_CLUSTER_TRANSPORT");
+  long lanes = t && !strcmp(t, "ucx") ? 0 : 8;
+  char peers[64];
+  (void)state;
+
+  make_segment(a, "pub/laned", 48 * MiB + 4097, 81);
+  assert_int_equal(gshm_pull(b, "a", "pub/laned", &(gshm_pull_opts_t){.local_name = "laned"},
+                             NULL),
+                   0);
+  check_segment(b, "laned", 48 * MiB + 4097, 81);
+  assert_int_equal(wait_metric(b, "gshm_cluster_lanes{peer=\"a\"}", lanes), lanes);
+  assert_int_equal(gshm_unlink(b, "laned"), 0);
+  snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
+  node_start(&C, "c", peers, keys.key, "", "cluster.streams=1", NULL);
+  c = connect_to(&C);
+  assert_int_equal(gshm_pull(c, "a", "pub/laned", &(gshm_pull_opts_t){.local_name = "one"},
+                             NULL),
+                   0);
+  check_segment(c, "one", 48 * MiB + 4097, 81);
+  assert_int_equal(metric(c, "gshm_cluster_lanes{peer=\"a\"}"), 0);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&C.h), 0);
+  assert_int_equal(gshm_unlink(a, "pub/laned"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
+struct budget_pull {
+  pthread_t t;
+  const char *socket, *remote;
+  char local[32];
+  int err;
+};
+
+static void *budget_pull_thread(void *arg) {
+  struct budget_pull *p = arg;
+  gshm_client_t *c;
+  if (!(p->err = gshm_connect(p->socket, "budget", &c))) {
+    p->err = gshm_pull(c, "a", p->remote, &(gshm_pull_opts_t){.local_name = p->local}, NULL);
+    gshm_disconnect(c);
+  }
+  return NULL;
+}
+
+/* Four pulls at once from one peer, each asking for 32 chunks in flight
+ * (cluster.pull_depth): 128 would be more than the 64 a serving link
+ * takes before it answers busy; the puller keeps them within its budget
+ * for that peer and every pull succeeds. */
+static void test_read_budget(void **state) {
+  static struct budget_pull p[4];
+  gshm_client_t *a = connect_to(&A), *c;
+  char peers[64];
+  (void)state;
+
+  make_segment(a, "pub/budget", 4 * MiB, 83);
+  snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
+  node_start(&C, "c", peers, keys.key, "", "cluster.pull_chunk=16K", "cluster.pull_depth=32",
+             NULL);
+  for (int i = 0; i < 4; i++) {
+    p[i].socket = C.h.socket_path;
+    p[i].remote = "pub/budget";
+    snprintf(p[i].local, sizeof(p[i].local), "budget/%d", i);
+    assert_int_equal(pthread_create(&p[i].t, NULL, budget_pull_thread, &p[i]), 0);
+  }
+  c = connect_to(&C);
+  for (int i = 0; i < 4; i++) {
+    pthread_join(p[i].t, NULL);
+    assert_int_equal(p[i].err, 0);
+    check_segment(c, p[i].local, 4 * MiB, 83);
+  }
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&C.h), 0);
+  assert_int_equal(gshm_unlink(a, "pub/budget"), 0);
+  gshm_disconnect(a);
+}
+
 /* Not exported: neither listed nor granted; unknown names likewise. */
 static void test_not_exported(void **state) {
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
@@ -848,6 +929,7 @@ static void test_least_privilege(void **state) {
 static void test_unreachable_peer(void **state) {
   gshm_client_t *a = connect_to(&A);
   gshm_segment_info_t *v = NULL;
+  char *out = NULL;
   size_t n = 0;
   int e;
   (void)state;
@@ -858,6 +940,13 @@ static void test_unreachable_peer(void **state) {
   e = gshm_pull(a, "d", "pub/x", NULL, NULL);
   assert_true(e == -ECONNREFUSED || e == -ECONNRESET || e == -ETIMEDOUT);
   assert_non_null(strstr(gshm_last_error(a), "peer 'd' (127.0.0.1:1)"));
+  /* gshmctl pull words it as gshmd's log does, and never blames gshmd */
+  assert_int_not_equal(harness_gshmctl_stderr(&A.h, &out, (const char *[]){"pull", "d:pub/x", NULL},
+                                              true), 0);
+  assert_non_null(strstr(out, "gshmctl: pull of 'pub/x' from peer 'd' failed: "));
+  assert_non_null(strstr(out, "peer 'd' (127.0.0.1:1)"));
+  assert_null(strstr(out, "gshmd"));
+  free(out);
   gshm_disconnect(a);
 }
 
@@ -918,6 +1007,8 @@ int main(void) {
       cmocka_unit_test(test_gshmctl),
       cmocka_unit_test(test_list_many),
       cmocka_unit_test(test_least_privilege),
+      cmocka_unit_test(test_lanes),
+      cmocka_unit_test(test_read_budget),
       cmocka_unit_test(test_unreachable_peer),
       cmocka_unit_test(test_peers_count),
   };

@@ -207,26 +207,36 @@ static void test_one_port(void **state) {
 
 /* ---- rogue peers ----------------------------------------------------------- */
 
+/* Sends a Hello as node name, speaking cluster protocol major.minor,
+ * with a fixed nonce and no capabilities. */
+static void send_hello(int fd, uint32_t major, uint32_t minor, const char *name) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Hello h = GSHM__CLUSTER__HELLO__INIT;
+  uint8_t nonce[32] = {1};
+
+  h.major = major;
+  h.minor = minor;
+  h.node_name = (char *)name;
+  h.nonce.data = nonce;
+  h.nonce.len = sizeof(nonce);
+  m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
+  m.hello = &h;
+  send_msg(fd, &m);
+}
+
 /* A peer that skips its own verification: it ignores the Challenge's MAC
  * and sends a wrong one.  The serving node must refuse and count it. */
 static void test_rogue_peer_wrong_mac(void **state) {
   gshm_client_t *s = connect_to(&S);
   long before = refusals(s, "bad_key");
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *r;
-  Gshm__Cluster__Hello h = GSHM__CLUSTER__HELLO__INIT;
   Gshm__Cluster__Auth a = GSHM__CLUSTER__AUTH__INIT;
-  uint8_t nonce[32] = {1}, mac[32] = {2};
+  uint8_t mac[32] = {2};
   int fd = tcp_connect(NULL, S.port);
   (void)state;
 
   assert_true(fd >= 0);
-  h.major = 2;
-  h.node_name = "r";
-  h.nonce.data = nonce;
-  h.nonce.len = sizeof(nonce);
-  m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
-  m.hello = &h;
-  send_msg(fd, &m);
+  send_hello(fd, 2, 0, "r");
   assert_non_null(r = recv_msg(fd));
   assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY_CHALLENGE);
   gshm__cluster__msg__free_unpacked(r, NULL);
@@ -245,6 +255,79 @@ static void test_rogue_peer_wrong_mac(void **state) {
   assert_true(closed_within(fd, 4000));
   close(fd);
   assert_int_equal(refusals(s, "bad_key"), before + 1);
+  gshm_disconnect(s);
+}
+
+/* A data lane's hello proves the key as a link's does: a host without it
+ * that names a link (any token) is refused at Auth, and a token of the
+ * wrong size is a malformed hello. */
+static void test_rogue_lane(void **state) {
+  gshm_client_t *s = connect_to(&S);
+  long bad_key = refusals(s, "bad_key"), proto = refusals(s, "protocol");
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *r;
+  Gshm__Cluster__Hello h = GSHM__CLUSTER__HELLO__INIT;
+  Gshm__Cluster__Auth a = GSHM__CLUSTER__AUTH__INIT;
+  uint8_t nonce[32] = {5}, mac[32] = {6}, token[16] = {7};
+  int fd;
+  (void)state;
+
+  h.major = 2;
+  h.node_name = "r";
+  h.nonce.data = nonce;
+  h.nonce.len = sizeof(nonce);
+  h.lane_of.data = token;
+  h.lane_of.len = 5;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
+  m.hello = &h;
+  assert_true((fd = tcp_connect(NULL, S.port)) >= 0);
+  send_msg(fd, &m);
+  assert_non_null(r = recv_msg(fd));
+  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY__NOT_SET);
+  assert_non_null(strstr(r->message, "malformed hello"));
+  gshm__cluster__msg__free_unpacked(r, NULL);
+  close(fd);
+  assert_int_equal(refusals(s, "protocol"), proto + 1);
+
+  h.lane_of.len = sizeof(token);
+  assert_true((fd = tcp_connect(NULL, S.port)) >= 0);
+  send_msg(fd, &m);
+  assert_non_null(r = recv_msg(fd));
+  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY_CHALLENGE);
+  gshm__cluster__msg__free_unpacked(r, NULL);
+  a.mac.data = mac;
+  a.mac.len = sizeof(mac);
+  gshm__cluster__msg__init(&m);
+  m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH;
+  m.auth = &a;
+  send_msg(fd, &m);
+  assert_non_null(r = recv_msg(fd));
+  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY__NOT_SET);
+  assert_non_null(strstr(r->message, "did not prove the shared key"));
+  gshm__cluster__msg__free_unpacked(r, NULL);
+  assert_true(closed_within(fd, 4000));
+  close(fd);
+  assert_int_equal(refusals(s, "bad_key"), bad_key + 1);
+  gshm_disconnect(s);
+}
+
+/* A peer that speaks another major version of the cluster protocol is
+ * refused at its hello, with both versions named, and counted. */
+static void test_rogue_peer_wrong_version(void **state) {
+  gshm_client_t *s = connect_to(&S);
+  long before = refusals(s, "version");
+  Gshm__Cluster__Msg *r;
+  int fd = tcp_connect(NULL, S.port);
+  (void)state;
+
+  assert_true(fd >= 0);
+  send_hello(fd, 7, 3, "p");
+  assert_non_null(r = recv_msg(fd));
+  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY__NOT_SET);
+  assert_non_null(strstr(r->message, "cluster protocol 7.3"));
+  gshm__cluster__msg__free_unpacked(r, NULL);
+  assert_true(closed_within(fd, 4000));
+  close(fd);
+  assert_int_equal(refusals(s, "version"), before + 1);
   gshm_disconnect(s);
 }
 
@@ -545,6 +628,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_port),
       cmocka_unit_test(test_rogue_peer_wrong_mac),
+      cmocka_unit_test(test_rogue_lane),
+      cmocka_unit_test(test_rogue_peer_wrong_version),
       cmocka_unit_test(test_rogue_server_wrong_mac),
       cmocka_unit_test(test_prehello_frames),
       cmocka_unit_test(test_idle_flood),

@@ -158,15 +158,6 @@ static void test_sigkill_restart_socket_activated(void **state) {
   kill_and_restart(true);
 }
 
-static int count_named(struct harness *h, const char *prefix) {
-  int n = 0;
-  pthread_mutex_lock(&h->sp.lock);
-  for (int i = 0; i < h->sp.nfds; i++)
-    n += !strncmp(h->sp.names[i], prefix, strlen(prefix));
-  pthread_mutex_unlock(&h->sp.lock);
-  return n;
-}
-
 /* The store holds one bucket (two fds) for a few segments, one ids record,
  * the journal and the lease tokens' key, whatever happened before; a change rewrites the
  * bucket's datagram, a free takes the memory out of it: no new name. */
@@ -182,8 +173,8 @@ static void test_freed_entries_leave_the_store(void **state) {
   assert_int_equal(gshm_create(c, "tmp2", 4096, NULL, 0600, 0, &t), 0);
   gshm__spawn_poll(&h.sp, 200);
   assert_true(stored(&h, "b0a") && stored(&h, "b0b"));
-  assert_int_equal(count_named(&h, "b"), 2);
-  assert_int_equal(count_named(&h, "ids-"), 1);
+  assert_int_equal(harness_store_count(&h, "b"), 2);
+  assert_int_equal(harness_store_count(&h, "ids-"), 1);
   assert_true(stored(&h, "journal2"));
   assert_true(stored(&h, "leasekey"));
   assert_int_equal(h.sp.nfds, 5);

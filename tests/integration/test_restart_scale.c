@@ -34,15 +34,6 @@
 #include "harness.h"
 #include "util.h"
 
-static int count_prefix(struct harness *h, const char *prefix) {
-  int n = 0;
-  pthread_mutex_lock(&h->sp.lock);
-  for (int i = 0; i < h->sp.nfds; i++)
-    n += !strncmp(h->sp.names[i], prefix, strlen(prefix));
-  pthread_mutex_unlock(&h->sp.lock);
-  return n;
-}
-
 /* 4 KiB of seed's bytes, segment i's contents. */
 static void fill(uint8_t *buf, uint64_t seed, size_t i) {
   harness_random(buf, 4096, seed + i);
@@ -293,11 +284,11 @@ static void test_upgrade_from_one_fd_per_segment(void **state) {
   /* Converted: the old names are gone, the buckets hold every memory fd,
    * the name not ours is still there. */
   gshm__spawn_poll(&h.sp, 200);
-  assert_int_equal(count_prefix(&h, "seg-") + count_prefix(&h, "meta-"), 0);
-  assert_int_equal(count_prefix(&h, "journal2"), 1);
-  assert_int_equal(count_prefix(&h, "journal") - 1, 0);
-  assert_int_equal(count_prefix(&h, "othername"), 1);
-  assert_int_equal(count_prefix(&h, "leasekey"), 1); /* made at this first start */
+  assert_int_equal(harness_store_count(&h, "seg-") + harness_store_count(&h, "meta-"), 0);
+  assert_int_equal(harness_store_count(&h, "journal2"), 1);
+  assert_int_equal(harness_store_count(&h, "journal") - 1, 0);
+  assert_int_equal(harness_store_count(&h, "othername"), 1);
+  assert_int_equal(harness_store_count(&h, "leasekey"), 1); /* made at this first start */
   assert_int_equal(gshm__spawn_store_memory_fds(&h.sp), 3);
   /* And the new format restores the same after a crash. */
   assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
@@ -342,9 +333,9 @@ static void upgrade_from_running_old(int sig) {
   assert_int_equal(gshm_close(gone), 0);
   assert_int_equal(gshm_unlink(c, "o/gone"), 0);
   gshm__spawn_poll(&h.sp, 200);
-  assert_true(count_prefix(&h, "seg-") == 3);
+  assert_true(harness_store_count(&h, "seg-") == 3);
   assert_int_equal(harness_restart(&h, sig, NULL), 0); /* this gshmd now */
-  assert_int_equal(count_prefix(&h, "seg-") + count_prefix(&h, "meta-"), 0);
+  assert_int_equal(harness_store_count(&h, "seg-") + harness_store_count(&h, "meta-"), 0);
   assert_int_equal(gshm__spawn_store_memory_fds(&h.sp), 3);
   assert_int_equal(gshm_stat(held, &info), 0); /* reconnects, re-takes its lease */
   assert_true(info.unlinked);
@@ -501,7 +492,7 @@ static void test_journal_grows(void **state) {
     pthread_mutex_unlock(&h.sp.lock);
     assert_true(st.st_size >= 4096 + 4 * (192 << 10));
   }
-  assert_int_equal(count_prefix(&h, "b"), 4);
+  assert_int_equal(harness_store_count(&h, "b"), 4);
   assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
   assert_int_equal(gshm_connect(h.socket_path, "fresh", &fresh), 0);
   assert_int_equal(gshm_list(fresh, &list, &n), 0);

@@ -253,6 +253,50 @@ static void test_hidden_duplicate_discard(void **state) {
   hidden(f, f->bob, "d/left", 10);
 }
 
+/* Adopts a restored host segment of 4 KiB, id and name, as the fd store
+ * does at a start. */
+static void adopt(struct fixture *f, uint64_t id, const char *name, bool unlinked) {
+  Gshm__StateRecord rec = GSHM__STATE_RECORD__INIT;
+  struct gshm_location loc = {.kind = GSHM_LOCATION_HOST};
+  struct gshmd_alloc *mem;
+
+  assert_int_equal(f->reg.host->ops->alloc(f->reg.host, &loc, 4096, 0, name, &mem), 0);
+  rec.id = id;
+  rec.generation = 1;
+  rec.name = (char *)name;
+  rec.size = rec.requested_size = 4096;
+  rec.location = "host";
+  rec.uid = 1001;
+  rec.gid = 100;
+  rec.mode = 0600;
+  rec.unlinked = unlinked;
+  assert_int_equal(gshmd_registry_adopt(&f->reg, &rec, mem), 0);
+}
+
+/* The registry owns a restart's grace period: none without restored
+ * segments; with one, an unlinked restored segment nobody re-took is kept
+ * until the period ends (gshmd_registry_reap_unlinked), and from then on
+ * freed as soon as it is unlinked and unleased. */
+static void test_restart_grace(void **state) {
+  struct fixture *f = *state;
+  const char *msg = NULL;
+
+  assert_int_equal(gshmd_registry_grace_begin(&f->reg), 0);
+  assert_true(f->reg.restore_grace_over);
+  f->reg.restore_grace_over = false; /* a fresh registry, as at a start */
+  adopt(f, 7, "kept", true);
+  adopt(f, 8, "named", false);
+  assert_int_equal(gshmd_registry_grace_begin(&f->reg), GSHMD_RESTART_GRACE_MS);
+  assert_false(f->reg.restore_grace_over);
+  assert_int_equal(gshmd_registry_unlink(&f->reg, f->alice, "named", &msg), 0);
+  assert_non_null(gshmd_registry_find_id(&f->reg, 7)); /* kept for re-takes */
+  assert_non_null(gshmd_registry_find_id(&f->reg, 8));
+  assert_int_equal(gshmd_registry_reap_unlinked(&f->reg), 2);
+  assert_true(f->reg.restore_grace_over);
+  assert_null(gshmd_registry_find_id(&f->reg, 7));
+  assert_null(gshmd_registry_find_id(&f->reg, 8));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_permissions, setup, teardown),
@@ -261,6 +305,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hidden_publish, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hidden_duplicate_discard, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_restart_grace, setup, teardown),
   };
   gshm__log_setup("test", -1, 0);
   return cmocka_run_group_tests(tests, NULL, NULL);

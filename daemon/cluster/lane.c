@@ -1,0 +1,515 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Data lanes (lane.h): a thread per extra TCP connection of a link, and
+ * the loop's side of their events. */
+#include "lane.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "util.h"
+
+enum lane_ev_kind { EV_SENT, EV_HEADER, EV_RECEIVED, EV_EXIT };
+
+struct lane;
+
+/* What a thread tells the loop; embedded where it comes from (no
+ * allocation on a thread). */
+struct lane_ev {
+  struct lane_ev *next;
+  enum lane_ev_kind kind;
+  int err;
+  struct lane *ln;
+};
+
+/* One data frame to send (serving side). */
+struct lane_job {
+  struct lane_job *next;
+  struct lane_ev ev;          /* EV_SENT */
+  struct frame_hdr hdr;
+  const uint8_t *src;
+  void (*done)(void *arg, int err);
+  void *arg;
+};
+
+struct lane {
+  struct links *ll;
+  struct link *l;             /* the lane's own link (loop side) */
+  struct stream_state st;     /* fd, keys, frame numbers */
+  bool sender;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool stop;                  /* under mu: the loop wants the thread gone */
+  struct lane_job *jobs, **jobs_tail; /* under mu: sender's queue */
+  uint8_t *ct;                /* sender: ciphertext buffer (encrypting modes) */
+  size_t ct_len;
+  /* receiver: the frame being read; dst and tok set by the loop (under mu) */
+  struct frame_hdr hdr;
+  uint8_t *dst;
+  void *tok;
+  bool dst_set;
+  struct lane_ev ev_header, ev_received, ev_exit;
+  atomic_uint_fast64_t queued;  /* bytes queued, not yet written */
+  atomic_int_fast64_t progress_ns; /* CLOCK_MONOTONIC: the last frame moved */
+};
+
+struct lane_queue {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;          /* signalled with each event (gshmd__lanes_stop waits) */
+  uv_async_t async;
+  struct lane_ev *head, **tail;
+  unsigned live;              /* threads started, EV_EXIT not yet handled */
+};
+
+/* ---- threads ----------------------------------------------------------- */
+
+static void post(struct lane_queue *q, struct lane_ev *ev) {
+  pthread_mutex_lock(&q->mu);
+  ev->next = NULL;
+  *q->tail = ev;
+  q->tail = &ev->next;
+  pthread_cond_broadcast(&q->cv);
+  pthread_mutex_unlock(&q->mu);
+  uv_async_send(&q->async);
+}
+
+static void post_ev(struct lane *ln, struct lane_ev *ev, enum lane_ev_kind kind, int err) {
+  ev->kind = kind;
+  ev->err = err;
+  ev->ln = ln;
+  post(ln->ll->lanes_q, ev);
+}
+
+/* Writes all of iov (n entries, changed) to fd.  Returns 0 or -errno. */
+static int write_all(int fd, struct iovec *iov, int n) {
+  while (n > 0) {
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    while (n > 0 && (size_t)w >= iov->iov_len) {
+      w -= (ssize_t)iov->iov_len;
+      iov++;
+      n--;
+    }
+    if (n > 0) {
+      iov->iov_base = (uint8_t *)iov->iov_base + w;
+      iov->iov_len -= (size_t)w;
+    }
+  }
+  return 0;
+}
+
+/* Reads exactly len bytes.  Returns 0, -ECONNRESET at the end of the
+ * connection, or -errno. */
+static int read_all(int fd, void *buf, size_t len) {
+  uint8_t *p = buf;
+  while (len) {
+    ssize_t r = recv(fd, p, len, MSG_WAITALL);
+    if (r == 0)
+      return -ECONNRESET;
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    p += r;
+    len -= (size_t)r;
+  }
+  return 0;
+}
+
+static int send_one(struct lane *ln, struct lane_job *j) {
+  uint32_t len = j->hdr.len;
+  uint8_t tag[STREAM_TAG];
+  const uint8_t *payload = j->src;
+  struct iovec iov[3];
+
+  if (ln->st.mode_tx != STREAM_AUTH) { /* encrypting: into our buffer */
+    if (ln->ct_len < len) {
+      uint8_t *b = realloc(ln->ct, len);
+      if (!b)
+        return -ENOMEM;
+      ln->ct = b;
+      ln->ct_len = len;
+    }
+    payload = ln->ct;
+  }
+  gshmd__stream_seal(ln->st.mode_tx, ln->st.key_tx, ln->st.n_tx++, &j->hdr, j->src,
+                     (uint8_t *)payload, len, tag);
+  iov[0] = (struct iovec){&j->hdr, sizeof(j->hdr)};
+  iov[1] = (struct iovec){(void *)payload, len};
+  iov[2] = (struct iovec){tag, sizeof(tag)};
+  return write_all(ln->st.fd, iov, 3);
+}
+
+static void *sender_main(void *arg) {
+  struct lane *ln = arg;
+  int err = 0;
+
+  for (;;) {
+    struct lane_job *j;
+    pthread_mutex_lock(&ln->mu);
+    while (!ln->stop && !ln->jobs)
+      pthread_cond_wait(&ln->cv, &ln->mu);
+    if (ln->stop || err) {
+      pthread_mutex_unlock(&ln->mu);
+      break;
+    }
+    j = ln->jobs;
+    if (!(ln->jobs = j->next))
+      ln->jobs_tail = &ln->jobs;
+    pthread_mutex_unlock(&ln->mu);
+    err = send_one(ln, j);
+    atomic_fetch_sub(&ln->queued, j->hdr.len);
+    atomic_store(&ln->progress_ns, gshm__now_ns(CLOCK_MONOTONIC));
+    post_ev(ln, &j->ev, EV_SENT, err);
+    if (err)
+      break;
+  }
+  post_ev(ln, &ln->ev_exit, EV_EXIT, err);
+  return NULL;
+}
+
+/* Receives one data frame: header, the loop's answer where it goes, the
+ * bytes, the tag.  Returns 0 or a negative errno (the lane ends). */
+static int receive_one(struct lane *ln) {
+  uint8_t tag[STREAM_TAG];
+  struct frame_hdr *h = &ln->hdr;
+  int e;
+
+  if ((e = read_all(ln->st.fd, h, sizeof(*h))))
+    return e;
+  if (h->kind != FRAME_DATA || h->len == 0)
+    return -EPROTO;
+  pthread_mutex_lock(&ln->mu);
+  ln->dst_set = false;
+  pthread_mutex_unlock(&ln->mu);
+  post_ev(ln, &ln->ev_header, EV_HEADER, 0);
+  pthread_mutex_lock(&ln->mu);
+  while (!ln->dst_set && !ln->stop)
+    pthread_cond_wait(&ln->cv, &ln->mu);
+  e = ln->stop && !ln->dst_set ? -ECONNRESET : !ln->dst ? -EPROTO : 0;
+  pthread_mutex_unlock(&ln->mu);
+  if (e)
+    return e; /* no tok was handed out */
+  if (!(e = read_all(ln->st.fd, ln->dst, h->len)) && !(e = read_all(ln->st.fd, tag, sizeof(tag))))
+    e = gshmd__stream_unseal(ln->st.mode_rx, ln->st.key_rx, ln->st.n_rx++, h, ln->dst, h->len,
+                             tag);
+  atomic_store(&ln->progress_ns, gshm__now_ns(CLOCK_MONOTONIC));
+  post_ev(ln, &ln->ev_received, EV_RECEIVED, e);
+  return e;
+}
+
+static void *receiver_main(void *arg) {
+  struct lane *ln = arg;
+  int err;
+
+  while (!(err = receive_one(ln)))
+    ;
+  /* EV_RECEIVED must be handled before the frame's buffers are reused:
+   * the exit comes after it in the queue */
+  post_ev(ln, &ln->ev_exit, EV_EXIT, err);
+  return NULL;
+}
+
+/* ---- the loop's side --------------------------------------------------- */
+
+static void lane_detach_from(struct link *parent, struct link *lane) {
+  for (unsigned i = 0; i < parent->nlanes; i++)
+    if (parent->lanes[i] == lane) {
+      parent->lanes[i] = parent->lanes[--parent->nlanes];
+      break;
+    }
+  lane->lane_of = NULL;
+}
+
+static void on_header(struct lane *ln) {
+  struct link *parent = ln->l->lane_of;
+  struct links *ll = ln->ll;
+  void *tok = NULL, *dst = NULL;
+
+  if (parent && parent->state == LINK_UP)
+    dst = ll->hooks.data_dest(parent, ln->hdr.request_id, ln->hdr.offset, ln->hdr.len, &tok);
+  pthread_mutex_lock(&ln->mu);
+  ln->dst = dst;
+  ln->tok = tok;
+  ln->dst_set = true;
+  pthread_cond_signal(&ln->cv);
+  pthread_mutex_unlock(&ln->mu);
+  if (!dst && parent) {
+    gshmd__link_refused(ll, REFUSE_PROTOCOL, ln->l->remote, "data for no request on a lane");
+    gshmd__link_fail(parent, -EPROTO, "the peer sent data for no request");
+  }
+}
+
+static void on_received(struct lane *ln, int err) {
+  struct link *parent = ln->l->lane_of;
+
+  ln->ll->hooks.data_done(ln->l, ln->tok, err);
+  if (err == -EBADMSG) {
+    gshmd__link_refused(ln->ll, REFUSE_TAMPERED, ln->l->remote,
+                        "a data frame failed its authentication on a lane");
+    if (parent)
+      gshmd__link_fail(parent, -EPROTO, "a data frame failed its authentication");
+  }
+}
+
+static void on_lane_exit(struct lane *ln, int err) {
+  struct links *ll = ln->ll;
+  struct link *l = ln->l, *parent = l->lane_of;
+
+  pthread_join(ln->thread, NULL);
+  close(ln->st.fd);
+  ll->nconns--;
+  ll->lanes_q->live--;
+  while (ln->jobs) { /* never written */
+    struct lane_job *j = ln->jobs;
+    ln->jobs = j->next;
+    j->done(j->arg, -ECONNRESET);
+    free(j);
+  }
+  if (parent) { /* the lane ended first: the link's bytes on it are lost */
+    char why[160];
+    snprintf(why, sizeof(why), "connection lost (a data lane: %s)",
+             err == -ECONNRESET ? "closed by the peer" : strerror(-err));
+    lane_detach_from(parent, l);
+    gshmd__link_fail(parent, err == -EPROTO ? -EPROTO : -ECONNRESET, why);
+  }
+  l->lane = NULL;
+  sodium_memzero(&ln->st, sizeof(ln->st));
+  pthread_mutex_destroy(&ln->mu);
+  pthread_cond_destroy(&ln->cv);
+  free(ln->ct);
+  free(ln);
+  gshmd__link_fail(l, -ECONNRESET, "data lane ended");
+  l->busy--;
+  gshmd__link_unbusy(l);
+}
+
+static void handle(struct lane_ev *ev) {
+  struct lane *ln = ev->ln;
+
+  switch (ev->kind) {
+  case EV_SENT: {
+    struct lane_job *j = (struct lane_job *)((char *)ev - offsetof(struct lane_job, ev));
+    j->done(j->arg, ev->err);
+    free(j);
+    break;
+  }
+  case EV_HEADER:
+    on_header(ln);
+    break;
+  case EV_RECEIVED:
+    on_received(ln, ev->err);
+    break;
+  case EV_EXIT:
+    on_lane_exit(ln, ev->err);
+    break;
+  }
+}
+
+static void drain(struct lane_queue *q) {
+  for (;;) {
+    struct lane_ev *ev;
+    pthread_mutex_lock(&q->mu);
+    if ((ev = q->head) && !(q->head = ev->next))
+      q->tail = &q->head;
+    pthread_mutex_unlock(&q->mu);
+    if (!ev)
+      return;
+    handle(ev);
+  }
+}
+
+static void on_async(uv_async_t *a) {
+  struct links *ll = a->data;
+  drain(ll->lanes_q);
+  gshmd__link_kick(ll);
+}
+
+int gshmd__lanes_init(struct links *ll) {
+  struct lane_queue *q = calloc(1, sizeof(*q));
+  int e;
+
+  if (!q)
+    return -ENOMEM;
+  q->tail = &q->head;
+  pthread_mutex_init(&q->mu, NULL);
+  pthread_cond_init(&q->cv, NULL);
+  if ((e = uv_async_init(ll->loop, &q->async, on_async))) {
+    free(q);
+    return e;
+  }
+  q->async.data = ll;
+  uv_unref((uv_handle_t *)&q->async);
+  ll->lanes_q = q;
+  return 0;
+}
+
+void gshmd__lanes_stop(struct links *ll) {
+  struct lane_queue *q = ll->lanes_q;
+
+  if (!q)
+    return;
+  /* every link failed: each lane's connection is shut down, so each
+   * thread ends soon; wait for their last events */
+  for (;;) {
+    drain(q);
+    pthread_mutex_lock(&q->mu);
+    if (!q->live) {
+      pthread_mutex_unlock(&q->mu);
+      break;
+    }
+    while (!q->head)
+      pthread_cond_wait(&q->cv, &q->mu);
+    pthread_mutex_unlock(&q->mu);
+  }
+  uv_close((uv_handle_t *)&q->async, NULL);
+}
+
+void gshmd__lanes_destroy(struct links *ll) {
+  struct lane_queue *q = ll->lanes_q;
+  if (!q)
+    return;
+  pthread_mutex_destroy(&q->mu);
+  pthread_cond_destroy(&q->cv);
+  free(q);
+  ll->lanes_q = NULL;
+}
+
+int gshmd__lane_attach(struct link *lane, struct link *parent) {
+  struct links *ll = lane->ll;
+  struct lane *ln;
+  int e;
+
+  if (parent->nlanes >= LINK_MAX_LANES)
+    return -EMLINK;
+  if (!ll->lanes_q || !(ln = calloc(1, sizeof(*ln))))
+    return -ENOMEM;
+  ln->ll = ll;
+  ln->l = lane;
+  ln->sender = lane->inbound;
+  ln->jobs_tail = &ln->jobs;
+  atomic_init(&ln->queued, 0);
+  atomic_init(&ln->progress_ns, gshm__now_ns(CLOCK_MONOTONIC));
+  pthread_mutex_init(&ln->mu, NULL);
+  pthread_cond_init(&ln->cv, NULL);
+  if ((e = gshmd__stream_detach(&lane->st, &ln->st))) {
+    pthread_mutex_destroy(&ln->mu);
+    pthread_cond_destroy(&ln->cv);
+    free(ln);
+    return e;
+  }
+  /* the stream's close gives its connection back to the budget; the
+   * thread's fd takes it again until EV_EXIT */
+  ll->nconns++;
+  if (pthread_create(&ln->thread, NULL, ln->sender ? sender_main : receiver_main, ln)) {
+    close(ln->st.fd);
+    ll->nconns--;
+    sodium_memzero(&ln->st, sizeof(ln->st));
+    pthread_mutex_destroy(&ln->mu);
+    pthread_cond_destroy(&ln->cv);
+    free(ln);
+    return -EAGAIN;
+  }
+  ll->lanes_q->live++;
+  lane->lane = ln;
+  lane->lane_of = parent;
+  lane->busy++; /* until EV_EXIT */
+  lane->state = LINK_UP;
+  parent->lanes[parent->nlanes++] = lane;
+  if (!lane->inbound && parent->nlanes == ll->streams)
+    gshm_log_info("cluster: peer '%s': %u data lanes up", parent->peer->name, parent->nlanes);
+  return 0;
+}
+
+void gshmd__lane_stop(struct link *lane) {
+  struct lane *ln = lane->lane;
+
+  if (lane->lane_of)
+    lane_detach_from(lane->lane_of, lane);
+  if (!ln)
+    return;
+  pthread_mutex_lock(&ln->mu);
+  ln->stop = true;
+  pthread_cond_signal(&ln->cv);
+  pthread_mutex_unlock(&ln->mu);
+  shutdown(ln->st.fd, SHUT_RDWR);
+}
+
+void gshmd__lanes_fail(struct link *parent) {
+  while (parent->nlanes) {
+    struct link *lane = parent->lanes[parent->nlanes - 1];
+    lane_detach_from(parent, lane);
+    gshmd__link_fail(lane, -ECONNRESET, "its link failed");
+  }
+  /* lanes still in their hello name parent only by token: theirs fails
+   * at attach (no such link) */
+}
+
+int gshmd__lane_send(struct link *parent, uint32_t rid, uint64_t offset, const void *src,
+                     uint64_t len, void (*done)(void *arg, int err), void *arg) {
+  struct lane *best = NULL;
+  struct lane_job *j;
+
+  for (unsigned i = 0; i < parent->nlanes; i++) {
+    struct lane *ln = parent->lanes[i]->lane;
+    if (ln && ln->sender &&
+        (!best || atomic_load(&ln->queued) < atomic_load(&best->queued)))
+      best = ln;
+  }
+  if (!best)
+    return -ENOTCONN;
+  if (len == 0 || len > UINT32_MAX)
+    return -EINVAL;
+  if (!(j = calloc(1, sizeof(*j))))
+    return -ENOMEM;
+  j->hdr.kind = FRAME_DATA;
+  j->hdr.len = (uint32_t)len;
+  j->hdr.request_id = rid;
+  j->hdr.offset = offset;
+  j->src = src;
+  j->done = done;
+  j->arg = arg;
+  if (atomic_fetch_add(&best->queued, len) == 0)
+    atomic_store(&best->progress_ns, gshm__now_ns(CLOCK_MONOTONIC));
+  pthread_mutex_lock(&best->mu);
+  *best->jobs_tail = j;
+  best->jobs_tail = &j->next;
+  pthread_cond_signal(&best->cv);
+  pthread_mutex_unlock(&best->mu);
+  return 0;
+}
+
+bool gshmd__lane_overdue(const struct link *lane, int64_t now) {
+  struct lane *ln = lane->lane;
+  return ln && atomic_load(&ln->queued) &&
+         now - atomic_load(&ln->progress_ns) > LINK_REQUEST_NS;
+}
+
+void gshmd__lanes_open(struct link *l) {
+  struct links *ll = l->ll;
+  struct peer *p = l->peer;
+
+  if (l->inbound || l->is_lane || l->state != LINK_UP || l->ucx || ll->streams < 2 ||
+      ll->stopping || !(l->caps_theirs & GSHM__CLUSTER__CAP__CAP_LANES) || !p || p->out != l)
+    return;
+  while (l->lane_failures < 2 && p->lanes_connecting < 2 &&
+         l->nlanes + p->lanes_connecting < ll->streams &&
+         l->nlanes + p->lanes_connecting < LINK_MAX_LANES)
+    if (!gshmd__link_connect_lane(l))
+      break;
+}

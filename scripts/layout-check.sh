@@ -1,0 +1,34 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# README.md's "Layout" section and docs/ARCHITECTURE.md's "Layers" section
+# name every file of daemon/ and daemon/cluster/ (a new or split file is
+# added to both maps).  ctest runs it as the test `house_layout`.
+#
+#   scripts/layout-check.sh        lists the names a map lacks; exit 1 if any
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+# The text of one "## " section of a Markdown file.
+section() {
+  awk -v want="## $2" '$0 == want { on = 1; next } on && /^## / { exit } on' "$1"
+}
+
+readme=$(section README.md Layout)
+layers=$(section docs/ARCHITECTURE.md Layers)
+[[ -n $readme && -n $layers ]] || { echo "layout-check: a section is missing" >&2; exit 2; }
+
+bad=0
+while read -r f; do
+  name=${f##*/}
+  for doc in README.md docs/ARCHITECTURE.md; do
+    text=$readme
+    [[ $doc == README.md ]] || text=$layers
+    if ! grep -qFw -- "$name" <<<"$text"; then
+      echo "$doc does not name $f"
+      bad=1
+    fi
+  done
+done < <(find daemon -maxdepth 2 -type f | sort)
+exit $bad
