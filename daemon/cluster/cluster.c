@@ -260,13 +260,16 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
   for (int i = 0; i < GSHM_PULL_FAIL_N; i++)
     fprintf(f, "gshm_cluster_pull_errors_total{cause=\"%s\"} %" PRIu64 "\n",
             gshm__pull_failure_label((enum gshm_pull_failure)i), cl->pull_errors[i]);
-  fprintf(f, "# HELP gshm_cluster_registrations_total Registrations of served segments with UCX (one per run of overlapping grants).\n"
+  fprintf(f, "# HELP gshm_cluster_registrations_total Registrations of served segments with UCX (one per run of overlapping grants whose bytes go over UCX; none for gshm's TCP stream).\n"
              "# TYPE gshm_cluster_registrations_total counter\n"
              "gshm_cluster_registrations_total %" PRIu64 "\n"
              "# HELP gshm_cluster_registered_segments Served segments registered with UCX now (under a live grant).\n"
              "# TYPE gshm_cluster_registered_segments gauge\n"
-             "gshm_cluster_registered_segments %u\n",
-          cl->registrations, cl->registered);
+             "gshm_cluster_registered_segments %u\n"
+             "# HELP gshm_cluster_registered_staging_buffers Staging buffers registered with UCX now (held by a grant or pull over UCX).\n"
+             "# TYPE gshm_cluster_registered_staging_buffers gauge\n"
+             "gshm_cluster_registered_staging_buffers %u\n",
+          cl->registrations, cl->registered, cl->stage.registered);
   fprintf(f, "# HELP gshm_cluster_grants_total Read grants given to peers.\n"
              "# TYPE gshm_cluster_grants_total counter\n"
              "gshm_cluster_grants_total %" PRIu64 "\n"

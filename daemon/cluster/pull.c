@@ -352,6 +352,20 @@ const char *gshmd__pull_path_name(Gshm__Cluster__Path path) {
   }
 }
 
+const char *gshmd__pull_segment_bad(const struct gshmd_cluster *cl,
+                                    const Gshm__Cluster__Segment *seg) {
+  uint64_t max = cl->cfg->max_segment_size ? cl->cfg->max_segment_size : PULL_SIZE_MAX;
+  struct gshm_location loc;
+
+  if (gshm__name_check(seg->name, 255))
+    return "a malformed name";
+  if (seg->size == 0 || seg->size > max)
+    return seg->size ? "a size beyond this node's limits" : "a size of 0";
+  if (gshm__location_parse(seg->location, &loc))
+    return "a malformed location";
+  return NULL;
+}
+
 /* Decides where the bytes go on each side and says why (the pull's
  * path and path_reason).  Returns 0 or a negative errno (the pull failed). */
 static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
@@ -414,7 +428,7 @@ static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
     return -EPROTO;
   }
   if (p->local_staged) {
-    if ((e = gshmd_stage_buf_new(&p->s->cl->stage, p->chunk_size, false, &p->lsb))) {
+    if ((e = gshmd_stage_buf_new(&p->s->cl->stage, p->chunk_size, p->link->ucx, &p->lsb))) {
       pull_fail(p, e, "cannot set up the local staging buffer");
       return e;
     }
@@ -453,6 +467,13 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
     return;
   }
   g = m->grant;
+  /* what the peer says of the segment becomes a local segment's size and
+   * source: it must be the one asked for, and sane */
+  if ((why = gshmd__pull_segment_bad(s->cl, g->segment)) ||
+      strcmp(g->segment->name, p->remote_name)) {
+    pull_fail(p, -EPROTO, "peer '%s' granted '%s' with %s", s->peer->name, p->remote_name,
+              why ? why : "another segment's name");
+  }
   p->granted = true;
   p->grant_id = g->grant_id;
   p->remote_id = g->segment->id;

@@ -115,6 +115,15 @@ void gshmd__pull_item_close(struct pull *p);
 int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s);
 /* "host", "direct", "staged" or "none". */
 const char *gshmd__pull_path_name(Gshm__Cluster__Path path);
+/* Largest segment a peer may list or grant when limits.max_segment_size
+ * is 0: more than any node holds, and 4096 of them sum without overflow. */
+#define PULL_SIZE_MAX (1ull << 48)
+/* What is wrong with a segment as a peer describes it (in a list or a
+ * grant): a name gshm would refuse (empty, "..", a leading "/", control
+ * bytes, over 255 bytes), a size of 0 or beyond this node's limits, a
+ * location that is not one; NULL when nothing is. */
+const char *gshmd__pull_segment_bad(const struct gshmd_cluster *cl,
+                                    const Gshm__Cluster__Segment *seg);
 
 /* ---- pullset.c ---- */
 

@@ -132,6 +132,40 @@ static bool set_has(const struct pull_set *s, const char *name) {
 static void list_page_done(struct peer_req *req, int err, const char *why,
                            const Gshm__Cluster__Msg *m);
 
+/* A page of the peer's list is refused as a whole (the set fails with
+ * -EPROTO, naming the peer and the entry; returns true) when it holds
+ * more than a page, a segment gshm would not make
+ * (gshmd__pull_segment_bad), or a name twice (in the page, or already in
+ * the set unless the peer lists segments in flight). */
+static bool list_page_bad(struct pull_set *s, const Gshm__Cluster__ListReply *r) {
+  const char *why = NULL;
+  size_t i;
+
+  if (r->n_segments > GSHMD_LIST_PAGE_SEGMENTS) {
+    gshmd__pull_set_fail(s, -EPROTO, "peer '%s' listed %zu segments in one page (at most %u)",
+                         s->peer->name, r->n_segments, GSHMD_LIST_PAGE_SEGMENTS);
+    return true;
+  }
+  for (i = 0; i < r->n_segments && !why; i++) {
+    const Gshm__Cluster__Segment *g = r->segments[i];
+    /* (a listing with segments in flight lists one again once it is
+     * published, and its cursor is a listing key, not a segment id) */
+    if (g->id == 0 && !g->in_flight) /* (one in flight has no id yet) */
+      why = "a segment id of 0";
+    else if (!(why = gshmd__pull_segment_bad(s->cl, g)) && !s->relayed && set_has(s, g->name))
+      why = "a name listed twice";
+    for (size_t j = 0; j < i && !why; j++)
+      if (!strcmp(g->name, r->segments[j]->name))
+        why = "a name listed twice";
+  }
+  if (!why)
+    return false;
+  /* (the peer's name for it is not repeated: it may be anything) */
+  gshmd__pull_set_fail(s, -EPROTO, "peer '%s' sent a list of segments with %s (entry %zu of %zu)",
+                       s->peer->name, why, i, r->n_segments);
+  return true;
+}
+
 /* Asks the peer for its next page of exported segments. */
 static void list_next(struct pull_set *s, uint64_t after) {
   gshm__cluster__msg__init(&s->lmsg);
@@ -168,10 +202,11 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
     return;
   }
   r = m->list_reply;
+  if (list_page_bad(s, r))
+    return;
   for (size_t i = 0; i < r->n_segments; i++) {
     const Gshm__Cluster__Segment *g = r->segments[i];
-    if (!g || !g->name || gshm__name_check(g->name, 255) || strncmp(g->name, s->name, plen) ||
-        (s->relayed && set_has(s, g->name)))
+    if (strncmp(g->name, s->name, plen) || (s->relayed && set_has(s, g->name)))
       continue;
     s->relayed |= g->in_flight;
     if (set_add(s, g->name, g->size, g))

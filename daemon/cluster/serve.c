@@ -24,18 +24,20 @@
 
 #define MAX_STAGED_GRANTS 4 /* per link: each holds staging_bytes of pinned memory */
 #define MAX_GRANTS 64       /* per link: grants live at once */
+#define MAX_ANSWERS_QUEUED (1u << 20) /* per link: answers not yet written (bytes, stream.h) */
+#define BUSY_MESSAGE "too many pulls from this node at once; try again"
 
-/* A served host segment's mapping and UCX registration: made at its
- * first grant, shared by the grants that overlap, dropped with the last
- * of them (or when the segment is freed): UCX never holds a segment that
- * no grant covers. */
+/* A served segment's mapping, made at its first grant, and its UCX
+ * registration, made at its first grant whose bytes go over UCX (a
+ * grant whose bytes go on gshm's TCP stream registers nothing); shared
+ * by the grants that overlap, both dropped with the last of them (or
+ * when the segment is freed): UCX never holds a segment that no grant
+ * covers. */
 struct export_reg {
   void *addr;       /* mmap of the host segment (read-only); device: the backend's mapping */
   bool device;
   size_t len;
-  ucp_mem_h memh;
-  void *rkey;       /* ucp_rkey_pack() */
-  size_t rkey_len;
+  ucp_mem_h memh;   /* NULL: not registered with UCX */
   unsigned grants;  /* live grants of the segment: the registration ends with the last */
 };
 
@@ -103,6 +105,7 @@ int gshmd__serve_link_up(struct gshmd_cluster *cl, struct link *l) {
   if (gshmd_registry_client_add(cl->reg, &cred, &l->serve_client))
     return -ENOMEM;
   snprintf(l->serve_client->name, sizeof(l->serve_client->name), "peer:%.58s", l->peer->name);
+  l->st.ctrl_queued_max = MAX_ANSWERS_QUEUED;
   return 0;
 }
 
@@ -120,13 +123,14 @@ void gshmd__serve_segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster
 
 /* ---- registrations ---------------------------------------------------- */
 
+/* Drops x (NULL: nothing): its registration, if any, and its mapping. */
 static void export_reg_free(struct gshmd_cluster *cl, struct export_reg *x) {
   if (!x)
     return;
-  if (x->rkey)
-    ucp_rkey_buffer_release(x->rkey);
-  if (x->memh)
+  if (x->memh) {
     ucp_mem_unmap(cl->ll.ctx, x->memh);
+    cl->registered--;
+  }
   if (x->addr && !x->device)
     munmap(x->addr, x->len);
   free(x);
@@ -135,10 +139,9 @@ static void export_reg_free(struct gshmd_cluster *cl, struct export_reg *x) {
 void gshmd__serve_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg) {
   struct gshmd_cluster *cl = r->on_free_arg;
   if (seg->cluster_export) {
-    gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unregistered", seg->name, seg->id);
+    gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unmapped", seg->name, seg->id);
     export_reg_free(cl, seg->cluster_export);
     seg->cluster_export = NULL;
-    cl->registered--;
   }
 }
 
@@ -156,65 +159,78 @@ void gshmd__serve_stop(struct gshmd_cluster *cl) {
   }
 }
 
-/* Maps and registers a host segment for peers' gets, once per segment. */
-static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg,
-                          struct export_reg **out) {
-  struct gshmd_alloc *mem = seg->mem;
+/* Registers x (seg's mapping) with UCX, once. */
+static int export_register(struct gshmd_cluster *cl, struct gshmd_segment *seg,
+                           struct export_reg *x) {
   ucp_mem_map_params_t mp = {0};
-  struct export_reg *x;
-  int fd, e;
 
-  if (seg->cluster_export) {
-    *out = seg->cluster_export;
+  if (x->memh)
     return 0;
-  }
-  if (!(x = calloc(1, sizeof(*x))))
-    return -ENOMEM;
-  x->len = mem->size;
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  if (mem->device_index >= 0) {
-    /* the direct path: UCX registers device memory (GPUDirect RDMA) */
-    x->device = true;
-    if (!mem->backend->ops->local_ptr) {
-      e = -ENOTSUP;
-      goto fail;
-    }
-    if ((e = mem->backend->ops->local_ptr(mem->backend, mem, &x->addr)))
-      goto fail;
+  if (x->device) { /* the direct path: UCX registers device memory (GPUDirect RDMA) */
     mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
     mp.memory_type = UCS_MEMORY_TYPE_CUDA;
-  } else {
-    if ((e = mem->backend->ops->export_fd(mem->backend, mem, false, &fd)))
-      goto fail;
-    x->addr = mmap(NULL, x->len, PROT_READ, MAP_SHARED, fd, 0);
-    if (x->addr == MAP_FAILED) {
-      e = -errno;
-      x->addr = NULL;
-      gshm_log_err("cluster: mmap of segment '%s': %m", seg->name);
-      goto fail;
-    }
   }
   mp.address = x->addr;
   mp.length = x->len;
-  if (ucp_mem_map(cl->ll.ctx, &mp, &x->memh) != UCS_OK ||
-      ucp_rkey_pack(cl->ll.ctx, x->memh, &x->rkey, &x->rkey_len) != UCS_OK) {
+  if (ucp_mem_map(cl->ll.ctx, &mp, &x->memh) != UCS_OK) {
+    x->memh = NULL;
     gshm_log_err("cluster: cannot register segment '%s' with UCX", seg->name);
-    e = -EIO;
-    goto fail;
+    return -EIO;
   }
-  gshm_log_debug("cluster: segment '%s' id %" PRIu64 " registered (%zu bytes, rkey %zu bytes)",
-                 seg->name, seg->id, x->len, x->rkey_len);
-  seg->cluster_export = x;
+  gshm_log_debug("cluster: segment '%s' id %" PRIu64 " registered (%zu bytes)", seg->name,
+                 seg->id, x->len);
   cl->registrations++;
   cl->registered++;
+  return 0;
+}
+
+/* seg's mapping for peers' reads, made once per segment; registered with
+ * UCX too when ucx (the grant's bytes go over UCX).  Errors: -ENOMEM,
+ * -ENOTSUP, -EIO, the backend's. */
+static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg, bool ucx,
+                          struct export_reg **out) {
+  struct gshmd_alloc *mem = seg->mem;
+  struct export_reg *x = seg->cluster_export;
+  int fd, e;
+
+  if (!x) {
+    if (!(x = calloc(1, sizeof(*x))))
+      return -ENOMEM;
+    x->len = mem->size;
+    x->device = mem->device_index >= 0;
+    if (x->device)
+      e = mem->backend->ops->local_ptr ? mem->backend->ops->local_ptr(mem->backend, mem, &x->addr)
+                                       : -ENOTSUP;
+    else if (!(e = mem->backend->ops->export_fd(mem->backend, mem, false, &fd)) &&
+             (x->addr = mmap(NULL, x->len, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+      e = -errno;
+      x->addr = NULL;
+      gshm_log_err("cluster: mmap of segment '%s': %m", seg->name);
+    }
+    if (e) {
+      export_reg_free(cl, x);
+      return e;
+    }
+    seg->cluster_export = x;
+  }
+  if (ucx && (e = export_register(cl, seg, x)))
+    return e; /* (the mapping stays for the grants it has, or goes with reg_unused) */
   *out = x;
   return 0;
-fail:
-  export_reg_free(cl, x);
-  return e;
 }
 
 /* ---- grant records ---------------------------------------------------- */
+
+/* Grants of link l: all of them, or the staged ones. */
+static unsigned grants_of(struct link *l, bool staged) {
+  struct gshm_list *pos;
+  unsigned n = 0;
+  gshm_list_foreach(pos, &l->grants) {
+    n += !staged || gshm_list_entry(pos, struct serve_grant, node)->sb != NULL;
+  }
+  return n;
+}
 
 /* The record of a grant on link l (made at grant time, freed at release
  * or when the link ends); staged: with its slots.  Errors: -EBUSY too
@@ -222,21 +238,13 @@ fail:
 static int grant_new(struct gshmd_cluster *cl, struct link *l, struct gshmd_segment *seg,
                      uint64_t grant_id, bool staged, struct serve_grant **g_out) {
   struct serve_grant *g;
-  struct gshm_list *pos;
-  unsigned n = 0;
   int e;
 
-  unsigned all = 0;
-
-  gshm_list_foreach(pos, &l->grants) {
-    n += gshm_list_entry(pos, struct serve_grant, node)->sb != NULL;
-    all++;
-  }
-  if ((staged && n >= MAX_STAGED_GRANTS) || all >= MAX_GRANTS)
+  if (staged && grants_of(l, true) >= MAX_STAGED_GRANTS)
     return -EBUSY;
   if (!(g = calloc(1, sizeof(*g))))
     return -ENOMEM;
-  if (staged && (e = gshmd_stage_buf_new(&cl->stage, cl->cfg->cluster_pull_chunk, false, &g->sb))) {
+  if (staged && (e = gshmd_stage_buf_new(&cl->stage, cl->cfg->cluster_pull_chunk, l->ucx_ep != NULL, &g->sb))) {
     free(g);
     return e;
   }
@@ -265,11 +273,10 @@ static void grant_free(struct gshmd_cluster *cl, struct serve_grant *g) {
   struct export_reg *x = g->seg ? g->seg->cluster_export : NULL;
 
   if (x && --x->grants == 0) { /* the segment's last grant */
-    gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unregistered", g->seg->name,
-                   g->seg->id);
+    gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unmapped%s", g->seg->name, g->seg->id,
+                   x->memh ? " and unregistered" : "");
     export_reg_free(cl, x);
     g->seg->cluster_export = NULL;
-    cl->registered--;
   }
   gshm_list_del(&g->node);
   gshmd_stage_free(&cl->stage, g->sb);
@@ -306,7 +313,6 @@ static void reg_unused(struct gshmd_cluster *cl, struct gshmd_segment *seg) {
   if (x && x->grants == 0) {
     export_reg_free(cl, x);
     seg->cluster_export = NULL;
-    cl->registered--;
   }
 }
 
@@ -321,11 +327,10 @@ static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
 
   /* the streams read host memory: device segments go through slots */
   if (!strcmp(cl->cfg->cluster_staging, "always") || seg->mem->device_index >= 0) {
-    if ((seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, &x))) ||
+    if ((seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, false, &x))) ||
         (e = grant_new(cl, l, seg, grant_id, true, &sg))) {
       reg_unused(cl, seg);
-      *why_out = e == -EBUSY ? "too many pulls from this node at once; try again"
-                             : "cannot set up the staging buffer";
+      *why_out = e == -EBUSY ? BUSY_MESSAGE : "cannot set up the staging buffer";
       return e;
     }
     g->path = GSHM__CLUSTER__PATH__PATH_STAGED;
@@ -334,10 +339,13 @@ static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
     g->slot_size = sg->sb->slot_size;
     return 0;
   }
-  if ((e = export_reg_get(cl, seg, &x)) || (e = grant_new(cl, l, seg, grant_id, false, &sg))) {
+  /* registered with UCX only where the bytes go over UCX (the peer's
+   * UcxOffer made l->ucx_ep); on gshm's TCP stream they are read from the
+   * mapping */
+  if ((e = export_reg_get(cl, seg, l->ucx_ep != NULL, &x)) ||
+      (e = grant_new(cl, l, seg, grant_id, false, &sg))) {
     reg_unused(cl, seg);
-    *why_out = e == -EBUSY ? "too many pulls from this node at once; try again"
-                           : "cannot register the segment with UCX";
+    *why_out = e == -EBUSY ? BUSY_MESSAGE : "cannot register the segment with UCX";
     return e;
   }
   g->path = x->device ? GSHM__CLUSTER__PATH__PATH_DIRECT : GSHM__CLUSTER__PATH__PATH_HOST;
@@ -372,6 +380,11 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   char buf[400];
   int e;
 
+  /* the cap first: a refusal costs the loop next to nothing */
+  if (grants_of(l, false) >= MAX_GRANTS) {
+    gshmd__link_send_status(l, rid, -EBUSY, BUSY_MESSAGE);
+    return;
+  }
   if (!seg) /* one this node is still pulling (relay.h) */
     seg = gshmd__relay_find(cl, req->name);
   /* A segment that is not exported does not exist for peers. */
@@ -475,6 +488,10 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
   const char *why;
   int e;
 
+  if (l->busy >= LINK_MAX_READS) { /* the cap first: never queued */
+    gshmd__link_send_status(l, rid, -EBUSY, "too many reads in flight on this link");
+    return;
+  }
   if (!lease || !g || g->released || g->sb || !(seg = lease->seg) || !(x = seg->cluster_export)) {
     gshmd__link_send_status(l, rid, -ESTALE, "no such grant (or a staged one: use Stage)");
     return;
@@ -488,10 +505,6 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
   if ((e = gshmd__relay_gate(cluster_of(l->ll), l, seg, rid, r, NULL, &why))) {
     if (e < 0)
       gshmd__link_send_status(l, rid, e, why);
-    return;
-  }
-  if (l->busy >= LINK_MAX_READS) {
-    gshmd__link_send_status(l, rid, -EBUSY, "too many reads in flight");
     return;
   }
   if (!(gs = grant_send_new(l, g, rid))) {
@@ -544,7 +557,7 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
   if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
       s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)
     return -EINVAL;
-  if (seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, &x)))
+  if (seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, false, &x)))
     return e;
   if (!(gs = grant_send_new(l, g, rid)))
     return -ENOMEM;

@@ -11,10 +11,10 @@
 #include "registry.h"
 #include "relay.h"
 
-#define LIST_PAGE_SEGMENTS 256 /* segments in one list answer at most */
+
 #define LIST_PAGE_BYTES 32768  /* and their encoding (GSHMD_CLUSTER_MAX_MSG bounds a message) */
 
-/* A List answer being filled: at most LIST_PAGE_SEGMENTS segments and
+/* A List answer being filled: at most GSHMD_LIST_PAGE_SEGMENTS segments and
  * LIST_PAGE_BYTES of them; next is the key of the last one when full. */
 struct list_page {
   Gshm__Cluster__Segment *segs;
@@ -28,7 +28,7 @@ static bool page_add(void *arg, struct gshmd_segment *seg, uint64_t key) {
   struct list_page *pg = arg;
   size_t sz;
 
-  if (pg->n == LIST_PAGE_SEGMENTS) {
+  if (pg->n == GSHMD_LIST_PAGE_SEGMENTS) {
     pg->next = pg->last;
     return false;
   }
@@ -56,8 +56,8 @@ void gshmd__serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRe
 
   if (gshmd__relay_list_wait(cl, l, rid, req))
     return;
-  pg.segs = calloc(LIST_PAGE_SEGMENTS, sizeof(*pg.segs));
-  pg.ptrs = calloc(LIST_PAGE_SEGMENTS, sizeof(*pg.ptrs));
+  pg.segs = calloc(GSHMD_LIST_PAGE_SEGMENTS, sizeof(*pg.segs));
+  pg.ptrs = calloc(GSHMD_LIST_PAGE_SEGMENTS, sizeof(*pg.ptrs));
   if (!pg.segs || !pg.ptrs) {
     free(pg.segs);
     free(pg.ptrs);

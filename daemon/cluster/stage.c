@@ -12,50 +12,59 @@
 
 static void stage_buf_destroy(struct stage_pool *sp, struct stage_buf *sb);
 
-int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, bool with_rkey,
+/* Registers sb with UCX (ucx) or deregisters it (!ucx), as asked. */
+static int stage_buf_register(struct stage_pool *sp, struct stage_buf *sb, bool ucx) {
+  ucp_mem_map_params_t mp = {0};
+
+  if (!ucx && sb->memh) {
+    ucp_mem_unmap(sp->ctx, sb->memh);
+    sb->memh = NULL;
+    sp->registered--;
+  } else if (ucx && !sb->memh) {
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = sb->addr;
+    mp.length = sb->len;
+    if (ucp_mem_map(sp->ctx, &mp, &sb->memh) != UCS_OK) {
+      sb->memh = NULL;
+      return -EIO;
+    }
+    sp->registered++;
+  }
+  return 0;
+}
+
+int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, bool ucx,
                         struct stage_buf **sb_out) {
   struct gshmd_backend *b = sp->pin;
-  ucp_mem_map_params_t mp = {0};
-  struct stage_buf *sb;
+  struct stage_buf *sb = NULL;
   int e = -ENOMEM;
 
-  /* A buffer whose rkey went to a peer serves peers only: a kept one
-   * never holds what this node pulls for its own users. */
-  for (unsigned i = 0; i < sp->nkept; i++)
-    if (sp->kept[i]->slot_size == slot_size && (sp->kept[i]->rkey != NULL) == with_rkey) {
-      *sb_out = sp->kept[i];
+  for (unsigned i = 0; i < sp->nkept && !sb; i++)
+    if (sp->kept[i]->slot_size == slot_size) {
+      sb = sp->kept[i];
       sp->kept[i] = sp->kept[--sp->nkept];
-      return 0;
     }
-  if (!(sb = calloc(1, sizeof(*sb))))
-    return -ENOMEM;
-  sb->slot_size = slot_size;
-  sb->slots = (uint32_t)(sp->staging_bytes / slot_size);
-  if (sb->slots == 0)
-    sb->slots = 1;
-  if (sb->slots > STAGE_MAX_SLOTS)
-    sb->slots = STAGE_MAX_SLOTS;
-  sb->len = sb->slots * slot_size;
-  if (b) {
-    if ((e = b->ops->host_alloc(b, sb->len, &sb->addr)))
+  if (!sb) {
+    if (!(sb = calloc(1, sizeof(*sb))))
+      return -ENOMEM;
+    sb->slot_size = slot_size;
+    sb->slots = (uint32_t)(sp->staging_bytes / slot_size);
+    if (sb->slots == 0)
+      sb->slots = 1;
+    if (sb->slots > STAGE_MAX_SLOTS)
+      sb->slots = STAGE_MAX_SLOTS;
+    sb->len = sb->slots * slot_size;
+    if (b) {
+      if ((e = b->ops->host_alloc(b, sb->len, &sb->addr)))
+        goto fail;
+      sb->pinned = true;
+    } else if (posix_memalign(&sb->addr, 4096, sb->len)) {
+      sb->addr = NULL;
       goto fail;
-    sb->pinned = true;
-  } else if (posix_memalign(&sb->addr, 4096, sb->len)) {
-    sb->addr = NULL;
-    goto fail;
+    }
   }
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  mp.address = sb->addr;
-  mp.length = sb->len;
-  e = -EIO;
-  if (ucp_mem_map(sp->ctx, &mp, &sb->memh) != UCS_OK) {
-    sb->memh = NULL;
+  if ((e = stage_buf_register(sp, sb, ucx)))
     goto fail;
-  }
-  if (with_rkey && ucp_rkey_pack(sp->ctx, sb->memh, &sb->rkey, &sb->rkey_len) != UCS_OK) {
-    sb->rkey = NULL;
-    goto fail;
-  }
   *sb_out = sb;
   return 0;
 fail:
@@ -69,6 +78,7 @@ void gshmd_stage_free(struct stage_pool *sp, struct stage_buf *sb) {
   if (!sb)
     return;
   if (!sp->stopping && sp->nkept < STAGE_POOL_KEEP) {
+    stage_buf_register(sp, sb, false);
     sp->kept[sp->nkept++] = sb;
     return;
   }
@@ -81,10 +91,7 @@ void gshmd_stage_pool_drain(struct stage_pool *sp) {
 }
 
 static void stage_buf_destroy(struct stage_pool *sp, struct stage_buf *sb) {
-  if (sb->rkey)
-    ucp_rkey_buffer_release(sb->rkey);
-  if (sb->memh)
-    ucp_mem_unmap(sp->ctx, sb->memh);
+  stage_buf_register(sp, sb, false);
   if (sb->addr) {
     if (sb->pinned)
       sp->pin->ops->host_free(sp->pin, sb->addr);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Staging through pinned host memory (docs/CLUSTER.md "Device memory"):
- * host buffers registered with UCX, kept in a small pool between pulls,
+ * host buffers (registered with UCX while a grant or pull over UCX holds
+ * them), kept in a small pool between pulls,
  * and copies between a segment and host memory on libuv's thread pool.
  * Who uses the slots for what is serve.c's and pull.c's business. */
 #ifndef GSHMD_CLUSTER_STAGE_H
@@ -28,17 +29,16 @@ static inline bool gshmd_stage_grant_ok(uint64_t slots, uint64_t slot_size, uint
          slot_size <= STAGE_MAX_SLOT_SIZE && slots * slot_size <= length;
 }
 
-/* Host slots registered with UCX: page-locked (the CUDA backend's
- * host_alloc) when there is one, else plain pages. */
+/* Host slots: page-locked (the CUDA backend's host_alloc) when there is
+ * one, else plain pages; registered with UCX only while a grant or pull
+ * whose bytes go over UCX holds them. */
 struct stage_buf {
   void *addr;
   uint64_t len;
   uint32_t slots;
   uint64_t slot_size;
   bool pinned;
-  ucp_mem_h memh;
-  void *rkey;          /* packed, when made for peers */
-  size_t rkey_len;
+  ucp_mem_h memh;      /* NULL: not registered */
 };
 
 /* The staging state of one gshmd. */
@@ -48,20 +48,21 @@ struct stage_pool {
   struct gshmd_backend *pin;  /* backend that pins host memory, or NULL */
   uint64_t staging_bytes;     /* cluster.staging_bytes: one buffer */
   bool stopping;              /* buffers given back are freed, not kept */
+  unsigned registered;        /* buffers registered with UCX now */
   struct stage_buf *kept[STAGE_POOL_KEEP];
   unsigned nkept;
 };
 
 /* sp->staging_bytes in slots of slot_size bytes (at least one, at most
- * STAGE_MAX_SLOTS), registered; with_rkey packs its rkey for a peer.  A
- * kept buffer of the same slot size and kind when there is one.  Errors:
- * -ENOMEM, -EIO. */
-int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, bool with_rkey,
+ * STAGE_MAX_SLOTS), registered with UCX when ucx (the bytes go over UCX;
+ * for gshm's TCP stream nothing is registered).  A kept buffer of the
+ * same slot size when there is one.  Errors: -ENOMEM, -EIO. */
+int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, bool ucx,
                         struct stage_buf **sb_out);
-/* Gives a staging buffer back: kept for the next staged pull (pinning
- * and registering 64 MiB costs tens of milliseconds, more than a small
- * pull), or freed when STAGE_POOL_KEEP wait already or the cluster
- * stops.  Accepts NULL. */
+/* Gives a staging buffer back: deregistered (UCX holds no slots that no
+ * grant or pull uses) and kept for the next staged pull (pinning 64 MiB
+ * costs tens of milliseconds, more than a small pull), or freed when
+ * STAGE_POOL_KEEP wait already or the cluster stops.  Accepts NULL. */
 void gshmd_stage_free(struct stage_pool *sp, struct stage_buf *sb);
 /* Frees the kept buffers (cluster stop). */
 void gshmd_stage_pool_drain(struct stage_pool *sp);

@@ -135,12 +135,25 @@ static void maybe_closed(struct stream *s) {
   }
 }
 
+static void on_read(uv_stream_t *h, ssize_t nread, const uv_buf_t *buf);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+
+/* A frame left the queue (written or dropped). */
+static void tx_unqueue(struct stream *s, const struct stream_tx *tx) {
+  s->tx_bytes -= tx->hdr.len;
+  if (tx->hdr.kind == FRAME_CTRL)
+    s->ctrl_queued -= tx->hdr.len + STREAM_CTRL_COST;
+  /* answers are going out again: read the peer's requests again */
+  if (s->paused && s->ctrl_queued <= s->ctrl_queued_max / 2 && !s->closing && !s->failed) {
+    s->paused = false;
+    uv_read_start((uv_stream_t *)&s->tcp, on_alloc, on_read);
+  }
+}
+
 static void on_written(uv_write_t *wr, int status) {
   struct stream_tx *tx = wr->data;
-  struct stream *s = tx->s;
-  size_t len = tx->hdr.len;
 
-  s->tx_bytes -= len;
+  tx_unqueue(tx->s, tx);
   tx_end(tx, status ? -ECONNRESET : 0);
 }
 
@@ -161,7 +174,7 @@ static void flush(struct stream *s) {
       b[nb++] = uv_buf_init((char *)tx->tag, STREAM_TAG);
     tx->wr.data = tx;
     if (uv_write(&tx->wr, (uv_stream_t *)&s->tcp, b, nb, on_written)) {
-      s->tx_bytes -= tx->hdr.len;
+      tx_unqueue(s, tx);
       tx_end(tx, -ECONNRESET);
     }
   }
@@ -193,6 +206,7 @@ int gshmd__stream_send_ctrl(struct stream *s, const uint8_t *payload, size_t len
   }
   tx->ready = true;
   s->tx_bytes += len;
+  s->ctrl_queued += len + STREAM_CTRL_COST;
   gshm_list_add_tail(&s->txq, &tx->node);
   flush(s);
   return 0;
@@ -424,6 +438,12 @@ static void on_read(uv_stream_t *h, ssize_t nread, const uv_buf_t *buf) {
   want = s->rx_step == RX_HDR ? sizeof(s->hdr) : s->rx_step == RX_TAG ? STREAM_TAG : s->hdr.len;
   if (s->got == want)
     step_done(s);
+  /* too many answers unsent: no more requests until they go out */
+  if (s->ctrl_queued_max && s->ctrl_queued > s->ctrl_queued_max && !s->paused && !s->closing &&
+      !s->failed) {
+    s->paused = true;
+    uv_read_stop(h);
+  }
 }
 
 /* ---- life -------------------------------------------------------------- */

@@ -26,6 +26,7 @@
 #define STREAM_KEY 32
 #define STREAM_PREHELLO_MAX 1024 /* largest frame before the keys: the hello's */
 #define STREAM_CTRL_MAX 65536    /* largest control frame after the hello */
+#define STREAM_CTRL_COST 512     /* what a queued control frame costs beyond its payload */
 
 enum frame_kind { FRAME_CTRL = 1, FRAME_DATA = 2 };
 
@@ -88,7 +89,13 @@ struct stream {
   struct gshm_list txq;
   unsigned jobs;                /* crypto jobs on the thread pool */
   size_t tx_bytes;              /* queued, not yet written */
-  bool failed, closing, closed;
+  /* Control frames queued and not yet written (with STREAM_CTRL_COST
+   * each for its record), and the bound past which the stream stops
+   * reading until they are written (0: none; the serving side of a link
+   * sets it, so that a peer that sends requests and never reads their
+   * answers cannot queue them without bound). */
+  size_t ctrl_queued, ctrl_queued_max;
+  bool paused, failed, closing, closed;
 };
 
 /* Sets up s on loop (uv_tcp_init); the caller connects or accepts on

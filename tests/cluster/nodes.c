@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -195,4 +197,56 @@ void nodes_stop(struct node *serving, struct node *puller) {
   assert_int_equal(harness_stop(&puller->h), 0);
   assert_int_equal(harness_stop(&serving->h), 0);
   harness_set_leftover(NULL);
+}
+
+int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t slowest_stat(gshm_client_t *c, const char *name, int n) {
+  int64_t worst = 0;
+  for (int i = 0; i < n; i++) {
+    gshm_segment_info_t info;
+    int64_t t0 = now_ms();
+    assert_int_equal(gshm_stat_name(c, name, &info), 0);
+    if (now_ms() - t0 > worst)
+      worst = now_ms() - t0;
+  }
+  return worst;
+}
+
+/* Nanoseconds thread tid of process pid has waited for a CPU so far. */
+static int64_t run_delay_ns(pid_t pid, pid_t tid) {
+  char path[96];
+  long long on_cpu = 0, delay = 0;
+  FILE *f;
+  snprintf(path, sizeof(path), "/proc/%d/task/%d/schedstat", (int)pid, (int)tid);
+  if (!(f = fopen(path, "r")))
+    return 0;
+  if (fscanf(f, "%lld %lld", &on_cpu, &delay) != 2)
+    delay = 0;
+  fclose(f);
+  return delay;
+}
+
+int64_t slowest_stat_busy(gshm_client_t *c, const char *name, int n, pid_t gshmd,
+                          int64_t *raw_out) {
+  pid_t me = getpid(), tid = (pid_t)syscall(SYS_gettid);
+  int64_t worst = 0, raw_worst = 0;
+  for (int i = 0; i < n; i++) {
+    gshm_segment_info_t info;
+    int64_t d0 = run_delay_ns(me, tid) + run_delay_ns(gshmd, gshmd), t0 = now_ms(), raw;
+    assert_int_equal(gshm_stat_name(c, name, &info), 0);
+    raw = now_ms() - t0;
+    if (raw > raw_worst)
+      raw_worst = raw;
+    raw -= (run_delay_ns(me, tid) + run_delay_ns(gshmd, gshmd) - d0) / 1000000;
+    if (raw > worst)
+      worst = raw;
+  }
+  if (raw_out)
+    *raw_out = raw_worst;
+  return worst;
 }

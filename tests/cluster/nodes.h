@@ -7,6 +7,7 @@
 #define GSHM_TEST_CLUSTER_NODES_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "gshm.h"
 #include "harness.h"
@@ -68,5 +69,16 @@ void keys_remove(struct cluster_keys *k);
 void nodes_stop(struct node *serving, struct node *puller);
 /* A counter or gauge (no labels) from c's daemon's metrics. */
 long metric(gshm_client_t *c, const char *name);
+/* CLOCK_MONOTONIC in milliseconds. */
+int64_t now_ms(void);
+/* The slowest of n stats of segment `name` by a local client, in
+ * milliseconds (each must succeed). */
+int64_t slowest_stat(gshm_client_t *c, const char *name, int n);
+/* The same, each less the time this thread and gshmd's loop thread (pid
+ * gshmd) waited for a CPU meanwhile (schedstat's run_delay): what is left
+ * is gshmd's own doing, not the machine's other load.  *raw_out (may be
+ * NULL): the slowest without that correction. */
+int64_t slowest_stat_busy(gshm_client_t *c, const char *name, int n, pid_t gshmd,
+                          int64_t *raw_out);
 
 #endif

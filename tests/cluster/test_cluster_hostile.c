@@ -47,12 +47,6 @@ static struct cluster_keys keys;
 static struct node S, P; /* S serves pub/ *, P pulls from it directly */
 static int proxy_port, rogue_port;
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int tcp_connect(const char *from, int port) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -385,37 +379,11 @@ static void test_rogue_server_wrong_mac(void **state) {
 
 /* ---- hosts that never say hello -------------------------------------------- */
 
-static long rss_kib(pid_t pid) {
-  char path[64], line[256];
-  long kib = -1;
-  FILE *f;
-  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-  assert_non_null(f = fopen(path, "r"));
-  while (fgets(line, sizeof(line), f))
-    if (sscanf(line, "VmRSS: %ld", &kib) == 1)
-      break;
-  fclose(f);
-  return kib;
-}
-
-/* The slowest of n stats of a local client, in milliseconds. */
-static int64_t slowest_stat(gshm_client_t *c, int n) {
-  int64_t worst = 0;
-  for (int i = 0; i < n; i++) {
-    gshm_segment_info_t info;
-    int64_t t0 = now_ms();
-    assert_int_equal(gshm_stat_name(c, "pub/probe", &info), 0);
-    if (now_ms() - t0 > worst)
-      worst = now_ms() - t0;
-  }
-  return worst;
-}
-
 /* One frame that claims 256 MiB before any hello, and a data frame before
  * the hello: each closes its connection at once; memory stays put. */
 static void test_prehello_frames(void **state) {
   gshm_client_t *s = connect_to(&S);
-  long rss0 = rss_kib(S.h.sp.pid);
+  long rss0 = harness_rss_kib(S.h.sp.pid);
   uint8_t junk[65536];
   (void)state;
 
@@ -431,8 +399,8 @@ static void test_prehello_frames(void **state) {
     assert_true(closed_within(fd, 2000));
     close(fd);
   }
-  assert_true(slowest_stat(s, 20) < 100);
-  assert_true(rss_kib(S.h.sp.pid) - rss0 < 8 * 1024);
+  assert_true(slowest_stat(s, "pub/probe", 20) < 100);
+  assert_true(harness_rss_kib(S.h.sp.pid) - rss0 < 8 * 1024);
   assert_true(refusals(s, "protocol") >= 8);
   gshm_disconnect(s);
 }
@@ -447,7 +415,7 @@ static void test_idle_flood(void **state) {
 
   for (int i = 0; i < 200; i++)
     assert_true((fds[i] = tcp_connect("127.0.0.2", S.port)) >= 0);
-  assert_true(slowest_stat(s, 20) < 100);
+  assert_true(slowest_stat(s, "pub/probe", 20) < 100);
   usleep(300000);
   for (int i = 0; i < 200; i++)
     open_after += !closed_within(fds[i], 1);
@@ -465,7 +433,7 @@ static void test_idle_flood(void **state) {
       assert_true(closed_within(fds[i], 6000));
     close(fds[i]);
   }
-  assert_true(slowest_stat(s, 20) < 100);
+  assert_true(slowest_stat(s, "pub/probe", 20) < 100);
   /* 25 addresses with 4 connections each: at most 64 in their hello at once */
   open_after = 0;
   for (int i = 0; i < 100; i++) {
@@ -477,7 +445,7 @@ static void test_idle_flood(void **state) {
   for (int i = 0; i < 100; i++)
     open_after += !closed_within(fds[i], 1);
   assert_true(open_after >= 32 && open_after <= 64);
-  assert_true(slowest_stat(s, 20) < 100);
+  assert_true(slowest_stat(s, "pub/probe", 20) < 100);
   for (int i = 0; i < 100; i++)
     close(fds[i]);
   gshm_disconnect(s);

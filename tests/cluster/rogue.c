@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A rogue cluster peer that holds the key (rogue.h).  The hello follows
+ * proto/cluster.proto: crypto_auth over "gshm-cluster-2 " || direction ||
+ * both nonces || both names (NUL-terminated) || both sides' capabilities,
+ * connecting side first; then one key per direction from the cluster key
+ * and both nonces (crypto_generichash, crypto_kdf). */
+#include "rogue.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { H_CLIENT_CHALLENGE, H_CLIENT_AUTH_OK, H_SERVER_HELLO, H_SERVER_AUTH, H_UP };
+
+static int64_t ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void rogue_key(const char *path, uint8_t key[32]) {
+  uint8_t buf[4096];
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf)) : -1;
+
+  if (fd >= 0)
+    close(fd);
+  crypto_generichash(key, 32, buf, n > 0 ? (size_t)n : 0, NULL, 0);
+}
+
+/* The hello's MAC in direction dir ('S' from the listening side, 'C'
+ * from the connecting one). */
+static void hello_mac(const struct rogue *r, char dir, uint8_t mac[crypto_auth_BYTES]) {
+  const uint8_t *nc = r->accepted ? r->nonce_theirs : r->nonce_mine;
+  const uint8_t *ns = r->accepted ? r->nonce_mine : r->nonce_theirs;
+  const char *name_c = r->accepted ? r->peer : r->name, *name_s = r->accepted ? r->name : r->peer;
+  uint32_t caps_c = r->accepted ? r->caps_theirs : 0, caps_s = r->accepted ? 0 : r->caps_theirs;
+  uint8_t buf[16 + 64 + 2 * 64 + 8];
+  size_t n = 0;
+
+  memcpy(buf, "gshm-cluster-2 ", 15);
+  n = 15;
+  buf[n++] = (uint8_t)dir;
+  memcpy(buf + n, nc, 32);
+  memcpy(buf + n + 32, ns, 32);
+  n += 64;
+  memcpy(buf + n, name_c, strlen(name_c) + 1);
+  n += strlen(name_c) + 1;
+  memcpy(buf + n, name_s, strlen(name_s) + 1);
+  n += strlen(name_s) + 1;
+  memcpy(buf + n, &caps_c, 4);
+  memcpy(buf + n + 4, &caps_s, 4);
+  crypto_auth(mac, buf, n + 8, r->key);
+}
+
+/* The stream's keys after the hello (tx, rx: which directions now). */
+static void hello_keys(struct rogue *r, bool tx, bool rx) {
+  const uint8_t *nc = r->accepted ? r->nonce_theirs : r->nonce_mine;
+  const uint8_t *ns = r->accepted ? r->nonce_mine : r->nonce_theirs;
+  uint8_t in[16 + 64], master[crypto_kdf_KEYBYTES], c2s[STREAM_KEY], s2c[STREAM_KEY];
+  enum stream_mode mode = gshmd__stream_mode(r->caps_theirs & GSHM__CLUSTER__CAP__CAP_ENCRYPT, false);
+
+  memcpy(in, "gshm-session-2\0\0", 16);
+  memcpy(in + 16, nc, 32);
+  memcpy(in + 48, ns, 32);
+  crypto_generichash(master, sizeof(master), in, sizeof(in), r->key, 32);
+  crypto_kdf_derive_from_key(c2s, sizeof(c2s), 1, "gshm-c2s", master);
+  crypto_kdf_derive_from_key(s2c, sizeof(s2c), 2, "gshm-s2c", master);
+  if (tx)
+    gshmd__stream_key_tx(&r->st, mode, r->accepted ? s2c : c2s);
+  if (rx)
+    gshmd__stream_key_rx(&r->st, mode, r->accepted ? c2s : s2c);
+}
+
+void rogue_send(struct rogue *r, const Gshm__Cluster__Msg *m) {
+  size_t len = gshm__cluster__msg__get_packed_size(m);
+  uint8_t *buf = malloc(len ? len : 1);
+
+  if (!buf) {
+    r->failed = true;
+    return;
+  }
+  gshm__cluster__msg__pack(m, buf);
+  rogue_send_packed(r, buf, len);
+  free(buf);
+}
+
+void rogue_send_packed(struct rogue *r, const uint8_t *buf, size_t len) {
+  if (gshmd__stream_send_ctrl(&r->st, buf, len))
+    r->failed = true;
+}
+
+/* Connecting side: the node's Challenge -> our Auth. */
+static void on_challenge(struct rogue *r, const Gshm__Cluster__Challenge *c) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Auth a = GSHM__CLUSTER__AUTH__INIT;
+  uint8_t mac[crypto_auth_BYTES];
+
+  if (c->nonce.len != 32 || c->mac.len != sizeof(mac)) {
+    r->failed = true;
+    return;
+  }
+  memcpy(r->nonce_theirs, c->nonce.data, 32);
+  r->caps_theirs = c->caps;
+  hello_mac(r, 'S', mac);
+  if (sodium_memcmp(mac, c->mac.data, sizeof(mac))) {
+    snprintf(r->refusal, sizeof(r->refusal), "the node's challenge has a wrong MAC");
+    r->failed = true;
+    return;
+  }
+  hello_mac(r, 'C', mac);
+  a.mac.data = mac;
+  a.mac.len = sizeof(mac);
+  m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH;
+  m.auth = &a;
+  rogue_send(r, &m);
+  hello_keys(r, true, false);
+  r->hello = H_CLIENT_AUTH_OK;
+}
+
+/* Listening side: the node's Hello -> our Challenge. */
+static void on_hello(struct rogue *r, const Gshm__Cluster__Hello *h) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Challenge c = GSHM__CLUSTER__CHALLENGE__INIT;
+  uint8_t mac[crypto_auth_BYTES];
+
+  if (h->nonce.len != 32) {
+    r->failed = true;
+    return;
+  }
+  memcpy(r->nonce_theirs, h->nonce.data, 32);
+  r->caps_theirs = h->caps;
+  snprintf(r->peer, sizeof(r->peer), "%s", h->node_name);
+  hello_mac(r, 'S', mac);
+  c.major = 2;
+  c.node_name = r->name;
+  c.nonce.data = r->nonce_mine;
+  c.nonce.len = 32;
+  c.mac.data = mac;
+  c.mac.len = sizeof(mac);
+  m.body_case = GSHM__CLUSTER__MSG__BODY_CHALLENGE;
+  m.challenge = &c;
+  rogue_send(r, &m);
+  r->hello = H_SERVER_AUTH;
+}
+
+/* Listening side: the node's Auth -> AuthOk, and the keys. */
+static void on_auth(struct rogue *r, const Gshm__Cluster__Auth *a) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__AuthOk ok = GSHM__CLUSTER__AUTH_OK__INIT;
+  uint8_t mac[crypto_auth_BYTES];
+
+  hello_mac(r, 'C', mac);
+  if (a->mac.len != sizeof(mac) || sodium_memcmp(mac, a->mac.data, sizeof(mac))) {
+    r->failed = true;
+    return;
+  }
+  m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH_OK;
+  m.auth_ok = &ok;
+  rogue_send(r, &m);
+  hello_keys(r, true, true);
+  r->hello = H_UP;
+  r->up = true;
+}
+
+/* A hello step (false: not the one awaited). */
+static bool hello_step(struct rogue *r, const Gshm__Cluster__Msg *m) {
+  if (r->hello == H_CLIENT_CHALLENGE && m->body_case == GSHM__CLUSTER__MSG__BODY_CHALLENGE)
+    on_challenge(r, m->challenge);
+  else if (r->hello == H_CLIENT_AUTH_OK && m->body_case == GSHM__CLUSTER__MSG__BODY_AUTH_OK) {
+    hello_keys(r, false, true);
+    r->hello = H_UP;
+    r->up = true;
+  } else if (r->hello == H_SERVER_HELLO && m->body_case == GSHM__CLUSTER__MSG__BODY_HELLO)
+    on_hello(r, m->hello);
+  else if (r->hello == H_SERVER_AUTH && m->body_case == GSHM__CLUSTER__MSG__BODY_AUTH)
+    on_auth(r, m->auth);
+  else
+    return false;
+  return true;
+}
+
+static void on_ctrl(struct stream *s, const uint8_t *payload, size_t len) {
+  struct rogue *r = s->owner;
+  Gshm__Cluster__Msg *m = gshm__cluster__msg__unpack(NULL, len, payload);
+
+  if (!m) {
+    r->failed = true;
+    return;
+  }
+  if (r->hello != H_UP) {
+    if (!hello_step(r, m)) {
+      snprintf(r->refusal, sizeof(r->refusal), "%s", m->message ? m->message : "?");
+      r->failed = true;
+    }
+    gshm__cluster__msg__free_unpacked(m, NULL);
+    return;
+  }
+  if (r->on_msg) {
+    r->on_msg(r, m);
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  } else if (r->qn < ROGUE_QUEUE) {
+    r->q[(r->qhead + r->qn++) % ROGUE_QUEUE] = m;
+  } else {
+    r->dropped++;
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+}
+
+static void *data_dest(struct stream *s, uint32_t rid, uint64_t offset, uint64_t len,
+                       void **tok_out) {
+  struct rogue *r = s->owner;
+  (void)rid, (void)offset;
+  if (len > r->sink_len)
+    return NULL;
+  *tok_out = r;
+  return r->sink;
+}
+
+static void data_done(struct stream *s, void *tok, int err) {
+  struct rogue *r = s->owner;
+  (void)tok;
+  r->data_frames++;
+  if (err)
+    r->data_bad++;
+}
+
+static void on_error(struct stream *s, int err, const char *why) {
+  (void)err, (void)why;
+  ((struct rogue *)s->owner)->failed = true;
+}
+
+static void on_closed(struct stream *s) { ((struct rogue *)s->owner)->closed = true; }
+
+static const struct stream_ops rogue_ops = {on_ctrl, data_dest, data_done, on_error, on_closed};
+
+static void on_tick(uv_timer_t *t) { (void)t; }
+
+/* The rogue around a connected socket fd. */
+static int rogue_open(struct rogue *r, int fd, const char *name, const uint8_t key[32]) {
+  uv_loop_init(&r->loop);
+  uv_timer_init(&r->loop, &r->tick);
+  uv_timer_start(&r->tick, on_tick, 5, 5);
+  snprintf(r->name, sizeof(r->name), "%s", name);
+  memcpy(r->key, key, 32);
+  randombytes_buf(r->nonce_mine, sizeof(r->nonce_mine));
+  if (!r->sink_len)
+    r->sink_len = 64u << 20;
+  if (!r->sink && !(r->sink = malloc(r->sink_len)))
+    return -1;
+  if (gshmd__stream_init(&r->st, &r->loop, &rogue_ops, r) || uv_tcp_open(&r->st.tcp, fd) ||
+      gshmd__stream_start(&r->st))
+    return -1;
+  return 0;
+}
+
+static bool is_up(struct rogue *r) { return r->up; }
+
+int rogue_connect(struct rogue *r, int port, const char *name, const char *peer,
+                  const uint8_t key[32]) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Hello h = GSHM__CLUSTER__HELLO__INIT;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+  /* a small receive buffer: when the rogue stops reading, the node's
+   * sends back up at once */
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &(int){65536}, sizeof(int));
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    close(fd);
+    return -1;
+  }
+  snprintf(r->peer, sizeof(r->peer), "%s", peer);
+  r->hello = H_CLIENT_CHALLENGE;
+  if (rogue_open(r, fd, name, key))
+    return -1;
+  h.major = 2;
+  h.node_name = r->name;
+  h.nonce.data = r->nonce_mine;
+  h.nonce.len = 32;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
+  m.hello = &h;
+  rogue_send(r, &m);
+  return rogue_run_until(r, is_up, 5000) ? 0 : -1;
+}
+
+int rogue_accept(struct rogue *r, int lfd, const char *name, const uint8_t key[32]) {
+  struct pollfd p = {.fd = lfd, .events = POLLIN};
+  int fd;
+
+  if (poll(&p, 1, 10000) != 1 || (fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) < 0)
+    return -1;
+  r->accepted = true;
+  r->hello = H_SERVER_HELLO;
+  if (rogue_open(r, fd, name, key))
+    return -1;
+  return rogue_run_until(r, is_up, 5000) ? 0 : -1;
+}
+
+static bool never(struct rogue *r) {
+  (void)r;
+  return false;
+}
+
+void rogue_run(struct rogue *r, int ms) { rogue_run_until(r, never, ms); }
+
+bool rogue_run_until(struct rogue *r, bool (*until)(struct rogue *r), int ms) {
+  int64_t end = ms_now() + ms;
+  while (!until(r) && !r->failed && ms_now() < end)
+    uv_run(&r->loop, UV_RUN_ONCE);
+  return until(r);
+}
+
+static bool have_msg(struct rogue *r) { return r->qn > 0; }
+
+Gshm__Cluster__Msg *rogue_recv(struct rogue *r, int ms) {
+  Gshm__Cluster__Msg *m;
+  if (!rogue_run_until(r, have_msg, ms))
+    return NULL;
+  m = r->q[r->qhead];
+  r->qhead = (r->qhead + 1) % ROGUE_QUEUE;
+  r->qn--;
+  return m;
+}
+
+void rogue_reading(struct rogue *r, bool on) {
+  if (on)
+    gshmd__stream_start(&r->st);
+  else
+    uv_read_stop((uv_stream_t *)&r->st.tcp);
+}
+
+size_t rogue_unsent(struct rogue *r) { return r->st.tx_bytes; }
+
+static bool is_closed(struct rogue *r) { return r->closed; }
+
+void rogue_close(struct rogue *r) {
+  if (r->st.loop) {
+    gshmd__stream_close(&r->st);
+    uv_close((uv_handle_t *)&r->tick, NULL);
+    r->failed = false;
+    rogue_run_until(r, is_closed, 5000);
+    uv_run(&r->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&r->loop);
+  }
+  while (r->qn) {
+    gshm__cluster__msg__free_unpacked(r->q[r->qhead], NULL);
+    r->qhead = (r->qhead + 1) % ROGUE_QUEUE;
+    r->qn--;
+  }
+  free(r->sink);
+  r->sink = NULL;
+}

@@ -1,0 +1,287 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A serving peer that holds the cluster key and lies (rogue.h): the lists
+ * and grants it answers carry names with "..", a leading "/", control
+ * bytes, over 255 bytes or a NUL inside, names twice, sizes of 0 or
+ * beyond any limit, malformed locations, more entries than a page, a
+ * grant for another segment.  The pulling gshmd refuses each with an
+ * error that names the peer, leaves nothing behind (no segment, hidden or
+ * not, no bytes counted) and stays up; for set pulls (gshm_pull_prefix)
+ * and single ones (gshm_pull). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+#include "nodes.h"
+#include "rogue.h"
+
+static struct cluster_keys keys;
+static struct node P; /* pulls from the rogue, node "rs" */
+static struct rogue rs;
+static int lfd;
+static char long_name[300];
+
+/* One lie: the entries of the list's pages, or what a grant says. */
+struct entry {
+  uint64_t id;
+  const char *name;  /* "\x01" in a name is sent as a NUL inside it */
+  uint64_t size;
+  const char *location;
+};
+
+struct lie {
+  const char *what;
+  bool prefix;              /* gshm_pull_prefix("pub/"), else gshm_pull("pub/one") */
+  struct entry page1[4];    /* a set's first page (ids 0: end) */
+  struct entry page2[2];    /* its second page */
+  unsigned many;            /* page 1 holds this many good entries instead */
+  struct entry grant;       /* a single pull's grant (a set's grants are honest) */
+};
+
+static struct lie lies[] = {
+    {"dot-dot", true, {{1, "pub/../etc/passwd", 4096, "host"}}, {{0}}, 0, {0}},
+    {"leading slash", true, {{1, "/pub/a", 4096, "host"}}, {{0}}, 0, {0}},
+    {"control bytes", true, {{1, "pub/\x1b[31mred", 4096, "host"}}, {{0}}, 0, {0}},
+    {"over 255 bytes", true, {{1, long_name, 4096, "host"}}, {{0}}, 0, {0}},
+    {"twice", true, {{1, "pub/a", 4096, "host"}, {2, "pub/a", 4096, "host"}}, {{0}}, 0, {0}},
+    {"NUL inside", true, {{1, "pub/a", 4096, "host"}, {2, "pub/a\x01x", 4096, "host"}}, {{0}}, 0,
+     {0}},
+    {"size 0", true, {{1, "pub/a", 0, "host"}}, {{0}}, 0, {0}},
+    {"size beyond limits", true, {{1, "pub/a", 1ull << 60, "host"}}, {{0}}, 0, {0}},
+    {"bad location", true, {{1, "pub/a", 4096, "cuda:\x1b"}}, {{0}}, 0, {0}},
+    {"segment id 0", true, {{0, "pub/a", 4096, "host"}}, {{0}}, 0, {0}},
+    {"more than a page", true, {{0}}, {{0}}, 300, {0}},
+    /* page 1 is fine: page 2 lies */
+    {"second page", true, {{1, "pub/ok", 4096, "host"}}, {{2, "pub/../x", 4096, "host"}}, 0, {0}},
+    {"grant of another name", false, {{0}}, {{0}}, 0, {1, "pub/other", 4096, "host"}},
+    {"grant named with control bytes", false, {{0}}, {{0}}, 0, {1, "pub/\x07", 4096, "host"}},
+    {"grant of size 0", false, {{0}}, {{0}}, 0, {1, "pub/one", 0, "host"}},
+    {"grant beyond limits", false, {{0}}, {{0}}, 0, {1, "pub/one", 1ull << 60, "host"}},
+    {"grant with a bad location", false, {{0}}, {{0}}, 0, {1, "pub/one", 4096, "gpu:7"}},
+};
+
+static void segment_of(const struct entry *e, Gshm__Cluster__Segment *s) {
+  gshm__cluster__segment__init(s);
+  s->id = e->id;
+  s->generation = 1;
+  s->name = (char *)e->name;
+  s->size = e->size;
+  s->allocated = e->size;
+  s->location = (char *)e->location;
+}
+
+/* Packs m and sends it with every 0x01 byte of names made a NUL. */
+static void send_with_nuls(const Gshm__Cluster__Msg *m) {
+  size_t len = gshm__cluster__msg__get_packed_size(m);
+  uint8_t *buf = malloc(len);
+  assert_non_null(buf);
+  gshm__cluster__msg__pack(m, buf);
+  for (size_t i = 0; i < len; i++)
+    if (buf[i] == 0x01 && i > 0 && buf[i - 1] == 'a') /* "pub/a\x01x" */
+      buf[i] = 0;
+  rogue_send_packed(&rs, buf, len);
+  free(buf);
+}
+
+/* The list page answering request rid: entries (or `many` good ones),
+ * next: the cursor of a page to follow (0: none). */
+static void send_page(uint32_t rid, const struct entry *es, size_t max, unsigned many,
+                      uint64_t next) {
+  static Gshm__Cluster__Segment segs[300];
+  static Gshm__Cluster__Segment *ptrs[300];
+  static char names[300][16];
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+  size_t n = 0;
+
+  for (; many && n < many; n++) {
+    struct entry e = {n + 1, names[n], 4096, "host"};
+    snprintf(names[n], sizeof(names[n]), "pub/m%zu", n);
+    segment_of(&e, &segs[n]);
+    ptrs[n] = &segs[n];
+  }
+  for (; !many && n < max && es[n].name; n++) {
+    segment_of(&es[n], &segs[n]);
+    ptrs[n] = &segs[n];
+  }
+  r.segments = ptrs;
+  r.n_segments = n;
+  r.next = next;
+  r.total = (uint32_t)n;
+  m.request_id = rid;
+  m.status = 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+  m.list_reply = &r;
+  send_with_nuls(&m);
+}
+
+static void send_grant(uint32_t rid, const struct entry *e) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
+  Gshm__Cluster__Segment s;
+
+  segment_of(e, &s);
+  g.segment = &s;
+  g.grant_id = 1000 + e->id;
+  g.path = GSHM__CLUSTER__PATH__PATH_HOST;
+  g.length = e->size;
+  m.request_id = rid;
+  m.status = 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
+  m.grant = &g;
+  rogue_send(&rs, &m);
+}
+
+static void send_error(uint32_t rid) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  m.request_id = rid;
+  m.status = 2; /* STATUS_INVALID_ARGUMENT */
+  m.message = "the rogue does not send bytes";
+  rogue_send(&rs, &m);
+}
+
+/* The pull in the background: its result and the puller's message. */
+struct bg {
+  pthread_t t;
+  const struct lie *lie;
+  int err;
+  char msg[512];
+  atomic_bool done;
+};
+
+static void *bg_thread(void *arg) {
+  struct bg *bg = arg;
+  gshm_pull_result_t r, *v = NULL;
+  size_t n = 0;
+  gshm_client_t *c;
+
+  bg->err = gshm_connect(P.h.socket_path, "bg", &c);
+  if (!bg->err) {
+    bg->err = bg->lie->prefix ? gshm_pull_prefix(c, "rs", "pub/", NULL, &v, &n)
+                              : gshm_pull(c, "rs", "pub/one", NULL, &r);
+    snprintf(bg->msg, sizeof(bg->msg), "%s", gshm_last_error(c));
+    gshm_free(v);
+    gshm_disconnect(c);
+  }
+  bg->done = true;
+  return NULL;
+}
+
+/* Answers the puller's requests with lie l until its pull ends; returns
+ * how many reads it was sent (the segment was being made). */
+static unsigned serve_lie(struct bg *bg, const struct lie *l) {
+  uint32_t held_reads[64];
+  unsigned nheld = 0, reads = 0;
+
+  while (!bg->done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (!m) {
+      assert_false(rs.failed);
+      continue;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && m->list->after == 0)
+      send_page(m->request_id, l->page1, 4, l->many, l->page2[0].id ? l->page1[0].id : 0);
+    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST) /* a set is listed whole before */
+      send_page(m->request_id, l->page2, 2, 0, 0);         /* any grant: the lie comes first */
+    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
+      send_grant(m->request_id, l->prefix ? &l->page1[0] : &l->grant);
+    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_READ && nheld < 64 && ++reads)
+      held_reads[nheld++] = m->request_id;
+    gshm__cluster__msg__free_unpacked(m, NULL);
+    while (nheld) /* (no lie lets a pull read: each read fails) */
+      send_error(held_reads[--nheld]);
+  }
+  return reads;
+}
+
+static int group_setup(void **state) {
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t len = sizeof(sa);
+  uint8_t key[32];
+  char peers[64];
+  (void)state;
+
+  memset(long_name, 'x', sizeof(long_name) - 1);
+  memcpy(long_name, "pub/", 4);
+  keys_make(&keys, "gshm-rogue-server");
+  rogue_key(keys.key, key);
+  lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &len), 0);
+  assert_int_equal(listen(lfd, 4), 0);
+  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d", ntohs(sa.sin_port));
+  node_start(&P, "p", peers, keys.key, "", NULL);
+  harness_set_leftover(&P.h);
+  assert_int_equal(rogue_accept(&rs, lfd, "rs", key), 0);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  rogue_close(&rs);
+  close(lfd);
+  assert_int_equal(harness_stop(&P.h), 0);
+  harness_set_leftover(NULL);
+  keys_remove(&keys);
+  return 0;
+}
+
+/* Each lie in turn: refused with -EPROTO by a message that names the
+ * peer, nothing left on the puller, which goes on serving. */
+static void test_lies_refused(void **state) {
+  gshm_client_t *p = connect_to(&P);
+  (void)state;
+
+  for (size_t i = 0; i < sizeof(lies) / sizeof(lies[0]); i++) {
+    struct bg bg = {.lie = &lies[i]};
+    gshm_status_info_t st;
+    gshm_segment_info_t info;
+
+    unsigned reads;
+
+    assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+    reads = serve_lie(&bg, &lies[i]);
+    pthread_join(bg.t, NULL);
+    /* a set pull lists the whole set before it asks for a grant, and a
+     * single pull checks its grant first: no lie gets a byte read */
+    assert_int_equal(reads, 0);
+    printf("%-32s %d: %s\n", lies[i].what, bg.err, bg.msg);
+    assert_int_equal(bg.err, -EPROTO);
+    assert_non_null(strstr(bg.msg, "peer 'rs'"));
+    /* nothing made, hidden or not, and P answers */
+    assert_int_equal(gshm_status(p, &st), 0);
+    assert_int_equal(st.segments, 0);
+    assert_int_equal(st.bytes, 0);
+    assert_int_equal(gshm_stat_name(p, "pub/a", &info), -ENOENT);
+    assert_int_equal(gshm_stat_name(p, "pub/ok", &info), -ENOENT);
+    assert_int_equal(gshm_stat_name(p, "pub/one", &info), -ENOENT);
+    assert_false(rs.failed);
+  }
+  gshm_disconnect(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_lies_refused),
+  };
+  setenv("UCX_TLS", "tcp", 0);
+  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+  atexit(harness_kill_leftover);
+  atexit(nodes_kill);
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
