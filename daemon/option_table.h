@@ -170,7 +170,7 @@
     "gshm's TCP stream; tcp always over the stream; ucx also over UCX "         \
     "transports that cannot detect a dead peer (shared memory in UCX 1.13), "   \
     "eagerly (for tests and trials).")                                        \
-  X(cluster, pull_chunk, SIZE, cluster_pull_chunk, "4M", 4096, 1073741824,      \
+  X(cluster, pull_chunk, SIZE, cluster_pull_chunk, "4M", 4096, 67108864,        \
     NULL, "Bytes per read request (and per staging slot) of a pull.")         \
   X(cluster, pull_depth, U32, cluster_pull_depth, "32", 1, 256, NULL,           \
     "Read requests (or staged chunks) in flight per pull (and at most 48 to "  \

@@ -50,8 +50,6 @@ struct lane {
   pthread_cond_t cv;
   bool stop;                  /* under mu: the loop wants the thread gone */
   struct lane_job *jobs, **jobs_tail; /* under mu: sender's queue */
-  uint8_t *ct;                /* sender: ciphertext buffer (encrypting modes) */
-  size_t ct_len;
   /* receiver: the frame being read; dst and tok set by the loop (under mu) */
   struct frame_hdr hdr;
   uint8_t *dst;
@@ -137,22 +135,21 @@ static int send_one(struct lane *ln, struct lane_job *j) {
   const uint8_t *payload = j->src;
   struct iovec iov[3];
 
-  if (ln->st.mode_tx != STREAM_AUTH) { /* encrypting: into our buffer */
-    if (ln->ct_len < len) {
-      uint8_t *b = realloc(ln->ct, len);
-      if (!b)
-        return -ENOMEM;
-      ln->ct = b;
-      ln->ct_len = len;
-    }
-    payload = ln->ct;
-  }
+  uint8_t *ct = NULL;
+  int e;
+
+  /* encrypting: into a buffer of the frame's, freed once written (the
+   * serving side's bytes in flight per link bound them all) */
+  if (ln->st.mode_tx != STREAM_AUTH && !(payload = ct = malloc(len)))
+    return -ENOMEM;
   gshmd__stream_seal(ln->st.mode_tx, ln->st.key_tx, ln->st.n_tx++, &j->hdr, j->src,
                      (uint8_t *)payload, len, tag);
   iov[0] = (struct iovec){&j->hdr, sizeof(j->hdr)};
   iov[1] = (struct iovec){(void *)payload, len};
   iov[2] = (struct iovec){tag, sizeof(tag)};
-  return write_all(ln->st.fd, iov, 3);
+  e = write_all(ln->st.fd, iov, 3);
+  free(ct);
+  return e;
 }
 
 static void *sender_main(void *arg) {
@@ -292,7 +289,6 @@ static void on_lane_exit(struct lane *ln, int err) {
   sodium_memzero(&ln->st, sizeof(ln->st));
   pthread_mutex_destroy(&ln->mu);
   pthread_cond_destroy(&ln->cv);
-  free(ln->ct);
   free(ln);
   gshmd__link_fail(l, -ECONNRESET, "data lane ended");
   l->busy--;

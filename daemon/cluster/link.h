@@ -34,6 +34,12 @@
 #define LINK_MAX_LANES 16        /* data lanes of one link (lane.h) */
 #define LINK_MAX_READS 64        /* Reads and Stages in flight per link: the serving side
                                     refuses more as busy (serve.c) */
+#define LINK_MAX_READ_BYTES (64ull << 20)      /* the largest Read (or Stage) a peer may ask */
+#define LINK_MAX_BYTES_INFLIGHT (256ull << 20) /* bytes of Reads and Stages in flight per link:
+                                                  with encryption each holds a ciphertext
+                                                  buffer of its length until written */
+#define PEER_BYTES_BUDGET (192ull << 20)       /* ... and a puller keeps at most this many to
+                                                  one peer over all its pulls (pull.c) */
 #define PEER_READ_BUDGET 48      /* ... and a puller keeps at most this many in flight to one
                                     peer over all its pulls (pull.c): the serving side counts a
                                     read until its send completes, which it may hear of after
@@ -81,6 +87,7 @@ struct peer {
   struct gshm_list waiting;  /* struct peer_req: sent when the link is up */
   unsigned lanes_connecting;  /* our lanes to it in their hello (lane.h) */
   unsigned reads_inflight;    /* our Reads and Stages to it not yet ended (pull.c) */
+  uint64_t bytes_inflight;    /* ... and their bytes */
   /* metrics */
   uint64_t pulls_ok, pulls_failed, bytes_host, bytes_staged, bytes_direct;
 };
@@ -130,6 +137,7 @@ struct link {
   uint32_t next_request;
   unsigned busy;             /* inbound: staging copies and data sends running; the
                                 link's serving state waits for them */
+  uint64_t bytes_busy;       /* inbound: bytes of the Reads and Stages among them */
   bool stream_closed;        /* the stream is closed: freed when busy is 0 */
   /* UCX for the bytes (data.c), decided after the hello (hello.c) */
   bool ucx;                  /* outbound: the peer sends our Reads' bytes over UCX */

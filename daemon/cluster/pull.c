@@ -83,6 +83,15 @@ void gshmd__pull_send_progress(struct pull_set *s) {
   s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
 }
 
+/* Whether peer's budget (PEER_READ_BUDGET reads, PEER_BYTES_BUDGET
+ * bytes in flight over all pulls) takes p's next chunk; one chunk always
+ * goes when nothing is in flight. */
+static bool peer_budget_left(const struct peer *peer, const struct pull *p) {
+  uint64_t len = p->total - p->next_off < p->chunk_size ? p->total - p->next_off : p->chunk_size;
+  return peer->reads_inflight < PEER_READ_BUDGET &&
+         (peer->bytes_inflight == 0 || peer->bytes_inflight + len <= PEER_BYTES_BUDGET);
+}
+
 /* Other sets pulling from peer that wait for its read budget
  * (PEER_READ_BUDGET) get their turn, oldest first. */
 static void peer_budget_freed(struct gshmd_cluster *cl, struct peer *peer,
@@ -111,6 +120,7 @@ static void chunk_end(struct chunk *c, int err, const char *why) {
   p->inflight--;
   s->inflight--;
   s->peer->reads_inflight--;
+  s->peer->bytes_inflight -= c->len;
   peer_budget_freed(s->cl, s->peer, s);
   if (p->nslots)
     p->free_slots[p->nfree++] = c->slot;
@@ -203,7 +213,7 @@ static void issue_chunks(struct pull *p) {
   struct gshmd_cluster *cl = s->cl;
 
   while (!s->err && s->inflight < cl->cfg->cluster_pull_depth && p->next_off < p->total &&
-         (!p->nslots || p->nfree) && s->peer->reads_inflight < PEER_READ_BUDGET) {
+         (!p->nslots || p->nfree) && peer_budget_left(s->peer, p)) {
     struct chunk *c = calloc(1, sizeof(*c));
     if (!c) {
       pull_fail(p, -ENOMEM, "out of memory");
@@ -218,6 +228,7 @@ static void issue_chunks(struct pull *p) {
     p->inflight++;
     s->inflight++;
     s->peer->reads_inflight++;
+    s->peer->bytes_inflight += c->len;
     gshm__cluster__msg__init(&c->msg);
     if (p->remote_staged) {
       gshm__cluster__stage__init(&c->st);
@@ -255,7 +266,7 @@ void gshmd__pull_set_issue(struct pull_set *s) {
     struct pull *p = s->items[i];
     if (s->inflight >= s->cl->cfg->cluster_pull_depth ||
         s->peer->reads_inflight >= PEER_READ_BUDGET)
-      break;
+      break; /* (the bytes' budget is checked per chunk) */
     if (p->granted && !p->closed && !p->finished && p->total)
       issue_chunks(p);
   }

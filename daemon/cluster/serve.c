@@ -458,16 +458,22 @@ struct grant_send {
   struct link *l;
   uint64_t grant_id;
   uint32_t rid;
+  uint64_t len;          /* counted in l->bytes_busy until sent */
 };
 
 static void on_grant_sent(void *arg, int err) {
   struct grant_send *gs = arg;
   (void)err;
+  gs->l->bytes_busy -= gs->len;
   grant_unbusy(gs->cl, gs->l, gs->grant_id);
   free(gs);
 }
 
-static struct grant_send *grant_send_new(struct link *l, struct serve_grant *g, uint32_t rid) {
+/* A send of len bytes for request rid, counted in l->bytes_busy until
+ * on_grant_sent (the caller frees it without that only before it
+ * counted: see grant_send_drop). */
+static struct grant_send *grant_send_new(struct link *l, struct serve_grant *g, uint32_t rid,
+                                         uint64_t len) {
   struct grant_send *gs = calloc(1, sizeof(*gs));
   if (!gs)
     return NULL;
@@ -475,7 +481,31 @@ static struct grant_send *grant_send_new(struct link *l, struct serve_grant *g, 
   gs->l = l;
   gs->grant_id = g->grant_id;
   gs->rid = rid;
+  gs->len = len;
+  l->bytes_busy += len;
   return gs;
+}
+
+static void grant_send_drop(struct grant_send *gs) {
+  gs->l->bytes_busy -= gs->len;
+  free(gs);
+}
+
+/* Whether request rid (len bytes) must be refused by the caps of link l:
+ * then it is, with its reason. */
+static bool over_caps(struct link *l, uint32_t rid, uint64_t len) {
+  const char *why = NULL;
+  int err = -EBUSY;
+
+  if (l->busy >= LINK_MAX_READS)
+    why = "too many reads in flight on this link";
+  else if (len > LINK_MAX_READ_BYTES)
+    why = "a read of more than 64 MiB", err = -EINVAL;
+  else if (l->bytes_busy + len > LINK_MAX_BYTES_INFLIGHT)
+    why = "too many bytes of reads in flight on this link";
+  if (why)
+    gshmd__link_send_status(l, rid, err, why);
+  return why != NULL;
 }
 
 /* Read: the bytes of a host (or directly registered device) grant. */
@@ -488,10 +518,8 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
   const char *why;
   int e;
 
-  if (l->busy >= LINK_MAX_READS) { /* the cap first: never queued */
-    gshmd__link_send_status(l, rid, -EBUSY, "too many reads in flight on this link");
+  if (over_caps(l, rid, r->length)) /* the caps first: never queued */
     return;
-  }
   if (!lease || !g || g->released || g->sb || !(seg = lease->seg) || !(x = seg->cluster_export)) {
     gshmd__link_send_status(l, rid, -ESTALE, "no such grant (or a staged one: use Stage)");
     return;
@@ -507,7 +535,7 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
       gshmd__link_send_status(l, rid, e, why);
     return;
   }
-  if (!(gs = grant_send_new(l, g, rid))) {
+  if (!(gs = grant_send_new(l, g, rid, r->length))) {
     gshmd__link_send_status(l, rid, -ENOMEM, "out of memory");
     return;
   }
@@ -515,7 +543,7 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
   if ((e = gshmd__link_send_data(l, rid, r->offset, (uint8_t *)x->addr + r->offset, r->length,
                                  x->memh, on_grant_sent, gs))) {
     g->busy--;
-    free(gs);
+    grant_send_drop(gs);
     gshmd__link_send_status(l, rid, e, "cannot send");
   }
 }
@@ -552,14 +580,14 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
 
   if (!g || g->released || !g->sb)
     return -ESTALE;
-  if (l->busy >= LINK_MAX_READS)
+  if (l->busy >= LINK_MAX_READS || l->bytes_busy + s->length > LINK_MAX_BYTES_INFLIGHT)
     return -EBUSY;
   if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
       s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)
     return -EINVAL;
   if (seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, false, &x)))
     return e;
-  if (!(gs = grant_send_new(l, g, rid)))
+  if (!(gs = grant_send_new(l, g, rid, s->length)))
     return -ENOMEM;
   gs->sc.mem = seg->mem;
   gs->sc.host_map = x ? x->addr : NULL;
@@ -570,7 +598,7 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
   gs->sc.done = on_slot_filled;
   gs->sc.arg = gs;
   if ((e = gshmd_stage_copy(&cl->stage, &gs->sc))) {
-    free(gs);
+    grant_send_drop(gs);
     return e;
   }
   l->busy++;

@@ -258,6 +258,61 @@ static void test_grant_and_read_flood(void **state) {
   rogue_close(&r);
 }
 
+/* Reads large in bytes: one over 64 MiB is refused outright; of eight of
+ * 64 MiB that the rogue does not take, four (256 MiB, what an encrypted
+ * link would hold as ciphertext) are in flight and four refused as busy. */
+static void test_read_bytes_capped(void **state) {
+  static struct rogue r;
+  gshm_client_t *s = connect_to(&S);
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__GrantRequest gr = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  Gshm__Cluster__Read rd = GSHM__CLUSTER__READ__INIT;
+  struct tally t = {0};
+  (void)state;
+
+  make_segment(s, "pub/huge", 80 * MiB, 4);
+  assert_int_equal(rogue_connect(&r, S.port, "r", "s", key), 0);
+  r.on_msg = count_answer;
+  r.arg = &t;
+  gr.name = "pub/huge";
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  m.grant_request = &gr;
+  m.request_id = 1;
+  rogue_send(&r, &m);
+  want_answers = 1;
+  assert_true(rogue_run_until(&r, all_answered, 10000));
+  assert_int_equal(t.grants, 1);
+  rd.grant_id = t.first_grant;
+  rd.length = 65 * MiB;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_READ;
+  m.read = &rd;
+  m.request_id = 2;
+  rogue_send(&r, &m);
+  want_answers = 2;
+  assert_true(rogue_run_until(&r, all_answered, 10000));
+  assert_int_equal(t.other, 1);
+  assert_non_null(strstr(t.other_msg, "more than 64 MiB"));
+  memset(&t, 0, sizeof(t));
+  rogue_reading(&r, false);
+  rd.length = 64 * MiB;
+  for (uint32_t i = 0; i < 8; i++) {
+    m.request_id = 3 + i;
+    rogue_send(&r, &m);
+  }
+  rogue_run(&r, 2000);
+  rogue_reading(&r, true);
+  want_answers = 8;
+  assert_true(rogue_run_until(&r, all_answered, 60000));
+  printf("64 MiB reads: %" PRIu64 " sent, %" PRIu64 " busy, %" PRIu64 " other (%s)\n",
+         r.data_frames, t.busy, t.other, t.other_msg);
+  assert_int_equal(r.data_frames, 4);
+  assert_int_equal(t.busy, 4);
+  assert_int_equal(r.data_bad, 0);
+  rogue_close(&r);
+  assert_int_equal(gshm_unlink(s, "pub/huge"), 0);
+  gshm_disconnect(s);
+}
+
 /* Staged grants (cluster.staging = always) each hold staging_bytes of
  * pinned memory: 4 per link, the rest refused as busy; none registers
  * anything with UCX, as their bytes would go on the TCP stream. */
@@ -365,6 +420,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_links_per_peer),
       cmocka_unit_test(test_grant_and_read_flood),
+      cmocka_unit_test(test_read_bytes_capped),
       cmocka_unit_test(test_staged_grants),
       cmocka_unit_test(test_honest_pulls_within_caps),
   };
