@@ -55,6 +55,9 @@ struct lane {
   uint8_t *dst;
   void *tok;
   bool dst_set;
+  struct frame_hdr rx_hdr;     /* the frame EV_RECEIVED is for, its tag and number */
+  uint8_t rx_tag[STREAM_TAG];
+  uint64_t rx_n;
   struct lane_ev ev_header, ev_received, ev_exit;
   atomic_uint_fast64_t queued;  /* bytes queued, not yet written */
   atomic_int_fast64_t progress_ns; /* CLOCK_MONOTONIC: the last frame moved */
@@ -202,9 +205,13 @@ static int receive_one(struct lane *ln) {
   pthread_mutex_unlock(&ln->mu);
   if (e)
     return e; /* no tok was handed out */
-  if (!(e = read_all(ln->st.fd, ln->dst, h->len)) && !(e = read_all(ln->st.fd, tag, sizeof(tag))))
-    e = gshmd__stream_unseal(ln->st.mode_rx, ln->st.key_rx, ln->st.n_rx++, h, ln->dst, h->len,
-                             tag);
+  if (!(e = read_all(ln->st.fd, ln->dst, h->len)) && !(e = read_all(ln->st.fd, tag, sizeof(tag)))) {
+    /* checked on libuv's pool while this thread reads the next frame:
+     * what the loop needs of this one is copied first (h takes the next) */
+    ln->rx_hdr = *h;
+    memcpy(ln->rx_tag, tag, sizeof(tag));
+    ln->rx_n = ln->st.n_rx++;
+  }
   atomic_store(&ln->progress_ns, gshm__now_ns(CLOCK_MONOTONIC));
   post_ev(ln, &ln->ev_received, EV_RECEIVED, e);
   return e;
@@ -252,16 +259,73 @@ static void on_header(struct lane *ln) {
   }
 }
 
-static void on_received(struct lane *ln, int err) {
-  struct link *parent = ln->l->lane_of;
+/* A received frame's tag checked (and its bytes decrypted) on the pool. */
+struct lane_check {
+  uv_work_t w;
+  struct link *l;             /* the lane's link: held (busy) until done */
+  void *tok;
+  uint8_t *dst;
+  struct frame_hdr hdr;
+  uint8_t tag[STREAM_TAG];
+  uint64_t n;
+  enum stream_mode mode;
+  uint8_t key[STREAM_KEY];
+  int err;
+};
 
-  ln->ll->hooks.data_done(ln->l, ln->tok, err);
+static void check_work(uv_work_t *w) {
+  struct lane_check *c = w->data;
+  c->err = gshmd__stream_unseal(c->mode, c->key, c->n, &c->hdr, c->dst, c->hdr.len, c->tag);
+}
+
+static void frame_done(struct links *ll, struct link *l, void *tok, int err) {
+  struct link *parent = l->lane_of;
+
+  ll->hooks.data_done(l, tok, err);
   if (err == -EBADMSG) {
-    gshmd__link_refused(ln->ll, REFUSE_TAMPERED, ln->l->remote,
+    gshmd__link_refused(ll, REFUSE_TAMPERED, l->remote,
                         "a data frame failed its authentication on a lane");
     if (parent)
       gshmd__link_fail(parent, -EPROTO, "a data frame failed its authentication");
   }
+}
+
+static void check_done(uv_work_t *w, int status) {
+  struct lane_check *c = w->data;
+  struct link *l = c->l;
+
+  frame_done(l->ll, l, c->tok, status ? -ECANCELED : c->err);
+  sodium_memzero(c->key, sizeof(c->key));
+  free(c);
+  l->busy--;
+  gshmd__link_unbusy(l);
+}
+
+/* A frame's bytes are in place (err 0: its tag still to check) or its
+ * reading failed. */
+static void on_received(struct lane *ln, int err) {
+  struct lane_check *c;
+
+  if (err || !(c = calloc(1, sizeof(*c)))) {
+    frame_done(ln->ll, ln->l, ln->tok, err ? err : -ENOMEM);
+    return;
+  }
+  c->w.data = c;
+  c->l = ln->l;
+  c->tok = ln->tok;
+  c->dst = ln->dst;
+  c->hdr = ln->rx_hdr;
+  memcpy(c->tag, ln->rx_tag, sizeof(c->tag));
+  c->n = ln->rx_n;
+  c->mode = ln->st.mode_rx;
+  memcpy(c->key, ln->st.key_rx, sizeof(c->key));
+  if (uv_queue_work(ln->ll->loop, &c->w, check_work, check_done)) {
+    sodium_memzero(c->key, sizeof(c->key));
+    free(c);
+    frame_done(ln->ll, ln->l, ln->tok, -ENOMEM);
+    return;
+  }
+  ln->l->busy++;
 }
 
 static void on_lane_exit(struct lane *ln, int err) {

@@ -16,10 +16,11 @@
  * on the serving side the thread seals and writes the data frames the
  * loop queued; on the pulling side it reads a frame's header, asks the
  * loop where the bytes go (the request's destination, looked up on the
- * loop as for the link's own stream), reads them straight there, checks
- * their tag and tells the loop.  Frames, keys and nonces are those of
- * stream.h, per lane and direction; control messages stay on the link's
- * first connection.
+ * loop as for the link's own stream), reads them straight there and
+ * tells the loop, which has their tag checked (and the bytes decrypted)
+ * on libuv's pool while the thread reads the next frame.  Frames, keys
+ * and nonces are those of stream.h, per lane and direction; control
+ * messages stay on the link's first connection.
  *
  * Threads never touch the link layer: they talk to the loop through one
  * queue of events per struct links (a mutex and a uv_async_t), and the
