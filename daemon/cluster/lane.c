@@ -30,12 +30,20 @@ struct lane_ev {
   struct lane *ln;
 };
 
-/* One data frame to send (serving side). */
+/* One data frame to send (serving side): sealed on libuv's pool, then
+ * written by the lane's thread, in the order of its frame numbers. */
 struct lane_job {
-  struct lane_job *next;
+  struct lane_job *next;      /* ln->pending (loop), then ln->jobs (thread) */
   struct lane_ev ev;          /* EV_SENT */
+  struct lane *ln;
   struct frame_hdr hdr;
   const uint8_t *src;
+  uint64_t n;                 /* its frame number */
+  uint8_t tag[STREAM_TAG];
+  uint8_t *ct;                /* encrypting: the ciphertext, freed once written */
+  int err;                    /* sealing failed (-ENOMEM): the lane ends */
+  bool ready;                 /* sealed */
+  uv_work_t work;
   void (*done)(void *arg, int err);
   void *arg;
 };
@@ -50,6 +58,11 @@ struct lane {
   pthread_cond_t cv;
   bool stop;                  /* under mu: the loop wants the thread gone */
   struct lane_job *jobs, **jobs_tail; /* under mu: sender's queue */
+  /* sender, loop side: frames being sealed, in frame-number order */
+  struct lane_job *pending, **pending_tail;
+  uint64_t n_next;            /* the next frame's number */
+  unsigned sealing;           /* seal jobs on the pool: ln is freed after the last */
+  bool exited;                /* the thread is gone (EV_EXIT handled) */
   /* receiver: the frame being read; dst and tok set by the loop (under mu) */
   struct frame_hdr hdr;
   uint8_t *dst;
@@ -133,25 +146,17 @@ static int read_all(int fd, void *buf, size_t len) {
 }
 
 static int send_one(struct lane *ln, struct lane_job *j) {
-  uint32_t len = j->hdr.len;
-  uint8_t tag[STREAM_TAG];
-  const uint8_t *payload = j->src;
   struct iovec iov[3];
-
-  uint8_t *ct = NULL;
   int e;
 
-  /* encrypting: into a buffer of the frame's, freed once written (the
-   * serving side's bytes in flight per link bound them all) */
-  if (ln->st.mode_tx != STREAM_AUTH && !(payload = ct = malloc(len)))
-    return -ENOMEM;
-  gshmd__stream_seal(ln->st.mode_tx, ln->st.key_tx, ln->st.n_tx++, &j->hdr, j->src,
-                     (uint8_t *)payload, len, tag);
+  if (j->err)
+    return j->err;
   iov[0] = (struct iovec){&j->hdr, sizeof(j->hdr)};
-  iov[1] = (struct iovec){(void *)payload, len};
-  iov[2] = (struct iovec){tag, sizeof(tag)};
+  iov[1] = (struct iovec){(void *)(j->ct ? j->ct : j->src), j->hdr.len};
+  iov[2] = (struct iovec){j->tag, sizeof(j->tag)};
   e = write_all(ln->st.fd, iov, 3);
-  free(ct);
+  free(j->ct);
+  j->ct = NULL;
   return e;
 }
 
@@ -328,6 +333,16 @@ static void on_received(struct lane *ln, int err) {
   ln->l->busy++;
 }
 
+/* Frees ln once its thread is gone and no seal job holds it. */
+static void lane_free(struct lane *ln) {
+  if (!ln->exited || ln->sealing)
+    return;
+  sodium_memzero(&ln->st, sizeof(ln->st));
+  pthread_mutex_destroy(&ln->mu);
+  pthread_cond_destroy(&ln->cv);
+  free(ln);
+}
+
 static void on_lane_exit(struct lane *ln, int err) {
   struct links *ll = ln->ll;
   struct link *l = ln->l, *parent = l->lane_of;
@@ -340,6 +355,7 @@ static void on_lane_exit(struct lane *ln, int err) {
     struct lane_job *j = ln->jobs;
     ln->jobs = j->next;
     j->done(j->arg, -ECONNRESET);
+    free(j->ct);
     free(j);
   }
   if (parent) { /* the lane ended first: the link's bytes on it are lost */
@@ -350,10 +366,8 @@ static void on_lane_exit(struct lane *ln, int err) {
     gshmd__link_fail(parent, err == -EPROTO ? -EPROTO : -ECONNRESET, why);
   }
   l->lane = NULL;
-  sodium_memzero(&ln->st, sizeof(ln->st));
-  pthread_mutex_destroy(&ln->mu);
-  pthread_cond_destroy(&ln->cv);
-  free(ln);
+  ln->exited = true;
+  lane_free(ln); /* (after its seal jobs, if some still run) */
   gshmd__link_fail(l, -ECONNRESET, "data lane ended");
   l->busy--;
   gshmd__link_unbusy(l);
@@ -463,6 +477,7 @@ int gshmd__lane_attach(struct link *lane, struct link *parent) {
   ln->l = lane;
   ln->sender = lane->inbound;
   ln->jobs_tail = &ln->jobs;
+  ln->pending_tail = &ln->pending;
   atomic_init(&ln->queued, 0);
   atomic_init(&ln->progress_ns, gshm__now_ns(CLOCK_MONOTONIC));
   pthread_mutex_init(&ln->mu, NULL);
@@ -472,7 +487,8 @@ int gshmd__lane_attach(struct link *lane, struct link *parent) {
     pthread_cond_destroy(&ln->cv);
     free(ln);
     return e;
-  }
+  }  ln->n_next = ln->st.n_tx; /* frame numbers on: the loop's (seal_work) */
+
   /* the stream's close gives its connection back to the budget; the
    * thread's fd takes it again until EV_EXIT */
   ll->nconns++;
@@ -520,6 +536,51 @@ void gshmd__lanes_fail(struct link *parent) {
    * at attach (no such link) */
 }
 
+/* On the pool: the frame's tag (and ciphertext, into a buffer of its
+ * own: the serving side's bytes in flight per link bound them all). */
+static void seal_work(uv_work_t *w) {
+  struct lane_job *j = w->data;
+  struct lane *ln = j->ln;
+
+  if (ln->st.mode_tx != STREAM_AUTH && !(j->ct = malloc(j->hdr.len))) {
+    j->err = -ENOMEM;
+    return;
+  }
+  gshmd__stream_seal(ln->st.mode_tx, ln->st.key_tx, j->n, &j->hdr, j->src, j->ct, j->hdr.len,
+                     j->tag);
+}
+
+/* A frame is sealed: the sealed ones at the head of the order go to the
+ * thread (or end, when it is gone). */
+static void seal_done(uv_work_t *w, int status) {
+  struct lane_job *j = w->data;
+  struct lane *ln = j->ln;
+
+  j->ready = true;
+  if (status && !j->err)
+    j->err = -ECANCELED;
+  ln->sealing--;
+  while (ln->pending && ln->pending->ready) {
+    struct lane_job *h = ln->pending;
+    if (!(ln->pending = h->next))
+      ln->pending_tail = &ln->pending;
+    h->next = NULL;
+    if (ln->exited) {
+      atomic_fetch_sub(&ln->queued, h->hdr.len);
+      h->done(h->arg, -ECONNRESET);
+      free(h->ct);
+      free(h);
+      continue;
+    }
+    pthread_mutex_lock(&ln->mu);
+    *ln->jobs_tail = h;
+    ln->jobs_tail = &h->next;
+    pthread_cond_signal(&ln->cv);
+    pthread_mutex_unlock(&ln->mu);
+  }
+  lane_free(ln);
+}
+
 int gshmd__lane_send(struct link *parent, uint32_t rid, uint64_t offset, const void *src,
                      uint64_t len, void (*done)(void *arg, int err), void *arg) {
   struct lane *best = NULL;
@@ -544,13 +605,19 @@ int gshmd__lane_send(struct link *parent, uint32_t rid, uint64_t offset, const v
   j->src = src;
   j->done = done;
   j->arg = arg;
+  j->ln = best;
+  j->n = best->n_next;
+  j->work.data = j;
+  if (uv_queue_work(best->ll->loop, &j->work, seal_work, seal_done)) {
+    free(j);
+    return -ENOMEM;
+  }
+  best->n_next++;
+  best->sealing++;
+  *best->pending_tail = j;
+  best->pending_tail = &j->next;
   if (atomic_fetch_add(&best->queued, len) == 0)
     atomic_store(&best->progress_ns, gshm__now_ns(CLOCK_MONOTONIC));
-  pthread_mutex_lock(&best->mu);
-  *best->jobs_tail = j;
-  best->jobs_tail = &j->next;
-  pthread_cond_signal(&best->cv);
-  pthread_mutex_unlock(&best->mu);
   return 0;
 }
 

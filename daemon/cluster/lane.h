@@ -13,8 +13,9 @@
  * the link it belongs to by a token both sides derived from that link's
  * session key (Hello.lane_of, under both MACs).  After its hello a lane
  * leaves libuv (gshmd__stream_detach) for a thread that blocks on it:
- * on the serving side the thread seals and writes the data frames the
- * loop queued; on the pulling side it reads a frame's header, asks the
+ * on the serving side the loop has each data frame sealed on libuv's
+ * pool and the thread writes them in the order of their numbers; on the
+ * pulling side it reads a frame's header, asks the
  * loop where the bytes go (the request's destination, looked up on the
  * loop as for the link's own stream), reads them straight there and
  * tells the loop, which has their tag checked (and the bytes decrypted)
