@@ -487,7 +487,14 @@ static void passed_fds_free(struct passed_fds *p) {
 
 /* The setup chain, from the loop to READY=1: 0, or -1 when a step failed
  * (it logged why); shutdown_all copes with wherever it stopped. */
+/* libuv's thread pool (4 threads unless UV_THREADPOOL_SIZE says) checks
+ * and seals the frames of every data lane and runs the staging copies:
+ * 16 threads, so that a pull's 8 lanes on each side, and the copies of a
+ * staged one, do not queue behind 4.  Set before the pool's first use. */
+#define GSHMD_THREADPOOL_SIZE "16"
+
 static int setup_all(struct daemon *d, struct passed_fds *p) {
+  setenv("UV_THREADPOOL_SIZE", GSHMD_THREADPOOL_SIZE, 0); /* (the environment's wins) */
   if (uv_loop_init(&d->loop))
     return -1;
   d->loop_ready = true;
