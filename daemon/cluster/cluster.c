@@ -13,6 +13,7 @@
 #include "config.h"
 #include "errors.h"
 #include "internal.h"
+#include "lane.h"
 #include "log.h"
 #include "registry.h"
 #include "util.h"
@@ -325,6 +326,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   cl->reply = reply;
   cl->reply_arg = reply_arg;
   gshm_list_init(&cl->pulls);
+  cl->serve_again = gshmd__serve_handle;
   gshm_list_init(&cl->lists);
   gshm_list_init(&cl->peer_queries);
   gshm_list_init(&cl->relays);
@@ -334,6 +336,9 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                                      .on_lost = on_lost, .on_idle = on_idle,
                                      .data_dest = gshmd__link_data_dest,
                                      .data_done = gshmd__link_data_done,
+                                     .on_up = gshmd__lanes_open,
+                                     .on_fail = gshmd__lanes_link_failed,
+                                     .lane_overdue = gshmd__lane_overdue,
                                      .after_progress = after_progress, .arg = cl};
   cl->ll.encrypt = cfg->cluster_encrypt;
   cl->ll.streams = cfg->cluster_streams;
@@ -349,7 +354,8 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
     e = -ENOMEM;
     goto fail;
   }
-  if ((e = gshmd__link_start(&cl->ll)) || (e = gshmd__link_data_start(&cl->ll)))
+  if ((e = gshmd__lanes_init(&cl->ll)) || (e = gshmd__link_start(&cl->ll)) ||
+      (e = gshmd__link_data_start(&cl->ll)))
     goto fail;
   cl->stage = (struct stage_pool){.loop = loop, .ctx = cl->ll.ctx,
                                   .staging_bytes = cfg->cluster_staging_bytes};
@@ -374,6 +380,7 @@ void gshmd_cluster_stop(struct gshmd_cluster *cl) {
   gshmd__peers_stop(cl);
   gshmd__pull_stop_all(cl);
   gshmd__link_stop(&cl->ll);
+  gshmd__lanes_stop(&cl->ll); /* the links failed: waits for their lanes' threads */
   gshmd__pull_reap(cl);
   gshmd_stage_pool_drain(&cl->stage);
   gshmd__serve_stop(cl);
@@ -384,6 +391,7 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl) {
     return;
   gshmd_stage_pool_drain(&cl->stage);
   gshmd__link_destroy(&cl->ll);
+  gshmd__lanes_destroy(&cl->ll);
   for (unsigned i = 0; i < cl->nexport; i++)
     free(cl->exports[i].pattern);
   free(cl->exports);

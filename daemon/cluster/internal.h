@@ -3,9 +3,11 @@
  * cluster's state and each file's entry points.  Arrows point down:
  * cluster.c (front door) -> hello.c -> serve.c -> link.c, stage.c;
  * cluster.c -> peers.c, pullset.c -> pull.c (pull.h) -> link.c, stage.c;
- * serve.c, pull.c, pullset.c -> relay.c (relay.h: serving what is still
- * being pulled), which serves parked reads again through serve.c; conf.c stands
- * alone (pull.c and cluster.c word peers' errors with it).  The link layer calls
+ * serve.c, serve_list.c, pull.c, pullset.c -> relay.c (relay.h: serving
+ * what is still being pulled), which serves parked reads again through
+ * cl->serve_again (set by cluster.c), not by calling serve.c; hello.c ->
+ * lane.c (lane.h) -> link.c; conf.c stands alone (pull.c and cluster.c
+ * word peers' errors with it).  The link layer calls
  * up only through struct link_hooks, which cluster.c fills. */
 #ifndef GSHMD_CLUSTER_INTERNAL_H
 #define GSHMD_CLUSTER_INTERNAL_H
@@ -51,6 +53,9 @@ struct gshmd_cluster {
   struct gshm_list lists;    /* struct remote_list.node */
   struct gshm_list peer_queries; /* struct peers_query.node (peers.c) */
   struct gshm_list relays;   /* relay.c: segments pulled here that peers may read meanwhile */
+  /* gshmd__serve_handle, set by cluster.c: relay.c serves a parked
+   * request again through it (relay.c sits below serve.c) */
+  bool (*serve_again)(struct gshmd_cluster *cl, struct link *l, const Gshm__Cluster__Msg *m);
   struct gshm_list relay_lists; /* relay.c: Lists waiting for a set's listing */
   uint64_t next_set_seq;     /* struct pull_set.seq */
   bool have_pull_gid;

@@ -627,6 +627,33 @@ bool gshmd__lane_overdue(const struct link *lane, int64_t now) {
          now - atomic_load(&ln->progress_ns) > LINK_REQUEST_NS;
 }
 
+/* A lane fails: its thread stops, and its link fails unless that is why;
+ * an outbound lane that never came up makes room for the next (or, after
+ * two such, for none). */
+static void lane_down(struct link *l, enum link_state was) {
+  struct peer *p = l->peer;
+  struct link *parent = l->lane_of;
+
+  gshmd__lane_stop(l); /* off its link's lanes */
+  if (parent) /* a lane failed on its own (a timeout): its link's bytes on it are lost */
+    gshmd__link_fail(parent, -ECONNRESET, "connection lost (a data lane failed)");
+  if (l->inbound || was == LINK_UP || !p)
+    return;
+  p->lanes_connecting--;
+  if (p->out && p->out->state == LINK_UP &&
+      sodium_memcmp(p->out->lane_token, l->lane_token, LINK_LANE_TOKEN) == 0) {
+    p->out->lane_failures++;
+    gshmd__lanes_open(p->out);
+  }
+}
+
+void gshmd__lanes_link_failed(struct link *l, enum link_state was) {
+  if (l->is_lane)
+    lane_down(l, was);
+  else
+    gshmd__lanes_fail(l);
+}
+
 void gshmd__lanes_open(struct link *l) {
   struct links *ll = l->ll;
   struct peer *p = l->peer;

@@ -23,6 +23,10 @@
  * and nonces are those of stream.h, per lane and direction; control
  * messages stay on the link's first connection.
  *
+ * lane.c sits above link.c: the link layer reaches it only through
+ * link_hooks (on_up, on_fail, lane_overdue), which cluster.c fills, and
+ * cluster.c sets up and stops the lanes' queue around the links.
+ *
  * Threads never touch the link layer: they talk to the loop through one
  * queue of events per struct links (a mutex and a uv_async_t), and the
  * loop handles each event (completion, header, exit) in lane.c.  A lane
@@ -68,6 +72,10 @@ int gshmd__lane_attach(struct link *lane, struct link *parent);
 void gshmd__lane_stop(struct link *lane);
 /* Detaches every lane of parent, which fails: each is failed too. */
 void gshmd__lanes_fail(struct link *parent);
+/* link_hooks.on_fail: l fails (was: its state before): a lane stops (and
+ * its link fails with it, unless that is why; an outbound one that never
+ * came up makes room for the next), a link's lanes fail. */
+void gshmd__lanes_link_failed(struct link *l, enum link_state was);
 
 /* Queues one data frame of [src, src + len) answering request rid at
  * offset on the lane of parent with the fewest bytes queued; src must

@@ -3,7 +3,6 @@
  * connections to and from peers as gshm streams, requests to peers and
  * their answers, and the sweep.  The UCP worker is worker.c. */
 #include "link.h"
-#include "lane.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -223,26 +222,6 @@ static void peer_down(struct link *l, enum link_state was, int err, const char *
   reqs_fail(&p->waiting, err, why);
 }
 
-/* A lane fails: its thread stops, and its link fails unless that is why;
- * an outbound lane that never came up makes room for the next (or, after
- * two such, for none). */
-static void lane_down(struct link *l, enum link_state was) {
-  struct peer *p = l->peer;
-  struct link *parent = l->lane_of;
-
-  gshmd__lane_stop(l); /* off its link's lanes */
-  if (parent) /* a lane failed on its own (a timeout): its link's bytes on it are lost */
-    gshmd__link_fail(parent, -ECONNRESET, "connection lost (a data lane failed)");
-  if (l->inbound || was == LINK_UP || !p)
-    return;
-  p->lanes_connecting--;
-  if (p->out && p->out->state == LINK_UP &&
-      sodium_memcmp(p->out->lane_token, l->lane_token, LINK_LANE_TOKEN) == 0) {
-    p->out->lane_failures++;
-    gshmd__lanes_open(p->out);
-  }
-}
-
 void gshmd__link_fail(struct link *l, int err, const char *why) {
   struct links *ll = l->ll;
   enum link_state was = l->state;
@@ -252,10 +231,8 @@ void gshmd__link_fail(struct link *l, int err, const char *why) {
   l->state = LINK_CLOSED;
   if (l->inbound && was != LINK_UP)
     ll->ninbound_pending--;
-  if (l->is_lane)
-    lane_down(l, was);
-  else
-    gshmd__lanes_fail(l);
+  if (ll->hooks.on_fail) /* its data lanes stop, or, a lane, it leaves its link */
+    ll->hooks.on_fail(l, was);
   if (l->peer && l->peer->out == l)
     peer_down(l, was, err, why);
   else if (l->inbound && was == LINK_UP && l->peer && !l->is_lane)
@@ -286,7 +263,8 @@ void gshmd__link_up(struct link *l, uint32_t exported) {
     req->queued = false;
     gshmd__link_req_send(l, req);
   }
-  gshmd__lanes_open(l);
+  if (l->ll->hooks.on_up)
+    l->ll->hooks.on_up(l);
 }
 
 unsigned gshmd__link_count_up(struct links *ll, const struct peer *p) {
@@ -515,7 +493,7 @@ static const char *link_overdue(struct link *l, int64_t now) {
     return "no answer to the hello in time";
   }
   if (l->is_lane)
-    return l->state == LINK_UP && gshmd__lane_overdue(l, now)
+    return l->state == LINK_UP && ll->hooks.lane_overdue && ll->hooks.lane_overdue(l, now)
                ? "the peer did not read a data lane in time"
                : NULL;
   if (l->state != LINK_UP || now - l->active_ns <= LINK_REQUEST_NS)
@@ -601,8 +579,7 @@ int gshmd__link_start(struct links *ll) {
 
   ll->max_conns = conn_budget();
   gshm_list_init(&ll->links);
-  if ((e = gshmd__lanes_init(ll)) || (e = gshmd__link_worker_start(ll)) ||
-      (e = setup_listener(ll)))
+  if ((e = gshmd__link_worker_start(ll)) || (e = setup_listener(ll)))
     return e;
   uv_timer_init(ll->loop, &ll->sweep);
   ll->sweep.data = ll;
@@ -625,7 +602,6 @@ void gshmd__link_stop(struct links *ll) {
     for (unsigned i = 0; i < ll->npeers; i++)
       reqs_fail(&ll->peers[i].waiting, -ESHUTDOWN, "gshmd is stopping");
   }
-  gshmd__lanes_stop(ll); /* waits for the lanes' threads */
   if (ll->listener) {
     uv_close((uv_handle_t *)ll->listener, free_handle);
     ll->listener = NULL;
@@ -644,6 +620,5 @@ void gshmd__link_destroy(struct links *ll) {
     gshm_list_del(&l->node);
     free(l);
   }
-  gshmd__lanes_destroy(ll);
   gshmd__link_worker_destroy(ll);
 }

@@ -178,6 +178,13 @@ struct link_hooks {
    * their end (stream.h's data_dest and data_done). */
   void *(*data_dest)(struct link *l, uint32_t rid, uint64_t offset, uint64_t len, void **tok_out);
   void (*data_done)(struct link *l, void *tok, int err);
+  /* Data lanes (lane.c, above this layer): an outbound link came up (its
+   * puller opens its lanes); l fails, was its state (its lanes stop; a
+   * lane leaves its link); whether lane l has had bytes queued without
+   * progress too long at now.  Each may be NULL (no lanes). */
+  void (*on_up)(struct link *l);
+  void (*on_fail)(struct link *l, enum link_state was);
+  bool (*lane_overdue)(const struct link *l, int64_t now);
   /* After each batch of worker progress, outside UCX callbacks. */
   void (*after_progress)(void *arg);
   void *arg;

@@ -84,7 +84,7 @@ static void wait_resume(struct gshmd_cluster *cl, struct relay_wait *w) {
   gshm_list_del(&w->node);
   w->l->parked--;
   if (w->l->state == LINK_UP)
-    gshmd__serve_handle(cl, w->l, &w->m);
+    cl->serve_again(cl, w->l, &w->m);
   free(w);
 }
 
@@ -290,7 +290,7 @@ void gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after,
     for (size_t i = 0; i < s->n; i++) {
       struct gshmd_segment *seg = s->items[i]->seg;
       uint64_t key = item_key(s, i);
-      if (key <= after || !seg || !seg->cluster_relay || !gshmd__serve_exported(cl, seg) ||
+      if (key <= after || !seg || !seg->cluster_relay ||
           gshmd_registry_find_name(cl->reg, seg->name))
         continue;
       if (!fn(arg, seg, key))

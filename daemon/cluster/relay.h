@@ -55,8 +55,8 @@ int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
  * (answered through gshmd__serve_handle later). */
 bool gshmd__relay_list_wait(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
                             const Gshm__Cluster__ListRequest *req);
-/* Calls fn for each relayed segment that peers may list (exported once
- * published, its name not held by a live segment; two sets in flight
+/* Calls fn for each relayed segment that peers may list (its name not
+ * held by a live segment; fn checks the export rules; two sets in flight
  * here may list one name twice: the puller keeps the first), with a listing key
  * above after, in key order, while fn returns true.  Keys are below
  * RELAY_KEY_END. */

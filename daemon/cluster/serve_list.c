@@ -17,6 +17,7 @@
 /* A List answer being filled: at most GSHMD_LIST_PAGE_SEGMENTS segments and
  * LIST_PAGE_BYTES of them; next is the key of the last one when full. */
 struct list_page {
+  struct gshmd_cluster *cl;
   Gshm__Cluster__Segment *segs;
   Gshm__Cluster__Segment **ptrs;
   size_t n, used;
@@ -46,11 +47,18 @@ static bool page_add(void *arg, struct gshmd_segment *seg, uint64_t key) {
   return true;
 }
 
+/* page_add for a segment still being pulled here: only one this node
+ * would export once published. */
+static bool relayed_add(void *arg, struct gshmd_segment *seg, uint64_t key) {
+  struct list_page *pg = arg;
+  return !gshmd__serve_exported(pg->cl, seg) || page_add(arg, seg, key);
+}
+
 void gshmd__serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRequest *req) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
-  struct list_page pg = {0};
+  struct list_page pg = {.cl = cl};
   uint64_t base = req->with_in_flight ? RELAY_KEY_END : 0;
   struct gshm_list *pos;
 
@@ -65,7 +73,7 @@ void gshmd__serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRe
     return;
   }
   if (base && req->after < base)
-    gshmd__relay_foreach(cl, req->after, page_add, &pg);
+    gshmd__relay_foreach(cl, req->after, relayed_add, &pg);
   if (!pg.next) {
     gshm_list_foreach(pos, &cl->reg->segments) {
       struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
