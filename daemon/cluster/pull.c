@@ -83,33 +83,19 @@ void gshmd__pull_send_progress(struct pull_set *s) {
   s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
 }
 
-/* Whether peer's budget (PEER_READ_BUDGET reads, PEER_BYTES_BUDGET
- * bytes in flight over all pulls) takes p's next chunk; one chunk always
- * goes when nothing is in flight. */
-static bool peer_budget_left(const struct peer *peer, const struct pull *p) {
-  uint64_t len = p->total - p->next_off < p->chunk_size ? p->total - p->next_off : p->chunk_size;
-  return peer->reads_inflight < PEER_READ_BUDGET &&
-         (peer->bytes_inflight == 0 || peer->bytes_inflight + len <= PEER_BYTES_BUDGET);
+/* The length of p's next chunk. */
+static uint64_t next_chunk_len(const struct pull *p) {
+  return p->total - p->next_off < p->chunk_size ? p->total - p->next_off : p->chunk_size;
 }
 
-/* Other sets pulling from peer that wait for its read budget
- * (PEER_READ_BUDGET) get their turn, oldest first. */
-static void peer_budget_freed(struct gshmd_cluster *cl, struct peer *peer,
-                              struct pull_set *except) {
-  static bool busy; /* no nesting: an issue that ends chunks at once frees budget again */
-  struct gshm_list *pos;
-
-  if (busy)
-    return;
-  busy = true;
-  gshm_list_foreach(pos, &cl->pulls) {
-    struct pull_set *o = gshm_list_entry(pos, struct pull_set, node);
-    if (peer->reads_inflight >= PEER_READ_BUDGET)
-      break;
-    if (o != except && o->peer == peer && !o->err)
-      gshmd__pull_set_issue(o);
-  }
-  busy = false;
+/* Whether peer's budget (PEER_READ_BUDGET reads, PEER_BYTES_BUDGET
+ * bytes in flight over all pulls) takes p's next chunk; one chunk always
+ * goes when nothing is in flight.  Sets that wait for it are asked again
+ * by gshmd__pull_reap after each kick. */
+static bool peer_budget_left(const struct peer *peer, const struct pull *p) {
+  uint64_t len = next_chunk_len(p);
+  return peer->reads_inflight < PEER_READ_BUDGET &&
+         (peer->bytes_inflight == 0 || peer->bytes_inflight + len <= PEER_BYTES_BUDGET);
 }
 
 /* A chunk left every step (err 0: its bytes are in place). */
@@ -120,8 +106,7 @@ static void chunk_end(struct chunk *c, int err, const char *why) {
   p->inflight--;
   s->inflight--;
   s->peer->reads_inflight--;
-  s->peer->bytes_inflight -= c->len;
-  peer_budget_freed(s->cl, s->peer, s);
+  s->peer->bytes_inflight -= c->len; /* (other sets waiting for it: the kick's reap) */
   if (p->nslots)
     p->free_slots[p->nfree++] = c->slot;
   if (err) {
@@ -221,7 +206,7 @@ static void issue_chunks(struct pull *p) {
     }
     c->p = p;
     c->off = p->next_off;
-    c->len = p->total - c->off < p->chunk_size ? p->total - c->off : p->chunk_size;
+    c->len = next_chunk_len(p);
     if (p->nslots)
       c->slot = p->free_slots[--p->nfree];
     p->next_off += c->len;
