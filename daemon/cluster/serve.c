@@ -580,8 +580,6 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
 
   if (!g || g->released || !g->sb)
     return -ESTALE;
-  if (l->busy >= LINK_MAX_READS || l->bytes_busy + s->length > LINK_MAX_BYTES_INFLIGHT)
-    return -EBUSY;
   if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
       s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)
     return -EINVAL;
@@ -611,6 +609,8 @@ static void serve_stage(struct link *l, uint32_t rid, const Gshm__Cluster__Stage
   const char *why;
   int e;
 
+  if (over_caps(l, rid, s->length)) /* the caps first, as for a Read */
+    return;
   if (!lease) {
     gshmd__link_send_status(l, rid, -ESTALE, "no such grant");
     return;
