@@ -310,19 +310,25 @@ static void on_connected(uv_connect_t *c, int status) {
   l->ll->hooks.on_connect(l);
 }
 
-struct link *gshmd__link_connect_lane(struct link *parent) {
-  struct links *ll = parent->ll;
-  struct peer *p = parent->peer;
+/* A new outbound link to p (NULL: stopping, no fd left, no memory);
+ * lane: a data lane of p's link with that lane token (lane.h), else p's
+ * link.  Connecting: on_connected says hello. */
+static struct link *link_connect(struct links *ll, struct peer *p, const uint8_t *lane) {
   struct link *l;
   int e;
 
   if (ll->stopping || ll->nconns >= ll->max_conns || !(l = link_new(ll, false)))
     return NULL;
   l->peer = p;
-  l->is_lane = true;
-  memcpy(l->lane_token, parent->lane_token, LINK_LANE_TOKEN);
   snprintf(l->remote, sizeof(l->remote), "%.63s", p->address);
-  p->lanes_connecting++;
+  if (lane) {
+    l->is_lane = true;
+    memcpy(l->lane_token, lane, LINK_LANE_TOKEN);
+    p->lanes_connecting++;
+  } else {
+    p->out = l;
+    p->state = PEER_CONNECTING;
+  }
   l->connect.data = l;
   if ((e = uv_tcp_connect(&l->connect, &l->st.tcp, (const struct sockaddr *)&p->sa,
                           on_connected))) {
@@ -332,24 +338,13 @@ struct link *gshmd__link_connect_lane(struct link *parent) {
   return l;
 }
 
-static void peer_connect(struct links *ll, struct peer *p) {
-  struct link *l;
-  int e;
+struct link *gshmd__link_connect_lane(struct link *parent) {
+  return link_connect(parent->ll, parent->peer, parent->lane_token);
+}
 
-  if (ll->stopping || p->out || ll->nconns >= ll->max_conns)
-    return;
-  if (!(l = link_new(ll, false)))
-    return;
-  l->peer = p;
-  snprintf(l->remote, sizeof(l->remote), "%.63s", p->address);
-  p->out = l;
-  p->state = PEER_CONNECTING;
-  l->connect.data = l;
-  if ((e = uv_tcp_connect(&l->connect, &l->st.tcp, (const struct sockaddr *)&p->sa,
-                          on_connected))) {
-    gshmd__link_fail(l, -EIO, uv_strerror(e));
-    return;
-  }
+static void peer_connect(struct links *ll, struct peer *p) {
+  if (!p->out)
+    link_connect(ll, p, NULL);
 }
 
 /* Inbound connections in their hello from the address of sa. */

@@ -278,6 +278,11 @@ int gshmd__link_data_start(struct links *ll);
 void gshmd__link_data_lost(struct link *l);
 /* Inbound links of peer p that passed the hello. */
 unsigned gshmd__link_count_up(struct links *ll, const struct peer *p);
+/* A new outbound connection to parent's peer that will say hello as a
+ * data lane of parent (its lane token; lane.h), counted in the peer's
+ * lanes_connecting.  Returns it, or NULL (gshmd stopping, the cluster's
+ * fd budget spent, no memory, or the connect failed at once: then the
+ * link already failed).  Owned by the link layer: freed when it fails. */
 struct link *gshmd__link_connect_lane(struct link *parent);
 /* l->busy went down: when it reaches 0 on a failed link, on_idle runs. */
 void gshmd__link_unbusy(struct link *l);
