@@ -198,6 +198,20 @@ static void on_challenge(struct link *l, const Gshm__Cluster__Challenge *c) {
   hello_keys(cl, l, true, false); /* what we send after Auth is keyed */
 }
 
+/* Inbound, proved: AuthOk (exported: segments exported now) goes before
+ * the keys (a refusal would have gone there too); every frame after it,
+ * both ways, is keyed. */
+static void auth_ok(struct gshmd_cluster *cl, struct link *l, uint32_t exported) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__AuthOk ok = GSHM__CLUSTER__AUTH_OK__INIT;
+
+  ok.exported = exported;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH_OK;
+  m.auth_ok = &ok;
+  gshmd__link_send(l, &m);
+  hello_keys(cl, l, true, true);
+}
+
 /* The link of l's peer that an inbound lane names, up; NULL if none. */
 static struct link *lane_parent(struct links *ll, const struct link *lane) {
   struct gshm_list *pos;
@@ -213,8 +227,6 @@ static struct link *lane_parent(struct links *ll, const struct link *lane) {
 /* Inbound lane, proved: AuthOk, the keys, and its thread sends the
  * bytes of its link's Reads from now on (lane.h). */
 static void lane_up_inbound(struct gshmd_cluster *cl, struct link *l) {
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
-  Gshm__Cluster__AuthOk ok = GSHM__CLUSTER__AUTH_OK__INIT;
   struct link *parent = lane_parent(&cl->ll, l);
   char msg[160];
   int e;
@@ -223,10 +235,7 @@ static void lane_up_inbound(struct gshmd_cluster *cl, struct link *l) {
     gshmd__link_refuse(l, REFUSE_PROTOCOL, -ENOENT, "a data lane for no link");
     return;
   }
-  m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH_OK;
-  m.auth_ok = &ok;
-  gshmd__link_send(l, &m);
-  hello_keys(cl, l, true, true);
+  auth_ok(cl, l, 0);
   cl->ll.ninbound_pending--;
   if ((e = gshmd__lane_attach(l, parent))) {
     l->state = LINK_UP; /* no longer pending: gshmd__link_fail counts it so */
@@ -239,8 +248,6 @@ static void lane_up_inbound(struct gshmd_cluster *cl, struct link *l) {
 /* Inbound: Auth -> AuthOk; the link serves from now on. */
 static void on_auth(struct link *l, const Gshm__Cluster__Auth *a) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
-  Gshm__Cluster__AuthOk ok = GSHM__CLUSTER__AUTH_OK__INIT;
   uint8_t mac[crypto_auth_BYTES];
   char msg[200];
 
@@ -266,13 +273,7 @@ static void on_auth(struct link *l, const Gshm__Cluster__Auth *a) {
   }
   l->state = LINK_UP;
   cl->ll.ninbound_pending--;
-  ok.exported = gshmd__serve_count(cl);
-  m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH_OK;
-  m.auth_ok = &ok;
-  /* AuthOk goes before the keys (a refusal would have gone there too);
-   * every frame after it, both ways, is keyed */
-  gshmd__link_send(l, &m);
-  hello_keys(cl, l, true, true);
+  auth_ok(cl, l, gshmd__serve_count(cl));
   gshm_log_info("cluster: peer '%s' connected from %s, %s", l->peer->name, l->remote,
                 gshmd__stream_mode_name(l->st.mode_tx));
 }
