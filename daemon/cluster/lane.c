@@ -598,10 +598,7 @@ int gshmd__lane_send(struct link *parent, uint32_t rid, uint64_t offset, const v
     return -EINVAL;
   if (!(j = calloc(1, sizeof(*j))))
     return -ENOMEM;
-  j->hdr.kind = FRAME_DATA;
-  j->hdr.len = (uint32_t)len;
-  j->hdr.request_id = rid;
-  j->hdr.offset = offset;
+  j->hdr = gshmd__frame_data(rid, offset, len);
   j->src = src;
   j->done = done;
   j->arg = arg;

@@ -249,10 +249,7 @@ int gshmd__stream_send_data(struct stream *s, uint32_t request_id, uint64_t offs
     return -ENOMEM;
   }
   tx->s = s;
-  tx->hdr.kind = FRAME_DATA;
-  tx->hdr.len = (uint32_t)len;
-  tx->hdr.request_id = request_id;
-  tx->hdr.offset = offset;
+  tx->hdr = gshmd__frame_data(request_id, offset, len);
   tx->payload = src;
   tx->done = done;
   tx->arg = arg;

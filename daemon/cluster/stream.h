@@ -39,6 +39,14 @@ struct frame_hdr {
   uint64_t offset;       /* DATA: in the segment */
 };
 
+/* The header of the data frame of len bytes (<= UINT32_MAX) at offset
+ * answering request_id. */
+static inline struct frame_hdr gshmd__frame_data(uint32_t request_id, uint64_t offset,
+                                                 uint64_t len) {
+  return (struct frame_hdr){.len = (uint32_t)len, .kind = FRAME_DATA,
+                            .request_id = request_id, .offset = offset};
+}
+
 /* How frames are protected once keyed. */
 enum stream_mode {
   STREAM_PLAIN,          /* before the hello's end: nothing */
