@@ -208,8 +208,10 @@ static void test_one_port(void **state) {
 /* ---- rogue peers ----------------------------------------------------------- */
 
 /* Sends a Hello as node name, speaking cluster protocol major.minor,
- * with a fixed nonce and no capabilities. */
-static void send_hello(int fd, uint32_t major, uint32_t minor, const char *name) {
+ * with a fixed nonce and no capabilities; lane_len > 0: as a data lane
+ * naming the first lane_len bytes of lane (a token of 16). */
+static void send_hello(int fd, uint32_t major, uint32_t minor, const char *name,
+                       const uint8_t *lane, size_t lane_len) {
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__Hello h = GSHM__CLUSTER__HELLO__INIT;
   uint8_t nonce[32] = {1};
@@ -219,34 +221,29 @@ static void send_hello(int fd, uint32_t major, uint32_t minor, const char *name)
   h.node_name = (char *)name;
   h.nonce.data = nonce;
   h.nonce.len = sizeof(nonce);
+  h.lane_of.data = (uint8_t *)lane;
+  h.lane_of.len = lane_len;
   m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
   m.hello = &h;
   send_msg(fd, &m);
 }
 
-/* A peer that skips its own verification: it ignores the Challenge's MAC
- * and sends a wrong one.  The serving node must refuse and count it. */
-static void test_rogue_peer_wrong_mac(void **state) {
-  gshm_client_t *s = connect_to(&S);
-  long before = refusals(s, "bad_key");
+/* After a Hello on fd: takes the Challenge, answers it with a wrong MAC
+ * and checks the refusal (never AuthOk) and that fd is closed; closes
+ * fd. */
+static void wrong_auth_refused(int fd) {
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *r;
   Gshm__Cluster__Auth a = GSHM__CLUSTER__AUTH__INIT;
   uint8_t mac[32] = {2};
-  int fd = tcp_connect(NULL, S.port);
-  (void)state;
 
-  assert_true(fd >= 0);
-  send_hello(fd, 2, 0, "r");
   assert_non_null(r = recv_msg(fd));
   assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY_CHALLENGE);
   gshm__cluster__msg__free_unpacked(r, NULL);
   a.mac.data = mac;
   a.mac.len = sizeof(mac);
-  gshm__cluster__msg__init(&m);
   m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH;
   m.auth = &a;
   send_msg(fd, &m);
-  /* a refusal, never AuthOk, then the connection closes */
   assert_non_null(r = recv_msg(fd));
   assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY__NOT_SET);
   assert_int_not_equal(r->status, 1);
@@ -254,6 +251,19 @@ static void test_rogue_peer_wrong_mac(void **state) {
   gshm__cluster__msg__free_unpacked(r, NULL);
   assert_true(closed_within(fd, 4000));
   close(fd);
+}
+
+/* A peer that skips its own verification: it ignores the Challenge's MAC
+ * and sends a wrong one.  The serving node must refuse and count it. */
+static void test_rogue_peer_wrong_mac(void **state) {
+  gshm_client_t *s = connect_to(&S);
+  long before = refusals(s, "bad_key");
+  int fd = tcp_connect(NULL, S.port);
+  (void)state;
+
+  assert_true(fd >= 0);
+  send_hello(fd, 2, 0, "r", NULL, 0);
+  wrong_auth_refused(fd);
   assert_int_equal(refusals(s, "bad_key"), before + 1);
   gshm_disconnect(s);
 }
@@ -264,23 +274,13 @@ static void test_rogue_peer_wrong_mac(void **state) {
 static void test_rogue_lane(void **state) {
   gshm_client_t *s = connect_to(&S);
   long bad_key = refusals(s, "bad_key"), proto = refusals(s, "protocol");
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *r;
-  Gshm__Cluster__Hello h = GSHM__CLUSTER__HELLO__INIT;
-  Gshm__Cluster__Auth a = GSHM__CLUSTER__AUTH__INIT;
-  uint8_t nonce[32] = {5}, mac[32] = {6}, token[16] = {7};
+  Gshm__Cluster__Msg *r;
+  uint8_t token[16] = {7};
   int fd;
   (void)state;
 
-  h.major = 2;
-  h.node_name = "r";
-  h.nonce.data = nonce;
-  h.nonce.len = sizeof(nonce);
-  h.lane_of.data = token;
-  h.lane_of.len = 5;
-  m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
-  m.hello = &h;
   assert_true((fd = tcp_connect(NULL, S.port)) >= 0);
-  send_msg(fd, &m);
+  send_hello(fd, 2, 0, "r", token, 5);
   assert_non_null(r = recv_msg(fd));
   assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY__NOT_SET);
   assert_non_null(strstr(r->message, "malformed hello"));
@@ -288,24 +288,9 @@ static void test_rogue_lane(void **state) {
   close(fd);
   assert_int_equal(refusals(s, "protocol"), proto + 1);
 
-  h.lane_of.len = sizeof(token);
   assert_true((fd = tcp_connect(NULL, S.port)) >= 0);
-  send_msg(fd, &m);
-  assert_non_null(r = recv_msg(fd));
-  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY_CHALLENGE);
-  gshm__cluster__msg__free_unpacked(r, NULL);
-  a.mac.data = mac;
-  a.mac.len = sizeof(mac);
-  gshm__cluster__msg__init(&m);
-  m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH;
-  m.auth = &a;
-  send_msg(fd, &m);
-  assert_non_null(r = recv_msg(fd));
-  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY__NOT_SET);
-  assert_non_null(strstr(r->message, "did not prove the shared key"));
-  gshm__cluster__msg__free_unpacked(r, NULL);
-  assert_true(closed_within(fd, 4000));
-  close(fd);
+  send_hello(fd, 2, 0, "r", token, sizeof(token));
+  wrong_auth_refused(fd);
   assert_int_equal(refusals(s, "bad_key"), bad_key + 1);
   gshm_disconnect(s);
 }
@@ -320,7 +305,7 @@ static void test_rogue_peer_wrong_version(void **state) {
   (void)state;
 
   assert_true(fd >= 0);
-  send_hello(fd, 7, 3, "p");
+  send_hello(fd, 7, 3, "p", NULL, 0);
   assert_non_null(r = recv_msg(fd));
   assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY__NOT_SET);
   assert_non_null(strstr(r->message, "cluster protocol 7.3"));
