@@ -487,8 +487,8 @@ int gshmd__lane_attach(struct link *lane, struct link *parent) {
     pthread_cond_destroy(&ln->cv);
     free(ln);
     return e;
-  }  ln->n_next = ln->st.n_tx; /* frame numbers on: the loop's (seal_work) */
-
+  }
+  ln->n_next = ln->st.n_tx; /* frame numbers from here on: the loop's (seal_work) */
   /* the stream's close gives its connection back to the budget; the
    * thread's fd takes it again until EV_EXIT */
   ll->nconns++;
