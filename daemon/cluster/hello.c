@@ -15,6 +15,7 @@
 static uint32_t caps_mine(const struct gshmd_cluster *cl) {
   return (cl->ll.encrypt ? GSHM__CLUSTER__CAP__CAP_ENCRYPT : 0) |
          (crypto_aead_aes256gcm_is_available() ? GSHM__CLUSTER__CAP__CAP_AES : 0) |
+         (crypto_aead_aes256gcm_is_available() && cl->ll.gmac ? GSHM__CLUSTER__CAP__CAP_GMAC : 0) |
          (cl->ll.ucx_allowed ? GSHM__CLUSTER__CAP__CAP_UCX : 0) |
          GSHM__CLUSTER__CAP__CAP_LANES;
 }
@@ -84,7 +85,8 @@ static void hello_keys(const struct gshmd_cluster *cl, struct link *l, bool tx, 
   uint8_t c2s[STREAM_KEY], s2c[STREAM_KEY];
   enum stream_mode mode = gshmd__stream_mode(
       ((v.caps_c | v.caps_s) & GSHM__CLUSTER__CAP__CAP_ENCRYPT) != 0,
-      ((v.caps_c & v.caps_s) & GSHM__CLUSTER__CAP__CAP_AES) != 0);
+      ((v.caps_c & v.caps_s) & GSHM__CLUSTER__CAP__CAP_AES) != 0,
+      ((v.caps_c & v.caps_s) & GSHM__CLUSTER__CAP__CAP_GMAC) != 0);
 
   memcpy(in, "gshm-session-2\0\0", 16);
   memcpy(in + 16, v.nonce_c, GSHMD_CLUSTER_NONCE);

@@ -542,7 +542,7 @@ static void seal_work(uv_work_t *w) {
   struct lane_job *j = w->data;
   struct lane *ln = j->ln;
 
-  if (ln->st.mode_tx != STREAM_AUTH && !(j->ct = malloc(j->hdr.len))) {
+  if (gshmd__stream_encrypts(ln->st.mode_tx) && !(j->ct = malloc(j->hdr.len))) {
     j->err = -ENOMEM;
     return;
   }

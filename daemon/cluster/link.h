@@ -22,7 +22,7 @@
 #include "stream.h"
 
 #define GSHMD_CLUSTER_MAJOR 2
-#define GSHMD_CLUSTER_MINOR 1
+#define GSHMD_CLUSTER_MINOR 2
 #define GSHMD_CLUSTER_NONCE 32
 #define GSHMD_CLUSTER_MAX_MSG STREAM_CTRL_MAX /* larger control messages are refused */
 
@@ -213,6 +213,7 @@ struct links {
   unsigned nep_closing, nep_close_reqs;
   void *abandoned;           /* data.c: records of sends UCX never completed (first word: next) */
   bool encrypt;              /* cluster.encrypt */
+  bool gmac;                 /* cluster.mac = auto: AES-GMAC where both nodes have AES-NI */
   unsigned nconns;           /* links with a socket (the fd budget) */
   unsigned max_conns;
   bool cuda_memory;          /* UCX registers CUDA memory (UCS_MEMORY_TYPE_CUDA) */

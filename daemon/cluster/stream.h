@@ -53,6 +53,7 @@ enum stream_mode {
   STREAM_AUTH,           /* Poly1305 tag over header and payload, one-time key from ChaCha20 */
   STREAM_AES256GCM,      /* encrypted: AES-256-GCM (both CPUs have AES-NI) */
   STREAM_CHACHA20,       /* encrypted: ChaCha20-Poly1305-IETF */
+  STREAM_GMAC,           /* AES-GMAC tag over header and payload (both CPUs have AES-NI) */
 };
 
 struct stream;
@@ -133,8 +134,8 @@ int gshmd__stream_send_data(struct stream *s, uint32_t request_id, uint64_t offs
 void gshmd__stream_close(struct stream *s);
 /* Protects one frame with mode and key as frame number n of its
  * direction: tag over hdr (associated data) and the len bytes of in;
- * out (len bytes, may be in; unused by STREAM_AUTH) gets the ciphertext
- * when the mode encrypts. */
+ * out (len bytes, may be in; unused unless the mode encrypts) gets the
+ * ciphertext when the mode encrypts. */
 void gshmd__stream_seal(enum stream_mode mode, const uint8_t *key, uint64_t n,
                         const struct frame_hdr *hdr, const uint8_t *in, uint8_t *out,
                         size_t len, uint8_t tag[STREAM_TAG]);
@@ -161,8 +162,16 @@ struct stream_state {
 int gshmd__stream_detach(struct stream *s, struct stream_state *out);
 
 /* The protection of a stream both sides can use: encrypt asks for
- * encryption; aes_both: both sides' CPUs do AES-256-GCM in hardware. */
-enum stream_mode gshmd__stream_mode(bool encrypt, bool aes_both);
+ * encryption; aes_both: both sides' CPUs do AES-256-GCM in hardware;
+ * gmac_both: both hellos said CAP_GMAC (AES-NI and cluster.mac = auto),
+ * so an unencrypted stream is authenticated with AES-GMAC, else with
+ * Poly1305.  Returns the mode; never STREAM_PLAIN. */
+enum stream_mode gshmd__stream_mode(bool encrypt, bool aes_both, bool gmac_both);
+/* Whether frames of mode m carry ciphertext (a sender needs a buffer of
+ * the payload's length for it). */
+static inline bool gshmd__stream_encrypts(enum stream_mode m) {
+  return m == STREAM_AES256GCM || m == STREAM_CHACHA20;
+}
 /* The name of a mode, for logs and results. */
 const char *gshmd__stream_mode_name(enum stream_mode m);
 

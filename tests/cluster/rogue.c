@@ -66,7 +66,7 @@ static void hello_keys(struct rogue *r, bool tx, bool rx) {
   const uint8_t *nc = r->accepted ? r->nonce_theirs : r->nonce_mine;
   const uint8_t *ns = r->accepted ? r->nonce_mine : r->nonce_theirs;
   uint8_t in[16 + 64], master[crypto_kdf_KEYBYTES], c2s[STREAM_KEY], s2c[STREAM_KEY];
-  enum stream_mode mode = gshmd__stream_mode(r->caps_theirs & GSHM__CLUSTER__CAP__CAP_ENCRYPT, false);
+  enum stream_mode mode = gshmd__stream_mode(r->caps_theirs & GSHM__CLUSTER__CAP__CAP_ENCRYPT, false, false);
 
   memcpy(in, "gshm-session-2\0\0", 16);
   memcpy(in + 16, nc, 32);

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sodium.h>
 
 #include "cluster.pb-c.h"
 #include "gshm.h"
@@ -543,28 +544,31 @@ static void proxy_stop(struct proxy *px) {
   close(px->lfd);
 }
 
-/* Node name through the proxy, with extra settings; the bytes on the
- * TCP stream (over UCX they would pass beside the proxy). */
-static void start_behind_proxy(struct node *n, const char *name, const char *extra) {
+/* Node name through the proxy, with extra settings (extra2 may be NULL);
+ * the bytes on the TCP stream (over UCX they would pass beside the proxy). */
+static void start_behind_proxy(struct node *n, const char *name, const char *extra,
+                               const char *extra2) {
   char peers[64];
   snprintf(peers, sizeof(peers), "s=127.0.0.1:%d", proxy_port);
-  node_start(n, name, peers, keys.key, "", extra, "cluster.transport=tcp", NULL);
+  node_start(n, name, peers, keys.key, "", extra, "cluster.transport=tcp", extra2, NULL);
 }
 
 /* One flipped bit of S's bytes on the wire, in a data frame (the third
- * MiB) or in the first control frame after the hello (the Grant): the
- * pull fails, nothing of it stays, and the puller counts the tampering. */
+ * MiB) or in the first control frame after the hello (the Grant), with
+ * frames authenticated by AES-GMAC (where this CPU has AES-NI) and by
+ * Poly1305 (cluster.mac = poly1305 on the puller): the pull fails,
+ * nothing of it stays, and the puller counts the tampering. */
 static void test_tampered_stream(void **state) {
-  static struct node m[2];
+  static struct node m[4];
   gshm_client_t *s = connect_to(&S), *mc;
   gshm_segment_info_t info;
   (void)state;
 
   make_segment(s, "pub/tamper", 8 * MiB, 7);
-  for (int i = 0; i < 2; i++) {
-    struct proxy px = {.flip_at = i ? 0 : 2 * MiB, .flip_frame = i ? 3 : 0};
+  for (int i = 0; i < 4; i++) {
+    struct proxy px = {.flip_at = i % 2 ? 0 : 2 * MiB, .flip_frame = i % 2 ? 3 : 0};
     proxy_start(&px);
-    start_behind_proxy(&m[i], "m", "cluster.pull_chunk=1M");
+    start_behind_proxy(&m[i], "m", "cluster.pull_chunk=1M", i < 2 ? NULL : "cluster.mac=poly1305");
     mc = connect_to(&m[i]);
     assert_int_equal(gshm_pull(mc, "s", "pub/tamper", NULL, NULL), -EPROTO);
     assert_non_null(strstr(gshm_last_error(mc), "authentication"));
@@ -579,9 +583,11 @@ static void test_tampered_stream(void **state) {
 }
 
 /* With cluster.encrypt on the puller only, the segment's bytes never show
- * on the wire (and the proxy does see them when it is off). */
+ * on the wire (and the proxy does see them when it is off); unencrypted,
+ * the frames carry AES-GMAC tags where the CPU has AES-NI, Poly1305 ones
+ * when the puller says cluster.mac = poly1305. */
 static void test_encrypted(void **state) {
-  static struct node e, m;
+  static struct node e, m, p;
   uint8_t *want = malloc(4 * MiB);
   gshm_client_t *s = connect_to(&S), *c;
   gshm_pull_result_t res;
@@ -590,15 +596,23 @@ static void test_encrypted(void **state) {
   assert_non_null(want);
   make_segment(s, "pub/secret", 4 * MiB, 8);
   harness_random(want, 4 * MiB, 8);
-  for (int enc = 0; enc < 2; enc++) {
+  for (int k = 0; k < 3; k++) {
+    int enc = k == 1, poly = k == 2;
     struct proxy px = {.pattern = want + 3 * MiB + 5};
-    struct node *n = enc ? &e : &m;
+    struct node *n = enc ? &e : poly ? &p : &m;
     proxy_start(&px);
-    start_behind_proxy(n, enc ? "e" : "m", enc ? "cluster.encrypt=true" : "cluster.encrypt=false");
+    start_behind_proxy(n, enc ? "e" : poly ? "p" : "m",
+                       enc ? "cluster.encrypt=true" : "cluster.encrypt=false",
+                       poly ? "cluster.mac=poly1305" : NULL);
     c = connect_to(n);
     assert_int_equal(gshm_pull(c, "s", "pub/secret", NULL, &res), 0);
     check_segment(c, "pub/secret", 4 * MiB, 8);
     assert_true((strstr(res.path_reason, "encrypted") != NULL) == (enc == 1));
+    /* unencrypted: AES-GMAC where both CPUs have AES-NI (one host here) */
+    assert_true((strstr(res.path_reason, "AES-GMAC") != NULL) ==
+                (!enc && !poly && crypto_aead_aes256gcm_is_available()));
+    assert_true((strstr(res.path_reason, "authenticated (Poly1305)") != NULL) ==
+                (poly || (!enc && !crypto_aead_aes256gcm_is_available())));
     assert_true(px.seen == (enc == 0));
     gshm_disconnect(c);
     assert_int_equal(harness_stop(&n->h), 0);
@@ -625,5 +639,7 @@ int main(void) {
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
   atexit(harness_kill_leftover);
   atexit(nodes_kill);
+  if (sodium_init() < 0) /* before crypto_aead_aes256gcm_is_available() */
+    return 1;
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -114,8 +114,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (write(sv[1], data + 1, size - 1) < 0)
       goto out;
   } else {
-    enum stream_mode mode = (enum stream_mode)(1 + (data[0] >> 1) % 3);
-    if (mode == STREAM_AES256GCM && !crypto_aead_aes256gcm_is_available())
+    enum stream_mode mode = (enum stream_mode)(1 + (data[0] >> 1) % 4);
+    if ((mode == STREAM_AES256GCM || mode == STREAM_GMAC) && !crypto_aead_aes256gcm_is_available())
       mode = STREAM_CHACHA20;
     gshmd__stream_key_tx(&tx.st, mode, k1);
     gshmd__stream_key_rx(&rx.st, mode, (data[0] & 0x80) ? k2 : k1);
