@@ -302,8 +302,8 @@ static void pin_node(pid_t pid, const char *name, unsigned n) {
 int bench_pull_node_start(struct gshm_spawn *sp, const char *gshmd, const char *name, int port,
                           const char *peers, const char *key, const char *exports,
                           const struct pull_opts *o) {
-  char a[12][320];
-  const char *args[14];
+  char a[16][320];
+  const char *args[18];
   struct group *g = getgrgid(getegid());
   int n = 0, e;
 
@@ -323,6 +323,8 @@ int bench_pull_node_start(struct gshm_spawn *sp, const char *gshmd, const char *
   snprintf(a[n++], 320, "--set=cluster.streams=%u", o->streams);
   if (o->encrypt)
     snprintf(a[n++], 320, "--set=cluster.encrypt=true");
+  for (unsigned i = 0; i < o->nsets; i++)
+    snprintf(a[n++], 320, "--set=%.300s", o->sets[i]);
   for (int i = 0; i < n; i++)
     args[i] = a[i];
   args[n] = NULL;
@@ -383,6 +385,7 @@ int bench_pull_main(int argc, char **argv) {
                                      {"set", required_argument, NULL, 'S'},
                                      {"streams", required_argument, NULL, 'k'},
                                      {"cpus-per-node", required_argument, NULL, 'C'},
+                                     {"gshmd-set", required_argument, NULL, 'D'},
                                      {"help", no_argument, NULL, 'h'},
                                      {NULL, 0, NULL, 0}};
   struct pull_opts o = {.iters = 5, .location = "host", .streams = 8};
@@ -395,7 +398,7 @@ int bench_pull_main(int argc, char **argv) {
   double lat4k_pull = -1;
 
   parse_sizes("1M,4M,16M,64M,256M,1G,4G", &o);
-  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:h", lo, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:D:h", lo, NULL)) != -1) {
     switch (c) {
     case 's':
       if (parse_sizes(optarg, &o)) {
@@ -421,6 +424,13 @@ int bench_pull_main(int argc, char **argv) {
       }
       break;
     case 'C': o.cpus_per_node = (unsigned)atoi(optarg); break;
+    case 'D':
+      if (o.nsets == 4 || !strchr(optarg, '=')) {
+        fprintf(stderr, "gshm-bench pull: --gshmd-set takes KEY=VALUE, at most 4 times\n");
+        return 2;
+      }
+      o.sets[o.nsets++] = optarg;
+      break;
     case 'k':
       o.streams = (unsigned)atoi(optarg);
       if (o.streams < 1 || o.streams > 16) {
@@ -434,6 +444,7 @@ int bench_pull_main(int argc, char **argv) {
              "                       [--perftest PATH | --no-perftest] [--gshmd PATH]\n"
              "                       [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
              "                       [--cpus-per-node N (node k on CPUs k*N..k*N+N-1)]\n"
+             "                       [--gshmd-set KEY=VALUE (every gshmd; up to 4 times)]\n"
              "       gshm-bench pull --fanout N [--model LAYERSxHIDDEN | --set COUNTxSIZE]\n"
              "                       [--iters N] [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
              "         N+1 gshmd: node i+1 pulls a set from node i, all at once (a chain),\n"
