@@ -19,6 +19,10 @@ double bench_median(double *v, int n);
 /* Fills the n bytes at p with pseudo-random bytes (splitmix64 from a
  * fixed seed: not zeros, not one repeated byte, the same every run). */
 void bench_fill_random(void *p, size_t n);
+/* CPU time (user + system, seconds) a process has used so far: pid > 0
+ * from /proc/PID/stat (clock ticks: 10 ms steps at 100 Hz), pid 0 this
+ * process (getrusage: all its threads).  -1 where it cannot be read. */
+double bench_cpu_s(int pid);
 
 /* Runs a CUDA driver call through `drv` (a struct gshm_cudadrv *, see
  * common/cudadrv.h); on failure prints "gshm-bench PROG: CALL failed: NAME"

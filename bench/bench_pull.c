@@ -501,7 +501,7 @@ int bench_pull_main(int argc, char **argv) {
   for (int i = 0; i < o.nsizes; i++) {
     uint64_t size = o.sizes[i];
     double t[64], t_new[64], t_warm[64], med, gbs, tcp_new, tcp_warm, best, tag = -1, am = -1,
-        mbs, lat;
+        mbs, lat, cpu_a = 0, cpu_b = 0, cpu_new = 0, cpu_warm = 0, c0, c1, c2, c3;
     uint8_t *tsrc, *twarm;
     gshm_pull_result_t r;
     char sz[32];
@@ -523,21 +523,29 @@ int bench_pull_main(int argc, char **argv) {
     for (int k = -1; k < n; k++) {
       gshm_pull_opts_t po = {.local_name = "bench/dst",
                              .location = strncmp(o.to, "cuda", 4) ? NULL : o.to};
-      double t0 = bench_now_s(), tn, tw;
+      double t0 = bench_now_s(), tn, tw, a0 = bench_cpu_s(A.pid), b0 = bench_cpu_s(B.pid);
       if ((e = gshm_pull(b, "a", "bench/src", &po, &r))) {
         fprintf(stderr, "gshm-bench pull: %s (%s)\n", gshm_strerror(e), gshm_last_error(b));
         free(tsrc);
         free(twarm);
         goto out;
       }
-      if (k >= 0)
+      if (k >= 0) {
         t[k] = bench_now_s() - t0;
+        cpu_a += bench_cpu_s(A.pid) - a0;
+        cpu_b += bench_cpu_s(B.pid) - b0;
+      }
       gshm_unlink(b, "bench/dst");
+      c0 = bench_cpu_s(0);
       tn = tcp_once(tsrc, NULL, size, o.streams);
+      c1 = bench_cpu_s(0);
       tw = tcp_once(tsrc, twarm, size, o.streams);
+      c2 = bench_cpu_s(0);
       if (k >= 0) {
         t_new[k] = tn;
         t_warm[k] = tw;
+        cpu_new += c1 - c0;
+        cpu_warm += c2 - c1;
       }
     }
     free(tsrc);
@@ -564,6 +572,11 @@ int bench_pull_main(int argc, char **argv) {
            gshm__format_size(size, sz, sizeof(sz)), gbs, med * 1e3, tcp_new,
            tcp_new > 0 ? gbs / tcp_new : 0, tcp_warm, tcp_warm > 0 ? gbs / tcp_warm : 0, tag, am,
            best > 0 ? gbs / best : 0, r.path);
+    /* CPU seconds per GB moved (both ends): what bounds several pulls on
+     * one host (fan-out) is the host's cores over this */
+    c3 = (double)size * n / 1e9;
+    printf("%8s CPU s/GB: pull %.2f (source %.2f, puller %.2f), TCPxK new %.2f, warm %.2f\n", "",
+           (cpu_a + cpu_b) / c3, cpu_a / c3, cpu_b / c3, cpu_new / c3, cpu_warm / c3);
     fflush(stdout);
   }
   /* 4 KiB: latency */

@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers shared by gshm-bench's subcommands (bench.h). */
 #include <stdint.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
+#include "spawn.h"
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -30,4 +33,16 @@ void bench_fill_random(void *p, size_t n) {
   }
   for (; i < n; i++)
     b[i] = (uint8_t)(i * 131 + 7);
+}
+
+double bench_cpu_s(int pid) {
+  struct rusage ru;
+  uint64_t ticks;
+
+  if (pid > 0)
+    return gshm__proc_cpu_ticks(pid, &ticks) ? -1 : (double)ticks / (double)sysconf(_SC_CLK_TCK);
+  if (getrusage(RUSAGE_SELF, &ru))
+    return -1;
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+         (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
 }
