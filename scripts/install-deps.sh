@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential cmake pkg-config
   libuv1-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libinih-dev
   libjansson-dev libcmocka-dev libmicrohttpd-dev
-  libucx-dev ucx-utils libsodium-dev
+  libucx-dev ucx-utils libsodium-dev libssl-dev
   clang libclang-rt-14-dev valgrind
   python3 python3-pytest python3-numpy mypy
   systemd

@@ -546,8 +546,8 @@ static void seal_work(uv_work_t *w) {
     j->err = -ENOMEM;
     return;
   }
-  gshmd__stream_seal(ln->st.mode_tx, ln->st.key_tx, j->n, &j->hdr, j->src, j->ct, j->hdr.len,
-                     j->tag);
+  j->err = gshmd__stream_seal(ln->st.mode_tx, ln->st.key_tx, j->n, &j->hdr, j->src, j->ct,
+                              j->hdr.len, j->tag);
 }
 
 /* A frame is sealed: the sealed ones at the head of the order go to the

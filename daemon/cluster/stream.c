@@ -45,85 +45,6 @@ struct stream_rx {
   uv_work_t work;
 };
 
-/* ---- the constructions ------------------------------------------------- */
-
-enum stream_mode gshmd__stream_mode(bool encrypt, bool aes_both, bool gmac_both) {
-  if (!encrypt)
-    return gmac_both ? STREAM_GMAC : STREAM_AUTH;
-  return aes_both ? STREAM_AES256GCM : STREAM_CHACHA20;
-}
-
-const char *gshmd__stream_mode_name(enum stream_mode m) {
-  switch (m) {
-  case STREAM_AUTH: return "authenticated (Poly1305)";
-  case STREAM_AES256GCM: return "encrypted (AES-256-GCM)";
-  case STREAM_CHACHA20: return "encrypted (ChaCha20-Poly1305)";
-  case STREAM_GMAC: return "authenticated (AES-GMAC)";
-  default: return "plain";
-  }
-}
-
-static void nonce_of(uint64_t n, uint8_t nonce[12]) {
-  memset(nonce, 0, 12);
-  memcpy(nonce, &n, sizeof(n));
-}
-
-void gshmd__stream_seal(enum stream_mode mode, const uint8_t *key, uint64_t n,
-                        const struct frame_hdr *hdr, const uint8_t *in, uint8_t *out,
-                        size_t len, uint8_t tag[STREAM_TAG]) {
-  uint8_t nonce[12];
-  nonce_of(n, nonce);
-  if (mode == STREAM_AES256GCM) {
-    crypto_aead_aes256gcm_encrypt_detached(out, tag, NULL, in, len, (const uint8_t *)hdr,
-                                           sizeof(*hdr), NULL, nonce, key);
-  } else if (mode == STREAM_CHACHA20) {
-    crypto_aead_chacha20poly1305_ietf_encrypt_detached(out, tag, NULL, in, len,
-                                                       (const uint8_t *)hdr, sizeof(*hdr),
-                                                       NULL, nonce, key);
-  } else if (mode == STREAM_GMAC) {
-    /* GMAC (NIST SP 800-38D): AES-256-GCM whose tag covers the payload
-     * as associated data and the header as the (discarded) ciphertext:
-     * GCM's tag authenticates both, and the header's 24 bytes cost one
-     * block of AES.  GHASH with PCLMULQDQ runs 2.7x faster than Poly1305
-     * on the lent machines' CPUs (docs/PERFORMANCE.md). */
-    uint8_t hdr_ct[sizeof(*hdr)];
-    crypto_aead_aes256gcm_encrypt_detached(hdr_ct, tag, NULL, (const uint8_t *)hdr, sizeof(*hdr),
-                                           in, len, NULL, nonce, key);
-  } else {
-    /* Poly1305 with a one-time key from ChaCha20 at this frame's nonce:
-     * ChaCha20-Poly1305 without the encryption. */
-    crypto_onetimeauth_state st;
-    uint8_t otk[crypto_onetimeauth_KEYBYTES];
-    crypto_stream_chacha20_ietf(otk, sizeof(otk), nonce, key);
-    crypto_onetimeauth_init(&st, otk);
-    crypto_onetimeauth_update(&st, (const uint8_t *)hdr, sizeof(*hdr));
-    crypto_onetimeauth_update(&st, in, len);
-    crypto_onetimeauth_final(&st, tag);
-    sodium_memzero(otk, sizeof(otk));
-  }
-}
-
-int gshmd__stream_unseal(enum stream_mode mode, const uint8_t *key, uint64_t n,
-                         const struct frame_hdr *hdr, uint8_t *buf, size_t len,
-                         const uint8_t tag[STREAM_TAG]) {
-  uint8_t nonce[12], want[STREAM_TAG];
-  int r;
-
-  nonce_of(n, nonce);
-  if (mode == STREAM_AES256GCM)
-    r = crypto_aead_aes256gcm_decrypt_detached(buf, NULL, buf, len, tag, (const uint8_t *)hdr,
-                                               sizeof(*hdr), nonce, key);
-  else if (mode == STREAM_CHACHA20)
-    r = crypto_aead_chacha20poly1305_ietf_decrypt_detached(buf, NULL, buf, len, tag,
-                                                           (const uint8_t *)hdr, sizeof(*hdr),
-                                                           nonce, key);
-  else {
-    gshmd__stream_seal(mode, key, n, hdr, buf, NULL, len, want);
-    r = crypto_verify_16(want, tag);
-  }
-  return r == 0 ? 0 : -EBADMSG;
-}
-
 /* ---- sending ----------------------------------------------------------- */
 
 static void tx_free(struct stream_tx *tx) {
@@ -206,9 +127,13 @@ int gshmd__stream_send_ctrl(struct stream *s, const uint8_t *payload, size_t len
   tx->hdr.len = (uint32_t)len;
   tx->n = UINT64_MAX; /* no tag before the keys */
   if (s->mode_tx != STREAM_PLAIN) {
+    int e = gshmd__stream_seal(s->mode_tx, s->key_tx, s->n_tx, &tx->hdr, payload, tx->owned, len,
+                               tx->tag);
+    if (e) { /* (its frame number stays for the next frame) */
+      tx_free(tx);
+      return e;
+    }
     tx->n = s->n_tx++;
-    gshmd__stream_seal(s->mode_tx, s->key_tx, tx->n, &tx->hdr, payload, tx->owned, len,
-                       tx->tag);
     if (!gshmd__stream_encrypts(s->mode_tx))
       memcpy(tx->owned, payload, len);
   } else {
@@ -225,9 +150,11 @@ int gshmd__stream_send_ctrl(struct stream *s, const uint8_t *payload, size_t len
 static void seal_work(uv_work_t *w) {
   struct stream_tx *tx = w->data;
   struct stream *s = tx->s;
-  gshmd__stream_seal(s->mode_tx, s->key_tx, tx->n, &tx->hdr, tx->payload, tx->owned,
-                     tx->hdr.len, tx->tag);
+  tx->err = gshmd__stream_seal(s->mode_tx, s->key_tx, tx->n, &tx->hdr, tx->payload, tx->owned,
+                               tx->hdr.len, tx->tag);
 }
+
+static void stream_fail(struct stream *s, int err, const char *why);
 
 static void seal_done(uv_work_t *w, int status) {
   struct stream_tx *tx = w->data;
@@ -238,6 +165,10 @@ static void seal_done(uv_work_t *w, int status) {
   if (tx->dropped || status) {
     tx_end(tx, -ECONNRESET);
     maybe_closed(s);
+    return;
+  }
+  if (tx->err) { /* its frame number is spent: the stream cannot go on (closing drops tx) */
+    stream_fail(s, tx->err, "out of memory sealing a data frame");
     return;
   }
   flush(s);
@@ -306,7 +237,8 @@ static void open_done(uv_work_t *w, int status) {
   if (s->ops)
     s->ops->data_done(s, rx->tok, status ? -ECANCELED : rx->err);
   if (!status && rx->err && !s->failed)
-    stream_fail(s, rx->err, "a data frame failed its authentication");
+    stream_fail(s, rx->err, rx->err == -EBADMSG ? "a data frame failed its authentication"
+                                                : "out of memory checking a data frame");
   free(rx);
   maybe_closed(s);
 }
@@ -344,9 +276,13 @@ static void ctrl_frame_in(struct stream *s) {
   uint8_t *p = s->ctrl;
   size_t len = s->hdr.len;
 
-  if (s->mode_rx != STREAM_PLAIN &&
-      gshmd__stream_unseal(s->mode_rx, s->key_rx, s->n_rx - 1, &s->hdr, p, len, s->tag)) {
-    stream_fail(s, -EBADMSG, "a control frame failed its authentication");
+  int e = s->mode_rx == STREAM_PLAIN
+              ? 0
+              : gshmd__stream_unseal(s->mode_rx, s->key_rx, s->n_rx - 1, &s->hdr, p, len, s->tag);
+
+  if (e) {
+    stream_fail(s, e, e == -EBADMSG ? "a control frame failed its authentication"
+                                    : "out of memory checking a control frame");
     return;
   }
   s->ctrl = NULL; /* ours now: on_ctrl may close the stream, which frees s->ctrl */

@@ -132,18 +132,27 @@ int gshmd__stream_send_data(struct stream *s, uint32_t request_id, uint64_t offs
  * runs with -ECONNRESET), the handle closes; on_closed runs once every
  * job has finished too.  Idempotent. */
 void gshmd__stream_close(struct stream *s);
-/* Protects one frame with mode and key as frame number n of its
- * direction: tag over hdr (associated data) and the len bytes of in;
- * out (len bytes, may be in; unused unless the mode encrypts) gets the
- * ciphertext when the mode encrypts. */
-void gshmd__stream_seal(enum stream_mode mode, const uint8_t *key, uint64_t n,
-                        const struct frame_hdr *hdr, const uint8_t *in, uint8_t *out,
-                        size_t len, uint8_t tag[STREAM_TAG]);
+/* Protects one frame with mode and key (STREAM_KEY bytes) as frame
+ * number n of its direction: tag over hdr and the len bytes of in; out
+ * (len bytes, may be in; unused unless the mode encrypts) gets the
+ * ciphertext when the mode encrypts.  seal.c: libcrypto computes it,
+ * libsodium where libcrypto lacks the algorithm, the same bytes either
+ * way.  Returns 0 or -ENOMEM (libcrypto could not; nothing to send). */
+int gshmd__stream_seal(enum stream_mode mode, const uint8_t *key, uint64_t n,
+                       const struct frame_hdr *hdr, const uint8_t *in, uint8_t *out, size_t len,
+                       uint8_t tag[STREAM_TAG]);
 /* Checks frame n's tag over hdr and the len bytes of buf, decrypting buf
- * in place when the mode encrypts.  Returns 0 or -EBADMSG. */
+ * in place when the mode encrypts.  Returns 0, -EBADMSG (the frame is
+ * not what the peer sealed: tampered, replayed or of another key) or
+ * -ENOMEM (libcrypto could not check it). */
 int gshmd__stream_unseal(enum stream_mode mode, const uint8_t *key, uint64_t n,
                          const struct frame_hdr *hdr, uint8_t *buf, size_t len,
                          const uint8_t tag[STREAM_TAG]);
+/* Tests only: false has libsodium compute every mode (seal.c). */
+extern bool gshmd__seal_openssl;
+/* Whether libcrypto has every algorithm the modes use (fetched once,
+ * thread-safe). */
+bool gshmd__seal_openssl_ready(void);
 
 /* A keyed connection taken over from libuv (gshmd__stream_detach). */
 struct stream_state {
