@@ -293,7 +293,7 @@ static int pull_fan(struct fan *f, double *s_out) {
 /* The set over plain TCP from n0 along hops hops (bench_tcp.c): relay,
  * a chain; else independent transfers of n0's bytes.  Seconds or -1. */
 static double plain(struct fan *f, int hops, bool relay) {
-  struct bench_chain_params p = {.src = (const uint8_t *const *)f->src_map,
+  struct bench_chain_params p = {.src = f->src_map,
                                  .sizes = f->sizes,
                                  .count = f->count,
                                  .hops = (unsigned)hops,

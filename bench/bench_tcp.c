@@ -206,9 +206,8 @@ struct chain_node {
   const struct chain_chunk *ck;
   uint64_t nck;
   unsigned node;
-  uint8_t **dst;               /* node >= 1: its new memfds */
-  const uint8_t *const *from;  /* what its senders send: dst (relay) or node 0's */
-  bool forward;                /* its senders wait for what its receivers land */
+  uint8_t **dst; /* node >= 1: its new memfds */
+  bool forward;   /* its senders send from dst what its receivers landed */
   struct chain_lane lane[TCP_MAX_LANES];
 };
 
@@ -247,6 +246,7 @@ static void *chain_tx(void *arg) {
 
   for (uint64_t c = l->j; c < nd->nck; c += nd->p->lanes, i++) {
     const struct chain_chunk *k = &nd->ck[c];
+    const uint8_t *from = nd->forward ? nd->dst[k->seg] : (const uint8_t *)nd->p->src[k->seg];
     bool ok = true;
     if (nd->forward) {
       pthread_mutex_lock(&l->mu);
@@ -255,7 +255,7 @@ static void *chain_tx(void *arg) {
       ok = l->landed > i;
       pthread_mutex_unlock(&l->mu);
     }
-    if (!ok || send_all(l->sfd, nd->from[k->seg] + k->off, k->len)) {
+    if (!ok || send_all(l->sfd, from + k->off, k->len)) {
       l->serr = -1;
       break;
     }
@@ -312,7 +312,6 @@ static void node_main(struct chain_node *nd, int go_r, int check_r, int res_w) {
   for (unsigned s = 0; nd->node > 0 && s < p->count && !m.err; s++)
     if (!(nd->dst[s] = bench_fresh_memfd(p->sizes[s])))
       m.err = -ENOMEM;
-  nd->from = p->relay && nd->node > 0 ? (const uint8_t *const *)nd->dst : p->src;
   nd->forward = p->relay && nd->node > 0;
   node_say(res_w, &m, CHAIN_READY);
   if (m.err || read(go_r, &b, 1) != 0)

@@ -28,7 +28,7 @@ unsigned bench_node_cpus(unsigned k, unsigned n, cpu_set_t *set_out);
 
 /* A set moved along nodes 0 .. hops over plain TCP (bench_tcp_chain). */
 struct bench_chain_params {
-  const uint8_t *const *src; /* node 0's segments (readable in forked children) */
+  void *const *src;          /* node 0's segments (mapped, readable in forked children) */
   const uint64_t *sizes;     /* their sizes, bytes */
   unsigned count;            /* segments, >= 1 */
   unsigned hops;             /* 1 .. 16: hop i moves the set from node i-1 to node i */
