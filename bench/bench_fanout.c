@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench pull --fanout N: one set moved to N nodes at once against
- * one plain pull of it, in the same run (docs/CLUSTER.md "Moving a model
- * to several nodes").
+ * one plain pull of it, and both against the same shapes over plain TCP,
+ * in the same run (docs/CLUSTER.md "Moving a model to several nodes").
  *
  * N + 1 gshmd on 127.0.0.1 (n0 .. nN, each a peer of the one before and
  * the one after).  n0 holds the set fan/NNNNN: host segments of random
@@ -13,9 +13,24 @@
  * alone (into one/), then the chain: node i pulls the set from node i - 1,
  * every hop started as soon as the one before it has its request (a
  * relaying node answers a listing once its own listing is done), timed
- * from the first start to the last hop's result.  Every
- * byte of every copy is compared with n0's.  Prints the medians: one-pull
- * seconds, fan-out seconds, their ratio (the target is <= 1.3) and GB/s. */
+ * from the first start to the last hop's result.  Every byte of every
+ * copy is compared with n0's.
+ *
+ * All N + 1 nodes share one host's CPUs and memory, so three copies at
+ * once cost more than one even without gshm.  Taking turns with the
+ * pulls, each iteration therefore moves the same set without gshm
+ * (bench_tcp.c): send -> recv over --streams connections per hop, in
+ * chunks of --chunk bytes (the pull's default, 4 MiB, without it), into
+ * new memfds of the set's sizes, one process per node (on the CPUs its
+ * gshmd has under --cpus-per-node): one hop n0 -> n1 alone; the chain,
+ * where node i's process sends on each chunk as soon as it received it;
+ * and N independent hops at once, each sending n0's bytes.  Every byte
+ * of those copies is checked too.
+ *
+ * After one warm-up iteration, prints the medians: one-pull seconds,
+ * fan-out seconds, their ratio (the target is <= 1.3) and GB/s; the plain
+ * one hop, chain and independent hops; the plain chain's ratio (what the
+ * host alone allows) and the pull's ratio over it (what gshm adds). */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -28,10 +43,12 @@
 
 #include "bench.h"
 #include "bench_pull.h"
+#include "bench_tcp.h"
 #include "gshm.h"
 #include "util.h"
 
 #define FAN_MAX 16 /* hops at most */
+#define FAN_CHUNK (4ull << 20) /* cluster.pull_chunk's default */
 
 int bench_fanout_set_opt(struct pull_opts *o, bool model, const char *arg) {
   char *end;
@@ -100,6 +117,7 @@ struct fan {
   struct gshm_spawn sp[FAN_MAX + 1];
   gshm_client_t *c[FAN_MAX + 1];
   uint64_t *sizes, total;
+  uint64_t chunk; /* the plain TCP anchor's chunks: --chunk, else the pull's default */
   unsigned count;
   gshm_segment_t **src;
   void **src_map;
@@ -228,12 +246,10 @@ static void wait_listed(struct fan *f, int node, struct hop *h) {
   }
 }
 
-/* One iteration: *one_s (n0 -> n1 alone) and *fan_s (the chain). */
-static int iteration(struct fan *f, double *one_s, double *fan_s) {
-  struct hop one = {0}, hops[FAN_MAX + 1];
-  int e = 0;
+/* n0 -> n1 alone (into one/), every byte checked: *s_out seconds. */
+static int pull_one(struct fan *f, double *s_out) {
+  struct hop one = {0};
 
-  memset(hops, 0, sizeof(hops));
   if (hop_start(f, &one, 1, "one/"))
     return -1;
   pthread_join(one.t, NULL);
@@ -241,14 +257,24 @@ static int iteration(struct fan *f, double *one_s, double *fan_s) {
     fprintf(stderr, "gshm-bench pull: the plain pull failed: %s\n", gshm_strerror(one.err));
     return -1;
   }
-  *one_s = one.t1 - one.t0;
+  *s_out = one.t1 - one.t0;
+  return 0;
+}
+
+/* The chain (each hop started once the one before has its request),
+ * every byte of every copy checked: *s_out seconds. */
+static int pull_fan(struct fan *f, double *s_out) {
+  struct hop hops[FAN_MAX + 1];
+  int e = 0;
+
+  memset(hops, 0, sizeof(hops));
   for (int i = 1; i < f->nodes; i++) {
     if (hop_start(f, &hops[i], i, "fan/"))
       return -1;
     if (i + 1 < f->nodes)
       wait_listed(f, i, &hops[i]);
   }
-  *fan_s = 0;
+  *s_out = 0;
   for (int i = 1; i < f->nodes; i++) {
     pthread_join(hops[i].t, NULL);
     if (hops[i].err) {
@@ -256,12 +282,38 @@ static int iteration(struct fan *f, double *one_s, double *fan_s) {
               gshm_strerror(hops[i].err));
       e = -1;
     }
-    if (hops[i].t1 - hops[1].t0 > *fan_s)
-      *fan_s = hops[i].t1 - hops[1].t0;
+    if (hops[i].t1 - hops[1].t0 > *s_out)
+      *s_out = hops[i].t1 - hops[1].t0;
   }
   for (int i = 1; i < f->nodes && !e; i++)
     e = check_copy(f, i, "fan/");
   return e;
+}
+
+/* The set over plain TCP from n0 along hops hops (bench_tcp.c): relay,
+ * a chain; else independent transfers of n0's bytes.  Seconds or -1. */
+static double plain(struct fan *f, int hops, bool relay) {
+  struct bench_chain_params p = {.src = f->src_map,
+                                 .sizes = f->sizes,
+                                 .count = f->count,
+                                 .hops = (unsigned)hops,
+                                 .lanes = f->o->streams,
+                                 .chunk = f->chunk,
+                                 .cpus_per_node = f->o->cpus_per_node,
+                                 .relay = relay};
+  return bench_tcp_chain(&p);
+}
+
+/* What an iteration times, in the order it runs them: gshm and the plain
+ * TCP anchor take turns, so that a host whose speed drifts shifts both. */
+enum { T_ONE, T_PLAIN_ONE, T_FAN, T_PLAIN_CHAIN, T_PLAIN_APART, T_N };
+
+static int iteration(struct fan *f, double t[T_N]) {
+  if (pull_one(f, &t[T_ONE]) || (t[T_PLAIN_ONE] = plain(f, 1, true)) < 0 ||
+      pull_fan(f, &t[T_FAN]) || (t[T_PLAIN_CHAIN] = plain(f, f->nodes - 1, true)) < 0 ||
+      (t[T_PLAIN_APART] = plain(f, f->nodes - 1, false)) < 0)
+    return -1;
+  return 0;
 }
 
 static void fan_free(struct fan *f) {
@@ -279,34 +331,62 @@ static void fan_free(struct fan *f) {
   free(f->sizes);
 }
 
-int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *key) {
-  struct fan f = {.o = o, .nodes = o->fanout + 1};
-  double one[64], fan[64], om, fm;
-  int n = o->iters < 64 ? o->iters : 64, rc = 1;
-  char sz[32];
+/* The medians (m[T_*], seconds) and their ratios. */
+static void report(const struct fan *f, const double m[T_N]) {
+  double gb = (double)f->total / 1e9, ratio = m[T_FAN] / m[T_ONE];
+  double plain_ratio = m[T_PLAIN_CHAIN] / m[T_PLAIN_ONE];
+  int hops = f->nodes - 1;
 
-  if (o->fanout < 1 || o->fanout > FAN_MAX || strcmp(o->location, "host") || sodium_init() < 0) {
-    fprintf(stderr, "gshm-bench pull: --fanout takes 1 to %d, host segments\n", FAN_MAX);
+  printf("one pull n0 -> n1:           %8.3f s  %6.2f GB/s\n", m[T_ONE], gb / m[T_ONE]);
+  printf("fan-out to %2d nodes:         %8.3f s  %6.2f GB/s per copy, %.2f GB/s in all\n", hops,
+         m[T_FAN], gb / m[T_FAN], gb * hops / m[T_FAN]);
+  printf("ratio fan-out / one pull:    %8.2f    (target <= 1.3); every byte of every copy "
+         "checked\n",
+         ratio);
+  printf("plain TCP one hop:           %8.3f s  %6.2f GB/s\n", m[T_PLAIN_ONE],
+         gb / m[T_PLAIN_ONE]);
+  printf("plain TCP chain to %2d nodes: %8.3f s  %6.2f GB/s per copy, %.2f GB/s in all\n", hops,
+         m[T_PLAIN_CHAIN], gb / m[T_PLAIN_CHAIN], gb * hops / m[T_PLAIN_CHAIN]);
+  printf("plain TCP %2d hops apart:     %8.3f s  %6.2f GB/s per copy (%.2fx one hop)\n", hops,
+         m[T_PLAIN_APART], gb / m[T_PLAIN_APART], m[T_PLAIN_APART] / m[T_PLAIN_ONE]);
+  printf("plain ratio chain / one hop: %8.2f    (what the host alone allows)\n", plain_ratio);
+  printf("fan-out ratio / plain ratio: %8.2f    (what gshm adds to it)\n", ratio / plain_ratio);
+}
+
+int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *key) {
+  struct fan f = {.o = o, .nodes = o->fanout + 1, .chunk = FAN_CHUNK};
+  double t[T_N][64], v[T_N], m[T_N];
+  int n = o->iters < 64 ? o->iters : 64, rc = 1;
+  char sz[32], ck[32];
+
+  if (o->fanout < 1 || o->fanout > FAN_MAX || strcmp(o->location, "host") || sodium_init() < 0 ||
+      (o->chunk && gshm__parse_size(o->chunk, &f.chunk)) || !f.chunk) {
+    fprintf(stderr, "gshm-bench pull: --fanout takes 1 to %d, host segments (and a --chunk in "
+            "bytes)\n", FAN_MAX);
     return 2;
   }
   if (!(f.sizes = set_sizes(o, &f.count)) || start_nodes(&f, gshmd, key) || make_set(&f))
     goto out;
   printf("gshm-bench pull --fanout %d: %u host segments, %s (%s), chunk %s, depth %s, "
-         "%u streams, %s; %d iteration(s), medians\n",
+         "%u streams, %s; %d iteration(s) after 1 warm-up, medians\n",
          o->fanout, f.count, gshm__format_size(f.total, sz, sizeof(sz)),
          o->set_count ? "--set" : "--model", o->chunk ? o->chunk : "default",
          o->depth ? o->depth : "default", o->streams, o->encrypt ? "encrypted" : "authenticated",
          n);
-  for (int k = 0; k < n; k++)
-    if (iteration(&f, &one[k], &fan[k]))
+  printf("plain TCP: the same segments, send -> recv over %u connections per hop in chunks of "
+         "%s, into new memfds, a process per node%s; chain: each node sends on each chunk as it "
+         "lands; apart: every hop sends n0's bytes\n",
+         o->streams, gshm__format_size(f.chunk, ck, sizeof(ck)),
+         o->cpus_per_node ? " on its gshmd's CPUs" : "");
+  for (int k = -1; k < n; k++) {
+    if (iteration(&f, v))
       goto out;
-  om = bench_median(one, n);
-  fm = bench_median(fan, n);
-  printf("one pull n0 -> n1:        %8.3f s  %6.2f GB/s\n", om, (double)f.total / om / 1e9);
-  printf("fan-out to %2d nodes:      %8.3f s  %6.2f GB/s per copy, %.2f GB/s in all\n",
-         o->fanout, fm, (double)f.total / fm / 1e9, (double)f.total * o->fanout / fm / 1e9);
-  printf("ratio fan-out / one pull: %8.2f    (target <= 1.3); every byte of every copy checked\n",
-         fm / om);
+    for (int i = 0; k >= 0 && i < T_N; i++)
+      t[i][k] = v[i];
+  }
+  for (int i = 0; i < T_N; i++)
+    m[i] = bench_median(t[i], n);
+  report(&f, m);
   rc = 0;
 out:
   fan_free(&f);

@@ -33,8 +33,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <pthread.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
@@ -44,6 +42,7 @@
 
 #include "bench.h"
 #include "bench_pull.h"
+#include "bench_tcp.h"
 #include "cudadrv.h"
 #include "gshm.h"
 #include "spawn.h"
@@ -167,128 +166,17 @@ static int perftest(const char *bin, const char *ldpath, const char *test, uint6
   return 0;
 }
 
-/* One connection of the plain TCP baseline: a sender and a receiver
- * thread moving [off, off + len) of src into dst. */
-struct tcp_lane {
-  int sfd, rfd;
-  const uint8_t *src;
-  uint8_t *dst;
-  uint64_t len;
-  int err;
-  pthread_t st, rt;
-};
-
-static void *tcp_tx_thread(void *arg) {
-  struct tcp_lane *t = arg;
-  uint64_t sent = 0;
-  while (sent < t->len) {
-    ssize_t w = send(t->sfd, t->src + sent, t->len - sent > (1u << 30) ? (1u << 30) : t->len - sent,
-                     MSG_NOSIGNAL);
-    if (w <= 0) {
-      t->err = -1;
-      break;
-    }
-    sent += (uint64_t)w;
-  }
-  return NULL;
-}
-
-static void *tcp_rx_thread(void *arg) {
-  struct tcp_lane *t = arg;
-  uint64_t got = 0;
-  while (got < t->len) {
-    ssize_t r = recv(t->rfd, t->dst + got, t->len - got > (1u << 30) ? (1u << 30) : t->len - got, 0);
-    if (r <= 0) {
-      t->err = -1;
-      break;
-    }
-    got += (uint64_t)r;
-  }
-  return NULL;
-}
-
-/* New memory as a pull lands in: a memfd's pages made on the way. */
-static uint8_t *fresh_memfd(uint64_t size) {
-  int fd = memfd_create("gshm-bench-tcp", MFD_CLOEXEC);
-  uint8_t *p = MAP_FAILED;
-  if (fd >= 0 && ftruncate(fd, (off_t)size) == 0)
-    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (fd >= 0)
-    close(fd);
-  return p == MAP_FAILED ? NULL : p;
-}
-
-/* Seconds k plain TCP connections on 127.0.0.1 (a sender and a receiver
- * thread each, connections made beforehand) take to move size bytes from
- * src into dst, each a contiguous 1/k of them, or into a new memfd's
- * memory when dst is NULL; -1 on failure. */
-static double tcp_once(const uint8_t *src, uint8_t *dst, uint64_t size, unsigned k) {
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof(sa);
-  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  uint8_t *mem = dst ? dst : fresh_memfd(size);
-  struct tcp_lane t[16];
-  uint64_t per = (size / k + 4095) & ~4095ull;
-  unsigned made = 0, started = 0;
-  double t0, el = -1;
-  int bad = 0;
-
-  memset(t, 0, sizeof(t));
-  if (!mem || lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) || listen(lfd, 16) ||
-      getsockname(lfd, (struct sockaddr *)&sa, &len))
-    goto out;
-  for (; made < k; made++) {
-    uint64_t off = per * made;
-    t[made].sfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (t[made].sfd < 0 || connect(t[made].sfd, (struct sockaddr *)&sa, sizeof(sa)) ||
-        (t[made].rfd = accept(lfd, NULL, NULL)) < 0) {
-      if (t[made].sfd >= 0)
-        close(t[made].sfd);
-      goto out;
-    }
-    t[made].src = src + (off < size ? off : size);
-    t[made].dst = mem + (off < size ? off : size);
-    t[made].len = off >= size ? 0 : size - off < per ? size - off : per;
-  }
-  t0 = bench_now_s();
-  for (; started < k; started++)
-    if (pthread_create(&t[started].rt, NULL, tcp_rx_thread, &t[started]) ||
-        pthread_create(&t[started].st, NULL, tcp_tx_thread, &t[started]))
-      break;
-  for (unsigned i = 0; i < started; i++) {
-    pthread_join(t[i].st, NULL);
-    pthread_join(t[i].rt, NULL);
-    bad |= t[i].err;
-  }
-  if (started == k && !bad)
-    el = bench_now_s() - t0;
-out:
-  for (unsigned i = 0; i < made; i++) {
-    close(t[i].sfd);
-    close(t[i].rfd);
-  }
-  if (lfd >= 0)
-    close(lfd);
-  if (mem && !dst)
-    munmap(mem, size);
-  return el;
-}
-
 /* Node k (the k-th started by this process) and every thread it has
  * (its later threads inherit the mask) on CPUs [k*n, (k+1)*n) modulo the
  * machine's: nodes that share no core, as machines would. */
 static void pin_node(pid_t pid, const char *name, unsigned n) {
   static unsigned started;
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  unsigned first = (unsigned)((started++ * n) % (unsigned)(ncpu > 0 ? ncpu : 1));
-  char path[64];
   cpu_set_t set;
+  unsigned first = bench_node_cpus(started++, n, &set);
+  char path[64];
   DIR *d;
   struct dirent *de;
 
-  CPU_ZERO(&set);
-  for (unsigned i = 0; i < n; i++)
-    CPU_SET((first + i) % (unsigned)(ncpu > 0 ? ncpu : 1), &set);
   snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
   if (!(d = opendir(path)))
     return;
@@ -449,7 +337,12 @@ int bench_pull_main(int argc, char **argv) {
              "                       [--iters N] [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
              "         N+1 gshmd: node i+1 pulls a set from node i, all at once (a chain),\n"
              "         against one plain pull; default --model 8x1536 (bf16 tensors of\n"
-             "         8 transformer layers, hidden size 1536: about 550 MB)\n");
+             "         8 transformer layers, hidden size 1536: about 550 MB); taking\n"
+             "         turns with them, the same set over plain TCP (--streams connections\n"
+             "         a hop, --chunk chunks, a process per node, with --cpus-per-node on\n"
+             "         its gshmd's CPUs):\n"
+             "         one hop, the chain (each node sends on what it received) and N\n"
+             "         hops apart; the pull's ratio over the plain chain's is gshm's part\n");
       return 0;
     default:
       return 2;
@@ -537,9 +430,9 @@ int bench_pull_main(int argc, char **argv) {
       }
       gshm_unlink(b, "bench/dst");
       c0 = bench_cpu_s(0);
-      tn = tcp_once(tsrc, NULL, size, o.streams);
+      tn = bench_tcp_once(tsrc, NULL, size, o.streams);
       c1 = bench_cpu_s(0);
-      tw = tcp_once(tsrc, twarm, size, o.streams);
+      tw = bench_tcp_once(tsrc, twarm, size, o.streams);
       c2 = bench_cpu_s(0);
       if (k >= 0) {
         t_new[k] = tn;
