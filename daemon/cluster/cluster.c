@@ -330,6 +330,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   gshm_list_init(&cl->lists);
   gshm_list_init(&cl->peer_queries);
   gshm_list_init(&cl->relays);
+  gshm_list_init(&cl->serve_idle);
   gshm_list_init(&cl->relay_lists);
   cl->ll.loop = loop;
   cl->ll.hooks = (struct link_hooks){.on_connect = on_connect, .on_message = on_message,

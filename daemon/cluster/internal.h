@@ -67,6 +67,10 @@ struct gshmd_cluster {
   uint64_t relay_waits;      /* reads parked by relay.c, ever */
   uint64_t registrations;    /* segments registered with UCX, ever */
   uint32_t registered;       /* registered now */
+  /* host segments' serving mappings that no grant uses now, oldest
+   * first (serve.c: kept so that the next grant finds its pages mapped) */
+  struct gshm_list serve_idle;
+  uint64_t serve_idle_bytes;
   uint64_t pull_errors[GSHM_PULL_FAIL_N]; /* by cause (common/errors.h) */
   /* PEERS reply storage */
   Gshm__ClusterPeerList peer_list;

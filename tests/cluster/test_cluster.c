@@ -190,6 +190,49 @@ static void test_concurrent(void **state) {
   gshm_disconnect(b);
 }
 
+/* gshmd pid's mappings of segment name's memfd ("memfd:gshm:NAME" in
+ * /proc/PID/maps). */
+static int maps_of(pid_t pid, const char *name) {
+  char path[64], line[512], want[300];
+  int n = 0;
+  FILE *f;
+
+  snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+  snprintf(want, sizeof(want), "memfd:gshm:%s ", name);
+  assert_non_null(f = fopen(path, "re"));
+  while (fgets(line, sizeof(line), f))
+    n += strstr(line, want) != NULL;
+  fclose(f);
+  return n;
+}
+
+/* The serving gshmd maps a host segment once and keeps the mapping
+ * between grants (the next puller finds its pages mapped), registered
+ * with UCX only while a grant lives; the mapping goes when the segment
+ * is freed. */
+static void test_serve_mapping_kept(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  gshm_pull_opts_t po = {.local_name = "got/kept"};
+  (void)state;
+
+  make_segment(a, "pub/kept", 8 * MiB, 31);
+  assert_int_equal(maps_of(A.h.sp.pid, "pub/kept"), 0);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(gshm_pull(b, "a", "pub/kept", &po, NULL), 0);
+    check_segment(b, "got/kept", 8 * MiB, 31);
+    assert_int_equal(gshm_unlink(b, "got/kept"), 0);
+    assert_int_equal(wait_metric(a, "gshm_cluster_registered_segments", 0), 0);
+    usleep(300000); /* the Release reaches a after b's answer */
+    assert_int_equal(maps_of(A.h.sp.pid, "pub/kept"), 1);
+  }
+  assert_int_equal(gshm_unlink(a, "pub/kept"), 0);
+  for (int i = 0; i < 100 && maps_of(A.h.sp.pid, "pub/kept"); i++)
+    usleep(20000);
+  assert_int_equal(maps_of(A.h.sp.pid, "pub/kept"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 /* Data lanes: B's link to A has cluster.streams (8) lanes that carry
  * the bytes (none where the bytes go over UCX); a node with
  * cluster.streams=1 pulls on its one connection; both land every byte. */
@@ -995,6 +1038,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
       cmocka_unit_test(test_concurrent),
+      cmocka_unit_test(test_serve_mapping_kept),
       cmocka_unit_test(test_not_exported),
       cmocka_unit_test(test_refused_peers),
       cmocka_unit_test(test_staged),
