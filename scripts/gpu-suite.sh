@@ -57,6 +57,13 @@ if step pull; then
   [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] &&
     timeout 150 ./bench/gshm-bench pull --location cuda:0 --to cuda:1 $pa --no-perftest \
       > "$out/bench-pull-cuda01.txt" 2>&1
+  # fan-out: four gshmd on this host in a chain, beside the same chain over plain TCP;
+  # unpinned, and each node on 4 CPUs of its own (as separate machines) with 2 lanes
+  fa=${GSHM_FANOUT_ARGS:---set 64x16M --iters 5}
+  { timeout 200 ./bench/gshm-bench pull --fanout 3 $fa
+    timeout 200 ./bench/gshm-bench pull --fanout 3 $fa --cpus-per-node 4 --streams 2
+    timeout 200 ./bench/gshm-bench pull --fanout 3 --model 44x1024 --iters 3; } \
+    > "$out/bench-fanout.txt" 2>&1
 fi
 # Not in the default steps (minutes, 18 GiB of disk or /dev/shm): GSHM_STEPS=restart.
 # GSHM_RESTART_ARGS: more options, e.g. "--start warm --repeat 5 --cold-repeat 2".
