@@ -474,6 +474,7 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
   p->grant_id = g->grant_id;
   p->remote_id = g->segment->id;
   p->remote_gen = g->segment->generation;
+  p->relayed = g->segment->in_flight;
   p->path = g->path;
   p->link = s->peer->out;
   if (p->link) {

@@ -311,6 +311,17 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
 }
 
 #define ITEMS_PAGE 49152 /* bytes of PulledSegment per pull_items reply (packets: 64 KiB) */
+#define GSHMD_SOURCE_TEXT 400 /* a source made here: peer name, segment name, two ids */
+
+/* p's source as a pull_items entry carries it: "" where the requester
+ * makes it from the entry (the peer's own segment: "PEER:REMOTE_NAME#ID.
+ * GEN"), else the segment's (the peer pulled or relayed it: where it came
+ * from first).  own: scratch of len bytes. */
+static char *item_source(const struct pull_set *s, const struct pull *p, char *own, size_t len) {
+  snprintf(own, len, "%s:%s#%" PRIu64 ".%" PRIu64, s->peer->name, p->remote_name, p->remote_id,
+           p->remote_gen);
+  return !p->seg->source || !strcmp(own, p->seg->source) ? (char *)"" : p->seg->source;
+}
 
 /* Sends `items` pages of the set's segments items[first..n): as many as
  * fit one reply each. */
@@ -318,6 +329,7 @@ static void reply_items(struct pull_set *s) {
   Gshm__PulledSegment *items = calloc(s->n, sizeof(*items));
   Gshm__PulledSegment **ptrs = calloc(s->n, sizeof(*ptrs));
   size_t first = 0, used = 0;
+  char own[GSHMD_SOURCE_TEXT];
 
   if (!items || !ptrs) {
     free(items);
@@ -339,6 +351,8 @@ static void reply_items(struct pull_set *s) {
       o->remote_id = p->remote_id;
       o->remote_generation = p->remote_gen;
       o->device_index = p->seg->mem->device_index;
+      o->relayed = p->relayed;
+      o->source = item_source(s, p, own, sizeof(own));
       ptrs[i] = o;
       used += gshm__pulled_segment__get_packed_size(o) + 4;
     }
@@ -380,6 +394,7 @@ static void reply_result(struct pull_set *s, int64_t ns) {
   res.peer = s->peer->name;
   res.remote_id = p->remote_id;
   res.remote_generation = p->remote_gen;
+  res.relayed = p->relayed;
   if (s->prefix) {
     res.count = (uint32_t)s->n;
     res.set_bytes = s->done;
