@@ -44,6 +44,7 @@ struct pull {
   Gshm__Cluster__Path path;
   char path_reason[160];
   uint64_t listed;               /* its size in the peer's listing (0: not listed) */
+  uint64_t listed_id, listed_gen; /* its ids there (0: not listed, or listed in flight) */
   uint64_t total, next_off, done;
   unsigned inflight;             /* chunks in any step */
   bool remote_staged, local_staged;

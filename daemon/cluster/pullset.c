@@ -108,10 +108,14 @@ static int set_add(struct pull_set *s, const char *name, uint64_t size,
   }
   snprintf(p->location, sizeof(p->location), "%s", s->location);
   p->listed = size;
+  p->listed_id = listed ? listed->id : 0;
+  p->listed_gen = listed ? listed->generation : 0;
   s->total += size;
   gshm__cluster__msg__init(&p->msg);
   gshm__cluster__grant_request__init(&p->greq);
   p->greq.name = p->remote_name;
+  /* (the one listed: in flight there, not the segment its pull replaces) */
+  p->greq.in_flight = listed && listed->in_flight;
   p->msg.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
   p->msg.grant_request = &p->greq;
   p->req.msg = &p->msg;

@@ -593,6 +593,75 @@ static void test_relay_checks(void **state) {
   gshm_disconnect(a);
 }
 
+/* B replaces a set it holds (--replace) while a reader maps an old
+ * segment, and C pulls the set from B meanwhile: C gets the new set (the
+ * one B is pulling), all of it, relayed as it lands on B; the reader
+ * keeps the old bytes until it lets go; B ends with the new set. */
+static void test_replace_relayed(void **state) {
+  const char *pre = "fan/rep/";
+  struct hop hb = {0}, hc = {0};
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *reader = connect_to(&B), *c;
+  gshm_pull_result_t *v = NULL;
+  gshm_pull_opts_t po = {.mode = 0644};
+  gshm_segment_t *old;
+  gshm_status_info_t s;
+  uint8_t *want = malloc(set_size(3));
+  unsigned relayed = 0;
+  size_t n = 0;
+  void *p;
+  (void)state;
+
+  assert_non_null(want);
+  make_set(a, pre, 1100);
+  assert_int_equal(gshm_pull_prefix(b, "a", pre, &po, &v, &n), 0); /* the old set on B */
+  gshm_free(v);
+  unlink_set(a, pre);
+  make_set(a, pre, 1200); /* the new one */
+  assert_int_equal(gshm_open(reader, "fan/rep/03", GSHM_ACCESS_READ, &old), 0);
+  assert_int_equal(gshm_map(old, NULL, 0, &p), 0);
+  hb.replace = true;
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, -1) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  pthread_join(hc.t, NULL);
+  pthread_join(hb.t, NULL);
+  print_message("B %d (%s) in %.3f s, C %d (%s) in %.3f s\n", hb.err, gshm_strerror(hb.err),
+                (double)(hb.end_ns - hb.start_ns) / 1e9, hc.err, gshm_strerror(hc.err),
+                (double)(hc.end_ns - hc.start_ns) / 1e9);
+  assert_int_equal(hb.err, 0);
+  assert_int_equal(hc.err, 0);
+  assert_true(hc.start_ns < hb.end_ns); /* (C was under way during B's pull) */
+  for (size_t i = 0; i < hc.n; i++)
+    relayed += hc.v[i].relayed != 0;
+  print_message("%u of %d segments relayed to C\n", relayed, NSET);
+  assert_true(relayed > 0); /* (read from B's pull in flight, not from the old set) */
+  c = connect_to(&C);
+  check_set(c, pre, 1200); /* the new set, every byte */
+  for (int i = 0; i < NSET; i++) {
+    char name[64];
+    snprintf(name, sizeof(name), "%s%02d", pre, i);
+    assert_string_equal(stat_on(&C, name).source, stat_on(&B, name).source);
+  }
+  unlink_set(c, pre);
+  gshm_disconnect(c);
+  check_set(b, pre, 1200);
+  harness_random(want, set_size(3), 1103); /* the old bytes, still mapped */
+  assert_int_equal(memcmp(p, want, set_size(3)), 0);
+  assert_int_equal(gshm_status(b, &s), 0);
+  assert_int_equal(s.segments, NSET + 1); /* the old fan/rep/03, unlinked, held */
+  gshm_close(old);
+  assert_int_equal(gshm_status(b, &s), 0);
+  assert_int_equal(s.segments, NSET);
+  free(want);
+  gshm_free(hb.v);
+  gshm_free(hc.v);
+  unlink_set(b, pre);
+  unlink_set(a, pre);
+  gshm_disconnect(reader);
+  gshm_disconnect(b);
+  gshm_disconnect(a);
+}
+
 /* Closes the connections waiting on the silent listener: their hello
  * ends at once (the peer closed). */
 static void silent_drop(void) {
@@ -664,6 +733,7 @@ int main(void) {
       cmocka_unit_test(test_many_reads_parked),
       cmocka_unit_test(test_relayed_results),
       cmocka_unit_test(test_relay_checks),
+      cmocka_unit_test(test_replace_relayed),
       cmocka_unit_test(test_listing_waits),
   };
   const char *filter = getenv("GSHM_TEST_FILTER");
