@@ -526,6 +526,20 @@ static void test_relayed_results(void **state) {
   assert_true(relayed_c > 0);
   json_decref(doc);
   free(hc.out);
+  /* a single pull of a copy of a copy says, in words, where it came from
+   * first */
+  hc.out = NULL;
+  assert_int_equal(harness_gshmctl(&D.h, &hc.out,
+                                   (const char *[]){"pull", "c:fan/res-b/03", "--as",
+                                                    "fan/one", NULL}),
+                   0);
+  assert_non_null(hc.out);
+  assert_non_null(strstr(hc.out, "pulled c:fan/res-b/03 into 'fan/one'"));
+  assert_non_null(strstr(hc.out, "first from a:fan/res/03#"));
+  free(hc.out);
+  c = connect_to(&D);
+  assert_int_equal(gshm_unlink(c, "fan/one"), 0);
+  gshm_disconnect(c);
   for (int i = 1; i < 4; i++) {
     c = connect_to(chain[i]);
     check_set(c, "fan/res-b/", 900);
