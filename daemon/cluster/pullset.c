@@ -461,10 +461,13 @@ static void set_failed(struct pull_set *s) {
 
   s->peer->pulls_failed++;
   cl->pull_errors[gshm__pull_failure(s->err)]++;
+  /* peers reading the set through this node lost their source: so they
+   * are told (-ECONNRESET), with this node's reason (its own errno would
+   * read as theirs: "not found", "protocol error") */
+  snprintf(msg, sizeof(msg), "the relaying node's own pull of the set failed: %s", s->why);
   for (size_t i = 0; i < s->n; i++)
     if (s->items[i]->seg) {
-      gshmd__relay_end(cl, s->items[i]->seg, s->err,
-                       "the relaying node's own pull of the set failed");
+      gshmd__relay_end(cl, s->items[i]->seg, -ECONNRESET, msg);
       gshmd_registry_discard_hidden(cl->reg, s->items[i]->seg);
       s->items[i]->seg = NULL;
     }

@@ -23,6 +23,7 @@
 #include <cmocka.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 
 #include <jansson.h>
 
@@ -676,6 +677,56 @@ static void test_replace_relayed(void **state) {
   gshm_disconnect(a);
 }
 
+/* B's --replace pull fails (its requester, a child process, is
+ * SIGKILLed) while C reads the new set through it: C's pull fails and
+ * leaves nothing; B keeps the old set, every byte, as if nothing had
+ * happened. */
+static void test_replace_relay_fails(void **state) {
+  const char *pre = "fan/repf/";
+  struct hop hc = {0};
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
+  gshm_pull_result_t *v = NULL;
+  gshm_pull_opts_t po = {.mode = 0644};
+  gshm_status_info_t st;
+  size_t n = 0;
+  pid_t kid;
+  (void)state;
+
+  make_set(a, pre, 1300);
+  assert_int_equal(gshm_pull_prefix(b, "a", pre, &po, &v, &n), 0); /* the old set on B */
+  gshm_free(v);
+  unlink_set(a, pre);
+  make_set(a, pre, 1400);
+  kid = fork();
+  assert_true(kid >= 0);
+  if (kid == 0) { /* B's requester: pulls the new set with --replace */
+    gshm_pull_opts_t kpo = {.mode = 0644, .replace = 1};
+    gshm_client_t *k;
+    if (gshm_connect(B.h.socket_path, "kid", &k) == 0)
+      gshm_pull_prefix(k, "a", pre, &kpo, &v, &n);
+    _exit(0);
+  }
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  assert_true(wait_pull_listed(&C, 1) > 0); /* bytes of the new set relayed to C */
+  kill(kid, SIGKILL);
+  assert_int_equal(waitpid(kid, NULL, 0), kid);
+  pthread_join(hc.t, NULL);
+  print_message("C, B's replace cancelled under it: %d (%s)\n", hc.err, gshm_strerror(hc.err));
+  assert_int_equal(hc.err, -ECONNRESET); /* (its source, B's pull, is gone) */
+  c = connect_to(&C);
+  assert_int_equal(count_named(c, pre), 0);
+  gshm_disconnect(c);
+  assert_true(wait_empty(&C) == 0);
+  check_set(b, pre, 1300); /* B's old set, untouched */
+  assert_int_equal(gshm_status(b, &st), 0);
+  assert_int_equal(st.segments, NSET);
+  unlink_set(b, pre);
+  unlink_set(a, pre);
+  gshm_disconnect(b);
+  gshm_disconnect(a);
+}
+
 /* Closes the connections waiting on the silent listener: their hello
  * ends at once (the peer closed). */
 static void silent_drop(void) {
@@ -748,6 +799,7 @@ int main(void) {
       cmocka_unit_test(test_relayed_results),
       cmocka_unit_test(test_relay_checks),
       cmocka_unit_test(test_replace_relayed),
+      cmocka_unit_test(test_replace_relay_fails),
       cmocka_unit_test(test_listing_waits),
   };
   const char *filter = getenv("GSHM_TEST_FILTER");
