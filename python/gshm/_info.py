@@ -215,7 +215,8 @@ class PullResult:
     remote_id: int        #: its id on peer; 0 when relayed
     remote_generation: int
     remote_name: str      #: its name on peer
-    relayed: bool         #: peer was still pulling it (fan-out); segment.source: where it came from first
+    #: peer was still pulling it (fan-out); segment.source says where it came from first
+    relayed: bool
 
     @property
     def gb_per_s(self) -> float:
