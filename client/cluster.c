@@ -90,7 +90,9 @@ int gshm_list_remote(gshm_client_t *c, const char *peer, gshm_segment_info_t **i
                         gshm__list_add_segments, (void **)infos_out, count_out);
 }
 
-static void result_from_wire(gshm_pull_result_t *out, const Gshm__PullResult *r) {
+/* A single pull's result; name: the peer's name of the segment. */
+static void result_from_wire(gshm_pull_result_t *out, const Gshm__PullResult *r,
+                             const char *name) {
   memset(out, 0, sizeof(*out));
   gshm__info_from_wire(&out->segment, r->segment);
   out->bytes = r->bytes;
@@ -100,10 +102,13 @@ static void result_from_wire(gshm_pull_result_t *out, const Gshm__PullResult *r)
   snprintf(out->peer, sizeof(out->peer), "%s", r->peer);
   out->remote_id = r->remote_id;
   out->remote_generation = r->remote_generation;
+  snprintf(out->remote_name, sizeof(out->remote_name), "%s", name);
+  out->relayed = r->relayed;
 }
 
-/* One segment of a set from its pull_items entry; its source from the
- * request (peer, prefix, local prefix). */
+/* One segment of a set from its pull_items entry; its name on the peer
+ * from the request (prefix, local prefix); its source as the entry
+ * gives it, else (the peer's own segment) the peer's name and ids. */
 static void item_from_wire(gshm_pull_result_t *out, const Gshm__PulledSegment *it,
                            const char *peer, const char *prefix, const char *local) {
   size_t ll = strlen(local);
@@ -116,14 +121,19 @@ static void item_from_wire(gshm_pull_result_t *out, const Gshm__PulledSegment *i
   out->segment.requested_size = it->bytes;
   snprintf(out->segment.location, sizeof(out->segment.location), "%s", it->location);
   out->segment.device_index = it->device_index;
-  snprintf(out->segment.source, sizeof(out->segment.source), "%s:%s%s#%" PRIu64 ".%" PRIu64,
-           peer, prefix, strncmp(it->name, local, ll) ? "" : it->name + ll, it->remote_id,
-           it->remote_generation);
+  snprintf(out->remote_name, sizeof(out->remote_name), "%s%s", prefix,
+           strncmp(it->name, local, ll) ? "" : it->name + ll);
+  if (it->source && *it->source)
+    snprintf(out->segment.source, sizeof(out->segment.source), "%s", it->source);
+  else
+    snprintf(out->segment.source, sizeof(out->segment.source), "%s:%s#%" PRIu64 ".%" PRIu64,
+             peer, out->remote_name, it->remote_id, it->remote_generation);
   out->bytes = it->bytes;
   snprintf(out->path, sizeof(out->path), "%s", it->path);
   snprintf(out->peer, sizeof(out->peer), "%s", peer);
   out->remote_id = it->remote_id;
   out->remote_generation = it->remote_generation;
+  out->relayed = it->relayed;
 }
 
 /* A set's items so far (pull_items pages, in order). */
@@ -191,7 +201,7 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
           e = -ENOMEM;
           break;
         }
-        result_from_wire(&pd.v[0], r);
+        result_from_wire(&pd.v[0], r, name);
         pd.n = 1;
       } else if (r->count != pd.n || !pd.n) {
         e = -EPROTO; /* pages missing */

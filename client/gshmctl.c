@@ -1092,13 +1092,18 @@ static void pull_progress_bar(const gshm_pull_progress_t *p, void *arg) {
           (int)left / 60, (int)left % 60, segs);
 }
 
-/* One pulled segment, as --json shows it. */
-static json_t *pulled_json(const gshm_pull_result_t *r, const char *remote_name) {
+/* One pulled segment, as --json shows it: the peer it was read from, its
+ * name and ids there (null when the peer relayed it: it had none yet),
+ * and its source (where it came from first). */
+static json_t *pulled_json(const gshm_pull_result_t *r) {
   json_t *o = json_object();
   json_object_set_new(o, "peer", json_text(r->peer));
-  json_object_set_new(o, "remote_name", json_text(remote_name));
-  json_object_set_new(o, "remote_id", json_integer((json_int_t)r->remote_id));
-  json_object_set_new(o, "remote_generation", json_integer((json_int_t)r->remote_generation));
+  json_object_set_new(o, "remote_name", json_text(r->remote_name));
+  json_object_set_new(o, "remote_id",
+                      r->relayed ? json_null() : json_integer((json_int_t)r->remote_id));
+  json_object_set_new(o, "remote_generation",
+                      r->relayed ? json_null() : json_integer((json_int_t)r->remote_generation));
+  json_object_set_new(o, "relayed", json_boolean(r->relayed));
   json_object_set_new(o, "name", json_text(r->segment.name));
   json_object_set_new(o, "id", json_integer((json_int_t)r->segment.id));
   json_object_set_new(o, "location", json_string(r->segment.location));
@@ -1109,27 +1114,18 @@ static json_t *pulled_json(const gshm_pull_result_t *r, const char *remote_name)
   return o;
 }
 
-/* The peer's name of a pulled segment: its source "PEER:NAME#ID.GEN". */
-static const char *source_name(const gshm_pull_result_t *r, char *buf, size_t len) {
-  const char *colon = strchr(r->segment.source, ':');
-  const char *hash = colon ? strrchr(colon, '#') : NULL;
-  if (!hash)
-    return "";
-  snprintf(buf, len, "%.*s", (int)(hash - colon - 1), colon + 1);
-  return buf;
-}
-
 /* The summary of a set pull (--prefix). */
 static int pulled_set(const char *peer, const char *prefix, const gshm_pull_result_t *v,
                       size_t n) {
   uint64_t bytes = 0;
   double sec = n ? (double)v[0].elapsed_ns / 1e9 : 0;
-  unsigned paths[3] = {0};
-  char sz[32], name[GSHM_SOURCE_MAX];
+  unsigned paths[3] = {0}, relayed = 0;
+  char sz[32], rel[128] = "";
 
   for (size_t i = 0; i < n; i++) {
     bytes += v[i].bytes;
     paths[!strcmp(v[i].path, "staged") ? 1 : !strcmp(v[i].path, "direct") ? 2 : 0]++;
+    relayed += v[i].relayed != 0;
   }
   if (json_out) {
     json_t *doc = json_doc(), *arr = json_array();
@@ -1139,15 +1135,22 @@ static int pulled_set(const char *peer, const char *prefix, const gshm_pull_resu
     json_object_set_new(doc, "bytes", json_integer((json_int_t)bytes));
     json_object_set_new(doc, "seconds", json_real(sec));
     json_object_set_new(doc, "gb_per_s", json_real(sec > 0 ? (double)bytes / sec / 1e9 : 0));
+    json_object_set_new(doc, "paths", json_pack("{s:I,s:I,s:I}", "host", (json_int_t)paths[0],
+                                                "staged", (json_int_t)paths[1], "direct",
+                                                (json_int_t)paths[2]));
+    json_object_set_new(doc, "relayed_count", json_integer(relayed));
+    json_object_set_new(doc, "path_reason", json_text(n ? v[0].path_reason : ""));
     for (size_t i = 0; i < n; i++)
-      json_array_append_new(arr, pulled_json(&v[i], source_name(&v[i], name, sizeof(name))));
+      json_array_append_new(arr, pulled_json(&v[i]));
     json_object_set_new(doc, "segments", arr);
     return print_json(doc);
   }
+  if (relayed)
+    snprintf(rel, sizeof(rel), "; %u relayed: %s was still pulling them", relayed, peer);
   printf("pulled %zu segment%s under %s:%s: %s in %.3f s, %.2f GB/s (paths: %u host, %u staged, "
-         "%u direct)\n",
+         "%u direct%s)\n",
          n, n == 1 ? "" : "s", peer, prefix, gshm__format_size(bytes, sz, sizeof(sz)), sec,
-         sec > 0 ? (double)bytes / sec / 1e9 : 0, paths[0], paths[1], paths[2]);
+         sec > 0 ? (double)bytes / sec / 1e9 : 0, paths[0], paths[1], paths[2], rel);
   return EXIT_OK;
 }
 
@@ -1160,6 +1163,7 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
                                        {NULL, 0, NULL, 0}};
   gshm_pull_opts_t po = {0};
   gshm_pull_result_t r, *v = NULL;
+  static char esc[SHOWN_CAP];
   char peer[64], sz[32];
   const char *colon;
   size_t n = 0;
@@ -1231,7 +1235,7 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
     return rc;
   }
   if (json_out) {
-    json_t *doc = json_doc(), *one = pulled_json(&r, colon + 1);
+    json_t *doc = json_doc(), *one = pulled_json(&r);
     json_object_update(doc, one);
     json_decref(one);
     json_object_set_new(doc, "seconds", json_real((double)r.elapsed_ns / 1e9));
@@ -1243,6 +1247,11 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
          r.peer, colon + 1, r.segment.name, r.segment.id,
          gshm__format_size(r.bytes, sz, sizeof(sz)), (double)r.elapsed_ns / 1e9,
          r.elapsed_ns ? (double)r.bytes / (double)r.elapsed_ns : 0, r.path, r.path_reason);
+  /* a copy of a copy (or relayed): where it came from first */
+  if (r.relayed || strncmp(r.segment.source, r.peer, strlen(r.peer)) ||
+      r.segment.source[strlen(r.peer)] != ':')
+    printf("  %sfirst from %s\n", r.relayed ? "relayed (the peer was still pulling it), " : "",
+           shown(r.segment.source, esc));
   return EXIT_OK;
 }
 

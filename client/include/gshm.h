@@ -83,8 +83,9 @@ typedef struct gshm_segment_info {
   int unlinked;                    /* 1: name removed, memory kept until the last lease ends */
   uint32_t leases;                 /* leases held now, all clients */
   int64_t created_ns;              /* CLOCK_REALTIME, nanoseconds */
-  char source[GSHM_SOURCE_MAX];    /* pulled from a peer node: "PEER:NAME#ID.GENERATION"
-                                      (the peer's segment id and generation); else "" */
+  char source[GSHM_SOURCE_MAX];    /* pulled from a peer node: "NODE:NAME#ID.GENERATION"
+                                      of the node it came from first (a copy of a copy
+                                      keeps the first node's); else "" */
 } gshm_segment_info_t;
 
 /* One lease: one client connection's open of one segment. */
@@ -364,13 +365,19 @@ typedef struct gshm_pull_opts {
 
 /* What a pull did. */
 typedef struct gshm_pull_result {
-  gshm_segment_info_t segment;     /* the new local segment (its source set) */
+  gshm_segment_info_t segment;     /* the new local segment; its source says where it came
+                                      from first: "NODE:NAME#ID.GENERATION" of the node that
+                                      made it, whichever node this one read it from */
   uint64_t bytes;                  /* bytes copied */
   int64_t elapsed_ns;              /* from the daemon's acceptance to the last byte */
   char path[16];                   /* "host", "direct" or "staged" */
   char path_reason[160];           /* why that path */
-  char peer[64];
-  uint64_t remote_id, remote_generation;
+  char peer[64];                   /* the node this one read it from */
+  uint64_t remote_id, remote_generation; /* the segment's id and generation on peer; 0 when
+                                      relayed (it had none there yet) */
+  char remote_name[GSHM_NAME_MAX + 1]; /* the segment's name on peer */
+  int relayed;                     /* 1: peer was still pulling it when this node read it
+                                      (fan-out: peer relayed it as its chunks landed) */
 } gshm_pull_result_t;
 
 /* Copies segment `name` that peer node `peer` exports into a new local
@@ -404,8 +411,11 @@ GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *n
  * one gshm_pull_result_t per segment, in the peer's id order (for
  * gshm_free), and *count_out their number: each with its segment's name,
  * id, generation, sizes, location, device_index and source (owner and
- * mode are the caller's and opts->mode: not filled), its bytes, path and
- * remote ids; elapsed_ns is the whole set's, path_reason set on the first.
+ * mode are the caller's and opts->mode: not filled), its bytes, path,
+ * peer, remote_name, remote ids and relayed; elapsed_ns is the whole
+ * set's, path_reason set on the first.  A segment the peer relayed (it
+ * was still pulling it: fan-out) has relayed 1 and remote ids 0; its
+ * source names where it came from first, as on the peer.
  * Errors: as gshm_pull; -ENOENT also when the peer exports nothing under
  * the prefix, -E2BIG more than 4096 segments, -EINVAL a NULL argument or
  * a prefix or local prefix that makes a name invalid here. */

@@ -266,21 +266,45 @@ static void local_location(struct pull *p, bool remote_device) {
     snprintf(p->location, sizeof(p->location), "%s", remote_device ? "cuda:0" : "host");
 }
 
-/* Where p's copy of the peer segment s comes from (its source): where
- * the peer got it, when the peer pulled it too, else the peer's own. */
+/* Where a copy of the peer segment s comes from (its source), into src
+ * (len bytes): where the peer got it, when the peer pulled it too, else
+ * the peer's own. */
+static void source_text(const struct pull *p, const Gshm__Cluster__Segment *s, char *src,
+                        size_t len) {
+  if (s->source && *s->source && strlen(s->source) < SOURCE_MAX && strchr(s->source, ':') &&
+      strchr(s->source, '#')) {
+    snprintf(src, len, "%s", s->source);
+    gshmd__cluster_text_clean(src);
+  } else {
+    snprintf(src, len, "%s:%s#%" PRIu64 ".%" PRIu64, p->s->peer->name, s->name, s->id,
+             s->generation);
+  }
+}
+
+/* p's copy's source is that of the peer segment s. */
 static void set_source(struct pull *p, const Gshm__Cluster__Segment *s) {
   char src[400];
 
-  if (s->source && *s->source && strlen(s->source) < SOURCE_MAX && strchr(s->source, ':') &&
-      strchr(s->source, '#')) {
-    snprintf(src, sizeof(src), "%s", s->source);
-    gshmd__cluster_text_clean(src);
-  } else {
-    snprintf(src, sizeof(src), "%s:%s#%" PRIu64 ".%" PRIu64, p->s->peer->name, s->name, s->id,
-             s->generation);
-  }
+  source_text(p, s, src, sizeof(src));
   free(p->seg->source);
   p->seg->source = strdup(src);
+}
+
+/* Whether the segment the peer granted is the one it listed: the same
+ * id and generation when it was listed published; the same source (p's
+ * hidden copy, made from the listing, has it) in any case, as a segment
+ * relayed in flight there and published since has.  One that took the
+ * name meanwhile (made again, or the old one of a --replace whose pull
+ * failed there) would mix generations in the set. */
+static bool grant_is_listed(const struct pull *p, const Gshm__Cluster__Segment *s) {
+  char src[400];
+
+  if (!p->seg || !p->seg->source)
+    return true; /* (not listed: a single pull) */
+  if (p->listed_id && (s->id != p->listed_id || s->generation != p->listed_gen))
+    return false;
+  source_text(p, s, src, sizeof(src));
+  return strcmp(src, p->seg->source) == 0;
 }
 
 int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s) {
@@ -474,6 +498,7 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
   p->grant_id = g->grant_id;
   p->remote_id = g->segment->id;
   p->remote_gen = g->segment->generation;
+  p->relayed = g->segment->in_flight;
   p->path = g->path;
   p->link = s->peer->out;
   if (p->link) {
@@ -484,6 +509,11 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
     return;
   if (!p->link) {
     pull_fail(p, -ECONNRESET, "peer '%s' lost", s->peer->name);
+    return;
+  }
+  if (!grant_is_listed(p, g->segment)) {
+    pull_fail(p, -ESTALE, "segment '%s' of peer '%s' is not the one it listed (the name was "
+              "taken by another segment meanwhile)", p->remote_name, s->peer->name);
     return;
   }
   if (choose_path(p, g) || setup_slots(p, g) || make_local(p, g->segment))

@@ -13,9 +13,10 @@
 
 #define GRANTS_AHEAD 16         /* segments of a set granted (or asked for) at once */
 /* Segments in one set: its pull_items replies (about 100 bytes a segment
- * with names of 30 bytes, 350 at most) must fit what a connection may
- * queue (limits.max_inflight packets of 64 KiB beyond the socket's
- * buffer) while the client reads them. */
+ * with names of 30 bytes, 140 where each carries the source of a copy of
+ * a copy: 12 pages for 4096) must fit what a connection may queue
+ * (limits.max_inflight packets of 64 KiB beyond the socket's buffer)
+ * while the client reads them. */
 #define PULL_SET_MAX 4096
 
 struct pull;
@@ -39,9 +40,11 @@ struct pull {
   bool started, granted, finished, closed, on_link;
   struct pull *next_retry;    /* s->retry: refused for now (busy peer), asked again later */
   uint64_t grant_id, remote_id, remote_gen;
+  bool relayed;               /* granted while the peer was still pulling it (no ids there) */
   Gshm__Cluster__Path path;
   char path_reason[160];
   uint64_t listed;               /* its size in the peer's listing (0: not listed) */
+  uint64_t listed_id, listed_gen; /* its ids there (0: not listed, or listed in flight) */
   uint64_t total, next_off, done;
   unsigned inflight;             /* chunks in any step */
   bool remote_staged, local_staged;

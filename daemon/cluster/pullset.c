@@ -108,10 +108,14 @@ static int set_add(struct pull_set *s, const char *name, uint64_t size,
   }
   snprintf(p->location, sizeof(p->location), "%s", s->location);
   p->listed = size;
+  p->listed_id = listed ? listed->id : 0;
+  p->listed_gen = listed ? listed->generation : 0;
   s->total += size;
   gshm__cluster__msg__init(&p->msg);
   gshm__cluster__grant_request__init(&p->greq);
   p->greq.name = p->remote_name;
+  /* (the one listed: in flight there, not the segment its pull replaces) */
+  p->greq.in_flight = listed && listed->in_flight;
   p->msg.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
   p->msg.grant_request = &p->greq;
   p->req.msg = &p->msg;
@@ -311,6 +315,17 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
 }
 
 #define ITEMS_PAGE 49152 /* bytes of PulledSegment per pull_items reply (packets: 64 KiB) */
+#define GSHMD_SOURCE_TEXT 400 /* a source made here: peer name, segment name, two ids */
+
+/* p's source as a pull_items entry carries it: "" where the requester
+ * makes it from the entry (the peer's own segment: "PEER:REMOTE_NAME#ID.
+ * GEN"), else the segment's (the peer pulled or relayed it: where it came
+ * from first).  own: scratch of len bytes. */
+static char *item_source(const struct pull_set *s, const struct pull *p, char *own, size_t len) {
+  snprintf(own, len, "%s:%s#%" PRIu64 ".%" PRIu64, s->peer->name, p->remote_name, p->remote_id,
+           p->remote_gen);
+  return !p->seg->source || !strcmp(own, p->seg->source) ? (char *)"" : p->seg->source;
+}
 
 /* Sends `items` pages of the set's segments items[first..n): as many as
  * fit one reply each. */
@@ -318,6 +333,7 @@ static void reply_items(struct pull_set *s) {
   Gshm__PulledSegment *items = calloc(s->n, sizeof(*items));
   Gshm__PulledSegment **ptrs = calloc(s->n, sizeof(*ptrs));
   size_t first = 0, used = 0;
+  char own[GSHMD_SOURCE_TEXT];
 
   if (!items || !ptrs) {
     free(items);
@@ -339,6 +355,8 @@ static void reply_items(struct pull_set *s) {
       o->remote_id = p->remote_id;
       o->remote_generation = p->remote_gen;
       o->device_index = p->seg->mem->device_index;
+      o->relayed = p->relayed;
+      o->source = item_source(s, p, own, sizeof(own));
       ptrs[i] = o;
       used += gshm__pulled_segment__get_packed_size(o) + 4;
     }
@@ -380,6 +398,7 @@ static void reply_result(struct pull_set *s, int64_t ns) {
   res.peer = s->peer->name;
   res.remote_id = p->remote_id;
   res.remote_generation = p->remote_gen;
+  res.relayed = p->relayed;
   if (s->prefix) {
     res.count = (uint32_t)s->n;
     res.set_bytes = s->done;
@@ -442,10 +461,13 @@ static void set_failed(struct pull_set *s) {
 
   s->peer->pulls_failed++;
   cl->pull_errors[gshm__pull_failure(s->err)]++;
+  /* peers reading the set through this node lost their source: so they
+   * are told (-ECONNRESET), with this node's reason (its own errno would
+   * read as theirs: "not found", "protocol error") */
+  snprintf(msg, sizeof(msg), "the relaying node's own pull of the set failed: %s", s->why);
   for (size_t i = 0; i < s->n; i++)
     if (s->items[i]->seg) {
-      gshmd__relay_end(cl, s->items[i]->seg, s->err,
-                       "the relaying node's own pull of the set failed");
+      gshmd__relay_end(cl, s->items[i]->seg, -ECONNRESET, msg);
       gshmd_registry_discard_hidden(cl->reg, s->items[i]->seg);
       s->items[i]->seg = NULL;
     }

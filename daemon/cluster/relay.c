@@ -147,7 +147,9 @@ void gshmd__relay_end(struct gshmd_cluster *cl, struct gshmd_segment *seg, int e
   free(x);
 }
 
-struct gshmd_segment *gshmd__relay_find(struct gshmd_cluster *cl, const char *name) {
+/* The relayed segment named name (the first of the pulls in flight that
+ * will publish it), or NULL. */
+static struct gshmd_segment *relay_find(struct gshmd_cluster *cl, const char *name) {
   struct gshm_list *pos;
   gshm_list_foreach(pos, &cl->relays) {
     struct relay *x = gshm_list_entry(pos, struct relay, node);
@@ -155,6 +157,15 @@ struct gshmd_segment *gshmd__relay_find(struct gshmd_cluster *cl, const char *na
       return x->seg;
   }
   return NULL;
+}
+
+struct gshmd_segment *gshmd__relay_grant_find(struct gshmd_cluster *cl, const char *name,
+                                              bool in_flight) {
+  struct gshmd_segment *seg = in_flight ? relay_find(cl, name) : NULL;
+
+  if (!seg)
+    seg = gshmd_registry_find_name(cl->reg, name);
+  return seg ? seg : relay_find(cl, name);
 }
 
 /* A wait for request rid of link l (the caller fills its message),
@@ -290,8 +301,10 @@ void gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after,
     for (size_t i = 0; i < s->n; i++) {
       struct gshmd_segment *seg = s->items[i]->seg;
       uint64_t key = item_key(s, i);
+      /* (a name held here is listed in flight only by a set that
+       * replaces it: another set's publish would fail on it) */
       if (key <= after || !seg || !seg->cluster_relay ||
-          gshmd_registry_find_name(cl->reg, seg->name))
+          (!s->replace && gshmd_registry_find_name(cl->reg, seg->name)))
         continue;
       if (!fn(arg, seg, key))
         return;

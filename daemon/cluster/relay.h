@@ -39,9 +39,13 @@ void gshmd__relay_landed(struct gshmd_cluster *cl, struct gshmd_segment *seg, ui
  * seg fail.  No-op for a segment that is not relayed. */
 void gshmd__relay_end(struct gshmd_cluster *cl, struct gshmd_segment *seg, int err,
                       const char *why);
-/* The relayed segment named name (the first of the pulls in flight that
- * will publish it), or NULL. */
-struct gshmd_segment *gshmd__relay_find(struct gshmd_cluster *cl, const char *name);
+/* The segment a peer's grant request for name gets: with in_flight (the
+ * peer listed it in flight: GrantRequest.in_flight), the relayed one (the
+ * first of the pulls in flight that will publish it; with --replace the
+ * name's published segment is the old one), else the published one;
+ * without, the published one, else a relayed one.  NULL when none. */
+struct gshmd_segment *gshmd__relay_grant_find(struct gshmd_cluster *cl, const char *name,
+                                              bool in_flight);
 /* Before a Read (rd) or Stage (st) of seg by link l, request rid, sends
  * bytes: 0 go on (not relayed, or the range has landed); 1 parked (the
  * request is served again through gshmd__serve_handle when it has
@@ -56,7 +60,9 @@ int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
 bool gshmd__relay_list_wait(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
                             const Gshm__Cluster__ListRequest *req);
 /* Calls fn for each relayed segment that peers may list (its name not
- * held by a live segment; fn checks the export rules; two sets in flight
+ * held by a live segment, unless its set replaces that one: the
+ * published segment that follows in the listing is the old one, which
+ * the puller skips; fn checks the export rules; two sets in flight
  * here may list one name twice: the puller keeps the first), with a listing key
  * above after, in key order, while fn returns true.  Keys are below
  * RELAY_KEY_END. */

@@ -412,7 +412,8 @@ static int grant_lease(struct gshmd_cluster *cl, struct link *l, struct gshmd_se
 
 static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__GrantRequest *req) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
-  struct gshmd_segment *seg = gshmd_registry_find_name(cl->reg, req->name);
+  /* (published, or one this node is still pulling: relay.h) */
+  struct gshmd_segment *seg = gshmd__relay_grant_find(cl, req->name, req->in_flight);
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
   Gshm__Cluster__Segment s;
@@ -426,8 +427,6 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
     gshmd__link_send_status(l, rid, -EBUSY, BUSY_MESSAGE);
     return;
   }
-  if (!seg) /* one this node is still pulling (relay.h) */
-    seg = gshmd__relay_find(cl, req->name);
   /* A segment that is not exported does not exist for peers. */
   if (!seg || !gshmd__serve_exported(cl, seg)) {
     snprintf(buf, sizeof(buf), "node '%s' exports no segment named '%.255s'", cl->ll.node_name,

@@ -6,6 +6,7 @@
  * set published between two pages is listed again rather than missed. */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 #include "registry.h"
@@ -21,6 +22,7 @@ struct list_page {
   Gshm__Cluster__Segment *segs;
   Gshm__Cluster__Segment **ptrs;
   size_t n, used;
+  size_t nflight;           /* entries of segments in flight (the first ones) */
   uint64_t last, next;
 };
 
@@ -51,7 +53,20 @@ static bool page_add(void *arg, struct gshmd_segment *seg, uint64_t key) {
  * would export once published. */
 static bool relayed_add(void *arg, struct gshmd_segment *seg, uint64_t key) {
   struct list_page *pg = arg;
-  return !gshmd__serve_exported(pg->cl, seg) || page_add(arg, seg, key);
+  size_t n = pg->n;
+  bool more = !gshmd__serve_exported(pg->cl, seg) || page_add(arg, seg, key);
+  pg->nflight += pg->n - n;
+  return more;
+}
+
+/* Whether the page lists a segment in flight of seg's name: one that a
+ * set pulled with --replace publishes over seg (a page names each name
+ * once; the puller keeps the first). */
+static bool replaced_in_page(const struct list_page *pg, const struct gshmd_segment *seg) {
+  for (size_t i = 0; i < pg->nflight; i++)
+    if (!strcmp(pg->segs[i].name, seg->name))
+      return true;
+  return false;
 }
 
 void gshmd__serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRequest *req) {
@@ -78,7 +93,7 @@ void gshmd__serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRe
     gshm_list_foreach(pos, &cl->reg->segments) {
       struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
       if (base + seg->id > req->after && gshmd__serve_exported(cl, seg) &&
-          !page_add(&pg, seg, base + seg->id))
+          !replaced_in_page(&pg, seg) && !page_add(&pg, seg, base + seg->id))
         break;
     }
   }

@@ -211,9 +211,12 @@ class PullResult:
     elapsed_ns: int
     path: str             #: "host", "direct" or "staged"
     path_reason: str
-    peer: str
-    remote_id: int
+    peer: str             #: the node it was read from
+    remote_id: int        #: its id on peer; 0 when relayed
     remote_generation: int
+    remote_name: str      #: its name on peer
+    #: peer was still pulling it (fan-out); segment.source says where it came from first
+    relayed: bool
 
     @property
     def gb_per_s(self) -> float:
@@ -223,4 +226,5 @@ class PullResult:
     def _from_c(cls, c):
         return cls(segment=SegmentInfo._from_c(c.segment), bytes=c.bytes, elapsed_ns=c.elapsed_ns,
                    path=_dec(c.path), path_reason=_dec(c.path_reason), peer=_dec(c.peer),
-                   remote_id=c.remote_id, remote_generation=c.remote_generation)
+                   remote_id=c.remote_id, remote_generation=c.remote_generation,
+                   remote_name=_dec(c.remote_name), relayed=bool(c.relayed))

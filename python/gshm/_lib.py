@@ -119,6 +119,8 @@ class PullResultC(ctypes.Structure):
         ("peer", ctypes.c_char * 64),
         ("remote_id", ctypes.c_uint64),
         ("remote_generation", ctypes.c_uint64),
+        ("remote_name", ctypes.c_char * (GSHM_NAME_MAX + 1)),
+        ("relayed", ctypes.c_int),
     ]
 
 

@@ -34,6 +34,7 @@ def test_pull(pair):
                     progress=lambda done, total, ns: seen.append((done, total)))
         assert r.bytes == len(data) and r.path == "host" and r.peer == "a"
         assert (r.remote_id, r.remote_generation) == (src.id, src.generation)
+        assert r.remote_name == "pub/py" and not r.relayed
         assert r.segment.source == "a:pub/py#%d.%d" % (src.id, src.generation)
         assert all(done <= total for done, total in seen)
         with cb.open("py/copy", access="r") as seg:

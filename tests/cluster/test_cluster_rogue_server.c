@@ -3,7 +3,8 @@
  * and grants it answers carry names with "..", a leading "/", control
  * bytes, over 255 bytes or a NUL inside, names twice, sizes of 0 or
  * beyond any limit, malformed locations, more entries than a page, a
- * grant for another segment.  The pulling gshmd refuses each with an
+ * grant for another segment (or for another one than it listed under
+ * that name: -ESTALE).  The pulling gshmd refuses each with an
  * error that names the peer, leaves nothing behind (no segment, hidden or
  * not, no bytes counted) and stays up; for set pulls (gshm_pull_prefix)
  * and single ones (gshm_pull). */
@@ -275,9 +276,101 @@ static void test_lies_refused(void **state) {
   gshm_disconnect(p);
 }
 
+/* The set pull of bg->what, against a peer that lists `listed` and then
+ * grants `granted` under the same name: a segment other than the one it
+ * listed (made again there, or the old one of a --replace whose pull
+ * failed there) must not join the set.  Returns the reads it was sent. */
+struct not_listed {
+  const char *what;
+  Gshm__Cluster__Segment listed, granted;
+};
+
+static unsigned serve_not_listed(struct bg *bg, struct not_listed *nl) {
+  unsigned reads = 0;
+
+  while (!bg->done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20), a = GSHM__CLUSTER__MSG__INIT;
+    Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+    Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
+    Gshm__Cluster__Segment *one = &nl->listed;
+    if (!m) {
+      assert_false(rs.failed);
+      continue;
+    }
+    a.request_id = m->request_id;
+    a.status = 1;
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST) {
+      r.segments = &one;
+      r.n_segments = 1;
+      r.total = 1;
+      a.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+      a.list_reply = &r;
+    } else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
+      g.segment = &nl->granted;
+      g.grant_id = 77;
+      g.path = GSHM__CLUSTER__PATH__PATH_HOST;
+      g.length = nl->granted.size;
+      a.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
+      a.grant = &g;
+    } else if (m->body_case == GSHM__CLUSTER__MSG__BODY_READ) {
+      reads++;
+      a.status = 2;
+      a.message = "the rogue does not send bytes";
+    } else {
+      gshm__cluster__msg__free_unpacked(m, NULL);
+      continue;
+    }
+    rogue_send(&rs, &a);
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  return reads;
+}
+
+/* A grant of another segment than the one listed under its name (another
+ * id; or, listed in flight, another source) fails the set with -ESTALE
+ * before a byte is read, leaving nothing. */
+static void test_grant_not_listed(void **state) {
+  static const struct lie set = {"not listed", true, {{0}}, {{0}}, 0, {0}};
+  static struct not_listed cases[2] = {{.what = "another id"}, {.what = "another source"}};
+  gshm_client_t *p = connect_to(&P);
+  (void)state;
+
+  for (int i = 0; i < 2; i++) {
+    struct entry e = {1, "pub/a", 4096, "host"};
+    segment_of(&e, &cases[i].listed);
+    segment_of(&e, &cases[i].granted);
+  }
+  cases[0].granted.id = 2; /* made again under the name since its listing */
+  cases[1].listed.id = 0;  /* listed in flight (no id yet), where it came from first */
+  cases[1].listed.generation = 0;
+  cases[1].listed.in_flight = true;
+  cases[1].listed.source = "x:pub/a#5.5";
+  cases[1].granted.source = "x:pub/a#4.4"; /* the old one it was to replace */
+  for (int i = 0; i < 2; i++) {
+    struct bg bg = {.lie = &set};
+    gshm_status_info_t st;
+    unsigned reads;
+
+    assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+    reads = serve_not_listed(&bg, &cases[i]);
+    pthread_join(bg.t, NULL);
+    printf("grant of %-24s %d: %s\n", cases[i].what, bg.err, bg.msg);
+    assert_int_equal(reads, 0);
+    assert_int_equal(bg.err, -ESTALE);
+    assert_non_null(strstr(bg.msg, "peer 'rs'"));
+    assert_non_null(strstr(bg.msg, "not the one it listed"));
+    assert_int_equal(gshm_status(p, &st), 0);
+    assert_int_equal(st.segments, 0);
+    assert_int_equal(st.bytes, 0);
+    assert_false(rs.failed);
+  }
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lies_refused),
+      cmocka_unit_test(test_grant_not_listed),
   };
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);

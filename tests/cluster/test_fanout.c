@@ -23,6 +23,9 @@
 #include <cmocka.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <jansson.h>
 
 #include "gshm.h"
 #include "harness.h"
@@ -104,6 +107,8 @@ struct hop {
   pthread_t t;
   struct node *puller;
   const char *peer, *prefix;
+  const char *local;  /* NULL: the prefix */
+  bool replace;
   uint32_t mode;
   gshm_pull_result_t *v;
   size_t n;
@@ -113,7 +118,7 @@ struct hop {
 
 static void *hop_thread(void *arg) {
   struct hop *h = arg;
-  gshm_pull_opts_t po = {.mode = h->mode};
+  gshm_pull_opts_t po = {.mode = h->mode, .local_name = h->local, .replace = h->replace};
   gshm_client_t *c;
 
   h->start_ns = gshm__now_ns(CLOCK_MONOTONIC);
@@ -404,6 +409,324 @@ static void test_many_reads_parked(void **state) {
   gshm_disconnect(a);
 }
 
+/* C's pull by gshmctl --json, in the background (its stdout in out). */
+struct ctl_hop {
+  pthread_t t;
+  struct node *puller;
+  const char *const *args;
+  char *out;
+  int rc;
+};
+
+static void *ctl_thread(void *arg) {
+  struct ctl_hop *h = arg;
+  h->rc = harness_gshmctl(&h->puller->h, &h->out, h->args);
+  return NULL;
+}
+
+/* The stat of segment name on node n (it must be there). */
+static gshm_segment_info_t stat_on(struct node *n, const char *name) {
+  gshm_client_t *c = connect_to(n);
+  gshm_segment_info_t info;
+  assert_int_equal(gshm_stat_name(c, name, &info), 0);
+  gshm_disconnect(c);
+  return info;
+}
+
+/* What a pull says of each segment it read from a node that was still
+ * pulling it (relayed), along A -> B (as fan/res-b/) -> C (gshmctl
+ * --json) -> D (gshm_pull_prefix): the peer it was read from, the name
+ * there, no id there (it had none yet), and where it came from first
+ * (A's segment): the source that `gshmctl segments` shows there and
+ * that attach checks; each segment's path and the set's rate. */
+static void test_relayed_results(void **state) {
+  static const char *args[] = {"--json", "pull",   "b:fan/res-b/", "--prefix",
+                               "--mode", "0644", NULL};
+  struct hop hb = {0}, hd = {0};
+  struct ctl_hop hc = {.puller = &C, .args = args};
+  gshm_client_t *a = connect_to(&A), *c;
+  json_t *doc, *segs;
+  json_error_t jerr;
+  uint64_t bytes = 0;
+  unsigned relayed_c = 0, relayed_d = 0;
+  const char *pre = "fan/res/";
+  (void)state;
+
+  make_set(a, pre, 900);
+  hb.local = "fan/res-b/";
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, -1) >= 0);
+  assert_int_equal(pthread_create(&hc.t, NULL, ctl_thread, &hc), 0);
+  assert_true(wait_pull_listed(&C, -1) >= 0);
+  hop_start(&hd, &D, "c", "fan/res-b/", 0644);
+  pthread_join(hb.t, NULL);
+  pthread_join(hc.t, NULL);
+  pthread_join(hd.t, NULL);
+  assert_int_equal(hb.err, 0);
+  assert_int_equal(hc.rc, 0);
+  assert_int_equal(hd.err, 0);
+  assert_non_null(hc.out);
+  doc = json_loads(hc.out, 0, &jerr);
+  if (!doc)
+    print_message("gshmctl said: %s\n", hc.out);
+  assert_non_null(doc);
+  assert_int_equal(json_integer_value(json_object_get(doc, "count")), NSET);
+  assert_true(json_real_value(json_object_get(doc, "gb_per_s")) > 0);
+  segs = json_object_get(doc, "segments");
+  assert_int_equal(json_array_size(segs), NSET);
+  for (int i = 0; i < NSET; i++) {
+    json_t *o = json_array_get(segs, (size_t)i);
+    char name[64], origin[64];
+    gshm_segment_info_t on_b, on_c, on_d;
+    snprintf(name, sizeof(name), "fan/res-b/%02d", i);
+    snprintf(origin, sizeof(origin), "a:fan/res/%02d#", i);
+    on_b = stat_on(&B, name);
+    on_c = stat_on(&C, name);
+    on_d = stat_on(&D, name);
+    /* where each copy came from first: A's segment, on B, C and D */
+    assert_memory_equal(on_b.source, origin, strlen(origin));
+    assert_string_equal(on_c.source, on_b.source);
+    assert_string_equal(on_d.source, on_b.source);
+    /* C's --json: the peer read from, its name there, the source */
+    assert_string_equal(json_string_value(json_object_get(o, "name")), name);
+    assert_string_equal(json_string_value(json_object_get(o, "peer")), "b");
+    assert_string_equal(json_string_value(json_object_get(o, "remote_name")), name);
+    assert_string_equal(json_string_value(json_object_get(o, "source")), on_c.source);
+    assert_string_equal(json_string_value(json_object_get(o, "path")), "host");
+    assert_int_equal(json_integer_value(json_object_get(o, "bytes")), set_size(i));
+    bytes += set_size(i);
+    if (json_is_true(json_object_get(o, "relayed"))) {
+      /* B had not published it: it had no id there */
+      assert_true(json_is_null(json_object_get(o, "remote_id")));
+      assert_true(json_is_null(json_object_get(o, "remote_generation")));
+      relayed_c++;
+    } else {
+      assert_true(json_is_false(json_object_get(o, "relayed")));
+      assert_int_equal(json_integer_value(json_object_get(o, "remote_id")), on_b.id);
+      assert_int_equal(json_integer_value(json_object_get(o, "remote_generation")),
+                       on_b.generation);
+    }
+    /* D's results (gshm_pull_prefix), read from C */
+    assert_string_equal(hd.v[i].segment.name, name);
+    assert_string_equal(hd.v[i].peer, "c");
+    assert_string_equal(hd.v[i].remote_name, name);
+    assert_string_equal(hd.v[i].segment.source, on_d.source);
+    assert_string_equal(hd.v[i].path, "host");
+    if (hd.v[i].relayed) {
+      assert_true(hd.v[i].remote_id == 0 && hd.v[i].remote_generation == 0);
+      relayed_d++;
+    } else {
+      assert_true(hd.v[i].remote_id == on_c.id);
+      assert_true(hd.v[i].remote_generation == on_c.generation);
+    }
+  }
+  assert_int_equal(json_integer_value(json_object_get(doc, "bytes")), bytes);
+  assert_int_equal(json_integer_value(json_object_get(doc, "relayed_count")), relayed_c);
+  print_message("relayed: %u of %d segments to C, %u to D\n", relayed_c, NSET, relayed_d);
+  /* (C listed B's set in flight and was granted it at once: relayed) */
+  assert_true(relayed_c > 0);
+  json_decref(doc);
+  free(hc.out);
+  /* a single pull of a copy of a copy says, in words, where it came from
+   * first */
+  hc.out = NULL;
+  assert_int_equal(harness_gshmctl(&D.h, &hc.out,
+                                   (const char *[]){"pull", "c:fan/res-b/03", "--as",
+                                                    "fan/one", NULL}),
+                   0);
+  assert_non_null(hc.out);
+  assert_non_null(strstr(hc.out, "pulled c:fan/res-b/03 into 'fan/one'"));
+  assert_non_null(strstr(hc.out, "first from a:fan/res/03#"));
+  free(hc.out);
+  c = connect_to(&D);
+  assert_int_equal(gshm_unlink(c, "fan/one"), 0);
+  gshm_disconnect(c);
+  for (int i = 1; i < 4; i++) {
+    c = connect_to(chain[i]);
+    check_set(c, "fan/res-b/", 900);
+    unlink_set(c, "fan/res-b/");
+    gshm_disconnect(c);
+  }
+  gshm_free(hb.v);
+  gshm_free(hd.v);
+  unlink_set(a, pre);
+  gshm_disconnect(a);
+}
+
+/* The checks of every pull apply to a relayed one: B pulls a set under a
+ * name its export rules do not match (priv/; B exports fan/ only): C neither
+ * lists nor gets it; C over a limit of its own (limits.max_segments) fails
+ * the relayed set whole, leaving nothing, and B's pull goes on. */
+static void test_relay_checks(void **state) {
+  const char *pre = "fan/chk/", *argv[20];
+  struct hop hb = {0}, hc = {0};
+  gshm_client_t *a = connect_to(&A), *b, *c;
+  gshm_pull_result_t *v = NULL;
+  size_t n = 0;
+  int k = 0;
+  (void)state;
+
+  make_set(a, pre, 1000);
+  /* export patterns: the name B will publish is not exported */
+  hb.local = "priv/chk/";
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  c = connect_to(&C);
+  assert_int_equal(gshm_pull_prefix(c, "b", "priv/chk/", NULL, &v, &n), -ENOENT);
+  assert_int_equal(count_named(c, "priv/"), 0);
+  gshm_disconnect(c);
+  pthread_join(hb.t, NULL);
+  assert_int_equal(hb.err, 0);
+  gshm_free(hb.v);
+  b = connect_to(&B);
+  unlink_set(b, "priv/chk/");
+  gshm_disconnect(b);
+  /* a limit of the puller: C holds at most 4 segments */
+  while (C.argv[k])
+    argv[k] = C.argv[k], k++;
+  argv[k++] = "--set=limits.max_segments=4";
+  argv[k] = NULL;
+  assert_int_equal(harness_restart(&C.h, SIGTERM, argv), 0);
+  memset(&hb, 0, sizeof(hb));
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  pthread_join(hc.t, NULL);
+  pthread_join(hb.t, NULL);
+  print_message("C over its limit: %d (%s)\n", hc.err, gshm_strerror(hc.err));
+  assert_int_equal(hc.err, -EMFILE);
+  assert_true(hc.start_ns < hb.end_ns); /* (B was still pulling) */
+  assert_int_equal(hb.err, 0);
+  assert_true(wait_empty(&C) == 0);
+  gshm_free(hb.v);
+  b = connect_to(&B);
+  check_set(b, pre, 1000);
+  unlink_set(b, pre);
+  gshm_disconnect(b);
+  assert_int_equal(harness_restart(&C.h, SIGTERM, C.argv), 0);
+  unlink_set(a, pre);
+  gshm_disconnect(a);
+}
+
+/* B replaces a set it holds (--replace) while a reader maps an old
+ * segment, and C pulls the set from B meanwhile: C gets the new set (the
+ * one B is pulling), all of it, relayed as it lands on B; the reader
+ * keeps the old bytes until it lets go; B ends with the new set. */
+static void test_replace_relayed(void **state) {
+  const char *pre = "fan/rep/";
+  struct hop hb = {0}, hc = {0};
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *reader = connect_to(&B), *c;
+  gshm_pull_result_t *v = NULL;
+  gshm_pull_opts_t po = {.mode = 0644};
+  gshm_segment_t *old;
+  gshm_status_info_t s;
+  uint8_t *want = malloc(set_size(3));
+  unsigned relayed = 0;
+  size_t n = 0;
+  void *p;
+  (void)state;
+
+  assert_non_null(want);
+  make_set(a, pre, 1100);
+  assert_int_equal(gshm_pull_prefix(b, "a", pre, &po, &v, &n), 0); /* the old set on B */
+  gshm_free(v);
+  unlink_set(a, pre);
+  make_set(a, pre, 1200); /* the new one */
+  assert_int_equal(gshm_open(reader, "fan/rep/03", GSHM_ACCESS_READ, &old), 0);
+  assert_int_equal(gshm_map(old, NULL, 0, &p), 0);
+  hb.replace = true;
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, -1) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  pthread_join(hc.t, NULL);
+  pthread_join(hb.t, NULL);
+  print_message("B %d (%s) in %.3f s, C %d (%s) in %.3f s\n", hb.err, gshm_strerror(hb.err),
+                (double)(hb.end_ns - hb.start_ns) / 1e9, hc.err, gshm_strerror(hc.err),
+                (double)(hc.end_ns - hc.start_ns) / 1e9);
+  assert_int_equal(hb.err, 0);
+  assert_int_equal(hc.err, 0);
+  assert_true(hc.start_ns < hb.end_ns); /* (C was under way during B's pull) */
+  for (size_t i = 0; i < hc.n; i++)
+    relayed += hc.v[i].relayed != 0;
+  print_message("%u of %d segments relayed to C\n", relayed, NSET);
+  assert_true(relayed > 0); /* (read from B's pull in flight, not from the old set) */
+  c = connect_to(&C);
+  check_set(c, pre, 1200); /* the new set, every byte */
+  for (int i = 0; i < NSET; i++) {
+    char name[64];
+    snprintf(name, sizeof(name), "%s%02d", pre, i);
+    assert_string_equal(stat_on(&C, name).source, stat_on(&B, name).source);
+  }
+  unlink_set(c, pre);
+  gshm_disconnect(c);
+  check_set(b, pre, 1200);
+  harness_random(want, set_size(3), 1103); /* the old bytes, still mapped */
+  assert_int_equal(memcmp(p, want, set_size(3)), 0);
+  assert_int_equal(gshm_status(b, &s), 0);
+  assert_int_equal(s.segments, NSET + 1); /* the old fan/rep/03, unlinked, held */
+  gshm_close(old);
+  assert_int_equal(gshm_status(b, &s), 0);
+  assert_int_equal(s.segments, NSET);
+  free(want);
+  gshm_free(hb.v);
+  gshm_free(hc.v);
+  unlink_set(b, pre);
+  unlink_set(a, pre);
+  gshm_disconnect(reader);
+  gshm_disconnect(b);
+  gshm_disconnect(a);
+}
+
+/* B's --replace pull fails (its requester, a child process, is
+ * SIGKILLed) while C reads the new set through it: C's pull fails and
+ * leaves nothing; B keeps the old set, every byte, as if nothing had
+ * happened. */
+static void test_replace_relay_fails(void **state) {
+  const char *pre = "fan/repf/";
+  struct hop hc = {0};
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
+  gshm_pull_result_t *v = NULL;
+  gshm_pull_opts_t po = {.mode = 0644};
+  gshm_status_info_t st;
+  size_t n = 0;
+  pid_t kid;
+  (void)state;
+
+  make_set(a, pre, 1300);
+  assert_int_equal(gshm_pull_prefix(b, "a", pre, &po, &v, &n), 0); /* the old set on B */
+  gshm_free(v);
+  unlink_set(a, pre);
+  make_set(a, pre, 1400);
+  kid = fork();
+  assert_true(kid >= 0);
+  if (kid == 0) { /* B's requester: pulls the new set with --replace */
+    gshm_pull_opts_t kpo = {.mode = 0644, .replace = 1};
+    gshm_client_t *k;
+    if (gshm_connect(B.h.socket_path, "kid", &k) == 0)
+      gshm_pull_prefix(k, "a", pre, &kpo, &v, &n);
+    _exit(0);
+  }
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  hop_start(&hc, &C, "b", pre, 0644);
+  assert_true(wait_pull_listed(&C, 1) > 0); /* bytes of the new set relayed to C */
+  kill(kid, SIGKILL);
+  assert_int_equal(waitpid(kid, NULL, 0), kid);
+  pthread_join(hc.t, NULL);
+  print_message("C, B's replace cancelled under it: %d (%s)\n", hc.err, gshm_strerror(hc.err));
+  assert_int_equal(hc.err, -ECONNRESET); /* (its source, B's pull, is gone) */
+  c = connect_to(&C);
+  assert_int_equal(count_named(c, pre), 0);
+  gshm_disconnect(c);
+  assert_true(wait_empty(&C) == 0);
+  check_set(b, pre, 1300); /* B's old set, untouched */
+  assert_int_equal(gshm_status(b, &st), 0);
+  assert_int_equal(st.segments, NSET);
+  unlink_set(b, pre);
+  unlink_set(a, pre);
+  gshm_disconnect(b);
+  gshm_disconnect(a);
+}
+
 /* Closes the connections waiting on the silent listener: their hello
  * ends at once (the peer closed). */
 static void silent_drop(void) {
@@ -473,8 +796,15 @@ int main(void) {
       cmocka_unit_test(test_relay_killed),
       cmocka_unit_test(test_not_exported_not_relayed),
       cmocka_unit_test(test_many_reads_parked),
+      cmocka_unit_test(test_relayed_results),
+      cmocka_unit_test(test_relay_checks),
+      cmocka_unit_test(test_replace_relayed),
+      cmocka_unit_test(test_replace_relay_fails),
       cmocka_unit_test(test_listing_waits),
   };
+  const char *filter = getenv("GSHM_TEST_FILTER");
   atexit(nodes_kill);
+  if (filter)
+    cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
