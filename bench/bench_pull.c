@@ -302,8 +302,8 @@ static void pin_node(pid_t pid, const char *name, unsigned n) {
 int bench_pull_node_start(struct gshm_spawn *sp, const char *gshmd, const char *name, int port,
                           const char *peers, const char *key, const char *exports,
                           const struct pull_opts *o) {
-  char a[12][320];
-  const char *args[14];
+  char a[14][320];
+  const char *args[16];
   struct group *g = getgrgid(getegid());
   int n = 0, e;
 
@@ -323,6 +323,8 @@ int bench_pull_node_start(struct gshm_spawn *sp, const char *gshmd, const char *
   snprintf(a[n++], 320, "--set=cluster.streams=%u", o->streams);
   if (o->encrypt)
     snprintf(a[n++], 320, "--set=cluster.encrypt=true");
+  if (o->recycle)
+    snprintf(a[n++], 320, "--set=daemon.host_recycle=%s", o->recycle);
   for (int i = 0; i < n; i++)
     args[i] = a[i];
   args[n] = NULL;
@@ -333,6 +335,20 @@ int bench_pull_node_start(struct gshm_spawn *sp, const char *gshmd, const char *
   if (o->cpus_per_node)
     pin_node(sp->pid, name, o->cpus_per_node);
   return 0;
+}
+
+/* gshm_cluster_recycled_pulls_total of c's gshmd; -1 unknown. */
+static long recycled_pulls(gshm_client_t *c) {
+  static const char key[] = "\ngshm_cluster_recycled_pulls_total ";
+  char *text = NULL, *m;
+  long v = -1;
+
+  if (gshm_metrics(c, &text))
+    return -1;
+  if ((m = strstr(text, key)))
+    v = atol(m + strlen(key));
+  gshm_free(text);
+  return v;
 }
 
 /* Fills the new segment (host: memset; device: cuMemsetD8) so that its
@@ -383,6 +399,7 @@ int bench_pull_main(int argc, char **argv) {
                                      {"set", required_argument, NULL, 'S'},
                                      {"streams", required_argument, NULL, 'k'},
                                      {"cpus-per-node", required_argument, NULL, 'C'},
+                                     {"recycle", required_argument, NULL, 'R'},
                                      {"help", no_argument, NULL, 'h'},
                                      {NULL, 0, NULL, 0}};
   struct pull_opts o = {.iters = 5, .location = "host", .streams = 8};
@@ -395,7 +412,7 @@ int bench_pull_main(int argc, char **argv) {
   double lat4k_pull = -1;
 
   parse_sizes("1M,4M,16M,64M,256M,1G,4G", &o);
-  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:h", lo, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:R:h", lo, NULL)) != -1) {
     switch (c) {
     case 's':
       if (parse_sizes(optarg, &o)) {
@@ -421,6 +438,7 @@ int bench_pull_main(int argc, char **argv) {
       }
       break;
     case 'C': o.cpus_per_node = (unsigned)atoi(optarg); break;
+    case 'R': o.recycle = optarg; break;
     case 'k':
       o.streams = (unsigned)atoi(optarg);
       if (o.streams < 1 || o.streams > 16) {
@@ -434,6 +452,8 @@ int bench_pull_main(int argc, char **argv) {
              "                       [--perftest PATH | --no-perftest] [--gshmd PATH]\n"
              "                       [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
              "                       [--cpus-per-node N (node k on CPUs k*N..k*N+N-1)]\n"
+             "                       [--recycle BYTES (daemon.host_recycle: the first pull\n"
+             "                        of a size is timed apart from the later, recycled ones)]\n"
              "       gshm-bench pull --fanout N [--model LAYERSxHIDDEN | --set COUNTxSIZE]\n"
              "                       [--iters N] [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
              "         N+1 gshmd: node i+1 pulls a set from node i, all at once (a chain),\n"
@@ -490,7 +510,8 @@ int bench_pull_main(int argc, char **argv) {
   for (int i = 0; i < o.nsizes; i++) {
     uint64_t size = o.sizes[i];
     double t[64], t_new[64], t_warm[64], med, gbs, tcp_new, tcp_warm, best, tag = -1, am = -1,
-        mbs, lat;
+        mbs, lat, t_first = 0;
+    long recycled0 = recycled_pulls(b);
     uint8_t *tsrc, *twarm;
     gshm_pull_result_t r;
     char sz[32];
@@ -521,6 +542,8 @@ int bench_pull_main(int argc, char **argv) {
       }
       if (k >= 0)
         t[k] = bench_now_s() - t0;
+      else
+        t_first = bench_now_s() - t0;
       gshm_unlink(b, "bench/dst");
       tn = tcp_once(tsrc, NULL, size, o.streams);
       tw = tcp_once(tsrc, twarm, size, o.streams);
@@ -553,6 +576,10 @@ int bench_pull_main(int argc, char **argv) {
            gshm__format_size(size, sz, sizeof(sz)), gbs, med * 1e3, tcp_new,
            tcp_new > 0 ? gbs / tcp_new : 0, tcp_warm, tcp_warm > 0 ? gbs / tcp_warm : 0, tag, am,
            best > 0 ? gbs / best : 0, r.path);
+    if (o.recycle) /* the warm-up is the first pull of the size: new memory */
+      printf("%8s first pull (new memory) %.2f GB/s (%.2f ms); the %d timed: %ld of them into "
+             "recycled memory\n",
+             "", (double)size / t_first / 1e9, t_first * 1e3, n, recycled_pulls(b) - recycled0);
     fflush(stdout);
   }
   /* 4 KiB: latency */

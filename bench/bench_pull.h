@@ -30,6 +30,9 @@ struct pull_opts {
   /* --cpus-per-node N: the k-th gshmd started gets CPUs [k*N, (k+1)*N)
    * (modulo the machine's), as if each node were a machine of its own */
   unsigned cpus_per_node;
+  /* --recycle BYTES: daemon.host_recycle on every node started (the
+   * pulling one recycles); NULL: off */
+  const char *recycle;
 };
 
 /* A TCP port of 127.0.0.1 free right now; 0 on failure. */

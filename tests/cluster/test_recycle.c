@@ -139,6 +139,24 @@ static void dirty_tail(const char *name, uint64_t size) {
   gshm_disconnect(b);
 }
 
+/* Asserts that this process's mapping at p shows the neutral label of
+ * pulled memory ("memfd:gshm:pull"), no segment's name. */
+static void check_label(const void *p) {
+  char line[512], want[32];
+  bool found = false;
+  FILE *f = fopen("/proc/self/maps", "r");
+
+  assert_non_null(f);
+  snprintf(want, sizeof(want), "%lx-", (unsigned long)(uintptr_t)p);
+  while (fgets(line, sizeof(line), f))
+    if (!strncmp(line, want, strlen(want))) {
+      assert_non_null(strstr(line, "memfd:gshm:pull "));
+      found = true;
+    }
+  fclose(f);
+  assert_true(found);
+}
+
 /* Whether the last page's tail of NAME on B, past size, reads zeros. */
 static bool tail_is_zero(const char *name, uint64_t size) {
   gshm_client_t *b = connect_to(&B);
@@ -148,6 +166,7 @@ static bool tail_is_zero(const char *name, uint64_t size) {
 
   assert_int_equal(gshm_open(b, name, GSHM_ACCESS_READ, &seg), 0);
   assert_int_equal(gshm_map(seg, NULL, 0, (void **)&p), 0);
+  check_label(p);
   for (uint64_t i = size; i < (size + PAGE - 1) / PAGE * PAGE; i++)
     zero = zero && p[i] == 0;
   gshm_close(seg);
