@@ -7,10 +7,12 @@
  * segment; memory another user's client mapped (and could have kept
  * pages of, through a pipe) goes back to no other user; a segment over
  * the cap is not kept; a failed pull into recycled memory leaves nothing
- * visible. */
+ * visible; a peer relaying a pull into recycled memory serves only what
+ * has landed. */
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -38,7 +40,8 @@
 /* (harness_random's seeds: odd ones, as it makes seed n and n | 1 one) */
 
 static struct cluster_keys keys;
-static struct node A, J, B; /* A and J serve pub/ *; B pulls and recycles */
+static struct node A, J, B, C; /* A and J serve pub/ *; B pulls and recycles, and
+                                * relays r/ * to C */
 
 static int group_setup(void **state) {
   char pa[64], pb[128];
@@ -48,18 +51,23 @@ static int group_setup(void **state) {
   A.port = free_port();
   J.port = free_port();
   B.port = free_port();
+  C.port = free_port();
   snprintf(pa, sizeof(pa), "b=127.0.0.1:%d", B.port);
-  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d,j=127.0.0.1:%d", A.port, J.port);
+  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d,j=127.0.0.1:%d,c=127.0.0.1:%d", A.port, J.port,
+           C.port);
   node_start(&A, "a", pa, keys.key, "pub/*", NULL);
   node_start(&J, "j", pa, keys.key, "pub/*", NULL);
-  /* small reads, one at a time: a pull lasts long enough to kill its peer */
-  node_start(&B, "b", pb, keys.key, "", "daemon.host_recycle=" CAP, "cluster.pull_chunk=16K",
+  /* small reads, one at a time: a pull lasts long enough to kill its
+   * peer, or to be relayed */
+  node_start(&B, "b", pb, keys.key, "r/*", "daemon.host_recycle=" CAP, "cluster.pull_chunk=16K",
              "cluster.pull_depth=1", NULL);
+  node_start(&C, "c", pa, keys.key, "", "cluster.pull_chunk=1M", NULL);
   return 0;
 }
 
 static int group_teardown(void **state) {
   (void)state;
+  assert_int_equal(harness_stop(&C.h), 0);
   assert_int_equal(harness_stop(&B.h), 0);
   if (J.h.sp.pid > 0)
     assert_int_equal(harness_stop(&J.h), 0);
@@ -437,6 +445,76 @@ static void test_failed_pull(void **state) {
   drop("f");
 }
 
+/* B's pull of pub/NAME as r/NAME, in the background. */
+struct bg {
+  pthread_t t;
+  const char *name;
+  int err;
+};
+
+static void *bg_pull(void *arg) {
+  struct bg *g = arg;
+  char local[64];
+
+  snprintf(local, sizeof(local), "r/%s", g->name);
+  {
+    gshm_client_t *b = connect_to(&B);
+    gshm_pull_opts_t po = {.local_name = local, .mode = 0644};
+    char full[64];
+    snprintf(full, sizeof(full), "pub/%s", g->name);
+    g->err = gshm_pull(b, "a", full, &po, NULL);
+    gshm_disconnect(b);
+  }
+  return NULL;
+}
+
+/* Waits until B has a pull in flight with some bytes in. */
+static void wait_under_way(void) {
+  gshm_client_t *b = connect_to(&B);
+  bool seen = false;
+
+  for (int k = 0; k < 5000 && !seen; k++) {
+    gshm_cluster_pull_t *v = NULL;
+    size_t n = 0;
+    assert_int_equal(gshm_cluster_pulls(b, &v, &n), 0);
+    seen = n == 1 && v[0].bytes_done > 0;
+    gshm_free(v);
+    if (!seen)
+      usleep(1000);
+  }
+  assert_true(seen);
+  gshm_disconnect(b);
+}
+
+/* C pulls r/rel from B while B still pulls it into recycled memory that
+ * holds another segment's bytes: B relays only chunks that have landed,
+ * so C gets the new bytes, every one. */
+static void test_relay_no_stale_bytes(void **state) {
+  struct bg g = {.name = "rel"};
+  gshm_client_t *c;
+  gshm_pull_opts_t po = {.local_name = "rel", .mode = 0644};
+  long pulls0;
+  (void)state;
+
+  source("rel", 32 * MiB - 4096, 61); /* (no other test's size) */
+  assert_int_equal(pull("a", "rel", 0), 0);
+  drop("rel"); /* its memory, holding seed 61's bytes, is pooled */
+  pulls0 = b_metric("gshm_cluster_recycled_pulls_total");
+  source("rel", 32 * MiB - 4096, 63);
+  assert_int_equal(pthread_create(&g.t, NULL, bg_pull, &g), 0);
+  wait_under_way();
+  c = connect_to(&C);
+  assert_int_equal(gshm_pull(c, "b", "r/rel", &po, NULL), 0);
+  pthread_join(g.t, NULL);
+  assert_int_equal(g.err, 0);
+  assert_int_equal(b_metric("gshm_cluster_recycled_pulls_total"), pulls0 + 1);
+  check_segment(c, "rel", 32 * MiB - 4096, 63);
+  assert_int_equal(gshm_unlink(c, "rel"), 0);
+  gshm_disconnect(c);
+  check("r/rel", 32 * MiB - 4096, 63);
+  drop("r/rel");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_recycled),
@@ -446,6 +524,7 @@ int main(void) {
       cmocka_unit_test(test_attack_other_user_pipe),
       cmocka_unit_test(test_cap),
       cmocka_unit_test(test_failed_pull),
+      cmocka_unit_test(test_relay_no_stale_bytes),
   };
   const char *filter = getenv("GSHM_TEST_FILTER");
   setenv("UCX_TLS", "tcp", 0);
