@@ -44,6 +44,7 @@ struct host_backend {
   uint64_t recycle_cap;        /* bytes (daemon.host_recycle); 0: off */
   struct gshm_list pool;
   struct gshmd_host_recycle_stats stats;
+  bool lease_warned;           /* a lease refused for another reason than a holder: said once */
 };
 
 #define REREAD_NS 1000000000LL
@@ -378,8 +379,8 @@ static void pooled_free(struct host_backend *hb, struct pooled *e) {
  * itself once; gshmd's description, its dups (the fd store's) and
  * gshmd's mapping count nothing, and no client ever gets them
  * (host_export_fd reopens).  Leases off (fs.leases-enable = 0) or
- * refused: held. */
-static bool others_hold(struct host_alloc *h) {
+ * refused: held (said once: then nothing is ever kept). */
+static bool others_hold(struct host_backend *hb, struct host_alloc *h) {
   int probe = -1;
   bool held = true;
 
@@ -388,6 +389,10 @@ static bool others_hold(struct host_alloc *h) {
   if (fcntl(probe, F_SETLEASE, F_WRLCK) == 0) {
     held = false;
     fcntl(probe, F_SETLEASE, F_UNLCK);
+  } else if (errno != EAGAIN && !hb->lease_warned) {
+    hb->lease_warned = true;
+    gshm_log_notice("host: no write lease on a memfd (%m): daemon.host_recycle keeps nothing "
+                    "(fs.leases-enable?)");
   }
   close(probe);
   return held;
@@ -415,7 +420,7 @@ static bool recycle_keep(struct host_backend *hb, struct host_alloc *h) {
   if (h->rw_fd >= 0)
     close(h->rw_fd);
   h->ro_fd = h->rw_fd = -1;
-  if (others_hold(h)) {
+  if (others_hold(hb, h)) {
     hb->stats.refused_held++;
     return false;
   }
