@@ -190,8 +190,8 @@ static void pin_node(pid_t pid, const char *name, unsigned n) {
 int bench_pull_node_start(struct gshm_spawn *sp, const char *gshmd, const char *name, int port,
                           const char *peers, const char *key, const char *exports,
                           const struct pull_opts *o) {
-  char a[16][320];
-  const char *args[18];
+  char a[18][320];
+  const char *args[20];
   struct group *g = getgrgid(getegid());
   int n = 0, e;
 
@@ -213,6 +213,8 @@ int bench_pull_node_start(struct gshm_spawn *sp, const char *gshmd, const char *
     snprintf(a[n++], 320, "--set=cluster.encrypt=true");
   for (unsigned i = 0; i < o->nsets; i++)
     snprintf(a[n++], 320, "--set=%.300s", o->sets[i]);
+  if (o->recycle)
+    snprintf(a[n++], 320, "--set=daemon.host_recycle=%s", o->recycle);
   for (int i = 0; i < n; i++)
     args[i] = a[i];
   args[n] = NULL;
@@ -223,6 +225,20 @@ int bench_pull_node_start(struct gshm_spawn *sp, const char *gshmd, const char *
   if (o->cpus_per_node)
     pin_node(sp->pid, name, o->cpus_per_node);
   return 0;
+}
+
+/* gshm_cluster_recycled_pulls_total of c's gshmd; -1 unknown. */
+static long recycled_pulls(gshm_client_t *c) {
+  static const char key[] = "\ngshm_cluster_recycled_pulls_total ";
+  char *text = NULL, *m;
+  long v = -1;
+
+  if (gshm_metrics(c, &text))
+    return -1;
+  if ((m = strstr(text, key)))
+    v = atol(m + strlen(key));
+  gshm_free(text);
+  return v;
 }
 
 /* Fills the new segment (host: memset; device: cuMemsetD8) so that its
@@ -274,6 +290,7 @@ int bench_pull_main(int argc, char **argv) {
                                      {"streams", required_argument, NULL, 'k'},
                                      {"cpus-per-node", required_argument, NULL, 'C'},
                                      {"gshmd-set", required_argument, NULL, 'D'},
+                                     {"recycle", required_argument, NULL, 'R'},
                                      {"help", no_argument, NULL, 'h'},
                                      {NULL, 0, NULL, 0}};
   struct pull_opts o = {.iters = 5, .location = "host", .streams = 8};
@@ -286,7 +303,7 @@ int bench_pull_main(int argc, char **argv) {
   double lat4k_pull = -1;
 
   parse_sizes("1M,4M,16M,64M,256M,1G,4G", &o);
-  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:D:h", lo, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:D:R:h", lo, NULL)) != -1) {
     switch (c) {
     case 's':
       if (parse_sizes(optarg, &o)) {
@@ -319,6 +336,7 @@ int bench_pull_main(int argc, char **argv) {
       }
       o.sets[o.nsets++] = optarg;
       break;
+    case 'R': o.recycle = optarg; break;
     case 'k':
       o.streams = (unsigned)atoi(optarg);
       if (o.streams < 1 || o.streams > 16) {
@@ -333,6 +351,8 @@ int bench_pull_main(int argc, char **argv) {
              "                       [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
              "                       [--cpus-per-node N (node k on CPUs k*N..k*N+N-1)]\n"
              "                       [--gshmd-set KEY=VALUE (every gshmd; up to 4 times)]\n"
+             "                       [--recycle BYTES (daemon.host_recycle: the first pull\n"
+             "                        of a size is timed apart from the later, recycled ones)]\n"
              "       gshm-bench pull --fanout N [--model LAYERSxHIDDEN | --set COUNTxSIZE]\n"
              "                       [--iters N] [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
              "         N+1 gshmd: node i+1 pulls a set from node i, all at once (a chain),\n"
@@ -394,7 +414,8 @@ int bench_pull_main(int argc, char **argv) {
   for (int i = 0; i < o.nsizes; i++) {
     uint64_t size = o.sizes[i];
     double t[64], t_new[64], t_warm[64], med, gbs, tcp_new, tcp_warm, best, tag = -1, am = -1,
-        mbs, lat, cpu_a = 0, cpu_b = 0, cpu_new = 0, cpu_warm = 0, c0, c1, c2, c3;
+        mbs, lat, cpu_a = 0, cpu_b = 0, cpu_new = 0, cpu_warm = 0, c0, c1, c2, c3, t_first = 0;
+    long recycled0 = recycled_pulls(b);
     uint8_t *tsrc, *twarm;
     gshm_pull_result_t r;
     char sz[32];
@@ -427,6 +448,8 @@ int bench_pull_main(int argc, char **argv) {
         t[k] = bench_now_s() - t0;
         cpu_a += bench_cpu_s(A.pid) - a0;
         cpu_b += bench_cpu_s(B.pid) - b0;
+      } else {
+        t_first = bench_now_s() - t0;
       }
       gshm_unlink(b, "bench/dst");
       c0 = bench_cpu_s(0);
@@ -470,6 +493,10 @@ int bench_pull_main(int argc, char **argv) {
     c3 = (double)size * n / 1e9;
     printf("%8s CPU s/GB: pull %.2f (source %.2f, puller %.2f), TCPxK new %.2f, warm %.2f\n", "",
            (cpu_a + cpu_b) / c3, cpu_a / c3, cpu_b / c3, cpu_new / c3, cpu_warm / c3);
+    if (o.recycle) /* the warm-up is the first pull of the size: new memory */
+      printf("%8s first pull (new memory) %.2f GB/s (%.2f ms); the %d timed: %ld of them into "
+             "recycled memory\n",
+             "", (double)size / t_first / 1e9, t_first * 1e3, n, recycled_pulls(b) - recycled0);
     fflush(stdout);
   }
   /* 4 KiB: latency */

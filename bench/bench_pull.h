@@ -33,6 +33,9 @@ struct pull_opts {
   /* --gshmd-set KEY=VALUE (up to 4): passed to every gshmd as --set */
   const char *sets[4];
   unsigned nsets;
+  /* --recycle BYTES: daemon.host_recycle on every node started (the
+   * pulling one recycles); NULL: off */
+  const char *recycle;
 };
 
 /* A TCP port of 127.0.0.1 free right now; 0 on failure. */

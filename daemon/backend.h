@@ -18,6 +18,12 @@
 struct gshmd_config;
 struct gshmd_backend;
 
+/* Which users a client fd of an allocation ever went to (the host
+ * backend's recycling hands memory back only to that one user: page
+ * references that a mapping let a process take, such as a pipe's after
+ * vmsplice, outlive the mapping and every fd; docs/SECURITY.md). */
+enum gshmd_reach { GSHMD_REACH_NONE = 0, GSHMD_REACH_ONE, GSHMD_REACH_MANY };
+
 /* One allocation. */
 struct gshmd_alloc {
   struct gshmd_backend *backend;
@@ -26,7 +32,20 @@ struct gshmd_alloc {
   int device_index;                  /* daemon's GPU index; -1 host */
   char location[GSHM_LOCATION_MAX];  /* canonical: "host", "cuda:GPU-<uuid>" */
   void *priv;                        /* backend-specific */
+  enum gshmd_reach reach;            /* the users its client fds went to */
+  uint32_t reach_uid;                /* the one, when reach is GSHMD_REACH_ONE */
 };
+
+/* Records that a client of uid is handed a's fd (every path that sends
+ * one calls it). */
+static inline void gshmd_alloc_note_reach(struct gshmd_alloc *a, uint32_t uid) {
+  if (a->reach == GSHMD_REACH_NONE) {
+    a->reach = GSHMD_REACH_ONE;
+    a->reach_uid = uid;
+  } else if (a->reach == GSHMD_REACH_ONE && a->reach_uid != uid) {
+    a->reach = GSHMD_REACH_MANY;
+  }
+}
 
 struct gshmd_backend_ops {
   /* Optional: refuses, before anything is allocated, a size that loc can
@@ -41,16 +60,31 @@ struct gshmd_backend_ops {
    * -EIO. */
   int (*alloc)(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
                uint32_t flags, const char *debug_name, struct gshmd_alloc **out);
+  /* Optional (host): size bytes (> 0) for a pull's new segment, owned
+   * by uid: labelled neutrally (no segment name: the memory may serve
+   * several segments), from the recycling pool (daemon.host_recycle)
+   * when it holds memory of the same page-rounded size that no client of
+   * another user ever reached, else new as ->alloc.  Recycled memory
+   * holds old bytes up to size (the tail past size reads zeros): the
+   * caller writes every byte before anyone but gshmd can read it.  Such
+   * an allocation may enter the pool at ->discard.  Errors as ->alloc. */
+  int (*alloc_pull)(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
+                    uint32_t uid, struct gshmd_alloc **out);
   /* The fd to send to one client: read-write, or read-only when !writable
    * (where the backend can enforce it).  It is lent, not given: it stays
    * the allocation's and is valid until ->free; the caller sends it
    * (SCM_RIGHTS makes the client's own copy) and does not close it.
-   * Saves a dup and a close per open (callgrind, gshm-bench control). */
+   * Saves a dup and a close per open (callgrind, gshm-bench control).
+   * Host: an open file description of its own, never the one gshmd
+   * allocated with (which only gshmd and the fd store hold: see
+   * ->discard). */
   int (*export_fd)(struct gshmd_backend *b, struct gshmd_alloc *a, bool writable, int *fd_out);
   /* Optional: a 64-byte cudaIpcMemHandle for a LEGACY_IPC allocation. */
   int (*export_legacy_ipc)(struct gshmd_backend *b, struct gshmd_alloc *a,
                            uint8_t handle_out[64]);
-  /* Optional: an fd that keeps the memory alive (for systemd's fd store),
+  /* Optional: the fd that keeps the memory alive in systemd's fd store
+   * (lent as export_fd's: valid until ->free, not closed by the caller;
+   * host: gshmd's own open file description, never sent to a client),
    * and the inverse: adopt such an fd after a restart (takes ownership of
    * fd on success).  park_fd returns -ENOTSUP for an allocation that can
    * never be parked (legacy IPC: not retried); other errors are retried. */
@@ -63,12 +97,20 @@ struct gshmd_backend_ops {
    * they would keep the memory alive outside every quota (host: the
    * memfd's pages are punched out, so a stray fd reads zeros and holds
    * nothing until it writes again).  The device backend has none: the
-   * driver offers no revoke (docs/SECURITY.md). */
+   * driver offers no revoke (docs/SECURITY.md).  Host, with
+   * daemon.host_recycle: memory of ->alloc_pull that no other process
+   * can reach any more keeps its pages and gshmd's mapping in the
+   * recycling pool instead. */
   void (*discard)(struct gshmd_backend *b, struct gshmd_alloc *a);
-  /* Optional (cuda; the cluster's device paths, docs/CLUSTER.md): the
-   * allocation's address in gshmd itself (mapped on first use, unmapped
-   * by ->free), for UCX registration and copies.  Errors: -EIO. */
+  /* Optional: the allocation's address in gshmd itself (mapped on first
+   * use, unmapped by ->free or ->local_done), read-write: cuda for the
+   * cluster's device paths (UCX registration, copies), host for a pull's
+   * chunks to land in.  Errors: -EIO (cuda), -ENOMEM (host). */
   int (*local_ptr)(struct gshmd_backend *b, struct gshmd_alloc *a, void **ptr_out);
+  /* Optional (host): the caller of local_ptr is done with the address;
+   * the mapping goes, unless the allocation may be recycled (its page
+   * tables are what recycling saves). */
+  void (*local_done)(struct gshmd_backend *b, struct gshmd_alloc *a);
   /* Optional (cuda): copies len bytes between the allocation at offset
    * and host memory (pinned for speed), synchronously; to_device: host
    * to allocation.  May run on any thread (libuv's pool).  Errors:
@@ -95,6 +137,17 @@ struct gshmd_backend {
 
 /* Host memory: sealed memfds.  Never fails but for -ENOMEM. */
 int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backend **out);
+
+/* The host backend's recycling (daemon.host_recycle), for the metrics. */
+struct gshmd_host_recycle_stats {
+  uint64_t pulls;        /* pulled segments that landed in recycled memory */
+  uint64_t bytes_held;   /* bytes in the pool now */
+  uint64_t entries;      /* allocations in the pool now */
+  uint64_t refused_held; /* frees not kept: another open file description or mapping */
+};
+/* Fills *out from host backend b (zeros when b is NULL). */
+void gshmd_backend_host_recycle_stats(const struct gshmd_backend *b,
+                                      struct gshmd_host_recycle_stats *out);
 
 /* GPU memory through the CUDA driver's VMM API.  Errors: -ENOENT/-ENOSYS/
  * -ENODEV no usable driver or device (logged once). */

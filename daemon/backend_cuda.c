@@ -217,24 +217,6 @@ static int export_once(struct cuda_backend *cb, struct cuda_alloc *a) {
   return 0;
 }
 
-/* A new fd for the allocation: a dup of the one exported at allocation
- * (or adopted after a restart); the caller closes it. */
-static int export_posix_fd(struct cuda_backend *cb, struct cuda_alloc *a, int *fd_out) {
-  int fd, e;
-
-  (void)cb;
-  if (a->legacy || a->fd < 0)
-    return -ENOTSUP; /* cuMemAlloc memory has no POSIX fd */
-  fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 3);
-  if (fd < 0) {
-    e = -errno;
-    gshm_log_err("%s: dup of a segment fd: %m", a->d->pci);
-    return e;
-  }
-  *fd_out = fd;
-  return 0;
-}
-
 /* The segment's one exported fd, lent (backend.h); the export is made once
  * per segment because cuMemExportToShareableHandle costs about 600 us
  * (gshm-bench attach on H200s).  `writable`
@@ -274,8 +256,8 @@ static int cuda_export_legacy_ipc(struct gshmd_backend *b, struct gshmd_alloc *m
   return 0;
 }
 
-/* An fd for systemd's fd store: the same export; it alone keeps the memory
- * alive across a gshmd restart.  Legacy segments cannot be parked. */
+/* The fd for systemd's fd store: the same lent export; it alone keeps the
+ * memory alive across a gshmd restart.  Legacy segments cannot be parked. */
 static int cuda_park_fd(struct gshmd_backend *b, struct gshmd_alloc *mem, int *fd_out) {
   struct cuda_alloc *a = mem->priv;
 
@@ -283,7 +265,7 @@ static int cuda_park_fd(struct gshmd_backend *b, struct gshmd_alloc *mem, int *f
     gshm_log_debug("%s: legacy IPC segments cannot be parked in the fd store", a->d->pci);
     return -ENOTSUP;
   }
-  return export_posix_fd(cuda_of(b), a, fd_out);
+  return cuda_export_fd(b, mem, true, fd_out);
 }
 
 /* Checks that the imported allocation holds at least `size` bytes by

@@ -7,7 +7,12 @@
  * pages are touched, unless daemon.host_populate asks for every page at
  * create time; either way a segment larger than the memory the machine
  * (RAM + swap) or gshmd's cgroup can give is refused up front, since its
- * pages could never all exist and a write into it would take SIGBUS. */
+ * pages could never all exist and a write into it would take SIGBUS.
+ *
+ * Recycling (daemon.host_recycle): a pull's memory, once freed, may keep
+ * its pages and gshmd's mapping for a later pull of the same size, which
+ * then lands without a page-table fault per page (docs/CLUSTER.md).  Only
+ * when no other process can reach it: see recycle_keep. */
 #include <errno.h>
 #include <inttypes.h>
 #include <fcntl.h>
@@ -21,6 +26,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "list.h"
 #include "log.h"
 
 #define HOST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
@@ -34,14 +40,35 @@ struct host_backend {
   int64_t read_ns;             /* CLOCK_MONOTONIC of the last read; 0: never */
   uint64_t ram, swap;          /* bytes: MemTotal, SwapTotal */
   uint64_t cg_mem, cg_swap;    /* bytes: the tightest cgroup limits; UINT64_MAX none */
+  /* the recycling pool: struct pooled, oldest first */
+  uint64_t recycle_cap;        /* bytes (daemon.host_recycle); 0: off */
+  struct gshm_list pool;
+  struct gshmd_host_recycle_stats stats;
+  bool lease_warned;           /* a lease refused for another reason than a holder: said once */
 };
 
 #define REREAD_NS 1000000000LL
+/* Most allocations in the pool: each holds an fd and a mapping (of
+ * vm.max_map_count, 65530 by default), and a take scans the pool. */
+#define POOL_MAX 4096
 
 struct host_alloc {
   struct gshmd_alloc base;
-  int memfd;
+  int memfd; /* gshmd's own open file description: never sent to a client */
   int ro_fd; /* O_RDONLY reopen for read-only leases, made on first use */
+  int rw_fd; /* O_RDWR reopen for read-write leases, made on first use */
+  void *map; /* gshmd's mapping of memfd (local_ptr), NULL until asked */
+  bool recyclable; /* alloc_pull's, by this process, recycling on: may enter the pool */
+};
+
+/* Freed memory in the pool: its memfd and gshmd's mapping of it. */
+struct pooled {
+  struct gshm_list node;
+  int memfd;
+  void *map;
+  uint64_t size;
+  enum gshmd_reach reach;
+  uint32_t reach_uid;
 };
 
 static int host_wrap(struct gshmd_backend *b, int fd, uint64_t size, struct gshmd_alloc **out) {
@@ -55,7 +82,7 @@ static int host_wrap(struct gshmd_backend *b, int fd, uint64_t size, struct gshm
   strcpy(h->base.location, "host");
   h->base.priv = h;
   h->memfd = fd;
-  h->ro_fd = -1;
+  h->ro_fd = h->rw_fd = -1;
   *out = &h->base;
   return 0;
 }
@@ -237,37 +264,50 @@ static int host_alloc(struct gshmd_backend *b, const struct gshm_location *loc, 
   return r;
 }
 
-static int host_export_fd(struct gshmd_backend *b, struct gshmd_alloc *a, bool writable,
-                          int *fd_out) {
-  struct host_alloc *h = a->priv;
+/* A new open file description of h's memfd (O_RDONLY or O_RDWR) in
+ * *fd, made on first use.  The kernel refuses PROT_WRITE shared mappings
+ * and write(2) on an O_RDONLY one (EACCES), so a read-only lease cannot
+ * write, whatever the client does; and neither kind is gshmd's own, so
+ * recycle_keep can tell whether a client still holds one. */
+static int host_reopen(struct host_alloc *h, int flags, int *fd) {
   char path[64];
 
-  (void)b;
-  if (writable) {
-    *fd_out = h->memfd;
-    return 0;
-  }
-  if (h->ro_fd < 0) {
-    /* A new open file description with O_RDONLY: the kernel then refuses
-     * PROT_WRITE shared mappings and write(2) on it (EACCES), so a
-     * read-only lease cannot write, whatever the client does. */
+  if (*fd < 0) {
     snprintf(path, sizeof(path), "/proc/self/fd/%d", h->memfd);
-    h->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (h->ro_fd < 0) {
+    if ((*fd = open(path, flags | O_CLOEXEC)) < 0) {
       int r = -errno;
-      gshm_log_err("host: read-only reopen of a memfd: %m");
+      gshm_log_err("host: reopen of a memfd: %m");
       return r;
     }
   }
-  *fd_out = h->ro_fd;
+  return 0;
+}
+
+/* A read-write lease of memory that may be recycled gets a reopen too
+ * (else gshmd's own description: one fd per segment, which the fd
+ * store's limits count on: docs/ARCHITECTURE.md "The fd store"). */
+static int host_export_fd(struct gshmd_backend *b, struct gshmd_alloc *a, bool writable,
+                          int *fd_out) {
+  struct host_alloc *h = a->priv;
+  int *fd = writable ? &h->rw_fd : &h->ro_fd;
+  int r;
+
+  (void)b;
+  if (writable && !h->recyclable) {
+    *fd_out = h->memfd;
+    return 0;
+  }
+  if ((r = host_reopen(h, writable ? O_RDWR : O_RDONLY, fd)))
+    return r;
+  *fd_out = *fd;
   return 0;
 }
 
 static int host_park_fd(struct gshmd_backend *b, struct gshmd_alloc *a, int *fd_out) {
   struct host_alloc *h = a->priv;
   (void)b;
-  *fd_out = fcntl(h->memfd, F_DUPFD_CLOEXEC, 3);
-  return *fd_out < 0 ? -errno : 0;
+  *fd_out = h->memfd;
+  return 0;
 }
 
 static int host_adopt_fd(struct gshmd_backend *b, int fd, const char *location, uint64_t size,
@@ -289,17 +329,176 @@ static int host_adopt_fd(struct gshmd_backend *b, int fd, const char *location, 
   return host_wrap(b, fd, size, out);
 }
 
+/* gshmd's mapping of the allocation, read-write, made on first use: a
+ * pull's chunks land in it.  Kept until ->free (or ->local_done of
+ * memory that may not be recycled), and into the pool with the memory. */
+static int host_local_ptr(struct gshmd_backend *b, struct gshmd_alloc *a, void **ptr_out) {
+  struct host_alloc *h = a->priv;
+  void *p;
+
+  (void)b;
+  if (!h->map) {
+    p = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, h->memfd, 0);
+    if (p == MAP_FAILED) {
+      gshm_log_err("host: mapping %llu bytes of a memfd: %m", (unsigned long long)a->size);
+      return -ENOMEM;
+    }
+    h->map = p;
+  }
+  *ptr_out = h->map;
+  return 0;
+}
+
+static void host_local_done(struct gshmd_backend *b, struct gshmd_alloc *a) {
+  struct host_alloc *h = a->priv;
+
+  if (h->map && !(h->recyclable && ((struct host_backend *)b)->recycle_cap)) {
+    munmap(h->map, a->size);
+    h->map = NULL;
+  }
+}
+
+static void pooled_free(struct host_backend *hb, struct pooled *e) {
+  gshm_list_del(&e->node);
+  hb->stats.bytes_held -= e->size;
+  hb->stats.entries--;
+  munmap(e->map, e->size);
+  close(e->memfd);
+  free(e);
+}
+
+/* Whether any open file description of h's memfd but gshmd's own is
+ * left, anywhere: a client's fd (or a copy in flight in a socket), a
+ * mapping (which holds its description), a reopen through /proc.  The
+ * kernel grants a write lease only to a description whose inode has no
+ * other reader or writer description (fs/locks.c check_conflicting_open:
+ * i_writecount and i_readcount must be the lease taker's own).
+ * memfd_create's own description counts in neither (alloc_file_pseudo
+ * takes no write access; checked on 6.18: a lease on it is refused even
+ * alone), so the lease is asked on a fresh O_RDWR reopen, which counts
+ * itself once; gshmd's description, its dups (the fd store's) and
+ * gshmd's mapping count nothing, and no client ever gets them
+ * (host_export_fd reopens).  Leases off (fs.leases-enable = 0) or
+ * refused: held (said once: then nothing is ever kept). */
+static bool others_hold(struct host_backend *hb, struct host_alloc *h) {
+  int probe = -1;
+  bool held = true;
+
+  if (host_reopen(h, O_RDWR, &probe))
+    return true;
+  if (fcntl(probe, F_SETLEASE, F_WRLCK) == 0) {
+    held = false;
+    fcntl(probe, F_SETLEASE, F_UNLCK);
+  } else if (errno != EAGAIN && !hb->lease_warned) {
+    hb->lease_warned = true;
+    gshm_log_notice("host: no write lease on a memfd (%m): daemon.host_recycle keeps nothing "
+                    "(fs.leases-enable?)");
+  }
+  close(probe);
+  return held;
+}
+
+/* At discard: moves h's memfd and mapping into the pool when that is
+ * safe, evicting the oldest beyond daemon.host_recycle.  Safe means: made
+ * by alloc_pull in this process (an adopted memfd may have gone to
+ * clients as itself from an older gshmd: nothing could tell), and no
+ * open file description but gshmd's own is left (others_hold).  What
+ * neither shows, page references a mapping let a process take (a pipe's
+ * after vmsplice, io_uring fixed buffers, RDMA or CUDA registrations),
+ * is why the memory keeps its reach: it goes back only to a pull by the
+ * one user its fds went to.  Returns whether h's memory is pooled. */
+static bool recycle_keep(struct host_backend *hb, struct host_alloc *h) {
+  uint64_t size = h->base.size;
+  struct pooled *e;
+
+  if (!hb->recycle_cap || !h->recyclable || !h->map || size > hb->recycle_cap)
+    return false;
+  /* gshmd's reopens go now (free would close them): what is left of
+   * them is a client's */
+  if (h->ro_fd >= 0)
+    close(h->ro_fd);
+  if (h->rw_fd >= 0)
+    close(h->rw_fd);
+  h->ro_fd = h->rw_fd = -1;
+  if (others_hold(hb, h)) {
+    hb->stats.refused_held++;
+    return false;
+  }
+  if (!(e = calloc(1, sizeof(*e))))
+    return false;
+  e->memfd = h->memfd;
+  e->map = h->map;
+  e->size = size;
+  e->reach = h->base.reach;
+  e->reach_uid = h->base.reach_uid;
+  h->memfd = -1;
+  h->map = NULL;
+  gshm_list_add_tail(&hb->pool, &e->node);
+  hb->stats.bytes_held += size;
+  hb->stats.entries++;
+  while (hb->stats.bytes_held > hb->recycle_cap || hb->stats.entries > POOL_MAX)
+    pooled_free(hb, gshm_list_entry(hb->pool.next, struct pooled, node));
+  return true;
+}
+
 /* Punches every page out of the memfd (the seals forbid growing and
  * shrinking, not this): a client that kept its own copy of the fd after
  * the segment was freed keeps no memory: the node's memory accounting
- * stays true once the segment is gone. */
+ * stays true once the segment is gone.  Unless the memory is recycled. */
 static void host_discard(struct gshmd_backend *b, struct gshmd_alloc *a) {
   struct host_alloc *h = a->priv;
 
-  (void)b;
+  if (recycle_keep((struct host_backend *)b, h))
+    return;
   if (fallocate(h->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)a->size) < 0)
     gshm_log_warn("host: punching out a freed segment's %llu bytes: %m",
                   (unsigned long long)a->size);
+}
+
+/* The newest pooled memory of exactly size bytes that uid may have (no
+ * other user's client ever had its fd), or NULL. */
+static struct pooled *pool_find(struct host_backend *hb, uint64_t size, uint32_t uid) {
+  struct gshm_list *pos;
+
+  for (pos = hb->pool.prev; pos != &hb->pool; pos = pos->prev) {
+    struct pooled *e = gshm_list_entry(pos, struct pooled, node);
+    if (e->size == size &&
+        (e->reach == GSHMD_REACH_NONE || (e->reach == GSHMD_REACH_ONE && e->reach_uid == uid)))
+      return e;
+  }
+  return NULL;
+}
+
+static int host_alloc_pull(struct gshmd_backend *b, const struct gshm_location *loc,
+                           uint64_t size, uint32_t uid, struct gshmd_alloc **out) {
+  struct host_backend *hb = (struct host_backend *)b;
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  struct host_alloc *h;
+  struct pooled *e;
+  int r;
+
+  if (loc->kind == GSHM_LOCATION_HOST && size && size <= UINT64_MAX - page &&
+      (e = pool_find(hb, (size + page - 1) / page * page, uid))) {
+    if ((r = host_wrap(b, e->memfd, e->size, out)))
+      return r;
+    h = (*out)->priv;
+    h->map = e->map;
+    /* page references of the earlier holders stay: so does their reach */
+    h->base.reach = e->reach;
+    h->base.reach_uid = e->reach_uid;
+    /* the pull writes [0, size); the page's tail is the old owner's */
+    memset((uint8_t *)e->map + size, 0, e->size - size);
+    e->memfd = -1;
+    gshm_list_del(&e->node);
+    hb->stats.bytes_held -= e->size;
+    hb->stats.entries--;
+    hb->stats.pulls++;
+    free(e);
+  } else if ((r = host_alloc(b, loc, size, 0, "pull", out))) {
+    return r;
+  }
+  ((struct host_alloc *)(*out)->priv)->recyclable = hb->recycle_cap != 0;
+  return 0;
 }
 
 static void host_free(struct gshmd_backend *b, struct gshmd_alloc *a) {
@@ -309,25 +508,45 @@ static void host_free(struct gshmd_backend *b, struct gshmd_alloc *a) {
   if (!a)
     return;
   h = a->priv;
+  if (h->map)
+    munmap(h->map, a->size);
   if (h->memfd >= 0)
     close(h->memfd);
   if (h->ro_fd >= 0)
     close(h->ro_fd);
+  if (h->rw_fd >= 0)
+    close(h->rw_fd);
   free(h);
 }
 
-static void host_destroy(struct gshmd_backend *b) { free(b); }
+static void host_destroy(struct gshmd_backend *b) {
+  struct host_backend *hb = (struct host_backend *)b;
+
+  while (!gshm_list_empty(&hb->pool))
+    pooled_free(hb, gshm_list_entry(hb->pool.next, struct pooled, node));
+  free(b);
+}
 
 static const struct gshmd_backend_ops host_ops = {
     .check_size = host_check_size,
     .alloc = host_alloc,
+    .alloc_pull = host_alloc_pull,
     .export_fd = host_export_fd,
     .park_fd = host_park_fd,
     .adopt_fd = host_adopt_fd,
     .discard = host_discard,
+    .local_ptr = host_local_ptr,
+    .local_done = host_local_done,
     .free = host_free,
     .destroy = host_destroy,
 };
+
+void gshmd_backend_host_recycle_stats(const struct gshmd_backend *b,
+                                      struct gshmd_host_recycle_stats *out) {
+  memset(out, 0, sizeof(*out));
+  if (b && b->ops == &host_ops)
+    *out = ((const struct host_backend *)b)->stats;
+}
 
 int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backend **out) {
   struct host_backend *hb = calloc(1, sizeof(*hb));
@@ -337,6 +556,8 @@ int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backe
   hb->base.name = "host";
   hb->base.ops = &host_ops;
   hb->populate = cfg && cfg->host_populate;
+  hb->recycle_cap = cfg ? cfg->host_recycle : 0;
+  gshm_list_init(&hb->pool);
   *out = &hb->base;
   return 0;
 }

@@ -31,6 +31,7 @@ struct gshmd_config {
   int log_level;            /* log_level = 0..7 (syslog priorities), default 6 (info) */
   bool legacy_ipc;          /* legacy_ipc = false: allow cudaIpcMemHandle export */
   bool host_populate;       /* host_populate = false: allocate host pages at create */
+  uint64_t host_recycle;    /* host_recycle = 0 (off): bytes of freed pulled memory kept */
   uint32_t poll_us;         /* poll a connection this long after a request (default 0 on < 4 CPUs) */
 
   /* [limits] */

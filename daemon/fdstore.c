@@ -397,7 +397,7 @@ int gshmd__fdstore_place(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bo
   struct fdstore_bucket *b = NULL;
   int fd, e;
 
-  if ((e = bk->ops->export_fd(bk, seg->mem, true, &fd))) {
+  if ((e = bk->ops->park_fd ? bk->ops->park_fd(bk, seg->mem, &fd) : -ENOTSUP)) {
     gshm_log_notice("fd store: segment '%s' id %" PRIu64 " cannot be stored (%s): it will "
                     "not survive a restart of gshmd",
                     seg->name, seg->id, seg->mem->location);

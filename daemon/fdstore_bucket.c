@@ -92,7 +92,8 @@ int gshmd__bucket_send(struct fdstore_bucket *b, const uint8_t *payload, size_t 
     fds = (int *)CMSG_DATA(c);
     for (uint32_t i = 0; i < b->n; i++) {
       struct gshmd_alloc *m = b->seg[i]->mem;
-      int e = m->backend->ops->export_fd(m->backend, m, true, &fds[i]);
+      int e = m->backend->ops->park_fd ? m->backend->ops->park_fd(m->backend, m, &fds[i])
+                                       : -ENOTSUP;
       if (e)
         return e;
     }

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "config.h"
 #include "gshm.pb-c.h"
 #include "metrics.h"
@@ -127,6 +128,23 @@ static void write_server_counters(FILE *f, struct gshmd_server *s) {
             s->fds_sent);
 }
 
+/* The host backend's recycling of pulled memory (daemon.host_recycle). */
+static void write_recycle(FILE *f, const struct gshmd_backend *host) {
+  struct gshmd_host_recycle_stats st;
+
+  gshmd_backend_host_recycle_stats(host, &st);
+  write_one(f, "counter", "gshm_cluster_recycled_pulls_total",
+            "Pulled host segments that landed in memory kept by daemon.host_recycle.", st.pulls);
+  write_one(f, "gauge", "gshm_cluster_recycle_bytes",
+            "Bytes of freed pulled memory kept for later pulls (daemon.host_recycle).",
+            st.bytes_held);
+  write_one(f, "gauge", "gshm_cluster_recycle_segments",
+            "Freed pulled segments whose memory is kept for later pulls.", st.entries);
+  write_one(f, "counter", "gshm_cluster_recycle_refused_total",
+            "Freed pulled segments not kept because another process could still reach them.",
+            st.refused_held);
+}
+
 int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   struct gshmd_registry *r = s->reg;
   char *text = NULL;
@@ -158,6 +176,7 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   write_one(f, "counter", "gshm_fdstore_failed_sends_total",
             "Notifications to the fd store that failed.", r->fdstore_failed_sends);
   gshmd_cluster_metrics(s->cluster, f);
+  write_recycle(f, r->host);
   if (fclose(f) != 0) {
     free(text);
     return -ENOMEM;

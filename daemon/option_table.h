@@ -58,6 +58,17 @@
     "segment the memory cannot hold takes SIGBUS. Either way a host segment "   \
     "larger than the machine's RAM + swap, or than gshmd's cgroup may use, "   \
     "is refused.")                                                              \
+  X(daemon, host_recycle, SIZE, host_recycle, "0", 0, UINT64_MAX, NULL,        \
+    "Bytes of freed host segment memory that gshmd keeps, mapped, for later "  \
+    "pulls of exactly the same (page-rounded) size; 0 turns it off. Worth it " \
+    "for weight updates (RL, checkpoint engines): a node pulls the same "      \
+    "model again and again with --replace, and a pull into memory gshmd "     \
+    "already has mapped lands several times faster than into new memory "      \
+    "(docs/CLUSTER.md). The cost: up to this many bytes stay gshmd's "         \
+    "(counted in its cgroup, in no user's quota) after their segments are "    \
+    "freed. Only memory of a pull of this gshmd that no other process can "    \
+    "reach any more is kept (docs/SECURITY.md), and it goes back only to a "   \
+    "pull by the one user that held it; a create never gets it.")              \
   X(daemon, poll_us, U32, poll_us, "30", 0, 1000, NULL,                        \
     "After answering a request, keep polling that connection for its next "    \
     "one for this many microseconds before sleeping: a client's open, map "    \

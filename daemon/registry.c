@@ -392,10 +392,14 @@ static int request_check(struct gshmd_registry *r, const Gshm__CreateRequest *re
 }
 
 /* Asks backend b for req->size bytes at loc into *mem_out (owned by the
- * caller).  0 or the backend's negative errno with *msg_out set. */
+ * caller); puller: the client of a pull (a hidden segment, whose every
+ * byte the pull writes: the backend's alloc_pull may recycle memory),
+ * NULL for a create.  0 or the backend's negative errno with *msg_out
+ * set. */
 static int backend_alloc(struct gshmd_registry *r, struct gshmd_backend *b,
                          const struct gshm_location *loc, const Gshm__CreateRequest *req,
-                         struct gshmd_alloc **mem_out, const char **msg_out) {
+                         const struct gshmd_client *puller, struct gshmd_alloc **mem_out,
+                         const char **msg_out) {
   int e;
 
   if (b->ops->check_size &&
@@ -403,7 +407,11 @@ static int backend_alloc(struct gshmd_registry *r, struct gshmd_backend *b,
     *msg_out = r->msgbuf;
     return e;
   }
-  if ((e = b->ops->alloc(b, loc, req->size, req->flags, req->name, mem_out))) {
+  if (puller && b->ops->alloc_pull)
+    e = b->ops->alloc_pull(b, loc, req->size, (uint32_t)puller->cred.uid, mem_out);
+  else
+    e = b->ops->alloc(b, loc, req->size, req->flags, req->name, mem_out);
+  if (e) {
     *msg_out = e == -ENODEV   ? "no such GPU"
                : e == -ENOMEM ? "out of memory at that location"
                               : "the backend could not allocate";
@@ -464,7 +472,7 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
                        "asked", msg_out)))
     return e;
 
-  if ((e = backend_alloc(r, b, &loc, req, &mem, msg_out)))
+  if ((e = backend_alloc(r, b, &loc, req, hidden ? c : NULL, &mem, msg_out)))
     return e;
   /* Rounding up to the granularity may cross the quota after all. */
   if ((e = quota_check(r, c->cred.uid, quota, used, mem->size, "", "after rounding", msg_out))) {

@@ -125,6 +125,7 @@ static int grant_lease(struct req *q, struct gshmd_lease *l, bool legacy) {
     if (e)
       return set_error(q, e, "cannot export the segment's fd");
   }
+  gshmd_alloc_note_reach(mem, (uint32_t)l->client->cred.uid);
   gshmd_segment_to_info(l->seg, &q->info);
   q->grant.segment = &q->info;
   q->grant.lease_id = l->id;

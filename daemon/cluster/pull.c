@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "backend.h"
 #include "config.h"
@@ -334,7 +333,7 @@ int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s) {
  * for the chunks to land in. */
 static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   struct gshmd_alloc *mem;
-  int e, fd;
+  int e;
 
   if (!p->seg && (e = gshmd__pull_item_create(p, s)))
     return e;
@@ -347,18 +346,13 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   mem = p->mem = p->seg->mem;
   if (mem->device_index >= 0)
     return 0; /* written by copies from the local slots */
-  if ((e = mem->backend->ops->export_fd(mem->backend, mem, true, &fd))) {
-    pull_fail(p, e, "cannot get the new segment's memory");
+  /* the host backend's own mapping: memory it recycled is mapped already */
+  if ((e = mem->backend->ops->local_ptr ? mem->backend->ops->local_ptr(mem->backend, mem, &p->dst)
+                                        : -ENOTSUP)) {
+    pull_fail(p, e, "cannot map the new segment");
     return e;
   }
   p->dst_len = mem->size;
-  p->dst = mmap(NULL, p->dst_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p->dst == MAP_FAILED) {
-    p->dst = NULL;
-    p->dst_len = 0;
-    pull_fail(p, -ENOMEM, "cannot map the new segment: %s", strerror(errno));
-    return -ENOMEM;
-  }
   p->dst_mapped = true;
   return 0;
 }
@@ -545,8 +539,8 @@ void gshmd__pull_item_close(struct pull *p) {
   if (p->on_link)
     gshm_list_del(&p->link_node);
   p->on_link = false;
-  if (p->dst_mapped)
-    munmap(p->dst, p->dst_len);
+  if (p->dst_mapped && p->mem->backend->ops->local_done)
+    p->mem->backend->ops->local_done(p->mem->backend, p->mem); /* (the backend's mapping) */
   p->dst_mapped = false;
   gshmd_stage_free(&cl->stage, p->lsb);
   p->lsb = NULL;

@@ -56,7 +56,7 @@ struct pull {
   struct gshmd_alloc *mem;       /* its memory */
   void *dst;                     /* where gets land without staging */
   size_t dst_len;
-  bool dst_mapped;               /* dst is our mmap of a host segment */
+  bool dst_mapped;               /* dst is the host backend's mapping (local_ptr) */
 };
 
 /* One request: a segment, or every segment under a prefix. */
