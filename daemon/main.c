@@ -436,6 +436,11 @@ static int cluster_reply(void *arg, struct gshmd_client *c, uint16_t type, uint3
 
 static int setup_signals(struct daemon *d) {
   signal(SIGPIPE, SIG_IGN);
+  /* The host backend's recycling takes a write lease on a memfd for an
+   * instant (backend_host.c others_hold): were the memfd opened then (root
+   * or gshmd's user through /proc), the kernel would signal SIGIO, whose
+   * default ends the process. */
+  signal(SIGIO, SIG_IGN);
   uv_signal_init(&d->loop, &d->sigterm);
   uv_signal_init(&d->loop, &d->sigint);
   d->sigterm.data = d->sigint.data = d;

@@ -186,6 +186,30 @@ static bool tail_is_zero(const char *name, uint64_t size) {
  * first one's memory (the metrics say so) and holds the new bytes, with
  * the page's tail zeroed although a client wrote there.  Then --replace:
  * the replaced copy's memory serves the next replace. */
+/* Whether gshmd pid ignores signal sig (/proc/PID/status SigIgn). */
+static bool ignores(pid_t pid, int sig) {
+  char path[64], line[256];
+  unsigned long long mask = 0;
+  FILE *f;
+
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  assert_non_null(f = fopen(path, "re"));
+  while (fgets(line, sizeof(line), f))
+    if (sscanf(line, "SigIgn: %llx", &mask) == 1)
+      break;
+  fclose(f);
+  return (mask >> (sig - 1)) & 1;
+}
+
+/* The lease that tells whether memory may be recycled is held for an
+ * instant; a memfd opened then (by root) signals its holder SIGIO, which
+ * must not end gshmd. */
+static void test_sigio_ignored(void **state) {
+  (void)state;
+  assert_true(ignores(B.h.sp.pid, SIGIO));
+  assert_true(ignores(B.h.sp.pid, SIGPIPE));
+}
+
 static void test_recycled(void **state) {
   long pulls0 = b_metric("gshm_cluster_recycled_pulls_total");
   (void)state;
@@ -517,6 +541,7 @@ static void test_relay_no_stale_bytes(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sigio_ignored),
       cmocka_unit_test(test_recycled),
       cmocka_unit_test(test_attack_rw_mapping),
       cmocka_unit_test(test_attack_ro_mapping),
