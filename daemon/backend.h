@@ -34,6 +34,10 @@ struct gshmd_alloc {
   void *priv;                        /* backend-specific */
   enum gshmd_reach reach;            /* the users its client fds went to */
   uint32_t reach_uid;                /* the one, when reach is GSHMD_REACH_ONE */
+  /* set before ->local_done: the mapping was handed to UCX (a pull over
+   * UCX), whose registration cache may keep it registered, and a peer's
+   * rkey valid, for as long as it stays mapped: it goes, never recycled */
+  bool no_recycle;
 };
 
 /* Records that a client of uid is handed a's fd (every path that sends

@@ -42,6 +42,7 @@ struct host_backend {
   uint64_t cg_mem, cg_swap;    /* bytes: the tightest cgroup limits; UINT64_MAX none */
   /* the recycling pool: struct pooled, oldest first */
   uint64_t recycle_cap;        /* bytes (daemon.host_recycle); 0: off */
+  unsigned kept_live;          /* live allocations whose mapping is kept (at most POOL_MAX) */
   struct gshm_list pool;
   struct gshmd_host_recycle_stats stats;
   bool lease_warned;           /* a lease refused for another reason than a holder: said once */
@@ -58,6 +59,7 @@ struct host_alloc {
   int ro_fd; /* O_RDONLY reopen for read-only leases, made on first use */
   int rw_fd; /* O_RDWR reopen for read-write leases, made on first use */
   void *map; /* gshmd's mapping of memfd (local_ptr), NULL until asked */
+  bool kept; /* map kept past local_done for recycling (counted in kept_live) */
   bool recyclable; /* alloc_pull's, by this process, recycling on: may enter the pool */
 };
 
@@ -343,18 +345,37 @@ static int host_local_ptr(struct gshmd_backend *b, struct gshmd_alloc *a, void *
       gshm_log_err("host: mapping %llu bytes of a memfd: %m", (unsigned long long)a->size);
       return -ENOMEM;
     }
+    /* other users' bytes: not in a core dump of gshmd */
+    (void)madvise(p, a->size, MADV_DONTDUMP);
     h->map = p;
   }
   *ptr_out = h->map;
   return 0;
 }
 
+/* A pull is done with the mapping: kept for recycling (each mapping is a
+ * VMA of gshmd's vm.max_map_count, 65530 by default: at most POOL_MAX
+ * live ones are kept, as many as the pool holds), else unmapped. */
 static void host_local_done(struct gshmd_backend *b, struct gshmd_alloc *a) {
+  struct host_backend *hb = (struct host_backend *)b;
   struct host_alloc *h = a->priv;
 
-  if (h->map && !(h->recyclable && ((struct host_backend *)b)->recycle_cap)) {
-    munmap(h->map, a->size);
-    h->map = NULL;
+  if (!h->map || h->kept)
+    return;
+  if (h->recyclable && hb->recycle_cap && !a->no_recycle && hb->kept_live < POOL_MAX) {
+    h->kept = true;
+    hb->kept_live++;
+    return;
+  }
+  munmap(h->map, a->size);
+  h->map = NULL;
+}
+
+/* h's mapping is no longer kept past local_done (pooled or freed). */
+static void unkeep(struct host_backend *hb, struct host_alloc *h) {
+  if (h->kept) {
+    h->kept = false;
+    hb->kept_live--;
   }
 }
 
@@ -411,7 +432,8 @@ static bool recycle_keep(struct host_backend *hb, struct host_alloc *h) {
   uint64_t size = h->base.size;
   struct pooled *e;
 
-  if (!hb->recycle_cap || !h->recyclable || !h->map || size > hb->recycle_cap)
+  if (!hb->recycle_cap || !h->recyclable || !h->map || !h->kept || h->base.no_recycle ||
+      size > hb->recycle_cap)
     return false;
   /* gshmd's reopens go now (free would close them): what is left of
    * them is a client's */
@@ -431,6 +453,7 @@ static bool recycle_keep(struct host_backend *hb, struct host_alloc *h) {
   e->size = size;
   e->reach = h->base.reach;
   e->reach_uid = h->base.reach_uid;
+  unkeep(hb, h);
   h->memfd = -1;
   h->map = NULL;
   gshm_list_add_tail(&hb->pool, &e->node);
@@ -504,10 +527,10 @@ static int host_alloc_pull(struct gshmd_backend *b, const struct gshm_location *
 static void host_free(struct gshmd_backend *b, struct gshmd_alloc *a) {
   struct host_alloc *h;
 
-  (void)b;
   if (!a)
     return;
   h = a->priv;
+  unkeep((struct host_backend *)b, h);
   if (h->map)
     munmap(h->map, a->size);
   if (h->memfd >= 0)

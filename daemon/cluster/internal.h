@@ -71,6 +71,7 @@ struct gshmd_cluster {
    * first (serve.c: kept so that the next grant finds its pages mapped) */
   struct gshm_list serve_idle;
   uint64_t serve_idle_bytes;
+  unsigned serve_idle_count;
   uint64_t pull_errors[GSHM_PULL_FAIL_N]; /* by cause (common/errors.h) */
   /* PEERS reply storage */
   Gshm__ClusterPeerList peer_list;

@@ -354,6 +354,10 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   }
   p->dst_len = mem->size;
   p->dst_mapped = true;
+  /* bytes over UCX land through its registration cache: the mapping
+   * must go with the pull (backend.h no_recycle) */
+  if (p->link && p->link->ucx)
+    mem->no_recycle = true;
   return 0;
 }
 

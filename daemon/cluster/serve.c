@@ -32,8 +32,9 @@
  * grant whose bytes go on gshm's TCP stream registers nothing); shared
  * by the grants that overlap.  The registration goes with the last of
  * them: UCX never holds a segment that no grant covers.  A host
- * segment's mapping stays (cl->serve_idle, up to SERVE_IDLE_MAX bytes,
- * oldest dropped first) until the segment is freed, so that the next
+ * segment's mapping that UCX never registered stays (cl->serve_idle, up
+ * to SERVE_IDLE_MAX bytes and SERVE_IDLE_MAX_COUNT mappings, oldest
+ * dropped first) until the segment is freed, so that the next
  * grant of a segment served again and again (every node of a fleet
  * pulling one model) finds its pages mapped: on the lent machines a
  * fresh mapping's read faults cost the source about 0.1 CPU s per GB. */
@@ -48,9 +49,12 @@ struct export_reg {
   bool idle;
 };
 
-/* Bytes of idle serving mappings kept: their page tables (2 MiB per GiB
- * served) are what they cost. */
+/* Idle serving mappings kept: their page tables (2 MiB per GiB served)
+ * are what they cost in bytes, and each is a VMA of gshmd's
+ * vm.max_map_count (65530 by default), which a peer pulling many small
+ * segments once each would otherwise use up. */
 #define SERVE_IDLE_MAX (64ull << 30)
+#define SERVE_IDLE_MAX_COUNT 4096
 
 /* One grant being served: its data sends (and copies) in flight, and for
  * a staged grant its slots. */
@@ -141,6 +145,7 @@ static void export_reg_free(struct gshmd_cluster *cl, struct export_reg *x) {
   if (x->idle) {
     gshm_list_del(&x->idle_node);
     cl->serve_idle_bytes -= x->len;
+    cl->serve_idle_count--;
   }
   if (x->memh) {
     ucp_mem_unmap(cl->ll.ctx, x->memh);
@@ -159,12 +164,9 @@ static void export_reg_idle(struct gshmd_cluster *cl, struct gshmd_segment *seg)
 
   if (!x || x->grants)
     return;
-  if (x->memh) {
-    ucp_mem_unmap(cl->ll.ctx, x->memh);
-    x->memh = NULL;
-    cl->registered--;
-  }
-  if (x->device || !x->addr || x->len > SERVE_IDLE_MAX) {
+  /* a mapping UCX registered stays out: its registration cache may keep
+   * the registration (and a peer's rkey) for as long as it is mapped */
+  if (x->device || !x->addr || x->len > SERVE_IDLE_MAX || x->memh) {
     export_reg_free(cl, x);
     seg->cluster_export = NULL;
     return;
@@ -173,8 +175,9 @@ static void export_reg_idle(struct gshmd_cluster *cl, struct gshmd_segment *seg)
     x->idle = true;
     gshm_list_add_tail(&cl->serve_idle, &x->idle_node);
     cl->serve_idle_bytes += x->len;
+    cl->serve_idle_count++;
   }
-  while (cl->serve_idle_bytes > SERVE_IDLE_MAX) {
+  while (cl->serve_idle_bytes > SERVE_IDLE_MAX || cl->serve_idle_count > SERVE_IDLE_MAX_COUNT) {
     struct export_reg *old = gshm_list_entry(cl->serve_idle.next, struct export_reg, idle_node);
     old->seg->cluster_export = NULL;
     export_reg_free(cl, old);
@@ -242,6 +245,7 @@ static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg, b
   if (x && x->idle) { /* served before: its mapping was kept */
     gshm_list_del(&x->idle_node);
     cl->serve_idle_bytes -= x->len;
+    cl->serve_idle_count--;
     x->idle = false;
   }
   if (!x) {
@@ -258,6 +262,8 @@ static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg, b
       e = -errno;
       x->addr = NULL;
       gshm_log_err("cluster: mmap of segment '%s': %m", seg->name);
+    } else if (!x->device) {
+      (void)madvise(x->addr, x->len, MADV_DONTDUMP); /* a user's bytes: not in a core dump */
     }
     if (e) {
       export_reg_free(cl, x);

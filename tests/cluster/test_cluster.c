@@ -206,13 +206,20 @@ static int maps_of(pid_t pid, const char *name) {
   return n;
 }
 
+static bool over_ucx(void) {
+  const char *t = getenv("GSHM_TEST_CLUSTER_TRANSPORT");
+  return t && !strcmp(t, "ucx");
+}
+
 /* The serving gshmd maps a host segment once and keeps the mapping
  * between grants (the next puller finds its pages mapped), registered
  * with UCX only while a grant lives; the mapping goes when the segment
- * is freed. */
+ * is freed.  Over UCX it goes with the last grant too: UCX's
+ * registration cache could keep it registered while it stays mapped. */
 static void test_serve_mapping_kept(void **state) {
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
   gshm_pull_opts_t po = {.local_name = "got/kept"};
+  int kept = over_ucx() ? 0 : 1;
   (void)state;
 
   make_segment(a, "pub/kept", 8 * MiB, 31);
@@ -223,7 +230,7 @@ static void test_serve_mapping_kept(void **state) {
     assert_int_equal(gshm_unlink(b, "got/kept"), 0);
     assert_int_equal(wait_metric(a, "gshm_cluster_registered_segments", 0), 0);
     usleep(300000); /* the Release reaches a after b's answer */
-    assert_int_equal(maps_of(A.h.sp.pid, "pub/kept"), 1);
+    assert_int_equal(maps_of(A.h.sp.pid, "pub/kept"), kept);
   }
   assert_int_equal(gshm_unlink(a, "pub/kept"), 0);
   for (int i = 0; i < 100 && maps_of(A.h.sp.pid, "pub/kept"); i++)
@@ -232,6 +239,8 @@ static void test_serve_mapping_kept(void **state) {
   gshm_disconnect(a);
   gshm_disconnect(b);
 }
+
+
 
 /* Data lanes: B's link to A has cluster.streams (8) lanes that carry
  * the bytes (none where the bytes go over UCX); a node with
