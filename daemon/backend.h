@@ -22,6 +22,11 @@ struct gshmd_backend;
  * backend's recycling hands memory back only to that one user: page
  * references that a mapping let a process take, such as a pipe's after
  * vmsplice, outlive the mapping and every fd; docs/SECURITY.md). */
+/* The most host allocations daemon.host_recycle keeps mapped, in its pool
+ * and again among live pulled segments (backend_host.c): each is an fd
+ * and a mapping (a VMA of vm.max_map_count, 65530 by default). */
+#define GSHMD_HOST_RECYCLE_MAX 4096
+
 enum gshmd_reach { GSHMD_REACH_NONE = 0, GSHMD_REACH_ONE, GSHMD_REACH_MANY };
 
 /* One allocation. */

@@ -49,9 +49,8 @@ struct host_backend {
 };
 
 #define REREAD_NS 1000000000LL
-/* Most allocations in the pool: each holds an fd and a mapping (of
- * vm.max_map_count, 65530 by default), and a take scans the pool. */
-#define POOL_MAX 4096
+/* Most allocations in the pool (a take scans it). */
+#define POOL_MAX GSHMD_HOST_RECYCLE_MAX
 
 struct host_alloc {
   struct gshmd_alloc base;

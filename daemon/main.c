@@ -96,9 +96,9 @@ static void setup_fd_limit(struct daemon *d) {
    * sd_notify and the fd store's records in flight */
   uint64_t need = (uint64_t)d->cfg.max_connections + 2 * (uint64_t)d->cfg.max_segments + 64;
   /* daemon.host_recycle: a pulled segment's read-write reopen too, and the
-   * pool's memfds (backend_host.c POOL_MAX) */
+   * pool's memfds */
   if (d->cfg.host_recycle)
-    need += (uint64_t)d->cfg.max_segments + 4096;
+    need += (uint64_t)d->cfg.max_segments + GSHMD_HOST_RECYCLE_MAX;
   /* systemd sets INVOCATION_ID for its services, NOTIFY_SOCKET for
    * Type=notify ones (and whoever reads STATUS=) */
   const char *invocation = getenv("INVOCATION_ID"), *notify = getenv("NOTIFY_SOCKET");
