@@ -31,6 +31,17 @@ void nodes_kill(void) {
       kill(started[i]->h.sp.pid, SIGKILL);
 }
 
+int nodes_run_group(const char *name, const struct CMUnitTest *tests, size_t n,
+                    int (*setup)(void **), int (*teardown)(void **)) {
+  setenv("UCX_TLS", "tcp", 0);
+  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+  atexit(harness_kill_leftover);
+  atexit(nodes_kill);
+  if (getenv("GSHM_TEST_FILTER"))
+    cmocka_set_test_filter(getenv("GSHM_TEST_FILTER"));
+  return _cmocka_run_group_tests(name, tests, n, setup, teardown);
+}
+
 int free_port(void) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t len = sizeof(sa);

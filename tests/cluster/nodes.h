@@ -36,6 +36,16 @@ void node_start(struct node *n, const char *name, const char *peers, const char 
                 const char *exports, ...);
 /* SIGKILLs every node started (atexit: a failed check leaves none behind). */
 void nodes_kill(void);
+/* The cluster suites' main: UCX_TLS=tcp and UCX's unused-variable
+ * warnings off unless the environment sets them, every node and harness
+ * leftover SIGKILLed at exit, GSHM_TEST_FILTER (a cmocka test filter)
+ * honoured; then tests[0..n) run as group name between setup and
+ * teardown.  Returns cmocka's result (the failed tests' count). */
+struct CMUnitTest;
+int nodes_run_group(const char *name, const struct CMUnitTest *tests, size_t n,
+                    int (*setup)(void **), int (*teardown)(void **));
+#define NODES_RUN(tests, setup, teardown)                                                       \
+  nodes_run_group(#tests, tests, sizeof(tests) / sizeof((tests)[0]), setup, teardown)
 /* A TCP port of 127.0.0.1 free right now (bound once, then closed). */
 int free_port(void);
 /* Writes a 44-byte key from seed to path (0600). */

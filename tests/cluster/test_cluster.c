@@ -80,6 +80,13 @@ static int group_teardown(void **state) {
   return 0;
 }
 
+/* Whether this run's nodes move bytes over UCX (ctest runs the suite
+ * twice: GSHM_TEST_CLUSTER_TRANSPORT=ucx the second time). */
+static bool over_ucx(void) {
+  const char *t = getenv("GSHM_TEST_CLUSTER_TRANSPORT");
+  return t && !strcmp(t, "ucx");
+}
+
 /* 1 B, 4095 B, 64 MiB + 3 B and 1 GiB, byte for byte. */
 static void test_sizes(void **state) {
   static const uint64_t sizes[] = {1, 4095, 64 * MiB + 3, 1 * GiB};
@@ -101,11 +108,7 @@ static void test_sizes(void **state) {
     assert_string_equal(r.path, "host");
     /* the transport the hello chose: UCX over shared memory between two
      * gshmd on one host only with cluster.transport = ucx */
-    {
-      const char *t = getenv("GSHM_TEST_CLUSTER_TRANSPORT");
-      assert_non_null(strstr(r.path_reason, t && !strcmp(t, "ucx") ? "over UCX"
-                                                                   : "over gshm's TCP stream"));
-    }
+    assert_non_null(strstr(r.path_reason, over_ucx() ? "over UCX" : "over gshm's TCP stream"));
     assert_string_equal(r.peer, "a");
     assert_true(r.remote_id == st.id && r.remote_generation == st.generation);
     snprintf(src, sizeof(src), "a:%s#%llu.%llu", name, (unsigned long long)st.id,
@@ -177,8 +180,7 @@ static void test_concurrent(void **state) {
   }
   {
     long regs = metric(a, "gshm_cluster_registrations_total") - regs0;
-    const char *t = getenv("GSHM_TEST_CLUSTER_TRANSPORT");
-    if (t && !strcmp(t, "ucx"))
+    if (over_ucx())
       assert_true(regs >= 1 && regs < 50);
     else
       assert_int_equal(regs, 0);
@@ -204,11 +206,6 @@ static int maps_of(pid_t pid, const char *name) {
     n += strstr(line, want) != NULL;
   fclose(f);
   return n;
-}
-
-static bool over_ucx(void) {
-  const char *t = getenv("GSHM_TEST_CLUSTER_TRANSPORT");
-  return t && !strcmp(t, "ucx");
 }
 
 /* The serving gshmd maps a host segment once and keeps the mapping
@@ -247,8 +244,7 @@ static void test_serve_mapping_kept(void **state) {
  * cluster.streams=1 pulls on its one connection; both land every byte. */
 static void test_lanes(void **state) {
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
-  const char *t = getenv("GSHM_TEST_CLUSTER_TRANSPORT");
-  long lanes = t && !strcmp(t, "ucx") ? 0 : 8;
+  long lanes = over_ucx() ? 0 : 8;
   char peers[64];
   (void)state;
 
@@ -1065,11 +1061,5 @@ int main(void) {
       cmocka_unit_test(test_unreachable_peer),
       cmocka_unit_test(test_peers_count),
   };
-  setenv("UCX_TLS", "tcp", 0);
-  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
-  atexit(harness_kill_leftover);
-  atexit(nodes_kill);
-  if (getenv("GSHM_TEST_FILTER"))
-    cmocka_set_test_filter(getenv("GSHM_TEST_FILTER"));
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return NODES_RUN(tests, group_setup, group_teardown);
 }

@@ -635,11 +635,7 @@ int main(void) {
       cmocka_unit_test(test_tampered_stream),
       cmocka_unit_test(test_encrypted),
   };
-  setenv("UCX_TLS", "tcp", 0);
-  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
-  atexit(harness_kill_leftover);
-  atexit(nodes_kill);
   if (sodium_init() < 0) /* before crypto_aead_aes256gcm_is_available() */
     return 1;
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return NODES_RUN(tests, group_setup, group_teardown);
 }

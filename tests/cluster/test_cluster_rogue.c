@@ -424,9 +424,5 @@ int main(void) {
       cmocka_unit_test(test_staged_grants),
       cmocka_unit_test(test_honest_pulls_within_caps),
   };
-  setenv("UCX_TLS", "tcp", 0);
-  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
-  atexit(harness_kill_leftover);
-  atexit(nodes_kill);
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return NODES_RUN(tests, group_setup, group_teardown);
 }

@@ -372,9 +372,5 @@ int main(void) {
       cmocka_unit_test(test_lies_refused),
       cmocka_unit_test(test_grant_not_listed),
   };
-  setenv("UCX_TLS", "tcp", 0);
-  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
-  atexit(harness_kill_leftover);
-  atexit(nodes_kill);
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return NODES_RUN(tests, group_setup, group_teardown);
 }

@@ -802,9 +802,5 @@ int main(void) {
       cmocka_unit_test(test_replace_relay_fails),
       cmocka_unit_test(test_listing_waits),
   };
-  const char *filter = getenv("GSHM_TEST_FILTER");
-  atexit(nodes_kill);
-  if (filter)
-    cmocka_set_test_filter(filter);
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return NODES_RUN(tests, group_setup, group_teardown);
 }

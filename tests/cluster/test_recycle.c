@@ -551,11 +551,5 @@ int main(void) {
       cmocka_unit_test(test_failed_pull),
       cmocka_unit_test(test_relay_no_stale_bytes),
   };
-  const char *filter = getenv("GSHM_TEST_FILTER");
-  setenv("UCX_TLS", "tcp", 0);
-  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
-  atexit(nodes_kill);
-  if (filter)
-    cmocka_set_test_filter(filter);
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return NODES_RUN(tests, group_setup, group_teardown);
 }
