@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -190,6 +191,15 @@ int64_t gshm__now_ns(clockid_t clock) {
   struct timespec ts;
   clock_gettime(clock, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void gshm__name_thread_once(const char *name) {
+  static __thread bool named;
+
+  if (!named) {
+    named = true;
+    pthread_setname_np(pthread_self(), name);
+  }
 }
 
 int gshm__usable_cpus(void) {

@@ -58,6 +58,13 @@ int gshm__name_check(const char *name, size_t max);
 /* clock_gettime in nanoseconds. */
 int64_t gshm__now_ns(clockid_t clock);
 
+/* Names the calling thread `name` (at most 15 bytes, what top -H, perf
+ * and /proc/PID/task/TID/comm show) the first time that thread calls
+ * it; later calls cost one thread-local read.  For threads gshm does not
+ * create (libuv's pool: a work callback calls it).  Errors are ignored
+ * (a name is only for people). */
+void gshm__name_thread_once(const char *name);
+
 /* CPUs this process may run on: its affinity mask (what a cpuset or
  * taskset leaves it), else the online count; at least 1.  gshmd and
  * libgshm poll briefly instead of sleeping only where there are at least

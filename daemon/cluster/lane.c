@@ -280,6 +280,8 @@ struct lane_check {
 
 static void check_work(uv_work_t *w) {
   struct lane_check *c = w->data;
+
+  gshm__name_thread_once("gshmd-pool");
   c->err = gshmd__stream_unseal(c->mode, c->key, c->n, &c->hdr, c->dst, c->hdr.len, c->tag);
 }
 
@@ -501,6 +503,8 @@ int gshmd__lane_attach(struct link *lane, struct link *parent) {
     free(ln);
     return -EAGAIN;
   }
+  /* named for top -H, perf and /proc (at most 15 characters) */
+  pthread_setname_np(ln->thread, ln->sender ? "gshmd-lane-tx" : "gshmd-lane-rx");
   ll->lanes_q->live++;
   lane->lane = ln;
   lane->lane_of = parent;
@@ -542,6 +546,7 @@ static void seal_work(uv_work_t *w) {
   struct lane_job *j = w->data;
   struct lane *ln = j->ln;
 
+  gshm__name_thread_once("gshmd-pool");
   if (gshmd__stream_encrypts(ln->st.mode_tx) && !(j->ct = malloc(j->hdr.len))) {
     j->err = -ENOMEM;
     return;

@@ -9,6 +9,7 @@
 
 #include "backend.h"
 #include "log.h"
+#include "util.h"
 
 static void stage_buf_destroy(struct stage_pool *sp, struct stage_buf *sb);
 
@@ -105,6 +106,7 @@ static void copy_work(uv_work_t *w) {
   struct stage_copy *sc = w->data;
   struct gshmd_alloc *mem = sc->mem;
 
+  gshm__name_thread_once("gshmd-pool");
   if (sc->offset > mem->size || sc->len > mem->size - sc->offset) {
     sc->err = -EINVAL;
   } else if (sc->host_map) {

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "util.h"
+
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "struct frame_hdr is sent as it lies in memory: little-endian hosts only"
 #endif
@@ -150,6 +152,8 @@ int gshmd__stream_send_ctrl(struct stream *s, const uint8_t *payload, size_t len
 static void seal_work(uv_work_t *w) {
   struct stream_tx *tx = w->data;
   struct stream *s = tx->s;
+
+  gshm__name_thread_once("gshmd-pool");
   tx->err = gshmd__stream_seal(s->mode_tx, s->key_tx, tx->n, &tx->hdr, tx->payload, tx->owned,
                                tx->hdr.len, tx->tag);
 }
@@ -225,6 +229,8 @@ static void stream_fail(struct stream *s, int err, const char *why) {
 static void open_work(uv_work_t *w) {
   struct stream_rx *rx = w->data;
   struct stream *s = rx->s;
+
+  gshm__name_thread_once("gshmd-pool");
   rx->err =
       gshmd__stream_unseal(s->mode_rx, s->key_rx, rx->n, &rx->hdr, rx->dst, rx->hdr.len, rx->tag);
 }
