@@ -10,6 +10,7 @@ int bench_broadcast_main(int argc, char **argv); /* bench_broadcast.c */
 int bench_attach_main(int argc, char **argv);    /* bench_attach.c */
 int bench_control_main(int argc, char **argv);   /* bench_control.c */
 int bench_pull_main(int argc, char **argv);      /* bench_pull.c */
+int bench_seal_main(int argc, char **argv);      /* bench_seal.c */
 
 /* ---- shared by the subcommands (bench_util.c) ---- */
 

@@ -22,6 +22,7 @@ static const struct {
     {"attach", bench_attach_main, "create/open/map costs vs raw driver import and cudaIpc"},
     {"control", bench_control_main, "control-plane throughput and latency with N clients"},
     {"pull", bench_pull_main, "pulling a segment from a peer gshmd vs ucx_perftest -t ucp_get"},
+    {"seal", bench_seal_main, "a core tagging data frames per construction (seal.c) vs memcpy"},
 };
 
 static void usage(FILE *f) {

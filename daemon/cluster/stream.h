@@ -150,6 +150,9 @@ int gshmd__stream_unseal(enum stream_mode mode, const uint8_t *key, uint64_t n,
                          const uint8_t tag[STREAM_TAG]);
 /* Tests only: false has libsodium compute every mode (seal.c). */
 extern bool gshmd__seal_openssl;
+/* Tests only: false has libcrypto compute AES-GMAC whole, not with
+ * ghash.h's GHASH (seal.c). */
+extern bool gshmd__seal_wide_ghash;
 /* Whether libcrypto has every algorithm the modes use (fetched once,
  * thread-safe). */
 bool gshmd__seal_openssl_ready(void);

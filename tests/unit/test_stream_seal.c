@@ -15,6 +15,7 @@
 #include <cmocka.h>
 #include <sodium.h>
 
+#include "ghash.h"
 #include "stream.h"
 
 #define LEN (1u << 20) /* a frame's payload: 1 MiB plus odd tails below */
@@ -160,6 +161,103 @@ static void test_libraries_agree(void **state) {
   free(payload);
 }
 
+/* GHASH from the standard's definition (SP 800-38D, Algorithm 1, a bit
+ * at a time): X * Y in GF(2^128), bit 0 the leftmost. */
+static void ref_mul(uint8_t x[16], const uint8_t y[16]) {
+  uint8_t z[16] = {0}, v[16];
+  memcpy(v, y, 16);
+  for (int i = 0; i < 128; i++) {
+    if (x[i / 8] >> (7 - i % 8) & 1)
+      for (int j = 0; j < 16; j++)
+        z[j] ^= v[j];
+    int lsb = v[15] & 1;
+    for (int j = 15; j > 0; j--)
+      v[j] = (uint8_t)(v[j] >> 1 | v[j - 1] << 7);
+    v[0] >>= 1;
+    if (lsb)
+      v[0] ^= 0xe1;
+  }
+  memcpy(x, z, 16);
+}
+
+static void ref_ghash(const uint8_t h[16], uint8_t y[16], const uint8_t *in, size_t len) {
+  for (size_t o = 0; o < len; o += 16) {
+    for (size_t j = 0; j < 16 && o + j < len; j++)
+      y[j] ^= in[o + j];
+    ref_mul(y, h);
+  }
+}
+
+/* ghash.h's GHASH equals the definition's, for every length to 600
+ * bytes and some longer, at every alignment, continued across calls. */
+static void test_ghash_reference(void **state) {
+  enum { MAX = 4096 + 64 };
+  uint8_t *buf = malloc(MAX + 64), h[16], y1[16], y2[16];
+  struct ghash_key k;
+  (void)state;
+
+  if (!gshmd__ghash_wide_usable()) {
+    print_message("this CPU lacks AVX-512BW/VPCLMULQDQ: gshmd uses libcrypto's GMAC here\n");
+    free(buf);
+    skip();
+  }
+  assert_non_null(buf);
+  randombytes_buf(buf, MAX + 64);
+  for (int round = 0; round < 3; round++) {
+    randombytes_buf(h, sizeof(h));
+    if (round == 2)
+      memset(h, 0xff, sizeof(h));
+    gshmd__ghash_init(&k, h);
+    for (size_t len = 0; len < MAX; len += len < 600 ? 1 : 173) {
+      size_t align = len % 64;
+      memset(y1, 0, 16);
+      memset(y2, 0, 16);
+      ref_ghash(h, y1, buf + align, len);
+      gshmd__ghash_update(&k, y2, buf + align, len);
+      assert_memory_equal(y1, y2, 16);
+      /* continued: a second call from where the first ended */
+      ref_ghash(h, y1, buf, 16 * (len % 40));
+      gshmd__ghash_update(&k, y2, buf, 16 * (len % 40));
+      assert_memory_equal(y1, y2, 16);
+    }
+  }
+  free(buf);
+}
+
+/* AES-GMAC with ghash.h's GHASH gives libcrypto's tag (and libsodium's)
+ * for every length to 4 KiB + 1, 1 MiB + 13, and each alignment. */
+static void test_gmac_wide_agrees(void **state) {
+  uint8_t key[STREAM_KEY], t1[STREAM_TAG], t2[STREAM_TAG], t3[STREAM_TAG];
+  uint8_t *payload = malloc(LEN + 64);
+  (void)state;
+
+  if (!gshmd__ghash_wide_usable() || !crypto_aead_aes256gcm_is_available()) {
+    free(payload);
+    skip();
+  }
+  assert_non_null(payload);
+  randombytes_buf(payload, LEN + 64);
+  for (size_t len = 0; len <= LEN + 13; len += len <= 4097 ? 1 : LEN + 13 - 4098) {
+    const uint8_t *p = payload + len % 61;
+    struct frame_hdr h = gshmd__frame_data((uint32_t)len, 77 * len, len);
+    randombytes_buf(key, sizeof(key));
+    gshmd__seal_wide_ghash = true;
+    assert_int_equal(gshmd__stream_seal(STREAM_GMAC, key, len * 3 + 1, &h, p, NULL, len, t1), 0);
+    gshmd__seal_wide_ghash = false;
+    assert_int_equal(gshmd__stream_seal(STREAM_GMAC, key, len * 3 + 1, &h, p, NULL, len, t2), 0);
+    gshmd__seal_openssl = false;
+    if (len % 64 == 0 || len > 4097)
+      assert_int_equal(gshmd__stream_seal(STREAM_GMAC, key, len * 3 + 1, &h, p, NULL, len, t3), 0);
+    else
+      memcpy(t3, t2, sizeof(t3));
+    gshmd__seal_openssl = true;
+    gshmd__seal_wide_ghash = true;
+    assert_memory_equal(t1, t2, STREAM_TAG);
+    assert_memory_equal(t1, t3, STREAM_TAG);
+  }
+  free(payload);
+}
+
 /* The hello's choice: GMAC only when both sides said CAP_GMAC (and so
  * have AES-NI) and nobody asked for encryption. */
 static void test_mode_choice(void **state) {
@@ -179,6 +277,8 @@ int main(void) {
       cmocka_unit_test(test_every_mode),
       cmocka_unit_test(test_libraries_agree),
       cmocka_unit_test(test_mode_choice),
+      cmocka_unit_test(test_ghash_reference),
+      cmocka_unit_test(test_gmac_wide_agrees),
   };
   if (sodium_init() < 0)
     return 1;
