@@ -2,9 +2,11 @@
 /* The constructions that protect a frame between two gshmd (stream.h):
  * which one a link uses, and sealing and checking one frame.
  *
- * The bytes go through OpenSSL's libcrypto, whose Poly1305, GHASH and
- * AES-GCM use AVX-512 (VPCLMULQDQ, VAES) where the CPU has it; libsodium
- * 1.0.18, Debian 12's, has no such code: on the lent H200 hosts' Xeons
+ * The bytes go through OpenSSL's libcrypto, whose Poly1305 uses AVX-512
+ * and AES-GCM AES-NI with 128-bit PCLMULQDQ (Debian 12's OpenSSL 3.0);
+ * AES-GMAC's GHASH is gshm's own on 512-bit registers where the CPU has
+ * them (ghash.h: 2.3x libcrypto's).  libsodium 1.0.18, Debian 12's, is
+ * slower at each: on the lent H200 hosts' Xeons
  * libcrypto authenticates 4 MiB at 11.1 GB/s (GMAC) and 5.7 GB/s
  * (Poly1305) a core where libsodium does 4.8 and 1.8-2.3, and encrypts
  * with AES-256-GCM at 3.6 GB/s where libsodium does 1.5 (probe in
