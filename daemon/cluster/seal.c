@@ -152,49 +152,75 @@ static int sodium_aead(enum stream_mode mode, bool enc, const uint8_t *key, cons
              ? -EBADMSG : 0;
 }
 
+bool gshmd__frame_mac_inline(enum stream_mode mode) {
+  return mode == STREAM_GMAC && gshmd__seal_openssl && gshmd__seal_wide_ghash &&
+         gshmd__ghash_wide_usable() && gshmd__seal_openssl_ready();
+}
+
 /* AES-GMAC of frame n as ossl_aead computes it (the payload the
  * associated data, the header the plaintext), with GHASH on 512-bit
  * registers (ghash.h): AES-256 (libcrypto) makes the hash key H =
  * E_K(0), E_K(J0) for the tag and the two counter blocks that encrypt
  * the header; tag = GHASH_H(payload, ciphertext of the header, lengths)
- * + E_K(J0) (SP 800-38D, Algorithm 4, a 96-bit IV).  Returns 0 or
- * -ENOMEM. */
-static int gmac_wide(const uint8_t *key, const uint8_t nonce[12], const struct frame_hdr *hdr,
-                     const uint8_t *in, size_t len, uint8_t tag[STREAM_TAG]) {
-  _Static_assert(sizeof(*hdr) <= 32, "the header is two counter blocks at most");
-  uint8_t blk[64] = {0}, ks[64 + 16], lens[16], y[16] = {0}, ct[sizeof(*hdr)];
+ * + E_K(J0) (SP 800-38D, Algorithm 4, a 96-bit IV). */
+int gshmd__frame_mac_begin(struct frame_mac *m, const uint8_t *key, uint64_t n,
+                           const struct frame_hdr *hdr) {
+  _Static_assert(sizeof(*hdr) == sizeof(m->hdr_ct), "the header is two counter blocks at most");
+  uint8_t blk[64] = {0}, ks[64 + 16];
   const uint8_t *h = (const uint8_t *)hdr;
-  struct ghash_key gk;
   EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
   int l, ok;
 
   if (!c)
     return -ENOMEM;
   for (int i = 1; i < 4; i++) { /* J0 = nonce || 1, then counters 2 and 3 */
-    memcpy(blk + 16 * i, nonce, 12);
+    nonce_of(n, blk + 16 * i);
     blk[16 * i + 15] = (uint8_t)i;
   }
   ok = EVP_EncryptInit_ex2(c, ossl.ecb, key, NULL, NULL) && EVP_CIPHER_CTX_set_padding(c, 0) &&
        EVP_EncryptUpdate(c, ks, &l, blk, sizeof(blk)) && l == (int)sizeof(blk);
   EVP_CIPHER_CTX_free(c);
   if (ok) {
-    for (size_t i = 0; i < sizeof(ct); i++)
-      ct[i] = h[i] ^ ks[32 + i];
-    for (int i = 0; i < 8; i++) { /* bit lengths, big-endian: associated data, ciphertext */
-      lens[i] = (uint8_t)((uint64_t)len * 8 >> (56 - 8 * i));
-      lens[8 + i] = (uint8_t)((uint64_t)sizeof(ct) * 8 >> (56 - 8 * i));
-    }
-    gshmd__ghash_init(&gk, ks);
-    gshmd__ghash_update(&gk, y, in, len);
-    gshmd__ghash_update(&gk, y, ct, sizeof(ct));
-    gshmd__ghash_update(&gk, y, lens, sizeof(lens));
-    for (int i = 0; i < STREAM_TAG; i++)
-      tag[i] = y[i] ^ ks[16 + i];
+    for (size_t i = 0; i < sizeof(m->hdr_ct); i++)
+      m->hdr_ct[i] = h[i] ^ ks[32 + i];
+    memcpy(m->ekj0, ks + 16, sizeof(m->ekj0));
+    gshmd__ghash_init(&m->key, ks);
+    memset(m->y, 0, sizeof(m->y));
+    m->len = 0;
   }
-  sodium_memzero(&gk, sizeof(gk));
   sodium_memzero(ks, sizeof(ks));
-  sodium_memzero(y, sizeof(y));
   return ok ? 0 : -ENOMEM;
+}
+
+void gshmd__frame_mac_update(struct frame_mac *m, const uint8_t *p, size_t len) {
+  gshmd__ghash_update(&m->key, m->y, p, len);
+  m->len += len;
+}
+
+void gshmd__frame_mac_end(struct frame_mac *m, uint8_t tag[STREAM_TAG]) {
+  uint8_t lens[16];
+
+  for (int i = 0; i < 8; i++) { /* bit lengths, big-endian: associated data, ciphertext */
+    lens[i] = (uint8_t)(m->len * 8 >> (56 - 8 * i));
+    lens[8 + i] = (uint8_t)((uint64_t)sizeof(m->hdr_ct) * 8 >> (56 - 8 * i));
+  }
+  gshmd__ghash_update(&m->key, m->y, m->hdr_ct, sizeof(m->hdr_ct));
+  gshmd__ghash_update(&m->key, m->y, lens, sizeof(lens));
+  for (int i = 0; i < STREAM_TAG; i++)
+    tag[i] = m->y[i] ^ m->ekj0[i];
+  sodium_memzero(m, sizeof(*m));
+}
+
+static int gmac_wide(const uint8_t *key, uint64_t n, const struct frame_hdr *hdr,
+                     const uint8_t *in, size_t len, uint8_t tag[STREAM_TAG]) {
+  struct frame_mac m;
+  int r = gshmd__frame_mac_begin(&m, key, n, hdr);
+
+  if (r)
+    return r;
+  gshmd__frame_mac_update(&m, in, len);
+  gshmd__frame_mac_end(&m, tag);
+  return 0;
 }
 
 /* Seals (enc) or checks an AEAD mode's frame. */
@@ -205,8 +231,6 @@ static int aead(enum stream_mode mode, bool enc, const uint8_t *key, const uint8
 
   if (!gshmd__seal_openssl || !gshmd__seal_openssl_ready())
     return sodium_aead(mode, enc, key, nonce, hdr, in, out, len, tag);
-  if (mode == STREAM_GMAC && gshmd__seal_wide_ghash && gshmd__ghash_wide_usable())
-    return gmac_wide(key, nonce, hdr, in, len, tag);
   if (mode == STREAM_GMAC)
     return ossl_aead(ossl.gcm, true, key, nonce, in, len, (const uint8_t *)hdr, hdr_ct,
                      sizeof(*hdr), tag);
@@ -220,6 +244,8 @@ int gshmd__stream_seal(enum stream_mode mode, const uint8_t *key, uint64_t n,
   uint8_t nonce[12], otk[crypto_onetimeauth_KEYBYTES];
   int r;
 
+  if (gshmd__frame_mac_inline(mode))
+    return gmac_wide(key, n, hdr, in, len, tag);
   nonce_of(n, nonce);
   if (mode != STREAM_AUTH)
     return aead(mode, true, key, nonce, hdr, in, out, len, tag);

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "ghash.h"
 #include "list.h"
 
 #define STREAM_TAG 16
@@ -148,6 +149,28 @@ int gshmd__stream_seal(enum stream_mode mode, const uint8_t *key, uint64_t n,
 int gshmd__stream_unseal(enum stream_mode mode, const uint8_t *key, uint64_t n,
                          const struct frame_hdr *hdr, uint8_t *buf, size_t len,
                          const uint8_t tag[STREAM_TAG]);
+/* A frame's AES-GMAC computed as its bytes go by (a lane's thread tags
+ * and checks each piece while it is in cache): begin, update with the
+ * payload in order (every piece but the last a multiple of 16 bytes),
+ * end.  The same tag as gshmd__stream_seal's.  Only where
+ * gshmd__frame_mac_inline(mode). */
+struct frame_mac {
+  struct ghash_key key;       /* secret; end wipes the whole struct */
+  uint8_t y[16], ekj0[16], hdr_ct[sizeof(struct frame_hdr)];
+  uint64_t len;
+};
+/* Whether frames of mode are tagged this way here: AES-GMAC with
+ * ghash.h's GHASH (its CPU check, libcrypto's AES). */
+bool gshmd__frame_mac_inline(enum stream_mode mode);
+/* Starts frame n's tag over hdr with key (STREAM_KEY bytes).  Returns 0
+ * or -ENOMEM (libcrypto could not; m holds nothing to wipe). */
+int gshmd__frame_mac_begin(struct frame_mac *m, const uint8_t *key, uint64_t n,
+                           const struct frame_hdr *hdr);
+/* Adds the next len bytes of the payload. */
+void gshmd__frame_mac_update(struct frame_mac *m, const uint8_t *p, size_t len);
+/* Writes the tag and wipes m. */
+void gshmd__frame_mac_end(struct frame_mac *m, uint8_t tag[STREAM_TAG]);
+
 /* Tests only: false has libsodium compute every mode (seal.c). */
 extern bool gshmd__seal_openssl;
 /* Tests only: false has libcrypto compute AES-GMAC whole, not with

@@ -440,8 +440,10 @@ static void test_idle_flood(void **state) {
 
 /* ---- a man in the middle ---------------------------------------------------- */
 
-/* Forwards one connection at a time from proxy_port to S; in S's
- * direction it may flip one byte, and it looks for a plaintext pattern. */
+/* Forwards connections from proxy_port to S, one at a time (the link's
+ * first connection: its data lanes cannot connect and the bytes stay on
+ * it) or, lanes set, each in a thread of its own; in S's direction it
+ * may flip one byte, and it looks for a plaintext pattern. */
 struct proxy {
   pthread_t t;
   int lfd;
@@ -450,6 +452,23 @@ struct proxy {
   unsigned flip_frame;       /* 0: none; else the frame (from 1) whose first payload byte flips */
   const uint8_t *pattern;    /* 64 bytes to look for in S's stream */
   atomic_bool seen;
+  bool lanes;                /* connections at once; flip_* apply to the first only, and
+                              * on every later one (a data lane) the first data frame's
+                              * first payload byte flips where flip_lanes */
+  atomic_bool flip_lanes;     /* (from the moment it is set: the frames before it pass) */
+  atomic_uint flipped;       /* bytes flipped */
+  pthread_t conn_t[16];
+  unsigned nconn;
+};
+
+/* What a connection's pipe flips: the byte at (from 1; 0: none), else
+ * the first payload byte of frame `frame` (from 1; 0: none) or of the
+ * first data frame (data). */
+struct flip {
+  uint64_t at;
+  unsigned frame;
+  bool data;
+  const atomic_bool *armed;  /* data: only once this is true (frames are followed before) */
 };
 
 /* Where frame px->flip_frame's first payload byte is in S's stream (from
@@ -461,27 +480,35 @@ struct frames {
   uint8_t hdr[24];
 };
 
-static uint64_t frame_flip_at(struct proxy *px, struct frames *f, const uint8_t *p, uint64_t at,
-                              size_t len) {
-  while (px->flip_frame && f->n < px->flip_frame && f->next + 24 <= at + len) {
+static uint64_t frame_flip_at(const struct flip *fl, struct frames *f, const uint8_t *p,
+                              uint64_t at, size_t len) {
+  while ((fl->data || (fl->frame && f->n < fl->frame)) && f->next + 24 <= at + len) {
     struct frame_hdr h;
     for (int i = 0; i < 24; i++) /* the header may straddle two reads */
       if (f->next + (uint64_t)i >= at)
         f->hdr[i] = p[f->next + (uint64_t)i - at];
     memcpy(&h, f->hdr, sizeof(h));
-    if (++f->n == px->flip_frame)
+    if (++f->n == fl->frame ||
+        (fl->data && h.kind == 2 /* data */ && h.len > 0 && (!fl->armed || *fl->armed)))
       return f->next + 24 + 1;
     f->next += 24 + h.len + (f->n >= 3 ? 16 : 0);
   }
   return 0;
 }
 
-static void proxy_pipe(struct proxy *px, int c, int s) {
-  static uint8_t buf[64 + 65536];
+/* Forwards between c and S (s), connection idx (from 1). */
+static void proxy_pipe(struct proxy *px, int c, int s, unsigned idx) {
+  uint8_t *buf = malloc(64 + 65536);
   size_t ntail = 0; /* buf[0, ntail): the last bytes of S's stream, for the pattern */
   uint64_t from_s = 0;
   struct frames fr = {0};
+  struct flip fl = {0};
 
+  assert_non_null(buf);
+  if (idx == 1)
+    fl = (struct flip){.at = px->flip_at, .frame = px->flip_frame};
+  else if (px->lanes)
+    fl = (struct flip){.data = true, .armed = &px->flip_lanes};
   while (!px->stop) {
     struct pollfd pf[2] = {{.fd = c, .events = POLLIN}, {.fd = s, .events = POLLIN}};
     ssize_t r;
@@ -496,20 +523,38 @@ static void proxy_pipe(struct proxy *px, int c, int s) {
     if (!pf[1].revents)
       continue;
     if ((r = recv(s, buf + ntail, 65536, 0)) <= 0)
-      return;
-    if (px->flip_frame && !px->flip_at)
-      px->flip_at = frame_flip_at(px, &fr, buf + ntail, from_s, (size_t)r);
-    if (px->flip_at && from_s < px->flip_at && from_s + (uint64_t)r >= px->flip_at)
-      buf[ntail + (px->flip_at - from_s - 1)] ^= 0x01;
+      break;
+    if ((fl.frame || fl.data) && !fl.at)
+      fl.at = frame_flip_at(&fl, &fr, buf + ntail, from_s, (size_t)r);
+    if (fl.at && from_s < fl.at && from_s + (uint64_t)r >= fl.at) {
+      buf[ntail + (fl.at - from_s - 1)] ^= 0x01;
+      px->flipped++;
+    }
     from_s += (uint64_t)r;
     if (px->pattern && memmem(buf, ntail + (size_t)r, px->pattern, 64))
       px->seen = true;
     if (send(c, buf + ntail, (size_t)r, MSG_NOSIGNAL) != r)
-      return;
+      break;
     k = ntail + (size_t)r < 64 ? ntail + (size_t)r : 64;
     memmove(buf, buf + ntail + (size_t)r - k, k);
     ntail = k;
   }
+  free(buf);
+}
+
+struct proxy_conn {
+  struct proxy *px;
+  int c, s;
+  unsigned idx;
+};
+
+static void *conn_thread(void *arg) {
+  struct proxy_conn *pc = arg;
+  proxy_pipe(pc->px, pc->c, pc->s, pc->idx);
+  close(pc->s);
+  close(pc->c);
+  free(pc);
+  return NULL;
 }
 
 static void *proxy_thread(void *arg) {
@@ -519,10 +564,19 @@ static void *proxy_thread(void *arg) {
     int c, s;
     if (poll(&pf, 1, 100) <= 0 || (c = accept(px->lfd, NULL, NULL)) < 0)
       continue;
-    if ((s = tcp_connect(NULL, S.port)) >= 0) {
-      proxy_pipe(px, c, s);
-      close(s);
+    if ((s = tcp_connect(NULL, S.port)) < 0) {
+      close(c);
+      continue;
     }
+    if (px->lanes && px->nconn < 16) {
+      struct proxy_conn *pc = malloc(sizeof(*pc));
+      assert_non_null(pc);
+      *pc = (struct proxy_conn){px, c, s, px->nconn + 1};
+      assert_int_equal(pthread_create(&px->conn_t[px->nconn++], NULL, conn_thread, pc), 0);
+      continue;
+    }
+    proxy_pipe(px, c, s, 1);
+    close(s);
     close(c);
   }
   return NULL;
@@ -541,6 +595,8 @@ static void proxy_start(struct proxy *px) {
 static void proxy_stop(struct proxy *px) {
   px->stop = true;
   pthread_join(px->t, NULL);
+  for (unsigned i = 0; i < px->nconn; i++)
+    pthread_join(px->conn_t[i], NULL);
   close(px->lfd);
 }
 
@@ -579,6 +635,47 @@ static void test_tampered_stream(void **state) {
     proxy_stop(&px);
   }
   assert_int_equal(gshm_unlink(s, "pub/tamper"), 0);
+  gshm_disconnect(s);
+}
+
+/* A flipped byte in a data frame on each data lane (cluster.streams, 8:
+ * the frames of a pull go on them once they are up), with AES-GMAC (where this
+ * CPU has AES-NI; its lane threads check each frame as it lands where the
+ * CPU also has VPCLMULQDQ, else libuv's pool does) and with Poly1305
+ * (cluster.mac = poly1305: the pool): the pull fails as tampered and
+ * nothing of it stays. */
+static void test_tampered_lane(void **state) {
+  static struct node m[2];
+  gshm_client_t *s = connect_to(&S), *mc;
+  gshm_segment_info_t info;
+  (void)state;
+
+  make_segment(s, "pub/tamper-lane", 16 * MiB, 9);
+  for (int i = 0; i < 2; i++) {
+    struct proxy px = {.lanes = true};
+    proxy_start(&px);
+    start_behind_proxy(&m[i], "m", "cluster.pull_chunk=1M", i ? "cluster.mac=poly1305" : NULL);
+    mc = connect_to(&m[i]);
+    for (int t = 0; t < 100 && metric(mc, "gshm_cluster_lanes{peer=\"s\"}") < 8; t++)
+      usleep(50000); /* the lanes come up after the link: a first pull links it */
+    if (metric(mc, "gshm_cluster_lanes{peer=\"s\"}") < 8) {
+      gshm_pull_opts_t o = {.local_name = "warmup"};
+      assert_int_equal(gshm_pull(mc, "s", "pub/tamper-lane", &o, NULL), 0);
+      for (int t = 0; t < 100 && metric(mc, "gshm_cluster_lanes{peer=\"s\"}") < 8; t++)
+        usleep(50000);
+    }
+    assert_int_equal(metric(mc, "gshm_cluster_lanes{peer=\"s\"}"), 8);
+    px.flip_lanes = true;
+    assert_int_equal(gshm_pull(mc, "s", "pub/tamper-lane", NULL, NULL), -EPROTO);
+    assert_non_null(strstr(gshm_last_error(mc), "authentication"));
+    assert_true(px.flipped >= 1);
+    assert_int_equal(gshm_stat_name(mc, "pub/tamper-lane", &info), -ENOENT);
+    assert_true(refusals(mc, "tampered") >= 1);
+    gshm_disconnect(mc);
+    assert_int_equal(harness_stop(&m[i].h), 0);
+    proxy_stop(&px);
+  }
+  assert_int_equal(gshm_unlink(s, "pub/tamper-lane"), 0);
   gshm_disconnect(s);
 }
 
@@ -633,6 +730,7 @@ int main(void) {
       cmocka_unit_test(test_prehello_frames),
       cmocka_unit_test(test_idle_flood),
       cmocka_unit_test(test_tampered_stream),
+      cmocka_unit_test(test_tampered_lane),
       cmocka_unit_test(test_encrypted),
   };
   if (sodium_init() < 0) /* before crypto_aead_aes256gcm_is_available() */
