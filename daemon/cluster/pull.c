@@ -444,6 +444,19 @@ static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
     pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->s->peer->name,
               g->length, g->segment->size);
     return -EPROTO;
+  } else if (p->link && p->link->nlanes > 1) {
+    /* A chunk moves on one lane at one connection's speed: a segment
+     * of fewer than two chunks a lane goes in smaller ones, so that every
+     * lane carries some (8 MiB over 8 lanes: 0.47x eight plain
+     * connections in 4 MiB chunks, 0.96x in 1 MiB ones on the lent
+     * 16-core machine; docs/PERFORMANCE.md "Lane threads tag as they
+     * copy").  Not below PULL_CHUNK_MIN: each chunk is a request. */
+    uint64_t per = (g->length + 2ull * p->link->nlanes - 1) / (2ull * p->link->nlanes);
+    per = (per + PULL_CHUNK_ALIGN - 1) & ~(uint64_t)(PULL_CHUNK_ALIGN - 1);
+    if (per < PULL_CHUNK_MIN)
+      per = PULL_CHUNK_MIN;
+    if (per < p->chunk_size)
+      p->chunk_size = per;
   }
   if (p->local_staged) {
     if ((e = gshmd_stage_buf_new(&p->s->cl->stage, p->chunk_size, p->link->ucx, &p->lsb))) {

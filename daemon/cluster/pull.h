@@ -12,6 +12,8 @@
 #include "util.h"
 
 #define GRANTS_AHEAD 16         /* segments of a set granted (or asked for) at once */
+#define PULL_CHUNK_MIN (256u << 10) /* a small segment's chunks over lanes: at least this */
+#define PULL_CHUNK_ALIGN (64u << 10) /* and a multiple of this */
 /* Segments in one set: its pull_items replies (about 100 bytes a segment
  * with names of 30 bytes, 140 where each carries the source of a copy of
  * a copy: 12 pages for 4096) must fit what a connection may queue
