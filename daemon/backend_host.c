@@ -42,6 +42,7 @@ struct host_backend {
   uint64_t cg_mem, cg_swap;    /* bytes: the tightest cgroup limits; UINT64_MAX none */
   /* the recycling pool: struct pooled, oldest first */
   uint64_t recycle_cap;        /* bytes (daemon.host_recycle); 0: off */
+  bool huge;                   /* daemon.host_huge_pages: MADV_HUGEPAGE on gshmd's mappings */
   unsigned kept_live;          /* live allocations whose mapping is kept (at most POOL_MAX) */
   struct gshm_list pool;
   struct gshmd_host_recycle_stats stats;
@@ -337,7 +338,6 @@ static int host_local_ptr(struct gshmd_backend *b, struct gshmd_alloc *a, void *
   struct host_alloc *h = a->priv;
   void *p;
 
-  (void)b;
   if (!h->map) {
     p = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, h->memfd, 0);
     if (p == MAP_FAILED) {
@@ -346,6 +346,11 @@ static int host_local_ptr(struct gshmd_backend *b, struct gshmd_alloc *a, void *
     }
     /* other users' bytes: not in a core dump of gshmd */
     (void)madvise(p, a->size, MADV_DONTDUMP);
+    /* 2 MiB pages where the kernel allows them for shmem: a pull's bytes
+     * land here first, and making 4 KiB pages bounds a pull into a new
+     * segment (docs/PERFORMANCE.md "Huge pages for new host segments") */
+    if (((struct host_backend *)b)->huge)
+      (void)madvise(p, a->size, MADV_HUGEPAGE);
     h->map = p;
   }
   *ptr_out = h->map;
@@ -570,6 +575,33 @@ void gshmd_backend_host_recycle_stats(const struct gshmd_backend *b,
     *out = ((const struct host_backend *)b)->stats;
 }
 
+/* Says once at start whether MADV_HUGEPAGE on gshmd's mappings will get
+ * 2 MiB pages: the kernel's policy for shared memory, the bracketed word
+ * of /sys/kernel/mm/transparent_hugepage/shmem_enabled. */
+static void huge_report(void) {
+  char buf[128] = "", *l, *r;
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+
+  if (f) {
+    if (!fgets(buf, sizeof(buf), f))
+      buf[0] = 0;
+    fclose(f);
+  }
+  if (!(l = strchr(buf, '[')) || !(r = strchr(l, ']'))) {
+    gshm_log_info("host: no transparent huge pages for shared memory here: host segments "
+                  "use 4 KiB pages");
+    return;
+  }
+  *r = 0;
+  if (!strcmp(l + 1, "never") || !strcmp(l + 1, "deny"))
+    gshm_log_info("host: host segments use 4 KiB pages (transparent_hugepage/shmem_enabled is "
+                  "%s; with advise, pulls into new host segments make their pages several "
+                  "times faster: docs/CLUSTER.md)", l + 1);
+  else
+    gshm_log_info("host: 2 MiB pages where gshmd maps host segments (pulls, serving): "
+                  "transparent_hugepage/shmem_enabled is %s", l + 1);
+}
+
 int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backend **out) {
   struct host_backend *hb = calloc(1, sizeof(*hb));
 
@@ -579,6 +611,9 @@ int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backe
   hb->base.ops = &host_ops;
   hb->populate = cfg && cfg->host_populate;
   hb->recycle_cap = cfg ? cfg->host_recycle : 0;
+  hb->huge = cfg && cfg->host_huge_pages;
+  if (hb->huge)
+    huge_report();
   gshm_list_init(&hb->pool);
   *out = &hb->base;
   return 0;

@@ -32,6 +32,7 @@ struct gshmd_config {
   bool legacy_ipc;          /* legacy_ipc = false: allow cudaIpcMemHandle export */
   bool host_populate;       /* host_populate = false: allocate host pages at create */
   uint64_t host_recycle;    /* host_recycle = 0 (off): bytes of freed pulled memory kept */
+  bool host_huge_pages;     /* host_huge_pages = true: MADV_HUGEPAGE on gshmd's host mappings */
   uint32_t poll_us;         /* poll a connection this long after a request (default 0 on < 4 CPUs) */
 
   /* [limits] */

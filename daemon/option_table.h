@@ -69,6 +69,15 @@
     "freed. Only memory of a pull of this gshmd that no other process can "    \
     "reach any more is kept (docs/SECURITY.md), and it goes back only to a "   \
     "pull by the one user that held it; a create never gets it.")              \
+  X(daemon, host_huge_pages, BOOL, host_huge_pages, "true", 0, 0, NULL,        \
+    "Ask for 2 MiB pages (MADV_HUGEPAGE) on gshmd's own mappings of host "    \
+    "segments: where a pull's bytes land and what serves them. Where the "     \
+    "kernel allows huge pages for shared memory (/sys/kernel/mm/"              \
+    "transparent_hugepage/shmem_enabled is advise, within_size or always) a "  \
+    "pull into a new host segment makes its pages several times faster "      \
+    "(docs/CLUSTER.md); where it is never, most distributions' default, "     \
+    "nothing changes (gshmd says so at start). The kernel may compact memory " \
+    "to find 2 MiB pages (its transparent_hugepage/defrag setting).")          \
   X(daemon, poll_us, U32, poll_us, "30", 0, 1000, NULL,                        \
     "After answering a request, keep polling that connection for its next "    \
     "one for this many microseconds before sleeping: a client's open, map "    \

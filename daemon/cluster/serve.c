@@ -264,6 +264,8 @@ static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg, b
       gshm_log_err("cluster: mmap of segment '%s': %m", seg->name);
     } else if (!x->device) {
       (void)madvise(x->addr, x->len, MADV_DONTDUMP); /* a user's bytes: not in a core dump */
+      if (cl->cfg->host_huge_pages) /* its 2 MiB pages mapped as such (backend_host.c) */
+        (void)madvise(x->addr, x->len, MADV_HUGEPAGE);
     }
     if (e) {
       export_reg_free(cl, x);

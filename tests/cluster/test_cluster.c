@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -238,6 +239,105 @@ static void test_serve_mapping_kept(void **state) {
 }
 
 
+
+/* Whether this kernel gives shared memory huge pages where asked
+ * (transparent_hugepage/shmem_enabled other than never or deny). */
+static bool shmem_thp(void) {
+  char buf[128] = "";
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+  if (!f)
+    return false;
+  if (!fgets(buf, sizeof(buf), f))
+    buf[0] = 0;
+  fclose(f);
+  return strchr(buf, '[') && !strstr(buf, "[never]") && !strstr(buf, "[deny]");
+}
+
+/* KiB of the mapping at addr that this process maps with 2 MiB entries
+ * (smaps' ShmemPmdMapped / FilePmdMapped). */
+static long pmd_mapped_kib(const void *addr) {
+  char line[512];
+  long kib = -1, v;
+  unsigned long lo, hi;
+  bool in = false;
+  FILE *f = fopen("/proc/self/smaps", "re");
+
+  assert_non_null(f);
+  while (fgets(line, sizeof(line), f)) {
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) /* a mapping's first line */
+      in = lo == (unsigned long)(uintptr_t)addr;
+    else if (in && (sscanf(line, "ShmemPmdMapped: %ld kB", &v) == 1 ||
+                    sscanf(line, "FilePmdMapped: %ld kB", &v) == 1))
+      kib = kib < 0 ? v : kib + v;
+  }
+  fclose(f);
+  return kib;
+}
+
+/* Maps segment name (size bytes) of c read-only at a 2 MiB boundary,
+ * asking for huge mappings, reads every byte against seed's, and returns
+ * how much of it is mapped with 2 MiB entries (KiB). */
+static long pulled_pmd_kib(gshm_client_t *c, const char *name, size_t size, unsigned long long seed) {
+  gshm_segment_t *seg;
+  uint8_t *want = malloc(size), *r, *p;
+  long kib;
+
+  assert_non_null(want);
+  harness_random(want, size, seed);
+  assert_int_equal(gshm_open(c, name, GSHM_ACCESS_READ, &seg), 0);
+  r = mmap(NULL, size + 2 * MiB, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  assert_true(r != MAP_FAILED);
+  p = (uint8_t *)(((uintptr_t)r + 2 * MiB - 1) & ~(uintptr_t)(2 * MiB - 1));
+  assert_true(mmap(p, size, PROT_READ, MAP_SHARED | MAP_FIXED, gshm_segment_fd(seg), 0) == p);
+  assert_int_equal(madvise(p, size, MADV_HUGEPAGE), 0);
+  assert_memory_equal(p, want, size);
+  kib = pmd_mapped_kib(p);
+  munmap(r, size + 2 * MiB);
+  gshm_close(seg);
+  free(want);
+  return kib;
+}
+
+/* daemon.host_huge_pages (default on): where the kernel gives shared
+ * memory huge pages (shmem_enabled advise or more), a pulled host
+ * segment's pages are 2 MiB ones, made as its bytes land in gshmd's
+ * mapping, so a reader asking for huge mappings maps it in 2 MiB entries;
+ * with the option off, 4 KiB pages (none).  Skipped where the kernel
+ * gives none (most distributions' default: shmem_enabled never). */
+static void test_huge_pages(void **state) {
+  gshm_client_t *a, *b, *c;
+  char peers[64];
+  long on, off;
+  (void)state;
+
+  if (!shmem_thp()) {
+    print_message("transparent_hugepage/shmem_enabled is never here: nothing to check\n");
+    skip();
+  }
+  a = connect_to(&A);
+  b = connect_to(&B);
+  make_segment(a, "pub/huge", 16 * MiB, 43);
+  assert_int_equal(gshm_pull(b, "a", "pub/huge", &(gshm_pull_opts_t){.local_name = "got/huge"},
+                             NULL),
+                   0);
+  on = pulled_pmd_kib(b, "got/huge", 16 * MiB, 43);
+  snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
+  node_start(&C, "c", peers, keys.key, "", "daemon.host_huge_pages=false", NULL);
+  c = connect_to(&C);
+  assert_int_equal(gshm_pull(c, "a", "pub/huge", &(gshm_pull_opts_t){.local_name = "got/small"},
+                             NULL),
+                   0);
+  off = pulled_pmd_kib(c, "got/small", 16 * MiB, 43);
+  print_message("mapped in 2 MiB entries: %ld KiB (host_huge_pages on), %ld KiB (off)\n", on, off);
+  assert_true(on >= 8 * 1024);
+  assert_int_equal(off, 0);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&C.h), 0);
+  assert_int_equal(gshm_unlink(b, "got/huge"), 0);
+  assert_int_equal(gshm_unlink(a, "pub/huge"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
 
 /* Data lanes: B's link to A has cluster.streams (8) lanes that carry
  * the bytes (none where the bytes go over UCX); a node with
@@ -1044,6 +1144,7 @@ int main(void) {
       cmocka_unit_test(test_sizes),
       cmocka_unit_test(test_concurrent),
       cmocka_unit_test(test_serve_mapping_kept),
+      cmocka_unit_test(test_huge_pages),
       cmocka_unit_test(test_not_exported),
       cmocka_unit_test(test_refused_peers),
       cmocka_unit_test(test_staged),
