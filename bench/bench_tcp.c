@@ -32,6 +32,8 @@ uint8_t *bench_fresh_memfd(uint64_t size) {
   uint8_t *p = MAP_FAILED;
   if (fd >= 0 && ftruncate(fd, (off_t)size) == 0)
     p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p != MAP_FAILED) /* as gshmd asks for its (daemon.host_huge_pages) */
+    (void)madvise(p, size, MADV_HUGEPAGE);
   if (fd >= 0)
     close(fd);
   return p == MAP_FAILED ? NULL : p;

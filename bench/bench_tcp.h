@@ -11,7 +11,9 @@
 #include <stdint.h>
 
 /* New memory as a pull lands in: a memfd of size bytes, mapped shared and
- * read-write, its pages made as they are first written.  Returns the
+ * read-write, its pages made as they are first written, 2 MiB ones where
+ * the kernel gives shared memory huge pages on request (MADV_HUGEPAGE, as
+ * gshmd's daemon.host_huge_pages asks).  Returns the
  * mapping (the caller munmaps size bytes; no fd stays open) or NULL. */
 uint8_t *bench_fresh_memfd(uint64_t size);
 
