@@ -2,6 +2,7 @@
 /* Data lanes (lane.h): a thread per extra TCP connection of a link, and
  * the loop's side of their events. */
 #include "lane.h"
+#include "lane_io.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -108,83 +109,6 @@ static void post_ev(struct lane *ln, struct lane_ev *ev, enum lane_ev_kind kind,
   post(ln->ll->lanes_q, ev);
 }
 
-/* Writes all of iov (n entries, changed) to fd.  Returns 0 or -errno. */
-static int write_all(int fd, struct iovec *iov, int n) {
-  while (n > 0) {
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      return -errno;
-    }
-    while (n > 0 && (size_t)w >= iov->iov_len) {
-      w -= (ssize_t)iov->iov_len;
-      iov++;
-      n--;
-    }
-    if (n > 0) {
-      iov->iov_base = (uint8_t *)iov->iov_base + w;
-      iov->iov_len -= (size_t)w;
-    }
-  }
-  return 0;
-}
-
-/* Reads exactly len bytes.  Returns 0, -ECONNRESET at the end of the
- * connection, or -errno. */
-static int read_all(int fd, void *buf, size_t len) {
-  uint8_t *p = buf;
-  while (len) {
-    ssize_t r = recv(fd, p, len, MSG_WAITALL);
-    if (r == 0)
-      return -ECONNRESET;
-    if (r < 0) {
-      if (errno == EINTR)
-        continue;
-      return -errno;
-    }
-    p += r;
-    len -= (size_t)r;
-  }
-  return 0;
-}
-
-/* A frame's payload goes through the socket and its tag in pieces of
- * this many bytes (a multiple of 16, GHASH's block) where the lane's
- * thread tags or checks it: each piece is hashed while it sits in the
- * core's L2 (2 MiB on the lent machines' Xeons) beside the copy. */
-#define LANE_PIECE ((size_t)256 << 10)
-
-/* Writes j's header, payload and tag, tagging each piece of the payload
- * just before it goes (ln->inline_tx).  Returns 0 or a negative errno. */
-static int send_tagged(struct lane *ln, struct lane_job *j) {
-  struct frame_mac m;
-  size_t len = j->hdr.len, off = 0;
-  int e;
-
-  if ((e = gshmd__frame_mac_begin(&m, ln->st.key_tx, j->n, &j->hdr)))
-    return e;
-  for (;;) {
-    size_t k = len - off < LANE_PIECE ? len - off : LANE_PIECE;
-    struct iovec iov[3];
-    int n = 0;
-    gshmd__frame_mac_update(&m, j->src + off, k);
-    if (off == 0)
-      iov[n++] = (struct iovec){&j->hdr, sizeof(j->hdr)};
-    iov[n++] = (struct iovec){(void *)(j->src + off), k};
-    if ((off += k) == len) {
-      gshmd__frame_mac_end(&m, j->tag);
-      iov[n++] = (struct iovec){j->tag, sizeof(j->tag)};
-    }
-    if ((e = write_all(ln->st.fd, iov, n)) || off == len) {
-      if (off < len)
-        sodium_memzero(&m, sizeof(m));
-      return e;
-    }
-  }
-}
-
 static int send_one(struct lane *ln, struct lane_job *j) {
   struct iovec iov[3];
   int e;
@@ -192,11 +116,11 @@ static int send_one(struct lane *ln, struct lane_job *j) {
   if (j->err)
     return j->err;
   if (j->inline_mac)
-    return send_tagged(ln, j);
+    return gshmd__lane_write_tagged(ln->st.fd, ln->st.key_tx, j->n, &j->hdr, j->src, j->tag);
   iov[0] = (struct iovec){&j->hdr, sizeof(j->hdr)};
   iov[1] = (struct iovec){(void *)(j->ct ? j->ct : j->src), j->hdr.len};
   iov[2] = (struct iovec){j->tag, sizeof(j->tag)};
-  e = write_all(ln->st.fd, iov, 3);
+  e = gshmd__lane_write_all(ln->st.fd, iov, 3);
   free(j->ct);
   j->ct = NULL;
   return e;
@@ -230,31 +154,6 @@ static void *sender_main(void *arg) {
   return NULL;
 }
 
-/* Reads frame n's payload (h->len bytes) into dst and its tag, checking
- * each piece as it lands (ln->inline_rx).  Returns 0, -EBADMSG (the tag
- * does not match: nothing of the frame may be used) or a negative errno
- * from the socket. */
-static int receive_checked(struct lane *ln, const struct frame_hdr *h, uint8_t *dst, uint64_t n) {
-  uint8_t tag[STREAM_TAG], want[STREAM_TAG];
-  struct frame_mac m;
-  int e;
-
-  if ((e = gshmd__frame_mac_begin(&m, ln->st.key_rx, n, h)))
-    return e;
-  for (size_t off = 0, k; off < h->len; off += k) {
-    k = h->len - off < LANE_PIECE ? h->len - off : LANE_PIECE;
-    if ((e = read_all(ln->st.fd, dst + off, k))) {
-      sodium_memzero(&m, sizeof(m));
-      return e;
-    }
-    gshmd__frame_mac_update(&m, dst + off, k);
-  }
-  gshmd__frame_mac_end(&m, want);
-  if ((e = read_all(ln->st.fd, tag, sizeof(tag))))
-    return e;
-  return crypto_verify_16(want, tag) == 0 ? 0 : -EBADMSG;
-}
-
 /* Receives one data frame: header, the loop's answer where it goes, the
  * bytes, the tag (checked here where ln->inline_rx, else handed to the
  * loop with the frame).  Returns 0 or a negative errno (the lane ends). */
@@ -263,7 +162,7 @@ static int receive_one(struct lane *ln) {
   struct frame_hdr *h = &ln->hdr;
   int e;
 
-  if ((e = read_all(ln->st.fd, h, sizeof(*h))))
+  if ((e = gshmd__lane_read_all(ln->st.fd, h, sizeof(*h))))
     return e;
   if (h->kind != FRAME_DATA || h->len == 0)
     return -EPROTO;
@@ -279,8 +178,8 @@ static int receive_one(struct lane *ln) {
   if (e)
     return e; /* no tok was handed out */
   if (ln->inline_rx) {
-    e = receive_checked(ln, h, ln->dst, ln->st.n_rx++);
-  } else if (!(e = read_all(ln->st.fd, ln->dst, h->len)) && !(e = read_all(ln->st.fd, tag, sizeof(tag)))) {
+    e = gshmd__lane_read_checked(ln->st.fd, ln->st.key_rx, ln->st.n_rx++, h, ln->dst);
+  } else if (!(e = gshmd__lane_read_all(ln->st.fd, ln->dst, h->len)) && !(e = gshmd__lane_read_all(ln->st.fd, tag, sizeof(tag)))) {
     /* checked on libuv's pool while this thread reads the next frame:
      * what the loop needs of this one is copied first (h takes the next) */
     ln->rx_hdr = *h;

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A data lane's blocking I/O, on its thread (lane_io.h). */
+#include "lane_io.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+int gshmd__lane_write_all(int fd, struct iovec *iov, int n) {
+  while (n > 0) {
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    while (n > 0 && (size_t)w >= iov->iov_len) {
+      w -= (ssize_t)iov->iov_len;
+      iov++;
+      n--;
+    }
+    if (n > 0) {
+      iov->iov_base = (uint8_t *)iov->iov_base + w;
+      iov->iov_len -= (size_t)w;
+    }
+  }
+  return 0;
+}
+
+int gshmd__lane_read_all(int fd, void *buf, size_t len) {
+  uint8_t *p = buf;
+  while (len) {
+    ssize_t r = recv(fd, p, len, MSG_WAITALL);
+    if (r == 0)
+      return -ECONNRESET;
+    if (r < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    p += r;
+    len -= (size_t)r;
+  }
+  return 0;
+}
+
+int gshmd__lane_write_tagged(int fd, const uint8_t *key, uint64_t n, const struct frame_hdr *hdr,
+                             const uint8_t *src, uint8_t tag[STREAM_TAG]) {
+  struct frame_mac m;
+  size_t len = hdr->len, off = 0;
+  int e;
+
+  if ((e = gshmd__frame_mac_begin(&m, key, n, hdr)))
+    return e;
+  for (;;) {
+    size_t k = len - off < LANE_PIECE ? len - off : LANE_PIECE;
+    struct iovec iov[3];
+    int c = 0;
+    gshmd__frame_mac_update(&m, src + off, k);
+    if (off == 0)
+      iov[c++] = (struct iovec){(void *)hdr, sizeof(*hdr)};
+    iov[c++] = (struct iovec){(void *)(src + off), k};
+    if ((off += k) == len) {
+      gshmd__frame_mac_end(&m, tag);
+      iov[c++] = (struct iovec){tag, STREAM_TAG};
+    }
+    if ((e = gshmd__lane_write_all(fd, iov, c)) || off == len) {
+      if (off < len)
+        sodium_memzero(&m, sizeof(m));
+      return e;
+    }
+  }
+}
+
+int gshmd__lane_read_checked(int fd, const uint8_t *key, uint64_t n, const struct frame_hdr *h,
+                             uint8_t *dst) {
+  uint8_t tag[STREAM_TAG], want[STREAM_TAG];
+  struct frame_mac m;
+  int e;
+
+  if ((e = gshmd__frame_mac_begin(&m, key, n, h)))
+    return e;
+  for (size_t off = 0, k; off < h->len; off += k) {
+    k = h->len - off < LANE_PIECE ? h->len - off : LANE_PIECE;
+    if ((e = gshmd__lane_read_all(fd, dst + off, k))) {
+      sodium_memzero(&m, sizeof(m));
+      return e;
+    }
+    gshmd__frame_mac_update(&m, dst + off, k);
+  }
+  gshmd__frame_mac_end(&m, want);
+  if ((e = gshmd__lane_read_all(fd, tag, sizeof(tag))))
+    return e;
+  return crypto_verify_16(want, tag) == 0 ? 0 : -EBADMSG;
+}

@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A data lane's blocking I/O on its own thread (lane.c): whole writes
+ * and reads, and a frame tagged or checked piece by piece as it goes
+ * through the socket (AES-GMAC with ghash.h's GHASH: the piece is hashed
+ * while it sits in the core's cache, beside the copy). */
+#ifndef GSHMD_CLUSTER_LANE_IO_H
+#define GSHMD_CLUSTER_LANE_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "stream.h"
+
+/* A frame's payload goes through the socket and its tag in pieces of
+ * this many bytes (a multiple of 16, GHASH's block) where the lane's
+ * thread tags or checks it: each piece is hashed while it sits in the
+ * core's L2 (2 MiB on the lent machines' Xeons) beside the copy. */
+#define LANE_PIECE ((size_t)256 << 10)
+
+/* Writes all of iov (n entries; changed as it goes) to the blocking
+ * socket fd.  Returns 0 or a negative errno from sendmsg. */
+int gshmd__lane_write_all(int fd, struct iovec *iov, int n);
+
+/* Reads exactly len bytes into buf.  Returns 0, -ECONNRESET at the end
+ * of the connection, or a negative errno from recv. */
+int gshmd__lane_read_all(int fd, void *buf, size_t len);
+
+/* Writes frame n (hdr, its hdr->len > 0 payload bytes at src, the tag)
+ * to fd, tagging each LANE_PIECE of the payload with key (STREAM_KEY
+ * bytes) just before it goes; tag receives the tag.  Only where
+ * gshmd__frame_mac_inline(the link's mode).  Returns 0, -ENOMEM
+ * (libcrypto) or a negative errno from the socket. */
+int gshmd__lane_write_tagged(int fd, const uint8_t *key, uint64_t n, const struct frame_hdr *hdr,
+                             const uint8_t *src, uint8_t tag[STREAM_TAG]);
+
+/* Reads frame n's payload (h->len bytes, its header already read) into
+ * dst, then its tag, checking each piece with key as it lands.  Returns
+ * 0, -EBADMSG (the tag does not match: nothing of the frame may be
+ * used), -ENOMEM (libcrypto) or a negative errno from the socket. */
+int gshmd__lane_read_checked(int fd, const uint8_t *key, uint64_t n, const struct frame_hdr *h,
+                             uint8_t *dst);
+
+#endif
