@@ -7,7 +7,9 @@
 
 #include <immintrin.h>
 
-#define WIDE __attribute__((target("sse4.1,pclmul,avx2,avx512f,avx512bw,vpclmulqdq")))
+/* Every feature the compiler may use here is checked by wide_check (GCC
+ * 12 emits EVEX forms of 128-bit moves, AVX-512VL, once AVX-512BW is on). */
+#define WIDE __attribute__((target("sse4.1,pclmul,avx2,avx512f,avx512bw,avx512vl,vpclmulqdq")))
 
 static bool wide;
 static pthread_once_t wide_once = PTHREAD_ONCE_INIT;
@@ -15,7 +17,9 @@ static pthread_once_t wide_once = PTHREAD_ONCE_INIT;
 static void wide_check(void) {
   __builtin_cpu_init();
   wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul");
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
+         __builtin_cpu_supports("sse4.1") && __builtin_cpu_supports("vpclmulqdq") &&
+         __builtin_cpu_supports("pclmul");
 }
 
 bool gshmd__ghash_wide_usable(void) {
@@ -71,7 +75,7 @@ WIDE void gshmd__ghash_init(struct ghash_key *k, const uint8_t h[16]) {
 
   /* pow[i] = H^(GHASH_POWERS - i): the first block of a stride meets the highest */
   for (int i = GHASH_POWERS - 1; i >= 0; i--) {
-    _mm_store_si128((__m128i *)k->pow[i], p);
+    _mm_storeu_si128((__m128i *)k->pow[i], p);
     p = gfmul(p, h1);
   }
 }
@@ -85,23 +89,22 @@ WIDE static inline __m128i fold(__m512i v) {
 WIDE void gshmd__ghash_update(const struct ghash_key *k, uint8_t y[16], const uint8_t *in, size_t len) {
   const __m512i bs = _mm512_broadcast_i32x4(
       _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  __m512i p[GHASH_POWERS / 4];
   __m128i acc = bswap(_mm_loadu_si128((const __m128i *)y));
+  const __m128i hn = _mm_loadu_si128((const __m128i *)k->pow[0]); /* H^GHASH_POWERS */
 
-  const __m128i hn = _mm_load_si128((const __m128i *)k->pow[0]); /* H^GHASH_POWERS */
-
-  for (int i = 0; i < GHASH_POWERS / 4; i++)
-    p[i] = _mm512_load_si512((const void *)k->pow[4 * i]);
+  /* the powers are read from k in the loop, not copied into locals: the
+   * compiler would spill such a copy of the key to the stack */
   for (; len >= 16 * GHASH_POWERS; in += 16 * GHASH_POWERS, len -= 16 * GHASH_POWERS) {
     /* the stride's products do not wait for acc: acc * H^n joins them
      * before the one reduction (only that stays serial) */
     __m512i lo = _mm512_setzero_si512(), hi = lo, mid = lo;
     for (int i = 0; i < GHASH_POWERS / 4; i++) {
       __m512i x = _mm512_shuffle_epi8(_mm512_loadu_si512((const void *)(in + 64 * i)), bs);
-      lo = _mm512_xor_si512(lo, _mm512_clmulepi64_epi128(x, p[i], 0x00));
-      hi = _mm512_xor_si512(hi, _mm512_clmulepi64_epi128(x, p[i], 0x11));
-      mid = _mm512_xor_si512(mid, _mm512_xor_si512(_mm512_clmulepi64_epi128(x, p[i], 0x10),
-                                                   _mm512_clmulepi64_epi128(x, p[i], 0x01)));
+      __m512i pw = _mm512_loadu_si512((const void *)k->pow[4 * i]);
+      lo = _mm512_xor_si512(lo, _mm512_clmulepi64_epi128(x, pw, 0x00));
+      hi = _mm512_xor_si512(hi, _mm512_clmulepi64_epi128(x, pw, 0x11));
+      mid = _mm512_xor_si512(mid, _mm512_xor_si512(_mm512_clmulepi64_epi128(x, pw, 0x10),
+                                                   _mm512_clmulepi64_epi128(x, pw, 0x01)));
     }
     __m128i l = _mm_xor_si128(fold(lo), _mm_clmulepi64_si128(acc, hn, 0x00));
     __m128i h = _mm_xor_si128(fold(hi), _mm_clmulepi64_si128(acc, hn, 0x11));
@@ -110,7 +113,7 @@ WIDE void gshmd__ghash_update(const struct ghash_key *k, uint8_t y[16], const ui
     acc = reduce(_mm_xor_si128(l, _mm_slli_si128(m, 8)), _mm_xor_si128(h, _mm_srli_si128(m, 8)));
   }
   /* the rest a block at a time, the last padded with zeros */
-  const __m128i h1 = _mm_load_si128((const __m128i *)k->pow[GHASH_POWERS - 1]);
+  const __m128i h1 = _mm_loadu_si128((const __m128i *)k->pow[GHASH_POWERS - 1]);
   for (; len; ) {
     uint8_t last[16] = {0};
     const uint8_t *b = in;
@@ -124,4 +127,5 @@ WIDE void gshmd__ghash_update(const struct ghash_key *k, uint8_t y[16], const ui
     len -= n;
   }
   _mm_storeu_si128((__m128i *)y, bswap(acc));
+  _mm256_zeroall(); /* no power of H left in a register (zmm0-15: all this code uses) */
 }

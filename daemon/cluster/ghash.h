@@ -33,15 +33,17 @@
 
 #define GHASH_POWERS 32 /* blocks folded per reduction */
 
-/* The hash key's powers H^GHASH_POWERS .. H^1, byte-reflected (what the multiplier
- * takes).  Secret: wiped by its owner (sodium_memzero). */
+/* The hash key's powers H^GHASH_POWERS .. H^1, byte-reflected (what the
+ * multiplier takes; read unaligned, so any storage will do).  Secret:
+ * wiped by its owner (sodium_memzero), and the stack of the thread that
+ * used it (sodium_stackzero: the compiler may spill key material). */
 struct ghash_key {
-  uint8_t pow[GHASH_POWERS][16] __attribute__((aligned(64)));
+  uint8_t pow[GHASH_POWERS][16];
 };
 
 /* Whether this CPU (and the kernel's saved register state) runs the
- * 512-bit code: AVX-512F, AVX-512BW and VPCLMULQDQ.  Checked once,
- * thread-safe. */
+ * 512-bit code: AVX-512F, -BW and -VL, VPCLMULQDQ, AVX2, SSE4.1 and
+ * PCLMULQDQ.  Checked once, thread-safe. */
 bool gshmd__ghash_wide_usable(void);
 
 /* Expands the hash key h (16 bytes: AES_K(0^128)) into k.  Only where

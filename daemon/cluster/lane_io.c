@@ -68,7 +68,7 @@ int gshmd__lane_write_tagged(int fd, const uint8_t *key, uint64_t n, const struc
     }
     if ((e = gshmd__lane_write_all(fd, iov, c)) || off == len) {
       if (off < len)
-        sodium_memzero(&m, sizeof(m));
+        gshmd__frame_mac_abort(&m);
       return e;
     }
   }
@@ -85,7 +85,7 @@ int gshmd__lane_read_checked(int fd, const uint8_t *key, uint64_t n, const struc
   for (size_t off = 0, k; off < h->len; off += k) {
     k = h->len - off < LANE_PIECE ? h->len - off : LANE_PIECE;
     if ((e = gshmd__lane_read_all(fd, dst + off, k))) {
-      sodium_memzero(&m, sizeof(m));
+      gshmd__frame_mac_abort(&m);
       return e;
     }
     gshmd__frame_mac_update(&m, dst + off, k);

@@ -46,7 +46,7 @@ static void ossl_fetch(void) {
 
 bool gshmd__seal_openssl_ready(void) {
   pthread_once(&ossl_once, ossl_fetch);
-  return ossl.gcm && ossl.chacha && ossl.poly && ossl.ecb;
+  return ossl.gcm && ossl.chacha && ossl.poly;
 }
 
 enum stream_mode gshmd__stream_mode(bool encrypt, bool aes_both, bool gmac_both) {
@@ -154,8 +154,13 @@ static int sodium_aead(enum stream_mode mode, bool enc, const uint8_t *key, cons
 
 bool gshmd__frame_mac_inline(enum stream_mode mode) {
   return mode == STREAM_GMAC && gshmd__seal_openssl && gshmd__seal_wide_ghash &&
-         gshmd__ghash_wide_usable() && gshmd__seal_openssl_ready();
+         gshmd__ghash_wide_usable() && gshmd__seal_openssl_ready() && ossl.ecb;
 }
+
+/* How much of the calling thread's stack to wipe after H's powers were
+ * made or used there (ghash.c's frames and spills are a few hundred
+ * bytes; the callers' struct frame_mac is wiped on its own). */
+#define MAC_STACK_WIPE 4096
 
 /* AES-GMAC of frame n as ossl_aead computes it (the payload the
  * associated data, the header the plaintext), with GHASH on 512-bit
@@ -165,13 +170,13 @@ bool gshmd__frame_mac_inline(enum stream_mode mode) {
  * + E_K(J0) (SP 800-38D, Algorithm 4, a 96-bit IV). */
 int gshmd__frame_mac_begin(struct frame_mac *m, const uint8_t *key, uint64_t n,
                            const struct frame_hdr *hdr) {
-  _Static_assert(sizeof(*hdr) == sizeof(m->hdr_ct), "the header is two counter blocks at most");
+  _Static_assert(sizeof(struct frame_hdr) <= 32, "the header is two counter blocks at most");
   uint8_t blk[64] = {0}, ks[64 + 16];
   const uint8_t *h = (const uint8_t *)hdr;
-  EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+  EVP_CIPHER_CTX *c;
   int l, ok;
 
-  if (!c)
+  if (!gshmd__seal_openssl_ready() || !ossl.ecb || !(c = EVP_CIPHER_CTX_new()))
     return -ENOMEM;
   for (int i = 1; i < 4; i++) { /* J0 = nonce || 1, then counters 2 and 3 */
     nonce_of(n, blk + 16 * i);
@@ -187,14 +192,25 @@ int gshmd__frame_mac_begin(struct frame_mac *m, const uint8_t *key, uint64_t n,
     gshmd__ghash_init(&m->key, ks);
     memset(m->y, 0, sizeof(m->y));
     m->len = 0;
+    m->broken = false;
   }
   sodium_memzero(ks, sizeof(ks));
-  return ok ? 0 : -ENOMEM;
+  if (ok)
+    return 0;
+  sodium_stackzero(MAC_STACK_WIPE);
+  return -ENOMEM;
 }
 
 void gshmd__frame_mac_update(struct frame_mac *m, const uint8_t *p, size_t len) {
+  if (m->len % 16) /* a short piece before: its padding would be hashed */
+    m->broken = true;
   gshmd__ghash_update(&m->key, m->y, p, len);
   m->len += len;
+}
+
+void gshmd__frame_mac_abort(struct frame_mac *m) {
+  sodium_memzero(m, sizeof(*m));
+  sodium_stackzero(MAC_STACK_WIPE);
 }
 
 void gshmd__frame_mac_end(struct frame_mac *m, uint8_t tag[STREAM_TAG]) {
@@ -208,7 +224,9 @@ void gshmd__frame_mac_end(struct frame_mac *m, uint8_t tag[STREAM_TAG]) {
   gshmd__ghash_update(&m->key, m->y, lens, sizeof(lens));
   for (int i = 0; i < STREAM_TAG; i++)
     tag[i] = m->y[i] ^ m->ekj0[i];
-  sodium_memzero(m, sizeof(*m));
+  if (m->broken) /* a caller's bug: a tag that matches nothing, never a wrong one */
+    randombytes_buf(tag, STREAM_TAG);
+  gshmd__frame_mac_abort(m);
 }
 
 static int gmac_wide(const uint8_t *key, uint64_t n, const struct frame_hdr *hdr,

@@ -155,9 +155,10 @@ int gshmd__stream_unseal(enum stream_mode mode, const uint8_t *key, uint64_t n,
  * end.  The same tag as gshmd__stream_seal's.  Only where
  * gshmd__frame_mac_inline(mode). */
 struct frame_mac {
-  struct ghash_key key;       /* secret; end wipes the whole struct */
+  struct ghash_key key;       /* secret; end or abort wipes the whole struct */
   uint8_t y[16], ekj0[16], hdr_ct[sizeof(struct frame_hdr)];
   uint64_t len;
+  bool broken;                /* a piece not a multiple of 16 came before another */
 };
 /* Whether frames of mode are tagged this way here: AES-GMAC with
  * ghash.h's GHASH (its CPU check, libcrypto's AES). */
@@ -166,10 +167,15 @@ bool gshmd__frame_mac_inline(enum stream_mode mode);
  * or -ENOMEM (libcrypto could not; m holds nothing to wipe). */
 int gshmd__frame_mac_begin(struct frame_mac *m, const uint8_t *key, uint64_t n,
                            const struct frame_hdr *hdr);
-/* Adds the next len bytes of the payload. */
+/* Adds the next len bytes of the payload.  Every piece but the last must
+ * be a multiple of 16 bytes: otherwise end gives a random tag (the frame
+ * fails its check; never a tag of other bytes). */
 void gshmd__frame_mac_update(struct frame_mac *m, const uint8_t *p, size_t len);
-/* Writes the tag and wipes m. */
+/* Writes the tag, then wipes m and the calling thread's stack below it
+ * (sodium_stackzero: the hash key's powers spilled there). */
 void gshmd__frame_mac_end(struct frame_mac *m, uint8_t tag[STREAM_TAG]);
+/* Wipes m and the stack, without a tag (a frame given up midway). */
+void gshmd__frame_mac_abort(struct frame_mac *m);
 
 /* Tests only: false has libsodium compute every mode (seal.c). */
 extern bool gshmd__seal_openssl;

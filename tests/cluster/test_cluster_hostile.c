@@ -518,7 +518,7 @@ static void proxy_pipe(struct proxy *px, int c, int s, unsigned idx) {
     if (pf[0].revents) {
       uint8_t up[65536];
       if ((r = recv(c, up, sizeof(up), 0)) <= 0 || send(s, up, (size_t)r, MSG_NOSIGNAL) != r)
-        return;
+        break;
     }
     if (!pf[1].revents)
       continue;
