@@ -33,6 +33,13 @@ static int lease_map(struct gshm__lease *l, const int *devices, size_t ndevices)
     p = mmap(NULL, l->info.size, prot, MAP_SHARED, l->fd, 0);
     if (p == MAP_FAILED)
       return -errno;
+    /* 2 MiB pages where the kernel gives shared memory huge pages on
+     * request (transparent_hugepage/shmem_enabled = advise): fewer faults
+     * when this process fills a new segment, fewer TLB misses when it
+     * reads one (gshmd asks the same for the mappings pulls land in);
+     * nothing where the kernel says never */
+    if (l->info.size >= GSHM__HUGE_PAGE)
+      (void)madvise(p, l->info.size, MADV_HUGEPAGE);
     l->addr = p;
     l->map_size = l->info.size;
   } else if ((e = gshm__map_device(l, devices, ndevices, &uuids, &nuuids))) {

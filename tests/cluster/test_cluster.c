@@ -274,25 +274,21 @@ static long pmd_mapped_kib(const void *addr) {
   return kib;
 }
 
-/* Maps segment name (size bytes) of c read-only at a 2 MiB boundary,
- * asking for huge mappings, reads every byte against seed's, and returns
- * how much of it is mapped with 2 MiB entries (KiB). */
+/* Maps segment name (size bytes) of c read-only through libgshm (which
+ * asks for 2 MiB pages), reads every byte against seed's, and returns how
+ * much of it is mapped with 2 MiB entries (KiB). */
 static long pulled_pmd_kib(gshm_client_t *c, const char *name, size_t size, unsigned long long seed) {
   gshm_segment_t *seg;
-  uint8_t *want = malloc(size), *r, *p;
+  uint8_t *want = malloc(size);
+  void *p;
   long kib;
 
   assert_non_null(want);
   harness_random(want, size, seed);
   assert_int_equal(gshm_open(c, name, GSHM_ACCESS_READ, &seg), 0);
-  r = mmap(NULL, size + 2 * MiB, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  assert_true(r != MAP_FAILED);
-  p = (uint8_t *)(((uintptr_t)r + 2 * MiB - 1) & ~(uintptr_t)(2 * MiB - 1));
-  assert_true(mmap(p, size, PROT_READ, MAP_SHARED | MAP_FIXED, gshm_segment_fd(seg), 0) == p);
-  assert_int_equal(madvise(p, size, MADV_HUGEPAGE), 0);
+  assert_int_equal(gshm_map(seg, NULL, 0, &p), 0);
   assert_memory_equal(p, want, size);
   kib = pmd_mapped_kib(p);
-  munmap(r, size + 2 * MiB);
   gshm_close(seg);
   free(want);
   return kib;
@@ -301,8 +297,9 @@ static long pulled_pmd_kib(gshm_client_t *c, const char *name, size_t size, unsi
 /* daemon.host_huge_pages (default on): where the kernel gives shared
  * memory huge pages (shmem_enabled advise or more), a pulled host
  * segment's pages are 2 MiB ones, made as its bytes land in gshmd's
- * mapping, so a reader asking for huge mappings maps it in 2 MiB entries;
- * with the option off, 4 KiB pages (none).  Skipped where the kernel
+ * mapping, so a reader (libgshm asks for huge mappings) maps it in 2 MiB
+ * entries; with the option off, 4 KiB pages (none); a segment a client
+ * creates and fills through its own mapping gets 2 MiB pages too.  Skipped where the kernel
  * gives none (most distributions' default: shmem_enabled never). */
 static void test_huge_pages(void **state) {
   gshm_client_t *a, *b, *c;
@@ -331,6 +328,17 @@ static void test_huge_pages(void **state) {
   print_message("mapped in 2 MiB entries: %ld KiB (host_huge_pages on), %ld KiB (off)\n", on, off);
   assert_true(on >= 8 * 1024);
   assert_int_equal(off, 0);
+  { /* a segment a client makes and fills itself: libgshm asks too */
+    gshm_segment_t *seg;
+    void *p;
+    assert_int_equal(gshm_create(c, "made/huge", 16 * MiB, "host", 0600, 0, &seg), 0);
+    assert_int_equal(gshm_map(seg, NULL, 0, &p), 0);
+    memset(p, 0x5a, 16 * MiB);
+    print_message("a made segment: %ld KiB in 2 MiB entries\n", pmd_mapped_kib(p));
+    assert_true(pmd_mapped_kib(p) >= 8 * 1024);
+    gshm_close(seg);
+    assert_int_equal(gshm_unlink(c, "made/huge"), 0);
+  }
   gshm_disconnect(c);
   assert_int_equal(harness_stop(&C.h), 0);
   assert_int_equal(gshm_unlink(b, "got/huge"), 0);
