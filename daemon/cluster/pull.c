@@ -444,13 +444,16 @@ static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
     pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->s->peer->name,
               g->length, g->segment->size);
     return -EPROTO;
-  } else if (p->link && p->link->nlanes > 1) {
-    /* A chunk moves on one lane at one connection's speed: a segment
-     * of fewer than two chunks a lane goes in smaller ones, so that every
-     * lane carries some (8 MiB over 8 lanes: 0.47x eight plain
+  } else if (p->link && p->link->nlanes > 1 && p->s->n == 1) {
+    /* A chunk moves on one lane at one connection's speed: a pull of one
+     * segment of fewer than two chunks a lane goes in smaller ones, so
+     * that every lane carries some (8 MiB over 8 lanes: 0.47x eight plain
      * connections in 4 MiB chunks, 0.96x in 1 MiB ones on the lent
      * 16-core machine; docs/PERFORMANCE.md "Lane threads tag as they
-     * copy").  Not below PULL_CHUNK_MIN: each chunk is a request. */
+     * copy").  Not below PULL_CHUNK_MIN: each chunk is a request.  A set
+     * keeps its lanes busy with other segments: there smaller chunks only
+     * cost requests (a 398-tensor model 0.185 -> 0.388 s when they were
+     * split too). */
     uint64_t per = (g->length + 2ull * p->link->nlanes - 1) / (2ull * p->link->nlanes);
     per = (per + PULL_CHUNK_ALIGN - 1) & ~(uint64_t)(PULL_CHUNK_ALIGN - 1);
     if (per < PULL_CHUNK_MIN)
