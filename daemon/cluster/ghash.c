@@ -27,11 +27,11 @@ bool gshmd__ghash_wide_usable(void) {
   return wide;
 }
 
-/* Reverses the bytes of a block (GCM's bit order becomes the
- * multiplier's). */
-WIDE static inline __m128i bswap(__m128i x) {
-  return _mm_shuffle_epi8(x, _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-}
+/* The shuffle that reverses the bytes of a block (GCM's bit order
+ * becomes the multiplier's). */
+#define BSWAP_MASK _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+
+WIDE static inline __m128i bswap(__m128i x) { return _mm_shuffle_epi8(x, BSWAP_MASK); }
 
 /* The 256-bit product hi:lo of two reflected blocks, shifted left one
  * bit and reduced (Gueron and Kounavis, Figure 5 from "shift"). */
@@ -87,8 +87,7 @@ WIDE static inline __m128i fold(__m512i v) {
 }
 
 WIDE void gshmd__ghash_update(const struct ghash_key *k, uint8_t y[16], const uint8_t *in, size_t len) {
-  const __m512i bs = _mm512_broadcast_i32x4(
-      _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512i bs = _mm512_broadcast_i32x4(BSWAP_MASK);
   __m128i acc = bswap(_mm_loadu_si128((const __m128i *)y));
   const __m128i hn = _mm_loadu_si128((const __m128i *)k->pow[0]); /* H^GHASH_POWERS */
 

@@ -42,7 +42,6 @@ struct lane_job {
   uint64_t n;                 /* its frame number */
   uint8_t tag[STREAM_TAG];
   uint8_t *ct;                /* encrypting: the ciphertext, freed once written */
-  bool inline_mac;            /* tagged by the thread as it writes (ln->inline_tx) */
   int err;                    /* sealing failed (-ENOMEM): the lane ends */
   bool ready;                 /* sealed */
   uv_work_t work;
@@ -115,7 +114,7 @@ static int send_one(struct lane *ln, struct lane_job *j) {
 
   if (j->err)
     return j->err;
-  if (j->inline_mac)
+  if (ln->inline_tx) /* tagged as it goes */
     return gshmd__lane_write_tagged(ln->st.fd, ln->st.key_tx, j->n, &j->hdr, j->src, j->tag);
   iov[0] = (struct iovec){&j->hdr, sizeof(j->hdr)};
   iov[1] = (struct iovec){(void *)(j->ct ? j->ct : j->src), j->hdr.len};
@@ -287,7 +286,7 @@ static void on_received(struct lane *ln, int err) {
     return;
   }
   if (!(c = calloc(1, sizeof(*c)))) {
-    frame_done(ln->ll, ln->l, ln->tok, err ? err : -ENOMEM);
+    frame_done(ln->ll, ln->l, ln->tok, -ENOMEM);
     return;
   }
   c->w.data = c;
@@ -594,7 +593,7 @@ int gshmd__lane_send(struct link *parent, uint32_t rid, uint64_t offset, const v
   j->n = best->n_next;
   j->work.data = j;
   if (best->inline_tx) { /* tagged by the thread as it writes (send_tagged) */
-    j->inline_mac = j->ready = true;
+    j->ready = true;
   } else if (uv_queue_work(best->ll->loop, &j->work, seal_work, seal_done)) {
     free(j);
     return -ENOMEM;
