@@ -25,17 +25,6 @@ struct seal_opts {
   int reps;
 };
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* GB/s of one construction (mode; -1: memcpy), the median of o->reps. */
 static double rate(const struct seal_opts *o, int mode, const uint8_t *key, const uint8_t *src,
                    uint8_t *dst) {
@@ -46,7 +35,7 @@ static double rate(const struct seal_opts *o, int mode, const uint8_t *key, cons
   uint64_t n = 0;
 
   for (int rep = -1; rep < o->reps; rep++) {
-    double t0 = now_s();
+    int64_t t0 = gshm__now_ns(CLOCK_MONOTONIC);
     for (size_t f = 0; f < frames; f++) {
       if (mode < 0)
         memcpy(dst, src, o->frame);
@@ -56,10 +45,9 @@ static double rate(const struct seal_opts *o, int mode, const uint8_t *key, cons
         return -1;
     }
     if (rep >= 0)
-      r[rep] = (double)frames * o->frame / (now_s() - t0) / 1e9;
+      r[rep] = (double)(frames * o->frame) / (double)(gshm__now_ns(CLOCK_MONOTONIC) - t0);
   }
-  qsort(r, (size_t)o->reps, sizeof(r[0]), cmp_d);
-  return r[o->reps / 2];
+  return bench_median(r, o->reps);
 }
 
 int bench_seal_main(int argc, char **argv) {
