@@ -147,6 +147,15 @@ struct gshmd_backend {
 /* Host memory: sealed memfds.  Never fails but for -ENOMEM. */
 int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backend **out);
 
+/* What gshmd asks of its own mapping of a host segment (len bytes at
+ * addr; a pull's landing mapping, a serving one): never in a core dump
+ * (other users' bytes), and where huge (daemon.host_huge_pages) 2 MiB
+ * pages where the kernel gives shared memory huge pages on request: a
+ * pull's bytes land in such a mapping, and making 4 KiB pages bounds a
+ * pull into a new segment (docs/PERFORMANCE.md "Huge pages for new host
+ * segments").  Advice only: nothing to fail. */
+void gshmd_host_map_advise(void *addr, uint64_t len, bool huge);
+
 /* The host backend's recycling (daemon.host_recycle), for the metrics. */
 struct gshmd_host_recycle_stats {
   uint64_t pulls;        /* pulled segments that landed in recycled memory */

@@ -344,13 +344,7 @@ static int host_local_ptr(struct gshmd_backend *b, struct gshmd_alloc *a, void *
       gshm_log_err("host: mapping %llu bytes of a memfd: %m", (unsigned long long)a->size);
       return -ENOMEM;
     }
-    /* other users' bytes: not in a core dump of gshmd */
-    (void)madvise(p, a->size, MADV_DONTDUMP);
-    /* 2 MiB pages where the kernel allows them for shmem: a pull's bytes
-     * land here first, and making 4 KiB pages bounds a pull into a new
-     * segment (docs/PERFORMANCE.md "Huge pages for new host segments") */
-    if (((struct host_backend *)b)->huge)
-      (void)madvise(p, a->size, MADV_HUGEPAGE);
+    gshmd_host_map_advise(p, a->size, ((struct host_backend *)b)->huge);
     h->map = p;
   }
   *ptr_out = h->map;
@@ -573,6 +567,12 @@ void gshmd_backend_host_recycle_stats(const struct gshmd_backend *b,
   memset(out, 0, sizeof(*out));
   if (b && b->ops == &host_ops)
     *out = ((const struct host_backend *)b)->stats;
+}
+
+void gshmd_host_map_advise(void *addr, uint64_t len, bool huge) {
+  (void)madvise(addr, len, MADV_DONTDUMP);
+  if (huge)
+    (void)madvise(addr, len, MADV_HUGEPAGE);
 }
 
 /* Says once at start whether MADV_HUGEPAGE on gshmd's mappings will get

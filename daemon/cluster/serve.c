@@ -139,14 +139,20 @@ void gshmd__serve_segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster
 /* ---- registrations ---------------------------------------------------- */
 
 /* Drops x (NULL: nothing): its registration, if any, and its mapping. */
+/* Takes x off cl->serve_idle (a grant uses it again, or it goes). */
+static void export_reg_unidle(struct gshmd_cluster *cl, struct export_reg *x) {
+  if (!x->idle)
+    return;
+  gshm_list_del(&x->idle_node);
+  cl->serve_idle_bytes -= x->len;
+  cl->serve_idle_count--;
+  x->idle = false;
+}
+
 static void export_reg_free(struct gshmd_cluster *cl, struct export_reg *x) {
   if (!x)
     return;
-  if (x->idle) {
-    gshm_list_del(&x->idle_node);
-    cl->serve_idle_bytes -= x->len;
-    cl->serve_idle_count--;
-  }
+  export_reg_unidle(cl, x);
   if (x->memh) {
     ucp_mem_unmap(cl->ll.ctx, x->memh);
     cl->registered--;
@@ -242,12 +248,8 @@ static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg, b
   struct export_reg *x = seg->cluster_export;
   int fd, e;
 
-  if (x && x->idle) { /* served before: its mapping was kept */
-    gshm_list_del(&x->idle_node);
-    cl->serve_idle_bytes -= x->len;
-    cl->serve_idle_count--;
-    x->idle = false;
-  }
+  if (x) /* served before: its mapping was kept */
+    export_reg_unidle(cl, x);
   if (!x) {
     if (!(x = calloc(1, sizeof(*x))))
       return -ENOMEM;
@@ -263,9 +265,7 @@ static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg, b
       x->addr = NULL;
       gshm_log_err("cluster: mmap of segment '%s': %m", seg->name);
     } else if (!x->device) {
-      (void)madvise(x->addr, x->len, MADV_DONTDUMP); /* a user's bytes: not in a core dump */
-      if (cl->cfg->host_huge_pages) /* its 2 MiB pages mapped as such (backend_host.c) */
-        (void)madvise(x->addr, x->len, MADV_HUGEPAGE);
+      gshmd_host_map_advise(x->addr, x->len, cl->cfg->host_huge_pages);
     }
     if (e) {
       export_reg_free(cl, x);
