@@ -6,6 +6,7 @@
  * rendezvous (shared memory, RDMA); received straight into the request's
  * destination either way. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,6 +113,138 @@ int gshmd__link_send_data(struct link *l, uint32_t rid, uint64_t offset, const v
   return 0;
 }
 
+/* ---- landings ----------------------------------------------------------- */
+
+struct landing {
+  struct peer_req *req;
+  uint32_t rid;
+  bool claimed;               /* by a lane's thread: data_done ends it */
+  uint64_t offset, len;
+  void *dst;
+};
+
+struct landings {
+  pthread_mutex_t mu;
+  struct landing *v;          /* under mu: n of cap, unordered */
+  size_t n, cap;
+  unsigned refs;              /* loop only: the link and its lanes */
+};
+
+void gshmd__landings_ref(struct landings *lt) { lt->refs++; }
+
+void gshmd__landings_unref(struct landings *lt) {
+  if (!lt || --lt->refs)
+    return;
+  pthread_mutex_destroy(&lt->mu);
+  free(lt->v);
+  free(lt);
+}
+
+struct landings *gshmd__link_landings(struct link *l) {
+  struct landings *lt = l->landings;
+
+  if (!lt && (lt = calloc(1, sizeof(*lt)))) {
+    pthread_mutex_init(&lt->mu, NULL);
+    lt->refs = 1; /* l's, until link_maybe_free */
+    l->landings = lt;
+  }
+  return lt;
+}
+
+int gshmd__landing_add(struct link *l, struct peer_req *req) {
+  struct landings *lt = gshmd__link_landings(l);
+  void *dst;
+  int e = 0;
+
+  if (!lt)
+    return -ENOMEM;
+  if (!(dst = req->data_dest(req, req->data_offset, req->data_len)))
+    return -EPROTO;
+  pthread_mutex_lock(&lt->mu);
+  if (lt->n == lt->cap) {
+    size_t ncap = lt->cap ? lt->cap * 2 : 64;
+    struct landing *v = realloc(lt->v, ncap * sizeof(*v));
+    if (v) {
+      lt->v = v;
+      lt->cap = ncap;
+    } else {
+      e = -ENOMEM;
+    }
+  }
+  if (!e) {
+    lt->v[lt->n++] = (struct landing){.req = req,
+                                      .rid = req->request_id,
+                                      .offset = req->data_offset,
+                                      .len = req->data_len,
+                                      .dst = dst};
+    req->landing = lt;
+  }
+  pthread_mutex_unlock(&lt->mu);
+  return e;
+}
+
+/* req's entry in lt (under lt->mu), or NULL. */
+static struct landing *landing_of(struct landings *lt, const struct peer_req *req) {
+  for (size_t i = 0; i < lt->n; i++)
+    if (lt->v[i].req == req)
+      return &lt->v[i];
+  return NULL;
+}
+
+/* Takes req out of its landings, claimed or not (its bytes are in). */
+static void landing_remove(struct peer_req *req) {
+  struct landings *lt = req->landing;
+  struct landing *x;
+
+  if (!lt)
+    return;
+  pthread_mutex_lock(&lt->mu);
+  if ((x = landing_of(lt, req)))
+    *x = lt->v[--lt->n];
+  pthread_mutex_unlock(&lt->mu);
+  req->landing = NULL;
+}
+
+bool gshmd__landing_withdraw(struct peer_req *req) {
+  struct landings *lt = req->landing;
+  struct landing *x;
+  bool claimed;
+
+  if (!lt)
+    return true;
+  pthread_mutex_lock(&lt->mu);
+  x = landing_of(lt, req);
+  if (!(claimed = x && x->claimed) && x)
+    *x = lt->v[--lt->n];
+  pthread_mutex_unlock(&lt->mu);
+  if (!claimed)
+    req->landing = NULL;
+  return !claimed;
+}
+
+int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uint64_t len,
+                         void **dst, void **tok) {
+  int e = -EPROTO;
+
+  pthread_mutex_lock(&lt->mu);
+  for (size_t i = 0; i < lt->n; i++) {
+    struct landing *x = &lt->v[i];
+    if (x->rid != rid || x->claimed)
+      continue;
+    if (x->offset == offset && x->len == len) {
+      x->claimed = true;
+      *dst = x->dst;
+      *tok = x->req;
+      e = 0;
+    }
+    break;
+  }
+  pthread_mutex_unlock(&lt->mu);
+  return e;
+}
+
+/* ---- receiving ----------------------------------------------------------- */
+
 void *gshmd__link_data_dest(struct link *l, uint32_t rid, uint64_t offset, uint64_t len,
                             void **tok_out) {
   struct gshm_list *pos;
@@ -123,6 +256,8 @@ void *gshmd__link_data_dest(struct link *l, uint32_t rid, uint64_t offset, uint6
     struct peer_req *req = gshm_list_entry(pos, struct peer_req, node);
     if (req->request_id != rid || !req->data_dest)
       continue;
+    if (!gshmd__landing_withdraw(req))
+      return NULL; /* a lane has its bytes: these are for no request */
     gshm_list_del(&req->node);
     req->queued = false;
     if (!(dst = req->data_dest(req, offset, len))) {
@@ -138,6 +273,13 @@ void *gshmd__link_data_dest(struct link *l, uint32_t rid, uint64_t offset, uint6
 void gshmd__link_data_done(struct link *l, void *tok, int err) {
   struct peer_req *req = tok;
 
+  /* a lane's frame: its request is still listed (and on its link's
+   * reqs, unless that link failed meanwhile) */
+  landing_remove(req);
+  if (req->queued) {
+    gshm_list_del(&req->node);
+    req->queued = false;
+  }
   l->active_ns = gshm__now_ns(CLOCK_MONOTONIC);
   req->data_done(req, err);
   gshmd__link_kick(l->ll);

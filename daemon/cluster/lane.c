@@ -18,7 +18,7 @@
 #include "log.h"
 #include "util.h"
 
-enum lane_ev_kind { EV_SENT, EV_HEADER, EV_RECEIVED, EV_EXIT };
+enum lane_ev_kind { EV_SENT, EV_RECEIVED, EV_EXIT };
 
 struct lane;
 
@@ -49,6 +49,20 @@ struct lane_job {
   void *arg;
 };
 
+/* A received frame for the loop (EV_RECEIVED): a lane's thread goes on
+ * to the next frame before the loop has handled it, so each has its own,
+ * LANE_RX_SLOTS of them a lane, taken in turn (the thread waits while
+ * all are with the loop). */
+#define LANE_RX_SLOTS 8
+struct lane_rx {
+  struct lane_ev ev;
+  void *tok;                  /* its request (gshmd__landing_claim) */
+  uint8_t *dst;
+  struct frame_hdr hdr;       /* pool check (not inline_rx): header, tag, number */
+  uint8_t tag[STREAM_TAG];
+  uint64_t n;
+};
+
 struct lane {
   struct links *ll;
   struct link *l;             /* the lane's own link (loop side) */
@@ -66,17 +80,17 @@ struct lane {
   /* sender, loop side: frames being sealed, in frame-number order */
   struct lane_job *pending, **pending_tail;
   uint64_t n_next;            /* the next frame's number */
+  uint64_t assigned;          /* bytes of all frames given to it (gshmd__lane_send) */
   unsigned sealing;           /* seal jobs on the pool: ln is freed after the last */
   bool exited;                /* the thread is gone (EV_EXIT handled) */
-  /* receiver: the frame being read; dst and tok set by the loop (under mu) */
-  struct frame_hdr hdr;
-  uint8_t *dst;
-  void *tok;
-  bool dst_set;
-  struct frame_hdr rx_hdr;     /* the frame EV_RECEIVED is for, its tag and number */
-  uint8_t rx_tag[STREAM_TAG];
-  uint64_t rx_n;
-  struct lane_ev ev_header, ev_received, ev_exit;
+  /* receiver: where frames go (claimed in the link's landings, which
+   * the lane holds a reference of), and the frames with the loop */
+  struct landings *landings;
+  bool stray;                 /* it ended on a frame nobody asked for */
+  struct lane_rx rx[LANE_RX_SLOTS];
+  unsigned rx_next;           /* thread: the next slot */
+  unsigned rx_busy;           /* under mu: slots with the loop */
+  struct lane_ev ev_exit;
   atomic_uint_fast64_t queued;  /* bytes queued, not yet written */
   atomic_int_fast64_t progress_ns; /* CLOCK_MONOTONIC: the last frame moved */
 };
@@ -153,40 +167,42 @@ static void *sender_main(void *arg) {
   return NULL;
 }
 
-/* Receives one data frame: header, the loop's answer where it goes, the
- * bytes, the tag (checked here where ln->inline_rx, else handed to the
- * loop with the frame).  Returns 0 or a negative errno (the lane ends). */
+/* Receives one data frame: header, where it goes (its request claimed
+ * in the link's landings: link.h), the bytes, the tag (checked here
+ * where ln->inline_rx, else handed to the loop with the frame).  Returns
+ * 0 or a negative errno (the lane ends). */
 static int receive_one(struct lane *ln) {
-  uint8_t tag[STREAM_TAG];
-  struct frame_hdr *h = &ln->hdr;
+  struct lane_rx *rx = &ln->rx[ln->rx_next];
+  struct frame_hdr *h = &rx->hdr;
   int e;
 
+  /* the slot, once the loop is done with its last frame */
+  pthread_mutex_lock(&ln->mu);
+  while (ln->rx_busy == LANE_RX_SLOTS)
+    pthread_cond_wait(&ln->cv, &ln->mu);
+  pthread_mutex_unlock(&ln->mu);
   if ((e = gshmd__lane_read_all(ln->st.fd, h, sizeof(*h))))
     return e;
   if (h->kind != FRAME_DATA || h->len == 0)
     return -EPROTO;
-  pthread_mutex_lock(&ln->mu);
-  ln->dst_set = false;
-  pthread_mutex_unlock(&ln->mu);
-  post_ev(ln, &ln->ev_header, EV_HEADER, 0);
-  pthread_mutex_lock(&ln->mu);
-  while (!ln->dst_set && !ln->stop)
-    pthread_cond_wait(&ln->cv, &ln->mu);
-  e = ln->stop && !ln->dst_set ? -ECONNRESET : !ln->dst ? -EPROTO : 0;
-  pthread_mutex_unlock(&ln->mu);
-  if (e)
-    return e; /* no tok was handed out */
-  if (ln->inline_rx) {
-    e = gshmd__lane_read_checked(ln->st.fd, ln->st.key_rx, ln->st.n_rx++, h, ln->dst);
-  } else if (!(e = gshmd__lane_read_all(ln->st.fd, ln->dst, h->len)) && !(e = gshmd__lane_read_all(ln->st.fd, tag, sizeof(tag)))) {
-    /* checked on libuv's pool while this thread reads the next frame:
-     * what the loop needs of this one is copied first (h takes the next) */
-    ln->rx_hdr = *h;
-    memcpy(ln->rx_tag, tag, sizeof(tag));
-    ln->rx_n = ln->st.n_rx++;
+  if (gshmd__landing_claim(ln->landings, h->request_id, h->offset, h->len, (void **)&rx->dst,
+                           &rx->tok)) {
+    ln->stray = true;
+    return -EPROTO; /* nothing was claimed */
   }
+  /* checked here, or on libuv's pool while this thread reads the next
+   * frame (rx keeps what that needs) */
+  if (ln->inline_rx)
+    e = gshmd__lane_read_checked(ln->st.fd, ln->st.key_rx, ln->st.n_rx++, h, rx->dst);
+  else if (!(e = gshmd__lane_read_all(ln->st.fd, rx->dst, h->len)) &&
+           !(e = gshmd__lane_read_all(ln->st.fd, rx->tag, sizeof(rx->tag))))
+    rx->n = ln->st.n_rx++;
   atomic_store(&ln->progress_ns, gshm__now_ns(CLOCK_MONOTONIC));
-  post_ev(ln, &ln->ev_received, EV_RECEIVED, e);
+  pthread_mutex_lock(&ln->mu);
+  ln->rx_busy++;
+  pthread_mutex_unlock(&ln->mu);
+  ln->rx_next = (ln->rx_next + 1) % LANE_RX_SLOTS;
+  post_ev(ln, &rx->ev, EV_RECEIVED, e); /* (a claimed frame always ends with the loop) */
   return e;
 }
 
@@ -211,25 +227,6 @@ static void lane_detach_from(struct link *parent, struct link *lane) {
       break;
     }
   lane->lane_of = NULL;
-}
-
-static void on_header(struct lane *ln) {
-  struct link *parent = ln->l->lane_of;
-  struct links *ll = ln->ll;
-  void *tok = NULL, *dst = NULL;
-
-  if (parent && parent->state == LINK_UP)
-    dst = ll->hooks.data_dest(parent, ln->hdr.request_id, ln->hdr.offset, ln->hdr.len, &tok);
-  pthread_mutex_lock(&ln->mu);
-  ln->dst = dst;
-  ln->tok = tok;
-  ln->dst_set = true;
-  pthread_cond_signal(&ln->cv);
-  pthread_mutex_unlock(&ln->mu);
-  if (!dst && parent) {
-    gshmd__link_refused(ll, REFUSE_PROTOCOL, ln->l->remote, "data for no request on a lane");
-    gshmd__link_fail(parent, -EPROTO, "the peer sent data for no request");
-  }
 }
 
 /* A received frame's tag checked (and its bytes decrypted) on the pool. */
@@ -278,30 +275,30 @@ static void check_done(uv_work_t *w, int status) {
 
 /* A frame's bytes are in place (err 0: its tag checked where
  * ln->inline_rx, else still to check) or its reading failed. */
-static void on_received(struct lane *ln, int err) {
+static void on_received(struct lane *ln, const struct lane_rx *rx, int err) {
   struct lane_check *c;
 
   if (err || ln->inline_rx) {
-    frame_done(ln->ll, ln->l, ln->tok, err);
+    frame_done(ln->ll, ln->l, rx->tok, err);
     return;
   }
   if (!(c = calloc(1, sizeof(*c)))) {
-    frame_done(ln->ll, ln->l, ln->tok, -ENOMEM);
+    frame_done(ln->ll, ln->l, rx->tok, -ENOMEM);
     return;
   }
   c->w.data = c;
   c->l = ln->l;
-  c->tok = ln->tok;
-  c->dst = ln->dst;
-  c->hdr = ln->rx_hdr;
-  memcpy(c->tag, ln->rx_tag, sizeof(c->tag));
-  c->n = ln->rx_n;
+  c->tok = rx->tok;
+  c->dst = rx->dst;
+  c->hdr = rx->hdr;
+  memcpy(c->tag, rx->tag, sizeof(c->tag));
+  c->n = rx->n;
   c->mode = ln->st.mode_rx;
   memcpy(c->key, ln->st.key_rx, sizeof(c->key));
   if (uv_queue_work(ln->ll->loop, &c->w, check_work, check_done)) {
     sodium_memzero(c->key, sizeof(c->key));
     free(c);
-    frame_done(ln->ll, ln->l, ln->tok, -ENOMEM);
+    frame_done(ln->ll, ln->l, rx->tok, -ENOMEM);
     return;
   }
   ln->l->busy++;
@@ -312,6 +309,7 @@ static void lane_free(struct lane *ln) {
   if (!ln->exited || ln->sealing)
     return;
   sodium_memzero(&ln->st, sizeof(ln->st));
+  gshmd__landings_unref(ln->landings);
   pthread_mutex_destroy(&ln->mu);
   pthread_cond_destroy(&ln->cv);
   free(ln);
@@ -334,8 +332,14 @@ static void on_lane_exit(struct lane *ln, int err) {
   }
   if (parent) { /* the lane ended first: the link's bytes on it are lost */
     char why[160];
-    snprintf(why, sizeof(why), "connection lost (a data lane: %s)",
-             err == -ECONNRESET ? "closed by the peer" : strerror(-err));
+    if (ln->stray) {
+      gshmd__link_refused(ll, REFUSE_PROTOCOL, l->remote, "data for no request on a lane");
+      snprintf(why, sizeof(why), "the peer sent data for no request (or not the bytes asked "
+                                 "for) on a data lane");
+    } else {
+      snprintf(why, sizeof(why), "connection lost (a data lane: %s)",
+               err == -ECONNRESET ? "closed by the peer" : strerror(-err));
+    }
     lane_detach_from(parent, l);
     gshmd__link_fail(parent, err == -EPROTO ? -EPROTO : -ECONNRESET, why);
   }
@@ -357,12 +361,15 @@ static void handle(struct lane_ev *ev) {
     free(j);
     break;
   }
-  case EV_HEADER:
-    on_header(ln);
+  case EV_RECEIVED: {
+    struct lane_rx *rx = (struct lane_rx *)((char *)ev - offsetof(struct lane_rx, ev));
+    on_received(ln, rx, ev->err);
+    pthread_mutex_lock(&ln->mu); /* its slot is free again */
+    ln->rx_busy--;
+    pthread_cond_signal(&ln->cv);
+    pthread_mutex_unlock(&ln->mu);
     break;
-  case EV_RECEIVED:
-    on_received(ln, ev->err);
-    break;
+  }
   case EV_EXIT:
     on_lane_exit(ln, ev->err);
     break;
@@ -456,13 +463,19 @@ int gshmd__lane_attach(struct link *lane, struct link *parent) {
   atomic_init(&ln->progress_ns, gshm__now_ns(CLOCK_MONOTONIC));
   pthread_mutex_init(&ln->mu, NULL);
   pthread_cond_init(&ln->cv, NULL);
-  if ((e = gshmd__stream_detach(&lane->st, &ln->st))) {
+  /* a receiver claims its frames' requests in parent's landings */
+  if (!ln->sender && !(ln->landings = gshmd__link_landings(parent)))
+    e = -ENOMEM;
+  else
+    e = gshmd__stream_detach(&lane->st, &ln->st);
+  if (e) {
     pthread_mutex_destroy(&ln->mu);
     pthread_cond_destroy(&ln->cv);
     free(ln);
     return e;
   }
   ln->n_next = ln->st.n_tx; /* frame numbers from here on: the loop's (seal_work) */
+
   ln->inline_tx = ln->sender && gshmd__frame_mac_inline(ln->st.mode_tx);
   ln->inline_rx = !ln->sender && gshmd__frame_mac_inline(ln->st.mode_rx);
   /* the stream's close gives its connection back to the budget; the
@@ -480,6 +493,8 @@ int gshmd__lane_attach(struct link *lane, struct link *parent) {
   /* named for top -H, perf and /proc (at most 15 characters) */
   pthread_setname_np(ln->thread, ln->sender ? "gshmd-lane-tx" : "gshmd-lane-rx");
   ll->lanes_q->live++;
+  if (ln->landings) /* (parent's until lane_free) */
+    gshmd__landings_ref(ln->landings);
   lane->lane = ln;
   lane->lane_of = parent;
   lane->busy++; /* until EV_EXIT */
@@ -571,13 +586,25 @@ static void flush_ready(struct lane *ln) {
 int gshmd__lane_send(struct link *parent, uint32_t rid, uint64_t offset, const void *src,
                      uint64_t len, void (*done)(void *arg, int err), void *arg) {
   struct lane *best = NULL;
+  uint64_t best_q = 0;
   struct lane_job *j;
 
+  /* the lane with the fewest bytes still to write; among those with as
+   * few (all of them, when the socket buffers take frames as they come),
+   * the one given the fewest bytes so far: the first one alone took
+   * 151 of a model's 545 frames and the last 10, which left the pulling
+   * side's threads of the busy lanes the bottleneck (docs/PERFORMANCE.md
+   * "What a set of small segments waits on") */
   for (unsigned i = 0; i < parent->nlanes; i++) {
     struct lane *ln = parent->lanes[i]->lane;
-    if (ln && ln->sender &&
-        (!best || atomic_load(&ln->queued) < atomic_load(&best->queued)))
+    uint64_t q;
+    if (!ln || !ln->sender)
+      continue;
+    q = atomic_load(&ln->queued);
+    if (!best || q < best_q || (q == best_q && ln->assigned < best->assigned)) {
       best = ln;
+      best_q = q;
+    }
   }
   if (!best)
     return -ENOTCONN;
@@ -601,6 +628,7 @@ int gshmd__lane_send(struct link *parent, uint32_t rid, uint64_t offset, const v
     best->sealing++;
   }
   best->n_next++;
+  best->assigned += len;
   *best->pending_tail = j;
   best->pending_tail = &j->next;
 

@@ -13,10 +13,11 @@
  * the link it belongs to by a token both sides derived from that link's
  * session key (Hello.lane_of, under both MACs).  After its hello a lane
  * leaves libuv (gshmd__stream_detach) for a thread that blocks on it.
- * On the pulling side the thread reads a frame's header, asks the loop
- * where the bytes go (the request's destination, looked up on the loop
- * as for the link's own stream), reads them straight there and tells the
- * loop.  Under AES-GMAC with ghash.h's GHASH (gshmd__frame_mac_inline)
+ * On the pulling side the thread reads a frame's header, claims its
+ * request in the link's landings (link.h: the Reads and Stages the loop
+ * listed as it sent them, each with where its bytes go), reads them
+ * straight there and tells the loop; it asked the loop for each frame
+ * before and waited for its answer.  Under AES-GMAC with ghash.h's GHASH (gshmd__frame_mac_inline)
  * the threads tag and check each frame themselves, 256 KiB at a time
  * beside the copy, while the piece is in the core's cache (the serving
  * thread just before a piece goes into the socket, the pulling one just
@@ -35,9 +36,10 @@
  * link_hooks (on_up, on_fail, lane_overdue), which cluster.c fills, and
  * cluster.c sets up and stops the lanes' queue around the links.
  *
- * Threads never touch the link layer: they talk to the loop through one
- * queue of events per struct links (a mutex and a uv_async_t), and the
- * loop handles each event (completion, header, exit) in lane.c.  A lane
+ * Threads never touch the link layer but its landings (under their
+ * mutex): they talk to the loop through one queue of events per struct
+ * links (a mutex and a uv_async_t), and the loop handles each event
+ * (a frame sent, a frame received, an exit) in lane.c.  A lane
  * that fails takes its link down (its bytes are lost); a link that fails
  * stops its lanes (shutdown(2) wakes their threads). */
 #ifndef GSHMD_CLUSTER_LANE_H
@@ -86,7 +88,8 @@ void gshmd__lanes_fail(struct link *parent);
 void gshmd__lanes_link_failed(struct link *l, enum link_state was);
 
 /* Queues one data frame of [src, src + len) answering request rid at
- * offset on the lane of parent with the fewest bytes queued; src must
+ * offset on the lane of parent with the fewest bytes queued (of those,
+ * the one given the fewest bytes since it came up); src must
  * stay valid until done(arg, err) runs (on the loop, once).  Returns 0,
  * -ENOTCONN when parent has no lane up (use its stream), -EINVAL for a
  * len of 0 or over 4 GiB - 1, -ENOMEM. */

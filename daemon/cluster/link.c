@@ -86,13 +86,23 @@ void gshmd__link_unbusy(struct link *l) {
 static void peer_connect(struct links *ll, struct peer *p);
 
 void gshmd__link_req_send(struct link *l, struct peer_req *req) {
+  int e;
+
   req->request_id = ++l->next_request ? l->next_request : ++l->next_request;
   req->msg->request_id = req->request_id;
   req->sent_ns = gshm__now_ns(CLOCK_MONOTONIC);
   gshm_list_add_tail(&l->reqs, &req->node);
   req->queued = true;
   req->sent = true;
+  /* listed before it goes: its bytes may come on a lane at once */
+  if (req->data_dest && !l->ucx && (e = gshmd__landing_add(l, req))) {
+    gshm_list_del(&req->node);
+    req->queued = false;
+    req->done(req, e, e == -ENOMEM ? "out of memory" : "no place for the bytes asked for", NULL);
+    return;
+  }
   if (gshmd__link_send(l, req->msg)) {
+    gshmd__landing_withdraw(req); /* (no lane can have it: it never went) */
     gshm_list_del(&req->node);
     req->queued = false;
     req->done(req, -EIO, "cannot send to the peer", NULL);
@@ -119,12 +129,16 @@ bool gshmd__link_req_cancel(struct peer_req *req) {
   return !req->queued;
 }
 
+/* Fails the requests of list (a peer's waiting ones, or a link's sent
+ * ones); one whose bytes a lane is reading ends with them instead
+ * (gshmd__link_data_done). */
 static void reqs_fail(struct gshm_list *list, int err, const char *why) {
   while (!gshm_list_empty(list)) {
     struct peer_req *req = gshm_list_entry(list->next, struct peer_req, node);
     gshm_list_del(&req->node);
     req->queued = false;
-    req->done(req, err, why, NULL);
+    if (gshmd__landing_withdraw(req))
+      req->done(req, err, why, NULL);
   }
 }
 
@@ -201,6 +215,7 @@ static struct link *link_new(struct links *ll, bool inbound) {
  * runs any more. */
 static void link_maybe_free(struct link *l) {
   if (l->state == LINK_CLOSED && l->stream_closed && l->busy == 0) {
+    gshmd__landings_unref(l->landings); /* (lanes may still hold it) */
     gshm_list_del(&l->node);
     free(l);
   }
@@ -416,6 +431,12 @@ static bool answer(struct link *l, Gshm__Cluster__Msg *m) {
     struct peer_req *req = gshm_list_entry(pos, struct peer_req, node);
     if (req->request_id == m->request_id) {
       int err = m->status == GSHM__STATUS__STATUS_OK ? 0 : gshmd__link_status_errno(m->status);
+      if (!gshmd__landing_withdraw(req)) {
+        /* its bytes are coming on a lane: an answer too is a lie */
+        gshmd__link_refuse(l, REFUSE_PROTOCOL, -EPROTO,
+                           "the peer answered a request whose bytes it is sending");
+        return true;
+      }
       gshm_list_del(&req->node);
       req->queued = false;
       req->done(req, err, err ? (m->message[0] ? m->message : "refused by the peer") : NULL,

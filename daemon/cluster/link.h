@@ -112,6 +112,12 @@ struct peer_req {
    * place and verified (err 0) or not. */
   void *(*data_dest)(struct peer_req *req, uint64_t offset, uint64_t len);
   void (*data_done)(struct peer_req *req, int err);
+  /* Read and Stage: the offset and length the answer's bytes must have
+   * (data_dest(req, data_offset, data_len) is where they go); a link
+   * without UCX lists the request in its landings when it sends it, so
+   * that a lane's thread finds where they go without the loop */
+  uint64_t data_offset, data_len;
+  struct landings *landing;  /* the table listing it (data.c), or NULL */
   void *arg;
   int64_t sent_ns;           /* CLOCK_MONOTONIC, when sent */
   bool queued;               /* on a list */
@@ -157,6 +163,8 @@ struct link {
   struct lane *lane;         /* a lane after its hello: its thread's state */
   uint8_t lane_token[LINK_LANE_TOKEN]; /* a link: from its session key (hello.c); an inbound
                                           lane in its hello: the token its Hello named */
+  struct landings *landings; /* outbound without UCX: its Reads and Stages whose bytes may
+                                come on a lane (data.c); NULL until the first */
   struct link *lanes[LINK_MAX_LANES];  /* a link: its lanes that are up */
   unsigned nlanes;
   unsigned lane_failures;    /* outbound link: lanes that failed in their hello */
@@ -269,10 +277,51 @@ void gshmd__link_send_status(struct link *l, uint32_t request_id, int err, const
 int gshmd__link_send_data(struct link *l, uint32_t rid, uint64_t offset, const void *src,
                           uint64_t len, ucp_mem_h memh, void (*done)(void *arg, int err),
                           void *arg);
-/* The link_hooks data_dest and data_done for the stream. */
+/* The link_hooks data_dest and data_done for the stream (and lanes:
+ * data_done). */
 void *gshmd__link_data_dest(struct link *l, uint32_t rid, uint64_t offset, uint64_t len,
                             void **tok_out);
 void gshmd__link_data_done(struct link *l, void *tok, int err);
+
+/* Landings: the Reads and Stages of an outbound link whose bytes may come
+ * on one of its data lanes, each with where its bytes go, shared with the
+ * lanes' threads under a mutex.  A lane's thread that has read a frame's
+ * header claims the request there and reads the bytes straight into
+ * place; before, it asked the loop and waited (a wakeup of the loop per
+ * frame: 12-18% of a pulling lane's time in a 398-tensor model's pull on
+ * the lent 16-core machine, 24-43% on a 2-core one: docs/PERFORMANCE.md
+ * "What a set of small segments waits on").  Entries are only made by
+ * this node's own requests, which its budgets bound (PEER_READ_BUDGET):
+ * a peer cannot add one.  A frame is checked against its request's
+ * offset and length before a byte of it is read.  A claimed request
+ * stays on its link's reqs until its bytes are in: the link's request
+ * timeout (LINK_REQUEST_NS) also ends a frame that stops midway.
+ *
+ * l's landings, made if it has none (l holds them until it is freed,
+ * each lane of it until its thread is gone).  NULL: out of memory.  Loop
+ * only. */
+struct landings *gshmd__link_landings(struct link *l);
+/* Lists req (sent on l, which has no UCX) in l's landings, making them
+ * if l has none: its bytes go to req->data_dest(req, req->data_offset,
+ * req->data_len).  Returns 0, -ENOMEM, or -EPROTO when data_dest refuses
+ * that range.  Loop only. */
+int gshmd__landing_add(struct link *l, struct peer_req *req);
+/* Takes req out of its landings unless a lane claimed it.  Returns false
+ * when one did: its bytes are being read into place and data_done
+ * completes req (the caller must not); true otherwise (also when req is
+ * in none).  Loop only. */
+bool gshmd__landing_withdraw(struct peer_req *req);
+/* A lane's thread: the request of a frame that answers rid with len
+ * bytes at offset, claimed (no other frame nor the loop takes it then).
+ * *dst: where the bytes go; *tok: the request, for the link's data_done.
+ * Returns 0, or -EPROTO when no listed request is rid or its range is
+ * not [offset, offset + len) (the peer sent what nobody asked for). */
+int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uint64_t len,
+                         void **dst, void **tok);
+/* Another holder of lt (a lane's thread), and its end.  Loop only; the
+ * last unref frees lt. */
+void gshmd__landings_ref(struct landings *lt);
+void gshmd__landings_unref(struct landings *lt);
 /* Takes UCX data messages (after gshmd__link_start).  Returns 0 or -EIO. */
 int gshmd__link_data_start(struct links *ll);
 /* l failed: its UCX endpoint goes. */

@@ -233,6 +233,8 @@ static void issue_chunks(struct pull *p) {
     c->req.msg = &c->msg;
     c->req.done = on_chunk_answer;
     c->req.data_dest = chunk_dest;
+    c->req.data_offset = c->off;
+    c->req.data_len = c->len;
     c->req.data_done = chunk_data_done;
     c->req.arg = c;
     c->req.peer = s->peer;

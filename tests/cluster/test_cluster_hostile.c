@@ -456,6 +456,7 @@ struct proxy {
                               * on every later one (a data lane) the first data frame's
                               * first payload byte flips where flip_lanes */
   atomic_bool flip_lanes;     /* (from the moment it is set: the frames before it pass) */
+  unsigned lane_hdr_byte;     /* 0: that payload byte; else this byte (from 1) of its header */
   atomic_uint flipped;       /* bytes flipped */
   pthread_t conn_t[16];
   unsigned nconn;
@@ -469,6 +470,7 @@ struct flip {
   unsigned frame;
   bool data;
   const atomic_bool *armed;  /* data: only once this is true (frames are followed before) */
+  unsigned hdr_byte;         /* data: this byte (from 1) of its header instead */
 };
 
 /* Where frame px->flip_frame's first payload byte is in S's stream (from
@@ -490,7 +492,7 @@ static uint64_t frame_flip_at(const struct flip *fl, struct frames *f, const uin
     memcpy(&h, f->hdr, sizeof(h));
     if (++f->n == fl->frame ||
         (fl->data && h.kind == 2 /* data */ && h.len > 0 && (!fl->armed || *fl->armed)))
-      return f->next + 24 + 1;
+      return fl->hdr_byte ? f->next + fl->hdr_byte : f->next + 24 + 1;
     f->next += 24 + h.len + (f->n >= 3 ? 16 : 0);
   }
   return 0;
@@ -508,7 +510,7 @@ static void proxy_pipe(struct proxy *px, int c, int s, unsigned idx) {
   if (idx == 1)
     fl = (struct flip){.at = px->flip_at, .frame = px->flip_frame};
   else if (px->lanes)
-    fl = (struct flip){.data = true, .armed = &px->flip_lanes};
+    fl = (struct flip){.data = true, .armed = &px->flip_lanes, .hdr_byte = px->lane_hdr_byte};
   while (!px->stop) {
     struct pollfd pf[2] = {{.fd = c, .events = POLLIN}, {.fd = s, .events = POLLIN}};
     ssize_t r;
@@ -643,18 +645,21 @@ static void test_tampered_stream(void **state) {
  * CPU has AES-NI; its lane threads check each frame as it lands where the
  * CPU also has VPCLMULQDQ, else libuv's pool does) and with Poly1305
  * (cluster.mac = poly1305: the pool): the pull fails as tampered and
- * nothing of it stays. */
+ * nothing of it stays.  Then (i = 2) the byte flipped is the top byte of
+ * the frame's request id: a lane's thread finds no request of that id
+ * among those its link listed (link.h landings) and reads nothing of it;
+ * the link fails as given data for no request. */
 static void test_tampered_lane(void **state) {
-  static struct node m[2];
+  static struct node m[3];
   gshm_client_t *s = connect_to(&S), *mc;
   gshm_segment_info_t info;
   (void)state;
 
   make_segment(s, "pub/tamper-lane", 16 * MiB, 9);
-  for (int i = 0; i < 2; i++) {
-    struct proxy px = {.lanes = true};
+  for (int i = 0; i < 3; i++) {
+    struct proxy px = {.lanes = true, .lane_hdr_byte = i == 2 ? 12 : 0};
     proxy_start(&px);
-    start_behind_proxy(&m[i], "m", "cluster.pull_chunk=1M", i ? "cluster.mac=poly1305" : NULL);
+    start_behind_proxy(&m[i], "m", "cluster.pull_chunk=1M", i == 1 ? "cluster.mac=poly1305" : NULL);
     mc = connect_to(&m[i]);
     for (int t = 0; t < 100 && metric(mc, "gshm_cluster_lanes{peer=\"s\"}") < 8; t++)
       usleep(50000); /* the lanes come up after the link: a first pull links it */
@@ -667,10 +672,10 @@ static void test_tampered_lane(void **state) {
     assert_int_equal(metric(mc, "gshm_cluster_lanes{peer=\"s\"}"), 8);
     px.flip_lanes = true;
     assert_int_equal(gshm_pull(mc, "s", "pub/tamper-lane", NULL, NULL), -EPROTO);
-    assert_non_null(strstr(gshm_last_error(mc), "authentication"));
+    assert_non_null(strstr(gshm_last_error(mc), i == 2 ? "no request" : "authentication"));
     assert_true(px.flipped >= 1);
     assert_int_equal(gshm_stat_name(mc, "pub/tamper-lane", &info), -ENOENT);
-    assert_true(refusals(mc, "tampered") >= 1);
+    assert_true(refusals(mc, i == 2 ? "protocol" : "tampered") >= 1);
     gshm_disconnect(mc);
     assert_int_equal(harness_stop(&m[i].h), 0);
     proxy_stop(&px);
