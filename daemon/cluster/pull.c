@@ -308,6 +308,39 @@ static bool grant_is_listed(const struct pull *p, const Gshm__Cluster__Segment *
   return strcmp(src, p->seg->source) == 0;
 }
 
+/* Maps p's new host segment for the chunks to land in (the host
+ * backend's own mapping: memory it recycled is mapped already), once.
+ * Made when the segment is: a set's all at its listing, before any byte
+ * comes, and unmapped at its end (gshmd__pull_set_unmap), because
+ * mapping and unmapping take the mmap lock that a lane's page fault may
+ * wait for; one that did so at each segment's grant and close left a
+ * 398-tensor model's 4 KiB pages at a quarter of their speed
+ * (docs/PERFORMANCE.md "What a set of small segments waits on").
+ * Returns 0 or the backend's negative errno. */
+static int map_local(struct pull *p) {
+  struct gshmd_alloc *mem = p->seg->mem;
+  int e;
+
+  if (p->dst_mapped || mem->device_index >= 0)
+    return 0; /* (device: written by copies from the local slots) */
+  if ((e = mem->backend->ops->local_ptr ? mem->backend->ops->local_ptr(mem->backend, mem, &p->dst)
+                                        : -ENOTSUP))
+    return e;
+  p->mem = mem;
+  p->dst_len = mem->size;
+  p->dst_mapped = true;
+  return 0;
+}
+
+void gshmd__pull_set_unmap(struct pull_set *s) {
+  for (size_t i = 0; i < s->n; i++) {
+    struct pull *p = s->items[i];
+    if (p->dst_mapped && p->mem->backend->ops->local_done)
+      p->mem->backend->ops->local_done(p->mem->backend, p->mem); /* (the backend's mapping) */
+    p->dst_mapped = false;
+  }
+}
+
 int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s) {
   struct gshmd_cluster *cl = p->s->cl;
   Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
@@ -324,8 +357,8 @@ int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s) {
     return e;
   }
   set_source(p, s); /* (a peer relaying it shows it) */
-  if ((e = gshmd__relay_new(cl, p->seg))) {
-    pull_fail(p, e, "out of memory");
+  if ((e = gshmd__relay_new(cl, p->seg)) || (e = map_local(p))) {
+    pull_fail(p, e, e == -ENOMEM ? "out of memory" : "cannot map the new segment");
     return e;
   }
   return 0;
@@ -348,14 +381,10 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   mem = p->mem = p->seg->mem;
   if (mem->device_index >= 0)
     return 0; /* written by copies from the local slots */
-  /* the host backend's own mapping: memory it recycled is mapped already */
-  if ((e = mem->backend->ops->local_ptr ? mem->backend->ops->local_ptr(mem->backend, mem, &p->dst)
-                                        : -ENOTSUP)) {
+  if ((e = map_local(p))) {
     pull_fail(p, e, "cannot map the new segment");
     return e;
   }
-  p->dst_len = mem->size;
-  p->dst_mapped = true;
   /* bytes over UCX land through its registration cache: the mapping
    * must go with the pull (backend.h no_recycle) */
   if (p->link && p->link->ucx)
@@ -544,8 +573,8 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
 }
 
 /* A segment has nothing in flight and is done (or its set failed): the
- * grant goes back, the mapping and the slots go; the hidden segment
- * stays with the set. */
+ * grant goes back, the slots go; the hidden segment and its mapping
+ * stay with the set. */
 void gshmd__pull_item_close(struct pull *p) {
   struct pull_set *s = p->s;
   struct gshmd_cluster *cl = s->cl;
@@ -561,9 +590,6 @@ void gshmd__pull_item_close(struct pull *p) {
   if (p->on_link)
     gshm_list_del(&p->link_node);
   p->on_link = false;
-  if (p->dst_mapped && p->mem->backend->ops->local_done)
-    p->mem->backend->ops->local_done(p->mem->backend, p->mem); /* (the backend's mapping) */
-  p->dst_mapped = false;
   gshmd_stage_free(&cl->stage, p->lsb);
   p->lsb = NULL;
   free(p->free_slots);

@@ -109,9 +109,13 @@ void gshmd__pull_send_progress(struct pull_set *s);
 /* The peer's answer to p's grant request (p->req.done). */
 void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
                             const Gshm__Cluster__Msg *m);
-/* p has nothing in flight: its grant goes back, its mapping and slots go
- * (its hidden segment stays with the set). */
+/* p has nothing in flight: its grant goes back, its slots go (its
+ * hidden segment and its mapping stay with the set). */
 void gshmd__pull_item_close(struct pull *p);
+/* The set's landing mappings go (each segment's backend keeps or
+ * unmaps its own: backend.h local_done), before it is published or
+ * freed. */
+void gshmd__pull_set_unmap(struct pull_set *s);
 /* Creates p's hidden local segment for peer segment s (its size,
  * location there, source), and relays it to peers while it fills
  * (relay.h): at grant time, or when a set is listed (so that a peer

@@ -485,6 +485,7 @@ static void set_end(struct pull_set *s) {
   struct gshmd_cluster *cl = s->cl;
   int64_t ns = gshm__now_ns(CLOCK_MONOTONIC) - s->start_ns;
 
+  gshmd__pull_set_unmap(s);
   if (s->err || set_succeeded(s, ns))
     set_failed(s);
   gshmd_registry_client_remove(cl->reg, s->holder);
