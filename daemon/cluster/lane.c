@@ -233,6 +233,8 @@ static void lane_detach_from(struct link *parent, struct link *lane) {
 struct lane_check {
   uv_work_t w;
   struct link *l;             /* the lane's link: held (busy) until done */
+  struct landings *landings;  /* held until done: data_done takes tok out of them, and
+                                 the lane (EV_EXIT) and its link may both go first */
   void *tok;
   uint8_t *dst;
   struct frame_hdr hdr;
@@ -267,6 +269,7 @@ static void check_done(uv_work_t *w, int status) {
   struct link *l = c->l;
 
   frame_done(l->ll, l, c->tok, status ? -ECANCELED : c->err);
+  gshmd__landings_unref(c->landings);
   sodium_memzero(c->key, sizeof(c->key));
   free(c);
   l->busy--;
@@ -302,6 +305,8 @@ static void on_received(struct lane *ln, const struct lane_rx *rx, int err) {
     return;
   }
   ln->l->busy++;
+  c->landings = ln->landings;
+  gshmd__landings_ref(c->landings);
 }
 
 /* Frees ln once its thread is gone and no seal job holds it. */

@@ -298,7 +298,8 @@ void gshmd__link_data_done(struct link *l, void *tok, int err);
  * timeout (LINK_REQUEST_NS) also ends a frame that stops midway.
  *
  * l's landings, made if it has none (l holds them until it is freed,
- * each lane of it until its thread is gone).  NULL: out of memory.  Loop
+ * each lane of it until its thread is gone, each frame of those lanes
+ * being checked on libuv's pool until its check is done).  NULL: out of memory.  Loop
  * only. */
 struct landings *gshmd__link_landings(struct link *l);
 /* Lists req (sent on l, which has no UCX) in l's landings, making them
