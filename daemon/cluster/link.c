@@ -102,10 +102,13 @@ void gshmd__link_req_send(struct link *l, struct peer_req *req) {
     return;
   }
   if (gshmd__link_send(l, req->msg)) {
-    gshmd__landing_withdraw(req); /* (no lane can have it: it never went) */
     gshm_list_del(&req->node);
     req->queued = false;
-    req->done(req, -EIO, "cannot send to the peer", NULL);
+    /* a lane may have it even so: a peer can send a frame for the next
+     * request id before it is asked (ids are sequential), and then
+     * data_done ends req, not this */
+    if (gshmd__landing_withdraw(req))
+      req->done(req, -EIO, "cannot send to the peer", NULL);
   }
 }
 
