@@ -58,6 +58,7 @@ struct gshmd_cluster {
   bool (*serve_again)(struct gshmd_cluster *cl, struct link *l, const Gshm__Cluster__Msg *m);
   struct gshm_list relay_lists; /* relay.c: Lists waiting for a set's listing */
   uint64_t next_set_seq;     /* struct pull_set.seq */
+  unsigned pull_maps_ahead;  /* landing mappings made at listings (pull.h PULL_MAPS_AHEAD) */
   bool have_pull_gid;
   gid_t pull_gid;
   struct export_rule *exports; /* cluster.export */

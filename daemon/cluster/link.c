@@ -637,6 +637,7 @@ void gshmd__link_destroy(struct links *ll) {
   while (ll->links.next && !gshm_list_empty(&ll->links)) {
     struct link *l = gshm_list_entry(ll->links.next, struct link, node);
     gshm_list_del(&l->node);
+    gshmd__landings_unref(l->landings); /* (its lanes are gone: gshmd__lanes_stop) */
     free(l);
   }
   gshmd__link_worker_destroy(ll);

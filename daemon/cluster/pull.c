@@ -310,13 +310,14 @@ static bool grant_is_listed(const struct pull *p, const Gshm__Cluster__Segment *
 
 /* Maps p's new host segment for the chunks to land in (the host
  * backend's own mapping: memory it recycled is mapped already), once.
- * Made when the segment is: a set's all at its listing, before any byte
+ * Made when the segment is: a set's at its listing, before any byte
  * comes, and unmapped at its end (gshmd__pull_set_unmap), because
  * mapping and unmapping take the mmap lock that a lane's page fault may
  * wait for; one that did so at each segment's grant and close left a
  * 398-tensor model's 4 KiB pages at a quarter of their speed
- * (docs/PERFORMANCE.md "What a set of small segments waits on").
- * Returns 0 or the backend's negative errno. */
+ * (docs/PERFORMANCE.md "What a set of small segments waits on").  Past
+ * PULL_MAPS_AHEAD of them (all sets), at its grant, unmapped at its
+ * close.  Returns 0 or the backend's negative errno. */
 static int map_local(struct pull *p) {
   struct gshmd_alloc *mem = p->seg->mem;
   int e;
@@ -332,13 +333,18 @@ static int map_local(struct pull *p) {
   return 0;
 }
 
+/* p's mapping goes (the backend keeps it if it may recycle the memory). */
+static void unmap_local(struct pull *p) {
+  if (p->dst_mapped && p->mem->backend->ops->local_done)
+    p->mem->backend->ops->local_done(p->mem->backend, p->mem);
+  if (p->dst_mapped && p->mapped_ahead)
+    p->s->cl->pull_maps_ahead--;
+  p->dst_mapped = p->mapped_ahead = false;
+}
+
 void gshmd__pull_set_unmap(struct pull_set *s) {
-  for (size_t i = 0; i < s->n; i++) {
-    struct pull *p = s->items[i];
-    if (p->dst_mapped && p->mem->backend->ops->local_done)
-      p->mem->backend->ops->local_done(p->mem->backend, p->mem); /* (the backend's mapping) */
-    p->dst_mapped = false;
-  }
+  for (size_t i = 0; i < s->n; i++)
+    unmap_local(s->items[i]);
 }
 
 int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s) {
@@ -357,9 +363,14 @@ int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s) {
     return e;
   }
   set_source(p, s); /* (a peer relaying it shows it) */
-  if ((e = gshmd__relay_new(cl, p->seg)) || (e = map_local(p))) {
+  if ((e = gshmd__relay_new(cl, p->seg)) ||
+      (cl->pull_maps_ahead < PULL_MAPS_AHEAD && (e = map_local(p)))) {
     pull_fail(p, e, e == -ENOMEM ? "out of memory" : "cannot map the new segment");
     return e;
+  }
+  if (p->dst_mapped) {
+    p->mapped_ahead = true;
+    cl->pull_maps_ahead++;
   }
   return 0;
 }
@@ -573,8 +584,8 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
 }
 
 /* A segment has nothing in flight and is done (or its set failed): the
- * grant goes back, the slots go; the hidden segment and its mapping
- * stay with the set. */
+ * grant goes back, the slots go, and its mapping unless made at the
+ * listing; the hidden segment stays with the set. */
 void gshmd__pull_item_close(struct pull *p) {
   struct pull_set *s = p->s;
   struct gshmd_cluster *cl = s->cl;
@@ -590,6 +601,8 @@ void gshmd__pull_item_close(struct pull *p) {
   if (p->on_link)
     gshm_list_del(&p->link_node);
   p->on_link = false;
+  if (!p->mapped_ahead)
+    unmap_local(p); /* (one made at its grant: PULL_MAPS_AHEAD were already) */
   gshmd_stage_free(&cl->stage, p->lsb);
   p->lsb = NULL;
   free(p->free_slots);

@@ -14,6 +14,11 @@
 #define GRANTS_AHEAD 16         /* segments of a set granted (or asked for) at once */
 #define PULL_CHUNK_MIN (256u << 10) /* a small segment's chunks over lanes: at least this */
 #define PULL_CHUNK_ALIGN (64u << 10) /* and a multiple of this */
+/* Landing mappings made at listings (pull.c map_local), all sets
+ * together: each is a VMA of gshmd's vm.max_map_count (65530 by
+ * default), kept until its set ends.  Beyond, a segment is mapped at its
+ * grant and unmapped at its close. */
+#define PULL_MAPS_AHEAD 8192
 /* Segments in one set: its pull_items replies (about 100 bytes a segment
  * with names of 30 bytes, 140 where each carries the source of a copy of
  * a copy: 12 pages for 4096) must fit what a connection may queue
@@ -59,6 +64,7 @@ struct pull {
   void *dst;                     /* where gets land without staging */
   size_t dst_len;
   bool dst_mapped;               /* dst is the host backend's mapping (local_ptr) */
+  bool mapped_ahead;             /* ... made at the listing (cl->pull_maps_ahead counts it) */
 };
 
 /* One request: a segment, or every segment under a prefix. */
@@ -109,8 +115,9 @@ void gshmd__pull_send_progress(struct pull_set *s);
 /* The peer's answer to p's grant request (p->req.done). */
 void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
                             const Gshm__Cluster__Msg *m);
-/* p has nothing in flight: its grant goes back, its slots go (its
- * hidden segment and its mapping stay with the set). */
+/* p has nothing in flight: its grant goes back, its slots go, and its
+ * mapping unless made at the listing (its hidden segment stays with the
+ * set). */
 void gshmd__pull_item_close(struct pull *p);
 /* The set's landing mappings go (each segment's backend keeps or
  * unmaps its own: backend.h local_done), before it is published or
