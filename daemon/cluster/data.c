@@ -191,36 +191,27 @@ static struct landing *landing_of(struct landings *lt, const struct peer_req *re
   return NULL;
 }
 
-/* Takes req out of its landings, claimed or not (its bytes are in). */
-static void landing_remove(struct peer_req *req) {
-  struct landings *lt = req->landing;
-  struct landing *x;
-
-  if (!lt)
-    return;
-  pthread_mutex_lock(&lt->mu);
-  if ((x = landing_of(lt, req)))
-    *x = lt->v[--lt->n];
-  pthread_mutex_unlock(&lt->mu);
-  req->landing = NULL;
-}
-
-bool gshmd__landing_withdraw(struct peer_req *req) {
+/* Takes req out of its landings unless a lane claimed it, or even then
+ * (claimed_too: its bytes are in).  Returns whether a lane claimed it. */
+static bool landing_take(struct peer_req *req, bool claimed_too) {
   struct landings *lt = req->landing;
   struct landing *x;
   bool claimed;
 
   if (!lt)
-    return true;
+    return false;
   pthread_mutex_lock(&lt->mu);
   x = landing_of(lt, req);
-  if (!(claimed = x && x->claimed) && x)
+  claimed = x && x->claimed;
+  if (x && (claimed_too || !claimed))
     *x = lt->v[--lt->n];
   pthread_mutex_unlock(&lt->mu);
-  if (!claimed)
+  if (claimed_too || !claimed)
     req->landing = NULL;
-  return !claimed;
+  return claimed;
 }
+
+bool gshmd__landing_withdraw(struct peer_req *req) { return !landing_take(req, false); }
 
 int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uint64_t len,
                          void **dst, void **tok) {
@@ -275,7 +266,7 @@ void gshmd__link_data_done(struct link *l, void *tok, int err) {
 
   /* a lane's frame: its request is still listed (and on its link's
    * reqs, unless that link failed meanwhile) */
-  landing_remove(req);
+  landing_take(req, true);
   if (req->queued) {
     gshm_list_del(&req->node);
     req->queued = false;

@@ -328,7 +328,6 @@ static int map_local(struct pull *p) {
                                         : -ENOTSUP))
     return e;
   p->mem = mem;
-  p->dst_len = mem->size;
   p->dst_mapped = true;
   return 0;
 }

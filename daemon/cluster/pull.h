@@ -62,7 +62,6 @@ struct pull {
   struct gshmd_segment *seg;     /* the new segment, hidden until the set is published */
   struct gshmd_alloc *mem;       /* its memory */
   void *dst;                     /* where gets land without staging */
-  size_t dst_len;
   bool dst_mapped;               /* dst is the host backend's mapping (local_ptr) */
   bool mapped_ahead;             /* ... made at the listing (cl->pull_maps_ahead counts it) */
 };
