@@ -274,6 +274,15 @@ static long pmd_mapped_kib(const void *addr) {
   return kib;
 }
 
+/* Starts C, a puller with A as its peer, with up to two more options
+ * (KEY=VALUE; NULL: none). */
+static void start_c(const char *set1, const char *set2) {
+  char peers[64];
+
+  snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
+  node_start(&C, "c", peers, keys.key, "", set1, set2, NULL);
+}
+
 /* Maps segment name (size bytes) of c read-only through libgshm (which
  * asks for 2 MiB pages), reads every byte against seed's, and returns how
  * much of it is mapped with 2 MiB entries (KiB). */
@@ -303,7 +312,6 @@ static long pulled_pmd_kib(gshm_client_t *c, const char *name, size_t size, unsi
  * gives none (most distributions' default: shmem_enabled never). */
 static void test_huge_pages(void **state) {
   gshm_client_t *a, *b, *c;
-  char peers[64];
   long on, off;
   (void)state;
 
@@ -318,8 +326,7 @@ static void test_huge_pages(void **state) {
                              NULL),
                    0);
   on = pulled_pmd_kib(b, "got/huge", 16 * MiB, 43);
-  snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
-  node_start(&C, "c", peers, keys.key, "", "daemon.host_huge_pages=false", NULL);
+  start_c("daemon.host_huge_pages=false", NULL);
   c = connect_to(&C);
   assert_int_equal(gshm_pull(c, "a", "pub/huge", &(gshm_pull_opts_t){.local_name = "got/small"},
                              NULL),
@@ -353,7 +360,6 @@ static void test_huge_pages(void **state) {
 static void test_lanes(void **state) {
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
   long lanes = over_ucx() ? 0 : 8;
-  char peers[64];
   (void)state;
 
   make_segment(a, "pub/laned", 48 * MiB + 4097, 81);
@@ -363,8 +369,7 @@ static void test_lanes(void **state) {
   check_segment(b, "laned", 48 * MiB + 4097, 81);
   assert_int_equal(wait_metric(b, "gshm_cluster_lanes{peer=\"a\"}", lanes), lanes);
   assert_int_equal(gshm_unlink(b, "laned"), 0);
-  snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
-  node_start(&C, "c", peers, keys.key, "", "cluster.streams=1", NULL);
+  start_c("cluster.streams=1", NULL);
   c = connect_to(&C);
   assert_int_equal(gshm_pull(c, "a", "pub/laned", &(gshm_pull_opts_t){.local_name = "one"},
                              NULL),
@@ -402,13 +407,10 @@ static void *budget_pull_thread(void *arg) {
 static void test_read_budget(void **state) {
   static struct budget_pull p[4];
   gshm_client_t *a = connect_to(&A), *c;
-  char peers[64];
   (void)state;
 
   make_segment(a, "pub/budget", 4 * MiB, 83);
-  snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
-  node_start(&C, "c", peers, keys.key, "", "cluster.pull_chunk=16K", "cluster.pull_depth=32",
-             NULL);
+  start_c("cluster.pull_chunk=16K", "cluster.pull_depth=32");
   for (int i = 0; i < 4; i++) {
     p[i].socket = C.h.socket_path;
     p[i].remote = "pub/budget";
@@ -1042,11 +1044,9 @@ static void test_least_privilege(void **state) {
                                      "g/closed",         "g/other",         "pub/squat",
                                      "sq/mine",          "sq/private"};
   gshm_client_t *a = connect_to(&A);
-  char peers[64];
   (void)state;
 
-  snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
-  node_start(&C, "c", peers, keys.key, "", "cluster.pull_group=nogroup", NULL);
+  start_c("cluster.pull_group=nogroup", NULL);
   make_segment(a, "pub/root-public", 4096, 61);
   make_segment(a, "g/shared", 4096, 62);
   make_segment(a, "g/closed", 4096, 63);
