@@ -337,7 +337,8 @@ GSHM_EXTERN int gshm_cluster_pulls(gshm_client_t *client, gshm_cluster_pull_t **
 GSHM_EXTERN int gshm_list_remote(gshm_client_t *client, const char *peer,
                                  gshm_segment_info_t **infos_out, size_t *count_out);
 
-/* Progress of a pull, reported about five times a second. */
+/* Progress of a pull: reported once the first bytes are in, then about
+ * five times a second until the last ones are. */
 typedef struct gshm_pull_progress {
   uint64_t bytes_done;
   uint64_t bytes_total;            /* a set: grows while its listing comes in */

@@ -23,7 +23,6 @@
 #include "util.h"
 #include "wire.h"
 
-#define PROGRESS_NS 200000000LL /* a progress reply at most every 200 ms */
 #define SOURCE_MAX 384 /* a source as clients take it (gshm.h GSHM_SOURCE_MAX) */
 
 /* One chunk in flight: asked for (Read, or Stage: copied into a slot on
@@ -68,7 +67,8 @@ void gshmd__pull_send_progress(struct pull_set *s) {
   Gshm__PullProgress pr = GSHM__PULL_PROGRESS__INIT;
   int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
 
-  if (!s->requester || now - s->last_progress_ns < PROGRESS_NS)
+  if (!s->requester || now - s->last_progress_ns < PROGRESS_NS ||
+      (!s->listing && s->done == s->total)) /* the answer comes next */
     return;
   s->last_progress_ns = now;
   pr.bytes_done = s->done;

@@ -109,6 +109,9 @@ void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Chunks for the open segments, oldest first, while the budget lasts. */
 void gshmd__pull_set_issue(struct pull_set *s);
+/* A progress reply at most every 200 ms: the first with the first chunk
+ * in, none once every byte is in (the answer follows). */
+#define PROGRESS_NS 200000000LL
 /* A progress reply to the requester (at most every PROGRESS_NS). */
 void gshmd__pull_send_progress(struct pull_set *s);
 /* The peer's answer to p's grant request (p->req.done). */

@@ -298,7 +298,10 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   snprintf(s->local, sizeof(s->local), "%s", local);
   snprintf(s->location, sizeof(s->location), "%s", m->location ? m->location : "");
   s->mode = m->mode;
-  s->start_ns = s->last_progress_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  s->start_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  /* the first report goes with the first chunk in (bytes are moving),
+   * the next ones PROGRESS_NS apart */
+  s->last_progress_ns = s->start_ns - PROGRESS_NS;
   s->window = GRANTS_AHEAD;
   s->retry_tail = &s->retry;
   gshm_list_add_tail(&cl->pulls, &s->node);

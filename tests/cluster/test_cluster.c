@@ -42,6 +42,7 @@ static struct node C;         /* pulls, with pull_group nogroup */
 struct progress_log {
   unsigned calls;
   uint64_t last;
+  uint64_t first, first_total; /* the first report's bytes done and total */
   bool monotonic;
   void (*hook)(void *);
   void *hook_arg;
@@ -52,6 +53,10 @@ static void on_progress(const gshm_pull_progress_t *p, void *arg) {
   if (p->bytes_done < log->last || p->bytes_done > p->bytes_total)
     log->monotonic = false;
   log->last = p->bytes_done;
+  if (log->calls == 0) {
+    log->first = p->bytes_done;
+    log->first_total = p->bytes_total;
+  }
   if (log->calls++ == 0 && log->hook)
     log->hook(log->hook_arg);
 }
@@ -88,7 +93,10 @@ static bool over_ucx(void) {
   return t && !strcmp(t, "ucx");
 }
 
-/* 1 B, 4095 B, 64 MiB + 3 B and 1 GiB, byte for byte. */
+/* 1 B, 4095 B, 64 MiB + 3 B and 1 GiB, byte for byte; progress is reported
+ * as soon as the first chunk of many is in (a person sees bytes moving,
+ * and tests that act mid-pull act early), and not for one chunk (its
+ * answer follows at once). */
 static void test_sizes(void **state) {
   static const uint64_t sizes[] = {1, 4095, 64 * MiB + 3, 1 * GiB};
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
@@ -116,8 +124,13 @@ static void test_sizes(void **state) {
              (unsigned long long)st.generation);
     assert_string_equal(r.segment.source, src);
     assert_true(log.monotonic);
-    if (r.elapsed_ns > 500000000LL)
+    if (sizes[i] > 4 * MiB) { /* more than one chunk */
       assert_true(log.calls > 0);
+      assert_true(log.first > 0 && log.first < sizes[i]);
+      assert_true(log.first_total == sizes[i]);
+    } else {
+      assert_int_equal(log.calls, 0);
+    }
     check_segment(b, local, sizes[i], 100 + i);
     assert_int_equal(gshm_unlink(a, name), 0);
     assert_int_equal(gshm_unlink(b, local), 0);
@@ -335,6 +348,38 @@ static void test_huge_pages(void **state) {
   print_message("mapped in 2 MiB entries: %ld KiB (host_huge_pages on), %ld KiB (off)\n", on, off);
   assert_true(on >= 8 * 1024);
   assert_int_equal(off, 0);
+  { /* a pull of 2 MiB or more is made in whole 2 MiB pages (its size says
+     * so, its requested size stays): its tail too is mapped in a 2 MiB
+     * entry; a smaller one, and one where the option is off, keep 4 KiB */
+    const struct {
+      gshm_client_t **on;
+      uint64_t size, want;
+    } pulls[] = {{&b, 5 * MiB + 123, 6 * MiB},
+                 {&b, 1 * MiB + 123, 1 * MiB + 4096},
+                 {&c, 5 * MiB + 123, 5 * MiB + 4096}};
+    make_segment(a, "pub/tail", 5 * MiB + 123, 45);
+    make_segment(a, "pub/little", 1 * MiB + 123, 47);
+    for (size_t i = 0; i < 3; i++) {
+      const char *src = pulls[i].size > 2 * MiB ? "pub/tail" : "pub/little";
+      gshm_segment_info_t st;
+      long kib;
+      assert_int_equal(gshm_pull(*pulls[i].on, "a", src,
+                                 &(gshm_pull_opts_t){.local_name = "got/tail"}, NULL),
+                       0);
+      assert_int_equal(gshm_stat_name(*pulls[i].on, "got/tail", &st), 0);
+      assert_int_equal(st.requested_size, pulls[i].size);
+      assert_int_equal(st.size, pulls[i].want);
+      kib = pulled_pmd_kib(*pulls[i].on, "got/tail", pulls[i].size,
+                           pulls[i].size > 2 * MiB ? 45 : 47);
+      print_message("a pull of %llu B: %llu B made, %ld KiB in 2 MiB entries\n",
+                    (unsigned long long)pulls[i].size, (unsigned long long)st.size, kib);
+      if (i == 0)
+        assert_true(kib > 4096); /* the third 2 MiB page, past 5 MiB, is one */
+      assert_int_equal(gshm_unlink(*pulls[i].on, "got/tail"), 0);
+    }
+    assert_int_equal(gshm_unlink(a, "pub/tail"), 0);
+    assert_int_equal(gshm_unlink(a, "pub/little"), 0);
+  }
   { /* a segment a client makes and fills itself: libgshm asks too */
     gshm_segment_t *seg;
     void *p;

@@ -33,10 +33,15 @@
 #include "nodes.h"
 
 #define SIZE (8 * MiB + 123) /* not a page multiple: the last page's tail; each
-                             * test pulls a size of its own (the pool keeps sizes) */
+                             * test pulls a size of its own (the pool keeps sizes),
+                             * STEP apart */
 #define CAP "48M"
 #define BIG (56 * MiB)       /* over the cap */
 #define PAGE 4096
+/* Sizes of pulls apart by this much are kept apart by the pool: a pull of
+ * 2 MiB or more is made in whole 2 MiB pages where shared memory gets
+ * them (its segment's size says what it got: alloc_size) */
+#define STEP (2 * MiB)
 /* (harness_random's seeds: odd ones, as it makes seed n and n | 1 one) */
 
 static struct cluster_keys keys;
@@ -133,16 +138,29 @@ static void check(const char *name, uint64_t size, unsigned long long seed) {
   gshm_disconnect(b);
 }
 
-/* Writes 0xEE over the last page's tail of NAME on B (past its size),
- * through a read-write lease of this process. */
+/* The bytes B allocated for NAME (its size past the requested one). */
+static uint64_t alloc_size(const char *name) {
+  gshm_client_t *b = connect_to(&B);
+  gshm_segment_info_t st;
+
+  assert_int_equal(gshm_stat_name(b, name, &st), 0);
+  gshm_disconnect(b);
+  assert_true(st.size >= st.requested_size && st.size % PAGE == 0);
+  return st.size;
+}
+
+/* Writes 0xEE over the tail of NAME on B (past its size to the end of
+ * what was allocated), through a read-write lease of this process. */
 static void dirty_tail(const char *name, uint64_t size) {
+  uint64_t alloc = alloc_size(name);
   gshm_client_t *b = connect_to(&B);
   gshm_segment_t *seg;
   uint8_t *p;
 
+  assert_true(alloc > size);
   assert_int_equal(gshm_open(b, name, GSHM_ACCESS_READ_WRITE, &seg), 0);
   assert_int_equal(gshm_map(seg, NULL, 0, (void **)&p), 0);
-  memset(p + size, 0xEE, PAGE - size % PAGE);
+  memset(p + size, 0xEE, alloc - size);
   gshm_close(seg);
   gshm_disconnect(b);
 }
@@ -165,8 +183,9 @@ static void check_label(const void *p) {
   assert_true(found);
 }
 
-/* Whether the last page's tail of NAME on B, past size, reads zeros. */
+/* Whether the tail of NAME on B, past size, reads zeros. */
 static bool tail_is_zero(const char *name, uint64_t size) {
+  uint64_t alloc = alloc_size(name);
   gshm_client_t *b = connect_to(&B);
   gshm_segment_t *seg;
   uint8_t *p;
@@ -175,7 +194,7 @@ static bool tail_is_zero(const char *name, uint64_t size) {
   assert_int_equal(gshm_open(b, name, GSHM_ACCESS_READ, &seg), 0);
   assert_int_equal(gshm_map(seg, NULL, 0, (void **)&p), 0);
   check_label(p);
-  for (uint64_t i = size; i < (size + PAGE - 1) / PAGE * PAGE; i++)
+  for (uint64_t i = size; i < alloc; i++)
     zero = zero && p[i] == 0;
   gshm_close(seg);
   gshm_disconnect(b);
@@ -212,6 +231,7 @@ static void test_sigio_ignored(void **state) {
 
 static void test_recycled(void **state) {
   long pulls0 = b_metric("gshm_cluster_recycled_pulls_total");
+  uint64_t alloc;
   (void)state;
 
   source("w", SIZE, 1);
@@ -219,8 +239,9 @@ static void test_recycled(void **state) {
   check("w", SIZE, 1);
   assert_int_equal(b_metric("gshm_cluster_recycled_pulls_total"), pulls0); /* cold */
   dirty_tail("w", SIZE);
+  alloc = alloc_size("w");
   drop("w");
-  assert_int_equal(b_metric("gshm_cluster_recycle_bytes"), (SIZE + PAGE - 1) / PAGE * PAGE);
+  assert_int_equal(b_metric("gshm_cluster_recycle_bytes"), alloc);
   assert_int_equal(b_metric("gshm_cluster_recycle_segments"), 1);
 
   source("w", SIZE, 3);
@@ -286,7 +307,7 @@ static void attack(enum keep keep) {
   long pulls0 = b_metric("gshm_cluster_recycled_pulls_total");
   long refused0 = b_metric("gshm_cluster_recycle_refused_total");
   long held0 = b_metric("gshm_cluster_recycle_bytes");
-  uint64_t size = SIZE + (1 + (uint64_t)keep) * PAGE;
+  uint64_t size = SIZE + (1 + (uint64_t)keep) * STEP;
   int up[2], down[2], status;
   pid_t child;
   char ch;
@@ -341,7 +362,7 @@ static void test_attack_dup(void **state) {
  * reads w's old bytes. */
 static void test_attack_other_user_pipe(void **state) {
   long pulls0 = b_metric("gshm_cluster_recycled_pulls_total");
-  const uint64_t size = SIZE + 8 * PAGE; /* (no other test's) */
+  const uint64_t size = SIZE + 8 * STEP; /* (no other test's) */
   long refused0 = b_metric("gshm_cluster_recycle_refused_total");
   uint8_t old[64], now[64], fresh[64];
   int up[2], down[2], status;
@@ -521,11 +542,11 @@ static void test_relay_no_stale_bytes(void **state) {
   long pulls0;
   (void)state;
 
-  source("rel", 32 * MiB - 4096, 61); /* (no other test's size) */
+  source("rel", 30 * MiB - 4096, 61); /* (no other test's size) */
   assert_int_equal(pull("a", "rel", 0), 0);
   drop("rel"); /* its memory, holding seed 61's bytes, is pooled */
   pulls0 = b_metric("gshm_cluster_recycled_pulls_total");
-  source("rel", 32 * MiB - 4096, 63);
+  source("rel", 30 * MiB - 4096, 63);
   assert_int_equal(pthread_create(&g.t, NULL, bg_pull, &g), 0);
   wait_under_way();
   c = connect_to(&C);
@@ -533,10 +554,10 @@ static void test_relay_no_stale_bytes(void **state) {
   pthread_join(g.t, NULL);
   assert_int_equal(g.err, 0);
   assert_int_equal(b_metric("gshm_cluster_recycled_pulls_total"), pulls0 + 1);
-  check_segment(c, "rel", 32 * MiB - 4096, 63);
+  check_segment(c, "rel", 30 * MiB - 4096, 63);
   assert_int_equal(gshm_unlink(c, "rel"), 0);
   gshm_disconnect(c);
-  check("r/rel", 32 * MiB - 4096, 63);
+  check("r/rel", 30 * MiB - 4096, 63);
   drop("r/rel");
 }
 
