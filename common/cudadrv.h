@@ -64,6 +64,8 @@
   X(cuMemcpyPeerAsync)                  \
   X(cuMemcpyHtoD)                       \
   X(cuMemcpyDtoH)                       \
+  X(cuMemcpyHtoDAsync)                  \
+  X(cuMemcpyDtoHAsync)                  \
   X(cuMemsetD8)                         \
   X(cuMemsetD8Async)                    \
   X(cuPointerGetAttribute)              \

@@ -419,19 +419,62 @@ static int cuda_local_ptr(struct gshmd_backend *b, struct gshmd_alloc *mem, void
   return e;
 }
 
+/* A stream of d's for one staging copy (the context of d current): a free
+ * one, a new one while fewer than CUDA_COPY_STREAMS were made, else NULL
+ * (the legacy default stream). */
+static CUstream copy_stream_take(struct cuda_backend *cb, struct cuda_dev *d) {
+  CUstream s = NULL;
+
+  pthread_mutex_lock(&d->copy_lock);
+  if (d->ncopy_free) {
+    s = d->copy_free[--d->ncopy_free];
+  } else if (d->ncopy_made < CUDA_COPY_STREAMS &&
+             !CU_ERR(cb, cuStreamCreate, &s, CU_STREAM_NON_BLOCKING)) {
+    d->ncopy_made++;
+  }
+  pthread_mutex_unlock(&d->copy_lock);
+  return s;
+}
+
+/* Gives s back after a copy (ok: it ended without an error; a stream
+ * that saw one is destroyed). */
+static void copy_stream_put(struct cuda_backend *cb, struct cuda_dev *d, CUstream s, bool ok) {
+  if (!s)
+    return;
+  pthread_mutex_lock(&d->copy_lock);
+  if (ok) {
+    d->copy_free[d->ncopy_free++] = s;
+  } else {
+    CU_UNDO(cb, cuStreamDestroy, s);
+    d->ncopy_made--;
+  }
+  pthread_mutex_unlock(&d->copy_lock);
+}
+
+/* Each copy on a stream of its own, so that the pool threads' copies (the
+ * serving side's into its slots, the pulling side's out of them, both
+ * directions at once) overlap on the copy engines instead of queueing on
+ * the legacy default stream, which cuMemcpyHtoD/DtoH use and which
+ * serializes them within the context. */
 static int cuda_copy_host(struct gshmd_backend *b, struct gshmd_alloc *mem, uint64_t offset,
                           void *host, uint64_t len, bool to_device) {
   struct cuda_backend *cb = cuda_of(b);
   struct cuda_alloc *a = mem->priv;
   CUdeviceptr va;
+  CUstream s;
   int e;
 
   if (offset > mem->size || len > mem->size - offset)
     return -EINVAL;
   if ((e = local_va(cb, a, &va)) || (e = set_ctx(cb, a->d)))
     return e;
-  return to_device ? CU_ERR(cb, cuMemcpyHtoD, va + offset, host, len)
-                   : CU_ERR(cb, cuMemcpyDtoH, host, va + offset, len);
+  s = copy_stream_take(cb, a->d);
+  e = to_device ? CU_ERR(cb, cuMemcpyHtoDAsync, va + offset, host, len, s)
+                : CU_ERR(cb, cuMemcpyDtoHAsync, host, va + offset, len, s);
+  if (!e)
+    e = CU_ERR(cb, cuStreamSynchronize, s);
+  copy_stream_put(cb, a->d, s, !e);
+  return e;
 }
 
 static int cuda_host_alloc(struct gshmd_backend *b, uint64_t size, void **ptr_out) {
@@ -471,9 +514,14 @@ static void cuda_destroy(struct gshmd_backend *b) {
 
   if (!cb)
     return;
-  for (unsigned i = 0; cb->devs && i < cb->n; i++)
-    if (cb->devs[i].ctx)
-      cb->drv->cuDevicePrimaryCtxRelease(cb->devs[i].dev);
+  for (unsigned i = 0; cb->devs && i < cb->n; i++) {
+    struct cuda_dev *d = &cb->devs[i];
+    if (d->ncopy_free && !set_ctx(cb, d))
+      while (d->ncopy_free)
+        CU_UNDO(cb, cuStreamDestroy, d->copy_free[--d->ncopy_free]);
+    if (d->ctx)
+      cb->drv->cuDevicePrimaryCtxRelease(d->dev);
+  }
   free(cb->devs);
   free(cb->info);
   free(cb->infop);

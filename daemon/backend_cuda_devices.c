@@ -58,6 +58,7 @@ static int setup_device(struct cuda_backend *cb, int ordinal, struct cuda_dev *d
   size_t gran = 0, total = 0;
   int e;
 
+  pthread_mutex_init(&d->copy_lock, NULL); /* (a default mutex holds nothing to destroy) */
   if ((e = CU_ERR(cb, cuDeviceGet, &d->dev, ordinal)))
     return e;
   if ((e = CU_ERR(cb, cuDeviceGetUuid, &uuid, d->dev)))

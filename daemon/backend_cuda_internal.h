@@ -5,12 +5,18 @@
 #ifndef GSHMD_BACKEND_CUDA_INTERNAL_H
 #define GSHMD_BACKEND_CUDA_INTERNAL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "backend.h"
 #include "cudadrv.h"
+
+/* Most staging-copy streams a GPU gets: one per libuv pool thread
+ * (daemon/main.c GSHMD_THREADPOOL_SIZE); a copy past them waits on the
+ * legacy default stream. */
+#define CUDA_COPY_STREAMS 16
 
 struct cuda_dev {
   CUdevice dev;
@@ -22,6 +28,12 @@ struct cuda_dev {
   uint64_t total;
   int cc_major, cc_minor;
   uint64_t granularity;        /* minimum for POSIX-fd device allocations */
+  /* Streams for staging copies (cuda_copy_host), one per copy in flight,
+   * made on first use: the legacy default stream would serialize the
+   * copies of every pool thread.  Under copy_lock. */
+  pthread_mutex_t copy_lock;
+  CUstream copy_free[CUDA_COPY_STREAMS];
+  unsigned ncopy_free, ncopy_made;
   bool vmm;                    /* VMM + POSIX fd handles supported */
   /* NVML view, for the link counts. */
   int gpu_links[32];           /* links of this GPU whose far end is GPU j (direct) */
