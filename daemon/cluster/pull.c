@@ -138,6 +138,10 @@ static void chunk_landed(struct chunk *c) {
     chunk_end(c, 0, NULL);
     return;
   }
+  if (!p->mem) { /* its device segment could not be made: the set failed */
+    chunk_end(c, -ECANCELED, "the pull failed");
+    return;
+  }
   c->sc.mem = p->mem;
   c->sc.offset = c->off;
   c->sc.len = c->len;
@@ -571,10 +575,19 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
               "taken by another segment meanwhile)", p->remote_name, s->peer->name);
     return;
   }
-  if (choose_path(p, g) || setup_slots(p, g) || make_local(p, g->segment))
+  if (choose_path(p, g) || setup_slots(p, g))
     return;
   p->total = g->segment->size;
   s->total += p->total - p->listed; /* the grant's size, not the listing's */
+  /* Into device memory, the first chunks go out before its segment is
+   * made: they land in the pinned slots (the lanes need nothing of the
+   * loop for that) while this loop makes it (cuMemCreate, map, export:
+   * about 0.9 ms for 64 MiB on the lent H200 machine, where a staged 64
+   * MiB pull took 5.6 ms), and their copies start once it is there. */
+  if (p->local_staged)
+    gshmd__pull_set_issue(s);
+  if (make_local(p, g->segment))
+    return;
   gshm_log_info("cluster: pulling '%s' from peer '%s' into '%s' at %s: %" PRIu64
                 " bytes, path %s (%s)",
                 p->remote_name, s->peer->name, p->local_name, p->location, p->total,
