@@ -3,14 +3,16 @@
 #include "lane_io.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-int gshmd__lane_write_all(int fd, struct iovec *iov, int n) {
+/* gshmd__lane_write_all with more sendmsg flags (MSG_MORE). */
+static int write_iov(int fd, struct iovec *iov, int n, int flags) {
   while (n > 0) {
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL | flags);
     if (w < 0) {
       if (errno == EINTR)
         continue;
@@ -28,6 +30,8 @@ int gshmd__lane_write_all(int fd, struct iovec *iov, int n) {
   }
   return 0;
 }
+
+int gshmd__lane_write_all(int fd, struct iovec *iov, int n) { return write_iov(fd, iov, n, 0); }
 
 int gshmd__lane_read_all(int fd, void *buf, size_t len) {
   uint8_t *p = buf;
@@ -56,20 +60,26 @@ int gshmd__lane_write_tagged(int fd, const uint8_t *key, uint64_t n, const struc
     return e;
   for (;;) {
     size_t k = len - off < LANE_PIECE ? len - off : LANE_PIECE;
-    struct iovec iov[3];
+    bool last = off + k == len;
+    struct iovec iov[2];
     int c = 0;
-    gshmd__frame_mac_update(&m, src + off, k);
     if (off == 0)
       iov[c++] = (struct iovec){(void *)hdr, sizeof(*hdr)};
     iov[c++] = (struct iovec){(void *)(src + off), k};
+    /* the piece goes first, then is hashed: the copy into the socket
+     * reads it from memory and leaves it in the core's caches, where
+     * hashing it costs a third of hashing it cold (perf on the lent
+     * H200 machine: the serving lanes' GHASH 8.9% of all CPU, the
+     * pulling lanes', on bytes just received, 3.2%) */
+    if ((e = write_iov(fd, iov, c, last ? MSG_MORE : 0))) {
+      gshmd__frame_mac_abort(&m);
+      return e;
+    }
+    gshmd__frame_mac_update(&m, src + off, k);
     if ((off += k) == len) {
       gshmd__frame_mac_end(&m, tag);
-      iov[c++] = (struct iovec){tag, STREAM_TAG};
-    }
-    if ((e = gshmd__lane_write_all(fd, iov, c)) || off == len) {
-      if (off < len)
-        gshmd__frame_mac_abort(&m);
-      return e;
+      iov[0] = (struct iovec){tag, STREAM_TAG};
+      return write_iov(fd, iov, 1, 0);
     }
   }
 }

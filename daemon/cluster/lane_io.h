@@ -28,7 +28,9 @@ int gshmd__lane_read_all(int fd, void *buf, size_t len);
 
 /* Writes frame n (hdr, its hdr->len > 0 payload bytes at src, the tag)
  * to fd, tagging each LANE_PIECE of the payload with key (STREAM_KEY
- * bytes) just before it goes; tag receives the tag.  Only where
+ * bytes) just after it went (from the caches its copy into the socket
+ * left it in); tag receives the tag.  The bytes at src must not change
+ * meanwhile, or the tag fails at the peer.  Only where
  * gshmd__frame_mac_inline(the link's mode).  Returns 0, -ENOMEM
  * (libcrypto) or a negative errno from the socket. */
 int gshmd__lane_write_tagged(int fd, const uint8_t *key, uint64_t n, const struct frame_hdr *hdr,
