@@ -60,7 +60,8 @@
     "is refused.")                                                              \
   X(daemon, host_recycle, SIZE, host_recycle, "0", 0, UINT64_MAX, NULL,        \
     "Bytes of freed host segment memory that gshmd keeps, mapped, for later "  \
-    "pulls of exactly the same (page-rounded) size; 0 turns it off. Worth it " \
+    "pulls of exactly the same size as allocated (rounded to the page, or to " \
+    "2 MiB as host_huge_pages says); 0 turns it off. Worth it "                \
     "for weight updates (RL, checkpoint engines): a node pulls the same "      \
     "model again and again with --replace, and a pull into memory gshmd "     \
     "already has mapped lands several times faster than into new memory "      \
