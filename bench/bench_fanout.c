@@ -14,7 +14,11 @@
  * every hop started as soon as the one before it has its request (a
  * relaying node answers a listing once its own listing is done), timed
  * from the first start to the last hop's result.  Every byte of every
- * copy is compared with n0's.
+ * copy is compared with n0's.  With --location cuda:N the set is made of
+ * device segments on n0's GPU N (filled from the same random bytes) and
+ * each hop pulls into --to (default: the same GPU): the staged path, a
+ * model pulled into a new node's GPU; each copy is read back and
+ * compared.
  *
  * All N + 1 nodes share one host's CPUs and memory, so three copies at
  * once cost more than one even without gshm.  Taking turns with the
@@ -44,6 +48,7 @@
 #include "bench.h"
 #include "bench_pull.h"
 #include "bench_tcp.h"
+#include "cudadrv.h"
 #include "gshm.h"
 #include "util.h"
 
@@ -116,12 +121,28 @@ struct fan {
   int nodes;
   struct gshm_spawn sp[FAN_MAX + 1];
   gshm_client_t *c[FAN_MAX + 1];
-  uint64_t *sizes, total;
+  uint64_t *sizes, total, largest;
   uint64_t chunk; /* the plain TCP anchor's chunks: --chunk, else the pull's default */
   unsigned count;
   gshm_segment_t **src;
-  void **src_map;
+  void **src_map;                  /* the set's bytes: n0's mappings, or host copies of them */
+  const struct gshm_cudadrv *drv;  /* device segments (--location cuda:N) */
+  CUcontext src_ctx, dst_ctx;      /* primary contexts of n0's GPU and of --to's */
+  bool device;
 };
+
+/* The primary context of GPU "cuda:N" (loc), made current; 0 or -EIO. */
+static int cuda_ctx(struct fan *f, const char *loc, CUcontext *ctx) {
+  CUdevice dev;
+
+  if (!f->drv && gshm__cudadrv_load(GSHM_LOG_ERR, &f->drv))
+    return -EIO;
+  if (f->drv->cuDeviceGet(&dev, atoi(loc + 5)) != CUDA_SUCCESS ||
+      f->drv->cuDevicePrimaryCtxRetain(ctx, dev) != CUDA_SUCCESS ||
+      f->drv->cuCtxSetCurrent(*ctx) != CUDA_SUCCESS)
+    return -EIO;
+  return 0;
+}
 
 static int start_nodes(struct fan *f, const char *gshmd, const char *key) {
   int port[FAN_MAX + 1];
@@ -154,16 +175,30 @@ static int make_set(struct fan *f) {
   if (!(f->src = calloc(f->count, sizeof(*f->src))) ||
       !(f->src_map = calloc(f->count, sizeof(*f->src_map))))
     return -ENOMEM;
+  if (f->device && (e = cuda_ctx(f, f->o->location, &f->src_ctx)))
+    return e;
   for (unsigned i = 0; i < f->count; i++) {
+    void *p = NULL;
     snprintf(name, sizeof(name), "fan/%05u", i);
-    if ((e = gshm_create(f->c[0], name, f->sizes[i], "host", 0644, 0, &f->src[i])) ||
-        (e = gshm_map(f->src[i], NULL, 0, &f->src_map[i]))) {
+    if ((e = gshm_create(f->c[0], name, f->sizes[i], f->o->location, 0644, 0, &f->src[i])) ||
+        (e = gshm_map(f->src[i], NULL, 0, &p)) ||
+        (f->device && !(f->src_map[i] = malloc(f->sizes[i])) && (e = -ENOMEM))) {
       fprintf(stderr, "gshm-bench pull: cannot make %s: %s\n", name, gshm_strerror(e));
       return e;
     }
+    if (!f->device)
+      f->src_map[i] = p;
     memcpy(seed, &i, sizeof(i));
     randombytes_buf_deterministic(f->src_map[i], f->sizes[i], seed);
+    if (f->device && (f->drv->cuCtxSetCurrent(f->src_ctx) != CUDA_SUCCESS ||
+                      f->drv->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p, f->src_map[i],
+                                           f->sizes[i]) != CUDA_SUCCESS)) {
+      fprintf(stderr, "gshm-bench pull: cannot fill %s on %s\n", name, f->o->location);
+      return -EIO;
+    }
     f->total += f->sizes[i];
+    if (f->sizes[i] > f->largest)
+      f->largest = f->sizes[i];
   }
   return 0;
 }
@@ -173,14 +208,22 @@ static int make_set(struct fan *f) {
 static int check_copy(struct fan *f, int node, const char *prefix) {
   char name[64];
   int bad = 0;
+  void *back = NULL; /* a device copy's bytes, read back */
 
+  if (f->device && (f->drv->cuCtxSetCurrent(f->dst_ctx) != CUDA_SUCCESS ||
+                    !(back = malloc(f->largest))))
+    return -1;
   for (unsigned i = 0; i < f->count; i++) {
     gshm_segment_t *seg;
     void *p;
     snprintf(name, sizeof(name), "%s%05u", prefix, i);
     if (gshm_open(f->c[node], name, GSHM_ACCESS_READ, &seg) == 0) {
-      if (gshm_map(seg, NULL, 0, &p) || gshm_segment_info(seg)->requested_size != f->sizes[i] ||
-          memcmp(p, f->src_map[i], f->sizes[i]))
+      if (gshm_map(seg, NULL, 0, &p) || gshm_segment_info(seg)->requested_size != f->sizes[i])
+        bad++;
+      else if (f->device)
+        bad += f->drv->cuMemcpyDtoH(back, (CUdeviceptr)(uintptr_t)p, f->sizes[i]) != CUDA_SUCCESS ||
+               memcmp(back, f->src_map[i], f->sizes[i]);
+      else if (memcmp(p, f->src_map[i], f->sizes[i]))
         bad++;
       gshm_close(seg);
       gshm_unlink(f->c[node], name);
@@ -188,6 +231,7 @@ static int check_copy(struct fan *f, int node, const char *prefix) {
       bad++;
     }
   }
+  free(back);
   if (bad)
     fprintf(stderr, "gshm-bench pull: %d segment(s) of n%d's copy differ or are missing\n", bad,
             node);
@@ -198,6 +242,7 @@ static int check_copy(struct fan *f, int node, const char *prefix) {
 struct hop {
   pthread_t t;
   const char *sock, *local;
+  const char *location; /* the copy's: NULL (host) or --to */
   char peer[16];
   double t0, t1;
   int err;
@@ -206,7 +251,7 @@ struct hop {
 
 static void *hop_thread(void *arg) {
   struct hop *h = arg;
-  gshm_pull_opts_t po = {.local_name = h->local, .mode = 0644};
+  gshm_pull_opts_t po = {.local_name = h->local, .mode = 0644, .location = h->location};
   gshm_pull_result_t *v = NULL;
   gshm_client_t *c;
   size_t n = 0;
@@ -225,6 +270,7 @@ static void *hop_thread(void *arg) {
 static int hop_start(struct fan *f, struct hop *h, int node, const char *local) {
   h->sock = f->sp[node].socket_path;
   h->local = local;
+  h->location = f->device ? f->o->to : NULL;
   snprintf(h->peer, sizeof(h->peer), "n%d", node - 1);
   return pthread_create(&h->t, NULL, hop_thread, h) ? -1 : 0;
 }
@@ -317,9 +363,12 @@ static int iteration(struct fan *f, double t[T_N]) {
 }
 
 static void fan_free(struct fan *f) {
-  for (unsigned i = 0; f->src && i < f->count; i++)
+  for (unsigned i = 0; f->src && i < f->count; i++) {
     if (f->src[i])
       gshm_close(f->src[i]);
+    if (f->device)
+      free(f->src_map[i]);
+  }
   for (int i = 0; i < f->nodes; i++) {
     if (f->c[i])
       gshm_disconnect(f->c[i]);
@@ -359,17 +408,20 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
   int n = o->iters < 64 ? o->iters : 64, rc = 1;
   char sz[32], ck[32];
 
-  if (o->fanout < 1 || o->fanout > FAN_MAX || strcmp(o->location, "host") || sodium_init() < 0 ||
-      (o->chunk && gshm__parse_size(o->chunk, &f.chunk)) || !f.chunk) {
-    fprintf(stderr, "gshm-bench pull: --fanout takes 1 to %d, host segments (and a --chunk in "
-            "bytes)\n", FAN_MAX);
+  f.device = !strncmp(o->location, "cuda:", 5);
+  if (o->fanout < 1 || o->fanout > FAN_MAX || f.device != !strncmp(o->to, "cuda:", 5) ||
+      sodium_init() < 0 || (o->chunk && gshm__parse_size(o->chunk, &f.chunk)) || !f.chunk) {
+    fprintf(stderr, "gshm-bench pull: --fanout takes 1 to %d, host segments or device ones "
+            "to device ones (and a --chunk in bytes)\n", FAN_MAX);
     return 2;
   }
-  if (!(f.sizes = set_sizes(o, &f.count)) || start_nodes(&f, gshmd, key) || make_set(&f))
+  if (!(f.sizes = set_sizes(o, &f.count)) || start_nodes(&f, gshmd, key) || make_set(&f) ||
+      (f.device && cuda_ctx(&f, o->to, &f.dst_ctx)))
     goto out;
-  printf("gshm-bench pull --fanout %d: %u host segments, %s (%s), chunk %s, depth %s, "
+  printf("gshm-bench pull --fanout %d: %u %s segments, %s (%s), chunk %s, depth %s, "
          "%u streams, %s; %d iteration(s) after 1 warm-up, medians\n",
-         o->fanout, f.count, gshm__format_size(f.total, sz, sizeof(sz)),
+         o->fanout, f.count, f.device ? o->location : "host",
+         gshm__format_size(f.total, sz, sizeof(sz)),
          o->set_count ? "--set" : "--model", o->chunk ? o->chunk : "default",
          o->depth ? o->depth : "default", o->streams, o->encrypt ? "encrypted" : "authenticated",
          n);

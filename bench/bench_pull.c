@@ -355,6 +355,8 @@ int bench_pull_main(int argc, char **argv) {
              "                        of a size is timed apart from the later, recycled ones)]\n"
              "       gshm-bench pull --fanout N [--model LAYERSxHIDDEN | --set COUNTxSIZE]\n"
              "                       [--iters N] [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
+             "                       [--location cuda:N [--to cuda:M]: the set in device\n"
+             "                        segments, pulled into GPU M (staged), read back and checked]\n"
              "         N+1 gshmd: node i+1 pulls a set from node i, all at once (a chain),\n"
              "         against one plain pull; default --model 8x1536 (bf16 tensors of\n"
              "         8 transformer layers, hidden size 1536: about 550 MB); taking\n"

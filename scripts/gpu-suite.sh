@@ -64,6 +64,10 @@ if step pull; then
     timeout 200 ./bench/gshm-bench pull --fanout 3 $fa --cpus-per-node 4 --streams 2
     timeout 200 ./bench/gshm-bench pull --fanout 3 --model 44x1024 --iters 3; } \
     > "$out/bench-fanout.txt" 2>&1
+  # the model as one set of device segments on GPU 0 pulled into the last GPU (staged)
+  to=cuda:$(( $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') > 1 ? 1 : 0 ))
+  timeout 200 ./bench/gshm-bench pull --fanout 1 --model 44x1024 --iters 3 --location cuda:0 \
+    --to $to > "$out/bench-pull-model-cuda.txt" 2>&1
 fi
 # Not in the default steps (minutes, 18 GiB of disk or /dev/shm): GSHM_STEPS=restart.
 # GSHM_RESTART_ARGS: more options, e.g. "--start warm --repeat 5 --cold-repeat 2".
