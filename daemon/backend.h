@@ -69,14 +69,15 @@ struct gshmd_backend_ops {
    * -EIO. */
   int (*alloc)(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
                uint32_t flags, const char *debug_name, struct gshmd_alloc **out);
-  /* Optional (host): size bytes (> 0) for a pull's new segment, owned
-   * by uid: labelled neutrally (no segment name: the memory may serve
+  /* Optional: size bytes (> 0) for a pull's new segment, owned by uid,
+   * whose bytes [0, size) may hold anything: the caller writes every one
+   * before anyone but gshmd can read it; the tail past size reads zeros.
+   * Host: labelled neutrally (no segment name: the memory may serve
    * several segments), from the recycling pool (daemon.host_recycle)
-   * when it holds memory of the same page-rounded size that no client of
-   * another user ever reached, else new as ->alloc.  Recycled memory
-   * holds old bytes up to size (the tail past size reads zeros): the
-   * caller writes every byte before anyone but gshmd can read it.  Such
-   * an allocation may enter the pool at ->discard.  Errors as ->alloc. */
+   * when it holds memory of the same allocated size that no client of
+   * another user ever reached, else new as ->alloc; such an allocation
+   * may enter the pool at ->discard.  Cuda: not zeroed below size, and
+   * mapped in gshmd at once (->local_ptr).  Errors as ->alloc. */
   int (*alloc_pull)(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
                     uint32_t uid, struct gshmd_alloc **out);
   /* The fd to send to one client: read-write, or read-only when !writable

@@ -124,16 +124,38 @@ release_va_range:
   return e;
 }
 
+/* cuMemCreate of size bytes (a multiple of d's granularity) on d, into
+ * *h.  0, -ENOTSUP (no POSIX-fd VMM allocations on d) or the driver's
+ * error as an errno (logged, naming debug_name). */
+static int vmm_create(struct cuda_backend *cb, struct cuda_dev *d, uint64_t size,
+                      const char *debug_name, CUmemGenericAllocationHandle *h) {
+  CUmemAllocationProp prop;
+  CUresult r;
+
+  if (!d->vmm) {
+    gshm_log_err("%s: '%s': this GPU does not support POSIX-fd cuMem allocations", d->pci,
+                 debug_name);
+    return -ENOTSUP;
+  }
+  prop = device_prop(d->dev);
+  if ((r = cb->drv->cuMemCreate(h, size, &prop, 0)) != CUDA_SUCCESS) {
+    char what[160]; /* one line: the segment, the size and the driver's error */
+    snprintf(what, sizeof(what), "%s: '%s': cuMemCreate of %" PRIu64 " bytes", d->pci,
+             debug_name, size);
+    gshm__cuda_log(GSHM_LOG_WARNING, r, what, __FILE__, __LINE__);
+    return gshm__cuda_errno(r);
+  }
+  return 0;
+}
+
 static int cuda_alloc(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
                       uint32_t flags, const char *debug_name, struct gshmd_alloc **out) {
   struct cuda_backend *cb = cuda_of(b);
   bool legacy = flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC;
   struct cuda_dev *d;
   struct cuda_alloc *a;
-  CUmemAllocationProp prop;
   CUmemGenericAllocationHandle h;
   CUdeviceptr ptr;
-  CUresult r;
   uint64_t gran;
   int e;
 
@@ -169,19 +191,8 @@ static int cuda_alloc(struct gshmd_backend *b, const struct gshm_location *loc, 
     return 0;
   }
 
-  if (!d->vmm) {
-    gshm_log_err("%s: '%s': this GPU does not support POSIX-fd cuMem allocations", d->pci,
-                 debug_name);
-    return -ENOTSUP;
-  }
-  prop = device_prop(d->dev);
-  if ((r = cb->drv->cuMemCreate(&h, size, &prop, 0)) != CUDA_SUCCESS) {
-    char what[160]; /* one line: the segment, the size and the driver's error */
-    snprintf(what, sizeof(what), "%s: '%s': cuMemCreate of %" PRIu64 " bytes", d->pci,
-             debug_name, size);
-    gshm__cuda_log(GSHM_LOG_WARNING, r, what, __FILE__, __LINE__);
-    return gshm__cuda_errno(r);
-  }
+  if ((e = vmm_create(cb, d, size, debug_name, &h)))
+    return e;
   if ((e = zero_handle(cb, d, h, size, gran))) {
     CU_UNDO(cb, cuMemRelease, h);
     return e;
@@ -411,6 +422,52 @@ out:
   return e;
 }
 
+/* ->alloc_pull: a device segment for a pull, which writes every byte of
+ * [0, size) before anyone but gshmd can read it (the segment is hidden
+ * until then, and freed if the pull fails).  Only the granularity's tail
+ * past size is zeroed, through gshmd's own mapping, made now and kept for
+ * the staging copies: cuda_alloc zeroes all of it through a mapping made
+ * and unmapped for that (zero_handle), and the first copy then mapped it
+ * again; for a set of hundreds of tensors made on the loop one after
+ * another, that was most of each segment's cost.  uid: unused (no
+ * recycling of device memory).  Errors as cuda_alloc. */
+static int cuda_alloc_pull(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
+                           uint32_t uid, struct gshmd_alloc **out) {
+  struct cuda_backend *cb = cuda_of(b);
+  CUmemGenericAllocationHandle h;
+  struct cuda_alloc *a;
+  struct cuda_dev *d;
+  CUdeviceptr va;
+  uint64_t gran, alloc;
+  int e;
+
+  (void)uid;
+  if (size == 0)
+    return -EINVAL;
+  if (!(d = dev_by_location(cb, loc)))
+    return -ENODEV;
+  gran = d->granularity;
+  if (size > UINT64_MAX - gran)
+    return -EFBIG;
+  alloc = (size + gran - 1) / gran * gran;
+  if ((e = vmm_create(cb, d, alloc, "pull", &h)))
+    return e;
+  if (!(a = wrap(cb, d, alloc, gran))) {
+    CU_UNDO(cb, cuMemRelease, h);
+    return -ENOMEM;
+  }
+  a->handle = h;
+  if ((e = local_va(cb, a, &va)) ||
+      (alloc > size && ((e = CU_ERR(cb, cuMemsetD8, va + size, 0, alloc - size)) ||
+                        (e = CU_ERR(cb, cuStreamSynchronize, NULL)))) ||
+      (e = export_once(cb, a))) {
+    cuda_free(b, &a->base);
+    return e;
+  }
+  *out = &a->base;
+  return 0;
+}
+
 static int cuda_local_ptr(struct gshmd_backend *b, struct gshmd_alloc *mem, void **ptr_out) {
   CUdeviceptr va;
   int e = local_va(cuda_of(b), mem->priv, &va);
@@ -532,6 +589,7 @@ static void cuda_destroy(struct gshmd_backend *b) {
 
 static const struct gshmd_backend_ops cuda_ops = {
     .alloc = cuda_alloc,
+    .alloc_pull = cuda_alloc_pull,
     .export_fd = cuda_export_fd,
     .export_legacy_ipc = cuda_export_legacy_ipc,
     .park_fd = cuda_park_fd,
