@@ -124,6 +124,23 @@ release_va_range:
   return e;
 }
 
+/* The GPU of loc (*d_out) and size (> 0) rounded up to its granularity
+ * (*alloc_out).  0, -EINVAL (size 0), -ENODEV (no such GPU) or -EFBIG. */
+static int alloc_where(struct cuda_backend *cb, const struct gshm_location *loc, uint64_t size,
+                       struct cuda_dev **d_out, uint64_t *alloc_out) {
+  struct cuda_dev *d;
+
+  if (size == 0)
+    return -EINVAL;
+  if (!(d = dev_by_location(cb, loc)))
+    return -ENODEV;
+  if (size > UINT64_MAX - d->granularity)
+    return -EFBIG;
+  *d_out = d;
+  *alloc_out = (size + d->granularity - 1) / d->granularity * d->granularity;
+  return 0;
+}
+
 /* cuMemCreate of size bytes (a multiple of d's granularity) on d, into
  * *h.  0, -ENOTSUP (no POSIX-fd VMM allocations on d) or the driver's
  * error as an errno (logged, naming debug_name). */
@@ -159,16 +176,11 @@ static int cuda_alloc(struct gshmd_backend *b, const struct gshm_location *loc, 
   uint64_t gran;
   int e;
 
-  if (size == 0)
-    return -EINVAL;
-  if (!(d = dev_by_location(cb, loc)))
-    return -ENODEV;
   /* Legacy segments use the same granularity, so that sizes do not depend
    * on the flag (cuMemAlloc itself rounds to 2 MiB pages for large sizes). */
+  if ((e = alloc_where(cb, loc, size, &d, &size)))
+    return e;
   gran = d->granularity;
-  if (size > UINT64_MAX - gran)
-    return -EFBIG;
-  size = (size + gran - 1) / gran * gran;
 
   if (legacy) {
     if ((e = set_ctx(cb, d)))
@@ -442,14 +454,9 @@ static int cuda_alloc_pull(struct gshmd_backend *b, const struct gshm_location *
   int e;
 
   (void)uid;
-  if (size == 0)
-    return -EINVAL;
-  if (!(d = dev_by_location(cb, loc)))
-    return -ENODEV;
+  if ((e = alloc_where(cb, loc, size, &d, &alloc)))
+    return e;
   gran = d->granularity;
-  if (size > UINT64_MAX - gran)
-    return -EFBIG;
-  alloc = (size + gran - 1) / gran * gran;
   if ((e = vmm_create(cb, d, alloc, "pull", &h)))
     return e;
   if (!(a = wrap(cb, d, alloc, gran))) {
