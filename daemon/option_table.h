@@ -211,8 +211,10 @@
     "connection, on gshmd's event loop). Not used where the bytes go over UCX.") \
   X(cluster, staging_bytes, SIZE, cluster_staging_bytes, "128M", 1048576,        \
     68719476736, NULL,                                                          \
-    "Pinned host memory for one staged device pull on each side (served and "   \
-    "pulled), split into pull_chunk slots.")                                  \
+    "The most pinned host memory that one staged device segment's pull holds " \
+    "on each side (served and pulled), in pull_chunk slots: a smaller segment " \
+    "holds the slots it takes, rounded up to a power of two. A serving node's " \
+    "staged grants hold at most four times this per link.")                   \
   X(cluster, staging, ENUM, cluster_staging, "auto", 0, 0, "auto|always",       \
     "How this node serves segments to peers: auto registers host segments "     \
     "(and device segments where UCX supports CUDA memory) and stages device "   \

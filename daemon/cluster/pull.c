@@ -507,7 +507,8 @@ static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
       p->chunk_size = per;
   }
   if (p->local_staged) {
-    if ((e = gshmd_stage_buf_new(&p->s->cl->stage, p->chunk_size, p->link->ucx, &p->lsb))) {
+    if ((e = gshmd_stage_buf_new(&p->s->cl->stage, p->chunk_size, g->segment->size, p->link->ucx,
+                                 &p->lsb))) {
       pull_fail(p, e, "cannot set up the local staging buffer");
       return e;
     }

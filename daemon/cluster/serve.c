@@ -22,7 +22,10 @@
 #include "registry.h"
 #include "relay.h"
 
-#define MAX_STAGED_GRANTS 4 /* per link: each holds staging_bytes of pinned memory */
+/* Per link: the pinned memory its staged grants hold, in staging_bytes
+ * (each holds slots for its segment, gshmd_stage_buf_new: a large one
+ * all of staging_bytes, a small tensor a slot or two) */
+#define STAGED_LINK_FULL 4
 #define MAX_GRANTS 64       /* per link: grants live at once */
 #define MAX_ANSWERS_QUEUED (1u << 20) /* per link: answers not yet written (bytes, stream.h) */
 #define BUSY_MESSAGE "too many pulls from this node at once; try again"
@@ -67,24 +70,6 @@ struct serve_grant {
   struct gshm_list node; /* link->grants */
 };
 
-/* Whether rule x lets peers read seg.  A peer reads as "others" of this
- * node, or as a member of the group the rule names: the rule says whose
- * segments may leave the node (a user cannot export a segment by naming
- * it under a pattern), the mode says that the owner lets them. */
-static bool rule_allows(const struct export_rule *x, const struct gshmd_segment *seg) {
-  if (fnmatch(x->pattern, seg->name, 0) != 0)
-    return false;
-  switch (x->owner) {
-  case EXPORT_ADMINS:
-    return (seg->uid == 0 || seg->uid == geteuid()) && (seg->mode & S_IROTH);
-  case EXPORT_USER:
-    return seg->uid == x->id && (seg->mode & S_IROTH);
-  case EXPORT_GROUP:
-    return seg->gid == x->id && (seg->mode & S_IRGRP);
-  }
-  return false;
-}
-
 /* Whether a rule's pattern matches seg's name (for the log: why a
  * segment of that name is not exported). */
 static bool name_matches(const struct gshmd_cluster *cl, const struct gshmd_segment *seg) {
@@ -92,24 +77,6 @@ static bool name_matches(const struct gshmd_cluster *cl, const struct gshmd_segm
     if (fnmatch(cl->exports[i].pattern, seg->name, 0) == 0)
       return true;
   return false;
-}
-
-bool gshmd__serve_exported(const struct gshmd_cluster *cl, const struct gshmd_segment *seg) {
-  if (seg->unlinked)
-    return false;
-  for (unsigned i = 0; i < cl->nexport; i++)
-    if (rule_allows(&cl->exports[i], seg))
-      return true;
-  return false;
-}
-
-unsigned gshmd__serve_count(struct gshmd_cluster *cl) {
-  unsigned n = 0;
-  struct gshm_list *pos;
-  gshm_list_foreach(pos, &cl->reg->segments) {
-    n += gshmd__serve_exported(cl, gshm_list_entry(pos, struct gshmd_segment, node));
-  }
-  return n;
 }
 
 int gshmd__serve_link_up(struct gshmd_cluster *cl, struct link *l) {
@@ -282,28 +249,37 @@ static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg, b
 /* ---- grant records ---------------------------------------------------- */
 
 /* Grants of link l: all of them, or the staged ones. */
-static unsigned grants_of(struct link *l, bool staged) {
+/* l's grants, and the bytes of the staging buffers they hold in *staged. */
+static unsigned grants_of(struct link *l, uint64_t *staged) {
   struct gshm_list *pos;
   unsigned n = 0;
+  *staged = 0;
   gshm_list_foreach(pos, &l->grants) {
-    n += !staged || gshm_list_entry(pos, struct serve_grant, node)->sb != NULL;
+    const struct serve_grant *g = gshm_list_entry(pos, struct serve_grant, node);
+    *staged += g->sb ? g->sb->len : 0;
+    n++;
   }
   return n;
 }
 
 /* The record of a grant on link l (made at grant time, freed at release
- * or when the link ends); staged: with its slots.  Errors: -EBUSY too
- * many staged grants on this link, -ENOMEM, as gshmd_stage_buf_new. */
+ * or when the link ends); staged: with its slots.  Errors: -EBUSY the
+ * link's staged grants hold STAGED_LINK_FULL staging_bytes already (with
+ * this one's), -ENOMEM, as gshmd_stage_buf_new. */
 static int grant_new(struct gshmd_cluster *cl, struct link *l, struct gshmd_segment *seg,
                      uint64_t grant_id, bool staged, struct serve_grant **g_out) {
   struct serve_grant *g;
+  uint64_t held;
   int e;
 
-  if (staged && grants_of(l, true) >= MAX_STAGED_GRANTS)
-    return -EBUSY;
+  if (staged && (grants_of(l, &held), held) &&
+      held + gshmd_stage_buf_len(&cl->stage, cl->cfg->cluster_pull_chunk, seg->requested_size) >
+          STAGED_LINK_FULL * cl->stage.staging_bytes)
+    return -EBUSY; /* (one always goes: a slot may be larger than staging_bytes) */
   if (!(g = calloc(1, sizeof(*g))))
     return -ENOMEM;
-  if (staged && (e = gshmd_stage_buf_new(&cl->stage, cl->cfg->cluster_pull_chunk, l->ucx_ep != NULL, &g->sb))) {
+  if (staged && (e = gshmd_stage_buf_new(&cl->stage, cl->cfg->cluster_pull_chunk,
+                                         seg->requested_size, l->ucx_ep != NULL, &g->sb))) {
     free(g);
     return e;
   }
@@ -431,7 +407,7 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   int e;
 
   /* the cap first: a refusal costs the loop next to nothing */
-  if (grants_of(l, false) >= MAX_GRANTS) {
+  if (grants_of(l, &(uint64_t){0}) >= MAX_GRANTS) {
     gshmd__link_send_status(l, rid, -EBUSY, BUSY_MESSAGE);
     return;
   }

@@ -1,10 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* What peers see of this node: the answer to a List, a page at a time.
+/* What peers see of this node: which segments the export rules let them
+ * read (gshmd__serve_exported), and the answer to a List, a page at a time.
  * Keys (the cursor): segment ids; with ListRequest.with_in_flight, the
  * segments of this node's pulls in flight first (relay.c, keys below
  * RELAY_KEY_END), then the published ones (RELAY_KEY_END + id), so that a
  * set published between two pages is listed again rather than missed. */
 #include <errno.h>
+#include <fnmatch.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +16,41 @@
 #include "registry.h"
 #include "relay.h"
 
+/* Whether rule x lets peers read seg.  A peer reads as "others" of this
+ * node, or as a member of the group the rule names: the rule says whose
+ * segments may leave the node (a user cannot export a segment by naming
+ * it under a pattern), the mode says that the owner lets them. */
+static bool rule_allows(const struct export_rule *x, const struct gshmd_segment *seg) {
+  if (fnmatch(x->pattern, seg->name, 0) != 0)
+    return false;
+  switch (x->owner) {
+  case EXPORT_ADMINS:
+    return (seg->uid == 0 || seg->uid == geteuid()) && (seg->mode & S_IROTH);
+  case EXPORT_USER:
+    return seg->uid == x->id && (seg->mode & S_IROTH);
+  case EXPORT_GROUP:
+    return seg->gid == x->id && (seg->mode & S_IRGRP);
+  }
+  return false;
+}
+
+bool gshmd__serve_exported(const struct gshmd_cluster *cl, const struct gshmd_segment *seg) {
+  if (seg->unlinked)
+    return false;
+  for (unsigned i = 0; i < cl->nexport; i++)
+    if (rule_allows(&cl->exports[i], seg))
+      return true;
+  return false;
+}
+
+unsigned gshmd__serve_count(struct gshmd_cluster *cl) {
+  unsigned n = 0;
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &cl->reg->segments) {
+    n += gshmd__serve_exported(cl, gshm_list_entry(pos, struct gshmd_segment, node));
+  }
+  return n;
+}
 
 #define LIST_PAGE_BYTES 32768  /* and their encoding (GSHMD_CLUSTER_MAX_MSG bounds a message) */
 

@@ -34,26 +34,41 @@ static int stage_buf_register(struct stage_pool *sp, struct stage_buf *sb, bool 
   return 0;
 }
 
-int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, bool ucx,
+/* The slots of a buffer for a segment of seg_bytes (gshmd_stage_buf_new). */
+static uint32_t buf_slots(const struct stage_pool *sp, uint64_t slot_size, uint64_t seg_bytes) {
+  uint64_t most = sp->staging_bytes / slot_size, want = 1;
+
+  if (most > STAGE_MAX_SLOTS)
+    most = STAGE_MAX_SLOTS;
+  if (most == 0)
+    most = 1;
+  while (want < most && want * slot_size < seg_bytes)
+    want *= 2;
+  return (uint32_t)(want < most ? want : most);
+}
+
+uint64_t gshmd_stage_buf_len(const struct stage_pool *sp, uint64_t slot_size, uint64_t seg_bytes) {
+  return buf_slots(sp, slot_size, seg_bytes) * slot_size;
+}
+
+int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, uint64_t seg_bytes, bool ucx,
                         struct stage_buf **sb_out) {
   struct gshmd_backend *b = sp->pin;
   struct stage_buf *sb = NULL;
+  uint32_t slots = buf_slots(sp, slot_size, seg_bytes);
   int e = -ENOMEM;
 
   for (unsigned i = 0; i < sp->nkept && !sb; i++)
-    if (sp->kept[i]->slot_size == slot_size) {
+    if (sp->kept[i]->slot_size == slot_size && sp->kept[i]->slots == slots) {
       sb = sp->kept[i];
       sp->kept[i] = sp->kept[--sp->nkept];
+      sp->kept_bytes -= sb->len;
     }
   if (!sb) {
     if (!(sb = calloc(1, sizeof(*sb))))
       return -ENOMEM;
     sb->slot_size = slot_size;
-    sb->slots = (uint32_t)(sp->staging_bytes / slot_size);
-    if (sb->slots == 0)
-      sb->slots = 1;
-    if (sb->slots > STAGE_MAX_SLOTS)
-      sb->slots = STAGE_MAX_SLOTS;
+    sb->slots = slots;
     sb->len = sb->slots * slot_size;
     if (b) {
       if ((e = b->ops->host_alloc(b, sb->len, &sb->addr)))
@@ -78,9 +93,11 @@ fail:
 void gshmd_stage_free(struct stage_pool *sp, struct stage_buf *sb) {
   if (!sb)
     return;
-  if (!sp->stopping && sp->nkept < STAGE_POOL_KEEP) {
+  if (!sp->stopping && sp->nkept < STAGE_POOL_KEEP &&
+      sp->kept_bytes + sb->len <= STAGE_KEEP_FULL * sp->staging_bytes) {
     stage_buf_register(sp, sb, false);
     sp->kept[sp->nkept++] = sb;
+    sp->kept_bytes += sb->len;
     return;
   }
   stage_buf_destroy(sp, sb);
@@ -89,6 +106,7 @@ void gshmd_stage_free(struct stage_pool *sp, struct stage_buf *sb) {
 void gshmd_stage_pool_drain(struct stage_pool *sp) {
   while (sp->nkept)
     stage_buf_destroy(sp, sp->kept[--sp->nkept]);
+  sp->kept_bytes = 0;
 }
 
 static void stage_buf_destroy(struct stage_pool *sp, struct stage_buf *sb) {

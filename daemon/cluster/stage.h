@@ -15,7 +15,11 @@
 struct gshmd_alloc;
 struct gshmd_backend;
 
-#define STAGE_POOL_KEEP 4     /* staging buffers kept for the next pull */
+#define STAGE_POOL_KEEP 32    /* staging buffers kept for the next pulls (and at most
+                               * STAGE_KEEP_FULL staging_bytes of them) */
+/* Pinned bytes kept at most, in staging_bytes: what four buffers of the
+ * full size held when every buffer had that size. */
+#define STAGE_KEEP_FULL 4
 #define STAGE_MAX_SLOTS 256   /* slots per staging buffer */
 #define STAGE_MIN_SLOT_SIZE 4096ull      /* a slot is cluster.pull_chunk bytes: */
 #define STAGE_MAX_SLOT_SIZE (1ull << 30) /* the option table's bounds */
@@ -51,18 +55,27 @@ struct stage_pool {
   unsigned registered;        /* buffers registered with UCX now */
   struct stage_buf *kept[STAGE_POOL_KEEP];
   unsigned nkept;
+  uint64_t kept_bytes;        /* of the kept buffers */
 };
 
-/* sp->staging_bytes in slots of slot_size bytes (at least one, at most
- * STAGE_MAX_SLOTS), registered with UCX when ucx (the bytes go over UCX;
- * for gshm's TCP stream nothing is registered).  A kept buffer of the
- * same slot size when there is one.  Errors: -ENOMEM, -EIO. */
-int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, bool ucx,
+/* Slots of slot_size bytes for a segment of seg_bytes (> 0): as many as
+ * it takes, rounded up to a power of two (so that buffers are kept and
+ * taken again by a few sizes), at most sp->staging_bytes of them (at
+ * least one, at most STAGE_MAX_SLOTS); registered with UCX when ucx (the
+ * bytes go over UCX; for gshm's TCP stream nothing is registered).  A
+ * kept buffer of that shape when there is one.  A set of small tensors
+ * thus holds a slot or two each where every grant held staging_bytes.
+ * Errors: -ENOMEM, -EIO. */
+int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, uint64_t seg_bytes, bool ucx,
                         struct stage_buf **sb_out);
+/* The length of the buffer gshmd_stage_buf_new would give (bytes), for
+ * budgets checked before making it. */
+uint64_t gshmd_stage_buf_len(const struct stage_pool *sp, uint64_t slot_size, uint64_t seg_bytes);
 /* Gives a staging buffer back: deregistered (UCX holds no slots that no
  * grant or pull uses) and kept for the next staged pull (pinning 64 MiB
  * costs tens of milliseconds, more than a small pull), or freed when
- * STAGE_POOL_KEEP wait already or the cluster stops.  Accepts NULL. */
+ * STAGE_POOL_KEEP wait already, the kept ones would pass STAGE_KEEP_FULL
+ * times staging_bytes, or the cluster stops.  Accepts NULL. */
 void gshmd_stage_free(struct stage_pool *sp, struct stage_buf *sb);
 /* Frees the kept buffers (cluster stop). */
 void gshmd_stage_pool_drain(struct stage_pool *sp);
