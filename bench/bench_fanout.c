@@ -380,13 +380,15 @@ static void fan_free(struct fan *f) {
   free(f->sizes);
 }
 
-/* The medians (m[T_*], seconds) and their ratios. */
-static void report(const struct fan *f, const double m[T_N]) {
+/* The medians (m[T_*], seconds) and their ratios; first: the warm-up's
+ * one pull (the nodes' first: nothing made yet, pinned slots included). */
+static void report(const struct fan *f, const double m[T_N], double first) {
   double gb = (double)f->total / 1e9, ratio = m[T_FAN] / m[T_ONE];
   double plain_ratio = m[T_PLAIN_CHAIN] / m[T_PLAIN_ONE];
   int hops = f->nodes - 1;
 
   printf("one pull n0 -> n1:           %8.3f s  %6.2f GB/s\n", m[T_ONE], gb / m[T_ONE]);
+  printf("  the first of them (warm-up): %7.3f s  %6.2f GB/s\n", first, gb / first);
   printf("fan-out to %2d nodes:         %8.3f s  %6.2f GB/s per copy, %.2f GB/s in all\n", hops,
          m[T_FAN], gb / m[T_FAN], gb * hops / m[T_FAN]);
   printf("ratio fan-out / one pull:    %8.2f    (target <= 1.3); every byte of every copy "
@@ -404,7 +406,7 @@ static void report(const struct fan *f, const double m[T_N]) {
 
 int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *key) {
   struct fan f = {.o = o, .nodes = o->fanout + 1, .chunk = FAN_CHUNK};
-  double t[T_N][64], v[T_N], m[T_N];
+  double t[T_N][64], v[T_N], m[T_N], first = 0;
   int n = o->iters < 64 ? o->iters : 64, rc = 1;
   char sz[32], ck[32];
 
@@ -433,12 +435,14 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
   for (int k = -1; k < n; k++) {
     if (iteration(&f, v))
       goto out;
+    if (k < 0)
+      first = v[T_ONE];
     for (int i = 0; k >= 0 && i < T_N; i++)
       t[i][k] = v[i];
   }
   for (int i = 0; i < T_N; i++)
     m[i] = bench_median(t[i], n);
-  report(&f, m);
+  report(&f, m, first);
   rc = 0;
 out:
   fan_free(&f);
