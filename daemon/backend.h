@@ -128,9 +128,9 @@ struct gshmd_backend_ops {
   int (*copy_host)(struct gshmd_backend *b, struct gshmd_alloc *a, uint64_t offset, void *host,
                    uint64_t len, bool to_device);
   /* Optional (cuda): size bytes of page-locked host memory, and its
-   * release.  Errors: -ENOMEM, -EIO. */
+   * release (the same size).  Errors: -ENOMEM, -EIO. */
   int (*host_alloc)(struct gshmd_backend *b, uint64_t size, void **ptr_out);
-  void (*host_free)(struct gshmd_backend *b, void *ptr);
+  void (*host_free)(struct gshmd_backend *b, void *ptr, uint64_t size);
   /* Releases the allocation; accepts NULL. */
   void (*free)(struct gshmd_backend *b, struct gshmd_alloc *a);
   /* Optional: fills the device list (cuda). */
@@ -156,6 +156,13 @@ int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backe
  * pull into a new segment (docs/PERFORMANCE.md "Huge pages for new host
  * segments").  Advice only: nothing to fail. */
 void gshmd_host_map_advise(void *addr, uint64_t len, bool huge);
+
+/* The kernel's transparent huge page policy in file (a file of
+ * /sys/kernel/mm/transparent_hugepage/: "enabled" for anonymous memory,
+ * "shmem_enabled" for shared memory): its bracketed word ("never",
+ * "madvise", "advise", ...) into out (cap bytes).  false (out "") where
+ * the file is missing or says no word. */
+bool gshmd_thp_policy(const char *file, char *out, size_t cap);
 
 /* The host backend's recycling (daemon.host_recycle), for the metrics. */
 struct gshmd_host_recycle_stats {

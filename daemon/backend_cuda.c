@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -547,21 +548,60 @@ static int cuda_copy_host(struct gshmd_backend *b, struct gshmd_alloc *mem, uint
   return e;
 }
 
+/* Page-locked host memory.  Where anonymous memory gets transparent huge
+ * pages on request (transparent_hugepage/enabled is madvise or always),
+ * 2 MiB pages mapped here, made and then registered with the driver
+ * (cuMemHostRegister): pinning costs per page, and on the lent H200
+ * machine this took 0.12-0.17 ms per MiB against cuMemAllocHost's
+ * 0.24-0.33 (4 KiB pages registered: 0.50-0.57), for the staging
+ * buffers a first staged pull makes.  Registered as portable: the copies
+ * of every GPU's context use them, as cuMemAllocHost's memory is under
+ * unified addressing.  Else cuMemAllocHost. */
+#define HOST_HUGE (2ull << 20)
+
 static int cuda_host_alloc(struct gshmd_backend *b, uint64_t size, void **ptr_out) {
   struct cuda_backend *cb = cuda_of(b);
+  uint64_t len = (size + HOST_HUGE - 1) & ~(HOST_HUGE - 1);
+  uint8_t *m, *p;
   int e;
 
   if (!cb->n)
     return -ENODEV;
   if ((e = set_ctx(cb, &cb->devs[0])))
     return e;
-  return CU_ERR(cb, cuMemAllocHost, ptr_out, size) ? -ENOMEM : 0;
+  if (!cb->host_thp)
+    return CU_ERR(cb, cuMemAllocHost, ptr_out, size) ? -ENOMEM : 0;
+  /* HOST_HUGE-aligned: map a page more, cut the ends off */
+  if (size > UINT64_MAX / 2 ||
+      (m = mmap(NULL, len + HOST_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                0)) == MAP_FAILED)
+    return -ENOMEM;
+  p = (uint8_t *)(((uintptr_t)m + HOST_HUGE - 1) & ~(uintptr_t)(HOST_HUGE - 1));
+  if (p > m)
+    munmap(m, (size_t)(p - m));
+  munmap(p + len, (size_t)(m + HOST_HUGE - p));
+  (void)madvise(p, len, MADV_HUGEPAGE);
+  (void)madvise(p, len, MADV_DONTFORK); /* (no child of gshmd shares pinned pages) */
+  memset(p, 0, len); /* the pages, made here in 2 MiB */
+  if ((e = CU_ERR(cb, cuMemHostRegister, p, len, CU_MEMHOSTREGISTER_PORTABLE))) {
+    munmap(p, len);
+    return -ENOMEM;
+  }
+  *ptr_out = p;
+  return 0;
 }
 
-static void cuda_host_free(struct gshmd_backend *b, void *ptr) {
+static void cuda_host_free(struct gshmd_backend *b, void *ptr, uint64_t size) {
   struct cuda_backend *cb = cuda_of(b);
-  if (ptr && cb->n && !set_ctx(cb, &cb->devs[0]))
+
+  if (!ptr || !cb->n || set_ctx(cb, &cb->devs[0]))
+    return;
+  if (!cb->host_thp) {
     CU_UNDO(cb, cuMemFreeHost, ptr);
+    return;
+  }
+  CU_UNDO(cb, cuMemHostUnregister, ptr);
+  munmap(ptr, (size + HOST_HUGE - 1) & ~(HOST_HUGE - 1));
 }
 
 /* ---- device list ---- */
@@ -633,6 +673,11 @@ int gshmd_backend_cuda_create(const struct gshmd_config *cfg, struct gshmd_backe
     goto fail;
   if ((e = gshmd__cuda_setup_devices(cb)))
     goto fail;
+  {
+    char thp[32];
+    cb->host_thp = gshmd_thp_policy("enabled", thp, sizeof(thp)) &&
+                   (!strcmp(thp, "madvise") || !strcmp(thp, "always"));
+  }
   *out = &cb->base;
   return 0;
 

@@ -51,6 +51,7 @@ struct cuda_backend {
   Gshm__DeviceInfo **infop;
   Gshm__PeerInfo *peers;       /* n * n, row i column j; diagonal unused */
   Gshm__PeerInfo **peerp;      /* n rows of n - 1 pointers */
+  bool host_thp;               /* host_alloc: 2 MiB pages registered (cuda_host_alloc) */
 };
 
 /* Driver calls through the backend's table (common/cudadrv.h): CU_ERR for

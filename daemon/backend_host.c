@@ -597,30 +597,42 @@ void gshmd_host_map_advise(void *addr, uint64_t len, bool huge) {
 /* Says once at start whether MADV_HUGEPAGE on gshmd's mappings will get
  * 2 MiB pages: the kernel's policy for shared memory, the bracketed word
  * of /sys/kernel/mm/transparent_hugepage/shmem_enabled. */
-static bool huge_report(void) {
-  char buf[128] = "", *l, *r;
-  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+bool gshmd_thp_policy(const char *file, char *out, size_t cap) {
+  char path[128], buf[128] = "", *l, *r;
+  FILE *f;
 
-  if (f) {
+  snprintf(path, sizeof(path), "/sys/kernel/mm/transparent_hugepage/%s", file);
+  if ((f = fopen(path, "re"))) {
     if (!fgets(buf, sizeof(buf), f))
       buf[0] = 0;
     fclose(f);
   }
-  if (!(l = strchr(buf, '[')) || !(r = strchr(l, ']'))) {
+  if (cap)
+    out[0] = 0;
+  if (!(l = strchr(buf, '[')) || !(r = strchr(l, ']')))
+    return false;
+  *r = 0;
+  snprintf(out, cap, "%s", l + 1);
+  return true;
+}
+
+static bool huge_report(void) {
+  char word[64];
+
+  if (!gshmd_thp_policy("shmem_enabled", word, sizeof(word))) {
     gshm_log_info("host: no transparent huge pages for shared memory here: host segments "
                   "use 4 KiB pages");
     return false;
   }
-  *r = 0;
-  if (!strcmp(l + 1, "never") || !strcmp(l + 1, "deny")) {
+  if (!strcmp(word, "never") || !strcmp(word, "deny")) {
     gshm_log_info("host: host segments use 4 KiB pages (transparent_hugepage/shmem_enabled is "
                   "%s; with advise, pulls into new host segments make their pages several "
-                  "times faster: docs/CLUSTER.md)", l + 1);
+                  "times faster: docs/CLUSTER.md)", word);
     return false;
   }
   gshm_log_info("host: 2 MiB pages where gshmd maps host segments (pulls, serving; a pull of "
                 "2 MiB or more is made in whole 2 MiB pages): "
-                "transparent_hugepage/shmem_enabled is %s", l + 1);
+                "transparent_hugepage/shmem_enabled is %s", word);
   return true;
 }
 

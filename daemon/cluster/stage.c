@@ -113,7 +113,7 @@ static void stage_buf_destroy(struct stage_pool *sp, struct stage_buf *sb) {
   stage_buf_register(sp, sb, false);
   if (sb->addr) {
     if (sb->pinned)
-      sp->pin->ops->host_free(sp->pin, sb->addr);
+      sp->pin->ops->host_free(sp->pin, sb->addr, sb->len);
     else
       free(sb->addr);
   }
