@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "harness.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <grp.h>
 #include <poll.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -137,6 +139,19 @@ int harness_store_count(struct harness *h, const char *prefix) {
     n += !strncmp(h->sp.names[i], prefix, strlen(prefix));
   pthread_mutex_unlock(&h->sp.lock);
   return n;
+}
+
+int harness_free_port(void) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), e = 0;
+
+  if (fd < 0)
+    return -errno;
+  if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) || getsockname(fd, (struct sockaddr *)&sa, &len))
+    e = -errno;
+  close(fd);
+  return e ? e : ntohs(sa.sin_port);
 }
 
 void harness_random(void *buf, size_t n, unsigned long long seed) {

@@ -95,6 +95,10 @@ int harness_store_count(struct harness *h, const char *prefix);
 /* Fills buf with bytes from a seeded xorshift stream (never all zero). */
 void harness_random(void *buf, size_t n, unsigned long long seed);
 
+/* A TCP port of 127.0.0.1 that was free a moment ago (bound and closed),
+ * or a negative errno. */
+int harness_free_port(void);
+
 /* A child process, as another user, stepped by its parent: one byte per
  * step through two pipes (the parent's ends to_kid/from_kid, the child's
  * in/out). */

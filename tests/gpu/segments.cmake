@@ -54,6 +54,16 @@ target_link_libraries(test_cluster_gpu PRIVATE pthread)
 gshm_segments_add_test(gpu.cluster_pull gpu 300 ENV UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n
                        COMMAND test_cluster_gpu)
 
+# A pull into device memory: the tail past the requested size reads zeros
+# over reused device memory; a local segment that cannot be made while the
+# first chunks are asked leaves nothing.  One GPU; the same steps on host
+# segments check the test's own logic on every CI build.
+gshm_segments_test(test_pull_edges)
+gshm_segments_add_test(gpu.pull_edges gpu 300 ENV UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n
+                       COMMAND test_pull_edges)
+gshm_segments_add_test(cluster.pull_edges_logic_host cluster 120 ENV GSHM_PULL_EDGES_HOST=1
+                       UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n COMMAND test_pull_edges)
+
 # A device lease holder keeps its leases (access, count, bytes) across a
 # gshmd SIGKILL + fd store restart with a chmod in between: one GPU.
 gshm_segments_test(test_dev_lease)

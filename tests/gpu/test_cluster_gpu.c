@@ -14,18 +14,15 @@
  * without a driver or a GPU.
  *
  *   test_cluster_gpu [BYTES]      default 1 GiB */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <inttypes.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,15 +34,9 @@
 #include "gpu_check.h"
 
 static int free_port(void) {
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+  int port = harness_free_port();
 
-  REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-              getsockname(fd, (struct sockaddr *)&sa, &len) == 0,
-          "a free port");
-  port = ntohs(sa.sin_port);
-  close(fd);
+  REQUIRE(port > 0, "a free port: %s", strerror(-port));
   return port;
 }
 

@@ -1,0 +1,255 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Two edges of a pull into device memory, where gshmd makes the local
+ * segment with the CUDA backend's alloc_pull (not zeroed below the
+ * requested size: the pull writes every byte of it before anyone else can
+ * read it) and asks the peer for the first chunks before that segment is
+ * made:
+ *
+ *  1. the tail: a pulled segment whose size is not a multiple of the
+ *     granularity reads zeros past its requested size, also where gshmd's
+ *     device memory on that GPU held other bytes just before (a segment of
+ *     the same allocated size filled with 0xEE and freed first); the bytes
+ *     below it are the source's;
+ *  2. the local segment cannot be made (limits.max_segments reached on the
+ *     puller) while the first chunks are already asked: the pull fails with
+ *     -EMFILE, nothing of it is left (no segment, no pull in flight, the
+ *     peer's grant released), and the same pull with room lands whole.
+ *
+ * One GPU; exit 77 without a driver or a GPU.  With
+ * $GSHM_PULL_EDGES_HOST=1 the same steps run on host segments (gshmd
+ * --backend host), which checks the test's own logic on every CI build. */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cudadrv.h"
+#include "gpu_check.h"
+#include "gshm.h"
+#include "harness.h"
+
+#define MiB (1ull << 20)
+#define TAIL_ALLOC (8 * MiB)          /* a multiple of any GPU's granularity (2 MiB) */
+#define TAIL_SIZE (TAIL_ALLOC - 4095) /* its pulled segment's requested size */
+#define BIG_SIZE (24 * MiB + 4099)    /* 25 chunks of 1 MiB */
+
+static const char *loc = "cuda:0";
+
+static int free_port(void) {
+  int port = harness_free_port();
+
+  REQUIRE(port > 0, "a free port: %s", strerror(-port));
+  return port;
+}
+
+/* A node's "--set" arguments (in store, argv NULL-terminated): the
+ * backend, its cluster settings, and `extra` when not NULL. */
+static void node_args(char store[10][512], const char *argv[11], const char *backend,
+                      const char *name, int port, const char *peers, const char *key,
+                      const char *exports, const char *extra) {
+  struct group *g = getgrgid(getegid());
+  int n = 0;
+
+  snprintf(store[n++], 512, "--set=daemon.backend=%s", backend);
+  snprintf(store[n++], 512, "--set=cluster.listen=127.0.0.1:%d", port);
+  snprintf(store[n++], 512, "--set=cluster.node_name=%s", name);
+  snprintf(store[n++], 512, "--set=cluster.peers=%s", peers);
+  snprintf(store[n++], 512, "--set=cluster.secret_file=%s", key);
+  snprintf(store[n++], 512, "--set=cluster.export=%s", exports);
+  snprintf(store[n++], 512, "--set=cluster.pull_group=%s", g ? g->gr_name : "root");
+  snprintf(store[n++], 512, "--set=cluster.pull_chunk=1M");
+  if (extra)
+    snprintf(store[n++], 512, "--set=%s", extra);
+  for (int i = 0; i < n; i++)
+    argv[i] = store[i];
+  argv[n] = NULL;
+}
+
+/* A segment `name` of `size` bytes at loc on c, filled with bytes (or
+ * with seed's random bytes when bytes is NULL), then closed. */
+static void make(gshm_client_t *c, const char *name, uint64_t size, const uint8_t *bytes,
+                 unsigned long long seed) {
+  gshm_segment_t *seg;
+  uint8_t *buf = NULL;
+  int e = gshm_create(c, name, size, loc, 0644, 0, &seg);
+
+  REQUIRE(e == 0, "create %s at %s: %s (%s)", name, loc, gshm_strerror(e), gshm_last_error(c));
+  if (!bytes) {
+    REQUIRE((buf = malloc(size)), "malloc");
+    harness_random(buf, size, seed);
+    bytes = buf;
+  }
+  REQUIRE(gshm_write(seg, 0, bytes, size) == 0, "fill %s", name);
+  gshm_close(seg);
+  free(buf);
+}
+
+/* Whether every byte of `name` on c below size is seed's and every byte
+ * past it, to the end of what was allocated, is zero; *alloc_out: the
+ * allocated size. */
+static bool pulled_ok(gshm_client_t *c, const char *name, uint64_t size,
+                      unsigned long long seed, uint64_t *alloc_out) {
+  gshm_segment_t *seg;
+  uint8_t *want, *got;
+  uint64_t alloc, nonzero = 0;
+  bool same;
+
+  if (gshm_open(c, name, GSHM_ACCESS_READ, &seg)) {
+    fprintf(stderr, "open %s: %s\n", name, gshm_last_error(c));
+    return false;
+  }
+  alloc = *alloc_out = gshm_segment_info(seg)->size;
+  REQUIRE(gshm_segment_info(seg)->requested_size == size && alloc >= size,
+          "%s: requested %" PRIu64 ", size %" PRIu64, name,
+          gshm_segment_info(seg)->requested_size, alloc);
+  REQUIRE((want = malloc(size)) && (got = malloc(alloc)), "malloc");
+  harness_random(want, size, seed);
+  memset(got, 0x5a, alloc);
+  REQUIRE(gshm_read(seg, 0, got, alloc) == 0, "read %s", name);
+  same = memcmp(got, want, size) == 0;
+  for (uint64_t i = size; i < alloc; i++)
+    nonzero += got[i] != 0;
+  if (!same || nonzero)
+    fprintf(stderr, "%s: bytes below %" PRIu64 " %s the source's; %" PRIu64 " of the %" PRIu64
+            " bytes past it are not zero\n",
+            name, size, same ? "are" : "are NOT", nonzero, alloc - size);
+  gshm_close(seg);
+  free(want);
+  free(got);
+  return same && nonzero == 0;
+}
+
+/* Waits up to 10 s for c's gshmd to count no lease; returns the count. */
+static unsigned leases_settle(gshm_client_t *c) {
+  gshm_status_info_t st = {0};
+
+  for (int i = 0; i < 200; i++) {
+    REQUIRE(gshm_status(c, &st) == 0, "status");
+    if (st.leases == 0)
+      break;
+    usleep(50000);
+  }
+  return st.leases;
+}
+
+/* 1: the tail of a pulled segment over device memory gshmd used before. */
+static void tail_step(gshm_client_t *a, gshm_client_t *b) {
+  gshm_pull_opts_t po = {.local_name = "got/tail", .location = loc};
+  uint8_t *dirty = malloc(TAIL_ALLOC);
+  uint64_t alloc = 0;
+  int e;
+
+  REQUIRE(dirty, "malloc");
+  memset(dirty, 0xEE, TAIL_ALLOC);
+  make(a, "pub/tail", TAIL_SIZE, NULL, 71);
+  for (int round = 0; round < 3; round++) {
+    /* the memory the pull is likely to get: freed by gshmd just now */
+    make(b, "dirty", TAIL_ALLOC, dirty, 0);
+    REQUIRE(gshm_unlink(b, "dirty") == 0, "unlink dirty");
+    e = gshm_pull(b, "a", "pub/tail", &po, NULL);
+    REQUIRE(e == 0, "pull pub/tail: %s (%s)", gshm_strerror(e), gshm_last_error(b));
+    CHECK(pulled_ok(b, "got/tail", TAIL_SIZE, 71, &alloc),
+          "round %d: the pulled segment is not the source's bytes followed by zeros", round);
+    CHECK(alloc > TAIL_SIZE, "no tail to check: %" PRIu64 " bytes allocated", alloc);
+    REQUIRE(gshm_unlink(b, "got/tail") == 0, "unlink got/tail");
+  }
+  printf("tail: %" PRIu64 " bytes pulled, %" PRIu64 " allocated, 3 rounds over freed memory%s\n",
+         (uint64_t)TAIL_SIZE, alloc, failures ? "" : ": the source's bytes, then zeros");
+  REQUIRE(gshm_unlink(a, "pub/tail") == 0, "unlink pub/tail");
+  free(dirty);
+}
+
+/* 2: the local segment cannot be made while the first chunks are asked. */
+static void no_room_step(gshm_client_t *a, gshm_client_t *b) {
+  gshm_pull_opts_t po = {.local_name = "got/big", .location = loc};
+  gshm_status_info_t st;
+  gshm_cluster_pull_t *v = NULL;
+  uint64_t alloc;
+  size_t n = 9;
+  int e;
+
+  make(a, "pub/big", BIG_SIZE, NULL, 73);
+  /* b's limit is 2 segments: these take both */
+  make(b, "keep/1", 4096, NULL, 75);
+  make(b, "keep/2", 4096, NULL, 77);
+  e = gshm_pull(b, "a", "pub/big", &po, NULL);
+  CHECK(e == -EMFILE, "a pull past limits.max_segments: %s (%s), want EMFILE", gshm_strerror(e),
+        gshm_last_error(b));
+  CHECK(gshm_cluster_pulls(b, &v, &n) == 0 && n == 0, "%zu pulls still in flight", n);
+  gshm_free(v);
+  CHECK(gshm_status(b, &st) == 0 && st.segments == 2, "b holds %u segments, want 2",
+        st.segments);
+  CHECK(leases_settle(a) == 0, "a's grant to b was not released");
+  /* with room, the same pull lands whole */
+  REQUIRE(gshm_unlink(b, "keep/2") == 0, "unlink keep/2");
+  e = gshm_pull(b, "a", "pub/big", &po, NULL);
+  CHECK(e == 0, "the pull with room: %s (%s)", gshm_strerror(e), gshm_last_error(b));
+  CHECK(!e && pulled_ok(b, "got/big", BIG_SIZE, 73, &alloc), "got/big differs from pub/big");
+  if (!e)
+    CHECK(gshm_unlink(b, "got/big") == 0, "unlink got/big");
+  CHECK(gshm_unlink(b, "keep/1") == 0, "unlink keep/1");
+  CHECK(gshm_unlink(a, "pub/big") == 0, "unlink pub/big");
+  CHECK(leases_settle(a) == 0, "a still counts leases after the last pull");
+  printf("no room: %s\n", failures ? "see the failures above"
+                                    : "the pull failed with EMFILE and left nothing; with room "
+                                      "it landed whole");
+}
+
+int main(void) {
+  static char sa[10][512], sb[10][512];
+  const char *host = getenv("GSHM_PULL_EDGES_HOST");
+  bool on_host = host && !strcmp(host, "1");
+  const char *backend = on_host ? "host" : "cuda", *aa[11], *ab[11];
+  char dir[] = "/tmp/gshm-pull-edges-XXXXXX", key[300], pa[64], pb[64];
+  struct harness A = {0}, B = {0};
+  gshm_client_t *a, *b;
+  const struct gshm_cudadrv *drv;
+  int count = 1, port_a, port_b, fd;
+
+  if (!on_host &&
+      (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) || drv->cuDeviceGetCount(&count) != CUDA_SUCCESS))
+    count = 0;
+  if (count < 1) {
+    fprintf(stderr, "SKIP: needs a CUDA driver and a GPU (have %d)\n", count);
+    return SKIP;
+  }
+  if (on_host)
+    loc = "host";
+  setenv("UCX_TLS", "tcp", 0);
+  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+  REQUIRE(mkdtemp(dir), "mkdtemp");
+  snprintf(key, sizeof(key), "%s/key", dir);
+  fd = open(key, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(fd >= 0 && write(fd, "gpu-test-pull-edges-key-0123456\n", 32) == 32, "key file");
+  close(fd);
+  port_a = free_port();
+  port_b = free_port();
+  snprintf(pa, sizeof(pa), "b=127.0.0.1:%d", port_b);
+  snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", port_a);
+  node_args(sa, aa, backend, "a", port_a, pa, key, "pub/*", NULL);
+  node_args(sb, ab, backend, "b", port_b, pb, key, "", "limits.max_segments=2");
+  REQUIRE(harness_start(&A, aa) == 0, "gshmd a");
+  harness_set_leftover(&A);
+  atexit(harness_kill_leftover);
+  REQUIRE(harness_start(&B, ab) == 0, "gshmd b");
+  REQUIRE(gshm_connect(A.socket_path, "edges-a", &a) == 0, "connect a");
+  REQUIRE(gshm_connect(B.socket_path, "edges-b", &b) == 0, "connect b");
+
+  tail_step(a, b);
+  no_room_step(a, b);
+
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+  CHECK(harness_stop(&B) == 0, "gshmd b exit");
+  CHECK(harness_stop(&A) == 0, "gshmd a exit");
+  harness_set_leftover(NULL);
+  unlink(key);
+  rmdir(dir);
+  printf("%s\n", failures ? "FAIL" : "ok");
+  return failures ? 1 : 0;
+}
