@@ -12,7 +12,8 @@
  * A second rogue, "rl", takes data lanes (CAP_LANES) and lies on them: it
  * sends part of a data frame on a lane and nothing more while it keeps
  * the link's control connection busy (the pull fails once the link's
- * request timeout passes without a byte). */
+ * request timeout passes without a byte), or answers with an error a
+ * request whose frame a lane has claimed (refused as a protocol error). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -641,10 +642,51 @@ static void test_lane_frame_stalled(void **state) {
   gshm_disconnect(p);
 }
 
+static void send_status_rl(uint32_t rid) {
+  send_status(&rl, rid, "the rogue answers a read whose bytes it is sending");
+}
+
+/* A key holder sends part of a Read's frame on a lane (P's lane thread
+ * has claimed the request: its bytes go straight into place) and then
+ * answers the same request with an error on the control connection: an
+ * answer to a request whose bytes are coming is a lie, refused as a
+ * protocol error (the link goes, the pull fails with -EPROTO, nothing is
+ * left), never a second end of the claimed request. */
+static void test_status_answer_to_claimed(void **state) {
+  static struct rl_pull bg;
+  gshm_client_t *p = connect_to(&P);
+  long protocol = metric(p, "gshm_cluster_refusals_total{cause=\"protocol\"}");
+  uint64_t part = claimed_after();
+  unsigned counts;
+  char why[160];
+  (void)state;
+
+  if (part >= RL_FRAME)
+    skip();
+  rl_up(p);
+  memset(&bg, 0, sizeof(bg));
+  assert_int_equal(pthread_create(&bg.t, NULL, rl_pull_thread, &bg), 0);
+  assert_int_equal(pthread_create(&bg.mon, NULL, monitor_thread, &bg), 0);
+  assert_true(serve_partial(&bg, part, send_status_rl, false, 20000, &counts) != 0);
+  printf("status answer to a claimed read: %d %s\n", bg.err, bg.msg);
+  assert_true(bg.done);
+  pthread_join(bg.t, NULL);
+  pthread_join(bg.mon, NULL);
+  assert_int_equal(bg.err, -EPROTO);
+  assert_non_null(strstr(bg.msg, "answered a request whose bytes it is sending"));
+  rl_message(p, why, sizeof(why));
+  assert_non_null(strstr(why, "answered a request whose bytes it is sending"));
+  assert_int_equal(metric(p, "gshm_cluster_refusals_total{cause=\"protocol\"}"), protocol + 1);
+  assert_nothing_left(p);
+  rl_down();
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lies_refused),
       cmocka_unit_test(test_grant_not_listed),
+      cmocka_unit_test(test_status_answer_to_claimed),
       cmocka_unit_test(test_lane_frame_stalled),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
