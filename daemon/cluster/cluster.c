@@ -34,9 +34,9 @@ static void on_message(struct link *l, Gshm__Cluster__Msg *m) {
                      up ? "unexpected message" : "message before the hello");
 }
 
-static void on_lost(struct link *l) {
+static void on_lost(struct link *l, int err, const char *why) {
   gshmd__link_data_lost(l);
-  gshmd__pull_link_lost(cluster_of(l->ll), l);
+  gshmd__pull_link_lost(cluster_of(l->ll), l, err, why);
 }
 
 static void on_idle(struct link *l) { gshmd__serve_link_idle(cluster_of(l->ll), l); }

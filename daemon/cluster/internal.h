@@ -160,8 +160,10 @@ void gshmd__peers_stop(struct gshmd_cluster *cl);
 /* Starts a pull for local client c (see gshmd_cluster_handle_pull). */
 int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
                       const Gshm__PullRequest *m, const char **msg_out);
-/* The link under running pulls failed: they fail. */
-void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l);
+/* The link under running pulls failed with err and why (gshmd__link_fail's):
+ * they fail, with -ETIMEDOUT or -EPROTO where err is that, else
+ * -ECONNRESET (a lost peer), and a message that says why. */
+void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l, int err, const char *why);
 /* Pulls of client c fail (it went away). */
 void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);
 /* Finishes pulls that are done or failed and have nothing in flight (run

@@ -92,7 +92,8 @@ struct lane {
   unsigned rx_busy;           /* under mu: slots with the loop */
   struct lane_ev ev_exit;
   atomic_uint_fast64_t queued;  /* bytes queued, not yet written */
-  atomic_int_fast64_t progress_ns; /* CLOCK_MONOTONIC: the last frame moved */
+  atomic_int_fast64_t progress_ns; /* sender: CLOCK_MONOTONIC, the last frame written */
+  atomic_int_fast64_t frame_ns;  /* receiver: the frame it reads began (lane_io.h); 0: none */
 };
 
 struct lane_queue {
@@ -181,7 +182,7 @@ static int receive_one(struct lane *ln) {
   while (ln->rx_busy == LANE_RX_SLOTS)
     pthread_cond_wait(&ln->cv, &ln->mu);
   pthread_mutex_unlock(&ln->mu);
-  if ((e = gshmd__lane_read_all(ln->st.fd, h, sizeof(*h))))
+  if ((e = gshmd__lane_read_begin(ln->st.fd, h, sizeof(*h), &ln->frame_ns)))
     return e;
   if (h->kind != FRAME_DATA || h->len == 0)
     return -EPROTO;
@@ -197,7 +198,7 @@ static int receive_one(struct lane *ln) {
   else if (!(e = gshmd__lane_read_all(ln->st.fd, rx->dst, h->len)) &&
            !(e = gshmd__lane_read_all(ln->st.fd, rx->tag, sizeof(rx->tag))))
     rx->n = ln->st.n_rx++;
-  atomic_store(&ln->progress_ns, gshm__now_ns(CLOCK_MONOTONIC));
+  atomic_store_explicit(&ln->frame_ns, 0, memory_order_relaxed);
   pthread_mutex_lock(&ln->mu);
   ln->rx_busy++;
   pthread_mutex_unlock(&ln->mu);
@@ -466,6 +467,7 @@ int gshmd__lane_attach(struct link *lane, struct link *parent) {
   ln->pending_tail = &ln->pending;
   atomic_init(&ln->queued, 0);
   atomic_init(&ln->progress_ns, gshm__now_ns(CLOCK_MONOTONIC));
+  atomic_init(&ln->frame_ns, 0);
   pthread_mutex_init(&ln->mu, NULL);
   pthread_cond_init(&ln->cv, NULL);
   /* a receiver claims its frames' requests in parent's landings */
@@ -644,10 +646,14 @@ int gshmd__lane_send(struct link *parent, uint32_t rid, uint64_t offset, const v
   return 0;
 }
 
-bool gshmd__lane_overdue(const struct link *lane, int64_t now) {
+const char *gshmd__lane_overdue(const struct link *lane, int64_t now) {
   struct lane *ln = lane->lane;
-  return ln && atomic_load(&ln->queued) &&
-         now - atomic_load(&ln->progress_ns) > LINK_REQUEST_NS;
+
+  if (ln && !ln->sender) /* a frame stopped midway (lane_io.h) */
+    return gshmd__lane_rx_overdue(ln->st.fd, &ln->frame_ns, now);
+  return ln && atomic_load(&ln->queued) && now - atomic_load(&ln->progress_ns) > LINK_REQUEST_NS
+             ? "the peer did not read a data lane in time"
+             : NULL;
 }
 
 /* A lane fails: its thread stops, and its link fails unless that is why;

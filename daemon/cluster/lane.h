@@ -95,8 +95,13 @@ void gshmd__lanes_link_failed(struct link *l, enum link_state was);
  * len of 0 or over 4 GiB - 1, -ENOMEM. */
 int gshmd__lane_send(struct link *parent, uint32_t rid, uint64_t offset, const void *src,
                      uint64_t len, void (*done)(void *arg, int err), void *arg);
-/* Whether lane has had bytes queued without progress for longer than
- * LINK_REQUEST_NS at now (CLOCK_MONOTONIC ns): the peer stopped reading. */
-bool gshmd__lane_overdue(const struct link *lane, int64_t now);
+/* Why lane is overdue at now (CLOCK_MONOTONIC ns), or NULL: a serving
+ * lane that has had bytes queued without progress for longer than
+ * LINK_REQUEST_NS (the peer stopped reading), or a pulling lane amid a
+ * frame whose connection received nothing for that long (the peer
+ * stopped sending midway: its request, claimed by the lane, would wait
+ * forever while the peer keeps the link's control connection busy).
+ * The link_hooks lane_overdue; the sweep fails the lane's link. */
+const char *gshmd__lane_overdue(const struct link *lane, int64_t now);
 
 #endif

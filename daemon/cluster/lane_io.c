@@ -1,12 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* A data lane's blocking I/O, on its thread (lane_io.h). */
+/* A data lane's blocking I/O, on its thread, and whether a frame being
+ * read has stopped midway (lane_io.h). */
 #include "lane_io.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+
+#include "link.h"
+#include "util.h"
 
 /* gshmd__lane_write_all with more sendmsg flags (MSG_MORE). */
 static int write_iov(int fd, struct iovec *iov, int n, int flags) {
@@ -48,6 +55,38 @@ int gshmd__lane_read_all(int fd, void *buf, size_t len) {
     len -= (size_t)r;
   }
   return 0;
+}
+
+int gshmd__lane_read_begin(int fd, void *buf, size_t len, atomic_int_fast64_t *began_ns) {
+  ssize_t r;
+
+  /* not MSG_WAITALL: a peer that sends part of a header and stops must
+   * show a frame in progress too (the whole header nearly always comes
+   * in this one call) */
+  while ((r = recv(fd, buf, len, 0)) < 0 && errno == EINTR)
+    ;
+  if (r <= 0)
+    return r == 0 ? -ECONNRESET : -errno;
+  atomic_store_explicit(began_ns, gshm__now_ns(CLOCK_MONOTONIC), memory_order_relaxed);
+  return gshmd__lane_read_all(fd, (uint8_t *)buf + r, len - (size_t)r);
+}
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+const char *gshmd__lane_rx_overdue(int fd, const atomic_int_fast64_t *began_ns, int64_t now) {
+  int64_t began = atomic_load_explicit(began_ns, memory_order_relaxed);
+  struct tcp_info ti;
+  socklen_t len = sizeof(ti);
+
+  if (!began || now - began <= LINK_REQUEST_NS)
+    return NULL;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+      len >= offsetof(struct tcp_info, tcpi_last_data_recv) + sizeof(ti.tcpi_last_data_recv) &&
+      (int64_t)ti.tcpi_last_data_recv * 1000000 <= LINK_REQUEST_NS)
+    return NULL; /* bytes still come */
+  return "the peer stopped sending a data frame midway on a data lane (nothing for " STR(
+      LINK_REQUEST_S) " s)";
 }
 
 int gshmd__lane_write_tagged(int fd, const uint8_t *key, uint64_t n, const struct frame_hdr *hdr,

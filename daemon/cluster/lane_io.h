@@ -2,10 +2,12 @@
 /* A data lane's blocking I/O on its own thread (lane.c): whole writes
  * and reads, and a frame tagged or checked piece by piece as it goes
  * through the socket (AES-GMAC with ghash.h's GHASH: the piece is hashed
- * while it sits in the core's cache, beside the copy). */
+ * while it sits in the core's cache, beside the copy); and, for the
+ * loop's sweep, whether a frame being read has stopped midway. */
 #ifndef GSHMD_CLUSTER_LANE_IO_H
 #define GSHMD_CLUSTER_LANE_IO_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -25,6 +27,23 @@ int gshmd__lane_write_all(int fd, struct iovec *iov, int n);
 /* Reads exactly len bytes into buf.  Returns 0, -ECONNRESET at the end
  * of the connection, or a negative errno from recv. */
 int gshmd__lane_read_all(int fd, void *buf, size_t len);
+
+/* Waits (without limit) for the first bytes of the next frame, stores
+ * when they came (CLOCK_MONOTONIC ns, a relaxed store) in *began_ns, and
+ * reads the rest of its len bytes into buf: from then on the loop's
+ * sweep sees a frame in progress (lane.c).  Returns as
+ * gshmd__lane_read_all. */
+int gshmd__lane_read_begin(int fd, void *buf, size_t len, atomic_int_fast64_t *began_ns);
+
+/* The loop's side (its sweep): why the frame a lane's thread is reading
+ * from fd, begun at *began_ns (0: none; an idle lane waits without
+ * limit), has stopped midway, or NULL: it began over LINK_REQUEST_NS
+ * before now (CLOCK_MONOTONIC ns) and fd received nothing for as long.
+ * The thread blocks in one MSG_WAITALL recv of a whole piece or frame
+ * meanwhile, so only the kernel knows whether bytes still come
+ * (TCP_INFO's last_data_recv); where it cannot say, the frame's age
+ * alone decides. */
+const char *gshmd__lane_rx_overdue(int fd, const atomic_int_fast64_t *began_ns, int64_t now);
 
 /* Writes frame n (hdr, its hdr->len > 0 payload bytes at src, the tag)
  * to fd, tagging each LANE_PIECE of the payload with key (STREAM_KEY

@@ -257,7 +257,7 @@ void gshmd__link_fail(struct link *l, int err, const char *why) {
     gshm_log_info("cluster: peer '%s' (%s) disconnected: %s", l->peer->name, l->remote, why);
   reqs_fail(&l->reqs, err, why);
   if (ll->hooks.on_lost)
-    ll->hooks.on_lost(l);
+    ll->hooks.on_lost(l, err, why);
   /* Copies and sends still running read the granted segments: the
    * serving state goes with the last of them. */
   if (l->busy == 0 && ll->hooks.on_idle)
@@ -497,8 +497,10 @@ static void on_stream_ctrl(struct stream *s, const uint8_t *payload, size_t len)
 /* ---- the sweep: timeouts, reconnects ---------------------------------- */
 
 /* A link that waits too long: a hello not done, a refused link the peer
- * did not close, requests the peer leaves unanswered, or a peer that
- * stopped reading what we send. */
+ * did not close, requests the peer leaves unanswered, a peer that
+ * stopped reading what we send, or a data lane of it that waits too
+ * long (lane.h: whose link then fails, counted as a timeout: the
+ * link's own activity says nothing of its lanes). */
 static const char *link_overdue(struct link *l, int64_t now) {
   struct links *ll = l->ll;
   int64_t hello = l->inbound && ll->hello_timeout_ns > LINK_HELLO_NS ? LINK_HELLO_NS
@@ -511,10 +513,14 @@ static const char *link_overdue(struct link *l, int64_t now) {
       gshmd__link_refused(ll, REFUSE_TIMEOUT, l->remote, "no hello in time");
     return "no answer to the hello in time";
   }
-  if (l->is_lane)
-    return l->state == LINK_UP && ll->hooks.lane_overdue && ll->hooks.lane_overdue(l, now)
-               ? "the peer did not read a data lane in time"
-               : NULL;
+  if (l->is_lane) {
+    const char *why = l->state == LINK_UP && ll->hooks.lane_overdue
+                          ? ll->hooks.lane_overdue(l, now)
+                          : NULL;
+    if (why)
+      gshmd__link_refused(ll, REFUSE_TIMEOUT, l->remote, why);
+    return why;
+  }
   if (l->state != LINK_UP || now - l->active_ns <= LINK_REQUEST_NS)
     return NULL;
   if (!gshm_list_empty(&l->reqs) &&
@@ -536,7 +542,8 @@ static void on_sweep(uv_timer_t *t) {
   gshm_list_foreach_safe(pos, tmp, &ll->links) {
     struct link *l = gshm_list_entry(pos, struct link, node);
     if (l->state != LINK_CLOSED && (why = link_overdue(l, now)))
-      gshmd__link_fail(l, -ETIMEDOUT, why);
+      /* an overdue lane: its link, with the reason (the lane goes with it) */
+      gshmd__link_fail(l->is_lane && l->lane_of ? l->lane_of : l, -ETIMEDOUT, why);
   }
   for (unsigned i = 0; i < ll->npeers; i++) {
     struct peer *p = &ll->peers[i];

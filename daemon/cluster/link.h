@@ -47,7 +47,8 @@
 #define LINK_LANE_TOKEN 16       /* bytes of a link's lane token */
 #define LINK_MAX_FDS 256         /* cluster connections in all (fds: see gshmd__link_start) */
 #define LINK_HELLO_NS 3000000000LL     /* an inbound hello not done by then is closed */
-#define LINK_REQUEST_NS 60000000000LL  /* a request without progress for that long fails */
+#define LINK_REQUEST_S 60              /* a request without progress for that long fails */
+#define LINK_REQUEST_NS (LINK_REQUEST_S * 1000000000LL)
 
 enum peer_state { PEER_DOWN, PEER_CONNECTING, PEER_UP };
 enum link_state {
@@ -178,8 +179,9 @@ struct link_hooks {
   /* A control message that is not an answer to one of our requests
    * (hello steps before the link is up, requests after). */
   void (*on_message)(struct link *l, Gshm__Cluster__Msg *m);
-  /* l failed (was up or not): what runs on it fails. */
-  void (*on_lost)(struct link *l);
+  /* l failed (was up or not) with err and why (gshmd__link_fail's): what
+   * runs on it fails. */
+  void (*on_lost)(struct link *l, int err, const char *why);
   /* A failed link has nothing in flight any more: its serving state goes. */
   void (*on_idle)(struct link *l);
   /* Data frames on l's stream (data.c): where a frame's bytes go, and
@@ -188,11 +190,13 @@ struct link_hooks {
   void (*data_done)(struct link *l, void *tok, int err);
   /* Data lanes (lane.c, above this layer): an outbound link came up (its
    * puller opens its lanes); l fails, was its state (its lanes stop; a
-   * lane leaves its link); whether lane l has had bytes queued without
-   * progress too long at now.  Each may be NULL (no lanes). */
+   * lane leaves its link); why lane l is overdue at now (bytes queued
+   * without progress, or a frame stopped midway, for LINK_REQUEST_NS),
+   * or NULL: the sweep then fails l's link with -ETIMEDOUT and that
+   * reason.  Each may be NULL (no lanes). */
   void (*on_up)(struct link *l);
   void (*on_fail)(struct link *l, enum link_state was);
-  bool (*lane_overdue)(const struct link *l, int64_t now);
+  const char *(*lane_overdue)(const struct link *l, int64_t now);
   /* After each batch of worker progress, outside UCX callbacks. */
   void (*after_progress)(void *arg);
   void *arg;
@@ -294,8 +298,10 @@ void gshmd__link_data_done(struct link *l, void *tok, int err);
  * this node's own requests, which its budgets bound (PEER_READ_BUDGET):
  * a peer cannot add one.  A frame is checked against its request's
  * offset and length before a byte of it is read.  A claimed request
- * stays on its link's reqs until its bytes are in: the link's request
- * timeout (LINK_REQUEST_NS) also ends a frame that stops midway.
+ * stays on its link's reqs until its bytes are in; a frame that stops
+ * midway is ended by the sweep (lane_overdue: nothing received on its
+ * lane for LINK_REQUEST_NS), not by the link's request timeout, which a
+ * peer keeps away by answering other requests.
  *
  * l's landings, made if it has none (l holds them until it is freed,
  * each lane of it until its thread is gone, each frame of those lanes

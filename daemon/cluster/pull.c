@@ -625,17 +625,21 @@ void gshmd__pull_item_close(struct pull *p) {
   s->nclosed++;
 }
 
-void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l) {
+void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l, int err, const char *why) {
   struct gshm_list *pos, *tmp;
   (void)cl;
+  /* a peer that stopped midway or broke the protocol says so; any other
+   * end of the link is a lost peer */
+  if (err != -ETIMEDOUT && err != -EPROTO)
+    err = -ECONNRESET;
   gshm_list_foreach_safe(pos, tmp, &l->pulls) {
     struct pull *p = gshm_list_entry(pos, struct pull, link_node);
     gshm_list_del(&p->link_node);
     p->on_link = false;
     p->link = NULL;
-    pull_fail(p, -ECONNRESET,
-              "peer '%s' lost mid-pull (%" PRIu64 " of %" PRIu64 " bytes of '%s' read)",
-              p->s->peer->name, p->done, p->total, p->remote_name);
+    pull_fail(p, err,
+              "peer '%s' lost mid-pull: %s; %" PRIu64 " of %" PRIu64 " bytes of '%s' read",
+              p->s->peer->name, why, p->done, p->total, p->remote_name);
   }
 }
 

@@ -5,6 +5,7 @@
  * connecting side first; then one key per direction from the cluster key
  * and both nonces (crypto_generichash, crypto_kdf). */
 #include "rogue.h"
+#include "lane_io.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,13 +39,14 @@ void rogue_key(const char *path, uint8_t key[32]) {
 }
 
 /* The hello's MAC in direction dir ('S' from the listening side, 'C'
- * from the connecting one). */
+ * from the connecting one); a lane's covers its link's token too. */
 static void hello_mac(const struct rogue *r, char dir, uint8_t mac[crypto_auth_BYTES]) {
   const uint8_t *nc = r->accepted ? r->nonce_theirs : r->nonce_mine;
   const uint8_t *ns = r->accepted ? r->nonce_mine : r->nonce_theirs;
   const char *name_c = r->accepted ? r->peer : r->name, *name_s = r->accepted ? r->name : r->peer;
-  uint32_t caps_c = r->accepted ? r->caps_theirs : 0, caps_s = r->accepted ? 0 : r->caps_theirs;
-  uint8_t buf[16 + 64 + 2 * 64 + 8];
+  uint32_t caps_c = r->accepted ? r->caps_theirs : r->caps;
+  uint32_t caps_s = r->accepted ? r->caps : r->caps_theirs;
+  uint8_t buf[16 + 64 + 2 * 64 + 8 + ROGUE_LANE_TOKEN];
   size_t n = 0;
 
   memcpy(buf, "gshm-cluster-2 ", 15);
@@ -58,7 +61,12 @@ static void hello_mac(const struct rogue *r, char dir, uint8_t mac[crypto_auth_B
   n += strlen(name_s) + 1;
   memcpy(buf + n, &caps_c, 4);
   memcpy(buf + n + 4, &caps_s, 4);
-  crypto_auth(mac, buf, n + 8, r->key);
+  n += 8;
+  if (r->is_lane) {
+    memcpy(buf + n, r->lane_token, ROGUE_LANE_TOKEN);
+    n += ROGUE_LANE_TOKEN;
+  }
+  crypto_auth(mac, buf, n, r->key);
 }
 
 /* The stream's keys after the hello (tx, rx: which directions now). */
@@ -66,7 +74,10 @@ static void hello_keys(struct rogue *r, bool tx, bool rx) {
   const uint8_t *nc = r->accepted ? r->nonce_theirs : r->nonce_mine;
   const uint8_t *ns = r->accepted ? r->nonce_mine : r->nonce_theirs;
   uint8_t in[16 + 64], master[crypto_kdf_KEYBYTES], c2s[STREAM_KEY], s2c[STREAM_KEY];
-  enum stream_mode mode = gshmd__stream_mode(r->caps_theirs & GSHM__CLUSTER__CAP__CAP_ENCRYPT, false, false);
+  /* (the rogue claims neither AES nor GMAC: Poly1305, or ChaCha20 when
+   * either side encrypts) */
+  enum stream_mode mode =
+      gshmd__stream_mode((r->caps | r->caps_theirs) & GSHM__CLUSTER__CAP__CAP_ENCRYPT, false, false);
 
   memcpy(in, "gshm-session-2\0\0", 16);
   memcpy(in + 16, nc, 32);
@@ -74,6 +85,8 @@ static void hello_keys(struct rogue *r, bool tx, bool rx) {
   crypto_generichash(master, sizeof(master), in, sizeof(in), r->key, 32);
   crypto_kdf_derive_from_key(c2s, sizeof(c2s), 1, "gshm-c2s", master);
   crypto_kdf_derive_from_key(s2c, sizeof(s2c), 2, "gshm-s2c", master);
+  if (!r->is_lane) /* what the link's lanes name it by, as hello.c derives it */
+    crypto_kdf_derive_from_key(r->lane_token, ROGUE_LANE_TOKEN, 3, "gshm-lan", master);
   if (tx)
     gshmd__stream_key_tx(&r->st, mode, r->accepted ? s2c : c2s);
   if (rx)
@@ -136,11 +149,20 @@ static void on_hello(struct rogue *r, const Gshm__Cluster__Hello *h) {
     r->failed = true;
     return;
   }
+  /* a lane names its link (and only a lane's hello may) */
+  if (r->is_lane != (h->lane_of.len != 0) ||
+      (r->is_lane && (h->lane_of.len != ROGUE_LANE_TOKEN ||
+                      sodium_memcmp(h->lane_of.data, r->lane_token, ROGUE_LANE_TOKEN)))) {
+    snprintf(r->refusal, sizeof(r->refusal), "%s", r->is_lane ? "not a lane of the link" : "a lane");
+    r->failed = true;
+    return;
+  }
   memcpy(r->nonce_theirs, h->nonce.data, 32);
   r->caps_theirs = h->caps;
   snprintf(r->peer, sizeof(r->peer), "%s", h->node_name);
   hello_mac(r, 'S', mac);
   c.major = 2;
+  c.caps = r->caps;
   c.node_name = r->name;
   c.nonce.data = r->nonce_mine;
   c.nonce.len = 32;
@@ -284,6 +306,7 @@ int rogue_connect(struct rogue *r, int port, const char *name, const char *peer,
   if (rogue_open(r, fd, name, key))
     return -1;
   h.major = 2;
+  h.caps = r->caps;
   h.node_name = r->name;
   h.nonce.data = r->nonce_mine;
   h.nonce.len = 32;
@@ -359,4 +382,55 @@ void rogue_close(struct rogue *r) {
   }
   free(r->sink);
   r->sink = NULL;
+}
+
+int rogue_accept_lane(struct rogue *r, int lfd, struct rogue_lane *ln) {
+  struct rogue *t = calloc(1, sizeof(*t));
+  int e = -1;
+
+  if (!t)
+    return -1;
+  /* the lane's own hello, as the link's serving node */
+  t->is_lane = true;
+  t->caps = r->caps;
+  memcpy(t->lane_token, r->lane_token, ROGUE_LANE_TOKEN);
+  t->sink_len = 1; /* (a lane of a serving rogue receives no bytes) */
+  if (rogue_accept(t, lfd, r->name, r->key) == 0) {
+    /* AuthOk in the kernel, then the connection leaves libuv */
+    int64_t end = ms_now() + 5000;
+    while (t->st.tcp.write_queue_size && !t->failed && ms_now() < end)
+      uv_run(&t->loop, UV_RUN_ONCE);
+    e = gshmd__stream_detach(&t->st, &ln->st) ? -1 : 0;
+  }
+  rogue_close(t);
+  free(t);
+  ln->up = e == 0;
+  return e;
+}
+
+int rogue_lane_send(struct rogue_lane *ln, uint32_t rid, uint64_t offset, const void *src,
+                    uint64_t len, uint64_t part) {
+  struct frame_hdr h = gshmd__frame_data(rid, offset, len);
+  uint8_t tag[STREAM_TAG], *ct = NULL;
+  int e;
+
+  if (!ln->up || len == 0 || len > UINT32_MAX || part > len)
+    return -EINVAL;
+  if (gshmd__stream_encrypts(ln->st.mode_tx) && !(ct = malloc(len)))
+    return -ENOMEM;
+  if (!(e = gshmd__stream_seal(ln->st.mode_tx, ln->st.key_tx, ln->st.n_tx++, &h, src, ct, len,
+                               tag))) {
+    struct iovec iov[3] = {{&h, sizeof(h)}, {ct ? ct : (void *)src, part}, {tag, sizeof(tag)}};
+    e = gshmd__lane_write_all(ln->st.fd, iov, part == len ? 3 : 2);
+  }
+  free(ct);
+  return e;
+}
+
+void rogue_lane_close(struct rogue_lane *ln) {
+  if (!ln || !ln->up)
+    return;
+  close(ln->st.fd);
+  sodium_memzero(&ln->st, sizeof(ln->st));
+  ln->up = false;
 }

@@ -18,6 +18,7 @@
 #include "stream.h"
 
 #define ROGUE_QUEUE 4096 /* control messages kept for rogue_recv */
+#define ROGUE_LANE_TOKEN 16 /* bytes of a link's lane token (daemon/cluster/link.h) */
 
 struct rogue {
   uv_loop_t loop;
@@ -28,7 +29,12 @@ struct rogue {
   char name[64], peer[64];
   uint8_t key[32];
   uint8_t nonce_mine[32], nonce_theirs[32];
+  uint32_t caps;                 /* the capabilities it claims (set before the hello; 0:
+                                    none; CAP_LANES: the node opens data lanes to it) */
   uint32_t caps_theirs;
+  bool is_lane;                  /* a data lane in its hello (rogue_accept_lane) */
+  uint8_t lane_token[ROGUE_LANE_TOKEN]; /* a link: what its lanes name it by (from the
+                                           session key); a lane: its link's */
   char refusal[256];             /* the peer's refusal during the hello */
   bool up, failed, closed;
   /* control messages after the hello: kept for rogue_recv, or given to
@@ -74,5 +80,27 @@ void rogue_reading(struct rogue *r, bool on);
 size_t rogue_unsent(struct rogue *r);
 /* Closes the connection and frees the rogue's loop. */
 void rogue_close(struct rogue *r);
+
+/* A data lane of a rogue serving link, after its hello: the connection
+ * taken off libuv (gshmd__stream_detach) with its keys and frame
+ * numbers, written to with blocking writes. */
+struct rogue_lane {
+  struct stream_state st;
+  bool up;
+};
+/* Accepts one connection on lfd (within 10 s) and answers its hello as
+ * a data lane of serving link r (r->caps has CAP_LANES; its Hello must
+ * name r's lane token, as gshmd checks).  Returns 0 with ln up, or -1
+ * (a connection that is not such a lane: closed). */
+int rogue_accept_lane(struct rogue *r, int lfd, struct rogue_lane *ln);
+/* Writes on ln the data frame of the len bytes at src answering request
+ * rid at offset, tagged with the lane's key and next frame number as
+ * gshmd does (gshmd__stream_seal), but only its header and the first
+ * part bytes of its payload, and its tag when part == len.  Blocks until
+ * the kernel took them all.  Returns 0 or a negative errno. */
+int rogue_lane_send(struct rogue_lane *ln, uint32_t rid, uint64_t offset, const void *src,
+                    uint64_t len, uint64_t part);
+/* Closes ln's connection (NULL or not up: nothing). */
+void rogue_lane_close(struct rogue_lane *ln);
 
 #endif

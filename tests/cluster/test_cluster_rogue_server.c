@@ -7,9 +7,16 @@
  * that name: -ESTALE).  The pulling gshmd refuses each with an
  * error that names the peer, leaves nothing behind (no segment, hidden or
  * not, no bytes counted) and stays up; for set pulls (gshm_pull_prefix)
- * and single ones (gshm_pull). */
+ * and single ones (gshm_pull).
+ *
+ * A second rogue, "rl", takes data lanes (CAP_LANES) and lies on them: it
+ * sends part of a data frame on a lane and nothing more while it keeps
+ * the link's control connection busy (the pull fails once the link's
+ * request timeout passes without a byte), or answers with an error a
+ * request whose frame a lane has claimed (refused as a protocol error). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -27,14 +34,23 @@
 
 #include "gshm.h"
 #include "harness.h"
+#include "link.h"
 #include "nodes.h"
 #include "rogue.h"
 
 static struct cluster_keys keys;
-static struct node P; /* pulls from the rogue, node "rs" */
+static struct node P; /* pulls from the rogues, nodes "rs" and "rl" */
 static struct rogue rs;
 static int lfd;
 static char long_name[300];
+/* the rogue that takes data lanes (P opens cluster.streams = 2 to it) */
+#define RL_LANES 2
+#define RL_FRAME (64 * MiB) /* P's Reads of its segment (cluster.pull_chunk) */
+#define RL_SEGMENT (4 * RL_FRAME) /* (a segment pulled alone goes in two chunks a lane at most) */
+static struct rogue rl;
+static struct rogue_lane rl_lanes[RL_LANES];
+static int lfd_rl;
+static uint8_t rkey[32];
 
 /* One lie: the entries of the list's pages, or what a grant says. */
 struct entry {
@@ -130,7 +146,7 @@ static void send_page(uint32_t rid, const struct entry *es, size_t max, unsigned
   send_with_nuls(&m);
 }
 
-static void send_grant(uint32_t rid, const struct entry *e) {
+static void send_grant_to(struct rogue *r, uint32_t rid, const struct entry *e) {
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
   Gshm__Cluster__Segment s;
@@ -144,16 +160,21 @@ static void send_grant(uint32_t rid, const struct entry *e) {
   m.status = 1;
   m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
   m.grant = &g;
-  rogue_send(&rs, &m);
+  rogue_send(r, &m);
 }
 
-static void send_error(uint32_t rid) {
+static void send_grant(uint32_t rid, const struct entry *e) { send_grant_to(&rs, rid, e); }
+
+/* An error answer to request rid of r's peer. */
+static void send_status(struct rogue *r, uint32_t rid, const char *message) {
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   m.request_id = rid;
   m.status = 2; /* STATUS_INVALID_ARGUMENT */
-  m.message = "the rogue does not send bytes";
-  rogue_send(&rs, &m);
+  m.message = (char *)message;
+  rogue_send(r, &m);
 }
+
+static void send_error(uint32_t rid) { send_status(&rs, rid, "the rogue does not send bytes"); }
 
 /* The pull in the background: its result and the puller's message. */
 struct bg {
@@ -209,26 +230,36 @@ static unsigned serve_lie(struct bg *bg, const struct lie *l) {
   return reads;
 }
 
-static int group_setup(void **state) {
+/* A listening socket on 127.0.0.1; *port_out its port. */
+static int listener(int *port_out) {
   struct sockaddr_in sa = {.sin_family = AF_INET};
   socklen_t len = sizeof(sa);
-  uint8_t key[32];
-  char peers[64];
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+  assert_int_equal(listen(fd, 16), 0);
+  *port_out = ntohs(sa.sin_port);
+  return fd;
+}
+
+static int group_setup(void **state) {
+  char peers[96];
+  int port, port_rl;
   (void)state;
 
   memset(long_name, 'x', sizeof(long_name) - 1);
   memcpy(long_name, "pub/", 4);
   keys_make(&keys, "gshm-rogue-server");
-  rogue_key(keys.key, key);
-  lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &len), 0);
-  assert_int_equal(listen(lfd, 4), 0);
-  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d", ntohs(sa.sin_port));
-  node_start(&P, "p", peers, keys.key, "", NULL);
+  rogue_key(keys.key, rkey);
+  lfd = listener(&port);
+  lfd_rl = listener(&port_rl);
+  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d,rl=127.0.0.1:%d", port, port_rl);
+  /* rl's lane tests pull one segment of RL_FRAME bytes in one Read */
+  node_start(&P, "p", peers, keys.key, "", "cluster.streams=2", "cluster.pull_chunk=64M", NULL);
   harness_set_leftover(&P.h);
-  assert_int_equal(rogue_accept(&rs, lfd, "rs", key), 0);
+  assert_int_equal(rogue_accept(&rs, lfd, "rs", rkey), 0);
   return 0;
 }
 
@@ -236,6 +267,7 @@ static int group_teardown(void **state) {
   (void)state;
   rogue_close(&rs);
   close(lfd);
+  close(lfd_rl);
   assert_int_equal(harness_stop(&P.h), 0);
   harness_set_leftover(NULL);
   keys_remove(&keys);
@@ -367,10 +399,295 @@ static void test_grant_not_listed(void **state) {
   gshm_disconnect(p);
 }
 
+/* ---- rl: a rogue that takes data lanes --------------------------------- */
+
+/* Takes P's link to rl and its RL_LANES lanes: P connects again within
+ * a few seconds of its last link's end (connections of P's earlier tries
+ * that nobody took in time are in the backlog first: each fails its
+ * hello, and the next is taken).  Returns once P counts the lanes up. */
+static void rl_up(gshm_client_t *p) {
+  int64_t end = now_ms() + 40000;
+
+  for (;;) {
+    memset(&rl, 0, sizeof(rl));
+    rl.caps = GSHM__CLUSTER__CAP__CAP_LANES;
+    if (rogue_accept(&rl, lfd_rl, "rl", rkey) == 0)
+      break;
+    rogue_close(&rl);
+    assert_true(now_ms() < end);
+  }
+  for (int i = 0; i < RL_LANES; i++)
+    while (rogue_accept_lane(&rl, lfd_rl, &rl_lanes[i]) != 0)
+      assert_true(now_ms() < end);
+  while (metric(p, "gshm_cluster_lanes{peer=\"rl\"}") != RL_LANES) {
+    rogue_run(&rl, 20);
+    assert_false(rl.failed);
+    assert_true(now_ms() < end);
+  }
+}
+
+static void rl_down(void) {
+  for (int i = 0; i < RL_LANES; i++)
+    rogue_lane_close(&rl_lanes[i]);
+  rogue_close(&rl);
+}
+
+/* The answer to P's count request (a List after UINT64_MAX: gshmctl
+ * peers), which keeps P's link to r busy; false: m is not one. */
+static bool answer_count(struct rogue *r, const Gshm__Cluster__Msg *m) {
+  Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListReply lr = GSHM__CLUSTER__LIST_REPLY__INIT;
+
+  if (m->body_case != GSHM__CLUSTER__MSG__BODY_LIST || m->list->after != UINT64_MAX)
+    return false;
+  lr.total = 1;
+  a.request_id = m->request_id;
+  a.status = 1;
+  a.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+  a.list_reply = &lr;
+  rogue_send(r, &a);
+  return true;
+}
+
+/* rl's pull in the background (gshm_pull of "pub/one"), and a monitor
+ * that asks P for its peers every 200 ms meanwhile (P asks each peer
+ * for its count: the control connection to rl never idles). */
+struct rl_pull {
+  pthread_t t, mon;
+  int err;
+  char msg[512];
+  atomic_bool done;
+};
+
+static void *rl_pull_thread(void *arg) {
+  struct rl_pull *bg = arg;
+  gshm_pull_result_t r;
+  gshm_client_t *c;
+
+  bg->err = gshm_connect(P.h.socket_path, "bg", &c);
+  if (!bg->err) {
+    bg->err = gshm_pull(c, "rl", "pub/one", NULL, &r);
+    snprintf(bg->msg, sizeof(bg->msg), "%s", gshm_last_error(c));
+    gshm_disconnect(c);
+  }
+  bg->done = true;
+  return NULL;
+}
+
+static void *monitor_thread(void *arg) {
+  struct rl_pull *bg = arg;
+  gshm_client_t *c;
+
+  if (gshm_connect(P.h.socket_path, "monitor", &c))
+    return NULL;
+  while (!bg->done) {
+    gshm_cluster_peer_t *v = NULL;
+    size_t n = 0;
+    gshm_cluster_peers(c, NULL, &v, &n);
+    gshm_free(v);
+    usleep(200000);
+  }
+  gshm_disconnect(c);
+  return NULL;
+}
+
+/* How many payload bytes of a frame the rogue must have written before
+ * P's lane thread has certainly read its header and claimed its request:
+ * more than the kernel can hold for it (P's receive buffer can grow to
+ * tcp_rmem's largest, the rogue's send buffer to tcp_wmem's). */
+static uint64_t claimed_after(void) {
+  uint64_t most = 0;
+  const char *files[] = {"/proc/sys/net/ipv4/tcp_rmem", "/proc/sys/net/ipv4/tcp_wmem"};
+
+  for (int i = 0; i < 2; i++) {
+    unsigned long long lo, def, hi;
+    FILE *f = fopen(files[i], "r");
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%llu %llu %llu", &lo, &def, &hi), 3);
+    fclose(f);
+    most += hi;
+  }
+  return most + 4 * MiB;
+}
+
+/* Serves rl's side of a pull of "pub/one" (RL_SEGMENT bytes, Reads of
+ * RL_FRAME): the grant, then the first Read's frame on lane 0, its
+ * header and the first `part` bytes of its payload only (blocking until
+ * P took them), and then after(rid) once; the other Reads' frames whole
+ * on lane 1 (others) or none; P's count requests (of rl and rs), until
+ * the pull ends or ms pass.  Returns when the frame stopped (now_ms), 0
+ * if never; *counts_out: count requests answered after it. */
+static int64_t serve_partial(struct rl_pull *bg, uint64_t part, void (*after)(uint32_t rid),
+                             bool others, int64_t ms, unsigned *counts_out) {
+  static uint8_t *src;
+  int64_t end = now_ms() + ms, stalled = 0;
+
+  if (!src)
+    assert_non_null(src = calloc(1, RL_FRAME));
+  *counts_out = 0;
+  while (!bg->done && now_ms() < end) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rl, 20), *o;
+    while ((o = rogue_recv(&rs, 1))) { /* (P asks rs too) */
+      answer_count(&rs, o);
+      gshm__cluster__msg__free_unpacked(o, NULL);
+    }
+    if (!m) {
+      if (rl.failed) /* P ended the link: the pull ends soon */
+        usleep(20000);
+      continue;
+    }
+    if (answer_count(&rl, m)) {
+      *counts_out += stalled != 0;
+    } else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
+      struct entry e = {1, "pub/one", RL_SEGMENT, "host"};
+      send_grant_to(&rl, m->request_id, &e);
+    } else if (m->body_case == GSHM__CLUSTER__MSG__BODY_READ) {
+      assert_int_equal(m->read->length, RL_FRAME);
+      if (!stalled) {
+        assert_int_equal(rogue_lane_send(&rl_lanes[0], m->request_id, m->read->offset, src,
+                                         RL_FRAME, part),
+                         0);
+        stalled = now_ms();
+        if (after)
+          after(m->request_id);
+      } else if (others) {
+        assert_int_equal(rogue_lane_send(&rl_lanes[1], m->request_id, m->read->offset, src,
+                                         RL_FRAME, RL_FRAME),
+                         0);
+      }
+    }
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  return stalled;
+}
+
+/* What a failed pull of rl must leave on P: nothing (no segment, hidden
+ * or not, no bytes), and P answers. */
+static void assert_nothing_left(gshm_client_t *p) {
+  gshm_status_info_t st;
+  gshm_segment_info_t info;
+
+  assert_int_equal(gshm_status(p, &st), 0);
+  assert_int_equal(st.segments, 0);
+  assert_int_equal(st.bytes, 0);
+  assert_int_equal(gshm_stat_name(p, "pub/one", &info), -ENOENT);
+}
+
+/* rl's message in P's peers (gshmctl peers): why its link ended. */
+static void rl_message(gshm_client_t *p, char *buf, size_t len) {
+  gshm_cluster_peer_t *v = NULL;
+  size_t n = 0;
+
+  buf[0] = '\0';
+  assert_int_equal(gshm_cluster_peers(p, NULL, &v, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(v[i].name, "rl"))
+      snprintf(buf, len, "%s", v[i].message);
+  gshm_free(v);
+}
+
+/* A key holder sends the header and part of the payload of a Read's data
+ * frame on a lane, then nothing on it, while it sends the other Reads'
+ * frames whole on the other lane and answers every count request on the
+ * link's control connection (a monitor runs gshmctl peers five times a
+ * second): the link's own activity never lapses, and the claimed request
+ * used to wait forever, and the pull, its hidden segment and its memory
+ * with it.  Now the lane's frame, without a byte for the request timeout
+ * (60 s), fails the link (-ETIMEDOUT, counted as a timeout refusal) and
+ * the pull, with the reason in its error and in gshmctl peers, and
+ * nothing is left. */
+static void test_lane_frame_stalled(void **state) {
+  static struct rl_pull bg; /* (static: a failed check leaves its threads) */
+  gshm_client_t *p = connect_to(&P);
+  long timeouts = metric(p, "gshm_cluster_refusals_total{cause=\"timeout\"}");
+  long failed = metric(p, "gshm_cluster_pulls_total{peer=\"rl\",result=\"error\"}");
+  uint64_t part = claimed_after();
+  unsigned counts;
+  int64_t stalled, took;
+  char why[160];
+  (void)state;
+
+  if (part >= RL_FRAME)
+    skip(); /* (this host's TCP buffers could hold the whole frame) */
+  rl_up(p);
+  memset(&bg, 0, sizeof(bg));
+  assert_int_equal(pthread_create(&bg.t, NULL, rl_pull_thread, &bg), 0);
+  assert_int_equal(pthread_create(&bg.mon, NULL, monitor_thread, &bg), 0);
+  stalled = serve_partial(&bg, part, NULL, true, (LINK_REQUEST_S + 40) * 1000, &counts);
+  took = now_ms() - stalled;
+  printf("frame stalled after %" PRIu64 " of %" PRIu64 " bytes; %u count requests answered "
+         "meanwhile; the pull ended after %.1f s: %d %s\n",
+         part, (uint64_t)RL_FRAME, counts, (double)took / 1000, bg.err, bg.msg);
+  assert_true(stalled != 0);
+  assert_true(bg.done); /* (the old code: still waiting) */
+  pthread_join(bg.t, NULL);
+  pthread_join(bg.mon, NULL);
+  /* the control connection was busy throughout */
+  assert_true(counts >= LINK_REQUEST_S * 2);
+  /* not before the request timeout, and soon after it (the sweep runs
+   * every second) */
+  assert_true(took >= (LINK_REQUEST_S - 1) * 1000);
+  assert_true(took <= (LINK_REQUEST_S + 20) * 1000);
+  /* (only the stalled request was left: the link's loss fails the pull) */
+  assert_int_equal(bg.err, -ETIMEDOUT);
+  assert_non_null(strstr(bg.msg, "peer 'rl' lost mid-pull"));
+  assert_non_null(strstr(bg.msg, "stopped sending a data frame midway"));
+  rl_message(p, why, sizeof(why));
+  assert_non_null(strstr(why, "stopped sending a data frame midway"));
+  assert_int_equal(metric(p, "gshm_cluster_refusals_total{cause=\"timeout\"}"), timeouts + 1);
+  assert_int_equal(metric(p, "gshm_cluster_pulls_total{peer=\"rl\",result=\"error\"}"),
+                   failed + 1);
+  assert_nothing_left(p);
+  rl_down();
+  gshm_disconnect(p);
+}
+
+static void send_status_rl(uint32_t rid) {
+  send_status(&rl, rid, "the rogue answers a read whose bytes it is sending");
+}
+
+/* A key holder sends part of a Read's frame on a lane (P's lane thread
+ * has claimed the request: its bytes go straight into place) and then
+ * answers the same request with an error on the control connection: an
+ * answer to a request whose bytes are coming is a lie, refused as a
+ * protocol error (the link goes, the pull fails with -EPROTO, nothing is
+ * left), never a second end of the claimed request. */
+static void test_status_answer_to_claimed(void **state) {
+  static struct rl_pull bg;
+  gshm_client_t *p = connect_to(&P);
+  long protocol = metric(p, "gshm_cluster_refusals_total{cause=\"protocol\"}");
+  uint64_t part = claimed_after();
+  unsigned counts;
+  char why[160];
+  (void)state;
+
+  if (part >= RL_FRAME)
+    skip();
+  rl_up(p);
+  memset(&bg, 0, sizeof(bg));
+  assert_int_equal(pthread_create(&bg.t, NULL, rl_pull_thread, &bg), 0);
+  assert_int_equal(pthread_create(&bg.mon, NULL, monitor_thread, &bg), 0);
+  assert_true(serve_partial(&bg, part, send_status_rl, false, 20000, &counts) != 0);
+  printf("status answer to a claimed read: %d %s\n", bg.err, bg.msg);
+  assert_true(bg.done);
+  pthread_join(bg.t, NULL);
+  pthread_join(bg.mon, NULL);
+  assert_int_equal(bg.err, -EPROTO);
+  assert_non_null(strstr(bg.msg, "answered a request whose bytes it is sending"));
+  rl_message(p, why, sizeof(why));
+  assert_non_null(strstr(why, "answered a request whose bytes it is sending"));
+  assert_int_equal(metric(p, "gshm_cluster_refusals_total{cause=\"protocol\"}"), protocol + 1);
+  assert_nothing_left(p);
+  rl_down();
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lies_refused),
       cmocka_unit_test(test_grant_not_listed),
+      cmocka_unit_test(test_status_answer_to_claimed),
+      cmocka_unit_test(test_lane_frame_stalled),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
