@@ -157,6 +157,11 @@ int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backe
  * segments").  Advice only: nothing to fail. */
 void gshmd_host_map_advise(void *addr, uint64_t len, bool huge);
 
+/* A transparent huge page on x86-64 and arm64 with 4 KiB base pages
+ * (the PMD size): what gshmd rounds its host memory to where it asks for
+ * huge pages (pulled host segments, pinned staging memory). */
+#define GSHMD_HUGE_PAGE (2ull << 20)
+
 /* The kernel's transparent huge page policy in file (a file of
  * /sys/kernel/mm/transparent_hugepage/: "enabled" for anonymous memory,
  * "shmem_enabled" for shared memory): its bracketed word ("never",

@@ -557,11 +557,9 @@ static int cuda_copy_host(struct gshmd_backend *b, struct gshmd_alloc *mem, uint
  * buffers a first staged pull makes.  Registered as portable: the copies
  * of every GPU's context use them, as cuMemAllocHost's memory is under
  * unified addressing.  Else cuMemAllocHost. */
-#define HOST_HUGE (2ull << 20)
-
 static int cuda_host_alloc(struct gshmd_backend *b, uint64_t size, void **ptr_out) {
   struct cuda_backend *cb = cuda_of(b);
-  uint64_t len = (size + HOST_HUGE - 1) & ~(HOST_HUGE - 1);
+  uint64_t len = (size + GSHMD_HUGE_PAGE - 1) & ~(GSHMD_HUGE_PAGE - 1);
   uint8_t *m, *p;
   int e;
 
@@ -571,15 +569,15 @@ static int cuda_host_alloc(struct gshmd_backend *b, uint64_t size, void **ptr_ou
     return e;
   if (!cb->host_thp)
     return CU_ERR(cb, cuMemAllocHost, ptr_out, size) ? -ENOMEM : 0;
-  /* HOST_HUGE-aligned: map a page more, cut the ends off */
+  /* GSHMD_HUGE_PAGE-aligned: map a page more, cut the ends off */
   if (size > UINT64_MAX / 2 ||
-      (m = mmap(NULL, len + HOST_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                0)) == MAP_FAILED)
+      (m = mmap(NULL, len + GSHMD_HUGE_PAGE, PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)) == MAP_FAILED)
     return -ENOMEM;
-  p = (uint8_t *)(((uintptr_t)m + HOST_HUGE - 1) & ~(uintptr_t)(HOST_HUGE - 1));
+  p = (uint8_t *)(((uintptr_t)m + GSHMD_HUGE_PAGE - 1) & ~(uintptr_t)(GSHMD_HUGE_PAGE - 1));
   if (p > m)
     munmap(m, (size_t)(p - m));
-  munmap(p + len, (size_t)(m + HOST_HUGE - p));
+  munmap(p + len, (size_t)(m + GSHMD_HUGE_PAGE - p));
   (void)madvise(p, len, MADV_HUGEPAGE);
   (void)madvise(p, len, MADV_DONTFORK); /* (no child of gshmd shares pinned pages) */
   memset(p, 0, len); /* the pages, made here in 2 MiB */
@@ -601,7 +599,7 @@ static void cuda_host_free(struct gshmd_backend *b, void *ptr, uint64_t size) {
     return;
   }
   CU_UNDO(cb, cuMemHostUnregister, ptr);
-  munmap(ptr, (size + HOST_HUGE - 1) & ~(HOST_HUGE - 1));
+  munmap(ptr, (size + GSHMD_HUGE_PAGE - 1) & ~(GSHMD_HUGE_PAGE - 1));
 }
 
 /* ---- device list ---- */

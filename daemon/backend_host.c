@@ -44,7 +44,7 @@ struct host_backend {
   uint64_t recycle_cap;        /* bytes (daemon.host_recycle); 0: off */
   bool huge;                   /* daemon.host_huge_pages: MADV_HUGEPAGE on gshmd's mappings */
   uint64_t pull_page;          /* bytes: what a pull of at least one 2 MiB page rounds to
-                                  (HUGE_PAGE where the kernel gives shared memory 2 MiB pages
+                                  (GSHMD_HUGE_PAGE where the kernel gives shared memory 2 MiB pages
                                   under huge; else the system page) */
   unsigned kept_live;          /* live allocations whose mapping is kept (at most POOL_MAX) */
   struct gshm_list pool;
@@ -53,9 +53,6 @@ struct host_backend {
 };
 
 #define REREAD_NS 1000000000LL
-/* The size of a transparent huge page of shared memory on x86-64 and
- * arm64 with 4 KiB base pages (the PMD size). */
-#define HUGE_PAGE (2ull << 20)
 /* Most allocations in the pool (a take scans it). */
 #define POOL_MAX GSHMD_HOST_RECYCLE_MAX
 
@@ -499,7 +496,7 @@ static struct pooled *pool_find(struct host_backend *hb, uint64_t size, uint32_t
 static int host_alloc_pull(struct gshmd_backend *b, const struct gshm_location *loc,
                            uint64_t size, uint32_t uid, struct gshmd_alloc **out) {
   struct host_backend *hb = (struct host_backend *)b;
-  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), alloc;
   struct host_alloc *h;
   struct pooled *e;
   int r;
@@ -512,12 +509,12 @@ static int host_alloc_pull(struct gshmd_backend *b, const struct gshm_location *
    * segment's size says so, its requested size stays, as a device
    * segment's granularity does.  Smaller pulls keep 4 KiB rounding: they
    * would grow up to 512 times. */
-  if (size >= HUGE_PAGE)
+  if (size >= GSHMD_HUGE_PAGE)
     page = hb->pull_page;
   if (size > UINT64_MAX - page || size > (uint64_t)INT64_MAX - page)
     return -EFBIG;
-  if (loc->kind == GSHM_LOCATION_HOST && size &&
-      (e = pool_find(hb, (size + page - 1) / page * page, uid))) {
+  alloc = (size + page - 1) / page * page;
+  if (loc->kind == GSHM_LOCATION_HOST && size && (e = pool_find(hb, alloc, uid))) {
     if ((r = host_wrap(b, e->memfd, e->size, out)))
       return r;
     h = (*out)->priv;
@@ -533,8 +530,7 @@ static int host_alloc_pull(struct gshmd_backend *b, const struct gshm_location *
     hb->stats.entries--;
     hb->stats.pulls++;
     free(e);
-  } else if ((r = host_alloc(b, loc, size ? (size + page - 1) / page * page : 0, 0, "pull",
-                             out))) {
+  } else if ((r = host_alloc(b, loc, alloc, 0, "pull", out))) {
     return r;
   }
   ((struct host_alloc *)(*out)->priv)->recyclable = hb->recycle_cap != 0;
@@ -594,9 +590,6 @@ void gshmd_host_map_advise(void *addr, uint64_t len, bool huge) {
     (void)madvise(addr, len, MADV_HUGEPAGE);
 }
 
-/* Says once at start whether MADV_HUGEPAGE on gshmd's mappings will get
- * 2 MiB pages: the kernel's policy for shared memory, the bracketed word
- * of /sys/kernel/mm/transparent_hugepage/shmem_enabled. */
 bool gshmd_thp_policy(const char *file, char *out, size_t cap) {
   char path[128], buf[128] = "", *l, *r;
   FILE *f;
@@ -616,6 +609,8 @@ bool gshmd_thp_policy(const char *file, char *out, size_t cap) {
   return true;
 }
 
+/* Says once at start whether MADV_HUGEPAGE on gshmd's mappings will get
+ * 2 MiB pages (the kernel's policy for shared memory), and returns it. */
 static bool huge_report(void) {
   char word[64];
 
@@ -647,8 +642,8 @@ int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backe
   hb->recycle_cap = cfg ? cfg->host_recycle : 0;
   hb->huge = cfg && cfg->host_huge_pages;
   hb->pull_page = (uint64_t)sysconf(_SC_PAGESIZE);
-  if (hb->huge && huge_report() && hb->pull_page < HUGE_PAGE)
-    hb->pull_page = HUGE_PAGE;
+  if (hb->huge && huge_report() && hb->pull_page < GSHMD_HUGE_PAGE)
+    hb->pull_page = GSHMD_HUGE_PAGE;
   gshm_list_init(&hb->pool);
   *out = &hb->base;
   return 0;
