@@ -248,7 +248,6 @@ static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg, b
 
 /* ---- grant records ---------------------------------------------------- */
 
-/* Grants of link l: all of them, or the staged ones. */
 /* l's grants, and the bytes of the staging buffers they hold in *staged. */
 static unsigned grants_of(struct link *l, uint64_t *staged) {
   struct gshm_list *pos;
@@ -272,10 +271,14 @@ static int grant_new(struct gshmd_cluster *cl, struct link *l, struct gshmd_segm
   uint64_t held;
   int e;
 
-  if (staged && (grants_of(l, &held), held) &&
-      held + gshmd_stage_buf_len(&cl->stage, cl->cfg->cluster_pull_chunk, seg->requested_size) >
-          STAGED_LINK_FULL * cl->stage.staging_bytes)
-    return -EBUSY; /* (one always goes: a slot may be larger than staging_bytes) */
+  if (staged) {
+    grants_of(l, &held);
+    /* (one always goes: a slot may be larger than staging_bytes) */
+    if (held && held + gshmd_stage_buf_len(&cl->stage, cl->cfg->cluster_pull_chunk,
+                                           seg->requested_size) >
+                    STAGED_LINK_FULL * cl->stage.staging_bytes)
+      return -EBUSY;
+  }
   if (!(g = calloc(1, sizeof(*g))))
     return -ENOMEM;
   if (staged && (e = gshmd_stage_buf_new(&cl->stage, cl->cfg->cluster_pull_chunk,
