@@ -15,8 +15,6 @@
  *
  *   test_cluster_gpu [BYTES]      default 1 GiB */
 #include <errno.h>
-#include <fcntl.h>
-#include <grp.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -32,29 +30,7 @@
 #include "util.h"
 
 #include "gpu_check.h"
-
-static int free_port(void) {
-  int port = harness_free_port();
-
-  REQUIRE(port > 0, "a free port: %s", strerror(-port));
-  return port;
-}
-
-/* argv for one node; strings live in store. */
-static void node_args(char store[8][512], const char *argv[9], const char *name, int port,
-                      const char *peers, const char *key, const char *exports) {
-  struct group *g = getgrgid(getegid());
-  snprintf(store[0], 512, "--set=daemon.backend=cuda");
-  snprintf(store[1], 512, "--set=cluster.listen=127.0.0.1:%d", port);
-  snprintf(store[2], 512, "--set=cluster.node_name=%s", name);
-  snprintf(store[3], 512, "--set=cluster.peers=%s", peers);
-  snprintf(store[4], 512, "--set=cluster.secret_file=%s", key);
-  snprintf(store[5], 512, "--set=cluster.export=%s", exports);
-  snprintf(store[6], 512, "--set=cluster.pull_group=%s", g ? g->gr_name : "root");
-  for (int i = 0; i < 7; i++)
-    argv[i] = store[i];
-  argv[7] = NULL;
-}
+#include "gpu_cluster.h"
 
 #define FAN_N 6 /* segments of the fan-out set: fan/00 .. fan/05 */
 
@@ -160,11 +136,11 @@ static void fan_out(const struct gshm_cudadrv *drv, gshm_client_t *a, gshm_clien
 }
 
 int main(int argc, char **argv) {
-  static char sa[8][512], sb[8][512], sc[8][512];
+  static char sa[GPU_NODE_ARGS][512], sb[GPU_NODE_ARGS][512], sc[GPU_NODE_ARGS][512];
   const struct gshm_cudadrv *drv;
   uint64_t size = argc > 1 ? strtoull(argv[1], NULL, 0) : (1ull << 30);
   char dir[] = "/tmp/gshm-cluster-gpu-XXXXXX", key[300], pa[64], pb[96], pc[64];
-  const char *aa[9], *ab[9], *ac[9];
+  const char *aa[GPU_NODE_ARGS + 1], *ab[GPU_NODE_ARGS + 1], *ac[GPU_NODE_ARGS + 1];
   struct harness A = {0}, B = {0}, C = {0};
   gshm_client_t *a, *b;
   gshm_segment_t *src, *dst;
@@ -172,7 +148,7 @@ int main(int argc, char **argv) {
   gshm_pull_opts_t po = {.local_name = "pulled/weights", .location = "cuda:0"};
   uint8_t *want, *got;
   void *dptr;
-  int count = 0, port_a, port_b, port_c, fd;
+  int count = 0, port_a, port_b, port_c;
   CUcontext ctx;
   CUdevice dev;
 
@@ -186,20 +162,17 @@ int main(int argc, char **argv) {
   CU(drv->cuCtxSetCurrent(ctx));
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
-  REQUIRE(mkdtemp(dir), "mkdtemp");
-  snprintf(key, sizeof(key), "%s/key", dir);
-  fd = open(key, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  REQUIRE(fd >= 0 && write(fd, "gpu-test-cluster-key-0123456789\n", 32) == 32, "key file");
-  close(fd);
-  port_a = free_port();
-  port_b = free_port();
-  port_c = free_port();
+  gpu_key_file(dir, key, sizeof(key), "gpu-test-cluster-key-0123456789\n");
+  port_a = gpu_free_port();
+  port_b = gpu_free_port();
+  port_c = gpu_free_port();
   snprintf(pa, sizeof(pa), "b=127.0.0.1:%d", port_b);
   snprintf(pb, sizeof(pb), "a=127.0.0.1:%d,c=127.0.0.1:%d", port_a, port_c);
   snprintf(pc, sizeof(pc), "b=127.0.0.1:%d", port_b);
-  node_args(sa, aa, "a", port_a, pa, key, "pub/* fan/*");
-  node_args(sb, ab, "b", port_b, pb, key, "fan/*"); /* B relays the fan-out set to C */
-  node_args(sc, ac, "c", port_c, pc, key, "");
+  gpu_node_args(sa, aa, "cuda", "a", port_a, pa, key, "pub/* fan/*", NULL, NULL);
+  /* B relays the fan-out set to C */
+  gpu_node_args(sb, ab, "cuda", "b", port_b, pb, key, "fan/*", NULL, NULL);
+  gpu_node_args(sc, ac, "cuda", "c", port_c, pc, key, "", NULL, NULL);
   REQUIRE(harness_start(&A, aa) == 0, "gshmd a");
   harness_set_leftover(&A);
   atexit(harness_kill_leftover);

@@ -19,8 +19,6 @@
  * $GSHM_PULL_EDGES_HOST=1 the same steps run on host segments (gshmd
  * --backend host), which checks the test's own logic on every CI build. */
 #include <errno.h>
-#include <fcntl.h>
-#include <grp.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,6 +28,7 @@
 
 #include "cudadrv.h"
 #include "gpu_check.h"
+#include "gpu_cluster.h"
 #include "gshm.h"
 #include "harness.h"
 
@@ -39,36 +38,6 @@
 #define BIG_SIZE (24 * MiB + 4099)    /* 25 chunks of 1 MiB */
 
 static const char *loc = "cuda:0";
-
-static int free_port(void) {
-  int port = harness_free_port();
-
-  REQUIRE(port > 0, "a free port: %s", strerror(-port));
-  return port;
-}
-
-/* A node's "--set" arguments (in store, argv NULL-terminated): the
- * backend, its cluster settings, and `extra` when not NULL. */
-static void node_args(char store[10][512], const char *argv[11], const char *backend,
-                      const char *name, int port, const char *peers, const char *key,
-                      const char *exports, const char *extra) {
-  struct group *g = getgrgid(getegid());
-  int n = 0;
-
-  snprintf(store[n++], 512, "--set=daemon.backend=%s", backend);
-  snprintf(store[n++], 512, "--set=cluster.listen=127.0.0.1:%d", port);
-  snprintf(store[n++], 512, "--set=cluster.node_name=%s", name);
-  snprintf(store[n++], 512, "--set=cluster.peers=%s", peers);
-  snprintf(store[n++], 512, "--set=cluster.secret_file=%s", key);
-  snprintf(store[n++], 512, "--set=cluster.export=%s", exports);
-  snprintf(store[n++], 512, "--set=cluster.pull_group=%s", g ? g->gr_name : "root");
-  snprintf(store[n++], 512, "--set=cluster.pull_chunk=1M");
-  if (extra)
-    snprintf(store[n++], 512, "--set=%s", extra);
-  for (int i = 0; i < n; i++)
-    argv[i] = store[i];
-  argv[n] = NULL;
-}
 
 /* A segment `name` of `size` bytes at loc on c, filled with bytes (or
  * with seed's random bytes when bytes is NULL), then closed. */
@@ -201,15 +170,16 @@ static void no_room_step(gshm_client_t *a, gshm_client_t *b) {
 }
 
 int main(void) {
-  static char sa[10][512], sb[10][512];
+  static char sa[GPU_NODE_ARGS][512], sb[GPU_NODE_ARGS][512];
   const char *host = getenv("GSHM_PULL_EDGES_HOST");
   bool on_host = host && !strcmp(host, "1");
-  const char *backend = on_host ? "host" : "cuda", *aa[11], *ab[11];
+  const char *backend = on_host ? "host" : "cuda", *aa[GPU_NODE_ARGS + 1],
+             *ab[GPU_NODE_ARGS + 1];
   char dir[] = "/tmp/gshm-pull-edges-XXXXXX", key[300], pa[64], pb[64];
   struct harness A = {0}, B = {0};
   gshm_client_t *a, *b;
   const struct gshm_cudadrv *drv;
-  int count = 1, port_a, port_b, fd;
+  int count = 1, port_a, port_b;
 
   if (!on_host &&
       (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) || drv->cuDeviceGetCount(&count) != CUDA_SUCCESS))
@@ -222,17 +192,14 @@ int main(void) {
     loc = "host";
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
-  REQUIRE(mkdtemp(dir), "mkdtemp");
-  snprintf(key, sizeof(key), "%s/key", dir);
-  fd = open(key, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  REQUIRE(fd >= 0 && write(fd, "gpu-test-pull-edges-key-0123456\n", 32) == 32, "key file");
-  close(fd);
-  port_a = free_port();
-  port_b = free_port();
+  gpu_key_file(dir, key, sizeof(key), "gpu-test-pull-edges-key-0123456\n");
+  port_a = gpu_free_port();
+  port_b = gpu_free_port();
   snprintf(pa, sizeof(pa), "b=127.0.0.1:%d", port_b);
   snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", port_a);
-  node_args(sa, aa, backend, "a", port_a, pa, key, "pub/*", NULL);
-  node_args(sb, ab, backend, "b", port_b, pb, key, "", "limits.max_segments=2");
+  gpu_node_args(sa, aa, backend, "a", port_a, pa, key, "pub/*", "cluster.pull_chunk=1M", NULL);
+  gpu_node_args(sb, ab, backend, "b", port_b, pb, key, "", "cluster.pull_chunk=1M",
+                "limits.max_segments=2");
   REQUIRE(harness_start(&A, aa) == 0, "gshmd a");
   harness_set_leftover(&A);
   atexit(harness_kill_leftover);
