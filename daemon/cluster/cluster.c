@@ -279,6 +279,11 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
              "# TYPE gshm_cluster_relay_waits_total counter\n"
              "gshm_cluster_relay_waits_total %" PRIu64 "\n",
           cl->served_grants, cl->relay_waits);
+  fprintf(f, "# HELP gshm_cluster_prefault_bytes_total Bytes of pulled host segments faulted in "
+             "on the thread pool ahead of their chunks (cluster.prefault).\n"
+             "# TYPE gshm_cluster_prefault_bytes_total counter\n"
+             "gshm_cluster_prefault_bytes_total %" PRIu64 "\n",
+          cl->pf_bytes);
 }
 
 /* ---- start and stop --------------------------------------------------- */
@@ -332,6 +337,8 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   gshm_list_init(&cl->relays);
   gshm_list_init(&cl->serve_idle);
   gshm_list_init(&cl->relay_lists);
+  gshm_list_init(&cl->prefaults);
+  cl->pf_on = cfg->cluster_prefault;
   cl->ll.loop = loop;
   cl->ll.hooks = (struct link_hooks){.on_connect = on_connect, .on_message = on_message,
                                      .on_lost = on_lost, .on_idle = on_idle,

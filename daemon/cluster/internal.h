@@ -59,6 +59,11 @@ struct gshmd_cluster {
   struct gshm_list relay_lists; /* relay.c: Lists waiting for a set's listing */
   uint64_t next_set_seq;     /* struct pull_set.seq */
   unsigned pull_maps_ahead;  /* landing mappings made at listings (pull.h PULL_MAPS_AHEAD) */
+  /* prefault.c: pulls whose new host pages are faulted in ahead of their lanes */
+  struct gshm_list prefaults; /* struct pull.pf_node, oldest first */
+  unsigned pf_jobs;           /* pieces on libuv's pool now (at most PREFAULT_JOBS) */
+  bool pf_on;                 /* cluster.prefault, until the kernel says it has no such madvise */
+  uint64_t pf_bytes;          /* faulted in, ever (metrics) */
   bool have_pull_gid;
   gid_t pull_gid;
   struct export_rule *exports; /* cluster.export */

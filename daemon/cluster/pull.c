@@ -248,6 +248,7 @@ static void issue_chunks(struct pull *p) {
     }
     gshmd__link_req_send(p->link, &c->req);
   }
+  gshmd__prefault_add(p); /* (its pages past the chunks just asked for) */
 }
 
 /* Chunks for the open segments, oldest first, while the budget lasts. */
@@ -374,6 +375,8 @@ int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s) {
   if (p->dst_mapped) {
     p->mapped_ahead = true;
     cl->pull_maps_ahead++;
+    if (!p->granted) /* (at a grant, once its first chunks are asked for) */
+      gshmd__prefault_add(p);
   }
   return 0;
 }
@@ -614,6 +617,7 @@ void gshmd__pull_item_close(struct pull *p) {
   if (p->on_link)
     gshm_list_del(&p->link_node);
   p->on_link = false;
+  gshmd__prefault_forget(p);
   if (!p->mapped_ahead)
     unmap_local(p); /* (one made at its grant: PULL_MAPS_AHEAD were already) */
   gshmd_stage_free(&cl->stage, p->lsb);

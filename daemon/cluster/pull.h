@@ -64,6 +64,11 @@ struct pull {
   void *dst;                     /* where gets land without staging */
   bool dst_mapped;               /* dst is the host backend's mapping (local_ptr) */
   bool mapped_ahead;             /* ... made at the listing (cl->pull_maps_ahead counts it) */
+  /* prefault.c: its pages faulted in ahead of the lanes */
+  struct gshm_list pf_node;      /* cl->prefaults, while pf_queued */
+  bool pf_queued;
+  unsigned pf_jobs;              /* pieces on libuv's pool: it is not closed meanwhile */
+  uint64_t pf_off;               /* the next piece starts at or past it */
 };
 
 /* One request: a segment, or every segment under a prefix. */
@@ -96,6 +101,7 @@ struct pull_set {
                                  peer that said it is busy */
   struct pull *retry, **retry_tail; /* segments to ask again, in order */
   unsigned inflight;          /* chunks in flight, all items */
+  unsigned pf_jobs;           /* prefault.c pieces on the pool, all items: it does not end meanwhile */
   uint64_t total, done;       /* bytes */
   int64_t start_ns, last_progress_ns;
   int err;
@@ -131,6 +137,20 @@ void gshmd__pull_set_unmap(struct pull_set *s);
  * relaying the set sees all of it).  Returns 0 or a negative errno (the
  * set failed). */
 int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s);
+/* ---- prefault.c ---- */
+
+/* p's landing mapping (host memory, mapped: p->dst, p->mem) is faulted
+ * in on libuv's pool past the chunks asked for so far, after the pulls
+ * already queued (prefault.c: a few pieces at once, all pulls).  No-op
+ * when cluster.prefault is off, p is staged, smaller than 2 MiB, or
+ * already queued.  Loop only. */
+void gshmd__prefault_add(struct pull *p);
+/* Starts queued pulls' next pieces while the pool has room for them. */
+void gshmd__prefault_more(struct gshmd_cluster *cl);
+/* p leaves the queue (before it is freed; its pieces on the pool are
+ * waited for by pf_jobs, not by this). */
+void gshmd__prefault_forget(struct pull *p);
+
 /* "host", "direct", "staged" or "none". */
 const char *gshmd__pull_path_name(Gshm__Cluster__Path path);
 /* Largest segment a peer may list or grant when limits.max_segment_size

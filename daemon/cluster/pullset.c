@@ -497,8 +497,10 @@ static void set_end(struct pull_set *s) {
   if (!ok)
     set_failed(s);
   gshmd_registry_client_remove(cl->reg, s->holder);
-  for (size_t i = 0; i < s->n; i++)
+  for (size_t i = 0; i < s->n; i++) {
+    gshmd__prefault_forget(s->items[i]);
     free(s->items[i]);
+  }
   free(s->items);
   gshm_list_del(&s->node);
   free(s);
@@ -509,7 +511,8 @@ static void set_end(struct pull_set *s) {
 static bool set_reap(struct pull_set *s) {
   for (size_t i = s->first_open; i < s->next_start; i++) {
     struct pull *p = s->items[i];
-    if (!p->closed && (p->finished || s->err) && p->inflight == 0 && !p->req_pending)
+    if (!p->closed && (p->finished || s->err) && p->inflight == 0 && !p->req_pending &&
+        !p->pf_jobs)
       gshmd__pull_item_close(p);
     if (p->closed && i == s->first_open)
       s->first_open++;
@@ -517,7 +520,7 @@ static bool set_reap(struct pull_set *s) {
   set_start_grants(s);
   if (!s->err)
     gshmd__pull_set_issue(s);
-  if (s->active == 0 && !s->lreq_pending &&
+  if (s->active == 0 && !s->lreq_pending && !s->pf_jobs &&
       (s->err || (!s->listing && s->nclosed == s->n))) {
     set_end(s);
     return true;

@@ -23,9 +23,12 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <sys/utsname.h>
 
 #include <cmocka.h>
 
@@ -402,30 +405,88 @@ static void test_huge_pages(void **state) {
 /* Data lanes: B's link to A has cluster.streams (8) lanes that carry
  * the bytes (none where the bytes go over UCX); a node with
  * cluster.streams=1 pulls on its one connection; both land every byte. */
+/* c pulls remote from a as local, and checks every byte (seed's). */
+static void pull_checked(gshm_client_t *c, const char *remote, const char *local, uint64_t size,
+                         unsigned long long seed) {
+  assert_int_equal(gshm_pull(c, "a", remote, &(gshm_pull_opts_t){.local_name = local}, NULL), 0);
+  check_segment(c, local, size, seed);
+}
+
+/* The end of a test that started C: C stops, a's source goes, the
+ * clients go. */
+static void end_with_c(gshm_client_t *a, gshm_client_t *b, gshm_client_t *c, const char *source) {
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&C.h), 0);
+  assert_int_equal(gshm_unlink(a, source), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 static void test_lanes(void **state) {
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
   long lanes = over_ucx() ? 0 : 8;
   (void)state;
 
   make_segment(a, "pub/laned", 48 * MiB + 4097, 81);
-  assert_int_equal(gshm_pull(b, "a", "pub/laned", &(gshm_pull_opts_t){.local_name = "laned"},
-                             NULL),
-                   0);
-  check_segment(b, "laned", 48 * MiB + 4097, 81);
+  pull_checked(b, "pub/laned", "laned", 48 * MiB + 4097, 81);
   assert_int_equal(wait_metric(b, "gshm_cluster_lanes{peer=\"a\"}", lanes), lanes);
   assert_int_equal(gshm_unlink(b, "laned"), 0);
   start_c("cluster.streams=1", NULL);
   c = connect_to(&C);
-  assert_int_equal(gshm_pull(c, "a", "pub/laned", &(gshm_pull_opts_t){.local_name = "one"},
-                             NULL),
-                   0);
-  check_segment(c, "one", 48 * MiB + 4097, 81);
+  pull_checked(c, "pub/laned", "one", 48 * MiB + 4097, 81);
   assert_int_equal(metric(c, "gshm_cluster_lanes{peer=\"a\"}"), 0);
-  gshm_disconnect(c);
-  assert_int_equal(harness_stop(&C.h), 0);
-  assert_int_equal(gshm_unlink(a, "pub/laned"), 0);
-  gshm_disconnect(a);
-  gshm_disconnect(b);
+  end_with_c(a, b, c, "pub/laned");
+}
+
+/* Whether the kernel is at least major.minor (MADV_POPULATE_WRITE: 5.14). */
+static bool kernel_at_least(int major, int minor) {
+  struct utsname u;
+  int ma = 0, mi = 0;
+  return uname(&u) == 0 && sscanf(u.release, "%d.%d", &ma, &mi) == 2 &&
+         (ma > major || (ma == major && mi >= minor));
+}
+
+/* B's gshm_cluster_prefault_bytes_total once it passes floor (metrics are
+ * a snapshot up to a second old), or its value after 3 s. */
+static long prefaulted_past(gshm_client_t *c, long floor) {
+  long v = metric(c, "gshm_cluster_prefault_bytes_total");
+  for (int i = 0; i < 150 && v <= floor; i++) {
+    usleep(20000);
+    v = metric(c, "gshm_cluster_prefault_bytes_total");
+  }
+  return v;
+}
+
+/* cluster.prefault: a pull larger than the chunks it asks for at once
+ * (32 of 4 MiB: cluster.pull_depth x pull_chunk) has the rest of its new
+ * pages faulted in on gshmd's thread pool ahead of them, never the first
+ * chunks' (the lanes write those at once), byte for byte the same; with
+ * the option off, nothing is. */
+static void test_prefault(void **state) {
+  const uint64_t size = 320 * MiB, window = 32 * 4 * MiB;
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
+  long before, got;
+  (void)state;
+
+  if (!kernel_at_least(5, 14)) {
+    print_message("this kernel has no MADV_POPULATE_WRITE (5.14): nothing to check\n");
+    skip();
+  }
+  make_segment(a, "pub/prefault", size, 89);
+  before = prefaulted_past(b, -1);
+  pull_checked(b, "pub/prefault", "prefaulted", size, 89);
+  got = prefaulted_past(b, before) - before;
+  print_message("faulted in ahead of the lanes: %ld MiB of %llu\n", got >> 20,
+                (unsigned long long)(size >> 20));
+  assert_true(got >= (long)(8 * MiB));
+  assert_true((uint64_t)got <= size - window);
+  assert_int_equal(gshm_unlink(b, "prefaulted"), 0);
+  start_c("cluster.prefault=false", NULL);
+  c = connect_to(&C);
+  pull_checked(c, "pub/prefault", "plain", size, 89);
+  usleep(1100000); /* (a metrics snapshot after the pull) */
+  assert_int_equal(metric(c, "gshm_cluster_prefault_bytes_total"), 0);
+  end_with_c(a, b, c, "pub/prefault");
 }
 
 struct budget_pull {
@@ -1211,6 +1272,7 @@ int main(void) {
       cmocka_unit_test(test_list_many),
       cmocka_unit_test(test_least_privilege),
       cmocka_unit_test(test_lanes),
+      cmocka_unit_test(test_prefault),
       cmocka_unit_test(test_read_budget),
       cmocka_unit_test(test_unreachable_peer),
       cmocka_unit_test(test_peers_count),
