@@ -78,7 +78,12 @@ static void pf_done(uv_work_t *w, int status) {
    * own faults meet the same and fail the pull as they did without) */
   free(j);
   gshmd__prefault_more(cl);
-  gshmd__link_kick(&cl->ll); /* (an item or set that waited for it is reaped) */
+  /* an item or set that waited for it is reaped (at once while gshmd
+   * stops: the link layer's turns are over) */
+  if (cl->ll.stopping)
+    gshmd__pull_reap(cl);
+  else
+    gshmd__link_kick(&cl->ll);
 }
 
 /* The next piece of p to fault in: its offset in *off, its length
