@@ -388,6 +388,7 @@ void gshmd_cluster_stop(struct gshmd_cluster *cl) {
   cl->stage.stopping = true;
   gshmd__peers_stop(cl);
   gshmd__pull_stop_all(cl);
+  gshmd__pull_create_stop(cl);
   gshmd__link_stop(&cl->ll);
   gshmd__lanes_stop(&cl->ll); /* the links failed: waits for their lanes' threads */
   gshmd__pull_reap(cl);

@@ -59,6 +59,9 @@ struct gshmd_cluster {
   struct gshm_list relay_lists; /* relay.c: Lists waiting for a set's listing */
   uint64_t next_set_seq;     /* struct pull_set.seq */
   unsigned pull_maps_ahead;  /* landing mappings made at listings (pull.h PULL_MAPS_AHEAD) */
+  /* pullset.c: listed segments made a few a loop turn (pull.h) */
+  uv_idle_t create_idle;
+  bool create_idle_init, create_idle_on;
   /* prefault.c: pulls whose new host pages are faulted in ahead of their lanes */
   struct gshm_list prefaults; /* struct pull.pf_node, oldest first */
   unsigned pf_jobs;           /* pieces on libuv's pool now (at most PREFAULT_JOBS) */
@@ -174,6 +177,11 @@ void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);
 /* Finishes pulls that are done or failed and have nothing in flight (run
  * outside UCX callbacks). */
 void gshmd__pull_reap(struct gshmd_cluster *cl);
+/* Makes the hidden segments of a set's listed items a few a loop turn
+ * (pull.h create_listed) until none is left, from cl->create_idle (made
+ * on first use, closed by gshmd__pull_create_stop as gshmd stops). */
+void gshmd__pull_create_start(struct gshmd_cluster *cl);
+void gshmd__pull_create_stop(struct gshmd_cluster *cl);
 /* Every pull fails at once (shutdown); in-flight gets are cancelled. */
 void gshmd__pull_stop_all(struct gshmd_cluster *cl);
 /* Describes up to max pulls in flight (sets count once) into out; the

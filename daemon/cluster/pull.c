@@ -275,8 +275,8 @@ static void local_location(struct pull *p, bool remote_device) {
 /* Where a copy of the peer segment s comes from (its source), into src
  * (len bytes): where the peer got it, when the peer pulled it too, else
  * the peer's own. */
-static void source_text(const struct pull *p, const Gshm__Cluster__Segment *s, char *src,
-                        size_t len) {
+void gshmd__pull_source_text(const struct pull *p, const Gshm__Cluster__Segment *s, char *src,
+                             size_t len) {
   if (s->source && *s->source && strlen(s->source) < SOURCE_MAX && strchr(s->source, ':') &&
       strchr(s->source, '#')) {
     snprintf(src, len, "%s", s->source);
@@ -287,13 +287,18 @@ static void source_text(const struct pull *p, const Gshm__Cluster__Segment *s, c
   }
 }
 
+/* p's copy's source is src (gshmd__pull_source_text's). */
+static void set_source_text(struct pull *p, const char *src) {
+  free(p->seg->source);
+  p->seg->source = strdup(src);
+}
+
 /* p's copy's source is that of the peer segment s. */
 static void set_source(struct pull *p, const Gshm__Cluster__Segment *s) {
   char src[400];
 
-  source_text(p, s, src, sizeof(src));
-  free(p->seg->source);
-  p->seg->source = strdup(src);
+  gshmd__pull_source_text(p, s, src, sizeof(src));
+  set_source_text(p, src);
 }
 
 /* Whether the segment the peer granted is the one it listed: the same
@@ -303,14 +308,15 @@ static void set_source(struct pull *p, const Gshm__Cluster__Segment *s) {
  * name meanwhile (made again, or the old one of a --replace whose pull
  * failed there) would mix generations in the set. */
 static bool grant_is_listed(const struct pull *p, const Gshm__Cluster__Segment *s) {
+  const char *listed = p->create_listed ? p->listed_source : p->seg ? p->seg->source : NULL;
   char src[400];
 
-  if (!p->seg || !p->seg->source)
+  if (!listed)
     return true; /* (not listed: a single pull) */
   if (p->listed_id && (s->id != p->listed_id || s->generation != p->listed_gen))
     return false;
-  source_text(p, s, src, sizeof(src));
-  return strcmp(src, p->seg->source) == 0;
+  gshmd__pull_source_text(p, s, src, sizeof(src));
+  return strcmp(src, listed) == 0;
 }
 
 /* Maps p's new host segment for the chunks to land in (the host
@@ -351,22 +357,22 @@ void gshmd__pull_set_unmap(struct pull_set *s) {
     unmap_local(s->items[i]);
 }
 
-int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s) {
+int gshmd__pull_item_create(struct pull *p, uint64_t size, bool remote_device, const char *source) {
   struct gshmd_cluster *cl = p->s->cl;
   Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
   const char *msg = NULL;
   int e;
 
-  local_location(p, s->location && strcmp(s->location, "host") != 0);
+  local_location(p, remote_device);
   cr.name = p->local_name;
-  cr.size = s->size;
+  cr.size = size;
   cr.location = p->location;
   cr.mode = p->s->mode;
   if ((e = gshmd_registry_create_hidden(cl->reg, p->s->holder, &cr, &p->seg, &msg))) {
     pull_fail(p, e, "cannot create '%s': %s", p->local_name, msg ? msg : gshm__strerror(e));
     return e;
   }
-  set_source(p, s); /* (a peer relaying it shows it) */
+  set_source_text(p, source); /* (a peer relaying it shows it) */
   if ((e = gshmd__relay_new(cl, p->seg)) ||
       (cl->pull_maps_ahead < PULL_MAPS_AHEAD && (e = map_local(p)))) {
     pull_fail(p, e, e == -ENOMEM ? "out of memory" : "cannot map the new segment");
@@ -381,14 +387,31 @@ int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s) {
   return 0;
 }
 
-/* The new local segment (made now, or when the set was listed), mapped
- * for the chunks to land in. */
-static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
-  struct gshmd_alloc *mem;
+int gshmd__pull_item_create_listed(struct pull *p) {
   int e;
 
-  if (!p->seg && (e = gshmd__pull_item_create(p, s)))
+  p->create_listed = false;
+  p->s->to_create--;
+  e = gshmd__pull_item_create(p, p->listed, p->listed_device, p->listed_source);
+  free(p->listed_source);
+  p->listed_source = NULL;
+  return e;
+}
+
+/* The new local segment (made now, as listed or as granted, or since
+ * its listing), mapped for the chunks to land in. */
+static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
+  struct gshmd_alloc *mem;
+  char src[400];
+  int e;
+
+  if (p->create_listed && (e = gshmd__pull_item_create_listed(p)))
     return e;
+  if (!p->seg) {
+    gshmd__pull_source_text(p, s, src, sizeof(src));
+    if ((e = gshmd__pull_item_create(p, s->size, gshmd__pull_location_device(s->location), src)))
+      return e;
+  }
   if (p->seg->requested_size != s->size || (p->seg->mem->device_index >= 0) != p->local_staged) {
     pull_fail(p, -ESTALE, "segment '%s' of peer '%s' changed since it was listed", p->remote_name,
               p->s->peer->name);

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "internal.h"
 #include "util.h"
@@ -64,6 +65,12 @@ struct pull {
   void *dst;                     /* where gets land without staging */
   bool dst_mapped;               /* dst is the host backend's mapping (local_ptr) */
   bool mapped_ahead;             /* ... made at the listing (cl->pull_maps_ahead counts it) */
+  /* a listed device segment whose hidden segment is still to make
+   * (pullset.c makes a few a loop turn ahead of the grants; its grant
+   * makes it at once): what the listing said of it (its size is
+   * `listed`) */
+  bool create_listed, listed_device;
+  char *listed_source;
   /* prefault.c: its pages faulted in ahead of the lanes */
   struct gshm_list pf_node;      /* cl->prefaults, while pf_queued */
   bool pf_queued;
@@ -91,6 +98,8 @@ struct pull_set {
   Gshm__Cluster__ListRequest lr;
   bool listing, lreq_pending;
   bool relayed;               /* the peer listed segments it is still pulling */
+  unsigned to_create;         /* listed items whose hidden segments are still to make */
+  size_t next_create;         /* the next of them is at or past items[next_create] */
   struct pull **items;
   size_t n, cap;
   size_t next_start;          /* items[next_start] is the next to ask a grant for */
@@ -131,12 +140,22 @@ void gshmd__pull_item_close(struct pull *p);
  * unmaps its own: backend.h local_done), before it is published or
  * freed. */
 void gshmd__pull_set_unmap(struct pull_set *s);
-/* Creates p's hidden local segment for peer segment s (its size,
- * location there, source), and relays it to peers while it fills
- * (relay.h): at grant time, or when a set is listed (so that a peer
- * relaying the set sees all of it).  Returns 0 or a negative errno (the
- * set failed). */
-int gshmd__pull_item_create(struct pull *p, const Gshm__Cluster__Segment *s);
+/* Creates p's hidden local segment of size bytes (on a GPU when the
+ * peer's is: remote_device; source: pull.c's source text of the peer
+ * segment), and relays it to peers while it fills (relay.h): from its
+ * listing (gshmd__pull_item_create_listed), or at its grant.  Returns 0
+ * or a negative errno (the set failed). */
+int gshmd__pull_item_create(struct pull *p, uint64_t size, bool remote_device, const char *source);
+/* The same from what p's listing said (p->create_listed; cleared). */
+int gshmd__pull_item_create_listed(struct pull *p);
+/* Where a copy of peer segment s comes from, into src (len bytes):
+ * "NODE:NAME#ID.GEN" of the node that holds the original. */
+void gshmd__pull_source_text(const struct pull *p, const Gshm__Cluster__Segment *s, char *src,
+                             size_t len);
+/* Whether segment location text `loc` (a peer's) is a GPU's. */
+static inline bool gshmd__pull_location_device(const char *loc) {
+  return loc && strcmp(loc, "host") != 0;
+}
 /* ---- prefault.c ---- */
 
 /* p's landing mapping (host memory, mapped: p->dst, p->mem) is faulted
