@@ -180,6 +180,11 @@ struct gshmd_host_recycle_stats {
 void gshmd_backend_host_recycle_stats(const struct gshmd_backend *b,
                                       struct gshmd_host_recycle_stats *out);
 
+/* Whether host backend b makes pulls of 2 MiB or more in 2 MiB pages
+ * (daemon.host_huge_pages on, and shmem_enabled lets it).  false when b
+ * is NULL. */
+bool gshmd_backend_host_huge_pulls(const struct gshmd_backend *b);
+
 /* GPU memory through the CUDA driver's VMM API.  Errors: -ENOENT/-ENOSYS/
  * -ENODEV no usable driver or device (logged once). */
 int gshmd_backend_cuda_create(const struct gshmd_config *cfg, struct gshmd_backend **out);

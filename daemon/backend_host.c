@@ -631,6 +631,10 @@ static bool huge_report(void) {
   return true;
 }
 
+bool gshmd_backend_host_huge_pulls(const struct gshmd_backend *b) {
+  return b && ((const struct host_backend *)b)->pull_page >= GSHMD_HUGE_PAGE;
+}
+
 int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backend **out) {
   struct host_backend *hb = calloc(1, sizeof(*hb));
 

@@ -72,7 +72,7 @@ struct gshmd_config {
   uint64_t cluster_pull_chunk;     /* bytes per ucp_get_nbx */
   uint32_t cluster_pull_depth;     /* gets in flight per pull */
   uint32_t cluster_streams;        /* TCP data lanes a puller opens per peer */
-  bool cluster_prefault;           /* fault pulled host memory in ahead of its lanes */
+  char *cluster_prefault;          /* auto|always|off: fault pulled host memory in ahead of its lanes */
   uint64_t cluster_staging_bytes;  /* pinned host bytes per staged pull */
   char *cluster_staging;           /* auto|always: how device (and host) segments are served */
 };

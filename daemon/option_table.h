@@ -209,12 +209,14 @@
     "TCP connections that carry the bytes this node pulls from one peer, each " \
     "moved by a thread of its own on both nodes (1: the link's own "           \
     "connection, on gshmd's event loop). Not used where the bytes go over UCX.") \
-  X(cluster, prefault, BOOL, cluster_prefault, "true", 0, 0, NULL,             \
+  X(cluster, prefault, ENUM, cluster_prefault, "auto", 0, 0, "auto|always|off", \
     "Fault a pull's new host memory in on gshmd's thread pool ahead of the "   \
     "chunks that will land in it, so that the threads receiving them do not "  \
     "wait for the kernel to allocate and zero its pages: uses otherwise idle " \
-    "CPUs (a 1 GiB pull 13-17% faster on a 16-core machine); off where a "     \
-    "node's CPUs are all busy.")                                               \
+    "CPUs (a 1 GiB pull 13-17% faster on a 16-core machine). auto where "      \
+    "pulls get 2 MiB pages (with 4 KiB pages the kernel's page cache, one "    \
+    "lock per segment, bounds both alike and it only costs CPU); always "      \
+    "also with 4 KiB pages; off where a node's CPUs are all busy.")           \
   X(cluster, staging_bytes, SIZE, cluster_staging_bytes, "128M", 1048576,        \
     68719476736, NULL,                                                          \
     "The most pinned host memory that one staged device segment's pull holds " \

@@ -161,7 +161,7 @@ static inline bool gshmd__pull_location_device(const char *loc) {
 /* p's landing mapping (host memory, mapped: p->dst, p->mem) is faulted
  * in on libuv's pool past the chunks asked for so far, after the pulls
  * already queued (prefault.c: a few pieces at once, all pulls).  No-op
- * when cluster.prefault is off, p is staged, smaller than 2 MiB, or
+ * when prefaulting is off (cluster.prefault, cl->pf_on), p is staged, smaller than 2 MiB, or
  * already queued.  Loop only. */
 void gshmd__prefault_add(struct pull *p);
 /* Starts queued pulls' next pieces while the pool has room for them. */

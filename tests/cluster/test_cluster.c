@@ -446,7 +446,7 @@ static bool kernel_at_least(int major, int minor) {
          (ma > major || (ma == major && mi >= minor));
 }
 
-/* B's gshm_cluster_prefault_bytes_total once it passes floor (metrics are
+/* c's daemon's gshm_cluster_prefault_bytes_total once it passes floor (metrics are
  * a snapshot up to a second old), or its value after 3 s. */
 static long prefaulted_past(gshm_client_t *c, long floor) {
   long v = metric(c, "gshm_cluster_prefault_bytes_total");
@@ -457,14 +457,32 @@ static long prefaulted_past(gshm_client_t *c, long floor) {
   return v;
 }
 
+/* What C pulls of pub/prefault with cluster.prefault=mode, checked byte
+ * for byte: bytes faulted in ahead of the lanes (C is stopped after). */
+static long prefault_on_c(const char *mode, uint64_t size) {
+  char opt[64];
+  gshm_client_t *c;
+  long got;
+
+  snprintf(opt, sizeof(opt), "cluster.prefault=%s", mode);
+  start_c(opt, NULL);
+  c = connect_to(&C);
+  pull_checked(c, "pub/prefault", "copy", size, 89);
+  got = prefaulted_past(c, 0);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&C.h), 0);
+  return got;
+}
+
 /* cluster.prefault: a pull larger than the chunks it asks for at once
  * (32 of 4 MiB: cluster.pull_depth x pull_chunk) has the rest of its new
  * pages faulted in on gshmd's thread pool ahead of them, never the first
- * chunks' (the lanes write those at once), byte for byte the same; with
- * the option off, nothing is. */
+ * chunks' (the lanes write those at once), byte for byte the same:
+ * always; by default (auto) where pulls get 2 MiB pages; with off,
+ * never. */
 static void test_prefault(void **state) {
   const uint64_t size = 320 * MiB, window = 32 * 4 * MiB;
-  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
   long before, got;
   (void)state;
 
@@ -473,20 +491,26 @@ static void test_prefault(void **state) {
     skip();
   }
   make_segment(a, "pub/prefault", size, 89);
-  before = prefaulted_past(b, -1);
-  pull_checked(b, "pub/prefault", "prefaulted", size, 89);
-  got = prefaulted_past(b, before) - before;
+  got = prefault_on_c("always", size);
   print_message("faulted in ahead of the lanes: %ld MiB of %llu\n", got >> 20,
                 (unsigned long long)(size >> 20));
   assert_true(got >= (long)(8 * MiB));
   assert_true((uint64_t)got <= size - window);
+  assert_int_equal(prefault_on_c("off", size), 0);
+  /* B runs with the default */
+  before = prefaulted_past(b, -1);
+  pull_checked(b, "pub/prefault", "prefaulted", size, 89);
+  got = prefaulted_past(b, before) - before;
+  print_message("by default, with %s pages: %ld MiB\n", shmem_thp() ? "2 MiB" : "4 KiB",
+                got >> 20);
+  if (shmem_thp())
+    assert_true(got >= (long)(8 * MiB) && (uint64_t)got <= size - window);
+  else
+    assert_int_equal(got, 0);
   assert_int_equal(gshm_unlink(b, "prefaulted"), 0);
-  start_c("cluster.prefault=false", NULL);
-  c = connect_to(&C);
-  pull_checked(c, "pub/prefault", "plain", size, 89);
-  usleep(1100000); /* (a metrics snapshot after the pull) */
-  assert_int_equal(metric(c, "gshm_cluster_prefault_bytes_total"), 0);
-  end_with_c(a, b, c, "pub/prefault");
+  assert_int_equal(gshm_unlink(a, "pub/prefault"), 0);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
 }
 
 struct budget_pull {
