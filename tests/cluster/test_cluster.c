@@ -457,6 +457,8 @@ static long prefaulted_past(gshm_client_t *c, long floor) {
   return v;
 }
 
+static void requester_killed_on(struct node *n, gshm_client_t *a);
+
 /* What C pulls of pub/prefault with cluster.prefault=mode, checked byte
  * for byte: bytes faulted in ahead of the lanes (C is stopped after). */
 static long prefault_on_c(const char *mode, uint64_t size) {
@@ -496,6 +498,13 @@ static void test_prefault(void **state) {
                 (unsigned long long)(size >> 20));
   assert_true(got >= (long)(8 * MiB));
   assert_true((uint64_t)got <= size - window);
+  { /* a set failing with pieces on the pool: nothing left, C stops clean */
+    start_c("cluster.prefault=always", NULL);
+    make_segment(a, "pub/orphan", 1 * GiB, 61);
+    requester_killed_on(&C, a);
+    assert_int_equal(gshm_unlink(a, "pub/orphan"), 0);
+    assert_int_equal(harness_stop(&C.h), 0);
+  }
   assert_int_equal(prefault_on_c("off", size), 0);
   /* B runs with the default */
   before = prefaulted_past(b, -1);
@@ -886,16 +895,16 @@ static void tell_parent(const gshm_pull_progress_t *pr, void *arg) {
     _exit(3);
 }
 
-static void test_requester_killed(void **state) {
-  gshm_client_t *a = connect_to(&A), *b;
+/* A client of n pulls a:pub/orphan (made by the caller) and is killed at
+ * its first progress reply: n leaves nothing of it, and a's lease ends. */
+static void requester_killed_on(struct node *n, gshm_client_t *a) {
+  gshm_client_t *b;
   gshm_segment_info_t st;
   gshm_status_info_t sa;
   pid_t child;
   int i, status, pipefd[2];
   char ch;
-  (void)state;
 
-  make_segment(a, "pub/orphan", 1 * GiB, 61);
   assert_int_equal(pipe(pipefd), 0);
   child = fork();
   assert_true(child >= 0);
@@ -904,7 +913,7 @@ static void test_requester_killed(void **state) {
     gshm_pull_opts_t po = {.local_name = "orphan", .progress = tell_parent,
                            .progress_arg = &pipefd[1]};
     close(pipefd[0]);
-    if (gshm_connect(B.h.socket_path, "doomed", &c))
+    if (gshm_connect(n->h.socket_path, "doomed", &c))
       _exit(1);
     gshm_pull(c, "a", "pub/orphan", &po, NULL);
     _exit(0);
@@ -915,7 +924,7 @@ static void test_requester_killed(void **state) {
   kill(child, SIGKILL);
   waitpid(child, &status, 0);
   close(pipefd[0]);
-  b = connect_to(&B);
+  b = connect_to(n);
   for (i = 0; i < 200 && gshm_stat_name(b, "orphan", &st) == 0; i++)
     usleep(20000);
   assert_int_equal(gshm_stat_name(b, "orphan", &st), -ENOENT);
@@ -926,9 +935,17 @@ static void test_requester_killed(void **state) {
     usleep(20000);
   }
   assert_int_equal(sa.leases, 0);
+  gshm_disconnect(b);
+}
+
+static void test_requester_killed(void **state) {
+  gshm_client_t *a = connect_to(&A);
+  (void)state;
+
+  make_segment(a, "pub/orphan", 1 * GiB, 61);
+  requester_killed_on(&B, a);
   assert_int_equal(gshm_unlink(a, "pub/orphan"), 0);
   gshm_disconnect(a);
-  gshm_disconnect(b);
 }
 
 /* gshmctl peers, segments --peer and pull, as a user types them. */
