@@ -224,8 +224,9 @@
     3600000, NULL,                                                              \
     "A request to a peer whose answer has not begun this many milliseconds "   \
     "after every older one's did fails its pull (-ETIMEDOUT), however busy "   \
-    "the link is otherwise. A read of a segment this node is still pulling "   \
-    "waits here at most half of it, then is answered busy and asked again: "   \
-    "give every node the same value.")
+    "the link is otherwise; so does a data lane stopped this long midway "     \
+    "through a frame, or not read. A read of a segment this node is still "    \
+    "pulling waits here at most half of it, then is answered busy and asked "  \
+    "again: give every node the same value.")
 
 #endif

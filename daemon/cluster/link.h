@@ -47,11 +47,10 @@
 #define LINK_LANE_TOKEN 16       /* bytes of a link's lane token */
 #define LINK_MAX_FDS 256         /* cluster connections in all (fds: see gshmd__link_start) */
 #define LINK_HELLO_NS 3000000000LL     /* an inbound hello not done by then is closed */
-#define LINK_REQUEST_S 60              /* a lane without progress for that long fails */
-#define LINK_REQUEST_NS (LINK_REQUEST_S * 1000000000LL)
-/* A request's own deadline is cluster.request_timeout_ms (links.request_timeout_ns,
- * default LINK_REQUEST_NS), counted from when every older request's answer
- * has begun (reqwait.c). */
+/* cluster.request_timeout_ms (links.request_timeout_ns, 60 s by default)
+ * bounds a request left unanswered (counted from when every older
+ * request's answer has begun: reqwait.c), a data lane stopped midway or
+ * not read (lane.h), and a peer that does not read its answers. */
 
 enum peer_state { PEER_DOWN, PEER_CONNECTING, PEER_UP };
 enum link_state {
@@ -199,7 +198,7 @@ struct link_hooks {
   /* Data lanes (lane.c, above this layer): an outbound link came up (its
    * puller opens its lanes); l fails, was its state (its lanes stop; a
    * lane leaves its link); why lane l is overdue at now (bytes queued
-   * without progress, or a frame stopped midway, for LINK_REQUEST_NS),
+   * without progress, or a frame stopped midway, for request_timeout_ns),
    * or NULL: the sweep then fails l's link with -ETIMEDOUT and that
    * reason.  Each may be NULL (no lanes). */
   void (*on_up)(struct link *l);
@@ -309,8 +308,8 @@ void gshmd__link_data_done(struct link *l, void *tok, int err);
  * offset and length before a byte of it is read.  A claimed request
  * stays on its link's reqs until its bytes are in; a frame that stops
  * midway is ended by the sweep (lane_overdue: nothing received on its
- * lane for LINK_REQUEST_NS), not by the link's request timeout, which a
- * peer keeps away by answering other requests.
+ * lane for request_timeout_ns), not by the link's request timeout
+ * (reqwait.c), which counts only answers that have not begun.
  *
  * l's landings, made if it has none (l holds them until it is freed,
  * each lane of it until its thread is gone, each frame of those lanes

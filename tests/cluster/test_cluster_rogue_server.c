@@ -51,6 +51,11 @@ static struct rogue rl;
 static struct rogue_lane rl_lanes[RL_LANES];
 static int lfd_rl;
 static uint8_t rkey[32];
+/* P's cluster.request_timeout_ms, in seconds: how long a lane's frame
+ * stopped midway waits */
+#define STALL_S 5
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 /* One lie: the entries of the list's pages, or what a grant says. */
 struct entry {
@@ -236,7 +241,8 @@ static int group_setup(void **state) {
   assert_true((lfd_rl = rogue_listener(&port_rl)) >= 0);
   snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d,rl=127.0.0.1:%d", port, port_rl);
   /* rl's lane tests pull one segment of RL_FRAME bytes in one Read */
-  node_start(&P, "p", peers, keys.key, "", "cluster.streams=2", "cluster.pull_chunk=64M", NULL);
+  node_start(&P, "p", peers, keys.key, "", "cluster.streams=2", "cluster.pull_chunk=64M",
+             "cluster.request_timeout_ms=" STR(STALL_S) "000", NULL);
   harness_set_leftover(&P.h);
   assert_int_equal(rogue_accept(&rs, lfd, "rs", rkey), 0);
   return 0;
@@ -526,9 +532,9 @@ static void rl_message(gshm_client_t *p, char *buf, size_t len) {
  * second): the link's own activity never lapses, and the claimed request
  * used to wait forever, and the pull, its hidden segment and its memory
  * with it.  Now the lane's frame, without a byte for the request timeout
- * (60 s), fails the link (-ETIMEDOUT, counted as a timeout refusal) and
- * the pull, with the reason in its error and in gshmctl peers, and
- * nothing is left. */
+ * (cluster.request_timeout_ms: STALL_S here), fails the link
+ * (-ETIMEDOUT, counted as a timeout refusal) and the pull, with the
+ * reason in its error and in gshmctl peers, and nothing is left. */
 static void test_lane_frame_stalled(void **state) {
   static struct rl_pull bg; /* (static: a failed check leaves its threads) */
   gshm_client_t *p = connect_to(&P);
@@ -546,7 +552,7 @@ static void test_lane_frame_stalled(void **state) {
   memset(&bg, 0, sizeof(bg));
   assert_int_equal(pthread_create(&bg.t, NULL, rl_pull_thread, &bg), 0);
   peers_monitor_start(&bg.mon, &P, &bg.done);
-  stalled = serve_partial(&bg, part, NULL, true, (LINK_REQUEST_S + 40) * 1000, &counts);
+  stalled = serve_partial(&bg, part, NULL, true, (STALL_S + 40) * 1000, &counts);
   took = now_ms() - stalled;
   printf("frame stalled after %" PRIu64 " of %" PRIu64 " bytes; %u count requests answered "
          "meanwhile; the pull ended after %.1f s: %d %s\n",
@@ -556,11 +562,11 @@ static void test_lane_frame_stalled(void **state) {
   pthread_join(bg.t, NULL);
   peers_monitor_join(&bg.mon);
   /* the control connection was busy throughout */
-  assert_true(counts >= LINK_REQUEST_S * 2);
+  assert_true(counts >= STALL_S * 2);
   /* not before the request timeout, and soon after it (the sweep runs
    * every second) */
-  assert_true(took >= (LINK_REQUEST_S - 1) * 1000);
-  assert_true(took <= (LINK_REQUEST_S + 20) * 1000);
+  assert_true(took >= (STALL_S - 1) * 1000);
+  assert_true(took <= (STALL_S + 20) * 1000);
   /* (only the stalled request was left: the link's loss fails the pull) */
   assert_int_equal(bg.err, -ETIMEDOUT);
   assert_non_null(strstr(bg.msg, "peer 'rl' lost mid-pull"));
