@@ -6,15 +6,15 @@
  * other three sent whole).  The link's activity never lapses, so the old
  * code waited forever on the held request, and the user's gshmctl pull
  * with it.  Now the held request fails the pull within
- * cluster.request_timeout_ms (2 s here) and the sweep's second:
+ * cluster.request_timeout_ms (3 s here) and the sweep's second:
  * -ETIMEDOUT, a message that names the peer and what it left unanswered,
  * nothing left behind, and the next pull from that peer works.
  *
  * And the long waits that are legitimate still work: P pulls a set from
- * the rogue, which sends one chunk every half second (5 s in all), while
+ * the rogue, which sends one chunk every half second (6 s in all), while
  * node C pulls the same set from P in flight (relayed: docs/CLUSTER.md
  * "Moving a model to several nodes") in one Read, which waits on P for
- * chunks that have not landed there twice the request timeout; P answers
+ * chunks that have not landed there longer than the request timeout; P answers
  * it busy after half of it with its progress, C asks again, and C ends
  * with every byte (without the busy answers C's request timeout would
  * fail it). */
@@ -38,10 +38,12 @@
 #include "nodes.h"
 #include "rogue.h"
 
-#define TIMEOUT_MS 2000 /* cluster.request_timeout_ms of P and C */
+#define TIMEOUT_MS 3000 /* cluster.request_timeout_ms of P and C */
+#define STR_(x) #x
+#define STR(x) STR_(x)
 #define LANES 2         /* P's cluster.streams */
 #define SEG (4 * MiB)   /* pulled alone over two lanes: four Reads of 1 MiB */
-#define SLOW_SEG (10 * MiB) /* P reads it in ten chunks of 1 MiB, C in one Read */
+#define SLOW_SEG (12 * MiB) /* P reads it in twelve chunks of 1 MiB, C in one Read */
 #define SLOW_GAP_MS 500 /* the slow rogue's time between chunks */
 
 static struct cluster_keys keys;
@@ -232,10 +234,10 @@ static int group_setup(void **state) {
   snprintf(peers_p, sizeof(peers_p), "rh=127.0.0.1:%d,c=127.0.0.1:%d", port, C.port);
   snprintf(peers_c, sizeof(peers_c), "p=127.0.0.1:%d", P.port);
   node_start(&P, "p", peers_p, keys.key, "slow/*", "cluster.streams=2", "cluster.pull_chunk=1M",
-             "cluster.request_timeout_ms=2000", NULL);
+             "cluster.request_timeout_ms=" STR(TIMEOUT_MS), NULL);
   /* C reads a segment in one Read (no lanes to split it over): a Read of
-   * P's whole slow set waits on P twice the request timeout */
-  node_start(&C, "c", peers_c, keys.key, "", "cluster.request_timeout_ms=2000",
+   * P's whole slow set waits on P longer than the request timeout */
+  node_start(&C, "c", peers_c, keys.key, "", "cluster.request_timeout_ms=" STR(TIMEOUT_MS),
              "cluster.streams=1", "cluster.pull_chunk=16M", NULL);
   return 0;
 }
