@@ -75,6 +75,7 @@ struct gshmd_config {
   char *cluster_prefault;          /* auto|always|off: fault pulled host memory in ahead of its lanes */
   uint64_t cluster_staging_bytes;  /* pinned host bytes per staged pull */
   char *cluster_staging;           /* auto|always: how device (and host) segments are served */
+  uint32_t cluster_request_timeout_ms; /* an unanswered request to a peer fails after this */
 };
 
 /* Bytes a list item (lease, the largest) takes besides its segment name,

@@ -227,6 +227,14 @@
     "How this node serves segments to peers: auto registers host segments "     \
     "(and device segments where UCX supports CUDA memory) and stages device "   \
     "segments otherwise; always copies every segment through pinned host "     \
-    "slots (for NICs that cannot reach the memory, and for tests).")
+    "slots (for NICs that cannot reach the memory, and for tests).")            \
+  X(cluster, request_timeout_ms, U32, cluster_request_timeout_ms, "60000", 1000, \
+    3600000, NULL,                                                              \
+    "A request to a peer whose answer has not begun this many milliseconds "   \
+    "after every older one's did fails its pull (-ETIMEDOUT), however busy "   \
+    "the link is otherwise; so does a data lane stopped this long midway "     \
+    "through a frame, or not read. A read of a segment this node is still "    \
+    "pulling waits here at most half of it, then is answered busy and asked "  \
+    "again: give every node the same value.")
 
 #endif

@@ -278,8 +278,12 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
              "# HELP gshm_cluster_relay_waits_total Peers' reads of a segment still being "
              "pulled here that waited for its chunks (fan-out).\n"
              "# TYPE gshm_cluster_relay_waits_total counter\n"
-             "gshm_cluster_relay_waits_total %" PRIu64 "\n",
-          cl->served_grants, cl->relay_waits);
+             "gshm_cluster_relay_waits_total %" PRIu64 "\n"
+             "# HELP gshm_cluster_relay_busy_total Of those, waits that lasted half of "
+             "cluster.request_timeout_ms and were answered busy (the reader asks again).\n"
+             "# TYPE gshm_cluster_relay_busy_total counter\n"
+             "gshm_cluster_relay_busy_total %" PRIu64 "\n",
+          cl->served_grants, cl->relay_waits, cl->relay_busy);
   fprintf(f, "# HELP gshm_cluster_prefault_bytes_total Bytes of pulled host segments faulted in "
              "on the thread pool ahead of their chunks (cluster.prefault).\n"
              "# TYPE gshm_cluster_prefault_bytes_total counter\n"
@@ -355,6 +359,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   cl->ll.streams = cfg->cluster_streams;
   cl->ll.ucx_allowed = !cfg->cluster_encrypt && strcmp(cfg->cluster_transport, "tcp");
   cl->ll.ucx_without_peer_errors = !strcmp(cfg->cluster_transport, "ucx");
+  cl->ll.request_timeout_ns = (int64_t)cfg->cluster_request_timeout_ms * 1000000;
   cl->ll.hello_timeout_ns =
       (int64_t)(cfg->partial_timeout_ms ? cfg->partial_timeout_ms : 5000) * 1000000;
   if ((e = gshmd__cluster_conf(cl)) || (e = gshmd__cluster_listen_check(&cl->ll)))

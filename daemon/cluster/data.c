@@ -192,26 +192,30 @@ static struct landing *landing_of(struct landings *lt, const struct peer_req *re
 }
 
 /* Takes req out of its landings unless a lane claimed it, or even then
- * (claimed_too: its bytes are in).  Returns whether a lane claimed it. */
-static bool landing_take(struct peer_req *req, bool claimed_too) {
+ * (claimed_too: its bytes are in), or leaves it (peek).  Returns whether
+ * a lane claimed it. */
+static bool landing_take(struct peer_req *req, bool claimed_too, bool peek) {
   struct landings *lt = req->landing;
   struct landing *x;
-  bool claimed;
+  bool claimed, take;
 
   if (!lt)
     return false;
   pthread_mutex_lock(&lt->mu);
   x = landing_of(lt, req);
   claimed = x && x->claimed;
-  if (x && (claimed_too || !claimed))
+  take = !peek && (claimed_too || !claimed);
+  if (x && take)
     *x = lt->v[--lt->n];
   pthread_mutex_unlock(&lt->mu);
-  if (claimed_too || !claimed)
+  if (take)
     req->landing = NULL;
   return claimed;
 }
 
-bool gshmd__landing_withdraw(struct peer_req *req) { return !landing_take(req, false); }
+bool gshmd__landing_withdraw(struct peer_req *req) { return !landing_take(req, false, false); }
+
+bool gshmd__landing_claimed(struct peer_req *req) { return landing_take(req, false, true); }
 
 int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uint64_t len,
                          void **dst, void **tok) {
@@ -266,7 +270,7 @@ void gshmd__link_data_done(struct link *l, void *tok, int err) {
 
   /* a lane's frame: its request is still listed (and on its link's
    * reqs, unless that link failed meanwhile) */
-  landing_take(req, true);
+  landing_take(req, true, false);
   if (req->queued) {
     gshm_list_del(&req->node);
     req->queued = false;

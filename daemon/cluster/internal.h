@@ -57,6 +57,8 @@ struct gshmd_cluster {
    * request again through it (relay.c sits below serve.c) */
   bool (*serve_again)(struct gshmd_cluster *cl, struct link *l, const Gshm__Cluster__Msg *m);
   struct gshm_list relay_lists; /* relay.c: Lists waiting for a set's listing */
+  int64_t relay_expiry_ns;   /* relay.c: when the first parked read's wait ends (0: none) */
+  uint64_t relay_landed;     /* relay.c: bytes of relayed segments landed here, ever */
   uint64_t next_set_seq;     /* struct pull_set.seq */
   unsigned pull_maps_ahead;  /* landing mappings made at listings (pull.h PULL_MAPS_AHEAD) */
   /* pullset.c: listed segments made a few a loop turn (pull.h) */
@@ -74,6 +76,7 @@ struct gshmd_cluster {
   /* metrics */
   uint64_t served_grants;
   uint64_t relay_waits;      /* reads parked by relay.c, ever */
+  uint64_t relay_busy;       /* ... of them answered busy after half the request timeout */
   uint64_t registrations;    /* segments registered with UCX, ever */
   uint32_t registered;       /* registered now */
   /* host segments' serving mappings that no grant uses now, oldest

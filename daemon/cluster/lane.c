@@ -650,8 +650,9 @@ const char *gshmd__lane_overdue(const struct link *lane, int64_t now) {
   struct lane *ln = lane->lane;
 
   if (ln && !ln->sender) /* a frame stopped midway (lane_io.h) */
-    return gshmd__lane_rx_overdue(ln->st.fd, &ln->frame_ns, now);
-  return ln && atomic_load(&ln->queued) && now - atomic_load(&ln->progress_ns) > LINK_REQUEST_NS
+    return gshmd__lane_rx_overdue(ln->st.fd, &ln->frame_ns, now, lane->ll->request_timeout_ns);
+  return ln && atomic_load(&ln->queued) &&
+                 now - atomic_load(&ln->progress_ns) > lane->ll->request_timeout_ns
              ? "the peer did not read a data lane in time"
              : NULL;
 }

@@ -97,7 +97,7 @@ int gshmd__lane_send(struct link *parent, uint32_t rid, uint64_t offset, const v
                      uint64_t len, void (*done)(void *arg, int err), void *arg);
 /* Why lane is overdue at now (CLOCK_MONOTONIC ns), or NULL: a serving
  * lane that has had bytes queued without progress for longer than
- * LINK_REQUEST_NS (the peer stopped reading), or a pulling lane amid a
+ * cluster.request_timeout_ms (the peer stopped reading), or a pulling lane amid a
  * frame whose connection received nothing for that long (the peer
  * stopped sending midway: its request, claimed by the lane, would wait
  * forever while the peer keeps the link's control connection busy).

@@ -4,11 +4,13 @@
 #include "lane_io.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -71,22 +73,24 @@ int gshmd__lane_read_begin(int fd, void *buf, size_t len, atomic_int_fast64_t *b
   return gshmd__lane_read_all(fd, (uint8_t *)buf + r, len - (size_t)r);
 }
 
-#define STR_(x) #x
-#define STR(x) STR_(x)
-
-const char *gshmd__lane_rx_overdue(int fd, const atomic_int_fast64_t *began_ns, int64_t now) {
+const char *gshmd__lane_rx_overdue(int fd, const atomic_int_fast64_t *began_ns, int64_t now,
+                                   int64_t limit_ns) {
+  static char why[128]; /* (the loop's only) */
   int64_t began = atomic_load_explicit(began_ns, memory_order_relaxed);
   struct tcp_info ti;
   socklen_t len = sizeof(ti);
 
-  if (!began || now - began <= LINK_REQUEST_NS)
+  if (!began || now - began <= limit_ns)
     return NULL;
   if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
       len >= offsetof(struct tcp_info, tcpi_last_data_recv) + sizeof(ti.tcpi_last_data_recv) &&
-      (int64_t)ti.tcpi_last_data_recv * 1000000 <= LINK_REQUEST_NS)
+      (int64_t)ti.tcpi_last_data_recv * 1000000 <= limit_ns)
     return NULL; /* bytes still come */
-  return "the peer stopped sending a data frame midway on a data lane (nothing for " STR(
-      LINK_REQUEST_S) " s)";
+  snprintf(why, sizeof(why),
+           "the peer stopped sending a data frame midway on a data lane (nothing for %" PRId64
+           " ms)",
+           limit_ns / 1000000);
+  return why;
 }
 
 int gshmd__lane_write_tagged(int fd, const uint8_t *key, uint64_t n, const struct frame_hdr *hdr,

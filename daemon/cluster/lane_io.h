@@ -37,13 +37,16 @@ int gshmd__lane_read_begin(int fd, void *buf, size_t len, atomic_int_fast64_t *b
 
 /* The loop's side (its sweep): why the frame a lane's thread is reading
  * from fd, begun at *began_ns (0: none; an idle lane waits without
- * limit), has stopped midway, or NULL: it began over LINK_REQUEST_NS
- * before now (CLOCK_MONOTONIC ns) and fd received nothing for as long.
+ * limit), has stopped midway, or NULL: it began over limit_ns
+ * (cluster.request_timeout_ms) before now (CLOCK_MONOTONIC ns) and fd
+ * received nothing for as long.  The text is a static buffer (loop
+ * only), valid until the next call.
  * The thread blocks in one MSG_WAITALL recv of a whole piece or frame
  * meanwhile, so only the kernel knows whether bytes still come
  * (TCP_INFO's last_data_recv); where it cannot say, the frame's age
  * alone decides. */
-const char *gshmd__lane_rx_overdue(int fd, const atomic_int_fast64_t *began_ns, int64_t now);
+const char *gshmd__lane_rx_overdue(int fd, const atomic_int_fast64_t *began_ns, int64_t now,
+                                   int64_t limit_ns);
 
 /* Writes frame n (hdr, its hdr->len > 0 payload bytes at src, the tag)
  * to fd, tagging each LANE_PIECE of the payload with key (STREAM_KEY

@@ -442,6 +442,7 @@ static bool answer(struct link *l, Gshm__Cluster__Msg *m) {
       }
       gshm_list_del(&req->node);
       req->queued = false;
+      req->progress = m->progress;
       req->done(req, err, err ? (m->message[0] ? m->message : "refused by the peer") : NULL,
                 err ? NULL : m);
       return true;
@@ -505,6 +506,7 @@ static const char *link_overdue(struct link *l, int64_t now) {
   struct links *ll = l->ll;
   int64_t hello = l->inbound && ll->hello_timeout_ns > LINK_HELLO_NS ? LINK_HELLO_NS
                                                                      : ll->hello_timeout_ns;
+  const char *why;
 
   if (l->state == LINK_REFUSED && now - l->since_ns > REFUSED_LINGER_NS)
     return "refused";
@@ -514,19 +516,18 @@ static const char *link_overdue(struct link *l, int64_t now) {
     return "no answer to the hello in time";
   }
   if (l->is_lane) {
-    const char *why = l->state == LINK_UP && ll->hooks.lane_overdue
-                          ? ll->hooks.lane_overdue(l, now)
-                          : NULL;
+    why = l->state == LINK_UP && ll->hooks.lane_overdue ? ll->hooks.lane_overdue(l, now) : NULL;
     if (why)
       gshmd__link_refused(ll, REFUSE_TIMEOUT, l->remote, why);
     return why;
   }
-  if (l->state != LINK_UP || now - l->active_ns <= LINK_REQUEST_NS)
+  if (l->state != LINK_UP)
     return NULL;
-  if (!gshm_list_empty(&l->reqs) &&
-      now - gshm_list_entry(l->reqs.next, struct peer_req, node)->sent_ns > LINK_REQUEST_NS)
-    return "the peer did not answer in time";
-  if (l->busy && l->st.tx_bytes)
+  if (!l->inbound && (why = gshmd__link_req_overdue(l, now))) {
+    gshmd__link_refused(ll, REFUSE_TIMEOUT, l->peer->name, why);
+    return why;
+  }
+  if (now - l->active_ns > ll->request_timeout_ns && l->busy && l->st.tx_bytes)
     return "the peer did not read what it asked for in time";
   return NULL;
 }

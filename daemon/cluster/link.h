@@ -22,7 +22,7 @@
 #include "stream.h"
 
 #define GSHMD_CLUSTER_MAJOR 2
-#define GSHMD_CLUSTER_MINOR 2
+#define GSHMD_CLUSTER_MINOR 3
 #define GSHMD_CLUSTER_NONCE 32
 #define GSHMD_CLUSTER_MAX_MSG STREAM_CTRL_MAX /* larger control messages are refused */
 
@@ -47,8 +47,10 @@
 #define LINK_LANE_TOKEN 16       /* bytes of a link's lane token */
 #define LINK_MAX_FDS 256         /* cluster connections in all (fds: see gshmd__link_start) */
 #define LINK_HELLO_NS 3000000000LL     /* an inbound hello not done by then is closed */
-#define LINK_REQUEST_S 60              /* a request without progress for that long fails */
-#define LINK_REQUEST_NS (LINK_REQUEST_S * 1000000000LL)
+/* cluster.request_timeout_ms (links.request_timeout_ns, 60 s by default)
+ * bounds a request left unanswered (counted from when every older
+ * request's answer has begun: reqwait.c), a data lane stopped midway or
+ * not read (lane.h), and a peer that does not read its answers. */
 
 enum peer_state { PEER_DOWN, PEER_CONNECTING, PEER_UP };
 enum link_state {
@@ -121,6 +123,7 @@ struct peer_req {
   struct landings *landing;  /* the table listing it (data.c), or NULL */
   void *arg;
   int64_t sent_ns;           /* CLOCK_MONOTONIC, when sent */
+  uint64_t progress;         /* a busy refusal's Msg.progress (relay.h), else 0 */
   bool queued;               /* on a list */
   bool sent;                 /* on the link: only the answer or the link's end completes it */
 };
@@ -140,6 +143,10 @@ struct link {
   int64_t active_ns;         /* CLOCK_MONOTONIC: the last frame received or sent */
   uint32_t caps_theirs;      /* the hello's capabilities (hello.c) */
   struct gshm_list reqs;     /* outbound: sent, awaiting answers */
+  uint32_t wait_rid;         /* outbound: the oldest request whose answer has not begun,
+                                as the sweep last saw it (reqwait.c) ... */
+  int64_t wait_since_ns;     /* ... since when it is (CLOCK_MONOTONIC), and the look */
+  int64_t wait_checked_ns;
   struct gshm_list node;     /* ll->links */
   uint32_t next_request;
   unsigned busy;             /* inbound: staging copies and data sends running; the
@@ -191,7 +198,7 @@ struct link_hooks {
   /* Data lanes (lane.c, above this layer): an outbound link came up (its
    * puller opens its lanes); l fails, was its state (its lanes stop; a
    * lane leaves its link); why lane l is overdue at now (bytes queued
-   * without progress, or a frame stopped midway, for LINK_REQUEST_NS),
+   * without progress, or a frame stopped midway, for request_timeout_ns),
    * or NULL: the sweep then fails l's link with -ETIMEDOUT and that
    * reason.  Each may be NULL (no lanes). */
   void (*on_up)(struct link *l);
@@ -234,6 +241,7 @@ struct links {
   socklen_t listen_salen;
   bool listen_pending;       /* cluster.listen could not be bound yet: retried by the sweep */
   int64_t hello_timeout_ns;  /* a hello not done by then is dropped */
+  int64_t request_timeout_ns; /* cluster.request_timeout_ms (reqwait.c) */
   struct peer *peers;
   unsigned npeers;
   struct gshm_list links;
@@ -300,8 +308,8 @@ void gshmd__link_data_done(struct link *l, void *tok, int err);
  * offset and length before a byte of it is read.  A claimed request
  * stays on its link's reqs until its bytes are in; a frame that stops
  * midway is ended by the sweep (lane_overdue: nothing received on its
- * lane for LINK_REQUEST_NS), not by the link's request timeout, which a
- * peer keeps away by answering other requests.
+ * lane for request_timeout_ns), not by the link's request timeout
+ * (reqwait.c), which counts only answers that have not begun.
  *
  * l's landings, made if it has none (l holds them until it is freed,
  * each lane of it until its thread is gone, each frame of those lanes
@@ -318,6 +326,15 @@ int gshmd__landing_add(struct link *l, struct peer_req *req);
  * completes req (the caller must not); true otherwise (also when req is
  * in none).  Loop only. */
 bool gshmd__landing_withdraw(struct peer_req *req);
+/* Whether a lane's thread claimed req (its bytes are being read into
+ * place).  Loop only. */
+bool gshmd__landing_claimed(struct peer_req *req);
+/* reqwait.c: why outbound link l (up) is overdue at now (CLOCK_MONOTONIC
+ * ns): its oldest request whose answer has not begun has been the oldest
+ * for over ll->request_timeout_ns, however busy the link is otherwise;
+ * or NULL.  The text names what went unanswered (a static buffer, valid
+ * until the next call).  Loop only (the sweep). */
+const char *gshmd__link_req_overdue(struct link *l, int64_t now);
 /* A lane's thread: the request of a frame that answers rid with len
  * bytes at offset, claimed (no other frame nor the loop takes it then).
  * *dst: where the bytes go; *tok: the request, for the link's data_done.

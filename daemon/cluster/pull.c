@@ -37,6 +37,7 @@ struct chunk {
   Gshm__Cluster__Stage st;
   Gshm__Cluster__Read rd;
   struct stage_copy sc;      /* slot -> local device segment */
+  struct relay_ask ask;      /* a relaying peer's busy answers to it */
 };
 
 void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...) {
@@ -185,6 +186,10 @@ static void on_chunk_answer(struct peer_req *req, int err, const char *why,
   char buf[240];
 
   (void)m;
+  /* a relaying peer that waited for the bytes itself: asked again */
+  if (err == -EBUSY && c->p->relayed && !c->p->s->err &&
+      !(err = gshmd__relay_ask_again(c->p->link, req, &c->ask, &why)))
+    return;
   if (!err) { /* an answer without bytes */
     err = -EPROTO;
     why = "the peer answered a read without the bytes";

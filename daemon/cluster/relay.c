@@ -15,6 +15,8 @@
 #include "log.h"
 #include "pull.h"
 #include "registry.h"
+#include "util.h"
+#include "wire.h"
 
 /* One relayed segment (seg->cluster_relay), from its creation to the end
  * of its set. */
@@ -31,6 +33,8 @@ struct relay {
 struct relay_wait {
   struct gshm_list node;     /* relay->waits or cl->relay_lists */
   struct link *l;
+  int64_t parked_ns;         /* CLOCK_MONOTONIC: a read's wait is over at half the request
+                                timeout (0: its reader does not ask again, CAP_ASK_AGAIN) */
   Gshm__Cluster__Msg m;
   Gshm__Cluster__Read rd;
   Gshm__Cluster__Stage st;
@@ -117,6 +121,7 @@ void gshmd__relay_landed(struct gshmd_cluster *cl, struct gshmd_segment *seg, ui
     x->landed[i] += n;
     off += n;
   }
+  cl->relay_landed += len;
   /* (served one at a time from the head: a send may end links and so
    * drop other waits) */
   while ((w = ready_wait(x)))
@@ -220,9 +225,75 @@ int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
     w->m.body_case = GSHM__CLUSTER__MSG__BODY_STAGE;
     w->m.stage = &w->st;
   }
+  /* (a reader that does not ask again waits until the bytes land) */
+  if (l->caps_theirs & GSHM__CLUSTER__CAP__CAP_ASK_AGAIN) {
+    w->parked_ns = gshm__now_ns(CLOCK_MONOTONIC);
+    if (!cl->relay_expiry_ns)
+      cl->relay_expiry_ns = w->parked_ns + cl->ll.request_timeout_ns / 2;
+  }
   gshm_list_add_tail(&x->waits, &w->node);
   cl->relay_waits++;
   return 1;
+}
+
+/* Refuses busy the parked reads that waited half the request timeout
+ * (their readers ask again while this node's pulls progress: relay.h),
+ * and notes when the next one's wait is over. */
+static void expire_waits(struct gshmd_cluster *cl, int64_t now) {
+  int64_t park = cl->ll.request_timeout_ns / 2, next = 0;
+  struct gshm_list *pos, *wpos, *tmp, gone;
+
+  gshm_list_init(&gone);
+  gshm_list_foreach(pos, &cl->relays) {
+    struct relay *x = gshm_list_entry(pos, struct relay, node);
+    gshm_list_foreach_safe(wpos, tmp, &x->waits) {
+      struct relay_wait *w = gshm_list_entry(wpos, struct relay_wait, node);
+      if (!w->parked_ns)
+        continue;
+      if (now - w->parked_ns < park) {
+        if (!next || w->parked_ns + park < next)
+          next = w->parked_ns + park;
+        continue;
+      }
+      gshm_list_del(&w->node);
+      w->l->parked--;
+      gshm_list_add_tail(&gone, &w->node);
+    }
+  }
+  cl->relay_expiry_ns = next;
+  /* (answered once off every list: a send may end links and so drop
+   * other waits) */
+  while (!gshm_list_empty(&gone)) {
+    struct relay_wait *w = gshm_list_entry(gone.next, struct relay_wait, node);
+    Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
+    a.request_id = w->m.request_id;
+    a.status = (uint32_t)gshm__errno_to_status(-EBUSY);
+    a.message = (char *)"this node is still pulling those bytes: ask again";
+    a.progress = cl->relay_landed;
+    cl->relay_busy++;
+    gshm_list_del(&w->node);
+    if (w->l->state == LINK_UP)
+      gshmd__link_send(w->l, &a);
+    free(w);
+  }
+}
+
+int gshmd__relay_ask_again(struct link *l, struct peer_req *req, struct relay_ask *ra,
+                           const char **why_out) {
+  ra->stale = ra->busy && req->progress <= ra->progress ? ra->stale + 1 : 0;
+  ra->progress = req->progress;
+  ra->busy++;
+  if (ra->stale >= RELAY_STALE_MAX) {
+    *why_out = "it kept a read waiting for bytes it is still pulling, and its pulls made no "
+               "progress meanwhile";
+    return -ETIMEDOUT;
+  }
+  if (!l || l->state != LINK_UP) {
+    *why_out = "lost";
+    return -ECONNRESET;
+  }
+  gshmd__link_req_send(l, req);
+  return 0;
 }
 
 /* Whether a set of this node other than one pulling from `from` is still
@@ -254,12 +325,16 @@ bool gshmd__relay_list_wait(struct gshmd_cluster *cl, struct link *l, uint32_t r
 }
 
 void gshmd__relay_poll(struct gshmd_cluster *cl) {
+  int64_t now;
+
   while (!gshm_list_empty(&cl->relay_lists)) {
     struct relay_wait *w = gshm_list_entry(cl->relay_lists.next, struct relay_wait, node);
     if (listing_under_way(cl, w->l->peer))
-      return; /* (they all wait for the same) */
+      break; /* (they all wait for the same) */
     wait_resume(cl, w);
   }
+  if (cl->relay_expiry_ns && (now = gshm__now_ns(CLOCK_MONOTONIC)) >= cl->relay_expiry_ns)
+    expire_waits(cl, now);
 }
 
 /* Drops the waits of link l from list h. */

@@ -26,6 +26,33 @@ struct link;
  * what serve.c allows a link in flight. */
 #define RELAY_MAX_PARKED LINK_MAX_READS
 
+/* A parked read waits at most half of cluster.request_timeout_ms: then it
+ * is refused busy (-EBUSY) with this node's progress (Msg.progress:
+ * relay_landed, the bytes its pulls in flight have landed, ever), and the
+ * reader asks again while that grows, within the reader's own request
+ * timeout.  A reader gives up (-ETIMEDOUT) after RELAY_STALE_MAX busy
+ * answers to one read in a row that show no progress.  Only a reader
+ * whose hello said CAP_ASK_AGAIN is answered so; another one's reads wait
+ * until the bytes land. */
+#define RELAY_STALE_MAX 3
+
+/* The reader's record of one read's busy answers (in struct chunk,
+ * zeroed with it). */
+struct relay_ask {
+  uint64_t progress;         /* the last busy answer's Msg.progress */
+  unsigned busy;             /* busy answers so far */
+  unsigned stale;            /* ... in a row without progress */
+};
+
+/* The reader's side: read req (a Read or Stage of a segment granted in
+ * flight, relayed) was refused busy with progress (req->progress) on
+ * link l: asks it again on l (its done runs again later).  Returns 0, or
+ * -ETIMEDOUT with *why_out when the peer showed no progress for
+ * RELAY_STALE_MAX busy answers, or -ECONNRESET when l is not up (req is
+ * not sent again: its caller fails it). */
+int gshmd__relay_ask_again(struct link *l, struct peer_req *req, struct relay_ask *ra,
+                           const char **why_out);
+
 /* seg (hidden, just created by a pull) starts with nothing landed.
  * Errors: -ENOMEM (seg is then not relayed). */
 int gshmd__relay_new(struct gshmd_cluster *cl, struct gshmd_segment *seg);
@@ -70,7 +97,9 @@ bool gshmd__relay_list_wait(struct gshmd_cluster *cl, struct link *l, uint32_t r
 void gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after,
                           bool (*fn)(void *arg, struct gshmd_segment *seg, uint64_t key),
                           void *arg);
-/* Answers the parked Lists whose wait is over (after each loop batch). */
+/* Answers the parked Lists whose wait is over, and refuses busy the
+ * parked reads that waited half of cluster.request_timeout_ms (after
+ * each loop batch). */
 void gshmd__relay_poll(struct gshmd_cluster *cl);
 /* Link l is gone: what it parked is dropped unanswered. */
 void gshmd__relay_link_gone(struct gshmd_cluster *cl, struct link *l);

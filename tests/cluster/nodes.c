@@ -255,3 +255,28 @@ int64_t slowest_stat_busy(gshm_client_t *c, const char *name, int n, pid_t gshmd
     *raw_out = raw_worst;
   return worst;
 }
+
+static void *peers_monitor_thread(void *arg) {
+  struct peers_monitor *m = arg;
+  gshm_client_t *c;
+
+  if (gshm_connect(m->n->h.socket_path, "monitor", &c))
+    return NULL;
+  while (!atomic_load(m->stop)) {
+    gshm_cluster_peer_t *v = NULL;
+    size_t n = 0;
+    gshm_cluster_peers(c, NULL, &v, &n);
+    gshm_free(v);
+    usleep(200000);
+  }
+  gshm_disconnect(c);
+  return NULL;
+}
+
+void peers_monitor_start(struct peers_monitor *m, struct node *n, const atomic_bool *stop) {
+  m->n = n;
+  m->stop = stop;
+  assert_int_equal(pthread_create(&m->t, NULL, peers_monitor_thread, m), 0);
+}
+
+void peers_monitor_join(struct peers_monitor *m) { pthread_join(m->t, NULL); }

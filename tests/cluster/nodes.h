@@ -6,6 +6,8 @@
 #ifndef GSHM_TEST_CLUSTER_NODES_H
 #define GSHM_TEST_CLUSTER_NODES_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -79,6 +81,16 @@ void keys_remove(struct cluster_keys *k);
 void nodes_stop(struct node *serving, struct node *puller);
 /* A counter or gauge (no labels) from c's daemon's metrics. */
 long metric(gshm_client_t *c, const char *name);
+/* A thread that asks node n for its cluster peers every 200 ms until
+ * *stop (what gshmctl peers does: n asks each peer for its count, which
+ * keeps n's links to them busy). */
+struct peers_monitor {
+  pthread_t t;
+  struct node *n;
+  const atomic_bool *stop;
+};
+void peers_monitor_start(struct peers_monitor *m, struct node *n, const atomic_bool *stop);
+void peers_monitor_join(struct peers_monitor *m);
 /* CLOCK_MONOTONIC in milliseconds. */
 int64_t now_ms(void);
 /* The slowest of n stats of segment `name` by a local client, in

@@ -434,3 +434,95 @@ void rogue_lane_close(struct rogue_lane *ln) {
   sodium_memzero(&ln->st, sizeof(ln->st));
   ln->up = false;
 }
+
+int rogue_listener(int *port_out) {
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t len = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
+      getsockname(fd, (struct sockaddr *)&sa, &len) || listen(fd, 16)) {
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  *port_out = ntohs(sa.sin_port);
+  return fd;
+}
+
+void rogue_send_grant(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
+                      uint64_t size) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
+  Gshm__Cluster__Segment s = GSHM__CLUSTER__SEGMENT__INIT;
+
+  s.id = id;
+  s.generation = 1;
+  s.name = (char *)name;
+  s.size = size;
+  s.allocated = size;
+  s.location = "host";
+  g.segment = &s;
+  g.grant_id = 1000 + id;
+  g.path = GSHM__CLUSTER__PATH__PATH_HOST;
+  g.length = size;
+  m.request_id = rid;
+  m.status = 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
+  m.grant = &g;
+  rogue_send(r, &m);
+}
+
+void rogue_send_status(struct rogue *r, uint32_t rid, uint32_t status, const char *message) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  m.request_id = rid;
+  m.status = status;
+  m.message = (char *)message;
+  rogue_send(r, &m);
+}
+
+bool rogue_answer_count(struct rogue *r, const Gshm__Cluster__Msg *m) {
+  Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListReply lr = GSHM__CLUSTER__LIST_REPLY__INIT;
+
+  if (m->body_case != GSHM__CLUSTER__MSG__BODY_LIST || m->list->after != UINT64_MAX)
+    return false;
+  lr.total = 1;
+  a.request_id = m->request_id;
+  a.status = 1;
+  a.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+  a.list_reply = &lr;
+  rogue_send(r, &a);
+  return true;
+}
+
+int rogue_accept_lanes(struct rogue *r, int lfd, const char *name, const uint8_t key[32],
+                       struct rogue_lane *lanes, int n, bool (*up)(void *arg), void *arg) {
+  int64_t end = ms_now() + 40000;
+
+  for (;;) {
+    memset(r, 0, sizeof(*r));
+    r->caps = GSHM__CLUSTER__CAP__CAP_LANES;
+    if (rogue_accept(r, lfd, name, key) == 0)
+      break;
+    rogue_close(r);
+    if (ms_now() >= end)
+      return -1;
+  }
+  for (int i = 0; i < n; i++)
+    while (rogue_accept_lane(r, lfd, &lanes[i]) != 0)
+      if (ms_now() >= end)
+        goto fail;
+  while (!up(arg)) {
+    rogue_run(r, 20);
+    if (r->failed || ms_now() >= end)
+      goto fail;
+  }
+  return 0;
+fail:
+  for (int i = 0; i < n; i++)
+    rogue_lane_close(&lanes[i]);
+  rogue_close(r);
+  return -1;
+}

@@ -81,6 +81,20 @@ size_t rogue_unsent(struct rogue *r);
 /* Closes the connection and frees the rogue's loop. */
 void rogue_close(struct rogue *r);
 
+/* A listening TCP socket on 127.0.0.1 (a rogue serving node's port, for
+ * rogue_accept); *port_out its port.  Returns the fd, or -1. */
+int rogue_listener(int *port_out);
+/* Answers request rid with a grant of segment `name` (id, size bytes,
+ * host memory, PATH_HOST: read with Reads), grant id 1000 + id. */
+void rogue_send_grant(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
+                      uint64_t size);
+/* An error answer to request rid: status (a gshm.Status) and message. */
+void rogue_send_status(struct rogue *r, uint32_t rid, uint32_t status, const char *message);
+/* When m is a node's count request (a List after UINT64_MAX: what
+ * gshmctl peers asks each peer), answers it (one segment) and returns
+ * true; else false. */
+bool rogue_answer_count(struct rogue *r, const Gshm__Cluster__Msg *m);
+
 /* A data lane of a rogue serving link, after its hello: the connection
  * taken off libuv (gshmd__stream_detach) with its keys and frame
  * numbers, written to with blocking writes. */
@@ -100,6 +114,14 @@ int rogue_accept_lane(struct rogue *r, int lfd, struct rogue_lane *ln);
  * the kernel took them all.  Returns 0 or a negative errno. */
 int rogue_lane_send(struct rogue_lane *ln, uint32_t rid, uint64_t offset, const void *src,
                     uint64_t len, uint64_t part);
+/* Takes a node's link to serving rogue r as `name` (CAP_LANES) and its n
+ * lanes: accepts on lfd until a connection passes the hello (a node's
+ * earlier tries that nobody took in time are in the backlog first: each
+ * fails its hello), then n lanes, then runs r's loop until up(arg) holds
+ * (the node counts its lanes up), within 40 s.  Returns 0, or -1 (r is
+ * then closed). */
+int rogue_accept_lanes(struct rogue *r, int lfd, const char *name, const uint8_t key[32],
+                       struct rogue_lane *lanes, int n, bool (*up)(void *arg), void *arg);
 /* Closes ln's connection (NULL or not up: nothing). */
 void rogue_lane_close(struct rogue_lane *ln);
 

@@ -51,6 +51,11 @@ static struct rogue rl;
 static struct rogue_lane rl_lanes[RL_LANES];
 static int lfd_rl;
 static uint8_t rkey[32];
+/* P's cluster.request_timeout_ms, in seconds: how long a lane's frame
+ * stopped midway waits */
+#define STALL_S 5
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 /* One lie: the entries of the list's pages, or what a grant says. */
 struct entry {
@@ -165,16 +170,9 @@ static void send_grant_to(struct rogue *r, uint32_t rid, const struct entry *e) 
 
 static void send_grant(uint32_t rid, const struct entry *e) { send_grant_to(&rs, rid, e); }
 
-/* An error answer to request rid of r's peer. */
-static void send_status(struct rogue *r, uint32_t rid, const char *message) {
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
-  m.request_id = rid;
-  m.status = 2; /* STATUS_INVALID_ARGUMENT */
-  m.message = (char *)message;
-  rogue_send(r, &m);
+static void send_error(uint32_t rid) {
+  rogue_send_status(&rs, rid, 2, "the rogue does not send bytes"); /* INVALID_ARGUMENT */
 }
-
-static void send_error(uint32_t rid) { send_status(&rs, rid, "the rogue does not send bytes"); }
 
 /* The pull in the background: its result and the puller's message. */
 struct bg {
@@ -230,20 +228,6 @@ static unsigned serve_lie(struct bg *bg, const struct lie *l) {
   return reads;
 }
 
-/* A listening socket on 127.0.0.1; *port_out its port. */
-static int listener(int *port_out) {
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  socklen_t len = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-  assert_int_equal(listen(fd, 16), 0);
-  *port_out = ntohs(sa.sin_port);
-  return fd;
-}
-
 static int group_setup(void **state) {
   char peers[96];
   int port, port_rl;
@@ -253,11 +237,12 @@ static int group_setup(void **state) {
   memcpy(long_name, "pub/", 4);
   keys_make(&keys, "gshm-rogue-server");
   rogue_key(keys.key, rkey);
-  lfd = listener(&port);
-  lfd_rl = listener(&port_rl);
+  assert_true((lfd = rogue_listener(&port)) >= 0);
+  assert_true((lfd_rl = rogue_listener(&port_rl)) >= 0);
   snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d,rl=127.0.0.1:%d", port, port_rl);
   /* rl's lane tests pull one segment of RL_FRAME bytes in one Read */
-  node_start(&P, "p", peers, keys.key, "", "cluster.streams=2", "cluster.pull_chunk=64M", NULL);
+  node_start(&P, "p", peers, keys.key, "", "cluster.streams=2", "cluster.pull_chunk=64M",
+             "cluster.request_timeout_ms=" STR(STALL_S) "000", NULL);
   harness_set_leftover(&P.h);
   assert_int_equal(rogue_accept(&rs, lfd, "rs", rkey), 0);
   return 0;
@@ -401,29 +386,16 @@ static void test_grant_not_listed(void **state) {
 
 /* ---- rl: a rogue that takes data lanes --------------------------------- */
 
-/* Takes P's link to rl and its RL_LANES lanes: P connects again within
- * a few seconds of its last link's end (connections of P's earlier tries
- * that nobody took in time are in the backlog first: each fails its
- * hello, and the next is taken).  Returns once P counts the lanes up. */
-static void rl_up(gshm_client_t *p) {
-  int64_t end = now_ms() + 40000;
+static bool rl_lanes_up(void *arg) {
+  return metric(arg, "gshm_cluster_lanes{peer=\"rl\"}") == RL_LANES;
+}
 
-  for (;;) {
-    memset(&rl, 0, sizeof(rl));
-    rl.caps = GSHM__CLUSTER__CAP__CAP_LANES;
-    if (rogue_accept(&rl, lfd_rl, "rl", rkey) == 0)
-      break;
-    rogue_close(&rl);
-    assert_true(now_ms() < end);
-  }
-  for (int i = 0; i < RL_LANES; i++)
-    while (rogue_accept_lane(&rl, lfd_rl, &rl_lanes[i]) != 0)
-      assert_true(now_ms() < end);
-  while (metric(p, "gshm_cluster_lanes{peer=\"rl\"}") != RL_LANES) {
-    rogue_run(&rl, 20);
-    assert_false(rl.failed);
-    assert_true(now_ms() < end);
-  }
+/* Takes P's link to rl and its RL_LANES lanes (P connects again within a
+ * few seconds of its last link's end).  Returns once P counts the lanes
+ * up. */
+static void rl_up(gshm_client_t *p) {
+  assert_int_equal(rogue_accept_lanes(&rl, lfd_rl, "rl", rkey, rl_lanes, RL_LANES, rl_lanes_up, p),
+                   0);
 }
 
 static void rl_down(void) {
@@ -432,28 +404,12 @@ static void rl_down(void) {
   rogue_close(&rl);
 }
 
-/* The answer to P's count request (a List after UINT64_MAX: gshmctl
- * peers), which keeps P's link to r busy; false: m is not one. */
-static bool answer_count(struct rogue *r, const Gshm__Cluster__Msg *m) {
-  Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
-  Gshm__Cluster__ListReply lr = GSHM__CLUSTER__LIST_REPLY__INIT;
-
-  if (m->body_case != GSHM__CLUSTER__MSG__BODY_LIST || m->list->after != UINT64_MAX)
-    return false;
-  lr.total = 1;
-  a.request_id = m->request_id;
-  a.status = 1;
-  a.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
-  a.list_reply = &lr;
-  rogue_send(r, &a);
-  return true;
-}
-
 /* rl's pull in the background (gshm_pull of "pub/one"), and a monitor
  * that asks P for its peers every 200 ms meanwhile (P asks each peer
  * for its count: the control connection to rl never idles). */
 struct rl_pull {
-  pthread_t t, mon;
+  pthread_t t;
+  struct peers_monitor mon;
   int err;
   char msg[512];
   atomic_bool done;
@@ -471,23 +427,6 @@ static void *rl_pull_thread(void *arg) {
     gshm_disconnect(c);
   }
   bg->done = true;
-  return NULL;
-}
-
-static void *monitor_thread(void *arg) {
-  struct rl_pull *bg = arg;
-  gshm_client_t *c;
-
-  if (gshm_connect(P.h.socket_path, "monitor", &c))
-    return NULL;
-  while (!bg->done) {
-    gshm_cluster_peer_t *v = NULL;
-    size_t n = 0;
-    gshm_cluster_peers(c, NULL, &v, &n);
-    gshm_free(v);
-    usleep(200000);
-  }
-  gshm_disconnect(c);
   return NULL;
 }
 
@@ -528,7 +467,7 @@ static int64_t serve_partial(struct rl_pull *bg, uint64_t part, void (*after)(ui
   while (!bg->done && now_ms() < end) {
     Gshm__Cluster__Msg *m = rogue_recv(&rl, 20), *o;
     while ((o = rogue_recv(&rs, 1))) { /* (P asks rs too) */
-      answer_count(&rs, o);
+      rogue_answer_count(&rs, o);
       gshm__cluster__msg__free_unpacked(o, NULL);
     }
     if (!m) {
@@ -536,7 +475,7 @@ static int64_t serve_partial(struct rl_pull *bg, uint64_t part, void (*after)(ui
         usleep(20000);
       continue;
     }
-    if (answer_count(&rl, m)) {
+    if (rogue_answer_count(&rl, m)) {
       *counts_out += stalled != 0;
     } else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
       struct entry e = {1, "pub/one", RL_SEGMENT, "host"};
@@ -593,9 +532,9 @@ static void rl_message(gshm_client_t *p, char *buf, size_t len) {
  * second): the link's own activity never lapses, and the claimed request
  * used to wait forever, and the pull, its hidden segment and its memory
  * with it.  Now the lane's frame, without a byte for the request timeout
- * (60 s), fails the link (-ETIMEDOUT, counted as a timeout refusal) and
- * the pull, with the reason in its error and in gshmctl peers, and
- * nothing is left. */
+ * (cluster.request_timeout_ms: STALL_S here), fails the link
+ * (-ETIMEDOUT, counted as a timeout refusal) and the pull, with the
+ * reason in its error and in gshmctl peers, and nothing is left. */
 static void test_lane_frame_stalled(void **state) {
   static struct rl_pull bg; /* (static: a failed check leaves its threads) */
   gshm_client_t *p = connect_to(&P);
@@ -612,8 +551,8 @@ static void test_lane_frame_stalled(void **state) {
   rl_up(p);
   memset(&bg, 0, sizeof(bg));
   assert_int_equal(pthread_create(&bg.t, NULL, rl_pull_thread, &bg), 0);
-  assert_int_equal(pthread_create(&bg.mon, NULL, monitor_thread, &bg), 0);
-  stalled = serve_partial(&bg, part, NULL, true, (LINK_REQUEST_S + 40) * 1000, &counts);
+  peers_monitor_start(&bg.mon, &P, &bg.done);
+  stalled = serve_partial(&bg, part, NULL, true, (STALL_S + 40) * 1000, &counts);
   took = now_ms() - stalled;
   printf("frame stalled after %" PRIu64 " of %" PRIu64 " bytes; %u count requests answered "
          "meanwhile; the pull ended after %.1f s: %d %s\n",
@@ -621,13 +560,13 @@ static void test_lane_frame_stalled(void **state) {
   assert_true(stalled != 0);
   assert_true(bg.done); /* (the old code: still waiting) */
   pthread_join(bg.t, NULL);
-  pthread_join(bg.mon, NULL);
+  peers_monitor_join(&bg.mon);
   /* the control connection was busy throughout */
-  assert_true(counts >= LINK_REQUEST_S * 2);
+  assert_true(counts >= STALL_S * 2);
   /* not before the request timeout, and soon after it (the sweep runs
    * every second) */
-  assert_true(took >= (LINK_REQUEST_S - 1) * 1000);
-  assert_true(took <= (LINK_REQUEST_S + 20) * 1000);
+  assert_true(took >= (STALL_S - 1) * 1000);
+  assert_true(took <= (STALL_S + 20) * 1000);
   /* (only the stalled request was left: the link's loss fails the pull) */
   assert_int_equal(bg.err, -ETIMEDOUT);
   assert_non_null(strstr(bg.msg, "peer 'rl' lost mid-pull"));
@@ -643,7 +582,7 @@ static void test_lane_frame_stalled(void **state) {
 }
 
 static void send_status_rl(uint32_t rid) {
-  send_status(&rl, rid, "the rogue answers a read whose bytes it is sending");
+  rogue_send_status(&rl, rid, 2, "the rogue answers a read whose bytes it is sending");
 }
 
 /* A key holder sends part of a Read's frame on a lane (P's lane thread
@@ -666,12 +605,12 @@ static void test_status_answer_to_claimed(void **state) {
   rl_up(p);
   memset(&bg, 0, sizeof(bg));
   assert_int_equal(pthread_create(&bg.t, NULL, rl_pull_thread, &bg), 0);
-  assert_int_equal(pthread_create(&bg.mon, NULL, monitor_thread, &bg), 0);
+  peers_monitor_start(&bg.mon, &P, &bg.done);
   assert_true(serve_partial(&bg, part, send_status_rl, false, 20000, &counts) != 0);
   printf("status answer to a claimed read: %d %s\n", bg.err, bg.msg);
   assert_true(bg.done);
   pthread_join(bg.t, NULL);
-  pthread_join(bg.mon, NULL);
+  peers_monitor_join(&bg.mon);
   assert_int_equal(bg.err, -EPROTO);
   assert_non_null(strstr(bg.msg, "answered a request whose bytes it is sending"));
   rl_message(p, why, sizeof(why));

@@ -1,0 +1,353 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A serving peer that holds the cluster key answers every request of a
+ * pull but one, while a monitor keeps the link busy with requests it
+ * answers too (gshmctl peers five times a second): the grant of the
+ * segment (a single pull), or one Read of its four (on data lanes, the
+ * other three sent whole).  The link's activity never lapses, so the old
+ * code waited forever on the held request, and the user's gshmctl pull
+ * with it.  Now the held request fails the pull within
+ * cluster.request_timeout_ms (3 s here) and the sweep's second:
+ * -ETIMEDOUT, a message that names the peer and what it left unanswered,
+ * nothing left behind, and the next pull from that peer works.
+ *
+ * And the long waits that are legitimate still work: P pulls a set from
+ * the rogue, which sends one chunk every half second (6 s in all), while
+ * node C pulls the same set from P in flight (relayed: docs/CLUSTER.md
+ * "Moving a model to several nodes") in one Read, which waits on P for
+ * chunks that have not landed there longer than the request timeout; P answers
+ * it busy after half of it with its progress, C asks again, and C ends
+ * with every byte (without the busy answers C's request timeout would
+ * fail it). */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+#include "nodes.h"
+#include "rogue.h"
+
+#define TIMEOUT_MS 3000 /* cluster.request_timeout_ms of P and C */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define LANES 2         /* P's cluster.streams */
+#define SEG (4 * MiB)   /* pulled alone over two lanes: four Reads of 1 MiB */
+#define SLOW_SEG (12 * MiB) /* P reads it in twelve chunks of 1 MiB, C in one Read */
+#define SLOW_GAP_MS 500 /* the slow rogue's time between chunks */
+
+static struct cluster_keys keys;
+static struct node P, C;
+static struct rogue rh;
+static struct rogue_lane lanes[LANES];
+static int lfd;
+static uint8_t rkey[32];
+
+/* How the rogue serves one pull: the segment it lists and grants (id 1),
+ * the request it leaves unanswered, the pace of its chunks. */
+struct plan {
+  const char *name;
+  uint64_t size;
+  unsigned long long seed;
+  bool hold_grant;
+  int64_t hold_offset;     /* the Read of this offset is never answered (-1: none) */
+  int gap_ms;              /* between chunks (0: at once) */
+  void (*on_grant)(void);  /* after the grant is sent */
+};
+
+/* A pull on a node in the background, and a monitor that asks P for its
+ * peers every 200 ms meanwhile (P asks each peer for its count). */
+struct job {
+  pthread_t t;
+  struct peers_monitor mon;
+  struct node *n;
+  const char *peer, *name;
+  bool prefix, monitor;
+  int err;
+  char msg[512];
+  int64_t start, end;
+  atomic_bool done;
+};
+
+static void *job_thread(void *arg) {
+  struct job *j = arg;
+  gshm_pull_opts_t po = {.mode = 0644};
+  gshm_pull_result_t r, *v = NULL;
+  size_t n = 0;
+  gshm_client_t *c;
+
+  j->start = now_ms();
+  j->err = gshm_connect(j->n->h.socket_path, "job", &c);
+  if (!j->err) {
+    j->err = j->prefix ? gshm_pull_prefix(c, j->peer, j->name, &po, &v, &n)
+                       : gshm_pull(c, j->peer, j->name, &po, &r);
+    snprintf(j->msg, sizeof(j->msg), "%s", gshm_last_error(c));
+    gshm_free(v);
+    gshm_disconnect(c);
+  }
+  j->end = now_ms();
+  j->done = true;
+  return NULL;
+}
+
+static void job_start(struct job *j, struct node *n, const char *peer, const char *name,
+                      bool prefix, bool monitor) {
+  memset(j, 0, sizeof(*j));
+  j->n = n;
+  j->peer = peer;
+  j->name = name;
+  j->prefix = prefix;
+  j->monitor = monitor;
+  assert_int_equal(pthread_create(&j->t, NULL, job_thread, j), 0);
+  if (monitor)
+    peers_monitor_start(&j->mon, &P, &j->done);
+}
+
+static void job_join(struct job *j) {
+  pthread_join(j->t, NULL);
+  if (j->monitor)
+    peers_monitor_join(&j->mon);
+}
+
+static bool rh_lanes_up(void *arg) {
+  return metric(arg, "gshm_cluster_lanes{peer=\"rh\"}") == LANES;
+}
+
+/* Takes P's link to rh and its lanes (P connects again within a few
+ * seconds of its last link's end).  Returns once P counts the lanes up. */
+static void rh_up(gshm_client_t *p) {
+  assert_int_equal(rogue_accept_lanes(&rh, lfd, "rh", rkey, lanes, LANES, rh_lanes_up, p), 0);
+}
+
+static void rh_down(void) {
+  for (int i = 0; i < LANES; i++)
+    rogue_lane_close(&lanes[i]);
+  rogue_close(&rh);
+}
+
+/* One page listing the plan's segment. */
+static void send_listing(uint32_t rid, const struct plan *pl) {
+  Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListReply lr = GSHM__CLUSTER__LIST_REPLY__INIT;
+  Gshm__Cluster__Segment s = GSHM__CLUSTER__SEGMENT__INIT, *one = &s;
+
+  s.id = 1;
+  s.generation = 1;
+  s.name = (char *)pl->name;
+  s.size = pl->size;
+  s.allocated = pl->size;
+  s.location = "host";
+  lr.segments = &one;
+  lr.n_segments = 1;
+  lr.total = 1;
+  a.request_id = rid;
+  a.status = 1;
+  a.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+  a.list_reply = &lr;
+  rogue_send(&rh, &a);
+}
+
+/* Serves P's requests by plan pl until job j ends or ms pass; the Reads'
+ * frames whole, on the lanes in turn.  Returns the count requests
+ * answered while a request was held. */
+static unsigned serve(struct job *j, const struct plan *pl, int64_t ms) {
+  static uint32_t rids[64];
+  static uint64_t offs[64], lens[64];
+  uint8_t *src = malloc(pl->size);
+  unsigned n = 0, next = 0, counts = 0, sent = 0;
+  int64_t end = now_ms() + ms, last = 0;
+  bool holding = false;
+
+  assert_non_null(src);
+  harness_random(src, pl->size, pl->seed);
+  while (!j->done && now_ms() < end) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rh, 10);
+    if (m && rogue_answer_count(&rh, m)) {
+      counts += holding;
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST) {
+      send_listing(m->request_id, pl);
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
+      holding |= pl->hold_grant;
+      if (!pl->hold_grant) {
+        assert_string_equal(m->grant_request->name, pl->name);
+        rogue_send_grant(&rh, m->request_id, 1, pl->name, pl->size);
+        if (pl->on_grant)
+          pl->on_grant();
+      }
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_READ && n < 64) {
+      assert_true(m->read->offset < pl->size && m->read->length <= pl->size - m->read->offset);
+      if ((int64_t)m->read->offset == pl->hold_offset) {
+        holding = true;
+      } else {
+        rids[n] = m->request_id;
+        lens[n] = m->read->length;
+        offs[n++] = m->read->offset;
+      }
+    }
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    /* the queued Reads, one per gap */
+    if (next < n && now_ms() - last >= pl->gap_ms) {
+      assert_int_equal(rogue_lane_send(&lanes[sent++ % LANES], rids[next], offs[next],
+                                       src + offs[next], lens[next], lens[next]),
+                       0);
+      next++;
+      last = now_ms();
+    }
+  }
+  free(src);
+  return counts;
+}
+
+/* What a failed pull must leave on P: nothing (no segment, hidden or
+ * not, no bytes), and P answers. */
+static void assert_nothing_left(gshm_client_t *p, const char *name) {
+  gshm_status_info_t st;
+  gshm_segment_info_t info;
+
+  assert_int_equal(gshm_status(p, &st), 0);
+  assert_int_equal(st.segments, 0);
+  assert_int_equal(st.bytes, 0);
+  assert_int_equal(gshm_stat_name(p, name, &info), -ENOENT);
+}
+
+static int group_setup(void **state) {
+  char peers_p[96], peers_c[64];
+  int port;
+  (void)state;
+
+  keys_make(&keys, "gshm-rogue-held");
+  rogue_key(keys.key, rkey);
+  assert_true((lfd = rogue_listener(&port)) >= 0);
+  P.port = free_port();
+  C.port = free_port();
+  snprintf(peers_p, sizeof(peers_p), "rh=127.0.0.1:%d,c=127.0.0.1:%d", port, C.port);
+  snprintf(peers_c, sizeof(peers_c), "p=127.0.0.1:%d", P.port);
+  node_start(&P, "p", peers_p, keys.key, "slow/*", "cluster.streams=2", "cluster.pull_chunk=1M",
+             "cluster.request_timeout_ms=" STR(TIMEOUT_MS), NULL);
+  /* C reads a segment in one Read (no lanes to split it over): a Read of
+   * P's whole slow set waits on P longer than the request timeout */
+  node_start(&C, "c", peers_c, keys.key, "", "cluster.request_timeout_ms=" STR(TIMEOUT_MS),
+             "cluster.streams=1", "cluster.pull_chunk=16M", NULL);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  close(lfd);
+  assert_int_equal(harness_stop(&C.h), 0);
+  assert_int_equal(harness_stop(&P.h), 0);
+  keys_remove(&keys);
+  return 0;
+}
+
+/* The rogue holds pl's request; the pull must fail in bounded time with
+ * -ETIMEDOUT and a message that names rh and `what`, leave nothing, and
+ * the next pull (answered whole) must work. */
+static void held(const struct plan *pl, const char *what) {
+  static struct job j; /* (static: a failed check leaves its threads) */
+  struct plan honest = {pl->name, pl->size, pl->seed + 1, false, -1, 0, NULL};
+  gshm_client_t *p = connect_to(&P);
+  long timeouts = metric(p, "gshm_cluster_refusals_total{cause=\"timeout\"}");
+  unsigned counts;
+  int64_t took;
+
+  rh_up(p);
+  job_start(&j, &P, "rh", pl->name, false, true);
+  counts = serve(&j, pl, 30000);
+  took = j.end - j.start;
+  printf("%s held: %u count requests answered meanwhile; the pull ended after %.1f s: %d %s\n",
+         what, counts, (double)took / 1000, j.err, j.msg);
+  assert_true(j.done); /* (the old code: still waiting) */
+  job_join(&j);
+  assert_true(counts >= 5); /* the link was busy meanwhile */
+  assert_int_equal(j.err, -ETIMEDOUT);
+  assert_non_null(strstr(j.msg, "peer 'rh'"));
+  assert_non_null(strstr(j.msg, what));
+  assert_non_null(strstr(j.msg, "unanswered"));
+  /* not before the timeout; soon after (the sweep runs every second) */
+  assert_true(took >= TIMEOUT_MS - 100);
+  assert_true(took <= TIMEOUT_MS + 8000);
+  assert_int_equal(metric(p, "gshm_cluster_refusals_total{cause=\"timeout\"}"), timeouts + 1);
+  assert_nothing_left(p, pl->name);
+  rh_down();
+  /* P reconnects, and pulls from the same peer again */
+  rh_up(p);
+  job_start(&j, &P, "rh", pl->name, false, false);
+  serve(&j, &honest, 30000);
+  job_join(&j);
+  assert_int_equal(j.err, 0);
+  check_segment(p, pl->name, pl->size, honest.seed);
+  assert_int_equal(gshm_unlink(p, pl->name), 0);
+  rh_down();
+  gshm_disconnect(p);
+}
+
+static void test_grant_held(void **state) {
+  static const struct plan pl = {"pub/one", SEG, 10, true, -1, 0, NULL};
+  (void)state;
+  held(&pl, "the grant of 'pub/one'");
+}
+
+static void test_read_held(void **state) {
+  static const struct plan pl = {"pub/one", SEG, 20, false, MiB, 0, NULL};
+  (void)state;
+  held(&pl, "a read of bytes 1048576+1048576 of grant 1001");
+}
+
+/* C's pull of the set from P, started once P has its grant (the set is
+ * listed on P: C lists it in flight and reads it relayed). */
+static struct job relay_job;
+static void start_c(void) { job_start(&relay_job, &C, "p", "slow/", true, false); }
+
+static void test_relay_slow(void **state) {
+  static const struct plan pl = {"slow/a", SLOW_SEG, 30, false, -1, SLOW_GAP_MS, start_c};
+  static struct job j;
+  gshm_client_t *p = connect_to(&P), *c = connect_to(&C);
+  long busy = metric(p, "gshm_cluster_relay_busy_total");
+  long waits = metric(p, "gshm_cluster_relay_waits_total");
+  (void)state;
+
+  rh_up(p);
+  job_start(&j, &P, "rh", "slow/", true, false);
+  serve(&j, &pl, 60000);
+  job_join(&j);
+  assert_true(relay_job.n == &C); /* (started at the grant) */
+  job_join(&relay_job);
+  printf("P %d in %.1f s; C %d in %.1f s (%s); on P %ld reads waited, %ld answered busy\n",
+         j.err, (double)(j.end - j.start) / 1000, relay_job.err,
+         (double)(relay_job.end - relay_job.start) / 1000, relay_job.msg,
+         metric(p, "gshm_cluster_relay_waits_total") - waits,
+         metric(p, "gshm_cluster_relay_busy_total") - busy);
+  assert_int_equal(j.err, 0);
+  assert_int_equal(relay_job.err, 0);
+  /* C's reads waited on P longer than the request timeout in all */
+  assert_true(relay_job.end - relay_job.start > TIMEOUT_MS);
+  assert_true(metric(p, "gshm_cluster_relay_busy_total") > busy);
+  check_segment(p, "slow/a", SLOW_SEG, pl.seed);
+  check_segment(c, "slow/a", SLOW_SEG, pl.seed);
+  assert_int_equal(gshm_unlink(p, "slow/a"), 0);
+  assert_int_equal(gshm_unlink(c, "slow/a"), 0);
+  rh_down();
+  gshm_disconnect(c);
+  gshm_disconnect(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_grant_held),
+      cmocka_unit_test(test_read_held),
+      cmocka_unit_test(test_relay_slow),
+  };
+  return NODES_RUN(tests, group_setup, group_teardown);
+}
