@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* What the CUDA backend's two files share: backend_cuda.c (segments:
- * allocate, export, adopt, free; the ops table) and backend_cuda_devices.c
- * (the GPUs: probe, peer access, NVLink counts, the device list). */
+/* What the CUDA backend's files share: backend_cuda.c (segments:
+ * allocate, export, adopt, free; the ops table), backend_cuda_devices.c
+ * (the GPUs: probe, peer access, NVLink counts, the device list) and
+ * backend_cuda_host.c (page-locked host memory). */
 #ifndef GSHMD_BACKEND_CUDA_INTERNAL_H
 #define GSHMD_BACKEND_CUDA_INTERNAL_H
 
@@ -82,5 +83,9 @@ static inline int set_ctx(struct cuda_backend *cb, struct cuda_dev *d) {
  * NVLink counts and the device list of `gshmctl devices`.  Returns 0;
  * -ENODEV with no GPU; -EIO when a driver call fails (logged); -ENOMEM. */
 int gshmd__cuda_setup_devices(struct cuda_backend *cb);
+
+/* backend_cuda_host.c: ->host_alloc and ->host_free (backend.h). */
+int gshmd__cuda_host_alloc(struct gshmd_backend *b, uint64_t size, void **ptr_out);
+void gshmd__cuda_host_free(struct gshmd_backend *b, void *ptr, uint64_t size);
 
 #endif
