@@ -77,9 +77,7 @@ struct gshmd_backend_ops {
    * when it holds memory of the same allocated size that no client of
    * another user ever reached, else new as ->alloc; such an allocation
    * may enter the pool at ->discard.  Cuda: not zeroed below size, and
-   * its tail past size zeroed when gshmd first maps it (->copy_host,
-   * ->local_ptr: the pull's writes go through them), not before.  Errors
-   * as ->alloc. */
+   * mapped in gshmd at once (->local_ptr).  Errors as ->alloc. */
   int (*alloc_pull)(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
                     uint32_t uid, struct gshmd_alloc **out);
   /* The fd to send to one client: read-write, or read-only when !writable

@@ -55,8 +55,6 @@ struct cuda_alloc {
   CUdeviceptr ptr;                     /* LEGACY_IPC segments (cuMemAlloc) */
   CUdeviceptr va;                      /* local_ptr: gshmd's own mapping, 0 until asked */
   pthread_mutex_t va_lock;             /* making va (copies on libuv's pool may race) */
-  uint64_t zero_from;                  /* alloc_pull: [zero_from, size) is zeroed when va is
-                                          made (0: nothing to zero) */
 };
 
 static struct cuda_backend *cuda_of(struct gshmd_backend *b) { return (struct cuda_backend *)b; }
@@ -407,24 +405,6 @@ static void cuda_free(struct gshmd_backend *b, struct gshmd_alloc *mem) {
  * lent H200 machine, the 398 tensors of a model: 69 ms of maps, 484 ms
  * of the pool threads' time waiting). */
 
-static CUstream copy_stream_take(struct cuda_backend *cb, struct cuda_dev *d);
-static void copy_stream_put(struct cuda_backend *cb, struct cuda_dev *d, CUstream s, bool ok);
-
-/* Zeroes a pulled segment's tail past its size (a->zero_from) through
- * its mapping a->va, on a copy stream (a's context current).  0 or the
- * driver's error as an errno. */
-static int zero_tail(struct cuda_backend *cb, struct cuda_alloc *a) {
-  CUstream s = copy_stream_take(cb, a->d);
-  int e = CU_ERR(cb, cuMemsetD8Async, a->va + a->zero_from, 0, a->base.size - a->zero_from, s);
-
-  if (!e)
-    e = CU_ERR(cb, cuStreamSynchronize, s);
-  copy_stream_put(cb, a->d, s, !e);
-  if (!e)
-    a->zero_from = 0;
-  return e;
-}
-
 static int local_va(struct cuda_backend *cb, struct cuda_alloc *a, CUdeviceptr *va_out) {
   CUmemAccessDesc acc;
   CUdeviceptr va = 0;
@@ -456,34 +436,27 @@ unmap_range:
 release_va_range:
   CU_UNDO(cb, cuMemAddressFree, va, a->base.size);
 out:
-  /* nothing of gshmd reads or writes a pulled segment but through va:
-   * its tail is zeroed before the first copy or peer's read */
-  if (!e && a->va && a->zero_from && !(e = set_ctx(cb, a->d)))
-    e = zero_tail(cb, a);
   *va_out = a->va;
   pthread_mutex_unlock(&a->va_lock);
   return e;
 }
 
 /* ->alloc_pull: a device segment for a pull, which writes every byte of
- * [0, size) through gshmd's own mapping before anyone but gshmd can read
- * it (the segment is hidden until then, and freed if the pull fails).
- * Made here: the physical memory and its exported fd, nothing more (a
- * set's hundreds of tensors are made on the loop).  The mapping, and the
- * zeroing of the granularity's tail past size, wait for local_va, which
- * the first staging copy into it calls on libuv's pool (and any other
- * use of the segment in gshmd: local_ptr): mapping and zeroing here took
- * 0.12 ms a segment, 45-50 ms of the loop's time in a 398-tensor model's
- * pull into a GPU of 0.115 s (lent H100 machine).  cuda_alloc instead
- * zeroes all of it through a mapping made and unmapped for that
- * (zero_handle).  uid: unused (no recycling of device memory).  Errors as
- * cuda_alloc. */
+ * [0, size) before anyone but gshmd can read it (the segment is hidden
+ * until then, and freed if the pull fails).  Only the granularity's tail
+ * past size is zeroed, through gshmd's own mapping, made now and kept for
+ * the staging copies: cuda_alloc zeroes all of it through a mapping made
+ * and unmapped for that (zero_handle), and the first copy then mapped it
+ * again; for a set of hundreds of tensors made on the loop one after
+ * another, that was most of each segment's cost.  uid: unused (no
+ * recycling of device memory).  Errors as cuda_alloc. */
 static int cuda_alloc_pull(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
                            uint32_t uid, struct gshmd_alloc **out) {
   struct cuda_backend *cb = cuda_of(b);
   CUmemGenericAllocationHandle h;
   struct cuda_alloc *a;
   struct cuda_dev *d;
+  CUdeviceptr va;
   uint64_t gran, alloc;
   int e;
 
@@ -498,8 +471,10 @@ static int cuda_alloc_pull(struct gshmd_backend *b, const struct gshm_location *
     return -ENOMEM;
   }
   a->handle = h;
-  a->zero_from = alloc > size ? size : 0;
-  if ((e = export_once(cb, a))) {
+  if ((e = local_va(cb, a, &va)) ||
+      (alloc > size && ((e = CU_ERR(cb, cuMemsetD8, va + size, 0, alloc - size)) ||
+                        (e = CU_ERR(cb, cuStreamSynchronize, NULL)))) ||
+      (e = export_once(cb, a))) {
     cuda_free(b, &a->base);
     return e;
   }
