@@ -277,6 +277,11 @@ static void local_location(struct pull *p, bool remote_device) {
     snprintf(p->location, sizeof(p->location), "%s", remote_device ? "cuda:0" : "host");
 }
 
+bool gshmd__pull_lands_on_device(struct pull *p, bool remote_device) {
+  local_location(p, remote_device);
+  return gshmd__pull_location_device(p->location);
+}
+
 /* Where a copy of the peer segment s comes from (its source), into src
  * (len bytes): where the peer got it, when the peer pulled it too, else
  * the peer's own. */

@@ -152,6 +152,10 @@ int gshmd__pull_item_create_listed(struct pull *p);
  * "NODE:NAME#ID.GEN" of the node that holds the original. */
 void gshmd__pull_source_text(const struct pull *p, const Gshm__Cluster__Segment *s, char *src,
                              size_t len);
+/* Whether p's local segment goes to a GPU, for a peer segment on a GPU
+ * (remote_device) or not: the location asked for, else the peer's kind
+ * (sets p->location, as gshmd__pull_item_create does). */
+bool gshmd__pull_lands_on_device(struct pull *p, bool remote_device);
 /* Whether segment location text `loc` (a peer's) is a GPU's. */
 static inline bool gshmd__pull_location_device(const char *loc) {
   return loc && strcmp(loc, "host") != 0;

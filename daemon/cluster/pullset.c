@@ -69,12 +69,13 @@ static int item_listed(struct pull *p, uint64_t size, const Gshm__Cluster__Segme
 
   gshmd__pull_source_text(p, listed, src, sizeof(src));
   p->listed_device = gshmd__pull_location_device(listed->location);
-  /* A host segment is made (and mapped) now, before any byte comes: made
-   * a few a loop turn instead, their mmaps met the lanes' page faults on
-   * the mmap lock and the 398-tensor model's host set took 0.133-0.166 s
-   * against 0.101-0.121 (lent 16-core H100 machine, interleaved). */
-  if (!p->listed_device)
-    return gshmd__pull_item_create(p, size, false, src);
+  /* A host segment (a peer's device segment pulled into host memory
+   * too) is made (and mapped) now, before any byte comes: made a few a
+   * loop turn instead, their mmaps met the lanes' page faults on the mmap
+   * lock and the 398-tensor model's host set took 0.133-0.166 s against
+   * 0.101-0.121 (lent 16-core H100 machine, interleaved). */
+  if (!gshmd__pull_lands_on_device(p, p->listed_device))
+    return gshmd__pull_item_create(p, size, p->listed_device, src);
   /* A device segment is made a few a loop turn from now (or at its
    * grant): the model's 398 made here at once held the loop for 40-64
    * ms on the lent H200 machine before the first grant went out; made so,
