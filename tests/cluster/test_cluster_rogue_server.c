@@ -293,6 +293,44 @@ static void test_lies_refused(void **state) {
   gshm_disconnect(p);
 }
 
+/* A set of device segments pulled by a gshmd without a GPU: their hidden
+ * segments are made after the listing (a few a loop turn), and the first
+ * one that cannot be made fails the set with the registry's reason;
+ * nothing is left and P goes on.  The rogue refuses the grants P asks for
+ * meanwhile (the set has failed by then: the making runs in the loop turn
+ * after the listing, before any answer is read). */
+static void test_device_set_without_gpu(void **state) {
+  static const struct lie dev = {"device set", true,
+                                 {{1, "pub/a", 4096, "cuda:0"}, {2, "pub/b", 8192, "cuda:0"}},
+                                 {{0}}, 0, {0}};
+  gshm_client_t *p = connect_to(&P);
+  struct bg bg = {.lie = &dev};
+  gshm_status_info_t st;
+  (void)state;
+
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+  while (!bg.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (!m) {
+      assert_false(rs.failed);
+      continue;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST)
+      send_page(m->request_id, dev.page1, 4, 0, 0);
+    else
+      send_error(m->request_id);
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  printf("device set without a GPU: %d: %s\n", bg.err, bg.msg);
+  assert_int_equal(bg.err, -ENOTSUP);
+  assert_non_null(strstr(bg.msg, "device segments are unavailable"));
+  assert_int_equal(gshm_status(p, &st), 0);
+  assert_int_equal(st.segments, 0);
+  assert_int_equal(st.bytes, 0);
+  gshm_disconnect(p);
+}
+
 /* The set pull of bg->what, against a peer that lists `listed` and then
  * grants `granted` under the same name: a segment other than the one it
  * listed (made again there, or the old one of a --replace whose pull
@@ -625,6 +663,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lies_refused),
       cmocka_unit_test(test_grant_not_listed),
+      cmocka_unit_test(test_device_set_without_gpu),
       cmocka_unit_test(test_status_answer_to_claimed),
       cmocka_unit_test(test_lane_frame_stalled),
   };
