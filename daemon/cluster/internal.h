@@ -67,6 +67,8 @@ struct gshmd_cluster {
   /* prefault.c: pulls whose new host pages are faulted in ahead of their lanes */
   struct gshm_list prefaults; /* struct pull.pf_node, oldest first */
   unsigned pf_jobs;           /* pieces on libuv's pool now (at most PREFAULT_JOBS) */
+  uint64_t pf_ahead;          /* bytes faulted in past the chunks asked for (at most
+                                 PREFAULT_AHEAD) */
   bool pf_on;                 /* cluster.prefault, until the kernel says it has no such madvise */
   uint64_t pf_bytes;          /* faulted in, ever (metrics) */
   bool have_pull_gid;
