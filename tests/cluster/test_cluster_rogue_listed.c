@@ -1,10 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* A serving peer that holds the cluster key (rogue.h) and lists a set
- * whose grants it then withholds: the pulling gshmd (cluster.prefault =
- * always) faults in no more than PREFAULT_AHEAD (512 MiB) of the listed
- * host segments ahead of the chunks it asked for (it once allocated every
- * listed page before any grant came, up to the requester's quota or all
- * memory).  Each failed set leaves nothing (no segment, hidden or not, no bytes). */
+ * whose grants it then withholds, or grants as something else than it
+ * listed:
+ * - the pulling gshmd (cluster.prefault = always) faults in no more than
+ *   PREFAULT_AHEAD (512 MiB) of the listed host segments ahead of the
+ *   chunks it asked for: it once allocated every listed page before any
+ *   grant came, up to the requester's quota or all memory;
+ * - a grant of a segment on the host where the listing said a GPU, or on
+ *   a GPU where it said the host, fails the set with -ESTALE before a
+ *   byte is read (a listed GPU segment is made a few a loop turn after its
+ *   listing, or at its grant, from the grant's word: the listing's must
+ *   be checked before).
+ * Each failed set leaves nothing (no segment, hidden or not, no bytes). */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -98,6 +105,27 @@ static void send_listing(uint32_t rid, unsigned n, uint64_t size, const char *lo
   m.status = 1;
   m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
   m.list_reply = &r;
+  rogue_send(&rs, &m);
+}
+
+/* The grant answering rid for segment `name` as listed, but at location. */
+static void send_grant(uint32_t rid, const char *name, uint64_t size, const char *location) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
+  Gshm__Cluster__Segment s;
+  char own[16];
+  unsigned i = 0;
+
+  sscanf(name, "pub/s%u", &i);
+  segment_at(&s, own, sizeof(own), i, size, location);
+  g.segment = &s;
+  g.grant_id = 1000 + i;
+  g.path = GSHM__CLUSTER__PATH__PATH_HOST;
+  g.length = size;
+  m.request_id = rid;
+  m.status = 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
+  m.grant = &g;
   rogue_send(&rs, &m);
 }
 
@@ -202,9 +230,52 @@ static void test_prefault_capped(void **state) {
   gshm_disconnect(p);
 }
 
+/* A peer lists one 4 KiB segment at `listed` and grants it at `granted`
+ * (the set asks for location `location`): -ESTALE before a byte is read. */
+static void grant_elsewhere(gshm_client_t *p, const char *listed, const char *granted,
+                            const char *location) {
+  static struct bg bg;
+  unsigned reads = 0;
+
+  bg_start(&bg, location);
+  while (!bg.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (!m) {
+      assert_false(rs.failed);
+      continue;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST)
+      send_listing(m->request_id, 1, 4096, listed);
+    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
+      send_grant(m->request_id, m->grant_request->name, 4096, granted);
+    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_READ && ++reads)
+      send_error(m->request_id);
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  printf("listed at %s, granted at %s: %d %s\n", listed, granted, bg.err, bg.msg);
+  assert_int_equal(reads, 0);
+  assert_int_equal(bg.err, -ESTALE);
+  assert_non_null(strstr(bg.msg, "peer 'rs'"));
+  assert_non_null(strstr(bg.msg, "not the one it listed"));
+  assert_nothing_left(p);
+}
+
+/* The listing's word on where the segment is holds at its grant (a set
+ * pulled into the host: no GPU needed here). */
+static void test_grant_elsewhere(void **state) {
+  gshm_client_t *p = connect_to(&P);
+  (void)state;
+
+  grant_elsewhere(p, "host", "cuda:0", NULL);
+  grant_elsewhere(p, "cuda:0", "host", "host");
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefault_capped),
+      cmocka_unit_test(test_grant_elsewhere),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
