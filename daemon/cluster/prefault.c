@@ -31,7 +31,10 @@
  * is listed (its host segments made) before any grant, so a peer that
  * listed segments and then granted none, or sent no byte, had every
  * listed page allocated here, up to the requester's quota or, without
- * one, until memory ran out; lanes that catch up meet no more than that.
+ * one, until memory ran out (the bytes, had they come, would have
+ * allocated them the same, each on its lane).  Such a pull, first in the queue, holds the others' prefaulting back
+ * with it until its set fails (cluster.request_timeout_ms): they pull as
+ * they would without.
  *
  * Lifetime: a piece is faulted through the pull's own landing mapping;
  * an item is not closed (its mapping may go) and a set not ended while
