@@ -31,8 +31,8 @@
 #include "nodes.h"
 #include "rogue.h"
 
-#define CAP (512 * MiB)     /* prefault.c PREFAULT_AHEAD */
-#define LISTED 4            /* host segments listed ... */
+#define CAP (512 * MiB)         /* prefault.c PREFAULT_AHEAD */
+#define LISTED 4                /* host segments listed ... */
 #define LISTED_SIZE (256 * MiB) /* ... of this size: twice the cap */
 
 static struct cluster_keys keys;
@@ -40,10 +40,11 @@ static struct node P; /* pulls from the rogue "rs" */
 static struct rogue rs;
 static int lfd;
 
-/* The set pull of "pub/" in the background (location: opts->location). */
+/* The set pull of "pub/" in the background through gshmd's socket
+ * (location: opts->location). */
 struct bg {
   pthread_t t;
-  const char *location;
+  const char *socket, *location;
   int err;
   char msg[512];
   atomic_bool done;
@@ -56,7 +57,7 @@ static void *bg_thread(void *arg) {
   size_t n = 0;
   gshm_client_t *c;
 
-  bg->err = gshm_connect(P.h.socket_path, "bg", &c);
+  bg->err = gshm_connect(bg->socket, "bg", &c);
   if (!bg->err) {
     bg->err = gshm_pull_prefix(c, "rs", "pub/", &o, &v, &n);
     snprintf(bg->msg, sizeof(bg->msg), "%s", gshm_last_error(c));
@@ -67,15 +68,16 @@ static void *bg_thread(void *arg) {
   return NULL;
 }
 
-static void bg_start(struct bg *bg, const char *location) {
+static void bg_start(struct bg *bg, const char *socket, const char *location) {
   memset(bg, 0, sizeof(*bg));
+  bg->socket = socket;
   bg->location = location;
   assert_int_equal(pthread_create(&bg->t, NULL, bg_thread, bg), 0);
 }
 
 /* Segment i of the listing: "pub/sI", size bytes at location. */
-static void segment_at(Gshm__Cluster__Segment *s, char *name, size_t len, unsigned i,
-                       uint64_t size, const char *location) {
+static void segment_at(Gshm__Cluster__Segment *s, char *name, size_t len, unsigned i, uint64_t size,
+                       const char *location) {
   gshm__cluster__segment__init(s);
   snprintf(name, len, "pub/s%u", i);
   s->id = i + 1;
@@ -87,7 +89,8 @@ static void segment_at(Gshm__Cluster__Segment *s, char *name, size_t len, unsign
 }
 
 /* The one page answering List rid: n segments of size at location. */
-static void send_listing(uint32_t rid, unsigned n, uint64_t size, const char *location) {
+static void send_listing(struct rogue *ro, uint32_t rid, unsigned n, uint64_t size,
+                         const char *location) {
   static Gshm__Cluster__Segment segs[LISTED];
   static Gshm__Cluster__Segment *ptrs[LISTED];
   static char names[LISTED][16];
@@ -105,7 +108,7 @@ static void send_listing(uint32_t rid, unsigned n, uint64_t size, const char *lo
   m.status = 1;
   m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
   m.list_reply = &r;
-  rogue_send(&rs, &m);
+  rogue_send(ro, &m);
 }
 
 /* The grant answering rid for segment `name` as listed, but at location. */
@@ -180,7 +183,7 @@ static long prefault_settled(gshm_client_t *p, long before, uint32_t *held, unsi
   while (now_ms() < end && (now != last || now == before)) {
     Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
     if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST)
-      send_listing(m->request_id, LISTED, LISTED_SIZE, "host");
+      send_listing(&rs, m->request_id, LISTED, LISTED_SIZE, "host");
     else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST && *nheld < LISTED)
       held[(*nheld)++] = m->request_id;
     if (m)
@@ -207,7 +210,7 @@ static void test_prefault_capped(void **state) {
   unsigned nheld = 0;
   (void)state;
 
-  bg_start(&bg, NULL);
+  bg_start(&bg, P.h.socket_path, NULL);
   got = prefault_settled(p, before, held, &nheld) - before;
   printf("listed %llu MiB of host segments, no grant: %ld MiB faulted in\n",
          (unsigned long long)(LISTED * LISTED_SIZE >> 20), got >> 20);
@@ -237,7 +240,7 @@ static void grant_elsewhere(gshm_client_t *p, const char *listed, const char *gr
   static struct bg bg;
   unsigned reads = 0;
 
-  bg_start(&bg, location);
+  bg_start(&bg, P.h.socket_path, location);
   while (!bg.done) {
     Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
     if (!m) {
@@ -245,7 +248,7 @@ static void grant_elsewhere(gshm_client_t *p, const char *listed, const char *gr
       continue;
     }
     if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST)
-      send_listing(m->request_id, 1, 4096, listed);
+      send_listing(&rs, m->request_id, 1, 4096, listed);
     else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
       send_grant(m->request_id, m->grant_request->name, 4096, granted);
     else if (m->body_case == GSHM__CLUSTER__MSG__BODY_READ && ++reads)
@@ -272,10 +275,53 @@ static void test_grant_elsewhere(void **state) {
   gshm_disconnect(p);
 }
 
+/* gshmd stops (SIGTERM) just after a set's listing, with its host
+ * segments' pieces on the thread pool: the requester is told why at
+ * once, gshmd waits for the pieces, ends the set and exits clean (under
+ * ASan: nothing touched after it was freed). */
+static void test_stop_mid_prefault(void **state) {
+  static struct bg bg;
+  static struct node Q;
+  struct rogue rq;
+  char peers[64];
+  uint8_t rkey[32];
+  int port, qlfd, status = -1;
+  (void)state;
+
+  rogue_key(keys.key, rkey);
+  assert_true((qlfd = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d", port);
+  node_start(&Q, "q", peers, keys.key, "", "cluster.prefault=always", NULL);
+  memset(&rq, 0, sizeof(rq));
+  assert_int_equal(rogue_accept(&rq, qlfd, "rs", rkey), 0);
+  bg_start(&bg, Q.h.socket_path, NULL);
+  while (status < 0) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rq, 20);
+    assert_false(rq.failed);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST) {
+      send_listing(&rq, m->request_id, LISTED, LISTED_SIZE, "host");
+      rogue_run(&rq, 2); /* (sent) */
+      usleep(5000);      /* its first pieces are on the pool (here: every run) */
+      status = harness_stop(&Q.h);
+    }
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  printf("stopped mid-prefault: status %d; the set: %d %s\n", status, bg.err, bg.msg);
+  assert_int_equal(status, 0);
+  /* (the old code: "connection to gshmd lost", its set answered after
+   * the server had closed the requester's connection) */
+  assert_non_null(strstr(bg.msg, "gshmd is stopping"));
+  rogue_close(&rq);
+  close(qlfd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefault_capped),
       cmocka_unit_test(test_grant_elsewhere),
+      cmocka_unit_test(test_stop_mid_prefault),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
