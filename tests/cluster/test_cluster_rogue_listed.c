@@ -10,7 +10,10 @@
  *   a GPU where it said the host, fails the set with -ESTALE before a
  *   byte is read (a listed GPU segment is made a few a loop turn after its
  *   listing, or at its grant, from the grant's word: the listing's must
- *   be checked before).
+ *   be checked before);
+ * - a node stopped (SIGTERM) just after such a listing, its pieces on
+ *   the thread pool, tells the requester "gshmd is stopping" and exits
+ *   clean.
  * Each failed set leaves nothing (no segment, hidden or not, no bytes). */
 #include <errno.h>
 #include <pthread.h>
