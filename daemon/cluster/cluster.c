@@ -399,6 +399,7 @@ void gshmd_cluster_stop(struct gshmd_cluster *cl) {
   gshmd__link_stop(&cl->ll);
   gshmd__lanes_stop(&cl->ll); /* the links failed: waits for their lanes' threads */
   gshmd__pull_reap(cl);
+  gshmd__pull_stop_answer(cl);
   gshmd_stage_pool_drain(&cl->stage);
   gshmd__serve_stop(cl);
 }

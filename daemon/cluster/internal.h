@@ -67,6 +67,8 @@ struct gshmd_cluster {
   /* prefault.c: pulls whose new host pages are faulted in ahead of their lanes */
   struct gshm_list prefaults; /* struct pull.pf_node, oldest first */
   unsigned pf_jobs;           /* pieces on libuv's pool now (at most PREFAULT_JOBS) */
+  uint64_t pf_ahead;          /* bytes faulted in past the chunks asked for (at most
+                                 PREFAULT_AHEAD) */
   bool pf_on;                 /* cluster.prefault, until the kernel says it has no such madvise */
   uint64_t pf_bytes;          /* faulted in, ever (metrics) */
   bool have_pull_gid;
@@ -187,6 +189,10 @@ void gshmd__pull_create_start(struct gshmd_cluster *cl);
 void gshmd__pull_create_stop(struct gshmd_cluster *cl);
 /* Every pull fails at once (shutdown); in-flight gets are cancelled. */
 void gshmd__pull_stop_all(struct gshmd_cluster *cl);
+/* As gshmd stops, after the last reap: the sets still there (waiting
+ * for their prefault pieces, which end them as they end, after the
+ * server closed every connection) answer their requesters now. */
+void gshmd__pull_stop_answer(struct gshmd_cluster *cl);
 /* Describes up to max pulls in flight (sets count once) into out; the
  * strings point into the pulls (valid until the loop runs again).
  * Returns how many. */

@@ -314,15 +314,19 @@ static void set_source(struct pull *p, const Gshm__Cluster__Segment *s) {
 /* Whether the segment the peer granted is the one it listed: the same
  * id and generation when it was listed published; the same source (p's
  * hidden copy, made from the listing, has it) in any case, as a segment
- * relayed in flight there and published since has.  One that took the
- * name meanwhile (made again, or the old one of a --replace whose pull
- * failed there) would mix generations in the set. */
+ * relayed in flight there and published since has; on a GPU there only
+ * where it was listed on one (a copy made at its grant takes the grant's
+ * word).  One that took the name meanwhile (made again, or the old one
+ * of a --replace whose pull failed there) would mix generations in the
+ * set. */
 static bool grant_is_listed(const struct pull *p, const Gshm__Cluster__Segment *s) {
   const char *listed = p->create_listed ? p->listed_source : p->seg ? p->seg->source : NULL;
   char src[400];
 
   if (!listed)
     return true; /* (not listed: a single pull) */
+  if (gshmd__pull_location_device(s->location) != p->listed_device)
+    return false;
   if (p->listed_id && (s->id != p->listed_id || s->generation != p->listed_gen))
     return false;
   gshmd__pull_source_text(p, s, src, sizeof(src));

@@ -76,6 +76,7 @@ struct pull {
   bool pf_queued;
   unsigned pf_jobs;              /* pieces on libuv's pool: it is not closed meanwhile */
   uint64_t pf_off;               /* the next piece starts at or past it */
+  uint64_t pf_ahead;             /* bytes of it past the chunks asked for (cl->pf_ahead) */
 };
 
 /* One request: a segment, or every segment under a prefix. */
@@ -164,9 +165,11 @@ static inline bool gshmd__pull_location_device(const char *loc) {
 
 /* p's landing mapping (host memory, mapped: p->dst, p->mem) is faulted
  * in on libuv's pool past the chunks asked for so far, after the pulls
- * already queued (prefault.c: a few pieces at once, all pulls).  No-op
- * when prefaulting is off (cluster.prefault, cl->pf_on), p is staged, smaller than 2 MiB, or
- * already queued.  Loop only. */
+ * already queued (prefault.c: a few pieces at once, at most
+ * PREFAULT_AHEAD bytes past the chunks asked for, all pulls).  Called
+ * again each time p's chunks are asked for (the pieces the cap held back
+ * go on).  Nothing more when prefaulting is off (cluster.prefault,
+ * cl->pf_on), p is staged or smaller than 2 MiB.  Loop only. */
 void gshmd__prefault_add(struct pull *p);
 /* Starts queued pulls' next pieces while the pool has room for them. */
 void gshmd__prefault_more(struct gshmd_cluster *cl);

@@ -537,10 +537,21 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
   return 0;
 }
 
+/* The failed set's requester gets why (s->err, s->why), once. */
+static void answer_failed(struct pull_set *s) {
+  Gshm__Reply reply = GSHM__REPLY__INIT;
+
+  if (!s->requester || !s->err)
+    return;
+  reply.status = gshm__errno_to_status(s->err);
+  reply.message = s->why;
+  s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
+  s->requester = NULL;
+}
+
 /* The set failed: its hidden segments go, the requester gets why. */
 static void set_failed(struct pull_set *s) {
   struct gshmd_cluster *cl = s->cl;
-  Gshm__Reply reply = GSHM__REPLY__INIT;
   char msg[512];
 
   s->peer->pulls_failed++;
@@ -557,11 +568,7 @@ static void set_failed(struct pull_set *s) {
     }
   gshm_log_warn("cluster: %s", gshm__pull_failure_message(msg, sizeof(msg), s->prefix, s->name,
                                                           s->peer->name, s->err, s->why));
-  if (s->requester) {
-    reply.status = gshm__errno_to_status(s->err);
-    reply.message = s->why;
-    cl->reply(cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
-  }
+  answer_failed(s);
 }
 
 /* Ends a set with nothing in flight: published or freed, answered, gone. */
@@ -632,6 +639,12 @@ void gshmd__pull_stop_all(struct gshmd_cluster *cl) {
   struct gshm_list *pos;
   gshm_list_foreach(pos, &cl->pulls)
       gshmd__pull_set_fail(gshm_list_entry(pos, struct pull_set, node), -ESHUTDOWN, "gshmd is stopping");
+}
+
+void gshmd__pull_stop_answer(struct gshmd_cluster *cl) {
+  struct gshm_list *pos;
+  gshm_list_foreach(pos, &cl->pulls)
+      answer_failed(gshm_list_entry(pos, struct pull_set, node));
 }
 
 size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, size_t max) {

@@ -28,8 +28,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <sys/utsname.h>
-
 #include <cmocka.h>
 
 #include "gshm.h"
@@ -402,9 +400,6 @@ static void test_huge_pages(void **state) {
   gshm_disconnect(b);
 }
 
-/* Data lanes: B's link to A has cluster.streams (8) lanes that carry
- * the bytes (none where the bytes go over UCX); a node with
- * cluster.streams=1 pulls on its one connection; both land every byte. */
 /* c pulls remote from a as local, and checks every byte (seed's). */
 static void pull_checked(gshm_client_t *c, const char *remote, const char *local, uint64_t size,
                          unsigned long long seed) {
@@ -422,6 +417,9 @@ static void end_with_c(gshm_client_t *a, gshm_client_t *b, gshm_client_t *c, con
   gshm_disconnect(b);
 }
 
+/* Data lanes: B's link to A has cluster.streams (8) lanes that carry
+ * the bytes (none where the bytes go over UCX); a node with
+ * cluster.streams=1 pulls on its one connection; both land every byte. */
 static void test_lanes(void **state) {
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
   long lanes = over_ucx() ? 0 : 8;

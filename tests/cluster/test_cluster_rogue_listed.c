@@ -1,0 +1,330 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A serving peer that holds the cluster key (rogue.h) and lists a set
+ * whose grants it then withholds, or grants as something else than it
+ * listed:
+ * - the pulling gshmd (cluster.prefault = always) faults in no more than
+ *   PREFAULT_AHEAD (512 MiB) of the listed host segments ahead of the
+ *   chunks it asked for: it once allocated every listed page before any
+ *   grant came, up to the requester's quota or all memory;
+ * - a grant of a segment on the host where the listing said a GPU, or on
+ *   a GPU where it said the host, fails the set with -ESTALE before a
+ *   byte is read (a listed GPU segment is made a few a loop turn after its
+ *   listing, or at its grant, from the grant's word: the listing's must
+ *   be checked before);
+ * - a node stopped (SIGTERM) just after such a listing, its pieces on
+ *   the thread pool, tells the requester "gshmd is stopping" and exits
+ *   clean.
+ * Each failed set leaves nothing (no segment, hidden or not, no bytes). */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+#include "nodes.h"
+#include "rogue.h"
+
+#define CAP (512 * MiB)         /* prefault.c PREFAULT_AHEAD */
+#define LISTED 4                /* host segments listed ... */
+#define LISTED_SIZE (256 * MiB) /* ... of this size: twice the cap */
+
+static struct cluster_keys keys;
+static struct node P; /* pulls from the rogue "rs" */
+static struct rogue rs;
+static int lfd;
+
+/* The set pull of "pub/" in the background through gshmd's socket
+ * (location: opts->location). */
+struct bg {
+  pthread_t t;
+  const char *socket, *location;
+  int err;
+  char msg[512];
+  atomic_bool done;
+};
+
+static void *bg_thread(void *arg) {
+  struct bg *bg = arg;
+  gshm_pull_opts_t o = {.location = bg->location};
+  gshm_pull_result_t *v = NULL;
+  size_t n = 0;
+  gshm_client_t *c;
+
+  bg->err = gshm_connect(bg->socket, "bg", &c);
+  if (!bg->err) {
+    bg->err = gshm_pull_prefix(c, "rs", "pub/", &o, &v, &n);
+    snprintf(bg->msg, sizeof(bg->msg), "%s", gshm_last_error(c));
+    gshm_free(v);
+    gshm_disconnect(c);
+  }
+  bg->done = true;
+  return NULL;
+}
+
+static void bg_start(struct bg *bg, const char *socket, const char *location) {
+  memset(bg, 0, sizeof(*bg));
+  bg->socket = socket;
+  bg->location = location;
+  assert_int_equal(pthread_create(&bg->t, NULL, bg_thread, bg), 0);
+}
+
+/* Segment i of the listing: "pub/sI", size bytes at location. */
+static void segment_at(Gshm__Cluster__Segment *s, char *name, size_t len, unsigned i, uint64_t size,
+                       const char *location) {
+  gshm__cluster__segment__init(s);
+  snprintf(name, len, "pub/s%u", i);
+  s->id = i + 1;
+  s->generation = 1;
+  s->name = name;
+  s->size = size;
+  s->allocated = size;
+  s->location = (char *)location;
+}
+
+/* The one page answering List rid: n segments of size at location. */
+static void send_listing(struct rogue *ro, uint32_t rid, unsigned n, uint64_t size,
+                         const char *location) {
+  static Gshm__Cluster__Segment segs[LISTED];
+  static Gshm__Cluster__Segment *ptrs[LISTED];
+  static char names[LISTED][16];
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+
+  for (unsigned i = 0; i < n; i++) {
+    segment_at(&segs[i], names[i], sizeof(names[i]), i, size, location);
+    ptrs[i] = &segs[i];
+  }
+  r.segments = ptrs;
+  r.n_segments = n;
+  r.total = n;
+  m.request_id = rid;
+  m.status = 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+  m.list_reply = &r;
+  rogue_send(ro, &m);
+}
+
+/* The grant answering rid for segment `name` as listed, but at location. */
+static void send_grant(uint32_t rid, const char *name, uint64_t size, const char *location) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
+  Gshm__Cluster__Segment s;
+  char own[16];
+  unsigned i = 0;
+
+  sscanf(name, "pub/s%u", &i);
+  segment_at(&s, own, sizeof(own), i, size, location);
+  g.segment = &s;
+  g.grant_id = 1000 + i;
+  g.path = GSHM__CLUSTER__PATH__PATH_HOST;
+  g.length = size;
+  m.request_id = rid;
+  m.status = 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
+  m.grant = &g;
+  rogue_send(&rs, &m);
+}
+
+static void send_error(uint32_t rid) {
+  rogue_send_status(&rs, rid, 2 /* STATUS_INVALID_ARGUMENT */, "the rogue sends no bytes");
+}
+
+/* What a failed set must leave on P: nothing, and P answers. */
+static void assert_nothing_left(gshm_client_t *p) {
+  gshm_status_info_t st;
+  gshm_segment_info_t info;
+
+  assert_int_equal(gshm_status(p, &st), 0);
+  assert_int_equal(st.segments, 0);
+  assert_int_equal(st.bytes, 0);
+  assert_int_equal(gshm_stat_name(p, "pub/s0", &info), -ENOENT);
+}
+
+static int group_setup(void **state) {
+  char peers[64];
+  uint8_t rkey[32];
+  int port;
+  (void)state;
+
+  keys_make(&keys, "gshm-rogue-listed");
+  rogue_key(keys.key, rkey);
+  assert_true((lfd = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d", port);
+  node_start(&P, "p", peers, keys.key, "", "cluster.prefault=always", NULL);
+  harness_set_leftover(&P.h);
+  assert_int_equal(rogue_accept(&rs, lfd, "rs", rkey), 0);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  rogue_close(&rs);
+  close(lfd);
+  assert_int_equal(harness_stop(&P.h), 0);
+  harness_set_leftover(NULL);
+  keys_remove(&keys);
+  return 0;
+}
+
+/* P's gshm_cluster_prefault_bytes_total once two readings 1.2 s apart
+ * agree (its metrics are a snapshot up to a second old), within 15 s,
+ * while the rogue holds the set's grant requests (their ids into held). */
+static long prefault_settled(gshm_client_t *p, long before, uint32_t *held, unsigned *nheld) {
+  long last = -1, now = before;
+  int64_t end = now_ms() + 15000, next = now_ms() + 1200;
+
+  while (now_ms() < end && (now != last || now == before)) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST)
+      send_listing(&rs, m->request_id, LISTED, LISTED_SIZE, "host");
+    else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST && *nheld < LISTED)
+      held[(*nheld)++] = m->request_id;
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    assert_false(rs.failed);
+    if (now_ms() >= next) {
+      last = now;
+      now = metric(p, "gshm_cluster_prefault_bytes_total");
+      next = now_ms() + 1200;
+    }
+  }
+  return now;
+}
+
+/* A peer lists LISTED host segments (twice PREFAULT_AHEAD in all) and
+ * answers none of their grant requests: P faults in at most
+ * PREFAULT_AHEAD of them (the old code: all of them, before any grant),
+ * and the set fails clean once the grants are refused. */
+static void test_prefault_capped(void **state) {
+  static struct bg bg; /* (static: a failed check leaves its thread) */
+  gshm_client_t *p = connect_to(&P);
+  long before = metric(p, "gshm_cluster_prefault_bytes_total"), got;
+  uint32_t held[LISTED];
+  unsigned nheld = 0;
+  (void)state;
+
+  bg_start(&bg, P.h.socket_path, NULL);
+  got = prefault_settled(p, before, held, &nheld) - before;
+  printf("listed %llu MiB of host segments, no grant: %ld MiB faulted in\n",
+         (unsigned long long)(LISTED * LISTED_SIZE >> 20), got >> 20);
+  assert_true(got > 0); /* (prefaulting is on: always) */
+  assert_true((uint64_t)got <= CAP);
+  while (!bg.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
+      send_error(m->request_id);
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    while (nheld)
+      send_error(held[--nheld]);
+  }
+  pthread_join(bg.t, NULL);
+  printf("the set: %d %s\n", bg.err, bg.msg);
+  assert_int_equal(bg.err, -EINVAL);
+  assert_non_null(strstr(bg.msg, "peer 'rs'"));
+  assert_nothing_left(p);
+  gshm_disconnect(p);
+}
+
+/* A peer lists one 4 KiB segment at `listed` and grants it at `granted`
+ * (the set asks for location `location`): -ESTALE before a byte is read. */
+static void grant_elsewhere(gshm_client_t *p, const char *listed, const char *granted,
+                            const char *location) {
+  static struct bg bg;
+  unsigned reads = 0;
+
+  bg_start(&bg, P.h.socket_path, location);
+  while (!bg.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (!m) {
+      assert_false(rs.failed);
+      continue;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST)
+      send_listing(&rs, m->request_id, 1, 4096, listed);
+    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
+      send_grant(m->request_id, m->grant_request->name, 4096, granted);
+    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_READ && ++reads)
+      send_error(m->request_id);
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  printf("listed at %s, granted at %s: %d %s\n", listed, granted, bg.err, bg.msg);
+  assert_int_equal(reads, 0);
+  assert_int_equal(bg.err, -ESTALE);
+  assert_non_null(strstr(bg.msg, "peer 'rs'"));
+  assert_non_null(strstr(bg.msg, "not the one it listed"));
+  assert_nothing_left(p);
+}
+
+/* The listing's word on where the segment is holds at its grant (a set
+ * pulled into the host: no GPU needed here). */
+static void test_grant_elsewhere(void **state) {
+  gshm_client_t *p = connect_to(&P);
+  (void)state;
+
+  grant_elsewhere(p, "host", "cuda:0", NULL);
+  grant_elsewhere(p, "cuda:0", "host", "host");
+  gshm_disconnect(p);
+}
+
+/* gshmd stops (SIGTERM) just after a set's listing, with its host
+ * segments' pieces on the thread pool: the requester is told why at
+ * once, gshmd waits for the pieces, ends the set and exits clean (under
+ * ASan: nothing touched after it was freed). */
+static void test_stop_mid_prefault(void **state) {
+  static struct bg bg;
+  static struct node Q;
+  struct rogue rq;
+  char peers[64];
+  uint8_t rkey[32];
+  int port, qlfd, status = -1;
+  (void)state;
+
+  rogue_key(keys.key, rkey);
+  assert_true((qlfd = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d", port);
+  node_start(&Q, "q", peers, keys.key, "", "cluster.prefault=always", NULL);
+  memset(&rq, 0, sizeof(rq));
+  assert_int_equal(rogue_accept(&rq, qlfd, "rs", rkey), 0);
+  bg_start(&bg, Q.h.socket_path, NULL);
+  while (status < 0) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rq, 20);
+    assert_false(rq.failed);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST) {
+      send_listing(&rq, m->request_id, LISTED, LISTED_SIZE, "host");
+      rogue_run(&rq, 2); /* (sent) */
+      usleep(5000);      /* its first pieces are on the pool (here: every run) */
+      status = harness_stop(&Q.h);
+    }
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  printf("stopped mid-prefault: status %d; the set: %d %s\n", status, bg.err, bg.msg);
+  assert_int_equal(status, 0);
+  /* (the old code: "connection to gshmd lost", its set answered after
+   * the server had closed the requester's connection) */
+  assert_non_null(strstr(bg.msg, "gshmd is stopping"));
+  rogue_close(&rq);
+  close(qlfd);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_prefault_capped),
+      cmocka_unit_test(test_grant_elsewhere),
+      cmocka_unit_test(test_stop_mid_prefault),
+  };
+  return NODES_RUN(tests, group_setup, group_teardown);
+}
