@@ -95,8 +95,13 @@ int harness_store_count(struct harness *h, const char *prefix);
 /* Fills buf with bytes from a seeded xorshift stream (never all zero). */
 void harness_random(void *buf, size_t n, unsigned long long seed);
 
-/* A TCP port of 127.0.0.1 that was free a moment ago (bound and closed),
- * or a negative errno. */
+/* A TCP port of 127.0.0.1 that was free a moment ago (bound and
+ * closed), or a negative errno.  Below the kernel's ephemeral range
+ * (ip_local_port_range): a port the kernel picked there, bound and closed,
+ * was picked again by the next call of the same test (two nodes on one
+ * port) and may be taken by any outbound connection, such as another
+ * gshmd's link to its peer.  Each process walks 10000 up to that range
+ * from a start of its own (by pid), never handing out a port twice. */
 int harness_free_port(void);
 
 /* A child process, as another user, stepped by its parent: one byte per
