@@ -513,6 +513,21 @@ static void resend(struct gshmd_fdstore *fs) {
   }
 }
 
+/* The buckets that placements marked (gshmd__fdstore_place without
+ * write) are written, once each: a pulled set of 398 segments placed and
+ * written one by one rewrote its bucket (up to 253 fds and records) each
+ * time, 10-18 ms of the loop after the set's last byte on the lent
+ * 16-core machine. */
+static void write_marked(struct gshmd_fdstore *fs) {
+  for (uint32_t i = 0; i < fs->nbuckets; i++) {
+    struct fdstore_bucket *b = fs->buckets[i];
+    if (b && b->rewrite) {
+      b->rewrite = false;
+      bucket_write(fs, b);
+    }
+  }
+}
+
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event) {
   struct gshmd_fdstore *fs = r->on_event_data;
 
@@ -524,9 +539,16 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
   case GSHMD_IDS_USED:
     reserve_ids(fs);
     break;
+  case GSHMD_PUBLISH_BEGIN:
+    fs->publishing = true;
+    break;
+  case GSHMD_PUBLISH_END:
+    fs->publishing = false;
+    write_marked(fs);
+    break;
   case GSHMD_SEGMENT_CREATED:
     reserve_ids(fs);
-    gshmd__fdstore_place(fs, seg, true);
+    gshmd__fdstore_place(fs, seg, !fs->publishing);
     break;
   case GSHMD_SEGMENT_FREED:
     if (seg->fs_bucket)

@@ -57,6 +57,9 @@ struct gshmd_fdstore {
   char **retire;
   size_t nretire, retire_cap;
   uint64_t failed_sends;   /* notifications and datagrams that failed */
+  /* Between GSHMD_PUBLISH_BEGIN and _END: placements mark their buckets
+   * (rewrite) instead of writing them, and END writes each once. */
+  bool publishing;
   /* The journal (fdstore_journal.c); -1 without a service manager. */
   int journal_fd;
   bool journal_stored;     /* its FDSTORE=1 went through */

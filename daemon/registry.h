@@ -94,6 +94,11 @@ enum gshmd_segment_event {
   GSHMD_SEGMENT_FREED = 3,
   GSHMD_SEGMENT_CHANGED = 4, /* owner or mode */
   GSHMD_IDS_USED = 5,        /* a session or lease id was handed out; seg is NULL */
+  /* Around the CREATED events of one publish of many segments (a pulled
+   * set), seg NULL: the fd store writes each bucket they touch once, at
+   * the END, instead of once a segment. */
+  GSHMD_PUBLISH_BEGIN = 6,
+  GSHMD_PUBLISH_END = 7,
 };
 
 struct gshmd_registry {

@@ -167,8 +167,12 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
   }
   /* The fd store learns of the new segments before the old ones go: a
    * crash in between restores the newer of two that share a name. */
-  for (size_t i = 0; i < n && r->on_event; i++)
-    r->on_event(r, segs[i], GSHMD_SEGMENT_CREATED);
+  if (r->on_event) {
+    r->on_event(r, NULL, GSHMD_PUBLISH_BEGIN);
+    for (size_t i = 0; i < n; i++)
+      r->on_event(r, segs[i], GSHMD_SEGMENT_CREATED);
+    r->on_event(r, NULL, GSHMD_PUBLISH_END);
+  }
   for (size_t i = 0; i < n; i++) {
     if (!old[i])
       continue;

@@ -349,7 +349,9 @@ static void test_replace(void **state) {
 
 /* 300 segments with 200-byte names: the peer's listing comes in several
  * pages and so does the result (pull_items); every name and source is
- * right, in order. */
+ * right, in order.  Published as one set, they are stored in the fd store
+ * (two buckets: at most 253 a bucket, written once each at the publish's
+ * end): B SIGKILLed and restarted has every one, byte for byte. */
 static void test_set_pages(void **state) {
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
   gshm_pull_result_t *v = NULL;
@@ -372,6 +374,12 @@ static void test_set_pages(void **state) {
     assert_true(v[i].bytes == 64 + i);
     snprintf(want, sizeof(want), "a:pub/many/%s%03zu#", pad, i);
     assert_memory_equal(v[i].segment.source, want, strlen(want));
+  }
+  gshm_disconnect(b);
+  assert_int_equal(harness_restart(&B.h, SIGKILL, B.argv), 0);
+  b = connect_to(&B);
+  for (size_t i = 0; i < n; i++) {
+    snprintf(name, sizeof(name), "many/%s%03zu", pad, i);
     check_segment(b, name, 64 + i, 500 + i);
     assert_int_equal(gshm_unlink(b, name), 0);
     snprintf(name, sizeof(name), "pub/many/%s%03zu", pad, i);
