@@ -2,6 +2,7 @@
 /* What the cluster tests share (nodes.h). */
 #include "nodes.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <netinet/in.h>
@@ -166,6 +167,17 @@ void set_unlink(gshm_client_t *c, const char *prefix, int n) {
 }
 
 /* A counter or gauge (no labels) from c's daemon's metrics. */
+void assert_nothing_left(gshm_client_t *c, const char *name) {
+  gshm_status_info_t st;
+  gshm_segment_info_t info;
+
+  assert_int_equal(gshm_status(c, &st), 0);
+  assert_int_equal(st.segments, 0);
+  assert_int_equal(st.bytes, 0);
+  if (name)
+    assert_int_equal(gshm_stat_name(c, name, &info), -ENOENT);
+}
+
 long metric(gshm_client_t *c, const char *name) {
   char *text = NULL, key[160];
   const char *m;

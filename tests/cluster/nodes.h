@@ -81,6 +81,9 @@ void keys_remove(struct cluster_keys *k);
 void nodes_stop(struct node *serving, struct node *puller);
 /* A counter or gauge (no labels) from c's daemon's metrics. */
 long metric(gshm_client_t *c, const char *name);
+/* What a failed pull must leave on c's daemon: no segment, hidden or
+ * not, no bytes, and no segment `name` (unless NULL); and it answers. */
+void assert_nothing_left(gshm_client_t *c, const char *name);
 /* A thread that asks node n for its cluster peers every 200 ms until
  * *stop (what gshmctl peers does: n asks each peer for its count, which
  * keeps n's links to them busy). */

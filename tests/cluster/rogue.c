@@ -451,8 +451,8 @@ int rogue_listener(int *port_out) {
   return fd;
 }
 
-void rogue_send_grant(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
-                      uint64_t size) {
+void rogue_send_grant_at(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
+                         uint64_t size, const char *location) {
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
   Gshm__Cluster__Segment s = GSHM__CLUSTER__SEGMENT__INIT;
@@ -462,7 +462,7 @@ void rogue_send_grant(struct rogue *r, uint32_t rid, uint64_t id, const char *na
   s.name = (char *)name;
   s.size = size;
   s.allocated = size;
-  s.location = "host";
+  s.location = (char *)location;
   g.segment = &s;
   g.grant_id = 1000 + id;
   g.path = GSHM__CLUSTER__PATH__PATH_HOST;
@@ -472,6 +472,11 @@ void rogue_send_grant(struct rogue *r, uint32_t rid, uint64_t id, const char *na
   m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
   m.grant = &g;
   rogue_send(r, &m);
+}
+
+void rogue_send_grant(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
+                      uint64_t size) {
+  rogue_send_grant_at(r, rid, id, name, size, "host");
 }
 
 void rogue_send_status(struct rogue *r, uint32_t rid, uint32_t status, const char *message) {

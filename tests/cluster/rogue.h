@@ -88,6 +88,10 @@ int rogue_listener(int *port_out);
  * host memory, PATH_HOST: read with Reads), grant id 1000 + id. */
 void rogue_send_grant(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
                       uint64_t size);
+/* The same grant saying the segment is at `location` ("host", "cuda:0",
+ * ...), whatever the listing said. */
+void rogue_send_grant_at(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
+                         uint64_t size, const char *location);
 /* An error answer to request rid: status (a gshm.Status) and message. */
 void rogue_send_status(struct rogue *r, uint32_t rid, uint32_t status, const char *message);
 /* When m is a node's count request (a List after UINT64_MAX: what

@@ -209,18 +209,6 @@ static unsigned serve(struct job *j, const struct plan *pl, int64_t ms) {
   return counts;
 }
 
-/* What a failed pull must leave on P: nothing (no segment, hidden or
- * not, no bytes), and P answers. */
-static void assert_nothing_left(gshm_client_t *p, const char *name) {
-  gshm_status_info_t st;
-  gshm_segment_info_t info;
-
-  assert_int_equal(gshm_status(p, &st), 0);
-  assert_int_equal(st.segments, 0);
-  assert_int_equal(st.bytes, 0);
-  assert_int_equal(gshm_stat_name(p, name, &info), -ENOENT);
-}
-
 static int group_setup(void **state) {
   char peers_p[96], peers_c[64];
   int port;

@@ -114,40 +114,8 @@ static void send_listing(struct rogue *ro, uint32_t rid, unsigned n, uint64_t si
   rogue_send(ro, &m);
 }
 
-/* The grant answering rid for segment `name` as listed, but at location. */
-static void send_grant(uint32_t rid, const char *name, uint64_t size, const char *location) {
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
-  Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
-  Gshm__Cluster__Segment s;
-  char own[16];
-  unsigned i = 0;
-
-  sscanf(name, "pub/s%u", &i);
-  segment_at(&s, own, sizeof(own), i, size, location);
-  g.segment = &s;
-  g.grant_id = 1000 + i;
-  g.path = GSHM__CLUSTER__PATH__PATH_HOST;
-  g.length = size;
-  m.request_id = rid;
-  m.status = 1;
-  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
-  m.grant = &g;
-  rogue_send(&rs, &m);
-}
-
 static void send_error(uint32_t rid) {
   rogue_send_status(&rs, rid, 2 /* STATUS_INVALID_ARGUMENT */, "the rogue sends no bytes");
-}
-
-/* What a failed set must leave on P: nothing, and P answers. */
-static void assert_nothing_left(gshm_client_t *p) {
-  gshm_status_info_t st;
-  gshm_segment_info_t info;
-
-  assert_int_equal(gshm_status(p, &st), 0);
-  assert_int_equal(st.segments, 0);
-  assert_int_equal(st.bytes, 0);
-  assert_int_equal(gshm_stat_name(p, "pub/s0", &info), -ENOENT);
 }
 
 static int group_setup(void **state) {
@@ -232,7 +200,7 @@ static void test_prefault_capped(void **state) {
   printf("the set: %d %s\n", bg.err, bg.msg);
   assert_int_equal(bg.err, -EINVAL);
   assert_non_null(strstr(bg.msg, "peer 'rs'"));
-  assert_nothing_left(p);
+  assert_nothing_left(p, "pub/s0");
   gshm_disconnect(p);
 }
 
@@ -252,8 +220,8 @@ static void grant_elsewhere(gshm_client_t *p, const char *listed, const char *gr
     }
     if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST)
       send_listing(&rs, m->request_id, 1, 4096, listed);
-    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
-      send_grant(m->request_id, m->grant_request->name, 4096, granted);
+    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) /* (pub/s0, id 1) */
+      rogue_send_grant_at(&rs, m->request_id, 1, m->grant_request->name, 4096, granted);
     else if (m->body_case == GSHM__CLUSTER__MSG__BODY_READ && ++reads)
       send_error(m->request_id);
     gshm__cluster__msg__free_unpacked(m, NULL);
@@ -264,7 +232,7 @@ static void grant_elsewhere(gshm_client_t *p, const char *listed, const char *gr
   assert_int_equal(bg.err, -ESTALE);
   assert_non_null(strstr(bg.msg, "peer 'rs'"));
   assert_non_null(strstr(bg.msg, "not the one it listed"));
-  assert_nothing_left(p);
+  assert_nothing_left(p, "pub/s0");
 }
 
 /* The listing's word on where the segment is holds at its grant (a set

@@ -267,7 +267,6 @@ static void test_lies_refused(void **state) {
 
   for (size_t i = 0; i < sizeof(lies) / sizeof(lies[0]); i++) {
     struct bg bg = {.lie = &lies[i]};
-    gshm_status_info_t st;
     gshm_segment_info_t info;
 
     unsigned reads;
@@ -282,10 +281,7 @@ static void test_lies_refused(void **state) {
     assert_int_equal(bg.err, -EPROTO);
     assert_non_null(strstr(bg.msg, "peer 'rs'"));
     /* nothing made, hidden or not, and P answers */
-    assert_int_equal(gshm_status(p, &st), 0);
-    assert_int_equal(st.segments, 0);
-    assert_int_equal(st.bytes, 0);
-    assert_int_equal(gshm_stat_name(p, "pub/a", &info), -ENOENT);
+    assert_nothing_left(p, "pub/a");
     assert_int_equal(gshm_stat_name(p, "pub/ok", &info), -ENOENT);
     assert_int_equal(gshm_stat_name(p, "pub/one", &info), -ENOENT);
     assert_false(rs.failed);
@@ -305,7 +301,6 @@ static void test_device_set_without_gpu(void **state) {
                                  {{0}}, 0, {0}};
   gshm_client_t *p = connect_to(&P);
   struct bg bg = {.lie = &dev};
-  gshm_status_info_t st;
   (void)state;
 
   assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
@@ -325,9 +320,7 @@ static void test_device_set_without_gpu(void **state) {
   printf("device set without a GPU: %d: %s\n", bg.err, bg.msg);
   assert_int_equal(bg.err, -ENOTSUP);
   assert_non_null(strstr(bg.msg, "device segments are unavailable"));
-  assert_int_equal(gshm_status(p, &st), 0);
-  assert_int_equal(st.segments, 0);
-  assert_int_equal(st.bytes, 0);
+  assert_nothing_left(p, NULL);
   gshm_disconnect(p);
 }
 
@@ -403,7 +396,6 @@ static void test_grant_not_listed(void **state) {
   cases[1].granted.source = "x:pub/a#4.4"; /* the old one it was to replace */
   for (int i = 0; i < 2; i++) {
     struct bg bg = {.lie = &set};
-    gshm_status_info_t st;
     unsigned reads;
 
     assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
@@ -414,9 +406,7 @@ static void test_grant_not_listed(void **state) {
     assert_int_equal(bg.err, -ESTALE);
     assert_non_null(strstr(bg.msg, "peer 'rs'"));
     assert_non_null(strstr(bg.msg, "not the one it listed"));
-    assert_int_equal(gshm_status(p, &st), 0);
-    assert_int_equal(st.segments, 0);
-    assert_int_equal(st.bytes, 0);
+    assert_nothing_left(p, NULL);
     assert_false(rs.failed);
   }
   gshm_disconnect(p);
@@ -538,18 +528,6 @@ static int64_t serve_partial(struct rl_pull *bg, uint64_t part, void (*after)(ui
   return stalled;
 }
 
-/* What a failed pull of rl must leave on P: nothing (no segment, hidden
- * or not, no bytes), and P answers. */
-static void assert_nothing_left(gshm_client_t *p) {
-  gshm_status_info_t st;
-  gshm_segment_info_t info;
-
-  assert_int_equal(gshm_status(p, &st), 0);
-  assert_int_equal(st.segments, 0);
-  assert_int_equal(st.bytes, 0);
-  assert_int_equal(gshm_stat_name(p, "pub/one", &info), -ENOENT);
-}
-
 /* rl's message in P's peers (gshmctl peers): why its link ended. */
 static void rl_message(gshm_client_t *p, char *buf, size_t len) {
   gshm_cluster_peer_t *v = NULL;
@@ -614,7 +592,7 @@ static void test_lane_frame_stalled(void **state) {
   assert_int_equal(metric(p, "gshm_cluster_refusals_total{cause=\"timeout\"}"), timeouts + 1);
   assert_int_equal(metric(p, "gshm_cluster_pulls_total{peer=\"rl\",result=\"error\"}"),
                    failed + 1);
-  assert_nothing_left(p);
+  assert_nothing_left(p, "pub/one");
   rl_down();
   gshm_disconnect(p);
 }
@@ -654,7 +632,7 @@ static void test_status_answer_to_claimed(void **state) {
   rl_message(p, why, sizeof(why));
   assert_non_null(strstr(why, "answered a request whose bytes it is sending"));
   assert_int_equal(metric(p, "gshm_cluster_refusals_total{cause=\"protocol\"}"), protocol + 1);
-  assert_nothing_left(p);
+  assert_nothing_left(p, "pub/one");
   rl_down();
   gshm_disconnect(p);
 }
