@@ -388,8 +388,8 @@ static void forget_place(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
 }
 
 /* Puts seg in a bucket with room (a new one when none has) and writes
- * that bucket (or, !write, leaves it for gshmd__fdstore_settle: restore
- * places many).  Returns 0 or a negative errno: -ENOTSUP seg's memory has
+ * that bucket (or, !write, marks it for write_marked: a restore, or a
+ * publish, places many).  Returns 0 or a negative errno: -ENOTSUP seg's memory has
  * no fd to store (legacy IPC: never retried), -ENOMEM/-EMFILE no bucket
  * (seg is owed: fs->unplaced). */
 int gshmd__fdstore_place(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bool write) {
@@ -433,21 +433,30 @@ int gshmd__fdstore_place(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bo
   return bucket_write(fs, b);
 }
 
-/* After restore: every bucket marked dirty (a raw flag) is written once,
- * and those with room are offered to new segments. */
-void gshmd__fdstore_settle(struct gshmd_fdstore *fs) {
-  for (uint32_t i = fs->nbuckets; i-- > 0;) {
+/* The buckets that placements marked (gshmd__fdstore_place without
+ * write: a restore's, or a publish's between GSHMD_PUBLISH_BEGIN and
+ * _END) are written, once each: a pulled set of 398 segments placed and
+ * written one by one rewrote its bucket (up to 253 fds and records) each
+ * time, 10-18 ms of the loop after the set's last byte on the lent
+ * 16-core machine. */
+static void write_marked(struct gshmd_fdstore *fs) {
+  for (uint32_t i = 0; i < fs->nbuckets; i++) {
     struct fdstore_bucket *b = fs->buckets[i];
-    if (!b)
-      continue;
-    if (b->rewrite) {
+    if (b && b->rewrite) {
       b->rewrite = false;
       if (fs->enabled)
         bucket_write(fs, b);
     }
-    if (b->n < fs->capacity)
-      open_push(fs, b);
   }
+}
+
+/* After restore: every marked bucket is written once (write_marked), and
+ * those with room are offered to new segments. */
+void gshmd__fdstore_settle(struct gshmd_fdstore *fs) {
+  write_marked(fs);
+  for (uint32_t i = fs->nbuckets; i-- > 0;)
+    if (fs->buckets[i] && fs->buckets[i]->n < fs->capacity)
+      open_push(fs, fs->buckets[i]);
 }
 
 /* The last bucket, once empty and stored, leaves the store (so that a
@@ -510,21 +519,6 @@ static void resend(struct gshmd_fdstore *fs) {
       free(fs->retire[i]);
     }
     fs->nretire = 0;
-  }
-}
-
-/* The buckets that placements marked (gshmd__fdstore_place without
- * write) are written, once each: a pulled set of 398 segments placed and
- * written one by one rewrote its bucket (up to 253 fds and records) each
- * time, 10-18 ms of the loop after the set's last byte on the lent
- * 16-core machine. */
-static void write_marked(struct gshmd_fdstore *fs) {
-  for (uint32_t i = 0; i < fs->nbuckets; i++) {
-    struct fdstore_bucket *b = fs->buckets[i];
-    if (b && b->rewrite) {
-      b->rewrite = false;
-      bucket_write(fs, b);
-    }
   }
 }
 
