@@ -303,13 +303,6 @@ static void set_source_text(struct pull *p, const char *src) {
   p->seg->source = strdup(src);
 }
 
-/* p's copy's source is that of the peer segment s. */
-static void set_source(struct pull *p, const Gshm__Cluster__Segment *s) {
-  char src[400];
-
-  gshmd__pull_source_text(p, s, src, sizeof(src));
-  set_source_text(p, src);
-}
 
 /* Whether the segment the peer granted is the one it listed: the same
  * id and generation when it was listed published; the same source (p's
@@ -431,7 +424,8 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
               p->s->peer->name);
     return -ESTALE;
   }
-  set_source(p, s); /* (the fd store's record, written at publish) */
+  /* (its source, the fd store's record at publish, is the grant's: made
+   * from it here, or from the listing that grant_is_listed matched) */
   mem = p->mem = p->seg->mem;
   if (mem->device_index >= 0)
     return 0; /* written by copies from the local slots */
