@@ -35,6 +35,7 @@
  * fan-out seconds, their ratio (the target is <= 1.3) and GB/s; the plain
  * one hop, chain and independent hops; the plain chain's ratio (what the
  * host alone allows) and the pull's ratio over it (what gshm adds). */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -129,7 +130,67 @@ struct fan {
   const struct gshm_cudadrv *drv;  /* device segments (--location cuda:N) */
   CUcontext src_ctx, dst_ctx;      /* primary contexts of n0's GPU and of --to's */
   bool device;
+  /* CPU seconds of each gshmd (utime + stime from /proc) in the timed
+   * iterations, summed: during one pull, during the fan-out */
+  double cpu_one[FAN_MAX + 1], cpu_fan[FAN_MAX + 1];
+  /* the fan-out's, by thread: [node][class][user, system] */
+  double thr_fan[FAN_MAX + 1][4][2];
+  bool timed; /* the iteration running counts (not the warm-up) */
 };
+
+/* Thread classes of a gshmd: its loop (the main thread), the data lanes'
+ * receiving and sending threads (named by lane.c), the rest (libuv's
+ * pool). */
+enum { THR_LOOP, THR_RX, THR_TX, THR_POOL, THR_N };
+static const char *const thr_name[THR_N] = {"loop", "lane-rx", "lane-tx", "pool"};
+
+/* Adds the user and system CPU seconds of each live thread of pid to
+ * v[class][0 / 1] (/proc/PID/task/TID/stat fields 14 and 15). */
+static void thread_cpu(int pid, double v[THR_N][2]) {
+  char path[64];
+  DIR *d;
+  struct dirent *e;
+  double hz = (double)sysconf(_SC_CLK_TCK);
+
+  snprintf(path, sizeof(path), "/proc/%d/task", pid);
+  if (!(d = opendir(path)))
+    return;
+  while ((e = readdir(d))) {
+    char p2[96], buf[1024], *c;
+    unsigned long long ut, st;
+    int tid = atoi(e->d_name), k;
+    FILE *fp;
+    if (tid <= 0)
+      continue;
+    snprintf(p2, sizeof(p2), "/proc/%d/task/%d/stat", pid, tid);
+    if (!(fp = fopen(p2, "r")))
+      continue;
+    buf[0] = '\0';
+    if (!fgets(buf, sizeof(buf), fp))
+      buf[0] = '\0';
+    fclose(fp);
+    if (!(c = strrchr(buf, ')')) ||
+        sscanf(c + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+      continue;
+    k = tid == pid ? THR_LOOP : strstr(buf, "lane-rx") ? THR_RX : strstr(buf, "lane-tx") ? THR_TX
+                                                                                          : THR_POOL;
+    v[k][0] += (double)ut / hz;
+    v[k][1] += (double)st / hz;
+  }
+  closedir(d);
+}
+
+/* Adds each gshmd's CPU seconds since before[] (taken by cpu_mark) to
+ * sum[]; before NULL: fills before[] instead. */
+static void cpu_mark(const struct fan *f, double before[FAN_MAX + 1], double *sum) {
+  for (int i = 0; i < f->nodes; i++) {
+    double c = bench_cpu_s(f->sp[i].pid);
+    if (sum)
+      sum[i] += c - before[i];
+    else
+      before[i] = c;
+  }
+}
 
 /* The primary context of GPU "cuda:N" (loc), made current; 0 or -EIO. */
 static int cuda_ctx(struct fan *f, const char *loc, CUcontext *ctx) {
@@ -295,10 +356,14 @@ static void wait_listed(struct fan *f, int node, struct hop *h) {
 /* n0 -> n1 alone (into one/), every byte checked: *s_out seconds. */
 static int pull_one(struct fan *f, double *s_out) {
   struct hop one = {0};
+  double c0[FAN_MAX + 1];
 
+  cpu_mark(f, c0, NULL);
   if (hop_start(f, &one, 1, "one/"))
     return -1;
   pthread_join(one.t, NULL);
+  if (f->timed)
+    cpu_mark(f, c0, f->cpu_one);
   if (one.err || check_copy(f, 1, "one/")) {
     fprintf(stderr, "gshm-bench pull: the plain pull failed: %s\n", gshm_strerror(one.err));
     return -1;
@@ -311,9 +376,15 @@ static int pull_one(struct fan *f, double *s_out) {
  * every byte of every copy checked: *s_out seconds. */
 static int pull_fan(struct fan *f, double *s_out) {
   struct hop hops[FAN_MAX + 1];
+  double c0[FAN_MAX + 1], t0[FAN_MAX + 1][THR_N][2], t1[FAN_MAX + 1][THR_N][2];
   int e = 0;
 
   memset(hops, 0, sizeof(hops));
+  memset(t0, 0, sizeof(t0));
+  memset(t1, 0, sizeof(t1));
+  for (int i = 0; i < f->nodes; i++)
+    thread_cpu(f->sp[i].pid, t0[i]);
+  cpu_mark(f, c0, NULL);
   for (int i = 1; i < f->nodes; i++) {
     if (hop_start(f, &hops[i], i, "fan/"))
       return -1;
@@ -330,6 +401,15 @@ static int pull_fan(struct fan *f, double *s_out) {
     }
     if (hops[i].t1 - hops[1].t0 > *s_out)
       *s_out = hops[i].t1 - hops[1].t0;
+  }
+  if (f->timed) {
+    cpu_mark(f, c0, f->cpu_fan);
+    for (int i = 0; i < f->nodes; i++) {
+      thread_cpu(f->sp[i].pid, t1[i]);
+      for (int k = 0; k < THR_N; k++)
+        for (int u = 0; u < 2; u++)
+          f->thr_fan[i][k][u] += t1[i][k][u] - t0[i][k][u];
+    }
   }
   for (int i = 1; i < f->nodes && !e; i++)
     e = check_copy(f, i, "fan/");
@@ -382,7 +462,7 @@ static void fan_free(struct fan *f) {
 
 /* The medians (m[T_*], seconds) and their ratios; first: the warm-up's
  * one pull (the nodes' first: nothing made yet, pinned slots included). */
-static void report(const struct fan *f, const double m[T_N], double first) {
+static void report(const struct fan *f, const double m[T_N], double first, int iters) {
   double gb = (double)f->total / 1e9, ratio = m[T_FAN] / m[T_ONE];
   double plain_ratio = m[T_PLAIN_CHAIN] / m[T_PLAIN_ONE];
   int hops = f->nodes - 1;
@@ -402,6 +482,26 @@ static void report(const struct fan *f, const double m[T_N], double first) {
          m[T_PLAIN_APART], gb / m[T_PLAIN_APART], m[T_PLAIN_APART] / m[T_PLAIN_ONE]);
   printf("plain ratio chain / one hop: %8.2f    (what the host alone allows)\n", plain_ratio);
   printf("fan-out ratio / plain ratio: %8.2f    (what gshm adds to it)\n", ratio / plain_ratio);
+  /* where the CPU goes: a node whose CPU seconds come near its share of
+   * the machine times the wall time is what bounds the chain */
+  printf("gshmd CPU s per iteration (mean), one pull / fan-out:");
+  for (int i = 0; i < f->nodes; i++)
+    printf("  n%d %.3f / %.3f", i, f->cpu_one[i] / iters, f->cpu_fan[i] / iters);
+  printf("\n");
+  if (f->o->cpus_per_node)
+    printf("  busy (CPU s / (median s x %u CPUs)), fan-out:", f->o->cpus_per_node);
+  for (int i = 0; f->o->cpus_per_node && i < f->nodes; i++)
+    printf("  n%d %.0f%%", i, 100 * f->cpu_fan[i] / iters / (m[T_FAN] * f->o->cpus_per_node));
+  if (f->o->cpus_per_node)
+    printf("\n");
+  printf("  fan-out CPU s by thread, user + system (threads that ended are not counted):\n");
+  for (int i = 0; i < f->nodes; i++) {
+    printf("    n%d", i);
+    for (int k = 0; k < THR_N; k++)
+      printf("  %s %.3f + %.3f", thr_name[k], f->thr_fan[i][k][0] / iters,
+             f->thr_fan[i][k][1] / iters);
+    printf("\n");
+  }
 }
 
 int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *key) {
@@ -433,6 +533,7 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
          o->streams, gshm__format_size(f.chunk, ck, sizeof(ck)),
          o->cpus_per_node ? " on its gshmd's CPUs" : "");
   for (int k = -1; k < n; k++) {
+    f.timed = k >= 0;
     if (iteration(&f, v))
       goto out;
     if (k < 0)
@@ -442,7 +543,7 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
   }
   for (int i = 0; i < T_N; i++)
     m[i] = bench_median(t[i], n);
-  report(&f, m, first);
+  report(&f, m, first, n);
   rc = 0;
 out:
   fan_free(&f);
