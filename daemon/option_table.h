@@ -216,7 +216,8 @@
     "CPUs (a 1 GiB pull 13-17% faster on a 16-core machine). auto where "      \
     "pulls get 2 MiB pages (with 4 KiB pages the kernel's page cache, one "    \
     "lock per segment, bounds both alike and it only costs CPU); always "      \
-    "also with 4 KiB pages; off where a node's CPUs are all busy.")           \
+    "also with 4 KiB pages; off: never. Either way only on CPUs the data "     \
+    "lanes at work leave free (gshmd's CPU affinity less those lanes).")      \
   X(cluster, staging_bytes, SIZE, cluster_staging_bytes, "128M", 1048576,        \
     68719476736, NULL,                                                          \
     "The most pinned host memory that one staged device segment's pull holds " \

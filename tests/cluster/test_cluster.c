@@ -29,6 +29,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <dirent.h>
+#include <sched.h>
 
 #include "gshm.h"
 #include "harness.h"
@@ -457,15 +459,48 @@ static long prefaulted_past(gshm_client_t *c, long floor) {
 
 static void requester_killed_on(struct node *n, gshm_client_t *a);
 
-/* What C pulls of pub/prefault with cluster.prefault=mode, checked byte
+/* Puts every thread of C's gshmd (and those it makes later: they
+ * inherit it) on the first cpus CPUs this test may use; false where
+ * there are fewer. */
+static bool pin_c(int cpus) {
+  cpu_set_t mine, set;
+  char path[64];
+  struct dirent *de;
+  DIR *d;
+  int k = 0;
+
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(mine), &mine))
+    return false;
+  for (int i = 0; i < CPU_SETSIZE && k < cpus; i++)
+    if (CPU_ISSET(i, &mine)) {
+      CPU_SET(i, &set);
+      k++;
+    }
+  if (k < cpus)
+    return false;
+  snprintf(path, sizeof(path), "/proc/%d/task", (int)C.h.sp.pid);
+  assert_non_null(d = opendir(path));
+  while ((de = readdir(d)))
+    if (de->d_name[0] != '.')
+      assert_int_equal(sched_setaffinity(atoi(de->d_name), sizeof(set), &set), 0);
+  closedir(d);
+  return true;
+}
+
+/* What C pulls of pub/prefault with cluster.prefault=mode over lanes data
+ * lanes (cluster.streams), on cpus CPUs (0: as started), checked byte
  * for byte: bytes faulted in ahead of the lanes (C is stopped after). */
-static long prefault_on_c(const char *mode, uint64_t size) {
-  char opt[64];
+static long prefault_on_c(const char *mode, unsigned lanes, int cpus, uint64_t size) {
+  char opt[64], st[64];
   gshm_client_t *c;
   long got;
 
   snprintf(opt, sizeof(opt), "cluster.prefault=%s", mode);
-  start_c(opt, NULL);
+  snprintf(st, sizeof(st), "cluster.streams=%u", lanes);
+  start_c(opt, st);
+  if (cpus)
+    assert_true(pin_c(cpus));
   c = connect_to(&C);
   pull_checked(c, "pub/prefault", "copy", size, 89);
   got = prefaulted_past(c, 0);
@@ -479,7 +514,8 @@ static long prefault_on_c(const char *mode, uint64_t size) {
  * pages faulted in on gshmd's thread pool ahead of them, never the first
  * chunks' (the lanes write those at once), byte for byte the same:
  * always; by default (auto) where pulls get 2 MiB pages; with off,
- * never. */
+ * never; and only on CPUs the lanes at work leave free (one lane on two
+ * CPUs: some; two lanes on two CPUs: none). */
 static void test_prefault(void **state) {
   const uint64_t size = 320 * MiB, window = 32 * 4 * MiB;
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
@@ -491,19 +527,25 @@ static void test_prefault(void **state) {
     skip();
   }
   make_segment(a, "pub/prefault", size, 89);
-  got = prefault_on_c("always", size);
+  got = prefault_on_c("always", 1, 0, size);
   print_message("faulted in ahead of the lanes: %ld MiB of %llu\n", got >> 20,
                 (unsigned long long)(size >> 20));
   assert_true(got >= (long)(8 * MiB));
   assert_true((uint64_t)got <= size - window);
+  if (sysconf(_SC_NPROCESSORS_ONLN) >= 2) {
+    got = prefault_on_c("always", 1, 2, size);
+    print_message("one lane on two CPUs: %ld MiB\n", got >> 20);
+    assert_true(got >= (long)(8 * MiB) && (uint64_t)got <= size - window);
+    assert_int_equal(prefault_on_c("always", 2, 2, size), 0);
+  }
   { /* a set failing with pieces on the pool: nothing left, C stops clean */
-    start_c("cluster.prefault=always", NULL);
+    start_c("cluster.prefault=always", "cluster.streams=1");
     make_segment(a, "pub/orphan", 1 * GiB, 61);
     requester_killed_on(&C, a);
     assert_int_equal(gshm_unlink(a, "pub/orphan"), 0);
     assert_int_equal(harness_stop(&C.h), 0);
   }
-  assert_int_equal(prefault_on_c("off", size), 0);
+  assert_int_equal(prefault_on_c("off", 1, 0, size), 0);
   /* B runs with the default */
   before = prefaulted_past(b, -1);
   pull_checked(b, "pub/prefault", "prefaulted", size, 89);
