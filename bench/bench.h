@@ -24,6 +24,16 @@ void bench_fill_random(void *p, size_t n);
  * from /proc/PID/stat (clock ticks: 10 ms steps at 100 Hz), pid 0 this
  * process (getrusage: all its threads).  -1 where it cannot be read. */
 double bench_cpu_s(int pid);
+/* Thread classes of a gshmd: its loop (the main thread), the data lanes'
+ * receiving and sending threads (named by daemon/cluster/lane.c), the
+ * rest (libuv's pool); bench_thr_name[class] names them. */
+enum { BENCH_THR_LOOP, BENCH_THR_RX, BENCH_THR_TX, BENCH_THR_POOL, BENCH_THR_N };
+extern const char *const bench_thr_name[BENCH_THR_N];
+/* Adds the user and system CPU seconds of each live thread of process
+ * pid to v[class][0] and v[class][1] (/proc/PID/task/TID/stat fields 14
+ * and 15; threads that ended are not counted).  A pid that is gone adds
+ * nothing. */
+void bench_thread_cpu(int pid, double v[BENCH_THR_N][2]);
 
 /* Runs a CUDA driver call through `drv` (a struct gshm_cudadrv *, see
  * common/cudadrv.h); on failure prints "gshm-bench PROG: CALL failed: NAME"

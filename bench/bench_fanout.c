@@ -35,7 +35,6 @@
  * fan-out seconds, their ratio (the target is <= 1.3) and GB/s; the plain
  * one hop, chain and independent hops; the plain chain's ratio (what the
  * host alone allows) and the pull's ratio over it (what gshm adds). */
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -138,47 +137,6 @@ struct fan {
   bool timed; /* the iteration running counts (not the warm-up) */
 };
 
-/* Thread classes of a gshmd: its loop (the main thread), the data lanes'
- * receiving and sending threads (named by lane.c), the rest (libuv's
- * pool). */
-enum { THR_LOOP, THR_RX, THR_TX, THR_POOL, THR_N };
-static const char *const thr_name[THR_N] = {"loop", "lane-rx", "lane-tx", "pool"};
-
-/* Adds the user and system CPU seconds of each live thread of pid to
- * v[class][0 / 1] (/proc/PID/task/TID/stat fields 14 and 15). */
-static void thread_cpu(int pid, double v[THR_N][2]) {
-  char path[64];
-  DIR *d;
-  struct dirent *e;
-  double hz = (double)sysconf(_SC_CLK_TCK);
-
-  snprintf(path, sizeof(path), "/proc/%d/task", pid);
-  if (!(d = opendir(path)))
-    return;
-  while ((e = readdir(d))) {
-    char p2[96], buf[1024], *c;
-    unsigned long long ut, st;
-    int tid = atoi(e->d_name), k;
-    FILE *fp;
-    if (tid <= 0)
-      continue;
-    snprintf(p2, sizeof(p2), "/proc/%d/task/%d/stat", pid, tid);
-    if (!(fp = fopen(p2, "r")))
-      continue;
-    buf[0] = '\0';
-    if (!fgets(buf, sizeof(buf), fp))
-      buf[0] = '\0';
-    fclose(fp);
-    if (!(c = strrchr(buf, ')')) ||
-        sscanf(c + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-      continue;
-    k = tid == pid ? THR_LOOP : strstr(buf, "lane-rx") ? THR_RX : strstr(buf, "lane-tx") ? THR_TX
-                                                                                          : THR_POOL;
-    v[k][0] += (double)ut / hz;
-    v[k][1] += (double)st / hz;
-  }
-  closedir(d);
-}
 
 /* Adds each gshmd's CPU seconds since before[] (taken by cpu_mark) to
  * sum[]; before NULL: fills before[] instead. */
@@ -376,14 +334,14 @@ static int pull_one(struct fan *f, double *s_out) {
  * every byte of every copy checked: *s_out seconds. */
 static int pull_fan(struct fan *f, double *s_out) {
   struct hop hops[FAN_MAX + 1];
-  double c0[FAN_MAX + 1], t0[FAN_MAX + 1][THR_N][2], t1[FAN_MAX + 1][THR_N][2];
+  double c0[FAN_MAX + 1], t0[FAN_MAX + 1][BENCH_THR_N][2], t1[FAN_MAX + 1][BENCH_THR_N][2];
   int e = 0;
 
   memset(hops, 0, sizeof(hops));
   memset(t0, 0, sizeof(t0));
   memset(t1, 0, sizeof(t1));
   for (int i = 0; i < f->nodes; i++)
-    thread_cpu(f->sp[i].pid, t0[i]);
+    bench_thread_cpu(f->sp[i].pid, t0[i]);
   cpu_mark(f, c0, NULL);
   for (int i = 1; i < f->nodes; i++) {
     if (hop_start(f, &hops[i], i, "fan/"))
@@ -405,8 +363,8 @@ static int pull_fan(struct fan *f, double *s_out) {
   if (f->timed) {
     cpu_mark(f, c0, f->cpu_fan);
     for (int i = 0; i < f->nodes; i++) {
-      thread_cpu(f->sp[i].pid, t1[i]);
-      for (int k = 0; k < THR_N; k++)
+      bench_thread_cpu(f->sp[i].pid, t1[i]);
+      for (int k = 0; k < BENCH_THR_N; k++)
         for (int u = 0; u < 2; u++)
           f->thr_fan[i][k][u] += t1[i][k][u] - t0[i][k][u];
     }
@@ -497,8 +455,8 @@ static void report(const struct fan *f, const double m[T_N], double first, int i
   printf("  fan-out CPU s by thread, user + system (threads that ended are not counted):\n");
   for (int i = 0; i < f->nodes; i++) {
     printf("    n%d", i);
-    for (int k = 0; k < THR_N; k++)
-      printf("  %s %.3f + %.3f", thr_name[k], f->thr_fan[i][k][0] / iters,
+    for (int k = 0; k < BENCH_THR_N; k++)
+      printf("  %s %.3f + %.3f", bench_thr_name[k], f->thr_fan[i][k][0] / iters,
              f->thr_fan[i][k][1] / iters);
     printf("\n");
   }

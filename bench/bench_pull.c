@@ -417,6 +417,7 @@ int bench_pull_main(int argc, char **argv) {
     uint64_t size = o.sizes[i];
     double t[64], t_new[64], t_warm[64], med, gbs, tcp_new, tcp_warm, best, tag = -1, am = -1,
         mbs, lat, cpu_a = 0, cpu_b = 0, cpu_new = 0, cpu_warm = 0, c0, c1, c2, c3, t_first = 0;
+    double thr_a[BENCH_THR_N][2] = {{0}}, thr_b[BENCH_THR_N][2] = {{0}}; /* by thread, summed */
     long recycled0 = recycled_pulls(b);
     uint8_t *tsrc, *twarm;
     gshm_pull_result_t r;
@@ -440,6 +441,9 @@ int bench_pull_main(int argc, char **argv) {
       gshm_pull_opts_t po = {.local_name = "bench/dst",
                              .location = strncmp(o.to, "cuda", 4) ? NULL : o.to};
       double t0 = bench_now_s(), tn, tw, a0 = bench_cpu_s(A.pid), b0 = bench_cpu_s(B.pid);
+      double ta0[BENCH_THR_N][2] = {{0}}, tb0[BENCH_THR_N][2] = {{0}};
+      bench_thread_cpu(A.pid, ta0);
+      bench_thread_cpu(B.pid, tb0);
       if ((e = gshm_pull(b, "a", "bench/src", &po, &r))) {
         fprintf(stderr, "gshm-bench pull: %s (%s)\n", gshm_strerror(e), gshm_last_error(b));
         free(tsrc);
@@ -450,6 +454,13 @@ int bench_pull_main(int argc, char **argv) {
         t[k] = bench_now_s() - t0;
         cpu_a += bench_cpu_s(A.pid) - a0;
         cpu_b += bench_cpu_s(B.pid) - b0;
+        bench_thread_cpu(A.pid, thr_a);
+        bench_thread_cpu(B.pid, thr_b);
+        for (int k2 = 0; k2 < BENCH_THR_N; k2++)
+          for (int u = 0; u < 2; u++) {
+            thr_a[k2][u] -= ta0[k2][u];
+            thr_b[k2][u] -= tb0[k2][u];
+          }
       } else {
         t_first = bench_now_s() - t0;
       }
@@ -495,6 +506,13 @@ int bench_pull_main(int argc, char **argv) {
     c3 = (double)size * n / 1e9;
     printf("%8s CPU s/GB: pull %.2f (source %.2f, puller %.2f), TCPxK new %.2f, warm %.2f\n", "",
            (cpu_a + cpu_b) / c3, cpu_a / c3, cpu_b / c3, cpu_new / c3, cpu_warm / c3);
+    for (int side = 0; side < 2; side++) {
+      double (*v)[2] = side ? thr_b : thr_a;
+      printf("%8s %s by thread, user + system s/GB:", "", side ? "puller" : "source");
+      for (int k2 = 0; k2 < BENCH_THR_N; k2++)
+        printf("  %s %.3f + %.3f", bench_thr_name[k2], v[k2][0] / c3, v[k2][1] / c3);
+      printf("\n");
+    }
     if (o.recycle) /* the warm-up is the first pull of the size: new memory */
       printf("%8s first pull (new memory) %.2f GB/s (%.2f ms); the %d timed: %ld of them into "
              "recycled memory\n",

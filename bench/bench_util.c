@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers shared by gshm-bench's subcommands (bench.h). */
+#include <dirent.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/resource.h>
 #include <unistd.h>
 #include <stdlib.h>
@@ -45,4 +47,40 @@ double bench_cpu_s(int pid) {
     return -1;
   return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
          (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+const char *const bench_thr_name[BENCH_THR_N] = {"loop", "lane-rx", "lane-tx", "pool"};
+
+void bench_thread_cpu(int pid, double v[BENCH_THR_N][2]) {
+  char path[64];
+  DIR *d;
+  struct dirent *e;
+  double hz = (double)sysconf(_SC_CLK_TCK);
+
+  snprintf(path, sizeof(path), "/proc/%d/task", pid);
+  if (!(d = opendir(path)))
+    return;
+  while ((e = readdir(d))) {
+    char p2[96], buf[1024], *c;
+    unsigned long long ut, st;
+    int tid = atoi(e->d_name), k;
+    FILE *fp;
+    if (tid <= 0)
+      continue;
+    snprintf(p2, sizeof(p2), "/proc/%d/task/%d/stat", pid, tid);
+    if (!(fp = fopen(p2, "r")))
+      continue;
+    buf[0] = '\0';
+    if (!fgets(buf, sizeof(buf), fp))
+      buf[0] = '\0';
+    fclose(fp);
+    if (!(c = strrchr(buf, ')')) ||
+        sscanf(c + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+      continue;
+    k = tid == pid ? BENCH_THR_LOOP : strstr(buf, "lane-rx") ? BENCH_THR_RX : strstr(buf, "lane-tx") ? BENCH_THR_TX
+                                                                                          : BENCH_THR_POOL;
+    v[k][0] += (double)ut / hz;
+    v[k][1] += (double)st / hz;
+  }
+  closedir(d);
 }
