@@ -534,7 +534,9 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
 
   if (!fs || !fs->enabled)
     return;
-  if (fs->nremoves || fs->ndirty || fs->nunplaced)
+  /* (not during a publish: a dirty bucket rewritten now would store its
+   * new members before their publish's tag, as if complete) */
+  if (!fs->publishing && (fs->nremoves || fs->ndirty || fs->nunplaced))
     resend(fs);
   switch (event) {
   case GSHMD_IDS_USED:
