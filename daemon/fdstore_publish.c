@@ -6,7 +6,8 @@
  * record does it:
  *   - each record the publish writes carries the publish's id (its
  *     largest segment id: monotonic, never reused across restarts, since
- *     ids are reserved in the store before use) and its member count
+ *     the ids record or the journal reserves ids before a bucket carrying
+ *     them is written) and its member count
  *     (StateRecord.publish, publish_members);
  *   - once every bucket holds its current state (nothing dirty, nothing
  *     unplaced: each member's memory fd is in a sent datagram), the
