@@ -21,11 +21,11 @@
 
 #define RECORD_MAX (1u << 20) /* a stored record larger than this is refused */
 #define ID_BLOCK 4096         /* ids reserved per ids-<v> record */
-/* A StateRecord's largest encoding besides its name: 10 varint fields of
- * up to 10 bytes with their tags, the location (63 bytes) and a pulled
+/* A StateRecord's largest encoding besides its name: 12 varint fields of
+ * up to 10 bytes with their tags (publish and publish_members included), the location (63 bytes) and a pulled
  * segment's source (GSHM_SOURCE_MAX, 384), with tags and lengths, and the
  * StateBucket's tag and length around it. */
-#define RECORD_FIXED_MAX (10u * 11 + 2 + 66 + 387 + 8)
+#define RECORD_FIXED_MAX (12u * 11 + 2 + 66 + 387 + 8)
 
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
 
@@ -164,8 +164,11 @@ enum fdstore_kind gshmd__fdstore_parse_name(const char *name, uint64_t *id, uint
   return K_OTHER;
 }
 
-/* seg's current state as a StateRecord (strings borrowed from seg). */
-void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, Gshm__StateRecord *x) {
+/* seg's current state as a StateRecord (strings borrowed from seg); its
+ * publish only while above publish_done, the journal's mark (a record
+ * without one is complete whatever mark a later journal has). */
+void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, uint64_t publish_done,
+                                Gshm__StateRecord *x) {
   gshm__state_record__init(x);
   x->id = seg->id;
   x->generation = seg->generation;
@@ -181,6 +184,10 @@ void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, Gshm__StateReco
   x->unlinked = seg->unlinked;
   if (seg->source)
     x->source = seg->source;
+  if (seg->fs_publish > publish_done) {
+    x->publish = seg->fs_publish;
+    x->publish_members = seg->fs_publish_n;
+  }
 }
 
 /* A sealed memfd holding msg's encoding. */
@@ -316,7 +323,7 @@ static int bucket_write(struct gshmd_fdstore *fs, struct fdstore_bucket *b) {
   if (b->frozen)
     return -EBUSY;
   b->seq++;
-  len = gshmd__bucket_pack(b, b->seq, &buf);
+  len = gshmd__bucket_pack(b, b->seq, fs->publish_done, &buf);
   if (!buf)
     e = -ENOMEM;
   else if (!store_ends(fs, b))
@@ -527,22 +534,27 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
 
   if (!fs || !fs->enabled)
     return;
-  if (fs->nremoves || fs->ndirty || fs->nunplaced)
+  /* (not during a publish: a dirty bucket rewritten now would store its
+   * new members before their publish's tag, as if complete) */
+  if (!fs->publishing && (fs->nremoves || fs->ndirty || fs->nunplaced))
     resend(fs);
   switch (event) {
   case GSHMD_IDS_USED:
     reserve_ids(fs);
     break;
   case GSHMD_PUBLISH_BEGIN:
-    fs->publishing = true;
+    gshmd__publish_begin(fs);
     break;
   case GSHMD_PUBLISH_END:
     fs->publishing = false;
+    gshmd__publish_tag(fs);
     write_marked(fs);
     break;
   case GSHMD_SEGMENT_CREATED:
     reserve_ids(fs);
     gshmd__fdstore_place(fs, seg, !fs->publishing);
+    if (fs->publishing)
+      gshmd__publish_member(fs, seg);
     break;
   case GSHMD_SEGMENT_FREED:
     if (seg->fs_bucket)
@@ -555,6 +567,7 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
       bucket_write(fs, fs->buckets[seg->fs_bucket - 1]);
     break;
   }
+  gshmd__publish_commit(fs); /* (a publish's end, or the store caught up) */
   r->fdstore_pending = pending(fs);
 }
 
@@ -566,6 +579,7 @@ unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs) {
         !gshmd__fdstore_store_fd(fs, FDSTORE_JOURNAL_NAME, fs->journal_fd, false);
   resend(fs);
   reserve_ids(fs); /* an ids record owed: its limits were not raised */
+  gshmd__publish_commit(fs);
   if (fs->reg->fdstore_pending && !pending(fs))
     gshm_log_notice("fd store: caught up after %" PRIu64 " failed send(s)", fs->failed_sends);
   fs->reg->fdstore_pending = pending(fs);

@@ -15,6 +15,9 @@
  * (docs/ARCHITECTURE.md, "The fd store").  On start, what
  * sd_listen_fds_with_names() returns is adopted back before READY=1, also
  * from the one-fd-per-segment format of earlier releases (converted).
+ * A set published in one step (a pull's) spans buckets, but is all or
+ * nothing across a crash: its records are tagged with the publish, and
+ * the journal records which publishes are complete (fdstore_publish.c).
  * Without $NOTIFY_SOCKET (no service manager) all of this is skipped. */
 #ifndef GSHMD_FDSTORE_H
 #define GSHMD_FDSTORE_H
@@ -60,6 +63,16 @@ struct gshmd_fdstore {
   /* Between GSHMD_PUBLISH_BEGIN and _END: placements mark their buckets
    * (rewrite) instead of writing them, and END writes each once. */
   bool publishing;
+  /* fdstore_publish.c: the publish under way's members (between BEGIN
+   * and END; pub_untagged: its records carry no publish, for want of a
+   * journal or memory), the largest publish whose buckets were written,
+   * and the one the journal records every publish complete up to. */
+  struct gshmd_segment **pub;
+  uint32_t npub, pub_cap;
+  bool pub_untagged;
+  bool publish_failed;     /* the mark's last write failed (logged once) */
+  uint64_t publish_last, publish_done;
+  unsigned cut;            /* restore: segments of publishes cut short */
   /* The journal (fdstore_journal.c); -1 without a service manager. */
   int journal_fd;
   bool journal_stored;     /* its FDSTORE=1 went through */

@@ -46,9 +46,11 @@ struct fdstore_bucket *gshmd__bucket_new(uint32_t index) {
   return b;
 }
 
-/* b's members as a StateBucket of sequence seq, in *buf_out (malloc'ed;
- * NULL when out of memory).  Returns its length. */
-size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint8_t **buf_out) {
+/* b's members as a StateBucket of sequence seq (their publish tags only
+ * above publish_done), in *buf_out (malloc'ed; NULL when out of memory).
+ * Returns its length. */
+size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint64_t publish_done,
+                          uint8_t **buf_out) {
   Gshm__StateBucket t = GSHM__STATE_BUCKET__INIT;
   Gshm__StateRecord recs[FDSTORE_BUCKET_FDS], *precs[FDSTORE_BUCKET_FDS];
   size_t len;
@@ -57,7 +59,7 @@ size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint8_t 
   t.seq = seq;
   t.bucket = b->index;
   for (uint32_t i = 0; i < b->n; i++) {
-    gshmd__fdstore_fill_record(b->seg[i], &recs[i]);
+    gshmd__fdstore_fill_record(b->seg[i], publish_done, &recs[i]);
     precs[i] = &recs[i];
   }
   t.n_segments = b->n;
@@ -175,13 +177,6 @@ static int peek_valid(int end, uint32_t index, uint8_t *buf, size_t cap, struct 
   return -EBADMSG;
 }
 
-/* A segment to adopt: its record, its memory fd, and its bucket. */
-struct member {
-  const Gshm__StateRecord *rec;
-  int *fd;
-  struct fdstore_bucket *b;
-};
-
 /* One bucket's ends handed back, and what was read from them. */
 struct found {
   uint32_t index;
@@ -198,7 +193,7 @@ static int cmp_found(const void *a, const void *b) {
 }
 
 static int cmp_member(const void *a, const void *b) {
-  const struct member *x = a, *y = b;
+  const struct fdstore_member *x = a, *y = b;
   return x->rec->id < y->rec->id ? -1 : x->rec->id > y->rec->id;
 }
 
@@ -334,10 +329,11 @@ static struct fdstore_bucket *keep_bucket(struct gshmd_fdstore *fs, int *fds, ch
 
 /* Adopts every member of the buckets found, in id order (the registry's
  * list is kept in id order: O(1) per segment that way), into the buckets
- * they came from (or, for a bucket that lost an end, into new ones). */
+ * they came from (or, for a bucket that lost an end, into new ones);
+ * but none of a set whose publish a stop cut short (fdstore_publish.c). */
 static int adopt_members(struct gshmd_fdstore *fs, struct found *f, int nf,
                          struct fdstore_bucket **kept) {
-  struct member *m;
+  struct fdstore_member *m;
   size_t nm = 0, total = 0;
 
   for (int i = 0; i < nf; i++)
@@ -346,7 +342,8 @@ static int adopt_members(struct gshmd_fdstore *fs, struct found *f, int nf,
     return -ENOMEM;
   for (int i = 0; i < nf; i++)
     for (size_t k = 0; f[i].use && k < f[i].use->n_segments; k++)
-      m[nm++] = (struct member){f[i].use->segments[k], fd_of(&f[i], k), kept[i]};
+      m[nm++] = (struct fdstore_member){f[i].use->segments[k], fd_of(&f[i], k), kept[i]};
+  nm = gshmd__publish_filter(fs, m, nm);
   qsort(m, nm, sizeof(*m), cmp_member);
   for (size_t i = 0; i < nm; i++) {
     struct gshmd_segment *seg;
@@ -357,6 +354,7 @@ static int adopt_members(struct gshmd_fdstore *fs, struct found *f, int nf,
       fs->dropped++;
     } else if (gshmd__fdstore_adopt(fs, m[i].rec, m[i].fd) == 0) {
       seg = gshmd_registry_find_id(fs->reg, m[i].rec->id);
+      gshmd__publish_adopted(fs, m[i].rec, seg);
       if (b && b->n < FDSTORE_BUCKET_FDS) {
         seg->fs_bucket = b->index + 1;
         seg->fs_slot = b->n;

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* What the fd store's files share (fdstore.c: events, placement, stored
  * names; fdstore_bucket.c: the datagrams; fdstore_journal.c: the journal;
- * fdstore_legacy.c: restoring the one-fd-per-segment format).  Not for
+ * fdstore_publish.c: a publish all or nothing; fdstore_legacy.c:
+ * restoring the one-fd-per-segment format).  Not for
  * the rest of gshmd: fdstore.h is the interface. */
 #ifndef GSHMD_FDSTORE_INTERNAL_H
 #define GSHMD_FDSTORE_INTERNAL_H
@@ -67,7 +68,8 @@ void gshmd__fdstore_count_failure(struct gshmd_fdstore *fs, const char *what, in
 int gshmd__fdstore_store_fd(struct gshmd_fdstore *fs, const char *name, int fd, bool nopoll);
 void gshmd__fdstore_remove(struct gshmd_fdstore *fs, const char *name);
 int gshmd__fdstore_retire(struct gshmd_fdstore *fs, const char *name);
-void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, Gshm__StateRecord *x);
+void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, uint64_t publish_done,
+                                Gshm__StateRecord *x);
 int gshmd__fdstore_adopt(struct gshmd_fdstore *fs, const Gshm__StateRecord *rec, int *fd);
 int gshmd__fdstore_place(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bool write);
 void gshmd__fdstore_settle(struct gshmd_fdstore *fs);
@@ -77,7 +79,8 @@ ssize_t gshmd__fdstore_read_record(int fd, uint8_t **buf_out);
 /* fdstore_bucket.c */
 struct fdstore_bucket *gshmd__bucket_new(uint32_t index);
 int gshmd__bucket_send(struct fdstore_bucket *b, const uint8_t *payload, size_t len);
-size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint8_t **buf_out);
+size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint64_t publish_done,
+                          uint8_t **buf_out);
 int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
 
 /* fdstore_journal.c */
@@ -88,6 +91,24 @@ int gshmd__journal_put(struct gshmd_fdstore *fs, struct fdstore_bucket *b, const
 int gshmd__journal_clear(struct gshmd_fdstore *fs, struct fdstore_bucket *b);
 Gshm__StateBucket *gshmd__journal_get(struct gshmd_fdstore *fs, uint32_t index);
 int gshmd__journal_put_ids(struct gshmd_fdstore *fs);
+
+int gshmd__journal_put_publish(struct gshmd_fdstore *fs, uint64_t publish);
+
+/* fdstore_publish.c */
+/* A record to adopt at restore: its record, its memory fd (NULL or -1:
+ * not handed back), and the bucket it came from (NULL: it moves). */
+struct fdstore_member {
+  const Gshm__StateRecord *rec;
+  int *fd;
+  struct fdstore_bucket *b;
+};
+void gshmd__publish_begin(struct gshmd_fdstore *fs);
+void gshmd__publish_member(struct gshmd_fdstore *fs, struct gshmd_segment *seg);
+void gshmd__publish_tag(struct gshmd_fdstore *fs);
+void gshmd__publish_commit(struct gshmd_fdstore *fs);
+size_t gshmd__publish_filter(struct gshmd_fdstore *fs, struct fdstore_member *m, size_t n);
+void gshmd__publish_adopted(struct gshmd_fdstore *fs, const Gshm__StateRecord *rec,
+                            struct gshmd_segment *seg);
 
 /* fdstore_legacy.c */
 int gshmd__legacy_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);

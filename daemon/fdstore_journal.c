@@ -9,7 +9,9 @@
  *     the one with the lower seq is rewritten (its contents, then its
  *     16-byte header), so the other, newer one stays whole whatever a
  *     SIGKILL tears; restore takes the newest of the datagrams and copies;
- *   - in its first page, the ids handed out past the stored ids record.
+ *   - in its first page, the ids handed out past the stored ids record,
+ *     and the publish every one up to which is complete (fdstore_publish.c;
+ *     0 in a journal of a gshmd before sets were atomic: none is).
  * One bucket per request: O(1) whatever the number of segments or how far
  * behind the store is.  A header write within one page of a tmpfs file is
  * copied whole (a SIGKILL cannot tear it); longer writes can be torn,
@@ -39,6 +41,7 @@ struct journal_head {
   uint32_t slot;   /* bytes per copy */
   uint64_t ids_valid; /* 1: the ids below count */
   uint64_t next_segment_id, next_generation, next_lease_id, next_session_id;
+  uint64_t publish_done; /* every publish up to this one is complete */
 };
 static const char journal_magic[8] = {'G', 'S', 'H', 'M', 'J', 'R', 'N', '2'};
 
@@ -59,8 +62,12 @@ static int pwrite_all(int fd, const void *buf, size_t len, off_t off) {
   return (size_t)k == len ? 0 : -EIO;
 }
 
-static int write_head(struct gshmd_fdstore *fs, bool ids) {
-  struct journal_head h = {.version = JOURNAL_VERSION, .slot = SLOT, .ids_valid = ids};
+/* The header (64 bytes at offset 0: within one page, never torn), with the
+ * ids handed out when fs->journal_ids and the publish mark publish_done. */
+static int write_head(struct gshmd_fdstore *fs, uint64_t publish_done) {
+  bool ids = fs->journal_ids;
+  struct journal_head h = {.version = JOURNAL_VERSION, .slot = SLOT, .ids_valid = ids,
+                           .publish_done = publish_done};
   memcpy(h.magic, journal_magic, sizeof(h.magic));
   if (ids) {
     h.next_segment_id = fs->reg->next_segment_id;
@@ -82,7 +89,7 @@ int gshmd__journal_create(struct gshmd_fdstore *fs) {
   if (ftruncate(fd, HEAD) < 0 || fallocate(fd, 0, 0, HEAD) < 0)
     e = -errno;
   else
-    e = write_head(fs, false);
+    e = write_head(fs, fs->publish_done);
   if (e) {
     close(fd);
     fs->journal_fd = -1;
@@ -112,6 +119,7 @@ bool gshmd__journal_adopt(struct gshmd_fdstore *fs, int fd) {
   fs->journal_nslots = (uint32_t)(((uint64_t)st.st_size - HEAD) / (2 * SLOT));
   if (fs->journal_nslots > MAX_SLOTS)
     fs->journal_nslots = MAX_SLOTS;
+  fs->publish_done = h.publish_done;
   if (h.ids_valid) {
     Gshm__StateTable t = GSHM__STATE_TABLE__INIT;
     t.next_segment_id = h.next_segment_id;
@@ -211,5 +219,13 @@ int gshmd__journal_put_ids(struct gshmd_fdstore *fs) {
   if (fs->journal_fd < 0)
     return -EBADF;
   fs->journal_ids = true;
-  return write_head(fs, true);
+  return write_head(fs, fs->publish_done);
+}
+
+/* Records every publish up to publish complete (the header's mark).
+ * Returns 0 or a negative errno (-EBADF: no journal). */
+int gshmd__journal_put_publish(struct gshmd_fdstore *fs, uint64_t publish) {
+  if (fs->journal_fd < 0)
+    return -EBADF;
+  return write_head(fs, publish);
 }

@@ -225,6 +225,10 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
       gshm_log_notice("fd store: %u segment(s) restored (%u from the one-fd-per-segment "
                       "format), %u lost",
                       fs->restored, fs->converted, fs->dropped);
+    if (fs->cut)
+      gshm_log_notice("fd store: %u segment(s) of sets whose publish a stop cut short "
+                      "dropped",
+                      fs->cut);
     if (fs->from_journal)
       gshm_log_notice("fd store: the store was behind at the stop; %u bucket(s) taken from "
                       "the journal",
@@ -268,6 +272,9 @@ void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
   free(fs->dirty);
   free(fs->removes);
   free(fs->retire);
+  free(fs->pub);
+  fs->pub = NULL;
+  fs->npub = fs->pub_cap = 0;
   fs->buckets = NULL;
   fs->open = fs->dirty = NULL;
   fs->removes = fs->retire = NULL;

@@ -103,7 +103,7 @@
   X(limits, max_segments, U32, max_segments, "65536", 1, 16777216, NULL,        \
     "Most segments at once (all users). Every segment survives a restart in "  \
     "systemd's fd store, in buckets of up to 253 (2 fds each); at most "        \
-    "2139504 at max_name 255, beyond which LISTEN_FDNAMES could not be handed " \
+    "2084172 at max_name 255, beyond which LISTEN_FDNAMES could not be handed " \
     "back and gshmd refuses to start. RLIMIT_NOFILE must exceed it: the "       \
     "buckets' fds count as in flight.")                                         \
   X(limits, max_fds_per_connection, U32, max_fds_per_connection, "0", 0, 253,   \

@@ -39,6 +39,11 @@ struct gshmd_segment {
   struct gshm_list node;     /* registry.segments, id order */
   uint32_t fs_bucket;        /* fd store: its bucket's number + 1; 0: none */
   uint32_t fs_slot;          /* fd store: its place in that bucket */
+  /* fd store: the publish that named it (its largest id; 0: none) and
+   * that publish's stored members, kept in its records until the store
+   * has recorded the publish complete (StateRecord.publish). */
+  uint64_t fs_publish;
+  uint32_t fs_publish_n;
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
   void *cluster_export;      /* daemon/cluster/serve.c: its UCX registration, if served */
   /* Hidden (gshmd_registry_create_hidden) until published.  unlinked on

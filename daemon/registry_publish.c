@@ -165,8 +165,8 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
                   seg->id, gshm__format_size(seg->mem->size, sz, sizeof(sz)), seg->mem->location,
                   seg->mode, (unsigned)seg->uid, old[i] ? " (replaces the old one)" : "");
   }
-  /* The fd store learns of the new segments before the old ones go: a
-   * crash in between restores the newer of two that share a name. */
+  /* The fd store learns of the new segments before the old ones go, as
+   * one publish: all or nothing across a crash (fdstore_publish.c). */
   if (r->on_event) {
     r->on_event(r, NULL, GSHMD_PUBLISH_BEGIN);
     for (size_t i = 0; i < n; i++)

@@ -421,6 +421,96 @@ static void test_fdnames_fit_at_max_segments(void **state) {
   assert_true(f->cfg.max_segments <= limits[1]);
 }
 
+/* A journal2 as gshmd writes one, empty but for its header's publish
+ * mark: every publish up to `done` complete. */
+static int journal2(uint64_t done) {
+  struct {
+    char magic[8];
+    uint32_t version, slot;
+    uint64_t ids_valid, ids[4], publish_done;
+  } h = {{'G', 'S', 'H', 'M', 'J', 'R', 'N', '2'}, 2, (192u << 10) + 4096u, 0, {0}, done};
+  int fd = memfd_create("journal2", MFD_CLOEXEC);
+  assert_true(fd >= 0 && ftruncate(fd, 4096) == 0 &&
+              pwrite(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h));
+  return fd;
+}
+
+/* Bucket 0 holding recs[0..n) (with a journal2 of mark `done` unless 0),
+ * restored. */
+static void restore_bucket(struct fixture *f, Gshm__StateRecord *recs, size_t n, uint64_t done) {
+  int sv[2];
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  queue_bucket(sv[1], 1, recs, n);
+  put(&f->st, "b0a", sv[0]);
+  put(&f->st, "b0b", sv[1]);
+  if (done)
+    put(&f->st, "journal2", journal2(done));
+  restore(f);
+}
+
+static Gshm__StateRecord member(uint64_t id, const char *name, uint64_t publish, uint32_t n) {
+  Gshm__StateRecord r = record(id, name, 0600, false);
+  r.publish = publish;
+  r.publish_members = n;
+  return r;
+}
+
+/* A publish of 3 of which 2 came back (the third was in a bucket whose
+ * write a crash prevented): none is restored; a segment of no publish
+ * is. */
+static void test_publish_cut_short_is_dropped(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[3] = {member(5, "s/a", 7, 3), record(2, "x", 0600, false),
+                            member(6, "s/b", 7, 3)};
+
+  restore_bucket(f, r, 3, 0);
+  assert_int_equal(f->fs.restored, 1);
+  assert_int_equal(f->fs.cut, 2);
+  assert_non_null(gshmd_registry_find_name(&f->reg, "x"));
+  assert_null(gshmd_registry_find_name(&f->reg, "s/a"));
+  assert_null(gshmd_registry_find_id(&f->reg, 6));
+  assert_true(f->fs.publish_last == 7); /* the mark passes it once the store has the rest */
+}
+
+/* Every member back: restored, and each keeps its publish's tag until the
+ * journal's mark passes it. */
+static void test_publish_whole_is_kept(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {member(6, "s/a", 7, 2), member(7, "s/b", 7, 2)};
+
+  restore_bucket(f, r, 2, 0);
+  assert_int_equal(f->fs.restored, 2);
+  assert_int_equal(f->fs.cut, 0);
+  assert_true(gshmd_registry_find_name(&f->reg, "s/b")->fs_publish == 7);
+}
+
+/* At or below the journal's mark a publish is complete: a member freed
+ * since (2 of 3 here) takes nothing with it, and the tags go. */
+static void test_publish_below_the_mark_is_kept(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {member(5, "s/a", 7, 3), member(7, "s/c", 7, 3)};
+
+  restore_bucket(f, r, 2, 7);
+  assert_true(f->fs.publish_done == 7);
+  assert_int_equal(f->fs.restored, 2);
+  assert_true(gshmd_registry_find_name(&f->reg, "s/a")->fs_publish == 0);
+}
+
+/* A --replace cut short: the new segment of the name (id 9, of a publish
+ * of 2 whose other record never reached the store) is dropped, and the
+ * old one (id 1) keeps the name, linked. */
+static void test_publish_replace_cut_short_keeps_the_old(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {record(1, "s/a", 0600, false), member(9, "s/a", 10, 2)};
+  struct gshmd_segment *seg;
+
+  restore_bucket(f, r, 2, 0);
+  assert_int_equal(f->fs.restored, 1);
+  assert_non_null(seg = gshmd_registry_find_name(&f->reg, "s/a"));
+  assert_true(seg->id == 1 && !seg->unlinked);
+  assert_null(gshmd_registry_find_id(&f->reg, 9));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_stale_journal_record_loses, setup, teardown),
@@ -434,6 +524,11 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_bucket_unreadable_is_left_queued, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fdnames_fit_at_max_segments, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_publish_cut_short_is_dropped, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_publish_whole_is_kept, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_publish_below_the_mark_is_kept, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_publish_replace_cut_short_keeps_the_old, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

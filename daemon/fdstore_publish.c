@@ -1,0 +1,171 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A set published in one step (gshmd_registry_publish: a pull's set) is
+ * all or nothing across a crash, although its records span several
+ * buckets, each one datagram sent on its own (a bucket holds at most 253
+ * segments; a 398-tensor model takes two).  Two-phase, as a commit
+ * record does it:
+ *   - each record the publish writes carries the publish's id (its
+ *     largest segment id: monotonic, never reused across restarts, since
+ *     the ids record or the journal reserves ids before a bucket carrying
+ *     them is written) and its member count
+ *     (StateRecord.publish, publish_members);
+ *   - once every bucket holds its current state (nothing dirty, nothing
+ *     unplaced: each member's memory fd is in a sent datagram), the
+ *     journal's first page records "every publish up to P is complete",
+ *     one pwrite within one page, which a SIGKILL cannot tear.
+ * Restore keeps a record of a publish above that mark only when every
+ * member of its publish came back with its memory; otherwise none of
+ * them is adopted (fds closed, buckets rewritten without them).  Records
+ * at or below the mark are adopted as any other, so a member unlinked
+ * after the publish never takes the rest with it.  A journal's copy of a
+ * bucket does not count: it carries no fds.
+ *
+ * Why a mark after the writes rather than an intent before them: any
+ * number of publishes may wait while the store is behind (a failed
+ * send), and one number covers them all; an intent would need a list of
+ * id ranges of unbounded length in a page that must be written whole. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fdstore_internal.h"
+#include "log.h"
+#include "registry.h"
+
+/* GSHMD_PUBLISH_BEGIN.  Without a stored journal there is nowhere to
+ * record a publish complete: its records stay untagged (as before sets
+ * were atomic), never dropped later for a member unlinked. */
+void gshmd__publish_begin(struct gshmd_fdstore *fs) {
+  fs->publishing = true;
+  fs->npub = 0;
+  fs->pub_untagged = fs->journal_fd < 0 || !fs->journal_stored;
+}
+
+/* A GSHMD_SEGMENT_CREATED of the publish under way, after its placement:
+ * seg counts when it is in a bucket or owed a place (one whose memory
+ * cannot be stored at all never comes back, and is not waited for). */
+void gshmd__publish_member(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+  if (fs->pub_untagged || (!seg->fs_bucket && !seg->fs_slot))
+    return;
+  if (fs->npub == fs->pub_cap) {
+    uint32_t cap = fs->pub_cap ? 2 * fs->pub_cap : 256;
+    struct gshmd_segment **n = realloc(fs->pub, cap * sizeof(*n));
+    if (!n) {
+      gshm_log_err("fd store: out of memory; a crash during this publish may bring back "
+                   "part of its set");
+      fs->pub_untagged = true;
+      return;
+    }
+    fs->pub = n;
+    fs->pub_cap = cap;
+  }
+  fs->pub[fs->npub++] = seg;
+}
+
+/* GSHMD_PUBLISH_END, before its buckets are written: its members' records
+ * are tagged. */
+void gshmd__publish_tag(struct gshmd_fdstore *fs) {
+  uint64_t p = 0;
+
+  for (uint32_t i = 0; !fs->pub_untagged && i < fs->npub; i++)
+    if (fs->pub[i]->id > p)
+      p = fs->pub[i]->id;
+  for (uint32_t i = 0; p && i < fs->npub; i++) {
+    fs->pub[i]->fs_publish = p;
+    fs->pub[i]->fs_publish_n = fs->npub;
+  }
+  if (p > fs->publish_last)
+    fs->publish_last = p;
+  fs->npub = 0;
+}
+
+/* Records every publish up to publish_last complete, once the store holds
+ * all of them (called after each event and resend: O(1) when nothing is
+ * to record). */
+void gshmd__publish_commit(struct gshmd_fdstore *fs) {
+  int e;
+
+  if (fs->publish_last <= fs->publish_done || fs->ndirty || fs->nunplaced ||
+      fs->journal_fd < 0 || fs->publishing)
+    return;
+  if ((e = gshmd__journal_put_publish(fs, fs->publish_last))) {
+    if (!fs->publish_failed)
+      gshm_log_err("fd store: cannot record a publish complete in the journal (%s); a crash "
+                   "now drops its set if a member was freed since",
+                   strerror(-e));
+    fs->publish_failed = true;
+    return;
+  }
+  fs->publish_failed = false;
+  fs->publish_done = fs->publish_last;
+}
+
+static int cmp_publish(const void *a, const void *b) {
+  const Gshm__StateRecord *x = ((const struct fdstore_member *)a)->rec;
+  const Gshm__StateRecord *y = ((const struct fdstore_member *)b)->rec;
+  if (x->publish != y->publish)
+    return x->publish < y->publish ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Whether m[0..n) (one publish's records, by id) are all its members,
+ * each with its memory. */
+static bool whole(const struct fdstore_member *m, size_t n) {
+  uint32_t want = m[0].rec->publish_members;
+  size_t have = 0;
+
+  for (size_t i = 0; i < n; i++) {
+    if (m[i].rec->publish_members != want || m[i].rec->id > m[i].rec->publish)
+      return false;
+    if (i && m[i].rec->id == m[i - 1].rec->id)
+      continue; /* (in two buckets: adopt_members drops the second) */
+    if (m[i].fd && *m[i].fd >= 0)
+      have++;
+  }
+  return want && have == want;
+}
+
+/* Restore, before any adoption: the records of m[0..n) whose publish is
+ * above the journal's mark and did not come back whole are taken out (their
+ * buckets marked for a rewrite without them; their fds are closed with
+ * the datagrams'), logged, counted in fs->cut; the mark is then due to
+ * pass every publish seen, once the store holds the rewrites.  m is
+ * reordered.  Returns how many remain, first in m. */
+size_t gshmd__publish_filter(struct gshmd_fdstore *fs, struct fdstore_member *m, size_t n) {
+  size_t kept = 0;
+
+  qsort(m, n, sizeof(*m), cmp_publish);
+  for (size_t i = 0, j; i < n; i = j) {
+    uint64_t p = m[i].rec->publish;
+    for (j = i + 1; j < n && m[j].rec->publish == p; j++)
+      ;
+    if (p > fs->publish_last)
+      fs->publish_last = p;
+    if (p <= fs->publish_done || whole(m + i, j - i)) {
+      memmove(m + kept, m + i, (j - i) * sizeof(*m));
+      kept += j - i;
+      continue;
+    }
+    gshm_log_warn("fd store: a set of %" PRIu32 " segment(s) (ids up to %" PRIu64
+                  ") was cut short by a stop during its publish: %zu came back; none is "
+                  "restored",
+                  m[i].rec->publish_members, p, j - i);
+    for (size_t k = i; k < j; k++)
+      if (m[k].b)
+        m[k].b->rewrite = true;
+    fs->cut += (unsigned)(j - i);
+  }
+  return kept;
+}
+
+/* Restore: seg was adopted from rec; it keeps its publish's tag while the
+ * journal's mark is below it (a rewrite of its bucket must not make it
+ * look complete). */
+void gshmd__publish_adopted(struct gshmd_fdstore *fs, const Gshm__StateRecord *rec,
+                            struct gshmd_segment *seg) {
+  if (rec->publish > fs->publish_done) {
+    seg->fs_publish = rec->publish;
+    seg->fs_publish_n = rec->publish_members;
+  }
+}
