@@ -179,10 +179,12 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
     old[i]->unlinked = true; /* its name node is the new segment's now */
     gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain)", old[i]->name,
                   old[i]->id, old[i]->nleases);
-    if (old[i]->nleases && r->on_event)
-      r->on_event(r, old[i], GSHMD_SEGMENT_UNLINKED);
-    if (old[i]->nleases == 0)
-      gshmd__reg_segment_free(r, old[i], true);
+    /* as an unlink: one restored through the fd store is kept (and
+     * never punched) until the grace period ends, for a holder that has
+     * not reconnected yet */
+    if ((old[i]->nleases == 0 && gshmd__reg_segment_release(r, old[i])) || !r->on_event)
+      continue;
+    r->on_event(r, old[i], GSHMD_SEGMENT_UNLINKED);
   }
   free(old);
   return 0;

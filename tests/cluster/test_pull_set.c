@@ -390,6 +390,51 @@ static void test_set_pages(void **state) {
   gshm_disconnect(b);
 }
 
+/* --replace during the grace period after a restart: the replaced
+ * segment came back through the fd store and its holder has not
+ * reconnected yet (nothing tells gshmd it still maps it).  The holder's
+ * mapping keeps the old bytes: the replaced segment is kept, unlinked,
+ * until the grace period ends, never punched out (it was, with
+ * discard, before: the holder read zeros), and the new one has the new
+ * bytes. */
+static void test_replace_in_grace(void **state) {
+  const uint64_t size = 1 * MiB;
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *holder = connect_to(&B);
+  gshm_pull_opts_t po = {.local_name = "grace/"};
+  gshm_pull_result_t *v = NULL;
+  gshm_segment_t *old;
+  uint8_t *want = malloc(size);
+  size_t n = 0;
+  void *p;
+  (void)state;
+
+  assert_non_null(want);
+  make_segment(a, "pub/grace/x", size, 700);
+  assert_int_equal(gshm_pull_prefix(b, "a", "pub/grace/", &po, &v, &n), 0);
+  gshm_free(v);
+  assert_int_equal(gshm_open(holder, "grace/x", GSHM_ACCESS_READ, &old), 0);
+  assert_int_equal(gshm_map(old, NULL, 0, &p), 0);
+  gshm_disconnect(b);
+  /* the holder makes no call until the end: it has not reconnected */
+  assert_int_equal(harness_restart(&B.h, SIGKILL, B.argv), 0);
+  assert_int_equal(gshm_unlink(a, "pub/grace/x"), 0);
+  make_segment(a, "pub/grace/x", size, 701);
+  b = connect_to(&B);
+  po.replace = 1;
+  assert_int_equal(gshm_pull_prefix(b, "a", "pub/grace/", &po, &v, &n), 0);
+  gshm_free(v);
+  check_segment(b, "grace/x", size, 701);
+  harness_random(want, size, 700);
+  assert_int_equal(memcmp(p, want, size), 0);
+  gshm_close(old); /* (reconnects, re-takes the unlinked lease, ends it) */
+  free(want);
+  assert_int_equal(gshm_unlink(b, "grace/x"), 0);
+  assert_int_equal(gshm_unlink(a, "pub/grace/x"), 0);
+  gshm_disconnect(holder);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 static void kill_node(void *arg) { kill(((struct node *)arg)->h.sp.pid, SIGKILL); }
 
 /* A serving node (k) that caps staged grants: the set waits for them.
@@ -493,6 +538,7 @@ int main(void) {
       cmocka_unit_test(test_set_all_at_once),
       cmocka_unit_test(test_replace),
       cmocka_unit_test(test_set_pages),
+      cmocka_unit_test(test_replace_in_grace),
       cmocka_unit_test(test_set_peer_killed),
       cmocka_unit_test(test_set_over_limit),
   };
