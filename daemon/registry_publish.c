@@ -179,9 +179,7 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
     old[i]->unlinked = true; /* its name node is the new segment's now */
     gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain)", old[i]->name,
                   old[i]->id, old[i]->nleases);
-    /* as an unlink: one restored through the fd store is kept (and
-     * never punched) until the grace period ends, for a holder that has
-     * not reconnected yet */
+    /* as an unlink (restored ones kept through the grace period) */
     if ((old[i]->nleases == 0 && gshmd__reg_segment_release(r, old[i])) || !r->on_event)
       continue;
     r->on_event(r, old[i], GSHMD_SEGMENT_UNLINKED);
