@@ -133,7 +133,9 @@ struct fan {
    * iterations, summed: during one pull, during the fan-out */
   double cpu_one[FAN_MAX + 1], cpu_fan[FAN_MAX + 1];
   /* the fan-out's, by thread: [node][class][user, system] */
-  double thr_fan[FAN_MAX + 1][4][2];
+  double thr_fan[FAN_MAX + 1][BENCH_THR_N][2];
+  /* each hop's start and end, seconds after the first hop's start, summed */
+  double hop_start[FAN_MAX + 1], hop_end[FAN_MAX + 1];
   bool timed; /* the iteration running counts (not the warm-up) */
 };
 
@@ -362,6 +364,10 @@ static int pull_fan(struct fan *f, double *s_out) {
   }
   if (f->timed) {
     cpu_mark(f, c0, f->cpu_fan);
+    for (int i = 1; i < f->nodes; i++) {
+      f->hop_start[i] += hops[i].t0 - hops[1].t0;
+      f->hop_end[i] += hops[i].t1 - hops[1].t0;
+    }
     for (int i = 0; i < f->nodes; i++) {
       bench_thread_cpu(f->sp[i].pid, t1[i]);
       for (int k = 0; k < BENCH_THR_N; k++)
@@ -452,6 +458,11 @@ static void report(const struct fan *f, const double m[T_N], double first, int i
     printf("  n%d %.0f%%", i, 100 * f->cpu_fan[i] / iters / (m[T_FAN] * f->o->cpus_per_node));
   if (f->o->cpus_per_node)
     printf("\n");
+  printf("  each hop, from the first hop's start (mean s): ");
+  for (int i = 1; i < f->nodes; i++)
+    printf("%sn%d started %.3f, done %.3f", i > 1 ? "; " : "", i, f->hop_start[i] / iters,
+           f->hop_end[i] / iters);
+  printf("\n");
   printf("  fan-out CPU s by thread, user + system (threads that ended are not counted):\n");
   for (int i = 0; i < f->nodes; i++) {
     printf("    n%d", i);
