@@ -11,12 +11,16 @@
  *   byte is read (a listed GPU segment is made a few a loop turn after its
  *   listing, or at its grant, from the grant's word: the listing's must
  *   be checked before);
+ * - with daemon.host_populate = true, the listed host segments' pages are
+ *   not allocated at their listing either (the old code fallocate'd every
+ *   listed byte before any grant, whatever prefault's cap);
  * - a node stopped (SIGTERM) just after such a listing, its pieces on
  *   the thread pool, tells the requester "gshmd is stopping" and exits
  *   clean.
  * Each failed set leaves nothing (no segment, hidden or not, no bytes). */
 #include <errno.h>
 #include <pthread.h>
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -25,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -204,6 +209,94 @@ static void test_prefault_capped(void **state) {
   gshm_disconnect(p);
 }
 
+/* Bytes of memory allocated to the memfds of pulls (fresh or recycled)
+ * that gshmd pid holds: their blocks, whoever maps them. */
+static uint64_t pull_memfd_bytes(pid_t pid) {
+  char dir[64], path[320], target[256];
+  uint64_t sum = 0;
+  struct dirent *d;
+  DIR *dp;
+
+  snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+  assert_non_null(dp = opendir(dir));
+  while ((d = readdir(dp))) {
+    struct stat st;
+    ssize_t n;
+    snprintf(path, sizeof(path), "%s/%s", dir, d->d_name);
+    if ((n = readlink(path, target, sizeof(target) - 1)) <= 0)
+      continue;
+    target[n] = '\0';
+    if (strstr(target, "memfd:gshm:pull") && stat(path, &st) == 0)
+      sum += (uint64_t)st.st_blocks * 512;
+  }
+  closedir(dp);
+  return sum;
+}
+
+/* With daemon.host_populate = true, a peer lists LISTED host segments (1
+ * GiB) and answers none of their grant requests: their memory is not
+ * allocated before the bytes come (prefault off: none of it; the old
+ * code fallocate'd all of it at the listing), and the set fails clean. */
+static void test_populate_listed(void **state) {
+  static struct bg bg;
+  static struct node Q;
+  struct rogue rq;
+  char peers[64];
+  uint8_t rkey[32];
+  uint32_t held[LISTED];
+  unsigned nheld = 0;
+  uint64_t most = 0;
+  int port, qlfd;
+  int64_t end;
+  gshm_client_t *q;
+  (void)state;
+
+  rogue_key(keys.key, rkey);
+  assert_true((qlfd = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d", port);
+  node_start(&Q, "q", peers, keys.key, "", "daemon.host_populate=true", "cluster.prefault=off",
+             NULL);
+  memset(&rq, 0, sizeof(rq));
+  assert_int_equal(rogue_accept(&rq, qlfd, "rs", rkey), 0);
+  bg_start(&bg, Q.h.socket_path, NULL);
+  /* listed at once; its grants held for 3 s (a set's host segments are
+   * made at its listing) */
+  end = now_ms() + 3000;
+  while (now_ms() < end) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rq, 20);
+    uint64_t b;
+    assert_false(rq.failed);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST)
+      send_listing(&rq, m->request_id, LISTED, LISTED_SIZE, "host");
+    else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST && nheld < LISTED)
+      held[nheld++] = m->request_id;
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    if ((b = pull_memfd_bytes(Q.h.sp.pid)) > most)
+      most = b;
+  }
+  printf("populate on, listed %llu MiB of host segments, no grant: %llu MiB allocated\n",
+         (unsigned long long)(LISTED * LISTED_SIZE >> 20), (unsigned long long)(most >> 20));
+  assert_int_equal(nheld, LISTED); /* (the set was listed) */
+  assert_true(most < 4 * MiB);
+  while (nheld)
+    rogue_send_status(&rq, held[--nheld], 2, "the rogue sends no bytes");
+  while (!bg.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rq, 20);
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  printf("the set: %d %s\n", bg.err, bg.msg);
+  assert_int_equal(bg.err, -EINVAL);
+  q = connect_to(&Q);
+  assert_nothing_left(q, "pub/s0");
+  gshm_disconnect(q);
+  assert_int_equal(harness_stop(&Q.h), 0);
+  rogue_close(&rq);
+  close(qlfd);
+}
+
 /* A peer lists one 4 KiB segment at `listed` and grants it at `granted`
  * (the set asks for location `location`): -ESTALE before a byte is read. */
 static void grant_elsewhere(gshm_client_t *p, const char *listed, const char *granted,
@@ -292,6 +385,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefault_capped),
       cmocka_unit_test(test_grant_elsewhere),
+      cmocka_unit_test(test_populate_listed),
       cmocka_unit_test(test_stop_mid_prefault),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
