@@ -66,6 +66,10 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl);
 /* ---- local requests (the daemon's request dispatch calls these) ---- */
 
 #define GSHMD_PEERS_WAIT_MS 1000 /* PEERS waits this long at most for peers' counts */
+/* PEERS whose count requests are in flight, all clients: one more is
+ * answered at once with the counts last known (PEERS needs no right, and
+ * each asks every up peer) */
+#define GSHMD_PEERS_QUERIES 16
 
 /* PEERS for client c: the peers, their state and their exported
  * segments now.  When no peer is up (or cl is NULL: the cluster is off, an
@@ -74,7 +78,9 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl);
  * peer for its count and the reply goes later through the reply function
  * to c with request_id (at most GSHMD_PEERS_WAIT_MS later: a peer that
  * has not answered by then shows its last known count), *deferred_out
- * true.  Returns 0, or -ENOMEM (nothing deferred). */
+ * true; while GSHMD_PEERS_QUERIES earlier ones still wait for counts, it
+ * answers at once with the counts last known.  Returns 0, or -ENOMEM
+ * (nothing deferred). */
 int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
                                uint32_t request_id, Gshm__Reply *reply, bool *deferred_out);
 

@@ -14,6 +14,10 @@
  * - with daemon.host_populate = true, the listed host segments' pages are
  *   not allocated at their listing either (the old code fallocate'd every
  *   listed byte before any grant, whatever prefault's cap);
+ * - a local user without any right (nobody) who pipelines PEERS requests
+ *   while this peer answers none of the counts they ask of it makes the
+ *   node send it at most GSHMD_PEERS_QUERIES of them (the old code: one a
+ *   PEERS, each query, timer and request kept until the link failed);
  * - a node stopped (SIGTERM) just after such a listing, its pieces on
  *   the thread pool, tells the requester "gshmd is stopping" and exits
  *   clean.
@@ -29,7 +33,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -38,6 +44,7 @@
 #include "harness.h"
 #include "nodes.h"
 #include "rogue.h"
+#include "wire.h"
 
 #define CAP (512 * MiB)         /* prefault.c PREFAULT_AHEAD */
 #define LISTED 4                /* host segments listed ... */
@@ -297,6 +304,92 @@ static void test_populate_listed(void **state) {
   close(qlfd);
 }
 
+#define PEERS_FLOOD 2000
+#define PEERS_QUERIES 16 /* cluster.h GSHMD_PEERS_QUERIES */
+
+/* As nobody (harness_kid_start): connects to the socket at arg, says
+ * hello, pipelines PEERS_FLOOD PEERS requests (reading the replies that
+ * come meanwhile, never waiting for one), steps, and waits for the parent's step before it goes. */
+static void peers_flood_kid(struct harness_kid *k, void *arg) {
+  static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  Gshm__Hello h = GSHM__HELLO__INIT;
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), nfds = 0, fds[4];
+
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", (const char *)arg);
+  h.major = GSHM_PROTO_MAJOR;
+  h.client_name = "peers-flood";
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
+      gshm__wire_send(fd, GSHM_WIRE_HELLO, 1, &h.base, -1) ||
+      gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds, 0) <= 0)
+    _exit(3);
+  for (uint32_t i = 0; i < PEERS_FLOOD; i++) {
+    if (gshm__wire_send(fd, GSHM_WIRE_PEERS, 2 + i, NULL, -1))
+      _exit(4);
+    while (gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds, MSG_DONTWAIT) > 0)
+      ; /* (the replies that came: a client that reads none is dropped) */
+  }
+  harness_kid_step(k->out);
+  harness_kid_await(k->in, 30000);
+  close(fd);
+}
+
+/* Count requests (a List after UINT64_MAX) that reach the rogue within
+ * ms, answered after that (rogue_answer_count); other requests refused. */
+static unsigned counts_asked(int ms) {
+  static Gshm__Cluster__Msg *held[PEERS_FLOOD];
+  int64_t end = now_ms() + ms;
+  unsigned n = 0;
+
+  while (now_ms() < end) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && m->list->after == UINT64_MAX &&
+        n < PEERS_FLOOD) {
+      held[n++] = m;
+      continue;
+    }
+    if (m) {
+      send_error(m->request_id);
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    }
+  }
+  for (unsigned i = 0; i < n; i++) {
+    assert_true(rogue_answer_count(&rs, held[i]));
+    gshm__cluster__msg__free_unpacked(held[i], NULL);
+  }
+  return n;
+}
+
+/* PEERS needs no right; each one asks every peer that is up for its
+ * count, and the one here answers none for 1.5 s: nobody's PEERS_FLOOD
+ * requests send it at most PEERS_QUERIES (the rest are answered at once
+ * with the counts known; the old code sent every one, and kept each
+ * query, timer and request until its count came or the link failed). */
+static void test_peers_flood(void **state) {
+  struct harness_kid k;
+  gshm_cluster_pull_t *pv = NULL;
+  size_t npv = 0;
+  gshm_client_t *p;
+  unsigned asked;
+  (void)state;
+
+  assert_int_equal(harness_kid_start(&k, HARNESS_NOBODY, HARNESS_NOBODY, peers_flood_kid,
+                                     (void *)P.h.socket_path),
+                   0);
+  assert_true(harness_kid_await(k.from_kid, 30000)); /* (all sent) */
+  asked = counts_asked(1500);
+  harness_kid_step(k.to_kid);
+  assert_int_equal(harness_kid_wait(&k), 0);
+  printf("%d PEERS from nobody, their counts unanswered: %u count requests to the peer\n",
+         PEERS_FLOOD, asked);
+  assert_true(asked >= 1);
+  assert_true(asked <= PEERS_QUERIES);
+  p = connect_to(&P); /* (gshmd is alive and answers) */
+  assert_int_equal(gshm_cluster_pulls(p, &pv, &npv), 0);
+  gshm_free(pv);
+  gshm_disconnect(p);
+}
+
 /* A peer lists one 4 KiB segment at `listed` and grants it at `granted`
  * (the set asks for location `location`): -ESTALE before a byte is read. */
 static void grant_elsewhere(gshm_client_t *p, const char *listed, const char *granted,
@@ -386,6 +479,7 @@ int main(void) {
       cmocka_unit_test(test_prefault_capped),
       cmocka_unit_test(test_grant_elsewhere),
       cmocka_unit_test(test_populate_listed),
+      cmocka_unit_test(test_peers_flood),
       cmocka_unit_test(test_stop_mid_prefault),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
