@@ -70,6 +70,10 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl);
  * answered at once with the counts last known (PEERS needs no right, and
  * each asks every up peer) */
 #define GSHMD_PEERS_QUERIES 16
+/* Set and single pulls in flight of one user, and remote listings, each
+ * (admins: no bound); more are refused busy.  Each holds memory here and
+ * a request to a peer until the peer answers (or its link fails). */
+#define GSHMD_PULLS_PER_USER 64
 
 /* PEERS for client c: the peers, their state and their exported
  * segments now.  When no peer is up (or cl is NULL: the cluster is off, an
@@ -88,7 +92,8 @@ int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
  * progress replies, then the result) comes later through the reply
  * function to client c with request_id.  Errors, with
  * *msg_out: -ENOTSUP cluster off, -ENOENT no such peer, -EACCES
- * (PULL) not in cluster.pull_group nor admin, -EINVAL bad argument,
+ * not in cluster.pull_group nor admin, -EINVAL bad argument, -EBUSY the
+ * user (not an admin) has GSHMD_PULLS_PER_USER of that kind in flight,
  * -ENOMEM. */
 int gshmd_cluster_handle_remote_list(struct gshmd_cluster *cl, struct gshmd_client *c,
                                      uint32_t request_id, const Gshm__RemoteListRequest *m,

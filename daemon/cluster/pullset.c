@@ -327,6 +327,17 @@ static int prefix_check(const char *prefix, unsigned max) {
   return gshm__name_check(name, max);
 }
 
+/* The pulls in flight of uid (its requester gone or not: a set holds
+ * its memory and its requests until they end). */
+static unsigned pulls_of(struct gshmd_cluster *cl, uid_t uid) {
+  struct gshm_list *pos;
+  unsigned n = 0;
+  gshm_list_foreach(pos, &cl->pulls) {
+    n += gshm_list_entry(pos, struct pull_set, node)->holder->cred.uid == uid;
+  }
+  return n;
+}
+
 int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
                       const Gshm__PullRequest *m, const char **msg_out) {
   struct peer *peer = gshmd__link_peer_find(&cl->ll, m->peer);
@@ -338,6 +349,10 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   if (!peer) {
     *msg_out = "no such peer in cluster.peers";
     return -ENOENT;
+  }
+  if (!c->cred.admin && pulls_of(cl, c->cred.uid) >= GSHMD_PULLS_PER_USER) {
+    *msg_out = "too many pulls in flight for this user; try again";
+    return -EBUSY;
   }
   if (m->prefix) {
     if ((e = prefix_check(m->name, 255)) || (e = prefix_check(local, cl->cfg->max_name))) {

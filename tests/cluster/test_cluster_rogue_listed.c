@@ -156,6 +156,23 @@ static int group_teardown(void **state) {
   return 0;
 }
 
+/* Starts node q (its "--set" values set1 and set2, either NULL) whose one
+ * peer "rs" is the rogue ro, and takes its link.  Returns the rogue's
+ * listening socket (for rogue_close's caller to close). */
+static int node_with_rogue(struct node *q, struct rogue *ro, const char *set1, const char *set2) {
+  char peers[64];
+  uint8_t rkey[32];
+  int port, qlfd;
+
+  rogue_key(keys.key, rkey);
+  assert_true((qlfd = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d", port);
+  node_start(q, "q", peers, keys.key, "", set1, set2, NULL);
+  memset(ro, 0, sizeof(*ro));
+  assert_int_equal(rogue_accept(ro, qlfd, "rs", rkey), 0);
+  return qlfd;
+}
+
 /* P's gshm_cluster_prefault_bytes_total once two readings 1.2 s apart
  * agree (its metrics are a snapshot up to a second old), within 15 s,
  * while the rogue holds the set's grant requests (their ids into held). */
@@ -248,23 +265,15 @@ static void test_populate_listed(void **state) {
   static struct bg bg;
   static struct node Q;
   struct rogue rq;
-  char peers[64];
-  uint8_t rkey[32];
   uint32_t held[LISTED];
   unsigned nheld = 0;
   uint64_t most = 0;
-  int port, qlfd;
+  int qlfd;
   int64_t end;
   gshm_client_t *q;
   (void)state;
 
-  rogue_key(keys.key, rkey);
-  assert_true((qlfd = rogue_listener(&port)) >= 0);
-  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d", port);
-  node_start(&Q, "q", peers, keys.key, "", "daemon.host_populate=true", "cluster.prefault=off",
-             NULL);
-  memset(&rq, 0, sizeof(rq));
-  assert_int_equal(rogue_accept(&rq, qlfd, "rs", rkey), 0);
+  qlfd = node_with_rogue(&Q, &rq, "daemon.host_populate=true", "cluster.prefault=off");
   bg_start(&bg, Q.h.socket_path, NULL);
   /* listed at once; its grants held for 3 s (a set's host segments are
    * made at its listing) */
@@ -304,27 +313,38 @@ static void test_populate_listed(void **state) {
   close(qlfd);
 }
 
-#define PEERS_FLOOD 2000
-#define PEERS_QUERIES 16 /* cluster.h GSHMD_PEERS_QUERIES */
+#define FLOOD 2000         /* requests a local client pipelines */
+#define PEERS_QUERIES 16   /* cluster.h GSHMD_PEERS_QUERIES */
+#define PULLS_PER_USER 64  /* cluster.h GSHMD_PULLS_PER_USER */
 
-/* As nobody (harness_kid_start): connects to the socket at arg, says
- * hello, pipelines PEERS_FLOOD PEERS requests (reading the replies that
- * come meanwhile, never waiting for one), steps, and waits for the parent's step before it goes. */
-static void peers_flood_kid(struct harness_kid *k, void *arg) {
+/* What a local client pipelines (flood_kid). */
+struct flood {
+  const char *socket;
+  uint16_t type;                /* GSHM_WIRE_* */
+  const ProtobufCMessage *msg;  /* NULL: Empty */
+  unsigned n;
+};
+
+/* As nobody (harness_kid_start): connects to gshmd's socket, says hello,
+ * pipelines the flood's n requests (reading the replies that come
+ * meanwhile, never waiting for one), steps, and waits for the parent's
+ * step before it goes. */
+static void flood_kid(struct harness_kid *k, void *arg) {
   static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
+  const struct flood *f = arg;
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   Gshm__Hello h = GSHM__HELLO__INIT;
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), nfds = 0, fds[4];
 
-  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", (const char *)arg);
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", f->socket);
   h.major = GSHM_PROTO_MAJOR;
-  h.client_name = "peers-flood";
+  h.client_name = "flood";
   if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
       gshm__wire_send(fd, GSHM_WIRE_HELLO, 1, &h.base, -1) ||
       gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds, 0) <= 0)
     _exit(3);
-  for (uint32_t i = 0; i < PEERS_FLOOD; i++) {
-    if (gshm__wire_send(fd, GSHM_WIRE_PEERS, 2 + i, NULL, -1))
+  for (uint32_t i = 0; i < f->n; i++) {
+    if (gshm__wire_send(fd, f->type, 2 + i, f->msg, -1))
       _exit(4);
     while (gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds, MSG_DONTWAIT) > 0)
       ; /* (the replies that came: a client that reads none is dropped) */
@@ -334,38 +354,52 @@ static void peers_flood_kid(struct harness_kid *k, void *arg) {
   close(fd);
 }
 
-/* Count requests (a List after UINT64_MAX) that reach the rogue within
- * ms, answered after that (rogue_answer_count); other requests refused. */
-static unsigned counts_asked(int ms) {
-  static Gshm__Cluster__Msg *held[PEERS_FLOOD];
+/* Runs f as nobody; returns once its requests are all sent, with the
+ * kid waiting for its step (flood_end). */
+static void flood_start(struct harness_kid *k, struct flood *f) {
+  assert_int_equal(harness_kid_start(k, HARNESS_NOBODY, HARNESS_NOBODY, flood_kid, f), 0);
+  assert_true(harness_kid_await(k->from_kid, 30000)); /* (all sent) */
+}
+
+static void flood_end(struct harness_kid *k) {
+  harness_kid_step(k->to_kid);
+  assert_int_equal(harness_kid_wait(k), 0);
+}
+
+/* The Lists after `after` that reach ro within ms, answered after that
+ * (counts: rogue_answer_count; others refused); other requests refused. */
+static unsigned lists_asked(struct rogue *ro, uint64_t after, int ms) {
+  static Gshm__Cluster__Msg *held[FLOOD];
   int64_t end = now_ms() + ms;
   unsigned n = 0;
 
   while (now_ms() < end) {
-    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
-    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && m->list->after == UINT64_MAX &&
-        n < PEERS_FLOOD) {
+    Gshm__Cluster__Msg *m = rogue_recv(ro, 20);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && m->list->after == after &&
+        n < FLOOD) {
       held[n++] = m;
       continue;
     }
     if (m) {
-      send_error(m->request_id);
+      rogue_send_status(ro, m->request_id, 2, "the rogue sends no bytes");
       gshm__cluster__msg__free_unpacked(m, NULL);
     }
   }
   for (unsigned i = 0; i < n; i++) {
-    assert_true(rogue_answer_count(&rs, held[i]));
+    if (!rogue_answer_count(ro, held[i]))
+      rogue_send_status(ro, held[i]->request_id, 2, "the rogue lists nothing");
     gshm__cluster__msg__free_unpacked(held[i], NULL);
   }
   return n;
 }
 
 /* PEERS needs no right; each one asks every peer that is up for its
- * count, and the one here answers none for 1.5 s: nobody's PEERS_FLOOD
+ * count, and the one here answers none for 1.5 s: nobody's FLOOD
  * requests send it at most PEERS_QUERIES (the rest are answered at once
  * with the counts known; the old code sent every one, and kept each
  * query, timer and request until its count came or the link failed). */
 static void test_peers_flood(void **state) {
+  struct flood f = {.socket = P.h.socket_path, .type = GSHM_WIRE_PEERS, .n = FLOOD};
   struct harness_kid k;
   gshm_cluster_pull_t *pv = NULL;
   size_t npv = 0;
@@ -373,21 +407,74 @@ static void test_peers_flood(void **state) {
   unsigned asked;
   (void)state;
 
-  assert_int_equal(harness_kid_start(&k, HARNESS_NOBODY, HARNESS_NOBODY, peers_flood_kid,
-                                     (void *)P.h.socket_path),
-                   0);
-  assert_true(harness_kid_await(k.from_kid, 30000)); /* (all sent) */
-  asked = counts_asked(1500);
-  harness_kid_step(k.to_kid);
-  assert_int_equal(harness_kid_wait(&k), 0);
+  flood_start(&k, &f);
+  asked = lists_asked(&rs, UINT64_MAX, 1500);
+  flood_end(&k);
   printf("%d PEERS from nobody, their counts unanswered: %u count requests to the peer\n",
-         PEERS_FLOOD, asked);
+         FLOOD, asked);
   assert_true(asked >= 1);
   assert_true(asked <= PEERS_QUERIES);
   p = connect_to(&P); /* (gshmd is alive and answers) */
   assert_int_equal(gshm_cluster_pulls(p, &pv, &npv), 0);
   gshm_free(pv);
   gshm_disconnect(p);
+}
+
+/* nobody, a member of cluster.pull_group, pipelines FLOOD set pulls and
+ * as many remote listings of a peer that answers none of its Lists for
+ * 1.5 s: each reaches the peer as a List, at most PULLS_PER_USER of each
+ * (the rest refused busy at once; the old code made a set (or a
+ * listing), its registry client and a request of every one, kept until
+ * the peer answered or the link failed); once the Lists are refused, no
+ * pull is left. */
+static void test_pull_flood(void **state) {
+  static struct node Q;
+  Gshm__PullRequest pr = GSHM__PULL_REQUEST__INIT;
+  Gshm__RemoteListRequest rl = GSHM__REMOTE_LIST_REQUEST__INIT;
+  struct flood f = {.type = GSHM_WIRE_PULL, .msg = &pr.base, .n = FLOOD};
+  gshm_cluster_pull_t *pv = NULL;
+  size_t npv = 1;
+  struct harness_kid k;
+  struct rogue rq;
+  unsigned sets, lists;
+  int qlfd;
+  gshm_client_t *q;
+  (void)state;
+
+  qlfd = node_with_rogue(&Q, &rq, "cluster.pull_group=nogroup", NULL);
+  f.socket = Q.h.socket_path;
+  pr.peer = "rs";
+  pr.name = "pub/";
+  pr.prefix = true;
+  flood_start(&k, &f);
+  sets = lists_asked(&rq, 0, 1500);
+  flood_end(&k);
+  rl.peer = "rs";
+  rl.after = 7;
+  f.type = GSHM_WIRE_REMOTE_LIST;
+  f.msg = &rl.base;
+  flood_start(&k, &f);
+  lists = lists_asked(&rq, 7, 1500);
+  flood_end(&k);
+  printf("%d set pulls and %d listings from nobody, no List answered: %u and %u Lists to the "
+         "peer\n",
+         FLOOD, FLOOD, sets, lists);
+  assert_true(sets >= 1 && sets <= PULLS_PER_USER);
+  assert_true(lists >= 1 && lists <= PULLS_PER_USER);
+  q = connect_to(&Q);
+  for (int i = 0; i < 100 && npv; i++) {
+    gshm_free(pv);
+    pv = NULL;
+    assert_int_equal(gshm_cluster_pulls(q, &pv, &npv), 0);
+    rogue_run(&rq, 50);
+  }
+  gshm_free(pv);
+  assert_int_equal(npv, 0);
+  assert_nothing_left(q, NULL);
+  gshm_disconnect(q);
+  assert_int_equal(harness_stop(&Q.h), 0);
+  rogue_close(&rq);
+  close(qlfd);
 }
 
 /* A peer lists one 4 KiB segment at `listed` and grants it at `granted`
@@ -440,17 +527,10 @@ static void test_stop_mid_prefault(void **state) {
   static struct bg bg;
   static struct node Q;
   struct rogue rq;
-  char peers[64];
-  uint8_t rkey[32];
-  int port, qlfd, status = -1;
+  int qlfd, status = -1;
   (void)state;
 
-  rogue_key(keys.key, rkey);
-  assert_true((qlfd = rogue_listener(&port)) >= 0);
-  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d", port);
-  node_start(&Q, "q", peers, keys.key, "", "cluster.prefault=always", NULL);
-  memset(&rq, 0, sizeof(rq));
-  assert_int_equal(rogue_accept(&rq, qlfd, "rs", rkey), 0);
+  qlfd = node_with_rogue(&Q, &rq, "cluster.prefault=always", NULL);
   bg_start(&bg, Q.h.socket_path, NULL);
   while (status < 0) {
     Gshm__Cluster__Msg *m = rogue_recv(&rq, 20);
@@ -480,6 +560,7 @@ int main(void) {
       cmocka_unit_test(test_grant_elsewhere),
       cmocka_unit_test(test_populate_listed),
       cmocka_unit_test(test_peers_flood),
+      cmocka_unit_test(test_pull_flood),
       cmocka_unit_test(test_stop_mid_prefault),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
