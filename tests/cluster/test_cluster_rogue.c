@@ -5,7 +5,8 @@
  * without reading them; gshmd keeps at most its caps in flight per link,
  * refuses the rest as busy, its memory stays bounded, and a local
  * client's stat stays under 100 ms throughout.  And an honest puller
- * with many pulls at once keeps within those caps. */
+ * with many pulls at once keeps within those caps.  And worker addresses
+ * in UcxOffers that UCX cannot read leave the node up. */
 #include <errno.h>
 #include <limits.h>
 #include <inttypes.h>
@@ -369,6 +370,66 @@ static void test_staged_grants(void **state) {
   assert_int_equal(harness_stop(&s2.h), 0);
 }
 
+static bool got_answer(struct rogue *r) { return ((struct tally *)r->arg)->answers > 0; }
+
+/* On a new link to node s (as a puller that offers UCX), a UcxOffer of
+ * the len bytes at addr: 0 when the node answered it (whatever it said),
+ * -1 when it gave no answer (the old code: gshmd aborted inside UCX). */
+static int ucx_offer(struct node *s, const uint8_t *addr, size_t len) {
+  static struct rogue r;
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__UcxOffer o = GSHM__CLUSTER__UCX_OFFER__INIT;
+  struct tally t = {0};
+  int answered;
+
+  memset(&r, 0, sizeof(r));
+  r.caps = GSHM__CLUSTER__CAP__CAP_UCX;
+  assert_int_equal(rogue_connect(&r, s->port, "r", s->name, key), 0);
+  r.on_msg = count_answer;
+  r.arg = &t;
+  o.worker_address.data = (uint8_t *)addr;
+  o.worker_address.len = len;
+  o.token = 42;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_UCX_OFFER;
+  m.ucx_offer = &o;
+  rogue_send(&r, &m);
+  answered = rogue_run_until(&r, got_answer, 5000);
+  rogue_close(&r);
+  return answered ? 0 : -1;
+}
+
+/* A UcxOffer is parsed by UCX, which takes no length and aborts on a
+ * format it does not know: a key holder's one-byte worker address crashed
+ * a node with the default cluster.transport (auto; UCX 1.13: "Assertion
+ * `*addr_version == UCP_OBJECT_VERSION_V2' failed").  Offers of 1 to 300
+ * bytes of junk, and 300 random ones of either format UCX reads, are
+ * refused or answered; the node stays up throughout. */
+static void test_ucx_offer_junk(void **state) {
+  static uint8_t junk[4096];
+  const size_t lens[] = {1, 2, 8, 17, 64, 300};
+  gshm_client_t *c = connect_to(&S);
+  gshm_segment_info_t st;
+  unsigned answered = 0;
+  (void)state;
+
+  randombytes_buf(junk, sizeof(junk));
+  junk[0] = 0xa5; /* (a format UCX does not know: 5) */
+  for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
+    assert_int_equal(ucx_offer(&S, junk, lens[k]), 0);
+    assert_int_equal(gshm_stat_name(c, "pub/probe", &st), 0);
+  }
+  for (int i = 0; i < 300; i++) {
+    size_t len = 2 + randombytes_uniform(600);
+    randombytes_buf(junk, len);
+    junk[0] = (uint8_t)((junk[0] & 0xf0) | (i & 1)); /* UCX's format 0 or 1 */
+    answered += ucx_offer(&S, junk, len) == 0;
+    assert_int_equal(gshm_stat_name(c, "pub/probe", &st), 0);
+  }
+  printf("300 random worker addresses: %u answered, node up\n", answered);
+  assert_int_equal(answered, 300);
+  gshm_disconnect(c);
+}
+
 /* ---- honest pullers stay within the caps ------------------------------ */
 
 struct honest_pull {
@@ -441,6 +502,7 @@ int main(void) {
       cmocka_unit_test(test_read_bytes_capped),
       cmocka_unit_test(test_staged_grants),
       cmocka_unit_test(test_honest_pulls_within_caps),
+      cmocka_unit_test(test_ucx_offer_junk),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
