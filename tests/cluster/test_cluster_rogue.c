@@ -6,7 +6,8 @@
  * refuses the rest as busy, its memory stays bounded, and a local
  * client's stat stays under 100 ms throughout.  And an honest puller
  * with many pulls at once keeps within those caps.  And worker addresses
- * in UcxOffers that UCX cannot read leave the node up. */
+ * in UcxOffers that UCX cannot read leave the node up; a link takes at
+ * most 16 data lanes. */
 #include <errno.h>
 #include <limits.h>
 #include <inttypes.h>
@@ -370,6 +371,44 @@ static void test_staged_grants(void **state) {
   assert_int_equal(harness_stop(&s2.h), 0);
 }
 
+/* Data lanes of one link: at most LANES_PER_LINK (each a connection and
+ * a thread of the node); one more is refused; they all go with their
+ * link, and the node's fds with them. */
+#define LANES_PER_LINK 16
+static bool failed_or_closed(struct rogue *r) { return r->failed || r->closed; }
+
+static void test_lanes_per_link(void **state) {
+  static struct rogue r, lanes[LANES_PER_LINK + 1];
+  int fds0 = harness_stable_fd_count(S.h.sp.pid), fds, rc, up = 0;
+  (void)state;
+
+  memset(&r, 0, sizeof(r));
+  r.caps = GSHM__CLUSTER__CAP__CAP_LANES;
+  assert_int_equal(rogue_connect(&r, S.port, "r", "s", key), 0);
+  for (int i = 0; i < LANES_PER_LINK; i++)
+    up += rogue_connect_lane(&r, S.port, &lanes[i]) == 0;
+  assert_int_equal(up, LANES_PER_LINK);
+  /* one more: refused (at its AuthOk the node finds the link full) */
+  rc = rogue_connect_lane(&r, S.port, &lanes[LANES_PER_LINK]);
+  assert_true(rc != 0 ||
+              rogue_run_until(&lanes[LANES_PER_LINK], failed_or_closed, 5000));
+  for (int i = 0; i < LANES_PER_LINK; i++) {
+    rogue_run(&lanes[i], 1);
+    assert_false(lanes[i].failed);
+  }
+  fds = harness_fd_count(S.h.sp.pid);
+  printf("a link and %d lanes: node fds %d -> %d; lane %d refused\n", LANES_PER_LINK, fds0, fds,
+         LANES_PER_LINK + 1);
+  assert_true(fds >= fds0 + LANES_PER_LINK + 1);
+  /* the link goes: its lanes with it */
+  rogue_close(&r);
+  for (int i = 0; i < LANES_PER_LINK; i++)
+    assert_true(rogue_run_until(&lanes[i], failed_or_closed, 10000));
+  for (int i = 0; i <= LANES_PER_LINK; i++)
+    rogue_close(&lanes[i]);
+  assert_int_equal(harness_stable_fd_count(S.h.sp.pid), fds0);
+}
+
 static bool got_answer(struct rogue *r) { return ((struct tally *)r->arg)->answers > 0; }
 
 /* On a new link to node s (as a puller that offers UCX), a UcxOffer of
@@ -503,6 +542,7 @@ int main(void) {
       cmocka_unit_test(test_staged_grants),
       cmocka_unit_test(test_honest_pulls_within_caps),
       cmocka_unit_test(test_ucx_offer_junk),
+      cmocka_unit_test(test_lanes_per_link),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
