@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "relay.h"
 #include "util.h"
 
 #define GRANTS_AHEAD 16         /* segments of a set granted (or asked for) at once */
@@ -97,6 +98,7 @@ struct pull_set {
   struct peer_req lreq;
   Gshm__Cluster__Msg lmsg;
   Gshm__Cluster__ListRequest lr;
+  struct relay_ask lask;      /* a relaying peer's busy answers to the page asked for */
   bool listing, lreq_pending;
   bool relayed;               /* the peer listed segments it is still pulling */
   unsigned to_create;         /* listed items whose hidden segments are still to make */

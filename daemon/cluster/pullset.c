@@ -262,6 +262,7 @@ static void list_next(struct pull_set *s, uint64_t after) {
   s->lreq.msg = &s->lmsg;
   s->lreq.done = list_page_done;
   s->lreq.arg = s;
+  s->lask = (struct relay_ask){0};
   s->lreq_pending = true;
   gshmd__link_req_submit(&s->cl->ll, s->peer, &s->lreq);
 }
@@ -278,10 +279,16 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
   s->lreq_pending = false;
   if (s->err)
     return;
+  /* a relaying peer that waited for its own set's listing: asked again */
+  if (err == -EBUSY && !(err = gshmd__relay_ask_again(s->peer->out, req, &s->lask, &why))) {
+    s->lreq_pending = true;
+    return;
+  }
   if (err) {
     gshmd__pull_set_fail(s, err, "peer '%s': %s", s->peer->name, why);
     return;
   }
+  s->cl->list_pages++;
   if (m->body_case != GSHM__CLUSTER__MSG__BODY_LIST_REPLY) {
     gshmd__pull_set_fail(s, -EPROTO, "peer '%s' answered a list with something else", s->peer->name);
     return;
