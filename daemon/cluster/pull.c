@@ -11,8 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "backend.h"
 #include "config.h"
@@ -24,10 +22,6 @@
 #include "relay.h"
 #include "util.h"
 #include "wire.h"
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
 
 #define SOURCE_MAX 384 /* a source as clients take it (gshm.h GSHM_SOURCE_MAX) */
 
@@ -104,26 +98,6 @@ static bool peer_budget_left(const struct peer *peer, const struct pull *p) {
          (peer->bytes_inflight == 0 || peer->bytes_inflight + len <= PEER_BYTES_BUDGET);
 }
 
-/* Every byte of p landed: with daemon.host_populate, the pages of its
- * host segment past them (its allocation's rounding) are allocated now,
- * as a create's are, so that a client's write there cannot take SIGBUS
- * (alloc_pull populates nothing: a set's segments are made at its
- * listing, before the peer sent a byte).  Returns 0, or -ENOMEM (p's set
- * failed). */
-static int populate_tail(struct pull *p) {
-  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), start = (p->total + page - 1) / page * page;
-
-  if (!p->s->cl->cfg->host_populate || !p->dst_mapped || p->local_staged ||
-      start >= p->mem->size)
-    return 0;
-  if (madvise((uint8_t *)p->dst + start, p->mem->size - start, MADV_POPULATE_WRITE) < 0 &&
-      (errno == ENOMEM || errno == EFAULT)) {
-    pull_fail(p, -ENOMEM, "out of memory for '%s' (daemon.host_populate)", p->local_name);
-    return -ENOMEM;
-  }
-  return 0; /* (EINVAL: a kernel before 5.14; its bytes fault in as they are written) */
-}
-
 /* A chunk left every step (err 0: its bytes are in place). */
 static void chunk_end(struct chunk *c, int err, const char *why) {
   struct pull *p = c->p;
@@ -143,7 +117,7 @@ static void chunk_end(struct chunk *c, int err, const char *why) {
     gshmd__relay_landed(s->cl, p->seg, c->off, c->len); /* peers reading it meanwhile */
   }
   free(c);
-  if (!s->err && p->done == p->total && !populate_tail(p))
+  if (!s->err && p->done == p->total && !gshmd__prefault_tail(p))
     p->finished = true;
   if (!s->err) {
     gshmd__pull_set_issue(s);

@@ -379,7 +379,7 @@ static bool failed_or_closed(struct rogue *r) { return r->failed || r->closed; }
 
 static void test_lanes_per_link(void **state) {
   static struct rogue r, lanes[LANES_PER_LINK + 1];
-  int fds0 = harness_stable_fd_count(S.h.sp.pid), fds, rc, up = 0;
+  int fds0 = harness_stable_fd_count(S.h.sp.pid), fds, fds1, rc, up = 0;
   (void)state;
 
   memset(&r, 0, sizeof(r));
@@ -397,16 +397,18 @@ static void test_lanes_per_link(void **state) {
     assert_false(lanes[i].failed);
   }
   fds = harness_fd_count(S.h.sp.pid);
-  printf("a link and %d lanes: node fds %d -> %d; lane %d refused\n", LANES_PER_LINK, fds0, fds,
-         LANES_PER_LINK + 1);
-  assert_true(fds >= fds0 + LANES_PER_LINK + 1);
   /* the link goes: its lanes with it */
   rogue_close(&r);
   for (int i = 0; i < LANES_PER_LINK; i++)
     assert_true(rogue_run_until(&lanes[i], failed_or_closed, 10000));
   for (int i = 0; i <= LANES_PER_LINK; i++)
     rogue_close(&lanes[i]);
-  assert_int_equal(harness_stable_fd_count(S.h.sp.pid), fds0);
+  fds1 = harness_stable_fd_count(S.h.sp.pid);
+  printf("a link and %d lanes: node fds %d before, %d with them, %d after; lane %d refused\n",
+         LANES_PER_LINK, fds0, fds, fds1, LANES_PER_LINK + 1);
+  /* (fds0 may still count a connection of the test before, closing) */
+  assert_true(fds >= fds1 + LANES_PER_LINK + 1);
+  assert_true(fds1 <= fds0);
 }
 
 static bool got_answer(struct rogue *r) { return ((struct tally *)r->arg)->answers > 0; }
