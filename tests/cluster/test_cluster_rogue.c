@@ -6,8 +6,8 @@
  * refuses the rest as busy, its memory stays bounded, and a local
  * client's stat stays under 100 ms throughout.  And an honest puller
  * with many pulls at once keeps within those caps.  And worker addresses
- * in UcxOffers that UCX cannot read leave the node up; a link takes at
- * most 16 data lanes. */
+ * in UcxOffers that UCX cannot read, or mutations of a real one, leave
+ * the node up; a link takes at most 16 data lanes. */
 #include <errno.h>
 #include <limits.h>
 #include <inttypes.h>
@@ -471,6 +471,80 @@ static void test_ucx_offer_junk(void **state) {
   gshm_disconnect(c);
 }
 
+/* A real worker address: the UcxOffer a node q (its one peer "ra" the
+ * rogue, claiming CAP_UCX) makes when its link comes up.  Returns its
+ * length, the bytes in addr (cap bytes). */
+static size_t real_worker_address(uint8_t *addr, size_t cap) {
+  static struct node q;
+  static struct rogue ra;
+  char peers[64];
+  uint8_t rkey[32];
+  size_t len = 0;
+  int port, lfd2;
+
+  rogue_key(keys.key, rkey);
+  assert_true((lfd2 = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "ra=127.0.0.1:%d", port);
+  node_start(&q, "q", peers, keys.key, "", NULL);
+  memset(&ra, 0, sizeof(ra));
+  ra.caps = GSHM__CLUSTER__CAP__CAP_UCX;
+  assert_int_equal(rogue_accept(&ra, lfd2, "ra", rkey), 0);
+  for (int i = 0; i < 100 && !len; i++) {
+    Gshm__Cluster__Msg *m = rogue_recv(&ra, 50);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_UCX_OFFER &&
+        m->ucx_offer->worker_address.len <= cap) {
+      len = m->ucx_offer->worker_address.len;
+      memcpy(addr, m->ucx_offer->worker_address.data, len);
+    }
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  rogue_close(&ra);
+  assert_int_equal(harness_stop(&q.h), 0);
+  close(lfd2);
+  return len;
+}
+
+/* Offers made from a real worker address, MUTATIONS of them: a few
+ * bytes past the format byte flipped, cut short, a byte set to 0xff or
+ * 0x7f, the rest random from some byte on.  Each is answered and the
+ * node stays up (UCX reads the padded copy). */
+#define MUTATIONS 1000
+static void test_ucx_offer_mutated(void **state) {
+  static uint8_t real[4096], mut[4096];
+  gshm_client_t *c = connect_to(&S);
+  gshm_segment_info_t st;
+  size_t rlen = real_worker_address(real, sizeof(real));
+  (void)state;
+
+  printf("a real worker address: %zu bytes\n", rlen);
+  assert_true(rlen > 2);
+  assert_int_equal(ucx_offer(&S, real, rlen), 0);
+  for (int i = 0; i < MUTATIONS; i++) {
+    uint32_t body = (uint32_t)rlen - 1; /* (bytes past the format byte) */
+    size_t len = rlen, at = 1 + randombytes_uniform(body);
+    memcpy(mut, real, rlen);
+    if (i % 4 == 0) {
+      for (uint32_t k = 0, n = 1 + randombytes_uniform(4); k < n; k++)
+        mut[1 + randombytes_uniform(body)] ^= (uint8_t)(1 + randombytes_uniform(255));
+    } else if (i % 4 == 1) {
+      len = 2 + randombytes_uniform((uint32_t)rlen - 2);
+    } else if (i % 4 == 2) {
+      mut[at] = randombytes_uniform(2) ? 0xff : 0x7f;
+    } else {
+      randombytes_buf(mut + at, rlen - at);
+    }
+    if (ucx_offer(&S, mut, len) || gshm_stat_name(c, "pub/probe", &st)) {
+      printf("mutation %d (kind %d, %zu bytes) took the node down:\n", i, i % 4, len);
+      for (size_t k = 0; k < len; k++)
+        printf("%02x", mut[k]);
+      printf("\n");
+      fail();
+    }
+  }
+  gshm_disconnect(c);
+}
+
 /* ---- honest pullers stay within the caps ------------------------------ */
 
 struct honest_pull {
@@ -544,6 +618,7 @@ int main(void) {
       cmocka_unit_test(test_staged_grants),
       cmocka_unit_test(test_honest_pulls_within_caps),
       cmocka_unit_test(test_ucx_offer_junk),
+      cmocka_unit_test(test_ucx_offer_mutated),
       cmocka_unit_test(test_lanes_per_link),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
