@@ -48,6 +48,9 @@ void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(s->why, sizeof(s->why), fmt, ap);
     va_end(ap);
+    /* (it goes to the requester, and to its terminal: a peer's refusal
+     * in it, a listing's or a Read's, may hold any byte) */
+    gshmd__cluster_text_clean(s->why);
     /* what is not sent yet is withdrawn; what is sent ends with its answer */
     if (s->lreq_pending && gshmd__link_req_cancel(&s->lreq))
       s->lreq_pending = false;

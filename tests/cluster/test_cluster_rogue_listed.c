@@ -14,6 +14,7 @@
  * - with daemon.host_populate = true, the listed host segments' pages are
  *   not allocated at their listing either (the old code fallocate'd every
  *   listed byte before any grant, whatever prefault's cap);
+ * - the text of its refusals reaches the requester without control bytes;
  * - a local user without any right (nobody) who pipelines PEERS requests
  *   while this peer answers none of the counts they ask of it makes the
  *   node send it at most GSHMD_PEERS_QUERIES of them (the old code: one a
@@ -477,6 +478,47 @@ static void test_pull_flood(void **state) {
   close(qlfd);
 }
 
+/* What a peer says in a refusal reaches the requester's error (and so
+ * a terminal): a set refused at its listing, or at a Read, with escape
+ * sequences and newlines in the message gets them as '?' (the old code
+ * passed a Read's or a listing's refusal on byte for byte). */
+#define EVIL "no\x1b]0;owned\x07 such\n<0>forged line\r"
+static void refused_with(bool at_read) {
+  static struct bg bg;
+
+  bg_start(&bg, P.h.socket_path, NULL);
+  while (!bg.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (!m) {
+      assert_false(rs.failed);
+      continue;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && at_read)
+      send_listing(&rs, m->request_id, 1, 4096, "host");
+    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
+      rogue_send_grant_at(&rs, m->request_id, 1, m->grant_request->name, 4096, "host");
+    else if (m->request_id && !rogue_answer_count(&rs, m)) /* (a Release expects none) */
+      rogue_send_status(&rs, m->request_id, 2, EVIL);
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  printf("refused at its %s: %d '%s'\n", at_read ? "read" : "listing", bg.err, bg.msg);
+  assert_int_equal(bg.err, -EINVAL);
+  assert_non_null(strstr(bg.msg, "owned"));
+  for (const char *c = bg.msg; *c; c++)
+    assert_true((unsigned char)*c >= 0x20 && *c != 0x7f);
+}
+
+static void test_peer_text_cleaned(void **state) {
+  gshm_client_t *p = connect_to(&P);
+  (void)state;
+
+  refused_with(false);
+  refused_with(true);
+  assert_nothing_left(p, "pub/s0");
+  gshm_disconnect(p);
+}
+
 /* A peer lists one 4 KiB segment at `listed` and grants it at `granted`
  * (the set asks for location `location`): -ESTALE before a byte is read. */
 static void grant_elsewhere(gshm_client_t *p, const char *listed, const char *granted,
@@ -558,6 +600,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefault_capped),
       cmocka_unit_test(test_grant_elsewhere),
+      cmocka_unit_test(test_peer_text_cleaned),
       cmocka_unit_test(test_populate_listed),
       cmocka_unit_test(test_peers_flood),
       cmocka_unit_test(test_pull_flood),
