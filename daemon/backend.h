@@ -76,7 +76,9 @@ struct gshmd_backend_ops {
    * several segments), from the recycling pool (daemon.host_recycle)
    * when it holds memory of the same allocated size that no client of
    * another user ever reached, else new as ->alloc; such an allocation
-   * may enter the pool at ->discard.  Cuda: not zeroed below size, and
+   * may enter the pool at ->discard; never populated
+   * (daemon.host_populate): its pages come as the pull writes them.
+   * Cuda: not zeroed below size, and
    * mapped in gshmd at once (->local_ptr).  Errors as ->alloc. */
   int (*alloc_pull)(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
                     uint32_t uid, struct gshmd_alloc **out);

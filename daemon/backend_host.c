@@ -213,8 +213,11 @@ static int host_check_size(struct gshmd_backend *b, const struct gshm_location *
   return 0;
 }
 
-static int host_alloc(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
-                      uint32_t flags, const char *debug_name, struct gshmd_alloc **out) {
+/* A new memfd of size bytes; populate: every page allocated now
+ * (daemon.host_populate: clients' creates, never a pull's). */
+static int host_alloc_memfd(struct gshmd_backend *b, const struct gshm_location *loc,
+                            uint64_t size, uint32_t flags, const char *debug_name, bool populate,
+                            struct gshmd_alloc **out) {
   uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
   char label[64];
   int fd, r;
@@ -251,7 +254,7 @@ static int host_alloc(struct gshmd_backend *b, const struct gshm_location *loc, 
   }
   /* daemon.host_populate: every page now, so that a create fails at once
    * when memory is short instead of a later write taking SIGBUS. */
-  if (((struct host_backend *)b)->populate && fallocate(fd, 0, 0, (off_t)size) < 0) {
+  if (populate && fallocate(fd, 0, 0, (off_t)size) < 0) {
     r = errno == ENOSPC || errno == ENOMEM ? -ENOMEM : -errno;
     gshm_log_notice("host: populating %llu bytes: %m", (unsigned long long)size);
     close(fd);
@@ -267,6 +270,12 @@ static int host_alloc(struct gshmd_backend *b, const struct gshm_location *loc, 
   if (r)
     close(fd);
   return r;
+}
+
+static int host_alloc(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
+                      uint32_t flags, const char *debug_name, struct gshmd_alloc **out) {
+  return host_alloc_memfd(b, loc, size, flags, debug_name, ((struct host_backend *)b)->populate,
+                          out);
 }
 
 /* A new open file description of h's memfd (O_RDONLY or O_RDWR) in
@@ -514,6 +523,11 @@ static int host_alloc_pull(struct gshmd_backend *b, const struct gshm_location *
   if (size > UINT64_MAX - page || size > (uint64_t)INT64_MAX - page)
     return -EFBIG;
   alloc = (size + page - 1) / page * page;
+  /* Never populated here, daemon.host_populate or not: a set's host
+   * segments are made at its listing, their sizes the peer's word, and
+   * one whose peer then sent no byte had every listed page allocated.  A
+   * pull's pages come as its bytes land, each before it is named; the
+   * pull populates the tail past its bytes (gshmd__prefault_tail). */
   if (loc->kind == GSHM_LOCATION_HOST && size && (e = pool_find(hb, alloc, uid))) {
     if ((r = host_wrap(b, e->memfd, e->size, out)))
       return r;
@@ -530,7 +544,7 @@ static int host_alloc_pull(struct gshmd_backend *b, const struct gshm_location *
     hb->stats.entries--;
     hb->stats.pulls++;
     free(e);
-  } else if ((r = host_alloc(b, loc, alloc, 0, "pull", out))) {
+  } else if ((r = host_alloc_memfd(b, loc, alloc, 0, "pull", false, out))) {
     return r;
   }
   ((struct host_alloc *)(*out)->priv)->recyclable = hb->recycle_cap != 0;

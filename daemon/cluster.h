@@ -66,6 +66,14 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl);
 /* ---- local requests (the daemon's request dispatch calls these) ---- */
 
 #define GSHMD_PEERS_WAIT_MS 1000 /* PEERS waits this long at most for peers' counts */
+/* PEERS whose count requests are in flight, all clients: one more is
+ * answered at once with the counts last known (PEERS needs no right, and
+ * each asks every up peer) */
+#define GSHMD_PEERS_QUERIES 16
+/* Set and single pulls in flight of one user, and remote listings, each
+ * (admins: no bound); more are refused busy.  Each holds memory here and
+ * a request to a peer until the peer answers (or its link fails). */
+#define GSHMD_PULLS_PER_USER 64
 
 /* PEERS for client c: the peers, their state and their exported
  * segments now.  When no peer is up (or cl is NULL: the cluster is off, an
@@ -74,7 +82,9 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl);
  * peer for its count and the reply goes later through the reply function
  * to c with request_id (at most GSHMD_PEERS_WAIT_MS later: a peer that
  * has not answered by then shows its last known count), *deferred_out
- * true.  Returns 0, or -ENOMEM (nothing deferred). */
+ * true; while GSHMD_PEERS_QUERIES earlier ones still wait for counts, it
+ * answers at once with the counts last known.  Returns 0, or -ENOMEM
+ * (nothing deferred). */
 int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
                                uint32_t request_id, Gshm__Reply *reply, bool *deferred_out);
 
@@ -82,7 +92,8 @@ int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
  * progress replies, then the result) comes later through the reply
  * function to client c with request_id.  Errors, with
  * *msg_out: -ENOTSUP cluster off, -ENOENT no such peer, -EACCES
- * (PULL) not in cluster.pull_group nor admin, -EINVAL bad argument,
+ * not in cluster.pull_group nor admin, -EINVAL bad argument, -EBUSY the
+ * user (not an admin) has GSHMD_PULLS_PER_USER of that kind in flight,
  * -ENOMEM. */
 int gshmd_cluster_handle_remote_list(struct gshmd_cluster *cl, struct gshmd_client *c,
                                      uint32_t request_id, const Gshm__RemoteListRequest *m,

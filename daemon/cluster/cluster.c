@@ -70,9 +70,28 @@ struct remote_list {
   Gshm__Cluster__ListRequest req;
   struct gshmd_cluster *cl;
   struct gshmd_client *client;
+  uint32_t uid;           /* the requester's (it may go first) */
   uint32_t request_id;
   struct gshm_list node;  /* cl->lists */
 };
+
+/* Whether c's user has GSHMD_PULLS_PER_USER remote listings in flight
+ * (admins: never); then *msg_out says so. */
+static bool lists_full(struct gshmd_cluster *cl, const struct gshmd_client *c,
+                       const char **msg_out) {
+  struct gshm_list *pos;
+  unsigned n = 0;
+
+  if (c->cred.admin)
+    return false;
+  gshm_list_foreach(pos, &cl->lists) {
+    n += gshm_list_entry(pos, struct remote_list, node)->uid == c->cred.uid;
+  }
+  if (n < GSHMD_PULLS_PER_USER)
+    return false;
+  *msg_out = "too many listings of peers in flight for this user; try again";
+  return true;
+}
 
 static void remote_list_done(struct peer_req *req, int err, const char *why,
                              const Gshm__Cluster__Msg *m) {
@@ -161,10 +180,13 @@ int gshmd_cluster_handle_remote_list(struct gshmd_cluster *cl, struct gshmd_clie
     *msg_out = "no such peer in cluster.peers";
     return -ENOENT;
   }
+  if (lists_full(cl, c, msg_out))
+    return -EBUSY;
   if (!(rl = calloc(1, sizeof(*rl))))
     return -ENOMEM;
   rl->cl = cl;
   rl->client = c;
+  rl->uid = (uint32_t)c->cred.uid;
   rl->request_id = request_id;
   gshm__cluster__msg__init(&rl->msg);
   gshm__cluster__list_request__init(&rl->req);

@@ -17,7 +17,8 @@ static uint32_t caps_mine(const struct gshmd_cluster *cl) {
          (crypto_aead_aes256gcm_is_available() ? GSHM__CLUSTER__CAP__CAP_AES : 0) |
          (crypto_aead_aes256gcm_is_available() && cl->ll.gmac ? GSHM__CLUSTER__CAP__CAP_GMAC : 0) |
          (cl->ll.ucx_allowed ? GSHM__CLUSTER__CAP__CAP_UCX : 0) |
-         GSHM__CLUSTER__CAP__CAP_LANES | GSHM__CLUSTER__CAP__CAP_ASK_AGAIN;
+         GSHM__CLUSTER__CAP__CAP_LANES | GSHM__CLUSTER__CAP__CAP_ASK_AGAIN |
+         GSHM__CLUSTER__CAP__CAP_ASK_AGAIN_LIST;
 }
 
 /* Whether the bytes of this link may go over UCX: both sides said so in

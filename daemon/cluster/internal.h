@@ -59,6 +59,8 @@ struct gshmd_cluster {
   struct gshm_list relay_lists; /* relay.c: Lists waiting for a set's listing */
   int64_t relay_expiry_ns;   /* relay.c: when the first parked read's wait ends (0: none) */
   uint64_t relay_landed;     /* relay.c: bytes of relayed segments landed here, ever */
+  uint64_t list_pages;       /* pages of peers' lists this node's sets took, ever (with
+                                relay_landed: the progress of a relay's busy answers) */
   uint64_t next_set_seq;     /* struct pull_set.seq */
   unsigned pull_maps_ahead;  /* landing mappings made at listings (pull.h PULL_MAPS_AHEAD) */
   /* pullset.c: listed segments made a few a loop turn (pull.h) */

@@ -131,6 +131,16 @@ static unsigned ask_up_peers(struct gshmd_cluster *cl, struct peers_query *q) {
   return q->nreqs;
 }
 
+/* The queries whose counts are still asked for (answered or not). */
+static unsigned queries_waiting(struct gshmd_cluster *cl) {
+  struct gshm_list *pos;
+  unsigned n = 0;
+  gshm_list_foreach(pos, &cl->peer_queries) {
+    n += gshm_list_entry(pos, struct peers_query, node)->pending > 0;
+  }
+  return n;
+}
+
 int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
                                uint32_t request_id, Gshm__Reply *reply, bool *deferred_out) {
   static Gshm__ClusterPeerList empty;
@@ -146,7 +156,10 @@ int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
   }
   for (unsigned i = 0; i < cl->ll.npeers; i++)
     up += cl->ll.peers[i].state == PEER_UP;
-  if (!up || cl->ll.stopping) {
+  /* (a query stays until its peers' counts came, or their links failed:
+   * a peer that answers none would otherwise have a local user without
+   * any right make it a query, a timer and a request a PEERS) */
+  if (!up || cl->ll.stopping || queries_waiting(cl) >= GSHMD_PEERS_QUERIES) {
     fill_peers(cl, reply);
     return 0;
   }

@@ -50,14 +50,20 @@
  *
  * Lifetime: a piece is faulted through the pull's own landing mapping;
  * an item is not closed (its mapping may go) and a set not ended while
- * a piece of it is on the pool (pull->pf_jobs, pull_set->pf_jobs). */
+ * a piece of it is on the pool (pull->pf_jobs, pull_set->pf_jobs).
+ *
+ * With daemon.host_populate, a segment whose bytes are all in has the
+ * pages past them (its allocation's rounding) allocated on the loop
+ * (gshmd__prefault_tail): the backend populates no pull at its making. */
 #include <errno.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend.h"
+#include "config.h"
 #include "log.h"
 #include "pull.h"
 
@@ -235,4 +241,19 @@ void gshmd__prefault_forget(struct pull *p) {
   p->pf_queued = false;
   p->s->cl->pf_ahead -= p->pf_ahead;
   p->pf_ahead = 0;
+}
+
+int gshmd__prefault_tail(struct pull *p) {
+  uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), start = (p->total + page - 1) / page * page;
+
+  if (!p->s->cl->cfg->host_populate || !p->dst_mapped || p->local_staged ||
+      start >= p->mem->size)
+    return 0;
+  if (madvise((uint8_t *)p->dst + start, p->mem->size - start, MADV_POPULATE_WRITE) < 0 &&
+      (errno == ENOMEM || errno == EFAULT)) {
+    gshmd__pull_set_fail(p->s, -ENOMEM, "out of memory for '%s' (daemon.host_populate)",
+                         p->local_name);
+    return -ENOMEM;
+  }
+  return 0; /* (EINVAL: a kernel before 5.14; its bytes fault in as they are written) */
 }

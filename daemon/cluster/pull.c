@@ -48,6 +48,9 @@ void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(s->why, sizeof(s->why), fmt, ap);
     va_end(ap);
+    /* (it goes to the requester, and to its terminal: a peer's refusal
+     * in it, a listing's or a Read's, may hold any byte) */
+    gshmd__cluster_text_clean(s->why);
     /* what is not sent yet is withdrawn; what is sent ends with its answer */
     if (s->lreq_pending && gshmd__link_req_cancel(&s->lreq))
       s->lreq_pending = false;
@@ -117,9 +120,9 @@ static void chunk_end(struct chunk *c, int err, const char *why) {
     gshmd__relay_landed(s->cl, p->seg, c->off, c->len); /* peers reading it meanwhile */
   }
   free(c);
+  if (!s->err && p->done == p->total && !gshmd__prefault_tail(p))
+    p->finished = true;
   if (!s->err) {
-    if (p->done == p->total)
-      p->finished = true;
     gshmd__pull_set_issue(s);
     gshmd__pull_send_progress(s);
   }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "relay.h"
 #include "util.h"
 
 #define GRANTS_AHEAD 16         /* segments of a set granted (or asked for) at once */
@@ -97,6 +98,7 @@ struct pull_set {
   struct peer_req lreq;
   Gshm__Cluster__Msg lmsg;
   Gshm__Cluster__ListRequest lr;
+  struct relay_ask lask;      /* a relaying peer's busy answers to the page asked for */
   bool listing, lreq_pending;
   bool relayed;               /* the peer listed segments it is still pulling */
   unsigned to_create;         /* listed items whose hidden segments are still to make */
@@ -176,6 +178,13 @@ void gshmd__prefault_more(struct gshmd_cluster *cl);
 /* p leaves the queue (before it is freed; its pieces on the pool are
  * waited for by pf_jobs, not by this). */
 void gshmd__prefault_forget(struct pull *p);
+/* Every byte of p landed: with daemon.host_populate, the pages of its
+ * host segment past them (its allocation's rounding) are allocated now
+ * (MADV_POPULATE_WRITE), as a create's are, so that a client's write
+ * there cannot take SIGBUS (alloc_pull populates nothing: a set's
+ * segments are made at its listing, before the peer sent a byte).
+ * Returns 0, or -ENOMEM (p's set failed). */
+int gshmd__prefault_tail(struct pull *p);
 
 /* "host", "direct", "staged" or "none". */
 const char *gshmd__pull_path_name(Gshm__Cluster__Path path);

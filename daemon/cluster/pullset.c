@@ -262,6 +262,7 @@ static void list_next(struct pull_set *s, uint64_t after) {
   s->lreq.msg = &s->lmsg;
   s->lreq.done = list_page_done;
   s->lreq.arg = s;
+  s->lask = (struct relay_ask){0};
   s->lreq_pending = true;
   gshmd__link_req_submit(&s->cl->ll, s->peer, &s->lreq);
 }
@@ -278,10 +279,16 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
   s->lreq_pending = false;
   if (s->err)
     return;
+  /* a relaying peer that waited for its own set's listing: asked again */
+  if (err == -EBUSY && !(err = gshmd__relay_ask_again(s->peer->out, req, &s->lask, &why))) {
+    s->lreq_pending = true;
+    return;
+  }
   if (err) {
     gshmd__pull_set_fail(s, err, "peer '%s': %s", s->peer->name, why);
     return;
   }
+  s->cl->list_pages++;
   if (m->body_case != GSHM__CLUSTER__MSG__BODY_LIST_REPLY) {
     gshmd__pull_set_fail(s, -EPROTO, "peer '%s' answered a list with something else", s->peer->name);
     return;
@@ -327,6 +334,17 @@ static int prefix_check(const char *prefix, unsigned max) {
   return gshm__name_check(name, max);
 }
 
+/* The pulls in flight of uid (its requester gone or not: a set holds
+ * its memory and its requests until they end). */
+static unsigned pulls_of(struct gshmd_cluster *cl, uid_t uid) {
+  struct gshm_list *pos;
+  unsigned n = 0;
+  gshm_list_foreach(pos, &cl->pulls) {
+    n += gshm_list_entry(pos, struct pull_set, node)->holder->cred.uid == uid;
+  }
+  return n;
+}
+
 int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
                       const Gshm__PullRequest *m, const char **msg_out) {
   struct peer *peer = gshmd__link_peer_find(&cl->ll, m->peer);
@@ -338,6 +356,10 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   if (!peer) {
     *msg_out = "no such peer in cluster.peers";
     return -ENOENT;
+  }
+  if (!c->cred.admin && pulls_of(cl, c->cred.uid) >= GSHMD_PULLS_PER_USER) {
+    *msg_out = "too many pulls in flight for this user; try again";
+    return -EBUSY;
   }
   if (m->prefix) {
     if ((e = prefix_check(m->name, 255)) || (e = prefix_check(local, cl->cfg->max_name))) {

@@ -186,6 +186,18 @@ static struct relay_wait *wait_new(struct link *l, uint32_t rid) {
   return w;
 }
 
+/* w's wait is over at half the request timeout (expire_waits), for a
+ * reader that asks again such a request (its hello's cap); another one's
+ * waits until it is served. */
+static void park_deadline(struct gshmd_cluster *cl, struct link *l, struct relay_wait *w,
+                          uint32_t cap) {
+  if (!(l->caps_theirs & cap))
+    return;
+  w->parked_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  if (!cl->relay_expiry_ns)
+    cl->relay_expiry_ns = w->parked_ns + cl->ll.request_timeout_ns / 2;
+}
+
 int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_segment *seg,
                       uint32_t rid, const Gshm__Cluster__Read *rd,
                       const Gshm__Cluster__Stage *st, const char **why_out) {
@@ -225,12 +237,7 @@ int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
     w->m.body_case = GSHM__CLUSTER__MSG__BODY_STAGE;
     w->m.stage = &w->st;
   }
-  /* (a reader that does not ask again waits until the bytes land) */
-  if (l->caps_theirs & GSHM__CLUSTER__CAP__CAP_ASK_AGAIN) {
-    w->parked_ns = gshm__now_ns(CLOCK_MONOTONIC);
-    if (!cl->relay_expiry_ns)
-      cl->relay_expiry_ns = w->parked_ns + cl->ll.request_timeout_ns / 2;
-  }
+  park_deadline(cl, l, w, GSHM__CLUSTER__CAP__CAP_ASK_AGAIN);
   gshm_list_add_tail(&x->waits, &w->node);
   cl->relay_waits++;
   return 1;
@@ -239,27 +246,35 @@ int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
 /* Refuses busy the parked reads that waited half the request timeout
  * (their readers ask again while this node's pulls progress: relay.h),
  * and notes when the next one's wait is over. */
+/* Moves the waits of list h that waited park ns by now to gone; *next:
+ * the earliest end of the others' waits (0: none). */
+static void expired(struct gshm_list *h, int64_t now, int64_t park, int64_t *next,
+                    struct gshm_list *gone) {
+  struct gshm_list *pos, *tmp;
+
+  gshm_list_foreach_safe(pos, tmp, h) {
+    struct relay_wait *w = gshm_list_entry(pos, struct relay_wait, node);
+    if (!w->parked_ns)
+      continue;
+    if (now - w->parked_ns < park) {
+      if (!*next || w->parked_ns + park < *next)
+        *next = w->parked_ns + park;
+      continue;
+    }
+    gshm_list_del(&w->node);
+    w->l->parked--;
+    gshm_list_add_tail(gone, &w->node);
+  }
+}
+
 static void expire_waits(struct gshmd_cluster *cl, int64_t now) {
   int64_t park = cl->ll.request_timeout_ns / 2, next = 0;
-  struct gshm_list *pos, *wpos, *tmp, gone;
+  struct gshm_list *pos, gone;
 
   gshm_list_init(&gone);
-  gshm_list_foreach(pos, &cl->relays) {
-    struct relay *x = gshm_list_entry(pos, struct relay, node);
-    gshm_list_foreach_safe(wpos, tmp, &x->waits) {
-      struct relay_wait *w = gshm_list_entry(wpos, struct relay_wait, node);
-      if (!w->parked_ns)
-        continue;
-      if (now - w->parked_ns < park) {
-        if (!next || w->parked_ns + park < next)
-          next = w->parked_ns + park;
-        continue;
-      }
-      gshm_list_del(&w->node);
-      w->l->parked--;
-      gshm_list_add_tail(&gone, &w->node);
-    }
-  }
+  gshm_list_foreach(pos, &cl->relays)
+      expired(&gshm_list_entry(pos, struct relay, node)->waits, now, park, &next, &gone);
+  expired(&cl->relay_lists, now, park, &next, &gone);
   cl->relay_expiry_ns = next;
   /* (answered once off every list: a send may end links and so drop
    * other waits) */
@@ -268,8 +283,10 @@ static void expire_waits(struct gshmd_cluster *cl, int64_t now) {
     Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
     a.request_id = w->m.request_id;
     a.status = (uint32_t)gshm__errno_to_status(-EBUSY);
-    a.message = (char *)"this node is still pulling those bytes: ask again";
-    a.progress = cl->relay_landed;
+    a.message = w->m.body_case == GSHM__CLUSTER__MSG__BODY_LIST
+                    ? (char *)"this node is still listing a set it pulls: ask again"
+                    : (char *)"this node is still pulling those bytes: ask again";
+    a.progress = cl->relay_landed + cl->list_pages;
     cl->relay_busy++;
     gshm_list_del(&w->node);
     if (w->l->state == LINK_UP)
@@ -284,8 +301,8 @@ int gshmd__relay_ask_again(struct link *l, struct peer_req *req, struct relay_as
   ra->progress = req->progress;
   ra->busy++;
   if (ra->stale >= RELAY_STALE_MAX) {
-    *why_out = "it kept a read waiting for bytes it is still pulling, and its pulls made no "
-               "progress meanwhile";
+    *why_out = "it kept a read (or a listing) waiting for what it is still pulling, and its "
+               "pulls made no progress meanwhile";
     return -ETIMEDOUT;
   }
   if (!l || l->state != LINK_UP) {
@@ -320,6 +337,7 @@ bool gshmd__relay_list_wait(struct gshmd_cluster *cl, struct link *l, uint32_t r
   w->lr.with_in_flight = true;
   w->m.body_case = GSHM__CLUSTER__MSG__BODY_LIST;
   w->m.list = &w->lr;
+  park_deadline(cl, l, w, GSHM__CLUSTER__CAP__CAP_ASK_AGAIN_LIST);
   gshm_list_add_tail(&cl->relay_lists, &w->node);
   return true;
 }

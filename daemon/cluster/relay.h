@@ -28,7 +28,8 @@ struct link;
 
 /* A parked read waits at most half of cluster.request_timeout_ms: then it
  * is refused busy (-EBUSY) with this node's progress (Msg.progress:
- * relay_landed, the bytes its pulls in flight have landed, ever), and the
+ * relay_landed, the bytes its pulls in flight have landed, ever, plus
+ * list_pages, the pages of peers' lists its sets took, ever), and the
  * reader asks again while that grows, within the reader's own request
  * timeout.  A reader gives up (-ETIMEDOUT) after RELAY_STALE_MAX busy
  * answers to one read in a row that show no progress.  Only a reader
@@ -83,7 +84,11 @@ int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
                       const Gshm__Cluster__Stage *st, const char **why_out);
 /* A List asking for segments in flight waits while a set of this node is
  * still listing its own peer (other than l's): true when it was parked
- * (answered through gshmd__serve_handle later). */
+ * (answered through gshmd__serve_handle later; for a reader whose hello
+ * has CAP_ASK_AGAIN_LIST, refused busy with this node's progress after
+ * half the request timeout, as a parked read is: a peer that lists
+ * slowly, page by page within the timeout, kept it waiting longer than
+ * the reader's request timeout, which failed the reader's link). */
 bool gshmd__relay_list_wait(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
                             const Gshm__Cluster__ListRequest *req);
 /* Calls fn for each relayed segment that peers may list (its name not

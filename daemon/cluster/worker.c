@@ -225,19 +225,56 @@ int gshmd__link_worker_address(struct links *ll, ucp_address_t **addr_out, size_
   return ucp_worker_get_address(ll->worker, addr_out, len_out) == UCS_OK ? 0 : -EIO;
 }
 
+/* A peer's worker address as UCX reads it: UCX takes no length and
+ * trusts every byte.  UCX 1.13 aborts gshmd (ucs_assertv_always) on an
+ * address whose first byte names a format other than its two, and reads
+ * as far as the lengths inside it say: a peer that holds the cluster key
+ * crashed a node with a one-byte UcxOffer.  So the format byte is checked
+ * here, and the address is copied before WORKER_ADDRESS_PAD zero bytes:
+ * the most one address's lengths (bytes) make UCX 1.13 read, 128
+ * entries of at most 6 endpoint addresses of at most 255 bytes each,
+ * stays inside them (a zero byte ends no list, but each entry consumes
+ * some, and UCX stops at 128).  Returns the copy (free it), or NULL with
+ * *why_out. */
+#define WORKER_ADDRESS_PAD (1u << 20)
+#define WORKER_ADDRESS_VERSIONS 2        /* UCP_OBJECT_VERSION_V1, _V2: 0 and 1 */
+static void *worker_address_copy(const void *addr, size_t len, const char **why_out) {
+  uint8_t *copy;
+
+  if (len < 2) { /* (at most a control frame: 64 KiB) */
+    *why_out = "a worker address of a length no UCX makes";
+    return NULL;
+  }
+  if ((*(const uint8_t *)addr & 0x0f) >= WORKER_ADDRESS_VERSIONS) {
+    *why_out = "a worker address of a format UCX 1.13 does not read";
+    return NULL;
+  }
+  if (!(copy = calloc(1, len + WORKER_ADDRESS_PAD))) {
+    *why_out = "out of memory";
+    return NULL;
+  }
+  memcpy(copy, addr, len);
+  return copy;
+}
+
 int gshmd__link_worker_ep(struct links *ll, const void *addr, size_t len,
                           ucp_err_handler_cb_t err_cb, void *arg, ucp_ep_h *ep_out,
                           bool *eager_out) {
   ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                       UCP_EP_PARAM_FIELD_ERR_HANDLER |
                                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                        .address = addr,
                         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
                         .err_handler = {.cb = err_cb, .arg = arg}};
+  const char *why = NULL;
+  void *copy = worker_address_copy(addr, len, &why);
   ucs_status_t st;
 
-  (void)len; /* UCX reads the address's own length */
   *eager_out = false;
+  if (!copy) {
+    gshm_log_notice("cluster: a peer offered %s (%zu bytes): not used", why, len);
+    return -EPROTO;
+  }
+  ep.address = copy;
   st = ucp_ep_create(ll->worker, &ep, ep_out);
   if (st == UCS_ERR_UNREACHABLE && ll->ucx_without_peer_errors) {
     /* UCX 1.13's shared-memory transports cannot tell a dead peer: the
@@ -250,6 +287,7 @@ int gshmd__link_worker_ep(struct links *ll, const void *addr, size_t len,
     st = ucp_ep_create(ll->worker, &ep, ep_out);
     *eager_out = true;
   }
+  free(copy); /* (UCX keeps nothing of it) */
   if (st != UCS_OK) {
     gshm_log_info("cluster: no UCX endpoint to a peer's worker: %s", ucs_status_string(st));
     return -EHOSTUNREACH;

@@ -310,10 +310,23 @@ int rogue_connect(struct rogue *r, int port, const char *name, const char *peer,
   h.node_name = r->name;
   h.nonce.data = r->nonce_mine;
   h.nonce.len = 32;
+  if (r->is_lane) { /* a data lane of the link whose token it names */
+    h.lane_of.data = r->lane_token;
+    h.lane_of.len = ROGUE_LANE_TOKEN;
+  }
   m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
   m.hello = &h;
   rogue_send(r, &m);
   return rogue_run_until(r, is_up, 5000) ? 0 : -1;
+}
+
+int rogue_connect_lane(struct rogue *link, int port, struct rogue *lane) {
+  memset(lane, 0, sizeof(*lane));
+  lane->is_lane = true;
+  lane->caps = link->caps;
+  lane->sink_len = 1; /* (a lane of a pulling rogue: the node sends on it, nothing read here) */
+  memcpy(lane->lane_token, link->lane_token, ROGUE_LANE_TOKEN);
+  return rogue_connect(lane, port, link->name, link->peer, link->key);
 }
 
 int rogue_accept(struct rogue *r, int lfd, const char *name, const uint8_t key[32]) {

@@ -58,6 +58,11 @@ void rogue_key(const char *path, uint8_t key[32]);
  * says why when the node refused).  Call rogue_close in either case. */
 int rogue_connect(struct rogue *r, int port, const char *name, const char *peer,
                   const uint8_t key[32]);
+/* Connects lane (zeroed here) to 127.0.0.1:port as a data lane of the
+ * pulling rogue link (up, rogue_connect): its own hello, naming link's
+ * lane token.  Returns 0 with the lane up (the node's AuthOk came), or
+ * -1.  Call rogue_close on lane in either case. */
+int rogue_connect_lane(struct rogue *link, int port, struct rogue *lane);
 /* Accepts one connection on the listening socket lfd (within 10 s) and
  * answers its hello as serving node `name` with key.  Returns 0 with the
  * link up, or -1. */

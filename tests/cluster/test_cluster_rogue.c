@@ -5,7 +5,9 @@
  * without reading them; gshmd keeps at most its caps in flight per link,
  * refuses the rest as busy, its memory stays bounded, and a local
  * client's stat stays under 100 ms throughout.  And an honest puller
- * with many pulls at once keeps within those caps. */
+ * with many pulls at once keeps within those caps.  And worker addresses
+ * in UcxOffers that UCX cannot read, or mutations of a real one, leave
+ * the node up; a link takes at most 16 data lanes. */
 #include <errno.h>
 #include <limits.h>
 #include <inttypes.h>
@@ -369,6 +371,180 @@ static void test_staged_grants(void **state) {
   assert_int_equal(harness_stop(&s2.h), 0);
 }
 
+/* Data lanes of one link: at most LANES_PER_LINK (each a connection and
+ * a thread of the node); one more is refused; they all go with their
+ * link, and the node's fds with them. */
+#define LANES_PER_LINK 16
+static bool failed_or_closed(struct rogue *r) { return r->failed || r->closed; }
+
+static void test_lanes_per_link(void **state) {
+  static struct rogue r, lanes[LANES_PER_LINK + 1];
+  int fds0 = harness_stable_fd_count(S.h.sp.pid), fds, fds1, rc, up = 0;
+  (void)state;
+
+  memset(&r, 0, sizeof(r));
+  r.caps = GSHM__CLUSTER__CAP__CAP_LANES;
+  assert_int_equal(rogue_connect(&r, S.port, "r", "s", key), 0);
+  for (int i = 0; i < LANES_PER_LINK; i++)
+    up += rogue_connect_lane(&r, S.port, &lanes[i]) == 0;
+  assert_int_equal(up, LANES_PER_LINK);
+  /* one more: refused (at its AuthOk the node finds the link full) */
+  rc = rogue_connect_lane(&r, S.port, &lanes[LANES_PER_LINK]);
+  assert_true(rc != 0 ||
+              rogue_run_until(&lanes[LANES_PER_LINK], failed_or_closed, 5000));
+  for (int i = 0; i < LANES_PER_LINK; i++) {
+    rogue_run(&lanes[i], 1);
+    assert_false(lanes[i].failed);
+  }
+  fds = harness_fd_count(S.h.sp.pid);
+  /* the link goes: its lanes with it */
+  rogue_close(&r);
+  for (int i = 0; i < LANES_PER_LINK; i++)
+    assert_true(rogue_run_until(&lanes[i], failed_or_closed, 10000));
+  for (int i = 0; i <= LANES_PER_LINK; i++)
+    rogue_close(&lanes[i]);
+  fds1 = harness_stable_fd_count(S.h.sp.pid);
+  printf("a link and %d lanes: node fds %d before, %d with them, %d after; lane %d refused\n",
+         LANES_PER_LINK, fds0, fds, fds1, LANES_PER_LINK + 1);
+  /* (fds0 may still count a connection of the test before, closing) */
+  assert_true(fds >= fds1 + LANES_PER_LINK + 1);
+  assert_true(fds1 <= fds0);
+}
+
+static bool got_answer(struct rogue *r) { return ((struct tally *)r->arg)->answers > 0; }
+
+/* On a new link to node s (as a puller that offers UCX), a UcxOffer of
+ * the len bytes at addr: 0 when the node answered it (whatever it said),
+ * -1 when it gave no answer (the old code: gshmd aborted inside UCX). */
+static int ucx_offer(struct node *s, const uint8_t *addr, size_t len) {
+  static struct rogue r;
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__UcxOffer o = GSHM__CLUSTER__UCX_OFFER__INIT;
+  struct tally t = {0};
+  int answered;
+
+  memset(&r, 0, sizeof(r));
+  r.caps = GSHM__CLUSTER__CAP__CAP_UCX;
+  assert_int_equal(rogue_connect(&r, s->port, "r", s->name, key), 0);
+  r.on_msg = count_answer;
+  r.arg = &t;
+  o.worker_address.data = (uint8_t *)addr;
+  o.worker_address.len = len;
+  o.token = 42;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_UCX_OFFER;
+  m.ucx_offer = &o;
+  rogue_send(&r, &m);
+  answered = rogue_run_until(&r, got_answer, 5000);
+  rogue_close(&r);
+  return answered ? 0 : -1;
+}
+
+/* A UcxOffer is parsed by UCX, which takes no length and aborts on a
+ * format it does not know: a key holder's one-byte worker address crashed
+ * a node with the default cluster.transport (auto; UCX 1.13: "Assertion
+ * `*addr_version == UCP_OBJECT_VERSION_V2' failed").  Offers of 1 to 300
+ * bytes of junk, and 300 random ones of either format UCX reads, are
+ * refused or answered; the node stays up throughout. */
+static void test_ucx_offer_junk(void **state) {
+  static uint8_t junk[4096];
+  const size_t lens[] = {1, 2, 8, 17, 64, 300};
+  gshm_client_t *c = connect_to(&S);
+  gshm_segment_info_t st;
+  unsigned answered = 0;
+  (void)state;
+
+  randombytes_buf(junk, sizeof(junk));
+  junk[0] = 0xa5; /* (a format UCX does not know: 5) */
+  for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
+    assert_int_equal(ucx_offer(&S, junk, lens[k]), 0);
+    assert_int_equal(gshm_stat_name(c, "pub/probe", &st), 0);
+  }
+  for (int i = 0; i < 300; i++) {
+    size_t len = 2 + randombytes_uniform(600);
+    randombytes_buf(junk, len);
+    junk[0] = (uint8_t)((junk[0] & 0xf0) | (i & 1)); /* UCX's format 0 or 1 */
+    answered += ucx_offer(&S, junk, len) == 0;
+    assert_int_equal(gshm_stat_name(c, "pub/probe", &st), 0);
+  }
+  printf("300 random worker addresses: %u answered, node up\n", answered);
+  assert_int_equal(answered, 300);
+  gshm_disconnect(c);
+}
+
+/* A real worker address: the UcxOffer a node q (its one peer "ra" the
+ * rogue, claiming CAP_UCX) makes when its link comes up.  Returns its
+ * length, the bytes in addr (cap bytes). */
+static size_t real_worker_address(uint8_t *addr, size_t cap) {
+  static struct node q;
+  static struct rogue ra;
+  char peers[64];
+  uint8_t rkey[32];
+  size_t len = 0;
+  int port, lfd2;
+
+  rogue_key(keys.key, rkey);
+  assert_true((lfd2 = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "ra=127.0.0.1:%d", port);
+  node_start(&q, "q", peers, keys.key, "", NULL);
+  memset(&ra, 0, sizeof(ra));
+  ra.caps = GSHM__CLUSTER__CAP__CAP_UCX;
+  assert_int_equal(rogue_accept(&ra, lfd2, "ra", rkey), 0);
+  for (int i = 0; i < 100 && !len; i++) {
+    Gshm__Cluster__Msg *m = rogue_recv(&ra, 50);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_UCX_OFFER &&
+        m->ucx_offer->worker_address.len <= cap) {
+      len = m->ucx_offer->worker_address.len;
+      memcpy(addr, m->ucx_offer->worker_address.data, len);
+    }
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  rogue_close(&ra);
+  assert_int_equal(harness_stop(&q.h), 0);
+  close(lfd2);
+  return len;
+}
+
+/* Offers made from a real worker address, MUTATIONS of them: a few
+ * bytes past the format byte flipped, cut short, a byte set to 0xff or
+ * 0x7f, the rest random from some byte on.  Each is answered and the
+ * node stays up (UCX reads the padded copy). */
+#define MUTATIONS 1000
+static void test_ucx_offer_mutated(void **state) {
+  static uint8_t real[4096], mut[4096];
+  gshm_client_t *c = connect_to(&S);
+  gshm_segment_info_t st;
+  size_t rlen = real_worker_address(real, sizeof(real));
+  (void)state;
+
+  printf("a real worker address: %zu bytes\n", rlen);
+  assert_true(rlen > 2);
+  assert_int_equal(ucx_offer(&S, real, rlen), 0);
+  for (int i = 0; i < MUTATIONS; i++) {
+    uint32_t body = (uint32_t)rlen - 1; /* (bytes past the format byte) */
+    size_t len = rlen, at = 1 + randombytes_uniform(body);
+    memcpy(mut, real, rlen);
+    if (i % 4 == 0) {
+      for (uint32_t k = 0, n = 1 + randombytes_uniform(4); k < n; k++)
+        mut[1 + randombytes_uniform(body)] ^= (uint8_t)(1 + randombytes_uniform(255));
+    } else if (i % 4 == 1) {
+      len = 2 + randombytes_uniform((uint32_t)rlen - 2);
+    } else if (i % 4 == 2) {
+      mut[at] = randombytes_uniform(2) ? 0xff : 0x7f;
+    } else {
+      randombytes_buf(mut + at, rlen - at);
+    }
+    if (ucx_offer(&S, mut, len) || gshm_stat_name(c, "pub/probe", &st)) {
+      printf("mutation %d (kind %d, %zu bytes) took the node down:\n", i, i % 4, len);
+      for (size_t k = 0; k < len; k++)
+        printf("%02x", mut[k]);
+      printf("\n");
+      fail();
+    }
+  }
+  gshm_disconnect(c);
+}
+
 /* ---- honest pullers stay within the caps ------------------------------ */
 
 struct honest_pull {
@@ -441,6 +617,9 @@ int main(void) {
       cmocka_unit_test(test_read_bytes_capped),
       cmocka_unit_test(test_staged_grants),
       cmocka_unit_test(test_honest_pulls_within_caps),
+      cmocka_unit_test(test_ucx_offer_junk),
+      cmocka_unit_test(test_ucx_offer_mutated),
+      cmocka_unit_test(test_lanes_per_link),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }

@@ -17,7 +17,8 @@
  * chunks that have not landed there longer than the request timeout; P answers
  * it busy after half of it with its progress, C asks again, and C ends
  * with every byte (without the busy answers C's request timeout would
- * fail it). */
+ * fail it).  And a listing of C that waits on P for P's own set to
+ * list the rogue, slowly, is answered busy and asked again too. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -331,11 +332,98 @@ static void test_relay_slow(void **state) {
   gshm_disconnect(p);
 }
 
+/* P lists a set from the rogue, which sends a page every second (each
+ * with one segment outside the prefix, its cursor advancing by one) for
+ * LIST_PAGES pages, then the last; P waits for the next page each time
+ * well within its request timeout.  at_first runs at P's first List. */
+#define LIST_PAGES 8
+static unsigned list_slowly(struct job *j, void (*at_first)(void)) {
+  unsigned pages = 0;
+  int64_t next = 0;
+  uint32_t rid = 0;
+
+  while (!j->done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rh, 10);
+    if (m && !rogue_answer_count(&rh, m) && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST) {
+      rid = m->request_id;
+      next = now_ms() + 1000;
+      if (!pages && at_first)
+        at_first();
+    }
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    if (rid && now_ms() >= next) {
+      Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
+      Gshm__Cluster__ListReply lr = GSHM__CLUSTER__LIST_REPLY__INIT;
+      Gshm__Cluster__Segment s = GSHM__CLUSTER__SEGMENT__INIT, *one = &s;
+      char name[32];
+      snprintf(name, sizeof(name), "elsewhere/%u", pages);
+      s.id = pages + 1;
+      s.generation = 1;
+      s.name = name;
+      s.size = 4096;
+      s.allocated = 4096;
+      s.location = "host";
+      lr.segments = &one;
+      lr.n_segments = 1;
+      lr.next = ++pages < LIST_PAGES ? pages + 1 : 0;
+      a.request_id = rid;
+      a.status = 1;
+      a.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+      a.list_reply = &lr;
+      rogue_send(&rh, &a);
+      rid = 0;
+    }
+  }
+  return pages;
+}
+
+/* While P's own set pull lists the rogue slowly (LIST_PAGES s in all, a
+ * page a second: never a request timeout of P's), C pulls another set of
+ * P's, published there: its List waits on P for the listing in flight to
+ * end (so that C would list the segments it brings), longer than the
+ * request timeout.  P answers it busy after half of it with its progress
+ * (the pages its sets were sent), C asks again, and its pull completes
+ * (the old code: C's List waited unanswered until C's request timeout
+ * failed C's link, -ETIMEDOUT, whatever the set). */
+static struct job list_job;
+static void start_c_list(void) { job_start(&list_job, &C, "p", "slow/", true, false); }
+
+static void test_relay_list_slow(void **state) {
+  static struct job j;
+  struct job *cj = &list_job;
+  gshm_client_t *p = connect_to(&P), *c = connect_to(&C);
+  unsigned pages;
+  (void)state;
+
+  make_segment(p, "slow/pub", 4096, 40);
+  rh_up(p);
+  job_start(&j, &P, "rh", "x/", true, false);
+  pages = list_slowly(&j, start_c_list);
+  job_join(&j);
+  assert_true(cj->n == &C); /* (started at P's first List) */
+  job_join(cj);
+  printf("P's listing: %u pages in %.1f s (%d %s); C's set: %d in %.1f s (%s)\n", pages,
+         (double)(j.end - j.start) / 1000, j.err, j.msg, cj->err,
+         (double)(cj->end - cj->start) / 1000, cj->msg);
+  assert_int_equal(pages, LIST_PAGES);
+  assert_int_equal(j.err, -ENOENT); /* (nothing under x/) */
+  assert_int_equal(cj->err, 0);
+  assert_true(cj->end - cj->start > TIMEOUT_MS); /* (it waited for P's listing) */
+  check_segment(c, "slow/pub", 4096, 40);
+  assert_int_equal(gshm_unlink(c, "slow/pub"), 0);
+  assert_int_equal(gshm_unlink(p, "slow/pub"), 0);
+  rh_down();
+  gshm_disconnect(c);
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_grant_held),
       cmocka_unit_test(test_read_held),
       cmocka_unit_test(test_relay_slow),
+      cmocka_unit_test(test_relay_list_slow),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }

@@ -11,12 +11,21 @@
  *   byte is read (a listed GPU segment is made a few a loop turn after its
  *   listing, or at its grant, from the grant's word: the listing's must
  *   be checked before);
+ * - with daemon.host_populate = true, the listed host segments' pages are
+ *   not allocated at their listing either (the old code fallocate'd every
+ *   listed byte before any grant, whatever prefault's cap);
+ * - the text of its refusals reaches the requester without control bytes;
+ * - a local user without any right (nobody) who pipelines PEERS requests
+ *   while this peer answers none of the counts they ask of it makes the
+ *   node send it at most GSHMD_PEERS_QUERIES of them (the old code: one a
+ *   PEERS, each query, timer and request kept until the link failed);
  * - a node stopped (SIGTERM) just after such a listing, its pieces on
  *   the thread pool, tells the requester "gshmd is stopping" and exits
  *   clean.
  * Each failed set leaves nothing (no segment, hidden or not, no bytes). */
 #include <errno.h>
 #include <pthread.h>
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -25,6 +34,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -33,6 +45,7 @@
 #include "harness.h"
 #include "nodes.h"
 #include "rogue.h"
+#include "wire.h"
 
 #define CAP (512 * MiB)         /* prefault.c PREFAULT_AHEAD */
 #define LISTED 4                /* host segments listed ... */
@@ -144,6 +157,23 @@ static int group_teardown(void **state) {
   return 0;
 }
 
+/* Starts node q (its "--set" values set1 and set2, either NULL) whose one
+ * peer "rs" is the rogue ro, and takes its link.  Returns the rogue's
+ * listening socket (for rogue_close's caller to close). */
+static int node_with_rogue(struct node *q, struct rogue *ro, const char *set1, const char *set2) {
+  char peers[64];
+  uint8_t rkey[32];
+  int port, qlfd;
+
+  rogue_key(keys.key, rkey);
+  assert_true((qlfd = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d", port);
+  node_start(q, "q", peers, keys.key, "", set1, set2, NULL);
+  memset(ro, 0, sizeof(*ro));
+  assert_int_equal(rogue_accept(ro, qlfd, "rs", rkey), 0);
+  return qlfd;
+}
+
 /* P's gshm_cluster_prefault_bytes_total once two readings 1.2 s apart
  * agree (its metrics are a snapshot up to a second old), within 15 s,
  * while the rogue holds the set's grant requests (their ids into held). */
@@ -204,6 +234,291 @@ static void test_prefault_capped(void **state) {
   gshm_disconnect(p);
 }
 
+/* Bytes of memory allocated to the memfds of pulls (fresh or recycled)
+ * that gshmd pid holds: their blocks, whoever maps them. */
+static uint64_t pull_memfd_bytes(pid_t pid) {
+  char dir[64], path[320], target[256];
+  uint64_t sum = 0;
+  struct dirent *d;
+  DIR *dp;
+
+  snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+  assert_non_null(dp = opendir(dir));
+  while ((d = readdir(dp))) {
+    struct stat st;
+    ssize_t n;
+    snprintf(path, sizeof(path), "%s/%s", dir, d->d_name);
+    if ((n = readlink(path, target, sizeof(target) - 1)) <= 0)
+      continue;
+    target[n] = '\0';
+    if (strstr(target, "memfd:gshm:pull") && stat(path, &st) == 0)
+      sum += (uint64_t)st.st_blocks * 512;
+  }
+  closedir(dp);
+  return sum;
+}
+
+/* With daemon.host_populate = true, a peer lists LISTED host segments (1
+ * GiB) and answers none of their grant requests: their memory is not
+ * allocated before the bytes come (prefault off: none of it; the old
+ * code fallocate'd all of it at the listing), and the set fails clean. */
+static void test_populate_listed(void **state) {
+  static struct bg bg;
+  static struct node Q;
+  struct rogue rq;
+  uint32_t held[LISTED];
+  unsigned nheld = 0;
+  uint64_t most = 0;
+  int qlfd;
+  int64_t end;
+  gshm_client_t *q;
+  (void)state;
+
+  qlfd = node_with_rogue(&Q, &rq, "daemon.host_populate=true", "cluster.prefault=off");
+  bg_start(&bg, Q.h.socket_path, NULL);
+  /* listed at once; its grants held for 3 s (a set's host segments are
+   * made at its listing) */
+  end = now_ms() + 3000;
+  while (now_ms() < end) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rq, 20);
+    uint64_t b;
+    assert_false(rq.failed);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST)
+      send_listing(&rq, m->request_id, LISTED, LISTED_SIZE, "host");
+    else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST && nheld < LISTED)
+      held[nheld++] = m->request_id;
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    if ((b = pull_memfd_bytes(Q.h.sp.pid)) > most)
+      most = b;
+  }
+  printf("populate on, listed %llu MiB of host segments, no grant: %llu MiB allocated\n",
+         (unsigned long long)(LISTED * LISTED_SIZE >> 20), (unsigned long long)(most >> 20));
+  assert_int_equal(nheld, LISTED); /* (the set was listed) */
+  assert_true(most < 4 * MiB);
+  while (nheld)
+    rogue_send_status(&rq, held[--nheld], 2, "the rogue sends no bytes");
+  while (!bg.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rq, 20);
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  printf("the set: %d %s\n", bg.err, bg.msg);
+  assert_int_equal(bg.err, -EINVAL);
+  q = connect_to(&Q);
+  assert_nothing_left(q, "pub/s0");
+  gshm_disconnect(q);
+  assert_int_equal(harness_stop(&Q.h), 0);
+  rogue_close(&rq);
+  close(qlfd);
+}
+
+#define FLOOD 2000         /* requests a local client pipelines */
+#define PEERS_QUERIES 16   /* cluster.h GSHMD_PEERS_QUERIES */
+#define PULLS_PER_USER 64  /* cluster.h GSHMD_PULLS_PER_USER */
+
+/* What a local client pipelines (flood_kid). */
+struct flood {
+  const char *socket;
+  uint16_t type;                /* GSHM_WIRE_* */
+  const ProtobufCMessage *msg;  /* NULL: Empty */
+  unsigned n;
+};
+
+/* As nobody (harness_kid_start): connects to gshmd's socket, says hello,
+ * pipelines the flood's n requests (reading the replies that come
+ * meanwhile, never waiting for one), steps, and waits for the parent's
+ * step before it goes. */
+static void flood_kid(struct harness_kid *k, void *arg) {
+  static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
+  const struct flood *f = arg;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  Gshm__Hello h = GSHM__HELLO__INIT;
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), nfds = 0, fds[4];
+
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", f->socket);
+  h.major = GSHM_PROTO_MAJOR;
+  h.client_name = "flood";
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
+      gshm__wire_send(fd, GSHM_WIRE_HELLO, 1, &h.base, -1) ||
+      gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds, 0) <= 0)
+    _exit(3);
+  for (uint32_t i = 0; i < f->n; i++) {
+    if (gshm__wire_send(fd, f->type, 2 + i, f->msg, -1))
+      _exit(4);
+    while (gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds, MSG_DONTWAIT) > 0)
+      ; /* (the replies that came: a client that reads none is dropped) */
+  }
+  harness_kid_step(k->out);
+  harness_kid_await(k->in, 30000);
+  close(fd);
+}
+
+/* Runs f as nobody; returns once its requests are all sent, with the
+ * kid waiting for its step (flood_end). */
+static void flood_start(struct harness_kid *k, struct flood *f) {
+  assert_int_equal(harness_kid_start(k, HARNESS_NOBODY, HARNESS_NOBODY, flood_kid, f), 0);
+  assert_true(harness_kid_await(k->from_kid, 30000)); /* (all sent) */
+}
+
+static void flood_end(struct harness_kid *k) {
+  harness_kid_step(k->to_kid);
+  assert_int_equal(harness_kid_wait(k), 0);
+}
+
+/* The Lists after `after` that reach ro within ms, answered after that
+ * (counts: rogue_answer_count; others refused); other requests refused. */
+static unsigned lists_asked(struct rogue *ro, uint64_t after, int ms) {
+  static Gshm__Cluster__Msg *held[FLOOD];
+  int64_t end = now_ms() + ms;
+  unsigned n = 0;
+
+  while (now_ms() < end) {
+    Gshm__Cluster__Msg *m = rogue_recv(ro, 20);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && m->list->after == after &&
+        n < FLOOD) {
+      held[n++] = m;
+      continue;
+    }
+    if (m) {
+      rogue_send_status(ro, m->request_id, 2, "the rogue sends no bytes");
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    }
+  }
+  for (unsigned i = 0; i < n; i++) {
+    if (!rogue_answer_count(ro, held[i]))
+      rogue_send_status(ro, held[i]->request_id, 2, "the rogue lists nothing");
+    gshm__cluster__msg__free_unpacked(held[i], NULL);
+  }
+  return n;
+}
+
+/* PEERS needs no right; each one asks every peer that is up for its
+ * count, and the one here answers none for 1.5 s: nobody's FLOOD
+ * requests send it at most PEERS_QUERIES (the rest are answered at once
+ * with the counts known; the old code sent every one, and kept each
+ * query, timer and request until its count came or the link failed). */
+static void test_peers_flood(void **state) {
+  struct flood f = {.socket = P.h.socket_path, .type = GSHM_WIRE_PEERS, .n = FLOOD};
+  struct harness_kid k;
+  gshm_cluster_pull_t *pv = NULL;
+  size_t npv = 0;
+  gshm_client_t *p;
+  unsigned asked;
+  (void)state;
+
+  flood_start(&k, &f);
+  asked = lists_asked(&rs, UINT64_MAX, 1500);
+  flood_end(&k);
+  printf("%d PEERS from nobody, their counts unanswered: %u count requests to the peer\n",
+         FLOOD, asked);
+  assert_true(asked >= 1);
+  assert_true(asked <= PEERS_QUERIES);
+  p = connect_to(&P); /* (gshmd is alive and answers) */
+  assert_int_equal(gshm_cluster_pulls(p, &pv, &npv), 0);
+  gshm_free(pv);
+  gshm_disconnect(p);
+}
+
+/* nobody, a member of cluster.pull_group, pipelines FLOOD set pulls and
+ * as many remote listings of a peer that answers none of its Lists for
+ * 1.5 s: each reaches the peer as a List, at most PULLS_PER_USER of each
+ * (the rest refused busy at once; the old code made a set (or a
+ * listing), its registry client and a request of every one, kept until
+ * the peer answered or the link failed); once the Lists are refused, no
+ * pull is left. */
+static void test_pull_flood(void **state) {
+  static struct node Q;
+  Gshm__PullRequest pr = GSHM__PULL_REQUEST__INIT;
+  Gshm__RemoteListRequest rl = GSHM__REMOTE_LIST_REQUEST__INIT;
+  struct flood f = {.type = GSHM_WIRE_PULL, .msg = &pr.base, .n = FLOOD};
+  gshm_cluster_pull_t *pv = NULL;
+  size_t npv = 1;
+  struct harness_kid k;
+  struct rogue rq;
+  unsigned sets, lists;
+  int qlfd;
+  gshm_client_t *q;
+  (void)state;
+
+  qlfd = node_with_rogue(&Q, &rq, "cluster.pull_group=nogroup", NULL);
+  f.socket = Q.h.socket_path;
+  pr.peer = "rs";
+  pr.name = "pub/";
+  pr.prefix = true;
+  flood_start(&k, &f);
+  sets = lists_asked(&rq, 0, 1500);
+  flood_end(&k);
+  rl.peer = "rs";
+  rl.after = 7;
+  f.type = GSHM_WIRE_REMOTE_LIST;
+  f.msg = &rl.base;
+  flood_start(&k, &f);
+  lists = lists_asked(&rq, 7, 1500);
+  flood_end(&k);
+  printf("%d set pulls and %d listings from nobody, no List answered: %u and %u Lists to the "
+         "peer\n",
+         FLOOD, FLOOD, sets, lists);
+  assert_true(sets >= 1 && sets <= PULLS_PER_USER);
+  assert_true(lists >= 1 && lists <= PULLS_PER_USER);
+  q = connect_to(&Q);
+  for (int i = 0; i < 100 && npv; i++) {
+    gshm_free(pv);
+    pv = NULL;
+    assert_int_equal(gshm_cluster_pulls(q, &pv, &npv), 0);
+    rogue_run(&rq, 50);
+  }
+  gshm_free(pv);
+  assert_int_equal(npv, 0);
+  assert_nothing_left(q, NULL);
+  gshm_disconnect(q);
+  assert_int_equal(harness_stop(&Q.h), 0);
+  rogue_close(&rq);
+  close(qlfd);
+}
+
+/* What a peer says in a refusal reaches the requester's error (and so
+ * a terminal): a set refused at its listing, or at a Read, with escape
+ * sequences and newlines in the message gets them as '?' (the old code
+ * passed a Read's or a listing's refusal on byte for byte). */
+#define EVIL "no\x1b]0;owned\x07 such\n<0>forged line\r"
+static void refused_with(bool at_read) {
+  static struct bg bg;
+
+  bg_start(&bg, P.h.socket_path, NULL);
+  while (!bg.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (!m) {
+      assert_false(rs.failed);
+      continue;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && at_read)
+      send_listing(&rs, m->request_id, 1, 4096, "host");
+    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
+      rogue_send_grant_at(&rs, m->request_id, 1, m->grant_request->name, 4096, "host");
+    else if (m->request_id && !rogue_answer_count(&rs, m)) /* (a Release expects none) */
+      rogue_send_status(&rs, m->request_id, 2, EVIL);
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  printf("refused at its %s: %d '%s'\n", at_read ? "read" : "listing", bg.err, bg.msg);
+  assert_int_equal(bg.err, -EINVAL);
+  assert_non_null(strstr(bg.msg, "owned"));
+  for (const char *c = bg.msg; *c; c++)
+    assert_true((unsigned char)*c >= 0x20 && *c != 0x7f);
+}
+
+static void test_peer_text_cleaned(void **state) {
+  gshm_client_t *p = connect_to(&P);
+  (void)state;
+
+  refused_with(false);
+  refused_with(true);
+  assert_nothing_left(p, "pub/s0");
+  gshm_disconnect(p);
+}
+
 /* A peer lists one 4 KiB segment at `listed` and grants it at `granted`
  * (the set asks for location `location`): -ESTALE before a byte is read. */
 static void grant_elsewhere(gshm_client_t *p, const char *listed, const char *granted,
@@ -254,17 +569,10 @@ static void test_stop_mid_prefault(void **state) {
   static struct bg bg;
   static struct node Q;
   struct rogue rq;
-  char peers[64];
-  uint8_t rkey[32];
-  int port, qlfd, status = -1;
+  int qlfd, status = -1;
   (void)state;
 
-  rogue_key(keys.key, rkey);
-  assert_true((qlfd = rogue_listener(&port)) >= 0);
-  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d", port);
-  node_start(&Q, "q", peers, keys.key, "", "cluster.prefault=always", NULL);
-  memset(&rq, 0, sizeof(rq));
-  assert_int_equal(rogue_accept(&rq, qlfd, "rs", rkey), 0);
+  qlfd = node_with_rogue(&Q, &rq, "cluster.prefault=always", NULL);
   bg_start(&bg, Q.h.socket_path, NULL);
   while (status < 0) {
     Gshm__Cluster__Msg *m = rogue_recv(&rq, 20);
@@ -292,6 +600,10 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefault_capped),
       cmocka_unit_test(test_grant_elsewhere),
+      cmocka_unit_test(test_peer_text_cleaned),
+      cmocka_unit_test(test_populate_listed),
+      cmocka_unit_test(test_peers_flood),
+      cmocka_unit_test(test_pull_flood),
       cmocka_unit_test(test_stop_mid_prefault),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
