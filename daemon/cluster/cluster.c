@@ -294,6 +294,7 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
              "# TYPE gshm_cluster_registered_staging_buffers gauge\n"
              "gshm_cluster_registered_staging_buffers %u\n",
           cl->registrations, cl->registered, cl->stage.registered);
+  gshmd__pull_pinned_metrics(cl, f);
   fprintf(f, "# HELP gshm_cluster_grants_total Read grants given to peers.\n"
              "# TYPE gshm_cluster_grants_total counter\n"
              "gshm_cluster_grants_total %" PRIu64 "\n"

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "cluster.h"
@@ -73,6 +74,9 @@ struct gshmd_cluster {
                                  PREFAULT_AHEAD) */
   bool pf_on;                 /* cluster.prefault, until the kernel says it has no such madvise */
   uint64_t pf_bytes;          /* faulted in, ever (metrics) */
+  /* pull.c: pinned staging bytes counted for pulls into GPUs (at most
+   * PULL_PINNED_FULL staging_bytes but for one), and their high water */
+  uint64_t pull_pinned, pull_pinned_max;
   bool have_pull_gid;
   gid_t pull_gid;
   struct export_rule *exports; /* cluster.export */
@@ -199,5 +203,9 @@ void gshmd__pull_stop_answer(struct gshmd_cluster *cl);
  * strings point into the pulls (valid until the loop runs again).
  * Returns how many. */
 size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, size_t max);
+
+/* The gauges of pinned slots held by pulls into GPUs (Prometheus text)
+ * to f (grants.c). */
+void gshmd__pull_pinned_metrics(const struct gshmd_cluster *cl, FILE *f);
 
 #endif

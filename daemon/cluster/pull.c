@@ -551,6 +551,8 @@ static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
     }
     if (!p->nslots || p->lsb->slots < p->nslots)
       p->nslots = p->lsb->slots;
+    if (!p->pinned) /* (not counted before its grant: a single pull's location followed the peer's) */
+      gshmd__pull_pin(p, p->lsb->len);
   }
   if (p->nslots) {
     if (!(p->free_slots = calloc(p->nslots, sizeof(*p->free_slots)))) {
@@ -656,6 +658,7 @@ void gshmd__pull_item_close(struct pull *p) {
     unmap_local(p); /* (one made at its grant: PULL_MAPS_AHEAD were already) */
   gshmd_stage_free(&cl->stage, p->lsb);
   p->lsb = NULL;
+  gshmd__pull_unpin(p);
   free(p->free_slots);
   p->free_slots = NULL;
   p->closed = true;

@@ -27,6 +27,14 @@
  * (limits.max_inflight packets of 64 KiB beyond the socket's buffer)
  * while the client reads them. */
 #define PULL_SET_MAX 4096
+/* Pinned staging memory the pulls of a node into GPUs hold at once, all
+ * sets together, in cluster.staging_bytes: a set asks grants
+ * GRANTS_AHEAD segments ahead and each device segment's holds slots
+ * from its grant to its close (up to staging_bytes), so 64 sets of a
+ * user could pin 64 x 16 x 128 MiB.  A grant that would pass it waits
+ * for others to close (one always goes); the serving side's own cap is
+ * per link (serve.c STAGED_LINK_FULL). */
+#define PULL_PINNED_FULL 8
 
 struct pull;
 struct pull_set;
@@ -53,6 +61,7 @@ struct pull {
   Gshm__Cluster__Path path;
   char path_reason[160];
   uint64_t listed;               /* its size in the peer's listing (0: not listed) */
+  uint64_t pinned;               /* pinned staging bytes counted for it in cl->pull_pinned */
   uint64_t listed_id, listed_gen; /* its ids there (0: not listed, or listed in flight) */
   uint64_t total, next_off, done;
   unsigned inflight;             /* chunks in any step */
@@ -198,10 +207,24 @@ const char *gshmd__pull_path_name(Gshm__Cluster__Path path);
 const char *gshmd__pull_segment_bad(const struct gshmd_cluster *cl,
                                     const Gshm__Cluster__Segment *seg);
 
-/* ---- pullset.c ---- */
+/* ---- grants.c ---- */
 
+/* Asks grants for s's next segments (those a busy peer refused first)
+ * while fewer than s->window are open and the node's pulls into GPUs
+ * hold less than PULL_PINNED_FULL staging_bytes of pinned slots with
+ * the next one's (one always goes; set_reap asks again after each
+ * close).  Run outside UCX callbacks.  grants.c. */
+void gshmd__pull_set_start_grants(struct pull_set *s);
 /* The peer refused p's grant as busy while other segments of the set
  * hold grants: p is asked again later.  False when nothing else is open. */
 bool gshmd__pull_grant_later(struct pull *p);
+/* The pinned staging bytes p's grant will hold here: 0 unless it lands
+ * on a GPU (its listing says so, or its location names one); a segment
+ * not listed counts cluster.staging_bytes. */
+uint64_t gshmd__pull_pin_need(struct pull *p);
+/* Counts bytes more for p in cl->pull_pinned (PULL_PINNED_FULL). */
+void gshmd__pull_pin(struct pull *p, uint64_t bytes);
+/* p's count in cl->pull_pinned ends (its grant closed, or refused). */
+void gshmd__pull_unpin(struct pull *p);
 
 #endif

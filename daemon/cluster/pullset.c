@@ -20,46 +20,6 @@
 #include "util.h"
 #include "wire.h"
 
-/* Asks grants for the next segments (those a busy peer refused first)
- * while fewer than s->window are open (run outside UCX callbacks). */
-static void set_start_grants(struct pull_set *s) {
-  while (!s->err && s->active < s->window && (s->retry || s->next_start < s->n)) {
-    struct pull *p = s->retry;
-    if (p) {
-      if (!(s->retry = p->next_retry))
-        s->retry_tail = &s->retry;
-    } else {
-      p = s->items[s->next_start++];
-    }
-    p->started = true;
-    p->req_pending = true;
-    s->active++;
-    gshmd__link_req_submit(&s->cl->ll, s->peer, &p->req);
-  }
-}
-
-/* The peer refused p's grant as busy (it caps grants per link, e.g.
- * staged ones) while other segments of the set hold grants: p waits for
- * one of them to close, and the set asks no more at once than it holds
- * now.  Returns false when nothing else is open (a real failure). */
-bool gshmd__pull_grant_later(struct pull *p) {
-  struct pull_set *s = p->s;
-
-  if (s->active <= 1)
-    return false;
-  s->active--;
-  if (s->window == GRANTS_AHEAD)
-    gshm_log_info("cluster: peer '%s' is busy: the pull of '%s' waits for its grants to end "
-                  "before it asks more",
-                  s->peer->name, s->name);
-  s->window = s->active;
-  p->started = false;
-  p->next_retry = NULL;
-  *s->retry_tail = p;
-  s->retry_tail = &p->next_retry;
-  return true;
-}
-
 /* p was listed (listed: the peer's entry, size bytes): its hidden
  * segment is made now, or soon.  Returns 0 or a negative errno (the set
  * failed). */
@@ -415,7 +375,7 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
     s->listing = true;
     list_next(s, 0);
   } else if (!set_add(s, s->name, 0, NULL)) {
-    set_start_grants(s);
+    gshmd__pull_set_start_grants(s);
   }
   return 0;
 }
@@ -609,6 +569,7 @@ static void set_end(struct pull_set *s) {
   gshmd_registry_client_remove(cl->reg, s->holder);
   for (size_t i = 0; i < s->n; i++) {
     gshmd__prefault_forget(s->items[i]);
+    gshmd__pull_unpin(s->items[i]); /* (closed ones already were) */
     free(s->items[i]->listed_source);
     free(s->items[i]);
   }
@@ -628,7 +589,7 @@ static bool set_reap(struct pull_set *s) {
     if (p->closed && i == s->first_open)
       s->first_open++;
   }
-  set_start_grants(s);
+  gshmd__pull_set_start_grants(s);
   if (!s->err)
     gshmd__pull_set_issue(s);
   if (s->active == 0 && !s->lreq_pending && !s->pf_jobs &&

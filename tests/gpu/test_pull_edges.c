@@ -13,7 +13,12 @@
  *  2. the local segment cannot be made (limits.max_segments reached on the
  *     puller) while the first chunks are already asked: the pull fails with
  *     -EMFILE, nothing of it is left (no segment, no pull in flight, the
- *     peer's grant released), and the same pull with room lands whole.
+ *     peer's grant released), and the same pull with room lands whole;
+ *  3. pinned slots: a third node (cluster.staging_bytes 4 MiB) pulls a
+ *     set of 24 segments of 4 MiB into the GPU, 16 grants ahead, each
+ *     holding a 4 MiB staging buffer from its grant to its close: its
+ *     pulls never hold more than 8 x 4 MiB at once
+ *     (gshm_cluster_pull_pinned_bytes_max), and every byte lands.
  *
  * One GPU; exit 77 without a driver or a GPU.  With
  * $GSHM_PULL_EDGES_HOST=1 the same steps run on host segments (gshmd
@@ -169,17 +174,77 @@ static void no_room_step(gshm_client_t *a, gshm_client_t *b) {
                                       "it landed whole");
 }
 
+/* The value of metric `name` in c's gshmd's metrics (-1: not there). */
+static long metric_of(gshm_client_t *c, const char *name) {
+  char *text = NULL, key[160];
+  const char *m;
+  long v = -1;
+
+  REQUIRE(gshm_metrics(c, &text) == 0, "metrics");
+  snprintf(key, sizeof(key), "\n%s ", name);
+  if ((m = strstr(text, key)))
+    v = atol(m + strlen(key));
+  gshm_free(text);
+  return v;
+}
+
+#define PIN_SEGS 24
+#define PIN_STAGING (4 * MiB) /* c's cluster.staging_bytes; each segment's size */
+
+/* 3: a node's pulls into a GPU hold at most 8 x staging_bytes of pinned
+ * slots at once. */
+static void pinned_step(gshm_client_t *a, gshm_client_t *c, bool on_host) {
+  gshm_pull_opts_t po = {.local_name = "pin/", .location = loc};
+  gshm_pull_result_t *v = NULL;
+  char name[64];
+  uint64_t alloc;
+  size_t n = 0;
+  long most, now;
+  int e, bad = 0;
+
+  for (int i = 0; i < PIN_SEGS; i++) {
+    snprintf(name, sizeof(name), "pub/pin/%02d", i);
+    make(a, name, PIN_STAGING, NULL, 900 + (unsigned long long)i);
+  }
+  e = gshm_pull_prefix(c, "a", "pub/pin/", &po, &v, &n);
+  CHECK(e == 0 && n == PIN_SEGS, "the set's pull: %s (%s), %zu segments", gshm_strerror(e),
+        gshm_last_error(c), n);
+  gshm_free(v);
+  for (int i = 0; i < PIN_SEGS && !e; i++) {
+    snprintf(name, sizeof(name), "pin/%02d", i);
+    bad += !pulled_ok(c, name, PIN_STAGING, 900 + (unsigned long long)i, &alloc);
+    CHECK(gshm_unlink(c, name) == 0, "unlink %s", name);
+  }
+  CHECK(bad == 0, "%d of the set's segments differ from the source's", bad);
+  usleep(1200 * 1000); /* (metrics are a snapshot up to a second old) */
+  most = metric_of(c, "gshm_cluster_pull_pinned_bytes_max");
+  now = metric_of(c, "gshm_cluster_pull_pinned_bytes");
+  if (on_host)
+    CHECK(most == 0, "host pulls hold no pinned slots, yet %ld bytes", most);
+  else
+    CHECK(most > 0 && most <= (long)(8 * PIN_STAGING),
+          "the pulls held %ld bytes of pinned slots at most, want 1 .. %llu", most,
+          (unsigned long long)(8 * PIN_STAGING));
+  CHECK(now == 0, "%ld bytes of pinned slots still counted after the pull", now);
+  for (int i = 0; i < PIN_SEGS; i++) {
+    snprintf(name, sizeof(name), "pub/pin/%02d", i);
+    CHECK(gshm_unlink(a, name) == 0, "unlink %s", name);
+  }
+  printf("pinned slots: at most %ld MiB at once (cap %llu MiB)\n", most >> 20,
+         (unsigned long long)(8 * PIN_STAGING) >> 20);
+}
+
 int main(void) {
-  static char sa[GPU_NODE_ARGS][512], sb[GPU_NODE_ARGS][512];
+  static char sa[GPU_NODE_ARGS][512], sb[GPU_NODE_ARGS][512], sc[GPU_NODE_ARGS][512];
   const char *host = getenv("GSHM_PULL_EDGES_HOST");
   bool on_host = host && !strcmp(host, "1");
   const char *backend = on_host ? "host" : "cuda", *aa[GPU_NODE_ARGS + 1],
-             *ab[GPU_NODE_ARGS + 1];
-  char dir[] = "/tmp/gshm-pull-edges-XXXXXX", key[300], pa[64], pb[64];
-  struct harness A = {0}, B = {0};
-  gshm_client_t *a, *b;
+             *ab[GPU_NODE_ARGS + 1], *ac[GPU_NODE_ARGS + 1];
+  char dir[] = "/tmp/gshm-pull-edges-XXXXXX", key[300], pa[96], pb[64];
+  struct harness A = {0}, B = {0}, C = {0};
+  gshm_client_t *a, *b, *c;
   const struct gshm_cudadrv *drv;
-  int count = 1, port_a, port_b;
+  int count = 1, port_a, port_b, port_c;
 
   if (!on_host &&
       (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) || drv->cuDeviceGetCount(&count) != CUDA_SUCCESS))
@@ -195,7 +260,8 @@ int main(void) {
   gpu_key_file(dir, key, sizeof(key), "gpu-test-pull-edges-key-0123456\n");
   port_a = gpu_free_port();
   port_b = gpu_free_port();
-  snprintf(pa, sizeof(pa), "b=127.0.0.1:%d", port_b);
+  port_c = gpu_free_port();
+  snprintf(pa, sizeof(pa), "b=127.0.0.1:%d,c=127.0.0.1:%d", port_b, port_c);
   snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", port_a);
   gpu_node_args(sa, aa, backend, "a", port_a, pa, key, "pub/*", "cluster.pull_chunk=1M", NULL);
   gpu_node_args(sb, ab, backend, "b", port_b, pb, key, "", "cluster.pull_chunk=1M",
@@ -203,15 +269,22 @@ int main(void) {
   REQUIRE(harness_start(&A, aa) == 0, "gshmd a");
   harness_set_leftover(&A);
   atexit(harness_kill_leftover);
+  gpu_node_args(sc, ac, backend, "c", port_c, pb, key, "", "cluster.pull_chunk=1M",
+                "cluster.staging_bytes=4M");
   REQUIRE(harness_start(&B, ab) == 0, "gshmd b");
+  REQUIRE(harness_start(&C, ac) == 0, "gshmd c");
+  REQUIRE(gshm_connect(C.socket_path, "edges-c", &c) == 0, "connect c");
   REQUIRE(gshm_connect(A.socket_path, "edges-a", &a) == 0, "connect a");
   REQUIRE(gshm_connect(B.socket_path, "edges-b", &b) == 0, "connect b");
 
   tail_step(a, b);
   no_room_step(a, b);
+  pinned_step(a, c, on_host);
 
   gshm_disconnect(a);
   gshm_disconnect(b);
+  gshm_disconnect(c);
+  CHECK(harness_stop(&C) == 0, "gshmd c exit");
   CHECK(harness_stop(&B) == 0, "gshmd b exit");
   CHECK(harness_stop(&A) == 0, "gshmd a exit");
   harness_set_leftover(NULL);
