@@ -22,6 +22,9 @@
 #define MAX_RUNNING 3
 #define TIMEOUT_MS 3000
 #define HANG_MS 20000 /* no progress for this long: a hang (the load of CI included) */
+/* A node SIGSTOPped stays so this long: a pull reading it must have failed
+ * by then (TIMEOUT_MS, the 1 s sweep, a hello's own timeout; CI's load). */
+#define FREEZE_MS 12000
 
 enum { NA, NB, NC };
 enum { K_FRESH, K_CUR, K_RELAY, K_RCUR };
@@ -44,6 +47,7 @@ struct attempt {
   _Atomic int64_t progress_ms; /* last time bytes_done grew */
   _Atomic uint64_t progress_bytes, progress_total;
   int relay_wanted;            /* a B pull: C is to read it through B while it runs */
+  int frozen_peer;             /* its peer was SIGSTOPped while it ran */
   char msg[700];
 };
 
@@ -115,6 +119,9 @@ int own_fds(int node);
 /* Every node without segment or byte, and (fds_too) its fds at their level
  * after warm-up, waiting out a restart's grace period. */
 void check_quiet(const char *when, bool fds_too);
+/* Whether node's daemon has a pull of (peer, remote prefix) in flight;
+ * *listed (may be NULL) set when its listing is done. */
+bool in_flight(int node, int peer, const char *prefix, bool *listed);
 /* Waits for the links of all three nodes to be up (the warm fd level). */
 void wait_mesh(void);
 

@@ -304,3 +304,24 @@ void wait_mesh(void) {
   EXPECT(up == 6, "%d of the 6 links up after 15 s", up);
   usleep(1000000);
 }
+
+/* Whether node's daemon has a pull of (peer, remote prefix) in flight:
+ * *listed set when its listing is done. */
+bool in_flight(int node, int peer, const char *prefix, bool *listed) {
+  gshm_client_t *c = conn(node);
+  gshm_cluster_pull_t *p = NULL;
+  size_t n = 0;
+  bool found = false;
+  if (!c)
+    return false;
+  if (gshm_cluster_pulls(c, &p, &n) == 0)
+    for (size_t k = 0; k < n; k++)
+      if (!strcmp(p[k].peer, node_names[peer]) && !strcmp(p[k].name, prefix)) {
+        found = true;
+        if (listed)
+          *listed = p[k].segments_total > 0;
+      }
+  gshm_free(p);
+  gshm_disconnect(c);
+  return found;
+}

@@ -58,7 +58,25 @@ static int seconds = 60;
 static struct cluster_keys keys;
 static unsigned restarts[3];
 static int64_t max_gap_ms, t0_ms;
-static unsigned kills, unlinks, hangs, relay_cuts;
+static unsigned kills, unlinks, hangs, relay_cuts, freezes;
+static int frozen = -1; /* the node SIGSTOPped now, until thaw_at */
+static int64_t thaw_at;
+static void reap(void);
+
+/* SIGCONT the frozen node: every pull that read it since the SIGSTOP has
+ * ended by now (failed, as its requests went unanswered for longer than
+ * TIMEOUT_MS, or done where its last bytes were in). */
+static void thaw(void) {
+  reap();
+  for (int k = 0; k < nattempts; k++)
+    EXPECT(!sh->at[k].running || !sh->at[k].frozen_peer,
+           "pull %d (%s <- %s:%s) still runs %d ms after its peer stopped answering "
+           "(request_timeout_ms %d)",
+           k, node_names[sh->at[k].node], node_names[sh->at[k].peer], sh->at[k].prefix, FREEZE_MS,
+           TIMEOUT_MS);
+  kill(nodes[frozen].h.sp.pid, SIGCONT);
+  frozen = -1;
+}
 
 unsigned pick(unsigned n) { return n ? (unsigned)(rnd(&prng) % n) : 0; }
 
@@ -185,27 +203,6 @@ static void retire(int v) {
   }
   sh->v[v].state = V_RETIRED;
   gshm_disconnect(c);
-}
-
-/* Whether node's daemon has a pull of (peer, remote prefix) in flight:
- * *listed set when its listing is done. */
-static bool in_flight(int node, int peer, const char *prefix, bool *listed) {
-  gshm_client_t *c = conn(node);
-  gshm_cluster_pull_t *p = NULL;
-  size_t n = 0;
-  bool found = false;
-  if (!c)
-    return false;
-  if (gshm_cluster_pulls(c, &p, &n) == 0)
-    for (size_t k = 0; k < n; k++)
-      if (!strcmp(p[k].peer, node_names[peer]) && !strcmp(p[k].name, prefix)) {
-        found = true;
-        if (listed)
-          *listed = p[k].segments_total > 0;
-      }
-  gshm_free(p);
-  gshm_disconnect(c);
-  return found;
 }
 
 static int start_pull(int node, int peer, int kind, int version, int from) {
@@ -398,7 +395,7 @@ static void maybe_pull(void) {
   }
 }
 
-enum { T_ANY, T_RELAY, T_FROM_A };
+enum { T_ANY, T_RELAY, T_FROM_A, T_YOUNG };
 
 /* Whether attempt at suits a chaos event of that aim. */
 static bool suits(const struct attempt *at, int aim) {
@@ -406,6 +403,8 @@ static bool suits(const struct attempt *at, int aim) {
     return false;
   if (aim == T_RELAY)
     return at->kind == K_RELAY;
+  if (aim == T_YOUNG) /* its requests to the peer not all sent yet */
+    return ms() - at->start_ms < 40;
   if (aim == T_FROM_A)
     return at->peer == NA && sh->v[at->version].damaged < 0 &&
            sh->v[at->version].state == V_PUBLISHED;
@@ -425,13 +424,15 @@ static int target(int aim, bool patient) {
     if (done > 0 && done < atomic_load(&at->progress_total))
       mid[nmid++] = k;
   }
+  if (aim == T_YOUNG)
+    return any;
   return nmid ? mid[pick((unsigned)nmid)] : patient ? -1 : any;
 }
 
 /* One chaos event (r: which), aimed at a pull in progress; false while
  * none suits (it waits for one: `patient` for one mid-pull). */
 static bool chaos(int r, bool patient) {
-  int aim = r < 35 ? T_ANY : r < 50 ? T_FROM_A : r < 65 ? T_RELAY : T_ANY;
+  int aim = r < 30 ? T_ANY : r < 45 ? T_FROM_A : r < 60 ? T_RELAY : r < 86 ? T_ANY : T_YOUNG;
   int k = target(aim, patient);
   struct attempt *at;
 
@@ -442,15 +443,16 @@ static bool chaos(int r, bool patient) {
   at = &sh->at[k];
   printf("soak_cluster: %7.3f s: %s %s pull %d (%s <- %s:%s) at %" PRIu64 " of %" PRIu64
          " bytes\n", (double)(ms() - t0_ms) / 1e3,
-         r < 35 ? "SIGKILL the client of" : r < 50 ? "unlink a source segment of"
-         : r < 65 ? "restart b under" : r < 80 ? "restart the puller of" : "restart the peer of",
+         r < 30 ? "SIGKILL the client of" : r < 45 ? "unlink a source segment of"
+         : r < 60 ? "restart b under" : r < 72 ? "restart the puller of"
+         : r < 86 ? "restart the peer of" : "SIGSTOP the peer of",
          kind_name[at->kind], k, node_names[at->node], node_names[at->peer], at->prefix,
          atomic_load(&at->progress_bytes), atomic_load(&at->progress_total));
-  if (r < 35) { /* a pulling client */
+  if (r < 30) { /* a pulling client */
     at->killed = 1;
     kill(at->pid, SIGKILL);
     kills++;
-  } else if (r < 50) { /* a source segment, while a pull reads its set */
+  } else if (r < 45) { /* a source segment, while a pull reads its set */
     struct version *ver = &sh->v[at->version];
     gshm_client_t *c = conn(NA);
     char name[64];
@@ -461,13 +463,20 @@ static bool chaos(int r, bool patient) {
     EXPECT(gshm_unlink(c, name) == 0, "unlink %s on A", name);
     gshm_disconnect(c);
     unlinks++;
-  } else if (r < 65) { /* the relaying node (C reads through it, where a relay runs) */
+  } else if (r < 60) { /* the relaying node (C reads through it, where a relay runs) */
     relay_cuts += at->kind == K_RELAY;
     restart(NB);
-  } else if (r < 80) { /* the pulling node, or the one it reads */
+  } else if (r < 72) { /* the pulling node, or the one it reads */
     restart(at->node);
-  } else {
+  } else if (r < 86) {
     restart(at->peer);
+  } else { /* the peer stops answering: pulls reading it must time out */
+    frozen = at->peer;
+    thaw_at = ms() + FREEZE_MS;
+    kill(nodes[frozen].h.sp.pid, SIGSTOP);
+    for (int j = 0; j < nattempts; j++)
+      sh->at[j].frozen_peer = sh->at[j].running && sh->at[j].peer == frozen;
+    freezes++;
   }
   return true;
 }
@@ -547,9 +556,15 @@ static void test_soak_cluster(void **state) {
   next_chaos = start + 1000 + pick(2000);
   next_check = start + 2000;
   next_pull = next_publish = start;
-  while (ms() < end) {
+  while (ms() < end || frozen >= 0) {
     int live = 0;
     reap();
+    if (frozen >= 0) { /* nothing asks the frozen node: the parent would wait too */
+      if (ms() >= thaw_at)
+        thaw();
+      usleep(20000);
+      continue;
+    }
     for (int i = 0; i < nversions; i++)
       live += sh->v[i].state == V_PUBLISHED;
     if (live < 2 || (live < 4 && ms() >= next_publish)) {
@@ -636,9 +651,9 @@ static void test_soak_cluster(void **state) {
       printf("soak_cluster:   failed %u: %s (first: %s)\n", by_err[e], gshm_strerror(-e),
              first_msg[e]);
   printf("soak_cluster: %u client kills, restarts A %u B %u C %u, %u source unlinks mid-pull, "
-         "%u restarts of B while C read through it, %d versions published, %.1f MB pulled, %u "
-         "checks (%u segments read), longest progress gap %" PRId64 " ms, %u hangs\n",
-         kills, restarts[NA], restarts[NB], restarts[NC], unlinks, relay_cuts, nversions,
+         "%u restarts of B while C read through it, %u SIGSTOPs, %d versions published, %.1f MB "
+         "pulled, %u checks (%u segments read), longest progress gap %" PRId64 " ms, %u hangs\n",
+         kills, restarts[NA], restarts[NB], restarts[NC], unlinks, relay_cuts, freezes, nversions,
          (double)bytes / 1e6, checks, bytes_checked_segs, max_gap_ms, hangs);
   /* clean up: everything the soak made, then the nodes' levels */
   for (int node = NA; node <= NC; node++)
