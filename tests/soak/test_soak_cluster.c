@@ -7,8 +7,9 @@
  * B's cur/ replaced (--replace) by newer versions and C's rcur/ replaced
  * from B's cur/.  At random moments the parent SIGKILLs a pulling client,
  * SIGKILLs and restarts a node through the harness's fd store (A, a
- * relaying B, or a puller), and unlinks a source segment on A while a
- * pull reads its set.  Checked throughout and at the end:
+ * relaying B, or a puller), unlinks a source segment on A while a pull
+ * reads its set, and SIGSTOPs the peer of a pull just started for
+ * FREEZE_MS.  Checked throughout and at the end:
  *   - a pulled set is all there or not at all: every name of its version
  *     (less one unlinked on A) or none, also after node restarts; a pull
  *     that failed (its node not restarted meanwhile) left no name; in
@@ -16,8 +17,10 @@
  *   - every byte of every visible pulled segment is its source's (the
  *     pulling client checks what it got; the parent samples, and at the
  *     end reads everything), its source id and generation those of A;
- *   - no pull goes without progress for long (HANG_MS), failures carry
- *     an error and a message, all pulls end once the chaos stops;
+ *   - no pull goes without progress for long (HANG_MS), a pull reading
+ *     a SIGSTOPped peer has ended before its SIGCONT (cluster.
+ *     request_timeout_ms is TIMEOUT_MS), failures carry an expected errno
+ *     and a message, all pulls end once the chaos stops;
  *   - after everything is unlinked each gshmd holds no segment and no
  *     byte, its fds are back to their level after warm-up, no gshmd
  *     crashed (exit status of each kill and of the final SIGTERM).
