@@ -141,6 +141,20 @@ int harness_store_count(struct harness *h, const char *prefix) {
   return n;
 }
 
+int harness_store_bucket_fds(struct harness *h) {
+  int n = 0;
+
+  pthread_mutex_lock(&h->sp.lock);
+  for (int i = 0; i < h->sp.nfds; i++) {
+    const char *m = h->sp.names[i];
+    size_t len = strlen(m);
+    n += m[0] == 'b' && len >= 3 && (m[len - 1] == 'a' || m[len - 1] == 'b') &&
+         strspn(m + 1, "0123456789") == len - 2;
+  }
+  pthread_mutex_unlock(&h->sp.lock);
+  return n;
+}
+
 /* A port the kernel picks (bound to port 0, then closed). */
 static int bind_any_port(void) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};

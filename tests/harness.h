@@ -92,6 +92,11 @@ int harness_as_nobody(int (*fn)(const char *arg), const char *arg);
  * them), read under the store's lock (the notify thread changes it). */
 int harness_store_count(struct harness *h, const char *prefix);
 
+/* How many of the fd store's entries are bucket ends (`b<n>a`, `b<n>b`):
+ * gshmd holds each stored bucket's two sockets (docs/ARCHITECTURE.md, the
+ * fd store), which are neither a segment's memfd nor leaked. */
+int harness_store_bucket_fds(struct harness *h);
+
 /* Fills buf with bytes from a seeded xorshift stream (never all zero). */
 void harness_random(void *buf, size_t n, unsigned long long seed);
 

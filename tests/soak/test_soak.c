@@ -579,23 +579,6 @@ static void unlink_all(struct harness *h) {
   gshm_disconnect(c);
 }
 
-/* The fd store's bucket ends (`b<n>a`, `b<n>b`): gshmd holds each stored
- * bucket's two sockets (docs/ARCHITECTURE.md, the fd store), which are
- * neither memfds nor leaked. */
-static int bucket_fds(struct harness *h) {
-  int n = 0;
-
-  pthread_mutex_lock(&h->sp.lock);
-  for (int i = 0; i < h->sp.nfds; i++) {
-    const char *m = h->sp.names[i];
-    size_t len = strlen(m);
-    n += m[0] == 'b' && len >= 3 && (m[len - 1] == 'a' || m[len - 1] == 'b') &&
-         strspn(m + 1, "0123456789") == len - 2;
-  }
-  pthread_mutex_unlock(&h->sp.lock);
-  return n;
-}
-
 /* gshmd's fds: memfds (segments, the journal) and the others (sockets,
  * epoll, timers...), the least of a few samples (short-lived fds). */
 static void count_fds(pid_t pid, int *memfds_out, int *others_out) {
@@ -687,7 +670,7 @@ int main(int argc, char **argv) {
   harness_set_leftover(&h);
   atexit(harness_kill_leftover);
   count_fds(h.sp.pid, &mem_base, &fd_base);
-  bucket_base = bucket_fds(&h);
+  bucket_base = harness_store_bucket_fds(&h);
   printf("soak: %d s, %d clients of %d uids, %d gshmd restarts, seed %" PRIu64 "\n", seconds,
          nclients, NUIDS, nrestarts, seed);
 
@@ -743,7 +726,7 @@ int main(int argc, char **argv) {
    * the fd store's buckets (two sockets each). */
   nseg = daemon_segments(&h);
   count_fds(h.sp.pid, &mem_end, &fd_end);
-  bucket_end = bucket_fds(&h);
+  bucket_end = harness_store_bucket_fds(&h);
   rss_end = harness_rss_kib(h.sp.pid);
   EXPECT(fd_end - bucket_end <= fd_base - bucket_base,
          "gshmd holds %d fds besides memfds (%d of them bucket sockets), %d at start (%d)", fd_end,
