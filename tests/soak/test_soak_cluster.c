@@ -645,7 +645,7 @@ static void test_soak_cluster(void **state) {
       relayed_ok += at->relayed > 0;
       bytes += at->bytes;
     } else if (!by_err[-at->err & 255]++)
-      snprintf(first_msg[-at->err & 255], sizeof(first_msg[0]), "%s", at->msg);
+      snprintf(first_msg[-at->err & 255], sizeof(first_msg[0]), "%.159s", at->msg);
   }
   printf("soak_cluster: %d pulls: %u ok (fresh %u, cur %u, relay %u, rcur %u; %u read from a "
          "relay still pulling), %u killed or cut by their node's restart\n",
