@@ -188,7 +188,11 @@ static unsigned jobs_allowed(const struct gshmd_cluster *cl) {
 }
 
 void gshmd__prefault_more(struct gshmd_cluster *cl) {
-  unsigned allowed = cl->pf_on && !gshm_list_empty(&cl->prefaults) ? jobs_allowed(cl) : 0;
+  /* (the affinity and the links are looked at only when a piece could go:
+   * this runs for every batch of chunks a pull asks for) */
+  unsigned allowed = cl->pf_on && cl->pf_jobs < PREFAULT_JOBS && !gshm_list_empty(&cl->prefaults)
+                         ? jobs_allowed(cl)
+                         : 0;
 
   while (cl->pf_jobs < allowed && !gshm_list_empty(&cl->prefaults)) {
     struct pull *p = gshm_list_entry(cl->prefaults.next, struct pull, pf_node);
