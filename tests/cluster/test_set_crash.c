@@ -80,6 +80,15 @@ static int bucket_end(int index, int k) {
   return store_fd(name);
 }
 
+/* Waits (up to 5 s) until bucket index's second end is stored too: a new
+ * bucket's two ends reach the store in turn, and the store's thread may
+ * have taken only the first when the test looks. */
+static void both_ends(int index) {
+  for (int i = 0; i < 500 && bucket_end(index, 1) < 0; i++)
+    gshm__spawn_poll(&B.h.sp, 10);
+  assert_true(bucket_end(index, 1) >= 0);
+}
+
 /* Peeks the datagram of end's queue into d (present false when empty). */
 static void peek(int end, struct dgram *d) {
   union {
@@ -129,6 +138,7 @@ static void snap_take(struct snap *s) {
     if (bucket_end(i, 0) < 0)
       continue;
     s->exists[i] = true;
+    both_ends(i);
     for (int k = 0; k < 2 && !s->d[i].present; k++)
       peek(bucket_end(i, k), &s->d[i]);
   }
@@ -146,7 +156,7 @@ static int buckets(void) {
   int n = 0;
   gshm__spawn_poll(&B.h.sp, 0);
   while (n < MAXB && bucket_end(n, 0) >= 0)
-    n++;
+    both_ends(n++);
   return n;
 }
 
