@@ -399,6 +399,10 @@ static double plain(struct fan *f, int hops, bool relay) {
 enum { T_ONE, T_PLAIN_ONE, T_FAN, T_PLAIN_CHAIN, T_PLAIN_APART, T_N };
 
 static int iteration(struct fan *f, double t[T_N]) {
+  if (f->o->no_plain) {
+    t[T_PLAIN_ONE] = t[T_PLAIN_CHAIN] = t[T_PLAIN_APART] = 0;
+    return pull_one(f, &t[T_ONE]) || pull_fan(f, &t[T_FAN]) ? -1 : 0;
+  }
   if (pull_one(f, &t[T_ONE]) || (t[T_PLAIN_ONE] = plain(f, 1, true)) < 0 ||
       pull_fan(f, &t[T_FAN]) || (t[T_PLAIN_CHAIN] = plain(f, f->nodes - 1, true)) < 0 ||
       (t[T_PLAIN_APART] = plain(f, f->nodes - 1, false)) < 0)
@@ -425,8 +429,10 @@ static void fan_free(struct fan *f) {
 }
 
 /* The medians (m[T_*], seconds) and their ratios; first: the warm-up's
- * one pull (the nodes' first: nothing made yet, pinned slots included). */
-static void report(const struct fan *f, const double m[T_N], double first, int iters) {
+ * one pull (the nodes' first: nothing made yet, pinned slots included);
+ * t: each iteration's seconds, in order. */
+static void report(const struct fan *f, const double m[T_N], double first, int iters,
+                   double t[T_N][64]) {
   double gb = (double)f->total / 1e9, ratio = m[T_FAN] / m[T_ONE];
   double plain_ratio = m[T_PLAIN_CHAIN] / m[T_PLAIN_ONE];
   int hops = f->nodes - 1;
@@ -438,6 +444,12 @@ static void report(const struct fan *f, const double m[T_N], double first, int i
   printf("ratio fan-out / one pull:    %8.2f    (target <= 1.3); every byte of every copy "
          "checked\n",
          ratio);
+  printf("  each iteration, one pull / fan-out (s):");
+  for (int k = 0; k < iters; k++)
+    printf(" %.3f / %.3f", t[T_ONE][k], t[T_FAN][k]);
+  printf("\n");
+  if (f->o->no_plain)
+    goto cpu;
   printf("plain TCP one hop:           %8.3f s  %6.2f GB/s\n", m[T_PLAIN_ONE],
          gb / m[T_PLAIN_ONE]);
   printf("plain TCP chain to %2d nodes: %8.3f s  %6.2f GB/s per copy, %.2f GB/s in all\n", hops,
@@ -446,6 +458,7 @@ static void report(const struct fan *f, const double m[T_N], double first, int i
          m[T_PLAIN_APART], gb / m[T_PLAIN_APART], m[T_PLAIN_APART] / m[T_PLAIN_ONE]);
   printf("plain ratio chain / one hop: %8.2f    (what the host alone allows)\n", plain_ratio);
   printf("fan-out ratio / plain ratio: %8.2f    (what gshm adds to it)\n", ratio / plain_ratio);
+cpu:
   /* where the CPU goes: a node whose CPU seconds come near its share of
    * the machine times the wall time is what bounds the chain */
   printf("gshmd CPU s per iteration (mean), one pull / fan-out:");
@@ -496,7 +509,8 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
          o->set_count ? "--set" : "--model", o->chunk ? o->chunk : "default",
          o->depth ? o->depth : "default", o->streams, o->encrypt ? "encrypted" : "authenticated",
          n);
-  printf("plain TCP: the same segments, send -> recv over %u connections per hop in chunks of "
+  if (!o->no_plain)
+    printf("plain TCP: the same segments, send -> recv over %u connections per hop in chunks of "
          "%s, into new memfds, a process per node%s; chain: each node sends on each chunk as it "
          "lands; apart: every hop sends n0's bytes\n",
          o->streams, gshm__format_size(f.chunk, ck, sizeof(ck)),
@@ -512,7 +526,7 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
   }
   for (int i = 0; i < T_N; i++)
     m[i] = bench_median(t[i], n);
-  report(&f, m, first, n);
+  report(&f, m, first, n, t);
   rc = 0;
 out:
   fan_free(&f);

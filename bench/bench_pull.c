@@ -290,6 +290,7 @@ int bench_pull_main(int argc, char **argv) {
                                      {"streams", required_argument, NULL, 'k'},
                                      {"cpus-per-node", required_argument, NULL, 'C'},
                                      {"gshmd-set", required_argument, NULL, 'D'},
+                                     {"no-plain", no_argument, NULL, 'X'},
                                      {"recycle", required_argument, NULL, 'R'},
                                      {"help", no_argument, NULL, 'h'},
                                      {NULL, 0, NULL, 0}};
@@ -303,7 +304,7 @@ int bench_pull_main(int argc, char **argv) {
   double lat4k_pull = -1;
 
   parse_sizes("1M,4M,16M,64M,256M,1G,4G", &o);
-  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:D:R:h", lo, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:D:R:Xh", lo, NULL)) != -1) {
     switch (c) {
     case 's':
       if (parse_sizes(optarg, &o)) {
@@ -337,6 +338,7 @@ int bench_pull_main(int argc, char **argv) {
       o.sets[o.nsets++] = optarg;
       break;
     case 'R': o.recycle = optarg; break;
+    case 'X': o.no_plain = true; break;
     case 'k':
       o.streams = (unsigned)atoi(optarg);
       if (o.streams < 1 || o.streams > 16) {
@@ -355,6 +357,7 @@ int bench_pull_main(int argc, char **argv) {
              "                        of a size is timed apart from the later, recycled ones)]\n"
              "       gshm-bench pull --fanout N [--model LAYERSxHIDDEN | --set COUNTxSIZE]\n"
              "                       [--iters N] [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
+             "                       [--no-plain (gshm's pulls only, no plain TCP anchors)]\n"
              "                       [--location cuda:N [--to cuda:M]: the set in device\n"
              "                        segments, pulled into GPU M (staged), read back and checked]\n"
              "         N+1 gshmd: node i+1 pulls a set from node i, all at once (a chain),\n"

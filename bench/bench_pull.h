@@ -36,6 +36,8 @@ struct pull_opts {
   /* --recycle BYTES: daemon.host_recycle on every node started (the
    * pulling one recycles); NULL: off */
   const char *recycle;
+  /* --no-plain (--fanout): the plain TCP anchors are not run */
+  bool no_plain;
 };
 
 /* A TCP port of 127.0.0.1 free right now; 0 on failure. */
