@@ -444,9 +444,12 @@ static void report(const struct fan *f, const double m[T_N], double first, int i
   printf("ratio fan-out / one pull:    %8.2f    (target <= 1.3); every byte of every copy "
          "checked\n",
          ratio);
-  printf("  each iteration, one pull / fan-out (s):");
+  printf("  each iteration, one pull / fan-out%s (s):", f->o->no_plain ? "" : " / plain one hop");
   for (int k = 0; k < iters; k++)
-    printf(" %.3f / %.3f", t[T_ONE][k], t[T_FAN][k]);
+    if (f->o->no_plain)
+      printf(" %.3f / %.3f", t[T_ONE][k], t[T_FAN][k]);
+    else
+      printf(" %.3f / %.3f / %.3f", t[T_ONE][k], t[T_FAN][k], t[T_PLAIN_ONE][k]);
   printf("\n");
   if (f->o->no_plain)
     goto cpu;
