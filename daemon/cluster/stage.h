@@ -17,9 +17,16 @@ struct gshmd_backend;
 
 #define STAGE_POOL_KEEP 32    /* staging buffers kept for the next pulls (and at most
                                * STAGE_KEEP_FULL staging_bytes of them) */
-/* Pinned bytes kept at most, in staging_bytes: what four buffers of the
- * full size held when every buffer had that size. */
-#define STAGE_KEEP_FULL 4
+/* Pinned bytes kept at most, in staging_bytes: what a node's pulls into
+ * GPUs may hold at once (pull.h PULL_PINNED_FULL), so that the pulls of
+ * a model after its first make none.  With 4, each later pull of a
+ * 12.3 GiB model of 290 tensors into GPU 1 (2x H100) made its buffers of
+ * the other shapes again: 40-42 buffers (3.6-3.9 GiB pinned, 0.85-1.17 s
+ * on the loop, 22-64 ms a 128 MiB buffer) over 10 pulls, against 21-22
+ * (0.26-0.34 s: the first pull's, both nodes) with 8 (docs/PERFORMANCE.md
+ * "Whole-model sizes").  The price: up to 1 GiB (8 x 128 MiB) stays
+ * pinned after a node's first pull into a GPU, until the cluster stops. */
+#define STAGE_KEEP_FULL 8
 #define STAGE_MAX_SLOTS 256   /* slots per staging buffer */
 #define STAGE_MIN_SLOT_SIZE 4096ull      /* a slot is cluster.pull_chunk bytes: */
 #define STAGE_MAX_SLOT_SIZE (1ull << 30) /* the option table's bounds */
