@@ -142,16 +142,46 @@ static int errorf(int rc, int err, const char *fmt, ...) {
   return rc;
 }
 
-/* Reports a failed call; returns the exit code. */
-static int fail(gshm_client_t *c, const char *what, int err) {
-  const char *detail = c ? gshm_last_error(c) : "";
+/* After a call that named peer failed with err: when gshmd knows no peer
+ * of that name (-ENOENT), the ones it knows, " (this node's peers: a, b)",
+ * in buf; else "".  Asks gshmd: gshm_last_error(c) changes. */
+static const char *peer_hint(gshm_client_t *c, int err, const char *peer, char *buf, size_t cap) {
+  gshm_cluster_peer_t *v = NULL;
+  char node[64];
+  size_t n = 0, o;
 
+  buf[0] = '\0';
+  if (err != -ENOENT || !peer || gshm_cluster_peers(c, node, &v, &n))
+    return buf;
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(v[i].name, peer)) {
+      gshm_free(v);
+      return buf;
+    }
+  o = (size_t)snprintf(buf, cap, "%s", n ? " (this node's peers: " : " (this node has no peers)");
+  for (size_t i = 0; i < n && o < cap; i++)
+    o += (size_t)snprintf(buf + o, cap - o, "%s%s%s", i ? ", " : "", v[i].name,
+                          i + 1 == n ? ")" : "");
+  gshm_free(v);
+  return buf;
+}
+
+/* Reports a failed call (of a verb that named peer, or NULL); returns the
+ * exit code. */
+static int fail_peer(gshm_client_t *c, const char *what, int err, const char *peer) {
+  char detail[1024], hint[512];
+
+  snprintf(detail, sizeof(detail), "%s", c ? gshm_last_error(c) : "");
   /* gshmd's whole explanation may be the error's own text ("permission
    * denied" to a user who may not see the segment): say it once. */
   if (strcasecmp(detail, gshm_strerror(err)) == 0)
-    detail = "";
-  return errorf(exit_code(err), err, "%s: %s%s%s", what, gshm_strerror(err), *detail ? ": " : "",
-                detail);
+    detail[0] = '\0';
+  return errorf(exit_code(err), err, "%s: %s%s%s%s", what, gshm_strerror(err),
+                *detail ? ": " : "", detail, c ? peer_hint(c, err, peer, hint, sizeof(hint)) : "");
+}
+
+static int fail(gshm_client_t *c, const char *what, int err) {
+  return fail_peer(c, what, err, NULL);
 }
 
 /* A verb's getopt_long returned o, '?' or ':' (opterr is 0 and the
@@ -1094,8 +1124,11 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
 
   if (!c)
     return EXIT_OK;
-  if ((e = gshm_list_remote(c, peer, &v, &n)))
-    return fail(c, "segments --peer", e);
+  if ((e = gshm_list_remote(c, peer, &v, &n))) {
+    char what[96];
+    snprintf(what, sizeof(what), "segments --peer %.64s", peer);
+    return fail_peer(c, what, e, peer);
+  }
   if (json_out) {
     json_t *doc = json_doc(), *arr = json_array();
     json_object_set_new(doc, "peer", json_text(peer));
@@ -1272,10 +1305,9 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
     fputc('\n', stderr);
   }
   if (e && strcmp(gshm_last_error(c), GSHM_LOST_GSHMD_TEXT)) { /* gshmd's answer: as its log */
-    char msg[768];
-    return errorf(exit_code(e), e, "%s",
-                  gshm__pull_failure_message(msg, sizeof(msg), prefix, colon + 1, peer, e,
-                                             gshm_last_error(c)));
+    char msg[768], hint[256];
+    gshm__pull_failure_message(msg, sizeof(msg), prefix, colon + 1, peer, e, gshm_last_error(c));
+    return errorf(exit_code(e), e, "%s%s", msg, peer_hint(c, e, peer, hint, sizeof(hint)));
   }
   if (e)
     return fail(c, "pull", e);
