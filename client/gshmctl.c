@@ -166,6 +166,23 @@ static const char *peer_hint(gshm_client_t *c, int err, const char *peer, char *
   return buf;
 }
 
+/* gshmd says only "permission denied" to a user who may not see the
+ * segment (an error must not reveal what `segments` hides): what that
+ * means for verb `what`, and who can change it, in buf ("" for other
+ * verbs). */
+static const char *hidden_segment_hint(const char *what, char *buf, size_t cap) {
+  bool access = !strcmp(what, "read") || !strcmp(what, "write");
+  bool manage = !strcmp(what, "unlink") || !strcmp(what, "chmod") || !strcmp(what, "chown");
+
+  buf[0] = '\0';
+  if (access || manage)
+    snprintf(buf, cap, ": uid %u may not see a segment of that name; if there is one, %s",
+             (unsigned)geteuid(),
+             access ? "its owner or an admin can open it to this user (gshmctl chmod, chown)"
+                    : "only its owner or an admin may change it");
+  return buf;
+}
+
 /* Reports a failed call (of a verb that named peer, or NULL); returns the
  * exit code. */
 static int fail_peer(gshm_client_t *c, const char *what, int err, const char *peer) {
@@ -173,9 +190,14 @@ static int fail_peer(gshm_client_t *c, const char *what, int err, const char *pe
 
   snprintf(detail, sizeof(detail), "%s", c ? gshm_last_error(c) : "");
   /* gshmd's whole explanation may be the error's own text ("permission
-   * denied" to a user who may not see the segment): say it once. */
-  if (strcasecmp(detail, gshm_strerror(err)) == 0)
+   * denied" to a user who may not see the segment): say it once, and
+   * what it means. */
+  if (strcasecmp(detail, gshm_strerror(err)) == 0) {
     detail[0] = '\0';
+    if (err == -EACCES)
+      return errorf(exit_code(err), err, "%s: %s%s", what, gshm_strerror(err),
+                    hidden_segment_hint(what, hint, sizeof(hint)));
+  }
   return errorf(exit_code(err), err, "%s: %s%s%s%s", what, gshm_strerror(err),
                 *detail ? ": " : "", detail, c ? peer_hint(c, err, peer, hint, sizeof(hint)) : "");
 }

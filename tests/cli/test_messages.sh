@@ -113,6 +113,19 @@ if [ "$(id -u)" = 0 ]; then
   [ $? = 4 ] || fail "status as uid 65534: not exit 4"
   has err "permission denied: the socket (owner $(id -un), group $(id -gn), mode 0660) does not let uid 65534 connect"
   has err "daemon.socket_group"
+  # let uid 65534 in: a segment it may not see is refused with what that
+  # means and who can change it
+  chmod 0666 "$dir/s"
+  run 0 create hidden 4K
+  as_other "$ctl" -s "$dir/s" read hidden -o /dev/null >"$dir/out" 2>"$dir/err"
+  [ $? = 4 ] || fail "read of a 0600 segment as uid 65534: not exit 4"
+  has err "read: permission denied: uid 65534 may not see a segment of that name"
+  has err "its owner or an admin can open it to this user (gshmctl chmod, chown)"
+  as_other "$ctl" -s "$dir/s" unlink hidden >"$dir/out" 2>"$dir/err"
+  [ $? = 4 ] || fail "unlink of a 0600 segment as uid 65534: not exit 4"
+  has err "only its owner or an admin may change it"
+  run 0 unlink hidden
+  chmod 0660 "$dir/s"
   chmod 0700 "$dir"
 else
   chmod 0000 "$dir/s"
