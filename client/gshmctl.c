@@ -1304,6 +1304,10 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
                   "usage: pull PEER:NAME [--as LOCAL] [--prefix] [--replace] [--location LOC] "
                   "[--mode MODE]");
   }
+  if (!prefix && colon[strlen(colon) - 1] == '/')
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: '%s' ends in '/': to pull every segment under it, add --prefix",
+                  colon + 1);
   if (!c)
     return EXIT_OK;
   snprintf(peer, sizeof(peer), "%.*s", (int)(colon - argv[optind]), argv[optind]);

@@ -152,6 +152,9 @@ has err "create: unknown option '--frob'"
 usage_json segments extra
 usage_json pull no-colon
 usage_json pull a:b --frob
+# a name ending in '/' is a set: without --prefix, say so (before connecting)
+run 2 pull node7:llama/
+has err "pull: 'llama/' ends in '/': to pull every segment under it, add --prefix"
 usage_json frobnicate
 usage_json status --socket
 has err "option '--socket' needs a value"
