@@ -3,8 +3,9 @@
 #
 # README.md's "Layout" section and docs/ARCHITECTURE.md's "Layers" section
 # name every file of daemon/ and daemon/cluster/, and every source file of
-# client/, common/, proto/, kernels/ and bench/ (a new or split file is
-# added to both maps; CMakeLists.txt files need not be named).  ctest runs it as the test `house_layout`.
+# client/, common/, proto/, kernels/, bench/ and python/gshm/ (a new or
+# split file is added to both maps; CMakeLists.txt files need not be
+# named).  ctest runs it as the test `house_layout`.
 #
 #   scripts/layout-check.sh        lists the names a map lacks; exit 1 if any
 set -euo pipefail
@@ -34,5 +35,6 @@ while read -r f; do
 done < <({
   find daemon -maxdepth 2 -type f
   find client common proto kernels bench -type f ! -name CMakeLists.txt
+  find python/gshm -type f ! -name '*.pyc'
 } | sort)
 exit $bad
