@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -141,16 +142,68 @@ static int errorf(int rc, int err, const char *fmt, ...) {
   return rc;
 }
 
-/* Reports a failed call; returns the exit code. */
-static int fail(gshm_client_t *c, const char *what, int err) {
-  const char *detail = c ? gshm_last_error(c) : "";
+/* After a call that named peer failed with err: when gshmd knows no peer
+ * of that name (-ENOENT), the ones it knows, " (this node's peers: a, b)",
+ * in buf; else "".  Asks gshmd: gshm_last_error(c) changes. */
+static const char *peer_hint(gshm_client_t *c, int err, const char *peer, char *buf, size_t cap) {
+  gshm_cluster_peer_t *v = NULL;
+  char node[64];
+  size_t n = 0, o;
 
+  buf[0] = '\0';
+  if (err != -ENOENT || !peer || gshm_cluster_peers(c, node, &v, &n))
+    return buf;
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(v[i].name, peer)) {
+      gshm_free(v);
+      return buf;
+    }
+  o = (size_t)snprintf(buf, cap, "%s", n ? " (this node's peers: " : " (this node has no peers)");
+  for (size_t i = 0; i < n && o < cap; i++)
+    o += (size_t)snprintf(buf + o, cap - o, "%s%s%s", i ? ", " : "", v[i].name,
+                          i + 1 == n ? ")" : "");
+  gshm_free(v);
+  return buf;
+}
+
+/* gshmd says only "permission denied" to a user who may not see the
+ * segment (an error must not reveal what `segments` hides): what that
+ * means for verb `what`, and who can change it, in buf ("" for other
+ * verbs). */
+static const char *hidden_segment_hint(const char *what, char *buf, size_t cap) {
+  bool access = !strcmp(what, "read") || !strcmp(what, "write");
+  bool manage = !strcmp(what, "unlink") || !strcmp(what, "chmod") || !strcmp(what, "chown");
+
+  buf[0] = '\0';
+  if (access || manage)
+    snprintf(buf, cap, ": uid %u may not see a segment of that name; if there is one, %s",
+             (unsigned)geteuid(),
+             access ? "its owner or an admin can open it to this user (gshmctl chmod, chown)"
+                    : "only its owner or an admin may change it");
+  return buf;
+}
+
+/* Reports a failed call (of a verb that named peer, or NULL); returns the
+ * exit code. */
+static int fail_peer(gshm_client_t *c, const char *what, int err, const char *peer) {
+  char detail[1024], hint[512];
+
+  snprintf(detail, sizeof(detail), "%s", c ? gshm_last_error(c) : "");
   /* gshmd's whole explanation may be the error's own text ("permission
-   * denied" to a user who may not see the segment): say it once. */
-  if (strcasecmp(detail, gshm_strerror(err)) == 0)
-    detail = "";
-  return errorf(exit_code(err), err, "%s: %s%s%s", what, gshm_strerror(err), *detail ? ": " : "",
-                detail);
+   * denied" to a user who may not see the segment): say it once, and
+   * what it means. */
+  if (strcasecmp(detail, gshm_strerror(err)) == 0) {
+    detail[0] = '\0';
+    if (err == -EACCES)
+      return errorf(exit_code(err), err, "%s: %s%s", what, gshm_strerror(err),
+                    hidden_segment_hint(what, hint, sizeof(hint)));
+  }
+  return errorf(exit_code(err), err, "%s: %s%s%s%s", what, gshm_strerror(err),
+                *detail ? ": " : "", detail, c ? peer_hint(c, err, peer, hint, sizeof(hint)) : "");
+}
+
+static int fail(gshm_client_t *c, const char *what, int err) {
+  return fail_peer(c, what, err, NULL);
 }
 
 /* A verb's getopt_long returned o, '?' or ':' (opterr is 0 and the
@@ -181,13 +234,62 @@ static int bad_option(const char *verb, int o, char **argv) {
                 negative ? " (sizes and offsets cannot be negative)" : "");
 }
 
+/* Why connecting to the socket at path failed with err, and what the user
+ * can do about it, in buf: the socket's owner, group and mode when it
+ * refused this user, a hint to start gshmd when nothing is there or
+ * nothing listens.  Other errors: their text alone. */
+static const char *connect_failure(const char *path, int err, char *buf, size_t cap) {
+  static const char start[] = "start gshmd (systemctl start gshmd.socket, or gshmd --socket PATH) "
+                              "or name its socket with --socket PATH or $GSHM_SOCKET";
+  struct stat st;
+  int se = stat(path, &st) < 0 ? errno : 0;
+
+  if (err == -ENOENT) {
+    snprintf(buf, cap, "no socket there (is gshmd running?): %s", start);
+  } else if (err == -ECONNREFUSED && !se && !S_ISSOCK(st.st_mode)) {
+    snprintf(buf, cap, "%s is not a socket: name gshmd's socket with --socket PATH or "
+             "$GSHM_SOCKET", path);
+  } else if (err == -ECONNREFUSED) {
+    snprintf(buf, cap, "%s: nothing listens on that socket (left by a gshmd that stopped?): %s",
+             gshm_strerror(err), start);
+  } else if (err == -EACCES && se) {
+    snprintf(buf, cap, "permission denied: a directory above it does not let uid %u through",
+             (unsigned)geteuid());
+  } else if (err == -EACCES) {
+    struct passwd *pw = getpwuid(st.st_uid);
+    struct group *gr = getgrgid(st.st_gid);
+    char owner[64], group[64], join[128] = "";
+
+    if (pw)
+      snprintf(owner, sizeof(owner), "%s", pw->pw_name);
+    else
+      snprintf(owner, sizeof(owner), "uid %u", (unsigned)st.st_uid);
+    if (gr)
+      snprintf(group, sizeof(group), "%s", gr->gr_name);
+    else
+      snprintf(group, sizeof(group), "gid %u", (unsigned)st.st_gid);
+    /* the group lets its members in: joining it is the usual way */
+    if ((st.st_mode & 0060) == 0060)
+      snprintf(join, sizeof(join), "add this user to group '%s' (from its next login) or ",
+               group);
+    snprintf(buf, cap, "permission denied: the socket (owner %s, group %s, mode %04o) does not "
+             "let uid %u connect: an admin can %swiden the socket (daemon.socket_group and "
+             "daemon.socket_mode, or SocketGroup= and SocketMode= of gshmd.socket)",
+             owner, group, (unsigned)(st.st_mode & 07777), (unsigned)geteuid(), join);
+  } else {
+    snprintf(buf, cap, "%s", gshm_strerror(err));
+  }
+  return buf;
+}
+
 static int connect_daemon(gshm_client_t **c) {
   int e = gshm_connect(socket_path, "gshmctl", c);
   if (e) {
-    const char *path = socket_path ? socket_path : secure_getenv("GSHM_SOCKET");
-    return errorf(e == -EACCES ? EXIT_DENIED : EXIT_UNREACHABLE, e,
-                  "cannot reach gshmd at %s: %s", path && *path ? path : GSHM_DEFAULT_SOCKET,
-                  gshm_strerror(e));
+    const char *env = socket_path ? socket_path : secure_getenv("GSHM_SOCKET");
+    const char *path = env && *env ? env : GSHM_DEFAULT_SOCKET;
+    char why[512];
+    return errorf(e == -EACCES ? EXIT_DENIED : EXIT_UNREACHABLE, e, "cannot reach gshmd at %s: %s",
+                  path, connect_failure(path, e, why, sizeof(why)));
   }
   return 0;
 }
@@ -1044,8 +1146,11 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
 
   if (!c)
     return EXIT_OK;
-  if ((e = gshm_list_remote(c, peer, &v, &n)))
-    return fail(c, "segments --peer", e);
+  if ((e = gshm_list_remote(c, peer, &v, &n))) {
+    char what[96];
+    snprintf(what, sizeof(what), "segments --peer %.64s", peer);
+    return fail_peer(c, what, e, peer);
+  }
   if (json_out) {
     json_t *doc = json_doc(), *arr = json_array();
     json_object_set_new(doc, "peer", json_text(peer));
@@ -1199,6 +1304,10 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
                   "usage: pull PEER:NAME [--as LOCAL] [--prefix] [--replace] [--location LOC] "
                   "[--mode MODE]");
   }
+  if (!prefix && colon[strlen(colon) - 1] == '/')
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: '%s' ends in '/': to pull every segment under it, add --prefix",
+                  colon + 1);
   if (!c)
     return EXIT_OK;
   snprintf(peer, sizeof(peer), "%.*s", (int)(colon - argv[optind]), argv[optind]);
@@ -1222,10 +1331,9 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
     fputc('\n', stderr);
   }
   if (e && strcmp(gshm_last_error(c), GSHM_LOST_GSHMD_TEXT)) { /* gshmd's answer: as its log */
-    char msg[768];
-    return errorf(exit_code(e), e, "%s",
-                  gshm__pull_failure_message(msg, sizeof(msg), prefix, colon + 1, peer, e,
-                                             gshm_last_error(c)));
+    char msg[768], hint[256];
+    gshm__pull_failure_message(msg, sizeof(msg), prefix, colon + 1, peer, e, gshm_last_error(c));
+    return errorf(exit_code(e), e, "%s%s", msg, peer_hint(c, e, peer, hint, sizeof(hint)));
   }
   if (e)
     return fail(c, "pull", e);

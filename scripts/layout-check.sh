@@ -2,8 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 #
 # README.md's "Layout" section and docs/ARCHITECTURE.md's "Layers" section
-# name every file of daemon/ and daemon/cluster/ (a new or split file is
-# added to both maps).  ctest runs it as the test `house_layout`.
+# name every file of daemon/ and daemon/cluster/, and every source file of
+# client/, common/, proto/, kernels/, bench/ and python/gshm/ (a new or
+# split file is added to both maps; CMakeLists.txt files need not be
+# named).  ctest runs it as the test `house_layout`.
 #
 #   scripts/layout-check.sh        lists the names a map lacks; exit 1 if any
 set -euo pipefail
@@ -30,5 +32,9 @@ while read -r f; do
       bad=1
     fi
   done
-done < <(find daemon -maxdepth 2 -type f | sort)
+done < <({
+  find daemon -maxdepth 2 -type f
+  find client common proto kernels bench -type f ! -name CMakeLists.txt
+  find python/gshm -type f ! -name '*.pyc'
+} | sort)
 exit $bad

@@ -74,7 +74,7 @@ def one(c, gib):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--socket", help="a running gshmd's socket (default: start --gshmd)")
     ap.add_argument("--gshmd", help="gshmd to start on a temporary socket")
     ap.add_argument("--sizes", default="2,16", help="GiB of weights, comma-separated")

@@ -1,9 +1,10 @@
 #!/bin/bash
 # SPDX-License-Identifier: Apache-2.0
 # What a new user reads: one version everywhere, gshmctl's messages and
-# exit codes, --json errors as a JSON object on stderr, one line (or one
-# JSON document) on every verb's success, share_weights.py --help without
-# torch, and gshmd's fd-limit message only where it means something.
+# exit codes (what to do when gshmd cannot be reached), --json errors as
+# a JSON object on stderr, one line (or one JSON document) on every verb's
+# success, share_weights.py --help without torch, and gshmd's fd-limit
+# message only where it means something.
 #   test_messages.sh GSHMD GSHMCTL VERSION PYTHON SOURCE_DIR BENCH
 set -u
 gshmd=$1 ctl=$2 version=$3 py=$4 src=$5 bench=$6
@@ -88,6 +89,50 @@ run 2 --json create x 12Q
 json err "d['error']['exit_code'] == 2 and d['error']['errno'] == 'EINVAL' and 'not a size' in d['error']['message']"
 GSHM_SOCKET=$dir/nothing-here run 3 --json status
 json err "d['error']['exit_code'] == 3 and d['error']['errno'] is not None"
+# gshmd unreachable: what happened and what to do, for each way it fails
+GSHM_SOCKET=$dir/nothing-here run 3 status
+has err "cannot reach gshmd at $dir/nothing-here: no socket there"
+has err "is gshmd running?"
+has err "--socket PATH or \$GSHM_SOCKET"
+"$py" -c 'import socket,sys; socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).bind(sys.argv[1])' "$dir/stale"
+GSHM_SOCKET=$dir/stale run 3 status
+has err "nothing listens on that socket"
+has err "start gshmd"
+GSHM_SOCKET=$dir/in100 run 3 status
+has err "$dir/in100 is not a socket"
+# a user the socket does not let in: the socket's owner, group and mode,
+# and who can change that
+if [ "$(id -u)" = 0 ]; then
+  as_other() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+  chmod 0700 "$dir"
+  as_other "$ctl" -s "$dir/s" status >"$dir/out" 2>"$dir/err"
+  [ $? = 4 ] || fail "status as uid 65534 through a 0700 directory: not exit 4"
+  has err "a directory above it does not let uid 65534 through"
+  chmod 0711 "$dir"
+  as_other "$ctl" -s "$dir/s" status >"$dir/out" 2>"$dir/err"
+  [ $? = 4 ] || fail "status as uid 65534: not exit 4"
+  has err "permission denied: the socket (owner $(id -un), group $(id -gn), mode 0660) does not let uid 65534 connect"
+  has err "daemon.socket_group"
+  # let uid 65534 in: a segment it may not see is refused with what that
+  # means and who can change it
+  chmod 0666 "$dir/s"
+  run 0 create hidden 4K
+  as_other "$ctl" -s "$dir/s" read hidden -o /dev/null >"$dir/out" 2>"$dir/err"
+  [ $? = 4 ] || fail "read of a 0600 segment as uid 65534: not exit 4"
+  has err "read: permission denied: uid 65534 may not see a segment of that name"
+  has err "its owner or an admin can open it to this user (gshmctl chmod, chown)"
+  as_other "$ctl" -s "$dir/s" unlink hidden >"$dir/out" 2>"$dir/err"
+  [ $? = 4 ] || fail "unlink of a 0600 segment as uid 65534: not exit 4"
+  has err "only its owner or an admin may change it"
+  run 0 unlink hidden
+  chmod 0660 "$dir/s"
+  chmod 0700 "$dir"
+else
+  chmod 0000 "$dir/s"
+  run 4 status
+  has err "mode 0000) does not let uid $(id -u) connect"
+  chmod 0660 "$dir/s"
+fi
 # every usage error is the same JSON object with --json (stdout empty)
 usage_json() {
   run 2 --json "$@"
@@ -107,6 +152,9 @@ has err "create: unknown option '--frob'"
 usage_json segments extra
 usage_json pull no-colon
 usage_json pull a:b --frob
+# a name ending in '/' is a set: without --prefix, say so (before connecting)
+run 2 pull node7:llama/
+has err "pull: 'llama/' ends in '/': to pull every segment under it, add --prefix"
 usage_json frobnicate
 usage_json status --socket
 has err "option '--socket' needs a value"

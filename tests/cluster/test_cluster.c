@@ -1018,6 +1018,27 @@ static void test_gshmctl(void **state) {
   free(out);
   assert_int_equal(harness_gshmctl(&B.h, NULL, (const char *[]){"pull", "a:pub/none", NULL}), 5);
   assert_int_equal(harness_gshmctl(&B.h, NULL, (const char *[]){"pull", "no-colon", NULL}), 2);
+  /* a name that is taken here: what to do about it */
+  assert_int_equal(harness_gshmctl_stderr(&B.h, &out,
+                                          (const char *[]){"pull", "a:pub/cli", "--as", "cli",
+                                                           NULL},
+                                          true),
+                   1);
+  assert_non_null(strstr(out, "exists (replace it with --replace)"));
+  free(out);
+  /* a peer gshmd does not know: the error names it, and the peers it knows */
+  assert_int_equal(harness_gshmctl_stderr(&B.h, &out, (const char *[]){"pull", "zz:pub/cli", NULL},
+                                          true),
+                   5);
+  assert_non_null(strstr(out, "from peer 'zz' failed: "));
+  assert_non_null(strstr(out, "no such peer in cluster.peers (this node's peers: a)"));
+  free(out);
+  assert_int_equal(harness_gshmctl_stderr(&B.h, &out,
+                                          (const char *[]){"segments", "--peer", "zz", NULL}, true),
+                   5);
+  assert_non_null(strstr(out, "segments --peer zz: "));
+  assert_non_null(strstr(out, "no such peer in cluster.peers (this node's peers: a)"));
+  free(out);
   assert_int_equal(harness_gshmctl(&B.h, NULL, (const char *[]){"unlink", "cli", NULL}), 0);
   assert_int_equal(gshm_unlink(a, "pub/cli"), 0);
   gshm_disconnect(a);
