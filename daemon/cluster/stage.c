@@ -57,12 +57,14 @@ int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, uint64_t seg_
   struct stage_buf *sb = NULL;
   uint32_t slots = buf_slots(sp, slot_size, seg_bytes);
   int e = -ENOMEM;
+  bool kept = false;
 
   for (unsigned i = 0; i < sp->nkept && !sb; i++)
     if (sp->kept[i]->slot_size == slot_size && sp->kept[i]->slots == slots) {
       sb = sp->kept[i];
       sp->kept[i] = sp->kept[--sp->nkept];
       sp->kept_bytes -= sb->len;
+      kept = true;
     }
   if (!sb) {
     if (!(sb = calloc(1, sizeof(*sb))))
@@ -81,6 +83,8 @@ int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, uint64_t seg_
   }
   if ((e = stage_buf_register(sp, sb, ucx)))
     goto fail;
+  if (!kept)
+    sp->made++;
   *sb_out = sb;
   return 0;
 fail:

@@ -63,6 +63,7 @@ struct stage_pool {
   struct stage_buf *kept[STAGE_POOL_KEEP];
   unsigned nkept;
   uint64_t kept_bytes;        /* of the kept buffers */
+  uint64_t made;              /* buffers made (not taken from the kept ones), for the metrics */
 };
 
 /* Slots of slot_size bytes for a segment of seg_bytes (> 0): as many as

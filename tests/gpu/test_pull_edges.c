@@ -18,7 +18,10 @@
  *     set of 24 segments of 4 MiB into the GPU, 16 grants ahead, each
  *     holding a 4 MiB staging buffer from its grant to its close: its
  *     pulls never hold more than 8 x 4 MiB at once
- *     (gshm_cluster_pull_pinned_bytes_max), and every byte lands.
+ *     (gshm_cluster_pull_pinned_bytes_max), and every byte lands; the
+ *     same set pulled again makes no staging buffer
+ *     (gshm_cluster_staging_buffers_made_total: the buffers given back
+ *     are kept up to what the pulls may hold at once).
  *
  * One GPU; exit 77 without a driver or a GPU.  With
  * $GSHM_PULL_EDGES_HOST=1 the same steps run on host segments (gshmd
@@ -199,39 +202,49 @@ static void pinned_step(gshm_client_t *a, gshm_client_t *c, bool on_host) {
   char name[64];
   uint64_t alloc;
   size_t n = 0;
-  long most, now;
+  long most, now, made[2];
   int e, bad = 0;
 
   for (int i = 0; i < PIN_SEGS; i++) {
     snprintf(name, sizeof(name), "pub/pin/%02d", i);
     make(a, name, PIN_STAGING, NULL, 900 + (unsigned long long)i);
   }
-  e = gshm_pull_prefix(c, "a", "pub/pin/", &po, &v, &n);
-  CHECK(e == 0 && n == PIN_SEGS, "the set's pull: %s (%s), %zu segments", gshm_strerror(e),
-        gshm_last_error(c), n);
-  gshm_free(v);
-  for (int i = 0; i < PIN_SEGS && !e; i++) {
-    snprintf(name, sizeof(name), "pin/%02d", i);
-    bad += !pulled_ok(c, name, PIN_STAGING, 900 + (unsigned long long)i, &alloc);
-    CHECK(gshm_unlink(c, name) == 0, "unlink %s", name);
+  for (int round = 0; round < 2; round++) {
+    e = gshm_pull_prefix(c, "a", "pub/pin/", &po, &v, &n);
+    CHECK(e == 0 && n == PIN_SEGS, "the set's pull %d: %s (%s), %zu segments", round,
+          gshm_strerror(e), gshm_last_error(c), n);
+    gshm_free(v);
+    for (int i = 0; i < PIN_SEGS && !e; i++) {
+      snprintf(name, sizeof(name), "pin/%02d", i);
+      bad += !pulled_ok(c, name, PIN_STAGING, 900 + (unsigned long long)i, &alloc);
+      CHECK(gshm_unlink(c, name) == 0, "unlink %s", name);
+    }
+    usleep(1200 * 1000); /* (metrics are a snapshot up to a second old) */
+    made[round] = metric_of(c, "gshm_cluster_staging_buffers_made_total");
   }
-  CHECK(bad == 0, "%d of the set's segments differ from the source's", bad);
-  usleep(1200 * 1000); /* (metrics are a snapshot up to a second old) */
+  CHECK(bad == 0, "%d of the sets' segments differ from the source's", bad);
   most = metric_of(c, "gshm_cluster_pull_pinned_bytes_max");
   now = metric_of(c, "gshm_cluster_pull_pinned_bytes");
-  if (on_host)
+  if (on_host) {
     CHECK(most == 0, "host pulls hold no pinned slots, yet %ld bytes", most);
-  else
+    CHECK(made[1] == 0, "host pulls made %ld staging buffers", made[1]);
+  } else {
     CHECK(most > 0 && most <= (long)(8 * PIN_STAGING),
           "the pulls held %ld bytes of pinned slots at most, want 1 .. %llu", most,
           (unsigned long long)(8 * PIN_STAGING));
+    CHECK(made[0] > 0 && made[1] == made[0],
+          "staging buffers made: %ld by the first pull, %ld more by the same pull again (want "
+          "some, then none)",
+          made[0], made[1] - made[0]);
+  }
   CHECK(now == 0, "%ld bytes of pinned slots still counted after the pull", now);
   for (int i = 0; i < PIN_SEGS; i++) {
     snprintf(name, sizeof(name), "pub/pin/%02d", i);
     CHECK(gshm_unlink(a, name) == 0, "unlink %s", name);
   }
-  printf("pinned slots: at most %ld MiB at once (cap %llu MiB)\n", most >> 20,
-         (unsigned long long)(8 * PIN_STAGING) >> 20);
+  printf("pinned slots: at most %ld MiB at once (cap %llu MiB); staging buffers made %ld, "
+         "then %ld by the same pull again\n",
+         most >> 20, (unsigned long long)(8 * PIN_STAGING) >> 20, made[0], made[1] - made[0]);
 }
 
 int main(void) {
