@@ -105,7 +105,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("gshm: cannot reach gshmd at %s: %s" % (e.filename, e.strerror), file=sys.stderr)
         return EXIT_UNREACHABLE
     except PermissionDenied as e:
-        print("gshm: %s (%s)" % (e.strerror, e.filename), file=sys.stderr)
+        if e.function == "gshm_connect":
+            print("gshm: cannot reach gshmd at %s: %s" % (e.filename, e.strerror),
+                  file=sys.stderr)
+        else:
+            print("gshm: %s (%s)" % (e.strerror, e.filename), file=sys.stderr)
         return EXIT_DENIED
     except Error as e:
         print("gshm: %s" % (e,), file=sys.stderr)

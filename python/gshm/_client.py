@@ -12,8 +12,8 @@ from typing import Callable, Iterator, List, Optional, Tuple, TypeVar, Union
 
 from . import _lib as L
 from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _count, _dec, _enc,
-                    _finalizer, _optional, _raise)
-from ._errors import InvalidArgument, Unreachable
+                    _finalizer, _optional, _raise, _strerror)
+from ._errors import InvalidArgument, Unreachable, error_for
 from ._info import (ClientInfo, ClusterPeer, DeviceInfo, LeaseInfo, PullResult, SegmentInfo,
                     StatusInfo)
 from ._segment import DeviceSegment, HostSegment, Segment
@@ -46,6 +46,47 @@ def _unlink_on_error(client: Client, name: str, seg: _Seg) -> Iterator[_Seg]:
         raise
 
 
+def _connect_hint(path: str, code: int) -> str:
+    """What the user can do when connecting to the socket at path failed
+    with errno code (what gshmctl says): start gshmd where nothing is there
+    or nothing listens; the socket's owner, group and mode where it refused
+    this user.  "" for other errors."""
+    import grp
+    import pwd
+    import stat as st_
+    start = ("start gshmd (systemctl start gshmd.socket, or gshmd --socket PATH) or give its "
+             "socket's path (socket=PATH, --socket PATH) or $GSHM_SOCKET")
+    try:
+        info: Optional[os.stat_result] = os.stat(path)
+    except OSError:
+        info = None
+    if code == errno.ENOENT:
+        return "no socket there (is gshmd running?): " + start
+    if code == errno.ECONNREFUSED and info is not None and not st_.S_ISSOCK(info.st_mode):
+        return ("%s is not a socket: give gshmd's socket's path (socket=PATH, --socket PATH) "
+                "or $GSHM_SOCKET" % path)
+    if code == errno.ECONNREFUSED:
+        return "nothing listens on that socket (left by a gshmd that stopped?): " + start
+    if code == errno.EACCES and info is None:
+        return "a directory above it does not let uid %d through" % os.geteuid()
+    if code == errno.EACCES and info is not None:
+        try:
+            owner = pwd.getpwuid(info.st_uid).pw_name
+        except KeyError:
+            owner = "uid %d" % info.st_uid
+        try:
+            group = grp.getgrgid(info.st_gid).gr_name
+        except KeyError:
+            group = "gid %d" % info.st_gid
+        join = ("add this user to group '%s' (from its next login) or " % group
+                if info.st_mode & 0o060 == 0o060 else "")
+        return ("the socket (owner %s, group %s, mode %04o) does not let uid %d connect: an "
+                "admin can %swiden the socket (daemon.socket_group and daemon.socket_mode, or "
+                "SocketGroup= and SocketMode= of gshmd.socket)"
+                % (owner, group, info.st_mode & 0o7777, os.geteuid(), join))
+    return ""
+
+
 class Client(object):
     """A connection to gshmd.
 
@@ -66,8 +107,10 @@ class Client(object):
             # no daemon at the path (ENOENT) is a connection failure here, not a missing segment
             cls = Unreachable if -rc in (errno.ENOENT, errno.ECONNREFUSED, errno.ECONNRESET,
                                          errno.EPIPE) else None
-            _raise(rc, "gshm_connect", filename=socket or os.environ.get("GSHM_SOCKET")
-                   or "/run/gshm/gshmd.sock", cls=cls)
+            path = os.fspath(socket) if socket is not None else (
+                os.environ.get("GSHM_SOCKET") or "/run/gshm/gshmd.sock")
+            raise error_for(rc, function="gshm_connect", filename=path, cls=cls,
+                            description=_strerror(rc), message=_connect_hint(path, -rc))
         self._h = _ClientHandle(out.value)
         self._fin = _finalizer(self, self._h.release_owner)
         self.socket = os.fspath(socket) if socket is not None else (

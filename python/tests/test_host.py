@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import numpy
@@ -675,6 +676,14 @@ def test_python_m_gshm_is_gshmctl_status(daemon, client, segname):
 
     p = _python_m_gshm("--socket", daemon.socket + ".absent")
     assert p.returncode == 3 and b"cannot reach gshmd" in p.stderr, (p.returncode, p.stderr)
+    # what to do, as gshmctl says it: nothing there, or a file that is no socket
+    assert b"is gshmd running?" in p.stderr and b"GSHM_SOCKET" in p.stderr, p.stderr
+    with tempfile.NamedTemporaryFile() as f:
+        p = _python_m_gshm("--socket", f.name)
+        assert p.returncode == 3 and b"is not a socket" in p.stderr, (p.returncode, p.stderr)
+    with pytest.raises(gshm.Unreachable) as ei:
+        gshm.Client(daemon.socket + ".absent")
+    assert "is gshmd running?" in str(ei.value) and ei.value.errno == errno.ENOENT, ei.value
 
 
 def test_public_api_is_annotated():
