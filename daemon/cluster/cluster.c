@@ -292,15 +292,9 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
              "gshm_cluster_registered_segments %u\n"
              "# HELP gshm_cluster_registered_staging_buffers Staging buffers registered with UCX now (held by a grant or pull over UCX).\n"
              "# TYPE gshm_cluster_registered_staging_buffers gauge\n"
-             "gshm_cluster_registered_staging_buffers %u\n"
-             "# HELP gshm_cluster_staging_buffers_made_total Staging buffers made (pinned where a GPU is; the others were kept ones taken again).\n"
-             "# TYPE gshm_cluster_staging_buffers_made_total counter\n"
-             "gshm_cluster_staging_buffers_made_total %" PRIu64 "\n"
-             "# HELP gshm_cluster_staging_kept_bytes Bytes of staging buffers kept for the next grants and pulls (at most 8 x cluster.staging_bytes).\n"
-             "# TYPE gshm_cluster_staging_kept_bytes gauge\n"
-             "gshm_cluster_staging_kept_bytes %" PRIu64 "\n",
-          cl->registrations, cl->registered, cl->stage.registered, cl->stage.made,
-          cl->stage.kept_bytes);
+             "gshm_cluster_registered_staging_buffers %u\n",
+          cl->registrations, cl->registered, cl->stage.registered);
+  gshmd_stage_metrics(&cl->stage, f);
   gshmd__pull_pinned_metrics(cl, f);
   fprintf(f, "# HELP gshm_cluster_grants_total Read grants given to peers.\n"
              "# TYPE gshm_cluster_grants_total counter\n"

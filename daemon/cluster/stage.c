@@ -4,6 +4,8 @@
 #include "stage.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,6 +107,16 @@ void gshmd_stage_free(struct stage_pool *sp, struct stage_buf *sb) {
     return;
   }
   stage_buf_destroy(sp, sb);
+}
+
+void gshmd_stage_metrics(const struct stage_pool *sp, FILE *f) {
+  fprintf(f, "# HELP gshm_cluster_staging_buffers_made_total Staging buffers made (pinned where a GPU is; the others were kept ones taken again).\n"
+             "# TYPE gshm_cluster_staging_buffers_made_total counter\n"
+             "gshm_cluster_staging_buffers_made_total %" PRIu64 "\n"
+             "# HELP gshm_cluster_staging_kept_bytes Bytes of staging buffers kept for the next grants and pulls (at most 8 x cluster.staging_bytes).\n"
+             "# TYPE gshm_cluster_staging_kept_bytes gauge\n"
+             "gshm_cluster_staging_kept_bytes %" PRIu64 "\n",
+          sp->made, sp->kept_bytes);
 }
 
 void gshmd_stage_pool_drain(struct stage_pool *sp) {

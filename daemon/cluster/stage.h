@@ -8,6 +8,7 @@
 #define GSHMD_CLUSTER_STAGE_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <ucp/api/ucp.h>
 #include <uv.h>
@@ -85,6 +86,9 @@ uint64_t gshmd_stage_buf_len(const struct stage_pool *sp, uint64_t slot_size, ui
  * STAGE_POOL_KEEP wait already, the kept ones would pass STAGE_KEEP_FULL
  * times staging_bytes, or the cluster stops.  Accepts NULL. */
 void gshmd_stage_free(struct stage_pool *sp, struct stage_buf *sb);
+/* The pool's metrics (Prometheus text) to f: buffers made since start,
+ * bytes kept now. */
+void gshmd_stage_metrics(const struct stage_pool *sp, FILE *f);
 /* Frees the kept buffers (cluster stop). */
 void gshmd_stage_pool_drain(struct stage_pool *sp);
 
