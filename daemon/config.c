@@ -560,6 +560,11 @@ static int config_validate(const struct gshmd_config *cfg, bool check) {
     gshmd__config_error("daemon.admin_group '%s': no such group", cfg->admin_group);
     return -EINVAL;
   }
+  /* (gshmd does not start with it either: main.c socket_set_owner) */
+  if (check && cfg->socket_group && *cfg->socket_group && !getgrnam(cfg->socket_group)) {
+    gshmd__config_error("daemon.socket_group '%s': no such group", cfg->socket_group);
+    return -EINVAL;
+  }
   return 0;
 }
 

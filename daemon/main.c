@@ -202,16 +202,24 @@ static int socket_check_existing(const struct sockaddr_un *sa, const char *path)
   return 0;
 }
 
-/* Gives the bound socket at name the configured mode and group. */
-static void socket_set_owner(struct daemon *d, const char *name) {
+/* Gives the bound socket at name the configured mode and group.
+ * Returns 0, or -ENOENT where daemon.socket_group names no group (logged:
+ * a socket of gshmd's own group would refuse everyone the admin meant to
+ * let in, so gshmd does not start, as for daemon.admin_group). */
+static int socket_set_owner(struct daemon *d, const char *name) {
   if (chmod(name, d->cfg.socket_mode) < 0)
     gshm_log_warn("chmod %s %o: %m", name, d->cfg.socket_mode);
   if (d->cfg.socket_group && *d->cfg.socket_group) {
     struct group *g = getgrnam(d->cfg.socket_group);
-    if (!g || chown(name, (uid_t)-1, g->gr_gid) < 0)
-      gshm_log_warn("socket group '%s': %s", d->cfg.socket_group,
-                    g ? strerror(errno) : "no such group");
+    if (!g) {
+      gshm_log_err("daemon.socket_group '%s': no such group (create it, or set the group that "
+                   "may connect)", d->cfg.socket_group);
+      return -ENOENT;
+    }
+    if (chown(name, (uid_t)-1, g->gr_gid) < 0)
+      gshm_log_warn("socket group '%s': %m", d->cfg.socket_group);
   }
+  return 0;
 }
 
 /* The socket appears at its path with its mode and group in one step:
@@ -247,7 +255,11 @@ static int socket_bind_listen(struct daemon *d, const char *path) {
     close(fd);
     return e;
   }
-  socket_set_owner(d, bound);
+  if ((e = socket_set_owner(d, bound))) {
+    unlink(bound);
+    close(fd);
+    return e;
+  }
   if (listen(fd, SOMAXCONN) < 0 || (staged && rename(tmp, path) < 0)) {
     e = -errno;
     gshm_log_err("%s %s: %m", staged ? "listen or rename" : "listen", bound);

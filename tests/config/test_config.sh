@@ -73,7 +73,7 @@ if [[ $mode == valgrind ]]; then
   vg=(valgrind -q --leak-check=full --show-leak-kinds=all --errors-for-leak-kinds=all
       --suppressions="$(dirname "$0")/../valgrind-ucx.supp" --error-exitcode=99)
   mkdir "$tmp/conf.d"
-  printf '[daemon]\nsocket = /tmp/a.sock\nsocket_group = gshm\n[metrics]\ntextfile = /tmp/m\n' \
+  printf '[daemon]\nsocket = /tmp/a.sock\nsocket_group = root\n[metrics]\ntextfile = /tmp/m\n' \
     >"$tmp/main.conf"
   printf '[daemon]\nadmin_group = wheel\nbackend = host\n' >"$tmp/conf.d/10-a.conf"
   run 0 "${vg[@]}" "$gshmd" --check-config --dump-config --config "$tmp/main.conf" \
@@ -127,7 +127,7 @@ cat >"$tmp/good.conf" <<'EOF'
 [daemon]
 socket = /tmp/gshm-test/gshmd.sock
 socket_mode = 0600
-socket_group = gshm
+socket_group = root
 backend = host   ; inline comment
 log_level = debug
 legacy_ipc = yes
@@ -147,7 +147,7 @@ EOF
 run 0 "$gshmd" --check-config --config "$tmp/good.conf" || true
 expect_value daemon socket /tmp/gshm-test/gshmd.sock --config "$tmp/good.conf"
 expect_value daemon socket_mode 0600 --config "$tmp/good.conf"
-expect_value daemon socket_group gshm --config "$tmp/good.conf"
+expect_value daemon socket_group root --config "$tmp/good.conf"
 expect_value daemon backend host --config "$tmp/good.conf"
 expect_value daemon log_level 7 --config "$tmp/good.conf"
 expect_value daemon legacy_ipc true --config "$tmp/good.conf"
@@ -301,9 +301,9 @@ expect_value daemon log_level 6 --config "$tmp/indent.conf"
 expect_value daemon backend host --config "$tmp/indent.conf"
 
 # A '#' after a blank ends the value (a trailing comment), not inside it.
-printf '[daemon]\nsocket = /c.sock  # where\nsocket_group = gshm\t# who\nlog_level = 6 #n\n' >"$tmp/comment.conf"
+printf '[daemon]\nsocket = /c.sock  # where\nsocket_group = root\t# who\nlog_level = 6 #n\n' >"$tmp/comment.conf"
 expect_value daemon socket /c.sock --config "$tmp/comment.conf"
-expect_value daemon socket_group gshm --config "$tmp/comment.conf"
+expect_value daemon socket_group root --config "$tmp/comment.conf"
 expect_value daemon log_level 6 --config "$tmp/comment.conf"
 
 # --check-config finds what would stop gshmd at start: a metrics listener
@@ -312,6 +312,15 @@ run 2 "$gshmd" --check-config --set metrics.http_listen=garbage
 run 2 "$gshmd" --check-config --set metrics.http_listen=0.0.0.0:9477
 run 0 "$gshmd" --check-config --set metrics.http_listen=127.0.0.1:9477
 run 2 "$gshmd" --check-config --set daemon.admin_group=no-such-group-gshm
+# A socket group that does not exist: refused by --check-config, and gshmd
+# does not start (a socket of its own group would let nobody meant in).
+run 2 "$gshmd" --check-config --set daemon.socket_group=no-such-group-gshm
+grep -q "socket_group 'no-such-group-gshm': no such group" "$tmp/err" ||
+  fail "no socket_group error: $(cat "$tmp/err")"
+run 1 timeout 10 "$gshmd" --backend host --socket "$tmp/grp.sock" \
+  --set daemon.socket_group=no-such-group-gshm || true
+grep -q "no such group" "$tmp/err" || fail "gshmd started without its socket group: $(cat "$tmp/err")"
+[[ ! -e $tmp/grp.sock ]] || fail "a socket was left at $tmp/grp.sock"
 
 # A file at the socket path that is not a socket is never removed.
 echo keep >"$tmp/notasock"
