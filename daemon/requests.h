@@ -28,10 +28,13 @@ struct conn {
   struct gshm_list node;
   /* Packets that did not fit in the socket buffer.  While any wait we
    * read nothing more from this client (backpressure): the queue holds at
-   * most one reply plus the events sent meanwhile, capped at the config's
-   * limits.max_inflight (then the client is dropped). */
+   * most one reply plus the events sent meanwhile (and a cluster request's
+   * later answers); its replies are capped at the config's
+   * limits.max_inflight (then the client is dropped), its events only by
+   * the leases the connection holds (server.c conn_send). */
   struct gshm_list outq;
   unsigned noutq;
+  unsigned nevents;             /* of noutq, events */
   int64_t accepted_ns, last_ns; /* CLOCK_MONOTONIC: timeouts */
   uint64_t notify_mark;         /* gshmd_notify_lease_holders: already a target */
 };
@@ -47,7 +50,7 @@ void gshmd_conn_close(struct conn *c, const char *why);
  * copy behind earlier ones when the client's socket buffer is full.  fd
  * (>= 0: sent along) stays the caller's; a queued packet keeps a dup.
  * Returns 0, or a negative errno after closing the connection: -ENOBUFS
- * limits.max_inflight packets already wait, -ENOMEM, -EMFILE (no fd for
+ * limits.max_inflight replies already wait (events do not count), -ENOMEM, -EMFILE (no fd for
  * the dup), or the send's error (-EPIPE, -ECONNRESET, ...). */
 int gshmd_conn_send_packet(struct conn *c, size_t len, int fd);
 

@@ -27,6 +27,7 @@ struct out_pkt {
   struct gshm_list node;
   size_t len;
   int fd;
+  bool event; /* counted in conn.nevents, not against limits.max_inflight */
   uint8_t data[];
 };
 
@@ -161,7 +162,18 @@ void gshmd_conn_close(struct conn *c, const char *why) {
   uv_close((uv_handle_t *)&c->poll, conn_on_closed);
 }
 
-int gshmd_conn_send_packet(struct conn *c, size_t len, int fd) {
+/* gshmd_conn_send_packet, for a reply (event false) or an event.  Only
+ * replies count against limits.max_inflight: a client owes gshmd a read
+ * of each reply before its next request is read, but events come
+ * unasked, at most one per segment the connection holds a lease on
+ * (unlink and revoke each happen once, to a linked segment), and the
+ * connection's leases cannot change while its queue holds anything (its
+ * requests are not read); so queued events are bounded by the leases of
+ * its user (quota.leases).  Counted against the cap, a holder busy for a
+ * moment while a model of hundreds of segments was replaced was dropped
+ * ("does not read its replies"), its leases ended and the unlinked
+ * segments it still mapped were freed and punched. */
+static int conn_send(struct conn *c, size_t len, int fd, bool event) {
   struct gshmd_server *s = c->srv;
   struct out_pkt *p;
   int r = -EAGAIN;
@@ -169,7 +181,7 @@ int gshmd_conn_send_packet(struct conn *c, size_t len, int fd) {
   if (c->noutq == 0)
     r = gshm__wire_sendmsg(c->fd, s->txbuf, len, fd);
   if (r == -EAGAIN) {
-    if (c->noutq >= s->cfg->max_inflight) {
+    if (!event && c->noutq - c->nevents >= s->cfg->max_inflight) {
       gshmd_conn_close(c, "client does not read its replies");
       return -ENOBUFS;
     }
@@ -180,6 +192,7 @@ int gshmd_conn_send_packet(struct conn *c, size_t len, int fd) {
     memcpy(p->data, s->txbuf, len);
     p->len = len;
     p->fd = -1;
+    p->event = event;
     if (fd >= 0 && (p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
       r = -errno;
       free(p);
@@ -187,6 +200,7 @@ int gshmd_conn_send_packet(struct conn *c, size_t len, int fd) {
       return r;
     }
     gshm_list_add_tail(&c->outq, &p->node);
+    c->nevents += event;
     if (c->noutq++ == 0)
       uv_poll_start(&c->poll, UV_WRITABLE | UV_DISCONNECT, conn_on_io);
     return 0;
@@ -198,6 +212,10 @@ int gshmd_conn_send_packet(struct conn *c, size_t len, int fd) {
   if (fd >= 0)
     s->fds_sent++;
   return 0;
+}
+
+int gshmd_conn_send_packet(struct conn *c, size_t len, int fd) {
+  return conn_send(c, len, fd, false);
 }
 
 int gshmd_conn_send(struct conn *c, uint16_t type, uint32_t request_id, const Gshm__Reply *reply,
@@ -252,7 +270,7 @@ void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *se
     if (targets[i]->closing ||
         gshm__wire_pack(GSHM_WIRE_EVENT, 0, &ev.base, s->txbuf, sizeof(s->txbuf), &len))
       continue;
-    gshmd_conn_send_packet(targets[i], len, -1);
+    conn_send(targets[i], len, -1, true);
   }
   free(targets);
 }
@@ -367,6 +385,7 @@ static void conn_flush(struct conn *c) {
       close(p->fd);
     }
     gshm_list_del(&p->node);
+    c->nevents -= p->event;
     free(p);
     c->noutq--;
   }

@@ -129,6 +129,65 @@ static void test_unlink_while_leased(void **state) {
   gshm_disconnect(b);
 }
 
+/* A holder that is busy (it calls nothing of libgshm for a while) must
+ * keep its leases while the segments it holds are unlinked: a weight
+ * update that replaces a model of hundreds of tensors unlinks every old
+ * one, and each unlink queues an event to every holder.  The events were
+ * counted as replies the client did not read (limits.max_inflight, after
+ * the socket buffer, about 300 small packets): gshmd then dropped the
+ * holder as "client does not read its replies", which ended all of its
+ * leases, freed the unlinked segments it still mapped and punched their
+ * pages (its model read zeros), and its next call got -ESTALE.  An event
+ * is owed once per segment a connection holds, so what waits is bounded
+ * by the holder's own leases. */
+static void test_unlink_events_spare_a_busy_holder(void **state) {
+  struct harness *h = *state;
+  enum { N = 1500 };
+  static gshm_segment_t *mine[N], *held[N];
+  gshm_client_t *owner, *holder;
+  gshm_segment_t *kept, *kept_held, *again;
+  unsigned char want[4096], buf[4096];
+  char name[32];
+  void *addr;
+
+  assert_int_equal(gshm_connect(h->socket_path, "owner", &owner), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "holder", &holder), 0);
+  assert_int_equal(gshm_create(owner, "old/kept", sizeof(want), NULL, 0644, 0, &kept), 0);
+  harness_random(want, sizeof(want), 11);
+  assert_int_equal(gshm_write(kept, 0, want, sizeof(want)), 0);
+  assert_int_equal(gshm_open(holder, "old/kept", GSHM_ACCESS_READ, &kept_held), 0);
+  assert_int_equal(gshm_map(kept_held, NULL, 0, &addr), 0);
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "old/t%d", i);
+    assert_int_equal(gshm_create(owner, name, 4096, NULL, 0644, 0, &mine[i]), 0);
+    assert_int_equal(gshm_open(holder, name, GSHM_ACCESS_READ, &held[i]), 0);
+  }
+  /* The holder is busy from here on: the owner replaces the model. */
+  assert_int_equal(gshm_close(kept), 0);
+  assert_int_equal(gshm_unlink(owner, "old/kept"), 0);
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "old/t%d", i);
+    assert_int_equal(gshm_close(mine[i]), 0);
+    assert_int_equal(gshm_unlink(owner, name), 0);
+  }
+  /* The holder's mapping of the unlinked segment still has its bytes,
+   * read without a call into libgshm (it was punched to zeros)... */
+  assert_memory_equal(addr, want, sizeof(want));
+  /* ...its lease is still good, and the events all arrived: the cache
+   * serves none of the unlinked names. */
+  assert_int_equal(gshm_read(kept_held, 0, buf, sizeof(buf)), 0);
+  assert_memory_equal(buf, want, sizeof(buf));
+  assert_true(gshm_segment_info(kept_held)->unlinked);
+  assert_int_equal(gshm_open(holder, "old/t0", GSHM_ACCESS_READ, &again), -ENOENT);
+  snprintf(name, sizeof(name), "old/t%d", N - 1);
+  assert_int_equal(gshm_open(holder, name, GSHM_ACCESS_READ, &again), -ENOENT);
+  for (int i = 0; i < N; i++)
+    assert_int_equal(gshm_close(held[i]), 0);
+  assert_int_equal(gshm_close(kept_held), 0);
+  gshm_disconnect(owner);
+  gshm_disconnect(holder);
+}
+
 static void test_killed_client_leases_vanish(void **state) {
   struct harness *h = *state;
   gshm_client_t *c;
@@ -388,6 +447,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_share_across_processes, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_unlink_while_leased, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_killed_client_leases_vanish, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_unlink_events_spare_a_busy_holder, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_host_size_and_populate, harness_cmocka_setup, harness_cmocka_teardown),
