@@ -140,6 +140,12 @@ struct gshmd_registry {
    * is freed, to drop its UCX registration (seg->cluster_export). */
   void (*on_free)(struct gshmd_registry *r, struct gshmd_segment *seg);
   void *on_free_arg;
+  /* The server (server.c): called by gshmd_registry_publish for each
+   * leased segment a publish replaces, before it is unlinked, to tell its
+   * lease holders (as an unlink's requester does).  It must not end
+   * leases or free segments. */
+  void (*on_replaced)(void *arg, struct gshmd_segment *seg);
+  void *on_replaced_arg;
   /* Lease tokens (daemon/leasekey.c; both NULL: none issued, re-takes are
    * checked against the mode).  token_make writes the token of a grant of
    * access on seg to a client of uid; token_check says whether token (len
@@ -208,7 +214,7 @@ int gshmd_registry_lease_hidden(struct gshmd_registry *r, struct gshmd_client *c
  * others.  A name a live segment holds is refused (-EEXIST) unless
  * replace, which needs c to own that segment or be an admin (-EACCES) and
  * unlinks it in the same step (its lease holders keep it until they let
- * go).  The fd store is told of the new segments (CREATED) before the
+ * go, and are told through on_replaced).  The fd store is told of the new segments (CREATED) before the
  * replaced ones go.  On error nothing changed and the segments stay
  * hidden.  Errors: -EEXIST, -EACCES, -EINVAL two of segs share a name,
  * -ENOMEM. */

@@ -111,6 +111,27 @@ static int name_holders(struct gshmd_registry *r, struct gshmd_client *c,
   return 0;
 }
 
+/* The last step of a publish: the segments old[0..n) (NULL: none) lost
+ * their names to the new ones and are unlinked, as by an unlink.  Their
+ * holders are told first, as an unlink's are: each one's lease cache must
+ * stop serving the old segment under the name. */
+static void unlink_replaced(struct gshmd_registry *r, struct gshmd_segment **old, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (old[i] && old[i]->nleases && r->on_replaced)
+      r->on_replaced(r->on_replaced_arg, old[i]);
+  for (size_t i = 0; i < n; i++) {
+    if (!old[i])
+      continue;
+    old[i]->unlinked = true; /* its name node is the new segment's now */
+    gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain)", old[i]->name,
+                  old[i]->id, old[i]->nleases);
+    /* as an unlink (restored ones kept through the grace period) */
+    if ((old[i]->nleases == 0 && gshmd__reg_segment_release(r, old[i])) || !r->on_event)
+      continue;
+    r->on_event(r, old[i], GSHMD_SEGMENT_UNLINKED);
+  }
+}
+
 int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
                            struct gshmd_segment *const *segs, size_t n, bool replace,
                            const char **msg_out) {
@@ -173,17 +194,7 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
       r->on_event(r, segs[i], GSHMD_SEGMENT_CREATED);
     r->on_event(r, NULL, GSHMD_PUBLISH_END);
   }
-  for (size_t i = 0; i < n; i++) {
-    if (!old[i])
-      continue;
-    old[i]->unlinked = true; /* its name node is the new segment's now */
-    gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain)", old[i]->name,
-                  old[i]->id, old[i]->nleases);
-    /* as an unlink (restored ones kept through the grace period) */
-    if ((old[i]->nleases == 0 && gshmd__reg_segment_release(r, old[i])) || !r->on_event)
-      continue;
-    r->on_event(r, old[i], GSHMD_SEGMENT_UNLINKED);
-  }
+  unlink_replaced(r, old, n);
   free(old);
   return 0;
 nomem:

@@ -66,9 +66,11 @@ void gshmd_conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__S
                      const char *message);
 
 /* Tells every connection with a lease on seg, but `except` (the requester,
- * which learns it from its reply), that the segment's name went away
- * (kind).  A send that fails closes that connection, so the requester
- * must not be among them: its client would be gone under the request. */
+ * which learns it from its reply; may be NULL), that the segment's name
+ * went away (kind).  No connection is closed here (an event that cannot
+ * be sent now is queued; a peer that went away is closed by its poll), so
+ * leases and segments are as they were: callable from inside a registry
+ * change. */
 void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg,
                                 Gshm__EventKind kind, const struct conn *except);
 

@@ -180,12 +180,27 @@ static int conn_send(struct conn *c, size_t len, int fd, bool event) {
 
   if (c->noutq == 0)
     r = gshm__wire_sendmsg(c->fd, s->txbuf, len, fd);
+  /* An event never closes its connection here: it is sent from inside
+   * other work (an unlink, a revoke, a pull's publish), whose state a
+   * close would change under it (the client's leases end; a requester's
+   * pulls are cancelled).  A peer that is gone is closed by its poll
+   * (hangup); any other failure queues the event, and its flush from the
+   * loop closes the connection if the send fails again. */
+  if (event && (r == -EPIPE || r == -ECONNRESET))
+    return r;
+  if (event && r && r != -EAGAIN)
+    r = -EAGAIN;
   if (r == -EAGAIN) {
     if (!event && c->noutq - c->nevents >= s->cfg->max_inflight) {
       gshmd_conn_close(c, "client does not read its replies");
       return -ENOBUFS;
     }
     if (!(p = malloc(sizeof(*p) + len))) {
+      if (event) {
+        gshm_log_warn("out of memory: an event to client %" PRIu64 " is lost",
+                      c->client ? c->client->session_id : 0);
+        return -ENOMEM;
+      }
       gshmd_conn_close(c, "out of memory");
       return -ENOMEM;
     }
@@ -255,8 +270,8 @@ void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *se
   ev.generation = seg->generation;
   if (!seg->nleases || !(targets = malloc(sizeof(*targets) * seg->nleases)))
     return;
-  /* Collect first: a send that fails closes its connection, which ends
-   * that client's leases and so edits the list being walked. */
+  /* Collect first, then send: one event per connection, however many of
+   * its leases the segment has (an event's send closes nothing). */
   s->notify_seq++;
   gshm_list_foreach(pos, &seg->leases) {
     struct gshmd_lease *l = gshm_list_entry(pos, struct gshmd_lease, seg_node);
@@ -273,6 +288,13 @@ void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *se
     conn_send(targets[i], len, -1, true);
   }
   free(targets);
+}
+
+/* The registry's on_replaced: a publish (a pull's --replace) unlinks
+ * seg; its holders learn it as of an unlink, so that their lease caches
+ * stop serving the old segment under the name. */
+static void notify_replaced(void *arg, struct gshmd_segment *seg) {
+  gshmd_notify_lease_holders(arg, seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, NULL);
 }
 
 void gshmd_conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__Status status,
@@ -578,6 +600,8 @@ int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gsh
   s->arena_allocator.alloc = arena_alloc;
   s->arena_allocator.free = arena_free;
   s->arena_allocator.allocator_data = s;
+  reg->on_replaced = notify_replaced;
+  reg->on_replaced_arg = s;
   gshm_list_init(&s->conns);
   /* One counter per status the protocol defines: the enum's values are
    * explicitly numbered and never renumbered, so the highest bounds them. */
