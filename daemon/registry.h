@@ -249,12 +249,15 @@ int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const
 int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
                          int64_t uid, int64_t gid, const char **msg_out);
 
-/* Admin only: ends every lease of the segment, unlinks and frees it (a
- * host segment's pages are punched out: its holders' mappings read zeros,
- * and their re-takes after a restart find the id gone).  The caller tells
- * the lease holders first.  Errors: -ENOENT, -EPERM. */
+/* Admin only: ends every lease of the segment named name, or of id
+ * segment_id when that is not 0 (any segment but a hidden one, an
+ * unlinked one too: its holders keep it alive as long as they like),
+ * unlinks and frees it (a host segment's pages are punched out: its
+ * holders' mappings read zeros, and their re-takes after a restart find
+ * the id gone).  The caller tells the lease holders first.  Errors:
+ * -ENOENT (-ESTALE for an id), -EPERM. */
 int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
-                          const char **msg_out);
+                          uint64_t segment_id, const char **msg_out);
 
 /* A segment by name (live) or id (any state); NULL when missing. */
 struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name);

@@ -166,10 +166,20 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
 }
 
 int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
-                          const char **msg_out) {
-  struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
+                          uint64_t segment_id, const char **msg_out) {
+  struct gshmd_segment *seg;
   unsigned n;
 
+  /* (an admin check first: an id says nothing to others of what exists) */
+  if (segment_id && !c->cred.admin) {
+    *msg_out = "revoke is for admins (root or the admin group)";
+    return -EPERM;
+  }
+  seg = segment_id ? gshmd_registry_find_id(r, segment_id) : gshmd_registry_find_name(r, name);
+  if (!seg && segment_id) {
+    *msg_out = gshmd__reg_fmt_msg(r, "no segment has id %" PRIu64, segment_id);
+    return -ESTALE;
+  }
   if (!seg)
     return gshmd__reg_no_segment(r, name, msg_out);
   if (!c->cred.admin) {
@@ -177,7 +187,8 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
     return -EPERM;
   }
   /* Unlink first so that ending the last lease frees the memory. */
-  tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
+  if (!seg->unlinked)
+    tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
   seg->unlinked = true;
   gshm_log_notice("segment '%s' id %" PRIu64 " revoked by pid %d uid %u (%u leases ended)",
                   seg->name, seg->id, (int)c->cred.pid, (unsigned)c->cred.uid, seg->nleases);

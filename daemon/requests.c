@@ -213,15 +213,18 @@ static int handle_chown(struct req *q, Gshm__ChownRequest *m) {
   return e ? set_error(q, e, msg) : reply_segment(q, m->name);
 }
 
+/* By name, or by id (an unlinked segment has no name, and its holders
+ * keep it as long as they like: an admin takes it back by id). */
 static int handle_revoke(struct req *q, Gshm__RevokeRequest *m) {
   struct gshmd_registry *r = q->c->srv->reg;
-  struct gshmd_segment *seg = gshmd_registry_find_name(r, m->name);
+  struct gshmd_segment *seg = m->segment_id ? gshmd_registry_find_id(r, m->segment_id)
+                                            : gshmd_registry_find_name(r, m->name);
   const char *msg = NULL;
   int e;
 
   if (seg && q->c->client->cred.admin)
     gshmd_notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_REVOKED, q->c);
-  e = gshmd_registry_revoke(r, q->c->client, m->name, &msg);
+  e = gshmd_registry_revoke(r, q->c->client, m->name, m->segment_id, &msg);
   return e ? set_error(q, e, msg) : 0;
 }
 

@@ -234,6 +234,13 @@ GSHM_EXTERN int gshm_chown(gshm_client_t *client, const char *name, uint32_t uid
  * Errors: -ENOENT; -EPERM not an admin. */
 GSHM_EXTERN int gshm_revoke(gshm_client_t *client, const char *name);
 
+/* gshm_revoke of the segment of id segment_id (gshm_segment_info_t.id, as
+ * gshm_list shows it), in any state: an unlinked segment has no name, and
+ * its holders keep its memory for as long as they hold their leases;
+ * this is how an admin takes it back.
+ * Errors: -ESTALE no segment has that id (also 0); -EPERM not an admin. */
+GSHM_EXTERN int gshm_revoke_id(gshm_client_t *client, uint64_t segment_id);
+
 /* Fresh information about an open segment (lease count, unlinked state)
  * from the daemon.  After a daemon restart libgshm re-takes this
  * process's leases on its next call, each with the access it was granted

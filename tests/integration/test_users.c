@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
@@ -245,6 +246,76 @@ static int child_as(uid_t uid, gid_t gid, const gid_t *groups, int ngroups,
   }
   assert_int_equal(waitpid(pid, &status, 0), pid);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* A user creates a segment, maps it and unlinks it: it has no name now,
+ * and its lease keeps it (and its memory) for as long as the user likes.
+ * Revoke took only a name, so no admin could take it back (revoke
+ * "no such segment"); an admin takes it back by id: the holder's mapping
+ * reads zeros (pages punched), its next call gets -ESTALE, the memory and
+ * the quota charge are gone.  Revoke by id is for admins only. */
+static void unlinked_holder(struct harness_kid *k, void *arg) {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  uint64_t id;
+  uint8_t *p, b = 1;
+  int zeros = 0;
+
+  if (gshm_connect(arg, "hider", &c) || gshm_create(c, "r/hidden", 8192, NULL, 0600, 0, &s) ||
+      gshm_map(s, NULL, 0, (void **)&p))
+    _exit(2);
+  memset(p, 0x5a, 8192);
+  if (gshm_unlink(c, "r/hidden"))
+    _exit(3);
+  id = gshm_segment_info(s)->id;
+  if (write(k->out, &id, sizeof(id)) != (ssize_t)sizeof(id) || !harness_kid_await(k->in, 60000))
+    _exit(4);
+  for (int i = 0; i < 8192; i++) /* (no call into libgshm: what the memory holds now) */
+    zeros += p[i] == 0;
+  if (zeros != 8192)
+    _exit(5);
+  if (gshm_read(s, 0, &b, 1) != -ESTALE)
+    _exit(6);
+  gshm_close(s);
+  gshm_disconnect(c);
+}
+
+static int revoke_id_as_user(const char *arg) {
+  gshm_client_t *c;
+  uint64_t id = strtoull(arg, NULL, 10);
+  int e;
+
+  if (gshm_connect(h->socket_path, "not-admin", &c))
+    return 2;
+  e = gshm_revoke_id(c, id);
+  gshm_disconnect(c);
+  return e == -EPERM ? 0 : 3;
+}
+
+static void test_admin_revokes_unlinked(void **state) {
+  struct harness_kid k;
+  gshm_client_t *root;
+  gshm_status_info_t before, st;
+  uint64_t id = 0;
+  char arg[32];
+  (void)state;
+  need_root();
+  assert_int_equal(harness_kid_start(&k, UID_A, UID_A, unlinked_holder, (void *)h->socket_path),
+                   0);
+  assert_int_equal(read(k.from_kid, &id, sizeof(id)), (ssize_t)sizeof(id));
+  assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
+  assert_int_equal(gshm_revoke(root, "r/hidden"), -ENOENT); /* no name to revoke by */
+  snprintf(arg, sizeof(arg), "%" PRIu64, id);
+  assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, revoke_id_as_user, arg), 0);
+  assert_int_equal(gshm_revoke_id(root, id + 1000), -ESTALE);
+  assert_int_equal(gshm_status(root, &before), 0);
+  assert_int_equal(gshm_revoke_id(root, id), 0);
+  assert_int_equal(gshm_status(root, &st), 0);
+  assert_int_equal(st.segments, before.segments - 1);
+  assert_int_equal(st.bytes, before.bytes - 8192);
+  harness_kid_step(k.to_kid);
+  assert_int_equal(harness_kid_wait(&k), 0);
+  gshm_disconnect(root);
 }
 
 /* A read-only lease: writes are refused, and so is reopening its fd
@@ -688,6 +759,7 @@ int main(void) {
       cmocka_unit_test(test_owner_group_other),
       cmocka_unit_test(test_quota),
       cmocka_unit_test(test_admin_sees_and_revokes),
+      cmocka_unit_test(test_admin_revokes_unlinked),
       cmocka_unit_test(test_setgid_ignores_environment),
       cmocka_unit_test(test_fair_defaults),
   };
