@@ -115,6 +115,7 @@ struct gshmd_registry {
   void *lease_by_id;           /* tsearch root: every lease */
   struct gshm_list segments, clients, leases;
   struct gshmd_seg_index seg_index; /* segments by id, with a lower bound */
+  struct gshmd_seg_index lease_index; /* leases by id, likewise */
   uint64_t next_segment_id, next_generation, next_lease_id, next_session_id;
   uint32_t nsegments, nclients, nleases;
   uint64_t bytes;              /* allocated by all segments */
@@ -263,6 +264,10 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
 struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name);
 struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t id);
 struct gshmd_lease *gshmd_registry_find_lease(struct gshmd_registry *r, uint64_t lease_id);
+/* The lease with the smallest id above `after`, or NULL: where a listing
+ * of leases resumes, also after its cursor's lease ended.  O(log n)
+ * amortized. */
+struct gshmd_lease *gshmd_registry_find_lease_after(struct gshmd_registry *r, uint64_t after);
 /* The segment with the smallest id above `after` (any state), or NULL:
  * where a listing resumes, also after its cursor's segment was freed.
  * O(log n) amortized. */

@@ -277,6 +277,12 @@ static struct gshm_list *segments_after(struct gshmd_registry *r, uint64_t after
   return (seg = gshmd_registry_find_after(r, after)) ? &seg->node : &r->segments;
 }
 
+/* First lease with id > after, likewise. */
+static struct gshm_list *leases_after(struct gshmd_registry *r, uint64_t after) {
+  struct gshmd_lease *l = gshmd_registry_find_lease_after(r, after);
+  return l ? &l->node : &r->leases;
+}
+
 static unsigned list_limit(const Gshm__ListRequest *m) {
   return m->limit == 0 || m->limit > GSHMD_LIST_MAX ? GSHMD_LIST_MAX : m->limit;
 }
@@ -288,18 +294,21 @@ static bool may_see_client(const struct gshmd_client *viewer, const struct gshmd
 /* One kind of list for the pager: which nodes the requester sees, and
  * how one item of the reply is filled. */
 struct list_kind {
-  /* The id of the item at node (the cursor's unit), or 0 when the
-   * requester may not see it or it is not after the cursor. */
-  uint64_t (*visible)(const struct req *q, struct gshm_list *node, uint64_t after);
+  /* The id of the item at node (the cursor's unit). */
+  uint64_t (*id)(struct gshm_list *node);
+  /* Whether the requester may see the item at node. */
+  bool (*visible)(const struct req *q, struct gshm_list *node);
   /* Fills item i of the reply (storage and pointer in the server's
    * list_items / list_ptrs) from node; returns its packed size. */
   size_t (*fill)(struct req *q, struct gshm_list *node, unsigned i);
 };
 
-static uint64_t segment_visible(const struct req *q, struct gshm_list *node, uint64_t after) {
-  const struct gshmd_segment *seg = gshm_list_entry(node, struct gshmd_segment, node);
-  (void)after; /* segments_after already started the walk past it */
-  return gshmd_registry_may_see(q->c->client, seg) ? seg->id : 0;
+static uint64_t segment_id(struct gshm_list *node) {
+  return gshm_list_entry(node, struct gshmd_segment, node)->id;
+}
+
+static bool segment_visible(const struct req *q, struct gshm_list *node) {
+  return gshmd_registry_may_see(q->c->client, gshm_list_entry(node, struct gshmd_segment, node));
 }
 
 static size_t segment_fill(struct req *q, struct gshm_list *node, unsigned i) {
@@ -311,9 +320,12 @@ static size_t segment_fill(struct req *q, struct gshm_list *node, unsigned i) {
   return gshm__segment_info__get_packed_size(si);
 }
 
-static uint64_t lease_visible(const struct req *q, struct gshm_list *node, uint64_t after) {
-  const struct gshmd_lease *l = gshm_list_entry(node, struct gshmd_lease, node);
-  return l->id > after && may_see_client(q->c->client, l->client) ? l->id : 0;
+static uint64_t lease_id(struct gshm_list *node) {
+  return gshm_list_entry(node, struct gshmd_lease, node)->id;
+}
+
+static bool lease_visible(const struct req *q, struct gshm_list *node) {
+  return may_see_client(q->c->client, gshm_list_entry(node, struct gshmd_lease, node)->client);
 }
 
 static size_t lease_fill(struct req *q, struct gshm_list *node, unsigned i) {
@@ -350,9 +362,12 @@ static size_t lease_fill(struct req *q, struct gshm_list *node, unsigned i) {
   return gshm__lease_info__get_packed_size(li);
 }
 
-static uint64_t client_visible(const struct req *q, struct gshm_list *node, uint64_t after) {
-  const struct gshmd_client *cl = gshm_list_entry(node, struct gshmd_client, node);
-  return cl->session_id > after && may_see_client(q->c->client, cl) ? cl->session_id : 0;
+static uint64_t client_id(struct gshm_list *node) {
+  return gshm_list_entry(node, struct gshmd_client, node)->session_id;
+}
+
+static bool client_visible(const struct req *q, struct gshm_list *node) {
+  return may_see_client(q->c->client, gshm_list_entry(node, struct gshmd_client, node));
 }
 
 static size_t client_fill(struct req *q, struct gshm_list *node, unsigned i) {
@@ -372,26 +387,34 @@ static size_t client_fill(struct req *q, struct gshm_list *node, unsigned i) {
   return gshm__client_info__get_packed_size(ci);
 }
 
-/* The pager: fills one page of a list, walking from `from` to `head`,
- * with at most the request's limit of items and as many as fit in one
- * reply packet.  Returns the number of items; *next_out is the cursor for
- * the next page (the id of the last item), 0 when the walk ended. */
+/* The pager: fills one page of a list, walking the id-ordered list from
+ * `from` to `head`, with at most the request's limit of items and as many
+ * as fit in one reply packet, looking at no more than GSHMD_LIST_VISITS
+ * items after the cursor: a requester that may see few of them (another
+ * user's segments and leases) otherwise had every one walked for each
+ * request, however many it sent.  Returns the number of items (maybe 0);
+ * *next_out is the cursor for the next page (the id of the last item
+ * looked at, seen or not), 0 when the walk ended. */
 static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm_list *from,
                           struct gshm_list *head, const struct list_kind *kind,
                           uint64_t *next_out) {
   size_t budget = list_budget(q->c->srv), used = 0;
-  unsigned limit = list_limit(m), n = 0;
-  uint64_t last = 0;
+  unsigned limit = list_limit(m), n = 0, visits = 0;
+  uint64_t done = 0; /* every item up to this id is on the page or not the requester's */
 
   *next_out = 0;
   for (struct gshm_list *pos = from; pos != head; pos = pos->next) {
-    uint64_t id = kind->visible(q, pos, m->after);
+    uint64_t id = kind->id(pos);
     size_t sz;
-    if (!id)
+    if (id <= m->after) /* (clients: their walk starts at the head) */
       continue;
-    if (n == limit) {
-      *next_out = last;
+    if (visits++ == GSHMD_LIST_VISITS || (n == limit && kind->visible(q, pos))) {
+      *next_out = done;
       break;
+    }
+    if (!kind->visible(q, pos)) {
+      done = id;
+      continue;
     }
     sz = embedded_size(kind->fill(q, pos, n));
     /* An item larger than the configured budget (limits lowered since a
@@ -399,11 +422,11 @@ static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm
      * up to the wire's 64 KiB that every client reads: a list never ends
      * before its last item. */
     if (used + sz > (n ? budget : GSHM_WIRE_MAX_PACKET - GSHM_WIRE_HEADER_SIZE - 64)) {
-      *next_out = last;
+      *next_out = done;
       break;
     }
     used += sz;
-    last = id;
+    done = id;
     n++;
   }
   return n;
@@ -411,9 +434,9 @@ static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm
 
 /* LIST_SEGMENTS, LIST_LEASES and LIST_CLIENTS. */
 static int handle_list(struct req *q, Gshm__ListRequest *m) {
-  static const struct list_kind segments = {segment_visible, segment_fill},
-                                leases = {lease_visible, lease_fill},
-                                clients = {client_visible, client_fill};
+  static const struct list_kind segments = {segment_id, segment_visible, segment_fill},
+                                leases = {lease_id, lease_visible, lease_fill},
+                                clients = {client_id, client_visible, client_fill};
   struct gshmd_server *s = q->c->srv;
   struct gshmd_registry *r = s->reg;
 
@@ -428,7 +451,8 @@ static int handle_list(struct req *q, Gshm__ListRequest *m) {
     break;
   case GSHM_WIRE_LIST_LEASES:
     gshm__lease_list__init(&q->leases);
-    q->leases.n_leases = list_page(q, m, r->leases.next, &r->leases, &leases, &q->leases.next);
+    q->leases.n_leases =
+        list_page(q, m, leases_after(r, m->after), &r->leases, &leases, &q->leases.next);
     q->leases.leases = s->list_ptrs.leases;
     q->reply->body_case = GSHM__REPLY__BODY_LEASES;
     q->reply->leases = &q->leases;

@@ -56,7 +56,7 @@ int gshmd_seg_index_reserve(struct gshmd_seg_index *x) {
   return 0;
 }
 
-void gshmd_seg_index_add(struct gshmd_seg_index *x, struct gshmd_segment *seg, uint64_t id) {
+void gshmd_seg_index_add(struct gshmd_seg_index *x, void *seg, uint64_t id) {
   size_t at;
 
   if (x->n == x->cap && gshmd_seg_index_reserve(x))
@@ -85,7 +85,7 @@ void gshmd_seg_index_remove(struct gshmd_seg_index *x, uint64_t id) {
     compact(x);
 }
 
-struct gshmd_segment *gshmd_seg_index_after(struct gshmd_seg_index *x, uint64_t after) {
+void *gshmd_seg_index_after(struct gshmd_seg_index *x, uint64_t after) {
   size_t i = live_from(x, upper(x, after));
   return i < x->n ? x->slots[i].seg : NULL;
 }

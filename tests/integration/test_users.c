@@ -292,6 +292,84 @@ static int revoke_id_as_user(const char *arg) {
   return e == -EPERM ? 0 : 3;
 }
 
+/* How many list requests of type op gshmd answered OK (its metrics). */
+static uint64_t lists_answered(gshm_client_t *c, const char *op) {
+  char *text = NULL, key[96];
+  const char *at;
+  uint64_t n = 0;
+
+  assert_int_equal(gshm_metrics(c, &text), 0);
+  snprintf(key, sizeof(key), "gshm_requests_total{op=\"%s\",status=\"ok\"} ", op);
+  if ((at = strstr(text, key)))
+    n = strtoull(at + strlen(key), NULL, 10);
+  gshm_free(text);
+  return n;
+}
+
+/* A listing by a user who may see none of what it walks past (another
+ * user's 0600 segments, its leases): each request walked every segment
+ * or lease of the node, however many requests the user sent (a
+ * page's walk ended only at the list's end or a full page).  Now a
+ * request looks at no more than GSHMD_LIST_VISITS (2048) items and
+ * returns its cursor, also with no item on the page: B's listing over
+ * 5,000 of root's segments and leases takes at least 3 requests of each
+ * kind (1 before), and still finds B's own, created after them. */
+static int list_as_b(const char *arg) {
+  gshm_client_t *c;
+  gshm_segment_t *mine;
+  gshm_segment_info_t *infos = NULL;
+  gshm_lease_info_t *leases = NULL;
+  size_t n = 0, nl = 0;
+  int rc = 0;
+
+  (void)arg;
+  if (gshm_connect(h->socket_path, "lister", &c) ||
+      gshm_create(c, "lv-b/mine", 4096, NULL, 0600, 0, &mine))
+    return 2;
+  if (gshm_list(c, &infos, &n) || gshm_list_leases(c, &leases, &nl))
+    return 3;
+  for (size_t i = 0; i < n; i++)
+    rc |= strncmp(infos[i].name, "lv/", 3) == 0 ? 4 : 0; /* root's: never shown */
+  if (!n || strcmp(infos[n - 1].name, "lv-b/mine") || nl < 1 ||
+      strcmp(leases[nl - 1].segment_name, "lv-b/mine"))
+    rc |= 8;
+  gshm_free(infos);
+  gshm_free(leases);
+  gshm_close(mine);
+  gshm_unlink(c, "lv-b/mine");
+  gshm_disconnect(c);
+  return rc;
+}
+
+static void test_listing_walks_a_bounded_part(void **state) {
+  enum { N = 5000 };
+  static gshm_segment_t *segs[N];
+  gshm_client_t *root;
+  uint64_t seg0, lease0;
+  char name[32];
+  (void)state;
+  need_root();
+  assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "lv/%04d", i);
+    assert_int_equal(gshm_create(root, name, 4096, NULL, 0600, 0, &segs[i]), 0);
+  }
+  seg0 = lists_answered(root, "list_segments");
+  lease0 = lists_answered(root, "list_leases");
+  assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, list_as_b, NULL), 0);
+  print_message("    B's listings: %" PRIu64 " segment pages, %" PRIu64 " lease pages\n",
+                lists_answered(root, "list_segments") - seg0,
+                lists_answered(root, "list_leases") - lease0);
+  assert_true(lists_answered(root, "list_segments") - seg0 >= 3);
+  assert_true(lists_answered(root, "list_leases") - lease0 >= 3);
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "lv/%04d", i);
+    assert_int_equal(gshm_close(segs[i]), 0);
+    assert_int_equal(gshm_unlink(root, name), 0);
+  }
+  gshm_disconnect(root);
+}
+
 static void test_admin_revokes_unlinked(void **state) {
   struct harness_kid k;
   gshm_client_t *root;
@@ -760,6 +838,7 @@ int main(void) {
       cmocka_unit_test(test_quota),
       cmocka_unit_test(test_admin_sees_and_revokes),
       cmocka_unit_test(test_admin_revokes_unlinked),
+      cmocka_unit_test(test_listing_walks_a_bounded_part),
       cmocka_unit_test(test_setgid_ignores_environment),
       cmocka_unit_test(test_fair_defaults),
   };
