@@ -260,6 +260,15 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
 int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
                           uint64_t segment_id, const char **msg_out);
 
+/* Records what c reported of its lease lease_id's mapping: mapped or not
+ * (unmapped), on the devices uuids[0..n) (at most GSHMD_MAP_REPORT_DEVICES,
+ * each at most 47 printable bytes without a ','), shown by the lease
+ * listing.  Errors: -ENOENT c holds no such lease, -EINVAL, -ENOMEM. */
+#define GSHMD_MAP_REPORT_DEVICES 16
+int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id,
+                              const char *const *uuids, size_t n, bool unmapped,
+                              const char **msg_out);
+
 /* A segment by name (live) or id (any state); NULL when missing. */
 struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name);
 struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t id);

@@ -200,3 +200,43 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
   gshmd__reg_segment_free(r, seg, true);
   return 0;
 }
+
+int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id,
+                              const char *const *uuids, size_t n, bool unmapped,
+                              const char **msg_out) {
+  struct gshmd_lease *l = gshmd_registry_find_lease(r, lease_id);
+  size_t total = 1;
+  char *devs;
+
+  if (!l || l->client != c) {
+    *msg_out = "no such lease on this connection";
+    return -ENOENT;
+  }
+  if (n > GSHMD_MAP_REPORT_DEVICES) {
+    *msg_out = "at most 16 devices per mapping report";
+    return -EINVAL;
+  }
+  for (size_t i = 0; i < n; i++) {
+    size_t len = strlen(uuids[i]);
+    for (size_t k = 0; k < len && len <= 47; k++)
+      if ((unsigned char)uuids[i][k] < 0x20 || uuids[i][k] == 0x7f || uuids[i][k] == ',')
+        len = SIZE_MAX;
+    if (len > 47) {
+      *msg_out = "bad device uuid";
+      return -EINVAL;
+    }
+    total += len + 1;
+  }
+  if (!(devs = malloc(total)))
+    return -ENOMEM;
+  devs[0] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    if (i)
+      strcat(devs, ",");
+    strcat(devs, uuids[i]);
+  }
+  free(l->mapped_devices);
+  l->mapped_devices = devs;
+  l->mapped = !unmapped;
+  return 0;
+}

@@ -54,6 +54,8 @@ struct req {
   char *backends[2];
   uint8_t legacy_handle[64];
   void *free_after; /* malloc'ed, freed after the reply is sent */
+  struct gshmd_lease *granted; /* a create's or open's lease; created: a create's */
+  bool created;
   uint32_t request_id;
   bool deferred;    /* the handler answers later (cluster requests) */
 };
@@ -139,35 +141,43 @@ static int grant_lease(struct req *q, struct gshmd_lease *l, bool legacy) {
   return 0;
 }
 
-static int handle_create(struct req *q, Gshm__CreateRequest *m) {
-  struct gshmd_lease *l;
+/* Takes back q->granted: the lease ends, a create's segment with it. */
+static void grant_undo(struct req *q) {
+  struct gshmd_registry *r = q->c->srv->reg;
+  struct gshmd_lease *l = q->granted;
+  char *name = q->created ? strdup(l->seg->name) : NULL;
   const char *msg = NULL;
-  int e = gshmd_registry_create(q->c->srv->reg, q->c->client, m, &l, &msg);
+
+  q->granted = NULL;
+  gshmd_registry_close(r, q->c->client, l->id);
+  if (name)
+    gshmd_registry_unlink(r, q->c->client, name, &msg);
+  free(name);
+}
+
+static int handle_create(struct req *q, Gshm__CreateRequest *m) {
+  const char *msg = NULL;
+  int e = gshmd_registry_create(q->c->srv->reg, q->c->client, m, &q->granted, &msg);
 
   if (e)
     return set_error(q, e, msg);
+  q->created = true;
   /* A legacy-IPC segment has no fd (cuMemAlloc memory): its creator gets
    * the handle instead. */
-  if ((e = grant_lease(q, l, (m->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) != 0))) {
-    /* Undo: the creator could not get its fd, so nothing was created. */
-    char *name = strdup(l->seg->name);
-    gshmd_registry_close(q->c->srv->reg, q->c->client, l->id);
-    if (name)
-      gshmd_registry_unlink(q->c->srv->reg, q->c->client, name, &msg);
-    free(name);
-  }
+  if ((e = grant_lease(q, q->granted,
+                       (m->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) != 0)))
+    grant_undo(q);
   return e;
 }
 
 static int handle_open(struct req *q, Gshm__OpenRequest *m) {
-  struct gshmd_lease *l;
   const char *msg = NULL;
-  int e = gshmd_registry_open(q->c->srv->reg, q->c->client, m, &l, &msg);
+  int e = gshmd_registry_open(q->c->srv->reg, q->c->client, m, &q->granted, &msg);
 
   if (e)
     return set_error(q, e, msg);
-  if ((e = grant_lease(q, l, m->legacy_ipc)))
-    gshmd_registry_close(q->c->srv->reg, q->c->client, l->id);
+  if ((e = grant_lease(q, q->granted, m->legacy_ipc)))
+    grant_undo(q);
   return e;
 }
 
@@ -213,8 +223,7 @@ static int handle_chown(struct req *q, Gshm__ChownRequest *m) {
   return e ? set_error(q, e, msg) : reply_segment(q, m->name);
 }
 
-/* By name, or by id (an unlinked segment has no name, and its holders
- * keep it as long as they like: an admin takes it back by id). */
+/* By name, or by id (an unlinked segment's, which has no name). */
 static int handle_revoke(struct req *q, Gshm__RevokeRequest *m) {
   struct gshmd_registry *r = q->c->srv->reg;
   struct gshmd_segment *seg = m->segment_id ? gshmd_registry_find_id(r, m->segment_id)
@@ -390,11 +399,9 @@ static size_t client_fill(struct req *q, struct gshm_list *node, unsigned i) {
 /* The pager: fills one page of a list, walking the id-ordered list from
  * `from` to `head`, with at most the request's limit of items and as many
  * as fit in one reply packet, looking at no more than GSHMD_LIST_VISITS
- * items after the cursor: a requester that may see few of them (another
- * user's segments and leases) otherwise had every one walked for each
- * request, however many it sent.  Returns the number of items (maybe 0);
- * *next_out is the cursor for the next page (the id of the last item
- * looked at, seen or not), 0 when the walk ended. */
+ * items past the cursor (else another user's were all walked for each
+ * request).  Returns the number of items (maybe 0); *next_out is the
+ * cursor (the id of the last item looked at), 0 when the walk ended. */
 static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm_list *from,
                           struct gshm_list *head, const struct list_kind *kind,
                           uint64_t *next_out) {
@@ -507,32 +514,11 @@ static int handle_devices(struct req *q) {
 }
 
 static int handle_map_report(struct req *q, Gshm__MapReport *m) {
-  struct gshmd_lease *l = gshmd_registry_find_lease(q->c->srv->reg, m->lease_id);
-  size_t total = 1;
-  char *devs;
-
-  if (!l || l->client != q->c->client)
-    return set_error(q, -ENOENT, "no such lease on this connection");
-  if (m->n_device_uuids > 16)
-    return set_error(q, -EINVAL, "at most 16 devices per mapping report");
-  for (size_t i = 0; i < m->n_device_uuids; i++) {
-    if (strlen(m->device_uuids[i]) > 47 || !client_name_ok(m->device_uuids[i]) ||
-        strchr(m->device_uuids[i], ','))
-      return set_error(q, -EINVAL, "bad device uuid");
-    total += strlen(m->device_uuids[i]) + 1;
-  }
-  if (!(devs = malloc(total)))
-    return -ENOMEM;
-  devs[0] = '\0';
-  for (size_t i = 0; i < m->n_device_uuids; i++) {
-    if (i)
-      strcat(devs, ",");
-    strcat(devs, m->device_uuids[i]);
-  }
-  free(l->mapped_devices);
-  l->mapped_devices = devs;
-  l->mapped = !m->unmapped;
-  return 0;
+  const char *msg = NULL;
+  int e = gshmd_registry_map_report(q->c->srv->reg, q->c->client, m->lease_id,
+                                    (const char *const *)m->device_uuids, m->n_device_uuids,
+                                    m->unmapped, &msg);
+  return e ? set_error(q, e, msg) : 0;
 }
 
 /* Cluster requests: daemon/cluster/ answers them (REMOTE_LIST and PULL
@@ -650,10 +636,30 @@ static int request_dispatch(struct req *q) {
 }
 #undef DISPATCH
 
+/* Sends q's reply (with its fd); returns its status.  A grant whose fd
+ * cannot go now (gshmd's user has more fds in flight than its
+ * RLIMIT_NOFILE) is taken back and answered -EMFILE; the connection stays
+ * (closed, its client's leases ended, docs/SECURITY.md). */
+static Gshm__Status reply_send(struct req *q, const struct gshm_wire_header *hdr) {
+  Gshm__Reply refused = GSHM__REPLY__INIT;
+  int e = gshmd_conn_send(q->c, hdr->type, hdr->request_id, q->reply, q->fd_out);
+
+  if ((e != -ETOOMANYREFS && e != -EMFILE) || !q->granted || q->c->closing)
+    return q->reply->status;
+  gshm_log_warn("an fd could not be sent to client %" PRIu64 " (%s): refused; raise "
+                "LimitNOFILE= (fds in flight count)", q->c->client->session_id, strerror(-e));
+  grant_undo(q);
+  q->reply = &refused;
+  set_error(q, -EMFILE, "gshmd cannot pass an fd now (fds in flight at its limit): try again");
+  gshmd_conn_send(q->c, hdr->type, hdr->request_id, &refused, -1);
+  return refused.status;
+}
+
 void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
   struct gshmd_server *s = c->srv;
   Gshm__Reply reply = GSHM__REPLY__INIT;
   struct gshm_wire_header hdr;
+  Gshm__Status status;
   uint64_t *counter;
   struct req q;
   int err;
@@ -680,13 +686,13 @@ void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
     reply.status = GSHM__STATUS__STATUS_OK;
   else if (reply.status == GSHM__STATUS__STATUS_UNSPECIFIED)
     set_error(&q, err, NULL);
-  if ((counter = gshmd_server_requests(s, hdr.type, (unsigned)reply.status)))
-    (*counter)++;
-
+  status = reply.status;
   /* A mapping report with request id 0 wants no reply (libgshm sends it
    * without waiting, to keep a round trip off every first map). */
   if (!(hdr.type == GSHM_WIRE_MAP_REPORT && hdr.request_id == 0) && !q.deferred)
-    gshmd_conn_send(c, hdr.type, hdr.request_id, &reply, q.fd_out);
+    status = reply_send(&q, &hdr);
+  if ((counter = gshmd_server_requests(s, hdr.type, (unsigned)status)))
+    (*counter)++;
   /* q.fd_out is lent by the backend: not ours to close. */
   free(q.free_after);
   if (hdr.type == GSHM_WIRE_HELLO && err && !c->closing)

@@ -49,9 +49,13 @@ void gshmd_conn_close(struct conn *c, const char *why);
 /* Sends the packet of len bytes already in c->srv->txbuf, or queues a
  * copy behind earlier ones when the client's socket buffer is full.  fd
  * (>= 0: sent along) stays the caller's; a queued packet keeps a dup.
- * Returns 0, or a negative errno after closing the connection: -ENOBUFS
- * limits.max_inflight replies already wait (events do not count), -ENOMEM, -EMFILE (no fd for
- * the dup), or the send's error (-EPIPE, -ECONNRESET, ...). */
+ * Returns 0; -ETOOMANYREFS (gshmd's fds in flight are over its
+ * RLIMIT_NOFILE) or -EMFILE (no fd for the dup of a queued packet) when
+ * the packet could not go with its fd: nothing was sent or queued and the
+ * connection stays (the caller answers without the fd); or a negative
+ * errno after closing the connection: -ENOBUFS limits.max_inflight
+ * replies already wait (events do not count), -ENOMEM, or the send's
+ * error (-EPIPE, -ECONNRESET, ...). */
 int gshmd_conn_send_packet(struct conn *c, size_t len, int fd);
 
 /* Packs reply as the answer (type | GSHM_WIRE_REPLY) to request_id and

@@ -190,6 +190,11 @@ static int conn_send(struct conn *c, size_t len, int fd, bool event) {
     return r;
   if (event && r && r != -EAGAIN)
     r = -EAGAIN;
+  /* The fd could not go (gshmd's user has more fds in flight than its
+   * RLIMIT_NOFILE): nothing was sent and the connection stays; the caller
+   * answers without it (requests.c undoes the grant). */
+  if (fd >= 0 && r == -ETOOMANYREFS)
+    return r;
   if (r == -EAGAIN) {
     if (!event && c->noutq - c->nevents >= s->cfg->max_inflight) {
       gshmd_conn_close(c, "client does not read its replies");
@@ -209,10 +214,8 @@ static int conn_send(struct conn *c, size_t len, int fd, bool event) {
     p->fd = -1;
     p->event = event;
     if (fd >= 0 && (p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
-      r = -errno;
       free(p);
-      gshmd_conn_close(c, "cannot keep fd for a queued reply");
-      return r;
+      return -EMFILE; /* (as for -ETOOMANYREFS above) */
     }
     gshm_list_add_tail(&c->outq, &p->node);
     c->nevents += event;
