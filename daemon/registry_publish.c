@@ -156,6 +156,10 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
   /* Every allocation first (tree nodes), undone on failure: nothing is
    * visible until the last one succeeded.  seg->unlinked marks, for the
    * undo, the ones given a name node of their own. */
+  if (gshmd_seg_index_reserve_n(&r->seg_index, n)) { /* (so that the adds below cannot fail) */
+    free(old);
+    return -ENOMEM;
+  }
   for (size_t i = 0; i < n; i++)
     segs[i]->id = r->next_segment_id++;
   for (; ided < n; ided++)
@@ -181,6 +185,8 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
     gshm_list_del(&seg->node); /* off r->hidden */
     r->nhidden--;
     gshm_list_add_tail(&r->segments, &seg->node);
+    /* in the id index too: a listing resumes through it (new ids: appended) */
+    gshmd_seg_index_add(&r->seg_index, seg, seg->id);
     r->nsegments++;
     gshm_log_info("segment '%s' id %" PRIu64 " published: %s at %s, mode %04o, uid %u%s", seg->name,
                   seg->id, gshm__format_size(seg->mem->size, sz, sizeof(sz)), seg->mem->location,

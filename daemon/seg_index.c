@@ -44,10 +44,15 @@ static void compact(struct gshmd_seg_index *x) {
   x->holes = 0;
 }
 
-int gshmd_seg_index_reserve(struct gshmd_seg_index *x) {
-  if (x->n == x->cap) {
+int gshmd_seg_index_reserve(struct gshmd_seg_index *x) { return gshmd_seg_index_reserve_n(x, 1); }
+
+int gshmd_seg_index_reserve_n(struct gshmd_seg_index *x, size_t more) {
+  if (more > x->cap - x->n) {
     size_t cap = x->cap ? 2 * x->cap : 64;
-    struct seg_index_slot *s = realloc(x->slots, cap * sizeof(*s));
+    struct seg_index_slot *s;
+    while (cap - x->n < more)
+      cap *= 2;
+    s = realloc(x->slots, cap * sizeof(*s));
     if (!s)
       return -ENOMEM;
     x->slots = s;

@@ -28,6 +28,8 @@ struct gshmd_seg_index {
 /* Makes room for one more segment, so that the next add cannot fail.
  * Returns 0 or -ENOMEM. */
 int gshmd_seg_index_reserve(struct gshmd_seg_index *x);
+/* The same for `more` of them (a publish's set). */
+int gshmd_seg_index_reserve_n(struct gshmd_seg_index *x, size_t more);
 
 /* Adds seg, an item of id (id order is kept; appending is O(1)), in the
  * room a reserve made. */
