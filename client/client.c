@@ -995,14 +995,14 @@ int gshm_chown(gshm_client_t *c, const char *name, uint32_t uid, uint32_t gid) {
   return simple_request(c, GSHM_WIRE_CHOWN, &m.base);
 }
 
-int gshm_revoke(gshm_client_t *c, const char *name) {
+/* gshm_revoke (name) and gshm_revoke_id (id, name NULL). */
+static int revoke_request(gshm_client_t *c, const char *name, uint64_t id) {
   Gshm__RevokeRequest m = GSHM__REVOKE_REQUEST__INIT;
   Gshm__Reply *reply = NULL;
   int e;
 
-  if (!c || !name)
-    return -EINVAL;
-  m.name = (char *)name;
+  m.name = (char *)(name ? name : "");
+  m.segment_id = id;
   /* As gshm_unlink: request and marking under one lock, so that no other
    * thread's open is served a revoked lease from the cache in between.
    * gshmd tells every other holder; our own leases on it learn it here. */
@@ -1011,9 +1011,23 @@ int gshm_revoke(gshm_client_t *c, const char *name) {
   if (!e) {
     gshm__reply__free_unpacked(reply, NULL);
     for (struct gshm__lease *l = c->leases; l; l = l->next)
-      if (!l->unlinked && !strcmp(l->info.name, name))
+      if (name ? !l->unlinked && !strcmp(l->info.name, name) : l->info.id == id)
         l->unlinked = l->revoked = true;
   }
   pthread_mutex_unlock(&c->lock);
   return e;
+}
+
+int gshm_revoke(gshm_client_t *c, const char *name) {
+  if (!c || !name)
+    return -EINVAL;
+  return revoke_request(c, name, 0);
+}
+
+int gshm_revoke_id(gshm_client_t *c, uint64_t segment_id) {
+  if (!c)
+    return -EINVAL;
+  if (!segment_id)
+    return -ESTALE;
+  return revoke_request(c, NULL, segment_id);
 }

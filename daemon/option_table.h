@@ -117,8 +117,9 @@
   X(limits, max_name, U32, max_name, "255", 1, 4095, NULL,                      \
     "Longest segment name in bytes.")                                           \
   X(limits, max_inflight, U32, max_inflight, "16", 1, 65536, NULL,              \
-    "Replies and events queued for a client that does not read them (gshmd "   \
-    "reads nothing more from it meanwhile); past this it is dropped.")       \
+    "Replies queued for a client that does not read them (gshmd reads "        \
+    "nothing more from it meanwhile); past this it is dropped.  Events "       \
+    "(unlinked, revoked) do not count: at most one per segment it holds.")    \
   X(limits, max_segment_size, SIZE, max_segment_size, "0", 0, UINT64_MAX, NULL, \
     "Largest segment a client may create, in bytes; 0 means no limit beyond "  \
     "the quotas and free memory.")         \

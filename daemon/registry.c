@@ -130,6 +130,7 @@ void gshmd__reg_lease_end(struct gshmd_registry *r, struct gshmd_lease *l, bool 
   struct usage *u = gshmd__reg_usage_get(r, l->client->cred.uid);
 
   tdelete(l, &r->lease_by_id, cmp_lease_id);
+  gshmd_seg_index_remove(&r->lease_index, l->id);
   gshm_list_del(&l->seg_node);
   gshm_list_del(&l->client_node);
   gshm_list_del(&l->node);
@@ -165,6 +166,7 @@ void gshmd_registry_destroy(struct gshmd_registry *r) {
   tdestroy(r->by_name, noop_free);
   tdestroy(r->by_id, noop_free);
   gshmd_seg_index_free(&r->seg_index);
+  gshmd_seg_index_free(&r->lease_index);
   tdestroy(r->lease_by_id, noop_free);
   tdestroy(r->usage_root, usage_free_node);
   r->usage_root = NULL;
@@ -288,6 +290,10 @@ struct gshmd_segment *gshmd_registry_find_after(struct gshmd_registry *r, uint64
   return gshmd_seg_index_after(&r->seg_index, after);
 }
 
+struct gshmd_lease *gshmd_registry_find_lease_after(struct gshmd_registry *r, uint64_t after) {
+  return gshmd_seg_index_after(&r->lease_index, after);
+}
+
 struct gshmd_lease *gshmd_registry_find_lease(struct gshmd_registry *r, uint64_t lease_id) {
   struct gshmd_lease key = {.id = lease_id}, **slot;
   slot = tfind(&key, &r->lease_by_id, cmp_lease_id);
@@ -306,7 +312,7 @@ int gshmd__reg_lease_add(struct gshmd_registry *r, struct gshmd_client *c, struc
                                   u->leases, r->cfg->quota_leases);
     return -EDQUOT;
   }
-  if (!(l = calloc(1, sizeof(*l))))
+  if (gshmd_seg_index_reserve(&r->lease_index) || !(l = calloc(1, sizeof(*l))))
     return -ENOMEM;
   l->id = r->next_lease_id++;
   if (r->on_event)
@@ -323,6 +329,7 @@ int gshmd__reg_lease_add(struct gshmd_registry *r, struct gshmd_client *c, struc
     free(l);
     return -ENOMEM;
   }
+  gshmd_seg_index_add(&r->lease_index, l, l->id);
   gshm_list_add_tail(&seg->leases, &l->seg_node);
   gshm_list_add_tail(&c->leases, &l->client_node);
   gshm_list_add_tail(&r->leases, &l->node);

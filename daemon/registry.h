@@ -115,6 +115,7 @@ struct gshmd_registry {
   void *lease_by_id;           /* tsearch root: every lease */
   struct gshm_list segments, clients, leases;
   struct gshmd_seg_index seg_index; /* segments by id, with a lower bound */
+  struct gshmd_seg_index lease_index; /* leases by id, likewise */
   uint64_t next_segment_id, next_generation, next_lease_id, next_session_id;
   uint32_t nsegments, nclients, nleases;
   uint64_t bytes;              /* allocated by all segments */
@@ -140,6 +141,12 @@ struct gshmd_registry {
    * is freed, to drop its UCX registration (seg->cluster_export). */
   void (*on_free)(struct gshmd_registry *r, struct gshmd_segment *seg);
   void *on_free_arg;
+  /* The server (server.c): called by gshmd_registry_publish for each
+   * leased segment a publish replaces, before it is unlinked, to tell its
+   * lease holders (as an unlink's requester does).  It must not end
+   * leases or free segments. */
+  void (*on_replaced)(void *arg, struct gshmd_segment *seg);
+  void *on_replaced_arg;
   /* Lease tokens (daemon/leasekey.c; both NULL: none issued, re-takes are
    * checked against the mode).  token_make writes the token of a grant of
    * access on seg to a client of uid; token_check says whether token (len
@@ -208,7 +215,7 @@ int gshmd_registry_lease_hidden(struct gshmd_registry *r, struct gshmd_client *c
  * others.  A name a live segment holds is refused (-EEXIST) unless
  * replace, which needs c to own that segment or be an admin (-EACCES) and
  * unlinks it in the same step (its lease holders keep it until they let
- * go).  The fd store is told of the new segments (CREATED) before the
+ * go, and are told through on_replaced).  The fd store is told of the new segments (CREATED) before the
  * replaced ones go.  On error nothing changed and the segments stay
  * hidden.  Errors: -EEXIST, -EACCES, -EINVAL two of segs share a name,
  * -ENOMEM. */
@@ -243,17 +250,33 @@ int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const
 int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
                          int64_t uid, int64_t gid, const char **msg_out);
 
-/* Admin only: ends every lease of the segment, unlinks and frees it (a
- * host segment's pages are punched out: its holders' mappings read zeros,
- * and their re-takes after a restart find the id gone).  The caller tells
- * the lease holders first.  Errors: -ENOENT, -EPERM. */
+/* Admin only: ends every lease of the segment named name, or of id
+ * segment_id when that is not 0 (any segment but a hidden one, an
+ * unlinked one too: its holders keep it alive as long as they like),
+ * unlinks and frees it (a host segment's pages are punched out: its
+ * holders' mappings read zeros, and their re-takes after a restart find
+ * the id gone).  The caller tells the lease holders first.  Errors:
+ * -ENOENT (-ESTALE for an id), -EPERM. */
 int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
-                          const char **msg_out);
+                          uint64_t segment_id, const char **msg_out);
+
+/* Records what c reported of its lease lease_id's mapping: mapped or not
+ * (unmapped), on the devices uuids[0..n) (at most GSHMD_MAP_REPORT_DEVICES,
+ * each at most 47 printable bytes without a ','), shown by the lease
+ * listing.  Errors: -ENOENT c holds no such lease, -EINVAL, -ENOMEM. */
+#define GSHMD_MAP_REPORT_DEVICES 16
+int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id,
+                              const char *const *uuids, size_t n, bool unmapped,
+                              const char **msg_out);
 
 /* A segment by name (live) or id (any state); NULL when missing. */
 struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name);
 struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t id);
 struct gshmd_lease *gshmd_registry_find_lease(struct gshmd_registry *r, uint64_t lease_id);
+/* The lease with the smallest id above `after`, or NULL: where a listing
+ * of leases resumes, also after its cursor's lease ended.  O(log n)
+ * amortized. */
+struct gshmd_lease *gshmd_registry_find_lease_after(struct gshmd_registry *r, uint64_t after);
 /* The segment with the smallest id above `after` (any state), or NULL:
  * where a listing resumes, also after its cursor's segment was freed.
  * O(log n) amortized. */

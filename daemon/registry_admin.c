@@ -166,10 +166,20 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
 }
 
 int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, const char *name,
-                          const char **msg_out) {
-  struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
+                          uint64_t segment_id, const char **msg_out) {
+  struct gshmd_segment *seg;
   unsigned n;
 
+  /* (an admin check first: an id says nothing to others of what exists) */
+  if (segment_id && !c->cred.admin) {
+    *msg_out = "revoke is for admins (root or the admin group)";
+    return -EPERM;
+  }
+  seg = segment_id ? gshmd_registry_find_id(r, segment_id) : gshmd_registry_find_name(r, name);
+  if (!seg && segment_id) {
+    *msg_out = gshmd__reg_fmt_msg(r, "no segment has id %" PRIu64, segment_id);
+    return -ESTALE;
+  }
   if (!seg)
     return gshmd__reg_no_segment(r, name, msg_out);
   if (!c->cred.admin) {
@@ -177,7 +187,8 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
     return -EPERM;
   }
   /* Unlink first so that ending the last lease frees the memory. */
-  tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
+  if (!seg->unlinked)
+    tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
   seg->unlinked = true;
   gshm_log_notice("segment '%s' id %" PRIu64 " revoked by pid %d uid %u (%u leases ended)",
                   seg->name, seg->id, (int)c->cred.pid, (unsigned)c->cred.uid, seg->nleases);
@@ -187,5 +198,45 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
     gshmd__reg_lease_end(r, gshm_list_entry(seg->leases.next, struct gshmd_lease, seg_node), true);
   /* Revoke takes the memory back, restored or not: the pages go now. */
   gshmd__reg_segment_free(r, seg, true);
+  return 0;
+}
+
+int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id,
+                              const char *const *uuids, size_t n, bool unmapped,
+                              const char **msg_out) {
+  struct gshmd_lease *l = gshmd_registry_find_lease(r, lease_id);
+  size_t total = 1;
+  char *devs;
+
+  if (!l || l->client != c) {
+    *msg_out = "no such lease on this connection";
+    return -ENOENT;
+  }
+  if (n > GSHMD_MAP_REPORT_DEVICES) {
+    *msg_out = "at most 16 devices per mapping report";
+    return -EINVAL;
+  }
+  for (size_t i = 0; i < n; i++) {
+    size_t len = strlen(uuids[i]);
+    for (size_t k = 0; k < len && len <= 47; k++)
+      if ((unsigned char)uuids[i][k] < 0x20 || uuids[i][k] == 0x7f || uuids[i][k] == ',')
+        len = SIZE_MAX;
+    if (len > 47) {
+      *msg_out = "bad device uuid";
+      return -EINVAL;
+    }
+    total += len + 1;
+  }
+  if (!(devs = malloc(total)))
+    return -ENOMEM;
+  devs[0] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    if (i)
+      strcat(devs, ",");
+    strcat(devs, uuids[i]);
+  }
+  free(l->mapped_devices);
+  l->mapped_devices = devs;
+  l->mapped = !unmapped;
   return 0;
 }

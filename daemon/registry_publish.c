@@ -111,6 +111,27 @@ static int name_holders(struct gshmd_registry *r, struct gshmd_client *c,
   return 0;
 }
 
+/* The last step of a publish: the segments old[0..n) (NULL: none) lost
+ * their names to the new ones and are unlinked, as by an unlink.  Their
+ * holders are told first, as an unlink's are: each one's lease cache must
+ * stop serving the old segment under the name. */
+static void unlink_replaced(struct gshmd_registry *r, struct gshmd_segment **old, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (old[i] && old[i]->nleases && r->on_replaced)
+      r->on_replaced(r->on_replaced_arg, old[i]);
+  for (size_t i = 0; i < n; i++) {
+    if (!old[i])
+      continue;
+    old[i]->unlinked = true; /* its name node is the new segment's now */
+    gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain)", old[i]->name,
+                  old[i]->id, old[i]->nleases);
+    /* as an unlink (restored ones kept through the grace period) */
+    if ((old[i]->nleases == 0 && gshmd__reg_segment_release(r, old[i])) || !r->on_event)
+      continue;
+    r->on_event(r, old[i], GSHMD_SEGMENT_UNLINKED);
+  }
+}
+
 int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
                            struct gshmd_segment *const *segs, size_t n, bool replace,
                            const char **msg_out) {
@@ -135,6 +156,10 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
   /* Every allocation first (tree nodes), undone on failure: nothing is
    * visible until the last one succeeded.  seg->unlinked marks, for the
    * undo, the ones given a name node of their own. */
+  if (gshmd_seg_index_reserve_n(&r->seg_index, n)) { /* (so that the adds below cannot fail) */
+    free(old);
+    return -ENOMEM;
+  }
   for (size_t i = 0; i < n; i++)
     segs[i]->id = r->next_segment_id++;
   for (; ided < n; ided++)
@@ -160,6 +185,8 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
     gshm_list_del(&seg->node); /* off r->hidden */
     r->nhidden--;
     gshm_list_add_tail(&r->segments, &seg->node);
+    /* in the id index too: a listing resumes through it (new ids: appended) */
+    gshmd_seg_index_add(&r->seg_index, seg, seg->id);
     r->nsegments++;
     gshm_log_info("segment '%s' id %" PRIu64 " published: %s at %s, mode %04o, uid %u%s", seg->name,
                   seg->id, gshm__format_size(seg->mem->size, sz, sizeof(sz)), seg->mem->location,
@@ -173,17 +200,7 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
       r->on_event(r, segs[i], GSHMD_SEGMENT_CREATED);
     r->on_event(r, NULL, GSHMD_PUBLISH_END);
   }
-  for (size_t i = 0; i < n; i++) {
-    if (!old[i])
-      continue;
-    old[i]->unlinked = true; /* its name node is the new segment's now */
-    gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain)", old[i]->name,
-                  old[i]->id, old[i]->nleases);
-    /* as an unlink (restored ones kept through the grace period) */
-    if ((old[i]->nleases == 0 && gshmd__reg_segment_release(r, old[i])) || !r->on_event)
-      continue;
-    r->on_event(r, old[i], GSHMD_SEGMENT_UNLINKED);
-  }
+  unlink_replaced(r, old, n);
   free(old);
   return 0;
 nomem:

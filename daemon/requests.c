@@ -54,6 +54,8 @@ struct req {
   char *backends[2];
   uint8_t legacy_handle[64];
   void *free_after; /* malloc'ed, freed after the reply is sent */
+  struct gshmd_lease *granted; /* a create's or open's lease; created: a create's */
+  bool created;
   uint32_t request_id;
   bool deferred;    /* the handler answers later (cluster requests) */
 };
@@ -139,35 +141,43 @@ static int grant_lease(struct req *q, struct gshmd_lease *l, bool legacy) {
   return 0;
 }
 
-static int handle_create(struct req *q, Gshm__CreateRequest *m) {
-  struct gshmd_lease *l;
+/* Takes back q->granted: the lease ends, a create's segment with it. */
+static void grant_undo(struct req *q) {
+  struct gshmd_registry *r = q->c->srv->reg;
+  struct gshmd_lease *l = q->granted;
+  char *name = q->created ? strdup(l->seg->name) : NULL;
   const char *msg = NULL;
-  int e = gshmd_registry_create(q->c->srv->reg, q->c->client, m, &l, &msg);
+
+  q->granted = NULL;
+  gshmd_registry_close(r, q->c->client, l->id);
+  if (name)
+    gshmd_registry_unlink(r, q->c->client, name, &msg);
+  free(name);
+}
+
+static int handle_create(struct req *q, Gshm__CreateRequest *m) {
+  const char *msg = NULL;
+  int e = gshmd_registry_create(q->c->srv->reg, q->c->client, m, &q->granted, &msg);
 
   if (e)
     return set_error(q, e, msg);
+  q->created = true;
   /* A legacy-IPC segment has no fd (cuMemAlloc memory): its creator gets
    * the handle instead. */
-  if ((e = grant_lease(q, l, (m->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) != 0))) {
-    /* Undo: the creator could not get its fd, so nothing was created. */
-    char *name = strdup(l->seg->name);
-    gshmd_registry_close(q->c->srv->reg, q->c->client, l->id);
-    if (name)
-      gshmd_registry_unlink(q->c->srv->reg, q->c->client, name, &msg);
-    free(name);
-  }
+  if ((e = grant_lease(q, q->granted,
+                       (m->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) != 0)))
+    grant_undo(q);
   return e;
 }
 
 static int handle_open(struct req *q, Gshm__OpenRequest *m) {
-  struct gshmd_lease *l;
   const char *msg = NULL;
-  int e = gshmd_registry_open(q->c->srv->reg, q->c->client, m, &l, &msg);
+  int e = gshmd_registry_open(q->c->srv->reg, q->c->client, m, &q->granted, &msg);
 
   if (e)
     return set_error(q, e, msg);
-  if ((e = grant_lease(q, l, m->legacy_ipc)))
-    gshmd_registry_close(q->c->srv->reg, q->c->client, l->id);
+  if ((e = grant_lease(q, q->granted, m->legacy_ipc)))
+    grant_undo(q);
   return e;
 }
 
@@ -213,15 +223,17 @@ static int handle_chown(struct req *q, Gshm__ChownRequest *m) {
   return e ? set_error(q, e, msg) : reply_segment(q, m->name);
 }
 
+/* By name, or by id (an unlinked segment's, which has no name). */
 static int handle_revoke(struct req *q, Gshm__RevokeRequest *m) {
   struct gshmd_registry *r = q->c->srv->reg;
-  struct gshmd_segment *seg = gshmd_registry_find_name(r, m->name);
+  struct gshmd_segment *seg = m->segment_id ? gshmd_registry_find_id(r, m->segment_id)
+                                            : gshmd_registry_find_name(r, m->name);
   const char *msg = NULL;
   int e;
 
   if (seg && q->c->client->cred.admin)
     gshmd_notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_REVOKED, q->c);
-  e = gshmd_registry_revoke(r, q->c->client, m->name, &msg);
+  e = gshmd_registry_revoke(r, q->c->client, m->name, m->segment_id, &msg);
   return e ? set_error(q, e, msg) : 0;
 }
 
@@ -274,6 +286,12 @@ static struct gshm_list *segments_after(struct gshmd_registry *r, uint64_t after
   return (seg = gshmd_registry_find_after(r, after)) ? &seg->node : &r->segments;
 }
 
+/* First lease with id > after, likewise. */
+static struct gshm_list *leases_after(struct gshmd_registry *r, uint64_t after) {
+  struct gshmd_lease *l = gshmd_registry_find_lease_after(r, after);
+  return l ? &l->node : &r->leases;
+}
+
 static unsigned list_limit(const Gshm__ListRequest *m) {
   return m->limit == 0 || m->limit > GSHMD_LIST_MAX ? GSHMD_LIST_MAX : m->limit;
 }
@@ -285,18 +303,21 @@ static bool may_see_client(const struct gshmd_client *viewer, const struct gshmd
 /* One kind of list for the pager: which nodes the requester sees, and
  * how one item of the reply is filled. */
 struct list_kind {
-  /* The id of the item at node (the cursor's unit), or 0 when the
-   * requester may not see it or it is not after the cursor. */
-  uint64_t (*visible)(const struct req *q, struct gshm_list *node, uint64_t after);
+  /* The id of the item at node (the cursor's unit). */
+  uint64_t (*id)(struct gshm_list *node);
+  /* Whether the requester may see the item at node. */
+  bool (*visible)(const struct req *q, struct gshm_list *node);
   /* Fills item i of the reply (storage and pointer in the server's
    * list_items / list_ptrs) from node; returns its packed size. */
   size_t (*fill)(struct req *q, struct gshm_list *node, unsigned i);
 };
 
-static uint64_t segment_visible(const struct req *q, struct gshm_list *node, uint64_t after) {
-  const struct gshmd_segment *seg = gshm_list_entry(node, struct gshmd_segment, node);
-  (void)after; /* segments_after already started the walk past it */
-  return gshmd_registry_may_see(q->c->client, seg) ? seg->id : 0;
+static uint64_t segment_id(struct gshm_list *node) {
+  return gshm_list_entry(node, struct gshmd_segment, node)->id;
+}
+
+static bool segment_visible(const struct req *q, struct gshm_list *node) {
+  return gshmd_registry_may_see(q->c->client, gshm_list_entry(node, struct gshmd_segment, node));
 }
 
 static size_t segment_fill(struct req *q, struct gshm_list *node, unsigned i) {
@@ -308,9 +329,12 @@ static size_t segment_fill(struct req *q, struct gshm_list *node, unsigned i) {
   return gshm__segment_info__get_packed_size(si);
 }
 
-static uint64_t lease_visible(const struct req *q, struct gshm_list *node, uint64_t after) {
-  const struct gshmd_lease *l = gshm_list_entry(node, struct gshmd_lease, node);
-  return l->id > after && may_see_client(q->c->client, l->client) ? l->id : 0;
+static uint64_t lease_id(struct gshm_list *node) {
+  return gshm_list_entry(node, struct gshmd_lease, node)->id;
+}
+
+static bool lease_visible(const struct req *q, struct gshm_list *node) {
+  return may_see_client(q->c->client, gshm_list_entry(node, struct gshmd_lease, node)->client);
 }
 
 static size_t lease_fill(struct req *q, struct gshm_list *node, unsigned i) {
@@ -347,9 +371,12 @@ static size_t lease_fill(struct req *q, struct gshm_list *node, unsigned i) {
   return gshm__lease_info__get_packed_size(li);
 }
 
-static uint64_t client_visible(const struct req *q, struct gshm_list *node, uint64_t after) {
-  const struct gshmd_client *cl = gshm_list_entry(node, struct gshmd_client, node);
-  return cl->session_id > after && may_see_client(q->c->client, cl) ? cl->session_id : 0;
+static uint64_t client_id(struct gshm_list *node) {
+  return gshm_list_entry(node, struct gshmd_client, node)->session_id;
+}
+
+static bool client_visible(const struct req *q, struct gshm_list *node) {
+  return may_see_client(q->c->client, gshm_list_entry(node, struct gshmd_client, node));
 }
 
 static size_t client_fill(struct req *q, struct gshm_list *node, unsigned i) {
@@ -369,26 +396,32 @@ static size_t client_fill(struct req *q, struct gshm_list *node, unsigned i) {
   return gshm__client_info__get_packed_size(ci);
 }
 
-/* The pager: fills one page of a list, walking from `from` to `head`,
- * with at most the request's limit of items and as many as fit in one
- * reply packet.  Returns the number of items; *next_out is the cursor for
- * the next page (the id of the last item), 0 when the walk ended. */
+/* The pager: fills one page of a list, walking the id-ordered list from
+ * `from` to `head`, with at most the request's limit of items and as many
+ * as fit in one reply packet, looking at no more than GSHMD_LIST_VISITS
+ * items past the cursor (else another user's were all walked for each
+ * request).  Returns the number of items (maybe 0); *next_out is the
+ * cursor (the id of the last item looked at), 0 when the walk ended. */
 static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm_list *from,
                           struct gshm_list *head, const struct list_kind *kind,
                           uint64_t *next_out) {
   size_t budget = list_budget(q->c->srv), used = 0;
-  unsigned limit = list_limit(m), n = 0;
-  uint64_t last = 0;
+  unsigned limit = list_limit(m), n = 0, visits = 0;
+  uint64_t done = 0; /* every item up to this id is on the page or not the requester's */
 
   *next_out = 0;
   for (struct gshm_list *pos = from; pos != head; pos = pos->next) {
-    uint64_t id = kind->visible(q, pos, m->after);
+    uint64_t id = kind->id(pos);
     size_t sz;
-    if (!id)
+    if (id <= m->after) /* (clients: their walk starts at the head) */
       continue;
-    if (n == limit) {
-      *next_out = last;
+    if (visits++ == GSHMD_LIST_VISITS || (n == limit && kind->visible(q, pos))) {
+      *next_out = done;
       break;
+    }
+    if (!kind->visible(q, pos)) {
+      done = id;
+      continue;
     }
     sz = embedded_size(kind->fill(q, pos, n));
     /* An item larger than the configured budget (limits lowered since a
@@ -396,11 +429,11 @@ static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm
      * up to the wire's 64 KiB that every client reads: a list never ends
      * before its last item. */
     if (used + sz > (n ? budget : GSHM_WIRE_MAX_PACKET - GSHM_WIRE_HEADER_SIZE - 64)) {
-      *next_out = last;
+      *next_out = done;
       break;
     }
     used += sz;
-    last = id;
+    done = id;
     n++;
   }
   return n;
@@ -408,9 +441,9 @@ static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm
 
 /* LIST_SEGMENTS, LIST_LEASES and LIST_CLIENTS. */
 static int handle_list(struct req *q, Gshm__ListRequest *m) {
-  static const struct list_kind segments = {segment_visible, segment_fill},
-                                leases = {lease_visible, lease_fill},
-                                clients = {client_visible, client_fill};
+  static const struct list_kind segments = {segment_id, segment_visible, segment_fill},
+                                leases = {lease_id, lease_visible, lease_fill},
+                                clients = {client_id, client_visible, client_fill};
   struct gshmd_server *s = q->c->srv;
   struct gshmd_registry *r = s->reg;
 
@@ -425,7 +458,8 @@ static int handle_list(struct req *q, Gshm__ListRequest *m) {
     break;
   case GSHM_WIRE_LIST_LEASES:
     gshm__lease_list__init(&q->leases);
-    q->leases.n_leases = list_page(q, m, r->leases.next, &r->leases, &leases, &q->leases.next);
+    q->leases.n_leases =
+        list_page(q, m, leases_after(r, m->after), &r->leases, &leases, &q->leases.next);
     q->leases.leases = s->list_ptrs.leases;
     q->reply->body_case = GSHM__REPLY__BODY_LEASES;
     q->reply->leases = &q->leases;
@@ -480,32 +514,11 @@ static int handle_devices(struct req *q) {
 }
 
 static int handle_map_report(struct req *q, Gshm__MapReport *m) {
-  struct gshmd_lease *l = gshmd_registry_find_lease(q->c->srv->reg, m->lease_id);
-  size_t total = 1;
-  char *devs;
-
-  if (!l || l->client != q->c->client)
-    return set_error(q, -ENOENT, "no such lease on this connection");
-  if (m->n_device_uuids > 16)
-    return set_error(q, -EINVAL, "at most 16 devices per mapping report");
-  for (size_t i = 0; i < m->n_device_uuids; i++) {
-    if (strlen(m->device_uuids[i]) > 47 || !client_name_ok(m->device_uuids[i]) ||
-        strchr(m->device_uuids[i], ','))
-      return set_error(q, -EINVAL, "bad device uuid");
-    total += strlen(m->device_uuids[i]) + 1;
-  }
-  if (!(devs = malloc(total)))
-    return -ENOMEM;
-  devs[0] = '\0';
-  for (size_t i = 0; i < m->n_device_uuids; i++) {
-    if (i)
-      strcat(devs, ",");
-    strcat(devs, m->device_uuids[i]);
-  }
-  free(l->mapped_devices);
-  l->mapped_devices = devs;
-  l->mapped = !m->unmapped;
-  return 0;
+  const char *msg = NULL;
+  int e = gshmd_registry_map_report(q->c->srv->reg, q->c->client, m->lease_id,
+                                    (const char *const *)m->device_uuids, m->n_device_uuids,
+                                    m->unmapped, &msg);
+  return e ? set_error(q, e, msg) : 0;
 }
 
 /* Cluster requests: daemon/cluster/ answers them (REMOTE_LIST and PULL
@@ -623,10 +636,30 @@ static int request_dispatch(struct req *q) {
 }
 #undef DISPATCH
 
+/* Sends q's reply (with its fd); returns its status.  A grant whose fd
+ * cannot go now (gshmd's user has more fds in flight than its
+ * RLIMIT_NOFILE) is taken back and answered -EMFILE; the connection stays
+ * (closed, its client's leases ended, docs/SECURITY.md). */
+static Gshm__Status reply_send(struct req *q, const struct gshm_wire_header *hdr) {
+  Gshm__Reply refused = GSHM__REPLY__INIT;
+  int e = gshmd_conn_send(q->c, hdr->type, hdr->request_id, q->reply, q->fd_out);
+
+  if ((e != -ETOOMANYREFS && e != -EMFILE) || !q->granted || q->c->closing)
+    return q->reply->status;
+  gshm_log_warn("an fd could not be sent to client %" PRIu64 " (%s): refused; raise "
+                "LimitNOFILE= (fds in flight count)", q->c->client->session_id, strerror(-e));
+  grant_undo(q);
+  q->reply = &refused;
+  set_error(q, -EMFILE, "gshmd cannot pass an fd now (fds in flight at its limit): try again");
+  gshmd_conn_send(q->c, hdr->type, hdr->request_id, &refused, -1);
+  return refused.status;
+}
+
 void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
   struct gshmd_server *s = c->srv;
   Gshm__Reply reply = GSHM__REPLY__INIT;
   struct gshm_wire_header hdr;
+  Gshm__Status status;
   uint64_t *counter;
   struct req q;
   int err;
@@ -653,13 +686,13 @@ void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
     reply.status = GSHM__STATUS__STATUS_OK;
   else if (reply.status == GSHM__STATUS__STATUS_UNSPECIFIED)
     set_error(&q, err, NULL);
-  if ((counter = gshmd_server_requests(s, hdr.type, (unsigned)reply.status)))
-    (*counter)++;
-
+  status = reply.status;
   /* A mapping report with request id 0 wants no reply (libgshm sends it
    * without waiting, to keep a round trip off every first map). */
   if (!(hdr.type == GSHM_WIRE_MAP_REPORT && hdr.request_id == 0) && !q.deferred)
-    gshmd_conn_send(c, hdr.type, hdr.request_id, &reply, q.fd_out);
+    status = reply_send(&q, &hdr);
+  if ((counter = gshmd_server_requests(s, hdr.type, (unsigned)status)))
+    (*counter)++;
   /* q.fd_out is lent by the backend: not ours to close. */
   free(q.free_after);
   if (hdr.type == GSHM_WIRE_HELLO && err && !c->closing)

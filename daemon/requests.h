@@ -28,10 +28,13 @@ struct conn {
   struct gshm_list node;
   /* Packets that did not fit in the socket buffer.  While any wait we
    * read nothing more from this client (backpressure): the queue holds at
-   * most one reply plus the events sent meanwhile, capped at the config's
-   * limits.max_inflight (then the client is dropped). */
+   * most one reply plus the events sent meanwhile (and a cluster request's
+   * later answers); its replies are capped at the config's
+   * limits.max_inflight (then the client is dropped), its events only by
+   * the leases the connection holds (server.c conn_send). */
   struct gshm_list outq;
   unsigned noutq;
+  unsigned nevents;             /* of noutq, events */
   int64_t accepted_ns, last_ns; /* CLOCK_MONOTONIC: timeouts */
   uint64_t notify_mark;         /* gshmd_notify_lease_holders: already a target */
 };
@@ -46,9 +49,13 @@ void gshmd_conn_close(struct conn *c, const char *why);
 /* Sends the packet of len bytes already in c->srv->txbuf, or queues a
  * copy behind earlier ones when the client's socket buffer is full.  fd
  * (>= 0: sent along) stays the caller's; a queued packet keeps a dup.
- * Returns 0, or a negative errno after closing the connection: -ENOBUFS
- * limits.max_inflight packets already wait, -ENOMEM, -EMFILE (no fd for
- * the dup), or the send's error (-EPIPE, -ECONNRESET, ...). */
+ * Returns 0; -ETOOMANYREFS (gshmd's fds in flight are over its
+ * RLIMIT_NOFILE) or -EMFILE (no fd for the dup of a queued packet) when
+ * the packet could not go with its fd: nothing was sent or queued and the
+ * connection stays (the caller answers without the fd); or a negative
+ * errno after closing the connection: -ENOBUFS limits.max_inflight
+ * replies already wait (events do not count), -ENOMEM, or the send's
+ * error (-EPIPE, -ECONNRESET, ...). */
 int gshmd_conn_send_packet(struct conn *c, size_t len, int fd);
 
 /* Packs reply as the answer (type | GSHM_WIRE_REPLY) to request_id and
@@ -63,9 +70,11 @@ void gshmd_conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__S
                      const char *message);
 
 /* Tells every connection with a lease on seg, but `except` (the requester,
- * which learns it from its reply), that the segment's name went away
- * (kind).  A send that fails closes that connection, so the requester
- * must not be among them: its client would be gone under the request. */
+ * which learns it from its reply; may be NULL), that the segment's name
+ * went away (kind).  No connection is closed here (an event that cannot
+ * be sent now is queued; a peer that went away is closed by its poll), so
+ * leases and segments are as they were: callable from inside a registry
+ * change. */
 void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg,
                                 Gshm__EventKind kind, const struct conn *except);
 

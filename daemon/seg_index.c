@@ -44,10 +44,15 @@ static void compact(struct gshmd_seg_index *x) {
   x->holes = 0;
 }
 
-int gshmd_seg_index_reserve(struct gshmd_seg_index *x) {
-  if (x->n == x->cap) {
+int gshmd_seg_index_reserve(struct gshmd_seg_index *x) { return gshmd_seg_index_reserve_n(x, 1); }
+
+int gshmd_seg_index_reserve_n(struct gshmd_seg_index *x, size_t more) {
+  if (more > x->cap - x->n) {
     size_t cap = x->cap ? 2 * x->cap : 64;
-    struct seg_index_slot *s = realloc(x->slots, cap * sizeof(*s));
+    struct seg_index_slot *s;
+    while (cap - x->n < more)
+      cap *= 2;
+    s = realloc(x->slots, cap * sizeof(*s));
     if (!s)
       return -ENOMEM;
     x->slots = s;
@@ -56,7 +61,7 @@ int gshmd_seg_index_reserve(struct gshmd_seg_index *x) {
   return 0;
 }
 
-void gshmd_seg_index_add(struct gshmd_seg_index *x, struct gshmd_segment *seg, uint64_t id) {
+void gshmd_seg_index_add(struct gshmd_seg_index *x, void *seg, uint64_t id) {
   size_t at;
 
   if (x->n == x->cap && gshmd_seg_index_reserve(x))
@@ -85,7 +90,7 @@ void gshmd_seg_index_remove(struct gshmd_seg_index *x, uint64_t id) {
     compact(x);
 }
 
-struct gshmd_segment *gshmd_seg_index_after(struct gshmd_seg_index *x, uint64_t after) {
+void *gshmd_seg_index_after(struct gshmd_seg_index *x, uint64_t after) {
   size_t i = live_from(x, upper(x, after));
   return i < x->n ? x->slots[i].seg : NULL;
 }

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Segments in id order with a lower-bound lookup: the first segment whose
- * id is above a listing's cursor, also when the cursor's own segment was
- * freed meanwhile, in O(log n) amortized (glibc's tsearch has no lower
- * bound, and the id-ordered list would be walked from its head).
+/* Items with an id (segments, leases) in id order with a lower-bound
+ * lookup: the first item whose id is above a listing's cursor, also when
+ * the cursor's own item was freed meanwhile, in O(log n) amortized
+ * (glibc's tsearch has no lower bound, and the id-ordered list would be
+ * walked from its head).
  *
  * A sorted array: ids only grow, so a new segment is appended; a freed one
  * leaves a hole that points past itself (followed with path compression,
@@ -14,12 +15,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct gshmd_segment;
-
 struct gshmd_seg_index {
   struct seg_index_slot {
     uint64_t id;
-    struct gshmd_segment *seg; /* NULL: a hole */
+    void *seg;                 /* the item; NULL: a hole */
     size_t next;               /* a hole: an index further on to look at */
   } *slots;
   size_t n, cap, holes;
@@ -29,16 +28,18 @@ struct gshmd_seg_index {
 /* Makes room for one more segment, so that the next add cannot fail.
  * Returns 0 or -ENOMEM. */
 int gshmd_seg_index_reserve(struct gshmd_seg_index *x);
+/* The same for `more` of them (a publish's set). */
+int gshmd_seg_index_reserve_n(struct gshmd_seg_index *x, size_t more);
 
-/* Adds seg (id order is kept; appending is O(1)), in the room a reserve
- * made. */
-void gshmd_seg_index_add(struct gshmd_seg_index *x, struct gshmd_segment *seg, uint64_t id);
+/* Adds seg, an item of id (id order is kept; appending is O(1)), in the
+ * room a reserve made. */
+void gshmd_seg_index_add(struct gshmd_seg_index *x, void *seg, uint64_t id);
 
 /* Removes the segment of id (none: nothing happens). */
 void gshmd_seg_index_remove(struct gshmd_seg_index *x, uint64_t id);
 
-/* The segment with the smallest id above `after`, or NULL. */
-struct gshmd_segment *gshmd_seg_index_after(struct gshmd_seg_index *x, uint64_t after);
+/* The item with the smallest id above `after`, or NULL. */
+void *gshmd_seg_index_after(struct gshmd_seg_index *x, uint64_t after);
 
 void gshmd_seg_index_free(struct gshmd_seg_index *x);
 

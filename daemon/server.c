@@ -27,6 +27,7 @@ struct out_pkt {
   struct gshm_list node;
   size_t len;
   int fd;
+  bool event; /* counted in conn.nevents, not against limits.max_inflight */
   uint8_t data[];
 };
 
@@ -161,32 +162,63 @@ void gshmd_conn_close(struct conn *c, const char *why) {
   uv_close((uv_handle_t *)&c->poll, conn_on_closed);
 }
 
-int gshmd_conn_send_packet(struct conn *c, size_t len, int fd) {
+/* gshmd_conn_send_packet, for a reply (event false) or an event.  Only
+ * replies count against limits.max_inflight: a client owes gshmd a read
+ * of each reply before its next request is read, but events come
+ * unasked, at most one per segment the connection holds a lease on
+ * (unlink and revoke each happen once, to a linked segment), and the
+ * connection's leases cannot change while its queue holds anything (its
+ * requests are not read); so queued events are bounded by the leases of
+ * its user (quota.leases).  Counted against the cap, a holder busy for a
+ * moment while a model of hundreds of segments was replaced was dropped
+ * ("does not read its replies"), its leases ended and the unlinked
+ * segments it still mapped were freed and punched. */
+static int conn_send(struct conn *c, size_t len, int fd, bool event) {
   struct gshmd_server *s = c->srv;
   struct out_pkt *p;
   int r = -EAGAIN;
 
   if (c->noutq == 0)
     r = gshm__wire_sendmsg(c->fd, s->txbuf, len, fd);
+  /* An event never closes its connection here: it is sent from inside
+   * other work (an unlink, a revoke, a pull's publish), whose state a
+   * close would change under it (the client's leases end; a requester's
+   * pulls are cancelled).  A peer that is gone is closed by its poll
+   * (hangup); any other failure queues the event, and its flush from the
+   * loop closes the connection if the send fails again. */
+  if (event && (r == -EPIPE || r == -ECONNRESET))
+    return r;
+  if (event && r && r != -EAGAIN)
+    r = -EAGAIN;
+  /* The fd could not go (gshmd's user has more fds in flight than its
+   * RLIMIT_NOFILE): nothing was sent and the connection stays; the caller
+   * answers without it (requests.c undoes the grant). */
+  if (fd >= 0 && r == -ETOOMANYREFS)
+    return r;
   if (r == -EAGAIN) {
-    if (c->noutq >= s->cfg->max_inflight) {
+    if (!event && c->noutq - c->nevents >= s->cfg->max_inflight) {
       gshmd_conn_close(c, "client does not read its replies");
       return -ENOBUFS;
     }
     if (!(p = malloc(sizeof(*p) + len))) {
+      if (event) {
+        gshm_log_warn("out of memory: an event to client %" PRIu64 " is lost",
+                      c->client ? c->client->session_id : 0);
+        return -ENOMEM;
+      }
       gshmd_conn_close(c, "out of memory");
       return -ENOMEM;
     }
     memcpy(p->data, s->txbuf, len);
     p->len = len;
     p->fd = -1;
+    p->event = event;
     if (fd >= 0 && (p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
-      r = -errno;
       free(p);
-      gshmd_conn_close(c, "cannot keep fd for a queued reply");
-      return r;
+      return -EMFILE; /* (as for -ETOOMANYREFS above) */
     }
     gshm_list_add_tail(&c->outq, &p->node);
+    c->nevents += event;
     if (c->noutq++ == 0)
       uv_poll_start(&c->poll, UV_WRITABLE | UV_DISCONNECT, conn_on_io);
     return 0;
@@ -198,6 +230,10 @@ int gshmd_conn_send_packet(struct conn *c, size_t len, int fd) {
   if (fd >= 0)
     s->fds_sent++;
   return 0;
+}
+
+int gshmd_conn_send_packet(struct conn *c, size_t len, int fd) {
+  return conn_send(c, len, fd, false);
 }
 
 int gshmd_conn_send(struct conn *c, uint16_t type, uint32_t request_id, const Gshm__Reply *reply,
@@ -237,8 +273,8 @@ void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *se
   ev.generation = seg->generation;
   if (!seg->nleases || !(targets = malloc(sizeof(*targets) * seg->nleases)))
     return;
-  /* Collect first: a send that fails closes its connection, which ends
-   * that client's leases and so edits the list being walked. */
+  /* Collect first, then send: one event per connection, however many of
+   * its leases the segment has (an event's send closes nothing). */
   s->notify_seq++;
   gshm_list_foreach(pos, &seg->leases) {
     struct gshmd_lease *l = gshm_list_entry(pos, struct gshmd_lease, seg_node);
@@ -252,9 +288,16 @@ void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *se
     if (targets[i]->closing ||
         gshm__wire_pack(GSHM_WIRE_EVENT, 0, &ev.base, s->txbuf, sizeof(s->txbuf), &len))
       continue;
-    gshmd_conn_send_packet(targets[i], len, -1);
+    conn_send(targets[i], len, -1, true);
   }
   free(targets);
+}
+
+/* The registry's on_replaced: a publish (a pull's --replace) unlinks
+ * seg; its holders learn it as of an unlink, so that their lease caches
+ * stop serving the old segment under the name. */
+static void notify_replaced(void *arg, struct gshmd_segment *seg) {
+  gshmd_notify_lease_holders(arg, seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, NULL);
 }
 
 void gshmd_conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__Status status,
@@ -367,6 +410,7 @@ static void conn_flush(struct conn *c) {
       close(p->fd);
     }
     gshm_list_del(&p->node);
+    c->nevents -= p->event;
     free(p);
     c->noutq--;
   }
@@ -559,6 +603,8 @@ int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gsh
   s->arena_allocator.alloc = arena_alloc;
   s->arena_allocator.free = arena_free;
   s->arena_allocator.allocator_data = s;
+  reg->on_replaced = notify_replaced;
+  reg->on_replaced_arg = s;
   gshm_list_init(&s->conns);
   /* One counter per status the protocol defines: the enum's values are
    * explicitly numbered and never renumbered, so the highest bounds them. */

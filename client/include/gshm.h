@@ -182,7 +182,8 @@ GSHM_EXTERN void gshm_disconnect(gshm_client_t *client);
  * on this daemon (e.g. no GPU driver) or legacy IPC disabled; -ENOMEM the
  * backend could not allocate; -EDQUOT a per-user quota would be crossed;
  * -EFBIG over the daemon's segment size limit; -EMFILE a limit on segments
- * or leases. */
+ * or leases, or the daemon cannot pass an fd now (its fds in flight are
+ * at its RLIMIT_NOFILE; nothing was created: try again). */
 GSHM_EXTERN int gshm_create(gshm_client_t *client, const char *name, uint64_t size,
                             const char *location, uint32_t mode, uint32_t flags,
                             gshm_segment_t **seg_out);
@@ -194,7 +195,8 @@ GSHM_EXTERN int gshm_create(gshm_client_t *client, const char *name, uint64_t si
  * Errors: -ENOENT no such name; -EACCES mode bits refuse this access;
  * -EINVAL bad access or name; -ENAMETOOLONG name over GSHM_NAME_MAX;
  * -ENOTSUP a legacy-IPC-only segment (use gshm_open_legacy_ipc); -EDQUOT /
- * -EMFILE lease limits. */
+ * -EMFILE lease limits; -EMFILE also when the daemon cannot pass an fd now
+ * (as gshm_create). */
 GSHM_EXTERN int gshm_open(gshm_client_t *client, const char *name, gshm_access_t access,
                           gshm_segment_t **seg_out);
 
@@ -233,6 +235,13 @@ GSHM_EXTERN int gshm_chown(gshm_client_t *client, const char *name, uint32_t uid
  * the daemon restarted.
  * Errors: -ENOENT; -EPERM not an admin. */
 GSHM_EXTERN int gshm_revoke(gshm_client_t *client, const char *name);
+
+/* gshm_revoke of the segment of id segment_id (gshm_segment_info_t.id, as
+ * gshm_list shows it), in any state: an unlinked segment has no name, and
+ * its holders keep its memory for as long as they hold their leases;
+ * this is how an admin takes it back.
+ * Errors: -ESTALE no segment has that id (also 0); -EPERM not an admin. */
+GSHM_EXTERN int gshm_revoke_id(gshm_client_t *client, uint64_t segment_id);
 
 /* Fresh information about an open segment (lease count, unlinked state)
  * from the daemon.  After a daemon restart libgshm re-takes this

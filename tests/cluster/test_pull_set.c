@@ -308,7 +308,8 @@ static void test_set_all_at_once(void **state) {
 }
 
 /* --replace while a reader maps the old set/03: the reader keeps the old
- * bytes; new opens get the new ones; the old copy goes when let go. */
+ * bytes; new opens get the new ones, the reader's own too (it learns of
+ * the replace as of an unlink); the old copy goes when let go. */
 static void test_replace(void **state) {
   gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *reader = connect_to(&B);
   gshm_segment_t *old;
@@ -335,6 +336,21 @@ static void test_replace(void **state) {
   check_set(b, "set/", 200);
   harness_random(want, set_size(3), 103); /* the old bytes, still mapped */
   assert_int_equal(memcmp(p, want, set_size(3)), 0);
+  /* The reader opens the name again while it holds the old one: gshmd
+   * told it of the replace (an unlinked event), so its lease cache sends
+   * the open to gshmd, which gives the new segment.  Without the event
+   * the cache served the old segment under the name. */
+  {
+    gshm_segment_t *again;
+    uint8_t got[64];
+    assert_int_equal(gshm_open(reader, "set/03", GSHM_ACCESS_READ, &again), 0);
+    assert_true(gshm_segment_info(old)->unlinked);
+    assert_true(gshm_segment_info(again)->id != gshm_segment_info(old)->id);
+    harness_random(want, set_size(3), 203);
+    assert_int_equal(gshm_read(again, 0, got, sizeof(got)), 0);
+    assert_memory_equal(got, want, sizeof(got));
+    gshm_close(again);
+  }
   assert_int_equal(gshm_status(b, &s), 0);
   assert_int_equal(s.segments, NSET + 1); /* the old set/03, unlinked, held */
   gshm_close(old);

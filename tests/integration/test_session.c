@@ -11,7 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -125,6 +128,158 @@ static void test_unlink_while_leased(void **state) {
   assert_int_equal(st.segments, 1);
   assert_int_equal(st.bytes, 4096);
   gshm_close(s2);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
+/* owner creates name (4096 bytes of seed's, mode 0644, into want),
+ * holder opens it with access and maps it at *addr, then owner lets go
+ * and unlinks it: holder's lease alone keeps it.  Returns holder's
+ * segment. */
+static gshm_segment_t *held_unlinked(gshm_client_t *owner, gshm_client_t *holder,
+                                     const char *name, gshm_access_t access,
+                                     unsigned long long seed, unsigned char want[4096],
+                                     void **addr) {
+  gshm_segment_t *mine, *held;
+
+  assert_int_equal(gshm_create(owner, name, 4096, NULL, 0644, 0, &mine), 0);
+  harness_random(want, 4096, seed);
+  assert_int_equal(gshm_write(mine, 0, want, 4096), 0);
+  assert_int_equal(gshm_open(holder, name, access, &held), 0);
+  assert_int_equal(gshm_map(held, NULL, 0, addr), 0);
+  assert_int_equal(gshm_close(mine), 0);
+  assert_int_equal(gshm_unlink(owner, name), 0);
+  return held;
+}
+
+/* A holder that is busy (it calls nothing of libgshm for a while) must
+ * keep its leases while the segments it holds are unlinked: a weight
+ * update that replaces a model of hundreds of tensors unlinks every old
+ * one, and each unlink queues an event to every holder.  The events were
+ * counted as replies the client did not read (limits.max_inflight, after
+ * the socket buffer, about 300 small packets): gshmd then dropped the
+ * holder as "client does not read its replies", which ended all of its
+ * leases, freed the unlinked segments it still mapped and punched their
+ * pages (its model read zeros), and its next call got -ESTALE.  An event
+ * is owed once per segment a connection holds, so what waits is bounded
+ * by the holder's own leases. */
+static void test_unlink_events_spare_a_busy_holder(void **state) {
+  struct harness *h = *state;
+  enum { N = 1500 };
+  static gshm_segment_t *mine[N], *held[N];
+  gshm_client_t *owner, *holder;
+  gshm_segment_t *kept_held, *again;
+  unsigned char want[4096], buf[4096];
+  char name[32];
+  void *addr;
+
+  assert_int_equal(gshm_connect(h->socket_path, "owner", &owner), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "holder", &holder), 0);
+  kept_held = held_unlinked(owner, holder, "old/kept", GSHM_ACCESS_READ, 11, want, &addr);
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "old/t%d", i);
+    assert_int_equal(gshm_create(owner, name, 4096, NULL, 0644, 0, &mine[i]), 0);
+    assert_int_equal(gshm_open(holder, name, GSHM_ACCESS_READ, &held[i]), 0);
+  }
+  /* The holder is busy from here on: the owner replaces the model. */
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "old/t%d", i);
+    assert_int_equal(gshm_close(mine[i]), 0);
+    assert_int_equal(gshm_unlink(owner, name), 0);
+  }
+  /* The holder's mapping of the unlinked segment still has its bytes,
+   * read without a call into libgshm (it was punched to zeros)... */
+  assert_memory_equal(addr, want, sizeof(want));
+  /* ...its lease is still good, and the events all arrived: the cache
+   * serves none of the unlinked names. */
+  assert_int_equal(gshm_read(kept_held, 0, buf, sizeof(buf)), 0);
+  assert_memory_equal(buf, want, sizeof(buf));
+  assert_true(gshm_segment_info(kept_held)->unlinked);
+  assert_int_equal(gshm_open(holder, "old/t0", GSHM_ACCESS_READ, &again), -ENOENT);
+  snprintf(name, sizeof(name), "old/t%d", N - 1);
+  assert_int_equal(gshm_open(holder, name, GSHM_ACCESS_READ, &again), -ENOENT);
+  for (int i = 0; i < N; i++)
+    assert_int_equal(gshm_close(held[i]), 0);
+  assert_int_equal(gshm_close(kept_held), 0);
+  gshm_disconnect(owner);
+  gshm_disconnect(holder);
+}
+
+/* Puts n copies of fd in flight in a socket pair nobody reads (the fds
+ * in flight of this process's user, which gshmd's sends are checked
+ * against); sv gets the pair. */
+static void fds_in_flight(int fd, int n, int sv[2]) {
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  while (n > 0) {
+    int k = n < 250 ? n : 250, fds[250];
+    union {
+      struct cmsghdr align;
+      char buf[CMSG_SPACE(sizeof(int) * 250)];
+    } ctl;
+    char byte = 0;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                        .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)k)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    for (int i = 0; i < k; i++)
+      fds[i] = fd;
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)k);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)k);
+    assert_int_equal(sendmsg(sv[1], &mh, 0), 1);
+    n -= k;
+  }
+}
+
+/* gshmd's user may have more fds in flight than gshmd's RLIMIT_NOFILE
+ * (gshmd.service grants no CAP_SYS_RESOURCE, nor does the harness): a
+ * reply's SCM_RIGHTS send then fails with ETOOMANYREFS.  gshmd closed the
+ * connection as for any failed send: the client's leases all ended, an
+ * unlinked segment it still mapped was freed and read zeros, and
+ * libgshm's resend of a create found the segment the first one had made
+ * (-EEXIST, and an orphan under the name).  Now the grant is taken back
+ * and answered -EMFILE; the connection and its other leases stay. */
+static void test_fd_send_refused_keeps_the_connection(void **state) {
+  struct harness *h = *state;
+  gshm_client_t *a, *b;
+  gshm_segment_t *sx, *held, *got;
+  gshm_segment_info_t info;
+  unsigned char want[4096], buf[4096];
+  struct rlimit orig, tight;
+  int sv[2], devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  void *addr;
+
+  assert_true(devnull >= 0);
+  assert_int_equal(gshm_connect(h->socket_path, "a", &a), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "b", &b), 0);
+  held = held_unlinked(a, b, "fdl/u", GSHM_ACCESS_READ_WRITE, 31, want, &addr);
+  assert_int_equal(gshm_create(a, "fdl/x", 4096, NULL, 0644, 0, &sx), 0);
+
+  fds_in_flight(devnull, 500, sv);
+  assert_int_equal(prlimit(h->sp.pid, RLIMIT_NOFILE, NULL, &orig), 0);
+  tight.rlim_cur = (rlim_t)harness_lowest_free_fd(h->sp.pid, 8);
+  tight.rlim_max = orig.rlim_max;
+  assert_int_equal(prlimit(h->sp.pid, RLIMIT_NOFILE, &tight, NULL), 0);
+  assert_int_equal(gshm_open(b, "fdl/x", GSHM_ACCESS_READ_WRITE, &got), -EMFILE);
+  assert_memory_equal(addr, want, sizeof(want)); /* (zeros: b was dropped) */
+  assert_int_equal(gshm_create(a, "fdl/y", 4096, NULL, 0600, 0, &got), -EMFILE);
+  assert_int_equal(prlimit(h->sp.pid, RLIMIT_NOFILE, &orig, NULL), 0);
+  close(sv[0]);
+  close(sv[1]);
+  close(devnull);
+
+  assert_int_equal(gshm_stat_name(a, "fdl/y", &info), -ENOENT); /* nothing was created */
+  assert_int_equal(gshm_create(a, "fdl/y", 4096, NULL, 0600, 0, &got), 0);
+  assert_int_equal(gshm_close(got), 0);
+  assert_int_equal(gshm_unlink(a, "fdl/y"), 0);
+  assert_int_equal(gshm_open(b, "fdl/x", GSHM_ACCESS_READ_WRITE, &got), 0);
+  assert_int_equal(gshm_close(got), 0);
+  assert_int_equal(gshm_read(held, 0, buf, sizeof(buf)), 0); /* b's lease is still good */
+  assert_memory_equal(buf, want, sizeof(buf));
+  assert_int_equal(gshm_close(held), 0);
+  assert_int_equal(gshm_close(sx), 0);
+  assert_int_equal(gshm_unlink(a, "fdl/x"), 0);
   gshm_disconnect(a);
   gshm_disconnect(b);
 }
@@ -388,6 +543,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_share_across_processes, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_unlink_while_leased, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_killed_client_leases_vanish, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_unlink_events_spare_a_busy_holder, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_host_size_and_populate, harness_cmocka_setup, harness_cmocka_teardown),

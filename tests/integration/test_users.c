@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
@@ -245,6 +246,154 @@ static int child_as(uid_t uid, gid_t gid, const gid_t *groups, int ngroups,
   }
   assert_int_equal(waitpid(pid, &status, 0), pid);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* A user creates a segment, maps it and unlinks it: it has no name now,
+ * and its lease keeps it (and its memory) for as long as the user likes.
+ * Revoke took only a name, so no admin could take it back (revoke
+ * "no such segment"); an admin takes it back by id: the holder's mapping
+ * reads zeros (pages punched), its next call gets -ESTALE, the memory and
+ * the quota charge are gone.  Revoke by id is for admins only. */
+static void unlinked_holder(struct harness_kid *k, void *arg) {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  uint64_t id;
+  uint8_t *p, b = 1;
+  int zeros = 0;
+
+  if (gshm_connect(arg, "hider", &c) || gshm_create(c, "r/hidden", 8192, NULL, 0600, 0, &s) ||
+      gshm_map(s, NULL, 0, (void **)&p))
+    _exit(2);
+  memset(p, 0x5a, 8192);
+  if (gshm_unlink(c, "r/hidden"))
+    _exit(3);
+  id = gshm_segment_info(s)->id;
+  if (write(k->out, &id, sizeof(id)) != (ssize_t)sizeof(id) || !harness_kid_await(k->in, 60000))
+    _exit(4);
+  for (int i = 0; i < 8192; i++) /* (no call into libgshm: what the memory holds now) */
+    zeros += p[i] == 0;
+  if (zeros != 8192)
+    _exit(5);
+  if (gshm_read(s, 0, &b, 1) != -ESTALE)
+    _exit(6);
+  gshm_close(s);
+  gshm_disconnect(c);
+}
+
+static int revoke_id_as_user(const char *arg) {
+  gshm_client_t *c;
+  uint64_t id = strtoull(arg, NULL, 10);
+  int e;
+
+  if (gshm_connect(h->socket_path, "not-admin", &c))
+    return 2;
+  e = gshm_revoke_id(c, id);
+  gshm_disconnect(c);
+  return e == -EPERM ? 0 : 3;
+}
+
+/* How many list requests of type op gshmd answered OK (its metrics). */
+static uint64_t lists_answered(gshm_client_t *c, const char *op) {
+  char *text = NULL, key[96];
+  const char *at;
+  uint64_t n = 0;
+
+  assert_int_equal(gshm_metrics(c, &text), 0);
+  snprintf(key, sizeof(key), "gshm_requests_total{op=\"%s\",status=\"ok\"} ", op);
+  if ((at = strstr(text, key)))
+    n = strtoull(at + strlen(key), NULL, 10);
+  gshm_free(text);
+  return n;
+}
+
+/* A listing by a user who may see none of what it walks past (another
+ * user's 0600 segments, its leases): each request walked every segment
+ * or lease of the node, however many requests the user sent (a
+ * page's walk ended only at the list's end or a full page).  Now a
+ * request looks at no more than GSHMD_LIST_VISITS (2048) items and
+ * returns its cursor, also with no item on the page: B's listing over
+ * 5,000 of root's segments and leases takes at least 3 requests of each
+ * kind (1 before), and still finds B's own, created after them. */
+static int list_as_b(const char *arg) {
+  gshm_client_t *c;
+  gshm_segment_t *mine;
+  gshm_segment_info_t *infos = NULL;
+  gshm_lease_info_t *leases = NULL;
+  size_t n = 0, nl = 0;
+  int rc = 0;
+
+  (void)arg;
+  if (gshm_connect(h->socket_path, "lister", &c) ||
+      gshm_create(c, "lv-b/mine", 4096, NULL, 0600, 0, &mine))
+    return 2;
+  if (gshm_list(c, &infos, &n) || gshm_list_leases(c, &leases, &nl))
+    return 3;
+  for (size_t i = 0; i < n; i++)
+    rc |= strncmp(infos[i].name, "lv/", 3) == 0 ? 4 : 0; /* root's: never shown */
+  if (!n || strcmp(infos[n - 1].name, "lv-b/mine") || nl < 1 ||
+      strcmp(leases[nl - 1].segment_name, "lv-b/mine"))
+    rc |= 8;
+  gshm_free(infos);
+  gshm_free(leases);
+  gshm_close(mine);
+  gshm_unlink(c, "lv-b/mine");
+  gshm_disconnect(c);
+  return rc;
+}
+
+static void test_listing_walks_a_bounded_part(void **state) {
+  enum { N = 5000 };
+  static gshm_segment_t *segs[N];
+  gshm_client_t *root;
+  uint64_t seg0, lease0;
+  char name[32];
+  (void)state;
+  need_root();
+  assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "lv/%04d", i);
+    assert_int_equal(gshm_create(root, name, 4096, NULL, 0600, 0, &segs[i]), 0);
+  }
+  seg0 = lists_answered(root, "list_segments");
+  lease0 = lists_answered(root, "list_leases");
+  assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, list_as_b, NULL), 0);
+  print_message("    B's listings: %" PRIu64 " segment pages, %" PRIu64 " lease pages\n",
+                lists_answered(root, "list_segments") - seg0,
+                lists_answered(root, "list_leases") - lease0);
+  assert_true(lists_answered(root, "list_segments") - seg0 >= 3);
+  assert_true(lists_answered(root, "list_leases") - lease0 >= 3);
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "lv/%04d", i);
+    assert_int_equal(gshm_close(segs[i]), 0);
+    assert_int_equal(gshm_unlink(root, name), 0);
+  }
+  gshm_disconnect(root);
+}
+
+static void test_admin_revokes_unlinked(void **state) {
+  struct harness_kid k;
+  gshm_client_t *root;
+  gshm_status_info_t before, st;
+  uint64_t id = 0;
+  char arg[32];
+  (void)state;
+  need_root();
+  assert_int_equal(harness_kid_start(&k, UID_A, UID_A, unlinked_holder, (void *)h->socket_path),
+                   0);
+  assert_int_equal(read(k.from_kid, &id, sizeof(id)), (ssize_t)sizeof(id));
+  assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
+  assert_int_equal(gshm_revoke(root, "r/hidden"), -ENOENT); /* no name to revoke by */
+  snprintf(arg, sizeof(arg), "%" PRIu64, id);
+  assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, revoke_id_as_user, arg), 0);
+  assert_int_equal(gshm_revoke_id(root, id + 1000), -ESTALE);
+  assert_int_equal(gshm_status(root, &before), 0);
+  assert_int_equal(gshm_revoke_id(root, id), 0);
+  assert_int_equal(gshm_status(root, &st), 0);
+  assert_int_equal(st.segments, before.segments - 1);
+  assert_int_equal(st.bytes, before.bytes - 8192);
+  harness_kid_step(k.to_kid);
+  assert_int_equal(harness_kid_wait(&k), 0);
+  gshm_disconnect(root);
 }
 
 /* A read-only lease: writes are refused, and so is reopening its fd
@@ -688,6 +837,8 @@ int main(void) {
       cmocka_unit_test(test_owner_group_other),
       cmocka_unit_test(test_quota),
       cmocka_unit_test(test_admin_sees_and_revokes),
+      cmocka_unit_test(test_admin_revokes_unlinked),
+      cmocka_unit_test(test_listing_walks_a_bounded_part),
       cmocka_unit_test(test_setgid_ignores_environment),
       cmocka_unit_test(test_fair_defaults),
   };

@@ -231,6 +231,35 @@ static void test_hidden_publish(void **state) {
   assert_true(gshmd_registry_find_name(&f->reg, "m/a") == segs[0]);
 }
 
+/* Published segments are in the id index as created ones are: a listing
+ * page resumes after its cursor through the index (the cursor's segment
+ * may have been freed), and it skipped every published segment (a pull's)
+ * there, going on at the next created one. */
+static void test_published_are_indexed(void **state) {
+  struct fixture *f = *state;
+  struct gshmd_segment *segs[2];
+  struct gshmd_lease *la, *lb;
+  const char *msg = NULL;
+  uint64_t a_id;
+
+  assert_int_equal(create(f, f->alice, "i/a", 10, 0644, &la), 0);
+  a_id = la->seg->id;
+  segs[0] = hidden(f, f->alice, "i/p", 10);
+  segs[1] = hidden(f, f->alice, "i/q", 10);
+  assert_int_equal(gshmd_registry_publish(&f->reg, f->alice, segs, 2, false, &msg), 0);
+  assert_int_equal(create(f, f->alice, "i/b", 10, 0644, &lb), 0);
+  assert_ptr_equal(gshmd_registry_find_after(&f->reg, a_id), segs[0]);
+  assert_ptr_equal(gshmd_registry_find_after(&f->reg, segs[0]->id), segs[1]);
+  assert_ptr_equal(gshmd_registry_find_after(&f->reg, segs[1]->id), lb->seg);
+  /* the cursor's segment freed: the next one is still the published one */
+  assert_int_equal(gshmd_registry_close(&f->reg, f->alice, la->id), 0);
+  assert_int_equal(gshmd_registry_unlink(&f->reg, f->alice, "i/a", &msg), 0);
+  assert_ptr_equal(gshmd_registry_find_after(&f->reg, a_id), segs[0]);
+  /* and a freed published one leaves the index */
+  assert_int_equal(gshmd_registry_unlink(&f->reg, f->alice, "i/p", &msg), 0);
+  assert_ptr_equal(gshmd_registry_find_after(&f->reg, a_id), segs[1]);
+}
+
 /* A set with a name twice is refused whole; discarding gives the memory
  * back. */
 static void test_hidden_duplicate_discard(void **state) {
@@ -305,6 +334,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hidden_publish, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hidden_duplicate_discard, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_published_are_indexed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_restart_grace, setup, teardown),
   };
   gshm__log_setup("test", -1, 0);
