@@ -3,6 +3,7 @@
  *
  * Exit codes (docs/ARCHITECTURE.md "Configuration, metrics, tools"): 0 ok,
  * 1 error, 2 usage, 3 daemon unreachable, 4 permission denied, 5 not found. */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -54,7 +55,8 @@ static void usage(FILE *f) {
           "  unlink NAME                    remove the name; memory goes with the last lease\n"
           "  chmod NAME MODE                change permission bits (owner or admin)\n"
           "  chown NAME [USER][:GROUP]      change owner (admin) and/or group\n"
-          "  revoke NAME                    admin: end every lease and unlink\n"
+          "  revoke NAME | --id ID          admin: end every lease and unlink (--id: a\n"
+          "                                 segment without a name, as 'segments' shows it)\n"
           "  read NAME [--offset B] [--length B] [-o FILE]\n"
           "                                 segment bytes to stdout or FILE (default: up to\n"
           "                                 the size asked for at create); --json needs -o\n"
@@ -844,8 +846,31 @@ static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
   return EXIT_OK;
 }
 
+/* revoke NAME, or revoke --id ID: a segment without a name (unlinked,
+ * still held) by the id `segments` shows. */
 static int cmd_revoke(gshm_client_t *c, int argc, char **argv) {
-  return cmd_by_name(c, argc, argv, "revoke", gshm_revoke, "revoked");
+  unsigned long long id;
+  char *end;
+  int e;
+
+  if (argc < 2 || strcmp(argv[1], "--id"))
+    return cmd_by_name(c, argc, argv, "revoke", gshm_revoke, "revoked");
+  errno = 0;
+  id = argc == 3 && isdigit((unsigned char)*argv[2]) ? strtoull(argv[2], &end, 10) : 0;
+  if (!id || errno || *end)
+    return errorf(EXIT_USAGE, -EINVAL, "usage: revoke NAME | revoke --id ID (a segment's id, "
+                  "as 'segments' shows it)");
+  if (!c)
+    return EXIT_OK;
+  if ((e = gshm_revoke_id(c, (uint64_t)id)))
+    return fail(c, "revoke", e);
+  if (json_out) {
+    json_t *doc = json_doc();
+    json_object_set_new(doc, "id", json_integer((json_int_t)id));
+    return print_json(doc);
+  }
+  printf("revoked segment id %llu\n", id);
+  return EXIT_OK;
 }
 
 static int write_all(int fd, const void *buf, size_t n) {

@@ -387,7 +387,15 @@ static void test_admin_revokes_unlinked(void **state) {
   assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, revoke_id_as_user, arg), 0);
   assert_int_equal(gshm_revoke_id(root, id + 1000), -ESTALE);
   assert_int_equal(gshm_status(root, &before), 0);
-  assert_int_equal(gshm_revoke_id(root, id), 0);
+  { /* what an admin types: gshmctl revoke --id ID */
+    char *out = NULL;
+    assert_int_not_equal(harness_gshmctl(h, NULL, (const char *const[]){"revoke", "--id", "x",
+                                                                          NULL}), 0);
+    assert_int_equal(harness_gshmctl(h, &out, (const char *const[]){"revoke", "--id", arg, NULL}),
+                     0);
+    assert_non_null(strstr(out, "revoked segment id"));
+    free(out);
+  }
   assert_int_equal(gshm_status(root, &st), 0);
   assert_int_equal(st.segments, before.segments - 1);
   assert_int_equal(st.bytes, before.bytes - 8192);
