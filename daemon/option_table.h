@@ -143,7 +143,8 @@
   X(quota, leases, U32, quota_leases, "65536", 0, UINT32_MAX, NULL,             \
     "Per-uid limit on open leases (root is exempt); 0 means unlimited. The "   \
     "default is far above what a workload holds and keeps one user from "     \
-    "growing gshmd's memory without bound (about 150 bytes a lease).")          \
+    "growing gshmd's memory without bound (about 150 bytes a lease, up to 1 " \
+    "KiB with a mapping report naming 16 GPUs).")                              \
   X(quota, connections, U32, quota_connections, "1024", 0, UINT32_MAX, NULL,    \
     "Per-uid limit on client connections, counted from accept, before hello "   \
     "(root is exempt); 0 means unlimited. Checked before "                      \
