@@ -265,7 +265,10 @@ GSHM_EXTERN const gshm_segment_info_t *gshm_segment_info(const gshm_segment_t *s
 
 /* The segment's file descriptor (a sealed memfd for host segments, a cuMem
  * POSIX fd for device segments).  Borrowed: it stays the library's and is
- * closed by gshm_close(); dup() it to keep it.  -EBADF if none. */
+ * closed by gshm_close(); dup() it to keep it.  -EBADF if none.  A host
+ * segment's fd shares its open file description (and so its file offset)
+ * with other holders', other users' too: map it, or use pread/pwrite,
+ * never read/write/lseek. */
 GSHM_EXTERN int gshm_segment_fd(const gshm_segment_t *seg);
 
 /* The access this segment was opened with. */
