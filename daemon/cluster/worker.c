@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <ucs/config/global_opts.h>
+
 #include "link.h"
 #include "log.h"
 
@@ -257,6 +259,23 @@ static void *worker_address_copy(const void *addr, size_t len, const char **why_
   return copy;
 }
 
+/* ucp_ep_create with peer failure detection, UCX's own log held to its
+ * fatal errors for the call: where no transport to the peer detects a
+ * dead peer (two gshmd on one host: shared memory only) UCX logs "no
+ * active messages transport ... no peer failure handler" as an ERROR,
+ * while gshm expects that answer and goes on (an eager endpoint, or its
+ * TCP stream), and says so itself.  The level set before is put back. */
+static ucs_status_t ep_create_quiet(struct links *ll, const ucp_ep_params_t *ep, ucp_ep_h *out) {
+  char level[32];
+  bool quiet = ucs_global_opts_get_value("LOG_LEVEL", level, sizeof(level)) == UCS_OK &&
+               ucs_global_opts_set_value("LOG_LEVEL", "fatal") == UCS_OK;
+  ucs_status_t st = ucp_ep_create(ll->worker, ep, out);
+
+  if (quiet)
+    (void)ucs_global_opts_set_value("LOG_LEVEL", level);
+  return st;
+}
+
 int gshmd__link_worker_ep(struct links *ll, const void *addr, size_t len,
                           ucp_err_handler_cb_t err_cb, void *arg, ucp_ep_h *ep_out,
                           bool *eager_out) {
@@ -275,7 +294,7 @@ int gshmd__link_worker_ep(struct links *ll, const void *addr, size_t len,
     return -EPROTO;
   }
   ep.address = copy;
-  st = ucp_ep_create(ll->worker, &ep, ep_out);
+  st = ep_create_quiet(ll, &ep, ep_out);
   if (st == UCS_ERR_UNREACHABLE && ll->ucx_without_peer_errors) {
     /* UCX 1.13's shared-memory transports cannot tell a dead peer: the
      * link's TCP stream does, and the endpoint is closed with it.  Such
