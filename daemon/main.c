@@ -99,10 +99,12 @@ static void setup_fd_limit(struct daemon *d) {
    * pool's memfds */
   if (d->cfg.host_recycle)
     need += (uint64_t)d->cfg.max_segments + GSHMD_HOST_RECYCLE_MAX;
-  /* systemd sets INVOCATION_ID for its services, NOTIFY_SOCKET for
-   * Type=notify ones (and whoever reads STATUS=) */
-  const char *invocation = getenv("INVOCATION_ID"), *notify = getenv("NOTIFY_SOCKET");
-  bool by_hand = !(invocation && *invocation) && !(notify && *notify);
+  /* systemd sets INVOCATION_ID for its services (v232 on).  NOTIFY_SOCKET
+   * alone is not one: gshm's own spawner (gshm-demo, gshm-bench, the
+   * tests) sets it to wait for READY=1, and gshmd.service is not there to
+   * raise LimitNOFILE= in. */
+  const char *invocation = getenv("INVOCATION_ID");
+  bool by_hand = !(invocation && *invocation);
   struct rlimit rl;
 
   if (getrlimit(RLIMIT_NOFILE, &rl) < 0)

@@ -200,6 +200,10 @@ grep "fd limit 1024 is below" "$dir/fd.log" | grep -q "^<7>" || fail "not at deb
 fdlimit 6 INVOCATION_ID=0123456789abcdef
 grep "fd limit 1024 is below" "$dir/fd.log" | grep -q "^<4>" \
   || fail "under systemd the fd limit is not a warning: $(cat "$dir/fd.log")"
+# NOTIFY_SOCKET without INVOCATION_ID: gshm-demo's and gshm-bench's own
+# gshmd, where no gshmd.service has a LimitNOFILE= to raise
+fdlimit 6 NOTIFY_SOCKET="$dir/no-notify.sock"
+grep -q "fd limit" "$dir/fd.log" && fail "a spawned gshmd warns about the fd limit: $(cat "$dir/fd.log")"
 
 [ "$failures" = 0 ] && echo "all checks passed"
 exit $((failures > 0))
