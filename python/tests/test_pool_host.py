@@ -276,7 +276,7 @@ def test_safetensors_parse_refuses_hostile_headers():
         (_st_file({"a": ("F32", (4,), 0, 16)}, 8), "do not match"),           # past the end
         (_st_file({"a": ("F32", (4,), 0, 12)}, 16), "do not match"),          # shape vs bytes
         (_st_file({"a": ("F32", (4,), 16, 0)}, 16), "do not match"),          # end < begin
-        (_st_file({"a": ("F32", (-4,), 0, 0)}, 16), "bad shape"),
+        (_st_file({"a": ("F32", (-4,), 0, 0)}, 16), "bad safetensors entry"),
         (_st_file({"a": ("Q7", (4,), 0, 16)}, 16), "bad safetensors entry"),
         (_st_file({"a": ("F32", (4,), 0, 16)}, 16, header_len=1 << 40), "does not fit"),
         (_st_file({"a": ("F32", (4,), 0, 16)}, 16, header_len=(100 << 20) + 1), "does not fit"),
@@ -285,6 +285,43 @@ def test_safetensors_parse_refuses_hostile_headers():
     for data, message in bad:
         with pytest.raises(ValueError, match=message):
             _st_parse(data)
+    # Fields safetensors reads as u64 are JSON integers >= 0 and arrays, nothing
+    # int() would take: a negative begin put a tensor on the header's bytes
+    # (and load_safetensors' copy plan, which starts at the data, left it
+    # unwritten), "8" or 2.5 were taken as 8 and 2, a string shape "12" as
+    # (1, 2), Infinity raised OverflowError, deep nesting RecursionError.
+    def raw(js, data_len=16):
+        return struct.pack("<Q", len(js)) + js + bytes(data_len)
+
+    def one(**kw):
+        t = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+        t.update(kw)
+        return raw(json.dumps({"a": t}).encode())
+
+    (_, _, shape, b, e), = _st_parse(one())[1]
+    assert (shape, b, e) == ((2,), len(one()) - 16, len(one()) - 8)
+    hostile = [
+        one(data_offsets=[-8, 0]),                        # on the header's last 8 bytes
+        one(data_offsets=["0", "8"]),
+        one(data_offsets=[0.0, 8.0]),
+        one(data_offsets=[False, 8]),
+        one(shape=[2.5], data_offsets=[0, 8]),
+        one(shape="12", data_offsets=[0, 8]),
+        one(shape=[True, 2]),
+        raw(b'{"a": {"dtype": "F32", "shape": [Infinity], "data_offsets": [0, 8]}}'),
+        raw(b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8e0]}}'),
+    ]
+    for data in hostile:
+        with pytest.raises(ValueError, match="bad safetensors entry"):
+            _st_parse(data)
+    with pytest.raises(ValueError, match="bad safetensors header"):
+        _st_parse(raw(b"[" * 100000))
+    # __metadata__ is str -> str (load_safetensors hands it to plan(), which
+    # raised TypeError or AttributeError, not the ValueError it documents)
+    for meta in ([1, 2], {"k": 1}, "text"):
+        doc = {"__metadata__": meta, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
+        with pytest.raises(ValueError, match="__metadata__"):
+            _st_parse(raw(json.dumps(doc).encode()))
     # a header too long for the format's own limit is refused before it is read
     huge = struct.pack("<Q", (100 << 20) + 1)
     with pytest.raises(ValueError, match="does not fit"):
