@@ -106,9 +106,13 @@ def _json_count(v):
     return v
 
 
-def parse(read, size):
+def parse(read, size, aligned=True):
     """Reads a layout back.  read(offset, n) returns n bytes of the segment;
     size is the segment's size.  Returns (metadata, entries) like plan's.
+    aligned: every non-empty tensor must start at a multiple of its item
+    size, as plan() places them (for views on the bytes: a misaligned
+    float32 view is a CUDA fault in every kernel that reads it); False for
+    a file that is only copied from (load_safetensors lays it out anew).
     Raises ValueError when the bytes are not a safetensors layout that fits."""
     if size < 8:
         raise ValueError("gshm: segment too small for a safetensors header")
@@ -139,6 +143,9 @@ def parse(read, size):
         if e < b or e - b != count * dt.itemsize or start + e > size:
             raise ValueError("gshm: tensor %r: offsets %r do not match its shape or the segment"
                              % (name, (b, e)))
+        if aligned and e > b and (start + b) % dt.itemsize:
+            raise ValueError("gshm: tensor %r at byte %d is not aligned to its %s item size (%d)"
+                             % (name, start + b, dt.name, dt.itemsize))
         entries.append((name, dt, shape, start + b, start + e))
     # Tensors may not share bytes (safetensors forbids it, and a copy plan
     # that reads each file byte once would leave one of them unwritten).

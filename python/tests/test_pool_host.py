@@ -258,6 +258,7 @@ def _st_file(entries, data_len, header_len=None):
     doc = {k: {"dtype": dt, "shape": list(sh), "data_offsets": [b, e]}
            for k, (dt, sh, b, e) in entries.items()}
     js = json.dumps(doc).encode()
+    js += b" " * (-len(js) % 8)  # data 8-aligned, as safetensors writes it
     n = len(js) if header_len is None else header_len
     return struct.pack("<Q", n) + js + bytes(data_len)
 
@@ -291,6 +292,7 @@ def test_safetensors_parse_refuses_hostile_headers():
     # unwritten), "8" or 2.5 were taken as 8 and 2, a string shape "12" as
     # (1, 2), Infinity raised OverflowError, deep nesting RecursionError.
     def raw(js, data_len=16):
+        js += b" " * (-len(js) % 8)
         return struct.pack("<Q", len(js)) + js + bytes(data_len)
 
     def one(**kw):
@@ -322,6 +324,17 @@ def test_safetensors_parse_refuses_hostile_headers():
         doc = {"__metadata__": meta, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
         with pytest.raises(ValueError, match="__metadata__"):
             _st_parse(raw(json.dumps(doc).encode()))
+    # Views need each tensor at a multiple of its item size (plan() puts it
+    # there; load_state_dict gave a misaligned float32 view on the GPU, which
+    # faults in every kernel); load_safetensors copies, so it reads any file.
+    js = json.dumps({"b": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                     "a": {"dtype": "F32", "shape": [2], "data_offsets": [1, 9]}}).encode()
+    odd = raw(js)  # data at a multiple of 8: "a" at 8k + 1
+    start = len(odd) - 16
+    with pytest.raises(ValueError, match="not aligned"):
+        _st_parse(odd)
+    _, entries = _safetensors.parse(lambda off, n: odd[off:off + n], len(odd), aligned=False)
+    assert [(k, b) for k, _, _, b, _ in entries] == [("b", start), ("a", start + 1)]
     # a header too long for the format's own limit is refused before it is read
     huge = struct.pack("<Q", (100 << 20) + 1)
     with pytest.raises(ValueError, match="does not fit"):
