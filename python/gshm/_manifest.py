@@ -211,10 +211,19 @@ def _resolve_pulled(doc, prefix, source):
 def read(client, prefix):
     """Reads and checks "<prefix>/manifest" (resolved to the local names when
     it was pulled from a peer).  Raises gshm.NotFound when the prefix has
-    none (nothing published, or released), ManifestError."""
+    none (nothing published, or released), ManifestError, also for a
+    manifest naming a segment outside "<prefix>/seg-": whoever wrote the
+    manifest must not choose which of the reader's other segments
+    open_segments() opens (with the reader's rights, "rw" included) and
+    attach() hands out as weights."""
     with client.open(manifest_name(prefix), "r") as seg:
         doc = decode(seg.read(0, seg.info.requested_size))
-        return _resolve_pulled(doc, prefix, seg.info.source)
+        doc = _resolve_pulled(doc, prefix, seg.info.source)
+    for n in doc["segments"]:
+        if not n.startswith(segment_prefix(prefix)):
+            raise ManifestError("gshm: manifest of %r names segment %r, not one of the pool's "
+                                "(%s*)" % (prefix, n, segment_prefix(prefix)))
+    return doc
 
 
 def open_segments(client, manifest, access="r"):

@@ -159,6 +159,28 @@ def test_manifest_naming_a_recreated_segment_is_stale(client, segname):
     _manifest.unlink_prefix(client, segname)
 
 
+def test_manifest_naming_a_segment_outside_its_prefix(client, segname):
+    """Whoever can write "<prefix>/manifest" (a name is first come, first
+    served) chose which segments the reader opened: one outside the pool's
+    "<prefix>/seg-" (the reader's own, or any it may open) was opened with
+    the reader's rights and handed out as weights."""
+    other = client.create(segname + "-kv/cache", 4096, location="host")  # not the pool's
+    for name in (other.name, segname + "/other"):
+        seg = other if name == other.name else client.create(name, 4096, location="host")
+        info = {name: _seginfo(seg)}
+        _manifest.write(client, segname, _manifest.encode(
+            "host", info, {"w": _entry(name, 0, "float32", (8,), (1,))}))
+        with pytest.raises(_manifest.ManifestError, match="not one of the pool's"):
+            _manifest.read(client, segname)
+        if seg is not other:
+            seg.close()
+            client.unlink(name)
+    other.close()
+    client.unlink(other.name)
+    assert _my_leases(client) == []
+    _manifest.unlink_prefix(client, segname)
+
+
 def test_manifest_that_is_not_one(client, segname):
     with client.create(segname + "/manifest", 64, location="host") as seg:
         js = b'{"format": "x"}'
