@@ -35,6 +35,7 @@ import json
 import struct
 
 from ._dtypes import dtype as _to_dtype
+from ._safetensors import _json_list
 
 __all__ = ["FORMAT", "VERSION", "ManifestError", "StaleManifest", "manifest_name",
            "segment_prefix", "encode", "decode", "tensor_extent", "write", "read",
@@ -61,6 +62,14 @@ def segment_prefix(prefix):
     return prefix + "/seg-"
 
 
+def _json_int(v):
+    """v, a JSON integer: TypeError for a float, bool or string, which int()
+    would truncate, take, or overflow on (Infinity)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError("%r is not an integer" % (v,))
+    return v
+
+
 def tensor_extent(offset, itemsize, shape, strides):
     """One past the last byte a tensor reaches (offset when it is empty)."""
     if any(d == 0 for d in shape):
@@ -72,10 +81,12 @@ def tensor_extent(offset, itemsize, shape, strides):
 def _check_entry(where, name, t, segments):
     try:
         seg = t["segment"]
-        offset = int(t["offset"])
+        if not isinstance(seg, str):
+            raise TypeError("segment %r is not a string" % (seg,))
+        offset = _json_int(t["offset"])
         dt = _to_dtype(t["dtype"])
-        shape = [int(d) for d in t["shape"]]
-        strides = [int(s) for s in t["strides"]]
+        shape = [_json_int(d) for d in _json_list(t["shape"])]
+        strides = [_json_int(s) for s in _json_list(t["strides"])]
     except (KeyError, TypeError, ValueError) as e:
         raise ManifestError("gshm: manifest %s entry %r: %s" % (where, name, e)) from None
     if seg not in segments:
@@ -128,7 +139,7 @@ def decode(data):
         raise ManifestError("gshm: manifest length %d does not fit its %d bytes" % (n, len(data)))
     try:
         doc = json.loads(data[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # nesting too deep
         raise ManifestError("gshm: manifest is not JSON: %s" % e) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestError("gshm: not a gshm pool manifest (format %r)"
@@ -137,8 +148,8 @@ def decode(data):
         raise ManifestError("gshm: manifest version %r; this gshm reads %d"
                             % (doc.get("version"), VERSION))
     try:
-        segs = {str(k): {"id": int(v["id"]), "generation": int(v["generation"]),
-                         "size": int(v["size"])} for k, v in doc["segments"].items()}
+        segs = {str(k): {"id": _json_int(v["id"]), "generation": _json_int(v["generation"]),
+                         "size": _json_int(v["size"])} for k, v in doc["segments"].items()}
         tensors, buffers = doc["tensors"], doc.get("buffers") or {}
         meta = doc.get("metadata") or {}
         location = str(doc["location"])

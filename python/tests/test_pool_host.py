@@ -68,6 +68,19 @@ def test_manifest_round_trip():
     (lambda d: _redo_tensor(d, strides=[-1]), "bad shape"),
     (lambda d: _redo_tensor(d, dtype="float99"), "entry 'w'"),
     (lambda d: _redo_tensor(d, shape=None), "entry 'w'"),
+    # A manifest another user wrote: values of the wrong JSON type raised
+    # TypeError (an unhashable segment), OverflowError (Infinity) or
+    # RecursionError (deep nesting), or were taken by int() ("8", 8.5, "12"
+    # as a shape of (1, 2)), instead of ManifestError.
+    (lambda d: _redo_tensor(d, segment=["p/seg-000000"]), "entry 'w'"),
+    (lambda d: _redo_tensor(d, offset="8"), "entry 'w'"),
+    (lambda d: _redo_tensor(d, offset=8.5), "entry 'w'"),
+    (lambda d: _redo_tensor(d, offset=True), "entry 'w'"),
+    (lambda d: _redo_tensor(d, shape="12", strides=[1, 1]), "entry 'w'"),
+    (lambda d: _redo_tensor(d, shape=[float("inf")]), "entry 'w'"),
+    (lambda d: _redo(d, segments={"p/seg-000000": {"id": 1, "generation": 1,
+                                                   "size": float("inf")}}), "bad manifest"),
+    (lambda d: struct.pack("<Q", 100000) + b"[" * 100000, "not JSON"),
 ])
 def test_manifest_refuses_bad_input(mutate, message):
     good = _manifest.encode("cuda:GPU-x", {"p/seg-000000": {"id": 1, "generation": 1,
