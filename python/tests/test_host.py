@@ -514,6 +514,38 @@ def test_copy_needs_gshm_copy():
         gshm.copy(0, 0, 1)
 
 
+def test_copy_signal_and_flags_refuse_counts_ctypes_would_wrap(monkeypatch):
+    """copy_signal passed nbytes, and signal/wait/copy_signal the flag value,
+    through int() to size_t / uint64_t arguments, which ctypes wraps
+    silently: nbytes=-1 became a copy of 2**64 - 1 bytes (past every
+    buffer, and the "fits dst" check let -1 through), wait(flag, -1) a wait
+    for 2**64 - 1 that never ends.  copy() already refused them."""
+    from gshm import _copy
+    calls = []
+    monkeypatch.setattr(_copy, "_optional", lambda name: lambda *a: calls.append((name, a)) or 0)
+    buf = ctypes.create_string_buffer(64)
+    flag = (ctypes.addressof(buf) + 7) & ~7
+    with pytest.raises(ValueError, match="negative"):
+        gshm.copy_signal(flag + 8, flag + 16, -1, flag, 1)
+    with pytest.raises(ValueError, match="bits"):
+        gshm.copy_signal(flag + 8, flag + 16, 1 << 64, flag, 1)
+    for bad in (-1, 1 << 64):
+        with pytest.raises(ValueError):
+            gshm.copy_signal(flag + 8, flag + 16, 8, flag, bad)
+        with pytest.raises(ValueError):
+            gshm.signal(flag, bad)
+        with pytest.raises(ValueError):
+            gshm.wait(flag, bad)
+    assert calls == []
+    # good values still go through, unchanged
+    gshm.copy_signal(flag + 8, flag + 16, 8, flag, (1 << 64) - 1)
+    gshm.signal(flag, 0)
+    gshm.wait(flag, 5)
+    assert [(n, a[2] if n == "gshm_copy_signal" else a[1]) for n, a in calls] == [
+        ("gshm_copy_signal", 8), ("gshm_signal", 0), ("gshm_wait", 5)]
+    assert calls[0][1][5] == (1 << 64) - 1
+
+
 @pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")
 def test_child_after_fork_does_not_touch_parent_connection(daemon, client, segname):
     seg = client.create(segname, 4096, location="host")
