@@ -5,6 +5,7 @@ counted handles of the C objects.  The public classes live in _client.py,
 _segment.py, _info.py and _copy.py; the package (gshm/__init__.py) is
 their API."""
 
+import contextlib
 import ctypes
 import operator
 import os
@@ -117,7 +118,28 @@ def _optional(name):
 _state_lock = threading.RLock()
 
 
-class _ClientHandle(object):
+class _Handle(object):
+    """What both handles share: use(), the C object for the length of one
+    call (ptr, refs, owner_released and decref() are the subclass's)."""
+
+    @contextlib.contextmanager
+    def use(self, closed_message):
+        """with handle.use(message) as ptr: ptr stays valid until the block
+        ends, whatever another thread's close() does meanwhile (ctypes lets
+        go of the GIL in every call, and a close that freed the C object
+        under a call was a use after free).  ValueError(closed_message)
+        when the owner has closed it already."""
+        with _state_lock:
+            if self.owner_released or not self.ptr:
+                raise ValueError(closed_message)
+            self.refs += 1
+        try:
+            yield self.ptr
+        finally:
+            self.decref()
+
+
+class _ClientHandle(_Handle):
     def __init__(self, ptr):
         self.ptr = ptr
         self.refs = 1
@@ -147,7 +169,7 @@ class _ClientHandle(object):
             self.decref()
 
 
-class _SegHandle(object):
+class _SegHandle(_Handle):
     def __init__(self, ptr, client_handle):
         self.ptr = ptr
         self.client = client_handle
@@ -155,6 +177,10 @@ class _SegHandle(object):
         self.owner_released = False
         self.pid = os.getpid()
         with _state_lock:
+            # Client.close() on another thread while this segment was being
+            # opened: it closed every segment it knew of, so this one too.
+            if client_handle.owner_released:
+                raise ValueError("gshm: client is closed")
             client_handle.incref()
             client_handle.segments.add(self)
 

@@ -546,6 +546,62 @@ def test_copy_signal_and_flags_refuse_counts_ctypes_would_wrap(monkeypatch):
     assert calls[0][1][5] == (1 << 64) - 1
 
 
+def test_close_from_another_thread_during_a_call(daemon, client, segname):
+    """ctypes lets go of the GIL in every call, so another thread's close()
+    can run between a method's check that the object is open and the C
+    function's use of it.  Each race is made certain by running that close()
+    exactly there: Client.close() after gshm_create returned (it freed the
+    new segment with the client, and _wrap then read its info from freed
+    memory: a segment of size 0 and a garbage id), Segment.close() as
+    gshm_read starts (gshm_close freed the segment under the read).  Each
+    call now holds the C object until it returns: the read gets the bytes,
+    the create is refused (ValueError) and its lease ended, and nothing is
+    left open.  In a child process: the old code crashes or reads garbage."""
+    with client.create(segname, 4096) as seg:
+        seg.write(b"gshm" * 1024, 0)
+    p = run_child(daemon, """
+        import gshm._client as C, gshm._segment as S
+        name = sys.argv[2]
+        c = gshm.Client(sock)
+        real_handle = C._SegHandle
+
+        def closing_handle(ptr, ch):
+            c.close()                       # another thread's Client.close()
+            return real_handle(ptr, ch)
+        C._SegHandle = closing_handle
+        try:
+            s = c.create(name + "-new", 4096)
+            print("create: opened", s.info.size, s.info.id)
+        except ValueError as e:
+            print("create: refused:", e)
+        C._SegHandle = real_handle
+        print("client closed:", c.closed)
+
+        c = gshm.Client(sock)
+        seg = c.open(name, "r")
+        real_optional = S._optional
+
+        def closing_optional(fn_name):
+            fn = real_optional(fn_name)
+            def call(*a):
+                seg.close()                 # another thread's Segment.close()
+                return fn(*a)
+            return call
+        S._optional = closing_optional
+        data = seg.read(0, 4096)
+        S._optional = real_optional
+        print("read:", data == b"gshm" * 1024, seg.closed)
+        c.close()
+        """, segname)
+    out = p.stdout.decode()
+    assert "create: refused: gshm: client is closed" in out, out
+    assert "client closed: True" in out, out
+    assert "read: True True" in out, out
+    assert leases_of(daemon, segname) == [] and leases_of(daemon, segname + "-new") == []
+    client.unlink(segname + "-new")  # the create itself was done by gshmd
+    client.unlink(segname)
+
+
 @pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")
 def test_child_after_fork_does_not_touch_parent_connection(daemon, client, segname):
     seg = client.create(segname, 4096, location="host")
