@@ -324,6 +324,27 @@ def test_errno_no_peer_path_is_not_supported():
     assert isinstance(error_for(-errno.ENOTSUP), gshm.NotSupported)
 
 
+def test_errno_every_one_the_library_returns_has_its_builtin():
+    """Each class derives from the built-in OSError subclass that Python
+    itself gives the errno, so `except TimeoutError` / `except
+    ConnectionError` work.  ETIMEDOUT (gshmd's STATUS_TIMED_OUT: a cluster
+    peer that does not answer a pull) and ENOTCONN (libgshm: no
+    connection to the daemon) fell to the bare gshm.Error."""
+    from gshm._errors import error_for
+    want = {errno.ENOENT: FileNotFoundError, errno.EEXIST: FileExistsError,
+            errno.EACCES: PermissionError, errno.EPERM: PermissionError,
+            errno.ECONNREFUSED: ConnectionError, errno.ECONNRESET: ConnectionError,
+            errno.EPIPE: ConnectionError, errno.ENOTCONN: ConnectionError,
+            errno.ETIMEDOUT: TimeoutError}
+    for code, builtin in want.items():
+        e = error_for(-code, function="gshm_pull")
+        assert isinstance(e, gshm.Error) and e.errno == code, code
+        assert isinstance(e, builtin), (errno.errorcode[code], type(e).__mro__)
+    assert isinstance(error_for(-errno.ETIMEDOUT), gshm.TimedOut)
+    assert isinstance(error_for(-errno.ETIMEDOUT), TimeoutError)
+    assert isinstance(error_for(-errno.ENOTCONN), gshm.Unreachable)
+
+
 def test_nul_bytes_and_huge_sizes_raise(client, segname):
     """Issue 15 item 8: ctypes cuts a name at its first NUL byte and wraps
     integers modulo 2**64; neither may reach the C library."""
