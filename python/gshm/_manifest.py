@@ -228,7 +228,15 @@ def read(client, prefix):
     open_segments() opens (with the reader's rights, "rw" included) and
     attach() hands out as weights."""
     with client.open(manifest_name(prefix), "r") as seg:
-        doc = decode(seg.read(0, seg.info.requested_size))
+        # The length first: reading the whole segment before decode() checks
+        # it against MAX_BYTES let whoever created "<prefix>/manifest" make
+        # the reader allocate twice the segment's size (a 16 GiB segment:
+        # 32 GiB in this process).
+        size = seg.info.requested_size
+        head = seg.read(0, min(8, size))
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        fits = len(head) == 8 and n <= min(size - 8, MAX_BYTES)
+        doc = decode(head + (seg.read(8, n) if fits else b""))  # else decode() says why
         doc = _resolve_pulled(doc, prefix, seg.info.source)
     for n in doc["segments"]:
         if not n.startswith(segment_prefix(prefix)):

@@ -194,6 +194,36 @@ def test_manifest_naming_a_segment_outside_its_prefix(client, segname):
     _manifest.unlink_prefix(client, segname)
 
 
+def test_manifest_read_reads_only_what_its_length_says(monkeypatch, client, segname):
+    """read() took the whole "<prefix>/manifest" segment into memory (twice:
+    a ctypes buffer and its bytes) before decode() compared the length with
+    MAX_BYTES: whoever created that name chose how much every reader
+    allocated.  Now it reads the 8-byte length, then that many bytes, and
+    nothing more when the length does not fit."""
+    from gshm import _segment
+    reads = []
+    real = _segment.Segment.read
+
+    def recording(seg, offset=0, nbytes=None):
+        reads.append(nbytes)
+        return real(seg, offset, nbytes)
+    monkeypatch.setattr(_segment.Segment, "read", recording)
+    big = 64 * MiB
+    good = _manifest.encode("host", {}, {})
+    for data, ok in ((good, True), (struct.pack("<Q", 1 << 40) + good[8:], False),
+                     (struct.pack("<Q", _manifest.MAX_BYTES + 1) + good[8:], False)):
+        with client.create(segname + "/manifest", big, location="host") as seg:
+            seg.write(data, 0)
+        reads.clear()
+        if ok:
+            assert _manifest.read(client, segname)["tensors"] == {}
+        else:
+            with pytest.raises(_manifest.ManifestError, match="does not fit"):
+                _manifest.read(client, segname)
+        assert sum(reads) <= len(good), reads
+        client.unlink(segname + "/manifest")
+
+
 def test_manifest_that_is_not_one(client, segname):
     with client.create(segname + "/manifest", 64, location="host") as seg:
         js = b'{"format": "x"}'
