@@ -115,6 +115,12 @@ def _optional(name):
 # by Python's own mmap of the segment fd, which stays valid for as long as a
 # buffer export needs it, so their leases always end at close().
 
+# Guards the handles' counts and sets.  gshm_close and gshm_disconnect are
+# never called with it held: they wait for the client's lock, which
+# another thread's request (a pull: minutes) holds, and with this lock held
+# every other thread's gshm call, and a finalizer run by the garbage
+# collector inside that request's progress callback, would wait too (the
+# latter for ever).
 _state_lock = threading.RLock()
 
 
@@ -154,19 +160,23 @@ class _ClientHandle(_Handle):
     def decref(self):
         with _state_lock:
             self.refs -= 1
-            if self.refs == 0 and self.ptr:
-                ptr, self.ptr = self.ptr, None
-                if self.pid == os.getpid():  # a forked child must not touch the parent's connection
-                    L.lib().gshm_disconnect(ptr)
+            if self.refs or not self.ptr:
+                return
+            ptr, self.ptr = self.ptr, None
+        # Outside the lock (see _state_lock): it waits for the client's
+        # requests in flight on other threads.
+        if self.pid == os.getpid():  # a forked child must not touch the parent's connection
+            L.lib().gshm_disconnect(ptr)
 
     def release_owner(self):
         with _state_lock:
             if self.owner_released:
                 return
-            self.owner_released = True
-            for s in list(self.segments):
-                s.release_owner()
-            self.decref()
+            self.owner_released = True  # from now on no segment joins (_SegHandle)
+            segments = list(self.segments)
+        for s in segments:
+            s.release_owner()
+        self.decref()
 
 
 class _SegHandle(_Handle):
@@ -193,19 +203,20 @@ class _SegHandle(_Handle):
     def decref(self):
         with _state_lock:
             self.refs -= 1
-            if self.refs == 0 and self.ptr:
-                ptr, self.ptr = self.ptr, None
-                if self.pid == os.getpid():
-                    L.lib().gshm_close(ptr)
-                self.client.segments.discard(self)
-                self.client.decref()
+            if self.refs or not self.ptr:
+                return
+            ptr, self.ptr = self.ptr, None
+            self.client.segments.discard(self)
+        if self.pid == os.getpid():  # outside the lock, as for the client
+            L.lib().gshm_close(ptr)
+        self.client.decref()  # after the close, which needs the client
 
     def release_owner(self):
         with _state_lock:
             if self.owner_released:
                 return
             self.owner_released = True
-            self.decref()
+        self.decref()
 
 
 def _finalizer(obj, fn, *args):

@@ -623,6 +623,50 @@ def test_close_from_another_thread_during_a_call(daemon, client, segname):
     client.unlink(segname)
 
 
+def test_a_close_waiting_in_libgshm_does_not_stall_other_clients(monkeypatch, daemon, client,
+                                                                  segname):
+    """gshm_close (and gshm_disconnect) wait for the client's lock, which
+    another thread's request holds for as long as it runs (a pull: minutes).
+    They were called with the package's state lock held, so meanwhile every
+    call on any other client waited too, and a finalizer that the garbage
+    collector ran inside that request's progress callback waited for ever.
+    Here gshm_close waits on an event, as it would on that lock."""
+    import threading
+    from gshm import _lib
+    lib = _lib.lib()
+    entered, release = threading.Event(), threading.Event()
+
+    class WaitingClose(object):
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def gshm_close(self, ptr):
+            entered.set()
+            release.wait(30)
+            return lib.gshm_close(ptr)
+    other = gshm.Client(daemon.socket, name="other")
+    seg = client.create(segname, 4096)
+    monkeypatch.setattr(_lib, "lib", WaitingClose)
+    closer = threading.Thread(target=seg.close)
+    closer.start()
+    try:
+        assert entered.wait(10)
+        got = []
+        user = threading.Thread(target=lambda: got.append(other.stat(segname).name))
+        user.start()
+        user.join(3)
+        stalled = user.is_alive()
+    finally:
+        release.set()
+        closer.join(10)
+    user.join(10)
+    monkeypatch.undo()
+    assert not stalled, "another client's stat() waited for this client's close"
+    assert got == [segname] and seg.closed
+    other.close()
+    client.unlink(segname)
+
+
 @pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")
 def test_child_after_fork_does_not_touch_parent_connection(daemon, client, segname):
     seg = client.create(segname, 4096, location="host")
