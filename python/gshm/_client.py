@@ -140,11 +140,17 @@ class Client(object):
             raise ValueError("gshm: client is closed")
         return self._h.ptr
 
+    def _use(self):
+        """with self._use() as p: the C client for one call, kept alive
+        against a close() from another thread (ValueError when closed)."""
+        return self._h.use("gshm: client is closed")
+
     @property
     def last_error(self) -> str:
         """The daemon's explanation of this client's last failed request, or ""."""
-        m = L.lib().gshm_last_error(self._ptr())
-        return _dec(m) if m else ""
+        with self._use() as p:
+            m = L.lib().gshm_last_error(p)
+            return _dec(m) if m else ""
 
     # -- segments
     def create(self, name: str, size: int, location: Optional[Location] = "host", mode: int = 0o600,
@@ -169,26 +175,28 @@ class Client(object):
             flags = 0
         if legacy_ipc:
             flags |= L.GSHM_CREATE_LEGACY_IPC
-        p = self._ptr()
-        out = ctypes.c_void_p()
-        rc = L.lib().gshm_create(p, _enc(name), size, _enc(location, "location"), int(mode),
-                                 int(flags), ctypes.byref(out))
-        if rc < 0:
-            _raise(rc, "gshm_create", p, name)
-        return self._wrap(out.value)
+        with self._use() as p:
+            out = ctypes.c_void_p()
+            rc = L.lib().gshm_create(p, _enc(name), size, _enc(location, "location"), int(mode),
+                                     int(flags), ctypes.byref(out))
+            if rc < 0:
+                _raise(rc, "gshm_create", p, name)
+            return self._wrap(out.value)
 
     def open(self, name: str, access: str = "rw") -> AnySegment:
         """Opens segment `name` ("r": read-only, "rw": read-write).
         Raises NotFound (ENOENT), PermissionDenied (EACCES), ..."""
         code = _access_code(access)
-        p = self._ptr()
-        out = ctypes.c_void_p()
-        rc = L.lib().gshm_open(p, _enc(name), code, ctypes.byref(out))
-        if rc < 0:
-            _raise(rc, "gshm_open", p, name)
-        return self._wrap(out.value)
+        with self._use() as p:
+            out = ctypes.c_void_p()
+            rc = L.lib().gshm_open(p, _enc(name), code, ctypes.byref(out))
+            if rc < 0:
+                _raise(rc, "gshm_open", p, name)
+            return self._wrap(out.value)
 
     def _wrap(self, ptr: Optional[int]) -> AnySegment:
+        """The Segment object for a new gshm_segment_t; called inside
+        self._use(), so that the C client (and ptr with it) is alive."""
         try:
             handle = _SegHandle(ptr, self._h)
         except BaseException:
@@ -206,18 +214,18 @@ class Client(object):
 
     def unlink(self, name: str) -> None:
         """Removes segment `name`; leases keep its memory until they end."""
-        p = self._ptr()
-        rc = L.lib().gshm_unlink(p, _enc(name))
-        if rc < 0:
-            _raise(rc, "gshm_unlink", p, name)
+        with self._use() as p:
+            rc = L.lib().gshm_unlink(p, _enc(name))
+            if rc < 0:
+                _raise(rc, "gshm_unlink", p, name)
 
     def stat(self, name: str) -> SegmentInfo:
         """SegmentInfo of segment `name`, without opening it."""
-        p = self._ptr()
         info = L.SegmentInfoC()
-        rc = L.lib().gshm_stat_name(p, _enc(name), ctypes.byref(info))
-        if rc < 0:
-            _raise(rc, "gshm_stat_name", p, name)
+        with self._use() as p:
+            rc = L.lib().gshm_stat_name(p, _enc(name), ctypes.byref(info))
+            if rc < 0:
+                _raise(rc, "gshm_stat_name", p, name)
         return SegmentInfo._from_c(info)
 
     def exists(self, name: str) -> bool:
@@ -228,13 +236,13 @@ class Client(object):
             return False
 
     def _list(self, fn_name, ctype, cls):
-        p = self._ptr()
         arr = ctypes.POINTER(ctype)()
         n = ctypes.c_size_t(0)
         lib = L.lib()
-        rc = _optional(fn_name)(p, ctypes.byref(arr), ctypes.byref(n))
-        if rc < 0:
-            _raise(rc, fn_name, p)
+        with self._use() as p:
+            rc = _optional(fn_name)(p, ctypes.byref(arr), ctypes.byref(n))
+            if rc < 0:
+                _raise(rc, fn_name, p)
         try:
             return [cls._from_c(arr[i]) for i in range(n.value)]
         finally:
@@ -260,11 +268,11 @@ class Client(object):
     def metrics(self) -> str:
         """The daemon's metrics, Prometheus text format."""
         fn = _optional("gshm_metrics")
-        p = self._ptr()
         text = ctypes.c_void_p()
-        rc = fn(p, ctypes.byref(text))
-        if rc < 0:
-            _raise(rc, "gshm_metrics", p)
+        with self._use() as p:
+            rc = fn(p, ctypes.byref(text))
+            if rc < 0:
+                _raise(rc, "gshm_metrics", p)
         try:
             return _dec(ctypes.string_at(text.value)) if text.value else ""
         finally:
@@ -276,12 +284,12 @@ class Client(object):
         """The daemon's peer nodes (list of ClusterPeer; empty when its cluster
         is off)."""
         fn = _optional("gshm_cluster_peers")
-        p = self._ptr()
         arr = ctypes.POINTER(L.ClusterPeerC)()
         n = ctypes.c_size_t(0)
-        rc = fn(p, None, ctypes.byref(arr), ctypes.byref(n))
-        if rc < 0:
-            _raise(rc, "gshm_cluster_peers", p)
+        with self._use() as p:
+            rc = fn(p, None, ctypes.byref(arr), ctypes.byref(n))
+            if rc < 0:
+                _raise(rc, "gshm_cluster_peers", p)
         try:
             return [ClusterPeer._from_c(arr[i]) for i in range(n.value)]
         finally:
@@ -291,12 +299,12 @@ class Client(object):
         """The segments peer node `peer` exports (list of SegmentInfo: the
         peer's ids, names, sizes and locations)."""
         fn = _optional("gshm_list_remote")
-        p = self._ptr()
         arr = ctypes.POINTER(L.SegmentInfoC)()
         n = ctypes.c_size_t(0)
-        rc = fn(p, _enc(peer), ctypes.byref(arr), ctypes.byref(n))
-        if rc < 0:
-            _raise(rc, "gshm_list_remote", p, peer)
+        with self._use() as p:
+            rc = fn(p, _enc(peer), ctypes.byref(arr), ctypes.byref(n))
+            if rc < 0:
+                _raise(rc, "gshm_list_remote", p, peer)
         try:
             return [SegmentInfo._from_c(arr[i]) for i in range(n.value)]
         finally:
@@ -329,7 +337,6 @@ class Client(object):
         name), Exists, PermissionDenied, Unreachable (the peer went away;
         nothing is left behind)."""
         fn = _optional("gshm_pull_prefix" if prefix else "gshm_pull")
-        p = self._ptr()
         opts = L.PullOptsC()
         opts.local_name = _enc(local_name) if local_name else None
         opts.location = _enc(location) if location else None
@@ -348,16 +355,18 @@ class Client(object):
         what = "%s:%s" % (peer, name)
         if not prefix:
             res = L.PullResultC()
-            rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
-            if rc < 0:
-                _raise(rc, "gshm_pull", p, what)
+            with self._use() as p:
+                rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
+                if rc < 0:
+                    _raise(rc, "gshm_pull", p, what)
             return PullResult._from_c(res)
         arr = ctypes.POINTER(L.PullResultC)()
         n = ctypes.c_size_t(0)
-        rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(arr),
-                ctypes.byref(n))
-        if rc < 0:
-            _raise(rc, "gshm_pull_prefix", p, what)
+        with self._use() as p:
+            rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(arr),
+                    ctypes.byref(n))
+            if rc < 0:
+                _raise(rc, "gshm_pull_prefix", p, what)
         try:
             return [PullResult._from_c(arr[i]) for i in range(n.value)]
         finally:
@@ -369,19 +378,19 @@ class Client(object):
         object holding the lease; close it after every importer closed its
         mapping.  The daemon must allow legacy IPC (gshmd --legacy-ipc)."""
         fn = _optional("gshm_open_legacy_ipc")
-        p = self._ptr()
         handle = (ctypes.c_uint8 * 64)()
         out = ctypes.c_void_p()
-        rc = fn(p, _enc(name), ctypes.byref(handle), ctypes.byref(out))
-        if rc < 0:
-            _raise(rc, "gshm_open_legacy_ipc", p, name)
-        return bytes(handle), self._wrap(out.value)
+        with self._use() as p:
+            rc = fn(p, _enc(name), ctypes.byref(handle), ctypes.byref(out))
+            if rc < 0:
+                _raise(rc, "gshm_open_legacy_ipc", p, name)
+            return bytes(handle), self._wrap(out.value)
 
     def status(self) -> StatusInfo:
         """The daemon's totals and version (StatusInfo)."""
-        p = self._ptr()
         st = L.StatusInfoC()
-        rc = L.lib().gshm_status(p, ctypes.byref(st))
-        if rc < 0:
-            _raise(rc, "gshm_status", p)
+        with self._use() as p:
+            rc = L.lib().gshm_status(p, ctypes.byref(st))
+            if rc < 0:
+                _raise(rc, "gshm_status", p)
         return StatusInfo._from_c(st)

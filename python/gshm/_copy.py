@@ -100,11 +100,18 @@ def _flag_address(flag):
     return addr
 
 
+def _flag_value(value):
+    """value as the uint64_t the flag holds; ValueError where ctypes would
+    wrap it (a negative one, 2**64 and up)."""
+    return _count(int(value), "gshm: flag value")
+
+
 def signal(flag: Any, value: int, stream: Any = None) -> None:
     """Writes the 64-bit `value` to `flag` on `stream` after the work queued
     before it (gshm_signal).  flag: an address, a DeviceArray (its first 8
     bytes), a segment or a tensor."""
-    rc = _optional("gshm_signal")(_flag_address(flag), int(value), _stream_handle(stream))
+    rc = _optional("gshm_signal")(_flag_address(flag), _flag_value(value),
+                                  _stream_handle(stream))
     if rc < 0:
         _raise(rc, "gshm_signal")
 
@@ -112,7 +119,7 @@ def signal(flag: Any, value: int, stream: Any = None) -> None:
 def wait(flag: Any, value: int, stream: Any = None) -> None:
     """Makes `stream` wait, without the host, until the 64-bit word at
     `flag` is >= value (gshm_wait)."""
-    rc = _optional("gshm_wait")(_flag_address(flag), int(value), _stream_handle(stream))
+    rc = _optional("gshm_wait")(_flag_address(flag), _flag_value(value), _stream_handle(stream))
     if rc < 0:
         _raise(rc, "gshm_wait")
 
@@ -127,9 +134,10 @@ def copy_signal(dst: Any, src: Any, nbytes: int, flag: Any, value: int,
         raise ValueError("gshm.copy: method must be one of auto, copy_engine, sm") from None
     d, dsize = _addr_and_size(dst, "dst")
     s, ssize = _addr_and_size(src, "src")
+    n: int = _count(int(nbytes), "gshm.copy_signal: nbytes", "size_t")
     for size, what in ((dsize, "dst"), (ssize, "src")):
-        if size is not None and nbytes > size:
-            raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (nbytes, what, size))
-    rc = fn(d, s, int(nbytes), m, _flag_address(flag), int(value), _stream_handle(stream))
+        if size is not None and n > size:
+            raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (n, what, size))
+    rc = fn(d, s, n, m, _flag_address(flag), _flag_value(value), _stream_handle(stream))
     if rc < 0:
         _raise(rc, "gshm_copy_signal")

@@ -5,6 +5,7 @@ counted handles of the C objects.  The public classes live in _client.py,
 _segment.py, _info.py and _copy.py; the package (gshm/__init__.py) is
 their API."""
 
+import contextlib
 import ctypes
 import operator
 import os
@@ -114,10 +115,37 @@ def _optional(name):
 # by Python's own mmap of the segment fd, which stays valid for as long as a
 # buffer export needs it, so their leases always end at close().
 
+# Guards the handles' counts and sets.  gshm_close and gshm_disconnect are
+# never called with it held: they wait for the client's lock, which
+# another thread's request (a pull: minutes) holds, and with this lock held
+# every other thread's gshm call, and a finalizer run by the garbage
+# collector inside that request's progress callback, would wait too (the
+# latter for ever).
 _state_lock = threading.RLock()
 
 
-class _ClientHandle(object):
+class _Handle(object):
+    """What both handles share: use(), the C object for the length of one
+    call (ptr, refs, owner_released and decref() are the subclass's)."""
+
+    @contextlib.contextmanager
+    def use(self, closed_message):
+        """with handle.use(message) as ptr: ptr stays valid until the block
+        ends, whatever another thread's close() does meanwhile (ctypes lets
+        go of the GIL in every call, and a close that freed the C object
+        under a call was a use after free).  ValueError(closed_message)
+        when the owner has closed it already."""
+        with _state_lock:
+            if self.owner_released or not self.ptr:
+                raise ValueError(closed_message)
+            self.refs += 1
+        try:
+            yield self.ptr
+        finally:
+            self.decref()
+
+
+class _ClientHandle(_Handle):
     def __init__(self, ptr):
         self.ptr = ptr
         self.refs = 1
@@ -132,22 +160,26 @@ class _ClientHandle(object):
     def decref(self):
         with _state_lock:
             self.refs -= 1
-            if self.refs == 0 and self.ptr:
-                ptr, self.ptr = self.ptr, None
-                if self.pid == os.getpid():  # a forked child must not touch the parent's connection
-                    L.lib().gshm_disconnect(ptr)
+            if self.refs or not self.ptr:
+                return
+            ptr, self.ptr = self.ptr, None
+        # Outside the lock (see _state_lock): it waits for the client's
+        # requests in flight on other threads.
+        if self.pid == os.getpid():  # a forked child must not touch the parent's connection
+            L.lib().gshm_disconnect(ptr)
 
     def release_owner(self):
         with _state_lock:
             if self.owner_released:
                 return
-            self.owner_released = True
-            for s in list(self.segments):
-                s.release_owner()
-            self.decref()
+            self.owner_released = True  # from now on no segment joins (_SegHandle)
+            segments = list(self.segments)
+        for s in segments:
+            s.release_owner()
+        self.decref()
 
 
-class _SegHandle(object):
+class _SegHandle(_Handle):
     def __init__(self, ptr, client_handle):
         self.ptr = ptr
         self.client = client_handle
@@ -155,6 +187,10 @@ class _SegHandle(object):
         self.owner_released = False
         self.pid = os.getpid()
         with _state_lock:
+            # Client.close() on another thread while this segment was being
+            # opened: it closed every segment it knew of, so this one too.
+            if client_handle.owner_released:
+                raise ValueError("gshm: client is closed")
             client_handle.incref()
             client_handle.segments.add(self)
 
@@ -167,19 +203,20 @@ class _SegHandle(object):
     def decref(self):
         with _state_lock:
             self.refs -= 1
-            if self.refs == 0 and self.ptr:
-                ptr, self.ptr = self.ptr, None
-                if self.pid == os.getpid():
-                    L.lib().gshm_close(ptr)
-                self.client.segments.discard(self)
-                self.client.decref()
+            if self.refs or not self.ptr:
+                return
+            ptr, self.ptr = self.ptr, None
+            self.client.segments.discard(self)
+        if self.pid == os.getpid():  # outside the lock, as for the client
+            L.lib().gshm_close(ptr)
+        self.client.decref()  # after the close, which needs the client
 
     def release_owner(self):
         with _state_lock:
             if self.owner_released:
                 return
             self.owner_released = True
-            self.decref()
+        self.decref()
 
 
 def _finalizer(obj, fn, *args):

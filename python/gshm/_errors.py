@@ -7,7 +7,7 @@ from typing import Optional, Type
 __all__ = [
     "Error", "NotFound", "Exists", "PermissionDenied", "InvalidArgument",
     "Unreachable", "NoDevice", "NotSupported", "OutOfMemory", "LimitExceeded",
-    "Revoked", "ProtocolError", "error_for",
+    "Revoked", "ProtocolError", "TimedOut", "error_for",
 ]
 
 
@@ -41,7 +41,8 @@ class InvalidArgument(Error, ValueError):
 
 
 class Unreachable(Error, ConnectionError):
-    """No daemon at the socket, or it went away (ECONNREFUSED, ECONNRESET, EPIPE)."""
+    """No daemon at the socket, or it (or a cluster peer) went away
+    (ECONNREFUSED, ECONNRESET, EPIPE, ENOTCONN)."""
 
 
 class NoDevice(Error):
@@ -65,6 +66,10 @@ class Revoked(Error):
     """ESTALE: the segment was revoked by an administrator."""
 
 
+class TimedOut(Error, TimeoutError):
+    """ETIMEDOUT: the daemon gave up waiting (a cluster peer that does not answer)."""
+
+
 class ProtocolError(Error):
     """EPROTO / EPROTONOSUPPORT: the daemon speaks another protocol."""
 
@@ -79,6 +84,8 @@ _BY_ERRNO = {
     _errno.ECONNREFUSED: Unreachable,
     _errno.ECONNRESET: Unreachable,
     _errno.EPIPE: Unreachable,
+    _errno.ENOTCONN: Unreachable,
+    _errno.ETIMEDOUT: TimedOut,
     _errno.ENODEV: NoDevice,
     _errno.ENOTSUP: NotSupported,
     _errno.EOPNOTSUPP: NotSupported,

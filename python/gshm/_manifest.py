@@ -35,6 +35,7 @@ import json
 import struct
 
 from ._dtypes import dtype as _to_dtype
+from ._safetensors import _json_list
 
 __all__ = ["FORMAT", "VERSION", "ManifestError", "StaleManifest", "manifest_name",
            "segment_prefix", "encode", "decode", "tensor_extent", "write", "read",
@@ -61,6 +62,14 @@ def segment_prefix(prefix):
     return prefix + "/seg-"
 
 
+def _json_int(v):
+    """v, a JSON integer: TypeError for a float, bool or string, which int()
+    would truncate, take, or overflow on (Infinity)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError("%r is not an integer" % (v,))
+    return v
+
+
 def tensor_extent(offset, itemsize, shape, strides):
     """One past the last byte a tensor reaches (offset when it is empty)."""
     if any(d == 0 for d in shape):
@@ -72,10 +81,12 @@ def tensor_extent(offset, itemsize, shape, strides):
 def _check_entry(where, name, t, segments):
     try:
         seg = t["segment"]
-        offset = int(t["offset"])
+        if not isinstance(seg, str):
+            raise TypeError("segment %r is not a string" % (seg,))
+        offset = _json_int(t["offset"])
         dt = _to_dtype(t["dtype"])
-        shape = [int(d) for d in t["shape"]]
-        strides = [int(s) for s in t["strides"]]
+        shape = [_json_int(d) for d in _json_list(t["shape"])]
+        strides = [_json_int(s) for s in _json_list(t["strides"])]
     except (KeyError, TypeError, ValueError) as e:
         raise ManifestError("gshm: manifest %s entry %r: %s" % (where, name, e)) from None
     if seg not in segments:
@@ -128,7 +139,7 @@ def decode(data):
         raise ManifestError("gshm: manifest length %d does not fit its %d bytes" % (n, len(data)))
     try:
         doc = json.loads(data[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # nesting too deep
         raise ManifestError("gshm: manifest is not JSON: %s" % e) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestError("gshm: not a gshm pool manifest (format %r)"
@@ -137,8 +148,8 @@ def decode(data):
         raise ManifestError("gshm: manifest version %r; this gshm reads %d"
                             % (doc.get("version"), VERSION))
     try:
-        segs = {str(k): {"id": int(v["id"]), "generation": int(v["generation"]),
-                         "size": int(v["size"])} for k, v in doc["segments"].items()}
+        segs = {str(k): {"id": _json_int(v["id"]), "generation": _json_int(v["generation"]),
+                         "size": _json_int(v["size"])} for k, v in doc["segments"].items()}
         tensors, buffers = doc["tensors"], doc.get("buffers") or {}
         meta = doc.get("metadata") or {}
         location = str(doc["location"])
@@ -211,10 +222,27 @@ def _resolve_pulled(doc, prefix, source):
 def read(client, prefix):
     """Reads and checks "<prefix>/manifest" (resolved to the local names when
     it was pulled from a peer).  Raises gshm.NotFound when the prefix has
-    none (nothing published, or released), ManifestError."""
+    none (nothing published, or released), ManifestError, also for a
+    manifest naming a segment outside "<prefix>/seg-": whoever wrote the
+    manifest must not choose which of the reader's other segments
+    open_segments() opens (with the reader's rights, "rw" included) and
+    attach() hands out as weights."""
     with client.open(manifest_name(prefix), "r") as seg:
-        doc = decode(seg.read(0, seg.info.requested_size))
-        return _resolve_pulled(doc, prefix, seg.info.source)
+        # The length first: reading the whole segment before decode() checks
+        # it against MAX_BYTES let whoever created "<prefix>/manifest" make
+        # the reader allocate twice the segment's size (a 16 GiB segment:
+        # 32 GiB in this process).
+        size = seg.info.requested_size
+        head = seg.read(0, min(8, size))
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        fits = len(head) == 8 and n <= min(size - 8, MAX_BYTES)
+        doc = decode(head + (seg.read(8, n) if fits else b""))  # else decode() says why
+        doc = _resolve_pulled(doc, prefix, seg.info.source)
+    for n in doc["segments"]:
+        if not n.startswith(segment_prefix(prefix)):
+            raise ManifestError("gshm: manifest of %r names segment %r, not one of the pool's "
+                                "(%s*)" % (prefix, n, segment_prefix(prefix)))
+    return doc
 
 
 def open_segments(client, manifest, access="r"):

@@ -87,9 +87,32 @@ def plan(tensors, metadata=None, align=ALIGN):
     return Layout(header, entries, start + off)
 
 
-def parse(read, size):
+def _json_list(v):
+    """v, a JSON array; TypeError for anything else (a string would iterate
+    as its characters)."""
+    if not isinstance(v, list):
+        raise TypeError("not a JSON array")
+    return v
+
+
+def _json_count(v):
+    """v, a JSON integer >= 0, as the format's u64 fields are; ValueError
+    for a negative one, TypeError for a float, bool or string (int() would
+    truncate 2.5, take "8", or overflow on Infinity)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError("not a JSON integer")
+    if v < 0:
+        raise ValueError("negative")
+    return v
+
+
+def parse(read, size, aligned=True):
     """Reads a layout back.  read(offset, n) returns n bytes of the segment;
     size is the segment's size.  Returns (metadata, entries) like plan's.
+    aligned: every non-empty tensor must start at a multiple of its item
+    size, as plan() places them (for views on the bytes: a misaligned
+    float32 view is a CUDA fault in every kernel that reads it); False for
+    a file that is only copied from (load_safetensors lays it out anew).
     Raises ValueError when the bytes are not a safetensors layout that fits."""
     if size < 8:
         raise ValueError("gshm: segment too small for a safetensors header")
@@ -98,28 +121,31 @@ def parse(read, size):
         raise ValueError("gshm: safetensors header length %d does not fit the segment" % n)
     try:
         doc = json.loads(bytes(read(8, n)).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:  # nesting too deep
         raise ValueError("gshm: bad safetensors header: %s" % err) from None
     if not isinstance(doc, dict):
         raise ValueError("gshm: bad safetensors header: not a JSON object")
     start = 8 + n
     meta = doc.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError("gshm: safetensors __metadata__ must map str to str, not %r" % (meta,))
     entries = []
     for name, t in doc.items():
         try:
             dt = _BY_ST[t["dtype"]]
-            shape = tuple(int(d) for d in t["shape"])
-            b, e = (int(x) for x in t["data_offsets"])
+            shape = tuple(_json_count(d) for d in _json_list(t["shape"]))
+            b, e = (_json_count(x) for x in _json_list(t["data_offsets"]))
         except (KeyError, TypeError, ValueError):
             raise ValueError("gshm: bad safetensors entry %r: %r" % (name, t)) from None
         count = 1
         for d in shape:
-            if d < 0:
-                raise ValueError("gshm: bad shape for %r" % name)
             count *= d
         if e < b or e - b != count * dt.itemsize or start + e > size:
             raise ValueError("gshm: tensor %r: offsets %r do not match its shape or the segment"
                              % (name, (b, e)))
+        if aligned and e > b and (start + b) % dt.itemsize:
+            raise ValueError("gshm: tensor %r at byte %d is not aligned to its %s item size (%d)"
+                             % (name, start + b, dt.name, dt.itemsize))
         entries.append((name, dt, shape, start + b, start + e))
     # Tensors may not share bytes (safetensors forbids it, and a copy plan
     # that reads each file byte once would leave one of them unwritten).

@@ -147,9 +147,15 @@ class Segment(object):
             raise ValueError("gshm: segment %r is closed" % self._info.name)
         return self._h.ptr
 
+    def _use(self):
+        """with self._use() as p: the C segment (and its client) for one
+        call, kept alive against a close() from another thread."""
+        return self._h.use("gshm: segment %r is closed" % self._info.name)
+
     def fileno(self) -> int:
         """The segment's fd (borrowed: closed by close(); os.dup() it to keep it)."""
-        fd = L.lib().gshm_segment_fd(self._ptr())
+        with self._use() as p:
+            fd = L.lib().gshm_segment_fd(p)
         if fd < 0:
             _raise(fd, "gshm_segment_fd", filename=self.name)
         return fd
@@ -159,10 +165,10 @@ class Segment(object):
     def stat(self) -> SegmentInfo:
         """Fresh SegmentInfo from the daemon (lease count, unlinked state)."""
         info = L.SegmentInfoC()
-        p = self._ptr()
-        rc = L.lib().gshm_stat(p, ctypes.byref(info))
-        if rc < 0:
-            _raise(rc, "gshm_stat", self._h.client.ptr, self.name)
+        with self._use() as p:
+            rc = L.lib().gshm_stat(p, ctypes.byref(info))
+            if rc < 0:
+                _raise(rc, "gshm_stat", self._h.client.ptr, self.name)
         return SegmentInfo._from_c(info)
 
     def __len__(self) -> int:
@@ -178,9 +184,10 @@ class Segment(object):
                              % (offset, offset + nbytes, self.size))
         fn = _optional("gshm_read")
         buf = ctypes.create_string_buffer(max(nbytes, 1))
-        rc = fn(self._ptr(), offset, buf, nbytes)
-        if rc < 0:
-            _raise(rc, "gshm_read", self._h.client.ptr, self.name)
+        with self._use() as p:
+            rc = fn(p, offset, buf, nbytes)
+            if rc < 0:
+                _raise(rc, "gshm_read", self._h.client.ptr, self.name)
         return buf.raw[:nbytes]
 
     def write(self, data: Any, offset: int = 0) -> None:
@@ -192,9 +199,10 @@ class Segment(object):
                              % (offset, offset + n, self.size))
         fn = _optional("gshm_write")
         src = (ctypes.c_char * max(n, 1)).from_buffer_copy(mv) if n else None
-        rc = fn(self._ptr(), offset, src, n)
-        if rc < 0:
-            _raise(rc, "gshm_write", self._h.client.ptr, self.name)
+        with self._use() as p:
+            rc = fn(p, offset, src, n)
+            if rc < 0:
+                _raise(rc, "gshm_write", self._h.client.ptr, self.name)
 
     # -- mapping
     def map(self, devices: Devices = None) -> int:
@@ -204,7 +212,6 @@ class Segment(object):
         segments: the CUDA ordinals of this process (as CUDA_VISIBLE_DEVICES
         numbers them) that get access; None: every visible device that can
         reach the segment's GPU.  Mapping again returns the same address."""
-        p = self._ptr()
         ordinals: Optional[List[int]] = None
         arr: Any = None
         n = 0
@@ -215,19 +222,20 @@ class Segment(object):
             arr = (ctypes.c_int * len(ordinals))(*ordinals)
             n = len(ordinals)
         addr = ctypes.c_void_p()
-        rc = L.lib().gshm_map(p, arr, n, ctypes.byref(addr))
-        if rc < 0:
-            _raise(rc, "gshm_map", self._h.client.ptr, self.name)
+        with self._use() as p:
+            rc = L.lib().gshm_map(p, arr, n, ctypes.byref(addr))
+            if rc < 0:
+                _raise(rc, "gshm_map", self._h.client.ptr, self.name)
         self._address = addr.value or 0
         self._mapped_devices = ordinals
         return self._address
 
     def unmap(self) -> None:
         """Undoes map()."""
-        p = self._ptr()
-        rc = L.lib().gshm_unmap(p)
-        if rc < 0:
-            _raise(rc, "gshm_unmap", self._h.client.ptr, self.name)
+        with self._use() as p:
+            rc = L.lib().gshm_unmap(p)
+            if rc < 0:
+                _raise(rc, "gshm_unmap", self._h.client.ptr, self.name)
         self._address = None
 
     @property

@@ -75,7 +75,8 @@ def load_safetensors(client: Client, name: str, path: Union[str, "os.PathLike[st
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
         fsize = os.fstat(fd).st_size
-        meta, entries = _parse(lambda off, n: _pread_exact(fd, n, off), fsize)
+        # any file safetensors reads: its tensors are copied into plan()'s layout
+        meta, entries = _parse(lambda off, n: _pread_exact(fd, n, off), fsize, aligned=False)
         header_len = 8 + int.from_bytes(_pread_exact(fd, 8, 0), "little")
         data_end = max([e for _, _, _, _, e in entries] + [header_len])
         named = sorted(entries, key=lambda t: t[0])

@@ -137,7 +137,6 @@ class MemPool(object):
         self.device = _ordinal(device)
         self.persistent = bool(persistent)
         self.mode = mode
-        cp = client._ptr()  # raises for a closed client
         cfg = L.PoolConfigC()
         cfg.prefix = _enc(prefix)
         cfg.device = self.device
@@ -146,14 +145,17 @@ class MemPool(object):
             L.GSHM_POOL_SEGMENT_PER_ALLOC if segment_per_alloc else 0)
         cfg.granule = int(granule or 0)
         out = ctypes.c_void_p()
-        rc = _fn("gshm_pool_create")(cp, ctypes.byref(cfg), ctypes.byref(out))
-        if rc < 0:
-            _raise(rc, "gshm_pool_create", cp, prefix)
-        self._ptr = out.value
-        # The pool's segments are opened through the client: hold its C
-        # connection for as long as the pool can be asked for memory.
-        self._client_handle = client._h
-        self._client_handle.incref()
+        # client._use() raises for a closed client, and keeps the C client
+        # alive against a close() on another thread until the pool holds it.
+        with client._use() as cp:
+            rc = _fn("gshm_pool_create")(cp, ctypes.byref(cfg), ctypes.byref(out))
+            if rc < 0:
+                _raise(rc, "gshm_pool_create", cp, prefix)
+            self._ptr = out.value
+            # The pool's segments are opened through the client: hold its C
+            # connection for as long as the pool can be asked for memory.
+            self._client_handle = client._h
+            self._client_handle.incref()
         try:
             self._torch_pool = _torch.cuda.MemPool(_pluggable().allocator())
             _immortal(self._torch_pool)

@@ -39,6 +39,7 @@ import torch as _torch
 from . import _cuda
 from ._client import AnySegment, Client, Location, _unlink_on_error
 from ._segment import DeviceSegment, HostSegment, Segment  # noqa: F401  (Segment: documentation)
+from ._segment import _check_view
 from ._dtypes import DTypeLike, dtype as _to_dtype
 from ._safetensors import plan as _plan, parse as _parse
 from ._torch_state import StateDict
@@ -87,17 +88,15 @@ def tensor_view(seg: AnySegment, dtype: DTypeLike, shape: Sequence[int], offset:
                 device: Any = None) -> _torch.Tensor:
     """A torch tensor of dtype and shape on segment seg's memory from byte
     offset, no copy.  Device segments go through DLPack (the tensor keeps the
-    segment mapped); host segments through the buffer protocol."""
+    segment mapped); host segments through the buffer protocol.  Checked as
+    Segment.view() checks: ValueError past the end, for a negative dimension
+    or offset, or an offset that is not a multiple of the item size (the
+    byte view below would not see that: a misaligned tensor faults in GPU
+    kernels)."""
     dt = _to_dtype(dtype)
     tdt = _torch_dtype(dt)
-    shape = tuple(int(d) for d in shape)
-    n = 1
-    for d in shape:
-        n *= d
-    nbytes = n * dt.itemsize
+    shape, nbytes, offset = _check_view(seg.size, dt, shape, offset)
     if seg.is_host:
-        # validate bounds the same way for both kinds
-        seg.view("uint8", (nbytes,), offset)
         if nbytes == 0:
             return _torch.empty(shape, dtype=tdt)
         # Through NumPy, not torch.frombuffer: frombuffer releases its buffer

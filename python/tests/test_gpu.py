@@ -237,6 +237,28 @@ def test_host_tensor_view_survives_close(gpu_daemon, gpu_client, segname):
     gpu_client.unlink(segname)
 
 
+def test_tensor_view_checks_like_view(gpu_client, segname):
+    """gshm.torch.tensor_view checked only the bounds of a uint8 view of
+    the bytes: a float32 tensor at byte 2 went through, misaligned (every
+    GPU kernel reading it faults with 'misaligned address')."""
+    for loc in ("host", gshm.location_of_device(0)):
+        with gpu_client.create(segname, 2 * MiB, location=loc) as seg:
+            for dtype, shape, offset in [("float32", (1,), 2), ("float64", (2,), 4),
+                                         ("float32", (-1,), 0), ("uint8", (1,), -1),
+                                         ("float32", (seg.size // 4 + 1,), 0)]:
+                try:
+                    gt.tensor_view(seg, dtype, shape, offset)
+                except ValueError:
+                    pass
+                else:
+                    raise AssertionError("no ValueError for %r on %s" % ((dtype, shape, offset),
+                                                                         loc))
+            t = gt.tensor_view(seg, "float32", (2, 3), 8)
+            assert t.shape == (2, 3) and t.dtype == torch.float32
+            del t
+        gpu_client.unlink(segname)
+
+
 def test_device_view_bounds_and_dtypes(gpu_client, segname):
     with gpu_client.create(segname, 2 * MiB, location=gshm.location_of_device(0)) as seg:
         size = seg.size

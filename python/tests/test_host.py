@@ -324,6 +324,27 @@ def test_errno_no_peer_path_is_not_supported():
     assert isinstance(error_for(-errno.ENOTSUP), gshm.NotSupported)
 
 
+def test_errno_every_one_the_library_returns_has_its_builtin():
+    """Each class derives from the built-in OSError subclass that Python
+    itself gives the errno, so `except TimeoutError` / `except
+    ConnectionError` work.  ETIMEDOUT (gshmd's STATUS_TIMED_OUT: a cluster
+    peer that does not answer a pull) and ENOTCONN (libgshm: no
+    connection to the daemon) fell to the bare gshm.Error."""
+    from gshm._errors import error_for
+    want = {errno.ENOENT: FileNotFoundError, errno.EEXIST: FileExistsError,
+            errno.EACCES: PermissionError, errno.EPERM: PermissionError,
+            errno.ECONNREFUSED: ConnectionError, errno.ECONNRESET: ConnectionError,
+            errno.EPIPE: ConnectionError, errno.ENOTCONN: ConnectionError,
+            errno.ETIMEDOUT: TimeoutError}
+    for code, builtin in want.items():
+        e = error_for(-code, function="gshm_pull")
+        assert isinstance(e, gshm.Error) and e.errno == code, code
+        assert isinstance(e, builtin), (errno.errorcode[code], type(e).__mro__)
+    assert isinstance(error_for(-errno.ETIMEDOUT), gshm.TimedOut)
+    assert isinstance(error_for(-errno.ETIMEDOUT), TimeoutError)
+    assert isinstance(error_for(-errno.ENOTCONN), gshm.Unreachable)
+
+
 def test_nul_bytes_and_huge_sizes_raise(client, segname):
     """Issue 15 item 8: ctypes cuts a name at its first NUL byte and wraps
     integers modulo 2**64; neither may reach the C library."""
@@ -512,6 +533,138 @@ def test_copy_needs_gshm_copy():
         pytest.skip("this libgshm has gshm_copy (tested by test_gpu.py)")
     with pytest.raises(NotImplementedError):
         gshm.copy(0, 0, 1)
+
+
+def test_copy_signal_and_flags_refuse_counts_ctypes_would_wrap(monkeypatch):
+    """copy_signal passed nbytes, and signal/wait/copy_signal the flag value,
+    through int() to size_t / uint64_t arguments, which ctypes wraps
+    silently: nbytes=-1 became a copy of 2**64 - 1 bytes (past every
+    buffer, and the "fits dst" check let -1 through), wait(flag, -1) a wait
+    for 2**64 - 1 that never ends.  copy() already refused them."""
+    from gshm import _copy
+    calls = []
+    monkeypatch.setattr(_copy, "_optional", lambda name: lambda *a: calls.append((name, a)) or 0)
+    buf = ctypes.create_string_buffer(64)
+    flag = (ctypes.addressof(buf) + 7) & ~7
+    with pytest.raises(ValueError, match="negative"):
+        gshm.copy_signal(flag + 8, flag + 16, -1, flag, 1)
+    with pytest.raises(ValueError, match="bits"):
+        gshm.copy_signal(flag + 8, flag + 16, 1 << 64, flag, 1)
+    for bad in (-1, 1 << 64):
+        with pytest.raises(ValueError):
+            gshm.copy_signal(flag + 8, flag + 16, 8, flag, bad)
+        with pytest.raises(ValueError):
+            gshm.signal(flag, bad)
+        with pytest.raises(ValueError):
+            gshm.wait(flag, bad)
+    assert calls == []
+    # good values still go through, unchanged
+    gshm.copy_signal(flag + 8, flag + 16, 8, flag, (1 << 64) - 1)
+    gshm.signal(flag, 0)
+    gshm.wait(flag, 5)
+    assert [(n, a[2] if n == "gshm_copy_signal" else a[1]) for n, a in calls] == [
+        ("gshm_copy_signal", 8), ("gshm_signal", 0), ("gshm_wait", 5)]
+    assert calls[0][1][5] == (1 << 64) - 1
+
+
+def test_close_from_another_thread_during_a_call(daemon, client, segname):
+    """ctypes lets go of the GIL in every call, so another thread's close()
+    can run between a method's check that the object is open and the C
+    function's use of it.  Each race is made certain by running that close()
+    exactly there: Client.close() after gshm_create returned (it freed the
+    new segment with the client, and _wrap then read its info from freed
+    memory: a segment of size 0 and a garbage id), Segment.close() as
+    gshm_read starts (gshm_close freed the segment under the read).  Each
+    call now holds the C object until it returns: the read gets the bytes,
+    the create is refused (ValueError) and its lease ended, and nothing is
+    left open.  In a child process: the old code crashes or reads garbage."""
+    with client.create(segname, 4096) as seg:
+        seg.write(b"gshm" * 1024, 0)
+    p = run_child(daemon, """
+        import gshm._client as C, gshm._segment as S
+        name = sys.argv[2]
+        c = gshm.Client(sock)
+        real_handle = C._SegHandle
+
+        def closing_handle(ptr, ch):
+            c.close()                       # another thread's Client.close()
+            return real_handle(ptr, ch)
+        C._SegHandle = closing_handle
+        try:
+            s = c.create(name + "-new", 4096)
+            print("create: opened", s.info.size, s.info.id)
+        except ValueError as e:
+            print("create: refused:", e)
+        C._SegHandle = real_handle
+        print("client closed:", c.closed)
+
+        c = gshm.Client(sock)
+        seg = c.open(name, "r")
+        real_optional = S._optional
+
+        def closing_optional(fn_name):
+            fn = real_optional(fn_name)
+            def call(*a):
+                seg.close()                 # another thread's Segment.close()
+                return fn(*a)
+            return call
+        S._optional = closing_optional
+        data = seg.read(0, 4096)
+        S._optional = real_optional
+        print("read:", data == b"gshm" * 1024, seg.closed)
+        c.close()
+        """, segname)
+    out = p.stdout.decode()
+    assert "create: refused: gshm: client is closed" in out, out
+    assert "client closed: True" in out, out
+    assert "read: True True" in out, out
+    assert leases_of(daemon, segname) == [] and leases_of(daemon, segname + "-new") == []
+    client.unlink(segname + "-new")  # the create itself was done by gshmd
+    client.unlink(segname)
+
+
+def test_a_close_waiting_in_libgshm_does_not_stall_other_clients(monkeypatch, daemon, client,
+                                                                  segname):
+    """gshm_close (and gshm_disconnect) wait for the client's lock, which
+    another thread's request holds for as long as it runs (a pull: minutes).
+    They were called with the package's state lock held, so meanwhile every
+    call on any other client waited too, and a finalizer that the garbage
+    collector ran inside that request's progress callback waited for ever.
+    Here gshm_close waits on an event, as it would on that lock."""
+    import threading
+    from gshm import _lib
+    lib = _lib.lib()
+    entered, release = threading.Event(), threading.Event()
+
+    class WaitingClose(object):
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def gshm_close(self, ptr):
+            entered.set()
+            release.wait(30)
+            return lib.gshm_close(ptr)
+    other = gshm.Client(daemon.socket, name="other")
+    seg = client.create(segname, 4096)
+    monkeypatch.setattr(_lib, "lib", WaitingClose)
+    closer = threading.Thread(target=seg.close)
+    closer.start()
+    try:
+        assert entered.wait(10)
+        got = []
+        user = threading.Thread(target=lambda: got.append(other.stat(segname).name))
+        user.start()
+        user.join(3)
+        stalled = user.is_alive()
+    finally:
+        release.set()
+        closer.join(10)
+    user.join(10)
+    monkeypatch.undo()
+    assert not stalled, "another client's stat() waited for this client's close"
+    assert got == [segname] and seg.closed
+    other.close()
+    client.unlink(segname)
 
 
 @pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")

@@ -68,6 +68,19 @@ def test_manifest_round_trip():
     (lambda d: _redo_tensor(d, strides=[-1]), "bad shape"),
     (lambda d: _redo_tensor(d, dtype="float99"), "entry 'w'"),
     (lambda d: _redo_tensor(d, shape=None), "entry 'w'"),
+    # A manifest another user wrote: values of the wrong JSON type raised
+    # TypeError (an unhashable segment), OverflowError (Infinity) or
+    # RecursionError (deep nesting), or were taken by int() ("8", 8.5, "12"
+    # as a shape of (1, 2)), instead of ManifestError.
+    (lambda d: _redo_tensor(d, segment=["p/seg-000000"]), "entry 'w'"),
+    (lambda d: _redo_tensor(d, offset="8"), "entry 'w'"),
+    (lambda d: _redo_tensor(d, offset=8.5), "entry 'w'"),
+    (lambda d: _redo_tensor(d, offset=True), "entry 'w'"),
+    (lambda d: _redo_tensor(d, shape="12", strides=[1, 1]), "entry 'w'"),
+    (lambda d: _redo_tensor(d, shape=[float("inf")]), "entry 'w'"),
+    (lambda d: _redo(d, segments={"p/seg-000000": {"id": 1, "generation": 1,
+                                                   "size": float("inf")}}), "bad manifest"),
+    (lambda d: struct.pack("<Q", 100000) + b"[" * 100000, "not JSON"),
 ])
 def test_manifest_refuses_bad_input(mutate, message):
     good = _manifest.encode("cuda:GPU-x", {"p/seg-000000": {"id": 1, "generation": 1,
@@ -157,6 +170,58 @@ def test_manifest_naming_a_recreated_segment_is_stale(client, segname):
         _manifest.open_segments(client, m)
     assert _my_leases(client) == []
     _manifest.unlink_prefix(client, segname)
+
+
+def test_manifest_naming_a_segment_outside_its_prefix(client, segname):
+    """Whoever can write "<prefix>/manifest" (a name is first come, first
+    served) chose which segments the reader opened: one outside the pool's
+    "<prefix>/seg-" (the reader's own, or any it may open) was opened with
+    the reader's rights and handed out as weights."""
+    other = client.create(segname + "-kv/cache", 4096, location="host")  # not the pool's
+    for name in (other.name, segname + "/other"):
+        seg = other if name == other.name else client.create(name, 4096, location="host")
+        info = {name: _seginfo(seg)}
+        _manifest.write(client, segname, _manifest.encode(
+            "host", info, {"w": _entry(name, 0, "float32", (8,), (1,))}))
+        with pytest.raises(_manifest.ManifestError, match="not one of the pool's"):
+            _manifest.read(client, segname)
+        if seg is not other:
+            seg.close()
+            client.unlink(name)
+    other.close()
+    client.unlink(other.name)
+    assert _my_leases(client) == []
+    _manifest.unlink_prefix(client, segname)
+
+
+def test_manifest_read_reads_only_what_its_length_says(monkeypatch, client, segname):
+    """read() took the whole "<prefix>/manifest" segment into memory (twice:
+    a ctypes buffer and its bytes) before decode() compared the length with
+    MAX_BYTES: whoever created that name chose how much every reader
+    allocated.  Now it reads the 8-byte length, then that many bytes, and
+    nothing more when the length does not fit."""
+    from gshm import _segment
+    reads = []
+    real = _segment.Segment.read
+
+    def recording(seg, offset=0, nbytes=None):
+        reads.append(nbytes)
+        return real(seg, offset, nbytes)
+    monkeypatch.setattr(_segment.Segment, "read", recording)
+    big = 64 * MiB
+    good = _manifest.encode("host", {}, {})
+    for data, ok in ((good, True), (struct.pack("<Q", 1 << 40) + good[8:], False),
+                     (struct.pack("<Q", _manifest.MAX_BYTES + 1) + good[8:], False)):
+        with client.create(segname + "/manifest", big, location="host") as seg:
+            seg.write(data, 0)
+        reads.clear()
+        if ok:
+            assert _manifest.read(client, segname)["tensors"] == {}
+        else:
+            with pytest.raises(_manifest.ManifestError, match="does not fit"):
+                _manifest.read(client, segname)
+        assert sum(reads) <= len(good), reads
+        client.unlink(segname + "/manifest")
 
 
 def test_manifest_that_is_not_one(client, segname):
@@ -258,6 +323,7 @@ def _st_file(entries, data_len, header_len=None):
     doc = {k: {"dtype": dt, "shape": list(sh), "data_offsets": [b, e]}
            for k, (dt, sh, b, e) in entries.items()}
     js = json.dumps(doc).encode()
+    js += b" " * (-len(js) % 8)  # data 8-aligned, as safetensors writes it
     n = len(js) if header_len is None else header_len
     return struct.pack("<Q", n) + js + bytes(data_len)
 
@@ -276,7 +342,7 @@ def test_safetensors_parse_refuses_hostile_headers():
         (_st_file({"a": ("F32", (4,), 0, 16)}, 8), "do not match"),           # past the end
         (_st_file({"a": ("F32", (4,), 0, 12)}, 16), "do not match"),          # shape vs bytes
         (_st_file({"a": ("F32", (4,), 16, 0)}, 16), "do not match"),          # end < begin
-        (_st_file({"a": ("F32", (-4,), 0, 0)}, 16), "bad shape"),
+        (_st_file({"a": ("F32", (-4,), 0, 0)}, 16), "bad safetensors entry"),
         (_st_file({"a": ("Q7", (4,), 0, 16)}, 16), "bad safetensors entry"),
         (_st_file({"a": ("F32", (4,), 0, 16)}, 16, header_len=1 << 40), "does not fit"),
         (_st_file({"a": ("F32", (4,), 0, 16)}, 16, header_len=(100 << 20) + 1), "does not fit"),
@@ -285,6 +351,55 @@ def test_safetensors_parse_refuses_hostile_headers():
     for data, message in bad:
         with pytest.raises(ValueError, match=message):
             _st_parse(data)
+    # Fields safetensors reads as u64 are JSON integers >= 0 and arrays, nothing
+    # int() would take: a negative begin put a tensor on the header's bytes
+    # (and load_safetensors' copy plan, which starts at the data, left it
+    # unwritten), "8" or 2.5 were taken as 8 and 2, a string shape "12" as
+    # (1, 2), Infinity raised OverflowError, deep nesting RecursionError.
+    def raw(js, data_len=16):
+        js += b" " * (-len(js) % 8)
+        return struct.pack("<Q", len(js)) + js + bytes(data_len)
+
+    def one(**kw):
+        t = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+        t.update(kw)
+        return raw(json.dumps({"a": t}).encode())
+
+    (_, _, shape, b, e), = _st_parse(one())[1]
+    assert (shape, b, e) == ((2,), len(one()) - 16, len(one()) - 8)
+    hostile = [
+        one(data_offsets=[-8, 0]),                        # on the header's last 8 bytes
+        one(data_offsets=["0", "8"]),
+        one(data_offsets=[0.0, 8.0]),
+        one(data_offsets=[False, 8]),
+        one(shape=[2.5], data_offsets=[0, 8]),
+        one(shape="12", data_offsets=[0, 8]),
+        one(shape=[True, 2]),
+        raw(b'{"a": {"dtype": "F32", "shape": [Infinity], "data_offsets": [0, 8]}}'),
+        raw(b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8e0]}}'),
+    ]
+    for data in hostile:
+        with pytest.raises(ValueError, match="bad safetensors entry"):
+            _st_parse(data)
+    with pytest.raises(ValueError, match="bad safetensors header"):
+        _st_parse(raw(b"[" * 100000))
+    # __metadata__ is str -> str (load_safetensors hands it to plan(), which
+    # raised TypeError or AttributeError, not the ValueError it documents)
+    for meta in ([1, 2], {"k": 1}, "text"):
+        doc = {"__metadata__": meta, "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
+        with pytest.raises(ValueError, match="__metadata__"):
+            _st_parse(raw(json.dumps(doc).encode()))
+    # Views need each tensor at a multiple of its item size (plan() puts it
+    # there; load_state_dict gave a misaligned float32 view on the GPU, which
+    # faults in every kernel); load_safetensors copies, so it reads any file.
+    js = json.dumps({"b": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                     "a": {"dtype": "F32", "shape": [2], "data_offsets": [1, 9]}}).encode()
+    odd = raw(js)  # data at a multiple of 8: "a" at 8k + 1
+    start = len(odd) - 16
+    with pytest.raises(ValueError, match="not aligned"):
+        _st_parse(odd)
+    _, entries = _safetensors.parse(lambda off, n: odd[off:off + n], len(odd), aligned=False)
+    assert [(k, b) for k, _, _, b, _ in entries] == [("b", start), ("a", start + 1)]
     # a header too long for the format's own limit is refused before it is read
     huge = struct.pack("<Q", (100 << 20) + 1)
     with pytest.raises(ValueError, match="does not fit"):

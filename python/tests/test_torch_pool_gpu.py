@@ -24,6 +24,7 @@ and safetensors ($GSHM_GPU_PYTHON picks one).  Paths as run_gpu.py."""
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -175,8 +176,32 @@ def role_load(sock, out_dir):
     c.unlink("torchtest/loaded")
     c.unlink("torchtest/shared")
     os.unlink(path)
+    # A float32 tensor at an odd byte: load_safetensors lays the file out
+    # anew (values intact); the same bytes in a segment read in place by
+    # load_state_dict are refused (a misaligned GPU view faults in kernels).
+    js = json.dumps({"b": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                     "a": {"dtype": "F32", "shape": [2], "data_offsets": [1, 9]}}).encode()
+    js += b" " * (-len(js) % 8)
+    odd = struct.pack("<Q", len(js)) + js + b"\x07" + struct.pack("<2f", 1.5, -2.0)
+    with open(path, "wb") as f:
+        f.write(odd)
+    with gt.load_safetensors(c, "torchtest/odd", path, location=loc, progress=False):
+        back = gt.load_state_dict(c, "torchtest/odd", device="cuda:0")
+        odd_values = back["a"].tolist() == [1.5, -2.0] and back["b"].tolist() == [7]
+        del back
+    c.unlink("torchtest/odd")
+    os.unlink(path)
+    with c.create("torchtest/odd-raw", len(odd), location=loc) as seg:
+        seg.write(odd, 0)
+        try:
+            gt.load_state_dict(c, "torchtest/odd-raw", device="cuda:0")
+            odd_refused = False
+        except ValueError as e:
+            odd_refused = "not aligned" in str(e)
+    c.unlink("torchtest/odd-raw")
     print(json.dumps({"bytes": n, "file_bytes": total, "same": same, "values": values,
-                      "max_allocated": peak, "load_s": t_load}), flush=True)
+                      "max_allocated": peak, "load_s": t_load, "odd_values": odd_values,
+                      "odd_refused": odd_refused}), flush=True)
 
 
 def role_limits(sock, out_dir):
@@ -439,6 +464,7 @@ def check_load(py, daemon, c, out_dir, log):
     assert r["file_bytes"] >= 1 << 30, r
     assert r["same"] and r["values"], r
     assert r["max_allocated"] == 0, r
+    assert r["odd_values"] and r["odd_refused"], r
 
 
 def check_limits(py, daemon, c, out_dir, log):
