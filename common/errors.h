@@ -41,7 +41,8 @@
   X(ECONNREFUSED, "gshmd is not running (connection refused)")                     \
   X(ETIMEDOUT, "timed out")                                                        \
   X(ESTALE, "segment or lease is gone (revoked, or freed across a daemon restart)") \
-  X(EDQUOT, "quota exceeded")
+  X(EDQUOT, "quota exceeded")                                                      \
+  X(EREMOTEIO, "gshmd failed (its message says why)")
 
 /* libgshm's gshm_last_error() when the connection to gshmd itself was
  * lost (no answer of gshmd's to show): gshmctl tells it from an answer. */

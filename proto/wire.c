@@ -140,7 +140,8 @@ int gshm__wire_parse_header(const void *pkt, size_t len, struct gshm_wire_header
   X(GSHM__STATUS__STATUS_NOT_PERMITTED, EPERM)       \
   X(GSHM__STATUS__STATUS_BUSY, EBUSY)                \
   X(GSHM__STATUS__STATUS_PEER_LOST, ECONNRESET)      \
-  X(GSHM__STATUS__STATUS_TIMED_OUT, ETIMEDOUT)
+  X(GSHM__STATUS__STATUS_TIMED_OUT, ETIMEDOUT)      \
+  X(GSHM__STATUS__STATUS_INTERNAL, EREMOTEIO)
 
 int gshm__status_to_errno(int status) {
   switch (status) {
@@ -151,6 +152,9 @@ int gshm__status_to_errno(int status) {
 #undef GSHM_S2E
   default:
     return -EPROTO; /* unspecified or unknown: the peer broke the protocol */
+    /* (STATUS_INTERNAL, any errno without a status of its own, comes back
+     * as -EREMOTEIO: it was -EPROTO, "protocol error", for a daemon that
+     * spoke the protocol well and failed, e.g. -EHOSTUNREACH in a pull) */
   }
 }
 

@@ -12,8 +12,10 @@
  *    written only on success.
  *  - Every call that talks to the daemon may also return -ECONNRESET or
  *    -EPIPE (the daemon went away and could not be reached again),
- *    -EPROTO (the daemon broke the protocol) and -ENOMEM.  The daemon's
- *    own explanation of the last failure is in gshm_last_error().
+ *    -EPROTO (the daemon broke the protocol), -EREMOTEIO (the daemon
+ *    failed in a way that has no errno of the API: gshm_last_error() says
+ *    how) and -ENOMEM.  The daemon's own explanation of the last failure
+ *    is in gshm_last_error().
  *  - A gshm_client_t may be used from several threads: requests are
  *    serialised by a mutex inside it.  A gshm_segment_t belongs to one
  *    client and must not be used after gshm_close() or

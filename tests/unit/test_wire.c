@@ -129,7 +129,7 @@ static void test_status_table(void **state) {
   {
     static const int errs[] = {EINVAL, ENOENT, EEXIST, EACCES, ENOMEM, EDQUOT, ENOTSUP,
                                EPROTO, EPROTONOSUPPORT, ENAMETOOLONG, EFBIG, EMFILE, EIO,
-                               ENODEV, ESTALE, EPERM, EBUSY};
+                               ENODEV, ESTALE, EPERM, EBUSY, EREMOTEIO};
     for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++)
       assert_int_equal(gshm__status_to_errno(gshm__errno_to_status(-errs[i])), -errs[i]);
   }
@@ -137,6 +137,9 @@ static void test_status_table(void **state) {
   assert_int_equal(gshm__errno_to_status(-EXDEV), GSHM__STATUS__STATUS_NOT_SUPPORTED);
   assert_int_equal(gshm__errno_to_status(-EAGAIN), GSHM__STATUS__STATUS_LIMIT);
   assert_int_equal(gshm__errno_to_status(-ERANGE), GSHM__STATUS__STATUS_INTERNAL);
+  /* a daemon's internal error is no protocol error */
+  assert_int_equal(gshm__status_to_errno(GSHM__STATUS__STATUS_INTERNAL), -EREMOTEIO);
+  assert_int_equal(gshm__status_to_errno(gshm__errno_to_status(-EHOSTUNREACH)), -EREMOTEIO);
   assert_string_equal(gshm__errname(-EDQUOT), "EDQUOT");
   assert_string_equal(gshm__strerror(-EACCES), "permission denied");
   /* Every row of the table has its own name and message (a value listed
