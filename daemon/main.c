@@ -99,12 +99,14 @@ static void setup_fd_limit(struct daemon *d) {
    * pool's memfds */
   if (d->cfg.host_recycle)
     need += (uint64_t)d->cfg.max_segments + GSHMD_HOST_RECYCLE_MAX;
-  /* systemd sets INVOCATION_ID for its services (v232 on).  NOTIFY_SOCKET
-   * alone is not one: gshm's own spawner (gshm-demo, gshm-bench, the
-   * tests) sets it to wait for READY=1, and gshmd.service is not there to
-   * raise LimitNOFILE= in. */
-  const char *invocation = getenv("INVOCATION_ID");
-  bool by_hand = !(invocation && *invocation);
+  /* systemd sets INVOCATION_ID for its services (v232 on), NOTIFY_SOCKET
+   * for Type=notify ones and whoever else reads STATUS=.  NOTIFY_SOCKET
+   * alone is no service: gshm's own spawner (gshm-demo, gshm-bench, the
+   * tests) sets it to wait for READY=1; the shortfall goes in its STATUS=
+   * but the log does not send anyone to a gshmd.service that is not there. */
+  const char *invocation = getenv("INVOCATION_ID"), *notify = getenv("NOTIFY_SOCKET");
+  bool service = invocation && *invocation;
+  bool by_hand = !service && !(notify && *notify);
   struct rlimit rl;
 
   if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
@@ -133,7 +135,11 @@ static void setup_fd_limit(struct daemon *d) {
            "limits.max_segments=%u may need",
            (unsigned long long)rl.rlim_cur, (unsigned long long)need, d->cfg.max_connections,
            d->cfg.max_segments);
-  gshm_log_warn("%s: raise LimitNOFILE= in gshmd.service or lower the limits", d->fd_warning);
+  if (service || by_hand) /* (by hand here: at or above the unit's limit, still short) */
+    gshm_log_warn("%s: raise LimitNOFILE= in gshmd.service or lower the limits", d->fd_warning);
+  else
+    gshm_log_debug("%s (gshmd.service gives %llu)", d->fd_warning,
+                   (unsigned long long)GSHMD_UNIT_LIMIT_NOFILE);
 }
 
 static int setup_backends(struct daemon *d) {
