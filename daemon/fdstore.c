@@ -619,8 +619,37 @@ uint64_t gshmd_fdstore_max_restorable(uint64_t max_name) {
   return lo;
 }
 
+uint64_t gshmd_fdstore_max_entries(uint64_t max_segments, uint64_t max_name) {
+  return 2 * gshmd_fdstore_max_buckets(max_segments, max_name) + FDSTORE_OTHER_ENTRIES;
+}
+
+/* systemd keeps at most FileDescriptorStoreMax= fds for gshmd (it says how
+ * many in $FDSTORE, set only when the setting is not 0) and closes any fd
+ * past that while sd_notify succeeds: a bucket whose end it dropped would
+ * come back without its datagram, losing its segments at the next start,
+ * and nothing would have said so.  So a store too small for
+ * limits.max_segments stops gshmd here, as a LISTEN_FDNAMES too long does.
+ * Returns 0 or -ENOSPC (logged). */
+static int check_store_max(const struct gshmd_config *cfg) {
+  const char *env = getenv("FDSTORE");
+  uint64_t max, need = gshmd_fdstore_max_entries(cfg->max_segments, cfg->max_name);
+  const char *end;
+
+  if (!env || !number(env, true, &max, &end) || *end)
+    return 0; /* (not said: an older systemd, or none) */
+  if (max >= need)
+    return 0;
+  gshm_log_err("the fd store is too small for limits.max_segments %u: systemd keeps %" PRIu64
+               " fds for gshmd (FileDescriptorStoreMax=) and silently closes the rest, but up "
+               "to %" PRIu64 " may be needed; segments would be lost at a restart (raise "
+               "FileDescriptorStoreMax= or lower limits.max_segments)",
+               cfg->max_segments, max, need);
+  return -ENOSPC;
+}
+
 int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg) {
   const char *ns = getenv("NOTIFY_SOCKET");
+  int e;
   uint64_t rec = RECORD_FIXED_MAX + 3 + reg->cfg->max_name + FDSTORE_RECORD_SLACK;
 
   memset(fs, 0, sizeof(*fs));
@@ -639,6 +668,8 @@ int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg) {
                  gshmd_fdstore_max_restorable(reg->cfg->max_name), reg->cfg->max_name);
     return -E2BIG;
   }
+  if (fs->enabled && (e = check_store_max(reg->cfg)))
+    return e;
   reg->on_event_data = fs;
   reg->on_event = on_event;
   return 0;

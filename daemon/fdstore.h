@@ -82,10 +82,10 @@ struct gshmd_fdstore {
 };
 
 /* Hooks the registry (segment created/changed/freed, ids taken).  Returns
- * 0, or -E2BIG (logged) when, under a service manager, limits.max_segments
- * is more than the store
- * can hand back after a restart (gshmd_fdstore_max_restorable): gshmd
- * then refuses to start. */
+ * 0; or, under a service manager (gshmd then refuses to start, logged),
+ * -E2BIG when limits.max_segments is more than the store can hand back
+ * after a restart (gshmd_fdstore_max_restorable), -ENOSPC when $FDSTORE
+ * (FileDescriptorStoreMax=) is below gshmd_fdstore_max_entries. */
 int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg);
 
 /* Adopts what fds[0..n) (names from sd_listen_fds_with_names) hold of
@@ -116,6 +116,16 @@ unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs);
  * journal).  For the unit's FileDescriptorStoreMax and the check at
  * start. */
 uint64_t gshmd_fdstore_max_buckets(uint64_t max_segments, uint64_t max_name);
+
+/* Entries of the fd store that are not buckets' ends: the ids record and
+ * its replacement in flight, the journal, the lease key (leasekey.c). */
+#define FDSTORE_OTHER_ENTRIES 4u
+
+/* The most fds gshmd keeps in systemd's fd store with limits.max_segments
+ * max_segments and limits.max_name max_name: 2 per bucket that many
+ * segments can need, plus FDSTORE_OTHER_ENTRIES.  At start gshmd refuses
+ * a FileDescriptorStoreMax= ($FDSTORE) below it. */
+uint64_t gshmd_fdstore_max_entries(uint64_t max_segments, uint64_t max_name);
 
 /* Bytes of LISTEN_FDNAMES the store's names take at most with nbuckets
  * buckets (names joined by ':'), besides other names. */

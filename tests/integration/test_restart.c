@@ -697,6 +697,56 @@ static void test_segment_without_a_bucket_is_placed_later(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
+/* systemd keeps at most FileDescriptorStoreMax= fds for gshmd, says how
+ * many in $FDSTORE, and closes any fd past that while sd_notify succeeds
+ * (the harness's store_max does the same).  A store too small for
+ * limits.max_segments lost, at the next restart, every segment of a bucket
+ * whose end was closed, and nothing said so: gshmd must refuse to start.
+ * At the default limits.max_name a bucket holds 226 segments: 600 need 3
+ * buckets, 6 ends + 4 other entries; 226 need one, 2 + 4 = 6. */
+static void test_fdstore_max_too_small_is_refused(void **state) {
+  struct harness h;
+  gshm_client_t *c;
+  gshm_segment_info_t *list;
+  size_t n;
+  char name[32];
+  int rc;
+
+  (void)state;
+  setenv("FDSTORE", "8", 1);
+  rc = harness_start(&h, (const char *const[]){"--set", "limits.max_segments=600", NULL});
+  if (rc == 0) /* (started: stopped, so that no gshmd outlives the failure) */
+    harness_stop(&h);
+  assert_int_equal(rc, -ECHILD);
+  /* exactly enough: every segment comes back, nothing was closed */
+  setenv("FDSTORE", "6", 1);
+  assert_int_equal(harness_start(&h, (const char *const[]){"--set", "limits.max_segments=226",
+                                                           NULL}),
+                   0);
+  unsetenv("FDSTORE");
+  pthread_mutex_lock(&h.sp.lock);
+  h.sp.store_max = 6;
+  pthread_mutex_unlock(&h.sp.lock);
+  assert_int_equal(gshm_connect(h.socket_path, "filler", &c), 0);
+  for (int i = 0; i < 226; i++) {
+    gshm_segment_t *s;
+    snprintf(name, sizeof(name), "fill/%03d", i);
+    assert_int_equal(gshm_create(c, name, 4096, NULL, 0600, 0, &s), 0);
+    assert_int_equal(gshm_close(s), 0);
+  }
+  gshm_disconnect(c);
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "fresh", &c), 0);
+  assert_int_equal(gshm_list(c, &list, &n), 0);
+  assert_int_equal(n, 226);
+  gshm_free(list);
+  gshm_disconnect(c);
+  pthread_mutex_lock(&h.sp.lock);
+  assert_int_equal(h.sp.store_refused, 0);
+  pthread_mutex_unlock(&h.sp.lock);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_watchdog_and_status),
@@ -712,6 +762,7 @@ int main(void) {
       cmocka_unit_test(test_failed_store_sends_are_resent),
       cmocka_unit_test(test_sigkill_while_the_store_is_behind),
       cmocka_unit_test(test_segment_without_a_bucket_is_placed_later),
+      cmocka_unit_test(test_fdstore_max_too_small_is_refused),
   };
   /* The common default soft limit: restarts hand fds back at any limit
    * (the harness once moved them through fd 10000). */
