@@ -121,17 +121,49 @@ struct tcp_lane {
   uint64_t len;
   int serr, rerr;
   pthread_t st, rt;
+  struct tcp_gate *gate;
 };
+
+/* bench_tcp_once's threads wait here until all are up: the clock starts
+ * then (a pull's lane threads are up before it begins, too). */
+struct tcp_gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  unsigned up; /* threads waiting */
+  int state;   /* 0 wait, 1 go, -1 give up */
+};
+
+static bool gate_pass(struct tcp_gate *g) {
+  int st;
+  pthread_mutex_lock(&g->mu);
+  g->up++;
+  pthread_cond_broadcast(&g->cv);
+  while (!(st = g->state))
+    pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+  return st > 0;
+}
+
+/* Waits until `up` threads wait (state 1) or at once (state -1), then
+ * lets them go with that state. */
+static void gate_open(struct tcp_gate *g, unsigned up, int state) {
+  pthread_mutex_lock(&g->mu);
+  while (state > 0 && g->up < up)
+    pthread_cond_wait(&g->cv, &g->mu);
+  g->state = state;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
 
 static void *tcp_tx_thread(void *arg) {
   struct tcp_lane *t = arg;
-  t->serr = send_all(t->sfd, t->src, t->len);
+  t->serr = gate_pass(t->gate) ? send_all(t->sfd, t->src, t->len) : -1;
   return NULL;
 }
 
 static void *tcp_rx_thread(void *arg) {
   struct tcp_lane *t = arg;
-  t->rerr = recv_all(t->rfd, t->dst, t->len);
+  t->rerr = gate_pass(t->gate) ? recv_all(t->rfd, t->dst, t->len) : -1;
   return NULL;
 }
 
@@ -140,6 +172,7 @@ double bench_tcp_once(const uint8_t *src, uint8_t *dst, uint64_t size, unsigned 
   int lfd = tcp_listen(&sa);
   uint8_t *mem = dst ? dst : bench_fresh_memfd(size);
   struct tcp_lane t[TCP_MAX_LANES];
+  struct tcp_gate gate = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   uint64_t per = (size / k + 4095) & ~4095ull;
   unsigned made = 0, started = 0;
   double t0, el = -1;
@@ -156,17 +189,20 @@ double bench_tcp_once(const uint8_t *src, uint8_t *dst, uint64_t size, unsigned 
     t[made].dst = mem + (off < size ? off : size);
     t[made].len = off >= size ? 0 : size - off < per ? size - off : per;
   }
-  t0 = bench_now_s();
-  for (; started < k; started++)
-    if (pthread_create(&t[started].rt, NULL, tcp_rx_thread, &t[started]) ||
-        pthread_create(&t[started].st, NULL, tcp_tx_thread, &t[started]))
+  for (; started < 2 * k; started++) {
+    struct tcp_lane *l = &t[started / 2];
+    l->gate = &gate;
+    if (pthread_create(started % 2 ? &l->st : &l->rt, NULL,
+                       started % 2 ? tcp_tx_thread : tcp_rx_thread, l))
       break;
-  for (unsigned i = 0; i < started; i++) {
-    pthread_join(t[i].st, NULL);
-    pthread_join(t[i].rt, NULL);
-    bad |= t[i].serr | t[i].rerr;
   }
-  if (started == k && !bad)
+  gate_open(&gate, started, started == 2 * k ? 1 : -1);
+  t0 = bench_now_s();
+  for (unsigned i = 0; i < started; i++) {
+    pthread_join(i % 2 ? t[i / 2].st : t[i / 2].rt, NULL);
+    bad |= i % 2 ? t[i / 2].serr : t[i / 2].rerr;
+  }
+  if (started == 2 * k && !bad)
     el = bench_now_s() - t0;
 out:
   for (unsigned i = 0; i < made; i++) {
