@@ -27,7 +27,7 @@
  * with replaced_by's 2-byte tag), the location (63 bytes) and a pulled
  * segment's source (GSHM_SOURCE_MAX, 384), with tags and lengths, and the
  * StateBucket's tag and length around it. */
-#define RECORD_FIXED_MAX (13u * 11 + 2 + 66 + 387 + 8)
+#define RECORD_FIXED_MAX (12u * 11 + 2 + 66 + 387 + 8)
 
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
 
