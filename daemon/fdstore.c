@@ -22,7 +22,9 @@
 #define RECORD_MAX (1u << 20) /* a stored record larger than this is refused */
 #define ID_BLOCK 4096         /* ids reserved per ids-<v> record */
 /* A StateRecord's largest encoding besides its name: 12 varint fields of
- * up to 10 bytes with their tags (publish and publish_members included), the location (63 bytes) and a pulled
+ * up to 10 bytes with their tags (which bound all 13: mode, unlinked,
+ * flags, uid, gid and publish_members take 6 bytes at most, 107 in all
+ * with replaced_by's 2-byte tag), the location (63 bytes) and a pulled
  * segment's source (GSHM_SOURCE_MAX, 384), with tags and lengths, and the
  * StateBucket's tag and length around it. */
 #define RECORD_FIXED_MAX (12u * 11 + 2 + 66 + 387 + 8)
@@ -181,13 +183,15 @@ void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, uint64_t publis
   x->mode = seg->mode;
   x->flags = seg->flags;
   x->created_ns = seg->created_ns;
-  x->unlinked = seg->unlinked;
+  x->unlinked = seg->unlinked || seg->fs_replaced; /* (a replace's: before unlink_replaced) */
   if (seg->source)
     x->source = seg->source;
   if (seg->fs_publish > publish_done) {
     x->publish = seg->fs_publish;
     x->publish_members = seg->fs_publish_n;
   }
+  if (seg->fs_replaced > publish_done)
+    x->replaced_by = seg->fs_replaced;
 }
 
 /* A sealed memfd holding msg's encoding. */
@@ -556,7 +560,11 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
     if (fs->publishing)
       gshmd__publish_member(fs, seg);
     break;
+  case GSHMD_SEGMENT_REPLACED:
+    gshmd__publish_replaced(fs, seg);
+    break;
   case GSHMD_SEGMENT_FREED:
+    gshmd__publish_unhold(fs, seg); /* (a revoke, a shutdown: not held any more) */
     if (seg->fs_bucket)
       unplace(fs, seg);
     else if (seg->fs_slot)
@@ -569,6 +577,7 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
   }
   gshmd__publish_commit(fs); /* (a publish's end, or the store caught up) */
   r->fdstore_pending = pending(fs);
+  gshmd__publish_release(fs); /* (last: it frees segments, each an event) */
 }
 
 unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs) {
@@ -580,6 +589,7 @@ unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs) {
   resend(fs);
   reserve_ids(fs); /* an ids record owed: its limits were not raised */
   gshmd__publish_commit(fs);
+  gshmd__publish_release(fs);
   if (fs->reg->fdstore_pending && !pending(fs))
     gshm_log_notice("fd store: caught up after %" PRIu64 " failed send(s)", fs->failed_sends);
   fs->reg->fdstore_pending = pending(fs);

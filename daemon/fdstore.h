@@ -70,6 +70,13 @@ struct gshmd_fdstore {
   struct gshmd_segment **pub;
   uint32_t npub, pub_cap;
   bool pub_untagged;
+  /* Segments a publish replaced (GSHMD_SEGMENT_REPLACED), held until the
+   * mark passes the publish (seg->fs_replaced): their records say
+   * unlinked-by-that-publish and they are not freed before; from
+   * held_pub on, the publish under way's (fs_replaced set at its END). */
+  struct gshmd_segment **held;
+  uint32_t nheld, held_cap, held_pub;
+  bool releasing;          /* gshmd__publish_release is at work */
   bool publish_failed;     /* the mark's last write failed (logged once) */
   uint64_t publish_last, publish_done;
   unsigned cut;            /* restore: segments of publishes cut short */

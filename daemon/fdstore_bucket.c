@@ -342,19 +342,25 @@ static int adopt_members(struct gshmd_fdstore *fs, struct found *f, int nf,
     return -ENOMEM;
   for (int i = 0; i < nf; i++)
     for (size_t k = 0; f[i].use && k < f[i].use->n_segments; k++)
-      m[nm++] = (struct fdstore_member){f[i].use->segments[k], fd_of(&f[i], k), kept[i]};
+      m[nm++] = (struct fdstore_member){f[i].use->segments[k], fd_of(&f[i], k), kept[i], false};
   nm = gshmd__publish_filter(fs, m, nm);
   qsort(m, nm, sizeof(*m), cmp_member);
   for (size_t i = 0; i < nm; i++) {
     struct gshmd_segment *seg;
     struct fdstore_bucket *b = m[i].b;
+    Gshm__StateRecord linked, *rec = &linked;
+    linked = *m[i].rec;
+    if (m[i].relink) { /* (its replace was cut short: the name is its own) */
+      linked.unlinked = false;
+      linked.replaced_by = 0;
+    }
     if (i && m[i].rec->id == m[i - 1].rec->id) {
       gshm_log_err("fd store: segment id %" PRIu64 " is in two buckets; the second is dropped",
                    m[i].rec->id);
       fs->dropped++;
-    } else if (gshmd__fdstore_adopt(fs, m[i].rec, m[i].fd) == 0) {
+    } else if (gshmd__fdstore_adopt(fs, rec, m[i].fd) == 0) {
       seg = gshmd_registry_find_id(fs->reg, m[i].rec->id);
-      gshmd__publish_adopted(fs, m[i].rec, seg);
+      gshmd__publish_adopted(fs, rec, seg);
       if (b && b->n < FDSTORE_BUCKET_FDS) {
         seg->fs_bucket = b->index + 1;
         seg->fs_slot = b->n;

@@ -101,11 +101,15 @@ struct fdstore_member {
   const Gshm__StateRecord *rec;
   int *fd;
   struct fdstore_bucket *b;
+  bool relink;  /* replaced by a publish that was cut short: adopted linked */
 };
 void gshmd__publish_begin(struct gshmd_fdstore *fs);
 void gshmd__publish_member(struct gshmd_fdstore *fs, struct gshmd_segment *seg);
 void gshmd__publish_tag(struct gshmd_fdstore *fs);
 void gshmd__publish_commit(struct gshmd_fdstore *fs);
+void gshmd__publish_replaced(struct gshmd_fdstore *fs, struct gshmd_segment *seg);
+void gshmd__publish_unhold(struct gshmd_fdstore *fs, struct gshmd_segment *seg);
+void gshmd__publish_release(struct gshmd_fdstore *fs);
 size_t gshmd__publish_filter(struct gshmd_fdstore *fs, struct fdstore_member *m, size_t n);
 void gshmd__publish_adopted(struct gshmd_fdstore *fs, const Gshm__StateRecord *rec,
                             struct gshmd_segment *seg);

@@ -20,6 +20,17 @@
  * after the publish never takes the rest with it.  A journal's copy of a
  * bucket does not count: it carries no fds.
  *
+ * A --replace's unlink of the old segments is part of the publish: their
+ * records, written with the new ones, say unlinked by it
+ * (StateRecord.replaced_by), and restore adopts them linked, under their
+ * names, when that publish was cut short; and they are not freed (their
+ * records and memory must stay in the store) until the mark passes it.
+ * Writing the unlinks only after the mark instead would leave the old
+ * segments' records at the mercy of their buckets' other writes (every
+ * write stores the bucket's members as they are now), and a
+ * whole-but-unmarked publish could not then tell a name the new set
+ * unlinked since from one it never took.
+ *
  * Why a mark after the writes rather than an intent before them: any
  * number of publishes may wait while the store is behind (a failed
  * send), and one number covers them all; an intent would need a list of
@@ -78,6 +89,78 @@ void gshmd__publish_tag(struct gshmd_fdstore *fs) {
   if (p > fs->publish_last)
     fs->publish_last = p;
   fs->npub = 0;
+  if (!p) /* (nothing tagged: its replaced ones go as unlinks do) */
+    fs->nheld = fs->held_pub;
+  for (uint32_t i = fs->held_pub; i < fs->nheld; i++)
+    fs->held[i]->fs_replaced = p;
+  fs->held_pub = fs->nheld;
+}
+
+/* Appends seg to fs->held.  Returns false when out of memory. */
+static bool held_push(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+  if (fs->nheld == fs->held_cap) {
+    uint32_t cap = fs->held_cap ? 2 * fs->held_cap : 256;
+    struct gshmd_segment **n = realloc(fs->held, cap * sizeof(*n));
+    if (!n)
+      return false;
+    fs->held = n;
+    fs->held_cap = cap;
+  }
+  fs->held[fs->nheld++] = seg;
+  return true;
+}
+
+/* GSHMD_SEGMENT_REPLACED, between the publish's BEGIN and END: a stored
+ * seg is held for the publish (tagged at the END) and its bucket is
+ * written with the rest.  Not when the publish is untagged: the old
+ * segment is then unlinked after the END, as before sets were atomic. */
+void gshmd__publish_replaced(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+  if (!fs->publishing || fs->pub_untagged || seg->fs_replaced ||
+      (!seg->fs_bucket && !seg->fs_slot))
+    return;
+  if (!held_push(fs, seg)) {
+    gshm_log_err("fd store: out of memory; a crash before this publish is stored may lose "
+                 "segment '%s' id %" PRIu64 " it replaces",
+                 seg->name, seg->id);
+    return;
+  }
+  if (seg->fs_bucket)
+    fs->buckets[seg->fs_bucket - 1]->rewrite = true;
+}
+
+/* seg, freed while held (a revoke), or no longer to be held: out of the
+ * list.  Linear: rare. */
+void gshmd__publish_unhold(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+  if (!seg->fs_replaced)
+    return;
+  seg->fs_replaced = 0;
+  for (uint32_t i = 0; i < fs->nheld; i++)
+    if (fs->held[i] == seg) {
+      fs->held[i] = fs->held[--fs->nheld];
+      fs->held_pub = fs->nheld;
+      return;
+    }
+}
+
+/* The held segments whose publish the mark has passed are let go: the
+ * registry frees those unlinked and unleased (each a GSHMD_SEGMENT_FREED,
+ * which comes back through on_event: not again from there). */
+void gshmd__publish_release(struct gshmd_fdstore *fs) {
+  if (fs->releasing || fs->publishing)
+    return;
+  fs->releasing = true;
+  for (uint32_t i = 0; i < fs->nheld;) {
+    struct gshmd_segment *seg = fs->held[i];
+    if (seg->fs_replaced > fs->publish_done) {
+      i++;
+      continue;
+    }
+    fs->held[i] = fs->held[--fs->nheld];
+    fs->held_pub = fs->nheld;
+    seg->fs_replaced = 0;
+    gshmd_registry_release_replaced(fs->reg, seg);
+  }
+  fs->releasing = false;
 }
 
 /* Records every publish up to publish_last complete, once the store holds
@@ -126,14 +209,50 @@ static bool whole(const struct fdstore_member *m, size_t n) {
   return want && have == want;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Restore: the kept m[0..n) replaced by a publish above the mark that is
+ * not in kept_ids[0..nkept) (those whole, sorted; NULL when out of
+ * memory: none) lost
+ * their names to a set that did not come back: they are adopted linked
+ * (their buckets rewritten so).  The mark is due to pass every such
+ * publish. */
+static void relink(struct gshmd_fdstore *fs, struct fdstore_member *m, size_t n,
+                   const uint64_t *kept_ids, size_t nkept) {
+  unsigned back = 0;
+
+  for (size_t i = 0; i < n; i++) {
+    uint64_t p = m[i].rec->replaced_by;
+    if (p <= fs->publish_done)
+      continue;
+    if (p > fs->publish_last)
+      fs->publish_last = p;
+    if (kept_ids && bsearch(&p, kept_ids, nkept, sizeof(*kept_ids), cmp_u64))
+      continue;
+    m[i].relink = true;
+    if (m[i].b)
+      m[i].b->rewrite = true;
+    back++;
+  }
+  if (back)
+    gshm_log_notice("fd store: %u segment(s) replaced by a set whose publish a stop cut short "
+                    "keep their names",
+                    back);
+}
+
 /* Restore, before any adoption: the records of m[0..n) whose publish is
  * above the journal's mark and did not come back whole are taken out (their
  * buckets marked for a rewrite without them; their fds are closed with
  * the datagrams'), logged, counted in fs->cut; the mark is then due to
- * pass every publish seen, once the store holds the rewrites.  m is
+ * pass every publish seen, once the store holds the rewrites.  Those a
+ * cut publish replaced are marked to adopt linked (relink).  m is
  * reordered.  Returns how many remain, first in m. */
 size_t gshmd__publish_filter(struct gshmd_fdstore *fs, struct fdstore_member *m, size_t n) {
-  size_t kept = 0;
+  uint64_t *whole_ids = malloc((n ? n : 1) * sizeof(*whole_ids));
+  size_t kept = 0, nwhole = 0;
 
   qsort(m, n, sizeof(*m), cmp_publish);
   for (size_t i = 0, j; i < n; i = j) {
@@ -143,6 +262,8 @@ size_t gshmd__publish_filter(struct gshmd_fdstore *fs, struct fdstore_member *m,
     if (p > fs->publish_last)
       fs->publish_last = p;
     if (p <= fs->publish_done || whole(m + i, j - i)) {
+      if (p > fs->publish_done && whole_ids)
+        whole_ids[nwhole++] = p;
       memmove(m + kept, m + i, (j - i) * sizeof(*m));
       kept += j - i;
       continue;
@@ -156,6 +277,8 @@ size_t gshmd__publish_filter(struct gshmd_fdstore *fs, struct fdstore_member *m,
         m[k].b->rewrite = true;
     fs->cut += (unsigned)(j - i);
   }
+  relink(fs, m, kept, whole_ids, nwhole); /* (whole_ids: in order, as m was) */
+  free(whole_ids);
   return kept;
 }
 
@@ -167,5 +290,11 @@ void gshmd__publish_adopted(struct gshmd_fdstore *fs, const Gshm__StateRecord *r
   if (rec->publish > fs->publish_done) {
     seg->fs_publish = rec->publish;
     seg->fs_publish_n = rec->publish_members;
+  }
+  /* unlinked by a publish that came back whole but is not marked yet:
+   * held until the mark, as before the stop */
+  if (rec->replaced_by > fs->publish_done && held_push(fs, seg)) {
+    seg->fs_replaced = rec->replaced_by;
+    fs->held_pub = fs->nheld;
   }
 }

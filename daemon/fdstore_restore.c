@@ -272,6 +272,12 @@ void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
   free(fs->dirty);
   free(fs->removes);
   free(fs->retire);
+  for (uint32_t i = 0; i < fs->nheld; i++) /* (freed as any from now on; the store keeps
+                                              * their records, to restore by their rules) */
+    fs->held[i]->fs_replaced = 0;
+  free(fs->held);
+  fs->held = NULL;
+  fs->nheld = fs->held_cap = fs->held_pub = 0;
   free(fs->pub);
   fs->pub = NULL;
   fs->npub = fs->pub_cap = 0;

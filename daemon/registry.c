@@ -114,10 +114,10 @@ void gshmd__reg_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg
  * restart whose grace period is still on (a holder that has not
  * reconnected yet may re-take it).  A restored segment's pages are not
  * punched: such a holder may still map them, and gshmd cannot tell (the
- * kernel frees them with the last mapping and fd).  Returns whether seg
- * was freed. */
+ * kernel frees them with the last mapping and fd).  Nor while the fd
+ * store holds it (fs_replaced).  Returns whether seg was freed. */
 bool gshmd__reg_segment_release(struct gshmd_registry *r, struct gshmd_segment *seg) {
-  if (seg->restored && !r->restore_grace_over)
+  if (seg->fs_replaced || (seg->restored && !r->restore_grace_over)) /* (held: the fd store's) */
     return false;
   gshmd__reg_segment_free(r, seg, !seg->restored);
   return true;

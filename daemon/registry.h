@@ -44,6 +44,11 @@ struct gshmd_segment {
    * has recorded the publish complete (StateRecord.publish). */
   uint64_t fs_publish;
   uint32_t fs_publish_n;
+  /* fd store: the publish that took its name (--replace), until the store
+   * has recorded that publish complete: its record says so
+   * (StateRecord.replaced_by), and it is not freed before (a crash may
+   * yet undo the publish and give the name back).  0: none. */
+  uint64_t fs_replaced;
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
   void *cluster_export;      /* daemon/cluster/serve.c: its UCX registration, if served */
   /* Hidden (gshmd_registry_create_hidden) until published.  unlinked on
@@ -104,6 +109,11 @@ enum gshmd_segment_event {
    * the END, instead of once a segment. */
   GSHMD_PUBLISH_BEGIN = 6,
   GSHMD_PUBLISH_END = 7,
+  /* Between those: seg, live, loses its name to the publish (--replace)
+   * and is unlinked after the END.  The fd store may hold it (sets
+   * seg->fs_replaced at the END): its unlink is then already written, and
+   * it is not freed until gshmd_registry_release_replaced. */
+  GSHMD_SEGMENT_REPLACED = 8,
 };
 
 struct gshmd_registry {
@@ -215,13 +225,20 @@ int gshmd_registry_lease_hidden(struct gshmd_registry *r, struct gshmd_client *c
  * others.  A name a live segment holds is refused (-EEXIST) unless
  * replace, which needs c to own that segment or be an admin (-EACCES) and
  * unlinks it in the same step (its lease holders keep it until they let
- * go, and are told through on_replaced).  The fd store is told of the new segments (CREATED) before the
- * replaced ones go.  On error nothing changed and the segments stay
- * hidden.  Errors: -EEXIST, -EACCES, -EINVAL two of segs share a name,
- * -ENOMEM. */
+ * go, and are told through on_replaced).  The fd store is told of the
+ * new segments (CREATED) and the replaced ones (REPLACED) as one publish;
+ * a replaced one it holds (seg->fs_replaced) is kept, even unleased,
+ * until gshmd_registry_release_replaced.  On error nothing changed and
+ * the segments stay hidden.  Errors: -EEXIST, -EACCES, -EINVAL two of
+ * segs share a name, -ENOMEM. */
 int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
                            struct gshmd_segment *const *segs, size_t n, bool replace,
                            const char **msg_out);
+
+/* The fd store has recorded complete the publish that replaced seg and
+ * cleared seg->fs_replaced: seg, when unlinked and unleased, is freed now
+ * (a restored one at the end of the grace period, as an unlink's). */
+void gshmd_registry_release_replaced(struct gshmd_registry *r, struct gshmd_segment *seg);
 
 /* Opens by name, or re-takes a lease by id and generation, and adds a
  * lease.  A re-take whose lease_token token_check accepts gets the access

@@ -114,7 +114,9 @@ static int name_holders(struct gshmd_registry *r, struct gshmd_client *c,
 /* The last step of a publish: the segments old[0..n) (NULL: none) lost
  * their names to the new ones and are unlinked, as by an unlink.  Their
  * holders are told first, as an unlink's are: each one's lease cache must
- * stop serving the old segment under the name. */
+ * stop serving the old segment under the name.  One the fd store holds
+ * (fs_replaced: its publish is not yet recorded complete) has its unlink
+ * written already, and stays until gshmd_registry_release_replaced. */
 static void unlink_replaced(struct gshmd_registry *r, struct gshmd_segment **old, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (old[i] && old[i]->nleases && r->on_replaced)
@@ -123,13 +125,20 @@ static void unlink_replaced(struct gshmd_registry *r, struct gshmd_segment **old
     if (!old[i])
       continue;
     old[i]->unlinked = true; /* its name node is the new segment's now */
-    gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain)", old[i]->name,
-                  old[i]->id, old[i]->nleases);
+    gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain%s)", old[i]->name,
+                  old[i]->id, old[i]->nleases,
+                  old[i]->fs_replaced ? "; kept until the fd store has the new set" : "");
     /* as an unlink (restored ones kept through the grace period) */
-    if ((old[i]->nleases == 0 && gshmd__reg_segment_release(r, old[i])) || !r->on_event)
+    if (old[i]->fs_replaced || (old[i]->nleases == 0 && gshmd__reg_segment_release(r, old[i])) ||
+        !r->on_event)
       continue;
     r->on_event(r, old[i], GSHMD_SEGMENT_UNLINKED);
   }
+}
+
+void gshmd_registry_release_replaced(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  if (seg->unlinked && seg->nleases == 0 && !seg->hidden)
+    gshmd__reg_segment_release(r, seg);
 }
 
 int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
@@ -192,12 +201,15 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
                   seg->id, gshm__format_size(seg->mem->size, sz, sizeof(sz)), seg->mem->location,
                   seg->mode, (unsigned)seg->uid, old[i] ? " (replaces the old one)" : "");
   }
-  /* The fd store learns of the new segments before the old ones go, as
-   * one publish: all or nothing across a crash (fdstore_publish.c). */
+  /* The fd store learns of the new segments and of the old ones' unlink
+   * as one publish: all or nothing across a crash (fdstore_publish.c). */
   if (r->on_event) {
     r->on_event(r, NULL, GSHMD_PUBLISH_BEGIN);
     for (size_t i = 0; i < n; i++)
       r->on_event(r, segs[i], GSHMD_SEGMENT_CREATED);
+    for (size_t i = 0; i < n; i++)
+      if (old[i])
+        r->on_event(r, old[i], GSHMD_SEGMENT_REPLACED);
     r->on_event(r, NULL, GSHMD_PUBLISH_END);
   }
   unlink_replaced(r, old, n);

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -412,11 +413,160 @@ static void test_replace_crash_mid_publish(void **state) {
   gshm_disconnect(a);
 }
 
+/* Every fd-passing send of B fails (ETOOMANYREFS, as when gshmd's user
+ * has more fds in flight than gshmd's RLIMIT_NOFILE, and gshmd has no
+ * CAP_SYS_RESOURCE): B's limit is set with room for `room` more fds, and
+ * this process puts more fds than that in flight (one fd, 253 times a
+ * datagram, queued on a socketpair it keeps: sv).  Undone by
+ * sends_succeed. */
+static void sends_fail(int room, int sv[2], struct rlimit *orig) {
+  struct rlimit tight;
+  long lim = harness_lowest_free_fd(B.h.sp.pid, room);
+  int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC), fds[MAXFD];
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int) * MAXFD)];
+  } ctl;
+
+  assert_true(lim > 0 && devnull >= 0);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  for (int i = 0; i < MAXFD; i++)
+    fds[i] = devnull;
+  for (long sent = 0; sent <= lim; sent += MAXFD) { /* (few: other tests' sends count them too) */
+    char byte = 0;
+    struct iovec iov = {&byte, 1};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                        .msg_controllen = CMSG_SPACE(sizeof(fds))};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(fds));
+    memcpy(CMSG_DATA(c), fds, sizeof(fds));
+    assert_int_equal(sendmsg(sv[0], &mh, MSG_DONTWAIT), 1);
+  }
+  close(devnull);
+  assert_int_equal(prlimit(B.h.sp.pid, RLIMIT_NOFILE, NULL, orig), 0);
+  tight.rlim_cur = (rlim_t)lim;
+  tight.rlim_max = orig->rlim_max;
+  assert_int_equal(prlimit(B.h.sp.pid, RLIMIT_NOFILE, &tight, NULL), 0);
+}
+
+static void sends_succeed(int sv[2], const struct rlimit *orig) {
+  if (B.h.sp.pid)
+    assert_int_equal(prlimit(B.h.sp.pid, RLIMIT_NOFILE, orig, NULL), 0);
+  close(sv[0]); /* (the queued fds go with it) */
+  close(sv[1]);
+}
+
+/* Segments B lists (unlinked ones too). */
+static uint64_t b_segments(gshm_client_t *b) {
+  gshm_segment_info_t *v = NULL;
+  size_t n = 0;
+  assert_int_equal(gshm_list(b, &v, &n), 0);
+  gshm_free(v);
+  return n;
+}
+
+/* The old set of a --replace, half of it held by a reader, while no send
+ * of B's fd store can go through: B's store is behind for the new set,
+ * and the old set stays whole in memory although the reader let go.
+ * Returns the connection b. */
+static gshm_client_t *replace_while_behind(gshm_client_t *a, unsigned long long old_seed,
+                                           int sv[2], struct rlimit *orig) {
+  static gshm_segment_t *held[NSET];
+  gshm_client_t *b, *reader;
+  char name[64];
+
+  fresh_b();
+  make_source(a, old_seed);
+  b = connect_to(&B);
+  pull(b, false);
+  make_source(a, old_seed + 1000);
+  reader = connect_to(&B);
+  for (int i = 0; i < NSET; i += 2) {
+    snprintf(name, sizeof(name), "set/%02d", i);
+    assert_int_equal(gshm_open(reader, name, GSHM_ACCESS_READ, &held[i]), 0);
+  }
+  gshm__spawn_poll(&B.h.sp, 0);
+  assert_int_equal(gshm__spawn_store_memory_fds(&B.h.sp), NSET);
+  sends_fail(2 * NSET + 256, sv, orig); /* (the new set's memfds, the pull's sockets) */
+  pull(b, true);
+  { /* the new set has the names (an open's reply fd would be refused now) */
+    gshm_segment_info_t info;
+    assert_int_equal(gshm_stat_name(b, "set/07", &info), 0);
+    assert_true(info.id > NSET);
+  }
+  /* a holder lets go meanwhile: the old segment stays (the store has not
+   * recorded the new set, and a crash gives the name back to it) */
+  for (int i = 0; i < NSET; i += 2)
+    gshm_close(held[i]);
+  gshm_disconnect(reader);
+  assert_int_equal(b_segments(b), 2 * NSET);
+  /* nothing reached the store: its datagrams still hold the old set only */
+  gshm__spawn_poll(&B.h.sp, 0);
+  assert_int_equal(gshm__spawn_store_memory_fds(&B.h.sp), NSET);
+  return b;
+}
+
+/* B restarted (SIGKILL) holds exactly one set under set/: seed's. */
+static void restart_b_holds_set(unsigned long long seed) {
+  gshm_client_t *b;
+  restart_b();
+  b = connect_to(&B);
+  set_check(b, "set/", NSET, set_size, seed);
+  assert_int_equal(count_named(b, "set/"), NSET);
+  assert_b_holds(b, NSET, set_bytes());
+  gshm_disconnect(b);
+}
+
+/* --replace while B's store is behind (the new set's bucket sends fail),
+ * then B killed before any resend: after the restart the old set is back
+ * whole under its names with its bytes, as if the replace had never
+ * happened, and none of the new set; twice.  Failed before a replace's
+ * unlinks waited for its publish: the old set's records went out unlinked
+ * (or freed) at once, so it came back unlinked or not at all, as did the
+ * new one. */
+static void test_replace_behind_then_crash(void **state) {
+  gshm_client_t *a = connect_to(&A), *b;
+  struct rlimit orig;
+  int sv[2];
+  (void)state;
+
+  b = replace_while_behind(a, 5000, sv, &orig);
+  gshm_disconnect(b);
+  assert_int_equal(gshm__spawn_stop(&B.h.sp, SIGKILL) >= 0, 1);
+  sends_succeed(sv, &orig);
+  restart_b_holds_set(5000);
+  restart_b_holds_set(5000); /* (after the store caught up with the restore) */
+  gshm_disconnect(a);
+}
+
+/* The same, but the store catches up before the crash: the new set's
+ * publish is recorded complete, the old set is freed then (not before),
+ * and a restart brings back the new set only. */
+static void test_replace_behind_then_caught_up(void **state) {
+  gshm_client_t *a = connect_to(&A), *b;
+  struct rlimit orig;
+  int sv[2];
+  (void)state;
+
+  b = replace_while_behind(a, 8000, sv, &orig);
+  sends_succeed(sv, &orig);
+  for (int i = 0; i < 100 && b_segments(b) != NSET; i++) /* (the resend: 1 s timer) */
+    gshm__spawn_poll(&B.h.sp, 100);
+  assert_int_equal(b_segments(b), NSET);
+  gshm_disconnect(b);
+  restart_b_holds_set(9000);
+  gshm_disconnect(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_crash_mid_publish),
       cmocka_unit_test(test_set_kept_and_unlinked_member),
       cmocka_unit_test(test_replace_crash_mid_publish),
+      cmocka_unit_test(test_replace_behind_then_crash),
+      cmocka_unit_test(test_replace_behind_then_caught_up),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }

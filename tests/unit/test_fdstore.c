@@ -511,9 +511,64 @@ static void test_publish_replace_cut_short_keeps_the_old(void **state) {
   assert_null(gshmd_registry_find_id(&f->reg, 9));
 }
 
+static Gshm__StateRecord replaced(uint64_t id, const char *name, uint64_t by) {
+  Gshm__StateRecord r = record(id, name, 0600, true);
+  r.replaced_by = by;
+  return r;
+}
+
+/* A --replace whose publish was cut short after the old segment's unlink
+ * was written (its record: unlinked by publish 10): the old one gets its
+ * name back, linked, untagged; the new one is dropped.  Before a
+ * replace's unlink was part of its publish, the old one came back
+ * unlinked (or, freed, not at all). */
+static void test_replace_cut_short_relinks_the_old(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {replaced(1, "s/a", 10), member(9, "s/a", 10, 2)};
+  struct gshmd_segment *seg;
+
+  restore_bucket(f, r, 2, 0);
+  assert_int_equal(f->fs.restored, 1);
+  assert_non_null(seg = gshmd_registry_find_name(&f->reg, "s/a"));
+  assert_true(seg->id == 1 && !seg->unlinked && seg->fs_replaced == 0);
+  assert_null(gshmd_registry_find_id(&f->reg, 9));
+  assert_true(f->fs.publish_last == 10); /* the mark passes it once rewritten */
+}
+
+/* The replacing publish came back whole but unmarked: the new one has the
+ * name; the old one stays unlinked and held until the mark passes (not
+ * freed before: the store may yet need it). */
+static void test_replace_whole_keeps_the_old_held(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[3] = {replaced(1, "s/a", 10), member(9, "s/a", 10, 2),
+                            member(10, "s/b", 10, 2)};
+  struct gshmd_segment *old;
+
+  restore_bucket(f, r, 3, 0);
+  assert_int_equal(f->fs.restored, 3);
+  assert_true(gshmd_registry_find_name(&f->reg, "s/a")->id == 9);
+  assert_non_null(old = gshmd_registry_find_id(&f->reg, 1));
+  assert_true(old->unlinked && old->fs_replaced == 10);
+}
+
+/* At or below the mark a replace's unlink counts as any unlink. */
+static void test_replace_below_the_mark_is_an_unlink(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[1] = {replaced(1, "s/a", 10)};
+  struct gshmd_segment *old;
+
+  restore_bucket(f, r, 1, 10);
+  assert_null(gshmd_registry_find_name(&f->reg, "s/a"));
+  assert_non_null(old = gshmd_registry_find_id(&f->reg, 1));
+  assert_true(old->unlinked && old->fs_replaced == 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_stale_journal_record_loses, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_replace_cut_short_relinks_the_old, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_replace_whole_keeps_the_old_held, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_replace_below_the_mark_is_an_unlink, setup, teardown),
       cmocka_unit_test_setup_teardown(test_newer_journal_record_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_freed_and_memoryless, setup, teardown),
       cmocka_unit_test_setup_teardown(test_newest_holder_keeps_the_name, setup, teardown),
