@@ -130,7 +130,9 @@ struct gshmd_backend_ops {
   int (*copy_host)(struct gshmd_backend *b, struct gshmd_alloc *a, uint64_t offset, void *host,
                    uint64_t len, bool to_device);
   /* Optional (cuda): size bytes of page-locked host memory, and its
-   * release (the same size).  Errors: -ENOMEM, -EIO. */
+   * release (the same size); called on libuv's pool threads (the
+   * cluster's staging buffers, two at a time), never on the loop.
+   * Errors: -ENOMEM, -EIO. */
   int (*host_alloc)(struct gshmd_backend *b, uint64_t size, void **ptr_out);
   void (*host_free)(struct gshmd_backend *b, void *ptr, uint64_t size);
   /* Releases the allocation; accepts NULL. */

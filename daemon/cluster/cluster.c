@@ -37,6 +37,7 @@ static void on_message(struct link *l, Gshm__Cluster__Msg *m) {
 
 static void on_lost(struct link *l, int err, const char *why) {
   gshmd__link_data_lost(l);
+  gshmd__serve_link_lost(cluster_of(l->ll), l);
   gshmd__pull_link_lost(cluster_of(l->ll), l, err, why);
 }
 
@@ -397,10 +398,10 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   if ((e = gshmd__lanes_init(&cl->ll)) || (e = gshmd__link_start(&cl->ll)) ||
       (e = gshmd__link_data_start(&cl->ll)))
     goto fail;
-  cl->stage = (struct stage_pool){.loop = loop, .ctx = cl->ll.ctx,
-                                  .staging_bytes = cfg->cluster_staging_bytes};
-  if (reg->cuda && reg->cuda->ops->host_alloc && reg->cuda->ops->host_free)
-    cl->stage.pin = reg->cuda;
+  gshmd_stage_pool_init(&cl->stage, loop, cl->ll.ctx, cfg->cluster_staging_bytes,
+                        reg->cuda && reg->cuda->ops->host_alloc && reg->cuda->ops->host_free
+                            ? reg->cuda
+                            : NULL);
   reg->on_free = gshmd__serve_segment_free;
   reg->on_free_arg = cl;
   gshm_log_info("cluster: node '%s': %u peer(s), %u export rule(s)", cl->ll.node_name,

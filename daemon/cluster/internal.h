@@ -161,6 +161,9 @@ int gshmd__serve_link_up(struct gshmd_cluster *cl, struct link *l);
 bool gshmd__serve_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__Cluster__Msg *m);
 /* A failed link has nothing in flight: its grants and leases end. */
 void gshmd__serve_link_idle(struct gshmd_cluster *cl, struct link *l);
+/* l failed: the staging buffers its grants wait for are not made if
+ * not started yet (the grants end once l is idle). */
+void gshmd__serve_link_lost(struct gshmd_cluster *cl, struct link *l);
 /* Registry hook: a segment's memory is about to be freed. */
 void gshmd__serve_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg);
 /* Drops every registration (cluster stop). */

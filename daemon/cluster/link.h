@@ -151,6 +151,8 @@ struct link {
   uint32_t next_request;
   unsigned busy;             /* inbound: staging copies and data sends running; the
                                 link's serving state waits for them */
+  unsigned stage_waits;      /* inbound: of them, staged grants waiting for their buffer
+                                (serve.c: not reads, for the read caps) */
   uint64_t bytes_busy;       /* inbound: bytes of the Reads and Stages among them */
   bool stream_closed;        /* the stream is closed: freed when busy is 0 */
   /* UCX for the bytes (data.c), decided after the hello (hello.c) */

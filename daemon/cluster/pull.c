@@ -58,13 +58,13 @@ void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...) {
       struct pull *p = s->items[i];
       if (p->req_pending && gshmd__link_req_cancel(&p->req))
         p->req_pending = false;
+      if (p->lsb_job) /* (not made if not started yet) */
+        gshmd_stage_job_cancel(p->lsb_job);
     }
   }
   gshmd__link_kick(&s->cl->ll);
 }
 
-/* A failure of one segment fails its set. */
-#define pull_fail(p, err, ...) gshmd__pull_set_fail((p)->s, err, __VA_ARGS__)
 
 void gshmd__pull_send_progress(struct pull_set *s) {
   Gshm__Reply reply = GSHM__REPLY__INIT;
@@ -266,8 +266,8 @@ void gshmd__pull_set_issue(struct pull_set *s) {
     if (s->inflight >= s->cl->cfg->cluster_pull_depth ||
         s->peer->reads_inflight >= PEER_READ_BUDGET)
       break; /* (the bytes' budget is checked per chunk) */
-    if (p->granted && !p->closed && !p->finished && p->total)
-      issue_chunks(p);
+    if (p->granted && !p->closed && !p->finished && p->total && !p->lsb_job)
+      issue_chunks(p); /* (into local slots: once they are made) */
   }
   gshmd__link_kick(&s->cl->ll);
 }
@@ -466,105 +466,6 @@ const char *gshmd__pull_segment_bad(const struct gshmd_cluster *cl,
   return NULL;
 }
 
-/* Decides where the bytes go on each side and says why (the pull's
- * path and path_reason).  Returns 0 or a negative errno (the pull failed). */
-static int choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
-  struct gshm_location loc;
-  char via[96];
-  bool remote_device = strcmp(g->segment->location, "host") != 0;
-
-  local_location(p, remote_device);
-  if (gshm__location_parse(p->location, &loc)) {
-    pull_fail(p, -EINVAL, "bad location '%s'", p->location);
-    return -EINVAL;
-  }
-  p->remote_staged = g->path == GSHM__CLUSTER__PATH__PATH_STAGED;
-  /* the streams write host memory: a device segment fills from slots */
-  p->local_staged = loc.kind != GSHM_LOCATION_HOST;
-  if (p->local_staged && !p->s->cl->reg->cuda) {
-    pull_fail(p, -ENOTSUP, "this node has no CUDA backend for location '%s'", p->location);
-    return -ENOTSUP;
-  }
-  if (p->link->ucx)
-    snprintf(via, sizeof(via), "UCX (transports %.60s)", p->s->cl->ll.ucx_tls);
-  else if (p->link->nlanes)
-    snprintf(via, sizeof(via), "gshm's TCP stream and %u data lanes, %s", p->link->nlanes,
-             gshmd__stream_mode_name(p->link->st.mode_rx));
-  else
-    snprintf(via, sizeof(via), "gshm's TCP stream, %s",
-             gshmd__stream_mode_name(p->link->st.mode_rx));
-  snprintf(p->path_reason, sizeof(p->path_reason), "%.72s; over %.80s",
-           p->remote_staged && p->local_staged
-               ? "staged through pinned host slots on both nodes"
-           : p->remote_staged ? (remote_device ? "device segment staged through pinned host "
-                                                 "slots on the peer"
-                                               : "staged through pinned host slots on the peer "
-                                                 "(cluster.staging = always)")
-           : p->local_staged ? "into device memory through pinned host slots here"
-                             : "host segment, sent from the peer's mapping",
-           via);
-  if (p->remote_staged || p->local_staged)
-    p->path = GSHM__CLUSTER__PATH__PATH_STAGED;
-  return 0;
-}
-
-/* The chunk size and the staging slots of both sides.  Returns 0 or a
- * negative errno (the pull failed). */
-static int setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
-  int e;
-
-  p->chunk_size = p->s->cl->cfg->cluster_pull_chunk;
-  if (p->remote_staged) {
-    if (!gshmd_stage_grant_ok(g->slots, g->slot_size, g->length)) {
-      pull_fail(p, -EPROTO, "peer '%s' granted malformed staging slots", p->s->peer->name);
-      return -EPROTO;
-    }
-    p->nslots = g->slots;
-    if (g->slot_size < p->chunk_size)
-      p->chunk_size = g->slot_size;
-  } else if (g->length < g->segment->size) {
-    pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->s->peer->name,
-              g->length, g->segment->size);
-    return -EPROTO;
-  } else if (p->link && p->link->nlanes > 1 && p->s->n == 1) {
-    /* A chunk moves on one lane at one connection's speed: a pull of one
-     * segment of fewer than two chunks a lane goes in smaller ones, so
-     * that every lane carries some (8 MiB over 8 lanes: 0.47x eight plain
-     * connections in 4 MiB chunks, 0.96x in 1 MiB ones on the lent
-     * 16-core machine; docs/PERFORMANCE.md "Lane threads tag as they
-     * copy").  Not below PULL_CHUNK_MIN: each chunk is a request.  A set
-     * keeps its lanes busy with other segments: there smaller chunks only
-     * cost requests (a 398-tensor model 0.185 -> 0.388 s when they were
-     * split too). */
-    uint64_t per = (g->length + 2ull * p->link->nlanes - 1) / (2ull * p->link->nlanes);
-    per = (per + PULL_CHUNK_ALIGN - 1) & ~(uint64_t)(PULL_CHUNK_ALIGN - 1);
-    if (per < PULL_CHUNK_MIN)
-      per = PULL_CHUNK_MIN;
-    if (per < p->chunk_size)
-      p->chunk_size = per;
-  }
-  if (p->local_staged) {
-    if ((e = gshmd_stage_buf_new(&p->s->cl->stage, p->chunk_size, g->segment->size, p->link->ucx,
-                                 &p->lsb))) {
-      pull_fail(p, e, "cannot set up the local staging buffer");
-      return e;
-    }
-    if (!p->nslots || p->lsb->slots < p->nslots)
-      p->nslots = p->lsb->slots;
-    if (!p->pinned) /* (not counted before its grant: a single pull's location followed the peer's) */
-      gshmd__pull_pin(p, p->lsb->len);
-  }
-  if (p->nslots) {
-    if (!(p->free_slots = calloc(p->nslots, sizeof(*p->free_slots)))) {
-      pull_fail(p, -ENOMEM, "out of memory");
-      return -ENOMEM;
-    }
-    for (uint32_t i = 0; i < p->nslots; i++)
-      p->free_slots[p->nfree++] = p->nslots - 1 - i;
-  }
-  return 0;
-}
-
 /* The peer answered the grant request: set up and start reading. */
 void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
                        const Gshm__Cluster__Msg *m) {
@@ -615,7 +516,7 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
               "taken by another segment meanwhile)", p->remote_name, s->peer->name);
     return;
   }
-  if (choose_path(p, g) || setup_slots(p, g))
+  if (gshmd__pull_choose_path(p, g) || gshmd__pull_setup_slots(p, g))
     return;
   p->total = g->segment->size;
   s->total += p->total - p->listed; /* the grant's size, not the listing's */

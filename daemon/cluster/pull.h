@@ -70,6 +70,7 @@ struct pull {
   uint32_t nslots, nfree;
   uint32_t *free_slots;
   struct stage_buf *lsb;         /* local slots (local_staged) */
+  struct stage_job *lsb_job;     /* ... being made: no chunk goes meanwhile, nor does p close */
   struct gshmd_segment *seg;     /* the new segment, hidden until the set is published */
   struct gshmd_alloc *mem;       /* its memory */
   void *dst;                     /* where gets land without staging */
@@ -134,6 +135,8 @@ struct pull_set {
 /* The set fails (first error wins): what is not sent yet is withdrawn. */
 void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* A failure of one segment fails its set. */
+#define pull_fail(p, err, ...) gshmd__pull_set_fail((p)->s, err, __VA_ARGS__)
 /* Chunks for the open segments, oldest first, while the budget lasts. */
 void gshmd__pull_set_issue(struct pull_set *s);
 /* A progress reply at most every 200 ms: the first with the first chunk
@@ -172,6 +175,18 @@ bool gshmd__pull_lands_on_device(struct pull *p, bool remote_device);
 static inline bool gshmd__pull_location_device(const char *loc) {
   return loc && strcmp(loc, "host") != 0;
 }
+/* ---- pull_slots.c ---- */
+
+/* Decides where p's bytes go on each side (granted g) and says why
+ * (p->path, p->path_reason).  Returns 0 or a negative errno (the pull
+ * failed). */
+int gshmd__pull_choose_path(struct pull *p, const Gshm__Cluster__Grant *g);
+/* p's chunk size and staging slots: the peer's (checked), and into a
+ * GPU its own (counted in cl->pull_pinned), taken from the kept ones or
+ * made on libuv's pool (p->lsb_job until then: its chunks wait).
+ * Returns 0 or a negative errno (the pull failed). */
+int gshmd__pull_setup_slots(struct pull *p, const Gshm__Cluster__Grant *g);
+
 /* ---- prefault.c ---- */
 
 /* p's landing mapping (host memory, mapped: p->dst, p->mem) is faulted

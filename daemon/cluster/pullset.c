@@ -584,7 +584,7 @@ static bool set_reap(struct pull_set *s) {
   for (size_t i = s->first_open; i < s->next_start; i++) {
     struct pull *p = s->items[i];
     if (!p->closed && (p->finished || s->err) && p->inflight == 0 && !p->req_pending &&
-        !p->pf_jobs)
+        !p->pf_jobs && !p->lsb_job)
       gshmd__pull_item_close(p);
     if (p->closed && i == s->first_open)
       s->first_open++;

@@ -21,51 +21,30 @@
 #include "log.h"
 #include "registry.h"
 #include "relay.h"
+#include "serve.h"
 
 /* Per link: the pinned memory its staged grants hold, in staging_bytes
- * (each holds slots for its segment, gshmd_stage_buf_new: a large one
- * all of staging_bytes, a small tensor a slot or two) */
+ * (each holds slots for its segment, gshmd_stage_buf_get: a large one
+ * all of staging_bytes, a small tensor a slot or two), those whose
+ * buffer is still being made included */
 #define STAGED_LINK_FULL 4
 #define MAX_GRANTS 64       /* per link: grants live at once */
 #define MAX_ANSWERS_QUEUED (1u << 20) /* per link: answers not yet written (bytes, stream.h) */
 #define BUSY_MESSAGE "too many pulls from this node at once; try again"
-
-/* A served segment's mapping, made at its first grant, and its UCX
- * registration, made at its first grant whose bytes go over UCX (a
- * grant whose bytes go on gshm's TCP stream registers nothing); shared
- * by the grants that overlap.  The registration goes with the last of
- * them: UCX never holds a segment that no grant covers.  A host
- * segment's mapping that UCX never registered stays (cl->serve_idle, up
- * to SERVE_IDLE_MAX bytes and SERVE_IDLE_MAX_COUNT mappings, oldest
- * dropped first) until the segment is freed, so that the next
- * grant of a segment served again and again (every node of a fleet
- * pulling one model) finds its pages mapped: on the lent machines a
- * fresh mapping's read faults cost the source about 0.1 CPU s per GB. */
-struct export_reg {
-  void *addr;       /* mmap of the host segment (read-only); device: the backend's mapping */
-  bool device;
-  size_t len;
-  ucp_mem_h memh;   /* NULL: not registered with UCX */
-  unsigned grants;  /* live grants of the segment: the registration ends with the last */
-  struct gshmd_segment *seg;
-  struct gshm_list idle_node; /* on cl->serve_idle while grants == 0 */
-  bool idle;
-};
-
-/* Idle serving mappings kept: their page tables (2 MiB per GiB served)
- * are what they cost in bytes, and each is a VMA of gshmd's
- * vm.max_map_count (65530 by default), which a peer pulling many small
- * segments once each would otherwise use up. */
-#define SERVE_IDLE_MAX (64ull << 30)
-#define SERVE_IDLE_MAX_COUNT 4096
 
 /* One grant being served: its data sends (and copies) in flight, and for
  * a staged grant its slots. */
 struct serve_grant {
   uint64_t grant_id;
   struct gshmd_segment *seg; /* host segment: holds seg->cluster_export */
-  struct stage_buf *sb;  /* NULL: not staged */
-  unsigned busy;         /* sends and copies of its bytes running */
+  struct link *l;
+  Gshm__Cluster__Path path;
+  uint64_t length;       /* host or direct: the bytes granted */
+  uint64_t staged_len;   /* staged: the bytes of its slots (0: not staged) */
+  struct stage_buf *sb;  /* staged: its slots, once made */
+  struct stage_job *job; /* staged: its slots being made (the grant's answer waits) */
+  uint32_t rid;          /* ... for grant request rid */
+  unsigned busy;         /* sends and copies of its bytes running, and the making of its slots */
   bool released;         /* Release came while busy: ends when they do */
   struct gshm_list node; /* link->grants */
 };
@@ -103,149 +82,6 @@ void gshmd__serve_segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster
   s->source = seg->source ? seg->source : (char *)"";
 }
 
-/* ---- registrations ---------------------------------------------------- */
-
-/* Drops x (NULL: nothing): its registration, if any, and its mapping. */
-/* Takes x off cl->serve_idle (a grant uses it again, or it goes). */
-static void export_reg_unidle(struct gshmd_cluster *cl, struct export_reg *x) {
-  if (!x->idle)
-    return;
-  gshm_list_del(&x->idle_node);
-  cl->serve_idle_bytes -= x->len;
-  cl->serve_idle_count--;
-  x->idle = false;
-}
-
-static void export_reg_free(struct gshmd_cluster *cl, struct export_reg *x) {
-  if (!x)
-    return;
-  export_reg_unidle(cl, x);
-  if (x->memh) {
-    ucp_mem_unmap(cl->ll.ctx, x->memh);
-    cl->registered--;
-  }
-  if (x->addr && !x->device)
-    munmap(x->addr, x->len);
-  free(x);
-}
-
-/* seg's last grant ended (or its first failed): the UCX registration
- * goes; a host segment's mapping is kept on cl->serve_idle, the oldest
- * idle ones dropped beyond SERVE_IDLE_MAX. */
-static void export_reg_idle(struct gshmd_cluster *cl, struct gshmd_segment *seg) {
-  struct export_reg *x = seg->cluster_export;
-
-  if (!x || x->grants)
-    return;
-  /* a mapping UCX registered stays out: its registration cache may keep
-   * the registration (and a peer's rkey) for as long as it is mapped */
-  if (x->device || !x->addr || x->len > SERVE_IDLE_MAX || x->memh) {
-    export_reg_free(cl, x);
-    seg->cluster_export = NULL;
-    return;
-  }
-  if (!x->idle) {
-    x->idle = true;
-    gshm_list_add_tail(&cl->serve_idle, &x->idle_node);
-    cl->serve_idle_bytes += x->len;
-    cl->serve_idle_count++;
-  }
-  while (cl->serve_idle_bytes > SERVE_IDLE_MAX || cl->serve_idle_count > SERVE_IDLE_MAX_COUNT) {
-    struct export_reg *old = gshm_list_entry(cl->serve_idle.next, struct export_reg, idle_node);
-    old->seg->cluster_export = NULL;
-    export_reg_free(cl, old);
-  }
-}
-
-void gshmd__serve_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg) {
-  struct gshmd_cluster *cl = r->on_free_arg;
-  if (seg->cluster_export) {
-    gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unmapped", seg->name, seg->id);
-    export_reg_free(cl, seg->cluster_export);
-    seg->cluster_export = NULL;
-  }
-}
-
-void gshmd__serve_stop(struct gshmd_cluster *cl) {
-  struct gshm_list *pos;
-
-  gshm_list_foreach(pos, &cl->reg->segments) {
-    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
-    export_reg_free(cl, seg->cluster_export);
-    seg->cluster_export = NULL;
-  }
-  if (cl->reg->on_free == gshmd__serve_segment_free) {
-    cl->reg->on_free = NULL;
-    cl->reg->on_free_arg = NULL;
-  }
-}
-
-/* Registers x (seg's mapping) with UCX, once. */
-static int export_register(struct gshmd_cluster *cl, struct gshmd_segment *seg,
-                           struct export_reg *x) {
-  ucp_mem_map_params_t mp = {0};
-
-  if (x->memh)
-    return 0;
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  if (x->device) { /* the direct path: UCX registers device memory (GPUDirect RDMA) */
-    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-    mp.memory_type = UCS_MEMORY_TYPE_CUDA;
-  }
-  mp.address = x->addr;
-  mp.length = x->len;
-  if (ucp_mem_map(cl->ll.ctx, &mp, &x->memh) != UCS_OK) {
-    x->memh = NULL;
-    gshm_log_err("cluster: cannot register segment '%s' with UCX", seg->name);
-    return -EIO;
-  }
-  gshm_log_debug("cluster: segment '%s' id %" PRIu64 " registered (%zu bytes)", seg->name,
-                 seg->id, x->len);
-  cl->registrations++;
-  cl->registered++;
-  return 0;
-}
-
-/* seg's mapping for peers' reads, made once per segment; registered with
- * UCX too when ucx (the grant's bytes go over UCX).  Errors: -ENOMEM,
- * -ENOTSUP, -EIO, the backend's. */
-static int export_reg_get(struct gshmd_cluster *cl, struct gshmd_segment *seg, bool ucx,
-                          struct export_reg **out) {
-  struct gshmd_alloc *mem = seg->mem;
-  struct export_reg *x = seg->cluster_export;
-  int fd, e;
-
-  if (x) /* served before: its mapping was kept */
-    export_reg_unidle(cl, x);
-  if (!x) {
-    if (!(x = calloc(1, sizeof(*x))))
-      return -ENOMEM;
-    x->seg = seg;
-    x->len = mem->size;
-    x->device = mem->device_index >= 0;
-    if (x->device)
-      e = mem->backend->ops->local_ptr ? mem->backend->ops->local_ptr(mem->backend, mem, &x->addr)
-                                       : -ENOTSUP;
-    else if (!(e = mem->backend->ops->export_fd(mem->backend, mem, false, &fd)) &&
-             (x->addr = mmap(NULL, x->len, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) {
-      e = -errno;
-      x->addr = NULL;
-      gshm_log_err("cluster: mmap of segment '%s': %m", seg->name);
-    } else if (!x->device) {
-      gshmd_host_map_advise(x->addr, x->len, cl->cfg->host_huge_pages);
-    }
-    if (e) {
-      export_reg_free(cl, x);
-      return e;
-    }
-    seg->cluster_export = x;
-  }
-  if (ucx && (e = export_register(cl, seg, x)))
-    return e; /* (the mapping stays for the grants it has, or idles: export_reg_idle) */
-  *out = x;
-  return 0;
-}
-
 /* ---- grant records ---------------------------------------------------- */
 
 /* l's grants, and the bytes of the staging buffers they hold in *staged. */
@@ -255,34 +91,38 @@ static unsigned grants_of(struct link *l, uint64_t *staged) {
   *staged = 0;
   gshm_list_foreach(pos, &l->grants) {
     const struct serve_grant *g = gshm_list_entry(pos, struct serve_grant, node);
-    *staged += g->sb ? g->sb->len : 0;
+    *staged += g->staged_len;
     n++;
   }
   return n;
 }
 
+static void on_grant_slots(void *arg, int err, struct stage_buf *sb);
+
 /* The record of a grant on link l (made at grant time, freed at release
- * or when the link ends); staged: with its slots.  Errors: -EBUSY the
- * link's staged grants hold STAGED_LINK_FULL staging_bytes already (with
- * this one's), -ENOMEM, as gshmd_stage_buf_new. */
+ * or when the link ends); staged: with its slots, taken from the kept
+ * ones, or being made (g->job: counted in l's staged bytes meanwhile).
+ * Errors: -EBUSY the link's staged grants hold STAGED_LINK_FULL
+ * staging_bytes already (with this one's), -ENOMEM, as
+ * gshmd_stage_buf_get. */
 static int grant_new(struct gshmd_cluster *cl, struct link *l, struct gshmd_segment *seg,
                      uint64_t grant_id, bool staged, struct serve_grant **g_out) {
+  uint64_t held, len = gshmd_stage_buf_len(&cl->stage, cl->cfg->cluster_pull_chunk,
+                                           seg->requested_size);
   struct serve_grant *g;
-  uint64_t held;
   int e;
 
-  if (staged) {
-    grants_of(l, &held);
-    /* (one always goes: a slot may be larger than staging_bytes) */
-    if (held && held + gshmd_stage_buf_len(&cl->stage, cl->cfg->cluster_pull_chunk,
-                                           seg->requested_size) >
-                    STAGED_LINK_FULL * cl->stage.staging_bytes)
-      return -EBUSY;
-  }
+  grants_of(l, &held);
+  /* (one always goes: a slot may be larger than staging_bytes) */
+  if (staged && held && held + len > STAGED_LINK_FULL * cl->stage.staging_bytes)
+    return -EBUSY;
   if (!(g = calloc(1, sizeof(*g))))
     return -ENOMEM;
-  if (staged && (e = gshmd_stage_buf_new(&cl->stage, cl->cfg->cluster_pull_chunk,
-                                         seg->requested_size, l->ucx_ep != NULL, &g->sb))) {
+  g->l = l;
+  g->staged_len = staged ? len : 0;
+  if (staged &&
+      (e = gshmd_stage_buf_get(&cl->stage, cl->cfg->cluster_pull_chunk, seg->requested_size,
+                               l->ucx_ep != NULL, on_grant_slots, g, &g->sb, &g->job)) < 0) {
     free(g);
     return e;
   }
@@ -313,7 +153,7 @@ static void grant_free(struct gshmd_cluster *cl, struct serve_grant *g) {
   if (x && --x->grants == 0) { /* the segment's last grant */
     gshm_log_debug("cluster: segment '%s' id %" PRIu64 " idle%s", g->seg->name, g->seg->id,
                    x->memh ? ", unregistered" : "");
-    export_reg_idle(cl, g->seg);
+    gshmd__export_reg_idle(cl, g->seg);
   }
   gshm_list_del(&g->node);
   gshmd_stage_free(&cl->stage, g->sb);
@@ -332,6 +172,16 @@ static void grant_unbusy(struct gshmd_cluster *cl, struct link *l, uint64_t gran
   }
 }
 
+void gshmd__serve_link_lost(struct gshmd_cluster *cl, struct link *l) {
+  struct gshm_list *pos;
+  (void)cl;
+  gshm_list_foreach(pos, &l->grants) {
+    struct serve_grant *g = gshm_list_entry(pos, struct serve_grant, node);
+    if (g->job)
+      gshmd_stage_job_cancel(g->job);
+  }
+}
+
 void gshmd__serve_link_idle(struct gshmd_cluster *cl, struct link *l) {
   gshmd__relay_link_gone(cl, l);
   while (!gshm_list_empty(&l->grants))
@@ -344,41 +194,102 @@ void gshmd__serve_link_idle(struct gshmd_cluster *cl, struct link *l) {
 
 /* ---- requests --------------------------------------------------------- */
 
-/* Fills the grant's path fields: registered and read directly (host
- * segments; device segments where UCX registers CUDA memory), or staged.
- * Returns 0, or a negative errno with *why_out. */
+/* The grant's record, with its path: registered and read directly
+ * (host segments; device segments where UCX registers CUDA memory), or
+ * staged (its slots may still be being made: sg->job).  Returns 0, or a
+ * negative errno with *why_out. */
 static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_segment *seg,
-                      uint64_t grant_id, Gshm__Cluster__Grant *g, const char **why_out) {
-  struct serve_grant *sg;
+                      uint64_t grant_id, struct serve_grant **sg, const char **why_out) {
   struct export_reg *x = NULL;
   int e;
 
   /* the streams read host memory: device segments go through slots */
   if (!strcmp(cl->cfg->cluster_staging, "always") || seg->mem->device_index >= 0) {
-    if ((seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, false, &x))) ||
-        (e = grant_new(cl, l, seg, grant_id, true, &sg))) {
-      export_reg_idle(cl, seg); /* no grant took it */
+    if ((seg->mem->device_index < 0 && (e = gshmd__export_reg_get(cl, seg, false, &x))) ||
+        (e = grant_new(cl, l, seg, grant_id, true, sg))) {
+      gshmd__export_reg_idle(cl, seg); /* no grant took it */
       *why_out = e == -EBUSY ? BUSY_MESSAGE : "cannot set up the staging buffer";
       return e;
     }
-    g->path = GSHM__CLUSTER__PATH__PATH_STAGED;
-    g->length = sg->sb->len;
-    g->slots = sg->sb->slots;
-    g->slot_size = sg->sb->slot_size;
+    (*sg)->path = GSHM__CLUSTER__PATH__PATH_STAGED;
     return 0;
   }
   /* registered with UCX only where the bytes go over UCX (the peer's
    * UcxOffer made l->ucx_ep); on gshm's TCP stream they are read from the
    * mapping */
-  if ((e = export_reg_get(cl, seg, l->ucx_ep != NULL, &x)) ||
-      (e = grant_new(cl, l, seg, grant_id, false, &sg))) {
-    export_reg_idle(cl, seg); /* no grant took it */
+  if ((e = gshmd__export_reg_get(cl, seg, l->ucx_ep != NULL, &x)) ||
+      (e = grant_new(cl, l, seg, grant_id, false, sg))) {
+    gshmd__export_reg_idle(cl, seg); /* no grant took it */
     *why_out = e == -EBUSY ? BUSY_MESSAGE : "cannot register the segment with UCX";
     return e;
   }
-  g->path = x->device ? GSHM__CLUSTER__PATH__PATH_DIRECT : GSHM__CLUSTER__PATH__PATH_HOST;
-  g->length = seg->requested_size < x->len ? seg->requested_size : x->len;
+  (*sg)->path = x->device ? GSHM__CLUSTER__PATH__PATH_DIRECT : GSHM__CLUSTER__PATH__PATH_HOST;
+  (*sg)->length = seg->requested_size < x->len ? seg->requested_size : x->len;
   return 0;
+}
+
+/* The serving lease of a grant this link holds; NULL when it has none. */
+static struct gshmd_lease *link_lease(struct link *l, uint64_t grant_id) {
+  struct gshmd_lease *lease = gshmd_registry_find_lease(cluster_of(l->ll)->reg, grant_id);
+  return lease && lease->client == l->serve_client ? lease : NULL;
+}
+
+/* Answers grant request rid with g, whose lease is seg's (and slots, if
+ * staged, are there). */
+static void grant_answer(struct gshmd_cluster *cl, struct link *l, const struct serve_grant *g,
+                         struct gshmd_segment *seg, uint32_t rid) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Grant gr = GSHM__CLUSTER__GRANT__INIT;
+  Gshm__Cluster__Segment s;
+
+  gshmd__serve_segment_to_wire(seg, &s);
+  s.in_flight = seg->hidden;
+  gr.segment = &s;
+  gr.grant_id = g->grant_id;
+  gr.path = g->path;
+  gr.length = g->sb ? g->sb->len : g->length;
+  gr.slots = g->sb ? g->sb->slots : 0;
+  gr.slot_size = g->sb ? g->sb->slot_size : 0;
+  cl->served_grants++;
+  gshm_log_info("cluster: peer '%s' granted read of '%s' id %" PRIu64 " (%s, grant %" PRIu64 ")",
+                l->peer->name, seg->name, seg->id,
+                g->path == GSHM__CLUSTER__PATH__PATH_HOST     ? "host"
+                : g->path == GSHM__CLUSTER__PATH__PATH_DIRECT ? "direct"
+                                                              : "staged",
+                g->grant_id);
+  m.request_id = rid;
+  m.status = GSHM__STATUS__STATUS_OK;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
+  m.grant = &gr;
+  gshmd__link_send(l, &m);
+}
+
+/* A staged grant's slots were made (or not, err): its answer goes, unless
+ * it was released or its link failed meanwhile; it ends as released then,
+ * or when its link is idle. */
+static void on_grant_slots(void *arg, int err, struct stage_buf *sb) {
+  struct serve_grant *g = arg;
+  struct link *l = g->l;
+  struct gshmd_cluster *cl = cluster_of(l->ll);
+  struct gshmd_lease *lease = link_lease(l, g->grant_id);
+
+  g->job = NULL;
+  g->sb = sb;
+  l->busy--;
+  l->stage_waits--;
+  if (!g->released && l->state == LINK_UP) {
+    if (!err && !lease)
+      err = -ESTALE;
+    if (err) {
+      g->released = true; /* (ends below) */
+      gshmd__link_send_status(l, g->rid, err, err == -ESTALE ? "the segment went meanwhile"
+                                                             : "cannot set up the staging buffer");
+    } else {
+      grant_answer(cl, l, g, lease->seg, g->rid);
+    }
+  }
+  grant_unbusy(cl, l, g->grant_id);
+  gshmd__link_unbusy(l); /* (l may be gone after it) */
 }
 
 /* A read lease of l's client on seg: opened as a local client would, or,
@@ -401,9 +312,7 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   struct gshmd_cluster *cl = cluster_of(l->ll);
   /* (published, or one this node is still pulling: relay.h) */
   struct gshmd_segment *seg = gshmd__relay_grant_find(cl, req->name, req->in_flight);
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
-  Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
-  Gshm__Cluster__Segment s;
+  struct serve_grant *g;
   struct gshmd_lease *lease;
   const char *msg = NULL;
   char buf[400];
@@ -430,33 +339,19 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
     gshmd__link_send_status(l, rid, e, msg);
     return;
   }
-  gshmd__serve_segment_to_wire(seg, &s);
-  s.in_flight = seg->hidden;
-  g.segment = &s;
-  g.grant_id = lease->id;
   if ((e = grant_path(cl, l, seg, lease->id, &g, &msg))) {
     gshmd_registry_close(cl->reg, l->serve_client, lease->id);
     gshmd__link_send_status(l, rid, e, msg);
     return;
   }
-  cl->served_grants++;
-  gshm_log_info("cluster: peer '%s' granted read of '%s' id %" PRIu64 " (%s, grant %" PRIu64 ")",
-                l->peer->name, seg->name, seg->id,
-                g.path == GSHM__CLUSTER__PATH__PATH_HOST     ? "host"
-                : g.path == GSHM__CLUSTER__PATH__PATH_DIRECT ? "direct"
-                                                             : "staged",
-                lease->id);
-  m.request_id = rid;
-  m.status = GSHM__STATUS__STATUS_OK;
-  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
-  m.grant = &g;
-  gshmd__link_send(l, &m);
-}
-
-/* The serving lease of a grant this link holds; NULL when it has none. */
-static struct gshmd_lease *link_lease(struct link *l, uint64_t grant_id) {
-  struct gshmd_lease *lease = gshmd_registry_find_lease(cluster_of(l->ll)->reg, grant_id);
-  return lease && lease->client == l->serve_client ? lease : NULL;
+  if (g->job) { /* answered once its slots are made (on_grant_slots) */
+    g->rid = rid;
+    g->busy++;
+    l->busy++;
+    l->stage_waits++;
+    return;
+  }
+  grant_answer(cl, l, g, seg, rid);
 }
 
 static void serve_release(struct link *l, const Gshm__Cluster__Release *r) {
@@ -469,8 +364,11 @@ static void serve_release(struct link *l, const Gshm__Cluster__Release *r) {
   gshm_log_debug("cluster: peer '%s' released grant %" PRIu64, l->peer->name, r->grant_id);
   if ((g = grant_find(l, r->grant_id)) && g->busy) {
     /* with bytes of the grant still being sent, the lease (which keeps
-     * their memory) ends with the last send */
+     * their memory) ends with the last send; slots not yet being made
+     * are not made */
     g->released = true;
+    if (g->job)
+      gshmd_stage_job_cancel(g->job);
     return;
   }
   if (g)
@@ -524,7 +422,7 @@ static bool over_caps(struct link *l, uint32_t rid, uint64_t len) {
   const char *why = NULL;
   int err = -EBUSY;
 
-  if (l->busy >= LINK_MAX_READS)
+  if (l->busy - l->stage_waits >= LINK_MAX_READS)
     why = "too many reads in flight on this link";
   else if (len > LINK_MAX_READ_BYTES)
     why = "a read of more than 64 MiB", err = -EINVAL;
@@ -547,7 +445,8 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
 
   if (over_caps(l, rid, r->length)) /* the caps first: never queued */
     return;
-  if (!lease || !g || g->released || g->sb || !(seg = lease->seg) || !(x = seg->cluster_export)) {
+  if (!lease || !g || g->released || g->staged_len || !(seg = lease->seg) ||
+      !(x = seg->cluster_export)) {
     gshmd__link_send_status(l, rid, -ESTALE, "no such grant (or a staged one: use Stage)");
     return;
   }
@@ -610,7 +509,7 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
   if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
       s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)
     return -EINVAL;
-  if (seg->mem->device_index < 0 && (e = export_reg_get(cl, seg, false, &x)))
+  if (seg->mem->device_index < 0 && (e = gshmd__export_reg_get(cl, seg, false, &x)))
     return e;
   if (!(gs = grant_send_new(l, g, rid, s->length)))
     return -ENOMEM;

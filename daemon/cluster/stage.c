@@ -8,12 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "log.h"
 #include "util.h"
-
-static void stage_buf_destroy(struct stage_pool *sp, struct stage_buf *sb);
 
 /* Registers sb with UCX (ucx) or deregisters it (!ucx), as asked. */
 static int stage_buf_register(struct stage_pool *sp, struct stage_buf *sb, bool ucx) {
@@ -36,7 +35,7 @@ static int stage_buf_register(struct stage_pool *sp, struct stage_buf *sb, bool 
   return 0;
 }
 
-/* The slots of a buffer for a segment of seg_bytes (gshmd_stage_buf_new). */
+/* The slots of a buffer for a segment of seg_bytes (gshmd_stage_buf_get). */
 static uint32_t buf_slots(const struct stage_pool *sp, uint64_t slot_size, uint64_t seg_bytes) {
   uint64_t most = sp->staging_bytes / slot_size, want = 1;
 
@@ -53,60 +52,192 @@ uint64_t gshmd_stage_buf_len(const struct stage_pool *sp, uint64_t slot_size, ui
   return buf_slots(sp, slot_size, seg_bytes) * slot_size;
 }
 
-int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, uint64_t seg_bytes, bool ucx,
-                        struct stage_buf **sb_out) {
-  struct gshmd_backend *b = sp->pin;
-  struct stage_buf *sb = NULL;
-  uint32_t slots = buf_slots(sp, slot_size, seg_bytes);
-  int e = -ENOMEM;
-  bool kept = false;
+/* A buffer made, or freed, on libuv's pool (gshmd_stage_buf_get,
+ * gshmd_stage_free). */
+struct stage_job {
+  uv_work_t work;
+  struct stage_pool *sp;
+  struct stage_job *next;   /* sp->frees or sp->makes, while queued */
+  struct stage_buf *sb;     /* made, taken from the kept ones, or (free) to free */
+  uint64_t slot_size;
+  uint32_t slots;
+  bool ucx, free_only, cancelled, made;
+  int err;
+  stage_ready_fn ready;
+  void *arg;
+};
 
-  for (unsigned i = 0; i < sp->nkept && !sb; i++)
-    if (sp->kept[i]->slot_size == slot_size && sp->kept[i]->slots == slots) {
-      sb = sp->kept[i];
-      sp->kept[i] = sp->kept[--sp->nkept];
-      sp->kept_bytes -= sb->len;
-      kept = true;
-    }
-  if (!sb) {
-    if (!(sb = calloc(1, sizeof(*sb))))
-      return -ENOMEM;
-    sb->slot_size = slot_size;
-    sb->slots = slots;
-    sb->len = sb->slots * slot_size;
-    if (b) {
-      if ((e = b->ops->host_alloc(b, sb->len, &sb->addr)))
-        goto fail;
-      sb->pinned = true;
-    } else if (posix_memalign(&sb->addr, 4096, sb->len)) {
-      sb->addr = NULL;
-      goto fail;
-    }
-  }
-  if ((e = stage_buf_register(sp, sb, ucx)))
-    goto fail;
-  if (!kept)
-    sp->made++;
-  *sb_out = sb;
-  return 0;
-fail:
-  gshm_log_err("cluster: cannot set up %llu bytes of staging memory",
-               (unsigned long long)sb->len);
-  stage_buf_destroy(sp, sb);
-  return e;
+void gshmd_stage_pool_init(struct stage_pool *sp, uv_loop_t *loop, ucp_context_h ctx,
+                           uint64_t staging_bytes, struct gshmd_backend *pin) {
+  const char *env = getenv("GSHMD_TEST_STAGE_DELAY_MS");
+  long ms = env ? strtol(env, NULL, 10) : 0;
+
+  *sp = (struct stage_pool){.loop = loop, .ctx = ctx, .staging_bytes = staging_bytes, .pin = pin};
+  sp->frees_tail = &sp->frees;
+  sp->makes_tail = &sp->makes;
+  sp->delay_ms = ms > 0 && ms <= 10000 ? (unsigned)ms : 0;
 }
 
+/* A kept buffer of that shape, taken; NULL when none. */
+static struct stage_buf *take_kept(struct stage_pool *sp, uint64_t slot_size, uint32_t slots) {
+  for (unsigned i = 0; i < sp->nkept; i++)
+    if (sp->kept[i]->slot_size == slot_size && sp->kept[i]->slots == slots) {
+      struct stage_buf *sb = sp->kept[i];
+      sp->kept[i] = sp->kept[--sp->nkept];
+      sp->kept_bytes -= sb->len;
+      return sb;
+    }
+  return NULL;
+}
+
+/* The memory of sb and sb itself (any thread). */
+static void buf_release(struct stage_pool *sp, struct stage_buf *sb) {
+  if (sb->addr) {
+    if (sb->pinned)
+      sp->pin->ops->host_free(sp->pin, sb->addr, sb->len);
+    else
+      free(sb->addr);
+  }
+  free(sb);
+}
+
+/* On libuv's pool: the job's buffer freed, or made (unless the loop
+ * gave it one, or an error). */
+static void job_work(uv_work_t *w) {
+  struct stage_job *j = w->data;
+  struct stage_pool *sp = j->sp;
+  struct stage_buf *sb;
+
+  gshm__name_thread_once("gshmd-pool");
+  if (sp->delay_ms && (j->free_only || (!j->sb && !j->err)))
+    usleep(sp->delay_ms * 1000u);
+  if (j->free_only) {
+    buf_release(sp, j->sb);
+    j->sb = NULL;
+    return;
+  }
+  if (j->sb || j->err)
+    return;
+  if (!(sb = calloc(1, sizeof(*sb)))) {
+    j->err = -ENOMEM;
+    return;
+  }
+  sb->slot_size = j->slot_size;
+  sb->slots = j->slots;
+  sb->len = sb->slots * sb->slot_size;
+  if (sp->pin) {
+    if (!(j->err = sp->pin->ops->host_alloc(sp->pin, sb->len, &sb->addr)))
+      sb->pinned = true;
+  } else if (posix_memalign(&sb->addr, 4096, sb->len)) {
+    j->err = -ENOMEM;
+  }
+  if (j->err) {
+    sb->addr = NULL;
+    buf_release(sp, sb);
+    return;
+  }
+  j->sb = sb;
+  j->made = true;
+}
+
+static void pump(struct stage_pool *sp);
+
+/* Back on the loop: the buffer registered as asked and handed over. */
+static void job_done(uv_work_t *w, int status) {
+  struct stage_job *j = w->data;
+  struct stage_pool *sp = j->sp;
+  struct stage_buf *sb = j->sb;
+  int err = j->err;
+
+  sp->running--;
+  if (!j->free_only) {
+    if (sb && j->made)
+      sp->made++;
+    if (sb && (status || j->cancelled || (err = stage_buf_register(sp, sb, j->ucx)))) {
+      gshmd_stage_free(sp, sb); /* kept, or freed */
+      sb = NULL;
+      if (!err)
+        err = -ECANCELED;
+    }
+    if (err && err != -ECANCELED)
+      gshm_log_err("cluster: cannot set up %llu bytes of staging memory",
+                   (unsigned long long)(j->slots * j->slot_size));
+    j->ready(j->arg, err, sb);
+  }
+  free(j);
+  pump(sp);
+}
+
+/* Starts waiting jobs while fewer than STAGE_JOBS run: frees first; a
+ * make finds a buffer kept meanwhile, or none when cancelled. */
+static void pump(struct stage_pool *sp) {
+  while (sp->running < STAGE_JOBS && (sp->frees || sp->makes)) {
+    struct stage_job *j = sp->frees ? sp->frees : sp->makes;
+    if (j == sp->frees) {
+      if (!(sp->frees = j->next))
+        sp->frees_tail = &sp->frees;
+    } else if (!(sp->makes = j->next)) {
+      sp->makes_tail = &sp->makes;
+    }
+    if (!j->free_only && (j->cancelled || sp->stopping))
+      j->err = -ECANCELED;
+    else if (!j->free_only)
+      j->sb = take_kept(sp, j->slot_size, j->slots);
+    j->work.data = j;
+    sp->running++;
+    (void)uv_queue_work(sp->loop, &j->work, job_work, job_done); /* (fails without a work_cb only) */
+  }
+}
+
+int gshmd_stage_buf_get(struct stage_pool *sp, uint64_t slot_size, uint64_t seg_bytes, bool ucx,
+                        stage_ready_fn ready, void *arg, struct stage_buf **sb_out,
+                        struct stage_job **job_out) {
+  uint32_t slots = buf_slots(sp, slot_size, seg_bytes);
+  struct stage_buf *sb = take_kept(sp, slot_size, slots);
+  struct stage_job *j;
+  int e;
+
+  if (sb) {
+    if ((e = stage_buf_register(sp, sb, ucx))) {
+      gshmd_stage_free(sp, sb);
+      return e;
+    }
+    *sb_out = sb;
+    return 0;
+  }
+  if (!(j = calloc(1, sizeof(*j))))
+    return -ENOMEM;
+  *j = (struct stage_job){.sp = sp, .slot_size = slot_size, .slots = slots, .ucx = ucx,
+                          .ready = ready, .arg = arg};
+  *sp->makes_tail = j;
+  sp->makes_tail = &j->next;
+  *job_out = j;
+  pump(sp);
+  return 1;
+}
+
+void gshmd_stage_job_cancel(struct stage_job *j) { j->cancelled = true; }
+
 void gshmd_stage_free(struct stage_pool *sp, struct stage_buf *sb) {
+  struct stage_job *j;
+
   if (!sb)
     return;
+  stage_buf_register(sp, sb, false);
   if (!sp->stopping && sp->nkept < STAGE_POOL_KEEP &&
       sp->kept_bytes + sb->len <= STAGE_KEEP_FULL * sp->staging_bytes) {
-    stage_buf_register(sp, sb, false);
     sp->kept[sp->nkept++] = sb;
     sp->kept_bytes += sb->len;
     return;
   }
-  stage_buf_destroy(sp, sb);
+  if (sp->stopping || !(j = calloc(1, sizeof(*j)))) {
+    buf_release(sp, sb);
+    return;
+  }
+  *j = (struct stage_job){.sp = sp, .sb = sb, .free_only = true};
+  *sp->frees_tail = j;
+  sp->frees_tail = &j->next;
+  pump(sp);
 }
 
 void gshmd_stage_metrics(const struct stage_pool *sp, FILE *f) {
@@ -120,20 +251,12 @@ void gshmd_stage_metrics(const struct stage_pool *sp, FILE *f) {
 }
 
 void gshmd_stage_pool_drain(struct stage_pool *sp) {
-  while (sp->nkept)
-    stage_buf_destroy(sp, sp->kept[--sp->nkept]);
-  sp->kept_bytes = 0;
-}
-
-static void stage_buf_destroy(struct stage_pool *sp, struct stage_buf *sb) {
-  stage_buf_register(sp, sb, false);
-  if (sb->addr) {
-    if (sb->pinned)
-      sp->pin->ops->host_free(sp->pin, sb->addr, sb->len);
-    else
-      free(sb->addr);
+  while (sp->nkept) {
+    struct stage_buf *sb = sp->kept[--sp->nkept];
+    stage_buf_register(sp, sb, false);
+    buf_release(sp, sb);
   }
-  free(sb);
+  sp->kept_bytes = 0;
 }
 
 static void copy_work(uv_work_t *w) {

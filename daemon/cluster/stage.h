@@ -53,6 +53,15 @@ struct stage_buf {
   ucp_mem_h memh;      /* NULL: not registered */
 };
 
+/* Buffers made or freed on libuv's pool at once (stage.c): pinning
+ * 128 MiB took 22-64 ms on the lent 2x H100 machine, on the loop until
+ * it went to the pool; two at a time leave the pool's other threads to
+ * the copies, and bound the pinned bytes no grant counts (a buffer being
+ * freed, or made for a grant that went meanwhile). */
+#define STAGE_JOBS 2
+
+struct stage_job;
+
 /* The staging state of one gshmd. */
 struct stage_pool {
   uv_loop_t *loop;
@@ -65,26 +74,53 @@ struct stage_pool {
   unsigned nkept;
   uint64_t kept_bytes;        /* of the kept buffers */
   uint64_t made;              /* buffers made (not taken from the kept ones), for the metrics */
+  /* jobs waiting for the pool, oldest first: frees go before makes */
+  struct stage_job *frees, **frees_tail, *makes, **makes_tail;
+  unsigned running;           /* jobs on the pool now (at most STAGE_JOBS) */
+  unsigned delay_ms;          /* tests: each make and free takes this much longer */
 };
+
+/* Sets up sp (pin: the backend whose ->host_alloc pins host memory, or
+ * NULL for plain pages).  GSHMD_TEST_STAGE_DELAY_MS in the environment
+ * (tests only: 0 to 10000) makes each buffer's making and freeing that
+ * many milliseconds slower, as pinning is on a GPU machine. */
+void gshmd_stage_pool_init(struct stage_pool *sp, uv_loop_t *loop, ucp_context_h ctx,
+                           uint64_t staging_bytes, struct gshmd_backend *pin);
 
 /* Slots of slot_size bytes for a segment of seg_bytes (> 0): as many as
  * it takes, rounded up to a power of two (so that buffers are kept and
  * taken again by a few sizes), at most sp->staging_bytes of them (at
  * least one, at most STAGE_MAX_SLOTS); registered with UCX when ucx (the
  * bytes go over UCX; for gshm's TCP stream nothing is registered).  A
- * kept buffer of that shape when there is one.  A set of small tensors
- * thus holds a slot or two each where every grant held staging_bytes.
- * Errors: -ENOMEM, -EIO. */
-int gshmd_stage_buf_new(struct stage_pool *sp, uint64_t slot_size, uint64_t seg_bytes, bool ucx,
-                        struct stage_buf **sb_out);
-/* The length of the buffer gshmd_stage_buf_new would give (bytes), for
+ * set of small tensors thus holds a slot or two each where every grant
+ * held staging_bytes.
+ *
+ * A kept buffer of that shape when there is one: returns 0 with it in
+ * *sb_out (the caller's, until gshmd_stage_free), and ready is never
+ * called.  Else the buffer is made on libuv's pool (pinning costs tens
+ * of milliseconds: never on the loop), STAGE_JOBS at a time, in the
+ * order asked: returns 1 with the job in *job_out, and ready(arg, err,
+ * sb) runs once on the loop later: err 0 with the buffer (the caller's),
+ * or -ENOMEM, -EIO, -ECANCELED (gshmd_stage_job_cancel, or the cluster
+ * stops) with sb NULL.  *job_out is valid until ready runs.  The caller
+ * counts the buffer's bytes (gshmd_stage_buf_len) against its caps
+ * before asking.  Errors (nothing queued): -ENOMEM, -EIO. */
+typedef void (*stage_ready_fn)(void *arg, int err, struct stage_buf *sb);
+int gshmd_stage_buf_get(struct stage_pool *sp, uint64_t slot_size, uint64_t seg_bytes, bool ucx,
+                        stage_ready_fn ready, void *arg, struct stage_buf **sb_out,
+                        struct stage_job **job_out);
+/* The buffer of job j (before its ready ran) is no longer wanted: one
+ * not yet started is not made; ready still runs, with -ECANCELED. */
+void gshmd_stage_job_cancel(struct stage_job *j);
+/* The length of the buffer gshmd_stage_buf_get would give (bytes), for
  * budgets checked before making it. */
 uint64_t gshmd_stage_buf_len(const struct stage_pool *sp, uint64_t slot_size, uint64_t seg_bytes);
 /* Gives a staging buffer back: deregistered (UCX holds no slots that no
  * grant or pull uses) and kept for the next staged pull (pinning 64 MiB
  * costs tens of milliseconds, more than a small pull), or freed when
- * STAGE_POOL_KEEP wait already, the kept ones would pass STAGE_KEEP_FULL
- * times staging_bytes, or the cluster stops.  Accepts NULL. */
+ * STAGE_POOL_KEEP wait already or the kept ones would pass
+ * STAGE_KEEP_FULL times staging_bytes (on libuv's pool, before any
+ * buffer is made there), or the cluster stops (at once).  Accepts NULL. */
 void gshmd_stage_free(struct stage_pool *sp, struct stage_buf *sb);
 /* The pool's metrics (Prometheus text) to f: buffers made since start,
  * bytes kept now. */

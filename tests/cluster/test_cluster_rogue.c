@@ -64,6 +64,7 @@ static long refusals(gshm_client_t *c, const char *cause) {
  * machine runs other work too; what is left is gshmd's doing). */
 struct watch {
   pthread_t t;
+  struct node *n; /* (S unless set) */
   atomic_bool stop;
   int64_t slowest_ms, raw_ms;
   long rss_max_kib;
@@ -72,11 +73,11 @@ struct watch {
 static void *watch_thread(void *arg) {
   struct watch *w = arg;
   gshm_client_t *c;
-  if (gshm_connect(S.h.socket_path, "watch", &c))
+  if (gshm_connect(w->n->h.socket_path, "watch", &c))
     return NULL;
   while (!w->stop) {
-    int64_t raw, ms = slowest_stat_busy(c, "pub/probe", 5, S.h.sp.pid, &raw);
-    long rss = harness_rss_kib(S.h.sp.pid);
+    int64_t raw, ms = slowest_stat_busy(c, "pub/probe", 5, w->n->h.sp.pid, &raw);
+    long rss = harness_rss_kib(w->n->h.sp.pid);
     if (ms > w->slowest_ms)
       w->slowest_ms = ms;
     if (raw > w->raw_ms)
@@ -89,10 +90,13 @@ static void *watch_thread(void *arg) {
   return NULL;
 }
 
-static void watch_start(struct watch *w) {
+static void watch_start_on(struct watch *w, struct node *n) {
   memset(w, 0, sizeof(*w));
+  w->n = n;
   assert_int_equal(pthread_create(&w->t, NULL, watch_thread, w), 0);
 }
+
+static void watch_start(struct watch *w) { watch_start_on(w, &S); }
 
 static void watch_stop(struct watch *w) {
   w->stop = true;
@@ -371,6 +375,108 @@ static void test_staged_grants(void **state) {
   assert_int_equal(harness_stop(&s2.h), 0);
 }
 
+/* Staging buffers are made and freed on gshmd's thread pool, never on
+ * its loop: with each taking 400 ms (GSHMD_TEST_STAGE_DELAY_MS, as
+ * pinning 128 MiB takes tens of ms on a GPU machine), 100 staged grants
+ * asked at once still get STAGED_FULL_PER_LINK granted (those whose
+ * buffers are being made count against the cap), the rest refused as
+ * busy, while a local stat stays under 100 ms (on the loop it waited
+ * 400 ms a buffer); a link that goes while its buffers are being made,
+ * and a Release of each grant before its answer, leave no lease and at
+ * most 8 buffers kept; gshmd stopped meanwhile exits cleanly (and, under
+ * AddressSanitizer, leaks none). */
+#define SLOW_MS "400"
+static bool no_leases(gshm_client_t *c, int ms) {
+  for (int64_t end = now_ms() + ms; metric(c, "gshm_leases") != 0; usleep(50000))
+    if (now_ms() > end)
+      return false;
+  return true;
+}
+
+/* 100 staged grants of name asked at once on a new link to s3 (each
+ * answer counted in t), and then, with release_from, a Release of every
+ * lease id from it on (as a rogue would guess them) before any answer is
+ * read.  Returns once every request was refused as busy or answered
+ * (busy ones only with release_from: a released grant is not), the link
+ * closed; or, with keep, with the link still up once s3 had time to read
+ * the requests (in *r). */
+static void slow_grants(struct rogue *r, struct node *s3, const char *name, struct tally *t,
+                        uint64_t release_from, bool keep) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__GrantRequest gr = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  Gshm__Cluster__Release rel = GSHM__CLUSTER__RELEASE__INIT;
+
+  memset(r, 0, sizeof(*r));
+  assert_int_equal(rogue_connect(r, s3->port, "r", "s3", key), 0);
+  r->on_msg = count_answer;
+  r->arg = t;
+  gr.name = (char *)name;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  m.grant_request = &gr;
+  for (uint32_t i = 1; i <= 100; i++) {
+    m.request_id = i;
+    rogue_send(r, &m);
+  }
+  if (keep) {
+    rogue_run(r, 300);
+    return;
+  }
+  m.body_case = GSHM__CLUSTER__MSG__BODY_RELEASE;
+  m.release = &rel;
+  m.request_id = 0;
+  for (uint64_t id = release_from; release_from && id < release_from + 300; id++) {
+    rel.grant_id = id;
+    rogue_send(r, &m);
+  }
+  want_answers = release_from ? 100 - 2 * STAGED_FULL_PER_LINK : 100;
+  if (!rogue_run_until(r, all_answered, 30000))
+    print_message("%s: %llu answers, %llu grants, %llu busy, other: %s\n", name,
+                  (unsigned long long)t->answers, (unsigned long long)t->grants,
+                  (unsigned long long)t->busy, t->other_msg);
+  rogue_run(r, 200);
+  rogue_close(r);
+}
+
+static void test_staged_buffers_off_loop(void **state) {
+  static struct node s3;
+  static struct rogue r;
+  struct tally t = {0}, t2 = {0}, t3 = {0};
+  gshm_client_t *c;
+  struct watch w;
+  (void)state;
+
+  setenv("GSHMD_TEST_STAGE_DELAY_MS", SLOW_MS, 1);
+  node_start(&s3, "s3", "r=127.0.0.1:1", keys.key, "pub/*", "cluster.staging=always",
+             "cluster.staging_bytes=1M", "cluster.pull_chunk=256K", NULL);
+  unsetenv("GSHMD_TEST_STAGE_DELAY_MS");
+  c = connect_to(&s3);
+  make_segment(c, "pub/probe", 4096, 1);
+  make_segment(c, "pub/st", 1 * MiB, 3);
+  make_segment(c, "pub/st-half", 512 * 1024, 4);
+  watch_start_on(&w, &s3);
+  slow_grants(&r, &s3, "pub/st", &t, 0, false);
+  watch_stop(&w);
+  printf("staged grants while their buffers take %s ms each: %llu granted, %llu busy; "
+         "slowest stat %lld ms (%lld raw)\n", SLOW_MS, (unsigned long long)t.grants,
+         (unsigned long long)t.busy, (long long)w.slowest_ms, (long long)w.raw_ms);
+  assert_int_equal(t.grants, STAGED_FULL_PER_LINK);
+  assert_int_equal(t.busy, 100 - STAGED_FULL_PER_LINK);
+  assert_true(w.slowest_ms < 100);
+  assert_true(no_leases(c, 10000));
+  assert_int_equal(metric(c, "gshm_cluster_staging_buffers_made_total"), STAGED_FULL_PER_LINK);
+  /* 8 grants of half a buffer, released before their answers, then the
+   * link gone, while their buffers are being made */
+  slow_grants(&r, &s3, "pub/st-half", &t2, t.first_grant, false);
+  assert_int_equal(t2.busy, 100 - 2 * STAGED_FULL_PER_LINK);
+  assert_true(no_leases(c, 10000));
+  assert_true(metric(c, "gshm_cluster_staging_kept_bytes") <= 8 * (long)MiB);
+  /* gshmd stops while buffers are being made: a clean exit */
+  slow_grants(&r, &s3, "pub/st-half", &t3, 0, true);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&s3.h), 0);
+  rogue_close(&r);
+}
+
 /* Data lanes of one link: at most LANES_PER_LINK (each a connection and
  * a thread of the node); one more is refused; they all go with their
  * link, and the node's fds with them. */
@@ -616,6 +722,7 @@ int main(void) {
       cmocka_unit_test(test_grant_and_read_flood),
       cmocka_unit_test(test_read_bytes_capped),
       cmocka_unit_test(test_staged_grants),
+      cmocka_unit_test(test_staged_buffers_off_loop),
       cmocka_unit_test(test_honest_pulls_within_caps),
       cmocka_unit_test(test_ucx_offer_junk),
       cmocka_unit_test(test_ucx_offer_mutated),

@@ -59,6 +59,7 @@ gshm_segments_add_test(gpu.cluster_pull gpu 300 ENV UCX_TLS=tcp UCX_WARN_UNUSED_
 # first chunks are asked leaves nothing.  One GPU; the same steps on host
 # segments check the test's own logic on every CI build.
 gshm_segments_test(test_pull_edges)
+target_link_libraries(test_pull_edges PRIVATE pthread)
 gshm_segments_add_test(gpu.pull_edges gpu 300 ENV UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n
                        COMMAND test_pull_edges)
 gshm_segments_add_test(cluster.pull_edges_logic_host cluster 120 ENV GSHM_PULL_EDGES_HOST=1

@@ -21,17 +21,29 @@
  *     (gshm_cluster_pull_pinned_bytes_max), and every byte lands; the
  *     same set pulled again makes no staging buffer
  *     (gshm_cluster_staging_buffers_made_total: the buffers given back
- *     are kept up to what the pulls may hold at once).
+ *     are kept up to what the pulls may hold at once).  Each of c's
+ *     buffers takes 100 ms more to make (GSHMD_TEST_STAGE_DELAY_MS):
+ *     they are made on its thread pool, so its loop answers a status
+ *     within 50 ms throughout the first pull (on the loop it waited);
+ *  4. the puller killed while c's staging buffers for its set (of
+ *     another shape: new ones) are being made: nothing of the set is
+ *     left on c, no pinned slot counted, the peer's grants released, at
+ *     most 8 x 4 MiB kept.
  *
  * One GPU; exit 77 without a driver or a GPU.  With
  * $GSHM_PULL_EDGES_HOST=1 the same steps run on host segments (gshmd
  * --backend host), which checks the test's own logic on every CI build. */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cudadrv.h"
@@ -191,12 +203,46 @@ static long metric_of(gshm_client_t *c, const char *name) {
   return v;
 }
 
+/* The slowest status answer of a gshmd while a step runs (ms). */
+struct stat_watch {
+  pthread_t t;
+  const char *socket;
+  atomic_bool stop;
+  double slowest_ms;
+};
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void *stat_watch_thread(void *arg) {
+  struct stat_watch *w = arg;
+  gshm_client_t *c;
+  gshm_status_info_t st;
+
+  if (gshm_connect(w->socket, "edges-watch", &c))
+    return NULL;
+  while (!w->stop) {
+    double t0 = now_ms(), ms;
+    if (gshm_status(c, &st))
+      break;
+    if ((ms = now_ms() - t0) > w->slowest_ms)
+      w->slowest_ms = ms;
+    usleep(2000);
+  }
+  gshm_disconnect(c);
+  return NULL;
+}
+
 #define PIN_SEGS 24
 #define PIN_STAGING (4 * MiB) /* c's cluster.staging_bytes; each segment's size */
 
 /* 3: a node's pulls into a GPU hold at most 8 x staging_bytes of pinned
  * slots at once. */
-static void pinned_step(gshm_client_t *a, gshm_client_t *c, bool on_host) {
+static void pinned_step(gshm_client_t *a, gshm_client_t *c, const char *c_socket, bool on_host) {
+  struct stat_watch w = {.socket = c_socket};
   gshm_pull_opts_t po = {.local_name = "pin/", .location = loc};
   gshm_pull_result_t *v = NULL;
   char name[64];
@@ -210,7 +256,13 @@ static void pinned_step(gshm_client_t *a, gshm_client_t *c, bool on_host) {
     make(a, name, PIN_STAGING, NULL, 900 + (unsigned long long)i);
   }
   for (int round = 0; round < 2; round++) {
+    if (round == 0)
+      REQUIRE(pthread_create(&w.t, NULL, stat_watch_thread, &w) == 0, "thread");
     e = gshm_pull_prefix(c, "a", "pub/pin/", &po, &v, &n);
+    if (round == 0) {
+      w.stop = true;
+      pthread_join(w.t, NULL);
+    }
     CHECK(e == 0 && n == PIN_SEGS, "the set's pull %d: %s (%s), %zu segments", round,
           gshm_strerror(e), gshm_last_error(c), n);
     gshm_free(v);
@@ -238,13 +290,84 @@ static void pinned_step(gshm_client_t *a, gshm_client_t *c, bool on_host) {
           made[0], made[1] - made[0]);
   }
   CHECK(now == 0, "%ld bytes of pinned slots still counted after the pull", now);
+  CHECK(w.slowest_ms < 50, "c's loop answered a status in %.1f ms during its first pull (its "
+        "staging buffers made on the loop?)", w.slowest_ms);
   for (int i = 0; i < PIN_SEGS; i++) {
     snprintf(name, sizeof(name), "pub/pin/%02d", i);
     CHECK(gshm_unlink(a, name) == 0, "unlink %s", name);
   }
   printf("pinned slots: at most %ld MiB at once (cap %llu MiB); staging buffers made %ld, "
-         "then %ld by the same pull again\n",
-         most >> 20, (unsigned long long)(8 * PIN_STAGING) >> 20, made[0], made[1] - made[0]);
+         "then %ld by the same pull again; slowest status meanwhile %.1f ms\n",
+         most >> 20, (unsigned long long)(8 * PIN_STAGING) >> 20, made[0], made[1] - made[0],
+         w.slowest_ms);
+}
+
+#define CUT_SEGS 8
+#define CUT_SIZE (2 * MiB) /* two slots of 1 MiB: buffers of a shape not kept yet */
+
+/* c's segments whose names start with prefix. */
+static unsigned count_named(gshm_client_t *c, const char *prefix) {
+  gshm_segment_info_t *v = NULL;
+  size_t n = 0;
+  unsigned k = 0;
+  REQUIRE(gshm_list(c, &v, &n) == 0, "list");
+  for (size_t i = 0; i < n; i++)
+    k += strncmp(v[i].name, prefix, strlen(prefix)) == 0;
+  gshm_free(v);
+  return k;
+}
+
+/* 4: the puller goes while c's staging buffers for its set are being
+ * made: they are given back (kept or freed), nothing of the set stays. */
+static void cut_step(gshm_client_t *a, gshm_client_t *c, const char *c_socket, bool on_host) {
+  char name[64];
+  long pinned = -1, kept;
+  unsigned left = 1;
+  pid_t pid;
+  int status;
+
+  for (int i = 0; i < CUT_SEGS; i++) {
+    snprintf(name, sizeof(name), "pub/cut/%02d", i);
+    make(a, name, CUT_SIZE, NULL, 700 + (unsigned long long)i);
+  }
+  if ((pid = fork()) == 0) {
+    gshm_pull_opts_t po = {.local_name = "cut/", .location = loc};
+    gshm_pull_result_t *v = NULL;
+    gshm_client_t *k;
+    size_t n = 0;
+    if (gshm_connect(c_socket, "edges-cut", &k))
+      _exit(2);
+    (void)gshm_pull_prefix(k, "a", "pub/cut/", &po, &v, &n);
+    _exit(0);
+  }
+  REQUIRE(pid > 0, "fork");
+  usleep(150 * 1000); /* (its first buffers take 100 ms more each, two at a time) */
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  for (int i = 0; i < 200 && ((left && left != CUT_SEGS) || pinned); i++) {
+    usleep(50000);
+    left = count_named(c, "cut/");
+    pinned = metric_of(c, "gshm_cluster_pull_pinned_bytes");
+  }
+  /* (host segments: the pull may be done before the kill, all of it) */
+  for (int i = 0; on_host && left == CUT_SEGS && i < CUT_SEGS; i++) {
+    snprintf(name, sizeof(name), "cut/%02d", i);
+    CHECK(gshm_unlink(c, name) == 0, "unlink %s", name);
+  }
+  usleep(1200 * 1000); /* (metrics are a snapshot up to a second old) */
+  kept = metric_of(c, "gshm_cluster_staging_kept_bytes");
+  CHECK(left == 0 || (on_host && left == CUT_SEGS), "%u segments of the killed pull left on c",
+        left);
+  CHECK(metric_of(c, "gshm_cluster_pull_pinned_bytes") == 0, "pinned slots still counted");
+  CHECK(kept <= (long)(8 * PIN_STAGING), "%ld bytes of staging buffers kept, cap %llu", kept,
+        (unsigned long long)(8 * PIN_STAGING));
+  CHECK(leases_settle(a) == 0, "a still holds leases of the killed pull's grants");
+  for (int i = 0; i < CUT_SEGS; i++) {
+    snprintf(name, sizeof(name), "pub/cut/%02d", i);
+    CHECK(gshm_unlink(a, name) == 0, "unlink %s", name);
+  }
+  printf("puller killed while its staging buffers were made: %s, %ld MiB kept\n",
+         left ? "it was done before (host)" : "nothing left", kept >> 20);
 }
 
 int main(void) {
@@ -285,14 +408,17 @@ int main(void) {
   gpu_node_args(sc, ac, backend, "c", port_c, pb, key, "", "cluster.pull_chunk=1M",
                 "cluster.staging_bytes=4M");
   REQUIRE(harness_start(&B, ab) == 0, "gshmd b");
+  setenv("GSHMD_TEST_STAGE_DELAY_MS", "100", 1); /* (c's staging buffers: step 3) */
   REQUIRE(harness_start(&C, ac) == 0, "gshmd c");
+  unsetenv("GSHMD_TEST_STAGE_DELAY_MS");
   REQUIRE(gshm_connect(C.socket_path, "edges-c", &c) == 0, "connect c");
   REQUIRE(gshm_connect(A.socket_path, "edges-a", &a) == 0, "connect a");
   REQUIRE(gshm_connect(B.socket_path, "edges-b", &b) == 0, "connect b");
 
   tail_step(a, b);
   no_room_step(a, b);
-  pinned_step(a, c, on_host);
+  pinned_step(a, c, C.socket_path, on_host);
+  cut_step(a, c, C.socket_path, on_host);
 
   gshm_disconnect(a);
   gshm_disconnect(b);
