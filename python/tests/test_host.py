@@ -839,6 +839,31 @@ def test_python_m_gshm_is_gshmctl_status(daemon, client, segname):
     assert "is gshmd running?" in str(ei.value) and ei.value.errno == errno.ENOENT, ei.value
 
 
+def test_unreachable_says_what_gshmctl_says(tmp_path):
+    """gshm.Client and gshmctl explain a daemon they cannot reach with one
+    text (libgshm's gshm_connect_explain): nothing there, a file that is no
+    socket, a socket nothing listens on."""
+    import socket as socket_
+    notsock = tmp_path / "plain"
+    notsock.write_bytes(b"")
+    stale = tmp_path / "stale"
+    s = socket_.socket(socket_.AF_UNIX, socket_.SOCK_SEQPACKET)
+    s.bind(str(stale))
+    s.close()
+    for path, code in ((tmp_path / "absent", errno.ENOENT), (notsock, errno.ECONNREFUSED),
+                       (stale, errno.ECONNREFUSED)):
+        p = subprocess.run([gshm_testutil.gshmctl_path(), "--socket", str(path), "status"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        lead = "cannot reach gshmd at %s: " % path
+        err = p.stderr.decode()
+        assert p.returncode == 3 and lead in err, (p.returncode, err)
+        said = err[err.index(lead) + len(lead):].strip()
+        with pytest.raises(gshm.Unreachable) as ei:
+            gshm.Client(str(path))
+        assert ei.value.errno == code and ei.value.gshm_message == said, (ei.value, said)
+        assert ("start gshmd" in said) != (path == notsock), said
+
+
 def test_public_api_is_annotated():
     """Every public function and method (dunders included) of gshm and
     gshm.torch has type hints on each parameter and its return: py.typed
