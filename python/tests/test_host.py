@@ -378,6 +378,28 @@ def test_connect_failure_carries_errno(tmp_path):
     assert ei.value.errno in (errno.ENOENT, errno.ECONNREFUSED)
 
 
+def test_read_holds_one_copy(client, segname):
+    """Segment.read fills the bytes object it returns: at no time does it
+    hold a second copy of the data (a scratch buffer and then its copy)."""
+    import tracemalloc
+    n = 32 << 20
+    with client.create(segname, n, location="host") as seg:
+        pattern = bytes(range(256)) * 4096
+        for off in range(0, n, len(pattern)):
+            seg.write(pattern, off)
+        tracemalloc.start()
+        try:
+            data = seg.read()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert type(data) is bytes and len(data) == n and data[:len(pattern)] == pattern
+        assert data[n - 256:] == bytes(range(256)) and data.count(b"\xff") == n // 256
+        assert n <= peak < n + n // 4, (peak, n)   # one copy, not two
+        assert seg.read(n - 1, 1) == b"\xff" and seg.read(5, 0) == b""
+    client.unlink(segname)
+
+
 def test_readonly_lease(client, segname):
     with client.create(segname, 8192, location="host") as seg:
         seg.view("uint32")[:] = 7
