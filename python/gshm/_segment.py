@@ -346,6 +346,20 @@ class HostSegment(Segment, mmap.mmap):  # type: ignore[misc]
         return numpy.frombuffer(self, dtype=numpy.dtype(dt.typestr), count=count,
                                 offset=offset).reshape(dims)
 
+    def _private_bytes(self, offset: int, nbytes: int) -> numpy.ndarray[Any, Any]:
+        """A writable uint8 array of nbytes (> 0) at byte offset on a
+        private copy-on-write mapping (MAP_PRIVATE) of the segment: reads
+        see the shared memory until a page is written; a write copies that
+        page for this process alone and never reaches the segment.  For
+        consumers that cannot honour a read-only buffer (torch has no
+        read-only tensors: its writes through a read-only mapping are a
+        SIGSEGV).  The array keeps its mapping until it goes."""
+        import numpy
+        fd = self.fileno()
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        m = mmap.mmap(fd, offset + nbytes - start, access=mmap.ACCESS_COPY, offset=start)
+        return numpy.frombuffer(m, dtype=numpy.uint8, count=nbytes, offset=offset - start)
+
 
 class DeviceSegment(Segment):
     """A GPU segment.  After map() (view() maps on first use), view(dtype,

@@ -414,6 +414,23 @@ def test_readonly_lease(client, segname):
     client.unlink(segname)
 
 
+def test_private_view_of_a_read_only_lease(client, segname):
+    """The copy-on-write view that gshm.torch gives torch for a read-only
+    host lease: it reads the shared memory (a later write by the segment's
+    writer too, on pages it did not write), and its own writes stay in it."""
+    with client.create(segname, 3 * 4096, location="host") as rw:
+        rw.view("uint8")[:] = 1
+        with client.open(segname, "r") as ro:
+            a = ro._private_bytes(4096 + 10, 4096)   # over two pages, not aligned
+            assert a.flags.writeable and a.size == 4096 and int(a.sum()) == 4096
+            a[:100] = 7                               # the first page, copied
+            assert rw.read(4096 + 10, 100) == b"\x01" * 100
+            rw.write(b"\x03" * 4096, 2 * 4096)      # the page a never wrote
+            assert int(a[-1]) == 3 and int(a[0]) == 7
+            del a
+    client.unlink(segname)
+
+
 def test_segment_context_manager_releases_lease(daemon, client, segname):
     client.create(segname, 4096, location="host").close()
     pid = os.getpid()
