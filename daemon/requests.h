@@ -78,6 +78,19 @@ void gshmd_conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__S
 void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg,
                                 Gshm__EventKind kind, const struct conn *except);
 
+/* ---- server_admit.c ---- */
+
+/* The peer's credentials on socket fd into *cred (its groups malloc'ed:
+ * freed with the connection), admin set for root and s's admin group.
+ * Returns 0, or -ENOMEM. */
+int gshmd__peer_credentials(struct gshmd_server *s, int fd, struct gshmd_cred *cred);
+
+/* Whether a peer of cred must be refused at accept: its uid holds
+ * quota.connections already / gshmd holds limits.max_connections (less
+ * the admins' reserve for others).  Each logs the refusal. */
+bool gshmd__over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred);
+bool gshmd__over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred);
+
 /* ---- requests.c ---- */
 
 /* Handles one received packet of len bytes (header and body) from c:
