@@ -28,6 +28,8 @@ struct out_pkt {
   size_t len;
   int fd;
   bool event; /* counted in conn.nevents, not against limits.max_inflight */
+  bool created;      /* lease_id's grant answered a create */
+  uint64_t lease_id; /* a reply granting this lease with fd; 0: none */
   uint8_t data[];
 };
 
@@ -213,6 +215,8 @@ static int conn_send(struct conn *c, size_t len, int fd, bool event) {
     p->len = len;
     p->fd = -1;
     p->event = event;
+    p->created = false;
+    p->lease_id = 0;
     if (fd >= 0 && (p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
       free(p);
       return -EMFILE; /* (as for -ETOOMANYREFS above) */
@@ -395,12 +399,62 @@ static void conn_read(struct conn *c) {
   }
 }
 
+void gshmd_conn_queued_grant(struct conn *c, uint64_t lease_id, bool created) {
+  struct out_pkt *p;
+
+  if (!c->noutq) /* sent at once */
+    return;
+  p = gshm_list_entry(c->outq.prev, struct out_pkt, node);
+  if (p->fd >= 0 && !p->event) {
+    p->lease_id = lease_id;
+    p->created = created;
+  }
+}
+
+/* Queued reply p grants a lease whose fd cannot go now: the grant is
+ * taken back and an -EMFILE refusal to the same request takes p's place
+ * (gshmd_conn_queued_grant).  Returns 0, or -ENOMEM (the caller closes
+ * the connection, which ends the lease anyway). */
+static int conn_refuse_queued(struct conn *c, struct out_pkt *p) {
+  struct gshmd_server *s = c->srv;
+  Gshm__Reply refused = GSHM__REPLY__INIT;
+  struct gshmd_lease *l = gshmd_registry_find_lease(s->reg, p->lease_id);
+  struct gshm_wire_header hdr;
+  struct out_pkt *n;
+  size_t len;
+
+  refused.status = gshm__errno_to_status(-EMFILE);
+  refused.message = GSHMD_FD_REFUSED;
+  if (gshm__wire_parse_header(p->data, p->len, &hdr) ||
+      gshm__wire_pack(hdr.type, hdr.request_id, &refused.base, s->txbuf, sizeof(s->txbuf), &len) ||
+      !(n = malloc(sizeof(*n) + len)))
+    return -ENOMEM;
+  gshm_log_warn("an fd could not be sent to client %" PRIu64 " (%s): refused; raise "
+                "LimitNOFILE= (fds in flight count)", c->client->session_id, strerror(ETOOMANYREFS));
+  /* Others may have opened a created segment since: they hear of its unlink. */
+  if (p->created && l && l->client == c->client && !l->seg->unlinked && l->seg->nleases > 1)
+    gshmd_notify_lease_holders(s, l->seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, c);
+  gshmd_registry_grant_undo(s->reg, c->client, p->lease_id, p->created);
+  memcpy(n->data, s->txbuf, len);
+  n->len = len;
+  n->fd = -1;
+  n->event = n->created = false;
+  n->lease_id = 0;
+  gshm_list_add_tail(&p->node, &n->node); /* (before p) */
+  gshm_list_del(&p->node);
+  close(p->fd);
+  free(p);
+  return 0;
+}
+
 static void conn_flush(struct conn *c) {
   while (c->noutq) {
     struct out_pkt *p = gshm_list_entry(c->outq.next, struct out_pkt, node);
     int r = gshm__wire_sendmsg(c->fd, p->data, p->len, p->fd);
     if (r == -EAGAIN)
       return;
+    if (r == -ETOOMANYREFS && p->lease_id && c->client && !conn_refuse_queued(c, p))
+      continue; /* the refusal goes next */
     if (r) {
       gshmd_conn_close(c, NULL);
       return;
