@@ -373,6 +373,35 @@ static void test_queued_fd_send_refused_keeps_the_connection(void **state) {
   gshm_disconnect(a);
 }
 
+/* gshm_connect_explain: the text gshmctl and the Python package print
+ * for a daemon they cannot reach, and its documented errors. */
+static void test_connect_explain(void **state) {
+  struct harness *h = *state;
+  char buf[1024], plain[] = "/tmp/gshm-explain-XXXXXX", absent[600];
+  int fd = mkstemp(plain);
+
+  assert_true(fd >= 0);
+  close(fd);
+  assert_int_equal(gshm_connect_explain("/x", -ENOENT, NULL, 10), -EINVAL);
+  assert_int_equal(gshm_connect_explain("/x", -ENOENT, buf, 0), -EINVAL);
+  assert_int_equal(gshm_connect_explain("/x", 0, buf, sizeof(buf)), -EINVAL);
+  assert_string_equal(buf, "");
+  snprintf(absent, sizeof(absent), "%s.absent", h->socket_path);
+  assert_int_equal(gshm_connect_explain(absent, -ENOENT, buf, sizeof(buf)), 0);
+  assert_non_null(strstr(buf, "no socket there (is gshmd running?): start gshmd"));
+  assert_int_equal(gshm_connect_explain(absent, -ENOENT, buf, 16), -ENOBUFS);
+  assert_int_equal(strlen(buf), 15);
+  assert_int_equal(gshm_connect_explain(h->socket_path, -EIO, buf, sizeof(buf)), 0);
+  assert_string_equal(buf, gshm_strerror(-EIO));
+  /* NULL: the path gshm_connect would use ($GSHM_SOCKET) */
+  assert_int_equal(setenv("GSHM_SOCKET", plain, 1), 0);
+  assert_int_equal(gshm_connect_explain(NULL, -ECONNREFUSED, buf, sizeof(buf)), 0);
+  unsetenv("GSHM_SOCKET");
+  assert_true(strncmp(buf, plain, strlen(plain)) == 0);
+  assert_non_null(strstr(buf, " is not a socket: "));
+  unlink(plain);
+}
+
 static void test_killed_client_leases_vanish(void **state) {
   struct harness *h = *state;
   gshm_client_t *c;
@@ -635,6 +664,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_unlink_events_spare_a_busy_holder, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_queued_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_connect_explain, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_host_size_and_populate, harness_cmocka_setup, harness_cmocka_teardown),
