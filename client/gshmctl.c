@@ -236,62 +236,16 @@ static int bad_option(const char *verb, int o, char **argv) {
                 negative ? " (sizes and offsets cannot be negative)" : "");
 }
 
-/* Why connecting to the socket at path failed with err, and what the user
- * can do about it, in buf: the socket's owner, group and mode when it
- * refused this user, a hint to start gshmd when nothing is there or
- * nothing listens.  Other errors: their text alone. */
-static const char *connect_failure(const char *path, int err, char *buf, size_t cap) {
-  static const char start[] = "start gshmd (systemctl start gshmd.socket, or gshmd --socket PATH) "
-                              "or name its socket with --socket PATH or $GSHM_SOCKET";
-  struct stat st;
-  int se = stat(path, &st) < 0 ? errno : 0;
-
-  if (err == -ENOENT) {
-    snprintf(buf, cap, "no socket there (is gshmd running?): %s", start);
-  } else if (err == -ECONNREFUSED && !se && !S_ISSOCK(st.st_mode)) {
-    snprintf(buf, cap, "%s is not a socket: name gshmd's socket with --socket PATH or "
-             "$GSHM_SOCKET", path);
-  } else if (err == -ECONNREFUSED) {
-    snprintf(buf, cap, "%s: nothing listens on that socket (left by a gshmd that stopped?): %s",
-             gshm_strerror(err), start);
-  } else if (err == -EACCES && se) {
-    snprintf(buf, cap, "permission denied: a directory above it does not let uid %u through",
-             (unsigned)geteuid());
-  } else if (err == -EACCES) {
-    struct passwd *pw = getpwuid(st.st_uid);
-    struct group *gr = getgrgid(st.st_gid);
-    char owner[64], group[64], join[128] = "";
-
-    if (pw)
-      snprintf(owner, sizeof(owner), "%s", pw->pw_name);
-    else
-      snprintf(owner, sizeof(owner), "uid %u", (unsigned)st.st_uid);
-    if (gr)
-      snprintf(group, sizeof(group), "%s", gr->gr_name);
-    else
-      snprintf(group, sizeof(group), "gid %u", (unsigned)st.st_gid);
-    /* the group lets its members in: joining it is the usual way */
-    if ((st.st_mode & 0060) == 0060)
-      snprintf(join, sizeof(join), "add this user to group '%s' (from its next login) or ",
-               group);
-    snprintf(buf, cap, "permission denied: the socket (owner %s, group %s, mode %04o) does not "
-             "let uid %u connect: an admin can %swiden the socket (daemon.socket_group and "
-             "daemon.socket_mode, or SocketGroup= and SocketMode= of gshmd.socket)",
-             owner, group, (unsigned)(st.st_mode & 07777), (unsigned)geteuid(), join);
-  } else {
-    snprintf(buf, cap, "%s", gshm_strerror(err));
-  }
-  return buf;
-}
-
 static int connect_daemon(gshm_client_t **c) {
   int e = gshm_connect(socket_path, "gshmctl", c);
   if (e) {
     const char *env = socket_path ? socket_path : secure_getenv("GSHM_SOCKET");
     const char *path = env && *env ? env : GSHM_DEFAULT_SOCKET;
-    char why[512];
+    char why[1024];
+
+    gshm_connect_explain(path, e, why, sizeof(why)); /* a cut text is still worth printing */
     return errorf(e == -EACCES ? EXIT_DENIED : EXIT_UNREACHABLE, e, "cannot reach gshmd at %s: %s",
-                  path, connect_failure(path, e, why, sizeof(why)));
+                  path, why);
   }
   return 0;
 }

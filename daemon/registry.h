@@ -286,6 +286,16 @@ int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, 
                               const char *const *uuids, size_t n, bool unmapped,
                               const char **msg_out);
 
+/* Takes back the grant of c's lease lease_id, whose fd never reached c:
+ * the lease ends and, when created (the grant answered c's create), the
+ * segment loses its name, unless the name now holds another segment or c
+ * may no longer manage it.  The caller tells the segment's other holders
+ * first, if any may have come since (gshmd_notify_lease_holders).
+ * Returns 0; -ENOENT c holds no such lease (a revoke ended it); -ENOMEM
+ * (the lease still ends; the name stays). */
+int gshmd_registry_grant_undo(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id,
+                              bool created);
+
 /* A segment by name (live) or id (any state); NULL when missing. */
 struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name);
 struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t id);

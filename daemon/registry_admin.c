@@ -240,3 +240,25 @@ int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, 
   l->mapped = !unmapped;
   return 0;
 }
+
+int gshmd_registry_grant_undo(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id,
+                              bool created) {
+  struct gshmd_lease *l = gshmd_registry_find_lease(r, lease_id);
+  struct gshmd_segment *seg;
+  const char *msg = NULL;
+  char *name = NULL;
+  uint64_t seg_id;
+  int e = 0;
+
+  if (!l || l->client != c)
+    return -ENOENT;
+  seg_id = l->seg->id;
+  if (created && !l->seg->unlinked && !(name = strdup(l->seg->name)))
+    e = -ENOMEM;
+  gshmd_registry_close(r, c, lease_id);
+  /* (the segment may be gone with the lease: looked up again by name) */
+  if (name && (seg = gshmd_registry_find_name(r, name)) && seg->id == seg_id)
+    gshmd_registry_unlink(r, c, name, &msg);
+  free(name);
+  return e;
+}

@@ -143,16 +143,8 @@ static int grant_lease(struct req *q, struct gshmd_lease *l, bool legacy) {
 
 /* Takes back q->granted: the lease ends, a create's segment with it. */
 static void grant_undo(struct req *q) {
-  struct gshmd_registry *r = q->c->srv->reg;
-  struct gshmd_lease *l = q->granted;
-  char *name = q->created ? strdup(l->seg->name) : NULL;
-  const char *msg = NULL;
-
+  gshmd_registry_grant_undo(q->c->srv->reg, q->c->client, q->granted->id, q->created);
   q->granted = NULL;
-  gshmd_registry_close(r, q->c->client, l->id);
-  if (name)
-    gshmd_registry_unlink(r, q->c->client, name, &msg);
-  free(name);
 }
 
 static int handle_create(struct req *q, Gshm__CreateRequest *m) {
@@ -639,18 +631,21 @@ static int request_dispatch(struct req *q) {
 /* Sends q's reply (with its fd); returns its status.  A grant whose fd
  * cannot go now (gshmd's user has more fds in flight than its
  * RLIMIT_NOFILE) is taken back and answered -EMFILE; the connection stays
- * (closed, its client's leases ended, docs/SECURITY.md). */
+ * (closed, its client's leases ended, docs/SECURITY.md).  So is a queued
+ * one whose send meets that later (server.c conn_flush). */
 static Gshm__Status reply_send(struct req *q, const struct gshm_wire_header *hdr) {
   Gshm__Reply refused = GSHM__REPLY__INIT;
   int e = gshmd_conn_send(q->c, hdr->type, hdr->request_id, q->reply, q->fd_out);
 
+  if (!e && q->granted && q->fd_out >= 0) /* queued: its send may meet the same */
+    gshmd_conn_queued_grant(q->c, q->granted->id, q->created);
   if ((e != -ETOOMANYREFS && e != -EMFILE) || !q->granted || q->c->closing)
     return q->reply->status;
   gshm_log_warn("an fd could not be sent to client %" PRIu64 " (%s): refused; raise "
                 "LimitNOFILE= (fds in flight count)", q->c->client->session_id, strerror(-e));
   grant_undo(q);
   q->reply = &refused;
-  set_error(q, -EMFILE, "gshmd cannot pass an fd now (fds in flight at its limit): try again");
+  set_error(q, -EMFILE, GSHMD_FD_REFUSED);
   gshmd_conn_send(q->c, hdr->type, hdr->request_id, &refused, -1);
   return refused.status;
 }

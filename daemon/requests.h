@@ -64,6 +64,17 @@ int gshmd_conn_send_packet(struct conn *c, size_t len, int fd);
 int gshmd_conn_send(struct conn *c, uint16_t type, uint32_t request_id, const Gshm__Reply *reply,
                     int fd);
 
+/* Marks the reply that gshmd_conn_send just queued (when it queued it:
+ * nothing otherwise) as granting c's lease lease_id with its fd (created:
+ * in answer to a create).  If that fd cannot go when the queue is flushed
+ * (gshmd's fds in flight over its RLIMIT_NOFILE: ETOOMANYREFS), the grant
+ * is taken back (gshmd_registry_grant_undo) and the reply becomes an
+ * -EMFILE refusal, as for a reply refused at once; the connection stays. */
+void gshmd_conn_queued_grant(struct conn *c, uint64_t lease_id, bool created);
+
+/* The message of that refusal. */
+#define GSHMD_FD_REFUSED "gshmd cannot pass an fd now (fds in flight at its limit): try again"
+
 /* Answers a request that breaks the protocol with status and message,
  * then drops the client; counts a protocol error. */
 void gshmd_conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__Status status,
@@ -77,6 +88,19 @@ void gshmd_conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__S
  * change. */
 void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg,
                                 Gshm__EventKind kind, const struct conn *except);
+
+/* ---- server_admit.c ---- */
+
+/* The peer's credentials on socket fd into *cred (its groups malloc'ed:
+ * freed with the connection), admin set for root and s's admin group.
+ * Returns 0, or -ENOMEM. */
+int gshmd__peer_credentials(struct gshmd_server *s, int fd, struct gshmd_cred *cred);
+
+/* Whether a peer of cred must be refused at accept: its uid holds
+ * quota.connections already / gshmd holds limits.max_connections (less
+ * the admins' reserve for others).  Each logs the refusal. */
+bool gshmd__over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred);
+bool gshmd__over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred);
 
 /* ---- requests.c ---- */
 

@@ -28,6 +28,8 @@ struct out_pkt {
   size_t len;
   int fd;
   bool event; /* counted in conn.nevents, not against limits.max_inflight */
+  bool created;      /* lease_id's grant answered a create */
+  uint64_t lease_id; /* a reply granting this lease with fd; 0: none */
   uint8_t data[];
 };
 
@@ -213,6 +215,8 @@ static int conn_send(struct conn *c, size_t len, int fd, bool event) {
     p->len = len;
     p->fd = -1;
     p->event = event;
+    p->created = false;
+    p->lease_id = 0;
     if (fd >= 0 && (p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
       free(p);
       return -EMFILE; /* (as for -ETOOMANYREFS above) */
@@ -395,12 +399,62 @@ static void conn_read(struct conn *c) {
   }
 }
 
+void gshmd_conn_queued_grant(struct conn *c, uint64_t lease_id, bool created) {
+  struct out_pkt *p;
+
+  if (!c->noutq) /* sent at once */
+    return;
+  p = gshm_list_entry(c->outq.prev, struct out_pkt, node);
+  if (p->fd >= 0 && !p->event) {
+    p->lease_id = lease_id;
+    p->created = created;
+  }
+}
+
+/* Queued reply p grants a lease whose fd cannot go now: the grant is
+ * taken back and an -EMFILE refusal to the same request takes p's place
+ * (gshmd_conn_queued_grant).  Returns 0, or -ENOMEM (the caller closes
+ * the connection, which ends the lease anyway). */
+static int conn_refuse_queued(struct conn *c, struct out_pkt *p) {
+  struct gshmd_server *s = c->srv;
+  Gshm__Reply refused = GSHM__REPLY__INIT;
+  struct gshmd_lease *l = gshmd_registry_find_lease(s->reg, p->lease_id);
+  struct gshm_wire_header hdr;
+  struct out_pkt *n;
+  size_t len;
+
+  refused.status = gshm__errno_to_status(-EMFILE);
+  refused.message = GSHMD_FD_REFUSED;
+  if (gshm__wire_parse_header(p->data, p->len, &hdr) ||
+      gshm__wire_pack(hdr.type, hdr.request_id, &refused.base, s->txbuf, sizeof(s->txbuf), &len) ||
+      !(n = malloc(sizeof(*n) + len)))
+    return -ENOMEM;
+  gshm_log_warn("an fd could not be sent to client %" PRIu64 " (%s): refused; raise "
+                "LimitNOFILE= (fds in flight count)", c->client->session_id, strerror(ETOOMANYREFS));
+  /* Others may have opened a created segment since: they hear of its unlink. */
+  if (p->created && l && l->client == c->client && !l->seg->unlinked && l->seg->nleases > 1)
+    gshmd_notify_lease_holders(s, l->seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, c);
+  gshmd_registry_grant_undo(s->reg, c->client, p->lease_id, p->created);
+  memcpy(n->data, s->txbuf, len);
+  n->len = len;
+  n->fd = -1;
+  n->event = n->created = false;
+  n->lease_id = 0;
+  gshm_list_add_tail(&p->node, &n->node); /* (before p) */
+  gshm_list_del(&p->node);
+  close(p->fd);
+  free(p);
+  return 0;
+}
+
 static void conn_flush(struct conn *c) {
   while (c->noutq) {
     struct out_pkt *p = gshm_list_entry(c->outq.next, struct out_pkt, node);
     int r = gshm__wire_sendmsg(c->fd, p->data, p->len, p->fd);
     if (r == -EAGAIN)
       return;
+    if (r == -ETOOMANYREFS && p->lease_id && c->client && !conn_refuse_queued(c, p))
+      continue; /* the refusal goes next */
     if (r) {
       gshmd_conn_close(c, NULL);
       return;
@@ -435,88 +489,6 @@ static void conn_on_io(uv_poll_t *h, int status, int events) {
     gshmd_conn_close(c, NULL);
 }
 
-/* The peer's credentials and every supplementary group (SO_PEERGROUPS
- * says how many when they do not fit: up to NGROUPS_MAX, 65536).  On
- * failure to read the groups, the peer has none: it can lose access
- * through group bits, never gain any.  Returns -ENOMEM or 0. */
-static int peer_credentials(struct gshmd_server *s, int fd, struct gshmd_cred *cred) {
-  struct ucred uc;
-  socklen_t len = sizeof(uc);
-  gid_t small[64], *heap = NULL;
-  const gid_t *got = NULL;
-
-  memset(cred, 0, sizeof(*cred));
-  cred->uid = (uid_t)-1;
-  cred->gid = (gid_t)-1;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) == 0) {
-    cred->pid = uc.pid;
-    cred->uid = uc.uid;
-    cred->gid = uc.gid;
-  }
-  len = sizeof(small);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, small, &len) == 0) {
-    got = small;
-  } else if (errno == ERANGE && len > sizeof(small)) { /* len: the size needed */
-    if (!(heap = malloc(len)))
-      return -ENOMEM;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, heap, &len) == 0)
-      got = heap;
-  }
-  if (got && len >= sizeof(gid_t)) {
-    if (!heap) {
-      if (!(heap = malloc(len)))
-        return -ENOMEM;
-      memcpy(heap, small, len);
-    }
-    cred->groups = heap;
-    cred->ngroups = (int)(len / sizeof(gid_t));
-  } else {
-    free(heap);
-  }
-  cred->admin = cred->uid == 0;
-  if (!cred->admin && s->have_admin_gid) {
-    cred->admin = cred->gid == s->admin_gid;
-    for (int i = 0; i < cred->ngroups && !cred->admin; i++)
-      cred->admin = cred->groups[i] == s->admin_gid;
-  }
-  return 0;
-}
-
-/* quota.connections counted at accept, before hello, over every
- * connection of the uid: checked only at hello, a user could hold all of
- * limits.max_connections with connections that never say hello (each
- * dropped after limits.partial_timeout_ms, and opened again) and lock
- * every other user out.  One pass over the connections per accept. */
-static bool over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred) {
-  uint32_t n = 0;
-  struct gshm_list *pos;
-
-  if (!s->cfg->quota_connections || cred->uid == 0)
-    return false;
-  gshm_list_foreach(pos, &s->conns) {
-    const struct conn *c = gshm_list_entry(pos, struct conn, node);
-    n += !c->closing && c->cred.uid == cred->uid;
-  }
-  if (n < s->cfg->quota_connections)
-    return false;
-  gshm_log_warn("connection refused: uid %u has %u connections, limit %u", (unsigned)cred->uid,
-                n, s->cfg->quota_connections);
-  return true;
-}
-
-/* limits.max_connections, of which the last limits.admin_connections (at
- * most a quarter) only root and the admin group may take. */
-static bool over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred) {
-  uint32_t max = s->cfg->max_connections, reserve = s->cfg->admin_connections;
-  uint32_t limit = cred->admin ? max : max - (reserve < max / 4 ? reserve : max / 4);
-
-  if (!max || s->nconns < limit)
-    return false;
-  gshm_log_warn("connection refused: %u connections, the limit%s", s->nconns,
-                cred->admin ? "" : " for users who are not admins");
-  return true;
-}
-
 static void on_accept(uv_poll_t *h, int status, int events) {
   struct gshmd_server *s = h->data;
 
@@ -549,8 +521,8 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     c->accepted_ns = c->last_ns = gshm__now_ns(CLOCK_MONOTONIC);
     /* The uid's quota first, then the global limit less the admins'
      * reserve: one user can fill neither. */
-    if (peer_credentials(s, fd, &c->cred) || over_uid_quota(s, &c->cred) ||
-        over_global_limit(s, &c->cred) || uv_poll_init(s->loop, &c->poll, fd)) {
+    if (gshmd__peer_credentials(s, fd, &c->cred) || gshmd__over_uid_quota(s, &c->cred) ||
+        gshmd__over_global_limit(s, &c->cred) || uv_poll_init(s->loop, &c->poll, fd)) {
       close(fd);
       free(c->cred.groups);
       free(c);

@@ -164,6 +164,24 @@ typedef struct gshm_device_info {
 GSHM_EXTERN int gshm_connect(const char *path, const char *client_name,
                              gshm_client_t **client_out);
 
+/* Why gshm_connect() failed and what the user can do about it, as one line
+ * of text for a person (gshmctl and the Python package print it after
+ * "cannot reach gshmd at PATH: "): no socket there or nothing listening on
+ * it (start gshmd, or give its socket's path), a file that is not a socket,
+ * a directory above the socket that refuses this uid, or the socket's owner,
+ * group and mode where they refuse this uid (and how an admin widens them).
+ * Any other error: gshm_strerror(err).  Looks at the socket with stat(2);
+ * sends nothing to gshmd.
+ *  socket_path  the path given to gshm_connect(); NULL or "" resolves as
+ *               there ($GSHM_SOCKET, else GSHM_DEFAULT_SOCKET).
+ *  err          what gshm_connect() returned (a negative errno).
+ *  buf, cap     caller's buffer of cap bytes (512 holds every text but one
+ *               that quotes a long socket_path); always NUL-terminated,
+ *               "" on -EINVAL.
+ * Returns 0; -EINVAL buf is NULL, cap is 0 or err >= 0; -ENOBUFS the text
+ * did not fit (buf holds its first cap - 1 bytes). */
+GSHM_EXTERN int gshm_connect_explain(const char *socket_path, int err, char *buf, size_t cap);
+
 /* Closes every segment still open on this client (unmapping it), ends the
  * connection (the daemon ends its leases) and frees the client.
  * Accepts NULL. */

@@ -46,45 +46,16 @@ def _unlink_on_error(client: Client, name: str, seg: _Seg) -> Iterator[_Seg]:
         raise
 
 
-def _connect_hint(path: str, code: int) -> str:
-    """What the user can do when connecting to the socket at path failed
-    with errno code (what gshmctl says): start gshmd where nothing is there
-    or nothing listens; the socket's owner, group and mode where it refused
-    this user.  "" for other errors."""
-    import grp
-    import pwd
-    import stat as st_
-    start = ("start gshmd (systemctl start gshmd.socket, or gshmd --socket PATH) or give its "
-             "socket's path (socket=PATH, --socket PATH) or $GSHM_SOCKET")
-    try:
-        info: Optional[os.stat_result] = os.stat(path)
-    except OSError:
-        info = None
-    if code == errno.ENOENT:
-        return "no socket there (is gshmd running?): " + start
-    if code == errno.ECONNREFUSED and info is not None and not st_.S_ISSOCK(info.st_mode):
-        return ("%s is not a socket: give gshmd's socket's path (socket=PATH, --socket PATH) "
-                "or $GSHM_SOCKET" % path)
-    if code == errno.ECONNREFUSED:
-        return "nothing listens on that socket (left by a gshmd that stopped?): " + start
-    if code == errno.EACCES and info is None:
-        return "a directory above it does not let uid %d through" % os.geteuid()
-    if code == errno.EACCES and info is not None:
-        try:
-            owner = pwd.getpwuid(info.st_uid).pw_name
-        except KeyError:
-            owner = "uid %d" % info.st_uid
-        try:
-            group = grp.getgrgid(info.st_gid).gr_name
-        except KeyError:
-            group = "gid %d" % info.st_gid
-        join = ("add this user to group '%s' (from its next login) or " % group
-                if info.st_mode & 0o060 == 0o060 else "")
-        return ("the socket (owner %s, group %s, mode %04o) does not let uid %d connect: an "
-                "admin can %swiden the socket (daemon.socket_group and daemon.socket_mode, or "
-                "SocketGroup= and SocketMode= of gshmd.socket)"
-                % (owner, group, info.st_mode & 0o7777, os.geteuid(), join))
-    return ""
+def _connect_hint(path: str, err: int) -> str:
+    """libgshm's explanation of gshm_connect's failure err (negative errno)
+    at path: why, and what the user can do (gshmctl says the same); the
+    error's description alone from a libgshm too old to explain."""
+    fn = L.optional_symbol("gshm_connect_explain")
+    if fn is None:
+        return _strerror(err)
+    buf = ctypes.create_string_buffer(1024)
+    fn(os.fsencode(path), err, buf, len(buf))  # a cut text is still worth showing
+    return buf.value.decode("utf-8", "replace")
 
 
 class Client(object):
@@ -109,8 +80,9 @@ class Client(object):
                                          errno.EPIPE) else None
             path = os.fspath(socket) if socket is not None else (
                 os.environ.get("GSHM_SOCKET") or "/run/gshm/gshmd.sock")
+            why = _connect_hint(path, rc)
             raise error_for(rc, function="gshm_connect", filename=path, cls=cls,
-                            description=_strerror(rc), message=_connect_hint(path, -rc))
+                            description=why, message=why)
         self._h = _ClientHandle(out.value)
         self._fin = _finalizer(self, self._h.release_owner)
         self.socket = os.fspath(socket) if socket is not None else (

@@ -29,6 +29,26 @@ Devices = Union[int, Sequence[Any], None]
 
 _S = TypeVar("_S", bound="Segment")
 
+# A bytes object of n uninitialised bytes, and the address of its data:
+# CPython's way for C code to fill a fresh bytes object (nothing else holds
+# it until read() returns it).  n >= 1: n = 0 gives the shared empty bytes.
+_PyBytes_FromStringAndSize = ctypes.pythonapi.PyBytes_FromStringAndSize
+_PyBytes_FromStringAndSize.restype = ctypes.py_object
+_PyBytes_FromStringAndSize.argtypes = [ctypes.c_char_p, ctypes.c_ssize_t]
+_PyBytes_AsString = ctypes.pythonapi.PyBytes_AsString
+_PyBytes_AsString.restype = ctypes.c_void_p
+_PyBytes_AsString.argtypes = [ctypes.py_object]
+
+
+def _new_bytes(n: int) -> bytes:
+    out: bytes = _PyBytes_FromStringAndSize(None, n)
+    return out
+
+
+def _bytes_address(b: bytes) -> int:
+    address: int = _PyBytes_AsString(b)
+    return address
+
 
 def _check_view(size: int, dt: DType, shape: Any, offset: Any) -> Tuple[Tuple[int, ...], int, int]:
     """Validates a view of `size` bytes; returns (shape tuple, nbytes)."""
@@ -183,12 +203,16 @@ class Segment(object):
             raise ValueError("gshm: range [%d, %d) is outside the segment (%d bytes)"
                              % (offset, offset + nbytes, self.size))
         fn = _optional("gshm_read")
-        buf = ctypes.create_string_buffer(max(nbytes, 1))
+        if nbytes == 0:
+            return b""
+        # gshm_read fills the bytes object itself: one copy of the data,
+        # never two (a ctypes buffer and then its .raw copy)
+        out = _new_bytes(nbytes)
         with self._use() as p:
-            rc = fn(p, offset, buf, nbytes)
+            rc = fn(p, offset, _bytes_address(out), nbytes)
             if rc < 0:
                 _raise(rc, "gshm_read", self._h.client.ptr, self.name)
-        return buf.raw[:nbytes]
+        return out
 
     def write(self, data: Any, offset: int = 0) -> None:
         """Copies data (bytes-like) into the segment at byte offset (gshm_write)."""
@@ -321,6 +345,20 @@ class HostSegment(Segment, mmap.mmap):  # type: ignore[misc]
         count = nbytes // dt.itemsize
         return numpy.frombuffer(self, dtype=numpy.dtype(dt.typestr), count=count,
                                 offset=offset).reshape(dims)
+
+    def _private_bytes(self, offset: int, nbytes: int) -> numpy.ndarray[Any, Any]:
+        """A writable uint8 array of nbytes (> 0) at byte offset on a
+        private copy-on-write mapping (MAP_PRIVATE) of the segment: reads
+        see the shared memory until a page is written; a write copies that
+        page for this process alone and never reaches the segment.  For
+        consumers that cannot honour a read-only buffer (torch has no
+        read-only tensors: its writes through a read-only mapping are a
+        SIGSEGV).  The array keeps its mapping until it goes."""
+        import numpy
+        fd = self.fileno()
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        m = mmap.mmap(fd, offset + nbytes - start, access=mmap.ACCESS_COPY, offset=start)
+        return numpy.frombuffer(m, dtype=numpy.uint8, count=nbytes, offset=offset - start)
 
 
 class DeviceSegment(Segment):

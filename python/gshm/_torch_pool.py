@@ -113,19 +113,24 @@ class MemPool(object):
                 unlink_prefix / `gshmctl unlink`; False: they have no names
                 and go with the process.
     mode        permission bits of the segments and the manifest.
-    granule     bytes per arena segment (multiple of 2 MiB; None: 256 MiB).
+    granule     bytes per arena segment (multiple of 2 MiB; None or 0: 256 MiB;
+                ValueError when negative).
     segment_per_alloc  one segment per PyTorch block instead of arenas (for
                 measuring; slower).
 
     Raises RuntimeError when expandable_segments is asked for, gshm.NoDevice
     for an unknown device, gshm.Exists when a persistent prefix still holds
     a pool that was not released, gshm.NotSupported without a CUDA driver,
-    ValueError for a bad prefix or a closed client."""
+    ValueError for a bad prefix or granule, or a closed client."""
 
     def __init__(self, client: Client, prefix: str, device: Any = 0, persistent: bool = True,
                  mode: int = 0o600, granule: Optional[int] = None,
                  segment_per_alloc: bool = False) -> None:
         _check_alloc_conf(os.environ)
+        if granule is not None and not 0 <= int(granule) < 1 << 64:
+            # ctypes would wrap it into a uint64_t: -2 MiB as 2^64 - 2 MiB
+            raise ValueError("gshm: granule must be a byte count from 0 (the default) to 2^64 - 1, "
+                             "a multiple of 2 MiB; not %r" % (granule,))
         if not hasattr(_torch.cuda, "MemPool") or not hasattr(_torch.cuda, "use_mem_pool"):
             raise NotImplementedError("gshm: MemPool needs torch.cuda.MemPool and use_mem_pool "
                                       "(PyTorch 2.6 or later); this is torch %s"

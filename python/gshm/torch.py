@@ -88,14 +88,28 @@ def tensor_view(seg: AnySegment, dtype: DTypeLike, shape: Sequence[int], offset:
                 device: Any = None) -> _torch.Tensor:
     """A torch tensor of dtype and shape on segment seg's memory from byte
     offset, no copy.  Device segments go through DLPack (the tensor keeps the
-    segment mapped); host segments through the buffer protocol.  Checked as
+    segment mapped); host segments through the buffer protocol (on a
+    read-only lease, a private copy-on-write mapping: torch has no read-only
+    tensors, and writing one changes this process's copy of the page, never
+    the segment).  Checked as
     Segment.view() checks: ValueError past the end, for a negative dimension
     or offset, or an offset that is not a multiple of the item size (the
     byte view below would not see that: a misaligned tensor faults in GPU
     kernels)."""
+    return _tensor_view(seg, dtype, shape, offset, device)
+
+
+def _tensor_view(seg, dtype, shape, offset, device, private=None):
+    """tensor_view; private: a uint8 tensor on a copy-on-write mapping of
+    all of the read-only host segment seg, which the view slices (one
+    mapping for all of load_state_dict's tensors)."""
     dt = _to_dtype(dtype)
     tdt = _torch_dtype(dt)
     shape, nbytes, offset = _check_view(seg.size, dt, shape, offset)
+    if private is not None:
+        if nbytes == 0:
+            return _torch.empty(shape, dtype=tdt)
+        return private[offset:offset + nbytes].view(tdt).reshape(shape)
     if seg.is_host:
         if nbytes == 0:
             return _torch.empty(shape, dtype=tdt)
@@ -103,9 +117,13 @@ def tensor_view(seg: AnySegment, dtype: DTypeLike, shape: Sequence[int], offset:
         # export at once and keeps only the object, so seg.close() would
         # unmap the memory under the tensor.  The array holds an export
         # (mmap.close then leaves the mapping to the last view) and the
-        # tensor holds the array.
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*not writable.*")
+        # tensor holds the array.  Torch has no read-only tensors: on a
+        # read-only lease the tensor is a private copy-on-write mapping,
+        # whose writes stay in this process, where a read-only mapping
+        # would make them a SIGSEGV.
+        if isinstance(seg, HostSegment) and seg.readonly:
+            raw = _torch.from_numpy(seg._private_bytes(offset, nbytes))
+        else:
             raw = _torch.from_numpy(seg.view("uint8", (nbytes,), offset))
     else:
         raw = _torch.from_dlpack(seg.view("uint8", (nbytes,), offset, device=device))
@@ -189,17 +207,23 @@ def load_state_dict(client: Client, name: str, device: Any = None,
             the memory lives on another GPU) and put the tensors there.
             Asking a host segment for CUDA tensors, or a device segment for
             CPU tensors, copies.
-    access  "r" (default): a read-only mapping; writing through the tensors
-            is then a CUDA fault.  "rw" for writable tensors.
+    access  "r" (default): a read-only lease.  On a GPU, writing through
+            the tensors is then a CUDA fault; CPU tensors of a host segment
+            are copy-on-write views (a write changes this process's copy of
+            the page, never the segment).  "rw" for tensors that write the
+            segment.
 
     The lease lasts for as long as any of the returned tensors does."""
     seg = client.open(name, access)
     try:
         if isinstance(seg, HostSegment):
             meta, entries = _parse(lambda off, n: seg[off:off + n], seg.size)
-            out = StateDict((k, tensor_view(seg, dt, shape, b)) for k, dt, shape, b, e in entries)
+            # torch has no read-only tensors: see tensor_view
+            private = _torch.from_numpy(seg._private_bytes(0, seg.size)) if seg.readonly else None
+            out = StateDict((k, _tensor_view(seg, dt, shape, b, None, private))
+                            for k, dt, shape, b, e in entries)
             out.info, out.metadata = seg.info, meta
-            out.address = _host_base(seg)
+            out.address = private.data_ptr() if private is not None else _host_base(seg)
             if device is not None and _torch.device(device).type != "cpu":
                 out = StateDict((k, v.to(device)) for k, v in out.items())
                 out.info, out.metadata = seg.info, meta

@@ -237,6 +237,41 @@ def test_host_tensor_view_survives_close(gpu_daemon, gpu_client, segname):
     gpu_client.unlink(segname)
 
 
+def test_read_only_host_tensor_takes_writes_privately(gpu_daemon, gpu_client, segname):
+    """A CPU tensor on a host segment opened read-only: torch has no
+    read-only tensors, and a write to one on the read-only mapping was a
+    SIGSEGV (the child died).  It is a copy-on-write view now: the write
+    changes the writer's tensor, never the segment."""
+    with gpu_client.create(segname, 1 * MiB, location="host") as seg:
+        seg.view("int32")[:] = 5
+        out = run_child(gpu_daemon, """
+            c = gshm.Client(sock)
+            ro = c.open(sys.argv[2], "r")
+            t = gt.tensor_view(ro, "int32", (1024,), 4100)
+            assert int(t.sum()) == 5 * 1024
+            t.fill_(9)
+            print(int(t.sum()), ro.read(4100, 4) == (5).to_bytes(4, "little"))
+        """, segname)
+        assert out.split() == [str(9 * 1024), "True"], out
+        assert int(seg.view("int32").sum()) == 5 * (seg.size // 4)
+    gpu_client.unlink(segname)
+    # load_state_dict (access "r" by default): one copy-on-write mapping for
+    # all the tensors, whose data_ptr()s lie in [sd.address, + size)
+    gt.share_state_dict(gpu_client, segname, {"w": torch.zeros(64), "b": torch.ones(8)},
+                        location="host").close()
+    out = run_child(gpu_daemon, """
+        c = gshm.Client(sock)
+        sd = gt.load_state_dict(c, sys.argv[2])
+        for t in sd.values():
+            assert sd.address <= t.data_ptr() < sd.address + sd.info.size
+        sd["w"].add_(2)
+        again = gt.load_state_dict(c, sys.argv[2])
+        print(float(sd["w"].sum()), float(again["w"].sum()), float(again["b"].sum()))
+    """, segname)
+    assert out.split() == ["128.0", "0.0", "8.0"], out
+    gpu_client.unlink(segname)
+
+
 def test_tensor_view_checks_like_view(gpu_client, segname):
     """gshm.torch.tensor_view checked only the bounds of a uint8 view of
     the bytes: a float32 tensor at byte 2 went through, misaligned (every

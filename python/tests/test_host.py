@@ -378,6 +378,28 @@ def test_connect_failure_carries_errno(tmp_path):
     assert ei.value.errno in (errno.ENOENT, errno.ECONNREFUSED)
 
 
+def test_read_holds_one_copy(client, segname):
+    """Segment.read fills the bytes object it returns: at no time does it
+    hold a second copy of the data (a scratch buffer and then its copy)."""
+    import tracemalloc
+    n = 32 << 20
+    with client.create(segname, n, location="host") as seg:
+        pattern = bytes(range(256)) * 4096
+        for off in range(0, n, len(pattern)):
+            seg.write(pattern, off)
+        tracemalloc.start()
+        try:
+            data = seg.read()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert type(data) is bytes and len(data) == n and data[:len(pattern)] == pattern
+        assert data[n - 256:] == bytes(range(256)) and data.count(b"\xff") == n // 256
+        assert n <= peak < n + n // 4, (peak, n)   # one copy, not two
+        assert seg.read(n - 1, 1) == b"\xff" and seg.read(5, 0) == b""
+    client.unlink(segname)
+
+
 def test_readonly_lease(client, segname):
     with client.create(segname, 8192, location="host") as seg:
         seg.view("uint32")[:] = 7
@@ -389,6 +411,23 @@ def test_readonly_lease(client, segname):
             v[0] = 1
         assert memoryview(ro).readonly
         del v
+    client.unlink(segname)
+
+
+def test_private_view_of_a_read_only_lease(client, segname):
+    """The copy-on-write view that gshm.torch gives torch for a read-only
+    host lease: it reads the shared memory (a later write by the segment's
+    writer too, on pages it did not write), and its own writes stay in it."""
+    with client.create(segname, 3 * 4096, location="host") as rw:
+        rw.view("uint8")[:] = 1
+        with client.open(segname, "r") as ro:
+            a = ro._private_bytes(4096 + 10, 4096)   # over two pages, not aligned
+            assert a.flags.writeable and a.size == 4096 and int(a.sum()) == 4096
+            a[:100] = 7                               # the first page, copied
+            assert rw.read(4096 + 10, 100) == b"\x01" * 100
+            rw.write(b"\x03" * 4096, 2 * 4096)      # the page a never wrote
+            assert int(a[-1]) == 3 and int(a[0]) == 7
+            del a
     client.unlink(segname)
 
 
@@ -837,6 +876,31 @@ def test_python_m_gshm_is_gshmctl_status(daemon, client, segname):
     with pytest.raises(gshm.Unreachable) as ei:
         gshm.Client(daemon.socket + ".absent")
     assert "is gshmd running?" in str(ei.value) and ei.value.errno == errno.ENOENT, ei.value
+
+
+def test_unreachable_says_what_gshmctl_says(tmp_path):
+    """gshm.Client and gshmctl explain a daemon they cannot reach with one
+    text (libgshm's gshm_connect_explain): nothing there, a file that is no
+    socket, a socket nothing listens on."""
+    import socket as socket_
+    notsock = tmp_path / "plain"
+    notsock.write_bytes(b"")
+    stale = tmp_path / "stale"
+    s = socket_.socket(socket_.AF_UNIX, socket_.SOCK_SEQPACKET)
+    s.bind(str(stale))
+    s.close()
+    for path, code in ((tmp_path / "absent", errno.ENOENT), (notsock, errno.ECONNREFUSED),
+                       (stale, errno.ECONNREFUSED)):
+        p = subprocess.run([gshm_testutil.gshmctl_path(), "--socket", str(path), "status"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        lead = "cannot reach gshmd at %s: " % path
+        err = p.stderr.decode()
+        assert p.returncode == 3 and lead in err, (p.returncode, err)
+        said = err[err.index(lead) + len(lead):].strip()
+        with pytest.raises(gshm.Unreachable) as ei:
+            gshm.Client(str(path))
+        assert ei.value.errno == code and ei.value.gshm_message == said, (ei.value, said)
+        assert ("start gshmd" in said) != (path == notsock), said
 
 
 def test_public_api_is_annotated():

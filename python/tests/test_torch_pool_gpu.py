@@ -227,6 +227,15 @@ def role_limits(sock, out_dir):
     except gshm.NoDevice:
         res["unknown_device"] = True
 
+    # a granule that is no byte count: ctypes made -2 MiB 2^64 - 2 MiB (a
+    # multiple of 2 MiB, which libgshm took)
+    for name, bad in (("negative", -2 * MiB), ("over_64_bits", 1 << 64)):
+        try:
+            gt.MemPool(c, "torchtest/granule", device=0, granule=bad)
+            res["granule_%s_refused" % name] = False
+        except ValueError as e:
+            res["granule_%s_refused" % name] = "granule" in str(e)
+
     # empty_cache cannot take the pool's memory, nor corrupt live tensors
     pool = gt.MemPool(c, "torchtest/ec", device=0)
     with gt.use_pool(pool):

@@ -93,7 +93,8 @@ json err "d['error']['exit_code'] == 3 and d['error']['errno'] is not None"
 GSHM_SOCKET=$dir/nothing-here run 3 status
 has err "cannot reach gshmd at $dir/nothing-here: no socket there"
 has err "is gshmd running?"
-has err "--socket PATH or \$GSHM_SOCKET"
+has err "gshmctl --socket PATH"
+has err "or \$GSHM_SOCKET"
 "$py" -c 'import socket,sys; socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).bind(sys.argv[1])' "$dir/stale"
 GSHM_SOCKET=$dir/stale run 3 status
 has err "nothing listens on that socket"

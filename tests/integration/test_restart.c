@@ -24,6 +24,7 @@
 #include "gshm.h"
 #include "harness.h"
 #include "wire.h"
+#include "raw.h"
 
 static const uint64_t sizes[] = {4096, (1u << 20) + 3, 8u << 20};
 #define NSEG (sizeof(sizes) / sizeof(sizes[0]))
@@ -407,37 +408,22 @@ static void test_listing_never_ends_early(void **state) {
                    0);
   /* libgshm refuses names over 255 bytes: the raw protocol makes them */
   {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    Gshm__Hello hm = GSHM__HELLO__INIT;
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", h.socket_path);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    hm.major = GSHM_PROTO_MAJOR;
-    hm.client_name = "long";
-    assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_HELLO, 1, &hm.base, -1), 0);
-    for (int i = 0; i <= 3; i++) {
-      int fds[4], nfds = 0;
-      struct gshm_wire_header hdr;
+    int fd = raw_connect(h.socket_path);
+
+    for (int i = 0; i < 3; i++) {
+      Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
       Gshm__Reply *r;
-      ssize_t len = gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds, 0);
-      assert_true(len > 0);
-      for (int k = 0; k < nfds; k++)
-        close(fds[k]);
-      assert_int_equal(gshm__wire_parse_header(buf, (size_t)len, &hdr), 0);
-      assert_non_null(r = gshm__reply__unpack(NULL, hdr.length, buf + GSHM_WIRE_HEADER_SIZE));
+
+      memset(names[i], 'a' + i, 4000);
+      names[i][4000] = '\0';
+      cr.name = names[i];
+      cr.size = 4096;
+      cr.location = "host";
+      cr.mode = 0644;
+      assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_CREATE, 2 + (uint32_t)i, &cr.base, -1), 0);
+      r = raw_reply(fd);
       assert_int_equal(r->status, GSHM__STATUS__STATUS_OK);
       gshm__reply__free_unpacked(r, NULL);
-      if (i < 3) {
-        Gshm__CreateRequest cr = GSHM__CREATE_REQUEST__INIT;
-        memset(names[i], 'a' + i, 4000);
-        names[i][4000] = '\0';
-        cr.name = names[i];
-        cr.size = 4096;
-        cr.location = "host";
-        cr.mode = 0644;
-        assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_CREATE, 2 + (uint32_t)i, &cr.base, -1), 0);
-      }
     }
     close(fd);
   }
@@ -623,44 +609,18 @@ static void test_sigkill_while_the_store_is_behind(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
-/* A raw connection that said hello (its Welcome read). */
-static int raw_connect(const char *path) {
-  static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  Gshm__Hello hm = GSHM__HELLO__INIT;
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), nfds = 0;
-
-  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  hm.major = GSHM_PROTO_MAJOR;
-  hm.client_name = "raw";
-  assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_HELLO, 1, &hm.base, -1), 0);
-  assert_true(gshm__wire_recv(fd, buf, sizeof(buf), NULL, 0, &nfds, 0) > 0);
-  return fd;
-}
-
 /* The create's reply on raw: true when gshmd made the segment and sent
  * its fd; false when the kernel refused that fd (ETOOMANYREFS: without
  * capabilities, while gshmd's uid has more fds in flight than gshmd's
  * tiny limit, which other tests' daemons may cause) and gshmd took the
  * create back (-EMFILE). */
 static bool create_reply_ok(int raw) {
-  uint8_t buf[4096];
-  int fds[4], nfds = 0;
-  ssize_t len = gshm__wire_recv(raw, buf, sizeof(buf), fds, 4, &nfds, 0);
-  struct gshm_wire_header hdr;
-  Gshm__Reply *r;
-  bool ok;
+  Gshm__Reply *r = raw_reply(raw);
+  bool ok = r->status == GSHM__STATUS__STATUS_OK;
 
-  assert_true(len > 0);
-  assert_int_equal(gshm__wire_parse_header(buf, (size_t)len, &hdr), 0);
-  assert_non_null(r = gshm__reply__unpack(NULL, hdr.length, buf + GSHM_WIRE_HEADER_SIZE));
-  ok = r->status == GSHM__STATUS__STATUS_OK;
   if (!ok)
     assert_int_equal(r->status, GSHM__STATUS__STATUS_LIMIT);
   gshm__reply__free_unpacked(r, NULL);
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
   return ok;
 }
 

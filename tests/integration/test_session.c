@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -24,6 +26,7 @@
 
 #include "gshm.h"
 #include "harness.h"
+#include "raw.h"
 #include "util.h"
 
 /* Runs fn in a child process; returns its exit code. */
@@ -282,6 +285,121 @@ static void test_fd_send_refused_keeps_the_connection(void **state) {
   assert_int_equal(gshm_unlink(a, "fdl/x"), 0);
   gshm_disconnect(a);
   gshm_disconnect(b);
+}
+
+/* Whether gshmd read what was sent on raw within ms (SIOCOUTQ: the
+ * bytes of our packets it has not read yet). */
+static bool raw_read_by_gshmd(int raw, int ms) {
+  for (int waited = 0;; waited++) {
+    int queued = -1;
+    assert_int_equal(ioctl(raw, SIOCOUTQ, &queued), 0);
+    if (queued == 0)
+      return true;
+    if (waited >= ms * 10)
+      return false;
+    usleep(100);
+  }
+}
+
+static void raw_open(int raw, const char *name, uint32_t request_id) {
+  Gshm__OpenRequest m = GSHM__OPEN_REQUEST__INIT;
+
+  m.name = (char *)name;
+  m.access = GSHM__ACCESS__ACCESS_READ;
+  assert_int_equal(gshm__wire_send(raw, GSHM_WIRE_OPEN, request_id, &m.base, -1), 0);
+}
+
+/* As above for a grant that waited in gshmd's queue (the client's socket
+ * buffer was full) and whose fd meets ETOOMANYREFS when the queue is
+ * flushed: gshmd dropped the client.  Now the grant is taken back and
+ * answered -EMFILE in its place, and the connection stays.  (Opens until
+ * one is not read: the reply before it is the one that was queued.) */
+static void test_queued_fd_send_refused_keeps_the_connection(void **state) {
+  struct harness *h = *state;
+  gshm_client_t *a;
+  gshm_segment_t *sx;
+  gshm_lease_info_t *leases;
+  struct rlimit orig, tight;
+  int sv[2], devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int raw = raw_connect(h->socket_path);
+  uint32_t id = 2, queued = 0;
+  size_t n, mine = 0;
+  Gshm__Reply *r;
+
+  assert_true(devnull >= 0);
+  assert_int_equal(gshm_connect(h->socket_path, "a", &a), 0);
+  assert_int_equal(gshm_create(a, "fdq/x", 4096, NULL, 0644, 0, &sx), 0);
+  for (; id < 20000 && !queued; id++) {
+    raw_open(raw, "fdq/x", id);
+    if (!raw_read_by_gshmd(raw, 300) && !raw_read_by_gshmd(raw, 1000))
+      queued = id - 1; /* gshmd reads nothing more: id - 1's reply waits */
+  }
+  assert_true(queued > 2);
+  print_message("    open %u's reply was queued (%u sent at once before it)\n", queued, queued - 2);
+
+  fds_in_flight(devnull, 500, sv);
+  assert_int_equal(prlimit(h->sp.pid, RLIMIT_NOFILE, NULL, &orig), 0);
+  tight.rlim_cur = (rlim_t)harness_lowest_free_fd(h->sp.pid, 8);
+  tight.rlim_max = orig.rlim_max;
+  assert_int_equal(prlimit(h->sp.pid, RLIMIT_NOFILE, &tight, NULL), 0);
+  for (uint32_t i = 2; i < queued; i++) { /* sent at once, with their fds */
+    r = raw_reply(raw);
+    assert_int_equal(r->status, GSHM__STATUS__STATUS_OK);
+    gshm__reply__free_unpacked(r, NULL);
+  }
+  r = raw_reply(raw); /* the queued grant: before, the connection was dropped */
+  assert_int_equal(r->status, GSHM__STATUS__STATUS_LIMIT);
+  gshm__reply__free_unpacked(r, NULL);
+  r = raw_reply(raw); /* the open left unread, refused at once */
+  assert_int_equal(r->status, GSHM__STATUS__STATUS_LIMIT);
+  gshm__reply__free_unpacked(r, NULL);
+  assert_int_equal(prlimit(h->sp.pid, RLIMIT_NOFILE, &orig, NULL), 0);
+  close(sv[0]);
+  close(sv[1]);
+  close(devnull);
+
+  raw_open(raw, "fdq/x", id); /* the connection works */
+  r = raw_reply(raw);
+  assert_int_equal(r->status, GSHM__STATUS__STATUS_OK);
+  gshm__reply__free_unpacked(r, NULL);
+  assert_int_equal(gshm_list_leases(a, &leases, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    mine += strcmp(leases[i].client_name, "raw") == 0;
+  gshm_free(leases);
+  assert_int_equal(mine, queued - 2 + 1); /* the two refused grants hold no lease */
+  close(raw);
+  assert_int_equal(gshm_close(sx), 0);
+  assert_int_equal(gshm_unlink(a, "fdq/x"), 0);
+  gshm_disconnect(a);
+}
+
+/* gshm_connect_explain: the text gshmctl and the Python package print
+ * for a daemon they cannot reach, and its documented errors. */
+static void test_connect_explain(void **state) {
+  struct harness *h = *state;
+  char buf[1024], plain[] = "/tmp/gshm-explain-XXXXXX", absent[600];
+  int fd = mkstemp(plain);
+
+  assert_true(fd >= 0);
+  close(fd);
+  assert_int_equal(gshm_connect_explain("/x", -ENOENT, NULL, 10), -EINVAL);
+  assert_int_equal(gshm_connect_explain("/x", -ENOENT, buf, 0), -EINVAL);
+  assert_int_equal(gshm_connect_explain("/x", 0, buf, sizeof(buf)), -EINVAL);
+  assert_string_equal(buf, "");
+  snprintf(absent, sizeof(absent), "%s.absent", h->socket_path);
+  assert_int_equal(gshm_connect_explain(absent, -ENOENT, buf, sizeof(buf)), 0);
+  assert_non_null(strstr(buf, "no socket there (is gshmd running?): start gshmd"));
+  assert_int_equal(gshm_connect_explain(absent, -ENOENT, buf, 16), -ENOBUFS);
+  assert_int_equal(strlen(buf), 15);
+  assert_int_equal(gshm_connect_explain(h->socket_path, -EIO, buf, sizeof(buf)), 0);
+  assert_string_equal(buf, gshm_strerror(-EIO));
+  /* NULL: the path gshm_connect would use ($GSHM_SOCKET) */
+  assert_int_equal(setenv("GSHM_SOCKET", plain, 1), 0);
+  assert_int_equal(gshm_connect_explain(NULL, -ECONNREFUSED, buf, sizeof(buf)), 0);
+  unsetenv("GSHM_SOCKET");
+  assert_true(strncmp(buf, plain, strlen(plain)) == 0);
+  assert_non_null(strstr(buf, " is not a socket: "));
+  unlink(plain);
 }
 
 static void test_killed_client_leases_vanish(void **state) {
@@ -545,6 +663,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_killed_client_leases_vanish, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_unlink_events_spare_a_busy_holder, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_queued_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_connect_explain, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_host_size_and_populate, harness_cmocka_setup, harness_cmocka_teardown),

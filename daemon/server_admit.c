@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Who may connect: a peer's credentials (uid, groups, admin) and the
+ * connection limits checked at accept (quota.connections per uid,
+ * limits.max_connections with the admins' reserve). */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "config.h"
+#include "log.h"
+#include "requests.h"
+#include "server.h"
+
+/* The peer's credentials and every supplementary group (SO_PEERGROUPS
+ * says how many when they do not fit: up to NGROUPS_MAX, 65536).  On
+ * failure to read the groups, the peer has none: it can lose access
+ * through group bits, never gain any.  Returns -ENOMEM or 0. */
+int gshmd__peer_credentials(struct gshmd_server *s, int fd, struct gshmd_cred *cred) {
+  struct ucred uc;
+  socklen_t len = sizeof(uc);
+  gid_t small[64], *heap = NULL;
+  const gid_t *got = NULL;
+
+  memset(cred, 0, sizeof(*cred));
+  cred->uid = (uid_t)-1;
+  cred->gid = (gid_t)-1;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) == 0) {
+    cred->pid = uc.pid;
+    cred->uid = uc.uid;
+    cred->gid = uc.gid;
+  }
+  len = sizeof(small);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, small, &len) == 0) {
+    got = small;
+  } else if (errno == ERANGE && len > sizeof(small)) { /* len: the size needed */
+    if (!(heap = malloc(len)))
+      return -ENOMEM;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, heap, &len) == 0)
+      got = heap;
+  }
+  if (got && len >= sizeof(gid_t)) {
+    if (!heap) {
+      if (!(heap = malloc(len)))
+        return -ENOMEM;
+      memcpy(heap, small, len);
+    }
+    cred->groups = heap;
+    cred->ngroups = (int)(len / sizeof(gid_t));
+  } else {
+    free(heap);
+  }
+  cred->admin = cred->uid == 0;
+  if (!cred->admin && s->have_admin_gid) {
+    cred->admin = cred->gid == s->admin_gid;
+    for (int i = 0; i < cred->ngroups && !cred->admin; i++)
+      cred->admin = cred->groups[i] == s->admin_gid;
+  }
+  return 0;
+}
+
+/* quota.connections counted at accept, before hello, over every
+ * connection of the uid: checked only at hello, a user could hold all of
+ * limits.max_connections with connections that never say hello (each
+ * dropped after limits.partial_timeout_ms, and opened again) and lock
+ * every other user out.  One pass over the connections per accept. */
+bool gshmd__over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred) {
+  uint32_t n = 0;
+  struct gshm_list *pos;
+
+  if (!s->cfg->quota_connections || cred->uid == 0)
+    return false;
+  gshm_list_foreach(pos, &s->conns) {
+    const struct conn *c = gshm_list_entry(pos, struct conn, node);
+    n += !c->closing && c->cred.uid == cred->uid;
+  }
+  if (n < s->cfg->quota_connections)
+    return false;
+  gshm_log_warn("connection refused: uid %u has %u connections, limit %u", (unsigned)cred->uid,
+                n, s->cfg->quota_connections);
+  return true;
+}
+
+/* limits.max_connections, of which the last limits.admin_connections (at
+ * most a quarter) only root and the admin group may take. */
+bool gshmd__over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred) {
+  uint32_t max = s->cfg->max_connections, reserve = s->cfg->admin_connections;
+  uint32_t limit = cred->admin ? max : max - (reserve < max / 4 ? reserve : max / 4);
+
+  if (!max || s->nconns < limit)
+    return false;
+  gshm_log_warn("connection refused: %u connections, the limit%s", s->nconns,
+                cred->admin ? "" : " for users who are not admins");
+  return true;
+}
