@@ -461,7 +461,9 @@ GSHM_EXTERN void gshm_free(void *p);
  * device can reach it; -ENOTSUP no CUDA driver here for a device segment;
  * -EACCES / -ENOMEM / -EIO from mmap or the driver; -ESTALE the lease
  * ended (revoked, or it could not be re-taken after a daemon restart: see
- * gshm_stat). */
+ * gshm_stat); -EPROTO the daemon's reply cannot be mapped as it says (a
+ * host segment's fd shorter than its size or not sealed against
+ * shrinking). */
 GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices,
                          void **addr_out);
 
