@@ -29,7 +29,8 @@
  * unregisters a pool and then waits for its lock before freeing it.  A
  * thread's active pool is checked against the registry (pointer and serial
  * number) on every malloc, so a pool released by another thread is never
- * dereferenced. */
+ * dereferenced; a released pool's memory is kept (graveyard), so that no
+ * later pool has its address. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -79,6 +80,10 @@ struct gshm_pool {
 /* The registry (see the top of the file for why it is process-wide). */
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct gshm_pool *registry;
+/* Released pools, never freed: a handle is only a pointer, and a freed
+ * pool's address handed to a later pool would let a stale handle
+ * (gshm_pool_activate's `prev`, restored) activate that pool. */
+static struct gshm_pool *graveyard;
 static uint64_t registry_serial;
 static __thread gshm_pool_t *active_pool;
 static __thread uint64_t active_serial;
@@ -519,6 +524,9 @@ int gshm_pool_release(gshm_pool_t *pool, int unlink) {
   pthread_mutex_unlock(&pool->lock);
   GSHM_CU(pool->drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRelease, pool->cu_device);
   pthread_mutex_destroy(&pool->lock);
-  free(pool);
+  pthread_mutex_lock(&registry_lock);
+  pool->next = graveyard; /* kept: see graveyard */
+  graveyard = pool;
+  pthread_mutex_unlock(&registry_lock);
   return 0;
 }

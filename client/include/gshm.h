@@ -637,7 +637,9 @@ GSHM_EXTERN int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs
  * still hold live blocks (tensors not yet freed) stay mapped: they are
  * closed when their last block is freed, and this returns -EBUSY with the
  * pool still valid (call again later to free it).  Returns 0 when the pool
- * was freed (do not use it again); -EINVAL pool NULL; -EBUSY as above. */
+ * was freed (do not use it again; its few hundred bytes stay allocated, so
+ * that no later pool gets its address and a stale handle names none);
+ * -EINVAL pool NULL; -EBUSY as above. */
 GSHM_EXTERN int gshm_pool_release(gshm_pool_t *pool, int unlink);
 /* ---- end PyTorch's allocator ---- */
 

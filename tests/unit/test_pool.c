@@ -428,6 +428,31 @@ static void test_pool_released_while_active_elsewhere(void **state) {
   assert_nothing_left();
 }
 
+/* A released pool's handle never names a later pool: restoring it (the
+ * `prev` of an earlier gshm_pool_activate) activates none, even when new
+ * pools are made after it is released.  Its address used to be handed to
+ * the next pool malloc made, and the stale handle then activated that
+ * pool (tensors meant to fail went into someone else's pool). */
+static void test_stale_handle_never_names_a_new_pool(void **state) {
+  gshm_pool_t *stale = pool_new("t/gone", 0, 2 * MiB), *fresh[32];
+  int reused = 0;
+  (void)state;
+
+  assert_int_equal(gshm_pool_release(stale, 1), 0);
+  for (int i = 0; i < 32; i++) {
+    char prefix[32];
+    snprintf(prefix, sizeof(prefix), "t/new%d", i);
+    fresh[i] = pool_new(prefix, 0, 2 * MiB);
+    reused += fresh[i] == stale;
+  }
+  assert_int_equal(reused, 0);
+  assert_null(gshm_pool_activate(stale));
+  assert_null(gshm_pool_activate(NULL)); /* the stale handle activated none */
+  for (int i = 0; i < 32; i++)
+    assert_int_equal(gshm_pool_release(fresh[i], 1), 0);
+  assert_nothing_left();
+}
+
 #define THREADS 4
 #define ROUNDS 3000
 
@@ -548,6 +573,7 @@ int main(void) {
       cmocka_unit_test(test_failed_growth_leaves_nothing),
       cmocka_unit_test(test_release_with_live_blocks),
       cmocka_unit_test(test_pool_released_while_active_elsewhere),
+      cmocka_unit_test(test_stale_handle_never_names_a_new_pool),
       cmocka_unit_test(test_threads_share_a_pool),
       cmocka_unit_test(test_llama_packing),
   };
