@@ -124,6 +124,15 @@ static void pool_seg_drop(gshm_pool_t *p, struct pool_seg *s, bool unlink) {
   free(s);
 }
 
+/* Unlinks s from p->segs and drops it.  Caller holds p->lock. */
+static void pool_remove(gshm_pool_t *p, struct pool_seg *s, bool unlink) {
+  struct pool_seg **pp;
+  for (pp = &p->segs; *pp != s; pp = &(*pp)->next)
+    ;
+  *pp = s->next;
+  pool_seg_drop(p, s, unlink);
+}
+
 /* Creates, maps (and for a non-persistent pool at once unlinks) segment
  * number p->next_index of at least `size` bytes.  Caller holds p->lock. */
 static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
@@ -142,6 +151,14 @@ static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
   if ((e = gshm_create(p->client, name, size, p->location, p->mode, 0, &s->seg)))
     goto free_seg;
   named = true;
+  /* The block that asked for this growth must fit in it: a segment the
+   * daemon made shorter than asked would be kept, empty, at every try. */
+  if (gshm_segment_info(s->seg)->size < size) {
+    gshm_log_err("pool '%s': %s has %llu bytes, %llu asked", p->prefix, name,
+                 (unsigned long long)gshm_segment_info(s->seg)->size, (unsigned long long)size);
+    e = -EPROTO;
+    goto close_seg;
+  }
   /* Without a name the memory goes with this process's lease. */
   if (!(p->flags & GSHM_POOL_PERSISTENT)) {
     if ((e = gshm_unlink(p->client, name)))
@@ -338,8 +355,13 @@ static int pool_malloc(gshm_pool_t *p, uint64_t size, void **ptr_out) {
       want = p->granule;
     if ((e = pool_grow(p, want, &s)))
       goto unlock;
-    if ((e = gshm__arena_carve(&s->arena, size, &off)))
+    if ((e = gshm__arena_carve(&s->arena, size, &off))) {
+      /* a failed growth leaves nothing behind, nor burns its index */
+      uint32_t index = s->index;
+      pool_remove(p, s, true);
+      p->next_index = index;
       goto unlock;
+    }
   }
   p->allocations++;
   *ptr_out = (void *)(uintptr_t)(s->base + off);
@@ -385,15 +407,6 @@ static struct pool_seg *pool_find(gshm_pool_t *p, uint64_t a) {
     if (a >= s->base && a < s->base + s->size)
       return s;
   return NULL;
-}
-
-/* Unlinks s from p->segs and drops it.  Caller holds p->lock. */
-static void pool_remove(gshm_pool_t *p, struct pool_seg *s, bool unlink) {
-  struct pool_seg **pp;
-  for (pp = &p->segs; *pp != s; pp = &(*pp)->next)
-    ;
-  *pp = s->next;
-  pool_seg_drop(p, s, unlink);
 }
 
 void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream) {

@@ -601,10 +601,11 @@ GSHM_EXTERN gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool);
  * out-of-memory error) with the reason in gshm_torch_last_error():
  * -EINVAL size < 0, or no active pool and not exactly one unreleased pool
  * in the process; -EBADF the thread's pool was released; -ENODEV `device`
- * is not the pool's; -EMFILE the pool has a million segments; the errors
- * of gshm_create() (the daemon's explanation in gshm_last_error() of the
- * pool's client) and gshm_map().  A failed growth leaves no segment, name
- * or mapping behind. */
+ * is not the pool's; -EMFILE the pool has a million segments; -EPROTO
+ * gshmd made a segment smaller than asked; the errors of gshm_create()
+ * (the daemon's explanation in gshm_last_error() of the pool's client)
+ * and gshm_map().  A failed growth leaves no segment, name or mapping
+ * behind. */
 GSHM_EXTERN void *gshm_torch_malloc(ssize_t size, int device, void *stream);
 
 /* PyTorch's pluggable-allocator free, from any thread.  Waits for all work

@@ -42,6 +42,7 @@ static struct {
 static uint64_t next_id = 1;
 static int open_segments, live_mappings;
 static int fail_create, fail_map, fail_unlink; /* the next N calls fail */
+static int short_create; /* the next N creates make half the size asked (a buggy daemon) */
 static gshm_client_t *const fake_client = (gshm_client_t *)0x1;
 
 static int name_find(const char *name) {
@@ -74,6 +75,10 @@ int gshm_create(gshm_client_t *client, const char *name, uint64_t size, const ch
     s->info.generation = 1;
     snprintf(s->info.name, sizeof(s->info.name), "%s", name);
     s->info.size = (size + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
+    if (short_create) {
+      short_create--;
+      s->info.size /= 2;
+    }
     s->info.requested_size = size;
     names[i].id = s->info.id;
     snprintf(names[i].name, sizeof(names[i].name), "%s", name);
@@ -344,6 +349,39 @@ static void test_failed_growth_leaves_nothing(void **state) {
   }
 }
 
+/* A segment the daemon made smaller than asked cannot take the block:
+ * -EPROTO, and the growth leaves nothing behind (it used to stay in the
+ * pool, mapped and, in a persistent pool, named: one more at every try). */
+static void test_short_segment_leaves_nothing(void **state) {
+  const uint32_t kinds[] = {GSHM_POOL_PERSISTENT, 0};
+  (void)state;
+
+  for (size_t k = 0; k < 2; k++) {
+    gshm_pool_t *p = pool_new(k ? "t/short-np" : "t/short-p", kinds[k], 2 * MiB);
+    gshm_pool_segment_t *segs;
+    size_t n;
+    void *a;
+
+    gshm_pool_activate(p);
+    short_create = 3;
+    for (int i = 0; i < 3; i++) { /* 1.5 MiB: a 2 MiB segment asked, 1 MiB made */
+      assert_null(gshm_torch_malloc(3 * MiB / 2, 0, NULL));
+      assert_int_equal(open_segments, 0);
+      assert_int_equal(live_mappings, 0);
+      assert_int_equal(names_left(), 0);
+      assert_int_equal(gshm_torch_last_error(), -EPROTO);
+    }
+    assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
+    assert_int_equal(gshm_pool_segments(p, &segs, &n), 0);
+    assert_int_equal(n, 1);
+    assert_non_null(strstr(segs[0].name, "/seg-000000"));
+    free(segs);
+    gshm_torch_free(a, MiB, 0, NULL);
+    assert_int_equal(gshm_pool_release(p, 1), 0);
+    assert_nothing_left();
+  }
+}
+
 /* A pool released with live blocks keeps them mapped, loses its names,
  * and goes when the last block is freed (from any thread). */
 static void test_release_with_live_blocks(void **state) {
@@ -571,6 +609,7 @@ int main(void) {
       cmocka_unit_test(test_sizes_and_foreign_pointers),
       cmocka_unit_test(test_free_synchronises_on_the_pool_context),
       cmocka_unit_test(test_failed_growth_leaves_nothing),
+      cmocka_unit_test(test_short_segment_leaves_nothing),
       cmocka_unit_test(test_release_with_live_blocks),
       cmocka_unit_test(test_pool_released_while_active_elsewhere),
       cmocka_unit_test(test_stale_handle_never_names_a_new_pool),
