@@ -310,6 +310,24 @@ static void test_free_synchronises_on_the_pool_context(void **state) {
   assert_nothing_left();
 }
 
+/* After failed growths of p (active, no segment): the index was not
+ * burnt, so the next growth is seg-000000; then p is released and nothing
+ * is left. */
+static void grows_first_then_release(gshm_pool_t *p) {
+  gshm_pool_segment_t *segs;
+  size_t n;
+  void *a;
+
+  assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
+  assert_int_equal(gshm_pool_segments(p, &segs, &n), 0);
+  assert_int_equal(n, 1);
+  assert_non_null(strstr(segs[0].name, "/seg-000000"));
+  free(segs);
+  gshm_torch_free(a, MiB, 0, NULL);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  assert_nothing_left();
+}
+
 /* Every way growing can fail leaves no segment, name or mapping. */
 static void test_failed_growth_leaves_nothing(void **state) {
   const uint32_t kinds[] = {GSHM_POOL_PERSISTENT, 0};
@@ -317,7 +335,6 @@ static void test_failed_growth_leaves_nothing(void **state) {
 
   for (size_t k = 0; k < 2; k++) {
     gshm_pool_t *p = pool_new(k ? "t/grow-np" : "t/grow-p", kinds[k], 2 * MiB);
-    void *a;
     gshm_pool_activate(p);
     fail_create = 1;
     assert_null(gshm_torch_malloc(MiB, 0, NULL));
@@ -335,17 +352,7 @@ static void test_failed_growth_leaves_nothing(void **state) {
       assert_int_equal(open_segments, 0);
       assert_int_equal(names_left(), 0);
     }
-    /* and the index is not burnt: the next growth is seg-000000 */
-    assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
-    gshm_pool_segment_t *segs;
-    size_t n;
-    assert_int_equal(gshm_pool_segments(p, &segs, &n), 0);
-    assert_int_equal(n, 1);
-    assert_non_null(strstr(segs[0].name, "/seg-000000"));
-    free(segs);
-    gshm_torch_free(a, MiB, 0, NULL);
-    assert_int_equal(gshm_pool_release(p, 1), 0);
-    assert_nothing_left();
+    grows_first_then_release(p);
   }
 }
 
@@ -358,9 +365,6 @@ static void test_short_segment_leaves_nothing(void **state) {
 
   for (size_t k = 0; k < 2; k++) {
     gshm_pool_t *p = pool_new(k ? "t/short-np" : "t/short-p", kinds[k], 2 * MiB);
-    gshm_pool_segment_t *segs;
-    size_t n;
-    void *a;
 
     gshm_pool_activate(p);
     short_create = 3;
@@ -371,14 +375,7 @@ static void test_short_segment_leaves_nothing(void **state) {
       assert_int_equal(names_left(), 0);
       assert_int_equal(gshm_torch_last_error(), -EPROTO);
     }
-    assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
-    assert_int_equal(gshm_pool_segments(p, &segs, &n), 0);
-    assert_int_equal(n, 1);
-    assert_non_null(strstr(segs[0].name, "/seg-000000"));
-    free(segs);
-    gshm_torch_free(a, MiB, 0, NULL);
-    assert_int_equal(gshm_pool_release(p, 1), 0);
-    assert_nothing_left();
+    grows_first_then_release(p);
   }
 }
 
