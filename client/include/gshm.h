@@ -759,9 +759,10 @@ typedef struct {
  * the earlier one and neither ends.
  * Errors: -EINVAL a NULL pointer, n outside 1..64, src not device memory,
  * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
- * SPLIT with host memory; -EXDEV two GPUs without a peer path for a
- * copy the algorithm needs; -ENOENT / -ENODEV no CUDA driver or GPU;
- * -ENOMEM, -EIO from the driver. */
+ * SPLIT with host memory, bytes of 2^58 or more (more than any memory);
+ * -EXDEV two GPUs without a peer path for a copy the algorithm needs;
+ * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOMEM, -EIO from the
+ * driver. */
 GSHM_EXTERN int gshm_broadcast(const void *src, void *const dsts[], int n, size_t bytes,
                                void *stream);
 
