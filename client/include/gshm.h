@@ -456,10 +456,13 @@ GSHM_EXTERN void gshm_free(void *p);
  * leases map PROT_READ (host: enforced by the kernel through a read-only
  * fd; device: cuMemSetAccess READ, enforced by the driver for mappings made
  * by libgshm).
- * Errors: -EINVAL devices given for a host segment, or an unknown ordinal;
- * -ENODEV the segment's GPU is not visible to this process and no listed
- * device can reach it; -ENOTSUP no CUDA driver here for a device segment;
- * -EACCES / -ENOMEM / -EIO from mmap or the driver; -ESTALE the lease
+ * Errors: -EINVAL seg or addr_out NULL, devices NULL with ndevices > 0,
+ * devices given for a host segment, ndevices 0 or over 64 with devices,
+ * or an unknown ordinal; -ENODEV the segment's GPU is not visible to this
+ * process, or a listed device has no peer access to it; -ENOTSUP no CUDA
+ * driver here for a device segment; -EBADF a legacy-IPC lease
+ * (gshm_open_legacy_ipc: it has no fd to map); -EACCES / -ENOMEM / -EIO
+ * from mmap or the driver; -ESTALE the lease
  * ended (revoked, or it could not be re-taken after a daemon restart: see
  * gshm_stat); -EPROTO the daemon's reply cannot be mapped as it says (a
  * host segment's fd shorter than its size or not sealed against
@@ -467,9 +470,11 @@ GSHM_EXTERN void gshm_free(void *p);
 GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices,
                          void **addr_out);
 
-/* Undoes gshm_map.  Returns 0 (also when not mapped), -EINVAL for a NULL
- * seg, or -EIO when the driver refused to unmap (the mapping is then
- * leaked, and logged). */
+/* Undoes gshm_map.  The last unmap of a lease's mapping (here or in
+ * gshm_close) removes it at once: work queued on the GPU that still uses
+ * the address must be finished first (synchronize its streams).
+ * Returns 0 (also when not mapped), -EINVAL for a NULL seg, or -EIO when
+ * the driver refused to unmap (the mapping is then leaked, and logged). */
 GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
 
 /* Copies bytes between a segment and host memory, for host and device
@@ -524,7 +529,8 @@ GSHM_EXTERN const char *gshm_err_name(int err);
  *              gshm_open() by the lease cache.
  * Errors: -ENOENT no such name; -EACCES the mode bits refuse read-write;
  * -ENOTSUP legacy export disabled on this daemon, or the segment was not
- * created with GSHM_CREATE_LEGACY_IPC; -EINVAL NULL argument. */
+ * created with GSHM_CREATE_LEGACY_IPC; -EINVAL NULL argument;
+ * -ENAMETOOLONG name over GSHM_NAME_MAX. */
 GSHM_EXTERN int gshm_open_legacy_ipc(gshm_client_t *client, const char *name,
                                      uint8_t handle_out[GSHM_LEGACY_IPC_HANDLE_SIZE],
                                      gshm_segment_t **seg_out);
@@ -579,7 +585,8 @@ typedef struct gshm_pool_segment {
  * -ENOTSUP no CUDA driver here; -ENODEV no such CUDA device in this
  * process; -EEXIST (persistent pools) "<prefix>/seg-000000" exists, i.e.
  * the prefix holds a pool that was not released (unlink its segments
- * first); the errors of gshm_stat_name(). */
+ * first); -EIO (or -ENOMEM) a driver call failed (logged); the errors of
+ * gshm_stat_name(). */
 GSHM_EXTERN int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t *cfg,
                                  gshm_pool_t **pool_out);
 
@@ -689,8 +696,10 @@ typedef enum {
  * GSHM_COPY_SM in a libgshm built without nvcc, or a GPU architecture the
  * embedded kernels (sm_90 SASS + PTX) cannot run on; -EXDEV
  * GSHM_COPY_SM between GPUs without peer access; -ENOENT / -ENODEV no CUDA
- * driver or no GPU; -ENOMEM, -EIO from the driver (logged at
- * GSHM_LOG_LEVEL>=3). */
+ * driver or no GPU; -ENOSYS a driver older than the CUDA libgshm was built
+ * for (an entry point missing); -ENOMEM, -EIO from the driver (logged at
+ * GSHM_LOG_LEVEL>=3); -ENOMEM also when the process has used more than
+ * 64 CUDA contexts. */
 GSHM_EXTERN int gshm_copy(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
                           void *stream);
 
@@ -761,8 +770,8 @@ typedef struct {
  * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
  * SPLIT with host memory, bytes of 2^58 or more (more than any memory);
  * -EXDEV two GPUs without a peer path for a copy the algorithm needs;
- * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOMEM, -EIO from the
- * driver. */
+ * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOSYS a driver too old (as
+ * gshm_copy); -ENOMEM, -EIO from the driver. */
 GSHM_EXTERN int gshm_broadcast(const void *src, void *const dsts[], int n, size_t bytes,
                                void *stream);
 
@@ -787,8 +796,9 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
  * Errors: -EINVAL flag NULL or not 8-byte aligned; -EXDEV the flag is
  * on a GPU the stream's GPU has no peer path to (libgshm enables peer
  * access where there is one); -ENOENT / -ENODEV no CUDA driver or GPU;
- * -ENOTSUP the driver refuses stream memory operations on this address
- * and libgshm was built without nvcc; -EIO the driver. */
+ * -ENOSYS a driver too old (as gshm_copy); -ENOTSUP the driver refuses
+ * stream memory operations on this address and libgshm was built without
+ * nvcc; -ENOMEM, -EIO the driver (-ENOMEM also as gshm_copy). */
 GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream);
 
 /* gshm_copy followed by gshm_signal(flag, value), fused into one kernel
@@ -810,8 +820,9 @@ GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
  *          wait polls it).
  * Errors: -EINVAL flag NULL or misaligned; -EXDEV the flag is on a GPU
  * the stream's GPU has no peer path to; -ENOENT / -ENODEV no driver or
- * GPU; -ENOTSUP the GPU does not support 64-bit stream memory operations;
- * -EIO the driver. */
+ * GPU; -ENOSYS a driver too old (as gshm_copy); -ENOTSUP the GPU does not
+ * support 64-bit stream memory operations; -ENOMEM, -EIO the driver
+ * (-ENOMEM also as gshm_copy). */
 GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream);
 
 /* ---- end copy ---- */
