@@ -466,7 +466,8 @@ GSHM_EXTERN void gshm_free(void *p);
  * ended (revoked, or it could not be re-taken after a daemon restart: see
  * gshm_stat); -EPROTO the daemon's reply cannot be mapped as it says (a
  * host segment's fd shorter than its size or not sealed against
- * shrinking). */
+ * shrinking; a device segment's size no multiple of its granularity, or
+ * a location that names no GPU by UUID). */
 GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices,
                          void **addr_out);
 
