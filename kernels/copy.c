@@ -516,6 +516,14 @@ void gshm__copy_leave_ctx(const struct gshm_cudadrv *drv, int pushed) {
     drv->cuCtxPopCurrent(&ignored);
 }
 
+/* A flag must be memory the GPU can reach: device memory or page-locked
+ * host memory (gshm.h).  In pageable memory cuStreamWriteValue64 refuses
+ * it and the fallback kernel's store to it faults on the GPU, an illegal
+ * address that poisons the caller's context for good: -EINVAL first. */
+static int flag_addressable(const struct gshm__where *wf) {
+  return wf->device || wf->pinned ? 0 : -EINVAL;
+}
+
 /* A flag on another GPU than the current context's: that GPU must be
  * reachable (peer access enabled from here), or the write or wait faults
  * on the GPU (an illegal address that poisons the context).  Returns 0 or
@@ -663,8 +671,11 @@ static int copy_common(void *dst, const void *src, size_t bytes, gshm_copy_metho
     return e;
   gshm__copy_where(drv, src, &ws);
   gshm__copy_where(drv, dst, &wd);
-  if (flag)
+  if (flag) {
     gshm__copy_where(drv, flag, &wf);
+    if ((e = flag_addressable(&wf)))
+      return e;
+  }
   e = gshm__copy_enter_ctx(drv, (CUstream)stream, ws.device ? ws.ordinal : wd.ordinal, &pushed);
   if (e)
     return e;
@@ -708,6 +719,8 @@ GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream) {
   if (e)
     return e;
   gshm__copy_where(drv, flag, &w);
+  if ((e = flag_addressable(&w)))
+    return e;
   e = gshm__copy_enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
   if (e)
     return e;
@@ -729,6 +742,8 @@ GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream) {
   if (e)
     return e;
   gshm__copy_where(drv, flag, &w);
+  if ((e = flag_addressable(&w)))
+    return e;
   e = gshm__copy_enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
   if (e)
     return e;

@@ -794,7 +794,8 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
  *          memory.
  *  value   a sequence number; consumers wait for >= value, so make it grow.
  *  stream  as for gshm_copy.
- * Errors: -EINVAL flag NULL or not 8-byte aligned; -EXDEV the flag is
+ * Errors: -EINVAL flag NULL, not 8-byte aligned, or in pageable host
+ * memory (never handed to the GPU); -EXDEV the flag is
  * on a GPU the stream's GPU has no peer path to (libgshm enables peer
  * access where there is one); -ENOENT / -ENODEV no CUDA driver or GPU;
  * -ENOSYS a driver too old (as gshm_copy); -ENOTSUP the driver refuses
@@ -819,7 +820,8 @@ GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
  *  flag    8-byte-aligned device address or page-locked host memory that
  *          this process maps; best on the waiting stream's own GPU (the
  *          wait polls it).
- * Errors: -EINVAL flag NULL or misaligned; -EXDEV the flag is on a GPU
+ * Errors: -EINVAL flag NULL, misaligned or in pageable host memory;
+ * -EXDEV the flag is on a GPU
  * the stream's GPU has no peer path to; -ENOENT / -ENODEV no driver or
  * GPU; -ENOSYS a driver too old (as gshm_copy); -ENOTSUP the GPU does not
  * support 64-bit stream memory operations; -ENOMEM, -EIO the driver
