@@ -761,12 +761,17 @@ typedef struct {
  * Host cost: about three driver calls per destination and chunk (copy,
  * event record, event wait); libgshm holds one lock while it queues, so
  * broadcasts from several threads of a process are queued one at a time.
- * Ordering: the copies run on streams libgshm keeps per GPU pair and shares
- * between all broadcasts of the process, so broadcasts run in the order
- * they were queued, whatever the callers' streams.  Never make an earlier
+ * Ordering: the copies run on streams libgshm keeps per GPU pair (and
+ * lane) and shares between all broadcasts of the process, so copies
+ * issued by one GPU to one other GPU run in the order they were queued;
+ * broadcasts queued on different callers' streams are not otherwise
+ * ordered against each other (a chain in another order, or another
+ * issuing GPU, copies into the same buffer on another stream): two that
+ * write the same destination are ordered by their callers, e.g. the
+ * second's stream waits for the first's.  Never make an earlier
  * broadcast's stream wait (gshm_wait, cuStreamWaitEvent) for work queued
- * after a later broadcast on another stream: the later one waits behind
- * the earlier one and neither ends.
+ * after a later broadcast on another stream: a later copy can wait behind
+ * an earlier one on a shared stream, and neither ends.
  * Errors: -EINVAL a NULL pointer, n outside 1..64, src not device memory,
  * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
  * SPLIT with host memory, bytes of 2^58 or more (more than any memory);
