@@ -39,7 +39,7 @@ static const char *const kernel_names[GSHM__K_COUNT] = {
  * access, and a context destroyed and created again can get the old
  * handle; either way the entry is rebuilt.  Entries are never removed: a
  * process that uses more than MAX_CONTEXTS contexts over its life gets
- * -ENOMEM from then on. */
+ * -ENOMEM from then on (an entry that could not be made takes no slot). */
 struct kctx {
   CUcontext ctx;
   unsigned long long ctx_id; /* 0: cuCtxGetId unavailable */
@@ -216,12 +216,18 @@ static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
     gshm_log_info("copy: context %p was reset or re-created; reloading", (void *)ctx);
     fresh = true;
   } else if (!k) {
-    if (table_len == MAX_CONTEXTS) {
+    /* a slot whose entry could not be made (below) is free again: else
+     * every such failure would keep one, and 64 would end all copies */
+    for (int i = 0; i < table_len && !k; i++)
+      if (!table[i].ctx)
+        k = &table[i];
+    if (!k && table_len == MAX_CONTEXTS) {
       pthread_mutex_unlock(&table_lock);
       gshm_log_err("copy: more than %d CUDA contexts", MAX_CONTEXTS);
       return -ENOMEM;
     }
-    k = &table[table_len++];
+    if (!k)
+      k = &table[table_len++];
     fresh = true;
   }
   if (fresh) {

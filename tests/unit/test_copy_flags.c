@@ -39,7 +39,8 @@ static int in(const void *p, const void *base, size_t len) {
 /* ---- the fake driver ---- */
 
 static int launches, stream_writes, stream_waits, copies;
-static CUcontext const ctx0 = (CUcontext)0x6001;
+static int fail_get_device; /* the next N cuCtxGetDevice calls fail */
+static CUcontext ctx0 = (CUcontext)0x6001; /* the thread's current context */
 
 static CUresult f_pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr ptr) {
   const void *p = (const void *)(uintptr_t)ptr;
@@ -83,6 +84,10 @@ static CUresult f_pop(CUcontext *c) {
   return CUDA_SUCCESS;
 }
 static CUresult f_get_device(CUdevice *d) {
+  if (fail_get_device) {
+    fail_get_device--;
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
   *d = 0;
   return CUDA_SUCCESS;
 }
@@ -200,9 +205,29 @@ static void test_pageable_flag_never_reaches_the_gpu(void **state) {
   assert_int_equal(pageable_mem[0], 0);
 }
 
+/* A context whose entry could not be made (its device unknown) leaves no
+ * slot taken: many such failures, then the calls work again.  Each used
+ * to keep one of the 64 slots for good, and after 64 every copy, signal
+ * and wait of the process failed with -ENOMEM. */
+static void test_failed_context_entries_are_not_kept(void **state) {
+  (void)state;
+  CUcontext was = ctx0;
+
+  for (int i = 0; i < 100; i++) { /* each a context libgshm has not seen */
+    ctx0 = (CUcontext)(uintptr_t)(0x9000 + i);
+    fail_get_device = 1;
+    assert_int_equal(gshm_signal(&device_mem[0], 1, NULL), -EIO);
+  }
+  ctx0 = (CUcontext)0x9999;
+  assert_int_equal(gshm_signal(&device_mem[0], 2, NULL), 0);
+  assert_int_equal(device_mem[0], 2);
+  ctx0 = was;
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reachable_flags),
+      cmocka_unit_test(test_failed_context_entries_are_not_kept),
       cmocka_unit_test(test_pageable_flag_never_reaches_the_gpu),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
