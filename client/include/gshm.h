@@ -697,8 +697,8 @@ typedef enum {
  * GSHM_COPY_SM in a libgshm built without nvcc, or a GPU architecture the
  * embedded kernels (sm_90 SASS + PTX) cannot run on; -EXDEV
  * GSHM_COPY_SM between GPUs without peer access; -ENOENT / -ENODEV no CUDA
- * driver or no GPU; -ENOSYS a driver older than the CUDA libgshm was built
- * for (an entry point missing); -ENOMEM, -EIO from the driver (logged at
+ * driver or no GPU; -ENOSYS a driver older than CUDA 12.0, or one that
+ * lacks an entry point libgshm needs; -ENOMEM, -EIO from the driver (logged at
  * GSHM_LOG_LEVEL>=3); -ENOMEM also when the process has used more than
  * 64 CUDA contexts. */
 GSHM_EXTERN int gshm_copy(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
