@@ -1,13 +1,37 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* gshm_map / gshm_unmap and byte access (gshm_read / gshm_write). */
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "client_internal.h"
 #include "log.h"
 
 static bool is_host(const struct gshm__lease *l) { return l->info.device_index < 0; }
+
+/* Whether a host segment's fd can back a mapping of info.size bytes: a
+ * memfd at least that long, sealed against shrinking.  The size comes
+ * from the daemon's reply; a mapping past the file's end, or a file that
+ * any holder of a writable fd could truncate later, gives SIGBUS on
+ * access instead of an error.  gshmd seals every host segment
+ * (F_SEAL_SHRINK | F_SEAL_GROW): anything else is -EPROTO. */
+static int host_fd_check(const struct gshm__lease *l) {
+  struct stat st;
+  int seals = fcntl(l->fd, F_GET_SEALS);
+
+  if (fstat(l->fd, &st) < 0)
+    return -errno;
+  if (seals < 0 || !(seals & F_SEAL_SHRINK) || st.st_size < 0 ||
+      (uint64_t)st.st_size < l->info.size || l->info.size == 0) {
+    gshm_log_err("segment '%s': the daemon's fd does not hold its %llu bytes (%lld, seals %#x)",
+                 l->info.name, (unsigned long long)l->info.size, (long long)st.st_size,
+                 (unsigned)seals);
+    return -EPROTO;
+  }
+  return 0;
+}
 
 /* Maps l once; later callers share the mapping, and devices they list
  * that lack access get it.  Caller holds the lock. */
@@ -30,6 +54,8 @@ static int lease_map(struct gshm__lease *l, const int *devices, size_t ndevices)
     void *p;
     if (devices || ndevices)
       return -EINVAL;
+    if ((e = host_fd_check(l)))
+      return e;
     p = mmap(NULL, l->info.size, prot, MAP_SHARED, l->fd, 0);
     if (p == MAP_FAILED)
       return -errno;

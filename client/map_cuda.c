@@ -95,7 +95,7 @@ static int owner_device(const struct gshm_cudadrv *drv, const char *location, CU
   struct gshm_location loc;
 
   if (gshm__location_parse(location, &loc) || loc.kind != GSHM_LOCATION_CUDA_UUID)
-    return -EINVAL;
+    return -EPROTO; /* a device segment's reply always names its GPU's UUID */
   local_drv = drv;
   pthread_once(&local.once, local_devices_once);
   for (int i = 0; i < local.count; i++) {
@@ -185,6 +185,16 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
   m->drv = drv;
   m->size = l->info.size;
   gran = l->info.granularity ? l->info.granularity : 2u << 20;
+  /* The reply's size and granularity go to the driver as they are: one
+   * that cannot describe a cuMem allocation is the daemon's error, not an
+   * -EINVAL of the caller's arguments (the driver refuses a range past the
+   * allocation's end itself: cuMemMap). */
+  if (!m->size || (gran & (gran - 1)) || m->size % gran) {
+    gshm_log_err("segment '%s': the daemon's size %llu is no multiple of its granularity %llu",
+                 l->info.name, (unsigned long long)m->size, (unsigned long long)gran);
+    e = -EPROTO;
+    goto free_map;
+  }
   if ((e = owner_device(drv, l->info.location, &m->owner)))
     goto free_map;
   if ((e = pick_devices(drv, m, devices, ndevices)))

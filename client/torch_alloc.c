@@ -29,7 +29,8 @@
  * unregisters a pool and then waits for its lock before freeing it.  A
  * thread's active pool is checked against the registry (pointer and serial
  * number) on every malloc, so a pool released by another thread is never
- * dereferenced. */
+ * dereferenced; a released pool's memory is kept (graveyard), so that no
+ * later pool has its address. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -79,6 +80,10 @@ struct gshm_pool {
 /* The registry (see the top of the file for why it is process-wide). */
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct gshm_pool *registry;
+/* Released pools, never freed: a handle is only a pointer, and a freed
+ * pool's address handed to a later pool would let a stale handle
+ * (gshm_pool_activate's `prev`, restored) activate that pool. */
+static struct gshm_pool *graveyard;
 static uint64_t registry_serial;
 static __thread gshm_pool_t *active_pool;
 static __thread uint64_t active_serial;
@@ -119,6 +124,15 @@ static void pool_seg_drop(gshm_pool_t *p, struct pool_seg *s, bool unlink) {
   free(s);
 }
 
+/* Unlinks s from p->segs and drops it.  Caller holds p->lock. */
+static void pool_remove(gshm_pool_t *p, struct pool_seg *s, bool unlink) {
+  struct pool_seg **pp;
+  for (pp = &p->segs; *pp != s; pp = &(*pp)->next)
+    ;
+  *pp = s->next;
+  pool_seg_drop(p, s, unlink);
+}
+
 /* Creates, maps (and for a non-persistent pool at once unlinks) segment
  * number p->next_index of at least `size` bytes.  Caller holds p->lock. */
 static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
@@ -137,6 +151,14 @@ static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
   if ((e = gshm_create(p->client, name, size, p->location, p->mode, 0, &s->seg)))
     goto free_seg;
   named = true;
+  /* The block that asked for this growth must fit in it: a segment the
+   * daemon made shorter than asked would be kept, empty, at every try. */
+  if (gshm_segment_info(s->seg)->size < size) {
+    gshm_log_err("pool '%s': %s has %llu bytes, %llu asked", p->prefix, name,
+                 (unsigned long long)gshm_segment_info(s->seg)->size, (unsigned long long)size);
+    e = -EPROTO;
+    goto close_seg;
+  }
   /* Without a name the memory goes with this process's lease. */
   if (!(p->flags & GSHM_POOL_PERSISTENT)) {
     if ((e = gshm_unlink(p->client, name)))
@@ -333,8 +355,13 @@ static int pool_malloc(gshm_pool_t *p, uint64_t size, void **ptr_out) {
       want = p->granule;
     if ((e = pool_grow(p, want, &s)))
       goto unlock;
-    if ((e = gshm__arena_carve(&s->arena, size, &off)))
+    if ((e = gshm__arena_carve(&s->arena, size, &off))) {
+      /* a failed growth leaves nothing behind, nor burns its index */
+      uint32_t index = s->index;
+      pool_remove(p, s, true);
+      p->next_index = index;
       goto unlock;
+    }
   }
   p->allocations++;
   *ptr_out = (void *)(uintptr_t)(s->base + off);
@@ -380,15 +407,6 @@ static struct pool_seg *pool_find(gshm_pool_t *p, uint64_t a) {
     if (a >= s->base && a < s->base + s->size)
       return s;
   return NULL;
-}
-
-/* Unlinks s from p->segs and drops it.  Caller holds p->lock. */
-static void pool_remove(gshm_pool_t *p, struct pool_seg *s, bool unlink) {
-  struct pool_seg **pp;
-  for (pp = &p->segs; *pp != s; pp = &(*pp)->next)
-    ;
-  *pp = s->next;
-  pool_seg_drop(p, s, unlink);
 }
 
 void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream) {
@@ -519,6 +537,9 @@ int gshm_pool_release(gshm_pool_t *pool, int unlink) {
   pthread_mutex_unlock(&pool->lock);
   GSHM_CU(pool->drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRelease, pool->cu_device);
   pthread_mutex_destroy(&pool->lock);
-  free(pool);
+  pthread_mutex_lock(&registry_lock);
+  pool->next = graveyard; /* kept: see graveyard */
+  graveyard = pool;
+  pthread_mutex_unlock(&registry_lock);
   return 0;
 }

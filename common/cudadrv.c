@@ -14,20 +14,14 @@ static int drv_status = 1; /* 1: not tried */
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 static int drv_prio;
 
-static int resolve(get_proc_address_fn gpa, void *lib, const char *name, int version, void **out,
+static int resolve(get_proc_address_fn gpa, const char *name, int version, void **out,
                    int optional) {
   CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;
   void *p = NULL;
 
   /* At the version whose ABI matches the member's prototype (cudadrv.h). */
-  if (gpa && gpa(name, &p, version, CU_GET_PROC_ADDRESS_DEFAULT, &q) == CUDA_SUCCESS &&
+  if (gpa(name, &p, version, CU_GET_PROC_ADDRESS_DEFAULT, &q) == CUDA_SUCCESS &&
       q == CU_GET_PROC_ADDRESS_SUCCESS && p) {
-    *out = p;
-    return 0;
-  }
-  if (!gpa && version == GSHM_CUDADRV_ABI)
-    p = dlsym(lib, name);
-  if (p) {
     *out = p;
     return 0;
   }
@@ -51,13 +45,23 @@ static void load_once(void) {
     drv_status = -ENOENT;
     return;
   }
+  /* Only cuGetProcAddress_v2 (CUDA 12.0 drivers on) gives each entry point
+   * at a version.  dlsym of a name gives its first variant (cuMemAlloc is
+   * CUDA 3.1's, with 32-bit pointers and sizes), not the one whose
+   * prototype the table has (cuMemAlloc_v2): an older driver is refused. */
   gpa = (get_proc_address_fn)dlsym(lib, "cuGetProcAddress_v2");
+  if (!gpa) {
+    gshm__log(drv_prio, "cuda: driver older than CUDA %d.%d (no cuGetProcAddress_v2)",
+              GSHM_CUDADRV_ABI / 1000, GSHM_CUDADRV_ABI % 1000 / 10);
+    drv_status = -ENOSYS;
+    return; /* keep lib loaded, as below */
+  }
 #define GSHM_CUDADRV_REQ(name)                                                     \
   if (!e)                                                                          \
-    e = resolve(gpa, lib, #name, GSHM_CUDADRV_ABI, (void **)&drv_table.name, 0);
+    e = resolve(gpa, #name, GSHM_CUDADRV_ABI, (void **)&drv_table.name, 0);
 #define GSHM_CUDADRV_OPT(member, sym, ver)                                         \
   if (!e)                                                                          \
-    e = resolve(gpa, lib, sym, ver, (void **)&drv_table.member, 1);
+    e = resolve(gpa, sym, ver, (void **)&drv_table.member, 1);
   GSHM_CUDADRV_MAP(GSHM_CUDADRV_REQ, GSHM_CUDADRV_OPT)
 #undef GSHM_CUDADRV_REQ
 #undef GSHM_CUDADRV_OPT

@@ -3,10 +3,12 @@
  *
  * gshmd and libgshm never link libcuda: the same binaries must start on nodes
  * without a driver (docs/ARCHITECTURE.md "Backends").  libcuda.so.1 is dlopen'ed once
- * and every entry point is resolved through cuGetProcAddress for the
- * CUDA_VERSION of the headers we were compiled against, so a versioned
+ * and every entry point is resolved through cuGetProcAddress_v2 at
+ * GSHM_CUDADRV_ABI (optional ones at their own version), so a versioned
  * symbol (cuMemAlloc_v2, cuStreamWaitValue64_v2, ...) always matches the
- * prototype in <cuda.h>.  Only cuda.h's types are used at build time.
+ * prototype in <cuda.h>; a driver without cuGetProcAddress_v2 (before
+ * CUDA 12.0) is refused, never bound by name (dlsym gives a name's first
+ * variant).  Only cuda.h's types are used at build time.
  *
  * Add an entry point by appending one X(...) line to GSHM_CUDADRV_MAP. */
 #ifndef GSHM_COMMON_CUDADRV_H
@@ -111,8 +113,8 @@ struct gshm_cudadrv {
 /* Loads libcuda.so.1 and resolves every entry point, once per process
  * (thread-safe).  On success *drv_out points at the process-wide table,
  * which lives until exit; cuInit(0) has been called.
- * Errors: -ENOENT libcuda.so.1 is not installed; -ENOSYS an entry point is
- * missing (driver older than the CUDA_VERSION we were built for);
+ * Errors: -ENOENT libcuda.so.1 is not installed; -ENOSYS a driver older
+ * than CUDA 12.0, or an entry point missing at GSHM_CUDADRV_ABI;
  * -ENODEV cuInit failed (no device, driver not loaded).  The reason is
  * logged at level `prio` the first time and is the same on every call. */
 int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out);

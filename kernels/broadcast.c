@@ -55,6 +55,9 @@
 #define AUTO_T0_BYTES ((size_t)2 << 20)
 #define AUTO_STAR_MAX_TOTAL ((size_t)12 << 20)
 #define MAX_CHUNK ((size_t)64 << 20)
+/* More than any memory: below it n * bytes, a chunk rounded up and a part
+ * plus a chunk cannot wrap (MAX_DSTS * 2^58 < 2^64). */
+#define TOO_MANY_BYTES ((size_t)1 << 58)
 
 struct bgpu {
   CUcontext ctx;            /* primary, retained by gshm__copy_primary_ctx */
@@ -350,6 +353,8 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
       return -EINVAL;
   if (!bytes)
     return 0;
+  if (bytes >= TOO_MANY_BYTES)
+    return -EINVAL; /* no memory is that large; the plan's arithmetic would wrap */
   if ((e = gshm__cudadrv_load(GSHM_LOG_ERR, &drv)))
     return e;
   gshm__copy_where(drv, src, &where[0]);

@@ -39,7 +39,7 @@ static const char *const kernel_names[GSHM__K_COUNT] = {
  * access, and a context destroyed and created again can get the old
  * handle; either way the entry is rebuilt.  Entries are never removed: a
  * process that uses more than MAX_CONTEXTS contexts over its life gets
- * -ENOMEM from then on. */
+ * -ENOMEM from then on (an entry that could not be made takes no slot). */
 struct kctx {
   CUcontext ctx;
   unsigned long long ctx_id; /* 0: cuCtxGetId unavailable */
@@ -216,12 +216,18 @@ static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
     gshm_log_info("copy: context %p was reset or re-created; reloading", (void *)ctx);
     fresh = true;
   } else if (!k) {
-    if (table_len == MAX_CONTEXTS) {
+    /* a slot whose entry could not be made (below) is free again: else
+     * every such failure would keep one, and 64 would end all copies */
+    for (int i = 0; i < table_len && !k; i++)
+      if (!table[i].ctx)
+        k = &table[i];
+    if (!k && table_len == MAX_CONTEXTS) {
       pthread_mutex_unlock(&table_lock);
       gshm_log_err("copy: more than %d CUDA contexts", MAX_CONTEXTS);
       return -ENOMEM;
     }
-    k = &table[table_len++];
+    if (!k)
+      k = &table[table_len++];
     fresh = true;
   }
   if (fresh) {
@@ -516,6 +522,14 @@ void gshm__copy_leave_ctx(const struct gshm_cudadrv *drv, int pushed) {
     drv->cuCtxPopCurrent(&ignored);
 }
 
+/* A flag must be memory the GPU can reach: device memory or page-locked
+ * host memory (gshm.h).  In pageable memory cuStreamWriteValue64 refuses
+ * it and the fallback kernel's store to it faults on the GPU, an illegal
+ * address that poisons the caller's context for good: -EINVAL first. */
+static int flag_addressable(const struct gshm__where *wf) {
+  return wf->device || wf->pinned ? 0 : -EINVAL;
+}
+
 /* A flag on another GPU than the current context's: that GPU must be
  * reachable (peer access enabled from here), or the write or wait faults
  * on the GPU (an illegal address that poisons the context).  Returns 0 or
@@ -663,8 +677,11 @@ static int copy_common(void *dst, const void *src, size_t bytes, gshm_copy_metho
     return e;
   gshm__copy_where(drv, src, &ws);
   gshm__copy_where(drv, dst, &wd);
-  if (flag)
+  if (flag) {
     gshm__copy_where(drv, flag, &wf);
+    if ((e = flag_addressable(&wf)))
+      return e;
+  }
   e = gshm__copy_enter_ctx(drv, (CUstream)stream, ws.device ? ws.ordinal : wd.ordinal, &pushed);
   if (e)
     return e;
@@ -708,6 +725,8 @@ GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream) {
   if (e)
     return e;
   gshm__copy_where(drv, flag, &w);
+  if ((e = flag_addressable(&w)))
+    return e;
   e = gshm__copy_enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
   if (e)
     return e;
@@ -729,6 +748,8 @@ GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream) {
   if (e)
     return e;
   gshm__copy_where(drv, flag, &w);
+  if ((e = flag_addressable(&w)))
+    return e;
   e = gshm__copy_enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
   if (e)
     return e;

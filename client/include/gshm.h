@@ -474,18 +474,26 @@ GSHM_EXTERN void gshm_free(void *p);
  * leases map PROT_READ (host: enforced by the kernel through a read-only
  * fd; device: cuMemSetAccess READ, enforced by the driver for mappings made
  * by libgshm).
- * Errors: -EINVAL devices given for a host segment, or an unknown ordinal;
- * -ENODEV the segment's GPU is not visible to this process and no listed
- * device can reach it; -ENOTSUP no CUDA driver here for a device segment;
- * -EACCES / -ENOMEM / -EIO from mmap or the driver; -ESTALE the lease
+ * Errors: -EINVAL seg or addr_out NULL, devices NULL with ndevices > 0,
+ * devices given for a host segment, ndevices 0 or over 64 with devices,
+ * or an unknown ordinal; -ENODEV the segment's GPU is not visible to this
+ * process, or a listed device has no peer access to it; -ENOTSUP no CUDA
+ * driver here for a device segment; -EBADF a legacy-IPC lease
+ * (gshm_open_legacy_ipc: it has no fd to map); -EACCES / -ENOMEM / -EIO
+ * from mmap or the driver; -ESTALE the lease
  * ended (revoked, or it could not be re-taken after a daemon restart: see
- * gshm_stat). */
+ * gshm_stat); -EPROTO the daemon's reply cannot be mapped as it says (a
+ * host segment's fd shorter than its size or not sealed against
+ * shrinking; a device segment's size no multiple of its granularity, or
+ * a location that names no GPU by UUID). */
 GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices,
                          void **addr_out);
 
-/* Undoes gshm_map.  Returns 0 (also when not mapped), -EINVAL for a NULL
- * seg, or -EIO when the driver refused to unmap (the mapping is then
- * leaked, and logged). */
+/* Undoes gshm_map.  The last unmap of a lease's mapping (here or in
+ * gshm_close) removes it at once: work queued on the GPU that still uses
+ * the address must be finished first (synchronize its streams).
+ * Returns 0 (also when not mapped), -EINVAL for a NULL seg, or -EIO when
+ * the driver refused to unmap (the mapping is then leaked, and logged). */
 GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
 
 /* Copies bytes between a segment and host memory, for host and device
@@ -540,7 +548,8 @@ GSHM_EXTERN const char *gshm_err_name(int err);
  *              gshm_open() by the lease cache.
  * Errors: -ENOENT no such name; -EACCES the mode bits refuse read-write;
  * -ENOTSUP legacy export disabled on this daemon, or the segment was not
- * created with GSHM_CREATE_LEGACY_IPC; -EINVAL NULL argument. */
+ * created with GSHM_CREATE_LEGACY_IPC; -EINVAL NULL argument;
+ * -ENAMETOOLONG name over GSHM_NAME_MAX. */
 GSHM_EXTERN int gshm_open_legacy_ipc(gshm_client_t *client, const char *name,
                                      uint8_t handle_out[GSHM_LEGACY_IPC_HANDLE_SIZE],
                                      gshm_segment_t **seg_out);
@@ -595,7 +604,8 @@ typedef struct gshm_pool_segment {
  * -ENOTSUP no CUDA driver here; -ENODEV no such CUDA device in this
  * process; -EEXIST (persistent pools) "<prefix>/seg-000000" exists, i.e.
  * the prefix holds a pool that was not released (unlink its segments
- * first); the errors of gshm_stat_name(). */
+ * first); -EIO (or -ENOMEM) a driver call failed (logged); the errors of
+ * gshm_stat_name(). */
 GSHM_EXTERN int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t *cfg,
                                  gshm_pool_t **pool_out);
 
@@ -617,10 +627,11 @@ GSHM_EXTERN gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool);
  * out-of-memory error) with the reason in gshm_torch_last_error():
  * -EINVAL size < 0, or no active pool and not exactly one unreleased pool
  * in the process; -EBADF the thread's pool was released; -ENODEV `device`
- * is not the pool's; -EMFILE the pool has a million segments; the errors
- * of gshm_create() (the daemon's explanation in gshm_last_error() of the
- * pool's client) and gshm_map().  A failed growth leaves no segment, name
- * or mapping behind. */
+ * is not the pool's; -EMFILE the pool has a million segments; -EPROTO
+ * gshmd made a segment smaller than asked; the errors of gshm_create()
+ * (the daemon's explanation in gshm_last_error() of the pool's client)
+ * and gshm_map().  A failed growth leaves no segment, name or mapping
+ * behind. */
 GSHM_EXTERN void *gshm_torch_malloc(ssize_t size, int device, void *stream);
 
 /* PyTorch's pluggable-allocator free, from any thread.  Waits for all work
@@ -653,7 +664,9 @@ GSHM_EXTERN int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs
  * still hold live blocks (tensors not yet freed) stay mapped: they are
  * closed when their last block is freed, and this returns -EBUSY with the
  * pool still valid (call again later to free it).  Returns 0 when the pool
- * was freed (do not use it again); -EINVAL pool NULL; -EBUSY as above. */
+ * was freed (do not use it again; its few hundred bytes stay allocated, so
+ * that no later pool gets its address and a stale handle names none);
+ * -EINVAL pool NULL; -EBUSY as above. */
 GSHM_EXTERN int gshm_pool_release(gshm_pool_t *pool, int unlink);
 /* ---- end PyTorch's allocator ---- */
 
@@ -702,8 +715,10 @@ typedef enum {
  * GSHM_COPY_SM in a libgshm built without nvcc, or a GPU architecture the
  * embedded kernels (sm_90 SASS + PTX) cannot run on; -EXDEV
  * GSHM_COPY_SM between GPUs without peer access; -ENOENT / -ENODEV no CUDA
- * driver or no GPU; -ENOMEM, -EIO from the driver (logged at
- * GSHM_LOG_LEVEL>=3). */
+ * driver or no GPU; -ENOSYS a driver older than CUDA 12.0, or one that
+ * lacks an entry point libgshm needs; -ENOMEM, -EIO from the driver (logged at
+ * GSHM_LOG_LEVEL>=3); -ENOMEM also when the process has used more than
+ * 64 CUDA contexts. */
 GSHM_EXTERN int gshm_copy(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
                           void *stream);
 
@@ -764,17 +779,23 @@ typedef struct {
  * Host cost: about three driver calls per destination and chunk (copy,
  * event record, event wait); libgshm holds one lock while it queues, so
  * broadcasts from several threads of a process are queued one at a time.
- * Ordering: the copies run on streams libgshm keeps per GPU pair and shares
- * between all broadcasts of the process, so broadcasts run in the order
- * they were queued, whatever the callers' streams.  Never make an earlier
+ * Ordering: the copies run on streams libgshm keeps per GPU pair (and
+ * lane) and shares between all broadcasts of the process, so copies
+ * issued by one GPU to one other GPU run in the order they were queued;
+ * broadcasts queued on different callers' streams are not otherwise
+ * ordered against each other (a chain in another order, or another
+ * issuing GPU, copies into the same buffer on another stream): two that
+ * write the same destination are ordered by their callers, e.g. the
+ * second's stream waits for the first's.  Never make an earlier
  * broadcast's stream wait (gshm_wait, cuStreamWaitEvent) for work queued
- * after a later broadcast on another stream: the later one waits behind
- * the earlier one and neither ends.
+ * after a later broadcast on another stream: a later copy can wait behind
+ * an earlier one on a shared stream, and neither ends.
  * Errors: -EINVAL a NULL pointer, n outside 1..64, src not device memory,
  * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
- * SPLIT with host memory; -EXDEV two GPUs without a peer path for a
- * copy the algorithm needs; -ENOENT / -ENODEV no CUDA driver or GPU;
- * -ENOMEM, -EIO from the driver. */
+ * SPLIT with host memory, bytes of 2^58 or more (more than any memory);
+ * -EXDEV two GPUs without a peer path for a copy the algorithm needs;
+ * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOSYS a driver too old (as
+ * gshm_copy); -ENOMEM, -EIO from the driver. */
 GSHM_EXTERN int gshm_broadcast(const void *src, void *const dsts[], int n, size_t bytes,
                                void *stream);
 
@@ -796,11 +817,13 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
  *          memory.
  *  value   a sequence number; consumers wait for >= value, so make it grow.
  *  stream  as for gshm_copy.
- * Errors: -EINVAL flag NULL or not 8-byte aligned; -EXDEV the flag is
+ * Errors: -EINVAL flag NULL, not 8-byte aligned, or in pageable host
+ * memory (never handed to the GPU); -EXDEV the flag is
  * on a GPU the stream's GPU has no peer path to (libgshm enables peer
  * access where there is one); -ENOENT / -ENODEV no CUDA driver or GPU;
- * -ENOTSUP the driver refuses stream memory operations on this address
- * and libgshm was built without nvcc; -EIO the driver. */
+ * -ENOSYS a driver too old (as gshm_copy); -ENOTSUP the driver refuses
+ * stream memory operations on this address and libgshm was built without
+ * nvcc; -ENOMEM, -EIO the driver (-ENOMEM also as gshm_copy). */
 GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream);
 
 /* gshm_copy followed by gshm_signal(flag, value), fused into one kernel
@@ -820,10 +843,12 @@ GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
  *  flag    8-byte-aligned device address or page-locked host memory that
  *          this process maps; best on the waiting stream's own GPU (the
  *          wait polls it).
- * Errors: -EINVAL flag NULL or misaligned; -EXDEV the flag is on a GPU
+ * Errors: -EINVAL flag NULL, misaligned or in pageable host memory;
+ * -EXDEV the flag is on a GPU
  * the stream's GPU has no peer path to; -ENOENT / -ENODEV no driver or
- * GPU; -ENOTSUP the GPU does not support 64-bit stream memory operations;
- * -EIO the driver. */
+ * GPU; -ENOSYS a driver too old (as gshm_copy); -ENOTSUP the GPU does not
+ * support 64-bit stream memory operations; -ENOMEM, -EIO the driver
+ * (-ENOMEM also as gshm_copy). */
 GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream);
 
 /* ---- end copy ---- */

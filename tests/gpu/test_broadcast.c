@@ -110,6 +110,8 @@ static void errors(void) {
   CHECK(gshm_broadcast_ex(s, &host, 1, 16, stream[0], &chain) == -EINVAL, "CHAIN to host");
   CHECK(gshm_broadcast_ex(s, d, 1, 16, stream[0], &lanes) == -EINVAL, "too many lanes");
   CHECK(gshm_broadcast(s, d, 1, 0, stream[0]) == 0, "0 bytes");
+  /* more than any memory: refused, not a wrapped plan that copies nothing */
+  CHECK(gshm_broadcast(s, d, 1, SIZE_MAX, stream[0]) == -EINVAL, "SIZE_MAX bytes");
   fprintf(stderr, "errors: done (%d failures so far)\n", failures);
 }
 

@@ -114,6 +114,21 @@ int main(void) {
   CHECK(e == -EINVAL, "SM from pageable host memory: %d", e);
   CHECK(gshm_signal((uint64_t *)(uintptr_t)(dst[0] + 4), 1, NULL) == -EINVAL, "misaligned flag");
   CHECK(gshm_wait(NULL, 1, NULL) == -EINVAL, "NULL flag");
+  {
+    /* a flag in pageable memory: refused before the GPU sees it (the
+     * fallback kernel's store to it was an illegal address that poisoned
+     * this context); the context still works after (the copies below) */
+    static uint64_t pageable[2];
+    e = gshm_signal(&pageable[0], 1, stream[0]);
+    CHECK(e == -EINVAL, "signal of a pageable flag: %d", e);
+    e = gshm_copy_signal((void *)(uintptr_t)dst[0], (void *)(uintptr_t)src[0], 4096,
+                         GSHM_COPY_SM, &pageable[0], 1, stream[0]);
+    CHECK(e == -EINVAL, "copy_signal to a pageable flag: %d", e);
+    e = gshm_wait(&pageable[0], 1, stream[0]);
+    CHECK(e == -EINVAL, "wait on a pageable flag: %d", e);
+    CU(drv->cuStreamSynchronize(stream[0]));
+    CHECK(pageable[0] == 0, "a pageable flag was written");
+  }
 
   /* pageable host -> device and back through AUTO (the copy engine) */
   memset(host, 0x5C, sizeof(host));

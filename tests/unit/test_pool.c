@@ -42,6 +42,7 @@ static struct {
 static uint64_t next_id = 1;
 static int open_segments, live_mappings;
 static int fail_create, fail_map, fail_unlink; /* the next N calls fail */
+static int short_create; /* the next N creates make half the size asked (a buggy daemon) */
 static gshm_client_t *const fake_client = (gshm_client_t *)0x1;
 
 static int name_find(const char *name) {
@@ -74,6 +75,10 @@ int gshm_create(gshm_client_t *client, const char *name, uint64_t size, const ch
     s->info.generation = 1;
     snprintf(s->info.name, sizeof(s->info.name), "%s", name);
     s->info.size = (size + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
+    if (short_create) {
+      short_create--;
+      s->info.size /= 2;
+    }
     s->info.requested_size = size;
     names[i].id = s->info.id;
     snprintf(names[i].name, sizeof(names[i].name), "%s", name);
@@ -305,6 +310,24 @@ static void test_free_synchronises_on_the_pool_context(void **state) {
   assert_nothing_left();
 }
 
+/* After failed growths of p (active, no segment): the index was not
+ * burnt, so the next growth is seg-000000; then p is released and nothing
+ * is left. */
+static void grows_first_then_release(gshm_pool_t *p) {
+  gshm_pool_segment_t *segs;
+  size_t n;
+  void *a;
+
+  assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
+  assert_int_equal(gshm_pool_segments(p, &segs, &n), 0);
+  assert_int_equal(n, 1);
+  assert_non_null(strstr(segs[0].name, "/seg-000000"));
+  free(segs);
+  gshm_torch_free(a, MiB, 0, NULL);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  assert_nothing_left();
+}
+
 /* Every way growing can fail leaves no segment, name or mapping. */
 static void test_failed_growth_leaves_nothing(void **state) {
   const uint32_t kinds[] = {GSHM_POOL_PERSISTENT, 0};
@@ -312,7 +335,6 @@ static void test_failed_growth_leaves_nothing(void **state) {
 
   for (size_t k = 0; k < 2; k++) {
     gshm_pool_t *p = pool_new(k ? "t/grow-np" : "t/grow-p", kinds[k], 2 * MiB);
-    void *a;
     gshm_pool_activate(p);
     fail_create = 1;
     assert_null(gshm_torch_malloc(MiB, 0, NULL));
@@ -330,17 +352,30 @@ static void test_failed_growth_leaves_nothing(void **state) {
       assert_int_equal(open_segments, 0);
       assert_int_equal(names_left(), 0);
     }
-    /* and the index is not burnt: the next growth is seg-000000 */
-    assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
-    gshm_pool_segment_t *segs;
-    size_t n;
-    assert_int_equal(gshm_pool_segments(p, &segs, &n), 0);
-    assert_int_equal(n, 1);
-    assert_non_null(strstr(segs[0].name, "/seg-000000"));
-    free(segs);
-    gshm_torch_free(a, MiB, 0, NULL);
-    assert_int_equal(gshm_pool_release(p, 1), 0);
-    assert_nothing_left();
+    grows_first_then_release(p);
+  }
+}
+
+/* A segment the daemon made smaller than asked cannot take the block:
+ * -EPROTO, and the growth leaves nothing behind (it used to stay in the
+ * pool, mapped and, in a persistent pool, named: one more at every try). */
+static void test_short_segment_leaves_nothing(void **state) {
+  const uint32_t kinds[] = {GSHM_POOL_PERSISTENT, 0};
+  (void)state;
+
+  for (size_t k = 0; k < 2; k++) {
+    gshm_pool_t *p = pool_new(k ? "t/short-np" : "t/short-p", kinds[k], 2 * MiB);
+
+    gshm_pool_activate(p);
+    short_create = 3;
+    for (int i = 0; i < 3; i++) { /* 1.5 MiB: a 2 MiB segment asked, 1 MiB made */
+      assert_null(gshm_torch_malloc(3 * MiB / 2, 0, NULL));
+      assert_int_equal(open_segments, 0);
+      assert_int_equal(live_mappings, 0);
+      assert_int_equal(names_left(), 0);
+      assert_int_equal(gshm_torch_last_error(), -EPROTO);
+    }
+    grows_first_then_release(p);
   }
 }
 
@@ -425,6 +460,31 @@ static void test_pool_released_while_active_elsewhere(void **state) {
   gshm_torch_free(x, 4096, 0, NULL);
   assert_int_equal(gshm_pool_release(p2, 1), 0);
   pthread_barrier_destroy(&step);
+  assert_nothing_left();
+}
+
+/* A released pool's handle never names a later pool: restoring it (the
+ * `prev` of an earlier gshm_pool_activate) activates none, even when new
+ * pools are made after it is released.  Its address used to be handed to
+ * the next pool malloc made, and the stale handle then activated that
+ * pool (tensors meant to fail went into someone else's pool). */
+static void test_stale_handle_never_names_a_new_pool(void **state) {
+  gshm_pool_t *stale = pool_new("t/gone", 0, 2 * MiB), *fresh[32];
+  int reused = 0;
+  (void)state;
+
+  assert_int_equal(gshm_pool_release(stale, 1), 0);
+  for (int i = 0; i < 32; i++) {
+    char prefix[32];
+    snprintf(prefix, sizeof(prefix), "t/new%d", i);
+    fresh[i] = pool_new(prefix, 0, 2 * MiB);
+    reused += fresh[i] == stale;
+  }
+  assert_int_equal(reused, 0);
+  assert_null(gshm_pool_activate(stale));
+  assert_null(gshm_pool_activate(NULL)); /* the stale handle activated none */
+  for (int i = 0; i < 32; i++)
+    assert_int_equal(gshm_pool_release(fresh[i], 1), 0);
   assert_nothing_left();
 }
 
@@ -546,8 +606,10 @@ int main(void) {
       cmocka_unit_test(test_sizes_and_foreign_pointers),
       cmocka_unit_test(test_free_synchronises_on_the_pool_context),
       cmocka_unit_test(test_failed_growth_leaves_nothing),
+      cmocka_unit_test(test_short_segment_leaves_nothing),
       cmocka_unit_test(test_release_with_live_blocks),
       cmocka_unit_test(test_pool_released_while_active_elsewhere),
+      cmocka_unit_test(test_stale_handle_never_names_a_new_pool),
       cmocka_unit_test(test_threads_share_a_pool),
       cmocka_unit_test(test_llama_packing),
   };

@@ -1,0 +1,407 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kernels/broadcast.c without a GPU: its plans and their ordering run
+ * against a fake driver whose streams are queues of copies, event
+ * records and event waits over host memory, drained in a random order
+ * that respects only what CUDA promises (each stream in order; a wait
+ * holds its stream until the record it captured has run).  A copy out of
+ * a destination before the copy into it, a copy before the caller's
+ * earlier work, or a caller's later work before the broadcast's end
+ * shows as wrong bytes under some order; an event recorded on a stream of
+ * another context is refused as the driver refuses it.  The GPU half of
+ * this is tests/gpu/test_broadcast.c (real copies, real timings). */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "copy_internal.h"
+#include "cudadrv.h"
+#include "gshm.h"
+
+#define KiB 1024u
+#define NGPUS 4
+
+/* ---- contexts, streams, events ---- */
+
+struct CUctx_st {
+  int ordinal;
+  CUevent order_ev; /* gshm__copy_ctx_event's */
+};
+
+enum op_kind { OP_COPY, OP_RECORD, OP_WAIT };
+struct op {
+  enum op_kind kind;
+  void *dst;
+  const void *src;
+  size_t len;
+  unsigned rec; /* OP_RECORD: the record's id; OP_WAIT: the one it waits for (0: none) */
+};
+
+struct CUstream_st {
+  CUcontext ctx;
+  struct op *q;
+  size_t head, n, cap;
+};
+
+struct CUevent_st {
+  CUcontext ctx;
+  unsigned last; /* id of its latest record, 0: never recorded */
+};
+
+#define MAX_STREAMS 512
+#define MAX_RECORDS (1u << 20)
+static struct CUctx_st ctxs[NGPUS];
+static struct CUstream_st *streams[MAX_STREAMS];
+static int nstreams;
+static unsigned char rec_done[MAX_RECORDS];
+static unsigned nrec;
+static CUcontext current; /* the fake's one thread */
+static int cross_ctx_records, foreign_stream_ops;
+static CUstream caller; /* the user's stream, on GPU 0 */
+
+static void enqueue(CUstream s, struct op o) {
+  if (s->n == s->cap) {
+    s->cap = s->cap ? 2 * s->cap : 64;
+    s->q = realloc(s->q, s->cap * sizeof(*s->q));
+    assert_non_null(s->q);
+  }
+  s->q[s->n++] = o;
+}
+
+static CUstream stream_new(CUcontext ctx) {
+  CUstream s = calloc(1, sizeof(*s));
+  assert_non_null(s);
+  assert_true(nstreams < MAX_STREAMS);
+  s->ctx = ctx;
+  streams[nstreams++] = s;
+  return s;
+}
+
+/* Runs every queued operation, choosing at each step at random among the
+ * streams whose next operation may run.  Fails the test on a deadlock. */
+static void drain(unsigned seed) {
+  for (;;) {
+    int ready[MAX_STREAMS], nready = 0, left = 0;
+    for (int i = 0; i < nstreams; i++) {
+      struct CUstream_st *s = streams[i];
+      if (s->head == s->n)
+        continue;
+      left++;
+      if (s->q[s->head].kind != OP_WAIT || rec_done[s->q[s->head].rec])
+        ready[nready++] = i;
+    }
+    if (!left)
+      break;
+    if (!nready)
+      fail_msg("the streams wait for each other: deadlock");
+    struct CUstream_st *s = streams[ready[rand_r(&seed) % (unsigned)nready]];
+    struct op *o = &s->q[s->head++];
+    if (o->kind == OP_COPY)
+      memcpy(o->dst, o->src, o->len);
+    else if (o->kind == OP_RECORD)
+      rec_done[o->rec] = 1;
+  }
+  for (int i = 0; i < nstreams; i++)
+    streams[i]->head = streams[i]->n = 0;
+}
+
+/* ---- the fake driver ---- */
+
+static CUresult f_get_current(CUcontext *c) {
+  *c = current;
+  return CUDA_SUCCESS;
+}
+static CUresult f_set_current(CUcontext c) {
+  current = c;
+  return CUDA_SUCCESS;
+}
+static CUcontext pushed_stack[16];
+static int npushed;
+static CUresult f_push(CUcontext c) {
+  pushed_stack[npushed++] = current;
+  current = c;
+  return CUDA_SUCCESS;
+}
+static CUresult f_pop(CUcontext *c) {
+  *c = current;
+  current = pushed_stack[--npushed];
+  return CUDA_SUCCESS;
+}
+static CUresult f_stream_create(CUstream *s, unsigned flags) {
+  (void)flags;
+  if (!current)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  *s = stream_new(current);
+  return CUDA_SUCCESS;
+}
+static CUresult f_stream_destroy(CUstream s) {
+  (void)s;
+  return CUDA_SUCCESS;
+}
+static CUresult f_event_create(CUevent *e, unsigned flags) {
+  (void)flags;
+  if (!current)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  *e = calloc(1, sizeof(**e));
+  (*e)->ctx = current;
+  return CUDA_SUCCESS;
+}
+/* cuEventRecord: event and stream of one context, that context current. */
+static CUresult f_event_record(CUevent e, CUstream s) {
+  if (e->ctx != s->ctx) {
+    cross_ctx_records++;
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (s->ctx != current) {
+    foreign_stream_ops++;
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  assert_true(nrec + 1 < MAX_RECORDS);
+  e->last = ++nrec;
+  enqueue(s, (struct op){.kind = OP_RECORD, .rec = e->last});
+  return CUDA_SUCCESS;
+}
+/* cuStreamWaitEvent: captures the event's latest record now (an event
+ * of any context). */
+static CUresult f_wait_event(CUstream s, CUevent e, unsigned flags) {
+  (void)flags;
+  enqueue(s, (struct op){.kind = OP_WAIT, .rec = e->last});
+  return CUDA_SUCCESS;
+}
+static CUresult f_memcpy_async(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstream s) {
+  if (s->ctx != current) {
+    foreign_stream_ops++;
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  enqueue(s, (struct op){.kind = OP_COPY,
+                         .dst = (void *)(uintptr_t)dst,
+                         .src = (const void *)(uintptr_t)src,
+                         .len = len});
+  return CUDA_SUCCESS;
+}
+
+static struct gshm_cudadrv fake_drv;
+
+int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
+  (void)prio;
+  fake_drv.cuCtxGetCurrent = f_get_current;
+  fake_drv.cuCtxSetCurrent = f_set_current;
+  fake_drv.cuCtxPushCurrent = f_push;
+  fake_drv.cuCtxPopCurrent = f_pop;
+  fake_drv.cuStreamCreate = f_stream_create;
+  fake_drv.cuStreamDestroy = f_stream_destroy;
+  fake_drv.cuEventCreate = f_event_create;
+  fake_drv.cuEventRecord = f_event_record;
+  fake_drv.cuStreamWaitEvent = f_wait_event;
+  fake_drv.cuMemcpyAsync = f_memcpy_async;
+  fake_drv.cuCtxGetId = NULL; /* optional: the reset check is skipped */
+  *drv_out = &fake_drv;
+  return 0;
+}
+
+int gshm__cuda_errno(CUresult r) { return r == CUDA_SUCCESS ? 0 : -EIO; }
+
+void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *file, int line) {
+  (void)prio, (void)r, (void)call_text, (void)file, (void)line;
+}
+
+/* ---- the fake kernels/copy.c: buffers registered with their GPU ---- */
+
+#define MAX_BUFS 80
+static struct {
+  const char *p;
+  size_t len;
+  int ordinal; /* -1: pinned host memory */
+} bufs[MAX_BUFS];
+static int nbufs;
+
+static void *buf_new(size_t len, int ordinal) {
+  char *p = calloc(1, len);
+  assert_non_null(p);
+  assert_true(nbufs < MAX_BUFS);
+  bufs[nbufs].p = p;
+  bufs[nbufs].len = len;
+  bufs[nbufs++].ordinal = ordinal;
+  return p;
+}
+
+static void bufs_free(void) {
+  for (int i = 0; i < nbufs; i++)
+    free((void *)bufs[i].p);
+  nbufs = 0;
+}
+
+void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm__where *w) {
+  (void)drv;
+  memset(w, 0, sizeof(*w));
+  w->ordinal = -1;
+  for (int i = 0; i < nbufs; i++)
+    if ((const char *)p >= bufs[i].p && (const char *)p < bufs[i].p + bufs[i].len) {
+      w->device = bufs[i].ordinal >= 0;
+      w->pinned = bufs[i].ordinal < 0;
+      w->ordinal = bufs[i].ordinal;
+    }
+}
+
+int gshm__copy_enter_ctx(const struct gshm_cudadrv *drv, CUstream stream, int fallback,
+                         int *pushed) {
+  (void)drv, (void)fallback;
+  *pushed = 0;
+  if (stream->ctx != current) {
+    f_push(stream->ctx);
+    *pushed = 1;
+  }
+  return 0;
+}
+
+void gshm__copy_leave_ctx(const struct gshm_cudadrv *drv, int pushed) {
+  CUcontext ignored;
+  (void)drv;
+  if (pushed)
+    f_pop(&ignored);
+}
+
+int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontext *out) {
+  (void)drv;
+  if (ordinal < 0 || ordinal >= NGPUS)
+    return -ENODEV;
+  *out = &ctxs[ordinal];
+  return 0;
+}
+
+int gshm__copy_ctx_event(const struct gshm_cudadrv *drv, CUevent *out) {
+  (void)drv;
+  if (!current)
+    return -EINVAL;
+  if (!current->order_ev)
+    f_event_create(&current->order_ev, 0);
+  *out = current->order_ev;
+  return 0;
+}
+
+int gshm__copy_enable_peer(int ordinal) {
+  (void)ordinal;
+  return 0;
+}
+
+/* STAR's copies (gshm_copy AUTO in the stream's context): one queued copy */
+int gshm__copy_in_ctx(const struct gshm_cudadrv *drv, void *dst, const void *src, size_t bytes,
+                      gshm_copy_method_t method, CUstream stream, const struct gshm__where *ws,
+                      const struct gshm__where *wd) {
+  (void)drv, (void)method, (void)ws, (void)wd;
+  return f_memcpy_async((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes, stream)
+             ? -EIO
+             : 0;
+}
+
+int gshm_copy(void *dst, const void *src, size_t bytes, gshm_copy_method_t method, void *stream) {
+  int pushed, e;
+  (void)method;
+  gshm__copy_enter_ctx(&fake_drv, stream, 0, &pushed);
+  e = f_memcpy_async((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes, stream)
+          ? -EIO
+          : 0;
+  gshm__copy_leave_ctx(&fake_drv, pushed);
+  return e;
+}
+
+/* ---- tests ---- */
+
+static int setup(void **state) {
+  (void)state;
+  for (int i = 0; i < NGPUS; i++)
+    ctxs[i].ordinal = i;
+  caller = stream_new(&ctxs[0]);
+  return 0;
+}
+
+/* One broadcast of `bytes` from GPU 0 to `n` destinations spread over the
+ * four GPUs (GPU 0 too), ordered as a user orders it: the source written
+ * on the caller's stream just before, each destination read on it just
+ * after.  Every random order of the queued work must deliver the bytes. */
+static void broadcast_once(const gshm_broadcast_opts_t *o, int n, size_t bytes, unsigned seed) {
+  unsigned char *want = buf_new(bytes, -1), *src = buf_new(bytes, 0);
+  unsigned char *dsts[8], *seen[8];
+  int e;
+
+  assert_true(n <= 8);
+  for (size_t i = 0; i < bytes; i++)
+    want[i] = (unsigned char)(i * 7 + seed + 1);
+  for (int i = 0; i < n; i++) {
+    dsts[i] = buf_new(bytes, (i + 1) % NGPUS);
+    seen[i] = buf_new(bytes, -1);
+  }
+  current = &ctxs[0];
+  f_memcpy_async((CUdeviceptr)(uintptr_t)src, (CUdeviceptr)(uintptr_t)want, bytes, caller);
+  current = NULL; /* no context on this thread: the caller's stream's is pushed */
+  foreign_stream_ops = cross_ctx_records = 0;
+  e = gshm_broadcast_ex(src, (void *const *)dsts, n, bytes, caller, o);
+  assert_int_equal(e, 0);
+  assert_null(current); /* the thread's context is back */
+  assert_int_equal(cross_ctx_records, 0);
+  assert_int_equal(foreign_stream_ops, 0);
+  current = &ctxs[0];
+  for (int i = 0; i < n; i++)
+    f_memcpy_async((CUdeviceptr)(uintptr_t)seen[i], (CUdeviceptr)(uintptr_t)dsts[i], bytes,
+                   caller);
+  current = NULL;
+  drain(seed);
+  for (int i = 0; i < n; i++)
+    if (memcmp(seen[i], want, bytes))
+      fail_msg("algo %d lanes %d pull %d chunk %zu, %d dsts, %zu B, seed %u: destination %d "
+               "read wrong bytes on the caller's stream",
+               o->algo, o->lanes, o->pull, o->chunk_bytes, n, bytes, seed, i);
+  bufs_free();
+}
+
+/* Every algorithm, lane count and issuing side, sizes that leave a short
+ * last chunk and parts shorter than a chunk, under many orders. */
+static void test_every_plan_delivers_in_order(void **state) {
+  const gshm_broadcast_algo_t algos[] = {GSHM_BCAST_AUTO, GSHM_BCAST_STAR, GSHM_BCAST_CHAIN,
+                                         GSHM_BCAST_SPLIT};
+  const size_t sizes[] = {1, 4097, 64 * KiB, 300 * KiB + 5};
+  unsigned seed = 1;
+  (void)state;
+
+  for (size_t a = 0; a < 4; a++)
+    for (int lanes = 0; lanes <= GSHM_BCAST_MAX_LANES; lanes += 2)
+      for (int pull = 0; pull < 2; pull++)
+        for (size_t z = 0; z < 4; z++)
+          for (int n = 1; n <= 5; n += 2)
+            for (int rep = 0; rep < 4; rep++) {
+              gshm_broadcast_opts_t o = {algos[a], 64 * KiB, pull, lanes};
+              broadcast_once(&o, n, sizes[z], seed++);
+            }
+}
+
+/* A size no memory can have is refused before any arithmetic on it: it
+ * used to return 0 with nothing copied (n * bytes and the chunk count
+ * wrapped), or divide by a chunk rounded up to 0 (SIGFPE). */
+static void test_impossible_sizes_are_refused(void **state) {
+  const gshm_broadcast_opts_t chain = {GSHM_BCAST_CHAIN, SIZE_MAX, 0, 0};
+  const gshm_broadcast_opts_t star = {GSHM_BCAST_STAR, 0, 0, 0};
+  void *src = buf_new(64, 0), *dsts[2] = {buf_new(64, 1), buf_new(64, 2)};
+  (void)state;
+
+  current = NULL;
+  assert_int_equal(gshm_broadcast(src, dsts, 1, SIZE_MAX, caller), -EINVAL);
+  assert_int_equal(gshm_broadcast_ex(src, dsts, 2, SIZE_MAX, caller, &star), -EINVAL);
+  assert_int_equal(gshm_broadcast_ex(src, dsts, 2, SIZE_MAX - 100, caller, &chain), -EINVAL);
+  assert_int_equal(gshm_broadcast_ex(src, dsts, 2, (size_t)1 << 62, caller, NULL), -EINVAL);
+  assert_int_equal(caller->n, 0); /* nothing queued */
+  bufs_free();
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_plan_delivers_in_order),
+      cmocka_unit_test(test_impossible_sizes_are_refused),
+  };
+  return cmocka_run_group_tests(tests, setup, NULL);
+}

@@ -1,0 +1,234 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kernels/copy.c's flags without a GPU: gshm_signal, gshm_copy_signal and
+ * gshm_wait against a fake driver that knows which addresses are device
+ * memory and page-locked host memory (cuPointerGetAttribute), refuses
+ * stream memory operations on anything else as the real one does, and
+ * records each kernel launch.  A flag in pageable memory used to reach
+ * the GPU anyway: cuStreamWriteValue64 refused it, and the fallback
+ * signal kernel (or the fused copy-then-signal kernel) was launched to
+ * store to it, which on a GPU is an illegal address that poisons the
+ * caller's context.  tests/gpu/test_copy.c checks the same on GPUs. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "copy_internal.h"
+#include "cudadrv.h"
+#include "gshm.h"
+
+/* The embedded kernels: a stand-in, the fake loader reads nothing. */
+const unsigned long long gshm__copy_fatbin[1] = {0};
+
+/* ---- memory the fake GPU knows ---- */
+
+static uint64_t device_mem[512]; /* "device memory of GPU 0" */
+static uint64_t pinned_mem[8];   /* "page-locked host memory" */
+static uint64_t pageable_mem[8]; /* ordinary memory: the driver does not know it */
+
+static int in(const void *p, const void *base, size_t len) {
+  return (const char *)p >= (const char *)base && (const char *)p < (const char *)base + len;
+}
+
+/* ---- the fake driver ---- */
+
+static int launches, stream_writes, stream_waits, copies;
+static int fail_get_device; /* the next N cuCtxGetDevice calls fail */
+static CUcontext ctx0 = (CUcontext)0x6001; /* the thread's current context */
+
+static CUresult f_pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr ptr) {
+  const void *p = (const void *)(uintptr_t)ptr;
+  if (!in(p, device_mem, sizeof(device_mem)) && !in(p, pinned_mem, sizeof(pinned_mem)))
+    return CUDA_ERROR_INVALID_VALUE; /* pageable memory: unknown to the driver */
+  if (attr == CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+    *(CUmemorytype *)data =
+        in(p, device_mem, sizeof(device_mem)) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+  else if (attr == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+    *(int *)data = 0;
+  return CUDA_SUCCESS;
+}
+/* cuStreamWriteValue64 / WaitValue64: device or registered host memory only. */
+static CUresult f_write_value(CUstream s, CUdeviceptr addr, cuuint64_t v, unsigned flags) {
+  const void *p = (const void *)(uintptr_t)addr;
+  (void)s, (void)flags;
+  if (!in(p, device_mem, sizeof(device_mem)) && !in(p, pinned_mem, sizeof(pinned_mem)))
+    return CUDA_ERROR_INVALID_VALUE;
+  stream_writes++;
+  *(uint64_t *)(uintptr_t)addr = v;
+  return CUDA_SUCCESS;
+}
+static CUresult f_wait_value(CUstream s, CUdeviceptr addr, cuuint64_t v, unsigned flags) {
+  const void *p = (const void *)(uintptr_t)addr;
+  (void)s, (void)v, (void)flags;
+  if (!in(p, device_mem, sizeof(device_mem)) && !in(p, pinned_mem, sizeof(pinned_mem)))
+    return CUDA_ERROR_INVALID_VALUE;
+  stream_waits++;
+  return CUDA_SUCCESS;
+}
+static CUresult f_get_current(CUcontext *c) {
+  *c = ctx0;
+  return CUDA_SUCCESS;
+}
+static CUresult f_push(CUcontext c) {
+  (void)c;
+  return CUDA_SUCCESS;
+}
+static CUresult f_pop(CUcontext *c) {
+  *c = ctx0;
+  return CUDA_SUCCESS;
+}
+static CUresult f_get_device(CUdevice *d) {
+  if (fail_get_device) {
+    fail_get_device--;
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  *d = 0;
+  return CUDA_SUCCESS;
+}
+static CUresult f_attr(int *v, CUdevice_attribute a, CUdevice d) {
+  (void)d;
+  *v = a == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT ? 132 : 0;
+  return CUDA_SUCCESS;
+}
+static CUresult f_module_load(CUmodule *m, const void *image) {
+  (void)image;
+  *m = (CUmodule)0x7001;
+  return CUDA_SUCCESS;
+}
+static CUresult f_module_unload(CUmodule m) {
+  (void)m;
+  return CUDA_SUCCESS;
+}
+static CUresult f_get_function(CUfunction *f, CUmodule m, const char *name) {
+  (void)m, (void)name;
+  *f = (CUfunction)0x8001;
+  return CUDA_SUCCESS;
+}
+static CUresult f_mem_alloc(CUdeviceptr *p, size_t n) {
+  (void)n;
+  *p = (CUdeviceptr)(uintptr_t)&device_mem[500];
+  return CUDA_SUCCESS;
+}
+static CUresult f_launch_ex(const CUlaunchConfig *cfg, CUfunction f, void **args, void **extra) {
+  (void)cfg, (void)f, (void)args, (void)extra;
+  launches++;
+  return CUDA_SUCCESS;
+}
+static CUresult f_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                         unsigned by, unsigned bz, unsigned shmem, CUstream s, void **args,
+                         void **extra) {
+  (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)s;
+  (void)args, (void)extra;
+  launches++;
+  return CUDA_SUCCESS;
+}
+static CUresult f_memcpy_async(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  (void)dst, (void)src, (void)n, (void)s;
+  copies++;
+  return CUDA_SUCCESS;
+}
+
+static struct gshm_cudadrv fake_drv;
+
+int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
+  (void)prio;
+  fake_drv.cuPointerGetAttribute = f_pointer_attr;
+  fake_drv.cuStreamWriteValue64 = f_write_value;
+  fake_drv.cuStreamWaitValue64 = f_wait_value;
+  fake_drv.cuCtxGetCurrent = f_get_current;
+  fake_drv.cuCtxPushCurrent = f_push;
+  fake_drv.cuCtxPopCurrent = f_pop;
+  fake_drv.cuCtxGetDevice = f_get_device;
+  fake_drv.cuDeviceGetAttribute = f_attr;
+  fake_drv.cuModuleLoadData = f_module_load;
+  fake_drv.cuModuleUnload = f_module_unload;
+  fake_drv.cuModuleGetFunction = f_get_function;
+  fake_drv.cuMemAlloc = f_mem_alloc;
+  fake_drv.cuLaunchKernelEx = f_launch_ex;
+  fake_drv.cuLaunchKernel = f_launch;
+  fake_drv.cuMemcpyAsync = f_memcpy_async;
+  *drv_out = &fake_drv;
+  return 0;
+}
+
+int gshm__cuda_errno(CUresult r) {
+  return r == CUDA_SUCCESS ? 0 : r == CUDA_ERROR_INVALID_VALUE ? -EINVAL : -EIO;
+}
+
+void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *file, int line) {
+  (void)prio, (void)r, (void)call_text, (void)file, (void)line;
+}
+
+static void reset_counts(void) { launches = stream_writes = stream_waits = copies = 0; }
+
+/* ---- tests ---- */
+
+/* Flags the GPU can reach are signalled with cuStreamWriteValue64 and
+ * waited on with cuStreamWaitValue64: no kernel. */
+static void test_reachable_flags(void **state) {
+  (void)state;
+  reset_counts();
+  assert_int_equal(gshm_signal(&device_mem[0], 7, NULL), 0);
+  assert_int_equal(device_mem[0], 7);
+  assert_int_equal(gshm_signal(&pinned_mem[0], 9, NULL), 0);
+  assert_int_equal(pinned_mem[0], 9);
+  assert_int_equal(gshm_wait(&device_mem[0], 7, NULL), 0);
+  assert_int_equal(stream_writes, 2);
+  assert_int_equal(stream_waits, 1);
+  assert_int_equal(launches, 0);
+}
+
+/* A flag in pageable memory is -EINVAL, and nothing reaches the GPU: no
+ * kernel stores to it, no copy is queued before the refusal. */
+static void test_pageable_flag_never_reaches_the_gpu(void **state) {
+  (void)state;
+  reset_counts();
+  assert_int_equal(gshm_signal(&pageable_mem[0], 1, NULL), -EINVAL);
+  assert_int_equal(launches, 0);
+  assert_int_equal(gshm_copy_signal(&device_mem[8], &device_mem[100], 4096, GSHM_COPY_SM,
+                                    &pageable_mem[0], 1, NULL),
+                   -EINVAL);
+  assert_int_equal(launches, 0);
+  assert_int_equal(gshm_copy_signal(&device_mem[8], &device_mem[100], 4096, GSHM_COPY_ENGINE,
+                                    &pageable_mem[0], 1, NULL),
+                   -EINVAL);
+  assert_int_equal(copies, 0);
+  assert_int_equal(launches, 0);
+  assert_int_equal(gshm_wait(&pageable_mem[0], 1, NULL), -EINVAL);
+  assert_int_equal(stream_writes + stream_waits, 0);
+  assert_int_equal(pageable_mem[0], 0);
+}
+
+/* A context whose entry could not be made (its device unknown) leaves no
+ * slot taken: many such failures, then the calls work again.  Each used
+ * to keep one of the 64 slots for good, and after 64 every copy, signal
+ * and wait of the process failed with -ENOMEM. */
+static void test_failed_context_entries_are_not_kept(void **state) {
+  (void)state;
+  CUcontext was = ctx0;
+
+  for (int i = 0; i < 100; i++) { /* each a context libgshm has not seen */
+    ctx0 = (CUcontext)(uintptr_t)(0x9000 + i);
+    fail_get_device = 1;
+    assert_int_equal(gshm_signal(&device_mem[0], 1, NULL), -EIO);
+  }
+  ctx0 = (CUcontext)0x9999;
+  assert_int_equal(gshm_signal(&device_mem[0], 2, NULL), 0);
+  assert_int_equal(device_mem[0], 2);
+  ctx0 = was;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_reachable_flags),
+      cmocka_unit_test(test_failed_context_entries_are_not_kept),
+      cmocka_unit_test(test_pageable_flag_never_reaches_the_gpu),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,389 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* client/map_cuda.c without a GPU: the import, reserve, map and access
+ * steps against a fake driver that counts what is held (imported handles,
+ * address reservations, mappings, retained primary contexts, pushed
+ * contexts) and refuses what the real one refuses (a reservation that is
+ * no multiple of the granularity, a mapping past the allocation's end).
+ * The lease is built as gshm__lease_from_grant builds it from a daemon's
+ * reply.  Checked here: a reply that cannot describe a cuMem allocation
+ * is the daemon's error (-EPROTO), never a driver call; every failing
+ * driver call unwinds everything before it; read-only leases map read-only
+ * on every device, later ones included; gshm_write's copy is on the GPU
+ * when it returns.  tests/gpu/test_segments.c runs the same code on GPUs. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "client_internal.h"
+#include "cudadrv.h"
+#include "util.h"
+
+#define MiB (1024ull * 1024)
+#define GRAN (2 * MiB) /* the fake GPUs' allocation granularity */
+#define NDEV 2
+
+/* ---- the rest of libgshm, stubbed (the legacy-IPC open is not tested here) ---- */
+
+int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
+                  Gshm__Reply **reply_out, int *fd_out) {
+  (void)c, (void)type, (void)msg, (void)reply_out, (void)fd_out;
+  return -ENOSYS;
+}
+int gshm__lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
+                           gshm_segment_t **seg_out) {
+  (void)c, (void)reply, (void)fd, (void)seg_out;
+  return -ENOSYS;
+}
+
+/* ---- the fake driver ---- */
+
+static const char *fail_at; /* the driver entry point that fails next, once */
+static int handles, reservations, mappings, retained[NDEV], depth, imports;
+static uint64_t alloc_size = 8 * MiB; /* the allocation behind every fd */
+static int alloc_owner = 1;
+static unsigned long long access_flags[NDEV]; /* last flags set per device; 0: none */
+static int access_calls;
+static bool htod_in_flight;
+
+static bool failing(const char *fn) {
+  if (fail_at && !strcmp(fail_at, fn)) {
+    fail_at = NULL;
+    return true;
+  }
+  return false;
+}
+#define FAIL_IF(fn)                   \
+  do {                                \
+    if (failing(fn))                  \
+      return CUDA_ERROR_OUT_OF_MEMORY; \
+  } while (0)
+
+static CUresult f_count(int *n) {
+  FAIL_IF("cuDeviceGetCount");
+  *n = NDEV;
+  return CUDA_SUCCESS;
+}
+static CUresult f_get(CUdevice *d, int ordinal) {
+  FAIL_IF("cuDeviceGet");
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+static CUresult f_uuid(CUuuid *u, CUdevice d) {
+  memset(u->bytes, 0x10 + d, sizeof(u->bytes));
+  return CUDA_SUCCESS;
+}
+static CUresult f_can_peer(int *can, CUdevice d, CUdevice peer) {
+  (void)d, (void)peer;
+  *can = 1;
+  return CUDA_SUCCESS;
+}
+static CUresult f_retain(CUcontext *c, CUdevice d) {
+  FAIL_IF("cuDevicePrimaryCtxRetain");
+  retained[d]++;
+  *c = (CUcontext)(uintptr_t)(0x100 + d);
+  return CUDA_SUCCESS;
+}
+static CUresult f_release(CUdevice d) {
+  retained[d]--;
+  return CUDA_SUCCESS;
+}
+static CUresult f_push(CUcontext c) {
+  (void)c;
+  FAIL_IF("cuCtxPushCurrent");
+  depth++;
+  return CUDA_SUCCESS;
+}
+static CUresult f_pop(CUcontext *c) {
+  *c = NULL;
+  depth--;
+  return CUDA_SUCCESS;
+}
+static CUresult f_import(CUmemGenericAllocationHandle *h, void *fd, CUmemAllocationHandleType t) {
+  (void)fd;
+  imports++;
+  FAIL_IF("cuMemImportFromShareableHandle");
+  assert_int_equal(t, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  handles++;
+  *h = 0x4242;
+  return CUDA_SUCCESS;
+}
+static CUresult f_props(CUmemAllocationProp *p, CUmemGenericAllocationHandle h) {
+  (void)h;
+  FAIL_IF("cuMemGetAllocationPropertiesFromHandle");
+  p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p->location.id = alloc_owner;
+  return CUDA_SUCCESS;
+}
+static CUresult f_reserve(CUdeviceptr *va, size_t size, size_t align, CUdeviceptr addr,
+                          unsigned long long flags) {
+  (void)addr, (void)flags;
+  FAIL_IF("cuMemAddressReserve");
+  if (!size || size % GRAN || (align & (align - 1)))
+    return CUDA_ERROR_INVALID_VALUE;
+  reservations++;
+  *va = 0x7f0000000000ull;
+  return CUDA_SUCCESS;
+}
+static CUresult f_free(CUdeviceptr va, size_t size) {
+  (void)va, (void)size;
+  reservations--;
+  return CUDA_SUCCESS;
+}
+static CUresult f_map(CUdeviceptr va, size_t size, size_t off, CUmemGenericAllocationHandle h,
+                      unsigned long long flags) {
+  (void)va, (void)h, (void)flags;
+  FAIL_IF("cuMemMap");
+  if (off + size > alloc_size)
+    return CUDA_ERROR_INVALID_VALUE;
+  mappings++;
+  return CUDA_SUCCESS;
+}
+static CUresult f_unmap(CUdeviceptr va, size_t size) {
+  (void)va, (void)size;
+  mappings--;
+  return CUDA_SUCCESS;
+}
+static CUresult f_set_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *d, size_t n) {
+  (void)va, (void)size;
+  FAIL_IF("cuMemSetAccess");
+  access_calls++;
+  for (size_t i = 0; i < n; i++) {
+    assert_int_equal(d[i].location.type, CU_MEM_LOCATION_TYPE_DEVICE);
+    access_flags[d[i].location.id] = d[i].flags;
+  }
+  return CUDA_SUCCESS;
+}
+static CUresult f_mem_release(CUmemGenericAllocationHandle h) {
+  (void)h;
+  handles--;
+  return CUDA_SUCCESS;
+}
+static CUresult f_htod(CUdeviceptr dst, const void *src, size_t n) {
+  (void)dst, (void)src, (void)n;
+  htod_in_flight = true; /* pageable source: staged, maybe not on the GPU yet */
+  return CUDA_SUCCESS;
+}
+static CUresult f_dtoh(void *dst, CUdeviceptr src, size_t n) {
+  (void)src;
+  memset(dst, 0x5a, n);
+  return CUDA_SUCCESS;
+}
+static CUresult f_sync(CUstream s) {
+  (void)s;
+  htod_in_flight = false;
+  return CUDA_SUCCESS;
+}
+
+static struct gshm_cudadrv fake_drv;
+
+int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
+  (void)prio;
+  fake_drv.cuDeviceGetCount = f_count;
+  fake_drv.cuDeviceGet = f_get;
+  fake_drv.cuDeviceGetUuid = f_uuid;
+  fake_drv.cuDeviceCanAccessPeer = f_can_peer;
+  fake_drv.cuDevicePrimaryCtxRetain = f_retain;
+  fake_drv.cuDevicePrimaryCtxRelease = f_release;
+  fake_drv.cuCtxPushCurrent = f_push;
+  fake_drv.cuCtxPopCurrent = f_pop;
+  fake_drv.cuMemImportFromShareableHandle = f_import;
+  fake_drv.cuMemGetAllocationPropertiesFromHandle = f_props;
+  fake_drv.cuMemAddressReserve = f_reserve;
+  fake_drv.cuMemAddressFree = f_free;
+  fake_drv.cuMemMap = f_map;
+  fake_drv.cuMemUnmap = f_unmap;
+  fake_drv.cuMemSetAccess = f_set_access;
+  fake_drv.cuMemRelease = f_mem_release;
+  fake_drv.cuMemcpyHtoD = f_htod;
+  fake_drv.cuMemcpyDtoH = f_dtoh;
+  fake_drv.cuStreamSynchronize = f_sync;
+  *drv_out = &fake_drv;
+  return 0;
+}
+
+int gshm__cuda_errno(CUresult r) {
+  return r == CUDA_SUCCESS ? 0 : r == CUDA_ERROR_INVALID_VALUE ? -EINVAL : -EIO;
+}
+
+void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *file, int line) {
+  (void)prio, (void)r, (void)call_text, (void)file, (void)line;
+}
+
+/* ---- helpers ---- */
+
+/* A device segment's lease as a grant makes it: owned by GPU `owner`. */
+static struct gshm__lease lease_of(uint64_t size, uint64_t gran, int owner, gshm_access_t access) {
+  struct gshm__lease l;
+  unsigned char u[16];
+  char uuid[48];
+
+  memset(&l, 0, sizeof(l));
+  memset(u, 0x10 + owner, sizeof(u));
+  gshm__format_gpu_uuid(u, uuid);
+  l.fd = 99; /* the fake driver never reads it */
+  l.access = access;
+  l.info.size = size;
+  l.info.requested_size = size;
+  l.info.granularity = gran;
+  l.info.device_index = owner;
+  snprintf(l.info.name, sizeof(l.info.name), "dev/seg");
+  snprintf(l.info.location, sizeof(l.info.location), "cuda:%s", uuid);
+  return l;
+}
+
+static void assert_nothing_held(void) {
+  assert_int_equal(handles, 0);
+  assert_int_equal(reservations, 0);
+  assert_int_equal(mappings, 0);
+  assert_int_equal(depth, 0);
+  for (int d = 0; d < NDEV; d++)
+    assert_int_equal(retained[d], 0);
+}
+
+/* ---- tests ---- */
+
+/* A reply whose size or granularity no cuMem allocation has, or whose
+ * location names no GPU: -EPROTO before any driver call on the fd (it used
+ * to reach cuMemAddressReserve, whose refusal came back as -EINVAL, the
+ * caller's error). */
+static void test_hostile_replies_are_eproto(void **state) {
+  struct {
+    uint64_t size, gran;
+    const char *location;
+  } bad[] = {
+      {0, GRAN, NULL},            /* empty */
+      {3 * MiB, GRAN, NULL},      /* not a multiple of its granularity */
+      {6 * MiB, 3 * MiB, NULL},   /* a granularity that is no power of two */
+      {4 * MiB, GRAN, "host"},    /* a device segment that names no GPU */
+      {4 * MiB, GRAN, "cuda:1"},  /* an index, not the UUID */
+  };
+  char **uuids;
+  size_t n;
+  (void)state;
+
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    struct gshm__lease l = lease_of(bad[i].size, bad[i].gran, 1, GSHM_ACCESS_READ_WRITE);
+    if (bad[i].location)
+      snprintf(l.info.location, sizeof(l.info.location), "%s", bad[i].location);
+    imports = 0;
+    assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), -EPROTO);
+    assert_int_equal(imports, 0);
+    assert_null(l.device_map);
+    assert_null(l.addr);
+    assert_nothing_held();
+  }
+}
+
+/* A size past the allocation's end is the driver's to refuse (cuMemMap):
+ * refused, and nothing is left held. */
+static void test_size_past_the_allocation(void **state) {
+  struct gshm__lease l = lease_of(alloc_size + GRAN, GRAN, 1, GSHM_ACCESS_READ_WRITE);
+  char **uuids;
+  size_t n;
+  (void)state;
+
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), -EINVAL);
+  assert_null(l.device_map);
+  assert_nothing_held();
+}
+
+/* Each driver call of a map failing in turn: the error comes back and
+ * every handle, reservation, mapping, retained and pushed context before
+ * it is undone. */
+static void test_every_failure_unwinds(void **state) {
+  static const char *const calls[] = {
+      "cuDeviceGetCount", /* (a cuDeviceGet that fails leaves that peer out: no error) */
+      "cuDevicePrimaryCtxRetain", "cuCtxPushCurrent",
+      "cuMemImportFromShareableHandle", "cuMemGetAllocationPropertiesFromHandle",
+      "cuMemAddressReserve", "cuMemMap",
+      "cuMemSetAccess",
+  };
+  char **uuids;
+  size_t n;
+  (void)state;
+
+  for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
+    struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
+    fail_at = calls[i];
+    if (!gshm__map_device(&l, NULL, 0, &uuids, &n))
+      fail_msg("%s failed, yet the map succeeded", calls[i]);
+    assert_null(fail_at); /* the failure was reached */
+    assert_null(l.device_map);
+    assert_nothing_held();
+  }
+  /* the allocation on another GPU than the reply says: refused, undone */
+  {
+    struct gshm__lease l = lease_of(4 * MiB, GRAN, 0, GSHM_ACCESS_READ_WRITE);
+    assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), -ENODEV);
+    assert_nothing_held();
+  }
+}
+
+/* A read-only lease maps read-only on each device, and on a device added
+ * later; a full map and unmap hold nothing after. */
+static void test_read_only_everywhere(void **state) {
+  struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ);
+  const int owner_only[] = {1}, both[] = {0, 1};
+  char **uuids;
+  size_t n;
+  (void)state;
+
+  memset(access_flags, 0, sizeof(access_flags));
+  assert_int_equal(gshm__map_device(&l, owner_only, 1, &uuids, &n), 0);
+  assert_int_equal(n, 1);
+  assert_int_equal(access_flags[1], CU_MEM_ACCESS_FLAGS_PROT_READ);
+  assert_int_equal(access_flags[0], 0);
+  assert_int_equal(retained[1], 1);
+  assert_int_equal(depth, 0);
+  access_calls = 0;
+  assert_int_equal(gshm__map_device_add(&l, both, 2, &uuids, &n), 0);
+  assert_int_equal(n, 2);
+  assert_int_equal(access_calls, 1);
+  assert_int_equal(access_flags[0], CU_MEM_ACCESS_FLAGS_PROT_READ);
+  /* nothing new to add: no driver call */
+  assert_int_equal(gshm__map_device_add(&l, both, 2, &uuids, &n), 0);
+  assert_int_equal(n, 0);
+  assert_int_equal(access_calls, 1);
+  assert_int_equal(gshm__unmap_device(&l), 0);
+  assert_nothing_held();
+}
+
+/* gshm_write's staging copy is on the GPU when the call returns (from
+ * pageable memory cuMemcpyHtoD may return before); the range is checked
+ * against the mapping. */
+static void test_write_is_done_when_it_returns(void **state) {
+  struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
+  unsigned char buf[64] = {1};
+  char **uuids;
+  size_t n;
+  (void)state;
+
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
+  assert_int_equal(gshm__device_rw(&l, 4096, buf, sizeof(buf), true), 0);
+  assert_false(htod_in_flight);
+  assert_int_equal(depth, 0);
+  assert_int_equal(gshm__device_rw(&l, 4 * MiB - 8, buf, 16, false), -ERANGE);
+  assert_int_equal(gshm__device_rw(&l, 0, buf, sizeof(buf), false), 0);
+  assert_int_equal(buf[0], 0x5a);
+  assert_int_equal(gshm__unmap_device(&l), 0);
+  assert_nothing_held();
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_hostile_replies_are_eproto),
+      cmocka_unit_test(test_size_past_the_allocation),
+      cmocka_unit_test(test_every_failure_unwinds),
+      cmocka_unit_test(test_read_only_everywhere),
+      cmocka_unit_test(test_write_is_done_when_it_returns),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
