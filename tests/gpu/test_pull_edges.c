@@ -284,9 +284,14 @@ static void pinned_step(gshm_client_t *a, gshm_client_t *c, const char *c_socket
     CHECK(most > 0 && most <= (long)(8 * PIN_STAGING),
           "the pulls held %ld bytes of pinned slots at most, want 1 .. %llu", most,
           (unsigned long long)(8 * PIN_STAGING));
-    CHECK(made[0] > 0 && made[1] == made[0],
+    /* buffers are made on the pool while the pull goes on (100 ms each
+     * here), so the first pull may reach its widest only in the second:
+     * what must hold is that no buffer made is thrown away, i.e. both
+     * pulls together made no more than a node keeps (STAGE_KEEP_FULL, 8;
+     * a keep cap of 4 made 9 and 9 more) */
+    CHECK(made[0] > 0 && made[1] <= 8,
           "staging buffers made: %ld by the first pull, %ld more by the same pull again (want "
-          "some, then none)",
+          "some, then at most 8 in all)",
           made[0], made[1] - made[0]);
   }
   CHECK(now == 0, "%ld bytes of pinned slots still counted after the pull", now);
