@@ -20,6 +20,20 @@
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
+/* Forks seen in this process's lineage (pthread_atfork's child handler,
+ * registered at the first connect); a client remembers the count it was
+ * connected under. */
+static unsigned fork_gen;
+static void on_fork_child(void) { __atomic_add_fetch(&fork_gen, 1, __ATOMIC_RELAXED); }
+
+bool gshm__forked(struct gshm_client *c) {
+  if (c->fork_gen == __atomic_load_n(&fork_gen, __ATOMIC_RELAXED))
+    return false;
+  snprintf(c->last_error, sizeof(c->last_error),
+           "this client was connected before a fork: a forked process connects its own");
+  return true;
+}
+
 /* The library is silent unless $GSHM_LOG_LEVEL asks (docs/ARCHITECTURE.md
  * "Errors and logging").  Every variable the library reads goes through
  * secure_getenv: in a setuid or setgid program (AT_SECURE) the caller's
@@ -28,6 +42,7 @@ static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static void log_init(void) {
   const char *v = secure_getenv("GSHM_LOG_LEVEL");
   gshm__log_setup("libgshm", v && *v ? atoi(v) : -1, 0);
+  (void)pthread_atfork(NULL, NULL, on_fork_child);
 }
 
 const char *gshm_strerror(int err) { return gshm__strerror(err); }
@@ -150,7 +165,11 @@ static bool connection_lost(int e);
  * those that are gone; returns false when still disconnected. */
 bool gshm__drain_events(struct gshm_client *c, bool wait) {
   Gshm__Reply *unused;
-  int e = c->fd >= 0 ? read_reply(c, 0, 0, &unused, NULL, 1) : -ENOTCONN;
+  int e;
+
+  if (gshm__forked(c))
+    return false;
+  e = c->fd >= 0 ? read_reply(c, 0, 0, &unused, NULL, 1) : -ENOTCONN;
 
   if (e && connection_lost(e)) {
     if (c->fd >= 0)
@@ -283,6 +302,8 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
   int e = 0;
 
   c->last_error[0] = '\0';
+  if (gshm__forked(c))
+    return -ECHILD;
   for (int attempt = 0; attempt < 2; attempt++) {
     uint32_t id;
     int fd = -1;
@@ -357,6 +378,8 @@ int gshm__request_more(struct gshm_client *c, uint16_t type, Gshm__Reply **reply
   Gshm__Reply *reply = NULL;
   int e;
 
+  if (gshm__forked(c))
+    return -ECHILD;
   if (c->fd < 0)
     return -ECONNRESET;
   if ((e = read_reply(c, c->next_request, type, &reply, NULL, 0))) {
@@ -407,6 +430,7 @@ int gshm_connect(const char *path, const char *client_name, gshm_client_t **clie
   env = secure_getenv("GSHM_RECONNECT_MS");
   c->reconnect_ms = env && *env ? atoi(env) : DEFAULT_RECONNECT_MS;
   c->poll_ns = default_poll_ns();
+  c->fork_gen = __atomic_load_n(&fork_gen, __ATOMIC_RELAXED);
   if ((e = socket_connect(c->path, &c->fd)) || (e = hello(c))) {
     if (e != -EPROTONOSUPPORT)
       gshm_log_info("cannot connect to gshmd at %s: %s", c->path, gshm_strerror(e));
@@ -909,7 +933,7 @@ void gshm__report_mapping(struct gshm_client *c, struct gshm__lease *l, char **u
   m.unmapped = unmapped;
   /* Request id 0: gshmd sends no reply, so this costs no round trip.  A
    * lost connection is noticed by the next request. */
-  if (c->fd >= 0)
+  if (c->fd >= 0 && !gshm__forked(c))
     gshm__wire_send(c->fd, GSHM_WIRE_MAP_REPORT, 0, &m.base, -1);
 }
 

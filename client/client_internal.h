@@ -61,8 +61,16 @@ struct gshm_client {
   char last_error[256];
   int reconnect_ms;        /* how long to wait for a restarted daemon */
   int poll_ns;             /* how long to poll for a reply before sleeping */
+  unsigned fork_gen;       /* gshm__fork_gen when connected: see gshm__forked */
   uint8_t rx[GSHM_WIRE_MAX_PACKET + 1];
 };
+
+/* Whether c was connected by a process this one was forked from: the
+ * socket and the lease cache are the parent's, and a request, an event
+ * read or a map report sent here would take the parent's replies or end
+ * its leases.  Such a child's requests are refused -ECHILD; closing its
+ * segments and the client only frees its own copies. */
+bool gshm__forked(struct gshm_client *c);
 
 /* Sends msg as a request of type and waits for its reply, applying any
  * event that arrives first; reconnects and re-takes leases once if the

@@ -160,7 +160,14 @@ typedef struct gshm_device_info {
  * Errors: -ENOENT / -ECONNREFUSED no daemon at path (gshmctl exit 3);
  * -EACCES the socket's mode refuses us; -EPROTONOSUPPORT the daemon speaks
  * another major protocol version (gshm_last_error() cannot help here: the
- * message is logged at GSHM_LOG_LEVEL>=3); -ENAMETOOLONG path too long. */
+ * message is logged at GSHM_LOG_LEVEL>=3); -ENAMETOOLONG path too long.
+ * Fork: a client belongs to the process that connected it.  In a child
+ * made by fork() every call of this client that would talk to gshmd
+ * (every request, gshm_open, gshm_stat_name, ...) returns -ECHILD
+ * (gshm_last_error says so), since the socket and the leases are the
+ * parent's; gshm_close() and gshm_disconnect() there free only the
+ * child's copies and never end the parent's leases.  A child connects a
+ * client of its own. */
 GSHM_EXTERN int gshm_connect(const char *path, const char *client_name,
                              gshm_client_t **client_out);
 

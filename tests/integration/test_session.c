@@ -655,6 +655,68 @@ static void test_poll_yields_to_other_clients(void **state) {
   unsetenv("GSHM_POLL_US");
 }
 
+/* Leases of segment name that gshmd lists (any holder). */
+static size_t leases_of(gshm_client_t *c, const char *name) {
+  gshm_lease_info_t *v = NULL;
+  size_t n = 0, k = 0;
+  assert_int_equal(gshm_list_leases(c, &v, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    k += !strcmp(v[i].segment_name, name);
+  gshm_free(v);
+  return k;
+}
+
+/* A child made by fork() shares its parent's socket and lease cache: a
+ * request there would take the parent's reply, a close end the parent's
+ * lease (before: the child's close of its copy of the segment ended the
+ * parent's lease, and the child's stat read a reply meant for the
+ * parent's connection).  The child is refused -ECHILD and its closes free
+ * only its own copies. */
+static void test_forked_child_leaves_the_parent_alone(void **state) {
+  struct harness *h = *state;
+  gshm_client_t *c, *admin;
+  gshm_segment_t *s;
+  gshm_segment_info_t info;
+  uint8_t *addr;
+  int status;
+  pid_t pid;
+
+  assert_int_equal(gshm_connect(h->socket_path, "parent", &c), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "admin", &admin), 0);
+  assert_int_equal(gshm_create(c, "test/fork", 1 << 20, "host", 0600, 0, &s), 0);
+  assert_int_equal(gshm_map(s, NULL, 0, (void **)&addr), 0);
+  harness_random(addr, 1 << 20, 77);
+  assert_int_equal(leases_of(admin, "test/fork"), 1);
+  if ((pid = fork()) == 0) {
+    int rc = 0;
+    if (gshm_stat_name(c, "test/fork", &info) != -ECHILD || !strstr(gshm_last_error(c), "fork"))
+      rc |= 1;
+    if (gshm_close(s) != 0)
+      rc |= 2;
+    gshm_disconnect(c);
+    _exit(rc);
+  }
+  assert_true(pid > 0);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  /* the parent's connection answers its own requests, its lease stands */
+  assert_int_equal(gshm_stat(s, &info), 0);
+  assert_int_equal(info.requested_size, 1 << 20);
+  assert_int_equal(leases_of(admin, "test/fork"), 1);
+  {
+    uint8_t *want = malloc(1 << 20);
+    assert_non_null(want);
+    harness_random(want, 1 << 20, 77);
+    assert_memory_equal(addr, want, 1 << 20);
+    free(want);
+  }
+  gshm_close(s);
+  assert_int_equal(leases_of(admin, "test/fork"), 0);
+  gshm_disconnect(c);
+  gshm_disconnect(admin);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_error_names),
@@ -665,6 +727,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_queued_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_connect_explain, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_forked_child_leaves_the_parent_alone, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_host_size_and_populate, harness_cmocka_setup, harness_cmocka_teardown),
