@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -551,12 +552,21 @@ int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *l
                 uint32_t mode, uint32_t flags, gshm_segment_t **seg_out) {
   Gshm__CreateRequest m = GSHM__CREATE_REQUEST__INIT;
   Gshm__Reply *reply = NULL;
+  uint8_t token[GSHM_CREATE_TOKEN_BYTES];
   int fd = -1, e;
 
   if (!c || !name || !seg_out)
     return -EINVAL;
   if (strlen(name) > GSHM_NAME_MAX)
     return -ENAMETOOLONG;
+  /* names this create: gshm__request sends it again, token and all, when
+   * a gshmd restart lost the reply, and gshmd answers the resend with the
+   * segment the first one made (not EEXIST); without randomness (never
+   * after boot) the create goes without one */
+  if (getrandom(token, sizeof(token), 0) == (ssize_t)sizeof(token)) {
+    m.create_token.data = token;
+    m.create_token.len = sizeof(token);
+  }
   m.name = (char *)name;
   m.size = size;
   m.location = (char *)(location ? location : "host");

@@ -25,8 +25,9 @@
  * up to 10 bytes with their tags (which bound all 13: mode, unlinked,
  * flags, uid, gid and publish_members take 6 bytes at most, 107 in all
  * with replaced_by's 2-byte tag), the location (63 bytes) and a pulled
- * segment's source (GSHM_SOURCE_MAX, 384), with tags and lengths, and the
- * StateBucket's tag and length around it. */
+ * segment's source (GSHM_SOURCE_MAX, 384) or a client's create token
+ * (19 bytes with its tag and length: never both, fill_record), with tags
+ * and lengths, and the StateBucket's tag and length around it. */
 #define RECORD_FIXED_MAX (12u * 11 + 2 + 66 + 387 + 8)
 
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
@@ -186,6 +187,10 @@ void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, uint64_t publis
   x->unlinked = seg->unlinked || seg->fs_replaced; /* (a replace's: before unlink_replaced) */
   if (seg->source)
     x->source = seg->source;
+  else if (seg->has_token) { /* (a pulled segment has none: RECORD_FIXED_MAX) */
+    x->create_token.data = (uint8_t *)seg->create_token;
+    x->create_token.len = GSHM_CREATE_TOKEN_BYTES;
+  }
   if (seg->fs_publish > publish_done) {
     x->publish = seg->fs_publish;
     x->publish_members = seg->fs_publish_n;

@@ -15,6 +15,7 @@
 #include "backend.h"
 #include "list.h"
 #include "seg_index.h"
+#include "wire.h"
 
 struct gshmd_config;
 
@@ -50,6 +51,10 @@ struct gshmd_segment {
    * yet undo the publish and give the name back).  0: none. */
   uint64_t fs_replaced;
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
+  /* CreateRequest.create_token of the create that made it (has_token):
+   * a resend of that create after a restart is answered with it */
+  uint8_t create_token[GSHM_CREATE_TOKEN_BYTES];
+  bool has_token;
   void *cluster_export;      /* daemon/cluster/serve.c: its UCX registration, if served */
   /* Hidden (gshmd_registry_create_hidden) until published.  unlinked on
    * a hidden segment: discarded while leased, freed with its last lease. */
@@ -191,12 +196,17 @@ int gshmd_registry_client_add(struct gshmd_registry *r, const struct gshmd_cred 
 /* Ends every lease of the client and frees it. */
 void gshmd_registry_client_remove(struct gshmd_registry *r, struct gshmd_client *c);
 
-/* Creates a segment and a read-write lease on it for c.  Errors as
- * gshm_create() documents; *msg_out may point at a static or registry
- * buffer explaining the failure. */
+/* Creates a segment and a read-write lease on it for c.  A create resent
+ * after a restart (req->create_token: GSHM_CREATE_TOKEN_BYTES bytes, the
+ * same as that of the segment of that name, made by c's uid with the
+ * same size, location and flags) gets a read-write lease of that segment
+ * instead, as the first would have (*resent_out true, else false;
+ * resent_out may be NULL).  Errors as gshm_create() documents (-EINVAL
+ * also for a token of another length); *msg_out may point at a static or
+ * registry buffer explaining the failure. */
 int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
                           const Gshm__CreateRequest *req, struct gshmd_lease **lease_out,
-                          const char **msg_out);
+                          bool *resent_out, const char **msg_out);
 
 /* A hidden segment: what gshmd_registry_create checks and allocates (the
  * same errors, except that the name may be taken: it is checked when the

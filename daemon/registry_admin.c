@@ -42,6 +42,8 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
   seg->created_ns = rec->created_ns;
   seg->unlinked = rec->unlinked;
   seg->restored = true;
+  if ((seg->has_token = rec->create_token.len == GSHM_CREATE_TOKEN_BYTES))
+    memcpy(seg->create_token, rec->create_token.data, GSHM_CREATE_TOKEN_BYTES);
   if (rec->source && *rec->source && !(seg->source = strdup(rec->source))) {
     free(seg->name);
     free(seg);

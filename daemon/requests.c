@@ -149,11 +149,12 @@ static void grant_undo(struct req *q) {
 
 static int handle_create(struct req *q, Gshm__CreateRequest *m) {
   const char *msg = NULL;
-  int e = gshmd_registry_create(q->c->srv->reg, q->c->client, m, &q->granted, &msg);
+  bool resent;
+  int e = gshmd_registry_create(q->c->srv->reg, q->c->client, m, &q->granted, &resent, &msg);
 
   if (e)
     return set_error(q, e, msg);
-  q->created = true;
+  q->created = !resent; /* (a resent create's segment stays if its lease fails) */
   /* A legacy-IPC segment has no fd (cuMemAlloc memory): its creator gets
    * the handle instead. */
   if ((e = grant_lease(q, q->granted,

@@ -210,7 +210,10 @@ GSHM_EXTERN void gshm_disconnect(gshm_client_t *client);
  * backend could not allocate; -EDQUOT a per-user quota would be crossed;
  * -EFBIG over the daemon's segment size limit; -EMFILE a limit on segments
  * or leases, or the daemon cannot pass an fd now (its fds in flight are
- * at its RLIMIT_NOFILE; nothing was created: try again). */
+ * at its RLIMIT_NOFILE; nothing was created: try again).
+ * A create whose reply a gshmd restart lost is sent again once libgshm
+ * has reconnected, with the same random token: gshmd answers it with the
+ * segment the first one made (not -EEXIST; docs/ARCHITECTURE.md). */
 GSHM_EXTERN int gshm_create(gshm_client_t *client, const char *name, uint64_t size,
                             const char *location, uint32_t mode, uint32_t flags,
                             gshm_segment_t **seg_out);

@@ -60,7 +60,56 @@ static int create(struct fixture *f, struct gshmd_client *c, const char *name, u
   req.size = size;
   req.location = "host";
   req.mode = mode;
-  return gshmd_registry_create(&f->reg, c, &req, l, &msg);
+  return gshmd_registry_create(&f->reg, c, &req, l, NULL, &msg);
+}
+
+/* A create of name (size bytes, host) by c carrying token (len bytes;
+ * NULL: none); *resent says how it was answered. */
+static int create_token(struct fixture *f, struct gshmd_client *c, const char *name,
+                        uint64_t size, const uint8_t *token, size_t len,
+                        struct gshmd_lease **l, bool *resent) {
+  Gshm__CreateRequest req = GSHM__CREATE_REQUEST__INIT;
+  const char *msg = NULL;
+  req.name = (char *)name;
+  req.size = size;
+  req.location = "host";
+  req.create_token.data = (uint8_t *)token;
+  req.create_token.len = token ? len : 0;
+  return gshmd_registry_create(&f->reg, c, &req, l, resent, &msg);
+}
+
+/* A create sent again with its token (a reply lost to a restart) gets a
+ * read-write lease of the segment the first one made; any other create
+ * of that name is refused as before: another token, none, another user
+ * with the token, another size; a token of the wrong length is refused. */
+static void test_create_resent(void **state) {
+  struct fixture *f = *state;
+  const uint8_t t[16] = "0123456789abcdef", u[16] = "0123456789abcdeF";
+  struct gshmd_lease *l1, *l2, *l;
+  bool resent = true;
+
+  assert_int_equal(create_token(f, f->alice, "r", 100, t, 16, &l1, &resent), 0);
+  assert_false(resent);
+  assert_int_equal(create_token(f, f->alice, "r", 100, t, 16, &l2, &resent), 0);
+  assert_true(resent);
+  assert_ptr_equal(l2->seg, l1->seg);
+  assert_true(l2->id != l1->id);
+  assert_int_equal(l2->access, GSHM__ACCESS__ACCESS_READ_WRITE);
+  assert_int_equal(l1->seg->nleases, 2);
+  assert_int_equal(f->reg.nsegments, 1);
+  assert_int_equal(create_token(f, f->alice, "r", 100, u, 16, &l, &resent), -EEXIST);
+  assert_int_equal(create_token(f, f->alice, "r", 100, NULL, 0, &l, &resent), -EEXIST);
+  assert_int_equal(create_token(f, f->bob, "r", 100, t, 16, &l, &resent), -EEXIST);
+  assert_int_equal(create_token(f, f->alice, "r", 200, t, 16, &l, &resent), -EEXIST);
+  assert_int_equal(create_token(f, f->alice, "s", 100, t, 5, &l, &resent), -EINVAL);
+  /* unlinked: the name is free, the token names nothing */
+  {
+    const char *msg;
+    assert_int_equal(gshmd_registry_unlink(&f->reg, f->alice, "r", &msg), 0);
+  }
+  assert_int_equal(create_token(f, f->alice, "r", 100, t, 16, &l, &resent), 0);
+  assert_false(resent);
+  assert_ptr_not_equal(l->seg, l1->seg);
 }
 
 static int open_(struct fixture *f, struct gshmd_client *c, const char *name, int access,
@@ -129,7 +178,7 @@ static void test_bad_requests(void **state) {
     req.size = 1;
     req.location = "cuda:0";
     /* No CUDA backend in this registry. */
-    assert_int_equal(gshmd_registry_create(&f->reg, f->alice, &req, &l, &msg), -ENOTSUP);
+    assert_int_equal(gshmd_registry_create(&f->reg, f->alice, &req, &l, NULL, &msg), -ENOTSUP);
     assert_non_null(msg);
   }
 }
@@ -330,6 +379,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_permissions, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_requests, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_create_resent, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unlink_keeps_memory_for_leases, setup, teardown),
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hidden_publish, setup, teardown),

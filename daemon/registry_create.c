@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The registry's creates: the checks of a create request, its segment's
+ * allocation (named or hidden), and a create sent again after a restart
+ * lost its reply (create tokens: docs/ARCHITECTURE.md). */
+#include "registry.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <search.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "log.h"
+#include "registry_internal.h"
+#include "util.h"
+
+/* The quota check of segment_new, made twice: on the size asked and again
+ * on the size rounded up to the granularity.  where (" on host", " on
+ * cuda" or "") and what ("asked", "after rounding") word the message.
+ * 0, or -EDQUOT with *msg_out set. */
+static int quota_check(struct gshmd_registry *r, uid_t uid, uint64_t quota, uint64_t used,
+                       uint64_t size, const char *where, const char *what, const char **msg_out) {
+  char a[32], q[32], s[32];
+
+  if (!quota || !uid || (size <= quota && used <= quota - size))
+    return 0;
+  *msg_out = gshmd__reg_fmt_msg(
+      r, "uid %u uses %s of %s%s, %s more %s", (unsigned)uid, gshm__format_size(used, a, sizeof(a)),
+      gshm__format_size(quota, q, sizeof(q)), where, gshm__format_size(size, s, sizeof(s)), what);
+  return -EDQUOT;
+}
+
+/* The checks of a create request on its own: name, size, mode, flags,
+ * the daemon's size limit and the location, parsed into *loc.  0 or
+ * negative errno with *msg_out set. */
+static int request_check(struct gshmd_registry *r, const Gshm__CreateRequest *req, uint32_t mode,
+                         struct gshm_location *loc, const char **msg_out) {
+  const struct gshmd_config *cfg = r->cfg;
+  char q[32], s[32];
+  int e;
+
+  if ((e = gshm__name_check(req->name, cfg->max_name))) {
+    *msg_out = e == -ENAMETOOLONG
+                   ? gshmd__reg_fmt_msg(r, "name is longer than %u bytes", cfg->max_name)
+                   : "bad name: 1..255 bytes, '/'-separated components, none empty, '.' or '..', "
+                     "no control characters";
+    return e;
+  }
+  if (req->size == 0) {
+    *msg_out = "size must be at least 1 byte";
+    return -EINVAL;
+  }
+  if (mode & ~0777u) {
+    *msg_out = gshmd__reg_fmt_msg(r, "mode %o has bits outside 0777", mode);
+    return -EINVAL;
+  }
+  if (req->flags & ~(uint32_t)GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) {
+    *msg_out = "unknown segment flags";
+    return -EINVAL;
+  }
+  if (req->create_token.len && req->create_token.len != GSHM_CREATE_TOKEN_BYTES) {
+    *msg_out = "create_token must be 16 bytes";
+    return -EINVAL;
+  }
+  if (cfg->max_segment_size && req->size > cfg->max_segment_size) {
+    *msg_out = gshmd__reg_fmt_msg(r, "size %s is over the daemon's limit of %s",
+                                  gshm__format_size(req->size, s, sizeof(s)),
+                                  gshm__format_size(cfg->max_segment_size, q, sizeof(q)));
+    return -EFBIG;
+  }
+  if (gshm__location_parse(req->location, loc)) {
+    *msg_out = "bad location: use host, cuda:N or cuda:GPU-<uuid>";
+    return -EINVAL;
+  }
+  return 0;
+}
+
+/* Asks backend b for req->size bytes at loc into *mem_out (owned by the
+ * caller); puller: the client of a pull (a hidden segment, whose every
+ * byte the pull writes: the backend's alloc_pull may recycle memory),
+ * NULL for a create.  0 or the backend's negative errno with *msg_out
+ * set. */
+static int backend_alloc(struct gshmd_registry *r, struct gshmd_backend *b,
+                         const struct gshm_location *loc, const Gshm__CreateRequest *req,
+                         const struct gshmd_client *puller, struct gshmd_alloc **mem_out,
+                         const char **msg_out) {
+  int e;
+
+  if (b->ops->check_size &&
+      (e = b->ops->check_size(b, loc, req->size, r->msgbuf, sizeof(r->msgbuf)))) {
+    *msg_out = r->msgbuf;
+    return e;
+  }
+  if (puller && b->ops->alloc_pull)
+    e = b->ops->alloc_pull(b, loc, req->size, (uint32_t)puller->cred.uid, mem_out);
+  else
+    e = b->ops->alloc(b, loc, req->size, req->flags, req->name, mem_out);
+  if (e) {
+    *msg_out = e == -ENODEV   ? "no such GPU"
+               : e == -ENOMEM ? "out of memory at that location"
+                              : "the backend could not allocate";
+    return e;
+  }
+  return 0;
+}
+
+/* Whether req (of c, for loc) is the create that made seg, sent again
+ * after a restart lost its reply: the same uid, token (128 random bits
+ * name one create), size, flags and kind of location as that create's.
+ * The uid is compared first: the token is never compared for another
+ * user (so a plain memcmp's timing tells nothing to anyone who could not
+ * open the segment anyway, as its owner). */
+static bool create_resent(const struct gshmd_segment *seg, const struct gshmd_client *c,
+                          const Gshm__CreateRequest *req, const struct gshm_location *loc) {
+  if (seg->uid != c->cred.uid || !seg->has_token ||
+      req->create_token.len != GSHM_CREATE_TOKEN_BYTES ||
+      memcmp(seg->create_token, req->create_token.data, GSHM_CREATE_TOKEN_BYTES))
+    return false;
+  return seg->requested_size == req->size && seg->flags == req->flags && !seg->hidden &&
+         !seg->unlinked && (loc->kind == GSHM_LOCATION_HOST) == (seg->mem->device_index < 0);
+}
+
+/* Checks a create request of c and allocates its segment, charged to c's
+ * usage and r->bytes but in no tree or list and without an id yet.
+ * hidden: the name may be taken now (a hidden segment's name is checked
+ * when it is published).  Returns 0, 1 when req is the resent create of
+ * the segment of its name (*seg_out: that one, nothing allocated:
+ * create_resent), or an error as gshmd_registry_create. */
+int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
+                           const Gshm__CreateRequest *req, bool hidden,
+                           struct gshmd_segment **seg_out, const char **msg_out) {
+  const struct gshmd_config *cfg = r->cfg;
+  struct gshm_location loc;
+  struct gshmd_backend *b;
+  struct gshmd_segment *seg;
+  struct gshmd_alloc *mem = NULL;
+  struct usage *u;
+  uint32_t mode = req->mode ? req->mode : 0600;
+  uint64_t quota, used;
+  bool cuda;
+  int e;
+
+  if ((e = request_check(r, req, mode, &loc, msg_out)))
+    return e;
+  if (!hidden && (seg = gshmd_registry_find_name(r, req->name))) {
+    if (create_resent(seg, c, req, &loc)) {
+      *seg_out = seg;
+      return 1;
+    }
+    *msg_out = gshmd__reg_fmt_msg(r, "segment '%s' exists", req->name);
+    return -EEXIST;
+  }
+  if (cfg->max_segments && r->nsegments + r->nhidden >= cfg->max_segments) {
+    *msg_out = gshmd__reg_fmt_msg(r, "the daemon holds %u segments, its limit", r->nsegments);
+    return -EMFILE;
+  }
+  cuda = loc.kind != GSHM_LOCATION_HOST;
+  b = cuda ? r->cuda : r->host;
+  if (!b) {
+    *msg_out = "device segments are unavailable: this gshmd has no CUDA backend (no driver or no "
+               "GPU, or --backend host)";
+    return -ENOTSUP;
+  }
+  if ((req->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) && !cfg->legacy_ipc) {
+    *msg_out = "legacy IPC export is disabled (daemon.legacy_ipc = false)";
+    return -ENOTSUP;
+  }
+  if (!(u = gshmd__reg_usage_get(r, c->cred.uid)))
+    return -ENOMEM;
+  if (cfg->quota_segments && c->cred.uid && u->segments >= cfg->quota_segments) {
+    *msg_out = gshmd__reg_fmt_msg(r, "uid %u owns %u segments, limit %u", (unsigned)c->cred.uid,
+                                  u->segments, cfg->quota_segments);
+    return -EDQUOT;
+  }
+  quota = cuda ? cfg->quota_cuda_bytes : cfg->quota_host_bytes;
+  used = cuda ? u->cuda_bytes : u->host_bytes;
+  if ((e = quota_check(r, c->cred.uid, quota, used, req->size, cuda ? " on cuda" : " on host",
+                       "asked", msg_out)))
+    return e;
+
+  if ((e = backend_alloc(r, b, &loc, req, hidden ? c : NULL, &mem, msg_out)))
+    return e;
+  /* Rounding up to the granularity may cross the quota after all. */
+  if ((e = quota_check(r, c->cred.uid, quota, used, mem->size, "", "after rounding", msg_out))) {
+    b->ops->free(b, mem);
+    return e;
+  }
+  if (!(seg = calloc(1, sizeof(*seg))) || !(seg->name = strdup(req->name))) {
+    free(seg);
+    b->ops->free(b, mem);
+    return -ENOMEM;
+  }
+  seg->requested_size = req->size;
+  seg->mem = mem;
+  seg->uid = c->cred.uid;
+  seg->gid = c->cred.gid;
+  seg->mode = mode;
+  seg->flags = req->flags;
+  seg->created_ns = gshm__now_ns(CLOCK_REALTIME);
+  if ((seg->has_token = req->create_token.len == GSHM_CREATE_TOKEN_BYTES))
+    memcpy(seg->create_token, req->create_token.data, GSHM_CREATE_TOKEN_BYTES);
+  gshm_list_init(&seg->leases);
+  r->bytes += mem->size;
+  gshmd__reg_usage_charge(u, mem, +1);
+  *seg_out = seg;
+  return 0;
+}
+
+/* Frees a segment of gshmd__reg_segment_new that is in no tree or list: its usage,
+ * its pages (discarded) and its memory. */
+void gshmd__reg_segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  struct usage *u = gshmd__reg_usage_get(r, seg->uid);
+
+  r->bytes -= seg->mem->size;
+  if (u)
+    gshmd__reg_usage_charge(u, seg->mem, -1);
+  if (seg->mem->backend->ops->discard)
+    seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
+  seg->mem->backend->ops->free(seg->mem->backend, seg->mem);
+  free(seg->source);
+  free(seg->name);
+  free(seg);
+}
+
+/* Gives seg (from gshmd__reg_segment_new, its name free) its id and generation and
+ * makes it live: in the name and id trees and the id-ordered list.
+ * Errors: -ENOMEM (seg untouched, in no tree). */
+int gshmd__reg_segment_insert(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  if (gshmd_seg_index_reserve(&r->seg_index)) /* so that the index add cannot fail */
+    return -ENOMEM;
+  seg->id = r->next_segment_id;
+  if (!tsearch(seg, &r->by_name, gshmd__reg_cmp_name) ||
+      !tsearch(seg, &r->by_id, gshmd__reg_cmp_seg_id)) {
+    tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
+    seg->id = 0;
+    return -ENOMEM;
+  }
+  r->next_segment_id++;
+  seg->generation = r->next_generation++;
+  gshm_list_add_tail(&r->segments, &seg->node);
+  gshmd_seg_index_add(&r->seg_index, seg, seg->id);
+  r->nsegments++;
+  return 0;
+}
+
+int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
+                          const Gshm__CreateRequest *req, struct gshmd_lease **lease_out,
+                          bool *resent_out, const char **msg_out) {
+  struct gshmd_segment *seg;
+  char s[32];
+  int e;
+
+  if (resent_out)
+    *resent_out = false;
+  if ((e = gshmd__reg_segment_new(r, c, req, false, &seg, msg_out)) == 1) {
+    gshm_log_notice("segment '%s' id %" PRIu64 ": its create sent again by pid %d (a reply lost "
+                    "to a restart): a read-write lease of it",
+                    seg->name, seg->id, (int)c->cred.pid);
+    if (resent_out)
+      *resent_out = true;
+    return gshmd__reg_lease_add(r, c, seg, GSHM__ACCESS__ACCESS_READ_WRITE, lease_out, msg_out);
+  }
+  if (e)
+    return e;
+  if ((e = gshmd__reg_segment_insert(r, seg))) {
+    gshmd__reg_segment_drop(r, seg);
+    return e;
+  }
+  gshm_log_info("segment '%s' id %" PRIu64 " created: %s at %s, mode %04o, uid %u, by pid %d",
+                seg->name, seg->id, gshm__format_size(seg->mem->size, s, sizeof(s)),
+                seg->mem->location, seg->mode, (unsigned)seg->uid, (int)c->cred.pid);
+  if (r->on_event)
+    r->on_event(r, seg, GSHMD_SEGMENT_CREATED);
+
+  e = gshmd__reg_lease_add(r, c, seg, GSHM__ACCESS__ACCESS_READ_WRITE, lease_out, msg_out);
+  if (e) {
+    /* No lease, no segment: the create did not happen. */
+    seg->unlinked = true;
+    tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
+    gshmd__reg_segment_free(r, seg, true);
+  }
+  return e;
+}

@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A create whose reply a gshmd restart lost.  gshmd made the segment
+ * (and stored it in the fd store) and was killed before the client read
+ * its reply: libgshm, reconnecting, sends the create again.  Before
+ * create tokens that resend met the segment the first one made and
+ * failed -EEXIST, so the creator had no lease of its own segment.  Now
+ * the resend carries the first one's token and gets a read-write lease
+ * of that segment.
+ *
+ * Real gshmd and real libgshm; between them a proxy thread that passes
+ * every packet (and its fd) through, except the reply to the first
+ * create: that one it keeps, SIGKILLs gshmd, has the harness restart it
+ * from the fd store (as systemd would), and drops both connections.
+ * Through the kept reply's fd the test then writes bytes that the
+ * client's lease must show: the same memory. */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+#include "wire.h"
+
+#define SIZE ((1u << 20) + 5)
+
+struct proxy {
+  struct harness *h;
+  char path[108];
+  int lfd;
+  pthread_t t;
+  int kept_fd;          /* the dropped create reply's fd (the thread's until joined) */
+  int restarted;        /* harness_restart's result once it ran; 1: not yet */
+};
+
+static int unix_connect(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+    return fd;
+  if (fd >= 0)
+    close(fd);
+  return -1;
+}
+
+/* Moves one packet from `from` to `to` (its fd too).  *create_id: set to
+ * a create's request id on its way to gshmd (while 0); a reply with that
+ * id coming back is kept instead (returns 2).  Returns 0 moved, 1 one
+ * side ended, 2 the create's reply kept (p->kept_fd). */
+static int pass_one(struct proxy *p, int from, int to, uint32_t *create_id) {
+  static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
+  struct gshm_wire_header hdr;
+  int fds[GSHM_WIRE_MAX_FDS], nfds = 0, e = 0;
+  ssize_t len = gshm__wire_recv(from, buf, sizeof(buf), fds, GSHM_WIRE_MAX_FDS, &nfds, 0);
+
+  if (len <= 0 || gshm__wire_parse_header(buf, (size_t)len, &hdr)) {
+    e = 1;
+  } else if (*create_id && p->kept_fd < 0 && hdr.request_id == *create_id && nfds == 1) {
+    p->kept_fd = fds[0];
+    return 2;
+  } else {
+    if (!*create_id && p->kept_fd < 0 && hdr.type == GSHM_WIRE_CREATE)
+      *create_id = hdr.request_id;
+    e = gshm__wire_sendmsg(to, buf, (size_t)len, nfds ? fds[0] : -1) ? 1 : 0;
+  }
+  for (int i = 0; i < nfds; i++)
+    close(fds[i]);
+  return e;
+}
+
+static void *proxy_main(void *arg) {
+  struct proxy *p = arg;
+  int cfd;
+
+  while ((cfd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC)) >= 0) {
+    struct pollfd pf[2] = {{.fd = cfd, .events = POLLIN}, {.fd = -1, .events = POLLIN}};
+    uint32_t create_id = 0;
+    int r = 0;
+
+    pf[1].fd = unix_connect(p->h->socket_path);
+    while (pf[1].fd >= 0 && r == 0 && poll(pf, 2, -1) > 0) {
+      if (pf[0].revents)
+        r = pass_one(p, cfd, pf[1].fd, &create_id);
+      else if (pf[1].revents)
+        r = pass_one(p, pf[1].fd, cfd, &create_id);
+    }
+    if (pf[1].fd >= 0)
+      close(pf[1].fd);
+    if (r == 2) /* gshmd dies with the reply unread, and comes back */
+      p->restarted = harness_restart(p->h, SIGKILL, NULL);
+    close(cfd);
+  }
+  return NULL;
+}
+
+static void proxy_start(struct proxy *p, struct harness *h) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+
+  p->h = h;
+  p->kept_fd = -1;
+  p->restarted = 1;
+  snprintf(p->path, sizeof(p->path), "%s.proxy", h->socket_path);
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", p->path);
+  unlink(p->path);
+  assert_true((p->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) >= 0);
+  assert_int_equal(bind(p->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(p->lfd, 8), 0);
+  assert_int_equal(pthread_create(&p->t, NULL, proxy_main, p), 0);
+}
+
+static void proxy_stop(struct proxy *p) {
+  shutdown(p->lfd, SHUT_RDWR); /* accept4 fails: the thread ends */
+  pthread_join(p->t, NULL);
+  close(p->lfd);
+  unlink(p->path);
+}
+
+static void test_create_reply_lost_to_a_restart(void **state) {
+  struct harness h;
+  struct proxy p;
+  gshm_client_t *c, *other;
+  gshm_segment_t *s, *s2;
+  gshm_status_info_t st;
+  unsigned char *want = malloc(SIZE), *got = malloc(SIZE), *m;
+  (void)state;
+
+  assert_non_null(want);
+  assert_non_null(got);
+  assert_int_equal(harness_start(&h, NULL), 0);
+  proxy_start(&p, &h);
+  assert_int_equal(gshm_connect(p.path, "resender", &c), 0);
+  /* the first create is made, its reply kept by the proxy, gshmd killed
+   * and restarted; libgshm reconnects and sends the create again */
+  assert_int_equal(gshm_create(c, "lost/reply", SIZE, NULL, 0640, 0, &s), 0);
+  assert_int_equal(p.restarted, 0);
+  assert_true(p.kept_fd >= 0);
+  /* the lease is of the first create's memory: what its fd writes shows */
+  m = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, p.kept_fd, 0);
+  assert_true(m != MAP_FAILED);
+  harness_random(want, SIZE, 0x5e5e);
+  memcpy(m, want, SIZE);
+  munmap(m, SIZE);
+  assert_int_equal(gshm_read(s, 0, got, SIZE), 0);
+  assert_memory_equal(got, want, SIZE);
+  /* one segment, and the name is still taken for any other create */
+  assert_int_equal(gshm_connect(h.socket_path, "other", &other), 0);
+  assert_int_equal(gshm_status(other, &st), 0);
+  assert_int_equal(st.segments, 1);
+  assert_int_equal(gshm_create(other, "lost/reply", SIZE, NULL, 0640, 0, &s2), -EEXIST);
+  assert_int_equal(gshm_create(c, "lost/reply", SIZE, NULL, 0640, 0, &s2), -EEXIST);
+  assert_int_equal(gshm_unlink(other, "lost/reply"), 0);
+  gshm_close(s);
+  gshm_disconnect(other);
+  gshm_disconnect(c);
+  close(p.kept_fd);
+  proxy_stop(&p);
+  assert_int_equal(harness_stop(&h), 0);
+  free(want);
+  free(got);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_create_reply_lost_to_a_restart),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
