@@ -303,18 +303,21 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
   int e = 0;
 
   c->last_error[0] = '\0';
+  c->resent_after_loss = false;
   if (gshm__forked(c))
     return -ECHILD;
   for (int attempt = 0; attempt < 2; attempt++) {
     uint32_t id;
     int fd = -1;
+    bool sent;
     if (c->fd < 0 && (e = reconnect(c, c->reconnect_ms)))
       break;
     id = ++c->next_request;
     e = gshm__wire_send(c->fd, type, id, msg, -1);
-    if (!e)
+    if ((sent = !e))
       e = read_reply(c, id, type, &reply, fd_out ? &fd : NULL, 0);
     if (e && connection_lost(e) && c->reconnect_ms > 0) {
+      c->resent_after_loss = attempt == 0 && sent; /* (gshmd may have done it) */
       close(c->fd);
       c->fd = -1;
       continue;
@@ -685,6 +688,15 @@ int gshm_unlink(gshm_client_t *c, const char *name) {
   e = gshm__request(c, GSHM_WIRE_UNLINK, &m.base, &reply, NULL);
   if (!e)
     gshm__reply__free_unpacked(reply, NULL);
+  /* sent again after its reply was lost to a gshmd restart: -ENOENT is
+   * the first one's work (stored before the restart), not a missing
+   * name; the name is gone either way */
+  if (e == -ENOENT && c->resent_after_loss) {
+    gshm_log_info("unlink of '%s' sent again after gshmd restarted: the name is already gone",
+                  name);
+    c->last_error[0] = '\0';
+    e = 0;
+  }
   /* Our own leases on that name are not served to new opens any more
    * (the daemon's event may also be on its way). */
   if (!e)

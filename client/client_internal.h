@@ -62,6 +62,9 @@ struct gshm_client {
   int reconnect_ms;        /* how long to wait for a restarted daemon */
   int poll_ns;             /* how long to poll for a reply before sleeping */
   unsigned fork_gen;       /* gshm__fork_gen when connected: see gshm__forked */
+  /* gshm__request's last request went out whole, its reply was lost with
+   * the connection, and it was sent again: the first may have been done */
+  bool resent_after_loss;
   uint8_t rx[GSHM_WIRE_MAX_PACKET + 1];
 };
 
@@ -78,7 +81,8 @@ bool gshm__forked(struct gshm_client *c);
  * decoded reply (free with gshm__reply__free_unpacked) and, when fd_out is
  * not NULL, *fd_out the fd that came with it (or -1).  A non-OK status is
  * returned as its negative errno after copying the message to
- * c->last_error; *reply_out is then not set. */
+ * c->last_error; *reply_out is then not set.  c->resent_after_loss says
+ * whether the answer is that of a resend (see there). */
 int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
                   Gshm__Reply **reply_out, int *fd_out);
 

@@ -239,7 +239,9 @@ GSHM_EXTERN int gshm_close(gshm_segment_t *seg);
 /* Removes a segment's name.  Existing leases keep the memory until they
  * end; the name can be created again at once (new id and generation).
  * Errors: -ENOENT; -EACCES not the owner (nor an admin); -EINVAL NULL
- * argument; -ENAMETOOLONG name over GSHM_NAME_MAX. */
+ * argument; -ENAMETOOLONG name over GSHM_NAME_MAX.  An unlink whose reply
+ * a gshmd restart lost is sent again once libgshm has reconnected; its
+ * -ENOENT then means the first one was done, and 0 is returned. */
 GSHM_EXTERN int gshm_unlink(gshm_client_t *client, const char *name);
 
 /* Changes a segment's permission bits (like chmod(2)); leases already

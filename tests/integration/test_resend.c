@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* A create whose reply a gshmd restart lost.  gshmd made the segment
+/* Requests whose reply a gshmd restart lost.  A create: gshmd made the segment
  * (and stored it in the fd store) and was killed before the client read
  * its reply: libgshm, reconnecting, sends the create again.  Before
  * create tokens that resend met the segment the first one made and
@@ -7,12 +7,15 @@
  * the resend carries the first one's token and gets a read-write lease
  * of that segment.
  *
+ * An unlink: the first one removed the name, the resend met -ENOENT for a
+ * name that its caller had just seen; libgshm now returns 0 for it.
+ *
  * Real gshmd and real libgshm; between them a proxy thread that passes
  * every packet (and its fd) through, except the reply to the first
- * create: that one it keeps, SIGKILLs gshmd, has the harness restart it
- * from the fd store (as systemd would), and drops both connections.
- * Through the kept reply's fd the test then writes bytes that the
- * client's lease must show: the same memory. */
+ * request of one type (create, unlink): that one it keeps, SIGKILLs
+ * gshmd, has the harness restart it from the fd store (as systemd would),
+ * and drops both connections.  Through a kept create reply's fd the test
+ * then writes bytes that the client's lease must show: the same memory. */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -41,10 +44,12 @@
 
 struct proxy {
   struct harness *h;
+  uint16_t type;        /* the request type whose first reply is kept */
   char path[108];
   int lfd;
   pthread_t t;
-  int kept_fd;          /* the dropped create reply's fd (the thread's until joined) */
+  bool kept;            /* that reply was kept (the thread's until joined) */
+  int kept_fd;          /* its fd, or -1 */
   int restarted;        /* harness_restart's result once it ran; 1: not yet */
 };
 
@@ -60,11 +65,11 @@ static int unix_connect(const char *path) {
   return -1;
 }
 
-/* Moves one packet from `from` to `to` (its fd too).  *create_id: set to
- * a create's request id on its way to gshmd (while 0); a reply with that
- * id coming back is kept instead (returns 2).  Returns 0 moved, 1 one
- * side ended, 2 the create's reply kept (p->kept_fd). */
-static int pass_one(struct proxy *p, int from, int to, uint32_t *create_id) {
+/* Moves one packet from `from` to `to` (its fd too).  *req_id: set to the
+ * id of a request of p->type on its way to gshmd (while 0); the reply
+ * with that id coming back is kept instead (returns 2).  Returns 0 moved,
+ * 1 one side ended, 2 the reply kept (p->kept, p->kept_fd). */
+static int pass_one(struct proxy *p, int from, int to, uint32_t *req_id) {
   static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
   struct gshm_wire_header hdr;
   int fds[GSHM_WIRE_MAX_FDS], nfds = 0, e = 0;
@@ -72,12 +77,16 @@ static int pass_one(struct proxy *p, int from, int to, uint32_t *create_id) {
 
   if (len <= 0 || gshm__wire_parse_header(buf, (size_t)len, &hdr)) {
     e = 1;
-  } else if (*create_id && p->kept_fd < 0 && hdr.request_id == *create_id && nfds == 1) {
-    p->kept_fd = fds[0];
+  } else if (*req_id && !p->kept && hdr.request_id == *req_id) {
+    p->kept = true;
+    if (nfds)
+      p->kept_fd = fds[0];
+    for (int i = 1; i < nfds; i++)
+      close(fds[i]);
     return 2;
   } else {
-    if (!*create_id && p->kept_fd < 0 && hdr.type == GSHM_WIRE_CREATE)
-      *create_id = hdr.request_id;
+    if (!*req_id && !p->kept && hdr.type == p->type)
+      *req_id = hdr.request_id;
     e = gshm__wire_sendmsg(to, buf, (size_t)len, nfds ? fds[0] : -1) ? 1 : 0;
   }
   for (int i = 0; i < nfds; i++)
@@ -91,15 +100,15 @@ static void *proxy_main(void *arg) {
 
   while ((cfd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC)) >= 0) {
     struct pollfd pf[2] = {{.fd = cfd, .events = POLLIN}, {.fd = -1, .events = POLLIN}};
-    uint32_t create_id = 0;
+    uint32_t req_id = 0;
     int r = 0;
 
     pf[1].fd = unix_connect(p->h->socket_path);
     while (pf[1].fd >= 0 && r == 0 && poll(pf, 2, -1) > 0) {
       if (pf[0].revents)
-        r = pass_one(p, cfd, pf[1].fd, &create_id);
+        r = pass_one(p, cfd, pf[1].fd, &req_id);
       else if (pf[1].revents)
-        r = pass_one(p, pf[1].fd, cfd, &create_id);
+        r = pass_one(p, pf[1].fd, cfd, &req_id);
     }
     if (pf[1].fd >= 0)
       close(pf[1].fd);
@@ -110,10 +119,12 @@ static void *proxy_main(void *arg) {
   return NULL;
 }
 
-static void proxy_start(struct proxy *p, struct harness *h) {
+static void proxy_start(struct proxy *p, struct harness *h, uint16_t type) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
 
   p->h = h;
+  p->type = type;
+  p->kept = false;
   p->kept_fd = -1;
   p->restarted = 1;
   snprintf(p->path, sizeof(p->path), "%s.proxy", h->socket_path);
@@ -144,7 +155,7 @@ static void test_create_reply_lost_to_a_restart(void **state) {
   assert_non_null(want);
   assert_non_null(got);
   assert_int_equal(harness_start(&h, NULL), 0);
-  proxy_start(&p, &h);
+  proxy_start(&p, &h, GSHM_WIRE_CREATE);
   assert_int_equal(gshm_connect(p.path, "resender", &c), 0);
   /* the first create is made, its reply kept by the proxy, gshmd killed
    * and restarted; libgshm reconnects and sends the create again */
@@ -176,9 +187,36 @@ static void test_create_reply_lost_to_a_restart(void **state) {
   free(got);
 }
 
+/* The first unlink of a segment is done and stored, its reply lost:
+ * libgshm's resend meets -ENOENT and says 0; the name is gone (and an
+ * unlink of a name that never was still says -ENOENT). */
+static void test_unlink_reply_lost_to_a_restart(void **state) {
+  struct harness h;
+  struct proxy p;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  gshm_segment_info_t info;
+  (void)state;
+
+  assert_int_equal(harness_start(&h, NULL), 0);
+  proxy_start(&p, &h, GSHM_WIRE_UNLINK);
+  assert_int_equal(gshm_connect(p.path, "unlinker", &c), 0);
+  assert_int_equal(gshm_create(c, "gone/soon", 4096, NULL, 0600, 0, &s), 0);
+  assert_int_equal(gshm_close(s), 0);
+  assert_int_equal(gshm_unlink(c, "gone/soon"), 0);
+  assert_true(p.kept);
+  assert_int_equal(p.restarted, 0);
+  assert_int_equal(gshm_stat_name(c, "gone/soon", &info), -ENOENT);
+  assert_int_equal(gshm_unlink(c, "never/was"), -ENOENT);
+  gshm_disconnect(c);
+  proxy_stop(&p);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_create_reply_lost_to_a_restart),
+      cmocka_unit_test(test_unlink_reply_lost_to_a_restart),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
