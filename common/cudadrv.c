@@ -88,29 +88,6 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   return 0;
 }
 
-int gshm__cuda_errno(CUresult r) {
-  switch (r) {
-  case CUDA_SUCCESS:
-    return 0;
-  case CUDA_ERROR_OUT_OF_MEMORY:
-    return -ENOMEM;
-  case CUDA_ERROR_INVALID_VALUE:
-  case CUDA_ERROR_INVALID_HANDLE:
-    return -EINVAL;
-  case CUDA_ERROR_NOT_SUPPORTED:
-    return -ENOTSUP;
-  case CUDA_ERROR_NOT_PERMITTED:
-    return -EPERM;
-  case CUDA_ERROR_INVALID_DEVICE:
-  case CUDA_ERROR_NO_DEVICE:
-    return -ENODEV;
-  case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED:
-    return -EXDEV;
-  default:
-    return -EIO;
-  }
-}
-
 void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *file, int line) {
   const char *name = NULL, *desc = NULL;
 
