@@ -305,7 +305,7 @@ static int check_size(struct cuda_backend *cb, struct cuda_dev *d, CUmemGenericA
   if ((e = CU_ERR(cb, cuMemAddressReserve, &va, size, gran, 0, 0)))
     return e;
   /* A refusal is the answer (the caller says what it means): debug. */
-  if (!(e = CU_CALL(cb, GSHM_LOG_DEBUG, cuMemMap, va, size, 0, h, 0)))
+  if (!(e = CU_CALL(cb, NULL, GSHM_LOG_DEBUG, cuMemMap, va, size, 0, h, 0)))
     CU_UNDO(cb, cuMemUnmap, va, size);
   CU_UNDO(cb, cuMemAddressFree, va, size);
   return e;
@@ -333,11 +333,12 @@ static int cuda_adopt_fd(struct gshmd_backend *b, int fd, const char *location, 
   }
   if (size % d->granularity)
     return -EINVAL;
-  if ((e = CU_ERR(cb, cuMemImportFromShareableHandle, &h, (void *)(uintptr_t)fd,
-                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)))
+  /* (no context needed: the GPU is named for a sticky error's message) */
+  if ((e = CU_CALL(cb, d, GSHM_LOG_ERR, cuMemImportFromShareableHandle, &h,
+                   (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)))
     return e;
   memset(&prop, 0, sizeof(prop));
-  if ((e = CU_ERR(cb, cuMemGetAllocationPropertiesFromHandle, &prop, h)))
+  if ((e = CU_CALL(cb, d, GSHM_LOG_ERR, cuMemGetAllocationPropertiesFromHandle, &prop, h)))
     goto release_handle;
   /* (requestedHandleTypes is not reported for imported handles.) */
   if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != d->dev) {

@@ -66,18 +66,19 @@ int gshmd__cuda_failed(struct cuda_backend *cb, struct cuda_dev *d, CUresult r, 
 
 /* Driver calls through the backend's table, as common/cudadrv.h's GSHM_CU
  * but through gshmd__cuda_failed: CU_ERR for a call whose failure fails
- * the operation, CU_UNDO for one that undoes or frees, CU_CALL for a probe
- * (prio GSHM_LOG_DEBUG). */
-#define CU_CALL(cb, prio, fn, ...)                                                   \
+ * the operation, CU_UNDO for one that undoes or frees; CU_CALL names the
+ * GPU d (NULL: the current context's; for calls made with no context of
+ * theirs) and the log level (GSHM_LOG_DEBUG for a probe). */
+#define CU_CALL(cb, d, prio, fn, ...)                                                \
   __extension__({                                                                    \
     CUresult cu_r_ = (cb)->drv->fn(__VA_ARGS__);                                     \
     cu_r_ == CUDA_SUCCESS ? 0                                                        \
-                          : gshmd__cuda_failed((cb), NULL, cu_r_, (prio),            \
+                          : gshmd__cuda_failed((cb), (d), cu_r_, (prio),             \
                                                #fn "(" #__VA_ARGS__ ")", __FILE__,   \
                                                __LINE__);                            \
   })
-#define CU_ERR(cb, fn, ...) CU_CALL(cb, GSHM_LOG_ERR, fn, __VA_ARGS__)
-#define CU_UNDO(cb, fn, ...) CU_CALL(cb, GSHM_LOG_WARNING, fn, __VA_ARGS__)
+#define CU_ERR(cb, fn, ...) CU_CALL(cb, NULL, GSHM_LOG_ERR, fn, __VA_ARGS__)
+#define CU_UNDO(cb, fn, ...) CU_CALL(cb, NULL, GSHM_LOG_WARNING, fn, __VA_ARGS__)
 
 /* The properties of a POSIX-fd-exportable pinned allocation on dev. */
 static inline CUmemAllocationProp device_prop(CUdevice dev) {

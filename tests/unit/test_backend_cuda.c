@@ -1,13 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd's CUDA backend (daemon/backend_cuda*.c, all of it) against a fake
- * driver of two GPUs: a sticky context error (gshm__cuda_sticky) from any
+ * driver of two GPUs (fake_cuda_gpus.c): a sticky context error (gshm__cuda_sticky) from any
  * driver call makes the backend log one error that names the GPU, the
  * call and the error, and set needs_restart, once; other errors do not;
  * after it, freeing a segment or the backend makes no driver call (the
  * memory stays where the fd store keeps it, as after a SIGKILL).  What
  * gshmd does with needs_restart (stop, exit for a restart) is main.c's. */
 #include <errno.h>
-#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -22,189 +21,8 @@
 
 #include "backend.h"
 #include "cudadrv.h"
+#include "fake_cuda_gpus.h"
 #include "log.h"
-
-#define NDEV 2
-#define GRAN (2u << 20)
-
-static const char *fail_call; /* the next call of this name fails ... */
-static CUresult fail_with;    /* ... with this */
-static unsigned calls;        /* driver calls made */
-static int current = -1;      /* the device whose primary context is current */
-static int contexts[NDEV];    /* what the primary contexts point at */
-
-/* Every fake call starts here: counted, and failed when asked. */
-#define CALL(name)                                 \
-  do {                                             \
-    calls++;                                       \
-    if (fail_call && !strcmp(fail_call, name)) {   \
-      fail_call = NULL;                            \
-      return fail_with;                            \
-    }                                              \
-  } while (0)
-
-static CUresult f_count(int *n) {
-  CALL("cuDeviceGetCount");
-  *n = NDEV;
-  return CUDA_SUCCESS;
-}
-static CUresult f_get(CUdevice *d, int ordinal) {
-  *d = ordinal;
-  return CUDA_SUCCESS;
-}
-static CUresult f_uuid(CUuuid *u, CUdevice d) {
-  memset(u->bytes, 0x10 + d, sizeof(u->bytes));
-  return CUDA_SUCCESS;
-}
-static CUresult f_pci(char *buf, int len, CUdevice d) {
-  snprintf(buf, (size_t)len, "0000:%02x:00.0", 0x18 + d);
-  return CUDA_SUCCESS;
-}
-static CUresult f_name(char *buf, int len, CUdevice d) {
-  snprintf(buf, (size_t)len, "Fake GPU %d", d);
-  return CUDA_SUCCESS;
-}
-static CUresult f_total(size_t *b, CUdevice d) {
-  (void)d;
-  *b = (size_t)1 << 30;
-  return CUDA_SUCCESS;
-}
-static CUresult f_attr(int *v, CUdevice_attribute a, CUdevice d) {
-  (void)a, (void)d;
-  *v = 1; /* VMM and POSIX fds supported; 1 for the rest is harmless */
-  return CUDA_SUCCESS;
-}
-static CUresult f_gran(size_t *g, const CUmemAllocationProp *p, CUmemAllocationGranularity_flags f) {
-  (void)p, (void)f;
-  *g = GRAN;
-  return CUDA_SUCCESS;
-}
-static CUresult f_retain(CUcontext *c, CUdevice d) {
-  *c = (CUcontext)&contexts[d];
-  return CUDA_SUCCESS;
-}
-static CUresult f_release(CUdevice d) {
-  (void)d;
-  CALL("cuDevicePrimaryCtxRelease");
-  return CUDA_SUCCESS;
-}
-static CUresult f_can_peer(int *can, CUdevice d, CUdevice p) {
-  (void)d, (void)p;
-  *can = 0; /* no peer setup to fake */
-  return CUDA_SUCCESS;
-}
-static CUresult f_p2p(int *v, CUdevice_P2PAttribute a, CUdevice s, CUdevice d) {
-  (void)a, (void)s, (void)d;
-  *v = 0;
-  return CUDA_SUCCESS;
-}
-static CUresult f_set_current(CUcontext c) {
-  CALL("cuCtxSetCurrent");
-  current = (int)((int *)c - contexts);
-  return CUDA_SUCCESS;
-}
-static CUresult f_get_current(CUcontext *c) {
-  *c = current < 0 ? NULL : (CUcontext)&contexts[current];
-  return CUDA_SUCCESS;
-}
-static CUresult f_create(CUmemGenericAllocationHandle *h, size_t size,
-                         const CUmemAllocationProp *p, unsigned long long flags) {
-  (void)size, (void)p, (void)flags;
-  CALL("cuMemCreate");
-  *h = 1;
-  return CUDA_SUCCESS;
-}
-static CUresult f_reserve(CUdeviceptr *va, size_t size, size_t align, CUdeviceptr addr,
-                          unsigned long long flags) {
-  (void)size, (void)align, (void)addr, (void)flags;
-  CALL("cuMemAddressReserve");
-  *va = 0x7f0000000000ull;
-  return CUDA_SUCCESS;
-}
-static CUresult f_addr_free(CUdeviceptr va, size_t size) {
-  (void)va, (void)size;
-  CALL("cuMemAddressFree");
-  return CUDA_SUCCESS;
-}
-static CUresult f_map(CUdeviceptr va, size_t size, size_t off, CUmemGenericAllocationHandle h,
-                      unsigned long long flags) {
-  (void)va, (void)size, (void)off, (void)h, (void)flags;
-  CALL("cuMemMap");
-  return CUDA_SUCCESS;
-}
-static CUresult f_unmap(CUdeviceptr va, size_t size) {
-  (void)va, (void)size;
-  CALL("cuMemUnmap");
-  return CUDA_SUCCESS;
-}
-static CUresult f_set_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *d, size_t n) {
-  (void)va, (void)size, (void)d, (void)n;
-  CALL("cuMemSetAccess");
-  return CUDA_SUCCESS;
-}
-static CUresult f_memset(CUdeviceptr va, unsigned char v, size_t n) {
-  (void)va, (void)v, (void)n;
-  CALL("cuMemsetD8");
-  return CUDA_SUCCESS;
-}
-static CUresult f_sync(CUstream s) {
-  (void)s;
-  CALL("cuStreamSynchronize");
-  return CUDA_SUCCESS;
-}
-static CUresult f_mem_release(CUmemGenericAllocationHandle h) {
-  (void)h;
-  CALL("cuMemRelease");
-  return CUDA_SUCCESS;
-}
-static CUresult f_export(void *fd, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,
-                         unsigned long long flags) {
-  (void)h, (void)t, (void)flags;
-  CALL("cuMemExportToShareableHandle");
-  *(int *)fd = open("/dev/null", O_RDONLY); /* an fd the backend sets FD_CLOEXEC on */
-  return CUDA_SUCCESS;
-}
-static CUresult f_error_name(CUresult r, const char **s) {
-  *s = r == CUDA_ERROR_ILLEGAL_ADDRESS  ? "CUDA_ERROR_ILLEGAL_ADDRESS"
-       : r == CUDA_ERROR_LAUNCH_FAILED  ? "CUDA_ERROR_LAUNCH_FAILED"
-       : r == CUDA_ERROR_OUT_OF_MEMORY  ? "CUDA_ERROR_OUT_OF_MEMORY"
-                                        : "CUDA_ERROR_?";
-  return CUDA_SUCCESS;
-}
-
-static const struct gshm_cudadrv fake_drv = {
-    .cuDeviceGetCount = f_count,
-    .cuDeviceGet = f_get,
-    .cuDeviceGetUuid = f_uuid,
-    .cuDeviceGetPCIBusId = f_pci,
-    .cuDeviceGetName = f_name,
-    .cuDeviceTotalMem = f_total,
-    .cuDeviceGetAttribute = f_attr,
-    .cuMemGetAllocationGranularity = f_gran,
-    .cuDevicePrimaryCtxRetain = f_retain,
-    .cuDevicePrimaryCtxRelease = f_release,
-    .cuDeviceCanAccessPeer = f_can_peer,
-    .cuDeviceGetP2PAttribute = f_p2p,
-    .cuCtxSetCurrent = f_set_current,
-    .cuCtxGetCurrent = f_get_current,
-    .cuMemCreate = f_create,
-    .cuMemAddressReserve = f_reserve,
-    .cuMemAddressFree = f_addr_free,
-    .cuMemMap = f_map,
-    .cuMemUnmap = f_unmap,
-    .cuMemSetAccess = f_set_access,
-    .cuMemsetD8 = f_memset,
-    .cuStreamSynchronize = f_sync,
-    .cuMemRelease = f_mem_release,
-    .cuMemExportToShareableHandle = f_export,
-    .cuGetErrorName = f_error_name,
-};
-
-int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
-  (void)prio;
-  *drv_out = &fake_drv;
-  return 0;
-}
 
 /* ---- the log, read back: stderr goes to a file for each test ---- */
 
@@ -254,7 +72,7 @@ static int log_release(void **state) {
 static struct gshmd_backend *backend_new(void) {
   struct gshmd_backend *b = NULL;
   assert_int_equal(gshmd_backend_cuda_create(NULL, &b), 0);
-  assert_int_equal(b->ndevices, NDEV);
+  assert_int_equal(b->ndevices, FAKE_NDEV);
   assert_false(b->needs_restart);
   return b;
 }
@@ -262,7 +80,7 @@ static struct gshmd_backend *backend_new(void) {
 static int alloc_on(struct gshmd_backend *b, const char *where, struct gshmd_alloc **out) {
   struct gshm_location loc;
   assert_int_equal(gshm__location_parse(where, &loc), 0);
-  return b->ops->alloc(b, &loc, GRAN, 0, "seg", out);
+  return b->ops->alloc(b, &loc, FAKE_GRAN, 0, "seg", out);
 }
 
 /* ---- tests ---- */
@@ -282,16 +100,16 @@ static void test_sticky_error_asks_for_restart_once(void **state) {
   gshm__log_setup("test", GSHM_LOG_INFO, 0);
   b = backend_new();
   log_capture();
-  fail_call = "cuMemsetD8";
-  fail_with = CUDA_ERROR_ILLEGAL_ADDRESS;
+  fake_fail_call = "cuMemsetD8";
+  fake_fail_with = CUDA_ERROR_ILLEGAL_ADDRESS;
   assert_int_equal(alloc_on(b, "cuda:1", &a), -EIO);
-  assert_null(fail_call);
+  assert_null(fake_fail_call);
   assert_true(b->needs_restart);
   assert_int_equal(log_lines_with(first), 1);
 
   log_capture();
-  fail_call = "cuMemAddressReserve";
-  fail_with = CUDA_ERROR_LAUNCH_FAILED;
+  fake_fail_call = "cuMemAddressReserve";
+  fake_fail_with = CUDA_ERROR_LAUNCH_FAILED;
   assert_int_equal(alloc_on(b, "cuda:0", &a), -EIO);
   assert_true(b->needs_restart);
   assert_int_equal(log_lines_with(any_restart), 0);
@@ -305,11 +123,11 @@ static void test_other_errors_do_not(void **state) {
   struct gshmd_alloc *a = NULL;
   (void)state;
 
-  fail_call = "cuMemCreate";
-  fail_with = CUDA_ERROR_OUT_OF_MEMORY;
+  fake_fail_call = "cuMemCreate";
+  fake_fail_with = CUDA_ERROR_OUT_OF_MEMORY;
   assert_int_equal(alloc_on(b, "cuda:0", &a), -ENOMEM);
-  fail_call = "cuMemMap";
-  fail_with = CUDA_ERROR_INVALID_VALUE;
+  fake_fail_call = "cuMemMap";
+  fake_fail_with = CUDA_ERROR_INVALID_VALUE;
   assert_int_equal(alloc_on(b, "cuda:0", &a), -EINVAL);
   assert_false(b->needs_restart);
   assert_int_equal(alloc_on(b, "cuda:0", &a), 0);
@@ -327,14 +145,14 @@ static void test_after_sticky_error_free_makes_no_driver_call(void **state) {
   (void)state;
 
   assert_int_equal(alloc_on(b, "cuda:0", &a), 0);
-  fail_call = "cuMemCreate"; /* (the one call whose GPU the backend names itself) */
-  fail_with = CUDA_ERROR_ECC_UNCORRECTABLE;
+  fake_fail_call = "cuMemCreate"; /* (the one call whose GPU the backend names itself) */
+  fake_fail_with = CUDA_ERROR_ECC_UNCORRECTABLE;
   assert_int_equal(alloc_on(b, "cuda:1", &other), -EIO);
   assert_true(b->needs_restart);
-  calls = 0;
+  fake_calls = 0;
   b->ops->free(b, a);
   b->ops->destroy(b);
-  assert_int_equal(calls, 0);
+  assert_int_equal(fake_calls, 0);
 }
 
 int main(void) {
