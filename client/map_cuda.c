@@ -60,60 +60,85 @@ static int device_uuid(const struct gshm_cudadrv *drv, CUdevice dev, char buf[48
   return e;
 }
 
-/* This process's GPUs by UUID, read once: a first map should cost the
- * driver's import and map, not an enumeration. */
+/* This process's GPUs by UUID, kept once read in full: a first map should
+ * cost the driver's import and map, not an enumeration.  A list that could
+ * not be read in full (a transient cuDeviceGetCount, cuDeviceGet or
+ * cuDeviceGetUuid failure) serves the map that read it and is read again
+ * by the next one, never kept for the life of the process. */
 static struct {
-  pthread_once_t once;
+  pthread_mutex_t lock;
+  bool complete; /* read in full: kept */
   int count;
   CUdevice dev[MAP_MAX_DEVICES];
   char uuid[MAP_MAX_DEVICES][48];
-} local = {.once = PTHREAD_ONCE_INIT};
-static const struct gshm_cudadrv *local_drv;
+} local = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static void local_devices_once(void) {
-  int count = 0;
+/* Reads the list unless it is kept; local.lock held.  Returns 0, or the
+ * error of a cuDeviceGetCount that failed (the list is then empty). */
+static int local_devices_read(const struct gshm_cudadrv *drv) {
+  int count = 0, e;
 
-  if (CU_LIB(local_drv, cuDeviceGetCount, &count))
-    return;
+  if (local.complete)
+    return 0;
+  local.count = 0;
+  if ((e = CU_LIB(drv, cuDeviceGetCount, &count)))
+    return e;
+  local.complete = true;
   for (int i = 0; i < count && local.count < MAP_MAX_DEVICES; i++) {
     CUdevice d;
-    if (CU_LIB(local_drv, cuDeviceGet, &d, i) || device_uuid(local_drv, d, local.uuid[local.count]))
+    if (CU_LIB(drv, cuDeviceGet, &d, i) || device_uuid(drv, d, local.uuid[local.count])) {
+      local.complete = false; /* that GPU is left out of this map only */
       continue;
+    }
     local.dev[local.count++] = d;
   }
+  return 0;
 }
 
-static const char *local_uuid(CUdevice d) {
-  for (int i = 0; i < local.count; i++)
-    if (local.dev[i] == d)
-      return local.uuid[i];
-  return NULL;
+/* Copies the UUID of local ordinal d to buf; -ENODEV when it is not known. */
+static int local_uuid(CUdevice d, char buf[48]) {
+  int e = -ENODEV;
+
+  pthread_mutex_lock(&local.lock);
+  for (int i = 0; i < local.count; i++) {
+    if (local.dev[i] == d) {
+      snprintf(buf, 48, "%s", local.uuid[i]);
+      e = 0;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&local.lock);
+  return e;
 }
 
 /* The local ordinal of the GPU named by location "cuda:GPU-<uuid>". */
 static int owner_device(const struct gshm_cudadrv *drv, const char *location, CUdevice *dev_out) {
   struct gshm_location loc;
+  int e;
 
   if (gshm__location_parse(location, &loc) || loc.kind != GSHM_LOCATION_CUDA_UUID)
     return -EPROTO; /* a device segment's reply always names its GPU's UUID */
-  local_drv = drv;
-  pthread_once(&local.once, local_devices_once);
-  for (int i = 0; i < local.count; i++) {
-    if (!strcasecmp(local.uuid[i], loc.uuid)) {
-      *dev_out = local.dev[i];
-      return 0;
+  pthread_mutex_lock(&local.lock);
+  if (!(e = local_devices_read(drv))) {
+    e = -ENODEV;
+    for (int i = 0; i < local.count; i++) {
+      if (!strcasecmp(local.uuid[i], loc.uuid)) {
+        *dev_out = local.dev[i];
+        e = 0;
+        break;
+      }
     }
   }
-  gshm_log_info("%s: not visible to this process (CUDA_VISIBLE_DEVICES?)", loc.uuid);
-  return -ENODEV;
+  pthread_mutex_unlock(&local.lock);
+  if (e == -ENODEV)
+    gshm_log_info("%s: not visible to this process (CUDA_VISIBLE_DEVICES?)", loc.uuid);
+  return e;
 }
 
 /* Fills m->uuid_buf[i] and m->uuids[i] for m->devices[i]. */
 static int name_device(struct device_map *m, size_t i) {
-  const char *u = local_uuid(m->devices[i]);
-  if (u)
-    snprintf(m->uuid_buf[i], sizeof(m->uuid_buf[i]), "%s", u);
-  else if (device_uuid(m->drv, m->devices[i], m->uuid_buf[i]))
+  if (local_uuid(m->devices[i], m->uuid_buf[i]) &&
+      device_uuid(m->drv, m->devices[i], m->uuid_buf[i]))
     return -EIO;
   m->uuids[i] = m->uuid_buf[i];
   return 0;

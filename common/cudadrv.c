@@ -12,7 +12,13 @@ typedef CUresult (*get_proc_address_fn)(const char *, void **, int, cuuint64_t,
 static struct gshm_cudadrv drv_table;
 static int drv_status = 1; /* 1: not tried */
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+/* The log level of the load's messages: any caller's (each passes its
+ * own, and one of them runs load_once).  Written by every call, from any
+ * thread, and read inside the once: an atomic, so that doing so is no
+ * data race (tests/unit/test_cudadrv_threads.c). */
 static int drv_prio;
+
+static int load_prio(void) { return __atomic_load_n(&drv_prio, __ATOMIC_RELAXED); }
 
 static int resolve(get_proc_address_fn gpa, const char *name, int version, void **out,
                    int optional) {
@@ -29,7 +35,7 @@ static int resolve(get_proc_address_fn gpa, const char *name, int version, void 
     *out = NULL;
     return 0;
   }
-  gshm__log(drv_prio, "cuda: driver lacks %s at CUDA %d.%d", name, version / 1000,
+  gshm__log(load_prio(), "cuda: driver lacks %s at CUDA %d.%d", name, version / 1000,
             version % 1000 / 10);
   return -ENOSYS;
 }
@@ -41,7 +47,7 @@ static void load_once(void) {
   int e = 0;
 
   if (!lib) {
-    gshm__log(drv_prio, "cuda: cannot load libcuda.so.1: %s", dlerror());
+    gshm__log(load_prio(), "cuda: cannot load libcuda.so.1: %s", dlerror());
     drv_status = -ENOENT;
     return;
   }
@@ -51,7 +57,7 @@ static void load_once(void) {
    * prototype the table has (cuMemAlloc_v2): an older driver is refused. */
   gpa = (get_proc_address_fn)dlsym(lib, "cuGetProcAddress_v2");
   if (!gpa) {
-    gshm__log(drv_prio, "cuda: driver older than CUDA %d.%d (no cuGetProcAddress_v2)",
+    gshm__log(load_prio(), "cuda: driver older than CUDA %d.%d (no cuGetProcAddress_v2)",
               GSHM_CUDADRV_ABI / 1000, GSHM_CUDADRV_ABI % 1000 / 10);
     drv_status = -ENOSYS;
     return; /* keep lib loaded, as below */
@@ -71,7 +77,7 @@ static void load_once(void) {
   }
   r = drv_table.cuInit(0);
   if (r != CUDA_SUCCESS) {
-    gshm__cuda_log(drv_prio, r, "cuInit(0)", __FILE__, __LINE__);
+    gshm__cuda_log(load_prio(), r, "cuInit(0)", __FILE__, __LINE__);
     drv_status = -ENODEV;
     return;
   }
@@ -80,35 +86,12 @@ static void load_once(void) {
 }
 
 int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
-  drv_prio = prio;
+  __atomic_store_n(&drv_prio, prio, __ATOMIC_RELAXED);
   pthread_once(&drv_once, load_once);
   if (drv_status)
     return drv_status;
   *drv_out = &drv_table;
   return 0;
-}
-
-int gshm__cuda_errno(CUresult r) {
-  switch (r) {
-  case CUDA_SUCCESS:
-    return 0;
-  case CUDA_ERROR_OUT_OF_MEMORY:
-    return -ENOMEM;
-  case CUDA_ERROR_INVALID_VALUE:
-  case CUDA_ERROR_INVALID_HANDLE:
-    return -EINVAL;
-  case CUDA_ERROR_NOT_SUPPORTED:
-    return -ENOTSUP;
-  case CUDA_ERROR_NOT_PERMITTED:
-    return -EPERM;
-  case CUDA_ERROR_INVALID_DEVICE:
-  case CUDA_ERROR_NO_DEVICE:
-    return -ENODEV;
-  case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED:
-    return -EXDEV;
-  default:
-    return -EIO;
-  }
 }
 
 void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *file, int line) {

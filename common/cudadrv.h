@@ -15,6 +15,7 @@
 #define GSHM_COMMON_CUDADRV_H
 
 #include <cuda.h>
+#include <stdbool.h>
 
 #include "log.h"
 
@@ -124,6 +125,14 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out);
  * NOT_PERMITTED -EPERM, INVALID_DEVICE/NO_DEVICE -ENODEV,
  * PEER_ACCESS_UNSUPPORTED -EXDEV (no peer path), everything else -EIO. */
 int gshm__cuda_errno(CUresult r);
+
+/* Whether r leaves this process's CUDA state unusable for good: cuda.h
+ * documents each such error as "the process must be terminated and
+ * relaunched" (a kernel's fault, an uncorrectable ECC or contained
+ * error, a terminated MPS client; ASSERT: "the context cannot be used
+ * anymore"), and every later call of the process fails the same way.
+ * false for CUDA_SUCCESS and for errors of one call. */
+bool gshm__cuda_sticky(CUresult r);
 
 /* Logs a failed driver call as "TEXT: NAME (description)" at prio. */
 void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *file, int line);

@@ -147,7 +147,20 @@ struct gshmd_backend {
   const struct gshmd_backend_ops *ops;
   unsigned ndevices;
   void *priv;
+  /* Set once (atomically, from whichever thread's call found it: the
+   * loop's, or libuv's pool's in a copy) by a backend that can serve
+   * nothing more until gshmd restarts (cuda: a sticky context error,
+   * gshm__cuda_sticky), after it logged why; never cleared.  gshmd's loop
+   * reads it once a second and stops for a restart (daemon/main.c).
+   * From then on ->free and ->destroy make no driver calls: the memory
+   * stays where the fd store keeps it, as after a SIGKILL. */
+  bool needs_restart;
 };
+
+/* Whether b (NULL: no) asked for a restart (needs_restart). */
+static inline bool gshmd_backend_needs_restart(const struct gshmd_backend *b) {
+  return b && __atomic_load_n(&b->needs_restart, __ATOMIC_ACQUIRE);
+}
 
 /* Host memory: sealed memfds.  Never fails but for -ENOMEM. */
 int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backend **out);

@@ -159,11 +159,9 @@ static int vmm_create(struct cuda_backend *cb, struct cuda_dev *d, uint64_t size
   }
   prop = device_prop(d->dev);
   if ((r = cb->drv->cuMemCreate(h, size, &prop, 0)) != CUDA_SUCCESS) {
-    char what[160]; /* one line: the segment, the size and the driver's error */
-    snprintf(what, sizeof(what), "%s: '%s': cuMemCreate of %" PRIu64 " bytes", d->pci,
-             debug_name, size);
-    gshm__cuda_log(GSHM_LOG_WARNING, r, what, __FILE__, __LINE__);
-    return gshm__cuda_errno(r);
+    char what[128]; /* one line: the GPU, the segment, the size and the driver's error */
+    snprintf(what, sizeof(what), "'%s': cuMemCreate of %" PRIu64 " bytes", debug_name, size);
+    return gshmd__cuda_failed(cb, d, r, GSHM_LOG_WARNING, what, __FILE__, __LINE__);
   }
   return 0;
 }
@@ -307,7 +305,7 @@ static int check_size(struct cuda_backend *cb, struct cuda_dev *d, CUmemGenericA
   if ((e = CU_ERR(cb, cuMemAddressReserve, &va, size, gran, 0, 0)))
     return e;
   /* A refusal is the answer (the caller says what it means): debug. */
-  if (!(e = GSHM_CU(cb->drv, GSHM_LOG_DEBUG, cuMemMap, va, size, 0, h, 0)))
+  if (!(e = CU_CALL(cb, NULL, GSHM_LOG_DEBUG, cuMemMap, va, size, 0, h, 0)))
     CU_UNDO(cb, cuMemUnmap, va, size);
   CU_UNDO(cb, cuMemAddressFree, va, size);
   return e;
@@ -335,11 +333,12 @@ static int cuda_adopt_fd(struct gshmd_backend *b, int fd, const char *location, 
   }
   if (size % d->granularity)
     return -EINVAL;
-  if ((e = CU_ERR(cb, cuMemImportFromShareableHandle, &h, (void *)(uintptr_t)fd,
-                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)))
+  /* (no context needed: the GPU is named for a sticky error's message) */
+  if ((e = CU_CALL(cb, d, GSHM_LOG_ERR, cuMemImportFromShareableHandle, &h,
+                   (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)))
     return e;
   memset(&prop, 0, sizeof(prop));
-  if ((e = CU_ERR(cb, cuMemGetAllocationPropertiesFromHandle, &prop, h)))
+  if ((e = CU_CALL(cb, d, GSHM_LOG_ERR, cuMemGetAllocationPropertiesFromHandle, &prop, h)))
     goto release_handle;
   /* (requestedHandleTypes is not reported for imported handles.) */
   if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != d->dev) {
@@ -377,7 +376,10 @@ static void cuda_free(struct gshmd_backend *b, struct gshmd_alloc *mem) {
   if (!mem)
     return;
   a = mem->priv;
-  if (a->legacy) {
+  if (gshmd_backend_needs_restart(b)) {
+    /* No driver call: the memory stays where the fd store keeps it, as
+     * after a SIGKILL; the process's end releases our handle. */
+  } else if (a->legacy) {
     /* cuMemFree needs the owning context current. */
     if (!set_ctx(cb, a->d))
       CU_UNDO(cb, cuMemFree, a->ptr);
@@ -568,7 +570,7 @@ static void cuda_destroy(struct gshmd_backend *b) {
 
   if (!cb)
     return;
-  for (unsigned i = 0; cb->devs && i < cb->n; i++) {
+  for (unsigned i = 0; cb->devs && i < cb->n && !gshmd_backend_needs_restart(b); i++) {
     struct cuda_dev *d = &cb->devs[i];
     if (d->ncopy_free && !set_ctx(cb, d))
       while (d->ncopy_free)

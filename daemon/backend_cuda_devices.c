@@ -2,12 +2,15 @@
 /* The CUDA backend's GPUs: at start, each device's identity, memory,
  * granularity and primary context; peer access between every pair that
  * supports it; the NVLink link counts that NVML reports (libnvidia-ml.so.1,
- * dlopen'ed; -1 without it); and the device list with its P2P matrix that
- * `gshmctl devices` shows.  Device messages start with the GPU's PCI bus
- * id (docs/ARCHITECTURE.md "Errors and logging"). */
+ * dlopen'ed; -1 without it); the device list with its P2P matrix that
+ * `gshmctl devices` shows; and, at any time, what a failed driver call
+ * means (gshmd__cuda_failed: a sticky error asks for a restart).  Device
+ * messages start with the GPU's PCI bus id (docs/ARCHITECTURE.md "Errors
+ * and logging"). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -244,6 +247,48 @@ static int setup_device_list(struct cuda_backend *cb) {
     cb->infop[i] = di;
   }
   return 0;
+}
+
+/* The GPU whose primary context is current on this thread (every call
+ * of the backend's on a GPU follows a set_ctx), for a message; NULL when
+ * none of ours is. */
+static struct cuda_dev *current_dev(struct cuda_backend *cb) {
+  CUcontext c = NULL;
+
+  if (!cb->drv->cuCtxGetCurrent || cb->drv->cuCtxGetCurrent(&c) != CUDA_SUCCESS || !c)
+    return NULL;
+  for (unsigned i = 0; i < cb->n; i++)
+    if (cb->devs[i].ctx == c)
+      return &cb->devs[i];
+  return NULL;
+}
+
+/* backend_cuda_internal.h.  A sticky error is every later call's error
+ * too, until the process ends: only a restart helps, and it loses
+ * nothing (the fd store keeps every segment's memory; docs/ARCHITECTURE.md
+ * "A sticky CUDA error restarts gshmd"). */
+int gshmd__cuda_failed(struct cuda_backend *cb, struct cuda_dev *d, CUresult r, int prio,
+                       const char *call, const char *file, int line) {
+  const char *name = NULL;
+
+  if (!gshm__cuda_sticky(r) ||
+      __atomic_exchange_n(&cb->base.needs_restart, true, __ATOMIC_ACQ_REL)) {
+    char what[192];
+    if (d) /* (named by the caller: the message starts with it) */
+      snprintf(what, sizeof(what), "%s: %s", d->pci, call);
+    /* a sticky error but the first: the first one said it all */
+    gshm__cuda_log(gshm__cuda_sticky(r) ? GSHM_LOG_DEBUG : prio, r, d ? what : call, file, line);
+    return gshm__cuda_errno(r);
+  }
+  if (!d)
+    d = current_dev(cb);
+  if (cb->drv->cuGetErrorName)
+    cb->drv->cuGetErrorName(r, &name);
+  gshm_log_err("%s: %s failed: %s at %s:%d: the CUDA context is unusable until gshmd restarts "
+               "(cuda.h: the process must be terminated and relaunched); device requests fail "
+               "-EIO until then",
+               d ? d->pci : "cuda", call, name ? name : "CUDA_ERROR_?", file, line);
+  return gshm__cuda_errno(r);
 }
 
 /* backend_cuda_internal.h */

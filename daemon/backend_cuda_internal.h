@@ -55,11 +55,30 @@ struct cuda_backend {
   bool host_thp;               /* host_alloc: 2 MiB pages registered (cuda_host_alloc) */
 };
 
-/* Driver calls through the backend's table (common/cudadrv.h): CU_ERR for
- * a call whose failure fails the operation, CU_UNDO for one that undoes
- * or frees. */
-#define CU_ERR(cb, fn, ...) GSHM_CU_ERR((cb)->drv, fn, __VA_ARGS__)
-#define CU_UNDO(cb, fn, ...) GSHM_CU_WARN((cb)->drv, fn, __VA_ARGS__)
+/* A driver call of the backend failed with r: logs it at prio (the call
+ * text, file and line: GSHM_CU's line), and returns gshm__cuda_errno(r).
+ * The first sticky error (gshm__cuda_sticky) is logged instead as one
+ * error that names the GPU (d; NULL: the one whose primary context is
+ * current on this thread), and sets cb->base.needs_restart; later ones
+ * are logged at debug level.  Any thread.  backend_cuda_devices.c. */
+int gshmd__cuda_failed(struct cuda_backend *cb, struct cuda_dev *d, CUresult r, int prio,
+                       const char *call, const char *file, int line);
+
+/* Driver calls through the backend's table, as common/cudadrv.h's GSHM_CU
+ * but through gshmd__cuda_failed: CU_ERR for a call whose failure fails
+ * the operation, CU_UNDO for one that undoes or frees; CU_CALL names the
+ * GPU d (NULL: the current context's; for calls made with no context of
+ * theirs) and the log level (GSHM_LOG_DEBUG for a probe). */
+#define CU_CALL(cb, d, prio, fn, ...)                                                \
+  __extension__({                                                                    \
+    CUresult cu_r_ = (cb)->drv->fn(__VA_ARGS__);                                     \
+    cu_r_ == CUDA_SUCCESS ? 0                                                        \
+                          : gshmd__cuda_failed((cb), (d), cu_r_, (prio),             \
+                                               #fn "(" #__VA_ARGS__ ")", __FILE__,   \
+                                               __LINE__);                            \
+  })
+#define CU_ERR(cb, fn, ...) CU_CALL(cb, NULL, GSHM_LOG_ERR, fn, __VA_ARGS__)
+#define CU_UNDO(cb, fn, ...) CU_CALL(cb, NULL, GSHM_LOG_WARNING, fn, __VA_ARGS__)
 
 /* The properties of a POSIX-fd-exportable pinned allocation on dev. */
 static inline CUmemAllocationProp device_prop(CUdevice dev) {

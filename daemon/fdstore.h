@@ -107,8 +107,10 @@ int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg);
  * this run's journal is made and stored (or the adopted one kept) and ids
  * are reserved; a $NOTIFY_SOCKET nobody reads turns the store off
  * (logged).  Call once, after gshmd_fdstore_setup and before READY=1
- * (also with n == 0).  Returns 0, or a negative errno only for
- * out-of-memory. */
+ * (also with n == 0).  Returns 0; -ENOMEM; or -EIO when an adopt met a
+ * sticky CUDA error (the CUDA backend's needs_restart, logged): the
+ * restore stops there, with nothing of the store rewritten or removed,
+ * so that a restart finds every segment again. */
 int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
 
 /* Resends what the store lacks: owed removals, unstored bucket ends and

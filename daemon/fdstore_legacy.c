@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "fdstore_internal.h"
 #include "log.h"
 #include "registry.h"
@@ -255,7 +256,9 @@ int gshmd__legacy_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
     restore_id(fs, fds, names, &jv, e + i, j - i);
   }
   say_unused(fs, &jv);
-  leftovers(fs, fds, names, n);
+  /* (after a sticky CUDA error the old entries stay: fdstore_restore.c) */
+  if (!gshmd_backend_needs_restart(fs->reg->cuda))
+    leftovers(fs, fds, names, n);
   free(e);
   free(jv.recs);
   free(jv.freed);

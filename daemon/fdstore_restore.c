@@ -10,6 +10,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "fdstore_internal.h"
 #include "log.h"
 #include "registry.h"
@@ -213,14 +214,32 @@ static void find_journal(struct gshmd_fdstore *fs, int *fds, char **names, int n
     sd_notify(0, "FDSTOREREMOVE=1\nFDNAME=" FDSTORE_JOURNAL_NAME);
 }
 
+/* Whether an adopt met a sticky CUDA error (backend.h needs_restart):
+ * every device adopt after it failed the same way, and the rewrites and
+ * removals that follow a restore would drop those segments from the store
+ * for good.  None is made: the store stays as systemd holds it, and gshmd
+ * exits for a restart that adopts them again (main.c).  Logged. */
+static bool restore_cut_for_restart(struct gshmd_fdstore *fs) {
+  if (!gshmd_backend_needs_restart(fs->reg->cuda))
+    return false;
+  gshm_log_err("fd store: restore stopped after the CUDA error above; the store is kept as it "
+               "is for the next start");
+  return true;
+}
+
 int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n) {
   int e = 0;
 
   if (names && n > 0) {
     find_journal(fs, fds, names, n);
     restore_ids(fs, fds, names, n);
-    if (!(e = gshmd__buckets_restore(fs, fds, names, n)))
+    e = gshmd__buckets_restore(fs, fds, names, n);
+    if (restore_cut_for_restart(fs))
+      return -EIO;
+    if (!e)
       e = gshmd__legacy_restore(fs, fds, names, n);
+    if (restore_cut_for_restart(fs))
+      return -EIO;
     if (fs->restored || fs->dropped)
       gshm_log_notice("fd store: %u segment(s) restored (%u from the one-fd-per-segment "
                       "format), %u lost",

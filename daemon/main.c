@@ -77,6 +77,11 @@ static const char *cuda_missing(int e) {
   }
 }
 
+/* main's status when a backend asked for a restart (backend.h
+ * needs_restart): EX_TEMPFAIL, a failure that gshmd.service's
+ * Restart=on-failure restarts. */
+#define GSHMD_EXIT_RESTART 75
+
 #ifndef GSHMD_UNIT_LIMIT_NOFILE
 #define GSHMD_UNIT_LIMIT_NOFILE 1048576 /* LimitNOFILE= of gshmd.service */
 #endif
@@ -370,7 +375,27 @@ static void update_status(struct daemon *d) {
   }
 }
 
-static void on_status_timer(uv_timer_t *t) { update_status(t->data); }
+/* A backend that can serve nothing more until gshmd restarts (backend.h
+ * needs_restart: a sticky CUDA error, logged where it was found) stops
+ * gshmd as SIGTERM does, so that every segment stays in the fd store
+ * (close_handles), but without STOPPING=1: main exits GSHMD_EXIT_RESTART,
+ * a failure to systemd, and the unit's Restart=on-failure starts a gshmd
+ * that adopts them again (docs/ARCHITECTURE.md "A sticky CUDA error
+ * restarts gshmd").  Checked once a second, on the loop. */
+static void check_restart(struct daemon *d) {
+  if (d->stopping || !gshmd_backend_needs_restart(d->reg.cuda))
+    return;
+  gshm_log_notice("stopping for a restart (exit status %d); every segment stays in the fd "
+                  "store",
+                  GSHMD_EXIT_RESTART);
+  sd_notify(0, "STATUS=stopping for a restart after a sticky CUDA error (see the log)");
+  close_handles(d);
+}
+
+static void on_status_timer(uv_timer_t *t) {
+  update_status(t->data);
+  check_restart(t->data);
+}
 
 
 /* The textfile: rendered on the loop (it reads the registry), written on
@@ -629,6 +654,8 @@ int main(int argc, char **argv) {
     uv_run(&d.loop, UV_RUN_DEFAULT);
     status = EXIT_SUCCESS;
   }
+  if (gshmd_backend_needs_restart(d.reg.cuda)) /* (found at run time, or in a setup step) */
+    status = GSHMD_EXIT_RESTART;
   shutdown_all(&d);
   passed_fds_free(&passed);
   gshmd_config_free(&d.cfg);

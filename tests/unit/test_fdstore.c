@@ -3,8 +3,10 @@
  * names and fds handed back after a restart become: the one-fd-per-segment
  * format's rules with its journal, the buckets' (newest datagram wins, an
  * unreadable one is left queued), and the names' size at max_segments
- * (tests/integration/test_restart*.c run the whole daemon).
- * No service manager here ($NOTIFY_SOCKET unset): restore only reads. */
+ * (tests/integration/test_restart*.c run the whole daemon), and a sticky
+ * CUDA error in it (the CUDA backend on fake_cuda_gpus.c's driver).
+ * No service manager here ($NOTIFY_SOCKET unset): restore only reads;
+ * but for the sticky error's test, whose store is on. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -17,11 +19,14 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "backend.h"
 #include "config.h"
+#include "fake_cuda_gpus.h"
 #include "fdstore.h"
 #include "gshm.pb-c.h"
 #include "log.h"
@@ -563,6 +568,51 @@ static void test_replace_below_the_mark_is_an_unlink(void **state) {
   assert_true(old->unlinked && old->fs_replaced == 0);
 }
 
+/* ---- a sticky CUDA error in the restore ---- */
+
+/* A bucket of a host segment and a device segment whose adopt hits a
+ * sticky CUDA error (fake_cuda_gpus.c), the store on (a service manager
+ * that reads nothing at $NOTIFY_SOCKET): the restore fails, the backend
+ * asks for a restart, and the bucket is left as systemd holds it, with
+ * both segments, for the next start.  (The device segment was dropped
+ * from the store: its bucket was rewritten without it, and so was every
+ * device segment after it, all failing the same way.) */
+static void test_sticky_cuda_error_leaves_the_store_alone(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {record(1, "h", 0600, false), record(2, "d", 0600, false)};
+  char dir[] = "/tmp/gshm-fdstore-XXXXXX";
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int sv[2], ns;
+
+  r[1].location = FAKE_GPU0_LOCATION;
+  r[1].size = r[1].requested_size = FAKE_GRAN;
+  assert_int_equal(gshmd_backend_cuda_create(&f->cfg, &f->reg.cuda), 0);
+  assert_non_null(mkdtemp(dir));
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
+  ns = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  assert_int_equal(bind(ns, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+  gshmd_fdstore_shutdown(&f->fs);
+  assert_int_equal(gshmd_fdstore_setup(&f->fs, &f->reg), 0); /* on, now */
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  queue_bucket(sv[1], 1, r, 2); /* into a's queue */
+  put(&f->st, "b0a", sv[0]);
+  put(&f->st, "b0b", sv[1]);
+  fake_fail_call = "cuMemImportFromShareableHandle";
+  fake_fail_with = CUDA_ERROR_ILLEGAL_ADDRESS;
+  assert_int_not_equal(gshmd_fdstore_restore(&f->fs, f->st.fds, f->st.names, f->st.n), 0);
+  assert_null(fake_fail_call);
+  assert_true(gshmd_backend_needs_restart(f->reg.cuda));
+  assert_true(queued(sv[0])); /* the datagram with both, where it was */
+  assert_false(queued(sv[1]));
+  unsetenv("NOTIFY_SOCKET");
+  close(ns);
+  unlink(sa.sun_path);
+  rmdir(dir);
+  f->reg.cuda->ops->destroy(f->reg.cuda); /* (it holds no segment of the registry's) */
+  f->reg.cuda = NULL;
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_stale_journal_record_loses, setup, teardown),
@@ -583,6 +633,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_publish_whole_is_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_below_the_mark_is_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_replace_cut_short_keeps_the_old, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_sticky_cuda_error_leaves_the_store_alone, setup,
                                       teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

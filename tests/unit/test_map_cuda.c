@@ -9,7 +9,7 @@
  * is the daemon's error (-EPROTO), never a driver call; every failing
  * driver call unwinds everything before it; read-only leases map read-only
  * on every device, later ones included; gshm_write's copy is on the GPU
- * when it returns.  tests/gpu/test_segments.c runs the same code on GPUs. */
+ * when it returns; a failed read of the process's GPUs is not kept.  tests/gpu/test_segments.c runs the same code on GPUs. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -77,6 +77,7 @@ static CUresult f_get(CUdevice *d, int ordinal) {
   return CUDA_SUCCESS;
 }
 static CUresult f_uuid(CUuuid *u, CUdevice d) {
+  FAIL_IF("cuDeviceGetUuid");
   memset(u->bytes, 0x10 + d, sizeof(u->bytes));
   return CUDA_SUCCESS;
 }
@@ -209,14 +210,6 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   return 0;
 }
 
-int gshm__cuda_errno(CUresult r) {
-  return r == CUDA_SUCCESS ? 0 : r == CUDA_ERROR_INVALID_VALUE ? -EINVAL : -EIO;
-}
-
-void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *file, int line) {
-  (void)prio, (void)r, (void)call_text, (void)file, (void)line;
-}
-
 /* ---- helpers ---- */
 
 /* A device segment's lease as a grant makes it: owned by GPU `owner`. */
@@ -282,6 +275,37 @@ static void test_hostile_replies_are_eproto(void **state) {
   }
 }
 
+/* The first map of the process reads its GPUs (cuDeviceGetCount, then
+ * each one's UUID): a failure there is that map's error, and the next map
+ * reads them again (the list was kept for the life of the process, failed
+ * or not, and every later map of a GPU left out was -ENODEV).  Must run
+ * first: a list once read in full is kept. */
+static void test_failed_device_list_is_retried(void **state) {
+  struct gshm__lease on0 = lease_of(4 * MiB, GRAN, 0, GSHM_ACCESS_READ_WRITE);
+  struct gshm__lease on1 = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
+  char **uuids;
+  size_t n;
+  (void)state;
+
+  fail_at = "cuDeviceGetCount";
+  assert_int_equal(gshm__map_device(&on1, NULL, 0, &uuids, &n), -ENOMEM);
+  assert_null(fail_at);
+  assert_nothing_held();
+  /* GPU 0's UUID (read first) fails: GPU 0 is unknown to this map only */
+  fail_at = "cuDeviceGetUuid";
+  assert_int_equal(gshm__map_device(&on0, NULL, 0, &uuids, &n), -ENODEV);
+  assert_null(fail_at);
+  assert_nothing_held();
+  alloc_owner = 0;
+  assert_int_equal(gshm__map_device(&on0, NULL, 0, &uuids, &n), 0);
+  assert_int_equal(n, NDEV);
+  assert_int_equal(gshm__unmap_device(&on0), 0);
+  alloc_owner = 1;
+  assert_int_equal(gshm__map_device(&on1, NULL, 0, &uuids, &n), 0);
+  assert_int_equal(gshm__unmap_device(&on1), 0);
+  assert_nothing_held();
+}
+
 /* A size past the allocation's end is the driver's to refuse (cuMemMap):
  * refused, and nothing is left held. */
 static void test_size_past_the_allocation(void **state) {
@@ -295,9 +319,9 @@ static void test_size_past_the_allocation(void **state) {
   assert_nothing_held();
 }
 
-/* Each driver call of a map failing in turn: the error comes back and
- * every handle, reservation, mapping, retained and pushed context before
- * it is undone. */
+/* Each driver call of a map failing in turn: the driver's error comes
+ * back as gshm__cuda_errno maps it, and every handle, reservation,
+ * mapping, retained and pushed context before it is undone. */
 static void test_every_failure_unwinds(void **state) {
   static const char *const calls[] = {
       "cuDeviceGetCount", /* (a cuDeviceGet that fails leaves that peer out: no error) */
@@ -313,8 +337,8 @@ static void test_every_failure_unwinds(void **state) {
   for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
     struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
     fail_at = calls[i];
-    if (!gshm__map_device(&l, NULL, 0, &uuids, &n))
-      fail_msg("%s failed, yet the map succeeded", calls[i]);
+    /* the driver's CUDA_ERROR_OUT_OF_MEMORY, mapped as the product maps it */
+    assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), -ENOMEM);
     assert_null(fail_at); /* the failure was reached */
     assert_null(l.device_map);
     assert_nothing_held();
@@ -379,6 +403,7 @@ static void test_write_is_done_when_it_returns(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_failed_device_list_is_retried), /* first */
       cmocka_unit_test(test_hostile_replies_are_eproto),
       cmocka_unit_test(test_size_past_the_allocation),
       cmocka_unit_test(test_every_failure_unwinds),

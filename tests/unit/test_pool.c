@@ -224,12 +224,6 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   return 0;
 }
 
-int gshm__cuda_errno(CUresult r) { return r == CUDA_SUCCESS ? 0 : -EIO; }
-
-void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *file, int line) {
-  (void)prio, (void)r, (void)call_text, (void)file, (void)line;
-}
-
 /* ---- helpers ---- */
 
 static gshm_pool_t *pool_new(const char *prefix, uint32_t flags, uint64_t granule) {

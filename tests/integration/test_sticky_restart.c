@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A sticky CUDA error restarts gshmd and loses nothing (docs/ARCHITECTURE.md
+ * "A sticky CUDA error restarts gshmd"), with a whole gshmd on a fake
+ * driver: fake_libcuda.c (two fake GPUs), found through LD_LIBRARY_PATH.
+ * The driver's first cuMemsetD8 (a device segment's zeroing) fails with
+ * CUDA_ERROR_ILLEGAL_ADDRESS: the create is -EIO, gshmd stops by itself
+ * and exits 75; the harness, in systemd's part of Restart=on-failure,
+ * starts it again with what it parked in the fd store: the host segment
+ * made before is back with its bytes, and device segments work again. */
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+
+#define SIZE (1u << 20)
+
+/* Waits up to 10 s for gshmd to exit on its own, leaving it to be reaped
+ * (harness_restart's kill and wait); its siginfo in *si. */
+static bool exited_by_itself(struct harness *h, siginfo_t *si) {
+  for (int i = 0; i < 1000; i++) {
+    memset(si, 0, sizeof(*si));
+    if (waitid(P_PID, (id_t)h->sp.pid, si, WEXITED | WNOHANG | WNOWAIT) == 0 && si->si_pid)
+      return true;
+    nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+  }
+  return false;
+}
+
+static void test_sticky_error_restarts_keeping_segments(void **state) {
+  const char *const args[] = {"--backend", "cuda", NULL};
+  char dir[] = "/tmp/gshm-sticky-XXXXXX", trigger[64];
+  unsigned char *want = malloc(SIZE), *got = malloc(SIZE);
+  gshm_client_t *c, *fresh;
+  gshm_segment_t *s, *dev;
+  static struct harness h; /* (static: harness_kill_leftover reads it after a failure) */
+  siginfo_t si;
+  FILE *f;
+  (void)state;
+
+  assert_non_null(mkdtemp(dir));
+  snprintf(trigger, sizeof(trigger), "%s/fail", dir);
+  assert_non_null(f = fopen(trigger, "w"));
+  fprintf(f, "cuMemsetD8 %d\n", (int)700 /* CUDA_ERROR_ILLEGAL_ADDRESS */);
+  fclose(f);
+  setenv("FAKE_CUDA_FAIL_FILE", trigger, 1);
+
+  assert_int_equal(harness_start(&h, args), 0);
+  harness_set_leftover(&h);
+  assert_int_equal(gshm_connect(h.socket_path, "sticky", &c), 0);
+  assert_int_equal(gshm_create(c, "keep", SIZE, NULL, 0600, 0, &s), 0);
+  harness_random(want, SIZE, 42);
+  assert_int_equal(gshm_write(s, 0, want, SIZE), 0);
+  assert_int_equal(gshm_create(c, "dev", 2u << 20, "cuda:0", 0600, 0, &dev), -EIO);
+  assert_true(exited_by_itself(&h, &si));
+  assert_int_equal(si.si_code, CLD_EXITED);
+  assert_int_equal(si.si_status, 75);
+
+  /* systemd's part: Restart=on-failure, with the fd store */
+  assert_int_equal(harness_restart(&h, SIGKILL, args), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "fresh", &fresh), 0);
+  assert_int_equal(gshm_open(fresh, "keep", GSHM_ACCESS_READ, &s), 0);
+  assert_int_equal(gshm_read(s, 0, got, SIZE), 0);
+  assert_memory_equal(got, want, SIZE);
+  assert_int_equal(gshm_close(s), 0);
+  assert_int_equal(gshm_create(fresh, "dev", 2u << 20, "cuda:0", 0600, 0, &dev), 0);
+  assert_int_equal(gshm_close(dev), 0);
+  gshm_disconnect(fresh);
+  gshm_disconnect(c);
+  harness_set_leftover(NULL);
+  assert_int_equal(harness_stop(&h), 0); /* this one exits cleanly */
+  unsetenv("FAKE_CUDA_FAIL_FILE");
+  rmdir(dir);
+  free(want);
+  free(got);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sticky_error_restarts_keeping_segments),
+  };
+  atexit(harness_kill_leftover);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
