@@ -186,7 +186,10 @@ static void handle_datagram(struct gshm_spawn *s, char *msg, int *fds, int nfds)
   }
 }
 
-/* Reads every queued datagram; returns how many. */
+/* Reads every queued datagram; returns how many.  Each one is received
+ * and handled under the lock: the thread and a caller (gshm__spawn_stop)
+ * may drain at once, and an FDSTOREREMOVE handled before the FDSTORE sent
+ * ahead of it would leave a removed entry stored (test_spawn). */
 static int drain(struct gshm_spawn *s) {
   int count = 0;
 
@@ -200,10 +203,13 @@ static int drain(struct gshm_spawn *s) {
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
                         .msg_controllen = sizeof(ctl.buf)};
     int fds[253], nfds = 0;
-    ssize_t n = recvmsg(s->notify_fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    ssize_t n;
 
-    if (n < 0)
+    pthread_mutex_lock(&s->lock);
+    if ((n = recvmsg(s->notify_fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT)) < 0) {
+      pthread_mutex_unlock(&s->lock);
       return count;
+    }
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
       if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
         int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
@@ -211,7 +217,6 @@ static int drain(struct gshm_spawn *s) {
         nfds += k;
       }
     msg[n] = '\0';
-    pthread_mutex_lock(&s->lock);
     handle_datagram(s, msg, fds, nfds);
     pthread_cond_broadcast(&s->changed);
     pthread_mutex_unlock(&s->lock);

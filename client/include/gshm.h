@@ -240,8 +240,10 @@ GSHM_EXTERN int gshm_close(gshm_segment_t *seg);
  * end; the name can be created again at once (new id and generation).
  * Errors: -ENOENT; -EACCES not the owner (nor an admin); -EINVAL NULL
  * argument; -ENAMETOOLONG name over GSHM_NAME_MAX.  An unlink whose reply
- * a gshmd restart lost is sent again once libgshm has reconnected; its
- * -ENOENT then means the first one was done, and 0 is returned. */
+ * a gshmd restart lost is sent again once libgshm has reconnected, and
+ * its -ENOENT then gives 0: the name is gone, but this call may not be
+ * what removed it (the first attempt may have met -ENOENT too, or never
+ * been read by the gshmd that died). */
 GSHM_EXTERN int gshm_unlink(gshm_client_t *client, const char *name);
 
 /* Changes a segment's permission bits (like chmod(2)); leases already

@@ -140,30 +140,62 @@ static void proxy_stop(struct proxy *p) {
   shutdown(p->lfd, SHUT_RDWR); /* accept4 fails: the thread ends */
   pthread_join(p->t, NULL);
   close(p->lfd);
-  unlink(p->path);
+}
+
+/* Each test's gshmd and proxy, set up and taken down by cmocka: a failed
+ * check skips the rest of the test, and a gshmd left running would hold
+ * ctest's output pipe until its timeout (harness_set_leftover). */
+struct fx {
+  struct harness h; /* (first: harness_cmocka_start) */
+  struct proxy p;
+  bool proxied;
+};
+
+static int setup(void **state) {
+  return harness_cmocka_start(state, sizeof(struct fx), NULL) ? 0 : -1;
+}
+
+/* gshmd stops first (its end ends the proxy's connection to it, which a
+ * failed test's client may still hold), then the proxy.  -1 when gshmd
+ * did not exit cleanly. */
+static int teardown(void **state) {
+  struct fx *f = *state;
+  int status;
+
+  if (!f)
+    return 0;
+  if (f->proxied)
+    unlink(f->p.path); /* (before harness_stop removes its directory) */
+  status = harness_stop(&f->h);
+  if (f->proxied)
+    proxy_stop(&f->p);
+  harness_set_leftover(NULL);
+  free(f);
+  *state = NULL;
+  return status == 0 ? 0 : -1;
 }
 
 static void test_create_reply_lost_to_a_restart(void **state) {
-  struct harness h;
-  struct proxy p;
+  struct fx *f = *state;
+  struct harness *h = &f->h;
+  struct proxy *p = &f->p;
   gshm_client_t *c, *other;
   gshm_segment_t *s, *s2;
   gshm_status_info_t st;
   unsigned char *want = malloc(SIZE), *got = malloc(SIZE), *m;
-  (void)state;
 
   assert_non_null(want);
   assert_non_null(got);
-  assert_int_equal(harness_start(&h, NULL), 0);
-  proxy_start(&p, &h, GSHM_WIRE_CREATE);
-  assert_int_equal(gshm_connect(p.path, "resender", &c), 0);
+  proxy_start(p, h, GSHM_WIRE_CREATE);
+  f->proxied = true;
+  assert_int_equal(gshm_connect(p->path, "resender", &c), 0);
   /* the first create is made, its reply kept by the proxy, gshmd killed
    * and restarted; libgshm reconnects and sends the create again */
   assert_int_equal(gshm_create(c, "lost/reply", SIZE, NULL, 0640, 0, &s), 0);
-  assert_int_equal(p.restarted, 0);
-  assert_true(p.kept_fd >= 0);
+  assert_int_equal(p->restarted, 0);
+  assert_true(p->kept_fd >= 0);
   /* the lease is of the first create's memory: what its fd writes shows */
-  m = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, p.kept_fd, 0);
+  m = mmap(NULL, SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, p->kept_fd, 0);
   assert_true(m != MAP_FAILED);
   harness_random(want, SIZE, 0x5e5e);
   memcpy(m, want, SIZE);
@@ -171,7 +203,7 @@ static void test_create_reply_lost_to_a_restart(void **state) {
   assert_int_equal(gshm_read(s, 0, got, SIZE), 0);
   assert_memory_equal(got, want, SIZE);
   /* one segment, and the name is still taken for any other create */
-  assert_int_equal(gshm_connect(h.socket_path, "other", &other), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "other", &other), 0);
   assert_int_equal(gshm_status(other, &st), 0);
   assert_int_equal(st.segments, 1);
   assert_int_equal(gshm_create(other, "lost/reply", SIZE, NULL, 0640, 0, &s2), -EEXIST);
@@ -180,9 +212,7 @@ static void test_create_reply_lost_to_a_restart(void **state) {
   gshm_close(s);
   gshm_disconnect(other);
   gshm_disconnect(c);
-  close(p.kept_fd);
-  proxy_stop(&p);
-  assert_int_equal(harness_stop(&h), 0);
+  close(p->kept_fd);
   free(want);
   free(got);
 }
@@ -191,32 +221,29 @@ static void test_create_reply_lost_to_a_restart(void **state) {
  * libgshm's resend meets -ENOENT and says 0; the name is gone (and an
  * unlink of a name that never was still says -ENOENT). */
 static void test_unlink_reply_lost_to_a_restart(void **state) {
-  struct harness h;
-  struct proxy p;
+  struct fx *f = *state;
+  struct proxy *p = &f->p;
   gshm_client_t *c;
   gshm_segment_t *s;
   gshm_segment_info_t info;
-  (void)state;
 
-  assert_int_equal(harness_start(&h, NULL), 0);
-  proxy_start(&p, &h, GSHM_WIRE_UNLINK);
-  assert_int_equal(gshm_connect(p.path, "unlinker", &c), 0);
+  proxy_start(p, &f->h, GSHM_WIRE_UNLINK);
+  f->proxied = true;
+  assert_int_equal(gshm_connect(p->path, "unlinker", &c), 0);
   assert_int_equal(gshm_create(c, "gone/soon", 4096, NULL, 0600, 0, &s), 0);
   assert_int_equal(gshm_close(s), 0);
   assert_int_equal(gshm_unlink(c, "gone/soon"), 0);
-  assert_true(p.kept);
-  assert_int_equal(p.restarted, 0);
+  assert_true(p->kept);
+  assert_int_equal(p->restarted, 0);
   assert_int_equal(gshm_stat_name(c, "gone/soon", &info), -ENOENT);
   assert_int_equal(gshm_unlink(c, "never/was"), -ENOENT);
   gshm_disconnect(c);
-  proxy_stop(&p);
-  assert_int_equal(harness_stop(&h), 0);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_create_reply_lost_to_a_restart),
-      cmocka_unit_test(test_unlink_reply_lost_to_a_restart),
+      cmocka_unit_test_setup_teardown(test_create_reply_lost_to_a_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unlink_reply_lost_to_a_restart, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,6 +28,7 @@
 #include "config.h"
 #include "fake_cuda_gpus.h"
 #include "fdstore.h"
+#include "fdstore_internal.h"
 #include "gshm.pb-c.h"
 #include "log.h"
 #include "registry.h"
@@ -613,6 +614,41 @@ static void test_sticky_cuda_error_leaves_the_store_alone(void **state) {
   f->reg.cuda = NULL;
 }
 
+/* Create tokens through the store: a record's 16-byte token comes back
+ * with its segment; one of another length is none.  A record carrying a
+ * pulled segment's source and a token as well (no gshmd writes one: a
+ * corrupt store) is restored, and written back with the source alone,
+ * so that a record stays within the bucket's bound (RECORD_FIXED_MAX
+ * counts one of the two). */
+static void test_create_token_restored(void **state) {
+  struct fixture *f = *state;
+  uint8_t t[16] = "0123456789abcdef";
+  Gshm__StateRecord recs[3] = {record(1, "tok", 0600, false), record(2, "short", 0600, false),
+                               record(3, "both", 0600, false)};
+  struct gshmd_segment *s1, *s2, *s3;
+  Gshm__StateRecord x;
+
+  recs[0].create_token = (ProtobufCBinaryData){16, t};
+  recs[1].create_token = (ProtobufCBinaryData){5, t};
+  recs[2].create_token = (ProtobufCBinaryData){16, t};
+  recs[2].source = "peer:x#1.1";
+  restore_bucket(f, recs, 3, 0);
+  assert_non_null(s1 = gshmd_registry_find_name(&f->reg, "tok"));
+  assert_non_null(s2 = gshmd_registry_find_name(&f->reg, "short"));
+  assert_non_null(s3 = gshmd_registry_find_name(&f->reg, "both"));
+  assert_true(s1->has_token);
+  assert_memory_equal(s1->create_token, t, 16);
+  assert_false(s2->has_token);
+  gshmd__fdstore_fill_record(s1, 0, &x);
+  assert_int_equal(x.create_token.len, 16);
+  assert_memory_equal(x.create_token.data, t, 16);
+  gshmd__fdstore_fill_record(s2, 0, &x);
+  assert_int_equal(x.create_token.len, 0);
+  gshmd__fdstore_fill_record(s3, 0, &x);
+  assert_string_equal(x.source, "peer:x#1.1");
+  assert_int_equal(x.create_token.len, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_stale_journal_record_loses, setup, teardown),
@@ -631,6 +667,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fdnames_fit_at_max_segments, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_cut_short_is_dropped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_whole_is_kept, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_create_token_restored, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_below_the_mark_is_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_replace_cut_short_keeps_the_old, setup,
                                       teardown),

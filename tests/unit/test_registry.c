@@ -112,6 +112,32 @@ static void test_create_resent(void **state) {
   assert_ptr_not_equal(l->seg, l1->seg);
 }
 
+/* The token is honoured only for the segment's owner now: after an admin
+ * gives the segment to bob, alice's resend is refused, root's too (an
+ * admin is not the owner); after a revoke the name is free and the
+ * resend is a new create.  (A resend after the owner's own chmod 0400
+ * gets read-write, as the first create did: the owner may chmod back.) */
+static void test_create_resent_owner_only(void **state) {
+  struct fixture *f = *state;
+  const uint8_t t[16] = "0123456789abcdef";
+  struct gshmd_lease *l1, *l;
+  const char *msg;
+  bool resent;
+
+  assert_int_equal(create_token(f, f->alice, "o", 100, t, 16, &l1, &resent), 0);
+  assert_int_equal(gshmd_registry_chmod(&f->reg, f->alice, "o", 0400, &msg), 0);
+  assert_int_equal(create_token(f, f->alice, "o", 100, t, 16, &l, &resent), 0);
+  assert_true(resent);
+  assert_int_equal(l->access, GSHM__ACCESS__ACCESS_READ_WRITE);
+  assert_int_equal(gshmd_registry_chown(&f->reg, f->root, "o", 1002, -1, &msg), 0);
+  assert_int_equal(create_token(f, f->alice, "o", 100, t, 16, &l, &resent), -EEXIST);
+  assert_int_equal(create_token(f, f->root, "o", 100, t, 16, &l, &resent), -EEXIST);
+  assert_int_equal(gshmd_registry_revoke(&f->reg, f->root, "o", 0, &msg), 0);
+  assert_int_equal(create_token(f, f->alice, "o", 100, t, 16, &l, &resent), 0);
+  assert_false(resent);
+  assert_int_equal(l->seg->uid, 1001);
+}
+
 static int open_(struct fixture *f, struct gshmd_client *c, const char *name, int access,
                  struct gshmd_lease **l) {
   Gshm__OpenRequest req = GSHM__OPEN_REQUEST__INIT;
@@ -380,6 +406,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_permissions, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_requests, setup, teardown),
       cmocka_unit_test_setup_teardown(test_create_resent, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_create_resent_owner_only, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unlink_keeps_memory_for_leases, setup, teardown),
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hidden_publish, setup, teardown),
