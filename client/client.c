@@ -564,9 +564,10 @@ int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *l
     return -ENAMETOOLONG;
   /* names this create: gshm__request sends it again, token and all, when
    * a gshmd restart lost the reply, and gshmd answers the resend with the
-   * segment the first one made (not EEXIST); without randomness (never
-   * after boot) the create goes without one */
-  if (getrandom(token, sizeof(token), 0) == (ssize_t)sizeof(token)) {
+   * segment the first one made (not EEXIST); while the kernel's random
+   * pool is not ready (early at boot: GRND_NONBLOCK, never a wait) the
+   * create goes without one */
+  if (getrandom(token, sizeof(token), GRND_NONBLOCK) == (ssize_t)sizeof(token)) {
     m.create_token.data = token;
     m.create_token.len = sizeof(token);
   }
