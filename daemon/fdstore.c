@@ -39,6 +39,10 @@ static uint32_t pending(const struct gshmd_fdstore *fs) {
          (fs->journal_fd >= 0 && (!fs->journal_stored || fs->journal_failed));
 }
 
+bool gshmd_fdstore_keeps_all(const struct gshmd_fdstore *fs) {
+  return fs->enabled && !pending(fs);
+}
+
 void gshmd__fdstore_count_failure(struct gshmd_fdstore *fs, const char *what, int r) {
   fs->failed_sends++;
   fs->reg->fdstore_failed_sends = fs->failed_sends;

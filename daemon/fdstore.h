@@ -88,6 +88,12 @@ struct gshmd_fdstore {
   uint32_t journal_nslots; /* buckets its size covers */
 };
 
+/* Whether a restart now would bring back every segment: a service
+ * manager holds the store (fs->enabled) and it has caught up (no bucket,
+ * unplaced segment, removal or journal owed).  gshmd stops for a restart
+ * after a sticky CUDA error only then (main.c). */
+bool gshmd_fdstore_keeps_all(const struct gshmd_fdstore *fs);
+
 /* Hooks the registry (segment created/changed/freed, ids taken).  Returns
  * 0; or, under a service manager (gshmd then refuses to start, logged),
  * -E2BIG when limits.max_segments is more than the store can hand back

@@ -383,8 +383,22 @@ static void update_status(struct daemon *d) {
  * that adopts them again (docs/ARCHITECTURE.md "A sticky CUDA error
  * restarts gshmd").  Checked once a second, on the loop. */
 static void check_restart(struct daemon *d) {
+  static bool said;
+
   if (d->stopping || !gshmd_backend_needs_restart(d->reg.cuda))
     return;
+  /* without the store (started by hand, in a container) a restart would
+   * lose every name, host segments' too: gshmd serves on, device
+   * requests failing, and says so; a store behind catches up first
+   * (retried each second) */
+  if (!gshmd_fdstore_keeps_all(&d->fdstore)) {
+    if (!d->fdstore.enabled && !said)
+      gshm_log_err("device requests fail until gshmd is restarted (a sticky CUDA error, above); "
+                   "it does not restart by itself without systemd's fd store, which would lose "
+                   "every segment");
+    said = true;
+    return;
+  }
   gshm_log_notice("stopping for a restart (exit status %d); every segment stays in the fd "
                   "store",
                   GSHMD_EXIT_RESTART);

@@ -649,6 +649,24 @@ static void test_create_token_restored(void **state) {
   assert_int_equal(x.create_token.len, 0);
 }
 
+/* A restart after a sticky CUDA error keeps every segment only with a
+ * store that a service manager holds and that owes it nothing. */
+static void test_keeps_all_only_when_on_and_caught_up(void **state) {
+  struct fixture *f = *state;
+
+  assert_false(f->fs.enabled); /* (no $NOTIFY_SOCKET: off) */
+  assert_false(gshmd_fdstore_keeps_all(&f->fs));
+  f->fs.enabled = true;
+  assert_true(gshmd_fdstore_keeps_all(&f->fs));
+  f->fs.ndirty = 1; /* a bucket owed */
+  assert_false(gshmd_fdstore_keeps_all(&f->fs));
+  f->fs.ndirty = 0;
+  f->fs.nunplaced = 1; /* a segment no bucket took */
+  assert_false(gshmd_fdstore_keeps_all(&f->fs));
+  f->fs.nunplaced = 0;
+  f->fs.enabled = false;
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_stale_journal_record_loses, setup, teardown),
@@ -668,6 +686,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_publish_cut_short_is_dropped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_whole_is_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_create_token_restored, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_keeps_all_only_when_on_and_caught_up, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_below_the_mark_is_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_replace_cut_short_keeps_the_old, setup,
                                       teardown),
