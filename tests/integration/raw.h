@@ -29,15 +29,27 @@ static inline Gshm__Reply *raw_reply(int fd) {
   return r;
 }
 
-/* A raw connection that said hello (its Welcome read). */
-static inline int raw_connect(const char *path) {
+/* A connection to the socket at path, nothing sent: its fd, or -1 (no
+ * assert: usable from a test's own threads). */
+static inline int raw_socket(const char *path) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  Gshm__Hello hm = GSHM__HELLO__INIT;
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  Gshm__Reply *welcome;
 
   snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+    return fd;
+  if (fd >= 0)
+    close(fd);
+  return -1;
+}
+
+/* A raw connection that said hello (its Welcome read). */
+static inline int raw_connect(const char *path) {
+  Gshm__Hello hm = GSHM__HELLO__INIT;
+  int fd = raw_socket(path);
+  Gshm__Reply *welcome;
+
+  assert_true(fd >= 0);
   hm.major = GSHM_PROTO_MAJOR;
   hm.client_name = "raw";
   assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_HELLO, 1, &hm.base, -1), 0);

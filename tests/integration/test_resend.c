@@ -39,6 +39,7 @@
 #include "gshm.h"
 #include "harness.h"
 #include "wire.h"
+#include "raw.h"
 
 #define SIZE ((1u << 20) + 5)
 
@@ -52,18 +53,6 @@ struct proxy {
   int kept_fd;          /* its fd, or -1 */
   int restarted;        /* harness_restart's result once it ran; 1: not yet */
 };
-
-static int unix_connect(const char *path) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-
-  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
-    return fd;
-  if (fd >= 0)
-    close(fd);
-  return -1;
-}
 
 /* Moves one packet from `from` to `to` (its fd too).  *req_id: set to the
  * id of a request of p->type on its way to gshmd (while 0); the reply
@@ -103,7 +92,7 @@ static void *proxy_main(void *arg) {
     uint32_t req_id = 0;
     int r = 0;
 
-    pf[1].fd = unix_connect(p->h->socket_path);
+    pf[1].fd = raw_socket(p->h->socket_path);
     while (pf[1].fd >= 0 && r == 0 && poll(pf, 2, -1) > 0) {
       if (pf[0].revents)
         r = pass_one(p, cfd, pf[1].fd, &req_id);
