@@ -101,6 +101,20 @@ static void test_create_resent(void **state) {
   assert_int_equal(create_token(f, f->alice, "r", 100, NULL, 0, &l, &resent), -EEXIST);
   assert_int_equal(create_token(f, f->bob, "r", 100, t, 16, &l, &resent), -EEXIST);
   assert_int_equal(create_token(f, f->alice, "r", 200, t, 16, &l, &resent), -EEXIST);
+  /* another create's flags or kind of location, with the token: not a resend */
+  {
+    Gshm__CreateRequest req = GSHM__CREATE_REQUEST__INIT;
+    const char *msg = NULL;
+    req.name = "r";
+    req.size = 100;
+    req.location = "host";
+    req.create_token = (ProtobufCBinaryData){16, (uint8_t *)t};
+    req.flags = GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC;
+    assert_int_equal(gshmd_registry_create(&f->reg, f->alice, &req, &l, &resent, &msg), -EEXIST);
+    req.flags = 0;
+    req.location = "cuda:0";
+    assert_int_equal(gshmd_registry_create(&f->reg, f->alice, &req, &l, &resent, &msg), -EEXIST);
+  }
   assert_int_equal(create_token(f, f->alice, "s", 100, t, 5, &l, &resent), -EINVAL);
   /* unlinked: the name is free, the token names nothing */
   {
