@@ -74,6 +74,7 @@ struct gshmd_config {
   uint32_t cluster_streams;        /* TCP data lanes a puller opens per peer */
   char *cluster_prefault;          /* auto|always|off: fault pulled host memory in ahead of its lanes */
   uint64_t cluster_staging_bytes;  /* pinned host bytes per staged pull */
+  uint64_t cluster_staging_arena;  /* pinned host bytes made at the start for staging */
   char *cluster_staging;           /* auto|always: how device (and host) segments are served */
   uint32_t cluster_request_timeout_ms; /* an unanswered request to a peer fails after this */
 };

@@ -227,6 +227,14 @@
     "on each side (served and pulled), in pull_chunk slots: a smaller segment " \
     "holds the slots it takes, rounded up to a power of two. A serving node's " \
     "staged grants hold at most four times this per link.")                   \
+  X(cluster, staging_arena, SIZE, cluster_staging_arena, "1G", 0, 68719476736,   \
+    NULL,                                                                       \
+    "Pinned host memory made once, in the background, when the cluster "       \
+    "starts on a node with GPUs (or with staging = always: plain memory), "    \
+    "from which the staging slots of pulls into and out of GPUs are carved: "  \
+    "a node's first pull of a model into a GPU then pins nothing (pinning "    \
+    "costs 0.12-0.33 ms per MiB). Slots past it are made as they are needed. " \
+    "Held until gshmd stops; 0: none.")                                       \
   X(cluster, staging, ENUM, cluster_staging, "auto", 0, 0, "auto|always",       \
     "How this node serves segments to peers: auto registers host segments "     \
     "(and device segments where UCX supports CUDA memory) and stages device "   \

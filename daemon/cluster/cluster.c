@@ -402,6 +402,8 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                         reg->cuda && reg->cuda->ops->host_alloc && reg->cuda->ops->host_free
                             ? reg->cuda
                             : NULL);
+  if (cl->stage.pin || !strcmp(cfg->cluster_staging, "always"))
+    gshmd_stage_arena_start(&cl->stage, cfg->cluster_staging_arena);
   reg->on_free = gshmd__serve_segment_free;
   reg->on_free_arg = cl;
   gshm_log_info("cluster: node '%s': %u peer(s), %u export rule(s)", cl->ll.node_name,

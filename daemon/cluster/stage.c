@@ -78,8 +78,32 @@ void gshmd_stage_pool_init(struct stage_pool *sp, uv_loop_t *loop, ucp_context_h
   sp->delay_ms = ms > 0 && ms <= 10000 ? (unsigned)ms : 0;
 }
 
-/* A kept buffer of that shape, taken; NULL when none. */
+/* Slots carved from the arena, or NULL: none made (yet), no room, or
+ * the cluster stops.  Carves are whole 4 KiB pages (UCX registers them). */
+static struct stage_buf *take_carved(struct stage_pool *sp, uint64_t slot_size, uint32_t slots) {
+  uint64_t len = slots * slot_size, off;
+  struct stage_buf *sb;
+
+  if (!sp->arena.base || sp->stopping ||
+      gshm__arena_carve(&sp->arena.carve, (len + 4095) & ~(uint64_t)4095, &off))
+    return NULL;
+  if (!(sb = calloc(1, sizeof(*sb)))) {
+    (void)gshm__arena_return(&sp->arena.carve, off);
+    return NULL;
+  }
+  *sb = (struct stage_buf){.addr = sp->arena.base + off, .len = len, .slots = slots,
+                           .slot_size = slot_size, .pinned = sp->arena.pinned, .carved = true};
+  sp->arena.carves++;
+  return sb;
+}
+
+/* A buffer of that shape that needs no making: carved from the arena, or
+ * a kept one, taken; NULL when none. */
 static struct stage_buf *take_kept(struct stage_pool *sp, uint64_t slot_size, uint32_t slots) {
+  struct stage_buf *carved = take_carved(sp, slot_size, slots);
+
+  if (carved)
+    return carved;
   for (unsigned i = 0; i < sp->nkept; i++)
     if (sp->kept[i]->slot_size == slot_size && sp->kept[i]->slots == slots) {
       struct stage_buf *sb = sp->kept[i];
@@ -218,12 +242,96 @@ int gshmd_stage_buf_get(struct stage_pool *sp, uint64_t slot_size, uint64_t seg_
 
 void gshmd_stage_job_cancel(struct stage_job *j) { j->cancelled = true; }
 
+/* The arena's memory given back (on the loop), once nothing carved from
+ * it is held. */
+static void arena_release(struct stage_pool *sp) {
+  struct stage_arena *a = &sp->arena;
+
+  if (!a->base || a->carve.nlive)
+    return;
+  if (a->pinned)
+    sp->pin->ops->host_free(sp->pin, a->base, a->len);
+  else
+    free(a->base);
+  a->base = NULL;
+  gshm__arena_fini(&a->carve);
+}
+
+/* The arena's making, on libuv's pool (gshmd_stage_arena_start). */
+struct arena_job {
+  uv_work_t work;
+  struct stage_pool *sp;
+  void *addr;
+  int err;
+  int64_t ns;
+};
+
+static void arena_work(uv_work_t *w) {
+  struct arena_job *j = w->data;
+  struct stage_pool *sp = j->sp;
+  int64_t t0 = gshm__now_ns(CLOCK_MONOTONIC);
+
+  gshm__name_thread_once("gshmd-pool");
+  if (sp->delay_ms)
+    usleep(sp->delay_ms * 1000u);
+  if (sp->pin)
+    j->err = sp->pin->ops->host_alloc(sp->pin, sp->arena.len, &j->addr);
+  else if (posix_memalign(&j->addr, 4096, sp->arena.len))
+    j->err = -ENOMEM;
+  j->ns = gshm__now_ns(CLOCK_MONOTONIC) - t0;
+}
+
+static void arena_done(uv_work_t *w, int status) {
+  struct arena_job *j = w->data;
+  struct stage_pool *sp = j->sp;
+  struct stage_arena *a = &sp->arena;
+  int e = status ? status : j->err;
+
+  a->making = false;
+  if (!e && !(e = gshm__arena_init(&a->carve, a->len))) {
+    a->base = j->addr;
+    a->pinned = sp->pin != NULL;
+    gshm_log_info("cluster: %.1f MiB of %s staging memory made in %.0f ms",
+                  (double)a->len / 1048576, a->pinned ? "pinned" : "host", (double)j->ns / 1e6);
+    if (sp->stopping)
+      arena_release(sp);
+  } else {
+    if (j->addr && sp->pin)
+      sp->pin->ops->host_free(sp->pin, j->addr, a->len);
+    else
+      free(j->addr);
+    gshm_log_warn("cluster: cannot make %.1f MiB of staging memory (%s): staged pulls make "
+                  "their buffers as they go",
+                  (double)a->len / 1048576, strerror(-e));
+  }
+  free(j);
+}
+
+void gshmd_stage_arena_start(struct stage_pool *sp, uint64_t arena_bytes) {
+  struct arena_job *j;
+
+  sp->arena.len = (arena_bytes + 4095) & ~(uint64_t)4095;
+  if (!sp->arena.len || sp->arena.making || sp->arena.base || !(j = calloc(1, sizeof(*j))))
+    return;
+  j->sp = sp;
+  j->work.data = j;
+  sp->arena.making = true;
+  (void)uv_queue_work(sp->loop, &j->work, arena_work, arena_done); /* (fails without a work_cb only) */
+}
+
 void gshmd_stage_free(struct stage_pool *sp, struct stage_buf *sb) {
   struct stage_job *j;
 
   if (!sb)
     return;
   stage_buf_register(sp, sb, false);
+  if (sb->carved) {
+    (void)gshm__arena_return(&sp->arena.carve, (uint64_t)((uint8_t *)sb->addr - sp->arena.base));
+    free(sb);
+    if (sp->stopping)
+      arena_release(sp);
+    return;
+  }
   if (!sp->stopping && sp->nkept < STAGE_POOL_KEEP &&
       sp->kept_bytes + sb->len <= STAGE_KEEP_FULL * sp->staging_bytes) {
     sp->kept[sp->nkept++] = sb;
@@ -246,8 +354,18 @@ void gshmd_stage_metrics(const struct stage_pool *sp, FILE *f) {
              "gshm_cluster_staging_buffers_made_total %" PRIu64 "\n"
              "# HELP gshm_cluster_staging_kept_bytes Bytes of staging buffers kept for the next grants and pulls (at most 8 x cluster.staging_bytes).\n"
              "# TYPE gshm_cluster_staging_kept_bytes gauge\n"
-             "gshm_cluster_staging_kept_bytes %" PRIu64 "\n",
-          sp->made, sp->kept_bytes);
+             "gshm_cluster_staging_kept_bytes %" PRIu64 "\n"
+             "# HELP gshm_cluster_staging_arena_bytes Bytes of the staging arena (cluster.staging_arena; 0 until made, or without one).\n"
+             "# TYPE gshm_cluster_staging_arena_bytes gauge\n"
+             "gshm_cluster_staging_arena_bytes %" PRIu64 "\n"
+             "# HELP gshm_cluster_staging_arena_carved_bytes Bytes of the staging arena held by grants and pulls now.\n"
+             "# TYPE gshm_cluster_staging_arena_carved_bytes gauge\n"
+             "gshm_cluster_staging_arena_carved_bytes %" PRIu64 "\n"
+             "# HELP gshm_cluster_staging_arena_carves_total Staging buffers carved from the arena (none made).\n"
+             "# TYPE gshm_cluster_staging_arena_carves_total counter\n"
+             "gshm_cluster_staging_arena_carves_total %" PRIu64 "\n",
+          sp->made, sp->kept_bytes, sp->arena.base ? sp->arena.len : 0,
+          sp->arena.base ? sp->arena.carve.live_bytes : 0, sp->arena.carves);
 }
 
 void gshmd_stage_pool_drain(struct stage_pool *sp) {
@@ -257,6 +375,7 @@ void gshmd_stage_pool_drain(struct stage_pool *sp) {
     buf_release(sp, sb);
   }
   sp->kept_bytes = 0;
+  arena_release(sp);
 }
 
 static void copy_work(uv_work_t *w) {

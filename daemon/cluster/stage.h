@@ -13,6 +13,8 @@
 #include <ucp/api/ucp.h>
 #include <uv.h>
 
+#include "arena.h"
+
 struct gshmd_alloc;
 struct gshmd_backend;
 
@@ -50,7 +52,24 @@ struct stage_buf {
   uint32_t slots;
   uint64_t slot_size;
   bool pinned;
+  bool carved;         /* slots of the pool's arena (sp->arena): given back to it, never freed */
   ucp_mem_h memh;      /* NULL: not registered */
+};
+
+/* The pool's arena: one region of pinned host memory (cluster.staging_arena
+ * bytes) made on libuv's pool when the cluster starts, from which staging
+ * buffers of any shape are carved (best fit, common/arena.h) while it has
+ * room; others are made (or taken from the kept ones) as before.  A node's
+ * first staged pull otherwise pinned each buffer of a new shape as it went
+ * (22 buffers, 0.26-0.34 s of a 12.3 GiB model's first pull into a GPU on
+ * 2x H100: docs/PERFORMANCE.md "Whole-model sizes"). */
+struct stage_arena {
+  uint8_t *base;              /* NULL until made (or never: 0 bytes, or its making failed) */
+  uint64_t len;               /* bytes asked for (4 KiB multiple) */
+  bool pinned;                /* by the backend's host_alloc (else plain pages) */
+  bool making;                /* its job is on libuv's pool */
+  struct gshm__arena carve;   /* offsets handed out */
+  uint64_t carves;            /* buffers carved since start, for the metrics */
 };
 
 /* Buffers made or freed on libuv's pool at once (stage.c): pinning
@@ -74,6 +93,7 @@ struct stage_pool {
   unsigned nkept;
   uint64_t kept_bytes;        /* of the kept buffers */
   uint64_t made;              /* buffers made (not taken from the kept ones), for the metrics */
+  struct stage_arena arena;
   /* jobs waiting for the pool, oldest first: frees go before makes */
   struct stage_job *frees, **frees_tail, *makes, **makes_tail;
   unsigned running;           /* jobs on the pool now (at most STAGE_JOBS) */
@@ -87,6 +107,13 @@ struct stage_pool {
 void gshmd_stage_pool_init(struct stage_pool *sp, uv_loop_t *loop, ucp_context_h ctx,
                            uint64_t staging_bytes, struct gshmd_backend *pin);
 
+/* Starts making sp's arena of arena_bytes (0: none; rounded up to 4 KiB)
+ * on libuv's pool: pinned by sp->pin, or plain pages without one.  Until
+ * it is made, and where its making fails (logged once: -ENOMEM or the
+ * driver's refusal), buffers are made as without an arena.  Call once,
+ * after gshmd_stage_pool_init. */
+void gshmd_stage_arena_start(struct stage_pool *sp, uint64_t arena_bytes);
+
 /* Slots of slot_size bytes for a segment of seg_bytes (> 0): as many as
  * it takes, rounded up to a power of two (so that buffers are kept and
  * taken again by a few sizes), at most sp->staging_bytes of them (at
@@ -95,9 +122,10 @@ void gshmd_stage_pool_init(struct stage_pool *sp, uv_loop_t *loop, ucp_context_h
  * set of small tensors thus holds a slot or two each where every grant
  * held staging_bytes.
  *
- * A kept buffer of that shape when there is one: returns 0 with it in
- * *sb_out (the caller's, until gshmd_stage_free), and ready is never
- * called.  Else the buffer is made on libuv's pool (pinning costs tens
+ * Slots carved from the arena where it has room, else a kept buffer of
+ * that shape when there is one: returns 0 with it in *sb_out (the
+ * caller's, until gshmd_stage_free), and ready is never called.  Else
+ * the buffer is made on libuv's pool (pinning costs tens
  * of milliseconds: never on the loop), STAGE_JOBS at a time, in the
  * order asked: returns 1 with the job in *job_out, and ready(arg, err,
  * sb) runs once on the loop later: err 0 with the buffer (the caller's),
@@ -116,16 +144,20 @@ void gshmd_stage_job_cancel(struct stage_job *j);
  * budgets checked before making it. */
 uint64_t gshmd_stage_buf_len(const struct stage_pool *sp, uint64_t slot_size, uint64_t seg_bytes);
 /* Gives a staging buffer back: deregistered (UCX holds no slots that no
- * grant or pull uses) and kept for the next staged pull (pinning 64 MiB
+ * grant or pull uses); a buffer carved from the arena goes back to it;
+ * another is kept for the next staged pull (pinning 64 MiB
  * costs tens of milliseconds, more than a small pull), or freed when
  * STAGE_POOL_KEEP wait already or the kept ones would pass
  * STAGE_KEEP_FULL times staging_bytes (on libuv's pool, before any
  * buffer is made there), or the cluster stops (at once).  Accepts NULL. */
 void gshmd_stage_free(struct stage_pool *sp, struct stage_buf *sb);
 /* The pool's metrics (Prometheus text) to f: buffers made since start,
- * bytes kept now. */
+ * bytes kept now, the arena's bytes, bytes carved now and carves since
+ * start. */
 void gshmd_stage_metrics(const struct stage_pool *sp, FILE *f);
-/* Frees the kept buffers (cluster stop). */
+/* Frees the kept buffers, and the arena once nothing carved from it is
+ * held (else when the last carve comes back: gshmd_stage_free), at the
+ * cluster's stop; again at its destroy, when nothing is held. */
 void gshmd_stage_pool_drain(struct stage_pool *sp);
 
 /* One copy between a segment and host memory, on libuv's thread pool.

@@ -853,22 +853,30 @@ static void *staged_thread(void *arg) {
   return NULL;
 }
 
-static void test_staged(void **state) {
+/* Three staged pulls at once from a node whose staging arena is arena
+ * (cluster.staging_arena); *made and *carves get its staging buffers made
+ * and carved from the arena by them. */
+static void staged_run(const char *arena, long *made, long *carves) {
   static struct node srv, q;
   static struct staged_puller sp[3];
   char ps[64], pq[64];
   gshm_client_t *c;
-  (void)state;
 
+  memset(&srv, 0, sizeof(srv));
+  memset(&q, 0, sizeof(q));
   srv.port = free_port();
   q.port = free_port();
   snprintf(ps, sizeof(ps), "q=127.0.0.1:%d", q.port);
   snprintf(pq, sizeof(pq), "s=127.0.0.1:%d", srv.port);
   node_start(&srv, "s", ps, keys.key, "pub/*", "cluster.staging=always", "cluster.pull_chunk=1M",
-             "cluster.staging_bytes=4M", NULL);
+             "cluster.staging_bytes=4M", arena, NULL);
   node_start(&q, "q", pq, keys.key, "", "cluster.pull_chunk=1M", NULL);
   c = connect_to(&srv);
   make_segment(c, "pub/staged", 64 * MiB + 5, 41);
+  /* (the arena is made on the pool at the start: wait for it, or see none) */
+  if (strcmp(arena, "cluster.staging_arena=0"))
+    for (int i = 0; i < 200 && !metric(c, "gshm_cluster_staging_arena_bytes"); i++)
+      usleep(20000);
   gshm_disconnect(c);
   for (int i = 0; i < 3; i++) {
     sp[i].n = &q;
@@ -884,8 +892,33 @@ static void test_staged(void **state) {
     check_segment(c, sp[i].local, 64 * MiB + 5, 41);
   }
   gshm_disconnect(c);
+  c = connect_to(&srv);
+  *made = metric(c, "gshm_cluster_staging_buffers_made_total");
+  *carves = metric(c, "gshm_cluster_staging_arena_carves_total");
+  /* every carve goes back when its grant ends */
+  assert_int_equal(wait_metric(c, "gshm_cluster_staging_arena_carved_bytes", 0), 0);
+  gshm_disconnect(c);
   assert_int_equal(harness_stop(&q.h), 0);
   assert_int_equal(harness_stop(&srv.h), 0);
+}
+
+/* With the default arena (1 GiB, made when the cluster starts) the
+ * serving node makes no staging buffer: each grant's 4 MiB of slots is
+ * carved from it.  An arena too small for a grant's slots (2 MiB) and
+ * none at all: the buffers are made as before. */
+static void test_staged(void **state) {
+  long made, carves;
+  (void)state;
+
+  staged_run("cluster.staging_arena=1G", &made, &carves);
+  assert_int_equal(made, 0);
+  assert_true(carves >= 3);
+  staged_run("cluster.staging_arena=2M", &made, &carves);
+  assert_true(made >= 1);
+  assert_int_equal(carves, 0);
+  staged_run("cluster.staging_arena=0", &made, &carves);
+  assert_true(made >= 1);
+  assert_int_equal(carves, 0);
 }
 
 /* The pulling daemon dies mid-pull: the serving side ends the grant (no

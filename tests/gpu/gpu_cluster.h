@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -41,12 +42,15 @@ static inline void gpu_key_file(char *dir, char *key, size_t cap, const char key
 /* A node's "--set" arguments (strings in store, argv NULL-terminated):
  * daemon.backend, its cluster settings (listen port, name, peers "NAME=
  * HOST:PORT,...", the key file, export rules, this process's group as
- * pull_group), and up to two more KEY=VALUE settings (NULL: none). */
+ * pull_group), and up to GPU_NODE_ARGS - 7 more KEY=VALUE settings, the
+ * list ended by NULL. */
 static inline void gpu_node_args(char store[GPU_NODE_ARGS][512],
                                  const char *argv[GPU_NODE_ARGS + 1], const char *backend,
                                  const char *name, int port, const char *peers, const char *key,
-                                 const char *exports, const char *extra1, const char *extra2) {
+                                 const char *exports, ...) {
   struct group *g = getgrgid(getegid());
+  const char *extra;
+  va_list ap;
   int n = 0;
 
   snprintf(store[n++], 512, "--set=daemon.backend=%s", backend);
@@ -56,10 +60,12 @@ static inline void gpu_node_args(char store[GPU_NODE_ARGS][512],
   snprintf(store[n++], 512, "--set=cluster.secret_file=%s", key);
   snprintf(store[n++], 512, "--set=cluster.export=%s", exports);
   snprintf(store[n++], 512, "--set=cluster.pull_group=%s", g ? g->gr_name : "root");
-  if (extra1)
-    snprintf(store[n++], 512, "--set=%s", extra1);
-  if (extra2)
-    snprintf(store[n++], 512, "--set=%s", extra2);
+  va_start(ap, exports);
+  while ((extra = va_arg(ap, const char *))) {
+    REQUIRE(n < GPU_NODE_ARGS, "more than %d settings for node %s", GPU_NODE_ARGS, name);
+    snprintf(store[n++], 512, "--set=%s", extra);
+  }
+  va_end(ap);
   for (int i = 0; i < n; i++)
     argv[i] = store[i];
   argv[n] = NULL;

@@ -169,10 +169,10 @@ int main(int argc, char **argv) {
   snprintf(pa, sizeof(pa), "b=127.0.0.1:%d", port_b);
   snprintf(pb, sizeof(pb), "a=127.0.0.1:%d,c=127.0.0.1:%d", port_a, port_c);
   snprintf(pc, sizeof(pc), "b=127.0.0.1:%d", port_b);
-  gpu_node_args(sa, aa, "cuda", "a", port_a, pa, key, "pub/* fan/*", NULL, NULL);
+  gpu_node_args(sa, aa, "cuda", "a", port_a, pa, key, "pub/* fan/*", NULL);
   /* B relays the fan-out set to C */
-  gpu_node_args(sb, ab, "cuda", "b", port_b, pb, key, "fan/*", NULL, NULL);
-  gpu_node_args(sc, ac, "cuda", "c", port_c, pc, key, "", NULL, NULL);
+  gpu_node_args(sb, ab, "cuda", "b", port_b, pb, key, "fan/*", NULL);
+  gpu_node_args(sc, ac, "cuda", "c", port_c, pc, key, "", NULL);
   REQUIRE(harness_start(&A, aa) == 0, "gshmd a");
   harness_set_leftover(&A);
   atexit(harness_kill_leftover);

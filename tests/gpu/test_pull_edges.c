@@ -28,7 +28,10 @@
  *  4. the puller killed while c's staging buffers for its set (of
  *     another shape: new ones) are being made: nothing of the set is
  *     left on c, no pinned slot counted, the peer's grants released, at
- *     most 8 x 4 MiB kept.
+ *     most 8 x 4 MiB kept;
+ *  5. the arena: a (the serving node, cluster.staging_arena at its
+ *     default, 1 GiB pinned at its start) served every staged grant of
+ *     steps 1-4 from slots carved from it, and made no staging buffer.
  *
  * One GPU; exit 77 without a driver or a GPU.  With
  * $GSHM_PULL_EDGES_HOST=1 the same steps run on host segments (gshmd
@@ -307,6 +310,25 @@ static void pinned_step(gshm_client_t *a, gshm_client_t *c, const char *c_socket
          w.slowest_ms);
 }
 
+/* 5: a's staged grants all carved from its arena (waited for before
+ * step 1); nothing carved is held once the pulls ended. */
+static void arena_step(gshm_client_t *a, bool on_host) {
+  long made = metric_of(a, "gshm_cluster_staging_buffers_made_total");
+  long carves = metric_of(a, "gshm_cluster_staging_arena_carves_total");
+  long held = metric_of(a, "gshm_cluster_staging_arena_carved_bytes");
+
+  if (on_host) {
+    CHECK(carves == 0 && made == 0, "a host node staged: %ld carves, %ld buffers made", carves,
+          made);
+    return;
+  }
+  CHECK(made == 0 && carves > 0 && held == 0,
+        "a's staging buffers: %ld made, %ld carved from its arena, %ld bytes carved still "
+        "held (want 0, some, 0)",
+        made, carves, held);
+  printf("arena: a carved %ld staging buffers, made none\n", carves);
+}
+
 #define CUT_SEGS 8
 #define CUT_SIZE (2 * MiB) /* two slots of 1 MiB: buffers of a shape not kept yet */
 
@@ -406,12 +428,14 @@ int main(void) {
   snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", port_a);
   gpu_node_args(sa, aa, backend, "a", port_a, pa, key, "pub/*", "cluster.pull_chunk=1M", NULL);
   gpu_node_args(sb, ab, backend, "b", port_b, pb, key, "", "cluster.pull_chunk=1M",
-                "limits.max_segments=2");
+                "limits.max_segments=2", NULL);
   REQUIRE(harness_start(&A, aa) == 0, "gshmd a");
   harness_set_leftover(&A);
   atexit(harness_kill_leftover);
+  /* (c makes its staging buffers as it goes, no arena: step 3 watches
+   * them made on the pool) */
   gpu_node_args(sc, ac, backend, "c", port_c, pb, key, "", "cluster.pull_chunk=1M",
-                "cluster.staging_bytes=4M");
+                "cluster.staging_bytes=4M", "cluster.staging_arena=0", NULL);
   REQUIRE(harness_start(&B, ab) == 0, "gshmd b");
   setenv("GSHMD_TEST_STAGE_DELAY_MS", "100", 1); /* (c's staging buffers: step 3) */
   REQUIRE(harness_start(&C, ac) == 0, "gshmd c");
@@ -420,10 +444,15 @@ int main(void) {
   REQUIRE(gshm_connect(A.socket_path, "edges-a", &a) == 0, "connect a");
   REQUIRE(gshm_connect(B.socket_path, "edges-b", &b) == 0, "connect b");
 
+  /* (a's arena is made on its pool as it starts) */
+  for (int i = 0; i < 100 && !on_host && !metric_of(a, "gshm_cluster_staging_arena_bytes"); i++)
+    usleep(100 * 1000);
   tail_step(a, b);
   no_room_step(a, b);
   pinned_step(a, c, C.socket_path, on_host);
   cut_step(a, c, C.socket_path, on_host);
+  usleep(1200 * 1000); /* (metrics are a snapshot up to a second old) */
+  arena_step(a, on_host);
 
   gshm_disconnect(a);
   gshm_disconnect(b);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The best-fit carving behind gshm's PyTorch pool (client/arena.c),
+/* The best-fit carving behind gshm's PyTorch pool (common/arena.c),
  * checked against a byte map of the range after every step. */
 #include <errno.h>
 #include <setjmp.h>

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Best-fit carving of one address range (a pool segment of
- * client/torch_alloc.c): offsets only, no memory is touched. */
-#ifndef GSHM_CLIENT_ARENA_H
-#define GSHM_CLIENT_ARENA_H
+ * client/torch_alloc.c; gshmd's pinned staging arena,
+ * daemon/cluster/stage.c): offsets only, no memory is touched.  Not
+ * thread-safe: each user keeps it under its own lock or on one thread. */
+#ifndef GSHM_COMMON_ARENA_H
+#define GSHM_COMMON_ARENA_H
 
 #include <stddef.h>
 #include <stdint.h>

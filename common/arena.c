@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Best-fit carving of one address range; see arena.h.  The lists are
- * short (PyTorch's blocks are 2 MiB and up, a segment 256 MiB), so plain
+ * short (PyTorch's blocks are 2 MiB and up, a segment 256 MiB; a staging
+ * arena's carves are pull_chunk slots, at most a few hundred), so plain
  * linked lists do. */
 #include "arena.h"
 
