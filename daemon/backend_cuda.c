@@ -61,6 +61,7 @@ static struct cuda_backend *cuda_of(struct gshmd_backend *b) { return (struct cu
 
 static void cuda_free(struct gshmd_backend *b, struct gshmd_alloc *mem);
 static int export_once(struct cuda_backend *cb, struct cuda_alloc *a);
+static int local_va(struct cuda_backend *cb, struct cuda_alloc *a, CUdeviceptr *va_out);
 
 static struct cuda_dev *dev_by_uuid(struct cuda_backend *cb, const char *uuid) {
   for (unsigned i = 0; i < cb->n; i++)
@@ -93,38 +94,6 @@ static struct cuda_alloc *wrap(struct cuda_backend *cb, struct cuda_dev *d, uint
   a->fd = -1;
   pthread_mutex_init(&a->va_lock, NULL);
   return a;
-}
-
-/* Zeroes a fresh VMM allocation through a temporary mapping.  The driver
- * does not promise zeroed memory, and physical memory released by one
- * user's segment may come back in another user's, all inside this one
- * process: never hand out what a previous owner left there. */
-static int zero_handle(struct cuda_backend *cb, struct cuda_dev *d, CUmemGenericAllocationHandle h,
-                       uint64_t size, uint64_t gran) {
-  CUmemAccessDesc acc;
-  CUdeviceptr va = 0;
-  int e;
-
-  if ((e = set_ctx(cb, d)))
-    return e;
-  if ((e = CU_ERR(cb, cuMemAddressReserve, &va, size, gran, 0, 0)))
-    return e;
-  if ((e = CU_ERR(cb, cuMemMap, va, size, 0, h, 0)))
-    goto release_va_range;
-  memset(&acc, 0, sizeof(acc));
-  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  acc.location.id = d->dev;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if ((e = CU_ERR(cb, cuMemSetAccess, va, size, &acc, 1)))
-    goto unmap_range;
-  if ((e = CU_ERR(cb, cuMemsetD8, va, 0, size)))
-    goto unmap_range;
-  e = CU_ERR(cb, cuStreamSynchronize, NULL);
-unmap_range:
-  CU_UNDO(cb, cuMemUnmap, va, size);
-release_va_range:
-  CU_UNDO(cb, cuMemAddressFree, va, size);
-  return e;
 }
 
 /* The GPU of loc (*d_out) and size (> 0) rounded up to its granularity
@@ -206,16 +175,20 @@ static int cuda_alloc(struct gshmd_backend *b, const struct gshm_location *loc, 
 
   if ((e = vmm_create(cb, d, size, debug_name, &h)))
     return e;
-  if ((e = zero_handle(cb, d, h, size, gran))) {
-    CU_UNDO(cb, cuMemRelease, h);
-    return e;
-  }
   if (!(a = wrap(cb, d, size, gran))) {
     CU_UNDO(cb, cuMemRelease, h);
     return -ENOMEM;
   }
   a->handle = h;
-  if ((e = export_once(cb, a))) {
+  /* Zeroed: the driver does not promise zeroed memory, and physical
+   * memory released by one user's segment may come back in another
+   * user's, all inside this one process: never hand out what a previous
+   * owner left there.  Through gshmd's own mapping, kept for the staging
+   * copies (local_va): a temporary one here, unmapped, then made again at
+   * the segment's first staged serve, cost a set of hundreds of tensors
+   * hundreds of maps on its first pull. */
+  if ((e = local_va(cb, a, &ptr)) || (e = CU_ERR(cb, cuMemsetD8, ptr, 0, size)) ||
+      (e = CU_ERR(cb, cuStreamSynchronize, NULL)) || (e = export_once(cb, a))) {
     cuda_free(b, &a->base);
     return e;
   }
@@ -447,10 +420,9 @@ out:
  * [0, size) before anyone but gshmd can read it (the segment is hidden
  * until then, and freed if the pull fails).  Only the granularity's tail
  * past size is zeroed, through gshmd's own mapping, made now and kept for
- * the staging copies: cuda_alloc zeroes all of it through a mapping made
- * and unmapped for that (zero_handle), and the first copy then mapped it
- * again; for a set of hundreds of tensors made on the loop one after
- * another, that was most of each segment's cost.  uid: unused (no
+ * the staging copies (as cuda_alloc keeps the one it zeroes through):
+ * zeroing all of it cost a set of hundreds of tensors made on the loop
+ * one after another most of each segment's time.  uid: unused (no
  * recycling of device memory).  Errors as cuda_alloc. */
 static int cuda_alloc_pull(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
                            uint32_t uid, struct gshmd_alloc **out) {
