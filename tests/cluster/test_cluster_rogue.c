@@ -446,8 +446,10 @@ static void test_staged_buffers_off_loop(void **state) {
   (void)state;
 
   setenv("GSHMD_TEST_STAGE_DELAY_MS", SLOW_MS, 1);
+  /* (no staging arena: every buffer is made, as where the arena is full) */
   node_start(&s3, "s3", "r=127.0.0.1:1", keys.key, "pub/*", "cluster.staging=always",
-             "cluster.staging_bytes=1M", "cluster.pull_chunk=256K", NULL);
+             "cluster.staging_bytes=1M", "cluster.pull_chunk=256K", "cluster.staging_arena=0",
+             NULL);
   unsetenv("GSHMD_TEST_STAGE_DELAY_MS");
   c = connect_to(&s3);
   make_segment(c, "pub/probe", 4096, 1);
