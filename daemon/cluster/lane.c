@@ -68,9 +68,8 @@ struct lane {
   struct link *l;             /* the lane's own link (loop side) */
   struct stream_state st;     /* fd, keys, frame numbers */
   bool sender;
-  /* AES-GMAC with ghash.h's GHASH: the thread tags (inline_tx) or checks
-   * (inline_rx) each frame piece by piece as it goes through the socket,
-   * while the piece is in its cache; other modes go through the pool */
+  /* gshmd__lane_inline: the thread seals (inline_tx) or opens (inline_rx)
+   * each frame piece by piece as it goes, in its cache; else the pool */
   bool inline_tx, inline_rx;
   pthread_t thread;
   pthread_mutex_t mu;
@@ -129,8 +128,9 @@ static int send_one(struct lane *ln, struct lane_job *j) {
 
   if (j->err)
     return j->err;
-  if (ln->inline_tx) /* tagged as it goes */
-    return gshmd__lane_write_tagged(ln->st.fd, ln->st.key_tx, j->n, &j->hdr, j->src, j->tag);
+  if (ln->inline_tx) /* sealed as it goes */
+    return gshmd__lane_write_inline(ln->st.fd, ln->st.mode_tx, ln->st.key_tx, j->n, &j->hdr,
+                                    j->src, j->tag);
   iov[0] = (struct iovec){&j->hdr, sizeof(j->hdr)};
   iov[1] = (struct iovec){(void *)(j->ct ? j->ct : j->src), j->hdr.len};
   iov[2] = (struct iovec){j->tag, sizeof(j->tag)};
@@ -194,7 +194,8 @@ static int receive_one(struct lane *ln) {
   /* checked here, or on libuv's pool while this thread reads the next
    * frame (rx keeps what that needs) */
   if (ln->inline_rx)
-    e = gshmd__lane_read_checked(ln->st.fd, ln->st.key_rx, ln->st.n_rx++, h, rx->dst);
+    e = gshmd__lane_read_inline(ln->st.fd, ln->st.mode_rx, ln->st.key_rx, ln->st.n_rx++, h,
+                                rx->dst);
   else if (!(e = gshmd__lane_read_all(ln->st.fd, rx->dst, h->len)) &&
            !(e = gshmd__lane_read_all(ln->st.fd, rx->tag, sizeof(rx->tag))))
     rx->n = ln->st.n_rx++;
@@ -483,8 +484,8 @@ int gshmd__lane_attach(struct link *lane, struct link *parent) {
   }
   ln->n_next = ln->st.n_tx; /* frame numbers from here on: the loop's (seal_work) */
 
-  ln->inline_tx = ln->sender && gshmd__frame_mac_inline(ln->st.mode_tx);
-  ln->inline_rx = !ln->sender && gshmd__frame_mac_inline(ln->st.mode_rx);
+  ln->inline_tx = ln->sender && gshmd__lane_inline(ln->st.mode_tx);
+  ln->inline_rx = !ln->sender && gshmd__lane_inline(ln->st.mode_rx);
   /* the stream's close gives its connection back to the budget; the
    * thread's fd takes it again until EV_EXIT */
   ll->nconns++;

@@ -8,6 +8,7 @@
 #define GSHMD_CLUSTER_LANE_IO_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -64,5 +65,33 @@ int gshmd__lane_write_tagged(int fd, const uint8_t *key, uint64_t n, const struc
  * used), -ENOMEM (libcrypto) or a negative errno from the socket. */
 int gshmd__lane_read_checked(int fd, const uint8_t *key, uint64_t n, const struct frame_hdr *h,
                              uint8_t *dst);
+
+/* Whether a lane's thread protects frames of mode itself, piece by
+ * piece as they go through the socket (gshmd__lane_write_inline,
+ * gshmd__lane_read_inline): AES-GMAC with ghash.h's GHASH, or an
+ * encrypting mode through libcrypto; else the loop has them sealed and
+ * checked whole on libuv's pool.  Measured in docs/PERFORMANCE.md
+ * "Encrypted frames sealed by the lanes". */
+bool gshmd__lane_inline(enum stream_mode mode);
+
+/* Writes frame n as gshmd__lane_write_tagged does, for any mode where
+ * gshmd__lane_inline(mode): an encrypting mode's pieces are encrypted
+ * into a buffer of LANE_PIECE bytes (malloc'ed for the frame, in the
+ * core's cache while it is written) and sent from there; src is never
+ * written.  tag receives the tag.  Returns 0, -ENOMEM (malloc or
+ * libcrypto) or a negative errno from the socket. */
+int gshmd__lane_write_inline(int fd, enum stream_mode mode, const uint8_t *key, uint64_t n,
+                             const struct frame_hdr *hdr, const uint8_t *src,
+                             uint8_t tag[STREAM_TAG]);
+
+/* Reads frame n's payload into dst and its tag, as
+ * gshmd__lane_read_checked does, for any mode where
+ * gshmd__lane_inline(mode): an encrypting mode's pieces are decrypted in
+ * place as each lands (dst holds plaintext of an unchecked frame until
+ * the tag is read: only a landing nobody reads before the frame is done).
+ * Returns 0, -EBADMSG (the tag does not match: nothing of the frame may
+ * be used), -ENOMEM (libcrypto) or a negative errno from the socket. */
+int gshmd__lane_read_inline(int fd, enum stream_mode mode, const uint8_t *key, uint64_t n,
+                            const struct frame_hdr *h, uint8_t *dst);
 
 #endif

@@ -73,6 +73,54 @@ static void nonce_of(uint64_t n, uint8_t nonce[12]) {
 /* EVP takes int lengths: longer inputs go in steps. */
 #define EVP_STEP ((size_t)1 << 30)
 
+/* Starts an AEAD operation through libcrypto: ad (adlen bytes)
+ * authenticated.  Returns the context or NULL (libcrypto failed). */
+static EVP_CIPHER_CTX *ossl_begin(const EVP_CIPHER *ci, bool enc, const uint8_t *key,
+                                  const uint8_t nonce[12], const uint8_t *ad, size_t adlen) {
+  EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+  int l, ok;
+
+  if (!c)
+    return NULL;
+  ok = EVP_CipherInit_ex2(c, ci, key, nonce, enc, NULL);
+  for (size_t o = 0, k; ok && o < adlen; o += k) {
+    k = adlen - o < EVP_STEP ? adlen - o : EVP_STEP;
+    ok = EVP_CipherUpdate(c, NULL, &l, ad + o, (int)k);
+  }
+  if (!ok) {
+    EVP_CIPHER_CTX_free(c);
+    return NULL;
+  }
+  return c;
+}
+
+/* in (len bytes) en- or decrypted into out (may be in).  0 or -ENOMEM. */
+static int ossl_update(EVP_CIPHER_CTX *c, const uint8_t *in, uint8_t *out, size_t len) {
+  int l, ok = 1;
+
+  for (size_t o = 0, k; ok && o < len; o += k) {
+    k = len - o < EVP_STEP ? len - o : EVP_STEP;
+    ok = EVP_CipherUpdate(c, out + o, &l, in + o, (int)k);
+  }
+  return ok ? 0 : -ENOMEM;
+}
+
+/* The tag written (enc) or checked (!enc); frees c (libcrypto wipes its
+ * key schedule).  Returns 0, -EBADMSG (the tag does not match) or
+ * -ENOMEM. */
+static int ossl_end(EVP_CIPHER_CTX *c, bool enc, uint8_t tag[STREAM_TAG]) {
+  uint8_t fin[32];
+  int l, r = -ENOMEM;
+
+  if (enc || EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, STREAM_TAG, tag)) {
+    r = EVP_CipherFinal_ex(c, fin, &l) ? 0 : enc ? -ENOMEM : -EBADMSG;
+    if (!r && enc && !EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, STREAM_TAG, tag))
+      r = -ENOMEM;
+  }
+  EVP_CIPHER_CTX_free(c);
+  return r;
+}
+
 /* One AEAD operation through libcrypto: ad (adlen bytes) authenticated,
  * in (len bytes) en- or decrypted into out (may be in), tag written
  * (enc) or checked (!enc).  Returns 0, -EBADMSG (the tag does not
@@ -80,30 +128,45 @@ static void nonce_of(uint64_t n, uint8_t nonce[12]) {
 static int ossl_aead(const EVP_CIPHER *ci, bool enc, const uint8_t *key, const uint8_t nonce[12],
                      const uint8_t *ad, size_t adlen, const uint8_t *in, uint8_t *out, size_t len,
                      uint8_t tag[STREAM_TAG]) {
-  EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
-  uint8_t fin[32];
-  int l, ok, r = -ENOMEM;
+  EVP_CIPHER_CTX *c = ossl_begin(ci, enc, key, nonce, ad, adlen);
 
   if (!c)
     return -ENOMEM;
-  ok = EVP_CipherInit_ex2(c, ci, key, nonce, enc, NULL);
-  for (size_t o = 0, k; ok && o < adlen; o += k) {
-    k = adlen - o < EVP_STEP ? adlen - o : EVP_STEP;
-    ok = EVP_CipherUpdate(c, NULL, &l, ad + o, (int)k);
+  if (ossl_update(c, in, out, len)) {
+    EVP_CIPHER_CTX_free(c);
+    return -ENOMEM;
   }
-  for (size_t o = 0, k; ok && o < len; o += k) {
-    k = len - o < EVP_STEP ? len - o : EVP_STEP;
-    ok = EVP_CipherUpdate(c, out + o, &l, in + o, (int)k);
-  }
-  if (ok && !enc)
-    ok = EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, STREAM_TAG, tag);
-  if (ok) {
-    r = EVP_CipherFinal_ex(c, fin, &l) ? 0 : enc ? -ENOMEM : -EBADMSG;
-    if (!r && enc && !EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, STREAM_TAG, tag))
-      r = -ENOMEM;
-  }
-  EVP_CIPHER_CTX_free(c);
+  return ossl_end(c, enc, tag);
+}
+
+bool gshmd__frame_aead_inline(enum stream_mode mode) {
+  return gshmd__stream_encrypts(mode) && gshmd__seal_openssl && gshmd__seal_openssl_ready();
+}
+
+int gshmd__frame_aead_begin(struct frame_aead *a, enum stream_mode mode, bool enc,
+                            const uint8_t *key, uint64_t n, const struct frame_hdr *hdr) {
+  uint8_t nonce[12];
+
+  nonce_of(n, nonce);
+  a->enc = enc;
+  a->c = ossl_begin(mode == STREAM_AES256GCM ? ossl.gcm : ossl.chacha, enc, key, nonce,
+                    (const uint8_t *)hdr, sizeof(*hdr));
+  return a->c ? 0 : -ENOMEM;
+}
+
+int gshmd__frame_aead_update(struct frame_aead *a, const uint8_t *in, uint8_t *out, size_t len) {
+  return ossl_update(a->c, in, out, len);
+}
+
+int gshmd__frame_aead_end(struct frame_aead *a, uint8_t tag[STREAM_TAG]) {
+  int r = ossl_end(a->c, a->enc, tag);
+  a->c = NULL;
   return r;
+}
+
+void gshmd__frame_aead_abort(struct frame_aead *a) {
+  EVP_CIPHER_CTX_free(a->c);
+  a->c = NULL;
 }
 
 /* Poly1305 over hdr and in, keyed with otk.  Returns 0 or -ENOMEM. */

@@ -18,6 +18,7 @@
 #include <sodium.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <openssl/types.h>
 #include <uv.h>
 
 #include "ghash.h"
@@ -176,6 +177,36 @@ void gshmd__frame_mac_update(struct frame_mac *m, const uint8_t *p, size_t len);
 void gshmd__frame_mac_end(struct frame_mac *m, uint8_t tag[STREAM_TAG]);
 /* Wipes m and the stack, without a tag (a frame given up midway). */
 void gshmd__frame_mac_abort(struct frame_mac *m);
+
+/* A frame of an encrypting mode (AES-256-GCM, ChaCha20-Poly1305) sealed
+ * or opened as its bytes go by, through libcrypto (a lane's thread
+ * encrypts each piece into a buffer in its cache and writes it from
+ * there, or decrypts each piece where it landed while it is in cache):
+ * begin, update with the payload in order, end.  The same bytes and tag
+ * as gshmd__stream_seal's, so either side may seal or open a frame whole
+ * or in pieces.  Opening writes the plaintext before the tag is known:
+ * only into memory nobody reads until end says 0. */
+struct frame_aead {
+  EVP_CIPHER_CTX *c;          /* libcrypto's; end or abort frees (and wipes) it */
+  bool enc;
+};
+/* Whether frames of mode are sealed and opened this way here: an
+ * encrypting mode, with libcrypto in use and holding its algorithms. */
+bool gshmd__frame_aead_inline(enum stream_mode mode);
+/* Starts sealing (enc) or opening frame n, hdr its associated data, with
+ * key (STREAM_KEY bytes).  Returns 0 or -ENOMEM (libcrypto could not; a
+ * holds nothing). */
+int gshmd__frame_aead_begin(struct frame_aead *a, enum stream_mode mode, bool enc,
+                            const uint8_t *key, uint64_t n, const struct frame_hdr *hdr);
+/* The next len bytes of the payload, from in into out (out may be in).
+ * Returns 0 or -ENOMEM (a still needs end or abort). */
+int gshmd__frame_aead_update(struct frame_aead *a, const uint8_t *in, uint8_t *out, size_t len);
+/* Sealing: writes the tag; opening: checks it.  Frees a's context.
+ * Returns 0, -EBADMSG (opening: the frame is not what the peer sealed;
+ * nothing of it may be used) or -ENOMEM. */
+int gshmd__frame_aead_end(struct frame_aead *a, uint8_t tag[STREAM_TAG]);
+/* Frees a's context, without a tag (a frame given up midway). */
+void gshmd__frame_aead_abort(struct frame_aead *a);
 
 /* Tests only: false has libsodium compute every mode (seal.c). */
 extern bool gshmd__seal_openssl;

@@ -5,6 +5,7 @@
  * k, and one flipped bit anywhere (header, payload, tag) is refused;
  * libcrypto (what gshmd uses) and libsodium (the reference) give the
  * same bytes for every mode, and each opens what the other sealed. */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,9 +14,13 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 #include <sodium.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "ghash.h"
+#include "lane_io.h"
 #include "stream.h"
 
 #define LEN (1u << 20) /* a frame's payload: 1 MiB plus odd tails below */
@@ -302,6 +307,147 @@ static void test_frame_mac_pieces(void **state) {
   free(payload);
 }
 
+/* A frame of an encrypting mode sealed piece by piece (a lane's thread,
+ * lane_io.c) is the frame gshmd__stream_seal makes whole (ciphertext and
+ * tag), for pieces of any length; opened piece by piece in place, a
+ * whole-sealed frame gives its payload back, and one flipped bit of its
+ * ciphertext, or another frame number, is refused. */
+static void test_frame_aead_pieces(void **state) {
+  const enum stream_mode em[] = {STREAM_AES256GCM, STREAM_CHACHA20};
+  uint8_t key[STREAM_KEY], t1[STREAM_TAG], t2[STREAM_TAG];
+  uint8_t *payload = malloc(LEN + 13), *ct = malloc(LEN + 13), *ct2 = malloc(LEN + 13);
+  struct frame_aead a;
+  (void)state;
+
+  assert_true(payload && ct && ct2);
+  randombytes_buf(payload, LEN + 13);
+  for (int round = 0; round < 120; round++) {
+    enum stream_mode m = em[round % 2];
+    size_t len = round < 60 ? 1 + randombytes_uniform(70000) : LEN + 13 - randombytes_uniform(4096);
+    uint64_t n = ((uint64_t)randombytes_random() << 32) | randombytes_random();
+    struct frame_hdr h = gshmd__frame_data(round, 4096 * (uint64_t)round, len);
+    if (!gshmd__frame_aead_inline(m) || !usable(m))
+      continue;
+    randombytes_buf(key, sizeof(key));
+    assert_int_equal(gshmd__stream_seal(m, key, n, &h, payload, ct, len, t1), 0);
+    assert_int_equal(gshmd__frame_aead_begin(&a, m, true, key, n, &h), 0);
+    for (size_t off = 0, k; off < len; off += k) {
+      k = 1 + randombytes_uniform(round % 3 ? 300 : 300000);
+      if (k > len - off)
+        k = len - off;
+      assert_int_equal(gshmd__frame_aead_update(&a, payload + off, ct2 + off, k), 0);
+    }
+    assert_int_equal(gshmd__frame_aead_end(&a, t2), 0);
+    assert_memory_equal(ct, ct2, len);
+    assert_memory_equal(t1, t2, STREAM_TAG);
+    /* opened in pieces, in place */
+    assert_int_equal(gshmd__frame_aead_begin(&a, m, false, key, n, &h), 0);
+    for (size_t off = 0, k; off < len; off += k) {
+      k = len - off < 65536 ? len - off : 65536;
+      assert_int_equal(gshmd__frame_aead_update(&a, ct2 + off, ct2 + off, k), 0);
+    }
+    assert_int_equal(gshmd__frame_aead_end(&a, t1), 0);
+    assert_memory_equal(ct2, payload, len);
+    /* tampered, or read as another frame */
+    ct[len / 2] ^= 0x10;
+    assert_int_equal(gshmd__frame_aead_begin(&a, m, false, key, n, &h), 0);
+    assert_int_equal(gshmd__frame_aead_update(&a, ct, ct2, len), 0);
+    assert_int_equal(gshmd__frame_aead_end(&a, t2), -EBADMSG);
+    ct[len / 2] ^= 0x10;
+    assert_int_equal(gshmd__frame_aead_begin(&a, m, false, key, n + 1, &h), 0);
+    assert_int_equal(gshmd__frame_aead_update(&a, ct, ct2, len), 0);
+    assert_int_equal(gshmd__frame_aead_end(&a, t2), -EBADMSG);
+  }
+  /* given up midway: nothing leaks (ASan) */
+  assert_int_equal(gshmd__frame_aead_begin(&a, STREAM_CHACHA20, true, key, 1,
+                                           &(struct frame_hdr){0}), 0);
+  gshmd__frame_aead_abort(&a);
+  free(payload);
+  free(ct);
+  free(ct2);
+}
+
+/* Frames through a socket pair as the lanes move them (lane_io.c): each
+ * mode written by a lane's thread piece by piece is read whole and
+ * checked by the pool's path (gshmd__stream_unseal), and a frame sealed
+ * whole (the pool's path) is read piece by piece by a lane's thread; a
+ * flipped bit on the wire is refused either way.  So the two paths
+ * interwork, and nodes that take either do. */
+struct wr {
+  int fd;
+  enum stream_mode m;
+  const uint8_t *key, *src, *wire; /* wire: sealed whole, written plainly */
+  size_t len;
+  struct frame_hdr h;
+  uint8_t tag[STREAM_TAG];
+  int err;
+};
+
+static void *writer(void *arg) {
+  struct wr *w = arg;
+  struct iovec iov[3] = {{&w->h, sizeof(w->h)}, {(void *)w->wire, w->len}, {w->tag, STREAM_TAG}};
+
+  w->err = w->wire ? gshmd__lane_write_all(w->fd, iov, 3)
+                   : gshmd__lane_write_inline(w->fd, w->m, w->key, 9, &w->h, w->src, w->tag);
+  return NULL;
+}
+
+static void test_lane_io_modes(void **state) {
+  const size_t len = 3 * LANE_PIECE + 77;
+  uint8_t key[STREAM_KEY], tag[STREAM_TAG];
+  uint8_t *src = malloc(len), *dst = malloc(len), *wire = malloc(len);
+  struct frame_hdr h = gshmd__frame_data(3, 0, len), got;
+  int sv[2], tested = 0;
+  (void)state;
+
+  assert_true(src && dst && wire);
+  randombytes_buf(src, len);
+  randombytes_buf(key, sizeof(key));
+  for (size_t k = 0; k < sizeof(modes) / sizeof(modes[0]); k++) {
+    enum stream_mode m = modes[k];
+    if (!gshmd__lane_inline(m) || !usable(m))
+      continue;
+    tested++;
+    for (int way = 0; way < 4; way++) {
+      struct wr w = {.m = m, .key = key, .src = src, .len = len, .h = h};
+      pthread_t t;
+      bool flip = way % 2;
+      if (way >= 2) { /* sealed whole (the pool's path), maybe flipped */
+        assert_int_equal(gshmd__stream_seal(m, key, 9, &h, src, wire, len, w.tag), 0);
+        if (!gshmd__stream_encrypts(m))
+          memcpy(wire, src, len);
+        wire[len - 1] ^= flip;
+        w.wire = wire;
+      }
+      assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+      w.fd = sv[0];
+      assert_int_equal(pthread_create(&t, NULL, writer, &w), 0);
+      assert_int_equal(gshmd__lane_read_all(sv[1], &got, sizeof(got)), 0);
+      assert_memory_equal(&got, &h, sizeof(h));
+      if (way < 2) { /* read whole, checked by the pool's path */
+        assert_int_equal(gshmd__lane_read_all(sv[1], dst, len), 0);
+        assert_int_equal(gshmd__lane_read_all(sv[1], tag, sizeof(tag)), 0);
+        dst[len - 1] ^= flip;
+        assert_int_equal(gshmd__stream_unseal(m, key, 9, &h, dst, len, tag),
+                         flip ? -EBADMSG : 0);
+      } else { /* read by a lane's thread */
+        assert_int_equal(gshmd__lane_read_inline(sv[1], m, key, 9, &h, dst),
+                         flip ? -EBADMSG : 0);
+      }
+      pthread_join(t, NULL);
+      assert_int_equal(w.err, 0);
+      if (!flip)
+        assert_memory_equal(dst, src, len);
+      close(sv[0]);
+      close(sv[1]);
+    }
+  }
+  assert_true(tested >= 2); /* GMAC where the CPU has AES-NI, the encrypting modes */
+  free(src);
+  free(dst);
+  free(wire);
+}
+
 /* The hello's choice: GMAC only when both sides said CAP_GMAC (and so
  * have AES-NI) and nobody asked for encryption. */
 static void test_mode_choice(void **state) {
@@ -324,6 +470,8 @@ int main(void) {
       cmocka_unit_test(test_ghash_reference),
       cmocka_unit_test(test_gmac_wide_agrees),
       cmocka_unit_test(test_frame_mac_pieces),
+      cmocka_unit_test(test_frame_aead_pieces),
+      cmocka_unit_test(test_lane_io_modes),
   };
   if (sodium_init() < 0)
     return 1;
