@@ -29,6 +29,8 @@
 #include "gshm.h"
 #include "harness.h"
 #include "nodes.h"
+#include "proxy.h"
+#include "wire.h"
 
 #define NSET 24 /* segments in the test set */
 
@@ -547,6 +549,58 @@ static void test_set_over_limit(void **state) {
   gshm_disconnect(b);
 }
 
+/* A pull whose result a restart of b lost (b pulled and published the
+ * segment, and stored it, then was SIGKILLed before its client read the
+ * result; libgshm reconnects and sends the pull again), through the
+ * reply-losing proxy of tests/integration (proxy.h), which restarts b
+ * with its own arguments.  The segment fits one chunk (b's pull_chunk is
+ * 32K or more in this file): no progress reply goes first, so the reply
+ * kept is the result, sent after the publish.  Before pull tokens the resend met the segment
+ * the first one published: -EEXIST. */
+#define ONE_SIZE ((16u << 10) + 3)
+
+/* The first pull is published, its result kept by the proxy, b killed
+ * and restarted: libgshm's resend is answered with the first one's
+ * segment, one segment and the bytes of a; a pull of its own (a new
+ * token) still meets the name (-EEXIST). */
+static void test_pull_reply_lost_to_a_restart(void **state) {
+  gshm_pull_opts_t po = {.local_name = "got/one"};
+  gshm_pull_result_t res, again;
+  gshm_segment_info_t remote, local;
+  gshm_client_t *a = connect_to(&A), *c, *b;
+  struct proxy p = {.restart_args = B.argv};
+  (void)state;
+
+  make_segment(a, "pub/one", ONE_SIZE, 11);
+  assert_int_equal(gshm_stat_name(a, "pub/one", &remote), 0);
+  proxy_start(&p, &B.h, GSHM_WIRE_PULL);
+  assert_int_equal(gshm_connect(p.path, "puller", &c), 0);
+  assert_int_equal(gshm_pull(c, "a", "pub/one", &po, &res), 0);
+  assert_true(p.kept);
+  assert_int_equal(p.restarted, 0);
+  b = connect_to(&B);
+  assert_int_equal(count_named(b, "got/"), 1);
+  check_segment(b, "got/one", ONE_SIZE, 11);
+  assert_int_equal(gshm_stat_name(b, "got/one", &local), 0);
+  assert_string_equal(res.segment.name, "got/one");
+  assert_int_equal(res.segment.id, local.id);
+  assert_int_equal(res.segment.generation, local.generation);
+  assert_string_equal(res.segment.source, local.source);
+  assert_int_equal(res.bytes, ONE_SIZE);
+  assert_string_equal(res.peer, "a");
+  assert_string_equal(res.remote_name, "pub/one");
+  assert_int_equal(res.remote_id, remote.id);
+  assert_int_equal(res.remote_generation, remote.generation);
+  assert_int_equal(gshm_pull(c, "a", "pub/one", &po, &again), -EEXIST);
+  assert_int_equal(gshm_unlink(b, "got/one"), 0);
+  assert_int_equal(gshm_unlink(a, "pub/one"), 0);
+  gshm_disconnect(c);
+  gshm_disconnect(b);
+  gshm_disconnect(a);
+  unlink(p.path);
+  proxy_stop(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_invisible_while_pulling),
@@ -557,6 +611,7 @@ int main(void) {
       cmocka_unit_test(test_replace_in_grace),
       cmocka_unit_test(test_set_peer_killed),
       cmocka_unit_test(test_set_over_limit),
+      cmocka_unit_test(test_pull_reply_lost_to_a_restart),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
