@@ -32,8 +32,8 @@ int gshmd_request_revoke(struct conn *cn, const Gshm__RevokeRequest *m, const ch
       (memo = gshmd_fdstore_memo_find(srv->reg->fdstore, token, c->cred.uid, GSHMD_MEMO_REVOKE,
                                       &first))) {
     if (!gshmd_registry_find_id(srv->reg, first)) {
-      gshm_log_notice("revoke of segment id %" PRIu64 " sent again by pid %d after a restart: "
-                      "the first one revoked it",
+      gshm_log_notice("revoke of segment id %" PRIu64 " sent again by pid %d (its token is an "
+                      "earlier revoke's: a reply lost to a restart): that one revoked it",
                       first, (int)c->cred.pid);
       return 0;
     }

@@ -76,8 +76,8 @@ int gshmd__pull_resent(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_
   /* still the first one's: published, named as asked, the caller's uid's
    * (unlinked since, or its name given to another: pulled again) */
   if (!seg || seg->hidden || seg->unlinked || seg->uid != c->cred.uid || strcmp(seg->name, local)) {
-    gshm_log_info("cluster: pull of '%s' sent again by pid %d after a restart: the first one's "
-                  "segment id %" PRIu64 " is gone; pulled again",
+    gshm_log_info("cluster: pull of '%s' sent again by pid %d (its token is an earlier pull's): "
+                  "that one's segment id %" PRIu64 " is gone; pulled again",
                   m->name, (int)c->cred.pid, id);
     return 0;
   }
@@ -92,8 +92,9 @@ int gshmd__pull_resent(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_
   reply.status = GSHM__STATUS__STATUS_OK;
   reply.body_case = GSHM__REPLY__BODY_PULL_RESULT;
   reply.pull_result = &res;
-  gshm_log_notice("cluster: pull of '%s' from peer '%s' sent again by pid %d after a restart: "
-                  "answered with the segment the first one published, '%s' id %" PRIu64,
+  gshm_log_notice("cluster: pull of '%s' from peer '%s' sent again by pid %d (its token is an "
+                  "earlier pull's: a reply lost to a restart): answered with the segment that "
+                  "one published, '%s' id %" PRIu64,
                   m->name, m->peer, (int)c->cred.pid, seg->name, seg->id);
   cl->reply(cl->reply_arg, c, GSHM_WIRE_PULL, request_id, &reply);
   return 1;
