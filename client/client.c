@@ -551,6 +551,10 @@ int gshm__lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
   return 0;
 }
 
+bool gshm__draw_token(uint8_t *token, size_t len) {
+  return getrandom(token, len, GRND_NONBLOCK) == (ssize_t)len;
+}
+
 int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *location,
                 uint32_t mode, uint32_t flags, gshm_segment_t **seg_out) {
   Gshm__CreateRequest m = GSHM__CREATE_REQUEST__INIT;
@@ -564,10 +568,8 @@ int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *l
     return -ENAMETOOLONG;
   /* names this create: gshm__request sends it again, token and all, when
    * a gshmd restart lost the reply, and gshmd answers the resend with the
-   * segment the first one made (not EEXIST); while the kernel's random
-   * pool is not ready (early at boot: GRND_NONBLOCK, never a wait) the
-   * create goes without one */
-  if (getrandom(token, sizeof(token), GRND_NONBLOCK) == (ssize_t)sizeof(token)) {
+   * segment the first one made (not EEXIST) */
+  if (gshm__draw_token(token, sizeof(token))) {
     m.create_token.data = token;
     m.create_token.len = sizeof(token);
   }
@@ -1046,10 +1048,17 @@ int gshm_chown(gshm_client_t *c, const char *name, uint32_t uid, uint32_t gid) {
 static int revoke_request(gshm_client_t *c, const char *name, uint64_t id) {
   Gshm__RevokeRequest m = GSHM__REVOKE_REQUEST__INIT;
   Gshm__Reply *reply = NULL;
+  uint8_t token[GSHM_REVOKE_TOKEN_BYTES];
   int e;
 
   m.name = (char *)(name ? name : "");
   m.segment_id = id;
+  /* gshmd notes it with the segment it revokes: a resend after a restart
+   * is answered as the first was, and never revokes another segment */
+  if (gshm__draw_token(token, sizeof(token))) {
+    m.token.data = token;
+    m.token.len = sizeof(token);
+  }
   /* As gshm_unlink: request and marking under one lock, so that no other
    * thread's open is served a revoked lease from the cache in between.
    * gshmd tells every other holder; our own leases on it learn it here. */

@@ -92,6 +92,12 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
 int gshm__request_body(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
                        Gshm__Reply__BodyCase want, Gshm__Reply **reply_out);
 
+/* Fills token with len random bytes that name one create, revoke or pull
+ * (sent again, token and all, after a gshmd restart lost the reply).
+ * false while the kernel's random pool is not ready (early at boot:
+ * GRND_NONBLOCK, never a wait): the request then goes without one. */
+bool gshm__draw_token(uint8_t *token, size_t len);
+
 /* Reads the next reply to the request gshm__request just sent (requests
  * answered more than once: PULL's progress replies), as gshm__request.
  * Caller holds c->lock.  No reconnect: a lost connection is -ECONNRESET. */

@@ -168,6 +168,7 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
   Gshm__PullRequest m = GSHM__PULL_REQUEST__INIT;
   Gshm__Reply *reply = NULL;
   struct pulled pd = {0};
+  uint8_t token[GSHM_PULL_TOKEN_BYTES];
   int e;
 
   m.peer = (char *)peer;
@@ -178,6 +179,12 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
     m.location = (char *)(opts->location ? opts->location : "");
     m.mode = opts->mode;
     m.replace = opts->replace != 0;
+  }
+  /* a single pull's resend after a gshmd restart is answered with the
+   * segment the first one published (gshmd notes it under the token) */
+  if (gshm__draw_token(token, sizeof(token))) {
+    m.token.data = token;
+    m.token.len = sizeof(token);
   }
   pthread_mutex_lock(&c->lock);
   e = gshm__request(c, GSHM_WIRE_PULL, &m.base, &reply, NULL);

@@ -690,6 +690,7 @@ int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg) {
   if (fs->enabled && (e = check_store_max(reg->cfg)))
     return e;
   reg->on_event_data = fs;
+  reg->fdstore = fs;
   reg->on_event = on_event;
   return 0;
 }

@@ -86,6 +86,12 @@ struct gshmd_fdstore {
   bool journal_failed;     /* its last write failed (logged once) */
   bool journal_ids;        /* its header holds ids past the stored record */
   uint32_t journal_nslots; /* buckets its size covers */
+  uint64_t memo_seq;       /* the resend memo's newest entry (gshmd_fdstore_memo_put) */
+  /* gshmd_fdstore_memo_on_publish: the key and uid that the next
+   * publish's first member is noted under (while memo_armed) */
+  uint8_t memo_key[16];    /* GSHMD_MEMO_TOKEN_BYTES */
+  uint32_t memo_uid;
+  bool memo_armed;
 };
 
 /* Whether a restart now would bring back every segment: a service
@@ -158,6 +164,34 @@ uint64_t gshmd_fdstore_max_fdnames(uint64_t max_segments, uint64_t max_name);
 /* The largest limits.max_segments whose store can be handed back
  * (gshmd_fdstore_max_fdnames within FDSTORE_FDNAMES_MAX). */
 uint64_t gshmd_fdstore_max_restorable(uint64_t max_name);
+
+/* The resend memo: what a request did that a client sends again, with
+ * the same random token, when a gshmd restart lost its reply
+ * (docs/ARCHITECTURE.md "The fd store": requests sent again).  GSHMD_MEMO_ENTRIES
+ * entries in the journal's first page, oldest overwritten first: written
+ * in place before the request's change reaches the store, so a restart
+ * that kept the change keeps its entry. */
+#define GSHMD_MEMO_ENTRIES 64u
+#define GSHMD_MEMO_TOKEN_BYTES 16u
+enum gshmd_memo_kind { GSHMD_MEMO_REVOKE = 1, GSHMD_MEMO_PULL = 2 };
+
+/* Notes that uid's request of kind with token (GSHMD_MEMO_TOKEN_BYTES)
+ * acts on segment id.  Returns 0; -EBADF no journal (no service manager,
+ * or it could not be made); -EIO or another write error. */
+int gshmd_fdstore_memo_put(struct gshmd_fdstore *fs, const uint8_t *token, uint32_t uid,
+                           enum gshmd_memo_kind kind, uint64_t id);
+
+/* Whether the memo holds uid's request of kind with token; *id_out the
+ * segment id of its newest entry when it does.  fs may be NULL (false). */
+bool gshmd_fdstore_memo_find(const struct gshmd_fdstore *fs, const uint8_t *token, uint32_t uid,
+                             enum gshmd_memo_kind kind, uint64_t *id_out);
+
+/* The next publish's first member (gshmd_registry_publish: its new id) is
+ * noted as uid's GSHMD_MEMO_PULL under key (GSHMD_MEMO_TOKEN_BYTES)
+ * before the store learns of the publish; key NULL disarms.  A pull arms
+ * it right before its publish and disarms it right after (a publish that
+ * failed early noted nothing).  fs may be NULL (nothing). */
+void gshmd_fdstore_memo_on_publish(struct gshmd_fdstore *fs, const uint8_t *key, uint32_t uid);
 
 /* Unhooks the registry; says so in the log when the store is behind (those
  * changes are lost or undone at the next start).  Closes the buckets'

@@ -11,7 +11,10 @@
  *     SIGKILL tears; restore takes the newest of the datagrams and copies;
  *   - in its first page, the ids handed out past the stored ids record,
  *     and the publish every one up to which is complete (fdstore_publish.c;
- *     0 in a journal of a gshmd before sets were atomic: none is).
+ *     0 in a journal of a gshmd before sets were atomic: none is);
+ *   - from byte MEMO_OFF of that page, the resend memo (fdstore.h): one
+ *     40-byte entry per write, never torn; a gshmd before it left those
+ *     bytes zero (no entry) and ignores them.
  * One bucket per request: O(1) whatever the number of segments or how far
  * behind the store is.  A header write within one page of a tmpfs file is
  * copied whole (a SIGKILL cannot tear it); longer writes can be torn,
@@ -50,6 +53,17 @@ struct slot_head {
   uint32_t len;
   uint32_t pad;
 };
+
+#define MEMO_OFF 1024u
+
+/* One entry of the resend memo (seq 0: none). */
+struct memo_entry {
+  uint64_t seq, id;
+  uint8_t token[GSHMD_MEMO_TOKEN_BYTES];
+  uint32_t uid, kind;
+};
+_Static_assert(MEMO_OFF + GSHMD_MEMO_ENTRIES * sizeof(struct memo_entry) <= HEAD,
+               "the resend memo stays in the journal's first page");
 
 static off_t slot_off(uint32_t index, int copy) {
   return (off_t)HEAD + ((off_t)index * 2 + copy) * (off_t)SLOT;
@@ -120,6 +134,12 @@ bool gshmd__journal_adopt(struct gshmd_fdstore *fs, int fd) {
   if (fs->journal_nslots > MAX_SLOTS)
     fs->journal_nslots = MAX_SLOTS;
   fs->publish_done = h.publish_done;
+  for (uint32_t i = 0; i < GSHMD_MEMO_ENTRIES; i++) { /* (the next entry goes after the newest) */
+    struct memo_entry m;
+    if (pread(fd, &m, sizeof(m), MEMO_OFF + i * sizeof(m)) == (ssize_t)sizeof(m) &&
+        m.seq > fs->memo_seq)
+      fs->memo_seq = m.seq;
+  }
   if (h.ids_valid) {
     Gshm__StateTable t = GSHM__STATE_TABLE__INIT;
     t.next_segment_id = h.next_segment_id;
@@ -228,4 +248,48 @@ int gshmd__journal_put_publish(struct gshmd_fdstore *fs, uint64_t publish) {
   if (fs->journal_fd < 0)
     return -EBADF;
   return write_head(fs, publish);
+}
+
+int gshmd_fdstore_memo_put(struct gshmd_fdstore *fs, const uint8_t *token, uint32_t uid,
+                           enum gshmd_memo_kind kind, uint64_t id) {
+  struct memo_entry m = {.seq = fs->memo_seq + 1, .id = id, .uid = uid, .kind = kind};
+  int e;
+
+  if (fs->journal_fd < 0)
+    return -EBADF;
+  memcpy(m.token, token, sizeof(m.token));
+  e = pwrite_all(fs->journal_fd, &m, sizeof(m),
+                 MEMO_OFF + (off_t)(m.seq % GSHMD_MEMO_ENTRIES) * (off_t)sizeof(m));
+  if (!e)
+    fs->memo_seq = m.seq;
+  return e;
+}
+
+bool gshmd_fdstore_memo_find(const struct gshmd_fdstore *fs, const uint8_t *token, uint32_t uid,
+                             enum gshmd_memo_kind kind, uint64_t *id_out) {
+  struct memo_entry m[GSHMD_MEMO_ENTRIES];
+  uint64_t newest = 0;
+
+  if (!fs || fs->journal_fd < 0 ||
+      pread(fs->journal_fd, m, sizeof(m), MEMO_OFF) != (ssize_t)sizeof(m))
+    return false;
+  for (uint32_t i = 0; i < GSHMD_MEMO_ENTRIES; i++) {
+    uint8_t diff = 0; /* (every byte compared: the time says nothing of a token) */
+    for (size_t k = 0; k < sizeof(m[i].token); k++)
+      diff |= m[i].token[k] ^ token[k];
+    if (m[i].seq > newest && !diff && m[i].uid == uid && m[i].kind == (uint32_t)kind) {
+      newest = m[i].seq;
+      *id_out = m[i].id;
+    }
+  }
+  return newest != 0;
+}
+
+void gshmd_fdstore_memo_on_publish(struct gshmd_fdstore *fs, const uint8_t *key, uint32_t uid) {
+  if (!fs)
+    return;
+  fs->memo_armed = key != NULL;
+  if (key)
+    memcpy(fs->memo_key, key, sizeof(fs->memo_key));
+  fs->memo_uid = uid;
 }

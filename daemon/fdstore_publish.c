@@ -57,6 +57,10 @@ void gshmd__publish_begin(struct gshmd_fdstore *fs) {
  * seg counts when it is in a bucket or owed a place (one whose memory
  * cannot be stored at all never comes back, and is not waited for). */
 void gshmd__publish_member(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+  if (fs->memo_armed) { /* (its buckets are written at the publish's end) */
+    fs->memo_armed = false;
+    gshmd_fdstore_memo_put(fs, fs->memo_key, fs->memo_uid, GSHMD_MEMO_PULL, seg->id);
+  }
   if (fs->pub_untagged || (!seg->fs_bucket && !seg->fs_slot))
     return;
   if (fs->npub == fs->pub_cap) {

@@ -311,5 +311,6 @@ void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
   if (fs->reg && fs->reg->on_event_data == fs) {
     fs->reg->on_event = NULL;
     fs->reg->on_event_data = NULL;
+    fs->reg->fdstore = NULL;
   }
 }

@@ -18,6 +18,7 @@
 #include "wire.h"
 
 struct gshmd_config;
+struct gshmd_fdstore;
 
 struct gshmd_segment {
   uint64_t id;
@@ -139,6 +140,10 @@ struct gshmd_registry {
    * and after a session or lease id is taken (GSHMD_IDS_USED, seg NULL). */
   void (*on_event)(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
   void *on_event_data;         /* on_event's context (the fd store) */
+  /* The fd store, for its resend memo (requests_revoke.c, cluster
+   * pulls: gshmd_fdstore_memo_put); NULL without one.  Set by
+   * gshmd_fdstore_setup. */
+  struct gshmd_fdstore *fdstore;
   /* Kept by the fd store for metrics: segments it is behind by, failed
    * notifications. */
   uint32_t fdstore_pending;

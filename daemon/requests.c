@@ -218,15 +218,8 @@ static int handle_chown(struct req *q, Gshm__ChownRequest *m) {
 
 /* By name, or by id (an unlinked segment's, which has no name). */
 static int handle_revoke(struct req *q, Gshm__RevokeRequest *m) {
-  struct gshmd_registry *r = q->c->srv->reg;
-  struct gshmd_segment *seg = m->segment_id ? gshmd_registry_find_id(r, m->segment_id)
-                                            : gshmd_registry_find_name(r, m->name);
   const char *msg = NULL;
-  int e;
-
-  if (seg && q->c->client->cred.admin)
-    gshmd_notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_REVOKED, q->c);
-  e = gshmd_registry_revoke(r, q->c->client, m->name, m->segment_id, &msg);
+  int e = gshmd_request_revoke(q->c, m, &msg);
   return e ? set_error(q, e, msg) : 0;
 }
 

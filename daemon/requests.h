@@ -89,6 +89,18 @@ void gshmd_conn_fail(struct conn *c, uint16_t type, uint32_t request_id, Gshm__S
 void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *seg,
                                 Gshm__EventKind kind, const struct conn *except);
 
+/* ---- requests_revoke.c ---- */
+
+/* Handles c's RevokeRequest m (gshm_revoke, gshm_revoke_id): tells the
+ * segment's lease holders, then gshmd_registry_revoke.  A revoke with a
+ * token (GSHM_REVOKE_TOKEN_BYTES) is noted in the fd store's resend memo
+ * before the segment goes; the same token again from the same admin uid
+ * (libgshm's resend after a restart lost the reply) acts on the first
+ * one's segment only: 0 when it is gone, else it is revoked now.
+ * Errors: as gshmd_registry_revoke; -EINVAL a token of another length.
+ * *msg_out may point at a static or registry buffer. */
+int gshmd_request_revoke(struct conn *c, const Gshm__RevokeRequest *m, const char **msg_out);
+
 /* ---- server_admit.c ---- */
 
 /* The peer's credentials on socket fd into *cred (its groups malloc'ed:

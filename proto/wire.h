@@ -21,6 +21,8 @@
 #define GSHM_WIRE_MAX_PACKET 65536u /* header included; larger packets are refused */
 #define GSHM_WIRE_MAX_FDS 253       /* SCM_MAX_FD: the most one recvmsg can carry */
 #define GSHM_CREATE_TOKEN_BYTES 16  /* CreateRequest.create_token: random, per create */
+#define GSHM_REVOKE_TOKEN_BYTES 16  /* RevokeRequest.token: random, per revoke */
+#define GSHM_PULL_TOKEN_BYTES 16    /* PullRequest.token: random, per pull */
 
 /* Header type: a request's operation; replies set GSHM_WIRE_REPLY. */
 enum gshm_wire_type {

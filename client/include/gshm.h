@@ -267,13 +267,23 @@ GSHM_EXTERN int gshm_chown(gshm_client_t *client, const char *name, uint32_t uid
  * Holders get -ESTALE from their next call on that segment (gshm_stat,
  * gshm_map, gshm_read, gshm_write), also when the revoke happened while
  * the daemon restarted.
+ * A revoke whose reply a gshmd restart lost is sent again once libgshm
+ * has reconnected, with the same random token, which gshmd noted with
+ * the segment it revoked (in the fd store's journal, before the revoke):
+ * the resend then returns 0, as the first would have, and acts on that
+ * segment only, never on one that took the name meanwhile.  Without that
+ * note (gshmd runs without a service manager's fd store, or 64 later
+ * revokes and pulls came before the resend) the resend says what it
+ * meets: -ENOENT for a segment the first one revoked.
  * Errors: -ENOENT; -EPERM not an admin. */
 GSHM_EXTERN int gshm_revoke(gshm_client_t *client, const char *name);
 
 /* gshm_revoke of the segment of id segment_id (gshm_segment_info_t.id, as
  * gshm_list shows it), in any state: an unlinked segment has no name, and
  * its holders keep its memory for as long as they hold their leases;
- * this is how an admin takes it back.
+ * this is how an admin takes it back.  A resend after a gshmd restart
+ * is answered as gshm_revoke's (0 for the segment the first one revoked;
+ * without gshmd's note, -ESTALE).
  * Errors: -ESTALE no segment has that id (also 0); -EPERM not an admin. */
 GSHM_EXTERN int gshm_revoke_id(gshm_client_t *client, uint64_t segment_id);
 
@@ -439,7 +449,20 @@ typedef struct gshm_pull_result {
  * opts->replace), -EACCES not allowed to pull (or the peer refused this
  * node, or opts->replace of a segment the caller does not own),
  * -ENOTSUP cluster off or a path this build lacks, -ECONNRESET the peer
- * went away mid-pull, -EDQUOT, -EINVAL bad name, location or mode. */
+ * went away mid-pull, or the connection to the daemon was lost after a
+ * progress reply (not sent again: the segment may exist if the daemon
+ * published it before it died; gshm_stat_name tells), -EDQUOT, -EINVAL
+ * bad name, location or mode.
+ * A pull whose first reply a gshmd restart lost is sent again once
+ * libgshm has reconnected, with the same random token: when the first
+ * one had published its segment (gshmd notes it under the token and the
+ * request's peer, names, location, mode and replace, before the publish
+ * is stored), the resend is answered with that segment, not -EEXIST;
+ * that result's path is "", elapsed_ns 0 and relayed 0 (not kept), and
+ * its remote ids are 0 when the segment's source names another node.  If
+ * that segment was unlinked or renamed meanwhile, the resend pulls
+ * again.  Without gshmd's note (no service manager's fd store, or 64
+ * later revokes and pulls came first) the resend meets -EEXIST. */
 GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *name,
                           const gshm_pull_opts_t *opts, gshm_pull_result_t *result_out);
 
@@ -465,7 +488,14 @@ GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *n
  * source names where it came from first, as on the peer.
  * Errors: as gshm_pull; -ENOENT also when the peer exports nothing under
  * the prefix, -E2BIG more than 4096 segments, -EINVAL a NULL argument or
- * a prefix or local prefix that makes a name invalid here. */
+ * a prefix or local prefix that makes a name invalid here.
+ * Unlike gshm_pull, a set's resend after a gshmd restart is not answered
+ * from the first one's work (its members and results are not kept): if
+ * the first was published, the resend meets its names, -EEXIST (with
+ * opts->replace: it pulls the set again and replaces the first copy).
+ * This happens only when the set's first reply was lost, which is a
+ * progress reply (sent before the publish) unless every byte came in its
+ * first chunk; a connection lost later gives -ECONNRESET, as gshm_pull. */
 GSHM_EXTERN int gshm_pull_prefix(gshm_client_t *client, const char *peer, const char *prefix,
                                  const gshm_pull_opts_t *opts, gshm_pull_result_t **results_out,
                                  size_t *count_out);

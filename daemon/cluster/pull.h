@@ -104,6 +104,9 @@ struct pull_set {
   char location[GSHM_LOCATION_MAX];
   uint32_t mode;
   bool prefix, replace;
+  /* a single pull's key in the fd store's resend memo (pull_resend.c) */
+  uint8_t memo_key[16];
+  bool memo;
   /* the listing of a prefix, page by page */
   struct peer_req lreq;
   Gshm__Cluster__Msg lmsg;
@@ -129,6 +132,26 @@ struct pull_set {
   int err;
   char why[256];
 };
+
+/* ---- pull_resend.c ---- */
+
+/* The resend memo's key (16 bytes into key) of single pull m: a hash of
+ * its token and every field, so that only the same request sent again
+ * matches.  false (key untouched): a set, or no token of
+ * GSHM_PULL_TOKEN_BYTES. */
+bool gshmd__pull_memo_key(const Gshm__PullRequest *m, uint8_t *key);
+/* Whether m is c's single pull sent again after a restart whose first
+ * one published its segment (the memo's, still published as `local`, of
+ * c's uid): it is then answered with that segment now (a PullResult
+ * whose path is "" and elapsed_ns 0: not kept), nothing is pulled, and
+ * 1 is returned.  0: pull as usual (the first did not publish, or its
+ * segment is no longer as published).  -EINVAL (*msg_out set): a token
+ * of another length than GSHM_PULL_TOKEN_BYTES. */
+int gshmd__pull_resent(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
+                       const Gshm__PullRequest *m, const char *local, const char **msg_out);
+/* Arms (arm) the memo for s's publish, under s's key when it has one, or
+ * disarms it (gshmd_fdstore_memo_on_publish). */
+void gshmd__pull_memo_arm(struct pull_set *s, bool arm);
 
 /* ---- pull.c ---- */
 

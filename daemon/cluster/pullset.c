@@ -339,6 +339,8 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
     *msg_out = "mode: permission bits, at most 0777";
     return -EINVAL;
   }
+  if ((e = gshmd__pull_resent(cl, c, request_id, m, local, msg_out)))
+    return e < 0 ? e : 0;
   if (!m->prefix && !m->replace && gshmd_registry_find_name(cl->reg, local)) {
     *msg_out = "a local segment of that name exists (replace it with --replace)";
     return -EEXIST;
@@ -361,6 +363,7 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   snprintf(s->local, sizeof(s->local), "%s", local);
   snprintf(s->location, sizeof(s->location), "%s", m->location ? m->location : "");
   s->mode = m->mode;
+  s->memo = gshmd__pull_memo_key(m, s->memo_key);
   s->start_ns = gshm__now_ns(CLOCK_MONOTONIC);
   /* the first report goes with the first chunk in (bytes are moving),
    * the next ones PROGRESS_NS apart */
@@ -489,7 +492,9 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
   }
   for (size_t i = 0; i < s->n; i++)
     segs[i] = s->items[i]->seg;
+  gshmd__pull_memo_arm(s, true);
   e = gshmd_registry_publish(s->cl->reg, s->holder, segs, s->n, s->replace, &msg);
+  gshmd__pull_memo_arm(s, false);
   free(segs);
   if (e) {
     gshmd__pull_set_fail(s, e, "cannot publish the pulled segments: %s", msg ? msg : gshm__strerror(e));

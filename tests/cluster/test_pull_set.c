@@ -29,6 +29,9 @@
 #include "gshm.h"
 #include "harness.h"
 #include "nodes.h"
+#include "proxy.h"
+#include "raw.h"
+#include "wire.h"
 
 #define NSET 24 /* segments in the test set */
 
@@ -547,6 +550,119 @@ static void test_set_over_limit(void **state) {
   gshm_disconnect(b);
 }
 
+/* A pull whose result a restart of b lost (b pulled and published the
+ * segment, and stored it, then was SIGKILLed before its client read the
+ * result; libgshm reconnects and sends the pull again), through the
+ * reply-losing proxy of tests/integration (proxy.h), which restarts b
+ * with its own arguments.  The segment fits one chunk (b's pull_chunk is
+ * 32K or more in this file): no progress reply goes first, so the reply
+ * kept is the result, sent after the publish.  Before pull tokens the resend met the segment
+ * the first one published: -EEXIST. */
+#define ONE_SIZE ((16u << 10) + 3)
+
+/* The first pull is published, its result kept by the proxy, b killed
+ * and restarted: libgshm's resend is answered with the first one's
+ * segment, one segment and the bytes of a; a pull of its own (a new
+ * token) still meets the name (-EEXIST). */
+static void test_pull_reply_lost_to_a_restart(void **state) {
+  gshm_pull_opts_t po = {.local_name = "got/one"};
+  gshm_pull_result_t res, again;
+  gshm_segment_info_t remote, local;
+  gshm_client_t *a = connect_to(&A), *c, *b;
+  struct proxy p = {.restart_args = B.argv};
+  (void)state;
+
+  make_segment(a, "pub/one", ONE_SIZE, 11);
+  assert_int_equal(gshm_stat_name(a, "pub/one", &remote), 0);
+  proxy_start(&p, &B.h, GSHM_WIRE_PULL);
+  assert_int_equal(gshm_connect(p.path, "puller", &c), 0);
+  assert_int_equal(gshm_pull(c, "a", "pub/one", &po, &res), 0);
+  assert_true(p.kept);
+  assert_int_equal(p.restarted, 0);
+  b = connect_to(&B);
+  assert_int_equal(count_named(b, "got/"), 1);
+  check_segment(b, "got/one", ONE_SIZE, 11);
+  assert_int_equal(gshm_stat_name(b, "got/one", &local), 0);
+  assert_string_equal(res.segment.name, "got/one");
+  assert_int_equal(res.segment.id, local.id);
+  assert_int_equal(res.segment.generation, local.generation);
+  assert_string_equal(res.segment.source, local.source);
+  assert_int_equal(res.bytes, ONE_SIZE);
+  assert_string_equal(res.peer, "a");
+  assert_string_equal(res.remote_name, "pub/one");
+  assert_int_equal(res.remote_id, remote.id);
+  assert_int_equal(res.remote_generation, remote.generation);
+  assert_int_equal(gshm_pull(c, "a", "pub/one", &po, &again), -EEXIST);
+  assert_int_equal(gshm_unlink(b, "got/one"), 0);
+  assert_int_equal(gshm_unlink(a, "pub/one"), 0);
+  gshm_disconnect(c);
+  gshm_disconnect(b);
+  gshm_disconnect(a);
+  unlink(p.path);
+  proxy_stop(&p);
+}
+
+/* One PULL on raw connection fd (request id, token tok, local name and
+ * mode): replies read up to its end.  Returns the status; *id_out the
+ * new segment's id when OK. */
+static int raw_pull(int fd, uint32_t id, const uint8_t *tok, const char *local, uint32_t mode,
+                    uint64_t *id_out) {
+  Gshm__PullRequest m = GSHM__PULL_REQUEST__INIT;
+  Gshm__Reply *r;
+  int status;
+
+  m.peer = "a";
+  m.name = "pub/tok";
+  m.local_name = (char *)local;
+  m.mode = mode;
+  m.token.data = (uint8_t *)tok;
+  m.token.len = GSHM_PULL_TOKEN_BYTES;
+  assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_PULL, id, &m.base, -1), 0);
+  while ((r = raw_reply(fd))->status == GSHM__STATUS__STATUS_OK &&
+         r->body_case == GSHM__REPLY__BODY_PULL_PROGRESS)
+    gshm__reply__free_unpacked(r, NULL);
+  status = r->status;
+  if (status == GSHM__STATUS__STATUS_OK) {
+    assert_int_equal(r->body_case, GSHM__REPLY__BODY_PULL_RESULT);
+    *id_out = r->pull_result->segment->id;
+  }
+  gshm__reply__free_unpacked(r, NULL);
+  return status;
+}
+
+/* The resend memo answers only the same pull: the same token and every
+ * field the same (the key is a hash of them all), for the same uid.  The
+ * same request again is answered with the segment the first published
+ * (no restart is needed for that: the memo is asked on every pull);
+ * another local name or mode with that token, or a pull without it,
+ * is a pull of its own. */
+static void test_pull_token_names_one_request(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  uint8_t tok[GSHM_PULL_TOKEN_BYTES];
+  gshm_pull_opts_t po = {.local_name = "got/tok"};
+  gshm_pull_result_t res;
+  uint64_t first = 0, id = 0;
+  int fd = raw_connect(B.h.socket_path);
+  (void)state;
+
+  memset(tok, 0x5a, sizeof(tok));
+  make_segment(a, "pub/tok", 4099, 21);
+  assert_int_equal(raw_pull(fd, 2, tok, "got/tok", 0, &first), GSHM__STATUS__STATUS_OK);
+  assert_int_equal(raw_pull(fd, 3, tok, "got/tok", 0, &id), GSHM__STATUS__STATUS_OK);
+  assert_int_equal(id, first);
+  assert_int_equal(raw_pull(fd, 4, tok, "got/tok", 0644, &id), GSHM__STATUS__STATUS_EXISTS);
+  assert_int_equal(gshm_pull(b, "a", "pub/tok", &po, &res), -EEXIST);
+  assert_int_equal(raw_pull(fd, 5, tok, "got/tok2", 0, &id), GSHM__STATUS__STATUS_OK);
+  assert_true(id != first);
+  check_segment(b, "got/tok2", 4099, 21);
+  close(fd);
+  assert_int_equal(gshm_unlink(b, "got/tok"), 0);
+  assert_int_equal(gshm_unlink(b, "got/tok2"), 0);
+  assert_int_equal(gshm_unlink(a, "pub/tok"), 0);
+  gshm_disconnect(b);
+  gshm_disconnect(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_invisible_while_pulling),
@@ -557,6 +673,8 @@ int main(void) {
       cmocka_unit_test(test_replace_in_grace),
       cmocka_unit_test(test_set_peer_killed),
       cmocka_unit_test(test_set_over_limit),
+      cmocka_unit_test(test_pull_reply_lost_to_a_restart),
+      cmocka_unit_test(test_pull_token_names_one_request),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }

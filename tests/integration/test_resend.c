@@ -10,11 +10,17 @@
  * An unlink: the first one removed the name, the resend met -ENOENT for a
  * name that its caller had just seen; libgshm now returns 0 for it.
  *
- * Real gshmd and real libgshm; between them a proxy thread that passes
- * every packet (and its fd) through, except the reply to the first
- * request of one type (create, unlink): that one it keeps, SIGKILLs
- * gshmd, has the harness restart it from the fd store (as systemd would),
- * and drops both connections.  Through a kept create reply's fd the test
+ * A revoke: the first one revoked the segment, the resend met -ENOENT
+ * (by name) or -ESTALE (by id); worse, a segment that took the name
+ * between the restart and the resend was revoked by it.  Now the revoke
+ * carries a token that gshmd notes in the fd store's journal with the
+ * segment it revokes: the resend says 0 and touches nothing else.
+ *
+ * Real gshmd and real libgshm; between them a proxy thread (proxy.h) that
+ * passes every packet (and its fd) through, except the reply to the first
+ * request of one type (create, unlink, revoke): that one it keeps,
+ * SIGKILLs gshmd, has the harness restart it from the fd store (as
+ * systemd would), and drops both connections.  Through a kept create reply's fd the test
  * then writes bytes that the client's lease must show: the same memory. */
 #include <errno.h>
 #include <poll.h>
@@ -39,97 +45,9 @@
 #include "gshm.h"
 #include "harness.h"
 #include "wire.h"
-#include "raw.h"
+#include "proxy.h"
 
 #define SIZE ((1u << 20) + 5)
-
-struct proxy {
-  struct harness *h;
-  uint16_t type;        /* the request type whose first reply is kept */
-  char path[108];
-  int lfd;
-  pthread_t t;
-  bool kept;            /* that reply was kept (the thread's until joined) */
-  int kept_fd;          /* its fd, or -1 */
-  int restarted;        /* harness_restart's result once it ran; 1: not yet */
-};
-
-/* Moves one packet from `from` to `to` (its fd too).  *req_id: set to the
- * id of a request of p->type on its way to gshmd (while 0); the reply
- * with that id coming back is kept instead (returns 2).  Returns 0 moved,
- * 1 one side ended, 2 the reply kept (p->kept, p->kept_fd). */
-static int pass_one(struct proxy *p, int from, int to, uint32_t *req_id) {
-  static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
-  struct gshm_wire_header hdr;
-  int fds[GSHM_WIRE_MAX_FDS], nfds = 0, e = 0;
-  ssize_t len = gshm__wire_recv(from, buf, sizeof(buf), fds, GSHM_WIRE_MAX_FDS, &nfds, 0);
-
-  if (len <= 0 || gshm__wire_parse_header(buf, (size_t)len, &hdr)) {
-    e = 1;
-  } else if (*req_id && !p->kept && hdr.request_id == *req_id) {
-    p->kept = true;
-    if (nfds)
-      p->kept_fd = fds[0];
-    for (int i = 1; i < nfds; i++)
-      close(fds[i]);
-    return 2;
-  } else {
-    if (!*req_id && !p->kept && hdr.type == p->type)
-      *req_id = hdr.request_id;
-    e = gshm__wire_sendmsg(to, buf, (size_t)len, nfds ? fds[0] : -1) ? 1 : 0;
-  }
-  for (int i = 0; i < nfds; i++)
-    close(fds[i]);
-  return e;
-}
-
-static void *proxy_main(void *arg) {
-  struct proxy *p = arg;
-  int cfd;
-
-  while ((cfd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC)) >= 0) {
-    struct pollfd pf[2] = {{.fd = cfd, .events = POLLIN}, {.fd = -1, .events = POLLIN}};
-    uint32_t req_id = 0;
-    int r = 0;
-
-    pf[1].fd = raw_socket(p->h->socket_path);
-    while (pf[1].fd >= 0 && r == 0 && poll(pf, 2, -1) > 0) {
-      if (pf[0].revents)
-        r = pass_one(p, cfd, pf[1].fd, &req_id);
-      else if (pf[1].revents)
-        r = pass_one(p, pf[1].fd, cfd, &req_id);
-    }
-    if (pf[1].fd >= 0)
-      close(pf[1].fd);
-    if (r == 2) /* gshmd dies with the reply unread, and comes back */
-      p->restarted = harness_restart(p->h, SIGKILL, NULL);
-    close(cfd);
-  }
-  return NULL;
-}
-
-static void proxy_start(struct proxy *p, struct harness *h, uint16_t type) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-
-  p->h = h;
-  p->type = type;
-  p->kept = false;
-  p->kept_fd = -1;
-  p->restarted = 1;
-  snprintf(p->path, sizeof(p->path), "%s.proxy", h->socket_path);
-  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", p->path);
-  unlink(p->path);
-  assert_true((p->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) >= 0);
-  assert_int_equal(bind(p->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  assert_int_equal(listen(p->lfd, 8), 0);
-  assert_int_equal(pthread_create(&p->t, NULL, proxy_main, p), 0);
-}
-
-static void proxy_stop(struct proxy *p) {
-  shutdown(p->lfd, SHUT_RDWR); /* accept4 fails: the thread ends */
-  pthread_join(p->t, NULL);
-  close(p->lfd);
-}
 
 /* Each test's gshmd and proxy, set up and taken down by cmocka: a failed
  * check skips the rest of the test, and a gshmd left running would hold
@@ -229,10 +147,91 @@ static void test_unlink_reply_lost_to_a_restart(void **state) {
   gshm_disconnect(c);
 }
 
+/* Between the restart and the resend: another client makes a segment of
+ * the revoked one's name (*(bool *)p->arg: made). */
+static void make_newcomer(struct proxy *p) {
+  gshm_client_t *o;
+  gshm_segment_t *s;
+
+  if (gshm_connect(p->h->socket_path, "newcomer", &o))
+    return;
+  /* (the segment outlives its creator: only its lease ends) */
+  if (!gshm_create(o, "rv/seg", 4096, NULL, 0644, 0, &s)) {
+    *(bool *)p->arg = true;
+    gshm_close(s);
+  }
+  gshm_disconnect(o);
+}
+
+/* A holder's lease of "rv/seg" (a direct connection: no proxy). */
+static gshm_segment_t *held_segment(struct harness *h, gshm_client_t **holder_out) {
+  gshm_segment_t *s;
+
+  assert_int_equal(gshm_connect(h->socket_path, "holder", holder_out), 0);
+  assert_int_equal(gshm_create(*holder_out, "rv/seg", 8192, NULL, 0644, 0, &s), 0);
+  assert_int_equal(gshm_write(s, 0, "held", 4), 0);
+  return s;
+}
+
+/* The first revoke (by name or by id) is done and stored, its reply lost:
+ * libgshm's resend is answered 0, as the first was; the holder's lease
+ * is gone after the restart (the first one's work); with newcomer, a
+ * segment that took the name before the resend is left alone. */
+static void revoke_reply_lost(void **state, bool by_id, bool newcomer) {
+  struct fx *f = *state;
+  struct proxy *p = &f->p;
+  gshm_client_t *c, *holder;
+  gshm_segment_t *s;
+  gshm_segment_info_t info, now;
+  bool made = false;
+
+  p->after_restart = newcomer ? make_newcomer : NULL;
+  p->arg = &made;
+  proxy_start(p, &f->h, GSHM_WIRE_REVOKE);
+  f->proxied = true;
+  s = held_segment(&f->h, &holder);
+  info = *gshm_segment_info(s);
+  assert_int_equal(gshm_connect(p->path, "revoker", &c), 0);
+  if (by_id)
+    assert_int_equal(gshm_revoke_id(c, info.id), 0);
+  else
+    assert_int_equal(gshm_revoke(c, "rv/seg"), 0);
+  assert_true(p->kept);
+  assert_int_equal(p->restarted, 0);
+  assert_int_equal(gshm_stat(s, &now), -ESTALE);
+  if (newcomer) {
+    assert_true(made);
+    assert_int_equal(gshm_stat_name(c, "rv/seg", &now), 0);
+    assert_true(now.id > info.id);
+  } else {
+    assert_int_equal(gshm_stat_name(c, "rv/seg", &now), -ENOENT);
+  }
+  /* a revoke of its own (a new token) says what it meets */
+  assert_int_equal(gshm_revoke_id(c, info.id), -ESTALE);
+  gshm_close(s);
+  gshm_disconnect(holder);
+  gshm_disconnect(c);
+}
+
+static void test_revoke_reply_lost_to_a_restart(void **state) {
+  revoke_reply_lost(state, false, false);
+}
+
+static void test_revoke_id_reply_lost_to_a_restart(void **state) {
+  revoke_reply_lost(state, true, false);
+}
+
+static void test_revoke_resend_spares_a_newer_segment(void **state) {
+  revoke_reply_lost(state, false, true);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_create_reply_lost_to_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unlink_reply_lost_to_a_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_revoke_reply_lost_to_a_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_revoke_id_reply_lost_to_a_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_revoke_resend_spares_a_newer_segment, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

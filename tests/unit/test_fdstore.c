@@ -667,6 +667,45 @@ static void test_keeps_all_only_when_on_and_caught_up(void **state) {
   f->fs.enabled = false;
 }
 
+/* The resend memo: found by its token, uid and kind only; kept in the
+ * journal that the next gshmd adopts, where it goes only after
+ * GSHMD_MEMO_ENTRIES newer entries; nothing without a journal. */
+static void test_resend_memo(void **state) {
+  struct gshmd_fdstore fs = {.journal_fd = -1}, next = {.journal_fd = -1};
+  uint8_t tok[GSHMD_MEMO_TOKEN_BYTES], other[GSHMD_MEMO_TOKEN_BYTES];
+  uint64_t id = 0;
+
+  (void)state;
+  memset(tok, 0xa5, sizeof(tok));
+  memcpy(other, tok, sizeof(other));
+  other[15] ^= 1;
+  assert_int_equal(gshmd_fdstore_memo_put(&fs, tok, 1000, GSHMD_MEMO_REVOKE, 7), -EBADF);
+  assert_false(gshmd_fdstore_memo_find(&fs, tok, 1000, GSHMD_MEMO_REVOKE, &id));
+  assert_false(gshmd_fdstore_memo_find(NULL, tok, 1000, GSHMD_MEMO_REVOKE, &id));
+  assert_int_equal(gshmd__journal_create(&fs), 0);
+  assert_false(gshmd_fdstore_memo_find(&fs, tok, 1000, GSHMD_MEMO_REVOKE, &id));
+  assert_int_equal(gshmd_fdstore_memo_put(&fs, tok, 1000, GSHMD_MEMO_REVOKE, 7), 0);
+  assert_false(gshmd_fdstore_memo_find(&fs, other, 1000, GSHMD_MEMO_REVOKE, &id));
+  assert_false(gshmd_fdstore_memo_find(&fs, tok, 1001, GSHMD_MEMO_REVOKE, &id));
+  assert_false(gshmd_fdstore_memo_find(&fs, tok, 1000, (enum gshmd_memo_kind)2, &id));
+  assert_int_equal(id, 0);
+  assert_true(gshmd_fdstore_memo_find(&fs, tok, 1000, GSHMD_MEMO_REVOKE, &id));
+  assert_int_equal(id, 7);
+  /* the next gshmd: the entry is there, and new ones go after it */
+  assert_true(gshmd__journal_adopt(&next, dup(fs.journal_fd)));
+  assert_int_equal(next.memo_seq, 1);
+  id = 0;
+  assert_true(gshmd_fdstore_memo_find(&next, tok, 1000, GSHMD_MEMO_REVOKE, &id));
+  assert_int_equal(id, 7);
+  for (uint32_t i = 0; i < GSHMD_MEMO_ENTRIES - 1; i++)
+    assert_int_equal(gshmd_fdstore_memo_put(&next, other, 1000, GSHMD_MEMO_REVOKE, 100 + i), 0);
+  assert_true(gshmd_fdstore_memo_find(&next, tok, 1000, GSHMD_MEMO_REVOKE, &id));
+  assert_int_equal(gshmd_fdstore_memo_put(&next, other, 1000, GSHMD_MEMO_REVOKE, 200), 0);
+  assert_false(gshmd_fdstore_memo_find(&next, tok, 1000, GSHMD_MEMO_REVOKE, &id));
+  close(next.journal_fd);
+  close(fs.journal_fd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_stale_journal_record_loses, setup, teardown),
@@ -686,6 +725,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_publish_cut_short_is_dropped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_whole_is_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_create_token_restored, setup, teardown),
+      cmocka_unit_test(test_resend_memo),
       cmocka_unit_test_setup_teardown(test_keeps_all_only_when_on_and_caught_up, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_below_the_mark_is_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_replace_cut_short_keeps_the_old, setup,
