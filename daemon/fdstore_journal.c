@@ -27,6 +27,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "fdstore_internal.h"
 #include "log.h"
 #include "registry.h"
@@ -274,10 +276,9 @@ bool gshmd_fdstore_memo_find(const struct gshmd_fdstore *fs, const uint8_t *toke
       pread(fs->journal_fd, m, sizeof(m), MEMO_OFF) != (ssize_t)sizeof(m))
     return false;
   for (uint32_t i = 0; i < GSHMD_MEMO_ENTRIES; i++) {
-    uint8_t diff = 0; /* (every byte compared: the time says nothing of a token) */
-    for (size_t k = 0; k < sizeof(m[i].token); k++)
-      diff |= m[i].token[k] ^ token[k];
-    if (m[i].seq > newest && !diff && m[i].uid == uid && m[i].kind == (uint32_t)kind) {
+    /* (sodium_memcmp: the time says nothing of a token) */
+    if (m[i].seq > newest && !sodium_memcmp(m[i].token, token, sizeof(m[i].token)) &&
+        m[i].uid == uid && m[i].kind == (uint32_t)kind) {
       newest = m[i].seq;
       *id_out = m[i].id;
     }
