@@ -523,6 +523,12 @@ static const char *link_overdue(struct link *l, int64_t now) {
   }
   if (l->state != LINK_UP)
     return NULL;
+  /* (a data frame's request is off l->reqs: the next check misses it) */
+  if (!l->inbound && gshmd__stream_rx_stalled(&l->st, now, ll->request_timeout_ns)) {
+    why = "the peer stopped sending a data frame midway on the link's connection";
+    gshmd__link_refused(ll, REFUSE_TIMEOUT, l->peer->name, why);
+    return why;
+  }
   if (!l->inbound && (why = gshmd__link_req_overdue(l, now))) {
     gshmd__link_refused(ll, REFUSE_TIMEOUT, l->peer->name, why);
     return why;

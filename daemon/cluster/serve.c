@@ -36,7 +36,7 @@
  * a staged grant its slots. */
 struct serve_grant {
   uint64_t grant_id;
-  struct gshmd_segment *seg; /* host segment: holds seg->cluster_export */
+  struct export_reg *x;  /* its segment's mapping, which it holds (x->grants) */
   struct link *l;
   Gshm__Cluster__Path path;
   uint64_t length;       /* host or direct: the bytes granted */
@@ -126,10 +126,8 @@ static int grant_new(struct gshmd_cluster *cl, struct link *l, struct gshmd_segm
     free(g);
     return e;
   }
-  if (seg->cluster_export) {
-    g->seg = seg;
-    ((struct export_reg *)seg->cluster_export)->grants++;
-  }
+  if ((g->x = seg->cluster_export))
+    g->x->grants++;
   g->grant_id = grant_id;
   gshm_list_add_tail(&l->grants, &g->node);
   *g_out = g;
@@ -148,13 +146,7 @@ static struct serve_grant *grant_find(struct link *l, uint64_t grant_id) {
 }
 
 static void grant_free(struct gshmd_cluster *cl, struct serve_grant *g) {
-  struct export_reg *x = g->seg ? g->seg->cluster_export : NULL;
-
-  if (x && --x->grants == 0) { /* the segment's last grant */
-    gshm_log_debug("cluster: segment '%s' id %" PRIu64 " idle%s", g->seg->name, g->seg->id,
-                   x->memh ? ", unregistered" : "");
-    gshmd__export_reg_idle(cl, g->seg);
-  }
+  gshmd__export_reg_unref(cl, g->x); /* (its segment may be gone: revoked) */
   gshm_list_del(&g->node);
   gshmd_stage_free(&cl->stage, g->sb);
   free(g);
@@ -357,12 +349,14 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
 static void serve_release(struct link *l, const Gshm__Cluster__Release *r) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
   struct gshmd_lease *lease = link_lease(l, r->grant_id);
-  struct serve_grant *g;
+  struct serve_grant *g = grant_find(l, r->grant_id);
 
-  if (!lease)
+  /* (a grant whose lease a revoke ended goes too: it may keep the
+   * revoked segment's memory, export_reg_detach) */
+  if (!lease && (!g || g->released))
     return;
   gshm_log_debug("cluster: peer '%s' released grant %" PRIu64, l->peer->name, r->grant_id);
-  if ((g = grant_find(l, r->grant_id)) && g->busy) {
+  if (g && g->busy) {
     /* with bytes of the grant still being sent, the lease (which keeps
      * their memory) ends with the last send; slots not yet being made
      * are not made */
@@ -373,7 +367,8 @@ static void serve_release(struct link *l, const Gshm__Cluster__Release *r) {
   }
   if (g)
     grant_free(cl, g);
-  gshmd_registry_close(cl->reg, l->serve_client, lease->id);
+  if (lease)
+    gshmd_registry_close(cl->reg, l->serve_client, lease->id);
 }
 
 /* A send of a grant's bytes: when it ends, the grant is one send less busy. */

@@ -27,7 +27,10 @@ struct export_reg {
   size_t len;
   ucp_mem_h memh;   /* NULL: not registered with UCX */
   unsigned grants;  /* live grants of the segment: the registration ends with the last */
-  struct gshmd_segment *seg;
+  struct gshmd_segment *seg; /* NULL once freed under live grants (a revoke): then x is theirs */
+  /* the freed segment's memory, taken from it then (discarded): their
+   * sends and copies in flight still read it; freed with the last grant */
+  struct gshmd_alloc *mem;
   struct gshm_list idle_node; /* on cl->serve_idle while grants == 0 */
   bool idle;
 };
@@ -43,6 +46,10 @@ struct export_reg {
  * goes; a host segment's mapping is kept on cl->serve_idle, the oldest
  * idle ones dropped beyond SERVE_IDLE_MAX. */
 void gshmd__export_reg_idle(struct gshmd_cluster *cl, struct gshmd_segment *seg);
+/* A grant of x ended: x loses it; with the last, x idles (its segment's:
+ * gshmd__export_reg_idle) or, when its segment was freed meanwhile,
+ * goes with the memory it took (gshmd__serve_segment_free). */
+void gshmd__export_reg_unref(struct gshmd_cluster *cl, struct export_reg *x);
 /* seg's mapping for peers' reads, made once per segment; registered with
  * UCX too when ucx (the grant's bytes go over UCX).  Errors: -ENOMEM,
  * -ENOTSUP, -EIO, the backend's. */

@@ -23,7 +23,8 @@ static void export_reg_unidle(struct gshmd_cluster *cl, struct export_reg *x) {
   x->idle = false;
 }
 
-/* Drops x (NULL: nothing): its registration, if any, and its mapping. */
+/* Drops x (NULL: nothing): its registration, if any, and its mapping,
+ * and the memory of a freed segment it kept for its grants. */
 static void export_reg_free(struct gshmd_cluster *cl, struct export_reg *x) {
   if (!x)
     return;
@@ -34,6 +35,8 @@ static void export_reg_free(struct gshmd_cluster *cl, struct export_reg *x) {
   }
   if (x->addr && !x->device)
     munmap(x->addr, x->len);
+  if (x->mem)
+    x->mem->backend->ops->free(x->mem->backend, x->mem);
   free(x);
 }
 
@@ -65,23 +68,55 @@ void gshmd__export_reg_idle(struct gshmd_cluster *cl, struct gshmd_segment *seg)
   }
 }
 
+void gshmd__export_reg_unref(struct gshmd_cluster *cl, struct export_reg *x) {
+  if (!x || --x->grants)
+    return;
+  if (!x->seg) {
+    export_reg_free(cl, x);
+    return;
+  }
+  gshm_log_debug("cluster: segment '%s' id %" PRIu64 " idle%s", x->seg->name, x->seg->id,
+                 x->memh ? ", unregistered" : "");
+  gshmd__export_reg_idle(cl, x->seg);
+}
+
+/* seg goes (NULL: nothing): its mapping with it, unless grants still hold
+ * it (seg was revoked under them: its lease ended, not their sends and
+ * copies in flight); then x keeps the mapping, and the memory itself
+ * (discarded now, as its free would: the rest of their reads are zeros),
+ * until the last of them (gshmd__export_reg_unref). */
+static void export_reg_detach(struct gshmd_cluster *cl, struct gshmd_segment *seg, bool take) {
+  struct export_reg *x = seg->cluster_export;
+
+  if (!x)
+    return;
+  seg->cluster_export = NULL;
+  if (!x->grants) {
+    export_reg_free(cl, x);
+    return;
+  }
+  x->seg = NULL;
+  if (take && seg->mem) {
+    if (!cl->reg->stopping && seg->mem->backend->ops->discard)
+      seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
+    x->mem = seg->mem;
+    seg->mem = NULL; /* (the registry frees no memory then) */
+  }
+}
+
 void gshmd__serve_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg) {
   struct gshmd_cluster *cl = r->on_free_arg;
-  if (seg->cluster_export) {
+  if (seg->cluster_export)
     gshm_log_debug("cluster: segment '%s' id %" PRIu64 " unmapped", seg->name, seg->id);
-    export_reg_free(cl, seg->cluster_export);
-    seg->cluster_export = NULL;
-  }
+  export_reg_detach(cl, seg, true);
 }
 
 void gshmd__serve_stop(struct gshmd_cluster *cl) {
   struct gshm_list *pos;
 
-  gshm_list_foreach(pos, &cl->reg->segments) {
-    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
-    export_reg_free(cl, seg->cluster_export);
-    seg->cluster_export = NULL;
-  }
+  /* (a mapping grants still hold goes with the last of them) */
+  gshm_list_foreach(pos, &cl->reg->segments)
+      export_reg_detach(cl, gshm_list_entry(pos, struct gshmd_segment, node), false);
   if (cl->reg->on_free == gshmd__serve_segment_free) {
     cl->reg->on_free = NULL;
     cl->reg->on_free_arg = NULL;

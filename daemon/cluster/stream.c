@@ -383,6 +383,7 @@ static void on_read(uv_stream_t *h, ssize_t nread, const uv_buf_t *buf) {
   }
   if (s->failed || s->closing)
     return;
+  s->rx_ns = gshm__now_ns(CLOCK_MONOTONIC);
   s->got += (size_t)nread;
   want = s->rx_step == RX_HDR ? sizeof(s->hdr) : s->rx_step == RX_TAG ? STREAM_TAG : s->hdr.len;
   if (s->got == want)
@@ -393,6 +394,10 @@ static void on_read(uv_stream_t *h, ssize_t nread, const uv_buf_t *buf) {
     s->paused = true;
     uv_read_stop(h);
   }
+}
+
+bool gshmd__stream_rx_stalled(const struct stream *s, int64_t now, int64_t limit_ns) {
+  return s->data_dst && !s->failed && !s->closing && now - s->rx_ns > limit_ns;
 }
 
 /* ---- life -------------------------------------------------------------- */

@@ -96,6 +96,7 @@ struct stream {
   uint8_t *data_dst;
   void *data_tok;
   uint8_t tag[STREAM_TAG];
+  int64_t rx_ns;                /* CLOCK_MONOTONIC: when bytes last came (0: never) */
   /* sending: frames in nonce order; each goes when its crypto is done */
   struct gshm_list txq;
   unsigned jobs;                /* crypto jobs on the thread pool */
@@ -134,6 +135,11 @@ int gshmd__stream_send_data(struct stream *s, uint32_t request_id, uint64_t offs
  * runs with -ECONNRESET), the handle closes; on_closed runs once every
  * job has finished too.  Idempotent. */
 void gshmd__stream_close(struct stream *s);
+/* Whether s is amid a data frame (its request, off the link's requests,
+ * waits only for these bytes) and has received nothing for longer than
+ * limit_ns at now (CLOCK_MONOTONIC ns): the peer stopped sending it
+ * midway. */
+bool gshmd__stream_rx_stalled(const struct stream *s, int64_t now, int64_t limit_ns);
 /* Protects one frame with mode and key (STREAM_KEY bytes) as frame
  * number n of its direction: tag over hdr and the len bytes of in; out
  * (len bytes, may be in; unused unless the mode encrypts) gets the

@@ -637,6 +637,56 @@ static void test_status_answer_to_claimed(void **state) {
   gshm_disconnect(p);
 }
 
+/* A key holder that moves bytes on the link's own connection (no data
+ * lanes: rs) answers the one Read of a single pull with the header and
+ * 4 KiB of its data frame there, then nothing: the Read is off the
+ * link's requests (its bytes are coming), no other request waits, so the
+ * oldest-request deadline never ran, and the pull, its hidden segment
+ * and its memory waited forever.  Now a data frame without a byte for
+ * the request timeout (STALL_S) fails the link as on a lane
+ * (-ETIMEDOUT), and nothing is left.  (Last: rs is not taken again.) */
+static void test_stream_frame_stalled(void **state) {
+  static const struct lie one = {"stalled", false, {{0}}, {{0}}, 0, {0}};
+  static struct bg bg;
+  static uint8_t head[sizeof(struct frame_hdr) + 4096];
+  gshm_client_t *p = connect_to(&P);
+  long timeouts = metric(p, "gshm_cluster_refusals_total{cause=\"timeout\"}");
+  struct entry e = {1, "pub/one", 1 * MiB, "host"};
+  int64_t stalled = 0, end;
+  (void)state;
+
+  memset(&bg, 0, sizeof(bg));
+  bg.lie = &one;
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+  for (end = now_ms() + (STALL_S + 20) * 1000; !bg.done && now_ms() < end;) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (!m)
+      continue;
+    if (rogue_answer_count(&rs, m)) { /* (asked by the tests before: answered first) */
+    } else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
+      send_grant(m->request_id, &e);
+    } else if (m->body_case == GSHM__CLUSTER__MSG__BODY_READ && !stalled) {
+      struct frame_hdr h = {.len = (uint32_t)m->read->length, .kind = FRAME_DATA,
+                            .request_id = m->request_id, .offset = m->read->offset};
+      uv_buf_t b = uv_buf_init((char *)head, sizeof(head));
+      memcpy(head, &h, sizeof(h));
+      assert_int_equal(uv_try_write((uv_stream_t *)&rs.st.tcp, &b, 1), (int)sizeof(head));
+      stalled = now_ms();
+    }
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  printf("frame stalled on the link's connection; the pull ended after %.1f s: %d %s\n",
+         (double)(now_ms() - stalled) / 1000, bg.err, bg.msg);
+  assert_true(stalled != 0);
+  assert_true(bg.done); /* (the old code: still waiting) */
+  pthread_join(bg.t, NULL);
+  assert_int_equal(bg.err, -ETIMEDOUT);
+  assert_non_null(strstr(bg.msg, "stopped sending a data frame midway"));
+  assert_int_equal(metric(p, "gshm_cluster_refusals_total{cause=\"timeout\"}"), timeouts + 1);
+  assert_nothing_left(p, "pub/one");
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lies_refused),
@@ -644,6 +694,7 @@ int main(void) {
       cmocka_unit_test(test_device_set_without_gpu),
       cmocka_unit_test(test_status_answer_to_claimed),
       cmocka_unit_test(test_lane_frame_stalled),
+      cmocka_unit_test(test_stream_frame_stalled),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
