@@ -55,6 +55,7 @@ struct daemon {
   struct gshmd_cluster *cluster;
   bool signals_on, timers_on;
   bool stopping;
+  bool sticky_at_start; /* the CUDA backend's setup met a sticky error */
 };
 
 static void setup_logging(struct daemon *d) {
@@ -72,6 +73,8 @@ static const char *cuda_missing(int e) {
     return "the NVIDIA driver is older than the CUDA version gshm was built for";
   case ENODEV:
     return "cuInit failed: no NVIDIA GPU, or its driver is not loaded";
+  case ENOTRECOVERABLE:
+    return "a sticky CUDA error (above)";
   default:
     return strerror(-e);
   }
@@ -158,6 +161,9 @@ static int setup_backends(struct daemon *d) {
   if (!strcmp(want, "host"))
     return 0;
   e = gshmd_backend_cuda_create(&d->cfg, &d->reg.cuda);
+  /* (no service manager to restart gshmd: host only, below) */
+  if ((d->sticky_at_start = e == -ENOTRECOVERABLE && getenv("NOTIFY_SOCKET")))
+    return e;
   if (e && !strcmp(want, "cuda")) {
     gshm_log_err("backend = cuda, but the CUDA backend is unavailable: %s", cuda_missing(e));
     return e;
@@ -410,7 +416,6 @@ static void on_status_timer(uv_timer_t *t) {
   update_status(t->data);
   check_restart(t->data);
 }
-
 
 /* The textfile: rendered on the loop (it reads the registry), written on
  * libuv's thread pool (write, fsync and rename must not stall clients
@@ -667,8 +672,9 @@ int main(int argc, char **argv) {
   if (setup_all(&d, &passed) == 0) {
     uv_run(&d.loop, UV_RUN_DEFAULT);
     status = EXIT_SUCCESS;
-  }
-  if (gshmd_backend_needs_restart(d.reg.cuda)) /* (found at run time, or in a setup step) */
+  } else if (gshmd_backend_needs_restart(d.reg.cuda))
+    d.sticky_at_start = true; /* (met in the restore) */
+  if (d.sticky_at_start || gshmd_backend_needs_restart(d.reg.cuda)) /* (or at run time) */
     status = GSHMD_EXIT_RESTART;
   shutdown_all(&d);
   passed_fds_free(&passed);

@@ -72,6 +72,7 @@ static CUresult f_gran(size_t *g, const CUmemAllocationProp *p, CUmemAllocationG
   return CUDA_SUCCESS;
 }
 static CUresult f_retain(CUcontext *c, CUdevice d) {
+  CALL("cuDevicePrimaryCtxRetain");
   *c = (CUcontext)&contexts[d];
   return CUDA_SUCCESS;
 }
