@@ -85,6 +85,8 @@ static const char *cuda_missing(int e) {
  * Restart=on-failure restarts. */
 #define GSHMD_EXIT_RESTART 75
 
+#define GSHMD_STICKY_START_DELAY_S 10 /* seconds: sticky_start_wait */
+
 #ifndef GSHMD_UNIT_LIMIT_NOFILE
 #define GSHMD_UNIT_LIMIT_NOFILE 1048576 /* LimitNOFILE= of gshmd.service */
 #endif
@@ -603,6 +605,19 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
   return 0;
 }
 
+/* Exiting 75 at once for a sticky CUDA error before READY=1 (a new process's: likely a GPU
+ * broken for good) would restart gshmd until the start limit fails the unit, dropping its fd
+ * store; each such exit waits, below StartLimitIntervalSec= (docs/ARCHITECTURE.md). */
+static void sticky_start_wait(void) {
+  gshm_log_err("a sticky CUDA error at start (above): restart in %d s; nothing is served, every "
+               "segment kept in the fd store, until the GPU works", GSHMD_STICKY_START_DELAY_S);
+  sd_notify(0, "STATUS=a sticky CUDA error at start: restarting until the GPU works");
+  for (int i = 0; i < GSHMD_STICKY_START_DELAY_S; i++) {
+    sd_notify(0, "WATCHDOG=1");
+    sleep(1);
+  }
+}
+
 /* The one shutdown path, after a clean stop or a failed setup step. */
 static void shutdown_all(struct daemon *d) {
   if (d->loop_ready) {
@@ -677,6 +692,8 @@ int main(int argc, char **argv) {
   if (d.sticky_at_start || gshmd_backend_needs_restart(d.reg.cuda)) /* (or at run time) */
     status = GSHMD_EXIT_RESTART;
   shutdown_all(&d);
+  if (d.sticky_at_start)
+    sticky_start_wait();
   passed_fds_free(&passed);
   gshmd_config_free(&d.cfg);
   return status;
