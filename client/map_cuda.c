@@ -73,6 +73,23 @@ static struct {
   char uuid[MAP_MAX_DEVICES][48];
 } local = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* fork() while another thread holds local.lock (reading the GPUs, which
+ * can take the driver a while) would leave the child's copy held for
+ * good, and the child's first map would hang: the fork waits for the
+ * lock (prepare), and both processes go on with it free and the list
+ * whole.  Registered at the first use of the lock. */
+static pthread_once_t local_atfork_once = PTHREAD_ONCE_INIT;
+static void local_atfork_prepare(void) { pthread_mutex_lock(&local.lock); }
+static void local_atfork_release(void) { pthread_mutex_unlock(&local.lock); }
+static void local_atfork_register(void) {
+  (void)pthread_atfork(local_atfork_prepare, local_atfork_release, local_atfork_release);
+}
+
+static void local_lock(void) {
+  pthread_once(&local_atfork_once, local_atfork_register);
+  pthread_mutex_lock(&local.lock);
+}
+
 /* Reads the list unless it is kept; local.lock held.  Returns 0, or the
  * error of a cuDeviceGetCount that failed (the list is then empty). */
 static int local_devices_read(const struct gshm_cudadrv *drv) {
@@ -99,7 +116,7 @@ static int local_devices_read(const struct gshm_cudadrv *drv) {
 static int local_uuid(CUdevice d, char buf[48]) {
   int e = -ENODEV;
 
-  pthread_mutex_lock(&local.lock);
+  local_lock();
   for (int i = 0; i < local.count; i++) {
     if (local.dev[i] == d) {
       snprintf(buf, 48, "%s", local.uuid[i]);
@@ -118,7 +135,7 @@ static int owner_device(const struct gshm_cudadrv *drv, const char *location, CU
 
   if (gshm__location_parse(location, &loc) || loc.kind != GSHM_LOCATION_CUDA_UUID)
     return -EPROTO; /* a device segment's reply always names its GPU's UUID */
-  pthread_mutex_lock(&local.lock);
+  local_lock();
   if (!(e = local_devices_read(drv))) {
     e = -ENODEV;
     for (int i = 0; i < local.count; i++) {

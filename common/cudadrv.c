@@ -4,19 +4,40 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <time.h>
 
 typedef CUresult (*get_proc_address_fn)(const char *, void **, int, cuuint64_t,
                                         CUdriverProcAddressQueryResult *);
 
 static struct gshm_cudadrv drv_table;
-static int drv_status = 1; /* 1: not tried */
-static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+/* 1: not tried; 0: loaded (for good); a negative errno: the last try's
+ * failure.  Written under drv_lock, read without it (acquire: a 0 makes
+ * drv_table visible). */
+static int drv_status = 1;
+static void *drv_lib;       /* dlopen'ed: kept even when a later step fails */
+static bool drv_resolved;   /* every entry point of the map resolved */
+static int64_t drv_last_try; /* CLOCK_MONOTONIC ns of the last try */
+static pthread_mutex_t drv_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t drv_atfork_once = PTHREAD_ONCE_INIT;
 /* The log level of the load's messages: any caller's (each passes its
- * own, and one of them runs load_once).  Written by every call, from any
- * thread, and read inside the once: an atomic, so that doing so is no
+ * own, and one of them runs the try).  Written by every call, from any
+ * thread, and read inside the try: an atomic, so that doing so is no
  * data race (tests/unit/test_cudadrv_threads.c). */
 static int drv_prio;
+
+/* A failed load is tried again by the first call a second or more after
+ * the last try, never more often: callers of the hot paths (a map, a
+ * copy) only read drv_status in between. */
+#define DRV_RETRY_NS 1000000000ll
+
+static int64_t monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static int load_prio(void) { return __atomic_load_n(&drv_prio, __ATOMIC_RELAXED); }
 
@@ -40,27 +61,22 @@ static int resolve(get_proc_address_fn gpa, const char *name, int version, void 
   return -ENOSYS;
 }
 
-static void load_once(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+/* Resolves every entry point through cuGetProcAddress_v2; drv_lock held.
+ * 0, or -ENOSYS for a driver that cannot serve (for good: the library
+ * stays loaded, so a later try would find the same one). */
+static int load_resolve(void) {
   get_proc_address_fn gpa;
-  CUresult r;
   int e = 0;
 
-  if (!lib) {
-    gshm__log(load_prio(), "cuda: cannot load libcuda.so.1: %s", dlerror());
-    drv_status = -ENOENT;
-    return;
-  }
   /* Only cuGetProcAddress_v2 (CUDA 12.0 drivers on) gives each entry point
    * at a version.  dlsym of a name gives its first variant (cuMemAlloc is
    * CUDA 3.1's, with 32-bit pointers and sizes), not the one whose
    * prototype the table has (cuMemAlloc_v2): an older driver is refused. */
-  gpa = (get_proc_address_fn)dlsym(lib, "cuGetProcAddress_v2");
+  gpa = (get_proc_address_fn)dlsym(drv_lib, "cuGetProcAddress_v2");
   if (!gpa) {
     gshm__log(load_prio(), "cuda: driver older than CUDA %d.%d (no cuGetProcAddress_v2)",
               GSHM_CUDADRV_ABI / 1000, GSHM_CUDADRV_ABI % 1000 / 10);
-    drv_status = -ENOSYS;
-    return; /* keep lib loaded, as below */
+    return -ENOSYS; /* keep lib loaded, as below */
   }
 #define GSHM_CUDADRV_REQ(name)                                                     \
   if (!e)                                                                          \
@@ -71,25 +87,72 @@ static void load_once(void) {
   GSHM_CUDADRV_MAP(GSHM_CUDADRV_REQ, GSHM_CUDADRV_OPT)
 #undef GSHM_CUDADRV_REQ
 #undef GSHM_CUDADRV_OPT
-  if (e) {
-    drv_status = e;
-    return; /* keep lib loaded: harmless, and dlclose of libcuda is unsafe */
+  drv_resolved = !e;
+  return e; /* keep lib loaded: harmless, and dlclose of libcuda is unsafe */
+}
+
+/* One try, from where the last one stopped; drv_lock held.  A missing
+ * libcuda.so.1 is looked for again (a driver installed, or its
+ * container's mounts made, after this process started), and so is a
+ * failed cuInit: one that ran before the kernel module was loaded or the
+ * device nodes made.  NVIDIA documents no retry of cuInit; where the
+ * driver keeps its first failure for the process (reported of some
+ * errors, never documented), the retry is one call a second that fails
+ * the same way.  A driver that cannot serve (-ENOSYS) is never tried
+ * again. */
+static int load_try(void) {
+  CUresult r;
+  int e;
+
+  if (!drv_lib && !(drv_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL))) {
+    gshm__log(load_prio(), "cuda: cannot load libcuda.so.1: %s", dlerror());
+    return -ENOENT;
   }
+  if (!drv_resolved && (e = load_resolve()))
+    return e;
   r = drv_table.cuInit(0);
   if (r != CUDA_SUCCESS) {
     gshm__cuda_log(load_prio(), r, "cuInit(0)", __FILE__, __LINE__);
-    drv_status = -ENODEV;
-    return;
+    return -ENODEV;
   }
   drv_table.cuDriverGetVersion(&drv_table.driver_version);
-  drv_status = 0;
+  return 0;
+}
+
+/* fork() while another thread tries a load would leave the child's copy
+ * of drv_lock held for good: the fork waits for the try to end (prepare),
+ * and both processes go on with the lock free. */
+static void drv_atfork_prepare(void) { pthread_mutex_lock(&drv_lock); }
+static void drv_atfork_release(void) { pthread_mutex_unlock(&drv_lock); }
+static void drv_atfork_register(void) {
+  (void)pthread_atfork(drv_atfork_prepare, drv_atfork_release, drv_atfork_release);
+}
+
+/* Whether a failed load may be tried again now. */
+static bool load_due(int status, int64_t now) {
+  return status == 1 ||
+         (status != -ENOSYS &&
+          now - __atomic_load_n(&drv_last_try, __ATOMIC_RELAXED) >= DRV_RETRY_NS);
 }
 
 int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
+  int st = __atomic_load_n(&drv_status, __ATOMIC_ACQUIRE);
+  int64_t now;
+
   __atomic_store_n(&drv_prio, prio, __ATOMIC_RELAXED);
-  pthread_once(&drv_once, load_once);
-  if (drv_status)
-    return drv_status;
+  if (st && load_due(st, now = monotonic_ns())) {
+    pthread_once(&drv_atfork_once, drv_atfork_register);
+    pthread_mutex_lock(&drv_lock);
+    st = drv_status; /* another thread may have tried meanwhile */
+    if (st && load_due(st, now)) {
+      st = load_try();
+      __atomic_store_n(&drv_last_try, monotonic_ns(), __ATOMIC_RELAXED);
+      __atomic_store_n(&drv_status, st, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&drv_lock);
+  }
+  if (st)
+    return st;
   *drv_out = &drv_table;
   return 0;
 }

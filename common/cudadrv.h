@@ -111,13 +111,17 @@ struct gshm_cudadrv {
   int driver_version; /* e.g. 13000 */
 };
 
-/* Loads libcuda.so.1 and resolves every entry point, once per process
- * (thread-safe).  On success *drv_out points at the process-wide table,
- * which lives until exit; cuInit(0) has been called.
- * Errors: -ENOENT libcuda.so.1 is not installed; -ENOSYS a driver older
- * than CUDA 12.0, or an entry point missing at GSHM_CUDADRV_ABI;
- * -ENODEV cuInit failed (no device, driver not loaded).  The reason is
- * logged at level `prio` the first time and is the same on every call. */
+/* Loads libcuda.so.1, resolves every entry point and calls cuInit(0)
+ * (thread-safe, fork-safe).  On success *drv_out points at the
+ * process-wide table, which lives until exit, and every later call
+ * succeeds at once.
+ * Errors: -ENOSYS a driver older than CUDA 12.0, or an entry point
+ * missing at GSHM_CUDADRV_ABI: for the life of the process.  -ENOENT
+ * libcuda.so.1 is not installed; -ENODEV cuInit failed (no device, driver
+ * not loaded yet): both tried again by the first call a second or more
+ * after the last try (never more often; calls in between return the same
+ * error at once), so a process that started before the driver was ready
+ * gets it later.  Each try's reason is logged at level `prio`. */
 int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out);
 
 /* Maps a CUresult to a negative errno: OUT_OF_MEMORY -ENOMEM,

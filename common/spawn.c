@@ -372,6 +372,7 @@ static int wait_ready(struct gshm_spawn *s, int timeout_ms) {
       return 0;
     if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
       s->pid = 0;
+      s->exit_status = status;
       return -ECHILD;
     }
     if (gshm__now_ns(CLOCK_MONOTONIC) > deadline) {

@@ -22,6 +22,7 @@ struct gshm_spawn {
   int notify_fd;
   bool ready, stopping;
   char status[256];          /* last STATUS= */
+  int exit_status;           /* wait status of a gshmd that exited before READY=1 */
   unsigned watchdog_pings;
   /* The fd store, as systemd keeps it: fds[i] stored under names[i]
    * (FDSTORE=1, FDNAME=), nopoll[i] when sent with FDPOLL=0.  Past

@@ -203,7 +203,9 @@ void gshmd_backend_host_recycle_stats(const struct gshmd_backend *b,
 bool gshmd_backend_host_huge_pulls(const struct gshmd_backend *b);
 
 /* GPU memory through the CUDA driver's VMM API.  Errors: -ENOENT/-ENOSYS/
- * -ENODEV no usable driver or device (logged once). */
+ * -ENODEV no usable driver or device (logged once); -ENOTRECOVERABLE a
+ * sticky CUDA error (gshm__cuda_sticky, logged) while setting up a GPU:
+ * this process's CUDA state is unusable for good (needs_restart). */
 int gshmd_backend_cuda_create(const struct gshmd_config *cfg, struct gshmd_backend **out);
 
 #endif

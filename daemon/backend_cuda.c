@@ -600,6 +600,10 @@ int gshmd_backend_cuda_create(const struct gshmd_config *cfg, struct gshmd_backe
   return 0;
 
 fail:
+  /* a sticky error (logged): this process can do nothing on a GPU, and
+   * only another can tell whether the GPU works (main.c's start) */
+  if (cb->base.needs_restart)
+    e = -ENOTRECOVERABLE;
   if (cb->drv)
     cuda_destroy(&cb->base);
   else

@@ -55,6 +55,7 @@ struct daemon {
   struct gshmd_cluster *cluster;
   bool signals_on, timers_on;
   bool stopping;
+  bool sticky_at_start; /* the CUDA backend's setup met a sticky error */
 };
 
 static void setup_logging(struct daemon *d) {
@@ -72,6 +73,8 @@ static const char *cuda_missing(int e) {
     return "the NVIDIA driver is older than the CUDA version gshm was built for";
   case ENODEV:
     return "cuInit failed: no NVIDIA GPU, or its driver is not loaded";
+  case ENOTRECOVERABLE:
+    return "a sticky CUDA error (above)";
   default:
     return strerror(-e);
   }
@@ -81,6 +84,8 @@ static const char *cuda_missing(int e) {
  * needs_restart): EX_TEMPFAIL, a failure that gshmd.service's
  * Restart=on-failure restarts. */
 #define GSHMD_EXIT_RESTART 75
+
+#define GSHMD_STICKY_START_DELAY_S 10 /* seconds: sticky_start_wait */
 
 #ifndef GSHMD_UNIT_LIMIT_NOFILE
 #define GSHMD_UNIT_LIMIT_NOFILE 1048576 /* LimitNOFILE= of gshmd.service */
@@ -158,6 +163,9 @@ static int setup_backends(struct daemon *d) {
   if (!strcmp(want, "host"))
     return 0;
   e = gshmd_backend_cuda_create(&d->cfg, &d->reg.cuda);
+  /* (no service manager to restart gshmd: host only, below) */
+  if ((d->sticky_at_start = e == -ENOTRECOVERABLE && getenv("NOTIFY_SOCKET")))
+    return e;
   if (e && !strcmp(want, "cuda")) {
     gshm_log_err("backend = cuda, but the CUDA backend is unavailable: %s", cuda_missing(e));
     return e;
@@ -411,7 +419,6 @@ static void on_status_timer(uv_timer_t *t) {
   check_restart(t->data);
 }
 
-
 /* The textfile: rendered on the loop (it reads the registry), written on
  * libuv's thread pool (write, fsync and rename must not stall clients
  * behind a slow disk).  A write still running when the timer fires again
@@ -598,6 +605,19 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
   return 0;
 }
 
+/* Exiting 75 at once for a sticky CUDA error before READY=1 (a new process's: likely a GPU
+ * broken for good) would restart gshmd until the start limit fails the unit, dropping its fd
+ * store; each such exit waits, below StartLimitIntervalSec= (docs/ARCHITECTURE.md). */
+static void sticky_start_wait(void) {
+  gshm_log_err("a sticky CUDA error at start (above): restart in %d s; nothing is served, every "
+               "segment kept in the fd store, until the GPU works", GSHMD_STICKY_START_DELAY_S);
+  sd_notify(0, "STATUS=a sticky CUDA error at start: restarting until the GPU works");
+  for (int i = 0; i < GSHMD_STICKY_START_DELAY_S; i++) {
+    sd_notify(0, "WATCHDOG=1");
+    sleep(1);
+  }
+}
+
 /* The one shutdown path, after a clean stop or a failed setup step. */
 static void shutdown_all(struct daemon *d) {
   if (d->loop_ready) {
@@ -667,10 +687,13 @@ int main(int argc, char **argv) {
   if (setup_all(&d, &passed) == 0) {
     uv_run(&d.loop, UV_RUN_DEFAULT);
     status = EXIT_SUCCESS;
-  }
-  if (gshmd_backend_needs_restart(d.reg.cuda)) /* (found at run time, or in a setup step) */
+  } else if (gshmd_backend_needs_restart(d.reg.cuda))
+    d.sticky_at_start = true; /* (met in the restore) */
+  if (d.sticky_at_start || gshmd_backend_needs_restart(d.reg.cuda)) /* (or at run time) */
     status = GSHMD_EXIT_RESTART;
   shutdown_all(&d);
+  if (d.sticky_at_start)
+    sticky_start_wait();
   passed_fds_free(&passed);
   gshmd_config_free(&d.cfg);
   return status;

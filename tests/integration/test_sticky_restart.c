@@ -6,7 +6,11 @@
  * CUDA_ERROR_ILLEGAL_ADDRESS: the create is -EIO, gshmd stops by itself
  * and exits 75; the harness, in systemd's part of Restart=on-failure,
  * starts it again with what it parked in the fd store: the host segment
- * made before is back with its bytes, and device segments work again. */
+ * made before is back with its bytes, and device segments work again.
+ * A sticky error met at start (the restore's first device import) exits
+ * 75 too, with the store as it was, but only after main.c's wait, so that
+ * a GPU broken for good does not restart gshmd past the unit's start
+ * limit (which would fail the unit and lose its fd store). */
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -39,6 +43,19 @@ static bool exited_by_itself(struct harness *h, siginfo_t *si) {
   return false;
 }
 
+/* Connects as `name` and makes host segment "keep", of bytes want (seed). */
+static gshm_client_t *connect_and_keep(struct harness *h, const char *name, unsigned char *want,
+                                       unsigned long long seed) {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+
+  assert_int_equal(gshm_connect(h->socket_path, name, &c), 0);
+  assert_int_equal(gshm_create(c, "keep", SIZE, NULL, 0600, 0, &s), 0);
+  harness_random(want, SIZE, seed);
+  assert_int_equal(gshm_write(s, 0, want, SIZE), 0);
+  return c;
+}
+
 static void test_sticky_error_restarts_keeping_segments(void **state) {
   const char *const args[] = {"--backend", "cuda", NULL};
   char dir[] = "/tmp/gshm-sticky-XXXXXX", trigger[64];
@@ -59,10 +76,7 @@ static void test_sticky_error_restarts_keeping_segments(void **state) {
 
   assert_int_equal(harness_start(&h, args), 0);
   harness_set_leftover(&h);
-  assert_int_equal(gshm_connect(h.socket_path, "sticky", &c), 0);
-  assert_int_equal(gshm_create(c, "keep", SIZE, NULL, 0600, 0, &s), 0);
-  harness_random(want, SIZE, 42);
-  assert_int_equal(gshm_write(s, 0, want, SIZE), 0);
+  c = connect_and_keep(&h, "sticky", want, 42);
   assert_int_equal(gshm_create(c, "dev", 2u << 20, "cuda:0", 0600, 0, &dev), -EIO);
   assert_true(exited_by_itself(&h, &si));
   assert_int_equal(si.si_code, CLD_EXITED);
@@ -87,9 +101,61 @@ static void test_sticky_error_restarts_keeping_segments(void **state) {
   free(got);
 }
 
+/* A sticky error in the restore: no READY=1, the store untouched, exit 75
+ * after main.c's GSHMD_STICKY_START_DELAY_S (10 s; it was at once); the
+ * next start adopts every segment. */
+static void test_sticky_error_at_start_waits(void **state) {
+  const char *const args[] = {"--backend", "cuda", NULL};
+  char dir[] = "/tmp/gshm-sticky-XXXXXX", trigger[64];
+  unsigned char *want = malloc(SIZE), *got = malloc(SIZE);
+  static struct harness h;
+  gshm_client_t *c;
+  gshm_segment_t *s, *dev;
+  struct timespec t0, t1;
+  FILE *f;
+  (void)state;
+
+  assert_non_null(mkdtemp(dir));
+  snprintf(trigger, sizeof(trigger), "%s/fail", dir);
+  setenv("FAKE_CUDA_FAIL_FILE", trigger, 1); /* (none yet) */
+  assert_int_equal(harness_start(&h, args), 0);
+  harness_set_leftover(&h);
+  c = connect_and_keep(&h, "sticky", want, 43);
+  assert_int_equal(gshm_create(c, "dev", 2u << 20, "cuda:0", 0600, 0, &dev), 0);
+  gshm_disconnect(c);
+
+  assert_non_null(f = fopen(trigger, "w"));
+  fprintf(f, "cuMemImportFromShareableHandle %d\n", (int)700 /* CUDA_ERROR_ILLEGAL_ADDRESS */);
+  fclose(f);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  assert_int_equal(harness_restart(&h, SIGKILL, args), -ECHILD); /* never ready */
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  assert_int_equal(access(trigger, F_OK), -1); /* (the fake read it) */
+  assert_true(WIFEXITED(h.sp.exit_status));
+  assert_int_equal(WEXITSTATUS(h.sp.exit_status), 75);
+  assert_true(t1.tv_sec - t0.tv_sec >= 9);
+  assert_non_null(strstr(h.sp.status, "sticky CUDA error at start"));
+
+  /* systemd's part again; the GPU works now */
+  assert_int_equal(harness_restart(&h, SIGKILL, args), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "fresh", &c), 0);
+  assert_int_equal(gshm_open(c, "keep", GSHM_ACCESS_READ, &s), 0);
+  assert_int_equal(gshm_read(s, 0, got, SIZE), 0);
+  assert_memory_equal(got, want, SIZE);
+  assert_int_equal(gshm_open(c, "dev", GSHM_ACCESS_READ, &dev), 0);
+  gshm_disconnect(c);
+  harness_set_leftover(NULL);
+  assert_int_equal(harness_stop(&h), 0);
+  unsetenv("FAKE_CUDA_FAIL_FILE");
+  rmdir(dir);
+  free(want);
+  free(got);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sticky_error_restarts_keeping_segments),
+      cmocka_unit_test(test_sticky_error_at_start_waits),
   };
   atexit(harness_kill_leftover);
   return cmocka_run_group_tests(tests, NULL, NULL);

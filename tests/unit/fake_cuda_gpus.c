@@ -30,6 +30,11 @@ static int contexts[FAKE_NDEV]; /* what the primary contexts point at */
     }                                                      \
   } while (0)
 
+static CUresult f_init(unsigned flags) {
+  (void)flags;
+  CALL("cuInit");
+  return CUDA_SUCCESS;
+}
 static CUresult f_count(int *n) {
   CALL("cuDeviceGetCount");
   *n = FAKE_NDEV;
@@ -67,6 +72,7 @@ static CUresult f_gran(size_t *g, const CUmemAllocationProp *p, CUmemAllocationG
   return CUDA_SUCCESS;
 }
 static CUresult f_retain(CUcontext *c, CUdevice d) {
+  CALL("cuDevicePrimaryCtxRetain");
   *c = (CUcontext)&contexts[d];
   return CUDA_SUCCESS;
 }
@@ -174,6 +180,7 @@ static CUresult f_error_name(CUresult r, const char **s) {
 }
 
 static const struct gshm_cudadrv fake_drv = {
+    .cuInit = f_init,
     .cuDeviceGetCount = f_count,
     .cuDeviceGet = f_get,
     .cuDeviceGetUuid = f_uuid,

@@ -116,6 +116,25 @@ static void test_sticky_error_asks_for_restart_once(void **state) {
   b->ops->destroy(b);
 }
 
+/* A sticky error while the backend sets up its GPUs is told apart from a
+ * missing driver or GPU (it was -EIO, as any error of one call, and
+ * gshmd served on without the backend, its device segments dropped from
+ * the fd store by the restore): -ENOTRECOVERABLE, for main.c's start. */
+static void test_sticky_error_in_setup_is_told_apart(void **state) {
+  struct gshmd_backend *b = NULL;
+  (void)state;
+
+  fake_fail_call = "cuDevicePrimaryCtxRetain";
+  fake_fail_with = CUDA_ERROR_ECC_UNCORRECTABLE;
+  assert_int_equal(gshmd_backend_cuda_create(NULL, &b), -ENOTRECOVERABLE);
+  assert_null(fake_fail_call);
+  assert_null(b);
+  fake_fail_call = "cuDevicePrimaryCtxRetain";
+  fake_fail_with = CUDA_ERROR_OUT_OF_MEMORY; /* one call's error: as before */
+  assert_int_equal(gshmd_backend_cuda_create(NULL, &b), -ENOMEM);
+  assert_null(b);
+}
+
 /* Errors of one call (out of memory, a bad value) are the request's: no
  * restart, and the next allocation works. */
 static void test_other_errors_do_not(void **state) {
@@ -159,6 +178,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_sticky_error_asks_for_restart_once, log_release),
       cmocka_unit_test(test_other_errors_do_not),
+      cmocka_unit_test(test_sticky_error_in_setup_is_told_apart),
       cmocka_unit_test(test_after_sticky_error_free_makes_no_driver_call),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

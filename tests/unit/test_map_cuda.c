@@ -9,8 +9,11 @@
  * is the daemon's error (-EPROTO), never a driver call; every failing
  * driver call unwinds everything before it; read-only leases map read-only
  * on every device, later ones included; gshm_write's copy is on the GPU
- * when it returns; a failed read of the process's GPUs is not kept.  tests/gpu/test_segments.c runs the same code on GPUs. */
+ * when it returns; a failed read of the process's GPUs is not kept; a fork
+ * while another thread reads them leaves the child a map path that works.  tests/gpu/test_segments.c runs the same code on GPUs. */
 #include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -19,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -52,6 +57,10 @@ static int alloc_owner = 1;
 static unsigned long long access_flags[NDEV]; /* last flags set per device; 0: none */
 static int access_calls;
 static bool htod_in_flight;
+/* The next cuDeviceGetCount posts count_entered, stalls this long, and
+ * fails: another thread holds map_cuda.c's GPU list lock meanwhile. */
+static unsigned count_stall_us;
+static sem_t count_entered;
 
 static bool failing(const char *fn) {
   if (fail_at && !strcmp(fail_at, fn)) {
@@ -67,6 +76,13 @@ static bool failing(const char *fn) {
   } while (0)
 
 static CUresult f_count(int *n) {
+  if (count_stall_us) {
+    unsigned us = count_stall_us;
+    count_stall_us = 0;
+    sem_post(&count_entered);
+    usleep(us);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   FAIL_IF("cuDeviceGetCount");
   *n = NDEV;
   return CUDA_SUCCESS;
@@ -275,11 +291,51 @@ static void test_hostile_replies_are_eproto(void **state) {
   }
 }
 
+static void *map_in_thread(void *arg) {
+  char **uuids;
+  size_t n;
+  return (void *)(intptr_t)gshm__map_device(arg, NULL, 0, &uuids, &n);
+}
+
+/* fork() while another thread reads the process's GPUs (map_cuda.c's list
+ * lock held): the child's first map must work, not wait for a lock whose
+ * holder is not in the child (it hung for good; alarm() ends such a child
+ * with SIGALRM).  Must run first: the list is read only while not kept
+ * (the thread's read fails, so the list is still not kept after). */
+static void test_fork_while_another_thread_reads_gpus(void **state) {
+  struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE), mine = l;
+  pthread_t t;
+  void *ret;
+  pid_t pid;
+  int status;
+  (void)state;
+
+  assert_int_equal(sem_init(&count_entered, 0, 0), 0);
+  count_stall_us = 300000;
+  assert_int_equal(pthread_create(&t, NULL, map_in_thread, &l), 0);
+  assert_int_equal(sem_wait(&count_entered), 0); /* the thread holds the lock */
+  pid = fork();
+  if (pid == 0) {
+    char **uuids;
+    size_t n;
+    alarm(5);
+    _exit(gshm__map_device(&mine, NULL, 0, &uuids, &n) == 0 && n == NDEV ? 0 : 1);
+  }
+  assert_true(pid > 0);
+  assert_int_equal(pthread_join(t, &ret), 0);
+  assert_int_equal((int)(intptr_t)ret, -ENOMEM); /* the stalled read's failure */
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status)); /* not killed by its alarm */
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_nothing_held();
+  sem_destroy(&count_entered);
+}
+
 /* The first map of the process reads its GPUs (cuDeviceGetCount, then
  * each one's UUID): a failure there is that map's error, and the next map
  * reads them again (the list was kept for the life of the process, failed
  * or not, and every later map of a GPU left out was -ENODEV).  Must run
- * first: a list once read in full is kept. */
+ * before any map that succeeds: a list once read in full is kept. */
 static void test_failed_device_list_is_retried(void **state) {
   struct gshm__lease on0 = lease_of(4 * MiB, GRAN, 0, GSHM_ACCESS_READ_WRITE);
   struct gshm__lease on1 = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
@@ -403,7 +459,8 @@ static void test_write_is_done_when_it_returns(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_failed_device_list_is_retried), /* first */
+      cmocka_unit_test(test_fork_while_another_thread_reads_gpus), /* first */
+      cmocka_unit_test(test_failed_device_list_is_retried),         /* second */
       cmocka_unit_test(test_hostile_replies_are_eproto),
       cmocka_unit_test(test_size_past_the_allocation),
       cmocka_unit_test(test_every_failure_unwinds),
