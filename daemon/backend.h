@@ -162,6 +162,17 @@ static inline bool gshmd_backend_needs_restart(const struct gshmd_backend *b) {
   return b && __atomic_load_n(&b->needs_restart, __ATOMIC_ACQUIRE);
 }
 
+/* The backend of device segments that the fd store handed back but no
+ * GPU of this gshmd can take (no CUDA backend: its driver missing or
+ * failing to start; or the GPU of their location gone): each keeps its
+ * fd (adopt_fd takes a "cuda:..." location), so the store keeps it and a
+ * later gshmd whose driver works adopts it with its bytes, where
+ * dropping it lost them for good.  Meanwhile its name stays taken, it
+ * is listed, counts against quotas, can be unlinked (its fd closed) and
+ * cannot be opened or served: export_fd and alloc return -ENODEV.  One
+ * static instance, never destroyed. */
+struct gshmd_backend *gshmd_backend_parked(void);
+
 /* Host memory: sealed memfds.  Never fails but for -ENOMEM. */
 int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backend **out);
 

@@ -301,7 +301,7 @@ static int cuda_adopt_fd(struct gshmd_backend *b, int fd, const char *location, 
   if (gshm__location_parse(location, &loc) || loc.kind != GSHM_LOCATION_CUDA_UUID || size == 0)
     return -EINVAL;
   if (!(d = dev_by_uuid(cb, loc.uuid))) {
-    gshm_log_err("%s: not among this daemon's GPUs; its segment cannot be restored", loc.uuid);
+    gshm_log_err("%s: not among this daemon's GPUs", loc.uuid);
     return -ENODEV;
   }
   if (size % d->granularity)

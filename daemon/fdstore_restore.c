@@ -113,6 +113,26 @@ static void restore_ids(struct gshmd_fdstore *fs, int *fds, char **names, int n)
   }
 }
 
+/* A device segment no GPU here takes (no CUDA backend, or -ENODEV from
+ * it): kept parked (backend.h gshmd_backend_parked), with its fd, for a
+ * later gshmd.  *b_out, *mem_out: the parked backend and allocation.
+ * Returns 0, -ENODEV (not a device segment) or -ENOMEM. */
+static int adopt_parked(const Gshm__StateRecord *rec, int fd, struct gshmd_backend **b_out,
+                        struct gshmd_alloc **mem_out) {
+  struct gshmd_backend *p = gshmd_backend_parked();
+  int e;
+
+  if (strncmp(rec->location, "cuda:", 5))
+    return -ENODEV;
+  if ((e = p->ops->adopt_fd(p, fd, rec->location, rec->size, mem_out)))
+    return e;
+  gshm_log_warn("fd store: device segment '%s' id %" PRIu64 " (%s) kept parked: no GPU of this "
+                "gshmd takes it; it cannot be opened until gshmd restarts with its GPU's driver",
+                rec->name, rec->id, rec->location);
+  *b_out = p;
+  return 0;
+}
+
 /* Adopts one segment from rec and its memory fd (*fd; NULL or -1 when not
  * handed back; set to -1 once adopted).  A name held by another linked
  * segment goes to the newer one (the older must have been unlinked first,
@@ -142,9 +162,10 @@ int gshmd__fdstore_adopt(struct gshmd_fdstore *fs, const Gshm__StateRecord *rec,
     e = -EBADMSG;
   else if (!fd || *fd < 0)
     e = -ENOENT;
-  else if (!b || !b->ops->adopt_fd)
-    e = -ENODEV;
-  else if (!(e = b->ops->adopt_fd(b, *fd, rec->location, rec->size, &mem))) {
+  else if (!b || !b->ops->adopt_fd || (e = b->ops->adopt_fd(b, *fd, rec->location, rec->size,
+                                                            &mem)) == -ENODEV)
+    e = adopt_parked(rec, *fd, &b, &mem);
+  if (!e) {
     *fd = -1; /* the backend owns it now */
     if ((e = gshmd_registry_adopt(r, &copy, mem)))
       b->ops->free(b, mem);

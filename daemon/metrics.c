@@ -78,7 +78,7 @@ static void write_segment_bytes(FILE *f, struct gshmd_registry *r) {
   gshm_list_foreach(pos, &r->segments) {
     struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
     unsigned i;
-    if (seg->mem->device_index < 0) {
+    if (!strcmp(seg->mem->location, "host")) { /* (a parked device segment has no GPU index) */
       host_bytes += seg->mem->size;
       continue;
     }

@@ -614,6 +614,49 @@ static void test_sticky_cuda_error_leaves_the_store_alone(void **state) {
   f->reg.cuda = NULL;
 }
 
+/* Device segments that no GPU of this gshmd takes: without a CUDA
+ * backend (its driver missing or failing to start), and with one whose
+ * GPUs do not include the segment's: each is kept parked with its fd
+ * (the store keeps it for a later gshmd) under its name, listed, not
+ * opened (-ENODEV).  Before: dropped from the store for good. */
+static void parked_restore(struct fixture *f, const char *location) {
+  Gshm__StateRecord r[2] = {record(1, "h", 0600, false), record(2, "d", 0600, false)};
+  struct gshmd_segment *seg;
+  int sv[2], fd = -1;
+
+  r[1].location = (char *)location;
+  r[1].size = r[1].requested_size = FAKE_GRAN;
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  queue_bucket(sv[1], 1, r, 2);
+  put(&f->st, "b0a", sv[0]);
+  put(&f->st, "b0b", sv[1]);
+  restore(f);
+  assert_int_equal(f->fs.restored, 2);
+  assert_int_equal(f->fs.dropped, 0);
+  assert_non_null(gshmd_registry_find_name(&f->reg, "h"));
+  assert_non_null(seg = gshmd_registry_find_name(&f->reg, "d"));
+  assert_ptr_equal(seg->mem->backend, gshmd_backend_parked());
+  assert_string_equal(seg->mem->location, location);
+  assert_int_equal(seg->mem->backend->ops->export_fd(seg->mem->backend, seg->mem, true, &fd),
+                   -ENODEV);
+  assert_int_equal(seg->mem->backend->ops->park_fd(seg->mem->backend, seg->mem, &fd), 0);
+  assert_true(fcntl(fd, F_GETFD) >= 0); /* the fd the store handed back, kept */
+  /* (the registry's destroy frees it: its fd closed, under ASan no leak) */
+}
+
+static void test_device_segment_parked_without_cuda(void **state) {
+  parked_restore(*state, FAKE_GPU0_LOCATION);
+}
+
+static void test_device_segment_parked_gpu_gone(void **state) {
+  struct fixture *f = *state;
+
+  assert_int_equal(gshmd_backend_cuda_create(&f->cfg, &f->reg.cuda), 0);
+  parked_restore(f, "cuda:GPU-99999999-9999-9999-9999-999999999999");
+  f->reg.cuda->ops->destroy(f->reg.cuda); /* (it holds no segment of the registry's) */
+  f->reg.cuda = NULL;
+}
+
 /* Create tokens through the store: a record's 16-byte token comes back
  * with its segment; one of another length is none.  A record carrying a
  * pulled segment's source and a token as well (no gshmd writes one: a
@@ -730,6 +773,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_publish_below_the_mark_is_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_replace_cut_short_keeps_the_old, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_device_segment_parked_without_cuda, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_device_segment_parked_gpu_gone, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sticky_cuda_error_leaves_the_store_alone, setup,
                                       teardown),
   };

@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Device segments whose GPU this gshmd cannot reach (backend.h
+ * gshmd_backend_parked): kept as the fd the fd store handed back. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "log.h"
+
+static int parked_alloc(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
+                        uint32_t flags, const char *debug_name, struct gshmd_alloc **out) {
+  (void)b, (void)loc, (void)size, (void)flags, (void)debug_name, (void)out;
+  return -ENODEV;
+}
+
+/* No client gets the fd: without the driver gshmd cannot check it, nor
+ * make the read-only fd a read-only lease needs. */
+static int parked_export_fd(struct gshmd_backend *b, struct gshmd_alloc *a, bool writable,
+                            int *fd_out) {
+  (void)b, (void)a, (void)writable, (void)fd_out;
+  return -ENODEV;
+}
+
+static int parked_park_fd(struct gshmd_backend *b, struct gshmd_alloc *a, int *fd_out) {
+  (void)b;
+  *fd_out = (int)(intptr_t)a->priv;
+  return 0;
+}
+
+static int parked_adopt_fd(struct gshmd_backend *b, int fd, const char *location, uint64_t size,
+                           struct gshmd_alloc **out) {
+  struct gshmd_alloc *a;
+
+  if (strncmp(location, "cuda:", 5) || strlen(location) >= sizeof(a->location))
+    return -EINVAL;
+  if (!(a = calloc(1, sizeof(*a))))
+    return -ENOMEM;
+  a->backend = b;
+  a->size = size;
+  a->granularity = 1;
+  a->device_index = -1;
+  snprintf(a->location, sizeof(a->location), "%s", location);
+  a->priv = (void *)(intptr_t)fd;
+  *out = a;
+  return 0;
+}
+
+static void parked_free(struct gshmd_backend *b, struct gshmd_alloc *a) {
+  (void)b;
+  if (!a)
+    return;
+  close((int)(intptr_t)a->priv);
+  free(a);
+}
+
+static void parked_destroy(struct gshmd_backend *b) { (void)b; }
+
+static const struct gshmd_backend_ops parked_ops = {
+    .alloc = parked_alloc,
+    .export_fd = parked_export_fd,
+    .park_fd = parked_park_fd,
+    .adopt_fd = parked_adopt_fd,
+    .free = parked_free,
+    .destroy = parked_destroy,
+};
+
+static struct gshmd_backend parked = {.name = "parked", .ops = &parked_ops};
+
+struct gshmd_backend *gshmd_backend_parked(void) { return &parked; }
