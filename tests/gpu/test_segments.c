@@ -633,7 +633,37 @@ static void test_legacy(struct harness *h) {
   fprintf(stderr, "legacy: done (%d failures so far)\n", failures);
 }
 
-/* Device segments survive a gshmd SIGKILL and restart (issue 4, item 3). */
+/* A gshmd restarted without its CUDA backend (--backend host: as where
+ * the driver does not start) keeps the device segments parked with their
+ * fds: listed as before, opens refused (-ENODEV); the next gshmd with the
+ * backend adopts them with their bytes (ARCHITECTURE.md "Device segments
+ * no GPU here takes are parked"; dropped before efb7065). */
+static void parked_restart(struct harness *h, const char *names[2],
+                           const gshm_segment_info_t before[2]) {
+  const char *const host[] = {"--backend", "host", NULL}, *const cuda[] = {"--backend", "cuda",
+                                                                           NULL};
+  gshm_segment_info_t after;
+  gshm_segment_t *s = NULL;
+  gshm_client_t *c;
+
+  REQUIRE(harness_restart(h, SIGKILL, host) == 0, "gshmd --backend host did not come back");
+  c = connect_or_die();
+  for (int i = 0; i < 2; i++) {
+    int e = gshm_stat_name(c, names[i], &after);
+    CHECK(e == 0 && after.id == before[i].id && !strcmp(after.location, before[i].location),
+          "%s without the CUDA backend: %s", names[i], gshm_strerror(e));
+    e = gshm_open(c, names[i], GSHM_ACCESS_READ, &s);
+    CHECK(e == -ENODEV, "open of parked %s: %s, want ENODEV", names[i], gshm_strerror(e));
+    if (!e)
+      gshm_close(s);
+  }
+  gshm_disconnect(c);
+  REQUIRE(harness_restart(h, SIGTERM, cuda) == 0, "gshmd --backend cuda did not come back");
+  fprintf(stderr, "parked: both device segments kept without the CUDA backend, opens refused\n");
+}
+
+/* Device segments survive a gshmd SIGKILL and restart (issue 4, item 3);
+ * and a restart without the CUDA backend (parked_restart). */
 static void test_restart(struct harness *h) {
   const char *const args[] = {"--backend", "cuda", NULL};
   char seed0[32], seed1[32], size[32];
@@ -665,6 +695,11 @@ static void test_restart(struct harness *h) {
   }
   ROLE("verify", names[0], other, seed0);
   ROLE("verify", names[1], "0", seed1);
+  gshm_disconnect(c);
+  parked_restart(h, names, before);
+  ROLE("verify", names[0], other, seed0); /* (the bytes, after the parked run) */
+  ROLE("verify", names[1], "0", seed1);
+  c = connect_or_die();
   CHECK(gshm_unlink(c, names[0]) == 0 && gshm_unlink(c, names[1]) == 0, "unlink");
   gshm_disconnect(c);
   fprintf(stderr, "restart: done (%d failures so far)\n", failures);
