@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "util.h"
+
 typedef CUresult (*get_proc_address_fn)(const char *, void **, int, cuuint64_t,
                                         CUdriverProcAddressQueryResult *);
 
@@ -32,12 +34,6 @@ static int drv_prio;
  * the last try, never more often: callers of the hot paths (a map, a
  * copy) only read drv_status in between. */
 #define DRV_RETRY_NS 1000000000ll
-
-static int64_t monotonic_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static int load_prio(void) { return __atomic_load_n(&drv_prio, __ATOMIC_RELAXED); }
 
@@ -140,13 +136,13 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   int64_t now;
 
   __atomic_store_n(&drv_prio, prio, __ATOMIC_RELAXED);
-  if (st && load_due(st, now = monotonic_ns())) {
+  if (st && load_due(st, now = gshm__now_ns(CLOCK_MONOTONIC))) {
     pthread_once(&drv_atfork_once, drv_atfork_register);
     pthread_mutex_lock(&drv_lock);
     st = drv_status; /* another thread may have tried meanwhile */
     if (st && load_due(st, now)) {
       st = load_try();
-      __atomic_store_n(&drv_last_try, monotonic_ns(), __ATOMIC_RELAXED);
+      __atomic_store_n(&drv_last_try, gshm__now_ns(CLOCK_MONOTONIC), __ATOMIC_RELAXED);
       __atomic_store_n(&drv_status, st, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&drv_lock);

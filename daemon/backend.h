@@ -169,8 +169,8 @@ static inline bool gshmd_backend_needs_restart(const struct gshmd_backend *b) {
  * later gshmd whose driver works adopts it with its bytes, where
  * dropping it lost them for good.  Meanwhile its name stays taken, it
  * is listed, counts against quotas, can be unlinked (its fd closed) and
- * cannot be opened or served: export_fd and alloc return -ENODEV.  One
- * static instance, never destroyed. */
+ * cannot be opened or served: export_fd returns -ENODEV.  It has no alloc
+ * (never chosen for a create) and no destroy: one static instance. */
 struct gshmd_backend *gshmd_backend_parked(void);
 
 /* Host memory: sealed memfds.  Never fails but for -ENOMEM. */

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Device segments whose GPU this gshmd cannot reach (backend.h
- * gshmd_backend_parked): kept as the fd the fd store handed back. */
+ * gshmd_backend_parked): kept as the fd the fd store handed back.  No
+ * alloc and no destroy: a create picks its backend by location (host or
+ * cuda), never this one, and the one instance is static. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,12 +11,6 @@
 
 #include "backend.h"
 #include "log.h"
-
-static int parked_alloc(struct gshmd_backend *b, const struct gshm_location *loc, uint64_t size,
-                        uint32_t flags, const char *debug_name, struct gshmd_alloc **out) {
-  (void)b, (void)loc, (void)size, (void)flags, (void)debug_name, (void)out;
-  return -ENODEV;
-}
 
 /* No client gets the fd: without the driver gshmd cannot check it, nor
  * make the read-only fd a read-only lease needs. */
@@ -56,15 +52,11 @@ static void parked_free(struct gshmd_backend *b, struct gshmd_alloc *a) {
   free(a);
 }
 
-static void parked_destroy(struct gshmd_backend *b) { (void)b; }
-
 static const struct gshmd_backend_ops parked_ops = {
-    .alloc = parked_alloc,
     .export_fd = parked_export_fd,
     .park_fd = parked_park_fd,
     .adopt_fd = parked_adopt_fd,
     .free = parked_free,
-    .destroy = parked_destroy,
 };
 
 static struct gshmd_backend parked = {.name = "parked", .ops = &parked_ops};

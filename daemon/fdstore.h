@@ -176,8 +176,8 @@ uint64_t gshmd_fdstore_max_restorable(uint64_t max_name);
 enum gshmd_memo_kind { GSHMD_MEMO_REVOKE = 1, GSHMD_MEMO_PULL = 2 };
 
 /* Notes that uid's request of kind with token (GSHMD_MEMO_TOKEN_BYTES)
- * acts on segment id.  Returns 0; -EBADF no journal (no service manager,
- * or it could not be made); -EIO or another write error. */
+ * acts on segment id.  Returns 0; -EBADF no journal (fs NULL, no service
+ * manager, or it could not be made); -EIO or another write error. */
 int gshmd_fdstore_memo_put(struct gshmd_fdstore *fs, const uint8_t *token, uint32_t uid,
                            enum gshmd_memo_kind kind, uint64_t id);
 

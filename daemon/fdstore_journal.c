@@ -254,11 +254,12 @@ int gshmd__journal_put_publish(struct gshmd_fdstore *fs, uint64_t publish) {
 
 int gshmd_fdstore_memo_put(struct gshmd_fdstore *fs, const uint8_t *token, uint32_t uid,
                            enum gshmd_memo_kind kind, uint64_t id) {
-  struct memo_entry m = {.seq = fs->memo_seq + 1, .id = id, .uid = uid, .kind = kind};
+  struct memo_entry m = {.id = id, .uid = uid, .kind = kind};
   int e;
 
-  if (fs->journal_fd < 0)
+  if (!fs || fs->journal_fd < 0)
     return -EBADF;
+  m.seq = fs->memo_seq + 1;
   memcpy(m.token, token, sizeof(m.token));
   e = pwrite_all(fs->journal_fd, &m, sizeof(m),
                  MEMO_OFF + (off_t)(m.seq % GSHMD_MEMO_ENTRIES) * (off_t)sizeof(m));

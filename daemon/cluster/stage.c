@@ -99,7 +99,7 @@ static struct stage_buf *take_carved(struct stage_pool *sp, uint64_t slot_size, 
 
 /* A buffer of that shape that needs no making: carved from the arena, or
  * a kept one, taken; NULL when none. */
-static struct stage_buf *take_kept(struct stage_pool *sp, uint64_t slot_size, uint32_t slots) {
+static struct stage_buf *take_ready(struct stage_pool *sp, uint64_t slot_size, uint32_t slots) {
   struct stage_buf *carved = take_carved(sp, slot_size, slots);
 
   if (carved)
@@ -206,7 +206,7 @@ static void pump(struct stage_pool *sp) {
     if (!j->free_only && (j->cancelled || sp->stopping))
       j->err = -ECANCELED;
     else if (!j->free_only)
-      j->sb = take_kept(sp, j->slot_size, j->slots);
+      j->sb = take_ready(sp, j->slot_size, j->slots);
     j->work.data = j;
     sp->running++;
     (void)uv_queue_work(sp->loop, &j->work, job_work, job_done); /* (fails without a work_cb only) */
@@ -217,7 +217,7 @@ int gshmd_stage_buf_get(struct stage_pool *sp, uint64_t slot_size, uint64_t seg_
                         stage_ready_fn ready, void *arg, struct stage_buf **sb_out,
                         struct stage_job **job_out) {
   uint32_t slots = buf_slots(sp, slot_size, seg_bytes);
-  struct stage_buf *sb = take_kept(sp, slot_size, slots);
+  struct stage_buf *sb = take_ready(sp, slot_size, slots);
   struct stage_job *j;
   int e;
 
