@@ -298,7 +298,12 @@ static void pinned_step(gshm_client_t *a, gshm_client_t *c, const char *c_socket
           made[0], made[1] - made[0]);
   }
   CHECK(now == 0, "%ld bytes of pinned slots still counted after the pull", now);
-  CHECK(w.slowest_ms < 50, "c's loop answered a status in %.1f ms during its first pull (its "
+  /* 50 ms where staging buffers are made (100 ms each here, on the pool);
+   * host pulls make none, and on CI's 2 shared cores a loop preempted by
+   * the other tests missed 50 ms in 5 runs of 48: there the check is only
+   * that nothing blocks the loop for long */
+  CHECK(w.slowest_ms < (on_host ? 500 : 50),
+        "c's loop answered a status in %.1f ms during its first pull (its "
         "staging buffers made on the loop?)", w.slowest_ms);
   for (int i = 0; i < PIN_SEGS; i++) {
     snprintf(name, sizeof(name), "pub/pin/%02d", i);
