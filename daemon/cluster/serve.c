@@ -146,10 +146,25 @@ static struct serve_grant *grant_find(struct link *l, uint64_t grant_id) {
 }
 
 static void grant_free(struct gshmd_cluster *cl, struct serve_grant *g) {
+  if (g->x && g->busy)
+    gshmd__export_reg_unbusy(cl, g->x, g->busy);
   gshmd__export_reg_unref(cl, g->x); /* (its segment may be gone: revoked) */
   gshm_list_del(&g->node);
   gshmd_stage_free(&cl->stage, g->sb);
   free(g);
+}
+
+#define REVOKED_MESSAGE "the segment was revoked at its source"
+
+/* Whether g (NULL: none) is a grant of a segment revoked since. */
+static bool revoked(const struct serve_grant *g) { return g && g->x && !g->x->seg; }
+
+/* One more send, copy or slot making of g's bytes, until grant_unbusy;
+ * its segment's record counts it too (a revoke's wipe waits for it). */
+static void grant_busy(struct serve_grant *g) {
+  g->busy++;
+  if (g->x)
+    g->x->busy++;
 }
 
 /* One send or copy of the grant ended: a Release that came meanwhile
@@ -157,7 +172,11 @@ static void grant_free(struct gshmd_cluster *cl, struct serve_grant *g) {
 static void grant_unbusy(struct gshmd_cluster *cl, struct link *l, uint64_t grant_id) {
   struct serve_grant *g = grant_find(l, grant_id);
 
-  if (g && --g->busy == 0 && g->released) {
+  if (!g)
+    return;
+  if (g->x)
+    gshmd__export_reg_unbusy(cl, g->x, 1);
+  if (--g->busy == 0 && g->released) {
     grant_free(cl, g);
     if (l->serve_client)
       gshmd_registry_close(cl->reg, l->serve_client, grant_id);
@@ -186,6 +205,15 @@ void gshmd__serve_link_idle(struct gshmd_cluster *cl, struct link *l) {
 
 /* ---- requests --------------------------------------------------------- */
 
+/* Why a grant could not be made (e from grant_path's steps). */
+static const char *grant_why(int e, const char *otherwise) {
+  if (e == -EBUSY)
+    return BUSY_MESSAGE;
+  if (e == -ENODEV) /* (the parked backend: a device segment whose GPU gshmd cannot reach) */
+    return "the segment's GPU is not available on this node";
+  return otherwise;
+}
+
 /* The grant's record, with its path: registered and read directly
  * (host segments; device segments where UCX registers CUDA memory), or
  * staged (its slots may still be being made: sg->job).  Returns 0, or a
@@ -195,12 +223,16 @@ static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
   struct export_reg *x = NULL;
   int e;
 
-  /* the streams read host memory: device segments go through slots */
+  /* the streams read host memory: device segments go through slots.  The
+   * grant holds the segment's mapping record either way: a revoke while
+   * its copies run leaves the memory they read to the record (for a
+   * device segment it is the backend's memory and its mapping in gshmd;
+   * before, a revoke freed it under the copies) */
   if (!strcmp(cl->cfg->cluster_staging, "always") || seg->mem->device_index >= 0) {
-    if ((seg->mem->device_index < 0 && (e = gshmd__export_reg_get(cl, seg, false, &x))) ||
+    if ((e = gshmd__export_reg_get(cl, seg, false, &x)) ||
         (e = grant_new(cl, l, seg, grant_id, true, sg))) {
       gshmd__export_reg_idle(cl, seg); /* no grant took it */
-      *why_out = e == -EBUSY ? BUSY_MESSAGE : "cannot set up the staging buffer";
+      *why_out = grant_why(e, "cannot set up the staging buffer");
       return e;
     }
     (*sg)->path = GSHM__CLUSTER__PATH__PATH_STAGED;
@@ -212,7 +244,7 @@ static int grant_path(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
   if ((e = gshmd__export_reg_get(cl, seg, l->ucx_ep != NULL, &x)) ||
       (e = grant_new(cl, l, seg, grant_id, false, sg))) {
     gshmd__export_reg_idle(cl, seg); /* no grant took it */
-    *why_out = e == -EBUSY ? BUSY_MESSAGE : "cannot register the segment with UCX";
+    *why_out = grant_why(e, "cannot register the segment with UCX");
     return e;
   }
   (*sg)->path = x->device ? GSHM__CLUSTER__PATH__PATH_DIRECT : GSHM__CLUSTER__PATH__PATH_HOST;
@@ -338,7 +370,7 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   }
   if (g->job) { /* answered once its slots are made (on_grant_slots) */
     g->rid = rid;
-    g->busy++;
+    grant_busy(g);
     l->busy++;
     l->stage_waits++;
     return;
@@ -442,7 +474,9 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
     return;
   if (!lease || !g || g->released || g->staged_len || !(seg = lease->seg) ||
       !(x = seg->cluster_export)) {
-    gshmd__link_send_status(l, rid, -ESTALE, "no such grant (or a staged one: use Stage)");
+    gshmd__link_send_status(l, rid, -ESTALE,
+                            revoked(g) ? REVOKED_MESSAGE
+                                       : "no such grant (or a staged one: use Stage)");
     return;
   }
   if (r->length == 0 || r->offset > seg->requested_size ||
@@ -460,11 +494,11 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
     gshmd__link_send_status(l, rid, -ENOMEM, "out of memory");
     return;
   }
-  g->busy++;
+  grant_busy(g);
   if ((e = gshmd__link_send_data(l, rid, r->offset, (uint8_t *)x->addr + r->offset, r->length,
                                  x->memh, on_grant_sent, gs))) {
-    g->busy--;
     grant_send_drop(gs);
+    grant_unbusy(cluster_of(l->ll), l, g->grant_id);
     gshmd__link_send_status(l, rid, e, "cannot send");
   }
 }
@@ -475,15 +509,23 @@ static void on_slot_filled(struct stage_copy *sc, int err) {
   struct link *l = gs->l;
   struct serve_grant *g = grant_find(l, gs->grant_id);
 
+  const char *why = "the staging copy failed";
+
   if (!err && (!g || g->released || l->state != LINK_UP))
     err = -ESTALE;
+  /* revoked while it was copied: its bytes (a host segment's wiped) are
+   * not the segment's any more, and the puller must not take them */
+  if (!err && revoked(g)) {
+    err = -ESTALE;
+    why = REVOKED_MESSAGE;
+  }
   if (!err)
     err = gshmd__link_send_data(l, gs->rid, sc->offset, sc->host, sc->len, g->sb->memh,
                                 on_grant_sent, gs);
   l->busy--; /* the copy's count; a send counts itself */
   if (err) {
     if (l->state == LINK_UP)
-      gshmd__link_send_status(l, gs->rid, err, "the staging copy failed");
+      gshmd__link_send_status(l, gs->rid, err, why);
     on_grant_sent(gs, err);
   }
   gshmd__link_unbusy(l);
@@ -504,12 +546,12 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
   if (s->slot >= g->sb->slots || s->length == 0 || s->length > g->sb->slot_size ||
       s->offset > seg->requested_size || s->length > seg->requested_size - s->offset)
     return -EINVAL;
-  if (seg->mem->device_index < 0 && (e = gshmd__export_reg_get(cl, seg, false, &x)))
-    return e;
+  if (!(x = g->x)) /* (each staged grant holds its segment's record: grant_path) */
+    return -ESTALE;
   if (!(gs = grant_send_new(l, g, rid, s->length)))
     return -ENOMEM;
   gs->sc.mem = seg->mem;
-  gs->sc.host_map = x ? x->addr : NULL;
+  gs->sc.host_map = x->device ? NULL : x->addr;
   gs->sc.offset = s->offset;
   gs->sc.len = s->length;
   gs->sc.host = (uint8_t *)g->sb->addr + (uint64_t)s->slot * g->sb->slot_size;
@@ -521,7 +563,7 @@ static int stage_chunk(struct gshmd_cluster *cl, struct link *l, uint32_t rid,
     return e;
   }
   l->busy++;
-  g->busy++;
+  grant_busy(g);
   return 0;
 }
 
@@ -533,7 +575,9 @@ static void serve_stage(struct link *l, uint32_t rid, const Gshm__Cluster__Stage
   if (over_caps(l, rid, s->length)) /* the caps first, as for a Read */
     return;
   if (!lease) {
-    gshmd__link_send_status(l, rid, -ESTALE, "no such grant");
+    gshmd__link_send_status(l, rid, -ESTALE, revoked(grant_find(l, s->grant_id))
+                                                 ? REVOKED_MESSAGE
+                                                 : "no such grant");
     return;
   }
   if ((e = gshmd__relay_gate(cluster_of(l->ll), l, lease->seg, rid, NULL, s, &why))) {

@@ -31,6 +31,8 @@ struct export_reg {
   /* the freed segment's memory, taken from it then (discarded): their
    * sends and copies in flight still read it; freed with the last grant */
   struct gshmd_alloc *mem;
+  unsigned busy;    /* its grants' sends, copies and slot makings running */
+  bool wipe;        /* revoked while busy: mem is discarded when the last of them ends */
   struct gshm_list idle_node; /* on cl->serve_idle while grants == 0 */
   bool idle;
 };
@@ -50,6 +52,9 @@ void gshmd__export_reg_idle(struct gshmd_cluster *cl, struct gshmd_segment *seg)
  * gshmd__export_reg_idle) or, when its segment was freed meanwhile,
  * goes with the memory it took (gshmd__serve_segment_free). */
 void gshmd__export_reg_unref(struct gshmd_cluster *cl, struct export_reg *x);
+/* n of x's sends, copies or slot makings ended (x->busy counts them); the
+ * last one after a revoke discards the memory the revoke left to x. */
+void gshmd__export_reg_unbusy(struct gshmd_cluster *cl, struct export_reg *x, unsigned n);
 /* seg's mapping for peers' reads, made once per segment; registered with
  * UCX too when ucx (the grant's bytes go over UCX).  Errors: -ENOMEM,
  * -ENOTSUP, -EIO, the backend's. */

@@ -80,11 +80,28 @@ void gshmd__export_reg_unref(struct gshmd_cluster *cl, struct export_reg *x) {
   gshmd__export_reg_idle(cl, x->seg);
 }
 
+/* Discards the memory a revoke left to x (its pages go; the mapping and
+ * the allocation stay until x's last grant). */
+static void export_reg_wipe(struct gshmd_cluster *cl, struct export_reg *x) {
+  x->wipe = false;
+  if (!cl->reg->stopping && x->mem && x->mem->backend->ops->discard)
+    x->mem->backend->ops->discard(x->mem->backend, x->mem);
+}
+
+void gshmd__export_reg_unbusy(struct gshmd_cluster *cl, struct export_reg *x, unsigned n) {
+  x->busy -= n < x->busy ? n : x->busy;
+  if (!x->busy && x->wipe)
+    export_reg_wipe(cl, x);
+}
+
 /* seg goes (NULL: nothing): its mapping with it, unless grants still hold
  * it (seg was revoked under them: its lease ended, not their sends and
  * copies in flight); then x keeps the mapping, and the memory itself
- * (discarded now, as its free would: the rest of their reads are zeros),
- * until the last of them (gshmd__export_reg_unref). */
+ * until the last of them (gshmd__export_reg_unref).  The memory is
+ * discarded, as its free would, once no send or copy of theirs runs:
+ * those admitted before the revoke carry the segment's bytes (discarded
+ * under them, a send went out as zeros the puller took for the
+ * segment's), and a grant held without reading keeps no pages. */
 static void export_reg_detach(struct gshmd_cluster *cl, struct gshmd_segment *seg, bool take) {
   struct export_reg *x = seg->cluster_export;
 
@@ -97,10 +114,11 @@ static void export_reg_detach(struct gshmd_cluster *cl, struct gshmd_segment *se
   }
   x->seg = NULL;
   if (take && seg->mem) {
-    if (!cl->reg->stopping && seg->mem->backend->ops->discard)
-      seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
     x->mem = seg->mem;
     seg->mem = NULL; /* (the registry frees no memory then) */
+    x->wipe = true;
+    if (!x->busy)
+      export_reg_wipe(cl, x);
   }
 }
 

@@ -44,10 +44,12 @@ struct rogue {
   Gshm__Cluster__Msg *q[ROGUE_QUEUE];
   unsigned qhead, qn;
   uint64_t dropped;              /* messages that did not fit the queue */
-  /* data frames: landed in sink (overwritten, len bytes at most) */
+  /* data frames: landed in sink at their offset, where they fit (else at
+   * its start; overwritten), len bytes at most */
   uint8_t *sink;
   uint64_t sink_len;
   uint64_t data_frames, data_bytes, data_bad;
+  uint64_t data_zero;            /* good frames holding a 4 KiB page of zeros */
 };
 
 /* Reads the key file at path as gshmd does (crypto_generichash of its

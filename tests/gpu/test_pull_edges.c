@@ -29,9 +29,17 @@
  *     another shape: new ones) are being made: nothing of the set is
  *     left on c, no pinned slot counted, the peer's grants released, at
  *     most 8 x 4 MiB kept;
- *  5. the arena: a (the serving node, cluster.staging_arena at its
+ *  5. a revoke under the grant: b pulls a segment of a's (staged from
+ *     device memory: the copies into a's slots run on its pool), and a
+ *     revokes it as the first bytes come in.  The pull fails -ESTALE
+ *     (or, all in before, lands the source's bytes); a lives on (it runs
+ *     with glibc's malloc perturbation: freed records are junk), counts
+ *     no lease, and serves the next pull whole.  Before, a staged grant
+ *     of a device segment held no mapping record, and the revoke freed
+ *     the memory (and its record) the copies in flight read;
+ *  6. the arena: a (the serving node, cluster.staging_arena at its
  *     default, 1 GiB pinned at its start) served every staged grant of
- *     steps 1-4 from slots carved from it, and made no staging buffer.
+ *     steps 1-5 from slots carved from it, and made no staging buffer.
  *
  * One GPU; exit 77 without a driver or a GPU.  With
  * $GSHM_PULL_EDGES_HOST=1 the same steps run on host segments (gshmd
@@ -402,6 +410,66 @@ static void cut_step(gshm_client_t *a, gshm_client_t *c, const char *c_socket, b
          left ? "it was done before (host)" : "nothing left", kept >> 20);
 }
 
+/* Revokes a's segment (once) as b's pull of it reports its first bytes. */
+struct revoker {
+  gshm_client_t *a;
+  int err;
+  bool done;
+  uint64_t at; /* bytes in at the revoke */
+};
+
+static void revoke_on_progress(const gshm_pull_progress_t *p, void *arg) {
+  struct revoker *r = arg;
+  if (r->done || p->bytes_done == 0)
+    return;
+  r->done = true;
+  r->at = p->bytes_done;
+  r->err = gshm_revoke(r->a, "pub/rv");
+}
+
+#define RV_SIZE_GPU (1024 * MiB)
+#define RV_SIZE_HOST (64 * MiB)
+
+/* 5: a revokes the segment b is pulling (a staged grant on GPUs). */
+static void revoke_step(gshm_client_t *a, gshm_client_t *b, bool on_host) {
+  uint64_t size = on_host ? RV_SIZE_HOST : RV_SIZE_GPU, alloc;
+  struct revoker rv = {.a = a};
+  gshm_pull_opts_t po = {.local_name = "got/rv", .location = loc, .progress = revoke_on_progress,
+                         .progress_arg = &rv};
+  gshm_cluster_pull_t *v = NULL;
+  size_t n = 9;
+  int e;
+
+  make(a, "pub/rv", size, NULL, 81);
+  e = gshm_pull(b, "a", "pub/rv", &po, NULL);
+  printf("revoke under the grant: revoked at %" PRIu64 " of %" PRIu64 " bytes (%d); the pull: "
+         "%s (%s)\n", rv.at, size, rv.err, e ? gshm_strerror(e) : "landed", e ? gshm_last_error(b) : "");
+  CHECK(rv.done && rv.err == 0, "the revoke: %d (done %d)", rv.err, rv.done);
+  CHECK(e == 0 || e == -ESTALE, "the pull of a revoked segment: %s (%s), want ESTALE",
+        gshm_strerror(e), gshm_last_error(b));
+  CHECK(e != -ESTALE || strstr(gshm_last_error(b), "revoked at its source"),
+        "the failed pull does not say the segment was revoked: %s", gshm_last_error(b));
+  if (!e) {
+    CHECK(pulled_ok(b, "got/rv", size, 81, &alloc), "got/rv is not pub/rv's bytes");
+    CHECK(gshm_unlink(b, "got/rv") == 0, "unlink got/rv");
+  }
+  CHECK(count_named(b, "got/") == 0, "the failed pull left segments on b");
+  CHECK(gshm_cluster_pulls(b, &v, &n) == 0 && n == 0, "%zu pulls still in flight on b", n);
+  gshm_free(v);
+  CHECK(leases_settle(a) == 0, "a still counts leases after the revoke");
+  /* a lives and serves */
+  make(a, "pub/rv2", 8 * MiB + 4097, NULL, 83);
+  po.local_name = "got/rv2";
+  po.progress = NULL;
+  e = gshm_pull(b, "a", "pub/rv2", &po, NULL);
+  CHECK(e == 0, "a's next pull after the revoke: %s (%s)", gshm_strerror(e), gshm_last_error(b));
+  CHECK(!e && pulled_ok(b, "got/rv2", 8 * MiB + 4097, 83, &alloc), "got/rv2 differs");
+  if (!e)
+    CHECK(gshm_unlink(b, "got/rv2") == 0, "unlink got/rv2");
+  CHECK(gshm_unlink(a, "pub/rv2") == 0, "unlink pub/rv2");
+  CHECK(leases_settle(a) == 0, "a still counts leases after the next pull");
+}
+
 int main(void) {
   static char sa[GPU_NODE_ARGS][512], sb[GPU_NODE_ARGS][512], sc[GPU_NODE_ARGS][512];
   const char *host = getenv("GSHM_PULL_EDGES_HOST");
@@ -434,7 +502,10 @@ int main(void) {
   gpu_node_args(sa, aa, backend, "a", port_a, pa, key, "pub/*", "cluster.pull_chunk=1M", NULL);
   gpu_node_args(sb, ab, backend, "b", port_b, pb, key, "", "cluster.pull_chunk=1M",
                 "limits.max_segments=2", NULL);
+  /* (a's freed records are junk: step 5) */
+  setenv("GLIBC_TUNABLES", "glibc.malloc.perturb=165", 1);
   REQUIRE(harness_start(&A, aa) == 0, "gshmd a");
+  unsetenv("GLIBC_TUNABLES");
   harness_set_leftover(&A);
   atexit(harness_kill_leftover);
   /* (c makes its staging buffers as it goes, no arena: step 3 watches
@@ -456,6 +527,7 @@ int main(void) {
   no_room_step(a, b);
   pinned_step(a, c, C.socket_path, on_host);
   cut_step(a, c, C.socket_path, on_host);
+  revoke_step(a, b, on_host);
   usleep(1200 * 1000); /* (metrics are a snapshot up to a second old) */
   arena_step(a, on_host);
 
