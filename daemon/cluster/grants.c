@@ -4,13 +4,16 @@
  * to PULL_PINNED_FULL staging_bytes of pinned slots. */
 #include "pull.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "config.h"
 #include "log.h"
 #include "registry.h"
 #include "stage.h"
+#include "util.h"
 
 /* Asks grants for the next segments (those a busy peer refused first)
  * while fewer than s->window are open and the node's pulls into GPUs
@@ -88,12 +91,67 @@ void gshmd__pull_unpin(struct pull *p) {
   p->pinned = 0;
 }
 
+/* /proc/meminfo's MemAvailable + SwapFree in bytes, or UINT64_MAX when
+ * it cannot be read. */
+static uint64_t host_avail(void) {
+  unsigned long long kb, sum = 0;
+  unsigned found = 0;
+  char line[160];
+  FILE *f = fopen("/proc/meminfo", "re");
+
+  if (!f)
+    return UINT64_MAX;
+  while (found < 2 && fgets(line, sizeof(line), f))
+    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1 ||
+        sscanf(line, "SwapFree: %llu kB", &kb) == 1) {
+      sum += kb;
+      found++;
+    }
+  fclose(f);
+  return found == 2 ? (uint64_t)sum << 10 : UINT64_MAX;
+}
+
+int gshmd__pull_host_room(struct pull *p, uint64_t size) {
+  struct gshmd_cluster *cl = p->s->cl;
+  int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
+
+  if (!cl->host_avail_ns || now - cl->host_avail_ns > 100 * 1000 * 1000) {
+    cl->host_avail = host_avail();
+    cl->host_avail_ns = now;
+  }
+  if (cl->host_avail != UINT64_MAX &&
+      (size > cl->host_avail || cl->pull_host_owed > cl->host_avail - size)) {
+    gshmd__pull_set_fail(p->s, -ENOMEM,
+                         "segment '%s' of peer '%s' needs %" PRIu64 " bytes of host memory: this "
+                         "node has %" PRIu64 " available (with swap), and pulls in flight will "
+                         "still take %" PRIu64,
+                         p->remote_name, p->s->peer->name, size, cl->host_avail,
+                         cl->pull_host_owed);
+    return -ENOMEM;
+  }
+  p->host_owed += size;
+  cl->pull_host_owed += size;
+  return 0;
+}
+
+void gshmd__pull_host_paid(struct pull *p, uint64_t n) {
+  struct gshmd_cluster *cl = p->s->cl;
+
+  if (n > p->host_owed)
+    n = p->host_owed;
+  p->host_owed -= n;
+  cl->pull_host_owed -= n;
+}
+
 void gshmd__pull_pinned_metrics(const struct gshmd_cluster *cl, FILE *f) {
   fprintf(f, "# HELP gshm_cluster_pull_pinned_bytes Pinned staging bytes held by this node's pulls into GPUs now (at most 8 x cluster.staging_bytes but for one).\n"
              "# TYPE gshm_cluster_pull_pinned_bytes gauge\n"
              "gshm_cluster_pull_pinned_bytes %" PRIu64 "\n"
              "# HELP gshm_cluster_pull_pinned_bytes_max The most pinned staging bytes this node's pulls into GPUs held at once since gshmd started.\n"
              "# TYPE gshm_cluster_pull_pinned_bytes_max gauge\n"
-             "gshm_cluster_pull_pinned_bytes_max %" PRIu64 "\n",
-          cl->pull_pinned, cl->pull_pinned_max);
+             "gshm_cluster_pull_pinned_bytes_max %" PRIu64 "\n"
+             "# HELP gshm_cluster_pull_host_owed_bytes Bytes of new host segments this node's pulls made and have not landed yet (each pull's room is checked against the node's memory with them).\n"
+             "# TYPE gshm_cluster_pull_host_owed_bytes gauge\n"
+             "gshm_cluster_pull_host_owed_bytes %" PRIu64 "\n",
+          cl->pull_pinned, cl->pull_pinned_max, cl->pull_host_owed);
 }

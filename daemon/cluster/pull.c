@@ -117,6 +117,7 @@ static void chunk_end(struct chunk *c, int err, const char *why) {
   } else {
     p->done += c->len;
     s->done += c->len;
+    gshmd__pull_host_paid(p, c->len);
     gshmd__relay_landed(s->cl, p->seg, c->off, c->len); /* peers reading it meanwhile */
   }
   free(c);
@@ -374,6 +375,8 @@ int gshmd__pull_item_create(struct pull *p, uint64_t size, bool remote_device, c
   int e;
 
   local_location(p, remote_device);
+  if (!gshmd__pull_location_device(p->location) && (e = gshmd__pull_host_room(p, size)))
+    return e;
   cr.name = p->local_name;
   cr.size = size;
   cr.location = p->location;
@@ -554,6 +557,7 @@ void gshmd__pull_item_close(struct pull *p) {
   if (p->on_link)
     gshm_list_del(&p->link_node);
   p->on_link = false;
+  gshmd__pull_host_paid(p, UINT64_MAX);
   gshmd__prefault_forget(p);
   if (!p->mapped_ahead)
     unmap_local(p); /* (one made at its grant: PULL_MAPS_AHEAD were already) */

@@ -62,6 +62,8 @@ struct pull {
   char path_reason[160];
   uint64_t listed;               /* its size in the peer's listing (0: not listed) */
   uint64_t pinned;               /* pinned staging bytes counted for it in cl->pull_pinned */
+  uint64_t host_owed;            /* bytes of its new host segment not landed yet, counted in
+                                    cl->pull_host_owed (grants.c gshmd__pull_host_room) */
   uint64_t listed_id, listed_gen; /* its ids there (0: not listed, or listed in flight) */
   uint64_t total, next_off, done;
   unsigned inflight;             /* chunks in any step */
@@ -260,6 +262,18 @@ bool gshmd__pull_grant_later(struct pull *p);
  * on a GPU (its listing says so, or its location names one); a segment
  * not listed counts cluster.staging_bytes. */
 uint64_t gshmd__pull_pin_need(struct pull *p);
+/* Room for p's new host segment of size bytes: every byte of it will be
+ * written, so the node's memory must take it with what the pulls in
+ * flight still owe (cl->pull_host_owed).  The bound is /proc/meminfo's
+ * MemAvailable + SwapFree (tmpfs pages can swap), read at most every
+ * 100 ms; without /proc/meminfo, none.  On room, counts size as owed by p
+ * and returns 0; else fails p's set (-ENOMEM, saying how much is
+ * missing) and returns -ENOMEM.  A hostile peer's listing of thousands
+ * of huge segments fails here before any is made. */
+int gshmd__pull_host_room(struct pull *p, uint64_t size);
+/* n more bytes of p landed, or (n = UINT64_MAX) p closed: what it owes
+ * goes down by as much. */
+void gshmd__pull_host_paid(struct pull *p, uint64_t n);
 /* Counts bytes more for p in cl->pull_pinned (PULL_PINNED_FULL). */
 void gshmd__pull_pin(struct pull *p, uint64_t bytes);
 /* p's count in cl->pull_pinned ends (its grant closed, or refused). */

@@ -575,6 +575,7 @@ static void set_end(struct pull_set *s) {
   for (size_t i = 0; i < s->n; i++) {
     gshmd__prefault_forget(s->items[i]);
     gshmd__pull_unpin(s->items[i]); /* (closed ones already were) */
+    gshmd__pull_host_paid(s->items[i], UINT64_MAX); /* (those never granted) */
     free(s->items[i]->listed_source);
     free(s->items[i]);
   }

@@ -289,19 +289,15 @@ static void test_lies_refused(void **state) {
   gshm_disconnect(p);
 }
 
-/* A set of device segments pulled by a gshmd without a GPU: their hidden
- * segments are made after the listing (a few a loop turn), and the first
- * one that cannot be made fails the set with the registry's reason;
- * nothing is left and P goes on.  The rogue refuses the grants P asks for
- * meanwhile (the set has failed by then: the making runs in the loop turn
- * after the listing, before any answer is read). */
-static void test_device_set_without_gpu(void **state) {
-  static const struct lie dev = {"device set", true,
-                                 {{1, "pub/a", 4096, "cuda:0"}, {2, "pub/b", 8192, "cuda:0"}},
-                                 {{0}}, 0, {0}};
+/* The set pull of l (its first page, listed honestly otherwise): the
+ * listing fails it with want, saying says; nothing is left, no pull
+ * still owes host memory, and the rogue is asked no grant it could not
+ * refuse.  Returns the grants it was asked for. */
+static unsigned set_refused_after_listing(const struct lie *l, int want, const char *says) {
   gshm_client_t *p = connect_to(&P);
-  struct bg bg = {.lie = &dev};
-  (void)state;
+  struct bg bg = {.lie = l};
+  unsigned grants = 0;
+  long owed = -1;
 
   assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
   while (!bg.done) {
@@ -311,8 +307,8 @@ static void test_device_set_without_gpu(void **state) {
       continue;
     }
     if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST)
-      send_page(m->request_id, dev.page1, 4, 0, 0);
-    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
+      send_page(m->request_id, l->page1, 4, 0, 0);
+    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST && ++grants)
       send_error(m->request_id);
     /* (anything else, such as the previous test's late Release with
      * request id 0, gets no answer: a status at id 0 is a refusal that
@@ -320,11 +316,54 @@ static void test_device_set_without_gpu(void **state) {
     gshm__cluster__msg__free_unpacked(m, NULL);
   }
   pthread_join(bg.t, NULL);
-  printf("device set without a GPU: %d: %s\n", bg.err, bg.msg);
-  assert_int_equal(bg.err, -ENOTSUP);
-  assert_non_null(strstr(bg.msg, "device segments are unavailable"));
+  printf("%s: %d: %s\n", l->what, bg.err, bg.msg);
+  assert_int_equal(bg.err, want);
+  assert_non_null(strstr(bg.msg, says));
   assert_nothing_left(p, NULL);
+  for (int i = 0; i < 40 && owed; i++, usleep(100000)) /* (metrics: up to 1 s old) */
+    owed = metric(p, "gshm_cluster_pull_host_owed_bytes");
+  assert_int_equal(owed, 0);
   gshm_disconnect(p);
+  return grants;
+}
+
+/* A set of device segments pulled by a gshmd without a GPU: their hidden
+ * segments are made after the listing (a few a loop turn), and the first
+ * one that cannot be made fails the set with the registry's reason;
+ * nothing is left and P goes on.  The rogue refuses the grants P asks for
+ * meanwhile (the set has failed by then: the making runs in the loop turn
+ * after the listing, before any answer is read). */
+static void test_device_set_without_gpu(void **state) {
+  static const struct lie dev = {"device set without a GPU", true,
+                                 {{1, "pub/a", 4096, "cuda:0"}, {2, "pub/b", 8192, "cuda:0"}},
+                                 {{0}}, 0, {0}};
+  (void)state;
+  set_refused_after_listing(&dev, -ENOTSUP, "device segments are unavailable");
+}
+
+/* A set of host segments more than this machine's memory (MemAvailable +
+ * SwapFree) can hold: each one alone fits (0.6 of it), the two do not.
+ * Every byte of a pull is written, so the second one's making fails the
+ * set with -ENOMEM before any grant is asked; before, both were made
+ * (sparse memfds) and their bytes would have run the node out of memory
+ * as they came (a hostile peer's 4096 listed segments of up to 2^48
+ * bytes: no bound at all). */
+static void test_host_set_beyond_memory(void **state) {
+  static struct lie big = {"host set beyond memory", true, {{0}}, {{0}}, 0, {0}};
+  unsigned long long kb, avail = 0;
+  char line[160];
+  FILE *f = fopen("/proc/meminfo", "re");
+  (void)state;
+
+  assert_non_null(f);
+  while (fgets(line, sizeof(line), f))
+    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1 ||
+        sscanf(line, "SwapFree: %llu kB", &kb) == 1)
+      avail += kb << 10;
+  fclose(f);
+  big.page1[0] = (struct entry){1, "pub/a", (avail / 10 * 6) & ~4095ull, "host"};
+  big.page1[1] = (struct entry){2, "pub/b", (avail / 10 * 6) & ~4095ull, "host"};
+  assert_int_equal(set_refused_after_listing(&big, -ENOMEM, "of host memory"), 0);
 }
 
 /* The set pull of bg->what, against a peer that lists `listed` and then
@@ -695,6 +734,7 @@ int main(void) {
       cmocka_unit_test(test_lies_refused),
       cmocka_unit_test(test_grant_not_listed),
       cmocka_unit_test(test_device_set_without_gpu),
+      cmocka_unit_test(test_host_set_beyond_memory),
       cmocka_unit_test(test_status_answer_to_claimed),
       cmocka_unit_test(test_lane_frame_stalled),
       cmocka_unit_test(test_stream_frame_stalled),
