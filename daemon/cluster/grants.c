@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "config.h"
@@ -91,16 +92,53 @@ void gshmd__pull_unpin(struct pull *p) {
   p->pinned = 0;
 }
 
-/* /proc/meminfo's MemAvailable + SwapFree in bytes, or UINT64_MAX when
- * it cannot be read. */
+/* The first number in file path (cgroup v2's memory.max, memory.current),
+ * or UINT64_MAX ("max", or unreadable). */
+static uint64_t read_u64(const char *path) {
+  unsigned long long v;
+  FILE *f = fopen(path, "re");
+  int n = f ? fscanf(f, "%llu", &v) : 0;
+
+  if (f)
+    fclose(f);
+  return n == 1 ? (uint64_t)v : UINT64_MAX;
+}
+
+/* What gshmd's cgroup (v2; a systemd MemoryMax=, a container's limit)
+ * lets it charge more, or UINT64_MAX without a limit: pages of the
+ * memfds its lanes write are charged to it. */
+static uint64_t cgroup_avail(void) {
+  char line[512], path[600];
+  uint64_t max, cur;
+  FILE *f = fopen("/proc/self/cgroup", "re");
+  bool found = false;
+
+  while (f && !found && fgets(line, sizeof(line), f))
+    found = !strncmp(line, "0::", 3);
+  if (f)
+    fclose(f);
+  if (!found)
+    return UINT64_MAX;
+  line[strcspn(line, "\n")] = '\0';
+  snprintf(path, sizeof(path), "/sys/fs/cgroup%s/memory.max", line + 3);
+  if ((max = read_u64(path)) == UINT64_MAX)
+    return UINT64_MAX;
+  snprintf(path, sizeof(path), "/sys/fs/cgroup%s/memory.current", line + 3);
+  cur = read_u64(path);
+  return cur == UINT64_MAX ? UINT64_MAX : max > cur ? max - cur : 0;
+}
+
+/* /proc/meminfo's MemAvailable + SwapFree in bytes, at most what gshmd's
+ * cgroup allows; UINT64_MAX when neither can be read. */
 static uint64_t host_avail(void) {
   unsigned long long kb, sum = 0;
   unsigned found = 0;
   char line[160];
   FILE *f = fopen("/proc/meminfo", "re");
+  uint64_t cg;
 
   if (!f)
-    return UINT64_MAX;
+    return cgroup_avail();
   while (found < 2 && fgets(line, sizeof(line), f))
     if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1 ||
         sscanf(line, "SwapFree: %llu kB", &kb) == 1) {
@@ -108,7 +146,8 @@ static uint64_t host_avail(void) {
       found++;
     }
   fclose(f);
-  return found == 2 ? (uint64_t)sum << 10 : UINT64_MAX;
+  cg = cgroup_avail();
+  return found == 2 && (uint64_t)sum << 10 < cg ? (uint64_t)sum << 10 : cg;
 }
 
 int gshmd__pull_host_room(struct pull *p, uint64_t size) {
