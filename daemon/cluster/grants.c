@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "config.h"
 #include "log.h"
 #include "registry.h"
@@ -155,7 +156,12 @@ int gshmd__pull_host_room(struct pull *p, uint64_t size) {
   int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
 
   if (!cl->host_avail_ns || now - cl->host_avail_ns > 100 * 1000 * 1000) {
+    struct gshmd_host_recycle_stats st;
+    /* memory daemon.host_recycle keeps is gshmd's to land pulls in */
+    gshmd_backend_host_recycle_stats(cl->reg->host, &st);
     cl->host_avail = host_avail();
+    if (cl->host_avail != UINT64_MAX)
+      cl->host_avail += st.bytes_held;
     cl->host_avail_ns = now;
   }
   if (cl->host_avail != UINT64_MAX &&

@@ -266,8 +266,9 @@ uint64_t gshmd__pull_pin_need(struct pull *p);
  * written, so the node's memory must take it with what the pulls in
  * flight still owe (cl->pull_host_owed).  The bound is /proc/meminfo's
  * MemAvailable + SwapFree (tmpfs pages can swap), or what gshmd's cgroup
- * v2 memory.max leaves where less, read at most every 100 ms; none where
- * neither can be read.  On room, counts size as owed by p
+ * v2 memory.max leaves where less, plus what daemon.host_recycle keeps
+ * (pulls land in it), read at most every 100 ms; none where neither can
+ * be read.  On room, counts size as owed by p
  * and returns 0; else fails p's set (-ENOMEM, saying how much is
  * missing) and returns -ENOMEM.  A hostile peer's listing of thousands
  * of huge segments fails here before any is made. */
