@@ -14,6 +14,7 @@
 
 #include "client_internal.h"
 #include "errors.h"
+#include "fork.h"
 #include "log.h"
 #include "util.h"
 
@@ -21,14 +22,10 @@
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
-/* Forks seen in this process's lineage (pthread_atfork's child handler,
- * registered at the first connect); a client remembers the count it was
- * connected under. */
-static unsigned fork_gen;
-static void on_fork_child(void) { __atomic_add_fetch(&fork_gen, 1, __ATOMIC_RELAXED); }
-
+/* A client remembers the count of forks (common/fork.h) it was connected
+ * under. */
 bool gshm__forked(struct gshm_client *c) {
-  if (c->fork_gen == __atomic_load_n(&fork_gen, __ATOMIC_RELAXED))
+  if (c->fork_gen == gshm__fork_gen())
     return false;
   snprintf(c->last_error, sizeof(c->last_error),
            "this client was connected before a fork: a forked process connects its own");
@@ -43,7 +40,6 @@ bool gshm__forked(struct gshm_client *c) {
 static void log_init(void) {
   const char *v = secure_getenv("GSHM_LOG_LEVEL");
   gshm__log_setup("libgshm", v && *v ? atoi(v) : -1, 0);
-  (void)pthread_atfork(NULL, NULL, on_fork_child);
 }
 
 const char *gshm_strerror(int err) { return gshm__strerror(err); }
@@ -434,7 +430,7 @@ int gshm_connect(const char *path, const char *client_name, gshm_client_t **clie
   env = secure_getenv("GSHM_RECONNECT_MS");
   c->reconnect_ms = env && *env ? atoi(env) : DEFAULT_RECONNECT_MS;
   c->poll_ns = default_poll_ns();
-  c->fork_gen = __atomic_load_n(&fork_gen, __ATOMIC_RELAXED);
+  c->fork_gen = gshm__fork_gen();
   if ((e = socket_connect(c->path, &c->fd)) || (e = hello(c))) {
     if (e != -EPROTONOSUPPORT)
       gshm_log_info("cannot connect to gshmd at %s: %s", c->path, gshm_strerror(e));

@@ -21,6 +21,7 @@
 
 #include "client_internal.h"
 #include "cudadrv.h"
+#include "fork.h"
 #include "log.h"
 #include "util.h"
 
@@ -45,11 +46,12 @@ struct device_map {
 #define CU_UNDO(drv, fn, ...) GSHM_CU_WARN(drv, fn, __VA_ARGS__) /* unwinding */
 
 /* The driver for mapping device segments: -ENOTSUP when there is none
- * (reason logged at INFO once: a host-only machine is no error). */
+ * (reason logged at INFO once: a host-only machine is no error), -ECHILD
+ * in a child forked from a process that had loaded it (cudadrv.h). */
 static int map_driver_load(const struct gshm_cudadrv **drv_out) {
   int e = gshm__cudadrv_load(GSHM_LOG_INFO, drv_out);
   /* No driver (or no GPU) here: device segments cannot be mapped. */
-  return e ? -ENOTSUP : 0;
+  return e == -ECHILD ? e : e ? -ENOTSUP : 0;
 }
 
 static int device_uuid(const struct gshm_cudadrv *drv, CUdevice dev, char buf[48]) {
@@ -64,33 +66,18 @@ static int device_uuid(const struct gshm_cudadrv *drv, CUdevice dev, char buf[48
  * cost the driver's import and map, not an enumeration.  A list that could
  * not be read in full (a transient cuDeviceGetCount, cuDeviceGet or
  * cuDeviceGetUuid failure) serves the map that read it and is read again
- * by the next one, never kept for the life of the process. */
+ * by the next one, never kept for the life of the process.  Under lock
+ * GSHM__LOCK_GPUS (common/fork.h: a fork waits for a read to end, and the
+ * child gets the list whole; a child whose parent read it cannot use
+ * CUDA, and its maps end with -ECHILD before they look). */
 static struct {
-  pthread_mutex_t lock;
   bool complete; /* read in full: kept */
   int count;
   CUdevice dev[MAP_MAX_DEVICES];
   char uuid[MAP_MAX_DEVICES][48];
-} local = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} local;
 
-/* fork() while another thread holds local.lock (reading the GPUs, which
- * can take the driver a while) would leave the child's copy held for
- * good, and the child's first map would hang: the fork waits for the
- * lock (prepare), and both processes go on with it free and the list
- * whole.  Registered at the first use of the lock. */
-static pthread_once_t local_atfork_once = PTHREAD_ONCE_INIT;
-static void local_atfork_prepare(void) { pthread_mutex_lock(&local.lock); }
-static void local_atfork_release(void) { pthread_mutex_unlock(&local.lock); }
-static void local_atfork_register(void) {
-  (void)pthread_atfork(local_atfork_prepare, local_atfork_release, local_atfork_release);
-}
-
-static void local_lock(void) {
-  pthread_once(&local_atfork_once, local_atfork_register);
-  pthread_mutex_lock(&local.lock);
-}
-
-/* Reads the list unless it is kept; local.lock held.  Returns 0, or the
+/* Reads the list unless it is kept; its lock held.  Returns 0, or the
  * error of a cuDeviceGetCount that failed (the list is then empty). */
 static int local_devices_read(const struct gshm_cudadrv *drv) {
   int count = 0, e;
@@ -116,7 +103,7 @@ static int local_devices_read(const struct gshm_cudadrv *drv) {
 static int local_uuid(CUdevice d, char buf[48]) {
   int e = -ENODEV;
 
-  local_lock();
+  gshm__fork_lock(GSHM__LOCK_GPUS);
   for (int i = 0; i < local.count; i++) {
     if (local.dev[i] == d) {
       snprintf(buf, 48, "%s", local.uuid[i]);
@@ -124,7 +111,7 @@ static int local_uuid(CUdevice d, char buf[48]) {
       break;
     }
   }
-  pthread_mutex_unlock(&local.lock);
+  gshm__fork_unlock(GSHM__LOCK_GPUS);
   return e;
 }
 
@@ -135,7 +122,7 @@ static int owner_device(const struct gshm_cudadrv *drv, const char *location, CU
 
   if (gshm__location_parse(location, &loc) || loc.kind != GSHM_LOCATION_CUDA_UUID)
     return -EPROTO; /* a device segment's reply always names its GPU's UUID */
-  local_lock();
+  gshm__fork_lock(GSHM__LOCK_GPUS);
   if (!(e = local_devices_read(drv))) {
     e = -ENODEV;
     for (int i = 0; i < local.count; i++) {
@@ -146,7 +133,7 @@ static int owner_device(const struct gshm_cudadrv *drv, const char *location, CU
       }
     }
   }
-  pthread_mutex_unlock(&local.lock);
+  gshm__fork_unlock(GSHM__LOCK_GPUS);
   if (e == -ENODEV)
     gshm_log_info("%s: not visible to this process (CUDA_VISIBLE_DEVICES?)", loc.uuid);
   return e;

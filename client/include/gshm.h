@@ -522,7 +522,9 @@ GSHM_EXTERN void gshm_free(void *p);
  * devices given for a host segment, ndevices 0 or over 64 with devices,
  * or an unknown ordinal; -ENODEV the segment's GPU is not visible to this
  * process, or a listed device has no peer access to it; -ENOTSUP no CUDA
- * driver here for a device segment; -EBADF a legacy-IPC lease
+ * driver here for a device segment; -ECHILD a device segment in a process
+ * forked from one that had initialized CUDA (as gshm_copy); -EBADF a
+ * legacy-IPC lease
  * (gshm_open_legacy_ipc: it has no fd to map); -EACCES / -ENOMEM / -EIO
  * from mmap or the driver; -ESTALE the lease
  * ended (revoked, or it could not be re-taken after a daemon restart: see
@@ -760,7 +762,11 @@ typedef enum {
  * embedded kernels (sm_90 SASS + PTX) cannot run on; -EXDEV
  * GSHM_COPY_SM between GPUs without peer access; -ENOENT / -ENODEV no CUDA
  * driver or no GPU; -ENOSYS a driver older than CUDA 12.0, or one that
- * lacks an entry point libgshm needs; -ENOMEM, -EIO from the driver (logged at
+ * lacks an entry point libgshm needs; -ECHILD this process was forked
+ * from one that had initialized CUDA, which a forked child cannot use
+ * (CUDA does not survive fork: fork and exec, or spawn, a process that
+ * uses it; nothing of the parent's libgshm CUDA state is touched);
+ * -ENOMEM, -EIO from the driver (logged at
  * GSHM_LOG_LEVEL>=3); -ENOMEM also when the process has used more than
  * 64 CUDA contexts. */
 GSHM_EXTERN int gshm_copy(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
@@ -838,8 +844,9 @@ typedef struct {
  * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
  * SPLIT with host memory, bytes of 2^58 or more (more than any memory);
  * -EXDEV two GPUs without a peer path for a copy the algorithm needs;
- * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOSYS a driver too old (as
- * gshm_copy); -ENOMEM, -EIO from the driver. */
+ * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOSYS a driver too old, or
+ * -ECHILD a forked child (both as gshm_copy); -ENOMEM, -EIO from the
+ * driver. */
 GSHM_EXTERN int gshm_broadcast(const void *src, void *const dsts[], int n, size_t bytes,
                                void *stream);
 
@@ -865,7 +872,8 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
  * memory (never handed to the GPU); -EXDEV the flag is
  * on a GPU the stream's GPU has no peer path to (libgshm enables peer
  * access where there is one); -ENOENT / -ENODEV no CUDA driver or GPU;
- * -ENOSYS a driver too old (as gshm_copy); -ENOTSUP the driver refuses
+ * -ENOSYS a driver too old, or -ECHILD a forked child (both as
+ * gshm_copy); -ENOTSUP the driver refuses
  * stream memory operations on this address and libgshm was built without
  * nvcc; -ENOMEM, -EIO the driver (-ENOMEM also as gshm_copy). */
 GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream);
@@ -890,7 +898,8 @@ GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
  * Errors: -EINVAL flag NULL, misaligned or in pageable host memory;
  * -EXDEV the flag is on a GPU
  * the stream's GPU has no peer path to; -ENOENT / -ENODEV no driver or
- * GPU; -ENOSYS a driver too old (as gshm_copy); -ENOTSUP the GPU does not
+ * GPU; -ENOSYS a driver too old, or -ECHILD a forked child (both as
+ * gshm_copy); -ENOTSUP the GPU does not
  * support 64-bit stream memory operations; -ENOMEM, -EIO the driver
  * (-ENOMEM also as gshm_copy). */
 GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream);

@@ -10,7 +10,8 @@
  * driver call unwinds everything before it; read-only leases map read-only
  * on every device, later ones included; gshm_write's copy is on the GPU
  * when it returns; a failed read of the process's GPUs is not kept; a fork
- * while another thread reads them leaves the child a map path that works.  tests/gpu/test_segments.c runs the same code on GPUs. */
+ * while another thread reads them leaves the child a map path that works,
+ * and a fork by the thread that reads them returns.  tests/gpu/test_segments.c runs the same code on GPUs. */
 #include <errno.h>
 #include <pthread.h>
 #include <semaphore.h>
@@ -61,6 +62,10 @@ static bool htod_in_flight;
  * fails: another thread holds map_cuda.c's GPU list lock meanwhile. */
 static unsigned count_stall_us;
 static sem_t count_entered;
+/* The next cuDeviceGetCount forks (as a driver may, to run a helper), and
+ * fails: the thread that forks holds map_cuda.c's GPU list lock. */
+static bool count_forks;
+static pid_t count_forked;
 
 static bool failing(const char *fn) {
   if (fail_at && !strcmp(fail_at, fn)) {
@@ -76,6 +81,12 @@ static bool failing(const char *fn) {
   } while (0)
 
 static CUresult f_count(int *n) {
+  if (count_forks) {
+    count_forks = false;
+    if ((count_forked = fork()) == 0)
+      _exit(0);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   if (count_stall_us) {
     unsigned us = count_stall_us;
     count_stall_us = 0;
@@ -331,6 +342,28 @@ static void test_fork_while_another_thread_reads_gpus(void **state) {
   sem_destroy(&count_entered);
 }
 
+/* A fork() by the thread that holds the GPU list lock (the driver may fork
+ * a helper inside a call made under it) returns: fork's handler waited
+ * for that lock, held by the forking thread itself, for good (the whole
+ * test died of its alarm).  Must run before any map that succeeds. */
+static void test_fork_under_the_lock(void **state) {
+  struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
+  char **uuids;
+  size_t n;
+  int status;
+  (void)state;
+
+  count_forks = true;
+  alarm(5);
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), -ENOMEM);
+  alarm(0);
+  assert_true(count_forked > 0);
+  assert_int_equal(waitpid(count_forked, &status, 0), count_forked);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_nothing_held();
+}
+
 /* The first map of the process reads its GPUs (cuDeviceGetCount, then
  * each one's UUID): a failure there is that map's error, and the next map
  * reads them again (the list was kept for the life of the process, failed
@@ -459,8 +492,9 @@ static void test_write_is_done_when_it_returns(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fork_while_another_thread_reads_gpus), /* first */
-      cmocka_unit_test(test_failed_device_list_is_retried),         /* second */
+      cmocka_unit_test(test_fork_under_the_lock),                   /* first */
+      cmocka_unit_test(test_fork_while_another_thread_reads_gpus), /* second */
+      cmocka_unit_test(test_failed_device_list_is_retried),         /* third */
       cmocka_unit_test(test_hostile_replies_are_eproto),
       cmocka_unit_test(test_size_past_the_allocation),
       cmocka_unit_test(test_every_failure_unwinds),
