@@ -647,8 +647,9 @@ typedef struct gshm_pool_segment {
  * Errors: -EINVAL NULL argument, unknown flags, granule not a multiple of
  * 2 MiB, mode over 0777, negative device, or a prefix that is not a valid
  * segment name; -ENAMETOOLONG prefix too long for "<prefix>/seg-NNNNNN";
- * -ENOTSUP no CUDA driver here; -ENODEV no such CUDA device in this
- * process; -EEXIST (persistent pools) "<prefix>/seg-000000" exists, i.e.
+ * -ENOTSUP no CUDA driver here; -ECHILD this process was forked from one
+ * that had initialized CUDA (as gshm_copy); -ENODEV no such CUDA device
+ * in this process; -EEXIST (persistent pools) "<prefix>/seg-000000" exists, i.e.
  * the prefix holds a pool that was not released (unlink its segments
  * first); -EIO (or -ENOMEM) a driver call failed (logged); the errors of
  * gshm_stat_name(). */
@@ -672,7 +673,10 @@ GSHM_EXTERN gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool);
  * gshm_torch_last_error() 0); otherwise NULL (PyTorch then raises its
  * out-of-memory error) with the reason in gshm_torch_last_error():
  * -EINVAL size < 0, or no active pool and not exactly one unreleased pool
- * in the process; -EBADF the thread's pool was released; -ENODEV `device`
+ * in the process; -EBADF the thread's pool was released; -ECHILD the pool
+ * was made by a process this one was forked from (its segments, mappings
+ * and context are that process's, and CUDA does not survive fork: see
+ * gshm_copy); -ENODEV `device`
  * is not the pool's; -EMFILE the pool has a million segments; -EPROTO
  * gshmd made a segment smaller than asked; the errors of gshm_create()
  * (the daemon's explanation in gshm_last_error() of the pool's client)
@@ -689,7 +693,10 @@ GSHM_EXTERN void *gshm_torch_malloc(ssize_t size, int device, void *stream);
  * persistent pool keeps it for reuse.  `size`, `device` and `stream` are
  * not needed (the pool knows them; `stream` may be destroyed by now).  A
  * pointer that no pool handed out, or one freed twice, is ignored (never
- * passed to cudaFree) and sets gshm_torch_last_error() to -EINVAL. */
+ * passed to cudaFree) and sets gshm_torch_last_error() to -EINVAL; in a
+ * process forked from one that made pools, a pointer that none of this
+ * process's pools handed out is ignored with -ECHILD (the parent's pools
+ * are not looked at there: see gshm_torch_malloc). */
 GSHM_EXTERN void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream);
 
 /* The result of the calling thread's last gshm_torch_malloc or
@@ -698,7 +705,8 @@ GSHM_EXTERN int gshm_torch_last_error(void);
 
 /* Lists the pool's segments in creation order.  *segs_out is one malloc'ed
  * array of *count_out entries (NULL when 0); free it with gshm_free().
- * Errors: -EINVAL NULL argument; -ENOMEM. */
+ * Errors: -EINVAL NULL argument; -ENOMEM; -ECHILD the pool was made by a
+ * process this one was forked from (gshm_torch_malloc). */
 GSHM_EXTERN int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs_out,
                                    size_t *count_out);
 
@@ -712,7 +720,9 @@ GSHM_EXTERN int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs
  * pool still valid (call again later to free it).  Returns 0 when the pool
  * was freed (do not use it again; its few hundred bytes stay allocated, so
  * that no later pool gets its address and a stale handle names none);
- * -EINVAL pool NULL; -EBUSY as above. */
+ * -EINVAL pool NULL; -EBUSY as above; -ECHILD the pool was made by a
+ * process this one was forked from (gshm_torch_malloc): nothing is done
+ * (its segments, names and context are that process's to end). */
 GSHM_EXTERN int gshm_pool_release(gshm_pool_t *pool, int unlink);
 /* ---- end PyTorch's allocator ---- */
 
