@@ -160,19 +160,23 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
  * lack it, for every holder of the mapping; never removes access.  On
  * success *n_out is 0 when nothing changed, else the mapping's device
  * count with their UUIDs in *uuids_out (as gshm__map_device).  Errors: as
- * gshm_map() documents. */
+ * gshm_map() documents; -ECHILD a mapping made by a process this one was
+ * forked from (CUDA does not survive fork: common/fork.h). */
 int gshm__map_device_add(struct gshm__lease *l, const int *devices, size_t ndevices,
                          char ***uuids_out, size_t *n_out);
 /* The UUIDs of the devices a mapped device lease is accessible from, in
  * *uuids_out (storage of the mapping); returns their count, 0 for a lease
  * without a device mapping. */
 size_t gshm__map_device_uuids(const struct gshm__lease *l, char ***uuids_out);
-/* Undoes gshm__map_device in reverse order; accepts an unmapped lease. */
+/* Undoes gshm__map_device in reverse order; accepts an unmapped lease.  A
+ * mapping made by a process this one was forked from is only forgotten
+ * (no driver call: it is that process's CUDA state); 0. */
 int gshm__unmap_device(struct gshm__lease *l);
 
 /* Copies the bytes of a mapped device segment to or from host memory
  * through a staging copy (for gshmctl read/write).  offset and bytes in
- * bytes, within the segment. */
+ * bytes, within the segment.  -ECHILD for a mapping made by a process
+ * this one was forked from (as gshm__map_device_add). */
 int gshm__device_rw(struct gshm__lease *l, uint64_t offset, void *host, size_t bytes, bool write);
 
 #endif

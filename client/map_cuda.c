@@ -40,10 +40,18 @@ struct device_map {
   CUdevice devices[MAP_MAX_DEVICES];
   char uuid_buf[MAP_MAX_DEVICES][48];
   char *uuids[MAP_MAX_DEVICES];
+  unsigned fork_gen;                   /* gshm__fork_gen() when mapped: see mapped_by_parent */
 };
 
 #define CU_LIB(drv, fn, ...) GSHM_CU_ERR(drv, fn, __VA_ARGS__)
 #define CU_UNDO(drv, fn, ...) GSHM_CU_WARN(drv, fn, __VA_ARGS__) /* unwinding */
+
+/* Whether m was made by a process this one was forked from.  Its handle,
+ * address range and context are that process's CUDA state, which a forked
+ * child cannot use (common/fork.h): no driver call may touch them here. */
+static bool mapped_by_parent(const struct device_map *m) {
+  return m->fork_gen != gshm__fork_gen();
+}
 
 /* The driver for mapping device segments: -ENOTSUP when there is none
  * (reason logged at INFO once: a host-only machine is no error), -ECHILD
@@ -212,6 +220,7 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
   if (!(m = calloc(1, sizeof(*m))))
     return -ENOMEM;
   m->drv = drv;
+  m->fork_gen = gshm__fork_gen();
   m->size = l->info.size;
   gran = l->info.granularity ? l->info.granularity : 2u << 20;
   /* The reply's size and granularity go to the driver as they are: one
@@ -308,6 +317,8 @@ int gshm__map_device_add(struct gshm__lease *l, const int *devices, size_t ndevi
   *n_out = 0;
   if (!m)
     return -EINVAL;
+  if (mapped_by_parent(m))
+    return -ECHILD;
   memset(&want, 0, sizeof(want));
   want.drv = m->drv;
   want.owner = m->owner;
@@ -361,6 +372,8 @@ int gshm__unmap_device(struct gshm__lease *l) {
   if (!m)
     return 0;
   drv = m->drv;
+  if (mapped_by_parent(m))
+    goto forget; /* the child's copy of the record goes; the parent's mapping stays */
   /* Work queued on the mapping must not fault: the caller synchronizes
    * its streams before unmapping (gshm_unmap's contract). */
   if ((r = CU_LIB(drv, cuMemUnmap, m->va, m->size)))
@@ -370,6 +383,7 @@ int gshm__unmap_device(struct gshm__lease *l) {
   if ((r = CU_LIB(drv, cuMemRelease, m->handle)))
     e = e ? e : r;
   CU_LIB(drv, cuDevicePrimaryCtxRelease, m->copy_dev);
+forget:
   free(m);
   l->device_map = NULL;
   l->addr = NULL;
@@ -386,6 +400,8 @@ int gshm__device_rw(struct gshm__lease *l, uint64_t offset, void *host, size_t b
     return -EINVAL;
   if (offset > m->size || bytes > m->size - offset)
     return -ERANGE;
+  if (mapped_by_parent(m))
+    return -ECHILD;
   if ((e = CU_LIB(m->drv, cuCtxPushCurrent, m->copy_ctx)))
     return e;
   /* From pageable memory cuMemcpyHtoD may return once the bytes are in

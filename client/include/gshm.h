@@ -539,7 +539,10 @@ GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevice
  * gshm_close) removes it at once: work queued on the GPU that still uses
  * the address must be finished first (synchronize its streams).
  * Returns 0 (also when not mapped), -EINVAL for a NULL seg, or -EIO when
- * the driver refused to unmap (the mapping is then leaked, and logged). */
+ * the driver refused to unmap (the mapping is then leaked, and logged).
+ * In a process forked from the one that mapped a device segment, the
+ * mapping is that process's CUDA state: the unmap forgets this process's
+ * record of it without a driver call, and returns 0. */
 GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
 
 /* Copies bytes between a segment and host memory, for host and device
@@ -549,8 +552,10 @@ GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
  *  offset, bytes  byte range within the segment.
  *  buf            host memory of at least `bytes` bytes.
  * Errors: -ERANGE range outside the segment; -EACCES gshm_write on a
- * read-only lease; -ENOTSUP device segment without a CUDA driver here; the
- * errors of gshm_map(). */
+ * read-only lease; -ENOTSUP device segment without a CUDA driver here;
+ * -ECHILD a device segment in a process forked from one that had
+ * initialized CUDA, mapped or not (as gshm_map); the errors of
+ * gshm_map(). */
 GSHM_EXTERN int gshm_read(gshm_segment_t *seg, uint64_t offset, void *buf, size_t bytes);
 GSHM_EXTERN int gshm_write(gshm_segment_t *seg, uint64_t offset, const void *buf, size_t bytes);
 

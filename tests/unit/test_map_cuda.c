@@ -11,7 +11,8 @@
  * on every device, later ones included; gshm_write's copy is on the GPU
  * when it returns; a failed read of the process's GPUs is not kept; a fork
  * while another thread reads them leaves the child a map path that works,
- * and a fork by the thread that reads them returns.  tests/gpu/test_segments.c runs the same code on GPUs. */
+ * and a fork by the thread that reads them returns; a child makes no
+ * driver call on a mapping its parent made.  tests/gpu/test_segments.c runs the same code on GPUs. */
 #include <errno.h>
 #include <pthread.h>
 #include <semaphore.h>
@@ -490,6 +491,42 @@ static void test_write_is_done_when_it_returns(void **state) {
   assert_nothing_held();
 }
 
+/* A mapping made before a fork is the parent's CUDA state, which a forked
+ * child cannot use: there a read or write, or access for more devices, is
+ * -ECHILD, and an unmap forgets the child's record of it without a driver
+ * call (each went to the driver: undefined in a real child). */
+static void test_parent_mapping_in_a_child(void **state) {
+  struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
+  unsigned char buf[16] = {0};
+  char **uuids;
+  size_t n;
+  pid_t pid;
+  int status;
+  (void)state;
+
+  access_calls = 0;
+  assert_int_equal(gshm__map_device(&l, (const int[]){1}, 1, &uuids, &n), 0);
+  pid = fork();
+  if (pid == 0) {
+    int bad = 0;
+    alarm(5);
+    bad |= gshm__device_rw(&l, 0, buf, sizeof(buf), false) != -ECHILD;
+    bad |= (gshm__device_rw(&l, 0, buf, sizeof(buf), true) != -ECHILD) << 1;
+    bad |= (gshm__map_device_add(&l, NULL, 0, &uuids, &n) != -ECHILD) << 2;
+    bad |= (gshm__unmap_device(&l) != 0 || l.device_map || l.addr) << 3;
+    /* this process's copy of the fake driver's books: nothing undone */
+    bad |= (mappings != 1 || reservations != 1 || handles != 1 || retained[1] != 1 ||
+            access_calls != 1) << 4;
+    _exit(bad);
+  }
+  assert_true(pid > 0);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(gshm__unmap_device(&l), 0); /* the parent's is whole */
+  assert_nothing_held();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fork_under_the_lock),                   /* first */
@@ -500,6 +537,7 @@ int main(void) {
       cmocka_unit_test(test_every_failure_unwinds),
       cmocka_unit_test(test_read_only_everywhere),
       cmocka_unit_test(test_write_is_done_when_it_returns),
+      cmocka_unit_test(test_parent_mapping_in_a_child),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
