@@ -72,8 +72,16 @@ struct gshm_client {
  * socket and the lease cache are the parent's, and a request, an event
  * read or a map report sent here would take the parent's replies or end
  * its leases.  Such a child's requests are refused -ECHILD; closing its
- * segments and the client only frees its own copies. */
+ * segments and the client only frees its own copies (nothing, where the
+ * lock was copied held: gshm__client_lock). */
 bool gshm__forked(struct gshm_client *c);
+
+/* Takes c->lock: 0.  In a process forked from the one that connected c,
+ * the lock may have been copied held, by a thread this process does not
+ * have, and would be waited for for good: there it is only tried, and
+ * -ECHILD (not taken) when it is held.  Every user of a client takes its
+ * lock through this. */
+int gshm__client_lock(struct gshm_client *c);
 
 /* Sends msg as a request of type and waits for its reply, applying any
  * event that arrives first; reconnects and re-takes leases once if the

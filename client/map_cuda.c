@@ -436,7 +436,8 @@ int gshm_open_legacy_ipc(gshm_client_t *c, const char *name,
   m.name = (char *)name;
   m.access = GSHM__ACCESS__ACCESS_READ_WRITE; /* a legacy handle maps read-write */
   m.legacy_ipc = true;
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   if ((e = gshm__request(c, GSHM_WIRE_OPEN, &m.base, &reply, &fd)))
     goto unlock;
   /* gshm__lease_from_grant takes a grant with the handle and no fd, or one

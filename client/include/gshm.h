@@ -166,8 +166,12 @@ typedef struct gshm_device_info {
  * (every request, gshm_open, gshm_stat_name, ...) returns -ECHILD
  * (gshm_last_error says so), since the socket and the leases are the
  * parent's; gshm_close() and gshm_disconnect() there free only the
- * child's copies and never end the parent's leases.  A child connects a
- * client of its own. */
+ * child's copies and never end the parent's leases.  When another thread
+ * of the parent was inside a call of this client at the fork, the child
+ * never waits for it: every call returns -ECHILD at once (gshm_unmap
+ * too), and gshm_close() and gshm_disconnect() leave the child's copies
+ * as they are (what that call was changing may be half-changed there).
+ * A child connects a client of its own. */
 GSHM_EXTERN int gshm_connect(const char *path, const char *client_name,
                              gshm_client_t **client_out);
 
@@ -542,7 +546,8 @@ GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevice
  * the driver refused to unmap (the mapping is then leaked, and logged).
  * In a process forked from the one that mapped a device segment, the
  * mapping is that process's CUDA state: the unmap forgets this process's
- * record of it without a driver call, and returns 0. */
+ * record of it without a driver call, and returns 0; -ECHILD there when
+ * the client was inside a call at the fork (gshm_connect). */
 GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
 
 /* Copies bytes between a segment and host memory, for host and device
