@@ -14,6 +14,7 @@
 
 #include "client_internal.h"
 #include "errors.h"
+#include "fork.h"
 #include "log.h"
 #include "util.h"
 
@@ -21,18 +22,24 @@
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
-/* Forks seen in this process's lineage (pthread_atfork's child handler,
- * registered at the first connect); a client remembers the count it was
- * connected under. */
-static unsigned fork_gen;
-static void on_fork_child(void) { __atomic_add_fetch(&fork_gen, 1, __ATOMIC_RELAXED); }
+static const char forked_error[] =
+    "this client was connected before a fork: a forked process connects its own";
 
+/* A client remembers the count of forks (common/fork.h) it was connected
+ * under. */
 bool gshm__forked(struct gshm_client *c) {
-  if (c->fork_gen == __atomic_load_n(&fork_gen, __ATOMIC_RELAXED))
+  if (c->fork_gen == gshm__fork_gen())
     return false;
-  snprintf(c->last_error, sizeof(c->last_error),
-           "this client was connected before a fork: a forked process connects its own");
+  snprintf(c->last_error, sizeof(c->last_error), "%s", forked_error);
   return true;
+}
+
+int gshm__client_lock(struct gshm_client *c) {
+  if (c->fork_gen == gshm__fork_gen()) {
+    pthread_mutex_lock(&c->lock);
+    return 0;
+  }
+  return pthread_mutex_trylock(&c->lock) ? -ECHILD : 0;
 }
 
 /* The library is silent unless $GSHM_LOG_LEVEL asks (docs/ARCHITECTURE.md
@@ -43,7 +50,6 @@ bool gshm__forked(struct gshm_client *c) {
 static void log_init(void) {
   const char *v = secure_getenv("GSHM_LOG_LEVEL");
   gshm__log_setup("libgshm", v && *v ? atoi(v) : -1, 0);
-  (void)pthread_atfork(NULL, NULL, on_fork_child);
 }
 
 const char *gshm_strerror(int err) { return gshm__strerror(err); }
@@ -57,7 +63,8 @@ const char *gshm_last_error(gshm_client_t *client) {
 
   if (!client)
     return "";
-  pthread_mutex_lock(&client->lock);
+  if (gshm__client_lock(client))
+    return forked_error; /* the lock went with a thread of the parent */
   memcpy(copy, client->last_error, sizeof(copy));
   pthread_mutex_unlock(&client->lock);
   return copy;
@@ -349,7 +356,8 @@ int gshm__request_body(struct gshm_client *c, uint16_t type, const ProtobufCMess
   Gshm__Reply *reply = NULL;
   int e;
 
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   e = gshm__request(c, type, msg, &reply, NULL);
   pthread_mutex_unlock(&c->lock);
   if (e)
@@ -434,7 +442,7 @@ int gshm_connect(const char *path, const char *client_name, gshm_client_t **clie
   env = secure_getenv("GSHM_RECONNECT_MS");
   c->reconnect_ms = env && *env ? atoi(env) : DEFAULT_RECONNECT_MS;
   c->poll_ns = default_poll_ns();
-  c->fork_gen = __atomic_load_n(&fork_gen, __ATOMIC_RELAXED);
+  c->fork_gen = gshm__fork_gen();
   if ((e = socket_connect(c->path, &c->fd)) || (e = hello(c))) {
     if (e != -EPROTONOSUPPORT)
       gshm_log_info("cannot connect to gshmd at %s: %s", c->path, gshm_strerror(e));
@@ -454,7 +462,11 @@ static void lease_release(struct gshm_client *c, struct gshm__lease *l);
 void gshm_disconnect(gshm_client_t *c) {
   if (!c)
     return;
-  pthread_mutex_lock(&c->lock);
+  /* A forked child whose copy of the lock was held at the fork (by a
+   * thread it does not have) leaves its copies as they are: what the lock
+   * guards may be half-changed, and the socket number may be stale. */
+  if (gshm__client_lock(c))
+    return;
   while (c->leases) {
     struct gshm__lease *l = c->leases;
     /* Segment objects still open are freed with the client: drop all
@@ -578,7 +590,8 @@ int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *l
   m.location = (char *)(location ? location : "host");
   m.mode = mode;
   m.flags = flags;
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   e = gshm__request(c, GSHM_WIRE_CREATE, &m.base, &reply, &fd);
   if (!e) {
     e = gshm__lease_from_grant(c, reply, fd, seg_out);
@@ -612,7 +625,8 @@ int gshm_open(gshm_client_t *c, const char *name, gshm_access_t access, gshm_seg
     return -EINVAL;
   if (strlen(name) > GSHM_NAME_MAX)
     return -ENAMETOOLONG;
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   if ((l = cached_lease(c, name, access))) {
     e = segment_new(l, seg_out);
     pthread_mutex_unlock(&c->lock);
@@ -663,7 +677,8 @@ int gshm_close(gshm_segment_t *seg) {
   if (!seg)
     return 0;
   c = seg->lease->client;
-  pthread_mutex_lock(&c->lock);
+  if (gshm__client_lock(c))
+    return 0; /* a forked child's copies, left as they are: as gshm_disconnect */
   for (struct gshm_segment **pp = &seg->lease->segs; *pp; pp = &(*pp)->next)
     if (*pp == seg) {
       *pp = seg->next;
@@ -687,7 +702,8 @@ int gshm_unlink(gshm_client_t *c, const char *name) {
   if (strlen(name) > GSHM_NAME_MAX)
     return -ENAMETOOLONG;
   m.name = (char *)name;
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   e = gshm__request(c, GSHM_WIRE_UNLINK, &m.base, &reply, NULL);
   if (!e)
     gshm__reply__free_unpacked(reply, NULL);
@@ -737,7 +753,8 @@ int gshm_stat(gshm_segment_t *seg, gshm_segment_info_t *info_out) {
   if (!seg || !info_out)
     return -EINVAL;
   c = seg->lease->client;
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   if (seg->lease->revoked) {
     pthread_mutex_unlock(&c->lock);
     return -ESTALE;
@@ -760,7 +777,8 @@ int gshm_stat_name(gshm_client_t *c, const char *name, gshm_segment_info_t *info
 
   if (!c || !name || !info_out)
     return -EINVAL;
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   e = stat_request(c, name, 0, &info);
   pthread_mutex_unlock(&c->lock);
   if (!e)
@@ -789,7 +807,8 @@ int gshm__list_all(gshm_client_t *c, uint16_t type, const char *peer, Gshm__Repl
 
   if (!c || !arr_out || !n_out)
     return -EINVAL;
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   do {
     Gshm__ListRequest m = GSHM__LIST_REQUEST__INIT;
     Gshm__RemoteListRequest rm = GSHM__REMOTE_LIST_REQUEST__INIT;
@@ -1062,7 +1081,8 @@ static int revoke_request(gshm_client_t *c, const char *name, uint64_t id) {
   /* As gshm_unlink: request and marking under one lock, so that no other
    * thread's open is served a revoked lease from the cache in between.
    * gshmd tells every other holder; our own leases on it learn it here. */
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   e = gshm__request(c, GSHM_WIRE_REVOKE, &m.base, &reply, NULL);
   if (!e) {
     gshm__reply__free_unpacked(reply, NULL);

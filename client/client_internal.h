@@ -72,8 +72,16 @@ struct gshm_client {
  * socket and the lease cache are the parent's, and a request, an event
  * read or a map report sent here would take the parent's replies or end
  * its leases.  Such a child's requests are refused -ECHILD; closing its
- * segments and the client only frees its own copies. */
+ * segments and the client only frees its own copies (nothing, where the
+ * lock was copied held: gshm__client_lock). */
 bool gshm__forked(struct gshm_client *c);
+
+/* Takes c->lock: 0.  In a process forked from the one that connected c,
+ * the lock may have been copied held, by a thread this process does not
+ * have, and would be waited for for good: there it is only tried, and
+ * -ECHILD (not taken) when it is held.  Every user of a client takes its
+ * lock through this. */
+int gshm__client_lock(struct gshm_client *c);
 
 /* Sends msg as a request of type and waits for its reply, applying any
  * event that arrives first; reconnects and re-takes leases once if the
@@ -160,19 +168,23 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
  * lack it, for every holder of the mapping; never removes access.  On
  * success *n_out is 0 when nothing changed, else the mapping's device
  * count with their UUIDs in *uuids_out (as gshm__map_device).  Errors: as
- * gshm_map() documents. */
+ * gshm_map() documents; -ECHILD a mapping made by a process this one was
+ * forked from (CUDA does not survive fork: common/fork.h). */
 int gshm__map_device_add(struct gshm__lease *l, const int *devices, size_t ndevices,
                          char ***uuids_out, size_t *n_out);
 /* The UUIDs of the devices a mapped device lease is accessible from, in
  * *uuids_out (storage of the mapping); returns their count, 0 for a lease
  * without a device mapping. */
 size_t gshm__map_device_uuids(const struct gshm__lease *l, char ***uuids_out);
-/* Undoes gshm__map_device in reverse order; accepts an unmapped lease. */
+/* Undoes gshm__map_device in reverse order; accepts an unmapped lease.  A
+ * mapping made by a process this one was forked from is only forgotten
+ * (no driver call: it is that process's CUDA state); 0. */
 int gshm__unmap_device(struct gshm__lease *l);
 
 /* Copies the bytes of a mapped device segment to or from host memory
  * through a staging copy (for gshmctl read/write).  offset and bytes in
- * bytes, within the segment. */
+ * bytes, within the segment.  -ECHILD for a mapping made by a process
+ * this one was forked from (as gshm__map_device_add). */
 int gshm__device_rw(struct gshm__lease *l, uint64_t offset, void *host, size_t bytes, bool write);
 
 #endif

@@ -186,7 +186,8 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
     m.token.data = token;
     m.token.len = sizeof(token);
   }
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   e = gshm__request(c, GSHM_WIRE_PULL, &m.base, &reply, NULL);
   while (!e) {
     if (reply->body_case == GSHM__REPLY__BODY_PULL_PROGRESS) {

@@ -99,7 +99,8 @@ int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices, void **ad
   if (!seg || !addr_out || (!devices && ndevices))
     return -EINVAL;
   c = seg->lease->client;
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   gshm__drain_events(c, false); /* a revoke (or a restart) is learnt here */
   if (seg->lease->revoked) /* never a mapping of memory gshmd took back */
     e = -ESTALE;
@@ -122,7 +123,8 @@ int gshm_unmap(gshm_segment_t *seg) {
     return -EINVAL;
   l = seg->lease;
   c = l->client;
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   if (seg->mapped) {
     seg->mapped = false;
     if (--l->map_refs == 0)
@@ -149,7 +151,8 @@ static int segment_rw(gshm_segment_t *seg, uint64_t offset, void *buf, size_t by
     return -EACCES;
   if (bytes == 0)
     return 0;
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   gshm__drain_events(c, false); /* one non-blocking recv: learns of a revoke or a restart */
   if (l->revoked) {
     e = -ESTALE;

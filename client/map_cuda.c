@@ -21,6 +21,7 @@
 
 #include "client_internal.h"
 #include "cudadrv.h"
+#include "fork.h"
 #include "log.h"
 #include "util.h"
 
@@ -39,17 +40,26 @@ struct device_map {
   CUdevice devices[MAP_MAX_DEVICES];
   char uuid_buf[MAP_MAX_DEVICES][48];
   char *uuids[MAP_MAX_DEVICES];
+  unsigned fork_gen;                   /* gshm__fork_gen() when mapped: see mapped_by_parent */
 };
 
 #define CU_LIB(drv, fn, ...) GSHM_CU_ERR(drv, fn, __VA_ARGS__)
 #define CU_UNDO(drv, fn, ...) GSHM_CU_WARN(drv, fn, __VA_ARGS__) /* unwinding */
 
+/* Whether m was made by a process this one was forked from.  Its handle,
+ * address range and context are that process's CUDA state, which a forked
+ * child cannot use (common/fork.h): no driver call may touch them here. */
+static bool mapped_by_parent(const struct device_map *m) {
+  return m->fork_gen != gshm__fork_gen();
+}
+
 /* The driver for mapping device segments: -ENOTSUP when there is none
- * (reason logged at INFO once: a host-only machine is no error). */
+ * (reason logged at INFO once: a host-only machine is no error), -ECHILD
+ * in a child forked from a process that had loaded it (cudadrv.h). */
 static int map_driver_load(const struct gshm_cudadrv **drv_out) {
   int e = gshm__cudadrv_load(GSHM_LOG_INFO, drv_out);
   /* No driver (or no GPU) here: device segments cannot be mapped. */
-  return e ? -ENOTSUP : 0;
+  return e == -ECHILD ? e : e ? -ENOTSUP : 0;
 }
 
 static int device_uuid(const struct gshm_cudadrv *drv, CUdevice dev, char buf[48]) {
@@ -64,33 +74,18 @@ static int device_uuid(const struct gshm_cudadrv *drv, CUdevice dev, char buf[48
  * cost the driver's import and map, not an enumeration.  A list that could
  * not be read in full (a transient cuDeviceGetCount, cuDeviceGet or
  * cuDeviceGetUuid failure) serves the map that read it and is read again
- * by the next one, never kept for the life of the process. */
+ * by the next one, never kept for the life of the process.  Under lock
+ * GSHM__LOCK_GPUS (common/fork.h: a fork waits for a read to end, and the
+ * child gets the list whole; a child whose parent read it cannot use
+ * CUDA, and its maps end with -ECHILD before they look). */
 static struct {
-  pthread_mutex_t lock;
   bool complete; /* read in full: kept */
   int count;
   CUdevice dev[MAP_MAX_DEVICES];
   char uuid[MAP_MAX_DEVICES][48];
-} local = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} local;
 
-/* fork() while another thread holds local.lock (reading the GPUs, which
- * can take the driver a while) would leave the child's copy held for
- * good, and the child's first map would hang: the fork waits for the
- * lock (prepare), and both processes go on with it free and the list
- * whole.  Registered at the first use of the lock. */
-static pthread_once_t local_atfork_once = PTHREAD_ONCE_INIT;
-static void local_atfork_prepare(void) { pthread_mutex_lock(&local.lock); }
-static void local_atfork_release(void) { pthread_mutex_unlock(&local.lock); }
-static void local_atfork_register(void) {
-  (void)pthread_atfork(local_atfork_prepare, local_atfork_release, local_atfork_release);
-}
-
-static void local_lock(void) {
-  pthread_once(&local_atfork_once, local_atfork_register);
-  pthread_mutex_lock(&local.lock);
-}
-
-/* Reads the list unless it is kept; local.lock held.  Returns 0, or the
+/* Reads the list unless it is kept; its lock held.  Returns 0, or the
  * error of a cuDeviceGetCount that failed (the list is then empty). */
 static int local_devices_read(const struct gshm_cudadrv *drv) {
   int count = 0, e;
@@ -116,7 +111,7 @@ static int local_devices_read(const struct gshm_cudadrv *drv) {
 static int local_uuid(CUdevice d, char buf[48]) {
   int e = -ENODEV;
 
-  local_lock();
+  gshm__fork_lock(GSHM__LOCK_GPUS);
   for (int i = 0; i < local.count; i++) {
     if (local.dev[i] == d) {
       snprintf(buf, 48, "%s", local.uuid[i]);
@@ -124,7 +119,7 @@ static int local_uuid(CUdevice d, char buf[48]) {
       break;
     }
   }
-  pthread_mutex_unlock(&local.lock);
+  gshm__fork_unlock(GSHM__LOCK_GPUS);
   return e;
 }
 
@@ -135,7 +130,7 @@ static int owner_device(const struct gshm_cudadrv *drv, const char *location, CU
 
   if (gshm__location_parse(location, &loc) || loc.kind != GSHM_LOCATION_CUDA_UUID)
     return -EPROTO; /* a device segment's reply always names its GPU's UUID */
-  local_lock();
+  gshm__fork_lock(GSHM__LOCK_GPUS);
   if (!(e = local_devices_read(drv))) {
     e = -ENODEV;
     for (int i = 0; i < local.count; i++) {
@@ -146,7 +141,7 @@ static int owner_device(const struct gshm_cudadrv *drv, const char *location, CU
       }
     }
   }
-  pthread_mutex_unlock(&local.lock);
+  gshm__fork_unlock(GSHM__LOCK_GPUS);
   if (e == -ENODEV)
     gshm_log_info("%s: not visible to this process (CUDA_VISIBLE_DEVICES?)", loc.uuid);
   return e;
@@ -225,6 +220,7 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
   if (!(m = calloc(1, sizeof(*m))))
     return -ENOMEM;
   m->drv = drv;
+  m->fork_gen = gshm__fork_gen();
   m->size = l->info.size;
   gran = l->info.granularity ? l->info.granularity : 2u << 20;
   /* The reply's size and granularity go to the driver as they are: one
@@ -321,6 +317,8 @@ int gshm__map_device_add(struct gshm__lease *l, const int *devices, size_t ndevi
   *n_out = 0;
   if (!m)
     return -EINVAL;
+  if (mapped_by_parent(m))
+    return -ECHILD;
   memset(&want, 0, sizeof(want));
   want.drv = m->drv;
   want.owner = m->owner;
@@ -374,6 +372,8 @@ int gshm__unmap_device(struct gshm__lease *l) {
   if (!m)
     return 0;
   drv = m->drv;
+  if (mapped_by_parent(m))
+    goto forget; /* the child's copy of the record goes; the parent's mapping stays */
   /* Work queued on the mapping must not fault: the caller synchronizes
    * its streams before unmapping (gshm_unmap's contract). */
   if ((r = CU_LIB(drv, cuMemUnmap, m->va, m->size)))
@@ -383,6 +383,7 @@ int gshm__unmap_device(struct gshm__lease *l) {
   if ((r = CU_LIB(drv, cuMemRelease, m->handle)))
     e = e ? e : r;
   CU_LIB(drv, cuDevicePrimaryCtxRelease, m->copy_dev);
+forget:
   free(m);
   l->device_map = NULL;
   l->addr = NULL;
@@ -399,6 +400,8 @@ int gshm__device_rw(struct gshm__lease *l, uint64_t offset, void *host, size_t b
     return -EINVAL;
   if (offset > m->size || bytes > m->size - offset)
     return -ERANGE;
+  if (mapped_by_parent(m))
+    return -ECHILD;
   if ((e = CU_LIB(m->drv, cuCtxPushCurrent, m->copy_ctx)))
     return e;
   /* From pageable memory cuMemcpyHtoD may return once the bytes are in
@@ -433,7 +436,8 @@ int gshm_open_legacy_ipc(gshm_client_t *c, const char *name,
   m.name = (char *)name;
   m.access = GSHM__ACCESS__ACCESS_READ_WRITE; /* a legacy handle maps read-write */
   m.legacy_ipc = true;
-  pthread_mutex_lock(&c->lock);
+  if ((e = gshm__client_lock(c)))
+    return e;
   if ((e = gshm__request(c, GSHM_WIRE_OPEN, &m.base, &reply, &fd)))
     goto unlock;
   /* gshm__lease_from_grant takes a grant with the handle and no fd, or one

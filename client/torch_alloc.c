@@ -24,13 +24,24 @@
  *
  * Threads: PyTorch may free from any thread (an OOM retry, empty_cache, a
  * MemPool's destructor).  A pool is found, from malloc and free alike, only
- * under registry_lock, and its own lock is taken before registry_lock is
+ * under the registry's lock, and its own lock is taken before that is
  * dropped (the one lock order: registry, then pool); gshm_pool_release
  * unregisters a pool and then waits for its lock before freeing it.  A
  * thread's active pool is checked against the registry (pointer and serial
  * number) on every malloc, so a pool released by another thread is never
  * dereferenced; a released pool's memory is kept (graveyard), so that no
- * later pool has its address. */
+ * later pool has its address.
+ *
+ * Fork: the registry's lock is common/fork.h's GSHM__LOCK_POOLS, so a fork
+ * waits for the thread that holds it (which may itself wait for a pool's
+ * lock, held across a growth: a daemon round trip and a map).  A child
+ * inherits the parent's pools, but their segments, mappings, client and
+ * primary context are the parent's and CUDA does not survive fork, so in
+ * the child every call on them returns -ECHILD (a free ignores the
+ * pointer), and none takes a pool's lock (which a thread of the parent
+ * may have held at the fork).  A child cannot make pools of its own either
+ * (the driver's load is -ECHILD there), so its registry holds only the
+ * parent's. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -41,6 +52,7 @@
 #include "arena.h"
 #include "client_internal.h"
 #include "cudadrv.h"
+#include "fork.h"
 #include "log.h"
 #include "util.h"
 
@@ -71,14 +83,15 @@ struct gshm_pool {
   struct pool_seg *segs;
   uint32_t next_index;
   uint64_t serial; /* unique in the process: tells a new pool from a freed one */
+  unsigned fork_gen; /* gshm__fork_gen() at create: see pool_forked */
   bool released;   /* written under lock; read atomically by pool_for_malloc */
   bool release_unlinks; /* gshm_pool_release asked to unlink */
   uint64_t allocations;
   struct gshm_pool *next; /* in the registry */
 };
 
-/* The registry (see the top of the file for why it is process-wide). */
-static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The registry (see the top of the file for why it is process-wide),
+ * under GSHM__LOCK_POOLS. */
 static struct gshm_pool *registry;
 /* Released pools, never freed: a handle is only a pointer, and a freed
  * pool's address handed to a later pool would let a stale handle
@@ -90,6 +103,11 @@ static __thread uint64_t active_serial;
 static __thread int last_error;
 
 static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* Whether p was made by a process this one was forked from: nothing of it
+ * can be used here (see the top of the file).  fork_gen never changes, and
+ * a pool is never freed: read without a lock. */
+static bool pool_forked(const gshm_pool_t *p) { return p->fork_gen != gshm__fork_gen(); }
 
 /* "<prefix>/seg-NNNNNN" into buf; -ENAMETOOLONG when it does not fit. */
 static int segment_name(const char *prefix, uint32_t index, char buf[GSHM_NAME_MAX + 1]) {
@@ -218,8 +236,10 @@ int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t *cfg,
   p->flags = cfg->flags;
   p->granule = cfg->granule ? cfg->granule : GSHM_POOL_DEFAULT_GRANULE;
   pthread_mutex_init(&p->lock, NULL);
-  if (gshm__cudadrv_load(GSHM_LOG_INFO, &p->drv)) {
-    e = -ENOTSUP;
+  p->fork_gen = gshm__fork_gen();
+  if ((e = gshm__cudadrv_load(GSHM_LOG_INFO, &p->drv))) {
+    if (e != -ECHILD)
+      e = -ENOTSUP;
     goto free_pool;
   }
   if ((e = GSHM_CU(p->drv, GSHM_LOG_ERR, cuDeviceGetCount, &count)))
@@ -250,11 +270,11 @@ int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t *cfg,
     if (e != -ENOENT)
       goto release_ctx;
   }
-  pthread_mutex_lock(&registry_lock);
+  gshm__fork_lock(GSHM__LOCK_POOLS);
   p->serial = ++registry_serial;
   p->next = registry;
   registry = p;
-  pthread_mutex_unlock(&registry_lock);
+  gshm__fork_unlock(GSHM__LOCK_POOLS);
   *pool_out = p;
   return 0;
 
@@ -267,7 +287,7 @@ free_pool:
 }
 
 /* Whether p is a registered pool (compared as a pointer: p may be freed).
- * Caller holds registry_lock. */
+ * Caller holds the registry's lock. */
 static bool pool_registered(const gshm_pool_t *p) {
   for (const gshm_pool_t *q = registry; q; q = q->next)
     if (q == p)
@@ -281,12 +301,12 @@ gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool) {
   active_pool = NULL;
   active_serial = 0;
   if (pool) {
-    pthread_mutex_lock(&registry_lock);
+    gshm__fork_lock(GSHM__LOCK_POOLS);
     if (pool_registered(pool)) {
       active_pool = pool;
       active_serial = pool->serial;
     }
-    pthread_mutex_unlock(&registry_lock);
+    gshm__fork_unlock(GSHM__LOCK_POOLS);
   }
   return prev;
 }
@@ -294,12 +314,13 @@ gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool) {
 /* The pool malloc uses, returned with its lock held: the thread's active
  * one, else the process's only pool that still allocates.  NULL with
  * *err_out set when there is none: -EBADF the active pool was released
- * (by any thread), -EINVAL no active pool and not exactly one other. */
+ * (by any thread), -EINVAL no active pool and not exactly one other,
+ * -ECHILD the pool is a parent process's (its lock is never taken). */
 static gshm_pool_t *pool_for_malloc(int *err_out) {
   gshm_pool_t *p, *only = NULL;
   int n = 0;
 
-  pthread_mutex_lock(&registry_lock);
+  gshm__fork_lock(GSHM__LOCK_POOLS);
   if (active_pool) {
     if (pool_registered(active_pool) && active_pool->serial == active_serial) {
       only = active_pool;
@@ -316,9 +337,13 @@ static gshm_pool_t *pool_for_malloc(int *err_out) {
     if (n != 1)
       *err_out = -EINVAL;
   }
+  if (n == 1 && pool_forked(only)) {
+    *err_out = -ECHILD;
+    n = 0;
+  }
   if (n == 1)
     pthread_mutex_lock(&only->lock);
-  pthread_mutex_unlock(&registry_lock);
+  gshm__fork_unlock(GSHM__LOCK_POOLS);
   return n == 1 ? only : NULL;
 }
 
@@ -395,7 +420,9 @@ void *gshm_torch_malloc(ssize_t size, int device, void *stream) {
     pthread_mutex_unlock(&p->lock);
   } else {
     gshm_log_err("gshm_torch_malloc(%zd, device %d): %s", size, device,
-                 e == -EBADF ? "the thread's pool was released" : "no active pool");
+                 e == -EBADF    ? "the thread's pool was released"
+                 : e == -ECHILD ? "the pool is the process's this one was forked from"
+                                : "no active pool");
   }
   last_error = e;
   return e ? NULL : ptr;
@@ -414,24 +441,30 @@ void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   struct pool_seg *s = NULL;
   CUcontext ctx = NULL;
   gshm_pool_t *p;
+  bool forked = false;
   int e = -EINVAL;
 
   (void)size;
   (void)device;
   if (!ptr)
     return;
-  pthread_mutex_lock(&registry_lock);
+  gshm__fork_lock(GSHM__LOCK_POOLS);
   for (p = registry; p; p = p->next) {
+    if (pool_forked(p)) {
+      forked = true; /* a parent's: its lock may be held for good */
+      continue;
+    }
     pthread_mutex_lock(&p->lock);
     if ((s = pool_find(p, a)))
       break; /* keeps p->lock */
     pthread_mutex_unlock(&p->lock);
   }
-  pthread_mutex_unlock(&registry_lock);
+  gshm__fork_unlock(GSHM__LOCK_POOLS);
   if (!s) {
-    /* Never handed out by a pool: leave it alone, whatever it is. */
-    gshm_log_err("gshm_torch_free(%p): not memory of a gshm pool; ignored", ptr);
-    last_error = -EINVAL;
+    /* Never handed out by a pool of this process: leave it alone. */
+    gshm_log_err("gshm_torch_free(%p): not memory of a gshm pool%s; ignored", ptr,
+                 forked ? " made in this process" : "");
+    last_error = forked ? -ECHILD : -EINVAL;
     return;
   }
   /* Order after the GPU's work: kernels queued on `stream` (the stream the
@@ -470,6 +503,8 @@ int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs_out, size_t
 
   if (!pool || !segs_out || !count_out)
     return -EINVAL;
+  if (pool_forked(pool))
+    return -ECHILD;
   pthread_mutex_lock(&pool->lock);
   for (s = pool->segs; s; s = s->next)
     n++;
@@ -506,6 +541,8 @@ int gshm_pool_release(gshm_pool_t *pool, int unlink) {
 
   if (!pool)
     return -EINVAL;
+  if (pool_forked(pool))
+    return -ECHILD; /* its names, mappings and context are the parent's */
   pthread_mutex_lock(&pool->lock);
   __atomic_store_n(&pool->released, true, __ATOMIC_RELEASE);
   pool->release_unlinks = unlink != 0;
@@ -525,21 +562,21 @@ int gshm_pool_release(gshm_pool_t *pool, int unlink) {
   pthread_mutex_unlock(&pool->lock);
   if (busy)
     return -EBUSY;
-  pthread_mutex_lock(&registry_lock);
+  gshm__fork_lock(GSHM__LOCK_POOLS);
   for (pp = &registry; *pp && *pp != pool; pp = &(*pp)->next)
     ;
   if (*pp)
     *pp = pool->next;
-  pthread_mutex_unlock(&registry_lock);
+  gshm__fork_unlock(GSHM__LOCK_POOLS);
   /* A malloc or free that found the pool before it left the registry holds
    * (or waits for) its lock: let it finish before the lock goes. */
   pthread_mutex_lock(&pool->lock);
   pthread_mutex_unlock(&pool->lock);
   GSHM_CU(pool->drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRelease, pool->cu_device);
   pthread_mutex_destroy(&pool->lock);
-  pthread_mutex_lock(&registry_lock);
+  gshm__fork_lock(GSHM__LOCK_POOLS);
   pool->next = graveyard; /* kept: see graveyard */
   graveyard = pool;
-  pthread_mutex_unlock(&registry_lock);
+  gshm__fork_unlock(GSHM__LOCK_POOLS);
   return 0;
 }

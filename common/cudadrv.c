@@ -3,12 +3,12 @@
 
 #include <dlfcn.h>
 #include <errno.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
+#include "fork.h"
 #include "util.h"
 
 typedef CUresult (*get_proc_address_fn)(const char *, void **, int, cuuint64_t,
@@ -16,14 +16,16 @@ typedef CUresult (*get_proc_address_fn)(const char *, void **, int, cuuint64_t,
 
 static struct gshm_cudadrv drv_table;
 /* 1: not tried; 0: loaded (for good); a negative errno: the last try's
- * failure.  Written under drv_lock, read without it (acquire: a 0 makes
- * drv_table visible). */
+ * failure.  Written under the load's lock (fork.h GSHM__LOCK_CUDADRV),
+ * read without it (acquire: a 0 makes drv_table and drv_gen visible). */
 static int drv_status = 1;
+/* gshm__fork_gen() of the process whose load succeeded: a process forked
+ * from it since cannot use the driver (fork.h). */
+static unsigned drv_gen;
+static int drv_child_logged;
 static void *drv_lib;       /* dlopen'ed: kept even when a later step fails */
 static bool drv_resolved;   /* every entry point of the map resolved */
 static int64_t drv_last_try; /* CLOCK_MONOTONIC ns of the last try */
-static pthread_mutex_t drv_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t drv_atfork_once = PTHREAD_ONCE_INIT;
 /* The log level of the load's messages: any caller's (each passes its
  * own, and one of them runs the try).  Written by every call, from any
  * thread, and read inside the try: an atomic, so that doing so is no
@@ -57,7 +59,8 @@ static int resolve(get_proc_address_fn gpa, const char *name, int version, void 
   return -ENOSYS;
 }
 
-/* Resolves every entry point through cuGetProcAddress_v2; drv_lock held.
+/* Resolves every entry point through cuGetProcAddress_v2; the load's lock
+ * held.
  * 0, or -ENOSYS for a driver that cannot serve (for good: the library
  * stays loaded, so a later try would find the same one). */
 static int load_resolve(void) {
@@ -87,7 +90,7 @@ static int load_resolve(void) {
   return e; /* keep lib loaded: harmless, and dlclose of libcuda is unsafe */
 }
 
-/* One try, from where the last one stopped; drv_lock held.  A missing
+/* One try, from where the last one stopped; the load's lock held.  A missing
  * libcuda.so.1 is looked for again (a driver installed, or its
  * container's mounts made, after this process started), and so is a
  * failed cuInit: one that ran before the kernel module was loaded or the
@@ -115,15 +118,6 @@ static int load_try(void) {
   return 0;
 }
 
-/* fork() while another thread tries a load would leave the child's copy
- * of drv_lock held for good: the fork waits for the try to end (prepare),
- * and both processes go on with the lock free. */
-static void drv_atfork_prepare(void) { pthread_mutex_lock(&drv_lock); }
-static void drv_atfork_release(void) { pthread_mutex_unlock(&drv_lock); }
-static void drv_atfork_register(void) {
-  (void)pthread_atfork(drv_atfork_prepare, drv_atfork_release, drv_atfork_release);
-}
-
 /* Whether a failed load may be tried again now. */
 static bool load_due(int status, int64_t now) {
   return status == 1 ||
@@ -137,18 +131,25 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
 
   __atomic_store_n(&drv_prio, prio, __ATOMIC_RELAXED);
   if (st && load_due(st, now = gshm__now_ns(CLOCK_MONOTONIC))) {
-    pthread_once(&drv_atfork_once, drv_atfork_register);
-    pthread_mutex_lock(&drv_lock);
+    /* a fork meanwhile waits for the try to end (fork.h) */
+    gshm__fork_lock(GSHM__LOCK_CUDADRV);
     st = drv_status; /* another thread may have tried meanwhile */
     if (st && load_due(st, now)) {
       st = load_try();
+      drv_gen = gshm__fork_gen();
       __atomic_store_n(&drv_last_try, gshm__now_ns(CLOCK_MONOTONIC), __ATOMIC_RELAXED);
       __atomic_store_n(&drv_status, st, __ATOMIC_RELEASE);
     }
-    pthread_mutex_unlock(&drv_lock);
+    gshm__fork_unlock(GSHM__LOCK_CUDADRV);
   }
   if (st)
     return st;
+  if (drv_gen != gshm__fork_gen()) {
+    if (!__atomic_exchange_n(&drv_child_logged, 1, __ATOMIC_RELAXED))
+      gshm__log(prio, "cuda: this process was forked from one that had initialized CUDA, "
+                      "which a forked child cannot use (fork and exec, or spawn)");
+    return -ECHILD;
+  }
   *drv_out = &drv_table;
   return 0;
 }

@@ -113,15 +113,19 @@ struct gshm_cudadrv {
 
 /* Loads libcuda.so.1, resolves every entry point and calls cuInit(0)
  * (thread-safe, fork-safe).  On success *drv_out points at the
- * process-wide table, which lives until exit, and every later call
- * succeeds at once.
+ * process-wide table, which lives until exit, and every later call of
+ * the process succeeds at once.
  * Errors: -ENOSYS a driver older than CUDA 12.0, or an entry point
  * missing at GSHM_CUDADRV_ABI: for the life of the process.  -ENOENT
  * libcuda.so.1 is not installed; -ENODEV cuInit failed (no device, driver
  * not loaded yet): both tried again by the first call a second or more
  * after the last try (never more often; calls in between return the same
  * error at once), so a process that started before the driver was ready
- * gets it later.  Each try's reason is logged at level `prio`. */
+ * gets it later.  -ECHILD: this process was forked from one whose load
+ * had succeeded (cuInit ran there): CUDA cannot serve a forked child
+ * (common/fork.h), for the life of the process; a child of a process
+ * that had not loaded the driver loads it as any process does.  Each
+ * try's reason is logged at level `prio`. */
 int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out);
 
 /* Maps a CUresult to a negative errno: OUT_OF_MEMORY -ENOMEM,

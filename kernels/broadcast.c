@@ -31,17 +31,23 @@
  *
  * Streams and events belong to the GPUs' primary contexts, created on first
  * use and kept for the life of the process (like the primary contexts,
- * which gshm__copy_primary_ctx retains); one mutex covers a whole queueing,
- * so the pools need no finer locking.  The event that orders the streams
- * after the caller's is the caller context's (gshm__copy_ctx_event), and
- * peer access is what gshm__copy_enable_peer caches per context. */
+ * which gshm__copy_primary_ctx retains); one lock (common/fork.h
+ * GSHM__LOCK_BROADCAST) covers a whole queueing, so the pools need no
+ * finer locking.  The event that orders the streams after the caller's is
+ * the caller context's (gshm__copy_ctx_event), and peer access is what
+ * gshm__copy_enable_peer caches per context.
+ *
+ * A fork waits for a queueing to end.  The child of a process that
+ * broadcast has the parent's streams and events here, which it cannot use
+ * (CUDA does not survive fork): its broadcasts end with -ECHILD at the
+ * driver's load, before they look at them. */
 #include <errno.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "copy_internal.h"
 #include "cudadrv.h"
+#include "fork.h"
 #include "gshm.h"
 #include "log.h"
 
@@ -68,11 +74,10 @@ struct bgpu {
   uint64_t used_mask[GSHM_BCAST_MAX_LANES]; /* stream[lane][other] used in this broadcast */
 };
 
-static pthread_mutex_t bc_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct bgpu bgpus[MAX_GPUS];
+static struct bgpu bgpus[MAX_GPUS]; /* under GSHM__LOCK_BROADCAST */
 
 /* Stream `lane` of those GPU g issues copies to or from GPU `other` on
- * (g == other: a copy within g).  Under bc_lock. */
+ * (g == other: a copy within g).  Under the broadcast lock. */
 static int pair_stream(const struct gshm_cudadrv *drv, int g, int other, int lane, CUstream *out) {
   struct bgpu *b = &bgpus[g];
   CUstream *slot = &b->stream[lane][other];
@@ -105,7 +110,8 @@ static int pair_stream(const struct gshm_cudadrv *drv, int g, int other, int lan
   return 0;
 }
 
-/* A fresh event of GPU g's pool for this broadcast.  Under bc_lock. */
+/* A fresh event of GPU g's pool for this broadcast.  Under the broadcast
+ * lock. */
 static int pool_event(const struct gshm_cudadrv *drv, int g, CUevent *out) {
   struct bgpu *b = &bgpus[g];
   int e = 0;
@@ -220,11 +226,11 @@ struct run_params {
   int ce_only;                       /* 1: cuMemcpyAsync; 0: gshm_copy AUTO (STAR) */
 };
 
-/* Queues the plan.  Under bc_lock; r->start has been recorded on the
- * caller's r->stream in context r->caller.  Before returning, also on
- * error (so that what was queued stays ordered before the caller's later
- * work), the caller's stream is made to wait for the end of every stream
- * used; the caller's context is current again on return. */
+/* Queues the plan.  Under the broadcast lock; r->start has been recorded
+ * on the caller's r->stream in context r->caller.  Before returning, also
+ * on error (so that what was queued stays ordered before the caller's
+ * later work), the caller's stream is made to wait for the end of every
+ * stream used; the caller's context is current again on return. */
 static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p,
                     const struct run_params *r) {
   const struct gshm__where *where = r->where;
@@ -392,7 +398,7 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
     return e;
   }
   drv->cuCtxGetCurrent(&caller);
-  pthread_mutex_lock(&bc_lock);
+  gshm__fork_lock(GSHM__LOCK_BROADCAST);
   e = gshm__copy_ctx_event(drv, &start);
   if (!e)
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuEventRecord, start, (CUstream)stream);
@@ -408,7 +414,7 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
                            .ce_only = o.algo != GSHM_BCAST_STAR};
     e = run_plan(drv, p, &r);
   }
-  pthread_mutex_unlock(&bc_lock);
+  gshm__fork_unlock(GSHM__LOCK_BROADCAST);
   gshm__copy_leave_ctx(drv, pushed);
   free(p);
   return e;

@@ -5,13 +5,13 @@
  * cuModuleLoadData lazily, once per CUcontext, through the dlopen'ed driver
  * table (common/cudadrv.h); libgshm links neither cudart nor libcuda. */
 #include <errno.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "copy_internal.h"
 #include "cudadrv.h"
+#include "fork.h"
 #include "gshm.h"
 #include "log.h"
 
@@ -58,7 +58,12 @@ struct kctx {
   CUcontext peer_ctx[MAX_DEVICES];
 };
 
-static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Under GSHM__LOCK_COPY (common/fork.h).  A fork waits for its holder
+ * (which may be loading a module: seconds where the PTX is compiled); the
+ * child of a process that used them has the parent's contexts, modules,
+ * events and primary contexts here, none of which it can use (CUDA does
+ * not survive fork): every entry point loads the driver first, which
+ * there is -ECHILD, so the child never looks at them. */
 static struct kctx table[MAX_CONTEXTS];
 static int table_len;
 static CUcontext primary[MAX_DEVICES]; /* retained once, never released */
@@ -155,7 +160,7 @@ static int copy_driver_load(const struct gshm_cudadrv **drv) {
   return gshm__cudadrv_load(GSHM_LOG_ERR, drv);
 }
 
-/* Loads the module into k's context (which is current).  Under table_lock. */
+/* Loads the module into k's context (which is current).  Under the table's lock. */
 static int module_load(const struct gshm_cudadrv *drv, struct kctx *k) {
 #ifdef GSHM_HAVE_COPY_FATBIN
   int e;
@@ -204,7 +209,7 @@ static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
     return -EINVAL;
   if (drv->cuCtxGetId && drv->cuCtxGetId(ctx, &id) != CUDA_SUCCESS)
     id = 0;
-  pthread_mutex_lock(&table_lock);
+  gshm__fork_lock(GSHM__LOCK_COPY);
   for (int i = 0; i < table_len; i++)
     if (table[i].ctx == ctx) {
       k = &table[i];
@@ -222,7 +227,7 @@ static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
       if (!table[i].ctx)
         k = &table[i];
     if (!k && table_len == MAX_CONTEXTS) {
-      pthread_mutex_unlock(&table_lock);
+      gshm__fork_unlock(GSHM__LOCK_COPY);
       gshm_log_err("copy: more than %d CUDA contexts", MAX_CONTEXTS);
       return -ENOMEM;
     }
@@ -238,7 +243,7 @@ static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
                   CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, k->dev);
     if (e) {
       k->ctx = NULL; /* an unused slot (matches no context) */
-      pthread_mutex_unlock(&table_lock);
+      gshm__fork_unlock(GSHM__LOCK_COPY);
       return e;
     }
     if (drv->cuDeviceGetAttribute(&k->can_flush, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES,
@@ -247,7 +252,7 @@ static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
     k->ctx = ctx;
     k->ctx_id = id;
   }
-  pthread_mutex_unlock(&table_lock);
+  gshm__fork_unlock(GSHM__LOCK_COPY);
   *k_out = k;
   return 0;
 }
@@ -258,12 +263,12 @@ int gshm__copy_ctx_event(const struct gshm_cudadrv *drv, CUevent *out) {
 
   if (e)
     return e;
-  pthread_mutex_lock(&table_lock);
+  gshm__fork_lock(GSHM__LOCK_COPY);
   if (!k->order_ev)
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuEventCreate, &k->order_ev, CU_EVENT_DISABLE_TIMING);
   if (!e)
     *out = k->order_ev;
-  pthread_mutex_unlock(&table_lock);
+  gshm__fork_unlock(GSHM__LOCK_COPY);
   return e;
 }
 
@@ -274,9 +279,9 @@ static int kctx_module(const struct gshm_cudadrv *drv, struct kctx **k_out) {
 
   if (e)
     return e;
-  pthread_mutex_lock(&table_lock);
+  gshm__fork_lock(GSHM__LOCK_COPY);
   e = module_load(drv, k);
-  pthread_mutex_unlock(&table_lock);
+  gshm__fork_unlock(GSHM__LOCK_COPY);
   if (!e)
     *k_out = k;
   return e;
@@ -287,7 +292,7 @@ int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontex
 
   if (ordinal < 0 || ordinal >= MAX_DEVICES)
     return -ENODEV;
-  pthread_mutex_lock(&table_lock);
+  gshm__fork_lock(GSHM__LOCK_COPY);
   if (primary[ordinal] && drv->cuCtxGetId) {
     /* reset since (cuDevicePrimaryCtxReset, cudaDeviceReset): the handle is
      * dead until the primary context is retained again */
@@ -303,7 +308,7 @@ int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontex
   }
   if (!e)
     *out = primary[ordinal];
-  pthread_mutex_unlock(&table_lock);
+  gshm__fork_unlock(GSHM__LOCK_COPY);
   return e;
 }
 
@@ -327,12 +332,12 @@ int gshm__copy_enable_peer(int ordinal) {
   if (ordinal < 0 || ordinal >= MAX_DEVICES)
     return -ENODEV;
   bit = 1ull << ordinal;
-  pthread_mutex_lock(&table_lock);
+  gshm__fork_lock(GSHM__LOCK_COPY);
   tried = k->peer_tried & bit;
   ok = k->peer_ok & bit;
   was = k->peer_ctx_id[ordinal];
   peer = k->peer_ctx[ordinal];
-  pthread_mutex_unlock(&table_lock);
+  gshm__fork_unlock(GSHM__LOCK_COPY);
   if (tried && (!ok || !was))
     return ok ? 0 : -EXDEV;
   /* one driver call: the context access was enabled to is still there (a
@@ -356,14 +361,14 @@ int gshm__copy_enable_peer(int ordinal) {
   }
   if (e == -ENOMEM || e == -EIO)
     return e; /* maybe transient: try again next time */
-  pthread_mutex_lock(&table_lock);
+  gshm__fork_lock(GSHM__LOCK_COPY);
   k->peer_tried |= bit;
   k->peer_ok &= ~bit;
   if (!e)
     k->peer_ok |= bit;
   k->peer_ctx_id[ordinal] = id;
   k->peer_ctx[ordinal] = peer;
-  pthread_mutex_unlock(&table_lock);
+  gshm__fork_unlock(GSHM__LOCK_COPY);
   return e;
 }
 

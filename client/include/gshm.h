@@ -166,8 +166,12 @@ typedef struct gshm_device_info {
  * (every request, gshm_open, gshm_stat_name, ...) returns -ECHILD
  * (gshm_last_error says so), since the socket and the leases are the
  * parent's; gshm_close() and gshm_disconnect() there free only the
- * child's copies and never end the parent's leases.  A child connects a
- * client of its own. */
+ * child's copies and never end the parent's leases.  When another thread
+ * of the parent was inside a call of this client at the fork, the child
+ * never waits for it: every call returns -ECHILD at once (gshm_unmap
+ * too), and gshm_close() and gshm_disconnect() leave the child's copies
+ * as they are (what that call was changing may be half-changed there).
+ * A child connects a client of its own. */
 GSHM_EXTERN int gshm_connect(const char *path, const char *client_name,
                              gshm_client_t **client_out);
 
@@ -522,7 +526,9 @@ GSHM_EXTERN void gshm_free(void *p);
  * devices given for a host segment, ndevices 0 or over 64 with devices,
  * or an unknown ordinal; -ENODEV the segment's GPU is not visible to this
  * process, or a listed device has no peer access to it; -ENOTSUP no CUDA
- * driver here for a device segment; -EBADF a legacy-IPC lease
+ * driver here for a device segment; -ECHILD a device segment in a process
+ * forked from one that had initialized CUDA (as gshm_copy); -EBADF a
+ * legacy-IPC lease
  * (gshm_open_legacy_ipc: it has no fd to map); -EACCES / -ENOMEM / -EIO
  * from mmap or the driver; -ESTALE the lease
  * ended (revoked, or it could not be re-taken after a daemon restart: see
@@ -537,7 +543,11 @@ GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevice
  * gshm_close) removes it at once: work queued on the GPU that still uses
  * the address must be finished first (synchronize its streams).
  * Returns 0 (also when not mapped), -EINVAL for a NULL seg, or -EIO when
- * the driver refused to unmap (the mapping is then leaked, and logged). */
+ * the driver refused to unmap (the mapping is then leaked, and logged).
+ * In a process forked from the one that mapped a device segment, the
+ * mapping is that process's CUDA state: the unmap forgets this process's
+ * record of it without a driver call, and returns 0; -ECHILD there when
+ * the client was inside a call at the fork (gshm_connect). */
 GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
 
 /* Copies bytes between a segment and host memory, for host and device
@@ -547,8 +557,10 @@ GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
  *  offset, bytes  byte range within the segment.
  *  buf            host memory of at least `bytes` bytes.
  * Errors: -ERANGE range outside the segment; -EACCES gshm_write on a
- * read-only lease; -ENOTSUP device segment without a CUDA driver here; the
- * errors of gshm_map(). */
+ * read-only lease; -ENOTSUP device segment without a CUDA driver here;
+ * -ECHILD a device segment in a process forked from one that had
+ * initialized CUDA, mapped or not (as gshm_map); the errors of
+ * gshm_map(). */
 GSHM_EXTERN int gshm_read(gshm_segment_t *seg, uint64_t offset, void *buf, size_t bytes);
 GSHM_EXTERN int gshm_write(gshm_segment_t *seg, uint64_t offset, const void *buf, size_t bytes);
 
@@ -645,8 +657,9 @@ typedef struct gshm_pool_segment {
  * Errors: -EINVAL NULL argument, unknown flags, granule not a multiple of
  * 2 MiB, mode over 0777, negative device, or a prefix that is not a valid
  * segment name; -ENAMETOOLONG prefix too long for "<prefix>/seg-NNNNNN";
- * -ENOTSUP no CUDA driver here; -ENODEV no such CUDA device in this
- * process; -EEXIST (persistent pools) "<prefix>/seg-000000" exists, i.e.
+ * -ENOTSUP no CUDA driver here; -ECHILD this process was forked from one
+ * that had initialized CUDA (as gshm_copy); -ENODEV no such CUDA device
+ * in this process; -EEXIST (persistent pools) "<prefix>/seg-000000" exists, i.e.
  * the prefix holds a pool that was not released (unlink its segments
  * first); -EIO (or -ENOMEM) a driver call failed (logged); the errors of
  * gshm_stat_name(). */
@@ -670,7 +683,10 @@ GSHM_EXTERN gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool);
  * gshm_torch_last_error() 0); otherwise NULL (PyTorch then raises its
  * out-of-memory error) with the reason in gshm_torch_last_error():
  * -EINVAL size < 0, or no active pool and not exactly one unreleased pool
- * in the process; -EBADF the thread's pool was released; -ENODEV `device`
+ * in the process; -EBADF the thread's pool was released; -ECHILD the pool
+ * was made by a process this one was forked from (its segments, mappings
+ * and context are that process's, and CUDA does not survive fork: see
+ * gshm_copy); -ENODEV `device`
  * is not the pool's; -EMFILE the pool has a million segments; -EPROTO
  * gshmd made a segment smaller than asked; the errors of gshm_create()
  * (the daemon's explanation in gshm_last_error() of the pool's client)
@@ -687,7 +703,10 @@ GSHM_EXTERN void *gshm_torch_malloc(ssize_t size, int device, void *stream);
  * persistent pool keeps it for reuse.  `size`, `device` and `stream` are
  * not needed (the pool knows them; `stream` may be destroyed by now).  A
  * pointer that no pool handed out, or one freed twice, is ignored (never
- * passed to cudaFree) and sets gshm_torch_last_error() to -EINVAL. */
+ * passed to cudaFree) and sets gshm_torch_last_error() to -EINVAL; in a
+ * process forked from one that made pools, a pointer that none of this
+ * process's pools handed out is ignored with -ECHILD (the parent's pools
+ * are not looked at there: see gshm_torch_malloc). */
 GSHM_EXTERN void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream);
 
 /* The result of the calling thread's last gshm_torch_malloc or
@@ -696,7 +715,8 @@ GSHM_EXTERN int gshm_torch_last_error(void);
 
 /* Lists the pool's segments in creation order.  *segs_out is one malloc'ed
  * array of *count_out entries (NULL when 0); free it with gshm_free().
- * Errors: -EINVAL NULL argument; -ENOMEM. */
+ * Errors: -EINVAL NULL argument; -ENOMEM; -ECHILD the pool was made by a
+ * process this one was forked from (gshm_torch_malloc). */
 GSHM_EXTERN int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs_out,
                                    size_t *count_out);
 
@@ -710,7 +730,9 @@ GSHM_EXTERN int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs
  * pool still valid (call again later to free it).  Returns 0 when the pool
  * was freed (do not use it again; its few hundred bytes stay allocated, so
  * that no later pool gets its address and a stale handle names none);
- * -EINVAL pool NULL; -EBUSY as above. */
+ * -EINVAL pool NULL; -EBUSY as above; -ECHILD the pool was made by a
+ * process this one was forked from (gshm_torch_malloc): nothing is done
+ * (its segments, names and context are that process's to end). */
 GSHM_EXTERN int gshm_pool_release(gshm_pool_t *pool, int unlink);
 /* ---- end PyTorch's allocator ---- */
 
@@ -760,7 +782,11 @@ typedef enum {
  * embedded kernels (sm_90 SASS + PTX) cannot run on; -EXDEV
  * GSHM_COPY_SM between GPUs without peer access; -ENOENT / -ENODEV no CUDA
  * driver or no GPU; -ENOSYS a driver older than CUDA 12.0, or one that
- * lacks an entry point libgshm needs; -ENOMEM, -EIO from the driver (logged at
+ * lacks an entry point libgshm needs; -ECHILD this process was forked
+ * from one that had initialized CUDA, which a forked child cannot use
+ * (CUDA does not survive fork: fork and exec, or spawn, a process that
+ * uses it; nothing of the parent's libgshm CUDA state is touched);
+ * -ENOMEM, -EIO from the driver (logged at
  * GSHM_LOG_LEVEL>=3); -ENOMEM also when the process has used more than
  * 64 CUDA contexts. */
 GSHM_EXTERN int gshm_copy(void *dst, const void *src, size_t bytes, gshm_copy_method_t method,
@@ -838,8 +864,9 @@ typedef struct {
  * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
  * SPLIT with host memory, bytes of 2^58 or more (more than any memory);
  * -EXDEV two GPUs without a peer path for a copy the algorithm needs;
- * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOSYS a driver too old (as
- * gshm_copy); -ENOMEM, -EIO from the driver. */
+ * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOSYS a driver too old, or
+ * -ECHILD a forked child (both as gshm_copy); -ENOMEM, -EIO from the
+ * driver. */
 GSHM_EXTERN int gshm_broadcast(const void *src, void *const dsts[], int n, size_t bytes,
                                void *stream);
 
@@ -865,7 +892,8 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
  * memory (never handed to the GPU); -EXDEV the flag is
  * on a GPU the stream's GPU has no peer path to (libgshm enables peer
  * access where there is one); -ENOENT / -ENODEV no CUDA driver or GPU;
- * -ENOSYS a driver too old (as gshm_copy); -ENOTSUP the driver refuses
+ * -ENOSYS a driver too old, or -ECHILD a forked child (both as
+ * gshm_copy); -ENOTSUP the driver refuses
  * stream memory operations on this address and libgshm was built without
  * nvcc; -ENOMEM, -EIO the driver (-ENOMEM also as gshm_copy). */
 GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream);
@@ -890,7 +918,8 @@ GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
  * Errors: -EINVAL flag NULL, misaligned or in pageable host memory;
  * -EXDEV the flag is on a GPU
  * the stream's GPU has no peer path to; -ENOENT / -ENODEV no driver or
- * GPU; -ENOSYS a driver too old (as gshm_copy); -ENOTSUP the GPU does not
+ * GPU; -ENOSYS a driver too old, or -ECHILD a forked child (both as
+ * gshm_copy); -ENOTSUP the GPU does not
  * support 64-bit stream memory operations; -ENOMEM, -EIO the driver
  * (-ENOMEM also as gshm_copy). */
 GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream);

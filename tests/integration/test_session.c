@@ -3,6 +3,7 @@
  * semantics, leases of killed clients, read-only enforcement, the lease
  * cache and its invalidation. */
 #include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -717,6 +718,61 @@ static void test_forked_child_leaves_the_parent_alone(void **state) {
   gshm_disconnect(admin);
 }
 
+struct stat_arg {
+  gshm_client_t *c;
+  int rc;
+};
+
+static void *stat_in_thread(void *arg) {
+  struct stat_arg *a = arg;
+  gshm_segment_info_t info;
+  a->rc = gshm_stat_name(a->c, "test/fork2", &info);
+  return NULL;
+}
+
+/* fork() while another thread waits for gshmd's reply (the client's lock
+ * held; gshmd stopped, so the wait lasts): the child's calls on the
+ * client return at once (-ECHILD; its closes leave its copies) instead of
+ * waiting for a lock whose holder is not in the child (they waited for
+ * good: alarm() ends such a child with SIGALRM). */
+static void test_fork_while_another_thread_waits_for_gshmd(void **state) {
+  struct harness *h = *state;
+  struct stat_arg a = {.rc = 1};
+  gshm_segment_info_t info;
+  gshm_segment_t *s;
+  pthread_t t;
+  void *addr;
+  int status;
+  pid_t pid;
+
+  assert_int_equal(gshm_connect(h->socket_path, "parent", &a.c), 0);
+  assert_int_equal(gshm_create(a.c, "test/fork2", 1 << 20, "host", 0600, 0, &s), 0);
+  assert_int_equal(gshm_map(s, NULL, 0, &addr), 0);
+  assert_int_equal(kill(h->sp.pid, SIGSTOP), 0);
+  assert_int_equal(pthread_create(&t, NULL, stat_in_thread, &a), 0);
+  usleep(200000); /* for it to send (later: passes on the old code) */
+  if ((pid = fork()) == 0) {
+    int rc = 0;
+    alarm(5);
+    rc |= gshm_stat_name(a.c, "test/fork2", &info) != -ECHILD;
+    rc |= (gshm_map(s, NULL, 0, &addr) != -ECHILD) << 1;
+    rc |= !strstr(gshm_last_error(a.c), "fork") << 2;
+    rc |= (gshm_close(s) != 0) << 3;
+    gshm_disconnect(a.c);
+    _exit(rc);
+  }
+  assert_true(pid > 0);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  kill(h->sp.pid, SIGCONT);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(a.rc, 0); /* the parent's request was answered */
+  assert_int_equal(gshm_stat(s, &info), 0);
+  gshm_close(s);
+  gshm_disconnect(a.c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_error_names),
@@ -728,6 +784,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_queued_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_connect_explain, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_forked_child_leaves_the_parent_alone, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_fork_while_another_thread_waits_for_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_host_size_and_populate, harness_cmocka_setup, harness_cmocka_teardown),

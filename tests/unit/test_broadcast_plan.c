@@ -8,8 +8,12 @@
  * earlier work, or a caller's later work before the broadcast's end
  * shows as wrong bytes under some order; an event recorded on a stream of
  * another context is refused as the driver refuses it.  The GPU half of
- * this is tests/gpu/test_broadcast.c (real copies, real timings). */
+ * this is tests/gpu/test_broadcast.c (real copies, real timings).  A fork
+ * while another thread broadcasts leaves the child a broadcast that
+ * works. */
 #include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -269,8 +275,19 @@ int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontex
   return 0;
 }
 
+/* The next gshm__copy_ctx_event (broadcast.c calls it under its lock)
+ * posts ctx_event_entered and stalls this long first. */
+static unsigned ctx_event_stall_us;
+static sem_t ctx_event_entered;
+
 int gshm__copy_ctx_event(const struct gshm_cudadrv *drv, CUevent *out) {
   (void)drv;
+  if (ctx_event_stall_us) {
+    unsigned us = ctx_event_stall_us;
+    ctx_event_stall_us = 0;
+    sem_post(&ctx_event_entered);
+    usleep(us);
+  }
   if (!current)
     return -EINVAL;
   if (!current->order_ev)
@@ -392,8 +409,52 @@ static void test_impossible_sizes_are_refused(void **state) {
   bufs_free();
 }
 
+struct bcast_args {
+  void *src;
+  void **dsts;
+};
+
+static void *broadcast_in_thread(void *arg) {
+  struct bcast_args *a = arg;
+  return (void *)(intptr_t)gshm_broadcast(a->src, a->dsts, 2, 4096, caller);
+}
+
+/* fork() while another thread broadcasts (broadcast.c's lock held): the
+ * child's broadcast must run, not wait for a lock whose holder is not in
+ * the child (it did, for good: alarm() ends such a child with SIGALRM). */
+static void test_fork_while_another_thread_broadcasts(void **state) {
+  void *src = buf_new(4096, 0), *dsts[2] = {buf_new(4096, 1), buf_new(4096, 2)};
+  struct bcast_args a = {src, dsts};
+  pthread_t t;
+  void *ret;
+  pid_t pid;
+  int status;
+  (void)state;
+
+  current = NULL;
+  assert_int_equal(sem_init(&ctx_event_entered, 0, 0), 0);
+  ctx_event_stall_us = 300000;
+  assert_int_equal(pthread_create(&t, NULL, broadcast_in_thread, &a), 0);
+  assert_int_equal(sem_wait(&ctx_event_entered), 0); /* the thread holds the lock */
+  pid = fork();
+  if (pid == 0) {
+    alarm(5);
+    _exit(gshm_broadcast(src, dsts, 2, 4096, caller) == 0 ? 0 : 1);
+  }
+  assert_true(pid > 0);
+  assert_int_equal(pthread_join(t, &ret), 0);
+  assert_int_equal((int)(intptr_t)ret, 0);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status)); /* not killed by its alarm */
+  assert_int_equal(WEXITSTATUS(status), 0);
+  drain(1);
+  sem_destroy(&ctx_event_entered);
+  bufs_free();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fork_while_another_thread_broadcasts),
       cmocka_unit_test(test_every_plan_delivers_in_order),
       cmocka_unit_test(test_impossible_sizes_are_refused),
   };

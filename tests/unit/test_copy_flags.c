@@ -7,8 +7,12 @@
  * the GPU anyway: cuStreamWriteValue64 refused it, and the fallback
  * signal kernel (or the fused copy-then-signal kernel) was launched to
  * store to it, which on a GPU is an illegal address that poisons the
- * caller's context.  tests/gpu/test_copy.c checks the same on GPUs. */
+ * caller's context.  tests/gpu/test_copy.c checks the same on GPUs.  A
+ * fork while another thread makes a context's entry leaves the child
+ * calls that work. */
 #include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -41,6 +47,10 @@ static int in(const void *p, const void *base, size_t len) {
 static int launches, stream_writes, stream_waits, copies;
 static int fail_get_device; /* the next N cuCtxGetDevice calls fail */
 static CUcontext ctx0 = (CUcontext)0x6001; /* the thread's current context */
+/* The next cuCtxGetDevice (copy.c calls it under its table's lock, making
+ * a context's entry) posts get_device_entered and stalls this long. */
+static unsigned get_device_stall_us;
+static sem_t get_device_entered;
 
 static CUresult f_pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr ptr) {
   const void *p = (const void *)(uintptr_t)ptr;
@@ -84,6 +94,12 @@ static CUresult f_pop(CUcontext *c) {
   return CUDA_SUCCESS;
 }
 static CUresult f_get_device(CUdevice *d) {
+  if (get_device_stall_us) {
+    unsigned us = get_device_stall_us;
+    get_device_stall_us = 0;
+    sem_post(&get_device_entered);
+    usleep(us);
+  }
   if (fail_get_device) {
     fail_get_device--;
     return CUDA_ERROR_INVALID_CONTEXT;
@@ -216,8 +232,44 @@ static void test_failed_context_entries_are_not_kept(void **state) {
   ctx0 = was;
 }
 
+static void *signal_in_thread(void *arg) {
+  return (void *)(intptr_t)gshm_signal(arg, 3, NULL);
+}
+
+/* fork() while another thread makes the entry of a context copy.c has not
+ * seen (its table's lock held): the child's signal must run, not wait for
+ * a lock whose holder is not in the child (it did, for good: alarm() ends
+ * such a child with SIGALRM).  Must run first: ctx0's entry is made once. */
+static void test_fork_while_another_thread_makes_an_entry(void **state) {
+  pthread_t t;
+  void *ret;
+  pid_t pid;
+  int status;
+  (void)state;
+
+  assert_int_equal(sem_init(&get_device_entered, 0, 0), 0);
+  get_device_stall_us = 300000;
+  assert_int_equal(pthread_create(&t, NULL, signal_in_thread, &device_mem[1]), 0);
+  assert_int_equal(sem_wait(&get_device_entered), 0); /* the thread holds the lock */
+  pid = fork();
+  if (pid == 0) {
+    alarm(5);
+    _exit(gshm_signal(&device_mem[2], 4, NULL) == 0 && device_mem[2] == 4 ? 0 : 1);
+  }
+  assert_true(pid > 0);
+  assert_int_equal(pthread_join(t, &ret), 0);
+  assert_int_equal((int)(intptr_t)ret, 0);
+  assert_int_equal(device_mem[1], 3);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status)); /* not killed by its alarm */
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(device_mem[2], 0); /* the child's store was the child's */
+  sem_destroy(&get_device_entered);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fork_while_another_thread_makes_an_entry), /* first */
       cmocka_unit_test(test_reachable_flags),
       cmocka_unit_test(test_failed_context_entries_are_not_kept),
       cmocka_unit_test(test_pageable_flag_never_reaches_the_gpu),

@@ -6,7 +6,9 @@
  * never sooner; a load that succeeds is kept.  The fake library is
  * dlopen'ed by its path after the first load: the loader's
  * dlopen("libcuda.so.1") then finds it by its soname.  Where a real
- * driver is installed the first load finds it, and the test is skipped. */
+ * driver is installed the first load finds it, and the test is skipped.
+ * A child forked before the load succeeded loads the driver itself; one
+ * forked after it gets -ECHILD, for good (CUDA does not survive fork). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <setjmp.h>
@@ -15,6 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -22,6 +25,28 @@
 #include "cudadrv.h"
 
 #define PAST_RETRY_US 1100000 /* a little over cudadrv.c's one second */
+
+/* Forks a child whose loads return `want`, then `then` past the retry
+ * delay (and, when 0, a driver that answers); waits for it. */
+static void child_loads(int want, int then) {
+  const struct gshm_cudadrv *drv = NULL;
+  pid_t pid = fork();
+  int status, n = 0;
+
+  if (pid == 0) {
+    alarm(10);
+    if (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) != want)
+      _exit(1);
+    usleep(PAST_RETRY_US);
+    if (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) != then)
+      _exit(2);
+    _exit(then || (drv && drv->cuDeviceGetCount(&n) == CUDA_SUCCESS && n == 2) ? 0 : 3);
+  }
+  assert_true(pid > 0);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
 
 static void test_failed_load_is_tried_again(void **state) {
   const struct gshm_cudadrv *drv = NULL;
@@ -47,6 +72,8 @@ static void test_failed_load_is_tried_again(void **state) {
   /* cuInit would succeed now, but is not called again within the second */
   assert_int_equal(gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv), -ENODEV);
   assert_null(drv);
+  /* a child of this process, which has not initialized CUDA, may */
+  child_loads(-ENODEV, 0);
   usleep(PAST_RETRY_US);
   assert_int_equal(gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv), 0);
   assert_non_null(drv);
@@ -56,6 +83,10 @@ static void test_failed_load_is_tried_again(void **state) {
   drv = NULL;
   assert_int_equal(gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv), 0);
   assert_non_null(drv);
+  /* a child of this process, which has, may not: ever (the load of an old
+   * libgshm succeeded there, and the child went on into CUDA) */
+  child_loads(-ECHILD, -ECHILD);
+  assert_int_equal(gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv), 0); /* the parent still may */
 }
 
 int main(void) {

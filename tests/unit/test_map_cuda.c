@@ -10,7 +10,9 @@
  * driver call unwinds everything before it; read-only leases map read-only
  * on every device, later ones included; gshm_write's copy is on the GPU
  * when it returns; a failed read of the process's GPUs is not kept; a fork
- * while another thread reads them leaves the child a map path that works.  tests/gpu/test_segments.c runs the same code on GPUs. */
+ * while another thread reads them leaves the child a map path that works,
+ * and a fork by the thread that reads them returns; a child makes no
+ * driver call on a mapping its parent made.  tests/gpu/test_segments.c runs the same code on GPUs. */
 #include <errno.h>
 #include <pthread.h>
 #include <semaphore.h>
@@ -47,6 +49,10 @@ int gshm__lease_from_grant(struct gshm_client *c, Gshm__Reply *reply, int fd,
   (void)c, (void)reply, (void)fd, (void)seg_out;
   return -ENOSYS;
 }
+int gshm__client_lock(struct gshm_client *c) {
+  (void)c;
+  return -ENOSYS;
+}
 
 /* ---- the fake driver ---- */
 
@@ -61,6 +67,10 @@ static bool htod_in_flight;
  * fails: another thread holds map_cuda.c's GPU list lock meanwhile. */
 static unsigned count_stall_us;
 static sem_t count_entered;
+/* The next cuDeviceGetCount forks (as a driver may, to run a helper), and
+ * fails: the thread that forks holds map_cuda.c's GPU list lock. */
+static bool count_forks;
+static pid_t count_forked;
 
 static bool failing(const char *fn) {
   if (fail_at && !strcmp(fail_at, fn)) {
@@ -76,6 +86,12 @@ static bool failing(const char *fn) {
   } while (0)
 
 static CUresult f_count(int *n) {
+  if (count_forks) {
+    count_forks = false;
+    if ((count_forked = fork()) == 0)
+      _exit(0);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   if (count_stall_us) {
     unsigned us = count_stall_us;
     count_stall_us = 0;
@@ -331,6 +347,28 @@ static void test_fork_while_another_thread_reads_gpus(void **state) {
   sem_destroy(&count_entered);
 }
 
+/* A fork() by the thread that holds the GPU list lock (the driver may fork
+ * a helper inside a call made under it) returns: fork's handler waited
+ * for that lock, held by the forking thread itself, for good (the whole
+ * test died of its alarm).  Must run before any map that succeeds. */
+static void test_fork_under_the_lock(void **state) {
+  struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
+  char **uuids;
+  size_t n;
+  int status;
+  (void)state;
+
+  count_forks = true;
+  alarm(5);
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), -ENOMEM);
+  alarm(0);
+  assert_true(count_forked > 0);
+  assert_int_equal(waitpid(count_forked, &status, 0), count_forked);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_nothing_held();
+}
+
 /* The first map of the process reads its GPUs (cuDeviceGetCount, then
  * each one's UUID): a failure there is that map's error, and the next map
  * reads them again (the list was kept for the life of the process, failed
@@ -457,15 +495,53 @@ static void test_write_is_done_when_it_returns(void **state) {
   assert_nothing_held();
 }
 
+/* A mapping made before a fork is the parent's CUDA state, which a forked
+ * child cannot use: there a read or write, or access for more devices, is
+ * -ECHILD, and an unmap forgets the child's record of it without a driver
+ * call (each went to the driver: undefined in a real child). */
+static void test_parent_mapping_in_a_child(void **state) {
+  struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
+  unsigned char buf[16] = {0};
+  char **uuids;
+  size_t n;
+  pid_t pid;
+  int status;
+  (void)state;
+
+  access_calls = 0;
+  assert_int_equal(gshm__map_device(&l, (const int[]){1}, 1, &uuids, &n), 0);
+  pid = fork();
+  if (pid == 0) {
+    int bad = 0;
+    alarm(5);
+    bad |= gshm__device_rw(&l, 0, buf, sizeof(buf), false) != -ECHILD;
+    bad |= (gshm__device_rw(&l, 0, buf, sizeof(buf), true) != -ECHILD) << 1;
+    bad |= (gshm__map_device_add(&l, NULL, 0, &uuids, &n) != -ECHILD) << 2;
+    bad |= (gshm__unmap_device(&l) != 0 || l.device_map || l.addr) << 3;
+    /* this process's copy of the fake driver's books: nothing undone */
+    bad |= (mappings != 1 || reservations != 1 || handles != 1 || retained[1] != 1 ||
+            access_calls != 1) << 4;
+    _exit(bad);
+  }
+  assert_true(pid > 0);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(gshm__unmap_device(&l), 0); /* the parent's is whole */
+  assert_nothing_held();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_fork_while_another_thread_reads_gpus), /* first */
-      cmocka_unit_test(test_failed_device_list_is_retried),         /* second */
+      cmocka_unit_test(test_fork_under_the_lock),                   /* first */
+      cmocka_unit_test(test_fork_while_another_thread_reads_gpus), /* second */
+      cmocka_unit_test(test_failed_device_list_is_retried),         /* third */
       cmocka_unit_test(test_hostile_replies_are_eproto),
       cmocka_unit_test(test_size_past_the_allocation),
       cmocka_unit_test(test_every_failure_unwinds),
       cmocka_unit_test(test_read_only_everywhere),
       cmocka_unit_test(test_write_is_done_when_it_returns),
+      cmocka_unit_test(test_parent_mapping_in_a_child),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

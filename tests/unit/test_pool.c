@@ -6,9 +6,12 @@
  * registry, a pool released while active on another thread, the order of
  * free's wait against reuse, and that every failed growth leaves no
  * segment, name or mapping.  tests/../python/tests/test_torch_pool_gpu.py
- * runs the same code against a real driver and gshmd. */
+ * runs the same code against a real driver and gshmd.  A fork while
+ * another thread is in the pool leaves the child calls that return (pools
+ * are the parent's: -ECHILD), never a lock the child waits for. */
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -17,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -44,6 +49,10 @@ static int open_segments, live_mappings;
 static int fail_create, fail_map, fail_unlink; /* the next N calls fail */
 static int short_create; /* the next N creates make half the size asked (a buggy daemon) */
 static gshm_client_t *const fake_client = (gshm_client_t *)0x1;
+/* The next gshm_create (a pool grows under its pool's lock) posts
+ * create_entered and stalls this long first. */
+static unsigned create_stall_us;
+static sem_t create_entered;
 
 static int name_find(const char *name) {
   for (int i = 0; i < MAX_NAMES; i++)
@@ -58,6 +67,11 @@ int gshm_create(gshm_client_t *client, const char *name, uint64_t size, const ch
   int i, e = 0;
 
   (void)client, (void)location, (void)mode, (void)flags;
+  if (__atomic_load_n(&create_stall_us, __ATOMIC_SEQ_CST)) {
+    unsigned us = __atomic_exchange_n(&create_stall_us, 0, __ATOMIC_SEQ_CST);
+    sem_post(&create_entered);
+    usleep(us);
+  }
   pthread_mutex_lock(&fake_lock);
   if (fail_create) {
     fail_create--;
@@ -595,8 +609,113 @@ static void test_llama_packing(void **state) {
   assert_nothing_left();
 }
 
+/* ---- fork ---- */
+
+static void *grow_in_thread(void *arg) {
+  void *p;
+  gshm_pool_activate(arg);
+  p = gshm_torch_malloc(2 * MiB, 0, NULL); /* fits no segment: the pool grows */
+  gshm_pool_activate(NULL);
+  return p;
+}
+
+static void *free_in_thread(void *arg) {
+  gshm_torch_free(arg, 1, 0, NULL);
+  return NULL;
+}
+
+/* Arms the next gshm_create's stall and starts a thread whose malloc grows
+ * pool p (it holds the pool's lock meanwhile); returns once it stalls. */
+static pthread_t grow_stalled(gshm_pool_t *p) {
+  pthread_t t;
+  assert_int_equal(sem_init(&create_entered, 0, 0), 0);
+  create_stall_us = 300000;
+  assert_int_equal(pthread_create(&t, NULL, grow_in_thread, p), 0);
+  assert_int_equal(sem_wait(&create_entered), 0);
+  return t;
+}
+
+/* Ends a fork test of pool p: the growing thread's block comes, the child
+ * exited by itself with status 0 (not killed by its alarm, as a child that
+ * waits for a lock is), and the parent's pool (block a too) goes whole. */
+static void fork_test_end(gshm_pool_t *p, pthread_t grow, pid_t pid, void *a) {
+  void *b;
+  int status;
+
+  assert_int_equal(pthread_join(grow, &b), 0);
+  assert_true(pid > 0);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_non_null(b);
+  gshm_torch_free(a, MiB, 0, NULL);
+  gshm_torch_free(b, 2 * MiB, 0, NULL);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  gshm_pool_activate(NULL);
+  sem_destroy(&create_entered);
+  assert_nothing_left();
+}
+
+/* fork() while another thread's free holds the registry's lock (waiting
+ * for the lock of a pool that a third thread grows): the child's malloc
+ * must return, not wait for a lock whose holder is not in the child (it
+ * did, for good: alarm() ends such a child with SIGALRM). */
+static void test_fork_while_another_thread_frees(void **state) {
+  gshm_pool_t *p = pool_new("t/fork1", 0, 2 * MiB);
+  pthread_t grow, frees;
+  char foreign[64];
+  void *a;
+  pid_t pid;
+  (void)state;
+
+  gshm_pool_activate(p);
+  assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
+  grow = grow_stalled(p);
+  assert_int_equal(pthread_create(&frees, NULL, free_in_thread, foreign), 0);
+  usleep(100000); /* for it to take the registry's lock (later: passes on the old code) */
+  pid = fork();
+  if (pid == 0) {
+    alarm(5);
+    _exit(!gshm_torch_malloc(512, 0, NULL) && gshm_torch_last_error() == -ECHILD ? 0 : 1);
+  }
+  assert_int_equal(pthread_join(frees, NULL), 0);
+  fork_test_end(p, grow, pid, a);
+}
+
+/* fork() while another thread grows a pool (its lock held, the registry's
+ * free): in the child every call on the pool returns (-ECHILD: its
+ * segments, mappings and context are the parent's), none waits for the
+ * pool's lock (malloc did, for good). */
+static void test_fork_while_a_pool_grows(void **state) {
+  gshm_pool_t *p = pool_new("t/fork2", GSHM_POOL_PERSISTENT, 2 * MiB);
+  gshm_pool_segment_t *segs;
+  pthread_t grow;
+  void *a;
+  size_t n;
+  pid_t pid;
+  (void)state;
+
+  gshm_pool_activate(p);
+  assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
+  grow = grow_stalled(p);
+  pid = fork();
+  if (pid == 0) {
+    int bad = 0;
+    alarm(5);
+    bad |= gshm_torch_malloc(512, 0, NULL) || gshm_torch_last_error() != -ECHILD;
+    gshm_torch_free(a, MiB, 0, NULL);
+    bad |= (gshm_torch_last_error() != -ECHILD) << 1;
+    bad |= (gshm_pool_segments(p, &segs, &n) != -ECHILD) << 2;
+    bad |= (gshm_pool_release(p, 1) != -ECHILD) << 3;
+    _exit(bad);
+  }
+  fork_test_end(p, grow, pid, a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fork_while_another_thread_frees),
+      cmocka_unit_test(test_fork_while_a_pool_grows),
       cmocka_unit_test(test_sizes_and_foreign_pointers),
       cmocka_unit_test(test_free_synchronises_on_the_pool_context),
       cmocka_unit_test(test_failed_growth_leaves_nothing),
