@@ -42,7 +42,10 @@
   X(ETIMEDOUT, "timed out")                                                        \
   X(ESTALE, "segment or lease is gone (revoked, or freed across a daemon restart)") \
   X(EDQUOT, "quota exceeded")                                                      \
-  X(EREMOTEIO, "gshmd failed (its message says why)")
+  X(EREMOTEIO, "gshmd failed (its message says why)")                              \
+  X(ECHILD, "made before this process forked: connect again here (CUDA: not after a fork)") \
+  X(ENOBUFS, "the text did not fit the buffer")                                   \
+  X(E2BIG, "too many segments for one request")
 
 /* libgshm's gshm_last_error() when the connection to gshmd itself was
  * lost (no answer of gshmd's to show): gshmctl tells it from an answer. */

@@ -7,7 +7,7 @@ from typing import Optional, Type
 __all__ = [
     "Error", "NotFound", "Exists", "PermissionDenied", "InvalidArgument",
     "Unreachable", "NoDevice", "NotSupported", "OutOfMemory", "LimitExceeded",
-    "Revoked", "ProtocolError", "TimedOut", "error_for",
+    "Revoked", "ProtocolError", "TimedOut", "ForkedChild", "error_for",
 ]
 
 
@@ -70,6 +70,13 @@ class TimedOut(Error, TimeoutError):
     """ETIMEDOUT: the daemon gave up waiting (a cluster peer that does not answer)."""
 
 
+class ForkedChild(Error, ChildProcessError):
+    """ECHILD: the client, segment or pool was made before this process
+    forked (it belongs to the parent; connect again in the child), or CUDA
+    was in use when it forked (the driver does not survive a fork: use a
+    process started with ``multiprocessing``'s "spawn")."""
+
+
 class ProtocolError(Error):
     """EPROTO / EPROTONOSUPPORT: the daemon speaks another protocol."""
 
@@ -95,6 +102,7 @@ _BY_ERRNO = {
     _errno.EFBIG: LimitExceeded,
     _errno.EMFILE: LimitExceeded,
     _errno.ESTALE: Revoked,
+    _errno.ECHILD: ForkedChild,
     _errno.EPROTO: ProtocolError,
     _errno.EPROTONOSUPPORT: ProtocolError,
 }

@@ -948,3 +948,25 @@ def test_typed_example_runs(daemon):
     assert out[-1] == str(float(512 * 512)), out
     names = [s["name"] for s in json.loads(daemon.gshmctl("--json", "segments").stdout)["segments"]]
     assert "examples/typed_host" not in names, names  # the example unlinks what it made
+
+
+def test_client_used_in_a_forked_child_is_forked_child(client):
+    """A client connected before a fork belongs to the parent: the child's
+    calls fail with ECHILD, gshm.ForkedChild (a ChildProcessError), whose
+    text says what to do; it fell to the bare gshm.Error, and its text was
+    "unknown error", before ECHILD had its class and its row."""
+    client.status()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            client.status()
+        except gshm.ForkedChild as e:
+            code = 0 if (e.errno == errno.ECHILD and isinstance(e, ChildProcessError)
+                         and "connect again" in str(e)) else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    client.status()  # the parent's client goes on
