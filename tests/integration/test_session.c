@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
@@ -413,6 +414,9 @@ static void test_killed_client_leases_vanish(void **state) {
   char ok;
   pid_t pid;
   int64_t t0, waited_ms = -1;
+  /* (under valgrind, $VALGRIND: gshmd runs 20-50 times slower, and a
+   * loaded 2-core machine took over 1 s there) */
+  int64_t bound_ms = getenv("VALGRIND") ? 10000 : 1000;
 
   assert_int_equal(gshm_connect(h->socket_path, "watcher", &c), 0);
   assert_int_equal(gshm_create(c, "k", 65536, NULL, 0666, 0, &s), 0);
@@ -451,11 +455,13 @@ static void test_killed_client_leases_vanish(void **state) {
       waited_ms = (gshm__now_ns(CLOCK_MONOTONIC) - t0) / 1000000;
       break;
     }
-    if (gshm__now_ns(CLOCK_MONOTONIC) - t0 > 2000000000LL)
+    if (gshm__now_ns(CLOCK_MONOTONIC) - t0 > 2 * bound_ms * 1000000LL)
       break;
     usleep(10000);
   }
-  assert_true(waited_ms >= 0 && waited_ms <= 1000);
+  printf("    the killed client's lease went in %" PRId64 " ms (bound %" PRId64 " ms)\n", waited_ms,
+         bound_ms);
+  assert_true(waited_ms >= 0 && waited_ms <= bound_ms);
   /* The memory and its bytes are intact for the others. */
   {
     unsigned char buf[65536], want[65536];
