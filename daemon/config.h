@@ -72,6 +72,7 @@ struct gshmd_config {
   uint64_t cluster_pull_chunk;     /* bytes per ucp_get_nbx */
   uint32_t cluster_pull_depth;     /* gets in flight per pull */
   uint32_t cluster_streams;        /* TCP data lanes a puller opens per peer */
+  bool cluster_memory_check;       /* pulls into host memory must fit (grants.c) */
   char *cluster_prefault;          /* auto|always|off: fault pulled host memory in ahead of its lanes */
   uint64_t cluster_staging_bytes;  /* pinned host bytes per staged pull */
   uint64_t cluster_staging_arena;  /* pinned host bytes made at the start for staging */

@@ -221,6 +221,12 @@
     "lock per segment, bounds both alike and it only costs CPU); always "      \
     "also with 4 KiB pages; off: never. Either way only on CPUs the data "     \
     "lanes at work leave free (gshmd's CPU affinity less those lanes).")      \
+  X(cluster, memory_check, BOOL, cluster_memory_check, "true", 0, 0, NULL,     \
+    "Refuse a pull whose new host segments do not fit in the machine's "      \
+    "memory (MemAvailable + SwapFree, or what gshmd's cgroup leaves) with "   \
+    "what the pulls in flight still owe: -ENOMEM before a byte moves, "       \
+    "instead of an OOM kill midway. false: no check (where MemAvailable "     \
+    "misses memory the kernel would free, such as a ZFS ARC).")              \
   X(cluster, staging_bytes, SIZE, cluster_staging_bytes, "128M", 1048576,        \
     68719476736, NULL,                                                          \
     "The most pinned host memory that one staged device segment's pull holds " \

@@ -164,7 +164,7 @@ int gshmd__pull_host_room(struct pull *p, uint64_t size) {
       cl->host_avail += st.bytes_held;
     cl->host_avail_ns = now;
   }
-  if (cl->host_avail != UINT64_MAX &&
+  if (cl->cfg->cluster_memory_check && cl->host_avail != UINT64_MAX &&
       (size > cl->host_avail || cl->pull_host_owed > cl->host_avail - size)) {
     gshmd__pull_set_fail(p->s, -ENOMEM,
                          "segment '%s' of peer '%s' needs %" PRIu64 " bytes of host memory: this "
