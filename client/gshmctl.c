@@ -75,12 +75,40 @@ static void usage(FILE *f) {
           "Options:\n"
           "  -s, --socket PATH   gshmd's socket (default $GSHM_SOCKET, else %s)\n"
           "  -j, --json          one JSON document with a schema_version key\n"
-          "  -h, --help          this text\n"
+          "  -h, --help          this text; after a VERB (or 'help VERB'), that verb's\n"
+          "                      usage\n"
           "  -V, --version       gshmctl's version\n"
           "\n"
           "Exit status: 0 ok, 1 error, 2 usage, 3 daemon unreachable, 4 permission denied,\n"
           "5 not found.\n",
           GSHM_DEFAULT_SOCKET);
+}
+
+/* "gshmctl VERB --help": the lines of usage() that describe verb (its
+ * entry under "Verbs:" and their continuation lines; "segments" has two
+ * entries), on stdout.  Returns EXIT_OK. */
+static int verb_usage(const char *verb) {
+  char *text = NULL, *line, *save = NULL;
+  size_t len = 0, vlen = strlen(verb);
+  FILE *f = open_memstream(&text, &len);
+  bool in = false;
+
+  if (!f)
+    return EXIT_ERR;
+  usage(f);
+  fclose(f);
+  printf("usage: gshmctl [--socket PATH] [--json] %s ...\n", verb);
+  for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    if (!strncmp(line, "  ", 2) && line[2] != ' ')
+      in = !strncmp(line + 2, verb, vlen) && line[2 + vlen] == ' ';
+    else if (strncmp(line, "  ", 2))
+      in = false;
+    if (in)
+      puts(line);
+  }
+  printf("(gshmctl --help: every verb, the options and the exit codes)\n");
+  free(text);
+  return EXIT_OK;
 }
 
 static int exit_code(int err) {
@@ -1388,6 +1416,7 @@ int main(int argc, char **argv) {
                                        {NULL, 0, NULL, 0}};
   gshm_client_t *c = NULL;
   const char *verb;
+  bool verb_help = false;
   int o, rc;
 
   opterr = 0; /* errorf reports, with the program's name (and as JSON) */
@@ -1435,6 +1464,8 @@ int main(int argc, char **argv) {
         socket_path = argv[++r];
       } else if (!strncmp(argv[r], "--socket=", 9)) {
         socket_path = argv[r] + 9;
+      } else if (!strcmp(argv[r], "--help") || !strcmp(argv[r], "-h")) {
+        verb_help = true;
       } else {
         argv[w++] = argv[r];
       }
@@ -1442,7 +1473,10 @@ int main(int argc, char **argv) {
     argc = w;
     argv[argc] = NULL;
   }
-  if (!strcmp(verb, "help")) {
+  if (!strcmp(verb, "help") && argc > 1) { /* "gshmctl help VERB" */
+    verb = argv[1];
+    verb_help = true;
+  } else if (!strcmp(verb, "help")) {
     usage(stdout);
     return EXIT_OK;
   }
@@ -1457,6 +1491,8 @@ int main(int argc, char **argv) {
       return errorf(EXIT_USAGE, -EINVAL, "unknown verb '%s' (gshmctl --help lists them)", verb);
     }
   }
+  if (verb_help)
+    return verb_usage(verb);
   /* A verb's arguments are checked before connecting: a usage error is
    * exit 2 whether or not gshmd runs.  The listing verbs take none. */
   if (!strcmp(verb, "status") || !strcmp(verb, "peers") || !strcmp(verb, "mappings") ||

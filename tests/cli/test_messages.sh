@@ -165,6 +165,17 @@ has err "status: unexpected argument 'x'"
 run 2 mappings --frob
 has err "gshmctl: mappings: unknown option '--frob'"
 usage_json clients --frob
+# VERB --help (and help VERB): that verb's usage on stdout, exit 0, no
+# gshmd needed; not "unknown option '--help'"
+GSHM_SOCKET=$dir/nothing-here run 0 create --help
+has out "create NAME SIZE [--location LOC] [--mode MODE]"
+grep -qF "unlink NAME" "$dir/out" && fail "create --help shows other verbs: $(cat "$dir/out")"
+GSHM_SOCKET=$dir/nothing-here run 0 segments -h
+has out "segments --peer PEER"
+GSHM_SOCKET=$dir/nothing-here run 0 help pull
+has out "pull PEER:NAME [--as LOCAL] [--prefix]"
+run 2 help nope
+has err "unknown verb 'nope'"
 # --json read has no form for raw bytes: refused without -o, a summary with
 run 0 create jr 4K
 usage_json read jr
