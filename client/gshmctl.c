@@ -213,9 +213,9 @@ static const char *hidden_segment_hint(const char *what, char *buf, size_t cap) 
   return buf;
 }
 
-/* Reports a failed call (of a verb that named peer, or NULL); returns the
- * exit code. */
-static int fail_peer(gshm_client_t *c, const char *what, int err, const char *peer) {
+/* Reports a failed call (of a verb that named peer, or NULL); returns rc,
+ * the exit code. */
+static int fail_peer(gshm_client_t *c, const char *what, int err, const char *peer, int rc) {
   char detail[1024], hint[512];
 
   snprintf(detail, sizeof(detail), "%s", c ? gshm_last_error(c) : "");
@@ -225,15 +225,15 @@ static int fail_peer(gshm_client_t *c, const char *what, int err, const char *pe
   if (strcasecmp(detail, gshm_strerror(err)) == 0) {
     detail[0] = '\0';
     if (err == -EACCES)
-      return errorf(exit_code(err), err, "%s: %s%s", what, gshm_strerror(err),
+      return errorf(rc, err, "%s: %s%s", what, gshm_strerror(err),
                     hidden_segment_hint(what, hint, sizeof(hint)));
   }
-  return errorf(exit_code(err), err, "%s: %s%s%s%s", what, gshm_strerror(err),
+  return errorf(rc, err, "%s: %s%s%s%s", what, gshm_strerror(err),
                 *detail ? ": " : "", detail, c ? peer_hint(c, err, peer, hint, sizeof(hint)) : "");
 }
 
 static int fail(gshm_client_t *c, const char *what, int err) {
-  return fail_peer(c, what, err, NULL);
+  return fail_peer(c, what, err, NULL, exit_code(err));
 }
 
 /* A verb's getopt_long returned o, '?' or ':' (opterr is 0 and the
@@ -835,17 +835,19 @@ static int cmd_revoke(gshm_client_t *c, int argc, char **argv) {
   char *end;
   int e;
 
-  if (argc < 2 || strcmp(argv[1], "--id"))
+  if (argc == 2 && strcmp(argv[1], "--id"))
     return cmd_by_name(c, argc, argv, "revoke", gshm_revoke, "revoked");
   errno = 0;
-  id = argc == 3 && isdigit((unsigned char)*argv[2]) ? strtoull(argv[2], &end, 10) : 0;
+  id = argc == 3 && !strcmp(argv[1], "--id") && isdigit((unsigned char)*argv[2])
+           ? strtoull(argv[2], &end, 10) : 0;
   if (!id || errno || *end)
     return errorf(EXIT_USAGE, -EINVAL, "usage: revoke NAME | revoke --id ID (a segment's id, "
                   "as 'segments' shows it)");
   if (!c)
     return EXIT_OK;
+  /* -ESTALE: no segment has that id, which is "not found" to a script */
   if ((e = gshm_revoke_id(c, (uint64_t)id)))
-    return fail(c, "revoke", e);
+    return fail_peer(c, "revoke", e, NULL, e == -ESTALE ? EXIT_NOTFOUND : exit_code(e));
   if (json_out) {
     json_t *doc = json_doc();
     json_object_set_new(doc, "id", json_integer((json_int_t)id));
@@ -1156,7 +1158,7 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
   if ((e = gshm_list_remote(c, peer, &v, &n))) {
     char what[96];
     snprintf(what, sizeof(what), "segments --peer %.64s", peer);
-    return fail_peer(c, what, e, peer);
+    return fail_peer(c, what, e, peer, exit_code(e));
   }
   if (json_out) {
     json_t *doc = json_doc(), *arr = json_array();

@@ -165,6 +165,16 @@ has err "status: unexpected argument 'x'"
 run 2 mappings --frob
 has err "gshmctl: mappings: unknown option '--frob'"
 usage_json clients --frob
+# revoke's every usage error names both forms; an id no segment has is
+# "not found" (exit 5), as a name no segment has is
+usage_json revoke
+has err "usage: revoke NAME | revoke --id ID"
+usage_json revoke k4 --id 1
+has err "usage: revoke NAME | revoke --id ID"
+run 5 revoke --id 999999
+has err "no segment has id 999999"
+run 5 --json revoke --id 999999
+json err "d['error']['exit_code'] == 5"
 # VERB --help (and help VERB): that verb's usage on stdout, exit 0, no
 # gshmd needed; not "unknown option '--help'"
 GSHM_SOCKET=$dir/nothing-here run 0 create --help
