@@ -217,6 +217,10 @@ static const char *hidden_segment_hint(const char *what, char *buf, size_t cap) 
  * the exit code. */
 static int fail_peer(gshm_client_t *c, const char *what, int err, const char *peer, int rc) {
   char detail[1024], hint[512];
+  /* gshmd's answer about a peer: the peer's failure, not the local
+   * gshmd's ("connection to gshmd reset" for a peer that is down) */
+  const char *text = peer && c && strcmp(gshm_last_error(c), GSHM_LOST_GSHMD_TEXT)
+                         ? gshm__peer_failure_text(err) : gshm_strerror(err);
 
   snprintf(detail, sizeof(detail), "%s", c ? gshm_last_error(c) : "");
   /* gshmd's whole explanation may be the error's own text ("permission
@@ -228,7 +232,7 @@ static int fail_peer(gshm_client_t *c, const char *what, int err, const char *pe
       return errorf(rc, err, "%s: %s%s", what, gshm_strerror(err),
                     hidden_segment_hint(what, hint, sizeof(hint)));
   }
-  return errorf(rc, err, "%s: %s%s%s%s", what, gshm_strerror(err),
+  return errorf(rc, err, "%s: %s%s%s%s", what, text,
                 *detail ? ": " : "", detail, c ? peer_hint(c, err, peer, hint, sizeof(hint)) : "");
 }
 

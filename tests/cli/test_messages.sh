@@ -197,6 +197,20 @@ json out "d['schema_version'] == 1 and d['name'] == 'jr' and d['bytes'] == 4096 
 run 1 --json create g 4K --location cuda:0
 json err "d['error']['errno'] == 'ENOTSUP'"
 
+# a peer that is down: 'segments --peer' blames the peer, not the local
+# gshmd (the errno's own text, "connection to gshmd reset", did)
+head -c 32 /dev/urandom | base64 >"$dir/key"
+chmod 0600 "$dir/key"
+port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$gshmd" --backend host --socket "$dir/c" --log-level 3 --set "cluster.listen=127.0.0.1:$port" \
+  --set "cluster.secret_file=$dir/key" --set cluster.peers=gone=127.0.0.1:1 2>"$dir/gshmd-c.log" &
+cpid=$!
+for _ in $(seq 200); do [ -S "$dir/c" ] && break; sleep 0.05; done
+GSHM_SOCKET=$dir/c run 1 segments --peer gone
+has err "segments --peer gone: peer lost or unreachable: peer 'gone'"
+grep -qF "connection to gshmd" "$dir/err" && fail "a peer down blamed on gshmd: $(cat "$dir/err")"
+kill $cpid; wait $cpid 2>/dev/null
+
 # item 9: the example's --help needs no torch
 "$py" "$src/python/examples/share_weights.py" --help >"$dir/out" 2>"$dir/err" \
   || fail "share_weights.py --help: $(cat "$dir/err")"
