@@ -1321,6 +1321,14 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
     return errorf(EXIT_USAGE, -EINVAL,
                   "pull: '%s' ends in '/': to pull every segment under it, add --prefix",
                   colon + 1);
+  /* The local prefix replaces the peer's verbatim: "--as v2" for
+   * "llama/" would make "v2seg-000001", not "v2/seg-000001". */
+  if (prefix && colon[1] && colon[strlen(colon) - 1] == '/' && po.local_name &&
+      *po.local_name && po.local_name[strlen(po.local_name) - 1] != '/')
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: --as '%s' does not end in '/' as '%s' does: each local name would "
+                  "be '%s' and the rest of the peer's name, with no '/' between; write "
+                  "--as '%s/'", po.local_name, colon + 1, po.local_name, po.local_name);
   if (!c)
     return EXIT_OK;
   snprintf(peer, sizeof(peer), "%.*s", (int)(colon - argv[optind]), argv[optind]);

@@ -156,6 +156,9 @@ usage_json pull a:b --frob
 # a name ending in '/' is a set: without --prefix, say so (before connecting)
 run 2 pull node7:llama/
 has err "pull: 'llama/' ends in '/': to pull every segment under it, add --prefix"
+# and its local prefix needs the '/' too ("v2" + "seg-1" is "v2seg-1")
+usage_json pull node7:llama/ --prefix --as v2
+has err "write --as 'v2/'"
 usage_json frobnicate
 usage_json status --socket
 has err "option '--socket' needs a value"
