@@ -646,7 +646,7 @@ static int parse_bytes(const char *what, const char *s, uint64_t *out) {
   int e = gshm__parse_size(s, out);
   if (e)
     errorf(EXIT_USAGE, e, "%s '%s': %s (bytes, or K/M/G/T: K, KB and KiB all mean 1024)",
-           what, s, e == -ERANGE ? "too large" : "not a size");
+           what, s, *s == '-' ? "cannot be negative" : e == -ERANGE ? "too large" : "not a size");
   return e;
 }
 
@@ -889,13 +889,13 @@ static int rw_opts(int argc, char **argv, bool is_write, uint64_t *offset, uint6
   while ((o = getopt_long(argc, argv, is_write ? ":i:" : ":o:n:", opts, NULL)) != -1) {
     switch (o) {
     case 'O':
-      if (parse_bytes("offset", optarg, offset))
+      if (parse_bytes(is_write ? "write: offset" : "read: offset", optarg, offset))
         return EXIT_USAGE;
       break;
     case 'n':
       if (is_write)
         return errorf(EXIT_USAGE, -EINVAL, "write: --length is for read (write takes all input)");
-      if (parse_bytes("length", optarg, length))
+      if (parse_bytes("read: length", optarg, length))
         return EXIT_USAGE;
       *have_length = true;
       break;

@@ -47,6 +47,13 @@ has err "'-4K'"
 grep -qF "'s/f'" "$dir/err" && fail "create s/f -4K blames the name: $(cat "$dir/err")"
 run 2 create x 4K -q
 has err "create: unknown option '-q'"
+# read's and write's sizes name the verb, and a negative one as such
+run 2 read x --offset -1
+has err "gshmctl: read: offset '-1': cannot be negative"
+run 2 write x --offset=-4K
+has err "gshmctl: write: offset '-4K': cannot be negative"
+run 2 read x --length 1Q
+has err "gshmctl: read: length '1Q': not a size"
 run 0 create k4 4KB
 has out "4 KiB"
 run 0 create k4i 4KiB
