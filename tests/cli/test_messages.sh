@@ -108,6 +108,9 @@ has err "nothing listens on that socket"
 has err "start gshmd"
 GSHM_SOCKET=$dir/in100 run 3 status
 has err "$dir/in100 is not a socket"
+# a path longer than sun_path: not a bare "name too long" (a segment's?)
+GSHM_SOCKET=$dir/$(printf 'z%.0s' $(seq 120))/s run 3 status
+has err "longer than a Unix socket's address takes (107)"
 # a user the socket does not let in: the socket's owner, group and mode,
 # and who can change that
 if [ "$(id -u)" = 0 ]; then
