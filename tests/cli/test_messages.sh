@@ -47,6 +47,12 @@ has err "'-4K'"
 grep -qF "'s/f'" "$dir/err" && fail "create s/f -4K blames the name: $(cat "$dir/err")"
 run 2 create x 4K -q
 has err "create: unknown option '-q'"
+# a name past GSHM_NAME_MAX: the limit, as gshmd says it for its own
+long=$(printf 'n%.0s' $(seq 300))
+run 1 create "$long" 4K
+has err "create: name too long: name is longer than 255 bytes"
+run 1 unlink "$long"
+has err "longer than 255 bytes"
 # read's and write's sizes name the verb, and a negative one as such
 run 2 read x --offset -1
 has err "gshmctl: read: offset '-1': cannot be negative"
