@@ -9,6 +9,7 @@
 #ifndef GSHMD_CONFIG_H
 #define GSHMD_CONFIG_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -20,6 +21,15 @@
 #ifndef GSHMD_DEFAULT_SOCKET
 #define GSHMD_DEFAULT_SOCKET "/run/gshm/gshmd.sock"
 #endif
+
+/* What to do when gshmd may not make its socket or the socket's directory
+ * (err: the positive errno of mkdir or bind), as a suffix of that log
+ * line; "" for other errors. */
+#define GSHMD_SOCKET_ACCESS_HINT(err)                                                          \
+  ((err) == EACCES || (err) == EPERM || (err) == EROFS                                          \
+       ? " (run gshmd as root or through gshmd.socket, or give it a socket path this user may " \
+         "create: --socket PATH, $GSHM_SOCKET or daemon.socket)"                                \
+       : "")
 
 struct gshmd_config {
   /* [daemon] */

@@ -191,7 +191,7 @@ static int socket_dir_make(const char *path) {
     *slash = '\0';
     if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
       e = -errno;
-      gshm_log_err("mkdir %s: %m", dir);
+      gshm_log_err("mkdir %s: %m%s", dir, GSHMD_SOCKET_ACCESS_HINT(-e));
       return e;
     }
   }
@@ -272,7 +272,7 @@ static int socket_bind_listen(struct daemon *d, const char *path) {
   umask(old);
   if (r < 0) {
     e = -errno;
-    gshm_log_err("bind %s: %m", bound);
+    gshm_log_err("bind %s: %m%s", path, GSHMD_SOCKET_ACCESS_HINT(-e));
     close(fd);
     return e;
   }

@@ -150,6 +150,23 @@ else
   has err "mode 0000) does not let uid $(id -u) connect"
   chmod 0660 "$dir/s"
 fi
+# gshmd as a user who may not make its socket (the default /run/gshm, as a
+# non-root user): what to do, not just "Permission denied"
+mkdir "$dir/ro"
+chmod 0555 "$dir/ro"
+as_daemon=()
+if [ "$(id -u)" = 0 ]; then
+  as_daemon=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+  chmod 0711 "$dir"
+fi
+for sock in "$dir/ro/sub/s" "$dir/ro/s"; do
+  timeout 10 "${as_daemon[@]}" "$gshmd" --backend host --socket "$sock" --log-level 3 2>"$dir/perm.log"
+  [ $? = 1 ] || fail "gshmd on $sock it may not make: not exit 1 ($(cat "$dir/perm.log"))"
+  grep -qF "give it a socket path this user may create: --socket PATH" "$dir/perm.log" \
+    || fail "gshmd on $sock: no hint: $(cat "$dir/perm.log")"
+done
+grep -qF "bind $dir/ro/s:" "$dir/perm.log" || fail "bind names a temporary path: $(cat "$dir/perm.log")"
+[ "$(id -u)" = 0 ] && chmod 0700 "$dir"
 # every usage error is the same JSON object with --json (stdout empty)
 usage_json() {
   run 2 --json "$@"
