@@ -87,6 +87,10 @@ struct gshmd_config {
   uint64_t cluster_staging_arena;  /* pinned host bytes made at the start for staging */
   char *cluster_staging;           /* auto|always: how device (and host) segments are served */
   uint32_t cluster_request_timeout_ms; /* an unanswered request to a peer fails after this */
+
+  /* the files read, for --check-config: "read FILE and N drop-ins from its
+   * conf.d", or "FILE is missing: the built-in defaults" */
+  char sources[4200];
 };
 
 /* Bytes a list item (lease, the largest) takes besides its segment name,

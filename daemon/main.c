@@ -657,7 +657,7 @@ static int check_config(struct daemon *d) {
   gshm__log_setup("gshmd", GSHM_LOG_ERR, 0);
   e = gshmd_cluster_check_config(&d->cfg);
   if (!e)
-    printf("gshmd: configuration ok\n");
+    printf("gshmd: configuration ok (%s)\n", d->cfg.sources);
   gshmd_config_free(&d->cfg);
   return e == -EINVAL ? 2 : e ? EXIT_FAILURE : EXIT_SUCCESS;
 }
