@@ -817,6 +817,9 @@ static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
   }
   if (parse_id(spec, false, &uid))
     return EXIT_NOTFOUND;
+  if (uid == (uint32_t)-1 && gid == (uint32_t)-1) /* ":" would change nothing */
+    return errorf(EXIT_USAGE, -EINVAL, "chown: '%s' names no user and no group: give USER, "
+                  ":GROUP or USER:GROUP", argv[2]);
   if (!c)
     return EXIT_OK;
   if ((e = gshm_chown(c, argv[1], uid, gid)))
@@ -828,7 +831,11 @@ static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
     json_object_set_new(doc, "gid", gid == (uint32_t)-1 ? json_null() : json_integer(gid));
     return print_json(doc);
   }
-  printf("changed the owner of '%s' to %s\n", argv[1], argv[2]);
+  if (uid == (uint32_t)-1)
+    printf("changed the group of '%s' to %s\n", argv[1], colon + 1);
+  else
+    printf("changed the owner%s of '%s' to %s\n", gid == (uint32_t)-1 ? "" : " and group",
+           argv[1], gid == (uint32_t)-1 ? spec : argv[2]);
   return EXIT_OK;
 }
 

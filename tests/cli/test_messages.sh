@@ -89,6 +89,13 @@ run 0 chmod k4 0640
 has out "changed the mode of 'k4' to 0640"
 run 0 unlink k4i
 has out "unlinked 'k4i'"
+# chown says what it changed; ':' changes nothing and is refused, not 'ok'
+run 2 chown k4 :
+has err "chown: ':' names no user and no group"
+run 0 chown k4 ":$(id -gn)"
+has out "changed the group of 'k4' to $(id -gn)"
+run 0 chown k4 "$(id -un):"
+has out "changed the owner of 'k4' to $(id -un)"
 run 0 --json chmod k4 0600
 json out "d['schema_version'] == 1 and d['name'] == 'k4' and d['mode'] == '0600'"
 run 0 --json write k4 -i "$dir/in100"
