@@ -1084,6 +1084,7 @@ out:
 
 /* The pulls in flight, as `peers` shows them (JSON: an array). */
 static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
+  static char esc[SHOWN_CAP], esc2[SHOWN_CAP];
   char done[32], total[32];
   json_t *arr = json_out ? json_array() : NULL;
 
@@ -1106,7 +1107,8 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
       json_array_append_new(arr, o);
       continue;
     }
-    printf("%-16s %-32s %6u %9s/%-9s  %u/%u%s  %.1f s\n", v[i].peer, v[i].name, v[i].uid,
+    printf("%-16s %-32s %6u %9s/%-9s  %u/%u%s  %.1f s\n", shown(v[i].peer, esc),
+           shown(v[i].name, esc2), v[i].uid,
            gshm__format_size(v[i].bytes_done, done, sizeof(done)),
            gshm__format_size(v[i].bytes_total, total, sizeof(total)), v[i].segments_done,
            v[i].segments_total, v[i].prefix && !v[i].segments_total ? " (listing)" : "", sec);
@@ -1115,6 +1117,7 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
 }
 
 static int cmd_peers(gshm_client_t *c) {
+  static char esc[SHOWN_CAP], esc2[SHOWN_CAP], esc3[SHOWN_CAP];
   gshm_cluster_peer_t *v = NULL;
   gshm_cluster_pull_t *pv = NULL;
   char node[64] = "";
@@ -1149,9 +1152,11 @@ static int cmd_peers(gshm_client_t *c) {
     printf("node '%s', %zu peer%s\n", node, n, n == 1 ? "" : "s");
   if (n)
     printf("%-16s %-24s %-10s %8s %s\n", "PEER", "ADDRESS", "STATE", "EXPORTED", "MESSAGE");
+  /* a message may quote what a peer sent in its hello, before it proved
+   * the key ("calls itself 'NAME'"): escaped as every name is */
   for (size_t i = 0; i < n; i++)
-    printf("%-16s %-24s %-10s %8u %s\n", v[i].name, v[i].address, v[i].state, v[i].exported,
-           v[i].message);
+    printf("%-16s %-24s %-10s %8u %s\n", shown(v[i].name, esc), shown(v[i].address, esc2),
+           v[i].state, v[i].exported, shown(v[i].message, esc3));
   pulls_in_flight(pv, np);
   gshm_free(v);
   gshm_free(pv);
@@ -1159,6 +1164,7 @@ static int cmd_peers(gshm_client_t *c) {
 }
 
 static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
+  static char esc[SHOWN_CAP], esc2[SHOWN_CAP];
   gshm_segment_info_t *v = NULL;
   size_t n = 0;
   char t[40], sz[32];
@@ -1186,8 +1192,8 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
   }
   printf("%-6s %-32s %10s %-44s %s\n", "ID", "NAME", "SIZE", "LOCATION", "AGE");
   for (size_t i = 0; i < n; i++)
-    printf("%-6" PRIu64 " %-32s %10s %-44s %s\n", v[i].id, v[i].name,
-           gshm__format_size(v[i].requested_size, sz, sizeof(sz)), v[i].location,
+    printf("%-6" PRIu64 " %-32s %10s %-44s %s\n", v[i].id, shown(v[i].name, esc),
+           gshm__format_size(v[i].requested_size, sz, sizeof(sz)), shown(v[i].location, esc2),
            age(v[i].created_ns, t, sizeof(t)));
   gshm_free(v);
   return EXIT_OK;
