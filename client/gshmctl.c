@@ -413,9 +413,9 @@ static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
   char t[40], sz[32], mode[8];
   int e;
 
-  if (argc == 3 && !strcmp(argv[1], "--peer"))
+  if (argc == 3 && !strcmp(argv[1], "--peer") && *argv[2])
     return cmd_remote_segments(c, argv[2]);
-  if (argc == 2 && !strncmp(argv[1], "--peer=", 7))
+  if (argc == 2 && !strncmp(argv[1], "--peer=", 7) && argv[1][7])
     return cmd_remote_segments(c, argv[1] + 7);
   if (argc != 1) {
     return errorf(EXIT_USAGE, -EINVAL, "usage: segments [--peer PEER]");

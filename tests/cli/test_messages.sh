@@ -191,6 +191,9 @@ has err "read: option '-o' needs a value"
 usage_json create x 4K --frob
 has err "create: unknown option '--frob'"
 usage_json segments extra
+# an empty peer is a usage error, not a request to gshmd
+usage_json segments --peer=
+usage_json segments --peer ""
 usage_json pull no-colon
 usage_json pull a:b --frob
 # a name ending in '/' is a set: without --prefix, say so (before connecting)
