@@ -695,7 +695,8 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
     }
   }
   if (argc - optind != 2) {
-    return errorf(EXIT_USAGE, -EINVAL, "usage: create NAME SIZE [--location LOC] [--mode MODE]");
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "usage: create NAME SIZE [--location LOC] [--mode MODE] [--legacy-ipc]");
   }
   if (parse_bytes("create: size", argv[optind + 1], &size))
     return EXIT_USAGE;

@@ -41,6 +41,9 @@ has err "gshmctl: create:"
 has err "'-5'"
 run 2 create x 0
 has err "at least 1 byte"
+# the usage line names every option --help does
+run 2 create x
+has err "usage: create NAME SIZE [--location LOC] [--mode MODE] [--legacy-ipc]"
 # a negative size after the name blames the size, not the name
 run 2 create s/f -4K
 has err "'-4K'"
