@@ -76,6 +76,21 @@ static void set_last_error(struct gshm_client *c, const char *msg) {
   snprintf(c->last_error, sizeof(c->last_error), "%s", msg ? msg : "");
 }
 
+/* A name past GSHM_NAME_MAX, refused before any request: says so in
+ * gshm_last_error() as gshmd would (else it kept an older call's text).
+ * Returns -ENAMETOOLONG, or 0 for a name that fits. */
+static int name_check(struct gshm_client *c, const char *name) {
+  int e;
+
+  if (strlen(name) <= GSHM_NAME_MAX)
+    return 0;
+  if ((e = gshm__client_lock(c))) /* (a forked child's: -ECHILD) */
+    return e;
+  snprintf(c->last_error, sizeof(c->last_error), "name is longer than %d bytes", GSHM_NAME_MAX);
+  pthread_mutex_unlock(&c->lock);
+  return -ENAMETOOLONG;
+}
+
 static int socket_connect(const char *path, int *fd_out) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   int fd, e;
@@ -576,8 +591,8 @@ int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *l
 
   if (!c || !name || !seg_out)
     return -EINVAL;
-  if (strlen(name) > GSHM_NAME_MAX)
-    return -ENAMETOOLONG;
+  if ((e = name_check(c, name)))
+    return e;
   /* names this create: gshm__request sends it again, token and all, when
    * a gshmd restart lost the reply, and gshmd answers the resend with the
    * segment the first one made (not EEXIST) */
@@ -623,8 +638,8 @@ int gshm_open(gshm_client_t *c, const char *name, gshm_access_t access, gshm_seg
 
   if (!c || !name || !seg_out || (access != GSHM_ACCESS_READ && access != GSHM_ACCESS_READ_WRITE))
     return -EINVAL;
-  if (strlen(name) > GSHM_NAME_MAX)
-    return -ENAMETOOLONG;
+  if ((e = name_check(c, name)))
+    return e;
   if ((e = gshm__client_lock(c)))
     return e;
   if ((l = cached_lease(c, name, access))) {
@@ -699,8 +714,8 @@ int gshm_unlink(gshm_client_t *c, const char *name) {
 
   if (!c || !name)
     return -EINVAL;
-  if (strlen(name) > GSHM_NAME_MAX)
-    return -ENAMETOOLONG;
+  if ((e = name_check(c, name)))
+    return e;
   m.name = (char *)name;
   if ((e = gshm__client_lock(c)))
     return e;

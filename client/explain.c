@@ -7,7 +7,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "gshm.h"
@@ -66,6 +68,10 @@ int gshm_connect_explain(const char *socket_path, int err, char *buf, size_t cap
     socket_path = (env = secure_getenv("GSHM_SOCKET")) && *env ? env : GSHM_DEFAULT_SOCKET;
   se = stat(socket_path, &st) < 0 ? errno : 0;
 
+  if (err == -ENAMETOOLONG)
+    return put(buf, cap, "the path is %zu bytes, longer than a Unix socket's address takes (%zu): "
+               "give a shorter path to it (a symlink to its directory)", strlen(socket_path),
+               sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
   if (err == -ENOENT)
     return put(buf, cap, "no socket there (is gshmd running?): %s", START_HINT);
   if (err == -ECONNREFUSED && !se && !S_ISSOCK(st.st_mode))

@@ -75,12 +75,40 @@ static void usage(FILE *f) {
           "Options:\n"
           "  -s, --socket PATH   gshmd's socket (default $GSHM_SOCKET, else %s)\n"
           "  -j, --json          one JSON document with a schema_version key\n"
-          "  -h, --help          this text\n"
+          "  -h, --help          this text; after a VERB (or 'help VERB'), that verb's\n"
+          "                      usage\n"
           "  -V, --version       gshmctl's version\n"
           "\n"
           "Exit status: 0 ok, 1 error, 2 usage, 3 daemon unreachable, 4 permission denied,\n"
           "5 not found.\n",
           GSHM_DEFAULT_SOCKET);
+}
+
+/* "gshmctl VERB --help": the lines of usage() that describe verb (its
+ * entry under "Verbs:" and their continuation lines; "segments" has two
+ * entries), on stdout.  Returns EXIT_OK. */
+static int verb_usage(const char *verb) {
+  char *text = NULL, *line, *save = NULL;
+  size_t len = 0, vlen = strlen(verb);
+  FILE *f = open_memstream(&text, &len);
+  bool in = false;
+
+  if (!f)
+    return EXIT_ERR;
+  usage(f);
+  fclose(f);
+  printf("usage: gshmctl [--socket PATH] [--json] %s ...\n", verb);
+  for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    if (!strncmp(line, "  ", 2) && line[2] != ' ')
+      in = !strncmp(line + 2, verb, vlen) && line[2 + vlen] == ' ';
+    else if (strncmp(line, "  ", 2))
+      in = false;
+    if (in)
+      puts(line);
+  }
+  printf("(gshmctl --help: every verb, the options and the exit codes)\n");
+  free(text);
+  return EXIT_OK;
 }
 
 static int exit_code(int err) {
@@ -185,10 +213,14 @@ static const char *hidden_segment_hint(const char *what, char *buf, size_t cap) 
   return buf;
 }
 
-/* Reports a failed call (of a verb that named peer, or NULL); returns the
- * exit code. */
-static int fail_peer(gshm_client_t *c, const char *what, int err, const char *peer) {
+/* Reports a failed call (of a verb that named peer, or NULL); returns rc,
+ * the exit code. */
+static int fail_peer(gshm_client_t *c, const char *what, int err, const char *peer, int rc) {
   char detail[1024], hint[512];
+  /* gshmd's answer about a peer: the peer's failure, not the local
+   * gshmd's ("connection to gshmd reset" for a peer that is down) */
+  const char *text = peer && c && strcmp(gshm_last_error(c), GSHM_LOST_GSHMD_TEXT)
+                         ? gshm__peer_failure_text(err) : gshm_strerror(err);
 
   snprintf(detail, sizeof(detail), "%s", c ? gshm_last_error(c) : "");
   /* gshmd's whole explanation may be the error's own text ("permission
@@ -197,15 +229,15 @@ static int fail_peer(gshm_client_t *c, const char *what, int err, const char *pe
   if (strcasecmp(detail, gshm_strerror(err)) == 0) {
     detail[0] = '\0';
     if (err == -EACCES)
-      return errorf(exit_code(err), err, "%s: %s%s", what, gshm_strerror(err),
+      return errorf(rc, err, "%s: %s%s", what, gshm_strerror(err),
                     hidden_segment_hint(what, hint, sizeof(hint)));
   }
-  return errorf(exit_code(err), err, "%s: %s%s%s%s", what, gshm_strerror(err),
+  return errorf(rc, err, "%s: %s%s%s%s", what, text,
                 *detail ? ": " : "", detail, c ? peer_hint(c, err, peer, hint, sizeof(hint)) : "");
 }
 
 static int fail(gshm_client_t *c, const char *what, int err) {
-  return fail_peer(c, what, err, NULL);
+  return fail_peer(c, what, err, NULL, exit_code(err));
 }
 
 /* A verb's getopt_long returned o, '?' or ':' (opterr is 0 and the
@@ -381,9 +413,9 @@ static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
   char t[40], sz[32], mode[8];
   int e;
 
-  if (argc == 3 && !strcmp(argv[1], "--peer"))
+  if (argc == 3 && !strcmp(argv[1], "--peer") && *argv[2])
     return cmd_remote_segments(c, argv[2]);
-  if (argc == 2 && !strncmp(argv[1], "--peer=", 7))
+  if (argc == 2 && !strncmp(argv[1], "--peer=", 7) && argv[1][7])
     return cmd_remote_segments(c, argv[1] + 7);
   if (argc != 1) {
     return errorf(EXIT_USAGE, -EINVAL, "usage: segments [--peer PEER]");
@@ -614,7 +646,7 @@ static int parse_bytes(const char *what, const char *s, uint64_t *out) {
   int e = gshm__parse_size(s, out);
   if (e)
     errorf(EXIT_USAGE, e, "%s '%s': %s (bytes, or K/M/G/T: K, KB and KiB all mean 1024)",
-           what, s, e == -ERANGE ? "too large" : "not a size");
+           what, s, *s == '-' ? "cannot be negative" : e == -ERANGE ? "too large" : "not a size");
   return e;
 }
 
@@ -663,7 +695,8 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
     }
   }
   if (argc - optind != 2) {
-    return errorf(EXIT_USAGE, -EINVAL, "usage: create NAME SIZE [--location LOC] [--mode MODE]");
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "usage: create NAME SIZE [--location LOC] [--mode MODE] [--legacy-ipc]");
   }
   if (parse_bytes("create: size", argv[optind + 1], &size))
     return EXIT_USAGE;
@@ -785,6 +818,9 @@ static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
   }
   if (parse_id(spec, false, &uid))
     return EXIT_NOTFOUND;
+  if (uid == (uint32_t)-1 && gid == (uint32_t)-1) /* ":" would change nothing */
+    return errorf(EXIT_USAGE, -EINVAL, "chown: '%s' names no user and no group: give USER, "
+                  ":GROUP or USER:GROUP", argv[2]);
   if (!c)
     return EXIT_OK;
   if ((e = gshm_chown(c, argv[1], uid, gid)))
@@ -796,7 +832,11 @@ static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
     json_object_set_new(doc, "gid", gid == (uint32_t)-1 ? json_null() : json_integer(gid));
     return print_json(doc);
   }
-  printf("changed the owner of '%s' to %s\n", argv[1], argv[2]);
+  if (uid == (uint32_t)-1)
+    printf("changed the group of '%s' to %s\n", argv[1], colon + 1);
+  else
+    printf("changed the owner%s of '%s' to %s\n", gid == (uint32_t)-1 ? "" : " and group",
+           argv[1], gid == (uint32_t)-1 ? spec : argv[2]);
   return EXIT_OK;
 }
 
@@ -807,17 +847,19 @@ static int cmd_revoke(gshm_client_t *c, int argc, char **argv) {
   char *end;
   int e;
 
-  if (argc < 2 || strcmp(argv[1], "--id"))
+  if (argc == 2 && strcmp(argv[1], "--id"))
     return cmd_by_name(c, argc, argv, "revoke", gshm_revoke, "revoked");
   errno = 0;
-  id = argc == 3 && isdigit((unsigned char)*argv[2]) ? strtoull(argv[2], &end, 10) : 0;
+  id = argc == 3 && !strcmp(argv[1], "--id") && isdigit((unsigned char)*argv[2])
+           ? strtoull(argv[2], &end, 10) : 0;
   if (!id || errno || *end)
     return errorf(EXIT_USAGE, -EINVAL, "usage: revoke NAME | revoke --id ID (a segment's id, "
                   "as 'segments' shows it)");
   if (!c)
     return EXIT_OK;
+  /* -ESTALE: no segment has that id, which is "not found" to a script */
   if ((e = gshm_revoke_id(c, (uint64_t)id)))
-    return fail(c, "revoke", e);
+    return fail_peer(c, "revoke", e, NULL, e == -ESTALE ? EXIT_NOTFOUND : exit_code(e));
   if (json_out) {
     json_t *doc = json_doc();
     json_object_set_new(doc, "id", json_integer((json_int_t)id));
@@ -855,13 +897,13 @@ static int rw_opts(int argc, char **argv, bool is_write, uint64_t *offset, uint6
   while ((o = getopt_long(argc, argv, is_write ? ":i:" : ":o:n:", opts, NULL)) != -1) {
     switch (o) {
     case 'O':
-      if (parse_bytes("offset", optarg, offset))
+      if (parse_bytes(is_write ? "write: offset" : "read: offset", optarg, offset))
         return EXIT_USAGE;
       break;
     case 'n':
       if (is_write)
         return errorf(EXIT_USAGE, -EINVAL, "write: --length is for read (write takes all input)");
-      if (parse_bytes("length", optarg, length))
+      if (parse_bytes("read: length", optarg, length))
         return EXIT_USAGE;
       *have_length = true;
       break;
@@ -1043,6 +1085,7 @@ out:
 
 /* The pulls in flight, as `peers` shows them (JSON: an array). */
 static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
+  static char esc[SHOWN_CAP], esc2[SHOWN_CAP];
   char done[32], total[32];
   json_t *arr = json_out ? json_array() : NULL;
 
@@ -1065,7 +1108,8 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
       json_array_append_new(arr, o);
       continue;
     }
-    printf("%-16s %-32s %6u %9s/%-9s  %u/%u%s  %.1f s\n", v[i].peer, v[i].name, v[i].uid,
+    printf("%-16s %-32s %6u %9s/%-9s  %u/%u%s  %.1f s\n", shown(v[i].peer, esc),
+           shown(v[i].name, esc2), v[i].uid,
            gshm__format_size(v[i].bytes_done, done, sizeof(done)),
            gshm__format_size(v[i].bytes_total, total, sizeof(total)), v[i].segments_done,
            v[i].segments_total, v[i].prefix && !v[i].segments_total ? " (listing)" : "", sec);
@@ -1074,6 +1118,7 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
 }
 
 static int cmd_peers(gshm_client_t *c) {
+  static char esc[SHOWN_CAP], esc2[SHOWN_CAP], esc3[SHOWN_CAP];
   gshm_cluster_peer_t *v = NULL;
   gshm_cluster_pull_t *pv = NULL;
   char node[64] = "";
@@ -1108,9 +1153,11 @@ static int cmd_peers(gshm_client_t *c) {
     printf("node '%s', %zu peer%s\n", node, n, n == 1 ? "" : "s");
   if (n)
     printf("%-16s %-24s %-10s %8s %s\n", "PEER", "ADDRESS", "STATE", "EXPORTED", "MESSAGE");
+  /* a message may quote what a peer sent in its hello, before it proved
+   * the key ("calls itself 'NAME'"): escaped as every name is */
   for (size_t i = 0; i < n; i++)
-    printf("%-16s %-24s %-10s %8u %s\n", v[i].name, v[i].address, v[i].state, v[i].exported,
-           v[i].message);
+    printf("%-16s %-24s %-10s %8u %s\n", shown(v[i].name, esc), shown(v[i].address, esc2),
+           v[i].state, v[i].exported, shown(v[i].message, esc3));
   pulls_in_flight(pv, np);
   gshm_free(v);
   gshm_free(pv);
@@ -1118,6 +1165,7 @@ static int cmd_peers(gshm_client_t *c) {
 }
 
 static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
+  static char esc[SHOWN_CAP], esc2[SHOWN_CAP];
   gshm_segment_info_t *v = NULL;
   size_t n = 0;
   char t[40], sz[32];
@@ -1128,7 +1176,7 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
   if ((e = gshm_list_remote(c, peer, &v, &n))) {
     char what[96];
     snprintf(what, sizeof(what), "segments --peer %.64s", peer);
-    return fail_peer(c, what, e, peer);
+    return fail_peer(c, what, e, peer, exit_code(e));
   }
   if (json_out) {
     json_t *doc = json_doc(), *arr = json_array();
@@ -1145,8 +1193,8 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
   }
   printf("%-6s %-32s %10s %-44s %s\n", "ID", "NAME", "SIZE", "LOCATION", "AGE");
   for (size_t i = 0; i < n; i++)
-    printf("%-6" PRIu64 " %-32s %10s %-44s %s\n", v[i].id, v[i].name,
-           gshm__format_size(v[i].requested_size, sz, sizeof(sz)), v[i].location,
+    printf("%-6" PRIu64 " %-32s %10s %-44s %s\n", v[i].id, shown(v[i].name, esc),
+           gshm__format_size(v[i].requested_size, sz, sizeof(sz)), shown(v[i].location, esc2),
            age(v[i].created_ns, t, sizeof(t)));
   gshm_free(v);
   return EXIT_OK;
@@ -1287,6 +1335,14 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
     return errorf(EXIT_USAGE, -EINVAL,
                   "pull: '%s' ends in '/': to pull every segment under it, add --prefix",
                   colon + 1);
+  /* The local prefix replaces the peer's verbatim: "--as v2" for
+   * "llama/" would make "v2seg-000001", not "v2/seg-000001". */
+  if (prefix && colon[1] && colon[strlen(colon) - 1] == '/' && po.local_name &&
+      *po.local_name && po.local_name[strlen(po.local_name) - 1] != '/')
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: --as '%s' does not end in '/' as '%s' does: each local name would "
+                  "be '%s' and the rest of the peer's name, with no '/' between; write "
+                  "--as '%s/'", po.local_name, colon + 1, po.local_name, po.local_name);
   if (!c)
     return EXIT_OK;
   snprintf(peer, sizeof(peer), "%.*s", (int)(colon - argv[optind]), argv[optind]);
@@ -1388,6 +1444,7 @@ int main(int argc, char **argv) {
                                        {NULL, 0, NULL, 0}};
   gshm_client_t *c = NULL;
   const char *verb;
+  bool verb_help = false;
   int o, rc;
 
   opterr = 0; /* errorf reports, with the program's name (and as JSON) */
@@ -1435,6 +1492,8 @@ int main(int argc, char **argv) {
         socket_path = argv[++r];
       } else if (!strncmp(argv[r], "--socket=", 9)) {
         socket_path = argv[r] + 9;
+      } else if (!strcmp(argv[r], "--help") || !strcmp(argv[r], "-h")) {
+        verb_help = true;
       } else {
         argv[w++] = argv[r];
       }
@@ -1442,7 +1501,10 @@ int main(int argc, char **argv) {
     argc = w;
     argv[argc] = NULL;
   }
-  if (!strcmp(verb, "help")) {
+  if (!strcmp(verb, "help") && argc > 1) { /* "gshmctl help VERB" */
+    verb = argv[1];
+    verb_help = true;
+  } else if (!strcmp(verb, "help")) {
     usage(stdout);
     return EXIT_OK;
   }
@@ -1457,6 +1519,8 @@ int main(int argc, char **argv) {
       return errorf(EXIT_USAGE, -EINVAL, "unknown verb '%s' (gshmctl --help lists them)", verb);
     }
   }
+  if (verb_help)
+    return verb_usage(verb);
   /* A verb's arguments are checked before connecting: a usage error is
    * exit 2 whether or not gshmd runs.  The listing verbs take none. */
   if (!strcmp(verb, "status") || !strcmp(verb, "peers") || !strcmp(verb, "mappings") ||

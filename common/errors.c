@@ -60,13 +60,16 @@ const char *gshm__pull_failure_label(enum gshm_pull_failure f) {
   return (unsigned)f < GSHM_PULL_FAIL_N ? pull_failure_labels[f] : "other";
 }
 
+const char *gshm__peer_failure_text(int err) {
+  const char *cause = pull_failure_texts[gshm__pull_failure(err)];
+  return cause ? cause : gshm__strerror(err);
+}
+
 char *gshm__pull_failure_message(char *buf, size_t len, bool prefix, const char *name,
                                  const char *peer, int err, const char *why) {
-  const char *cause = pull_failure_texts[gshm__pull_failure(err)];
   bool has_why = why && *why;
 
   snprintf(buf, len, "pull of %s'%s' from peer '%s' failed: %s%s%s", prefix ? "the set under " : "",
-           name, peer, cause ? cause : gshm__strerror(err), has_why ? ": " : "",
-           has_why ? why : "");
+           name, peer, gshm__peer_failure_text(err), has_why ? ": " : "", has_why ? why : "");
   return buf;
 }

@@ -90,6 +90,11 @@ enum gshm_pull_failure gshm__pull_failure(int err);
 /* A cause's metrics label ("peer_lost"); "other" out of range. */
 const char *gshm__pull_failure_label(enum gshm_pull_failure f);
 
+/* What err means when a request to a cluster peer failed with it: the
+ * table's text for its cause ("peer lost or unreachable" for
+ * -ECONNRESET), else its errno text (gshm__strerror).  Never NULL. */
+const char *gshm__peer_failure_text(int err);
+
 /* The one wording of a failed pull, into buf (len bytes, truncated,
  * NUL-terminated): "pull of [the set under ]'NAME' from peer 'PEER'
  * failed: CAUSE: WHY" (CAUSE: the table's text for err, else its errno

@@ -65,7 +65,8 @@ const struct flag_def gshmd__config_flags[] = {
     {"set", required_argument, FLAG_SET, "SECTION.KEY=VALUE",
      "set any configuration key; may be repeated"},
     {"check-config", no_argument, FLAG_CHECK, NULL,
-     "read and validate the configuration, print \"gshmd: configuration ok\" and exit"},
+     "read and validate the configuration, print \"gshmd: configuration ok\" with the "
+     "files it read, and exit"},
     {"print-config", no_argument, FLAG_PRINT, NULL,
      "print the commented default configuration file (conf/gshmd.conf) and exit"},
     {"dump-config", no_argument, FLAG_DUMP, NULL,
@@ -512,9 +513,14 @@ static int config_load_all(struct gshmd_config *cfg, const struct cmdline *cl) {
   r = gshmd__config_load_file(cfg, path, !cl->config_path);
   if (r < 0 && !(r == -ENOENT && !cl->config_path))
     return r;
+  snprintf(cfg->sources, sizeof(cfg->sources), r < 0 ? "%s is missing: the built-in defaults"
+           : "read %s", path);
   r = gshmd__config_load_dropins(cfg, path);
   if (r < 0)
     return r;
+  if (r > 0)
+    snprintf(cfg->sources + strlen(cfg->sources), sizeof(cfg->sources) - strlen(cfg->sources),
+             " and %d drop-in%s from its conf.d", r, r == 1 ? "" : "s");
   if (env && env[0]) {
     struct origin where = {.file = "$GSHM_SOCKET"};
 

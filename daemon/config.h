@@ -9,6 +9,7 @@
 #ifndef GSHMD_CONFIG_H
 #define GSHMD_CONFIG_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -20,6 +21,15 @@
 #ifndef GSHMD_DEFAULT_SOCKET
 #define GSHMD_DEFAULT_SOCKET "/run/gshm/gshmd.sock"
 #endif
+
+/* What to do when gshmd may not make its socket or the socket's directory
+ * (err: the positive errno of mkdir or bind), as a suffix of that log
+ * line; "" for other errors. */
+#define GSHMD_SOCKET_ACCESS_HINT(err)                                                          \
+  ((err) == EACCES || (err) == EPERM || (err) == EROFS                                          \
+       ? " (run gshmd as root or through gshmd.socket, or give it a socket path this user may " \
+         "create: --socket PATH, $GSHM_SOCKET or daemon.socket)"                                \
+       : "")
 
 struct gshmd_config {
   /* [daemon] */
@@ -78,6 +88,10 @@ struct gshmd_config {
   uint64_t cluster_staging_arena;  /* pinned host bytes made at the start for staging */
   char *cluster_staging;           /* auto|always: how device (and host) segments are served */
   uint32_t cluster_request_timeout_ms; /* an unanswered request to a peer fails after this */
+
+  /* the files read, for --check-config: "read FILE and N drop-ins from its
+   * conf.d", or "FILE is missing: the built-in defaults" */
+  char sources[4200];
 };
 
 /* Bytes a list item (lease, the largest) takes besides its segment name,

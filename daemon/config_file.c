@@ -149,12 +149,12 @@ static int dropin_compare(const struct dirent **a, const struct dirent **b) {
 }
 
 /* Reads <dir of path>/conf.d/ *.conf in lexical order; a missing conf.d is
- * fine. */
+ * fine.  Returns the number read or a negative errno. */
 int gshmd__config_load_dropins(struct gshmd_config *cfg, const char *path) {
   const char *slash = strrchr(path, '/');
   char dir[PATH_MAX], file[PATH_MAX];
   struct dirent **names = NULL;
-  int n, r = 0;
+  int n, r = 0, read = 0;
 
   if (!slash)
     snprintf(dir, sizeof(dir), "conf.d");
@@ -182,10 +182,11 @@ int gshmd__config_load_dropins(struct gshmd_config *cfg, const char *path) {
         /* directories and the like named *.conf are not drop-ins */
       } else {
         r = gshmd__config_load_file(cfg, file, false);
+        read += r == 0;
       }
     }
     free(names[i]);
   }
   free(names);
-  return r;
+  return r < 0 ? r : read;
 }

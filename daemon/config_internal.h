@@ -91,7 +91,7 @@ int gshmd__config_load_file(struct gshmd_config *cfg, const char *path, bool qui
 
 /* Reads <directory of path>/conf.d/ *.conf in bytewise order, each with
  * gshmd__config_load_file; a missing conf.d is fine.  Stops at the first
- * error and returns it (negative errno), else 0. */
+ * error and returns it (negative errno), else the number of drop-ins read. */
 int gshmd__config_load_dropins(struct gshmd_config *cfg, const char *path);
 
 /* --help: the flags, the environment and every key with its default. */

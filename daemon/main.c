@@ -191,7 +191,7 @@ static int socket_dir_make(const char *path) {
     *slash = '\0';
     if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
       e = -errno;
-      gshm_log_err("mkdir %s: %m", dir);
+      gshm_log_err("mkdir %s: %m%s", dir, GSHMD_SOCKET_ACCESS_HINT(-e));
       return e;
     }
   }
@@ -272,7 +272,7 @@ static int socket_bind_listen(struct daemon *d, const char *path) {
   umask(old);
   if (r < 0) {
     e = -errno;
-    gshm_log_err("bind %s: %m", bound);
+    gshm_log_err("bind %s: %m%s", path, GSHMD_SOCKET_ACCESS_HINT(-e));
     close(fd);
     return e;
   }
@@ -657,7 +657,7 @@ static int check_config(struct daemon *d) {
   gshm__log_setup("gshmd", GSHM_LOG_ERR, 0);
   e = gshmd_cluster_check_config(&d->cfg);
   if (!e)
-    printf("gshmd: configuration ok\n");
+    printf("gshmd: configuration ok (%s)\n", d->cfg.sources);
   gshmd_config_free(&d->cfg);
   return e == -EINVAL ? 2 : e ? EXIT_FAILURE : EXIT_SUCCESS;
 }

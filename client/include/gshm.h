@@ -179,8 +179,9 @@ GSHM_EXTERN int gshm_connect(const char *path, const char *client_name,
  * of text for a person (gshmctl and the Python package print it after
  * "cannot reach gshmd at PATH: "): no socket there or nothing listening on
  * it (start gshmd, or give its socket's path), a file that is not a socket,
- * a directory above the socket that refuses this uid, or the socket's owner,
- * group and mode where they refuse this uid (and how an admin widens them).
+ * a directory above the socket that refuses this uid, the socket's owner,
+ * group and mode where they refuse this uid (and how an admin widens them),
+ * or a path too long for a Unix socket's address (-ENAMETOOLONG).
  * Any other error: gshm_strerror(err).  Looks at the socket with stat(2);
  * sends nothing to gshmd.
  *  socket_path  the path given to gshm_connect(); NULL or "" resolves as

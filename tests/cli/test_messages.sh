@@ -41,12 +41,28 @@ has err "gshmctl: create:"
 has err "'-5'"
 run 2 create x 0
 has err "at least 1 byte"
+# the usage line names every option --help does
+run 2 create x
+has err "usage: create NAME SIZE [--location LOC] [--mode MODE] [--legacy-ipc]"
 # a negative size after the name blames the size, not the name
 run 2 create s/f -4K
 has err "'-4K'"
 grep -qF "'s/f'" "$dir/err" && fail "create s/f -4K blames the name: $(cat "$dir/err")"
 run 2 create x 4K -q
 has err "create: unknown option '-q'"
+# a name past GSHM_NAME_MAX: the limit, as gshmd says it for its own
+long=$(printf 'n%.0s' $(seq 300))
+run 1 create "$long" 4K
+has err "create: name too long: name is longer than 255 bytes"
+run 1 unlink "$long"
+has err "longer than 255 bytes"
+# read's and write's sizes name the verb, and a negative one as such
+run 2 read x --offset -1
+has err "gshmctl: read: offset '-1': cannot be negative"
+run 2 write x --offset=-4K
+has err "gshmctl: write: offset '-4K': cannot be negative"
+run 2 read x --length 1Q
+has err "gshmctl: read: length '1Q': not a size"
 run 0 create k4 4KB
 has out "4 KiB"
 run 0 create k4i 4KiB
@@ -76,6 +92,13 @@ run 0 chmod k4 0640
 has out "changed the mode of 'k4' to 0640"
 run 0 unlink k4i
 has out "unlinked 'k4i'"
+# chown says what it changed; ':' changes nothing and is refused, not 'ok'
+run 2 chown k4 :
+has err "chown: ':' names no user and no group"
+run 0 chown k4 ":$(id -gn)"
+has out "changed the group of 'k4' to $(id -gn)"
+run 0 chown k4 "$(id -un):"
+has out "changed the owner of 'k4' to $(id -un)"
 run 0 --json chmod k4 0600
 json out "d['schema_version'] == 1 and d['name'] == 'k4' and d['mode'] == '0600'"
 run 0 --json write k4 -i "$dir/in100"
@@ -101,6 +124,9 @@ has err "nothing listens on that socket"
 has err "start gshmd"
 GSHM_SOCKET=$dir/in100 run 3 status
 has err "$dir/in100 is not a socket"
+# a path longer than sun_path: not a bare "name too long" (a segment's?)
+GSHM_SOCKET=$dir/$(printf 'z%.0s' $(seq 120))/s run 3 status
+has err "longer than a Unix socket's address takes (107)"
 # a user the socket does not let in: the socket's owner, group and mode,
 # and who can change that
 if [ "$(id -u)" = 0 ]; then
@@ -134,6 +160,23 @@ else
   has err "mode 0000) does not let uid $(id -u) connect"
   chmod 0660 "$dir/s"
 fi
+# gshmd as a user who may not make its socket (the default /run/gshm, as a
+# non-root user): what to do, not just "Permission denied"
+mkdir "$dir/ro"
+chmod 0555 "$dir/ro"
+as_daemon=()
+if [ "$(id -u)" = 0 ]; then
+  as_daemon=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+  chmod 0711 "$dir"
+fi
+for sock in "$dir/ro/sub/s" "$dir/ro/s"; do
+  timeout 10 "${as_daemon[@]}" "$gshmd" --backend host --socket "$sock" --log-level 3 2>"$dir/perm.log"
+  [ $? = 1 ] || fail "gshmd on $sock it may not make: not exit 1 ($(cat "$dir/perm.log"))"
+  grep -qF "give it a socket path this user may create: --socket PATH" "$dir/perm.log" \
+    || fail "gshmd on $sock: no hint: $(cat "$dir/perm.log")"
+done
+grep -qF "bind $dir/ro/s:" "$dir/perm.log" || fail "bind names a temporary path: $(cat "$dir/perm.log")"
+[ "$(id -u)" = 0 ] && chmod 0700 "$dir"
 # every usage error is the same JSON object with --json (stdout empty)
 usage_json() {
   run 2 --json "$@"
@@ -151,11 +194,17 @@ has err "read: option '-o' needs a value"
 usage_json create x 4K --frob
 has err "create: unknown option '--frob'"
 usage_json segments extra
+# an empty peer is a usage error, not a request to gshmd
+usage_json segments --peer=
+usage_json segments --peer ""
 usage_json pull no-colon
 usage_json pull a:b --frob
 # a name ending in '/' is a set: without --prefix, say so (before connecting)
 run 2 pull node7:llama/
 has err "pull: 'llama/' ends in '/': to pull every segment under it, add --prefix"
+# and its local prefix needs the '/' too ("v2" + "seg-1" is "v2seg-1")
+usage_json pull node7:llama/ --prefix --as v2
+has err "write --as 'v2/'"
 usage_json frobnicate
 usage_json status --socket
 has err "option '--socket' needs a value"
@@ -165,6 +214,27 @@ has err "status: unexpected argument 'x'"
 run 2 mappings --frob
 has err "gshmctl: mappings: unknown option '--frob'"
 usage_json clients --frob
+# revoke's every usage error names both forms; an id no segment has is
+# "not found" (exit 5), as a name no segment has is
+usage_json revoke
+has err "usage: revoke NAME | revoke --id ID"
+usage_json revoke k4 --id 1
+has err "usage: revoke NAME | revoke --id ID"
+run 5 revoke --id 999999
+has err "no segment has id 999999"
+run 5 --json revoke --id 999999
+json err "d['error']['exit_code'] == 5"
+# VERB --help (and help VERB): that verb's usage on stdout, exit 0, no
+# gshmd needed; not "unknown option '--help'"
+GSHM_SOCKET=$dir/nothing-here run 0 create --help
+has out "create NAME SIZE [--location LOC] [--mode MODE]"
+grep -qF "unlink NAME" "$dir/out" && fail "create --help shows other verbs: $(cat "$dir/out")"
+GSHM_SOCKET=$dir/nothing-here run 0 segments -h
+has out "segments --peer PEER"
+GSHM_SOCKET=$dir/nothing-here run 0 help pull
+has out "pull PEER:NAME [--as LOCAL] [--prefix]"
+run 2 help nope
+has err "unknown verb 'nope'"
 # --json read has no form for raw bytes: refused without -o, a summary with
 run 0 create jr 4K
 usage_json read jr
@@ -175,6 +245,20 @@ json out "d['schema_version'] == 1 and d['name'] == 'jr' and d['bytes'] == 4096 
 # the errno's name is libgshm's: ENOTSUP (the same value as EOPNOTSUPP)
 run 1 --json create g 4K --location cuda:0
 json err "d['error']['errno'] == 'ENOTSUP'"
+
+# a peer that is down: 'segments --peer' blames the peer, not the local
+# gshmd (the errno's own text, "connection to gshmd reset", did)
+head -c 32 /dev/urandom | base64 >"$dir/key"
+chmod 0600 "$dir/key"
+port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$gshmd" --backend host --socket "$dir/c" --log-level 3 --set "cluster.listen=127.0.0.1:$port" \
+  --set "cluster.secret_file=$dir/key" --set cluster.peers=gone=127.0.0.1:1 2>"$dir/gshmd-c.log" &
+cpid=$!
+for _ in $(seq 200); do [ -S "$dir/c" ] && break; sleep 0.05; done
+GSHM_SOCKET=$dir/c run 1 segments --peer gone
+has err "segments --peer gone: peer lost or unreachable: peer 'gone'"
+grep -qF "connection to gshmd" "$dir/err" && fail "a peer down blamed on gshmd: $(cat "$dir/err")"
+kill $cpid; wait $cpid 2>/dev/null
 
 # item 9: the example's --help needs no torch
 "$py" "$src/python/examples/share_weights.py" --help >"$dir/out" 2>"$dir/err" \

@@ -792,8 +792,49 @@ static void test_revoke_under_grant(void **state) {
   assert_int_equal(harness_stop(&t.h), 0);
 }
 
+/* What a node says of a peer that would not prove the key may quote the
+ * name that peer sent ("calls itself 'NAME'"): whoever answers on the
+ * peer's address chooses those bytes, and `gshmctl peers` shows them
+ * escaped (as `segments` shows names), never raw on an admin's terminal. */
+static void test_peer_message_escaped(void **state) {
+  static struct node q;
+  static struct rogue ra;
+  char peers[64], *out = NULL;
+  uint8_t rkey[32];
+  int port, lfd2;
+  bool seen = false;
+  (void)state;
+
+  rogue_key(keys.key, rkey);
+  assert_true((lfd2 = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "ra=127.0.0.1:%d", port);
+  node_start(&q, "q", peers, keys.key, "", NULL);
+  memset(&ra, 0, sizeof(ra));
+  /* gshmd turns C0 controls into '?' itself; C1 (U+009B, CSI) and bidi
+   * overrides (U+202E) are valid UTF-8 and pass it */
+  assert_int_not_equal(rogue_accept(&ra, lfd2, "x\xC2\x9B" "2J\xE2\x80\xAE" "evil", rkey), 0);
+  for (int i = 0; i < 100 && !seen; i++) {
+    free(out);
+    out = NULL;
+    assert_int_equal(harness_gshmctl(&q.h, &out, (const char *[]){"peers", NULL}), 0);
+    seen = strstr(out, "calls itself") != NULL;
+    if (!seen)
+      usleep(50000);
+  }
+  printf("%s", out);
+  assert_true(seen);
+  assert_null(strstr(out, "\xC2\x9B"));
+  assert_null(strstr(out, "\xE2\x80\xAE"));
+  assert_non_null(strstr(out, "'x\\xC2\\x9B2J\\xE2\\x80\\xAEevil'"));
+  free(out);
+  rogue_close(&ra);
+  assert_int_equal(harness_stop(&q.h), 0);
+  close(lfd2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_peer_message_escaped),
       cmocka_unit_test(test_links_per_peer),
       cmocka_unit_test(test_grant_and_read_flood),
       cmocka_unit_test(test_read_bytes_capped),

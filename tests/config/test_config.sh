@@ -117,7 +117,8 @@ grep -qE '^gshmd [0-9]+\.[0-9]+' "$tmp/out" || fail "--version printed '$(cat "$
 
 # The committed file itself is a valid configuration.
 run 0 "$gshmd" --check-config --config "$committed" || true
-[[ $(cat "$tmp/out") == "gshmd: configuration ok" ]] || fail "--check-config printed '$(cat "$tmp/out")'"
+[[ $(cat "$tmp/out") == "gshmd: configuration ok (read $committed)" ]] \
+  || fail "--check-config printed '$(cat "$tmp/out")'"
 
 # --- values --------------------------------------------------------------------
 
@@ -289,6 +290,19 @@ expect_value daemon backend host --config "$d/gshmd.conf" --backend host
 expect_value daemon log_level 7 --config "$d/gshmd.conf" --log-level 7
 expect_value daemon log_level 2 --config "$d/gshmd.conf" --log-level 7 --set daemon.log_level=crit
 expect_value daemon legacy_ipc true --config "$d/gshmd.conf" --legacy-ipc
+
+# --check-config says which files it read: an admin whose file is not the
+# one this build reads (README: the path follows the install prefix) sees
+# the defaults named, not a bare "ok"
+run 0 "$gshmd" --check-config --config "$d/gshmd.conf" || true
+[[ $(cat "$tmp/out") == "gshmd: configuration ok (read $d/gshmd.conf and 2 drop-ins from its conf.d)" ]] \
+  || fail "--check-config with drop-ins printed '$(cat "$tmp/out")'"
+def=$("$gshmd" --help | grep -o '/[^ ,]*/gshmd\.conf' | head -1)
+if [[ -n $def && ! -e $def ]]; then
+  run 0 "$gshmd" --check-config || true
+  [[ $(cat "$tmp/out") == "gshmd: configuration ok ($def is missing: the built-in defaults)" ]] \
+    || fail "--check-config without $def printed '$(cat "$tmp/out")'"
+fi
 
 # A relative --config finds its conf.d relative to itself.
 (cd "$d" && expect_value daemon socket /dropin.sock --config gshmd.conf)
