@@ -6,6 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "util.h"
+
 static const char *log_ident = "gshm";
 static int log_threshold = -1;
 static int log_prefix;
@@ -18,26 +20,6 @@ void gshm__log_setup(const char *ident, int level, int prefix_priority) {
 }
 
 int gshm__log_level(void) { return log_threshold; }
-
-/* Copies in to out (size bytes) with control bytes as \xNN: a name or a
- * peer's text in a message ("x\n<0>...") never starts a line of its own,
- * at a priority of its choosing. */
-static void escape_controls(const char *in, char *out, size_t size) {
-  static const char hex[] = "0123456789abcdef";
-  size_t o = 0;
-
-  for (const unsigned char *p = (const unsigned char *)in; *p && o + 5 <= size; p++) {
-    if (*p < 0x20 || *p == 0x7f) {
-      out[o++] = '\\';
-      out[o++] = 'x';
-      out[o++] = hex[*p >> 4];
-      out[o++] = hex[*p & 15];
-    } else {
-      out[o++] = (char)*p;
-    }
-  }
-  out[o] = '\0';
-}
 
 void gshm__log(int prio, const char *fmt, ...) {
   int saved = errno;
@@ -56,7 +38,11 @@ void gshm__log(int prio, const char *fmt, ...) {
   n = (int)strlen(line);
   while (n > 0 && line[n - 1] == '\n')
     line[--n] = '\0';
-  escape_controls(line, text, sizeof(text));
+  /* a name or a peer's text in a message ("x\n<0>...") never starts a
+   * line of its own at a priority of its choosing, nor moves or reorders
+   * a terminal showing the log (C1 and bidi controls too: gshmctl's own
+   * escaping) */
+  gshm__escape_text(line, text, sizeof(text));
   /* One fprintf per line: stderr is unbuffered, so lines from several
    * threads do not interleave within a line. */
   if (log_prefix)

@@ -158,6 +158,22 @@ const char *gshm__escape_text(const char *text, char *buf, size_t cap) {
   return buf;
 }
 
+void gshm__text_clean(char *text) {
+  unsigned char *p = (unsigned char *)text;
+
+  while (*p) {
+    uint32_t cp = 0;
+    size_t len = utf8_seq(p, &cp);
+    if (!len) {
+      *p++ = '?';
+      continue;
+    }
+    if (unprintable(cp))
+      memset(p, '?', len);
+    p += len;
+  }
+}
+
 int gshm__name_check(const char *name, size_t max) {
   size_t n, comp = 0;
   const char *start;

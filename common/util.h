@@ -50,6 +50,13 @@ const char *gshm__format_size(uint64_t bytes, char *buf, size_t cap);
  * 1 bytes always suffice. */
 const char *gshm__escape_text(const char *text, char *buf, size_t cap);
 
+/* Replaces, in place, every byte that gshm__escape_text would escape
+ * (controls, invisible and bidi format characters, bytes of no valid
+ * UTF-8 sequence) with '?', so that text from a party gshm does not trust
+ * (a cluster peer's name or message) reaches clients and terminals
+ * without them; the length stays. */
+void gshm__text_clean(char *text);
+
 /* Checks a segment name: 1..max bytes, printable ASCII/UTF-8 bytes >= 0x20
  * except DEL, '/'-separated components that are non-empty and not "." or
  * "..".  Returns 0, -EINVAL or -ENAMETOOLONG. */

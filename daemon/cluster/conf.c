@@ -17,6 +17,7 @@
 #include "config.h"
 #include "internal.h"
 #include "log.h"
+#include "util.h"
 
 /* "HOST:PORT" or "[V6]:PORT" to a socket address. */
 int gshmd__cluster_parse_address(const char *s, struct sockaddr_storage *sa, socklen_t *len) {
@@ -303,12 +304,6 @@ char *gshmd__peer_error(const struct peer_req *req, int err, const Gshm__Cluster
   else
     snprintf(buf, size, "peer '%s' (%s)%s: %s", p->name, p->address,
              !unreachable ? "" : req->sent ? " lost" : " unreachable", why);
-  gshmd__cluster_text_clean(buf);
+  gshm__text_clean(buf);
   return buf;
-}
-
-void gshmd__cluster_text_clean(char *s) {
-  for (; *s; s++)
-    if ((unsigned char)*s < 0x20 || *s == 0x7f)
-      *s = '?';
 }

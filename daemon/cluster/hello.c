@@ -10,6 +10,7 @@
 #include "internal.h"
 #include "lane.h"
 #include "log.h"
+#include "util.h"
 
 /* This node's capabilities in its hello (enum Cap). */
 static uint32_t caps_mine(const struct gshmd_cluster *cl) {
@@ -179,6 +180,7 @@ static void on_challenge(struct link *l, const Gshm__Cluster__Challenge *c) {
   if (strcmp(c->node_name, l->peer->name)) {
     snprintf(msg, sizeof(msg), "the node at %s calls itself '%.63s', not '%s'", l->peer->address,
              c->node_name, l->peer->name);
+    gshm__text_clean(msg); /* (its name is anyone's: the key is not proven) */
     gshmd__link_refuse(l, REFUSE_UNKNOWN_PEER, -EPERM, msg);
     return;
   }

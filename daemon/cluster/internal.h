@@ -130,9 +130,6 @@ int gshmd__cluster_listen_check(const struct links *ll);
  * GSHMD_PEER_ERROR_LEN); returns buf. */
 char *gshmd__peer_error(const struct peer_req *req, int err, const Gshm__Cluster__Msg *m,
                         const char *why, char *buf, size_t size);
-/* Replaces control bytes of s (a peer's words on their way to a local
- * client, and from there to a terminal) with '?', in place. */
-void gshmd__cluster_text_clean(char *s);
 /* A node name: 1 to 63 bytes, no blanks or control bytes. */
 bool gshmd__cluster_name_ok(const char *s);
 

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "internal.h"
 #include "wire.h"
+#include "util.h"
 
 /* One peer's count being asked for. */
 struct count_req {
@@ -48,7 +49,7 @@ static void fill_peers(struct gshmd_cluster *cl, Gshm__Reply *reply) {
     ci->address = p->address;
     ci->state = p->state == PEER_UP ? "up" : p->state == PEER_CONNECTING ? "connecting" : "down";
     ci->exported = p->exported;
-    gshmd__cluster_text_clean(p->why); /* may hold a peer's refusal */
+    gshm__text_clean(p->why); /* may hold a peer's refusal */
     ci->message = p->why;
     cl->peer_ptrs[i] = ci;
   }

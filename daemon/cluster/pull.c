@@ -50,7 +50,7 @@ void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...) {
     va_end(ap);
     /* (it goes to the requester, and to its terminal: a peer's refusal
      * in it, a listing's or a Read's, may hold any byte) */
-    gshmd__cluster_text_clean(s->why);
+    gshm__text_clean(s->why);
     /* what is not sent yet is withdrawn; what is sent ends with its answer */
     if (s->lreq_pending && gshmd__link_req_cancel(&s->lreq))
       s->lreq_pending = false;
@@ -294,7 +294,7 @@ void gshmd__pull_source_text(const struct pull *p, const Gshm__Cluster__Segment 
   if (s->source && *s->source && strlen(s->source) < SOURCE_MAX && strchr(s->source, ':') &&
       strchr(s->source, '#')) {
     snprintf(src, len, "%s", s->source);
-    gshmd__cluster_text_clean(src);
+    gshm__text_clean(src);
   } else {
     snprintf(src, len, "%s:%s#%" PRIu64 ".%" PRIu64, p->s->peer->name, s->name, s->id,
              s->generation);

@@ -38,7 +38,11 @@ static void test_one_line(void **state) {
   (void)state;
 
   logged(buf, sizeof(buf), "x\n<0>gshmd: forged\r\x1b[2J");
-  assert_string_equal(buf, "<5>t: peer 'x\\x0a<0>gshmd: forged\\x0d\\x1b[2J'\n");
+  assert_string_equal(buf, "<5>t: peer 'x\\x0A<0>gshmd: forged\\x0D\\x1B[2J'\n");
+  /* C1 (U+009B, CSI) and a bidi override (U+202E): escaped too (they
+   * passed before: only C0 and DEL were) */
+  logged(buf, sizeof(buf), "x\xC2\x9B" "2J\xE2\x80\xAE" "evil");
+  assert_string_equal(buf, "<5>t: peer 'x\\xC2\\x9B2J\\xE2\\x80\\xAEevil'\n");
 }
 
 /* A message whose every byte is escaped still fits and ends the line. */

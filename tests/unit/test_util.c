@@ -116,8 +116,19 @@ static void test_escape(void **state) {
   assert_string_equal(gshm__escape_text("ab\x9b", buf, 7), "ab\\x9B");
 }
 
+/* What gshmd hands clients of a peer's words: what escape_text escapes,
+ * made '?' byte for byte; UTF-8 text and lengths kept. */
+static void test_text_clean(void **state) {
+  char s[64];
+  (void)state;
+  snprintf(s, sizeof(s), "%s", "caf\xc3\xa9 x\xc2\x9b" "2J\xe2\x80\xae" "e\x1b\x9b\xed\xa0\x80!");
+  gshm__text_clean(s);
+  assert_string_equal(s, "caf\xc3\xa9 x??2J???e?????!");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_text_clean),
       cmocka_unit_test(test_sizes),
       cmocka_unit_test(test_locations),
       cmocka_unit_test(test_names),
