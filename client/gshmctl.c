@@ -33,6 +33,8 @@ enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3, EXIT_DEN
 
 static const char *socket_path;
 static int json_out;
+/* "--" came: what follows it is a name or a value, never an option */
+static bool args_literal;
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -78,6 +80,8 @@ static void usage(FILE *f) {
           "  -h, --help          this text; after a VERB (or 'help VERB'), that verb's\n"
           "                      usage\n"
           "  -V, --version       gshmctl's version\n"
+          "  --                  the end of options: what follows is a name or a value\n"
+          "                      (gshmctl unlink -- --help)\n"
           "\n"
           "Exit status: 0 ok, 1 error, 2 usage, 3 daemon unreachable, 4 permission denied,\n"
           "5 not found.\n",
@@ -847,7 +851,7 @@ static int cmd_revoke(gshm_client_t *c, int argc, char **argv) {
   char *end;
   int e;
 
-  if (argc == 2 && strcmp(argv[1], "--id"))
+  if (argc == 2 && (args_literal || strcmp(argv[1], "--id")))
     return cmd_by_name(c, argc, argv, "revoke", gshm_revoke, "revoked");
   errno = 0;
   id = argc == 3 && !strcmp(argv[1], "--id") && isdigit((unsigned char)*argv[2])
@@ -1494,6 +1498,10 @@ int main(int argc, char **argv) {
         socket_path = argv[r] + 9;
       } else if (!strcmp(argv[r], "--help") || !strcmp(argv[r], "-h")) {
         verb_help = true;
+      } else if (!strcmp(argv[r], "--")) { /* the rest as it is: a name "--help" */
+        args_literal = true;
+        while (r < argc)
+          argv[w++] = argv[r++];
       } else {
         argv[w++] = argv[r];
       }
@@ -1521,6 +1529,15 @@ int main(int argc, char **argv) {
   }
   if (verb_help)
     return verb_usage(verb);
+  /* the verbs getopt parses take "--" as the end of their options; the
+   * others (unlink, chmod, chown, revoke) read NAME without it */
+  if (args_literal && argc > 1 && !strcmp(argv[1], "--") &&
+      (!strcmp(verb, "unlink") || !strcmp(verb, "chmod") || !strcmp(verb, "chown") ||
+       !strcmp(verb, "revoke"))) {
+    for (int i = 1; i < argc; i++)
+      argv[i] = argv[i + 1];
+    argc--;
+  }
   /* A verb's arguments are checked before connecting: a usage error is
    * exit 2 whether or not gshmd runs.  The listing verbs take none. */
   if (!strcmp(verb, "status") || !strcmp(verb, "peers") || !strcmp(verb, "mappings") ||

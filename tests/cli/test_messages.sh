@@ -56,6 +56,18 @@ run 1 create "$long" 4K
 has err "create: name too long: name is longer than 255 bytes"
 run 1 unlink "$long"
 has err "longer than 255 bytes"
+# "--" ends the options: a segment named like one can be made and
+# handled (before, "--help" gave unlink's usage and "--id" revoke's)
+for n in --help --id -j; do
+  run 0 create -- "$n" 4K
+  run 0 chmod -- "$n" 0600
+  run 0 chown -- "$n" 0
+  [ "$n" = --id ] && run 0 revoke -- "$n" || run 0 unlink -- "$n"
+  has out "'$n'"
+done
+run 0 create -- -x 4K
+run 0 --json unlink -- -x
+json out "d['name'] == '-x'"
 # read's and write's sizes name the verb, and a negative one as such
 run 2 read x --offset -1
 has err "gshmctl: read: offset '-1': cannot be negative"
