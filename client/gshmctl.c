@@ -1136,6 +1136,8 @@ static int cmd_peers(gshm_client_t *c) {
   if (json_out) {
     json_t *doc = json_doc(), *arr = json_array();
     json_object_set_new(doc, "node_name", json_text(node));
+    /* (what the text says as "cluster off", for scripts) */
+    json_object_set_new(doc, "cluster", json_boolean(node[0] != '\0'));
     for (size_t i = 0; i < n; i++) {
       json_t *o = json_object();
       json_object_set_new(o, "name", json_text(v[i].name));

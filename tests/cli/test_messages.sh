@@ -270,7 +270,14 @@ for _ in $(seq 200); do [ -S "$dir/c" ] && break; sleep 0.05; done
 GSHM_SOCKET=$dir/c run 1 segments --peer gone
 has err "segments --peer gone: peer lost or unreachable: peer 'gone'"
 grep -qF "connection to gshmd" "$dir/err" && fail "a peer down blamed on gshmd: $(cat "$dir/err")"
+# --json peers says whether the cluster is on, as the text does
+GSHM_SOCKET=$dir/c run 0 --json peers
+json out "d['cluster'] is True and d['peers'][0]['name'] == 'gone'"
 kill $cpid; wait $cpid 2>/dev/null
+run 0 --json peers
+json out "d['cluster'] is False and d['peers'] == []"
+run 0 peers
+has out "cluster off"
 
 # item 9: the example's --help needs no torch
 "$py" "$src/python/examples/share_weights.py" --help >"$dir/out" 2>"$dir/err" \
