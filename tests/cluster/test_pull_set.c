@@ -306,6 +306,12 @@ static void test_set_all_at_once(void **state) {
     assert_int_equal(gshm_pull_prefix(b, "a", "pub/set/", &po, &v, &n), -EINVAL);
   }
   check_set(b, "set/", 100);
+  { /* every byte landed: the pulls owe the host room check nothing */
+    long owed = -1;
+    for (int i = 0; i < 30 && owed; i++, usleep(100000)) /* (metrics: up to 1 s old) */
+      owed = metric(b, "gshm_cluster_pull_host_owed_bytes");
+    assert_int_equal(owed, 0);
+  }
   gshm_disconnect(a);
   gshm_disconnect(b);
 }
