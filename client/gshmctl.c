@@ -408,6 +408,17 @@ static const char *shown(const char *text, char buf[SHOWN_CAP]) {
   return gshm__escape_text(text, buf, SHOWN_CAP);
 }
 
+/* printf's width for shown text s in a column of w characters: %-28s pads
+ * by bytes, so a name with multibyte UTF-8 characters ("café") ended its
+ * column short and pushed the next ones left.  Counts code points (a wide
+ * CJK character takes two cells: not counted). */
+static int col(const char *s, int w) {
+  int extra = 0;
+  for (; *s; s++)
+    extra += ((unsigned char)*s & 0xC0) == 0x80;
+  return w + extra;
+}
+
 static int cmd_remote_segments(gshm_client_t *c, const char *peer);
 
 static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
@@ -458,8 +469,9 @@ static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
       snprintf(loc, sizeof(loc), "cuda:%d", v[i].device_index);
     else
       snprintf(loc, sizeof(loc), "host");
-    printf("%-6" PRIu64 " %-28s %10s %-10s %6u %6u %04o %-8s %6u %s%s%s\n", v[i].id,
-           shown(v[i].name, esc),
+    shown(v[i].name, esc);
+    printf("%-6" PRIu64 " %-*s %10s %-10s %6u %6u %04o %-8s %6u %s%s%s\n", v[i].id,
+           col(esc, 28), esc,
            gshm__format_size(v[i].size, sz, sizeof(sz)), loc, v[i].uid, v[i].gid, v[i].mode,
            v[i].unlinked ? "unlinked" : "live", v[i].leases, age(v[i].created_ns, t, sizeof(t)),
            v[i].source[0] ? "  from " : "", shown(v[i].source, esc2));
@@ -507,11 +519,14 @@ static int cmd_mappings(gshm_client_t *c) {
   }
   printf("%-28s %8s %6s %-16s %-6s %-6s %-6s %s\n", "SEGMENT", "PID", "UID", "CLIENT", "ACCESS",
          "SINCE", "MAPPED", "DEVICES");
-  for (size_t i = 0; i < n; i++)
-    printf("%-28s %8d %6u %-16s %-6s %-6s %-6s %s\n", shown(v[i].segment_name, esc), v[i].pid,
-           v[i].uid, shown(v[i].client_name, esc2), v[i].access == GSHM_ACCESS_READ ? "r" : "rw",
+  for (size_t i = 0; i < n; i++) {
+    shown(v[i].segment_name, esc);
+    shown(v[i].client_name, esc2);
+    printf("%-*s %8d %6u %-*s %-6s %-6s %-6s %s\n", col(esc, 28), esc, v[i].pid, v[i].uid,
+           col(esc2, 16), esc2, v[i].access == GSHM_ACCESS_READ ? "r" : "rw",
            age(v[i].since_ns, t, sizeof(t)), v[i].mapped ? "yes" : "no",
            !v[i].mapped ? "-" : *v[i].mapped_devices ? shown(v[i].mapped_devices, esc3) : "cpu");
+  }
   gshm_free(v);
   return EXIT_OK;
 }
@@ -1198,10 +1213,12 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
     return print_json(doc);
   }
   printf("%-6s %-32s %10s %-44s %s\n", "ID", "NAME", "SIZE", "LOCATION", "AGE");
-  for (size_t i = 0; i < n; i++)
-    printf("%-6" PRIu64 " %-32s %10s %-44s %s\n", v[i].id, shown(v[i].name, esc),
+  for (size_t i = 0; i < n; i++) {
+    shown(v[i].name, esc);
+    printf("%-6" PRIu64 " %-*s %10s %-44s %s\n", v[i].id, col(esc, 32), esc,
            gshm__format_size(v[i].requested_size, sz, sizeof(sz)), shown(v[i].location, esc2),
            age(v[i].created_ns, t, sizeof(t)));
+  }
   gshm_free(v);
   return EXIT_OK;
 }

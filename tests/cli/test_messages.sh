@@ -68,6 +68,17 @@ done
 run 0 create -- -x 4K
 run 0 --json unlink -- -x
 json out "d['name'] == '-x'"
+# a name of multibyte UTF-8 characters fills its column as an ASCII one
+# of as many characters does: the SIZE column starts at one place (it
+# started 3 bytes early for 'café/ü/é')
+run 0 create "caf$(printf '\xc3\xa9')/$(printf '\xc3\xbc')/$(printf '\xc3\xa9')" 4K
+run 0 create "cafe/u/e" 4K
+run 0 segments
+a=$(grep -F "cafe/u/e" "$dir/out" | sed 's/4.0 KiB.*//' | LC_ALL=C.UTF-8 wc -m)
+u=$(grep -F "caf$(printf '\xc3\xa9')/" "$dir/out" | sed 's/4.0 KiB.*//' | LC_ALL=C.UTF-8 wc -m)
+[ -n "$a" ] && [ "$a" = "$u" ] || fail "segments: the SIZE column after a UTF-8 name at $u characters, after ASCII at $a: $(cat "$dir/out")"
+run 0 unlink "caf$(printf '\xc3\xa9')/$(printf '\xc3\xbc')/$(printf '\xc3\xa9')"
+run 0 unlink "cafe/u/e"
 # read's and write's sizes name the verb, and a negative one as such
 run 2 read x --offset -1
 has err "gshmctl: read: offset '-1': cannot be negative"
