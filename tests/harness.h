@@ -97,7 +97,8 @@ int harness_store_count(struct harness *h, const char *prefix);
  * fd store), which are neither a segment's memfd nor leaked. */
 int harness_store_bucket_fds(struct harness *h);
 
-/* Fills buf with bytes from a seeded xorshift stream (never all zero). */
+/* Fills buf with bytes from a seeded xorshift stream (never all zero);
+ * each seed its own stream. */
 void harness_random(void *buf, size_t n, unsigned long long seed);
 
 /* A TCP port of 127.0.0.1 that was free a moment ago (bound and

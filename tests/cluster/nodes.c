@@ -222,18 +222,6 @@ int64_t now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int64_t slowest_stat(gshm_client_t *c, const char *name, int n) {
-  int64_t worst = 0;
-  for (int i = 0; i < n; i++) {
-    gshm_segment_info_t info;
-    int64_t t0 = now_ms();
-    assert_int_equal(gshm_stat_name(c, name, &info), 0);
-    if (now_ms() - t0 > worst)
-      worst = now_ms() - t0;
-  }
-  return worst;
-}
-
 /* Nanoseconds thread tid of process pid has waited for a CPU so far. */
 static int64_t run_delay_ns(pid_t pid, pid_t tid) {
   char path[96];

@@ -97,12 +97,10 @@ void peers_monitor_join(struct peers_monitor *m);
 /* CLOCK_MONOTONIC in milliseconds. */
 int64_t now_ms(void);
 /* The slowest of n stats of segment `name` by a local client, in
- * milliseconds (each must succeed). */
-int64_t slowest_stat(gshm_client_t *c, const char *name, int n);
-/* The same, each less the time this thread and gshmd's loop thread (pid
- * gshmd) waited for a CPU meanwhile (schedstat's run_delay): what is left
- * is gshmd's own doing, not the machine's other load.  *raw_out (may be
- * NULL): the slowest without that correction. */
+ * milliseconds (each must succeed), each less the time this thread and
+ * gshmd's loop thread (pid gshmd) waited for a CPU meanwhile (schedstat's
+ * run_delay): what is left is gshmd's own doing, not the machine's other
+ * load.  *raw_out (may be NULL): the slowest without that correction. */
 int64_t slowest_stat_busy(gshm_client_t *c, const char *name, int n, pid_t gshmd,
                           int64_t *raw_out);
 

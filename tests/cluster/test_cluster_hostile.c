@@ -122,6 +122,19 @@ static long refusals(gshm_client_t *c, const char *cause) {
   return metric(c, name);
 }
 
+/* The slowest of 20 stats of pub/probe on S by s (ms), less the time this
+ * thread and S's loop waited for a CPU (slowest_stat_busy): what is left
+ * is S's doing.  The plain slowest reached 100 ms in a full ctest -j2 on
+ * 2 cores with other work beside it, and failed test_idle_flood. */
+static int64_t probe_slowest(gshm_client_t *s) {
+  int64_t raw, ms = slowest_stat_busy(s, "pub/probe", 20, S.h.sp.pid, &raw);
+
+  if (ms >= 100)
+    print_message("slowest stat on S: %lld ms (%lld with waits for a CPU)\n", (long long)ms,
+                  (long long)raw);
+  return ms;
+}
+
 static int group_setup(void **state) {
   (void)state;
   keys_make(&keys, "gshm-hostile");
@@ -385,7 +398,7 @@ static void test_prehello_frames(void **state) {
     assert_true(closed_within(fd, 2000));
     close(fd);
   }
-  assert_true(slowest_stat(s, "pub/probe", 20) < 100);
+  assert_true(probe_slowest(s) < 100);
   assert_true(harness_rss_kib(S.h.sp.pid) - rss0 < 8 * 1024);
   assert_true(refusals(s, "protocol") >= 8);
   gshm_disconnect(s);
@@ -397,11 +410,12 @@ static void test_prehello_frames(void **state) {
 static void test_idle_flood(void **state) {
   gshm_client_t *s = connect_to(&S), *p = connect_to(&P);
   int fds[200], open_after = 0;
+  int64_t slowest;
   (void)state;
 
   for (int i = 0; i < 200; i++)
     assert_true((fds[i] = tcp_connect("127.0.0.2", S.port)) >= 0);
-  assert_true(slowest_stat(s, "pub/probe", 20) < 100);
+  assert_true(probe_slowest(s) < 100);
   usleep(300000);
   for (int i = 0; i < 200; i++)
     open_after += !closed_within(fds[i], 1);
@@ -419,7 +433,7 @@ static void test_idle_flood(void **state) {
       assert_true(closed_within(fds[i], 6000));
     close(fds[i]);
   }
-  assert_true(slowest_stat(s, "pub/probe", 20) < 100);
+  assert_true(probe_slowest(s) < 100);
   /* 25 addresses with 4 connections each: at most 64 in their hello at once */
   open_after = 0;
   for (int i = 0; i < 100; i++) {
@@ -430,10 +444,13 @@ static void test_idle_flood(void **state) {
   usleep(300000);
   for (int i = 0; i < 100; i++)
     open_after += !closed_within(fds[i], 1);
-  assert_true(open_after >= 32 && open_after <= 64);
-  assert_true(slowest_stat(s, "pub/probe", 20) < 100);
+  slowest = probe_slowest(s);
+  /* (closed before any check fails: kept, they held S's hello slots
+   * for seconds and failed the tests after this one) */
   for (int i = 0; i < 100; i++)
     close(fds[i]);
+  assert_true(open_after >= 32 && open_after <= 64);
+  assert_true(slowest < 100);
   gshm_disconnect(s);
   gshm_disconnect(p);
 }

@@ -42,7 +42,6 @@
  * 2 MiB or more is made in whole 2 MiB pages where shared memory gets
  * them (its segment's size says what it got: alloc_size) */
 #define STEP (2 * MiB)
-/* (harness_random's seeds: odd ones, as it makes seed n and n | 1 one) */
 
 static struct cluster_keys keys;
 static struct node A, J, B, C; /* A and J serve pub/ *; B pulls and recycles, and

@@ -404,8 +404,13 @@ static void test_connect_explain(void **state) {
   unlink(plain);
 }
 
+/* A killed client's leases go when gshmd reads its connection's end: within
+ * 1 s, or 10 s where gshmd runs under valgrind (valgrind_test_session,
+ * $GSHM_VALGRIND_GSHMD set): there, on 2 CPUs shared with another test
+ * (ctest -j2), 1 s was missed; the native and ASan runs keep the 1 s. */
 static void test_killed_client_leases_vanish(void **state) {
   struct harness *h = *state;
+  const int64_t bound_ms = getenv("GSHM_VALGRIND_GSHMD") ? 10000 : 1000;
   gshm_client_t *c;
   gshm_segment_t *s;
   gshm_lease_info_t *leases;
@@ -414,9 +419,6 @@ static void test_killed_client_leases_vanish(void **state) {
   char ok;
   pid_t pid;
   int64_t t0, waited_ms = -1;
-  /* (under valgrind, $VALGRIND: gshmd runs 20-50 times slower, and a
-   * loaded 2-core machine took over 1 s there) */
-  int64_t bound_ms = getenv("VALGRIND") ? 10000 : 1000;
 
   assert_int_equal(gshm_connect(h->socket_path, "watcher", &c), 0);
   assert_int_equal(gshm_create(c, "k", 65536, NULL, 0666, 0, &s), 0);
@@ -455,12 +457,13 @@ static void test_killed_client_leases_vanish(void **state) {
       waited_ms = (gshm__now_ns(CLOCK_MONOTONIC) - t0) / 1000000;
       break;
     }
-    if (gshm__now_ns(CLOCK_MONOTONIC) - t0 > 2 * bound_ms * 1000000LL)
+    if (gshm__now_ns(CLOCK_MONOTONIC) - t0 > 2 * bound_ms * 1000000)
       break;
     usleep(10000);
   }
-  printf("    the killed client's lease went in %" PRId64 " ms (bound %" PRId64 " ms)\n", waited_ms,
-         bound_ms);
+  if (waited_ms < 0 || waited_ms > bound_ms)
+    print_message("    the killed client's lease was listed for %lld ms (at most %lld)\n",
+                  (long long)(waited_ms < 0 ? 2 * bound_ms : waited_ms), (long long)bound_ms);
   assert_true(waited_ms >= 0 && waited_ms <= bound_ms);
   /* The memory and its bytes are intact for the others. */
   {
