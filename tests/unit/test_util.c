@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -123,7 +124,7 @@ static void test_text_clean(void **state) {
   (void)state;
   snprintf(s, sizeof(s), "%s", "caf\xc3\xa9 x\xc2\x9b" "2J\xe2\x80\xae" "e\x1b\x9b\xed\xa0\x80!");
   gshm__text_clean(s);
-  assert_string_equal(s, "caf\xc3\xa9 x??2J???e?????!");
+  assert_string_equal(s, "caf\xc3\xa9 x??2J???e?????" "!"); /* (apart: "??!" is a trigraph) */
 }
 
 int main(void) {
