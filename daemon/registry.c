@@ -399,6 +399,18 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
                     seg->name);
     return -EACCES;
   }
+  /* An unlinked segment has no name: like an unlinked file, nobody opens
+   * it anew, only its holders re-take their grants with their tokens.
+   * Else any user its mode allowed could open it by id (ids are counted
+   * up) and keep memory its owner had let go, charged to the owner, who
+   * can no longer chmod it.  The owner and admins may (they can manage
+   * it anyway), and so may anyone during a restart's grace period, for
+   * re-takes where the lease key was lost (the modes then decide). */
+  if (seg->unlinked && !granted && !(seg->restored && !r->restore_grace_over) &&
+      !gshmd__reg_may_manage(c, seg)) {
+    *msg_out = "segment is unlinked: only a re-take with its lease token reaches it";
+    return -ESTALE;
+  }
   if (req->legacy_ipc && !(seg->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC)) {
     *msg_out = "segment was not created with legacy IPC export";
     return -ENOTSUP;

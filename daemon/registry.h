@@ -258,10 +258,13 @@ void gshmd_registry_release_replaced(struct gshmd_registry *r, struct gshmd_segm
 /* Opens by name, or re-takes a lease by id and generation, and adds a
  * lease.  A re-take whose lease_token token_check accepts gets the access
  * it was granted with, whatever the segment's mode, owner or name are now;
- * any other open is checked against the mode.  Errors: -EINVAL bad access
- * or name, -ENAMETOOLONG, -ENOENT no such name, -ESTALE the id is gone or
- * has another generation, -EACCES, -ENOTSUP legacy IPC not allowed,
- * -EDQUOT quota.leases, -ENOMEM. */
+ * any other open is checked against the mode, and one by id of an
+ * unlinked segment is only for its owner and admins (and, during a
+ * restart's grace period, for anyone its mode allows).  Errors: -EINVAL
+ * bad access or name, -ENAMETOOLONG, -ENOENT no such name, -ESTALE the id
+ * is gone, has another generation, or is unlinked and c may not open it
+ * anew, -EACCES, -ENOTSUP legacy IPC not allowed, -EDQUOT quota.leases,
+ * -ENOMEM. */
 int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
                         const Gshm__OpenRequest *req, struct gshmd_lease **lease_out,
                         const char **msg_out);

@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@
 
 #include "gshm.h"
 #include "harness.h"
+#include "raw.h"
 #include "wire.h"
 
 #define UID_A 60001
@@ -402,6 +404,94 @@ static void test_admin_revokes_unlinked(void **state) {
   harness_kid_step(k.to_kid);
   assert_int_equal(harness_kid_wait(&k), 0);
   gshm_disconnect(root);
+}
+
+/* An unlinked segment has no name, and nobody but its holders (with
+ * their grants' tokens), its owner and admins opens it again.  Before, an
+ * open by id without a token was checked against the mode only: any user
+ * the mode let read could open a segment its owner had unlinked (ids are
+ * counted up, one stat away), keep its memory, charged to the owner, for
+ * as long as it liked, and the owner could not chmod it any more. */
+static int unlinked_pipe[2];
+
+/* B's raw open of segment id arg (generation and token from the pipe when
+ * with_token): the reply's status (GSHM__STATUS__*), or 100 + a step that
+ * failed. */
+static int open_id(const char *arg, bool with_token) {
+  Gshm__OpenRequest m = GSHM__OPEN_REQUEST__INIT;
+  uint8_t token[32];
+  uint64_t gen = 0;
+  Gshm__Reply *r;
+  int fd = raw_connect(h->socket_path), st;
+
+  if (with_token && (read(unlinked_pipe[0], &gen, sizeof(gen)) != (ssize_t)sizeof(gen) ||
+                     read(unlinked_pipe[0], token, 32) != 32))
+    return 101;
+  m.name = "";
+  m.segment_id = strtoull(arg, NULL, 10);
+  m.generation = gen;
+  m.access = GSHM__ACCESS__ACCESS_READ;
+  m.lease_token.data = token;
+  m.lease_token.len = with_token ? 32 : 0;
+  if (gshm__wire_send(fd, GSHM_WIRE_OPEN, 2, &m.base, -1))
+    return 102;
+  r = raw_reply(fd);
+  st = r->status;
+  gshm__reply__free_unpacked(r, NULL);
+  close(fd);
+  return st;
+}
+
+static int open_id_bare(const char *arg) { return open_id(arg, false); }
+static int open_id_token(const char *arg) { return open_id(arg, true); }
+
+/* B opens by name while the segment is linked: its grant's generation
+ * and token go into the pipe. */
+static int open_name_keep_token(const char *arg) {
+  Gshm__OpenRequest m = GSHM__OPEN_REQUEST__INIT;
+  Gshm__Reply *r;
+  int fd = raw_connect(h->socket_path), rc = 0;
+
+  m.name = (char *)arg;
+  m.access = GSHM__ACCESS__ACCESS_READ;
+  if (gshm__wire_send(fd, GSHM_WIRE_OPEN, 2, &m.base, -1))
+    return 102;
+  r = raw_reply(fd);
+  if (r->status != GSHM__STATUS__STATUS_OK || !r->grant || r->grant->lease_token.len != 32 ||
+      write(unlinked_pipe[1], &r->grant->segment->generation, 8) != 8 ||
+      write(unlinked_pipe[1], r->grant->lease_token.data, 32) != 32)
+    rc = 103;
+  gshm__reply__free_unpacked(r, NULL);
+  close(fd);
+  return rc;
+}
+
+static void test_unlinked_is_not_opened_anew(void **state) {
+  gshm_client_t *root;
+  gshm_segment_t *s;
+  char arg[32];
+  (void)state;
+  need_root();
+  assert_int_equal(pipe(unlinked_pipe), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
+  assert_int_equal(gshm_create(root, "r/unlinked-0644", 4096, NULL, 0644, 0, &s), 0);
+  snprintf(arg, sizeof(arg), "%" PRIu64, gshm_segment_info(s)->id);
+  /* linked: B may read it, by name or id */
+  assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, open_id_bare, arg),
+                   GSHM__STATUS__STATUS_OK);
+  assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, open_name_keep_token,
+                            "r/unlinked-0644"),
+                   0);
+  assert_int_equal(gshm_unlink(root, "r/unlinked-0644"), 0); /* root's lease keeps it */
+  assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, open_id_bare, arg),
+                   GSHM__STATUS__STATUS_STALE);
+  /* B's own grant, re-taken with its token, still comes back */
+  assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, open_id_token, arg),
+                   GSHM__STATUS__STATUS_OK);
+  assert_int_equal(gshm_close(s), 0);
+  gshm_disconnect(root);
+  close(unlinked_pipe[0]);
+  close(unlinked_pipe[1]);
 }
 
 /* A read-only lease: writes are refused, and so is reopening its fd
@@ -846,6 +936,7 @@ int main(void) {
       cmocka_unit_test(test_quota),
       cmocka_unit_test(test_admin_sees_and_revokes),
       cmocka_unit_test(test_admin_revokes_unlinked),
+      cmocka_unit_test(test_unlinked_is_not_opened_anew),
       cmocka_unit_test(test_listing_walks_a_bounded_part),
       cmocka_unit_test(test_setgid_ignores_environment),
       cmocka_unit_test(test_fair_defaults),
