@@ -208,6 +208,20 @@ struct gshmd_host_recycle_stats {
 void gshmd_backend_host_recycle_stats(const struct gshmd_backend *b,
                                       struct gshmd_host_recycle_stats *out);
 
+/* Bytes of memory a new host allocation of gshmd can still take: the
+ * machine's MemAvailable + SwapFree (/proc/meminfo; a memfd's pages can
+ * swap), or the least that gshmd's memory cgroup or any ancestor with a
+ * memory limit leaves where less (limit less usage: cgroup v2 memory.max
+ * and memory.current, v1 memory.limit_in_bytes and memory.usage_in_bytes;
+ * a systemd MemoryMax=, a container's limit; the cgroup's swap is not
+ * counted).  Memory daemon.host_recycle keeps is not counted either: only
+ * a pull can land in it (gshmd_backend_host_recycle_stats).  The figures
+ * are read at most every 100 ms and shared with the create size check
+ * (host_memory.h), so the answer may be up to that old.  b: the host
+ * backend, not taken.  Returns UINT64_MAX where no figure could be read
+ * (no bound known) or b is NULL or another backend; never fails. */
+uint64_t gshmd_backend_host_room(struct gshmd_backend *b);
+
 /* Whether host backend b makes pulls of 2 MiB or more in 2 MiB pages
  * (daemon.host_huge_pages on, and shmem_enabled lets it).  false when b
  * is NULL. */

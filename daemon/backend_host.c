@@ -26,20 +26,18 @@
 
 #include "backend.h"
 #include "config.h"
+#include "host_memory.h"
 #include "list.h"
 #include "log.h"
 
 #define HOST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
-/* The backend's state: the config's choice and the memory figures,
- * re-read at most once a second (a cgroup's limit may change at run
- * time; /proc/meminfo costs tens of microseconds). */
+/* The backend's state: the config's choice and the node's memory
+ * figures (host_memory.h: re-read at most every 100 ms). */
 struct host_backend {
   struct gshmd_backend base;
   bool populate;
-  int64_t read_ns;             /* CLOCK_MONOTONIC of the last read; 0: never */
-  uint64_t ram, swap;          /* bytes: MemTotal, SwapTotal */
-  uint64_t cg_mem, cg_swap;    /* bytes: the tightest cgroup limits; UINT64_MAX none */
+  struct gshmd_host_memory mem;
   /* the recycling pool: struct pooled, oldest first */
   uint64_t recycle_cap;        /* bytes (daemon.host_recycle); 0: off */
   bool huge;                   /* daemon.host_huge_pages: MADV_HUGEPAGE on gshmd's mappings */
@@ -52,7 +50,6 @@ struct host_backend {
   bool lease_warned;           /* a lease refused for another reason than a holder: said once */
 };
 
-#define REREAD_NS 1000000000LL
 /* Most allocations in the pool (a take scans it). */
 #define POOL_MAX GSHMD_HOST_RECYCLE_MAX
 
@@ -92,92 +89,6 @@ static int host_wrap(struct gshmd_backend *b, int fd, uint64_t size, struct gshm
   return 0;
 }
 
-/* A number from a one-line cgroup file: "max" and v1's near-2^63 values
- * mean no limit (UINT64_MAX); a missing or unreadable file too. */
-static uint64_t read_limit(const char *dir, const char *file) {
-  char path[PATH_MAX], line[64];
-  unsigned long long v;
-  FILE *f;
-
-  snprintf(path, sizeof(path), "%s/%s", dir, file);
-  if (!(f = fopen(path, "re")))
-    return UINT64_MAX;
-  if (!fgets(line, sizeof(line), f) || sscanf(line, "%llu", &v) != 1 || v >= (1ull << 62))
-    v = UINT64_MAX;
-  fclose(f);
-  return v;
-}
-
-/* The tightest memory (and swap) limit of gshmd's cgroup and its
- * ancestors, cgroup v2 or v1 (memory.max / memory.limit_in_bytes). */
-static void cgroup_limits(uint64_t *mem, uint64_t *swap) {
-  char line[PATH_MAX], dir[PATH_MAX];
-  const char *root = NULL, *rel = NULL, *fmem = NULL, *fswap = NULL;
-  FILE *f = fopen("/proc/self/cgroup", "re");
-
-  *mem = *swap = UINT64_MAX;
-  if (!f)
-    return;
-  while (fgets(line, sizeof(line), f)) {
-    char *p = strchr(line, ':'), *q = p ? strchr(p + 1, ':') : NULL;
-    if (!q)
-      continue;
-    q[strcspn(q, "\n")] = '\0';
-    if (!strncmp(line, "0::", 3) && !access("/sys/fs/cgroup/memory.max", F_OK)) {
-      root = "/sys/fs/cgroup", fmem = "memory.max", fswap = "memory.swap.max";
-    } else if (strstr(p, ":memory:") == p || !strncmp(p + 1, "memory,", 7) ||
-               strstr(p, ",memory:")) {
-      root = "/sys/fs/cgroup/memory", fmem = "memory.limit_in_bytes";
-      fswap = "memory.memsw.limit_in_bytes";
-    } else {
-      continue;
-    }
-    rel = q + 1;
-    snprintf(dir, sizeof(dir), "%s%s", root, rel);
-    break;
-  }
-  fclose(f);
-  if (!root)
-    return;
-  /* Inside a cgroup namespace the path may not exist under the mount:
-   * then the mount's root is ours. */
-  if (access(dir, F_OK))
-    snprintf(dir, sizeof(dir), "%s", root);
-  for (;;) {
-    uint64_t m = read_limit(dir, fmem), w = read_limit(dir, fswap);
-    char *slash;
-    if (m < *mem)
-      *mem = m;
-    /* v1's memsw counts memory and swap together */
-    if (!strcmp(fswap, "memory.memsw.limit_in_bytes") && w != UINT64_MAX)
-      w = w > m ? w - m : 0;
-    if (w < *swap)
-      *swap = w;
-    if (strlen(dir) <= strlen(root) || !(slash = strrchr(dir, '/')))
-      break;
-    *slash = '\0';
-  }
-}
-
-static void read_memory(struct host_backend *hb) {
-  char line[256];
-  unsigned long long kib;
-  FILE *f = fopen("/proc/meminfo", "re");
-
-  hb->ram = hb->swap = UINT64_MAX;
-  if (f) {
-    while (fgets(line, sizeof(line), f)) {
-      if (sscanf(line, "MemTotal: %llu kB", &kib) == 1)
-        hb->ram = (uint64_t)kib * 1024;
-      else if (sscanf(line, "SwapTotal: %llu kB", &kib) == 1)
-        hb->swap = (uint64_t)kib * 1024;
-    }
-    fclose(f);
-  }
-  cgroup_limits(&hb->cg_mem, &hb->cg_swap);
-  hb->read_ns = gshm__now_ns(CLOCK_MONOTONIC);
-}
-
 static uint64_t sum_sat(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
 /* Refuses a host segment larger than what the machine (RAM + swap) or
@@ -191,22 +102,22 @@ static int host_check_size(struct gshmd_backend *b, const struct gshm_location *
 
   if (loc->kind != GSHM_LOCATION_HOST)
     return 0;
-  if (!hb->read_ns || gshm__now_ns(CLOCK_MONOTONIC) - hb->read_ns > REREAD_NS)
-    read_memory(hb);
-  machine = sum_sat(hb->ram, hb->swap);
-  swap = hb->cg_swap < hb->swap ? hb->cg_swap : hb->swap;
-  cgroup = hb->cg_mem == UINT64_MAX ? UINT64_MAX : sum_sat(hb->cg_mem, swap);
+  gshmd_host_memory_update(&hb->mem);
+  machine = sum_sat(hb->mem.ram, hb->mem.swap);
+  swap = hb->mem.cg_swap < hb->mem.swap ? hb->mem.cg_swap : hb->mem.swap;
+  cgroup = hb->mem.cg_mem == UINT64_MAX ? UINT64_MAX : sum_sat(hb->mem.cg_mem, swap);
   if (size > machine) {
     snprintf(msg, cap, "a host segment of %s is larger than this machine's memory: %s RAM + %s "
              "swap",
-             gshm__format_size(size, a, sizeof(a)), gshm__format_size(hb->ram, r, sizeof(r)),
-             gshm__format_size(hb->swap, w, sizeof(w)));
+             gshm__format_size(size, a, sizeof(a)), gshm__format_size(hb->mem.ram, r, sizeof(r)),
+             gshm__format_size(hb->mem.swap, w, sizeof(w)));
     return -EFBIG;
   }
   if (size > cgroup) {
     snprintf(msg, cap, "a host segment of %s is larger than gshmd's cgroup may use: memory limit "
              "%s + %s swap",
-             gshm__format_size(size, a, sizeof(a)), gshm__format_size(hb->cg_mem, r, sizeof(r)),
+             gshm__format_size(size, a, sizeof(a)),
+             gshm__format_size(hb->mem.cg_mem, r, sizeof(r)),
              gshm__format_size(swap, w, sizeof(w)));
     return -EFBIG;
   }
@@ -643,6 +554,15 @@ static bool huge_report(void) {
                 "2 MiB or more is made in whole 2 MiB pages): "
                 "transparent_hugepage/shmem_enabled is %s", word);
   return true;
+}
+
+uint64_t gshmd_backend_host_room(struct gshmd_backend *b) {
+  struct host_backend *hb = (struct host_backend *)b;
+
+  if (!b || b->ops != &host_ops)
+    return UINT64_MAX;
+  gshmd_host_memory_update(&hb->mem);
+  return hb->mem.avail < hb->mem.cg_room ? hb->mem.avail : hb->mem.cg_room;
 }
 
 bool gshmd_backend_host_huge_pulls(const struct gshmd_backend *b) {

@@ -8,7 +8,6 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend.h"
 #include "config.h"
@@ -93,85 +92,29 @@ void gshmd__pull_unpin(struct pull *p) {
   p->pinned = 0;
 }
 
-/* The first number in file path (cgroup v2's memory.max, memory.current),
- * or UINT64_MAX ("max", or unreadable). */
-static uint64_t read_u64(const char *path) {
-  unsigned long long v;
-  FILE *f = fopen(path, "re");
-  int n = f ? fscanf(f, "%llu", &v) : 0;
+/* What pulls may land in now: the host backend's room
+ * (gshmd_backend_host_room) and the memory daemon.host_recycle keeps,
+ * which is gshmd's to land pulls in; UINT64_MAX: no bound known. */
+static uint64_t pull_room(struct gshmd_cluster *cl) {
+  struct gshmd_host_recycle_stats st;
+  uint64_t room = gshmd_backend_host_room(cl->reg->host);
 
-  if (f)
-    fclose(f);
-  return n == 1 ? (uint64_t)v : UINT64_MAX;
-}
-
-/* What gshmd's cgroup (v2; a systemd MemoryMax=, a container's limit)
- * lets it charge more, or UINT64_MAX without a limit: pages of the
- * memfds its lanes write are charged to it. */
-static uint64_t cgroup_avail(void) {
-  char line[512], path[600];
-  uint64_t max, cur;
-  FILE *f = fopen("/proc/self/cgroup", "re");
-  bool found = false;
-
-  while (f && !found && fgets(line, sizeof(line), f))
-    found = !strncmp(line, "0::", 3);
-  if (f)
-    fclose(f);
-  if (!found)
-    return UINT64_MAX;
-  line[strcspn(line, "\n")] = '\0';
-  snprintf(path, sizeof(path), "/sys/fs/cgroup%s/memory.max", line + 3);
-  if ((max = read_u64(path)) == UINT64_MAX)
-    return UINT64_MAX;
-  snprintf(path, sizeof(path), "/sys/fs/cgroup%s/memory.current", line + 3);
-  cur = read_u64(path);
-  return cur == UINT64_MAX ? UINT64_MAX : max > cur ? max - cur : 0;
-}
-
-/* /proc/meminfo's MemAvailable + SwapFree in bytes, at most what gshmd's
- * cgroup allows; UINT64_MAX when neither can be read. */
-static uint64_t host_avail(void) {
-  unsigned long long kb, sum = 0;
-  unsigned found = 0;
-  char line[160];
-  FILE *f = fopen("/proc/meminfo", "re");
-  uint64_t cg;
-
-  if (!f)
-    return cgroup_avail();
-  while (found < 2 && fgets(line, sizeof(line), f))
-    if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1 ||
-        sscanf(line, "SwapFree: %llu kB", &kb) == 1) {
-      sum += kb;
-      found++;
-    }
-  fclose(f);
-  cg = cgroup_avail();
-  return found == 2 && (uint64_t)sum << 10 < cg ? (uint64_t)sum << 10 : cg;
+  gshmd_backend_host_recycle_stats(cl->reg->host, &st);
+  if (room == UINT64_MAX)
+    return room;
+  return st.bytes_held >= UINT64_MAX - room ? UINT64_MAX - 1 : room + st.bytes_held;
 }
 
 int gshmd__pull_host_room(struct pull *p, uint64_t size) {
   struct gshmd_cluster *cl = p->s->cl;
-  int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
+  uint64_t room = cl->cfg->cluster_memory_check ? pull_room(cl) : UINT64_MAX;
 
-  if (!cl->host_avail_ns || now - cl->host_avail_ns > 100 * 1000 * 1000) {
-    struct gshmd_host_recycle_stats st;
-    /* memory daemon.host_recycle keeps is gshmd's to land pulls in */
-    gshmd_backend_host_recycle_stats(cl->reg->host, &st);
-    cl->host_avail = host_avail();
-    if (cl->host_avail != UINT64_MAX)
-      cl->host_avail += st.bytes_held;
-    cl->host_avail_ns = now;
-  }
-  if (cl->cfg->cluster_memory_check && cl->host_avail != UINT64_MAX &&
-      (size > cl->host_avail || cl->pull_host_owed > cl->host_avail - size)) {
+  if (room != UINT64_MAX && (size > room || cl->pull_host_owed > room - size)) {
     gshmd__pull_set_fail(p->s, -ENOMEM,
                          "segment '%s' of peer '%s' needs %" PRIu64 " bytes of host memory: this "
                          "node has %" PRIu64 " available (with swap), and pulls in flight will "
                          "still take %" PRIu64,
-                         p->remote_name, p->s->peer->name, size, cl->host_avail,
-                         cl->pull_host_owed);
+                         p->remote_name, p->s->peer->name, size, room, cl->pull_host_owed);
     return -ENOMEM;
   }
   p->host_owed += size;

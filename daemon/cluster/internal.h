@@ -78,9 +78,8 @@ struct gshmd_cluster {
    * PULL_PINNED_FULL staging_bytes but for one), and their high water */
   uint64_t pull_pinned, pull_pinned_max;
   /* grants.c: bytes of new host segments pulls in flight made and have
-   * not landed yet, and the node's memory last read for them */
-  uint64_t pull_host_owed, host_avail;
-  int64_t host_avail_ns;
+   * not landed yet */
+  uint64_t pull_host_owed;
   bool have_pull_gid;
   gid_t pull_gid;
   struct export_rule *exports; /* cluster.export */

@@ -264,11 +264,12 @@ bool gshmd__pull_grant_later(struct pull *p);
 uint64_t gshmd__pull_pin_need(struct pull *p);
 /* Room for p's new host segment of size bytes: every byte of it will be
  * written, so the node's memory must take it with what the pulls in
- * flight still owe (cl->pull_host_owed).  The bound is /proc/meminfo's
- * MemAvailable + SwapFree (tmpfs pages can swap), or what gshmd's cgroup
- * v2 memory.max leaves where less, plus what daemon.host_recycle keeps
- * (pulls land in it), read at most every 100 ms; none where neither can
- * be read.  On room, counts size as owed by p
+ * flight still owe (cl->pull_host_owed).  The bound is the host
+ * backend's room (gshmd_backend_host_room: MemAvailable + SwapFree, or
+ * what gshmd's memory cgroup or an ancestor leaves where less, v2 or v1,
+ * read at most every 100 ms) plus what daemon.host_recycle keeps (pulls
+ * land in it); none where nothing can be read or cluster.memory_check is
+ * off.  On room, counts size as owed by p
  * and returns 0; else fails p's set (-ENOMEM, saying how much is
  * missing) and returns -ENOMEM.  A hostile peer's listing of thousands
  * of huge segments fails here before any is made. */

@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The node's memory figures (host_memory.h): /proc/meminfo and gshmd's
+ * memory cgroup, v2 or v1, with every ancestor's limit. */
+#include "host_memory.h"
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util.h"
+
+/* A number from a one-line cgroup file: "max" and v1's near-2^63 values
+ * mean no limit (UINT64_MAX); a missing or unreadable file too. */
+static uint64_t read_limit(const char *dir, const char *file) {
+  char path[PATH_MAX], line[64];
+  unsigned long long v;
+  FILE *f;
+
+  snprintf(path, sizeof(path), "%s/%s", dir, file);
+  if (!(f = fopen(path, "re")))
+    return UINT64_MAX;
+  if (!fgets(line, sizeof(line), f) || sscanf(line, "%llu", &v) != 1 || v >= (1ull << 62))
+    v = UINT64_MAX;
+  fclose(f);
+  return v;
+}
+
+/* The files of one cgroup version's memory controller. */
+struct cg_files {
+  const char *root, *mem, *swap, *usage;
+  bool memsw; /* v1: the swap limit counts memory and swap together */
+};
+
+static const struct cg_files cg_v2 = {"/sys/fs/cgroup", "memory.max", "memory.swap.max",
+                                      "memory.current", false};
+static const struct cg_files cg_v1 = {"/sys/fs/cgroup/memory", "memory.limit_in_bytes",
+                                      "memory.memsw.limit_in_bytes", "memory.usage_in_bytes",
+                                      true};
+
+/* gshmd's memory cgroup folder into dir (cap bytes), and its version's
+ * files; NULL where it has none.  v2 where the unified hierarchy is
+ * mounted at /sys/fs/cgroup (cgroup.controllers there: the root cgroup
+ * has no memory.max), else the v1 memory controller's line (a hybrid
+ * host's "0::" line is a v2 hierarchy without that controller). */
+static const struct cg_files *cgroup_dir(char *dir, size_t cap) {
+  char line[PATH_MAX];
+  bool v2 = !access("/sys/fs/cgroup/cgroup.controllers", F_OK);
+  const struct cg_files *cg = NULL;
+  FILE *f = fopen("/proc/self/cgroup", "re");
+
+  while (f && !cg && fgets(line, sizeof(line), f)) {
+    char *p = strchr(line, ':'), *q = p ? strchr(p + 1, ':') : NULL;
+    if (!q)
+      continue;
+    q[strcspn(q, "\n")] = '\0';
+    if (v2 && !strncmp(line, "0::", 3))
+      cg = &cg_v2;
+    else if (!v2 && (!strncmp(p, ":memory:", 8) || !strncmp(p, ":memory,", 8) ||
+                     strstr(p, ",memory:") || strstr(p, ",memory,")))
+      cg = &cg_v1;
+    if (cg)
+      snprintf(dir, cap, "%s%s", cg->root, q + 1);
+  }
+  if (f)
+    fclose(f);
+  /* Inside a cgroup namespace the path may not exist under the mount:
+   * then the mount's root is ours. */
+  if (cg && access(dir, F_OK))
+    snprintf(dir, cap, "%s", cg->root);
+  return cg;
+}
+
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* The tightest limits of gshmd's cgroup and its ancestors, and the least
+ * room any of them leaves. */
+static void read_cgroup(struct gshmd_host_memory *m) {
+  char dir[PATH_MAX];
+  const struct cg_files *cg = cgroup_dir(dir, sizeof(dir));
+
+  m->cg_mem = m->cg_swap = m->cg_room = UINT64_MAX;
+  while (cg) {
+    uint64_t lim = read_limit(dir, cg->mem), w = read_limit(dir, cg->swap), used;
+    char *slash;
+    if (lim != UINT64_MAX && (used = read_limit(dir, cg->usage)) != UINT64_MAX)
+      m->cg_room = min_u64(m->cg_room, lim > used ? lim - used : 0);
+    m->cg_mem = min_u64(m->cg_mem, lim);
+    if (cg->memsw && w != UINT64_MAX)
+      w = w > lim ? w - lim : 0;
+    m->cg_swap = min_u64(m->cg_swap, w);
+    if (strlen(dir) <= strlen(cg->root) || !(slash = strrchr(dir, '/')))
+      break;
+    *slash = '\0';
+  }
+}
+
+void gshmd_host_memory_update(struct gshmd_host_memory *m) {
+  char line[256];
+  unsigned long long kib, avail = 0;
+  unsigned navail = 0;
+  int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
+  FILE *f;
+
+  if (m->read_ns && now - m->read_ns <= GSHMD_HOST_MEMORY_REREAD_NS)
+    return;
+  m->ram = m->swap = m->avail = UINT64_MAX;
+  if ((f = fopen("/proc/meminfo", "re"))) {
+    while (fgets(line, sizeof(line), f)) {
+      if (sscanf(line, "MemTotal: %llu kB", &kib) == 1)
+        m->ram = (uint64_t)kib * 1024;
+      else if (sscanf(line, "SwapTotal: %llu kB", &kib) == 1)
+        m->swap = (uint64_t)kib * 1024;
+      else if ((sscanf(line, "MemAvailable: %llu kB", &kib) == 1 ||
+                sscanf(line, "SwapFree: %llu kB", &kib) == 1) && ++navail)
+        avail += kib;
+    }
+    fclose(f);
+  }
+  if (navail == 2)
+    m->avail = (uint64_t)avail * 1024;
+  read_cgroup(m);
+  m->read_ns = now;
+}
