@@ -46,6 +46,9 @@ static void usage(FILE *f) {
           "  status                         daemon version, totals and backends\n"
           "  segments                       every segment you may see\n"
           "  mappings                       every lease: segment, pid, uid, client, access, devices\n"
+          "                                 (the GPU UUIDs it is mapped on, cpu: mapped on the CPU\n"
+          "                                 only, -: not mapped); --json: \"mapped\", \"cpu\" (true\n"
+          "                                 where the table says cpu), \"devices\" (GPU UUIDs only)\n"
           "  clients                        every client connection\n"
           "  devices                        GPUs, memory, and the P2P / NVLink matrix\n"
           "  metrics                        Prometheus text exposition (--json: one\n"
@@ -510,6 +513,8 @@ static int cmd_mappings(gshm_client_t *c) {
       json_object_set_new(o, "access", json_string(v[i].access == GSHM_ACCESS_READ ? "r" : "rw"));
       json_object_set_new(o, "since", json_string(rfc3339(v[i].since_ns, t, sizeof(t))));
       json_object_set_new(o, "mapped", json_boolean(v[i].mapped));
+      /* the table's "cpu": mapped, and on no GPU ("devices" lists GPUs only) */
+      json_object_set_new(o, "cpu", json_boolean(v[i].mapped && !*v[i].mapped_devices));
       json_object_set_new(o, "devices", devs);
       json_array_append_new(arr, o);
     }

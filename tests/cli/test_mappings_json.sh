@@ -1,0 +1,52 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# gshmctl mappings and --json mappings say the same of every lease: a
+# host segment held mapped by a Python client shows DEVICES "cpu" in the
+# table and "mapped": true, "cpu": true, "devices": [] in the JSON (before,
+# the JSON said only "devices": [], which reads as mapped nowhere).
+#   test_mappings_json.sh GSHMD GSHMCTL PYTHON SOURCE_DIR LIBGSHM
+set -u
+gshmd=$1 ctl=$2 py=$3 src=$4 lib=$5
+dir=$(mktemp -d)
+"$gshmd" --backend host --socket "$dir/s" --log-level 3 2>"$dir/gshmd.log" &
+pid=$!
+holder=
+trap 'exec 3>&- 2>/dev/null; [ -n "$holder" ] && wait $holder 2>/dev/null; kill $pid 2>/dev/null;
+      wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 200); do [ -S "$dir/s" ] && break; sleep 0.05; done
+export GSHM_SOCKET=$dir/s GSHM_LIBRARY=$lib PYTHONPATH=$src/python
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# A client that creates host segment "m/cpu" (mapped at once), says so
+# on stdout and holds it until its stdin closes.
+mkfifo "$dir/in"
+"$py" -c '
+import sys, gshm
+with gshm.Client(sys.argv[1]) as c, c.create("m/cpu", 8192, location="host") as seg:
+    assert seg.mapped
+    print("ready", flush=True)
+    sys.stdin.read()
+' "$dir/s" <"$dir/in" >"$dir/holder.out" 2>"$dir/holder.err" &
+holder=$!
+exec 3>"$dir/in"
+for _ in $(seq 200); do grep -q ready "$dir/holder.out" 2>/dev/null && break; sleep 0.05; done
+grep -q ready "$dir/holder.out" || fail "the Python client did not start: $(cat "$dir/holder.err")"
+
+"$ctl" mappings >"$dir/text" 2>"$dir/err" || fail "gshmctl mappings: $(cat "$dir/err")"
+"$ctl" --json mappings >"$dir/json" 2>"$dir/err" || fail "gshmctl --json mappings: $(cat "$dir/err")"
+row=$(grep '^m/cpu ' "$dir/text")
+[ "$(awk '{print $NF}' <<<"$row")" = cpu ] || fail "the table's DEVICES is not cpu: $row"
+"$py" - "$dir/json" <<'PY' || fail "--json mappings disagrees with the table: $(cat "$dir/json")"
+import json, sys
+rows = [m for m in json.load(open(sys.argv[1]))["mappings"] if m["segment"] == "m/cpu"]
+assert len(rows) == 1, rows
+m = rows[0]
+assert m["mapped"] is True and m.get("cpu") is True and m["devices"] == [], m
+PY
+
+exec 3>&-
+wait $holder || fail "the Python client failed: $(cat "$dir/holder.err")"
+holder=
+[ "$failures" = 0 ] && echo "all checks passed"
+exit $((failures > 0))
