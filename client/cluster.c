@@ -180,8 +180,9 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
     m.mode = opts->mode;
     m.replace = opts->replace != 0;
   }
-  /* a single pull's resend after a gshmd restart is answered with the
-   * segment the first one published (gshmd notes it under the token) */
+  /* a resend after a gshmd restart of a single pull, or of a set of one
+   * segment, is answered with the segment the first one published (gshmd
+   * notes it under the token) */
   if (gshm__draw_token(token, sizeof(token))) {
     m.token.data = token;
     m.token.len = sizeof(token);

@@ -494,13 +494,13 @@ GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *n
  * Errors: as gshm_pull; -ENOENT also when the peer exports nothing under
  * the prefix, -E2BIG more than 4096 segments, -EINVAL a NULL argument or
  * a prefix or local prefix that makes a name invalid here.
- * Unlike gshm_pull, a set's resend after a gshmd restart is not answered
- * from the first one's work (its members and results are not kept): if
- * the first was published, the resend meets its names, -EEXIST (with
- * opts->replace: it pulls the set again and replaces the first copy).
- * This happens only when the set's first reply was lost, which is a
- * progress reply (sent before the publish) unless every byte came in its
- * first chunk; a connection lost later gives -ECONNRESET, as gshm_pull. */
+ * A set's resend after a gshmd restart lost its first reply is answered
+ * as gshm_pull's: that reply is a progress reply (sent before the
+ * publish, so the resend pulls anew) unless the set is one segment whose
+ * bytes came in one chunk, and such a set's segment is noted, as a single
+ * pull's, and is the resend's answer (path "" and elapsed_ns 0: not
+ * kept); a connection lost after a reply gives -ECONNRESET, as
+ * gshm_pull. */
 GSHM_EXTERN int gshm_pull_prefix(gshm_client_t *client, const char *peer, const char *prefix,
                                  const gshm_pull_opts_t *opts, gshm_pull_result_t **results_out,
                                  size_t *count_out);

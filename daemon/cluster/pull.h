@@ -137,22 +137,24 @@ struct pull_set {
 
 /* ---- pull_resend.c ---- */
 
-/* The resend memo's key (16 bytes into key) of single pull m: a hash of
- * its token and every field, so that only the same request sent again
- * matches.  false (key untouched): a set, or no token of
- * GSHM_PULL_TOKEN_BYTES. */
+/* The resend memo's key (16 bytes into key) of pull m: a hash of its
+ * token and every field (prefix included: a set's key is never a single
+ * pull's), so that only the same request sent again matches.  false (key
+ * untouched): no token of GSHM_PULL_TOKEN_BYTES. */
 bool gshmd__pull_memo_key(const Gshm__PullRequest *m, uint8_t *key);
-/* Whether m is c's single pull sent again after a restart whose first
- * one published its segment (the memo's, still published as `local`, of
- * c's uid): it is then answered with that segment now (a PullResult
- * whose path is "" and elapsed_ns 0: not kept), nothing is pulled, and
- * 1 is returned.  0: pull as usual (the first did not publish, or its
+/* Whether m is c's pull sent again after a restart whose first one
+ * published its segment (the memo's, still published as `local`, or for
+ * a set of one segment under the local prefix `local`, of c's uid): it is
+ * then answered with that segment now (a set: its pull_items page of
+ * one; then a PullResult whose path is "" and elapsed_ns 0: not kept),
+ * nothing is pulled, and 1 is returned.  0: pull as usual (the first did not publish, or its
  * segment is no longer as published).  -EINVAL (*msg_out set): a token
  * of another length than GSHM_PULL_TOKEN_BYTES. */
 int gshmd__pull_resent(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
                        const Gshm__PullRequest *m, const char *local, const char **msg_out);
-/* Arms (arm) the memo for s's publish, under s's key when it has one, or
- * disarms it (gshmd_fdstore_memo_on_publish). */
+/* Arms (arm) the memo for s's publish, under s's key when it has one and
+ * s is a single pull or a set of one segment, or disarms it
+ * (gshmd_fdstore_memo_on_publish). */
 void gshmd__pull_memo_arm(struct pull_set *s, bool arm);
 
 /* ---- pull.c ---- */

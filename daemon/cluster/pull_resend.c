@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* A single pull sent again after a gshmd restart lost its reply
- * (libgshm's one resend: the same PullRequest, token and all).  The
- * publish of the first one noted its segment in the fd store's resend
- * memo under a hash of the token and the request's fields; the resend is
- * answered with that segment, as the first would have been, instead of
- * meeting it (-EEXIST).  A set (prefix) is not: its members and their
- * per-segment results are not kept (docs/ARCHITECTURE.md "The fd store":
- * requests sent again). */
+/* A pull sent again after a gshmd restart lost its reply (libgshm's one
+ * resend: the same PullRequest, token and all).  The publish of the
+ * first one noted its segment in the fd store's resend memo under a hash
+ * of the token and the request's fields; the resend is answered with
+ * that segment, as the first would have been, instead of meeting it
+ * (-EEXIST).  A set (prefix) only when it is one segment: one memo entry
+ * holds one id, and only a set of one chunk (one segment) answers with
+ * its result first (docs/ARCHITECTURE.md "The fd store": requests sent
+ * again). */
 #include <errno.h>
 #include <inttypes.h>
 #include <sodium.h>
@@ -28,7 +29,7 @@ bool gshmd__pull_memo_key(const Gshm__PullRequest *m, uint8_t *key) {
                       m->prefix,                m->replace};
   crypto_generichash_state st;
 
-  if (m->prefix || m->token.len != GSHM_PULL_TOKEN_BYTES)
+  if (m->token.len != GSHM_PULL_TOKEN_BYTES)
     return false;
   crypto_generichash_init(&st, NULL, 0, GSHMD_MEMO_TOKEN_BYTES);
   crypto_generichash_update(&st, m->token.data, m->token.len);
@@ -56,6 +57,52 @@ static void remote_ids(const struct gshmd_segment *seg, const char *peer, const 
     res->remote_id = res->remote_generation = 0;
 }
 
+/* A set's resent answer: its one segment, seg, as the first one's
+ * pull_items page listed it (path "": not kept; its source as it is). */
+static void reply_set_item(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
+                           const struct gshmd_segment *seg, const Gshm__PullResult *res) {
+  Gshm__Reply reply = GSHM__REPLY__INIT;
+  Gshm__PullItems pi = GSHM__PULL_ITEMS__INIT;
+  Gshm__PulledSegment o = GSHM__PULLED_SEGMENT__INIT, *op = &o;
+
+  o.name = seg->name;
+  o.id = seg->id;
+  o.generation = seg->generation;
+  o.size = seg->mem->size;
+  o.bytes = seg->requested_size;
+  o.location = (char *)seg->mem->location;
+  o.path = "";
+  o.remote_id = res->remote_id;
+  o.remote_generation = res->remote_generation;
+  o.device_index = seg->mem->device_index;
+  o.source = seg->source ? seg->source : "";
+  pi.items = &op;
+  pi.n_items = 1;
+  reply.status = GSHM__STATUS__STATUS_OK;
+  reply.body_case = GSHM__REPLY__BODY_PULL_ITEMS;
+  reply.pull_items = &pi;
+  cl->reply(cl->reply_arg, c, GSHM_WIRE_PULL, request_id, &reply);
+}
+
+/* Whether seg is still what the first pull (m, as `local`) published
+ * for c: published, the caller's uid's, named as asked (a set's member:
+ * under the local prefix, as the peer's name under the request's). */
+static bool still_published(const struct gshmd_segment *seg, const struct gshmd_client *c,
+                            const Gshm__PullRequest *m, const char *local, char *remote,
+                            size_t cap) {
+  size_t ll = strlen(local);
+
+  if (!seg || seg->hidden || seg->unlinked || seg->uid != c->cred.uid)
+    return false;
+  if (!m->prefix) {
+    snprintf(remote, cap, "%s", m->name);
+    return !strcmp(seg->name, local);
+  }
+  if (strncmp(seg->name, local, ll) || !seg->name[ll])
+    return false;
+  return snprintf(remote, cap, "%s%s", m->name, seg->name + ll) < (int)cap;
+}
+
 int gshmd__pull_resent(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
                        const Gshm__PullRequest *m, const char *local, const char **msg_out) {
   Gshm__Reply reply = GSHM__REPLY__INIT;
@@ -63,6 +110,7 @@ int gshmd__pull_resent(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_
   Gshm__SegmentInfo info;
   uint8_t key[GSHMD_MEMO_TOKEN_BYTES];
   struct gshmd_segment *seg;
+  char remote[sizeof(((struct pull *)0)->remote_name)];
   uint64_t id;
 
   if (m->token.len && m->token.len != GSHM_PULL_TOKEN_BYTES) {
@@ -73,12 +121,11 @@ int gshmd__pull_resent(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_
       !gshmd_fdstore_memo_find(cl->reg->fdstore, key, c->cred.uid, GSHMD_MEMO_PULL, &id))
     return 0;
   seg = gshmd_registry_find_id(cl->reg, id);
-  /* still the first one's: published, named as asked, the caller's uid's
-   * (unlinked since, or its name given to another: pulled again) */
-  if (!seg || seg->hidden || seg->unlinked || seg->uid != c->cred.uid || strcmp(seg->name, local)) {
-    gshm_log_info("cluster: pull of '%s' sent again by pid %d (its token is an earlier pull's): "
-                  "that one's segment id %" PRIu64 " is gone; pulled again",
-                  m->name, (int)c->cred.pid, id);
+  /* (unlinked since, or its name given to another: pulled again) */
+  if (!still_published(seg, c, m, local, remote, sizeof(remote))) {
+    gshm_log_info("cluster: pull of %s'%s' sent again by pid %d (its token is an earlier "
+                  "pull's): that one's segment id %" PRIu64 " is gone; pulled again",
+                  m->prefix ? "the set under " : "", m->name, (int)c->cred.pid, id);
     return 0;
   }
   gshmd_segment_to_info(seg, &info);
@@ -88,19 +135,29 @@ int gshmd__pull_resent(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_
   res.path_reason = "the first pull's segment: its reply was lost to a gshmd restart, and its "
                     "path and time were not kept";
   res.peer = m->peer;
-  remote_ids(seg, m->peer, m->name, &res);
+  remote_ids(seg, m->peer, remote, &res);
+  if (m->prefix) {
+    res.count = 1;
+    res.set_bytes = seg->requested_size;
+    reply_set_item(cl, c, request_id, seg, &res);
+  }
   reply.status = GSHM__STATUS__STATUS_OK;
   reply.body_case = GSHM__REPLY__BODY_PULL_RESULT;
   reply.pull_result = &res;
-  gshm_log_notice("cluster: pull of '%s' from peer '%s' sent again by pid %d (its token is an "
+  gshm_log_notice("cluster: pull of %s'%s' from peer '%s' sent again by pid %d (its token is an "
                   "earlier pull's: a reply lost to a restart): answered with the segment that "
                   "one published, '%s' id %" PRIu64,
-                  m->name, m->peer, (int)c->cred.pid, seg->name, seg->id);
+                  m->prefix ? "the set under " : "", m->name, m->peer, (int)c->cred.pid,
+                  seg->name, seg->id);
   cl->reply(cl->reply_arg, c, GSHM_WIRE_PULL, request_id, &reply);
   return 1;
 }
 
 void gshmd__pull_memo_arm(struct pull_set *s, bool arm) {
-  gshmd_fdstore_memo_on_publish(s->cl->reg->fdstore, arm && s->memo ? s->memo_key : NULL,
+  /* a set of more than one segment: one entry would name only its first,
+   * and its first reply is a progress reply, sent before the publish */
+  bool one = !s->prefix || s->n == 1;
+
+  gshmd_fdstore_memo_on_publish(s->cl->reg->fdstore, arm && one && s->memo ? s->memo_key : NULL,
                                 s->holder->cred.uid);
 }

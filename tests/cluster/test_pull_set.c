@@ -566,6 +566,37 @@ static void test_set_over_limit(void **state) {
  * the first one published: -EEXIST. */
 #define ONE_SIZE ((16u << 10) + 3)
 
+/* After a pull through proxy p whose first reply a restart of B lost:
+ * B holds one segment under local_name's folder, local_name, of ONE_SIZE
+ * bytes of seed, and res names it as pulled from peer a's remote_name
+ * (remote: its info there).  Returns a connection to B. */
+static gshm_client_t *check_lost_reply(const struct proxy *p, const gshm_pull_result_t *res,
+                                       const char *local_name, const char *remote_name,
+                                       const gshm_segment_info_t *remote,
+                                       unsigned long long seed) {
+  gshm_client_t *b = connect_to(&B);
+  gshm_segment_info_t local;
+  char folder[64];
+
+  snprintf(folder, sizeof(folder), "%.*s", (int)(strrchr(local_name, '/') - local_name + 1),
+           local_name);
+  assert_true(p->kept);
+  assert_int_equal(p->restarted, 0);
+  assert_int_equal(count_named(b, folder), 1);
+  check_segment(b, local_name, ONE_SIZE, seed);
+  assert_int_equal(gshm_stat_name(b, local_name, &local), 0);
+  assert_string_equal(res->segment.name, local_name);
+  assert_int_equal(res->segment.id, local.id);
+  assert_int_equal(res->segment.generation, local.generation);
+  assert_string_equal(res->segment.source, local.source);
+  assert_int_equal(res->bytes, ONE_SIZE);
+  assert_string_equal(res->peer, "a");
+  assert_string_equal(res->remote_name, remote_name);
+  assert_int_equal(res->remote_id, remote->id);
+  assert_int_equal(res->remote_generation, remote->generation);
+  return b;
+}
+
 /* The first pull is published, its result kept by the proxy, b killed
  * and restarted: libgshm's resend is answered with the first one's
  * segment, one segment and the bytes of a; a pull of its own (a new
@@ -573,7 +604,7 @@ static void test_set_over_limit(void **state) {
 static void test_pull_reply_lost_to_a_restart(void **state) {
   gshm_pull_opts_t po = {.local_name = "got/one"};
   gshm_pull_result_t res, again;
-  gshm_segment_info_t remote, local;
+  gshm_segment_info_t remote;
   gshm_client_t *a = connect_to(&A), *c, *b;
   struct proxy p = {.restart_args = B.argv};
   (void)state;
@@ -583,24 +614,43 @@ static void test_pull_reply_lost_to_a_restart(void **state) {
   proxy_start(&p, &B.h, GSHM_WIRE_PULL);
   assert_int_equal(gshm_connect(p.path, "puller", &c), 0);
   assert_int_equal(gshm_pull(c, "a", "pub/one", &po, &res), 0);
-  assert_true(p.kept);
-  assert_int_equal(p.restarted, 0);
-  b = connect_to(&B);
-  assert_int_equal(count_named(b, "got/"), 1);
-  check_segment(b, "got/one", ONE_SIZE, 11);
-  assert_int_equal(gshm_stat_name(b, "got/one", &local), 0);
-  assert_string_equal(res.segment.name, "got/one");
-  assert_int_equal(res.segment.id, local.id);
-  assert_int_equal(res.segment.generation, local.generation);
-  assert_string_equal(res.segment.source, local.source);
-  assert_int_equal(res.bytes, ONE_SIZE);
-  assert_string_equal(res.peer, "a");
-  assert_string_equal(res.remote_name, "pub/one");
-  assert_int_equal(res.remote_id, remote.id);
-  assert_int_equal(res.remote_generation, remote.generation);
+  b = check_lost_reply(&p, &res, "got/one", "pub/one", &remote, 11);
   assert_int_equal(gshm_pull(c, "a", "pub/one", &po, &again), -EEXIST);
   assert_int_equal(gshm_unlink(b, "got/one"), 0);
   assert_int_equal(gshm_unlink(a, "pub/one"), 0);
+  gshm_disconnect(c);
+  gshm_disconnect(b);
+  gshm_disconnect(a);
+  unlink(p.path);
+  proxy_stop(&p);
+}
+
+/* The same for a set (gshm_pull_prefix) that is one chunk, one segment
+ * of ONE_SIZE: its first reply is its items page, sent after the
+ * publish, and that is the one the proxy keeps.  libgshm's resend is
+ * answered with the first one's segment (before: -EEXIST, the set's
+ * members were not in the memo); a set pull of its own (a new token)
+ * still meets the name. */
+static void test_set_reply_lost_to_a_restart(void **state) {
+  gshm_pull_opts_t po = {.local_name = "gotset/"};
+  gshm_pull_result_t *v = NULL, *again = NULL;
+  gshm_segment_info_t remote;
+  gshm_client_t *a = connect_to(&A), *c, *b;
+  struct proxy p = {.restart_args = B.argv};
+  size_t n = 0;
+  (void)state;
+
+  make_segment(a, "pub/lost/one", ONE_SIZE, 12);
+  assert_int_equal(gshm_stat_name(a, "pub/lost/one", &remote), 0);
+  proxy_start(&p, &B.h, GSHM_WIRE_PULL);
+  assert_int_equal(gshm_connect(p.path, "puller", &c), 0);
+  assert_int_equal(gshm_pull_prefix(c, "a", "pub/lost/", &po, &v, &n), 0);
+  assert_int_equal(n, 1);
+  b = check_lost_reply(&p, &v[0], "gotset/one", "pub/lost/one", &remote, 12);
+  assert_int_equal(gshm_pull_prefix(c, "a", "pub/lost/", &po, &again, &n), -EEXIST);
+  gshm_free(v);
+  assert_int_equal(gshm_unlink(b, "gotset/one"), 0);
+  assert_int_equal(gshm_unlink(a, "pub/lost/one"), 0);
   gshm_disconnect(c);
   gshm_disconnect(b);
   gshm_disconnect(a);
@@ -680,6 +730,7 @@ int main(void) {
       cmocka_unit_test(test_set_peer_killed),
       cmocka_unit_test(test_set_over_limit),
       cmocka_unit_test(test_pull_reply_lost_to_a_restart),
+      cmocka_unit_test(test_set_reply_lost_to_a_restart),
       cmocka_unit_test(test_pull_token_names_one_request),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
