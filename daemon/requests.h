@@ -114,6 +114,13 @@ int gshmd__peer_credentials(struct gshmd_server *s, int fd, struct gshmd_cred *c
 bool gshmd__over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred);
 bool gshmd__over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred);
 
+/* Close batches of clients' fds not ended yet (server.c close_later: each
+ * on a thread of its own, which a lingering socket can hold for hours) of
+ * uid, or of every uid where uid is (uid_t)-1; those that ended are freed
+ * first.  Each counts as a connection of its uid for quota.connections
+ * and limits.max_connections. */
+uint32_t gshmd__closes_pending(struct gshmd_server *s, uid_t uid);
+
 /* ---- requests.c ---- */
 
 /* Handles one received packet of len bytes (header and body) from c:

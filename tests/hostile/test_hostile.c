@@ -1157,6 +1157,64 @@ static void test_lingering_socket_fd(void **state) {
   setenv("GSHM_SOCKET", f->h.socket_path, 1);
 }
 
+#define LINGERERS 20 /* more than libuv's pool has threads (16) */
+
+/* Lingering closes take no shared thread (the attack2 review's): a client
+ * sends LINGERERS TCP sockets that linger 100,000 s in close() (each
+ * inside a socketpair's queue, so that gshmd's close drops the last
+ * reference), keeping their peers open; then 50 connections open and
+ * close, and give gshmd's fds back at once.  When these closes ran on
+ * libuv's 16 threads, the lingerers held them all and every later
+ * connection's fd leaked (until accept stopped for everyone). */
+static void test_lingering_closes_spare_the_pool(void **state) {
+  struct harness g;
+  static const uint8_t junk[16]; /* (no header: gshmd drops the connection, closing the fd) */
+  struct linger lg = {.l_onoff = 1, .l_linger = 100000};
+  int peers[LINGERERS], base, fds = -1;
+  (void)state;
+
+  assert_int_equal(harness_start(&g, (const char *const[]){"--set",
+                                                           "limits.max_fds_per_connection=1",
+                                                           NULL}), 0);
+  base = harness_stable_fd_count(g.sp.pid);
+  for (int i = 0; i < LINGERERS; i++) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), sp[2];
+    int a = lingering_socket(&peers[i]);
+    assert_int_equal(setsockopt(a, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp), 0);
+    assert_int_equal(send_with_fds(sp[0], "x", 1, &a, 1, 1), 1);
+    close(a);
+    close(sp[0]);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g.socket_path);
+    assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_true(send_with_fds(c, junk, sizeof(junk), &sp[1], 1, 1) > 0);
+    close(sp[1]); /* gshmd holds the last reference now */
+    usleep(50 * 1000);
+    close(c);
+  }
+  usleep(500 * 1000); /* (the closes have begun to linger) */
+  for (int i = 0; i < 50; i++) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g.socket_path);
+    assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    close(c);
+  }
+  for (int i = 0; i < 40; i++) { /* 2 s */
+    usleep(50 * 1000);
+    fds = harness_fd_count(g.sp.pid);
+    if (fds <= base + 2)
+      break;
+  }
+  print_message("    %d lingering closes, then 50 connections: gshmd's fds %d (%d before)\n",
+                LINGERERS, fds, base);
+  assert_true(fds <= base + 2);
+  for (int i = 0; i < LINGERERS; i++)
+    close(peers[i]); /* (a reset: the lingering closes end) */
+  assert_int_equal(harness_stop(&g), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_garbage_bytes, setup, teardown),
@@ -1172,6 +1230,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fd_limit_at_start, setup, teardown),
       cmocka_unit_test_setup_teardown(test_accept_at_fd_limit, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lingering_socket_fd, setup, teardown),
+      cmocka_unit_test(test_lingering_closes_spare_the_pool),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
