@@ -6,8 +6,6 @@
 #include <grp.h>
 #include <inttypes.h>
 #include <poll.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,8 +38,7 @@ static void on_accept(uv_poll_t *h, int status, int events);
 
 #define ACCEPT_RETRY_MS 1000 /* paused at the fd limit: try again after this */
 
-/* Polls the listener again after an EMFILE pause (an fd was freed). */
-static void accept_resume(struct gshmd_server *s) {
+void gshmd__accept_resume(struct gshmd_server *s) {
   if (!s->accept_paused || !s->listening)
     return;
   s->accept_paused = false;
@@ -49,100 +46,11 @@ static void accept_resume(struct gshmd_server *s) {
   uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
 }
 
-static void on_accept_timer(uv_timer_t *t) { accept_resume(t->data); }
-
-/* Closing an fd a client gave us can block: a TCP socket with SO_LINGER
- * and unacknowledged data waits up to its linger time in close(), and so
- * do FUSE or NFS files; the last reference to a client's socket can hold
- * such fds in its unread queue.  Those closes never run on the loop (one
- * hostile client would stall every other), nor on libuv's thread pool: 16
- * threads shared with metrics and the cluster's seals and copies, which
- * 16 lingering sockets held for their linger time (100,000 s), leaking
- * every later connection's fd meanwhile.  A batch gets a thread of its own
- * (64 KiB of stack), and counts as a connection of its client's uid until
- * it ends (gshmd__closes_pending): quota.connections and
- * limits.max_connections bound the threads one user, and all, can hold. */
-struct close_batch {
-  uv_work_t work;     /* where no thread could be made: libuv's pool */
-  struct gshm_list node; /* srv->closing until it ended and was reaped */
-  uid_t uid;
-  bool pool;          /* on libuv's pool: freed by close_pool_done */
-  atomic_bool done;
-  int n;
-  int fds[];
-};
-
-static void *close_thread(void *arg) {
-  struct close_batch *b = arg;
-  gshm__name_thread_once("gshmd-close");
-  for (int i = 0; i < b->n; i++)
-    close(b->fds[i]);
-  atomic_store(&b->done, true); /* (the loop reaps and frees it) */
-  return NULL;
-}
-
-static void close_pool_work(uv_work_t *w) { close_thread(w->data); }
-
-static void close_pool_done(uv_work_t *w, int status) {
-  struct close_batch *b = w->data;
-  (void)status;
-  gshm_list_del(&b->node);
-  free(b);
-}
-
-uint32_t gshmd__closes_pending(struct gshmd_server *s, uid_t uid) {
-  struct gshm_list *pos, *tmp;
-  uint32_t all = 0, of_uid = 0;
-
-  gshm_list_foreach_safe(pos, tmp, &s->closing) {
-    struct close_batch *b = gshm_list_entry(pos, struct close_batch, node);
-    if (atomic_load(&b->done) && !b->pool) {
-      gshm_list_del(&b->node);
-      free(b);
-      continue;
-    }
-    all++;
-    of_uid += b->uid == uid;
-  }
-  s->closes_pending = all;
-  return uid == (uid_t)-1 ? all : of_uid;
-}
-
-/* Closes fds[0..n) of uid's client off the loop thread (on the loop only
- * where neither a thread nor the pool takes the batch: out of memory). */
-static void close_later(struct gshmd_server *s, const int *fds, int n, uid_t uid) {
-  struct close_batch *b;
-  pthread_attr_t attr;
-  pthread_t t;
-  int e = -1;
-
-  if (n <= 0)
-    return;
-  if ((b = calloc(1, sizeof(*b) + sizeof(int) * (size_t)n))) {
-    b->work.data = b;
-    b->uid = uid;
-    b->n = n;
-    memcpy(b->fds, fds, sizeof(int) * (size_t)n);
-    gshm_list_add_tail(&s->closing, &b->node);
-    if (!pthread_attr_init(&attr)) {
-      pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-      pthread_attr_setstacksize(&attr, 64 * 1024);
-      e = pthread_create(&t, &attr, close_thread, b);
-      pthread_attr_destroy(&attr);
-    }
-    if (!e || !(b->pool = !uv_queue_work(s->loop, &b->work, close_pool_work, close_pool_done)))
-      return;
-    gshm_list_del(&b->node);
-    free(b);
-  }
-  for (int i = 0; i < n; i++)
-    close(fds[i]);
-}
+static void on_accept_timer(uv_timer_t *t) { gshmd__accept_resume(t->data); }
 
 #ifndef SO_PASSRIGHTS
 #define SO_PASSRIGHTS 83 /* Linux 6.16 */
 #endif
-
 /* Refuses fds at the sender (sendmsg fails with EPERM) where the kernel
  * can (SO_PASSRIGHTS, Linux 6.16+; accepted sockets inherit it from the
  * listener, so nothing slips in before accept).  Returns true if set. */
@@ -173,7 +81,7 @@ static void conn_on_closed(uv_handle_t *h) {
   struct conn *c = h->data;
   struct gshm_list *pos, *tmp;
 
-  close_later(c->srv, &c->fd, 1, c->cred.uid); /* its unread packets may carry fds */
+  gshmd_closer_close(c->srv, &c->fd, 1, c->cred.uid); /* its unread packets may carry fds */
   gshm_list_foreach_safe(pos, tmp, &c->outq) {
     struct out_pkt *p = gshm_list_entry(pos, struct out_pkt, node);
     if (p->fd >= 0)
@@ -395,7 +303,7 @@ static void conn_read(struct conn *c) {
   for (int i = 0; i < 32 && !c->closing && !c->noutq;) {
     int nfds = 0;
     ssize_t n = gshm__wire_recv(c->fd, s->rxbuf, sizeof(s->rxbuf), fds, GSHM_WIRE_MAX_FDS, &nfds, 0);
-    close_later(s, fds, nfds, c->cred.uid); /* no request takes an fd */
+    gshmd_closer_close(s, fds, nfds, c->cred.uid); /* no request takes an fd */
     if (n == -EAGAIN) {
       /* After a request, the same client's next one often follows at
        * once (open, map report, close): poll for it a little rather than
@@ -619,7 +527,8 @@ int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gsh
   reg->on_replaced = notify_replaced;
   reg->on_replaced_arg = s;
   gshm_list_init(&s->conns);
-  gshm_list_init(&s->closing);
+  if ((r = gshmd_closer_start(s, loop)))
+    return r;
   /* One counter per status the protocol defines: the enum's values are
    * explicitly numbered and never renumbered, so the highest bounds them. */
   for (unsigned i = 0; i < gshm__status__descriptor.n_values; i++)
@@ -687,11 +596,11 @@ void gshmd_server_stop(struct gshmd_server *s) {
     s->accept_timer_on = false;
     uv_close((uv_handle_t *)&s->accept_timer, NULL);
   }
+  gshmd_closer_stop(s); /* (closes still come: the connections' handles close) */
 }
 
 void gshmd_server_free(struct gshmd_server *s) {
-  if (s->closing.next) /* (batches whose thread still waits in close stay) */
-    gshmd__closes_pending(s, (uid_t)-1);
+  gshmd_closer_free(s);
   free(s->requests);
   s->requests = NULL;
 }

@@ -44,7 +44,7 @@ struct gshmd_server {
   uint64_t accept_pauses;   /* episodes, for metrics */
   bool fds_refused;         /* SO_PASSRIGHTS is off on the listener */
   uint32_t closes_pending;  /* close batches not ended, when last reaped */
-  struct gshm_list closing; /* server.c's close batches, until reaped */
+  struct gshmd_closer *closer; /* clients' fds closed off the loop (server_close.c) */
   struct gshm_list conns;
   uint32_t nconns;
   bool have_admin_gid;
