@@ -114,6 +114,36 @@ int gshmd__peer_credentials(struct gshmd_server *s, int fd, struct gshmd_cred *c
 bool gshmd__over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred);
 bool gshmd__over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred);
 
+/* ---- server_close.c: clients' fds closed off the loop ---- */
+
+/* Starts the closer of s on loop (no thread yet: the first close makes
+ * one).  0, -ENOMEM, or libuv's negative error. */
+int gshmd_closer_start(struct gshmd_server *s, uv_loop_t *loop);
+
+/* Closes fds[0..n) (taking them; n <= 0: nothing) that uid's client gave,
+ * on a closer thread: never on the loop, where a close that lingers would
+ * stall every client, unless no thread exists and none can be made (then
+ * here).  The batch counts as a connection of uid until it ended. */
+void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid);
+
+/* Close batches not ended yet (queued, or a close still blocked in the
+ * kernel) of uid, or of every uid where uid is (uid_t)-1; those that
+ * ended are freed first.  Each counts as a connection of its uid for
+ * quota.connections and limits.max_connections. */
+uint32_t gshmd__closes_pending(struct gshmd_server *s, uid_t uid);
+
+/* Closes the closer's loop handles (gshmd_server_stop); closes still
+ * queued after it run as before, without waking the loop. */
+void gshmd_closer_stop(struct gshmd_server *s);
+
+/* Frees the closer (gshmd_server_free).  Threads still blocked in a close
+ * keep it until the last one returns, then free it (and never touch s). */
+void gshmd_closer_free(struct gshmd_server *s);
+
+/* Polls the listener again after an fd-limit pause (server.c; an fd was
+ * freed). */
+void gshmd__accept_resume(struct gshmd_server *s);
+
 /* ---- requests.c ---- */
 
 /* Handles one received packet of len bytes (header and body) from c:

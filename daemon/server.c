@@ -38,8 +38,7 @@ static void on_accept(uv_poll_t *h, int status, int events);
 
 #define ACCEPT_RETRY_MS 1000 /* paused at the fd limit: try again after this */
 
-/* Polls the listener again after an EMFILE pause (an fd was freed). */
-static void accept_resume(struct gshmd_server *s) {
+void gshmd__accept_resume(struct gshmd_server *s) {
   if (!s->accept_paused || !s->listening)
     return;
   s->accept_paused = false;
@@ -47,61 +46,11 @@ static void accept_resume(struct gshmd_server *s) {
   uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
 }
 
-static void on_accept_timer(uv_timer_t *t) { accept_resume(t->data); }
-
-/* Closing an fd a client gave us can block: a TCP socket with SO_LINGER
- * and unacknowledged data waits up to its linger time in close(), and so
- * do FUSE or NFS files; the last reference to a client's socket can hold
- * such fds in its unread queue.  Those closes never run on the loop (one
- * hostile client would stall every other): a batch goes to libuv's thread
- * pool. */
-struct close_batch {
-  uv_work_t work;
-  struct gshmd_server *srv;
-  int n;
-  int fds[];
-};
-
-static void close_batch_work(uv_work_t *w) {
-  struct close_batch *b = w->data;
-  for (int i = 0; i < b->n; i++)
-    close(b->fds[i]);
-}
-
-static void close_batch_done(uv_work_t *w, int status) {
-  struct close_batch *b = w->data;
-  (void)status;
-  b->srv->closes_pending--;
-  accept_resume(b->srv); /* fds were freed */
-  free(b);
-}
-
-/* Closes fds[0..n) off the loop thread (on the loop only if the batch
- * cannot be queued: out of memory). */
-static void close_later(struct gshmd_server *s, const int *fds, int n) {
-  struct close_batch *b;
-
-  if (n <= 0)
-    return;
-  if ((b = malloc(sizeof(*b) + sizeof(int) * (size_t)n))) {
-    b->work.data = b;
-    b->srv = s;
-    b->n = n;
-    memcpy(b->fds, fds, sizeof(int) * (size_t)n);
-    if (uv_queue_work(s->loop, &b->work, close_batch_work, close_batch_done) == 0) {
-      s->closes_pending++;
-      return;
-    }
-    free(b);
-  }
-  for (int i = 0; i < n; i++)
-    close(fds[i]);
-}
+static void on_accept_timer(uv_timer_t *t) { gshmd__accept_resume(t->data); }
 
 #ifndef SO_PASSRIGHTS
 #define SO_PASSRIGHTS 83 /* Linux 6.16 */
 #endif
-
 /* Refuses fds at the sender (sendmsg fails with EPERM) where the kernel
  * can (SO_PASSRIGHTS, Linux 6.16+; accepted sockets inherit it from the
  * listener, so nothing slips in before accept).  Returns true if set. */
@@ -132,7 +81,7 @@ static void conn_on_closed(uv_handle_t *h) {
   struct conn *c = h->data;
   struct gshm_list *pos, *tmp;
 
-  close_later(c->srv, &c->fd, 1); /* its unread packets may carry fds */
+  gshmd_closer_close(c->srv, &c->fd, 1, c->cred.uid); /* its unread packets may carry fds */
   gshm_list_foreach_safe(pos, tmp, &c->outq) {
     struct out_pkt *p = gshm_list_entry(pos, struct out_pkt, node);
     if (p->fd >= 0)
@@ -354,7 +303,7 @@ static void conn_read(struct conn *c) {
   for (int i = 0; i < 32 && !c->closing && !c->noutq;) {
     int nfds = 0;
     ssize_t n = gshm__wire_recv(c->fd, s->rxbuf, sizeof(s->rxbuf), fds, GSHM_WIRE_MAX_FDS, &nfds, 0);
-    close_later(s, fds, nfds); /* no request takes an fd */
+    gshmd_closer_close(s, fds, nfds, c->cred.uid); /* no request takes an fd */
     if (n == -EAGAIN) {
       /* After a request, the same client's next one often follows at
        * once (open, map report, close): poll for it a little rather than
@@ -578,6 +527,8 @@ int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gsh
   reg->on_replaced = notify_replaced;
   reg->on_replaced_arg = s;
   gshm_list_init(&s->conns);
+  if ((r = gshmd_closer_start(s, loop)))
+    return r;
   /* One counter per status the protocol defines: the enum's values are
    * explicitly numbered and never renumbered, so the highest bounds them. */
   for (unsigned i = 0; i < gshm__status__descriptor.n_values; i++)
@@ -645,9 +596,11 @@ void gshmd_server_stop(struct gshmd_server *s) {
     s->accept_timer_on = false;
     uv_close((uv_handle_t *)&s->accept_timer, NULL);
   }
+  gshmd_closer_stop(s); /* (closes still come: the connections' handles close) */
 }
 
 void gshmd_server_free(struct gshmd_server *s) {
+  gshmd_closer_free(s);
   free(s->requests);
   s->requests = NULL;
 }

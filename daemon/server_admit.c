@@ -75,6 +75,7 @@ bool gshmd__over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred
     const struct conn *c = gshm_list_entry(pos, struct conn, node);
     n += !c->closing && c->cred.uid == cred->uid;
   }
+  n += gshmd__closes_pending(s, cred->uid); /* (a lingering close holds a thread) */
   if (n < s->cfg->quota_connections)
     return false;
   gshm_log_warn("connection refused: uid %u has %u connections, limit %u", (unsigned)cred->uid,
@@ -87,10 +88,11 @@ bool gshmd__over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred
 bool gshmd__over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred) {
   uint32_t max = s->cfg->max_connections, reserve = s->cfg->admin_connections;
   uint32_t limit = cred->admin ? max : max - (reserve < max / 4 ? reserve : max / 4);
+  uint32_t n = s->nconns + gshmd__closes_pending(s, (uid_t)-1);
 
-  if (!max || s->nconns < limit)
+  if (!max || n < limit)
     return false;
-  gshm_log_warn("connection refused: %u connections, the limit%s", s->nconns,
-                cred->admin ? "" : " for users who are not admins");
+  gshm_log_warn("connection refused: %u connections (closes still pending included), the limit%s",
+                n, cred->admin ? "" : " for users who are not admins");
   return true;
 }

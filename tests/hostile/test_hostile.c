@@ -23,8 +23,10 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -1157,6 +1159,119 @@ static void test_lingering_socket_fd(void **state) {
   setenv("GSHM_SOCKET", f->h.socket_path, 1);
 }
 
+#define LINGERERS 20 /* more than libuv's pool has threads (16) */
+
+struct closer { int fd; _Atomic int done; pthread_t t; };
+
+static void *close_on_thread(void *arg) {
+  struct closer *c = arg;
+  close(c->fd);
+  atomic_store(&c->done, 1);
+  return NULL;
+}
+
+/* gshmd's threads named comm (/proc/PID/task/N/comm), or -1. */
+static int threads_named(pid_t pid, const char *comm) {
+  char path[320], name[32];
+  struct dirent *e;
+  DIR *d;
+  int n = 0;
+
+  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+  if (!(d = opendir(path)))
+    return -1;
+  while ((e = readdir(d))) {
+    FILE *f;
+    if (e->d_name[0] == '.')
+      continue;
+    snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+    if ((f = fopen(path, "r"))) {
+      n += fgets(name, sizeof(name), f) && !strncmp(name, comm, strlen(comm));
+      fclose(f);
+    }
+  }
+  closedir(d);
+  return n;
+}
+
+/* Lingering closes take no shared thread (the attack2 review's): a client
+ * sends LINGERERS TCP sockets that linger 100,000 s in close() (each
+ * inside a socketpair's queue, so that gshmd's close drops the last
+ * reference), keeping their peers open; then 50 connections open and
+ * close, and give gshmd's fds back at once.  When these closes ran on
+ * libuv's 16 threads, the lingerers held them all and every later
+ * connection's fd leaked (until accept stopped for everyone).
+ *
+ * Whose close of the socketpair's end is the last is a race: gshmd may
+ * receive and close its copy before the test closes its own, and then the
+ * test's close lingers instead.  So the test closes its copy on a thread
+ * of its own, counts a lingerer as gshmd's only when that close returned
+ * at once, and sends more until gshmd holds LINGERERS of them; the
+ * threads left lingering end with the peers' reset at the end. */
+static void test_lingering_closes_spare_the_pool(void **state) {
+  struct harness g;
+  static const uint8_t junk[16]; /* (no header: gshmd drops the connection, closing the fd) */
+  struct linger lg = {.l_onoff = 1, .l_linger = 100000};
+  static struct closer closers[3 * LINGERERS];
+  int peers[3 * LINGERERS], npeers = 0, held = 0, base, fds = -1, nthreads;
+  (void)state;
+
+  assert_int_equal(harness_start(&g, (const char *const[]){"--set",
+                                                           "limits.max_fds_per_connection=1",
+                                                           NULL}), 0);
+  base = harness_stable_fd_count(g.sp.pid);
+  while (held < LINGERERS && npeers < 3 * LINGERERS) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct closer *cl = &closers[npeers];
+    int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), sp[2];
+    int a = lingering_socket(&peers[npeers++]);
+    assert_int_equal(setsockopt(a, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp), 0);
+    assert_int_equal(send_with_fds(sp[0], "x", 1, &a, 1, 1), 1);
+    close(a);
+    close(sp[0]);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g.socket_path);
+    assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_true(send_with_fds(c, junk, sizeof(junk), &sp[1], 1, 1) > 0);
+    cl->fd = sp[1];
+    atomic_store(&cl->done, 0);
+    assert_int_equal(pthread_create(&cl->t, NULL, close_on_thread, cl), 0);
+    for (int i = 0; i < 20 && !atomic_load(&cl->done); i++)
+      usleep(10 * 1000);
+    held += atomic_load(&cl->done); /* else the test's close lingers, not gshmd's */
+    usleep(50 * 1000);
+    close(c);
+  }
+  print_message("    %d sockets sent, gshmd's close the last for %d\n", npeers, held);
+  assert_int_equal(held, LINGERERS);
+  usleep(500 * 1000); /* (the closes have begun to linger) */
+  for (int i = 0; i < 50; i++) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g.socket_path);
+    assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    close(c);
+  }
+  for (int i = 0; i < 40; i++) { /* 2 s */
+    usleep(50 * 1000);
+    fds = harness_fd_count(g.sp.pid);
+    if (fds <= base + 2)
+      break;
+  }
+  nthreads = threads_named(g.sp.pid, "gshmd-close");
+  print_message("    %d lingering closes, then 50 connections: gshmd's fds %d (%d before), "
+                "%d closer threads\n", LINGERERS, fds, base, nthreads);
+  for (int i = 0; i < npeers; i++)
+    close(peers[i]); /* (a reset: the lingering closes end, gshmd's and the test's) */
+  for (int i = 0; i < npeers; i++)
+    pthread_join(closers[i].t, NULL);
+  assert_true(fds <= base + 2);
+  /* One thread per lingering close, and a few for the 70 short ones (a
+   * closer thread per close would be 90). */
+  assert_true(nthreads >= LINGERERS && nthreads <= LINGERERS + 4);
+  assert_int_equal(harness_stop(&g), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_garbage_bytes, setup, teardown),
@@ -1172,6 +1287,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fd_limit_at_start, setup, teardown),
       cmocka_unit_test_setup_teardown(test_accept_at_fd_limit, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lingering_socket_fd, setup, teardown),
+      cmocka_unit_test(test_lingering_closes_spare_the_pool),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

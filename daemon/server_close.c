@@ -1,0 +1,268 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Clients' fds closed off the loop thread (see server.h, gshmd_closer_*).
+ *
+ * Closing an fd a client gave us can block: a TCP socket with SO_LINGER
+ * and unacknowledged data waits up to its linger time in close(), and so
+ * do FUSE or NFS files; the last reference to a client's socket can hold
+ * such fds in its unread queue.  Those closes never run on the loop (one
+ * hostile client would stall every other), nor on libuv's thread pool: 16
+ * threads shared with metrics and the cluster's seals and copies, which 16
+ * lingering sockets held for their linger time (100,000 s), leaking every
+ * later connection's fd meanwhile (the attack2 review, 2026-11-27).
+ *
+ * Closer threads of gshmd's own take batches from one queue.  One thread
+ * serves the usual closes (microseconds each; a burst of 1,000 closing
+ * connections is one thread's work, not 1,000 threads').  A batch that
+ * waited CLOSER_WAIT_MS in the queue while every thread was busy means a
+ * close blocks: one more thread is started then, at most one per
+ * CLOSER_WAIT_MS, so a blocked close holds its thread and nothing else.
+ * Threads beyond the first end after CLOSER_IDLE_MS without work.  A batch
+ * counts as a connection of its client's uid until it ended
+ * (gshmd__closes_pending), so quota.connections and limits.max_connections
+ * bound the batches, hence the threads, one user and all can hold. */
+#include "server.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "requests.h"
+#include "util.h"
+
+#define CLOSER_WAIT_MS 10      /* a batch waited this long: one more thread */
+#define CLOSER_IDLE_MS 2000    /* a thread beyond the first ends idle this long */
+#define CLOSER_STACK (256 * 1024) /* (close() needs little; sanitizers more) */
+
+enum batch_state { BATCH_QUEUED, BATCH_CLOSING, BATCH_DONE };
+
+struct close_batch {
+  struct gshm_list node;  /* closer.all until reaped */
+  struct gshm_list qnode; /* closer.queue while queued */
+  uid_t uid;
+  enum batch_state state;
+  int n;
+  int fds[];
+};
+
+struct gshmd_closer {
+  pthread_mutex_t mu;          /* everything below but the handles */
+  pthread_cond_t cv;           /* a batch was queued, or stopping */
+  struct gshm_list queue;      /* batches no thread took yet, oldest first */
+  struct gshm_list all;        /* every batch not reaped: queued, closing, done */
+  unsigned threads, idle;      /* threads running / waiting for a batch */
+  bool stopping;               /* handles closed: no uv call from threads */
+  bool freed;                  /* gshmd_closer_free ran: the last thread frees */
+  uv_async_t done_async;       /* a batch ended: reap, accept again */
+  uv_timer_t spawn_timer;      /* the queue waited: one more thread */
+  bool timer_on;
+  struct gshmd_server *srv;
+};
+
+static void closer_destroy(struct gshmd_closer *k) {
+  struct gshm_list *pos, *tmp;
+
+  gshm_list_foreach_safe(pos, tmp, &k->all) /* (any left were never begun) */
+      free(gshm_list_entry(pos, struct close_batch, node));
+  pthread_cond_destroy(&k->cv);
+  pthread_mutex_destroy(&k->mu);
+  free(k);
+}
+
+/* Waits for a batch under k->mu; NULL: this thread should end. */
+static struct close_batch *closer_take(struct gshmd_closer *k) {
+  while (gshm_list_empty(&k->queue)) {
+    struct timespec ts;
+    if (k->stopping && k->freed)
+      return NULL;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += CLOSER_IDLE_MS / 1000;
+    if (pthread_cond_timedwait(&k->cv, &k->mu, &ts) == ETIMEDOUT &&
+        gshm_list_empty(&k->queue) && k->threads > 1)
+      return NULL;
+  }
+  struct close_batch *b = gshm_list_entry(k->queue.next, struct close_batch, qnode);
+  gshm_list_del(&b->qnode);
+  b->state = BATCH_CLOSING;
+  k->idle--;
+  return b;
+}
+
+static void *closer_main(void *arg) {
+  struct gshmd_closer *k = arg;
+  struct close_batch *b;
+  bool last;
+
+  gshm__name_thread_once("gshmd-close");
+  pthread_mutex_lock(&k->mu);
+  while ((b = closer_take(k))) {
+    pthread_mutex_unlock(&k->mu);
+    for (int i = 0; i < b->n; i++)
+      close(b->fds[i]);
+    pthread_mutex_lock(&k->mu);
+    b->state = BATCH_DONE;
+    k->idle++;
+    if (!k->stopping)
+      uv_async_send(&k->done_async);
+  }
+  k->threads--;
+  k->idle--;
+  last = k->freed && !k->threads;
+  pthread_mutex_unlock(&k->mu);
+  if (last)
+    closer_destroy(k);
+  return NULL;
+}
+
+/* One more thread, counted idle until it takes a batch; under k->mu.
+ * 0 or the positive pthread error. */
+static int closer_spawn(struct gshmd_closer *k) {
+  pthread_attr_t attr;
+  pthread_t t;
+  int e;
+
+  if ((e = pthread_attr_init(&attr)))
+    return e;
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&attr, CLOSER_STACK);
+  if (!(e = pthread_create(&t, &attr, closer_main, k))) {
+    k->threads++;
+    k->idle++;
+  }
+  pthread_attr_destroy(&attr);
+  return e;
+}
+
+static void on_spawn_timer(uv_timer_t *t) {
+  struct gshmd_closer *k = t->data;
+  bool again = false;
+
+  pthread_mutex_lock(&k->mu);
+  if (!gshm_list_empty(&k->queue) && !k->idle) {
+    int e = closer_spawn(k);
+    if (e)
+      gshm_log_warn("a thread to close clients' fds: %s; they wait for a busy one", strerror(e));
+    again = true; /* (the new thread may block too, or none was made) */
+  }
+  pthread_mutex_unlock(&k->mu);
+  if (!again)
+    k->timer_on = false;
+  else
+    uv_timer_start(&k->spawn_timer, on_spawn_timer, CLOSER_WAIT_MS, 0);
+}
+
+static void on_done(uv_async_t *a) {
+  struct gshmd_closer *k = a->data;
+
+  gshmd__closes_pending(k->srv, (uid_t)-1); /* (reaps) */
+  gshmd__accept_resume(k->srv);             /* fds were freed */
+}
+
+int gshmd_closer_start(struct gshmd_server *s, uv_loop_t *loop) {
+  struct gshmd_closer *k = calloc(1, sizeof(*k));
+  int r;
+
+  if (!k)
+    return -ENOMEM;
+  pthread_mutex_init(&k->mu, NULL);
+  pthread_cond_init(&k->cv, NULL);
+  gshm_list_init(&k->queue);
+  gshm_list_init(&k->all);
+  k->srv = s;
+  if ((r = uv_async_init(loop, &k->done_async, on_done))) {
+    closer_destroy(k);
+    return r;
+  }
+  k->done_async.data = k;
+  uv_unref((uv_handle_t *)&k->done_async);
+  uv_timer_init(loop, &k->spawn_timer);
+  k->spawn_timer.data = k;
+  uv_unref((uv_handle_t *)&k->spawn_timer);
+  s->closer = k;
+  return 0;
+}
+
+void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid) {
+  struct gshmd_closer *k = s->closer;
+  struct close_batch *b = NULL;
+  bool queued = false;
+
+  if (n <= 0)
+    return;
+  if (k && (b = calloc(1, sizeof(*b) + sizeof(int) * (size_t)n))) {
+    b->uid = uid;
+    b->n = n;
+    memcpy(b->fds, fds, sizeof(int) * (size_t)n);
+    pthread_mutex_lock(&k->mu);
+    if (k->idle || k->threads || !closer_spawn(k)) {
+      gshm_list_add_tail(&k->all, &b->node);
+      gshm_list_add_tail(&k->queue, &b->qnode);
+      pthread_cond_signal(&k->cv);
+      queued = true;
+      if (!k->idle && !k->stopping && !k->timer_on) {
+        k->timer_on = true;
+        uv_timer_start(&k->spawn_timer, on_spawn_timer, CLOSER_WAIT_MS, 0);
+      }
+    }
+    pthread_mutex_unlock(&k->mu);
+  }
+  if (queued)
+    return;
+  free(b); /* no thread and none could be made (out of memory): here */
+  for (int i = 0; i < n; i++)
+    close(fds[i]);
+}
+
+uint32_t gshmd__closes_pending(struct gshmd_server *s, uid_t uid) {
+  struct gshmd_closer *k = s->closer;
+  struct gshm_list *pos, *tmp;
+  uint32_t all = 0, of_uid = 0;
+
+  if (!k)
+    return 0;
+  pthread_mutex_lock(&k->mu);
+  gshm_list_foreach_safe(pos, tmp, &k->all) {
+    struct close_batch *b = gshm_list_entry(pos, struct close_batch, node);
+    if (b->state == BATCH_DONE) {
+      gshm_list_del(&b->node);
+      free(b);
+      continue;
+    }
+    all++;
+    of_uid += b->uid == uid;
+  }
+  pthread_mutex_unlock(&k->mu);
+  s->closes_pending = all;
+  return uid == (uid_t)-1 ? all : of_uid;
+}
+
+void gshmd_closer_stop(struct gshmd_server *s) {
+  struct gshmd_closer *k = s->closer;
+
+  if (!k || k->stopping)
+    return;
+  pthread_mutex_lock(&k->mu);
+  k->stopping = true; /* (threads send no more wake-ups) */
+  pthread_mutex_unlock(&k->mu);
+  uv_close((uv_handle_t *)&k->done_async, NULL);
+  uv_close((uv_handle_t *)&k->spawn_timer, NULL);
+}
+
+void gshmd_closer_free(struct gshmd_server *s) {
+  struct gshmd_closer *k = s->closer;
+  bool now;
+
+  if (!k)
+    return;
+  s->closer = NULL;
+  pthread_mutex_lock(&k->mu);
+  k->stopping = k->freed = true;
+  now = !k->threads;
+  pthread_cond_broadcast(&k->cv); /* (idle threads end; busy ones after their close) */
+  pthread_mutex_unlock(&k->mu);
+  if (now)
+    closer_destroy(k);
+}
