@@ -32,6 +32,7 @@
 #include "gshm.pb-c.h"
 #include "log.h"
 #include "registry.h"
+#include "registry_internal.h"
 
 struct store {
   int fds[16];
@@ -641,6 +642,9 @@ static void parked_restore(struct fixture *f, const char *location) {
                    -ENODEV);
   assert_int_equal(seg->mem->backend->ops->park_fd(seg->mem->backend, seg->mem, &fd), 0);
   assert_true(fcntl(fd, F_GETFD) >= 0); /* the fd the store handed back, kept */
+  /* a GPU's bytes for uid 1000's quotas, not the host's (were the host's) */
+  assert_int_equal(gshmd__reg_usage_get(&f->reg, 1000)->cuda_bytes, FAKE_GRAN);
+  assert_int_equal(gshmd__reg_usage_get(&f->reg, 1000)->host_bytes, 4096);
   /* (the registry's destroy frees it: its fd closed, under ASan no leak) */
 }
 
