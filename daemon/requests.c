@@ -480,6 +480,8 @@ static int handle_status(struct req *q) {
     q->backends[q->status.n_backends++] = "cuda";
     q->status.devices = r->cuda->ndevices;
   }
+  if (*r->gpu_fault)
+    q->status.gpu_fault = r->gpu_fault;
   q->reply->body_case = GSHM__REPLY__BODY_STATUS_INFO;
   q->reply->status_info = &q->status;
   return 0;
