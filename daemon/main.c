@@ -472,11 +472,11 @@ static int setup_timers(struct daemon *d) {
     uv_unref((uv_handle_t *)&d->metrics_timer);
     d->metrics_timer_on = true;
   }
-  /* Pet the watchdog at half its period, from the loop itself: a stuck
-   * loop stops the pats, which is the point. */
   if (gshmd_gpu_fault_probe_start(&d->gpu, &d->loop, &d->reg, d->cfg.gpu_probe_ms,
                                   d->cfg.log_level))
     gshm_log_warn("gpu probes cannot start: restart gshmd once the GPUs work");
+  /* Pet the watchdog at half its period, from the loop itself: a stuck
+   * loop stops the pats, which is the point. */
   if (sd_watchdog_enabled(0, &d->watchdog_usec) > 0 && d->watchdog_usec) {
     uint64_t ms = d->watchdog_usec / 2000;
     uv_timer_init(&d->loop, &d->watchdog_timer);

@@ -185,11 +185,28 @@ static bool metric_reaches(gshm_client_t *c, const char *name, unsigned long lon
   return false;
 }
 
+/* Whether `gshmctl VERB` ($GSHMCTL, as ctest sets it) prints text. */
+static bool ctl_says(struct harness *h, const char *verb, const char *text) {
+  char cmd[768], out[4096] = "";
+  const char *ctl = getenv("GSHMCTL");
+  size_t n;
+  FILE *p;
+
+  assert_non_null(ctl);
+  snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' %s", ctl, h->socket_path, verb);
+  assert_non_null(p = popen(cmd, "r"));
+  n = fread(out, 1, sizeof(out) - 1, p);
+  out[n] = '\0';
+  assert_int_equal(pclose(p), 0);
+  return strstr(out, text) != NULL;
+}
+
 /* What a gshmd started with broken GPUs serves (daemon.sticky_start =
  * serve, the default): host segment "keep" (bytes want), device segment
  * "dev" listed but parked (-ENODEV, its fd still in the store), device
- * creates refused -ENODEV with the reason, the fault in gshmctl's status,
- * STATUS= and the metrics; and it keeps serving while the probes fail. */
+ * creates refused -ENODEV with the reason, the fault in gshm_status and
+ * gshmctl's status and devices, STATUS= and the metrics; and it keeps
+ * serving while the probes fail. */
 static void check_degraded(struct harness *h, const unsigned char *want, unsigned char *got) {
   gshm_client_t *c;
   gshm_segment_t *s, *dev;
@@ -211,6 +228,9 @@ static void check_degraded(struct harness *h, const unsigned char *want, unsigne
   assert_int_equal(gshm_status(c, &st), 0);
   assert_non_null(strstr(st.gpu_fault, "0000:18:00.0: CUDA_ERROR_ECC_UNCORRECTABLE"));
   assert_string_equal(st.backends, "host");
+  assert_true(ctl_says(h, "status", "GPUs unusable: a sticky CUDA error at gshmd's start "
+                                    "(0000:18:00.0: CUDA_ERROR_ECC_UNCORRECTABLE)"));
+  assert_true(ctl_says(h, "devices", "no usable GPUs: a sticky CUDA error"));
   gshm__spawn_poll(&h->sp, 0);
   assert_non_null(strstr(h->sp.status, "GPUs unusable"));
   assert_true(metric_reaches(c, "gshm_gpu_fault", 1));
