@@ -183,6 +183,11 @@ static inline bool gshmd_backend_needs_restart(const struct gshmd_backend *b) {
  * (never chosen for a create) and no destroy: one static instance. */
 struct gshmd_backend *gshmd_backend_parked(void);
 
+/* Why a parked segment cannot be opened, for the client: gpu_fault, the
+ * GPUs are unusable (a sticky CUDA error at start: registry.gpu_fault),
+ * else no GPU of this gshmd takes it.  A static string. */
+const char *gshmd_backend_parked_why(bool gpu_fault);
+
 /* Host memory: sealed memfds.  Never fails but for -ENOMEM. */
 int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backend **out);
 

@@ -221,6 +221,7 @@ static void check_degraded(struct harness *h, const unsigned char *want, unsigne
   assert_int_equal(gshm_stat_name(c, "dev", &info), 0);
   assert_int_equal(strncmp(info.location, "cuda:GPU-", 9), 0);
   assert_int_equal(gshm_open(c, "dev", GSHM_ACCESS_READ, &dev), -ENODEV);
+  assert_non_null(strstr(gshm_last_error(c), "sticky CUDA error"));
   assert_int_equal(gshm__spawn_store_memory_fds(&h->sp), 2); /* keep's and dev's */
   assert_int_equal(gshm_create(c, "dev2", 2u << 20, "cuda:0", 0600, 0, &dev), -ENODEV);
   assert_non_null(strstr(gshm_last_error(c), "sticky CUDA error"));
