@@ -968,6 +968,8 @@ int gshm_status(gshm_client_t *c, gshm_status_info_t *status_out) {
   st.leases = reply->status_info->leases;
   st.devices = reply->status_info->devices;
   st.bytes = reply->status_info->bytes;
+  if (reply->status_info->gpu_fault)
+    snprintf(st.gpu_fault, sizeof(st.gpu_fault), "%s", reply->status_info->gpu_fault);
   for (size_t i = 0, used = 0; i < reply->status_info->n_backends; i++) {
     int w = snprintf(st.backends + used, sizeof(st.backends) - used, "%s%s", i ? "," : "",
                      reply->status_info->backends[i]);

@@ -392,11 +392,16 @@ static int cmd_status(gshm_client_t *c) {
     json_object_set_new(doc, "bytes", json_integer((json_int_t)st.bytes));
     json_object_set_new(doc, "devices", json_integer(st.devices));
     json_object_set_new(doc, "backends", json_string(st.backends));
+    json_object_set_new(doc, "gpu_fault", *st.gpu_fault ? json_string(st.gpu_fault) : json_null());
     return print_json(doc);
   }
   printf("gshmd %s, pid %d, up since %s\n", st.version, st.pid,
          rfc3339(st.started_ns, t, sizeof(t)));
   printf("backends: %s (%u GPU%s)\n", st.backends, st.devices, st.devices == 1 ? "" : "s");
+  if (*st.gpu_fault)
+    printf("GPUs unusable: a sticky CUDA error at gshmd's start (%s); device segments are "
+           "parked (listed, not opened) and device creates refused until the GPUs work again "
+           "and gshmd restarts\n", st.gpu_fault);
   printf("%u clients, %u segments (%s), %u leases\n", st.clients, st.segments,
          gshm__format_size(st.bytes, sz, sizeof(sz)), st.leases);
   return EXIT_OK;
@@ -575,10 +580,15 @@ static int cmd_devices(gshm_client_t *c) {
   gshm_device_info_t *v = NULL;
   size_t n = 0;
   char a[32], b[32];
+  gshm_status_info_t st = {0};
   int e = gshm_list_devices(c, &v, &n);
 
   if (e)
     return fail(c, "devices", e);
+  if (n == 0 && (e = gshm_status(c, &st))) { /* (why none: its gpu_fault) */
+    gshm_free(v);
+    return fail(c, "devices", e);
+  }
   if (json_out) {
     json_t *doc = json_doc(), *arr = json_array();
     for (size_t i = 0; i < n; i++) {
@@ -607,11 +617,17 @@ static int cmd_devices(gshm_client_t *c) {
       json_array_append_new(arr, o);
     }
     json_object_set_new(doc, "devices", arr);
+    if (*st.gpu_fault)
+      json_object_set_new(doc, "gpu_fault", json_string(st.gpu_fault));
     gshm_free(v);
     return print_json(doc);
   }
-  if (n == 0) {
+  if (n == 0 && *st.gpu_fault)
+    printf("no usable GPUs: a sticky CUDA error at gshmd's start (%s); device segments are "
+           "parked until the GPUs work again and gshmd restarts\n", st.gpu_fault);
+  else if (n == 0)
     printf("no GPUs: this gshmd serves host segments only\n");
+  if (n == 0) {
     gshm_free(v);
     return EXIT_OK;
   }

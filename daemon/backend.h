@@ -18,6 +18,10 @@
 struct gshmd_config;
 struct gshmd_backend;
 
+/* Bytes of a sticky CUDA error's description (gshmd_backend.fault),
+ * NUL included. */
+#define GSHMD_FAULT_MAX 96
+
 /* Which users a client fd of an allocation ever went to (the host
  * backend's recycling hands memory back only to that one user: page
  * references that a mapping let a process take, such as a pipe's after
@@ -155,6 +159,12 @@ struct gshmd_backend {
    * From then on ->free and ->destroy make no driver calls: the memory
    * stays where the fd store keeps it, as after a SIGKILL. */
   bool needs_restart;
+  /* What the first such error was, for STATUS=, `gshmctl status` and the
+   * metrics: "<PCI bus id>: <CUDA error name>" ("cuda: ..." where no GPU
+   * is named).  Written once, by the thread that set needs_restart, just
+   * after it: read it only where that thread's writes are seen (gshmd's
+   * start, single-threaded). */
+  char fault[GSHMD_FAULT_MAX];
 };
 
 /* Whether b (NULL: no) asked for a restart (needs_restart). */
@@ -172,6 +182,11 @@ static inline bool gshmd_backend_needs_restart(const struct gshmd_backend *b) {
  * cannot be opened or served: export_fd returns -ENODEV.  It has no alloc
  * (never chosen for a create) and no destroy: one static instance. */
 struct gshmd_backend *gshmd_backend_parked(void);
+
+/* Why a parked segment cannot be opened, for the client: gpu_fault, the
+ * GPUs are unusable (a sticky CUDA error at start: registry.gpu_fault),
+ * else no GPU of this gshmd takes it.  A static string. */
+const char *gshmd_backend_parked_why(bool gpu_fault);
 
 /* Host memory: sealed memfds.  Never fails but for -ENOMEM. */
 int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backend **out);
@@ -227,10 +242,14 @@ uint64_t gshmd_backend_host_room(struct gshmd_backend *b);
  * is NULL. */
 bool gshmd_backend_host_huge_pulls(const struct gshmd_backend *b);
 
-/* GPU memory through the CUDA driver's VMM API.  Errors: -ENOENT/-ENOSYS/
- * -ENODEV no usable driver or device (logged once); -ENOTRECOVERABLE a
- * sticky CUDA error (gshm__cuda_sticky, logged) while setting up a GPU:
- * this process's CUDA state is unusable for good (needs_restart). */
-int gshmd_backend_cuda_create(const struct gshmd_config *cfg, struct gshmd_backend **out);
+/* GPU memory through the CUDA driver's VMM API.  cfg: unused (may be
+ * NULL).  fault_out (NULL: not wanted; GSHMD_FAULT_MAX bytes): written
+ * only with -ENOTRECOVERABLE, with what the error was (as
+ * gshmd_backend.fault).  Errors: -ENOENT/-ENOSYS/-ENODEV no usable driver
+ * or device (logged once); -ENOTRECOVERABLE a sticky CUDA error
+ * (gshm__cuda_sticky, logged) while setting up a GPU: this process's CUDA
+ * state is unusable for good (needs_restart); -ENOMEM. */
+int gshmd_backend_cuda_create(const struct gshmd_config *cfg, struct gshmd_backend **out,
+                              char *fault_out);
 
 #endif

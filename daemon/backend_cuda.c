@@ -574,7 +574,8 @@ static const struct gshmd_backend_ops cuda_ops = {
     .destroy = cuda_destroy,
 };
 
-int gshmd_backend_cuda_create(const struct gshmd_config *cfg, struct gshmd_backend **out) {
+int gshmd_backend_cuda_create(const struct gshmd_config *cfg, struct gshmd_backend **out,
+                              char *fault_out) {
   struct cuda_backend *cb;
   int e;
 
@@ -602,8 +603,11 @@ int gshmd_backend_cuda_create(const struct gshmd_config *cfg, struct gshmd_backe
 fail:
   /* a sticky error (logged): this process can do nothing on a GPU, and
    * only another can tell whether the GPU works (main.c's start) */
-  if (cb->base.needs_restart)
+  if (cb->base.needs_restart) {
     e = -ENOTRECOVERABLE;
+    if (fault_out)
+      memcpy(fault_out, cb->base.fault, GSHMD_FAULT_MAX);
+  }
   if (cb->drv)
     cuda_destroy(&cb->base);
   else

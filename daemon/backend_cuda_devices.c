@@ -87,7 +87,8 @@ static int setup_device(struct cuda_backend *cb, int ordinal, struct cuda_dev *d
     d->granularity = gran;
   else
     d->granularity = 2u << 20; /* cuMemAlloc's large-page size */
-  if ((e = CU_ERR(cb, cuDevicePrimaryCtxRetain, &d->ctx, d->dev))) {
+  /* (d named: no context is current yet to name it) */
+  if ((e = CU_CALL(cb, d, GSHM_LOG_ERR, cuDevicePrimaryCtxRetain, &d->ctx, d->dev))) {
     d->ctx = NULL;
     return e;
   }
@@ -284,6 +285,8 @@ int gshmd__cuda_failed(struct cuda_backend *cb, struct cuda_dev *d, CUresult r, 
     d = current_dev(cb);
   if (cb->drv->cuGetErrorName)
     cb->drv->cuGetErrorName(r, &name);
+  snprintf(cb->base.fault, sizeof(cb->base.fault), "%s: %s", d ? d->pci : "cuda",
+           name ? name : "CUDA_ERROR_?");
   gshm_log_err("%s: %s failed: %s at %s:%d: the CUDA context is unusable until gshmd restarts "
                "(cuda.h: the process must be terminated and relaunched); device requests fail "
                "-EIO until then",

@@ -62,3 +62,10 @@ static const struct gshmd_backend_ops parked_ops = {
 static struct gshmd_backend parked = {.name = "parked", .ops = &parked_ops};
 
 struct gshmd_backend *gshmd_backend_parked(void) { return &parked; }
+
+const char *gshmd_backend_parked_why(bool gpu_fault) {
+  return gpu_fault ? "the segment's GPU is unusable: a sticky CUDA error at gshmd's start; the "
+                     "segment is kept until gshmd restarts with the GPU working"
+                   : "no GPU of this gshmd takes the segment: it is kept until gshmd restarts "
+                     "with its GPU";
+}

@@ -38,6 +38,8 @@ struct gshmd_config {
   char *socket_group;       /* socket_group = ; "" keeps the daemon's group */
   char *admin_group;        /* admin_group = ; "" means root only */
   char *backend;            /* backend = auto|host|cuda */
+  char *sticky_start;       /* sticky_start = serve|restart: a sticky CUDA error at start */
+  uint32_t gpu_probe_ms;    /* gpu_probe_ms = 10000: GPU probes while one keeps them unusable */
   int log_level;            /* log_level = 0..7 (syslog priorities), default 6 (info) */
   bool legacy_ipc;          /* legacy_ipc = false: allow cudaIpcMemHandle export */
   bool host_populate;       /* host_populate = false: allocate host pages at create */

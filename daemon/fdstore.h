@@ -33,6 +33,11 @@ struct fdstore_bucket;
 struct gshmd_fdstore {
   struct gshmd_registry *reg;
   bool enabled;   /* $NOTIFY_SOCKET is set and the manager listens */
+  /* Set by the caller between gshmd_fdstore_setup and _restore: a sticky
+   * CUDA error in the restore stops it for a restart (daemon.sticky_start
+   * = restart).  Unset, the device segments from there on are kept
+   * parked (backend.h gshmd_backend_parked) and the restore goes on. */
+  bool sticky_restart;
   unsigned restored, dropped;
   unsigned from_journal;   /* buckets restored from the journal */
   unsigned converted;      /* segments restored from the legacy format */
@@ -119,10 +124,13 @@ int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg);
  * this run's journal is made and stored (or the adopted one kept) and ids
  * are reserved; a $NOTIFY_SOCKET nobody reads turns the store off
  * (logged).  Call once, after gshmd_fdstore_setup and before READY=1
- * (also with n == 0).  Returns 0; -ENOMEM; or -EIO when an adopt met a
- * sticky CUDA error (the CUDA backend's needs_restart, logged): the
- * restore stops there, with nothing of the store rewritten or removed,
- * so that a restart finds every segment again. */
+ * (also with n == 0).  An adopt that meets a sticky CUDA error (the
+ * CUDA backend's needs_restart, logged) parks that device segment and
+ * every later one (the caller moves those adopted before it:
+ * gshmd_registry_park_all), unless fs->sticky_restart.  Returns 0;
+ * -ENOMEM; or, with fs->sticky_restart, -EIO after a sticky CUDA error:
+ * the restore stops there, with nothing of the store rewritten or
+ * removed, so that a restart finds every segment again. */
 int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
 
 /* Resends what the store lacks: owed removals, unstored bucket ends and

@@ -113,9 +113,10 @@ static void restore_ids(struct gshmd_fdstore *fs, int *fds, char **names, int n)
   }
 }
 
-/* A device segment no GPU here takes (no CUDA backend, or -ENODEV from
- * it): kept parked (backend.h gshmd_backend_parked), with its fd, for a
- * later gshmd.  *b_out, *mem_out: the parked backend and allocation.
+/* A device segment no GPU here takes (no CUDA backend, -ENODEV from it,
+ * or a sticky error in it unless fs->sticky_restart): kept parked
+ * (backend.h gshmd_backend_parked), with its fd, for a later gshmd.
+ * *b_out, *mem_out: the parked backend and allocation.
  * Returns 0, -ENODEV (not a device segment) or -ENOMEM. */
 static int adopt_parked(const Gshm__StateRecord *rec, int fd, struct gshmd_backend **b_out,
                         struct gshmd_alloc **mem_out) {
@@ -162,8 +163,11 @@ int gshmd__fdstore_adopt(struct gshmd_fdstore *fs, const Gshm__StateRecord *rec,
     e = -EBADMSG;
   else if (!fd || *fd < 0)
     e = -ENOENT;
-  else if (!b || !b->ops->adopt_fd || (e = b->ops->adopt_fd(b, *fd, rec->location, rec->size,
-                                                            &mem)) == -ENODEV)
+  else if (!b || !b->ops->adopt_fd || (b == r->cuda && !fs->sticky_restart &&
+                                        gshmd_backend_needs_restart(b)))
+    e = adopt_parked(rec, *fd, &b, &mem); /* (after a sticky error: no driver call) */
+  else if ((e = b->ops->adopt_fd(b, *fd, rec->location, rec->size, &mem)) == -ENODEV ||
+           (e && !fs->sticky_restart && gshmd_backend_needs_restart(b)))
     e = adopt_parked(rec, *fd, &b, &mem);
   if (!e) {
     *fd = -1; /* the backend owns it now */
@@ -235,13 +239,14 @@ static void find_journal(struct gshmd_fdstore *fs, int *fds, char **names, int n
     sd_notify(0, "FDSTOREREMOVE=1\nFDNAME=" FDSTORE_JOURNAL_NAME);
 }
 
-/* Whether an adopt met a sticky CUDA error (backend.h needs_restart):
+/* Whether an adopt met a sticky CUDA error (backend.h needs_restart)
+ * where fs->sticky_restart asks for a restart:
  * every device adopt after it failed the same way, and the rewrites and
  * removals that follow a restore would drop those segments from the store
  * for good.  None is made: the store stays as systemd holds it, and gshmd
  * exits for a restart that adopts them again (main.c).  Logged. */
 static bool restore_cut_for_restart(struct gshmd_fdstore *fs) {
-  if (!gshmd_backend_needs_restart(fs->reg->cuda))
+  if (!fs->sticky_restart || !gshmd_backend_needs_restart(fs->reg->cuda))
     return false;
   gshm_log_err("fd store: restore stopped after the CUDA error above; the store is kept as it "
                "is for the next start");

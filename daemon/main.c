@@ -22,6 +22,7 @@
 #include "cluster.h"
 #include "config.h"
 #include "fdstore.h"
+#include "gpu_fault.h"
 #include "leasekey.h"
 #include "log.h"
 #include "metrics.h"
@@ -55,7 +56,8 @@ struct daemon {
   struct gshmd_cluster *cluster;
   bool signals_on, timers_on;
   bool stopping;
-  bool sticky_at_start; /* the CUDA backend's setup met a sticky error */
+  bool sticky_at_start; /* a sticky CUDA error at start, to exit for (sticky_start = restart) */
+  struct gshmd_gpu_fault gpu; /* probes after one met at start (sticky_start = serve) */
 };
 
 static void setup_logging(struct daemon *d) {
@@ -73,19 +75,10 @@ static const char *cuda_missing(int e) {
     return "the NVIDIA driver is older than the CUDA version gshm was built for";
   case ENODEV:
     return "cuInit failed: no NVIDIA GPU, or its driver is not loaded";
-  case ENOTRECOVERABLE:
-    return "a sticky CUDA error (above)";
   default:
     return strerror(-e);
   }
 }
-
-/* main's status when a backend asked for a restart (backend.h
- * needs_restart): EX_TEMPFAIL, a failure that gshmd.service's
- * Restart=on-failure restarts. */
-#define GSHMD_EXIT_RESTART 75
-
-#define GSHMD_STICKY_START_DELAY_S 10 /* seconds: sticky_start_wait */
 
 #ifndef GSHMD_UNIT_LIMIT_NOFILE
 #define GSHMD_UNIT_LIMIT_NOFILE 1048576 /* LimitNOFILE= of gshmd.service */
@@ -152,8 +145,16 @@ static void setup_fd_limit(struct daemon *d) {
                    (unsigned long long)GSHMD_UNIT_LIMIT_NOFILE);
 }
 
+/* Whether a sticky CUDA error at start exits for a restart
+ * (daemon.sticky_start = restart, under a service manager) rather than
+ * serving without the GPUs (gpu_fault.h). */
+static bool sticky_restarts(const struct daemon *d) {
+  return getenv("NOTIFY_SOCKET") && d->cfg.sticky_start && !strcmp(d->cfg.sticky_start, "restart");
+}
+
 static int setup_backends(struct daemon *d) {
   const char *want = d->cfg.backend ? d->cfg.backend : "auto";
+  char fault[GSHMD_FAULT_MAX];
   int e;
 
   if ((e = gshmd_backend_host_create(&d->cfg, &d->reg.host))) {
@@ -162,10 +163,13 @@ static int setup_backends(struct daemon *d) {
   }
   if (!strcmp(want, "host"))
     return 0;
-  e = gshmd_backend_cuda_create(&d->cfg, &d->reg.cuda);
-  /* (no service manager to restart gshmd: host only, below) */
-  if ((d->sticky_at_start = e == -ENOTRECOVERABLE && getenv("NOTIFY_SOCKET")))
+  e = gshmd_backend_cuda_create(&d->cfg, &d->reg.cuda, fault);
+  if ((d->sticky_at_start = e == -ENOTRECOVERABLE && sticky_restarts(d)))
     return e;
+  if (e == -ENOTRECOVERABLE) { /* host served, device segments parked, GPUs probed */
+    gshmd_gpu_fault_set(&d->reg, fault, d->cfg.gpu_probe_ms);
+    return 0;
+  }
   if (e && !strcmp(want, "cuda")) {
     gshm_log_err("backend = cuda, but the CUDA backend is unavailable: %s", cuda_missing(e));
     return e;
@@ -332,6 +336,7 @@ static void close_handles(struct daemon *d) {
    * next start to hand back to their holders (a graceful restart keeps
    * what a SIGKILL keeps). */
   gshmd_fdstore_shutdown(&d->fdstore);
+  gshmd_gpu_fault_probe_stop(&d->gpu);
   /* The cluster first: its pulls fail and tell their requesters, whose
    * connections are still open. */
   gshmd_cluster_stop(d->cluster);
@@ -367,51 +372,34 @@ static void on_signal(uv_signal_t *h, int signum) {
 
 /* STATUS= for systemctl status, sent only when it changes. */
 static void update_status(struct daemon *d) {
-  char line[512], sz[32], behind[64] = "";
+  char line[512], sz[32], behind[64] = "", gpus[192] = "";
   unsigned owed = gshmd_fdstore_retry(&d->fdstore); /* the store's retry, once a second */
 
   gshmd_leasekey_retry(&d->leasekey);
 
   if (owed)
     snprintf(behind, sizeof(behind), "; fd store behind: %u segments", owed);
-  snprintf(line, sizeof(line), "STATUS=%u clients, %u segments, %s, %u leases%s%s%s",
+  if (*d->reg.gpu_fault)
+    snprintf(gpus, sizeof(gpus), "; GPUs unusable: sticky CUDA error at start (%s), device "
+             "segments parked", d->reg.gpu_fault);
+  snprintf(line, sizeof(line), "STATUS=%u clients, %u segments, %s, %u leases%s%s%s%s",
            d->reg.nclients, d->reg.nsegments, gshm__format_size(d->reg.bytes, sz, sizeof(sz)),
-           d->reg.nleases, *d->fd_warning ? "; " : "", d->fd_warning, behind);
+           d->reg.nleases, *d->fd_warning ? "; " : "", d->fd_warning, behind, gpus);
   if (strcmp(line, d->last_status)) {
     strcpy(d->last_status, line);
     sd_notify(0, line);
   }
 }
 
-/* A backend that can serve nothing more until gshmd restarts (backend.h
- * needs_restart: a sticky CUDA error, logged where it was found) stops
- * gshmd as SIGTERM does, so that every segment stays in the fd store
- * (close_handles), but without STOPPING=1: main exits GSHMD_EXIT_RESTART,
- * a failure to systemd, and the unit's Restart=on-failure starts a gshmd
- * that adopts them again (docs/ARCHITECTURE.md "A sticky CUDA error
- * restarts gshmd").  Checked once a second, on the loop. */
+/* A sticky CUDA error at run time, or the GPUs working again after one
+ * at start, stops gshmd as SIGTERM does, so that every segment stays in
+ * the fd store (close_handles), but without STOPPING=1: main exits
+ * GSHMD_EXIT_RESTART, a failure to systemd, and the unit's
+ * Restart=on-failure starts a gshmd that adopts them again (gpu_fault.h).
+ * Checked once a second, on the loop. */
 static void check_restart(struct daemon *d) {
-  static bool said;
-
-  if (d->stopping || !gshmd_backend_needs_restart(d->reg.cuda))
-    return;
-  /* without the store (started by hand, in a container) a restart would
-   * lose every name, host segments' too: gshmd serves on, device
-   * requests failing, and says so; a store behind catches up first
-   * (retried each second) */
-  if (!gshmd_fdstore_keeps_all(&d->fdstore)) {
-    if (!d->fdstore.enabled && !said)
-      gshm_log_err("device requests fail until gshmd is restarted (a sticky CUDA error, above); "
-                   "it does not restart by itself without systemd's fd store, which would lose "
-                   "every segment");
-    said = true;
-    return;
-  }
-  gshm_log_notice("stopping for a restart (exit status %d); every segment stays in the fd "
-                  "store",
-                  GSHMD_EXIT_RESTART);
-  sd_notify(0, "STATUS=stopping for a restart after a sticky CUDA error (see the log)");
-  close_handles(d);
+  if (!d->stopping && gshmd_gpu_fault_restart_due(&d->gpu, &d->reg, &d->fdstore))
+    close_handles(d);
 }
 
 static void on_status_timer(uv_timer_t *t) {
@@ -484,6 +472,9 @@ static int setup_timers(struct daemon *d) {
     uv_unref((uv_handle_t *)&d->metrics_timer);
     d->metrics_timer_on = true;
   }
+  if (gshmd_gpu_fault_probe_start(&d->gpu, &d->loop, &d->reg, d->cfg.gpu_probe_ms,
+                                  d->cfg.log_level))
+    gshm_log_warn("gpu probes cannot start: restart gshmd once the GPUs work");
   /* Pet the watchdog at half its period, from the loop itself: a stuck
    * loop stops the pats, which is the point. */
   if (sd_watchdog_enabled(0, &d->watchdog_usec) > 0 && d->watchdog_usec) {
@@ -581,9 +572,13 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
   /* The lease key first: its entry is not the fd store's to adopt. */
   if (!gshmd_leasekey_setup(&d->leasekey, p->fds, p->names, p->n))
     gshmd_leasekey_attach(&d->leasekey, &d->reg);
-  if (gshmd_fdstore_setup(&d->fdstore, &d->reg) ||
-      gshmd_fdstore_restore(&d->fdstore, p->fds, p->names, p->n) ||
-      setup_socket(d, p->fds, p->names, p->n))
+  if (gshmd_fdstore_setup(&d->fdstore, &d->reg))
+    return -1;
+  d->fdstore.sticky_restart = sticky_restarts(d);
+  if (gshmd_fdstore_restore(&d->fdstore, p->fds, p->names, p->n))
+    return -1;
+  gshmd_gpu_fault_take_backend(&d->reg, d->cfg.gpu_probe_ms); /* (a sticky error in it) */
+  if (setup_socket(d, p->fds, p->names, p->n))
     return -1;
   /* Whatever systemd passed that nobody claimed is closed, not leaked. */
   passed_fds_close(p, true);
@@ -603,19 +598,6 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
   sd_notify(0, "READY=1");
   gshm_log_info("ready: %u segments restored", d->reg.nsegments);
   return 0;
-}
-
-/* Exiting 75 at once for a sticky CUDA error before READY=1 (a new process's: likely a GPU
- * broken for good) would restart gshmd until the start limit fails the unit, dropping its fd
- * store; each such exit waits, below StartLimitIntervalSec= (docs/ARCHITECTURE.md). */
-static void sticky_start_wait(void) {
-  gshm_log_err("a sticky CUDA error at start (above): restart in %d s; nothing is served, every "
-               "segment kept in the fd store, until the GPU works", GSHMD_STICKY_START_DELAY_S);
-  sd_notify(0, "STATUS=a sticky CUDA error at start: restarting until the GPU works");
-  for (int i = 0; i < GSHMD_STICKY_START_DELAY_S; i++) {
-    sd_notify(0, "WATCHDOG=1");
-    sleep(1);
-  }
 }
 
 /* The one shutdown path, after a clean stop or a failed setup step. */
@@ -669,6 +651,8 @@ int main(int argc, char **argv) {
   int e, status = EXIT_FAILURE;
 
   d.listen_fd = -1;
+  if (argc > 1 && !strcmp(argv[1], GSHMD_PROBE_FLAG))
+    gshmd_gpu_fault_probe_main(argc, argv);
   if (gshmd_config_init(&d.cfg))
     return EXIT_FAILURE;
   e = gshmd_config_setup(&d.cfg, argc, argv, &action);
@@ -689,11 +673,12 @@ int main(int argc, char **argv) {
     status = EXIT_SUCCESS;
   } else if (gshmd_backend_needs_restart(d.reg.cuda))
     d.sticky_at_start = true; /* (met in the restore) */
-  if (d.sticky_at_start || gshmd_backend_needs_restart(d.reg.cuda)) /* (or at run time) */
+  if (d.sticky_at_start || gshmd_backend_needs_restart(d.reg.cuda) /* (or at run time) */ ||
+      d.gpu.restarting)
     status = GSHMD_EXIT_RESTART;
   shutdown_all(&d);
   if (d.sticky_at_start)
-    sticky_start_wait();
+    gshmd_gpu_fault_start_wait();
   passed_fds_free(&passed);
   gshmd_config_free(&d.cfg);
   return status;

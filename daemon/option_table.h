@@ -44,6 +44,25 @@
   X(daemon, backend, ENUM, backend, "auto", 0, 0, "auto|host|cuda",             \
     "Memory backend: auto (cuda when libcuda.so.1 loads and a device is "       \
     "present, else host), host (sealed memfd segments only) or cuda.")          \
+  X(daemon, sticky_start, ENUM, sticky_start, "serve", 0, 0, "serve|restart",  \
+    "What gshmd does when the CUDA driver reports a sticky error while it "    \
+    "starts (a GPU that stays broken: an uncorrectable ECC error awaiting a "   \
+    "GPU reset, a GPU fallen off the bus). serve: it serves host segments, "   \
+    "keeps every device segment parked in the fd store (listed, not opened), " \
+    "refuses device creates (ENODEV), says why in STATUS=, gshmctl status and " \
+    "the metrics, and probes the GPUs every gpu_probe_ms in a child process; " \
+    "once they work, it exits with status 75 for systemd to restart it "       \
+    "(Restart=on-failure), and the new gshmd adopts the device segments. "     \
+    "restart: it serves nothing, waits 10 s and exits 75, again at each "      \
+    "start until the GPU works (gshmd's way before this option: for a setup "   \
+    "that would rather serve nothing than half). Without a service manager "    \
+    "(no fd store) gshmd always serves.")                                       \
+  X(daemon, gpu_probe_ms, U32, gpu_probe_ms, "10000", 100, 3600000, NULL,       \
+    "Milliseconds between GPU probes while a sticky CUDA error at start keeps " \
+    "the GPUs unusable (sticky_start = serve). Each probe is a short-lived "   \
+    "child process that sets up every GPU as gshmd's start does; gshmd itself " \
+    "makes no CUDA call after the error. Each success is a restart: at the "   \
+    "default, at most 3 in gshmd.service's StartLimitIntervalSec=30s.")         \
   X(daemon, log_level, LOGLEVEL, log_level, "6", 0, 7, NULL,                    \
     "Most verbose syslog priority that is logged, 0 (emerg) to 7 (debug); the " \
     "names emerg, alert, crit, err, warning, notice, info and debug are "       \

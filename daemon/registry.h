@@ -186,6 +186,13 @@ struct gshmd_registry {
    * (a restart cannot bring one back); gshmd_segment.node links them. */
   struct gshm_list hidden;
   uint32_t nhidden;
+  /* A sticky CUDA error at start left the GPUs unusable to this gshmd
+   * (daemon/gpu_fault.c): what it was ("<PCI bus id>: <CUDA error
+   * name>"), "" while none.  Device segments are parked and device
+   * creates refused (-ENODEV) while it is set; it is never cleared (the
+   * process cannot use CUDA again). */
+  char gpu_fault[GSHMD_FAULT_MAX];
+  uint64_t gpu_probes;         /* GPU probes run since (gpu_fault.c) */
 };
 
 void gshmd_registry_init(struct gshmd_registry *r, const struct gshmd_config *cfg);
@@ -338,6 +345,15 @@ bool gshmd_registry_may_see(const struct gshmd_client *c, const struct gshmd_seg
  * unlinked; seg stays, unlinked (reaped with the others once no lease
  * returns).  No event is raised (the caller owes seg's record). */
 void gshmd_registry_unname(struct gshmd_registry *r, struct gshmd_segment *seg);
+
+/* Moves every segment whose memory b holds (the CUDA backend, after a
+ * sticky error in the restore) to the parked backend (backend.h
+ * gshmd_backend_parked), with a copy of the fd b keeps for the fd store
+ * (->park_fd; no driver call), and frees b's allocation.  For gshmd's
+ * start, before any client: no segment may be leased.  Returns how many
+ * moved; a segment whose fd cannot be copied (-EMFILE, -ENOMEM) stays on
+ * b (logged). */
+unsigned gshmd_registry_park_all(struct gshmd_registry *r, struct gshmd_backend *b);
 
 /* Re-creates a segment saved before a restart around adopted memory (no
  * lease).  Takes ownership of mem on success.  Errors: -EEXIST id or live

@@ -3,12 +3,14 @@
 #include "registry.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <search.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "log.h"
@@ -75,6 +77,36 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
   if (seg->generation >= r->next_generation)
     r->next_generation = seg->generation + 1;
   return 0;
+}
+
+unsigned gshmd_registry_park_all(struct gshmd_registry *r, struct gshmd_backend *b) {
+  struct gshmd_backend *p = gshmd_backend_parked();
+  struct gshm_list *pos;
+  unsigned n = 0;
+
+  gshm_list_foreach(pos, &r->segments) {
+    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+    struct gshmd_alloc *was = seg->mem, *mem;
+    int lent, fd, e;
+
+    if (!was || was->backend != b)
+      continue;
+    if ((e = b->ops->park_fd(b, was, &lent)))
+      ;
+    else if ((fd = fcntl(lent, F_DUPFD_CLOEXEC, 3)) < 0)
+      e = -errno;
+    else if ((e = p->ops->adopt_fd(p, fd, was->location, was->size, &mem)))
+      close(fd);
+    if (e) {
+      gshm_log_err("segment '%s' id %" PRIu64 " (%s) not parked: %s", seg->name, seg->id,
+                   was->location, strerror(-e));
+      continue;
+    }
+    seg->mem = mem;
+    b->ops->free(b, was);
+    n++;
+  }
+  return n;
 }
 
 void gshmd_registry_unname(struct gshmd_registry *r, struct gshmd_segment *seg) {

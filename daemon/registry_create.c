@@ -122,6 +122,28 @@ static bool create_resent(const struct gshmd_segment *seg, const struct gshmd_cl
          !seg->unlinked && (loc->kind == GSHM_LOCATION_HOST) == (seg->mem->device_index < 0);
 }
 
+/* The backend a create at a device (cuda) or host location allocates
+ * from.  Errors: -ENODEV the GPUs are unusable (a sticky CUDA error at
+ * start: registry.gpu_fault), -ENOTSUP no CUDA backend; *msg_out says
+ * which. */
+static int create_backend(struct gshmd_registry *r, bool cuda, struct gshmd_backend **b_out,
+                          const char **msg_out) {
+  if (cuda && *r->gpu_fault) {
+    *msg_out = gshmd__reg_fmt_msg(r, "device segments are unavailable: the GPUs are in a sticky "
+                                  "CUDA error state since gshmd started (%s; a GPU reset may be "
+                                  "needed); gshmd probes them and restarts once they work",
+                                  r->gpu_fault);
+    return -ENODEV;
+  }
+  if (cuda && !r->cuda) {
+    *msg_out = "device segments are unavailable: this gshmd has no CUDA backend (no driver or no "
+               "GPU, or --backend host)";
+    return -ENOTSUP;
+  }
+  *b_out = cuda ? r->cuda : r->host;
+  return 0;
+}
+
 /* Checks a create request of c and allocates its segment, charged to c's
  * usage and r->bytes but in no tree or list and without an id yet.
  * hidden: the name may be taken now (a hidden segment's name is checked
@@ -157,12 +179,8 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
     return -EMFILE;
   }
   cuda = loc.kind != GSHM_LOCATION_HOST;
-  b = cuda ? r->cuda : r->host;
-  if (!b) {
-    *msg_out = "device segments are unavailable: this gshmd has no CUDA backend (no driver or no "
-               "GPU, or --backend host)";
-    return -ENOTSUP;
-  }
+  if ((e = create_backend(r, cuda, &b, msg_out)))
+    return e;
   if ((req->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) && !cfg->legacy_ipc) {
     *msg_out = "legacy IPC export is disabled (daemon.legacy_ipc = false)";
     return -ENOTSUP;

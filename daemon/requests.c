@@ -124,6 +124,8 @@ static int grant_lease(struct req *q, struct gshmd_lease *l, bool legacy) {
   } else {
     e = mem->backend->ops->export_fd(mem->backend, mem,
                                      l->access == GSHM__ACCESS__ACCESS_READ_WRITE, &q->fd_out);
+    if (e && mem->backend == gshmd_backend_parked()) /* (-ENODEV) */
+      return set_error(q, e, gshmd_backend_parked_why(*q->c->srv->reg->gpu_fault));
     if (e)
       return set_error(q, e, "cannot export the segment's fd");
   }
@@ -480,6 +482,8 @@ static int handle_status(struct req *q) {
     q->backends[q->status.n_backends++] = "cuda";
     q->status.devices = r->cuda->ndevices;
   }
+  if (*r->gpu_fault)
+    q->status.gpu_fault = r->gpu_fault;
   q->reply->body_case = GSHM__REPLY__BODY_STATUS_INFO;
   q->reply->status_info = &q->status;
   return 0;

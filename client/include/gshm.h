@@ -125,6 +125,11 @@ typedef struct gshm_status_info {
   uint64_t bytes;                  /* allocated by all live and unlinked segments and
                                       by pulls in progress (not yet named) */
   char backends[64];               /* comma-separated: "host", "host,cuda" */
+  /* "" normally.  Set while the GPUs are unusable to gshmd (a sticky CUDA
+   * error at its start, e.g. "0000:18:00.0: CUDA_ERROR_ECC_UNCORRECTABLE"):
+   * it serves host segments, device segments are listed but not opened
+   * and device creates fail -ENODEV until it restarts. */
+  char gpu_fault[96];
 } gshm_status_info_t;
 
 #define GSHM_MAX_PEERS 16
@@ -210,7 +215,9 @@ GSHM_EXTERN void gshm_disconnect(gshm_client_t *client);
  *  flags     GSHM_CREATE_* bits.
  *  seg_out   receives the open segment (a lease); release with gshm_close().
  * Errors: -EEXIST name in use; -EINVAL bad name, size 0, bad location or
- * mode; -ENAMETOOLONG; -ENODEV no such GPU; -ENOTSUP backend not available
+ * mode; -ENAMETOOLONG; -ENODEV no such GPU, or (a device location) the
+ * daemon's GPUs are unusable until it restarts: a sticky CUDA error at its
+ * start (gshm_status_info_t.gpu_fault); -ENOTSUP backend not available
  * on this daemon (e.g. no GPU driver) or legacy IPC disabled; -ENOMEM the
  * backend could not allocate; -EDQUOT a per-user quota would be crossed;
  * -EFBIG over the daemon's segment size limit; -EMFILE a limit on segments

@@ -132,12 +132,16 @@ class StatusInfo:
     devices: int
     bytes: int
     backends: Tuple[str, ...]  #: ("host",), ("host", "cuda")
+    #: "" normally; while a sticky CUDA error at gshmd's start leaves the GPUs
+    #: unusable, what it was ("0000:18:00.0: CUDA_ERROR_ECC_UNCORRECTABLE")
+    gpu_fault: str = ""
 
     @classmethod
     def _from_c(cls, c):
         return cls(version=_dec(c.version), pid=c.pid, started_ns=c.started_ns, clients=c.clients,
                    segments=c.segments, leases=c.leases, devices=c.devices, bytes=c.bytes,
-                   backends=tuple(b for b in _dec(c.backends).split(",") if b))
+                   backends=tuple(b for b in _dec(c.backends).split(",") if b),
+                   gpu_fault=_dec(c.gpu_fault))
 
     def asdict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

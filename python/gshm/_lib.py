@@ -170,6 +170,7 @@ class StatusInfoC(ctypes.Structure):
         ("devices", ctypes.c_uint32),
         ("bytes", ctypes.c_uint64),
         ("backends", ctypes.c_char * 64),
+        ("gpu_fault", ctypes.c_char * 96),
     ]
 
 

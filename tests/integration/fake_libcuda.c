@@ -9,7 +9,13 @@
  * $FAKE_CUDA_FAIL_FILE names a file; when it exists at the first lookup,
  * it holds "NAME CODE" (a driver call and a CUresult): the process's
  * first call of NAME fails with CODE, and the file is removed (so the
- * next gshmd started with the same environment has no failure). */
+ * next gshmd started with the same environment has no failure).
+ *
+ * $FAKE_CUDA_STICKY_FILE names a file read the same way but kept: while
+ * it exists, every process's first call of NAME fails with CODE (a GPU
+ * that stays broken; removing the file mends it for the next process).
+ * A failure armed by $FAKE_CUDA_FAIL_FILE goes first: that process gets
+ * no sticky one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,20 +26,30 @@
 
 static CUresult stand_in(void) { return CUDA_SUCCESS; }
 
-static void arm_failure(void) {
+/* Arms the failure that the file named by $env holds ("NAME CODE");
+ * removes the file when once.  Returns whether one was armed. */
+static int arm_from(const char *env, int once) {
   static char name[64];
-  const char *path = getenv("FAKE_CUDA_FAIL_FILE");
+  const char *path = getenv(env);
   FILE *f = path ? fopen(path, "r") : NULL;
-  int code;
+  int code, armed = 0;
 
   if (!f)
-    return;
+    return 0;
   if (fscanf(f, "%63s %d", name, &code) == 2) {
     fake_fail_call = name;
     fake_fail_with = (CUresult)code;
+    armed = 1;
   }
   fclose(f);
-  unlink(path);
+  if (once)
+    unlink(path);
+  return armed;
+}
+
+static void arm_failure(void) {
+  if (!arm_from("FAKE_CUDA_FAIL_FILE", 1))
+    arm_from("FAKE_CUDA_STICKY_FILE", 0);
 }
 
 __attribute__((visibility("default"))) CUresult

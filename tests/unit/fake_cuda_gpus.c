@@ -175,6 +175,7 @@ static CUresult f_error_name(CUresult r, const char **s) {
   *s = r == CUDA_ERROR_ILLEGAL_ADDRESS  ? "CUDA_ERROR_ILLEGAL_ADDRESS"
        : r == CUDA_ERROR_LAUNCH_FAILED  ? "CUDA_ERROR_LAUNCH_FAILED"
        : r == CUDA_ERROR_OUT_OF_MEMORY  ? "CUDA_ERROR_OUT_OF_MEMORY"
+       : r == CUDA_ERROR_ECC_UNCORRECTABLE ? "CUDA_ERROR_ECC_UNCORRECTABLE"
                                         : "CUDA_ERROR_?";
   return CUDA_SUCCESS;
 }

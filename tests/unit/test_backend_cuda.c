@@ -71,7 +71,7 @@ static int log_release(void **state) {
 
 static struct gshmd_backend *backend_new(void) {
   struct gshmd_backend *b = NULL;
-  assert_int_equal(gshmd_backend_cuda_create(NULL, &b), 0);
+  assert_int_equal(gshmd_backend_cuda_create(NULL, &b, NULL), 0);
   assert_int_equal(b->ndevices, FAKE_NDEV);
   assert_false(b->needs_restart);
   return b;
@@ -126,12 +126,12 @@ static void test_sticky_error_in_setup_is_told_apart(void **state) {
 
   fake_fail_call = "cuDevicePrimaryCtxRetain";
   fake_fail_with = CUDA_ERROR_ECC_UNCORRECTABLE;
-  assert_int_equal(gshmd_backend_cuda_create(NULL, &b), -ENOTRECOVERABLE);
+  assert_int_equal(gshmd_backend_cuda_create(NULL, &b, NULL), -ENOTRECOVERABLE);
   assert_null(fake_fail_call);
   assert_null(b);
   fake_fail_call = "cuDevicePrimaryCtxRetain";
   fake_fail_with = CUDA_ERROR_OUT_OF_MEMORY; /* one call's error: as before */
-  assert_int_equal(gshmd_backend_cuda_create(NULL, &b), -ENOMEM);
+  assert_int_equal(gshmd_backend_cuda_create(NULL, &b, NULL), -ENOMEM);
   assert_null(b);
 }
 

@@ -32,6 +32,7 @@
 #include "gshm.pb-c.h"
 #include "log.h"
 #include "registry.h"
+#include "registry_internal.h"
 
 struct store {
   int fds[16];
@@ -573,7 +574,8 @@ static void test_replace_below_the_mark_is_an_unlink(void **state) {
 
 /* A bucket of a host segment and a device segment whose adopt hits a
  * sticky CUDA error (fake_cuda_gpus.c), the store on (a service manager
- * that reads nothing at $NOTIFY_SOCKET): the restore fails, the backend
+ * that reads nothing at $NOTIFY_SOCKET), daemon.sticky_start = restart
+ * (fs.sticky_restart): the restore fails, the backend
  * asks for a restart, and the bucket is left as systemd holds it, with
  * both segments, for the next start.  (The device segment was dropped
  * from the store: its bucket was rewritten without it, and so was every
@@ -587,7 +589,7 @@ static void test_sticky_cuda_error_leaves_the_store_alone(void **state) {
 
   r[1].location = FAKE_GPU0_LOCATION;
   r[1].size = r[1].requested_size = FAKE_GRAN;
-  assert_int_equal(gshmd_backend_cuda_create(&f->cfg, &f->reg.cuda), 0);
+  assert_int_equal(gshmd_backend_cuda_create(&f->cfg, &f->reg.cuda, NULL), 0);
   assert_non_null(mkdtemp(dir));
   snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
   ns = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -595,6 +597,7 @@ static void test_sticky_cuda_error_leaves_the_store_alone(void **state) {
   setenv("NOTIFY_SOCKET", sa.sun_path, 1);
   gshmd_fdstore_shutdown(&f->fs);
   assert_int_equal(gshmd_fdstore_setup(&f->fs, &f->reg), 0); /* on, now */
+  f->fs.sticky_restart = true;
   assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
   queue_bucket(sv[1], 1, r, 2); /* into a's queue */
   put(&f->st, "b0a", sv[0]);
@@ -611,6 +614,75 @@ static void test_sticky_cuda_error_leaves_the_store_alone(void **state) {
   unlink(sa.sun_path);
   rmdir(dir);
   f->reg.cuda->ops->destroy(f->reg.cuda); /* (it holds no segment of the registry's) */
+  f->reg.cuda = NULL;
+}
+
+/* The same with daemon.sticky_start = serve (the default): the device
+ * segment whose adopt met the error, and every later one (no driver call
+ * after it), are kept parked with their fds, the restore goes on, and the
+ * host segment is served; the backend still asks for a restart (main.c
+ * then parks what it adopted before: gshmd_registry_park_all).  Before:
+ * the restore failed, and gshmd exited without serving anything. */
+static void test_sticky_cuda_error_parks_device_segments(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[3] = {record(1, "h", 0600, false), record(2, "d", 0600, false),
+                            record(3, "e", 0600, false)};
+  struct gshmd_segment *d, *e;
+  unsigned calls;
+
+  r[1].location = r[2].location = FAKE_GPU0_LOCATION;
+  r[1].size = r[1].requested_size = r[2].size = r[2].requested_size = FAKE_GRAN;
+  assert_int_equal(gshmd_backend_cuda_create(&f->cfg, &f->reg.cuda, NULL), 0);
+  assert_false(f->fs.sticky_restart); /* (the default) */
+  fake_fail_call = "cuMemImportFromShareableHandle";
+  fake_fail_with = CUDA_ERROR_ILLEGAL_ADDRESS;
+  calls = fake_calls;
+  restore_bucket(f, r, 3, 0);
+  assert_int_equal(fake_calls, calls + 1); /* the failed import, none for "e" */
+  assert_true(gshmd_backend_needs_restart(f->reg.cuda));
+  assert_int_equal(f->fs.restored, 3);
+  assert_int_equal(f->fs.dropped, 0);
+  assert_ptr_equal(gshmd_registry_find_name(&f->reg, "h")->mem->backend, f->reg.host);
+  assert_non_null(d = gshmd_registry_find_name(&f->reg, "d"));
+  assert_non_null(e = gshmd_registry_find_name(&f->reg, "e"));
+  assert_ptr_equal(d->mem->backend, gshmd_backend_parked());
+  assert_ptr_equal(e->mem->backend, gshmd_backend_parked());
+  assert_string_equal(e->mem->location, FAKE_GPU0_LOCATION);
+  f->reg.cuda->ops->destroy(f->reg.cuda); /* (it holds no segment of the registry's) */
+  f->reg.cuda = NULL;
+}
+
+/* After a sticky error, segments the CUDA backend adopted before it are
+ * moved to the parked backend with a copy of their fd, no driver call,
+ * and charged as before (a GPU's bytes, not the host's). */
+static void test_park_all_moves_cuda_segments(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {record(1, "d", 0600, false), record(2, "h", 0600, false)};
+  struct gshmd_segment *d;
+  struct gshmd_alloc *was;
+  unsigned calls;
+  int fd = -1;
+
+  r[0].location = FAKE_GPU0_LOCATION;
+  r[0].size = r[0].requested_size = FAKE_GRAN;
+  assert_int_equal(gshmd_backend_cuda_create(&f->cfg, &f->reg.cuda, NULL), 0);
+  restore_bucket(f, r, 2, 0);
+  assert_non_null(d = gshmd_registry_find_name(&f->reg, "d"));
+  was = d->mem;
+  assert_ptr_equal(was->backend, f->reg.cuda);
+  f->reg.cuda->needs_restart = true; /* (as gshmd__cuda_failed sets it) */
+  calls = fake_calls;
+  assert_int_equal(gshmd_registry_park_all(&f->reg, f->reg.cuda), 1);
+  assert_int_equal(fake_calls, calls);
+  assert_ptr_equal(d->mem->backend, gshmd_backend_parked());
+  assert_int_equal(d->mem->size, FAKE_GRAN);
+  assert_string_equal(d->mem->location, FAKE_GPU0_LOCATION);
+  assert_int_equal(d->mem->backend->ops->park_fd(d->mem->backend, d->mem, &fd), 0);
+  assert_true(fcntl(fd, F_GETFD) >= 0);
+  assert_ptr_equal(gshmd_registry_find_name(&f->reg, "h")->mem->backend, f->reg.host);
+  assert_int_equal(gshmd__reg_usage_get(&f->reg, 1000)->cuda_bytes, FAKE_GRAN);
+  assert_int_equal(gshmd_registry_park_all(&f->reg, f->reg.cuda), 0);
+  f->reg.cuda->ops->destroy(f->reg.cuda);
   f->reg.cuda = NULL;
 }
 
@@ -641,6 +713,9 @@ static void parked_restore(struct fixture *f, const char *location) {
                    -ENODEV);
   assert_int_equal(seg->mem->backend->ops->park_fd(seg->mem->backend, seg->mem, &fd), 0);
   assert_true(fcntl(fd, F_GETFD) >= 0); /* the fd the store handed back, kept */
+  /* a GPU's bytes for uid 1000's quotas, not the host's (were the host's) */
+  assert_int_equal(gshmd__reg_usage_get(&f->reg, 1000)->cuda_bytes, FAKE_GRAN);
+  assert_int_equal(gshmd__reg_usage_get(&f->reg, 1000)->host_bytes, 4096);
   /* (the registry's destroy frees it: its fd closed, under ASan no leak) */
 }
 
@@ -651,7 +726,7 @@ static void test_device_segment_parked_without_cuda(void **state) {
 static void test_device_segment_parked_gpu_gone(void **state) {
   struct fixture *f = *state;
 
-  assert_int_equal(gshmd_backend_cuda_create(&f->cfg, &f->reg.cuda), 0);
+  assert_int_equal(gshmd_backend_cuda_create(&f->cfg, &f->reg.cuda, NULL), 0);
   parked_restore(f, "cuda:GPU-99999999-9999-9999-9999-999999999999");
   f->reg.cuda->ops->destroy(f->reg.cuda); /* (it holds no segment of the registry's) */
   f->reg.cuda = NULL;
@@ -775,6 +850,9 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_device_segment_parked_without_cuda, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_segment_parked_gpu_gone, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_sticky_cuda_error_parks_device_segments, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_park_all_moves_cuda_segments, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sticky_cuda_error_leaves_the_store_alone, setup,
                                       teardown),
   };
