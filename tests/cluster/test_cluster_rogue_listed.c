@@ -509,6 +509,98 @@ static void refused_with(bool at_read) {
     assert_true((unsigned char)*c >= 0x20 && *c != 0x7f);
 }
 
+/* A remote listing (gshm_list_remote, gshmctl segments --peer) of c in
+ * the background. */
+struct bg_list {
+  pthread_t t;
+  gshm_client_t *c;
+  int err;
+  size_t n;
+  atomic_bool done;
+};
+
+static void *bg_list_thread(void *arg) {
+  struct bg_list *bl = arg;
+  gshm_segment_info_t *v = NULL;
+
+  bl->err = gshm_list_remote(bl->c, "rs", &v, &bl->n);
+  gshm_free(v);
+  bl->done = true;
+  return NULL;
+}
+
+/* The one page answering List rid: as many segments of one byte with
+ * short names as one control frame takes (about 2,500; a page of
+ * gshmd's holds at most 256). */
+static void send_crowded_page(struct rogue *ro, uint32_t rid) {
+  enum { MAX = 4096 };
+  static Gshm__Cluster__Segment segs[MAX];
+  static Gshm__Cluster__Segment *ptrs[MAX];
+  static char names[MAX][16];
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+
+  m.request_id = rid;
+  m.status = 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+  m.list_reply = &r;
+  r.segments = ptrs;
+  while (r.n_segments < MAX && gshm__cluster__msg__get_packed_size(&m) < 65536 - 200) {
+    size_t i = r.n_segments++;
+    segment_at(&segs[i], names[i], sizeof(names[i]), (unsigned)i, 1, "host");
+    ptrs[i] = &segs[i];
+  }
+  r.n_segments--; /* (the last one passed the frame's size) */
+  r.total = (uint32_t)r.n_segments;
+  rogue_send(ro, &m);
+}
+
+/* A peer answers a local client's remote listing with one page of
+ * thousands of tiny segments (within its 64 KiB frame): the reply that
+ * gshmd made of it for the client (each entry some 15 bytes larger
+ * locally) did not fit one packet, and gshmd closed the client's
+ * connection ("reply too large"): its leases all ended, and an unlinked
+ * segment it still mapped was freed and read zeros.  Now such a page is
+ * refused (-EPROTO) and the client keeps its connection and leases. */
+static void test_remote_list_crowded(void **state) {
+  static struct bg_list bl;
+  unsigned char want[4096], got[4096];
+  gshm_segment_t *held;
+  void *addr;
+  gshm_client_t *c = connect_to(&P);
+  (void)state;
+
+  for (size_t i = 0; i < sizeof(want); i++)
+    want[i] = (unsigned char)(i * 7 + 1);
+  assert_int_equal(gshm_create(c, "held/x", sizeof(want), NULL, 0600, 0, &held), 0);
+  assert_int_equal(gshm_write(held, 0, want, sizeof(want)), 0);
+  assert_int_equal(gshm_map(held, NULL, 0, &addr), 0);
+  assert_int_equal(gshm_unlink(c, "held/x"), 0); /* (the lease alone keeps it) */
+  memset(&bl, 0, sizeof(bl));
+  bl.c = c;
+  assert_int_equal(pthread_create(&bl.t, NULL, bg_list_thread, &bl), 0);
+  while (!bl.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (!m) {
+      assert_false(rs.failed);
+      continue;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && !rogue_answer_count(&rs, m))
+      send_crowded_page(&rs, m->request_id);
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bl.t, NULL);
+  printf("a crowded page: %d (%zu segments); the mapping reads %s\n", bl.err, bl.n,
+         memcmp(addr, want, sizeof(want)) ? "other bytes" : "its bytes");
+  assert_memory_equal(addr, want, sizeof(want));
+  assert_int_equal(bl.err, -EPROTO);
+  assert_int_equal(gshm_read(held, 0, got, sizeof(got)), 0); /* the lease is still good */
+  assert_memory_equal(got, want, sizeof(got));
+  assert_int_equal(gshm_unmap(held), 0);
+  assert_int_equal(gshm_close(held), 0);
+  gshm_disconnect(c);
+}
+
 static void test_peer_text_cleaned(void **state) {
   gshm_client_t *p = connect_to(&P);
   (void)state;
@@ -601,6 +693,7 @@ int main(void) {
       cmocka_unit_test(test_prefault_capped),
       cmocka_unit_test(test_grant_elsewhere),
       cmocka_unit_test(test_peer_text_cleaned),
+      cmocka_unit_test(test_remote_list_crowded),
       cmocka_unit_test(test_populate_listed),
       cmocka_unit_test(test_peers_flood),
       cmocka_unit_test(test_pull_flood),
