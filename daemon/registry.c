@@ -93,6 +93,7 @@ void gshmd__reg_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg
   gshmd_seg_index_remove(&r->seg_index, seg->id);
   gshm_list_del(&seg->node);
   r->nsegments--;
+  r->changes++;
   r->bytes -= size;
   if (u)
     gshmd__reg_usage_charge(u, seg->mem, -1);
@@ -437,6 +438,7 @@ int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, cons
     return gshmd__reg_not_owner(r, c, seg, msg_out);
   tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
   seg->unlinked = true;
+  r->changes++;
   gshm_log_info("segment '%s' id %" PRIu64 " unlinked by pid %d (%u leases remain)", seg->name,
                 seg->id, (int)c->cred.pid, seg->nleases);
   if (seg->nleases == 0 && gshmd__reg_segment_release(r, seg))

@@ -135,6 +135,10 @@ struct gshmd_registry {
   uint64_t next_segment_id, next_generation, next_lease_id, next_session_id;
   uint32_t nsegments, nclients, nleases;
   uint64_t bytes;              /* allocated by all segments */
+  /* Counts every change of what peers may see of the segments (one made,
+   * published, freed, unlinked or unnamed; a mode or owner changed): the
+   * cluster recounts its exported segments only after one. */
+  uint64_t changes;
   /* Events, for the fd store (daemon/fdstore.c): called after a create,
    * an unlink, an owner or mode change, just before the memory is freed,
    * and after a session or lease id is taken (GSHMD_IDS_USED, seg NULL). */

@@ -68,6 +68,7 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
   }
   gshmd_seg_index_add(&r->seg_index, seg, seg->id);
   r->nsegments++;
+  r->changes++;
   r->bytes += mem->size;
   gshmd__reg_usage_charge(u, mem, +1);
   if (seg->id >= r->next_segment_id)
@@ -82,6 +83,7 @@ void gshmd_registry_unname(struct gshmd_registry *r, struct gshmd_segment *seg) 
     return;
   tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
   seg->unlinked = true;
+  r->changes++;
 }
 
 uint64_t gshmd_registry_grace_begin(struct gshmd_registry *r) {
@@ -123,6 +125,7 @@ int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const
   gshm_log_info("segment '%s' mode %04o -> %04o by pid %d uid %u", seg->name, seg->mode, mode,
                 (int)c->cred.pid, (unsigned)c->cred.uid);
   seg->mode = mode;
+  r->changes++;
   if (r->on_event)
     r->on_event(r, seg, GSHMD_SEGMENT_CHANGED);
   return 0;
@@ -160,6 +163,7 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
   }
   if (gid >= 0)
     seg->gid = (gid_t)gid;
+  r->changes++;
   gshm_log_info("segment '%s' owner now %u:%u, by pid %d uid %u", seg->name, (unsigned)seg->uid,
                 (unsigned)seg->gid, (int)c->cred.pid, (unsigned)c->cred.uid);
   if (r->on_event)
@@ -192,6 +196,7 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
   if (!seg->unlinked)
     tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
   seg->unlinked = true;
+  r->changes++;
   gshm_log_notice("segment '%s' id %" PRIu64 " revoked by pid %d uid %u (%u leases ended)",
                   seg->name, seg->id, (int)c->cred.pid, (unsigned)c->cred.uid, seg->nleases);
   /* Count first: the list head goes with seg (found by

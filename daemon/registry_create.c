@@ -242,6 +242,7 @@ int gshmd__reg_segment_insert(struct gshmd_registry *r, struct gshmd_segment *se
   gshm_list_add_tail(&r->segments, &seg->node);
   gshmd_seg_index_add(&r->seg_index, seg, seg->id);
   r->nsegments++;
+  r->changes++;
   return 0;
 }
 

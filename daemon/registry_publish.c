@@ -125,6 +125,7 @@ static void unlink_replaced(struct gshmd_registry *r, struct gshmd_segment **old
     if (!old[i])
       continue;
     old[i]->unlinked = true; /* its name node is the new segment's now */
+    r->changes++;
     gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain%s)", old[i]->name,
                   old[i]->id, old[i]->nleases,
                   old[i]->fs_replaced ? "; kept until the fd store has the new set" : "");
@@ -197,6 +198,7 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
     /* in the id index too: a listing resumes through it (new ids: appended) */
     gshmd_seg_index_add(&r->seg_index, seg, seg->id);
     r->nsegments++;
+    r->changes++;
     gshm_log_info("segment '%s' id %" PRIu64 " published: %s at %s, mode %04o, uid %u%s", seg->name,
                   seg->id, gshm__format_size(seg->mem->size, sz, sizeof(sz)), seg->mem->location,
                   seg->mode, (unsigned)seg->uid, old[i] ? " (replaces the old one)" : "");
