@@ -190,7 +190,7 @@ int gshmd__reg_no_segment(struct gshmd_registry *r, const char *name, const char
 }
 
 /* Unlink, chmod, chown: the segment's owner or an admin. */
-bool gshmd__reg_may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg) {
+bool gshmd_registry_may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg) {
   return c->cred.admin || c->cred.uid == seg->uid;
 }
 
@@ -408,7 +408,7 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
    * it anyway), and so may anyone during a restart's grace period, for
    * re-takes where the lease key was lost (the modes then decide). */
   if (seg->unlinked && !granted && !(seg->restored && !r->restore_grace_over) &&
-      !gshmd__reg_may_manage(c, seg)) {
+      !gshmd_registry_may_manage(c, seg)) {
     *msg_out = "segment is unlinked: only a re-take with its lease token reaches it";
     return -ESTALE;
   }
@@ -434,7 +434,7 @@ int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, cons
 
   if (!seg)
     return gshmd__reg_no_segment(r, name, msg_out);
-  if (!gshmd__reg_may_manage(c, seg))
+  if (!gshmd_registry_may_manage(c, seg))
     return gshmd__reg_not_owner(r, c, seg, msg_out);
   tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
   seg->unlinked = true;

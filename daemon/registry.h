@@ -336,6 +336,8 @@ bool gshmd_registry_may_access(const struct gshmd_client *c, const struct gshmd_
                                int access);
 /* May c see seg in listings (read permission, or admin)? */
 bool gshmd_registry_may_see(const struct gshmd_client *c, const struct gshmd_segment *seg);
+/* Whether c may unlink, chmod, chown or replace seg: its owner or an admin. */
+bool gshmd_registry_may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg);
 
 /* At restore: seg (adopted, linked) loses its name to a newer segment that
  * holds the same one, which can only have been created after seg was

@@ -120,7 +120,7 @@ int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const
     *msg_out = gshmd__reg_fmt_msg(r, "mode %o has bits outside 0777", mode);
     return -EINVAL;
   }
-  if (!gshmd__reg_may_manage(c, seg))
+  if (!gshmd_registry_may_manage(c, seg))
     return gshmd__reg_not_owner(r, c, seg, msg_out);
   gshm_log_info("segment '%s' mode %04o -> %04o by pid %d uid %u", seg->name, seg->mode, mode,
                 (int)c->cred.pid, (unsigned)c->cred.uid);
@@ -142,7 +142,7 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
     *msg_out = "uid and gid must be 0..4294967294, or -1 to keep";
     return -EINVAL;
   }
-  if (!gshmd__reg_may_manage(c, seg))
+  if (!gshmd_registry_may_manage(c, seg))
     return gshmd__reg_not_owner(r, c, seg, msg_out);
   if (uid >= 0 && (uid_t)uid != seg->uid && !c->cred.admin) {
     *msg_out = "only an admin gives a segment to another user";

@@ -31,8 +31,6 @@ const char *gshmd__reg_fmt_msg(struct gshmd_registry *r, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Sets *msg_out to "no segment named ..." and returns -ENOENT. */
 int gshmd__reg_no_segment(struct gshmd_registry *r, const char *name, const char **msg_out);
-/* Whether c may unlink, chmod or chown seg: its owner or an admin. */
-bool gshmd__reg_may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg);
 /* Sets *msg_out to the refusal (owner named only to one who may see seg);
  * returns -EACCES. */
 int gshmd__reg_not_owner(struct gshmd_registry *r, const struct gshmd_client *c,

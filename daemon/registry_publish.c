@@ -103,7 +103,7 @@ static int name_holders(struct gshmd_registry *r, struct gshmd_client *c,
           gshmd__reg_fmt_msg(r, "segment '%s' exists (replace it with --replace)", segs[i]->name);
       return -EEXIST;
     }
-    if (!gshmd__reg_may_manage(c, old[i])) {
+    if (!gshmd_registry_may_manage(c, old[i])) {
       *msg_out = gshmd__reg_fmt_msg(r, "segment '%s' is not yours to replace", segs[i]->name);
       return -EACCES;
     }

@@ -611,6 +611,160 @@ static void test_peer_text_cleaned(void **state) {
   gshm_disconnect(p);
 }
 
+/* ---- a local user's set in flight, relayed under another user's name ---- */
+
+/* nobody's set pull (in a child of that uid) of the rogue's "m/" as
+ * local "g/" with --replace, group-readable. */
+static int nobody_pulls_over(const char *socket_path) {
+  gshm_pull_opts_t o = {.local_name = "g/", .mode = 0640, .replace = 1};
+  gshm_pull_result_t *v = NULL;
+  size_t n = 0;
+  gshm_client_t *c;
+  int e;
+
+  if (gshm_connect(socket_path, "nobody", &c))
+    return 1;
+  e = gshm_pull_prefix(c, "rs", "m/", &o, &v, &n);
+  gshm_free(v);
+  gshm_disconnect(c);
+  return e == 0 ? 0 : 2; /* (its publish must fail: g/shared is root's) */
+}
+
+static void *nobody_thread(void *arg) {
+  struct node *q = arg;
+  return (void *)(intptr_t)harness_as_nobody(nobody_pulls_over, q->h.socket_path);
+}
+
+/* Sends m (request rid, body body) from rb; its answer, which must be of
+ * body `want` (the caller frees it). */
+static Gshm__Cluster__Msg *ask(struct rogue *rb, Gshm__Cluster__Msg *m, uint32_t rid, int want) {
+  Gshm__Cluster__Msg *a;
+  m->request_id = rid;
+  rogue_send(rb, m);
+  assert_non_null(a = rogue_recv(rb, 10000));
+  assert_int_equal(a->body_case, want);
+  return a;
+}
+
+/* Rogue rb's List (with segments in flight) of q's "g/shared", and its
+ * grant request of it as listed in flight: whether each saw one in flight. */
+static void relayed_view(struct rogue *rb, bool *listed_in_flight, bool *granted_in_flight) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *a;
+  Gshm__Cluster__ListRequest lr = GSHM__CLUSTER__LIST_REQUEST__INIT;
+  Gshm__Cluster__GrantRequest gr = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  unsigned named = 0;
+
+  lr.with_in_flight = true;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST;
+  m.list = &lr;
+  a = ask(rb, &m, 1, GSHM__CLUSTER__MSG__BODY_LIST_REPLY);
+  for (size_t i = 0; i < a->list_reply->n_segments; i++)
+    if (!strcmp(a->list_reply->segments[i]->name, "g/shared")) {
+      named++;
+      *listed_in_flight = a->list_reply->segments[i]->in_flight;
+    }
+  assert_int_equal(named, 1);
+  gshm__cluster__msg__free_unpacked(a, NULL);
+  gr.name = "g/shared";
+  gr.in_flight = true;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  m.grant_request = &gr;
+  a = ask(rb, &m, 2, GSHM__CLUSTER__MSG__BODY_GRANT);
+  *granted_in_flight = a->grant->segment->in_flight;
+  gshm__cluster__msg__free_unpacked(a, NULL);
+}
+
+/* The rogue "rs" lists nobody's set (one host segment "m/shared") and
+ * holds its grant request: nobody's hidden copy, to be published as
+ * "g/shared", exists then.  Returns the grant request's id. */
+static uint32_t hold_set(struct rogue *rq) {
+  int64_t end = now_ms() + 20000;
+
+  while (now_ms() < end) {
+    Gshm__Cluster__Msg *m = rogue_recv(rq, 20);
+    uint32_t rid;
+    if (!m) {
+      assert_false(rq->failed);
+      continue;
+    }
+    rid = m->request_id;
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && !rogue_answer_count(rq, m)) {
+      static Gshm__Cluster__Segment seg, *ptrs[1] = {&seg};
+      Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
+      Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+      segment_at(&seg, (char[16]){0}, 16, 0, 4096, "host");
+      seg.name = "m/shared";
+      r.segments = ptrs;
+      r.n_segments = r.total = 1;
+      a.request_id = rid;
+      a.status = 1;
+      a.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+      a.list_reply = &r;
+      rogue_send(rq, &a);
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
+      gshm__cluster__msg__free_unpacked(m, NULL);
+      return rid;
+    }
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  fail_msg("no grant request from nobody's set");
+  return 0;
+}
+
+/* A local user of a relaying node (nobody, in cluster.pull_group and in
+ * the group of an export rule "g/ * :@nogroup") pulls a set with
+ * --replace into a name that another member's exported segment holds
+ * (root's "g/shared", group nogroup, 0640), which it may not replace:
+ * its publish would fail.  Yet while it was in flight the node listed
+ * its copy to peers in place of root's (the page dropped the published
+ * one) and granted it to a grant request of the name in flight: a peer's
+ * set pull of "g/" took nobody's bytes as "g/shared".  Now a set in
+ * flight stands for a live name only where its user may replace it. */
+static void test_relay_name_not_replaceable(void **state) {
+  static struct node Q;
+  static struct rogue rq, rb;
+  char peers[96];
+  uint8_t rkey[32];
+  int port, qlfd;
+  uint32_t held;
+  bool listed_in_flight = true, granted_in_flight = true;
+  pthread_t t;
+  void *ret;
+  gshm_client_t *c;
+  (void)state;
+
+  rogue_key(keys.key, rkey);
+  assert_true((qlfd = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d b=127.0.0.1:1", port);
+  node_start(&Q, "q", peers, keys.key, "g/*:@nogroup", "cluster.pull_group=nogroup", NULL);
+  memset(&rq, 0, sizeof(rq));
+  assert_int_equal(rogue_accept(&rq, qlfd, "rs", rkey), 0);
+  c = connect_to(&Q);
+  make_segment(c, "g/shared", 4096, 62);
+  assert_int_equal(gshm_chmod(c, "g/shared", 0640), 0);
+  assert_int_equal(gshm_chown(c, "g/shared", (uint32_t)-1, HARNESS_NOBODY), 0);
+  assert_int_equal(pthread_create(&t, NULL, nobody_thread, &Q), 0);
+  held = hold_set(&rq);
+  assert_int_equal(rogue_connect(&rb, Q.port, "b", "q", rkey), 0);
+  relayed_view(&rb, &listed_in_flight, &granted_in_flight);
+  printf("root's g/shared with nobody's set in flight over it: listed %s, granted %s\n",
+         listed_in_flight ? "nobody's copy" : "root's", granted_in_flight ? "nobody's copy" : "root's");
+  rogue_close(&rb);
+  rogue_send_status(&rq, held, 2, "the rogue grants nothing");
+  pthread_join(t, &ret);
+  assert_int_equal((intptr_t)ret, 2);
+  assert_false(listed_in_flight);
+  assert_false(granted_in_flight);
+  check_segment(c, "g/shared", 4096, 62);
+  assert_int_equal(gshm_unlink(c, "g/shared"), 0);
+  assert_nothing_left(c, NULL); /* (nobody's copy went with its set) */
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&Q.h), 0);
+  rogue_close(&rq);
+  close(qlfd);
+}
+
 /* A peer lists one 4 KiB segment at `listed` and grants it at `granted`
  * (the set asks for location `location`): -ESTALE before a byte is read. */
 static void grant_elsewhere(gshm_client_t *p, const char *listed, const char *granted,
@@ -694,6 +848,7 @@ int main(void) {
       cmocka_unit_test(test_grant_elsewhere),
       cmocka_unit_test(test_peer_text_cleaned),
       cmocka_unit_test(test_remote_list_crowded),
+      cmocka_unit_test(test_relay_name_not_replaceable),
       cmocka_unit_test(test_populate_listed),
       cmocka_unit_test(test_peers_flood),
       cmocka_unit_test(test_pull_flood),
