@@ -227,14 +227,14 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
 int gshmd_registry_create_hidden(struct gshmd_registry *r, struct gshmd_client *c,
                                  const Gshm__CreateRequest *req, struct gshmd_segment **seg_out,
                                  const char **msg_out);
-/* Frees a hidden segment (pages discarded) and its quota charge; one
- * that leases hold (gshmd_registry_lease_hidden) is freed with the last
- * of them, and is never published. */
+/* Frees a hidden segment (pages discarded) and its quota charge; the
+ * leases it has (peers' grants: gshmd_registry_lease_hidden) end first,
+ * as a revoke ends them. */
 void gshmd_registry_discard_hidden(struct gshmd_registry *r, struct gshmd_segment *seg);
 /* A lease of c on hidden segment seg (a peer relaying a pull in flight:
  * daemon/cluster/relay.c), without a permission check: the caller made
- * it.  It keeps seg's memory while held, also after a discard; the lease
- * stays valid when seg is published.  Errors: -ESTALE seg was discarded,
+ * it.  It keeps seg's memory while held, until a discard ends it; the
+ * lease stays valid when seg is published.  Errors: -ESTALE seg was discarded,
  * -EDQUOT quota.leases, -ENOMEM. */
 int gshmd_registry_lease_hidden(struct gshmd_registry *r, struct gshmd_client *c,
                                 struct gshmd_segment *seg, int access,

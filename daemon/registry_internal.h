@@ -56,7 +56,8 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
 int gshmd__reg_lease_add(struct gshmd_registry *r, struct gshmd_client *c,
                          struct gshmd_segment *seg, int access, struct gshmd_lease **out,
                          const char **msg_out);
-/* Frees a segment of segment_new that is in no tree or list. */
+/* Frees a segment of segment_new that is in no tree or list (r->on_free
+ * first: it may take the memory). */
 void gshmd__reg_segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg);
 /* Gives seg its id and puts it in the trees, list and index; 0 or -ENOMEM. */
 int gshmd__reg_segment_insert(struct gshmd_registry *r, struct gshmd_segment *seg);

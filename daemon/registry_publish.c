@@ -31,14 +31,14 @@ int gshmd_registry_create_hidden(struct gshmd_registry *r, struct gshmd_client *
 }
 
 void gshmd_registry_discard_hidden(struct gshmd_registry *r, struct gshmd_segment *seg) {
-  if (seg->nleases) { /* a peer's grant holds it: freed with its last lease */
-    seg->unlinked = true;
-    return;
-  }
+  /* Peers' grants of it end with it, as a revoke's do (r->on_free leaves
+   * the memory to their sends in flight).  Kept for them, it stayed
+   * charged to its owner for as long as a peer held a grant, and had no
+   * id or name an admin could revoke. */
+  for (unsigned n = seg->nleases; n > 0; n--)
+    gshmd__reg_lease_end(r, gshm_list_entry(seg->leases.next, struct gshmd_lease, seg_node), true);
   gshm_list_del(&seg->node);
   r->nhidden--;
-  if (r->on_free)
-    r->on_free(r, seg); /* (a served segment's registration) */
   gshmd__reg_segment_drop(r, seg);
 }
 

@@ -712,6 +712,24 @@ static uint32_t hold_set(struct rogue *rq) {
   return 0;
 }
 
+/* Starts relaying node q (exports, "--set" value set1 or NULL) whose
+ * peers are the rogue ro, serving as "rs", and "b" (a rogue puller may
+ * connect as b), and takes q's link to ro; the cluster key into rkey.
+ * Returns ro's listening socket (for the caller to close). */
+static int relay_with_rogue(struct node *q, struct rogue *ro, const char *exports,
+                            const char *set1, uint8_t rkey[32]) {
+  char peers[96];
+  int port, qlfd;
+
+  rogue_key(keys.key, rkey);
+  assert_true((qlfd = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d b=127.0.0.1:1", port);
+  node_start(q, "q", peers, keys.key, exports, set1, NULL);
+  memset(ro, 0, sizeof(*ro));
+  assert_int_equal(rogue_accept(ro, qlfd, "rs", rkey), 0);
+  return qlfd;
+}
+
 /* A local user of a relaying node (nobody, in cluster.pull_group and in
  * the group of an export rule "g/ * :@nogroup") pulls a set with
  * --replace into a name that another member's exported segment holds
@@ -724,22 +742,15 @@ static uint32_t hold_set(struct rogue *rq) {
 static void test_relay_name_not_replaceable(void **state) {
   static struct node Q;
   static struct rogue rq, rb;
-  char peers[96];
   uint8_t rkey[32];
-  int port, qlfd;
   uint32_t held;
   bool listed_in_flight = true, granted_in_flight = true;
   pthread_t t;
   void *ret;
   gshm_client_t *c;
+  int qlfd = relay_with_rogue(&Q, &rq, "g/*:@nogroup", "cluster.pull_group=nogroup", rkey);
   (void)state;
 
-  rogue_key(keys.key, rkey);
-  assert_true((qlfd = rogue_listener(&port)) >= 0);
-  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d b=127.0.0.1:1", port);
-  node_start(&Q, "q", peers, keys.key, "g/*:@nogroup", "cluster.pull_group=nogroup", NULL);
-  memset(&rq, 0, sizeof(rq));
-  assert_int_equal(rogue_accept(&rq, qlfd, "rs", rkey), 0);
   c = connect_to(&Q);
   make_segment(c, "g/shared", 4096, 62);
   assert_int_equal(gshm_chmod(c, "g/shared", 0640), 0);
@@ -759,6 +770,84 @@ static void test_relay_name_not_replaceable(void **state) {
   check_segment(c, "g/shared", 4096, 62);
   assert_int_equal(gshm_unlink(c, "g/shared"), 0);
   assert_nothing_left(c, NULL); /* (nobody's copy went with its set) */
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&Q.h), 0);
+  rogue_close(&rq);
+  close(qlfd);
+}
+
+/* root's set pull of the rogue's "m/" as local "g/". */
+static void *root_pull_thread(void *arg) {
+  struct node *q = arg;
+  gshm_pull_result_t *v = NULL;
+  size_t n = 0;
+  gshm_client_t *c;
+  int e;
+
+  if (gshm_connect(q->h.socket_path, "root", &c))
+    return (void *)(intptr_t)1;
+  e = gshm_pull_prefix(c, "rs", "m/", &(gshm_pull_opts_t){.local_name = "g/", .mode = 0644},
+                       &v, &n);
+  gshm_free(v);
+  gshm_disconnect(c);
+  return (void *)(intptr_t)e;
+}
+
+/* A relaying node's set fails (its peer refuses a grant) while another
+ * peer holds a grant of one of its segments in flight: the segment was
+ * kept, hidden and nameless, for as long as that peer kept its grant
+ * (its link up): its memory charged to the user who pulled, which no
+ * revoke could reach (it has no id) and which the user could not free.
+ * Now the peers' grants of a failed pull's segments end with it, as a
+ * revoke's do (the next Read is refused as before: the relay's own pull
+ * failed). */
+static void test_relay_failed_grant_ends(void **state) {
+  static struct node Q;
+  static struct rogue rq, rb;
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *a;
+  Gshm__Cluster__GrantRequest gr = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  Gshm__Cluster__Read rd = GSHM__CLUSTER__READ__INIT;
+  gshm_status_info_t st = {0};
+  uint8_t rkey[32];
+  uint32_t held;
+  pthread_t t;
+  void *ret;
+  gshm_client_t *c;
+  int qlfd = relay_with_rogue(&Q, &rq, "g/*", NULL, rkey);
+  (void)state;
+
+  c = connect_to(&Q);
+  assert_int_equal(pthread_create(&t, NULL, root_pull_thread, &Q), 0);
+  held = hold_set(&rq);
+  assert_int_equal(rogue_connect(&rb, Q.port, "b", "q", rkey), 0);
+  gr.name = "g/shared";
+  gr.in_flight = true;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  m.grant_request = &gr;
+  a = ask(&rb, &m, 1, GSHM__CLUSTER__MSG__BODY_GRANT);
+  assert_true(a->grant->segment->in_flight);
+  rd.grant_id = a->grant->grant_id;
+  gshm__cluster__msg__free_unpacked(a, NULL);
+  rogue_send_status(&rq, held, 2, "the rogue grants nothing");
+  pthread_join(t, &ret);
+  assert_int_equal((intptr_t)ret, -EINVAL);
+  for (int i = 0; i < 50; i++, usleep(20000)) {
+    assert_int_equal(gshm_status(c, &st), 0);
+    if (!st.bytes)
+      break;
+  }
+  printf("a failed set's segment granted to a peer: %" PRIu64 " bytes kept\n", st.bytes);
+  rd.length = 4096;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_READ;
+  m.read = &rd;
+  a = ask(&rb, &m, 2, GSHM__CLUSTER__MSG__BODY__NOT_SET);
+  printf("the peer's Read then: status %u '%s'\n", a->status, a->message);
+  assert_int_equal(a->status, 20); /* (STATUS_PEER_LOST: as a lost source, relay.h) */
+  assert_non_null(strstr(a->message, "own pull of that segment failed"));
+  gshm__cluster__msg__free_unpacked(a, NULL);
+  assert_int_equal(st.bytes, 0);
+  rogue_close(&rb);
+  assert_nothing_left(c, NULL);
   gshm_disconnect(c);
   assert_int_equal(harness_stop(&Q.h), 0);
   rogue_close(&rq);
@@ -849,6 +938,7 @@ int main(void) {
       cmocka_unit_test(test_peer_text_cleaned),
       cmocka_unit_test(test_remote_list_crowded),
       cmocka_unit_test(test_relay_name_not_replaceable),
+      cmocka_unit_test(test_relay_failed_grant_ends),
       cmocka_unit_test(test_populate_listed),
       cmocka_unit_test(test_peers_flood),
       cmocka_unit_test(test_pull_flood),
