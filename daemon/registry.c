@@ -94,6 +94,7 @@ void gshmd__reg_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg
   gshmd_seg_index_remove(&r->seg_index, seg->id);
   gshm_list_del(&seg->node);
   r->nsegments--;
+  r->changes++;
   r->bytes -= size;
   if (u)
     gshmd__reg_usage_charge(u, seg->mem, -1);
@@ -190,7 +191,7 @@ int gshmd__reg_no_segment(struct gshmd_registry *r, const char *name, const char
 }
 
 /* Unlink, chmod, chown: the segment's owner or an admin. */
-bool gshmd__reg_may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg) {
+bool gshmd_registry_may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg) {
   return c->cred.admin || c->cred.uid == seg->uid;
 }
 
@@ -408,7 +409,7 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
    * it anyway), and so may anyone during a restart's grace period, for
    * re-takes where the lease key was lost (the modes then decide). */
   if (seg->unlinked && !granted && !(seg->restored && !r->restore_grace_over) &&
-      !gshmd__reg_may_manage(c, seg)) {
+      !gshmd_registry_may_manage(c, seg)) {
     *msg_out = "segment is unlinked: only a re-take with its lease token reaches it";
     return -ESTALE;
   }
@@ -434,10 +435,11 @@ int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, cons
 
   if (!seg)
     return gshmd__reg_no_segment(r, name, msg_out);
-  if (!gshmd__reg_may_manage(c, seg))
+  if (!gshmd_registry_may_manage(c, seg))
     return gshmd__reg_not_owner(r, c, seg, msg_out);
   tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
   seg->unlinked = true;
+  r->changes++;
   gshm_log_info("segment '%s' id %" PRIu64 " unlinked by pid %d (%u leases remain)", seg->name,
                 seg->id, (int)c->cred.pid, seg->nleases);
   if (seg->nleases == 0 && gshmd__reg_segment_release(r, seg))

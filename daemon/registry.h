@@ -135,6 +135,10 @@ struct gshmd_registry {
   uint64_t next_segment_id, next_generation, next_lease_id, next_session_id;
   uint32_t nsegments, nclients, nleases;
   uint64_t bytes;              /* allocated by all segments */
+  /* Counts every change of what peers may see of the segments (one made,
+   * published, freed, unlinked or unnamed; a mode or owner changed): the
+   * cluster recounts its exported segments only after one. */
+  uint64_t changes;
   /* Events, for the fd store (daemon/fdstore.c): called after a create,
    * an unlink, an owner or mode change, just before the memory is freed,
    * and after a session or lease id is taken (GSHMD_IDS_USED, seg NULL). */
@@ -230,14 +234,14 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
 int gshmd_registry_create_hidden(struct gshmd_registry *r, struct gshmd_client *c,
                                  const Gshm__CreateRequest *req, struct gshmd_segment **seg_out,
                                  const char **msg_out);
-/* Frees a hidden segment (pages discarded) and its quota charge; one
- * that leases hold (gshmd_registry_lease_hidden) is freed with the last
- * of them, and is never published. */
+/* Frees a hidden segment (pages discarded) and its quota charge; the
+ * leases it has (peers' grants: gshmd_registry_lease_hidden) end first,
+ * as a revoke ends them. */
 void gshmd_registry_discard_hidden(struct gshmd_registry *r, struct gshmd_segment *seg);
 /* A lease of c on hidden segment seg (a peer relaying a pull in flight:
  * daemon/cluster/relay.c), without a permission check: the caller made
- * it.  It keeps seg's memory while held, also after a discard; the lease
- * stays valid when seg is published.  Errors: -ESTALE seg was discarded,
+ * it.  It keeps seg's memory while held, until a discard ends it; the
+ * lease stays valid when seg is published.  Errors: -ESTALE seg was discarded,
  * -EDQUOT quota.leases, -ENOMEM. */
 int gshmd_registry_lease_hidden(struct gshmd_registry *r, struct gshmd_client *c,
                                 struct gshmd_segment *seg, int access,
@@ -339,6 +343,8 @@ bool gshmd_registry_may_access(const struct gshmd_client *c, const struct gshmd_
                                int access);
 /* May c see seg in listings (read permission, or admin)? */
 bool gshmd_registry_may_see(const struct gshmd_client *c, const struct gshmd_segment *seg);
+/* Whether c may unlink, chmod, chown or replace seg: its owner or an admin. */
+bool gshmd_registry_may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg);
 
 /* At restore: seg (adopted, linked) loses its name to a newer segment that
  * holds the same one, which can only have been created after seg was

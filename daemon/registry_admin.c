@@ -70,6 +70,7 @@ int gshmd_registry_adopt(struct gshmd_registry *r, const Gshm__StateRecord *rec,
   }
   gshmd_seg_index_add(&r->seg_index, seg, seg->id);
   r->nsegments++;
+  r->changes++;
   r->bytes += mem->size;
   gshmd__reg_usage_charge(u, mem, +1);
   if (seg->id >= r->next_segment_id)
@@ -114,6 +115,7 @@ void gshmd_registry_unname(struct gshmd_registry *r, struct gshmd_segment *seg) 
     return;
   tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
   seg->unlinked = true;
+  r->changes++;
 }
 
 uint64_t gshmd_registry_grace_begin(struct gshmd_registry *r) {
@@ -150,11 +152,12 @@ int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const
     *msg_out = gshmd__reg_fmt_msg(r, "mode %o has bits outside 0777", mode);
     return -EINVAL;
   }
-  if (!gshmd__reg_may_manage(c, seg))
+  if (!gshmd_registry_may_manage(c, seg))
     return gshmd__reg_not_owner(r, c, seg, msg_out);
   gshm_log_info("segment '%s' mode %04o -> %04o by pid %d uid %u", seg->name, seg->mode, mode,
                 (int)c->cred.pid, (unsigned)c->cred.uid);
   seg->mode = mode;
+  r->changes++;
   if (r->on_event)
     r->on_event(r, seg, GSHMD_SEGMENT_CHANGED);
   return 0;
@@ -171,7 +174,7 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
     *msg_out = "uid and gid must be 0..4294967294, or -1 to keep";
     return -EINVAL;
   }
-  if (!gshmd__reg_may_manage(c, seg))
+  if (!gshmd_registry_may_manage(c, seg))
     return gshmd__reg_not_owner(r, c, seg, msg_out);
   if (uid >= 0 && (uid_t)uid != seg->uid && !c->cred.admin) {
     *msg_out = "only an admin gives a segment to another user";
@@ -192,6 +195,7 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
   }
   if (gid >= 0)
     seg->gid = (gid_t)gid;
+  r->changes++;
   gshm_log_info("segment '%s' owner now %u:%u, by pid %d uid %u", seg->name, (unsigned)seg->uid,
                 (unsigned)seg->gid, (int)c->cred.pid, (unsigned)c->cred.uid);
   if (r->on_event)
@@ -224,6 +228,7 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
   if (!seg->unlinked)
     tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
   seg->unlinked = true;
+  r->changes++;
   gshm_log_notice("segment '%s' id %" PRIu64 " revoked by pid %d uid %u (%u leases ended)",
                   seg->name, seg->id, (int)c->cred.pid, (unsigned)c->cred.uid, seg->nleases);
   /* Count first: the list head goes with seg (found by

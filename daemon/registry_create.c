@@ -227,16 +227,20 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
 }
 
 /* Frees a segment of gshmd__reg_segment_new that is in no tree or list: its usage,
- * its pages (discarded) and its memory. */
+ * its pages (discarded) and its memory, unless r->on_free took that (a
+ * peer's sends in flight of a hidden segment still read it). */
 void gshmd__reg_segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg) {
   struct usage *u = gshmd__reg_usage_get(r, seg->uid);
 
   r->bytes -= seg->mem->size;
   if (u)
     gshmd__reg_usage_charge(u, seg->mem, -1);
-  if (seg->mem->backend->ops->discard)
+  if (r->on_free)
+    r->on_free(r, seg); /* (a served segment's mapping and registration) */
+  if (seg->mem && seg->mem->backend->ops->discard)
     seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
-  seg->mem->backend->ops->free(seg->mem->backend, seg->mem);
+  if (seg->mem)
+    seg->mem->backend->ops->free(seg->mem->backend, seg->mem);
   free(seg->source);
   free(seg->name);
   free(seg);
@@ -260,6 +264,7 @@ int gshmd__reg_segment_insert(struct gshmd_registry *r, struct gshmd_segment *se
   gshm_list_add_tail(&r->segments, &seg->node);
   gshmd_seg_index_add(&r->seg_index, seg, seg->id);
   r->nsegments++;
+  r->changes++;
   return 0;
 }
 

@@ -31,8 +31,6 @@ const char *gshmd__reg_fmt_msg(struct gshmd_registry *r, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Sets *msg_out to "no segment named ..." and returns -ENOENT. */
 int gshmd__reg_no_segment(struct gshmd_registry *r, const char *name, const char **msg_out);
-/* Whether c may unlink, chmod or chown seg: its owner or an admin. */
-bool gshmd__reg_may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg);
 /* Sets *msg_out to the refusal (owner named only to one who may see seg);
  * returns -EACCES. */
 int gshmd__reg_not_owner(struct gshmd_registry *r, const struct gshmd_client *c,
@@ -58,7 +56,8 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
 int gshmd__reg_lease_add(struct gshmd_registry *r, struct gshmd_client *c,
                          struct gshmd_segment *seg, int access, struct gshmd_lease **out,
                          const char **msg_out);
-/* Frees a segment of segment_new that is in no tree or list. */
+/* Frees a segment of segment_new that is in no tree or list (r->on_free
+ * first: it may take the memory). */
 void gshmd__reg_segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg);
 /* Gives seg its id and puts it in the trees, list and index; 0 or -ENOMEM. */
 int gshmd__reg_segment_insert(struct gshmd_registry *r, struct gshmd_segment *seg);

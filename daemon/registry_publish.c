@@ -31,14 +31,14 @@ int gshmd_registry_create_hidden(struct gshmd_registry *r, struct gshmd_client *
 }
 
 void gshmd_registry_discard_hidden(struct gshmd_registry *r, struct gshmd_segment *seg) {
-  if (seg->nleases) { /* a peer's grant holds it: freed with its last lease */
-    seg->unlinked = true;
-    return;
-  }
+  /* Peers' grants of it end with it, as a revoke's do (r->on_free leaves
+   * the memory to their sends in flight).  Kept for them, it stayed
+   * charged to its owner for as long as a peer held a grant, and had no
+   * id or name an admin could revoke. */
+  for (unsigned n = seg->nleases; n > 0; n--)
+    gshmd__reg_lease_end(r, gshm_list_entry(seg->leases.next, struct gshmd_lease, seg_node), true);
   gshm_list_del(&seg->node);
   r->nhidden--;
-  if (r->on_free)
-    r->on_free(r, seg); /* (a served segment's registration) */
   gshmd__reg_segment_drop(r, seg);
 }
 
@@ -103,7 +103,7 @@ static int name_holders(struct gshmd_registry *r, struct gshmd_client *c,
           gshmd__reg_fmt_msg(r, "segment '%s' exists (replace it with --replace)", segs[i]->name);
       return -EEXIST;
     }
-    if (!gshmd__reg_may_manage(c, old[i])) {
+    if (!gshmd_registry_may_manage(c, old[i])) {
       *msg_out = gshmd__reg_fmt_msg(r, "segment '%s' is not yours to replace", segs[i]->name);
       return -EACCES;
     }
@@ -125,6 +125,7 @@ static void unlink_replaced(struct gshmd_registry *r, struct gshmd_segment **old
     if (!old[i])
       continue;
     old[i]->unlinked = true; /* its name node is the new segment's now */
+    r->changes++;
     gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain%s)", old[i]->name,
                   old[i]->id, old[i]->nleases,
                   old[i]->fs_replaced ? "; kept until the fd store has the new set" : "");
@@ -197,6 +198,7 @@ int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
     /* in the id index too: a listing resumes through it (new ids: appended) */
     gshmd_seg_index_add(&r->seg_index, seg, seg->id);
     r->nsegments++;
+    r->changes++;
     gshm_log_info("segment '%s' id %" PRIu64 " published: %s at %s, mode %04o, uid %u%s", seg->name,
                   seg->id, gshm__format_size(seg->mem->size, sz, sizeof(sz)), seg->mem->location,
                   seg->mode, (unsigned)seg->uid, old[i] ? " (replaces the old one)" : "");

@@ -210,6 +210,15 @@ int gshmd_server_reply(struct gshmd_server *s, struct gshmd_client *client, uint
   (void)s;
   if (!c || c->closing)
     return -ENOTCONN;
+  /* A deferred answer carries what a peer said: one that does not fit a
+   * packet is answered as an error, never by closing c (its leases). */
+  if (gshm__reply__get_packed_size(reply) > GSHM_WIRE_MAX_PACKET - GSHM_WIRE_HEADER_SIZE) {
+    Gshm__Reply refusal = GSHM__REPLY__INIT;
+    gshm_log_warn("reply to type %u does not fit in one packet: answered with an error", type);
+    refusal.status = gshm__errno_to_status(-EPROTO);
+    refusal.message = "the answer from the peer does not fit one reply";
+    return gshmd_conn_send(c, type, request_id, &refusal, -1) ? -ENOTCONN : -EMSGSIZE;
+  }
   return gshmd_conn_send(c, type, request_id, reply, -1) ? -ENOTCONN : 0;
 }
 

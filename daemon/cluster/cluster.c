@@ -109,6 +109,13 @@ static void remote_list_done(struct peer_req *req, int err, const char *why,
     err = -EPROTO;
     why = "the peer answered a list with something else";
   }
+  /* a page of gshmd's holds at most GSHMD_LIST_PAGE_SEGMENTS; thousands
+   * of tiny ones (a 64 KiB frame holds 2,500) made a reply that did not
+   * fit the client's packet, and its connection was closed for it */
+  if (!err && m->list_reply->n_segments > GSHMD_LIST_PAGE_SEGMENTS) {
+    err = -EPROTO;
+    why = "the peer listed more segments in one page than a page holds";
+  }
   if (!err) {
     const Gshm__Cluster__ListReply *r = m->list_reply;
     n = r->n_segments;

@@ -63,6 +63,10 @@ struct gshmd_cluster {
   uint64_t list_pages;       /* pages of peers' lists this node's sets took, ever (with
                                 relay_landed: the progress of a relay's busy answers) */
   uint64_t next_set_seq;     /* struct pull_set.seq */
+  /* serve_list.c: the segments peers may see, counted at reg->changes
+   * == exported_at (+1: exported_at is that plus one; 0: never) */
+  unsigned exported;
+  uint64_t exported_at;
   unsigned pull_maps_ahead;  /* landing mappings made at listings (pull.h PULL_MAPS_AHEAD) */
   /* pullset.c: listed segments made a few a loop turn (pull.h) */
   uv_idle_t create_idle;
@@ -145,7 +149,8 @@ bool gshmd__hello_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__C
 /* Whether peers may see and read seg: not unlinked, and a rule of
  * cluster.export allows its name, its owner and its mode. */
 bool gshmd__serve_exported(const struct gshmd_cluster *cl, const struct gshmd_segment *seg);
-/* Segments peers may see now. */
+/* Segments peers may see now (counted again only after the registry
+ * changed: reg->changes). */
 unsigned gshmd__serve_count(struct gshmd_cluster *cl);
 /* seg as peers see it (strings point into seg). */
 void gshmd__serve_segment_to_wire(const struct gshmd_segment *seg, Gshm__Cluster__Segment *s);

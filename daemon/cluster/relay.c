@@ -152,14 +152,29 @@ void gshmd__relay_end(struct gshmd_cluster *cl, struct gshmd_segment *seg, int e
   free(x);
 }
 
+/* Whether seg, in flight in set s, may stand for its name in peers'
+ * listings and grants: no live segment holds the name, or s replaces it
+ * and its user may (else its publish fails there; before, another user's
+ * set in flight with --replace was listed and granted to peers in place
+ * of a segment it could not replace). */
+static bool may_stand_for(struct gshmd_cluster *cl, const struct pull_set *s,
+                          const struct gshmd_segment *seg) {
+  struct gshmd_segment *old = gshmd_registry_find_name(cl->reg, seg->name);
+  return !old || (s->replace && gshmd_registry_may_manage(s->holder, old));
+}
+
 /* The relayed segment named name (the first of the pulls in flight that
  * will publish it), or NULL. */
 static struct gshmd_segment *relay_find(struct gshmd_cluster *cl, const char *name) {
   struct gshm_list *pos;
-  gshm_list_foreach(pos, &cl->relays) {
-    struct relay *x = gshm_list_entry(pos, struct relay, node);
-    if (!x->seg->unlinked && !strcmp(x->seg->name, name))
-      return x->seg;
+  gshm_list_foreach(pos, &cl->pulls) {
+    struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
+    for (size_t i = 0; i < s->n; i++) {
+      struct gshmd_segment *seg = s->items[i]->seg;
+      if (seg && seg->cluster_relay && !seg->unlinked && !strcmp(seg->name, name) &&
+          may_stand_for(cl, s, seg))
+        return seg;
+    }
   }
   return NULL;
 }
@@ -395,9 +410,8 @@ void gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after,
       struct gshmd_segment *seg = s->items[i]->seg;
       uint64_t key = item_key(s, i);
       /* (a name held here is listed in flight only by a set that
-       * replaces it: another set's publish would fail on it) */
-      if (key <= after || !seg || !seg->cluster_relay ||
-          (!s->replace && gshmd_registry_find_name(cl->reg, seg->name)))
+       * replaces it and may: another set's publish would fail on it) */
+      if (key <= after || !seg || !seg->cluster_relay || !may_stand_for(cl, s, seg))
         continue;
       if (!fn(arg, seg, key))
         return;

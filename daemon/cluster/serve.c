@@ -155,9 +155,22 @@ static void grant_free(struct gshmd_cluster *cl, struct serve_grant *g) {
 }
 
 #define REVOKED_MESSAGE "the segment was revoked at its source"
+#define PULL_FAILED_MESSAGE "this node's own pull of that segment failed"
 
-/* Whether g (NULL: none) is a grant of a segment revoked since. */
+/* Whether g (NULL: none) is a grant of a segment revoked since (or
+ * relayed in flight, and its pull failed here). */
 static bool revoked(const struct serve_grant *g) { return g && g->x && !g->x->seg; }
+
+/* Refuses request rid of grant g (NULL: none), which has no lease: as a
+ * lost peer (relay.h) where its segment's pull failed here, else -ESTALE
+ * (revoked, or `otherwise`). */
+static void send_gone(struct link *l, uint32_t rid, const struct serve_grant *g,
+                      const char *otherwise) {
+  if (revoked(g) && g->x->pull_failed)
+    gshmd__link_send_status(l, rid, -ECONNRESET, PULL_FAILED_MESSAGE);
+  else
+    gshmd__link_send_status(l, rid, -ESTALE, revoked(g) ? REVOKED_MESSAGE : otherwise);
+}
 
 /* One more send, copy or slot making of g's bytes, until grant_unbusy;
  * its segment's record counts it too (a revoke's wipe waits for it). */
@@ -474,9 +487,7 @@ static void serve_read(struct link *l, uint32_t rid, const Gshm__Cluster__Read *
     return;
   if (!lease || !g || g->released || g->staged_len || !(seg = lease->seg) ||
       !(x = seg->cluster_export)) {
-    gshmd__link_send_status(l, rid, -ESTALE,
-                            revoked(g) ? REVOKED_MESSAGE
-                                       : "no such grant (or a staged one: use Stage)");
+    send_gone(l, rid, g, "no such grant (or a staged one: use Stage)");
     return;
   }
   if (r->length == 0 || r->offset > seg->requested_size ||
@@ -516,8 +527,8 @@ static void on_slot_filled(struct stage_copy *sc, int err) {
   /* revoked while it was copied: its bytes (a host segment's wiped) are
    * not the segment's any more, and the puller must not take them */
   if (!err && revoked(g)) {
-    err = -ESTALE;
-    why = REVOKED_MESSAGE;
+    err = g->x->pull_failed ? -ECONNRESET : -ESTALE;
+    why = g->x->pull_failed ? PULL_FAILED_MESSAGE : REVOKED_MESSAGE;
   }
   if (!err)
     err = gshmd__link_send_data(l, gs->rid, sc->offset, sc->host, sc->len, g->sb->memh,
@@ -575,9 +586,7 @@ static void serve_stage(struct link *l, uint32_t rid, const Gshm__Cluster__Stage
   if (over_caps(l, rid, s->length)) /* the caps first, as for a Read */
     return;
   if (!lease) {
-    gshmd__link_send_status(l, rid, -ESTALE, revoked(grant_find(l, s->grant_id))
-                                                 ? REVOKED_MESSAGE
-                                                 : "no such grant");
+    send_gone(l, rid, grant_find(l, s->grant_id), "no such grant");
     return;
   }
   if ((e = gshmd__relay_gate(cluster_of(l->ll), l, lease->seg, rid, NULL, s, &why))) {

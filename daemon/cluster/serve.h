@@ -27,7 +27,9 @@ struct export_reg {
   size_t len;
   ucp_mem_h memh;   /* NULL: not registered with UCX */
   unsigned grants;  /* live grants of the segment: the registration ends with the last */
-  struct gshmd_segment *seg; /* NULL once freed under live grants (a revoke): then x is theirs */
+  struct gshmd_segment *seg; /* NULL once freed under live grants (a revoke, or the failed
+                                pull of a segment relayed in flight): then x is theirs */
+  bool pull_failed;  /* ... freed as the failed pull's (relay.h), not revoked */
   /* the freed segment's memory, taken from it then (discarded): their
    * sends and copies in flight still read it; freed with the last grant */
   struct gshmd_alloc *mem;

@@ -15,6 +15,7 @@
 #include "internal.h"
 #include "registry.h"
 #include "relay.h"
+#include "server.h" /* GSHMD_LIST_VISITS */
 
 /* Whether rule x lets peers read seg.  A peer reads as "others" of this
  * node, or as a member of the group the rule names: the rule says whose
@@ -43,12 +44,19 @@ bool gshmd__serve_exported(const struct gshmd_cluster *cl, const struct gshmd_se
   return false;
 }
 
+/* (every List answer says it: counted over every segment with each,
+ * a peer's pipelined Lists cost the loop that walk each) */
 unsigned gshmd__serve_count(struct gshmd_cluster *cl) {
-  unsigned n = 0;
   struct gshm_list *pos;
+  unsigned n = 0;
+
+  if (cl->exported_at == cl->reg->changes + 1)
+    return cl->exported;
   gshm_list_foreach(pos, &cl->reg->segments) {
     n += gshmd__serve_exported(cl, gshm_list_entry(pos, struct gshmd_segment, node));
   }
+  cl->exported = n;
+  cl->exported_at = cl->reg->changes + 1;
   return n;
 }
 
@@ -108,13 +116,43 @@ static bool replaced_in_page(const struct list_page *pg, const struct gshmd_segm
   return false;
 }
 
+/* Fills pg with the published segments after key `after` (keys: base +
+ * id), from the first one past it (through the registry's id index),
+ * looking at no more than GSHMD_LIST_VISITS of them: a page whose walk
+ * ends there has its cursor (the last key looked at) and maybe no
+ * segment.  (Before, each page walked from the first segment, exported
+ * or not, to its end or a full page: a List of a few bytes cost the loop
+ * O(segments).) */
+static void published_page(struct gshmd_cluster *cl, struct list_page *pg, uint64_t base,
+                           uint64_t after) {
+  struct gshm_list *head = &cl->reg->segments, *pos = head->next;
+  struct gshmd_segment *first;
+  uint64_t looked = 0;
+  unsigned visits = 0;
+
+  if (after >= base) /* (else every published key is past the cursor) */
+    pos = (first = gshmd_registry_find_after(cl->reg, after - base)) ? &first->node : head;
+  for (; pos != head; pos = pos->next) {
+    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+    if (base + seg->id <= after)
+      continue;
+    if (visits++ == GSHMD_LIST_VISITS) {
+      pg->next = looked;
+      return;
+    }
+    if (gshmd__serve_exported(cl, seg) && !replaced_in_page(pg, seg) &&
+        !page_add(pg, seg, base + seg->id))
+      return;
+    looked = base + seg->id;
+  }
+}
+
 void gshmd__serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRequest *req) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
   struct list_page pg = {.cl = cl};
   uint64_t base = req->with_in_flight ? RELAY_KEY_END : 0;
-  struct gshm_list *pos;
 
   if (gshmd__relay_list_wait(cl, l, rid, req))
     return;
@@ -128,14 +166,8 @@ void gshmd__serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRe
   }
   if (base && req->after < base)
     gshmd__relay_foreach(cl, req->after, relayed_add, &pg);
-  if (!pg.next) {
-    gshm_list_foreach(pos, &cl->reg->segments) {
-      struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
-      if (base + seg->id > req->after && gshmd__serve_exported(cl, seg) &&
-          !replaced_in_page(&pg, seg) && !page_add(&pg, seg, base + seg->id))
-        break;
-    }
-  }
+  if (!pg.next)
+    published_page(cl, &pg, base, req->after);
   r.n_segments = pg.n;
   r.segments = pg.ptrs;
   r.next = pg.next;

@@ -113,6 +113,7 @@ static void export_reg_detach(struct gshmd_cluster *cl, struct gshmd_segment *se
     return;
   }
   x->seg = NULL;
+  x->pull_failed = seg->hidden;
   if (take && seg->mem) {
     x->mem = seg->mem;
     seg->mem = NULL; /* (the registry frees no memory then) */

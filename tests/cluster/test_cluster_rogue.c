@@ -858,6 +858,136 @@ static void test_peer_message_escaped(void **state) {
   close(lfd2);
 }
 
+/* ---- listings ------------------------------------------------------------ */
+
+/* A List of the peer's, answered: its segments' names, its cursor. */
+struct list_walk {
+  uint64_t answers, next, segments, total;
+  bool probe, big;
+};
+
+static void list_answer(struct rogue *r, const Gshm__Cluster__Msg *m) {
+  struct list_walk *w = r->arg;
+  w->answers++;
+  if (m->body_case != GSHM__CLUSTER__MSG__BODY_LIST_REPLY)
+    return;
+  w->next = m->list_reply->next;
+  w->total = m->list_reply->total;
+  w->segments += m->list_reply->n_segments;
+  for (size_t i = 0; i < m->list_reply->n_segments; i++) {
+    w->probe |= !strcmp(m->list_reply->segments[i]->name, "pub/probe");
+    w->big |= !strcmp(m->list_reply->segments[i]->name, "pub/big");
+  }
+}
+
+static bool list_answered(struct rogue *r) {
+  return ((struct list_walk *)r->arg)->answers >= want_answers;
+}
+
+/* Sends List(after) as request rid from r. */
+static void send_list(struct rogue *r, uint32_t rid, uint64_t after) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListRequest lr = GSHM__CLUSTER__LIST_REQUEST__INIT;
+  lr.after = after;
+  m.request_id = rid;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST;
+  m.list = &lr;
+  rogue_send(r, &m);
+}
+
+/* The count a List from r (request rid) says now. */
+static uint64_t list_total(struct rogue *r, uint32_t rid) {
+  struct list_walk *w = r->arg;
+  send_list(r, rid, 0);
+  want_answers = w->answers + 1;
+  assert_true(rogue_run_until(r, list_answered, 10000));
+  return w->total;
+}
+
+enum { QUIET = 5000 };
+
+/* Local segments that no rule exports (mode 0600), made (make) or
+ * unlinked on S. */
+static void quiet_segments(bool make) {
+  gshm_client_t *s = connect_to(&S);
+  char name[32];
+  for (int i = 0; i < QUIET; i++) {
+    gshm_segment_t *seg;
+    snprintf(name, sizeof(name), "quiet/%05d", i);
+    if (!make) {
+      assert_int_equal(gshm_unlink(s, name), 0);
+      continue;
+    }
+    assert_int_equal(gshm_create(s, name, 4096, NULL, 0600, 0, &seg), 0);
+    assert_int_equal(gshm_close(seg), 0);
+  }
+  gshm_disconnect(s);
+}
+
+/* A peer's List walked the node's segments from the first one on, every
+ * segment, exported or not, and each answer counted the exported ones
+ * over all of them again (fnmatch of every rule): a List of a few bytes
+ * cost the serving loop O(segments), so a peer pipelining Lists held
+ * it (and local clients waited), and a set's listing of a node with many
+ * segments took O(segments) a page.  A page now starts at its cursor,
+ * looks at a bounded number of segments past it, and the count is kept. */
+static void test_list_walks_a_bounded_part(void **state) {
+  static struct rogue r;
+  struct list_walk lw = {0};
+  struct watch w;
+  uint64_t pages = 0;
+  int64_t t0, ms;
+  const uint32_t nlists = 2000;
+  (void)state;
+
+  quiet_segments(true);
+  assert_int_equal(rogue_connect(&r, S.port, "r", "s", key), 0);
+  r.on_msg = list_answer;
+  r.arg = &lw;
+  /* the whole listing, page by page: every exported segment once */
+  do {
+    send_list(&r, (uint32_t)pages + 1, lw.next);
+    want_answers = ++pages;
+    assert_true(rogue_run_until(&r, list_answered, 10000));
+  } while (lw.next && pages < 100);
+  printf("listing of 2 exported among %d segments: %" PRIu64 " pages\n", QUIET + 2, pages);
+  assert_int_equal(lw.next, 0);
+  assert_true(lw.probe && lw.big);
+  assert_int_equal(lw.segments, 2);
+  /* a flood of first pages, answers read */
+  memset(&lw, 0, sizeof(lw));
+  watch_start(&w);
+  t0 = now_ms();
+  for (uint32_t i = 1; i <= nlists; i++) {
+    send_list(&r, 1000 + i, 0);
+    if (i % 100 == 0)
+      rogue_run(&r, 1);
+  }
+  want_answers = nlists;
+  assert_true(rogue_run_until(&r, list_answered, 120000));
+  ms = now_ms() - t0;
+  watch_stop(&w);
+  printf("%u Lists answered in %" PRId64 " ms; slowest stat %" PRId64 " ms (%" PRId64
+         " ms with waits for a CPU)\n", nlists, ms, w.slowest_ms, w.raw_ms);
+  assert_true(pages >= 3);
+  assert_true(w.slowest_ms < 100);
+  /* the count, kept between changes, follows each one */
+  {
+    gshm_client_t *s = connect_to(&S);
+    assert_int_equal(list_total(&r, 5000), 2);
+    assert_int_equal(gshm_chmod(s, "pub/probe", 0600), 0);
+    assert_int_equal(list_total(&r, 5001), 1);
+    assert_int_equal(gshm_chmod(s, "pub/probe", 0644), 0);
+    make_segment(s, "pub/more", 4096, 3);
+    assert_int_equal(list_total(&r, 5002), 3);
+    assert_int_equal(gshm_unlink(s, "pub/more"), 0);
+    assert_int_equal(list_total(&r, 5003), 2);
+    gshm_disconnect(s);
+  }
+  rogue_close(&r);
+  quiet_segments(false);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_peer_message_escaped),
@@ -871,6 +1001,7 @@ int main(void) {
       cmocka_unit_test(test_ucx_offer_mutated),
       cmocka_unit_test(test_lanes_per_link),
       cmocka_unit_test(test_revoke_under_grant),
+      cmocka_unit_test(test_list_walks_a_bounded_part),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }

@@ -509,6 +509,98 @@ static void refused_with(bool at_read) {
     assert_true((unsigned char)*c >= 0x20 && *c != 0x7f);
 }
 
+/* A remote listing (gshm_list_remote, gshmctl segments --peer) of c in
+ * the background. */
+struct bg_list {
+  pthread_t t;
+  gshm_client_t *c;
+  int err;
+  size_t n;
+  atomic_bool done;
+};
+
+static void *bg_list_thread(void *arg) {
+  struct bg_list *bl = arg;
+  gshm_segment_info_t *v = NULL;
+
+  bl->err = gshm_list_remote(bl->c, "rs", &v, &bl->n);
+  gshm_free(v);
+  bl->done = true;
+  return NULL;
+}
+
+/* The one page answering List rid: as many segments of one byte with
+ * short names as one control frame takes (about 2,500; a page of
+ * gshmd's holds at most 256). */
+static void send_crowded_page(struct rogue *ro, uint32_t rid) {
+  enum { MAX = 4096 };
+  static Gshm__Cluster__Segment segs[MAX];
+  static Gshm__Cluster__Segment *ptrs[MAX];
+  static char names[MAX][16];
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+
+  m.request_id = rid;
+  m.status = 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+  m.list_reply = &r;
+  r.segments = ptrs;
+  while (r.n_segments < MAX && gshm__cluster__msg__get_packed_size(&m) < 65536 - 200) {
+    size_t i = r.n_segments++;
+    segment_at(&segs[i], names[i], sizeof(names[i]), (unsigned)i, 1, "host");
+    ptrs[i] = &segs[i];
+  }
+  r.n_segments--; /* (the last one passed the frame's size) */
+  r.total = (uint32_t)r.n_segments;
+  rogue_send(ro, &m);
+}
+
+/* A peer answers a local client's remote listing with one page of
+ * thousands of tiny segments (within its 64 KiB frame): the reply that
+ * gshmd made of it for the client (each entry some 15 bytes larger
+ * locally) did not fit one packet, and gshmd closed the client's
+ * connection ("reply too large"): its leases all ended, and an unlinked
+ * segment it still mapped was freed and read zeros.  Now such a page is
+ * refused (-EPROTO) and the client keeps its connection and leases. */
+static void test_remote_list_crowded(void **state) {
+  static struct bg_list bl;
+  unsigned char want[4096], got[4096];
+  gshm_segment_t *held;
+  void *addr;
+  gshm_client_t *c = connect_to(&P);
+  (void)state;
+
+  for (size_t i = 0; i < sizeof(want); i++)
+    want[i] = (unsigned char)(i * 7 + 1);
+  assert_int_equal(gshm_create(c, "held/x", sizeof(want), NULL, 0600, 0, &held), 0);
+  assert_int_equal(gshm_write(held, 0, want, sizeof(want)), 0);
+  assert_int_equal(gshm_map(held, NULL, 0, &addr), 0);
+  assert_int_equal(gshm_unlink(c, "held/x"), 0); /* (the lease alone keeps it) */
+  memset(&bl, 0, sizeof(bl));
+  bl.c = c;
+  assert_int_equal(pthread_create(&bl.t, NULL, bg_list_thread, &bl), 0);
+  while (!bl.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (!m) {
+      assert_false(rs.failed);
+      continue;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && !rogue_answer_count(&rs, m))
+      send_crowded_page(&rs, m->request_id);
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bl.t, NULL);
+  printf("a crowded page: %d (%zu segments); the mapping reads %s\n", bl.err, bl.n,
+         memcmp(addr, want, sizeof(want)) ? "other bytes" : "its bytes");
+  assert_memory_equal(addr, want, sizeof(want));
+  assert_int_equal(bl.err, -EPROTO);
+  assert_int_equal(gshm_read(held, 0, got, sizeof(got)), 0); /* the lease is still good */
+  assert_memory_equal(got, want, sizeof(got));
+  assert_int_equal(gshm_unmap(held), 0);
+  assert_int_equal(gshm_close(held), 0);
+  gshm_disconnect(c);
+}
+
 static void test_peer_text_cleaned(void **state) {
   gshm_client_t *p = connect_to(&P);
   (void)state;
@@ -517,6 +609,249 @@ static void test_peer_text_cleaned(void **state) {
   refused_with(true);
   assert_nothing_left(p, "pub/s0");
   gshm_disconnect(p);
+}
+
+/* ---- a local user's set in flight, relayed under another user's name ---- */
+
+/* nobody's set pull (in a child of that uid) of the rogue's "m/" as
+ * local "g/" with --replace, group-readable. */
+static int nobody_pulls_over(const char *socket_path) {
+  gshm_pull_opts_t o = {.local_name = "g/", .mode = 0640, .replace = 1};
+  gshm_pull_result_t *v = NULL;
+  size_t n = 0;
+  gshm_client_t *c;
+  int e;
+
+  if (gshm_connect(socket_path, "nobody", &c))
+    return 1;
+  e = gshm_pull_prefix(c, "rs", "m/", &o, &v, &n);
+  gshm_free(v);
+  gshm_disconnect(c);
+  return e == 0 ? 0 : 2; /* (its publish must fail: g/shared is root's) */
+}
+
+static void *nobody_thread(void *arg) {
+  struct node *q = arg;
+  return (void *)(intptr_t)harness_as_nobody(nobody_pulls_over, q->h.socket_path);
+}
+
+/* Sends m (request rid, body body) from rb; its answer, which must be of
+ * body `want` (the caller frees it). */
+static Gshm__Cluster__Msg *ask(struct rogue *rb, Gshm__Cluster__Msg *m, uint32_t rid, int want) {
+  Gshm__Cluster__Msg *a;
+  m->request_id = rid;
+  rogue_send(rb, m);
+  assert_non_null(a = rogue_recv(rb, 10000));
+  assert_int_equal(a->body_case, want);
+  return a;
+}
+
+/* Rogue rb's List (with segments in flight) of q's "g/shared", and its
+ * grant request of it as listed in flight: whether each saw one in flight. */
+static void relayed_view(struct rogue *rb, bool *listed_in_flight, bool *granted_in_flight) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *a;
+  Gshm__Cluster__ListRequest lr = GSHM__CLUSTER__LIST_REQUEST__INIT;
+  Gshm__Cluster__GrantRequest gr = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  unsigned named = 0;
+
+  lr.with_in_flight = true;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST;
+  m.list = &lr;
+  a = ask(rb, &m, 1, GSHM__CLUSTER__MSG__BODY_LIST_REPLY);
+  for (size_t i = 0; i < a->list_reply->n_segments; i++)
+    if (!strcmp(a->list_reply->segments[i]->name, "g/shared")) {
+      named++;
+      *listed_in_flight = a->list_reply->segments[i]->in_flight;
+    }
+  assert_int_equal(named, 1);
+  gshm__cluster__msg__free_unpacked(a, NULL);
+  gr.name = "g/shared";
+  gr.in_flight = true;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  m.grant_request = &gr;
+  a = ask(rb, &m, 2, GSHM__CLUSTER__MSG__BODY_GRANT);
+  *granted_in_flight = a->grant->segment->in_flight;
+  gshm__cluster__msg__free_unpacked(a, NULL);
+}
+
+/* The rogue "rs" lists nobody's set (one host segment "m/shared") and
+ * holds its grant request: nobody's hidden copy, to be published as
+ * "g/shared", exists then.  Returns the grant request's id. */
+static uint32_t hold_set(struct rogue *rq) {
+  int64_t end = now_ms() + 20000;
+
+  while (now_ms() < end) {
+    Gshm__Cluster__Msg *m = rogue_recv(rq, 20);
+    uint32_t rid;
+    if (!m) {
+      assert_false(rq->failed);
+      continue;
+    }
+    rid = m->request_id;
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && !rogue_answer_count(rq, m)) {
+      static Gshm__Cluster__Segment seg, *ptrs[1] = {&seg};
+      Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
+      Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+      segment_at(&seg, (char[16]){0}, 16, 0, 4096, "host");
+      seg.name = "m/shared";
+      r.segments = ptrs;
+      r.n_segments = r.total = 1;
+      a.request_id = rid;
+      a.status = 1;
+      a.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+      a.list_reply = &r;
+      rogue_send(rq, &a);
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
+      gshm__cluster__msg__free_unpacked(m, NULL);
+      return rid;
+    }
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  fail_msg("no grant request from nobody's set");
+  return 0;
+}
+
+/* Starts relaying node q (exports, "--set" value set1 or NULL) whose
+ * peers are the rogue ro, serving as "rs", and "b" (a rogue puller may
+ * connect as b), and takes q's link to ro; the cluster key into rkey.
+ * Returns ro's listening socket (for the caller to close). */
+static int relay_with_rogue(struct node *q, struct rogue *ro, const char *exports,
+                            const char *set1, uint8_t rkey[32]) {
+  char peers[96];
+  int port, qlfd;
+
+  rogue_key(keys.key, rkey);
+  assert_true((qlfd = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "rs=127.0.0.1:%d b=127.0.0.1:1", port);
+  node_start(q, "q", peers, keys.key, exports, set1, NULL);
+  memset(ro, 0, sizeof(*ro));
+  assert_int_equal(rogue_accept(ro, qlfd, "rs", rkey), 0);
+  return qlfd;
+}
+
+/* A local user of a relaying node (nobody, in cluster.pull_group and in
+ * the group of an export rule "g/ * :@nogroup") pulls a set with
+ * --replace into a name that another member's exported segment holds
+ * (root's "g/shared", group nogroup, 0640), which it may not replace:
+ * its publish would fail.  Yet while it was in flight the node listed
+ * its copy to peers in place of root's (the page dropped the published
+ * one) and granted it to a grant request of the name in flight: a peer's
+ * set pull of "g/" took nobody's bytes as "g/shared".  Now a set in
+ * flight stands for a live name only where its user may replace it. */
+static void test_relay_name_not_replaceable(void **state) {
+  static struct node Q;
+  static struct rogue rq, rb;
+  uint8_t rkey[32];
+  uint32_t held;
+  bool listed_in_flight = true, granted_in_flight = true;
+  pthread_t t;
+  void *ret;
+  gshm_client_t *c;
+  int qlfd = relay_with_rogue(&Q, &rq, "g/*:@nogroup", "cluster.pull_group=nogroup", rkey);
+  (void)state;
+
+  c = connect_to(&Q);
+  make_segment(c, "g/shared", 4096, 62);
+  assert_int_equal(gshm_chmod(c, "g/shared", 0640), 0);
+  assert_int_equal(gshm_chown(c, "g/shared", (uint32_t)-1, HARNESS_NOBODY), 0);
+  assert_int_equal(pthread_create(&t, NULL, nobody_thread, &Q), 0);
+  held = hold_set(&rq);
+  assert_int_equal(rogue_connect(&rb, Q.port, "b", "q", rkey), 0);
+  relayed_view(&rb, &listed_in_flight, &granted_in_flight);
+  printf("root's g/shared with nobody's set in flight over it: listed %s, granted %s\n",
+         listed_in_flight ? "nobody's copy" : "root's", granted_in_flight ? "nobody's copy" : "root's");
+  rogue_close(&rb);
+  rogue_send_status(&rq, held, 2, "the rogue grants nothing");
+  pthread_join(t, &ret);
+  assert_int_equal((intptr_t)ret, 2);
+  assert_false(listed_in_flight);
+  assert_false(granted_in_flight);
+  check_segment(c, "g/shared", 4096, 62);
+  assert_int_equal(gshm_unlink(c, "g/shared"), 0);
+  assert_nothing_left(c, NULL); /* (nobody's copy went with its set) */
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&Q.h), 0);
+  rogue_close(&rq);
+  close(qlfd);
+}
+
+/* root's set pull of the rogue's "m/" as local "g/". */
+static void *root_pull_thread(void *arg) {
+  struct node *q = arg;
+  gshm_pull_result_t *v = NULL;
+  size_t n = 0;
+  gshm_client_t *c;
+  int e;
+
+  if (gshm_connect(q->h.socket_path, "root", &c))
+    return (void *)(intptr_t)1;
+  e = gshm_pull_prefix(c, "rs", "m/", &(gshm_pull_opts_t){.local_name = "g/", .mode = 0644},
+                       &v, &n);
+  gshm_free(v);
+  gshm_disconnect(c);
+  return (void *)(intptr_t)e;
+}
+
+/* A relaying node's set fails (its peer refuses a grant) while another
+ * peer holds a grant of one of its segments in flight: the segment was
+ * kept, hidden and nameless, for as long as that peer kept its grant
+ * (its link up): its memory charged to the user who pulled, which no
+ * revoke could reach (it has no id) and which the user could not free.
+ * Now the peers' grants of a failed pull's segments end with it, as a
+ * revoke's do (the next Read is refused as before: the relay's own pull
+ * failed). */
+static void test_relay_failed_grant_ends(void **state) {
+  static struct node Q;
+  static struct rogue rq, rb;
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *a;
+  Gshm__Cluster__GrantRequest gr = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  Gshm__Cluster__Read rd = GSHM__CLUSTER__READ__INIT;
+  gshm_status_info_t st = {0};
+  uint8_t rkey[32];
+  uint32_t held;
+  pthread_t t;
+  void *ret;
+  gshm_client_t *c;
+  int qlfd = relay_with_rogue(&Q, &rq, "g/*", NULL, rkey);
+  (void)state;
+
+  c = connect_to(&Q);
+  assert_int_equal(pthread_create(&t, NULL, root_pull_thread, &Q), 0);
+  held = hold_set(&rq);
+  assert_int_equal(rogue_connect(&rb, Q.port, "b", "q", rkey), 0);
+  gr.name = "g/shared";
+  gr.in_flight = true;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  m.grant_request = &gr;
+  a = ask(&rb, &m, 1, GSHM__CLUSTER__MSG__BODY_GRANT);
+  assert_true(a->grant->segment->in_flight);
+  rd.grant_id = a->grant->grant_id;
+  gshm__cluster__msg__free_unpacked(a, NULL);
+  rogue_send_status(&rq, held, 2, "the rogue grants nothing");
+  pthread_join(t, &ret);
+  assert_int_equal((intptr_t)ret, -EINVAL);
+  for (int i = 0; i < 50; i++, usleep(20000)) {
+    assert_int_equal(gshm_status(c, &st), 0);
+    if (!st.bytes)
+      break;
+  }
+  printf("a failed set's segment granted to a peer: %" PRIu64 " bytes kept\n", st.bytes);
+  rd.length = 4096;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_READ;
+  m.read = &rd;
+  a = ask(&rb, &m, 2, GSHM__CLUSTER__MSG__BODY__NOT_SET);
+  printf("the peer's Read then: status %u '%s'\n", a->status, a->message);
+  assert_int_equal(a->status, 20); /* (STATUS_PEER_LOST: as a lost source, relay.h) */
+  assert_non_null(strstr(a->message, "own pull of that segment failed"));
+  gshm__cluster__msg__free_unpacked(a, NULL);
+  assert_int_equal(st.bytes, 0);
+  rogue_close(&rb);
+  assert_nothing_left(c, NULL);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&Q.h), 0);
+  rogue_close(&rq);
+  close(qlfd);
 }
 
 /* A peer lists one 4 KiB segment at `listed` and grants it at `granted`
@@ -601,6 +936,9 @@ int main(void) {
       cmocka_unit_test(test_prefault_capped),
       cmocka_unit_test(test_grant_elsewhere),
       cmocka_unit_test(test_peer_text_cleaned),
+      cmocka_unit_test(test_remote_list_crowded),
+      cmocka_unit_test(test_relay_name_not_replaceable),
+      cmocka_unit_test(test_relay_failed_grant_ends),
       cmocka_unit_test(test_populate_listed),
       cmocka_unit_test(test_peers_flood),
       cmocka_unit_test(test_pull_flood),

@@ -291,6 +291,15 @@ static void test_lies_refused(void **state) {
   gshm_disconnect(p);
 }
 
+/* The next message the rogue gets while bg's pull runs, or NULL once it
+ * ended. */
+static Gshm__Cluster__Msg *recv_during(const struct bg *bg) {
+  Gshm__Cluster__Msg *m = NULL;
+  while (!bg->done && !(m = rogue_recv(&rs, 20)))
+    assert_false(rs.failed);
+  return m;
+}
+
 /* The set pull of l (its first page, listed honestly otherwise): the
  * listing fails it with want, saying says; nothing is left, no pull
  * still owes host memory, and the rogue is asked no grant it could not
@@ -300,14 +309,10 @@ static unsigned set_refused_after_listing(const struct lie *l, int want, const c
   struct bg bg = {.lie = l};
   unsigned grants = 0;
   long owed = -1;
+  Gshm__Cluster__Msg *m;
 
   assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
-  while (!bg.done) {
-    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
-    if (!m) {
-      assert_false(rs.failed);
-      continue;
-    }
+  while ((m = recv_during(&bg))) {
     if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST)
       send_page(m->request_id, l->page1, 4, 0, 0);
     else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST && ++grants)
@@ -833,9 +838,92 @@ static void test_stream_frame_stalled(void **state) {
   gshm_disconnect(p);
 }
 
+/* The page of a listing of `total` segments "pub/xNNNNN" that starts at
+ * entry first (its 256 entries at most; cursor: the last id), answering
+ * request rid. */
+static void send_long_page(uint32_t rid, unsigned first, unsigned total) {
+  static Gshm__Cluster__Segment segs[256];
+  static Gshm__Cluster__Segment *ptrs[256];
+  static char names[256][16];
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+
+  for (unsigned i = first; i < total && r.n_segments < 256; i++) {
+    size_t k = r.n_segments++;
+    struct entry e = {i + 1, names[k], 4096, "host"};
+    snprintf(names[k], sizeof(names[k]), "pub/x%05u", i);
+    segment_of(&e, &segs[k]);
+    ptrs[k] = &segs[k];
+  }
+  r.segments = ptrs;
+  r.next = first + r.n_segments < total ? first + r.n_segments : 0;
+  r.total = total;
+  m.request_id = rid;
+  m.status = 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+  m.list_reply = &r;
+  rogue_send(&rs, &m);
+}
+
+/* A set of more than PULL_SET_MAX (4096) segments, listed honestly page
+ * by page (17 pages of 256): the set fails with -E2BIG at the 4097th,
+ * before any grant, and leaves none of the 4096 hidden segments it made;
+ * and a grant request answered with something else than a grant (a
+ * list page) fails the pull with -EPROTO, leaving nothing.  (Checks that
+ * were there; without the body check gshmd would read a NULL grant,
+ * without the cap the set would list all 4,352.) */
+static void test_set_too_large_and_wrong_answer(void **state) {
+  static const struct lie set = {"4,352 segments", true, {{0}}, {{0}}, 0, {0}};
+  static const struct lie one = {"a list for a grant", false, {{0}}, {{0}}, 0, {0}};
+  gshm_client_t *p = connect_to(&P);
+  struct bg bg = {.lie = &set};
+  uint32_t held[64];
+  unsigned grants = 0, nheld = 0;
+  bool listed = false;
+  Gshm__Cluster__Msg *m;
+  (void)state;
+
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+  while ((m = recv_during(&bg))) {
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && m->list->after != UINT64_MAX) {
+      send_long_page(m->request_id, (unsigned)m->list->after, 4352);
+      listed = m->list->after + 256 >= 4352;
+    } else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST && ++grants &&
+               nheld < 64) {
+      held[nheld++] = m->request_id; /* (the first pages' grants go while it lists) */
+    }
+    while (listed && nheld) /* (after the last page: the set has failed by then) */
+      send_error(held[--nheld]);
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  printf("%s: %d: %s (%u grants asked)\n", set.what, bg.err, bg.msg, grants);
+  /* (gshmd's -E2BIG reaches the client as -EFBIG: the wire has one
+   * status for both, STATUS_TOO_BIG; gshm.h says -E2BIG) */
+  assert_true(bg.err == -EFBIG || bg.err == -E2BIG);
+  assert_non_null(strstr(bg.msg, "more than 4096 segments"));
+  assert_nothing_left(p, NULL);
+
+  memset(&bg, 0, sizeof(bg));
+  bg.lie = &one;
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+  while ((m = recv_during(&bg))) {
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
+      send_long_page(m->request_id, 0, 1);
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  printf("%s: %d: %s\n", one.what, bg.err, bg.msg);
+  assert_int_equal(bg.err, -EPROTO);
+  assert_non_null(strstr(bg.msg, "answered a grant request with something else"));
+  assert_nothing_left(p, "pub/one");
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lies_refused),
+      cmocka_unit_test(test_set_too_large_and_wrong_answer),
       cmocka_unit_test(test_grant_not_listed),
       cmocka_unit_test(test_device_set_without_gpu),
       cmocka_unit_test(test_host_set_beyond_memory),
