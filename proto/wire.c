@@ -141,6 +141,7 @@ int gshm__wire_parse_header(const void *pkt, size_t len, struct gshm_wire_header
   X(GSHM__STATUS__STATUS_BUSY, EBUSY)                \
   X(GSHM__STATUS__STATUS_PEER_LOST, ECONNRESET)      \
   X(GSHM__STATUS__STATUS_TIMED_OUT, ETIMEDOUT)      \
+  X(GSHM__STATUS__STATUS_TOO_MANY, E2BIG)            \
   X(GSHM__STATUS__STATUS_INTERNAL, EREMOTEIO)
 
 int gshm__status_to_errno(int status) {
@@ -170,7 +171,6 @@ int gshm__errno_to_status(int err) {
   case EAGAIN:
   case ENFILE:
     return GSHM__STATUS__STATUS_LIMIT;
-  case E2BIG:
   case EMSGSIZE:
     return GSHM__STATUS__STATUS_TOO_BIG;
   case EBADMSG:
