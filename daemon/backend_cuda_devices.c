@@ -289,7 +289,7 @@ int gshmd__cuda_failed(struct cuda_backend *cb, struct cuda_dev *d, CUresult r, 
            name ? name : "CUDA_ERROR_?");
   gshm_log_err("%s: %s failed: %s at %s:%d: the CUDA context is unusable until gshmd restarts "
                "(cuda.h: the process must be terminated and relaunched); device requests fail "
-               "-EIO until then",
+               "until then (-EIO; -ENODEV where gshmd met it at its start)",
                d ? d->pci : "cuda", call, name ? name : "CUDA_ERROR_?", file, line);
   return gshm__cuda_errno(r);
 }
