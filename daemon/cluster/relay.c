@@ -404,9 +404,10 @@ void gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after,
   struct gshm_list *pos;
   gshm_list_foreach(pos, &cl->pulls) {
     struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
-    if (s->err)
-      continue;
-    for (size_t i = 0; i < s->n; i++) {
+    uint64_t first = item_key(s, 0);
+    if (s->err || !s->n || after >= first + s->n - 1)
+      continue; /* (every key of s was listed: a page costs its own items) */
+    for (size_t i = after >= first ? (size_t)(after - first + 1) : 0; i < s->n; i++) {
       struct gshmd_segment *seg = s->items[i]->seg;
       uint64_t key = item_key(s, i);
       /* (a name held here is listed in flight only by a set that
