@@ -111,6 +111,7 @@ int gshmd_gpu_fault_probe_start(struct gshmd_gpu_fault *g, uv_loop_t *loop,
     return e;
   g->timer.data = g;
   g->timer_on = true;
+  g->begun_ms = uv_now(loop);
   uv_unref((uv_handle_t *)&g->timer);
   return uv_timer_start(&g->timer, probe_tick, interval_ms, interval_ms);
 }
@@ -132,6 +133,13 @@ bool gshmd_gpu_fault_restart_due(struct gshmd_gpu_fault *g, struct gshmd_registr
   bool sticky = gshmd_backend_needs_restart(r->cuda);
 
   if (!sticky && !g->back)
+    return false;
+  /* (a probe that works where the next start still fails, e.g. imports,
+   * would restart gshmd each gpu_probe_ms: at 100 ms systemd's
+   * StartLimitBurst would fail the unit and drop its store, every segment;
+   * waiting GSHMD_STICKY_START_DELAY_S from the start keeps such a loop
+   * to 3 starts in StartLimitIntervalSec=30s, whatever gpu_probe_ms) */
+  if (!sticky && uv_now(g->loop) - g->begun_ms < GSHMD_STICKY_START_DELAY_S * 1000ull)
     return false;
   /* without the store (started by hand, in a container) a restart would
    * lose every name, host segments' too: gshmd serves on and says so; a

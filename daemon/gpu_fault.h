@@ -43,6 +43,9 @@ struct gshmd_gpu_fault {
   uv_process_t proc;           /* the probe running (running) or closing */
   bool timer_on, running, closing;
   uint64_t started_ms;         /* the running probe's start, uv_now */
+  uint64_t begun_ms;           /* probing's start, uv_now: a restart for working
+                                * GPUs comes no sooner than
+                                * GSHMD_STICKY_START_DELAY_S after it */
   bool back;                   /* a probe succeeded: the GPUs work again */
   bool restarting;             /* gshmd stops for a restart because of back */
   bool said;                   /* said once why gshmd does not restart by itself */

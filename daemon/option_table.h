@@ -61,8 +61,9 @@
     "Milliseconds between GPU probes while a sticky CUDA error at start keeps " \
     "the GPUs unusable (sticky_start = serve). Each probe is a short-lived "   \
     "child process that sets up every GPU as gshmd's start does; gshmd itself " \
-    "makes no CUDA call after the error. Each success is a restart: at the "   \
-    "default, at most 3 in gshmd.service's StartLimitIntervalSec=30s.")         \
+    "makes no CUDA call after the error. Each success is a restart, none "     \
+    "sooner than 10 s after gshmd's start: at most 3 in gshmd.service's "       \
+    "StartLimitIntervalSec=30s, whatever the interval.")                        \
   X(daemon, log_level, LOGLEVEL, log_level, "6", 0, 7, NULL,                    \
     "Most verbose syslog priority that is logged, 0 (emerg) to 7 (debug); the " \
     "names emerg, alert, crit, err, warning, notice, info and debug are "       \

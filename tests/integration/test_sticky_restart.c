@@ -31,10 +31,16 @@
 
 #define SIZE (1u << 20)
 
-/* Waits up to 10 s for gshmd to exit on its own, leaving it to be reaped
+static int64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+/* Waits up to 20 s for gshmd to exit on its own, leaving it to be reaped
  * (harness_restart's kill and wait); its siginfo in *si. */
 static bool exited_by_itself(struct harness *h, siginfo_t *si) {
-  for (int i = 0; i < 1000; i++) {
+  for (int i = 0; i < 2000; i++) {
     memset(si, 0, sizeof(*si));
     if (waitid(P_PID, (id_t)h->sp.pid, si, WEXITED | WNOHANG | WNOWAIT) == 0 && si->si_pid)
       return true;
@@ -255,6 +261,7 @@ static void degraded_start(const char *fail) {
   gshm_segment_t *s, *dev;
   gshm_status_info_t st;
   siginfo_t si;
+  int64_t t0, t1;
 
   assert_non_null(mkdtemp(dir));
   snprintf(sticky, sizeof(sticky), "%s/sticky", dir);
@@ -268,11 +275,19 @@ static void degraded_start(const char *fail) {
   if (fail) /* (this gshmd's: its probes get the sticky file's) */
     put_failure(trigger, fail, 214);
   assert_int_equal(harness_restart(&h, SIGKILL, args), 0);
+  t0 = mono_ns();
   check_degraded(&h, want, got);
 
-  /* mended: the next probe works, and gshmd exits for its restart */
+  /* mended: the next probe works, and gshmd exits for its restart, but
+   * not sooner than 10 s after its start (GSHMD_STICKY_START_DELAY_S:
+   * probes every 200 ms must not restart it 5 times in 30 s, which would
+   * fail the unit and drop its store) */
   assert_int_equal(unlink(sticky), 0);
   assert_true(exited_by_itself(&h, &si));
+  t1 = mono_ns();
+  print_message("    exited for its restart %.1f s after its degraded start\n",
+                (double)(t1 - t0) / 1e9);
+  assert_true(t1 - t0 >= 9 * 1000000000ll);
   assert_int_equal(si.si_code, CLD_EXITED);
   assert_int_equal(si.si_status, 75);
   assert_int_equal(harness_restart(&h, SIGKILL, args), 0);
