@@ -59,6 +59,7 @@ struct gshmd_closer {
   uv_async_t done_async;       /* a batch ended: reap, accept again */
   uv_timer_t spawn_timer;      /* the queue waited: one more thread */
   bool timer_on;
+  bool spawn_failed;           /* the last try to start a thread failed (logged) */
   struct gshmd_server *srv;
 };
 
@@ -143,8 +144,9 @@ static void on_spawn_timer(uv_timer_t *t) {
   pthread_mutex_lock(&k->mu);
   if (!gshm_list_empty(&k->queue) && !k->idle) {
     int e = closer_spawn(k);
-    if (e)
+    if (e && !k->spawn_failed) /* (once until a thread is made again: retried each tick) */
       gshm_log_warn("a thread to close clients' fds: %s; they wait for a busy one", strerror(e));
+    k->spawn_failed = e != 0;
     again = true; /* (the new thread may block too, or none was made) */
   }
   pthread_mutex_unlock(&k->mu);
