@@ -290,7 +290,10 @@ unsigned gshmd__link_count_up(struct links *ll, const struct peer *p) {
   unsigned n = 0;
   gshm_list_foreach(pos, &ll->links) {
     struct link *l = gshm_list_entry(pos, struct link, node);
-    n += l->inbound && l->state == LINK_UP && l->peer == p && !l->is_lane;
+    /* (a failed link whose sends UCX has not ended holds their memory) */
+    bool held = l->state == LINK_UP || (l->state == LINK_CLOSED && l->busy &&
+                                        !gshm_list_empty(&l->ucx_sends));
+    n += l->inbound && held && l->peer == p && !l->is_lane;
   }
   return n;
 }
@@ -651,6 +654,7 @@ void gshmd__link_destroy(struct links *ll) {
   while (ll->links.next && !gshm_list_empty(&ll->links)) {
     struct link *l = gshm_list_entry(ll->links.next, struct link, node);
     gshm_list_del(&l->node);
+    gshmd__link_data_orphan(l);
     gshmd__landings_unref(l->landings); /* (its lanes are gone: gshmd__lanes_stop) */
     free(l);
   }
