@@ -32,6 +32,7 @@ struct data_send {
   void *next_orphan;        /* first: ll->abandoned's list (gshmd__link_data_orphan) */
   struct ucx_data_hdr hdr;  /* UCX: sent with the bytes */
   struct gshm_list node;    /* UCX: l->ucx_sends until it completes */
+  int64_t sent_ns;          /* UCX: when it was posted (CLOCK_MONOTONIC) */
   struct link *l;           /* NULL: orphaned, its link freed at exit */
   void (*done)(void *arg, int err);
   void *arg;
@@ -78,6 +79,7 @@ static int send_ucx(struct data_send *ds, const void *src, uint64_t len, ucp_mem
     rp.memh = memh;
   }
   l->busy++;
+  ds->sent_ns = gshm__now_ns(CLOCK_MONOTONIC);
   gshm_list_add_tail(&l->ucx_sends, &ds->node);
   sp = ucp_am_send_nbx(l->ucx_ep, DATA_AM_ID, &ds->hdr, sizeof(ds->hdr), src, len, &rp);
   gshmd__link_kick(l->ll);
@@ -343,6 +345,16 @@ static ucs_status_t on_data_am(void *arg, const void *header, size_t header_leng
 
 int gshmd__link_data_start(struct links *ll) {
   return gshmd__link_worker_am(ll, DATA_AM_ID, on_data_am, ll);
+}
+
+bool gshmd__link_ucx_overdue(const struct link *l, int64_t now, int64_t limit_ns) {
+  const struct data_send *ds;
+
+  if (gshm_list_empty(&l->ucx_sends))
+    return false;
+  /* (posted in order: the oldest first) */
+  ds = gshm_list_entry(l->ucx_sends.next, struct data_send, node);
+  return now - ds->sent_ns > limit_ns;
 }
 
 void gshmd__link_data_lost(struct link *l) {

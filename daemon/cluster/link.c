@@ -538,6 +538,11 @@ static const char *link_overdue(struct link *l, int64_t now) {
   }
   if (now - l->active_ns > ll->request_timeout_ns && l->busy && l->st.tx_bytes)
     return "the peer did not read what it asked for in time";
+  /* (UCX's sends are not the stream's bytes: a peer that keeps its
+   * connection open and never takes them held them, and what they read,
+   * for as long as it liked) */
+  if (gshmd__link_ucx_overdue(l, now, ll->request_timeout_ns))
+    return "the peer did not take over UCX what it asked for in time";
   return NULL;
 }
 

@@ -359,6 +359,11 @@ void gshmd__link_data_lost(struct link *l);
  * ll->abandoned, freed after the worker (a callback during
  * ucp_worker_destroy touches nothing else). */
 void gshmd__link_data_orphan(struct link *l);
+/* Whether the oldest of l's sends over UCX was posted over limit_ns before
+ * now (CLOCK_MONOTONIC ns) and has not completed: the peer does not take
+ * the bytes it asked for (a rendezvous waits for the receiver; a worker
+ * that nobody progresses never answers it).  Loop only. */
+bool gshmd__link_ucx_overdue(const struct link *l, int64_t now, int64_t limit_ns);
 /* Inbound links of peer p that passed the hello and are up, or failed
  * with sends over UCX not yet ended by UCX (their memory stays:
  * gshmd__link_data_lost): at most LINK_MAX_PER_PEER of them. */
