@@ -12,6 +12,7 @@
 
 #include "lane.h"
 #include "link.h"
+#include "log.h"
 #include "util.h"
 
 #define DATA_AM_ID 0x68 /* the only UCX message id gshm takes */
@@ -24,13 +25,15 @@ struct ucx_data_hdr {
   uint64_t offset;
 };
 
-/* One send of bytes. */
+/* One send of bytes.  Over UCX it stays on its link's ucx_sends, and
+ * counted in l->busy, until UCX's callback, whatever came first: the
+ * memory it reads (a grant's mapping, a staging slot) lives until then. */
 struct data_send {
-  void *next_abandoned;     /* first: ll->abandoned's list */
+  void *next_orphan;        /* first: ll->abandoned's list (gshmd__link_data_orphan) */
   struct ucx_data_hdr hdr;  /* UCX: sent with the bytes */
   struct gshm_list node;    /* UCX: l->ucx_sends until it completes */
-  bool abandoned;           /* UCX: the link failed first (freed by UCX's callback) */
-  struct link *l;
+  int64_t sent_ns;          /* UCX: when it was posted (CLOCK_MONOTONIC) */
+  struct link *l;           /* NULL: orphaned, its link freed at exit */
   void (*done)(void *arg, int err);
   void *arg;
 };
@@ -53,7 +56,7 @@ static void on_ucx_sent(void *request, ucs_status_t status, void *user_data) {
 
   if (request)
     ucp_request_free(request);
-  if (ds->abandoned)
+  if (!ds->l)
     return; /* freed with the worker (ll->abandoned) */
   gshm_list_del(&ds->node);
   data_sent(ds, status == UCS_OK ? 0 : -ECONNRESET);
@@ -76,6 +79,7 @@ static int send_ucx(struct data_send *ds, const void *src, uint64_t len, ucp_mem
     rp.memh = memh;
   }
   l->busy++;
+  ds->sent_ns = gshm__now_ns(CLOCK_MONOTONIC);
   gshm_list_add_tail(&l->ucx_sends, &ds->node);
   sp = ucp_am_send_nbx(l->ucx_ep, DATA_AM_ID, &ds->hdr, sizeof(ds->hdr), src, len, &rp);
   gshmd__link_kick(l->ll);
@@ -343,24 +347,47 @@ int gshmd__link_data_start(struct links *ll) {
   return gshmd__link_worker_am(ll, DATA_AM_ID, on_data_am, ll);
 }
 
+bool gshmd__link_ucx_overdue(const struct link *l, int64_t now, int64_t limit_ns) {
+  const struct data_send *ds;
+
+  if (gshm_list_empty(&l->ucx_sends))
+    return false;
+  /* (posted in order: the oldest first) */
+  ds = gshm_list_entry(l->ucx_sends.next, struct data_send, node);
+  return now - ds->sent_ns > limit_ns;
+}
+
 void gshmd__link_data_lost(struct link *l) {
+  size_t n = 0;
+  struct gshm_list *pos;
+
   if (l->ucx_ep) {
+    /* (closed out of this callback, by force: UCX cancels the sends it
+     * can, and calls back for each) */
     gshmd__link_worker_ep_close(l->ll, l->ucx_ep);
     l->ucx_ep = NULL;
   }
-  /* UCX 1.13's shared-memory endpoints cannot tell a dead peer, and a
-   * rendezvous send to one never completes: the link's sends end now (the
-   * peer reads our memory, we never touch it again); UCX's callback, if
-   * it ever comes, only frees the record. */
+  /* The link's sends over UCX stay counted in l->busy until UCX calls
+   * back, however late: UCX 1.13's force close keeps a send that waits
+   * for the endpoint's wireup, and replays it from the same address
+   * when the peer's worker answers (a worker stopped, then woken).  So
+   * the link's grants, their mappings and slots, and a revoked
+   * segment's pages stay until then (gshmd__link_unbusy frees them with
+   * the last); the peer's links that linger so count among its
+   * LINK_MAX_PER_PEER (gshmd__link_count_up). */
+  gshm_list_foreach(pos, &l->ucx_sends) n++;
+  if (n)
+    gshm_log_info("cluster: peer '%s': %zu send%s over UCX not ended by UCX yet: the memory "
+                  "they read stays until it ends them",
+                  l->peer ? l->peer->name : l->remote, n, n == 1 ? "" : "s");
+}
+
+void gshmd__link_data_orphan(struct link *l) {
   while (!gshm_list_empty(&l->ucx_sends)) {
     struct data_send *ds = gshm_list_entry(l->ucx_sends.next, struct data_send, node);
     gshm_list_del(&ds->node);
-    ds->abandoned = true;
-    ds->next_abandoned = l->ll->abandoned;
+    ds->l = NULL;
+    ds->next_orphan = l->ll->abandoned;
     l->ll->abandoned = ds;
-    l->busy--;
-    if (ds->done)
-      ds->done(ds->arg, -ECONNRESET);
   }
-  gshmd__link_unbusy(l);
 }

@@ -290,7 +290,10 @@ unsigned gshmd__link_count_up(struct links *ll, const struct peer *p) {
   unsigned n = 0;
   gshm_list_foreach(pos, &ll->links) {
     struct link *l = gshm_list_entry(pos, struct link, node);
-    n += l->inbound && l->state == LINK_UP && l->peer == p && !l->is_lane;
+    /* (a failed link whose sends UCX has not ended holds their memory) */
+    bool held = l->state == LINK_UP || (l->state == LINK_CLOSED && l->busy &&
+                                        !gshm_list_empty(&l->ucx_sends));
+    n += l->inbound && held && l->peer == p && !l->is_lane;
   }
   return n;
 }
@@ -535,6 +538,11 @@ static const char *link_overdue(struct link *l, int64_t now) {
   }
   if (now - l->active_ns > ll->request_timeout_ns && l->busy && l->st.tx_bytes)
     return "the peer did not read what it asked for in time";
+  /* (UCX's sends are not the stream's bytes: a peer that keeps its
+   * connection open and never takes them held them, and what they read,
+   * for as long as it liked) */
+  if (gshmd__link_ucx_overdue(l, now, ll->request_timeout_ns))
+    return "the peer did not take over UCX what it asked for in time";
   return NULL;
 }
 
@@ -651,6 +659,7 @@ void gshmd__link_destroy(struct links *ll) {
   while (ll->links.next && !gshm_list_empty(&ll->links)) {
     struct link *l = gshm_list_entry(ll->links.next, struct link, node);
     gshm_list_del(&l->node);
+    gshmd__link_data_orphan(l);
     gshmd__landings_unref(l->landings); /* (its lanes are gone: gshmd__lanes_stop) */
     free(l);
   }

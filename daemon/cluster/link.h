@@ -232,7 +232,7 @@ struct links {
   ucp_ep_h *ep_closing;      /* endpoints to close outside UCX callbacks, then their requests */
   void **ep_close_reqs;
   unsigned nep_closing, nep_close_reqs;
-  void *abandoned;           /* data.c: records of sends UCX never completed (first word: next) */
+  void *abandoned;           /* data.c: sends UCX had not ended at exit (first word: next) */
   bool encrypt;              /* cluster.encrypt */
   bool gmac;                 /* cluster.mac = auto: AES-GMAC where both nodes have AES-NI */
   unsigned nconns;           /* links with a socket (the fd budget) */
@@ -350,9 +350,23 @@ void gshmd__landings_ref(struct landings *lt);
 void gshmd__landings_unref(struct landings *lt);
 /* Takes UCX data messages (after gshmd__link_start).  Returns 0 or -EIO. */
 int gshmd__link_data_start(struct links *ll);
-/* l failed: its UCX endpoint goes. */
+/* l failed: its UCX endpoint goes (closed by force: UCX cancels what
+ * sends it can).  Its sends over UCX stay on l->ucx_sends, counted in
+ * l->busy, until UCX calls back for each, with any status: what they
+ * read stays mapped (and their slots unused) until then. */
 void gshmd__link_data_lost(struct link *l);
-/* Inbound links of peer p that passed the hello. */
+/* l is freed at exit with sends UCX never ended: their records go to
+ * ll->abandoned, freed after the worker (a callback during
+ * ucp_worker_destroy touches nothing else). */
+void gshmd__link_data_orphan(struct link *l);
+/* Whether the oldest of l's sends over UCX was posted over limit_ns before
+ * now (CLOCK_MONOTONIC ns) and has not completed: the peer does not take
+ * the bytes it asked for (a rendezvous waits for the receiver; a worker
+ * that nobody progresses never answers it).  Loop only. */
+bool gshmd__link_ucx_overdue(const struct link *l, int64_t now, int64_t limit_ns);
+/* Inbound links of peer p that passed the hello and are up, or failed
+ * with sends over UCX not yet ended by UCX (their memory stays:
+ * gshmd__link_data_lost): at most LINK_MAX_PER_PEER of them. */
 unsigned gshmd__link_count_up(struct links *ll, const struct peer *p);
 /* A new outbound connection to parent's peer that will say hello as a
  * data lane of parent (its lane token; lane.h), counted in the peer's

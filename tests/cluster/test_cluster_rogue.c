@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -988,6 +989,127 @@ static void test_list_walks_a_bounded_part(void **state) {
   quiet_segments(false);
 }
 
+/* ---- UCX sends a peer never takes ---------------------------------------- */
+
+/* Node q (cluster.transport = ucx; its one peer "ra" a rogue that claims
+ * CAP_UCX) up, and the worker address of the UcxOffer it made into addr
+ * (cap bytes); its length. */
+static size_t worker_of(struct node *q, struct rogue *ra, int *lfd_out, uint8_t *addr,
+                        size_t cap) {
+  char peers[64];
+  uint8_t rkey[32];
+  size_t len = 0;
+  int port;
+
+  rogue_key(keys.key, rkey);
+  assert_true((*lfd_out = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "ra=127.0.0.1:%d", port);
+  node_start(q, "q", peers, keys.key, "", "cluster.transport=ucx", NULL);
+  memset(ra, 0, sizeof(*ra));
+  ra->caps = GSHM__CLUSTER__CAP__CAP_UCX;
+  assert_int_equal(rogue_accept(ra, *lfd_out, "ra", rkey), 0);
+  for (int i = 0; i < 100 && !len; i++) {
+    Gshm__Cluster__Msg *m = rogue_recv(ra, 50);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_UCX_OFFER &&
+        m->ucx_offer->worker_address.len <= cap) {
+      len = m->ucx_offer->worker_address.len;
+      memcpy(addr, m->ucx_offer->worker_address.data, len);
+    }
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  return len;
+}
+
+static bool closed_or_failed(struct rogue *r) { return r->failed || r->closed; }
+
+/* A key holder pulls with UCX (its UcxOffer names a worker: here one of
+ * a node it stopped, SIGSTOP, so that nothing takes the rendezvous of
+ * its Reads' bytes) and keeps its link's connection open: the serving
+ * node's sends never completed and nothing timed them out (the check of
+ * a peer that does not read looked at the TCP stream's bytes only), so
+ * the link held its grants, their reads and, for a segment revoked
+ * meanwhile, its pages, for as long as the peer liked.  Now a send over
+ * UCX that has not completed in cluster.request_timeout_ms fails the
+ * link, as a stream's unread bytes do. */
+static void test_ucx_sends_not_taken(void **state) {
+  static struct node t, q;
+  static struct rogue r, ra;
+  static uint8_t addr[4096];
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__UcxOffer o = GSHM__CLUSTER__UCX_OFFER__INIT;
+  Gshm__Cluster__GrantRequest gr = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  Gshm__Cluster__Read rd = GSHM__CLUSTER__READ__INIT;
+  struct tally tl = {0};
+  gshm_client_t *c;
+  size_t len;
+  long held, left = -1;
+  int qlfd;
+  bool ended;
+  (void)state;
+
+  len = worker_of(&q, &ra, &qlfd, addr, sizeof(addr));
+  assert_true(len > 2);
+  node_start(&t, "t", "r=127.0.0.1:1", keys.key, "pub/*", "cluster.transport=ucx",
+             "cluster.request_timeout_ms=2000", NULL);
+  c = connect_to(&t);
+  make_segment(c, "pub/probe", 4096, 1);
+  make_segment(c, "pub/u", 8 * MiB, 6);
+  memset(&r, 0, sizeof(r));
+  r.caps = GSHM__CLUSTER__CAP__CAP_UCX;
+  assert_int_equal(kill(q.h.sp.pid, SIGSTOP), 0);
+  assert_int_equal(rogue_connect(&r, t.port, "r", "t", key), 0);
+  r.on_msg = count_answer;
+  r.arg = &tl;
+  o.worker_address.data = addr;
+  o.worker_address.len = len;
+  o.token = 42;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_UCX_OFFER;
+  m.ucx_offer = &o;
+  rogue_send(&r, &m);
+  want_answers = 1;
+  assert_true(rogue_run_until(&r, all_answered, 10000)); /* (the UcxAnswer) */
+  printf("UcxAnswer: %s\n", tl.other_msg);
+  gr.name = "pub/u";
+  m.request_id = 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  m.grant_request = &gr;
+  rogue_send(&r, &m);
+  want_answers = 2;
+  assert_true(rogue_run_until(&r, all_answered, 10000));
+  assert_int_equal(tl.grants, 1);
+  rd.grant_id = tl.first_grant;
+  rd.length = 2 * MiB;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_READ;
+  m.read = &rd;
+  for (uint32_t i = 0; i < 4; i++) {
+    rd.offset = i * 2 * MiB;
+    m.request_id = 10 + i;
+    rogue_send(&r, &m);
+  }
+  ended = rogue_run_until(&r, closed_or_failed, 8000); /* (4 x the request timeout) */
+  printf("UCX sends nobody takes, the link's connection open: link %s after 8 s\n",
+         ended ? "ended" : "still up");
+  rogue_close(&r);
+  /* the sends UCX still holds read the grant's registered mapping: it
+   * stays (the old code ended the grant, and unmapped it, at once) */
+  held = metric(c, "gshm_cluster_registered_segments");
+  assert_int_equal(kill(q.h.sp.pid, SIGCONT), 0);
+  /* the worker wakes, UCX sends (or drops) them, and calls back: the
+   * memory goes then (the old code: SIGSEGV in ucp_dt_pack here) */
+  for (int i = 0; i < 200 && (left = metric(c, "gshm_cluster_registered_segments")); i++)
+    usleep(50000);
+  printf("registered while the worker slept: %ld; 10 s after it woke: %ld\n", held, left);
+  rogue_close(&ra);
+  assert_int_equal(harness_stop(&q.h), 0);
+  close(qlfd);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&t.h), 0);
+  assert_true(ended);
+  assert_int_equal(held, 1);
+  assert_int_equal(left, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_peer_message_escaped),
@@ -1002,6 +1124,7 @@ int main(void) {
       cmocka_unit_test(test_lanes_per_link),
       cmocka_unit_test(test_revoke_under_grant),
       cmocka_unit_test(test_list_walks_a_bounded_part),
+      cmocka_unit_test(test_ucx_sends_not_taken),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
