@@ -33,6 +33,7 @@
 #include "leasekey.h"
 #include "log.h"
 #include "registry.h"
+#include "requests.h"
 #include "server.h"
 #include "wire.h"
 
@@ -102,15 +103,16 @@ static bool pump_until_readable(int fd) {
     uv_run(&loop, UV_RUN_NOWAIT);
     if (poll(&p, 1, 0) > 0)
       return true;
-    /* a dropped client's socket closes on the thread pool: wait for it */
-    if (srv.closes_pending)
-      uv_run(&loop, UV_RUN_ONCE);
+    /* a dropped client's socket closes on a closer thread: wait for it */
+    if (gshmd__closes_pending(&srv, (uid_t)-1) && poll(&p, 1, 1) > 0)
+      return true;
   }
-  /* gshmd closes a dropped connection's socket on the thread pool, so the
-   * hang-up that answers a bad packet may still be on its way there. */
-  while (srv.closes_pending) {
-    uv_run(&loop, UV_RUN_ONCE);
-    if (poll(&p, 1, 0) > 0)
+  /* gshmd closes a dropped connection's socket on a closer thread
+   * (server_close.c), so the hang-up that answers a bad packet may still
+   * be on its way there. */
+  while (gshmd__closes_pending(&srv, (uid_t)-1)) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    if (poll(&p, 1, 1) > 0)
       return true;
   }
   return poll(&p, 1, 0) > 0;
@@ -225,8 +227,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int i = 0; i < 64 && (srv.nconns || reg.nclients); i++)
     uv_run(&loop, UV_RUN_NOWAIT);
   uv_run(&loop, UV_RUN_NOWAIT); /* close callbacks */
-  while (srv.closes_pending) /* client fds close on the thread pool */
-    uv_run(&loop, UV_RUN_ONCE);
+  /* client fds close on gshmd's closer threads (server_close.c): wait
+   * until every batch ended (the count reaps; its wake-up is unref'd, so
+   * uv_run would not wait for it) */
+  while (gshmd__closes_pending(&srv, (uid_t)-1)) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    usleep(50);
+  }
   if (srv.nconns || reg.nclients || reg.nleases)
     abort();
   /* Segments the input created stay (as they would in gshmd); free them
