@@ -43,7 +43,6 @@ struct gshmd_server {
   bool accept_timer_on, accept_paused, accept_logged;
   uint64_t accept_pauses;   /* episodes, for metrics */
   bool fds_refused;         /* SO_PASSRIGHTS is off on the listener */
-  uint32_t closes_pending;  /* close batches not ended, when last reaped */
   struct gshmd_closer *closer; /* clients' fds closed off the loop (server_close.c) */
   struct gshm_list conns;
   uint32_t nconns;

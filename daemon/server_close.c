@@ -237,7 +237,6 @@ uint32_t gshmd__closes_pending(struct gshmd_server *s, uid_t uid) {
     of_uid += b->uid == uid;
   }
   pthread_mutex_unlock(&k->mu);
-  s->closes_pending = all;
   return uid == (uid_t)-1 ? all : of_uid;
 }
 
