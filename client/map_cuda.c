@@ -202,6 +202,64 @@ static int pick_devices(const struct gshm_cudadrv *drv, struct device_map *m, co
   return 0;
 }
 
+/* Whether device d's primary context is active (made by the CUDA
+ * runtime, torch, CuPy, or a retain of ours). */
+static bool primary_active(const struct gshm_cudadrv *drv, CUdevice d) {
+  unsigned flags = 0;
+  int active = 0;
+  return drv->cuDevicePrimaryCtxGetState(d, &flags, &active) == CUDA_SUCCESS && active;
+}
+
+/* The device of m->devices whose primary context the mapping retains (for
+ * gshm_read/gshm_write's staging copies): the calling thread's current
+ * device, else the first whose primary context is already active (the
+ * owner first when listed), else the owner or the first listed.  A retain
+ * of an inactive primary context creates it, hundreds of MiB of the
+ * GPU's memory for as long as the mapping: a worker of GPU 1 mapping a
+ * GPU 0 segment for every device must not leave a context on GPU 0. */
+static CUdevice pick_copy_dev(const struct gshm_cudadrv *drv, const struct device_map *m) {
+  CUdevice cur = -1, fallback = m->devices[0];
+  CUcontext ctx = NULL;
+
+  if (drv->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx &&
+      drv->cuCtxGetDevice(&cur) == CUDA_SUCCESS)
+    for (size_t i = 0; i < m->ndevices; i++)
+      if (m->devices[i] == cur)
+        return cur;
+  for (size_t i = 0; i < m->ndevices; i++)
+    if (m->devices[i] == m->owner) {
+      fallback = m->owner;
+      if (primary_active(drv, m->owner))
+        return m->owner;
+    }
+  for (size_t i = 0; i < m->ndevices; i++)
+    if (primary_active(drv, m->devices[i]))
+      return m->devices[i];
+  return fallback;
+}
+
+/* Waits for the work queued on every device the mapping gives access to,
+ * in each one's primary context where it is active (the contexts of the
+ * CUDA runtime, torch and CuPy), as cudaFree does: a kernel still queued
+ * on the address must not fault on an unmapped range, nor read the next
+ * segment mapped at the same address.  Failures (a sticky error, a
+ * stream capture in progress) are logged at DEBUG: the unmap goes on. */
+static void unmap_wait(const struct device_map *m) {
+  const struct gshm_cudadrv *drv = m->drv;
+  CUcontext ctx, ignored;
+
+  for (size_t i = 0; i < m->ndevices; i++) {
+    if (!primary_active(drv, m->devices[i]) ||
+        GSHM_CU(drv, GSHM_LOG_DEBUG, cuDevicePrimaryCtxRetain, &ctx, m->devices[i]))
+      continue;
+    if (!GSHM_CU(drv, GSHM_LOG_DEBUG, cuCtxPushCurrent, ctx)) {
+      (void)GSHM_CU(drv, GSHM_LOG_DEBUG, cuCtxSynchronize);
+      drv->cuCtxPopCurrent(&ignored);
+    }
+    drv->cuDevicePrimaryCtxRelease(m->devices[i]);
+  }
+}
+
 int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
                      char ***uuids_out, size_t *n_out) {
   const struct gshm_cudadrv *drv;
@@ -237,10 +295,7 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
     goto free_map;
   if ((e = pick_devices(drv, m, devices, ndevices)))
     goto free_map;
-  m->copy_dev = m->devices[0];
-  for (size_t i = 0; i < m->ndevices; i++)
-    if (m->devices[i] == m->owner)
-      m->copy_dev = m->owner;
+  m->copy_dev = pick_copy_dev(drv, m);
   /* The VMM calls need no context, but the staging copies and the peer
    * mappings want a live one on a device with access: retain its primary
    * context (the CUDA runtime shares it) for as long as the mapping. */
@@ -374,8 +429,9 @@ int gshm__unmap_device(struct gshm__lease *l) {
   drv = m->drv;
   if (mapped_by_parent(m))
     goto forget; /* the child's copy of the record goes; the parent's mapping stays */
-  /* Work queued on the mapping must not fault: the caller synchronizes
-   * its streams before unmapping (gshm_unmap's contract). */
+  /* Work queued on the mapping must not fault nor read what is mapped
+   * here next (gshm_unmap's contract). */
+  unmap_wait(m);
   if ((r = CU_LIB(drv, cuMemUnmap, m->va, m->size)))
     e = r;
   if (!r && (r = CU_LIB(drv, cuMemAddressFree, m->va, m->size)))
