@@ -98,6 +98,10 @@
   X(cuMemGetAllocationPropertiesFromHandle) \
   X(cuLaunchKernelEx)                   \
   X(cuDevicePrimaryCtxReset)            \
+  X(cuDevicePrimaryCtxGetState)         \
+  X(cuMemGetAccess)                     \
+  X(cuStreamIsCapturing)                \
+  X(cuThreadExchangeStreamCaptureMode)  \
   V(cuCtxGetDevice_v2, "cuCtxGetDevice", 13000) \
   V(cuCtxGetId, "cuCtxGetId", 12000)    \
   V(cuStreamGetCtx_v2, "cuStreamGetCtx", 12050)

@@ -154,6 +154,19 @@ static int stream_ctx(const struct gshm_cudadrv *drv, CUstream stream, CUcontext
   return GSHM_CU(drv, GSHM_LOG_ERR, cuStreamGetCtx, stream, ctx);
 }
 
+CUstreamCaptureMode gshm__capture_relax(const struct gshm_cudadrv *drv) {
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+
+  if (drv->cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
+    mode = CU_STREAM_CAPTURE_MODE_RELAXED; /* nothing to restore */
+  return mode;
+}
+
+void gshm__capture_restore(const struct gshm_cudadrv *drv, CUstreamCaptureMode mode) {
+  if (mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    drv->cuThreadExchangeStreamCaptureMode(&mode);
+}
+
 /* The driver for copies, signals and broadcasts: its absence is an error
  * of the call (logged at ERR once). */
 static int copy_driver_load(const struct gshm_cudadrv **drv) {
@@ -163,11 +176,17 @@ static int copy_driver_load(const struct gshm_cudadrv **drv) {
 /* Loads the module into k's context (which is current).  Under the table's lock. */
 static int module_load(const struct gshm_cudadrv *drv, struct kctx *k) {
 #ifdef GSHM_HAVE_COPY_FATBIN
+  CUstreamCaptureMode mode;
   int e;
 
   if (k->module_state)
     return k->module_state < 0 ? k->module_state : 0;
+  /* the first copy of a context may come inside a stream capture, where
+   * loading a module is a call the capture forbids (it would end the
+   * capture): this thread may make it (as PyTorch's allocator does) */
+  mode = gshm__capture_relax(drv);
   e = GSHM_CU(drv, GSHM_LOG_ERR, cuModuleLoadData, &k->module, gshm__copy_fatbin);
+  gshm__capture_restore(drv, mode);
   if (e == -ENOMEM)
     return e; /* maybe transient (the GPU is full now): try again next time */
   if (e) {
@@ -177,8 +196,6 @@ static int module_load(const struct gshm_cudadrv *drv, struct kctx *k) {
   }
   for (int i = 0; i < GSHM__K_COUNT && !e; i++)
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuModuleGetFunction, &k->fn[i], k->module, kernel_names[i]);
-  if (!e)
-    e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemAlloc, &k->scratch, 8);
   if (e) {
     drv->cuModuleUnload(k->module);
     if (e != -ENOMEM && e != -EIO)
@@ -320,6 +337,7 @@ int gshm__copy_enable_peer(int ordinal) {
   unsigned long long was, id = 0;
   bool tried, ok;
   int can = 0, e;
+  CUstreamCaptureMode mode;
   CUresult r;
 
   e = copy_driver_load(&drv);
@@ -348,6 +366,7 @@ int gshm__copy_enable_peer(int ordinal) {
   e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceCanAccessPeer, &can, k->dev, (CUdevice)ordinal);
   if (!e && !can)
     e = -EXDEV;
+  mode = gshm__capture_relax(drv); /* as module_load */
   if (!e)
     e = gshm__copy_primary_ctx(drv, ordinal, &peer);
   if (!e) {
@@ -359,6 +378,7 @@ int gshm__copy_enable_peer(int ordinal) {
       e = r == CUDA_ERROR_TOO_MANY_PEERS ? -EXDEV : gshm__cuda_errno(r);
     }
   }
+  gshm__capture_restore(drv, mode);
   if (e == -ENOMEM || e == -EIO)
     return e; /* maybe transient: try again next time */
   gshm__fork_lock(GSHM__LOCK_COPY);
@@ -454,6 +474,14 @@ int gshm__copy_compare(const void *a, const void *b, size_t bytes, CUstream stre
     e = kctx_module(drv, &k);
   if (e)
     return e;
+  /* the counter: made on the first compare (a test's), not with the
+   * module, whose load a copy inside a stream capture may trigger */
+  gshm__fork_lock(GSHM__LOCK_COPY);
+  if (!k->scratch)
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemAlloc, &k->scratch, 8);
+  gshm__fork_unlock(GSHM__LOCK_COPY);
+  if (e)
+    return e;
   counter = (void *)(uintptr_t)k->scratch;
   e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemsetD8Async, k->scratch, 0, 8, stream);
   if (!e)
@@ -476,6 +504,7 @@ void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm
 
   memset(w, 0, sizeof(*w));
   w->ordinal = -1;
+  w->addr = (uintptr_t)p;
   if (drv->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                                  (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
     return; /* pageable host memory (or garbage: the copy will say) */
@@ -487,6 +516,30 @@ void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm
   } else {
     w->pinned = 1;
   }
+}
+
+int gshm__copy_reach(const struct gshm_cudadrv *drv, const struct gshm__where *w, int me,
+                     int write) {
+  CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = me};
+  unsigned long long flags = 0;
+  int legacy = 0;
+
+  if (!w->device || me < 0)
+    return 0;
+  /* cuMemAlloc memory: peer access rules (cuPointerGetAttribute says 1) */
+  if (drv->cuPointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                 (CUdeviceptr)w->addr) == CUDA_SUCCESS &&
+      legacy)
+    return 0;
+  if (drv->cuMemGetAccess(&flags, &loc, (CUdeviceptr)w->addr) != CUDA_SUCCESS)
+    return 0; /* no cuMem mapping: the driver's own rules */
+  if (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE || (!write && flags == CU_MEM_ACCESS_FLAGS_PROT_READ))
+    return 0;
+  gshm_log_err("GPU %d has %s access to 0x%llx (a cuMem mapping of GPU %d): map it for that "
+               "GPU too (gshm_map's devices)",
+               me, flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? "read-only" : "no",
+               (unsigned long long)w->addr, w->ordinal);
+  return flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? -EACCES : -EXDEV;
 }
 
 /* Makes the context of `stream` current (pushing it if it is not), or, for
@@ -539,8 +592,10 @@ static int flag_addressable(const struct gshm__where *wf) {
  * reachable (peer access enabled from here), or the write or wait faults
  * on the GPU (an illegal address that poisons the context).  Returns 0 or
  * -EXDEV (no peer path) and gshm__copy_enable_peer's errors. */
-static int flag_reachable(const struct gshm__where *wf) {
-  return wf->device ? gshm__copy_enable_peer(wf->ordinal) : 0;
+static int flag_reachable(const struct gshm_cudadrv *drv, const struct gshm__where *wf, int me,
+                          int write) {
+  int e = wf->device ? gshm__copy_enable_peer(wf->ordinal) : 0;
+  return e ? e : gshm__copy_reach(drv, wf, me, write);
 }
 
 static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_t value,
@@ -550,7 +605,7 @@ static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_
   void *args[2] = {&flag, &value};
   int e;
 
-  if ((e = flag_reachable(wf)))
+  if ((e = kctx_current(drv, &k)) || (e = flag_reachable(drv, wf, (int)k->dev, 1)))
     return e;
   r = drv->cuStreamWriteValue64(stream, (CUdeviceptr)(uintptr_t)flag, value,
                                 CU_STREAM_WRITE_VALUE_DEFAULT);
@@ -594,6 +649,9 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params 
     return e;
   me = (int)k->dev;
   peer = ws->device && wd->device && ws->ordinal != wd->ordinal;
+  /* either method runs on this GPU (its SMs or its copy engine) */
+  if ((e = gshm__copy_reach(drv, ws, me, 0)) || (e = gshm__copy_reach(drv, wd, me, 1)))
+    return e;
 
   if (method == GSHM_COPY_AUTO) {
     if (!ws->device || !wd->device || (ws->ordinal != me && wd->ordinal != me))
@@ -624,7 +682,7 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params 
       return e;
     if (!ready && (e = kctx_module(drv, &k)))
       return e;
-    if (flag && (e = flag_reachable(wf)))
+    if (flag && (e = flag_reachable(drv, wf, me, 1)))
       return e;
     if (flag && bytes <= FUSED_SIGNAL_MAX) {
       s = gshm__copy_pick_shape(bytes, 1, 0);
@@ -760,7 +818,7 @@ GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream) {
     return e;
   e = kctx_current(drv, &k);
   if (!e)
-    e = flag_reachable(&w);
+    e = flag_reachable(drv, &w, (int)k->dev, 0);
   if (!e) {
     if (k->can_flush)
       flags |= CU_STREAM_WAIT_VALUE_FLUSH;

@@ -82,7 +82,27 @@ struct gshm__where {
   int device; /* 1: device memory */
   int pinned; /* 1: host memory known to the driver */
   int ordinal;
+  uintptr_t addr; /* the address classified */
 };
+
+/* Whether the GPU `me` may touch device memory w (read, or write when
+ * `write`): cuMem (VMM) mappings, gshm's among them, give access per
+ * device and mapping (cuMemSetAccess), which peer access
+ * (cuCtxEnablePeerAccess) does not cover; an SM kernel or copy engine of
+ * a GPU without it faults (an illegal address that poisons the context).
+ * Returns 0 (host memory, memory of cuMemAlloc, whose peers
+ * gshm__copy_enable_peer enables, or access granted), -EXDEV no access
+ * from `me` (map the segment for it: gshm_map's devices), -EACCES a
+ * read-only mapping to be written. */
+int gshm__copy_reach(const struct gshm_cudadrv *drv, const struct gshm__where *w, int me,
+                     int write);
+
+/* Lets this thread make calls a stream capture forbids (an allocation, a
+ * module load: cuThreadExchangeStreamCaptureMode RELAXED, as PyTorch's
+ * cudaMallocMaybeCapturing), for lazy set-up that the first copy inside a
+ * capture may trigger; returns the mode to give gshm__capture_restore. */
+CUstreamCaptureMode gshm__capture_relax(const struct gshm_cudadrv *drv);
+void gshm__capture_restore(const struct gshm_cudadrv *drv, CUstreamCaptureMode mode);
 
 /* Fills *w for address p (cuPointerGetAttribute; unknown memory: all 0). */
 void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm__where *w);

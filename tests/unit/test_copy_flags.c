@@ -144,6 +144,25 @@ static CUresult f_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, un
   launches++;
   return CUDA_SUCCESS;
 }
+/* cuMem mappings: device_mem[256..383] one GPU 0 has no access to,
+ * [384..447] one it may only read; the rest is not a cuMem mapping (as
+ * cuMemAlloc's memory), which cuMemGetAccess refuses. */
+static CUresult f_mem_get_access(unsigned long long *flags, const CUmemLocation *loc,
+                                 CUdeviceptr ptr) {
+  const void *p = (const void *)(uintptr_t)ptr;
+  (void)loc;
+  if (in(p, &device_mem[256], 128 * sizeof(uint64_t)))
+    *flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  else if (in(p, &device_mem[384], 64 * sizeof(uint64_t)))
+    *flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  else
+    return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+static CUresult f_capture_mode(CUstreamCaptureMode *mode) {
+  *mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  return CUDA_SUCCESS;
+}
 static CUresult f_memcpy_async(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   (void)dst, (void)src, (void)n, (void)s;
   copies++;
@@ -169,6 +188,8 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuLaunchKernelEx = f_launch_ex;
   fake_drv.cuLaunchKernel = f_launch;
   fake_drv.cuMemcpyAsync = f_memcpy_async;
+  fake_drv.cuMemGetAccess = f_mem_get_access;
+  fake_drv.cuThreadExchangeStreamCaptureMode = f_capture_mode;
   *drv_out = &fake_drv;
   return 0;
 }
@@ -211,6 +232,30 @@ static void test_pageable_flag_never_reaches_the_gpu(void **state) {
   assert_int_equal(gshm_wait(&pageable_mem[0], 1, NULL), -EINVAL);
   assert_int_equal(stream_writes + stream_waits, 0);
   assert_int_equal(pageable_mem[0], 0);
+}
+
+/* A cuMem mapping the running GPU has no access to (gshm_map's devices
+ * left it out; peer access does not cover such mappings) is refused
+ * before anything is queued: a kernel or copy engine touching it faults
+ * on the GPU.  A read-only mapping may be read, not written.  Both used to
+ * be queued. */
+static void test_cumem_mapping_without_access_is_refused(void **state) {
+  (void)state;
+  reset_counts();
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[300], 64, GSHM_COPY_SM, NULL), -EXDEV);
+  assert_int_equal(gshm_copy(&device_mem[300], &device_mem[8], 64, GSHM_COPY_ENGINE, NULL),
+                   -EXDEV);
+  assert_int_equal(gshm_copy(&device_mem[400], &device_mem[8], 64, GSHM_COPY_AUTO, NULL),
+                   -EACCES);
+  assert_int_equal(gshm_signal(&device_mem[300], 1, NULL), -EXDEV);
+  assert_int_equal(gshm_signal(&device_mem[400], 1, NULL), -EACCES);
+  assert_int_equal(gshm_wait(&device_mem[300], 1, NULL), -EXDEV);
+  assert_int_equal(launches + copies + stream_writes + stream_waits, 0);
+  /* what the mapping allows goes */
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[400], 64, GSHM_COPY_ENGINE, NULL), 0);
+  assert_int_equal(gshm_wait(&device_mem[400], 0, NULL), 0);
+  assert_int_equal(copies, 1);
+  assert_int_equal(stream_waits, 1);
 }
 
 /* A context whose entry could not be made (its device unknown) leaves no
@@ -273,6 +318,7 @@ int main(void) {
       cmocka_unit_test(test_reachable_flags),
       cmocka_unit_test(test_failed_context_entries_are_not_kept),
       cmocka_unit_test(test_pageable_flag_never_reaches_the_gpu),
+      cmocka_unit_test(test_cumem_mapping_without_access_is_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
