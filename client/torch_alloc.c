@@ -183,7 +183,11 @@ static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
       goto close_seg;
     named = false;
   }
-  if ((e = gshm_map(s->seg, &p->device, 1, &addr)))
+  /* For every GPU that can reach it, not p->device alone: PyTorch copies
+   * between GPUs on the source GPU (pool_tensor.copy_(t_on_gpu1) is GPU
+   * 1's copy into this memory), and a cuMem mapping gives access per
+   * device, which peer access does not widen (gshm_copy in gshm.h). */
+  if ((e = gshm_map(s->seg, NULL, 0, &addr)))
     goto close_seg;
   s->base = (uint64_t)(uintptr_t)addr;
   s->size = gshm_segment_info(s->seg)->size;

@@ -548,8 +548,14 @@ GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevice
                          void **addr_out);
 
 /* Undoes gshm_map.  The last unmap of a lease's mapping (here or in
- * gshm_close) removes it at once: work queued on the GPU that still uses
- * the address must be finished first (synchronize its streams).
+ * gshm_close, gshm_disconnect) first waits for the work queued on every
+ * device the mapping gave access to (cuCtxSynchronize of each one's
+ * primary context where active: the contexts of the CUDA runtime, torch
+ * and CuPy), as cudaFree does, so a kernel still queued on the address
+ * neither faults nor reads the segment mapped there next (a tensor over a
+ * segment may be dropped with its readers still queued); then it removes
+ * the mapping.  Work in contexts of the caller's own (cuCtxCreate) and
+ * work captured into a graph are the caller's to finish first.
  * Returns 0 (also when not mapped), -EINVAL for a NULL seg, or -EIO when
  * the driver refused to unmap (the mapping is then leaked, and logged).
  * In a process forked from the one that mapped a device segment, the
@@ -781,14 +787,20 @@ typedef enum {
  * synchronize it before reading dst.  When src and dst are on different
  * GPUs, peer access is enabled (cuCtxEnablePeerAccess, once, and left
  * enabled) from the launching context to the other GPU's primary context,
- * which is retained for the life of the process; memory mapped by gshm_map
- * needs no such step.
+ * which is retained for the life of the process.  Peer access does not
+ * cover cuMem mappings (gshm_map's, PyTorch's expandable segments): the
+ * GPU that runs the copy (the stream's) must be among the devices the
+ * mapping gives access to (gshm_map's devices; NULL gives every device
+ * that can reach the segment's GPU), else -EXDEV, where the GPU would
+ * fault (an illegal address that ends the context).
  * Errors: -EINVAL dst or src NULL, an unknown method, or GSHM_COPY_SM on
  * pageable host memory; -EIO a stream whose context cannot be made
  * current (destroyed); -ENOTSUP
  * GSHM_COPY_SM in a libgshm built without nvcc, or a GPU architecture the
  * embedded kernels (sm_90 SASS + PTX) cannot run on; -EXDEV
- * GSHM_COPY_SM between GPUs without peer access; -ENOENT / -ENODEV no CUDA
+ * GSHM_COPY_SM between GPUs without peer access, or src or dst a cuMem
+ * mapping the stream's GPU has no access to; -EACCES dst a read-only
+ * cuMem mapping (a read-only lease's); -ENOENT / -ENODEV no CUDA
  * driver or no GPU; -ENOSYS a driver older than CUDA 12.0, or one that
  * lacks an entry point libgshm needs; -ECHILD this process was forked
  * from one that had initialized CUDA, which a forked child cannot use
@@ -899,7 +911,9 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
  * Errors: -EINVAL flag NULL, not 8-byte aligned, or in pageable host
  * memory (never handed to the GPU); -EXDEV the flag is
  * on a GPU the stream's GPU has no peer path to (libgshm enables peer
- * access where there is one); -ENOENT / -ENODEV no CUDA driver or GPU;
+ * access where there is one), or in a cuMem mapping the stream's GPU has
+ * no access to; -EACCES a read-only cuMem mapping (both as gshm_copy);
+ * -ENOENT / -ENODEV no CUDA driver or GPU;
  * -ENOSYS a driver too old, or -ECHILD a forked child (both as
  * gshm_copy); -ENOTSUP the driver refuses
  * stream memory operations on this address and libgshm was built without
@@ -919,13 +933,24 @@ GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
  * (int64_t)(*flag - value) >= 0; plus CU_STREAM_WAIT_VALUE_FLUSH where the
  * stream's GPU supports flushing remote writes).  Work queued on the stream
  * after this call sees everything the signalling stream wrote before its
- * gshm_signal(flag, v >= value).
+ * gshm_signal(flag, v >= value): the signal fences system-wide before its
+ * store (cuStreamWriteValue64's default; the kernels' fence.sc.sys then
+ * st.release.sys).  Where the waiting GPU cannot flush remote writes
+ * (CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES 0: no FLUSH), the driver
+ * documents nothing past that fence for writes that came over a peer link;
+ * tests/gpu/test_signal.c has checked it over NVLink (H100, H200) only.
+ * A wait on the legacy default stream (NULL) or a blocking stream holds
+ * every blocking stream of its context: a gshm_signal of the same flag
+ * queued later in the same process on such a stream never runs (the CUDA
+ * stream memory operations' documented deadlock); wait on a non-blocking
+ * stream (torch's and CuPy's own are).
  *  flag    8-byte-aligned device address or page-locked host memory that
  *          this process maps; best on the waiting stream's own GPU (the
  *          wait polls it).
  * Errors: -EINVAL flag NULL, misaligned or in pageable host memory;
  * -EXDEV the flag is on a GPU
- * the stream's GPU has no peer path to; -ENOENT / -ENODEV no driver or
+ * the stream's GPU has no peer path to, or in a cuMem mapping the stream's
+ * GPU has no access to (as gshm_copy); -ENOENT / -ENODEV no driver or
  * GPU; -ENOSYS a driver too old, or -ECHILD a forked child (both as
  * gshm_copy); -ENOTSUP the GPU does not
  * support 64-bit stream memory operations; -ENOMEM, -EIO the driver

@@ -45,9 +45,24 @@ def _addr_and_size(obj, what):
     raise TypeError("gshm.copy: cannot take the address of %s (%s)" % (what, type(obj).__name__))
 
 
-def _stream_handle(stream):
+def _torch_current_stream(objs):
+    """torch's current stream on the GPU of the first CUDA tensor in objs
+    (the source first, as torch runs a copy between GPUs), or None."""
+    for o in objs:
+        dev = getattr(o, "device", None)
+        if type(o).__module__.startswith("torch") and getattr(dev, "type", None) == "cuda":
+            import torch
+            return torch.cuda.current_stream(dev).cuda_stream or None
+    return None
+
+
+def _stream_handle(stream, *objs):
+    """The CUstream for `stream`; None: torch's current stream where one
+    of objs is a CUDA tensor (torch's own streams are non-blocking: the
+    legacy default stream would not be ordered after their work), else
+    the legacy default stream (NULL)."""
     if stream is None:
-        return None
+        return _torch_current_stream(objs)
     if isinstance(stream, int):
         return stream or None
     for attr in ("cuda_stream", "ptr", "handle"):  # torch, cupy, cuda-python
@@ -66,7 +81,9 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
     dst, src   addresses (int), segments (mapped on first use), DeviceArray
                views, torch tensors or objects with __cuda_array_interface__.
     nbytes     default: the smaller of the two sizes, where known.
-    stream     None (the legacy default stream), an int CUstream, a
+    stream     None: torch's current stream on the source's GPU (the
+               destination's) where either is a CUDA tensor, else the
+               legacy default stream; an int CUstream, a
                torch.cuda.Stream or a cupy stream.
     method     "auto", "copy_engine" or "sm".
     Raises NotImplementedError when this libgshm has no gshm_copy."""
@@ -86,7 +103,7 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
     for size, what in ((dsize, "dst"), (ssize, "src")):
         if size is not None and n > size:
             raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (n, what, size))
-    rc = fn(d, s, n, m, _stream_handle(stream))
+    rc = fn(d, s, n, m, _stream_handle(stream, src, dst))
     if rc < 0:
         _raise(rc, "gshm_copy")
 
@@ -111,7 +128,7 @@ def signal(flag: Any, value: int, stream: Any = None) -> None:
     before it (gshm_signal).  flag: an address, a DeviceArray (its first 8
     bytes), a segment or a tensor."""
     rc = _optional("gshm_signal")(_flag_address(flag), _flag_value(value),
-                                  _stream_handle(stream))
+                                  _stream_handle(stream, flag))
     if rc < 0:
         _raise(rc, "gshm_signal")
 
@@ -119,7 +136,8 @@ def signal(flag: Any, value: int, stream: Any = None) -> None:
 def wait(flag: Any, value: int, stream: Any = None) -> None:
     """Makes `stream` wait, without the host, until the 64-bit word at
     `flag` is >= value (gshm_wait)."""
-    rc = _optional("gshm_wait")(_flag_address(flag), _flag_value(value), _stream_handle(stream))
+    rc = _optional("gshm_wait")(_flag_address(flag), _flag_value(value),
+                                        _stream_handle(stream, flag))
     if rc < 0:
         _raise(rc, "gshm_wait")
 
@@ -138,6 +156,7 @@ def copy_signal(dst: Any, src: Any, nbytes: int, flag: Any, value: int,
     for size, what in ((dsize, "dst"), (ssize, "src")):
         if size is not None and n > size:
             raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (n, what, size))
-    rc = fn(d, s, n, m, _flag_address(flag), _flag_value(value), _stream_handle(stream))
+    rc = fn(d, s, n, m, _flag_address(flag), _flag_value(value),
+            _stream_handle(stream, src, dst, flag))
     if rc < 0:
         _raise(rc, "gshm_copy_signal")

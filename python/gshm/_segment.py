@@ -514,3 +514,18 @@ class DeviceArray(object):
     def __repr__(self) -> str:
         return "<gshm.DeviceArray %s%r on cuda:%d at 0x%x (segment %r + %d)>" % (
             self.dtype.name, self.shape, self.device, self.ptr, self.segment.name, self.offset)
+
+
+def map_reachable(seg: "DeviceSegment", device: Optional[int] = None) -> int:
+    """Maps device segment `seg` for every visible GPU that can reach its
+    GPU (and for `device`, an error where that one cannot), returning its
+    address.  What torch's layers map with: PyTorch copies between GPUs
+    on the *source* GPU (aten/native/cuda/Copy.cu), and a cuMem mapping
+    gives access per device (cuMemSetAccess), which peer access does not
+    widen: a tensor over memory mapped for its own GPU only, written from
+    another GPU, faults there (an illegal address that ends the context).
+    Mapping for more GPUs costs each one's page tables, once."""
+    addr = seg.map(devices=None)
+    if device is not None:
+        addr = seg.map(devices=[device])
+    return addr

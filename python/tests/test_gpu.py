@@ -332,3 +332,144 @@ def test_copy_between_gpus(gpu_client, segname):
         assert torch.equal(dst.cpu(), src.cpu())
         del src
     gpu_client.unlink(segname)
+
+
+# ---------------------------------------- GPU work around views and copies
+#
+# Each in a child process: on a library that gets them wrong, the GPU
+# faults (an illegal address ends the process's CUDA context for good).
+
+def test_dropped_view_waits_for_queued_readers(gpu_daemon, segname):
+    # A tensor over a segment dropped while a kernel that reads it is still
+    # queued: the unmap must wait for it (as cudaFree), not fault it, nor
+    # let it read the next segment mapped at the same address.
+    out = run_child(gpu_daemon, """
+        import gc
+        name = sys.argv[2]
+        n = 64 << 20
+        c = gshm.Client(sock)
+        a = c.create(name + "/a", n, location="cuda:0")
+        c.unlink(name + "/a")
+        ta = torch.from_dlpack(a.view("uint8", (n,), device=0))
+        ta.fill_(1)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1 << 30)          # about half a second of spinning
+        total = ta.to(torch.int32).sum()    # queued behind it, reads ta
+        old = ta.data_ptr()
+        del ta
+        a.close()
+        gc.collect()                        # the last reference: the unmap
+        b = c.create(name + "/b", n, location="cuda:0")
+        c.unlink(name + "/b")
+        tb = torch.from_dlpack(b.view("uint8", (n,), device=0))
+        tb.fill_(2)
+        print(json.dumps({"sum": int(total.item()), "n": n,
+                          "same_address": tb.data_ptr() == old}))
+        """, segname)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["sum"] == r["n"], r
+
+
+def test_copy_into_read_only_mapping_refused(gpu_daemon, segname):
+    # An SM copy into a read-only device mapping: -EACCES, not a store that
+    # faults on the GPU.
+    out = run_child(gpu_daemon, """
+        name = sys.argv[2]
+        n = 1 << 20
+        c = gshm.Client(sock)
+        w = c.create(name, n, location="cuda:0", mode=0o644)
+        w.close()
+        ro = c.open(name, "r")
+        ro.map(devices=[0])
+        src = torch.full((n,), 5, dtype=torch.uint8, device="cuda:0")
+        try:
+            gshm.copy(ro, src, n, method="sm")
+            torch.cuda.synchronize()
+            print("copied")
+        except gshm.PermissionDenied as e:
+            torch.cuda.synchronize()
+            print("refused", e.errno)
+        c.unlink(name)
+        """, segname)
+    assert out.strip().splitlines()[-1] == "refused 13", out
+
+
+def test_tensors_on_two_gpus_share_one_segment(gpu_daemon, segname):
+    # torch copies between GPUs on the source GPU: a segment on GPU 0 that
+    # a tensor on GPU 1 is copied into must be mapped for GPU 1 too.
+    if _GPUS < 2:
+        skip("needs two GPUs (a copy from GPU 1 into GPU 0's segment)")
+    out = run_child(gpu_daemon, """
+        name = sys.argv[2]
+        c = gshm.Client(sock)
+        sd = {"a": torch.arange(1 << 20, dtype=torch.float32, device="cuda:0"),
+              "b": torch.arange(1 << 20, dtype=torch.float32, device="cuda:1") * 2}
+        seg = gt.share_state_dict(c, name, sd)
+        back = gt.load_state_dict(c, name)
+        ok = all(torch.equal(back[k].cpu(), sd[k].cpu()) for k in sd)
+        pool = gt.MemPool(c, name + "-pool", device=0, persistent=False)
+        with gt.use_pool(pool):
+            dst = torch.empty(1 << 20, dtype=torch.float32, device="cuda:0")
+        dst.copy_(sd["b"])
+        torch.cuda.synchronize()
+        ok = ok and torch.equal(dst.cpu(), sd["b"].cpu())
+        # gshm.copy on GPU 1's stream from a mapping GPU 1 has no access to
+        only0 = c.create(name + "-only0", 1 << 20, location="cuda:0")
+        c.unlink(name + "-only0")
+        only0.map(devices=[0])
+        dst1 = torch.empty(1 << 20, dtype=torch.uint8, device="cuda:1")
+        try:
+            with torch.cuda.device(1):
+                gshm.copy(dst1, only0, 1 << 20, stream=torch.cuda.current_stream(1))
+            torch.cuda.synchronize(1)
+            refused = 0
+        except gshm.NotSupported as e:
+            refused = e.errno
+        c.unlink(name)
+        print(json.dumps({"ok": bool(ok), "refused": refused}))
+        """, segname)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r == {"ok": True, "refused": 18}, r
+
+
+def test_first_copy_inside_a_graph_capture(gpu_daemon):
+    # The first SM copy of a process comes inside torch.cuda.graph: the
+    # module load it triggers must not end the capture.
+    out = run_child(gpu_daemon, """
+        a = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, device="cuda:0")
+        b = torch.zeros_like(a)
+        s = torch.cuda.Stream()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            gshm.copy(b, a, stream=s, method="sm")
+        torch.cuda.synchronize()
+        before = int(b.sum().item())
+        g.replay()
+        torch.cuda.synchronize()
+        print(json.dumps({"before": before, "equal": bool(torch.equal(a, b))}))
+        """)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r == {"before": 0, "equal": True}, r
+
+
+def test_copy_follows_torch_current_stream(gpu_daemon, segname):
+    # gshm.copy without a stream, of torch tensors, runs on torch's current
+    # stream: after the fill queued there, not beside it.
+    out = run_child(gpu_daemon, """
+        name = sys.argv[2]
+        n = 64 << 20
+        c = gshm.Client(sock)
+        seg = c.create(name, n, location="cuda:0")
+        c.unlink(name)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            x = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+            torch.cuda._sleep(1 << 29)
+            x.fill_(7)
+            gshm.copy(seg, x)
+        torch.cuda.synchronize()
+        got = torch.from_dlpack(seg.view("uint8", (n,), device=0))
+        print(json.dumps({"sevens": int((got == 7).sum().item()), "n": n}))
+        """, segname)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["sevens"] == r["n"], r
