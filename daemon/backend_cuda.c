@@ -126,7 +126,7 @@ static int vmm_create(struct cuda_backend *cb, struct cuda_dev *d, uint64_t size
                  debug_name);
     return -ENOTSUP;
   }
-  prop = device_prop(d->dev);
+  prop = device_prop(d);
   if ((r = cb->drv->cuMemCreate(h, size, &prop, 0)) != CUDA_SUCCESS) {
     char what[128]; /* one line: the GPU, the segment, the size and the driver's error */
     snprintf(what, sizeof(what), "'%s': cuMemCreate of %" PRIu64 " bytes", debug_name, size);

@@ -81,7 +81,8 @@ static int setup_device(struct cuda_backend *cb, int ordinal, struct cuda_dev *d
   d->pci_device = (unsigned)attr(cb, d->dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
   d->vmm = attr(cb, d->dev, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) &&
            attr(cb, d->dev, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED);
-  prop = device_prop(d->dev);
+  d->rdma_vmm = attr(cb, d->dev, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED) > 0;
+  prop = device_prop(d);
   if (d->vmm && !GSHM_CU(cb->drv, GSHM_LOG_WARNING, cuMemGetAllocationGranularity, &gran, &prop,
                          CU_MEM_ALLOC_GRANULARITY_MINIMUM) && gran)
     d->granularity = gran;

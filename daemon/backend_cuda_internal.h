@@ -36,6 +36,7 @@ struct cuda_dev {
   CUstream copy_free[CUDA_COPY_STREAMS];
   unsigned ncopy_free, ncopy_made;
   bool vmm;                    /* VMM + POSIX fd handles supported */
+  bool rdma_vmm;               /* GPUDirect RDMA of cuMem allocations supported */
   /* NVML view, for the link counts. */
   int gpu_links[32];           /* links of this GPU whose far end is GPU j (direct) */
   int switch_links;            /* links to an NVSwitch */
@@ -80,15 +81,19 @@ int gshmd__cuda_failed(struct cuda_backend *cb, struct cuda_dev *d, CUresult r, 
 #define CU_ERR(cb, fn, ...) CU_CALL(cb, NULL, GSHM_LOG_ERR, fn, __VA_ARGS__)
 #define CU_UNDO(cb, fn, ...) CU_CALL(cb, NULL, GSHM_LOG_WARNING, fn, __VA_ARGS__)
 
-/* The properties of a POSIX-fd-exportable pinned allocation on dev. */
-static inline CUmemAllocationProp device_prop(CUdevice dev) {
+/* The properties of a POSIX-fd-exportable pinned allocation on d, which a
+ * NIC may register (GPUDirect RDMA: the cluster path's direct reads) where
+ * the GPU allows it for cuMem allocations: without gpuDirectRDMACapable
+ * such memory cannot be pinned for a NIC (cuda.h, CUmemAllocationProp). */
+static inline CUmemAllocationProp device_prop(const struct cuda_dev *d) {
   CUmemAllocationProp p;
 
   memset(&p, 0, sizeof(p));
   p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  p.location.id = dev;
+  p.location.id = d->dev;
   p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  p.allocFlags.gpuDirectRDMACapable = d->rdma_vmm;
   return p;
 }
 

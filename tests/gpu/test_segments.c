@@ -517,6 +517,37 @@ static void rand_seed(char *buf, size_t cap) {
   snprintf(buf, cap, "%llu", s * 0x9E3779B97F4A7C15ull | 1);
 }
 
+/* gshmd's device allocations may be registered by a NIC (GPUDirect RDMA,
+ * the cluster path's direct reads) where the GPU supports it for cuMem
+ * allocations: the property imported with the fd says what gshmd asked. */
+static void check_rdma_capable(gshm_client_t *c, const char *name) {
+  gshm_segment_t *s = NULL;
+  CUmemGenericAllocationHandle hnd;
+  CUmemAllocationProp prop;
+  CUdevice d;
+  int want = 0;
+
+  CHECK(gshm_open(c, name, GSHM_ACCESS_READ, &s) == 0, "open %s", name);
+  if (!s)
+    return;
+  ctx_of(0);
+  REQUIRE(drv->cuDeviceGet(&d, 0) == CUDA_SUCCESS, "cuDeviceGet");
+  if (drv->cuDeviceGetAttribute(&want, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                d) != CUDA_SUCCESS)
+    want = 0;
+  CU(drv->cuMemImportFromShareableHandle(&hnd, (void *)(uintptr_t)gshm_segment_fd(s),
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  memset(&prop, 0, sizeof(prop));
+  CU(drv->cuMemGetAllocationPropertiesFromHandle(&prop, hnd));
+  fprintf(stderr, "rdma: GPU 0 GPUDirect RDMA with cuMem %d, allocation gpuDirectRDMACapable %d\n",
+          want, (int)prop.allocFlags.gpuDirectRDMACapable);
+  CHECK(!!prop.allocFlags.gpuDirectRDMACapable == !!want,
+        "gpuDirectRDMACapable %d where the GPU's support is %d",
+        (int)prop.allocFlags.gpuDirectRDMACapable, want);
+  CU(drv->cuMemRelease(hnd));
+  gshm_close(s);
+}
+
 static void test_main(struct harness *h) {
   gshm_client_t *c;
   char seed[32], seed2[32], seed3[32], size[32];
@@ -547,6 +578,7 @@ static void test_main(struct harness *h) {
   rand_seed(seed, sizeof(seed));
   rand_seed(seed2, sizeof(seed2));
   ROLE("produce", "t/p2p", loc[0], size, seed);
+  check_rdma_capable(c, "t/p2p");
   ROLE("consume", "t/p2p", other, seed, seed2);
   ROLE("verify", "t/p2p", "0", seed2);
   fprintf(stderr, "p2p: done (%d failures so far)\n", failures);
