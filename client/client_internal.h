@@ -176,6 +176,14 @@ int gshm__map_device_add(struct gshm__lease *l, const int *devices, size_t ndevi
  * *uuids_out (storage of the mapping); returns their count, 0 for a lease
  * without a device mapping. */
 size_t gshm__map_device_uuids(const struct gshm__lease *l, char ***uuids_out);
+
+/* Whether [addr, addr + bytes) lies in a device segment this process
+ * mapped with gshm_map, and if so the access GPU `dev` (a CUdevice) has to
+ * it: *flags_out CU_MEM_ACCESS_FLAGS_PROT_NONE, _READ or _READWRITE (as
+ * cuMemSetAccess was given).  For kernels/copy.c, which refuses a copy,
+ * signal or wait its GPU would fault on.  Returns 1 (a gshm mapping), 0
+ * (not one: the driver's own rules apply).  Takes GSHM__LOCK_GPUS. */
+int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *flags_out);
 /* Undoes gshm__map_device in reverse order; accepts an unmapped lease.  A
  * mapping made by a process this one was forked from is only forgotten
  * (no driver call: it is that process's CUDA state); 0. */

@@ -41,7 +41,49 @@ struct device_map {
   char uuid_buf[MAP_MAX_DEVICES][48];
   char *uuids[MAP_MAX_DEVICES];
   unsigned fork_gen;                   /* gshm__fork_gen() when mapped: see mapped_by_parent */
+  bool read_only;                      /* every device's access is PROT_READ */
+  struct device_map *next;             /* in `mappings`, under GSHM__LOCK_GPUS */
 };
+
+/* This process's device mappings, for gshm__map_access. */
+static struct device_map *mappings;
+
+static void mappings_add(struct device_map *m) {
+  gshm__fork_lock(GSHM__LOCK_GPUS);
+  m->next = mappings;
+  mappings = m;
+  gshm__fork_unlock(GSHM__LOCK_GPUS);
+}
+
+static void mappings_remove(struct device_map *m) {
+  gshm__fork_lock(GSHM__LOCK_GPUS);
+  for (struct device_map **pp = &mappings; *pp; pp = &(*pp)->next)
+    if (*pp == m) {
+      *pp = m->next;
+      break;
+    }
+  gshm__fork_unlock(GSHM__LOCK_GPUS);
+}
+
+int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *flags_out) {
+  int found = 0;
+
+  gshm__fork_lock(GSHM__LOCK_GPUS);
+  for (struct device_map *m = mappings; m && !found; m = m->next) {
+    if (addr < m->va || addr - m->va >= m->size)
+      continue;
+    found = 1;
+    *flags_out = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    if (bytes > m->size - (addr - m->va))
+      break; /* runs past the mapping: no access covers it */
+    for (size_t i = 0; i < m->ndevices; i++)
+      if (m->devices[i] == (CUdevice)dev)
+        *flags_out = m->read_only ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                  : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  gshm__fork_unlock(GSHM__LOCK_GPUS);
+  return found;
+}
 
 #define CU_LIB(drv, fn, ...) GSHM_CU_ERR(drv, fn, __VA_ARGS__)
 #define CU_UNDO(drv, fn, ...) GSHM_CU_WARN(drv, fn, __VA_ARGS__) /* unwinding */
@@ -338,6 +380,8 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
     if ((e = name_device(m, i)))
       goto unmap_range;
   CU_LIB(drv, cuCtxPopCurrent, &ctx);
+  m->read_only = l->access == GSHM_ACCESS_READ;
+  mappings_add(m);
   l->addr = (void *)(uintptr_t)m->va;
   l->map_size = m->size;
   l->device_map = m;
@@ -397,14 +441,16 @@ int gshm__map_device_add(struct gshm__lease *l, const int *devices, size_t ndevi
   if ((e = CU_LIB(m->drv, cuMemSetAccess, m->va, m->size, acc, nacc)))
     return e;
   for (size_t k = 0; k < nacc; k++) {
-    m->devices[m->ndevices] = acc[k].location.id;
-    if (name_device(m, m->ndevices)) { /* it has access: named by ordinal then */
-      snprintf(m->uuid_buf[m->ndevices], sizeof(m->uuid_buf[0]), "cuda:%d",
-               (int)acc[k].location.id);
-      m->uuids[m->ndevices] = m->uuid_buf[m->ndevices];
+    size_t i = m->ndevices + k; /* past ndevices: gshm__map_access reads none of it yet */
+    m->devices[i] = acc[k].location.id;
+    if (name_device(m, i)) { /* it has access: named by ordinal then */
+      snprintf(m->uuid_buf[i], sizeof(m->uuid_buf[0]), "cuda:%d", (int)acc[k].location.id);
+      m->uuids[i] = m->uuid_buf[i];
     }
-    m->ndevices++;
   }
+  gshm__fork_lock(GSHM__LOCK_GPUS); /* gshm__map_access reads ndevices */
+  m->ndevices += nacc;
+  gshm__fork_unlock(GSHM__LOCK_GPUS);
   gshm_log_debug("segment '%s': access added for %zu device(s)", l->info.name, nacc);
   *uuids_out = m->uuids;
   *n_out = m->ndevices;
@@ -427,6 +473,7 @@ int gshm__unmap_device(struct gshm__lease *l) {
   if (!m)
     return 0;
   drv = m->drv;
+  mappings_remove(m);
   if (mapped_by_parent(m))
     goto forget; /* the child's copy of the record goes; the parent's mapping stays */
   /* Work queued on the mapping must not fault nor read what is mapped

@@ -99,8 +99,6 @@
   X(cuLaunchKernelEx)                   \
   X(cuDevicePrimaryCtxReset)            \
   X(cuDevicePrimaryCtxGetState)         \
-  X(cuMemGetAccess)                     \
-  X(cuStreamIsCapturing)                \
   X(cuThreadExchangeStreamCaptureMode)  \
   V(cuCtxGetDevice_v2, "cuCtxGetDevice", 13000) \
   V(cuCtxGetId, "cuCtxGetId", 12000)    \

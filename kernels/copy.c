@@ -518,27 +518,20 @@ void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm
   }
 }
 
-int gshm__copy_reach(const struct gshm_cudadrv *drv, const struct gshm__where *w, int me,
-                     int write) {
-  CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = me};
+int gshm__copy_reach(const struct gshm_cudadrv *drv, const struct gshm__where *w, size_t bytes,
+                     int me, int write) {
   unsigned long long flags = 0;
-  int legacy = 0;
 
-  if (!w->device || me < 0)
+  (void)drv;
+  if (!w->device || me < 0 || !gshm__map_access || !gshm__map_access(w->addr, bytes, me, &flags))
+    return 0; /* not a gshm mapping: the driver's own rules (peer access) */
+  if (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ||
+      (!write && flags == CU_MEM_ACCESS_FLAGS_PROT_READ))
     return 0;
-  /* cuMemAlloc memory: peer access rules (cuPointerGetAttribute says 1) */
-  if (drv->cuPointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-                                 (CUdeviceptr)w->addr) == CUDA_SUCCESS &&
-      legacy)
-    return 0;
-  if (drv->cuMemGetAccess(&flags, &loc, (CUdeviceptr)w->addr) != CUDA_SUCCESS)
-    return 0; /* no cuMem mapping: the driver's own rules */
-  if (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE || (!write && flags == CU_MEM_ACCESS_FLAGS_PROT_READ))
-    return 0;
-  gshm_log_err("GPU %d has %s access to 0x%llx (a cuMem mapping of GPU %d): map it for that "
-               "GPU too (gshm_map's devices)",
+  gshm_log_err("GPU %d has %s access to 0x%llx (+%zu bytes), a segment of GPU %d mapped by "
+               "gshm_map: map it for that GPU too (gshm_map's devices)",
                me, flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? "read-only" : "no",
-               (unsigned long long)w->addr, w->ordinal);
+               (unsigned long long)w->addr, bytes, w->ordinal);
   return flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? -EACCES : -EXDEV;
 }
 
@@ -595,7 +588,7 @@ static int flag_addressable(const struct gshm__where *wf) {
 static int flag_reachable(const struct gshm_cudadrv *drv, const struct gshm__where *wf, int me,
                           int write) {
   int e = wf->device ? gshm__copy_enable_peer(wf->ordinal) : 0;
-  return e ? e : gshm__copy_reach(drv, wf, me, write);
+  return e ? e : gshm__copy_reach(drv, wf, 8, me, write);
 }
 
 static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_t value,
@@ -650,7 +643,8 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params 
   me = (int)k->dev;
   peer = ws->device && wd->device && ws->ordinal != wd->ordinal;
   /* either method runs on this GPU (its SMs or its copy engine) */
-  if ((e = gshm__copy_reach(drv, ws, me, 0)) || (e = gshm__copy_reach(drv, wd, me, 1)))
+  if ((e = gshm__copy_reach(drv, ws, bytes, me, 0)) ||
+      (e = gshm__copy_reach(drv, wd, bytes, me, 1)))
     return e;
 
   if (method == GSHM_COPY_AUTO) {

@@ -85,17 +85,26 @@ struct gshm__where {
   uintptr_t addr; /* the address classified */
 };
 
-/* Whether the GPU `me` may touch device memory w (read, or write when
- * `write`): cuMem (VMM) mappings, gshm's among them, give access per
- * device and mapping (cuMemSetAccess), which peer access
- * (cuCtxEnablePeerAccess) does not cover; an SM kernel or copy engine of
- * a GPU without it faults (an illegal address that poisons the context).
- * Returns 0 (host memory, memory of cuMemAlloc, whose peers
- * gshm__copy_enable_peer enables, or access granted), -EXDEV no access
- * from `me` (map the segment for it: gshm_map's devices), -EACCES a
- * read-only mapping to be written. */
-int gshm__copy_reach(const struct gshm_cudadrv *drv, const struct gshm__where *w, int me,
-                     int write);
+/* Whether GPU `me` may touch `bytes` of device memory at w (read, or write
+ * when `write`) where w is a device segment this process mapped with
+ * gshm_map: a cuMem mapping gives access per device (cuMemSetAccess), which
+ * peer access (cuCtxEnablePeerAccess) does not cover, and an SM kernel or
+ * copy engine of a GPU without it faults (an illegal address that ends the
+ * context).  Returns 0 (host memory, memory gshm_map did not make: the
+ * driver's rules, or access granted), -EXDEV no access from `me` (map the
+ * segment for it: gshm_map's devices), -EACCES a read-only mapping to be
+ * written.  Only gshm's own mappings are judged: other cuMem memory
+ * (PyTorch's expandable segments) and memory of legacy IPC imports are
+ * told apart from them by no driver query this could rely on. */
+int gshm__copy_reach(const struct gshm_cudadrv *drv, const struct gshm__where *w, size_t bytes,
+                     int me, int write);
+
+/* client/map_cuda.c (client_internal.h has its comment): 1 and the access
+ * GPU dev has where [addr, addr + bytes) is a gshm device mapping, else 0.
+ * Weak: a program that links the kernels without the client (gshm-bench's
+ * own copy of them) maps nothing through them, and judges nothing. */
+__attribute__((weak)) int gshm__map_access(uintptr_t addr, size_t bytes, int dev,
+                                           unsigned long long *flags_out);
 
 /* Lets this thread make calls a stream capture forbids (an allocation, a
  * module load: cuThreadExchangeStreamCaptureMode RELAXED, as PyTorch's

@@ -144,20 +144,19 @@ static CUresult f_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, un
   launches++;
   return CUDA_SUCCESS;
 }
-/* cuMem mappings: device_mem[256..383] one GPU 0 has no access to,
- * [384..447] one it may only read; the rest is not a cuMem mapping (as
- * cuMemAlloc's memory), which cuMemGetAccess refuses. */
-static CUresult f_mem_get_access(unsigned long long *flags, const CUmemLocation *loc,
-                                 CUdeviceptr ptr) {
-  const void *p = (const void *)(uintptr_t)ptr;
-  (void)loc;
+/* gshm_map's mappings (client/map_cuda.c's list, faked): device_mem
+ * [256..383] one GPU 0 has no access to, [384..447] one it may only read;
+ * the rest is not a gshm mapping (as cuMemAlloc's memory). */
+int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *flags_out) {
+  const void *p = (const void *)addr;
+  (void)bytes, (void)dev;
   if (in(p, &device_mem[256], 128 * sizeof(uint64_t)))
-    *flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    *flags_out = CU_MEM_ACCESS_FLAGS_PROT_NONE;
   else if (in(p, &device_mem[384], 64 * sizeof(uint64_t)))
-    *flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+    *flags_out = CU_MEM_ACCESS_FLAGS_PROT_READ;
   else
-    return CUDA_ERROR_INVALID_VALUE;
-  return CUDA_SUCCESS;
+    return 0;
+  return 1;
 }
 static CUresult f_capture_mode(CUstreamCaptureMode *mode) {
   *mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
@@ -188,7 +187,6 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuLaunchKernelEx = f_launch_ex;
   fake_drv.cuLaunchKernel = f_launch;
   fake_drv.cuMemcpyAsync = f_memcpy_async;
-  fake_drv.cuMemGetAccess = f_mem_get_access;
   fake_drv.cuThreadExchangeStreamCaptureMode = f_capture_mode;
   *drv_out = &fake_drv;
   return 0;

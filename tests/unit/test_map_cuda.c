@@ -562,6 +562,40 @@ static void test_mapping_makes_no_context(void **state) {
   assert_nothing_held();
 }
 
+/* gshm__map_access, which gshm_copy asks before a GPU touches a mapping:
+ * the access each device was given, none past the mapping's end, and
+ * nothing once unmapped. */
+static void test_map_access_per_device(void **state) {
+  struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
+  struct gshm__lease r = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ);
+  unsigned long long f = 99;
+  uintptr_t va;
+  char **uuids;
+  size_t n;
+  int one = 1;
+  (void)state;
+
+  assert_int_equal(gshm__map_device(&l, &one, 1, &uuids, &n), 0);
+  va = (uintptr_t)l.addr;
+  assert_int_equal(gshm__map_access(va + 4096, 64, 1, &f), 1);
+  assert_int_equal(f, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  assert_int_equal(gshm__map_access(va + 4096, 64, 0, &f), 1);
+  assert_int_equal(f, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  assert_int_equal(gshm__map_access(va, 4 * MiB + 1, 1, &f), 1);
+  assert_int_equal(f, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  assert_int_equal(gshm__map_access(va + 4 * MiB, 8, 1, &f), 0);
+  assert_int_equal(gshm__map_device_add(&l, NULL, 0, &uuids, &n), 0); /* every device */
+  assert_int_equal(gshm__map_access(va, 8, 0, &f), 1);
+  assert_int_equal(f, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  assert_int_equal(gshm__unmap_device(&l), 0);
+  assert_int_equal(gshm__map_access(va, 8, 1, &f), 0);
+  assert_int_equal(gshm__map_device(&r, NULL, 0, &uuids, &n), 0);
+  assert_int_equal(gshm__map_access((uintptr_t)r.addr, 8, 0, &f), 1);
+  assert_int_equal(f, CU_MEM_ACCESS_FLAGS_PROT_READ);
+  assert_int_equal(gshm__unmap_device(&r), 0);
+  assert_nothing_held();
+}
+
 /* A mapping made before a fork is the parent's CUDA state, which a forked
  * child cannot use: there a read or write, or access for more devices, is
  * -ECHILD, and an unmap forgets the child's record of it without a driver
@@ -611,6 +645,7 @@ int main(void) {
       cmocka_unit_test(test_parent_mapping_in_a_child),
       cmocka_unit_test(test_unmap_waits_for_queued_work),
       cmocka_unit_test(test_mapping_makes_no_context),
+      cmocka_unit_test(test_map_access_per_device),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
