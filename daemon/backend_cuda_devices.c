@@ -93,9 +93,10 @@ static int setup_device(struct cuda_backend *cb, int ordinal, struct cuda_dev *d
     d->ctx = NULL;
     return e;
   }
-  gshm_log_info("%s: cuda:%d %s %s, %.1f GiB, cc %d.%d, granularity %" PRIu64 " KiB%s", d->pci,
+  gshm_log_info("%s: cuda:%d %s %s, %.1f GiB, cc %d.%d, granularity %" PRIu64 " KiB%s%s", d->pci,
                 ordinal, d->uuid, d->name, (double)d->total / (1 << 30), d->cc_major, d->cc_minor,
-                d->granularity >> 10, d->vmm ? "" : ", no POSIX-fd cuMem (legacy IPC only)");
+                d->granularity >> 10, d->vmm ? "" : ", no POSIX-fd cuMem (legacy IPC only)",
+                d->rdma_vmm ? ", GPUDirect RDMA-capable allocations" : "");
   return 0;
 }
 
