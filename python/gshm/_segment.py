@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _cuda, _dlpack
 from . import _lib as L
 from ._core import _finalizer, _optional, _raise, _state_lock
 from ._dtypes import DType, DTypeLike, dtype as _to_dtype
 from ._info import SegmentInfo
+from ._errors import NoDevice
 
 if TYPE_CHECKING:
     import numpy
@@ -516,16 +517,30 @@ class DeviceArray(object):
             self.dtype.name, self.shape, self.device, self.ptr, self.segment.name, self.offset)
 
 
-def map_reachable(seg: "DeviceSegment", device: Optional[int] = None) -> int:
-    """Maps device segment `seg` for every visible GPU that can reach its
-    GPU (and for `device`, an error where that one cannot), returning its
-    address.  What torch's layers map with: PyTorch copies between GPUs
-    on the *source* GPU (aten/native/cuda/Copy.cu), and a cuMem mapping
-    gives access per device (cuMemSetAccess), which peer access does not
-    widen: a tensor over memory mapped for its own GPU only, written from
-    another GPU, faults there (an illegal address that ends the context).
-    Mapping for more GPUs costs each one's page tables, once."""
-    addr = seg.map(devices=None)
-    if device is not None:
-        addr = seg.map(devices=[device])
+def map_for_writers(seg: "DeviceSegment", device: Optional[int] = None,
+                    writers: Optional[Iterable[int]] = ()) -> int:
+    """Maps device segment `seg` for GPU `device` (None: every visible GPU
+    that can reach the segment's) and for each GPU in `writers` that can
+    reach it; writers None: every such GPU.  Returns the address.
+
+    A cuMem mapping gives access per device (cuMemSetAccess), which peer
+    access does not widen, and PyTorch copies between GPUs on the *source*
+    GPU (aten/native/cuda/Copy.cu): a tensor over memory mapped for its own
+    GPU only, written by a copy from another GPU, faults there (an illegal
+    address that ends the context).  Reads need no more: such a copy runs
+    on the segment's GPU.  Each extra GPU costs its page tables: 4 GiB
+    mapped for two H200s took 10.4 ms against 0.8 ms for one
+    (docs/PERFORMANCE.md "Attach"), so read-only views map for their own
+    GPU alone."""
+    if writers is None or device is None:
+        addr = seg.map(devices=None)
+        if device is not None:
+            addr = seg.map(devices=[device])
+        return addr
+    addr = seg.map(devices=[device])
+    for w in sorted(set(writers) - {device}):
+        try:
+            addr = seg.map(devices=[w])
+        except NoDevice:
+            pass  # no peer path from w: torch's copy from it goes its own way
     return addr

@@ -18,7 +18,7 @@ from typing import Optional, Union
 import torch as _torch
 
 from ._client import AnySegment, Client, _unlink_on_error
-from ._segment import DeviceSegment, map_reachable
+from ._segment import DeviceSegment, map_for_writers
 from ._safetensors import plan as _plan, parse as _parse, copy_plan as _pieces
 
 __all__ = ["load_safetensors", "DEFAULT_CHUNK"]
@@ -87,7 +87,7 @@ def load_safetensors(client: Client, name: str, path: Union[str, "os.PathLike[st
                 raise ValueError("gshm: load_safetensors loads into a device segment, not %r"
                                  % location)
             dev = seg.device
-            map_reachable(seg, dev)
+            map_for_writers(seg, dev)  # written from the host (on dev)
             dst = _torch.from_dlpack(seg.view("uint8", (layout.size,), 0, device=dev))
             header = _torch.frombuffer(bytearray(layout.header), dtype=_torch.uint8)
             dst[:layout.data_start].copy_(header)

@@ -27,7 +27,7 @@ from typing import Any, List, Mapping, Optional, Union
 import torch as _torch
 
 from . import _cuda, _manifest
-from ._segment import map_reachable
+from ._segment import map_for_writers
 from . import _lib as L
 from ._core import _enc, _raise
 from ._dtypes import dtype as _to_dtype
@@ -384,7 +384,7 @@ def attach(client: Client, prefix: str, device: Any = None, access: str = "r") -
         dev = _device_for(man, device, segs)
         bases = {}
         for name, seg in segs.items():
-            map_reachable(seg, dev)
+            map_for_writers(seg, dev, () if access == "r" else None)
             bases[name] = _torch.from_dlpack(seg.view("uint8", (seg.size,), 0, device=dev))
 
         made = {}

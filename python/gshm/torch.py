@@ -39,7 +39,7 @@ import torch as _torch
 from . import _cuda
 from ._client import AnySegment, Client, Location, _unlink_on_error
 from ._segment import DeviceSegment, HostSegment, Segment  # noqa: F401  (Segment: documentation)
-from ._segment import _check_view, map_reachable
+from ._segment import _check_view, map_for_writers
 from ._dtypes import DTypeLike, dtype as _to_dtype
 from ._safetensors import plan as _plan, parse as _parse
 from ._torch_state import StateDict
@@ -159,7 +159,8 @@ def share_state_dict(client: Client, name: str, state_dict: Mapping[str, _torch.
             sync = None
         else:
             dev = seg.device
-            map_reachable(seg, dev if _segment_gpu_visible(seg) else None)
+            writers = {t.device.index for _, t in items if t.is_cuda}
+            map_for_writers(seg, dev if _segment_gpu_visible(seg) else None, writers)
             dst = _torch.from_dlpack(seg.view("uint8", (layout.size,), 0, device=dev))
             sync = dst.device
         dst[:layout.data_start].copy_(header)
@@ -233,7 +234,7 @@ def load_state_dict(client: Client, name: str, device: Any = None,
         dev = _cuda_ordinal(device) if not want_cpu else None
         if dev is None:
             dev = seg.device
-        map_reachable(seg, dev)
+        map_for_writers(seg, dev, () if access == "r" else None)
         meta, entries = _parse(_read_header_bytes(seg, dev), seg.size)
         out = StateDict((k, tensor_view(seg, dt, shape, b, device=dev))
                         for k, dt, shape, b, e in entries)
