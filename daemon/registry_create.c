@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "gpu_fault.h"
 #include "log.h"
 #include "registry_internal.h"
 #include "util.h"
@@ -124,10 +125,16 @@ static bool create_resent(const struct gshmd_segment *seg, const struct gshmd_cl
 
 /* The backend a create at a device (cuda) or host location allocates
  * from.  Errors: -ENODEV the GPUs are unusable (a sticky CUDA error at
- * start: registry.gpu_fault), -ENOTSUP no CUDA backend; *msg_out says
- * which. */
+ * start, or no driver at start with device segments parked:
+ * registry.gpu_fault), -ENOTSUP no CUDA backend; *msg_out says which. */
 static int create_backend(struct gshmd_registry *r, bool cuda, struct gshmd_backend **b_out,
                           const char **msg_out) {
+  if (cuda && r->gpu_no_driver) {
+    *msg_out = gshmd__reg_fmt_msg(r, "device segments are unavailable: the CUDA driver did not "
+                                  "start with gshmd (%s); gshmd probes the GPUs and restarts "
+                                  "once they work", r->gpu_fault + strlen(GSHMD_NO_DRIVER_PREFIX));
+    return -ENODEV;
+  }
   if (cuda && *r->gpu_fault) {
     *msg_out = gshmd__reg_fmt_msg(r, "device segments are unavailable: the GPUs are in a sticky "
                                   "CUDA error state since gshmd started (%s; a GPU reset may be "
