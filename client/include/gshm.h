@@ -221,7 +221,10 @@ GSHM_EXTERN void gshm_disconnect(gshm_client_t *client);
  * mode; -ENAMETOOLONG; -ENODEV no such GPU, or (a device location) the
  * daemon's GPUs are unusable until it restarts: a sticky CUDA error at its
  * start, or no CUDA driver at its start while it held device segments
- * (gshm_status_info_t.gpu_fault); -ENOTSUP backend not available
+ * (gshm_status_info_t.gpu_fault), or this create, sent again after a
+ * daemon restart lost its reply, made a device segment the daemon now
+ * keeps parked (gshm_open reaches it once its GPU serves again);
+ * -ENOTSUP backend not available
  * on this daemon (e.g. no GPU driver) or legacy IPC disabled; -ENOMEM the
  * backend could not allocate; -EDQUOT a per-user quota would be crossed;
  * -EFBIG over the daemon's segment size limit; -EMFILE a limit on segments
