@@ -374,6 +374,21 @@ static void json_segment_identity(json_t *o, const gshm_segment_info_t *i) {
   json_object_set_new(o, "location", json_string(i->location));
 }
 
+/* StatusInfo.gpu_fault (gshm.h) in words: a sticky CUDA error at gshmd's
+ * start ("<PCI bus id>: <CUDA error name>"), or its CUDA driver that did
+ * not start ("no driver: <why>"); gpu_fault_why drops that prefix. */
+#define GPU_FAULT_NO_DRIVER "no driver: "
+static const char *gpu_fault_what(const char *fault) {
+  return strncmp(fault, GPU_FAULT_NO_DRIVER, strlen(GPU_FAULT_NO_DRIVER))
+             ? "a sticky CUDA error at gshmd's start"
+             : "the CUDA driver did not start with gshmd";
+}
+
+static const char *gpu_fault_why(const char *fault) {
+  size_t n = strlen(GPU_FAULT_NO_DRIVER);
+  return strncmp(fault, GPU_FAULT_NO_DRIVER, n) ? fault : fault + n;
+}
+
 static int cmd_status(gshm_client_t *c) {
   gshm_status_info_t st;
   char t[40], sz[32];
@@ -399,9 +414,9 @@ static int cmd_status(gshm_client_t *c) {
          rfc3339(st.started_ns, t, sizeof(t)));
   printf("backends: %s (%u GPU%s)\n", st.backends, st.devices, st.devices == 1 ? "" : "s");
   if (*st.gpu_fault)
-    printf("GPUs unusable: a sticky CUDA error at gshmd's start (%s); device segments are "
-           "parked (listed, not opened) and device creates refused until the GPUs work again "
-           "and gshmd restarts\n", st.gpu_fault);
+    printf("GPUs unusable: %s (%s); device segments are parked (listed, not opened) and device "
+           "creates refused until the GPUs work again and gshmd restarts\n",
+           gpu_fault_what(st.gpu_fault), gpu_fault_why(st.gpu_fault));
   printf("%u clients, %u segments (%s), %u leases\n", st.clients, st.segments,
          gshm__format_size(st.bytes, sz, sizeof(sz)), st.leases);
   return EXIT_OK;
@@ -623,8 +638,8 @@ static int cmd_devices(gshm_client_t *c) {
     return print_json(doc);
   }
   if (n == 0 && *st.gpu_fault)
-    printf("no usable GPUs: a sticky CUDA error at gshmd's start (%s); device segments are "
-           "parked until the GPUs work again and gshmd restarts\n", st.gpu_fault);
+    printf("no usable GPUs: %s (%s); device segments are parked until the GPUs work again and "
+           "gshmd restarts\n", gpu_fault_what(st.gpu_fault), gpu_fault_why(st.gpu_fault));
   else if (n == 0)
     printf("no GPUs: this gshmd serves host segments only\n");
   if (n == 0) {

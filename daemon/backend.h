@@ -184,8 +184,9 @@ static inline bool gshmd_backend_needs_restart(const struct gshmd_backend *b) {
 struct gshmd_backend *gshmd_backend_parked(void);
 
 /* Why a parked segment cannot be opened, for the client: gpu_fault, the
- * GPUs are unusable (a sticky CUDA error at start: registry.gpu_fault),
- * else no GPU of this gshmd takes it.  A static string. */
+ * GPUs are unusable (a sticky CUDA error at start: registry.gpu_fault,
+ * not gpu_no_driver), else no GPU of this gshmd takes it (no driver
+ * among the reasons).  A static string. */
 const char *gshmd_backend_parked_why(bool gpu_fault);
 
 /* Host memory: sealed memfds.  Never fails but for -ENOMEM. */

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* A sticky CUDA error: the degraded start (host served, device segments
+/* A sticky CUDA error, or no CUDA driver at start while the fd store holds
+ * device segments: the degraded start (host served, device segments
  * parked, the GPUs probed in a child process) and the stop for a restart
  * (gpu_fault.h). */
 #include "gpu_fault.h"
@@ -25,11 +26,38 @@ void gshmd_gpu_fault_set(struct gshmd_registry *r, const char *fault, uint32_t p
                r->gpu_fault, probe_ms);
 }
 
-void gshmd_gpu_fault_take_backend(struct gshmd_registry *r, uint32_t probe_ms) {
+/* No CUDA backend at start (why: g->no_driver) and device segments the
+ * restore parked: probed as after a sticky error, since a driver loaded
+ * later (a reload, a module loaded after gshmd) serves them only after a
+ * restart.  Without parked segments nothing waits for the GPUs. */
+static void take_no_driver(struct gshmd_gpu_fault *g, struct gshmd_registry *r,
+                           uint32_t probe_ms) {
+  struct gshm_list *pos;
+  unsigned n = 0;
+
+  gshm_list_foreach(pos, &r->segments) {
+    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+    n += seg->mem && seg->mem->backend == gshmd_backend_parked();
+  }
+  if (!n)
+    return;
+  snprintf(r->gpu_fault, sizeof(r->gpu_fault), GSHMD_NO_DRIVER_PREFIX "%s", g->no_driver);
+  r->gpu_no_driver = true;
+  gshm_log_err("the CUDA driver did not start (%s) while the fd store holds %u device "
+               "segment(s): serving host segments only, device segments kept parked and device "
+               "creates refused until a probe (every %u ms, in a child process) finds the GPUs "
+               "working; then gshmd restarts to adopt them",
+               g->no_driver, n, probe_ms);
+}
+
+void gshmd_gpu_fault_take_backend(struct gshmd_gpu_fault *g, struct gshmd_registry *r,
+                                  uint32_t probe_ms) {
   struct gshmd_backend *b = r->cuda;
   char fault[GSHMD_FAULT_MAX];
   unsigned n;
 
+  if (!b && g->no_driver && !*r->gpu_fault)
+    take_no_driver(g, r, probe_ms);
   if (!gshmd_backend_needs_restart(b))
     return;
   if ((n = gshmd_registry_park_all(r, b)))

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* A sticky CUDA error and what gshmd does about it (docs/ARCHITECTURE.md
  * "A sticky CUDA error restarts gshmd" and "A sticky CUDA error at start:
- * host served, GPUs probed"): met at start, gshmd serves host segments,
+ * host served, GPUs probed"): met at start (or a CUDA driver that does
+ * not start at all while the fd store holds device segments), gshmd serves host segments,
  * keeps every device segment parked, refuses device creates, and probes
  * the GPUs in a child process (never CUDA in gshmd itself after the
  * error) until one succeeds; then it stops for a restart that adopts the
@@ -34,6 +35,11 @@ struct gshmd_fdstore;
  * broken GPU) is killed and counts as failed. */
 #define GSHMD_PROBE_TIMEOUT_MS 60000
 
+/* registry.gpu_fault's (and StatusInfo.gpu_fault's) start where the CUDA
+ * driver did not start at all (gshmd_gpu_fault_take_backend), followed by
+ * why; a sticky error's is "<PCI bus id>: <CUDA error name>". */
+#define GSHMD_NO_DRIVER_PREFIX "no driver: "
+
 /* The probes of one gshmd, on its loop. */
 struct gshmd_gpu_fault {
   uv_loop_t *loop;
@@ -49,6 +55,8 @@ struct gshmd_gpu_fault {
   bool back;                   /* a probe succeeded: the GPUs work again */
   bool restarting;             /* gshmd stops for a restart because of back */
   bool said;                   /* said once why gshmd does not restart by itself */
+  const char *no_driver;       /* why the CUDA backend did not start (static text),
+                                * NULL when it did or was not wanted: set by main */
 };
 
 /* Records a sticky CUDA error at start in r (r->gpu_fault: fault, as
@@ -61,11 +69,19 @@ void gshmd_gpu_fault_set(struct gshmd_registry *r, const char *fault, uint32_t p
  * needs_restart; the fd store parked the device segments after it), the
  * segments adopted before it are parked too (gshmd_registry_park_all), the
  * CUDA backend destroyed without a driver call (r->cuda NULL) and the
- * error recorded (gshmd_gpu_fault_set).  Nothing without one. */
-void gshmd_gpu_fault_take_backend(struct gshmd_registry *r, uint32_t probe_ms);
+ * error recorded (gshmd_gpu_fault_set).  Where the CUDA backend did not
+ * start at all (g->no_driver: cuInit failing, libcuda.so.1 missing) and
+ * the restore parked device segments, r->gpu_fault is set to
+ * GSHMD_NO_DRIVER_PREFIX and g->no_driver, r->gpu_no_driver true, and
+ * logged once: the probes (gshmd_gpu_fault_probe_start) and the restart
+ * once they work are then a sticky error's.  Nothing otherwise; probe_ms
+ * (milliseconds) is only said in the log. */
+void gshmd_gpu_fault_take_backend(struct gshmd_gpu_fault *g, struct gshmd_registry *r,
+                                  uint32_t probe_ms);
 
 /* Starts probing the GPUs every interval_ms milliseconds, on loop, where
- * r->gpu_fault says they are unusable (else nothing).  Each probe is
+ * r->gpu_fault says they are unusable (a sticky error or no driver at
+ * start; else nothing).  Each probe is
  * gshmd itself run again as a child (/proc/self/exe GSHMD_PROBE_FLAG),
  * which sets up every GPU as gshmd's start does and exits 0 when that
  * works.  Returns 0, or a negative errno from libuv (nothing started). */

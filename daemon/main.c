@@ -174,9 +174,9 @@ static int setup_backends(struct daemon *d) {
     gshm_log_err("backend = cuda, but the CUDA backend is unavailable: %s", cuda_missing(e));
     return e;
   }
-  if (e)
+  if (e) /* (probed if the restore parks device segments: gpu_fault.c) */
     gshm_log_notice("device segments unavailable (%s); serving host segments only",
-                    cuda_missing(e));
+                    d->gpu.no_driver = cuda_missing(e));
   else
     gshm_log_info("cuda backend: %u device(s)", d->reg.cuda->ndevices);
   return 0;
@@ -380,8 +380,8 @@ static void update_status(struct daemon *d) {
   if (owed)
     snprintf(behind, sizeof(behind), "; fd store behind: %u segments", owed);
   if (*d->reg.gpu_fault)
-    snprintf(gpus, sizeof(gpus), "; GPUs unusable: sticky CUDA error at start (%s), device "
-             "segments parked", d->reg.gpu_fault);
+    snprintf(gpus, sizeof(gpus), "; GPUs unusable: %s at start (%s), device segments parked",
+             d->reg.gpu_no_driver ? "no CUDA driver" : "sticky CUDA error", d->reg.gpu_fault);
   snprintf(line, sizeof(line), "STATUS=%u clients, %u segments, %s, %u leases%s%s%s%s",
            d->reg.nclients, d->reg.nsegments, gshm__format_size(d->reg.bytes, sz, sizeof(sz)),
            d->reg.nleases, *d->fd_warning ? "; " : "", d->fd_warning, behind, gpus);
@@ -577,7 +577,7 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
   d->fdstore.sticky_restart = sticky_restarts(d);
   if (gshmd_fdstore_restore(&d->fdstore, p->fds, p->names, p->n))
     return -1;
-  gshmd_gpu_fault_take_backend(&d->reg, d->cfg.gpu_probe_ms); /* (a sticky error in it) */
+  gshmd_gpu_fault_take_backend(&d->gpu, &d->reg, d->cfg.gpu_probe_ms); /* (a sticky error) */
   if (setup_socket(d, p->fds, p->names, p->n))
     return -1;
   /* Whatever systemd passed that nobody claimed is closed, not leaked. */

@@ -172,8 +172,9 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
   gshmd_histogram_write_series(f, "gshm_request_duration_seconds", NULL, &s->duration);
   write_server_counters(f, s);
   write_one(f, "gauge", "gshm_gpu_fault",
-            "1 while the GPUs are unusable: a sticky CUDA error at gshmd's start (device "
-            "segments parked, device creates refused; STATUS= and gshmctl status name it).",
+            "1 while the GPUs are unusable: a sticky CUDA error at gshmd's start, or no CUDA "
+            "driver at its start with device segments in the fd store (device segments "
+            "parked, device creates refused; STATUS= and gshmctl status name it).",
             *r->gpu_fault ? 1 : 0);
   write_one(f, "counter", "gshm_gpu_probes_total",
             "GPU probes (child processes) run since such an error.", r->gpu_probes);

@@ -59,7 +59,9 @@
     "(no fd store) gshmd always serves.")                                       \
   X(daemon, gpu_probe_ms, U32, gpu_probe_ms, "10000", 100, 3600000, NULL,       \
     "Milliseconds between GPU probes while a sticky CUDA error at start keeps " \
-    "the GPUs unusable (sticky_start = serve). Each probe is a short-lived "   \
+    "the GPUs unusable (sticky_start = serve), or while a CUDA driver that "   \
+    "did not start (cuInit failing, libcuda.so.1 missing; backend = auto) "    \
+    "keeps device segments of the fd store parked. Each probe is a short-lived " \
     "child process that sets up every GPU as gshmd's start does; gshmd itself " \
     "makes no CUDA call after the error. Each success is a restart, none "     \
     "sooner than 10 s after gshmd's start: at most 3 in gshmd.service's "       \

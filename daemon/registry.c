@@ -15,13 +15,17 @@
 #include "registry_internal.h"
 #include "util.h"
 
+bool gshmd__reg_on_gpu(const struct gshmd_alloc *m) {
+  return m->device_index >= 0 || !strncmp(m->location, "cuda:", 5);
+}
+
 /* Adds (sign +1) or removes (-1) segment memory m, NULL for none, to u's
- * usage: one segment and its bytes on the host or the GPUs (by location:
- * a parked device segment, device_index -1, is still a GPU's). */
+ * usage: one segment and its bytes on the host or the GPUs
+ * (gshmd__reg_on_gpu). */
 void gshmd__reg_usage_charge(struct usage *u, const struct gshmd_alloc *m, int sign) {
   uint64_t size = m ? m->size : 0;
 
-  if (m && (m->device_index >= 0 || !strncmp(m->location, "cuda:", 5)))
+  if (m && gshmd__reg_on_gpu(m))
     u->cuda_bytes += sign > 0 ? size : -size;
   else
     u->host_bytes += sign > 0 ? size : -size;

@@ -192,10 +192,13 @@ struct gshmd_registry {
   uint32_t nhidden;
   /* A sticky CUDA error at start left the GPUs unusable to this gshmd
    * (daemon/gpu_fault.c): what it was ("<PCI bus id>: <CUDA error
-   * name>"), "" while none.  Device segments are parked and device
-   * creates refused (-ENODEV) while it is set; it is never cleared (the
-   * process cannot use CUDA again). */
+   * name>"), "" while none; or the CUDA driver did not start while the
+   * fd store held device segments (gpu_no_driver; gpu_fault.h
+   * GSHMD_NO_DRIVER_PREFIX and why).  Device segments are parked and
+   * device creates refused (-ENODEV) while it is set; it is never cleared
+   * (the process cannot use CUDA again, or does not try). */
   char gpu_fault[GSHMD_FAULT_MAX];
+  bool gpu_no_driver;
   uint64_t gpu_probes;         /* GPU probes run since (gpu_fault.c) */
 };
 

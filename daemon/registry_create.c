@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "gpu_fault.h"
 #include "log.h"
 #include "registry_internal.h"
 #include "util.h"
@@ -119,15 +120,44 @@ static bool create_resent(const struct gshmd_segment *seg, const struct gshmd_cl
       memcmp(seg->create_token, req->create_token.data, GSHM_CREATE_TOKEN_BYTES))
     return false;
   return seg->requested_size == req->size && seg->flags == req->flags && !seg->hidden &&
-         !seg->unlinked && (loc->kind == GSHM_LOCATION_HOST) == (seg->mem->device_index < 0);
+         !seg->unlinked && (loc->kind == GSHM_LOCATION_HOST) == !gshmd__reg_on_gpu(seg->mem);
+}
+
+/* A create (req of c, for loc) of a name seg holds: 1 when req is the
+ * resent create of seg (*seg_out: seg), -ENODEV when it is but seg is
+ * parked (gshmd cannot hand its memory out: the resend learns why rather
+ * than -EEXIST, as if the segment were another's), else -EEXIST; *msg_out
+ * says which. */
+static int name_taken(struct gshmd_registry *r, const struct gshmd_client *c,
+                      const Gshm__CreateRequest *req, const struct gshm_location *loc,
+                      struct gshmd_segment *seg, struct gshmd_segment **seg_out,
+                      const char **msg_out) {
+  if (!create_resent(seg, c, req, loc)) {
+    *msg_out = gshmd__reg_fmt_msg(r, "segment '%s' exists", req->name);
+    return -EEXIST;
+  }
+  if (seg->mem->backend == gshmd_backend_parked()) {
+    *msg_out = gshmd__reg_fmt_msg(r, "segment '%s', made by this create before gshmd restarted, "
+                                  "is parked: %s", req->name,
+                                  gshmd_backend_parked_why(*r->gpu_fault && !r->gpu_no_driver));
+    return -ENODEV;
+  }
+  *seg_out = seg;
+  return 1;
 }
 
 /* The backend a create at a device (cuda) or host location allocates
  * from.  Errors: -ENODEV the GPUs are unusable (a sticky CUDA error at
- * start: registry.gpu_fault), -ENOTSUP no CUDA backend; *msg_out says
- * which. */
+ * start, or no driver at start with device segments parked:
+ * registry.gpu_fault), -ENOTSUP no CUDA backend; *msg_out says which. */
 static int create_backend(struct gshmd_registry *r, bool cuda, struct gshmd_backend **b_out,
                           const char **msg_out) {
+  if (cuda && r->gpu_no_driver) {
+    *msg_out = gshmd__reg_fmt_msg(r, "device segments are unavailable: the CUDA driver did not "
+                                  "start with gshmd (%s); gshmd probes the GPUs and restarts "
+                                  "once they work", r->gpu_fault + strlen(GSHMD_NO_DRIVER_PREFIX));
+    return -ENODEV;
+  }
   if (cuda && *r->gpu_fault) {
     *msg_out = gshmd__reg_fmt_msg(r, "device segments are unavailable: the GPUs are in a sticky "
                                   "CUDA error state since gshmd started (%s; a GPU reset may be "
@@ -149,7 +179,8 @@ static int create_backend(struct gshmd_registry *r, bool cuda, struct gshmd_back
  * hidden: the name may be taken now (a hidden segment's name is checked
  * when it is published).  Returns 0, 1 when req is the resent create of
  * the segment of its name (*seg_out: that one, nothing allocated:
- * create_resent), or an error as gshmd_registry_create. */
+ * create_resent; -ENODEV where that segment is parked), or an error as
+ * gshmd_registry_create. */
 int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
                            const Gshm__CreateRequest *req, bool hidden,
                            struct gshmd_segment **seg_out, const char **msg_out) {
@@ -166,14 +197,8 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
 
   if ((e = request_check(r, req, mode, &loc, msg_out)))
     return e;
-  if (!hidden && (seg = gshmd_registry_find_name(r, req->name))) {
-    if (create_resent(seg, c, req, &loc)) {
-      *seg_out = seg;
-      return 1;
-    }
-    *msg_out = gshmd__reg_fmt_msg(r, "segment '%s' exists", req->name);
-    return -EEXIST;
-  }
+  if (!hidden && (seg = gshmd_registry_find_name(r, req->name)))
+    return name_taken(r, c, req, &loc, seg, seg_out, msg_out);
   if (cfg->max_segments && r->nsegments + r->nhidden >= cfg->max_segments) {
     *msg_out = gshmd__reg_fmt_msg(r, "the daemon holds %u segments, its limit", r->nsegments);
     return -EMFILE;

@@ -17,6 +17,10 @@ struct usage {
   uint32_t segments, leases;
 };
 
+/* Whether segment memory m (not NULL) is a GPU's: on a device, or a
+ * parked device segment (device_index -1, its location "cuda:..."). */
+bool gshmd__reg_on_gpu(const struct gshmd_alloc *m);
+
 /* Adds (sign +1) or removes (-1) segment memory m, NULL for none, to u's usage.
  */
 void gshmd__reg_usage_charge(struct usage *u, const struct gshmd_alloc *m, int sign);

@@ -125,7 +125,8 @@ static int grant_lease(struct req *q, struct gshmd_lease *l, bool legacy) {
     e = mem->backend->ops->export_fd(mem->backend, mem,
                                      l->access == GSHM__ACCESS__ACCESS_READ_WRITE, &q->fd_out);
     if (e && mem->backend == gshmd_backend_parked()) /* (-ENODEV) */
-      return set_error(q, e, gshmd_backend_parked_why(*q->c->srv->reg->gpu_fault));
+      return set_error(q, e, gshmd_backend_parked_why(*q->c->srv->reg->gpu_fault &&
+                                                      !q->c->srv->reg->gpu_no_driver));
     if (e)
       return set_error(q, e, "cannot export the segment's fd");
   }

@@ -126,9 +126,12 @@ typedef struct gshm_status_info {
                                       by pulls in progress (not yet named) */
   char backends[64];               /* comma-separated: "host", "host,cuda" */
   /* "" normally.  Set while the GPUs are unusable to gshmd (a sticky CUDA
-   * error at its start, e.g. "0000:18:00.0: CUDA_ERROR_ECC_UNCORRECTABLE"):
-   * it serves host segments, device segments are listed but not opened
-   * and device creates fail -ENODEV until it restarts. */
+   * error at its start, e.g. "0000:18:00.0: CUDA_ERROR_ECC_UNCORRECTABLE";
+   * or a CUDA driver that did not start with it while it held device
+   * segments, "no driver: " and why, e.g. "no driver: cuInit failed: no
+   * NVIDIA GPU, or its driver is not loaded"): it serves host segments,
+   * device segments are listed but not opened and device creates fail
+   * -ENODEV until it restarts (by itself, once the GPUs work). */
   char gpu_fault[96];
 } gshm_status_info_t;
 
@@ -217,7 +220,11 @@ GSHM_EXTERN void gshm_disconnect(gshm_client_t *client);
  * Errors: -EEXIST name in use; -EINVAL bad name, size 0, bad location or
  * mode; -ENAMETOOLONG; -ENODEV no such GPU, or (a device location) the
  * daemon's GPUs are unusable until it restarts: a sticky CUDA error at its
- * start (gshm_status_info_t.gpu_fault); -ENOTSUP backend not available
+ * start, or no CUDA driver at its start while it held device segments
+ * (gshm_status_info_t.gpu_fault), or this create, sent again after a
+ * daemon restart lost its reply, made a device segment the daemon now
+ * keeps parked (gshm_open reaches it once its GPU serves again);
+ * -ENOTSUP backend not available
  * on this daemon (e.g. no GPU driver) or legacy IPC disabled; -ENOMEM the
  * backend could not allocate; -EDQUOT a per-user quota would be crossed;
  * -EFBIG over the daemon's segment size limit; -EMFILE a limit on segments

@@ -54,6 +54,7 @@ struct gshmd_cluster {
   struct gshm_list lists;    /* struct remote_list.node */
   struct gshm_list peer_queries; /* struct peers_query.node (peers.c) */
   struct gshm_list relays;   /* relay.c: segments pulled here that peers may read meanwhile */
+  void *relay_names;         /* relay.c: the same by name (relay_names.h) */
   /* gshmd__serve_handle, set by cluster.c: relay.c serves a parked
    * request again through it (relay.c sits below serve.c) */
   bool (*serve_again)(struct gshmd_cluster *cl, struct link *l, const Gshm__Cluster__Msg *m);

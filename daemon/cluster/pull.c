@@ -386,7 +386,7 @@ int gshmd__pull_item_create(struct pull *p, uint64_t size, bool remote_device, c
     return e;
   }
   set_source_text(p, source); /* (a peer relaying it shows it) */
-  if ((e = gshmd__relay_new(cl, p->seg)) ||
+  if ((e = gshmd__relay_new(cl, p->s, p->seg)) ||
       (cl->pull_maps_ahead < PULL_MAPS_AHEAD && (e = map_local(p)))) {
     pull_fail(p, e, e == -ENOMEM ? "out of memory" : "cannot map the new segment");
     return e;

@@ -15,6 +15,7 @@
 #include "log.h"
 #include "pull.h"
 #include "registry.h"
+#include "relay_names.h"
 #include "util.h"
 #include "wire.h"
 
@@ -22,6 +23,8 @@
  * of its set. */
 struct relay {
   struct gshm_list node;     /* cl->relays */
+  struct relay_name by_name; /* cl->relay_names: seg's name, set's seq */
+  const struct pull_set *set; /* the set that will publish seg */
   struct gshmd_segment *seg;
   uint64_t size, granule;
   size_t n;                  /* granules */
@@ -41,17 +44,23 @@ struct relay_wait {
   Gshm__Cluster__ListRequest lr;
 };
 
-int gshmd__relay_new(struct gshmd_cluster *cl, struct gshmd_segment *seg) {
+int gshmd__relay_new(struct gshmd_cluster *cl, const struct pull_set *s,
+                     struct gshmd_segment *seg) {
   struct relay *x = calloc(1, sizeof(*x));
   uint64_t g = cl->cfg->cluster_pull_chunk ? cl->cfg->cluster_pull_chunk : 1;
 
   if (!x)
     return -ENOMEM;
+  x->set = s;
   x->seg = seg;
   x->size = seg->requested_size;
   x->granule = g;
   x->n = (size_t)((x->size + g - 1) / g);
-  if (x->n && !(x->landed = calloc(x->n, sizeof(*x->landed)))) {
+  x->by_name.name = seg->name;
+  x->by_name.order = s->seq;
+  if ((x->n && !(x->landed = calloc(x->n, sizeof(*x->landed)))) ||
+      gshmd__relay_names_add(&cl->relay_names, &x->by_name)) {
+    free(x->landed);
     free(x);
     return -ENOMEM;
   }
@@ -136,6 +145,7 @@ void gshmd__relay_end(struct gshmd_cluster *cl, struct gshmd_segment *seg, int e
     return;
   seg->cluster_relay = NULL;
   gshm_list_del(&x->node);
+  gshmd__relay_names_remove(&cl->relay_names, &x->by_name);
   while (!gshm_list_empty(&x->waits)) {
     struct relay_wait *w = gshm_list_entry(x->waits.next, struct relay_wait, node);
     if (!err) {
@@ -164,17 +174,14 @@ static bool may_stand_for(struct gshmd_cluster *cl, const struct pull_set *s,
 }
 
 /* The relayed segment named name (the first of the pulls in flight that
- * will publish it), or NULL. */
+ * will publish it: relay_names keeps their start order), or NULL. */
 static struct gshmd_segment *relay_find(struct gshmd_cluster *cl, const char *name) {
-  struct gshm_list *pos;
-  gshm_list_foreach(pos, &cl->pulls) {
-    struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
-    for (size_t i = 0; i < s->n; i++) {
-      struct gshmd_segment *seg = s->items[i]->seg;
-      if (seg && seg->cluster_relay && !seg->unlinked && !strcmp(seg->name, name) &&
-          may_stand_for(cl, s, seg))
-        return seg;
-    }
+  struct relay_name *e;
+
+  for (e = gshmd__relay_names_get(&cl->relay_names, name); e; e = e->same) {
+    struct relay *x = gshm_list_entry(e, struct relay, by_name);
+    if (!x->seg->unlinked && may_stand_for(cl, x->set, x->seg))
+      return x->seg;
   }
   return NULL;
 }

@@ -21,6 +21,7 @@
 struct gshmd_cluster;
 struct gshmd_segment;
 struct link;
+struct pull_set;
 
 /* Reads (and lists) of one link parked at once, with its reads in flight:
  * what serve.c allows a link in flight. */
@@ -54,9 +55,11 @@ struct relay_ask {
 int gshmd__relay_ask_again(struct link *l, struct peer_req *req, struct relay_ask *ra,
                            const char **why_out);
 
-/* seg (hidden, just created by a pull) starts with nothing landed.
- * Errors: -ENOMEM (seg is then not relayed). */
-int gshmd__relay_new(struct gshmd_cluster *cl, struct gshmd_segment *seg);
+/* seg (hidden, just created by a pull of set s, which publishes it)
+ * starts with nothing landed; a grant request by its name finds it
+ * (relay_names.h).  Errors: -ENOMEM (seg is then not relayed). */
+int gshmd__relay_new(struct gshmd_cluster *cl, const struct pull_set *s,
+                     struct gshmd_segment *seg);
 /* Bytes [off, off + len) of seg landed (verified, in its memory): the
  * parked reads they complete are served now.  No-op for a segment that
  * is not relayed. */

@@ -133,7 +133,9 @@ class StatusInfo:
     bytes: int
     backends: Tuple[str, ...]  #: ("host",), ("host", "cuda")
     #: "" normally; while a sticky CUDA error at gshmd's start leaves the GPUs
-    #: unusable, what it was ("0000:18:00.0: CUDA_ERROR_ECC_UNCORRECTABLE")
+    #: unusable, what it was ("0000:18:00.0: CUDA_ERROR_ECC_UNCORRECTABLE"),
+    #: or "no driver: " and why where its CUDA driver did not start while
+    #: it held device segments
     gpu_fault: str = ""
 
     @classmethod

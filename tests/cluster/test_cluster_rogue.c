@@ -590,26 +590,27 @@ static void test_ucx_offer_junk(void **state) {
   gshm_disconnect(c);
 }
 
-/* A real worker address: the UcxOffer a node q (its one peer "ra" the
- * rogue, claiming CAP_UCX) makes when its link comes up.  Returns its
- * length, the bytes in addr (cap bytes). */
-static size_t real_worker_address(uint8_t *addr, size_t cap) {
-  static struct node q;
-  static struct rogue ra;
+/* Node q (its one peer "ra" a rogue that claims CAP_UCX, *lfd_out the
+ * rogue's listener) up, with transport ("cluster.transport=ucx", say;
+ * NULL: the default) as its one extra setting, and the worker address of
+ * the UcxOffer it made when its link came up into addr (cap bytes); its
+ * length. */
+static size_t worker_of(struct node *q, struct rogue *ra, const char *transport, int *lfd_out,
+                        uint8_t *addr, size_t cap) {
   char peers[64];
   uint8_t rkey[32];
   size_t len = 0;
-  int port, lfd2;
+  int port;
 
   rogue_key(keys.key, rkey);
-  assert_true((lfd2 = rogue_listener(&port)) >= 0);
+  assert_true((*lfd_out = rogue_listener(&port)) >= 0);
   snprintf(peers, sizeof(peers), "ra=127.0.0.1:%d", port);
-  node_start(&q, "q", peers, keys.key, "", NULL);
-  memset(&ra, 0, sizeof(ra));
-  ra.caps = GSHM__CLUSTER__CAP__CAP_UCX;
-  assert_int_equal(rogue_accept(&ra, lfd2, "ra", rkey), 0);
+  node_start(q, "q", peers, keys.key, "", transport, NULL);
+  memset(ra, 0, sizeof(*ra));
+  ra->caps = GSHM__CLUSTER__CAP__CAP_UCX;
+  assert_int_equal(rogue_accept(ra, *lfd_out, "ra", rkey), 0);
   for (int i = 0; i < 100 && !len; i++) {
-    Gshm__Cluster__Msg *m = rogue_recv(&ra, 50);
+    Gshm__Cluster__Msg *m = rogue_recv(ra, 50);
     if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_UCX_OFFER &&
         m->ucx_offer->worker_address.len <= cap) {
       len = m->ucx_offer->worker_address.len;
@@ -618,9 +619,21 @@ static size_t real_worker_address(uint8_t *addr, size_t cap) {
     if (m)
       gshm__cluster__msg__free_unpacked(m, NULL);
   }
+  return len;
+}
+
+/* A real worker address: the UcxOffer a node q of the default transport
+ * makes (worker_of), q stopped since.  Returns its length, the bytes in
+ * addr (cap bytes). */
+static size_t real_worker_address(uint8_t *addr, size_t cap) {
+  static struct node q;
+  static struct rogue ra;
+  int lfd;
+  size_t len = worker_of(&q, &ra, NULL, &lfd, addr, cap);
+
   rogue_close(&ra);
   assert_int_equal(harness_stop(&q.h), 0);
-  close(lfd2);
+  close(lfd);
   return len;
 }
 
@@ -991,36 +1004,6 @@ static void test_list_walks_a_bounded_part(void **state) {
 
 /* ---- UCX sends a peer never takes ---------------------------------------- */
 
-/* Node q (cluster.transport = ucx; its one peer "ra" a rogue that claims
- * CAP_UCX) up, and the worker address of the UcxOffer it made into addr
- * (cap bytes); its length. */
-static size_t worker_of(struct node *q, struct rogue *ra, int *lfd_out, uint8_t *addr,
-                        size_t cap) {
-  char peers[64];
-  uint8_t rkey[32];
-  size_t len = 0;
-  int port;
-
-  rogue_key(keys.key, rkey);
-  assert_true((*lfd_out = rogue_listener(&port)) >= 0);
-  snprintf(peers, sizeof(peers), "ra=127.0.0.1:%d", port);
-  node_start(q, "q", peers, keys.key, "", "cluster.transport=ucx", NULL);
-  memset(ra, 0, sizeof(*ra));
-  ra->caps = GSHM__CLUSTER__CAP__CAP_UCX;
-  assert_int_equal(rogue_accept(ra, *lfd_out, "ra", rkey), 0);
-  for (int i = 0; i < 100 && !len; i++) {
-    Gshm__Cluster__Msg *m = rogue_recv(ra, 50);
-    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_UCX_OFFER &&
-        m->ucx_offer->worker_address.len <= cap) {
-      len = m->ucx_offer->worker_address.len;
-      memcpy(addr, m->ucx_offer->worker_address.data, len);
-    }
-    if (m)
-      gshm__cluster__msg__free_unpacked(m, NULL);
-  }
-  return len;
-}
-
 static bool closed_or_failed(struct rogue *r) { return r->failed || r->closed; }
 
 /* A key holder pulls with UCX (its UcxOffer names a worker: here one of
@@ -1048,7 +1031,7 @@ static void test_ucx_sends_not_taken(void **state) {
   bool ended;
   (void)state;
 
-  len = worker_of(&q, &ra, &qlfd, addr, sizeof(addr));
+  len = worker_of(&q, &ra, "cluster.transport=ucx", &qlfd, addr, sizeof(addr));
   assert_true(len > 2);
   node_start(&t, "t", "r=127.0.0.1:1", keys.key, "pub/*", "cluster.transport=ucx",
              "cluster.request_timeout_ms=2000", NULL);

@@ -62,6 +62,16 @@ static gshm_client_t *connect_and_keep(struct harness *h, const char *name, unsi
   return c;
 }
 
+/* Whether c reads host segment "keep" back as want (got: SIZE bytes). */
+static void keep_reads(gshm_client_t *c, const unsigned char *want, unsigned char *got) {
+  gshm_segment_t *s;
+
+  assert_int_equal(gshm_open(c, "keep", GSHM_ACCESS_READ, &s), 0);
+  assert_int_equal(gshm_read(s, 0, got, SIZE), 0);
+  assert_memory_equal(got, want, SIZE);
+  assert_int_equal(gshm_close(s), 0);
+}
+
 /* Starts gshmd (args) with host segment "keep" (bytes want, seed) and
  * device segment "dev" on cuda:0, made by a client gone since. */
 static void start_keeping_two(struct harness *h, const char *const *args, unsigned char *want,
@@ -90,7 +100,7 @@ static void test_sticky_error_restarts_keeping_segments(void **state) {
   char dir[] = "/tmp/gshm-sticky-XXXXXX", trigger[64];
   unsigned char *want = malloc(SIZE), *got = malloc(SIZE);
   gshm_client_t *c, *fresh;
-  gshm_segment_t *s, *dev;
+  gshm_segment_t *dev;
   static struct harness h; /* (static: harness_kill_leftover reads it after a failure) */
   siginfo_t si;
   (void)state;
@@ -111,10 +121,7 @@ static void test_sticky_error_restarts_keeping_segments(void **state) {
   /* systemd's part: Restart=on-failure, with the fd store */
   assert_int_equal(harness_restart(&h, SIGKILL, args), 0);
   assert_int_equal(gshm_connect(h.socket_path, "fresh", &fresh), 0);
-  assert_int_equal(gshm_open(fresh, "keep", GSHM_ACCESS_READ, &s), 0);
-  assert_int_equal(gshm_read(s, 0, got, SIZE), 0);
-  assert_memory_equal(got, want, SIZE);
-  assert_int_equal(gshm_close(s), 0);
+  keep_reads(fresh, want, got);
   assert_int_equal(gshm_create(fresh, "dev", 2u << 20, "cuda:0", 0600, 0, &dev), 0);
   assert_int_equal(gshm_close(dev), 0);
   gshm_disconnect(fresh);
@@ -136,7 +143,7 @@ static void test_sticky_error_at_start_waits(void **state) {
   unsigned char *want = malloc(SIZE), *got = malloc(SIZE);
   static struct harness h;
   gshm_client_t *c;
-  gshm_segment_t *s, *dev;
+  gshm_segment_t *dev;
   struct timespec t0, t1;
   (void)state;
 
@@ -157,9 +164,7 @@ static void test_sticky_error_at_start_waits(void **state) {
   /* systemd's part again; the GPU works now */
   assert_int_equal(harness_restart(&h, SIGKILL, args), 0);
   assert_int_equal(gshm_connect(h.socket_path, "fresh", &c), 0);
-  assert_int_equal(gshm_open(c, "keep", GSHM_ACCESS_READ, &s), 0);
-  assert_int_equal(gshm_read(s, 0, got, SIZE), 0);
-  assert_memory_equal(got, want, SIZE);
+  keep_reads(c, want, got);
   assert_int_equal(gshm_open(c, "dev", GSHM_ACCESS_READ, &dev), 0);
   gshm_disconnect(c);
   harness_set_leftover(NULL);
@@ -215,15 +220,12 @@ static bool ctl_says(struct harness *h, const char *verb, const char *text) {
  * serving while the probes fail. */
 static void check_degraded(struct harness *h, const unsigned char *want, unsigned char *got) {
   gshm_client_t *c;
-  gshm_segment_t *s, *dev;
+  gshm_segment_t *dev;
   gshm_segment_info_t info;
   gshm_status_info_t st;
 
   assert_int_equal(gshm_connect(h->socket_path, "degraded", &c), 0);
-  assert_int_equal(gshm_open(c, "keep", GSHM_ACCESS_READ, &s), 0);
-  assert_int_equal(gshm_read(s, 0, got, SIZE), 0);
-  assert_memory_equal(got, want, SIZE);
-  assert_int_equal(gshm_close(s), 0);
+  keep_reads(c, want, got);
   assert_int_equal(gshm_stat_name(c, "dev", &info), 0);
   assert_int_equal(strncmp(info.location, "cuda:GPU-", 9), 0);
   assert_int_equal(gshm_open(c, "dev", GSHM_ACCESS_READ, &dev), -ENODEV);
@@ -246,6 +248,40 @@ static void check_degraded(struct harness *h, const unsigned char *want, unsigne
   gshm_disconnect(c);
 }
 
+/* The GPUs mended (sticky removed) in a gshmd serving degraded since t0
+ * (mono_ns): the next probe works, and gshmd exits 75 for its restart,
+ * but not sooner than 10 s after its start (GSHMD_STICKY_START_DELAY_S:
+ * probes every 200 ms must not restart it 5 times in 30 s, which would
+ * fail the unit and drop its store); the restart (args) adopts device
+ * segment "dev" on its GPU and serves "keep" (bytes want). */
+static void mended_restarts(struct harness *h, const char *sticky, int64_t t0,
+                            const char *const *args, const unsigned char *want,
+                            unsigned char *got) {
+  gshm_client_t *c;
+  gshm_segment_t *dev;
+  gshm_status_info_t st;
+  siginfo_t si;
+  int64_t t1;
+
+  assert_int_equal(unlink(sticky), 0);
+  assert_true(exited_by_itself(h, &si));
+  t1 = mono_ns();
+  print_message("    exited for its restart %.1f s after its degraded start\n",
+                (double)(t1 - t0) / 1e9);
+  assert_true(t1 - t0 >= 9 * 1000000000ll);
+  assert_int_equal(si.si_code, CLD_EXITED);
+  assert_int_equal(si.si_status, 75);
+  assert_int_equal(harness_restart(h, SIGKILL, args), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "fresh", &c), 0);
+  assert_int_equal(gshm_open(c, "dev", GSHM_ACCESS_READ, &dev), 0); /* on its GPU again */
+  keep_reads(c, want, got);
+  assert_int_equal(gshm_status(c, &st), 0);
+  assert_string_equal(st.gpu_fault, "");
+  gshm_disconnect(c);
+  harness_set_leftover(NULL);
+  assert_int_equal(harness_stop(h), 0);
+}
+
 /* A sticky error at start (in the CUDA backend's setup when fail is NULL,
  * else fail's call, in the restore) with the default daemon.sticky_start
  * = serve: gshmd serves what it can (check_degraded; it exited 75 after
@@ -257,11 +293,7 @@ static void degraded_start(const char *fail) {
   char dir[] = "/tmp/gshm-sticky-XXXXXX", sticky[64], trigger[64];
   unsigned char *want = malloc(SIZE), *got = malloc(SIZE);
   static struct harness h;
-  gshm_client_t *c;
-  gshm_segment_t *s, *dev;
-  gshm_status_info_t st;
-  siginfo_t si;
-  int64_t t0, t1;
+  int64_t t0;
 
   assert_non_null(mkdtemp(dir));
   snprintf(sticky, sizeof(sticky), "%s/sticky", dir);
@@ -278,29 +310,7 @@ static void degraded_start(const char *fail) {
   t0 = mono_ns();
   check_degraded(&h, want, got);
 
-  /* mended: the next probe works, and gshmd exits for its restart, but
-   * not sooner than 10 s after its start (GSHMD_STICKY_START_DELAY_S:
-   * probes every 200 ms must not restart it 5 times in 30 s, which would
-   * fail the unit and drop its store) */
-  assert_int_equal(unlink(sticky), 0);
-  assert_true(exited_by_itself(&h, &si));
-  t1 = mono_ns();
-  print_message("    exited for its restart %.1f s after its degraded start\n",
-                (double)(t1 - t0) / 1e9);
-  assert_true(t1 - t0 >= 9 * 1000000000ll);
-  assert_int_equal(si.si_code, CLD_EXITED);
-  assert_int_equal(si.si_status, 75);
-  assert_int_equal(harness_restart(&h, SIGKILL, args), 0);
-  assert_int_equal(gshm_connect(h.socket_path, "fresh", &c), 0);
-  assert_int_equal(gshm_open(c, "dev", GSHM_ACCESS_READ, &dev), 0); /* on its GPU again */
-  assert_int_equal(gshm_open(c, "keep", GSHM_ACCESS_READ, &s), 0);
-  assert_int_equal(gshm_read(s, 0, got, SIZE), 0);
-  assert_memory_equal(got, want, SIZE);
-  assert_int_equal(gshm_status(c, &st), 0);
-  assert_string_equal(st.gpu_fault, "");
-  gshm_disconnect(c);
-  harness_set_leftover(NULL);
-  assert_int_equal(harness_stop(&h), 0);
+  mended_restarts(&h, sticky, t0, args, want, got);
   unsetenv("FAKE_CUDA_STICKY_FILE");
   unsetenv("FAKE_CUDA_FAIL_FILE");
   rmdir(dir);
@@ -318,12 +328,65 @@ static void test_sticky_error_in_restore_serves_host(void **state) {
   degraded_start("cuMemImportFromShareableHandle");
 }
 
+/* cuInit itself failing at start (CUDA_ERROR_NO_DEVICE: a driver
+ * reloaded, its module not loaded yet) with a device segment in the fd
+ * store, daemon.backend = auto: gshmd serves host segment "keep", keeps
+ * "dev" parked, refuses device creates -ENODEV, says why as for a sticky
+ * error (gshm_status, gshmctl status, STATUS=, the metrics) and probes
+ * the GPUs; once the driver works, it exits 75 and the restart adopts
+ * "dev".  (It parked "dev" and probed nothing before: only a restart by
+ * hand brought it back.) */
+static void test_no_driver_at_start_probes(void **state) {
+  const char *const args[] = {"--backend", "auto", "--set", "daemon.gpu_probe_ms=200", NULL};
+  char dir[] = "/tmp/gshm-sticky-XXXXXX", sticky[64];
+  unsigned char *want = malloc(SIZE), *got = malloc(SIZE);
+  static struct harness h;
+  gshm_client_t *c;
+  gshm_segment_t *dev;
+  gshm_status_info_t st;
+  int64_t t0;
+  (void)state;
+
+  assert_non_null(mkdtemp(dir));
+  snprintf(sticky, sizeof(sticky), "%s/sticky", dir);
+  setenv("FAKE_CUDA_STICKY_FILE", sticky, 1); /* (none yet) */
+  start_keeping_two(&h, args, want, 45);
+  put_failure(sticky, "cuInit", 100 /* CUDA_ERROR_NO_DEVICE */);
+  assert_int_equal(harness_restart(&h, SIGKILL, args), 0);
+  t0 = mono_ns();
+
+  assert_int_equal(gshm_connect(h.socket_path, "degraded", &c), 0);
+  keep_reads(c, want, got);
+  assert_int_equal(gshm_open(c, "dev", GSHM_ACCESS_READ, &dev), -ENODEV);
+  assert_int_equal(gshm__spawn_store_memory_fds(&h.sp), 2); /* keep's and dev's */
+  assert_int_equal(gshm_create(c, "dev2", 2u << 20, "cuda:0", 0600, 0, &dev), -ENODEV);
+  assert_non_null(strstr(gshm_last_error(c), "cuInit failed"));
+  assert_int_equal(gshm_status(c, &st), 0);
+  assert_string_equal(st.gpu_fault, "no driver: cuInit failed: no NVIDIA GPU, or its driver is "
+                                    "not loaded");
+  assert_true(ctl_says(&h, "status", "GPUs unusable: the CUDA driver did not start with "
+                                     "gshmd (cuInit failed"));
+  assert_true(ctl_says(&h, "devices", "no usable GPUs: the CUDA driver did not start"));
+  gshm__spawn_poll(&h.sp, 0);
+  assert_non_null(strstr(h.sp.status, "GPUs unusable"));
+  assert_true(metric_reaches(c, "gshm_gpu_fault", 1));
+  assert_true(metric_reaches(c, "gshm_gpu_probes_total", 3)); /* failed, gshmd still up */
+  gshm_disconnect(c);
+
+  mended_restarts(&h, sticky, t0, args, want, got);
+  unsetenv("FAKE_CUDA_STICKY_FILE");
+  rmdir(dir);
+  free(want);
+  free(got);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sticky_error_restarts_keeping_segments),
       cmocka_unit_test(test_sticky_error_at_start_waits),
       cmocka_unit_test(test_sticky_error_at_start_serves_host),
       cmocka_unit_test(test_sticky_error_in_restore_serves_host),
+      cmocka_unit_test(test_no_driver_at_start_probes),
   };
   atexit(harness_kill_leftover);
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -732,6 +732,44 @@ static void test_device_segment_parked_gpu_gone(void **state) {
   f->reg.cuda = NULL;
 }
 
+/* A create sent again after a restart (its token, uid, size and flags;
+ * libgshm resends one whose reply the restart lost) for a device segment
+ * that the restore parked: -ENODEV saying that its create made the
+ * segment, that it is parked and why, and no lease; it answered -EEXIST
+ * "exists" before, as to anybody else's create, and the creator could not
+ * tell its own segment from another's.  Another token still meets
+ * -EEXIST. */
+static void test_resent_create_of_parked_segment(void **state) {
+  struct fixture *f = *state;
+  uint8_t t[16] = "0123456789abcdef", other[16] = "fedcba9876543210";
+  Gshm__StateRecord rec = record(1, "d", 0600, false);
+  Gshm__CreateRequest req = GSHM__CREATE_REQUEST__INIT;
+  struct gshmd_cred cred = {.pid = 2000, .uid = 1000, .gid = 1000};
+  struct gshmd_client *c = NULL;
+  struct gshmd_lease *l = NULL;
+  const char *msg = NULL;
+  bool resent = true;
+
+  rec.location = FAKE_GPU0_LOCATION;
+  rec.size = rec.requested_size = FAKE_GRAN;
+  rec.create_token = (ProtobufCBinaryData){16, t};
+  restore_bucket(f, &rec, 1, 0);
+  assert_ptr_equal(gshmd_registry_find_name(&f->reg, "d")->mem->backend, gshmd_backend_parked());
+  assert_int_equal(gshmd_registry_client_add(&f->reg, &cred, &c), 0);
+  req.name = "d";
+  req.size = FAKE_GRAN;
+  req.location = "cuda:0";
+  req.create_token = (ProtobufCBinaryData){16, t};
+  assert_int_equal(gshmd_registry_create(&f->reg, c, &req, &l, &resent, &msg), -ENODEV);
+  assert_null(l);
+  assert_false(resent);
+  assert_non_null(strstr(msg, "is parked"));
+  assert_non_null(strstr(msg, gshmd_backend_parked_why(false)));
+  assert_int_equal(f->reg.nleases, 0);
+  req.create_token.data = other;
+  assert_int_equal(gshmd_registry_create(&f->reg, c, &req, &l, &resent, &msg), -EEXIST);
+}
+
 /* Create tokens through the store: a record's 16-byte token comes back
  * with its segment; one of another length is none.  A record carrying a
  * pulled segment's source and a token as well (no gshmd writes one: a
@@ -850,6 +888,7 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_device_segment_parked_without_cuda, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_segment_parked_gpu_gone, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_resent_create_of_parked_segment, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sticky_cuda_error_parks_device_segments, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_park_all_moves_cuda_segments, setup, teardown),
