@@ -127,6 +127,12 @@ struct gshmd_backend_ops {
    * the mapping goes, unless the allocation may be recycled (its page
    * tables are what recycling saves). */
   void (*local_done)(struct gshmd_backend *b, struct gshmd_alloc *a);
+  /* Optional (host): hands local_ptr's mapping (a->size bytes) to the
+   * caller, who munmaps it: ->free no longer does, and the memory is
+   * never recycled (a UCX receive may still write there after the
+   * segment is freed: daemon/cluster/pull.c).  Returns the address, or
+   * NULL when a has no mapping. */
+  void *(*local_take)(struct gshmd_backend *b, struct gshmd_alloc *a);
   /* Optional (cuda): copies len bytes between the allocation at offset
    * and host memory (pinned for speed), synchronously; to_device: host
    * to allocation.  May run on any thread (libuv's pool).  Errors:

@@ -300,6 +300,16 @@ static void unkeep(struct host_backend *hb, struct host_alloc *h) {
   }
 }
 
+static void *host_local_take(struct gshmd_backend *b, struct gshmd_alloc *a) {
+  struct host_alloc *h = a->priv;
+  void *map = h->map;
+
+  unkeep((struct host_backend *)b, h);
+  h->map = NULL; /* (not pooled without it: recycle_keep) */
+  a->no_recycle = true;
+  return map;
+}
+
 static void pooled_free(struct host_backend *hb, struct pooled *e) {
   gshm_list_del(&e->node);
   hb->stats.bytes_held -= e->size;
@@ -498,6 +508,7 @@ static const struct gshmd_backend_ops host_ops = {
     .discard = host_discard,
     .local_ptr = host_local_ptr,
     .local_done = host_local_done,
+    .local_take = host_local_take,
     .free = host_free,
     .destroy = host_destroy,
 };

@@ -273,8 +273,10 @@
     "A request to a peer whose answer has not begun this many milliseconds "   \
     "after every older one's did fails its pull (-ETIMEDOUT), however busy "   \
     "the link is otherwise; so does a data lane stopped this long midway "     \
-    "through a frame, or not read. A read of a segment this node is still "    \
-    "pulling waits here at most half of it, then is answered busy and asked "  \
+    "through a frame, or not read, and a receive over UCX begun and not "     \
+    "ended (the memory it writes stays until UCX ends it). A read of a "      \
+    "segment this node is still pulling waits here at most half of it, then " \
+    "is answered busy and asked "                                             \
     "again: give every node the same value.")
 
 #endif

@@ -36,9 +36,10 @@ static void on_message(struct link *l, Gshm__Cluster__Msg *m) {
 }
 
 static void on_lost(struct link *l, int err, const char *why) {
-  gshmd__link_data_lost(l);
   gshmd__serve_link_lost(cluster_of(l->ll), l);
+  /* (the pulls fail with why before their UCX receives end them) */
   gshmd__pull_link_lost(cluster_of(l->ll), l, err, why);
+  gshmd__link_data_lost(l, err == -ETIMEDOUT || err == -EPROTO ? err : -ECONNRESET);
 }
 
 static void on_idle(struct link *l) { gshmd__serve_link_idle(cluster_of(l->ll), l); }

@@ -297,10 +297,66 @@ static struct link *link_by_token(struct links *ll, uint64_t token) {
   return NULL;
 }
 
+/* One rendezvous receive over UCX.  It stays on its link's ucx_recvs,
+ * counted in l->busy and holding its destination (req->data_hold), until
+ * UCX's callback, whatever came first: a failed link ends its request at
+ * once (gshmd__link_data_lost), not the memory UCX may still write. */
+struct data_recv {
+  void *next_orphan;        /* first: ll->abandoned_recvs (gshmd__link_data_orphan) */
+  struct gshm_list node;    /* l->ucx_recvs until UCX ends it */
+  struct link *l;           /* NULL: orphaned, its link freed at exit */
+  struct peer_req *req;     /* NULL once its request ended without it */
+  struct data_hold *hold;   /* its destination's */
+  int64_t posted_ns;        /* when its header came (CLOCK_MONOTONIC) */
+};
+
+/* UCX ended rec (err 0: every byte in place): its request, if it still
+ * waits, and its hold end, and its link may go. */
+static void recv_end(struct data_recv *rec, int err) {
+  struct link *l = rec->l;
+
+  gshm_list_del(&rec->node);
+  l->active_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  if (rec->req)
+    rec->req->data_done(rec->req, err);
+  gshmd__data_hold_put(rec->hold);
+  free(rec);
+  l->busy--;
+  gshmd__link_unbusy(l); /* (a failed link may go with its last receive) */
+}
+
 static void on_ucx_received(void *request, ucs_status_t status, size_t length, void *user_data) {
-  struct peer_req *req = user_data;
+  struct data_recv *rec = user_data;
+
   ucp_request_free(request);
-  req->data_done(req, status == UCS_OK && length ? 0 : -ECONNRESET);
+  if (rec->l) /* (else freed with the worker: ll->abandoned_recvs) */
+    recv_end(rec, status == UCS_OK && length ? 0 : -ECONNRESET);
+}
+
+/* The bytes of a rendezvous into dst, for req on l. */
+static void recv_ucx(struct link *l, struct peer_req *req, void *data, void *dst, size_t length) {
+  struct links *ll = l->ll;
+  struct data_recv *rec = calloc(1, sizeof(*rec));
+  struct data_hold *hold = rec && req->data_hold ? req->data_hold(req) : NULL;
+  ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                            UCP_OP_ATTR_FIELD_USER_DATA,
+                            .cb.recv_am = on_ucx_received,
+                            .user_data = rec};
+  ucs_status_ptr_t sp;
+
+  if (!hold) { /* (UCX would write where nothing keeps the memory) */
+    free(rec);
+    ucp_am_data_release(ll->worker, data);
+    req->data_done(req, -ENOMEM);
+    return;
+  }
+  *rec = (struct data_recv){.l = l, .req = req, .hold = hold,
+                            .posted_ns = gshm__now_ns(CLOCK_MONOTONIC)};
+  gshm_list_add_tail(&l->ucx_recvs, &rec->node);
+  l->busy++;
+  sp = ucp_am_recv_data_nbx(ll->worker, data, dst, length, &rp);
+  if (!UCS_PTR_IS_PTR(sp))
+    recv_end(rec, UCS_PTR_STATUS(sp) == UCS_OK ? 0 : -ECONNRESET);
 }
 
 static ucs_status_t on_data_am(void *arg, const void *header, size_t header_length, void *data,
@@ -328,13 +384,7 @@ static ucs_status_t on_data_am(void *arg, const void *header, size_t header_leng
     return UCS_OK;
   }
   if (rndv) {
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                              UCP_OP_ATTR_FIELD_USER_DATA,
-                              .cb.recv_am = on_ucx_received,
-                              .user_data = req};
-    ucs_status_ptr_t sp = ucp_am_recv_data_nbx(ll->worker, data, dst, length, &rp);
-    if (!UCS_PTR_IS_PTR(sp))
-      req->data_done(req, UCS_PTR_STATUS(sp) == UCS_OK ? 0 : -ECONNRESET);
+    recv_ucx(l, req, data, dst, length);
   } else {
     memcpy(dst, data, length);
     req->data_done(req, 0);
@@ -357,8 +407,18 @@ bool gshmd__link_ucx_overdue(const struct link *l, int64_t now, int64_t limit_ns
   return now - ds->sent_ns > limit_ns;
 }
 
-void gshmd__link_data_lost(struct link *l) {
-  size_t n = 0;
+bool gshmd__link_ucx_recv_overdue(const struct link *l, int64_t now, int64_t limit_ns) {
+  const struct data_recv *rec;
+
+  if (gshm_list_empty(&l->ucx_recvs))
+    return false;
+  /* (begun in order: the oldest first) */
+  rec = gshm_list_entry(l->ucx_recvs.next, struct data_recv, node);
+  return now - rec->posted_ns > limit_ns;
+}
+
+void gshmd__link_data_lost(struct link *l, int err) {
+  size_t n = 0, nr = 0;
   struct gshm_list *pos;
 
   if (l->ucx_ep) {
@@ -376,10 +436,24 @@ void gshmd__link_data_lost(struct link *l) {
    * the last); the peer's links that linger so count among its
    * LINK_MAX_PER_PEER (gshmd__link_count_up). */
   gshm_list_foreach(pos, &l->ucx_sends) n++;
-  if (n)
-    gshm_log_info("cluster: peer '%s': %zu send%s over UCX not ended by UCX yet: the memory "
-                  "they read stays until it ends them",
-                  l->peer ? l->peer->name : l->remote, n, n == 1 ? "" : "s");
+  /* Its receives end their requests now (their pulls fail and go), but
+   * UCX may still write their bytes: each keeps its destination
+   * (data_hold) until UCX calls back, and the link lingers until the
+   * last; no new link to the peer is made while LINK_MAX_PER_PEER
+   * linger so (gshmd__link_count_lingering). */
+  gshm_list_foreach(pos, &l->ucx_recvs) {
+    struct data_recv *rec = gshm_list_entry(pos, struct data_recv, node);
+    struct peer_req *req = rec->req;
+    nr++;
+    rec->req = NULL;
+    if (req)
+      req->data_done(req, err);
+  }
+  if (n || nr)
+    gshm_log_info("cluster: peer '%s': %zu send%s and %zu receive%s over UCX not ended by UCX "
+                  "yet: the memory they read or write stays until it ends them",
+                  l->peer ? l->peer->name : l->remote, n, n == 1 ? "" : "s", nr,
+                  nr == 1 ? "" : "s");
 }
 
 void gshmd__link_data_orphan(struct link *l) {
@@ -389,5 +463,26 @@ void gshmd__link_data_orphan(struct link *l) {
     ds->l = NULL;
     ds->next_orphan = l->ll->abandoned;
     l->ll->abandoned = ds;
+  }
+  while (!gshm_list_empty(&l->ucx_recvs)) {
+    struct data_recv *rec = gshm_list_entry(l->ucx_recvs.next, struct data_recv, node);
+    gshm_list_del(&rec->node);
+    rec->l = NULL;
+    rec->next_orphan = l->ll->abandoned_recvs;
+    l->ll->abandoned_recvs = rec;
+  }
+}
+
+void gshmd__link_data_abandoned_free(struct links *ll) {
+  while (ll->abandoned) { /* sends UCX never completed: no callback comes now */
+    struct data_send *ds = ll->abandoned;
+    ll->abandoned = ds->next_orphan;
+    free(ds);
+  }
+  while (ll->abandoned_recvs) { /* ... and receives: their memory may go now */
+    struct data_recv *rec = ll->abandoned_recvs;
+    ll->abandoned_recvs = rec->next_orphan;
+    gshmd__data_hold_put(rec->hold);
+    free(rec);
   }
 }

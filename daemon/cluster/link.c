@@ -207,6 +207,7 @@ static struct link *link_new(struct links *ll, bool inbound) {
   gshm_list_init(&l->pulls);
   gshm_list_init(&l->grants);
   gshm_list_init(&l->ucx_sends);
+  gshm_list_init(&l->ucx_recvs);
   gshm_list_add_tail(&ll->links, &l->node);
   randombytes_buf(l->nonce_mine, sizeof(l->nonce_mine));
   if (inbound)
@@ -363,9 +364,29 @@ struct link *gshmd__link_connect_lane(struct link *parent) {
   return link_connect(parent->ll, parent->peer, parent->lane_token);
 }
 
+unsigned gshmd__link_count_lingering(struct links *ll, const struct peer *p) {
+  struct gshm_list *pos;
+  unsigned n = 0;
+  gshm_list_foreach(pos, &ll->links) {
+    struct link *l = gshm_list_entry(pos, struct link, node);
+    n += !l->inbound && l->peer == p && l->state == LINK_CLOSED &&
+         !gshm_list_empty(&l->ucx_recvs);
+  }
+  return n;
+}
+
+/* A link to p, unless it has one, or LINK_MAX_PER_PEER failed ones still
+ * hold memory UCX may write (then what waits for it fails). */
 static void peer_connect(struct links *ll, struct peer *p) {
-  if (!p->out)
-    link_connect(ll, p, NULL);
+  if (p->out)
+    return;
+  if (gshmd__link_count_lingering(ll, p) >= LINK_MAX_PER_PEER) {
+    snprintf(p->why, sizeof(p->why), "%u failed links to it still wait for UCX to end receives "
+             "of its bytes (its UCX worker stopped?)", LINK_MAX_PER_PEER);
+    reqs_fail(&p->waiting, -ECONNRESET, p->why);
+    return;
+  }
+  link_connect(ll, p, NULL);
 }
 
 /* Inbound connections in their hello from the address of sa. */
@@ -543,6 +564,13 @@ static const char *link_overdue(struct link *l, int64_t now) {
    * for as long as it liked) */
   if (gshmd__link_ucx_overdue(l, now, ll->request_timeout_ns))
     return "the peer did not take over UCX what it asked for in time";
+  /* (a receive over UCX is off l->reqs once its header came, and only
+   * UCX ends it: gshmd__link_data_lost) */
+  if (gshmd__link_ucx_recv_overdue(l, now, ll->request_timeout_ns)) {
+    why = "the peer did not complete over UCX in time bytes it began to send";
+    gshmd__link_refused(ll, REFUSE_TIMEOUT, l->peer ? l->peer->name : l->remote, why);
+    return why;
+  }
   return NULL;
 }
 

@@ -30,7 +30,8 @@
  * node hold. */
 #define LINK_MAX_PENDING 64      /* inbound connections in their hello, in all */
 #define LINK_MAX_PENDING_ADDR 4  /* ... from one source address */
-#define LINK_MAX_PER_PEER 4      /* inbound links of one peer that passed the hello */
+#define LINK_MAX_PER_PEER 4      /* inbound links of one peer that passed the hello; and
+                                    failed outbound links to it that linger (UCX receives) */
 #define LINK_MAX_LANES 16        /* data lanes of one link (lane.h) */
 #define LINK_MAX_READS 64        /* Reads and Stages in flight per link: the serving side
                                     refuses more as busy (serve.c) */
@@ -95,6 +96,22 @@ struct peer {
   uint64_t pulls_ok, pulls_failed, bytes_host, bytes_staged, bytes_direct;
 };
 
+/* What keeps a request's destination valid after the request ended:
+ * taken (peer_req.data_hold) when a UCX rendezvous receive into it
+ * begins, put back (gshmd__data_hold_put) when UCX ends that receive,
+ * however late: its link may have failed, and the request ended, long
+ * before (data.c).  Whoever made it sets refs and release; the last put
+ * runs release. */
+struct data_hold {
+  unsigned refs;
+  void (*release)(struct data_hold *h);
+};
+
+static inline void gshmd__data_hold_put(struct data_hold *h) {
+  if (h && --h->refs == 0)
+    h->release(h);
+}
+
 /* An answer to one of our requests, or the link's failure (m NULL). */
 struct peer_req;
 typedef void (*peer_req_done_fn)(struct peer_req *req, int err, const char *msg,
@@ -115,6 +132,11 @@ struct peer_req {
    * place and verified (err 0) or not. */
   void *(*data_dest)(struct peer_req *req, uint64_t offset, uint64_t len);
   void (*data_done)(struct peer_req *req, int err);
+  /* Read and Stage over UCX: a reference (refs taken for the caller) to
+   * what keeps data_dest's memory valid, taken when a rendezvous
+   * receive into it begins and put when UCX ends it, or NULL (no
+   * memory: the bytes are refused) */
+  struct data_hold *(*data_hold)(struct peer_req *req);
   /* Read and Stage: the offset and length the answer's bytes must have
    * (data_dest(req, data_offset, data_len) is where they go); a link
    * without UCX lists the request in its landings when it sends it, so
@@ -150,7 +172,8 @@ struct link {
   struct gshm_list node;     /* ll->links */
   uint32_t next_request;
   unsigned busy;             /* inbound: staging copies and data sends running; the
-                                link's serving state waits for them */
+                                link's serving state waits for them; outbound: its
+                                receives over UCX (ucx_recvs) */
   unsigned stage_waits;      /* inbound: of them, staged grants waiting for their buffer
                                 (serve.c: not reads, for the read caps) */
   uint64_t bytes_busy;       /* inbound: bytes of the Reads and Stages among them */
@@ -162,6 +185,7 @@ struct link {
   ucp_ep_h ucx_ep;           /* inbound: to the peer's worker, from its UcxOffer */
   bool ucx_eager;            /* inbound: ucx_ep cannot tell a dead peer: no rendezvous */
   struct gshm_list ucx_sends; /* inbound: data sends UCX has not completed */
+  struct gshm_list ucx_recvs; /* outbound: rendezvous receives UCX has not completed */
   /* owned by the layers above (serve.c, pull.c) */
   struct gshmd_client *serve_client; /* inbound, up: holds the serving leases */
   struct gshm_list grants;   /* inbound: struct serve_grant */
@@ -233,6 +257,7 @@ struct links {
   void **ep_close_reqs;
   unsigned nep_closing, nep_close_reqs;
   void *abandoned;           /* data.c: sends UCX had not ended at exit (first word: next) */
+  void *abandoned_recvs;     /* data.c: ... and receives (first word: next) */
   bool encrypt;              /* cluster.encrypt */
   bool gmac;                 /* cluster.mac = auto: AES-GMAC where both nodes have AES-NI */
   unsigned nconns;           /* links with a socket (the fd budget) */
@@ -350,20 +375,38 @@ void gshmd__landings_ref(struct landings *lt);
 void gshmd__landings_unref(struct landings *lt);
 /* Takes UCX data messages (after gshmd__link_start).  Returns 0 or -EIO. */
 int gshmd__link_data_start(struct links *ll);
-/* l failed: its UCX endpoint goes (closed by force: UCX cancels what
- * sends it can).  Its sends over UCX stay on l->ucx_sends, counted in
- * l->busy, until UCX calls back for each, with any status: what they
- * read stays mapped (and their slots unused) until then. */
-void gshmd__link_data_lost(struct link *l);
-/* l is freed at exit with sends UCX never ended: their records go to
- * ll->abandoned, freed after the worker (a callback during
- * ucp_worker_destroy touches nothing else). */
+/* l failed (err, a negative errno): its UCX endpoint goes (closed by
+ * force: UCX cancels what sends it can).  Its sends over UCX stay on
+ * l->ucx_sends, counted in l->busy, until UCX calls back for each, with
+ * any status: what they read stays mapped (and their slots unused) until
+ * then.  Its receives over UCX end their requests now, with err (their
+ * data_done), and stay on l->ucx_recvs, counted in l->busy, holding
+ * their destinations (peer_req.data_hold), until UCX calls back: UCX
+ * 1.13 cannot cancel an active message's receive, and gshmd has no
+ * endpoint of its own to the sender to close. */
+void gshmd__link_data_lost(struct link *l, int err);
+/* l is freed at exit with sends or receives UCX never ended: their
+ * records go to ll->abandoned and ll->abandoned_recvs, freed after the
+ * worker (a callback during ucp_worker_destroy touches nothing else). */
 void gshmd__link_data_orphan(struct link *l);
+/* Frees the records gshmd__link_data_orphan left (after the worker is
+ * destroyed): the receives' holds go with them. */
+void gshmd__link_data_abandoned_free(struct links *ll);
 /* Whether the oldest of l's sends over UCX was posted over limit_ns before
  * now (CLOCK_MONOTONIC ns) and has not completed: the peer does not take
  * the bytes it asked for (a rendezvous waits for the receiver; a worker
  * that nobody progresses never answers it).  Loop only. */
 bool gshmd__link_ucx_overdue(const struct link *l, int64_t now, int64_t limit_ns);
+/* Whether the oldest of l's receives over UCX began (its header came)
+ * over limit_ns before now and has not completed: the peer does not send
+ * the bytes it announced (a rendezvous whose data never comes: its
+ * worker stopped, or it never answers our ready-to-receive; UCX reports
+ * no progress of a receive before its end).  Loop only. */
+bool gshmd__link_ucx_recv_overdue(const struct link *l, int64_t now, int64_t limit_ns);
+/* Outbound links to p that failed with receives over UCX not yet ended
+ * by UCX (they hold the memory those write into: gshmd__link_data_lost):
+ * no new link to p is made while LINK_MAX_PER_PEER of them linger. */
+unsigned gshmd__link_count_lingering(struct links *ll, const struct peer *p);
 /* Inbound links of peer p that passed the hello and are up, or failed
  * with sends over UCX not yet ended by UCX (their memory stays:
  * gshmd__link_data_lost): at most LINK_MAX_PER_PEER of them. */

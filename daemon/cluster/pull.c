@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "backend.h"
 #include "config.h"
@@ -176,12 +177,69 @@ static void chunk_data_done(struct peer_req *req, int err) {
   char why[200];
 
   if (err) {
-    snprintf(why, sizeof(why), "receiving from peer '%s' failed: %s", c->p->s->peer->name,
-             err == -EBADMSG ? "a chunk failed its authentication" : "connection lost");
-    chunk_end(c, err == -EBADMSG ? -EPROTO : -ECONNRESET, why);
+    const char *what = "connection lost";
+    if (err == -EBADMSG) {
+      what = "a chunk failed its authentication";
+      err = -EPROTO;
+    } else if (err == -ENOMEM) {
+      what = "out of memory";
+    } else if (err == -ETIMEDOUT) { /* (its link's why came first: gshmd__pull_link_lost) */
+      what = "its bytes did not come in time";
+    } else {
+      err = -ECONNRESET;
+    }
+    snprintf(why, sizeof(why), "receiving from peer '%s' failed: %s", c->p->s->peer->name, what);
+    chunk_end(c, err, why);
     return;
   }
   chunk_landed(c);
+}
+
+/* What p's UCX receives may still write into after their chunks ended
+ * (their link failed): p's mapping or local slots, handed over when p
+ * lets them go (unmap_local, gshmd__pull_item_close) while a receive
+ * runs, released by the last of them (data.c calls back when UCX ends
+ * each, however late).  refs: p's own (until its set ends) and one per
+ * receive. */
+struct pull_hold {
+  struct data_hold h;        /* first */
+  struct gshmd_cluster *cl;
+  void *map;                 /* p's host mapping (backend local_take), map_len bytes */
+  uint64_t map_len;
+  struct stage_buf *lsb;     /* p's local slots */
+};
+
+static void hold_release(struct data_hold *h) {
+  struct pull_hold *ph = (struct pull_hold *)h;
+
+  if (ph->map)
+    munmap(ph->map, ph->map_len);
+  gshmd_stage_free(&ph->cl->stage, ph->lsb);
+  free(ph);
+}
+
+/* A reference to p's hold for a receive into c's destination (made at
+ * the first), or NULL: out of memory. */
+static struct data_hold *chunk_hold(struct peer_req *req) {
+  struct pull *p = ((struct chunk *)req->arg)->p;
+
+  if (!p->hold && (p->hold = calloc(1, sizeof(*p->hold)))) {
+    p->hold->h = (struct data_hold){.refs = 1, .release = hold_release};
+    p->hold->cl = p->s->cl;
+  }
+  if (!p->hold)
+    return NULL;
+  p->hold->h.refs++;
+  return &p->hold->h;
+}
+
+/* Whether receives UCX has not ended still write into p's memory. */
+static bool held(const struct pull *p) { return p->hold && p->hold->h.refs > 1; }
+
+void gshmd__pull_hold_drop(struct pull *p) {
+  if (p->hold)
+    gshmd__data_hold_put(&p->hold->h);
+  p->hold = NULL;
 }
 
 static void on_chunk_answer(struct peer_req *req, int err, const char *why,
@@ -249,6 +307,7 @@ static void issue_chunks(struct pull *p) {
     c->req.data_offset = c->off;
     c->req.data_len = c->len;
     c->req.data_done = chunk_data_done;
+    c->req.data_hold = chunk_hold;
     c->req.arg = c;
     c->req.peer = s->peer;
     if (!p->link) {
@@ -354,10 +413,17 @@ static int map_local(struct pull *p) {
   return 0;
 }
 
-/* p's mapping goes (the backend keeps it if it may recycle the memory). */
+/* p's mapping goes (the backend keeps it if it may recycle the memory),
+ * or to p's hold while UCX receives may still write there. */
 static void unmap_local(struct pull *p) {
-  if (p->dst_mapped && p->mem->backend->ops->local_done)
-    p->mem->backend->ops->local_done(p->mem->backend, p->mem);
+  const struct gshmd_backend_ops *ops = p->dst_mapped ? p->mem->backend->ops : NULL;
+
+  if (ops && held(p) && ops->local_take && !p->hold->map) {
+    p->hold->map = ops->local_take(p->mem->backend, p->mem);
+    p->hold->map_len = p->mem->size;
+  } else if (ops && ops->local_done) {
+    ops->local_done(p->mem->backend, p->mem);
+  }
   if (p->dst_mapped && p->mapped_ahead)
     p->s->cl->pull_maps_ahead--;
   p->dst_mapped = p->mapped_ahead = false;
@@ -561,7 +627,10 @@ void gshmd__pull_item_close(struct pull *p) {
   gshmd__prefault_forget(p);
   if (!p->mapped_ahead)
     unmap_local(p); /* (one made at its grant: PULL_MAPS_AHEAD were already) */
-  gshmd_stage_free(&cl->stage, p->lsb);
+  if (held(p) && !p->hold->lsb) /* (UCX may still write into its slots) */
+    p->hold->lsb = p->lsb;
+  else
+    gshmd_stage_free(&cl->stage, p->lsb);
   p->lsb = NULL;
   gshmd__pull_unpin(p);
   free(p->free_slots);

@@ -78,6 +78,7 @@ struct pull {
   void *dst;                     /* where gets land without staging */
   bool dst_mapped;               /* dst is the host backend's mapping (local_ptr) */
   bool mapped_ahead;             /* ... made at the listing (cl->pull_maps_ahead counts it) */
+  struct pull_hold *hold;        /* its UCX receives' hold on dst or lsb (pull.c), or NULL */
   /* a listed device segment whose hidden segment is still to make
    * (pullset.c makes a few a loop turn ahead of the grants; its grant
    * makes it at once): what the listing said of it (its size is
@@ -178,6 +179,10 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
  * mapping unless made at the listing (its hidden segment stays with the
  * set). */
 void gshmd__pull_item_close(struct pull *p);
+/* p's own reference to its hold (p->hold) goes, at its set's end: what
+ * UCX receives still write into (p's mapping or slots, handed over when
+ * p closed) goes with the last of them. */
+void gshmd__pull_hold_drop(struct pull *p);
 /* The set's landing mappings go (each segment's backend keeps or
  * unmaps its own: backend.h local_done), before it is published or
  * freed. */

@@ -576,6 +576,7 @@ static void set_end(struct pull_set *s) {
     gshmd__prefault_forget(s->items[i]);
     gshmd__pull_unpin(s->items[i]); /* (closed ones already were) */
     gshmd__pull_host_paid(s->items[i], UINT64_MAX); /* (those never granted) */
+    gshmd__pull_hold_drop(s->items[i]); /* (UCX receives that still run keep theirs) */
     free(s->items[i]->listed_source);
     free(s->items[i]);
   }

@@ -342,11 +342,7 @@ void gshmd__link_worker_destroy(struct links *ll) {
   if (ll->worker)
     ucp_worker_destroy(ll->worker);
   ll->worker = NULL;
-  while (ll->abandoned) { /* sends UCX never completed: no callback comes now */
-    void *next = *(void **)ll->abandoned;
-    free(ll->abandoned);
-    ll->abandoned = next;
-  }
+  gshmd__link_data_abandoned_free(ll); /* (no callback comes now) */
   free(ll->ep_closing);
   free(ll->ep_close_reqs);
   ll->ep_closing = NULL;

@@ -521,6 +521,24 @@ void rogue_send_status(struct rogue *r, uint32_t rid, uint32_t status, const cha
   rogue_send(r, &m);
 }
 
+size_t rogue_ucx_offer(struct rogue *r, uint8_t *addr, size_t cap, uint64_t *token_out, int ms) {
+  size_t len = 0;
+
+  for (int i = 0; i < ms / 50 && !len; i++) {
+    Gshm__Cluster__Msg *m = rogue_recv(r, 50);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_UCX_OFFER &&
+        m->ucx_offer->worker_address.len <= cap) {
+      len = m->ucx_offer->worker_address.len;
+      memcpy(addr, m->ucx_offer->worker_address.data, len);
+      if (token_out)
+        *token_out = m->ucx_offer->token;
+    }
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  return len;
+}
+
 bool rogue_answer_count(struct rogue *r, const Gshm__Cluster__Msg *m) {
   Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__ListReply lr = GSHM__CLUSTER__LIST_REPLY__INIT;

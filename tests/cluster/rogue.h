@@ -101,6 +101,12 @@ void rogue_send_grant_at(struct rogue *r, uint32_t rid, uint64_t id, const char 
                          uint64_t size, const char *location);
 /* An error answer to request rid: status (a gshm.Status) and message. */
 void rogue_send_status(struct rogue *r, uint32_t rid, uint32_t status, const char *message);
+/* Waits up to ms for the UcxOffer of a node's link to serving rogue r
+ * (r->caps had CAP_UCX) and copies its worker address into addr (cap
+ * bytes; a longer one is not taken) and, token_out not NULL, its token;
+ * the messages before it are dropped.  Returns the address's length, or
+ * 0: none came. */
+size_t rogue_ucx_offer(struct rogue *r, uint8_t *addr, size_t cap, uint64_t *token_out, int ms);
 /* When m is a node's count request (a List after UINT64_MAX: what
  * gshmctl peers asks each peer), answers it (one segment) and returns
  * true; else false. */

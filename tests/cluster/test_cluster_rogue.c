@@ -609,16 +609,7 @@ static size_t worker_of(struct node *q, struct rogue *ra, const char *transport,
   memset(ra, 0, sizeof(*ra));
   ra->caps = GSHM__CLUSTER__CAP__CAP_UCX;
   assert_int_equal(rogue_accept(ra, *lfd_out, "ra", rkey), 0);
-  for (int i = 0; i < 100 && !len; i++) {
-    Gshm__Cluster__Msg *m = rogue_recv(ra, 50);
-    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_UCX_OFFER &&
-        m->ucx_offer->worker_address.len <= cap) {
-      len = m->ucx_offer->worker_address.len;
-      memcpy(addr, m->ucx_offer->worker_address.data, len);
-    }
-    if (m)
-      gshm__cluster__msg__free_unpacked(m, NULL);
-  }
+  len = rogue_ucx_offer(ra, addr, cap, NULL, 5000);
   return len;
 }
 
