@@ -100,6 +100,13 @@
   X(cuDevicePrimaryCtxReset)            \
   X(cuDevicePrimaryCtxGetState)         \
   X(cuThreadExchangeStreamCaptureMode)  \
+  X(cuStreamIsCapturing)                \
+  X(cuStreamBeginCapture)               \
+  X(cuStreamEndCapture)                 \
+  X(cuGraphInstantiate)                 \
+  X(cuGraphLaunch)                      \
+  X(cuGraphDestroy)                     \
+  X(cuGraphExecDestroy)                 \
   V(cuCtxGetDevice_v2, "cuCtxGetDevice", 13000) \
   V(cuCtxGetId, "cuCtxGetId", 12000)    \
   V(cuStreamGetCtx_v2, "cuStreamGetCtx", 12050)

@@ -339,6 +339,15 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p,
   return e;
 }
 
+/* Whether `stream` is being captured into a CUDA graph (the legacy
+ * stream, NULL, cannot be). */
+static bool capturing(const struct gshm_cudadrv *drv, CUstream stream) {
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+
+  return stream && drv->cuStreamIsCapturing(stream, &st) == CUDA_SUCCESS &&
+         st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, size_t bytes,
                                   void *stream, const gshm_broadcast_opts_t *opts) {
   const struct gshm_cudadrv *drv;
@@ -378,6 +387,16 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
     /* host memory somewhere: plain gshm_copy per destination, in order */
     if (o.algo != GSHM_BCAST_STAR)
       return -EINVAL;
+    for (int i = 0; i < n && !e; i++)
+      e = gshm_copy(dsts[i], src, bytes, GSHM_COPY_AUTO, stream);
+    return e;
+  }
+  if (capturing(drv, (CUstream)stream)) {
+    /* Into a graph: the process-wide pair streams would join the capture
+     * and stay in it until it ends, and another broadcast's copies queued
+     * on them meanwhile would be captured too, or refused (capture
+     * isolation).  So one gshm_copy per destination on the caller's
+     * stream: nodes of its graph alone. */
     for (int i = 0; i < n && !e; i++)
       e = gshm_copy(dsts[i], src, bytes, GSHM_COPY_AUTO, stream);
     return e;

@@ -887,6 +887,10 @@ typedef struct {
  * broadcast's stream wait (gshm_wait, cuStreamWaitEvent) for work queued
  * after a later broadcast on another stream: a later copy can wait behind
  * an earlier one on a shared stream, and neither ends.
+ * On a stream being captured into a CUDA graph, the broadcast is one
+ * gshm_copy per destination on that stream (any algorithm): the shared
+ * streams would join the capture until it ends, and other broadcasts
+ * queued on them meanwhile with it.
  * Errors: -EINVAL a NULL pointer, n outside 1..64, src not device memory,
  * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
  * SPLIT with host memory, bytes of 2^58 or more (more than any memory);

@@ -137,6 +137,55 @@ static void host_destination(void) {
   fprintf(stderr, "host destination: done (%d failures so far)\n", failures);
 }
 
+/* A broadcast captured into a CUDA graph, and an eager one queued before
+ * the capture ends: each lands where it should.  The captured one used to
+ * put libgshm's shared pair streams into the capture, and the eager one's
+ * copies queued on them were captured too or refused (capture isolation). */
+static void captured_and_eager(void) {
+  gshm_broadcast_opts_t o = {GSHM_BCAST_CHAIN, 256 << 10, 0, 0};
+  size_t n = 8 * MiB + 3;
+  CUdeviceptr da = dbuf[0], db = dbuf[ndistinct > 1 ? 1 : 0];
+  void *dsa[1] = {(void *)(uintptr_t)da}, *dsb[1] = {(void *)(uintptr_t)(db + 16 * MiB)};
+  CUgraph g = NULL;
+  CUgraphExec ge = NULL;
+  CUstream sa;
+  int e;
+
+  gpu_fill_random(pinned, n, 4242);
+  CU(drv->cuCtxSetCurrent(ctx[slot_gpu[0]]));
+  CU(drv->cuMemsetD8(da, 0, n));
+  CU(drv->cuCtxSetCurrent(ctx[slot_gpu[ndistinct > 1 ? 1 : 0]]));
+  CU(drv->cuMemsetD8(db + 16 * MiB, 0, n));
+  CU(drv->cuCtxSetCurrent(ctx[0]));
+  CU(drv->cuMemcpyHtoD(src, pinned, n));
+  CU(drv->cuStreamCreate(&sa, CU_STREAM_NON_BLOCKING));
+  CU(drv->cuStreamBeginCapture(sa, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  e = gshm_broadcast_ex((const void *)(uintptr_t)src, dsa, 1, n, sa, &o);
+  CHECK(e == 0, "captured broadcast: %d", e);
+  e = gshm_broadcast_ex((const void *)(uintptr_t)src, dsb, 1, n, stream[0], &o);
+  CHECK(e == 0, "eager broadcast during a capture: %d", e);
+  CHECK(drv->cuStreamSynchronize(stream[0]) == CUDA_SUCCESS, "eager broadcast's stream");
+  CHECK(drv->cuStreamEndCapture(sa, &g) == CUDA_SUCCESS && g, "end capture");
+  if (g && drv->cuGraphInstantiate(&ge, g, 0) == CUDA_SUCCESS) {
+    CU(drv->cuGraphLaunch(ge, sa));
+    CU(drv->cuStreamSynchronize(sa));
+    CU(drv->cuCtxSetCurrent(ctx[slot_gpu[0]]));
+    CU(drv->cuMemcpyDtoH(back, da, n));
+    CHECK(!memcmp(back, pinned, n), "the captured broadcast's destination differs");
+    CU(drv->cuGraphExecDestroy(ge));
+  } else {
+    CHECK(0, "the captured broadcast's graph does not instantiate");
+  }
+  CU(drv->cuCtxSetCurrent(ctx[slot_gpu[ndistinct > 1 ? 1 : 0]]));
+  CU(drv->cuMemcpyDtoH(back, db + 16 * MiB, n));
+  CHECK(!memcmp(back, pinned, n), "the eager broadcast's destination differs");
+  if (g)
+    drv->cuGraphDestroy(g);
+  CU(drv->cuCtxSetCurrent(ctx[0]));
+  CU(drv->cuStreamDestroy(sa));
+  fprintf(stderr, "capture: done (%d failures so far)\n", failures);
+}
+
 int main(void) {
   static const size_t sizes[] = {1, 4095, MiB + 3, 256 * MiB};
   static const size_t offs[][2] = {{0, 0}, {3, 0}, {0, 5}, {7, 13}};
@@ -219,6 +268,7 @@ int main(void) {
     one(shared, ns, MiB + 3, 0, 0, &o, 0, seed++);
   }
   host_destination();
+  captured_and_eager();
   /* NULL stream with the source's context current: the legacy stream */
   {
     gshm_broadcast_opts_t o = {GSHM_BCAST_SPLIT, 0, 0, 0};

@@ -139,6 +139,12 @@ static CUresult f_pop(CUcontext *c) {
   current = pushed_stack[--npushed];
   return CUDA_SUCCESS;
 }
+/* The stream being captured into a graph (NULL: none). */
+static CUstream capturing_stream;
+static CUresult f_is_capturing(CUstream s, CUstreamCaptureStatus *st) {
+  *st = s && s == capturing_stream ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
 static CUresult f_stream_create(CUstream *s, unsigned flags) {
   (void)flags;
   if (!current)
@@ -206,6 +212,7 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuEventRecord = f_event_record;
   fake_drv.cuStreamWaitEvent = f_wait_event;
   fake_drv.cuMemcpyAsync = f_memcpy_async;
+  fake_drv.cuStreamIsCapturing = f_is_capturing;
   fake_drv.cuCtxGetId = NULL; /* optional: the reset check is skipped */
   *drv_out = &fake_drv;
   return 0;
@@ -391,6 +398,36 @@ static void test_every_plan_delivers_in_order(void **state) {
             }
 }
 
+/* On a stream being captured into a graph, a CHAIN is a copy per
+ * destination on the caller's stream: libgshm's shared pair streams must
+ * not join the capture (another broadcast's copies on them would be
+ * captured or refused until it ends).  They used to: a stream per pair,
+ * events between them and the caller's. */
+static void test_captured_broadcast_stays_on_its_stream(void **state) {
+  const gshm_broadcast_opts_t chain = {GSHM_BCAST_CHAIN, 64 * KiB, 0, 2};
+  unsigned char *want = buf_new(300 * KiB, -1), *src = buf_new(300 * KiB, 0), *dsts[3];
+  int before = nstreams;
+  (void)state;
+
+  for (size_t i = 0; i < 300 * KiB; i++)
+    want[i] = (unsigned char)(i * 13 + 5);
+  for (int i = 0; i < 3; i++)
+    dsts[i] = buf_new(300 * KiB, i + 1);
+  current = &ctxs[0];
+  f_memcpy_async((CUdeviceptr)(uintptr_t)src, (CUdeviceptr)(uintptr_t)want, 300 * KiB, caller);
+  current = NULL;
+  capturing_stream = caller;
+  foreign_stream_ops = 0;
+  assert_int_equal(gshm_broadcast_ex(src, (void *const *)dsts, 3, 300 * KiB, caller, &chain), 0);
+  capturing_stream = NULL;
+  assert_int_equal(nstreams, before);
+  assert_int_equal(caller->n, 1 + 3); /* the source's write, then one copy per destination */
+  drain(7);
+  for (int i = 0; i < 3; i++)
+    assert_memory_equal(dsts[i], want, 300 * KiB);
+  bufs_free();
+}
+
 /* A size no memory can have is refused before any arithmetic on it: it
  * used to return 0 with nothing copied (n * bytes and the chunk count
  * wrapped), or divide by a chunk rounded up to 0 (SIGFPE). */
@@ -457,6 +494,7 @@ int main(void) {
       cmocka_unit_test(test_fork_while_another_thread_broadcasts),
       cmocka_unit_test(test_every_plan_delivers_in_order),
       cmocka_unit_test(test_impossible_sizes_are_refused),
+      cmocka_unit_test(test_captured_broadcast_stays_on_its_stream),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }
