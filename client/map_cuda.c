@@ -280,28 +280,6 @@ static CUdevice pick_copy_dev(const struct gshm_cudadrv *drv, const struct devic
   return fallback;
 }
 
-/* Waits for the work queued on every device the mapping gives access to,
- * in each one's primary context where it is active (the contexts of the
- * CUDA runtime, torch and CuPy), as cudaFree does: a kernel still queued
- * on the address must not fault on an unmapped range, nor read the next
- * segment mapped at the same address.  Failures (a sticky error, a
- * stream capture in progress) are logged at DEBUG: the unmap goes on. */
-static void unmap_wait(const struct device_map *m) {
-  const struct gshm_cudadrv *drv = m->drv;
-  CUcontext ctx, ignored;
-
-  for (size_t i = 0; i < m->ndevices; i++) {
-    if (!primary_active(drv, m->devices[i]) ||
-        GSHM_CU(drv, GSHM_LOG_DEBUG, cuDevicePrimaryCtxRetain, &ctx, m->devices[i]))
-      continue;
-    if (!GSHM_CU(drv, GSHM_LOG_DEBUG, cuCtxPushCurrent, ctx)) {
-      (void)GSHM_CU(drv, GSHM_LOG_DEBUG, cuCtxSynchronize);
-      drv->cuCtxPopCurrent(&ignored);
-    }
-    drv->cuDevicePrimaryCtxRelease(m->devices[i]);
-  }
-}
-
 int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
                      char ***uuids_out, size_t *n_out) {
   const struct gshm_cudadrv *drv;
@@ -476,9 +454,12 @@ int gshm__unmap_device(struct gshm__lease *l) {
   mappings_remove(m);
   if (mapped_by_parent(m))
     goto forget; /* the child's copy of the record goes; the parent's mapping stays */
-  /* Work queued on the mapping must not fault nor read what is mapped
-   * here next (gshm_unmap's contract). */
-  unmap_wait(m);
+  /* No wait of ours for work queued on the address (gshm_unmap's
+   * contract): the callers hold the client's lock, and a wait for a whole
+   * context there could wait for a gshm_wait that only a later call of
+   * this process (or a peer waiting for this lease to end) would satisfy.
+   * The driver's own cuMemUnmap waited for a kernel still queued on the
+   * range on driver 580 (python_gpu test_dropped_view_waits_for_queued_readers). */
   if ((r = CU_LIB(drv, cuMemUnmap, m->va, m->size)))
     e = r;
   if (!r && (r = CU_LIB(drv, cuMemAddressFree, m->va, m->size)))

@@ -339,6 +339,25 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p,
   return e;
 }
 
+/* Whether every copy of plan p may run where it is issued: the issuing
+ * GPU (the sender when push, else the receiver) reads the parent's buffer
+ * and writes the child's, and a gshm mapping it has no access to would
+ * fault there (gshm__copy_reach).  0, -EXDEV or -EACCES before anything is
+ * queued. */
+static int plan_reach(const struct gshm_cudadrv *drv, const struct plan *p,
+                      const struct gshm__where *where, int push, size_t bytes) {
+  int e = 0;
+
+  for (int q = 0; q < p->nparts && !e; q++)
+    for (int k = 0; k < p->n && !e; k++) {
+      int node = p->order[q][k], par = p->parent[q][node];
+      int issuer = push ? where[par].ordinal : where[node].ordinal;
+      if (!(e = gshm__copy_reach(drv, &where[par], bytes, issuer, 0)))
+        e = gshm__copy_reach(drv, &where[node], bytes, issuer, 1);
+    }
+  return e;
+}
+
 /* Whether `stream` is being captured into a CUDA graph (the legacy
  * stream, NULL, cannot be). */
 static bool capturing(const struct gshm_cudadrv *drv, CUstream stream) {
@@ -411,6 +430,10 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
   if (!(p = malloc(sizeof(*p))))
     return -ENOMEM;
   make_plan(p, o.algo, n, bytes, o.chunk_bytes);
+  if ((e = plan_reach(drv, p, where, !o.pull, bytes))) {
+    free(p);
+    return e;
+  }
 
   if ((e = gshm__copy_enter_ctx(drv, (CUstream)stream, where[0].ordinal, &pushed))) {
     free(p);

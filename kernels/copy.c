@@ -587,8 +587,8 @@ static int flag_addressable(const struct gshm__where *wf) {
  * -EXDEV (no peer path) and gshm__copy_enable_peer's errors. */
 static int flag_reachable(const struct gshm_cudadrv *drv, const struct gshm__where *wf, int me,
                           int write) {
-  int e = wf->device ? gshm__copy_enable_peer(wf->ordinal) : 0;
-  return e ? e : gshm__copy_reach(drv, wf, 8, me, write);
+  int e = gshm__copy_reach(drv, wf, 8, me, write);
+  return e ? e : wf->device ? gshm__copy_enable_peer(wf->ordinal) : 0;
 }
 
 static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_t value,

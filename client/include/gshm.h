@@ -555,14 +555,14 @@ GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevice
                          void **addr_out);
 
 /* Undoes gshm_map.  The last unmap of a lease's mapping (here or in
- * gshm_close, gshm_disconnect) first waits for the work queued on every
- * device the mapping gave access to (cuCtxSynchronize of each one's
- * primary context where active: the contexts of the CUDA runtime, torch
- * and CuPy), as cudaFree does, so a kernel still queued on the address
- * neither faults nor reads the segment mapped there next (a tensor over a
- * segment may be dropped with its readers still queued); then it removes
- * the mapping.  Work in contexts of the caller's own (cuCtxCreate) and
- * work captured into a graph are the caller's to finish first.
+ * gshm_close) removes it at once (cuMemUnmap, cuMemRelease): work queued
+ * on the GPU that still uses the address is the caller's to finish first
+ * (synchronize its streams).  libgshm adds no wait of its own: it would
+ * run under the client's lock, where waiting for a context's whole queue
+ * could wait for a gshm_wait that only a later call of this process, or a
+ * peer waiting for this lease to end, would satisfy.  (On driver 580 the
+ * driver's cuMemUnmap itself waited for a kernel still queued on the
+ * range: python_gpu's test_dropped_view_waits_for_queued_readers.)
  * Returns 0 (also when not mapped), -EINVAL for a NULL seg, or -EIO when
  * the driver refused to unmap (the mapping is then leaked, and logged).
  * In a process forked from the one that mapped a device segment, the
@@ -798,8 +798,10 @@ typedef enum {
  * cover cuMem mappings (gshm_map's, PyTorch's expandable segments): the
  * GPU that runs the copy (the stream's) must be among the devices the
  * mapping gives access to (gshm_map's devices; NULL gives every device
- * that can reach the segment's GPU), else -EXDEV, where the GPU would
- * fault (an illegal address that ends the context).
+ * that can reach the segment's GPU).  For a mapping of gshm_map's (in this
+ * process) libgshm checks that first and returns -EXDEV where the GPU
+ * would fault (an illegal address that ends the context); other cuMem
+ * memory is the driver's to judge.
  * Errors: -EINVAL dst or src NULL, an unknown method, or GSHM_COPY_SM on
  * pageable host memory; -EIO a stream whose context cannot be made
  * current (destroyed); -ENOTSUP
@@ -888,13 +890,16 @@ typedef struct {
  * after a later broadcast on another stream: a later copy can wait behind
  * an earlier one on a shared stream, and neither ends.
  * On a stream being captured into a CUDA graph, the broadcast is one
- * gshm_copy per destination on that stream (any algorithm): the shared
- * streams would join the capture until it ends, and other broadcasts
- * queued on them meanwhile with it.
+ * gshm_copy per destination on that stream (any algorithm; pull and lanes
+ * are not used): the shared streams would join the capture until it ends,
+ * and other broadcasts queued on them meanwhile with it.
  * Errors: -EINVAL a NULL pointer, n outside 1..64, src not device memory,
  * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
  * SPLIT with host memory, bytes of 2^58 or more (more than any memory);
- * -EXDEV two GPUs without a peer path for a copy the algorithm needs;
+ * -EXDEV two GPUs without a peer path for a copy the algorithm needs, or
+ * a buffer mapped by gshm_map that a GPU issuing one of its copies (the
+ * sender, or with pull the receiver) has no access to; -EACCES such a
+ * destination mapped read-only (both before anything is queued);
  * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOSYS a driver too old, or
  * -ECHILD a forked child (both as gshm_copy); -ENOMEM, -EIO from the
  * driver. */

@@ -537,10 +537,9 @@ def map_for_writers(seg: "DeviceSegment", device: Optional[int] = None,
         if device is not None:
             addr = seg.map(devices=[device])
         return addr
-    addr = seg.map(devices=[device])
     for w in sorted(set(writers) - {device}):
         try:
-            addr = seg.map(devices=[w])
+            seg.map(devices=[w])
         except NoDevice:
             pass  # no peer path from w: torch's copy from it goes its own way
-    return addr
+    return seg.map(devices=[device])  # last: seg.device is this one

@@ -426,10 +426,10 @@ def test_tensors_on_two_gpus_share_one_segment(gpu_daemon, segname):
         except gshm.NotSupported as e:
             refused = e.errno
         c.unlink(name)
-        print(json.dumps({"ok": bool(ok), "refused": refused}))
+        print(json.dumps({"ok": bool(ok), "refused": refused, "device": seg.device}))
         """, segname)
     r = json.loads(out.strip().splitlines()[-1])
-    assert r == {"ok": True, "refused": 18}, r
+    assert r == {"ok": True, "refused": 18, "device": 0}, r
 
 
 def test_first_copy_inside_a_graph_capture(gpu_daemon):

@@ -248,6 +248,7 @@ void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm
   (void)drv;
   memset(w, 0, sizeof(*w));
   w->ordinal = -1;
+  w->addr = (uintptr_t)p;
   for (int i = 0; i < nbufs; i++)
     if ((const char *)p >= bufs[i].p && (const char *)p < bufs[i].p + bufs[i].len) {
       w->device = bufs[i].ordinal >= 0;
@@ -306,6 +307,16 @@ int gshm__copy_ctx_event(const struct gshm_cudadrv *drv, CUevent *out) {
 int gshm__copy_enable_peer(int ordinal) {
   (void)ordinal;
   return 0;
+}
+
+/* gshm__copy_reach: the buffer at no_access_addr is a gshm mapping that
+ * only GPU no_access_gpu may write. */
+static uintptr_t no_access_addr;
+static int no_access_gpu = -1;
+int gshm__copy_reach(const struct gshm_cudadrv *drv, const struct gshm__where *w, size_t bytes,
+                     int me, int write) {
+  (void)drv, (void)bytes;
+  return w->addr && w->addr == no_access_addr && write && me != no_access_gpu ? -EXDEV : 0;
 }
 
 /* STAR's copies (gshm_copy AUTO in the stream's context): one queued copy */
@@ -428,6 +439,32 @@ static void test_captured_broadcast_stays_on_its_stream(void **state) {
   bufs_free();
 }
 
+/* A destination mapped (gshm_map) for its own GPU alone, pushed to by
+ * another GPU in a CHAIN: -EXDEV before anything is queued (the copy
+ * engine of the pushing GPU would fault on it), and the same broadcast
+ * pulled (the receiver issues) goes.  The push used to be queued. */
+static void test_unreachable_destination_is_refused(void **state) {
+  const gshm_broadcast_opts_t push = {GSHM_BCAST_CHAIN, 64 * KiB, 0, 1};
+  const gshm_broadcast_opts_t pull = {GSHM_BCAST_CHAIN, 64 * KiB, 1, 1};
+  unsigned char *src = buf_new(200 * KiB, 0), *dsts[2] = {buf_new(200 * KiB, 1),
+                                                          buf_new(200 * KiB, 2)};
+  int before = nstreams, queued = caller->n;
+  (void)state;
+
+  current = NULL;
+  no_access_addr = (uintptr_t)dsts[1];
+  no_access_gpu = 2;
+  assert_int_equal(gshm_broadcast_ex(src, (void *const *)dsts, 2, 200 * KiB, caller, &push),
+                   -EXDEV);
+  assert_int_equal(nstreams, before);
+  assert_int_equal(caller->n, queued);
+  assert_int_equal(gshm_broadcast_ex(src, (void *const *)dsts, 2, 200 * KiB, caller, &pull), 0);
+  no_access_addr = 0;
+  no_access_gpu = -1;
+  drain(3);
+  bufs_free();
+}
+
 /* A size no memory can have is refused before any arithmetic on it: it
  * used to return 0 with nothing copied (n * bytes and the chunk count
  * wrapped), or divide by a chunk rounded up to 0 (SIGFPE). */
@@ -495,6 +532,7 @@ int main(void) {
       cmocka_unit_test(test_every_plan_delivers_in_order),
       cmocka_unit_test(test_impossible_sizes_are_refused),
       cmocka_unit_test(test_captured_broadcast_stays_on_its_stream),
+      cmocka_unit_test(test_unreachable_destination_is_refused),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }

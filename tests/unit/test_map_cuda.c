@@ -179,17 +179,11 @@ static CUresult f_map(CUdeviceptr va, size_t size, size_t off, CUmemGenericAlloc
   mappings++;
   return CUDA_SUCCESS;
 }
-/* Primary contexts made by someone (torch, the CUDA runtime): active[d].
- * syncs counts cuCtxSynchronize calls, syncs_at_unmap their count at the
- * last cuMemUnmap. */
-static int active[NDEV], syncs, syncs_at_unmap;
+/* Primary contexts made by someone (torch, the CUDA runtime): active[d]. */
+static int active[NDEV];
 static CUresult f_ctx_state(CUdevice d, unsigned *flags, int *act) {
   *flags = 0;
   *act = active[d];
-  return CUDA_SUCCESS;
-}
-static CUresult f_ctx_sync(void) {
-  syncs++;
   return CUDA_SUCCESS;
 }
 static CUresult f_get_current(CUcontext *c) {
@@ -198,7 +192,6 @@ static CUresult f_get_current(CUcontext *c) {
 }
 static CUresult f_unmap(CUdeviceptr va, size_t size) {
   (void)va, (void)size;
-  syncs_at_unmap = syncs;
   mappings--;
   return CUDA_SUCCESS;
 }
@@ -257,7 +250,6 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuMemcpyDtoH = f_dtoh;
   fake_drv.cuStreamSynchronize = f_sync;
   fake_drv.cuDevicePrimaryCtxGetState = f_ctx_state;
-  fake_drv.cuCtxSynchronize = f_ctx_sync;
   fake_drv.cuCtxGetCurrent = f_get_current;
   *drv_out = &fake_drv;
   return 0;
@@ -516,28 +508,6 @@ static void test_write_is_done_when_it_returns(void **state) {
   assert_nothing_held();
 }
 
-/* The last unmap waits for the work queued in every active primary context
- * of the devices the mapping gave access to (as cudaFree): a kernel still
- * queued on the address must not fault, nor read what is mapped there
- * next.  The unmap used to come at once (syncs_at_unmap 0). */
-static void test_unmap_waits_for_queued_work(void **state) {
-  struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
-  char **uuids;
-  size_t n;
-  (void)state;
-
-  active[0] = active[1] = 1;
-  syncs = 0;
-  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
-  assert_int_equal(n, 2);
-  assert_int_equal(syncs, 0);
-  assert_int_equal(gshm__unmap_device(&l), 0);
-  assert_int_equal(syncs, 2);
-  assert_int_equal(syncs_at_unmap, 2);
-  assert_nothing_held();
-  active[0] = active[1] = 0;
-}
-
 /* A mapping for every device of a segment on GPU 1, in a process whose
  * only context is GPU 0's (a worker of GPU 0): the context it keeps for
  * its staging copies is GPU 0's, which exists, not a new one on GPU 1
@@ -643,7 +613,6 @@ int main(void) {
       cmocka_unit_test(test_read_only_everywhere),
       cmocka_unit_test(test_write_is_done_when_it_returns),
       cmocka_unit_test(test_parent_mapping_in_a_child),
-      cmocka_unit_test(test_unmap_waits_for_queued_work),
       cmocka_unit_test(test_mapping_makes_no_context),
       cmocka_unit_test(test_map_access_per_device),
   };
