@@ -341,8 +341,10 @@ def test_copy_between_gpus(gpu_client, segname):
 
 def test_dropped_view_waits_for_queued_readers(gpu_daemon, segname):
     # A tensor over a segment dropped while a kernel that reads it is still
-    # queued: the unmap must wait for it (as cudaFree), not fault it, nor
-    # let it read the next segment mapped at the same address.
+    # queued: the kernel must neither fault nor read the next segment
+    # mapped at the same address.  gshm adds no wait (gshm_unmap): this
+    # holds because the driver's cuMemUnmap waited, on driver 580; a
+    # driver that did not would fail here.
     out = run_child(gpu_daemon, """
         import gc
         name = sys.argv[2]
