@@ -164,8 +164,9 @@ static void captured_and_eager(void) {
   CHECK(e == 0, "captured broadcast: %d", e);
   e = gshm_broadcast_ex((const void *)(uintptr_t)src, dsb, 1, n, stream[0], &o);
   CHECK(e == 0, "eager broadcast during a capture: %d", e);
-  CHECK(drv->cuStreamSynchronize(stream[0]) == CUDA_SUCCESS, "eager broadcast's stream");
+  /* (no synchronize before the capture ends: a capturing thread may not) */
   CHECK(drv->cuStreamEndCapture(sa, &g) == CUDA_SUCCESS && g, "end capture");
+  CHECK(drv->cuStreamSynchronize(stream[0]) == CUDA_SUCCESS, "eager broadcast's stream");
   if (g && drv->cuGraphInstantiate(&ge, g, 0) == CUDA_SUCCESS) {
     CU(drv->cuGraphLaunch(ge, sa));
     CU(drv->cuStreamSynchronize(sa));
