@@ -347,6 +347,11 @@ static void conn_read(struct conn *c) {
                       "unexpected file descriptors (closed)");
       return;
     }
+    if (nfds && gshmd__fds_over_limits(s, &c->cred)) {
+      gshmd_conn_fail(c, 0, 0, GSHM__STATUS__STATUS_LIMIT,
+                      "too many of this user's file descriptors wait to be closed");
+      return;
+    }
     if ((size_t)n > (s->cfg->max_packet ? s->cfg->max_packet : GSHM_WIRE_MAX_PACKET)) {
       gshmd_conn_fail(c, 0, 0, GSHM__STATUS__STATUS_TOO_BIG, "packet larger than the limit");
       return;
