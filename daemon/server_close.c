@@ -155,8 +155,10 @@ static void on_spawn_timer(uv_timer_t *t) {
     if (e && !k->spawn_failed) /* (once until a thread is made again: retried each tick) */
       gshm_log_warn("a thread to close clients' fds: %s; they wait for a busy one", strerror(e));
     k->spawn_failed = e != 0;
-    again = true; /* (the new thread may block too, or none was made) */
   }
+  /* (the new thread may block too, or none was made; an idle thread takes
+   * one batch of those queued before it woke, and may block on it) */
+  again = !gshm_list_empty(&k->queue);
   pthread_mutex_unlock(&k->mu);
   if (!again)
     k->timer_on = false;
@@ -212,7 +214,9 @@ void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid
       gshm_list_add_tail(&k->queue, &b->qnode);
       pthread_cond_signal(&k->cv);
       queued = true;
-      if (!k->idle && !k->stopping && !k->timer_on) {
+      /* (also with a thread idle: a burst queued before it woke is not
+       * all its own, and it may block on the first; the tick checks) */
+      if (!k->stopping && !k->timer_on) {
         k->timer_on = true;
         uv_timer_start(&k->spawn_timer, on_spawn_timer, CLOSER_WAIT_MS, 0);
       }

@@ -1449,9 +1449,11 @@ static void test_pending_closes_count_fds(void **state) {
   assert_int_equal(stopped, 0);
   /* one packet's fds and the quota's worth besides */
   assert_true(held > 0 && held < GSHM_WIRE_MAX_FDS + FD_QUOTA + 4);
-  /* a thread for each blocked close the quota allows, one for the
-   * dropped socket (its queue's fds linger too) and maybe one more */
-  assert_true(threads <= FD_QUOTA + 3);
+  /* a thread for each blocked close the quota allows (the dropped
+   * connection counts 1; the fds queued behind the first of a burst got
+   * none, and waited: 1 thread of 9 in most runs), one for the dropped
+   * socket (its queue's fds linger too) and maybe one more */
+  assert_true(threads >= FD_QUOTA - 1 && threads <= FD_QUOTA + 3);
 }
 
 int main(void) {
