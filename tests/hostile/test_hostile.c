@@ -1456,6 +1456,96 @@ static void test_pending_closes_count_fds(void **state) {
   assert_true(threads >= FD_QUOTA - 1 && threads <= FD_QUOTA + 3);
 }
 
+/* The attacker of test_refused_connection_fds, as another uid: holds its
+ * one connection (quota.connections = 1), then connects again and, before
+ * gshmd accepts (and refuses) that connection, sends on it a lingering
+ * TCP socket whose last reference is then in the refused socket's queue:
+ * until gshmd's close, which is the last one when this process's close
+ * returned at once (else it was gshmd's that came first: again). */
+static void refused_sender(struct harness_kid *k, void *arg) {
+  const char *path = arg;
+  struct sigaction alarm_sa = {.sa_handler = on_alarm}; /* (no SA_RESTART) */
+  int held = kid_connect(path), peers[20], npeers = 0;
+  bool last = false;
+
+  if (held < 0 || sigaction(SIGALRM, &alarm_sa, NULL))
+    _exit(2);
+  while (!last && npeers < 20) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    int a = lingering_socket_try(100000, &peers[npeers++]);
+
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    if (a < 0 || c < 0 || connect(c, (struct sockaddr *)&sa, sizeof(sa)) ||
+        send_with_fds(c, "x", 1, &a, 1, 1) != 1)
+      _exit(3);
+    last = closed_at_once(a);
+    close(c);
+  }
+  fprintf(stderr, "    %d lingering sockets sent, gshmd's close the last: %s\n", npeers,
+          last ? "yes" : "no");
+  harness_kid_step(k->out);
+  harness_kid_await(k->in, 60000);
+  for (int i = 0; i < npeers; i++)
+    close(peers[i]);
+  close(held);
+  if (!last)
+    _exit(4); /* (the attack never reached gshmd: the test would prove nothing) */
+}
+
+/* ms until a hello on a new connection to path is answered; -1: not in
+ * 2 s. */
+static double hello_ms(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  Gshm__Hello m = GSHM__HELLO__INIT;
+  int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  struct pollfd p = {.fd = c, .events = POLLIN};
+  double t0 = now_ms(), ms = -1;
+
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+  m.major = GSHM_PROTO_MAJOR;
+  m.client_name = "prober";
+  if (c >= 0 && !connect(c, (struct sockaddr *)&sa, sizeof(sa)) &&
+      !gshm__wire_send(c, GSHM_WIRE_HELLO, 1, &m.base, -1) && poll(&p, 1, 2000) == 1)
+    ms = now_ms() - t0;
+  if (c >= 0)
+    close(c);
+  return ms;
+}
+
+/* A connection refused at accept (its uid over quota.connections, or
+ * limits.max_connections) was closed on the event loop: where fds reach
+ * gshmd (a kernel before 6.16, or limits.max_fds_per_connection > 0), a
+ * client that sent a lingering socket on it before the accept stalled
+ * the loop for the linger time (the attack4 review): every client,
+ * root's too, went unanswered.  Refused connections are closed on the
+ * closer threads now. */
+static void test_refused_connection_fds(void **state) {
+  struct harness g;
+  struct harness_kid k;
+  double ms;
+  int kid, stopped;
+  (void)state;
+
+  assert_int_equal(harness_start(&g, (const char *const[]){"--set", "daemon.socket_mode=0666",
+                                                           "--set", "limits.max_fds_per_connection=1",
+                                                           "--set", "quota.connections=1", NULL}),
+                   0);
+  assert_int_equal(harness_kid_start(&k, HARNESS_NOBODY, HARNESS_NOBODY, refused_sender,
+                                     (void *)g.socket_path), 0);
+  assert_true(harness_kid_await(k.from_kid, 60000));
+  usleep(200 * 1000);
+  ms = hello_ms(g.socket_path);
+  print_message("    root's hello after the refused connection: %s%.2f ms\n",
+                ms < 0 ? "no answer in 2000 ms; " : "", ms < 0 ? 0 : ms);
+  harness_kid_step(k.to_kid);
+  kid = harness_kid_wait(&k);
+  stopped = harness_stop(&g);
+  assert_int_equal(kid, 0);
+  assert_int_equal(stopped, 0);
+  assert_true(ms >= 0 && ms < 10 * STATUS_DEADLINE_MS);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_garbage_bytes, setup, teardown),
@@ -1473,6 +1563,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_lingering_socket_fd, setup, teardown),
       cmocka_unit_test(test_lingering_closes_spare_the_pool),
       cmocka_unit_test(test_pending_closes_count_fds),
+      cmocka_unit_test(test_refused_connection_fds),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
