@@ -154,6 +154,20 @@ static const char *errno_name(int err) {
   return strcmp(name, "E?") ? name : strerrorname_np(err < 0 ? -err : err);
 }
 
+/* Writes doc (taken) and a newline to f.  jansson escapes C0 controls
+ * only: a C1 CSI (U+009B) or a bidi override in a name another user chose
+ * reached the terminal raw, in valid JSON; they go as \u escapes.
+ * Returns 0 or -1. */
+static int dump_json(json_t *doc, FILE *f, size_t flags) {
+  char *text = json_dumps(doc, flags), *safe = text ? gshm__json_escape_unprintable(text) : NULL;
+  int e = safe && fputs(safe, f) >= 0 && fputc('\n', f) != EOF ? 0 : -1;
+
+  free(safe);
+  free(text);
+  json_decref(doc);
+  return e;
+}
+
 static int errorf(int rc, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int errorf(int rc, int err, const char *fmt, ...) {
   char msg[1024];
@@ -170,9 +184,7 @@ static int errorf(int rc, int err, const char *fmt, ...) {
     json_object_set_new(e, "errno", name ? json_string(name) : json_null());
     json_object_set_new(e, "message", json_text(msg));
     json_object_set_new(doc, "error", e);
-    json_dumpf(doc, stderr, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    fputc('\n', stderr);
-    json_decref(doc);
+    dump_json(doc, stderr, JSON_COMPACT | JSON_PRESERVE_ORDER);
   } else {
     fprintf(stderr, "gshmctl: %s\n", msg);
   }
@@ -350,10 +362,7 @@ static json_t *json_text(const char *text) {
 }
 
 static int print_json(json_t *doc) {
-  int e = json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-  json_decref(doc);
-  fputc('\n', stdout);
-  return e ? EXIT_ERR : EXIT_OK;
+  return dump_json(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) ? EXIT_ERR : EXIT_OK;
 }
 
 static json_t *json_doc(void) {

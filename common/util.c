@@ -158,6 +158,26 @@ const char *gshm__escape_text(const char *text, char *buf, size_t cap) {
   return buf;
 }
 
+char *gshm__json_escape_unprintable(const char *json) {
+  const unsigned char *p = (const unsigned char *)json;
+  char *out = malloc(3 * strlen(json) + 1), *o = out; /* (2 bytes -> 6 at most) */
+
+  if (!out)
+    return NULL;
+  while (*p) {
+    uint32_t cp = 0;
+    size_t len = *p < 0x80 ? 0 : utf8_seq(p, &cp);
+    if (len && unprintable(cp)) {
+      o += sprintf(o, "\\u%04X", (unsigned)cp);
+      p += len;
+    } else {
+      *o++ = (char)*p++;
+    }
+  }
+  *o = '\0';
+  return out;
+}
+
 void gshm__text_clean(char *text) {
   unsigned char *p = (unsigned char *)text;
 

@@ -50,6 +50,15 @@ const char *gshm__format_size(uint64_t bytes, char *buf, size_t cap);
  * 1 bytes always suffice. */
 const char *gshm__escape_text(const char *text, char *buf, size_t cap);
 
+/* JSON text json (valid UTF-8, as jansson writes it) for a terminal:
+ * every non-ASCII code point gshm__escape_text would escape (a C1
+ * control, an invisible or bidi format character; all in the BMP, and
+ * only ever inside JSON strings) becomes its "\uXXXX" escape, the same
+ * JSON value; ASCII (jansson's C0 escapes, the layout's newlines) and
+ * bytes of no valid UTF-8 sequence are copied as they are.  Returns a
+ * malloc'ed string (the caller frees it), or NULL when out of memory. */
+char *gshm__json_escape_unprintable(const char *json);
+
 /* Replaces, in place, every byte that gshm__escape_text would escape
  * (controls, invisible and bidi format characters, bytes of no valid
  * UTF-8 sequence) with '?', so that text from a party gshm does not trust

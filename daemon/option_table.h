@@ -170,7 +170,9 @@
   X(quota, connections, U32, quota_connections, "1024", 0, UINT32_MAX, NULL,    \
     "Per-uid limit on client connections, counted from accept, before hello "   \
     "(root is exempt); 0 means unlimited. Checked before "                      \
-    "limits.max_connections, so that one user cannot take every connection.")  \
+    "limits.max_connections, so that one user cannot take every connection. "  \
+    "Each fd a client sent that gshmd has not closed yet counts as one "       \
+    "connection here and in limits.max_connections.")                          \
                                                                                 \
   X(metrics, textfile, PATH, metrics_textfile, "", 0, 4095, NULL,               \
     "Write Prometheus text metrics to this file every interval_sec, replacing " \

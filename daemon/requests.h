@@ -114,6 +114,15 @@ int gshmd__peer_credentials(struct gshmd_server *s, int fd, struct gshmd_cred *c
 bool gshmd__over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred);
 bool gshmd__over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred);
 
+/* Whether a connected peer of cred, which just sent fds (queued for
+ * closing), must be dropped: its uid's connections and fds still to be
+ * closed now exceed quota.connections, or everyone's exceed
+ * limits.max_connections (less the admins' reserve for others).  Checked
+ * per packet, or one connection allowed fds
+ * (limits.max_fds_per_connection) could start blocked closes, each
+ * holding a thread and its fds, without end.  Logs the refusal. */
+bool gshmd__fds_over_limits(struct gshmd_server *s, const struct gshmd_cred *cred);
+
 /* ---- server_close.c: clients' fds closed off the loop ---- */
 
 /* Starts the closer of s on loop (no thread yet: the first close makes
@@ -123,13 +132,13 @@ int gshmd_closer_start(struct gshmd_server *s, uv_loop_t *loop);
 /* Closes fds[0..n) (taking them; n <= 0: nothing) that uid's client gave,
  * on a closer thread: never on the loop, where a close that lingers would
  * stall every client, unless no thread exists and none can be made (then
- * here).  The batch counts as a connection of uid until it ended. */
+ * here).  Each fd counts as a connection of uid until it is closed. */
 void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid);
 
-/* Close batches not ended yet (queued, or a close still blocked in the
- * kernel) of uid, or of every uid where uid is (uid_t)-1; those that
- * ended are freed first.  Each counts as a connection of its uid for
- * quota.connections and limits.max_connections. */
+/* The fds uid's clients gave that are not closed yet (queued, or behind
+ * or in a close still blocked in the kernel), or every uid's where uid is
+ * (uid_t)-1; batches that ended are freed first.  Each fd counts as a
+ * connection of its uid for quota.connections and limits.max_connections. */
 uint32_t gshmd__closes_pending(struct gshmd_server *s, uid_t uid);
 
 /* Closes the closer's loop handles (gshmd_server_stop); closes still

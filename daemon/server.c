@@ -347,6 +347,11 @@ static void conn_read(struct conn *c) {
                       "unexpected file descriptors (closed)");
       return;
     }
+    if (nfds && gshmd__fds_over_limits(s, &c->cred)) {
+      gshmd_conn_fail(c, 0, 0, GSHM__STATUS__STATUS_LIMIT,
+                      "too many of this user's file descriptors wait to be closed");
+      return;
+    }
     if ((size_t)n > (s->cfg->max_packet ? s->cfg->max_packet : GSHM_WIRE_MAX_PACKET)) {
       gshmd_conn_fail(c, 0, 0, GSHM__STATUS__STATUS_TOO_BIG, "packet larger than the limit");
       return;
@@ -469,8 +474,10 @@ static void on_accept(uv_poll_t *h, int status, int events) {
       gshm_log_notice("accepting connections again (%u open)", s->nconns);
       s->accept_logged = false;
     }
+    /* (a refused socket is closed off the loop too: its queue may hold
+     * fds sent before this accept, whose last close can linger) */
     if (!(c = calloc(1, sizeof(*c)))) {
-      close(fd);
+      gshmd_closer_close(s, &fd, 1, (uid_t)-1);
       continue;
     }
     c->srv = s;
@@ -481,7 +488,7 @@ static void on_accept(uv_poll_t *h, int status, int events) {
      * reserve: one user can fill neither. */
     if (gshmd__peer_credentials(s, fd, &c->cred) || gshmd__over_uid_quota(s, &c->cred) ||
         gshmd__over_global_limit(s, &c->cred) || uv_poll_init(s->loop, &c->poll, fd)) {
-      close(fd);
+      gshmd_closer_close(s, &fd, 1, c->cred.uid);
       free(c->cred.groups);
       free(c);
       continue;

@@ -60,39 +60,67 @@ int gshmd__peer_credentials(struct gshmd_server *s, int fd, struct gshmd_cred *c
   return 0;
 }
 
+/* What uid holds against quota.connections: its connections (a closing
+ * one's socket counts among the fds once its close is queued) and its
+ * fds still to be closed.  One pass over the connections. */
+static uint32_t uid_holds(struct gshmd_server *s, uid_t uid) {
+  uint32_t n = 0;
+  struct gshm_list *pos;
+
+  gshm_list_foreach(pos, &s->conns) {
+    const struct conn *c = gshm_list_entry(pos, struct conn, node);
+    n += !c->closing && c->cred.uid == uid;
+  }
+  return n + gshmd__closes_pending(s, uid); /* (a lingering close holds a thread) */
+}
+
 /* quota.connections counted at accept, before hello, over every
  * connection of the uid: checked only at hello, a user could hold all of
  * limits.max_connections with connections that never say hello (each
  * dropped after limits.partial_timeout_ms, and opened again) and lock
- * every other user out.  One pass over the connections per accept. */
+ * every other user out. */
 bool gshmd__over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred) {
-  uint32_t n = 0;
-  struct gshm_list *pos;
+  uint32_t n;
 
   if (!s->cfg->quota_connections || cred->uid == 0)
     return false;
-  gshm_list_foreach(pos, &s->conns) {
-    const struct conn *c = gshm_list_entry(pos, struct conn, node);
-    n += !c->closing && c->cred.uid == cred->uid;
-  }
-  n += gshmd__closes_pending(s, cred->uid); /* (a lingering close holds a thread) */
+  n = uid_holds(s, cred->uid);
   if (n < s->cfg->quota_connections)
     return false;
-  gshm_log_warn("connection refused: uid %u has %u connections, limit %u", (unsigned)cred->uid,
-                n, s->cfg->quota_connections);
+  gshm_log_warn("connection refused: uid %u has %u connections and fds still being closed, "
+                "limit %u", (unsigned)cred->uid, n, s->cfg->quota_connections);
   return true;
 }
 
 /* limits.max_connections, of which the last limits.admin_connections (at
  * most a quarter) only root and the admin group may take. */
-bool gshmd__over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred) {
+static uint32_t global_limit(const struct gshmd_server *s, const struct gshmd_cred *cred) {
   uint32_t max = s->cfg->max_connections, reserve = s->cfg->admin_connections;
-  uint32_t limit = cred->admin ? max : max - (reserve < max / 4 ? reserve : max / 4);
+  return cred->admin ? max : max - (reserve < max / 4 ? reserve : max / 4);
+}
+
+bool gshmd__over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred) {
   uint32_t n = s->nconns + gshmd__closes_pending(s, (uid_t)-1);
 
-  if (!max || n < limit)
+  if (!s->cfg->max_connections || n < global_limit(s, cred))
     return false;
-  gshm_log_warn("connection refused: %u connections (closes still pending included), the limit%s",
-                n, cred->admin ? "" : " for users who are not admins");
+  gshm_log_warn("connection refused: %u connections (fds still being closed included), the "
+                "limit%s", n, cred->admin ? "" : " for users who are not admins");
+  return true;
+}
+
+bool gshmd__fds_over_limits(struct gshmd_server *s, const struct gshmd_cred *cred) {
+  uint32_t q = s->cfg->quota_connections, n;
+
+  if (q && cred->uid != 0 && (n = uid_holds(s, cred->uid)) > q) {
+    gshm_log_warn("uid %u dropped: %u connections and fds still being closed, limit %u",
+                  (unsigned)cred->uid, n, q);
+    return true;
+  }
+  n = s->nconns + gshmd__closes_pending(s, (uid_t)-1);
+  if (!s->cfg->max_connections || n <= global_limit(s, cred))
+    return false;
+  gshm_log_warn("uid %u dropped: %u connections and fds still being closed, the limit%s",
+                (unsigned)cred->uid, n, cred->admin ? "" : " for users who are not admins");
   return true;
 }

@@ -16,10 +16,15 @@
  * waited CLOSER_WAIT_MS in the queue while every thread was busy means a
  * close blocks: one more thread is started then, at most one per
  * CLOSER_WAIT_MS, so a blocked close holds its thread and nothing else.
- * Threads beyond the first end after CLOSER_IDLE_MS without work.  A batch
- * counts as a connection of its client's uid until it ended
- * (gshmd__closes_pending), so quota.connections and limits.max_connections
- * bound the batches, hence the threads, one user and all can hold. */
+ * Threads beyond the first end after CLOSER_IDLE_MS without work.  Each fd
+ * of a batch counts as a connection of its client's uid until it is
+ * closed (gshmd__closes_pending): a blocked close holds the fds queued
+ * behind it in gshmd's fd table, up to 252 of one packet, and counted per
+ * batch a user of quota.connections Q held Q x 253 of them (the attack4
+ * review).  So quota.connections and limits.max_connections bound the
+ * fds waiting to be closed, hence the batches and the threads, one user
+ * and all can hold; a connection whose fds take its uid past them is
+ * dropped (server.c, gshmd__fds_over_limits). */
 #include "server.h"
 
 #include <errno.h>
@@ -45,6 +50,7 @@ struct close_batch {
   uid_t uid;
   enum batch_state state;
   int n;
+  int left; /* fds not closed yet (written by its thread: atomic) */
   int fds[];
 };
 
@@ -101,8 +107,10 @@ static void *closer_main(void *arg) {
   pthread_mutex_lock(&k->mu);
   while ((b = closer_take(k))) {
     pthread_mutex_unlock(&k->mu);
-    for (int i = 0; i < b->n; i++)
+    for (int i = 0; i < b->n; i++) {
       close(b->fds[i]);
+      __atomic_store_n(&b->left, b->n - i - 1, __ATOMIC_RELAXED);
+    }
     pthread_mutex_lock(&k->mu);
     b->state = BATCH_DONE;
     k->idle++;
@@ -147,8 +155,10 @@ static void on_spawn_timer(uv_timer_t *t) {
     if (e && !k->spawn_failed) /* (once until a thread is made again: retried each tick) */
       gshm_log_warn("a thread to close clients' fds: %s; they wait for a busy one", strerror(e));
     k->spawn_failed = e != 0;
-    again = true; /* (the new thread may block too, or none was made) */
   }
+  /* (the new thread may block too, or none was made; an idle thread takes
+   * one batch of those queued before it woke, and may block on it) */
+  again = !gshm_list_empty(&k->queue);
   pthread_mutex_unlock(&k->mu);
   if (!again)
     k->timer_on = false;
@@ -196,7 +206,7 @@ void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid
     return;
   if (k && (b = calloc(1, sizeof(*b) + sizeof(int) * (size_t)n))) {
     b->uid = uid;
-    b->n = n;
+    b->n = b->left = n;
     memcpy(b->fds, fds, sizeof(int) * (size_t)n);
     pthread_mutex_lock(&k->mu);
     if (k->idle || k->threads || !closer_spawn(k)) {
@@ -204,7 +214,9 @@ void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid
       gshm_list_add_tail(&k->queue, &b->qnode);
       pthread_cond_signal(&k->cv);
       queued = true;
-      if (!k->idle && !k->stopping && !k->timer_on) {
+      /* (also with a thread idle: a burst queued before it woke is not
+       * all its own, and it may block on the first; the tick checks) */
+      if (!k->stopping && !k->timer_on) {
         k->timer_on = true;
         uv_timer_start(&k->spawn_timer, on_spawn_timer, CLOSER_WAIT_MS, 0);
       }
@@ -221,7 +233,7 @@ void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid
 uint32_t gshmd__closes_pending(struct gshmd_server *s, uid_t uid) {
   struct gshmd_closer *k = s->closer;
   struct gshm_list *pos, *tmp;
-  uint32_t all = 0, of_uid = 0;
+  uint32_t all = 0, of_uid = 0, left;
 
   if (!k)
     return 0;
@@ -233,8 +245,9 @@ uint32_t gshmd__closes_pending(struct gshmd_server *s, uid_t uid) {
       free(b);
       continue;
     }
-    all++;
-    of_uid += b->uid == uid;
+    left = (uint32_t)__atomic_load_n(&b->left, __ATOMIC_RELAXED);
+    all += left;
+    of_uid += b->uid == uid ? left : 0;
   }
   pthread_mutex_unlock(&k->mu);
   return uid == (uid_t)-1 ? all : of_uid;

@@ -54,13 +54,40 @@ def status_lines(st: StatusInfo) -> List[str]:
             % (st.clients, st.segments, _size(st.bytes), st.leases)]
 
 
+def _unprintable(cp: int) -> bool:
+    """A C0 or C1 control, or an invisible or bidi format character: the
+    code points gshmctl's tables escape (gshm__escape_text)."""
+    return (cp < 0x20 or 0x7F <= cp <= 0x9F or 0x200B <= cp <= 0x200F
+            or 0x2028 <= cp <= 0x202E or 0x2060 <= cp <= 0x206F or cp == 0xFEFF)
+
+
+def shown(text: str) -> str:
+    """text (a name another user chose: _dec's surrogateescape str) as
+    gshmctl's tables show it: '\\' doubled, each byte of an unprintable
+    character or of no valid UTF-8 (a lone surrogate here) as "\\xHH", so
+    that nothing reaches the terminal raw, and print() never meets a
+    surrogate (UnicodeEncodeError)."""
+    out = []
+    for ch in text:
+        cp = ord(ch)
+        if ch == "\\":
+            out.append("\\\\")
+        elif 0xDC80 <= cp <= 0xDCFF:  # a byte of no valid UTF-8
+            out.append("\\x%02X" % (cp - 0xDC00))
+        elif 0xD800 <= cp <= 0xDFFF or _unprintable(cp):
+            out.extend("\\x%02X" % b for b in ch.encode("utf-8", "surrogatepass"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def segment_lines(segs: Sequence[SegmentInfo]) -> List[str]:
     out = ["%-6s %-30s %12s %-12s %6s %6s %5s %-8s %6s"
            % ("ID", "NAME", "SIZE", "LOCATION", "UID", "GID", "MODE", "STATE", "LEASES")]
     for s in segs:
         loc = s.location if s.is_host else "cuda:%d" % s.device_index
         out.append("%-6d %-30s %12s %-12s %6d %6d %04o %-8s %6d"
-                   % (s.id, s.name, _size(s.size), loc, s.uid, s.gid, s.mode,
+                   % (s.id, shown(s.name), _size(s.size), loc, s.uid, s.gid, s.mode,
                       "unlinked" if s.unlinked else "live", s.leases))
     return out
 
@@ -69,7 +96,7 @@ def client_lines(clients: Sequence[ClientInfo]) -> List[str]:
     out = ["%-8s %8s %6s %6s %-20s %6s" % ("SESSION", "PID", "UID", "GID", "NAME", "LEASES")]
     for c in clients:
         out.append("%-8d %8d %6d %6d %-20s %6d"
-                   % (c.session_id, c.pid, c.uid, c.gid, c.name, c.leases))
+                   % (c.session_id, c.pid, c.uid, c.gid, shown(c.name), c.leases))
     return out
 
 

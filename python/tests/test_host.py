@@ -878,6 +878,27 @@ def test_python_m_gshm_is_gshmctl_status(daemon, client, segname):
     assert "is gshmd running?" in str(ei.value) and ei.value.errno == errno.ENOENT, ei.value
 
 
+def test_python_m_gshm_escapes_names(daemon, client):
+    """Names other users chose reach python -m gshm's tables escaped as
+    gshmctl's (the attack4 review): a C1 CSI (U+009B) and a bidi override
+    went to the terminal raw, and a client name that is not UTF-8 went as
+    its raw 0x9B byte (a C1 CSI to an 8-bit terminal; under a UTF-8 locale
+    `clients` died with UnicodeEncodeError instead)."""
+    import gshm
+    name = "esc/\u009b2J\u202egpj.exe"
+    with gshm.Client(daemon.socket, name="evil\udc9b31m") as evil, \
+            evil.create(name, 4096, location="host", mode=0o644):
+        for verb, want in (("segments", "esc/\\xC2\\x9B2J\\xE2\\x80\\xAEgpj.exe"),
+                           ("clients", "evil\\x9B31m")):
+            p = _python_m_gshm(verb, "--socket", daemon.socket)
+            assert p.returncode == 0, p.stderr.decode()
+            out = p.stdout
+            assert b"\xc2\x9b" not in out and b"\xe2\x80\xae" not in out, out
+            assert all(b == 0x0a or (0x20 <= b != 0x7f and b != 0x9b) for b in out), out
+            assert want.encode() in out, (verb, out)
+        evil.unlink(name)
+
+
 def test_unreachable_says_what_gshmctl_says(tmp_path):
     """gshm.Client and gshmctl explain a daemon they cannot reach with one
     text (libgshm's gshm_connect_explain): nothing there, a file that is no

@@ -1008,28 +1008,39 @@ static void test_accept_at_fd_limit(void **state) {
   close(waiting);
 }
 
-/* A TCP socket whose close() blocks: SO_LINGER on, 5 s, and a send
- * buffer full of data its peer (*peer_out, kept open) never reads. */
-static int lingering_socket(int *peer_out) {
+/* A TCP socket whose close() blocks: SO_LINGER on, linger_s seconds,
+ * and a send buffer full of data its peer (*peer_out, kept open) never
+ * reads.  -1 on failure (no cmocka assert: forked attackers use it). */
+static int lingering_socket_try(int linger_s, int *peer_out) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t len = sizeof(sa);
-  struct linger lg = {.l_onoff = 1, .l_linger = 5};
+  struct linger lg = {.l_onoff = 1, .l_linger = linger_s};
   static char junk[65536];
-  int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), a, small = 4096;
+  int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), a = -1, small = 4096;
 
-  assert_true(l >= 0);
+  *peer_out = -1;
+  if (l < 0)
+    return -1;
   setsockopt(l, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)); /* the peer inherits it */
-  assert_int_equal(bind(l, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  assert_int_equal(getsockname(l, (struct sockaddr *)&sa, &len), 0);
-  assert_int_equal(listen(l, 1), 0);
-  a = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  assert_int_equal(connect(a, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  *peer_out = accept4(l, NULL, NULL, SOCK_CLOEXEC);
-  assert_true(*peer_out >= 0);
+  if (bind(l, (struct sockaddr *)&sa, sizeof(sa)) || getsockname(l, (struct sockaddr *)&sa, &len) ||
+      listen(l, 1) || (a = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+      connect(a, (struct sockaddr *)&sa, sizeof(sa)) ||
+      (*peer_out = accept4(l, NULL, NULL, SOCK_CLOEXEC)) < 0 ||
+      setsockopt(a, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg))) {
+    if (a >= 0)
+      close(a);
+    close(l);
+    return -1;
+  }
   close(l);
-  assert_int_equal(setsockopt(a, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
   while (send(a, junk, sizeof(junk), MSG_DONTWAIT | MSG_NOSIGNAL) > 0)
     ;
+  return a;
+}
+
+static int lingering_socket(int *peer_out) {
+  int a = lingering_socket_try(5, peer_out);
+  assert_true(a >= 0);
   return a;
 }
 
@@ -1277,6 +1288,264 @@ static void test_lingering_closes_spare_the_pool(void **state) {
   assert_int_equal(harness_stop(&g), 0);
 }
 
+#define FD_QUOTA 8     /* quota.connections of the attacker's uid */
+#define FD_ROUNDS 6    /* part 1: connections that each bring 253 fds */
+#define FD_PACKETS 30  /* part 2: packets of one connection, one fd each */
+
+struct fd_flood {
+  const char *socket_path;
+  int peers[FD_ROUNDS + FD_PACKETS]; /* the lingering sockets' peers, kept open */
+  int npeers;
+};
+
+/* The attacker's connection, hello said; -1 when gshmd refused it (closed
+ * at accept: the hello's reply is EOF).  No cmocka assert in the kid. */
+static int kid_connect(const char *socket_path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  struct timeval tv = {.tv_sec = 5};
+  Gshm__Hello m = GSHM__HELLO__INIT;
+  static uint8_t buf[GSHM_WIRE_MAX_PACKET];
+  int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), fds[GSHM_WIRE_MAX_FDS], nfds = 0;
+
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", socket_path);
+  if (c < 0 || connect(c, (struct sockaddr *)&sa, sizeof(sa)))
+    _exit(2);
+  setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  m.major = GSHM_PROTO_MAJOR;
+  m.client_name = "flood";
+  if (gshm__wire_send(c, GSHM_WIRE_HELLO, 1, &m.base, -1) ||
+      gshm__wire_recv(c, buf, sizeof(buf), fds, GSHM_WIRE_MAX_FDS, &nfds, 0) <= 0) {
+    close(c);
+    return -1;
+  }
+  fcntl(c, F_SETFL, fcntl(c, F_GETFL) | O_NONBLOCK);
+  return c;
+}
+
+/* Reads c's packets until gshmd closes it or none came for idle_ms. */
+static void kid_drain(int c, int idle_ms) {
+  static uint8_t buf[GSHM_WIRE_MAX_PACKET];
+  struct pollfd p = {.fd = c, .events = POLLIN};
+  int fds[GSHM_WIRE_MAX_FDS], nfds;
+
+  while (poll(&p, 1, idle_ms) == 1) {
+    ssize_t n = gshm__wire_recv(c, buf, sizeof(buf), fds, GSHM_WIRE_MAX_FDS, &nfds, 0);
+    for (int i = 0; i < nfds; i++)
+      close(fds[i]);
+    if (n == 0 || (n < 0 && n != -EAGAIN))
+      return;
+  }
+}
+
+/* The attacker, as another uid.  Part 1: connections that each send 253
+ * fds in one packet, the first a lingering TCP socket whose last reference
+ * is gshmd's (sent while gshmd does not read the connection: stall), the
+ * rest copies of /dev/null that wait behind it in gshmd's fd table.
+ * Part 2: one connection that sends FD_PACKETS requests, each with one
+ * lingering socket. */
+static void fd_flood(struct harness_kid *k, void *arg) {
+  struct fd_flood *fl = arg;
+  uint8_t pkt[GSHM_WIRE_HEADER_SIZE];
+  int null = open("/dev/null", O_RDONLY | O_CLOEXEC), fds[GSHM_WIRE_MAX_FDS], c, accepted = 0;
+
+  put_header(pkt, GSHM_PROTO_MAJOR, GSHM_WIRE_STATUS, 1, 0);
+  for (int r = 0; r < FD_ROUNDS; r++) {
+    if ((c = kid_connect(fl->socket_path)) < 0)
+      continue;
+    accepted++;
+    stall(c);
+    if ((fds[0] = lingering_socket_try(100000, &fl->peers[fl->npeers++])) < 0)
+      _exit(3);
+    for (int i = 1; i < GSHM_WIRE_MAX_FDS; i++)
+      fds[i] = dup(null);
+    if (send_with_fds(c, pkt, sizeof(pkt), fds, GSHM_WIRE_MAX_FDS, 1) < 0)
+      _exit(4);
+    for (int i = 0; i < GSHM_WIRE_MAX_FDS; i++)
+      close(fds[i]);
+    kid_drain(c, 5000); /* gshmd reads on, takes the fds and drops c */
+    close(c);
+  }
+  fprintf(stderr, "    part 1: gshmd took %d of %d connections\n", accepted, FD_ROUNDS);
+  harness_kid_step(k->out);
+  harness_kid_await(k->in, 60000); /* measured: end the lingering closes */
+  for (int i = 0; i < fl->npeers; i++)
+    close(fl->peers[i]);
+  fl->npeers = 0;
+  harness_kid_await(k->in, 60000); /* gshmd's closes ended */
+  if ((c = kid_connect(fl->socket_path)) < 0)
+    _exit(5);
+  stall(c);
+  for (int i = 0; i < FD_PACKETS; i++) {
+    int a = lingering_socket_try(100000, &fl->peers[fl->npeers++]);
+    if (a < 0 || send_with_fds(c, pkt, sizeof(pkt), &a, 1, 1) < 0)
+      break; /* (gshmd dropped c: fine) */
+    close(a);
+  }
+  kid_drain(c, 1000);
+  close(c);
+  harness_kid_step(k->out);
+  harness_kid_await(k->in, 60000);
+  for (int i = 0; i < fl->npeers; i++)
+    close(fl->peers[i]);
+}
+
+/* gshmd's fd count once it stayed the same for 200 ms (5 s at most). */
+static int settled_fd_count(pid_t pid) {
+  int last = -1, now, same = 0;
+
+  for (int i = 0; i < 100 && same < 4; i++) {
+    usleep(50 * 1000);
+    now = harness_fd_count(pid);
+    same = now == last ? same + 1 : 0;
+    last = now;
+  }
+  return last;
+}
+
+/* A blocked close holds its whole batch's fds: the attack4 review's.  A
+ * batch counted as one connection of its uid whether it carried 1 fd or
+ * 253, so a user of quota.connections Q made gshmd hold Q x 253 fds (and a
+ * thread per batch) for as long as its lingering sockets linger; and a
+ * connection allowed fds (limits.max_fds_per_connection) was never
+ * counted again after accept: one connection started a blocked close, and
+ * a thread, per packet, without bound.  Now every fd still waiting to be
+ * closed counts as a connection of its uid, and a connection whose fds
+ * take its uid past quota.connections is dropped. */
+static void test_pending_closes_count_fds(void **state) {
+  static struct fd_flood fl;
+  char quota[64];
+  struct harness g;
+  struct harness_kid k;
+  int base, held, threads = 0, kid, stopped;
+  (void)state;
+
+  snprintf(quota, sizeof(quota), "quota.connections=%d", FD_QUOTA);
+  assert_int_equal(harness_start(&g, (const char *const[]){"--set", "daemon.socket_mode=0666",
+                                                           "--set", "limits.max_fds_per_connection=1",
+                                                           "--set", quota, NULL}), 0);
+  base = harness_stable_fd_count(g.sp.pid);
+  fl.socket_path = g.socket_path;
+  assert_int_equal(harness_kid_start(&k, HARNESS_NOBODY, HARNESS_NOBODY, fd_flood, &fl), 0);
+  assert_true(harness_kid_await(k.from_kid, 120000));
+  held = settled_fd_count(g.sp.pid) - base;
+  print_message("    part 1: gshmd holds %d more fds (%d connections of %d fds each tried, "
+                "quota %d)\n", held, FD_ROUNDS, GSHM_WIRE_MAX_FDS, FD_QUOTA);
+  harness_kid_step(k.to_kid);
+  for (int i = 0; i < 100 && harness_fd_count(g.sp.pid) > base; i++)
+    usleep(50 * 1000);
+  harness_kid_step(k.to_kid);
+  assert_true(harness_kid_await(k.from_kid, 120000));
+  for (int i = 0, n; i < 20; i++) { /* (a closer thread per 10 ms a batch waited) */
+    usleep(50 * 1000);
+    if ((n = threads_named(g.sp.pid, "gshmd-close")) > threads)
+      threads = n;
+  }
+  print_message("    part 2: at most %d closer threads after %d packets of one connection\n", threads,
+                FD_PACKETS);
+  harness_kid_step(k.to_kid);
+  kid = harness_kid_wait(&k);
+  stopped = harness_stop(&g); /* (before any assert: a failed one leaves no gshmd) */
+  assert_int_equal(kid, 0);
+  assert_int_equal(stopped, 0);
+  /* one packet's fds and the quota's worth besides */
+  assert_true(held > 0 && held < GSHM_WIRE_MAX_FDS + FD_QUOTA + 4);
+  /* a thread for each blocked close the quota allows (the dropped
+   * connection counts 1; the fds queued behind the first of a burst got
+   * none, and waited: 1 thread of 9 in most runs), one for the dropped
+   * socket (its queue's fds linger too) and maybe one more */
+  assert_true(threads >= FD_QUOTA - 1 && threads <= FD_QUOTA + 3);
+}
+
+/* The attacker of test_refused_connection_fds, as another uid: holds its
+ * one connection (quota.connections = 1), then connects again and, before
+ * gshmd accepts (and refuses) that connection, sends on it a lingering
+ * TCP socket whose last reference is then in the refused socket's queue:
+ * until gshmd's close, which is the last one when this process's close
+ * returned at once (else it was gshmd's that came first: again). */
+static void refused_sender(struct harness_kid *k, void *arg) {
+  const char *path = arg;
+  struct sigaction alarm_sa = {.sa_handler = on_alarm}; /* (no SA_RESTART) */
+  int held = kid_connect(path), peers[20], npeers = 0;
+  bool last = false;
+
+  if (held < 0 || sigaction(SIGALRM, &alarm_sa, NULL))
+    _exit(2);
+  while (!last && npeers < 20) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    int a = lingering_socket_try(100000, &peers[npeers++]);
+
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    if (a < 0 || c < 0 || connect(c, (struct sockaddr *)&sa, sizeof(sa)) ||
+        send_with_fds(c, "x", 1, &a, 1, 1) != 1)
+      _exit(3);
+    last = closed_at_once(a);
+    close(c);
+  }
+  fprintf(stderr, "    %d lingering sockets sent, gshmd's close the last: %s\n", npeers,
+          last ? "yes" : "no");
+  harness_kid_step(k->out);
+  harness_kid_await(k->in, 60000);
+  for (int i = 0; i < npeers; i++)
+    close(peers[i]);
+  close(held);
+  if (!last)
+    _exit(4); /* (the attack never reached gshmd: the test would prove nothing) */
+}
+
+/* ms until a hello on a new connection to path is answered; -1: not in
+ * 2 s. */
+static double hello_ms(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  Gshm__Hello m = GSHM__HELLO__INIT;
+  int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  struct pollfd p = {.fd = c, .events = POLLIN};
+  double t0 = now_ms(), ms = -1;
+
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+  m.major = GSHM_PROTO_MAJOR;
+  m.client_name = "prober";
+  if (c >= 0 && !connect(c, (struct sockaddr *)&sa, sizeof(sa)) &&
+      !gshm__wire_send(c, GSHM_WIRE_HELLO, 1, &m.base, -1) && poll(&p, 1, 2000) == 1)
+    ms = now_ms() - t0;
+  if (c >= 0)
+    close(c);
+  return ms;
+}
+
+/* A connection refused at accept (its uid over quota.connections, or
+ * limits.max_connections) was closed on the event loop: where fds reach
+ * gshmd (a kernel before 6.16, or limits.max_fds_per_connection > 0), a
+ * client that sent a lingering socket on it before the accept stalled
+ * the loop for the linger time (the attack4 review): every client,
+ * root's too, went unanswered.  Refused connections are closed on the
+ * closer threads now. */
+static void test_refused_connection_fds(void **state) {
+  struct harness g;
+  struct harness_kid k;
+  double ms;
+  int kid, stopped;
+  (void)state;
+
+  assert_int_equal(harness_start(&g, (const char *const[]){"--set", "daemon.socket_mode=0666",
+                                                           "--set", "limits.max_fds_per_connection=1",
+                                                           "--set", "quota.connections=1", NULL}),
+                   0);
+  assert_int_equal(harness_kid_start(&k, HARNESS_NOBODY, HARNESS_NOBODY, refused_sender,
+                                     (void *)g.socket_path), 0);
+  assert_true(harness_kid_await(k.from_kid, 60000));
+  usleep(200 * 1000);
+  ms = hello_ms(g.socket_path);
+  print_message("    root's hello after the refused connection: %s%.2f ms\n",
+                ms < 0 ? "no answer in 2000 ms; " : "", ms < 0 ? 0 : ms);
+  harness_kid_step(k.to_kid);
+  kid = harness_kid_wait(&k);
+  stopped = harness_stop(&g);
+  assert_int_equal(kid, 0);
+  assert_int_equal(stopped, 0);
+  assert_true(ms >= 0 && ms < 10 * STATUS_DEADLINE_MS);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_garbage_bytes, setup, teardown),
@@ -1293,6 +1562,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_accept_at_fd_limit, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lingering_socket_fd, setup, teardown),
       cmocka_unit_test(test_lingering_closes_spare_the_pool),
+      cmocka_unit_test(test_pending_closes_count_fds),
+      cmocka_unit_test(test_refused_connection_fds),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
