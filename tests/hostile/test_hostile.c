@@ -1177,9 +1177,14 @@ static void on_alarm(int sig) { (void)sig; /* (only interrupts a lingering close
 /* Closes fd; true when that took under 10 ms, i.e. it was not the last
  * reference of a socket whose close lingers: such a close is cut short
  * by SIGALRM after 20 ms (a linger wait is interruptible; the fd is
- * released all the same, the socket orphaned in the kernel). */
+ * released all the same, the socket orphaned in the kernel).  The timer
+ * repeats every 20 ms until close returns: a one-shot alarm that fired
+ * before close began to wait (this process descheduled for 20 ms between
+ * setitimer and close, as under ASan on 2 busy cores) left the close to
+ * linger 100,000 s, and test_refused_connection_fds's attacker hung. */
 static bool closed_at_once(int fd) {
-  struct itimerval it = {.it_value = {0, 20 * 1000}}, off = {{0, 0}, {0, 0}};
+  struct itimerval it = {.it_interval = {0, 20 * 1000}, .it_value = {0, 20 * 1000}};
+  struct itimerval off = {{0, 0}, {0, 0}};
   struct timespec t0, t1;
 
   clock_gettime(CLOCK_MONOTONIC, &t0);
