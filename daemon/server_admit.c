@@ -74,24 +74,6 @@ static uint32_t uid_holds(struct gshmd_server *s, uid_t uid) {
   return n + gshmd__closes_pending(s, uid); /* (a lingering close holds a thread) */
 }
 
-/* quota.connections counted at accept, before hello, over every
- * connection of the uid: checked only at hello, a user could hold all of
- * limits.max_connections with connections that never say hello (each
- * dropped after limits.partial_timeout_ms, and opened again) and lock
- * every other user out. */
-bool gshmd__over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred) {
-  uint32_t n;
-
-  if (!s->cfg->quota_connections || cred->uid == 0)
-    return false;
-  n = uid_holds(s, cred->uid);
-  if (n < s->cfg->quota_connections)
-    return false;
-  gshm_log_warn("connection refused: uid %u has %u connections and fds still being closed, "
-                "limit %u", (unsigned)cred->uid, n, s->cfg->quota_connections);
-  return true;
-}
-
 /* limits.max_connections, of which the last limits.admin_connections (at
  * most a quarter) only root and the admin group may take. */
 static uint32_t global_limit(const struct gshmd_server *s, const struct gshmd_cred *cred) {
@@ -99,28 +81,45 @@ static uint32_t global_limit(const struct gshmd_server *s, const struct gshmd_cr
   return cred->admin ? max : max - (reserve < max / 4 ? reserve : max / 4);
 }
 
-bool gshmd__over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred) {
-  uint32_t n = s->nconns + gshmd__closes_pending(s, (uid_t)-1);
+/* Whether cred's uid, holding `adding` more connections than it does
+ * (1: one being accepted; 0: one that just sent fds), passes
+ * quota.connections; logs as `what` ("connection refused", "dropped"). */
+static bool uid_over(struct gshmd_server *s, const struct gshmd_cred *cred, uint32_t adding,
+                     const char *what) {
+  uint32_t q = s->cfg->quota_connections, n;
 
-  if (!s->cfg->max_connections || n < global_limit(s, cred))
+  if (!q || cred->uid == 0 || (n = uid_holds(s, cred->uid)) + adding <= q)
     return false;
-  gshm_log_warn("connection refused: %u connections (fds still being closed included), the "
-                "limit%s", n, cred->admin ? "" : " for users who are not admins");
+  gshm_log_warn("%s: uid %u has %u connections and fds still being closed, limit %u", what,
+                (unsigned)cred->uid, n, q);
   return true;
 }
 
-bool gshmd__fds_over_limits(struct gshmd_server *s, const struct gshmd_cred *cred) {
-  uint32_t q = s->cfg->quota_connections, n;
+/* The same for limits.max_connections over every uid. */
+static bool all_over(struct gshmd_server *s, const struct gshmd_cred *cred, uint32_t adding,
+                     const char *what) {
+  uint32_t n = s->nconns + gshmd__closes_pending(s, (uid_t)-1);
 
-  if (q && cred->uid != 0 && (n = uid_holds(s, cred->uid)) > q) {
-    gshm_log_warn("uid %u dropped: %u connections and fds still being closed, limit %u",
-                  (unsigned)cred->uid, n, q);
-    return true;
-  }
-  n = s->nconns + gshmd__closes_pending(s, (uid_t)-1);
-  if (!s->cfg->max_connections || n <= global_limit(s, cred))
+  if (!s->cfg->max_connections || n + adding <= global_limit(s, cred))
     return false;
-  gshm_log_warn("uid %u dropped: %u connections and fds still being closed, the limit%s",
+  gshm_log_warn("%s: uid %u: %u connections (fds still being closed included), the limit%s", what,
                 (unsigned)cred->uid, n, cred->admin ? "" : " for users who are not admins");
   return true;
+}
+
+/* quota.connections counted at accept, before hello, over every
+ * connection of the uid: checked only at hello, a user could hold all of
+ * limits.max_connections with connections that never say hello (each
+ * dropped after limits.partial_timeout_ms, and opened again) and lock
+ * every other user out. */
+bool gshmd__over_uid_quota(struct gshmd_server *s, const struct gshmd_cred *cred) {
+  return uid_over(s, cred, 1, "connection refused");
+}
+
+bool gshmd__over_global_limit(struct gshmd_server *s, const struct gshmd_cred *cred) {
+  return all_over(s, cred, 1, "connection refused");
+}
+
+bool gshmd__fds_over_limits(struct gshmd_server *s, const struct gshmd_cred *cred) {
+  return uid_over(s, cred, 0, "dropped") || all_over(s, cred, 0, "dropped");
 }
