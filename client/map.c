@@ -138,7 +138,6 @@ int gshm_unmap(gshm_segment_t *seg) {
 static int segment_rw(gshm_segment_t *seg, uint64_t offset, void *buf, size_t bytes, bool write) {
   struct gshm__lease *l;
   struct gshm_client *c;
-  bool temp = false;
   int e = 0;
 
   if (!seg || (!buf && bytes))
@@ -155,15 +154,21 @@ static int segment_rw(gshm_segment_t *seg, uint64_t offset, void *buf, size_t by
     return e;
   gshm__drain_events(c, false); /* one non-blocking recv: learns of a revoke or a restart */
   if (l->revoked) {
+    /* a mapping kept by an earlier call (below) goes with the lease's
+     * memory: nothing of this process holds it but that mapping */
+    if (l->addr && !l->map_refs)
+      gshm__lease_unmap(l, true);
     e = -ESTALE;
     goto out;
   }
-  if (!l->addr) {
-    /* Map only for this copy (on the segment's own GPU for device ones). */
-    if ((e = lease_map(l, NULL, 0)))
-      goto out;
-    temp = true;
-  }
+  /* An unmapped segment is mapped here and the mapping kept on the lease
+   * (no gshm_map reference: the last close, an unmap of the last
+   * gshm_map, or a revoke seen here ends it).  Mapped and unmapped for
+   * each call, a device segment in a process with no CUDA context made
+   * and destroyed a primary context every time: 133 ms a call on an H200
+   * (docs/PERFORMANCE.md "Attach"), for a few KiB. */
+  if (!l->addr && (e = lease_map(l, NULL, 0)))
+    goto out;
   if (is_host(l)) {
     if (write)
       memcpy((char *)l->addr + offset, buf, bytes);
@@ -172,8 +177,6 @@ static int segment_rw(gshm_segment_t *seg, uint64_t offset, void *buf, size_t by
   } else {
     e = gshm__device_rw(l, offset, buf, bytes, write);
   }
-  if (temp)
-    gshm__lease_unmap(l, true);
 out:
   pthread_mutex_unlock(&c->lock);
   return e;
