@@ -344,16 +344,16 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p,
  * and writes the child's, and a gshm mapping it has no access to would
  * fault there (gshm__copy_reach).  0, -EXDEV or -EACCES before anything is
  * queued. */
-static int plan_reach(const struct gshm_cudadrv *drv, const struct plan *p,
-                      const struct gshm__where *where, int push, size_t bytes) {
+static int plan_reach(const struct plan *p, const struct gshm__where *where, int push,
+                      size_t bytes) {
   int e = 0;
 
   for (int q = 0; q < p->nparts && !e; q++)
     for (int k = 0; k < p->n && !e; k++) {
       int node = p->order[q][k], par = p->parent[q][node];
       int issuer = push ? where[par].ordinal : where[node].ordinal;
-      if (!(e = gshm__copy_reach(drv, &where[par], bytes, issuer, 0)))
-        e = gshm__copy_reach(drv, &where[node], bytes, issuer, 1);
+      if (!(e = gshm__copy_reach(&where[par], bytes, issuer, 0)))
+        e = gshm__copy_reach(&where[node], bytes, issuer, 1);
     }
   return e;
 }
@@ -430,7 +430,7 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
   if (!(p = malloc(sizeof(*p))))
     return -ENOMEM;
   make_plan(p, o.algo, n, bytes, o.chunk_bytes);
-  if ((e = plan_reach(drv, p, where, !o.pull, bytes))) {
+  if ((e = plan_reach(p, where, !o.pull, bytes))) {
     free(p);
     return e;
   }

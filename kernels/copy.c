@@ -518,11 +518,9 @@ void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm
   }
 }
 
-int gshm__copy_reach(const struct gshm_cudadrv *drv, const struct gshm__where *w, size_t bytes,
-                     int me, int write) {
+int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int write) {
   unsigned long long flags = 0;
 
-  (void)drv;
   if (!w->device || me < 0 || !gshm__map_access || !gshm__map_access(w->addr, bytes, me, &flags))
     return 0; /* not a gshm mapping: the driver's own rules (peer access) */
   if (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ||
@@ -585,9 +583,8 @@ static int flag_addressable(const struct gshm__where *wf) {
  * reachable (peer access enabled from here), or the write or wait faults
  * on the GPU (an illegal address that poisons the context).  Returns 0 or
  * -EXDEV (no peer path) and gshm__copy_enable_peer's errors. */
-static int flag_reachable(const struct gshm_cudadrv *drv, const struct gshm__where *wf, int me,
-                          int write) {
-  int e = gshm__copy_reach(drv, wf, 8, me, write);
+static int flag_reachable(const struct gshm__where *wf, int me, int write) {
+  int e = gshm__copy_reach(wf, 8, me, write);
   return e ? e : wf->device ? gshm__copy_enable_peer(wf->ordinal) : 0;
 }
 
@@ -598,7 +595,7 @@ static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_
   void *args[2] = {&flag, &value};
   int e;
 
-  if ((e = kctx_current(drv, &k)) || (e = flag_reachable(drv, wf, (int)k->dev, 1)))
+  if ((e = kctx_current(drv, &k)) || (e = flag_reachable(wf, (int)k->dev, 1)))
     return e;
   r = drv->cuStreamWriteValue64(stream, (CUdeviceptr)(uintptr_t)flag, value,
                                 CU_STREAM_WRITE_VALUE_DEFAULT);
@@ -643,8 +640,8 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params 
   me = (int)k->dev;
   peer = ws->device && wd->device && ws->ordinal != wd->ordinal;
   /* either method runs on this GPU (its SMs or its copy engine) */
-  if ((e = gshm__copy_reach(drv, ws, bytes, me, 0)) ||
-      (e = gshm__copy_reach(drv, wd, bytes, me, 1)))
+  if ((e = gshm__copy_reach(ws, bytes, me, 0)) ||
+      (e = gshm__copy_reach(wd, bytes, me, 1)))
     return e;
 
   if (method == GSHM_COPY_AUTO) {
@@ -676,7 +673,7 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params 
       return e;
     if (!ready && (e = kctx_module(drv, &k)))
       return e;
-    if (flag && (e = flag_reachable(drv, wf, me, 1)))
+    if (flag && (e = flag_reachable(wf, me, 1)))
       return e;
     if (flag && bytes <= FUSED_SIGNAL_MAX) {
       s = gshm__copy_pick_shape(bytes, 1, 0);
@@ -812,7 +809,7 @@ GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream) {
     return e;
   e = kctx_current(drv, &k);
   if (!e)
-    e = flag_reachable(drv, &w, (int)k->dev, 0);
+    e = flag_reachable(&w, (int)k->dev, 0);
   if (!e) {
     if (k->can_flush)
       flags |= CU_STREAM_WAIT_VALUE_FLUSH;

@@ -96,8 +96,7 @@ struct gshm__where {
  * written.  Only gshm's own mappings are judged: other cuMem memory
  * (PyTorch's expandable segments) and memory of legacy IPC imports are
  * told apart from them by no driver query this could rely on. */
-int gshm__copy_reach(const struct gshm_cudadrv *drv, const struct gshm__where *w, size_t bytes,
-                     int me, int write);
+int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int write);
 
 /* client/map_cuda.c (client_internal.h has its comment): 1 and the access
  * GPU dev has where [addr, addr + bytes) is a gshm device mapping, else 0.

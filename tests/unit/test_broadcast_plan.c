@@ -313,9 +313,8 @@ int gshm__copy_enable_peer(int ordinal) {
  * only GPU no_access_gpu may write. */
 static uintptr_t no_access_addr;
 static int no_access_gpu = -1;
-int gshm__copy_reach(const struct gshm_cudadrv *drv, const struct gshm__where *w, size_t bytes,
-                     int me, int write) {
-  (void)drv, (void)bytes;
+int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int write) {
+  (void)bytes;
   return w->addr && w->addr == no_access_addr && write && me != no_access_gpu ? -EXDEV : 0;
 }
 
