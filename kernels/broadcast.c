@@ -352,8 +352,9 @@ static int plan_reach(const struct plan *p, const struct gshm__where *where, int
     for (int k = 0; k < p->n && !e; k++) {
       int node = p->order[q][k], par = p->parent[q][node];
       int issuer = push ? where[par].ordinal : where[node].ordinal;
-      if (!(e = gshm__copy_reach(&where[par], bytes, issuer, 0)))
+      if ((e = gshm__copy_reach(&where[par], bytes, issuer, 0)) >= 0)
         e = gshm__copy_reach(&where[node], bytes, issuer, 1);
+      e = e < 0 ? e : 0;
     }
   return e;
 }

@@ -525,7 +525,7 @@ int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int writ
     return 0; /* not a gshm mapping: the driver's own rules (peer access) */
   if (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ||
       (!write && flags == CU_MEM_ACCESS_FLAGS_PROT_READ))
-    return 0;
+    return 1; /* its access covers `me`: no peer access needed */
   gshm_log_err("GPU %d has %s access to 0x%llx (+%zu bytes), a segment of GPU %d mapped by "
                "gshm_map: map it for that GPU too (gshm_map's devices)",
                me, flags == CU_MEM_ACCESS_FLAGS_PROT_READ ? "read-only" : "no",
@@ -585,7 +585,7 @@ static int flag_addressable(const struct gshm__where *wf) {
  * -EXDEV (no peer path) and gshm__copy_enable_peer's errors. */
 static int flag_reachable(const struct gshm__where *wf, int me, int write) {
   int e = gshm__copy_reach(wf, 8, me, write);
-  return e ? e : wf->device ? gshm__copy_enable_peer(wf->ordinal) : 0;
+  return e < 0 ? e : !e && wf->device ? gshm__copy_enable_peer(wf->ordinal) : 0;
 }
 
 static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_t value,
@@ -632,17 +632,20 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params 
   uint64_t value = p->value;
   const struct gshm__where *ws = p->ws, *wd = p->wd, *wf = p->wf;
   struct kctx *k;
-  int e, peer, me, fused = 0, ready = 0; /* ready: peers enabled, module loaded */
+  int e, peer, me, gs, gd, fused = 0, ready = 0; /* ready: peers enabled, module loaded */
 
   e = kctx_current(drv, &k);
   if (e)
     return e;
   me = (int)k->dev;
   peer = ws->device && wd->device && ws->ordinal != wd->ordinal;
-  /* either method runs on this GPU (its SMs or its copy engine) */
-  if ((e = gshm__copy_reach(ws, bytes, me, 0)) ||
-      (e = gshm__copy_reach(wd, bytes, me, 1)))
-    return e;
+  /* either method runs on this GPU (its SMs or its copy engine); a gshm
+   * mapping with access for it needs no peer access (gs, gd: 1), which
+   * would retain, and so make, a primary context on its GPU */
+  if ((gs = gshm__copy_reach(ws, bytes, me, 0)) < 0)
+    return gs;
+  if ((gd = gshm__copy_reach(wd, bytes, me, 1)) < 0)
+    return gd;
 
   if (method == GSHM_COPY_AUTO) {
     if (!ws->device || !wd->device || (ws->ordinal != me && wd->ordinal != me))
@@ -652,8 +655,8 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params 
                                              : ws->ordinal == me ? GSHM__COPY_PUSH
                                                                  : GSHM__COPY_PULL);
     if (method == GSHM_COPY_SM &&
-        ((ws->device && gshm__copy_enable_peer(ws->ordinal)) ||
-         (wd->device && gshm__copy_enable_peer(wd->ordinal)) || kctx_module(drv, &k)))
+        ((ws->device && !gs && gshm__copy_enable_peer(ws->ordinal)) ||
+         (wd->device && !gd && gshm__copy_enable_peer(wd->ordinal)) || kctx_module(drv, &k)))
       method = GSHM_COPY_ENGINE;
     else
       ready = method == GSHM_COPY_SM;
@@ -667,9 +670,9 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params 
       return -EINVAL;
     if (!gshm__copy_have_kernels())
       return -ENOTSUP;
-    if (!ready && ws->device && (e = gshm__copy_enable_peer(ws->ordinal)))
+    if (!ready && ws->device && !gs && (e = gshm__copy_enable_peer(ws->ordinal)))
       return e;
-    if (!ready && wd->device && (e = gshm__copy_enable_peer(wd->ordinal)))
+    if (!ready && wd->device && !gd && (e = gshm__copy_enable_peer(wd->ordinal)))
       return e;
     if (!ready && (e = kctx_module(drv, &k)))
       return e;
@@ -692,9 +695,9 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params 
     if (peer) {
       /* direct NVLink/PCIe P2P instead of staging through the host;
        * without peer access the driver still copies, only slower */
-      if (ws->ordinal != me)
+      if (ws->ordinal != me && !gs)
         (void)gshm__copy_enable_peer(ws->ordinal);
-      if (wd->ordinal != me)
+      if (wd->ordinal != me && !gd)
         (void)gshm__copy_enable_peer(wd->ordinal);
     }
     e = bytes ? GSHM_CU(drv, GSHM_LOG_ERR, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)dst,

@@ -90,8 +90,10 @@ struct gshm__where {
  * gshm_map: a cuMem mapping gives access per device (cuMemSetAccess), which
  * peer access (cuCtxEnablePeerAccess) does not cover, and an SM kernel or
  * copy engine of a GPU without it faults (an illegal address that ends the
- * context).  Returns 0 (host memory, memory gshm_map did not make: the
- * driver's rules, or access granted), -EXDEV no access from `me` (map the
+ * context).  Returns 1 (a gshm mapping whose access covers `me`: no peer
+ * access is needed, none should be enabled for it), 0 (host memory,
+ * memory gshm_map did not make: the driver's rules), -EXDEV no access
+ * from `me` (map the
  * segment for it: gshm_map's devices), -EACCES a read-only mapping to be
  * written.  Only gshm's own mappings are judged: other cuMem memory
  * (PyTorch's expandable segments) and memory of legacy IPC imports are

@@ -60,7 +60,7 @@ static CUresult f_pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr
     *(CUmemorytype *)data =
         in(p, device_mem, sizeof(device_mem)) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
   else if (attr == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
-    *(int *)data = 0;
+    *(int *)data = in(p, &device_mem[448], 48 * sizeof(uint64_t)) ? 1 : 0;
   return CUDA_SUCCESS;
 }
 /* cuStreamWriteValue64 / WaitValue64: device or registered host memory only. */
@@ -145,8 +145,9 @@ static CUresult f_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, un
   return CUDA_SUCCESS;
 }
 /* gshm_map's mappings (client/map_cuda.c's list, faked): device_mem
- * [256..383] one GPU 0 has no access to, [384..447] one it may only read;
- * the rest is not a gshm mapping (as cuMemAlloc's memory). */
+ * [256..383] one GPU 0 has no access to, [384..447] one it may only read,
+ * [448..495] a segment of GPU 1 mapped read-write for GPU 0; the rest is
+ * not a gshm mapping (as cuMemAlloc's memory). */
 int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *flags_out) {
   const void *p = (const void *)addr;
   (void)bytes, (void)dev;
@@ -154,9 +155,35 @@ int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *
     *flags_out = CU_MEM_ACCESS_FLAGS_PROT_NONE;
   else if (in(p, &device_mem[384], 64 * sizeof(uint64_t)))
     *flags_out = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  else if (in(p, &device_mem[448], 48 * sizeof(uint64_t)))
+    *flags_out = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   else
     return 0;
   return 1;
+}
+/* Peer access: counted (a retain of GPU 1's primary context makes one,
+ * hundreds of MiB, on a real GPU). */
+static int peer_calls;
+static CUresult f_device_get(CUdevice *d, int ordinal) {
+  peer_calls++;
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+static CUresult f_primary_retain(CUcontext *c, CUdevice d) {
+  peer_calls++;
+  *c = (CUcontext)(uintptr_t)(0x6100 + d);
+  return CUDA_SUCCESS;
+}
+static CUresult f_can_access_peer(int *can, CUdevice a, CUdevice b) {
+  (void)a, (void)b;
+  peer_calls++;
+  *can = 1;
+  return CUDA_SUCCESS;
+}
+static CUresult f_enable_peer(CUcontext c, unsigned flags) {
+  (void)c, (void)flags;
+  peer_calls++;
+  return CUDA_SUCCESS;
 }
 static CUresult f_capture_mode(CUstreamCaptureMode *mode) {
   *mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
@@ -188,6 +215,10 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuLaunchKernel = f_launch;
   fake_drv.cuMemcpyAsync = f_memcpy_async;
   fake_drv.cuThreadExchangeStreamCaptureMode = f_capture_mode;
+  fake_drv.cuDeviceGet = f_device_get;
+  fake_drv.cuDevicePrimaryCtxRetain = f_primary_retain;
+  fake_drv.cuDeviceCanAccessPeer = f_can_access_peer;
+  fake_drv.cuCtxEnablePeerAccess = f_enable_peer;
   *drv_out = &fake_drv;
   return 0;
 }
@@ -256,6 +287,25 @@ static void test_cumem_mapping_without_access_is_refused(void **state) {
   assert_int_equal(stream_waits, 1);
 }
 
+/* A segment of GPU 1 that gshm_map mapped for GPU 0: GPU 0's copies and
+ * flags on it need no peer access (the mapping's own access covers them),
+ * so none is enabled and GPU 1's primary context is neither retained nor
+ * made (it was, before each SM copy, copy-engine copy and signal). */
+static void test_mapping_with_access_enables_no_peer(void **state) {
+  (void)state;
+  reset_counts();
+  peer_calls = 0;
+  assert_int_equal(gshm_copy(&device_mem[448], &device_mem[8], 64, GSHM_COPY_SM, NULL), 0);
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[456], 64, GSHM_COPY_ENGINE, NULL), 0);
+  assert_int_equal(gshm_copy(&device_mem[460], &device_mem[8], 64, GSHM_COPY_AUTO, NULL), 0);
+  assert_int_equal(gshm_signal(&device_mem[470], 5, NULL), 0);
+  assert_int_equal(gshm_copy_signal(&device_mem[8], &device_mem[472], 64, GSHM_COPY_SM,
+                                    &device_mem[480], 6, NULL),
+                   0);
+  assert_int_equal(peer_calls, 0);
+  assert_int_equal(launches + copies + stream_writes, 5);
+}
+
 /* A context whose entry could not be made (its device unknown) leaves no
  * slot taken: many such failures, then the calls work again.  Each used
  * to keep one of the 64 slots for good, and after 64 every copy, signal
@@ -317,6 +367,7 @@ int main(void) {
       cmocka_unit_test(test_failed_context_entries_are_not_kept),
       cmocka_unit_test(test_pageable_flag_never_reaches_the_gpu),
       cmocka_unit_test(test_cumem_mapping_without_access_is_refused),
+      cmocka_unit_test(test_mapping_with_access_enables_no_peer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
