@@ -254,20 +254,24 @@ static bool primary_active(const struct gshm_cudadrv *drv, CUdevice d) {
 
 /* The device of m->devices whose primary context the mapping retains (for
  * gshm_read/gshm_write's staging copies): the calling thread's current
- * device, else the first whose primary context is already active (the
- * owner first when listed), else the owner or the first listed.  A retain
- * of an inactive primary context creates it, hundreds of MiB of the
- * GPU's memory for as long as the mapping: a worker of GPU 1 mapping a
- * GPU 0 segment for every device must not leave a context on GPU 0. */
+ * device where its primary context is active, else the first listed
+ * whose primary context is active (the owner first), else the current
+ * device, the owner or the first listed.  A retain of an inactive primary
+ * context creates it, hundreds of MiB of the GPU's memory for as long as
+ * the mapping: a worker of GPU 1 mapping a GPU 0 segment for every device
+ * must not leave a context on GPU 0, nor a thread whose current context
+ * is one of its own (cuCtxCreate) make a primary one beside it. */
 static CUdevice pick_copy_dev(const struct gshm_cudadrv *drv, const struct device_map *m) {
   CUdevice cur = -1, fallback = m->devices[0];
   CUcontext ctx = NULL;
+  bool listed = false;
 
   if (drv->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx &&
       drv->cuCtxGetDevice(&cur) == CUDA_SUCCESS)
     for (size_t i = 0; i < m->ndevices; i++)
-      if (m->devices[i] == cur)
-        return cur;
+      listed |= m->devices[i] == cur;
+  if (listed && primary_active(drv, cur))
+    return cur;
   for (size_t i = 0; i < m->ndevices; i++)
     if (m->devices[i] == m->owner) {
       fallback = m->owner;
@@ -277,7 +281,7 @@ static CUdevice pick_copy_dev(const struct gshm_cudadrv *drv, const struct devic
   for (size_t i = 0; i < m->ndevices; i++)
     if (primary_active(drv, m->devices[i]))
       return m->devices[i];
-  return fallback;
+  return listed ? cur : fallback;
 }
 
 int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,

@@ -186,9 +186,16 @@ static CUresult f_ctx_state(CUdevice d, unsigned *flags, int *act) {
   *act = active[d];
   return CUDA_SUCCESS;
 }
+/* The mapping thread's current context (NULL: none) and its device. */
+static CUcontext current;
+static CUdevice current_dev;
 static CUresult f_get_current(CUcontext *c) {
-  *c = NULL; /* the mapping thread has no current context */
+  *c = current;
   return CUDA_SUCCESS;
+}
+static CUresult f_ctx_device(CUdevice *d) {
+  *d = current_dev;
+  return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 static CUresult f_unmap(CUdeviceptr va, size_t size) {
   (void)va, (void)size;
@@ -251,6 +258,7 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuStreamSynchronize = f_sync;
   fake_drv.cuDevicePrimaryCtxGetState = f_ctx_state;
   fake_drv.cuCtxGetCurrent = f_get_current;
+  fake_drv.cuCtxGetDevice = f_ctx_device;
   *drv_out = &fake_drv;
   return 0;
 }
@@ -530,6 +538,25 @@ static void test_mapping_makes_no_context(void **state) {
   assert_int_equal(retained[1], 1);
   assert_int_equal(gshm__unmap_device(&l), 0);
   assert_nothing_held();
+  /* the thread's current context is one of its own (cuCtxCreate) on GPU
+   * 0, whose primary context is not active; GPU 1's is: GPU 1's is kept,
+   * none is made on GPU 0 (a retain of GPU 0's made one) */
+  current = (CUcontext)0x900;
+  current_dev = 0;
+  active[1] = 1;
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
+  assert_int_equal(retained[0], 0);
+  assert_int_equal(retained[1], 1);
+  assert_int_equal(gshm__unmap_device(&l), 0);
+  assert_nothing_held();
+  /* and where no primary context is active anywhere: the current one's
+   * GPU, where the caller works */
+  active[1] = 0;
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
+  assert_int_equal(retained[0], 1);
+  assert_int_equal(gshm__unmap_device(&l), 0);
+  assert_nothing_held();
+  current = NULL;
 }
 
 /* gshm__map_access, which gshm_copy asks before a GPU touches a mapping:
