@@ -516,46 +516,43 @@ static void test_write_is_done_when_it_returns(void **state) {
   assert_nothing_held();
 }
 
+/* Maps l for every device (devices NULL) and checks that the one primary
+ * context retained for its staging copies is GPU dev's; unmaps. */
+static void assert_mapping_keeps(struct gshm__lease *l, int dev) {
+  char **uuids;
+  size_t n;
+
+  assert_int_equal(gshm__map_device(l, NULL, 0, &uuids, &n), 0);
+  for (int d = 0; d < NDEV; d++)
+    assert_int_equal(retained[d], d == dev);
+  assert_int_equal(gshm__unmap_device(l), 0);
+  assert_nothing_held();
+}
+
 /* A mapping for every device of a segment on GPU 1, in a process whose
  * only context is GPU 0's (a worker of GPU 0): the context it keeps for
  * its staging copies is GPU 0's, which exists, not a new one on GPU 1
  * (hundreds of MiB there for as long as the mapping). */
 static void test_mapping_makes_no_context(void **state) {
   struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
-  char **uuids;
-  size_t n;
   (void)state;
 
   active[0] = 1;
-  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
-  assert_int_equal(retained[1], 0);
-  assert_int_equal(retained[0], 1);
-  assert_int_equal(gshm__unmap_device(&l), 0);
-  assert_nothing_held();
+  assert_mapping_keeps(&l, 0);
   /* no context anywhere: the owner's, as before */
   active[0] = 0;
-  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
-  assert_int_equal(retained[1], 1);
-  assert_int_equal(gshm__unmap_device(&l), 0);
-  assert_nothing_held();
+  assert_mapping_keeps(&l, 1);
   /* the thread's current context is one of its own (cuCtxCreate) on GPU
    * 0, whose primary context is not active; GPU 1's is: GPU 1's is kept,
    * none is made on GPU 0 (a retain of GPU 0's made one) */
   current = (CUcontext)0x900;
   current_dev = 0;
   active[1] = 1;
-  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
-  assert_int_equal(retained[0], 0);
-  assert_int_equal(retained[1], 1);
-  assert_int_equal(gshm__unmap_device(&l), 0);
-  assert_nothing_held();
+  assert_mapping_keeps(&l, 1);
   /* and where no primary context is active anywhere: the current one's
    * GPU, where the caller works */
   active[1] = 0;
-  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
-  assert_int_equal(retained[0], 1);
-  assert_int_equal(gshm__unmap_device(&l), 0);
-  assert_nothing_held();
+  assert_mapping_keeps(&l, 0);
   current = NULL;
 }
 
