@@ -74,8 +74,10 @@ int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *
       continue;
     found = 1;
     *flags_out = CU_MEM_ACCESS_FLAGS_PROT_NONE;
-    if (bytes > m->size - (addr - m->va))
-      break; /* runs past the mapping: no access covers it */
+    if (bytes > m->size - (addr - m->va)) {
+      found = 2; /* runs past the mapping: no access covers it */
+      break;
+    }
     for (size_t i = 0; i < m->ndevices; i++)
       if (m->devices[i] == (CUdevice)dev)
         *flags_out = m->read_only ? CU_MEM_ACCESS_FLAGS_PROT_READ

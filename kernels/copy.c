@@ -520,9 +520,16 @@ void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm
 
 int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int write) {
   unsigned long long flags = 0;
+  int found;
 
-  if (!w->device || me < 0 || !gshm__map_access || !gshm__map_access(w->addr, bytes, me, &flags))
+  if (!w->device || me < 0 || !gshm__map_access ||
+      !(found = gshm__map_access(w->addr, bytes, me, &flags)))
     return 0; /* not a gshm mapping: the driver's own rules (peer access) */
+  if (found == 2) {
+    gshm_log_err("0x%llx (+%zu bytes) runs past the end of the segment gshm_map mapped there",
+                 (unsigned long long)w->addr, bytes);
+    return -ERANGE;
+  }
   if (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ||
       (!write && flags == CU_MEM_ACCESS_FLAGS_PROT_READ))
     return 1; /* its access covers `me`: no peer access needed */

@@ -95,13 +95,15 @@ struct gshm__where {
  * memory gshm_map did not make: the driver's rules), -EXDEV no access
  * from `me` (map the
  * segment for it: gshm_map's devices), -EACCES a read-only mapping to be
- * written.  Only gshm's own mappings are judged: other cuMem memory
+ * written, -ERANGE a range that runs past the end of the mapping it
+ * starts in.  Only gshm's own mappings are judged: other cuMem memory
  * (PyTorch's expandable segments) and memory of legacy IPC imports are
  * told apart from them by no driver query this could rely on. */
 int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int write);
 
 /* client/map_cuda.c (client_internal.h has its comment): 1 and the access
- * GPU dev has where [addr, addr + bytes) is a gshm device mapping, else 0.
+ * GPU dev has where [addr, addr + bytes) is a gshm device mapping, 2 where
+ * it starts in one and runs past its end, else 0.
  * Weak: a program that links the kernels without the client (gshm-bench's
  * own copy of them) maps nothing through them, and judges nothing. */
 __attribute__((weak)) int gshm__map_access(uintptr_t addr, size_t bytes, int dev,

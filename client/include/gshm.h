@@ -814,7 +814,8 @@ typedef enum {
  * embedded kernels (sm_90 SASS + PTX) cannot run on; -EXDEV
  * GSHM_COPY_SM between GPUs without peer access, or src or dst a cuMem
  * mapping the stream's GPU has no access to; -EACCES dst a read-only
- * cuMem mapping (a read-only lease's); -ENOENT / -ENODEV no CUDA
+ * cuMem mapping (a read-only lease's); -ERANGE src or dst starts in a
+ * mapping of gshm_map's and runs past its end; -ENOENT / -ENODEV no CUDA
  * driver or no GPU; -ENOSYS a driver older than CUDA 12.0, or one that
  * lacks an entry point libgshm needs; -ECHILD this process was forked
  * from one that had initialized CUDA, which a forked child cannot use
@@ -904,7 +905,8 @@ typedef struct {
  * -EXDEV two GPUs without a peer path for a copy the algorithm needs, or
  * a buffer mapped by gshm_map that a GPU issuing one of its copies (the
  * sender, or with pull the receiver) has no access to; -EACCES such a
- * destination mapped read-only (both before anything is queued);
+ * destination mapped read-only; -ERANGE a buffer that runs past the end
+ * of the gshm_map mapping it starts in (all before anything is queued);
  * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOSYS a driver too old, or
  * -ECHILD a forked child (both as gshm_copy); -ENOMEM, -EIO from the
  * driver. */

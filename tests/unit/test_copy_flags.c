@@ -150,7 +150,7 @@ static CUresult f_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, un
  * not a gshm mapping (as cuMemAlloc's memory). */
 int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *flags_out) {
   const void *p = (const void *)addr;
-  (void)bytes, (void)dev;
+  (void)dev;
   if (in(p, &device_mem[256], 128 * sizeof(uint64_t)))
     *flags_out = CU_MEM_ACCESS_FLAGS_PROT_NONE;
   else if (in(p, &device_mem[384], 64 * sizeof(uint64_t)))
@@ -159,6 +159,11 @@ int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *
     *flags_out = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   else
     return 0;
+  if (in(p, &device_mem[448], 48 * sizeof(uint64_t)) &&
+      (const char *)p + bytes > (const char *)&device_mem[496]) {
+    *flags_out = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    return 2; /* runs past the mapping's end */
+  }
   return 1;
 }
 /* Peer access: counted (a retain of GPU 1's primary context makes one,
@@ -303,6 +308,10 @@ static void test_mapping_with_access_enables_no_peer(void **state) {
                                     &device_mem[480], 6, NULL),
                    0);
   assert_int_equal(peer_calls, 0);
+  assert_int_equal(launches + copies + stream_writes, 5);
+  /* a range that starts in that mapping and runs past its end: -ERANGE,
+   * nothing queued (it used to say "no access", -EXDEV) */
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[490], 64, GSHM_COPY_SM, NULL), -ERANGE);
   assert_int_equal(launches + copies + stream_writes, 5);
 }
 
