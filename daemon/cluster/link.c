@@ -210,7 +210,7 @@ static struct link *link_new(struct links *ll, bool inbound) {
   gshm_list_init(&l->ucx_recvs);
   gshm_list_add_tail(&ll->links, &l->node);
   randombytes_buf(l->nonce_mine, sizeof(l->nonce_mine));
-  if (inbound)
+  if ((l->pending = inbound))
     ll->ninbound_pending++;
   return l;
 }
@@ -248,8 +248,7 @@ void gshmd__link_fail(struct link *l, int err, const char *why) {
   if (was == LINK_CLOSED)
     return;
   l->state = LINK_CLOSED;
-  if (l->inbound && was != LINK_UP)
-    ll->ninbound_pending--;
+  gshmd__link_pending_end(l);
   if (ll->hooks.on_fail) /* its data lanes stop, or, a lane, it leaves its link */
     ll->hooks.on_fail(l, was);
   if (l->peer && l->peer->out == l)
@@ -395,8 +394,7 @@ static unsigned pending_from(struct links *ll, const struct sockaddr_storage *sa
   unsigned n = 0;
   gshm_list_foreach(pos, &ll->links) {
     struct link *l = gshm_list_entry(pos, struct link, node);
-    if (!l->inbound || l->state == LINK_UP || l->state == LINK_CLOSED ||
-        l->remote_sa.ss_family != sa->ss_family)
+    if (!l->pending || l->remote_sa.ss_family != sa->ss_family)
       continue;
     if (sa->ss_family == AF_INET)
       n += ((const struct sockaddr_in *)&l->remote_sa)->sin_addr.s_addr ==

@@ -156,6 +156,8 @@ struct link {
   struct stream st;          /* the TCP connection; freed with the link */
   uv_connect_t connect;
   bool inbound;
+  bool pending;              /* inbound, in its hello and counted in ll->ninbound_pending:
+                                until its AuthOk or its end (gshmd__link_pending_end) */
   enum link_state state;
   struct peer *peer;         /* outbound: from the start; inbound: after hello */
   uint8_t nonce_mine[GSHMD_CLUSTER_NONCE], nonce_theirs[GSHMD_CLUSTER_NONCE];
@@ -272,11 +274,21 @@ struct links {
   struct peer *peers;
   unsigned npeers;
   struct gshm_list links;
-  unsigned ninbound_pending; /* inbound links not yet up */
+  unsigned ninbound_pending; /* inbound links in their hello (struct link.pending) */
   uint64_t refusals[REFUSE_N];
   unsigned streams;          /* cluster.streams: lanes a puller opens per link */
   struct lane_queue *lanes_q; /* lane.c: the threads' events for the loop */
 };
+
+/* Inbound l is no longer in its hello: its AuthOk went, or it ends.
+ * Counted off once, whatever its state says: a link refused once up
+ * (LINK_REFUSED) and then closed was counted off twice, and the count
+ * (unsigned) wrapped. */
+static inline void gshmd__link_pending_end(struct link *l) {
+  if (l->pending)
+    l->ll->ninbound_pending--;
+  l->pending = false;
+}
 
 /* Sets up the UCP context and worker (never with UCX's tcp transport),
  * the TCP listener on ll->listen_sa and the loop handles; the caller
