@@ -163,8 +163,8 @@ static void test_links_per_peer(void **state) {
 
 /* ---- connections in their hello ------------------------------------------ */
 
-/* gshmd's bounds on connections in their hello: in all, and from one
- * source address. */
+/* gshmd's bounds on connections in their hello: in all (from hosts that
+ * are not peers' addresses), and from one source address. */
 #define HELLOS 64
 #define HELLOS_PER_ADDR 4
 
@@ -201,6 +201,25 @@ static int silent_hellos(int *fds, int n) {
     kept += !(poll(&p, 1, 0) == 1 && recv(fds[i], &c, 1, MSG_DONTWAIT) <= 0);
   }
   return kept;
+}
+
+/* Hosts that are not peers (no key) fill every hello slot of S, 4 from
+ * each of 16 addresses (an IPv6 host has 2^64 of them): a peer connecting
+ * from its own address in cluster.peers still passes the hello.  Before,
+ * it was closed at accept ("too many connections in their hello") for as
+ * long as they renewed their connections every 3 s. */
+static void test_hello_slots_spare_peers(void **state) {
+  static struct rogue r;
+  int fds[HELLOS], kept, rc;
+  (void)state;
+
+  kept = silent_hellos(fds, HELLOS);
+  rc = rogue_connect(&r, S.port, "r", "s", key);
+  rogue_close(&r);
+  for (int i = 0; i < HELLOS; i++) /* (before any check: they hold S's slots) */
+    close(fds[i]);
+  assert_int_equal(kept, HELLOS);
+  assert_int_equal(rc, 0);
 }
 
 /* A key holder's link that gshmd refuses once it is up (here a message
@@ -1175,6 +1194,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_peer_message_escaped),
       cmocka_unit_test(test_links_per_peer),
+      cmocka_unit_test(test_hello_slots_spare_peers),
       cmocka_unit_test(test_refused_link_counted_once),
       cmocka_unit_test(test_grant_and_read_flood),
       cmocka_unit_test(test_read_bytes_capped),
