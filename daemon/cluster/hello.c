@@ -268,8 +268,8 @@ static void on_auth(struct link *l, const Gshm__Cluster__Auth *a) {
   }
   if (gshmd__link_count_up(&cl->ll, l->peer) >= LINK_MAX_PER_PEER) {
     snprintf(msg, sizeof(msg),
-             "node '%s' has %u connections up already (or failed, their sends over UCX not "
-             "ended)",
+             "node '%s' has %u connections up already (or refused and not closed yet, or "
+             "failed with sends over UCX not ended)",
              l->peer->name, LINK_MAX_PER_PEER);
     gshmd__link_refuse(l, REFUSE_LIMIT, -EBUSY, msg);
     return;

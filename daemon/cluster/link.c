@@ -289,9 +289,11 @@ unsigned gshmd__link_count_up(struct links *ll, const struct peer *p) {
   unsigned n = 0;
   gshm_list_foreach(pos, &ll->links) {
     struct link *l = gshm_list_entry(pos, struct link, node);
-    /* (a failed link whose sends UCX has not ended holds their memory) */
-    bool held = l->state == LINK_UP || (l->state == LINK_CLOSED && l->busy &&
-                                        !gshm_list_empty(&l->ucx_sends));
+    /* (a link refused once up keeps its grants and sends until the sweep
+     * closes it; a failed link whose sends UCX has not ended holds their
+     * memory) */
+    bool held = l->state == LINK_UP || (l->state == LINK_REFUSED && !l->pending) ||
+                (l->state == LINK_CLOSED && l->busy && !gshm_list_empty(&l->ucx_sends));
     n += l->inbound && held && l->peer == p && !l->is_lane;
   }
   return n;

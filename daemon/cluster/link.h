@@ -422,8 +422,9 @@ bool gshmd__link_ucx_recv_overdue(const struct link *l, int64_t now, int64_t lim
  * by UCX (they hold the memory those write into: gshmd__link_data_lost):
  * no new link to p is made while LINK_MAX_PER_PEER of them linger. */
 unsigned gshmd__link_count_lingering(struct links *ll, const struct peer *p);
-/* Inbound links of peer p that passed the hello and are up, or failed
- * with sends over UCX not yet ended by UCX (their memory stays:
+/* Inbound links of peer p that passed the hello and are up, refused
+ * since (closed by the sweep; their grants and sends stay until then), or
+ * failed with sends over UCX not yet ended by UCX (their memory stays:
  * gshmd__link_data_lost): at most LINK_MAX_PER_PEER of them. */
 unsigned gshmd__link_count_up(struct links *ll, const struct peer *p);
 /* A new outbound connection to parent's peer that will say hello as a

@@ -222,9 +222,22 @@ static void test_hello_slots_spare_peers(void **state) {
   assert_int_equal(rc, 0);
 }
 
-/* A key holder's link that gshmd refuses once it is up (here a message
- * with no body, unexpected there; a newer gshmd's message of a kind this
- * one does not know decodes so) must leave the count of connections in their
+/* Sends on r, up, a message with no body (what a newer gshmd's message
+ * of a kind unknown here decodes to), which S refuses; returns once S
+ * said so (the link is refused then, and closed by S's sweep within 2 s). */
+static void refused_once_up(struct rogue *r) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *got;
+
+  m.request_id = 7;
+  rogue_send(r, &m);
+  got = rogue_recv(r, 5000);
+  assert_non_null(got);
+  assert_non_null(strstr(got->message, "unexpected message"));
+  gshm__cluster__msg__free_unpacked(got, NULL);
+}
+
+/* A key holder's link that gshmd refuses once it is up (refused_once_up)
+ * must leave the count of connections in their
  * hello as it was.  Before, it was taken off that count a second time
  * when it closed, and the count (unsigned) wrapped: from the second such
  * link on, every connection to the cluster port was closed at accept
@@ -233,23 +246,17 @@ static void test_hello_slots_spare_peers(void **state) {
  * silent connections still get no more than the 64 hello slots. */
 static void test_refused_link_counted_once(void **state) {
   static struct rogue r;
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *got;
   enum { LINKS = 8, SILENT = 160 };
   int fds[SILENT], kept, rc;
   (void)state;
 
-  m.request_id = 7; /* (no body: what a newer gshmd's message unknown here decodes to) */
   for (int i = 0; i < LINKS; i++) {
     memset(&r, 0, sizeof(r));
     rc = rogue_connect(&r, S.port, "r", "s", key);
     if (rc)
       print_message("link %d refused: %s\n", i, r.refusal);
     assert_int_equal(rc, 0);
-    rogue_send(&r, &m);
-    got = rogue_recv(&r, 5000); /* the refusal: S has handled it */
-    assert_non_null(got);
-    assert_non_null(strstr(got->message, "unexpected message"));
-    gshm__cluster__msg__free_unpacked(got, NULL);
+    refused_once_up(&r);
     rogue_close(&r);
   }
   usleep(200000); /* S sees the last ones close */
@@ -263,6 +270,40 @@ static void test_refused_link_counted_once(void **state) {
   print_message("silent connections kept in their hello: %d of %d\n", kept, SILENT);
   assert_true(kept <= HELLOS);
   assert_true(kept >= HELLOS / 2);
+}
+
+/* A refused link stays until S's sweep closes it (up to 2 s), with its
+ * grants, leases and the sends of its reads: it counts among its peer's 4
+ * links meanwhile.  Before, it did not (only LINK_UP counted), so a key
+ * holder that had each link refused once its reads were queued opened
+ * as many more as it liked in that time, each holding up to 64 grants
+ * and 256 MiB of reads (with cluster.encrypt, ciphertext buffers). */
+static void test_refused_links_count_as_up(void **state) {
+  static struct rogue r[LINKS_PER_PEER + 1];
+  int rc;
+  (void)state;
+
+  for (int i = 0; i < LINKS_PER_PEER; i++) {
+    assert_int_equal(rogue_connect(&r[i], S.port, "r", "s", key), 0);
+    refused_once_up(&r[i]);
+  }
+  rc = rogue_connect(&r[LINKS_PER_PEER], S.port, "r", "s", key);
+  if (rc)
+    print_message("5th link: %s\n", r[LINKS_PER_PEER].refusal);
+  for (int i = 0; i <= LINKS_PER_PEER; i++)
+    rogue_close(&r[i]);
+  assert_int_equal(rc, -1);
+  assert_non_null(strstr(r[LINKS_PER_PEER].refusal, "connections up already"));
+  /* once S closed them, the peer links again */
+  for (int tries = 0;; tries++) {
+    memset(&r[0], 0, sizeof(r[0]));
+    if (rogue_connect(&r[0], S.port, "r", "s", key) == 0)
+      break;
+    assert_true(tries < 50);
+    rogue_close(&r[0]);
+    usleep(100000);
+  }
+  rogue_close(&r[0]);
 }
 
 /* ---- grants and reads in flight ------------------------------------------ */
@@ -1196,6 +1237,7 @@ int main(void) {
       cmocka_unit_test(test_links_per_peer),
       cmocka_unit_test(test_hello_slots_spare_peers),
       cmocka_unit_test(test_refused_link_counted_once),
+      cmocka_unit_test(test_refused_links_count_as_up),
       cmocka_unit_test(test_grant_and_read_flood),
       cmocka_unit_test(test_read_bytes_capped),
       cmocka_unit_test(test_staged_grants),
