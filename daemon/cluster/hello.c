@@ -241,9 +241,9 @@ static void lane_up_inbound(struct gshmd_cluster *cl, struct link *l) {
     return;
   }
   auth_ok(cl, l, 0);
-  cl->ll.ninbound_pending--;
+  gshmd__link_pending_end(l);
   if ((e = gshmd__lane_attach(l, parent))) {
-    l->state = LINK_UP; /* no longer pending: gshmd__link_fail counts it so */
+    l->state = LINK_UP; /* no longer in its hello */
     snprintf(msg, sizeof(msg), "cannot start a data lane of peer '%s': %s", l->peer->name,
              strerror(-e));
     gshmd__link_fail(l, e, msg);
@@ -268,8 +268,8 @@ static void on_auth(struct link *l, const Gshm__Cluster__Auth *a) {
   }
   if (gshmd__link_count_up(&cl->ll, l->peer) >= LINK_MAX_PER_PEER) {
     snprintf(msg, sizeof(msg),
-             "node '%s' has %u connections up already (or failed, their sends over UCX not "
-             "ended)",
+             "node '%s' has %u connections up already (or refused and not closed yet, or "
+             "failed with sends over UCX not ended)",
              l->peer->name, LINK_MAX_PER_PEER);
     gshmd__link_refuse(l, REFUSE_LIMIT, -EBUSY, msg);
     return;
@@ -279,7 +279,7 @@ static void on_auth(struct link *l, const Gshm__Cluster__Auth *a) {
     return;
   }
   l->state = LINK_UP;
-  cl->ll.ninbound_pending--;
+  gshmd__link_pending_end(l);
   auth_ok(cl, l, gshmd__serve_count(cl));
   gshm_log_info("cluster: peer '%s' connected from %s, %s", l->peer->name, l->remote,
                 gshmd__stream_mode_name(l->st.mode_tx));

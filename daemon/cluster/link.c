@@ -210,8 +210,7 @@ static struct link *link_new(struct links *ll, bool inbound) {
   gshm_list_init(&l->ucx_recvs);
   gshm_list_add_tail(&ll->links, &l->node);
   randombytes_buf(l->nonce_mine, sizeof(l->nonce_mine));
-  if (inbound)
-    ll->ninbound_pending++;
+  l->pending = inbound;
   return l;
 }
 
@@ -248,8 +247,7 @@ void gshmd__link_fail(struct link *l, int err, const char *why) {
   if (was == LINK_CLOSED)
     return;
   l->state = LINK_CLOSED;
-  if (l->inbound && was != LINK_UP)
-    ll->ninbound_pending--;
+  gshmd__link_pending_end(l);
   if (ll->hooks.on_fail) /* its data lanes stop, or, a lane, it leaves its link */
     ll->hooks.on_fail(l, was);
   if (l->peer && l->peer->out == l)
@@ -291,9 +289,11 @@ unsigned gshmd__link_count_up(struct links *ll, const struct peer *p) {
   unsigned n = 0;
   gshm_list_foreach(pos, &ll->links) {
     struct link *l = gshm_list_entry(pos, struct link, node);
-    /* (a failed link whose sends UCX has not ended holds their memory) */
-    bool held = l->state == LINK_UP || (l->state == LINK_CLOSED && l->busy &&
-                                        !gshm_list_empty(&l->ucx_sends));
+    /* (a link refused once up keeps its grants and sends until the sweep
+     * closes it; a failed link whose sends UCX has not ended holds their
+     * memory) */
+    bool held = l->state == LINK_UP || (l->state == LINK_REFUSED && !l->pending) ||
+                (l->state == LINK_CLOSED && l->busy && !gshm_list_empty(&l->ucx_sends));
     n += l->inbound && held && l->peer == p && !l->is_lane;
   }
   return n;
@@ -389,32 +389,13 @@ static void peer_connect(struct links *ll, struct peer *p) {
   link_connect(ll, p, NULL);
 }
 
-/* Inbound connections in their hello from the address of sa. */
-static unsigned pending_from(struct links *ll, const struct sockaddr_storage *sa) {
-  struct gshm_list *pos;
-  unsigned n = 0;
-  gshm_list_foreach(pos, &ll->links) {
-    struct link *l = gshm_list_entry(pos, struct link, node);
-    if (!l->inbound || l->state == LINK_UP || l->state == LINK_CLOSED ||
-        l->remote_sa.ss_family != sa->ss_family)
-      continue;
-    if (sa->ss_family == AF_INET)
-      n += ((const struct sockaddr_in *)&l->remote_sa)->sin_addr.s_addr ==
-           ((const struct sockaddr_in *)sa)->sin_addr.s_addr;
-    else
-      n += !memcmp(&((const struct sockaddr_in6 *)&l->remote_sa)->sin6_addr,
-                   &((const struct sockaddr_in6 *)sa)->sin6_addr, sizeof(struct in6_addr));
-  }
-  return n;
-}
-
 /* A connection on the cluster port: taken into its hello, or closed at
  * once when a bound says no (no byte is read from it then). */
 static void on_connection(uv_stream_t *server, int status) {
   struct links *ll = server->data;
   struct link *l;
   int salen = sizeof(struct sockaddr_storage);
-  const char *no = NULL;
+  const char *no;
 
   if (status || !(l = link_new(ll, true)))
     return; /* the kernel keeps the connection queued; the next one retries */
@@ -424,15 +405,7 @@ static void on_connection(uv_stream_t *server, int status) {
   }
   uv_tcp_getpeername(&l->st.tcp, (struct sockaddr *)&l->remote_sa, &salen);
   sockaddr_text((const struct sockaddr *)&l->remote_sa, l->remote, sizeof(l->remote));
-  if (ll->stopping)
-    no = "gshmd is stopping";
-  else if (ll->nconns > ll->max_conns)
-    no = "no cluster connection left in gshmd's budget";
-  else if (ll->ninbound_pending > LINK_MAX_PENDING)
-    no = "too many connections in their hello";
-  else if (pending_from(ll, &l->remote_sa) > LINK_MAX_PENDING_ADDR)
-    no = "too many connections in their hello from this address";
-  if (no || gshmd__stream_start(&l->st)) {
+  if ((no = gshmd__link_admit(ll, l)) || gshmd__stream_start(&l->st)) {
     gshmd__link_refused(ll, REFUSE_LIMIT, l->remote, no ? no : "cannot read the connection");
     gshmd__link_fail(l, -EAGAIN, no ? no : "cannot read");
   }

@@ -28,7 +28,8 @@
 
 /* Bounds on what peers, and hosts that are not peers yet, can make this
  * node hold. */
-#define LINK_MAX_PENDING 64      /* inbound connections in their hello, in all */
+#define LINK_MAX_PENDING 64      /* inbound connections in their hello, in all (but from
+                                    peers' addresses: admit.c) */
 #define LINK_MAX_PENDING_ADDR 4  /* ... from one source address */
 #define LINK_MAX_PER_PEER 4      /* inbound links of one peer that passed the hello; and
                                     failed outbound links to it that linger (UCX receives) */
@@ -156,6 +157,9 @@ struct link {
   struct stream st;          /* the TCP connection; freed with the link */
   uv_connect_t connect;
   bool inbound;
+  bool pending;              /* inbound, in its hello: until its AuthOk or its end
+                                (gshmd__link_pending_end; admit.c counts them) */
+  bool from_peer;            /* inbound from an address of cluster.peers (admit.c) */
   enum link_state state;
   struct peer *peer;         /* outbound: from the start; inbound: after hello */
   uint8_t nonce_mine[GSHMD_CLUSTER_NONCE], nonce_theirs[GSHMD_CLUSTER_NONCE];
@@ -272,11 +276,22 @@ struct links {
   struct peer *peers;
   unsigned npeers;
   struct gshm_list links;
-  unsigned ninbound_pending; /* inbound links not yet up */
   uint64_t refusals[REFUSE_N];
   unsigned streams;          /* cluster.streams: lanes a puller opens per link */
   struct lane_queue *lanes_q; /* lane.c: the threads' events for the loop */
 };
+
+/* Inbound l is no longer in its hello: its AuthOk went, or it ends
+ * (admit.c counts the links in their hello by this flag, never by their
+ * state: a link refused once up is LINK_REFUSED too). */
+static inline void gshmd__link_pending_end(struct link *l) { l->pending = false; }
+
+/* admit.c: why inbound l, just accepted (ll->links holds it, pending),
+ * may not go into its hello (gshmd stopping, the cluster's fd budget
+ * spent, LINK_MAX_PENDING connections in their hello from addresses that
+ * are not peers' (l's being one), LINK_MAX_PENDING_ADDR from l's
+ * address), or NULL: it may.  Sets l->from_peer. */
+const char *gshmd__link_admit(struct links *ll, struct link *l);
 
 /* Sets up the UCP context and worker (never with UCX's tcp transport),
  * the TCP listener on ll->listen_sa and the loop handles; the caller
@@ -407,8 +422,9 @@ bool gshmd__link_ucx_recv_overdue(const struct link *l, int64_t now, int64_t lim
  * by UCX (they hold the memory those write into: gshmd__link_data_lost):
  * no new link to p is made while LINK_MAX_PER_PEER of them linger. */
 unsigned gshmd__link_count_lingering(struct links *ll, const struct peer *p);
-/* Inbound links of peer p that passed the hello and are up, or failed
- * with sends over UCX not yet ended by UCX (their memory stays:
+/* Inbound links of peer p that passed the hello and are up, refused
+ * since (closed by the sweep; their grants and sends stay until then), or
+ * failed with sends over UCX not yet ended by UCX (their memory stays:
  * gshmd__link_data_lost): at most LINK_MAX_PER_PEER of them. */
 unsigned gshmd__link_count_up(struct links *ll, const struct peer *p);
 /* A new outbound connection to parent's peer that will say hello as a

@@ -133,8 +133,10 @@ static void transports_without_tcp(char *out, size_t size) {
   }
   snprintf(copy, sizeof(copy), "%s", env); /* the user's list without tcp */
   out[0] = '\0';
+  /* (also "tcp:aux": UCX opens a transport named so for its wireup, and
+   * tcp's listener with it) */
   for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
-    if (strcmp(tok, "tcp") && n < size)
+    if (strcmp(tok, "tcp") && strncmp(tok, "tcp:", 4) && n < size)
       n += (size_t)snprintf(out + n, size - n, "%s%s", n ? "," : "", tok);
   if (!out[0])
     snprintf(out, size, "^tcp");

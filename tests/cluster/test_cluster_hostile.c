@@ -219,6 +219,36 @@ static void test_one_port(void **state) {
   assert_int_equal(ports[0], P.port);
 }
 
+/* UCX_TLS names a transport also as "NAME:aux" (used for UCX's wireup
+ * only): "tcp:aux" opened UCX's tcp transport, which listens on every
+ * interface before any hello, past gshmd's override (it dropped "tcp"
+ * only): a node started so listened on two more ports. */
+static void test_one_port_tcp_aux(void **state) {
+  static struct node x;
+  const char *tls[3] = {"posix,tcp:aux", "tcp:aux", "^posix,tcp:aux"};
+  char peers[64], *old = getenv("UCX_TLS") ? strdup(getenv("UCX_TLS")) : NULL;
+  int ports[16];
+  unsigned n[3];
+  bool only_its_own[3];
+  (void)state;
+
+  snprintf(peers, sizeof(peers), "s=127.0.0.1:%d", S.port);
+  for (size_t i = 0; i < 3; i++) {
+    setenv("UCX_TLS", tls[i], 1);
+    memset(&x, 0, sizeof(x));
+    node_start(&x, "x", peers, keys.key, "", NULL);
+    n[i] = listening_ports(x.h.sp.pid, ports, 16);
+    only_its_own[i] = n[i] == 1 && ports[0] == x.port;
+    assert_int_equal(harness_stop(&x.h), 0);
+    print_message("UCX_TLS=%s: %u listening port(s)\n", tls[i], n[i]);
+  }
+  if (old) /* (the nodes of the tests after this one) */
+    setenv("UCX_TLS", old, 1);
+  free(old);
+  for (size_t i = 0; i < 3; i++)
+    assert_true(only_its_own[i]);
+}
+
 /* ---- rogue peers ----------------------------------------------------------- */
 
 /* Sends a Hello as node name, speaking cluster protocol major.minor,
@@ -745,6 +775,7 @@ static void test_encrypted(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_port),
+      cmocka_unit_test(test_one_port_tcp_aux),
       cmocka_unit_test(test_rogue_peer_wrong_mac),
       cmocka_unit_test(test_rogue_lane),
       cmocka_unit_test(test_rogue_peer_wrong_version),

@@ -8,6 +8,7 @@
  * with many pulls at once keeps within those caps.  And worker addresses
  * in UcxOffers that UCX cannot read, or mutations of a real one, leave
  * the node up; a link takes at most 16 data lanes. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
 #include <inttypes.h>
@@ -22,6 +23,7 @@
 #include <string.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -157,6 +159,151 @@ static void test_links_per_peer(void **state) {
   for (int i = 0; i < LINKS_PER_PEER; i++)
     rogue_close(&r[i]);
   gshm_disconnect(s);
+}
+
+/* ---- connections in their hello ------------------------------------------ */
+
+/* gshmd's bounds on connections in their hello: in all (from hosts that
+ * are not peers' addresses), and from one source address. */
+#define HELLOS 64
+#define HELLOS_PER_ADDR 4
+
+/* A TCP connection to S's cluster port from source address `from`
+ * (127.0.0.0/8 is all this host's): its fd. */
+static int connect_from(const char *from) {
+  struct sockaddr_in me = {.sin_family = AF_INET}, to = {.sin_family = AF_INET};
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+  assert_true(fd >= 0);
+  inet_pton(AF_INET, from, &me.sin_addr);
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  to.sin_port = htons((uint16_t)S.port);
+  assert_int_equal(bind(fd, (struct sockaddr *)&me, sizeof(me)), 0);
+  assert_int_equal(connect(fd, (struct sockaddr *)&to, sizeof(to)), 0);
+  return fd;
+}
+
+/* n connections that say nothing, HELLOS_PER_ADDR from each of the
+ * addresses 127.0.0.3, 127.0.0.4, ... into fds; after S had time to take
+ * them, how many it keeps open (in their hello) rather than closed. */
+static int silent_hellos(int *fds, int n) {
+  int kept = 0;
+  char from[32];
+
+  for (int i = 0; i < n; i++) {
+    snprintf(from, sizeof(from), "127.0.0.%d", 3 + i / HELLOS_PER_ADDR);
+    fds[i] = connect_from(from);
+  }
+  usleep(300000);
+  for (int i = 0; i < n; i++) {
+    struct pollfd p = {.fd = fds[i], .events = POLLIN};
+    char c;
+    kept += !(poll(&p, 1, 0) == 1 && recv(fds[i], &c, 1, MSG_DONTWAIT) <= 0);
+  }
+  return kept;
+}
+
+/* Hosts that are not peers (no key) fill every hello slot of S, 4 from
+ * each of 16 addresses (an IPv6 host has 2^64 of them): a peer connecting
+ * from its own address in cluster.peers still passes the hello.  Before,
+ * it was closed at accept ("too many connections in their hello") for as
+ * long as they renewed their connections every 3 s. */
+static void test_hello_slots_spare_peers(void **state) {
+  static struct rogue r;
+  int fds[HELLOS], kept, rc;
+  (void)state;
+
+  kept = silent_hellos(fds, HELLOS);
+  rc = rogue_connect(&r, S.port, "r", "s", key);
+  rogue_close(&r);
+  for (int i = 0; i < HELLOS; i++) /* (before any check: they hold S's slots) */
+    close(fds[i]);
+  assert_int_equal(kept, HELLOS);
+  assert_int_equal(rc, 0);
+}
+
+/* Sends on r, up, a message with no body (what a newer gshmd's message
+ * of a kind unknown here decodes to), which S refuses; returns once S
+ * said so (the link is refused then, and closed by S's sweep within 2 s). */
+static void refused_once_up(struct rogue *r) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *got;
+
+  m.request_id = 7;
+  rogue_send(r, &m);
+  got = rogue_recv(r, 5000);
+  assert_non_null(got);
+  assert_non_null(strstr(got->message, "unexpected message"));
+  gshm__cluster__msg__free_unpacked(got, NULL);
+}
+
+/* A key holder's link that gshmd refuses once it is up (refused_once_up)
+ * must leave the count of connections in their
+ * hello as it was.  Before, it was taken off that count a second time
+ * when it closed, and the count (unsigned) wrapped: from the second such
+ * link on, every connection to the cluster port was closed at accept
+ * ("too many connections in their hello"), every peer's link included,
+ * until gshmd restarted.  After 8 of them a peer still connects, and
+ * silent connections still get no more than the 64 hello slots. */
+static void test_refused_link_counted_once(void **state) {
+  static struct rogue r;
+  enum { LINKS = 8, SILENT = 160 };
+  int fds[SILENT], kept, rc;
+  (void)state;
+
+  for (int i = 0; i < LINKS; i++) {
+    memset(&r, 0, sizeof(r));
+    rc = rogue_connect(&r, S.port, "r", "s", key);
+    if (rc)
+      print_message("link %d refused: %s\n", i, r.refusal);
+    assert_int_equal(rc, 0);
+    refused_once_up(&r);
+    rogue_close(&r);
+  }
+  usleep(200000); /* S sees the last ones close */
+  memset(&r, 0, sizeof(r));
+  rc = rogue_connect(&r, S.port, "r", "s", key);
+  rogue_close(&r);
+  assert_int_equal(rc, 0);
+  kept = silent_hellos(fds, SILENT);
+  for (int i = 0; i < SILENT; i++)
+    close(fds[i]);
+  print_message("silent connections kept in their hello: %d of %d\n", kept, SILENT);
+  assert_true(kept <= HELLOS);
+  assert_true(kept >= HELLOS / 2);
+}
+
+/* A refused link stays until S's sweep closes it (up to 2 s), with its
+ * grants, leases and the sends of its reads: it counts among its peer's 4
+ * links meanwhile.  Before, it did not (only LINK_UP counted), so a key
+ * holder that had each link refused once its reads were queued opened
+ * as many more as it liked in that time, each holding up to 64 grants
+ * and 256 MiB of reads (with cluster.encrypt, ciphertext buffers). */
+static void test_refused_links_count_as_up(void **state) {
+  static struct rogue r[LINKS_PER_PEER + 1];
+  int rc;
+  (void)state;
+
+  for (int i = 0; i < LINKS_PER_PEER; i++) {
+    assert_int_equal(rogue_connect(&r[i], S.port, "r", "s", key), 0);
+    refused_once_up(&r[i]);
+  }
+  rc = rogue_connect(&r[LINKS_PER_PEER], S.port, "r", "s", key);
+  if (rc)
+    print_message("5th link: %s\n", r[LINKS_PER_PEER].refusal);
+  for (int i = 0; i <= LINKS_PER_PEER; i++)
+    rogue_close(&r[i]);
+  assert_int_equal(rc, -1);
+  assert_non_null(strstr(r[LINKS_PER_PEER].refusal, "connections up already"));
+  /* once S closed them, the peer links again */
+  for (int tries = 0;; tries++) {
+    memset(&r[0], 0, sizeof(r[0]));
+    if (rogue_connect(&r[0], S.port, "r", "s", key) == 0)
+      break;
+    assert_true(tries < 50);
+    rogue_close(&r[0]);
+    usleep(100000);
+  }
+  rogue_close(&r[0]);
 }
 
 /* ---- grants and reads in flight ------------------------------------------ */
@@ -1088,6 +1235,9 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_peer_message_escaped),
       cmocka_unit_test(test_links_per_peer),
+      cmocka_unit_test(test_hello_slots_spare_peers),
+      cmocka_unit_test(test_refused_link_counted_once),
+      cmocka_unit_test(test_refused_links_count_as_up),
       cmocka_unit_test(test_grant_and_read_flood),
       cmocka_unit_test(test_read_bytes_capped),
       cmocka_unit_test(test_staged_grants),
