@@ -4,7 +4,10 @@
  * libmicrohttpd serves from its own thread; the registry belongs to the
  * libuv loop.  So the loop renders the exposition into a snapshot once a
  * second and the HTTP thread only copies the snapshot under a mutex: a
- * scrape never touches the registry and sees data at most 1 s old. */
+ * scrape never touches the registry and sees data at most 1 s old.  Each
+ * connection counts against the uid that owns the client's socket (the
+ * kernel's sock_diag, looked up as it is accepted): 4 a uid, 64 in all, so
+ * that one local user's slow sockets cannot take every slot. */
 #ifndef GSHMD_METRICS_HTTP_H
 #define GSHMD_METRICS_HTTP_H
 
