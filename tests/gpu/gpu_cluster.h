@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "cudadrv.h"
 #include "harness.h"
 
 /* --set arguments a node gets at most (argv: one more, for NULL). */
@@ -69,6 +70,37 @@ static inline void gpu_node_args(char store[GPU_NODE_ARGS][512],
   for (int i = 0; i < n; i++)
     argv[i] = store[i];
   argv[n] = NULL;
+}
+
+/* Removes the key file and its folder (gpu_key_file) and prints how the
+ * test went ("ok" or "FAIL").  Returns its exit status (gpu_check.h's
+ * failures: 1, else 0). */
+static inline int gpu_cluster_end(const char *dir, const char *key) {
+  unlink(key);
+  rmdir(dir);
+  printf("%s\n", failures ? "FAIL" : "ok");
+  return failures ? 1 : 0;
+}
+
+/* The CUDA driver (*drv_out) with GPU 0's primary context current on
+ * this thread.  Returns the count of GPUs; exits SKIP (77) without a
+ * driver or a GPU, 1 where a driver call fails. */
+static inline int gpu_cluster_gpu0(const struct gshm_cudadrv **drv_out) {
+  const struct gshm_cudadrv *drv;
+  int count = 0;
+  CUcontext ctx;
+  CUdevice dev;
+
+  if (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) || drv->cuDeviceGetCount(&count) != CUDA_SUCCESS ||
+      count < 1) {
+    fprintf(stderr, "SKIP: needs a CUDA driver and a GPU (have %d)\n", count);
+    exit(SKIP);
+  }
+  CU(drv->cuDeviceGet(&dev, 0));
+  CU(drv->cuDevicePrimaryCtxRetain(&ctx, dev));
+  CU(drv->cuCtxSetCurrent(ctx));
+  *drv_out = drv;
+  return count;
 }
 
 #endif

@@ -73,3 +73,33 @@ gshm_segments_add_test(gpu.dev_lease_restart gpu 150 COMMAND test_dev_lease)
 # CI build.
 gshm_segments_add_test(integration.dev_lease_logic_host integration 120
                        ENV GSHM_DEV_LEASE_HOST=1 COMMAND test_dev_lease)
+
+# A rogue serving peer (it holds the cluster key) whose UCX rendezvous
+# into a pull to cuda:0 does not complete until the pull failed, and then
+# writes into the local staging slots late (tests/cluster/
+# test_cluster_rogue_ucx.c has the host pull's steps): one GPU.  Built with
+# the rogue of tests/cluster (plain C: rogue.c, rogue_ucx.c).
+gshm_segments_test(test_cluster_gpu_rogue_ucx)
+target_sources(test_cluster_gpu_rogue_ucx PRIVATE
+               ${PROJECT_SOURCE_DIR}/tests/cluster/rogue.c
+               ${PROJECT_SOURCE_DIR}/tests/cluster/rogue_ucx.c
+               ${PROJECT_SOURCE_DIR}/daemon/cluster/stream.c
+               ${PROJECT_SOURCE_DIR}/daemon/cluster/lane_io.c
+               ${PROJECT_SOURCE_DIR}/daemon/cluster/seal.c
+               ${PROJECT_SOURCE_DIR}/daemon/cluster/ghash.c)
+target_include_directories(test_cluster_gpu_rogue_ucx PRIVATE ${PROJECT_SOURCE_DIR}/tests/cluster
+                                                              ${PROJECT_SOURCE_DIR}/daemon/cluster)
+target_link_libraries(test_cluster_gpu_rogue_ucx PRIVATE gshm_cluster_pb gshm_proto gshm_dep_uv
+                                                         gshm_dep_sodium gshm_dep_ucx pthread)
+gshm_segments_add_test(gpu.cluster_rogue_ucx gpu 300 ENV UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n
+                       COMMAND test_cluster_gpu_rogue_ucx)
+# The same steps on every CI build, under tests/integration's fake
+# libcuda.so.1 (no GPU: the device segments' bytes are not compared):
+# the device pull's held slots, the late writes, the release.
+if(TARGET fake_libcuda)
+  gshm_segments_add_test(cluster.rogue_ucx_fake_cuda cluster 300
+                         ENV UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n GSHM_ROGUE_UCX_FAKE_CUDA=1
+                         LD_LIBRARY_PATH=$<TARGET_FILE_DIR:fake_libcuda>
+                         COMMAND test_cluster_gpu_rogue_ucx)
+  add_dependencies(test_cluster_gpu_rogue_ucx fake_libcuda)
+endif()

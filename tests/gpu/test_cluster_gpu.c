@@ -148,18 +148,9 @@ int main(int argc, char **argv) {
   gshm_pull_opts_t po = {.local_name = "pulled/weights", .location = "cuda:0"};
   uint8_t *want, *got;
   void *dptr;
-  int count = 0, port_a, port_b, port_c;
-  CUcontext ctx;
-  CUdevice dev;
+  int count, port_a, port_b, port_c;
 
-  if (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) || drv->cuDeviceGetCount(&count) != CUDA_SUCCESS ||
-      count < 1) {
-    fprintf(stderr, "SKIP: needs a CUDA driver and a GPU (have %d)\n", count);
-    return SKIP;
-  }
-  CU(drv->cuDeviceGet(&dev, 0));
-  CU(drv->cuDevicePrimaryCtxRetain(&ctx, dev));
-  CU(drv->cuCtxSetCurrent(ctx));
+  count = gpu_cluster_gpu0(&drv);
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
   gpu_key_file(dir, key, sizeof(key), "gpu-test-cluster-key-0123456789\n");
@@ -269,10 +260,7 @@ int main(int argc, char **argv) {
   CHECK(harness_stop(&B) == 0, "gshmd b exit");
   CHECK(harness_stop(&A) == 0, "gshmd a exit");
   harness_set_leftover(NULL);
-  unlink(key);
-  rmdir(dir);
   free(want);
   free(got);
-  printf("%s\n", failures ? "FAIL" : "ok");
-  return failures ? 1 : 0;
+  return gpu_cluster_end(dir, key);
 }
