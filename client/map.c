@@ -92,6 +92,12 @@ int gshm__lease_unmap(struct gshm__lease *l, bool report) {
   return e;
 }
 
+/* Ends the mapping gshm_read / gshm_write kept on l (segment_rw), if
+ * there is one and no gshm_map holds it.  Caller holds the lock. */
+static int drop_kept(struct gshm__lease *l) {
+  return l->addr && !l->map_refs ? gshm__lease_unmap(l, true) : 0;
+}
+
 int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices, void **addr_out) {
   struct gshm_client *c;
   int e = 0;
@@ -102,8 +108,10 @@ int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices, void **ad
   if ((e = gshm__client_lock(c)))
     return e;
   gshm__drain_events(c, false); /* a revoke (or a restart) is learnt here */
-  if (seg->lease->revoked) /* never a mapping of memory gshmd took back */
+  if (seg->lease->revoked) { /* never a mapping of memory gshmd took back */
+    drop_kept(seg->lease);
     e = -ESTALE;
+  }
   else if (!(e = lease_map(seg->lease, devices, ndevices)) && !seg->mapped) {
     seg->mapped = true;
     seg->lease->map_refs++;
@@ -129,6 +137,8 @@ int gshm_unmap(gshm_segment_t *seg) {
     seg->mapped = false;
     if (--l->map_refs == 0)
       e = gshm__lease_unmap(l, true);
+  } else {
+    e = drop_kept(l); /* gshm_read / gshm_write's, no gshm_map's */
   }
   pthread_mutex_unlock(&c->lock);
   return e;
@@ -156,8 +166,7 @@ static int segment_rw(gshm_segment_t *seg, uint64_t offset, void *buf, size_t by
   if (l->revoked) {
     /* a mapping kept by an earlier call (below) goes with the lease's
      * memory: nothing of this process holds it but that mapping */
-    if (l->addr && !l->map_refs)
-      gshm__lease_unmap(l, true);
+    drop_kept(l);
     e = -ESTALE;
     goto out;
   }

@@ -36,6 +36,8 @@ struct device_map {
   CUdevice owner;                      /* the segment's GPU, local ordinal */
   CUdevice copy_dev;                   /* a device with access: owner when listed */
   CUcontext copy_ctx;                  /* its primary context, retained */
+  unsigned copy_retains;               /* retains of it to release at unmap (1, more after
+                                          resets: copy_ctx_live) */
   size_t ndevices;
   CUdevice devices[MAP_MAX_DEVICES];
   char uuid_buf[MAP_MAX_DEVICES][48];
@@ -70,6 +72,11 @@ int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *
 
   gshm__fork_lock(GSHM__LOCK_GPUS);
   for (struct device_map *m = mappings; m && !found; m = m->next) {
+    if (addr < m->va && bytes > m->va - addr) {
+      found = 2; /* starts before the mapping and runs into it */
+      *flags_out = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+      break;
+    }
     if (addr < m->va || addr - m->va >= m->size)
       continue;
     found = 1;
@@ -262,7 +269,9 @@ static bool primary_active(const struct gshm_cudadrv *drv, CUdevice d) {
  * context creates it, hundreds of MiB of the GPU's memory for as long as
  * the mapping: a worker of GPU 1 mapping a GPU 0 segment for every device
  * must not leave a context on GPU 0, nor a thread whose current context
- * is one of its own (cuCtxCreate) make a primary one beside it. */
+ * is one of its own (cuCtxCreate) make a primary one beside it while a
+ * listed GPU's primary context is active (where none is, one is made: on
+ * the current context's GPU). */
 static CUdevice pick_copy_dev(const struct gshm_cudadrv *drv, const struct device_map *m) {
   CUdevice cur = -1, fallback = m->devices[0];
   CUcontext ctx = NULL;
@@ -327,6 +336,7 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
    * context (the CUDA runtime shares it) for as long as the mapping. */
   if ((e = CU_LIB(drv, cuDevicePrimaryCtxRetain, &m->copy_ctx, m->copy_dev)))
     goto free_map;
+  m->copy_retains = 1;
   if ((e = CU_LIB(drv, cuCtxPushCurrent, m->copy_ctx)))
     goto release_ctx;
 
@@ -472,13 +482,33 @@ int gshm__unmap_device(struct gshm__lease *l) {
     e = r;
   if ((r = CU_LIB(drv, cuMemRelease, m->handle)))
     e = e ? e : r;
-  CU_LIB(drv, cuDevicePrimaryCtxRelease, m->copy_dev);
+  for (; m->copy_retains; m->copy_retains--)
+    CU_LIB(drv, cuDevicePrimaryCtxRelease, m->copy_dev);
 forget:
   free(m);
   l->device_map = NULL;
   l->addr = NULL;
   l->map_size = 0;
   return e ? -EIO : 0;
+}
+
+/* m's context, live again where a reset of the primary context
+ * (cuDevicePrimaryCtxReset, cudaDeviceReset) destroyed it since the map:
+ * the handle stays that of the device's primary context, and a retain
+ * makes the context again (the mapping survives a reset: checked on an
+ * H100, driver 580).  A reset does not release a retain (the driver API's
+ * cuDevicePrimaryCtxReset), so this one is released at unmap as well.
+ * 0 or the retain's error. */
+static int copy_ctx_live(struct device_map *m) {
+  unsigned flags = 0;
+  int active = 0, e;
+
+  if (m->drv->cuDevicePrimaryCtxGetState(m->copy_dev, &flags, &active) == CUDA_SUCCESS && active)
+    return 0;
+  if ((e = CU_LIB(m->drv, cuDevicePrimaryCtxRetain, &m->copy_ctx, m->copy_dev)))
+    return e;
+  m->copy_retains++;
+  return 0;
 }
 
 int gshm__device_rw(struct gshm__lease *l, uint64_t offset, void *host, size_t bytes, bool write) {
@@ -492,7 +522,7 @@ int gshm__device_rw(struct gshm__lease *l, uint64_t offset, void *host, size_t b
     return -ERANGE;
   if (mapped_by_parent(m))
     return -ECHILD;
-  if ((e = CU_LIB(m->drv, cuCtxPushCurrent, m->copy_ctx)))
+  if ((e = copy_ctx_live(m)) || (e = CU_LIB(m->drv, cuCtxPushCurrent, m->copy_ctx)))
     return e;
   /* From pageable memory cuMemcpyHtoD may return once the bytes are in
    * the driver's staging buffers, before they reach the GPU (CUDA "API

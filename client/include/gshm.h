@@ -563,6 +563,8 @@ GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevice
  * peer waiting for this lease to end, would satisfy.  (On driver 580 the
  * driver's cuMemUnmap itself waited for a kernel still queued on the
  * range: python_gpu's test_dropped_view_waits_for_queued_readers.)
+ * Called on a handle that gshm_map did not map, it ends the mapping
+ * gshm_read / gshm_write keep (when no gshm_map of the segment holds it).
  * Returns 0 (also when not mapped), -EINVAL for a NULL seg, or -EIO when
  * the driver refused to unmap (the mapping is then leaked, and logged).
  * In a process forked from the one that mapped a device segment, the
@@ -575,11 +577,15 @@ GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
  * segments alike (device segments through the driver, a staging copy, on
  * the segment's own GPU).  A segment not mapped yet is mapped by the first
  * such call (as gshm_map with devices NULL) and the mapping kept for later
- * calls until the segment's last handle is closed, the last gshm_unmap of
- * a gshm_map, or a call that finds the lease revoked (-ESTALE): a device
- * mapping holds a retain of a primary context (created where none was
- * active: hundreds of MiB of the GPU's memory) for that long, instead of
- * creating and destroying one for every call (133 ms each on an H200).
+ * calls until the segment's last handle is closed, a gshm_unmap (of any
+ * handle of the segment, when no gshm_map holds the mapping), or a
+ * gshm_read, gshm_write or gshm_map that finds the lease revoked
+ * (-ESTALE): a device mapping holds a retain of a primary context
+ * (created where none was active: hundreds of MiB of the GPU's memory,
+ * and the GPU itself in EXCLUSIVE_PROCESS compute mode) for that long,
+ * instead of creating and destroying one for every call (133 ms each on
+ * an H200).  A reset of that primary context (cudaDeviceReset) since is
+ * survived: the next call makes it again.
  *  offset, bytes  byte range within the segment.
  *  buf            host memory of at least `bytes` bytes.
  * Errors: -ERANGE range outside the segment; -EACCES gshm_write on a

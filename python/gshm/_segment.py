@@ -256,7 +256,7 @@ class Segment(object):
         return self._address
 
     def unmap(self) -> None:
-        """Undoes map()."""
+        """Undoes map(); also ends the mapping read() and write() keep."""
         with self._use() as p:
             rc = L.lib().gshm_unmap(p)
             if rc < 0:

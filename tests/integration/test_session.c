@@ -532,6 +532,48 @@ static void test_lease_cache(void **state) {
   gshm_disconnect(other);
 }
 
+/* Whether c's lease of segment `name` is reported mapped (-1: no lease). */
+static int lease_mapped(gshm_client_t *c, const char *name) {
+  gshm_lease_info_t *leases;
+  size_t n;
+  int mapped = -1;
+
+  assert_int_equal(gshm_list_leases(c, &leases, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(leases[i].segment_name, name))
+      mapped = leases[i].mapped;
+  gshm_free(leases);
+  return mapped;
+}
+
+/* gshm_read / gshm_write map a segment that is not mapped and keep that
+ * mapping (reported to gshmd) for the next calls, until gshm_unmap or the
+ * close; each call used to map and unmap (for a device segment, a CUDA
+ * context made and destroyed every time). */
+static void test_read_keeps_its_mapping(void **state) {
+  struct harness *h = *state;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  char buf[4] = {0};
+
+  assert_int_equal(gshm_connect(h->socket_path, "kept", &c), 0);
+  assert_int_equal(gshm_create(c, "kept/seg", 8192, NULL, 0600, 0, &s), 0);
+  assert_int_equal(lease_mapped(c, "kept/seg"), 0);
+  assert_int_equal(gshm_write(s, 100, "abc", 3), 0);
+  assert_int_equal(lease_mapped(c, "kept/seg"), 1);
+  assert_int_equal(gshm_read(s, 100, buf, 3), 0);
+  assert_string_equal(buf, "abc");
+  assert_int_equal(gshm_unmap(s), 0); /* a handle gshm_map did not map: ends the kept one */
+  assert_int_equal(lease_mapped(c, "kept/seg"), 0);
+  assert_int_equal(gshm_read(s, 101, buf, 2), 0);
+  assert_int_equal(lease_mapped(c, "kept/seg"), 1);
+  assert_string_equal(buf, "bcc");
+  assert_int_equal(gshm_close(s), 0);
+  assert_int_equal(lease_mapped(c, "kept/seg"), -1);
+  assert_int_equal(gshm_unlink(c, "kept/seg"), 0);
+  gshm_disconnect(c);
+}
+
 static void test_lists_and_status(void **state) {
   struct harness *h = *state;
   enum { N = 600 }; /* more than one reply packet of segments */
@@ -794,6 +836,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_forked_child_leaves_the_parent_alone, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_fork_while_another_thread_waits_for_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_read_keeps_its_mapping, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_host_size_and_populate, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_poll_yields_to_other_clients, setup_polling, harness_cmocka_teardown),

@@ -118,9 +118,13 @@ static CUresult f_can_peer(int *can, CUdevice d, CUdevice peer) {
   *can = 1;
   return CUDA_SUCCESS;
 }
+/* GPU d's primary context reset (cudaDeviceReset) since its last retain:
+ * destroyed, its handle dead, until a retain makes it again. */
+static bool was_reset[NDEV];
 static CUresult f_retain(CUcontext *c, CUdevice d) {
   FAIL_IF("cuDevicePrimaryCtxRetain");
   retained[d]++;
+  was_reset[d] = false;
   *c = (CUcontext)(uintptr_t)(0x100 + d);
   return CUDA_SUCCESS;
 }
@@ -129,8 +133,10 @@ static CUresult f_release(CUdevice d) {
   return CUDA_SUCCESS;
 }
 static CUresult f_push(CUcontext c) {
-  (void)c;
+  uintptr_t d = (uintptr_t)c - 0x100;
   FAIL_IF("cuCtxPushCurrent");
+  if (d < NDEV && was_reset[d])
+    return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   depth++;
   return CUDA_SUCCESS;
 }
@@ -183,7 +189,7 @@ static CUresult f_map(CUdeviceptr va, size_t size, size_t off, CUmemGenericAlloc
 static int active[NDEV];
 static CUresult f_ctx_state(CUdevice d, unsigned *flags, int *act) {
   *flags = 0;
-  *act = active[d];
+  *act = active[d] || (retained[d] > 0 && !was_reset[d]);
   return CUDA_SUCCESS;
 }
 /* The mapping thread's current context (NULL: none) and its device. */
@@ -556,6 +562,30 @@ static void test_mapping_makes_no_context(void **state) {
   current = NULL;
 }
 
+/* A reset of the primary context the mapping keeps (cudaDeviceReset in
+ * the process) between two gshm_read / gshm_write: the next copy makes
+ * it again (a retain) and works, and unmap releases both retains.  The
+ * copy used to fail (CUDA_ERROR_CONTEXT_IS_DESTROYED) for as long as the
+ * mapping lived, which gshm_read's kept mapping made the segment's life. */
+static void test_copy_after_a_context_reset(void **state) {
+  struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
+  unsigned char buf[64] = {1};
+  char **uuids;
+  size_t n;
+  (void)state;
+
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
+  assert_int_equal(gshm__device_rw(&l, 0, buf, sizeof(buf), true), 0);
+  assert_int_equal(retained[1], 1);
+  was_reset[1] = true;
+  assert_int_equal(gshm__device_rw(&l, 0, buf, sizeof(buf), false), 0);
+  assert_int_equal(gshm__device_rw(&l, 0, buf, sizeof(buf), true), 0);
+  assert_int_equal(retained[1], 2); /* one more, once */
+  assert_int_equal(depth, 0);
+  assert_int_equal(gshm__unmap_device(&l), 0);
+  assert_nothing_held();
+}
+
 /* gshm__map_access, which gshm_copy asks before a GPU touches a mapping:
  * the access each device was given, none past the mapping's end, and
  * nothing once unmapped. */
@@ -578,6 +608,9 @@ static void test_map_access_per_device(void **state) {
   assert_int_equal(gshm__map_access(va, 4 * MiB + 1, 1, &f), 2); /* runs past its end */
   assert_int_equal(f, CU_MEM_ACCESS_FLAGS_PROT_NONE);
   assert_int_equal(gshm__map_access(va + 4 * MiB, 8, 1, &f), 0);
+  assert_int_equal(gshm__map_access(va - 8, 16, 1, &f), 2); /* runs into it from below */
+  assert_int_equal(f, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  assert_int_equal(gshm__map_access(va - 8, 8, 1, &f), 0);
   assert_int_equal(gshm__map_device_add(&l, NULL, 0, &uuids, &n), 0); /* every device */
   assert_int_equal(gshm__map_access(va, 8, 0, &f), 1);
   assert_int_equal(f, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
@@ -639,6 +672,7 @@ int main(void) {
       cmocka_unit_test(test_parent_mapping_in_a_child),
       cmocka_unit_test(test_mapping_makes_no_context),
       cmocka_unit_test(test_map_access_per_device),
+      cmocka_unit_test(test_copy_after_a_context_reset),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
