@@ -522,13 +522,18 @@ static void test_write_is_done_when_it_returns(void **state) {
   assert_nothing_held();
 }
 
-/* Maps l for every device (devices NULL) and checks that the one primary
- * context retained for its staging copies is GPU dev's; unmaps. */
-static void assert_mapping_keeps(struct gshm__lease *l, int dev) {
+/* Maps l for every device (devices NULL). */
+static void map_for_every_device(struct gshm__lease *l) {
   char **uuids;
   size_t n;
 
   assert_int_equal(gshm__map_device(l, NULL, 0, &uuids, &n), 0);
+}
+
+/* Maps l for every device and checks that the one primary context
+ * retained for its staging copies is GPU dev's; unmaps. */
+static void assert_mapping_keeps(struct gshm__lease *l, int dev) {
+  map_for_every_device(l);
   for (int d = 0; d < NDEV; d++)
     assert_int_equal(retained[d], d == dev);
   assert_int_equal(gshm__unmap_device(l), 0);
@@ -570,11 +575,9 @@ static void test_mapping_makes_no_context(void **state) {
 static void test_copy_after_a_context_reset(void **state) {
   struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
   unsigned char buf[64] = {1};
-  char **uuids;
-  size_t n;
   (void)state;
 
-  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
+  map_for_every_device(&l);
   assert_int_equal(gshm__device_rw(&l, 0, buf, sizeof(buf), true), 0);
   assert_int_equal(retained[1], 1);
   was_reset[1] = true;
