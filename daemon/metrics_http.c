@@ -223,6 +223,10 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
     return MHD_NO;
   }
   MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+  /* each answer ends its connection (no idle keep-alive connection holds
+   * one of its uid's slots): said here, not left to libmicrohttpd's
+   * handling of a response queued in the first call (0.9.75 closes then) */
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   ret = MHD_queue_response(conn, status, resp);
   MHD_destroy_response(resp);
   return ret;

@@ -67,8 +67,10 @@ void gshmd__link_refuse(struct link *l, enum refusal why, int err, const char *m
     gshmd__link_send_status(l, 0, err, message);
     if (!l->inbound)
       gshmd__link_fail(l, err, message);
-    else
+    else {
       l->state = LINK_REFUSED; /* the sweep closes it; the peer usually first */
+      l->since_ns = gshm__now_ns(CLOCK_MONOTONIC); /* (its linger counts from now) */
+    }
   }
 }
 
