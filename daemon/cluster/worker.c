@@ -142,6 +142,50 @@ static void transports_without_tcp(char *out, size_t size) {
     snprintf(out, size, "^tcp");
 }
 
+/* Whether ctx has a resource of UCX's tcp transport (ucp_context_print_info
+ * lists each as "... flags -- tcp/DEVICE"; unknown: true).  The filter
+ * above goes by spelling, and UCX reads more than one ("\\tcp" is tcp);
+ * this goes by what UCX made. */
+static bool has_tcp_resource(ucp_context_h ctx) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  bool tcp = true;
+
+  if (f) {
+    ucp_context_print_info(ctx, f);
+    if (fclose(f) == 0 && buf)
+      tcp = strstr(buf, "-- tcp/") != NULL;
+  }
+  free(buf);
+  return tcp;
+}
+
+/* ll->ctx made with UCX_TLS=tls, or the status.  None with a tcp resource
+ * (has_tcp_resource): one whose tls UCX read as tcp anyway is made again
+ * with "^tcp" (tls says so then), never kept. */
+static ucs_status_t init_ctx(struct links *ll, const ucp_params_t *p, char *tls, size_t size) {
+  ucp_config_t *config;
+  ucs_status_t st;
+
+  if ((st = ucp_config_read(NULL, NULL, &config)) != UCS_OK)
+    return st;
+  if ((st = ucp_config_modify(config, "TLS", tls)) == UCS_OK)
+    st = ucp_init(p, config, &ll->ctx);
+  ucp_config_release(config);
+  if (st != UCS_OK || !has_tcp_resource(ll->ctx))
+    return st;
+  ucp_cleanup(ll->ctx);
+  ll->ctx = NULL;
+  if (!strcmp(tls, "^tcp"))
+    return UCS_ERR_UNSUPPORTED; /* (cannot happen: UCX's own negation) */
+  gshm_log_warn("cluster: UCX read transports %s as its tcp transport, which listens on every "
+                "interface with no authentication: using ^tcp instead",
+                tls);
+  snprintf(tls, size, "^tcp");
+  return init_ctx(ll, p, tls, size);
+}
+
 static int setup_ucp(struct links *ll) {
   ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
                     /* No UCP_FEATURE_RMA: with it UCX 1.13 answers software
@@ -155,24 +199,15 @@ static int setup_ucp(struct links *ll) {
                                              UCP_AM_HANDLER_PARAM_FIELD_ARG,
                                .cb = on_am_refused, .arg = ll};
   ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
-  ucp_config_t *config;
   ucs_status_t st;
   char *tls = ll->ucx_tls;
 
-  if ((st = ucp_config_read(NULL, NULL, &config)) != UCS_OK)
-    goto fail;
   transports_without_tcp(tls, sizeof(ll->ucx_tls));
   if (getenv("UCX_TLS") && strcmp(getenv("UCX_TLS"), tls))
     gshm_log_notice("cluster: UCX_TLS=%s overridden to %s: UCX's tcp transport is never used "
                     "(bytes over TCP go on gshm's authenticated streams)",
                     getenv("UCX_TLS"), tls);
-  if ((st = ucp_config_modify(config, "TLS", tls)) != UCS_OK) {
-    ucp_config_release(config);
-    goto fail;
-  }
-  st = ucp_init(&p, config, &ll->ctx);
-  ucp_config_release(config);
-  if (st != UCS_OK)
+  if ((st = init_ctx(ll, &p, tls, sizeof(ll->ucx_tls))) != UCS_OK)
     goto fail;
   if (ucp_context_query(ll->ctx, &attr) == UCS_OK)
     ll->cuda_memory = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
