@@ -503,12 +503,20 @@ def test_reads_without_a_context_keep_one_mapping(gpu_daemon, segname):
         during = active()
         ok = all(s.read(i * 4096, 4096) == bytes([i + 1]) * 4096 for i in range(20))
         ms = (time.perf_counter() - t) * 1e3
+        # a reset of that primary context (what cudaDeviceReset does) between
+        # two reads: the next read makes it again and still reads the bytes
+        assert cu.cuDevicePrimaryCtxReset(0) == 0
+        reset = active()
+        again = s.read(5 * 4096, 4096) == bytes([6]) * 4096
+        revived = active()
         s.close()
         after = active()
         c.unlink(name)
-        print(json.dumps(dict(before=before, during=during, after=after, ok=ok, ms=ms)))
+        print(json.dumps(dict(before=before, during=during, after=after, ok=ok, ms=ms,
+                              reset=reset, again=again, revived=revived)))
         """, segname)
     r = json.loads(out.strip().splitlines()[-1])
     print("40 reads and writes of 4 KiB, no context before: %.1f ms" % r["ms"])
     assert r["ok"], r
     assert (r["before"], r["during"], r["after"]) == (0, 1, 0), r
+    assert (r["reset"], r["again"], r["revived"]) == (0, True, 1), r
