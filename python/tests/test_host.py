@@ -899,6 +899,22 @@ def test_python_m_gshm_escapes_names(daemon, client):
         evil.unlink(name)
 
 
+def test_python_m_gshm_long_names_keep_columns(daemon, client):
+    """A segment or client name longer than its column widens the column
+    for every row, as in gshmctl: before, it pushed the later columns of
+    its own row out of line.  Each table's rows end with a right-aligned
+    column, so aligned rows are of one length."""
+    import gshm
+    from gshm.__main__ import client_lines, segment_lines
+    name = "w" * 50 + "/\u00e9"
+    with gshm.Client(daemon.socket, name="c" * 30 + "\u00e9") as c2, \
+            c2.create(name, 4096, location="host"), c2.create("short", 4096, location="host"):
+        for lines in (segment_lines(client.segments()), client_lines(client.clients())):
+            assert len(lines) >= 3 and len({len(l) for l in lines}) == 1, lines
+        c2.unlink(name)
+        c2.unlink("short")
+
+
 def test_unreachable_says_what_gshmctl_says(tmp_path):
     """gshm.Client and gshmctl explain a daemon they cannot reach with one
     text (libgshm's gshm_connect_explain): nothing there, a file that is no

@@ -27,6 +27,20 @@ run() {
 has() { grep -qF -- "$2" "$dir/$1" || fail "$1 of the last command lacks '$2': $(cat "$dir/$1")"; }
 json() { "$py" -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$dir/$1" \
            || fail "$1 is not JSON with $2: $(cat "$dir/$1")"; }
+# aligned FILE COLUMN: in the table of $dir/FILE (from the line whose
+# words include COLUMN to the next empty line), every row's field of the
+# left-aligned COLUMN starts where its heading does, in characters
+aligned() {
+  "$py" - "$dir/$1" "$2" <<'PY' || fail "column $2 of $1 is not aligned: $(cat "$dir/$1")"
+import sys
+lines = open(sys.argv[1], encoding="utf-8").read().split("\n")
+at = next(i for i, l in enumerate(lines) if sys.argv[2] in l.split())
+off = lines[at].index(sys.argv[2])
+rows = [l for l in lines[at + 1:] if l]
+rows = rows[:next((i for i, l in enumerate(lines[at + 1:]) if not l), len(rows))]
+assert rows and all(r[off - 1] == " " and r[off] != " " for r in rows), rows
+PY
+}
 
 # item 5: one version
 [ "$("$ctl" -V)" = "gshmctl $version" ] || fail "gshmctl -V: $("$ctl" -V)"
@@ -77,6 +91,13 @@ run 0 segments
 a=$(grep -F "cafe/u/e" "$dir/out" | sed 's/4.0 KiB.*//' | LC_ALL=C.UTF-8 wc -m)
 u=$(grep -F "caf$(printf '\xc3\xa9')/" "$dir/out" | sed 's/4.0 KiB.*//' | LC_ALL=C.UTF-8 wc -m)
 [ -n "$a" ] && [ "$a" = "$u" ] || fail "segments: the SIZE column after a UTF-8 name at $u characters, after ASCII at $a: $(cat "$dir/out")"
+# a name longer than the NAME column widens it for every row: the
+# columns after it stay in line (a 60-byte name pushed its row's over)
+run 0 create "$(printf 'w%.0s' $(seq 60))/$(printf '\xc3\xa9')" 4K
+run 0 segments
+aligned out LOCATION
+aligned out STATE
+run 0 unlink "$(printf 'w%.0s' $(seq 60))/$(printf '\xc3\xa9')"
 run 0 unlink "caf$(printf '\xc3\xa9')/$(printf '\xc3\xbc')/$(printf '\xc3\xa9')"
 run 0 unlink "cafe/u/e"
 # read's and write's sizes name the verb, and a negative one as such
@@ -275,7 +296,7 @@ head -c 32 /dev/urandom | base64 >"$dir/key"
 chmod 0600 "$dir/key"
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$gshmd" --backend host --socket "$dir/c" --log-level 3 --set "cluster.listen=127.0.0.1:$port" \
-  --set "cluster.secret_file=$dir/key" --set cluster.peers=gone=127.0.0.1:1 2>"$dir/gshmd-c.log" &
+  --set "cluster.secret_file=$dir/key" --set cluster.peers=gone=127.0.0.1:1,a-peer-named-past-its-column=[0000:0000:0000:0000:0000:ffff:127.0.0.1]:1 2>"$dir/gshmd-c.log" &
 cpid=$!
 for _ in $(seq 200); do [ -S "$dir/c" ] && break; sleep 0.05; done
 GSHM_SOCKET=$dir/c run 1 segments --peer gone
@@ -284,6 +305,10 @@ grep -qF "connection to gshmd" "$dir/err" && fail "a peer down blamed on gshmd: 
 # --json peers says whether the cluster is on, as the text does
 GSHM_SOCKET=$dir/c run 0 --json peers
 json out "d['cluster'] is True and d['peers'][0]['name'] == 'gone'"
+# a peer name longer than the PEER column, an address longer than
+# ADDRESS: the columns after them stay in line
+GSHM_SOCKET=$dir/c run 0 peers
+aligned out STATE
 kill $cpid; wait $cpid 2>/dev/null
 run 0 --json peers
 json out "d['cluster'] is False and d['peers'] == []"
