@@ -315,6 +315,42 @@ json out "d['cluster'] is False and d['peers'] == []"
 run 0 peers
 has out "cluster off"
 
+# a quota or limit that refuses a create names its key, so that the user
+# knows what an admin would raise (it said "limit 1" and nothing more)
+"$gshmd" --backend host --socket "$dir/q" --log-level 3 --set daemon.socket_mode=0666 \
+  --set limits.max_segments=2 --set limits.max_segment_size=1M --set quota.segments=1 \
+  --set quota.host_bytes=8K 2>"$dir/gshmd-q.log" &
+qpid=$!
+for _ in $(seq 200); do [ -S "$dir/q" ] && break; sleep 0.05; done
+as_user=()
+if [ "$(id -u)" = 0 ]; then
+  as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+  chmod 0711 "$dir"
+fi
+quser() { # quser RC ARGS...: gshmctl on $dir/q as a user that quotas apply to
+  local want=$1 rc
+  shift
+  "${as_user[@]}" "$ctl" -s "$dir/q" "$@" >"$dir/out" 2>"$dir/err"
+  rc=$?
+  [ "$rc" = "$want" ] || fail "gshmctl $* (quota): exit $rc, want $want ($(cat "$dir/err"))"
+}
+quser 0 create q1 4K
+quser 1 create q2 4K
+has err "limit 1 (quota.segments)"
+quser 1 create q2 2M
+has err "over the daemon's limit of 1 MiB (limits.max_segment_size)"
+quser 0 unlink q1
+quser 1 create q3 12K
+has err "12 KiB more asked (quota.host_bytes)"
+if [ "$(id -u)" = 0 ]; then
+  quser 0 create q4 4K
+  GSHM_SOCKET=$dir/q run 0 create r1 4K
+  GSHM_SOCKET=$dir/q run 1 create r2 4K
+  has err "the daemon holds 2 segments, its limit (limits.max_segments)"
+  chmod 0700 "$dir"
+fi
+kill $qpid; wait $qpid 2>/dev/null
+
 # item 9: the example's --help needs no torch
 "$py" "$src/python/examples/share_weights.py" --help >"$dir/out" 2>"$dir/err" \
   || fail "share_weights.py --help: $(cat "$dir/err")"
