@@ -111,6 +111,11 @@ for k in "${keys[@]}"; do
   grep -qF -- "$k = " "$tmp/out" || fail "--help does not mention $k"
 done
 grep -qF -- "--check-config" "$tmp/out" || fail "--help does not mention --check-config"
+# and, as a man page would, its exit statuses (75: the restart that
+# gshmd.service's Restart=on-failure answers)
+for x in "Exit status:" "  2   " "  75  "; do
+  grep -qF -- "$x" "$tmp/out" || fail "--help lacks '$x'"
+done
 
 run 0 "$gshmd" --version || true
 grep -qE '^gshmd [0-9]+\.[0-9]+' "$tmp/out" || fail "--version printed '$(cat "$tmp/out")'"
