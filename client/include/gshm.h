@@ -429,7 +429,8 @@ typedef void (*gshm_pull_progress_fn)(const gshm_pull_progress_t *progress, void
 typedef struct gshm_pull_opts {
   const char *local_name;          /* NULL or "": the peer's name; gshm_pull_prefix: the
                                       local prefix that takes the place of the peer's */
-  const char *location;            /* NULL or "": "host" for a host segment */
+  const char *location;            /* NULL or "": "host" for a host segment, "cuda:0"
+                                      for a device one */
   uint32_t mode;                   /* permission bits of the new segment; 0: 0600 */
   gshm_pull_progress_fn progress;  /* NULL: none; called on the calling thread while the
                                       client is busy: it must not use the client */

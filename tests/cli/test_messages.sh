@@ -277,6 +277,12 @@ GSHM_SOCKET=$dir/nothing-here run 0 segments -h
 has out "segments --peer PEER"
 GSHM_SOCKET=$dir/nothing-here run 0 help pull
 has out "pull PEER:NAME [--as LOCAL] [--prefix]"
+# each option's default and meaning, as create's has them
+has out "LOC default: host for a host segment,"
+has out "cuda:0 for a device one"
+has out "MODE octal,"
+GSHM_SOCKET=$dir/nothing-here run 0 create --help
+has out "--legacy-ipc: also export"
 run 2 help nope
 has err "unknown verb 'nope'"
 # --json read has no form for raw bytes: refused without -o, a summary with
