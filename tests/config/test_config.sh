@@ -341,6 +341,15 @@ run 1 timeout 10 "$gshmd" --backend host --socket "$tmp/grp.sock" \
 grep -q "no such group" "$tmp/err" || fail "gshmd started without its socket group: $(cat "$tmp/err")"
 [[ ! -e $tmp/grp.sock ]] || fail "a socket was left at $tmp/grp.sock"
 
+# backend = cuda where the CUDA driver does not load (this test runs
+# without LD_LIBRARY_PATH's fake driver): gshmd does not start, and says
+# which setting serves host segments instead
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  run 1 timeout 10 "$gshmd" --backend cuda --socket "$tmp/cuda.sock" || true
+  expect_err "backend = cuda, but the CUDA backend is unavailable"
+  expect_err "daemon.backend = auto or host"
+fi
+
 # A file at the socket path that is not a socket is never removed.
 echo keep >"$tmp/notasock"
 run 1 timeout 10 "$gshmd" --backend host --socket "$tmp/notasock" || true
