@@ -44,8 +44,8 @@ static const char *option_type_doc(const struct option_def *opt, char *buf, size
   case OPT_SIZE:
   case OPT_SIZE32:
     if (opt->max == UINT64_MAX)
-      return "bytes; K/M/G/T suffixes are 1024-based";
-    snprintf(buf, size, "bytes %" PRIu64 "..%" PRIu64 "; K/M/G/T suffixes are 1024-based",
+      return "bytes; K/M/G/T (also KB, KiB) are 1024-based";
+    snprintf(buf, size, "bytes %" PRIu64 "..%" PRIu64 "; K/M/G/T (also KB, KiB) are 1024-based",
              opt->min, opt->max);
     return buf;
   case OPT_U32:

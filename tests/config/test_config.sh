@@ -163,6 +163,11 @@ expect_value limits max_segment_size 2147483648 --config "$tmp/good.conf"
 expect_value quota host_bytes 1099511627776 --config "$tmp/good.conf"
 expect_value quota cuda_bytes 3145728 --config "$tmp/good.conf"
 expect_value quota segments 7 --config "$tmp/good.conf"
+# sizes take K, M, G, T alone, with B or with iB, as gshmctl's do
+# (README: 4K = 4KB = 4KiB); "4GiB" was "not a size"
+expect_value quota host_bytes 4294967296 --config "$tmp/good.conf" --set quota.host_bytes=4GiB
+expect_value quota host_bytes 8192 --config "$tmp/good.conf" --set quota.host_bytes=8KB
+expect_value quota host_bytes 100 --config "$tmp/good.conf" --set quota.host_bytes=100B
 expect_value limits max_name 255 --config "$tmp/good.conf" # untouched default
 expect_value metrics textfile /var/lib/node_exporter/gshm.prom --config "$tmp/good.conf"
 for b in true:true false:false yes:true no:false on:true off:false 1:true 0:false; do
