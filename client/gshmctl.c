@@ -66,7 +66,8 @@ static void usage(FILE *f) {
           "                                 segment without a name, as 'segments' shows it)\n"
           "  read NAME [--offset B] [--length B] [-o FILE]\n"
           "                                 segment bytes to stdout or FILE (default: up to\n"
-          "                                 the size asked for at create); --json needs -o\n"
+          "                                 the size asked for at create); --json needs -o;\n"
+          "                                 a terminal needs -o (-o -: stdout all the same)\n"
           "  write NAME [-i FILE] [--offset B]\n"
           "                                 bytes from stdin or FILE into the segment\n"
           "  peers                          the cluster's peer nodes and their state\n"
@@ -1044,10 +1045,20 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   /* JSON has no form for raw bytes, and a base64 copy of a segment of
    * gigabytes in one document helps nobody: the bytes go to a file, the
    * document says what was read. */
-  if (json_out && !file)
+  if (json_out && (!file || !strcmp(file, "-")))
     return errorf(EXIT_USAGE, -EINVAL,
                   "read: --json cannot print a segment's bytes; give -o FILE (the JSON "
                   "document then says what was read)");
+  /* Raw bytes on a terminal could move its cursor or rewrite what it
+   * shows (a segment another user wrote: its names are escaped for the
+   * same reason); "-o -" asks for them there all the same. */
+  if (!file && isatty(STDOUT_FILENO))
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "read: stdout is a terminal, and a segment's raw bytes could rewrite what it "
+                  "shows; give -o FILE, pipe them (gshmctl read NAME | xxd), or -o - to write "
+                  "them to the terminal anyway");
+  if (file && !strcmp(file, "-"))
+    file = NULL;
   if (!c)
     return EXIT_OK;
   if ((e = gshm_open(c, argv[optind], GSHM_ACCESS_READ, &seg)))

@@ -129,6 +129,27 @@ if command -v script >/dev/null; then
   grep -q "device segments unavailable (No such file" "$dir/tty" && fail "$(cat "$dir/tty")"
 fi
 
+# read to a terminal: a segment's raw bytes (another user's, perhaps)
+# could rewrite what the terminal shows, as a raw name could: refused
+# without -o; "-o -" writes them there anyway
+if command -v script >/dev/null; then
+  run 0 create tty/seg 4K
+  printf 'ab\033[2Jcd' >"$dir/esc.bin"
+  run 0 write tty/seg -i "$dir/esc.bin"
+  script -qec "'$ctl' read tty/seg --length 8; echo rc=\$?" /dev/null >"$dir/tty" 2>&1
+  grep -q "rc=2" "$dir/tty" || fail "read to a terminal: not exit 2: $(od -c "$dir/tty" | head -5)"
+  grep -qF "give -o FILE" "$dir/tty" || fail "read to a terminal: no hint: $(od -c "$dir/tty" | head -5)"
+  grep -qF "$(printf '\033[2J')" "$dir/tty" && fail "read wrote an escape sequence to a terminal"
+  script -qec "'$ctl' read tty/seg --length 8 -o -" /dev/null >"$dir/tty" 2>&1
+  grep -qF "$(printf 'ab\033[2Jcd')" "$dir/tty" || fail "read -o - to a terminal: $(od -c "$dir/tty" | head -5)"
+  (cd "$dir" && "$ctl" read tty/seg --length 8 -o - >"$dir/out") || fail "read -o - to a file: failed"
+  cmp -s "$dir/out" "$dir/esc.bin" || fail "read -o - to a file: $(od -c "$dir/out" | head -3)"
+  [ -e "$dir/-" ] && fail "read -o - made a file named '-'"
+  usage_json_early() { run 2 --json "$@"; json err "d['error']['exit_code'] == 2"; }
+  usage_json_early read tty/seg -o -
+  run 0 unlink tty/seg
+fi
+
 # item 7: the same success shape for every verb, JSON errors
 run 0 write k4 -i "$dir/in100"
 has out "wrote 100 bytes to 'k4' at offset 0"
