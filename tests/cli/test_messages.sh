@@ -378,7 +378,19 @@ if [ "$(id -u)" = 0 ]; then
 fi
 kill $qpid; wait $qpid 2>/dev/null
 
-# item 9: the example's --help needs no torch
+# gshm-bench's numeric options: a value that is no integer, or below
+# the option's least, is a usage error naming the option ("--iters abc"
+# ran once, "--runs x" measured nothing)
+for args in "pull --iters abc" "pull --fanout 2x" "attach --runs x" "attach --device -1" \
+            "control --repeat 0" "seal --reps z" "copy --reps -3" "broadcast --gpus two"; do
+  set -- $args
+  timeout 20 "$bench" "$@" >"$dir/out" 2>"$dir/err"
+  rc=$?
+  [ $rc = 2 ] || fail "gshm-bench $args: exit $rc, want 2 ($(tail -2 "$dir/err"))"
+  has err "gshm-bench $1: $2 takes an integer"
+done
+
+
 "$py" "$src/python/examples/share_weights.py" --help >"$dir/out" 2>"$dir/err" \
   || fail "share_weights.py --help: $(cat "$dir/err")"
 has out "usage: share_weights.py"
