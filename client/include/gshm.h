@@ -588,7 +588,8 @@ GSHM_EXTERN int gshm_read(gshm_segment_t *seg, uint64_t offset, void *buf, size_
 GSHM_EXTERN int gshm_write(gshm_segment_t *seg, uint64_t offset, const void *buf, size_t bytes);
 
 /* Daemon's explanation of this client's last failed request ("uid 1000 uses
- * 3 GiB of 4 GiB on cuda, 2 GiB more asked"), or "" when there is none.
+ * 3 GiB of 4 GiB on cuda, 2 GiB more asked (quota.cuda_bytes)"), or "" when
+ * there is none.
  * Returns a copy in storage of the calling thread, valid until that
  * thread's next gshm_last_error(); with several threads on one client,
  * "last" is the last of any thread's requests. */
