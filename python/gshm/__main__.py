@@ -145,6 +145,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Error as e:
         print("gshm: %s" % (e,), file=sys.stderr)
         return EXIT_ERROR
+    except ImportError as e:  # libgshm not found: what to do, not a traceback
+        print(e, file=sys.stderr)
+        return EXIT_ERROR
     if args.json:
         key = args.verb
         doc = result if args.verb == "status" else {key: result}

@@ -878,6 +878,17 @@ def test_python_m_gshm_is_gshmctl_status(daemon, client, segname):
     assert "is gshmd running?" in str(ei.value) and ei.value.errno == errno.ENOENT, ei.value
 
 
+def test_python_m_gshm_without_libgshm(tmp_path):
+    """python -m gshm where libgshm cannot be loaded (a container without
+    it: the check the README offers) says so in one line and exits 1; it
+    died with a traceback."""
+    env = gshm_testutil.child_env(GSHM_LIBRARY=str(tmp_path / "libgshm.so"))
+    p = _python_m_gshm("--socket", str(tmp_path / "s"), env=env)
+    err = p.stderr.decode()
+    assert p.returncode == 1 and "Traceback" not in err, (p.returncode, err)
+    assert err.startswith("gshm: cannot load libgshm") and "GSHM_LIBRARY" in err, err
+
+
 def test_python_m_gshm_escapes_names(daemon, client):
     """Names other users chose reach python -m gshm's tables escaped as
     gshmctl's (the attack4 review): a C1 CSI (U+009B) and a bidi override
