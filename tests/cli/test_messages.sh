@@ -216,6 +216,10 @@ if [ "$(id -u)" = 0 ]; then
   as_other "$ctl" -s "$dir/s" unlink hidden >"$dir/out" 2>"$dir/err"
   [ $? = 4 ] || fail "unlink of a 0600 segment as uid 65534: not exit 4"
   has err "only its owner or an admin may change it"
+  # admin-only verbs say which setting makes an admin
+  as_other "$ctl" -s "$dir/s" revoke hidden >"$dir/out" 2>"$dir/err"
+  [ $? = 4 ] || fail "revoke as uid 65534: not exit 4"
+  has err "root or a member of daemon.admin_group"
   run 0 unlink hidden
   chmod 0660 "$dir/s"
   chmod 0700 "$dir"
