@@ -14,6 +14,12 @@ int bench_seal_main(int argc, char **argv);      /* bench_seal.c */
 
 /* ---- shared by the subcommands (bench_util.c) ---- */
 
+/* The value of subcommand cmd's integer option opt ("--reps"), text s:
+ * a decimal integer from min to INT_MAX.  Anything else (no number,
+ * junk after it, below min) prints "gshm-bench CMD: OPT takes an integer
+ * ..." and exits 2, a usage error: atoi made "--runs x" 0 and ran. */
+int bench_int_arg(const char *cmd, const char *opt, const char *s, int min);
+
 /* Median of v[0..n-1] (n >= 1); sorts v in place. */
 double bench_median(double *v, int n);
 

@@ -363,9 +363,9 @@ int bench_attach_main(int argc, char **argv) {
     switch (opt) {
     case 's': o.socket = optarg; break;
     case 'g': o.gshmd = optarg; break;
-    case 'r': o.runs = atoi(optarg); break;
-    case 'd': o.device = atoi(optarg); break;
-    case 'm': o.map_device = atoi(optarg); break;
+    case 'r': o.runs = bench_int_arg("attach", "--runs", optarg, 1); break;
+    case 'd': o.device = bench_int_arg("attach", "--device", optarg, 0); break;
+    case 'm': o.map_device = bench_int_arg("attach", "--map-device", optarg, 0); break;
     case 'z':
       if (o.nsizes == MAX_SIZES || gshm__parse_size(optarg, &o.sizes[o.nsizes]) ||
           !o.sizes[o.nsizes])

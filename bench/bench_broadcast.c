@@ -279,11 +279,11 @@ int bench_broadcast_main(int argc, char **argv) {
 
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-      reps = atoi(argv[++i]);
+      reps = bench_int_arg("broadcast", "--reps", argv[++i], 1);
     else if (!strcmp(argv[i], "--max") && i + 1 < argc)
       max_bytes = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--gpus") && i + 1 < argc)
-      want = atoi(argv[++i]);
+      want = bench_int_arg("broadcast", "--gpus", argv[++i], 1);
     else if (!strcmp(argv[i], "--sweep"))
       sweep = 1;
     else if (!strcmp(argv[i], "--methods") && i + 1 < argc)

@@ -886,7 +886,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       o->warmup = atof(optarg);
       break;
     case 'r':
-      o->repeat = atoi(optarg);
+      o->repeat = bench_int_arg("control", "--repeat", optarg, 1);
       break;
     case 'F':
       o->floor = false;

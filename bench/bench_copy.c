@@ -385,7 +385,7 @@ int bench_copy_main(int argc, char **argv) {
 
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-      reps = atoi(argv[++i]);
+      reps = bench_int_arg("copy", "--reps", argv[++i], 1);
     else if (!strcmp(argv[i], "--max") && i + 1 < argc)
       max_bytes = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--sweep"))

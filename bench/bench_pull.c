@@ -312,7 +312,7 @@ int bench_pull_main(int argc, char **argv) {
         return 2;
       }
       break;
-    case 'n': o.iters = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
+    case 'n': o.iters = bench_int_arg("pull", "--iters", optarg, 1); break;
     case 'l': o.location = optarg; break;
     case 't': o.to = optarg; break;
     case 'P': o.perftest = optarg; break;
@@ -321,7 +321,7 @@ int bench_pull_main(int argc, char **argv) {
     case 'c': o.chunk = optarg; break;
     case 'd': o.depth = optarg; break;
     case 'e': o.encrypt = true; break;
-    case 'F': o.fanout = atoi(optarg); break;
+    case 'F': o.fanout = bench_int_arg("pull", "--fanout", optarg, 1); break;
     case 'M':
     case 'S':
       if (bench_fanout_set_opt(&o, c == 'M', optarg)) {
@@ -329,7 +329,7 @@ int bench_pull_main(int argc, char **argv) {
         return 2;
       }
       break;
-    case 'C': o.cpus_per_node = (unsigned)atoi(optarg); break;
+    case 'C': o.cpus_per_node = (unsigned)bench_int_arg("pull", "--cpus-per-node", optarg, 0); break;
     case 'D':
       if (o.nsets == 4 || !strchr(optarg, '=')) {
         fprintf(stderr, "gshm-bench pull: --gshmd-set takes KEY=VALUE, at most 4 times\n");
@@ -340,7 +340,7 @@ int bench_pull_main(int argc, char **argv) {
     case 'R': o.recycle = optarg; break;
     case 'X': o.no_plain = true; break;
     case 'k':
-      o.streams = (unsigned)atoi(optarg);
+      o.streams = (unsigned)bench_int_arg("pull", "--streams", optarg, 1);
       if (o.streams < 1 || o.streams > 16) {
         fprintf(stderr, "gshm-bench pull: --streams takes 1 to 16\n");
         return 2;

@@ -64,7 +64,7 @@ int bench_seal_main(int argc, char **argv) {
       *(!strcmp(argv[i], "--frame") ? &o.frame : &o.bytes) = (size_t)v;
       i++;
     } else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-      o.reps = atoi(argv[++i]);
+      o.reps = bench_int_arg("seal", "--reps", argv[++i], 1);
     else {
       fprintf(strcmp(argv[i], "--help") ? stderr : stdout,
               "usage: gshm-bench seal [--frame BYTES (4M)] [--bytes BYTES per run (1G)] "

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers shared by gshm-bench's subcommands (bench.h). */
 #include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/resource.h>
@@ -10,6 +12,20 @@
 
 #include "bench.h"
 #include "spawn.h"
+
+int bench_int_arg(const char *cmd, const char *opt, const char *s, int min) {
+  char *end;
+  long v;
+
+  errno = 0;
+  v = strtol(s, &end, 10);
+  if (end == s || *end || errno || v < min || v > INT_MAX) {
+    fprintf(stderr, "gshm-bench %s: %s takes an integer of at least %d, not '%s'\n", cmd, opt, min,
+            s);
+    exit(2);
+  }
+  return (int)v;
+}
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client_internal.h"
 
@@ -108,12 +109,18 @@ static void result_from_wire(gshm_pull_result_t *out, const Gshm__PullResult *r,
 
 /* One segment of a set from its pull_items entry; its name on the peer
  * from the request (prefix, local prefix); its source as the entry
- * gives it, else (the peer's own segment) the peer's name and ids. */
+ * gives it, else (the peer's own segment) the peer's name and ids; its
+ * owner and mode, which the entry does not carry, as gshmd makes them:
+ * the caller's and the mode asked for (0: 0600). */
 static void item_from_wire(gshm_pull_result_t *out, const Gshm__PulledSegment *it,
-                           const char *peer, const char *prefix, const char *local) {
+                           const char *peer, const char *prefix, const char *local,
+                           uint32_t mode) {
   size_t ll = strlen(local);
 
   memset(out, 0, sizeof(*out));
+  out->segment.uid = geteuid();
+  out->segment.gid = getegid();
+  out->segment.mode = mode ? mode : 0600;
   snprintf(out->segment.name, sizeof(out->segment.name), "%s", it->name);
   out->segment.id = it->id;
   out->segment.generation = it->generation;
@@ -156,7 +163,7 @@ static int add_items(struct pulled *pd, const Gshm__PullItems *pi, const Gshm__P
     pd->cap = cap;
   }
   for (size_t i = 0; i < pi->n_items; i++)
-    item_from_wire(&pd->v[pd->n++], pi->items[i], m->peer, m->name, local);
+    item_from_wire(&pd->v[pd->n++], pi->items[i], m->peer, m->name, local, m->mode);
   return 0;
 }
 

@@ -160,6 +160,20 @@ static int role_main(void *p) {
                         : consumer(r->sock, r->seed, r->ready[1], r->go[0]);
 }
 
+/* gshmd's STATUS= less its fd-limit part ("; fd limit N is below ..."):
+ * a note for a service's LimitNOFILE=, which a demo's own gshmd under a
+ * shell's limit has nothing to do with (its log says nothing of it
+ * either).  Edits status in place. */
+static const char *without_fd_limit(char *status) {
+  char *p = strstr(status, "; fd limit "), *next;
+
+  if (p) {
+    next = strstr(p + 2, "; ");
+    memmove(p, next ? next : "", strlen(next ? next : "") + 1);
+  }
+  return status;
+}
+
 int main(int argc, char **argv) {
   static const struct option opts[] = {{"size", required_argument, NULL, 's'},
                                        {"gpu", no_argument, NULL, 'g'},
@@ -210,7 +224,7 @@ int main(int argc, char **argv) {
     gshm__spawn_cleanup(&sp);
     return 1;
   }
-  printf("gshmd ready (pid %d): %s\n", (int)sp.pid, sp.status);
+  printf("gshmd ready (pid %d): %s\n", (int)sp.pid, without_fd_limit(sp.status));
 
   /* a child that failed has closed its end of the go pipe: the write to
    * it must fail (and be reported), not kill the demo before it stops its

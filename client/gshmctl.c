@@ -56,7 +56,9 @@ static void usage(FILE *f) {
           "  create NAME SIZE [--location LOC] [--mode MODE] [--legacy-ipc]\n"
           "                                 SIZE in bytes or with K/M/G/T (K = KB = KiB = 1024);\n"
           "                                 LOC host (default),\n"
-          "                                 cuda:N or cuda:GPU-<uuid>; MODE octal, default 0600\n"
+          "                                 cuda:N or cuda:GPU-<uuid>; MODE octal, default 0600;\n"
+          "                                 --legacy-ipc: also export a device segment as a\n"
+          "                                 cudaIpcMemHandle (gshmd's daemon.legacy_ipc)\n"
           "  unlink NAME                    remove the name; memory goes with the last lease\n"
           "  chmod NAME MODE                change permission bits (owner or admin)\n"
           "  chown NAME [USER][:GROUP]      change owner (admin) and/or group\n"
@@ -64,7 +66,8 @@ static void usage(FILE *f) {
           "                                 segment without a name, as 'segments' shows it)\n"
           "  read NAME [--offset B] [--length B] [-o FILE]\n"
           "                                 segment bytes to stdout or FILE (default: up to\n"
-          "                                 the size asked for at create); --json needs -o\n"
+          "                                 the size asked for at create); --json needs -o;\n"
+          "                                 a terminal needs -o (-o -: stdout all the same)\n"
           "  write NAME [-i FILE] [--offset B]\n"
           "                                 bytes from stdin or FILE into the segment\n"
           "  peers                          the cluster's peer nodes and their state\n"
@@ -74,8 +77,11 @@ static void usage(FILE *f) {
           "                                 --prefix: every segment it exports under NAME,\n"
           "                                 all appearing at once (--as: local prefix);\n"
           "                                 --replace: swap out local segments of those\n"
-          "                                 names (progress on a terminal; --json: one\n"
-          "                                 summary)\n"
+          "                                 names; LOC default: host for a host segment,\n"
+          "                                 cuda:0 for a device one (with --prefix, LOC\n"
+          "                                 moves the device segments only); MODE octal,\n"
+          "                                 default 0600\n"
+          "                                 (progress on a terminal; --json: one summary)\n"
           "\n"
           "Options:\n"
           "  -s, --socket PATH   gshmd's socket (default $GSHM_SOCKET, else %s)\n"
@@ -451,6 +457,18 @@ static int col(const char *s, int w) {
   return w + extra;
 }
 
+/* The width of a column of at least w characters that also holds text
+ * (escaped as shown): a name longer than its column widens the column
+ * for every row, rather than pushing the later columns of its own row
+ * out of line. */
+static int widen(int w, const char *text) {
+  static char buf[SHOWN_CAP];
+  int n = 0;
+  for (const char *p = shown(text, buf); *p; p++)
+    n += ((unsigned char)*p & 0xC0) != 0x80;
+  return n > w ? n : w;
+}
+
 static int cmd_remote_segments(gshm_client_t *c, const char *peer);
 
 static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
@@ -493,7 +511,10 @@ static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
     gshm_free(v);
     return print_json(doc);
   }
-  printf("%-6s %-28s %10s %-10s %6s %6s %5s %-8s %6s %s\n", "ID", "NAME", "SIZE", "LOCATION",
+  int wn = 28;
+  for (size_t i = 0; i < n; i++)
+    wn = widen(wn, v[i].name);
+  printf("%-6s %-*s %10s %-10s %6s %6s %4s %-8s %6s %s\n", "ID", wn, "NAME", "SIZE", "LOCATION",
          "UID", "GID", "MODE", "STATE", "LEASES", "AGE");
   for (size_t i = 0; i < n; i++) {
     char loc[16];
@@ -503,7 +524,7 @@ static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
       snprintf(loc, sizeof(loc), "host");
     shown(v[i].name, esc);
     printf("%-6" PRIu64 " %-*s %10s %-10s %6u %6u %04o %-8s %6u %s%s%s\n", v[i].id,
-           col(esc, 28), esc,
+           col(esc, wn), esc,
            gshm__format_size(v[i].size, sz, sizeof(sz)), loc, v[i].uid, v[i].gid, v[i].mode,
            v[i].unlinked ? "unlinked" : "live", v[i].leases, age(v[i].created_ns, t, sizeof(t)),
            v[i].source[0] ? "  from " : "", shown(v[i].source, esc2));
@@ -551,13 +572,18 @@ static int cmd_mappings(gshm_client_t *c) {
     gshm_free(v);
     return print_json(doc);
   }
-  printf("%-28s %8s %6s %-16s %-6s %-6s %-6s %s\n", "SEGMENT", "PID", "UID", "CLIENT", "ACCESS",
-         "SINCE", "MAPPED", "DEVICES");
+  int ws = 28, wc = 16;
+  for (size_t i = 0; i < n; i++) {
+    ws = widen(ws, v[i].segment_name);
+    wc = widen(wc, v[i].client_name);
+  }
+  printf("%-*s %8s %6s %-*s %-6s %-6s %-6s %s\n", ws, "SEGMENT", "PID", "UID", wc, "CLIENT",
+         "ACCESS", "SINCE", "MAPPED", "DEVICES");
   for (size_t i = 0; i < n; i++) {
     shown(v[i].segment_name, esc);
     shown(v[i].client_name, esc2);
-    printf("%-*s %8d %6u %-*s %-6s %-6s %-6s %s\n", col(esc, 28), esc, v[i].pid, v[i].uid,
-           col(esc2, 16), esc2, v[i].access == GSHM_ACCESS_READ ? "r" : "rw",
+    printf("%-*s %8d %6u %-*s %-6s %-6s %-6s %s\n", col(esc, ws), esc, v[i].pid, v[i].uid,
+           col(esc2, wc), esc2, v[i].access == GSHM_ACCESS_READ ? "r" : "rw",
            age(v[i].since_ns, t, sizeof(t)), v[i].mapped ? "yes" : "no",
            !v[i].mapped ? "-" : *v[i].mapped_devices ? shown(v[i].mapped_devices, esc3) : "cpu");
   }
@@ -591,11 +617,16 @@ static int cmd_clients(gshm_client_t *c) {
     gshm_free(v);
     return print_json(doc);
   }
-  printf("%-8s %8s %6s %6s %-20s %-6s %s\n", "SESSION", "PID", "UID", "GID", "NAME", "SINCE",
-         "LEASES");
+  int wn = 20;
   for (size_t i = 0; i < n; i++)
-    printf("%-8" PRIu64 " %8d %6u %6u %-20s %-6s %u\n", v[i].session_id, v[i].pid, v[i].uid,
-           v[i].gid, shown(v[i].name, esc), age(v[i].since_ns, t, sizeof(t)), v[i].leases);
+    wn = widen(wn, v[i].name);
+  printf("%-8s %8s %6s %6s %-*s %-6s %s\n", "SESSION", "PID", "UID", "GID", wn, "NAME", "SINCE",
+         "LEASES");
+  for (size_t i = 0; i < n; i++) {
+    shown(v[i].name, esc);
+    printf("%-8" PRIu64 " %8d %6u %6u %-*s %-6s %u\n", v[i].session_id, v[i].pid, v[i].uid,
+           v[i].gid, col(esc, wn), esc, age(v[i].since_ns, t, sizeof(t)), v[i].leases);
+  }
   gshm_free(v);
   return EXIT_OK;
 }
@@ -1014,10 +1045,20 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   /* JSON has no form for raw bytes, and a base64 copy of a segment of
    * gigabytes in one document helps nobody: the bytes go to a file, the
    * document says what was read. */
-  if (json_out && !file)
+  if (json_out && (!file || !strcmp(file, "-")))
     return errorf(EXIT_USAGE, -EINVAL,
                   "read: --json cannot print a segment's bytes; give -o FILE (the JSON "
                   "document then says what was read)");
+  /* Raw bytes on a terminal could move its cursor or rewrite what it
+   * shows (a segment another user wrote: its names are escaped for the
+   * same reason); "-o -" asks for them there all the same. */
+  if (!file && isatty(STDOUT_FILENO))
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "read: stdout is a terminal, and a segment's raw bytes could rewrite what it "
+                  "shows; give -o FILE, pipe them (gshmctl read NAME | xxd), or -o - to write "
+                  "them to the terminal anyway");
+  if (file && !strcmp(file, "-"))
+    file = NULL;
   if (!c)
     return EXIT_OK;
   if ((e = gshm_open(c, argv[optind], GSHM_ACCESS_READ, &seg)))
@@ -1152,10 +1193,15 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
   static char esc[SHOWN_CAP], esc2[SHOWN_CAP];
   char done[32], total[32];
   json_t *arr = json_out ? json_array() : NULL;
+  int wp = 16, wn = 32;
 
+  for (size_t i = 0; i < n; i++) {
+    wp = widen(wp, v[i].peer);
+    wn = widen(wn, v[i].name);
+  }
   if (n && !json_out)
-    printf("\n%zu pull%s in flight:\n%-16s %-32s %6s %-22s %s\n", n, n == 1 ? "" : "s", "PEER",
-           "NAME", "UID", "BYTES", "SEGMENTS");
+    printf("\n%zu pull%s in flight:\n%-*s %-*s %6s %-20s %s\n", n, n == 1 ? "" : "s", wp, "PEER",
+           wn, "NAME", "UID", "BYTES", "SEGMENTS");
   for (size_t i = 0; i < n; i++) {
     double sec = (double)v[i].elapsed_ns / 1e9;
     if (json_out) {
@@ -1172,8 +1218,10 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
       json_array_append_new(arr, o);
       continue;
     }
-    printf("%-16s %-32s %6u %9s/%-9s  %u/%u%s  %.1f s\n", shown(v[i].peer, esc),
-           shown(v[i].name, esc2), v[i].uid,
+    shown(v[i].peer, esc);
+    shown(v[i].name, esc2);
+    printf("%-*s %-*s %6u %9s/%-9s  %u/%u%s  %.1f s\n", col(esc, wp), esc, col(esc2, wn), esc2,
+           v[i].uid,
            gshm__format_size(v[i].bytes_done, done, sizeof(done)),
            gshm__format_size(v[i].bytes_total, total, sizeof(total)), v[i].segments_done,
            v[i].segments_total, v[i].prefix && !v[i].segments_total ? " (listing)" : "", sec);
@@ -1217,13 +1265,21 @@ static int cmd_peers(gshm_client_t *c) {
     printf("cluster off (gshmd's cluster.listen and cluster.peers are empty)\n");
   else
     printf("node '%s', %zu peer%s\n", node, n, n == 1 ? "" : "s");
+  int wn = 16, wa = 24;
+  for (size_t i = 0; i < n; i++) {
+    wn = widen(wn, v[i].name);
+    wa = widen(wa, v[i].address);
+  }
   if (n)
-    printf("%-16s %-24s %-10s %8s %s\n", "PEER", "ADDRESS", "STATE", "EXPORTED", "MESSAGE");
+    printf("%-*s %-*s %-10s %8s %s\n", wn, "PEER", wa, "ADDRESS", "STATE", "EXPORTED", "MESSAGE");
   /* a message may quote what a peer sent in its hello, before it proved
    * the key ("calls itself 'NAME'"): escaped as every name is */
-  for (size_t i = 0; i < n; i++)
-    printf("%-16s %-24s %-10s %8u %s\n", shown(v[i].name, esc), shown(v[i].address, esc2),
-           v[i].state, v[i].exported, shown(v[i].message, esc3));
+  for (size_t i = 0; i < n; i++) {
+    shown(v[i].name, esc);
+    shown(v[i].address, esc2);
+    printf("%-*s %-*s %-10s %8u %s\n", col(esc, wn), esc, col(esc2, wa), esc2, v[i].state,
+           v[i].exported, shown(v[i].message, esc3));
+  }
   pulls_in_flight(pv, np);
   gshm_free(v);
   gshm_free(pv);
@@ -1257,11 +1313,17 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
     gshm_free(v);
     return print_json(doc);
   }
-  printf("%-6s %-32s %10s %-44s %s\n", "ID", "NAME", "SIZE", "LOCATION", "AGE");
+  int wn = 32, wl = 10;
+  for (size_t i = 0; i < n; i++) {
+    wn = widen(wn, v[i].name);
+    wl = widen(wl, v[i].location);
+  }
+  printf("%-6s %-*s %10s %-*s %s\n", "ID", wn, "NAME", "SIZE", wl, "LOCATION", "AGE");
   for (size_t i = 0; i < n; i++) {
     shown(v[i].name, esc);
-    printf("%-6" PRIu64 " %-*s %10s %-44s %s\n", v[i].id, col(esc, 32), esc,
-           gshm__format_size(v[i].requested_size, sz, sizeof(sz)), shown(v[i].location, esc2),
+    shown(v[i].location, esc2);
+    printf("%-6" PRIu64 " %-*s %10s %-*s %s\n", v[i].id, col(esc, wn), esc,
+           gshm__format_size(v[i].requested_size, sz, sizeof(sz)), col(esc2, wl), esc2,
            age(v[i].created_ns, t, sizeof(t)));
   }
   gshm_free(v);

@@ -133,16 +133,23 @@ const struct option_def *gshmd__config_option_find(const char *section, const ch
   return NULL;
 }
 
-/* Parses an unsigned decimal (base 8 if octal) number with an optional
- * binary K/M/G/T suffix (when sizes is set).  Rejects signs, blanks, junk. */
+/* Parses an unsigned decimal (base 8 if octal) number, or (when sizes is
+ * set) a size as gshmctl reads one: K, M, G or T alone, with B or with
+ * iB, all 1024-based (gshm__parse_size).  Rejects signs, blanks, junk. */
 static int parse_number(const char *s, bool sizes, int base, uint64_t *out, const char **why) {
   unsigned long long v;
-  uint64_t mult = 1;
   char *end;
+  int e;
 
   if (*s < '0' || *s > '9') {
     *why = *s ? "not a non-negative number" : "empty value";
     return -EINVAL;
+  }
+  if (sizes) {
+    if ((e = gshm__parse_size(s, out)))
+      *why = e == -ERANGE ? "number too large"
+                          : "bad size suffix (use K, M, G or T, alone or with B or iB: 1024-based)";
+    return e ? -EINVAL : 0;
   }
   errno = 0;
   v = strtoull(s, &end, base);
@@ -150,28 +157,11 @@ static int parse_number(const char *s, bool sizes, int base, uint64_t *out, cons
     *why = "number too large";
     return -EINVAL;
   }
-  if (sizes && *end) {
-    switch (*end) {
-    case 'k': case 'K': mult = UINT64_C(1) << 10; break;
-    case 'm': case 'M': mult = UINT64_C(1) << 20; break;
-    case 'g': case 'G': mult = UINT64_C(1) << 30; break;
-    case 't': case 'T': mult = UINT64_C(1) << 40; break;
-    default:
-      *why = "bad size suffix (use K, M, G or T, 1024-based)";
-      return -EINVAL;
-    }
-    end++;
-  }
   if (*end) {
-    *why = base == 8 ? "not an octal number" : sizes ? "not a size (bytes, or a number with K, M, G or T)"
-                                                     : "not a decimal number";
+    *why = base == 8 ? "not an octal number" : "not a decimal number";
     return -EINVAL;
   }
-  if (v > UINT64_MAX / mult) {
-    *why = "number too large";
-    return -EINVAL;
-  }
-  *out = (uint64_t)v * mult;
+  *out = (uint64_t)v;
   return 0;
 }
 

@@ -44,8 +44,8 @@ static const char *option_type_doc(const struct option_def *opt, char *buf, size
   case OPT_SIZE:
   case OPT_SIZE32:
     if (opt->max == UINT64_MAX)
-      return "bytes; K/M/G/T suffixes are 1024-based";
-    snprintf(buf, size, "bytes %" PRIu64 "..%" PRIu64 "; K/M/G/T suffixes are 1024-based",
+      return "bytes; K/M/G/T (also KB, KiB) are 1024-based";
+    snprintf(buf, size, "bytes %" PRIu64 "..%" PRIu64 "; K/M/G/T (also KB, KiB) are 1024-based",
              opt->min, opt->max);
     return buf;
   case OPT_U32:
@@ -98,7 +98,20 @@ void gshmd__config_print_usage(FILE *f) {
             option_type_doc(opt, tbuf, sizeof(tbuf)));
     print_wrapped(f, NULL, "      ", opt->help, 79);
   }
-  fprintf(f, "\nSee gshmd --print-config for a commented configuration file.\n");
+  fprintf(f, "\n"
+             "Signals: SIGTERM or SIGINT stops gshmd.\n"
+             "\n"
+             "Exit status:\n"
+             "  0   stopped by a signal; --help, --version, --print-config, --dump-config,\n"
+             "      or --check-config found the configuration ok\n"
+             "  1   gshmd could not start (its socket, a backend, the cluster port, a\n"
+             "      --config file that is missing, ...): its log says why\n"
+             "  2   a usage or configuration error: an unknown option or key, a bad\n"
+             "      value (the message names the file, line and key)\n"
+             "  75  stopped for a restart after a sticky CUDA error, or once the GPUs\n"
+             "      work again (gshmd.service's Restart=on-failure starts it again)\n"
+             "\n"
+             "See gshmd --print-config for a commented configuration file.\n");
 }
 
 /* Formats the value of opt in cfg the way the INI parser reads it back. */

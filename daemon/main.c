@@ -171,7 +171,8 @@ static int setup_backends(struct daemon *d) {
     return 0;
   }
   if (e && !strcmp(want, "cuda")) {
-    gshm_log_err("backend = cuda, but the CUDA backend is unavailable: %s", cuda_missing(e));
+    gshm_log_err("backend = cuda, but the CUDA backend is unavailable: %s (daemon.backend = "
+                 "auto or host serves host segments without it)", cuda_missing(e));
     return e;
   }
   if (e) /* (probed if the restore parks device segments: gpu_fault.c) */

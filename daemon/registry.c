@@ -314,8 +314,8 @@ int gshmd__reg_lease_add(struct gshmd_registry *r, struct gshmd_client *c, struc
   if (!u)
     return -ENOMEM;
   if (r->cfg->quota_leases && c->cred.uid && u->leases >= r->cfg->quota_leases) {
-    *msg_out = gshmd__reg_fmt_msg(r, "uid %u holds %u leases, limit %u", (unsigned)c->cred.uid,
-                                  u->leases, r->cfg->quota_leases);
+    *msg_out = gshmd__reg_fmt_msg(r, "uid %u holds %u leases, limit %u (quota.leases)",
+                                  (unsigned)c->cred.uid, u->leases, r->cfg->quota_leases);
     return -EDQUOT;
   }
   if (gshmd_seg_index_reserve(&r->lease_index) || !(l = calloc(1, sizeof(*l))))

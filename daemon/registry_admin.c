@@ -177,7 +177,8 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
   if (!gshmd_registry_may_manage(c, seg))
     return gshmd__reg_not_owner(r, c, seg, msg_out);
   if (uid >= 0 && (uid_t)uid != seg->uid && !c->cred.admin) {
-    *msg_out = "only an admin gives a segment to another user";
+    *msg_out = "only an admin (root or a member of daemon.admin_group) gives a segment to "
+               "another user";
     return -EPERM;
   }
   if (gid >= 0 && !c->cred.admin && !gshmd__reg_cred_in_group(&c->cred, (gid_t)gid)) {
@@ -210,7 +211,7 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
 
   /* (an admin check first: an id says nothing to others of what exists) */
   if (segment_id && !c->cred.admin) {
-    *msg_out = "revoke is for admins (root or the admin group)";
+    *msg_out = "revoke is for admins (root or a member of daemon.admin_group)";
     return -EPERM;
   }
   seg = segment_id ? gshmd_registry_find_id(r, segment_id) : gshmd_registry_find_name(r, name);
@@ -221,7 +222,7 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
   if (!seg)
     return gshmd__reg_no_segment(r, name, msg_out);
   if (!c->cred.admin) {
-    *msg_out = "revoke is for admins (root or the admin group)";
+    *msg_out = "revoke is for admins (root or a member of daemon.admin_group)";
     return -EPERM;
   }
   /* Unlink first so that ending the last lease frees the memory. */

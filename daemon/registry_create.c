@@ -18,18 +18,19 @@
 #include "util.h"
 
 /* The quota check of segment_new, made twice: on the size asked and again
- * on the size rounded up to the granularity.  where (" on host", " on
- * cuda" or "") and what ("asked", "after rounding") word the message.
- * 0, or -EDQUOT with *msg_out set. */
+ * on the size rounded up to the granularity.  where ("host" or "cuda",
+ * which also names the quota's key) and what ("asked", "after rounding")
+ * word the message.  0, or -EDQUOT with *msg_out set. */
 static int quota_check(struct gshmd_registry *r, uid_t uid, uint64_t quota, uint64_t used,
                        uint64_t size, const char *where, const char *what, const char **msg_out) {
   char a[32], q[32], s[32];
 
   if (!quota || !uid || (size <= quota && used <= quota - size))
     return 0;
-  *msg_out = gshmd__reg_fmt_msg(
-      r, "uid %u uses %s of %s%s, %s more %s", (unsigned)uid, gshm__format_size(used, a, sizeof(a)),
-      gshm__format_size(quota, q, sizeof(q)), where, gshm__format_size(size, s, sizeof(s)), what);
+  *msg_out = gshmd__reg_fmt_msg(r, "uid %u uses %s of %s on %s, %s more %s (quota.%s_bytes)",
+                                (unsigned)uid, gshm__format_size(used, a, sizeof(a)),
+                                gshm__format_size(quota, q, sizeof(q)), where,
+                                gshm__format_size(size, s, sizeof(s)), what, where);
   return -EDQUOT;
 }
 
@@ -66,7 +67,8 @@ static int request_check(struct gshmd_registry *r, const Gshm__CreateRequest *re
     return -EINVAL;
   }
   if (cfg->max_segment_size && req->size > cfg->max_segment_size) {
-    *msg_out = gshmd__reg_fmt_msg(r, "size %s is over the daemon's limit of %s",
+    *msg_out = gshmd__reg_fmt_msg(r, "size %s is over the daemon's limit of %s "
+                                  "(limits.max_segment_size)",
                                   gshm__format_size(req->size, s, sizeof(s)),
                                   gshm__format_size(cfg->max_segment_size, q, sizeof(q)));
     return -EFBIG;
@@ -200,7 +202,8 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
   if (!hidden && (seg = gshmd_registry_find_name(r, req->name)))
     return name_taken(r, c, req, &loc, seg, seg_out, msg_out);
   if (cfg->max_segments && r->nsegments + r->nhidden >= cfg->max_segments) {
-    *msg_out = gshmd__reg_fmt_msg(r, "the daemon holds %u segments, its limit", r->nsegments);
+    *msg_out = gshmd__reg_fmt_msg(r, "the daemon holds %u segments, its limit "
+                                  "(limits.max_segments)", r->nsegments);
     return -EMFILE;
   }
   cuda = loc.kind != GSHM_LOCATION_HOST;
@@ -213,20 +216,21 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
   if (!(u = gshmd__reg_usage_get(r, c->cred.uid)))
     return -ENOMEM;
   if (cfg->quota_segments && c->cred.uid && u->segments >= cfg->quota_segments) {
-    *msg_out = gshmd__reg_fmt_msg(r, "uid %u owns %u segments, limit %u", (unsigned)c->cred.uid,
-                                  u->segments, cfg->quota_segments);
+    *msg_out = gshmd__reg_fmt_msg(r, "uid %u owns %u segments, limit %u (quota.segments)",
+                                  (unsigned)c->cred.uid, u->segments, cfg->quota_segments);
     return -EDQUOT;
   }
   quota = cuda ? cfg->quota_cuda_bytes : cfg->quota_host_bytes;
   used = cuda ? u->cuda_bytes : u->host_bytes;
-  if ((e = quota_check(r, c->cred.uid, quota, used, req->size, cuda ? " on cuda" : " on host",
-                       "asked", msg_out)))
+  if ((e = quota_check(r, c->cred.uid, quota, used, req->size, cuda ? "cuda" : "host", "asked",
+                       msg_out)))
     return e;
 
   if ((e = backend_alloc(r, b, &loc, req, hidden ? c : NULL, &mem, msg_out)))
     return e;
   /* Rounding up to the granularity may cross the quota after all. */
-  if ((e = quota_check(r, c->cred.uid, quota, used, mem->size, "", "after rounding", msg_out))) {
+  if ((e = quota_check(r, c->cred.uid, quota, used, mem->size, cuda ? "cuda" : "host",
+                       "after rounding", msg_out))) {
     b->ops->free(b, mem);
     return e;
   }

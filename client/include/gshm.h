@@ -429,7 +429,8 @@ typedef void (*gshm_pull_progress_fn)(const gshm_pull_progress_t *progress, void
 typedef struct gshm_pull_opts {
   const char *local_name;          /* NULL or "": the peer's name; gshm_pull_prefix: the
                                       local prefix that takes the place of the peer's */
-  const char *location;            /* NULL or "": "host" for a host segment */
+  const char *location;            /* NULL or "": "host" for a host segment, "cuda:0"
+                                      for a device one */
   uint32_t mode;                   /* permission bits of the new segment; 0: 0600 */
   gshm_pull_progress_fn progress;  /* NULL: none; called on the calling thread while the
                                       client is busy: it must not use the client */
@@ -499,8 +500,9 @@ GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *n
  * opts->progress meanwhile (segment counts included).  *results_out gets
  * one gshm_pull_result_t per segment, in the peer's id order (for
  * gshm_free), and *count_out their number: each with its segment's name,
- * id, generation, sizes, location, device_index and source (owner and
- * mode are the caller's and opts->mode: not filled), its bytes, path,
+ * id, generation, sizes, location, device_index and source, uid and gid
+ * (this process's effective ones, which gshmd gives a pulled segment)
+ * and mode (opts->mode, 0600 for 0), its bytes, path,
  * peer, remote_name, remote ids and relayed; elapsed_ns is the whole
  * set's, path_reason set on the first.  A segment the peer relayed (it
  * was still pulling it: fan-out) has relayed 1 and remote ids 0; its
@@ -597,7 +599,8 @@ GSHM_EXTERN int gshm_read(gshm_segment_t *seg, uint64_t offset, void *buf, size_
 GSHM_EXTERN int gshm_write(gshm_segment_t *seg, uint64_t offset, const void *buf, size_t bytes);
 
 /* Daemon's explanation of this client's last failed request ("uid 1000 uses
- * 3 GiB of 4 GiB on cuda, 2 GiB more asked"), or "" when there is none.
+ * 3 GiB of 4 GiB on cuda, 2 GiB more asked (quota.cuda_bytes)"), or "" when
+ * there is none.
  * Returns a copy in storage of the calling thread, valid until that
  * thread's next gshm_last_error(); with several threads on one client,
  * "last" is the last of any thread's requests. */

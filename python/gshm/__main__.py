@@ -82,21 +82,25 @@ def shown(text: str) -> str:
 
 
 def segment_lines(segs: Sequence[SegmentInfo]) -> List[str]:
-    out = ["%-6s %-30s %12s %-12s %6s %6s %5s %-8s %6s"
-           % ("ID", "NAME", "SIZE", "LOCATION", "UID", "GID", "MODE", "STATE", "LEASES")]
+    """gshmctl segments's table: a name longer than its column widens it."""
+    w = max([30] + [len(shown(s.name)) for s in segs])
+    out = ["%-6s %-*s %12s %-12s %6s %6s %4s %-8s %6s"
+           % ("ID", w, "NAME", "SIZE", "LOCATION", "UID", "GID", "MODE", "STATE", "LEASES")]
     for s in segs:
         loc = s.location if s.is_host else "cuda:%d" % s.device_index
-        out.append("%-6d %-30s %12s %-12s %6d %6d %04o %-8s %6d"
-                   % (s.id, shown(s.name), _size(s.size), loc, s.uid, s.gid, s.mode,
+        out.append("%-6d %-*s %12s %-12s %6d %6d %04o %-8s %6d"
+                   % (s.id, w, shown(s.name), _size(s.size), loc, s.uid, s.gid, s.mode,
                       "unlinked" if s.unlinked else "live", s.leases))
     return out
 
 
 def client_lines(clients: Sequence[ClientInfo]) -> List[str]:
-    out = ["%-8s %8s %6s %6s %-20s %6s" % ("SESSION", "PID", "UID", "GID", "NAME", "LEASES")]
+    """gshmctl clients's table: a name longer than its column widens it."""
+    w = max([20] + [len(shown(c.name)) for c in clients])
+    out = ["%-8s %8s %6s %6s %-*s %6s" % ("SESSION", "PID", "UID", "GID", w, "NAME", "LEASES")]
     for c in clients:
-        out.append("%-8d %8d %6d %6d %-20s %6d"
-                   % (c.session_id, c.pid, c.uid, c.gid, shown(c.name), c.leases))
+        out.append("%-8d %8d %6d %6d %-*s %6d"
+                   % (c.session_id, c.pid, c.uid, c.gid, w, shown(c.name), c.leases))
     return out
 
 
@@ -140,6 +144,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_DENIED
     except Error as e:
         print("gshm: %s" % (e,), file=sys.stderr)
+        return EXIT_ERROR
+    except ImportError as e:  # libgshm not found: what to do, not a traceback
+        print(e, file=sys.stderr)
         return EXIT_ERROR
     if args.json:
         key = args.verb

@@ -107,8 +107,14 @@ def test_pull_prefix_resolves_manifest(pair):
         cb.create("llama/seg-000001", 65536 + 12, location="host").close()
         with pytest.raises(_manifest.StaleManifest):
             _manifest.open_segments(cb, _manifest.read(cb, "llama"))
-        rs = cb.pull("a", "pub/llama/", local_name="llama/", prefix=True, replace=True)
+        rs = cb.pull("a", "pub/llama/", local_name="llama/", prefix=True, replace=True,
+                     mode=0o640)
         assert len(rs) == 4
+        # each result's owner and mode are the new segment's (they were
+        # left 0: uid 0, mode 0, as if root had made it unreadable)
+        for r in rs:
+            st = cb.stat(r.segment.name)
+            assert (r.segment.uid, r.segment.gid, r.segment.mode) == (st.uid, st.gid, 0o640), r
         for s in _manifest.open_segments(cb, _manifest.read(cb, "llama")).values():
             s.close()
         for r in rs:

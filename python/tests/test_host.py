@@ -878,6 +878,17 @@ def test_python_m_gshm_is_gshmctl_status(daemon, client, segname):
     assert "is gshmd running?" in str(ei.value) and ei.value.errno == errno.ENOENT, ei.value
 
 
+def test_python_m_gshm_without_libgshm(tmp_path):
+    """python -m gshm where libgshm cannot be loaded (a container without
+    it: the check the README offers) says so in one line and exits 1; it
+    died with a traceback."""
+    env = gshm_testutil.child_env(GSHM_LIBRARY=str(tmp_path / "libgshm.so"))
+    p = _python_m_gshm("--socket", str(tmp_path / "s"), env=env)
+    err = p.stderr.decode()
+    assert p.returncode == 1 and "Traceback" not in err, (p.returncode, err)
+    assert err.startswith("gshm: cannot load libgshm") and "GSHM_LIBRARY" in err, err
+
+
 def test_python_m_gshm_escapes_names(daemon, client):
     """Names other users chose reach python -m gshm's tables escaped as
     gshmctl's (the attack4 review): a C1 CSI (U+009B) and a bidi override
@@ -897,6 +908,22 @@ def test_python_m_gshm_escapes_names(daemon, client):
             assert all(b == 0x0a or (0x20 <= b != 0x7f and b != 0x9b) for b in out), out
             assert want.encode() in out, (verb, out)
         evil.unlink(name)
+
+
+def test_python_m_gshm_long_names_keep_columns(daemon, client):
+    """A segment or client name longer than its column widens the column
+    for every row, as in gshmctl: before, it pushed the later columns of
+    its own row out of line.  Each table's rows end with a right-aligned
+    column, so aligned rows are of one length."""
+    import gshm
+    from gshm.__main__ import client_lines, segment_lines
+    name = "w" * 50 + "/\u00e9"
+    with gshm.Client(daemon.socket, name="c" * 30 + "\u00e9") as c2, \
+            c2.create(name, 4096, location="host"), c2.create("short", 4096, location="host"):
+        for lines in (segment_lines(client.segments()), client_lines(client.clients())):
+            assert len(lines) >= 3 and len({len(l) for l in lines}) == 1, lines
+        c2.unlink(name)
+        c2.unlink("short")
 
 
 def test_unreachable_says_what_gshmctl_says(tmp_path):

@@ -3,7 +3,9 @@
 # gshmctl mappings and --json mappings say the same of every lease: a
 # host segment held mapped by a Python client shows DEVICES "cpu" in the
 # table and "mapped": true, "cpu": true, "devices": [] in the JSON (before,
-# the JSON said only "devices": [], which reads as mapped nowhere).
+# the JSON said only "devices": [], which reads as mapped nowhere).  A
+# segment name and a client name longer than their columns widen them:
+# the columns after them stay in line in mappings and clients.
 #   test_mappings_json.sh GSHMD GSHMCTL PYTHON SOURCE_DIR LIBGSHM
 set -u
 gshmd=$1 ctl=$2 py=$3 src=$4 lib=$5
@@ -18,12 +20,14 @@ export GSHM_SOCKET=$dir/s GSHM_LIBRARY=$lib PYTHONPATH=$src/python
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-# A client that creates host segment "m/cpu" (mapped at once), says so
-# on stdout and holds it until its stdin closes.
+# A client that creates host segment "m/cpu" (mapped at once) and one of
+# a long name, says so on stdout and holds them until its stdin closes.
 mkfifo "$dir/in"
 "$py" -c '
 import sys, gshm
-with gshm.Client(sys.argv[1]) as c, c.create("m/cpu", 8192, location="host") as seg:
+with gshm.Client(sys.argv[1], name="a-client-named-past-its-columns-\u00e9") as c, \
+     c.create("m/cpu", 8192, location="host") as seg, \
+     c.create("m/" + "w" * 40 + "/\u00e9", 8192, location="host") as seg2:
     assert seg.mapped
     print("ready", flush=True)
     sys.stdin.read()
@@ -44,6 +48,20 @@ assert len(rows) == 1, rows
 m = rows[0]
 assert m["mapped"] is True and m.get("cpu") is True and m["devices"] == [], m
 PY
+
+# aligned FILE COLUMN: every row's field of the left-aligned COLUMN
+# starts where its heading (the first line) does, in characters
+aligned() {
+  "$py" - "$dir/$1" "$2" <<'PY' || fail "column $2 of $1 is not aligned: $(cat "$dir/$1")"
+import sys
+head, *rows = open(sys.argv[1], encoding="utf-8").read().splitlines()
+off = head.index(sys.argv[2])
+assert len(rows) >= 2 and all(r[off - 1] == " " and r[off] != " " for r in rows), rows
+PY
+}
+aligned text ACCESS
+"$ctl" clients >"$dir/clients" 2>"$dir/err" || fail "gshmctl clients: $(cat "$dir/err")"
+aligned clients SINCE
 
 exec 3>&-
 wait $holder || fail "the Python client failed: $(cat "$dir/holder.err")"

@@ -27,6 +27,20 @@ run() {
 has() { grep -qF -- "$2" "$dir/$1" || fail "$1 of the last command lacks '$2': $(cat "$dir/$1")"; }
 json() { "$py" -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$dir/$1" \
            || fail "$1 is not JSON with $2: $(cat "$dir/$1")"; }
+# aligned FILE COLUMN: in the table of $dir/FILE (from the line whose
+# words include COLUMN to the next empty line), every row's field of the
+# left-aligned COLUMN starts where its heading does, in characters
+aligned() {
+  "$py" - "$dir/$1" "$2" <<'PY' || fail "column $2 of $1 is not aligned: $(cat "$dir/$1")"
+import sys
+lines = open(sys.argv[1], encoding="utf-8").read().split("\n")
+at = next(i for i, l in enumerate(lines) if sys.argv[2] in l.split())
+off = lines[at].index(sys.argv[2])
+rows = [l for l in lines[at + 1:] if l]
+rows = rows[:next((i for i, l in enumerate(lines[at + 1:]) if not l), len(rows))]
+assert rows and all(r[off - 1] == " " and r[off] != " " for r in rows), rows
+PY
+}
 
 # item 5: one version
 [ "$("$ctl" -V)" = "gshmctl $version" ] || fail "gshmctl -V: $("$ctl" -V)"
@@ -77,6 +91,13 @@ run 0 segments
 a=$(grep -F "cafe/u/e" "$dir/out" | sed 's/4.0 KiB.*//' | LC_ALL=C.UTF-8 wc -m)
 u=$(grep -F "caf$(printf '\xc3\xa9')/" "$dir/out" | sed 's/4.0 KiB.*//' | LC_ALL=C.UTF-8 wc -m)
 [ -n "$a" ] && [ "$a" = "$u" ] || fail "segments: the SIZE column after a UTF-8 name at $u characters, after ASCII at $a: $(cat "$dir/out")"
+# a name longer than the NAME column widens it for every row: the
+# columns after it stay in line (a 60-byte name pushed its row's over)
+run 0 create "$(printf 'w%.0s' $(seq 60))/$(printf '\xc3\xa9')" 4K
+run 0 segments
+aligned out LOCATION
+aligned out STATE
+run 0 unlink "$(printf 'w%.0s' $(seq 60))/$(printf '\xc3\xa9')"
 run 0 unlink "caf$(printf '\xc3\xa9')/$(printf '\xc3\xbc')/$(printf '\xc3\xa9')"
 run 0 unlink "cafe/u/e"
 # read's and write's sizes name the verb, and a negative one as such
@@ -106,6 +127,27 @@ if command -v script >/dev/null; then
   grep -q "<6>" "$dir/tty" && fail "the <6> prefix reached a terminal: $(cat "$dir/tty")"
   # and without a GPU (backend auto), gshmd says what is missing, not an errno
   grep -q "device segments unavailable (No such file" "$dir/tty" && fail "$(cat "$dir/tty")"
+fi
+
+# read to a terminal: a segment's raw bytes (another user's, perhaps)
+# could rewrite what the terminal shows, as a raw name could: refused
+# without -o; "-o -" writes them there anyway
+if command -v script >/dev/null; then
+  run 0 create tty/seg 4K
+  printf 'ab\033[2Jcd' >"$dir/esc.bin"
+  run 0 write tty/seg -i "$dir/esc.bin"
+  script -qec "'$ctl' read tty/seg --length 8; echo rc=\$?" /dev/null >"$dir/tty" 2>&1
+  grep -q "rc=2" "$dir/tty" || fail "read to a terminal: not exit 2: $(od -c "$dir/tty" | head -5)"
+  grep -qF "give -o FILE" "$dir/tty" || fail "read to a terminal: no hint: $(od -c "$dir/tty" | head -5)"
+  grep -qF "$(printf '\033[2J')" "$dir/tty" && fail "read wrote an escape sequence to a terminal"
+  script -qec "'$ctl' read tty/seg --length 8 -o -" /dev/null >"$dir/tty" 2>&1
+  grep -qF "$(printf 'ab\033[2Jcd')" "$dir/tty" || fail "read -o - to a terminal: $(od -c "$dir/tty" | head -5)"
+  (cd "$dir" && "$ctl" read tty/seg --length 8 -o - >"$dir/out") || fail "read -o - to a file: failed"
+  cmp -s "$dir/out" "$dir/esc.bin" || fail "read -o - to a file: $(od -c "$dir/out" | head -3)"
+  [ -e "$dir/-" ] && fail "read -o - made a file named '-'"
+  usage_json_early() { run 2 --json "$@"; json err "d['error']['exit_code'] == 2"; }
+  usage_json_early read tty/seg -o -
+  run 0 unlink tty/seg
 fi
 
 # item 7: the same success shape for every verb, JSON errors
@@ -174,6 +216,10 @@ if [ "$(id -u)" = 0 ]; then
   as_other "$ctl" -s "$dir/s" unlink hidden >"$dir/out" 2>"$dir/err"
   [ $? = 4 ] || fail "unlink of a 0600 segment as uid 65534: not exit 4"
   has err "only its owner or an admin may change it"
+  # admin-only verbs say which setting makes an admin
+  as_other "$ctl" -s "$dir/s" revoke hidden >"$dir/out" 2>"$dir/err"
+  [ $? = 4 ] || fail "revoke as uid 65534: not exit 4"
+  has err "root or a member of daemon.admin_group"
   run 0 unlink hidden
   chmod 0660 "$dir/s"
   chmod 0700 "$dir"
@@ -256,6 +302,12 @@ GSHM_SOCKET=$dir/nothing-here run 0 segments -h
 has out "segments --peer PEER"
 GSHM_SOCKET=$dir/nothing-here run 0 help pull
 has out "pull PEER:NAME [--as LOCAL] [--prefix]"
+# each option's default and meaning, as create's has them
+has out "LOC default: host for a host segment,"
+has out "cuda:0 for a device one"
+has out "MODE octal,"
+GSHM_SOCKET=$dir/nothing-here run 0 create --help
+has out "--legacy-ipc: also export"
 run 2 help nope
 has err "unknown verb 'nope'"
 # --json read has no form for raw bytes: refused without -o, a summary with
@@ -275,7 +327,7 @@ head -c 32 /dev/urandom | base64 >"$dir/key"
 chmod 0600 "$dir/key"
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$gshmd" --backend host --socket "$dir/c" --log-level 3 --set "cluster.listen=127.0.0.1:$port" \
-  --set "cluster.secret_file=$dir/key" --set cluster.peers=gone=127.0.0.1:1 2>"$dir/gshmd-c.log" &
+  --set "cluster.secret_file=$dir/key" --set cluster.peers=gone=127.0.0.1:1,a-peer-named-past-its-column=[0000:0000:0000:0000:0000:ffff:127.0.0.1]:1 2>"$dir/gshmd-c.log" &
 cpid=$!
 for _ in $(seq 200); do [ -S "$dir/c" ] && break; sleep 0.05; done
 GSHM_SOCKET=$dir/c run 1 segments --peer gone
@@ -284,13 +336,65 @@ grep -qF "connection to gshmd" "$dir/err" && fail "a peer down blamed on gshmd: 
 # --json peers says whether the cluster is on, as the text does
 GSHM_SOCKET=$dir/c run 0 --json peers
 json out "d['cluster'] is True and d['peers'][0]['name'] == 'gone'"
+# a peer name longer than the PEER column, an address longer than
+# ADDRESS: the columns after them stay in line
+GSHM_SOCKET=$dir/c run 0 peers
+aligned out STATE
 kill $cpid; wait $cpid 2>/dev/null
 run 0 --json peers
 json out "d['cluster'] is False and d['peers'] == []"
 run 0 peers
 has out "cluster off"
 
-# item 9: the example's --help needs no torch
+# a quota or limit that refuses a create names its key, so that the user
+# knows what an admin would raise (it said "limit 1" and nothing more)
+"$gshmd" --backend host --socket "$dir/q" --log-level 3 --set daemon.socket_mode=0666 \
+  --set limits.max_segments=2 --set limits.max_segment_size=1M --set quota.segments=1 \
+  --set quota.host_bytes=8K 2>"$dir/gshmd-q.log" &
+qpid=$!
+for _ in $(seq 200); do [ -S "$dir/q" ] && break; sleep 0.05; done
+as_user=()
+if [ "$(id -u)" = 0 ]; then
+  as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+  chmod 0711 "$dir"
+fi
+quser() { # quser RC ARGS...: gshmctl on $dir/q as a user that quotas apply to
+  local want=$1 rc
+  shift
+  "${as_user[@]}" "$ctl" -s "$dir/q" "$@" >"$dir/out" 2>"$dir/err"
+  rc=$?
+  [ "$rc" = "$want" ] || fail "gshmctl $* (quota): exit $rc, want $want ($(cat "$dir/err"))"
+}
+quser 0 create q1 4K
+quser 1 create q2 4K
+has err "limit 1 (quota.segments)"
+quser 1 create q2 2M
+has err "over the daemon's limit of 1 MiB (limits.max_segment_size)"
+quser 0 unlink q1
+quser 1 create q3 12K
+has err "12 KiB more asked (quota.host_bytes)"
+if [ "$(id -u)" = 0 ]; then
+  quser 0 create q4 4K
+  GSHM_SOCKET=$dir/q run 0 create r1 4K
+  GSHM_SOCKET=$dir/q run 1 create r2 4K
+  has err "the daemon holds 2 segments, its limit (limits.max_segments)"
+  chmod 0700 "$dir"
+fi
+kill $qpid; wait $qpid 2>/dev/null
+
+# gshm-bench's numeric options: a value that is no integer, or below
+# the option's least, is a usage error naming the option ("--iters abc"
+# ran once, "--runs x" measured nothing)
+for args in "pull --iters abc" "pull --fanout 2x" "attach --runs x" "attach --device -1" \
+            "control --repeat 0" "seal --reps z" "copy --reps -3" "broadcast --gpus two"; do
+  set -- $args
+  timeout 20 "$bench" "$@" >"$dir/out" 2>"$dir/err"
+  rc=$?
+  [ $rc = 2 ] || fail "gshm-bench $args: exit $rc, want 2 ($(tail -2 "$dir/err"))"
+  has err "gshm-bench $1: $2 takes an integer"
+done
+
+
 "$py" "$src/python/examples/share_weights.py" --help >"$dir/out" 2>"$dir/err" \
   || fail "share_weights.py --help: $(cat "$dir/err")"
 has out "usage: share_weights.py"

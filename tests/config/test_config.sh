@@ -111,6 +111,11 @@ for k in "${keys[@]}"; do
   grep -qF -- "$k = " "$tmp/out" || fail "--help does not mention $k"
 done
 grep -qF -- "--check-config" "$tmp/out" || fail "--help does not mention --check-config"
+# and, as a man page would, its exit statuses (75: the restart that
+# gshmd.service's Restart=on-failure answers)
+for x in "Exit status:" "  2   " "  75  "; do
+  grep -qF -- "$x" "$tmp/out" || fail "--help lacks '$x'"
+done
 
 run 0 "$gshmd" --version || true
 grep -qE '^gshmd [0-9]+\.[0-9]+' "$tmp/out" || fail "--version printed '$(cat "$tmp/out")'"
@@ -158,6 +163,11 @@ expect_value limits max_segment_size 2147483648 --config "$tmp/good.conf"
 expect_value quota host_bytes 1099511627776 --config "$tmp/good.conf"
 expect_value quota cuda_bytes 3145728 --config "$tmp/good.conf"
 expect_value quota segments 7 --config "$tmp/good.conf"
+# sizes take K, M, G, T alone, with B or with iB, as gshmctl's do
+# (README: 4K = 4KB = 4KiB); "4GiB" was "not a size"
+expect_value quota host_bytes 4294967296 --config "$tmp/good.conf" --set quota.host_bytes=4GiB
+expect_value quota host_bytes 8192 --config "$tmp/good.conf" --set quota.host_bytes=8KB
+expect_value quota host_bytes 100 --config "$tmp/good.conf" --set quota.host_bytes=100B
 expect_value limits max_name 255 --config "$tmp/good.conf" # untouched default
 expect_value metrics textfile /var/lib/node_exporter/gshm.prom --config "$tmp/good.conf"
 for b in true:true false:false yes:true no:false on:true off:false 1:true 0:false; do
@@ -335,6 +345,15 @@ run 1 timeout 10 "$gshmd" --backend host --socket "$tmp/grp.sock" \
   --set daemon.socket_group=no-such-group-gshm || true
 grep -q "no such group" "$tmp/err" || fail "gshmd started without its socket group: $(cat "$tmp/err")"
 [[ ! -e $tmp/grp.sock ]] || fail "a socket was left at $tmp/grp.sock"
+
+# backend = cuda where the CUDA driver does not load (this test runs
+# without LD_LIBRARY_PATH's fake driver): gshmd does not start, and says
+# which setting serves host segments instead
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  run 1 timeout 10 "$gshmd" --backend cuda --socket "$tmp/cuda.sock" || true
+  expect_err "backend = cuda, but the CUDA backend is unavailable"
+  expect_err "daemon.backend = auto or host"
+fi
 
 # A file at the socket path that is not a socket is never removed.
 echo keep >"$tmp/notasock"
