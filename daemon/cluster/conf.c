@@ -100,6 +100,14 @@ static int parse_peers(struct links *ll, const char *spec) {
         free(copy);
         return -EINVAL;
       }
+    /* one peers list for every node of a fleet names this one too: not a
+     * peer of itself (it linked to itself and showed as "up") */
+    if (!strcmp(p->name, ll->node_name)) {
+      gshm_log_notice("cluster.peers: '%s' is this node (cluster.node_name): not a peer of "
+                      "itself",
+                      p->name);
+      continue;
+    }
     ll->npeers++;
   }
   free(copy);

@@ -89,6 +89,17 @@ if [[ $rc != 0 ]] || ! grep -qF "configuration ok" "$tmp/out"; then
   sed 's/^/  stderr: /' "$tmp/err" >&2
 fi
 
+# One peers list for every node names this node too: it is no peer of
+# itself (it linked to itself, "up", before).
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+timeout 3 "$gshmd" --backend host --set "daemon.socket=$tmp/self.sock" "${K[@]}" \
+  --set "cluster.listen=127.0.0.1:$port" --set cluster.node_name=n1 \
+  --set "cluster.peers=n1=127.0.0.1:$port,n2=127.0.0.1:1" >"$tmp/out" 2>"$tmp/err" || true
+if ! grep -qF "'n1' is this node" "$tmp/err" || grep -q "peer 'n1' connected" "$tmp/err"; then
+  fail "a node listed in its own peers: not skipped"
+  sed 's/^/  stderr: /' "$tmp/err" >&2
+fi
+
 # A port something listens on: one clear error at start.
 python3 -c '
 import socket, sys, time
