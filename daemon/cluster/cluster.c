@@ -58,8 +58,7 @@ static int may_pull(const struct gshmd_cluster *cl, const struct gshmd_client *c
     member = c->cred.groups[i] == cl->pull_gid;
   if (member)
     return 0;
-  *msg_out = cl->have_pull_gid ? "listing and pulling peers' segments needs membership in "
-                                 "cluster.pull_group"
+  *msg_out = cl->have_pull_gid ? cl->pull_refused
                                : "listing and pulling peers' segments is for admins "
                                  "(cluster.pull_group is empty)";
   return -EACCES;

@@ -250,6 +250,9 @@ static int read_pull_group(struct gshmd_cluster *cl, const char *group) {
   }
   cl->have_pull_gid = true;
   cl->pull_gid = g->gr_gid;
+  snprintf(cl->pull_refused, sizeof(cl->pull_refused),
+           "listing and pulling peers' segments needs membership in cluster.pull_group ('%s')",
+           group);
   return 0;
 }
 

@@ -87,6 +87,7 @@ struct gshmd_cluster {
   uint64_t pull_host_owed;
   bool have_pull_gid;
   gid_t pull_gid;
+  char pull_refused[160];      /* what a non-member is told (the group named) */
   struct export_rule *exports; /* cluster.export */
   unsigned nexport;
   /* metrics */

@@ -1260,6 +1260,7 @@ static int nobody_pulls(const char *socket_path) {
  * pull. */
 static int nobody_lists(const char *socket_path) {
   gshm_segment_info_t *v = NULL;
+  char want[128];
   gshm_client_t *c;
   size_t n = 0;
   int rc = 0;
@@ -1270,7 +1271,8 @@ static int nobody_lists(const char *socket_path) {
   }
   if (gshm_list_remote(c, "a", &v, &n) != -EACCES)
     rc = 2;
-  else if (!strstr(gshm_last_error(c), "pull_group"))
+  else if (snprintf(want, sizeof(want), "cluster.pull_group ('%s')", node_group) <= 0 ||
+           !strstr(gshm_last_error(c), want)) /* (the group named) */
     rc = 3;
   else if (gshm_pull(c, "a", "pub/root-public", NULL, NULL) != -EACCES)
     rc = 4;
