@@ -137,6 +137,8 @@ static void item_from_wire(gshm_pull_result_t *out, const Gshm__PulledSegment *i
              peer, out->remote_name, it->remote_id, it->remote_generation);
   out->bytes = it->bytes;
   snprintf(out->path, sizeof(out->path), "%s", it->path);
+  if (it->path_reason) /* (an older gshmd sends none) */
+    snprintf(out->path_reason, sizeof(out->path_reason), "%s", it->path_reason);
   snprintf(out->peer, sizeof(out->peer), "%s", peer);
   out->remote_id = it->remote_id;
   out->remote_generation = it->remote_generation;
@@ -223,8 +225,10 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
         e = -EPROTO; /* pages missing */
         break;
       } else {
-        /* the first segment's reason stands for the set (per segment: path) */
-        snprintf(pd.v[0].path_reason, sizeof(pd.v[0].path_reason), "%s", r->path_reason);
+        /* each segment's path and reason came with its item (an older
+         * gshmd: only the first one's, in the result) */
+        if (!pd.v[0].path_reason[0])
+          snprintf(pd.v[0].path_reason, sizeof(pd.v[0].path_reason), "%s", r->path_reason);
         for (size_t i = 0; i < pd.n; i++)
           pd.v[i].elapsed_ns = r->elapsed_ns;
       }

@@ -421,6 +421,7 @@ static void reply_items(struct pull_set *s) {
       o->bytes = p->total;
       o->location = (char *)p->seg->mem->location;
       o->path = (char *)gshmd__pull_path_name(p->path);
+      o->path_reason = p->path_reason;
       o->remote_id = p->remote_id;
       o->remote_generation = p->remote_gen;
       o->device_index = p->seg->mem->device_index;

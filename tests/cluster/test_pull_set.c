@@ -287,6 +287,7 @@ static void test_set_all_at_once(void **state) {
   assert_int_equal(count_named(b, "settle"), 0);
   for (size_t i = 0; i < bg.n; i++) {
     assert_string_equal(bg.v[i].path, "host");
+    assert_non_null(strstr(bg.v[i].path_reason, "host segment")); /* each its own (was "") */
     assert_true(bg.v[i].bytes == bg.v[i].segment.requested_size);
     assert_non_null(strstr(bg.v[i].segment.source, "a:pub/set/"));
   }
