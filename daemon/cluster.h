@@ -54,6 +54,11 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
  * or -ENOMEM. */
 int gshmd_cluster_check_config(const struct gshmd_config *cfg);
 
+/* With the cluster off (neither cluster.listen nor cluster.peers), the
+ * first other [cluster] key that is set anyway (it does nothing then),
+ * as "cluster.export"; else NULL.  Static storage. */
+const char *gshmd_cluster_unused_key(const struct gshmd_config *cfg);
+
 /* Ends every pull (their partial segments are removed, their requesters
  * get an error), closes every connection and the listener, unregisters
  * every served segment and closes the loop handles; the caller runs the

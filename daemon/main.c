@@ -639,6 +639,11 @@ static int check_config(struct daemon *d) {
 
   gshm__log_setup("gshmd", GSHM_LOG_ERR, 0);
   e = gshmd_cluster_check_config(&d->cfg);
+  if (!e && gshmd_cluster_unused_key(&d->cfg))
+    fprintf(stderr,
+            "gshmd: warning: %s is set but the cluster is off (no cluster.listen, no "
+            "cluster.peers): it does nothing\n",
+            gshmd_cluster_unused_key(&d->cfg));
   if (!e)
     printf("gshmd: configuration ok (%s)\n", d->cfg.sources);
   gshmd_config_free(&d->cfg);

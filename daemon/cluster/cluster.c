@@ -331,6 +331,22 @@ static bool cluster_on(const struct gshmd_config *cfg) {
          (cfg->cluster_peers && *cfg->cluster_peers);
 }
 
+const char *gshmd_cluster_unused_key(const struct gshmd_config *cfg) {
+  const struct {
+    const char *key, *value;
+  } keys[] = {{"cluster.export", cfg->cluster_export},
+              {"cluster.pull_group", cfg->cluster_pull_group},
+              {"cluster.secret_file", cfg->cluster_secret_file},
+              {"cluster.node_name", cfg->cluster_node_name}};
+
+  if (cluster_on(cfg))
+    return NULL;
+  for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+    if (keys[i].value && *keys[i].value)
+      return keys[i].key;
+  return NULL;
+}
+
 int gshmd_cluster_check_config(const struct gshmd_config *cfg) {
   struct gshmd_cluster *cl;
   int e;
@@ -354,6 +370,10 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   int e;
 
   *cl_out = NULL;
+  if (gshmd_cluster_unused_key(cfg))
+    gshm_log_warn("%s is set but the cluster is off (no cluster.listen, no cluster.peers): it "
+                  "does nothing",
+                  gshmd_cluster_unused_key(cfg));
   if (!cluster_on(cfg))
     return 0;
   if (sodium_init() < 0) {

@@ -89,6 +89,14 @@ if [[ $rc != 0 ]] || ! grep -qF "configuration ok" "$tmp/out"; then
   sed 's/^/  stderr: /' "$tmp/err" >&2
 fi
 
+# [cluster] keys with the cluster off do nothing: said (accepted silently before)
+rc=0
+"$gshmd" --check-config --set "cluster.export=llama/*" >"$tmp/out" 2>"$tmp/err" || rc=$?
+if [[ $rc != 0 ]] || ! grep -qF "cluster.export is set but the cluster is off" "$tmp/err"; then
+  fail "cluster.export with the cluster off: exit $rc, no warning"
+  sed 's/^/  stderr: /' "$tmp/err" >&2
+fi
+
 # One peers list for every node names this node too: it is no peer of
 # itself (it linked to itself, "up", before).
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
