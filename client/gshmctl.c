@@ -392,16 +392,15 @@ static void json_segment_identity(json_t *o, const gshm_segment_info_t *i) {
 /* StatusInfo.gpu_fault (gshm.h) in words: a sticky CUDA error at gshmd's
  * start ("<PCI bus id>: <CUDA error name>"), or its CUDA driver that did
  * not start ("no driver: <why>"); gpu_fault_why drops that prefix. */
-#define GPU_FAULT_NO_DRIVER "no driver: "
 static const char *gpu_fault_what(const char *fault) {
-  return strncmp(fault, GPU_FAULT_NO_DRIVER, strlen(GPU_FAULT_NO_DRIVER))
+  return strncmp(fault, GSHM_GPU_FAULT_NO_DRIVER, strlen(GSHM_GPU_FAULT_NO_DRIVER))
              ? "a sticky CUDA error at gshmd's start"
              : "the CUDA driver did not start with gshmd";
 }
 
 static const char *gpu_fault_why(const char *fault) {
-  size_t n = strlen(GPU_FAULT_NO_DRIVER);
-  return strncmp(fault, GPU_FAULT_NO_DRIVER, n) ? fault : fault + n;
+  size_t n = strlen(GSHM_GPU_FAULT_NO_DRIVER);
+  return strncmp(fault, GSHM_GPU_FAULT_NO_DRIVER, n) ? fault : fault + n;
 }
 
 static int cmd_status(gshm_client_t *c) {

@@ -10,6 +10,11 @@
 
 #define GSHM_LOCATION_MAX 64
 
+/* The start of StatusInfo.gpu_fault (gshm.h) where gshmd's CUDA driver did
+ * not start at all, followed by why; a sticky error's is "<PCI bus id>:
+ * <CUDA error name>".  gshmd writes it, gshmctl reads it. */
+#define GSHM_GPU_FAULT_NO_DRIVER "no driver: "
+
 enum gshm_location_kind {
   GSHM_LOCATION_HOST = 0,
   GSHM_LOCATION_CUDA_INDEX = 1, /* "cuda:N": the daemon's enumeration */

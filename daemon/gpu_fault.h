@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "util.h"
+
 struct gshmd_registry;
 struct gshmd_fdstore;
 
@@ -35,10 +37,9 @@ struct gshmd_fdstore;
  * broken GPU) is killed and counts as failed. */
 #define GSHMD_PROBE_TIMEOUT_MS 60000
 
-/* registry.gpu_fault's (and StatusInfo.gpu_fault's) start where the CUDA
- * driver did not start at all (gshmd_gpu_fault_take_backend), followed by
- * why; a sticky error's is "<PCI bus id>: <CUDA error name>". */
-#define GSHMD_NO_DRIVER_PREFIX "no driver: "
+/* registry.gpu_fault's start where the CUDA driver did not start at all
+ * (gshmd_gpu_fault_take_backend): util.h's, which gshmctl reads too. */
+#define GSHMD_NO_DRIVER_PREFIX GSHM_GPU_FAULT_NO_DRIVER
 
 /* The probes of one gshmd, on its loop. */
 struct gshmd_gpu_fault {

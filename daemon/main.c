@@ -635,15 +635,16 @@ static void shutdown_all(struct daemon *d) {
 /* --check-config, once the options are valid: what gshmd_cluster_start
  * would refuse is refused the same way.  Returns main's exit status. */
 static int check_config(struct daemon *d) {
+  const char *unused = gshmd_cluster_unused_key(&d->cfg);
   int e;
 
   gshm__log_setup("gshmd", GSHM_LOG_ERR, 0);
   e = gshmd_cluster_check_config(&d->cfg);
-  if (!e && gshmd_cluster_unused_key(&d->cfg))
+  if (!e && unused)
     fprintf(stderr,
             "gshmd: warning: %s is set but the cluster is off (no cluster.listen, no "
             "cluster.peers): it does nothing\n",
-            gshmd_cluster_unused_key(&d->cfg));
+            unused);
   if (!e)
     printf("gshmd: configuration ok (%s)\n", d->cfg.sources);
   gshmd_config_free(&d->cfg);

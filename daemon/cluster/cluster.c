@@ -366,14 +366,15 @@ int gshmd_cluster_check_config(const struct gshmd_config *cfg) {
 int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                         struct gshmd_registry *reg, gshmd_cluster_reply_fn reply,
                         void *reply_arg, struct gshmd_cluster **cl_out) {
+  const char *unused = gshmd_cluster_unused_key(cfg);
   struct gshmd_cluster *cl;
   int e;
 
   *cl_out = NULL;
-  if (gshmd_cluster_unused_key(cfg))
+  if (unused)
     gshm_log_warn("%s is set but the cluster is off (no cluster.listen, no cluster.peers): it "
                   "does nothing",
-                  gshmd_cluster_unused_key(cfg));
+                  unused);
   if (!cluster_on(cfg))
     return 0;
   if (sodium_init() < 0) {
