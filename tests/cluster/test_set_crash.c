@@ -90,8 +90,9 @@ static void both_ends(int index) {
   assert_true(bucket_end(index, 1) >= 0);
 }
 
-/* Peeks the datagram of end's queue into d (present false when empty). */
-static void peek(int end, struct dgram *d) {
+/* Peeks the datagram of end's queue into d (present false when empty).
+ * The caller holds the store's lock (peek_end). */
+static void peek_locked(int end, struct dgram *d) {
   union {
     struct cmsghdr align;
     char buf[CMSG_SPACE(sizeof(int) * MAXFD)];
@@ -132,6 +133,23 @@ static void peek(int end, struct dgram *d) {
     }
 }
 
+/* Peeks bucket index's end k (peek_locked) under the store's lock: while
+ * B runs, the store's thread may replace a bucket's ends and close the old
+ * fds, and a number taken before the peek could be closed by then
+ * (recvmsg: EBADF, once in CI) or another file's. */
+static void peek_end(int index, int k, struct dgram *d) {
+  char name[32];
+
+  snprintf(name, sizeof(name), "b%d%c", index, "ab"[k]);
+  pthread_mutex_lock(&B.h.sp.lock);
+  for (int i = 0; i < B.h.sp.nfds; i++)
+    if (!strcmp(B.h.sp.names[i], name)) {
+      peek_locked(B.h.sp.fds[i], d);
+      break;
+    }
+  pthread_mutex_unlock(&B.h.sp.lock);
+}
+
 static void dgram_free(struct dgram *d) {
   for (int i = 0; i < d->nfds; i++)
     close(d->fds[i]);
@@ -152,7 +170,7 @@ static void snap_take(struct snap *s) {
     s->exists[i] = true;
     both_ends(i);
     for (int k = 0; k < 2 && !s->d[i].present; k++)
-      peek(bucket_end(i, k), &s->d[i]);
+      peek_end(i, k, &s->d[i]);
   }
   assert_true(j >= 0);
   assert_int_equal(pread(j, s->head, sizeof(s->head), 0), (ssize_t)sizeof(s->head));
@@ -177,7 +195,7 @@ static int bucket_members(int index) {
   struct dgram d = {0};
   int n;
   for (int k = 0; k < 2 && !d.present; k++)
-    peek(bucket_end(index, k), &d);
+    peek_end(index, k, &d);
   n = d.nfds;
   dgram_free(&d);
   return n;
