@@ -8,6 +8,7 @@
 
 #include "client_internal.h"
 #include "log.h"
+#include "util.h"
 
 static bool is_host(const struct gshm__lease *l) { return l->info.device_index < 0; }
 
@@ -56,7 +57,8 @@ static int lease_map(struct gshm__lease *l, const int *devices, size_t ndevices)
       return -EINVAL;
     if ((e = host_fd_check(l)))
       return e;
-    p = mmap(NULL, l->info.size, prot, MAP_SHARED, l->fd, 0);
+    /* (2 MiB aligned from 2 MiB up: a 2 MiB page gshmd built maps whole) */
+    p = gshm__map_shared_aligned(l->fd, l->info.size, prot);
     if (p == MAP_FAILED)
       return -errno;
     /* 2 MiB pages where the kernel gives shared memory huge pages on

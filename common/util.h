@@ -105,4 +105,15 @@ int gshm__cmsg_take_fds(struct msghdr *mh, int *fds, int max, int *nfds);
  * (nvidia-smi's form); buf needs 41 bytes. */
 void gshm__format_gpu_uuid(const unsigned char bytes[16], char buf[48]);
 
+/* Maps len bytes of fd from offset 0, shared, with protection prot
+ * (PROT_READ, | PROT_WRITE), at an address 2 MiB aligned where len is at
+ * least 2 MiB, else wherever mmap puts it.  A 2 MiB page of a memfd's
+ * page cache maps whole (one fault, one TLB entry) only at such an
+ * address, and the kernel aligns a memfd's mappings itself only where
+ * transparent_hugepage/shmem_enabled is not never (mm/shmem.c
+ * shmem_get_unmapped_area); gshmd builds 2 MiB pages of pulled segments
+ * there too (daemon/host_memory.h).  Returns the address (munmap(addr,
+ * len) unmaps it) or MAP_FAILED with errno set (mmap's errors). */
+void *gshm__map_shared_aligned(int fd, uint64_t len, int prot);
+
 #endif

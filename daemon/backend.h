@@ -249,6 +249,13 @@ uint64_t gshmd_backend_host_room(struct gshmd_backend *b);
  * is NULL. */
 bool gshmd_backend_host_huge_pulls(const struct gshmd_backend *b);
 
+/* Whether host backend b's pulls build their 2 MiB pages themselves
+ * (gshmd_host_collapse, host_memory.h: shmem_enabled is never and
+ * MADV_COLLAPSE works here, daemon.host_huge_pages on), each 2 MiB page
+ * as its first chunk's bytes come.  false when b is NULL or another
+ * backend. */
+bool gshmd_backend_host_collapse(const struct gshmd_backend *b);
+
 /* GPU memory through the CUDA driver's VMM API.  cfg: unused (may be
  * NULL).  fault_out (NULL: not wanted; GSHMD_FAULT_MAX bytes): written
  * only with -ENOTRECOVERABLE, with what the error was (as

@@ -29,6 +29,7 @@
 #include "host_memory.h"
 #include "list.h"
 #include "log.h"
+#include "util.h"
 
 #define HOST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
@@ -41,6 +42,8 @@ struct host_backend {
   /* the recycling pool: struct pooled, oldest first */
   uint64_t recycle_cap;        /* bytes (daemon.host_recycle); 0: off */
   bool huge;                   /* daemon.host_huge_pages: MADV_HUGEPAGE on gshmd's mappings */
+  bool collapse;               /* and shmem_enabled never: pulls' 2 MiB pages are built
+                                  with MADV_COLLAPSE (host_memory.h) */
   uint64_t pull_page;          /* bytes: what a pull of at least one 2 MiB page rounds to
                                   (GSHMD_HUGE_PAGE where the kernel gives shared memory 2 MiB pages
                                   under huge; else the system page) */
@@ -262,7 +265,8 @@ static int host_local_ptr(struct gshmd_backend *b, struct gshmd_alloc *a, void *
   void *p;
 
   if (!h->map) {
-    p = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, h->memfd, 0);
+    /* (2 MiB aligned: a 2 MiB page maps whole only there) */
+    p = gshm__map_shared_aligned(h->memfd, a->size, PROT_READ | PROT_WRITE);
     if (p == MAP_FAILED) {
       gshm_log_err("host: mapping %llu bytes of a memfd: %m", (unsigned long long)a->size);
       return -ENOMEM;
@@ -545,26 +549,35 @@ bool gshmd_thp_policy(const char *file, char *out, size_t cap) {
   return true;
 }
 
-/* Says once at start whether MADV_HUGEPAGE on gshmd's mappings will get
- * 2 MiB pages (the kernel's policy for shared memory), and returns it. */
-static bool huge_report(void) {
+/* Says once at start how gshmd's mappings of pulled host segments get
+ * 2 MiB pages, and returns it: 1 MADV_HUGEPAGE (the kernel's policy for
+ * shared memory lets it), 2 built with MADV_COLLAPSE (the policy is
+ * never: host_memory.h), 0 none. */
+static int huge_report(void) {
   char word[64];
 
   if (!gshmd_thp_policy("shmem_enabled", word, sizeof(word))) {
     gshm_log_info("host: no transparent huge pages for shared memory here: host segments "
                   "use 4 KiB pages");
-    return false;
+    return 0;
+  }
+  if (!strcmp(word, "never") && gshmd_host_collapse_works()) {
+    gshm_log_info("host: transparent_hugepage/shmem_enabled is never: a pull of 2 MiB or more "
+                  "builds its segment's 2 MiB pages (MADV_COLLAPSE) as its bytes come; clients' "
+                  "own host segments use 4 KiB pages");
+    return 2;
   }
   if (!strcmp(word, "never") || !strcmp(word, "deny")) {
     gshm_log_info("host: host segments use 4 KiB pages (transparent_hugepage/shmem_enabled is "
-                  "%s; with advise, pulls into new host segments make their pages several "
-                  "times faster: docs/CLUSTER.md)", word);
-    return false;
+                  "%s%s; with advise, pulls into new host segments make their pages several "
+                  "times faster: docs/CLUSTER.md)", word,
+                  strcmp(word, "deny") ? " and MADV_COLLAPSE builds no 2 MiB page here" : "");
+    return 0;
   }
   gshm_log_info("host: 2 MiB pages where gshmd maps host segments (pulls, serving; a pull of "
                 "2 MiB or more is made in whole 2 MiB pages): "
                 "transparent_hugepage/shmem_enabled is %s", word);
-  return true;
+  return 1;
 }
 
 uint64_t gshmd_backend_host_room(struct gshmd_backend *b) {
@@ -580,8 +593,13 @@ bool gshmd_backend_host_huge_pulls(const struct gshmd_backend *b) {
   return b && ((const struct host_backend *)b)->pull_page >= GSHMD_HUGE_PAGE;
 }
 
+bool gshmd_backend_host_collapse(const struct gshmd_backend *b) {
+  return b && b->ops == &host_ops && ((const struct host_backend *)b)->collapse;
+}
+
 int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backend **out) {
   struct host_backend *hb = calloc(1, sizeof(*hb));
+  int huge = 0;
 
   if (!hb)
     return -ENOMEM;
@@ -591,8 +609,9 @@ int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backe
   hb->recycle_cap = cfg ? cfg->host_recycle : 0;
   hb->huge = cfg && cfg->host_huge_pages;
   hb->pull_page = (uint64_t)sysconf(_SC_PAGESIZE);
-  if (hb->huge && huge_report() && hb->pull_page < GSHMD_HUGE_PAGE)
+  if (hb->huge && (huge = huge_report()) && hb->pull_page < GSHMD_HUGE_PAGE)
     hb->pull_page = GSHMD_HUGE_PAGE;
+  hb->collapse = huge == 2 && hb->pull_page == GSHMD_HUGE_PAGE;
   gshm_list_init(&hb->pool);
   *out = &hb->base;
   return 0;

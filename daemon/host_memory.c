@@ -3,14 +3,27 @@
  * memory cgroup, v2 or v1, with every ancestor's limit. */
 #include "host_memory.h"
 
+#include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "util.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+#define HUGE_PAGE (2ull << 20) /* (backend.h's GSHMD_HUGE_PAGE) */
+#define COLLAPSE_BACKOFF_NS 1000000000LL
 
 /* A number from a one-line cgroup file: "max" and v1's near-2^63 values
  * mean no limit (UINT64_MAX); a missing or unreadable file too. */
@@ -123,4 +136,63 @@ void gshmd_host_memory_update(struct gshmd_host_memory *m) {
     m->avail = (uint64_t)avail * 1024;
   read_cgroup(m);
   m->read_ns = now;
+}
+
+/* ---- 2 MiB pages where shmem_enabled is never -------------------------- */
+
+static pthread_once_t collapse_once = PTHREAD_ONCE_INIT;
+static bool collapse_ok;
+static atomic_uint_fast64_t collapsed;      /* bytes built */
+static atomic_int_fast64_t collapse_resume; /* CLOCK_MONOTONIC ns: none before this */
+
+static void collapse_try(void) {
+  int fd = memfd_create("gshmd-collapse-probe", MFD_CLOEXEC);
+  void *p;
+
+  if (fd < 0)
+    return;
+  if (ftruncate(fd, (off_t)HUGE_PAGE) == 0 &&
+      (p = gshm__map_shared_aligned(fd, HUGE_PAGE, PROT_READ | PROT_WRITE)) != MAP_FAILED) {
+    collapse_ok = madvise(p, 4096, MADV_POPULATE_WRITE) == 0 &&
+                  madvise(p, HUGE_PAGE, MADV_COLLAPSE) == 0;
+    munmap(p, HUGE_PAGE);
+  }
+  close(fd);
+}
+
+bool gshmd_host_collapse_works(void) {
+  pthread_once(&collapse_once, collapse_try);
+  return collapse_ok;
+}
+
+int gshmd_host_collapse(void *addr, uint64_t len) {
+  uint8_t *p = addr;
+  int err = 0;
+
+  for (uint64_t off = 0; off < len; off += HUGE_PAGE) {
+    int64_t resume = atomic_load_explicit(&collapse_resume, memory_order_relaxed);
+    if (resume && gshm__now_ns(CLOCK_MONOTONIC) < resume)
+      return -EAGAIN;
+    if (madvise(p + off, 4096, MADV_POPULATE_WRITE) == 0 &&
+        madvise(p + off, HUGE_PAGE, MADV_COLLAPSE) == 0) {
+      atomic_fetch_add_explicit(&collapsed, HUGE_PAGE, memory_order_relaxed);
+      continue;
+    }
+    err = -errno;
+    if (err == -ENOMEM) {
+      /* no free 2 MiB page (after compaction): not again for a while */
+      atomic_store_explicit(&collapse_resume, gshm__now_ns(CLOCK_MONOTONIC) + COLLAPSE_BACKOFF_NS,
+                            memory_order_relaxed);
+      return err;
+    }
+    if (err != -EAGAIN)
+      return err;
+    /* (EAGAIN: its pages busy, another thread building it, say; the
+     * next page is another matter) */
+  }
+  return err;
+}
+
+uint64_t gshmd_host_collapsed_bytes(void) {
+  return atomic_load_explicit(&collapsed, memory_order_relaxed);
 }

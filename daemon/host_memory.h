@@ -7,6 +7,8 @@
 #ifndef GSHMD_HOST_MEMORY_H
 #define GSHMD_HOST_MEMORY_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* How old the figures may be: a cgroup's limit may change at run time,
@@ -32,5 +34,52 @@ struct gshmd_host_memory {
  * GSHMD_HOST_MEMORY_REREAD_NS (or was never read).  A file that cannot
  * be read leaves its figure UINT64_MAX: nothing to fail. */
 void gshmd_host_memory_update(struct gshmd_host_memory *m);
+
+/* ---- 2 MiB pages for new memfd memory where shmem_enabled is never ----
+ *
+ * Where /sys/kernel/mm/transparent_hugepage/shmem_enabled is "never"
+ * (most distributions' default) MADV_HUGEPAGE gets a memfd no 2 MiB
+ * pages, and one memfd's new 4 KiB pages enter its page cache one at a
+ * time under its locks: 4.3-5.0 GB/s touched by 4-16 threads, 6.3-9.1
+ * GB/s by fallocate, on the lent 16-core H200 machine (kernel 6.18).
+ * MADV_COLLAPSE (Linux 6.1) builds a 2 MiB page from a file range
+ * whatever shmem_enabled says short of "deny" (mm/khugepaged.c: the
+ * collapse asks with the sysfs policy not enforced); a range with one
+ * page present is enough, the rest is cleared.  One 4 KiB page made with
+ * MADV_POPULATE_WRITE and the collapse: 19-21 GB/s on 4 threads, 31-36
+ * on 8, 34-52 on 16, the same machine (bench/probes/memfd_collapse.c,
+ * docs/PERFORMANCE.md "2 MiB pages where shmem_enabled is never").  A
+ * collapse keeps every byte already in the range (the kernel copies the
+ * present pages under their page locks, as khugepaged does in running
+ * processes), so it may race writers of the same range. */
+
+/* Whether MADV_COLLAPSE builds 2 MiB memfd pages here: tried once (the
+ * first call) on a 2 MiB memfd of its own, mapped 2 MiB aligned, then
+ * remembered.  false on a kernel before 6.1, with shmem_enabled deny,
+ * without transparent huge pages, or where no 2 MiB page was free at
+ * that moment.  Thread-safe after the first call (make it on the loop
+ * at start). */
+bool gshmd_host_collapse_works(void);
+
+/* Builds the 2 MiB pages of [addr, addr + len): addr and len multiples
+ * of 2 MiB, inside a shared mapping of a memfd made by
+ * gshm__map_shared_aligned (util.h: file offsets 2 MiB aligned with
+ * addresses).  Each page: its first 4 KiB made (MADV_POPULATE_WRITE,
+ * which changes no byte), then MADV_COLLAPSE; one already built costs a
+ * lookup.  Never changes a byte.  A page that fails with EAGAIN (its
+ * pages busy: another thread building it, a writer holding one) is left
+ * and the next tried; the call returns -EAGAIN then.  Stops at any other
+ * failure and returns it: -ENOMEM (no free 2 MiB page: after it every
+ * call does nothing and returns -EAGAIN for 1 s, a failed collapse
+ * having compacted memory first, which transparent_hugepage/defrag does
+ * not bound for MADV_COLLAPSE), -EINVAL (the mapping cannot hold one),
+ * -EFAULT.  Where a page is not built the caller's writes fault 4 KiB
+ * pages in as without.  Safe on any thread.  Adds the bytes of each page
+ * built (or found built) to gshmd_host_collapsed_bytes. */
+int gshmd_host_collapse(void *addr, uint64_t len);
+
+/* Bytes of 2 MiB pages built by gshmd_host_collapse since start (for
+ * the metrics and tests). */
+uint64_t gshmd_host_collapsed_bytes(void);
 
 #endif

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "gshm.pb-c.h"
 #include "metrics.h"
+#include "host_memory.h"
 #include "cluster.h"
 #include "registry.h"
 #include "server.h"
@@ -143,6 +144,15 @@ static void write_recycle(FILE *f, const struct gshmd_backend *host) {
   write_one(f, "counter", "gshm_cluster_recycle_refused_total",
             "Freed pulled segments not kept because another process could still reach them.",
             st.refused_held);
+  write_one(f, "gauge", "gshm_host_pull_huge_pages",
+            "How pulled host segments of 2 MiB and up get 2 MiB pages: 0 not at all (4 KiB "
+            "pages), 1 the kernel's (transparent_hugepage/shmem_enabled lets MADV_HUGEPAGE), "
+            "2 built by gshmd with MADV_COLLAPSE (shmem_enabled is never).",
+            !gshmd_backend_host_huge_pulls(host) ? 0 : gshmd_backend_host_collapse(host) ? 2 : 1);
+  write_one(f, "counter", "gshm_host_huge_built_bytes_total",
+            "Bytes of 2 MiB pages of pulled host segments built (or found built) with "
+            "MADV_COLLAPSE.",
+            gshmd_host_collapsed_bytes());
 }
 
 int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {

@@ -396,8 +396,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   gshm_list_init(&cl->serve_idle);
   gshm_list_init(&cl->relay_lists);
   gshm_list_init(&cl->prefaults);
-  cl->pf_on = !strcmp(cfg->cluster_prefault, "always") ||
-              (!strcmp(cfg->cluster_prefault, "auto") && gshmd_backend_host_huge_pulls(reg->host));
+  gshmd__prefault_init(cl, reg->host);
   cl->ll.loop = loop;
   cl->ll.hooks = (struct link_hooks){.on_connect = on_connect, .on_message = on_message,
                                      .on_lost = on_lost, .on_idle = on_idle,

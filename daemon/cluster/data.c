@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "lane.h"
+#include "host_memory.h"
 #include "link.h"
 #include "log.h"
 #include "util.h"
@@ -125,6 +126,7 @@ struct landing {
   bool claimed;               /* by a lane's thread: data_done ends it */
   uint64_t offset, len;
   void *dst;
+  uint64_t build_off, build_len; /* peer_req's */
 };
 
 struct landings {
@@ -180,7 +182,9 @@ int gshmd__landing_add(struct link *l, struct peer_req *req) {
                                       .rid = req->request_id,
                                       .offset = req->data_offset,
                                       .len = req->data_len,
-                                      .dst = dst};
+                                      .dst = dst,
+                                      .build_off = req->build_off,
+                                      .build_len = req->build_len};
     req->landing = lt;
   }
   pthread_mutex_unlock(&lt->mu);
@@ -223,6 +227,8 @@ bool gshmd__landing_claimed(struct peer_req *req) { return landing_take(req, fal
 
 int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uint64_t len,
                          void **dst, void **tok) {
+  uint8_t *build = NULL;
+  uint64_t build_len = 0;
   int e = -EPROTO;
 
   pthread_mutex_lock(&lt->mu);
@@ -234,11 +240,17 @@ int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uin
       x->claimed = true;
       *dst = x->dst;
       *tok = x->req;
+      build = (uint8_t *)x->dst + (int64_t)x->build_off;
+      build_len = x->build_len;
       e = 0;
     }
     break;
   }
   pthread_mutex_unlock(&lt->mu);
+  /* new host memory: its 2 MiB pages first, on the lane's thread (where
+   * none is built the bytes fault 4 KiB pages in as they land) */
+  if (build_len)
+    (void)gshmd_host_collapse(build, build_len);
   return e;
 }
 

@@ -78,6 +78,8 @@ struct gshmd_cluster {
   uint64_t pf_ahead;          /* bytes faulted in past the chunks asked for (at most
                                  PREFAULT_AHEAD) */
   bool pf_on;                 /* cluster.prefault, until the kernel says it has no such madvise */
+  bool pf_build;              /* gshmd_backend_host_collapse: pulls build their 2 MiB pages
+                                 (prefault pieces and the lanes, before the bytes) */
   uint64_t pf_bytes;          /* faulted in, ever (metrics) */
   /* pull.c: pinned staging bytes counted for pulls into GPUs (at most
    * PULL_PINNED_FULL staging_bytes but for one), and their high water */
@@ -217,5 +219,10 @@ size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, si
 /* The gauges of pinned slots held by pulls into GPUs (Prometheus text)
  * to f (grants.c). */
 void gshmd__pull_pinned_metrics(const struct gshmd_cluster *cl, FILE *f);
+
+/* Sets cl->pf_on (cluster.prefault: always, or auto where host, the
+ * host backend, makes pulls in 2 MiB pages) and cl->pf_build (host builds
+ * them: gshmd_backend_host_collapse).  cl->cfg set.  Loop only. */
+void gshmd__prefault_init(struct gshmd_cluster *cl, const struct gshmd_backend *host);
 
 #endif

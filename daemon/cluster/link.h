@@ -143,6 +143,13 @@ struct peer_req {
    * without UCX lists the request in its landings when it sends it, so
    * that a lane's thread finds where they go without the loop */
   uint64_t data_offset, data_len;
+  /* Read into new host memory whose 2 MiB pages gshmd builds itself
+   * (gshmd_backend_host_collapse): the 2 MiB pages the answer's bytes
+   * fall in, from data_dest's start plus build_off (as int64_t: the
+   * first page may begin before it), build_len bytes (0: none), built by
+   * the lane thread that claims the answer before its bytes land
+   * (gshmd_host_collapse, host_memory.h) */
+  uint64_t build_off, build_len;
   struct landings *landing;  /* the table listing it (data.c), or NULL */
   void *arg;
   int64_t sent_ns;           /* CLOCK_MONOTONIC, when sent */
@@ -378,8 +385,10 @@ bool gshmd__landing_claimed(struct peer_req *req);
  * until the next call).  Loop only (the sweep). */
 const char *gshmd__link_req_overdue(struct link *l, int64_t now);
 /* A lane's thread: the request of a frame that answers rid with len
- * bytes at offset, claimed (no other frame nor the loop takes it then).
- * *dst: where the bytes go; *tok: the request, for the link's data_done.
+ * bytes at offset, claimed (no other frame nor the loop takes it then),
+ * and the request's 2 MiB pages built (peer_req.build_off, build_len:
+ * gshmd_host_collapse, on this thread, the landings unlocked).  *dst:
+ * where the bytes go; *tok: the request, for the link's data_done.
  * Returns 0, or -EPROTO when no listed request is rid or its range is
  * not [offset, offset + len) (the peer sent what nobody asked for). */
 int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uint64_t len,

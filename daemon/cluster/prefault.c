@@ -24,7 +24,10 @@
  * (2.67 s/GB against 2.1): one segment's 4 KiB pages enter its page
  * cache one at a time under one lock, whoever faults them, so
  * cluster.prefault's default (auto) is on only where the host backend
- * makes pulls in 2 MiB pages.
+ * makes pulls in 2 MiB pages: the kernel's (shmem_enabled advise or
+ * more), or built here where it is never (cl->pf_build: each piece's
+ * 2 MiB pages built with MADV_COLLAPSE, host_memory.h; pieces start and
+ * end on 2 MiB pages there, the segment's size being whole 2 MiB pages).
  *
  * At most PREFAULT_AHEAD bytes are faulted in past the chunks asked for,
  * over all pulls (cl->pf_ahead): the sizes are the peer's word, and a set
@@ -64,6 +67,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "host_memory.h"
 #include "log.h"
 #include "pull.h"
 
@@ -82,11 +86,15 @@ struct prefault_job {
   struct pull *p;
   void *addr;
   size_t len;
+  bool build;                 /* cl->pf_build: 2 MiB pages built (host_memory.h) */
   int err;
 };
 
 static void pf_work(uv_work_t *w) {
   struct prefault_job *j = w->data;
+  /* (no 2 MiB page now: the 4 KiB ones, as where none are built) */
+  if (j->build && !gshmd_host_collapse(j->addr, j->len))
+    return;
   if (madvise(j->addr, j->len, MADV_POPULATE_WRITE) < 0)
     j->err = errno;
 }
@@ -213,6 +221,7 @@ void gshmd__prefault_more(struct gshmd_cluster *cl) {
     j->p = p;
     j->addr = (uint8_t *)p->dst + off;
     j->len = len;
+    j->build = cl->pf_build && off % GSHMD_HUGE_PAGE == 0 && len % GSHMD_HUGE_PAGE == 0;
     j->w.data = j;
     if (uv_queue_work(cl->loop, &j->w, pf_work, pf_done)) {
       free(j);
@@ -224,6 +233,12 @@ void gshmd__prefault_more(struct gshmd_cluster *cl) {
     p->s->pf_jobs++;
     cl->pf_jobs++;
   }
+}
+
+void gshmd__prefault_init(struct gshmd_cluster *cl, const struct gshmd_backend *host) {
+  cl->pf_on = !strcmp(cl->cfg->cluster_prefault, "always") ||
+              (!strcmp(cl->cfg->cluster_prefault, "auto") && gshmd_backend_host_huge_pulls(host));
+  cl->pf_build = gshmd_backend_host_collapse(host);
 }
 
 void gshmd__prefault_add(struct pull *p) {

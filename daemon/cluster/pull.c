@@ -171,6 +171,31 @@ static void *chunk_dest(struct peer_req *req, uint64_t offset, uint64_t len) {
                          : (uint8_t *)p->dst + c->off;
 }
 
+/* Where p's 2 MiB pages are built as its bytes come (cl->pf_build): the
+ * pages c's bytes fall in, built by the lane that receives them before
+ * they land (the pages of chunks past those asked for are built ahead on
+ * the pool: prefault.c).  A chunk smaller than a page shares it with
+ * others, on other lanes: each asks for it before writing, the first
+ * builds it, the others find it built (or being built: their writes wait
+ * for it); a collapse keeps every byte written meanwhile. */
+static void chunk_build(struct chunk *c) {
+  const struct pull *p = c->p;
+  uint64_t first, end, whole;
+
+  if (!p->s->cl->pf_build || p->local_staged || !p->dst_mapped)
+    return;
+  whole = p->mem->size / GSHMD_HUGE_PAGE * GSHMD_HUGE_PAGE;
+  first = c->off / GSHMD_HUGE_PAGE * GSHMD_HUGE_PAGE;
+  end = (c->off + c->len + GSHMD_HUGE_PAGE - 1) / GSHMD_HUGE_PAGE * GSHMD_HUGE_PAGE;
+  if (end > whole)
+    end = whole;
+  if (first >= end)
+    return;
+  /* (from data_dest's start: the first page may begin before it) */
+  c->req.build_off = first - c->off;
+  c->req.build_len = end - first;
+}
+
 /* The answer's bytes are in place and authentic, or not. */
 static void chunk_data_done(struct peer_req *req, int err) {
   struct chunk *c = req->arg;
@@ -306,6 +331,7 @@ static void issue_chunks(struct pull *p) {
     c->req.data_dest = chunk_dest;
     c->req.data_offset = c->off;
     c->req.data_len = c->len;
+    chunk_build(c);
     c->req.data_done = chunk_data_done;
     c->req.data_hold = chunk_hold;
     c->req.arg = c;
