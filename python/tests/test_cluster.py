@@ -44,8 +44,11 @@ def test_pull(pair):
         assert [(p.name, p.state) for p in peers] == [("a", "up")]
         with pytest.raises(gshm.NotFound):
             cb.pull("a", "not/exported")
-        with pytest.raises(gshm.Exists):
+        # the way out, in this API's words: replace=True, not gshmctl's flag
+        with pytest.raises(gshm.Exists) as exists:
             cb.pull("a", "pub/py", local_name="py/copy")
+        assert "replace=True" in str(exists.value), str(exists.value)
+        assert "--replace" not in str(exists.value), str(exists.value)
         cb.unlink("py/copy")
         ca.unlink("pub/py")
 
@@ -100,8 +103,10 @@ def test_pull_prefix_resolves_manifest(pair):
             for s in segs.values():
                 s.close()
         # the same names again: refused, unless replace
-        with pytest.raises(gshm.Exists):
+        with pytest.raises(gshm.Exists) as exists:
             cb.pull("a", "pub/llama/", local_name="llama/", prefix=True)
+        assert "replace=True" in exists.value.gshm_message, str(exists.value)
+        assert "--replace" not in str(exists.value), str(exists.value)
         # a segment that is not the pulled copy is refused as stale
         cb.unlink("llama/seg-000001")
         cb.create("llama/seg-000001", 65536 + 12, location="host").close()
