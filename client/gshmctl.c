@@ -1338,8 +1338,8 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
   return EXIT_OK;
 }
 
-/* A progress bar on stderr for the whole pull: bytes, rate, time left and,
- * for a set, segments done. */
+/* A progress bar on stderr for the whole pull: bytes (both in the total's
+ * unit and precision), rate, time left and, for a set, segments done. */
 static void pull_progress_bar(const gshm_pull_progress_t *p, void *arg) {
   char segs[48] = "";
   char done[32], total[32];
@@ -1357,8 +1357,8 @@ static void pull_progress_bar(const gshm_pull_progress_t *p, void *arg) {
     bar[i] = i < fill ? '#' : '.';
   bar[30] = '\0';
   fprintf(stderr, "\r[%s] %3d%% %s / %s  %.2f GB/s  %d:%02d left%s ", bar, (int)(frac * 100),
-          gshm__format_size(p->bytes_done, done, sizeof(done)),
-          gshm__format_size(p->bytes_total, total, sizeof(total)), rate / 1e9,
+          gshm__format_size_as(p->bytes_done, p->bytes_total, done, sizeof(done)),
+          gshm__format_size_as(p->bytes_total, p->bytes_total, total, sizeof(total)), rate / 1e9,
           (int)left / 60, (int)left % 60, segs);
 }
 
