@@ -12,6 +12,16 @@ int bench_control_main(int argc, char **argv);   /* bench_control.c */
 int bench_pull_main(int argc, char **argv);      /* bench_pull.c */
 int bench_seal_main(int argc, char **argv);      /* bench_seal.c */
 
+/* Runs the rest of gshm-bench in a child and makes this process its
+ * supervisor (supervise.c): when the benchmark ends, or SIGTERM, SIGINT or
+ * SIGHUP (those not ignored at start) comes, every process the benchmark
+ * started is sent SIGTERM (SIGKILL 10 s later, or at a second signal) and
+ * reaped, then the supervisor exits with the benchmark's status, or 128 +
+ * the signal.  Call before any thread exists.  Returns 0 in the child;
+ * -errno (prctl, fork) when no supervisor could be made: the caller runs
+ * unsupervised.  Never returns in the supervisor. */
+int bench_supervise(void);
+
 /* ---- shared by the subcommands (bench_util.c) ---- */
 
 /* The value of subcommand cmd's integer option opt ("--reps"), text s:

@@ -2,7 +2,9 @@
 /* gshm-bench: benchmarks are programs, not timed tests (docs/ARCHITECTURE.md
  * "Configuration, metrics, tools").
  * Each subcommand prints a table (and --json where it has one) and writes
- * nothing else; docs/PERFORMANCE.md records what it printed. */
+ * nothing else; docs/PERFORMANCE.md records what it printed.  It runs under
+ * a supervisor (supervise.c) that stops whatever it started when it ends or
+ * is stopped. */
 #include <stdio.h>
 #include <string.h>
 
@@ -30,6 +32,8 @@ static void usage(FILE *f) {
              "       gshm-bench --version\n\n");
   for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)
     fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].help);
+  fprintf(f, "\nSIGTERM, SIGINT or SIGHUP stops the benchmark and every gshmd and process it\n"
+             "started; gshm-bench then exits 128 + the signal.\n");
 }
 
 int main(int argc, char **argv) {
@@ -46,8 +50,13 @@ int main(int argc, char **argv) {
     return 0;
   }
   for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)
-    if (!strcmp(argv[1], subcommands[i].name))
+    if (!strcmp(argv[1], subcommands[i].name)) {
+      int e = bench_supervise(); /* a signal mid-run leaves no gshmd behind */
+      if (e)
+        fprintf(stderr, "gshm-bench: no supervisor (%s): a signal may leave gshmd running\n",
+                strerror(-e));
       return subcommands[i].main(argc - 1, argv + 1);
+    }
   fprintf(stderr, "gshm-bench: unknown subcommand '%s'\n", argv[1]);
   usage(stderr);
   return 2;

@@ -221,6 +221,15 @@ static const char *peer_hint(gshm_client_t *c, int err, const char *peer, char *
   return buf;
 }
 
+/* For a pull refused with -EEXIST (a local segment holds the name): the
+ * way out, in this program's words.  gshmd's message names no option,
+ * libgshm serving C, Python and gshmctl alike; an older gshmd's already
+ * named --replace. */
+static const char *replace_hint(int err, bool replace, const char *why) {
+  return err == -EEXIST && !replace && !strstr(why, "--replace") ? " (replace it with --replace)"
+                                                                  : "";
+}
+
 /* gshmd says only "permission denied" to a user who may not see the
  * segment (an error must not reveal what `segments` hides): what that
  * means for verb `what`, and who can change it, in buf ("" for other
@@ -1329,8 +1338,8 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
   return EXIT_OK;
 }
 
-/* A progress bar on stderr for the whole pull: bytes, rate, time left and,
- * for a set, segments done. */
+/* A progress bar on stderr for the whole pull: bytes (both in the total's
+ * unit and precision), rate, time left and, for a set, segments done. */
 static void pull_progress_bar(const gshm_pull_progress_t *p, void *arg) {
   char segs[48] = "";
   char done[32], total[32];
@@ -1348,8 +1357,8 @@ static void pull_progress_bar(const gshm_pull_progress_t *p, void *arg) {
     bar[i] = i < fill ? '#' : '.';
   bar[30] = '\0';
   fprintf(stderr, "\r[%s] %3d%% %s / %s  %.2f GB/s  %d:%02d left%s ", bar, (int)(frac * 100),
-          gshm__format_size(p->bytes_done, done, sizeof(done)),
-          gshm__format_size(p->bytes_total, total, sizeof(total)), rate / 1e9,
+          gshm__format_size_as(p->bytes_done, p->bytes_total, done, sizeof(done)),
+          gshm__format_size_as(p->bytes_total, p->bytes_total, total, sizeof(total)), rate / 1e9,
           (int)left / 60, (int)left % 60, segs);
 }
 
@@ -1497,7 +1506,8 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
   if (e && strcmp(gshm_last_error(c), GSHM_LOST_GSHMD_TEXT)) { /* gshmd's answer: as its log */
     char msg[768], hint[256];
     gshm__pull_failure_message(msg, sizeof(msg), prefix, colon + 1, peer, e, gshm_last_error(c));
-    return errorf(exit_code(e), e, "%s%s", msg, peer_hint(c, e, peer, hint, sizeof(hint)));
+    return errorf(exit_code(e), e, "%s%s%s", msg, peer_hint(c, e, peer, hint, sizeof(hint)),
+                  replace_hint(e, po.replace, gshm_last_error(c)));
   }
   if (e)
     return fail(c, "pull", e);

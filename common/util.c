@@ -83,21 +83,40 @@ int gshm__parse_size(const char *s, uint64_t *out) {
   return -EINVAL;
 }
 
-const char *gshm__format_size(uint64_t bytes, char *buf, size_t cap) {
-  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+static const char *const size_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+
+/* The unit gshm__format_size writes bytes in: an index of size_units. */
+static unsigned size_unit(uint64_t bytes) {
   unsigned u = 0;
   double v = (double)bytes;
 
-  while (v >= 1024 && u + 1 < sizeof(unit) / sizeof(unit[0])) {
+  while (v >= 1024 && u + 1 < sizeof(size_units) / sizeof(size_units[0])) {
     v /= 1024;
     u++;
   }
+  return u;
+}
+
+const char *gshm__format_size(uint64_t bytes, char *buf, size_t cap) {
+  unsigned u = size_unit(bytes);
+  double v = (double)bytes / (double)(1ull << (10 * u));
+
   if (u == 0)
     snprintf(buf, cap, "%" PRIu64 " B", bytes);
   else if (v == (double)(uint64_t)v)
-    snprintf(buf, cap, "%.0f %s", v, unit[u]);
+    snprintf(buf, cap, "%.0f %s", v, size_units[u]);
   else
-    snprintf(buf, cap, "%.1f %s", v, unit[u]);
+    snprintf(buf, cap, "%.1f %s", v, size_units[u]);
+  return buf;
+}
+
+const char *gshm__format_size_as(uint64_t bytes, uint64_t scale, char *buf, size_t cap) {
+  unsigned u = size_unit(scale);
+
+  if (u == 0)
+    snprintf(buf, cap, "%" PRIu64 " B", bytes);
+  else
+    snprintf(buf, cap, "%.1f %s", (double)bytes / (double)(1ull << (10 * u)), size_units[u]);
   return buf;
 }
 

@@ -46,6 +46,13 @@ int gshm__parse_loopback(const char *listen, struct sockaddr_storage *sa, sockle
 /* Formats bytes as "64 MiB" style into buf; returns buf. */
 const char *gshm__format_size(uint64_t bytes, char *buf, size_t cap);
 
+/* Formats bytes in the unit gshm__format_size would write scale in, with
+ * one decimal above B ("4.0 MiB" for 4 MiB of a 64.0 MiB scale, "0.0 MiB"
+ * for 7 bytes of it; "7 B" of a scale under 1 KiB): figures formatted
+ * against one scale (a total and its parts) read alike, in one unit and
+ * one precision.  Writes at most cap bytes into buf; returns buf. */
+const char *gshm__format_size_as(uint64_t bytes, uint64_t scale, char *buf, size_t cap);
+
 /* Copies text into buf (cap bytes, cap >= 1; always NUL-terminated) for a
  * terminal: '\\' becomes "\\\\", and every byte of a C0 or C1 control
  * (U+0000..U+001F, U+007F..U+009F), of an invisible or bidi format

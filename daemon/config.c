@@ -105,6 +105,16 @@ void gshmd__config_error(const char *fmt, ...) {
   fputc('\n', stderr);
 }
 
+void gshmd__config_warning(const char *fmt, ...) {
+  va_list ap;
+
+  fprintf(stderr, "%sgshmd: warning: ", stderr_is_journal() ? "<4>" : "");
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+}
+
 /* Keys that older releases read and this one does not: a config file that
  * still sets one starts gshmd with a warning instead of failing, so that an
  * upgrade never stops the daemon over a key that no longer does anything. */

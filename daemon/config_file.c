@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* gshmd's INI configuration files: the file itself (through inih, with
  * our line counting, '#' comments and indentation rules) and its conf.d
- * drop-ins.  Values go through the option table (config.c). */
+ * drop-ins.  Values go through the option table (config.c); a key set
+ * twice in one file is taken (the last value) with a warning. */
 #include <dirent.h>
 #include <errno.h>
 #include <ini.h>
@@ -12,6 +13,14 @@
 #include <sys/stat.h>
 
 #include "config_internal.h"
+
+/* Where one key of the option table was set in the file being read: inih
+ * hands over every occurrence and the last one wins, which a file that
+ * sets a key twice (an edit appended below an old line) never says. */
+struct key_seen {
+  int first, last, count; /* lines; count 0: not set in this file */
+  char *value;            /* the last value, kept once the key is set again */
+};
 
 /* State shared by the line-counting reader and the inih handler: inih in
  * Debian is built without INI_HANDLER_LINENO, so the reader counts lines. */
@@ -24,7 +33,43 @@ struct ini_state {
   int error;         /* first handler error, negative errno; stops the reader */
   int error_line;
   char message[PATH_MAX + 256];
+  struct key_seen *seen; /* one per option table row; NULL: not counted (no memory) */
 };
+
+/* Counts a setting of opt to value at the current line. */
+static void key_seen_note(struct ini_state *st, const struct option_def *opt, const char *value) {
+  struct key_seen *k;
+
+  if (!st->seen)
+    return;
+  k = &st->seen[opt - gshmd__config_options];
+  if (!k->count++)
+    k->first = st->line;
+  k->last = st->line;
+  if (k->count > 1) {
+    free(k->value);
+    k->value = strdup(value);
+  }
+}
+
+/* Warns once for each key the file set more than once, naming the value
+ * that wins (the last); frees the counts. */
+static void key_seen_report(struct ini_state *st, bool warn) {
+  if (!st->seen)
+    return;
+  for (size_t i = 0; i < gshmd__config_noptions; i++) {
+    const struct option_def *opt = &gshmd__config_options[i];
+    struct key_seen *k = &st->seen[i];
+    if (warn && k->count > 1)
+      gshmd__config_warning("%s:%d: key '%s.%s' is set %d times in this file (first on line %d): "
+                            "the last value, '%s' on line %d, wins",
+                            st->path, k->last, opt->section, opt->key, k->count, k->first,
+                            k->value ? k->value : "", k->last);
+    free(k->value);
+  }
+  free(st->seen);
+  st->seen = NULL;
+}
 
 static char *ini_state_read(char *str, int num, void *stream) {
   struct ini_state *st = stream;
@@ -96,8 +141,10 @@ static int ini_state_handle(void *user, const char *section, const char *name, c
                section, name);
   } else {
     r = gshmd__config_option_set(st->cfg, opt, value, &why, whybuf, sizeof(whybuf));
-    if (r == 0)
+    if (r == 0) {
+      key_seen_note(st, opt, value);
       return 1;
+    }
     snprintf(st->message, sizeof(st->message), "%s:%d: key '%s.%s': %s", st->path, st->line,
              section, name, why);
   }
@@ -119,6 +166,7 @@ int gshmd__config_load_file(struct gshmd_config *cfg, const char *path, bool qui
       gshmd__config_error("cannot open configuration file %s: %m", path);
     return r;
   }
+  st.seen = calloc(gshmd__config_noptions, sizeof(*st.seen));
   r = ini_parse_stream(ini_state_read, &st, ini_state_handle, &st);
   if (ferror(st.fp)) {
     r = errno ? -errno : -EIO;
@@ -134,6 +182,7 @@ int gshmd__config_load_file(struct gshmd_config *cfg, const char *path, bool qui
     gshmd__config_error("cannot parse configuration file %s: out of memory", path);
     r = -ENOMEM;
   }
+  key_seen_report(&st, r == 0);
   fclose(st.fp);
   return r;
 }

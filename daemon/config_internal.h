@@ -69,6 +69,11 @@ extern const size_t gshmd__config_nflags;
  * under journald).  Keeps errno for %m. */
 __attribute__((format(printf, 1, 2))) void gshmd__config_error(const char *fmt, ...);
 
+/* Prints "gshmd: warning: " and the message on stderr (with the <4>
+ * priority prefix under journald): a setting that is taken, but likely
+ * not what its writer meant. */
+__attribute__((format(printf, 1, 2))) void gshmd__config_warning(const char *fmt, ...);
+
 /* The row of section.key, or NULL when there is none. */
 const struct option_def *gshmd__config_option_find(const char *section, const char *key);
 

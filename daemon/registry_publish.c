@@ -99,8 +99,7 @@ static int name_holders(struct gshmd_registry *r, struct gshmd_client *c,
     if (!(old[i] = name_holder(r, segs[i])))
       continue;
     if (!replace) {
-      *msg_out =
-          gshmd__reg_fmt_msg(r, "segment '%s' exists (replace it with --replace)", segs[i]->name);
+      *msg_out = gshmd__reg_fmt_msg(r, "segment '%s' exists", segs[i]->name);
       return -EEXIST;
     }
     if (!gshmd_registry_may_manage(c, old[i])) {

@@ -93,8 +93,7 @@ static int set_add(struct pull_set *s, const char *name, uint64_t size,
     return e;
   }
   if (!s->replace && gshmd_registry_find_name(cl->reg, p->local_name)) {
-    gshmd__pull_set_fail(s, -EEXIST, "a local segment named '%s' exists (replace it with --replace)",
-             p->local_name);
+    gshmd__pull_set_fail(s, -EEXIST, "a local segment named '%s' exists", p->local_name);
     return -EEXIST;
   }
   snprintf(p->location, sizeof(p->location), "%s", s->location);
@@ -342,7 +341,7 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   if ((e = gshmd__pull_resent(cl, c, request_id, m, local, msg_out)))
     return e < 0 ? e : 0;
   if (!m->prefix && !m->replace && gshmd_registry_find_name(cl->reg, local)) {
-    *msg_out = "a local segment of that name exists (replace it with --replace)";
+    *msg_out = "a local segment of that name exists";
     return -EEXIST;
   }
   if (!(s = calloc(1, sizeof(*s))))

@@ -28,6 +28,19 @@ AnySegment = Union[HostSegment, DeviceSegment]
 _Seg = TypeVar("_Seg", bound=Segment)
 
 
+def _pull_hint(rc: int, replace: bool) -> Optional[Callable[[str], str]]:
+    """For a pull refused with Exists (a local segment holds the name): a
+    rewrite of gshmd's message that names the way out in this API's words.
+    gshmd names no option (an older one named gshmctl's --replace)."""
+    if rc != -errno.EEXIST or replace:
+        return None
+
+    def hint(message: str) -> str:
+        message = message.replace(" (replace it with --replace)", "")
+        return message + " (replace it with replace=True)"
+    return hint
+
+
 @contextlib.contextmanager
 def _unlink_on_error(client: Client, name: str, seg: _Seg) -> Iterator[_Seg]:
     """For the body that fills segment `name` (seg, just created): when the
@@ -306,8 +319,9 @@ class Client(object):
         `progress(bytes_done, bytes_total, elapsed_ns)` is called about five
         times a second meanwhile (it must not use this client).  Errors as
         gshm_pull: NotFound (no such peer, or nothing exported under that
-        name), Exists, PermissionDenied, Unreachable (the peer went away;
-        nothing is left behind)."""
+        name), Exists (a local segment holds a name: pass replace=True),
+        PermissionDenied, Unreachable (the peer went away; nothing is left
+        behind)."""
         fn = _optional("gshm_pull_prefix" if prefix else "gshm_pull")
         opts = L.PullOptsC()
         opts.local_name = _enc(local_name) if local_name else None
@@ -330,7 +344,7 @@ class Client(object):
             with self._use() as p:
                 rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
                 if rc < 0:
-                    _raise(rc, "gshm_pull", p, what)
+                    _raise(rc, "gshm_pull", p, what, hint=_pull_hint(rc, replace))
             return PullResult._from_c(res)
         arr = ctypes.POINTER(L.PullResultC)()
         n = ctypes.c_size_t(0)
@@ -338,7 +352,7 @@ class Client(object):
             rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(arr),
                     ctypes.byref(n))
             if rc < 0:
-                _raise(rc, "gshm_pull_prefix", p, what)
+                _raise(rc, "gshm_pull_prefix", p, what, hint=_pull_hint(rc, replace))
         try:
             return [PullResult._from_c(arr[i]) for i in range(n.value)]
         finally:

@@ -66,11 +66,15 @@ def _strerror(rc):
         return None
 
 
-def _raise(rc, function, client_ptr=None, filename=None, cls=None):
+def _raise(rc, function, client_ptr=None, filename=None, cls=None, hint=None):
+    """Raises the exception for rc, with the daemon's explanation of the
+    client's last request; hint(message), when given, rewrites that."""
     message = ""
     if client_ptr:
         m = L.lib().gshm_last_error(client_ptr)
         message = _dec(m) if m else ""
+    if hint is not None:
+        message = hint(message)
     if isinstance(filename, bytes):
         filename = _dec(filename)
     raise error_for(rc, function=function, filename=filename, message=message,

@@ -44,10 +44,72 @@ def test_pull(pair):
         assert [(p.name, p.state) for p in peers] == [("a", "up")]
         with pytest.raises(gshm.NotFound):
             cb.pull("a", "not/exported")
-        with pytest.raises(gshm.Exists):
+        # the way out, in this API's words: replace=True, not gshmctl's flag
+        with pytest.raises(gshm.Exists) as exists:
             cb.pull("a", "pub/py", local_name="py/copy")
+        assert "replace=True" in str(exists.value), str(exists.value)
+        assert "--replace" not in str(exists.value), str(exists.value)
         cb.unlink("py/copy")
         ca.unlink("pub/py")
+
+
+def _pty_stderr(cmd):
+    """Runs cmd with its stderr on a pseudo-terminal (stdout a pipe), as
+    gshmctl draws its progress bar only on a terminal.  Returns (exit
+    status, stdout, what the terminal received)."""
+    import pty
+    import subprocess
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=slave)
+        os.close(slave)
+        slave = -1
+        tty = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the last holder of the terminal closed it
+                break
+            if not chunk:
+                break
+            tty += chunk
+        out = proc.stdout.read()
+        return proc.wait(timeout=60), out, tty.decode("utf-8", "replace")
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+
+
+def test_pull_progress_bar_units(pair):
+    """gshmctl pull's bar writes its two byte figures the same way: one
+    unit and one precision ("4 MiB / 64.0 MiB" mixed them: the chunks done
+    are whole MiB, the segment is not; "7 B / 64.0 MiB" too).  64 MiB + 7
+    bytes go in 4 MiB chunks (cluster.pull_chunk; a segment this large is
+    not split finer for the lanes) and a 7-byte one: gshmd reports progress
+    at the first chunk done, so a line before the end is drawn too."""
+    import re
+    a, b = pair
+    size = (64 << 20) + 7
+    with gshm.Client(a.socket) as ca:
+        ca.create("pub/bar", size, location="host", mode=0o644).close()
+    try:
+        rc, _, tty = _pty_stderr([gshm_testutil.gshmctl_path(), "--socket", b.socket, "pull",
+                                  "a:pub/bar", "--as", "bar/copy"])
+        assert rc == 0, tty
+        figure = re.compile(r"\] +\d+% (\d+(?:\.\d+)?) (\S+) / (\d+(?:\.\d+)?) (\S+) ")
+        lines = [m.groups() for m in map(figure.search, re.split(r"[\r\n]", tty)) if m]
+        assert len(lines) >= 2, tty  # one before the end, and the end
+        for done, done_unit, total, total_unit in lines:
+            assert done_unit == total_unit == "MiB", (tty, done, done_unit, total, total_unit)
+            assert len(done.partition(".")[2]) == len(total.partition(".")[2]), (tty, done, total)
+        assert lines[-1][0] == lines[-1][2] == "64.0", (tty, lines[-1])
+        assert float(lines[0][0]) < float(lines[0][2]), (tty, lines[0])
+    finally:
+        with gshm.Client(b.socket) as cb:
+            cb.unlink("bar/copy")
+        with gshm.Client(a.socket) as ca:
+            ca.unlink("pub/bar")
 
 
 def _publish_host_model(client, prefix, seed):
@@ -100,8 +162,10 @@ def test_pull_prefix_resolves_manifest(pair):
             for s in segs.values():
                 s.close()
         # the same names again: refused, unless replace
-        with pytest.raises(gshm.Exists):
+        with pytest.raises(gshm.Exists) as exists:
             cb.pull("a", "pub/llama/", local_name="llama/", prefix=True)
+        assert "replace=True" in exists.value.gshm_message, str(exists.value)
+        assert "--replace" not in str(exists.value), str(exists.value)
         # a segment that is not the pulled copy is refused as stale
         cb.unlink("llama/seg-000001")
         cb.create("llama/seg-000001", 65536 + 12, location="host").close()

@@ -75,7 +75,7 @@ if [[ $mode == valgrind ]]; then
   mkdir "$tmp/conf.d"
   printf '[daemon]\nsocket = /tmp/a.sock\nsocket_group = root\n[metrics]\ntextfile = /tmp/m\n' \
     >"$tmp/main.conf"
-  printf '[daemon]\nadmin_group = wheel\nbackend = host\n' >"$tmp/conf.d/10-a.conf"
+  printf '[daemon]\nadmin_group = wheel\nbackend = cuda\nbackend = host\n' >"$tmp/conf.d/10-a.conf"
   run 0 "${vg[@]}" "$gshmd" --check-config --dump-config --config "$tmp/main.conf" \
     --socket /tmp/b.sock --set daemon.admin_group=adm || true
   run 0 "${vg[@]}" "$gshmd" --help || true
@@ -211,6 +211,35 @@ printf '[daemon]\nwatchdog_sec = 30\n' >"$tmp/retired.conf"
 if run 0 "$gshmd" --check-config --config "$tmp/retired.conf"; then
   expect_err "$tmp/retired.conf:2:"
   expect_err "'daemon.watchdog_sec' is no longer read"
+fi
+# A key set again in the same file: inih hands over each occurrence and the
+# last one was taken silently.  One warning per such key names it, the
+# lines and the value that wins; the file is read as before.
+printf '[daemon]\nlog_level = 4\nsocket = /a.sock\n\n[limits]\nmax_name = 100\n[daemon]\nlog_level = 6\n' \
+  >"$tmp/twice.conf"
+if run 0 "$gshmd" --check-config --config "$tmp/twice.conf"; then
+  expect_err "gshmd: warning: $tmp/twice.conf:8: key 'daemon.log_level' is set 2 times in this file (first on line 2): the last value, '6' on line 8, wins"
+  [[ $(grep -c "times in this file" "$tmp/err") == 1 ]] || fail "twice.conf: not one warning: $(cat "$tmp/err")"
+  grep -q "configuration ok" "$tmp/out" || fail "twice.conf: not ok: $(cat "$tmp/out")"
+fi
+expect_value daemon log_level 6 --config "$tmp/twice.conf"
+expect_value limits max_name 100 --config "$tmp/twice.conf"
+printf '[limits]\nmax_name = 100\nmax_name = 101\nmax_name = 102\n' >"$tmp/thrice.conf"
+if run 0 "$gshmd" --check-config --config "$tmp/thrice.conf"; then
+  expect_err "thrice.conf:4: key 'limits.max_name' is set 3 times in this file (first on line 2): the last value, '102' on line 4, wins"
+  [[ $(grep -c "times in this file" "$tmp/err") == 1 ]] || fail "thrice.conf: not one warning: $(cat "$tmp/err")"
+fi
+# once in a file, and again in a drop-in (what drop-ins are for): nothing
+mkdir -p "$tmp/once/conf.d"
+printf '[daemon]\nlog_level = 4\n[limits]\nmax_name = 100\n' >"$tmp/once/gshmd.conf"
+printf '[daemon]\nlog_level = 5\n' >"$tmp/once/conf.d/10-a.conf"
+if run 0 "$gshmd" --check-config --config "$tmp/once/gshmd.conf"; then
+  [[ ! -s $tmp/err ]] || fail "a file without repeats warns: $(cat "$tmp/err")"
+fi
+# a drop-in that repeats a key itself is named
+printf '[daemon]\nlog_level = 5\nlog_level = 6\n' >"$tmp/once/conf.d/20-b.conf"
+if run 0 "$gshmd" --check-config --config "$tmp/once/gshmd.conf"; then
+  expect_err "$tmp/once/conf.d/20-b.conf:3: key 'daemon.log_level' is set 2 times in this file"
 fi
 bad_file 2 3 limits.max_connections "not a non-negative number" '[daemon]\n[limits]\nmax_connections = -3\n'
 bad_file 2 2 limits.max_connections "out of range" '[limits]\nmax_connections = 0\n'

@@ -89,6 +89,13 @@ static void test_format(void **state) {
   assert_string_equal(gshm__format_size(512, b, sizeof(b)), "512 B");
   assert_string_equal(gshm__format_size(64ull << 20, b, sizeof(b)), "64 MiB");
   assert_string_equal(gshm__format_size(1536, b, sizeof(b)), "1.5 KiB");
+  /* against a scale: its unit, one decimal, whatever the part */
+  assert_string_equal(gshm__format_size_as(4ull << 20, (64ull << 20) + 7, b, sizeof(b)),
+                      "4.0 MiB");
+  assert_string_equal(gshm__format_size_as(7, (64ull << 20) + 7, b, sizeof(b)), "0.0 MiB");
+  assert_string_equal(gshm__format_size_as(64ull << 20, 64ull << 20, b, sizeof(b)), "64.0 MiB");
+  assert_string_equal(gshm__format_size_as(3ull << 30, 5ull << 30, b, sizeof(b)), "3.0 GiB");
+  assert_string_equal(gshm__format_size_as(7, 700, b, sizeof(b)), "7 B");
   {
     const unsigned char u[16] = {0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0,
                                  0, 1, 2, 3, 4, 5, 6, 7};

@@ -1,0 +1,198 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* gshm-bench's supervisor: the process that was started stays a small
+ * single-threaded parent, the benchmark runs in its child, and whatever the
+ * benchmark started (its gshmd, client processes, ucx_perftest) is stopped
+ * before gshm-bench exits, also when SIGTERM, SIGINT or SIGHUP stops it
+ * mid-run.
+ *
+ * Why not PR_SET_PDEATHSIG in common/spawn.c: it fires when the THREAD that
+ * forked ends, and the tests (and bench fanout) start gshmd from threads.
+ * Why not a process group of its own: the benchmark would leave the
+ * terminal's foreground group (Ctrl-Z, Ctrl-C).  Instead the supervisor is
+ * a child subreaper (PR_SET_CHILD_SUBREAPER): when the benchmark dies, its
+ * children become the supervisor's, which sends them SIGTERM, SIGKILL past
+ * STOP_GRACE_MS, and reaps them. */
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+#define STOP_GRACE_MS 10000 /* SIGTERM to SIGKILL, as systemd's TimeoutStopSec= would */
+
+struct supervisor {
+  pid_t bench;      /* the benchmark; 0 once reaped */
+  int bench_status; /* its wait status */
+  int got;          /* the stop signal received; 0: none */
+  bool force;       /* SIGKILL now: the grace ran out, or a second signal came */
+  pid_t *sent;      /* children sent SIGTERM, not reaped yet */
+  size_t nsent, cap;
+};
+
+static bool sent_has(const struct supervisor *sv, pid_t pid) {
+  for (size_t i = 0; i < sv->nsent; i++)
+    if (sv->sent[i] == pid)
+      return true;
+  return false;
+}
+
+static void sent_drop(struct supervisor *sv, pid_t pid) {
+  for (size_t i = 0; i < sv->nsent; i++)
+    if (sv->sent[i] == pid) {
+      sv->sent[i] = sv->sent[--sv->nsent];
+      return;
+    }
+}
+
+/* The parent pid of process pid (/proc/PID/stat, field 4, counted from
+ * the last ')'); -1 when it cannot be read. */
+static pid_t parent_of(pid_t pid) {
+  char path[64], buf[512], *p = NULL;
+  int ppid;
+  FILE *f;
+
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  if (!(f = fopen(path, "re")))
+    return -1;
+  if (fgets(buf, sizeof(buf), f))
+    p = strrchr(buf, ')');
+  fclose(f);
+  return p && sscanf(p + 1, " %*c %d", &ppid) == 1 ? (pid_t)ppid : -1;
+}
+
+/* Sends SIGTERM (SIGKILL when forced) to each child of this process that
+ * has not had it yet: the benchmark, and the processes it left, which the
+ * kernel hands to this subreaper as their parents die. */
+static void stop_children(struct supervisor *sv) {
+  pid_t self = getpid();
+  struct dirent *e;
+  DIR *d = opendir("/proc");
+
+  if (!d)
+    return;
+  while ((e = readdir(d))) {
+    pid_t pid = (pid_t)atoi(e->d_name);
+    if (pid <= 0 || parent_of(pid) != self)
+      continue;
+    if (sv->force) {
+      kill(pid, SIGKILL);
+      continue;
+    }
+    if (sent_has(sv, pid))
+      continue;
+    if (sv->nsent == sv->cap) {
+      size_t cap = sv->cap ? 2 * sv->cap : 64;
+      pid_t *p = realloc(sv->sent, cap * sizeof(*p));
+      if (!p) { /* cannot remember it: the grace's SIGKILL still comes */
+        kill(pid, SIGTERM);
+        continue;
+      }
+      sv->sent = p;
+      sv->cap = cap;
+    }
+    sv->sent[sv->nsent++] = pid;
+    kill(pid, SIGTERM);
+  }
+  closedir(d);
+}
+
+/* Reaps what has ended.  Returns true when no child is left. */
+static bool reap(struct supervisor *sv) {
+  for (;;) {
+    int status;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0)
+      return pid < 0 && errno == ECHILD;
+    if (pid == sv->bench) {
+      sv->bench = 0;
+      sv->bench_status = status;
+    }
+    sent_drop(sv, pid);
+  }
+}
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The supervisor's life: waits for the benchmark or a stop signal, then
+ * stops and reaps every child; exits with the benchmark's status, or 128 +
+ * the signal. */
+static void supervise(struct supervisor *sv, const sigset_t *waited) {
+  long long deadline = 0;
+
+  for (;;) {
+    /* SIGCHLD wakes it; the tick only times the grace (idle while measuring) */
+    struct timespec tick = {deadline ? 0 : 1, deadline ? 50 * 1000000 : 0};
+    int sig = sigtimedwait(waited, NULL, &tick);
+    bool none_left;
+
+    if (sig > 0 && sig != SIGCHLD) {
+      sv->force = sv->got != 0; /* a second signal: no more grace */
+      sv->got = sv->got ? sv->got : sig;
+    }
+    none_left = reap(sv);
+    if (sv->bench && !sv->got)
+      continue;
+    if (none_left)
+      break;
+    if (!deadline)
+      deadline = now_ms() + STOP_GRACE_MS;
+    else if (now_ms() > deadline)
+      sv->force = true;
+    stop_children(sv);
+  }
+  free(sv->sent);
+  if (sv->got)
+    exit(128 + sv->got);
+  exit(WIFEXITED(sv->bench_status)  ? WEXITSTATUS(sv->bench_status)
+       : WIFSIGNALED(sv->bench_status) ? 128 + WTERMSIG(sv->bench_status)
+                                       : 1);
+}
+
+int bench_supervise(void) {
+  static const int stops[] = {SIGTERM, SIGINT, SIGHUP};
+  struct supervisor sv = {0};
+  sigset_t waited, old;
+  pid_t parent = getpid();
+
+  sigemptyset(&waited);
+  sigaddset(&waited, SIGCHLD);
+  for (size_t i = 0; i < sizeof(stops) / sizeof(stops[0]); i++) {
+    struct sigaction sa;
+    /* one ignored when we started (nohup's SIGHUP) stays ignored */
+    if (sigaction(stops[i], NULL, &sa) == 0 && sa.sa_handler != SIG_IGN)
+      sigaddset(&waited, stops[i]);
+  }
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
+    return -errno;
+  sigprocmask(SIG_BLOCK, &waited, &old);
+  sv.bench = fork();
+  if (sv.bench < 0) {
+    int e = -errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+    return e;
+  }
+  if (sv.bench == 0) {
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    /* the supervisor has one thread (the one that forked), so its death
+     * signal is its exit: SIGKILLed, the benchmark stops too */
+    prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);
+    if (getppid() != parent)
+      _exit(128 + SIGTERM);
+    return 0;
+  }
+  supervise(&sv, &waited);
+  return 0; /* (not reached) */
+}
