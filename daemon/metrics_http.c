@@ -3,11 +3,13 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <grp.h>
 #include <linux/inet_diag.h>
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "server.h"
 #include "util.h"
 
 #ifdef GSHM_HAVE_MHD
@@ -27,16 +30,20 @@
  * as each connection is accepted; one user's slow sockets (slowloris) hold
  * at most HTTP_PER_UID slots and everyone else is served
  * (docs/SECURITY.md).  Peers whose uid cannot be found share HTTP_PER_UID
- * slots as one class of their own, UID_UNKNOWN. */
+ * slots as one class of their own, UID_UNKNOWN.  The last HTTP_ADMIN_SLOTS
+ * are kept for root and daemon.admin_group: 16 uids (a subordinate uid
+ * range) held all 64 otherwise. */
 #define HTTP_CONNECTIONS 64
 #define HTTP_PER_UID 4
+#define HTTP_ADMIN_SLOTS 8
 #define UID_UNKNOWN ((uid_t)-1)
 
 /* One accepted connection: its peer address and uid.  `started`: MHD
  * reported the connection (NOTIFY_STARTED); an entry still without it at
- * the next accept was dropped by MHD after the accept policy said yes. */
+ * the next accept was dropped by MHD after the accept policy said yes.
+ * `reserved`: it took one of the HTTP_ADMIN_SLOTS. */
 struct http_conn {
-  bool used, started;
+  bool used, started, reserved;
   uid_t uid;
   socklen_t peer_len;
   struct sockaddr_storage peer;
@@ -53,6 +60,8 @@ struct gshmd_metrics_http {
   int diag_fd; /* NETLINK_SOCK_DIAG, or -1 */
   unsigned diag_seq;
   struct sockaddr_storage local; /* the listener's address */
+  bool have_admin_gid;           /* daemon.admin_group, as the server resolved it */
+  gid_t admin_gid;
   struct http_conn conns[HTTP_CONNECTIONS];
 };
 
@@ -130,13 +139,46 @@ static uid_t peer_uid(struct gshmd_metrics_http *h, const struct sockaddr *peer)
   return UID_UNKNOWN;
 }
 
+/* Whether uid is root or a member of daemon.admin_group (its primary
+ * group or one of its groups in the user database).  Asks the user
+ * database (NSS), which may wait: only for a connection that wants one of
+ * the admins' slots, i.e. while the others are all taken. */
+static bool uid_is_admin(const struct gshmd_metrics_http *h, uid_t uid) {
+  struct passwd pwd, *pw = NULL;
+  gid_t small[64], *groups = small;
+  int n = (int)(sizeof(small) / sizeof(small[0]));
+  char buf[4096];
+  bool admin = false;
+
+  if (uid == 0)
+    return true;
+  if (uid == UID_UNKNOWN || !h->have_admin_gid || getpwuid_r(uid, &pwd, buf, sizeof(buf), &pw) ||
+      !pw)
+    return false;
+  if (pw->pw_gid == h->admin_gid)
+    return true;
+  if (getgrouplist(pw->pw_name, pw->pw_gid, groups, &n) < 0) {
+    /* n: how many it has; a second try with room for them all */
+    if (n <= 0 || !(groups = calloc((size_t)n, sizeof(*groups))) ||
+        getgrouplist(pw->pw_name, pw->pw_gid, groups, &n) < 0)
+      n = 0;
+  }
+  for (int i = 0; i < n && !admin; i++)
+    admin = groups[i] == h->admin_gid;
+  if (groups != small)
+    free(groups);
+  return admin;
+}
+
 /* MHD's accept policy: refuses a connection whose uid already holds
- * HTTP_PER_UID (MHD closes it at once), else records it. */
+ * HTTP_PER_UID, or that is not an admin's while only the admins' slots are
+ * left (MHD closes it at once), else records it. */
 static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
   struct gshmd_metrics_http *h = cls;
   struct http_conn *slot = NULL;
   uid_t uid = peer_uid(h, addr);
-  unsigned held = 0;
+  unsigned held = 0, ordinary = 0;
+  bool reserved;
 
   if (addrlen > sizeof(slot->peer))
     return MHD_NO;
@@ -144,17 +186,22 @@ static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, soc
     struct http_conn *c = &h->conns[i];
     if (c->used && !c->started)
       c->used = false; /* MHD dropped it before NOTIFY_STARTED */
-    if (!c->used)
+    if (!c->used) {
       slot = slot ? slot : c;
-    else if (c->uid == uid)
-      held++;
+      continue;
+    }
+    held += c->uid == uid;
+    ordinary += !c->reserved;
   }
   /* MHD asks only below HTTP_CONNECTIONS, so a slot is free. */
-  if (held >= HTTP_PER_UID || !slot) {
-    gshm_log_debug("metrics: refused an HTTP connection of uid %d: it holds %u", (int)uid, held);
+  reserved = ordinary >= HTTP_CONNECTIONS - HTTP_ADMIN_SLOTS;
+  if (held >= HTTP_PER_UID || !slot || (reserved && !uid_is_admin(h, uid))) {
+    gshm_log_debug("metrics: refused an HTTP connection of uid %d: it holds %u, all hold %u "
+                   "of the %d slots of non-admins",
+                   (int)uid, held, ordinary, HTTP_CONNECTIONS - HTTP_ADMIN_SLOTS);
     return MHD_NO;
   }
-  *slot = (struct http_conn){.used = true, .uid = uid, .peer_len = addrlen};
+  *slot = (struct http_conn){.used = true, .reserved = reserved, .uid = uid, .peer_len = addrlen};
   memcpy(&slot->peer, addr, addrlen);
   return MHD_YES;
 }
@@ -248,6 +295,8 @@ int gshmd_metrics_http_start(uv_loop_t *loop, struct gshmd_server *srv, const ch
   pthread_mutex_init(&h->lock, NULL);
   h->srv = srv;
   h->local = sa;
+  h->have_admin_gid = srv->have_admin_gid;
+  h->admin_gid = srv->admin_gid;
   h->diag_fd = diag_open();
   refresh(h);
   /* MHD_USE_AUTO: poll or epoll, not select(), which refuses descriptors

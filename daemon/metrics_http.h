@@ -7,7 +7,9 @@
  * scrape never touches the registry and sees data at most 1 s old.  Each
  * connection counts against the uid that owns the client's socket (the
  * kernel's sock_diag, looked up as it is accepted): 4 a uid, 64 in all, so
- * that one local user's slow sockets cannot take every slot. */
+ * that one local user's slow sockets cannot take every slot, and the last
+ * 8 for root and daemon.admin_group, so that many uids together cannot
+ * either. */
 #ifndef GSHMD_METRICS_HTTP_H
 #define GSHMD_METRICS_HTTP_H
 

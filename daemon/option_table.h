@@ -186,13 +186,15 @@
   X(metrics, http_listen, STR, metrics_http_listen, "", 0, 64, NULL,            \
     "Serve the metrics at http://ADDRESS:PORT/metrics (libmicrohttpd), e.g. "   \
     "127.0.0.1:9477; loopback addresses only; empty turns it off. Scrapes see " \
-    "a snapshot at most one second old; each answer closes its connection. "   \
-    "64 connections in all, 4 of one user (the owner of the client's socket, " \
-    "from the kernel's sock_diag); a user's further connections are closed "   \
-    "at once (docs/SECURITY.md). The unit allows only AF_UNIX and a private "  \
-    "network: a drop-in with RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 " \
+    "a snapshot at most one second old; each answer closes its connection. 64 " \
+    "connections in all, 4 of one user (the owner of the client's socket, "     \
+    "from the kernel's sock_diag), the last 8 kept for root and "               \
+    "daemon.admin_group (a member by the user database: its primary group or "  \
+    "getgrouplist); a user's further connections are closed at once "           \
+    "(docs/SECURITY.md). The unit allows only AF_UNIX and a private network: "  \
+    "a drop-in with RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 "          \
     "AF_NETLINK (without AF_NETLINK all clients share 4 connections), "         \
-    "PrivateNetwork=no and IPAddressAllow=localhost is needed.")               \
+    "PrivateNetwork=no and IPAddressAllow=localhost is needed.")                \
                                                                                 \
   X(cluster, listen, STR, cluster_listen, "", 0, 128, NULL,                     \
     "Serve peer nodes on ADDRESS:PORT (e.g. 10.0.0.5:7470), the one TCP port "  \

@@ -43,7 +43,25 @@ __all__ = ["FORMAT", "VERSION", "ManifestError", "StaleManifest", "manifest_name
 
 FORMAT = "gshm.torch.pool"
 VERSION = 1
-MAX_BYTES = 256 << 20  # a manifest larger than this is not one
+# Limits on a manifest, checked before anything is built from it (whoever
+# published the prefix, or a cluster key holder whose set pull brought it,
+# wrote it).  Entries (tensors + buffers; segments likewise, publish lists
+# only the segments its entries use): 2**18, about twice the tensors of the
+# largest checkpoints with one tensor per expert matrix (a 1T-parameter MoE
+# of 60 MoE layers x 384 experts x 3 matrices, each with an FP8 scale
+# tensor: 138,240).  Bytes: 256 per entry (an entry with a 60-character
+# name and a 2-d shape takes 173), 64 MiB.  A manifest that size makes
+# json.loads hold up to about 13x its bytes (0.85 GB of short strings,
+# measured; a legitimate one of 2**18 entries: 0.25 GB); empty arrays and
+# objects cost 22x, so their number is capped too, counted over the bytes
+# before parsing: 3 per entry (the entry, its shape, its strides), 1 per
+# segment, and 65,536 to spare for brackets inside names and metadata.
+MAX_ENTRIES = 1 << 18
+MAX_BYTES = 256 * MAX_ENTRIES
+MAX_CONTAINERS = 4 * MAX_ENTRIES + (1 << 16)
+MAX_DIMS = 64  # dimensions of one tensor (weights have a few)
+_I64 = (1 << 63) - 1  # what torch takes as a size, stride or offset
+_U64 = (1 << 64) - 1  # the daemon's ids and generations
 
 
 class ManifestError(ValueError):
@@ -78,30 +96,69 @@ def tensor_extent(offset, itemsize, shape, strides):
     return offset + (last + 1) * itemsize
 
 
-def _check_entry(where, name, t, segments):
+def _json_in(v, hi):
+    """_json_int(v) within [0, hi]; ValueError outside."""
+    v = _json_int(v)
+    if not 0 <= v <= hi:
+        raise ValueError("%d is outside [0, %d]" % (v, hi))
+    return v
+
+
+def _entry_fields(t):
+    """(segment, offset, DType, shape, strides) of an entry, each of its
+    JSON type and within int64; TypeError / ValueError / KeyError else."""
+    seg = t["segment"]
+    if not isinstance(seg, str):
+        raise TypeError("segment %r is not a string" % (seg,))
+    name = t["dtype"]
+    if not isinstance(name, str):  # dtype() would ask NumPy about a list or an object
+        raise TypeError("dtype %r is not a name" % (name,))
     try:
-        seg = t["segment"]
-        if not isinstance(seg, str):
-            raise TypeError("segment %r is not a string" % (seg,))
-        offset = _json_int(t["offset"])
-        dt = _to_dtype(t["dtype"])
-        shape = [_json_int(d) for d in _json_list(t["shape"])]
-        strides = [_json_int(s) for s in _json_list(t["strides"])]
+        dt = _to_dtype(name)
+    except ValueError:
+        raise ValueError("unknown dtype %r" % (name,)) from None
+    try:
+        offset = _json_in(t["offset"], _I64)
+    except ValueError as e:
+        raise ValueError("offset %s" % e) from None
+    shape, strides = _json_list(t["shape"]), _json_list(t["strides"])
+    if len(shape) > MAX_DIMS or len(strides) > MAX_DIMS:
+        raise ValueError("%d dimensions, more than %d" % (max(len(shape), len(strides)),
+                                                          MAX_DIMS))
+    try:
+        return seg, offset, dt, [_json_in(d, _I64) for d in shape], \
+            [_json_in(d, _I64) for d in strides]
+    except ValueError as e:  # (a TypeError says which value it was)
+        raise ValueError("bad shape %r / strides %r: %s" % (shape, strides, e)) from None
+
+
+def _check_entry(where, name, t, segments):
+    """The entry t, checked against the segments it may name; raises
+    ManifestError naming it."""
+    what = "gshm: manifest %s entry %r" % (where, name)
+    try:
+        seg, offset, dt, shape, strides = _entry_fields(t)
     except (KeyError, TypeError, ValueError) as e:
-        raise ManifestError("gshm: manifest %s entry %r: %s" % (where, name, e)) from None
+        raise ManifestError("%s: %s" % (what, e)) from None
     if seg not in segments:
-        raise ManifestError("gshm: manifest %s entry %r names segment %r, not in its list"
-                            % (where, name, seg))
-    if len(shape) != len(strides) or any(d < 0 for d in shape) or any(s < 0 for s in strides):
-        raise ManifestError("gshm: manifest %s entry %r: bad shape %r / strides %r"
-                            % (where, name, shape, strides))
-    if offset < 0 or offset % dt.itemsize:
-        raise ManifestError("gshm: manifest %s entry %r: offset %d not aligned to %s"
-                            % (where, name, offset, dt.name))
-    end = tensor_extent(offset, dt.itemsize, shape, strides)
-    if end > segments[seg]["size"]:
-        raise ManifestError("gshm: manifest %s entry %r reaches byte %d of %r (%d bytes)"
-                            % (where, name, end, seg, segments[seg]["size"]))
+        raise ManifestError("%s names segment %r, not in its list" % (what, seg))
+    size = segments[seg]["size"]
+    if len(shape) != len(strides):
+        raise ManifestError("%s: bad shape %r / strides %r" % (what, shape, strides))
+    if offset % dt.itemsize:
+        raise ManifestError("%s: offset %d not aligned to %s" % (what, offset, dt.name))
+    end = tensor_extent(offset, dt.itemsize, shape, strides)  # (< 2**134: 64 dims < 2**63)
+    if end > size:
+        raise ManifestError("%s reaches byte %d of %r (%d bytes)" % (what, end, seg, size))
+    # Its elements, counted up to what its segment could hold as distinct
+    # ones: a view never claims more (stride 0 would let 2**62 elements sit
+    # on one, and every op on it walk them).
+    count = 0 if 0 in shape else 1
+    for d in shape if count else ():
+        count *= d
+        if count * dt.itemsize > size:
+            raise ManifestError("%s: shape %r has more elements than its segment %r holds "
+                                "(%d bytes)" % (what, shape, seg, size))
     return {"segment": seg, "offset": offset, "dtype": dt.name, "shape": shape,
             "strides": strides}
 
@@ -128,19 +185,45 @@ def encode(location, segments, tensors, buffers=None, metadata=None):
     return struct.pack("<Q", len(js)) + js
 
 
-def decode(data):
-    """Parses and checks manifest bytes; returns the dict of encode's form.
-    Raises ManifestError."""
-    data = bytes(data)
-    if len(data) < 8:
-        raise ManifestError("gshm: manifest too short (%d bytes)" % len(data))
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > len(data) - 8 or n > MAX_BYTES:
-        raise ManifestError("gshm: manifest length %d does not fit its %d bytes" % (n, len(data)))
+def _check_length(n, have):
+    """n, a manifest's length field, against the `have` bytes after it and
+    MAX_BYTES; raises ManifestError."""
+    if n > MAX_BYTES:
+        raise ManifestError("gshm: manifest length %d does not fit gshm's limit of %d bytes "
+                            "(gshm._manifest.MAX_BYTES)" % (n, MAX_BYTES))
+    if n > have:
+        raise ManifestError("gshm: manifest length %d does not fit its %d bytes" % (n, have))
+
+
+def _segments(v):
+    """The segment list of a manifest: {name: {"id", "generation", "size"}}."""
+    if len(v) > MAX_ENTRIES:
+        raise ValueError("%d segments, more than %d" % (len(v), MAX_ENTRIES))
+    out = {}
+    for k, s in v.items():
+        try:
+            out[str(k)] = {"id": _json_in(s["id"], _U64),
+                           "generation": _json_in(s["generation"], _U64),
+                           "size": _json_in(s["size"], _I64)}
+        except ValueError as e:  # (a TypeError or KeyError says which field)
+            raise ValueError("segment %r: id, generation or size %s" % (k, e)) from None
+    return out
+
+
+def _parse(js):
+    """The manifest's JSON (bytes-like, the length field checked), parsed
+    and checked.  Raises ManifestError."""
+    # Counted before json.loads builds them: empty arrays and objects are
+    # the dearest objects per byte it makes (MAX_CONTAINERS above).
+    raw = js if isinstance(js, bytes) else bytes(js)
+    if raw.count(b"{") + raw.count(b"[") > MAX_CONTAINERS:
+        raise ManifestError("gshm: manifest has more objects and arrays than %d entries "
+                            "need (%d containers at most)" % (MAX_ENTRIES, MAX_CONTAINERS))
     try:
-        doc = json.loads(data[8:8 + n].decode("utf-8"))
+        doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # nesting too deep
         raise ManifestError("gshm: manifest is not JSON: %s" % e) from None
+    del raw
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ManifestError("gshm: not a gshm pool manifest (format %r)"
                             % (doc.get("format") if isinstance(doc, dict) else None))
@@ -148,20 +231,41 @@ def decode(data):
         raise ManifestError("gshm: manifest version %r; this gshm reads %d"
                             % (doc.get("version"), VERSION))
     try:
-        segs = {str(k): {"id": _json_int(v["id"]), "generation": _json_int(v["generation"]),
-                         "size": _json_int(v["size"])} for k, v in doc["segments"].items()}
+        segs = _segments(doc["segments"])
         tensors, buffers = doc["tensors"], doc.get("buffers") or {}
         meta = doc.get("metadata") or {}
-        location = str(doc["location"])
+        location = doc["location"]
         if not isinstance(tensors, dict) or not isinstance(buffers, dict) \
                 or not isinstance(meta, dict):
             raise TypeError("tensors, buffers and metadata must be objects")
+        if not isinstance(location, str):
+            raise TypeError("location %r is not a string" % (location,))
+        if not all(isinstance(v, str) for v in meta.values()):
+            raise TypeError("metadata must map str to str")
+        if len(tensors) + len(buffers) > MAX_ENTRIES:
+            raise ValueError("%d tensor and buffer entries, more than %d"
+                             % (len(tensors) + len(buffers), MAX_ENTRIES))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ManifestError("gshm: bad manifest: %s" % e) from None
     return {"format": FORMAT, "version": VERSION, "location": location, "segments": segs,
             "tensors": {k: _check_entry("tensor", k, t, segs) for k, t in tensors.items()},
             "buffers": {k: _check_entry("buffer", k, t, segs) for k, t in buffers.items()},
-            "metadata": {str(k): str(v) for k, v in meta.items()}}
+            "metadata": dict(meta)}
+
+
+def decode(data):
+    """Parses and checks manifest bytes; returns the dict of encode's form.
+    Every entry is checked before it is returned: its dtype known, its
+    shape, strides and offset within int64, no more elements than its
+    segment could hold, its bytes inside the segment it names.  Raises
+    ManifestError (naming the entry), also for a manifest past MAX_BYTES,
+    MAX_ENTRIES or MAX_CONTAINERS, refused before it is parsed."""
+    data = memoryview(data).cast("B")
+    if len(data) < 8:
+        raise ManifestError("gshm: manifest too short (%d bytes)" % len(data))
+    n = int.from_bytes(data[:8], "little")
+    _check_length(n, len(data) - 8)
+    return _parse(data[8:8 + n])
 
 
 def write(client, prefix, data, mode=0o600):
@@ -228,15 +332,17 @@ def read(client, prefix):
     open_segments() opens (with the reader's rights, "rw" included) and
     attach() hands out as weights."""
     with client.open(manifest_name(prefix), "r") as seg:
-        # The length first: reading the whole segment before decode() checks
-        # it against MAX_BYTES let whoever created "<prefix>/manifest" make
-        # the reader allocate twice the segment's size (a 16 GiB segment:
-        # 32 GiB in this process).
+        # The length first, checked against the segment and MAX_BYTES before
+        # anything more is read: whoever created "<prefix>/manifest" must
+        # not choose how much every reader allocates (the whole segment was
+        # once read, twice over: a 16 GiB segment took 32 GiB here).
         size = seg.info.requested_size
         head = seg.read(0, min(8, size))
-        n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
-        fits = len(head) == 8 and n <= min(size - 8, MAX_BYTES)
-        doc = decode(head + (seg.read(8, n) if fits else b""))  # else decode() says why
+        if len(head) < 8:
+            raise ManifestError("gshm: manifest too short (%d bytes)" % len(head))
+        n = int.from_bytes(head, "little")
+        _check_length(n, size - 8)
+        doc = _parse(seg.read(8, n))
         doc = _resolve_pulled(doc, prefix, seg.info.source)
     for n in doc["segments"]:
         if not n.startswith(segment_prefix(prefix)):

@@ -25,6 +25,8 @@ from ._dtypes import DTYPES, dtype as _to_dtype
 __all__ = ["ALIGN", "Layout", "plan", "parse", "copy_plan", "share_arrays", "load_arrays"]
 
 ALIGN = 256  # where the data starts; a GPU-friendly multiple of 8
+MAX_DIMS = 64  # dimensions of one tensor, as in a manifest (gshm._manifest)
+_I64 = (1 << 63) - 1  # torch's sizes are int64
 FORMAT_VERSION = "1"
 
 _BY_ST = {d.safetensors: d for d in DTYPES.values() if d.safetensors}
@@ -135,6 +137,10 @@ def parse(read, size, aligned=True):
             dt = _BY_ST[t["dtype"]]
             shape = tuple(_json_count(d) for d in _json_list(t["shape"]))
             b, e = (_json_count(x) for x in _json_list(t["data_offsets"]))
+            # what torch takes: a shape with a 0 holds no bytes whatever its
+            # other dimensions, so the byte checks below never see them
+            if len(shape) > MAX_DIMS or any(d > _I64 for d in shape):
+                raise ValueError("shape")
         except (KeyError, TypeError, ValueError):
             raise ValueError("gshm: bad safetensors entry %r: %r" % (name, t)) from None
         count = 1

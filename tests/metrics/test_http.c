@@ -9,8 +9,10 @@
  * (docs/SECURITY.md). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pwd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -279,6 +281,84 @@ static void test_slow_sockets_of_one_user_ipv6(void **state) {
   slow_sockets_of_one_user(state, "[::1]");
 }
 
+/* The ordinary slots: the endpoint's 64 less the 8 kept for admins. */
+#define ORDINARY_SLOTS 56
+#define MANY_UIDS 16 /* a subordinate uid range's worth: 16 x 4 filled all 64 */
+#define FIRST_UID 231072
+
+/* A kid's scrape (arg: a struct slow): exits with nobody_scrapes' code. */
+static void scrape_kid(struct harness_kid *k, void *arg) {
+  (void)k;
+  _exit(nobody_scrapes(((struct slow *)arg)->listen));
+}
+
+/* nobody_scrapes as uid (primary group gid, no other groups). */
+static int scrape_as_uid(struct slow *sl, uid_t uid, gid_t gid) {
+  struct harness_kid k;
+
+  assert_int_equal(harness_kid_start(&k, uid, gid, scrape_kid, sl), 0);
+  return harness_kid_wait(&k);
+}
+
+/* A user of the passwd database (not root, not nobody) whose primary group
+ * is neither root's nor nobody's: the admin group's member for the test. */
+static const struct passwd *some_user(void) {
+  const struct passwd *pw;
+
+  setpwent();
+  while ((pw = getpwent()))
+    if (pw->pw_uid != 0 && pw->pw_uid != HARNESS_NOBODY && pw->pw_gid != 0 &&
+        pw->pw_gid != HARNESS_NOBODY && getgrgid(pw->pw_gid))
+      break;
+  endpwent();
+  return pw;
+}
+
+/* attack22: 16 uids (a user's subordinate range) with 4 slow sockets each
+ * held all 64 connections, and root's scrape was refused.  Now the last 8
+ * are kept for root and daemon.admin_group: the 16 uids get 56 in all,
+ * root and a member of the admin group are answered, another user is
+ * refused at once. */
+static void test_admin_slots_kept_from_many_uids(void **state) {
+  struct harness_kid k[MANY_UIDS];
+  const struct passwd *pw = some_user();
+  struct slow sl;
+  char port_arg[128], admin_arg[128];
+  uid_t admin_uid;
+  gid_t admin_gid;
+  int held = 0, code;
+
+  if (!pw)
+    skip(); /* no user to make an admin of */
+  admin_uid = pw->pw_uid;
+  admin_gid = pw->pw_gid;
+  snprintf(sl.listen, sizeof(sl.listen), "127.0.0.1:%d", free_port());
+  snprintf(port_arg, sizeof(port_arg), "metrics.http_listen=%s", sl.listen);
+  snprintf(admin_arg, sizeof(admin_arg), "daemon.admin_group=%s", getgrgid(admin_gid)->gr_name);
+  assert_non_null(harness_cmocka_start(state, sizeof(struct harness),
+                                       (const char *const[]){"--set", port_arg, "--set",
+                                                             admin_arg, NULL}));
+  for (int i = 0; i < MANY_UIDS; i++)
+    assert_int_equal(harness_kid_start(&k[i], FIRST_UID + i, FIRST_UID + i, slow_sockets, &sl),
+                     0);
+  for (int i = 0; i < MANY_UIDS; i++)
+    assert_true(harness_kid_await(k[i].from_kid, 10000));
+  usleep(300 * 1000); /* gshmd takes (or refuses) them all */
+
+  assert_int_equal(scrape(sl.listen, SCRAPE_DEADLINE_MS), 200);   /* root */
+  assert_int_equal(scrape_as_uid(&sl, admin_uid, admin_gid), 0); /* the admin group */
+  assert_int_equal(harness_as_nobody(nobody_scrapes, sl.listen), 1); /* refused at once */
+
+  for (int i = 0; i < MANY_UIDS; i++) {
+    assert_int_equal(harness_kid_step(k[i].to_kid), 0);
+    code = harness_kid_wait(&k[i]);
+    assert_true(code >= 0 && code <= 4);
+    held += code;
+  }
+  assert_int_equal(held, ORDINARY_SLOTS);
+  assert_int_equal(harness_cmocka_teardown(state), 0);
+}
+
 static void test_refuses_non_loopback(void **state) {
   struct harness h;
   (void)state;
@@ -295,6 +375,7 @@ int main(void) {
       cmocka_unit_test(test_serves_metrics),
       cmocka_unit_test(test_slow_sockets_of_one_user),
       cmocka_unit_test(test_slow_sockets_of_one_user_ipv6),
+      cmocka_unit_test(test_admin_slots_kept_from_many_uids),
       cmocka_unit_test(test_refuses_non_loopback),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,202 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Manifests written by someone else: a cluster key holder whose set pull
+brought "<prefix>/manifest" here, or a local user allowed to publish a
+prefix that another user attaches.  The reader (gshm._manifest.read and
+decode, which gshm.torch.attach calls) checks every entry before anything
+is built from it, and refuses with ManifestError naming the entry: no
+torch error (a shape of 2**64 elements, a stride past int64) and no
+memory or time spent on a manifest larger than any model's before it
+says no.  Also the safetensors header of a shared state dict
+(load_state_dict, load_arrays) for the shapes torch cannot take.  No torch
+needed: the checks are all in gshm._manifest and gshm._safetensors."""
+
+import json
+import struct
+import subprocess
+import sys
+
+import pytest
+
+import gshm_testutil
+from gshm import _manifest, _safetensors
+
+MiB = 1 << 20
+MAX_ENTRIES = getattr(_manifest, "MAX_ENTRIES", 1 << 18)  # (the old reader had no cap)
+MAX_BYTES = min(_manifest.MAX_BYTES, 64 * MiB)
+SEG = "p/seg-000000"
+
+
+def _doc(tensors=None, segments=None, **kw):
+    doc = {"format": _manifest.FORMAT, "version": _manifest.VERSION, "location": "cuda:GPU-x",
+           "segments": segments if segments is not None else
+           {SEG: {"id": 1, "generation": 1, "size": 4096}},
+           "tensors": tensors if tensors is not None else {}, "buffers": {}, "metadata": {}}
+    doc.update(kw)
+    return doc
+
+
+def _bytes(doc):
+    js = json.dumps(doc, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(js)) + js
+
+
+def _one(**kw):
+    t = {"segment": SEG, "offset": 0, "dtype": "float32", "shape": [4], "strides": [1]}
+    t.update(kw)
+    return _bytes(_doc({"w": t}))
+
+
+_HOSTILE = [
+    # stride 0 over a huge shape: its bytes fit (one element), its elements
+    # (2**62) do not; torch made a view that every op walked element by element
+    (_one(shape=[1 << 62], strides=[0]), "'w'.*elements"),
+    (_one(shape=[1 << 40, 1 << 40], strides=[0, 0]), "'w'.*elements"),
+    # an element count past int64 (torch raised its own overflow error)
+    (_one(shape=[1 << 64], strides=[0]), "'w'.*shape"),
+    (_one(shape=[0, 1 << 64], strides=[1, 1]), "'w'.*shape"),
+    # a stride past int64 on a dimension of 1 (no byte reached, torch refused)
+    (_one(shape=[1], strides=[1 << 64]), "'w'.*strides"),
+    (_one(offset=1 << 64, shape=[0], strides=[1]), "'w'.*offset"),
+    # more dimensions than any weight has
+    (_one(shape=[1] * 65, strides=[1] * 65), "'w'.*dimensions"),
+    # bytes past the segment it names
+    (_one(offset=4096, shape=[1], strides=[1]), "'w' reaches byte"),
+    (_one(offset=1 << 62, shape=[1], strides=[1]), "'w' reaches byte"),
+    (_one(shape=[2, 2], strides=[1 << 40, 1]), "'w' reaches byte"),
+    # dtypes: unknown, or not a name (NumPy took a structured dtype's list)
+    (_one(dtype="float99"), "'w'.*dtype"),
+    (_one(dtype=[["a", "<f4"]]), "'w'.*dtype"),
+    (_one(dtype={"names": ["a"], "formats": ["<f4"]}), "'w'.*dtype"),
+    # segment sizes and ids a daemon never gives
+    (_bytes(_doc(segments={SEG: {"id": 1, "generation": 1, "size": 1 << 64}})), "size"),
+    (_bytes(_doc(segments={SEG: {"id": -1, "generation": 1, "size": 4096}})), "id"),
+    # metadata is str -> str as encode() writes it (str() of a nested value
+    # was taken)
+    (_bytes(_doc(metadata={"k": [1, 2]})), "metadata"),
+    (_bytes(_doc(location=["x"])), "location"),
+]
+
+
+@pytest.mark.parametrize("data,message", _HOSTILE, ids=[str(i) for i in range(len(_HOSTILE))])
+def test_hostile_entry_is_refused(data, message):
+    with pytest.raises(_manifest.ManifestError, match=message):
+        _manifest.decode(data)
+
+
+def test_stride_zero_within_its_segment_is_taken():
+    """An expanded buffer (stride 0) of a published module is fine while it
+    names no more elements than its segment's bytes could hold."""
+    m = _manifest.decode(_one(shape=[4, 256], strides=[0, 1]))
+    assert m["tensors"]["w"]["strides"] == [0, 1]
+    m = _manifest.decode(_one(shape=[1024], strides=[0]))
+    assert m["tensors"]["w"]["shape"] == [1024]
+    with pytest.raises(_manifest.ManifestError, match="elements"):
+        _manifest.decode(_one(shape=[1025], strides=[0]))
+    # encode() applies the same checks: publish cannot write what attach refuses
+    with pytest.raises(_manifest.ManifestError, match="elements"):
+        _manifest.encode("x", {SEG: {"id": 1, "generation": 1, "size": 4096}},
+                         {"w": {"segment": SEG, "offset": 0, "dtype": "float32",
+                                "shape": [1025], "strides": [0]}})
+
+
+def test_too_many_entries_refused():
+    """More tensors than MAX_ENTRIES (each a few bytes): refused before any
+    entry is checked or handed on (the old reader took them all)."""
+    n = MAX_ENTRIES + 1
+    entry = '{"segment":"%s","offset":0,"dtype":"uint8","shape":[],"strides":[]}' % SEG
+    head = _bytes(_doc(tensors={"x": {}}))[8:]
+    js = head.replace(b'"x":{}', ",".join('"t%d":%s' % (i, entry) for i in range(n)).encode())
+    assert len(js) < MAX_BYTES
+    data = struct.pack("<Q", len(js)) + js
+    with pytest.raises(_manifest.ManifestError, match="entries"):
+        _manifest.decode(data)
+
+
+def test_segment_count_capped():
+    segs = {"p/seg-%06d" % i: {"id": i, "generation": 1, "size": 0}
+            for i in range(MAX_ENTRIES + 1)}
+    with pytest.raises(_manifest.ManifestError, match="segments"):
+        _manifest.decode(_bytes(_doc(segments=segs)))
+
+
+# A reader in a process of its own: its peak RSS before and after read()
+# (VmHWM, of this process's memory alone: ru_maxrss keeps the peak of the
+# pytest process it was forked from across exec).
+_READER = r"""
+import json, sys, time
+import gshm
+from gshm import _manifest
+
+def hwm_kib():
+    with open("/proc/self/status") as f:
+        return int(next(l for l in f if l.startswith("VmHWM:")).split()[1])
+
+c = gshm.Client(sys.argv[1], name="hostile-reader")
+r0 = hwm_kib()
+t0 = time.monotonic()
+try:
+    _manifest.read(c, sys.argv[2])
+    err = None
+except _manifest.ManifestError as e:
+    err = str(e)
+print(json.dumps({"error": err, "s": time.monotonic() - t0,
+                  "grew_kib": hwm_kib() - r0}))
+"""
+
+
+def _read_elsewhere(daemon, prefix):
+    p = subprocess.run([sys.executable, "-c", _READER, daemon.socket, prefix],
+                       env=gshm_testutil.child_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()
+    return json.loads(p.stdout)
+
+
+def _put(client, name, data):
+    with client.create(name, len(data), location="host") as seg:
+        seg[0:len(data)] = data
+
+
+@pytest.mark.parametrize("what", ["oversized", "containers"])
+def test_hostile_manifest_costs_the_reader_nothing(daemon, client, segname, what):
+    """Before: a manifest of up to 256 MiB was read whole and parsed (an
+    80 MiB one of blanks was taken, the reader's peak RSS grew by hundreds
+    of MiB); 2M empty arrays under a key nobody reads made JSON build 2M
+    lists.  Now both are refused from their length and a count over the
+    bytes, with little memory and at once."""
+    if what == "oversized":
+        body = _bytes(_doc(segments={}))[8:]
+        js = body + b" " * (80 * MiB - len(body))
+    else:
+        js = _bytes(_doc(segments={}, padding=[[]] * (2 << 20)))[8:]
+        assert len(js) < MAX_BYTES
+    _put(client, segname + "/manifest", struct.pack("<Q", len(js)) + js)
+    try:
+        r = _read_elsewhere(daemon, segname)
+    finally:
+        client.unlink(segname + "/manifest")
+    assert r["error"] is not None, r
+    assert "manifest" in r["error"], r
+    assert r["grew_kib"] < 32 * 1024, r
+    assert r["s"] < 2.0, r
+
+
+# ----------------------------------------------- safetensors headers
+
+def _st(shape, nbytes=0, **kw):
+    t = {"dtype": "F32", "shape": shape, "data_offsets": [0, nbytes]}
+    t.update(kw)
+    js = json.dumps({"a": t}).encode()
+    js += b" " * (-len(js) % 8)
+    data = struct.pack("<Q", len(js)) + js + bytes(max(nbytes, 16))
+    return lambda off, n: data[off:off + n], len(data)
+
+
+@pytest.mark.parametrize("shape,nbytes", [([0, 1 << 64], 0), ([1 << 63, 0], 0), ([1] * 65, 4)])
+def test_safetensors_shape_torch_cannot_take(shape, nbytes):
+    """A shape with a 0 holds no bytes, so its other dimensions were never
+    checked: 2**64 passed parse(), and torch raised its own error on the
+    view.  Dimensions are int64 and at most 64 of them."""
+    read, size = _st(shape, nbytes)
+    with pytest.raises(ValueError, match="'a'"):
+        _safetensors.parse(read, size)
