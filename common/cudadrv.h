@@ -107,7 +107,11 @@
   /* only gpu.test_broadcast's capture step: never required */ \
   V(cuStreamBeginCapture, "cuStreamBeginCapture", 12000) \
   V(cuStreamEndCapture, "cuStreamEndCapture", 12000) \
-  V(cuGraphInstantiate, "cuGraphInstantiate", 12000) \
+  /* (cuda.h's cuGraphInstantiate is cuGraphInstantiateWithFlags, 3      \
+   * arguments; the driver's symbol of that name at 12000 is CUDA 11's 5 \
+   * argument one: called with 3 it wrote its log to a stray pointer,    \
+   * SIGSEGV on 2x H200, driver 580.159) */                               \
+  V(cuGraphInstantiate, "cuGraphInstantiateWithFlags", 11040) \
   V(cuGraphLaunch, "cuGraphLaunch", 12000) \
   V(cuGraphDestroy, "cuGraphDestroy", 12000) \
   V(cuGraphExecDestroy, "cuGraphExecDestroy", 12000)
