@@ -152,7 +152,9 @@ static size_t next_piece(const struct pull *p, uint64_t *off) {
 
   if (p->s->err || p->finished || p->closed || !p->dst_mapped || p->local_staged)
     return 0;
-  if (asked > start)
+  /* (pages built here: from past each lane's first chunk, the lanes
+   * building those themselves: gshmd__prefault_add) */
+  if (asked > start && !p->s->cl->pf_build)
     start = asked;
   if (start >= size)
     return 0;
@@ -214,7 +216,8 @@ void gshmd__prefault_more(struct gshmd_cluster *cl) {
       continue;
     }
     /* (the cap waits for chunks asked for: gshmd__prefault_add) */
-    if (cl->pf_ahead - p->pf_ahead + (off + len - asked_end(p)) > PREFAULT_AHEAD)
+    if (off + len > asked_end(p) &&
+        cl->pf_ahead - p->pf_ahead + (off + len - asked_end(p)) > PREFAULT_AHEAD)
       return;
     if (!(j = calloc(1, sizeof(*j))))
       return;
@@ -247,6 +250,16 @@ void gshmd__prefault_add(struct pull *p) {
   count_ahead(p); /* (chunks asked for since: less is ahead) */
   if (!cl->pf_on || p->local_staged || !p->dst_mapped || p->mem->size < GSHMD_HUGE_PAGE)
     return;
+  if (cl->pf_build && !p->pf_off && p->link) {
+    /* Each lane builds the pages of the chunk it receives before its
+     * bytes, and then waits for nothing else: the pages of its next
+     * chunks, asked for already, are built here meanwhile (a 64 MiB
+     * pull, all of it asked for at once, had each lane build all of its
+     * pages between its bytes) */
+    uint64_t skip = (uint64_t)(p->link->nlanes ? p->link->nlanes : 1) * p->chunk_size;
+    skip = (skip + GSHMD_HUGE_PAGE - 1) / GSHMD_HUGE_PAGE * GSHMD_HUGE_PAGE;
+    p->pf_off = skip < p->mem->size ? skip : p->mem->size;
+  }
   if (!p->pf_queued) {
     gshm_list_add_tail(&cl->prefaults, &p->pf_node);
     p->pf_queued = true;
