@@ -171,8 +171,16 @@ int gshmd_host_collapse(void *addr, uint64_t len) {
 
   for (uint64_t off = 0; off < len; off += HUGE_PAGE) {
     int64_t resume = atomic_load_explicit(&collapse_resume, memory_order_relaxed);
+    unsigned char last = 0;
+
     if (resume && gshm__now_ns(CLOCK_MONOTONIC) < resume)
       return -EAGAIN;
+    /* a page whose last 4 KiB is in the page cache was built already (by
+     * the pool, or another lane) or written whole: nothing to gain, and
+     * each MADV_COLLAPSE drains every CPU's LRU batches first
+     * (lru_add_drain_all, one lock for the machine) */
+    if (mincore(p + off + HUGE_PAGE - 4096, 4096, &last) == 0 && (last & 1))
+      continue;
     if (madvise(p + off, 4096, MADV_POPULATE_WRITE) == 0 &&
         madvise(p + off, HUGE_PAGE, MADV_COLLAPSE) == 0) {
       atomic_fetch_add_explicit(&collapsed, HUGE_PAGE, memory_order_relaxed);

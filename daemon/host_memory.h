@@ -65,8 +65,10 @@ bool gshmd_host_collapse_works(void);
  * of 2 MiB, inside a shared mapping of a memfd made by
  * gshm__map_shared_aligned (util.h: file offsets 2 MiB aligned with
  * addresses).  Each page: its first 4 KiB made (MADV_POPULATE_WRITE,
- * which changes no byte), then MADV_COLLAPSE; one already built costs a
- * lookup.  Never changes a byte.  A page that fails with EAGAIN (its
+ * which changes no byte), then MADV_COLLAPSE; one whose last 4 KiB is in
+ * the page cache already (built, or written whole) is left (mincore: each
+ * MADV_COLLAPSE drains every CPU's LRU batches first).  Never changes a
+ * byte.  A page that fails with EAGAIN (its
  * pages busy: another thread building it, a writer holding one) is left
  * and the next tried; the call returns -EAGAIN then.  Stops at any other
  * failure and returns it: -ENOMEM (no free 2 MiB page: after it every
@@ -75,7 +77,7 @@ bool gshmd_host_collapse_works(void);
  * not bound for MADV_COLLAPSE), -EINVAL (the mapping cannot hold one),
  * -EFAULT.  Where a page is not built the caller's writes fault 4 KiB
  * pages in as without.  Safe on any thread.  Adds the bytes of each page
- * built (or found built) to gshmd_host_collapsed_bytes. */
+ * built to gshmd_host_collapsed_bytes. */
 int gshmd_host_collapse(void *addr, uint64_t len);
 
 /* Bytes of 2 MiB pages built by gshmd_host_collapse since start (for
