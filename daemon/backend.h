@@ -256,6 +256,10 @@ bool gshmd_backend_host_huge_pulls(const struct gshmd_backend *b);
  * backend. */
 bool gshmd_backend_host_collapse(const struct gshmd_backend *b);
 
+/* Host allocation a's memfd (gshmd's own: never sent, valid while a
+ * lives; not taken), or -1 where a is NULL or another backend's. */
+int gshmd_backend_host_memfd(const struct gshmd_alloc *a);
+
 /* GPU memory through the CUDA driver's VMM API.  cfg: unused (may be
  * NULL).  fault_out (NULL: not wanted; GSHMD_FAULT_MAX bytes): written
  * only with -ENOTRECOVERABLE, with what the error was (as

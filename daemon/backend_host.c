@@ -593,6 +593,11 @@ bool gshmd_backend_host_huge_pulls(const struct gshmd_backend *b) {
   return b && ((const struct host_backend *)b)->pull_page >= GSHMD_HUGE_PAGE;
 }
 
+int gshmd_backend_host_memfd(const struct gshmd_alloc *a) {
+  return a && a->backend && a->backend->ops == &host_ops ? ((const struct host_alloc *)a->priv)->memfd
+                                                         : -1;
+}
+
 bool gshmd_backend_host_collapse(const struct gshmd_backend *b) {
   return b && b->ops == &host_ops && ((const struct host_backend *)b)->collapse;
 }

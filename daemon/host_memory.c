@@ -4,6 +4,7 @@
 #include "host_memory.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -165,7 +166,7 @@ bool gshmd_host_collapse_works(void) {
   return collapse_ok;
 }
 
-int gshmd_host_collapse(void *addr, uint64_t len) {
+int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
   uint8_t *p = addr;
   int err = 0;
 
@@ -181,11 +182,17 @@ int gshmd_host_collapse(void *addr, uint64_t len) {
      * (lru_add_drain_all, one lock for the machine) */
     if (mincore(p + off + HUGE_PAGE - 4096, 4096, &last) == 0 && (last & 1))
       continue;
-    if (madvise(p + off, 4096, MADV_POPULATE_WRITE) == 0 &&
-        madvise(p + off, HUGE_PAGE, MADV_COLLAPSE) == 0) {
+    /* its first 4 KiB made through the fd where there is one: a page made
+     * through the mapping is mapped, and the collapse's unmapping of it
+     * flushes the TLB of every CPU gshmd's threads ran on (the lanes') */
+    if ((fd < 0 || fallocate(fd, 0, (off_t)(foff + off), 4096) < 0) &&
+        madvise(p + off, 4096, MADV_POPULATE_WRITE) < 0)
+      goto failed;
+    if (madvise(p + off, HUGE_PAGE, MADV_COLLAPSE) == 0) {
       atomic_fetch_add_explicit(&collapsed, HUGE_PAGE, memory_order_relaxed);
       continue;
     }
+  failed:
     err = -errno;
     if (err == -ENOMEM) {
       /* no free 2 MiB page (after compaction): not again for a while */

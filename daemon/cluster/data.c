@@ -126,7 +126,8 @@ struct landing {
   bool claimed;               /* by a lane's thread: data_done ends it */
   uint64_t offset, len;
   void *dst;
-  uint64_t build_off, build_len; /* peer_req's */
+  uint64_t build_off, build_len, build_foff; /* peer_req's */
+  int build_fd;
 };
 
 struct landings {
@@ -184,7 +185,9 @@ int gshmd__landing_add(struct link *l, struct peer_req *req) {
                                       .len = req->data_len,
                                       .dst = dst,
                                       .build_off = req->build_off,
-                                      .build_len = req->build_len};
+                                      .build_len = req->build_len,
+                                      .build_foff = req->build_foff,
+                                      .build_fd = req->build_fd};
     req->landing = lt;
   }
   pthread_mutex_unlock(&lt->mu);
@@ -228,8 +231,8 @@ bool gshmd__landing_claimed(struct peer_req *req) { return landing_take(req, fal
 int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uint64_t len,
                          void **dst, void **tok) {
   uint8_t *build = NULL;
-  uint64_t build_len = 0;
-  int e = -EPROTO;
+  uint64_t build_len = 0, build_foff = 0;
+  int build_fd = -1, e = -EPROTO;
 
   pthread_mutex_lock(&lt->mu);
   for (size_t i = 0; i < lt->n; i++) {
@@ -242,6 +245,8 @@ int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uin
       *tok = x->req;
       build = (uint8_t *)x->dst + (int64_t)x->build_off;
       build_len = x->build_len;
+      build_foff = x->build_foff;
+      build_fd = x->build_fd;
       e = 0;
     }
     break;
@@ -250,7 +255,7 @@ int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uin
   /* new host memory: its 2 MiB pages first, on the lane's thread (where
    * none is built the bytes fault 4 KiB pages in as they land) */
   if (build_len)
-    (void)gshmd_host_collapse(build, build_len);
+    (void)gshmd_host_collapse(build, build_len, build_fd, build_foff);
   return e;
 }
 

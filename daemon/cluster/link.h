@@ -148,8 +148,11 @@ struct peer_req {
    * fall in, from data_dest's start plus build_off (as int64_t: the
    * first page may begin before it), build_len bytes (0: none), built by
    * the lane thread that claims the answer before its bytes land
-   * (gshmd_host_collapse, host_memory.h) */
-  uint64_t build_off, build_len;
+   * (gshmd_host_collapse, host_memory.h), through build_fd (not taken:
+   * the memory's memfd, valid while the bytes may land) at file offset
+   * build_foff */
+  uint64_t build_off, build_len, build_foff;
+  int build_fd;
   struct landings *landing;  /* the table listing it (data.c), or NULL */
   void *arg;
   int64_t sent_ns;           /* CLOCK_MONOTONIC, when sent */

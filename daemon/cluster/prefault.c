@@ -87,13 +87,15 @@ struct prefault_job {
   void *addr;
   size_t len;
   bool build;                 /* cl->pf_build: 2 MiB pages built (host_memory.h) */
+  int fd;                     /* through the pull's memfd (not taken) */
+  uint64_t foff;              /* the file offset at addr */
   int err;
 };
 
 static void pf_work(uv_work_t *w) {
   struct prefault_job *j = w->data;
   /* (no 2 MiB page now: the 4 KiB ones, as where none are built) */
-  if (j->build && !gshmd_host_collapse(j->addr, j->len))
+  if (j->build && !gshmd_host_collapse(j->addr, j->len, j->fd, j->foff))
     return;
   if (madvise(j->addr, j->len, MADV_POPULATE_WRITE) < 0)
     j->err = errno;
@@ -225,6 +227,8 @@ void gshmd__prefault_more(struct gshmd_cluster *cl) {
     j->addr = (uint8_t *)p->dst + off;
     j->len = len;
     j->build = cl->pf_build && off % GSHMD_HUGE_PAGE == 0 && len % GSHMD_HUGE_PAGE == 0;
+    j->fd = gshmd_backend_host_memfd(p->mem);
+    j->foff = off;
     j->w.data = j;
     if (uv_queue_work(cl->loop, &j->w, pf_work, pf_done)) {
       free(j);

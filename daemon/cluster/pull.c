@@ -194,6 +194,8 @@ static void chunk_build(struct chunk *c) {
   /* (from data_dest's start: the first page may begin before it) */
   c->req.build_off = first - c->off;
   c->req.build_len = end - first;
+  c->req.build_foff = first;
+  c->req.build_fd = gshmd_backend_host_memfd(p->mem);
 }
 
 /* The answer's bytes are in place and authentic, or not. */
