@@ -39,10 +39,19 @@ static long meminfo_kb(const char *key) {
     fclose(f);
   return v;
 }
-enum { M_TOUCH, M_FALLOC, M_COLLAPSE, M_FCOLLAPSE, M_COLLAPSE_EMPTY, M_PCOLLAPSE, M_AGAIN };
+enum { M_TOUCH, M_FALLOC, M_COLLAPSE, M_FCOLLAPSE, M_COLLAPSE_EMPTY, M_PCOLLAPSE, M_AGAIN, M_PCOLLAPSE8 };
 struct job { char *p; int fd; size_t off, len; int mode; int fails; int err; };
 static void *run(void *a) {
   struct job *j = a;
+  if (j->mode == M_PCOLLAPSE8) {
+    for (size_t o = j->off; o < j->off + j->len; o += 4 * HUGE) {
+      size_t n = j->off + j->len - o < 4 * HUGE ? j->off + j->len - o : 4 * HUGE;
+      for (size_t k = 0; k < n; k += HUGE)
+        if (madvise(j->p + o + k, 4096, MADV_POPULATE_WRITE)) { j->fails++; j->err = errno; }
+      if (madvise(j->p + o, n, MADV_COLLAPSE)) { j->fails++; j->err = errno; }
+    }
+    return 0;
+  }
   for (size_t o = j->off; o < j->off + j->len; o += HUGE) {
     if (j->mode == M_TOUCH) { for (size_t i = 0; i < HUGE; i += 4096) j->p[o + i] = 1; continue; }
     if (j->mode == M_FALLOC) { if (fallocate(j->fd, 0, o, HUGE)) { j->fails++; j->err = errno; } continue; }
@@ -90,6 +99,7 @@ int main(int c, char **v) {
     test("touch+collapse", total, ts[k], M_COLLAPSE);
     test("fallocate 4K+collapse", total, ts[k], M_FCOLLAPSE);
     test("populate 4K+collapse", total, ts[k], M_PCOLLAPSE);
+    test("populate, collapse 8M", total, ts[k], M_PCOLLAPSE8);
     test("collapse, already huge", total, ts[k], M_AGAIN);
   }
   test("collapse empty", total, 1, M_COLLAPSE_EMPTY);
