@@ -226,8 +226,9 @@ void gshmd__prefault_more(struct gshmd_cluster *cl) {
     j->p = p;
     j->addr = (uint8_t *)p->dst + off;
     j->len = len;
-    j->build = cl->pf_build && off % GSHMD_HUGE_PAGE == 0 && len % GSHMD_HUGE_PAGE == 0;
     j->fd = gshmd_backend_host_memfd(p->mem);
+    j->build = cl->pf_build && j->fd >= 0 && off % GSHMD_HUGE_PAGE == 0 &&
+               len % GSHMD_HUGE_PAGE == 0;
     j->foff = off;
     j->w.data = j;
     if (uv_queue_work(cl->loop, &j->w, pf_work, pf_done)) {

@@ -181,8 +181,10 @@ static void *chunk_dest(struct peer_req *req, uint64_t offset, uint64_t len) {
 static void chunk_build(struct chunk *c) {
   const struct pull *p = c->p;
   uint64_t first, end, whole;
+  int fd = gshmd_backend_host_memfd(p->mem);
 
-  if (!p->s->cl->pf_build || p->local_staged || !p->dst_mapped)
+  /* (host memory only: the memfd says so) */
+  if (!p->s->cl->pf_build || p->local_staged || !p->dst_mapped || fd < 0)
     return;
   whole = p->mem->size / GSHMD_HUGE_PAGE * GSHMD_HUGE_PAGE;
   first = c->off / GSHMD_HUGE_PAGE * GSHMD_HUGE_PAGE;
@@ -195,7 +197,7 @@ static void chunk_build(struct chunk *c) {
   c->req.build_off = first - c->off;
   c->req.build_len = end - first;
   c->req.build_foff = first;
-  c->req.build_fd = gshmd_backend_host_memfd(p->mem);
+  c->req.build_fd = fd;
 }
 
 /* The answer's bytes are in place and authentic, or not. */
