@@ -16,8 +16,11 @@ int bench_seal_main(int argc, char **argv);      /* bench_seal.c */
  * supervisor (supervise.c): when the benchmark ends, or SIGTERM, SIGINT or
  * SIGHUP (those not ignored at start) comes, every process the benchmark
  * started is sent SIGTERM (SIGKILL 10 s later, or at a second signal) and
- * reaped, then the supervisor exits with the benchmark's status, or 128 +
- * the signal.  Call before any thread exists.  Returns 0 in the child;
+ * reaped, then the supervisor exits with the benchmark's status, or dies
+ * by the signal (the benchmark's, or the one received: $? 128 + it).
+ * GSHM_BENCH_SUPERVISE=0 in the environment: no supervisor (for a
+ * profiler or debugger that follows only the process it started), returns
+ * 0 at once.  Call before any thread exists.  Returns 0 in the child;
  * -errno (prctl, fork) when no supervisor could be made: the caller runs
  * unsupervised.  Never returns in the supervisor. */
 int bench_supervise(void);

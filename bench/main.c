@@ -33,7 +33,9 @@ static void usage(FILE *f) {
   for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)
     fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].help);
   fprintf(f, "\nSIGTERM, SIGINT or SIGHUP stops the benchmark and every gshmd and process it\n"
-             "started; gshm-bench then exits 128 + the signal.\n");
+             "started; gshm-bench then dies by that signal ($? 128 + the signal).  The benchmark\n"
+             "runs in a child of a small supervisor: for a profiler or debugger that follows\n"
+             "only the process it starts (nsys, gdb) set GSHM_BENCH_SUPERVISE=0.\n");
 }
 
 int main(int argc, char **argv) {

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -109,6 +110,12 @@ static bool reap(struct supervisor *sv) {
   for (;;) {
     int status;
     pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid < 0 && errno == ECHILD && sv->bench) {
+      /* gone without a status (reaped by the kernel: SIGCHLD ignored
+       * after all): it ended, how is unknown */
+      sv->bench = 0;
+      sv->bench_status = 1 << 8;
+    }
     if (pid <= 0)
       return pid < 0 && errno == ECHILD;
     if (pid == sv->bench) {
@@ -117,6 +124,24 @@ static bool reap(struct supervisor *sv) {
     }
     sent_drop(sv, pid);
   }
+}
+
+/* Ends this process by sig, as the benchmark ended (or would have): a
+ * shell sees a death by a signal, not an exit (bash stops a loop at a
+ * ^C only then); $? still reads 128 + sig.  No core of the supervisor
+ * (the benchmark's own, if any, was written).  exit(128 + sig) where
+ * the signal does not kill. */
+static void die_by(int sig) {
+  struct rlimit none = {0, 0};
+  sigset_t one;
+
+  setrlimit(RLIMIT_CORE, &none);
+  signal(sig, SIG_DFL);
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  sigprocmask(SIG_UNBLOCK, &one, NULL);
+  raise(sig);
+  exit(128 + sig);
 }
 
 static long long now_ms(void) {
@@ -154,17 +179,28 @@ static void supervise(struct supervisor *sv, const sigset_t *waited) {
   }
   free(sv->sent);
   if (sv->got)
-    exit(128 + sv->got);
-  exit(WIFEXITED(sv->bench_status)  ? WEXITSTATUS(sv->bench_status)
-       : WIFSIGNALED(sv->bench_status) ? 128 + WTERMSIG(sv->bench_status)
-                                       : 1);
+    die_by(sv->got);
+  if (WIFSIGNALED(sv->bench_status))
+    die_by(WTERMSIG(sv->bench_status));
+  exit(WIFEXITED(sv->bench_status) ? WEXITSTATUS(sv->bench_status) : 1);
 }
 
 int bench_supervise(void) {
   static const int stops[] = {SIGTERM, SIGINT, SIGHUP};
   struct supervisor sv = {0};
+  struct sigaction chld;
   sigset_t waited, old;
   pid_t parent = getpid();
+  const char *on = getenv("GSHM_BENCH_SUPERVISE");
+
+  /* (off for a profiler or debugger that follows only the process it
+   * started: nsys, gdb) */
+  if (on && !strcmp(on, "0"))
+    return 0;
+  /* SIGCHLD ignored (inherited) would have the kernel reap the benchmark
+   * unseen; the benchmark gets the disposition it was started with */
+  sigaction(SIGCHLD, NULL, &chld);
+  signal(SIGCHLD, SIG_DFL);
 
   sigemptyset(&waited);
   sigaddset(&waited, SIGCHLD);
@@ -185,6 +221,7 @@ int bench_supervise(void) {
     return e;
   }
   if (sv.bench == 0) {
+    sigaction(SIGCHLD, &chld, NULL);
     sigprocmask(SIG_SETMASK, &old, NULL);
     /* the supervisor has one thread (the one that forked), so its death
      * signal is its exit: SIGKILLed, the benchmark stops too */
