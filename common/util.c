@@ -338,26 +338,27 @@ int gshm__cmsg_take_fds(struct msghdr *mh, int *fds, int max, int *nfds) {
 }
 
 void *gshm__map_shared_aligned(int fd, uint64_t len, int prot) {
-  const uint64_t huge = 2ull << 20;
+  const uint64_t huge = 2ull << 20, page = (uint64_t)sysconf(_SC_PAGESIZE);
+  uint64_t mapped = (len + page - 1) / page * page; /* what mmap maps of len */
   uint8_t *r, *p;
 
   if (len < huge)
     return mmap(NULL, len, prot, MAP_SHARED, fd, 0);
   /* a reservation 2 MiB longer, the file mapped over its aligned part,
-   * the rest given back */
-  r = mmap(NULL, len + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+   * the rest given back (from the page past len: munmap wants a page) */
+  r = mmap(NULL, mapped + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (r == MAP_FAILED)
     return MAP_FAILED;
   p = (uint8_t *)(((uintptr_t)r + huge - 1) & ~(uintptr_t)(huge - 1));
   if (mmap(p, len, prot, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
     int e = errno;
-    munmap(r, len + huge);
+    munmap(r, mapped + huge);
     errno = e;
     return MAP_FAILED;
   }
   if (p > r)
     munmap(r, (size_t)(p - r));
-  if (r + huge > p)
-    munmap(p + len, (size_t)(r + huge - p));
+  if (r + mapped + huge > p + mapped)
+    munmap(p + mapped, (size_t)(r + huge - p));
   return p;
 }

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -126,6 +128,40 @@ static void test_escape(void **state) {
 
 /* What gshmd hands clients of a peer's words: what escape_text escapes,
  * made '?' byte for byte; UTF-8 text and lengths kept. */
+/* gshm__map_shared_aligned: 2 MiB aligned from 2 MiB up, every byte of
+ * the file reachable, and nothing of its reservation left around it
+ * (a length that is not a whole page once left 2 MiB reserved past it). */
+static void test_map_aligned(void **state) {
+  static const uint64_t lens[] = {4096, (2u << 20) - 1, 2u << 20, (2u << 20) + 123, 6u << 20};
+  const uint64_t huge = 2u << 20, page = (uint64_t)sysconf(_SC_PAGESIZE);
+  (void)state;
+
+  for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+    uint64_t len = lens[i], mapped = (len + page - 1) / page * page;
+    int fd = memfd_create("map-aligned", MFD_CLOEXEC);
+    uint8_t *p;
+
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)len), 0);
+    p = gshm__map_shared_aligned(fd, len, PROT_READ | PROT_WRITE);
+    assert_true(p != MAP_FAILED);
+    if (len >= huge)
+      assert_int_equal((uintptr_t)p % huge, 0);
+    p[0] = 1;
+    p[len - 1] = 2;
+    assert_int_equal(p[len - 1], 2);
+    /* past the mapping, what was reserved: nothing (madvise says ENOMEM
+     * for an unmapped page) */
+    if (len >= huge) {
+      assert_int_equal(madvise(p + mapped, page, MADV_NORMAL), -1);
+      assert_int_equal(errno, ENOMEM);
+    }
+    assert_int_equal(munmap(p, len), 0);
+    assert_int_equal(madvise(p, page, MADV_NORMAL), -1);
+    close(fd);
+  }
+}
+
 static void test_text_clean(void **state) {
   char s[64];
   (void)state;
@@ -137,6 +173,7 @@ static void test_text_clean(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_text_clean),
+      cmocka_unit_test(test_map_aligned),
       cmocka_unit_test(test_sizes),
       cmocka_unit_test(test_locations),
       cmocka_unit_test(test_names),
