@@ -63,7 +63,18 @@ struct gshmd_metrics_http {
   bool have_admin_gid;           /* daemon.admin_group, as the server resolved it */
   gid_t admin_gid;
   struct http_conn conns[HTTP_CONNECTIONS];
+  /* uid_is_admin's answers, kept ADMIN_CACHE_NS: a user database that
+   * answers slowly (LDAP, sssd) is asked once a uid a minute, not once a
+   * connection while the ordinary slots are full */
+  struct admin_answer {
+    int64_t at_ns; /* CLOCK_MONOTONIC; 0: empty */
+    uid_t uid;
+    bool admin;
+  } admin_cache[HTTP_CONNECTIONS];
+  unsigned admin_next; /* the entry replaced next */
 };
+
+#define ADMIN_CACHE_NS (60 * 1000000000LL)
 
 static void refresh(struct gshmd_metrics_http *h) {
   char *text = NULL, *old;
@@ -142,8 +153,9 @@ static uid_t peer_uid(struct gshmd_metrics_http *h, const struct sockaddr *peer)
 /* Whether uid is root or a member of daemon.admin_group (its primary
  * group or one of its groups in the user database).  Asks the user
  * database (NSS), which may wait: only for a connection that wants one of
- * the admins' slots, i.e. while the others are all taken. */
-static bool uid_is_admin(const struct gshmd_metrics_http *h, uid_t uid) {
+ * the admins' slots, i.e. while the others are all taken, and once a uid
+ * a minute (uid_is_admin). */
+static bool uid_is_admin_asked(const struct gshmd_metrics_http *h, uid_t uid) {
   struct passwd pwd, *pw = NULL;
   gid_t small[64], *groups = small;
   int n = (int)(sizeof(small) / sizeof(small[0]));
@@ -168,6 +180,23 @@ static bool uid_is_admin(const struct gshmd_metrics_http *h, uid_t uid) {
   if (groups != small)
     free(groups);
   return admin;
+}
+
+/* uid_is_admin_asked, its answer kept a minute (h->admin_cache). */
+static bool uid_is_admin(struct gshmd_metrics_http *h, uid_t uid) {
+  int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
+  struct admin_answer *a;
+
+  if (uid == 0 || uid == UID_UNKNOWN)
+    return uid == 0;
+  for (size_t i = 0; i < HTTP_CONNECTIONS; i++) {
+    a = &h->admin_cache[i];
+    if (a->at_ns && a->uid == uid && now - a->at_ns < ADMIN_CACHE_NS)
+      return a->admin;
+  }
+  a = &h->admin_cache[h->admin_next++ % HTTP_CONNECTIONS];
+  *a = (struct admin_answer){.at_ns = now, .uid = uid, .admin = uid_is_admin_asked(h, uid)};
+  return a->admin;
 }
 
 /* MHD's accept policy: refuses a connection whose uid already holds
