@@ -153,6 +153,14 @@ def _check_entry(where, name, t, segments):
     # Its elements, counted up to what its segment could hold as distinct
     # ones: a view never claims more (stride 0 would let 2**62 elements sit
     # on one, and every op on it walk them).
+    # An empty one too: no dimension longer than its segment could hold
+    # (torch sums (size - 1) x stride over them, and [2**62, 2**62, 0]
+    # overflowed it into its own error).
+    cap = max(1, size // dt.itemsize)
+    for d in shape:
+        if d > cap:
+            raise ManifestError("%s: shape %r has a dimension longer than its segment %r "
+                                "holds elements (%d bytes)" % (what, shape, seg, size))
     count = 0 if 0 in shape else 1
     for d in shape if count else ():
         count *= d

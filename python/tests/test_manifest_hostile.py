@@ -54,6 +54,10 @@ _HOSTILE = [
     # an element count past int64 (torch raised its own overflow error)
     (_one(shape=[1 << 64], strides=[0]), "'w'.*shape"),
     (_one(shape=[0, 1 << 64], strides=[1, 1]), "'w'.*shape"),
+    # empty, with dimensions no segment holds (torch's own size arithmetic
+    # overflowed: found in review22)
+    (_one(shape=[1 << 62, 1 << 62, 0], strides=[0, 0, 1]), "'w'.*dimension longer"),
+    (_one(shape=[0, 1025], strides=[1, 1]), "'w'.*dimension longer"),
     # a stride past int64 on a dimension of 1 (no byte reached, torch refused)
     (_one(shape=[1], strides=[1 << 64]), "'w'.*strides"),
     (_one(offset=1 << 64, shape=[0], strides=[1]), "'w'.*offset"),
