@@ -571,7 +571,8 @@ static int huge_report(void) {
     gshm_log_info("host: host segments use 4 KiB pages (transparent_hugepage/shmem_enabled is "
                   "%s%s; with advise, pulls into new host segments make their pages several "
                   "times faster: docs/CLUSTER.md)", word,
-                  strcmp(word, "deny") ? " and MADV_COLLAPSE builds no 2 MiB page here" : "");
+                  strcmp(word, "deny") ? " and MADV_COLLAPSE builds no 2 MiB page here: it "
+                                         "needs Linux 6.5 and a free 2 MiB page" : "");
     return 0;
   }
   gshm_log_info("host: 2 MiB pages where gshmd maps host segments (pulls, serving; a pull of "

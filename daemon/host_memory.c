@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -147,10 +148,17 @@ static atomic_uint_fast64_t collapsed;      /* bytes built */
 static atomic_int_fast64_t collapse_resume; /* CLOCK_MONOTONIC ns: none before this */
 
 static void collapse_try(void) {
-  int fd = memfd_create("gshmd-collapse-probe", MFD_CLOEXEC);
+  struct utsname u;
+  int major = 0, minor = 0, fd;
   void *p;
 
-  if (fd < 0)
+  /* Before 6.5 a collapse took the address space's lock for writing to
+   * map its page (collapse_pte_mapped_thp), stalling every lane's faults
+   * on each 2 MiB page: not measured there, so not used there */
+  if (uname(&u) || sscanf(u.release, "%d.%d", &major, &minor) != 2 ||
+      (major < 6 || (major == 6 && minor < 5)))
+    return;
+  if ((fd = memfd_create("gshmd-collapse-probe", MFD_CLOEXEC)) < 0)
     return;
   if (ftruncate(fd, (off_t)HUGE_PAGE) == 0 &&
       (p = gshm__map_shared_aligned(fd, HUGE_PAGE, PROT_READ | PROT_WRITE)) != MAP_FAILED) {

@@ -55,7 +55,9 @@ void gshmd_host_memory_update(struct gshmd_host_memory *m);
 
 /* Whether MADV_COLLAPSE builds 2 MiB memfd pages here: tried once (the
  * first call) on a 2 MiB memfd of its own, mapped 2 MiB aligned, then
- * remembered.  false on a kernel before 6.1, with shmem_enabled deny,
+ * remembered.  false on a kernel before 6.5 (from 6.1 to 6.4 each
+ * collapse took the address space's lock for writing to map its page:
+ * not tried there), with shmem_enabled deny,
  * without transparent huge pages, or where no 2 MiB page was free at
  * that moment.  Thread-safe after the first call (make it on the loop
  * at start). */

@@ -100,12 +100,13 @@
     "transparent_hugepage/shmem_enabled is advise, within_size or always) a "  \
     "pull into a new host segment makes its pages several times faster "      \
     "(docs/CLUSTER.md); where it is never, most distributions' default, "     \
-    "gshmd builds a pull's 2 MiB pages itself (MADV_COLLAPSE, Linux 6.1) as "  \
-    "its bytes come (gshmd says which at start). Either way a pull of 2 MiB "  \
-    "or more is made in whole 2 MiB pages (its size rounded up as a device "   \
-    "segment's is to the granularity; the requested size stays). The kernel " \
-    "may compact memory to find 2 MiB pages (its transparent_hugepage/defrag " \
-    "setting; a collapse that finds none stops building for a second). "      \
+    "gshmd builds a pull's 2 MiB pages itself (MADV_COLLAPSE, Linux 6.5) "    \
+    "before its bytes land (gshmd says which at start). Either way a pull of " \
+    "2 MiB or more is made in whole 2 MiB pages (its size rounded up as a "    \
+    "device segment's is to the granularity; the requested size stays). The " \
+    "kernel may compact memory to find 2 MiB pages (for its own, as its "      \
+    "transparent_hugepage/defrag says; for a collapse, whatever it says: one " \
+    "that finds none stops the building for a second). "                     \
     "libgshm asks the same for clients' own mappings of host segments of 2 "   \
     "MiB and up, and maps them 2 MiB aligned.")                                 \
   X(daemon, poll_us, U32, poll_us, "30", 0, 1000, NULL,                        \

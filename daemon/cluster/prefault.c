@@ -260,8 +260,9 @@ void gshmd__prefault_add(struct pull *p) {
      * bytes, and then waits for nothing else: the pages of its next
      * chunks, asked for already, are built here meanwhile (a 64 MiB
      * pull, all of it asked for at once, had each lane build all of its
-     * pages between its bytes) */
-    uint64_t skip = (uint64_t)(p->link->nlanes ? p->link->nlanes : 1) * p->chunk_size;
+     * pages between its bytes).  Without lanes (UCX, cluster.streams=1)
+     * nothing else builds them: from the start */
+    uint64_t skip = (uint64_t)p->link->nlanes * p->chunk_size;
     skip = (skip + GSHMD_HUGE_PAGE - 1) / GSHMD_HUGE_PAGE * GSHMD_HUGE_PAGE;
     p->pf_off = skip < p->mem->size ? skip : p->mem->size;
   }

@@ -374,12 +374,22 @@ static void test_huge_pages(void **state) {
                    0);
   on = pulled_pmd_kib(b, "got/huge", 16 * MiB, 43);
   print_message("mapped in 2 MiB entries: %ld KiB (host_huge_pages on)\n", on);
-  assert_true(on >= 8 * 1024);
   assert_int_equal(metric(b, "gshm_host_pull_huge_pages"), built ? 2 : 1);
-  if (built) { /* (its 8 pages, each by a lane that writes in it) */
+  if (built && !over_ucx()) {
+    /* its 8 pages, each built by a lane before the bytes it writes in it
+     * (two lanes sharing a page may both count it); one may be left to
+     * 4 KiB pages where a collapse found no free 2 MiB page */
     long got = metric_past(b, "gshm_host_huge_built_bytes_total", before + (long)(16 * MiB) - 1);
     print_message("built: %ld MiB\n", (got - before) >> 20);
     assert_true(got - before >= (long)(16 * MiB));
+    assert_true(on >= 14 * 1024);
+  } else if (built) {
+    /* over UCX no lane builds: the thread pool builds ahead of the bytes
+     * UCX writes, and where they come first those pages stay 4 KiB ones */
+    print_message("over UCX: built %ld MiB\n",
+                  (metric_past(b, "gshm_host_huge_built_bytes_total", before) - before) >> 20);
+  } else {
+    assert_true(on >= 8 * 1024);
   }
   start_c("daemon.host_huge_pages=false", NULL);
   c = connect_to(&C);
@@ -535,10 +545,15 @@ static bool pin_c(int cpus) {
  * chunk then, not from past the chunks asked for. */
 static bool pf_built;
 
-/* Bytes at the start of a pull of lanes lanes that C's pool leaves to the
- * lanes: the chunks asked for at once (32 of 4 MiB), or where it builds
- * pages, each lane's first chunk. */
-static uint64_t lanes_own(unsigned lanes) { return (pf_built ? lanes : 32) * 4 * MiB; }
+/* Bytes at the start of a pull over cluster.streams=streams that C's pool
+ * leaves to the lanes: the chunks asked for at once (32 of 4 MiB), or
+ * where it builds pages, each lane's first chunk (none without lanes:
+ * one stream, or UCX). */
+static uint64_t lanes_own(unsigned streams) {
+  if (!pf_built)
+    return 32 * 4 * MiB;
+  return streams > 1 && !over_ucx() ? streams * 4 * MiB : 0;
+}
 
 /* What C pulls of pub/prefault with cluster.prefault=mode over lanes data
  * lanes (cluster.streams), on cpus CPUs (0: as started), checked byte
@@ -609,12 +624,13 @@ static void test_prefault(void **state) {
   pull_checked(b, "pub/prefault", "prefaulted", size, 89);
   got = prefaulted_past(b, before) - before;
   /* (2 MiB pages: the kernel's, or built by gshmd where shmem_enabled is
-   * never; its 8 lanes leave CPUs to fault pages in only past 8) */
+   * never; its 8 lanes leave CPUs to fault pages in only past 8, a link
+   * over UCX, without lanes, past 1) */
   huge = metric(b, "gshm_host_pull_huge_pages") > 0;
   print_message("by default, with %s pages, %d CPUs: %ld MiB\n", huge ? "2 MiB" : "4 KiB",
                 gshm__usable_cpus(), got >> 20);
   pf_built = metric(b, "gshm_host_pull_huge_pages") == 2;
-  if (huge && gshm__usable_cpus() > 8)
+  if (huge && gshm__usable_cpus() > (over_ucx() ? 1 : 8))
     assert_true(got >= (long)(8 * MiB) && (uint64_t)got <= size - lanes_own(8));
   else
     assert_int_equal(got, 0);
