@@ -424,8 +424,10 @@ static void test_huge_pages(void **state) {
                            pulls[i].size > 2 * MiB ? 45 : 47);
       print_message("a pull of %llu B: %llu B made, %ld KiB in 2 MiB entries\n",
                     (unsigned long long)pulls[i].size, (unsigned long long)st.size, kib);
-      if (i == 0)
-        assert_true(kib > 4096); /* the third 2 MiB page, past 5 MiB, is one */
+      /* the third 2 MiB page, past 5 MiB, is one (over UCX where gshmd
+       * builds pages, only the pool does, racing UCX's writes: not checked) */
+      if (i == 0 && !(built && over_ucx()))
+        assert_true(kib > 4096);
       assert_int_equal(gshm_unlink(*pulls[i].on, "got/tail"), 0);
     }
     assert_int_equal(gshm_unlink(a, "pub/tail"), 0);
