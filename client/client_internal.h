@@ -9,12 +9,10 @@
 
 #include "gshm.h"
 #include "gshm.pb-c.h"
+#include "util.h"
 #include "wire.h"
 
 struct gshm__lease;
-
-/* Host mappings at least this large ask for 2 MiB pages (map.c). */
-#define GSHM__HUGE_PAGE (2u << 20)
 
 /* One daemon lease held by this client connection.  gshm_open() of a name
  * this client already holds (same id and generation, enough access, name

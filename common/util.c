@@ -338,7 +338,7 @@ int gshm__cmsg_take_fds(struct msghdr *mh, int *fds, int max, int *nfds) {
 }
 
 void *gshm__map_shared_aligned(int fd, uint64_t len, int prot) {
-  const uint64_t huge = 2ull << 20, page = (uint64_t)sysconf(_SC_PAGESIZE);
+  const uint64_t huge = GSHM__HUGE_PAGE, page = (uint64_t)sysconf(_SC_PAGESIZE);
   uint64_t mapped = (len + page - 1) / page * page; /* what mmap maps of len */
   uint8_t *r, *p;
 

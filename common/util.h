@@ -112,6 +112,11 @@ int gshm__cmsg_take_fds(struct msghdr *mh, int *fds, int max, int *nfds);
  * (nvidia-smi's form); buf needs 41 bytes. */
 void gshm__format_gpu_uuid(const unsigned char bytes[16], char buf[48]);
 
+/* A transparent huge page on x86-64 and arm64 with 4 KiB base pages (the
+ * PMD size), in bytes: what gshmd rounds pulled host memory to, what
+ * libgshm and gshmd align host mappings to (gshm__map_shared_aligned). */
+#define GSHM__HUGE_PAGE (2ull << 20)
+
 /* Maps len bytes of fd from offset 0, shared, with protection prot
  * (PROT_READ, | PROT_WRITE), at an address 2 MiB aligned where len is at
  * least 2 MiB, else wherever mmap puts it.  A 2 MiB page of a memfd's

@@ -207,10 +207,9 @@ int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backe
  * segments").  Advice only: nothing to fail. */
 void gshmd_host_map_advise(void *addr, uint64_t len, bool huge);
 
-/* A transparent huge page on x86-64 and arm64 with 4 KiB base pages
- * (the PMD size): what gshmd rounds its host memory to where it asks for
- * huge pages (pulled host segments, pinned staging memory). */
-#define GSHMD_HUGE_PAGE (2ull << 20)
+/* What gshmd rounds its host memory to where it asks for huge pages
+ * (pulled host segments, pinned staging memory): util.h's. */
+#define GSHMD_HUGE_PAGE GSHM__HUGE_PAGE
 
 /* The kernel's transparent huge page policy in file (a file of
  * /sys/kernel/mm/transparent_hugepage/: "enabled" for anonymous memory,

@@ -58,6 +58,10 @@ int gshmd_cluster_check_config(const struct gshmd_config *cfg);
  * first other [cluster] key that is set anyway (it does nothing then),
  * as "cluster.export"; else NULL.  Static storage. */
 const char *gshmd_cluster_unused_key(const struct gshmd_config *cfg);
+/* What gshmd says of it (a format with one %s: the key), at start and in
+ * --check-config. */
+#define GSHMD_CLUSTER_UNUSED_KEY_FMT                                                  \
+  "%s is set but the cluster is off (no cluster.listen, no cluster.peers): it does nothing"
 
 /* Ends every pull (their partial segments are removed, their requesters
  * get an error), closes every connection and the listener, unregisters

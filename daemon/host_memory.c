@@ -24,7 +24,6 @@
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25
 #endif
-#define HUGE_PAGE (2ull << 20) /* (backend.h's GSHMD_HUGE_PAGE) */
 #define COLLAPSE_BACKOFF_NS 1000000000LL
 
 /* A number from a one-line cgroup file: "max" and v1's near-2^63 values
@@ -160,11 +159,11 @@ static void collapse_try(void) {
     return;
   if ((fd = memfd_create("gshmd-collapse-probe", MFD_CLOEXEC)) < 0)
     return;
-  if (ftruncate(fd, (off_t)HUGE_PAGE) == 0 &&
-      (p = gshm__map_shared_aligned(fd, HUGE_PAGE, PROT_READ | PROT_WRITE)) != MAP_FAILED) {
+  if (ftruncate(fd, (off_t)GSHM__HUGE_PAGE) == 0 &&
+      (p = gshm__map_shared_aligned(fd, GSHM__HUGE_PAGE, PROT_READ | PROT_WRITE)) != MAP_FAILED) {
     collapse_ok = madvise(p, 4096, MADV_POPULATE_WRITE) == 0 &&
-                  madvise(p, HUGE_PAGE, MADV_COLLAPSE) == 0;
-    munmap(p, HUGE_PAGE);
+                  madvise(p, GSHM__HUGE_PAGE, MADV_COLLAPSE) == 0;
+    munmap(p, GSHM__HUGE_PAGE);
   }
   close(fd);
 }
@@ -178,7 +177,7 @@ int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
   uint8_t *p = addr;
   int err = 0;
 
-  for (uint64_t off = 0; off < len; off += HUGE_PAGE) {
+  for (uint64_t off = 0; off < len; off += GSHM__HUGE_PAGE) {
     int64_t resume = atomic_load_explicit(&collapse_resume, memory_order_relaxed);
     unsigned char last = 0;
 
@@ -188,7 +187,7 @@ int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
      * the pool, or another lane) or written whole: nothing to gain, and
      * each MADV_COLLAPSE drains every CPU's LRU batches first
      * (lru_add_drain_all, one lock for the machine) */
-    if (mincore(p + off + HUGE_PAGE - 4096, 4096, &last) == 0 && (last & 1))
+    if (mincore(p + off + GSHM__HUGE_PAGE - 4096, 4096, &last) == 0 && (last & 1))
       continue;
     /* its first 4 KiB made through the fd where there is one: a page made
      * through the mapping is mapped, and the collapse's unmapping of it
@@ -196,8 +195,8 @@ int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
     if ((fd < 0 || fallocate(fd, 0, (off_t)(foff + off), 4096) < 0) &&
         madvise(p + off, 4096, MADV_POPULATE_WRITE) < 0)
       goto failed;
-    if (madvise(p + off, HUGE_PAGE, MADV_COLLAPSE) == 0) {
-      atomic_fetch_add_explicit(&collapsed, HUGE_PAGE, memory_order_relaxed);
+    if (madvise(p + off, GSHM__HUGE_PAGE, MADV_COLLAPSE) == 0) {
+      atomic_fetch_add_explicit(&collapsed, GSHM__HUGE_PAGE, memory_order_relaxed);
       continue;
     }
   failed:

@@ -641,10 +641,7 @@ static int check_config(struct daemon *d) {
   gshm__log_setup("gshmd", GSHM_LOG_ERR, 0);
   e = gshmd_cluster_check_config(&d->cfg);
   if (!e && unused)
-    fprintf(stderr,
-            "gshmd: warning: %s is set but the cluster is off (no cluster.listen, no "
-            "cluster.peers): it does nothing\n",
-            unused);
+    fprintf(stderr, "gshmd: warning: " GSHMD_CLUSTER_UNUSED_KEY_FMT "\n", unused);
   if (!e)
     printf("gshmd: configuration ok (%s)\n", d->cfg.sources);
   gshmd_config_free(&d->cfg);

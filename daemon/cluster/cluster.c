@@ -372,9 +372,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
 
   *cl_out = NULL;
   if (unused)
-    gshm_log_warn("%s is set but the cluster is off (no cluster.listen, no cluster.peers): it "
-                  "does nothing",
-                  unused);
+    gshm_log_warn(GSHMD_CLUSTER_UNUSED_KEY_FMT, unused);
   if (!cluster_on(cfg))
     return 0;
   if (sodium_init() < 0) {
