@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* daemon/host_memory.c gshmd_host_collapse on a real memfd: which 2 MiB
+ * pages it builds (runs of pages in one MADV_COLLAPSE since the LRU drain
+ * each call makes was measured to cost), which it leaves (built already,
+ * written whole), that no byte changes, and that a length past the last
+ * whole page is left alone.  Skipped where the kernel cannot build them
+ * (before Linux 6.5, shmem_enabled deny, no transparent huge pages). */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "host_memory.h"
+#include "util.h"
+
+#define MiB (1024ull * 1024)
+#define PAGE GSHM__HUGE_PAGE
+
+/* KiB of the mapping at addr that are mapped in 2 MiB entries
+ * (/proc/self/smaps ShmemPmdMapped of its VMA), or -1. */
+static long pmd_mapped_kib(const void *addr) {
+  FILE *f = fopen("/proc/self/smaps", "re");
+  char line[256];
+  bool in = false;
+  long kib = -1;
+
+  while (f && fgets(line, sizeof(line), f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+      in = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
+    else if (in && sscanf(line, "ShmemPmdMapped: %ld kB", &kib) == 1)
+      break;
+  }
+  if (f)
+    fclose(f);
+  return kib;
+}
+
+static uint8_t pattern(uint64_t i) { return (uint8_t)(i * 131 + (i >> 12) * 7 + 1); }
+
+static void test_builds_runs_and_leaves_pages(void **state) {
+  (void)state;
+  const uint64_t npages = 10, len = npages * PAGE;
+  uint64_t before;
+  uint8_t *p;
+  int fd;
+
+  if (!gshmd_host_collapse_works())
+    skip();
+  fd = memfd_create("test-collapse", MFD_CLOEXEC);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, (off_t)len), 0);
+  p = gshm__map_shared_aligned(fd, len, PROT_READ | PROT_WRITE);
+  assert_true(p != MAP_FAILED);
+  /* page 2 written whole in 4 KiB pages (left: its bytes are the point),
+   * page 5 built before, a pattern on its first 4 KiB; page 7 holds bytes
+   * in its first 4 KiB only (built around them) */
+  for (uint64_t i = 2 * PAGE; i < 3 * PAGE; i++)
+    p[i] = pattern(i);
+  assert_int_equal(gshmd_host_collapse(p + 5 * PAGE, PAGE, fd, 5 * PAGE), 0);
+  for (uint64_t i = 5 * PAGE; i < 5 * PAGE + 4096; i++)
+    p[i] = pattern(i);
+  for (uint64_t i = 7 * PAGE; i < 7 * PAGE + 4096; i++)
+    p[i] = pattern(i);
+  before = gshmd_host_collapsed_bytes();
+  /* the whole mapping, and 1 MiB past its last page asked too (left) */
+  assert_int_equal(gshmd_host_collapse(p, len - PAGE / 2, fd, 0), 0);
+  /* pages 0-1, 3-4 and 6-8: page 9 is past the length's last whole page */
+  assert_int_equal(gshmd_host_collapsed_bytes() - before, 7 * PAGE);
+  assert_int_equal(gshmd_host_collapse(p + 9 * PAGE, PAGE, fd, 9 * PAGE), 0);
+  for (uint64_t i = 0; i < len; i++) {
+    bool written = (i >= 2 * PAGE && i < 3 * PAGE) || (i >= 5 * PAGE && i < 5 * PAGE + 4096) ||
+                   (i >= 7 * PAGE && i < 7 * PAGE + 4096);
+    if (p[i] != (written ? pattern(i) : 0))
+      fail_msg("byte %llu: %u", (unsigned long long)i, p[i]);
+  }
+  /* every page but the one written whole is mapped in a 2 MiB entry */
+  assert_int_equal(pmd_mapped_kib(p), (long)((npages - 1) * PAGE / 1024));
+  munmap(p, len);
+  close(fd);
+}
+
+static void test_unaligned_tail_only(void **state) {
+  (void)state;
+  uint8_t *p;
+  uint64_t before;
+  int fd;
+
+  if (!gshmd_host_collapse_works())
+    skip();
+  fd = memfd_create("test-collapse-tail", MFD_CLOEXEC);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, (off_t)PAGE), 0);
+  p = gshm__map_shared_aligned(fd, PAGE, PROT_READ | PROT_WRITE);
+  assert_true(p != MAP_FAILED);
+  before = gshmd_host_collapsed_bytes();
+  /* less than one page: nothing to build, nothing made */
+  assert_int_equal(gshmd_host_collapse(p, PAGE - 4096, fd, 0), 0);
+  assert_int_equal(gshmd_host_collapsed_bytes(), before);
+  unsigned char v = 1;
+  assert_int_equal(mincore(p, 4096, &v), 0);
+  assert_int_equal(v & 1, 0);
+  munmap(p, PAGE);
+  close(fd);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_builds_runs_and_leaves_pages),
+      cmocka_unit_test(test_unaligned_tail_only),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
