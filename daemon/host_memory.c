@@ -25,7 +25,6 @@
 #define MADV_COLLAPSE 25
 #endif
 #define COLLAPSE_BACKOFF_NS 1000000000LL
-#define COLLAPSE_RUN 4 /* pages a MADV_COLLAPSE call builds at most (8 MiB) */
 
 /* A number from a one-line cgroup file: "max" and v1's near-2^63 values
  * mean no limit (UINT64_MAX); a missing or unreadable file too. */
@@ -174,78 +173,45 @@ bool gshmd_host_collapse_works(void) {
   return collapse_ok;
 }
 
-/* Makes the first 4 KiB of the 2 MiB page at p (file offset foff of fd)
- * so that MADV_COLLAPSE has a page to build from: through the fd where
- * there is one (a page made through the mapping is mapped, and the
- * collapse's unmapping of it flushes the TLB of every CPU gshmd's threads
- * ran on: the lanes').  0 or -errno. */
-static int collapse_seed(uint8_t *p, int fd, uint64_t foff) {
-  if ((fd >= 0 && fallocate(fd, 0, (off_t)foff, 4096) == 0) ||
-      madvise(p, 4096, MADV_POPULATE_WRITE) == 0)
-    return 0;
-  return -errno;
-}
-
-/* Whether the 2 MiB page at p was built already (by the pool, or another
- * lane) or written whole: its last 4 KiB is in the page cache. */
-static bool collapse_done(const uint8_t *p) {
-  unsigned char last = 0;
-  return mincore((void *)(p + GSHM__HUGE_PAGE - 4096), 4096, &last) == 0 && (last & 1);
-}
-
-/* One MADV_COLLAPSE over the n pages from p: 0 (n == 0 too) or -errno. */
-static int collapse_run(uint8_t *p, uint64_t n) {
-  if (!n)
-    return 0;
-  if (madvise(p, n * GSHM__HUGE_PAGE, MADV_COLLAPSE) < 0)
-    return -errno;
-  atomic_fetch_add_explicit(&collapsed, n * GSHM__HUGE_PAGE, memory_order_relaxed);
-  return 0;
-}
-
-/* Whether a failure e (-errno) ends the call: all but -EAGAIN (a page
- * busy: another thread building it, a writer holding one; the next pages
- * are another matter).  -ENOMEM (no free 2 MiB page, after compaction)
- * also stops every collapse for COLLAPSE_BACKOFF_NS. */
-static bool collapse_fatal(int e) {
-  if (e == -ENOMEM)
-    atomic_store_explicit(&collapse_resume, gshm__now_ns(CLOCK_MONOTONIC) + COLLAPSE_BACKOFF_NS,
-                          memory_order_relaxed);
-  return e && e != -EAGAIN;
-}
-
 int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
   uint8_t *p = addr;
-  uint64_t off = 0;
   int err = 0;
 
-  len &= ~(uint64_t)(GSHM__HUGE_PAGE - 1);
-  while (off < len) {
+  len &= ~(uint64_t)(GSHM__HUGE_PAGE - 1); /* (a last part page: left) */
+  for (uint64_t off = 0; off < len; off += GSHM__HUGE_PAGE) {
     int64_t resume = atomic_load_explicit(&collapse_resume, memory_order_relaxed);
-    uint64_t start, n = 0;
-    int seed = 0, run;
+    unsigned char last = 0;
 
     if (resume && gshm__now_ns(CLOCK_MONOTONIC) < resume)
       return -EAGAIN;
-    while (off < len && collapse_done(p + off))
-      off += GSHM__HUGE_PAGE;
-    /* a run of pages not built, each seeded, then one MADV_COLLAPSE for
-     * the run: each call drains every CPU's LRU batches first
-     * (lru_add_drain_all: one lock for the machine, and work queued on
-     * every CPU holding a batch, the busy lanes' included) */
-    for (start = off; off < len && n < COLLAPSE_RUN && !collapse_done(p + off); off += GSHM__HUGE_PAGE) {
-      if ((seed = collapse_seed(p + off, fd, foff + off)))
-        break;
-      n++;
+    /* a page whose last 4 KiB is in the page cache was built already (by
+     * the pool, or another lane) or written whole: nothing to gain, and
+     * each MADV_COLLAPSE drains every CPU's LRU batches first
+     * (lru_add_drain_all, one lock for the machine) */
+    if (mincore(p + off + GSHM__HUGE_PAGE - 4096, 4096, &last) == 0 && (last & 1))
+      continue;
+    /* its first 4 KiB made through the fd where there is one: a page made
+     * through the mapping is mapped, and the collapse's unmapping of it
+     * flushes the TLB of every CPU gshmd's threads ran on (the lanes') */
+    if ((fd < 0 || fallocate(fd, 0, (off_t)(foff + off), 4096) < 0) &&
+        madvise(p + off, 4096, MADV_POPULATE_WRITE) < 0)
+      goto failed;
+    if (madvise(p + off, GSHM__HUGE_PAGE, MADV_COLLAPSE) == 0) {
+      atomic_fetch_add_explicit(&collapsed, GSHM__HUGE_PAGE, memory_order_relaxed);
+      continue;
     }
-    run = collapse_run(p + start, n);
-    if (collapse_fatal(run))
-      return run;
-    if (collapse_fatal(seed))
-      return seed;
-    if (seed) /* (the page whose seed failed: left) */
-      off += GSHM__HUGE_PAGE;
-    err = run ? run : seed ? seed : err;
+  failed:
+    err = -errno;
+    if (err == -ENOMEM) {
+      /* no free 2 MiB page (after compaction): not again for a while */
+      atomic_store_explicit(&collapse_resume, gshm__now_ns(CLOCK_MONOTONIC) + COLLAPSE_BACKOFF_NS,
+                            memory_order_relaxed);
+      return err;
+    }
+    if (err != -EAGAIN)
+      return err;
+    /* (EAGAIN: its pages busy, another thread building it, say; the
+     * next page is another matter) */
   }
   return err;
 }

@@ -74,9 +74,10 @@ bool gshmd_host_collapse_works(void);
  * ran on (fallocate then collapse: 19-51 GB/s on 4-16 threads, populate
  * then collapse 15-39, the lent 16-core H200 machine); one whose last 4 KiB is in
  * the page cache already (built, or written whole) is left (mincore: each
- * MADV_COLLAPSE drains every CPU's LRU batches first, so runs of up to 4
- * pages go in one call).  A len that is not a multiple of 2 MiB: its last
- * part page is left.  Never changes a byte.  A page that fails with EAGAIN (its
+ * MADV_COLLAPSE drains every CPU's LRU batches first; one call for runs
+ * of 4 pages instead measured no faster in pulls: docs/PERFORMANCE.md).
+ * A len that is not a multiple of 2 MiB: its last part page is left.
+ * Never changes a byte.  A page that fails with EAGAIN (its
  * pages busy: another thread building it, a writer holding one) is left
  * and the next tried; the call returns -EAGAIN then.  Stops at any other
  * failure and returns it: -ENOMEM (no free 2 MiB page: after it every

@@ -1,9 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* daemon/host_memory.c gshmd_host_collapse on a real memfd: which 2 MiB
- * pages it builds (runs of pages in one MADV_COLLAPSE since the LRU drain
- * each call makes was measured to cost), which it leaves (built already,
- * written whole), that no byte changes, and that a length past the last
- * whole page is left alone.  Skipped where the kernel cannot build them
+ * pages it builds, which it leaves (built already, written whole), that no
+ * byte changes, and that a length past the last whole page is left alone.  Skipped where the kernel cannot build them
  * (before Linux 6.5, shmem_enabled deny, no transparent huge pages). */
 #include <errno.h>
 #include <fcntl.h>
