@@ -17,14 +17,17 @@
 #include "util.h"
 
 /* Asks grants for the next segments (those a busy peer refused first)
- * while fewer than s->window are open and the node's pulls into GPUs
- * hold less than PULL_PINNED_FULL staging_bytes of pinned slots with
- * the next one's (one always goes; set_reap asks again after each
- * close).  Run outside UCX callbacks. */
+ * while fewer than s->window are open, this node's sets hold or ask
+ * fewer than LINK_MAX_GRANTS of the peer (its cap: more would be refused
+ * busy), and the node's pulls into GPUs hold less than PULL_PINNED_FULL
+ * staging_bytes of pinned slots with the next one's (one always goes;
+ * gshmd__pull_reap asks again after each close, of any set).  Run
+ * outside UCX callbacks. */
 void gshmd__pull_set_start_grants(struct pull_set *s) {
   struct gshmd_cluster *cl = s->cl;
 
-  while (!s->err && s->active < s->window && (s->retry || s->next_start < s->n)) {
+  while (!s->err && s->active < s->window && (s->retry || s->next_start < s->n) &&
+         s->peer->grants_out < LINK_MAX_GRANTS) {
     struct pull *p = s->retry ? s->retry : s->items[s->next_start];
     uint64_t pin = gshmd__pull_pin_need(p);
     if (pin && cl->pull_pinned &&
@@ -40,6 +43,7 @@ void gshmd__pull_set_start_grants(struct pull_set *s) {
     p->started = true;
     p->req_pending = true;
     s->active++;
+    s->peer->grants_out++;
     gshmd__link_req_submit(&s->cl->ll, s->peer, &p->req);
   }
 }
@@ -54,6 +58,7 @@ bool gshmd__pull_grant_later(struct pull *p) {
   if (s->active <= 1)
     return false;
   s->active--;
+  s->peer->grants_out--;
   gshmd__pull_unpin(p);
   if (s->window == GRANTS_AHEAD)
     gshm_log_info("cluster: peer '%s' is busy: the pull of '%s' waits for its grants to end "

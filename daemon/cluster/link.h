@@ -36,6 +36,9 @@
 #define LINK_MAX_LANES 16        /* data lanes of one link (lane.h) */
 #define LINK_MAX_READS 64        /* Reads and Stages in flight per link: the serving side
                                     refuses more as busy (serve.c) */
+#define LINK_MAX_GRANTS 64       /* grants live at once per link: the serving side refuses more
+                                    as busy (serve.c), and a puller asks no more of one peer at
+                                    once over all its sets (grants.c) */
 #define LINK_MAX_READ_BYTES (64ull << 20)      /* the largest Read (or Stage) a peer may ask */
 #define LINK_MAX_BYTES_INFLIGHT (256ull << 20) /* bytes of Reads and Stages in flight per link:
                                                   with encryption each holds a ciphertext
@@ -92,6 +95,7 @@ struct peer {
   struct gshm_list waiting;  /* struct peer_req: sent when the link is up */
   unsigned lanes_connecting;  /* our lanes to it in their hello (lane.h) */
   unsigned reads_inflight;    /* our Reads and Stages to it not yet ended (pull.c) */
+  unsigned grants_out;        /* our grants asked of it or held, all sets (grants.c) */
   uint64_t bytes_inflight;    /* ... and their bytes */
   /* metrics */
   uint64_t pulls_ok, pulls_failed, bytes_host, bytes_staged, bytes_direct;

@@ -666,7 +666,12 @@ void gshmd__pull_item_close(struct pull *p) {
   free(p->free_slots);
   p->free_slots = NULL;
   p->closed = true;
-  s->active--;
+  /* (one a busy peer refused waits unstarted: grants.c counted it off,
+   * and a set that fails closes it too) */
+  if (p->started) {
+    s->active--;
+    s->peer->grants_out--;
+  }
   s->nclosed++;
 }
 

@@ -28,7 +28,7 @@
  * all of staging_bytes, a small tensor a slot or two), those whose
  * buffer is still being made included */
 #define STAGED_LINK_FULL 4
-#define MAX_GRANTS 64       /* per link: grants live at once */
+#define MAX_GRANTS LINK_MAX_GRANTS /* per link: grants live at once */
 #define MAX_ANSWERS_QUEUED (1u << 20) /* per link: answers not yet written (bytes, stream.h) */
 #define BUSY_MESSAGE "too many pulls from this node at once; try again"
 

@@ -35,6 +35,7 @@
 #include <cmocka.h>
 
 #include "gshm.h"
+#include "gshm.pb-c.h"
 #include "harness.h"
 #include "link.h"
 #include "nodes.h"
@@ -332,6 +333,47 @@ static unsigned set_refused_after_listing(const struct lie *l, int want, const c
   assert_int_equal(owed, 0);
   gshm_disconnect(p);
   return grants;
+}
+
+/* A peer that refuses every grant of a set as busy (the answer a serving
+ * gshmd gives past its grants per link, or staged ones): the set fails
+ * with -EBUSY naming the peer, nothing is left, within the test's 30 s.
+ * Before, the set failed at its last refusal and then closed the
+ * segments waiting to be asked again, each one counted off its open
+ * ones a second time: the count wrapped below zero and the pull never
+ * ended. */
+static void test_set_grants_busy(void **state) {
+  static const struct lie busy = {"grants refused busy", true,
+                                  {{1, "pub/a", 4096, "host"}, {2, "pub/b", 4096, "host"},
+                                   {3, "pub/c", 4096, "host"}, {4, "pub/d", 4096, "host"}},
+                                  {{0}}, 0, {0}};
+  gshm_client_t *p = connect_to(&P);
+  struct bg bg = {.lie = &busy};
+  unsigned grants = 0;
+  (void)state;
+
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+  for (int k = 0; k < 1500 && !bg.done; k++) { /* (20 ms a receive) */
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    assert_false(rs.failed);
+    if (!m)
+      continue;
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST)
+      send_page(m->request_id, busy.page1, 4, 0, 0);
+    else if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST && ++grants)
+      rogue_send_status(&rs, m->request_id, GSHM__STATUS__STATUS_BUSY,
+                        "too many pulls from this node at once; try again");
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  if (!bg.done)
+    fail_msg("the set pull did not end in 30 s after %u busy refusals", grants);
+  pthread_join(bg.t, NULL);
+  printf("%s: %d: %s (%u grants asked)\n", busy.what, bg.err, bg.msg, grants);
+  assert_int_equal(bg.err, -EBUSY);
+  assert_non_null(strstr(bg.msg, "rs"));
+  assert_true(grants >= 4);
+  assert_nothing_left(p, NULL);
+  gshm_disconnect(p);
 }
 
 /* A set of device segments pulled by a gshmd without a GPU: their hidden
@@ -924,6 +966,7 @@ int main(void) {
       cmocka_unit_test(test_lies_refused),
       cmocka_unit_test(test_set_too_large_and_wrong_answer),
       cmocka_unit_test(test_grant_not_listed),
+      cmocka_unit_test(test_set_grants_busy),
       cmocka_unit_test(test_device_set_without_gpu),
       cmocka_unit_test(test_host_set_beyond_memory),
       cmocka_unit_test_teardown(test_host_set_beyond_cgroup, cgroup_release),

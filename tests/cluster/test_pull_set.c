@@ -557,6 +557,51 @@ static void test_set_over_limit(void **state) {
   gshm_disconnect(b);
 }
 
+/* Many sets pulled from one peer at once: MANY_SETS prefixes of
+ * MANY_EACH segments, each set asking all its grants at once, more in all
+ * than the peer keeps for one link (LINK_MAX_GRANTS: it refuses more as
+ * busy).  Every set completes, byte-exact.  Before, the sets whose every
+ * ask was refused failed, or hung: a failing set closed the segments
+ * waiting to be asked again and its count of open ones wrapped below
+ * zero, so it never ended (seen with gshm-bench pull --fanout 3 --split:
+ * 40 sets of 10, 17 of them hung). */
+#define MANY_SETS 8
+#define MANY_EACH 12
+static uint64_t many_size(int i) { return 4096 + 512 * (uint64_t)i; }
+
+static void test_many_sets_at_once(void **state) {
+  static struct bg_pull bg[MANY_SETS];
+  static char names[MANY_SETS][32];
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  (void)state;
+
+  for (int k = 0; k < MANY_SETS; k++) {
+    snprintf(names[k], sizeof(names[k]), "pub/many/%d/", k);
+    set_make(a, names[k], MANY_EACH, many_size, 1000 + 100 * (unsigned long long)k);
+    bg[k] = (struct bg_pull){.puller = &B, .peer = "a", .name = names[k], .prefix = true};
+  }
+  for (int k = 0; k < MANY_SETS; k++)
+    assert_int_equal(pthread_create(&bg[k].t, NULL, bg_thread, &bg[k]), 0);
+  for (int k = 0; k < MANY_SETS; k++) {
+    int waited = 0;
+    while (pthread_tryjoin_np(bg[k].t, NULL) == EBUSY && waited++ < 600)
+      usleep(100000);
+    if (waited > 600)
+      fail_msg("the pull of %s did not end in 60 s", names[k]);
+    if (bg[k].err)
+      fail_msg("the pull of %s: %s", names[k], gshm_strerror(bg[k].err));
+    assert_int_equal(bg[k].n, MANY_EACH);
+    gshm_free(bg[k].v);
+  }
+  for (int k = 0; k < MANY_SETS; k++) {
+    set_check(b, names[k], MANY_EACH, many_size, 1000 + 100 * (unsigned long long)k);
+    set_unlink(b, names[k], MANY_EACH);
+    set_unlink(a, names[k], MANY_EACH);
+  }
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 /* A pull whose result a restart of b lost (b pulled and published the
  * segment, and stored it, then was SIGKILLed before its client read the
  * result; libgshm reconnects and sends the pull again), through the
@@ -729,6 +774,7 @@ int main(void) {
       cmocka_unit_test(test_set_pages),
       cmocka_unit_test(test_replace_in_grace),
       cmocka_unit_test(test_set_peer_killed),
+      cmocka_unit_test(test_many_sets_at_once),
       cmocka_unit_test(test_set_over_limit),
       cmocka_unit_test(test_pull_reply_lost_to_a_restart),
       cmocka_unit_test(test_set_reply_lost_to_a_restart),
