@@ -174,9 +174,12 @@ static int start_nodes(struct fan *f, const char *gshmd, const char *key) {
   for (int i = 0; i < f->nodes; i++) {
     int k = 0;
     peers[0] = '\0';
-    if (i > 0)
+    for (int j = 0; f->o->split && j < f->nodes; j++) /* (every other node) */
+      if (j != i)
+        k += snprintf(peers + k, sizeof(peers) - k, "%sn%d=127.0.0.1:%d", k ? "," : "", j, port[j]);
+    if (i > 0 && !f->o->split)
       k += snprintf(peers + k, sizeof(peers) - k, "n%d=127.0.0.1:%d", i - 1, port[i - 1]);
-    if (i + 1 < f->nodes)
+    if (i + 1 < f->nodes && !f->o->split)
       snprintf(peers + k, sizeof(peers) - k, "%sn%d=127.0.0.1:%d", k ? "," : "", i + 1,
                port[i + 1]);
     snprintf(name, sizeof(name), "n%d", i);
@@ -263,6 +266,7 @@ static int check_copy(struct fan *f, int node, const char *prefix) {
 struct hop {
   pthread_t t;
   const char *sock, *local;
+  char prefix[16]; /* the remote names pulled ("fan/", or part of it with --split) */
   const char *location; /* the copy's: NULL (host) or --to */
   char peer[16];
   double t0, t1;
@@ -279,7 +283,7 @@ static void *hop_thread(void *arg) {
 
   h->t0 = bench_now_s();
   if (!(h->err = gshm_connect(h->sock, "bench-hop", &c))) {
-    if (!(h->err = gshm_pull_prefix(c, h->peer, "fan/", &po, &v, &n)))
+    if (!(h->err = gshm_pull_prefix(c, h->peer, h->prefix, &po, &v, &n)))
       gshm_free(v);
     gshm_disconnect(c);
   }
@@ -288,12 +292,20 @@ static void *hop_thread(void *arg) {
   return NULL;
 }
 
-static int hop_start(struct fan *f, struct hop *h, int node, const char *local) {
+/* node pulls from node `from` the names under prefix (NULL: "fan/"),
+ * into local (NULL: the same names). */
+static int hop_start_from(struct fan *f, struct hop *h, int node, int from, const char *prefix,
+                          const char *local) {
+  snprintf(h->prefix, sizeof(h->prefix), "%s", prefix ? prefix : "fan/");
   h->sock = f->sp[node].socket_path;
-  h->local = local;
+  h->local = local ? local : h->prefix;
   h->location = f->device ? f->o->to : NULL;
-  snprintf(h->peer, sizeof(h->peer), "n%d", node - 1);
+  snprintf(h->peer, sizeof(h->peer), "n%d", from);
   return pthread_create(&h->t, NULL, hop_thread, h) ? -1 : 0;
+}
+
+static int hop_start(struct fan *f, struct hop *h, int node, const char *local) {
+  return hop_start_from(f, h, node, node - 1, NULL, local);
 }
 
 /* Waits (up to 60 s) until node shows a pull in flight, or hop h (node's)
@@ -332,6 +344,63 @@ static int pull_one(struct fan *f, double *s_out) {
   return 0;
 }
 
+/* --split: n1 and n2 pull the set from n0 at once; once both have
+ * listed it, n3 pulls it in groups of names (fan/NNNN: ten segments a
+ * group, or a hundred where that makes over SPLIT_GROUPS), the groups up
+ * to half the set's bytes from n1, the rest from n2, each group a set
+ * pull of its own, all at once.  hops[1], hops[2]: n1's and n2's;
+ * hops[3]: n3's first start and last end.  *s_out: from the first start
+ * to the last end.  0 or -1 (printed). */
+#define SPLIT_GROUPS 64
+static int split_run(struct fan *f, struct hop hops[FAN_MAX + 1], double *s_out) {
+  static struct hop g[SPLIT_GROUPS];
+  unsigned per = 10, ngroups, digits = 4;
+  uint64_t half = f->total / 2, sent = 0;
+  char prefix[16];
+  int e = 0;
+
+  while ((ngroups = (f->count - 1) / per + 1) > SPLIT_GROUPS && digits > 1)
+    per *= 10, digits--;
+  if (ngroups > SPLIT_GROUPS || hop_start_from(f, &hops[1], 1, 0, NULL, NULL) ||
+      hop_start_from(f, &hops[2], 2, 0, NULL, NULL))
+    return -1;
+  wait_listed(f, 1, &hops[1]);
+  wait_listed(f, 2, &hops[2]);
+  memset(g, 0, sizeof(g));
+  for (unsigned k = 0; k < ngroups; k++) {
+    int from = sent < half ? 1 : 2;
+    for (unsigned i = k * per; i < f->count && i < (k + 1) * per; i++)
+      sent += f->sizes[i];
+    snprintf(prefix, sizeof(prefix), "fan/%0*u", (int)digits, k);
+    if (hop_start_from(f, &g[k], 3, from, prefix, NULL))
+      return -1;
+  }
+  hops[3].t0 = 1e300;
+  for (unsigned k = 0; k < ngroups; k++) {
+    pthread_join(g[k].t, NULL);
+    if (g[k].err) {
+      fprintf(stderr, "gshm-bench pull: n3's pull of %s* from %s failed: %s\n", g[k].prefix,
+              g[k].peer, gshm_strerror(g[k].err));
+      e = -1;
+    }
+    hops[3].t0 = g[k].t0 < hops[3].t0 ? g[k].t0 : hops[3].t0;
+    hops[3].t1 = g[k].t1 > hops[3].t1 ? g[k].t1 : hops[3].t1;
+  }
+  for (int i = 1; i <= 2; i++) {
+    pthread_join(hops[i].t, NULL);
+    if (hops[i].err) {
+      fprintf(stderr, "gshm-bench pull: n%d's pull from n0 failed: %s\n", i,
+              gshm_strerror(hops[i].err));
+      e = -1;
+    }
+  }
+  *s_out = 0;
+  for (int i = 1; i <= 3; i++)
+    if (hops[i].t1 - hops[1].t0 > *s_out)
+      *s_out = hops[i].t1 - hops[1].t0;
+  return e;
+}
+
 /* The chain (each hop started once the one before has its request),
  * every byte of every copy checked: *s_out seconds. */
 static int pull_fan(struct fan *f, double *s_out) {
@@ -345,6 +414,11 @@ static int pull_fan(struct fan *f, double *s_out) {
   for (int i = 0; i < f->nodes; i++)
     bench_thread_cpu(f->sp[i].pid, t0[i]);
   cpu_mark(f, c0, NULL);
+  if (f->o->split) {
+    if (split_run(f, hops, s_out))
+      e = -1;
+    goto timed;
+  }
   for (int i = 1; i < f->nodes; i++) {
     if (hop_start(f, &hops[i], i, "fan/"))
       return -1;
@@ -362,6 +436,7 @@ static int pull_fan(struct fan *f, double *s_out) {
     if (hops[i].t1 - hops[1].t0 > *s_out)
       *s_out = hops[i].t1 - hops[1].t0;
   }
+timed:
   if (f->timed) {
     cpu_mark(f, c0, f->cpu_fan);
     for (int i = 1; i < f->nodes; i++) {
@@ -496,6 +571,10 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
   char sz[32], ck[32];
 
   f.device = !strncmp(o->location, "cuda:", 5);
+  if (o->split && o->fanout != 3) {
+    fprintf(stderr, "gshm-bench pull: --split takes --fanout 3\n");
+    return 2;
+  }
   if (o->fanout < 1 || o->fanout > FAN_MAX || f.device != !strncmp(o->to, "cuda:", 5) ||
       sodium_init() < 0 || (o->chunk && gshm__parse_size(o->chunk, &f.chunk)) || !f.chunk) {
     fprintf(stderr, "gshm-bench pull: --fanout takes 1 to %d, host segments or device ones "
@@ -512,6 +591,8 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
          o->set_count ? "--set" : "--model", o->chunk ? o->chunk : "default",
          o->depth ? o->depth : "default", o->streams, o->encrypt ? "encrypted" : "authenticated",
          n);
+  if (o->split)
+    printf("split: n1 and n2 pull from n0, n3 half the set from each of them (not a chain)\n");
   if (!o->no_plain)
     printf("plain TCP: the same segments, send -> recv over %u connections per hop in chunks of "
          "%s, into new memfds, a process per node%s; chain: each node sends on each chunk as it "

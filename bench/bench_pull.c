@@ -291,6 +291,7 @@ int bench_pull_main(int argc, char **argv) {
                                      {"cpus-per-node", required_argument, NULL, 'C'},
                                      {"gshmd-set", required_argument, NULL, 'D'},
                                      {"no-plain", no_argument, NULL, 'X'},
+                                     {"split", no_argument, NULL, 'Y'},
                                      {"recycle", required_argument, NULL, 'R'},
                                      {"help", no_argument, NULL, 'h'},
                                      {NULL, 0, NULL, 0}};
@@ -304,7 +305,7 @@ int bench_pull_main(int argc, char **argv) {
   double lat4k_pull = -1;
 
   parse_sizes("1M,4M,16M,64M,256M,1G,4G", &o);
-  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:D:R:Xh", lo, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:D:R:XYh", lo, NULL)) != -1) {
     switch (c) {
     case 's':
       if (parse_sizes(optarg, &o)) {
@@ -329,6 +330,7 @@ int bench_pull_main(int argc, char **argv) {
         return 2;
       }
       break;
+    case 'Y': o.split = true; break;
     case 'C': o.cpus_per_node = (unsigned)bench_int_arg("pull", "--cpus-per-node", optarg, 0); break;
     case 'D':
       if (o.nsets == 4 || !strchr(optarg, '=')) {
@@ -358,6 +360,8 @@ int bench_pull_main(int argc, char **argv) {
              "       gshm-bench pull --fanout N [--model LAYERSxHIDDEN | --set COUNTxSIZE]\n"
              "                       [--iters N] [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
              "                       [--no-plain (gshm's pulls only, no plain TCP anchors)]\n"
+             "                       [--split (--fanout 3: n1, n2 pull from n0, n3 half from\n"
+             "                        each of them, instead of a chain)]\n"
              "                       [--location cuda:N [--to cuda:M]: the set in device\n"
              "                        segments, pulled into GPU M (staged), read back and checked]\n"
              "         N+1 gshmd: node i+1 pulls a set from node i, all at once (a chain),\n"

@@ -38,6 +38,10 @@ struct pull_opts {
   const char *recycle;
   /* --no-plain (--fanout): the plain TCP anchors are not run */
   bool no_plain;
+  /* --split (--fanout 3): n1 and n2 pull the set from n0 at once, n3
+   * pulls half its segments from n1 and half from n2 (each node a peer
+   * of every other): no node both receives and sends a whole copy */
+  bool split;
 };
 
 /* A TCP port of 127.0.0.1 free right now; 0 on failure. */

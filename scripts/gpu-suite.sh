@@ -58,10 +58,12 @@ if step pull; then
     timeout 150 ./bench/gshm-bench pull --location cuda:0 --to cuda:1 $pa --no-perftest \
       > "$out/bench-pull-cuda01.txt" 2>&1
   # fan-out: four gshmd on this host in a chain, beside the same chain over plain TCP;
-  # unpinned, and each node on 4 CPUs of its own (as separate machines) with 2 lanes
+  # unpinned, and each node on 4 CPUs of its own (as separate machines) with 2 lanes;
+  # pinned, n3 taking half the set from each of n1 and n2 (--split)
   fa=${GSHM_FANOUT_ARGS:---set 64x16M --iters 5}
   { timeout 200 ./bench/gshm-bench pull --fanout 3 $fa
     timeout 200 ./bench/gshm-bench pull --fanout 3 $fa --cpus-per-node 4 --streams 2
+    timeout 200 ./bench/gshm-bench pull --fanout 3 $fa --cpus-per-node 4 --split --no-plain
     timeout 200 ./bench/gshm-bench pull --fanout 3 --model 44x1024 --iters 3; } \
     > "$out/bench-fanout.txt" 2>&1
   # the model as one set of device segments on GPU 0 pulled into the last GPU (staged)

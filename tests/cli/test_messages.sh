@@ -394,6 +394,11 @@ for args in "pull --iters abc" "pull --fanout 2x" "attach --runs x" "attach --de
   has err "gshm-bench $1: $2 takes an integer"
 done
 
+# --split is a shape of three copies: with another --fanout a usage error
+timeout 20 "$bench" pull --fanout 2 --split >"$dir/out" 2>"$dir/err"
+rc=$?
+[ $rc = 2 ] || fail "gshm-bench pull --fanout 2 --split: exit $rc, want 2"
+has err "gshm-bench pull: --split takes --fanout 3"
 
 "$py" "$src/python/examples/share_weights.py" --help >"$dir/out" 2>"$dir/err" \
   || fail "share_weights.py --help: $(cat "$dir/err")"
