@@ -38,8 +38,8 @@ from ._dtypes import dtype as _to_dtype
 from ._safetensors import _json_list
 
 __all__ = ["FORMAT", "VERSION", "ManifestError", "StaleManifest", "manifest_name",
-           "segment_prefix", "encode", "decode", "tensor_extent", "write", "read",
-           "open_segments", "unlink_prefix", "parse_source"]
+           "segment_prefix", "encode", "decode", "tensor_extent", "torch_dtypes", "write",
+           "read", "open_segments", "unlink_prefix", "parse_source"]
 
 FORMAT = "gshm.torch.pool"
 VERSION = 1
@@ -94,6 +94,27 @@ def tensor_extent(offset, itemsize, shape, strides):
         return offset
     last = sum((d - 1) * s for d, s in zip(shape, strides))
     return offset + (last + 1) * itemsize
+
+
+def torch_dtypes(doc, torch):
+    """{dtype name: torch.dtype} for every entry of a checked manifest, taken
+    from the torch module given (gshm.torch passes the installed one).
+    Raises ManifestError naming the first entry whose dtype gshm knows but
+    this torch lacks (float8_e4m3fn before torch 2.1), so that attach()
+    refuses it before mapping anything."""
+    out = {}
+    for where in ("tensors", "buffers"):
+        for k, e in doc[where].items():
+            name = e["dtype"]
+            if name in out:
+                continue
+            t = getattr(torch, name, None)
+            if not isinstance(t, torch.dtype):
+                raise ManifestError("gshm: manifest %s entry %r has dtype %s, which this torch "
+                                    "(%s) lacks" % (where[:-1], k, name,
+                                                    getattr(torch, "__version__", "?")))
+            out[name] = t
+    return out
 
 
 def _json_in(v, hi):
