@@ -302,9 +302,12 @@ int bench_pull_main(int argc, char **argv) {
   gshm_client_t *a = NULL, *b = NULL;
   int c, fd, rc = 1, port_a, port_b;
   double lat4k_pull = -1;
+  unsigned char seen[256] = {0};
 
   parse_sizes("1M,4M,16M,64M,256M,1G,4G", &o);
   while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:D:R:Xh", lo, NULL)) != -1) {
+    if (c != 'D') /* --gshmd-set repeats */
+      bench_opt_once("pull", lo, c, seen);
     switch (c) {
     case 's':
       if (parse_sizes(optarg, &o)) {
@@ -324,6 +327,10 @@ int bench_pull_main(int argc, char **argv) {
     case 'F': o.fanout = bench_int_arg("pull", "--fanout", optarg, 1); break;
     case 'M':
     case 'S':
+      if (seen['M'] && seen['S']) { /* the set is one or the other */
+        fprintf(stderr, "gshm-bench pull: --model and --set both given: give one\n");
+        return 2;
+      }
       if (bench_fanout_set_opt(&o, c == 'M', optarg)) {
         fprintf(stderr, "gshm-bench pull: bad --%s '%s'\n", c == 'M' ? "model" : "set", optarg);
         return 2;
