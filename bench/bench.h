@@ -19,6 +19,9 @@ int bench_seal_main(int argc, char **argv);      /* bench_seal.c */
  * started is sent SIGTERM (SIGKILL 10 s later, or at a second signal) and
  * reaped, then the supervisor exits with the benchmark's status, or dies
  * by the signal (the benchmark's, or the one received: $? 128 + it).
+ * The benchmark runs with TMPDIR set to a directory the supervisor made
+ * and removes at the end, signal or not; a SIGKILLed supervisor stops the
+ * benchmark and its children (but leaves that directory).
  * GSHM_BENCH_SUPERVISE=0 in the environment: no supervisor (for a
  * profiler or debugger that follows only the process it started), returns
  * 0 at once.  Call before any thread exists.  Returns 0 in the child;

@@ -296,9 +296,8 @@ int bench_pull_main(int argc, char **argv) {
                                      {NULL, 0, NULL, 0}};
   struct pull_opts o = {.iters = 5, .location = "host", .streams = 8};
   struct gshm_spawn A = {0}, B = {0};
-  char dir[] = "/tmp/gshm-bench-pull-XXXXXX", key[300], pa[64], pb[64], ptbuf[PATH_MAX],
-       ldpath[PATH_MAX];
-  const char *gshmd, *pt;
+  char dir[PATH_MAX - 8], key[PATH_MAX], pa[64], pb[64], ptbuf[PATH_MAX], ldpath[PATH_MAX];
+  const char *gshmd, *pt, *tmp = getenv("TMPDIR");
   gshm_client_t *a = NULL, *b = NULL;
   int c, fd, rc = 1, port_a, port_b;
   double lat4k_pull = -1;
@@ -390,6 +389,8 @@ int bench_pull_main(int argc, char **argv) {
   setenv("UCX_TLS", getenv("UCX_TLS") ? getenv("UCX_TLS") : "tcp", 1);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
   gshmd = o.gshmd ? o.gshmd : gshm__find_gshmd();
+  /* under TMPDIR: the supervisor's, which it removes after a signal too */
+  snprintf(dir, sizeof(dir), "%s/gshm-bench-pull-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(dir))
     return 1;
   snprintf(key, sizeof(key), "%s/key", dir);
