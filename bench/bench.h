@@ -3,6 +3,7 @@
 #ifndef GSHM_BENCH_H
 #define GSHM_BENCH_H
 
+#include <getopt.h>
 #include <stddef.h>
 
 int bench_copy_main(int argc, char **argv);      /* bench_copy.c */
@@ -18,6 +19,9 @@ int bench_seal_main(int argc, char **argv);      /* bench_seal.c */
  * started is sent SIGTERM (SIGKILL 10 s later, or at a second signal) and
  * reaped, then the supervisor exits with the benchmark's status, or dies
  * by the signal (the benchmark's, or the one received: $? 128 + it).
+ * The benchmark runs with TMPDIR set to a directory the supervisor made
+ * and removes at the end, signal or not; a SIGKILLed supervisor stops the
+ * benchmark and its children (but leaves that directory).
  * GSHM_BENCH_SUPERVISE=0 in the environment: no supervisor (for a
  * profiler or debugger that follows only the process it started), returns
  * 0 at once.  Call before any thread exists.  Returns 0 in the child;
@@ -32,6 +36,19 @@ int bench_supervise(void);
  * junk after it, below min) prints "gshm-bench CMD: OPT takes an integer
  * ..." and exits 2, a usage error: atoi made "--runs x" 0 and ran. */
 int bench_int_arg(const char *cmd, const char *opt, const char *s, int min);
+
+/* Refuses an option given twice on one command line, where the second
+ * value would silently replace the first (--set, --iters): seen[c]
+ * (zeroed by the caller, one array per parse) marks option code c, the
+ * code getopt_long returned or the one a hand-written parser gives it in
+ * its table lo (terminated by a NULL name), as given.  Options that may
+ * repeat (--gshmd-set, --size) are not passed.  The second time prints
+ * "gshm-bench CMD: --NAME given twice ..." and exits 2, a usage error. */
+void bench_opt_once(const char *cmd, const struct option *lo, int c, unsigned char seen[256]);
+/* The same for a hand-written parser at argv word arg ("--reps"): an arg
+ * that is no "--NAME" of lo is left to the parser. */
+void bench_opt_once_arg(const char *cmd, const struct option *lo, const char *arg,
+                        unsigned char seen[256]);
 
 /* Median of v[0..n-1] (n >= 1); sorts v in place. */
 double bench_median(double *v, int n);

@@ -356,10 +356,13 @@ int bench_attach_main(int argc, char **argv) {
   CUcontext map_ctx;
   char loc[64], ustr[48], sbuf[32];
   int count = 0, opt, e;
+  unsigned char seen[256] = {0};
 
   if (argc == 4 && !strcmp(argv[1], "--ipc-exporter"))
     return ipc_exporter(strtoull(argv[2], NULL, 0), atoi(argv[3]));
   while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    if (opt != 'z') /* --size repeats */
+      bench_opt_once("attach", longopts, opt, seen);
     switch (opt) {
     case 's': o.socket = optarg; break;
     case 'g': o.gshmd = optarg; break;

@@ -276,8 +276,15 @@ int bench_broadcast_main(int argc, char **argv) {
   int nm = 0, nsizes = 0, count = 0, want = 0, sweep = 0;
   const char *methods = NULL;
   char sb[32];
+  static const struct option once[] = {
+      {"reps", required_argument, NULL, 'r'},    {"max", required_argument, NULL, 'm'},
+      {"gpus", required_argument, NULL, 'g'},    {"sweep", no_argument, NULL, 'w'},
+      {"methods", required_argument, NULL, 'M'}, {"sizes", required_argument, NULL, 's'},
+      {NULL, 0, NULL, 0}};
+  unsigned char seen[256] = {0};
 
   for (int i = 1; i < argc; i++) {
+    bench_opt_once_arg("broadcast", once, argv[i], seen);
     if (!strcmp(argv[i], "--reps") && i + 1 < argc)
       reps = bench_int_arg("broadcast", "--reps", argv[++i], 1);
     else if (!strcmp(argv[i], "--max") && i + 1 < argc)

@@ -840,6 +840,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       {NULL, 0, NULL, 0}};
   static const unsigned defaults[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
   bool clients_given = false, ops_given = false;
+  unsigned char seen[256] = {0};
   int ch;
 
   memset(o, 0, sizeof(*o));
@@ -851,6 +852,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
   o->run_op[0] = o->run_op[1] = o->run_op[2] = true;
   optind = 1;
   while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    bench_opt_once("control", lo, ch, seen);
     switch (ch) {
     case 'n':
       if ((o->nns = parse_list(optarg, o->ns, MAX_NS)) <= 0) {

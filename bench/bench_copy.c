@@ -381,9 +381,16 @@ static void usage(FILE *f) {
 
 int bench_copy_main(int argc, char **argv) {
   const char *only = "uni,bidi,latency,matrix,local,misaligned";
+  static const struct option once[] = {{"reps", required_argument, NULL, 'r'},
+                                       {"max", required_argument, NULL, 'm'},
+                                       {"sweep", no_argument, NULL, 'w'},
+                                       {"only", required_argument, NULL, 'o'},
+                                       {NULL, 0, NULL, 0}};
+  unsigned char seen[256] = {0};
   int sweep = 0, e, drv_version = 0;
 
   for (int i = 1; i < argc; i++) {
+    bench_opt_once_arg("copy", once, argv[i], seen);
     if (!strcmp(argv[i], "--reps") && i + 1 < argc)
       reps = bench_int_arg("copy", "--reps", argv[++i], 1);
     else if (!strcmp(argv[i], "--max") && i + 1 < argc)

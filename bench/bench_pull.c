@@ -297,15 +297,17 @@ int bench_pull_main(int argc, char **argv) {
                                      {NULL, 0, NULL, 0}};
   struct pull_opts o = {.iters = 5, .location = "host", .streams = 8};
   struct gshm_spawn A = {0}, B = {0};
-  char dir[] = "/tmp/gshm-bench-pull-XXXXXX", key[300], pa[64], pb[64], ptbuf[PATH_MAX],
-       ldpath[PATH_MAX];
-  const char *gshmd, *pt;
+  char dir[PATH_MAX - 8], key[PATH_MAX], pa[64], pb[64], ptbuf[PATH_MAX], ldpath[PATH_MAX];
+  const char *gshmd, *pt, *tmp = getenv("TMPDIR");
   gshm_client_t *a = NULL, *b = NULL;
   int c, fd, rc = 1, port_a, port_b;
   double lat4k_pull = -1;
+  unsigned char seen[256] = {0};
 
   parse_sizes("1M,4M,16M,64M,256M,1G,4G", &o);
   while ((c = getopt_long(argc, argv, "s:n:l:t:P:Ng:c:d:ek:F:M:S:C:D:R:XYh", lo, NULL)) != -1) {
+    if (c != 'D') /* --gshmd-set repeats */
+      bench_opt_once("pull", lo, c, seen);
     switch (c) {
     case 's':
       if (parse_sizes(optarg, &o)) {
@@ -325,6 +327,10 @@ int bench_pull_main(int argc, char **argv) {
     case 'F': o.fanout = bench_int_arg("pull", "--fanout", optarg, 1); break;
     case 'M':
     case 'S':
+      if (seen['M'] && seen['S']) { /* the set is one or the other */
+        fprintf(stderr, "gshm-bench pull: --model and --set both given: give one\n");
+        return 2;
+      }
       if (bench_fanout_set_opt(&o, c == 'M', optarg)) {
         fprintf(stderr, "gshm-bench pull: bad --%s '%s'\n", c == 'M' ? "model" : "set", optarg);
         return 2;
@@ -387,6 +393,8 @@ int bench_pull_main(int argc, char **argv) {
   setenv("UCX_TLS", getenv("UCX_TLS") ? getenv("UCX_TLS") : "tcp", 1);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
   gshmd = o.gshmd ? o.gshmd : gshm__find_gshmd();
+  /* under TMPDIR: the supervisor's, which it removes after a signal too */
+  snprintf(dir, sizeof(dir), "%s/gshm-bench-pull-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(dir))
     return 1;
   snprintf(key, sizeof(key), "%s/key", dir);

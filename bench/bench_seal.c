@@ -54,8 +54,14 @@ int bench_seal_main(int argc, char **argv) {
   struct seal_opts o = {.frame = 4u << 20, .bytes = 1u << 30, .reps = 7};
   uint8_t key[STREAM_KEY], *src, *dst;
   uint64_t v;
+  static const struct option once[] = {{"frame", required_argument, NULL, 'f'},
+                                       {"bytes", required_argument, NULL, 'b'},
+                                       {"reps", required_argument, NULL, 'r'},
+                                       {NULL, 0, NULL, 0}};
+  unsigned char seen[256] = {0};
 
   for (int i = 1; i < argc; i++) {
+    bench_opt_once_arg("seal", once, argv[i], seen);
     if ((!strcmp(argv[i], "--frame") || !strcmp(argv[i], "--bytes")) && i + 1 < argc) {
       if (gshm__parse_size(argv[i + 1], &v) || v > SIZE_MAX) {
         fprintf(stderr, "gshm-bench seal: bad size '%s'\n", argv[i + 1]);

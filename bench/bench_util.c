@@ -27,6 +27,27 @@ int bench_int_arg(const char *cmd, const char *opt, const char *s, int min) {
   return (int)v;
 }
 
+void bench_opt_once(const char *cmd, const struct option *lo, int c, unsigned char seen[256]) {
+  if (c < 0 || c > 255 || !seen[c]++)
+    return;
+  while (lo->name && lo->val != c)
+    lo++;
+  fprintf(stderr, "gshm-bench %s: --%s given twice: the second value would replace the first\n",
+          cmd, lo->name ? lo->name : "?");
+  exit(2);
+}
+
+void bench_opt_once_arg(const char *cmd, const struct option *lo, const char *arg,
+                        unsigned char seen[256]) {
+  if (strncmp(arg, "--", 2))
+    return;
+  for (; lo->name; lo++)
+    if (!strcmp(arg + 2, lo->name)) {
+      bench_opt_once(cmd, lo, lo->val, seen);
+      return;
+    }
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;

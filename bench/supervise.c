@@ -11,9 +11,20 @@
  * terminal's foreground group (Ctrl-Z, Ctrl-C).  Instead the supervisor is
  * a child subreaper (PR_SET_CHILD_SUBREAPER): when the benchmark dies, its
  * children become the supervisor's, which sends them SIGTERM, SIGKILL past
- * STOP_GRACE_MS, and reaps them. */
+ * STOP_GRACE_MS, and reaps them.
+ *
+ * A supervisor that is SIGKILLed can do none of that: the benchmark's death
+ * signal (PR_SET_PDEATHSIG, SIGTERM) runs its handler, which sends SIGTERM
+ * to the benchmark's own children before it dies, so its gshmd do not
+ * outlive it under init.  And whatever temporary directories the benchmark
+ * and its gshmd make (gshm__spawn_init's, pull's key) lie under one the
+ * supervisor made (TMPDIR in the benchmark's environment), which the
+ * supervisor removes once every child is reaped, after a signal too. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -21,6 +32,8 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,6 +49,7 @@ struct supervisor {
   bool force;       /* SIGKILL now: the grace ran out, or a second signal came */
   pid_t *sent;      /* children sent SIGTERM, not reaped yet */
   size_t nsent, cap;
+  char tmp[PATH_MAX]; /* the benchmark's TMPDIR, removed at the end; "": none */
 };
 
 static bool sent_has(const struct supervisor *sv, pid_t pid) {
@@ -144,6 +158,102 @@ static void die_by(int sig) {
   exit(128 + sig);
 }
 
+/* ---- the benchmark's side: its children die with it ---- */
+
+/* The decimal number s, or -1 where s is no number. */
+static long digits(const char *s) {
+  long v = 0;
+
+  if (!*s)
+    return -1;
+  for (; *s; s++) {
+    if (*s < '0' || *s > '9' || v > 1L << 40)
+      return -1;
+    v = v * 10 + (*s - '0');
+  }
+  return v;
+}
+
+/* parent_of() with only async-signal-safe calls (open, read: no stdio);
+ * -1 when it cannot be read. */
+static pid_t parent_of_raw(long pid) {
+  char path[32] = "/proc/", num[24], buf[512], *p, *q;
+  int n = 0, fd, len = 6;
+  ssize_t got;
+
+  do
+    num[n++] = (char)('0' + pid % 10);
+  while ((pid /= 10) && n < 23);
+  while (n)
+    path[len++] = num[--n];
+  memcpy(path + len, "/stat", 6);
+  if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+    return -1;
+  got = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (got <= 0)
+    return -1;
+  buf[got] = '\0';
+  for (p = NULL, q = buf; (q = strchr(q, ')')); q++)
+    p = q;
+  if (!p || strlen(p) < 5) /* ") S 123" */
+    return -1;
+  for (q = p + 4; *q && *q != ' '; q++)
+    ;
+  *q = '\0';
+  return (pid_t)digits(p + 4);
+}
+
+/* The benchmark's SIGTERM: the supervisor's stop, or its death signal when
+ * the supervisor is gone (SIGKILLed: nothing would stop the benchmark's
+ * gshmd then).  Sends SIGTERM to each child of this process (its gshmd,
+ * client processes, ucx_perftest), then dies by the signal (SA_RESETHAND:
+ * raised again once the handler returns).  Async-signal-safe. */
+static void bench_on_term(int sig) {
+  struct dent64 {
+    unsigned long long ino;
+    long long off;
+    unsigned short reclen;
+    unsigned char type;
+    char name[];
+  } *d;
+  char buf[4096] __attribute__((aligned(8)));
+  pid_t self = getpid();
+  int fd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  long n, pid;
+
+  while (fd >= 0 && (n = syscall(SYS_getdents64, fd, buf, sizeof(buf))) > 0)
+    for (long off = 0; off < n; off += d->reclen) {
+      d = (struct dent64 *)(void *)(buf + off);
+      if ((pid = digits(d->name)) > 0 && parent_of_raw(pid) == self)
+        kill((pid_t)pid, SIGTERM);
+    }
+  if (fd >= 0)
+    close(fd);
+  raise(sig);
+}
+
+/* ---- the supervisor's side ---- */
+
+static int remove_one(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+  (void)st;
+  (void)ftw;
+  (type == FTW_DP ? rmdir : unlink)(path);
+  return 0;
+}
+
+/* Makes the directory the benchmark gets as TMPDIR (sv->tmp; left "" when
+ * it cannot be made: the benchmark then uses the caller's TMPDIR). */
+static void tmp_make(struct supervisor *sv) {
+  const char *t = getenv("TMPDIR");
+
+  snprintf(sv->tmp, sizeof(sv->tmp), "%s/gshm-bench.XXXXXX", t && *t ? t : "/tmp");
+  if (!mkdtemp(sv->tmp))
+    sv->tmp[0] = '\0';
+  else
+    chmod(sv->tmp, 0755); /* as gshm__spawn_init's: other users reach the sockets */
+}
+
 static long long now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -178,6 +288,8 @@ static void supervise(struct supervisor *sv, const sigset_t *waited) {
     stop_children(sv);
   }
   free(sv->sent);
+  if (sv->tmp[0]) /* every child reaped: nothing uses it now */
+    nftw(sv->tmp, remove_one, 16, FTW_DEPTH | FTW_PHYS);
   if (sv->got)
     die_by(sv->got);
   if (WIFSIGNALED(sv->bench_status))
@@ -212,19 +324,27 @@ int bench_supervise(void) {
   }
   if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
     return -errno;
+  tmp_make(&sv);
   sigprocmask(SIG_BLOCK, &waited, &old);
   sv.bench = fork();
   if (sv.bench < 0) {
     int e = -errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
     prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+    if (sv.tmp[0])
+      rmdir(sv.tmp);
     return e;
   }
   if (sv.bench == 0) {
+    struct sigaction term = {.sa_handler = bench_on_term, .sa_flags = SA_RESETHAND};
+    if (sv.tmp[0])
+      setenv("TMPDIR", sv.tmp, 1);
     sigaction(SIGCHLD, &chld, NULL);
+    sigaction(SIGTERM, &term, NULL);
     sigprocmask(SIG_SETMASK, &old, NULL);
     /* the supervisor has one thread (the one that forked), so its death
-     * signal is its exit: SIGKILLed, the benchmark stops too */
+     * signal is its exit: SIGKILLed, the benchmark stops too, and its
+     * children with it (bench_on_term) */
     prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);
     if (getppid() != parent)
       _exit(128 + SIGTERM);

@@ -1384,6 +1384,8 @@ static json_t *pulled_json(const gshm_pull_result_t *r) {
   return o;
 }
 
+#define PULL_PEER_CAP 64 /* bytes of a peer's name, its NUL included */
+
 /* The summary of a set pull (--prefix). */
 static int pulled_set(const char *peer, const char *prefix, const gshm_pull_result_t *v,
                       size_t n) {
@@ -1424,47 +1426,46 @@ static int pulled_set(const char *peer, const char *prefix, const gshm_pull_resu
   return EXIT_OK;
 }
 
-static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
+/* pull's options and PEER:NAME (argv[optind]), checked: po filled in,
+ * *prefix_out for --prefix, *colon_out at the ':' of PEER:NAME.  Returns 0
+ * or the exit status of a usage error (printed). */
+static int pull_args(int argc, char **argv, gshm_pull_opts_t *po, bool *prefix_out,
+                     const char **colon_out) {
   static const struct option opts[] = {{"as", required_argument, NULL, 'a'},
                                        {"location", required_argument, NULL, 'l'},
                                        {"mode", required_argument, NULL, 'm'},
                                        {"prefix", no_argument, NULL, 'p'},
                                        {"replace", no_argument, NULL, 'r'},
                                        {NULL, 0, NULL, 0}};
-  gshm_pull_opts_t po = {0};
-  gshm_pull_result_t r, *v = NULL;
-  static char esc[SHOWN_CAP];
-  char peer[64], sz[32];
   const char *colon;
-  size_t n = 0;
-  int o, e, rc;
-  bool bar, prefix = false;
+  bool prefix = false;
+  int o;
 
   optind = 0;
   while ((o = getopt_long(argc, argv, ":a:l:m:pr", opts, NULL)) != -1) {
     switch (o) {
     case 'a':
-      po.local_name = optarg;
+      po->local_name = optarg;
       break;
     case 'l':
-      po.location = optarg;
+      po->location = optarg;
       break;
     case 'm':
-      if (parse_mode("pull", optarg, &po.mode))
+      if (parse_mode("pull", optarg, &po->mode))
         return EXIT_USAGE;
       break;
     case 'p':
       prefix = true;
       break;
     case 'r':
-      po.replace = 1;
+      po->replace = 1;
       break;
     default:
       return bad_option("pull", o, argv);
     }
   }
   if (argc - optind != 1 || !(colon = strchr(argv[optind], ':')) || colon == argv[optind] ||
-      (!colon[1] && !prefix) || (size_t)(colon - argv[optind]) >= sizeof(peer)) {
+      (!colon[1] && !prefix) || (size_t)(colon - argv[optind]) >= PULL_PEER_CAP) {
     return errorf(EXIT_USAGE, -EINVAL,
                   "usage: pull PEER:NAME [--as LOCAL] [--prefix] [--replace] [--location LOC] "
                   "[--mode MODE]");
@@ -1475,12 +1476,68 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
                   colon + 1);
   /* The local prefix replaces the peer's verbatim: "--as v2" for
    * "llama/" would make "v2seg-000001", not "v2/seg-000001". */
-  if (prefix && colon[1] && colon[strlen(colon) - 1] == '/' && po.local_name &&
-      *po.local_name && po.local_name[strlen(po.local_name) - 1] != '/')
+  if (prefix && colon[1] && colon[strlen(colon) - 1] == '/' && po->local_name &&
+      *po->local_name && po->local_name[strlen(po->local_name) - 1] != '/')
     return errorf(EXIT_USAGE, -EINVAL,
                   "pull: --as '%s' does not end in '/' as '%s' does: each local name would "
                   "be '%s' and the rest of the peer's name, with no '/' between; write "
-                  "--as '%s/'", po.local_name, colon + 1, po.local_name, po.local_name);
+                  "--as '%s/'", po->local_name, colon + 1, po->local_name, po->local_name);
+  *prefix_out = prefix;
+  *colon_out = colon;
+  return 0;
+}
+
+/* The progress bar at its end, after a pull that succeeded (progress
+ * comes at most every 200 ms): one segment r, or the n of a set pull v. */
+static void pull_bar_end(bool prefix, const gshm_pull_result_t *r, const gshm_pull_result_t *v,
+                         size_t n) {
+  gshm_pull_progress_t end = {.elapsed_ns = prefix ? (n ? v[0].elapsed_ns : 0) : r->elapsed_ns,
+                              .segments_done = prefix ? (uint32_t)n : 1,
+                              .segments_total = prefix ? (uint32_t)n : 1};
+
+  for (size_t i = 0; i < (prefix ? n : 1); i++)
+    end.bytes_done += prefix ? v[i].bytes : r->bytes;
+  end.bytes_total = end.bytes_done;
+  pull_progress_bar(&end, &prefix);
+}
+
+/* The result of a one-segment pull of the peer's `name`. */
+static int pulled_one(const gshm_pull_result_t *r, const char *name) {
+  static char esc[SHOWN_CAP];
+  char sz[32];
+
+  if (json_out) {
+    json_t *doc = json_doc(), *one = pulled_json(r);
+    json_object_update(doc, one);
+    json_decref(one);
+    json_object_set_new(doc, "seconds", json_real((double)r->elapsed_ns / 1e9));
+    json_object_set_new(doc, "gb_per_s",
+                        json_real(r->elapsed_ns ? (double)r->bytes / (double)r->elapsed_ns : 0));
+    return print_json(doc);
+  }
+  printf("pulled %s:%s into '%s' (id %" PRIu64 "): %s in %.3f s, %.2f GB/s, path %s (%s)\n",
+         r->peer, name, r->segment.name, r->segment.id,
+         gshm__format_size(r->bytes, sz, sizeof(sz)), (double)r->elapsed_ns / 1e9,
+         r->elapsed_ns ? (double)r->bytes / (double)r->elapsed_ns : 0, r->path, r->path_reason);
+  /* a copy of a copy (or relayed): where it came from first */
+  if (r->relayed || strncmp(r->segment.source, r->peer, strlen(r->peer)) ||
+      r->segment.source[strlen(r->peer)] != ':')
+    printf("  %sfirst from %s\n", r->relayed ? "relayed (the peer was still pulling it), " : "",
+           shown(r->segment.source, esc));
+  return EXIT_OK;
+}
+
+static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
+  gshm_pull_opts_t po = {0};
+  gshm_pull_result_t r, *v = NULL;
+  char peer[PULL_PEER_CAP];
+  const char *colon = NULL;
+  size_t n = 0;
+  int e, rc;
+  bool bar, prefix = false;
+
+  if ((rc = pull_args(argc, argv, &po, &prefix, &colon)))
+    return rc;
   if (!c)
     return EXIT_OK;
   snprintf(peer, sizeof(peer), "%.*s", (int)(colon - argv[optind]), argv[optind]);
@@ -1492,15 +1549,8 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
   e = prefix ? gshm_pull_prefix(c, peer, colon + 1, &po, &v, &n)
              : gshm_pull(c, peer, colon + 1, &po, &r);
   if (bar) {
-    if (!e) { /* the bar at its end (progress comes at most every 200 ms) */
-      gshm_pull_progress_t end = {.elapsed_ns = prefix ? (n ? v[0].elapsed_ns : 0) : r.elapsed_ns,
-                                  .segments_done = prefix ? (uint32_t)n : 1,
-                                  .segments_total = prefix ? (uint32_t)n : 1};
-      for (size_t i = 0; i < (prefix ? n : 1); i++)
-        end.bytes_done += prefix ? v[i].bytes : r.bytes;
-      end.bytes_total = end.bytes_done;
-      pull_progress_bar(&end, &prefix);
-    }
+    if (!e)
+      pull_bar_end(prefix, &r, v, n);
     fputc('\n', stderr);
   }
   if (e && strcmp(gshm_last_error(c), GSHM_LOST_GSHMD_TEXT)) { /* gshmd's answer: as its log */
@@ -1511,30 +1561,11 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
   }
   if (e)
     return fail(c, "pull", e);
-  if (prefix) {
-    rc = pulled_set(peer, colon + 1, v, n);
-    gshm_free(v);
-    return rc;
-  }
-  if (json_out) {
-    json_t *doc = json_doc(), *one = pulled_json(&r);
-    json_object_update(doc, one);
-    json_decref(one);
-    json_object_set_new(doc, "seconds", json_real((double)r.elapsed_ns / 1e9));
-    json_object_set_new(doc, "gb_per_s",
-                        json_real(r.elapsed_ns ? (double)r.bytes / (double)r.elapsed_ns : 0));
-    return print_json(doc);
-  }
-  printf("pulled %s:%s into '%s' (id %" PRIu64 "): %s in %.3f s, %.2f GB/s, path %s (%s)\n",
-         r.peer, colon + 1, r.segment.name, r.segment.id,
-         gshm__format_size(r.bytes, sz, sizeof(sz)), (double)r.elapsed_ns / 1e9,
-         r.elapsed_ns ? (double)r.bytes / (double)r.elapsed_ns : 0, r.path, r.path_reason);
-  /* a copy of a copy (or relayed): where it came from first */
-  if (r.relayed || strncmp(r.segment.source, r.peer, strlen(r.peer)) ||
-      r.segment.source[strlen(r.peer)] != ':')
-    printf("  %sfirst from %s\n", r.relayed ? "relayed (the peer was still pulling it), " : "",
-           shown(r.segment.source, esc));
-  return EXIT_OK;
+  if (!prefix)
+    return pulled_one(&r, colon + 1);
+  rc = pulled_set(peer, colon + 1, v, n);
+  gshm_free(v);
+  return rc;
 }
 
 /* Runs verb on c; with c NULL (verbs that take arguments only), checks the

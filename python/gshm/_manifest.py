@@ -38,8 +38,8 @@ from ._dtypes import dtype as _to_dtype
 from ._safetensors import _json_list
 
 __all__ = ["FORMAT", "VERSION", "ManifestError", "StaleManifest", "manifest_name",
-           "segment_prefix", "encode", "decode", "tensor_extent", "write", "read",
-           "open_segments", "unlink_prefix", "parse_source"]
+           "segment_prefix", "encode", "decode", "tensor_extent", "torch_dtypes", "write",
+           "read", "open_segments", "unlink_prefix", "parse_source"]
 
 FORMAT = "gshm.torch.pool"
 VERSION = 1
@@ -60,6 +60,11 @@ MAX_ENTRIES = 1 << 18
 MAX_BYTES = 256 * MAX_ENTRIES
 MAX_CONTAINERS = 4 * MAX_ENTRIES + (1 << 16)
 MAX_DIMS = 64  # dimensions of one tensor (weights have a few)
+# Digits of one integer literal: 20 hold any u64 (the largest value a
+# manifest holds).  int() of a literal is quadratic in its length, and
+# Python before 3.11 has no sys.set_int_max_str_digits limit: a manifest of
+# one 64 MiB literal would take hours there.
+MAX_INT_DIGITS = 20
 _I64 = (1 << 63) - 1  # what torch takes as a size, stride or offset
 _U64 = (1 << 64) - 1  # the daemon's ids and generations
 
@@ -94,6 +99,27 @@ def tensor_extent(offset, itemsize, shape, strides):
         return offset
     last = sum((d - 1) * s for d, s in zip(shape, strides))
     return offset + (last + 1) * itemsize
+
+
+def torch_dtypes(doc, torch):
+    """{dtype name: torch.dtype} for every entry of a checked manifest, taken
+    from the torch module given (gshm.torch passes the installed one).
+    Raises ManifestError naming the first entry whose dtype gshm knows but
+    this torch lacks (float8_e4m3fn before torch 2.1), so that attach()
+    refuses it before mapping anything."""
+    out = {}
+    for where in ("tensors", "buffers"):
+        for k, e in doc[where].items():
+            name = e["dtype"]
+            if name in out:
+                continue
+            t = getattr(torch, name, None)
+            if not isinstance(t, torch.dtype):
+                raise ManifestError("gshm: manifest %s entry %r has dtype %s, which this torch "
+                                    "(%s) lacks" % (where[:-1], k, name,
+                                                    getattr(torch, "__version__", "?")))
+            out[name] = t
+    return out
 
 
 def _json_in(v, hi):
@@ -218,6 +244,16 @@ def _segments(v):
     return out
 
 
+def _json_int_literal(text):
+    """json.loads' parse_int: the literal as an int, unless it has more
+    digits than MAX_INT_DIGITS (ManifestError, before int() is asked)."""
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise ManifestError("gshm: manifest has an integer of %d digits, more than %d"
+                            % (digits, MAX_INT_DIGITS))
+    return int(text)
+
+
 def _parse(js):
     """The manifest's JSON (bytes-like, the length field checked), parsed
     and checked.  Raises ManifestError."""
@@ -228,7 +264,9 @@ def _parse(js):
         raise ManifestError("gshm: manifest has more objects and arrays than %d entries "
                             "need (%d containers at most)" % (MAX_ENTRIES, MAX_CONTAINERS))
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = json.loads(raw.decode("utf-8"), parse_int=_json_int_literal)
+    except ManifestError:
+        raise
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # nesting too deep
         raise ManifestError("gshm: manifest is not JSON: %s" % e) from None
     del raw
@@ -267,7 +305,8 @@ def decode(data):
     shape, strides and offset within int64, no more elements than its
     segment could hold, its bytes inside the segment it names.  Raises
     ManifestError (naming the entry), also for a manifest past MAX_BYTES,
-    MAX_ENTRIES or MAX_CONTAINERS, refused before it is parsed."""
+    MAX_ENTRIES or MAX_CONTAINERS, refused before it is parsed, or with an
+    integer literal of more than MAX_INT_DIGITS digits."""
     data = memoryview(data).cast("B")
     if len(data) < 8:
         raise ManifestError("gshm: manifest too short (%d bytes)" % len(data))

@@ -376,9 +376,11 @@ def attach(client: Client, prefix: str, device: Any = None, access: str = "r") -
     `client.pull(peer, "llama/", prefix=True)`) attaches the same way: the
     manifest is resolved to the local copies (gshm._manifest).
     Raises gshm.NotFound when nothing is published under prefix,
-    ManifestError for a manifest that is not gshm's, StaleManifest when a
-    segment is gone or was created again since publish."""
+    ManifestError for a manifest that is not gshm's or names a dtype this
+    torch lacks (before anything is mapped), StaleManifest when a segment
+    is gone or was created again since publish."""
     man = _manifest.read(client, prefix)
+    tdts = _manifest.torch_dtypes(man, _torch)
     segs = _manifest.open_segments(client, man, access)
     try:
         dev = _device_for(man, device, segs)
@@ -399,7 +401,7 @@ def attach(client: Client, prefix: str, device: Any = None, access: str = "r") -
             return made[key]
 
         def _view(e):
-            tdt = getattr(_torch, e["dtype"])
+            tdt = tdts[e["dtype"]]
             itemsize = _to_dtype(e["dtype"]).itemsize
             end = _manifest.tensor_extent(e["offset"], itemsize, e["shape"], e["strides"])
             span = max(end - e["offset"], 0)

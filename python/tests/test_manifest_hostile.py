@@ -123,6 +123,23 @@ def test_segment_count_capped():
         _manifest.decode(_bytes(_doc(segments=segs)))
 
 
+def test_integer_literal_length_capped():
+    """An integer literal longer than any u64 is refused while parsing,
+    wherever it stands (an unknown key too): int() of one is quadratic,
+    unbounded before Python 3.11.  The old reader took a 4,000-digit one
+    (under 3.11's 4,300-digit limit) and refused a long offset only as out
+    of range, after converting it.  A u64 of 20 digits is still taken."""
+    longest = str((1 << 64) - 1)
+    assert len(longest) == 20
+    segs = {SEG: {"id": int(longest), "generation": 1, "size": 4096}}
+    assert _manifest.decode(_bytes(_doc(segments=segs)))["segments"][SEG]["id"] == int(longest)
+    for js in (_bytes(_doc(extra=0))[8:].replace(b'"extra":0', b'"extra":' + b"7" * 4000),
+               _bytes(_doc(extra=0))[8:].replace(b'"extra":0', b'"extra":-' + b"7" * 21),
+               _bytes(_doc(segments=segs))[8:].replace(longest.encode(), longest.encode() + b"0")):
+        with pytest.raises(_manifest.ManifestError, match=r"integer of \d+ digits, more than 20"):
+            _manifest.decode(struct.pack("<Q", len(js)) + js)
+
+
 # A reader in a process of its own: its peak RSS before and after read()
 # (VmHWM, of this process's memory alone: ru_maxrss keeps the peak of the
 # pytest process it was forked from across exec).

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import struct
+import types
 
 import pytest
 
@@ -110,6 +111,33 @@ def test_manifest_encode_checks():
         _manifest.encode("x", segs, {"w": _entry("p/seg-000000", 0, "float32", (17,), (1,))})
     with pytest.raises(TypeError):
         _manifest.encode("x", segs, {}, metadata={"k": 1})
+
+
+def test_manifest_dtype_this_torch_lacks():
+    """A manifest naming a dtype gshm knows that the installed torch lacks
+    (float8_e4m3fn before torch 2.1): attach() raised a bare AttributeError
+    from getattr(torch, name) after mapping; now ManifestError naming the
+    entry and the dtype, before anything is opened.  A stand-in module
+    plays that older torch here (no torch needed); role_limits in
+    test_torch_pool_gpu.py deletes the attribute from the real one."""
+    class dtype(object):
+        pass
+    older = types.ModuleType("torch")
+    older.__version__ = "2.0.1"
+    older.dtype = dtype
+    older.float32 = dtype()
+    older.float8_e4m3fn = len  # an attribute of that name, but no dtype
+    segs = {"p/seg-000000": {"id": 3, "generation": 1, "size": 4096}}
+    m = _manifest.decode(_manifest.encode("cuda:GPU-x", segs, {
+        "w": _entry("p/seg-000000"),
+        "w_scale": _entry("p/seg-000000", 64, "float8_e4m3fn", (8,), (1,))}))
+    with pytest.raises(_manifest.ManifestError,
+                       match=r"tensor entry 'w_scale' has dtype float8_e4m3fn, which this "
+                             r"torch \(2.0.1\) lacks"):
+        _manifest.torch_dtypes(m, older)
+    older.float8_e4m3fn = dtype()
+    got = _manifest.torch_dtypes(m, older)
+    assert got == {"float32": older.float32, "float8_e4m3fn": older.float8_e4m3fn}
 
 
 # ---------------------------------------- manifests against real segments

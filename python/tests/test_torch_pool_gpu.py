@@ -306,6 +306,20 @@ def role_limits(sock, out_dir):
     res["attach_tied_is_one_tensor"] = sd["w_tied"] is sd["w"]
     res["attach_strided_view"] = (tuple(sd["w_t"].stride()) == (1, 1024)
                                   and sd["w_t"].data_ptr() == sd["w"].data_ptr())
+    # a dtype gshm knows that this torch lacks (float8 before torch 2.1):
+    # gshm's ManifestError naming the entry, not a bare AttributeError
+    f8 = getattr(torch, "float8_e4m3fn", None)
+    if f8 is not None:
+        pool4.publish({"w8": w4.view(f8)}, {"of": "w8"})
+        del torch.float8_e4m3fn
+        try:
+            gt.attach(c, "torchtest/stale", device=0)
+            res["missing_dtype_refused"] = False
+        except gt.ManifestError as e:
+            res["missing_dtype_refused"] = "'w8'" in str(e) and "float8_e4m3fn" in str(e)
+        finally:
+            torch.float8_e4m3fn = f8
+        pool4.publish({"w": w4, "w_tied": w4, "w_t": w4.view(1024, 1024).t()})
     del sd
     c.unlink(seg0)
     c.create(seg0, 2 * MiB, location=gshm.location_of_device(0)).close()

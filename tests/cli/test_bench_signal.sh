@@ -4,7 +4,9 @@
 # started (its own gshmd, its client processes) is gone when it exits, and
 # it dies by the signal ($? 128 + the signal).  A SIGHUP it was started with ignored (nohup)
 # stays ignored.  Found: `gshm-bench control` killed by SIGTERM left its
-# gshmd and its clients running.
+# gshmd and its clients running.  Nor is any temporary directory it made
+# (its gshmd's, under TMPDIR) left behind.  SIGKILLed, it cannot clean up,
+# but its gshmd and clients still end (they were left running under init).
 #
 # usage: test_bench_signal.sh GSHM_BENCH GSHMD
 set -u
@@ -72,7 +74,7 @@ round() {
   fi
   pid=$!
   for _ in $(seq 400); do
-    sock=$(ls "$dir"/gshm.*/gshmd.sock 2>/dev/null | head -1)
+    sock=$(ls "$dir"/gshm.*/gshmd.sock "$dir"/gshm-bench.*/gshm.*/gshmd.sock 2>/dev/null | head -1)
     n=0
     for p in $(tree "$pid"); do
       read -r c <"/proc/$p/comm" 2>/dev/null && [ "$c" = gshm-bench ] && n=$((n + 1))
@@ -92,6 +94,14 @@ round() {
   wait "$pid"
   rc=$?
   [ "$rc" = "$want" ] || fail "SIG$sig${ignore:+ (HUP ignored)}: exit $rc, want $want"
+  if [ "$sig" = KILL ]; then # its processes end after it, not before: give them 10 s
+    for _ in $(seq 200); do
+      n=0
+      for p in $pids; do alive "$p" && n=$((n + 1)); done
+      [ "$n" = 0 ] && break
+      sleep 0.05
+    done
+  fi
   for p in $pids; do
     if alive "$p"; then
       fail "SIG$sig: process $p ($(tr '\0' ' ' <"/proc/$p/cmdline")) outlived gshm-bench"
@@ -101,13 +111,16 @@ round() {
   p=$(named_pids)
   [ -z "$p" ] || fail "SIG$sig: still running with $dir: $p"
   for p in $(named_pids); do kill -9 "$p" 2>/dev/null; done
-  rm -rf "$dir"/gshm.*
+  p=$(ls -A "$dir" | grep -vx -e out -e err)
+  [ "$sig" = KILL ] || [ -z "$p" ] || fail "SIG$sig: left in its TMPDIR: $p"
+  rm -rf "$dir"/gshm.* "$dir"/gshm-bench.*
 }
 
 round TERM 143
 round INT 130
 round HUP 129
 round HUP 143 ignored
+round KILL 137
 
 # Python's view of the same stop: a death by SIGTERM (returncode -15), not
 # an exit 143 (bash ends a loop at a ^C only for a death); and started with
@@ -123,7 +136,7 @@ ok = True
 p = subprocess.Popen(args + ["--duration", "120"], env=env, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL)
 for _ in range(400):
-    if glob.glob(d + "/gshm.*/gshmd.sock"):
+    if glob.glob(d + "/gshm.*/gshmd.sock") + glob.glob(d + "/gshm-bench.*/gshm.*/gshmd.sock"):
         break
     time.sleep(0.05)
 time.sleep(0.3)
@@ -145,6 +158,8 @@ if rc != 0:
     ok = False
 sys.exit(0 if ok else 1)
 PY
+p=$(ls -A "$dir" | grep -vx -e out -e err)
+[ -z "$p" ] || fail "the python runs left in their TMPDIR: $p"
 
 [ "$failures" = 0 ] && echo "all checks passed"
 exit $((failures > 0))

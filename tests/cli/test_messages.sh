@@ -382,16 +382,37 @@ if [ "$(id -u)" = 0 ]; then
 fi
 kill $qpid; wait $qpid 2>/dev/null
 
+# usage_error WANT ARGS...: gshm-bench ARGS exits 2 (a usage error), WANT
+# in its stderr
+usage_error() {
+  local want=$1 rc
+  shift
+  timeout 20 "$bench" "$@" >"$dir/out" 2>"$dir/err"
+  rc=$?
+  [ $rc = 2 ] || fail "gshm-bench $*: exit $rc, want 2 ($(tail -2 "$dir/err"))"
+  has err "$want"
+}
 # gshm-bench's numeric options: a value that is no integer, or below
 # the option's least, is a usage error naming the option ("--iters abc"
 # ran once, "--runs x" measured nothing)
 for args in "pull --iters abc" "pull --fanout 2x" "attach --runs x" "attach --device -1" \
             "control --repeat 0" "seal --reps z" "copy --reps -3" "broadcast --gpus two"; do
   set -- $args
-  timeout 20 "$bench" "$@" >"$dir/out" 2>"$dir/err"
-  rc=$?
-  [ $rc = 2 ] || fail "gshm-bench $args: exit $rc, want 2 ($(tail -2 "$dir/err"))"
-  has err "gshm-bench $1: $2 takes an integer"
+  usage_error "gshm-bench $1: $2 takes an integer" "$@"
+done
+# an option given twice is a usage error naming it: the second value
+# silently replaced the first ("--set 4x1M --set 8x1M" ran 8x1M); those
+# that repeat (--gshmd-set, --size) still do
+for args in "pull --set 4x1M --set 8x1M" "pull --iters=2 --iters 3" "attach --runs 2 --runs 3" \
+            "control --duration 1 --duration 2" "seal --reps 3 --reps 4" \
+            "copy --max 1M --max 2M" "broadcast --methods a --methods b"; do
+  set -- $args
+  usage_error "gshm-bench $1: ${2%%=*} given twice" "$@"
+done
+usage_error "gshm-bench pull: --model and --set both given" pull --model 2x64 --set 4x1M
+for args in "pull --gshmd-set a=1 --gshmd-set b=2 --help" "attach --size 2M --size 4M --help"; do
+  timeout 20 "$bench" $args >"$dir/out" 2>"$dir/err" \
+    || fail "gshm-bench $args: exit $?, want 0 ($(tail -2 "$dir/err"))"
 done
 
 # --split is a shape of three copies: with another --fanout a usage error
