@@ -184,9 +184,9 @@ static int receive_one(struct lane *ln) {
   pthread_mutex_unlock(&ln->mu);
   if ((e = gshmd__lane_read_begin(ln->st.fd, h, sizeof(*h), &ln->frame_ns)))
     return e;
-  if (h->kind != FRAME_DATA || h->len == 0)
-    return -EPROTO;
-  if (gshmd__landing_claim(ln->landings, h->request_id, h->offset, h->len, (void **)&rx->dst,
+  /* (a frame of no byte, or not data, answers no request either) */
+  if (h->kind != FRAME_DATA || h->len == 0 ||
+      gshmd__landing_claim(ln->landings, h->request_id, h->offset, h->len, (void **)&rx->dst,
                            &rx->tok)) {
     ln->stray = true;
     return -EPROTO; /* nothing was claimed */

@@ -2,6 +2,7 @@
 /* What the cluster tests share (nodes.h). */
 #include "nodes.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -280,3 +282,25 @@ void peers_monitor_start(struct peers_monitor *m, struct node *n, const atomic_b
 }
 
 void peers_monitor_join(struct peers_monitor *m) { pthread_join(m->t, NULL); }
+
+uint64_t node_memfd_bytes(pid_t pid, const char *label) {
+  char dir[64], path[320], link[256];
+  uint64_t sum = 0;
+  struct dirent *d;
+  DIR *dp;
+
+  snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+  assert_non_null(dp = opendir(dir));
+  while ((d = readdir(dp))) {
+    struct stat st;
+    ssize_t n;
+    snprintf(path, sizeof(path), "%s/%s", dir, d->d_name);
+    if ((n = readlink(path, link, sizeof(link) - 1)) <= 0)
+      continue;
+    link[n] = '\0';
+    if (strstr(link, label) && stat(path, &st) == 0)
+      sum += (uint64_t)st.st_blocks * 512;
+  }
+  closedir(dp);
+  return sum;
+}

@@ -94,6 +94,11 @@ struct peers_monitor {
 };
 void peers_monitor_start(struct peers_monitor *m, struct node *n, const atomic_bool *stop);
 void peers_monitor_join(struct peers_monitor *m);
+/* Bytes of memory allocated to the memfds that process pid holds whose
+ * link in /proc/PID/fd contains label ("memfd:gshm:pull": pulls' fresh or
+ * recycled ones; "memfd:gshm:": every segment's): their blocks, whoever
+ * maps them. */
+uint64_t node_memfd_bytes(pid_t pid, const char *label);
 /* CLOCK_MONOTONIC in milliseconds. */
 int64_t now_ms(void);
 /* The slowest of n stats of segment `name` by a local client, in

@@ -25,7 +25,6 @@
  * Each failed set leaves nothing (no segment, hidden or not, no bytes). */
 #include <errno.h>
 #include <pthread.h>
-#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -35,7 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -234,30 +232,6 @@ static void test_prefault_capped(void **state) {
   gshm_disconnect(p);
 }
 
-/* Bytes of memory allocated to the memfds of pulls (fresh or recycled)
- * that gshmd pid holds: their blocks, whoever maps them. */
-static uint64_t pull_memfd_bytes(pid_t pid) {
-  char dir[64], path[320], target[256];
-  uint64_t sum = 0;
-  struct dirent *d;
-  DIR *dp;
-
-  snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
-  assert_non_null(dp = opendir(dir));
-  while ((d = readdir(dp))) {
-    struct stat st;
-    ssize_t n;
-    snprintf(path, sizeof(path), "%s/%s", dir, d->d_name);
-    if ((n = readlink(path, target, sizeof(target) - 1)) <= 0)
-      continue;
-    target[n] = '\0';
-    if (strstr(target, "memfd:gshm:pull") && stat(path, &st) == 0)
-      sum += (uint64_t)st.st_blocks * 512;
-  }
-  closedir(dp);
-  return sum;
-}
-
 /* With daemon.host_populate = true, a peer lists LISTED host segments (1
  * GiB) and answers none of their grant requests: their memory is not
  * allocated before the bytes come (prefault off: none of it; the old
@@ -289,7 +263,7 @@ static void test_populate_listed(void **state) {
       held[nheld++] = m->request_id;
     if (m)
       gshm__cluster__msg__free_unpacked(m, NULL);
-    if ((b = pull_memfd_bytes(Q.h.sp.pid)) > most)
+    if ((b = node_memfd_bytes(Q.h.sp.pid, "memfd:gshm:pull")) > most)
       most = b;
   }
   printf("populate on, listed %llu MiB of host segments, no grant: %llu MiB allocated\n",
