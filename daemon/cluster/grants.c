@@ -26,6 +26,8 @@
 void gshmd__pull_set_start_grants(struct pull_set *s) {
   struct gshmd_cluster *cl = s->cl;
 
+  if (!s->active && s->retry_ns && gshm__now_ns(CLOCK_MONOTONIC) < s->retry_ns)
+    return; /* (refused busy with nothing open: a moment first) */
   while (!s->err && s->active < s->window && (s->retry || s->next_start < s->n) &&
          s->peer->grants_out < LINK_MAX_GRANTS) {
     struct pull *p = s->retry ? s->retry : s->items[s->next_start];
@@ -48,15 +50,25 @@ void gshmd__pull_set_start_grants(struct pull_set *s) {
   }
 }
 
-/* The peer refused p's grant as busy (it caps grants per link, e.g.
- * staged ones) while other segments of the set hold grants: p waits for
- * one of them to close, and the set asks no more at once than it holds
- * now.  Returns false when nothing else is open (a real failure). */
+/* The peer refused p's grant as busy (it caps grants per link, staged
+ * ones by their bytes; a grant it still counts until its last send ends,
+ * after this node closed it): p waits for one of the set's open ones to
+ * close, and the set asks no more at once than it holds now; with none
+ * open, it asks again after GRANT_BUSY_RETRY_NS (set_reap: the next
+ * progress, or the sweep's second).  Returns false, a real failure, once
+ * the set was refused so for a whole cluster.request_timeout_ms. */
+#define GRANT_BUSY_RETRY_NS (20 * 1000000LL)
 bool gshmd__pull_grant_later(struct pull *p) {
   struct pull_set *s = p->s;
+  int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
 
-  if (s->active <= 1)
-    return false;
+  if (s->active <= 1) {
+    if (!s->busy_since_ns)
+      s->busy_since_ns = now;
+    if (now - s->busy_since_ns > s->cl->ll.request_timeout_ns)
+      return false;
+    s->retry_ns = now + GRANT_BUSY_RETRY_NS;
+  }
   s->active--;
   s->peer->grants_out--;
   gshmd__pull_unpin(p);
@@ -64,7 +76,7 @@ bool gshmd__pull_grant_later(struct pull *p) {
     gshm_log_info("cluster: peer '%s' is busy: the pull of '%s' waits for its grants to end "
                   "before it asks more",
                   s->peer->name, s->name);
-  s->window = s->active;
+  s->window = s->active ? s->active : 1;
   p->started = false;
   p->next_retry = NULL;
   *s->retry_tail = p;

@@ -575,6 +575,8 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
   p->req_pending = false;
   if (err == -EBUSY && !s->err && gshmd__pull_grant_later(p))
     return;
+  if (!err)
+    s->busy_since_ns = s->retry_ns = 0;
   if (err) {
     char msg[GSHMD_PEER_ERROR_LEN];
     pull_fail(p, err, "%s", gshmd__peer_error(req, err, m, why, msg, sizeof(msg)));

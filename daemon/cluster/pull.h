@@ -128,6 +128,8 @@ struct pull_set {
   unsigned window;            /* grants held or asked at once: GRANTS_AHEAD, less for a
                                  peer that said it is busy */
   struct pull *retry, **retry_tail; /* segments to ask again, in order */
+  int64_t busy_since_ns;      /* refused busy with nothing of the set open, since (0: not) */
+  int64_t retry_ns;           /* ... and asks again from then (CLOCK_MONOTONIC) */
   unsigned inflight;          /* chunks in flight, all items */
   unsigned pf_jobs;           /* prefault.c pieces on the pool, all items: it does not end meanwhile */
   uint64_t total, done;       /* bytes */

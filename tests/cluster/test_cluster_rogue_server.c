@@ -336,8 +336,10 @@ static unsigned set_refused_after_listing(const struct lie *l, int want, const c
 }
 
 /* A peer that refuses every grant of a set as busy (the answer a serving
- * gshmd gives past its grants per link, or staged ones): the set fails
- * with -EBUSY naming the peer, nothing is left, within the test's 30 s.
+ * gshmd gives past its grants per link, or staged ones): the set asks
+ * again (the busy state of an honest peer passes) for P's request
+ * timeout (STALL_S), then fails with -EBUSY naming the peer, nothing
+ * left, within the test's 30 s.
  * Before, the set failed at its last refusal and then closed the
  * segments waiting to be asked again, each one counted off its open
  * ones a second time: the count wrapped below zero and the pull never
