@@ -108,6 +108,18 @@ def _json_count(v):
     return v
 
 
+MAX_INT_DIGITS = 20  # a u64's: the longest integer a header may hold
+
+
+def _json_int(text):
+    """json.loads' parse_int: the literal as an int, unless it has more
+    digits than MAX_INT_DIGITS (ValueError before int() is asked: int() of
+    a long literal is quadratic, unbounded before Python 3.11)."""
+    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
+        raise ValueError("an integer of %d digits, more than %d" % (len(text), MAX_INT_DIGITS))
+    return int(text)
+
+
 def parse(read, size, aligned=True):
     """Reads a layout back.  read(offset, n) returns n bytes of the segment;
     size is the segment's size.  Returns (metadata, entries) like plan's.
@@ -122,7 +134,7 @@ def parse(read, size, aligned=True):
     if n > size - 8 or n > 100 << 20:
         raise ValueError("gshm: safetensors header length %d does not fit the segment" % n)
     try:
-        doc = json.loads(bytes(read(8, n)).decode("utf-8"))
+        doc = json.loads(bytes(read(8, n)).decode("utf-8"), parse_int=_json_int)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:  # nesting too deep
         raise ValueError("gshm: bad safetensors header: %s" % err) from None
     if not isinstance(doc, dict):

@@ -221,3 +221,24 @@ def test_safetensors_shape_torch_cannot_take(shape, nbytes):
     read, size = _st(shape, nbytes)
     with pytest.raises(ValueError, match="'a'"):
         _safetensors.parse(read, size)
+
+
+def test_safetensors_integer_literal_length_capped():
+    """A safetensors header's integer literal longer than any u64 is
+    refused while parsing, as a manifest's is (the old parser converted a
+    4,000-digit one, quadratic before Python 3.11); 20 digits still parse
+    (and are then out of the segment)."""
+    read, size = _st([4], 16)
+    data = read(0, size)
+    js = data[8:8 + struct.unpack("<Q", data[:8])[0]]
+    for lit in (b"7" * 4000, b"-" + b"7" * 21):
+        bad = js.replace(b'"data_offsets": [0, 16]', b'"data_offsets": [0, 16], "x": ' + lit)
+        bad += b" " * (-len(bad) % 8)
+        blob = struct.pack("<Q", len(bad)) + bad + bytes(16)
+        with pytest.raises(ValueError, match=r"integer of \d+ digits, more than 20"):
+            _safetensors.parse(lambda off, n: blob[off:off + n], len(blob))
+    ok = js.replace(b"[0, 16]", b"[0, 18446744073709551615]")
+    ok += b" " * (-len(ok) % 8)
+    blob = struct.pack("<Q", len(ok)) + ok + bytes(16)
+    with pytest.raises(ValueError, match="offsets"):
+        _safetensors.parse(lambda off, n: blob[off:off + n], len(blob))
