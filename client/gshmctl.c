@@ -1384,13 +1384,14 @@ static json_t *pulled_json(const gshm_pull_result_t *r) {
   return o;
 }
 
-/* The summary of a set pull (--prefix). */
-static int pulled_set(const char *peer, const char *prefix, const gshm_pull_result_t *v,
-                      size_t n) {
+/* The summary of a set pull (--prefix); as: the local prefix (--as), or
+ * NULL. */
+static int pulled_set(const char *peer, const char *prefix, const char *as,
+                      const gshm_pull_result_t *v, size_t n) {
   uint64_t bytes = 0;
   double sec = n ? (double)v[0].elapsed_ns / 1e9 : 0;
   unsigned paths[3] = {0}, relayed = 0;
-  char sz[32], rel[128] = "";
+  char sz[32], rel[128] = "", where[300] = "";
 
   for (size_t i = 0; i < n; i++) {
     bytes += v[i].bytes;
@@ -1417,9 +1418,11 @@ static int pulled_set(const char *peer, const char *prefix, const gshm_pull_resu
   }
   if (relayed)
     snprintf(rel, sizeof(rel), "; %u relayed: %s was still pulling them", relayed, peer);
-  printf("pulled %zu segment%s under %s:%s: %s in %.3f s, %.2f GB/s (paths: %u host, %u staged, "
+  if (as && *as && strcmp(as, prefix)) /* (where the names are, --as another prefix) */
+    snprintf(where, sizeof(where), " as '%s'", as);
+  printf("pulled %zu segment%s under %s:%s%s: %s in %.3f s, %.2f GB/s (paths: %u host, %u staged, "
          "%u direct%s)\n",
-         n, n == 1 ? "" : "s", peer, prefix, gshm__format_size(bytes, sz, sizeof(sz)), sec,
+         n, n == 1 ? "" : "s", peer, prefix, where, gshm__format_size(bytes, sz, sizeof(sz)), sec,
          sec > 0 ? (double)bytes / sec / 1e9 : 0, paths[0], paths[1], paths[2], rel);
   return EXIT_OK;
 }
@@ -1463,7 +1466,11 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
       return bad_option("pull", o, argv);
     }
   }
-  if (argc - optind != 1 || !(colon = strchr(argv[optind], ':')) || colon == argv[optind] ||
+  if (argc - optind == 1 && (!(colon = strchr(argv[optind], ':')) || colon == argv[optind]))
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: '%s' names no peer: write PEER:NAME (gshmctl peers lists the peers)",
+                  argv[optind]);
+  if (argc - optind != 1 || !(colon = strchr(argv[optind], ':')) ||
       (!colon[1] && !prefix) || (size_t)(colon - argv[optind]) >= sizeof(peer)) {
     return errorf(EXIT_USAGE, -EINVAL,
                   "usage: pull PEER:NAME [--as LOCAL] [--prefix] [--replace] [--location LOC] "
@@ -1512,7 +1519,7 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
   if (e)
     return fail(c, "pull", e);
   if (prefix) {
-    rc = pulled_set(peer, colon + 1, v, n);
+    rc = pulled_set(peer, colon + 1, po.local_name, v, n);
     gshm_free(v);
     return rc;
   }
