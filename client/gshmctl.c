@@ -1199,7 +1199,7 @@ out:
 /* The pulls in flight, as `peers` shows them (JSON: an array). */
 static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
   static char esc[SHOWN_CAP], esc2[SHOWN_CAP];
-  char done[32], total[32];
+  char done[32], total[32], segs[48];
   json_t *arr = json_out ? json_array() : NULL;
   int wp = 16, wn = 32;
 
@@ -1208,8 +1208,8 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
     wn = widen(wn, v[i].name);
   }
   if (n && !json_out)
-    printf("\n%zu pull%s in flight:\n%-*s %-*s %6s %-20s %s\n", n, n == 1 ? "" : "s", wp, "PEER",
-           wn, "NAME", "UID", "BYTES", "SEGMENTS");
+    printf("\n%zu pull%s in flight:\n%-*s %-*s %6s %-20s %-23s %s\n", n, n == 1 ? "" : "s", wp,
+           "PEER", wn, "NAME", "UID", "BYTES", "SEGMENTS", "TIME");
   for (size_t i = 0; i < n; i++) {
     double sec = (double)v[i].elapsed_ns / 1e9;
     if (json_out) {
@@ -1228,11 +1228,12 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
     }
     shown(v[i].peer, esc);
     shown(v[i].name, esc2);
-    printf("%-*s %-*s %6u %9s/%-9s  %u/%u%s  %.1f s\n", col(esc, wp), esc, col(esc2, wn), esc2,
-           v[i].uid,
-           gshm__format_size(v[i].bytes_done, done, sizeof(done)),
-           gshm__format_size(v[i].bytes_total, total, sizeof(total)), v[i].segments_done,
-           v[i].segments_total, v[i].prefix && !v[i].segments_total ? " (listing)" : "", sec);
+    /* (SEGMENTS one field wide, so that TIME has a column of its own) */
+    snprintf(segs, sizeof(segs), "%u/%u%s", v[i].segments_done, v[i].segments_total,
+             v[i].prefix && !v[i].segments_total ? " (listing)" : "");
+    printf("%-*s %-*s %6u %9s/%-9s  %-23s %.1f s\n", col(esc, wp), esc, col(esc2, wn), esc2,
+           v[i].uid, gshm__format_size(v[i].bytes_done, done, sizeof(done)),
+           gshm__format_size(v[i].bytes_total, total, sizeof(total)), segs, sec);
   }
   return arr;
 }

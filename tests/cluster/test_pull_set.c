@@ -274,6 +274,9 @@ static void test_set_all_at_once(void **state) {
   assert_non_null(peers_out[0]);
   assert_non_null(strstr(peers_out[0], "1 pull in flight"));
   assert_non_null(strstr(peers_out[0], "pub/set/"));
+  /* every column has its heading: the time's had none */
+  assert_non_null(strstr(peers_out[0], " SEGMENTS "));
+  assert_non_null(strstr(peers_out[0], " TIME"));
   assert_non_null(peers_out[1]);
   assert_non_null(strstr(peers_out[1], "\"prefix\": true"));
   free(peers_out[0]);
