@@ -1199,7 +1199,7 @@ out:
 /* The pulls in flight, as `peers` shows them (JSON: an array). */
 static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
   static char esc[SHOWN_CAP], esc2[SHOWN_CAP];
-  char done[32], total[32];
+  char done[32], total[32], segs[48];
   json_t *arr = json_out ? json_array() : NULL;
   int wp = 16, wn = 32;
 
@@ -1208,8 +1208,8 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
     wn = widen(wn, v[i].name);
   }
   if (n && !json_out)
-    printf("\n%zu pull%s in flight:\n%-*s %-*s %6s %-20s %s\n", n, n == 1 ? "" : "s", wp, "PEER",
-           wn, "NAME", "UID", "BYTES", "SEGMENTS");
+    printf("\n%zu pull%s in flight:\n%-*s %-*s %6s %-20s %-23s %s\n", n, n == 1 ? "" : "s", wp,
+           "PEER", wn, "NAME", "UID", "BYTES", "SEGMENTS", "TIME");
   for (size_t i = 0; i < n; i++) {
     double sec = (double)v[i].elapsed_ns / 1e9;
     if (json_out) {
@@ -1228,11 +1228,12 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
     }
     shown(v[i].peer, esc);
     shown(v[i].name, esc2);
-    printf("%-*s %-*s %6u %9s/%-9s  %u/%u%s  %.1f s\n", col(esc, wp), esc, col(esc2, wn), esc2,
-           v[i].uid,
-           gshm__format_size(v[i].bytes_done, done, sizeof(done)),
-           gshm__format_size(v[i].bytes_total, total, sizeof(total)), v[i].segments_done,
-           v[i].segments_total, v[i].prefix && !v[i].segments_total ? " (listing)" : "", sec);
+    /* (SEGMENTS one field wide, so that TIME has a column of its own) */
+    snprintf(segs, sizeof(segs), "%u/%u%s", v[i].segments_done, v[i].segments_total,
+             v[i].prefix && !v[i].segments_total ? " (listing)" : "");
+    printf("%-*s %-*s %6u %9s/%-9s  %-23s %.1f s\n", col(esc, wp), esc, col(esc2, wn), esc2,
+           v[i].uid, gshm__format_size(v[i].bytes_done, done, sizeof(done)),
+           gshm__format_size(v[i].bytes_total, total, sizeof(total)), segs, sec);
   }
   return arr;
 }
@@ -1386,13 +1387,14 @@ static json_t *pulled_json(const gshm_pull_result_t *r) {
 
 #define PULL_PEER_CAP 64 /* bytes of a peer's name, its NUL included */
 
-/* The summary of a set pull (--prefix). */
-static int pulled_set(const char *peer, const char *prefix, const gshm_pull_result_t *v,
-                      size_t n) {
+/* The summary of a set pull (--prefix); as: the local prefix (--as), or
+ * NULL. */
+static int pulled_set(const char *peer, const char *prefix, const char *as,
+                      const gshm_pull_result_t *v, size_t n) {
   uint64_t bytes = 0;
   double sec = n ? (double)v[0].elapsed_ns / 1e9 : 0;
   unsigned paths[3] = {0}, relayed = 0;
-  char sz[32], rel[128] = "";
+  char sz[32], rel[128] = "", where[300] = "";
 
   for (size_t i = 0; i < n; i++) {
     bytes += v[i].bytes;
@@ -1419,9 +1421,11 @@ static int pulled_set(const char *peer, const char *prefix, const gshm_pull_resu
   }
   if (relayed)
     snprintf(rel, sizeof(rel), "; %u relayed: %s was still pulling them", relayed, peer);
-  printf("pulled %zu segment%s under %s:%s: %s in %.3f s, %.2f GB/s (paths: %u host, %u staged, "
+  if (as && *as && strcmp(as, prefix)) /* (where the names are, --as another prefix) */
+    snprintf(where, sizeof(where), " as '%s'", as);
+  printf("pulled %zu segment%s under %s:%s%s: %s in %.3f s, %.2f GB/s (paths: %u host, %u staged, "
          "%u direct%s)\n",
-         n, n == 1 ? "" : "s", peer, prefix, gshm__format_size(bytes, sz, sizeof(sz)), sec,
+         n, n == 1 ? "" : "s", peer, prefix, where, gshm__format_size(bytes, sz, sizeof(sz)), sec,
          sec > 0 ? (double)bytes / sec / 1e9 : 0, paths[0], paths[1], paths[2], rel);
   return EXIT_OK;
 }
@@ -1464,6 +1468,10 @@ static int pull_args(int argc, char **argv, gshm_pull_opts_t *po, bool *prefix_o
       return bad_option("pull", o, argv);
     }
   }
+  if (argc - optind == 1 && (!(colon = strchr(argv[optind], ':')) || colon == argv[optind]))
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: '%s' names no peer: write PEER:NAME (gshmctl peers lists the peers)",
+                  argv[optind]);
   if (argc - optind != 1 || !(colon = strchr(argv[optind], ':')) || colon == argv[optind] ||
       (!colon[1] && !prefix) || (size_t)(colon - argv[optind]) >= PULL_PEER_CAP) {
     return errorf(EXIT_USAGE, -EINVAL,
@@ -1563,7 +1571,7 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
     return fail(c, "pull", e);
   if (!prefix)
     return pulled_one(&r, colon + 1);
-  rc = pulled_set(peer, colon + 1, v, n);
+  rc = pulled_set(peer, colon + 1, po.local_name, v, n);
   gshm_free(v);
   return rc;
 }

@@ -160,10 +160,15 @@ static int parse_exports(struct gshmd_cluster *cl, const char *spec) {
     if (colon) {
       *colon = '\0';
       if (!*tok || (e = parse_owner(colon + 1, &rule))) {
-        gshm_log_err("cluster.export '%s:%s': %s", tok, colon + 1,
-                     !*tok          ? "want PATTERN or PATTERN:OWNER"
-                     : e == -ENOENT ? "no such user or group"
-                                    : "want PATTERN:USER or PATTERN:@GROUP");
+        const char *who = colon + 1;
+        gshm_log_err("cluster.export '%s:%s': %s%s%s%s", tok, who,
+                     !*tok            ? "want PATTERN or PATTERN:OWNER"
+                     : e != -ENOENT   ? "want PATTERN:USER or PATTERN:@GROUP"
+                     : who[0] == '@' ? "no such group '"
+                                      : "no such user '",
+                     *tok && e == -ENOENT ? who + (who[0] == '@') : "",
+                     *tok && e == -ENOENT ? "'" : "",
+                     *tok && e == -ENOENT && who[0] != '@' ? " (a group is @GROUP)" : "");
         e = -EINVAL;
         break;
       }
@@ -199,11 +204,18 @@ static int read_secret(struct gshmd_cluster *cl, const char *path) {
     gshm_log_err("cluster.secret_file %s: %m", path);
     return -EINVAL;
   }
-  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-      (st.st_mode & 077)) {
-    gshm_log_err("cluster.secret_file %s: must be a regular file owned by uid %u with no group "
-                 "or other permissions (chmod 0600)",
-                 path, (unsigned)geteuid());
+  if (fstat(fd, &st) < 0) {
+    gshm_log_err("cluster.secret_file %s: %m", path);
+    close(fd);
+    return -EINVAL;
+  }
+  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+    /* what it found first: the rule alone left the user to find it */
+    gshm_log_err("cluster.secret_file %s: %s %04o owned by uid %u; it must be a regular file "
+                 "owned by uid %u (gshmd's user) with no group or other permissions "
+                 "(chmod 0600)",
+                 path, !S_ISREG(st.st_mode) ? "not a regular file: mode" : "is mode",
+                 (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid, (unsigned)geteuid());
     close(fd);
     return -EINVAL;
   }
@@ -310,8 +322,15 @@ char *gshmd__peer_error(const struct peer_req *req, int err, const Gshm__Cluster
   bool unreachable = err == -ECONNREFUSED || err == -ECONNRESET || err == -ETIMEDOUT ||
                      err == -ENOTCONN || err == -EHOSTUNREACH || err == -ENETUNREACH;
 
+  char named[80];
+  size_t n = (size_t)snprintf(named, sizeof(named), "peer '%s' ", p->name);
+
   if (m) /* the peer answered: its own words */
     snprintf(buf, size, "peer '%s': %s", p->name, why);
+  else if (!unreachable && n < sizeof(named) && !strncmp(why, named, n))
+    /* the link's own error names the peer already ("peer 'x' did not
+     * prove the shared key"): once, with its address */
+    snprintf(buf, size, "peer '%s' (%s) %s", p->name, p->address, why + n);
   else
     snprintf(buf, size, "peer '%s' (%s)%s: %s", p->name, p->address,
              !unreachable ? "" : req->sent ? " lost" : " unreachable", why);

@@ -90,6 +90,7 @@ struct gshmd_cluster {
   bool have_pull_gid;
   gid_t pull_gid;
   char pull_refused[160];      /* what a non-member is told (the group named) */
+  char reply_msg[320];         /* a refusal naming a segment, until its reply is sent */
   struct export_rule *exports; /* cluster.export */
   unsigned nexport;
   /* metrics */

@@ -243,8 +243,9 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
     s->lreq_pending = true;
     return;
   }
-  if (err) {
-    gshmd__pull_set_fail(s, err, "peer '%s': %s", s->peer->name, why);
+  if (err) { /* (as a single pull says it: the peer named once, with its address) */
+    char buf[GSHMD_PEER_ERROR_LEN];
+    gshmd__pull_set_fail(s, err, "%s", gshmd__peer_error(req, err, m, why, buf, sizeof(buf)));
     return;
   }
   s->cl->list_pages++;
@@ -273,7 +274,12 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
   } else {
     s->listing = false;
     if (!s->n)
-      gshmd__pull_set_fail(s, -ENOENT, "peer '%s' exports no segment under '%s'", s->peer->name, s->name);
+      /* (a model published with a pool's default mode, 0600, is such) */
+      gshmd__pull_set_fail(s, -ENOENT,
+                           "peer '%s' exports no segment under '%s' (its cluster.export rules "
+                           "decide by name, owner and mode: a segment of mode 0600 is never "
+                           "exported)",
+                           s->peer->name, s->name);
   }
   gshmd__link_kick(&s->cl->ll);
 }
@@ -341,7 +347,9 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   if ((e = gshmd__pull_resent(cl, c, request_id, m, local, msg_out)))
     return e < 0 ? e : 0;
   if (!m->prefix && !m->replace && gshmd_registry_find_name(cl->reg, local)) {
-    *msg_out = "a local segment of that name exists";
+    /* the local name: with --as it is not the one the user pulled */
+    snprintf(cl->reply_msg, sizeof(cl->reply_msg), "a local segment named '%s' exists", local);
+    *msg_out = cl->reply_msg;
     return -EEXIST;
   }
   if (!(s = calloc(1, sizeof(*s))))

@@ -310,6 +310,9 @@ GSHM_SOCKET=$dir/nothing-here run 0 create --help
 has out "--legacy-ipc: also export"
 run 2 help nope
 has err "unknown verb 'nope'"
+# a pull without its peer says what is missing (it printed the usage alone)
+run 2 pull llama/ --prefix
+has err "'llama/' names no peer: write PEER:NAME"
 # --json read has no form for raw bytes: refused without -o, a summary with
 run 0 create jr 4K
 usage_json read jr
@@ -326,13 +329,29 @@ json err "d['error']['errno'] == 'ENOTSUP'"
 head -c 32 /dev/urandom | base64 >"$dir/key"
 chmod 0600 "$dir/key"
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+oport=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# a peer with another key ("other")
+head -c 32 /dev/urandom | base64 >"$dir/okey"
+chmod 0600 "$dir/okey"
+"$gshmd" --backend host --socket "$dir/o" --log-level 3 --set "cluster.listen=127.0.0.1:$oport" \
+  --set "cluster.secret_file=$dir/okey" --set cluster.node_name=other \
+  --set "cluster.peers=c=127.0.0.1:$port" 2>"$dir/gshmd-o.log" &
+opid=$!
 "$gshmd" --backend host --socket "$dir/c" --log-level 3 --set "cluster.listen=127.0.0.1:$port" \
-  --set "cluster.secret_file=$dir/key" --set cluster.peers=gone=127.0.0.1:1,a-peer-named-past-its-column=[0000:0000:0000:0000:0000:ffff:127.0.0.1]:1 2>"$dir/gshmd-c.log" &
+  --set "cluster.secret_file=$dir/key" --set cluster.node_name=c --set cluster.peers=gone=127.0.0.1:1,a-peer-named-past-its-column=[0000:0000:0000:0000:0000:ffff:127.0.0.1]:1,other=127.0.0.1:$oport 2>"$dir/gshmd-c.log" &
 cpid=$!
-for _ in $(seq 200); do [ -S "$dir/c" ] && break; sleep 0.05; done
+for _ in $(seq 200); do [ -S "$dir/c" ] && [ -S "$dir/o" ] && break; sleep 0.05; done
 GSHM_SOCKET=$dir/c run 1 segments --peer gone
 has err "segments --peer gone: peer lost or unreachable: peer 'gone'"
 grep -qF "connection to gshmd" "$dir/err" && fail "a peer down blamed on gshmd: $(cat "$dir/err")"
+# a peer of another key: named once, with its address ("peer 'other'
+# (ADDR): peer 'other' did not prove ..." before; a set: "peer 'other':
+# peer 'other' ...")
+GSHM_SOCKET=$dir/c run 4 segments --peer other
+has err "peer 'other' (127.0.0.1:$oport) did not prove the shared key"
+GSHM_SOCKET=$dir/c run 4 pull other:llama/ --prefix
+has err "peer 'other' (127.0.0.1:$oport) did not prove the shared key"
+kill $opid; wait $opid 2>/dev/null
 # --json peers says whether the cluster is on, as the text does
 GSHM_SOCKET=$dir/c run 0 --json peers
 json out "d['cluster'] is True and d['peers'][0]['name'] == 'gone'"

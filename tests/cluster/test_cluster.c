@@ -711,6 +711,8 @@ static void test_not_exported(void **state) {
   {
     gshm_pull_opts_t po = {.local_name = "taken"};
     assert_int_equal(gshm_pull(b, "a", "pub/visible", &po, NULL), -EEXIST);
+    /* the local name, not the peer's (it said "of that name") */
+    assert_non_null(strstr(gshm_last_error(b), "'taken'"));
     check_segment(b, "taken", 4096, 5);
   }
   assert_int_equal(gshm_unlink(b, "taken"), 0);

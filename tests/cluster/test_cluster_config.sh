@@ -60,6 +60,9 @@ refused "peers without a secret" "cluster.secret_file is required" \
 refused "missing key" "No such file" "${L[@]}" --set "cluster.secret_file=$tmp/none"
 refused "short key" "at least 16 bytes" "${L[@]}" --set "cluster.secret_file=$tmp/short"
 refused "key readable by the group" "chmod 0600" "${L[@]}" --set "cluster.secret_file=$tmp/open-key"
+# ... and says what it found (it said only what a key must be)
+refused "key readable by the group: its mode" "is mode 0640" "${L[@]}" \
+  --set "cluster.secret_file=$tmp/open-key"
 refused "listen without a port" "want ADDRESS:PORT" --set cluster.listen=127.0.0.1 "${K[@]}"
 refused "peer without an address" "is not NAME=ADDRESS:PORT" "${L[@]}" "${K[@]}" \
   --set cluster.peers=node7
@@ -71,9 +74,11 @@ refused "peer name with a control byte" "no blanks or control bytes" "${L[@]}" "
   --set "cluster.peers=a$(printf '\033')b=127.0.0.1:2"
 refused "node name with a blank" "cluster.node_name" "${L[@]}" "${K[@]}" \
   --set "cluster.node_name=a b"
-refused "export of an unknown user" "no such user or group" "${L[@]}" "${K[@]}" \
-  --set "cluster.export=llama/*:no-such-user-here"
-refused "export of an unknown group" "no such user or group" "${L[@]}" "${K[@]}" \
+# which of the two it looked for (a group written without its '@' was
+# "no such user or group", no hint of the '@')
+refused "export of an unknown user" "no such user 'no-such-user-here' (a group is @GROUP)" \
+  "${L[@]}" "${K[@]}" --set "cluster.export=llama/*:no-such-user-here"
+refused "export of an unknown group" "no such group 'no-such-group-here'" "${L[@]}" "${K[@]}" \
   --set "cluster.export=llama/*:@no-such-group-here"
 refused "export rule without a pattern" "want PATTERN" "${L[@]}" "${K[@]}" \
   --set "cluster.export=:root"

@@ -274,6 +274,9 @@ static void test_set_all_at_once(void **state) {
   assert_non_null(peers_out[0]);
   assert_non_null(strstr(peers_out[0], "1 pull in flight"));
   assert_non_null(strstr(peers_out[0], "pub/set/"));
+  /* every column has its heading: the time's had none */
+  assert_non_null(strstr(peers_out[0], " SEGMENTS "));
+  assert_non_null(strstr(peers_out[0], " TIME"));
   assert_non_null(peers_out[1]);
   assert_non_null(strstr(peers_out[1], "\"prefix\": true"));
   free(peers_out[0]);
@@ -300,6 +303,8 @@ static void test_set_all_at_once(void **state) {
     gshm_pull_opts_t po = {.local_name = "set/"};
     assert_int_equal(gshm_pull_prefix(b, "a", "pub/set/", &po, &v, &n), -EEXIST);
     assert_int_equal(gshm_pull_prefix(b, "a", "pub/none/", NULL, &v, &n), -ENOENT);
+    /* why a published model may not show: its mode (a pool's 0600) */
+    assert_non_null(strstr(gshm_last_error(b), "0600"));
     /* a prefix is the start of a valid name: no control bytes, no "//" */
     assert_int_equal(gshm_pull_prefix(b, "a", "pub/\n<0>x", NULL, &v, &n), -EINVAL);
     assert_int_equal(gshm_pull_prefix(b, "a", "pub//", NULL, &v, &n), -EINVAL);
@@ -367,6 +372,13 @@ static void test_replace(void **state) {
   assert_int_equal(gshm_status(b, &s), 0);
   assert_int_equal(s.segments, NSET);
   free(want);
+  /* the text says where the set landed, --as being another prefix */
+  assert_int_equal(harness_gshmctl(&B.h, &out,
+                                   (const char *[]){"pull", "a:pub/set/", "--prefix", "--as",
+                                                    "set/", "--replace", NULL}),
+                   0);
+  assert_non_null(strstr(out, "pulled 24 segments under a:pub/set/ as 'set/'"));
+  free(out);
   unlink_set(b, "set/");
   gshm_disconnect(reader);
   gshm_disconnect(a);
