@@ -177,7 +177,6 @@ int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
   uint8_t *p = addr;
   int err = 0;
 
-  len &= ~(uint64_t)(GSHM__HUGE_PAGE - 1); /* (a last part page: left) */
   for (uint64_t off = 0; off < len; off += GSHM__HUGE_PAGE) {
     int64_t resume = atomic_load_explicit(&collapse_resume, memory_order_relaxed);
     unsigned char last = 0;

@@ -76,8 +76,9 @@ bool gshmd_host_collapse_works(void);
  * the page cache already (built, or written whole) is left (mincore: each
  * MADV_COLLAPSE drains every CPU's LRU batches first; one call for runs
  * of 4 pages instead measured no faster in pulls: docs/PERFORMANCE.md).
- * A len that is not a multiple of 2 MiB: its last part page is left.
- * Never changes a byte.  A page that fails with EAGAIN (its
+ * A len that ends inside a page builds that page whole: the memfd must
+ * cover it (a pull's does: its size is whole pages, and the pool's last
+ * piece ends at the segment's requested size).  Never changes a byte.  A page that fails with EAGAIN (its
  * pages busy: another thread building it, a writer holding one) is left
  * and the next tried; the call returns -EAGAIN then.  Stops at any other
  * failure and returns it: -ENOMEM (no free 2 MiB page: after it every
