@@ -161,14 +161,15 @@ static int parse_exports(struct gshmd_cluster *cl, const char *spec) {
       *colon = '\0';
       if (!*tok || (e = parse_owner(colon + 1, &rule))) {
         const char *who = colon + 1;
-        gshm_log_err("cluster.export '%s:%s': %s%s%s%s", tok, who,
-                     !*tok            ? "want PATTERN or PATTERN:OWNER"
-                     : e != -ENOENT   ? "want PATTERN:USER or PATTERN:@GROUP"
-                     : who[0] == '@' ? "no such group '"
-                                      : "no such user '",
-                     *tok && e == -ENOENT ? who + (who[0] == '@') : "",
-                     *tok && e == -ENOENT ? "'" : "",
-                     *tok && e == -ENOENT && who[0] != '@' ? " (a group is @GROUP)" : "");
+        if (*tok && e == -ENOENT && who[0] == '@')
+          gshm_log_err("cluster.export '%s:%s': no such group '%s'", tok, who, who + 1);
+        else if (*tok && e == -ENOENT)
+          gshm_log_err("cluster.export '%s:%s': no such user '%s' (a group is @GROUP)", tok, who,
+                       who);
+        else
+          gshm_log_err("cluster.export '%s:%s': %s", tok, who,
+                       !*tok ? "want PATTERN or PATTERN:OWNER"
+                             : "want PATTERN:USER or PATTERN:@GROUP");
         e = -EINVAL;
         break;
       }

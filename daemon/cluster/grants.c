@@ -28,8 +28,11 @@ void gshmd__pull_set_start_grants(struct pull_set *s) {
 
   if (!s->active && s->retry_ns && gshm__now_ns(CLOCK_MONOTONIC) < s->retry_ns)
     return; /* (refused busy with nothing open: a moment first) */
-  while (!s->err && s->active < s->window && (s->retry || s->next_start < s->n) &&
-         s->peer->grants_out < LINK_MAX_GRANTS) {
+  while (!s->err && s->active < s->window && (s->retry || s->next_start < s->n)) {
+    if (s->peer->grants_out >= LINK_MAX_GRANTS) {
+      cl->grants_held_back = true; /* (gshmd__pull_reap asks again) */
+      break;
+    }
     struct pull *p = s->retry ? s->retry : s->items[s->next_start];
     uint64_t pin = gshmd__pull_pin_need(p);
     if (pin && cl->pull_pinned &&

@@ -78,6 +78,8 @@ struct gshmd_cluster {
   uint64_t pf_ahead;          /* bytes faulted in past the chunks asked for (at most
                                  PREFAULT_AHEAD) */
   bool pf_on;                 /* cluster.prefault, until the kernel says it has no such madvise */
+  bool grants_held_back;      /* a set found a peer's LINK_MAX_GRANTS held (grants.c):
+                                 gshmd__pull_reap asks again after its pass */
   bool pf_build;              /* gshmd_backend_host_collapse: pulls build their 2 MiB pages
                                  (prefault pieces and the lanes, before the bytes) */
   uint64_t pf_bytes;          /* faulted in, ever (metrics) */

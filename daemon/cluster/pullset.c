@@ -617,12 +617,16 @@ static bool set_reap(struct pull_set *s) {
 
 void gshmd__pull_reap(struct gshmd_cluster *cl) {
   struct gshm_list *pos, *tmp;
+  cl->grants_held_back = false;
   gshm_list_foreach_safe(pos, tmp, &cl->pulls)
       set_reap(gshm_list_entry(pos, struct pull_set, node));
-  /* grants a later set closed in that pass: the peer's budget
-   * (LINK_MAX_GRANTS over all sets) has room for the sets before it */
-  gshm_list_foreach(pos, &cl->pulls)
-      gshmd__pull_set_start_grants(gshm_list_entry(pos, struct pull_set, node));
+  /* a set the peer's budget (LINK_MAX_GRANTS over all sets) held back:
+   * grants a later set closed in that pass may have made room */
+  if (cl->grants_held_back) {
+    cl->grants_held_back = false;
+    gshm_list_foreach(pos, &cl->pulls)
+        gshmd__pull_set_start_grants(gshm_list_entry(pos, struct pull_set, node));
+  }
   gshmd__relay_poll(cl); /* Lists that waited for a set's listing */
 }
 

@@ -28,7 +28,6 @@
  * all of staging_bytes, a small tensor a slot or two), those whose
  * buffer is still being made included */
 #define STAGED_LINK_FULL 4
-#define MAX_GRANTS LINK_MAX_GRANTS /* per link: grants live at once */
 #define MAX_ANSWERS_QUEUED (1u << 20) /* per link: answers not yet written (bytes, stream.h) */
 #define BUSY_MESSAGE "too many pulls from this node at once; try again"
 
@@ -356,7 +355,7 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   int e;
 
   /* the cap first: a refusal costs the loop next to nothing */
-  if (grants_of(l, &(uint64_t){0}) >= MAX_GRANTS) {
+  if (grants_of(l, &(uint64_t){0}) >= LINK_MAX_GRANTS) {
     gshmd__link_send_status(l, rid, -EBUSY, BUSY_MESSAGE);
     return;
   }
