@@ -36,6 +36,7 @@ import struct
 
 from ._dtypes import dtype as _to_dtype
 from ._safetensors import _json_list
+from ._safetensors import _json_int as _int_literal
 
 __all__ = ["FORMAT", "VERSION", "ManifestError", "StaleManifest", "manifest_name",
            "segment_prefix", "encode", "decode", "tensor_extent", "torch_dtypes", "write",
@@ -60,11 +61,8 @@ MAX_ENTRIES = 1 << 18
 MAX_BYTES = 256 * MAX_ENTRIES
 MAX_CONTAINERS = 4 * MAX_ENTRIES + (1 << 16)
 MAX_DIMS = 64  # dimensions of one tensor (weights have a few)
-# Digits of one integer literal: 20 hold any u64 (the largest value a
-# manifest holds).  int() of a literal is quadratic in its length, and
-# Python before 3.11 has no sys.set_int_max_str_digits limit: a manifest of
-# one 64 MiB literal would take hours there.
-MAX_INT_DIGITS = 20
+# Digits of one integer literal: MAX_INT_DIGITS, _safetensors' (20 hold any
+# u64, the largest value a manifest holds).
 _I64 = (1 << 63) - 1  # what torch takes as a size, stride or offset
 _U64 = (1 << 64) - 1  # the daemon's ids and generations
 
@@ -246,12 +244,12 @@ def _segments(v):
 
 def _json_int_literal(text):
     """json.loads' parse_int: the literal as an int, unless it has more
-    digits than MAX_INT_DIGITS (ManifestError, before int() is asked)."""
-    digits = len(text) - text.startswith("-")
-    if digits > MAX_INT_DIGITS:
-        raise ManifestError("gshm: manifest has an integer of %d digits, more than %d"
-                            % (digits, MAX_INT_DIGITS))
-    return int(text)
+    digits than _safetensors.MAX_INT_DIGITS (ManifestError, before int() is asked:
+    _safetensors._json_int, whose cap this is)."""
+    try:
+        return _int_literal(text)
+    except ValueError as e:
+        raise ManifestError("gshm: manifest has %s" % e) from None
 
 
 def _parse(js):
@@ -306,7 +304,7 @@ def decode(data):
     segment could hold, its bytes inside the segment it names.  Raises
     ManifestError (naming the entry), also for a manifest past MAX_BYTES,
     MAX_ENTRIES or MAX_CONTAINERS, refused before it is parsed, or with an
-    integer literal of more than MAX_INT_DIGITS digits."""
+    integer literal of more than _safetensors.MAX_INT_DIGITS digits."""
     data = memoryview(data).cast("B")
     if len(data) < 8:
         raise ManifestError("gshm: manifest too short (%d bytes)" % len(data))

@@ -108,15 +108,20 @@ def _json_count(v):
     return v
 
 
-MAX_INT_DIGITS = 20  # a u64's: the longest integer a header may hold
+# Digits of one integer literal in a header (and a manifest: _manifest):
+# 20 hold any u64.  int() of a literal is quadratic in its length, and
+# Python before 3.11 has no sys.set_int_max_str_digits limit: one 64 MiB
+# literal would take hours there.
+MAX_INT_DIGITS = 20
 
 
 def _json_int(text):
     """json.loads' parse_int: the literal as an int, unless it has more
     digits than MAX_INT_DIGITS (ValueError before int() is asked: int() of
     a long literal is quadratic, unbounded before Python 3.11)."""
-    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
-        raise ValueError("an integer of %d digits, more than %d" % (len(text), MAX_INT_DIGITS))
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise ValueError("an integer of %d digits, more than %d" % (digits, MAX_INT_DIGITS))
     return int(text)
 
 
