@@ -425,7 +425,22 @@ static void test_huge_pages(void **state) {
       print_message("a pull of %llu B: %llu B made, %ld KiB in 2 MiB entries\n",
                     (unsigned long long)pulls[i].size, (unsigned long long)st.size, kib);
       /* the third 2 MiB page, past 5 MiB, is one (over UCX where gshmd
-       * builds pages, only the pool does, racing UCX's writes: not checked) */
+       * builds pages, only the pool does, racing UCX's writes: not checked).
+       * Pulled again up to twice, 1.1 s apart, where it is not: a collapse
+       * that found no free 2 MiB page stops building for 1 s (host_memory.h),
+       * as the 16 MiB pull above allows for; seen on CI's ASan build at
+       * f18eb33 and 153491e, never here.  A gshmd that does not build the
+       * tail fails all three. */
+      for (int again = 0; i == 0 && !(built && over_ucx()) && kib <= 4096 && again < 2;
+           again++) {
+        assert_int_equal(gshm_unlink(*pulls[i].on, "got/tail"), 0);
+        usleep(1100000);
+        assert_int_equal(gshm_pull(*pulls[i].on, "a", src,
+                                   &(gshm_pull_opts_t){.local_name = "got/tail"}, NULL),
+                         0);
+        kib = pulled_pmd_kib(*pulls[i].on, "got/tail", pulls[i].size, 45);
+        print_message("pulled again: %ld KiB in 2 MiB entries\n", kib);
+      }
       if (i == 0 && !(built && over_ucx()))
         assert_true(kib > 4096);
       assert_int_equal(gshm_unlink(*pulls[i].on, "got/tail"), 0);
