@@ -19,7 +19,8 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 passed=0 failed=0
 log=$(mktemp "${TMPDIR:-/tmp}/gshm-test.XXXXXX") || exit 1
-trap 'rm -f "$log"' EXIT
+tails=$(mktemp "${TMPDIR:-/tmp}/gshm-tails.XXXXXX") || exit 1
+trap 'rm -f "$log" "$tails"' EXIT
 
 # build_stage NAME BUILD_DIR CMAKE_ARGS...: configures and builds (the
 # targets in $targets, default all); a failure counts as one failed test.
@@ -50,8 +51,26 @@ ctest_stage() {
     return
   fi
   echo "== $name: $((total - fails - skipped)) passed, $fails failed, $skipped skipped"
+  [ "$fails" -gt 0 ] && failed_tails "$name" "$dir"
   passed=$((passed + total - fails - skipped))
   failed=$((failed + fails))
+}
+
+# failed_tails NAME BUILD_DIR: the last 60 lines of each failed test's
+# output (ctest's Testing/Temporary/LastTest.log), kept for the end of
+# the log: a CI page that shows a long log's head and tail then still
+# shows where a test that timed out was stuck.
+failed_tails() {
+  local name=$1 dir=$2 t
+  for t in $(cut -d: -f2 "$dir/Testing/Temporary/LastTestsFailed.log"); do
+    echo "== $name: the end of $t's output"
+    awk -v t="$t" '$0 ~ "Test: " t "$" {on = 1; n = 0; next}
+      on && /^<end of output>$/ {exit}
+      on && out {line[n++ % 60] = $0}
+      on && /^-+$/ && !out {out = 1}
+      END {for (i = (n > 60 ? n - 60 : 0); i < n; i++) print line[i % 60]}' \
+      "$dir/Testing/Temporary/LastTest.log"
+  done >>"$tails"
 }
 
 echo "== build and test (RelWithDebInfo)"
@@ -80,5 +99,6 @@ if CC=clang targets=fuzz build_stage "fuzz" build-fuzz -DCMAKE_BUILD_TYPE=RelWit
   failed=$((failed + bad))
 fi
 
+cat "$tails"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
