@@ -71,6 +71,14 @@ void node_start(struct node *n, const char *name, const char *peers, const char 
   const char *extra;
   int k = 0;
 
+  /* a test that failed between this node's start and its stop left it
+   * running: started again over it, it would be orphaned (its pid gone
+   * from n), hold the output pipe, and ctest would wait out the
+   * timeout instead of showing the failure */
+  if (n->h.sp.pid > 0) {
+    kill(n->h.sp.pid, SIGKILL);
+    harness_stop(&n->h);
+  }
   snprintf(n->name, sizeof(n->name), "%s", name);
   if (!n->port)
     n->port = free_port();
@@ -93,8 +101,11 @@ void node_start(struct node *n, const char *name, const char *peers, const char 
     n->argv[i] = n->argv_store[i];
   n->argv[k] = NULL;
   assert_int_equal(harness_start(&n->h, n->argv), 0);
-  if (nstarted < 16)
-    started[nstarted++] = n;
+  for (unsigned i = 0; i < nstarted; i++)
+    if (started[i] == n)
+      return; /* (started before: nodes_kill reads its pid at exit) */
+  assert_true(nstarted < sizeof(started) / sizeof(started[0]));
+  started[nstarted++] = n;
 }
 
 gshm_client_t *connect_to(struct node *n) {
