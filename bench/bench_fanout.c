@@ -136,6 +136,8 @@ struct fan {
   double thr_fan[FAN_MAX + 1][BENCH_THR_N][2];
   /* each hop's start and end, seconds after the first hop's start, summed */
   double hop_start[FAN_MAX + 1], hop_end[FAN_MAX + 1];
+  /* bytes each node served in the fan-outs, by the pulls' results */
+  uint64_t served[FAN_MAX + 1];
   bool timed; /* the iteration running counts (not the warm-up) */
 };
 
@@ -167,19 +169,20 @@ static int cuda_ctx(struct fan *f, const char *loc, CUcontext *ctx) {
 
 static int start_nodes(struct fan *f, const char *gshmd, const char *key) {
   int port[FAN_MAX + 1];
-  char name[16], peers[128];
+  char name[16], peers[FAN_MAX * 32];
+  bool mesh = f->o->split || f->o->sources;
 
   for (int i = 0; i < f->nodes; i++)
     port[i] = bench_free_port();
   for (int i = 0; i < f->nodes; i++) {
     int k = 0;
     peers[0] = '\0';
-    for (int j = 0; f->o->split && j < f->nodes; j++) /* (every other node) */
+    for (int j = 0; mesh && j < f->nodes; j++) /* (every other node) */
       if (j != i)
         k += snprintf(peers + k, sizeof(peers) - k, "%sn%d=127.0.0.1:%d", k ? "," : "", j, port[j]);
-    if (i > 0 && !f->o->split)
+    if (i > 0 && !mesh)
       k += snprintf(peers + k, sizeof(peers) - k, "n%d=127.0.0.1:%d", i - 1, port[i - 1]);
-    if (i + 1 < f->nodes && !f->o->split)
+    if (i + 1 < f->nodes && !mesh)
       snprintf(peers + k, sizeof(peers) - k, "%sn%d=127.0.0.1:%d", k ? "," : "", i + 1,
                port[i + 1]);
     snprintf(name, sizeof(name), "n%d", i);
@@ -268,7 +271,8 @@ struct hop {
   const char *sock, *local;
   char prefix[16]; /* the remote names pulled ("fan/", or part of it with --split) */
   const char *location; /* the copy's: NULL (host) or --to */
-  char peer[16];
+  char peer[FAN_MAX * 8]; /* "n0" or, --sources, "n0,n1,..." */
+  uint64_t from[FAN_MAX + 1]; /* bytes from each node (the results' peer "nK") */
   double t0, t1;
   int err;
   bool done;
@@ -283,8 +287,14 @@ static void *hop_thread(void *arg) {
 
   h->t0 = bench_now_s();
   if (!(h->err = gshm_connect(h->sock, "bench-hop", &c))) {
-    if (!(h->err = gshm_pull_prefix(c, h->peer, h->prefix, &po, &v, &n)))
+    if (!(h->err = gshm_pull_prefix(c, h->peer, h->prefix, &po, &v, &n))) {
+      for (size_t i = 0; i < n; i++) {
+        int k = atoi(v[i].peer + 1);
+        if (v[i].peer[0] == 'n' && k >= 0 && k <= FAN_MAX)
+          h->from[k] += v[i].bytes;
+      }
       gshm_free(v);
+    }
     gshm_disconnect(c);
   }
   h->t1 = bench_now_s();
@@ -292,7 +302,8 @@ static void *hop_thread(void *arg) {
   return NULL;
 }
 
-/* node pulls from node `from` the names under prefix (NULL: "fan/"),
+/* node pulls from node `from` (--sources, prefix NULL: from every node
+ * before it) the names under prefix (NULL: "fan/"),
  * into local (NULL: the same names). */
 static int hop_start_from(struct fan *f, struct hop *h, int node, int from, const char *prefix,
                           const char *local) {
@@ -301,6 +312,9 @@ static int hop_start_from(struct fan *f, struct hop *h, int node, int from, cons
   h->local = local ? local : h->prefix;
   h->location = f->device ? f->o->to : NULL;
   snprintf(h->peer, sizeof(h->peer), "n%d", from);
+  if (f->o->sources && !prefix) /* every node before it, n0 first (the lister) */
+    for (int j = 0, k = 0; j < node; j++)
+      k += snprintf(h->peer + k, sizeof(h->peer) - (size_t)k, "%sn%d", j ? "," : "", j);
   return pthread_create(&h->t, NULL, hop_thread, h) ? -1 : 0;
 }
 
@@ -442,6 +456,8 @@ timed:
     for (int i = 1; i < f->nodes; i++) {
       f->hop_start[i] += hops[i].t0 - hops[1].t0;
       f->hop_end[i] += hops[i].t1 - hops[1].t0;
+      for (int k = 0; k < f->nodes; k++)
+        f->served[k] += hops[i].from[k];
     }
     for (int i = 0; i < f->nodes; i++) {
       bench_thread_cpu(f->sp[i].pid, t1[i]);
@@ -549,6 +565,12 @@ cpu:
     printf("  n%d %.0f%%", i, 100 * f->cpu_fan[i] / iters / (m[T_FAN] * f->o->cpus_per_node));
   if (f->o->cpus_per_node)
     printf("\n");
+  if (f->o->sources) {
+    printf("  served, in copies of the set (mean):");
+    for (int i = 0; i < f->nodes; i++)
+      printf("  n%d %.2f", i, (double)f->served[i] / iters / (double)f->total);
+    printf("\n");
+  }
   printf("  each hop, from the first hop's start (mean s): ");
   for (int i = 1; i < f->nodes; i++)
     printf("%sn%d started %.3f, done %.3f", i > 1 ? "; " : "", i, f->hop_start[i] / iters,
@@ -571,8 +593,8 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
   char sz[32], ck[32];
 
   f.device = !strncmp(o->location, "cuda:", 5);
-  if (o->split && o->fanout != 3) {
-    fprintf(stderr, "gshm-bench pull: --split takes --fanout 3\n");
+  if ((o->split && o->fanout != 3) || (o->split && o->sources)) {
+    fprintf(stderr, "gshm-bench pull: --split takes --fanout 3, and not --sources\n");
     return 2;
   }
   if (o->fanout < 1 || o->fanout > FAN_MAX || f.device != !strncmp(o->to, "cuda:", 5) ||
@@ -593,6 +615,9 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
          n);
   if (o->split)
     printf("split: n1 and n2 pull from n0, n3 half the set from each of them (not a chain)\n");
+  if (o->sources)
+    printf("sources: node i pulls the set from n0..n(i-1) at once, each segment from the one "
+           "with the fewest of its bytes open (not a chain)\n");
   if (!o->no_plain)
     printf("plain TCP: the same segments, send -> recv over %u connections per hop in chunks of "
          "%s, into new memfds, a process per node%s; chain: each node sends on each chunk as it "

@@ -292,6 +292,7 @@ int bench_pull_main(int argc, char **argv) {
                                      {"gshmd-set", required_argument, NULL, 'D'},
                                      {"no-plain", no_argument, NULL, 'X'},
                                      {"split", no_argument, NULL, 'Y'},
+                                     {"sources", no_argument, NULL, 'W'},
                                      {"recycle", required_argument, NULL, 'R'},
                                      {"help", no_argument, NULL, 'h'},
                                      {NULL, 0, NULL, 0}};
@@ -337,6 +338,7 @@ int bench_pull_main(int argc, char **argv) {
       }
       break;
     case 'Y': o.split = true; break;
+    case 'W': o.sources = true; break;
     case 'C': o.cpus_per_node = (unsigned)bench_int_arg("pull", "--cpus-per-node", optarg, 0); break;
     case 'D':
       if (o.nsets == 4 || !strchr(optarg, '=')) {
@@ -368,6 +370,8 @@ int bench_pull_main(int argc, char **argv) {
              "                       [--no-plain (gshm's pulls only, no plain TCP anchors)]\n"
              "                       [--split (--fanout 3: n1, n2 pull from n0, n3 half from\n"
              "                        each of them, instead of a chain)]\n"
+             "                       [--sources (node i pulls from every node before it at\n"
+             "                        once, each segment from the least busy)]\n"
              "                       [--location cuda:N [--to cuda:M]: the set in device\n"
              "                        segments, pulled into GPU M (staged), read back and checked]\n"
              "         N+1 gshmd: node i+1 pulls a set from node i, all at once (a chain),\n"

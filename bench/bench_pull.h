@@ -42,6 +42,10 @@ struct pull_opts {
    * pulls half its segments from n1 and half from n2 (each node a peer
    * of every other): no node both receives and sends a whole copy */
   bool split;
+  /* --sources: node i pulls the set from every node before it at once
+   * ("n0,...,n{i-1}", each segment from the least busy): n0 serves
+   * 1 + 1/2 + ... + 1/N copies */
+  bool sources;
 };
 
 /* A TCP port of 127.0.0.1 free right now; 0 on failure. */

@@ -108,8 +108,9 @@ static void result_from_wire(gshm_pull_result_t *out, const Gshm__PullResult *r,
 }
 
 /* One segment of a set from its pull_items entry; its name on the peer
- * from the request (prefix, local prefix); its source as the entry
- * gives it, else (the peer's own segment) the peer's name and ids; its
+ * from the request (prefix, local prefix); its peer the entry's, else
+ * the request's; its source as the entry gives it, else (the peer's own
+ * segment) the peer's name and ids; its
  * owner and mode, which the entry does not carry, as gshmd makes them:
  * the caller's and the mode asked for (0: 0600). */
 static void item_from_wire(gshm_pull_result_t *out, const Gshm__PulledSegment *it,
@@ -117,6 +118,8 @@ static void item_from_wire(gshm_pull_result_t *out, const Gshm__PulledSegment *i
                            uint32_t mode) {
   size_t ll = strlen(local);
 
+  if (it->peer && *it->peer) /* (one of several the request named) */
+    peer = it->peer;
   memset(out, 0, sizeof(*out));
   out->segment.uid = geteuid();
   out->segment.gid = getegid();

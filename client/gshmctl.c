@@ -76,6 +76,8 @@ static void usage(FILE *f) {
           "       [--mode MODE]             copy a peer's segment into a new local one;\n"
           "                                 --prefix: every segment it exports under NAME,\n"
           "                                 all appearing at once (--as: local prefix);\n"
+          "                                 PEER,PEER2,...: the set's segments from\n"
+          "                                 several holders, each from the least busy;\n"
           "                                 --replace: swap out local segments of those\n"
           "                                 names; LOC default: host for a host segment,\n"
           "                                 cuda:0 for a device one (with --prefix, LOC\n"
@@ -1385,7 +1387,31 @@ static json_t *pulled_json(const gshm_pull_result_t *r) {
   return o;
 }
 
-#define PULL_PEER_CAP 64 /* bytes of a peer's name, its NUL included */
+/* bytes of PEER in PEER:NAME, its NUL included: a peer's name (63), or
+ * for a set up to 8 of them separated by commas */
+#define PULL_PEER_CAP 512
+
+/* "  from PEER: N segments, SIZE" for each peer of v[n], in the order
+ * each first appears. */
+static void pulled_by_peer(const gshm_pull_result_t *v, size_t n) {
+  char sz[32];
+
+  for (size_t i = 0; i < n; i++) {
+    size_t k = 0, count = 0;
+    uint64_t bytes = 0;
+    while (k < i && strcmp(v[k].peer, v[i].peer))
+      k++;
+    if (k < i)
+      continue; /* (counted at its first) */
+    for (k = i; k < n; k++)
+      if (!strcmp(v[k].peer, v[i].peer)) {
+        count++;
+        bytes += v[k].bytes;
+      }
+    printf("  from %s: %zu segment%s, %s\n", v[i].peer, count, count == 1 ? "" : "s",
+           gshm__format_size(bytes, sz, sizeof(sz)));
+  }
+}
 
 /* The summary of a set pull (--prefix); as: the local prefix (--as), or
  * NULL. */
@@ -1394,7 +1420,7 @@ static int pulled_set(const char *peer, const char *prefix, const char *as,
   uint64_t bytes = 0;
   double sec = n ? (double)v[0].elapsed_ns / 1e9 : 0;
   unsigned paths[3] = {0}, relayed = 0;
-  char sz[32], rel[128] = "", where[300] = "";
+  char sz[32], rel[160] = "", where[300] = "";
 
   for (size_t i = 0; i < n; i++) {
     bytes += v[i].bytes;
@@ -1420,13 +1446,16 @@ static int pulled_set(const char *peer, const char *prefix, const char *as,
     return print_json(doc);
   }
   if (relayed)
-    snprintf(rel, sizeof(rel), "; %u relayed: %s was still pulling them", relayed, peer);
+    snprintf(rel, sizeof(rel), "; %u relayed: %.64s was still pulling them", relayed,
+             strchr(peer, ',') ? "their source" : peer);
   if (as && *as && strcmp(as, prefix)) /* (where the names are, --as another prefix) */
     snprintf(where, sizeof(where), " as '%s'", as);
   printf("pulled %zu segment%s under %s:%s%s: %s in %.3f s, %.2f GB/s (paths: %u host, %u staged, "
          "%u direct%s)\n",
          n, n == 1 ? "" : "s", peer, prefix, where, gshm__format_size(bytes, sz, sizeof(sz)), sec,
          sec > 0 ? (double)bytes / sec / 1e9 : 0, paths[0], paths[1], paths[2], rel);
+  if (strchr(peer, ',')) /* several sources: what each gave */
+    pulled_by_peer(v, n);
   return EXIT_OK;
 }
 

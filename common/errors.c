@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 const char *gshm__strerror(int err) {
   if (err < 0)
@@ -69,7 +70,8 @@ char *gshm__pull_failure_message(char *buf, size_t len, bool prefix, const char 
                                  const char *peer, int err, const char *why) {
   bool has_why = why && *why;
 
-  snprintf(buf, len, "pull of %s'%s' from peer '%s' failed: %s%s%s", prefix ? "the set under " : "",
-           name, peer, gshm__peer_failure_text(err), has_why ? ": " : "", has_why ? why : "");
+  snprintf(buf, len, "pull of %s'%s' from peer%s '%s' failed: %s%s%s",
+           prefix ? "the set under " : "", name, strchr(peer, ',') ? "s" : "", peer,
+           gshm__peer_failure_text(err), has_why ? ": " : "", has_why ? why : "");
   return buf;
 }

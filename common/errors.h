@@ -98,8 +98,9 @@ const char *gshm__peer_failure_text(int err);
 /* The one wording of a failed pull, into buf (len bytes, truncated,
  * NUL-terminated): "pull of [the set under ]'NAME' from peer 'PEER'
  * failed: CAUSE: WHY" (CAUSE: the table's text for err, else its errno
- * text; ": WHY" left out when why is NULL or empty).  prefix: a set pull
- * (NAME is its prefix).  Returns buf. */
+ * text; ": WHY" left out when why is NULL or empty; "from peers 'A,B'"
+ * where PEER lists several).  prefix: a set pull (NAME is its prefix).
+ * Returns buf. */
 char *gshm__pull_failure_message(char *buf, size_t len, bool prefix, const char *name,
                                  const char *peer, int err, const char *why);
 

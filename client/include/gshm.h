@@ -383,7 +383,7 @@ GSHM_EXTERN int gshm_cluster_peers(gshm_client_t *client, char *node_name_out,
 
 /* A pull in flight on the daemon (gshm_cluster_pulls). */
 typedef struct gshm_cluster_pull {
-  char peer[64];
+  char peer[64];                   /* a set from several: "a,b,..." (cut at 63 bytes) */
   char name[256];                  /* the segment, or the set's prefix */
   int prefix;                      /* 1: a set (every segment under name) */
   uint32_t uid;                    /* who asked */
@@ -464,6 +464,7 @@ typedef struct gshm_pull_result {
  * see (list, stat, open) until its last byte is in; on failure, or when
  * the daemon dies first, it never appears.  The caller must be an admin
  * or in the daemon's cluster.pull_group.
+ * peer: one peer's name (a list is for gshm_pull_prefix: -EINVAL here).
  * Errors: -ENOENT no such peer or segment (a segment the peer does not
  * export is not found), -EEXIST the local name is taken (and not
  * opts->replace), -EACCES not allowed to pull (or the peer refused this
@@ -507,9 +508,24 @@ GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *n
  * set's, path_reason set on the first.  A segment the peer relayed (it
  * was still pulling it: fan-out) has relayed 1 and remote ids 0; its
  * source names where it came from first, as on the peer.
+ * Several sources: peer may name up to 8 peers that hold the set,
+ * separated by commas ("n0,n1,n2"); the first lists it, and each
+ * segment's grant goes to the one with the fewest of the set's bytes
+ * open (a faster source serves more; one still pulling the set relays
+ * it, as a single source does).  Each copy must have the listed
+ * segment's source (where its bytes came from first: gshm_segment_info_t
+ * source), and a source that does not grant a segment (not there, not a
+ * copy of the listed one, unreachable: then asked for nothing more) is
+ * passed over for the others, the first at last; a source lost after
+ * its grant fails the set, as a single source.  Each result's peer says
+ * where its bytes came from.  Fan-out: node k of a fleet pulling a model
+ * from "n0,...,n(k-1)" costs n0 about 1 + 1/2 + ... + 1/k copies
+ * (docs/CLUSTER.md).
  * Errors: as gshm_pull; -ENOENT also when the peer exports nothing under
- * the prefix, -E2BIG more than 4096 segments, -EINVAL a NULL argument or
- * a prefix or local prefix that makes a name invalid here.
+ * the prefix (or a listed peer is not in the daemon's cluster.peers),
+ * -E2BIG more than 4096 segments, -EINVAL a NULL argument, a prefix or
+ * local prefix that makes a name invalid here, or a list of peers with
+ * an empty or repeated name or more than 8.
  * A set's resend after a gshmd restart lost its first reply is answered
  * as gshm_pull's: that reply is a progress reply (sent before the
  * publish, so the resend pulls anew) unless the set is one segment whose

@@ -23,17 +23,22 @@
  * staging_bytes of pinned slots with the next one's (one always goes;
  * gshmd__pull_reap asks again after each close, of any set).  Run
  * outside UCX callbacks. */
+/* What p counts in its source's open bytes: its size as listed (a
+ * single pull's, unknown before its grant, counts 1). */
+static uint64_t open_cost(const struct pull *p) { return p->listed ? p->listed : 1; }
+
 void gshmd__pull_set_start_grants(struct pull_set *s) {
   struct gshmd_cluster *cl = s->cl;
+  int k;
 
   if (!s->active && s->retry_ns && gshm__now_ns(CLOCK_MONOTONIC) < s->retry_ns)
     return; /* (refused busy with nothing open: a moment first) */
   while (!s->err && s->active < s->window && (s->retry || s->next_start < s->n)) {
-    if (s->peer->grants_out >= LINK_MAX_GRANTS) {
+    struct pull *p = s->retry ? s->retry : s->items[s->next_start];
+    if ((k = gshmd__pull_source_pick(s, p)) < 0) {
       cl->grants_held_back = true; /* (gshmd__pull_reap asks again) */
       break;
     }
-    struct pull *p = s->retry ? s->retry : s->items[s->next_start];
     uint64_t pin = gshmd__pull_pin_need(p);
     if (pin && cl->pull_pinned &&
         cl->pull_pinned + pin > PULL_PINNED_FULL * cl->stage.staging_bytes)
@@ -47,9 +52,15 @@ void gshmd__pull_set_start_grants(struct pull_set *s) {
     gshmd__pull_pin(p, pin);
     p->started = true;
     p->req_pending = true;
+    p->src = (unsigned)k;
+    p->peer = s->peers[k];
+    /* (in flight there: the lister's word; another source grants its
+     * published copy, else the one it is pulling) */
+    p->greq.in_flight = k == 0 && p->listed_in_flight;
     s->active++;
-    s->peer->grants_out++;
-    gshmd__link_req_submit(&s->cl->ll, s->peer, &p->req);
+    s->open_bytes[k] += open_cost(p);
+    p->peer->grants_out++;
+    gshmd__link_req_submit(&s->cl->ll, p->peer, &p->req);
   }
 }
 
@@ -72,19 +83,26 @@ bool gshmd__pull_grant_later(struct pull *p) {
       return false;
     s->retry_ns = now + GRANT_BUSY_RETRY_NS;
   }
-  s->active--;
-  s->peer->grants_out--;
+  gshmd__pull_grant_off(p);
   gshmd__pull_unpin(p);
   if (s->window == GRANTS_AHEAD)
     gshm_log_info("cluster: peer '%s' is busy: the pull of '%s' waits for its grants to end "
                   "before it asks more",
-                  s->peer->name, s->name);
+                  p->peer->name, s->name);
   s->window = s->active ? s->active : 1;
   p->started = false;
   p->next_retry = NULL;
   *s->retry_tail = p;
   s->retry_tail = &p->next_retry;
   return true;
+}
+
+void gshmd__pull_grant_off(struct pull *p) {
+  struct pull_set *s = p->s;
+
+  s->active--;
+  s->open_bytes[p->src] -= open_cost(p);
+  p->peer->grants_out--;
 }
 
 uint64_t gshmd__pull_pin_need(struct pull *p) {
@@ -134,7 +152,7 @@ int gshmd__pull_host_room(struct pull *p, uint64_t size) {
                          "segment '%s' of peer '%s' needs %" PRIu64 " bytes of host memory: this "
                          "node has %" PRIu64 " available (with swap), and pulls in flight will "
                          "still take %" PRIu64,
-                         p->remote_name, p->s->peer->name, size, room, cl->pull_host_owed);
+                         p->remote_name, p->peer->name, size, room, cl->pull_host_owed);
     return -ENOMEM;
   }
   p->host_owed += size;

@@ -24,7 +24,6 @@
 #include "util.h"
 #include "wire.h"
 
-#define SOURCE_MAX 384 /* a source as clients take it (gshm.h GSHM_SOURCE_MAX) */
 
 /* One chunk in flight: asked for (Read, or Stage: copied into a slot on
  * the peer first) -> its bytes received -> [copied into the local device
@@ -109,8 +108,8 @@ static void chunk_end(struct chunk *c, int err, const char *why) {
 
   p->inflight--;
   s->inflight--;
-  s->peer->reads_inflight--;
-  s->peer->bytes_inflight -= c->len; /* (other sets waiting for it: the kick's reap) */
+  p->peer->reads_inflight--;
+  p->peer->bytes_inflight -= c->len; /* (other sets waiting for it: the kick's reap) */
   if (p->nslots)
     p->free_slots[p->nfree++] = c->slot;
   if (err) {
@@ -217,7 +216,7 @@ static void chunk_data_done(struct peer_req *req, int err) {
     } else {
       err = -ECONNRESET;
     }
-    snprintf(why, sizeof(why), "receiving from peer '%s' failed: %s", c->p->s->peer->name, what);
+    snprintf(why, sizeof(why), "receiving from peer '%s' failed: %s", c->p->peer->name, what);
     chunk_end(c, err, why);
     return;
   }
@@ -285,19 +284,18 @@ static void on_chunk_answer(struct peer_req *req, int err, const char *why,
     err = -EPROTO;
     why = "the peer answered a read without the bytes";
   }
-  snprintf(buf, sizeof(buf), "peer '%s': %s", c->p->s->peer->name, why);
+  snprintf(buf, sizeof(buf), "peer '%s': %s", c->p->peer->name, why);
   chunk_end(c, err, buf);
 }
 
-/* Keeps the set's chunks in flight (cluster.pull_depth over the whole
- * set, and no more than p has staging slots) from p: each a Read (or,
- * from a staging peer, a Stage) answered with its bytes. */
+/* Keeps the set's chunks in flight (cluster.pull_depth a source over
+ * the whole set, and no more than p has staging slots) from p: each a
+ * Read (or, from a staging peer, a Stage) answered with its bytes. */
 static void issue_chunks(struct pull *p) {
   struct pull_set *s = p->s;
-  struct gshmd_cluster *cl = s->cl;
 
-  while (!s->err && s->inflight < cl->cfg->cluster_pull_depth && p->next_off < p->total &&
-         (!p->nslots || p->nfree) && peer_budget_left(s->peer, p)) {
+  while (!s->err && s->inflight < gshmd__pull_set_depth(s) && p->next_off < p->total &&
+         (!p->nslots || p->nfree) && peer_budget_left(p->peer, p)) {
     struct chunk *c = calloc(1, sizeof(*c));
     if (!c) {
       pull_fail(p, -ENOMEM, "out of memory");
@@ -311,8 +309,8 @@ static void issue_chunks(struct pull *p) {
     p->next_off += c->len;
     p->inflight++;
     s->inflight++;
-    s->peer->reads_inflight++;
-    s->peer->bytes_inflight += c->len;
+    p->peer->reads_inflight++;
+    p->peer->bytes_inflight += c->len;
     gshm__cluster__msg__init(&c->msg);
     if (p->remote_staged) {
       gshm__cluster__stage__init(&c->st);
@@ -339,7 +337,7 @@ static void issue_chunks(struct pull *p) {
     c->req.data_done = chunk_data_done;
     c->req.data_hold = chunk_hold;
     c->req.arg = c;
-    c->req.peer = s->peer;
+    c->req.peer = p->peer;
     if (!p->link) {
       chunk_end(c, -ECONNRESET, "peer lost");
       break;
@@ -353,11 +351,13 @@ static void issue_chunks(struct pull *p) {
 void gshmd__pull_set_issue(struct pull_set *s) {
   for (size_t i = s->first_open; i < s->next_start && !s->err; i++) {
     struct pull *p = s->items[i];
-    if (s->inflight >= s->cl->cfg->cluster_pull_depth ||
-        s->peer->reads_inflight >= PEER_READ_BUDGET)
-      break; /* (the bytes' budget is checked per chunk) */
-    if (p->granted && !p->closed && !p->finished && p->total && !p->lsb_job)
-      issue_chunks(p); /* (into local slots: once they are made) */
+    if (s->inflight >= gshmd__pull_set_depth(s))
+      break;
+    /* (the bytes' budget is checked per chunk; into local slots: once
+     * they are made) */
+    if (p->granted && !p->closed && !p->finished && p->total && !p->lsb_job &&
+        p->peer->reads_inflight < PEER_READ_BUDGET)
+      issue_chunks(p);
   }
   gshmd__link_kick(&s->cl->ll);
 }
@@ -375,48 +375,10 @@ bool gshmd__pull_lands_on_device(struct pull *p, bool remote_device) {
   return gshmd__pull_location_device(p->location);
 }
 
-/* Where a copy of the peer segment s comes from (its source), into src
- * (len bytes): where the peer got it, when the peer pulled it too, else
- * the peer's own. */
-void gshmd__pull_source_text(const struct pull *p, const Gshm__Cluster__Segment *s, char *src,
-                             size_t len) {
-  if (s->source && *s->source && strlen(s->source) < SOURCE_MAX && strchr(s->source, ':') &&
-      strchr(s->source, '#')) {
-    snprintf(src, len, "%s", s->source);
-    gshm__text_clean(src);
-  } else {
-    snprintf(src, len, "%s:%s#%" PRIu64 ".%" PRIu64, p->s->peer->name, s->name, s->id,
-             s->generation);
-  }
-}
-
 /* p's copy's source is src (gshmd__pull_source_text's). */
 static void set_source_text(struct pull *p, const char *src) {
   free(p->seg->source);
   p->seg->source = strdup(src);
-}
-
-
-/* Whether the segment the peer granted is the one it listed: the same
- * id and generation when it was listed published; the same source (p's
- * hidden copy, made from the listing, has it) in any case, as a segment
- * relayed in flight there and published since has; on a GPU there only
- * where it was listed on one (a copy made at its grant takes the grant's
- * word).  One that took the name meanwhile (made again, or the old one
- * of a --replace whose pull failed there) would mix generations in the
- * set. */
-static bool grant_is_listed(const struct pull *p, const Gshm__Cluster__Segment *s) {
-  const char *listed = p->create_listed ? p->listed_source : p->seg ? p->seg->source : NULL;
-  char src[400];
-
-  if (!listed)
-    return true; /* (not listed: a single pull) */
-  if (gshmd__pull_location_device(s->location) != p->listed_device)
-    return false;
-  if (p->listed_id && (s->id != p->listed_id || s->generation != p->listed_gen))
-    return false;
-  gshmd__pull_source_text(p, s, src, sizeof(src));
-  return strcmp(src, listed) == 0;
 }
 
 /* Maps p's new host segment for the chunks to land in (the host
@@ -523,11 +485,11 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   }
   if (p->seg->requested_size != s->size || (p->seg->mem->device_index >= 0) != p->local_staged) {
     pull_fail(p, -ESTALE, "segment '%s' of peer '%s' changed since it was listed", p->remote_name,
-              p->s->peer->name);
+              p->peer->name);
     return -ESTALE;
   }
   /* (its source, the fd store's record at publish, is the grant's: made
-   * from it here, or from the listing that grant_is_listed matched) */
+   * from it here, or from the listing that gshmd__pull_grant_is_listed matched) */
   mem = p->mem = p->seg->mem;
   if (mem->device_index >= 0)
     return 0; /* written by copies from the local slots */
@@ -577,6 +539,11 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
     return;
   if (!err)
     s->busy_since_ns = s->retry_ns = 0;
+  if (err && p->src && !s->err) { /* (not the lister: the others may serve it) */
+    char msg[GSHMD_PEER_ERROR_LEN];
+    gshmd__pull_grant_elsewhere(p, err, gshmd__peer_error(req, err, m, why, msg, sizeof(msg)));
+    return;
+  }
   if (err) {
     char msg[GSHMD_PEER_ERROR_LEN];
     pull_fail(p, err, "%s", gshmd__peer_error(req, err, m, why, msg, sizeof(msg)));
@@ -584,7 +551,7 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
   }
   if (m->body_case != GSHM__CLUSTER__MSG__BODY_GRANT || !m->grant->segment) {
     pull_fail(p, -EPROTO, "peer '%s' answered a grant request with something else",
-              s->peer->name);
+              p->peer->name);
     return;
   }
   g = m->grant;
@@ -592,7 +559,7 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
    * source: it must be the one asked for, and sane */
   if ((why = gshmd__pull_segment_bad(s->cl, g->segment)) ||
       strcmp(g->segment->name, p->remote_name)) {
-    pull_fail(p, -EPROTO, "peer '%s' granted '%s' with %s", s->peer->name, p->remote_name,
+    pull_fail(p, -EPROTO, "peer '%s' granted '%s' with %s", p->peer->name, p->remote_name,
               why ? why : "another segment's name");
   }
   p->granted = true;
@@ -601,7 +568,7 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
   p->remote_gen = g->segment->generation;
   p->relayed = g->segment->in_flight;
   p->path = g->path;
-  p->link = s->peer->out;
+  p->link = p->peer->out;
   if (p->link) {
     gshm_list_add_tail(&p->link->pulls, &p->link_node);
     p->on_link = true;
@@ -609,12 +576,11 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
   if (s->err) /* the set failed while we waited: the grant goes back */
     return;
   if (!p->link) {
-    pull_fail(p, -ECONNRESET, "peer '%s' lost", s->peer->name);
+    pull_fail(p, -ECONNRESET, "peer '%s' lost", p->peer->name);
     return;
   }
-  if (!grant_is_listed(p, g->segment)) {
-    pull_fail(p, -ESTALE, "segment '%s' of peer '%s' is not the one it listed (the name was "
-              "taken by another segment meanwhile)", p->remote_name, s->peer->name);
+  if (!gshmd__pull_grant_is_listed(p, g->segment)) {
+    gshmd__pull_grant_not_listed(p);
     return;
   }
   if (gshmd__pull_choose_path(p, g) || gshmd__pull_setup_slots(p, g))
@@ -632,9 +598,21 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
     return;
   gshm_log_info("cluster: pulling '%s' from peer '%s' into '%s' at %s: %" PRIu64
                 " bytes, path %s (%s)",
-                p->remote_name, s->peer->name, p->local_name, p->location, p->total,
+                p->remote_name, p->peer->name, p->local_name, p->location, p->total,
                 gshmd__pull_path_name(p->path), p->path_reason);
   gshmd__pull_set_issue(s);
+}
+
+void gshmd__pull_release_send(const struct pull *p) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Release r = GSHM__CLUSTER__RELEASE__INIT;
+
+  if (!p->granted || !p->link || p->link->state != LINK_UP)
+    return;
+  r.grant_id = p->grant_id;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_RELEASE;
+  m.release = &r;
+  gshmd__link_send(p->link, &m);
 }
 
 /* A segment has nothing in flight and is done (or its set failed): the
@@ -644,14 +622,7 @@ void gshmd__pull_item_close(struct pull *p) {
   struct pull_set *s = p->s;
   struct gshmd_cluster *cl = s->cl;
 
-  if (p->granted && p->link && p->link->state == LINK_UP) {
-    Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
-    Gshm__Cluster__Release r = GSHM__CLUSTER__RELEASE__INIT;
-    r.grant_id = p->grant_id;
-    m.body_case = GSHM__CLUSTER__MSG__BODY_RELEASE;
-    m.release = &r;
-    gshmd__link_send(p->link, &m);
-  }
+  gshmd__pull_release_send(p);
   if (p->on_link)
     gshm_list_del(&p->link_node);
   p->on_link = false;
@@ -670,10 +641,8 @@ void gshmd__pull_item_close(struct pull *p) {
   p->closed = true;
   /* (one a busy peer refused waits unstarted: grants.c counted it off,
    * and a set that fails closes it too) */
-  if (p->started) {
-    s->active--;
-    s->peer->grants_out--;
-  }
+  if (p->started)
+    gshmd__pull_grant_off(p);
   s->nclosed++;
 }
 
@@ -691,7 +660,7 @@ void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l, int err, co
     p->link = NULL;
     pull_fail(p, err,
               "peer '%s' lost mid-pull: %s; %" PRIu64 " of %" PRIu64 " bytes of '%s' read",
-              p->s->peer->name, why, p->done, p->total, p->remote_name);
+              p->peer->name, why, p->done, p->total, p->remote_name);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "config.h"
 #include "internal.h"
 #include "relay.h"
 #include "util.h"
@@ -35,6 +36,11 @@
  * for others to close (one always goes); the serving side's own cap is
  * per link (serve.c STAGED_LINK_FULL). */
 #define PULL_PINNED_FULL 8
+/* Peers one set pull may take its segments from (cluster.h
+ * gshmd_cluster_pull: "a,b,c"): the first lists the set, and each
+ * segment's grant goes to the one with the fewest of the set's bytes
+ * open (grants.c), so that faster sources serve more. */
+#define PULL_MAX_SOURCES 8
 
 struct pull;
 struct pull_set;
@@ -45,6 +51,9 @@ struct pull_set;
  * segment waits for the set). */
 struct pull {
   struct pull_set *s;
+  struct peer *peer;          /* its source (s->peers[src]): chosen when its grant is asked */
+  unsigned src;
+  uint8_t tried;              /* sources (bits: s->peers' indices) that did not grant it */
   struct gshm_list link_node; /* link->pulls, once granted */
   struct link *link;          /* the link the grant came on; NULL when lost */
   struct peer_req req;        /* the grant request */
@@ -54,6 +63,7 @@ struct pull {
   char remote_name[256];
   char local_name[256];
   char location[GSHM_LOCATION_MAX];
+  bool listed_in_flight;      /* the lister listed it in flight (GrantRequest.in_flight) */
   bool started, granted, finished, closed, on_link;
   struct pull *next_retry;    /* s->retry: refused for now (busy peer), asked again later */
   uint64_t grant_id, remote_id, remote_gen;
@@ -98,7 +108,14 @@ struct pull_set {
   struct gshm_list node;      /* cl->pulls */
   struct gshmd_cluster *cl;
   uint64_t seq;               /* order of start (relay.c's listing keys) */
-  struct peer *peer;
+  struct peer *peer;          /* the peer that lists the set: peers[0] */
+  struct peer *peers[PULL_MAX_SOURCES]; /* where its segments may come from */
+  unsigned npeers;
+  uint64_t open_bytes[PULL_MAX_SOURCES]; /* bytes of its segments started, not closed, per
+                                 source (grants.c: the next grant goes to the fewest) */
+  uint8_t down;               /* sources (bits) that could not be reached: none of its
+                                 segments go to them */
+  char peers_text[PULL_MAX_SOURCES * 64]; /* "a,b": the peers, as asked */
   struct gshmd_client *requester; /* NULL once gone */
   uint32_t request_id;
   struct gshmd_client *holder; /* internal client with the requester's cred */
@@ -137,6 +154,19 @@ struct pull_set {
   int err;
   char why[256];
 };
+
+/* Chunks a set keeps in flight: cluster.pull_depth per source. */
+static inline unsigned gshmd__pull_set_depth(const struct pull_set *s) {
+  return s->cl->cfg->cluster_pull_depth * s->npeers;
+}
+
+/* Whether peer is one of s's sources. */
+static inline bool gshmd__pull_set_from(const struct pull_set *s, const struct peer *peer) {
+  for (unsigned k = 0; k < s->npeers; k++)
+    if (s->peers[k] == peer)
+      return true;
+  return false;
+}
 
 /* ---- pull_resend.c ---- */
 
@@ -177,6 +207,9 @@ void gshmd__pull_send_progress(struct pull_set *s);
 /* The peer's answer to p's grant request (p->req.done). */
 void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
                             const Gshm__Cluster__Msg *m);
+/* A Release of p's grant to its peer, where p holds one and its link is
+ * up (the peer forgets a lost link's grants itself). */
+void gshmd__pull_release_send(const struct pull *p);
 /* p has nothing in flight: its grant goes back, its slots go, and its
  * mapping unless made at the listing (its hidden segment stays with the
  * set). */
@@ -267,6 +300,43 @@ void gshmd__pull_set_start_grants(struct pull_set *s);
 /* The peer refused p's grant as busy while other segments of the set
  * hold grants: p is asked again later.  False when nothing else is open. */
 bool gshmd__pull_grant_later(struct pull *p);
+/* p's source, not the set's lister, did not grant it (err: refused,
+ * unreachable, not found there; -ESTALE: what it granted is not a copy
+ * of what the lister listed; why: in words, naming it): p goes back to the set's
+ * queue for a source it has not tried (the lister at last, never
+ * tried: its failure fails the set), and a source that cannot be
+ * reached takes none of the set's segments from then.  Logged. */
+void gshmd__pull_grant_elsewhere(struct pull *p, int err, const char *why);
+/* ---- sources.c ---- */
+
+/* The peers of pull m ("a" or, for a set, "a,b,c": at most
+ * PULL_MAX_SOURCES, each once) into out[*n_out].  Returns 0, or -EINVAL
+ * (a list for a single pull, too many, an empty or repeated name) or
+ * -ENOENT (one is not in cluster.peers) with *msg_out set (static, or
+ * cl->reply_msg until the reply is sent). */
+int gshmd__pull_sources_parse(struct gshmd_cluster *cl, const Gshm__PullRequest *m,
+                              struct peer **out, unsigned *n_out, const char **msg_out);
+/* The index in s->peers of the source p's grant asks: of those p has not
+ * tried, that can be reached and hold fewer than LINK_MAX_GRANTS of this
+ * node's grants, the one with the fewest of s's bytes open (the first of
+ * equals: the lister); -1 when none may be asked now. */
+int gshmd__pull_source_pick(const struct pull_set *s, const struct pull *p);
+/* Whether what p's source granted (s) is what p's listing listed (pull.c
+ * grant_done; true for a single pull, never listed). */
+bool gshmd__pull_grant_is_listed(const struct pull *p, const Gshm__Cluster__Segment *s);
+/* p's grant goes back at once, before anything was read, and p is as
+ * before its grant (gshmd__pull_grant_elsewhere asks another source). */
+void gshmd__pull_grant_return(struct pull *p);
+/* What p's source granted is not what the lister listed: the set fails
+ * -ESTALE where the lister granted it; another source's grant goes back
+ * and p is asked of the others (logged). */
+void gshmd__pull_grant_not_listed(struct pull *p);
+/* s's sources: peers[0..n) (n >= 1; the first lists the set), and their
+ * names as asked ("a,b") in s->peers_text. */
+void gshmd__pull_set_sources(struct pull_set *s, struct peer *const *peers, unsigned n);
+/* p's grant, asked or held, is over: off its set's active count, its
+ * source's open bytes and that peer's grants_out. */
+void gshmd__pull_grant_off(struct pull *p);
 /* The pinned staging bytes p's grant will hold here: 0 unless it lands
  * on a GPU (its listing says so, or its location names one); a segment
  * not listed counts cluster.staging_bytes. */

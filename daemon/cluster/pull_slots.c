@@ -101,14 +101,14 @@ int gshmd__pull_setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
   p->chunk_size = p->s->cl->cfg->cluster_pull_chunk;
   if (p->remote_staged) {
     if (!gshmd_stage_grant_ok(g->slots, g->slot_size, g->length)) {
-      pull_fail(p, -EPROTO, "peer '%s' granted malformed staging slots", p->s->peer->name);
+      pull_fail(p, -EPROTO, "peer '%s' granted malformed staging slots", p->peer->name);
       return -EPROTO;
     }
     p->nslots = g->slots;
     if (g->slot_size < p->chunk_size)
       p->chunk_size = g->slot_size;
   } else if (g->length < g->segment->size) {
-    pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->s->peer->name,
+    pull_fail(p, -EPROTO, "peer '%s' granted %" PRIu64 " of %" PRIu64 " bytes", p->peer->name,
               g->length, g->segment->size);
     return -EPROTO;
   } else if (p->link && p->link->nlanes > 1 && p->s->n == 1) {

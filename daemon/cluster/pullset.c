@@ -104,8 +104,9 @@ static int set_add(struct pull_set *s, const char *name, uint64_t size,
   gshm__cluster__msg__init(&p->msg);
   gshm__cluster__grant_request__init(&p->greq);
   p->greq.name = p->remote_name;
-  /* (the one listed: in flight there, not the segment its pull replaces) */
-  p->greq.in_flight = listed && listed->in_flight;
+  /* (the one listed: in flight there, not the segment its pull replaces;
+   * grants.c sets greq.in_flight for the source it asks) */
+  p->listed_in_flight = listed && listed->in_flight;
   p->msg.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
   p->msg.grant_request = &p->greq;
   p->req.msg = &p->msg;
@@ -312,16 +313,16 @@ static unsigned pulls_of(struct gshmd_cluster *cl, uid_t uid) {
 
 int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t request_id,
                       const Gshm__PullRequest *m, const char **msg_out) {
-  struct peer *peer = gshmd__link_peer_find(&cl->ll, m->peer);
   const char *local = m->local_name && *m->local_name ? m->local_name : m->name;
+  struct peer *peers[PULL_MAX_SOURCES], *peer;
+  unsigned npeers;
   struct gshm_location loc;
   struct pull_set *s;
   int e;
 
-  if (!peer) {
-    *msg_out = "no such peer in cluster.peers";
-    return -ENOENT;
-  }
+  if ((e = gshmd__pull_sources_parse(cl, m, peers, &npeers, msg_out)))
+    return e;
+  peer = peers[0];
   if (!c->cred.admin && pulls_of(cl, c->cred.uid) >= GSHMD_PULLS_PER_USER) {
     *msg_out = "too many pulls in flight for this user; try again";
     return -EBUSY;
@@ -361,7 +362,7 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   snprintf(s->holder->name, sizeof(s->holder->name), "pull:%.58s", peer->name);
   s->cl = cl;
   s->seq = cl->next_set_seq++;
-  s->peer = peer;
+  gshmd__pull_set_sources(s, peers, npeers);
   s->requester = c;
   s->request_id = request_id;
   s->prefix = m->prefix;
@@ -378,9 +379,10 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   s->window = GRANTS_AHEAD;
   s->retry_tail = &s->retry;
   gshm_list_add_tail(&cl->pulls, &s->node);
-  gshm_log_info("cluster: uid %u pid %d asks to pull %s'%s' from peer '%s' as '%s'%s",
+  gshm_log_info("cluster: uid %u pid %d asks to pull %s'%s' from peer%s '%s' as '%s'%s",
                 (unsigned)c->cred.uid, (int)c->cred.pid, s->prefix ? "every segment under " : "",
-                s->name, peer->name, s->local, s->replace ? " (replacing)" : "");
+                s->name, npeers > 1 ? "s" : "", s->peers_text, s->local,
+                s->replace ? " (replacing)" : "");
   if (s->prefix) {
     s->listing = true;
     list_next(s, 0);
@@ -398,7 +400,8 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
  * GEN"), else the segment's (the peer pulled or relayed it: where it came
  * from first).  own: scratch of len bytes. */
 static char *item_source(const struct pull_set *s, const struct pull *p, char *own, size_t len) {
-  snprintf(own, len, "%s:%s#%" PRIu64 ".%" PRIu64, s->peer->name, p->remote_name, p->remote_id,
+  snprintf(own, len, "%s:%s#%" PRIu64 ".%" PRIu64, (p->peer ? p->peer : s->peer)->name,
+           p->remote_name, p->remote_id,
            p->remote_gen);
   return !p->seg->source || !strcmp(own, p->seg->source) ? (char *)"" : p->seg->source;
 }
@@ -434,6 +437,7 @@ static void reply_items(struct pull_set *s) {
       o->device_index = p->seg->mem->device_index;
       o->relayed = p->relayed;
       o->source = item_source(s, p, own, sizeof(own));
+      o->peer = s->npeers > 1 && p->peer ? p->peer->name : (char *)"";
       ptrs[i] = o;
       used += gshm__pulled_segment__get_packed_size(o) + 4;
     }
@@ -472,7 +476,7 @@ static void reply_result(struct pull_set *s, int64_t ns) {
   res.elapsed_ns = ns;
   res.path = (char *)gshmd__pull_path_name(p->path);
   res.path_reason = p->path_reason;
-  res.peer = s->peer->name;
+  res.peer = (p->peer ? p->peer : s->peer)->name;
   res.remote_id = p->remote_id;
   res.remote_generation = p->remote_gen;
   res.relayed = p->relayed;
@@ -510,17 +514,19 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
   }
   for (size_t i = 0; i < s->n; i++) {
     struct pull *p = s->items[i];
-    s->peer->pulls_ok++;
+    struct peer *from = p->peer ? p->peer : s->peer;
+    from->pulls_ok++;
     if (p->path == GSHM__CLUSTER__PATH__PATH_HOST)
-      s->peer->bytes_host += p->total;
+      from->bytes_host += p->total;
     else if (p->path == GSHM__CLUSTER__PATH__PATH_STAGED)
-      s->peer->bytes_staged += p->total;
+      from->bytes_staged += p->total;
     else
-      s->peer->bytes_direct += p->total;
+      from->bytes_direct += p->total;
   }
-  gshm_log_info("cluster: pulled %s'%s' from peer '%s' into '%s': %zu segment(s), %s in "
+  gshm_log_info("cluster: pulled %s'%s' from peer%s '%s' into '%s': %zu segment(s), %s in "
                 "%.3f s (%.2f GB/s)",
-                s->prefix ? "every segment under " : "", s->name, s->peer->name, s->local, s->n,
+                s->prefix ? "every segment under " : "", s->name, s->npeers > 1 ? "s" : "",
+                s->peers_text, s->local, s->n,
                 gshm__format_size(s->done, sz, sizeof(sz)), (double)ns / 1e9,
                 ns > 0 ? (double)s->done / (double)ns : 0.0);
   if (s->requester) /* (each seg is live until the loop runs again) */
@@ -562,7 +568,7 @@ static void set_failed(struct pull_set *s) {
       s->items[i]->seg = NULL;
     }
   gshm_log_warn("cluster: %s", gshm__pull_failure_message(msg, sizeof(msg), s->prefix, s->name,
-                                                          s->peer->name, s->err, s->why));
+                                                          s->peers_text, s->err, s->why));
   answer_failed(s);
 }
 
@@ -664,7 +670,7 @@ size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, si
     if (n == max)
       break;
     gshm__cluster_pull__init(o);
-    o->peer = s->peer->name;
+    o->peer = s->peers_text;
     o->name = s->name;
     o->prefix = s->prefix;
     o->uid = (uint32_t)s->holder->cred.uid;

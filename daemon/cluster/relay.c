@@ -341,7 +341,7 @@ static bool listing_under_way(struct gshmd_cluster *cl, const struct peer *from)
   struct gshm_list *pos;
   gshm_list_foreach(pos, &cl->pulls) {
     struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
-    if (s->prefix && (s->listing || s->to_create) && !s->err && s->peer != from)
+    if (s->prefix && (s->listing || s->to_create) && !s->err && !gshmd__pull_set_from(s, from))
       return true;
   }
   return false;

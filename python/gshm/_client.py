@@ -8,7 +8,7 @@ import contextlib
 import ctypes
 import errno
 import os
-from typing import Callable, Iterator, List, Optional, Tuple, TypeVar, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _lib as L
 from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _count, _dec, _enc,
@@ -295,7 +295,8 @@ class Client(object):
         finally:
             L.lib().gshm_free(ctypes.cast(arr, ctypes.c_void_p))
 
-    def pull(self, peer: str, name: str, local_name: Optional[str] = None,
+    def pull(self, peer: Union[str, Sequence[str]], name: str,
+             local_name: Optional[str] = None,
              location: Optional[str] = None, mode: int = 0o600,
              progress: Optional[Callable[[int, int, int], object]] = None,
              prefix: bool = False, replace: bool = False
@@ -311,6 +312,11 @@ class Client(object):
         with `name` ("llama/": a published gshm.torch model, manifest and
         segments) in one pipelined request and returns a list of
         PullResult, one per segment; `local_name` is then the local prefix.
+        With prefix=True, `peer` may list several nodes that hold the set
+        (["n0", "n1"], at most 8): the first lists it, and each segment
+        comes from the one with the fewest of the set's bytes open (each
+        result's `peer` says which); every copy must have the first's
+        source, else the pull fails whole.
         All or nothing: the names appear together once every byte is in, or
         none does.  replace=True swaps out local segments holding those
         names in the same step (their holders keep them) instead of failing
@@ -323,6 +329,8 @@ class Client(object):
         PermissionDenied, Unreachable (the peer went away; nothing is left
         behind)."""
         fn = _optional("gshm_pull_prefix" if prefix else "gshm_pull")
+        if not isinstance(peer, str):
+            peer = ",".join(peer)
         opts = L.PullOptsC()
         opts.local_name = _enc(local_name) if local_name else None
         opts.location = _enc(location) if location else None

@@ -185,3 +185,28 @@ def test_pull_prefix_resolves_manifest(pair):
             cb.unlink(r.segment.name)
         for n in list(data) + ["pub/llama/manifest"]:
             ca.unlink(n)
+
+
+def test_pull_peer_list(pair):
+    """prefix=True takes a list of peers (joined for gshm_pull_prefix):
+    one peer as a list pulls as the string does; a peer named twice, or a
+    list for a single segment, is refused before anything moves.  (Two
+    sources at once: tests/cluster/test_fanout.c test_sources.)"""
+    a, b = pair
+    data = os.urandom(70000)
+    with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
+        with ca.create("pub/list/x", len(data), location="host", mode=0o644) as seg:
+            memoryview(seg)[:len(data)] = data
+        rs = cb.pull(["a"], "pub/list/", local_name="list/", prefix=True)
+        assert [(r.segment.name, r.peer) for r in rs] == [("list/x", "a")]
+        with cb.open("list/x", access="r") as seg:
+            assert bytes(memoryview(seg)[:len(data)]) == data
+        with pytest.raises(gshm.InvalidArgument) as twice:
+            cb.pull(("a", "a"), "pub/list/", local_name="list2/", prefix=True)
+        assert "named twice" in str(twice.value), str(twice.value)
+        with pytest.raises(gshm.InvalidArgument) as single:
+            cb.pull(["a", "a"], "pub/list/x", local_name="list3")
+        assert "only a set pull" in str(single.value), str(single.value)
+        assert [s.name for s in cb.segments() if s.name.startswith("list")] == ["list/x"]
+        cb.unlink("list/x")
+        ca.unlink("pub/list/x")

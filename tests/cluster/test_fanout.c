@@ -5,7 +5,8 @@
  * way at once).  Every byte checked on B, C and D; on each node the names
  * appear only at the end; A serves the set once.  B SIGKILLed mid-chain:
  * C and D fail, nothing of the set on C or D, nor after restarting C.  A
- * set B would not export once published (mode 0600) is not relayed. */
+ * set B would not export once published (mode 0600) is not relayed.  One
+ * set from A and B at once (a list of sources). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -77,12 +78,14 @@ static int group_setup(void **state) {
   keys_make(&keys, "gshm-fanout");
   for (int i = 0; i < 4; i++)
     chain[i]->port = free_port();
-  /* each node knows the one before and the one after */
-  snprintf(peers[0], sizeof(peers[0]), "b=127.0.0.1:%d", B.port);
+  /* each node knows the one before and the one after; C knows A too */
+  snprintf(peers[0], sizeof(peers[0]), "b=127.0.0.1:%d,c=127.0.0.1:%d", B.port, C.port);
   silent_fd = silent_listener(&silent_port);
   snprintf(peers[1], sizeof(peers[1]), "a=127.0.0.1:%d,c=127.0.0.1:%d,e=127.0.0.1:%d", A.port,
            C.port, silent_port);
-  snprintf(peers[2], sizeof(peers[2]), "b=127.0.0.1:%d,d=127.0.0.1:%d", B.port, D.port);
+  /* (and A: test_sources pulls one set from A and B at once) */
+  snprintf(peers[2], sizeof(peers[2]), "b=127.0.0.1:%d,d=127.0.0.1:%d,a=127.0.0.1:%d", B.port,
+           D.port, A.port);
   snprintf(peers[3], sizeof(peers[3]), "c=127.0.0.1:%d", C.port);
   node_start(&A, "a", peers[0], keys.key, "fan/*", NULL);
   /* B reads in small chunks, one at a time: the chain runs behind it */
@@ -727,6 +730,89 @@ static void test_replace_relay_fails(void **state) {
   gshm_disconnect(a);
 }
 
+/* One set from two sources at once (gshm_pull_prefix's "a,b"): B pulls
+ * fan/src/ from A slowly (16 KiB chunks, one at a time) while C takes it
+ * from A and B together, each segment from the one with the fewest of
+ * the set's bytes open: both serve some, B relaying what it has not
+ * finished.  Every byte on C; each copy's source A's segment, whichever
+ * node served it; the per-segment peer in the results and gshmctl's
+ * summary.  Then what a list of sources refuses: a name twice, one not
+ * in cluster.peers, a single segment from several; and sources that
+ * cannot serve (D: not there; B: its own segments of those names, not
+ * copies of A's): passed over, every byte A's. */
+static void test_sources(void **state) {
+  struct hop hb = {0}, hc = {0};
+  gshm_client_t *a = connect_to(&A), *b, *c;
+  gshm_pull_result_t r, *v = NULL;
+  gshm_pull_opts_t po = {0};
+  unsigned from_a = 0, from_b = 0;
+  size_t n = 0;
+  const char *pre = "fan/src/";
+  (void)state;
+
+  make_set(a, pre, 1300);
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, -1) >= 0);
+  hop_start(&hc, &C, "a,b", pre, 0644);
+  pthread_join(hb.t, NULL);
+  pthread_join(hc.t, NULL);
+  assert_int_equal(hb.err, 0);
+  assert_int_equal(hc.err, 0);
+  assert_int_equal(hc.n, NSET);
+  for (int i = 0; i < NSET; i++) {
+    char origin[64];
+    gshm_segment_info_t on_c = stat_on(&C, hc.v[i].segment.name);
+    snprintf(origin, sizeof(origin), "a:fan/src/%02d#", i);
+    assert_memory_equal(on_c.source, origin, strlen(origin));
+    assert_string_equal(hc.v[i].segment.source, on_c.source);
+    if (!strcmp(hc.v[i].peer, "a"))
+      from_a++;
+    else if (!strcmp(hc.v[i].peer, "b"))
+      from_b++;
+    else
+      fail_msg("segment %d from peer '%s'", i, hc.v[i].peer);
+  }
+  print_message("C took %u segments from A, %u from B\n", from_a, from_b);
+  assert_true(from_a > 0 && from_b > 0);
+  c = connect_to(&C);
+  check_set(c, pre, 1300);
+  /* what each list of sources refuses, before anything is pulled */
+  po.local_name = "fan/src-x/";
+  assert_int_equal(gshm_pull_prefix(c, "a,a", pre, &po, &v, &n), -EINVAL);
+  assert_non_null(strstr(gshm_last_error(c), "peer 'a' named twice"));
+  assert_int_equal(gshm_pull_prefix(c, "a,zz", pre, &po, &v, &n), -ENOENT);
+  assert_non_null(strstr(gshm_last_error(c), "no such peer 'zz'"));
+  assert_int_equal(gshm_pull_prefix(c, "a,", pre, &po, &v, &n), -EINVAL);
+  assert_int_equal(gshm_pull_prefix(c, "a,b,d,e,f,g,h,i,j", pre, &po, &v, &n), -EINVAL);
+  po.local_name = "fan/one";
+  assert_int_equal(gshm_pull(c, "a,b", "fan/src/00", &po, &r), -EINVAL);
+  assert_non_null(strstr(gshm_last_error(c), "only a set pull"));
+  assert_int_equal(count_named(c, "fan/src-x/") + count_named(c, "fan/one"), 0);
+  unlink_set(c, pre);
+  /* sources that cannot serve: D holds none of the set (not found
+   * there), B holds segments of its own under A's names (not copies of
+   * what A listed: an older model, say): each segment asked of them is
+   * asked of A instead, and every byte is A's */
+  b = connect_to(&B);
+  unlink_set(b, pre);
+  make_set(b, pre, 1400);
+  po.local_name = NULL;
+  assert_int_equal(gshm_pull_prefix(c, "a,d,b", pre, &po, &v, &n), 0);
+  assert_int_equal(n, NSET);
+  for (size_t i = 0; i < n; i++)
+    assert_string_equal(v[i].peer, "a");
+  check_set(c, pre, 1300);
+  unlink_set(c, pre);
+  gshm_free(v);
+  unlink_set(b, pre);
+  gshm_disconnect(b);
+  gshm_disconnect(c);
+  gshm_free(hb.v);
+  gshm_free(hc.v);
+  unlink_set(a, pre);
+  gshm_disconnect(a);
+}
+
 /* Closes the connections waiting on the silent listener: their hello
  * ends at once (the peer closed). */
 static void silent_drop(void) {
@@ -800,6 +886,7 @@ int main(void) {
       cmocka_unit_test(test_relay_checks),
       cmocka_unit_test(test_replace_relayed),
       cmocka_unit_test(test_replace_relay_fails),
+      cmocka_unit_test(test_sources),
       cmocka_unit_test(test_listing_waits),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
