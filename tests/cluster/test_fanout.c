@@ -157,6 +157,18 @@ static long long wait_pull_listed(struct node *n, long long min_done) {
   return done;
 }
 
+/* Whether n has a pull in flight now. */
+static bool pull_in_flight(struct node *n) {
+  gshm_client_t *c = connect_to(n);
+  gshm_cluster_pull_t *v = NULL;
+  size_t cnt = 0;
+
+  assert_int_equal(gshm_cluster_pulls(c, &v, &cnt), 0);
+  gshm_free(v);
+  gshm_disconnect(c);
+  return cnt > 0;
+}
+
 static void hop_start(struct hop *h, struct node *puller, const char *peer, const char *prefix,
                       uint32_t mode) {
   h->puller = puller;
@@ -639,8 +651,15 @@ static void test_replace_relayed(void **state) {
   assert_int_equal(gshm_map(old, NULL, 0, &p), 0);
   hb.replace = true;
   hop_start(&hb, &B, "a", pre, 0644);
-  assert_true(wait_pull_listed(&B, -1) >= 0);
+  /* C under way during B's pull: A stopped once B has the first segment
+   * until C has bytes (over UCX B's pull could otherwise end before C's
+   * request reached B, and nothing be relayed: seen under load) */
+  assert_true(wait_pull_listed(&B, (long long)set_size(0)) >= 0);
+  assert_int_equal(kill(A.h.sp.pid, SIGSTOP), 0);
+  assert_true(pull_in_flight(&B));
   hop_start(&hc, &C, "b", pre, 0644);
+  assert_true(wait_pull_listed(&C, 1) > 0);
+  assert_int_equal(kill(A.h.sp.pid, SIGCONT), 0);
   pthread_join(hc.t, NULL);
   pthread_join(hb.t, NULL);
   print_message("B %d (%s) in %.3f s, C %d (%s) in %.3f s\n", hb.err, gshm_strerror(hb.err),
@@ -709,11 +728,18 @@ static void test_replace_relay_fails(void **state) {
       gshm_pull_prefix(k, "a", pre, &kpo, &v, &n);
     _exit(0);
   }
-  assert_true(wait_pull_listed(&B, 0) >= 0);
+  /* B's pull is held in flight: A stopped once B has the first segment
+   * (over UCX B could otherwise finish between C's first bytes and the
+   * kill, and C's pull end well: seen on a loaded 2-core machine) */
+  assert_true(wait_pull_listed(&B, (long long)set_size(0)) >= 0);
+  assert_int_equal(kill(A.h.sp.pid, SIGSTOP), 0);
+  assert_true(pull_in_flight(&B));
   hop_start(&hc, &C, "b", pre, 0644);
   assert_true(wait_pull_listed(&C, 1) > 0); /* bytes of the new set relayed to C */
   kill(kid, SIGKILL);
   assert_int_equal(waitpid(kid, NULL, 0), kid);
+  /* (B's set ends once its read in flight to A does: A goes on now) */
+  assert_int_equal(kill(A.h.sp.pid, SIGCONT), 0);
   pthread_join(hc.t, NULL);
   print_message("C, B's replace cancelled under it: %d (%s)\n", hc.err, gshm_strerror(hc.err));
   assert_int_equal(hc.err, -ECONNRESET); /* (its source, B's pull, is gone) */
