@@ -768,6 +768,21 @@ static int parse_mode(const char *what, const char *s, uint32_t *out) {
   return 0;
 }
 
+/* --location LOC of verb `what`, checked before gshmd is asked (a usage
+ * error, exit 2, as every other): "host", "cuda:N" or "cuda:GPU-<uuid>"
+ * ("" is gshmd's default).  Prints the usage error; returns 0 or -EINVAL. */
+static int check_location(const char *what, const char *s) {
+  struct gshm_location loc;
+
+  if (!gshm__location_parse(s, &loc))
+    return 0;
+  errorf(EXIT_USAGE, -EINVAL,
+         "%s: --location '%s' is not a location: write host, cuda:N (a GPU's index) or "
+         "cuda:GPU-<uuid>",
+         what, s);
+  return -EINVAL;
+}
+
 static int cmd_create(gshm_client_t *c, int argc, char **argv) {
   static const struct option opts[] = {{"location", required_argument, NULL, 'l'},
                                        {"mode", required_argument, NULL, 'm'},
@@ -784,6 +799,8 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
   while ((o = getopt_long(argc, argv, ":l:m:", opts, NULL)) != -1) {
     switch (o) {
     case 'l':
+      if (check_location("create", optarg))
+        return EXIT_USAGE;
       location = optarg;
       break;
     case 'm':
@@ -1452,6 +1469,8 @@ static int pull_args(int argc, char **argv, gshm_pull_opts_t *po, bool *prefix_o
       po->local_name = optarg;
       break;
     case 'l':
+      if (check_location("pull", optarg))
+        return EXIT_USAGE;
       po->location = optarg;
       break;
     case 'm':
