@@ -70,7 +70,10 @@ static void usage(FILE *f) {
           "                                 a terminal needs -o (-o -: stdout all the same)\n"
           "  write NAME [-i FILE] [--offset B]\n"
           "                                 bytes from stdin or FILE into the segment\n"
-          "  peers                          the cluster's peer nodes and their state\n"
+          "  peers                          the cluster's peer nodes and their state;\n"
+          "                                 EXPORTED: segments an up peer exports now, - for\n"
+          "                                 a peer not up (--json: \"exported\" null, and\n"
+          "                                 \"exported_last_seen\" the count last known)\n"
           "  segments --peer PEER           the segments peer node PEER exports\n"
           "  pull PEER:NAME [--as LOCAL] [--prefix] [--replace] [--location LOC]\n"
           "       [--mode MODE]             copy a peer's segment into a new local one;\n"
@@ -1255,6 +1258,10 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
   return arr;
 }
 
+/* Whether peer p's export count is current: gshmd asks an up peer for
+ * it; a peer down or connecting has only the count last seen. */
+static bool peer_up(const gshm_cluster_peer_t *p) { return !strcmp(p->state, "up"); }
+
 static int cmd_peers(gshm_client_t *c) {
   static char esc[SHOWN_CAP], esc2[SHOWN_CAP], esc3[SHOWN_CAP];
   gshm_cluster_peer_t *v = NULL;
@@ -1277,7 +1284,11 @@ static int cmd_peers(gshm_client_t *c) {
       json_object_set_new(o, "name", json_text(v[i].name));
       json_object_set_new(o, "address", json_text(v[i].address));
       json_object_set_new(o, "state", json_string(v[i].state));
-      json_object_set_new(o, "exported", json_integer(v[i].exported));
+      /* a count is current for an up peer only: else it is unknown
+       * (null), and the count last seen has a name that says so */
+      json_object_set_new(o, "exported", peer_up(&v[i]) ? json_integer(v[i].exported)
+                                                         : json_null());
+      json_object_set_new(o, "exported_last_seen", json_integer(v[i].exported));
       json_object_set_new(o, "message", json_text(v[i].message));
       json_array_append_new(arr, o);
     }
@@ -1303,8 +1314,11 @@ static int cmd_peers(gshm_client_t *c) {
   for (size_t i = 0; i < n; i++) {
     shown(v[i].name, esc);
     shown(v[i].address, esc2);
-    printf("%-*s %-*s %-10s %8u %s\n", col(esc, wn), esc, col(esc2, wa), esc2, v[i].state,
-           v[i].exported, shown(v[i].message, esc3));
+    char count[16] = "-";
+    if (peer_up(&v[i]))
+      snprintf(count, sizeof(count), "%u", v[i].exported);
+    printf("%-*s %-*s %-10s %8s %s\n", col(esc, wn), esc, col(esc2, wa), esc2, v[i].state, count,
+           shown(v[i].message, esc3));
   }
   pulls_in_flight(pv, np);
   gshm_free(v);

@@ -1487,6 +1487,63 @@ static void test_peers_count(void **state) {
   gshm_disconnect(b);
 }
 
+/* The state and exported count of peer name as a's PEERS says them. */
+static void peer_of(gshm_client_t *a, const char *name, char *state, size_t cap,
+                    uint32_t *exported) {
+  gshm_cluster_peer_t *v = NULL;
+  size_t n = 0;
+
+  state[0] = '\0';
+  assert_int_equal(gshm_cluster_peers(a, NULL, &v, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(v[i].name, name)) {
+      snprintf(state, cap, "%s", v[i].state);
+      *exported = v[i].exported;
+    }
+  gshm_free(v);
+  assert_true(state[0]);
+}
+
+/* gshmctl peers: a peer that went down has no current count ("-", --json
+ * null and the count last seen as exported_last_seen), where it showed
+ * the count last seen as if it were now. */
+static void test_peers_down_count(void **state) {
+  gshm_client_t *a = connect_to(&A), *c;
+  char peers[64], st[16], *out = NULL, want[64];
+  uint32_t count = 0;
+  int64_t until;
+  (void)state;
+
+  snprintf(peers, sizeof(peers), "a=127.0.0.1:%d", A.port);
+  node_start(&C, "c", peers, keys.key, "pub/*", NULL);
+  c = connect_to(&C);
+  make_segment(c, "pub/down-1", 4096, 91);
+  make_segment(c, "pub/down-2", 4096, 92);
+  assert_int_equal(gshm_list_remote(a, "c", &(gshm_segment_info_t *){NULL}, &(size_t){0}), 0);
+  peer_of(a, "c", st, sizeof(st), &count);
+  assert_string_equal(st, "up");
+  assert_int_equal(count, 2);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&C.h), 0);
+  for (until = now_ms() + 10000; now_ms() < until; usleep(50000)) {
+    peer_of(a, "c", st, sizeof(st), &count);
+    if (strcmp(st, "up"))
+      break;
+  }
+  assert_string_not_equal(st, "up");
+  assert_int_equal(count, 2); /* what gshmd last saw: gshmctl must not show it as now */
+  assert_int_equal(harness_gshmctl(&A.h, &out, (const char *[]){"peers", NULL}), 0);
+  snprintf(want, sizeof(want), " %-10s %8s ", st, "-"); /* gshmctl's columns */
+  if (!strstr(out, want))
+    fail_msg("peers lacks '%s': %s", want, out);
+  free(out);
+  assert_int_equal(harness_gshmctl(&A.h, &out, (const char *[]){"--json", "peers", NULL}), 0);
+  assert_non_null(strstr(out, "\"exported\": null"));
+  assert_non_null(strstr(out, "\"exported_last_seen\": 2"));
+  free(out);
+  gshm_disconnect(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
@@ -1510,6 +1567,7 @@ int main(void) {
       cmocka_unit_test(test_read_budget),
       cmocka_unit_test(test_unreachable_peer),
       cmocka_unit_test(test_peers_count),
+      cmocka_unit_test(test_peers_down_count),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
