@@ -482,6 +482,13 @@ static int widen(int w, const char *text) {
 
 static int cmd_remote_segments(gshm_client_t *c, const char *peer);
 
+/* The SIZE of a segment's row, local or a peer's (segments --peer): the
+ * bytes allocated (the size asked for rounded up to the granularity), so
+ * that a segment reads the same on its node and from a peer. */
+static const char *size_cell(const gshm_segment_info_t *i, char *buf, size_t cap) {
+  return gshm__format_size(i->size, buf, cap);
+}
+
 static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
   static char esc[SHOWN_CAP], esc2[SHOWN_CAP];
   gshm_segment_info_t *v = NULL;
@@ -536,7 +543,7 @@ static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
     shown(v[i].name, esc);
     printf("%-6" PRIu64 " %-*s %10s %-10s %6u %6u %04o %-8s %6u %s%s%s\n", v[i].id,
            col(esc, wn), esc,
-           gshm__format_size(v[i].size, sz, sizeof(sz)), loc, v[i].uid, v[i].gid, v[i].mode,
+           size_cell(&v[i], sz, sizeof(sz)), loc, v[i].uid, v[i].gid, v[i].mode,
            v[i].unlinked ? "unlinked" : "live", v[i].leases, age(v[i].created_ns, t, sizeof(t)),
            v[i].source[0] ? "  from " : "", shown(v[i].source, esc2));
   }
@@ -1363,7 +1370,7 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
     shown(v[i].name, esc);
     shown(v[i].location, esc2);
     printf("%-6" PRIu64 " %-*s %10s %-*s %s\n", v[i].id, col(esc, wn), esc,
-           gshm__format_size(v[i].requested_size, sz, sizeof(sz)), col(esc2, wl), esc2,
+           size_cell(&v[i], sz, sizeof(sz)), col(esc2, wl), esc2,
            age(v[i].created_ns, t, sizeof(t)));
   }
   gshm_free(v);

@@ -1118,6 +1118,18 @@ static void test_requester_killed(void **state) {
   gshm_disconnect(a);
 }
 
+/* The SIZE field ("8 KiB") of segment name's row in a gshmctl segments
+ * table (ID NAME SIZE ...), in buf. */
+static void size_field(const char *table, const char *name, char *buf, size_t cap) {
+  char want[80], num[16], unit[8];
+  const char *row;
+
+  snprintf(want, sizeof(want), " %s ", name);
+  assert_non_null(row = strstr(table, want));
+  assert_int_equal(sscanf(row + strlen(want), " %15s %7s", num, unit), 2);
+  snprintf(buf, cap, "%s %s", num, unit);
+}
+
 /* gshmctl peers, segments --peer and pull, as a user types them. */
 static void test_gshmctl(void **state) {
   gshm_client_t *a = connect_to(&A);
@@ -1133,6 +1145,22 @@ static void test_gshmctl(void **state) {
                    0);
   assert_non_null(strstr(out, "pub/cli"));
   free(out);
+  /* a size that is not whole pages reads the same from a peer as on its
+   * node (segments --peer showed the size asked for, 4.9 KiB, and
+   * segments the bytes allocated, 8 KiB) */
+  {
+    char here[32], there[32];
+    make_segment(a, "pub/odd", 5000, 82);
+    assert_int_equal(harness_gshmctl(&A.h, &out, (const char *[]){"segments", NULL}), 0);
+    size_field(out, "pub/odd", here, sizeof(here));
+    free(out);
+    assert_int_equal(
+        harness_gshmctl(&B.h, &out, (const char *[]){"segments", "--peer", "a", NULL}), 0);
+    size_field(out, "pub/odd", there, sizeof(there));
+    free(out);
+    assert_string_equal(there, here);
+    assert_int_equal(gshm_unlink(a, "pub/odd"), 0);
+  }
   assert_int_equal(harness_gshmctl(&B.h, &out,
                                    (const char *[]){"--json", "pull", "a:pub/cli", "--as", "cli",
                                                     "--mode", "0640", NULL}),
