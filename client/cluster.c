@@ -69,6 +69,8 @@ int gshm_cluster_pulls(gshm_client_t *c, gshm_cluster_pull_t **pulls_out, size_t
     const Gshm__ClusterPull *p = reply->cluster_peers->pulls[i];
     snprintf(a[i].peer, sizeof(a[i].peer), "%s", p->peer);
     snprintf(a[i].name, sizeof(a[i].name), "%s", p->name);
+    snprintf(a[i].local_name, sizeof(a[i].local_name), "%s",
+             p->local_name && *p->local_name ? p->local_name : p->name);
     a[i].prefix = p->prefix;
     a[i].uid = p->uid;
     a[i].bytes_done = p->bytes_done;

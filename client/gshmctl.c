@@ -73,7 +73,9 @@ static void usage(FILE *f) {
           "  peers                          the cluster's peer nodes and their state;\n"
           "                                 EXPORTED: segments an up peer exports now, - for\n"
           "                                 a peer not up (--json: \"exported\" null, and\n"
-          "                                 \"exported_last_seen\" the count last known)\n"
+          "                                 \"exported_last_seen\" the count last known);\n"
+          "                                 then the pulls in flight: NAME the peer's segment\n"
+          "                                 or prefix, LOCAL where it lands here (--as)\n"
           "  segments --peer PEER           the segments peer node PEER exports\n"
           "  pull PEER:NAME [--as LOCAL] [--prefix] [--replace] [--location LOC]\n"
           "       [--mode MODE]             copy a peer's segment into a new local one;\n"
@@ -1223,26 +1225,29 @@ out:
 
 /* ---- cluster verbs ---- */
 
-/* The pulls in flight, as `peers` shows them (JSON: an array). */
+/* The pulls in flight, as `peers` shows them (JSON: an array): NAME the
+ * peer's segment or prefix, LOCAL where it lands here (--as). */
 static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
-  static char esc[SHOWN_CAP], esc2[SHOWN_CAP];
+  static char esc[SHOWN_CAP], esc2[SHOWN_CAP], esc3[SHOWN_CAP];
   char done[32], total[32], segs[48];
   json_t *arr = json_out ? json_array() : NULL;
-  int wp = 16, wn = 32;
+  int wp = 16, wn = 24, wl = 24;
 
   for (size_t i = 0; i < n; i++) {
     wp = widen(wp, v[i].peer);
     wn = widen(wn, v[i].name);
+    wl = widen(wl, v[i].local_name);
   }
   if (n && !json_out)
-    printf("\n%zu pull%s in flight:\n%-*s %-*s %6s %-20s %-23s %s\n", n, n == 1 ? "" : "s", wp,
-           "PEER", wn, "NAME", "UID", "BYTES", "SEGMENTS", "TIME");
+    printf("\n%zu pull%s in flight:\n%-*s %-*s %-*s %6s %-20s %-23s %s\n", n, n == 1 ? "" : "s",
+           wp, "PEER", wn, "NAME", wl, "LOCAL", "UID", "BYTES", "SEGMENTS", "TIME");
   for (size_t i = 0; i < n; i++) {
     double sec = (double)v[i].elapsed_ns / 1e9;
     if (json_out) {
       json_t *o = json_object();
       json_object_set_new(o, "peer", json_text(v[i].peer));
       json_object_set_new(o, "name", json_text(v[i].name));
+      json_object_set_new(o, "local_name", json_text(v[i].local_name));
       json_object_set_new(o, "prefix", json_boolean(v[i].prefix));
       json_object_set_new(o, "uid", json_integer(v[i].uid));
       json_object_set_new(o, "bytes_done", json_integer((json_int_t)v[i].bytes_done));
@@ -1255,11 +1260,12 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
     }
     shown(v[i].peer, esc);
     shown(v[i].name, esc2);
+    shown(v[i].local_name, esc3);
     /* (SEGMENTS one field wide, so that TIME has a column of its own) */
     snprintf(segs, sizeof(segs), "%u/%u%s", v[i].segments_done, v[i].segments_total,
              v[i].prefix && !v[i].segments_total ? " (listing)" : "");
-    printf("%-*s %-*s %6u %9s/%-9s  %-23s %.1f s\n", col(esc, wp), esc, col(esc2, wn), esc2,
-           v[i].uid, gshm__format_size(v[i].bytes_done, done, sizeof(done)),
+    printf("%-*s %-*s %-*s %6u %9s/%-9s  %-23s %.1f s\n", col(esc, wp), esc, col(esc2, wn), esc2,
+           col(esc3, wl), esc3, v[i].uid, gshm__format_size(v[i].bytes_done, done, sizeof(done)),
            gshm__format_size(v[i].bytes_total, total, sizeof(total)), segs, sec);
   }
   return arr;
