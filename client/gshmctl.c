@@ -651,70 +651,35 @@ static int cmd_clients(gshm_client_t *c) {
   return EXIT_OK;
 }
 
-static int cmd_devices(gshm_client_t *c) {
-  gshm_device_info_t *v = NULL;
-  size_t n = 0;
-  char a[32], b[32];
-  gshm_status_info_t st = {0};
-  int e = gshm_list_devices(c, &v, &n);
+/* One GPU of `devices --json`, its peers' access included. */
+static json_t *device_json(const gshm_device_info_t *d) {
+  json_t *o = json_object(), *peers = json_array();
 
-  if (e)
-    return fail(c, "devices", e);
-  if (n == 0 && (e = gshm_status(c, &st))) { /* (why none: its gpu_fault) */
-    gshm_free(v);
-    return fail(c, "devices", e);
+  json_object_set_new(o, "index", json_integer(d->index));
+  json_object_set_new(o, "uuid", json_string(d->uuid));
+  json_object_set_new(o, "pci_bus_id", json_string(d->pci_bus_id));
+  json_object_set_new(o, "name", json_text(d->name));
+  json_object_set_new(o, "total_memory", json_integer((json_int_t)d->total_memory));
+  json_object_set_new(o, "free_memory", json_integer((json_int_t)d->free_memory));
+  json_object_set_new(o, "granularity", json_integer((json_int_t)d->granularity));
+  json_object_set_new(o, "compute_capability", json_sprintf("%d.%d", d->cc_major, d->cc_minor));
+  for (int k = 0; k < d->npeers; k++) {
+    json_t *p = json_object();
+    json_object_set_new(p, "index", json_integer(d->peers[k].index));
+    json_object_set_new(p, "access", json_boolean(d->peers[k].access));
+    json_object_set_new(p, "native_atomics", json_boolean(d->peers[k].native_atomics));
+    json_object_set_new(p, "performance_rank", json_integer(d->peers[k].performance_rank));
+    json_object_set_new(p, "nvlinks",
+                        d->peers[k].nvlinks < 0 ? json_null() : json_integer(d->peers[k].nvlinks));
+    json_array_append_new(peers, p);
   }
-  if (json_out) {
-    json_t *doc = json_doc(), *arr = json_array();
-    for (size_t i = 0; i < n; i++) {
-      json_t *o = json_object(), *peers = json_array();
-      json_object_set_new(o, "index", json_integer(v[i].index));
-      json_object_set_new(o, "uuid", json_string(v[i].uuid));
-      json_object_set_new(o, "pci_bus_id", json_string(v[i].pci_bus_id));
-      json_object_set_new(o, "name", json_text(v[i].name));
-      json_object_set_new(o, "total_memory", json_integer((json_int_t)v[i].total_memory));
-      json_object_set_new(o, "free_memory", json_integer((json_int_t)v[i].free_memory));
-      json_object_set_new(o, "granularity", json_integer((json_int_t)v[i].granularity));
-      json_object_set_new(o, "compute_capability",
-                          json_sprintf("%d.%d", v[i].cc_major, v[i].cc_minor));
-      for (int k = 0; k < v[i].npeers; k++) {
-        json_t *p = json_object();
-        json_object_set_new(p, "index", json_integer(v[i].peers[k].index));
-        json_object_set_new(p, "access", json_boolean(v[i].peers[k].access));
-        json_object_set_new(p, "native_atomics", json_boolean(v[i].peers[k].native_atomics));
-        json_object_set_new(p, "performance_rank", json_integer(v[i].peers[k].performance_rank));
-        json_object_set_new(p, "nvlinks", v[i].peers[k].nvlinks < 0
-                                              ? json_null()
-                                              : json_integer(v[i].peers[k].nvlinks));
-        json_array_append_new(peers, p);
-      }
-      json_object_set_new(o, "peers", peers);
-      json_array_append_new(arr, o);
-    }
-    json_object_set_new(doc, "devices", arr);
-    if (*st.gpu_fault)
-      json_object_set_new(doc, "gpu_fault", json_string(st.gpu_fault));
-    gshm_free(v);
-    return print_json(doc);
-  }
-  if (n == 0 && *st.gpu_fault)
-    printf("no usable GPUs: %s (%s); device segments are parked until the GPUs work again and "
-           "gshmd restarts\n", gpu_fault_what(st.gpu_fault), gpu_fault_why(st.gpu_fault));
-  else if (n == 0)
-    printf("no GPUs: this gshmd serves host segments only\n");
-  if (n == 0) {
-    gshm_free(v);
-    return EXIT_OK;
-  }
-  printf("%-4s %-42s %-14s %-24s %5s %10s %10s\n", "IDX", "UUID", "PCI", "NAME", "CC", "TOTAL",
-         "FREE");
-  for (size_t i = 0; i < n; i++)
-    printf("%-4d %-42s %-14s %-24s %3d.%d %10s %10s\n", v[i].index, v[i].uuid, v[i].pci_bus_id,
-           v[i].name, v[i].cc_major, v[i].cc_minor,
-           gshm__format_size(v[i].total_memory, a, sizeof(a)),
-           gshm__format_size(v[i].free_memory, b, sizeof(b)));
-  /* The P2P matrix, p2pBandwidthLatencyTest style: NV<n> for NVLink,
-   * P2P for other peer access, - for none, X for self. */
+  json_object_set_new(o, "peers", peers);
+  return o;
+}
+
+/* The P2P matrix of the n GPUs v, p2pBandwidthLatencyTest style: NV<n>
+ * for NVLink, P2P for other peer access, - for none, X for self. */
+static void print_p2p_matrix(const gshm_device_info_t *v, size_t n) {
   printf("\nP2P   ");
   for (size_t j = 0; j < n; j++)
     printf(" GPU%-3d", v[j].index);
@@ -737,6 +702,48 @@ static int cmd_devices(gshm_client_t *c) {
     }
     printf("\n");
   }
+}
+
+static int cmd_devices(gshm_client_t *c) {
+  gshm_device_info_t *v = NULL;
+  size_t n = 0;
+  char a[32], b[32];
+  gshm_status_info_t st = {0};
+  int e = gshm_list_devices(c, &v, &n);
+
+  if (e)
+    return fail(c, "devices", e);
+  if (n == 0 && (e = gshm_status(c, &st))) { /* (why none: its gpu_fault) */
+    gshm_free(v);
+    return fail(c, "devices", e);
+  }
+  if (json_out) {
+    json_t *doc = json_doc(), *arr = json_array();
+    for (size_t i = 0; i < n; i++)
+      json_array_append_new(arr, device_json(&v[i]));
+    json_object_set_new(doc, "devices", arr);
+    if (*st.gpu_fault)
+      json_object_set_new(doc, "gpu_fault", json_string(st.gpu_fault));
+    gshm_free(v);
+    return print_json(doc);
+  }
+  if (n == 0 && *st.gpu_fault)
+    printf("no usable GPUs: %s (%s); device segments are parked until the GPUs work again and "
+           "gshmd restarts\n", gpu_fault_what(st.gpu_fault), gpu_fault_why(st.gpu_fault));
+  else if (n == 0)
+    printf("no GPUs: this gshmd serves host segments only\n");
+  if (n == 0) {
+    gshm_free(v);
+    return EXIT_OK;
+  }
+  printf("%-4s %-42s %-14s %-24s %5s %10s %10s\n", "IDX", "UUID", "PCI", "NAME", "CC", "TOTAL",
+         "FREE");
+  for (size_t i = 0; i < n; i++)
+    printf("%-4d %-42s %-14s %-24s %3d.%d %10s %10s\n", v[i].index, v[i].uuid, v[i].pci_bus_id,
+           v[i].name, v[i].cc_major, v[i].cc_minor,
+           gshm__format_size(v[i].total_memory, a, sizeof(a)),
+           gshm__format_size(v[i].free_memory, b, sizeof(b)));
+  print_p2p_matrix(v, n);
   gshm_free(v);
   return EXIT_OK;
 }
@@ -1660,16 +1667,16 @@ static int dispatch(gshm_client_t *c, const char *verb, int argc, char **argv) {
   return rc;
 }
 
-int main(int argc, char **argv) {
+/* gshmctl's own options before the verb: --socket, --json, and --help
+ * and --version, which end the run.  Returns -1 to go on (optind at the
+ * verb), else the exit status. */
+static int global_options(int argc, char **argv) {
   static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
                                        {"json", no_argument, NULL, 'j'},
                                        {"help", no_argument, NULL, 'h'},
                                        {"version", no_argument, NULL, 'V'},
                                        {NULL, 0, NULL, 0}};
-  gshm_client_t *c = NULL;
-  const char *verb;
-  bool verb_help = false;
-  int o, rc;
+  int o;
 
   opterr = 0; /* errorf reports, with the program's name (and as JSON) */
   /* "+": stop at the verb, whose own options follow it. */
@@ -1694,6 +1701,104 @@ int main(int argc, char **argv) {
                     argv[optind - 1]);
     }
   }
+  return -1;
+}
+
+/* Global options may also follow the verb ("gshmctl mappings --json"):
+ * takes them out of argv[1..*argc_io) (argv[0] the verb) before the verb
+ * parses its own; "--help" sets *help_out; after "--" the rest stays as it
+ * is.  Returns 0 or the exit status of a usage error. */
+static int options_after_verb(int *argc_io, char **argv, bool *help_out) {
+  int argc = *argc_io, w = 1;
+
+  for (int r = 1; r < argc; r++) {
+    if (!strcmp(argv[r], "--json") || !strcmp(argv[r], "-j")) {
+      json_out = 1;
+    } else if (!strcmp(argv[r], "--socket") || !strcmp(argv[r], "-s")) {
+      if (r + 1 == argc)
+        return errorf(EXIT_USAGE, -EINVAL, "option '%s' needs a value", argv[r]);
+      socket_path = argv[++r];
+    } else if (!strncmp(argv[r], "--socket=", 9)) {
+      socket_path = argv[r] + 9;
+    } else if (!strcmp(argv[r], "--help") || !strcmp(argv[r], "-h")) {
+      *help_out = true;
+    } else if (!strcmp(argv[r], "--")) { /* the rest as it is: a name "--help" */
+      args_literal = true;
+      while (r < argc)
+        argv[w++] = argv[r++];
+    } else {
+      argv[w++] = argv[r];
+    }
+  }
+  *argc_io = w;
+  argv[w] = NULL;
+  return 0;
+}
+
+static bool verb_known(const char *verb) {
+  static const char *const verbs[] = {"status", "segments", "mappings", "clients", "devices",
+                                      "metrics", "create", "unlink", "read", "write",
+                                      "chmod", "chown", "revoke", "peers", "pull"};
+  for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+    if (!strcmp(verb, verbs[i]))
+      return true;
+  return false;
+}
+
+/* The verbs getopt parses take "--" as the end of their options; the
+ * others (unlink, chmod, chown, revoke) read NAME without it: their "--"
+ * is taken out of argv. */
+static void drop_end_of_options(const char *verb, int *argc_io, char **argv) {
+  if (args_literal && *argc_io > 1 && !strcmp(argv[1], "--") &&
+      (!strcmp(verb, "unlink") || !strcmp(verb, "chmod") || !strcmp(verb, "chown") ||
+       !strcmp(verb, "revoke"))) {
+    for (int i = 1; i < *argc_io; i++)
+      argv[i] = argv[i + 1];
+    (*argc_io)--;
+  }
+}
+
+/* A verb's arguments are checked before connecting: a usage error is exit
+ * 2 whether or not gshmd runs.  The listing verbs take none.  Returns 0
+ * or the exit status of the usage error (printed). */
+static int check_arguments(const char *verb, int argc, char **argv) {
+  if (!strcmp(verb, "status") || !strcmp(verb, "peers") || !strcmp(verb, "mappings") ||
+      !strcmp(verb, "clients") || !strcmp(verb, "devices") || !strcmp(verb, "metrics")) {
+    if (argc > 1)
+      return errorf(EXIT_USAGE, -EINVAL, "%s: %s '%s' (it takes none)", verb,
+                    argv[1][0] == '-' ? "unknown option" : "unexpected argument", argv[1]);
+    return 0;
+  }
+  return dispatch(NULL, verb, argc, argv);
+}
+
+/* Runs verb on a connection to gshmd; returns its exit status.  Output
+ * that could not be written (a full disk, a closed pipe) is a failure,
+ * not a success with nothing shown. */
+static int run_verb(const char *verb, int argc, char **argv) {
+  gshm_client_t *c = NULL;
+  int rc;
+
+  if ((rc = connect_daemon(&c)))
+    return rc;
+  rc = dispatch(c, verb, argc, argv);
+  gshm_disconnect(c);
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    int err = errno ? errno : EIO;
+    errorf(EXIT_ERR, -err, "writing output: %s", strerror(err));
+    if (rc == EXIT_OK)
+      rc = EXIT_ERR;
+  }
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  const char *verb;
+  bool verb_help = false;
+  int rc;
+
+  if ((rc = global_options(argc, argv)) >= 0)
+    return rc;
   if (optind >= argc) {
     if (json_out)
       return errorf(EXIT_USAGE, -EINVAL, "no verb (gshmctl --help lists them)");
@@ -1703,32 +1808,8 @@ int main(int argc, char **argv) {
   verb = argv[optind];
   argc -= optind;
   argv += optind;
-  /* Global options may also follow the verb ("gshmctl mappings --json"):
-   * take them out before the verb parses its own. */
-  {
-    int w = 1;
-    for (int r = 1; r < argc; r++) {
-      if (!strcmp(argv[r], "--json") || !strcmp(argv[r], "-j")) {
-        json_out = 1;
-      } else if (!strcmp(argv[r], "--socket") || !strcmp(argv[r], "-s")) {
-        if (r + 1 == argc)
-          return errorf(EXIT_USAGE, -EINVAL, "option '%s' needs a value", argv[r]);
-        socket_path = argv[++r];
-      } else if (!strncmp(argv[r], "--socket=", 9)) {
-        socket_path = argv[r] + 9;
-      } else if (!strcmp(argv[r], "--help") || !strcmp(argv[r], "-h")) {
-        verb_help = true;
-      } else if (!strcmp(argv[r], "--")) { /* the rest as it is: a name "--help" */
-        args_literal = true;
-        while (r < argc)
-          argv[w++] = argv[r++];
-      } else {
-        argv[w++] = argv[r];
-      }
-    }
-    argc = w;
-    argv[argc] = NULL;
-  }
+  if ((rc = options_after_verb(&argc, argv, &verb_help)))
+    return rc;
   if (!strcmp(verb, "help") && argc > 1) { /* "gshmctl help VERB" */
     verb = argv[1];
     verb_help = true;
@@ -1736,49 +1817,12 @@ int main(int argc, char **argv) {
     usage(stdout);
     return EXIT_OK;
   }
-  {
-    static const char *const verbs[] = {"status", "segments", "mappings", "clients", "devices",
-                                        "metrics", "create", "unlink", "read", "write",
-                                        "chmod", "chown", "revoke", "peers", "pull"};
-    bool known = false;
-    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
-      known |= !strcmp(verb, verbs[i]);
-    if (!known) {
-      return errorf(EXIT_USAGE, -EINVAL, "unknown verb '%s' (gshmctl --help lists them)", verb);
-    }
-  }
+  if (!verb_known(verb))
+    return errorf(EXIT_USAGE, -EINVAL, "unknown verb '%s' (gshmctl --help lists them)", verb);
   if (verb_help)
     return verb_usage(verb);
-  /* the verbs getopt parses take "--" as the end of their options; the
-   * others (unlink, chmod, chown, revoke) read NAME without it */
-  if (args_literal && argc > 1 && !strcmp(argv[1], "--") &&
-      (!strcmp(verb, "unlink") || !strcmp(verb, "chmod") || !strcmp(verb, "chown") ||
-       !strcmp(verb, "revoke"))) {
-    for (int i = 1; i < argc; i++)
-      argv[i] = argv[i + 1];
-    argc--;
-  }
-  /* A verb's arguments are checked before connecting: a usage error is
-   * exit 2 whether or not gshmd runs.  The listing verbs take none. */
-  if (!strcmp(verb, "status") || !strcmp(verb, "peers") || !strcmp(verb, "mappings") ||
-      !strcmp(verb, "clients") || !strcmp(verb, "devices") || !strcmp(verb, "metrics")) {
-    if (argc > 1)
-      return errorf(EXIT_USAGE, -EINVAL, "%s: %s '%s' (it takes none)", verb,
-                    argv[1][0] == '-' ? "unknown option" : "unexpected argument", argv[1]);
-  } else if ((rc = dispatch(NULL, verb, argc, argv))) {
+  drop_end_of_options(verb, &argc, argv);
+  if ((rc = check_arguments(verb, argc, argv)))
     return rc;
-  }
-  if ((rc = connect_daemon(&c)))
-    return rc;
-  rc = dispatch(c, verb, argc, argv);
-  gshm_disconnect(c);
-  /* output that could not be written (a full disk, a closed pipe) is a
-   * failure, not a success with nothing shown */
-  if (fflush(stdout) != 0 || ferror(stdout)) {
-    int err = errno ? errno : EIO;
-    errorf(EXIT_ERR, -err, "writing output: %s", strerror(err));
-    if (rc == EXIT_OK)
-      rc = EXIT_ERR;
-  }
-  return rc;
+  return run_verb(verb, argc, argv);
 }
