@@ -1076,6 +1076,30 @@ static json_t *json_transfer(const char *name, uint64_t offset, uint64_t bytes) 
   return doc;
 }
 
+/* Where read's bytes may go: -o FILE (*file), or stdout (*file NULL
+ * after, "-o -" included).  Returns 0 or the exit status of a usage
+ * error (printed). */
+static int read_output(const char **file) {
+  /* JSON has no form for raw bytes, and a base64 copy of a segment of
+   * gigabytes in one document helps nobody: the bytes go to a file, the
+   * document says what was read. */
+  if (json_out && (!*file || !strcmp(*file, "-")))
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "read: --json cannot print a segment's bytes; give -o FILE (the JSON "
+                  "document then says what was read)");
+  /* Raw bytes on a terminal could move its cursor or rewrite what it
+   * shows (a segment another user wrote: its names are escaped for the
+   * same reason); "-o -" asks for them there all the same. */
+  if (!*file && isatty(STDOUT_FILENO))
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "read: stdout is a terminal, and a segment's raw bytes could rewrite what it "
+                  "shows; give -o FILE, pipe them (gshmctl read NAME | xxd), or -o - to write "
+                  "them to the terminal anyway");
+  if (*file && !strcmp(*file, "-"))
+    *file = NULL;
+  return 0;
+}
+
 static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   uint64_t offset = 0, length = 0, done = 0;
   bool have_length = false;
@@ -1084,25 +1108,9 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   void *addr, *buf = NULL;
   int out = STDOUT_FILENO, e, rc = EXIT_OK;
 
-  if ((rc = rw_opts(argc, argv, false, &offset, &length, &have_length, &file)))
+  if ((rc = rw_opts(argc, argv, false, &offset, &length, &have_length, &file)) ||
+      (rc = read_output(&file)))
     return rc;
-  /* JSON has no form for raw bytes, and a base64 copy of a segment of
-   * gigabytes in one document helps nobody: the bytes go to a file, the
-   * document says what was read. */
-  if (json_out && (!file || !strcmp(file, "-")))
-    return errorf(EXIT_USAGE, -EINVAL,
-                  "read: --json cannot print a segment's bytes; give -o FILE (the JSON "
-                  "document then says what was read)");
-  /* Raw bytes on a terminal could move its cursor or rewrite what it
-   * shows (a segment another user wrote: its names are escaped for the
-   * same reason); "-o -" asks for them there all the same. */
-  if (!file && isatty(STDOUT_FILENO))
-    return errorf(EXIT_USAGE, -EINVAL,
-                  "read: stdout is a terminal, and a segment's raw bytes could rewrite what it "
-                  "shows; give -o FILE, pipe them (gshmctl read NAME | xxd), or -o - to write "
-                  "them to the terminal anyway");
-  if (file && !strcmp(file, "-"))
-    file = NULL;
   if (!c)
     return EXIT_OK;
   if ((e = gshm_open(c, argv[optind], GSHM_ACCESS_READ, &seg)))
