@@ -69,6 +69,8 @@ int gshm_cluster_pulls(gshm_client_t *c, gshm_cluster_pull_t **pulls_out, size_t
     const Gshm__ClusterPull *p = reply->cluster_peers->pulls[i];
     snprintf(a[i].peer, sizeof(a[i].peer), "%s", p->peer);
     snprintf(a[i].name, sizeof(a[i].name), "%s", p->name);
+    snprintf(a[i].local_name, sizeof(a[i].local_name), "%s",
+             p->local_name && *p->local_name ? p->local_name : p->name);
     a[i].prefix = p->prefix;
     a[i].uid = p->uid;
     a[i].bytes_done = p->bytes_done;
@@ -172,6 +174,29 @@ static int add_items(struct pulled *pd, const Gshm__PullItems *pi, const Gshm__P
   return 0;
 }
 
+/* The result r that ends a pull of name (prefix: a set, whose items came
+ * before it into pd): a single pull's one entry made, a set's completed.
+ * Returns 0, -ENOMEM, or -EPROTO (a set's pages missing). */
+static int result_take(struct pulled *pd, const Gshm__PullResult *r, bool prefix,
+                       const char *name) {
+  if (!prefix) {
+    if (!(pd->v = calloc(1, sizeof(*pd->v))))
+      return -ENOMEM;
+    result_from_wire(&pd->v[0], r, name);
+    pd->n = 1;
+    return 0;
+  }
+  if (r->count != pd->n || !pd->n)
+    return -EPROTO; /* pages missing */
+  /* each segment's path and reason came with its item (an older gshmd:
+   * only the first one's, in the result) */
+  if (!pd->v[0].path_reason[0])
+    snprintf(pd->v[0].path_reason, sizeof(pd->v[0].path_reason), "%s", r->path_reason);
+  for (size_t i = 0; i < pd->n; i++)
+    pd->v[i].elapsed_ns = r->elapsed_ns;
+  return 0;
+}
+
 /* One PULL request: progress replies, then (a set) pull_items pages, then
  * the result.  *results_out (malloc'ed) gets one entry per segment. */
 static int pull_request(gshm_client_t *c, const char *peer, const char *name, bool prefix,
@@ -216,25 +241,7 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
       if ((e = add_items(&pd, reply->pull_items, &m)))
         break;
     } else if (reply->body_case == GSHM__REPLY__BODY_PULL_RESULT && reply->pull_result->segment) {
-      const Gshm__PullResult *r = reply->pull_result;
-      if (!prefix) {
-        if (!(pd.v = calloc(1, sizeof(*pd.v)))) {
-          e = -ENOMEM;
-          break;
-        }
-        result_from_wire(&pd.v[0], r, name);
-        pd.n = 1;
-      } else if (r->count != pd.n || !pd.n) {
-        e = -EPROTO; /* pages missing */
-        break;
-      } else {
-        /* each segment's path and reason came with its item (an older
-         * gshmd: only the first one's, in the result) */
-        if (!pd.v[0].path_reason[0])
-          snprintf(pd.v[0].path_reason, sizeof(pd.v[0].path_reason), "%s", r->path_reason);
-        for (size_t i = 0; i < pd.n; i++)
-          pd.v[i].elapsed_ns = r->elapsed_ns;
-      }
+      e = result_take(&pd, reply->pull_result, prefix, name);
       break;
     } else {
       e = -EPROTO;

@@ -174,32 +174,30 @@ static const char *without_fd_limit(char *status) {
   return status;
 }
 
-int main(int argc, char **argv) {
+/* gshm-demo's options: *size (bytes), *gpu (-1 auto, 0 --no-gpu, 1
+ * --gpu).  Returns -1 to go on, else the exit status (--help: 0, a usage
+ * error: 2). */
+static int demo_options(int argc, char **argv, uint64_t *size, int *gpu) {
   static const struct option opts[] = {{"size", required_argument, NULL, 's'},
                                        {"gpu", no_argument, NULL, 'g'},
                                        {"no-gpu", no_argument, NULL, 'n'},
                                        {"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
-  struct gshm_spawn sp;
-  struct role prod = {0}, cons = {0};
-  pid_t pp, pc;
-  uint64_t size = 64u << 20, seed;
-  int gpu = -1, o, e, rc = 0, status;
-  char okp = 0, okc = 0;
+  int o;
 
   while ((o = getopt_long(argc, argv, "s:h", opts, NULL)) != -1) {
     switch (o) {
     case 's':
-      if (gshm__parse_size(optarg, &size) || size < 8) {
+      if (gshm__parse_size(optarg, size) || *size < 8) {
         fprintf(stderr, "gshm-demo: bad size '%s'\n", optarg);
         return 2;
       }
       break;
     case 'g':
-      gpu = 1;
+      *gpu = 1;
       break;
     case 'n':
-      gpu = 0;
+      *gpu = 0;
       break;
     case 'h':
       printf("usage: gshm-demo [--size BYTES] [--gpu|--no-gpu]\n"
@@ -211,30 +209,44 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  find_self_dir();
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  if ((e = gshm__spawn_init(&sp))) {
+  return -1;
+}
+
+/* Starts the demo's own gshmd in sp.  Returns 0, or 1 (said why; sp
+ * cleaned up). */
+static int demo_gshmd_start(struct gshm_spawn *sp) {
+  int e;
+
+  if ((e = gshm__spawn_init(sp))) {
     fprintf(stderr, "gshm-demo: %s\n", strerror(-e));
     return 1;
   }
-  printf("== starting gshmd on %s\n", sp.socket_path);
-  if ((e = gshm__spawn_start(&sp, gshm__find_gshmd(), (const char *const[]){"--log-level", "5", NULL},
+  printf("== starting gshmd on %s\n", sp->socket_path);
+  if ((e = gshm__spawn_start(sp, gshm__find_gshmd(), (const char *const[]){"--log-level", "5", NULL},
                              false, 10000))) {
     fprintf(stderr, "gshm-demo: gshmd did not become ready: %s\n", strerror(-e));
-    gshm__spawn_cleanup(&sp);
+    gshm__spawn_cleanup(sp);
     return 1;
   }
-  printf("gshmd ready (pid %d): %s\n", (int)sp.pid, without_fd_limit(sp.status));
+  printf("gshmd ready (pid %d): %s\n", (int)sp->pid, without_fd_limit(sp->status));
+  return 0;
+}
 
-  /* a child that failed has closed its end of the go pipe: the write to
-   * it must fail (and be reported), not kill the demo before it stops its
-   * gshmd */
-  signal(SIGPIPE, SIG_IGN);
-  seed = (uint64_t)gshm__now_ns(CLOCK_REALTIME) | 1;
-  prod = (struct role){.sock = sp.socket_path, .size = size, .seed = seed, .is_producer = 1};
-  cons = (struct role){.sock = sp.socket_path, .size = size, .seed = seed, .is_producer = 0};
+/* The host part on gshmd's socket sock: a producer and a consumer of a
+ * segment of size bytes, gshmctl's view while both hold it, both reaped.
+ * Returns 0 (shared and verified), 1 (failed), or -1 (no pipe: nothing
+ * started). */
+static int demo_host(const char *sock, uint64_t size) {
+  struct role prod, cons;
+  uint64_t seed = (uint64_t)gshm__now_ns(CLOCK_REALTIME) | 1;
+  pid_t pp, pc;
+  int rc = 0, status;
+  char okp = 0, okc = 0;
+
+  prod = (struct role){.sock = sock, .size = size, .seed = seed, .is_producer = 1};
+  cons = (struct role){.sock = sock, .size = size, .seed = seed, .is_producer = 0};
   if (pipe(prod.ready) || pipe(prod.go) || pipe(cons.ready) || pipe(cons.go))
-    return 1;
+    return -1;
 
   printf("\n== process A creates and fills, process B opens, maps and verifies\n");
   pp = start_child(role_main, &prod);
@@ -253,10 +265,10 @@ int main(int argc, char **argv) {
   }
 
   printf("\n== gshmctl mappings (both processes hold the segment)\n");
-  if (run_tool("gshmctl", (const char *const[]){"--socket", sp.socket_path, "mappings", NULL}))
+  if (run_tool("gshmctl", (const char *const[]){"--socket", sock, "mappings", NULL}))
     rc = 1;
   printf("\n== gshmctl segments\n");
-  if (run_tool("gshmctl", (const char *const[]){"--socket", sp.socket_path, "segments", NULL}))
+  if (run_tool("gshmctl", (const char *const[]){"--socket", sock, "segments", NULL}))
     rc = 1;
 
   /* Let both go, reap them. */
@@ -268,23 +280,49 @@ int main(int argc, char **argv) {
     rc = 1;
   if (pc > 0 && (waitpid(pc, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status)))
     rc = 1;
+  return rc;
+}
 
-  if (gpu != 0) {
-    int g;
-    printf("\n== a device segment shared by two processes (gshm-demo-gpu)\n");
-    g = run_tool("gshm-demo-gpu", (const char *const[]){"--socket", sp.socket_path, NULL});
-    if (g == 127 && !gpu_here())
-      g = 77; /* not built, and nothing it could have run on */
-    if (g == 77) {
-      printf("skipped: no GPU found (no CUDA driver, or no device visible)\n");
-    } else if (g == 127) {
-      printf("skipped: gshm-demo-gpu is not built (it needs nvcc at build time)\n");
-      if (gpu == 1)
-        rc = 1; /* asked for, and a GPU is here */
-    } else if (g != 0) {
-      rc = 1;
-    }
+/* The device part (gshm-demo-gpu on socket sock); gpu 1: asked for with
+ * --gpu.  Returns 0 (passed or skipped) or 1. */
+static int demo_gpu(const char *sock, int gpu) {
+  int g;
+
+  printf("\n== a device segment shared by two processes (gshm-demo-gpu)\n");
+  g = run_tool("gshm-demo-gpu", (const char *const[]){"--socket", sock, NULL});
+  if (g == 127 && !gpu_here())
+    g = 77; /* not built, and nothing it could have run on */
+  if (g == 77) {
+    printf("skipped: no GPU found (no CUDA driver, or no device visible)\n");
+  } else if (g == 127) {
+    printf("skipped: gshm-demo-gpu is not built (it needs nvcc at build time)\n");
+    if (gpu == 1)
+      return 1; /* asked for, and a GPU is here */
+  } else if (g != 0) {
+    return 1;
   }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  struct gshm_spawn sp;
+  uint64_t size = 64u << 20;
+  int gpu = -1, rc, status;
+
+  if ((rc = demo_options(argc, argv, &size, &gpu)) >= 0)
+    return rc;
+  find_self_dir();
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (demo_gshmd_start(&sp))
+    return 1;
+  /* a child that failed has closed its end of the go pipe: the write to
+   * it must fail (and be reported), not kill the demo before it stops its
+   * gshmd */
+  signal(SIGPIPE, SIG_IGN);
+  if ((rc = demo_host(sp.socket_path, size)) < 0)
+    return 1;
+  if (gpu != 0 && demo_gpu(sp.socket_path, gpu))
+    rc = 1;
 
   printf("\n== stopping gshmd\n");
   status = gshm__spawn_stop(&sp, SIGTERM);

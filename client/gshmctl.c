@@ -70,7 +70,12 @@ static void usage(FILE *f) {
           "                                 a terminal needs -o (-o -: stdout all the same)\n"
           "  write NAME [-i FILE] [--offset B]\n"
           "                                 bytes from stdin or FILE into the segment\n"
-          "  peers                          the cluster's peer nodes and their state\n"
+          "  peers                          the cluster's peer nodes and their state;\n"
+          "                                 EXPORTED: segments an up peer exports now, - for\n"
+          "                                 a peer not up (--json: \"exported\" null, and\n"
+          "                                 \"exported_last_seen\" the count last known);\n"
+          "                                 then the pulls in flight: NAME the peer's segment\n"
+          "                                 or prefix, LOCAL where it lands here (--as)\n"
           "  segments --peer PEER           the segments peer node PEER exports\n"
           "  pull PEER:NAME [--as LOCAL] [--prefix] [--replace] [--location LOC]\n"
           "       [--mode MODE]             copy a peer's segment into a new local one;\n"
@@ -481,6 +486,13 @@ static int widen(int w, const char *text) {
 
 static int cmd_remote_segments(gshm_client_t *c, const char *peer);
 
+/* The SIZE of a segment's row, local or a peer's (segments --peer): the
+ * bytes allocated (the size asked for rounded up to the granularity), so
+ * that a segment reads the same on its node and from a peer. */
+static const char *size_cell(const gshm_segment_info_t *i, char *buf, size_t cap) {
+  return gshm__format_size(i->size, buf, cap);
+}
+
 static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
   static char esc[SHOWN_CAP], esc2[SHOWN_CAP];
   gshm_segment_info_t *v = NULL;
@@ -535,7 +547,7 @@ static int cmd_segments(gshm_client_t *c, int argc, char **argv) {
     shown(v[i].name, esc);
     printf("%-6" PRIu64 " %-*s %10s %-10s %6u %6u %04o %-8s %6u %s%s%s\n", v[i].id,
            col(esc, wn), esc,
-           gshm__format_size(v[i].size, sz, sizeof(sz)), loc, v[i].uid, v[i].gid, v[i].mode,
+           size_cell(&v[i], sz, sizeof(sz)), loc, v[i].uid, v[i].gid, v[i].mode,
            v[i].unlinked ? "unlinked" : "live", v[i].leases, age(v[i].created_ns, t, sizeof(t)),
            v[i].source[0] ? "  from " : "", shown(v[i].source, esc2));
   }
@@ -641,70 +653,35 @@ static int cmd_clients(gshm_client_t *c) {
   return EXIT_OK;
 }
 
-static int cmd_devices(gshm_client_t *c) {
-  gshm_device_info_t *v = NULL;
-  size_t n = 0;
-  char a[32], b[32];
-  gshm_status_info_t st = {0};
-  int e = gshm_list_devices(c, &v, &n);
+/* One GPU of `devices --json`, its peers' access included. */
+static json_t *device_json(const gshm_device_info_t *d) {
+  json_t *o = json_object(), *peers = json_array();
 
-  if (e)
-    return fail(c, "devices", e);
-  if (n == 0 && (e = gshm_status(c, &st))) { /* (why none: its gpu_fault) */
-    gshm_free(v);
-    return fail(c, "devices", e);
+  json_object_set_new(o, "index", json_integer(d->index));
+  json_object_set_new(o, "uuid", json_string(d->uuid));
+  json_object_set_new(o, "pci_bus_id", json_string(d->pci_bus_id));
+  json_object_set_new(o, "name", json_text(d->name));
+  json_object_set_new(o, "total_memory", json_integer((json_int_t)d->total_memory));
+  json_object_set_new(o, "free_memory", json_integer((json_int_t)d->free_memory));
+  json_object_set_new(o, "granularity", json_integer((json_int_t)d->granularity));
+  json_object_set_new(o, "compute_capability", json_sprintf("%d.%d", d->cc_major, d->cc_minor));
+  for (int k = 0; k < d->npeers; k++) {
+    json_t *p = json_object();
+    json_object_set_new(p, "index", json_integer(d->peers[k].index));
+    json_object_set_new(p, "access", json_boolean(d->peers[k].access));
+    json_object_set_new(p, "native_atomics", json_boolean(d->peers[k].native_atomics));
+    json_object_set_new(p, "performance_rank", json_integer(d->peers[k].performance_rank));
+    json_object_set_new(p, "nvlinks",
+                        d->peers[k].nvlinks < 0 ? json_null() : json_integer(d->peers[k].nvlinks));
+    json_array_append_new(peers, p);
   }
-  if (json_out) {
-    json_t *doc = json_doc(), *arr = json_array();
-    for (size_t i = 0; i < n; i++) {
-      json_t *o = json_object(), *peers = json_array();
-      json_object_set_new(o, "index", json_integer(v[i].index));
-      json_object_set_new(o, "uuid", json_string(v[i].uuid));
-      json_object_set_new(o, "pci_bus_id", json_string(v[i].pci_bus_id));
-      json_object_set_new(o, "name", json_text(v[i].name));
-      json_object_set_new(o, "total_memory", json_integer((json_int_t)v[i].total_memory));
-      json_object_set_new(o, "free_memory", json_integer((json_int_t)v[i].free_memory));
-      json_object_set_new(o, "granularity", json_integer((json_int_t)v[i].granularity));
-      json_object_set_new(o, "compute_capability",
-                          json_sprintf("%d.%d", v[i].cc_major, v[i].cc_minor));
-      for (int k = 0; k < v[i].npeers; k++) {
-        json_t *p = json_object();
-        json_object_set_new(p, "index", json_integer(v[i].peers[k].index));
-        json_object_set_new(p, "access", json_boolean(v[i].peers[k].access));
-        json_object_set_new(p, "native_atomics", json_boolean(v[i].peers[k].native_atomics));
-        json_object_set_new(p, "performance_rank", json_integer(v[i].peers[k].performance_rank));
-        json_object_set_new(p, "nvlinks", v[i].peers[k].nvlinks < 0
-                                              ? json_null()
-                                              : json_integer(v[i].peers[k].nvlinks));
-        json_array_append_new(peers, p);
-      }
-      json_object_set_new(o, "peers", peers);
-      json_array_append_new(arr, o);
-    }
-    json_object_set_new(doc, "devices", arr);
-    if (*st.gpu_fault)
-      json_object_set_new(doc, "gpu_fault", json_string(st.gpu_fault));
-    gshm_free(v);
-    return print_json(doc);
-  }
-  if (n == 0 && *st.gpu_fault)
-    printf("no usable GPUs: %s (%s); device segments are parked until the GPUs work again and "
-           "gshmd restarts\n", gpu_fault_what(st.gpu_fault), gpu_fault_why(st.gpu_fault));
-  else if (n == 0)
-    printf("no GPUs: this gshmd serves host segments only\n");
-  if (n == 0) {
-    gshm_free(v);
-    return EXIT_OK;
-  }
-  printf("%-4s %-42s %-14s %-24s %5s %10s %10s\n", "IDX", "UUID", "PCI", "NAME", "CC", "TOTAL",
-         "FREE");
-  for (size_t i = 0; i < n; i++)
-    printf("%-4d %-42s %-14s %-24s %3d.%d %10s %10s\n", v[i].index, v[i].uuid, v[i].pci_bus_id,
-           v[i].name, v[i].cc_major, v[i].cc_minor,
-           gshm__format_size(v[i].total_memory, a, sizeof(a)),
-           gshm__format_size(v[i].free_memory, b, sizeof(b)));
-  /* The P2P matrix, p2pBandwidthLatencyTest style: NV<n> for NVLink,
-   * P2P for other peer access, - for none, X for self. */
+  json_object_set_new(o, "peers", peers);
+  return o;
+}
+
+/* The P2P matrix of the n GPUs v, p2pBandwidthLatencyTest style: NV<n>
+ * for NVLink, P2P for other peer access, - for none, X for self. */
+static void print_p2p_matrix(const gshm_device_info_t *v, size_t n) {
   printf("\nP2P   ");
   for (size_t j = 0; j < n; j++)
     printf(" GPU%-3d", v[j].index);
@@ -727,6 +704,48 @@ static int cmd_devices(gshm_client_t *c) {
     }
     printf("\n");
   }
+}
+
+static int cmd_devices(gshm_client_t *c) {
+  gshm_device_info_t *v = NULL;
+  size_t n = 0;
+  char a[32], b[32];
+  gshm_status_info_t st = {0};
+  int e = gshm_list_devices(c, &v, &n);
+
+  if (e)
+    return fail(c, "devices", e);
+  if (n == 0 && (e = gshm_status(c, &st))) { /* (why none: its gpu_fault) */
+    gshm_free(v);
+    return fail(c, "devices", e);
+  }
+  if (json_out) {
+    json_t *doc = json_doc(), *arr = json_array();
+    for (size_t i = 0; i < n; i++)
+      json_array_append_new(arr, device_json(&v[i]));
+    json_object_set_new(doc, "devices", arr);
+    if (*st.gpu_fault)
+      json_object_set_new(doc, "gpu_fault", json_string(st.gpu_fault));
+    gshm_free(v);
+    return print_json(doc);
+  }
+  if (n == 0 && *st.gpu_fault)
+    printf("no usable GPUs: %s (%s); device segments are parked until the GPUs work again and "
+           "gshmd restarts\n", gpu_fault_what(st.gpu_fault), gpu_fault_why(st.gpu_fault));
+  else if (n == 0)
+    printf("no GPUs: this gshmd serves host segments only\n");
+  if (n == 0) {
+    gshm_free(v);
+    return EXIT_OK;
+  }
+  printf("%-4s %-42s %-14s %-24s %5s %10s %10s\n", "IDX", "UUID", "PCI", "NAME", "CC", "TOTAL",
+         "FREE");
+  for (size_t i = 0; i < n; i++)
+    printf("%-4d %-42s %-14s %-24s %3d.%d %10s %10s\n", v[i].index, v[i].uuid, v[i].pci_bus_id,
+           v[i].name, v[i].cc_major, v[i].cc_minor,
+           gshm__format_size(v[i].total_memory, a, sizeof(a)),
+           gshm__format_size(v[i].free_memory, b, sizeof(b)));
+  print_p2p_matrix(v, n);
   gshm_free(v);
   return EXIT_OK;
 }
@@ -770,6 +789,21 @@ static int parse_mode(const char *what, const char *s, uint32_t *out) {
   return 0;
 }
 
+/* --location LOC of verb `what`, checked before gshmd is asked (a usage
+ * error, exit 2, as every other): "host", "cuda:N" or "cuda:GPU-<uuid>"
+ * ("" is gshmd's default).  Prints the usage error; returns 0 or -EINVAL. */
+static int check_location(const char *what, const char *s) {
+  struct gshm_location loc;
+
+  if (!gshm__location_parse(s, &loc))
+    return 0;
+  errorf(EXIT_USAGE, -EINVAL,
+         "%s: --location '%s' is not a location: write host, cuda:N (a GPU's index) or "
+         "cuda:GPU-<uuid>",
+         what, s);
+  return -EINVAL;
+}
+
 static int cmd_create(gshm_client_t *c, int argc, char **argv) {
   static const struct option opts[] = {{"location", required_argument, NULL, 'l'},
                                        {"mode", required_argument, NULL, 'm'},
@@ -786,6 +820,8 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
   while ((o = getopt_long(argc, argv, ":l:m:", opts, NULL)) != -1) {
     switch (o) {
     case 'l':
+      if (check_location("create", optarg))
+        return EXIT_USAGE;
       location = optarg;
       break;
     case 'm':
@@ -1042,6 +1078,30 @@ static json_t *json_transfer(const char *name, uint64_t offset, uint64_t bytes) 
   return doc;
 }
 
+/* Where read's bytes may go: -o FILE (*file), or stdout (*file NULL
+ * after, "-o -" included).  Returns 0 or the exit status of a usage
+ * error (printed). */
+static int read_output(const char **file) {
+  /* JSON has no form for raw bytes, and a base64 copy of a segment of
+   * gigabytes in one document helps nobody: the bytes go to a file, the
+   * document says what was read. */
+  if (json_out && (!*file || !strcmp(*file, "-")))
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "read: --json cannot print a segment's bytes; give -o FILE (the JSON "
+                  "document then says what was read)");
+  /* Raw bytes on a terminal could move its cursor or rewrite what it
+   * shows (a segment another user wrote: its names are escaped for the
+   * same reason); "-o -" asks for them there all the same. */
+  if (!*file && isatty(STDOUT_FILENO))
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "read: stdout is a terminal, and a segment's raw bytes could rewrite what it "
+                  "shows; give -o FILE, pipe them (gshmctl read NAME | xxd), or -o - to write "
+                  "them to the terminal anyway");
+  if (*file && !strcmp(*file, "-"))
+    *file = NULL;
+  return 0;
+}
+
 static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   uint64_t offset = 0, length = 0, done = 0;
   bool have_length = false;
@@ -1050,25 +1110,9 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   void *addr, *buf = NULL;
   int out = STDOUT_FILENO, e, rc = EXIT_OK;
 
-  if ((rc = rw_opts(argc, argv, false, &offset, &length, &have_length, &file)))
+  if ((rc = rw_opts(argc, argv, false, &offset, &length, &have_length, &file)) ||
+      (rc = read_output(&file)))
     return rc;
-  /* JSON has no form for raw bytes, and a base64 copy of a segment of
-   * gigabytes in one document helps nobody: the bytes go to a file, the
-   * document says what was read. */
-  if (json_out && (!file || !strcmp(file, "-")))
-    return errorf(EXIT_USAGE, -EINVAL,
-                  "read: --json cannot print a segment's bytes; give -o FILE (the JSON "
-                  "document then says what was read)");
-  /* Raw bytes on a terminal could move its cursor or rewrite what it
-   * shows (a segment another user wrote: its names are escaped for the
-   * same reason); "-o -" asks for them there all the same. */
-  if (!file && isatty(STDOUT_FILENO))
-    return errorf(EXIT_USAGE, -EINVAL,
-                  "read: stdout is a terminal, and a segment's raw bytes could rewrite what it "
-                  "shows; give -o FILE, pipe them (gshmctl read NAME | xxd), or -o - to write "
-                  "them to the terminal anyway");
-  if (file && !strcmp(file, "-"))
-    file = NULL;
   if (!c)
     return EXIT_OK;
   if ((e = gshm_open(c, argv[optind], GSHM_ACCESS_READ, &seg)))
@@ -1198,26 +1242,29 @@ out:
 
 /* ---- cluster verbs ---- */
 
-/* The pulls in flight, as `peers` shows them (JSON: an array). */
+/* The pulls in flight, as `peers` shows them (JSON: an array): NAME the
+ * peer's segment or prefix, LOCAL where it lands here (--as). */
 static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
-  static char esc[SHOWN_CAP], esc2[SHOWN_CAP];
+  static char esc[SHOWN_CAP], esc2[SHOWN_CAP], esc3[SHOWN_CAP];
   char done[32], total[32], segs[48];
   json_t *arr = json_out ? json_array() : NULL;
-  int wp = 16, wn = 32;
+  int wp = 16, wn = 24, wl = 24;
 
   for (size_t i = 0; i < n; i++) {
     wp = widen(wp, v[i].peer);
     wn = widen(wn, v[i].name);
+    wl = widen(wl, v[i].local_name);
   }
   if (n && !json_out)
-    printf("\n%zu pull%s in flight:\n%-*s %-*s %6s %-20s %-23s %s\n", n, n == 1 ? "" : "s", wp,
-           "PEER", wn, "NAME", "UID", "BYTES", "SEGMENTS", "TIME");
+    printf("\n%zu pull%s in flight:\n%-*s %-*s %-*s %6s %-20s %-23s %s\n", n, n == 1 ? "" : "s",
+           wp, "PEER", wn, "NAME", wl, "LOCAL", "UID", "BYTES", "SEGMENTS", "TIME");
   for (size_t i = 0; i < n; i++) {
     double sec = (double)v[i].elapsed_ns / 1e9;
     if (json_out) {
       json_t *o = json_object();
       json_object_set_new(o, "peer", json_text(v[i].peer));
       json_object_set_new(o, "name", json_text(v[i].name));
+      json_object_set_new(o, "local_name", json_text(v[i].local_name));
       json_object_set_new(o, "prefix", json_boolean(v[i].prefix));
       json_object_set_new(o, "uid", json_integer(v[i].uid));
       json_object_set_new(o, "bytes_done", json_integer((json_int_t)v[i].bytes_done));
@@ -1230,15 +1277,20 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
     }
     shown(v[i].peer, esc);
     shown(v[i].name, esc2);
+    shown(v[i].local_name, esc3);
     /* (SEGMENTS one field wide, so that TIME has a column of its own) */
     snprintf(segs, sizeof(segs), "%u/%u%s", v[i].segments_done, v[i].segments_total,
              v[i].prefix && !v[i].segments_total ? " (listing)" : "");
-    printf("%-*s %-*s %6u %9s/%-9s  %-23s %.1f s\n", col(esc, wp), esc, col(esc2, wn), esc2,
-           v[i].uid, gshm__format_size(v[i].bytes_done, done, sizeof(done)),
+    printf("%-*s %-*s %-*s %6u %9s/%-9s  %-23s %.1f s\n", col(esc, wp), esc, col(esc2, wn), esc2,
+           col(esc3, wl), esc3, v[i].uid, gshm__format_size(v[i].bytes_done, done, sizeof(done)),
            gshm__format_size(v[i].bytes_total, total, sizeof(total)), segs, sec);
   }
   return arr;
 }
+
+/* Whether peer p's export count is current: gshmd asks an up peer for
+ * it; a peer down or connecting has only the count last seen. */
+static bool peer_up(const gshm_cluster_peer_t *p) { return !strcmp(p->state, "up"); }
 
 static int cmd_peers(gshm_client_t *c) {
   static char esc[SHOWN_CAP], esc2[SHOWN_CAP], esc3[SHOWN_CAP];
@@ -1262,7 +1314,11 @@ static int cmd_peers(gshm_client_t *c) {
       json_object_set_new(o, "name", json_text(v[i].name));
       json_object_set_new(o, "address", json_text(v[i].address));
       json_object_set_new(o, "state", json_string(v[i].state));
-      json_object_set_new(o, "exported", json_integer(v[i].exported));
+      /* a count is current for an up peer only: else it is unknown
+       * (null), and the count last seen has a name that says so */
+      json_object_set_new(o, "exported", peer_up(&v[i]) ? json_integer(v[i].exported)
+                                                         : json_null());
+      json_object_set_new(o, "exported_last_seen", json_integer(v[i].exported));
       json_object_set_new(o, "message", json_text(v[i].message));
       json_array_append_new(arr, o);
     }
@@ -1288,8 +1344,11 @@ static int cmd_peers(gshm_client_t *c) {
   for (size_t i = 0; i < n; i++) {
     shown(v[i].name, esc);
     shown(v[i].address, esc2);
-    printf("%-*s %-*s %-10s %8u %s\n", col(esc, wn), esc, col(esc2, wa), esc2, v[i].state,
-           v[i].exported, shown(v[i].message, esc3));
+    char count[16] = "-";
+    if (peer_up(&v[i]))
+      snprintf(count, sizeof(count), "%u", v[i].exported);
+    printf("%-*s %-*s %-10s %8s %s\n", col(esc, wn), esc, col(esc2, wa), esc2, v[i].state, count,
+           shown(v[i].message, esc3));
   }
   pulls_in_flight(pv, np);
   gshm_free(v);
@@ -1334,7 +1393,7 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
     shown(v[i].name, esc);
     shown(v[i].location, esc2);
     printf("%-6" PRIu64 " %-*s %10s %-*s %s\n", v[i].id, col(esc, wn), esc,
-           gshm__format_size(v[i].requested_size, sz, sizeof(sz)), col(esc2, wl), esc2,
+           size_cell(&v[i], sz, sizeof(sz)), col(esc2, wl), esc2,
            age(v[i].created_ns, t, sizeof(t)));
   }
   gshm_free(v);
@@ -1481,6 +1540,8 @@ static int pull_args(int argc, char **argv, gshm_pull_opts_t *po, bool *prefix_o
       po->local_name = optarg;
       break;
     case 'l':
+      if (check_location("pull", optarg))
+        return EXIT_USAGE;
       po->location = optarg;
       break;
     case 'm':
@@ -1643,16 +1704,16 @@ static int dispatch(gshm_client_t *c, const char *verb, int argc, char **argv) {
   return rc;
 }
 
-int main(int argc, char **argv) {
+/* gshmctl's own options before the verb: --socket, --json, and --help
+ * and --version, which end the run.  Returns -1 to go on (optind at the
+ * verb), else the exit status. */
+static int global_options(int argc, char **argv) {
   static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
                                        {"json", no_argument, NULL, 'j'},
                                        {"help", no_argument, NULL, 'h'},
                                        {"version", no_argument, NULL, 'V'},
                                        {NULL, 0, NULL, 0}};
-  gshm_client_t *c = NULL;
-  const char *verb;
-  bool verb_help = false;
-  int o, rc;
+  int o;
 
   opterr = 0; /* errorf reports, with the program's name (and as JSON) */
   /* "+": stop at the verb, whose own options follow it. */
@@ -1677,6 +1738,104 @@ int main(int argc, char **argv) {
                     argv[optind - 1]);
     }
   }
+  return -1;
+}
+
+/* Global options may also follow the verb ("gshmctl mappings --json"):
+ * takes them out of argv[1..*argc_io) (argv[0] the verb) before the verb
+ * parses its own; "--help" sets *help_out; after "--" the rest stays as it
+ * is.  Returns 0 or the exit status of a usage error. */
+static int options_after_verb(int *argc_io, char **argv, bool *help_out) {
+  int argc = *argc_io, w = 1;
+
+  for (int r = 1; r < argc; r++) {
+    if (!strcmp(argv[r], "--json") || !strcmp(argv[r], "-j")) {
+      json_out = 1;
+    } else if (!strcmp(argv[r], "--socket") || !strcmp(argv[r], "-s")) {
+      if (r + 1 == argc)
+        return errorf(EXIT_USAGE, -EINVAL, "option '%s' needs a value", argv[r]);
+      socket_path = argv[++r];
+    } else if (!strncmp(argv[r], "--socket=", 9)) {
+      socket_path = argv[r] + 9;
+    } else if (!strcmp(argv[r], "--help") || !strcmp(argv[r], "-h")) {
+      *help_out = true;
+    } else if (!strcmp(argv[r], "--")) { /* the rest as it is: a name "--help" */
+      args_literal = true;
+      while (r < argc)
+        argv[w++] = argv[r++];
+    } else {
+      argv[w++] = argv[r];
+    }
+  }
+  *argc_io = w;
+  argv[w] = NULL;
+  return 0;
+}
+
+static bool verb_known(const char *verb) {
+  static const char *const verbs[] = {"status", "segments", "mappings", "clients", "devices",
+                                      "metrics", "create", "unlink", "read", "write",
+                                      "chmod", "chown", "revoke", "peers", "pull"};
+  for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+    if (!strcmp(verb, verbs[i]))
+      return true;
+  return false;
+}
+
+/* The verbs getopt parses take "--" as the end of their options; the
+ * others (unlink, chmod, chown, revoke) read NAME without it: their "--"
+ * is taken out of argv. */
+static void drop_end_of_options(const char *verb, int *argc_io, char **argv) {
+  if (args_literal && *argc_io > 1 && !strcmp(argv[1], "--") &&
+      (!strcmp(verb, "unlink") || !strcmp(verb, "chmod") || !strcmp(verb, "chown") ||
+       !strcmp(verb, "revoke"))) {
+    for (int i = 1; i < *argc_io; i++)
+      argv[i] = argv[i + 1];
+    (*argc_io)--;
+  }
+}
+
+/* A verb's arguments are checked before connecting: a usage error is exit
+ * 2 whether or not gshmd runs.  The listing verbs take none.  Returns 0
+ * or the exit status of the usage error (printed). */
+static int check_arguments(const char *verb, int argc, char **argv) {
+  if (!strcmp(verb, "status") || !strcmp(verb, "peers") || !strcmp(verb, "mappings") ||
+      !strcmp(verb, "clients") || !strcmp(verb, "devices") || !strcmp(verb, "metrics")) {
+    if (argc > 1)
+      return errorf(EXIT_USAGE, -EINVAL, "%s: %s '%s' (it takes none)", verb,
+                    argv[1][0] == '-' ? "unknown option" : "unexpected argument", argv[1]);
+    return 0;
+  }
+  return dispatch(NULL, verb, argc, argv);
+}
+
+/* Runs verb on a connection to gshmd; returns its exit status.  Output
+ * that could not be written (a full disk, a closed pipe) is a failure,
+ * not a success with nothing shown. */
+static int run_verb(const char *verb, int argc, char **argv) {
+  gshm_client_t *c = NULL;
+  int rc;
+
+  if ((rc = connect_daemon(&c)))
+    return rc;
+  rc = dispatch(c, verb, argc, argv);
+  gshm_disconnect(c);
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    int err = errno ? errno : EIO;
+    errorf(EXIT_ERR, -err, "writing output: %s", strerror(err));
+    if (rc == EXIT_OK)
+      rc = EXIT_ERR;
+  }
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  const char *verb;
+  bool verb_help = false;
+  int rc;
+
+  if ((rc = global_options(argc, argv)) >= 0)
+    return rc;
   if (optind >= argc) {
     if (json_out)
       return errorf(EXIT_USAGE, -EINVAL, "no verb (gshmctl --help lists them)");
@@ -1686,32 +1845,8 @@ int main(int argc, char **argv) {
   verb = argv[optind];
   argc -= optind;
   argv += optind;
-  /* Global options may also follow the verb ("gshmctl mappings --json"):
-   * take them out before the verb parses its own. */
-  {
-    int w = 1;
-    for (int r = 1; r < argc; r++) {
-      if (!strcmp(argv[r], "--json") || !strcmp(argv[r], "-j")) {
-        json_out = 1;
-      } else if (!strcmp(argv[r], "--socket") || !strcmp(argv[r], "-s")) {
-        if (r + 1 == argc)
-          return errorf(EXIT_USAGE, -EINVAL, "option '%s' needs a value", argv[r]);
-        socket_path = argv[++r];
-      } else if (!strncmp(argv[r], "--socket=", 9)) {
-        socket_path = argv[r] + 9;
-      } else if (!strcmp(argv[r], "--help") || !strcmp(argv[r], "-h")) {
-        verb_help = true;
-      } else if (!strcmp(argv[r], "--")) { /* the rest as it is: a name "--help" */
-        args_literal = true;
-        while (r < argc)
-          argv[w++] = argv[r++];
-      } else {
-        argv[w++] = argv[r];
-      }
-    }
-    argc = w;
-    argv[argc] = NULL;
-  }
+  if ((rc = options_after_verb(&argc, argv, &verb_help)))
+    return rc;
   if (!strcmp(verb, "help") && argc > 1) { /* "gshmctl help VERB" */
     verb = argv[1];
     verb_help = true;
@@ -1719,49 +1854,12 @@ int main(int argc, char **argv) {
     usage(stdout);
     return EXIT_OK;
   }
-  {
-    static const char *const verbs[] = {"status", "segments", "mappings", "clients", "devices",
-                                        "metrics", "create", "unlink", "read", "write",
-                                        "chmod", "chown", "revoke", "peers", "pull"};
-    bool known = false;
-    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
-      known |= !strcmp(verb, verbs[i]);
-    if (!known) {
-      return errorf(EXIT_USAGE, -EINVAL, "unknown verb '%s' (gshmctl --help lists them)", verb);
-    }
-  }
+  if (!verb_known(verb))
+    return errorf(EXIT_USAGE, -EINVAL, "unknown verb '%s' (gshmctl --help lists them)", verb);
   if (verb_help)
     return verb_usage(verb);
-  /* the verbs getopt parses take "--" as the end of their options; the
-   * others (unlink, chmod, chown, revoke) read NAME without it */
-  if (args_literal && argc > 1 && !strcmp(argv[1], "--") &&
-      (!strcmp(verb, "unlink") || !strcmp(verb, "chmod") || !strcmp(verb, "chown") ||
-       !strcmp(verb, "revoke"))) {
-    for (int i = 1; i < argc; i++)
-      argv[i] = argv[i + 1];
-    argc--;
-  }
-  /* A verb's arguments are checked before connecting: a usage error is
-   * exit 2 whether or not gshmd runs.  The listing verbs take none. */
-  if (!strcmp(verb, "status") || !strcmp(verb, "peers") || !strcmp(verb, "mappings") ||
-      !strcmp(verb, "clients") || !strcmp(verb, "devices") || !strcmp(verb, "metrics")) {
-    if (argc > 1)
-      return errorf(EXIT_USAGE, -EINVAL, "%s: %s '%s' (it takes none)", verb,
-                    argv[1][0] == '-' ? "unknown option" : "unexpected argument", argv[1]);
-  } else if ((rc = dispatch(NULL, verb, argc, argv))) {
+  drop_end_of_options(verb, &argc, argv);
+  if ((rc = check_arguments(verb, argc, argv)))
     return rc;
-  }
-  if ((rc = connect_daemon(&c)))
-    return rc;
-  rc = dispatch(c, verb, argc, argv);
-  gshm_disconnect(c);
-  /* output that could not be written (a full disk, a closed pipe) is a
-   * failure, not a success with nothing shown */
-  if (fflush(stdout) != 0 || ferror(stdout)) {
-    int err = errno ? errno : EIO;
-    errorf(EXIT_ERR, -err, "writing output: %s", strerror(err));
-    if (rc == EXIT_OK)
-      rc = EXIT_ERR;
-  }
-  return rc;
+  return run_verb(verb, argc, argv);
 }

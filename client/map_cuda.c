@@ -295,14 +295,93 @@ static CUdevice pick_copy_dev(const struct gshm_cudadrv *drv, const struct devic
   return listed ? cur : fallback;
 }
 
+/* The reply's size and granularity (*gran_out; 2 MiB where it gives
+ * none) go to the driver as they are: one that cannot describe a cuMem
+ * allocation is the daemon's error (-EPROTO), not an -EINVAL of the
+ * caller's arguments (the driver refuses a range past the allocation's
+ * end itself: cuMemMap). */
+static int map_geometry(const struct gshm__lease *l, size_t *gran_out) {
+  size_t gran = l->info.granularity ? l->info.granularity : 2u << 20;
+
+  if (!l->info.size || (gran & (gran - 1)) || l->info.size % gran) {
+    gshm_log_err("segment '%s': the daemon's size %llu is no multiple of its granularity %llu",
+                 l->info.name, (unsigned long long)l->info.size, (unsigned long long)gran);
+    return -EPROTO;
+  }
+  *gran_out = gran;
+  return 0;
+}
+
+/* Imports l's fd into m->handle and checks that the allocation is where
+ * the daemon says: its location.id is an ordinal of this process, which
+ * we compare by UUID.  Returns 0, or a negative errno with no handle
+ * held. */
+static int map_import(const struct gshm_cudadrv *drv, struct device_map *m,
+                      const struct gshm__lease *l) {
+  CUmemAllocationProp prop;
+  char owner_uuid[48];
+  int e;
+
+  if ((e = CU_LIB(drv, cuMemImportFromShareableHandle, &m->handle, (void *)(uintptr_t)l->fd,
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)))
+    return e;
+  memset(&prop, 0, sizeof(prop));
+  if ((e = CU_LIB(drv, cuMemGetAllocationPropertiesFromHandle, &prop, m->handle)))
+    goto release_handle;
+  if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != m->owner) {
+    if (!device_uuid(drv, prop.location.id, owner_uuid))
+      gshm_log_err("segment '%s' is on %s, not on %s", l->info.name, owner_uuid,
+                   l->info.location);
+    e = -ENODEV;
+    goto release_handle;
+  }
+  return 0;
+
+release_handle:
+  CU_UNDO(drv, cuMemRelease, m->handle);
+  return e;
+}
+
+/* Maps m->handle at a new range m->va (alignment gran) with access for
+ * every device of m (read-only for a read lease), and names the devices.
+ * Returns 0, or a negative errno with nothing mapped or reserved. */
+static int map_range(const struct gshm_cudadrv *drv, struct device_map *m, size_t gran,
+                     gshm_access_t access) {
+  CUmemAccessDesc acc[MAP_MAX_DEVICES];
+  int e;
+
+  if ((e = CU_LIB(drv, cuMemAddressReserve, &m->va, m->size, gran, 0, 0)))
+    return e;
+  if ((e = CU_LIB(drv, cuMemMap, m->va, m->size, 0, m->handle, 0)))
+    goto release_va_range;
+  memset(acc, 0, sizeof(acc));
+  for (size_t i = 0; i < m->ndevices; i++) {
+    acc[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc[i].location.id = m->devices[i];
+    /* Read-only leases get a read-only mapping: the driver refuses writes
+     * through it (a kernel store faults, a copy into it fails). */
+    acc[i].flags = access == GSHM_ACCESS_READ ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                              : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  if ((e = CU_LIB(drv, cuMemSetAccess, m->va, m->size, acc, m->ndevices)))
+    goto unmap_range;
+  for (size_t i = 0; i < m->ndevices; i++)
+    if ((e = name_device(m, i)))
+      goto unmap_range;
+  return 0;
+
+unmap_range:
+  CU_UNDO(drv, cuMemUnmap, m->va, m->size);
+release_va_range:
+  CU_UNDO(drv, cuMemAddressFree, m->va, m->size);
+  return e;
+}
+
 int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
                      char ***uuids_out, size_t *n_out) {
   const struct gshm_cudadrv *drv;
-  CUmemAccessDesc acc[MAP_MAX_DEVICES];
-  CUmemAllocationProp prop;
   struct device_map *m;
   CUcontext ctx = NULL;
-  char owner_uuid[48];
   size_t gran;
   int e;
 
@@ -315,17 +394,8 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
   m->drv = drv;
   m->fork_gen = gshm__fork_gen();
   m->size = l->info.size;
-  gran = l->info.granularity ? l->info.granularity : 2u << 20;
-  /* The reply's size and granularity go to the driver as they are: one
-   * that cannot describe a cuMem allocation is the daemon's error, not an
-   * -EINVAL of the caller's arguments (the driver refuses a range past the
-   * allocation's end itself: cuMemMap). */
-  if (!m->size || (gran & (gran - 1)) || m->size % gran) {
-    gshm_log_err("segment '%s': the daemon's size %llu is no multiple of its granularity %llu",
-                 l->info.name, (unsigned long long)m->size, (unsigned long long)gran);
-    e = -EPROTO;
+  if ((e = map_geometry(l, &gran)))
     goto free_map;
-  }
   if ((e = owner_device(drv, l->info.location, &m->owner)))
     goto free_map;
   if ((e = pick_devices(drv, m, devices, ndevices)))
@@ -339,40 +409,10 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
   m->copy_retains = 1;
   if ((e = CU_LIB(drv, cuCtxPushCurrent, m->copy_ctx)))
     goto release_ctx;
-
-  if ((e = CU_LIB(drv, cuMemImportFromShareableHandle, &m->handle, (void *)(uintptr_t)l->fd,
-                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)))
+  if ((e = map_import(drv, m, l)))
     goto pop_ctx;
-  /* The allocation must be where the daemon says: its location.id is an
-   * ordinal of this process, which we compare by UUID. */
-  memset(&prop, 0, sizeof(prop));
-  if ((e = CU_LIB(drv, cuMemGetAllocationPropertiesFromHandle, &prop, m->handle)))
+  if ((e = map_range(drv, m, gran, l->access)))
     goto release_handle;
-  if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != m->owner) {
-    if (!device_uuid(drv, prop.location.id, owner_uuid))
-      gshm_log_err("segment '%s' is on %s, not on %s", l->info.name, owner_uuid,
-                   l->info.location);
-    e = -ENODEV;
-    goto release_handle;
-  }
-  if ((e = CU_LIB(drv, cuMemAddressReserve, &m->va, m->size, gran, 0, 0)))
-    goto release_handle;
-  if ((e = CU_LIB(drv, cuMemMap, m->va, m->size, 0, m->handle, 0)))
-    goto release_va_range;
-  memset(acc, 0, sizeof(acc));
-  for (size_t i = 0; i < m->ndevices; i++) {
-    acc[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    acc[i].location.id = m->devices[i];
-    /* Read-only leases get a read-only mapping: the driver refuses writes
-     * through it (a kernel store faults, a copy into it fails). */
-    acc[i].flags = l->access == GSHM_ACCESS_READ ? CU_MEM_ACCESS_FLAGS_PROT_READ
-                                                 : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  }
-  if ((e = CU_LIB(drv, cuMemSetAccess, m->va, m->size, acc, m->ndevices)))
-    goto unmap_range;
-  for (size_t i = 0; i < m->ndevices; i++)
-    if ((e = name_device(m, i)))
-      goto unmap_range;
   CU_LIB(drv, cuCtxPopCurrent, &ctx);
   m->read_only = l->access == GSHM_ACCESS_READ;
   mappings_add(m);
@@ -385,10 +425,6 @@ int gshm__map_device(struct gshm__lease *l, const int *devices, size_t ndevices,
                  (unsigned long long)m->va, m->ndevices);
   return 0;
 
-unmap_range:
-  CU_UNDO(drv, cuMemUnmap, m->va, m->size);
-release_va_range:
-  CU_UNDO(drv, cuMemAddressFree, m->va, m->size);
 release_handle:
   CU_UNDO(drv, cuMemRelease, m->handle);
 pop_ctx:

@@ -173,34 +173,96 @@ bool gshmd_host_collapse_works(void) {
   return collapse_ok;
 }
 
+/* Pages being built now, by address (gshmd maps a pull's memfd once, and
+ * its lanes and prefault pool build through that mapping): a thread
+ * claims a page before it builds it (waiting while another holds it) and
+ * looks at it again once it holds the claim, so that of threads racing
+ * for one page one builds and counts it, and the others find it built
+ * (or try it themselves where that one failed).  (MADV_COLLAPSE succeeds
+ * on a page built already: counting its successes counted such a page
+ * again for each thread that came after its builder.)  A thread holds
+ * one claim at a time, for one page's build. */
+#define BUILDING_SLOTS 128
+static pthread_mutex_t building_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t building_done = PTHREAD_COND_INITIALIZER;
+static uintptr_t building[BUILDING_SLOTS];
+
+/* The slot of the page at p, or -1. */
+static int page_slot(uintptr_t p) {
+  for (int i = 0; i < BUILDING_SLOTS; i++)
+    if (building[i] == p)
+      return i;
+  return -1;
+}
+
+/* Claims the page at p for this thread, once no other thread holds it:
+ * 0, or -EAGAIN (no slot free: more builders at once than slots). */
+static int page_claim(const uint8_t *p) {
+  int slot;
+
+  pthread_mutex_lock(&building_lock);
+  while (page_slot((uintptr_t)p) >= 0)
+    pthread_cond_wait(&building_done, &building_lock);
+  if ((slot = page_slot(0)) >= 0)
+    building[slot] = (uintptr_t)p;
+  pthread_mutex_unlock(&building_lock);
+  return slot >= 0 ? 0 : -EAGAIN;
+}
+
+/* Ends this thread's claim of the page at p (page_claim). */
+static void page_release(const uint8_t *p) {
+  pthread_mutex_lock(&building_lock);
+  building[page_slot((uintptr_t)p)] = 0;
+  pthread_cond_broadcast(&building_done);
+  pthread_mutex_unlock(&building_lock);
+}
+
+/* Whether the 2 MiB page at p is in the page cache already: its last
+ * 4 KiB is (built, by the pool or another lane, or written whole):
+ * nothing to gain, and each MADV_COLLAPSE drains every CPU's LRU
+ * batches first (lru_add_drain_all, one lock for the machine). */
+static bool page_present(const uint8_t *p) {
+  unsigned char last = 0;
+  return mincore((void *)(p + GSHM__HUGE_PAGE - 4096), 4096, &last) == 0 && (last & 1);
+}
+
+/* Builds the claimed page at p (file offset foff of fd, or fd -1) and
+ * counts it: 0 or a negative errno. */
+static int page_build(uint8_t *p, int fd, uint64_t foff) {
+  /* its first 4 KiB made through the fd where there is one: a page made
+   * through the mapping is mapped, and the collapse's unmapping of it
+   * flushes the TLB of every CPU gshmd's threads ran on (the lanes') */
+  if ((fd < 0 || fallocate(fd, 0, (off_t)foff, 4096) < 0) &&
+      madvise(p, 4096, MADV_POPULATE_WRITE) < 0)
+    return -errno;
+  if (madvise(p, GSHM__HUGE_PAGE, MADV_COLLAPSE) < 0)
+    return -errno;
+  atomic_fetch_add_explicit(&collapsed, GSHM__HUGE_PAGE, memory_order_relaxed);
+  return 0;
+}
+
 int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
   uint8_t *p = addr;
   int err = 0;
 
   for (uint64_t off = 0; off < len; off += GSHM__HUGE_PAGE) {
     int64_t resume = atomic_load_explicit(&collapse_resume, memory_order_relaxed);
-    unsigned char last = 0;
+    int e;
 
     if (resume && gshm__now_ns(CLOCK_MONOTONIC) < resume)
       return -EAGAIN;
-    /* a page whose last 4 KiB is in the page cache was built already (by
-     * the pool, or another lane) or written whole: nothing to gain, and
-     * each MADV_COLLAPSE drains every CPU's LRU batches first
-     * (lru_add_drain_all, one lock for the machine) */
-    if (mincore(p + off + GSHM__HUGE_PAGE - 4096, 4096, &last) == 0 && (last & 1))
+    if (page_present(p + off))
       continue;
-    /* its first 4 KiB made through the fd where there is one: a page made
-     * through the mapping is mapped, and the collapse's unmapping of it
-     * flushes the TLB of every CPU gshmd's threads ran on (the lanes') */
-    if ((fd < 0 || fallocate(fd, 0, (off_t)(foff + off), 4096) < 0) &&
-        madvise(p + off, 4096, MADV_POPULATE_WRITE) < 0)
-      goto failed;
-    if (madvise(p + off, GSHM__HUGE_PAGE, MADV_COLLAPSE) == 0) {
-      atomic_fetch_add_explicit(&collapsed, GSHM__HUGE_PAGE, memory_order_relaxed);
-      continue;
+    if (!(e = page_claim(p + off))) {
+      /* looked at again under the claim: a builder releases its claim
+       * after its page is in the page cache */
+      if (!page_present(p + off))
+        e = page_build(p + off, fd, foff + off);
+      page_release(p + off);
     }
-  failed:
-    err = -errno;
+    if (!e)
+      continue;
+    err = e;
     if (err == -ENOMEM) {
       /* no free 2 MiB page (after compaction): not again for a while */
       atomic_store_explicit(&collapse_resume, gshm__now_ns(CLOCK_MONOTONIC) + COLLAPSE_BACKOFF_NS,
@@ -209,8 +271,8 @@ int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
     }
     if (err != -EAGAIN)
       return err;
-    /* (EAGAIN: its pages busy, another thread building it, say; the
-     * next page is another matter) */
+    /* (EAGAIN: its pages busy, a writer holding one, say; the next page
+     * is another matter) */
   }
   return err;
 }

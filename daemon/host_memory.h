@@ -78,16 +78,22 @@ bool gshmd_host_collapse_works(void);
  * of 4 pages instead measured no faster in pulls: docs/PERFORMANCE.md).
  * A len that ends inside a page builds that page whole: the memfd must
  * cover it (a pull's does: its size is whole pages, and the pool's last
- * piece ends at the segment's requested size).  Never changes a byte.  A page that fails with EAGAIN (its
- * pages busy: another thread building it, a writer holding one) is left
- * and the next tried; the call returns -EAGAIN then.  Stops at any other
+ * piece ends at the segment's requested size).  Never changes a byte.
+ * A page that another thread of gshmd is building is waited for, then
+ * left where that one built it; one that fails with EAGAIN (its pages
+ * busy: a writer holding one; or more than 128 threads building at once)
+ * is left and the next tried; the call returns -EAGAIN then.  Stops at any other
  * failure and returns it: -ENOMEM (no free 2 MiB page: after it every
  * call does nothing and returns -EAGAIN for 1 s, a failed collapse
  * having compacted memory first, which transparent_hugepage/defrag does
  * not bound for MADV_COLLAPSE), -EINVAL (the mapping cannot hold one),
  * -EFAULT.  Where a page is not built the caller's writes fault 4 KiB
- * pages in as without.  Safe on any thread.  Adds the bytes of each page
- * built to gshmd_host_collapsed_bytes. */
+ * pages in as without.  Safe on any thread: of threads that ask for one
+ * page at once (a pull's lanes, its prefault pool), one claims and builds
+ * it while the others wait (a claim per page address, process-wide:
+ * gshmd maps each pull's memfd once).  Adds the bytes of
+ * each page this call built to gshmd_host_collapsed_bytes: a page once,
+ * however many asked. */
 int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff);
 
 /* Bytes of 2 MiB pages built by gshmd_host_collapse since start (for

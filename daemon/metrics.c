@@ -150,8 +150,8 @@ static void write_recycle(FILE *f, const struct gshmd_backend *host) {
             "2 built by gshmd with MADV_COLLAPSE (shmem_enabled is never).",
             !gshmd_backend_host_huge_pulls(host) ? 0 : gshmd_backend_host_collapse(host) ? 2 : 1);
   write_one(f, "counter", "gshm_host_huge_built_bytes_total",
-            "Bytes of 2 MiB pages of pulled host segments built with MADV_COLLAPSE (a "
-            "page two threads asked for at once may count twice).",
+            "Bytes of 2 MiB pages of pulled host segments built with MADV_COLLAPSE (each "
+            "page once, however many threads asked for it).",
             gshmd_host_collapsed_bytes());
 }
 

@@ -384,13 +384,16 @@ GSHM_EXTERN int gshm_cluster_peers(gshm_client_t *client, char *node_name_out,
 /* A pull in flight on the daemon (gshm_cluster_pulls). */
 typedef struct gshm_cluster_pull {
   char peer[64];                   /* a set from several: "a,b,..." (cut at 63 bytes) */
-  char name[256];                  /* the segment, or the set's prefix */
+  char name[256];                  /* the segment, or the set's prefix (the peer's) */
   int prefix;                      /* 1: a set (every segment under name) */
   uint32_t uid;                    /* who asked */
   uint64_t bytes_done, bytes_total;
   uint32_t segments_done;
   uint32_t segments_total;         /* 0 while a set is still being listed */
   int64_t elapsed_ns;
+  char local_name[256];            /* where it lands on this node: the local segment, or the
+                                      local prefix (--as); name where an older daemon does
+                                      not say */
 } gshm_cluster_pull_t;
 
 /* Lists the pulls in flight on the daemon (at most 64, oldest first; an

@@ -672,6 +672,7 @@ size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, si
     gshm__cluster_pull__init(o);
     o->peer = s->peers_text;
     o->name = s->name;
+    o->local_name = s->local;
     o->prefix = s->prefix;
     o->uid = (uint32_t)s->holder->cred.uid;
     o->bytes_done = s->done;

@@ -64,6 +64,14 @@ has err "'-4K'"
 grep -qF "'s/f'" "$dir/err" && fail "create s/f -4K blames the name: $(cat "$dir/err")"
 run 2 create x 4K -q
 has err "create: unknown option '-q'"
+# a location that is none: a usage error (exit 2) before gshmd is asked,
+# naming the value and what is accepted (pull exited 1 with gshmd's
+# answer, whatever it was)
+for verb in "create x 4K" "pull p:x" "pull p:x/ --prefix"; do
+  run 2 $verb --location gpu0
+  has err "${verb%% *}: --location 'gpu0' is not a location: write host, cuda:N"
+  has err "cuda:GPU-<uuid>"
+done
 # a name past GSHM_NAME_MAX: the limit, as gshmd says it for its own
 long=$(printf 'n%.0s' $(seq 300))
 run 1 create "$long" 4K

@@ -288,6 +288,9 @@ static long pull_honest(gshm_client_t *p, const char *local, bool reversed) {
   printf("  built %ld MiB of 2 MiB pages; its chunks' pages: %" PRIu64 " MiB\n", built >> 20,
          pl.pages >> 20);
   assert_true((uint64_t)built <= pl.pages);
+  /* each page counted once, however many lanes built it at once (a
+   * page two chunks share counted twice: 24-26 MiB of pub/x's 22) */
+  assert_true((uint64_t)built <= pages_of(0, SEG_X, SEG_X));
   return built;
 }
 

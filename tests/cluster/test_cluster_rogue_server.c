@@ -963,11 +963,101 @@ static void test_set_too_large_and_wrong_answer(void **state) {
   gshm_disconnect(p);
 }
 
+/* A single pull of rs's "pub/one" as local "mine/one", in the background. */
+static void *as_thread(void *arg) {
+  struct bg *bg = arg;
+  gshm_pull_opts_t po = {.local_name = "mine/one"};
+  gshm_pull_result_t r;
+  gshm_client_t *c;
+
+  bg->err = gshm_connect(P.h.socket_path, "bg", &c);
+  if (!bg->err) {
+    bg->err = gshm_pull(c, "rs", "pub/one", &po, &r);
+    gshm_disconnect(c);
+  }
+  bg->done = true;
+  return NULL;
+}
+
+/* gshmctl ARGS on P in the background (its output in out). */
+struct ctl_bg {
+  pthread_t t;
+  const char *const *args;
+  char *out;
+  int rc;
+  atomic_bool done;
+};
+
+static void *ctl_thread(void *arg) {
+  struct ctl_bg *g = arg;
+  g->rc = harness_gshmctl(&P.h, &g->out, g->args);
+  g->done = true;
+  return NULL;
+}
+
+/* gshmctl args on P while rs answers the count request that P sends it
+ * for `peers` (unanswered, it would fail rs's link for the next test);
+ * returns its stdout (the caller frees it). */
+static char *ctl_answering(const char *const *args) {
+  struct ctl_bg g = {.args = args};
+
+  assert_int_equal(pthread_create(&g.t, NULL, ctl_thread, &g), 0);
+  while (!g.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    assert_false(rs.failed);
+    if (m) {
+      assert_true(rogue_answer_count(&rs, m));
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    }
+  }
+  pthread_join(g.t, NULL);
+  assert_int_equal(g.rc, 0);
+  return g.out;
+}
+
+/* gshmctl peers lists a pull in flight with the peer's name (NAME) and
+ * where it lands here (LOCAL, --as); before, only the peer's name was
+ * shown, and a pull --as another name could not be told apart. */
+static void test_in_flight_local_name(void **state) {
+  gshm_client_t *p = connect_to(&P);
+  struct bg bg = {0};
+  Gshm__Cluster__Msg *m;
+  uint32_t rid = 0;
+  char *out;
+  (void)state;
+
+  assert_int_equal(pthread_create(&bg.t, NULL, as_thread, &bg), 0);
+  while (!rid && (m = recv_during(&bg))) { /* its grant request stays unanswered */
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
+      rid = m->request_id;
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  assert_true(rid != 0);
+  out = ctl_answering((const char *const[]){"peers", NULL});
+  if (!strstr(out, " LOCAL ") || !strstr(out, " pub/one ") || !strstr(out, " mine/one "))
+    fail_msg("peers: the pull in flight lacks NAME pub/one, LOCAL mine/one: %s", out);
+  printf("%s", out);
+  free(out);
+  out = ctl_answering((const char *const[]){"--json", "peers", NULL});
+  if (!strstr(out, "\"name\": \"pub/one\"") || !strstr(out, "\"local_name\": \"mine/one\""))
+    fail_msg("--json peers: the pull in flight lacks name, local_name: %s", out);
+  free(out);
+  send_error(rid);
+  while ((m = recv_during(&bg)))
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  pthread_join(bg.t, NULL);
+  assert_int_equal(bg.err, -EINVAL);
+  assert_nothing_left(p, "mine/one");
+  assert_false(rs.failed);
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lies_refused),
       cmocka_unit_test(test_set_too_large_and_wrong_answer),
       cmocka_unit_test(test_grant_not_listed),
+      cmocka_unit_test(test_in_flight_local_name),
       cmocka_unit_test(test_set_grants_busy),
       cmocka_unit_test(test_device_set_without_gpu),
       cmocka_unit_test(test_host_set_beyond_memory),

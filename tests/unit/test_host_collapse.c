@@ -8,6 +8,7 @@
  * (before Linux 6.5, shmem_enabled deny, no transparent huge pages). */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -89,9 +90,81 @@ static void test_builds_runs_and_leaves_pages(void **state) {
   close(fd);
 }
 
+/* ---- threads that build the same pages at once --------------------- */
+
+#define RACERS 4
+#define RACE_PAGES 8
+#define RACE_ROUNDS 16
+
+struct race {
+  pthread_barrier_t start;
+  uint8_t *p;
+  int fd;
+};
+
+static void *racer(void *arg) {
+  struct race *r = arg;
+
+  pthread_barrier_wait(&r->start);
+  (void)gshmd_host_collapse(r->p, RACE_PAGES * PAGE, r->fd, 0);
+  return NULL;
+}
+
+/* Pages of [p, p + n pages) built: the last 4 KiB of each in the page
+ * cache (nothing here writes a byte, so only a build puts it there). */
+static uint64_t pages_built(uint8_t *p, uint64_t n) {
+  uint64_t built = 0;
+
+  for (uint64_t i = 0; i < n; i++) {
+    unsigned char last = 0;
+    assert_int_equal(mincore(p + (i + 1) * PAGE - 4096, 4096, &last), 0);
+    built += last & 1;
+  }
+  return built;
+}
+
+/* Threads that build the same pages at once (a pull's lanes, its
+ * prefault pool) count each page built once: gshm_host_huge_built_bytes_total
+ * counted a page again for each thread whose MADV_COLLAPSE came after
+ * another's had built it (the call succeeds on a page built already). */
+static void test_racing_builds_count_once(void **state) {
+  (void)state;
+  const uint64_t len = RACE_PAGES * PAGE;
+  uint64_t counted = 0, built = 0;
+
+  if (!gshmd_host_collapse_works())
+    skip();
+  for (int round = 0; round < RACE_ROUNDS; round++) {
+    struct race r;
+    pthread_t t[RACERS];
+    uint64_t before = gshmd_host_collapsed_bytes();
+
+    r.fd = memfd_create("test-collapse-race", MFD_CLOEXEC);
+    assert_true(r.fd >= 0);
+    assert_int_equal(ftruncate(r.fd, (off_t)len), 0);
+    r.p = gshm__map_shared_aligned(r.fd, len, PROT_READ | PROT_WRITE);
+    assert_true(r.p != MAP_FAILED);
+    assert_int_equal(pthread_barrier_init(&r.start, NULL, RACERS), 0);
+    for (int i = 0; i < RACERS; i++)
+      assert_int_equal(pthread_create(&t[i], NULL, racer, &r), 0);
+    for (int i = 0; i < RACERS; i++)
+      pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&r.start);
+    counted += gshmd_host_collapsed_bytes() - before;
+    built += pages_built(r.p, RACE_PAGES) * PAGE;
+    munmap(r.p, len);
+    close(r.fd);
+  }
+  printf("%d rounds of %d threads: %llu MiB built, %llu MiB counted\n", RACE_ROUNDS, RACERS,
+         (unsigned long long)(built / MiB), (unsigned long long)(counted / MiB));
+  assert_true(built > 0);
+  assert_int_equal(counted, built);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_builds_runs_and_leaves_pages),
+      cmocka_unit_test(test_racing_builds_count_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
