@@ -145,6 +145,23 @@ static pthread_once_t collapse_once = PTHREAD_ONCE_INIT;
 static bool collapse_ok;
 static atomic_uint_fast64_t collapsed;      /* bytes built */
 static atomic_int_fast64_t collapse_resume; /* CLOCK_MONOTONIC ns: none before this */
+static atomic_uint_fast64_t collapse_nomem;  /* collapses that found no free 2 MiB page */
+
+/* Whether a collapse that found no free 2 MiB page stops building now. */
+static bool backing_off(void) {
+  int64_t resume = atomic_load_explicit(&collapse_resume, memory_order_relaxed);
+  return resume && gshm__now_ns(CLOCK_MONOTONIC) < resume;
+}
+
+/* A collapse failed with err (a negative errno): no free 2 MiB page
+ * (after compaction) stops building for a while. */
+static void collapse_failed(int err) {
+  if (err != -ENOMEM)
+    return;
+  atomic_fetch_add_explicit(&collapse_nomem, 1, memory_order_relaxed);
+  atomic_store_explicit(&collapse_resume, gshm__now_ns(CLOCK_MONOTONIC) + COLLAPSE_BACKOFF_NS,
+                        memory_order_relaxed);
+}
 
 static void collapse_try(void) {
   struct utsname u;
@@ -178,10 +195,9 @@ int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
   int err = 0;
 
   for (uint64_t off = 0; off < len; off += GSHM__HUGE_PAGE) {
-    int64_t resume = atomic_load_explicit(&collapse_resume, memory_order_relaxed);
     unsigned char last = 0;
 
-    if (resume && gshm__now_ns(CLOCK_MONOTONIC) < resume)
+    if (backing_off())
       return -EAGAIN;
     /* a page whose last 4 KiB is in the page cache was built already (by
      * the pool, or another lane) or written whole: nothing to gain, and
@@ -201,12 +217,7 @@ int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
     }
   failed:
     err = -errno;
-    if (err == -ENOMEM) {
-      /* no free 2 MiB page (after compaction): not again for a while */
-      atomic_store_explicit(&collapse_resume, gshm__now_ns(CLOCK_MONOTONIC) + COLLAPSE_BACKOFF_NS,
-                            memory_order_relaxed);
-      return err;
-    }
+    collapse_failed(err);
     if (err != -EAGAIN)
       return err;
     /* (EAGAIN: its pages busy, another thread building it, say; the
@@ -215,6 +226,27 @@ int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
   return err;
 }
 
+int gshmd_host_collapse_again(void *addr, uint64_t len) {
+  int err;
+
+  len = (len + GSHM__HUGE_PAGE - 1) / GSHM__HUGE_PAGE * GSHM__HUGE_PAGE;
+  if (backing_off())
+    return -EAGAIN;
+  /* (one call: each MADV_COLLAPSE drains every CPU's LRU batches first,
+   * and a page built already costs a look) */
+  if (!len || madvise(addr, len, MADV_COLLAPSE) == 0) {
+    atomic_fetch_add_explicit(&collapsed, len, memory_order_relaxed);
+    return 0;
+  }
+  err = -errno;
+  collapse_failed(err);
+  return err;
+}
+
 uint64_t gshmd_host_collapsed_bytes(void) {
   return atomic_load_explicit(&collapsed, memory_order_relaxed);
+}
+
+uint64_t gshmd_host_collapse_nomem(void) {
+  return atomic_load_explicit(&collapse_nomem, memory_order_relaxed);
 }

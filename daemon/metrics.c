@@ -151,8 +151,12 @@ static void write_recycle(FILE *f, const struct gshmd_backend *host) {
             !gshmd_backend_host_huge_pulls(host) ? 0 : gshmd_backend_host_collapse(host) ? 2 : 1);
   write_one(f, "counter", "gshm_host_huge_built_bytes_total",
             "Bytes of 2 MiB pages of pulled host segments built with MADV_COLLAPSE (a "
-            "page two threads asked for at once may count twice).",
+            "page two threads asked for at once, or one built again, may count twice).",
             gshmd_host_collapsed_bytes());
+  write_one(f, "counter", "gshm_host_huge_nomem_total",
+            "Collapses (MADV_COLLAPSE) that found no free 2 MiB page, each followed by a "
+            "second without building: the pages left are 4 KiB ones.",
+            gshmd_host_collapse_nomem());
 }
 
 int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
