@@ -452,7 +452,7 @@ static int host_alloc_pull(struct gshmd_backend *b, const struct gshm_location *
    * segments are made at its listing, their sizes the peer's word, and
    * one whose peer then sent no byte had every listed page allocated.  A
    * pull's pages come as its bytes land, each before it is named; the
-   * pull populates the tail past its bytes (gshmd__prefault_tail). */
+   * pull populates the tail past its bytes (gshmd__prefault_all_in). */
   if (loc->kind == GSHM_LOCATION_HOST && size && (e = pool_find(hb, alloc, uid))) {
     if ((r = host_wrap(b, e->memfd, e->size, out)))
       return r;

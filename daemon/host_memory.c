@@ -144,7 +144,25 @@ void gshmd_host_memory_update(struct gshmd_host_memory *m) {
 static pthread_once_t collapse_once = PTHREAD_ONCE_INIT;
 static bool collapse_ok;
 static atomic_uint_fast64_t collapsed;      /* bytes built */
+static atomic_uint_fast64_t collapsed_again; /* bytes of gshmd_host_collapse_again's ranges */
 static atomic_int_fast64_t collapse_resume; /* CLOCK_MONOTONIC ns: none before this */
+static atomic_uint_fast64_t collapse_nomem;  /* collapses that found no free 2 MiB page */
+
+/* Whether a collapse that found no free 2 MiB page stops building now. */
+static bool backing_off(void) {
+  int64_t resume = atomic_load_explicit(&collapse_resume, memory_order_relaxed);
+  return resume && gshm__now_ns(CLOCK_MONOTONIC) < resume;
+}
+
+/* A collapse failed with err (a negative errno): no free 2 MiB page
+ * (after compaction) stops building for a while. */
+static void collapse_failed(int err) {
+  if (err != -ENOMEM)
+    return;
+  atomic_fetch_add_explicit(&collapse_nomem, 1, memory_order_relaxed);
+  atomic_store_explicit(&collapse_resume, gshm__now_ns(CLOCK_MONOTONIC) + COLLAPSE_BACKOFF_NS,
+                        memory_order_relaxed);
+}
 
 static void collapse_try(void) {
   struct utsname u;
@@ -246,10 +264,9 @@ int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
   int err = 0;
 
   for (uint64_t off = 0; off < len; off += GSHM__HUGE_PAGE) {
-    int64_t resume = atomic_load_explicit(&collapse_resume, memory_order_relaxed);
     int e;
 
-    if (resume && gshm__now_ns(CLOCK_MONOTONIC) < resume)
+    if (backing_off())
       return -EAGAIN;
     if (page_present(p + off))
       continue;
@@ -263,12 +280,7 @@ int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
     if (!e)
       continue;
     err = e;
-    if (err == -ENOMEM) {
-      /* no free 2 MiB page (after compaction): not again for a while */
-      atomic_store_explicit(&collapse_resume, gshm__now_ns(CLOCK_MONOTONIC) + COLLAPSE_BACKOFF_NS,
-                            memory_order_relaxed);
-      return err;
-    }
+    collapse_failed(err);
     if (err != -EAGAIN)
       return err;
     /* (EAGAIN: its pages busy, a writer holding one, say; the next page
@@ -277,6 +289,31 @@ int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff) {
   return err;
 }
 
+int gshmd_host_collapse_again(void *addr, uint64_t len) {
+  int err;
+
+  len = (len + GSHM__HUGE_PAGE - 1) / GSHM__HUGE_PAGE * GSHM__HUGE_PAGE;
+  if (backing_off())
+    return -EAGAIN;
+  /* (one call: each MADV_COLLAPSE drains every CPU's LRU batches first,
+   * and a page built already costs a look) */
+  if (!len || madvise(addr, len, MADV_COLLAPSE) == 0) {
+    atomic_fetch_add_explicit(&collapsed_again, len, memory_order_relaxed);
+    return 0;
+  }
+  err = -errno;
+  collapse_failed(err);
+  return err;
+}
+
 uint64_t gshmd_host_collapsed_bytes(void) {
   return atomic_load_explicit(&collapsed, memory_order_relaxed);
+}
+
+uint64_t gshmd_host_collapsed_again_bytes(void) {
+  return atomic_load_explicit(&collapsed_again, memory_order_relaxed);
+}
+
+uint64_t gshmd_host_collapse_nomem(void) {
+  return atomic_load_explicit(&collapse_nomem, memory_order_relaxed);
 }

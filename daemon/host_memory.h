@@ -82,11 +82,13 @@ bool gshmd_host_collapse_works(void);
  * A page that another thread of gshmd is building is waited for, then
  * left where that one built it; one that fails with EAGAIN (its pages
  * busy: a writer holding one; or more than 128 threads building at once)
- * is left and the next tried; the call returns -EAGAIN then.  Stops at any other
- * failure and returns it: -ENOMEM (no free 2 MiB page: after it every
- * call does nothing and returns -EAGAIN for 1 s, a failed collapse
- * having compacted memory first, which transparent_hugepage/defrag does
- * not bound for MADV_COLLAPSE), -EINVAL (the mapping cannot hold one),
+ * is left and the next tried; the call returns -EAGAIN then (a pull
+ * builds such pages again once its bytes are all in:
+ * gshmd_host_collapse_again).  Stops at any other failure and returns
+ * it: -ENOMEM (no free 2 MiB page, counted in gshmd_host_collapse_nomem:
+ * after it every call does nothing and returns -EAGAIN for 1 s, a failed
+ * collapse having compacted memory first, which transparent_hugepage/
+ * defrag does not bound for MADV_COLLAPSE), -EINVAL (the mapping cannot hold one),
  * -EFAULT.  Where a page is not built the caller's writes fault 4 KiB
  * pages in as without.  Safe on any thread: of threads that ask for one
  * page at once (a pull's lanes, its prefault pool), one claims and builds
@@ -96,8 +98,33 @@ bool gshmd_host_collapse_works(void);
  * however many asked. */
 int gshmd_host_collapse(void *addr, uint64_t len, int fd, uint64_t foff);
 
+/* Builds the 2 MiB pages of [addr, addr + len) that a first build left
+ * (gshmd_host_collapse's -EAGAIN: threads building or writing one page
+ * at once may each find it busy, and all go on in 4 KiB pages), once the
+ * range's bytes are all in and nothing writes them any more: one
+ * MADV_COLLAPSE for the range, which copies each page's 4 KiB pages into
+ * a 2 MiB one and passes over a page built already.  addr, len: as for
+ * gshmd_host_collapse (multiples of 2 MiB, in such a mapping).  Never
+ * changes a byte.  Returns 0, -EAGAIN (within the second after a
+ * collapse found no free 2 MiB page: nothing tried; or a page busy
+ * still), -ENOMEM (no free 2 MiB page: that second starts), -EINVAL,
+ * -EFAULT.  Safe on any thread.  Adds len to
+ * gshmd_host_collapsed_again_bytes when it succeeds (one call: it cannot
+ * tell a page it built from one built already, so these bytes are not
+ * gshmd_host_collapsed_bytes', which counts each page once). */
+int gshmd_host_collapse_again(void *addr, uint64_t len);
+
+/* Bytes of the ranges gshmd_host_collapse_again collapsed since start
+ * (for the metrics and tests). */
+uint64_t gshmd_host_collapsed_again_bytes(void);
+
 /* Bytes of 2 MiB pages built by gshmd_host_collapse since start (for
  * the metrics and tests). */
 uint64_t gshmd_host_collapsed_bytes(void);
+
+/* Collapses that found no free 2 MiB page (-ENOMEM) since start, each
+ * followed by a second without building: the pages left stay 4 KiB ones
+ * (for the metrics and tests). */
+uint64_t gshmd_host_collapse_nomem(void);
 
 #endif

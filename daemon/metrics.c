@@ -153,6 +153,15 @@ static void write_recycle(FILE *f, const struct gshmd_backend *host) {
             "Bytes of 2 MiB pages of pulled host segments built with MADV_COLLAPSE (each "
             "page once, however many threads asked for it).",
             gshmd_host_collapsed_bytes());
+  write_one(f, "counter", "gshm_host_huge_rebuilt_bytes_total",
+            "Bytes of pulled host segments collapsed again once their bytes were all in, "
+            "where every thread that built a 2 MiB page of them found it busy (a page "
+            "built meanwhile counts here too).",
+            gshmd_host_collapsed_again_bytes());
+  write_one(f, "counter", "gshm_host_huge_nomem_total",
+            "Collapses (MADV_COLLAPSE) that found no free 2 MiB page, each followed by a "
+            "second without building: the pages left are 4 KiB ones.",
+            gshmd_host_collapse_nomem());
 }
 
 int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {

@@ -230,6 +230,7 @@ bool gshmd__landing_claimed(struct peer_req *req) { return landing_take(req, fal
 
 int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uint64_t len,
                          void **dst, void **tok) {
+  struct peer_req *req = NULL;
   uint8_t *build = NULL;
   uint64_t build_len = 0, build_foff = 0;
   int build_fd = -1, e = -EPROTO;
@@ -242,7 +243,7 @@ int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uin
     if (x->offset == offset && x->len == len) {
       x->claimed = true;
       *dst = x->dst;
-      *tok = x->req;
+      *tok = req = x->req;
       build = (uint8_t *)x->dst + (int64_t)x->build_off;
       build_len = x->build_len;
       build_foff = x->build_foff;
@@ -253,9 +254,10 @@ int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uin
   }
   pthread_mutex_unlock(&lt->mu);
   /* new host memory: its 2 MiB pages first, on the lane's thread (where
-   * none is built the bytes fault 4 KiB pages in as they land) */
+   * none is built the bytes fault 4 KiB pages in as they land, and the
+   * pull builds it once they are all in: prefault.c) */
   if (build_len)
-    (void)gshmd_host_collapse(build, build_len, build_fd, build_foff);
+    req->build_left = gshmd_host_collapse(build, build_len, build_fd, build_foff) != 0;
   return e;
 }
 

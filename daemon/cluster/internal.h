@@ -74,7 +74,8 @@ struct gshmd_cluster {
   bool create_idle_init, create_idle_on;
   /* prefault.c: pulls whose new host pages are faulted in ahead of their lanes */
   struct gshm_list prefaults; /* struct pull.pf_node, oldest first */
-  unsigned pf_jobs;           /* pieces on libuv's pool now (at most PREFAULT_JOBS) */
+  unsigned pf_jobs;           /* prefault.c jobs on libuv's pool now: pieces (no more start
+                                 past PREFAULT_JOBS) and pulls' pages built again */
   uint64_t pf_ahead;          /* bytes faulted in past the chunks asked for (at most
                                  PREFAULT_AHEAD) */
   bool pf_on;                 /* cluster.prefault, until the kernel says it has no such madvise */

@@ -154,9 +154,11 @@ struct peer_req {
    * the lane thread that claims the answer before its bytes land
    * (gshmd_host_collapse, host_memory.h), through build_fd (not taken:
    * the memory's memfd, valid while the bytes may land) at file offset
-   * build_foff */
+   * build_foff; build_left: that thread's gshmd_host_collapse failed (a
+   * page left in 4 KiB pages), written by it before data_done */
   uint64_t build_off, build_len, build_foff;
   int build_fd;
+  bool build_left;
   struct landings *landing;  /* the table listing it (data.c), or NULL */
   void *arg;
   int64_t sent_ns;           /* CLOCK_MONOTONIC, when sent */
@@ -394,7 +396,8 @@ const char *gshmd__link_req_overdue(struct link *l, int64_t now);
 /* A lane's thread: the request of a frame that answers rid with len
  * bytes at offset, claimed (no other frame nor the loop takes it then),
  * and the request's 2 MiB pages built (peer_req.build_off, build_len:
- * gshmd_host_collapse, on this thread, the landings unlocked).  *dst:
+ * gshmd_host_collapse, on this thread, the landings unlocked; one left
+ * sets peer_req.build_left).  *dst:
  * where the bytes go; *tok: the request, for the link's data_done.
  * Returns 0, or -EPROTO when no listed request is rid or its range is
  * not [offset, offset + len) (the peer sent what nobody asked for). */

@@ -121,7 +121,7 @@ static void chunk_end(struct chunk *c, int err, const char *why) {
     gshmd__relay_landed(s->cl, p->seg, c->off, c->len); /* peers reading it meanwhile */
   }
   free(c);
-  if (!s->err && p->done == p->total && !gshmd__prefault_tail(p))
+  if (!s->err && p->done == p->total && !gshmd__prefault_all_in(p))
     p->finished = true;
   if (!s->err) {
     gshmd__pull_set_issue(s);
@@ -220,6 +220,8 @@ static void chunk_data_done(struct peer_req *req, int err) {
     chunk_end(c, err, why);
     return;
   }
+  if (c->req.build_left) /* (its lane's collapse found a page busy) */
+    gshmd__prefault_unbuilt(c->p, c->req.build_foff, c->req.build_len);
   chunk_landed(c);
 }
 

@@ -98,9 +98,13 @@ struct pull {
   /* prefault.c: its pages faulted in ahead of the lanes */
   struct gshm_list pf_node;      /* cl->prefaults, while pf_queued */
   bool pf_queued;
-  unsigned pf_jobs;              /* pieces on libuv's pool: it is not closed meanwhile */
+  unsigned pf_jobs;              /* pieces (and its pages built again) on libuv's pool: it
+                                    is not closed meanwhile */
   uint64_t pf_off;               /* the next piece starts at or past it */
   uint64_t pf_ahead;             /* bytes of it past the chunks asked for (cl->pf_ahead) */
+  /* its 2 MiB pages a first build left, in [unbuilt_off, unbuilt_end)
+   * (equal: none), built again once its bytes are all in */
+  uint64_t unbuilt_off, unbuilt_end;
 };
 
 /* One request: a segment, or every segment under a prefix. */
@@ -273,9 +277,16 @@ void gshmd__prefault_forget(struct pull *p);
  * host segment past them (its allocation's rounding) are allocated now
  * (MADV_POPULATE_WRITE), as a create's are, so that a client's write
  * there cannot take SIGBUS (alloc_pull populates nothing: a set's
- * segments are made at its listing, before the peer sent a byte).
- * Returns 0, or -ENOMEM (p's set failed). */
-int gshmd__prefault_tail(struct pull *p);
+ * segments are made at its listing, before the peer sent a byte); and
+ * its 2 MiB pages that a first build left (gshmd__prefault_unbuilt) are
+ * built on libuv's pool (p->pf_jobs: p is not closed, nor its set
+ * published, before).  Returns 0, or -ENOMEM (p's set failed). */
+int gshmd__prefault_all_in(struct pull *p);
+/* A build of the 2 MiB pages of p that [off, off + len) touches failed
+ * (where gshmd builds them: cl->pf_build; a lane's, peer_req.build_left,
+ * or a piece's): they are built once p's bytes are all in
+ * (gshmd__prefault_all_in).  Loop only. */
+void gshmd__prefault_unbuilt(struct pull *p, uint64_t off, uint64_t len);
 
 /* "host", "direct", "staged" or "none". */
 const char *gshmd__pull_path_name(Gshm__Cluster__Path path);

@@ -343,6 +343,19 @@ static long pulled_pmd_kib(gshm_client_t *c, const char *name, size_t size, unsi
   return kib;
 }
 
+/* Whether c's gshmd counted a collapse that found no free 2 MiB page
+ * (gshm_host_huge_nomem_total past before, read after a second: metrics
+ * are a snapshot up to a second old): the one cause a page it builds may
+ * stay in 4 KiB pages.  Says what it read. */
+static bool no_free_huge_page(gshm_client_t *c, long before) {
+  long now;
+
+  usleep(1100000);
+  now = metric(c, "gshm_host_huge_nomem_total");
+  print_message("collapses that found no free 2 MiB page: %ld\n", now - before);
+  return now > before;
+}
+
 /* daemon.host_huge_pages (default on): where the kernel gives shared
  * memory huge pages (shmem_enabled advise or more), a pulled host
  * segment's pages are 2 MiB ones, made as its bytes land in gshmd's
@@ -356,7 +369,7 @@ static long pulled_pmd_kib(gshm_client_t *c, const char *name, size_t size, unsi
 static void test_huge_pages(void **state) {
   gshm_client_t *a, *b, *c;
   bool thp = shmem_thp(), built = !thp && collapse_here();
-  long on, off, before;
+  long on, off, before, rebuilt, nomem;
   (void)state;
 
   if (!thp && !built) {
@@ -369,6 +382,8 @@ static void test_huge_pages(void **state) {
   make_segment(a, "pub/huge", 16 * MiB, 43);
   usleep(1100000); /* (B's metrics: a snapshot of up to a second ago) */
   before = metric(b, "gshm_host_huge_built_bytes_total");
+  rebuilt = metric(b, "gshm_host_huge_rebuilt_bytes_total");
+  nomem = metric(b, "gshm_host_huge_nomem_total");
   assert_int_equal(gshm_pull(b, "a", "pub/huge", &(gshm_pull_opts_t){.local_name = "got/huge"},
                              NULL),
                    0);
@@ -377,14 +392,17 @@ static void test_huge_pages(void **state) {
   assert_int_equal(metric(b, "gshm_host_pull_huge_pages"), built ? 2 : 1);
   if (built && !over_ucx()) {
     /* its 8 pages, each built by a lane before the bytes it writes in it
-     * and counted once, however many lanes asked for it; one may be left
-     * to 4 KiB pages where a collapse found no free 2 MiB page: each page
-     * the reader maps in a 2 MiB entry was built (and counted) */
-    long got = metric_past(b, "gshm_host_huge_built_bytes_total", before + on * 1024 - 1);
-    print_message("built: %ld MiB\n", (got - before) >> 20);
-    assert_true(on >= 14 * 1024);
-    assert_true(got - before >= on * 1024);
+     * (or, where each lane found it busy, once the bytes are all in),
+     * counted once however many lanes asked for it; left in 4 KiB pages
+     * only where a collapse found no free 2 MiB page: each page the
+     * reader maps in a 2 MiB entry was built (and counted) */
+    long got = metric_past(b, "gshm_host_huge_built_bytes_total", before + (long)(16 * MiB) - 1);
+    long again = metric(b, "gshm_host_huge_rebuilt_bytes_total") - rebuilt;
+    print_message("built: %ld MiB, again at the end: %ld MiB\n", (got - before) >> 20,
+                  again >> 20);
+    assert_true(got - before + again >= on * 1024);
     assert_true(got - before <= (long)(16 * MiB));
+    assert_true(on == 16 * 1024 || no_free_huge_page(b, nomem));
   } else if (built) {
     /* over UCX no lane builds: the thread pool builds ahead of the bytes
      * UCX writes, and where they come first those pages stay 4 KiB ones */
@@ -426,25 +444,13 @@ static void test_huge_pages(void **state) {
                            pulls[i].size > 2 * MiB ? 45 : 47);
       print_message("a pull of %llu B: %llu B made, %ld KiB in 2 MiB entries\n",
                     (unsigned long long)pulls[i].size, (unsigned long long)st.size, kib);
-      /* the third 2 MiB page, past 5 MiB, is one (over UCX where gshmd
-       * builds pages, only the pool does, racing UCX's writes: not checked).
-       * Pulled again up to twice, 1.1 s apart, where it is not: a collapse
-       * that found no free 2 MiB page stops building for 1 s (host_memory.h),
-       * as the 16 MiB pull above allows for; seen on CI's ASan build at
-       * f18eb33 and 153491e, never here.  A gshmd that does not build the
-       * tail fails all three. */
-      for (int again = 0; i == 0 && !(built && over_ucx()) && kib <= 4096 && again < 2;
-           again++) {
-        assert_int_equal(gshm_unlink(*pulls[i].on, "got/tail"), 0);
-        usleep(1100000);
-        assert_int_equal(gshm_pull(*pulls[i].on, "a", src,
-                                   &(gshm_pull_opts_t){.local_name = "got/tail"}, NULL),
-                         0);
-        kib = pulled_pmd_kib(*pulls[i].on, "got/tail", pulls[i].size, 45);
-        print_message("pulled again: %ld KiB in 2 MiB entries\n", kib);
-      }
+      /* its three 2 MiB pages are, the third (past 5 MiB) too (over UCX
+       * where gshmd builds pages, only the pool does, racing UCX's
+       * writes: not checked); its 384 KiB chunks share pages, whose lanes
+       * may each find one busy (CI's ASan build at f18eb33 and 153491e:
+       * one page left, built now once the bytes are all in) */
       if (i == 0 && !(built && over_ucx()))
-        assert_true(kib > 4096);
+        assert_true(kib == 6 * 1024 || (built && no_free_huge_page(b, nomem)));
       assert_int_equal(gshm_unlink(*pulls[i].on, "got/tail"), 0);
     }
     assert_int_equal(gshm_unlink(a, "pub/tail"), 0);
@@ -474,6 +480,49 @@ static void pull_checked(gshm_client_t *c, const char *remote, const char *local
                          unsigned long long seed) {
   assert_int_equal(gshm_pull(c, "a", remote, &(gshm_pull_opts_t){.local_name = local}, NULL), 0);
   check_segment(c, local, size, seed);
+}
+
+/* Where gshmd builds a pull's 2 MiB pages (shmem_enabled never), lanes
+ * whose chunks share a page (cluster.pull_chunk 512 KiB: four a page)
+ * each build it before their bytes land, and each may find it busy
+ * (MADV_COLLAPSE's EAGAIN: another lane's collapse, or its bytes, in
+ * the page) and go on in 4 KiB pages: such a page is built once the
+ * bytes are all in, so that every page of each of 100 pulls is one,
+ * unless a collapse found no free 2 MiB page.  Failed before (no page
+ * built again): 4 to 7 of the 100 pulls left one, on a 2-core machine. */
+static void test_huge_shared_pages(void **state) {
+  gshm_client_t *a, *c;
+  long nomem;
+  (void)state;
+
+  if (shmem_thp() || !collapse_here() || over_ucx()) {
+    print_message("gshmd builds no 2 MiB page of a pull's lanes here: nothing to check\n");
+    skip();
+  }
+  a = connect_to(&A);
+  make_segment(a, "pub/shared", 16 * MiB, 51);
+  start_c("cluster.pull_chunk=512K", NULL);
+  c = connect_to(&C);
+  /* (a first pull may go on the link's own stream before its lanes are up) */
+  pull_checked(c, "pub/shared", "got/first", 16 * MiB, 51);
+  assert_int_equal(wait_metric(c, "gshm_cluster_lanes{peer=\"a\"}", 8), 8);
+  assert_int_equal(gshm_unlink(c, "got/first"), 0);
+  nomem = metric(c, "gshm_host_huge_nomem_total");
+  for (int i = 0; i < 100; i++) {
+    long kib;
+    assert_int_equal(gshm_pull(c, "a", "pub/shared",
+                               &(gshm_pull_opts_t){.local_name = "got/shared"}, NULL),
+                     0);
+    kib = pulled_pmd_kib(c, "got/shared", 16 * MiB, 51);
+    if (kib != 16 * 1024)
+      print_message("pull %d: %ld KiB in 2 MiB entries\n", i, kib);
+    assert_true(kib == 16 * 1024 || no_free_huge_page(c, nomem));
+    assert_int_equal(gshm_unlink(c, "got/shared"), 0);
+  }
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&C.h), 0);
+  assert_int_equal(gshm_unlink(a, "pub/shared"), 0);
+  gshm_disconnect(a);
 }
 
 /* The end of a test that started C: C stops, a's source goes, the
@@ -1580,6 +1629,7 @@ int main(void) {
       cmocka_unit_test(test_concurrent),
       cmocka_unit_test(test_serve_mapping_kept),
       cmocka_unit_test(test_huge_pages),
+      cmocka_unit_test(test_huge_shared_pages),
       cmocka_unit_test(test_not_exported),
       cmocka_unit_test(test_refused_peers),
       cmocka_unit_test(test_staged),
