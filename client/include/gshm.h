@@ -517,8 +517,8 @@ GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *n
  * open (a faster source serves more; one still pulling the set relays
  * it, as a single source does).  Each copy must have the listed
  * segment's source (where its bytes came from first: gshm_segment_info_t
- * source), and a source that does not grant a segment (not there, not a
- * copy of the listed one, unreachable: then asked for nothing more) is
+ * source), and a source that does not grant a segment (busy, not there,
+ * not a copy of the listed one, unreachable: then asked for nothing more) is
  * passed over for the others, the first at last; a source lost after
  * its grant fails the set, as a single source.  Each result's peer says
  * where its bytes came from.  Fan-out: node k of a fleet pulling a model

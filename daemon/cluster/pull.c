@@ -537,7 +537,10 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
   const Gshm__Cluster__Grant *g;
 
   p->req_pending = false;
-  if (err == -EBUSY && !s->err && gshmd__pull_grant_later(p))
+  /* (busy: the lister's refusal waits; another source's passes it over,
+   * as any of its refusals: a busy one chosen again for its few bytes
+   * open would be asked and refuse in a loop) */
+  if (err == -EBUSY && p->src == 0 && !s->err && gshmd__pull_grant_later(p))
     return;
   if (!err)
     s->busy_since_ns = s->retry_ns = 0;

@@ -312,7 +312,7 @@ void gshmd__pull_set_start_grants(struct pull_set *s);
  * hold grants: p is asked again later.  False when nothing else is open. */
 bool gshmd__pull_grant_later(struct pull *p);
 /* p's source, not the set's lister, did not grant it (err: refused,
- * unreachable, not found there; -ESTALE: what it granted is not a copy
+ * busy, unreachable, not found there; -ESTALE: what it granted is not a copy
  * of what the lister listed; why: in words, naming it): p goes back to the set's
  * queue for a source it has not tried (the lister at last, never
  * tried: its failure fails the set), and a source that cannot be
