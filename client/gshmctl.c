@@ -204,9 +204,24 @@ static int errorf(int rc, int err, const char *fmt, ...) {
   return rc;
 }
 
+/* Whether every name of peer ("a" or "a,b,...") is one of v[n]'s. */
+static bool all_known(const char *peer, const gshm_cluster_peer_t *v, size_t n) {
+  for (const char *at = peer; at;) {
+    const char *comma = strchr(at, ',');
+    size_t len = comma ? (size_t)(comma - at) : strlen(at), i = 0;
+    while (i < n && (strlen(v[i].name) != len || strncmp(v[i].name, at, len)))
+      i++;
+    if (i == n)
+      return false;
+    at = comma ? comma + 1 : NULL;
+  }
+  return true;
+}
+
 /* After a call that named peer failed with err: when gshmd knows no peer
- * of that name (-ENOENT), the ones it knows, " (this node's peers: a, b)",
- * in buf; else "".  Asks gshmd: gshm_last_error(c) changes. */
+ * of that name (-ENOENT; of a list "a,b", one of them), the ones it
+ * knows, " (this node's peers: a, b)", in buf; else "".  Asks gshmd:
+ * gshm_last_error(c) changes. */
 static const char *peer_hint(gshm_client_t *c, int err, const char *peer, char *buf, size_t cap) {
   gshm_cluster_peer_t *v = NULL;
   char node[64];
@@ -215,11 +230,10 @@ static const char *peer_hint(gshm_client_t *c, int err, const char *peer, char *
   buf[0] = '\0';
   if (err != -ENOENT || !peer || gshm_cluster_peers(c, node, &v, &n))
     return buf;
-  for (size_t i = 0; i < n; i++)
-    if (!strcmp(v[i].name, peer)) {
-      gshm_free(v);
-      return buf;
-    }
+  if (all_known(peer, v, n)) { /* (a list "a,b": each of them) */
+    gshm_free(v);
+    return buf;
+  }
   o = (size_t)snprintf(buf, cap, "%s", n ? " (this node's peers: " : " (this node has no peers)");
   for (size_t i = 0; i < n && o < cap; i++)
     o += (size_t)snprintf(buf + o, cap - o, "%s%s%s", i ? ", " : "", v[i].name,

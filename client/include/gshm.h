@@ -519,7 +519,9 @@ GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *n
  * segment's source (where its bytes came from first: gshm_segment_info_t
  * source), and a source that does not grant a segment (busy, not there,
  * not a copy of the listed one, unreachable: then asked for nothing more) is
- * passed over for the others, the first at last; a source lost after
+ * passed over for the others (the first never is: its refusal fails the
+ * set; a relay grants what it takes from its own first source, or has
+ * whole, and asks the rest to wait); a source lost after
  * its grant fails the set, as a single source.  Each result's peer says
  * where its bytes came from.  Fan-out: node k of a fleet pulling a model
  * from "n0,...,n(k-1)" costs n0 about 1 + 1/2 + ... + 1/k copies

@@ -16,6 +16,10 @@
 #include "stage.h"
 #include "util.h"
 
+/* What p counts in its source's open bytes: its size as listed (a
+ * single pull's, unknown before its grant, counts 1). */
+static uint64_t open_cost(const struct pull *p) { return p->listed ? p->listed : 1; }
+
 /* Asks grants for the next segments (those a busy peer refused first)
  * while fewer than s->window are open, this node's sets hold or ask
  * fewer than LINK_MAX_GRANTS of the peer (its cap: more would be refused
@@ -23,9 +27,6 @@
  * staging_bytes of pinned slots with the next one's (one always goes;
  * gshmd__pull_reap asks again after each close, of any set).  Run
  * outside UCX callbacks. */
-/* What p counts in its source's open bytes: its size as listed (a
- * single pull's, unknown before its grant, counts 1). */
-static uint64_t open_cost(const struct pull *p) { return p->listed ? p->listed : 1; }
 
 void gshmd__pull_set_start_grants(struct pull_set *s) {
   struct gshmd_cluster *cl = s->cl;

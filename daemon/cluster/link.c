@@ -116,6 +116,7 @@ void gshmd__link_req_send(struct link *l, struct peer_req *req) {
 
 void gshmd__link_req_submit(struct links *ll, struct peer *p, struct peer_req *req) {
   req->peer = p;
+  req->sent = false; /* (one submitted again, to another peer say: not sent yet) */
   if (p->state == PEER_UP && p->out) {
     gshmd__link_req_send(p->out, req);
     return;

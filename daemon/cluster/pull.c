@@ -446,7 +446,7 @@ int gshmd__pull_item_create(struct pull *p, uint64_t size, bool remote_device, c
     return e;
   }
   set_source_text(p, source); /* (a peer relaying it shows it) */
-  if ((e = gshmd__relay_new(cl, p->s, p->seg)) ||
+  if ((e = gshmd__relay_new(cl, p)) ||
       (cl->pull_maps_ahead < PULL_MAPS_AHEAD && (e = map_local(p)))) {
     pull_fail(p, e, e == -ENOMEM ? "out of memory" : "cannot map the new segment");
     return e;
@@ -546,7 +546,8 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
     s->busy_since_ns = s->retry_ns = 0;
   if (err && p->src && !s->err) { /* (not the lister: the others may serve it) */
     char msg[GSHMD_PEER_ERROR_LEN];
-    gshmd__pull_grant_elsewhere(p, err, gshmd__peer_error(req, err, m, why, msg, sizeof(msg)));
+    gshmd__pull_grant_elsewhere(p, m != NULL,
+                                gshmd__peer_error(req, err, m, why, msg, sizeof(msg)));
     return;
   }
   if (err) {

@@ -159,7 +159,8 @@ struct pull_set {
   char why[256];
 };
 
-/* Chunks a set keeps in flight: cluster.pull_depth per source. */
+/* Chunks a set keeps in flight: cluster.pull_depth times its number of
+ * sources (those passed over included). */
 static inline unsigned gshmd__pull_set_depth(const struct pull_set *s) {
   return s->cl->cfg->cluster_pull_depth * s->npeers;
 }
@@ -311,13 +312,14 @@ void gshmd__pull_set_start_grants(struct pull_set *s);
 /* The peer refused p's grant as busy while other segments of the set
  * hold grants: p is asked again later.  False when nothing else is open. */
 bool gshmd__pull_grant_later(struct pull *p);
-/* p's source, not the set's lister, did not grant it (err: refused,
- * busy, unreachable, not found there; -ESTALE: what it granted is not a copy
- * of what the lister listed; why: in words, naming it): p goes back to the set's
- * queue for a source it has not tried (the lister at last, never
- * tried: its failure fails the set), and a source that cannot be
- * reached takes none of the set's segments from then.  Logged. */
-void gshmd__pull_grant_elsewhere(struct pull *p, int err, const char *why);
+/* p's source, not the set's lister, did not grant it (answered: it
+ * refused, busy, not there, or granted what is not a copy of what the
+ * lister listed; else no answer came: the link lost, unreachable, its
+ * hello refused; why: in words, naming it): p goes back to the set's
+ * queue for a source it has not tried (the lister is never passed over:
+ * its failure fails the set), and a source that gave no answer is
+ * asked for none of the set's segments from then.  Logged. */
+void gshmd__pull_grant_elsewhere(struct pull *p, bool answered, const char *why);
 /* ---- sources.c ---- */
 
 /* The peers of pull m ("a" or, for a set, "a,b,c": at most

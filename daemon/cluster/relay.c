@@ -25,6 +25,7 @@ struct relay {
   struct gshm_list node;     /* cl->relays */
   struct relay_name by_name; /* cl->relay_names: seg's name, set's seq */
   const struct pull_set *set; /* the set that will publish seg */
+  const struct pull *item;    /* seg's item in it */
   struct gshmd_segment *seg;
   uint64_t size, granule;
   size_t n;                  /* granules */
@@ -44,14 +45,16 @@ struct relay_wait {
   Gshm__Cluster__ListRequest lr;
 };
 
-int gshmd__relay_new(struct gshmd_cluster *cl, const struct pull_set *s,
-                     struct gshmd_segment *seg) {
+int gshmd__relay_new(struct gshmd_cluster *cl, const struct pull *p) {
+  const struct pull_set *s = p->s;
+  struct gshmd_segment *seg = p->seg;
   struct relay *x = calloc(1, sizeof(*x));
   uint64_t g = cl->cfg->cluster_pull_chunk ? cl->cfg->cluster_pull_chunk : 1;
 
   if (!x)
     return -ENOMEM;
   x->set = s;
+  x->item = p;
   x->seg = seg;
   x->size = seg->requested_size;
   x->granule = g;
@@ -173,26 +176,47 @@ static bool may_stand_for(struct gshmd_cluster *cl, const struct pull_set *s,
   return !old || (s->replace && gshmd_registry_may_manage(s->holder, old));
 }
 
+/* Whether x may be granted to a peer now: its set has one source; or
+ * its bytes are all in; or they come from its set's first source (the
+ * lister).  One that a set of several sources takes from another source
+ * (or has not asked yet) waits: two nodes that name each other as
+ * sources (B pulls "a,c", C "a,b") would otherwise each be granted the
+ * other's empty segment and wait for its bytes, both sets failing at
+ * their timeout; so the bytes a relay hands on always come, along
+ * listers, from a node that holds them. */
+static bool relay_serves(const struct relay *x) {
+  const struct pull *p = x->item;
+  return x->set->npeers <= 1 || p->finished || (p->started && p->src == 0);
+}
+
 /* The relayed segment named name (the first of the pulls in flight that
- * will publish it: relay_names keeps their start order), or NULL. */
-static struct gshmd_segment *relay_find(struct gshmd_cluster *cl, const char *name) {
+ * will publish it: relay_names keeps their start order) that may be
+ * granted now, or NULL; *later set when one exists that may not yet
+ * (relay_serves). */
+static struct gshmd_segment *relay_find(struct gshmd_cluster *cl, const char *name,
+                                        bool *later) {
   struct relay_name *e;
 
   for (e = gshmd__relay_names_get(&cl->relay_names, name); e; e = e->same) {
     struct relay *x = gshm_list_entry(e, struct relay, by_name);
-    if (!x->seg->unlinked && may_stand_for(cl, x->set, x->seg))
+    if (x->seg->unlinked || !may_stand_for(cl, x->set, x->seg))
+      continue;
+    if (relay_serves(x))
       return x->seg;
+    *later = true;
   }
   return NULL;
 }
 
 struct gshmd_segment *gshmd__relay_grant_find(struct gshmd_cluster *cl, const char *name,
-                                              bool in_flight) {
-  struct gshmd_segment *seg = in_flight ? relay_find(cl, name) : NULL;
+                                              bool in_flight, bool *later_out) {
+  struct gshmd_segment *seg;
 
-  if (!seg)
-    seg = gshmd_registry_find_name(cl->reg, name);
-  return seg ? seg : relay_find(cl, name);
+  *later_out = false;
+  if (in_flight && ((seg = relay_find(cl, name, later_out)) || *later_out))
+    return seg; /* (the one in flight, now or later: not the old one) */
+  seg = gshmd_registry_find_name(cl->reg, name);
+  return seg ? seg : relay_find(cl, name, later_out);
 }
 
 /* A wait for request rid of link l (the caller fills its message),

@@ -18,6 +18,8 @@
 #include "cluster.pb-c.h"
 #include "link.h"
 
+struct pull;
+
 struct gshmd_cluster;
 struct gshmd_segment;
 struct link;
@@ -55,11 +57,10 @@ struct relay_ask {
 int gshmd__relay_ask_again(struct link *l, struct peer_req *req, struct relay_ask *ra,
                            const char **why_out);
 
-/* seg (hidden, just created by a pull of set s, which publishes it)
- * starts with nothing landed; a grant request by its name finds it
- * (relay_names.h).  Errors: -ENOMEM (seg is then not relayed). */
-int gshmd__relay_new(struct gshmd_cluster *cl, const struct pull_set *s,
-                     struct gshmd_segment *seg);
+/* p->seg (hidden, just created for item p of set p->s, which publishes
+ * it) starts with nothing landed; a grant request by its name finds it
+ * (relay_names.h).  Errors: -ENOMEM (it is then not relayed). */
+int gshmd__relay_new(struct gshmd_cluster *cl, const struct pull *p);
 /* Bytes [off, off + len) of seg landed (verified, in its memory): the
  * parked reads they complete are served now.  No-op for a segment that
  * is not relayed. */
@@ -74,9 +75,13 @@ void gshmd__relay_end(struct gshmd_cluster *cl, struct gshmd_segment *seg, int e
  * peer listed it in flight: GrantRequest.in_flight), the relayed one (the
  * first of the pulls in flight that will publish it; with --replace the
  * name's published segment is the old one), else the published one;
- * without, the published one, else a relayed one.  NULL when none. */
+ * without, the published one, else a relayed one.  A relayed one is
+ * granted only where its set has one source, its bytes are all in, or
+ * they come from its set's first source (relay.c relay_serves: no two
+ * nodes wait on each other's bytes); NULL when none, with *later_out
+ * true when one exists that may be granted later. */
 struct gshmd_segment *gshmd__relay_grant_find(struct gshmd_cluster *cl, const char *name,
-                                              bool in_flight);
+                                              bool in_flight, bool *later_out);
 /* Before a Read (rd) or Stage (st) of seg by link l, request rid, sends
  * bytes: 0 go on (not relayed, or the range has landed); 1 parked (the
  * request is served again through gshmd__serve_handle when it has

@@ -347,7 +347,8 @@ static int grant_lease(struct gshmd_cluster *cl, struct link *l, struct gshmd_se
 static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__GrantRequest *req) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
   /* (published, or one this node is still pulling: relay.h) */
-  struct gshmd_segment *seg = gshmd__relay_grant_find(cl, req->name, req->in_flight);
+  bool later;
+  struct gshmd_segment *seg = gshmd__relay_grant_find(cl, req->name, req->in_flight, &later);
   struct serve_grant *g;
   struct gshmd_lease *lease;
   const char *msg = NULL;
@@ -357,6 +358,12 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   /* the cap first: a refusal costs the loop next to nothing */
   if (grants_of(l, &(uint64_t){0}) >= LINK_MAX_GRANTS) {
     gshmd__link_send_status(l, rid, -EBUSY, BUSY_MESSAGE);
+    return;
+  }
+  if (!seg && later) { /* (relay.h: its bytes are coming from a source of this node's set) */
+    snprintf(buf, sizeof(buf), "'%.255s' is still coming here from another source; try again",
+             req->name);
+    gshmd__link_send_status(l, rid, -EBUSY, buf);
     return;
   }
   /* A segment that is not exported does not exist for peers. */

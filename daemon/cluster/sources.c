@@ -83,15 +83,13 @@ int gshmd__pull_source_pick(const struct pull_set *s, const struct pull *p) {
   return best;
 }
 
-void gshmd__pull_grant_elsewhere(struct pull *p, int err, const char *why) {
+void gshmd__pull_grant_elsewhere(struct pull *p, bool answered, const char *why) {
   struct pull_set *s = p->s;
-  bool unreachable = err == -ECONNREFUSED || err == -ECONNRESET || err == -ETIMEDOUT ||
-                     err == -ENOTCONN || err == -EHOSTUNREACH || err == -ENETUNREACH;
 
   gshm_log_info("cluster: the pull of '%s' asks another source for '%s'%s: %s", s->name,
-                p->remote_name, unreachable ? " (and that peer for nothing more)" : "", why);
+                p->remote_name, answered ? "" : " (and that peer for nothing more)", why);
   p->tried |= (uint8_t)(1u << p->src);
-  if (unreachable)
+  if (!answered) /* (no answer: lost, unreachable, its hello refused) */
     s->down |= (uint8_t)(1u << p->src);
   gshmd__pull_grant_off(p);
   gshmd__pull_unpin(p);
@@ -163,7 +161,7 @@ void gshmd__pull_grant_not_listed(struct pull *p) {
   snprintf(msg, sizeof(msg), "peer '%s' holds another segment of that name, not a copy of "
            "peer '%s''s (or a copy on another kind of memory)", p->peer->name, p->s->peer->name);
   gshmd__pull_grant_return(p);
-  gshmd__pull_grant_elsewhere(p, -ESTALE, msg);
+  gshmd__pull_grant_elsewhere(p, true, msg);
 }
 
 void gshmd__pull_set_sources(struct pull_set *s, struct peer *const *peers, unsigned n) {

@@ -315,8 +315,10 @@ class Client(object):
         With prefix=True, `peer` may list several nodes that hold the set
         (["n0", "n1"], at most 8): the first lists it, and each segment
         comes from the one with the fewest of the set's bytes open (each
-        result's `peer` says which); every copy must have the first's
-        source, else the pull fails whole.
+        result's `peer` says which); a copy must have the first's source
+        (where its bytes came from first), else, as a source that refuses
+        or cannot be reached, it is passed over for the others (never the
+        first: its refusal fails the pull).
         All or nothing: the names appear together once every byte is in, or
         none does.  replace=True swaps out local segments holding those
         names in the same step (their holders keep them) instead of failing

@@ -756,6 +756,57 @@ static void test_replace_relay_fails(void **state) {
   gshm_disconnect(a);
 }
 
+/* Two nodes that name each other as sources, at once: B pulls fan/mut/
+ * from "a,c" and C from "a,b".  Each may hand the other only what it
+ * takes from A (relay.c relay_serves); before, each was granted the
+ * other's still-empty segment and waited for its bytes, both sets
+ * failing at their request timeout.  Both end well, every byte A's, each
+ * copy's source A's, well within the timeout. */
+static void test_sources_each_other(void **state) {
+  struct hop hb = {0}, hc = {0};
+  gshm_client_t *a = connect_to(&A), *c;
+  const char *pre = "fan/mut/";
+  unsigned from[2][3] = {{0}};
+  (void)state;
+
+  make_set(a, pre, 1500);
+  hop_start(&hb, &B, "a,c", pre, 0644);
+  hop_start(&hc, &C, "a,b", pre, 0644);
+  pthread_join(hb.t, NULL);
+  pthread_join(hc.t, NULL);
+  print_message("B %d (%s) in %.3f s, C %d (%s) in %.3f s\n", hb.err, gshm_strerror(hb.err),
+                (double)(hb.end_ns - hb.start_ns) / 1e9, hc.err, gshm_strerror(hc.err),
+                (double)(hc.end_ns - hc.start_ns) / 1e9);
+  assert_int_equal(hb.err, 0);
+  assert_int_equal(hc.err, 0);
+  assert_true(hb.end_ns - hb.start_ns < 20 * 1000000000LL);
+  assert_true(hc.end_ns - hc.start_ns < 20 * 1000000000LL);
+  for (int k = 0; k < 2; k++) {
+    struct hop *h = k ? &hc : &hb;
+    assert_int_equal(h->n, NSET);
+    for (size_t i = 0; i < h->n; i++)
+      from[k][h->v[i].peer[0] - 'a']++; /* (a, b or c) */
+  }
+  print_message("B took %u from A, %u from C; C took %u from A, %u from B\n", from[0][0],
+                from[0][2], from[1][0], from[1][1]);
+  for (int k = 0; k < 2; k++) {
+    c = connect_to(k ? &C : &B);
+    check_set(c, pre, 1500);
+    for (int i = 0; i < NSET; i++) {
+      char name[64], origin[80];
+      snprintf(name, sizeof(name), "%s%02d", pre, i);
+      snprintf(origin, sizeof(origin), "a:%s#", name);
+      assert_memory_equal(stat_on(k ? &C : &B, name).source, origin, strlen(origin));
+    }
+    unlink_set(c, pre);
+    gshm_disconnect(c);
+  }
+  gshm_free(hb.v);
+  gshm_free(hc.v);
+  unlink_set(a, pre);
+  gshm_disconnect(a);
+}
+
 /* One set from two sources at once (gshm_pull_prefix's "a,b"): B pulls
  * fan/src/ from A slowly (16 KiB chunks, one at a time) while C takes it
  * from A and B together, each segment from the one with the fewest of
@@ -802,6 +853,38 @@ static void test_sources(void **state) {
   assert_true(from_a > 0 && from_b > 0);
   c = connect_to(&C);
   check_set(c, pre, 1300);
+  /* gshmctl: PEER,PEER:NAME, a line for each source; the peers it knows
+   * added where one of the list is unknown, not where all are */
+  {
+    char *out = NULL;
+    assert_int_equal(harness_gshmctl(&C.h, &out,
+                                     (const char *[]){"pull", "a,b:fan/src/", "--prefix", "--as",
+                                                      "fan/ctl/", NULL}),
+                     0);
+    assert_non_null(out);
+    print_message("%s", out);
+    assert_non_null(strstr(out, "pulled 12 segments under a,b:fan/src/ as 'fan/ctl/'"));
+    assert_non_null(strstr(out, "\n  from a: "));
+    free(out);
+    unlink_set(c, "fan/ctl/");
+    out = NULL;
+    assert_int_equal(harness_gshmctl_stderr(&C.h, &out,
+                                            (const char *[]){"pull", "a,zz:fan/src/", "--prefix",
+                                                             NULL},
+                                            true),
+                     5);
+    assert_non_null(strstr(out, "no such peer 'zz' in cluster.peers (this node's peers: "));
+    free(out);
+    out = NULL;
+    assert_int_equal(harness_gshmctl_stderr(&C.h, &out,
+                                            (const char *[]){"pull", "a,b:fan/none/", "--prefix",
+                                                             NULL},
+                                            true),
+                     5);
+    assert_non_null(strstr(out, "exports no segment under 'fan/none/'"));
+    assert_null(strstr(out, "this node's peers"));
+    free(out);
+  }
   /* what each list of sources refuses, before anything is pulled */
   po.local_name = "fan/src-x/";
   assert_int_equal(gshm_pull_prefix(c, "a,a", pre, &po, &v, &n), -EINVAL);
@@ -913,6 +996,7 @@ int main(void) {
       cmocka_unit_test(test_replace_relayed),
       cmocka_unit_test(test_replace_relay_fails),
       cmocka_unit_test(test_sources),
+      cmocka_unit_test(test_sources_each_other),
       cmocka_unit_test(test_listing_waits),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
