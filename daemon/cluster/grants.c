@@ -153,7 +153,8 @@ int gshmd__pull_host_room(struct pull *p, uint64_t size) {
                          "segment '%s' of peer '%s' needs %" PRIu64 " bytes of host memory: this "
                          "node has %" PRIu64 " available (with swap), and pulls in flight will "
                          "still take %" PRIu64,
-                         p->remote_name, p->peer->name, size, room, cl->pull_host_owed);
+                         p->remote_name, (p->peer ? p->peer : p->s->peer)->name, size, room,
+                         cl->pull_host_owed); /* (at its listing: no source chosen yet) */
     return -ENOMEM;
   }
   p->host_owed += size;

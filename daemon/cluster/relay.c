@@ -176,17 +176,25 @@ static bool may_stand_for(struct gshmd_cluster *cl, const struct pull_set *s,
   return !old || (s->replace && gshmd_registry_may_manage(s->holder, old));
 }
 
-/* Whether x may be granted to a peer now: its set has one source; or
- * its bytes are all in; or they come from its set's first source (the
- * lister).  One that a set of several sources takes from another source
+/* Whether x may be granted to peer asker now: its bytes are all in; or
+ * asker is none of its set's sources and the set has one source, or
+ * x's bytes come from its first (the lister).  One that a set of several sources takes from another source
  * (or has not asked yet) waits: two nodes that name each other as
  * sources (B pulls "a,c", C "a,b") would otherwise each be granted the
  * other's empty segment and wait for its bytes, both sets failing at
  * their timeout; so the bytes a relay hands on always come, along
  * listers, from a node that holds them. */
-static bool relay_serves(const struct relay *x) {
+static bool relay_serves(const struct relay *x, const struct peer *asker) {
   const struct pull *p = x->item;
-  return x->set->npeers <= 1 || p->finished || (p->started && p->src == 0);
+
+  if (p->finished)
+    return true;
+  /* (one of the set's own sources: it may be waiting on this node, its
+   * grant asked for this segment, or about to be: B pulling from C while
+   * C takes the set from "a,b") */
+  if (gshmd__pull_set_from(x->set, asker))
+    return false;
+  return x->set->npeers <= 1 || (p->started && p->src == 0);
 }
 
 /* The relayed segment named name (the first of the pulls in flight that
@@ -194,14 +202,14 @@ static bool relay_serves(const struct relay *x) {
  * granted now, or NULL; *later set when one exists that may not yet
  * (relay_serves). */
 static struct gshmd_segment *relay_find(struct gshmd_cluster *cl, const char *name,
-                                        bool *later) {
+                                        const struct peer *asker, bool *later) {
   struct relay_name *e;
 
   for (e = gshmd__relay_names_get(&cl->relay_names, name); e; e = e->same) {
     struct relay *x = gshm_list_entry(e, struct relay, by_name);
     if (x->seg->unlinked || !may_stand_for(cl, x->set, x->seg))
       continue;
-    if (relay_serves(x))
+    if (relay_serves(x, asker))
       return x->seg;
     *later = true;
   }
@@ -209,14 +217,15 @@ static struct gshmd_segment *relay_find(struct gshmd_cluster *cl, const char *na
 }
 
 struct gshmd_segment *gshmd__relay_grant_find(struct gshmd_cluster *cl, const char *name,
-                                              bool in_flight, bool *later_out) {
+                                              bool in_flight, const struct peer *asker,
+                                              bool *later_out) {
   struct gshmd_segment *seg;
 
   *later_out = false;
-  if (in_flight && ((seg = relay_find(cl, name, later_out)) || *later_out))
+  if (in_flight && ((seg = relay_find(cl, name, asker, later_out)) || *later_out))
     return seg; /* (the one in flight, now or later: not the old one) */
   seg = gshmd_registry_find_name(cl->reg, name);
-  return seg ? seg : relay_find(cl, name, later_out);
+  return seg ? seg : relay_find(cl, name, asker, later_out);
 }
 
 /* A wait for request rid of link l (the caller fills its message),

@@ -76,12 +76,14 @@ void gshmd__relay_end(struct gshmd_cluster *cl, struct gshmd_segment *seg, int e
  * first of the pulls in flight that will publish it; with --replace the
  * name's published segment is the old one), else the published one;
  * without, the published one, else a relayed one.  A relayed one is
- * granted only where its set has one source, its bytes are all in, or
- * they come from its set's first source (relay.c relay_serves: no two
- * nodes wait on each other's bytes); NULL when none, with *later_out
- * true when one exists that may be granted later. */
+ * granted to asker (the peer asking) only where its bytes are all in,
+ * or asker is none of its set's sources and the set has one source or
+ * takes it from its first (relay.c relay_serves: no two nodes wait on
+ * each other's bytes); NULL when none, with *later_out true when one
+ * exists that may be granted later. */
 struct gshmd_segment *gshmd__relay_grant_find(struct gshmd_cluster *cl, const char *name,
-                                              bool in_flight, bool *later_out);
+                                              bool in_flight, const struct peer *asker,
+                                              bool *later_out);
 /* Before a Read (rd) or Stage (st) of seg by link l, request rid, sends
  * bytes: 0 go on (not relayed, or the range has landed); 1 parked (the
  * request is served again through gshmd__serve_handle when it has

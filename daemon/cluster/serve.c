@@ -348,7 +348,8 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   struct gshmd_cluster *cl = cluster_of(l->ll);
   /* (published, or one this node is still pulling: relay.h) */
   bool later;
-  struct gshmd_segment *seg = gshmd__relay_grant_find(cl, req->name, req->in_flight, &later);
+  struct gshmd_segment *seg =
+      gshmd__relay_grant_find(cl, req->name, req->in_flight, l->peer, &later);
   struct serve_grant *g;
   struct gshmd_lease *lease;
   const char *msg = NULL;

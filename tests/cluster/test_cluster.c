@@ -1598,7 +1598,11 @@ static void test_peers_down_count(void **state) {
   c = connect_to(&C);
   make_segment(c, "pub/down-1", 4096, 91);
   make_segment(c, "pub/down-2", 4096, 92);
-  assert_int_equal(gshm_list_remote(a, "c", &(gshm_segment_info_t *){NULL}, &(size_t){0}), 0);
+  {
+    gshm_segment_info_t *listed = NULL;
+    assert_int_equal(gshm_list_remote(a, "c", &listed, &(size_t){0}), 0);
+    gshm_free(listed);
+  }
   peer_of(a, "c", st, sizeof(st), &count);
   assert_string_equal(st, "up");
   assert_int_equal(count, 2);

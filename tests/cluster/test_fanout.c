@@ -761,7 +761,9 @@ static void test_replace_relay_fails(void **state) {
  * takes from A (relay.c relay_serves); before, each was granted the
  * other's still-empty segment and waited for its bytes, both sets
  * failing at their request timeout.  Both end well, every byte A's, each
- * copy's source A's, well within the timeout. */
+ * copy's source A's, well within the timeout.  Then B from "a,c" with C
+ * behind it pulling from B alone (C's set names B: C hands B nothing in
+ * flight). */
 static void test_sources_each_other(void **state) {
   struct hop hb = {0}, hc = {0};
   gshm_client_t *a = connect_to(&A), *c;
@@ -799,6 +801,33 @@ static void test_sources_each_other(void **state) {
       assert_memory_equal(stat_on(k ? &C : &B, name).source, origin, strlen(origin));
     }
     unlink_set(c, pre);
+    gshm_disconnect(c);
+  }
+  gshm_free(hb.v);
+  gshm_free(hc.v);
+  /* B (slow: 16 KiB chunks, one at a time) takes the set from "a,c"
+   * while C, behind it, takes it from B alone: C lists B's set in
+   * flight; B must not wait on C for what C waits on B for (C's set
+   * names B: C grants B nothing in flight) */
+  memset(&hb, 0, sizeof(hb));
+  memset(&hc, 0, sizeof(hc));
+  hb.local = hc.local = "fan/mut2/";
+  hop_start(&hb, &B, "a,c", pre, 0644);
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  hop_start(&hc, &C, "b", "fan/mut2/", 0644);
+  pthread_join(hb.t, NULL);
+  pthread_join(hc.t, NULL);
+  print_message("B from a,c %d (%s) in %.3f s; C from b %d (%s) in %.3f s\n", hb.err,
+                gshm_strerror(hb.err), (double)(hb.end_ns - hb.start_ns) / 1e9, hc.err,
+                gshm_strerror(hc.err), (double)(hc.end_ns - hc.start_ns) / 1e9);
+  assert_int_equal(hc.err, 0);
+  assert_int_equal(hb.err, 0);
+  assert_true(hc.end_ns - hc.start_ns < 20 * 1000000000LL);
+  assert_true(hb.end_ns - hb.start_ns < 20 * 1000000000LL);
+  for (int k = 0; k < 2; k++) {
+    c = connect_to(k ? &C : &B);
+    check_set(c, "fan/mut2/", 1500);
+    unlink_set(c, "fan/mut2/");
     gshm_disconnect(c);
   }
   gshm_free(hb.v);
