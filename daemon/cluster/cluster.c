@@ -272,6 +272,12 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
             "gshm_cluster_pulls_total{peer=\"%s\",result=\"error\"} %" PRIu64 "\n",
             cl->ll.peers[i].name, cl->ll.peers[i].pulls_ok, cl->ll.peers[i].name,
             cl->ll.peers[i].pulls_failed);
+  fprintf(f, "# HELP gshm_cluster_sources_passed_over_total Segments of set pulls naming several "
+             "sources that each peer did not grant (asked of another).\n"
+             "# TYPE gshm_cluster_sources_passed_over_total counter\n");
+  for (unsigned i = 0; i < cl->ll.npeers; i++)
+    fprintf(f, "gshm_cluster_sources_passed_over_total{peer=\"%s\"} %" PRIu64 "\n",
+            cl->ll.peers[i].name, cl->ll.peers[i].passed_over);
   fprintf(f, "# HELP gshm_cluster_pulled_bytes_total Bytes pulled from each peer, by path.\n"
              "# TYPE gshm_cluster_pulled_bytes_total counter\n");
   for (unsigned i = 0; i < cl->ll.npeers; i++)

@@ -99,6 +99,7 @@ struct peer {
   uint64_t bytes_inflight;    /* ... and their bytes */
   /* metrics */
   uint64_t pulls_ok, pulls_failed, bytes_host, bytes_staged, bytes_direct;
+  uint64_t passed_over;       /* segments of sets with several sources it did not grant */
 };
 
 /* What keeps a request's destination valid after the request ended:

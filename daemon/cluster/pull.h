@@ -317,8 +317,9 @@ bool gshmd__pull_grant_later(struct pull *p);
  * lister listed; else no answer came: the link lost, unreachable, its
  * hello refused; why: in words, naming it): p goes back to the set's
  * queue for a source it has not tried (the lister is never passed over:
- * its failure fails the set), and a source that gave no answer is
- * asked for none of the set's segments from then.  Logged. */
+ * its failure fails the set), and a source that gave no answer is asked
+ * for none of the set's segments from then.  Logged; counted in
+ * peer->passed_over. */
 void gshmd__pull_grant_elsewhere(struct pull *p, bool answered, const char *why);
 /* ---- sources.c ---- */
 

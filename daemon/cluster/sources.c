@@ -86,11 +86,14 @@ int gshmd__pull_source_pick(const struct pull_set *s, const struct pull *p) {
 void gshmd__pull_grant_elsewhere(struct pull *p, bool answered, const char *why) {
   struct pull_set *s = p->s;
 
+  uint8_t bit = (uint8_t)(1u << p->src);
+
   gshm_log_info("cluster: the pull of '%s' asks another source for '%s'%s: %s", s->name,
                 p->remote_name, answered ? "" : " (and that peer for nothing more)", why);
-  p->tried |= (uint8_t)(1u << p->src);
+  p->peer->passed_over++;
+  p->tried |= bit;
   if (!answered) /* (no answer: lost, unreachable, its hello refused) */
-    s->down |= (uint8_t)(1u << p->src);
+    s->down |= bit;
   gshmd__pull_grant_off(p);
   gshmd__pull_unpin(p);
   p->started = false;

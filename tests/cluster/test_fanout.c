@@ -852,6 +852,7 @@ static void test_sources(void **state) {
   gshm_pull_result_t r, *v = NULL;
   gshm_pull_opts_t po = {0};
   unsigned from_a = 0, from_b = 0;
+  long over_d, over_b;
   size_t n = 0;
   const char *pre = "fan/src/";
   (void)state;
@@ -935,10 +936,18 @@ static void test_sources(void **state) {
   unlink_set(b, pre);
   make_set(b, pre, 1400);
   po.local_name = NULL;
+  usleep(1100000); /* (metrics: a snapshot of up to a second ago) */
+  over_d = metric(c, "gshm_cluster_sources_passed_over_total{peer=\"d\"}");
+  over_b = metric(c, "gshm_cluster_sources_passed_over_total{peer=\"b\"}");
   assert_int_equal(gshm_pull_prefix(c, "a,d,b", pre, &po, &v, &n), 0);
   assert_int_equal(n, NSET);
   for (size_t i = 0; i < n; i++)
     assert_string_equal(v[i].peer, "a");
+  usleep(1100000);
+  over_d = metric(c, "gshm_cluster_sources_passed_over_total{peer=\"d\"}") - over_d;
+  over_b = metric(c, "gshm_cluster_sources_passed_over_total{peer=\"b\"}") - over_b;
+  print_message("passed over: d %ld, b %ld\n", over_d, over_b);
+  assert_true(over_d >= 1 && over_b >= 1);
   check_set(c, pre, 1300);
   unlink_set(c, pre);
   gshm_free(v);
