@@ -244,26 +244,9 @@ void gshmd_cluster_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c)
 
 /* ---- metrics ---------------------------------------------------------- */
 
-void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
-  static const char *const causes[REFUSE_N] = {
-      [REFUSE_PROTOCOL] = "protocol", [REFUSE_VERSION] = "version",
-      [REFUSE_UNKNOWN_PEER] = "unknown_peer", [REFUSE_BAD_KEY] = "bad_key",
-      [REFUSE_TIMEOUT] = "timeout", [REFUSE_LIMIT] = "limit", [REFUSE_TAMPERED] = "tampered"};
-  if (!cl)
-    return;
-  fprintf(f, "# HELP gshm_cluster_peer_up 1 when the endpoint to the peer is authenticated.\n"
-             "# TYPE gshm_cluster_peer_up gauge\n");
-  for (unsigned i = 0; i < cl->ll.npeers; i++)
-    fprintf(f, "gshm_cluster_peer_up{peer=\"%s\"} %d\n", cl->ll.peers[i].name,
-            cl->ll.peers[i].state == PEER_UP);
-  fprintf(f, "# HELP gshm_cluster_lanes Data lanes (extra TCP connections, cluster.streams) up "
-             "on this node's link to each peer.\n"
-             "# TYPE gshm_cluster_lanes gauge\n");
-  for (unsigned i = 0; i < cl->ll.npeers; i++) {
-    const struct link *out = cl->ll.peers[i].out;
-    fprintf(f, "gshm_cluster_lanes{peer=\"%s\"} %u\n", cl->ll.peers[i].name,
-            out && out->state == LINK_UP ? out->nlanes : 0);
-  }
+/* The pulls from each peer: by result, segments passed over, bytes by
+ * path. */
+static void peer_pull_metrics(const struct gshmd_cluster *cl, FILE *f) {
   fprintf(f, "# HELP gshm_cluster_pulls_total Pulls from each peer, by result.\n"
              "# TYPE gshm_cluster_pulls_total counter\n");
   for (unsigned i = 0; i < cl->ll.npeers; i++)
@@ -287,6 +270,29 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
             "gshm_cluster_pulled_bytes_total{peer=\"%s\",path=\"direct\"} %" PRIu64 "\n",
             cl->ll.peers[i].name, cl->ll.peers[i].bytes_host, cl->ll.peers[i].name,
             cl->ll.peers[i].bytes_staged, cl->ll.peers[i].name, cl->ll.peers[i].bytes_direct);
+}
+
+void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
+  static const char *const causes[REFUSE_N] = {
+      [REFUSE_PROTOCOL] = "protocol", [REFUSE_VERSION] = "version",
+      [REFUSE_UNKNOWN_PEER] = "unknown_peer", [REFUSE_BAD_KEY] = "bad_key",
+      [REFUSE_TIMEOUT] = "timeout", [REFUSE_LIMIT] = "limit", [REFUSE_TAMPERED] = "tampered"};
+  if (!cl)
+    return;
+  fprintf(f, "# HELP gshm_cluster_peer_up 1 when the endpoint to the peer is authenticated.\n"
+             "# TYPE gshm_cluster_peer_up gauge\n");
+  for (unsigned i = 0; i < cl->ll.npeers; i++)
+    fprintf(f, "gshm_cluster_peer_up{peer=\"%s\"} %d\n", cl->ll.peers[i].name,
+            cl->ll.peers[i].state == PEER_UP);
+  fprintf(f, "# HELP gshm_cluster_lanes Data lanes (extra TCP connections, cluster.streams) up "
+             "on this node's link to each peer.\n"
+             "# TYPE gshm_cluster_lanes gauge\n");
+  for (unsigned i = 0; i < cl->ll.npeers; i++) {
+    const struct link *out = cl->ll.peers[i].out;
+    fprintf(f, "gshm_cluster_lanes{peer=\"%s\"} %u\n", cl->ll.peers[i].name,
+            out && out->state == LINK_UP ? out->nlanes : 0);
+  }
+  peer_pull_metrics(cl, f);
   fprintf(f, "# HELP gshm_cluster_refusals_total Peers and packets refused on the cluster "
              "endpoint, by cause.\n"
              "# TYPE gshm_cluster_refusals_total counter\n");
