@@ -84,18 +84,24 @@ bool gshmd__pull_grant_later(struct pull *p) {
       return false;
     s->retry_ns = now + GRANT_BUSY_RETRY_NS;
   }
-  gshmd__pull_grant_off(p);
-  gshmd__pull_unpin(p);
+  gshmd__pull_requeue(p);
   if (s->window == GRANTS_AHEAD)
     gshm_log_info("cluster: peer '%s' is busy: the pull of '%s' waits for its grants to end "
                   "before it asks more",
                   p->peer->name, s->name);
   s->window = s->active ? s->active : 1;
+  return true;
+}
+
+void gshmd__pull_requeue(struct pull *p) {
+  struct pull_set *s = p->s;
+
+  gshmd__pull_grant_off(p);
+  gshmd__pull_unpin(p);
   p->started = false;
   p->next_retry = NULL;
   *s->retry_tail = p;
   s->retry_tail = &p->next_retry;
-  return true;
 }
 
 void gshmd__pull_grant_off(struct pull *p) {

@@ -348,6 +348,10 @@ void gshmd__pull_grant_not_listed(struct pull *p);
 /* s's sources: peers[0..n) (n >= 1; the first lists the set), and their
  * names as asked ("a,b") in s->peers_text. */
 void gshmd__pull_set_sources(struct pull_set *s, struct peer *const *peers, unsigned n);
+/* p's grant, asked or held, is over (gshmd__pull_grant_off) and its pins
+ * go; p waits unstarted at the end of its set's queue (s->retry), asked
+ * again by gshmd__pull_set_start_grants (grant_later, grant_elsewhere). */
+void gshmd__pull_requeue(struct pull *p);
 /* p's grant, asked or held, is over: off its set's active count, its
  * source's open bytes and that peer's grants_out. */
 void gshmd__pull_grant_off(struct pull *p);

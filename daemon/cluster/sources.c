@@ -50,10 +50,9 @@ int gshmd__pull_sources_parse(struct gshmd_cluster *cl, const Gshm__PullRequest 
     snprintf(name, sizeof(name), "%.*s", (int)(len < sizeof(name) ? len : sizeof(name) - 1), at);
     if (len >= sizeof(name) || !(out[k] = gshmd__link_peer_find(&cl->ll, name))) {
       /* (one peer: the requester named it; gshmctl adds the known ones) */
-      snprintf(cl->reply_msg, sizeof(cl->reply_msg), "no such peer%s%s%s%s in cluster.peers",
-               n > 1 ? " '" : "", n > 1 ? name : "", n > 1 && len >= sizeof(name) ? "..." : "",
-               n > 1 ? "'" : "");
-      *msg_out = cl->reply_msg;
+      snprintf(cl->reply_msg, sizeof(cl->reply_msg), "no such peer '%s%s' in cluster.peers",
+               name, len < sizeof(name) ? "" : "...");
+      *msg_out = n == 1 ? "no such peer in cluster.peers" : cl->reply_msg;
       return -ENOENT;
     }
     for (unsigned j = 0; j < k; j++)
@@ -85,7 +84,6 @@ int gshmd__pull_source_pick(const struct pull_set *s, const struct pull *p) {
 
 void gshmd__pull_grant_elsewhere(struct pull *p, bool answered, const char *why) {
   struct pull_set *s = p->s;
-
   uint8_t bit = (uint8_t)(1u << p->src);
 
   gshm_log_info("cluster: the pull of '%s' asks another source for '%s'%s: %s", s->name,
@@ -94,12 +92,7 @@ void gshmd__pull_grant_elsewhere(struct pull *p, bool answered, const char *why)
   p->tried |= bit;
   if (!answered) /* (no answer: lost, unreachable, its hello refused) */
     s->down |= bit;
-  gshmd__pull_grant_off(p);
-  gshmd__pull_unpin(p);
-  p->started = false;
-  p->next_retry = NULL;
-  *s->retry_tail = p;
-  s->retry_tail = &p->next_retry;
+  gshmd__pull_requeue(p);
 }
 
 /* Where a copy of the peer segment s comes from (its source), into src
