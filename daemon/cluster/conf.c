@@ -326,7 +326,7 @@ char *gshmd__peer_error(const struct peer_req *req, int err, const Gshm__Cluster
   char named[80];
   size_t n = (size_t)snprintf(named, sizeof(named), "peer '%s' ", p->name);
 
-  if (m) /* the peer answered: its own words */
+  if (m || req->answered) /* the peer answered (a refusal too): its own words */
     snprintf(buf, size, "peer '%s': %s", p->name, why);
   else if (!unreachable && n < sizeof(named) && !strncmp(why, named, n))
     /* the link's own error names the peer already ("peer 'x' did not

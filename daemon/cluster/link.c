@@ -96,6 +96,7 @@ void gshmd__link_req_send(struct link *l, struct peer_req *req) {
   gshm_list_add_tail(&l->reqs, &req->node);
   req->queued = true;
   req->sent = true;
+  req->answered = false;
   /* listed before it goes: its bytes may come on a lane at once */
   if (req->data_dest && !l->ucx && (e = gshmd__landing_add(l, req))) {
     gshm_list_del(&req->node);
@@ -116,7 +117,7 @@ void gshmd__link_req_send(struct link *l, struct peer_req *req) {
 
 void gshmd__link_req_submit(struct links *ll, struct peer *p, struct peer_req *req) {
   req->peer = p;
-  req->sent = false; /* (one submitted again, to another peer say: not sent yet) */
+  req->sent = req->answered = false; /* (one submitted again, to another peer say: not sent yet) */
   if (p->state == PEER_UP && p->out) {
     gshmd__link_req_send(p->out, req);
     return;
@@ -443,6 +444,7 @@ static bool answer(struct link *l, Gshm__Cluster__Msg *m) {
       gshm_list_del(&req->node);
       req->queued = false;
       req->progress = m->progress;
+      req->answered = true;
       req->done(req, err, err ? (m->message[0] ? m->message : "refused by the peer") : NULL,
                 err ? NULL : m);
       return true;

@@ -166,6 +166,8 @@ struct peer_req {
   uint64_t progress;         /* a busy refusal's Msg.progress (relay.h), else 0 */
   bool queued;               /* on a list */
   bool sent;                 /* on the link: only the answer or the link's end completes it */
+  bool answered;             /* done was called with the peer's answer (an error status
+                                included: its m is NULL then), not the link's end */
 };
 
 /* One connection on the cluster port, either direction. */

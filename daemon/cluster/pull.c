@@ -546,7 +546,7 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
     s->busy_since_ns = s->retry_ns = 0;
   if (err && p->src && !s->err) { /* (not the lister: the others may serve it) */
     char msg[GSHMD_PEER_ERROR_LEN];
-    gshmd__pull_grant_elsewhere(p, m != NULL,
+    gshmd__pull_grant_elsewhere(p, req->answered,
                                 gshmd__peer_error(req, err, m, why, msg, sizeof(msg)));
     return;
   }

@@ -960,6 +960,56 @@ static void test_sources(void **state) {
   gshm_disconnect(a);
 }
 
+static uint64_t even_size(int i) { return 256 * 1024 + (uint64_t)i; }
+
+/* A source that refuses one segment still serves the rest: B holds
+ * copies of all but one of A's 40 segments of about the same size
+ * (pulled one by one), C takes
+ * the set from "a,b".  B's refusal of the one it lacks (its answer: not
+ * found) passes that segment to A, not B itself: before, any refusal of a
+ * source but the lister was taken for no answer, and B was asked nothing
+ * more of the set after its first (it served 7 of 40, those of the first
+ * GRANTS_AHEAD asks). */
+static void test_sources_partial(void **state) {
+  const char *pre = "fan/part/";
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c = connect_to(&C);
+  gshm_pull_opts_t po = {.mode = 0644}; /* (B exports what others may read) */
+  gshm_pull_result_t r, *v = NULL;
+  unsigned from_b = 0;
+  size_t n = 0;
+  (void)state;
+
+  set_make(a, pre, 40, even_size, 1600);
+  for (int i = 0; i < 40; i++) {
+    char name[64];
+    if (i == 1)
+      continue;
+    snprintf(name, sizeof(name), "%s%02d", pre, i);
+    assert_int_equal(gshm_pull(b, "a", name, &po, &r), 0);
+  }
+  assert_int_equal(gshm_pull_prefix(c, "a,b", pre, &po, &v, &n), 0);
+  assert_int_equal(n, 40);
+  for (size_t i = 0; i < n; i++) {
+    if (!strcmp(v[i].segment.name, "fan/part/01"))
+      assert_string_equal(v[i].peer, "a");
+    from_b += !strcmp(v[i].peer, "b");
+  }
+  print_message("C took %u of 40 segments from B\n", from_b);
+  assert_true(from_b >= 12);
+  set_check(c, pre, 40, even_size, 1600);
+  gshm_free(v);
+  set_unlink(c, pre, 40);
+  for (int i = 0; i < 40; i++) {
+    char name[64];
+    snprintf(name, sizeof(name), "%s%02d", pre, i);
+    assert_int_equal(gshm_unlink(b, name), i == 1 ? -ENOENT : 0);
+  }
+  set_unlink(a, pre, 40);
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+  gshm_disconnect(c);
+}
+
 /* Closes the connections waiting on the silent listener: their hello
  * ends at once (the peer closed). */
 static void silent_drop(void) {
@@ -1035,6 +1085,7 @@ int main(void) {
       cmocka_unit_test(test_replace_relay_fails),
       cmocka_unit_test(test_sources),
       cmocka_unit_test(test_sources_each_other),
+      cmocka_unit_test(test_sources_partial),
       cmocka_unit_test(test_listing_waits),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
