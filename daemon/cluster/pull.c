@@ -589,6 +589,8 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
     gshmd__pull_grant_not_listed(p);
     return;
   }
+  if (!gshmd__pull_upstream_take(p, g))
+    return;
   if (gshmd__pull_choose_path(p, g) || gshmd__pull_setup_slots(p, g))
     return;
   p->total = g->segment->size;

@@ -95,6 +95,11 @@ struct pull {
    * `listed`) */
   bool create_listed, listed_device;
   char *listed_source;
+  /* granted in flight (relayed): the nodes its bytes come through beyond
+   * its source (Grant.upstream, checked; NULL: none), and whether that is
+   * all of them (sources.c gshmd__pull_upstream_take) */
+  char *upstream;
+  bool upstream_known;
   /* prefault.c: its pages faulted in ahead of the lanes */
   struct gshm_list pf_node;      /* cl->prefaults, while pf_queued */
   bool pf_queued;
@@ -338,6 +343,16 @@ int gshmd__pull_source_pick(const struct pull_set *s, const struct pull *p);
 /* Whether what p's source granted (s) is what p's listing listed (pull.c
  * grant_done; true for a single pull, never listed). */
 bool gshmd__pull_grant_is_listed(const struct pull *p, const Gshm__Cluster__Segment *s);
+/* The path of the bytes p's source granted (g, a Grant from the wire):
+ * with g->segment->in_flight, g->upstream (relay_path.h: "n1,n0",
+ * nearest first, a last "?" where the source does not know the rest)
+ * into p->upstream (owned by p, NULL when empty) and
+ * p->upstream_known; not in flight, none (the bytes are all at the
+ * source), known.  An in-flight grant from a peer that sends no path
+ * counts as unknown.  Returns true, or false when it failed p's set:
+ * -EPROTO (a path gshmd__relay_path_ok refuses; a path on a segment not
+ * in flight) or -ENOMEM, with a message that names the peer. */
+bool gshmd__pull_upstream_take(struct pull *p, const Gshm__Cluster__Grant *g);
 /* p's grant goes back at once, before anything was read, and p is as
  * before its grant (gshmd__pull_grant_elsewhere asks another source). */
 void gshmd__pull_grant_return(struct pull *p);

@@ -592,6 +592,7 @@ static void set_end(struct pull_set *s) {
     gshmd__pull_host_paid(s->items[i], UINT64_MAX); /* (those never granted) */
     gshmd__pull_hold_drop(s->items[i]); /* (UCX receives that still run keep theirs) */
     free(s->items[i]->listed_source);
+    free(s->items[i]->upstream);
     free(s->items[i]);
   }
   free(s->items);

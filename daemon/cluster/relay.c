@@ -7,6 +7,7 @@
 #include "relay.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -177,13 +178,17 @@ static bool may_stand_for(struct gshmd_cluster *cl, const struct pull_set *s,
 }
 
 /* Whether x may be granted to peer asker now: its bytes are all in; or
- * asker is none of its set's sources and the set has one source, or
- * x's bytes come from its first (the lister).  One that a set of several sources takes from another source
- * (or has not asked yet) waits: two nodes that name each other as
- * sources (B pulls "a,c", C "a,b") would otherwise each be granted the
- * other's empty segment and wait for its bytes, both sets failing at
- * their timeout; so the bytes a relay hands on always come, along
- * listers, from a node that holds them. */
+ * asker is none of its set's sources and either the whole path of x's
+ * bytes is known (its source granted it, with the path beyond) and asker
+ * is not on it, or the set has one source or x's bytes come from its
+ * first (the lister).  Two nodes that name each other as sources (B
+ * pulls "a,c", C "a,b") would otherwise each be granted the other's
+ * empty segment and wait for its bytes, both sets failing at their
+ * timeout, and so would any ring of relays (B from C, C from D, D from
+ * B: the path shows it).  A relay of several sources with the path
+ * known hands on what it takes from any of them (the fan-out of
+ * `gshm-bench pull --fanout 3 --sources`: n2 served n3 0.05 copies of
+ * the set when only what it took from n0 went on). */
 static bool relay_serves(const struct relay *x, const struct peer *asker) {
   const struct pull *p = x->item;
 
@@ -194,7 +199,31 @@ static bool relay_serves(const struct relay *x, const struct peer *asker) {
    * C takes the set from "a,b") */
   if (gshmd__pull_set_from(x->set, asker))
     return false;
+  if (p->granted && p->upstream_known)
+    return p->peer != asker &&
+           !gshmd__relay_path_has(p->upstream ? p->upstream : "", asker->name);
   return x->set->npeers <= 1 || (p->started && p->src == 0);
+}
+
+const char *gshmd__relay_upstream(const struct gshmd_segment *seg, char *buf, size_t len) {
+  const struct relay *x = seg->cluster_relay;
+  const struct pull *p = x ? x->item : NULL;
+  const char *up;
+
+  buf[0] = 0;
+  if (!p || p->finished)
+    return buf;
+  up = p->upstream ? p->upstream : "";
+  if (p->granted && p->upstream_known && gshmd__relay_path_names(up) < RELAY_PATH_MAX)
+    snprintf(buf, len, "%s%s%s", p->peer->name, *up ? "," : "", up);
+  else if (!p->granted && x->set->npeers <= 1 && p->listed && !p->listed_in_flight)
+    /* (not granted yet, but its one source listed it published: the
+     * bytes will come from there; a relay of a set that pulls one
+     * segment at a time grants most of it before its own grant) */
+    snprintf(buf, len, "%s", x->set->peer->name);
+  else
+    snprintf(buf, len, "%s,?", (p->peer ? p->peer : x->set->peer)->name);
+  return buf;
 }
 
 /* The relayed segment named name (the first of the pulls in flight that

@@ -17,6 +17,7 @@
 
 #include "cluster.pb-c.h"
 #include "link.h"
+#include "relay_path.h"
 
 struct pull;
 
@@ -77,13 +78,23 @@ void gshmd__relay_end(struct gshmd_cluster *cl, struct gshmd_segment *seg, int e
  * name's published segment is the old one), else the published one;
  * without, the published one, else a relayed one.  A relayed one is
  * granted to asker (the peer asking) only where its bytes are all in,
- * or asker is none of its set's sources and the set has one source or
- * takes it from its first (relay.c relay_serves: no two nodes wait on
- * each other's bytes); NULL when none, with *later_out true when one
- * exists that may be granted later. */
+ * or asker is none of its set's sources and: not on the path its bytes
+ * come along, where that path is known (its source granted it and said
+ * all of the path beyond: Grant.upstream); else where the set has one
+ * source or takes it from its first (relay.c relay_serves: no two nodes
+ * wait on each other's bytes); NULL when none, with *later_out true when
+ * one exists that may be granted later. */
 struct gshmd_segment *gshmd__relay_grant_find(struct gshmd_cluster *cl, const char *name,
                                               bool in_flight, const struct peer *asker,
                                               bool *later_out);
+/* The path of seg's bytes for a Grant of it (Grant.upstream, relay_path.h)
+ * into buf (len bytes, at least RELAY_PATH_LEN): "" where seg is not
+ * relayed or its bytes are all here; else its source, then the path
+ * beyond that its own grant said ("n1,n0"), with a last "?" where that
+ * is not known (not said, longer than RELAY_PATH_MAX, or not granted
+ * yet: but a set of one source whose lister listed the segment
+ * published has that source alone).  Returns buf. */
+const char *gshmd__relay_upstream(const struct gshmd_segment *seg, char *buf, size_t len);
 /* Before a Read (rd) or Stage (st) of seg by link l, request rid, sends
  * bytes: 0 go on (not relayed, or the range has landed); 1 parked (the
  * request is served again through gshmd__serve_handle when it has

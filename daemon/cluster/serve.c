@@ -277,10 +277,12 @@ static void grant_answer(struct gshmd_cluster *cl, struct link *l, const struct 
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__Grant gr = GSHM__CLUSTER__GRANT__INIT;
   Gshm__Cluster__Segment s;
+  char up[RELAY_PATH_LEN];
 
   gshmd__serve_segment_to_wire(seg, &s);
   s.in_flight = seg->hidden;
   gr.segment = &s;
+  gr.upstream = (char *)gshmd__relay_upstream(seg, up, sizeof(up));
   gr.grant_id = g->grant_id;
   gr.path = g->path;
   gr.length = g->sb ? g->sb->len : g->length;

@@ -10,11 +10,14 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
 #include "link.h"
 #include "log.h"
 #include "registry.h"
+#include "relay_path.h"
 #include "util.h"
 
 #define SOURCE_MAX 384 /* a source as clients take it (gshm.h GSHM_SOURCE_MAX) */
@@ -135,6 +138,30 @@ bool gshmd__pull_grant_is_listed(const struct pull *p, const Gshm__Cluster__Segm
   return strcmp(src, listed) == 0;
 }
 
+bool gshmd__pull_upstream_take(struct pull *p, const Gshm__Cluster__Grant *g) {
+  const char *up = g->upstream ? g->upstream : "", *bad = NULL;
+  bool known;
+  int err = -EPROTO;
+
+  free(p->upstream);
+  p->upstream = NULL;
+  p->upstream_known = !g->segment->in_flight;
+  if (!g->segment->in_flight && *up)
+    bad = "a path of its bytes on a segment that is not in flight";
+  else if (!g->segment->in_flight || !*up) /* (in flight, none said: not known) */
+    return true;
+  else if (!gshmd__relay_path_ok(up, &known))
+    bad = "a malformed path of its bytes (Grant.upstream)";
+  else if (!(p->upstream = strdup(up)))
+    bad = "no memory for the path of its bytes", err = -ENOMEM;
+  if (bad) {
+    pull_fail(p, err, "peer '%s' granted '%s' with %s", p->peer->name, p->remote_name, bad);
+    return false;
+  }
+  p->upstream_known = known;
+  return true;
+}
+
 /* p's grant goes back at once, before anything was read (grants.c
  * gshmd__pull_grant_elsewhere asks another source). */
 void gshmd__pull_grant_return(struct pull *p) {
@@ -142,7 +169,9 @@ void gshmd__pull_grant_return(struct pull *p) {
   gshm_list_del(&p->link_node);
   p->on_link = false;
   p->link = NULL;
-  p->granted = p->relayed = false;
+  p->granted = p->relayed = p->upstream_known = false;
+  free(p->upstream);
+  p->upstream = NULL;
   p->grant_id = p->remote_id = p->remote_gen = 0;
 }
 

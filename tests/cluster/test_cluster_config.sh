@@ -74,6 +74,12 @@ refused "peer name with a control byte" "no blanks or control bytes" "${L[@]}" "
   --set "cluster.peers=a$(printf '\033')b=127.0.0.1:2"
 refused "node name with a blank" "cluster.node_name" "${L[@]}" "${K[@]}" \
   --set "cluster.node_name=a b"
+# a comma parts names in lists of sources and paths of relayed bytes, where
+# a lone '?' is the unknown rest
+refused "node name with a comma" "or commas, not '?'" "${L[@]}" "${K[@]}" \
+  --set "cluster.node_name=a,b"
+refused "node name '?'" "or commas, not '?'" "${L[@]}" "${K[@]}" --set "cluster.node_name=?"
+refused "peer named '?'" "not '?'" "${L[@]}" "${K[@]}" --set "cluster.peers=?=127.0.0.1:2"
 # which of the two it looked for (a group written without its '@' was
 # "no such user or group", no hint of the '@')
 refused "export of an unknown user" "no such user 'no-such-user-here' (a group is @GROUP)" \

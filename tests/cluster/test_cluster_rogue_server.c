@@ -154,13 +154,21 @@ static void send_page(uint32_t rid, const struct entry *es, size_t max, unsigned
   send_with_nuls(&m);
 }
 
+/* What the next grants say of the path of their bytes (Grant.upstream,
+ * NULL: nothing) and whether they are in flight: test_path_lies. */
+static const char *grant_upstream;
+static bool grant_in_flight;
+
 static void send_grant_to(struct rogue *r, uint32_t rid, const struct entry *e) {
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
   Gshm__Cluster__Segment s;
 
   segment_of(e, &s);
+  s.in_flight = grant_in_flight;
   g.segment = &s;
+  if (grant_upstream)
+    g.upstream = (char *)grant_upstream;
   g.grant_id = 1000 + e->id;
   g.path = GSHM__CLUSTER__PATH__PATH_HOST;
   g.length = e->size;
@@ -289,6 +297,39 @@ static void test_lies_refused(void **state) {
     assert_int_equal(gshm_stat_name(p, "pub/one", &info), -ENOENT);
     assert_false(rs.failed);
   }
+  gshm_disconnect(p);
+}
+
+/* A grant whose path of relayed bytes (Grant.upstream) is malformed, or
+ * given for a segment not in flight: refused with -EPROTO as the lies
+ * above, before a byte is read (a relay checks a peer against the path
+ * before it grants in flight: relay.c relay_serves). */
+static void test_path_lies(void **state) {
+  static const struct {
+    const char *up;
+    bool in_flight;
+  } paths[] = {{"a", false},     {"?,a", true}, {"a,b,c,d,e,f,g,h,i", true}, {"a,\x1b", true},
+               {"a,", true},     {"a,,b", true}, {",a", true}, {"a?", false}};
+  struct lie l = {"path", false, {{0}}, {{0}}, 0, {1, "pub/one", 4096, "host"}};
+  gshm_client_t *p = connect_to(&P);
+  (void)state;
+
+  for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+    struct bg bg = {.lie = &l};
+    grant_upstream = paths[i].up;
+    grant_in_flight = paths[i].in_flight;
+    assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+    assert_int_equal(serve_lie(&bg, &l), 0);
+    pthread_join(bg.t, NULL);
+    printf("path '%s'%s: %d: %s\n", paths[i].up, paths[i].in_flight ? " in flight" : "", bg.err,
+           bg.msg);
+    assert_int_equal(bg.err, -EPROTO);
+    assert_non_null(strstr(bg.msg, "peer 'rs'"));
+    assert_non_null(strstr(bg.msg, "path of its bytes"));
+    assert_nothing_left(p, "pub/one");
+  }
+  grant_upstream = NULL;
+  grant_in_flight = false;
   gshm_disconnect(p);
 }
 
@@ -1055,6 +1096,7 @@ static void test_in_flight_local_name(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lies_refused),
+      cmocka_unit_test(test_path_lies),
       cmocka_unit_test(test_set_too_large_and_wrong_answer),
       cmocka_unit_test(test_grant_not_listed),
       cmocka_unit_test(test_in_flight_local_name),

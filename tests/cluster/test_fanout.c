@@ -134,6 +134,24 @@ static void *hop_thread(void *arg) {
   return NULL;
 }
 
+/* The end of a test of hops B, C and D (hb, hc, hd) taking set pre (seed
+ * base) from A: each holds the set whole, then it goes everywhere and
+ * a (A's client) is closed. */
+static void hops_end(const char *pre, unsigned long long base, gshm_client_t *a, struct hop *hb,
+                     struct hop *hc, struct hop *hd) {
+  for (int i = 1; i < 4; i++) {
+    gshm_client_t *c = connect_to(chain[i]);
+    check_set(c, pre, base);
+    unlink_set(c, pre);
+    gshm_disconnect(c);
+  }
+  gshm_free(hb->v);
+  gshm_free(hc->v);
+  gshm_free(hd->v);
+  unlink_set(a, pre);
+  gshm_disconnect(a);
+}
+
 /* Waits until n has a pull in flight whose listing is done (its segments
  * created, hidden: what the next hop lists) with at least min_done bytes
  * in, or (min_done < 0) any pull in flight, listed or not; returns its
@@ -266,17 +284,7 @@ static void test_chain(void **state) {
   c = connect_to(&C);
   print_message("%ld on C\n", metric(c, "gshm_cluster_relay_waits_total"));
   gshm_disconnect(c);
-  for (int i = 1; i < 4; i++) {
-    c = connect_to(chain[i]);
-    check_set(c, pre, 300);
-    unlink_set(c, pre);
-    gshm_disconnect(c);
-  }
-  gshm_free(hb.v);
-  gshm_free(hc.v);
-  gshm_free(hd.v);
-  unlink_set(a, pre);
-  gshm_disconnect(a);
+  hops_end(pre, 300, a, &hb, &hc, &hd);
 }
 
 /* Waits (up to 10 s) until n holds no segment memory; returns its bytes. */
@@ -960,6 +968,63 @@ static void test_sources(void **state) {
   gshm_disconnect(a);
 }
 
+/* A relay of several sources hands on in flight what it takes from any
+ * of them once the path of those bytes is known: C takes the set from
+ * "a,b" while B (slow: 16 KiB chunks, one at a time) still pulls it from
+ * A; D takes it from C alone.  With B stopped (SIGSTOP), what C takes
+ * from B cannot finish, yet C grants D every segment: the path of those
+ * bytes (b, then a) does not hold d.  Before (relay.c relay_serves), C
+ * granted in flight only what it took from its first source and refused
+ * the rest busy until it had them whole: D's grants of them waited on B. */
+static void test_sources_relay_any(void **state) {
+  const char *pre = "fan/any/";
+  struct hop hb = {0}, hc = {0}, hd = {0};
+  gshm_client_t *a = connect_to(&A), *c = connect_to(&C);
+  long g0 = metric(c, "gshm_cluster_grants_total"), g = g0;
+  unsigned from_b = 0;
+  const char *argv[20];
+  bool b_pulling;
+  int k = 0;
+  (void)state;
+
+  while (B.argv[k]) /* (B slower still: 4 KiB chunks, one at a time, about 4 s for the set) */
+    argv[k] = B.argv[k], k++;
+  argv[k++] = "--set=cluster.pull_chunk=4K";
+  argv[k] = NULL;
+  assert_int_equal(harness_restart(&B.h, SIGTERM, argv), 0);
+  make_set(a, pre, 1700);
+  hop_start(&hb, &B, "a", pre, 0644);
+  assert_true(wait_pull_listed(&B, 0) >= 0);
+  hop_start(&hc, &C, "a,b", pre, 0644);
+  assert_true(wait_pull_listed(&C, 0) >= 0);
+  usleep(300000); /* (C's grants of what it takes from B back: stopped, B would not answer) */
+  b_pulling = pull_in_flight(&B); /* (asserted once B goes on: a failure stops the test) */
+  assert_int_equal(kill(B.h.sp.pid, SIGSTOP), 0);
+  hop_start(&hd, &D, "c", pre, 0644);
+  for (int t = 0; t < 100 && g - g0 < NSET; t++) {
+    usleep(100000);
+    g = metric(c, "gshm_cluster_grants_total"); /* (a snapshot of up to a second ago) */
+  }
+  assert_int_equal(kill(B.h.sp.pid, SIGCONT), 0);
+  pthread_join(hb.t, NULL);
+  pthread_join(hc.t, NULL);
+  pthread_join(hd.t, NULL);
+  assert_true(b_pulling);
+  assert_int_equal(hb.err, 0);
+  assert_int_equal(hc.err, 0);
+  assert_int_equal(hd.err, 0);
+  for (size_t i = 0; i < hc.n; i++)
+    from_b += !strcmp(hc.v[i].peer, "b");
+  print_message("C took %u of %d segments from B; C granted D %ld while B was stopped; B's "
+                "pull %.3f s\n",
+                from_b, NSET, g - g0, (double)(hb.end_ns - hb.start_ns) / 1e9);
+  assert_true(from_b > 0);
+  assert_int_equal(g - g0, NSET);
+  gshm_disconnect(c);
+  hops_end(pre, 1700, a, &hb, &hc, &hd);
+  assert_int_equal(harness_restart(&B.h, SIGTERM, B.argv), 0);
+}
+
 static uint64_t even_size(int i) { return 256 * 1024 + (uint64_t)i; }
 
 /* A source that refuses one segment still serves the rest: B holds
@@ -1086,6 +1151,7 @@ int main(void) {
       cmocka_unit_test(test_sources),
       cmocka_unit_test(test_sources_each_other),
       cmocka_unit_test(test_sources_partial),
+      cmocka_unit_test(test_sources_relay_any),
       cmocka_unit_test(test_listing_waits),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
