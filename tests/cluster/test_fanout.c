@@ -287,8 +287,11 @@ static void test_chain(void **state) {
   hops_end(pre, 300, a, &hb, &hc, &hd);
 }
 
-/* Waits (up to 10 s) until n holds no segment memory; returns its bytes. */
+/* Waits (up to 10 s) until n holds no segment memory; returns its bytes.
+ * When it still holds some, what holds it is printed: its counts, its
+ * segments and leases (a peer's grant is a lease of "peer:NAME"). */
 static uint64_t wait_empty(struct node *n) {
+  static const char *const what[][2] = {{"segments", NULL}, {"mappings", NULL}, {"peers", NULL}};
   gshm_client_t *c = connect_to(n);
   gshm_status_info_t s = {0};
   for (int k = 0; k < 1000; k++) {
@@ -298,6 +301,16 @@ static uint64_t wait_empty(struct node *n) {
     usleep(10000);
   }
   gshm_disconnect(c);
+  if (s.segments || s.bytes) {
+    print_message("node %s still holds %u segment(s), %llu bytes, %u lease(s):\n", n->name,
+                  (unsigned)s.segments, (unsigned long long)s.bytes, (unsigned)s.leases);
+    for (size_t i = 0; i < sizeof(what) / sizeof(what[0]); i++) {
+      char *out = NULL;
+      harness_gshmctl(&n->h, &out, what[i]);
+      print_message("$ gshmctl %s\n%s", what[i][0], out ? out : "(none)\n");
+      free(out);
+    }
+  }
   return s.bytes + s.segments;
 }
 
