@@ -26,15 +26,20 @@ struct ucx_data_hdr {
   uint64_t offset;
 };
 
-/* One send of bytes.  Over UCX it stays on its link's ucx_sends, and
- * counted in l->busy, until UCX's callback, whatever came first: the
- * memory it reads (a grant's mapping, a staging slot) lives until then. */
+/* One send of bytes.  Over UCX it stays on its link's ucx_sends until
+ * UCX's callback, whatever came first, and the memory it reads (a
+ * grant's mapping, a staging slot) lives until then, counted in l->busy;
+ * on an eager endpoint, until its link fails: it reads a copy then
+ * (gshmd__link_data_lost). */
 struct data_send {
   void *next_orphan;        /* first: ll->abandoned's list (gshmd__link_data_orphan) */
   struct ucx_data_hdr hdr;  /* UCX: sent with the bytes */
   struct gshm_list node;    /* UCX: l->ucx_sends until it completes */
   int64_t sent_ns;          /* UCX: when it was posted (CLOCK_MONOTONIC) */
   struct link *l;           /* NULL: orphaned, its link freed at exit */
+  const uint8_t *src;       /* UCX: its bytes (eager: what send_pack reads) */
+  uint64_t len;
+  void *copy;               /* eager, its link failed: src, a copy; done ran, busy not counted */
   void (*done)(void *arg, int err);
   void *arg;
 };
@@ -52,6 +57,16 @@ static void data_sent(struct data_send *ds, int err) {
 
 static void on_stream_sent(void *arg, int err) { data_sent(arg, err); }
 
+/* A send of a failed link that UCX ended (its copy's): the link may go
+ * with the last. */
+static void copy_sent(struct data_send *ds) {
+  struct link *l = ds->l;
+
+  free(ds->copy);
+  free(ds);
+  gshmd__link_unbusy(l);
+}
+
 static void on_ucx_sent(void *request, ucs_status_t status, void *user_data) {
   struct data_send *ds = user_data;
 
@@ -60,11 +75,54 @@ static void on_ucx_sent(void *request, ucs_status_t status, void *user_data) {
   if (!ds->l)
     return; /* freed with the worker (ll->abandoned) */
   gshm_list_del(&ds->node);
-  data_sent(ds, status == UCS_OK ? 0 : -ECONNRESET);
+  if (ds->copy)
+    copy_sent(ds);
+  else
+    data_sent(ds, status == UCS_OK ? 0 : -ECONNRESET);
 }
 
+/* The bytes of a send on an eager endpoint, as UCX packs them (a generic
+ * datatype: ds->src is the granted memory, or the copy that replaced it
+ * when the link failed). */
+static void *send_start_pack(void *context, const void *buffer, size_t count) {
+  (void)context, (void)count;
+  return (void *)buffer; /* (the data_send) */
+}
+
+static void *send_start_unpack(void *context, void *buffer, size_t count) {
+  (void)context, (void)buffer, (void)count;
+  return NULL; /* (gshm receives into contiguous memory: never called) */
+}
+
+static size_t send_packed_size(void *state) { return ((struct data_send *)state)->len; }
+
+static size_t send_pack(void *state, size_t offset, void *dest, size_t max_length) {
+  const struct data_send *ds = state;
+  size_t n = offset < ds->len ? (size_t)(ds->len - offset) : 0;
+
+  if (n > max_length)
+    n = max_length;
+  memcpy(dest, ds->src + offset, n);
+  return n;
+}
+
+static ucs_status_t send_unpack(void *state, size_t offset, const void *src, size_t length) {
+  (void)state, (void)offset, (void)src, (void)length;
+  return UCS_ERR_UNSUPPORTED;
+}
+
+static void send_finish(void *state) { (void)state; }
+
+static const ucp_generic_dt_ops_t send_dt_ops = {.start_pack = send_start_pack,
+                                                 .start_unpack = send_start_unpack,
+                                                 .packed_size = send_packed_size,
+                                                 .pack = send_pack,
+                                                 .unpack = send_unpack,
+                                                 .finish = send_finish};
+
 /* Over UCX: the bytes go by rendezvous when large (zero-copy where the
- * transport reads memory itself). */
+ * transport reads memory itself); on an eager endpoint, packed by
+ * send_pack. */
 static int send_ucx(struct data_send *ds, const void *src, uint64_t len, ucp_mem_h memh) {
   struct link *l = ds->l;
   ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
@@ -73,16 +131,23 @@ static int send_ucx(struct data_send *ds, const void *src, uint64_t len, ucp_mem
                             .cb.send = on_ucx_sent,
                             .user_data = ds,
                             .flags = l->ucx_eager ? UCP_AM_SEND_FLAG_EAGER : 0};
+  const void *buf = src;
   ucs_status_ptr_t sp;
 
-  if (memh) {
+  ds->src = src;
+  ds->len = len;
+  if (l->ucx_eager) {
+    rp.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    rp.datatype = l->ll->send_dt;
+    buf = ds;
+  } else if (memh) {
     rp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
     rp.memh = memh;
   }
   l->busy++;
   ds->sent_ns = gshm__now_ns(CLOCK_MONOTONIC);
   gshm_list_add_tail(&l->ucx_sends, &ds->node);
-  sp = ucp_am_send_nbx(l->ucx_ep, DATA_AM_ID, &ds->hdr, sizeof(ds->hdr), src, len, &rp);
+  sp = ucp_am_send_nbx(l->ucx_ep, DATA_AM_ID, &ds->hdr, sizeof(ds->hdr), buf, len, &rp);
   gshmd__link_kick(l->ll);
   if (!UCS_PTR_IS_PTR(sp))
     on_ucx_sent(NULL, UCS_PTR_STATUS(sp), ds);
@@ -413,6 +478,9 @@ static ucs_status_t on_data_am(void *arg, const void *header, size_t header_leng
 }
 
 int gshmd__link_data_start(struct links *ll) {
+  if (ucp_dt_create_generic(&send_dt_ops, NULL, &ll->send_dt) != UCS_OK)
+    return -EIO;
+  ll->send_dt_made = true;
   return gshmd__link_worker_am(ll, DATA_AM_ID, on_data_am, ll);
 }
 
@@ -436,25 +504,78 @@ bool gshmd__link_ucx_recv_overdue(const struct link *l, int64_t now, int64_t lim
   return now - rec->posted_ns > limit_ns;
 }
 
-void gshmd__link_data_lost(struct link *l, int err) {
-  size_t n = 0, nr = 0;
+/* The sends of failed link l on an eager endpoint (no peer failure
+ * detection) end now, err to their callers: each one's bytes are copied,
+ * UCX packs the copy from now on (send_pack), and the copy stays until
+ * UCX ends the send.  Such an endpoint cannot be closed by force (UCX
+ * 1.13 refuses), and a flush waits for its sends, which a peer that died
+ * never takes: they held their grants, the grants' leases and so the
+ * segments' memory (an unlinked one's too) for as long as gshmd ran.
+ * Returns how many still read the memory they were given (no memory for
+ * a copy: they end with UCX's callback, as before). */
+static size_t sends_copy(struct link *l, int err) {
   struct gshm_list *pos;
+  struct data_send *ds;
+  size_t held = 0;
 
+  gshm_list_foreach(pos, &l->ucx_sends) {
+    ds = gshm_list_entry(pos, struct data_send, node);
+    if (ds->copy)
+      continue;
+    if (!(ds->copy = malloc(ds->len ? ds->len : 1))) {
+      held++;
+      continue;
+    }
+    memcpy(ds->copy, ds->src, ds->len);
+    ds->src = ds->copy;
+    l->busy--;
+  }
+  /* (their callers' ends one at a time, each found from the head: an end
+   * frees grants and segments, and the list is not walked across it) */
+  for (;;) {
+    void (*done)(void *arg, int err);
+    ds = NULL;
+    gshm_list_foreach(pos, &l->ucx_sends) {
+      struct data_send *d = gshm_list_entry(pos, struct data_send, node);
+      if (d->copy && d->done) {
+        ds = d;
+        break;
+      }
+    }
+    if (!ds)
+      return held;
+    done = ds->done;
+    ds->done = NULL;
+    done(ds->arg, err);
+  }
+}
+
+void gshmd__link_data_lost(struct link *l, int err) {
+  size_t n = 0, nr = 0, held = 0;
+  struct gshm_list *pos;
+  bool eager = l->ucx_eager;
+
+  gshm_list_foreach(pos, &l->ucx_sends) n++;
   if (l->ucx_ep) {
     /* (closed out of this callback, by force: UCX cancels the sends it
-     * can, and calls back for each) */
-    gshmd__link_worker_ep_close(l->ll, l->ucx_ep);
+     * can, and calls back for each.  Not an eager one: UCX 1.13 refuses
+     * (UCS_ERR_INVALID_PARAM), and a flush waits for the peer, which,
+     * dead, never answers, and kept the loop spinning: it stays open
+     * until the worker goes, as it did when its close was refused) */
+    if (!eager)
+      gshmd__link_worker_ep_close(l->ll, l->ucx_ep);
     l->ucx_ep = NULL;
   }
-  /* The link's sends over UCX stay counted in l->busy until UCX calls
-   * back, however late: UCX 1.13's force close keeps a send that waits
-   * for the endpoint's wireup, and replays it from the same address
-   * when the peer's worker answers (a worker stopped, then woken).  So
-   * the link's grants, their mappings and slots, and a revoked
-   * segment's pages stay until then (gshmd__link_unbusy frees them with
-   * the last); the peer's links that linger so count among its
-   * LINK_MAX_PER_PEER (gshmd__link_count_up). */
-  gshm_list_foreach(pos, &l->ucx_sends) n++;
+  /* The link's sends over UCX stay on l->ucx_sends until UCX calls back,
+   * however late: UCX may replay a send from the same address when the
+   * peer's worker answers (a worker stopped, then woken).  Those of an
+   * endpoint with peer failure detection stay counted in l->busy: the
+   * link's grants, their mappings and slots, and a revoked segment's
+   * pages stay until then (gshmd__link_unbusy frees them with the last);
+   * those of an eager one read copies from now on (sends_copy).  The
+   * peer's links that linger so count among its LINK_MAX_PER_PEER
+   * (gshmd__link_count_up). */
+  held = eager ? sends_copy(l, err) : n;
   /* Its receives end their requests now (their pulls fail and go), but
    * UCX may still write their bytes: each keeps its destination
    * (data_hold) until UCX calls back, and the link lingers until the
@@ -469,9 +590,10 @@ void gshmd__link_data_lost(struct link *l, int err) {
       req->data_done(req, err);
   }
   if (n || nr)
-    gshm_log_info("cluster: peer '%s': %zu send%s and %zu receive%s over UCX not ended by UCX "
-                  "yet: the memory they read or write stays until it ends them",
-                  l->peer ? l->peer->name : l->remote, n, n == 1 ? "" : "s", nr,
+    gshm_log_info("cluster: peer '%s': %zu send%s (%zu of them copied: their grants end now) "
+                  "and %zu receive%s over UCX not ended by UCX yet: the memory they read or "
+                  "write stays until it ends them",
+                  l->peer ? l->peer->name : l->remote, n, n == 1 ? "" : "s", n - held, nr,
                   nr == 1 ? "" : "s");
 }
 
@@ -496,6 +618,7 @@ void gshmd__link_data_abandoned_free(struct links *ll) {
   while (ll->abandoned) { /* sends UCX never completed: no callback comes now */
     struct data_send *ds = ll->abandoned;
     ll->abandoned = ds->next_orphan;
+    free(ds->copy);
     free(ds);
   }
   while (ll->abandoned_recvs) { /* ... and receives: their memory may go now */
@@ -504,4 +627,7 @@ void gshmd__link_data_abandoned_free(struct links *ll) {
     gshmd__data_hold_put(rec->hold);
     free(rec);
   }
+  if (ll->send_dt_made)
+    ucp_dt_destroy(ll->send_dt);
+  ll->send_dt_made = false;
 }

@@ -221,7 +221,8 @@ static struct link *link_new(struct links *ll, bool inbound) {
 /* Frees a failed link once its stream is closed and nothing it started
  * runs any more. */
 static void link_maybe_free(struct link *l) {
-  if (l->state == LINK_CLOSED && l->stream_closed && l->busy == 0) {
+  if (l->state == LINK_CLOSED && l->stream_closed && l->busy == 0 &&
+      gshm_list_empty(&l->ucx_sends)) {
     gshmd__landings_unref(l->landings); /* (lanes may still hold it) */
     gshm_list_del(&l->node);
     free(l);
@@ -295,9 +296,9 @@ unsigned gshmd__link_count_up(struct links *ll, const struct peer *p) {
     struct link *l = gshm_list_entry(pos, struct link, node);
     /* (a link refused once up keeps its grants and sends until the sweep
      * closes it; a failed link whose sends UCX has not ended holds their
-     * memory) */
+     * memory, or on an eager endpoint copies of their bytes) */
     bool held = l->state == LINK_UP || (l->state == LINK_REFUSED && !l->pending) ||
-                (l->state == LINK_CLOSED && l->busy && !gshm_list_empty(&l->ucx_sends));
+                (l->state == LINK_CLOSED && !gshm_list_empty(&l->ucx_sends));
     n += l->inbound && held && l->peer == p && !l->is_lane;
   }
   return n;

@@ -279,6 +279,8 @@ struct links {
   ucp_ep_h *ep_closing;      /* endpoints to close outside UCX callbacks, then their requests */
   void **ep_close_reqs;
   unsigned nep_closing, nep_close_reqs;
+  ucp_datatype_t send_dt;    /* data.c: how UCX packs a send on an eager endpoint */
+  bool send_dt_made;
   void *abandoned;           /* data.c: sends UCX had not ended at exit (first word: next) */
   void *abandoned_recvs;     /* data.c: ... and receives (first word: next) */
   bool encrypt;              /* cluster.encrypt */
@@ -410,24 +412,30 @@ int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uin
  * last unref frees lt. */
 void gshmd__landings_ref(struct landings *lt);
 void gshmd__landings_unref(struct landings *lt);
-/* Takes UCX data messages (after gshmd__link_start).  Returns 0 or -EIO. */
+/* Takes UCX data messages (after gshmd__link_start), and makes the
+ * datatype of the sends on eager endpoints.  Returns 0 or -EIO. */
 int gshmd__link_data_start(struct links *ll);
 /* l failed (err, a negative errno): its UCX endpoint goes (closed by
- * force: UCX cancels what sends it can).  Its sends over UCX stay on
- * l->ucx_sends, counted in l->busy, until UCX calls back for each, with
- * any status: what they read stays mapped (and their slots unused) until
- * then.  Its receives over UCX end their requests now, with err (their
- * data_done), and stay on l->ucx_recvs, counted in l->busy, holding
- * their destinations (peer_req.data_hold), until UCX calls back: UCX
- * 1.13 cannot cancel an active message's receive, and gshmd has no
- * endpoint of its own to the sender to close. */
+ * force: UCX cancels what sends it can; an eager one stays open, as UCX
+ * 1.13 cannot close it so).  Its sends over UCX stay on l->ucx_sends
+ * until UCX calls back for each, with any status; until then, what they
+ * read stays mapped (and their slots unused), counted in l->busy, except
+ * on an eager endpoint: there each one's bytes are copied now (UCX packs
+ * the copy), and its caller's done runs now with err, so that the link's
+ * grants end (a peer that died never takes those sends).  Its receives
+ * over UCX end their requests now, with err (their data_done), and stay
+ * on l->ucx_recvs, counted in l->busy, holding their destinations
+ * (peer_req.data_hold), until UCX calls back: UCX 1.13 cannot cancel an
+ * active message's receive, and gshmd has no endpoint of its own to the
+ * sender to close. */
 void gshmd__link_data_lost(struct link *l, int err);
 /* l is freed at exit with sends or receives UCX never ended: their
  * records go to ll->abandoned and ll->abandoned_recvs, freed after the
  * worker (a callback during ucp_worker_destroy touches nothing else). */
 void gshmd__link_data_orphan(struct link *l);
 /* Frees the records gshmd__link_data_orphan left (after the worker is
- * destroyed): the receives' holds go with them. */
+ * destroyed): the receives' holds and the sends' copies go with them;
+ * and the datatype of gshmd__link_data_start. */
 void gshmd__link_data_abandoned_free(struct links *ll);
 /* Whether the oldest of l's sends over UCX was posted over limit_ns before
  * now (CLOCK_MONOTONIC ns) and has not completed: the peer does not take
@@ -475,7 +483,9 @@ int gshmd__link_worker_address(struct links *ll, ucp_address_t **addr_out, size_
 int gshmd__link_worker_ep(struct links *ll, const void *addr, size_t len,
                           ucp_err_handler_cb_t err_cb, void *arg, ucp_ep_h *ep_out,
                           bool *eager_out);
-/* Closes ep soon, outside UCX callbacks (force: its sends fail). */
+/* Closes ep soon, outside UCX callbacks, by force: its sends fail.  Only
+ * an endpoint with peer failure detection: UCX 1.13 refuses to close any
+ * other so (UCS_ERR_INVALID_PARAM), and it stays open. */
 void gshmd__link_worker_ep_close(struct links *ll, ucp_ep_h ep);
 /* Sets the handler of active message id (instead of the refusing one). */
 int gshmd__link_worker_am(struct links *ll, unsigned id, ucp_am_recv_callback_t cb, void *arg);

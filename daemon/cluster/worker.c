@@ -51,8 +51,12 @@ static bool close_eps(struct links *ll) {
                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
     ucs_status_ptr_t sp = ucp_ep_close_nbx(ll->ep_closing[--ll->nep_closing], &rp);
     void **n;
-    if (!UCS_PTR_IS_PTR(sp))
+    if (!UCS_PTR_IS_PTR(sp)) {
+      if (UCS_PTR_STATUS(sp) != UCS_OK) /* (the endpoint stays open) */
+        gshm_log_warn("cluster: closing a UCX endpoint failed: %s",
+                      ucs_status_string(UCS_PTR_STATUS(sp)));
       continue;
+    }
     if (!(n = realloc(ll->ep_close_reqs, sizeof(*n) * (ll->nep_close_reqs + 1)))) {
       ucp_request_free(sp); /* the close goes on; its request is not waited for */
       continue;

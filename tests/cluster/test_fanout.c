@@ -4,7 +4,8 @@
  * -> D (each pulls the set under fan/ from the one before, all under
  * way at once).  Every byte checked on B, C and D; on each node the names
  * appear only at the end; A serves the set once.  B SIGKILLed mid-chain:
- * C and D fail, nothing of the set on C or D, nor after restarting C.  A
+ * C and D fail, nothing of the set on C or D, nor after restarting C; C
+ * killed while B relays to it: nothing of C's grants left on B.  A
  * set B would not export once published (mode 0600) is not relayed.  One
  * set from A and B at once (a list of sources). */
 #include <errno.h>
@@ -396,30 +397,52 @@ static void test_not_exported_not_relayed(void **state) {
 }
 
 
-/* C asks for 200 chunks of 16 KiB at once (cluster.pull_depth=200) of a
- * set B is still pulling: its per-peer read budget keeps them within
- * what B parks for one link (LINK_MAX_READS), so B parks what has not
- * landed, refuses nothing, and C gets every byte; nothing of C's reads
- * stays on B. */
-static void test_many_reads_parked(void **state) {
-  const char *pre = "fan/cap/", *argv[20];
-  struct hop hb = {0}, hc = {0};
-  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
-  long waits0 = metric(b, "gshm_cluster_relay_waits_total");
+/* C restarted as a greedy reader: 200 chunks of 16 KiB asked at once
+ * (cluster.pull_depth=200, cluster.pull_chunk=16K); then B pulls set pre
+ * (seed base) from A, and C, once B has listed it, pulls it from B in the
+ * background (hc), B in hb. */
+static void greedy_c_reads_b(const char *pre, unsigned long long base, struct hop *hb,
+                             struct hop *hc) {
+  gshm_client_t *a = connect_to(&A);
+  const char *argv[20];
   int k = 0;
-  (void)state;
 
-  gshm_disconnect(b);
   while (C.argv[k])
     argv[k] = C.argv[k], k++;
   argv[k++] = "--set=cluster.pull_depth=200";
   argv[k++] = "--set=cluster.pull_chunk=16K";
   argv[k] = NULL;
   assert_int_equal(harness_restart(&C.h, SIGTERM, argv), 0);
-  make_set(a, pre, 600);
-  hop_start(&hb, &B, "a", pre, 0644);
+  make_set(a, pre, base);
+  gshm_disconnect(a);
+  hop_start(hb, &B, "a", pre, 0644);
   assert_true(wait_pull_listed(&B, 0) >= 0);
-  hop_start(&hc, &C, "b", pre, 0644);
+  hop_start(hc, &C, "b", pre, 0644);
+}
+
+/* Checks set pre (seed base) on B through b, unlinks it, disconnects b:
+ * then B holds nothing, no lease of C's grants either. */
+static void b_set_gone(gshm_client_t *b, const char *pre, unsigned long long base) {
+  check_set(b, pre, base);
+  unlink_set(b, pre);
+  gshm_disconnect(b);
+  assert_true(wait_empty(&B) == 0); /* no lease of C's grants left on B */
+}
+
+/* C asks for 200 chunks of 16 KiB at once (cluster.pull_depth=200) of a
+ * set B is still pulling: its per-peer read budget keeps them within
+ * what B parks for one link (LINK_MAX_READS), so B parks what has not
+ * landed, refuses nothing, and C gets every byte; nothing of C's reads
+ * stays on B. */
+static void test_many_reads_parked(void **state) {
+  const char *pre = "fan/cap/";
+  struct hop hb = {0}, hc = {0};
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
+  long waits0 = metric(b, "gshm_cluster_relay_waits_total");
+  (void)state;
+
+  gshm_disconnect(b);
+  greedy_c_reads_b(pre, 600, &hb, &hc);
   pthread_join(hc.t, NULL);
   pthread_join(hb.t, NULL);
   b = connect_to(&B);
@@ -435,12 +458,59 @@ static void test_many_reads_parked(void **state) {
   check_set(c, pre, 600);
   unlink_set(c, pre);
   gshm_disconnect(c);
-  b = connect_to(&B);
-  check_set(b, pre, 600);
-  unlink_set(b, pre);
-  gshm_disconnect(b);
-  assert_true(wait_empty(&B) == 0); /* no lease of C's grants left on B */
+  b_set_gone(connect_to(&B), pre, 600);
   assert_int_equal(harness_restart(&C.h, SIGTERM, C.argv), 0);
+  unlink_set(a, pre);
+  gshm_disconnect(a);
+}
+
+/* C (200 reads asked at once, as above) dies while B relays the set to
+ * it: C stops (SIGSTOP) with its reads parked on B, B's pull lands their
+ * chunks and B sends them, more than C's UCX receive queue holds, and C
+ * is killed.  B's pull goes on, and once B has it, nothing of C's
+ * grants, parked reads or sends holds B's memory.  (Over UCX between
+ * two gshmd of one host the endpoint has no peer failure detection:
+ * UCX 1.13 cannot close it by force, and its sends to a dead peer never
+ * end.  They held C's grants, and so B's unlinked segments, for as long
+ * as B ran: this test failed with 7 segments and 7 leases of "peer:c"
+ * left on B.) */
+static void test_reader_killed_parked(void **state) {
+  const char *pre = "fan/rk/";
+  struct hop hb = {0}, hc = {0};
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
+  long waits0 = metric(b, "gshm_cluster_relay_waits_total"), waits = waits0;
+  (void)state;
+
+  greedy_c_reads_b(pre, 700, &hb, &hc);
+  for (int i = 0; i < 5000 && waits < waits0 + 20; i++) {
+    usleep(1000);
+    waits = metric(b, "gshm_cluster_relay_waits_total");
+  }
+  assert_true(waits >= waits0 + 20); /* C's reads wait on B */
+  assert_true(pull_in_flight(&B));
+  /* C stops taking B's bytes: B's sends to C pile up in UCX as B's pull
+   * lands the chunks C's parked reads wait for; then C dies */
+  assert_int_equal(kill(C.h.sp.pid, SIGSTOP), 0);
+  pthread_join(hb.t, NULL);
+  assert_int_equal(harness_restart(&C.h, SIGKILL, C.argv), 0);
+  pthread_join(hc.t, NULL);
+  print_message("C killed with reads parked on B: C %d (%s), B %d (%s)\n", hc.err,
+                gshm_strerror(hc.err), hb.err, gshm_strerror(hb.err));
+  assert_int_equal(hb.err, 0);
+  gshm_free(hb.v);
+  gshm_free(hc.v);
+  /* (C's requester may have sent its pull again to the restarted C, as
+   * libgshm does after a restart: then C took the published set) */
+  c = connect_to(&C);
+  if (!hc.err)
+    unlink_set(c, pre);
+  assert_int_equal(count_named(c, pre), 0);
+  gshm_disconnect(c);
+  b_set_gone(b, pre, 700);
+  /* UCX keeps the sends C never took pending, and B's loop polls for
+   * them (ucp_worker_arm answers busy): a core of B's for good, which the
+   * tests after this one would run beside (not fixed yet) */
+  assert_int_equal(harness_restart(&B.h, SIGTERM, B.argv), 0);
   unlink_set(a, pre);
   gshm_disconnect(a);
 }
@@ -1157,6 +1227,7 @@ int main(void) {
       cmocka_unit_test(test_relay_killed),
       cmocka_unit_test(test_not_exported_not_relayed),
       cmocka_unit_test(test_many_reads_parked),
+      cmocka_unit_test(test_reader_killed_parked),
       cmocka_unit_test(test_relayed_results),
       cmocka_unit_test(test_relay_checks),
       cmocka_unit_test(test_replace_relayed),
