@@ -153,6 +153,22 @@ static void hops_end(const char *pre, unsigned long long base, gshm_client_t *a,
   gshm_disconnect(a);
 }
 
+/* Restarts node n (SIGTERM) with its own arguments and up to two more
+ * (NULL: none): n.argv again restores it. */
+static void restart_with(struct node *n, const char *more1, const char *more2) {
+  const char *argv[24];
+  int k = 0;
+
+  while (n->argv[k] && k < 21)
+    argv[k] = n->argv[k], k++;
+  if (more1)
+    argv[k++] = more1;
+  if (more2)
+    argv[k++] = more2;
+  argv[k] = NULL;
+  assert_int_equal(harness_restart(&n->h, SIGTERM, argv), 0);
+}
+
 /* Waits until n has a pull in flight whose listing is done (its segments
  * created, hidden: what the next hop lists) with at least min_done bytes
  * in, or (min_done < 0) any pull in flight, listed or not; returns its
@@ -404,15 +420,8 @@ static void test_not_exported_not_relayed(void **state) {
 static void greedy_c_reads_b(const char *pre, unsigned long long base, struct hop *hb,
                              struct hop *hc) {
   gshm_client_t *a = connect_to(&A);
-  const char *argv[20];
-  int k = 0;
 
-  while (C.argv[k])
-    argv[k] = C.argv[k], k++;
-  argv[k++] = "--set=cluster.pull_depth=200";
-  argv[k++] = "--set=cluster.pull_chunk=16K";
-  argv[k] = NULL;
-  assert_int_equal(harness_restart(&C.h, SIGTERM, argv), 0);
+  restart_with(&C, "--set=cluster.pull_depth=200", "--set=cluster.pull_chunk=16K");
   make_set(a, pre, base);
   gshm_disconnect(a);
   hop_start(hb, &B, "a", pre, 0644);
@@ -664,12 +673,11 @@ static void test_relayed_results(void **state) {
  * lists nor gets it; C over a limit of its own (limits.max_segments) fails
  * the relayed set whole, leaving nothing, and B's pull goes on. */
 static void test_relay_checks(void **state) {
-  const char *pre = "fan/chk/", *argv[20];
+  const char *pre = "fan/chk/";
   struct hop hb = {0}, hc = {0};
   gshm_client_t *a = connect_to(&A), *b, *c;
   gshm_pull_result_t *v = NULL;
   size_t n = 0;
-  int k = 0;
   (void)state;
 
   make_set(a, pre, 1000);
@@ -688,11 +696,7 @@ static void test_relay_checks(void **state) {
   unlink_set(b, "priv/chk/");
   gshm_disconnect(b);
   /* a limit of the puller: C holds at most 4 segments */
-  while (C.argv[k])
-    argv[k] = C.argv[k], k++;
-  argv[k++] = "--set=limits.max_segments=4";
-  argv[k] = NULL;
-  assert_int_equal(harness_restart(&C.h, SIGTERM, argv), 0);
+  restart_with(&C, "--set=limits.max_segments=4", NULL);
   memset(&hb, 0, sizeof(hb));
   hop_start(&hb, &B, "a", pre, 0644);
   assert_true(wait_pull_listed(&B, 0) >= 0);
@@ -1065,16 +1069,10 @@ static void test_sources_relay_any(void **state) {
   gshm_client_t *a = connect_to(&A), *c = connect_to(&C);
   long g0 = metric(c, "gshm_cluster_grants_total"), g = g0;
   unsigned from_b = 0;
-  const char *argv[20];
   bool b_pulling;
-  int k = 0;
   (void)state;
 
-  while (B.argv[k]) /* (B slower still: 4 KiB chunks, one at a time, about 4 s for the set) */
-    argv[k] = B.argv[k], k++;
-  argv[k++] = "--set=cluster.pull_chunk=4K";
-  argv[k] = NULL;
-  assert_int_equal(harness_restart(&B.h, SIGTERM, argv), 0);
+  restart_with(&B, "--set=cluster.pull_chunk=4K", NULL); /* (slower still: about 2 s for the set) */
   make_set(a, pre, 1700);
   hop_start(&hb, &B, "a", pre, 0644);
   assert_true(wait_pull_listed(&B, 0) >= 0);
