@@ -181,7 +181,7 @@ static bool may_stand_for(struct gshmd_cluster *cl, const struct pull_set *s,
  * asker is none of its set's sources and either the whole path of x's
  * bytes is known (its source granted it, with the path beyond) and asker
  * is not on it, or the set has one source or x's bytes come from its
- * first (the lister).  Two nodes that name each other as sources (B
+ * first (the lister), which granted them.  Two nodes that name each other as sources (B
  * pulls "a,c", C "a,b") would otherwise each be granted the other's
  * empty segment and wait for its bytes, both sets failing at their
  * timeout, and so would any ring of relays (B from C, C from D, D from
@@ -202,7 +202,11 @@ static bool relay_serves(const struct relay *x, const struct peer *asker) {
   if (p->granted && p->upstream_known)
     return p->peer != asker &&
            !gshmd__relay_path_has(p->upstream ? p->upstream : "", asker->name);
-  return x->set->npeers <= 1 || (p->started && p->src == 0);
+  /* (a set of several sources: only once its lister granted it, for a
+   * segment asked of it and refused busy is asked of another source
+   * next, and one handed on before would then wait on that one: a ring
+   * E -> C -> B -> D -> C with C from "e,d", B from "c", D from "b") */
+  return x->set->npeers <= 1 || (p->granted && p->src == 0);
 }
 
 const char *gshmd__relay_upstream(const struct gshmd_segment *seg, char *buf, size_t len) {
@@ -391,6 +395,7 @@ int gshmd__relay_ask_again(struct link *l, struct peer_req *req, struct relay_as
   }
   if (!l || l->state != LINK_UP) {
     *why_out = "lost";
+    req->answered = false; /* (the link's end, not the busy answer: gshmd__peer_error) */
     return -ECONNRESET;
   }
   gshmd__link_req_send(l, req);

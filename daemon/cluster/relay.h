@@ -81,8 +81,8 @@ void gshmd__relay_end(struct gshmd_cluster *cl, struct gshmd_segment *seg, int e
  * or asker is none of its set's sources and: not on the path its bytes
  * come along, where that path is known (its source granted it and said
  * all of the path beyond: Grant.upstream); else where the set has one
- * source or takes it from its first (relay.c relay_serves: no two nodes
- * wait on each other's bytes); NULL when none, with *later_out true when
+ * source or took it from its first, which granted it (relay.c
+ * relay_serves: no two nodes wait on each other's bytes); NULL when none, with *later_out true when
  * one exists that may be granted later. */
 struct gshmd_segment *gshmd__relay_grant_find(struct gshmd_cluster *cl, const char *name,
                                               bool in_flight, const struct peer *asker,
