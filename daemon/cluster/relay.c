@@ -177,6 +177,12 @@ static bool may_stand_for(struct gshmd_cluster *cl, const struct pull_set *s,
   return !old || (s->replace && gshmd_registry_may_manage(s->holder, old));
 }
 
+/* Whether the whole path of p's bytes is known: its source granted it and
+ * said the path beyond (or that its bytes were all there). */
+static bool path_known(const struct pull *p) {
+  return p->granted && p->upstream_known;
+}
+
 /* Whether x may be granted to peer asker now: its bytes are all in; or
  * asker is none of its set's sources and either the whole path of x's
  * bytes is known (its source granted it, with the path beyond) and asker
@@ -199,7 +205,7 @@ static bool relay_serves(const struct relay *x, const struct peer *asker) {
    * C takes the set from "a,b") */
   if (gshmd__pull_set_from(x->set, asker))
     return false;
-  if (p->granted && p->upstream_known)
+  if (path_known(p))
     return p->peer != asker &&
            !gshmd__relay_path_has(p->upstream ? p->upstream : "", asker->name);
   /* (a set of several sources: only once its lister granted it, for a
@@ -215,10 +221,16 @@ const char *gshmd__relay_upstream(const struct gshmd_segment *seg, char *buf, si
   const char *up;
 
   buf[0] = 0;
-  if (!p || p->finished)
+  if (!p || !seg->hidden) /* (published: not in flight, no path) */
     return buf;
+  if (p->finished) {
+    /* (its bytes are all here: the node they came from alone, a known
+     * path, where an empty one reads as not known to the receiver) */
+    snprintf(buf, len, "%s", (p->peer ? p->peer : x->set->peer)->name);
+    return buf;
+  }
   up = p->upstream ? p->upstream : "";
-  if (p->granted && p->upstream_known && gshmd__relay_path_names(up) < RELAY_PATH_MAX)
+  if (path_known(p) && gshmd__relay_path_names(up) < RELAY_PATH_MAX)
     snprintf(buf, len, "%s%s%s", p->peer->name, *up ? "," : "", up);
   else if (!p->granted && x->set->npeers <= 1 && p->listed && !p->listed_in_flight)
     /* (not granted yet, but its one source listed it published: the

@@ -89,7 +89,8 @@ struct gshmd_segment *gshmd__relay_grant_find(struct gshmd_cluster *cl, const ch
                                               bool *later_out);
 /* The path of seg's bytes for a Grant of it (Grant.upstream, relay_path.h)
  * into buf (len bytes, at least RELAY_PATH_LEN): "" where seg is not
- * relayed or its bytes are all here; else its source, then the path
+ * relayed; its source alone where its bytes are all here (a known path:
+ * no cycle can go through a segment that waits on nothing); else its source, then the path
  * beyond that its own grant said ("n1,n0"), with a last "?" where that
  * is not known (not said, longer than RELAY_PATH_MAX, or not granted
  * yet: but a set of one source whose lister listed the segment

@@ -18,7 +18,9 @@
  * it busy after half of it with its progress, C asks again, and C ends
  * with every byte (without the busy answers C's request timeout would
  * fail it).  And a listing of C that waits on P for P's own set to
- * list the rogue, slowly, is answered busy and asked again too. */
+ * list the rogue, slowly, is answered busy and asked again too.  And P's
+ * grants of a set in flight say where its bytes come from, also for a
+ * segment whose bytes are all in. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -418,12 +420,150 @@ static void test_relay_list_slow(void **state) {
   gshm_disconnect(p);
 }
 
+/* What P's grants of a set it is still pulling say (Grant.upstream),
+ * asked by a rogue puller "c": both segments in flight from "rh", the
+ * slow one and the small one whose bytes are all in.  Before, the small
+ * one was granted with an empty path, which its receiver reads as a path
+ * not known (a relay of several sources then hands it on to nobody until
+ * its own copy is whole). */
+#define SMALL_SEG (64 * 1024)
+static void test_relay_finished_path(void **state) {
+  static struct job j;
+  static struct rogue q;
+  static uint32_t rids[64];
+  static uint64_t offs[64], lens[64];
+  const char *names[2] = {"slow/big", "slow/small"};
+  const uint64_t sizes[2] = {SLOW_SEG, SMALL_SEG};
+  uint8_t *src[2] = {malloc(SLOW_SEG), malloc(SMALL_SEG)};
+  gshm_client_t *p = connect_to(&P);
+  Gshm__Cluster__GrantRequest gq = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  Gshm__Cluster__Release rel = GSHM__CLUSTER__RELEASE__INIT;
+  Gshm__Cluster__Msg out = GSHM__CLUSTER__MSG__INIT;
+  unsigned n = 0, next = 0, sent = 0, small_left = 2, asked = 0, answered = 0;
+  int64_t last = 0, small_done = 0;
+  bool in_flight[2] = {true, true};
+  char path[2][64] = {"", ""};
+  (void)state;
+
+  assert_non_null(src[0]);
+  assert_non_null(src[1]);
+  harness_random(src[0], SLOW_SEG, 50);
+  harness_random(src[1], SMALL_SEG, 51);
+  rh_up(p);
+  job_start(&j, &P, "rh", "slow/", true, false);
+  while (!j.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rh, 10);
+    if (m && rogue_answer_count(&rh, m)) {
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST) {
+      Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
+      Gshm__Cluster__ListReply lr = GSHM__CLUSTER__LIST_REPLY__INIT;
+      Gshm__Cluster__Segment sg[2], *ptrs[2] = {&sg[0], &sg[1]};
+      for (int i = 0; i < 2; i++) {
+        gshm__cluster__segment__init(&sg[i]);
+        sg[i].id = (uint64_t)i + 1;
+        sg[i].generation = 1;
+        sg[i].name = (char *)names[i];
+        sg[i].size = sg[i].allocated = sizes[i];
+        sg[i].location = "host";
+      }
+      lr.segments = ptrs;
+      lr.n_segments = lr.total = 2;
+      a.request_id = m->request_id;
+      a.status = 1;
+      a.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+      a.list_reply = &lr;
+      rogue_send(&rh, &a);
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
+      int i = strcmp(m->grant_request->name, names[0]) != 0;
+      rogue_send_grant(&rh, m->request_id, (uint64_t)i + 1, names[i], sizes[i]);
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_READ && n < 64) {
+      int i = m->read->grant_id == 1002;
+      assert_true(m->read->offset < sizes[i] && m->read->length <= sizes[i] - m->read->offset);
+      if (i) { /* (the small segment's bytes at once) */
+        assert_int_equal(rogue_lane_send(&lanes[sent++ % LANES], m->request_id, m->read->offset,
+                                         src[1] + m->read->offset, m->read->length,
+                                         m->read->length),
+                         0);
+        if (m->read->offset + m->read->length == SMALL_SEG)
+          small_left = 1, small_done = now_ms();
+      } else {
+        rids[n] = m->request_id;
+        lens[n] = m->read->length;
+        offs[n++] = m->read->offset;
+      }
+    }
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    /* the big segment's Reads, one per gap, the first once "c" has its answers */
+    if (next < n && answered == 2 && now_ms() - last >= SLOW_GAP_MS) {
+      assert_int_equal(rogue_lane_send(&lanes[sent++ % LANES], rids[next], offs[next],
+                                       src[0] + offs[next], lens[next], lens[next]),
+                       0);
+      next++;
+      last = now_ms();
+    }
+    /* 300 ms after the small one's bytes went: "c" asks for both */
+    if (small_left == 1 && !asked && now_ms() - small_done > 300) {
+      assert_int_equal(rogue_connect(&q, P.port, "c", "p", rkey), 0);
+      gq.in_flight = true;
+      out.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+      out.grant_request = &gq;
+      for (int i = 0; i < 2; i++) {
+        gq.name = (char *)names[i];
+        out.request_id = (uint32_t)i + 1;
+        rogue_send(&q, &out);
+      }
+      asked = 1;
+    }
+    if (asked && answered < 2) {
+      Gshm__Cluster__Msg *g = rogue_recv(&q, 10);
+      if (g && g->request_id >= 1 && g->request_id <= 2) {
+        int i = (int)g->request_id - 1;
+        if (g->body_case != GSHM__CLUSTER__MSG__BODY_GRANT)
+          fail_msg("P refused 'c' %s: %d %s", names[i], g->status,
+                   g->message ? g->message : "");
+        in_flight[i] = g->grant->segment->in_flight;
+        snprintf(path[i], sizeof(path[i]), "%s", g->grant->upstream ? g->grant->upstream : "");
+        rel.grant_id = g->grant->grant_id; /* (released at once: nothing is read) */
+        out.request_id = 10 + (uint32_t)i;
+        out.body_case = GSHM__CLUSTER__MSG__BODY_RELEASE;
+        out.release = &rel;
+        rogue_send(&q, &out);
+        answered++;
+      }
+      if (g)
+        gshm__cluster__msg__free_unpacked(g, NULL);
+    }
+  }
+  job_join(&j);
+  printf("P's set %d in %.1f s (%s); granted to 'c': %s in flight %d from '%s', %s in flight "
+         "%d from '%s'\n",
+         j.err, (double)(j.end - j.start) / 1000, j.msg, names[0], in_flight[0], path[0],
+         names[1], in_flight[1], path[1]);
+  assert_int_equal(j.err, 0);
+  assert_int_equal(answered, 2);
+  assert_true(in_flight[0]);
+  assert_string_equal(path[0], "rh");
+  assert_true(in_flight[1]);
+  assert_string_equal(path[1], "rh");
+  check_segment(p, names[0], SLOW_SEG, 50);
+  check_segment(p, names[1], SMALL_SEG, 51);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(gshm_unlink(p, names[i]), 0);
+    free(src[i]);
+  }
+  rogue_close(&q);
+  rh_down();
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_grant_held),
       cmocka_unit_test(test_read_held),
       cmocka_unit_test(test_relay_slow),
       cmocka_unit_test(test_relay_list_slow),
+      cmocka_unit_test(test_relay_finished_path),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
