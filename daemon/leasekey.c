@@ -157,6 +157,7 @@ void gshmd_leasekey_attach(struct gshmd_leasekey *k, struct gshmd_registry *r) {
   r->token_make = token_make;
   r->token_check = token_check;
   r->token_arg = k;
+  r->tokens_restored = k->restored;
 }
 
 void gshmd_leasekey_destroy(struct gshmd_leasekey *k) { sodium_memzero(k->key, sizeof(k->key)); }

@@ -411,8 +411,12 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
    * up) and keep memory its owner had let go, charged to the owner, who
    * can no longer chmod it.  The owner and admins may (they can manage
    * it anyway), and so may anyone during a restart's grace period, for
-   * re-takes where the lease key was lost (the modes then decide). */
-  if (seg->unlinked && !granted && !(seg->restored && !r->restore_grace_over) &&
+   * re-takes where the lease key was lost (the modes then decide); not
+   * where it came back, for the holders' tokens then still check (before,
+   * any user the mode allowed could open an unlinked segment by id for
+   * 30 s after every restart and keep it). */
+  if (seg->unlinked && !granted &&
+      !(seg->restored && !r->restore_grace_over && !r->tokens_restored) &&
       !gshmd_registry_may_manage(c, seg)) {
     *msg_out = "segment is unlinked: only a re-take with its lease token reaches it";
     return -ESTALE;

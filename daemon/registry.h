@@ -180,6 +180,10 @@ struct gshmd_registry {
   bool (*token_check)(void *arg, const struct gshmd_segment *seg, uid_t uid, int access,
                       const uint8_t *token, size_t len);
   void *token_arg;
+  /* The lease key came back from the fd store (leasekey.c): the tokens
+   * of before the restart still check, so its grace period lets nobody
+   * open an unlinked segment without one (gshmd_registry_open). */
+  bool tokens_restored;
   /* False while a restart's grace period for re-takes may be on: from
    * init until gshmd_registry_grace_begin finds nothing restored or
    * gshmd_registry_reap_unlinked ends the period.  Until then an unlinked

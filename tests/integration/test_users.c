@@ -7,6 +7,7 @@
 #include <grp.h>
 #include <limits.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -37,6 +38,7 @@
 #define GID_SHARED 60100
 
 static struct harness *h; /* the group fixture; NULL when the tests skip */
+static char start_admin[64]; /* its daemon.admin_group= setting (a restart keeps it) */
 static gid_t admin_gid;
 static char ctl[PATH_MAX];
 
@@ -114,6 +116,7 @@ static int setup(void **state) {
   h = harness_cmocka_start(state, sizeof(*h),
                            (const char *const[]){"--set", "daemon.socket_mode=0666", "--set",
                                                  admin_arg, "--set", "quota.host_bytes=64K", NULL});
+  snprintf(start_admin, sizeof(start_admin), "%s", admin_arg);
   if (!h)
     return -1;
   snprintf(ctl, sizeof(ctl), "%s", getenv("GSHMCTL") ? getenv("GSHMCTL") : "");
@@ -464,6 +467,41 @@ static int open_name_keep_token(const char *arg) {
   gshm__reply__free_unpacked(r, NULL);
   close(fd);
   return rc;
+}
+
+/* The same across a gshmd restart (SIGKILL, the fd store keeps the
+ * segments and the lease key): B's bare open by id is still refused in
+ * the restart's grace period, and B's re-take with its token still works.
+ * Before, the grace period for re-takes whose key was lost applied after
+ * every restart: any user the mode allowed could open an unlinked segment
+ * anew for 30 s and keep it (found by an attacker's review, session 26). */
+static void test_unlinked_not_opened_anew_after_restart(void **state) {
+  gshm_client_t *root;
+  gshm_segment_t *s;
+  char arg[32];
+  (void)state;
+  need_root();
+  assert_int_equal(pipe(unlinked_pipe), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
+  assert_int_equal(gshm_create(root, "r/grace-0644", 4096, NULL, 0644, 0, &s), 0);
+  snprintf(arg, sizeof(arg), "%" PRIu64, gshm_segment_info(s)->id);
+  assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, open_name_keep_token,
+                            "r/grace-0644"),
+                   0);
+  assert_int_equal(gshm_unlink(root, "r/grace-0644"), 0); /* root's lease keeps it */
+  assert_int_equal(harness_restart(h, SIGKILL,
+                                   (const char *const[]){"--set", "daemon.socket_mode=0666",
+                                                         "--set", start_admin, "--set",
+                                                         "quota.host_bytes=64K", NULL}),
+                   0);
+  assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, open_id_bare, arg),
+                   GSHM__STATUS__STATUS_STALE);
+  assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, open_id_token, arg),
+                   GSHM__STATUS__STATUS_OK);
+  assert_int_equal(gshm_close(s), 0);
+  gshm_disconnect(root);
+  close(unlinked_pipe[0]);
+  close(unlinked_pipe[1]);
 }
 
 static void test_unlinked_is_not_opened_anew(void **state) {
@@ -937,6 +975,7 @@ int main(void) {
       cmocka_unit_test(test_admin_sees_and_revokes),
       cmocka_unit_test(test_admin_revokes_unlinked),
       cmocka_unit_test(test_unlinked_is_not_opened_anew),
+      cmocka_unit_test(test_unlinked_not_opened_anew_after_restart),
       cmocka_unit_test(test_listing_walks_a_bounded_part),
       cmocka_unit_test(test_setgid_ignores_environment),
       cmocka_unit_test(test_fair_defaults),
