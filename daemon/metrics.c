@@ -67,34 +67,54 @@ static void write_one(FILE *f, const char *type, const char *name, const char *h
 
 /* gshm_segment_bytes: one series per location, host first, then each GPU
  * in first-seen order (few locations; a small linear merge is cheaper than
- * a map). */
-static void write_segment_bytes(FILE *f, struct gshmd_registry *r) {
-  const char *locs[64];
-  uint64_t bytes[64], host_bytes = 0;
-  unsigned nloc = 0;
+ * a map).  The walk of every segment is kept until the registry changes
+ * (r->changes: a segment made, published, freed, or its memory adopted):
+ * before, each METRICS request walked them all, and any local user's
+ * stream of METRICS on a node of 20,000 segments held other clients'
+ * requests for 0.6 s (about 0.4 ms a walk, 32 requests a connection a turn
+ * of the loop). */
+static struct {
+  const struct gshmd_registry *r;
+  uint64_t changes;
+  char locs[64][GSHM_LOCATION_MAX]; /* (copies: a segment's may go before the next walk) */
+  uint64_t bytes[64], host_bytes;
+  unsigned nloc;
+} seg_bytes; /* (the loop's thread only) */
+
+static void count_segment_bytes(struct gshmd_registry *r) {
   struct gshm_list *pos;
 
-  fprintf(f, "# HELP gshm_segment_bytes Bytes allocated by segments, by location.\n"
-             "# TYPE gshm_segment_bytes gauge\n");
+  seg_bytes.r = r;
+  seg_bytes.changes = r->changes;
+  seg_bytes.nloc = 0;
+  seg_bytes.host_bytes = 0;
   gshm_list_foreach(pos, &r->segments) {
     struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
-    unsigned i;
+    unsigned i, n = seg_bytes.nloc;
     if (!strcmp(seg->mem->location, "host")) { /* (a parked device segment has no GPU index) */
-      host_bytes += seg->mem->size;
+      seg_bytes.host_bytes += seg->mem->size;
       continue;
     }
-    for (i = 0; i < nloc && strcmp(locs[i], seg->mem->location); i++)
+    for (i = 0; i < n && strcmp(seg_bytes.locs[i], seg->mem->location); i++)
       ;
-    if (i == nloc && nloc < 64) {
-      locs[nloc] = seg->mem->location;
-      bytes[nloc++] = 0;
+    if (i == n && n < 64) {
+      snprintf(seg_bytes.locs[n], sizeof(seg_bytes.locs[n]), "%s", seg->mem->location);
+      seg_bytes.bytes[seg_bytes.nloc++] = 0;
     }
-    if (i < nloc)
-      bytes[i] += seg->mem->size;
+    if (i < seg_bytes.nloc)
+      seg_bytes.bytes[i] += seg->mem->size;
   }
-  fprintf(f, "gshm_segment_bytes{location=\"host\"} %" PRIu64 "\n", host_bytes);
-  for (unsigned i = 0; i < nloc; i++)
-    fprintf(f, "gshm_segment_bytes{location=\"%s\"} %" PRIu64 "\n", locs[i], bytes[i]);
+}
+
+static void write_segment_bytes(FILE *f, struct gshmd_registry *r) {
+  if (seg_bytes.r != r || seg_bytes.changes != r->changes)
+    count_segment_bytes(r);
+  fprintf(f, "# HELP gshm_segment_bytes Bytes allocated by segments, by location.\n"
+             "# TYPE gshm_segment_bytes gauge\n");
+  fprintf(f, "gshm_segment_bytes{location=\"host\"} %" PRIu64 "\n", seg_bytes.host_bytes);
+  for (unsigned i = 0; i < seg_bytes.nloc; i++)
+    fprintf(f, "gshm_segment_bytes{location=\"%s\"} %" PRIu64 "\n", seg_bytes.locs[i],
+            seg_bytes.bytes[i]);
 }
 
 /* gshm_requests_total: series appear with their first request; the

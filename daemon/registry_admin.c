@@ -106,6 +106,7 @@ unsigned gshmd_registry_park_all(struct gshmd_registry *r, struct gshmd_backend 
     seg->mem = mem;
     b->ops->free(b, was);
     n++;
+    r->changes++; /* (its memory is another: metrics.c walks again) */
   }
   return n;
 }
