@@ -266,7 +266,8 @@ static void retake_leases(struct gshm_client *c) {
       return; /* the next request will notice the broken connection */
     if (fd >= 0)
       close(fd);
-    if (reply->status == GSHM__STATUS__STATUS_OK && reply->grant) {
+    if (reply->status == GSHM__STATUS__STATUS_OK && reply->body_case == GSHM__REPLY__BODY_GRANT &&
+        reply->grant) { /* (a oneof: another body in its place is no grant) */
       l->lease_id = reply->grant->lease_id;
       lease_set_token(l, reply->grant);
       l->unlinked = reply->grant->segment &&
