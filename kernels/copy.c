@@ -56,6 +56,7 @@ struct kctx {
    * reset there ends the access, which is then enabled again */
   unsigned long long peer_ctx_id[MAX_DEVICES];
   CUcontext peer_ctx[MAX_DEVICES];
+  int peer_err[MAX_DEVICES]; /* the failed first try's error, given again */
 };
 
 /* Under GSHM__LOCK_COPY (common/fork.h).  A fork waits for its holder
@@ -336,7 +337,7 @@ int gshm__copy_enable_peer(int ordinal) {
   uint64_t bit;
   unsigned long long was, id = 0;
   bool tried, ok;
-  int can = 0, e;
+  int can = 0, e, cached;
   CUstreamCaptureMode mode;
   CUresult r;
 
@@ -355,9 +356,10 @@ int gshm__copy_enable_peer(int ordinal) {
   ok = k->peer_ok & bit;
   was = k->peer_ctx_id[ordinal];
   peer = k->peer_ctx[ordinal];
+  cached = k->peer_err[ordinal];
   gshm__fork_unlock(GSHM__LOCK_COPY);
   if (tried && (!ok || !was))
-    return ok ? 0 : -EXDEV;
+    return ok ? 0 : cached ? cached : -EXDEV;
   /* one driver call: the context access was enabled to is still there (a
    * reset destroys it or gives the handle a new id) */
   if (tried && drv->cuCtxGetId(peer, &id) == CUDA_SUCCESS && id == was)
@@ -388,6 +390,7 @@ int gshm__copy_enable_peer(int ordinal) {
     k->peer_ok |= bit;
   k->peer_ctx_id[ordinal] = id;
   k->peer_ctx[ordinal] = peer;
+  k->peer_err[ordinal] = e;
   gshm__fork_unlock(GSHM__LOCK_COPY);
   return e;
 }
@@ -610,8 +613,8 @@ static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_
     return 0;
   gshm__cuda_log(GSHM_LOG_DEBUG, r, "cuStreamWriteValue64", __FILE__, __LINE__);
   e = kctx_module(drv, &k);
-  if (e)
-    return e == -ENOTSUP ? -ENOTSUP : gshm__cuda_errno(r);
+  if (e) /* (-ENOTSUP: no kernels in this libgshm; else the module's load) */
+    return e;
   return launch_ex(drv, k, GSHM__K_SIGNAL, 1, 1, stream, args, 1);
 }
 
@@ -699,6 +702,11 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params 
     }
     e = launch_ex(drv, k, s.kernel, s.blocks, s.threads, stream, args, 1);
   } else {
+    /* (the flag before the copy: a flag this GPU cannot write would fail
+     * the signal after a copy already queued, and whoever waits on it
+     * would wait for ever) */
+    if (flag && (e = flag_reachable(wf, me, 1)))
+      return e;
     if (peer) {
       /* direct NVLink/PCIe P2P instead of staging through the host;
        * without peer access the driver still copies, only slower */

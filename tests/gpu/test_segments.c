@@ -273,6 +273,30 @@ static int role_readonly(char **a) {
   verify_on(0, addr, gshm_segment_info(s)->size, strtoull(a[1], NULL, 0), "read-only reader");
   e = gshm_write(s, 0, junk, sizeof(junk));
   CHECK(e == -EACCES, "gshm_write on a read-only lease: %d, want -EACCES", e);
+  {
+    /* A flag in the read-only mapping: copy_signal with the copy engine
+     * refuses before it queues the copy (before, the copy ran and only the
+     * signal failed: a consumer waiting on the flag would wait for ever) */
+    CUdeviceptr src = 0, dst = 0;
+    unsigned char back[64];
+    ctx_of(0);
+    REQUIRE(drv->cuMemAlloc(&src, 4096) == CUDA_SUCCESS && drv->cuMemAlloc(&dst, 4096) ==
+            CUDA_SUCCESS, "cuMemAlloc");
+    REQUIRE(drv->cuMemsetD8(src, 0x77, 4096) == CUDA_SUCCESS &&
+            drv->cuMemsetD8(dst, 0, 4096) == CUDA_SUCCESS, "cuMemsetD8");
+    for (int m = GSHM_COPY_AUTO; m <= GSHM_COPY_SM; m++) {
+      e = gshm_copy_signal((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, 4096,
+                           (gshm_copy_method_t)m, (uint64_t *)addr, 1, NULL);
+      CHECK(e == -EACCES, "copy_signal (method %d) to a read-only flag: %d, want -EACCES", m, e);
+    }
+    e = gshm_signal((uint64_t *)addr, 1, NULL);
+    CHECK(e == -EACCES, "signal of a read-only flag: %d, want -EACCES", e);
+    REQUIRE(drv->cuStreamSynchronize(NULL) == CUDA_SUCCESS, "sync");
+    REQUIRE(drv->cuMemcpyDtoH(back, dst, sizeof(back)) == CUDA_SUCCESS, "read back");
+    CHECK(back[0] == 0 && back[63] == 0, "a refused copy_signal copied (%#x)", back[0]);
+    drv->cuMemFree(src);
+    drv->cuMemFree(dst);
+  }
   /* The driver itself must refuse a store through the read-only mapping. */
   memset(junk, 0x5a, sizeof(junk));
   ctx_of(0);
