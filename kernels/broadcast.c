@@ -91,10 +91,6 @@ static int pair_stream(const struct gshm_cudadrv *drv, int g, int other, int lan
     if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxPushCurrent, b->ctx)))
       return e;
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamCreate, slot, CU_STREAM_NON_BLOCKING);
-    if (!e && other != g)
-      /* peer access from g to `other`, so the copy engine goes over NVLink
-       * directly (on the current context; cached there) */
-      e = gshm__copy_enable_peer(other);
     {
       CUcontext ignored;
       drv->cuCtxPopCurrent(&ignored);
@@ -108,6 +104,22 @@ static int pair_stream(const struct gshm_cudadrv *drv, int g, int other, int lan
   }
   *out = *slot;
   return 0;
+}
+
+/* Peer access from GPU `me` (current) for a copy engine copy of len bytes
+ * from ws to wd, so that it goes over NVLink directly: to the GPU of
+ * either that is not `me`'s nor a gshm mapping `me` reaches (which needs
+ * none: enabling it would retain, and so make, a primary context on that
+ * GPU, hundreds of MiB, or fail where another process owns it).  Best
+ * effort: without peer access (none between the two GPUs) the driver
+ * copies through the host, slower; before, such a broadcast failed
+ * -EXDEV where its copies would have worked. */
+static void peer_for_ce(int me, const struct gshm__where *ws, const struct gshm__where *wd,
+                        size_t len) {
+  if (ws->device && ws->ordinal != me && gshm__copy_reach(ws, len, me, 0) == 0)
+    (void)gshm__copy_enable_peer(ws->ordinal);
+  if (wd->device && wd->ordinal != me && gshm__copy_reach(wd, len, me, 1) == 0)
+    (void)gshm__copy_enable_peer(wd->ordinal);
 }
 
 /* A fresh event of GPU g's pool for this broadcast.  Under the broadcast
@@ -300,6 +312,8 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p,
             (e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamWaitEvent, s, node_ev[q][par], 0)))
           break;
         if (ce_only) {
+          if (other != issuer)
+            peer_for_ce(issuer, &where[par], &where[node], len);
           e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemcpyAsync,
                       (CUdeviceptr)(uintptr_t)(node_addr[node] + off),
                       (CUdeviceptr)(uintptr_t)(node_addr[par] + off), len, s);

@@ -304,9 +304,12 @@ int gshm__copy_ctx_event(const struct gshm_cudadrv *drv, CUevent *out) {
   return 0;
 }
 
+static bool no_peer_access; /* every cuCtxEnablePeerAccess refused (GPUs without P2P) */
+static unsigned peer_enables;
 int gshm__copy_enable_peer(int ordinal) {
   (void)ordinal;
-  return 0;
+  peer_enables++;
+  return no_peer_access ? -EXDEV : 0;
 }
 
 /* gshm__copy_reach: the buffer at no_access_addr is a gshm mapping that
@@ -464,6 +467,24 @@ static void test_unreachable_destination_is_refused(void **state) {
   bufs_free();
 }
 
+/* GPUs without peer access between them: a CHAIN of the copy engine
+ * (AUTO above 12 MiB in all) still goes, the driver copying through the
+ * host; it failed -EXDEV at its first pair stream before.  Every plan,
+ * both issuing sides. */
+static void test_chain_without_peer_access(void **state) {
+  (void)state;
+  no_peer_access = true;
+  peer_enables = 0;
+  for (int pull = 0; pull < 2; pull++) {
+    gshm_broadcast_opts_t chain = {GSHM_BCAST_CHAIN, 64 * KiB, pull, 2};
+    gshm_broadcast_opts_t split = {GSHM_BCAST_SPLIT, 64 * KiB, pull, 1};
+    broadcast_once(&chain, 3, 300 * KiB + 5, 40 + (unsigned)pull);
+    broadcast_once(&split, 3, 300 * KiB + 5, 50 + (unsigned)pull);
+  }
+  no_peer_access = false;
+  assert_true(peer_enables > 0); /* (asked, refused, copied anyway) */
+}
+
 /* A size no memory can have is refused before any arithmetic on it: it
  * used to return 0 with nothing copied (n * bytes and the chunk count
  * wrapped), or divide by a chunk rounded up to 0 (SIGFPE). */
@@ -532,6 +553,7 @@ int main(void) {
       cmocka_unit_test(test_impossible_sizes_are_refused),
       cmocka_unit_test(test_captured_broadcast_stays_on_its_stream),
       cmocka_unit_test(test_unreachable_destination_is_refused),
+      cmocka_unit_test(test_chain_without_peer_access),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }
