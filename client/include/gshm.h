@@ -17,7 +17,10 @@
  *    how) and -ENOMEM.  The daemon's own explanation of the last failure
  *    is in gshm_last_error().
  *  - A gshm_client_t may be used from several threads: requests are
- *    serialised by a mutex inside it.  A gshm_segment_t belongs to one
+ *    serialised by a mutex inside it, for their whole time: a gshm_pull or
+ *    gshm_pull_prefix (seconds to minutes) holds every other request of
+ *    its client, a PyTorch pool's growth too (gshm_torch_malloc): pull on a
+ *    client of its own.  A gshm_segment_t belongs to one
  *    client and must not be used after gshm_close() or
  *    gshm_disconnect().
  *  - The library prints nothing unless $GSHM_LOG_LEVEL is set (0..7,
@@ -140,7 +143,8 @@ typedef struct gshm_status_info {
 /* Peer-to-peer reachability from one GPU to another (daemon's indexes). */
 typedef struct gshm_peer_info {
   int index;                       /* the peer GPU */
-  int access;                      /* 1: peer access supported (and enabled by gshmd) */
+  int access;                      /* 1: peer access supported (CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED;
+                                      gshmd tries to enable it, logging a failure) */
   int native_atomics;              /* 1: native atomics over the link */
   int performance_rank;            /* driver's relative rank, lower is better */
   int nvlinks;                     /* NVLink links between the two; -1 unknown (no NVML) */
@@ -339,7 +343,10 @@ GSHM_EXTERN gshm_access_t gshm_segment_access(const gshm_segment_t *seg);
 
 /* Lists every segment this client may see, in id order, paging through the
  * daemon as needed.  *infos_out is one malloc'ed array of *count_out
- * entries (NULL when 0); free it with gshm_free(). */
+ * entries (NULL when 0); free it with gshm_free().
+ * Errors (this one and the gshm_list_* below): -EINVAL a NULL argument;
+ * -ENOMEM; -EPROTO a reply of another kind, or a page cursor that does not
+ * advance; and the errors every call to the daemon may give (above). */
 GSHM_EXTERN int gshm_list(gshm_client_t *client, gshm_segment_info_t **infos_out,
                           size_t *count_out);
 
@@ -351,7 +358,9 @@ GSHM_EXTERN int gshm_list_leases(gshm_client_t *client, gshm_lease_info_t **leas
 GSHM_EXTERN int gshm_list_clients(gshm_client_t *client, gshm_client_info_t **clients_out,
                                   size_t *count_out);
 
-/* The daemon's totals and version. */
+/* The daemon's totals and version.  Errors: -EINVAL a NULL argument;
+ * -EPROTO a reply of another kind; -ENOMEM; the errors every call to the
+ * daemon may give (above). */
 GSHM_EXTERN int gshm_status(gshm_client_t *client, gshm_status_info_t *status_out);
 
 /* Lists the daemon's GPUs with their P2P matrix, as gshm_list.  An empty
@@ -360,7 +369,8 @@ GSHM_EXTERN int gshm_list_devices(gshm_client_t *client, gshm_device_info_t **de
                                   size_t *count_out);
 
 /* The daemon's metrics in Prometheus text format (version 0.0.4).
- * *text_out is malloc'ed and NUL-terminated; free it with gshm_free(). */
+ * *text_out is malloc'ed and NUL-terminated; free it with gshm_free().
+ * Errors as gshm_status. */
 GSHM_EXTERN int gshm_metrics(gshm_client_t *client, char **text_out);
 
 /* ---- Cluster: segments of peer nodes (docs/CLUSTER.md) ---- */
@@ -597,8 +607,9 @@ GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevice
 GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
 
 /* Copies bytes between a segment and host memory, for host and device
- * segments alike (device segments through the driver, a staging copy, on
- * the segment's own GPU).  A segment not mapped yet is mapped by the first
+ * segments alike (device segments through the driver, a staging copy on
+ * a GPU the mapping gives access to: the segment's own where it is
+ * visible here, else one with a peer path to it).  A segment not mapped yet is mapped by the first
  * such call (as gshm_map with devices NULL) and the mapping kept for later
  * calls until the segment's last handle is closed, a gshm_unmap (of any
  * handle of the segment, when no gshm_map holds the mapping), or a
@@ -753,7 +764,8 @@ GSHM_EXTERN void *gshm_torch_malloc(ssize_t size, int device, void *stream);
 /* PyTorch's pluggable-allocator free, from any thread.  Waits for all work
  * queued on the pool's device (cuCtxSynchronize on the pool's context,
  * pushed whatever context is current; as cudaFree does; PyTorch frees pool
- * blocks only when it empties its cache, never on the allocation path),
+ * blocks when it empties its cache, which its out-of-memory retry does
+ * inside an allocation too),
  * then returns the block to its pool.  A segment left empty is unmapped and
  * closed at once in a non-persistent pool, and in a released one; a
  * persistent pool keeps it for reuse.  `size`, `device` and `stream` are
@@ -976,7 +988,10 @@ GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream);
 /* gshm_copy followed by gshm_signal(flag, value), fused into one kernel
  * when the SM method is chosen and the copy is small (the size is in
  * docs/PERFORMANCE.md "AUTO thresholds"): one block copies, fences
- * system-wide and then stores the flag, one launch instead of two.  Parameters and errors as for gshm_copy and gshm_signal. */
+ * system-wide and then stores the flag, one launch instead of two.
+ * bytes 0: the signal alone.  Parameters and errors as for gshm_copy and
+ * gshm_signal (flag NULL: -EINVAL); the flag is checked before the copy
+ * is queued, so an error queues nothing. */
 GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
                                  gshm_copy_method_t method, uint64_t *flag, uint64_t value,
                                  void *stream);
@@ -996,7 +1011,9 @@ GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
  * every blocking stream of its context: a gshm_signal of the same flag
  * queued later in the same process on such a stream never runs (the CUDA
  * stream memory operations' documented deadlock); wait on a non-blocking
- * stream (torch's and CuPy's own are).
+ * stream (streams made with torch.cuda.Stream() or cupy.cuda.Stream(
+ * non_blocking=True) are; torch's default stream, which the Python
+ * bindings use when no stream is given, is the legacy one).
  *  flag    8-byte-aligned device address or page-locked host memory that
  *          this process maps; best on the waiting stream's own GPU (the
  *          wait polls it).

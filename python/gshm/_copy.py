@@ -45,32 +45,86 @@ def _addr_and_size(obj, what):
     raise TypeError("gshm.copy: cannot take the address of %s (%s)" % (what, type(obj).__name__))
 
 
-def _torch_current_stream(objs):
-    """torch's current stream on the GPU of the first CUDA tensor in objs
-    (the source first, as torch runs a copy between GPUs), or None."""
+def _torch_cuda_device(o):
+    """The CUDA ordinal of o where it is a torch CUDA tensor, else None."""
+    dev = getattr(o, "device", None)
+    if type(o).__module__.startswith("torch") and getattr(dev, "type", None) == "cuda":
+        return dev.index if dev.index is not None else 0
+    return None
+
+
+def _cai_stream(objs):
+    """The producer's stream of the first object in objs whose
+    __cuda_array_interface__ (v3) names one: 1 the legacy default stream
+    (None here), 2 the per-thread default stream, else a CUstream; None
+    where none names one."""
     for o in objs:
-        dev = getattr(o, "device", None)
-        if type(o).__module__.startswith("torch") and getattr(dev, "type", None) == "cuda":
-            import torch
-            return torch.cuda.current_stream(dev).cuda_stream or None
+        cai = getattr(o, "__cuda_array_interface__", None)
+        if type(o).__module__.startswith("torch") or cai is None:
+            continue
+        st = cai.get("stream")
+        if st is not None:
+            return int(st)
     return None
 
 
 def _stream_handle(stream, *objs):
-    """The CUstream for `stream`; None: torch's current stream where one
-    of objs is a CUDA tensor (torch's own streams are non-blocking: the
-    legacy default stream would not be ordered after their work), else
-    the legacy default stream (NULL)."""
+    """(CUstream, device) for `stream`.  CUstream None is the legacy default
+    stream (NULL), which libgshm takes as the current context's: device is
+    then the CUDA ordinal whose context must be current for the call (the
+    stream's, or the tensor's), else None.
+
+    stream None: torch's current stream on the GPU of the first CUDA
+    tensor in objs (the source first, as torch runs a copy between GPUs;
+    torch's own streams are non-blocking: the legacy default stream would
+    not be ordered after their work), else the stream an array's
+    __cuda_array_interface__ names (its producer's, which the copy must
+    follow), else the legacy default stream."""
     if stream is None:
-        return _torch_current_stream(objs)
+        for o in objs:
+            dev = _torch_cuda_device(o)
+            if dev is not None:
+                import torch
+                return torch.cuda.current_stream(dev).cuda_stream or None, dev
+        st = _cai_stream(objs)
+        return (None if st in (None, 1) else st), None
     if isinstance(stream, int):
-        return stream or None
+        return stream or None, None
     for attr in ("cuda_stream", "ptr", "handle"):  # torch, cupy, cuda-python
         v = getattr(stream, attr, None)
         if v is not None:
-            return int(v) or None
+            dev = getattr(stream, "device", None)  # torch: a torch.device
+            dev = getattr(dev, "index", None)
+            if dev is None:
+                dev = getattr(stream, "device_id", None)  # cupy
+            return int(v) or None, dev
     raise TypeError("gshm.copy: stream must be an int, a torch or cupy stream, not %s"
                     % type(stream).__name__)
+
+
+def _on_stream(fn, args, stream, *objs):
+    """fn(*args, CUstream) on `stream` (_stream_handle), with the stream's
+    GPU current where the stream is its legacy default one (handle 0:
+    libgshm would take the current context's, maybe another GPU's).  A
+    torch tensor among objs used on a torch stream other than its own is
+    recorded on it (tensor.record_stream), so that torch's caching
+    allocator does not hand its memory out while the copy may still read
+    or write it.  Returns fn's result."""
+    handle, dev = _stream_handle(stream, *objs)
+    if stream is not None and type(stream).__module__.startswith("torch"):
+        for o in objs:
+            if _torch_cuda_device(o) is not None:
+                o.record_stream(stream)
+    if handle is not None or dev is None:
+        return fn(*args, handle)
+    try:
+        import torch
+        ctx = torch.cuda.device(dev)
+    except ImportError:  # (a cupy stream)
+        import cupy
+        ctx = cupy.cuda.Device(dev)
+    with ctx:
+        return fn(*args, None)
 
 
 def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
@@ -83,8 +137,12 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
     nbytes     default: the smaller of the two sizes, where known.
     stream     None: torch's current stream on the source's GPU (the
                destination's) where either is a CUDA tensor, else the
-               legacy default stream; an int CUstream, a
-               torch.cuda.Stream or a cupy stream.
+               stream an array's __cuda_array_interface__ names, else
+               the legacy default stream; an int CUstream, a
+               torch.cuda.Stream or a cupy stream (a default stream runs
+               with its own GPU current).  A tensor used on a torch
+               stream other than its own is recorded on it
+               (record_stream).
     method     "auto", "copy_engine" or "sm".
     Raises NotImplementedError when this libgshm has no gshm_copy."""
     fn = _optional("gshm_copy")
@@ -103,7 +161,7 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
     for size, what in ((dsize, "dst"), (ssize, "src")):
         if size is not None and n > size:
             raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (n, what, size))
-    rc = fn(d, s, n, m, _stream_handle(stream, src, dst))
+    rc = _on_stream(fn, (d, s, n, m), stream, src, dst)
     if rc < 0:
         _raise(rc, "gshm_copy")
 
@@ -127,8 +185,8 @@ def signal(flag: Any, value: int, stream: Any = None) -> None:
     """Writes the 64-bit `value` to `flag` on `stream` after the work queued
     before it (gshm_signal).  flag: an address, a DeviceArray (its first 8
     bytes), a segment or a tensor."""
-    rc = _optional("gshm_signal")(_flag_address(flag), _flag_value(value),
-                                  _stream_handle(stream, flag))
+    rc = _on_stream(_optional("gshm_signal"), (_flag_address(flag), _flag_value(value)),
+                    stream, flag)
     if rc < 0:
         _raise(rc, "gshm_signal")
 
@@ -136,8 +194,8 @@ def signal(flag: Any, value: int, stream: Any = None) -> None:
 def wait(flag: Any, value: int, stream: Any = None) -> None:
     """Makes `stream` wait, without the host, until the 64-bit word at
     `flag` is >= value (gshm_wait)."""
-    rc = _optional("gshm_wait")(_flag_address(flag), _flag_value(value),
-                                        _stream_handle(stream, flag))
+    rc = _on_stream(_optional("gshm_wait"), (_flag_address(flag), _flag_value(value)),
+                    stream, flag)
     if rc < 0:
         _raise(rc, "gshm_wait")
 
@@ -156,7 +214,7 @@ def copy_signal(dst: Any, src: Any, nbytes: int, flag: Any, value: int,
     for size, what in ((dsize, "dst"), (ssize, "src")):
         if size is not None and n > size:
             raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (n, what, size))
-    rc = fn(d, s, n, m, _flag_address(flag), _flag_value(value),
-            _stream_handle(stream, src, dst, flag))
+    rc = _on_stream(fn, (d, s, n, m, _flag_address(flag), _flag_value(value)), stream, src,
+                    dst, flag)
     if rc < 0:
         _raise(rc, "gshm_copy_signal")

@@ -413,6 +413,14 @@ class DeviceSegment(Segment):
             if dev is None:
                 dev = self.device
             dev = int(dev)
+        if dev != self.device and dev not in (self._mapped_devices or ()):
+            # (a view on another GPU: that GPU gets access first, or its first
+            # kernel on the view would fault, an error that ends the
+            # process's CUDA; gshm_map adds access, -ENODEV where it has no
+            # peer path)
+            kept = self._mapped_devices
+            self.map(devices=[dev])
+            self._mapped_devices = None if kept is None else kept + [dev]
         return DeviceArray(self, base + offset, offset, dims, dt, dev, self.readonly)
 
     def unmap(self) -> None:

@@ -477,6 +477,65 @@ def test_copy_follows_torch_current_stream(gpu_daemon, segname):
     assert r["sevens"] == r["n"], r
 
 
+def test_copy_on_another_gpus_default_stream(gpu_daemon, segname):
+    # gshm.copy of a tensor on GPU 1 while GPU 0 is current, no stream
+    # given: torch's current stream on GPU 1 is its legacy default stream
+    # (handle 0), which libgshm takes as the current context's; the copy
+    # must run on GPU 1's, after the fill queued there.  Before, it ran on
+    # GPU 0's, unordered with GPU 1's work, and copied zeros.  And the same
+    # with that stream given, and for gshm.signal of a flag on GPU 1.
+    if _GPUS < 2:
+        skip("needs two GPUs (the current GPU other than the tensor's)")
+    out = run_child(gpu_daemon, """
+        name = sys.argv[2]
+        n = 64 << 20
+        c = gshm.Client(sock)
+        seg = c.create(name, n, location="cuda:1")
+        c.unlink(name)
+        seg.map()
+        got = []
+        for given in (False, True):
+            torch.cuda.set_device(0)
+            with torch.cuda.device(1):
+                x = torch.zeros(n, dtype=torch.uint8, device="cuda:1")
+                torch.cuda.synchronize(1)
+                torch.cuda._sleep(1 << 29)
+                x.fill_(7 + given)
+            gshm.copy(seg, x, stream=torch.cuda.default_stream(1) if given else None)
+            torch.cuda.synchronize(0)
+            torch.cuda.synchronize(1)
+            t = torch.from_dlpack(seg.view("uint8", (n,), device=1))
+            got.append(int((t == 7 + given).sum().item()))
+            del t
+        print(json.dumps({"got": got, "n": n}))
+        """, segname)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["got"] == [r["n"], r["n"]], r
+
+
+def test_view_on_a_gpu_without_access_maps_it(gpu_daemon, segname):
+    # A view reported on GPU 1 of a segment mapped for GPU 0 only: GPU 1
+    # gets access first.  Before, its first kernel faulted (an illegal
+    # address: the end of the process's CUDA).
+    if _GPUS < 2:
+        skip("needs two GPUs (a view on a GPU the mapping left out)")
+    out = run_child(gpu_daemon, """
+        name = sys.argv[2]
+        n = 1 << 20
+        c = gshm.Client(sock)
+        seg = c.create(name, n, location="cuda:0")
+        c.unlink(name)
+        seg.map(devices=[0])
+        torch.from_dlpack(seg.view("uint8", (n,), device=0)).fill_(3)
+        torch.cuda.synchronize(0)
+        t = gt.tensor_view(seg, "uint8", (n,), device="cuda:1")
+        total = int(t.to(torch.int64).sum().item())
+        print(json.dumps({"sum": total, "want": 3 * n, "device": str(t.device)}))
+        """, segname)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r == {"sum": r["want"], "want": r["want"], "device": "cuda:1"}, r
+
+
 def test_reads_without_a_context_keep_one_mapping(gpu_daemon, segname):
     # seg.read / seg.write of a device segment that is not mapped, in a
     # process with no CUDA context (a CPU tool): the first call maps it and
