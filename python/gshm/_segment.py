@@ -97,9 +97,27 @@ def _check_view(size: int, dt: DType, shape: Any, offset: Any) -> Tuple[Tuple[in
     return tuple(dims), nbytes, offset
 
 
-def _ordinal(device: Any) -> int:
-    """A CUDA ordinal from an int or an object with .index (torch.device)."""
-    return device if isinstance(device, int) else int(getattr(device, "index", device))
+def _ordinal(device: Any, default: Optional[int] = None) -> int:
+    """A CUDA ordinal from an int, "cuda:N" (or "N"), or an object with
+    .index (torch.device); `default` for a device that names no ordinal
+    ("cuda", torch.device("cuda")).  ValueError for anything else."""
+    if isinstance(device, bool):
+        raise ValueError("gshm: %r is no CUDA device" % (device,))
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        kind, _, num = device.partition(":")
+        if kind.isdigit() and not num:
+            return int(kind)
+        if kind == "cuda" and (num.isdigit() or (not num and default is not None)):
+            return int(num) if num else int(default)  # type: ignore[arg-type]
+        raise ValueError("gshm: %r is no CUDA device (\"cuda:N\" or an ordinal)" % device)
+    index = getattr(device, "index", None)
+    if index is None and default is not None and getattr(device, "type", None) == "cuda":
+        return int(default)
+    if index is None:
+        raise ValueError("gshm: %r is no CUDA device" % (device,))
+    return int(index)
 
 
 class Segment(object):
@@ -406,13 +424,7 @@ class DeviceSegment(Segment):
         dt = _to_dtype(dtype)
         dims, nbytes, offset = _check_view(self.size, dt, shape, offset)
         base = self._address if self._address is not None else self.map()
-        if device is None:
-            dev = self.device
-        else:
-            dev = getattr(device, "index", device)
-            if dev is None:
-                dev = self.device
-            dev = int(dev)
+        dev = self.device if device is None else _ordinal(device, self.device)
         if dev != self.device and dev not in (self._mapped_devices or ()):
             # (a view on another GPU: that GPU gets access first, or its first
             # kernel on the view would fault, an error that ends the
