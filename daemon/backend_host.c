@@ -27,6 +27,7 @@
 #include "backend.h"
 #include "config.h"
 #include "host_memory.h"
+#include "host_reap.h"
 #include "list.h"
 #include "log.h"
 #include "util.h"
@@ -51,6 +52,7 @@ struct host_backend {
   struct gshm_list pool;
   struct gshmd_host_recycle_stats stats;
   bool lease_warned;           /* a lease refused for another reason than a holder: said once */
+  struct gshmd_host_reaper *reaper; /* large frees off the loop (host_reap.h); NULL: none */
 };
 
 /* Most allocations in the pool (a take scans it). */
@@ -64,6 +66,7 @@ struct host_alloc {
   void *map; /* gshmd's mapping of memfd (local_ptr), NULL until asked */
   bool kept; /* map kept past local_done for recycling (counted in kept_live) */
   bool recyclable; /* alloc_pull's, by this process, recycling on: may enter the pool */
+  bool punch; /* discarded: its pages are punched out at its free (host_reap.h) */
 };
 
 /* Freed memory in the pool: its memfd and gshmd's mapping of it. */
@@ -318,8 +321,7 @@ static void pooled_free(struct host_backend *hb, struct pooled *e) {
   gshm_list_del(&e->node);
   hb->stats.bytes_held -= e->size;
   hb->stats.entries--;
-  munmap(e->map, e->size);
-  close(e->memfd);
+  gshmd_host_reap(hb->reaper, (const int[3]){e->memfd, -1, -1}, e->map, e->size, false);
   free(e);
 }
 
@@ -408,9 +410,7 @@ static void host_discard(struct gshmd_backend *b, struct gshmd_alloc *a) {
 
   if (recycle_keep((struct host_backend *)b, h))
     return;
-  if (fallocate(h->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)a->size) < 0)
-    gshm_log_warn("host: punching out a freed segment's %llu bytes: %m",
-                  (unsigned long long)a->size);
+  h->punch = true; /* (at host_free, on the reaper thread when large) */
 }
 
 /* The newest pooled memory of exactly size bytes that uid may have (no
@@ -483,14 +483,8 @@ static void host_free(struct gshmd_backend *b, struct gshmd_alloc *a) {
     return;
   h = a->priv;
   unkeep((struct host_backend *)b, h);
-  if (h->map)
-    munmap(h->map, a->size);
-  if (h->memfd >= 0)
-    close(h->memfd);
-  if (h->ro_fd >= 0)
-    close(h->ro_fd);
-  if (h->rw_fd >= 0)
-    close(h->rw_fd);
+  gshmd_host_reap(((struct host_backend *)b)->reaper, (const int[3]){h->memfd, h->ro_fd, h->rw_fd},
+                  h->map, a->size, h->punch);
   free(h);
 }
 
@@ -499,6 +493,7 @@ static void host_destroy(struct gshmd_backend *b) {
 
   while (!gshm_list_empty(&hb->pool))
     pooled_free(hb, gshm_list_entry(hb->pool.next, struct pooled, node));
+  gshmd_host_reap_stop(hb->reaper);
   free(b);
 }
 
@@ -619,6 +614,7 @@ int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backe
     hb->pull_page = GSHMD_HUGE_PAGE;
   hb->collapse = huge == 2 && hb->pull_page == GSHMD_HUGE_PAGE;
   gshm_list_init(&hb->pool);
+  (void)gshmd_host_reap_start(&hb->reaper); /* (without it: at once, on the loop) */
   *out = &hb->base;
   return 0;
 }
