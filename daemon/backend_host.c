@@ -66,7 +66,6 @@ struct host_alloc {
   void *map; /* gshmd's mapping of memfd (local_ptr), NULL until asked */
   bool kept; /* map kept past local_done for recycling (counted in kept_live) */
   bool recyclable; /* alloc_pull's, by this process, recycling on: may enter the pool */
-  bool punch; /* discarded: its pages are punched out at its free (host_reap.h) */
 };
 
 /* Freed memory in the pool: its memfd and gshmd's mapping of it. */
@@ -408,9 +407,22 @@ static bool recycle_keep(struct host_backend *hb, struct host_alloc *h) {
 static void host_discard(struct gshmd_backend *b, struct gshmd_alloc *a) {
   struct host_alloc *h = a->priv;
 
+  int fd;
+
   if (recycle_keep((struct host_backend *)b, h))
     return;
-  h->punch = true; /* (at host_free, on the reaper thread when large) */
+  /* now, not at host_free: a peer's grant keeps the allocation after its
+   * segment is revoked or freed (cluster/serve_reg.c export_reg_wipe),
+   * and must keep no pages meanwhile; on the reaper thread when large,
+   * through a copy of the fd that it closes */
+  if ((fd = fcntl(h->memfd, F_DUPFD_CLOEXEC, 3)) < 0) {
+    if (fallocate(h->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)a->size) < 0)
+      gshm_log_warn("host: punching out a freed segment's %llu bytes: %m",
+                    (unsigned long long)a->size);
+    return;
+  }
+  gshmd_host_reap(((struct host_backend *)b)->reaper, (const int[3]){fd, -1, -1}, NULL, a->size,
+                  true);
 }
 
 /* The newest pooled memory of exactly size bytes that uid may have (no
@@ -484,7 +496,7 @@ static void host_free(struct gshmd_backend *b, struct gshmd_alloc *a) {
   h = a->priv;
   unkeep((struct host_backend *)b, h);
   gshmd_host_reap(((struct host_backend *)b)->reaper, (const int[3]){h->memfd, h->ro_fd, h->rw_fd},
-                  h->map, a->size, h->punch);
+                  h->map, a->size, false);
   free(h);
 }
 

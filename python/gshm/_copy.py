@@ -59,8 +59,10 @@ def _cai_stream(objs):
     (None here), 2 the per-thread default stream, else a CUstream; None
     where none names one."""
     for o in objs:
+        if isinstance(o, (Segment, DeviceArray)) or type(o).__module__.startswith("torch"):
+            continue  # (gshm's own report none; asking a segment would pin its lease)
         cai = getattr(o, "__cuda_array_interface__", None)
-        if type(o).__module__.startswith("torch") or cai is None:
+        if cai is None:
             continue
         st = cai.get("stream")
         if st is not None:
@@ -96,8 +98,8 @@ def _stream_handle(stream, *objs):
             dev = getattr(stream, "device", None)  # torch: a torch.device
             dev = getattr(dev, "index", None)
             if dev is None:
-                dev = getattr(stream, "device_id", None)  # cupy
-            return int(v) or None, dev
+                dev = getattr(stream, "device_id", None)  # cupy (-1: the null stream's)
+            return int(v) or None, (dev if dev is not None and dev >= 0 else None)
     raise TypeError("gshm.copy: stream must be an int, a torch or cupy stream, not %s"
                     % type(stream).__name__)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import operator
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _cuda, _dlpack
@@ -116,7 +117,14 @@ def _ordinal(device: Any, default: Optional[int] = None) -> int:
     if index is None and default is not None and getattr(device, "type", None) == "cuda":
         return int(default)
     if index is None:
-        raise ValueError("gshm: %r is no CUDA device" % (device,))
+        try:  # numpy integers, cupy.cuda.Device (its __int__)
+            return operator.index(device)
+        except TypeError:
+            pass
+        try:
+            return int(device)
+        except (TypeError, ValueError):
+            raise ValueError("gshm: %r is no CUDA device" % (device,)) from None
     return int(index)
 
 
