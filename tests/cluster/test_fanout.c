@@ -491,7 +491,7 @@ static void test_reader_killed_parked(void **state) {
   (void)state;
 
   greedy_c_reads_b(pre, 700, &hb, &hc);
-  for (int i = 0; i < 5000 && waits < waits0 + 20; i++) {
+  for (int i = 0; i < 20000 && waits < waits0 + 20; i++) {
     usleep(1000);
     waits = metric(b, "gshm_cluster_relay_waits_total");
   }
