@@ -407,22 +407,12 @@ static bool recycle_keep(struct host_backend *hb, struct host_alloc *h) {
 static void host_discard(struct gshmd_backend *b, struct gshmd_alloc *a) {
   struct host_alloc *h = a->priv;
 
-  int fd;
-
   if (recycle_keep((struct host_backend *)b, h))
     return;
   /* now, not at host_free: a peer's grant keeps the allocation after its
    * segment is revoked or freed (cluster/serve_reg.c export_reg_wipe),
-   * and must keep no pages meanwhile; on the reaper thread when large,
-   * through a copy of the fd that it closes */
-  if ((fd = fcntl(h->memfd, F_DUPFD_CLOEXEC, 3)) < 0) {
-    if (fallocate(h->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)a->size) < 0)
-      gshm_log_warn("host: punching out a freed segment's %llu bytes: %m",
-                    (unsigned long long)a->size);
-    return;
-  }
-  gshmd_host_reap(((struct host_backend *)b)->reaper, (const int[3]){fd, -1, -1}, NULL, a->size,
-                  true);
+   * and must keep no pages meanwhile; on the reaper thread when large */
+  gshmd_host_reap_punch(((struct host_backend *)b)->reaper, h->memfd, a->size);
 }
 
 /* The newest pooled memory of exactly size bytes that uid may have (no

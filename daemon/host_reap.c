@@ -29,11 +29,15 @@ struct gshmd_host_reaper {
   bool stop;
 };
 
-static void reap_now(const int fds[3], void *map, uint64_t size, bool punch) {
-  if (punch && fds[0] >= 0 &&
-      fallocate(fds[0], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)size) < 0)
+static void punch_now(int fd, uint64_t size) {
+  if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)size) < 0)
     gshm_log_warn("host: punching out a freed segment's %llu bytes: %m",
                   (unsigned long long)size);
+}
+
+static void reap_now(const int fds[3], void *map, uint64_t size, bool punch) {
+  if (punch && fds[0] >= 0)
+    punch_now(fds[0], size);
   if (map)
     munmap(map, size);
   for (int i = 0; i < 3; i++)
@@ -101,6 +105,15 @@ void gshmd_host_reap(struct gshmd_host_reaper *r, const int fds[3], void *map, u
   gshm_list_add_tail(&r->queue, &e->node);
   pthread_cond_signal(&r->cond);
   pthread_mutex_unlock(&r->lock);
+}
+
+void gshmd_host_reap_punch(struct gshmd_host_reaper *r, int fd, uint64_t size) {
+  int copy = r && size >= GSHMD_REAP_ASYNC_MIN ? fcntl(fd, F_DUPFD_CLOEXEC, 3) : -1;
+
+  if (copy < 0)
+    punch_now(fd, size);
+  else
+    gshmd_host_reap(r, (const int[3]){copy, -1, -1}, NULL, size, true);
 }
 
 void gshmd_host_reap_stop(struct gshmd_host_reaper *r) {

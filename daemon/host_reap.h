@@ -34,6 +34,12 @@ int gshmd_host_reap_start(struct gshmd_host_reaper **out);
 void gshmd_host_reap(struct gshmd_host_reaper *r, const int fds[3], void *map, uint64_t size,
                      bool punch);
 
+/* Punches every page out of memfd fd (size bytes) and keeps the fd: at
+ * once below GSHMD_REAP_ASYNC_MIN bytes or without r, else on the reaper
+ * thread through a copy of fd that it closes (at once where no copy or
+ * queue entry can be made).  A failed punch is logged; never fails. */
+void gshmd_host_reap_punch(struct gshmd_host_reaper *r, int fd, uint64_t size);
+
 /* Does what is queued, then stops and frees r (NULL: nothing).  Called at
  * the backend's end: nothing freed before it stays unpunched. */
 void gshmd_host_reap_stop(struct gshmd_host_reaper *r);
