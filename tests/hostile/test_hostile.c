@@ -877,6 +877,7 @@ static void test_big_free_off_the_loop(void **state) {
   gshm_segment_t *s;
   struct stat sb;
   int64_t t0, punch_ns, unlink_ns;
+  long long at_reply;
   int fd, kept;
 
   fd = memfd_create("anchor", MFD_CLOEXEC);
@@ -898,6 +899,8 @@ static void test_big_free_off_the_loop(void **state) {
   t0 = mono_ns();
   assert_int_equal(gshm_unlink(f->bystander, "big"), 0); /* the free */
   unlink_ns = mono_ns() - t0;
+  assert_int_equal(fstat(kept, &sb), 0);
+  at_reply = (long long)sb.st_blocks * 512;
   for (int i = 0; i < 1000; i++) {
     assert_int_equal(fstat(kept, &sb), 0);
     if (!sb.st_blocks)
@@ -905,11 +908,15 @@ static void test_big_free_off_the_loop(void **state) {
     usleep(10000);
   }
   print_message("    1 GiB: this process's own punch %.1f ms; gshmd's unlink (the free) %.1f ms; "
-                "the kept fd holds %lld bytes after\n",
-                (double)punch_ns / 1e6, (double)unlink_ns / 1e6, (long long)sb.st_blocks * 512);
+                "the kept fd holds %lld bytes at its reply, %lld after\n",
+                (double)punch_ns / 1e6, (double)unlink_ns / 1e6, at_reply,
+                (long long)sb.st_blocks * 512);
   close(kept);
   assert_int_equal(sb.st_blocks, 0);
-  assert_true(unlink_ns < punch_ns / 2);
+  /* The reply came before the punch ended (a punch on the loop ends
+   * before the reply: 0 bytes left then).  Not a comparison of times,
+   * which a loaded 2-core machine can upset; the times are printed. */
+  assert_true(at_reply > 0);
 }
 
 /* Issue 15 item 5: a client creates a host segment, fills it, keeps its
