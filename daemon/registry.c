@@ -107,13 +107,7 @@ void gshmd__reg_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg
   if (r->on_free)
     r->on_free(r, seg);
   gshm_log_info("segment '%s' id %" PRIu64 " freed (%" PRIu64 " bytes)", seg->name, seg->id, size);
-  if (seg->mem && discard && !r->stopping && seg->mem->backend->ops->discard)
-    seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
-  if (seg->mem)
-    seg->mem->backend->ops->free(seg->mem->backend, seg->mem);
-  free(seg->source);
-  free(seg->name);
-  free(seg);
+  gshmd__reg_segment_dispose(seg, discard && !r->stopping);
 }
 
 /* seg is unlinked and unleased: frees it, unless it came through a

@@ -266,7 +266,11 @@ void gshmd__reg_segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg
     gshmd__reg_usage_charge(u, seg->mem, -1);
   if (r->on_free)
     r->on_free(r, seg); /* (a served segment's mapping and registration) */
-  if (seg->mem && seg->mem->backend->ops->discard)
+  gshmd__reg_segment_dispose(seg, true);
+}
+
+void gshmd__reg_segment_dispose(struct gshmd_segment *seg, bool discard) {
+  if (seg->mem && discard && seg->mem->backend->ops->discard)
     seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
   if (seg->mem)
     seg->mem->backend->ops->free(seg->mem->backend, seg->mem);

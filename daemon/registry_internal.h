@@ -44,6 +44,10 @@ bool gshmd__reg_cred_in_group(const struct gshmd_cred *cred, gid_t gid);
 /* Frees seg (out of every tree and list); discard also gives its pages back
  * now. */
 void gshmd__reg_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg, bool discard);
+/* The end of seg itself, in no tree or list and its usage uncharged: its
+ * pages given back first when discard (backend discard), its memory
+ * freed (backend free), its strings and seg freed. */
+void gshmd__reg_segment_dispose(struct gshmd_segment *seg, bool discard);
 /* Frees an unlinked, unleased seg unless a restart's grace period keeps it;
  * returns whether freed. */
 bool gshmd__reg_segment_release(struct gshmd_registry *r, struct gshmd_segment *seg);
