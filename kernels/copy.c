@@ -786,21 +786,31 @@ GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
   return copy_common(dst, src, bytes, method, flag, value, stream);
 }
 
+/* What gshm_signal and gshm_wait do first: flag checked (8-byte aligned,
+ * memory the GPU can reach), the driver loaded into *drv, where flag is
+ * into *w, and stream's context made current (a NULL stream without a
+ * current context: the primary context of flag's GPU; *pushed:
+ * gshm__copy_leave_ctx undoes it).  Returns 0 or their errors. */
+static int flag_enter(const uint64_t *flag, void *stream, const struct gshm_cudadrv **drv,
+                      struct gshm__where *w, int *pushed) {
+  int e;
+
+  if (!flag || ((uintptr_t)flag & 7))
+    return -EINVAL;
+  if ((e = copy_driver_load(drv)))
+    return e;
+  gshm__copy_where(*drv, flag, w);
+  if ((e = flag_addressable(w)))
+    return e;
+  return gshm__copy_enter_ctx(*drv, (CUstream)stream, w->ordinal, pushed);
+}
+
 GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream) {
   const struct gshm_cudadrv *drv;
   struct gshm__where w;
   int e, pushed;
 
-  if (!flag || ((uintptr_t)flag & 7))
-    return -EINVAL;
-  e = copy_driver_load(&drv);
-  if (e)
-    return e;
-  gshm__copy_where(drv, flag, &w);
-  if ((e = flag_addressable(&w)))
-    return e;
-  e = gshm__copy_enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
-  if (e)
+  if ((e = flag_enter(flag, stream, &drv, &w, &pushed)))
     return e;
   e = signal_in_ctx(drv, flag, value, (CUstream)stream, &w);
   gshm__copy_leave_ctx(drv, pushed);
@@ -814,16 +824,7 @@ GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream) {
   unsigned flags = CU_STREAM_WAIT_VALUE_GEQ;
   int e, pushed;
 
-  if (!flag || ((uintptr_t)flag & 7))
-    return -EINVAL;
-  e = copy_driver_load(&drv);
-  if (e)
-    return e;
-  gshm__copy_where(drv, flag, &w);
-  if ((e = flag_addressable(&w)))
-    return e;
-  e = gshm__copy_enter_ctx(drv, (CUstream)stream, w.ordinal, &pushed);
-  if (e)
+  if ((e = flag_enter(flag, stream, &drv, &w, &pushed)))
     return e;
   e = kctx_current(drv, &k);
   if (!e)
