@@ -129,6 +129,14 @@ def _on_stream(fn, args, stream, *objs):
         return fn(*args, None)
 
 
+def _method(method: Any) -> int:
+    """The GSHM_COPY_* value of a method name; ValueError for any other."""
+    try:
+        return _COPY_METHODS[str(method).lower()]
+    except KeyError:
+        raise ValueError("gshm.copy: method must be one of auto, copy_engine, sm") from None
+
+
 def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
          method: str = "auto") -> None:
     """Copies `nbytes` bytes from `src` to `dst` on a CUDA stream with
@@ -148,10 +156,7 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
     method     "auto", "copy_engine" or "sm".
     Raises NotImplementedError when this libgshm has no gshm_copy."""
     fn = _optional("gshm_copy")
-    try:
-        m = _COPY_METHODS[str(method).lower()]
-    except KeyError:
-        raise ValueError("gshm.copy: method must be one of auto, copy_engine, sm") from None
+    m = _method(method)
     d, dsize = _addr_and_size(dst, "dst")
     s, ssize = _addr_and_size(src, "src")
     if nbytes is None:
@@ -206,10 +211,7 @@ def copy_signal(dst: Any, src: Any, nbytes: int, flag: Any, value: int,
                 stream: Any = None, method: str = "auto") -> None:
     """copy() then signal(flag, value), fused into one kernel where possible."""
     fn = _optional("gshm_copy_signal")
-    try:
-        m = _COPY_METHODS[str(method).lower()]
-    except KeyError:
-        raise ValueError("gshm.copy: method must be one of auto, copy_engine, sm") from None
+    m = _method(method)
     d, dsize = _addr_and_size(dst, "dst")
     s, ssize = _addr_and_size(src, "src")
     n: int = _count(int(nbytes), "gshm.copy_signal: nbytes", "size_t")
