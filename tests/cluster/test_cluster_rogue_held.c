@@ -160,18 +160,47 @@ static void send_listing(uint32_t rid, const struct plan *pl) {
   rogue_send(&rh, &a);
 }
 
+/* Reads held back to be answered one per gap (serve, and
+ * test_relay_finished_path's big segment): their frames whole, on the
+ * lanes in turn. */
+struct held_reads {
+  uint32_t rids[64];
+  uint64_t offs[64], lens[64];
+  unsigned n, next, sent;
+  int64_t last;
+};
+
+static void held_push(struct held_reads *h, const Gshm__Cluster__Msg *m) {
+  h->rids[h->n] = m->request_id;
+  h->lens[h->n] = m->read->length;
+  h->offs[h->n++] = m->read->offset;
+}
+
+/* Sends the next held Read's bytes (from src, the segment's) once gap_ms
+ * passed since the last. */
+static void held_send_next(struct held_reads *h, const uint8_t *src, int64_t gap_ms) {
+  if (h->next < h->n && now_ms() - h->last >= gap_ms) {
+    assert_int_equal(rogue_lane_send(&lanes[h->sent++ % LANES], h->rids[h->next],
+                                     h->offs[h->next], src + h->offs[h->next], h->lens[h->next],
+                                     h->lens[h->next]),
+                     0);
+    h->next++;
+    h->last = now_ms();
+  }
+}
+
 /* Serves P's requests by plan pl until job j ends or ms pass; the Reads'
  * frames whole, on the lanes in turn.  Returns the count requests
  * answered while a request was held. */
 static unsigned serve(struct job *j, const struct plan *pl, int64_t ms) {
-  static uint32_t rids[64];
-  static uint64_t offs[64], lens[64];
+  static struct held_reads h;
   uint8_t *src = malloc(pl->size);
-  unsigned n = 0, next = 0, counts = 0, sent = 0;
-  int64_t end = now_ms() + ms, last = 0;
+  unsigned counts = 0;
+  int64_t end = now_ms() + ms;
   bool holding = false;
 
   assert_non_null(src);
+  memset(&h, 0, sizeof(h));
   harness_random(src, pl->size, pl->seed);
   while (!j->done && now_ms() < end) {
     Gshm__Cluster__Msg *m = rogue_recv(&rh, 10);
@@ -187,26 +216,16 @@ static unsigned serve(struct job *j, const struct plan *pl, int64_t ms) {
         if (pl->on_grant)
           pl->on_grant();
       }
-    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_READ && n < 64) {
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_READ && h.n < 64) {
       assert_true(m->read->offset < pl->size && m->read->length <= pl->size - m->read->offset);
-      if ((int64_t)m->read->offset == pl->hold_offset) {
+      if ((int64_t)m->read->offset == pl->hold_offset)
         holding = true;
-      } else {
-        rids[n] = m->request_id;
-        lens[n] = m->read->length;
-        offs[n++] = m->read->offset;
-      }
+      else
+        held_push(&h, m);
     }
     if (m)
       gshm__cluster__msg__free_unpacked(m, NULL);
-    /* the queued Reads, one per gap */
-    if (next < n && now_ms() - last >= pl->gap_ms) {
-      assert_int_equal(rogue_lane_send(&lanes[sent++ % LANES], rids[next], offs[next],
-                                       src + offs[next], lens[next], lens[next]),
-                       0);
-      next++;
-      last = now_ms();
-    }
+    held_send_next(&h, src, pl->gap_ms); /* the queued Reads, one per gap */
   }
   free(src);
   return counts;
@@ -430,8 +449,7 @@ static void test_relay_list_slow(void **state) {
 static void test_relay_finished_path(void **state) {
   static struct job j;
   static struct rogue q;
-  static uint32_t rids[64];
-  static uint64_t offs[64], lens[64];
+  static struct held_reads h;
   const char *names[2] = {"slow/big", "slow/small"};
   const uint64_t sizes[2] = {SLOW_SEG, SMALL_SEG};
   uint8_t *src[2] = {malloc(SLOW_SEG), malloc(SMALL_SEG)};
@@ -439,8 +457,8 @@ static void test_relay_finished_path(void **state) {
   Gshm__Cluster__GrantRequest gq = GSHM__CLUSTER__GRANT_REQUEST__INIT;
   Gshm__Cluster__Release rel = GSHM__CLUSTER__RELEASE__INIT;
   Gshm__Cluster__Msg out = GSHM__CLUSTER__MSG__INIT;
-  unsigned n = 0, next = 0, sent = 0, small_left = 2, asked = 0, answered = 0;
-  int64_t last = 0, small_done = 0;
+  unsigned small_left = 2, asked = 0, answered = 0;
+  int64_t small_done = 0;
   bool in_flight[2] = {true, true};
   char path[2][64] = {"", ""};
   (void)state;
@@ -476,32 +494,25 @@ static void test_relay_finished_path(void **state) {
     } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
       int i = strcmp(m->grant_request->name, names[0]) != 0;
       rogue_send_grant(&rh, m->request_id, (uint64_t)i + 1, names[i], sizes[i]);
-    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_READ && n < 64) {
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_READ && h.n < 64) {
       int i = m->read->grant_id == 1002;
       assert_true(m->read->offset < sizes[i] && m->read->length <= sizes[i] - m->read->offset);
       if (i) { /* (the small segment's bytes at once) */
-        assert_int_equal(rogue_lane_send(&lanes[sent++ % LANES], m->request_id, m->read->offset,
+        assert_int_equal(rogue_lane_send(&lanes[h.sent++ % LANES], m->request_id, m->read->offset,
                                          src[1] + m->read->offset, m->read->length,
                                          m->read->length),
                          0);
         if (m->read->offset + m->read->length == SMALL_SEG)
           small_left = 1, small_done = now_ms();
       } else {
-        rids[n] = m->request_id;
-        lens[n] = m->read->length;
-        offs[n++] = m->read->offset;
+        held_push(&h, m);
       }
     }
     if (m)
       gshm__cluster__msg__free_unpacked(m, NULL);
     /* the big segment's Reads, one per gap, the first once "c" has its answers */
-    if (next < n && answered == 2 && now_ms() - last >= SLOW_GAP_MS) {
-      assert_int_equal(rogue_lane_send(&lanes[sent++ % LANES], rids[next], offs[next],
-                                       src[0] + offs[next], lens[next], lens[next]),
-                       0);
-      next++;
-      last = now_ms();
-    }
+    if (answered == 2)
+      held_send_next(&h, src[0], SLOW_GAP_MS);
     /* 300 ms after the small one's bytes went: "c" asks for both */
     if (small_left == 1 && !asked && now_ms() - small_done > 300) {
       assert_int_equal(rogue_connect(&q, P.port, "c", "p", rkey), 0);
