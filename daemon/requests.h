@@ -37,6 +37,7 @@ struct conn {
   unsigned nevents;             /* of noutq, events */
   int64_t accepted_ns, last_ns; /* CLOCK_MONOTONIC: timeouts */
   uint64_t notify_mark;         /* gshmd_notify_lease_holders: already a target */
+  bool sent_fd;                 /* an fd went on it (gshmd_closer_close_client) */
 };
 
 /* ---- server.c ---- */
@@ -134,6 +135,16 @@ int gshmd_closer_start(struct gshmd_server *s, uv_loop_t *loop);
  * stall every client, unless no thread exists and none can be made (then
  * here).  Each fd counts as a connection of uid until it is closed. */
 void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid);
+
+/* Closes client socket fd (taking it) of a connection gshmd ended, as
+ * gshmd_closer_close; but where an fd went on it (sent_fds) and the client
+ * has not read all gshmd sent (SIOCOUTQ > 0), first keeps it, shut down
+ * (the client reads the rest, then the end), until the client has read
+ * all or closed its end (looked at every DRAIN_CHECK_MS, 500 ms): unread
+ * packets' fds count against gshmd's user's RLIMIT_NOFILE in the kernel
+ * (ETOOMANYREFS) while the client keeps its end, and meanwhile the socket
+ * counts as a connection of uid, so quota.connections bounds them. */
+void gshmd_closer_close_client(struct gshmd_server *s, int fd, uid_t uid, bool sent_fds);
 
 /* The fds uid's clients gave that are not closed yet (queued, or behind
  * or in a close still blocked in the kernel), or every uid's where uid is

@@ -81,7 +81,8 @@ static void conn_on_closed(uv_handle_t *h) {
   struct conn *c = h->data;
   struct gshm_list *pos, *tmp;
 
-  gshmd_closer_close(c->srv, &c->fd, 1, c->cred.uid); /* its unread packets may carry fds */
+  /* (its unread packets may carry fds both ways) */
+  gshmd_closer_close_client(c->srv, c->fd, c->cred.uid, c->sent_fd);
   gshm_list_foreach_safe(pos, tmp, &c->outq) {
     struct out_pkt *p = gshm_list_entry(pos, struct out_pkt, node);
     if (p->fd >= 0)
@@ -180,8 +181,10 @@ static int conn_send(struct conn *c, size_t len, int fd, bool event) {
     gshmd_conn_close(c, r == -EPIPE || r == -ECONNRESET ? NULL : "send failed");
     return r;
   }
-  if (fd >= 0)
+  if (fd >= 0) {
     s->fds_sent++;
+    c->sent_fd = true;
+  }
   return 0;
 }
 
@@ -424,6 +427,7 @@ static void conn_flush(struct conn *c) {
     }
     if (p->fd >= 0) {
       c->srv->fds_sent++;
+      c->sent_fd = true;
       close(p->fd);
     }
     gshm_list_del(&p->node);

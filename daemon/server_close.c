@@ -24,13 +24,25 @@
  * review).  So quota.connections and limits.max_connections bound the
  * fds waiting to be closed, hence the batches and the threads, one user
  * and all can hold; a connection whose fds take its uid past them is
- * dropped (server.c, gshmd__fds_over_limits). */
+ * dropped (server.c, gshmd__fds_over_limits).
+ *
+ * The other way: packets gshmd sent with an fd stay in flight, counted
+ * by the kernel against gshmd's user (ETOOMANYREFS past its
+ * RLIMIT_NOFILE: every client's opens fail), as long as the client keeps
+ * its end unread, also after gshmd ended the connection.  Such a socket
+ * is kept, shut down, while the client has not read them
+ * (gshmd_closer_close_client, BATCH_DRAINING) and counts meanwhile as a
+ * connection of its uid: before, a user connected, left replies unread,
+ * had gshmd drop it, and again, past quota.connections (session 27). */
 #include "server.h"
 
 #include <errno.h>
+#include <linux/sockios.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,8 +53,11 @@
 #define CLOSER_WAIT_MS 10      /* a batch waited this long: one more thread */
 #define CLOSER_IDLE_MS 2000    /* a thread beyond the first ends idle this long */
 #define CLOSER_STACK (256 * 1024) /* (close() needs little; sanitizers more) */
+#define DRAIN_CHECK_MS 500     /* how often a draining socket's queue is looked at */
 
-enum batch_state { BATCH_QUEUED, BATCH_CLOSING, BATCH_DONE };
+/* BATCH_DRAINING: a dropped client's socket kept (shut down) while the
+ * client has not read all gshmd sent on it (gshmd_closer_close_client). */
+enum batch_state { BATCH_DRAINING, BATCH_QUEUED, BATCH_CLOSING, BATCH_DONE };
 
 struct close_batch {
   struct gshm_list node;  /* closer.all until reaped */
@@ -66,6 +81,9 @@ struct gshmd_closer {
   uv_timer_t spawn_timer;      /* the queue waited: one more thread */
   bool timer_on;
   bool spawn_failed;           /* the last try to start a thread failed (logged) */
+  uv_timer_t drain_timer;      /* draining sockets looked at (loop thread only) */
+  bool drain_on;
+  unsigned draining;           /* batches BATCH_DRAINING */
   struct gshmd_server *srv;
 };
 
@@ -193,8 +211,31 @@ int gshmd_closer_start(struct gshmd_server *s, uv_loop_t *loop) {
   uv_timer_init(loop, &k->spawn_timer);
   k->spawn_timer.data = k;
   uv_unref((uv_handle_t *)&k->spawn_timer);
+  uv_timer_init(loop, &k->drain_timer);
+  k->drain_timer.data = k;
+  uv_unref((uv_handle_t *)&k->drain_timer);
   s->closer = k;
   return 0;
+}
+
+/* Queues b for a closer thread (under k->mu), making one where none
+ * exists; b joins k->all unless it is there already (a draining one).
+ * false: no thread exists and none could be made (b untouched). */
+static bool batch_queue(struct gshmd_closer *k, struct close_batch *b, bool in_all) {
+  if (!k->idle && !k->threads && closer_spawn(k))
+    return false;
+  if (!in_all)
+    gshm_list_add_tail(&k->all, &b->node);
+  b->state = BATCH_QUEUED;
+  gshm_list_add_tail(&k->queue, &b->qnode);
+  pthread_cond_signal(&k->cv);
+  /* (also with a thread idle: a burst queued before it woke is not all
+   * its own, and it may block on the first; the tick checks) */
+  if (!k->stopping && !k->timer_on) {
+    k->timer_on = true;
+    uv_timer_start(&k->spawn_timer, on_spawn_timer, CLOSER_WAIT_MS, 0);
+  }
+  return true;
 }
 
 void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid) {
@@ -209,18 +250,7 @@ void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid
     b->n = b->left = n;
     memcpy(b->fds, fds, sizeof(int) * (size_t)n);
     pthread_mutex_lock(&k->mu);
-    if (k->idle || k->threads || !closer_spawn(k)) {
-      gshm_list_add_tail(&k->all, &b->node);
-      gshm_list_add_tail(&k->queue, &b->qnode);
-      pthread_cond_signal(&k->cv);
-      queued = true;
-      /* (also with a thread idle: a burst queued before it woke is not
-       * all its own, and it may block on the first; the tick checks) */
-      if (!k->stopping && !k->timer_on) {
-        k->timer_on = true;
-        uv_timer_start(&k->spawn_timer, on_spawn_timer, CLOSER_WAIT_MS, 0);
-      }
-    }
+    queued = batch_queue(k, b, false);
     pthread_mutex_unlock(&k->mu);
   }
   if (queued)
@@ -228,6 +258,58 @@ void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid
   free(b); /* no thread and none could be made (out of memory): here */
   for (int i = 0; i < n; i++)
     close(fds[i]);
+}
+
+/* Each draining socket whose packets are all read now (or every one, when
+ * stopping) goes to the closer threads. */
+static void on_drain_timer(uv_timer_t *t) {
+  struct gshmd_closer *k = t->data;
+  struct gshm_list *pos;
+
+  pthread_mutex_lock(&k->mu);
+  gshm_list_foreach(pos, &k->all) {
+    struct close_batch *b = gshm_list_entry(pos, struct close_batch, node);
+    int queued = 0;
+    if (b->state != BATCH_DRAINING ||
+        (!k->stopping && !ioctl(b->fds[0], SIOCOUTQ, &queued) && queued > 0))
+      continue;
+    k->draining--;
+    if (!batch_queue(k, b, true)) { /* (no thread: here, as gshmd_closer_close) */
+      close(b->fds[0]);
+      b->left = 0;
+      b->state = BATCH_DONE;
+    }
+  }
+  if (!k->draining) {
+    uv_timer_stop(t);
+    k->drain_on = false;
+  }
+  pthread_mutex_unlock(&k->mu);
+}
+
+void gshmd_closer_close_client(struct gshmd_server *s, int fd, uid_t uid, bool sent_fds) {
+  struct gshmd_closer *k = s->closer;
+  struct close_batch *b;
+  int queued = 0;
+
+  if (!sent_fds || !k || k->stopping || ioctl(fd, SIOCOUTQ, &queued) || queued <= 0 ||
+      !(b = calloc(1, sizeof(*b) + sizeof(int)))) {
+    gshmd_closer_close(s, &fd, 1, uid);
+    return;
+  }
+  shutdown(fd, SHUT_RDWR); /* (the client reads what is queued, then the end) */
+  b->uid = uid;
+  b->n = b->left = 1;
+  b->fds[0] = fd;
+  b->state = BATCH_DRAINING;
+  pthread_mutex_lock(&k->mu);
+  gshm_list_add_tail(&k->all, &b->node);
+  k->draining++;
+  pthread_mutex_unlock(&k->mu);
+  if (!k->drain_on) {
+    k->drain_on = true;
+    uv_timer_start(&k->drain_timer, on_drain_timer, DRAIN_CHECK_MS, DRAIN_CHECK_MS);
+  }
 }
 
 uint32_t gshmd__closes_pending(struct gshmd_server *s, uid_t uid) {
@@ -261,8 +343,11 @@ void gshmd_closer_stop(struct gshmd_server *s) {
   pthread_mutex_lock(&k->mu);
   k->stopping = true; /* (threads send no more wake-ups) */
   pthread_mutex_unlock(&k->mu);
+  if (k->drain_on)
+    on_drain_timer(&k->drain_timer); /* (stopping: every draining socket is closed) */
   uv_close((uv_handle_t *)&k->done_async, NULL);
   uv_close((uv_handle_t *)&k->spawn_timer, NULL);
+  uv_close((uv_handle_t *)&k->drain_timer, NULL);
 }
 
 void gshmd_closer_free(struct gshmd_server *s) {

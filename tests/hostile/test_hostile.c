@@ -1523,6 +1523,117 @@ static void test_pending_closes_count_fds(void **state) {
   assert_true(threads >= FD_QUOTA - 1 && threads <= FD_QUOTA + 3);
 }
 
+#define UNREAD_QUOTA 2  /* quota.connections of the attacker's uid */
+#define UNREAD_ROUNDS 6 /* connections it tries */
+#define UNREAD_OPENS 48 /* replies with an fd it leaves unread on each */
+
+/* Waits up to 5 s for gshmd to read everything sent on c (SIOCOUTQ: our
+ * packets' bytes not read yet). */
+static bool kid_sent_read(int c) {
+  for (int i = 0; i < 50000; i++) {
+    int q = -1;
+    if (ioctl(c, SIOCOUTQ, &q) || q == 0)
+      return q == 0;
+    usleep(100);
+  }
+  return false;
+}
+
+/* The attacker of test_dropped_connection_unread_fds, as another uid:
+ * connects UNREAD_ROUNDS times; on each connection gshmd took, opens
+ * "fl/seg" UNREAD_OPENS times without reading a reply (each carries the
+ * segment's fd), then sends a packet too short to parse, which makes
+ * gshmd drop the connection, and keeps its end open: the replies, fds and
+ * all, stay in its receive queue.  Tells the parent how many connections
+ * gshmd took (one byte), then, stepped, closes the first and tells whether
+ * a connection is taken again within 5 s (one byte). */
+static void unread_flood(struct harness_kid *k, void *arg) {
+  Gshm__OpenRequest m = GSHM__OPEN_REQUEST__INIT;
+  const char *path = arg;
+  int kept[UNREAD_ROUNDS], nkept = 0, c;
+  uint8_t junk = 0, again = 0;
+
+  m.name = "fl/seg";
+  m.access = GSHM__ACCESS__ACCESS_READ;
+  for (int r = 0; r < UNREAD_ROUNDS; r++) {
+    if ((c = kid_connect(path)) < 0)
+      continue;
+    for (uint32_t i = 0; i < UNREAD_OPENS; i++)
+      if (gshm__wire_send(c, GSHM_WIRE_OPEN, i + 2, &m.base, -1))
+        _exit(2);
+    if (!kid_sent_read(c) || send(c, &junk, 1, 0) != 1 || !kid_sent_read(c))
+      _exit(3);
+    kept[nkept++] = c;
+  }
+  usleep(100 * 1000); /* (gshmd's drops, after it read the short packets) */
+  if (write(k->out, &(uint8_t){(uint8_t)nkept}, 1) != 1 || !harness_kid_await(k->in, 60000))
+    _exit(4);
+  close(kept[0]); /* its unread replies, and their fds, go */
+  for (int i = 0; i < 50 && !again; i++) {
+    if ((c = kid_connect(path)) >= 0) {
+      again = 1;
+      close(c);
+    } else {
+      usleep(100 * 1000);
+    }
+  }
+  if (write(k->out, &again, 1) != 1)
+    _exit(5);
+  harness_kid_await(k->in, 60000);
+  for (int i = 1; i < nkept; i++)
+    close(kept[i]);
+}
+
+/* The kid's next byte (a count, not a step), within 60 s. */
+static bool kid_byte(int fd, uint8_t *b) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, 60000) == 1 && read(fd, b, 1) == 1;
+}
+
+/* Replies gshmd sent with an fd stay in flight, counted against gshmd's
+ * user (ETOOMANYREFS past its RLIMIT_NOFILE: every user's opens fail),
+ * for as long as the client keeps its end of the socket, also after
+ * gshmd dropped the connection; quota.connections bounded only the
+ * connections gshmd kept, so a user held as many such fds as it liked:
+ * connect, leave replies unread, have gshmd drop the connection, again.
+ * A dropped connection whose packets (one with an fd at least) are not
+ * all read now counts as a connection of its user until they are (or the
+ * client closes its end), so its quota bounds those fds too. */
+static void test_dropped_connection_unread_fds(void **state) {
+  struct harness g;
+  struct harness_kid k;
+  gshm_client_t *root;
+  gshm_segment_t *seg;
+  uint8_t took = 0, again = 0;
+  int kid, stopped;
+  char quota[64];
+  (void)state;
+
+  snprintf(quota, sizeof(quota), "quota.connections=%d", UNREAD_QUOTA);
+  assert_int_equal(harness_start(&g, (const char *const[]){"--set", "daemon.socket_mode=0666",
+                                                           "--set", quota, NULL}), 0);
+  assert_int_equal(gshm_connect(g.socket_path, "root", &root), 0);
+  assert_int_equal(gshm_create(root, "fl/seg", 4096, NULL, 0644, 0, &seg), 0);
+  assert_int_equal(harness_kid_start(&k, HARNESS_NOBODY, HARNESS_NOBODY, unread_flood,
+                                     (void *)g.socket_path), 0);
+  if (kid_byte(k.from_kid, &took)) {
+    harness_kid_step(k.to_kid);
+    if (kid_byte(k.from_kid, &again))
+      harness_kid_step(k.to_kid);
+  }
+  print_message("    gshmd took %u of %d connections (quota %d), %d fds left unread on each; "
+                "one taken again after one was closed: %u\n", took, UNREAD_ROUNDS,
+                UNREAD_QUOTA, UNREAD_OPENS, again);
+  kid = harness_kid_wait(&k);
+  assert_int_equal(gshm_close(seg), 0);
+  gshm_disconnect(root);
+  stopped = harness_stop(&g);
+  assert_int_equal(kid, 0);
+  assert_int_equal(stopped, 0);
+  assert_int_equal(took, UNREAD_QUOTA);
+  assert_int_equal(again, 1);
+}
+
 /* The attacker of test_refused_connection_fds, as another uid: holds its
  * one connection (quota.connections = 1), then connects again and, before
  * gshmd accepts (and refuses) that connection, sends on it a lingering
@@ -1646,6 +1757,7 @@ int main(void) {
       cmocka_unit_test(test_lingering_closes_spare_the_pool),
       cmocka_unit_test(test_pending_closes_count_fds),
       cmocka_unit_test(test_refused_connection_fds),
+      cmocka_unit_test(test_dropped_connection_unread_fds),
       cmocka_unit_test_setup_teardown(test_big_free_off_the_loop, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
