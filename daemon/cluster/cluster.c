@@ -247,7 +247,9 @@ void gshmd_cluster_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c)
 /* The pulls from each peer: by result, segments passed over, bytes by
  * path. */
 static void peer_pull_metrics(const struct gshmd_cluster *cl, FILE *f) {
-  fprintf(f, "# HELP gshm_cluster_pulls_total Pulls from each peer, by result.\n"
+  fprintf(f, "# HELP gshm_cluster_pulls_total Pulls (a set pull or a single one) from each peer, "
+             "by result: once for each peer it took any segment from (ok), once for the peer "
+             "whose segment failed it first, else its first peer (error).\n"
              "# TYPE gshm_cluster_pulls_total counter\n");
   for (unsigned i = 0; i < cl->ll.npeers; i++)
     fprintf(f,

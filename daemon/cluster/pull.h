@@ -118,6 +118,8 @@ struct pull_set {
   struct gshmd_cluster *cl;
   uint64_t seq;               /* order of start (relay.c's listing keys) */
   struct peer *peer;          /* the peer that lists the set: peers[0] */
+  struct peer *failed_by;     /* the source whose segment's failure ended it first (or NULL:
+                               * the listing's, or this node's own: charged to peer) */
   struct peer *peers[PULL_MAX_SOURCES]; /* where its segments may come from */
   unsigned npeers;
   uint64_t open_bytes[PULL_MAX_SOURCES]; /* bytes of its segments started, not closed, per
@@ -205,8 +207,14 @@ void gshmd__pull_memo_arm(struct pull_set *s, bool arm);
 /* The set fails (first error wins): what is not sent yet is withdrawn. */
 void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* A failure of one segment fails its set. */
-#define pull_fail(p, err, ...) gshmd__pull_set_fail((p)->s, err, __VA_ARGS__)
+/* A failure of one segment fails its set; the metrics charge it to that
+ * segment's source (s->failed_by). */
+#define pull_fail(pull_, errno_, ...)                                                              \
+  do {                                                                                             \
+    if (!(pull_)->s->err && !(pull_)->s->failed_by)                                                \
+      (pull_)->s->failed_by = (pull_)->peer;                                                       \
+    gshmd__pull_set_fail((pull_)->s, errno_, __VA_ARGS__);                                         \
+  } while (0)
 /* Chunks for the open segments, oldest first, while the budget lasts. */
 void gshmd__pull_set_issue(struct pull_set *s);
 /* A progress reply at most every 200 ms: the first with the first chunk

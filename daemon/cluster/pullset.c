@@ -495,6 +495,7 @@ static void reply_result(struct pull_set *s, int64_t ns) {
 static int set_succeeded(struct pull_set *s, int64_t ns) {
   struct gshmd_segment **segs = calloc(s->n, sizeof(*segs));
   const char *msg = NULL;
+  unsigned served = 0; /* (bits of s->peers) */
   char sz[32];
   int e;
 
@@ -515,7 +516,8 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
   for (size_t i = 0; i < s->n; i++) {
     struct pull *p = s->items[i];
     struct peer *from = p->peer ? p->peer : s->peer;
-    from->pulls_ok++;
+    for (unsigned k = 0; k < s->npeers; k++) /* (a pull counts once for each peer it took from) */
+      served |= from == s->peers[k] ? 1u << k : 0;
     if (p->path == GSHM__CLUSTER__PATH__PATH_HOST)
       from->bytes_host += p->total;
     else if (p->path == GSHM__CLUSTER__PATH__PATH_STAGED)
@@ -523,6 +525,8 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
     else
       from->bytes_direct += p->total;
   }
+  for (unsigned k = 0; k < s->npeers; k++)
+    s->peers[k]->pulls_ok += (served >> k) & 1;
   gshm_log_info("cluster: pulled %s'%s' from peer%s '%s' into '%s': %zu segment(s), %s in "
                 "%.3f s (%.2f GB/s)",
                 s->prefix ? "every segment under " : "", s->name, s->npeers > 1 ? "s" : "",
@@ -555,7 +559,7 @@ static void set_failed(struct pull_set *s) {
   struct gshmd_cluster *cl = s->cl;
   char msg[512];
 
-  s->peer->pulls_failed++;
+  (s->failed_by ? s->failed_by : s->peer)->pulls_failed++;
   cl->pull_errors[gshm__pull_failure(s->err)]++;
   /* peers reading the set through this node lost their source: so they
    * are told (-ECONNRESET), with this node's reason (its own errno would

@@ -947,7 +947,7 @@ static void test_sources(void **state) {
   gshm_pull_result_t r, *v = NULL;
   gshm_pull_opts_t po = {0};
   unsigned from_a = 0, from_b = 0;
-  long over_d, over_b;
+  long over_d, over_b, ok_a, ok_b, ok_d;
   size_t n = 0;
   const char *pre = "fan/src/";
   (void)state;
@@ -1034,6 +1034,9 @@ static void test_sources(void **state) {
   usleep(1100000); /* (metrics: a snapshot of up to a second ago) */
   over_d = metric(c, "gshm_cluster_sources_passed_over_total{peer=\"d\"}");
   over_b = metric(c, "gshm_cluster_sources_passed_over_total{peer=\"b\"}");
+  ok_a = metric(c, "gshm_cluster_pulls_total{peer=\"a\",result=\"ok\"}");
+  ok_b = metric(c, "gshm_cluster_pulls_total{peer=\"b\",result=\"ok\"}");
+  ok_d = metric(c, "gshm_cluster_pulls_total{peer=\"d\",result=\"ok\"}");
   assert_int_equal(gshm_pull_prefix(c, "a,d,b", pre, &po, &v, &n), 0);
   assert_int_equal(n, NSET);
   for (size_t i = 0; i < n; i++)
@@ -1041,8 +1044,15 @@ static void test_sources(void **state) {
   usleep(1100000);
   over_d = metric(c, "gshm_cluster_sources_passed_over_total{peer=\"d\"}") - over_d;
   over_b = metric(c, "gshm_cluster_sources_passed_over_total{peer=\"b\"}") - over_b;
-  print_message("passed over: d %ld, b %ld\n", over_d, over_b);
+  ok_a = metric(c, "gshm_cluster_pulls_total{peer=\"a\",result=\"ok\"}") - ok_a;
+  ok_b = metric(c, "gshm_cluster_pulls_total{peer=\"b\",result=\"ok\"}") - ok_b;
+  ok_d = metric(c, "gshm_cluster_pulls_total{peer=\"d\",result=\"ok\"}") - ok_d;
+  print_message("passed over: d %ld, b %ld; pulls ok: a %ld, b %ld, d %ld\n", over_d, over_b, ok_a,
+                ok_b, ok_d);
   assert_true(over_d >= 1 && over_b >= 1);
+  /* one pull, all of it from a (counted once a pull, not once a segment) */
+  assert_int_equal(ok_a, 1);
+  assert_int_equal(ok_b + ok_d, 0);
   check_set(c, pre, 1300);
   unlink_set(c, pre);
   gshm_free(v);
