@@ -235,7 +235,9 @@ void gshmd_backend_host_recycle_stats(const struct gshmd_backend *b,
  * memory limit leaves where less (limit less usage: cgroup v2 memory.max
  * and memory.current, v1 memory.limit_in_bytes and memory.usage_in_bytes;
  * a systemd MemoryMax=, a container's limit; the cgroup's swap is not
- * counted).  Memory daemon.host_recycle keeps is not counted either: only
+ * counted), plus the bytes of freed segments whose punch is queued on the
+ * reaper thread (host_reap.h: the figures do not show them free yet).
+ * Memory daemon.host_recycle keeps is not counted either: only
  * a pull can land in it (gshmd_backend_host_recycle_stats).  The figures
  * are read at most every 100 ms and shared with the create size check
  * (host_memory.h), so the answer may be up to that old.  b: the host

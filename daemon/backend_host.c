@@ -320,7 +320,9 @@ static void pooled_free(struct host_backend *hb, struct pooled *e) {
   gshm_list_del(&e->node);
   hb->stats.bytes_held -= e->size;
   hb->stats.entries--;
-  gshmd_host_reap(hb->reaper, (const int[3]){e->memfd, -1, -1}, e->map, e->size, false);
+  /* (punched: the pool's memory is gshmd's alone, so the punch frees it
+   * as the close would, and counts among what is coming back) */
+  gshmd_host_reap(hb->reaper, (const int[3]){e->memfd, -1, -1}, e->map, e->size, true);
   free(e);
 }
 
@@ -583,8 +585,11 @@ uint64_t gshmd_backend_host_room(struct gshmd_backend *b) {
 
   if (!b || b->ops != &host_ops)
     return UINT64_MAX;
+  uint64_t coming = gshmd_host_reap_pending(hb->reaper), room;
+
   gshmd_host_memory_update(&hb->mem);
-  return hb->mem.avail < hb->mem.cg_room ? hb->mem.avail : hb->mem.cg_room;
+  room = hb->mem.avail < hb->mem.cg_room ? hb->mem.avail : hb->mem.cg_room;
+  return room > UINT64_MAX - coming ? UINT64_MAX : room + coming; /* (punches queued: soon free) */
 }
 
 bool gshmd_backend_host_huge_pulls(const struct gshmd_backend *b) {

@@ -23,6 +23,7 @@ struct reap {
 
 struct gshmd_host_reaper {
   pthread_t thread;
+  uint64_t pending; /* bytes of queued punches (atomic) */
   pthread_mutex_t lock;
   pthread_cond_t cond;
   struct gshm_list queue; /* struct reap, oldest first */
@@ -59,6 +60,8 @@ static void *reaper_main(void *arg) {
     gshm_list_del(&e->node);
     pthread_mutex_unlock(&r->lock);
     reap_now(e->fds, e->map, e->size, e->punch);
+    if (e->punch)
+      __atomic_sub_fetch(&r->pending, e->size, __ATOMIC_RELAXED);
     free(e);
     pthread_mutex_lock(&r->lock);
   }
@@ -101,6 +104,8 @@ void gshmd_host_reap(struct gshmd_host_reaper *r, const int fds[3], void *map, u
   e->map = map;
   e->size = size;
   e->punch = punch;
+  if (punch)
+    __atomic_add_fetch(&r->pending, size, __ATOMIC_RELAXED);
   pthread_mutex_lock(&r->lock);
   gshm_list_add_tail(&r->queue, &e->node);
   pthread_cond_signal(&r->cond);
@@ -114,6 +119,10 @@ void gshmd_host_reap_punch(struct gshmd_host_reaper *r, int fd, uint64_t size) {
     punch_now(fd, size);
   else
     gshmd_host_reap(r, (const int[3]){copy, -1, -1}, NULL, size, true);
+}
+
+uint64_t gshmd_host_reap_pending(const struct gshmd_host_reaper *r) {
+  return r ? __atomic_load_n(&r->pending, __ATOMIC_RELAXED) : 0;
 }
 
 void gshmd_host_reap_stop(struct gshmd_host_reaper *r) {

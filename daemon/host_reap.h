@@ -40,6 +40,12 @@ void gshmd_host_reap(struct gshmd_host_reaper *r, const int fds[3], void *map, u
  * queue entry can be made).  A failed punch is logged; never fails. */
 void gshmd_host_reap_punch(struct gshmd_host_reaper *r, int fd, uint64_t size);
 
+/* Bytes whose punch is queued and not done yet (r NULL: 0): memory the
+ * node gets back within moments, which MemAvailable and the cgroup's
+ * usage do not show yet (backend_host.c gshmd_backend_host_room adds
+ * it, so a pull right after a large free is not refused -ENOMEM). */
+uint64_t gshmd_host_reap_pending(const struct gshmd_host_reaper *r);
+
 /* Does what is queued, then stops and frees r (NULL: nothing).  Called at
  * the backend's end: nothing freed before it stays unpunched. */
 void gshmd_host_reap_stop(struct gshmd_host_reaper *r);
