@@ -513,6 +513,41 @@ def test_copy_on_another_gpus_default_stream(gpu_daemon, segname):
     assert r["got"] == [r["n"], r["n"]], r
 
 
+def test_copy_of_a_cupy_array_on_another_gpu(gpu_daemon, segname):
+    # gshm.copy of a CuPy array on GPU 1 while GPU 0 is current, no
+    # stream given: CuPy ran the array's work on GPU 1's legacy default
+    # stream (its __cuda_array_interface__ names stream 1), which libgshm
+    # takes as the current context's; the copy must run on GPU 1's, after
+    # the fill queued there behind a half-second kernel.  Before, it ran on
+    # GPU 0's, unordered with GPU 1's work, and copied zeros.
+    if _GPUS < 2 or cupy is None:
+        skip("needs two GPUs (the current GPU other than the array's) and CuPy")
+    out = run_child(gpu_daemon, """
+        import cupy
+        name = sys.argv[2]
+        n = 64 << 20
+        c = gshm.Client(sock)
+        seg = c.create(name, n, location="cuda:1")
+        c.unlink(name)
+        seg.map()
+        spin = cupy.RawKernel(r'extern "C" __global__ void spin(long long n)'
+                              r'{ long long s = clock64(); while (clock64() - s < n) {} }', "spin")
+        with cupy.cuda.Device(1):
+            x = cupy.zeros(n, dtype=cupy.uint8)
+            cupy.cuda.Device(1).synchronize()
+            spin((1,), (1,), (cupy.int64(1 << 30),))
+            x.fill(9)
+        with cupy.cuda.Device(0):
+            gshm.copy(seg, x)
+        cupy.cuda.Device(0).synchronize()
+        cupy.cuda.Device(1).synchronize()
+        t = torch.from_dlpack(seg.view("uint8", (n,), device=1))
+        print(json.dumps({"got": int((t == 9).sum().item()), "n": n}))
+        """, segname)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["got"] == r["n"], r
+
+
 def test_view_on_a_gpu_without_access_maps_it(gpu_daemon, segname):
     # A view reported on GPU 1 of a segment mapped for GPU 0 only: GPU 1
     # gets access first.  Before, its first kernel faulted (an illegal
