@@ -8,7 +8,8 @@
  * or data lane passed its hello meanwhile.  A peer's address keeps its 4:
  * an address is not spoofed on a TCP connection, short of being on the
  * path, and whoever shares a peer's address (another user of that host)
- * can take only those 4 (docs/SECURITY.md). */
+ * can take only those 4 (docs/SECURITY.md).  Nor do the strangers'
+ * slots come out of the cluster's fd budget (gshmd__link_strangers). */
 #include <netinet/in.h>
 #include <string.h>
 
@@ -49,23 +50,51 @@ static bool peer_address(const struct links *ll, const struct sockaddr_storage *
   return false;
 }
 
+/* The most connections in their hello from addresses that are not
+ * peers': LINK_MAX_PENDING, and at most a quarter of the budget.  They
+ * are held beside the budget, never out of it: peers' links and data
+ * lanes use most of it in a large cluster (a link and cluster.streams
+ * lanes each way: 18 connections a peer at 8 streams), and strangers'
+ * slots taken out of it closed a peer's new link at accept ("no cluster
+ * connection left") from 12 nodes on. */
+static unsigned strangers_max(const struct links *ll) {
+  unsigned quarter = ll->max_conns / 4 ? ll->max_conns / 4 : 1;
+  return quarter < LINK_MAX_PENDING ? quarter : LINK_MAX_PENDING;
+}
+
+/* Whether o's connection is a stranger's still counted in ll->nconns
+ * (one refused or timed out is until its close completes). */
+static bool stranger_fd(const struct link *o) { return o->stranger && !o->stream_closed; }
+
+unsigned gshmd__link_strangers(const struct links *ll) {
+  struct gshm_list *pos;
+  unsigned n = 0;
+  gshm_list_foreach(pos, &ll->links) {
+    n += stranger_fd(gshm_list_entry(pos, struct link, node));
+  }
+  return n;
+}
+
 const char *gshmd__link_admit(struct links *ll, struct link *l) {
   struct gshm_list *pos;
-  unsigned all = 0, same = 0;
+  unsigned all = 0, same = 0, fds = 0;
 
   l->from_peer = peer_address(ll, &l->remote_sa);
+  l->stranger = !l->from_peer;
   if (ll->stopping)
     return "gshmd is stopping";
-  if (ll->nconns > ll->max_conns)
-    return "no cluster connection left in gshmd's budget";
   gshm_list_foreach(pos, &ll->links) {
     const struct link *o = gshm_list_entry(pos, struct link, node);
+    fds += stranger_fd(o);
     if (!o->pending)
       continue;
     same += same_host(&o->remote_sa, &l->remote_sa);
     all += !o->from_peer;
   }
-  if (!l->from_peer && all > LINK_MAX_PENDING)
+  /* (l is among them; the peers' own use is nconns less the strangers') */
+  if (l->from_peer && ll->nconns - fds > ll->max_conns)
+    return "no cluster connection left in gshmd's budget";
+  if (!l->from_peer && all > strangers_max(ll))
     return "too many connections in their hello";
   if (same > LINK_MAX_PENDING_ADDR)
     return "too many connections in their hello from this address";

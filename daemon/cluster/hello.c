@@ -241,7 +241,7 @@ static void lane_up_inbound(struct gshmd_cluster *cl, struct link *l) {
     return;
   }
   auth_ok(cl, l, 0);
-  gshmd__link_pending_end(l);
+  gshmd__link_hello_passed(l);
   if ((e = gshmd__lane_attach(l, parent))) {
     l->state = LINK_UP; /* no longer in its hello */
     snprintf(msg, sizeof(msg), "cannot start a data lane of peer '%s': %s", l->peer->name,
@@ -279,7 +279,7 @@ static void on_auth(struct link *l, const Gshm__Cluster__Auth *a) {
     return;
   }
   l->state = LINK_UP;
-  gshmd__link_pending_end(l);
+  gshmd__link_hello_passed(l);
   auth_ok(cl, l, gshmd__serve_count(cl));
   gshm_log_info("cluster: peer '%s' connected from %s, %s", l->peer->name, l->remote,
                 gshmd__stream_mode_name(l->st.mode_tx));

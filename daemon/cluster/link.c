@@ -344,7 +344,8 @@ static struct link *link_connect(struct links *ll, struct peer *p, const uint8_t
   struct link *l;
   int e;
 
-  if (ll->stopping || ll->nconns >= ll->max_conns || !(l = link_new(ll, false)))
+  if (ll->stopping || ll->nconns - gshmd__link_strangers(ll) >= ll->max_conns ||
+      !(l = link_new(ll, false)))
     return NULL;
   l->peer = p;
   snprintf(l->remote, sizeof(l->remote), "%.63s", p->address);

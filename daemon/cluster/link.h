@@ -177,8 +177,11 @@ struct link {
   uv_connect_t connect;
   bool inbound;
   bool pending;              /* inbound, in its hello: until its AuthOk or its end
-                                (gshmd__link_pending_end; admit.c counts them) */
+                                (gshmd__link_hello_passed, gshmd__link_pending_end;
+                                admit.c counts them) */
   bool from_peer;            /* inbound from an address of cluster.peers (admit.c) */
+  bool stranger;             /* inbound from another address, its hello not passed: its
+                                connection is held beside the fd budget (admit.c) */
   enum link_state state;
   struct peer *peer;         /* outbound: from the start; inbound: after hello */
   uint8_t nonce_mine[GSHMD_CLUSTER_NONCE], nonce_theirs[GSHMD_CLUSTER_NONCE];
@@ -306,13 +309,28 @@ struct links {
  * (admit.c counts the links in their hello by this flag, never by their
  * state: a link refused once up is LINK_REFUSED too). */
 static inline void gshmd__link_pending_end(struct link *l) { l->pending = false; }
+/* Inbound l passed its hello (its AuthOk goes): no longer pending, and
+ * its connection counts in the fd budget whatever its address (a key
+ * holder's). */
+static inline void gshmd__link_hello_passed(struct link *l) {
+  l->pending = false;
+  l->stranger = false;
+}
 
 /* admit.c: why inbound l, just accepted (ll->links holds it, pending),
- * may not go into its hello (gshmd stopping, the cluster's fd budget
- * spent, LINK_MAX_PENDING connections in their hello from addresses that
- * are not peers' (l's being one), LINK_MAX_PENDING_ADDR from l's
- * address), or NULL: it may.  Sets l->from_peer. */
+ * may not go into its hello (gshmd stopping; from a peer's address: the
+ * cluster's fd budget spent by the peers' own connections and this
+ * node's; from another address: gshmd__link_strangers' bound; from
+ * either, LINK_MAX_PENDING_ADDR from l's address), or NULL: it may.
+ * Sets l->from_peer. */
 const char *gshmd__link_admit(struct links *ll, struct link *l);
+/* admit.c: the connections of strangers (inbound from addresses that
+ * are not peers', their hello not passed), in their hello or closing:
+ * they are held beside the cluster's fd budget (ll->max_conns), which
+ * bounds the connections of the peers and this node's own links and
+ * lanes (ll->nconns less these).  At most LINK_MAX_PENDING of them, and
+ * a quarter of the budget, are in their hello at once. */
+unsigned gshmd__link_strangers(const struct links *ll);
 
 /* Sets up the UCP context and worker (never with UCX's tcp transport),
  * the TCP listener on ll->listen_sa and the loop handles; the caller

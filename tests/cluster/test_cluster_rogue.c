@@ -23,6 +23,7 @@
 #include <string.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -170,18 +171,20 @@ static void test_links_per_peer(void **state) {
 
 /* A TCP connection to S's cluster port from source address `from`
  * (127.0.0.0/8 is all this host's): its fd. */
-static int connect_from(const char *from) {
+static int connect_from_port(const char *from, int port) {
   struct sockaddr_in me = {.sin_family = AF_INET}, to = {.sin_family = AF_INET};
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
   assert_true(fd >= 0);
   inet_pton(AF_INET, from, &me.sin_addr);
   inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-  to.sin_port = htons((uint16_t)S.port);
+  to.sin_port = htons((uint16_t)port);
   assert_int_equal(bind(fd, (struct sockaddr *)&me, sizeof(me)), 0);
   assert_int_equal(connect(fd, (struct sockaddr *)&to, sizeof(to)), 0);
   return fd;
 }
+
+static int connect_from(const char *from) { return connect_from_port(from, S.port); }
 
 /* How many of fds[0..n) S has not closed. */
 static int open_of(const int *fds, int n) {
@@ -235,6 +238,56 @@ static void test_hello_slots_spare_peers(void **state) {
   for (int i = 0; i < HELLOS; i++) /* (before any check: they hold S's slots) */
     close(fds[i]);
   assert_int_equal(kept, HELLOS);
+  assert_int_equal(rc, 0);
+}
+
+/* Hosts that are not peers hold their 64 hello slots on a node whose
+ * peers' own links and data lanes use most of its cluster fd budget (a
+ * cluster of 12 nodes or more at cluster.streams = 8: 18 connections a
+ * peer, a link and 8 lanes each way): a peer's new link still passes the
+ * hello.  Before, the strangers' slots came out of the same budget, and
+ * the peer was closed at accept ("no cluster connection left in gshmd's
+ * budget") for as long as they renewed them every 3 s. */
+static void test_hello_slots_spare_peers_budget(void **state) {
+  static struct node s4;
+  static struct rogue links[3][LINKS_PER_PEER], lanes[3][LINKS_PER_PEER][16], late;
+  const char *names[3] = {"r", "r2", "r3"};
+  struct rlimit rl;
+  int fds[HELLOS], rc, held = 0, budget;
+  (void)state;
+
+  node_start(&s4, "s4", "r=127.0.0.1:1,r2=127.0.0.1:1,r3=127.0.0.1:1,r4=127.0.0.1:1", keys.key,
+             "pub/*", NULL);
+  assert_int_equal(prlimit(s4.h.sp.pid, RLIMIT_NOFILE, NULL, &rl), 0);
+  budget = rl.rlim_cur / 4 < 256 ? (int)(rl.rlim_cur / 4) : 256; /* (link.c conn_budget) */
+  /* the peers' own: all but 56 of the budget (the strangers' 64 pass it) */
+  for (int k = 0; k < 3 && held < budget - 56; k++)
+    for (int i = 0; i < LINKS_PER_PEER && held < budget - 56; i++) {
+      assert_int_equal(rogue_connect(&links[k][i], s4.port, names[k], "s4", key), 0);
+      held++;
+      for (int j = 0; j < 16 && held < budget - 56; j++, held++)
+        assert_int_equal(rogue_connect_lane(&links[k][i], s4.port, &lanes[k][i][j]), 0);
+    }
+  assert_int_equal(held, budget - 56);
+  for (int i = 0; i < HELLOS; i++) {
+    char from[32];
+    snprintf(from, sizeof(from), "127.0.0.%d", 3 + i / HELLOS_PER_ADDR);
+    fds[i] = connect_from_port(from, s4.port);
+  }
+  usleep(500000); /* (s4 took them: it closes those past a bound at once) */
+  rc = rogue_connect(&late, s4.port, "r4", "s4", key);
+  if (rc)
+    print_message("refused: %s\n", late.refusal);
+  rogue_close(&late);
+  for (int i = 0; i < HELLOS; i++)
+    close(fds[i]);
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < LINKS_PER_PEER; i++) {
+      for (int j = 0; j < 16; j++)
+        rogue_close(&lanes[k][i][j]);
+      rogue_close(&links[k][i]);
+    }
+  assert_int_equal(harness_stop(&s4.h), 0);
   assert_int_equal(rc, 0);
 }
 
@@ -1260,6 +1313,7 @@ int main(void) {
       cmocka_unit_test(test_peer_message_escaped),
       cmocka_unit_test(test_links_per_peer),
       cmocka_unit_test(test_hello_slots_spare_peers),
+      cmocka_unit_test(test_hello_slots_spare_peers_budget),
       cmocka_unit_test(test_refused_link_counted_once),
       cmocka_unit_test(test_refused_links_count_as_up),
       cmocka_unit_test(test_grant_and_read_flood),
