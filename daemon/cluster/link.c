@@ -381,18 +381,27 @@ unsigned gshmd__link_count_lingering(struct links *ll, const struct peer *p) {
   return n;
 }
 
-/* A link to p, unless it has one, or LINK_MAX_PER_PEER failed ones still
- * hold memory UCX may write (then what waits for it fails). */
+/* A link to p, unless it has one.  What waits for it fails when
+ * LINK_MAX_PER_PEER failed ones still hold memory UCX may write, or when
+ * none could even be tried (the cluster's fd budget held by the peers'
+ * links and lanes, no memory): only a link's end fails p->waiting, and a
+ * pull waited there, silent, until the budget had room again. */
 static void peer_connect(struct links *ll, struct peer *p) {
   if (p->out)
     return;
   if (gshmd__link_count_lingering(ll, p) >= LINK_MAX_PER_PEER) {
     snprintf(p->why, sizeof(p->why), "%u failed links to it still wait for UCX to end receives "
              "of its bytes (its UCX worker stopped?)", LINK_MAX_PER_PEER);
-    reqs_fail(&p->waiting, -ECONNRESET, p->why);
-    return;
+  } else if (link_connect(ll, p, NULL) || ll->stopping || gshm_list_empty(&p->waiting)) {
+    return; /* (a connect that failed at once failed them: peer_down) */
+  } else {
+    snprintf(p->why, sizeof(p->why), "%s",
+             ll->nconns - gshmd__link_strangers(ll) >= ll->max_conns
+                 ? "no cluster connection left in gshmd's budget (its peers' links and data "
+                   "lanes hold all of it)"
+                 : "out of memory");
   }
-  link_connect(ll, p, NULL);
+  reqs_fail(&p->waiting, -ECONNRESET, p->why);
 }
 
 /* A connection on the cluster port: taken into its hello, or closed at

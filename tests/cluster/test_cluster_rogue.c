@@ -241,6 +241,51 @@ static void test_hello_slots_spare_peers(void **state) {
   assert_int_equal(rc, 0);
 }
 
+/* The cluster's fd budget of node n (link.c conn_budget). */
+static int budget_of(struct node *n) {
+  struct rlimit rl;
+  assert_int_equal(prlimit(n->h.sp.pid, RLIMIT_NOFILE, NULL, &rl), 0);
+  return rl.rlim_cur / 4 < 256 ? (int)(rl.rlim_cur / 4) : 256;
+}
+
+/* What peers may hold of a node's budget: links of the peers NAMES,
+ * 4 each, and 16 data lanes on each link. */
+#define NAMES 4
+static struct rogue fill_links[NAMES][LINKS_PER_PEER], fill_lanes[NAMES][LINKS_PER_PEER][16];
+
+/* Peers "r", "r2", ... hold want connections of node n (or as many as it
+ * takes, want -1: until it refuses one); returns how many they hold. */
+static int peers_fill(struct node *n, int want) {
+  const char *names[NAMES] = {"r", "r2", "r3", "r4"};
+  int held = 0;
+
+  memset(fill_links, 0, sizeof(fill_links));
+  memset(fill_lanes, 0, sizeof(fill_lanes));
+  for (int k = 0; k < NAMES; k++)
+    for (int i = 0; i < LINKS_PER_PEER; i++) {
+      if (held == want || rogue_connect(&fill_links[k][i], n->port, names[k], n->name, key))
+        return held;
+      held++;
+      for (int j = 0; j < 16; j++) {
+        if (held == want || rogue_connect_lane(&fill_links[k][i], n->port, &fill_lanes[k][i][j]))
+          return held;
+        held++;
+      }
+    }
+  return held;
+}
+
+static void peers_unfill(void) {
+  for (int k = 0; k < NAMES; k++)
+    for (int i = 0; i < LINKS_PER_PEER; i++) {
+      for (int j = 0; j < 16; j++)
+        rogue_close(&fill_lanes[k][i][j]);
+      rogue_close(&fill_links[k][i]);
+    }
+}
+
+#define FILL_PEERS "r=127.0.0.1:1,r2=127.0.0.1:1,r3=127.0.0.1:1,r4=127.0.0.1:1"
+
 /* Hosts that are not peers hold their 64 hello slots on a node whose
  * peers' own links and data lanes use most of its cluster fd budget (a
  * cluster of 12 nodes or more at cluster.streams = 8: 18 connections a
@@ -250,45 +295,92 @@ static void test_hello_slots_spare_peers(void **state) {
  * budget") for as long as they renewed them every 3 s. */
 static void test_hello_slots_spare_peers_budget(void **state) {
   static struct node s4;
-  static struct rogue links[3][LINKS_PER_PEER], lanes[3][LINKS_PER_PEER][16], late;
-  const char *names[3] = {"r", "r2", "r3"};
-  struct rlimit rl;
-  int fds[HELLOS], rc, held = 0, budget;
+  static struct rogue late;
+  int fds[HELLOS], rc, budget;
   (void)state;
 
-  node_start(&s4, "s4", "r=127.0.0.1:1,r2=127.0.0.1:1,r3=127.0.0.1:1,r4=127.0.0.1:1", keys.key,
-             "pub/*", NULL);
-  assert_int_equal(prlimit(s4.h.sp.pid, RLIMIT_NOFILE, NULL, &rl), 0);
-  budget = rl.rlim_cur / 4 < 256 ? (int)(rl.rlim_cur / 4) : 256; /* (link.c conn_budget) */
+  node_start(&s4, "s4", FILL_PEERS ",r5=127.0.0.1:1", keys.key, "pub/*", NULL);
+  budget = budget_of(&s4);
   /* the peers' own: all but 56 of the budget (the strangers' 64 pass it) */
-  for (int k = 0; k < 3 && held < budget - 56; k++)
-    for (int i = 0; i < LINKS_PER_PEER && held < budget - 56; i++) {
-      assert_int_equal(rogue_connect(&links[k][i], s4.port, names[k], "s4", key), 0);
-      held++;
-      for (int j = 0; j < 16 && held < budget - 56; j++, held++)
-        assert_int_equal(rogue_connect_lane(&links[k][i], s4.port, &lanes[k][i][j]), 0);
-    }
-  assert_int_equal(held, budget - 56);
+  assert_int_equal(peers_fill(&s4, budget - 56), budget - 56);
   for (int i = 0; i < HELLOS; i++) {
     char from[32];
     snprintf(from, sizeof(from), "127.0.0.%d", 3 + i / HELLOS_PER_ADDR);
     fds[i] = connect_from_port(from, s4.port);
   }
   usleep(500000); /* (s4 took them: it closes those past a bound at once) */
-  rc = rogue_connect(&late, s4.port, "r4", "s4", key);
+  rc = rogue_connect(&late, s4.port, "r5", "s4", key);
   if (rc)
     print_message("refused: %s\n", late.refusal);
   rogue_close(&late);
   for (int i = 0; i < HELLOS; i++)
     close(fds[i]);
-  for (int k = 0; k < 3; k++)
-    for (int i = 0; i < LINKS_PER_PEER; i++) {
-      for (int j = 0; j < 16; j++)
-        rogue_close(&lanes[k][i][j]);
-      rogue_close(&links[k][i]);
-    }
+  peers_unfill();
   assert_int_equal(harness_stop(&s4.h), 0);
   assert_int_equal(rc, 0);
+}
+
+/* A pull from a peer whose link cannot even be tried: the node's peers'
+ * links and lanes hold its whole cluster fd budget (a cluster of 15
+ * nodes at cluster.streams = 8 needs 252 of 256).  The pull fails at
+ * once, and says why, and so does a listing of that peer; before, its
+ * grant request waited on the peer's queue, where only a link's end fails
+ * requests, and the pull hung until the budget had room again. */
+struct budget_pull {
+  pthread_t t;
+  struct node *n;
+  int err, list_err;
+  char msg[256];
+  atomic_bool done;
+};
+
+static void *budget_pull_thread(void *arg) {
+  struct budget_pull *b = arg;
+  gshm_pull_opts_t po = {.mode = 0644};
+  gshm_pull_result_t res;
+  gshm_client_t *c;
+
+  if (!(b->err = gshm_connect(b->n->h.socket_path, "budget", &c))) {
+    gshm_segment_info_t *infos = NULL;
+    size_t n = 0;
+    b->err = gshm_pull(c, "src", "pub/x", &po, &res);
+    snprintf(b->msg, sizeof(b->msg), "%s", gshm_last_error(c));
+    /* (a listing of that peer too: answered at once, the connection kept) */
+    b->list_err = gshm_list_remote(c, "src", &infos, &n);
+    gshm_free(infos);
+    gshm_disconnect(c);
+  }
+  b->done = true;
+  return NULL;
+}
+
+static void test_pull_with_no_budget_fails(void **state) {
+  static struct node p6;
+  static struct budget_pull b;
+  int budget, held, waited = 0;
+  (void)state;
+
+  node_start(&p6, "p6", FILL_PEERS ",src=127.0.0.1:1", keys.key, "", NULL);
+  budget = budget_of(&p6);
+  held = peers_fill(&p6, -1);
+  print_message("budget %d, peers hold %d\n", budget, held);
+  assert_true(held >= budget - 4);
+  memset(&b, 0, sizeof(b));
+  b.n = &p6;
+  assert_int_equal(pthread_create(&b.t, NULL, budget_pull_thread, &b), 0);
+  while (!b.done && waited < 10000) {
+    usleep(50000);
+    waited += 50;
+  }
+  peers_unfill(); /* (a pull still waiting gets its link now, refused: it ends) */
+  pthread_join(b.t, NULL);
+  print_message("the pull and a listing ended after %d ms: %d %s; listing %d\n", waited, b.err,
+                b.msg, b.list_err);
+  assert_int_equal(harness_stop(&p6.h), 0);
+  assert_true(waited < 10000);
+  assert_true(b.err < 0);
+  assert_non_null(strstr(b.msg, "budget"));
+  assert_true(b.list_err < 0);
 }
 
 /* Sends on r, up, a message with no body (what a newer gshmd's message
@@ -1314,6 +1406,7 @@ int main(void) {
       cmocka_unit_test(test_links_per_peer),
       cmocka_unit_test(test_hello_slots_spare_peers),
       cmocka_unit_test(test_hello_slots_spare_peers_budget),
+      cmocka_unit_test(test_pull_with_no_budget_fails),
       cmocka_unit_test(test_refused_link_counted_once),
       cmocka_unit_test(test_refused_links_count_as_up),
       cmocka_unit_test(test_grant_and_read_flood),
