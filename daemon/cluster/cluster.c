@@ -294,6 +294,13 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
     fprintf(f, "gshm_cluster_lanes{peer=\"%s\"} %u\n", cl->ll.peers[i].name,
             out && out->state == LINK_UP ? out->nlanes : 0);
   }
+  fprintf(f, "# HELP gshm_cluster_connections Cluster connections (links and data lanes, both "
+             "ways; hosts that are not peers in their hello apart), and the most gshmd keeps "
+             "(enough for every peer of cluster.peers, at least 256).\n"
+             "# TYPE gshm_cluster_connections gauge\n"
+             "gshm_cluster_connections{kind=\"open\"} %u\n"
+             "gshm_cluster_connections{kind=\"budget\"} %u\n",
+          cl->ll.nconns - gshmd__link_strangers(&cl->ll), cl->ll.max_conns);
   peer_pull_metrics(cl, f);
   fprintf(f, "# HELP gshm_cluster_refusals_total Peers and packets refused on the cluster "
              "endpoint, by cause.\n"

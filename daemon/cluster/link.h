@@ -50,7 +50,7 @@
                                     read until its send completes, which it may hear of after
                                     the bytes arrived and the next Read did */
 #define LINK_LANE_TOKEN 16       /* bytes of a link's lane token */
-#define LINK_MAX_FDS 256         /* cluster connections in all (fds: see gshmd__link_start) */
+#define LINK_MAX_FDS 256         /* cluster connections in all, at least (link.c conn_budget) */
 #define LINK_HELLO_NS 3000000000LL     /* an inbound hello not done by then is closed */
 /* cluster.request_timeout_ms (links.request_timeout_ns, 60 s by default)
  * bounds a request left unanswered (counted from when every older

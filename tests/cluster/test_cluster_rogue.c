@@ -383,6 +383,35 @@ static void test_pull_with_no_budget_fails(void **state) {
   assert_true(b.list_err < 0);
 }
 
+/* The cluster's fd budget holds every peer of cluster.peers: 20 peers at
+ * 8 streams (4 + 2 x 8 connections each) get 400, not the 256 that held
+ * 14 of them; a node of few peers keeps 256; both as its metric says
+ * (and a quarter of RLIMIT_NOFILE at most). */
+static void test_budget_grows_with_peers(void **state) {
+  static struct node big;
+  char peers[20 * 24];
+  gshm_client_t *c;
+  long got, few;
+  int quarter, want;
+  (void)state;
+
+  for (int i = 0, k = 0; i < 20; i++)
+    k += snprintf(peers + k, sizeof(peers) - (size_t)k, "%sq%d=127.0.0.1:1", i ? "," : "", i);
+  node_start(&big, "big", peers, keys.key, "", NULL);
+  quarter = budget_of(&big) < 256 ? budget_of(&big) : 1 << 30; /* (a quarter of its fds) */
+  want = 20 * (4 + 2 * 8) < quarter ? 20 * (4 + 2 * 8) : quarter;
+  c = connect_to(&big);
+  got = metric(c, "gshm_cluster_connections{kind=\"budget\"}");
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&big.h), 0);
+  c = connect_to(&S);
+  few = metric(c, "gshm_cluster_connections{kind=\"budget\"}");
+  gshm_disconnect(c);
+  print_message("budget with 20 peers %ld (want %d), with S's %ld\n", got, want, few);
+  assert_int_equal(got, want);
+  assert_int_equal(few, budget_of(&S));
+}
+
 /* Sends on r, up, a message with no body (what a newer gshmd's message
  * of a kind unknown here decodes to), which S refuses; returns once S
  * said so (the link is refused then, and closed by S's sweep within 2 s). */
@@ -1407,6 +1436,7 @@ int main(void) {
       cmocka_unit_test(test_hello_slots_spare_peers),
       cmocka_unit_test(test_hello_slots_spare_peers_budget),
       cmocka_unit_test(test_pull_with_no_budget_fails),
+      cmocka_unit_test(test_budget_grows_with_peers),
       cmocka_unit_test(test_refused_link_counted_once),
       cmocka_unit_test(test_refused_links_count_as_up),
       cmocka_unit_test(test_grant_and_read_flood),
