@@ -435,8 +435,9 @@ bool gshmd__hello_handle(struct gshmd_cluster *cl, struct link *l, const Gshm__C
     on_auth_ok(l, m->auth_ok);
     return true;
   case GSHM__CLUSTER__MSG__BODY_UCX_OFFER:
-    if (!l->inbound || l->state != LINK_UP || l->ucx_ep)
-      return false;
+    if (!l->inbound || l->state != LINK_UP || l->ucx_ep || l->ucx_offer_seen)
+      return false; /* (one a link: repeated, each failed one logged a line) */
+    l->ucx_offer_seen = true;
     on_ucx_offer(cl, l, m->ucx_offer);
     return true;
   case GSHM__CLUSTER__MSG__BODY_UCX_ANSWER:

@@ -100,6 +100,7 @@ struct peer {
   /* metrics */
   uint64_t pulls_ok, pulls_failed, bytes_host, bytes_staged, bytes_direct;
   uint64_t passed_over;       /* segments of sets with several sources it did not grant */
+  uint64_t not_exported;      /* its grant requests of names this node does not export */
 };
 
 /* What keeps a request's destination valid after the request ended:
@@ -207,6 +208,7 @@ struct link {
   /* UCX for the bytes (data.c), decided after the hello (hello.c) */
   bool ucx;                  /* outbound: the peer sends our Reads' bytes over UCX */
   bool ucx_offered;          /* outbound: UcxOffer sent, UcxAnswer awaited */
+  bool ucx_offer_seen;        /* inbound: the peer's UcxOffer came (one a link; more refuse it) */
   uint64_t ucx_token;        /* marks this link's UCX data messages */
   ucp_ep_h ucx_ep;           /* inbound: to the peer's worker, from its UcxOffer */
   bool ucx_eager;            /* inbound: ucx_ep cannot tell a dead peer: no rendezvous */

@@ -373,11 +373,16 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   if (!seg || !gshmd__serve_exported(cl, seg)) {
     snprintf(buf, sizeof(buf), "node '%s' exports no segment named '%.255s'", cl->ll.node_name,
              req->name);
-    gshm_log_notice("cluster: peer '%s' asked for '%.255s': not exported%s", l->peer->name,
-                    req->name, seg && name_matches(cl, seg)
-                                   ? " (its name matches cluster.export, its owner or mode "
-                                     "does not: see the rules in docs/CLUSTER.md)"
-                                   : "");
+    uint64_t n = ++l->peer->not_exported;
+    if ((n & (n - 1)) == 0) /* (the 1st, 2nd, 4th...: a peer's asks must not flood the log) */
+      gshm_log_notice("cluster: peer '%s' asked for '%.255s': not exported%s (%" PRIu64
+                      " such ask%s from it so far)",
+                      l->peer->name, req->name,
+                      seg && name_matches(cl, seg)
+                          ? " (its name matches cluster.export, its owner or mode does not: see "
+                            "the rules in docs/CLUSTER.md)"
+                          : "",
+                      n, n == 1 ? "" : "s");
     gshmd__link_send_status(l, rid, -ENOENT, buf);
     return;
   }

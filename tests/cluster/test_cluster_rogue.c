@@ -927,6 +927,38 @@ static void test_ucx_offer_junk(void **state) {
   gshm_disconnect(c);
 }
 
+/* A link takes one UcxOffer: a second on the same link refuses it ("an
+ * unexpected message").  Before, a key holder could repeat a failing
+ * offer on one link without end, each one a line in the node's log
+ * (12,000 lines for 12,000 offers: the session 27 attacker review). */
+static void test_ucx_offer_once_a_link(void **state) {
+  static struct rogue r;
+  static uint8_t junk[17];
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__UcxOffer o = GSHM__CLUSTER__UCX_OFFER__INIT;
+  struct tally t = {0};
+  (void)state;
+
+  memset(&r, 0, sizeof(r));
+  junk[0] = 0xa5; /* (a format UCX does not know: refused, logged) */
+  r.caps = GSHM__CLUSTER__CAP__CAP_UCX;
+  assert_int_equal(rogue_connect(&r, S.port, "r", S.name, key), 0);
+  r.on_msg = count_answer;
+  r.arg = &t;
+  o.worker_address.data = junk;
+  o.worker_address.len = sizeof(junk);
+  m.body_case = GSHM__CLUSTER__MSG__BODY_UCX_OFFER;
+  m.ucx_offer = &o;
+  for (int i = 0; i < 2; i++) {
+    rogue_send(&r, &m);
+    want_answers = (uint64_t)i + 1;
+    assert_true(rogue_run_until(&r, all_answered, 5000));
+    print_message("offer %d: %s\n", i + 1, t.other_msg);
+  }
+  assert_non_null(strstr(t.other_msg, "unexpected message"));
+  rogue_close(&r);
+}
+
 /* Node q (its one peer "ra" a rogue that claims CAP_UCX, *lfd_out the
  * rogue's listener) up, with transport ("cluster.transport=ucx", say;
  * NULL: the default) as its one extra setting, and the worker address of
@@ -1445,6 +1477,7 @@ int main(void) {
       cmocka_unit_test(test_staged_buffers_off_loop),
       cmocka_unit_test(test_honest_pulls_within_caps),
       cmocka_unit_test(test_ucx_offer_junk),
+      cmocka_unit_test(test_ucx_offer_once_a_link),
       cmocka_unit_test(test_ucx_offer_mutated),
       cmocka_unit_test(test_lanes_per_link),
       cmocka_unit_test(test_revoke_under_grant),
