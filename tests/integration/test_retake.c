@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <grp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -438,6 +439,67 @@ static void test_token_proves_one_grant_to_one_uid(void **state) {
   assert_int_equal(harness_kid_wait(&a), 0);
 }
 
+/* gshmd killed again while libgshm re-takes its leases after a restart
+ * (a crash loop, or a second SIGKILL soon after the first): the call that
+ * reconnected must wait for the next gshmd (within GSHM_RECONNECT_MS) and
+ * re-take there.  It failed -ECONNRESET: the re-take swallowed the broken
+ * connection, reconnect said it was back, and the call's one resend went
+ * to the dead socket; a create whose first attempt the killed gshmd had
+ * made was then reported failed while its segment stayed, unleased. */
+#define MANY 3000
+
+struct call {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  int err;
+};
+
+static void *create_after(void *arg) {
+  struct call *k = arg;
+  k->err = gshm_create(k->c, "after-two-kills", 4096, NULL, 0600, 0, &k->s);
+  return NULL;
+}
+
+static void test_killed_again_during_retake(void **state) {
+  struct harness *h = *state;
+  gshm_segment_t **segs = calloc(MANY, sizeof(*segs));
+  struct call k = {0};
+  gshm_status_info_t st = {0};
+  gshm_client_t *w;
+  pthread_t t;
+  char name[32];
+
+  need_root();
+  assert_non_null(segs);
+  assert_int_equal(gshm_connect(h->socket_path, "many", &k.c), 0);
+  for (int i = 0; i < MANY; i++) {
+    snprintf(name, sizeof(name), "many/%d", i);
+    assert_int_equal(gshm_create(k.c, name, 4096, NULL, 0600, 0, &segs[i]), 0);
+  }
+  assert_int_equal(harness_restart(h, SIGKILL, daemon_args), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "watch", &w), 0);
+  assert_int_equal(pthread_create(&t, NULL, create_after, &k), 0);
+  /* the first re-takes are in: kill this gshmd too */
+  for (int i = 0; i < 100000 && st.leases == 0; i++)
+    assert_int_equal(gshm_status(w, &st), 0);
+  print_message("    killed with %u of %d leases re-taken\n", st.leases, MANY);
+  assert_true(st.leases > 0 && st.leases < MANY);
+  assert_int_equal(harness_restart(h, SIGKILL, daemon_args), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  gshm_disconnect(w);
+  assert_int_equal(k.err, 0);
+  /* every lease came back in the third gshmd, with the create's */
+  assert_int_equal(gshm_connect(h->socket_path, "watch", &w), 0);
+  assert_int_equal(gshm_status(w, &st), 0);
+  assert_int_equal(st.leases, MANY + 1);
+  gshm_disconnect(w);
+  gshm_close(k.s);
+  for (int i = 0; i < MANY; i++)
+    gshm_close(segs[i]);
+  free(segs);
+  gshm_disconnect(k.c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_owner_keeps_rw_lease_on_0444, setup, teardown),
@@ -446,6 +508,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_holder_keeps_lease_after_chown, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revoked_while_down_fails_next_call, setup, teardown),
       cmocka_unit_test_setup_teardown(test_token_proves_one_grant_to_one_uid, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_killed_again_during_retake, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
