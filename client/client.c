@@ -245,8 +245,11 @@ static void lease_set_token(struct gshm__lease *l, const Gshm__LeaseGrant *g) {
  * and mappings we hold stay valid throughout (they keep the memory alive
  * on their own); the daemon's new fd is dropped.  A lease that cannot come
  * back (revoked: its segment is gone) is marked, and calls on it fail with
- * -ESTALE from now on. */
-static void retake_leases(struct gshm_client *c) {
+ * -ESTALE from now on.  Returns 0, or the error of a connection lost
+ * midway (gshmd killed again during the re-takes): the caller reconnects
+ * and re-takes them all in the next gshmd; another error is left for the
+ * next request to meet. */
+static int retake_leases(struct gshm_client *c) {
   for (struct gshm__lease *l = c->leases; l; l = l->next) {
     Gshm__OpenRequest m = GSHM__OPEN_REQUEST__INIT;
     Gshm__Reply *reply = NULL;
@@ -260,10 +263,12 @@ static void retake_leases(struct gshm_client *c) {
     m.name = "";
     m.lease_token.data = l->token;
     m.lease_token.len = l->token_len;
+    int e;
+
     l->lease_id = 0;
-    if (gshm__wire_send(c->fd, GSHM_WIRE_OPEN, id, &m.base, -1) ||
-        read_reply(c, id, GSHM_WIRE_OPEN, &reply, &fd, 0))
-      return; /* the next request will notice the broken connection */
+    if ((e = gshm__wire_send(c->fd, GSHM_WIRE_OPEN, id, &m.base, -1)) ||
+        (e = read_reply(c, id, GSHM_WIRE_OPEN, &reply, &fd, 0)))
+      return connection_lost(e) ? e : 0;
     if (fd >= 0)
       close(fd);
     if (reply->status == GSHM__STATUS__STATUS_OK && reply->body_case == GSHM__REPLY__BODY_GRANT &&
@@ -283,10 +288,13 @@ static void retake_leases(struct gshm_client *c) {
       gshm__report_mapping(c, l, uuids, n, false);
     }
   }
+  return 0;
 }
 
 /* Reconnects to a daemon that went away, waiting up to wait_ms for it to
- * come back (systemd restarts it); 0: one attempt. */
+ * come back (systemd restarts it); 0: one attempt.  Connected means every
+ * lease re-taken: a gshmd that dies during the re-takes is waited for
+ * again, as one that died before. */
 static int reconnect(struct gshm_client *c, int wait_ms) {
   struct timespec delay = {0, 10 * 1000 * 1000};
   int64_t deadline = gshm__now_ns(CLOCK_MONOTONIC) + (int64_t)wait_ms * 1000000;
@@ -298,7 +306,7 @@ static int reconnect(struct gshm_client *c, int wait_ms) {
   }
   for (;;) {
     e = socket_connect(c->path, &c->fd);
-    if (e == 0 && (e = hello(c)) == 0)
+    if (e == 0 && (e = hello(c)) == 0 && (e = retake_leases(c)) == 0)
       break;
     if (c->fd >= 0) {
       close(c->fd);
@@ -311,7 +319,6 @@ static int reconnect(struct gshm_client *c, int wait_ms) {
       delay.tv_nsec *= 2;
   }
   gshm_log_info("reconnected to gshmd, session %" PRIu64, c->session_id);
-  retake_leases(c);
   return 0;
 }
 
