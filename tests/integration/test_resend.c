@@ -225,10 +225,56 @@ static void test_revoke_resend_spares_a_newer_segment(void **state) {
   revoke_reply_lost(state, false, true);
 }
 
+/* Between the restart and the resend: another client of the same uid
+ * makes "gone/soon" again (*(uint64_t *)p->arg: its id). */
+static void remake_name(struct proxy *p) {
+  gshm_client_t *o;
+  gshm_segment_t *s;
+
+  if (gshm_connect(p->h->socket_path, "remaker", &o))
+    return;
+  if (!gshm_create(o, "gone/soon", 4096, NULL, 0600, 0, &s)) {
+    *(uint64_t *)p->arg = gshm_segment_info(s)->id;
+    gshm_close(s);
+  }
+  gshm_disconnect(o);
+}
+
+/* The first unlink is done and stored, its reply lost; before libgshm's
+ * resend another process of the same uid creates the name again (its
+ * create acknowledged by the new gshmd).  The resend is the first
+ * unlink's, not a new one: it must leave the newer segment alone, as a
+ * revoke's resend does.  It unlinked it. */
+static void test_unlink_resend_spares_a_newer_segment(void **state) {
+  struct fx *f = *state;
+  struct proxy *p = &f->p;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  gshm_segment_info_t info;
+  uint64_t first, newer = 0;
+
+  p->after_restart = remake_name;
+  p->arg = &newer;
+  proxy_start(p, &f->h, GSHM_WIRE_UNLINK);
+  f->proxied = true;
+  assert_int_equal(gshm_connect(p->path, "unlinker", &c), 0);
+  assert_int_equal(gshm_create(c, "gone/soon", 4096, NULL, 0600, 0, &s), 0);
+  first = gshm_segment_info(s)->id;
+  assert_int_equal(gshm_close(s), 0);
+  assert_int_equal(gshm_unlink(c, "gone/soon"), 0);
+  assert_true(p->kept);
+  assert_int_equal(p->restarted, 0);
+  assert_true(newer > first);
+  assert_int_equal(gshm_stat_name(c, "gone/soon", &info), 0);
+  assert_int_equal(info.id, newer);
+  gshm_disconnect(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_create_reply_lost_to_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unlink_reply_lost_to_a_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unlink_resend_spares_a_newer_segment, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revoke_reply_lost_to_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revoke_id_reply_lost_to_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revoke_resend_spares_a_newer_segment, setup, teardown),
