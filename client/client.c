@@ -718,6 +718,7 @@ int gshm_close(gshm_segment_t *seg) {
 int gshm_unlink(gshm_client_t *c, const char *name) {
   Gshm__UnlinkRequest m = GSHM__UNLINK_REQUEST__INIT;
   Gshm__Reply *reply = NULL;
+  uint8_t token[GSHM_UNLINK_TOKEN_BYTES];
   int e;
 
   if (!c || !name)
@@ -725,6 +726,12 @@ int gshm_unlink(gshm_client_t *c, const char *name) {
   if ((e = name_check(c, name)))
     return e;
   m.name = (char *)name;
+  /* gshmd notes it with the segment it unlinks: a resend after a restart
+   * is answered 0 and never unlinks a segment that took the name since */
+  if (gshm__draw_token(token, sizeof(token))) {
+    m.token.data = token;
+    m.token.len = sizeof(token);
+  }
   if ((e = gshm__client_lock(c)))
     return e;
   e = gshm__request(c, GSHM_WIRE_UNLINK, &m.base, &reply, NULL);

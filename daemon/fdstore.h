@@ -181,7 +181,7 @@ uint64_t gshmd_fdstore_max_restorable(uint64_t max_name);
  * that kept the change keeps its entry. */
 #define GSHMD_MEMO_ENTRIES 64u
 #define GSHMD_MEMO_TOKEN_BYTES 16u
-enum gshmd_memo_kind { GSHMD_MEMO_REVOKE = 1, GSHMD_MEMO_PULL = 2 };
+enum gshmd_memo_kind { GSHMD_MEMO_REVOKE = 1, GSHMD_MEMO_PULL = 2, GSHMD_MEMO_UNLINK = 3 };
 
 /* Notes that uid's request of kind with token (GSHMD_MEMO_TOKEN_BYTES)
  * acts on segment id.  Returns 0; -EBADF no journal (fs NULL, no service

@@ -183,17 +183,8 @@ static int handle_close(struct req *q, Gshm__CloseRequest *m) {
 }
 
 static int handle_unlink(struct req *q, Gshm__UnlinkRequest *m) {
-  struct gshmd_registry *r = q->c->srv->reg;
-  struct gshmd_segment *seg = gshmd_registry_find_name(r, m->name);
   const char *msg = NULL;
-  int e;
-
-  /* Tell the holders first, while the segment surely still exists; the
-   * events go out before this reply, so whoever learns of the unlink from
-   * the unlinker finds the event already in its socket. */
-  if (seg && (q->c->client->cred.admin || q->c->client->cred.uid == seg->uid))
-    gshmd_notify_lease_holders(q->c->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, q->c);
-  e = gshmd_registry_unlink(r, q->c->client, m->name, &msg);
+  int e = gshmd_request_unlink(q->c, m, &msg);
   return e ? set_error(q, e, msg) : 0;
 }
 

@@ -102,6 +102,18 @@ void gshmd_notify_lease_holders(struct gshmd_server *s, struct gshmd_segment *se
  * *msg_out may point at a static or registry buffer. */
 int gshmd_request_revoke(struct conn *c, const Gshm__RevokeRequest *m, const char **msg_out);
 
+/* Handles c's UnlinkRequest m (gshm_unlink): tells the segment's lease
+ * holders, then gshmd_registry_unlink.  An unlink with a token
+ * (GSHM_UNLINK_TOKEN_BYTES) is noted in the fd store's resend memo with
+ * the segment's id before the name goes; the same token again from the
+ * same uid (libgshm's resend after a restart lost the reply) acts on the
+ * first one's segment only: 0 when it is gone or unlinked, else (killed
+ * between the note and the unlink) it is unlinked now; a segment that
+ * took the name since is left alone.  Errors: as gshmd_registry_unlink;
+ * -EINVAL a token of another length.  *msg_out may point at a static or
+ * registry buffer. */
+int gshmd_request_unlink(struct conn *c, const Gshm__UnlinkRequest *m, const char **msg_out);
+
 /* ---- server_admit.c ---- */
 
 /* The peer's credentials on socket fd into *cred (its groups malloc'ed:

@@ -22,6 +22,7 @@
 #define GSHM_WIRE_MAX_FDS 253       /* SCM_MAX_FD: the most one recvmsg can carry */
 #define GSHM_CREATE_TOKEN_BYTES 16  /* CreateRequest.create_token: random, per create */
 #define GSHM_REVOKE_TOKEN_BYTES 16  /* RevokeRequest.token: random, per revoke */
+#define GSHM_UNLINK_TOKEN_BYTES 16  /* UnlinkRequest.token: random, per unlink */
 #define GSHM_PULL_TOKEN_BYTES 16    /* PullRequest.token: random, per pull */
 
 /* Header type: a request's operation; replies set GSHM_WIRE_REPLY. */

@@ -263,10 +263,13 @@ GSHM_EXTERN int gshm_close(gshm_segment_t *seg);
  * end; the name can be created again at once (new id and generation).
  * Errors: -ENOENT; -EACCES not the owner (nor an admin); -EINVAL NULL
  * argument; -ENAMETOOLONG name over GSHM_NAME_MAX.  An unlink whose reply
- * a gshmd restart lost is sent again once libgshm has reconnected, and
- * its -ENOENT then gives 0: the name is gone, but this call may not be
- * what removed it (the first attempt may have met -ENOENT too, or never
- * been read by the gshmd that died). */
+ * a gshmd restart lost is sent again once libgshm has reconnected, with
+ * the same random token, which gshmd noted with the segment it unlinked:
+ * the resend then returns 0 and never unlinks a segment that took the
+ * name since.  Without that note (no service manager's fd store, or a
+ * name that was not there) its -ENOENT then gives 0: the name is gone,
+ * but this call may not be what removed it (the first attempt may have
+ * met -ENOENT too, or never been read by the gshmd that died). */
 GSHM_EXTERN int gshm_unlink(gshm_client_t *client, const char *name);
 
 /* Changes a segment's permission bits (like chmod(2)); leases already
