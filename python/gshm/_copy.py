@@ -53,19 +53,6 @@ def _torch_cuda_device(o):
     return None
 
 
-def _cupy_device(objs):
-    """The CUDA ordinal of the first CuPy array in objs, else None: a copy
-    on the legacy default stream must run with that GPU current, as CuPy
-    ran the array's own work there (libgshm takes the current context's
-    legacy stream, maybe another GPU's, unordered with it)."""
-    for o in objs:
-        if type(o).__module__.startswith("cupy"):
-            dev = getattr(getattr(o, "device", None), "id", None)
-            if dev is not None and dev >= 0:
-                return int(dev)
-    return None
-
-
 def _cai_stream(objs):
     """The producer's stream of the first object in objs whose
     __cuda_array_interface__ (v3) names one: 1 the legacy default stream
@@ -94,8 +81,7 @@ def _stream_handle(stream, *objs):
     torch's own streams are non-blocking: the legacy default stream would
     not be ordered after their work), else the stream an array's
     __cuda_array_interface__ names (its producer's, which the copy must
-    follow), else the legacy default stream (with a CuPy array among objs,
-    that of the array's GPU)."""
+    follow), else the legacy default stream."""
     if stream is None:
         for o in objs:
             dev = _torch_cuda_device(o)
@@ -103,9 +89,7 @@ def _stream_handle(stream, *objs):
                 import torch
                 return torch.cuda.current_stream(dev).cuda_stream or None, dev
         st = _cai_stream(objs)
-        if st not in (None, 1):
-            return st, None
-        return None, _cupy_device(objs)
+        return (None if st in (None, 1) else st), None
     if isinstance(stream, int):
         return stream or None, None
     for attr in ("cuda_stream", "ptr", "handle"):  # torch, cupy, cuda-python
