@@ -398,7 +398,12 @@ static void test_budget_grows_with_peers(void **state) {
   for (int i = 0, k = 0; i < 20; i++)
     k += snprintf(peers + k, sizeof(peers) - (size_t)k, "%sq%d=127.0.0.1:1", i ? "," : "", i);
   node_start(&big, "big", peers, keys.key, "", NULL);
-  quarter = budget_of(&big) < 256 ? budget_of(&big) : 1 << 30; /* (a quarter of its fds) */
+  {
+    struct rlimit rl; /* (gshmd's own limit: it raises its soft one to the hard one) */
+    assert_int_equal(prlimit(big.h.sp.pid, RLIMIT_NOFILE, NULL, &rl), 0);
+    quarter = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur / 4 > (1u << 30) ? 1 << 30
+                                                                           : (int)(rl.rlim_cur / 4);
+  }
   want = 20 * (4 + 2 * 8) < quarter ? 20 * (4 + 2 * 8) : quarter;
   c = connect_to(&big);
   got = metric(c, "gshm_cluster_connections{kind=\"budget\"}");
