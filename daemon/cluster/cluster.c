@@ -249,7 +249,9 @@ void gshmd_cluster_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c)
 static void peer_pull_metrics(const struct gshmd_cluster *cl, FILE *f) {
   fprintf(f, "# HELP gshm_cluster_pulls_total Pulls (a set pull or a single one) from each peer, "
              "by result: once for each peer it took any segment from (ok), once for the peer "
-             "whose segment failed it first, else its first peer (error).\n"
+             "whose segment failed it first, else its first peer (error); a failure of this "
+             "node's own (memory, names, quota, the requester gone) counts for no peer, only in "
+             "gshm_cluster_pull_errors_total.\n"
              "# TYPE gshm_cluster_pulls_total counter\n");
   for (unsigned i = 0; i < cl->ll.npeers; i++)
     fprintf(f,

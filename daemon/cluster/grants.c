@@ -155,7 +155,7 @@ int gshmd__pull_host_room(struct pull *p, uint64_t size) {
   uint64_t room = cl->cfg->cluster_memory_check ? pull_room(cl) : UINT64_MAX;
 
   if (room != UINT64_MAX && (size > room || cl->pull_host_owed > room - size)) {
-    gshmd__pull_set_fail(p->s, -ENOMEM,
+    gshmd__pull_set_fail_here(p->s, -ENOMEM,
                          "segment '%s' of peer '%s' needs %" PRIu64 " bytes of host memory: this "
                          "node has %" PRIu64 " available (with swap), and pulls in flight will "
                          "still take %" PRIu64,

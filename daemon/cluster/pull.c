@@ -40,14 +40,11 @@ struct chunk {
   struct relay_ask ask;      /* a relaying peer's busy answers to it */
 };
 
-void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...) {
-  va_list ap;
-
+static void set_vfail(struct pull_set *s, int err, bool here, const char *fmt, va_list ap) {
   if (!s->err) {
     s->err = err;
-    va_start(ap, fmt);
+    s->failed_here = here && !s->failed_by;
     vsnprintf(s->why, sizeof(s->why), fmt, ap);
-    va_end(ap);
     /* (it goes to the requester, and to its terminal: a peer's refusal
      * in it, a listing's or a Read's, may hold any byte) */
     gshm__text_clean(s->why);
@@ -65,6 +62,21 @@ void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...) {
   gshmd__link_kick(&s->cl->ll);
 }
 
+void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...) {
+  va_list ap;
+
+  va_start(ap, fmt);
+  set_vfail(s, err, false, fmt, ap);
+  va_end(ap);
+}
+
+void gshmd__pull_set_fail_here(struct pull_set *s, int err, const char *fmt, ...) {
+  va_list ap;
+
+  va_start(ap, fmt);
+  set_vfail(s, err, true, fmt, ap);
+  va_end(ap);
+}
 
 void gshmd__pull_send_progress(struct pull_set *s) {
   Gshm__Reply reply = GSHM__REPLY__INIT;
@@ -300,7 +312,7 @@ static void issue_chunks(struct pull *p) {
          (!p->nslots || p->nfree) && peer_budget_left(p->peer, p)) {
     struct chunk *c = calloc(1, sizeof(*c));
     if (!c) {
-      pull_fail(p, -ENOMEM, "out of memory");
+      pull_fail_here(p, -ENOMEM, "out of memory");
       break;
     }
     c->p = p;
@@ -442,13 +454,13 @@ int gshmd__pull_item_create(struct pull *p, uint64_t size, bool remote_device, c
   cr.location = p->location;
   cr.mode = p->s->mode;
   if ((e = gshmd_registry_create_hidden(cl->reg, p->s->holder, &cr, &p->seg, &msg))) {
-    pull_fail(p, e, "cannot create '%s': %s", p->local_name, msg ? msg : gshm__strerror(e));
+    pull_fail_here(p, e, "cannot create '%s': %s", p->local_name, msg ? msg : gshm__strerror(e));
     return e;
   }
   set_source_text(p, source); /* (a peer relaying it shows it) */
   if ((e = gshmd__relay_new(cl, p)) ||
       (cl->pull_maps_ahead < PULL_MAPS_AHEAD && (e = map_local(p)))) {
-    pull_fail(p, e, e == -ENOMEM ? "out of memory" : "cannot map the new segment");
+    pull_fail_here(p, e, e == -ENOMEM ? "out of memory" : "cannot map the new segment");
     return e;
   }
   if (p->dst_mapped) {
@@ -496,7 +508,7 @@ static int make_local(struct pull *p, const Gshm__Cluster__Segment *s) {
   if (mem->device_index >= 0)
     return 0; /* written by copies from the local slots */
   if ((e = map_local(p))) {
-    pull_fail(p, e, "cannot map the new segment");
+    pull_fail_here(p, e, "cannot map the new segment");
     return e;
   }
   /* bytes over UCX land through its registration cache: the mapping

@@ -119,7 +119,8 @@ struct pull_set {
   uint64_t seq;               /* order of start (relay.c's listing keys) */
   struct peer *peer;          /* the peer that lists the set: peers[0] */
   struct peer *failed_by;     /* the source whose segment's failure ended it first (or NULL:
-                               * the listing's, or this node's own: charged to peer) */
+                               * the listing's, charged to peer, or this node's own) */
+  bool failed_here;           /* its first failure was this node's own: charged to no peer */
   struct peer *peers[PULL_MAX_SOURCES]; /* where its segments may come from */
   unsigned npeers;
   uint64_t open_bytes[PULL_MAX_SOURCES]; /* bytes of its segments started, not closed, per
@@ -204,8 +205,16 @@ void gshmd__pull_memo_arm(struct pull_set *s, bool arm);
 
 /* ---- pull.c ---- */
 
-/* The set fails (first error wins): what is not sent yet is withdrawn. */
+/* The set fails (first error wins): what is not sent yet is withdrawn.
+ * err: a negative errno for the requester; fmt: why, for it and the log.
+ * The metrics charge it to a peer: the failing segment's source
+ * (pull_fail), else the lister (s->peer). */
 void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The same for a failure of this node's own (its memory, names, quota,
+ * backends, the requester gone, gshmd stopping): charged to no peer
+ * (s->failed_here), counted by cause only. */
+void gshmd__pull_set_fail_here(struct pull_set *s, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A failure of one segment fails its set; the metrics charge it to that
  * segment's source (s->failed_by). */
@@ -215,6 +224,8 @@ void gshmd__pull_set_fail(struct pull_set *s, int err, const char *fmt, ...)
       (pull_)->s->failed_by = (pull_)->peer;                                                       \
     gshmd__pull_set_fail((pull_)->s, errno_, __VA_ARGS__);                                         \
   } while (0)
+/* A segment's failure of this node's own (gshmd__pull_set_fail_here). */
+#define pull_fail_here(pull_, errno_, ...) gshmd__pull_set_fail_here((pull_)->s, errno_, __VA_ARGS__)
 /* Chunks for the open segments, oldest first, while the budget lasts. */
 void gshmd__pull_set_issue(struct pull_set *s);
 /* A progress reply at most every 200 ms: the first with the first chunk

@@ -22,7 +22,7 @@ static int slots_ready(struct pull *p) {
   if (!p->nslots)
     return 0;
   if (!(p->free_slots = calloc(p->nslots, sizeof(*p->free_slots)))) {
-    pull_fail(p, -ENOMEM, "out of memory");
+    pull_fail_here(p, -ENOMEM, "out of memory");
     return -ENOMEM;
   }
   for (uint32_t i = 0; i < p->nslots; i++)
@@ -41,7 +41,7 @@ static void on_local_slots(void *arg, int err, struct stage_buf *sb) {
   if (err || s->err) {
     gshmd_stage_free(&s->cl->stage, sb);
     if (err)
-      pull_fail(p, err, "cannot set up the local staging buffer");
+      pull_fail_here(p, err, "cannot set up the local staging buffer");
   } else {
     p->lsb = sb;
     if (!slots_ready(p))
@@ -59,14 +59,14 @@ int gshmd__pull_choose_path(struct pull *p, const Gshm__Cluster__Grant *g) {
 
   (void)gshmd__pull_lands_on_device(p, remote_device); /* (p->location) */
   if (gshm__location_parse(p->location, &loc)) {
-    pull_fail(p, -EINVAL, "bad location '%s'", p->location);
+    pull_fail_here(p, -EINVAL, "bad location '%s'", p->location);
     return -EINVAL;
   }
   p->remote_staged = g->path == GSHM__CLUSTER__PATH__PATH_STAGED;
   /* the streams write host memory: a device segment fills from slots */
   p->local_staged = loc.kind != GSHM_LOCATION_HOST;
   if (p->local_staged && !p->s->cl->reg->cuda) {
-    pull_fail(p, -ENOTSUP, "this node has no CUDA backend for location '%s'", p->location);
+    pull_fail_here(p, -ENOTSUP, "this node has no CUDA backend for location '%s'", p->location);
     return -ENOTSUP;
   }
   if (p->link->ucx)
@@ -136,7 +136,7 @@ int gshmd__pull_setup_slots(struct pull *p, const Gshm__Cluster__Grant *g) {
   e = gshmd_stage_buf_get(stage, p->chunk_size, g->segment->size, p->link->ucx, on_local_slots, p,
                           &p->lsb, &p->lsb_job);
   if (e < 0) {
-    pull_fail(p, e, "cannot set up the local staging buffer");
+    pull_fail_here(p, e, "cannot set up the local staging buffer");
     return e;
   }
   return e == 0 ? slots_ready(p) : 0; /* (else its chunks wait for on_local_slots) */

@@ -42,7 +42,7 @@ static int item_listed(struct pull *p, uint64_t size, const Gshm__Cluster__Segme
    * its pull into a GPU took 0.116-0.123 s against 0.126-0.133 (H100,
    * interleaved). */
   if (!(p->listed_source = strdup(src))) {
-    gshmd__pull_set_fail(s, -ENOMEM, "out of memory");
+    gshmd__pull_set_fail_here(s, -ENOMEM, "out of memory");
     return -ENOMEM;
   }
   p->create_listed = true;
@@ -69,14 +69,14 @@ static int set_add(struct pull_set *s, const char *name, uint64_t size,
     size_t ncap = s->cap ? s->cap * 2 : 16;
     struct pull **a = realloc(s->items, ncap * sizeof(*a));
     if (!a) {
-      gshmd__pull_set_fail(s, -ENOMEM, "out of memory");
+      gshmd__pull_set_fail_here(s, -ENOMEM, "out of memory");
       return -ENOMEM;
     }
     s->items = a;
     s->cap = ncap;
   }
   if (!(p = calloc(1, sizeof(*p)))) {
-    gshmd__pull_set_fail(s, -ENOMEM, "out of memory");
+    gshmd__pull_set_fail_here(s, -ENOMEM, "out of memory");
     return -ENOMEM;
   }
   s->items[s->n++] = p;
@@ -93,7 +93,7 @@ static int set_add(struct pull_set *s, const char *name, uint64_t size,
     return e;
   }
   if (!s->replace && gshmd_registry_find_name(cl->reg, p->local_name)) {
-    gshmd__pull_set_fail(s, -EEXIST, "a local segment named '%s' exists", p->local_name);
+    gshmd__pull_set_fail_here(s, -EEXIST, "a local segment named '%s' exists", p->local_name);
     return -EEXIST;
   }
   snprintf(p->location, sizeof(p->location), "%s", s->location);
@@ -500,7 +500,7 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
   int e;
 
   if (!segs) {
-    gshmd__pull_set_fail(s, -ENOMEM, "out of memory");
+    gshmd__pull_set_fail_here(s, -ENOMEM, "out of memory");
     return -ENOMEM;
   }
   for (size_t i = 0; i < s->n; i++)
@@ -510,7 +510,8 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
   gshmd__pull_memo_arm(s, false);
   free(segs);
   if (e) {
-    gshmd__pull_set_fail(s, e, "cannot publish the pulled segments: %s", msg ? msg : gshm__strerror(e));
+    gshmd__pull_set_fail_here(s, e, "cannot publish the pulled segments: %s",
+                              msg ? msg : gshm__strerror(e));
     return e;
   }
   for (size_t i = 0; i < s->n; i++) {
@@ -559,7 +560,8 @@ static void set_failed(struct pull_set *s) {
   struct gshmd_cluster *cl = s->cl;
   char msg[512];
 
-  (s->failed_by ? s->failed_by : s->peer)->pulls_failed++;
+  if (!s->failed_here)
+    (s->failed_by ? s->failed_by : s->peer)->pulls_failed++;
   cl->pull_errors[gshm__pull_failure(s->err)]++;
   /* peers reading the set through this node lost their source: so they
    * are told (-ECONNRESET), with this node's reason (its own errno would
@@ -647,7 +649,7 @@ void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c) {
     struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
     if (s->requester == c) {
       s->requester = NULL;
-      gshmd__pull_set_fail(s, -ECANCELED, "the requesting client went away");
+      gshmd__pull_set_fail_here(s, -ECANCELED, "the requesting client went away");
     }
   }
 }
@@ -655,7 +657,8 @@ void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c) {
 void gshmd__pull_stop_all(struct gshmd_cluster *cl) {
   struct gshm_list *pos;
   gshm_list_foreach(pos, &cl->pulls)
-      gshmd__pull_set_fail(gshm_list_entry(pos, struct pull_set, node), -ESHUTDOWN, "gshmd is stopping");
+    gshmd__pull_set_fail_here(gshm_list_entry(pos, struct pull_set, node), -ESHUTDOWN,
+                              "gshmd is stopping");
 }
 
 void gshmd__pull_stop_answer(struct gshmd_cluster *cl) {

@@ -947,7 +947,7 @@ static void test_sources(void **state) {
   gshm_pull_result_t r, *v = NULL;
   gshm_pull_opts_t po = {0};
   unsigned from_a = 0, from_b = 0;
-  long over_d, over_b, ok_a, ok_b, ok_d;
+  long over_d, over_b, ok_a, ok_b, ok_d, err_a;
   size_t n = 0;
   const char *pre = "fan/src/";
   (void)state;
@@ -1053,6 +1053,15 @@ static void test_sources(void **state) {
   /* one pull, all of it from a (counted once a pull, not once a segment) */
   assert_int_equal(ok_a, 1);
   assert_int_equal(ok_b + ok_d, 0);
+  check_set(c, pre, 1300);
+  /* a failure of C's own (its names are taken) is no peer's: it was
+   * charged to the lister, a, before */
+  gshm_free(v);
+  v = NULL;
+  err_a = metric(c, "gshm_cluster_pulls_total{peer=\"a\",result=\"error\"}");
+  assert_int_equal(gshm_pull_prefix(c, "a", pre, &po, &v, &n), -EEXIST);
+  usleep(1100000);
+  assert_int_equal(metric(c, "gshm_cluster_pulls_total{peer=\"a\",result=\"error\"}"), err_a);
   check_set(c, pre, 1300);
   unlink_set(c, pre);
   gshm_free(v);
