@@ -75,6 +75,10 @@ unsigned gshmd__link_strangers(const struct links *ll) {
   return n;
 }
 
+unsigned gshmd__link_peer_conns(const struct links *ll) {
+  return ll->nconns - gshmd__link_strangers(ll);
+}
+
 const char *gshmd__link_admit(struct links *ll, struct link *l) {
   struct gshm_list *pos;
   unsigned all = 0, same = 0, fds = 0;

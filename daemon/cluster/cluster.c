@@ -302,7 +302,7 @@ void gshmd_cluster_metrics(struct gshmd_cluster *cl, FILE *f) {
              "# TYPE gshm_cluster_connections gauge\n"
              "gshm_cluster_connections{kind=\"open\"} %u\n"
              "gshm_cluster_connections{kind=\"budget\"} %u\n",
-          cl->ll.nconns - gshmd__link_strangers(&cl->ll), cl->ll.max_conns);
+          gshmd__link_peer_conns(&cl->ll), cl->ll.max_conns);
   peer_pull_metrics(cl, f);
   fprintf(f, "# HELP gshm_cluster_refusals_total Peers and packets refused on the cluster "
              "endpoint, by cause.\n"

@@ -344,7 +344,7 @@ static struct link *link_connect(struct links *ll, struct peer *p, const uint8_t
   struct link *l;
   int e;
 
-  if (ll->stopping || ll->nconns - gshmd__link_strangers(ll) >= ll->max_conns ||
+  if (ll->stopping || gshmd__link_peer_conns(ll) >= ll->max_conns ||
       !(l = link_new(ll, false)))
     return NULL;
   l->peer = p;
@@ -396,7 +396,7 @@ static void peer_connect(struct links *ll, struct peer *p) {
     return; /* (a connect that failed at once failed them: peer_down) */
   } else {
     snprintf(p->why, sizeof(p->why), "%s",
-             ll->nconns - gshmd__link_strangers(ll) >= ll->max_conns
+             gshmd__link_peer_conns(ll) >= ll->max_conns
                  ? "no cluster connection left in gshmd's budget (its peers' links and data "
                    "lanes hold all of it)"
                  : "out of memory");

@@ -333,6 +333,10 @@ const char *gshmd__link_admit(struct links *ll, struct link *l);
  * lanes (ll->nconns less these).  At most LINK_MAX_PENDING of them, and
  * a quarter of the budget, are in their hello at once. */
 unsigned gshmd__link_strangers(const struct links *ll);
+/* admit.c: the connections the cluster's fd budget (ll->max_conns)
+ * bounds: ll->nconns less the strangers'.  O(links): per connect and
+ * per metrics scrape, not on a data path. */
+unsigned gshmd__link_peer_conns(const struct links *ll);
 
 /* Sets up the UCP context and worker (never with UCX's tcp transport),
  * the TCP listener on ll->listen_sa and the loop handles; the caller
