@@ -335,7 +335,9 @@ static int bucket_write(struct gshmd_fdstore *fs, struct fdstore_bucket *b) {
 
   if (b->frozen)
     return -EBUSY;
-  b->seq++;
+  if (fs->write_seq < b->seq) /* (a store written before write_seq) */
+    fs->write_seq = b->seq;
+  b->seq = ++fs->write_seq;
   len = gshmd__bucket_pack(b, b->seq, fs->publish_done, &buf);
   if (!buf)
     e = -ENOMEM;

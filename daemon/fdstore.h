@@ -92,6 +92,11 @@ struct gshmd_fdstore {
   bool journal_ids;        /* its header holds ids past the stored record */
   uint32_t journal_nslots; /* buckets its size covers */
   uint64_t memo_seq;       /* the resend memo's newest entry (gshmd_fdstore_memo_put) */
+  /* The newest bucket state written or restored, of every bucket: each
+   * write takes the next, so of two records of one segment id in two
+   * buckets (one that lost an end, whose members moved, and the one they
+   * moved to) restore keeps the one written last. */
+  uint64_t write_seq;
   /* gshmd_fdstore_memo_on_publish: the key and uid that the next
    * publish's first member is noted under (while memo_armed) */
   uint8_t memo_key[16];    /* GSHMD_MEMO_TOKEN_BYTES */

@@ -192,9 +192,13 @@ static int cmp_found(const void *a, const void *b) {
   return x->index < y->index ? -1 : x->index > y->index;
 }
 
+/* By id, then the newest bucket state first (restore keeps the first of
+ * an id: qsort is not stable, so the order of equal ids must be total). */
 static int cmp_member(const void *a, const void *b) {
   const struct fdstore_member *x = a, *y = b;
-  return x->rec->id < y->rec->id ? -1 : x->rec->id > y->rec->id;
+  if (x->rec->id != y->rec->id)
+    return x->rec->id < y->rec->id ? -1 : 1;
+  return x->seq > y->seq ? -1 : x->seq < y->seq;
 }
 
 /* Groups the b<n>a / b<n>b names of fds[0..n) by n (sorted).  Returns how
@@ -342,7 +346,8 @@ static int adopt_members(struct gshmd_fdstore *fs, struct found *f, int nf,
     return -ENOMEM;
   for (int i = 0; i < nf; i++)
     for (size_t k = 0; f[i].use && k < f[i].use->n_segments; k++)
-      m[nm++] = (struct fdstore_member){f[i].use->segments[k], fd_of(&f[i], k), kept[i], false};
+      m[nm++] = (struct fdstore_member){f[i].use->segments[k], f[i].use->seq, fd_of(&f[i], k),
+                                        kept[i], false};
   nm = gshmd__publish_filter(fs, m, nm);
   qsort(m, nm, sizeof(*m), cmp_member);
   for (size_t i = 0; i < nm; i++) {
@@ -355,8 +360,8 @@ static int adopt_members(struct gshmd_fdstore *fs, struct found *f, int nf,
       linked.replaced_by = 0;
     }
     if (i && m[i].rec->id == m[i - 1].rec->id) {
-      gshm_log_err("fd store: segment id %" PRIu64 " is in two buckets; the second is dropped",
-                   m[i].rec->id);
+      gshm_log_err("fd store: segment id %" PRIu64 " is in two buckets; the one written "
+                   "first is dropped", m[i].rec->id);
       fs->dropped++;
     } else if (gshmd__fdstore_adopt(fs, rec, m[i].fd) == 0) {
       seg = gshmd_registry_find_id(fs->reg, m[i].rec->id);
@@ -393,6 +398,8 @@ int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int
   for (int i = 0; i < nf; i++) {
     bool frozen = false;
     uint64_t seq = read_found(fs, fds, &f[i], buf, cap, &frozen);
+    if (seq > fs->write_seq)
+      fs->write_seq = seq;
     kept[i] = keep_bucket(fs, fds, names, &f[i], seq, frozen);
     if (kept[i] && f[i].journal && f[i].use == f[i].journal)
       kept[i]->rewrite = true; /* the journal's copy is newer: resent */

@@ -39,7 +39,8 @@ struct fdstore_bucket {
   bool stored[2];          /* each end's FDSTORE=1 went through */
   int queued;              /* whose receive queue holds the datagram sent
                               last: 0 a, 1 b, -1 none */
-  uint64_t seq;            /* of the newest state written (sent or journal) */
+  uint64_t seq;            /* of the newest state written (sent or journal): fs->write_seq
+                              then */
   bool dirty;              /* the store lacks its current state */
   bool on_open;            /* in fs->open */
   bool frozen;             /* restore could not read it: never rewritten */
@@ -99,6 +100,7 @@ int gshmd__journal_put_publish(struct gshmd_fdstore *fs, uint64_t publish);
  * not handed back), and the bucket it came from (NULL: it moves). */
 struct fdstore_member {
   const Gshm__StateRecord *rec;
+  uint64_t seq;  /* its bucket state's: of one id, the highest wins */
   int *fd;
   struct fdstore_bucket *b;
   bool relink;  /* replaced by a publish that was cut short: adopted linked */

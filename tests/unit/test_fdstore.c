@@ -278,7 +278,8 @@ static void test_names_parsed_strictly(void **state) {
 /* Queues on end `from` of a socketpair (so in the other end's queue) a
  * datagram of bucket 0 with seq and the records recs[0..n), each with a
  * 4 KiB memfd. */
-static void queue_bucket(int from, uint64_t seq, Gshm__StateRecord *recs, size_t n) {
+static void queue_bucket_n(int from, uint32_t bucket, uint64_t seq, Gshm__StateRecord *recs,
+                           size_t n) {
   Gshm__StateBucket t = GSHM__STATE_BUCKET__INIT;
   Gshm__StateRecord *p[8];
   uint8_t buf[8192];
@@ -294,6 +295,7 @@ static void queue_bucket(int from, uint64_t seq, Gshm__StateRecord *recs, size_t
 
   t.version = 1;
   t.seq = seq;
+  t.bucket = bucket;
   for (size_t i = 0; i < n; i++) {
     p[i] = &recs[i];
     fds[i] = memory(4096);
@@ -310,6 +312,11 @@ static void queue_bucket(int from, uint64_t seq, Gshm__StateRecord *recs, size_t
   assert_true(sendmsg(from, &mh, 0) > 0);
   for (size_t i = 0; i < n; i++)
     close(fds[i]);
+}
+
+/* Bucket 0's. */
+static void queue_bucket(int from, uint64_t seq, Gshm__StateRecord *recs, size_t n) {
+  queue_bucket_n(from, 0, seq, recs, n);
 }
 
 static int queued(int fd) {
@@ -352,6 +359,40 @@ static void test_bucket_newest_datagram_wins_either_queue(void **state) {
   assert_int_equal(gshmd_registry_find_id(&f->reg, 7)->mode, 0640);
   assert_true(queued(sv[0]));
   assert_false(queued(sv[1]));
+}
+
+/* One segment id in two buckets: a bucket came back with one end (its
+ * members moved to another bucket, written then) and a crash came before
+ * its last end left the store.  The record written last wins, whichever
+ * bucket number holds it: before, the member that qsort (not stable) put
+ * first did, and a chmod (or an unlink) made since the move could be
+ * undone.  stale_first: the one-ended bucket is b0. */
+static void id_in_two_buckets(void **state, bool stale_first) {
+  struct fixture *f = *state;
+  Gshm__StateRecord old = record(7, "x", 0644, false), now = record(7, "x", 0600, false);
+  Gshm__StateRecord other = record(8, "y", 0600, false);
+  Gshm__StateRecord both[2] = {now, other};
+  int one[2], two[2];
+
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, one), 0);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, two), 0);
+  queue_bucket_n(one[1], stale_first ? 0 : 1, 30, &old, 1); /* into one's a queue */
+  close(one[1]);                                            /* its b end lost */
+  queue_bucket_n(two[1], stale_first ? 1 : 0, 41, both, 2);
+  put(&f->st, stale_first ? "b0a" : "b1a", one[0]);
+  put(&f->st, stale_first ? "b1a" : "b0a", two[0]);
+  put(&f->st, stale_first ? "b1b" : "b0b", two[1]);
+  restore(f);
+  assert_int_equal(f->fs.restored, 2);
+  assert_int_equal(f->fs.dropped, 1);
+  assert_int_equal(gshmd_registry_find_id(&f->reg, 7)->mode, 0600);
+  assert_true(f->fs.write_seq == 41); /* the next write of any bucket: 42 */
+}
+
+static void test_id_in_two_buckets_newest_wins(void **state) { id_in_two_buckets(state, true); }
+
+static void test_id_in_two_buckets_newest_wins_either_number(void **state) {
+  id_in_two_buckets(state, false);
 }
 
 /* A datagram whose fds do not fit under RLIMIT_NOFILE (MSG_CTRUNC) is not
@@ -875,6 +916,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_names_parsed_strictly, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bucket_newest_datagram_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bucket_newest_datagram_wins_either_queue, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_id_in_two_buckets_newest_wins, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_id_in_two_buckets_newest_wins_either_number, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_bucket_unreadable_is_left_queued, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fdnames_fit_at_max_segments, setup, teardown),
