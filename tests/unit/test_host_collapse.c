@@ -165,35 +165,52 @@ static void test_racing_builds_count_once(void **state) {
   assert_int_equal(counted, built);
 }
 
+/* Polls until r has finished n punch steps (5 s at most), then waits a
+ * moment more: the steps it finished (n where a hold stops it there). */
+static uint64_t steps_reach(struct gshmd_host_reaper *r, uint64_t n) {
+  for (int i = 0; i < 500 && gshmd_host_reap_steps(r) < n; i++)
+    usleep(10000);
+  usleep(20000);
+  return gshmd_host_reap_steps(r);
+}
+
 /* Four freed memfds of GSHMD_REAP_ASYNC_MIN bytes each, every page made,
- * punched on the reaper: right after they are queued the reaper counts
- * the last at least (a punch of 256 MiB takes about 12 ms; the four about
- * 45), and once it counts 0 again every fd is empty.
- * Before, the bytes a punch would free were not counted anywhere: a pull
- * right after a free of hundreds of GB was refused -ENOMEM. */
+ * punched on the reaper, held: it counts the four exactly (their pages,
+ * st_blocks), nothing punched; let go, it counts 0 again and every fd is
+ * empty.  Before, the bytes a punch would free were not counted anywhere:
+ * a pull right after a free of hundreds of GB was refused -ENOMEM; and
+ * the test hoped the reaper had not finished the 45 ms of punches before
+ * it looked. */
 static void test_reap_counts_queued_punches(void **state) {
   const uint64_t size = GSHMD_REAP_ASYNC_MIN;
   struct gshmd_host_reaper *r;
   int fds[4];
-  uint64_t pending;
+  uint64_t pending, held = 0;
   (void)state;
 
   assert_int_equal(gshmd_host_reap_start(&r), 0);
   assert_int_equal(gshmd_host_reap_pending(r), 0);
+  gshmd_host_reap_hold(r, 0);
   for (int i = 0; i < 4; i++) {
+    struct stat sb;
     fds[i] = memfd_create("reap", MFD_CLOEXEC);
     assert_true(fds[i] >= 0);
     assert_int_equal(fallocate(fds[i], 0, 0, (off_t)size), 0);
+    assert_int_equal(fstat(fds[i], &sb), 0);
+    held += (uint64_t)sb.st_blocks * 512;
   }
+  assert_true(held >= 4 * size);
   for (int i = 0; i < 4; i++)
     gshmd_host_reap_punch(r, fds[i], size);
+  usleep(20000); /* (held: nothing punched meanwhile) */
   pending = gshmd_host_reap_pending(r);
-  printf("queued 4 x %llu MiB: %llu MiB counted at once\n", (unsigned long long)(size / MiB),
+  printf("queued 4 x %llu MiB, held: %llu MiB counted\n", (unsigned long long)(size / MiB),
          (unsigned long long)(pending / MiB));
-  assert_true(pending >= size && pending <= 4 * size);
-  for (int i = 0; i < 500 && gshmd_host_reap_pending(r); i++)
-    usleep(10000);
-  assert_int_equal(gshmd_host_reap_pending(r), 0); /* (all done within 5 s) */
+  assert_int_equal(pending, held);
+  assert_int_equal(gshmd_host_reap_steps(r), 0);
+  gshmd_host_reap_hold(r, UINT64_MAX);
+  assert_int_equal(steps_reach(r, 4), 4); /* (all done within 5 s) */
+  assert_int_equal(gshmd_host_reap_pending(r), 0);
   for (int i = 0; i < 4; i++) {
     struct stat sb;
     assert_int_equal(fstat(fds[i], &sb), 0);
@@ -204,11 +221,59 @@ static void test_reap_counts_queued_punches(void **state) {
   assert_int_equal(gshmd_host_reap_pending(NULL), 0);
 }
 
+/* A freed memfd of 4 GiB with a few pages in three of its four
+ * GSHMD_REAP_STEP ranges: the reaper counts the pages present (st_blocks),
+ * not the size; let one step go at a time, the count falls by exactly
+ * that range's pages at each.  Before, it counted all 4 GiB until the
+ * whole punch ended: a sparse segment's size is not memory that comes
+ * back, and the kernel frees a long punch's pages as it goes (the node's
+ * MemAvailable shows them while the count still had them: counted
+ * twice). */
+static void test_reap_counts_pages_step_by_step(void **state) {
+  enum { STEPS = 4 };
+  static const unsigned pages[STEPS] = {3, 5, 0, 2}; /* 2 MiB apart in each range */
+  const uint64_t size = STEPS * GSHMD_REAP_STEP;
+  uint64_t in_range[STEPS], held = 0, left;
+  struct gshmd_host_reaper *r;
+  struct stat sb;
+  int fd = memfd_create("sparse", MFD_CLOEXEC);
+  (void)state;
+
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, (off_t)size), 0);
+  for (int s = 0; s < STEPS; s++) {
+    for (unsigned p = 0; p < pages[s]; p++)
+      assert_int_equal(pwrite(fd, "x", 1, (off_t)(s * GSHMD_REAP_STEP + p * PAGE + 4096)), 1);
+    assert_int_equal(fstat(fd, &sb), 0);
+    in_range[s] = (uint64_t)sb.st_blocks * 512 - held; /* (4 KiB pages or 2 MiB ones) */
+    held += in_range[s];
+  }
+  assert_true(held > 0 && held < size / 100);
+  assert_int_equal(gshmd_host_reap_start(&r), 0);
+  gshmd_host_reap_hold(r, 0);
+  gshmd_host_reap_punch(r, fd, size);
+  printf("4 GiB memfd, %llu KiB present: %llu KiB counted\n", (unsigned long long)(held >> 10),
+         (unsigned long long)(gshmd_host_reap_pending(r) >> 10));
+  assert_int_equal(gshmd_host_reap_pending(r), held);
+  left = held;
+  for (int s = 0; s < STEPS; s++) {
+    gshmd_host_reap_hold(r, 1);
+    left -= in_range[s];
+    assert_int_equal(steps_reach(r, (uint64_t)s + 1), s + 1); /* (and held there) */
+    assert_int_equal(gshmd_host_reap_pending(r), left);
+  }
+  gshmd_host_reap_stop(r);
+  assert_int_equal(fstat(fd, &sb), 0);
+  assert_int_equal(sb.st_blocks, 0);
+  close(fd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_builds_runs_and_leaves_pages),
       cmocka_unit_test(test_racing_builds_count_once),
       cmocka_unit_test(test_reap_counts_queued_punches),
+      cmocka_unit_test(test_reap_counts_pages_step_by_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
