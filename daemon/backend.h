@@ -235,12 +235,15 @@ void gshmd_backend_host_recycle_stats(const struct gshmd_backend *b,
  * memory limit leaves where less (limit less usage: cgroup v2 memory.max
  * and memory.current, v1 memory.limit_in_bytes and memory.usage_in_bytes;
  * a systemd MemoryMax=, a container's limit; the cgroup's swap is not
- * counted), plus the bytes of freed segments whose punch is queued on the
- * reaper thread (host_reap.h: the figures do not show them free yet).
+ * counted).  The machine's figure has the bytes that punches queued on
+ * the reaper thread will give back added (host_reap.h
+ * gshmd_host_reap_pending: the figures do not show them free yet); the
+ * cgroup's has not (a client's pages are charged to its own cgroup).
  * Memory daemon.host_recycle keeps is not counted either: only
  * a pull can land in it (gshmd_backend_host_recycle_stats).  The figures
  * are read at most every 100 ms and shared with the create size check
- * (host_memory.h), so the answer may be up to that old.  b: the host
+ * (host_memory.h), so the answer may be up to that old; again at once
+ * after a punch step ended.  b: the host
  * backend, not taken.  Returns UINT64_MAX where no figure could be read
  * (no bound known) or b is NULL or another backend; never fails. */
 uint64_t gshmd_backend_host_room(struct gshmd_backend *b);

@@ -53,6 +53,7 @@ struct host_backend {
   struct gshmd_host_recycle_stats stats;
   bool lease_warned;           /* a lease refused for another reason than a holder: said once */
   struct gshmd_host_reaper *reaper; /* large frees off the loop (host_reap.h); NULL: none */
+  uint64_t reap_steps;              /* its punch steps that mem was read after */
 };
 
 /* Most allocations in the pool (a take scans it). */
@@ -585,11 +586,20 @@ uint64_t gshmd_backend_host_room(struct gshmd_backend *b) {
 
   if (!b || b->ops != &host_ops)
     return UINT64_MAX;
-  uint64_t coming = gshmd_host_reap_pending(hb->reaper), room;
+  uint64_t steps = gshmd_host_reap_steps(hb->reaper), coming, room;
 
+  if (steps != hb->reap_steps) /* (a punch gave pages back: the figures are stale) */
+    hb->mem.read_ns = 0;
+  hb->reap_steps = steps;
   gshmd_host_memory_update(&hb->mem);
-  room = hb->mem.avail < hb->mem.cg_room ? hb->mem.avail : hb->mem.cg_room;
-  return room > UINT64_MAX - coming ? UINT64_MAX : room + coming; /* (punches queued: soon free) */
+  /* (read after the figures: a step that ends between is counted in
+   * neither, rather than in both) */
+  coming = gshmd_host_reap_pending(hb->reaper);
+  /* Punches queued count for the node only: a client's pages are charged
+   * to the client's cgroup, not to gshmd's, and which pages of a memfd
+   * are gshmd's is not known. */
+  room = sum_sat(hb->mem.avail, coming);
+  return room < hb->mem.cg_room ? room : hb->mem.cg_room;
 }
 
 bool gshmd_backend_host_huge_pulls(const struct gshmd_backend *b) {

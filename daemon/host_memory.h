@@ -20,7 +20,8 @@
 /* Every figure in bytes; UINT64_MAX where it could not be read (or, for
  * the cgroup ones, where no level has a limit). */
 struct gshmd_host_memory {
-  int64_t read_ns;          /* CLOCK_MONOTONIC of the last read; 0: never */
+  int64_t read_ns;          /* CLOCK_MONOTONIC of the last read; 0: never (set it 0
+                               to have the next update read again) */
   uint64_t ram, swap;       /* MemTotal, SwapTotal */
   uint64_t avail;           /* MemAvailable + SwapFree (tmpfs pages can swap) */
   uint64_t cg_mem, cg_swap; /* the tightest limits of gshmd's cgroup and its ancestors: v2
