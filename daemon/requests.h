@@ -155,7 +155,10 @@ void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid
  * all or closed its end (looked at every DRAIN_CHECK_MS, 500 ms): unread
  * packets' fds count against gshmd's user's RLIMIT_NOFILE in the kernel
  * (ETOOMANYREFS) while the client keeps its end, and meanwhile the socket
- * counts as a connection of uid, so quota.connections bounds them. */
+ * counts as a connection of uid, so quota.connections bounds them.  A
+ * closer thread first empties fd's own receive queue (the kernel closes
+ * its fds there): a packet carrying the client's end, never read, kept
+ * that end, and the socket, alive after the client exited. */
 void gshmd_closer_close_client(struct gshmd_server *s, int fd, uid_t uid, bool sent_fds);
 
 /* The fds uid's clients gave that are not closed yet (queued, or behind

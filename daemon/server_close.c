@@ -33,7 +33,17 @@
  * is kept, shut down, while the client has not read them
  * (gshmd_closer_close_client, BATCH_DRAINING) and counts meanwhile as a
  * connection of its uid: before, a user connected, left replies unread,
- * had gshmd drop it, and again, past quota.connections (session 27). */
+ * had gshmd drop it, and again, past quota.connections (session 27).
+ * Where fds reach gshmd, the client's end could be kept alive by gshmd
+ * itself: sent in a packet gshmd never read (behind the one that got it
+ * dropped), it lived on in the kept socket's receive queue after the
+ * client exited, and the socket never drained (the session 27 review).
+ * So a closer thread first takes every packet off that queue, their fds
+ * closed by the kernel there (drain_empty); shut down, the socket gets no
+ * more.  Then only a live process can keep the client's end, and
+ * quota.connections counts it as ever: no deadline is needed, and one
+ * would let a live client leave fds in flight past its quota again, one
+ * deadline at a time. */
 #include "server.h"
 
 #include <errno.h>
@@ -54,9 +64,12 @@
 #define CLOSER_IDLE_MS 2000    /* a thread beyond the first ends idle this long */
 #define CLOSER_STACK (256 * 1024) /* (close() needs little; sanitizers more) */
 #define DRAIN_CHECK_MS 500     /* how often a draining socket's queue is looked at */
+#define DRAIN_EMPTY_MAX 4096   /* packets one pass takes off a kept socket (drain_empty) */
 
 /* BATCH_DRAINING: a dropped client's socket kept (shut down) while the
- * client has not read all gshmd sent on it (gshmd_closer_close_client). */
+ * client has not read all gshmd sent on it (gshmd_closer_close_client);
+ * queued with empty set, a thread empties its receive queue and it is
+ * BATCH_DRAINING again. */
 enum batch_state { BATCH_DRAINING, BATCH_QUEUED, BATCH_CLOSING, BATCH_DONE };
 
 struct close_batch {
@@ -64,6 +77,9 @@ struct close_batch {
   struct gshm_list qnode; /* closer.queue while queued */
   uid_t uid;
   enum batch_state state;
+  bool empty;   /* queued to have fds[0]'s receive queue emptied, not closed */
+  bool emptied; /* a pass of drain_empty found that queue empty */
+  bool creds;   /* SO_PASSCRED is on fds[0] (drain_empty) */
   int n;
   int left; /* fds not closed yet (written by its thread: atomic) */
   int fds[];
@@ -83,9 +99,11 @@ struct gshmd_closer {
   bool spawn_failed;           /* the last try to start a thread failed (logged) */
   uv_timer_t drain_timer;      /* draining sockets looked at (loop thread only) */
   bool drain_on;
-  unsigned draining;           /* batches BATCH_DRAINING */
+  unsigned draining;           /* batches BATCH_DRAINING, or queued to be emptied */
   struct gshmd_server *srv;
 };
+
+static bool batch_queue(struct gshmd_closer *k, struct close_batch *b, bool in_all);
 
 static void closer_destroy(struct gshmd_closer *k) {
   struct gshm_list *pos, *tmp;
@@ -116,6 +134,43 @@ static struct close_batch *closer_take(struct gshmd_closer *k) {
   return b;
 }
 
+/* Takes up to DRAIN_EMPTY_MAX packets off the receive queue of fd, a
+ * client's socket gshmd shut down, given no room for their fds: the
+ * kernel closes those on this thread as it returns (MSG_CTRUNC), where a
+ * close that lingers holds this thread only, and none enters gshmd's fd
+ * table.  Among them may be the client's own end, which nothing else
+ * keeps after it exited.  Shut down, an empty queue reads as a packet of
+ * no bytes; with creds (SO_PASSCRED) every packet has a cmsg, so one of
+ * no bytes shows MSG_CTRUNC and the end does not.  true: the queue is
+ * empty; false: maybe not (the bound, or a packet of no bytes without
+ * creds), so the next drain tick empties it again. */
+static bool drain_empty(int fd, bool creds) {
+  for (int i = 0; i < DRAIN_EMPTY_MAX; i++) {
+    uint8_t byte;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT);
+    if (n < 0 && errno != EINTR)
+      return true; /* (EAGAIN: not shut down after all; else nothing to take) */
+    if (!n && !(mh.msg_flags & MSG_CTRUNC))
+      return creds;
+  }
+  return false;
+}
+
+/* b's work on a closer thread, k->mu not held: its fds closed, or with
+ * b->empty, its socket's receive queue emptied. */
+static void batch_work(struct close_batch *b) {
+  if (b->empty) {
+    b->emptied = drain_empty(b->fds[0], b->creds);
+    return;
+  }
+  for (int i = 0; i < b->n; i++) {
+    close(b->fds[i]);
+    __atomic_store_n(&b->left, b->n - i - 1, __ATOMIC_RELAXED);
+  }
+}
+
 static void *closer_main(void *arg) {
   struct gshmd_closer *k = arg;
   struct close_batch *b;
@@ -125,13 +180,19 @@ static void *closer_main(void *arg) {
   pthread_mutex_lock(&k->mu);
   while ((b = closer_take(k))) {
     pthread_mutex_unlock(&k->mu);
-    for (int i = 0; i < b->n; i++) {
-      close(b->fds[i]);
-      __atomic_store_n(&b->left, b->n - i - 1, __ATOMIC_RELAXED);
-    }
+    batch_work(b);
     pthread_mutex_lock(&k->mu);
-    b->state = BATCH_DONE;
     k->idle++;
+    if (b->empty) { /* kept again (stopping: no drain tick comes, closed now) */
+      b->empty = false;
+      b->state = BATCH_DRAINING;
+      if (k->stopping) {
+        k->draining--;
+        batch_queue(k, b, true); /* (this thread exists: it cannot fail) */
+      }
+      continue;
+    }
+    b->state = BATCH_DONE;
     if (!k->stopping)
       uv_async_send(&k->done_async);
   }
@@ -261,7 +322,8 @@ void gshmd_closer_close(struct gshmd_server *s, const int *fds, int n, uid_t uid
 }
 
 /* Each draining socket whose packets are all read now (or every one, when
- * stopping) goes to the closer threads. */
+ * stopping) goes to the closer threads to be closed; one whose receive
+ * queue was not found empty yet, to be emptied again. */
 static void on_drain_timer(uv_timer_t *t) {
   struct gshmd_closer *k = t->data;
   struct gshm_list *pos;
@@ -270,9 +332,16 @@ static void on_drain_timer(uv_timer_t *t) {
   gshm_list_foreach(pos, &k->all) {
     struct close_batch *b = gshm_list_entry(pos, struct close_batch, node);
     int queued = 0;
-    if (b->state != BATCH_DRAINING ||
-        (!k->stopping && !ioctl(b->fds[0], SIOCOUTQ, &queued) && queued > 0))
+    if (b->state != BATCH_DRAINING)
       continue;
+    if (!k->stopping && !ioctl(b->fds[0], SIOCOUTQ, &queued) && queued > 0) {
+      if (!b->emptied) { /* (no thread: the next tick tries again) */
+        b->empty = true;
+        if (!batch_queue(k, b, true))
+          b->empty = false;
+      }
+      continue;
+    }
     k->draining--;
     if (!batch_queue(k, b, true)) { /* (no thread: here, as gshmd_closer_close) */
       close(b->fds[0]);
@@ -297,13 +366,21 @@ void gshmd_closer_close_client(struct gshmd_server *s, int fd, uid_t uid, bool s
     gshmd_closer_close(s, &fd, 1, uid);
     return;
   }
-  shutdown(fd, SHUT_RDWR); /* (the client reads what is queued, then the end) */
+  shutdown(fd, SHUT_RDWR); /* (the client reads what is queued, then the end; sends no more) */
+  /* (every queued packet then reads with a cmsg: drain_empty tells them
+   * from the end; set after the shutdown, so no send of the client's
+   * autobinds its socket for it) */
+  b->creds = !setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &(int){1}, sizeof(int));
   b->uid = uid;
   b->n = b->left = 1;
   b->fds[0] = fd;
-  b->state = BATCH_DRAINING;
+  b->empty = true; /* (now: what pins its end goes before the first tick) */
   pthread_mutex_lock(&k->mu);
-  gshm_list_add_tail(&k->all, &b->node);
+  if (!batch_queue(k, b, false)) { /* (no thread: the tick tries again) */
+    b->empty = false;
+    b->state = BATCH_DRAINING;
+    gshm_list_add_tail(&k->all, &b->node);
+  }
   k->draining++;
   pthread_mutex_unlock(&k->mu);
   if (!k->drain_on) {

@@ -1660,6 +1660,93 @@ static void test_dropped_connection_unread_fds(void **state) {
   assert_int_equal(again, 1);
 }
 
+#define OWN_END_QUOTA 2 /* quota.connections of the attacker's uid */
+#define OWN_END_OPENS 4 /* replies with an fd it leaves unread on each */
+
+/* The attacker of test_dropped_connection_own_end, as another uid: on
+ * OWN_END_QUOTA connections, opens "fl/seg" without reading the replies
+ * (each carries the segment's fd), sends a packet too short to parse
+ * (gshmd drops the connection on it) and, right behind it, one of no
+ * bytes (it reads like the end of a socket shut down) and one that
+ * carries this end of the socket, which gshmd never reads; then closes
+ * its fd.  The end lives on in gshmd's receive queue, so the replies are
+ * never read.  Exits with the number of connections left so (a send that came
+ * after gshmd shut its end failed: that connection is simply closed, and
+ * its slot freed once gshmd sees it, so it is tried again). */
+static int own_end_attack(const char *path) {
+  Gshm__OpenRequest m = GSHM__OPEN_REQUEST__INIT;
+  uint8_t junk = 0;
+  int left = 0;
+
+  m.name = "fl/seg";
+  m.access = GSHM__ACCESS__ACCESS_READ;
+  for (int t = 0; t < 40 && left < OWN_END_QUOTA; t++) {
+    int c = kid_connect(path);
+    if (c < 0) { /* (a slot not freed yet) */
+      usleep(100 * 1000);
+      continue;
+    }
+    for (uint32_t i = 0; i < OWN_END_OPENS; i++)
+      if (gshm__wire_send(c, GSHM_WIRE_OPEN, i + 2, &m.base, -1))
+        return 50;
+    if (!kid_sent_read(c) || send(c, &junk, 1, MSG_NOSIGNAL) != 1)
+      return 51;
+    send(c, &junk, 0, MSG_NOSIGNAL); /* (one of no bytes first: no end to the emptying) */
+    left += send_with_fds(c, "x", 1, &c, 1, 1) == 1;
+    close(c);
+  }
+  return left;
+}
+
+/* As another uid: 0 when gshmd takes a connection within 5 s, else 1. */
+static int own_end_probe(const char *path) {
+  for (int i = 0; i < 50; i++) {
+    int c = kid_connect(path);
+    if (c >= 0) {
+      close(c);
+      return 0;
+    }
+    usleep(100 * 1000);
+  }
+  return 1;
+}
+
+/* A dropped connection with replies (fds) unread is kept, counted as a
+ * connection of its uid, until the client reads them or closes its end.
+ * Where fds reach gshmd, a client sent its own end in a packet gshmd
+ * never read (behind the one that got it dropped) and exited: the end
+ * lived on in gshmd's own receive queue, the replies were never read, and
+ * the slot was held until gshmd restarted; quota.connections such
+ * connections locked the uid out (the session 27 review).  gshmd empties
+ * its receive queue on a socket it keeps now, so nothing in it pins the
+ * client's end. */
+static void test_dropped_connection_own_end(void **state) {
+  struct harness g;
+  gshm_client_t *root;
+  gshm_segment_t *seg;
+  int left, probe, stopped;
+  char quota[64];
+  (void)state;
+
+  snprintf(quota, sizeof(quota), "quota.connections=%d", OWN_END_QUOTA);
+  assert_int_equal(harness_start(&g, (const char *const[]){"--set", "daemon.socket_mode=0666",
+                                                           "--set", "limits.max_fds_per_connection=1",
+                                                           "--set", quota, NULL}), 0);
+  assert_int_equal(gshm_connect(g.socket_path, "root", &root), 0);
+  assert_int_equal(gshm_create(root, "fl/seg", 4096, NULL, 0644, 0, &seg), 0);
+  left = harness_as_nobody(own_end_attack, g.socket_path);
+  probe = harness_as_nobody(own_end_probe, g.socket_path);
+  print_message("    %d of %d connections left with their own end unread in gshmd's queue; "
+                "a connection of that uid taken again within 5 s: %s\n", left, OWN_END_QUOTA,
+                probe ? "no" : "yes");
+  assert_int_equal(gshm_close(seg), 0);
+  gshm_disconnect(root);
+  stopped = harness_stop(&g);
+  assert_int_equal(stopped, 0);
+  assert_int_equal(left, OWN_END_QUOTA);
+  assert_int_equal(probe, 0);
+}
+
 /* The attacker of test_refused_connection_fds, as another uid: holds its
  * one connection (quota.connections = 1), then connects again and, before
  * gshmd accepts (and refuses) that connection, sends on it a lingering
@@ -1784,6 +1871,7 @@ int main(void) {
       cmocka_unit_test(test_pending_closes_count_fds),
       cmocka_unit_test(test_refused_connection_fds),
       cmocka_unit_test(test_dropped_connection_unread_fds),
+      cmocka_unit_test(test_dropped_connection_own_end),
       cmocka_unit_test_setup_teardown(test_big_free_off_the_loop, setup_reap_hold,
                                       teardown_reap_hold),
   };
