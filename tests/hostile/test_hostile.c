@@ -1875,5 +1875,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_big_free_off_the_loop, setup_reap_hold,
                                       teardown_reap_hold),
   };
+  if (getenv("GSHM_TEST_FILTER")) /* (a cmocka test filter, as the cluster suites take) */
+    cmocka_set_test_filter(getenv("GSHM_TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
