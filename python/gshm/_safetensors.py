@@ -17,6 +17,7 @@ are relative to the start of the data, as the format says.
 """
 
 import json
+import reprlib
 import struct
 
 from ._client import _unlink_on_error
@@ -113,6 +114,16 @@ def _json_count(v):
 # Python before 3.11 has no sys.set_int_max_str_digits limit: one 64 MiB
 # literal would take hours there.
 MAX_INT_DIGITS = 20
+# Limits on a header, checked before json.loads builds anything from it
+# (whoever created the segment wrote it): the bytes and brackets of
+# gshm._manifest (2**18 entries: 256 bytes and 3 containers each, and
+# 65,536 to spare).  A 100 MiB header was taken before, and JSON made 2.4
+# GiB of 35M empty arrays in 43 s.  safetensors itself refuses headers
+# past 100 MB; gshm's own (share_state_dict) take about 170 bytes a tensor.
+MAX_HEADER_BYTES = 64 << 20
+MAX_CONTAINERS = 4 * (1 << 18) + (1 << 16)
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 120
 
 
 def _json_int(text):
@@ -123,6 +134,14 @@ def _json_int(text):
     if digits > MAX_INT_DIGITS:
         raise ValueError("an integer of %d digits, more than %d" % (digits, MAX_INT_DIGITS))
     return int(text)
+
+
+def _shown(v):
+    """A short repr of v (reprlib: a few items of each container, the
+    start of long strings), for an error about a header someone else
+    wrote: the whole value of a hostile entry (2M arrays) made the message
+    itself megabytes long."""
+    return _REPR.repr(v)
 
 
 def parse(read, size, aligned=True):
@@ -136,18 +155,27 @@ def parse(read, size, aligned=True):
     if size < 8:
         raise ValueError("gshm: segment too small for a safetensors header")
     (n,) = struct.unpack("<Q", bytes(read(0, 8)))
-    if n > size - 8 or n > 100 << 20:
+    if n > size - 8:
         raise ValueError("gshm: safetensors header length %d does not fit the segment" % n)
+    if n > MAX_HEADER_BYTES:
+        raise ValueError("gshm: safetensors header length %d does not fit gshm's limit of %d bytes"
+                         % (n, MAX_HEADER_BYTES))
+    raw = bytes(read(8, n))
+    if raw.count(b"{") + raw.count(b"[") > MAX_CONTAINERS:
+        raise ValueError("gshm: safetensors header has more objects and arrays than %d"
+                         % MAX_CONTAINERS)
     try:
-        doc = json.loads(bytes(read(8, n)).decode("utf-8"), parse_int=_json_int)
+        doc = json.loads(raw.decode("utf-8"), parse_int=_json_int)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:  # nesting too deep
         raise ValueError("gshm: bad safetensors header: %s" % err) from None
+    del raw
     if not isinstance(doc, dict):
         raise ValueError("gshm: bad safetensors header: not a JSON object")
     start = 8 + n
     meta = doc.pop("__metadata__", None) or {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise ValueError("gshm: safetensors __metadata__ must map str to str, not %r" % (meta,))
+        raise ValueError("gshm: safetensors __metadata__ must map str to str, not %s"
+                         % _shown(meta))
     entries = []
     for name, t in doc.items():
         try:
@@ -159,23 +187,25 @@ def parse(read, size, aligned=True):
             if len(shape) > MAX_DIMS or any(d > _I64 for d in shape):
                 raise ValueError("shape")
         except (KeyError, TypeError, ValueError):
-            raise ValueError("gshm: bad safetensors entry %r: %r" % (name, t)) from None
+            raise ValueError("gshm: bad safetensors entry %s: %s" % (_shown(name), _shown(t))) \
+                from None
         count = 1
         for d in shape:
             count *= d
         if e < b or e - b != count * dt.itemsize or start + e > size:
-            raise ValueError("gshm: tensor %r: offsets %r do not match its shape or the segment"
-                             % (name, (b, e)))
+            raise ValueError("gshm: tensor %s: offsets %r do not match its shape or the segment"
+                             % (_shown(name), (b, e)))
         if aligned and e > b and (start + b) % dt.itemsize:
-            raise ValueError("gshm: tensor %r at byte %d is not aligned to its %s item size (%d)"
-                             % (name, start + b, dt.name, dt.itemsize))
+            raise ValueError("gshm: tensor %s at byte %d is not aligned to its %s item size (%d)"
+                             % (_shown(name), start + b, dt.name, dt.itemsize))
         entries.append((name, dt, shape, start + b, start + e))
     # Tensors may not share bytes (safetensors forbids it, and a copy plan
     # that reads each file byte once would leave one of them unwritten).
     spans = sorted((b, e, name) for name, _, _, b, e in entries if e > b)
     for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
-            raise ValueError("gshm: tensors %r and %r overlap in the file" % (n0, n1))
+            raise ValueError("gshm: tensors %s and %s overlap in the file"
+                             % (_shown(n0), _shown(n1)))
     return meta, entries
 
 

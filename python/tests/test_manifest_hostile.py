@@ -142,31 +142,38 @@ def test_integer_literal_length_capped():
 
 # A reader in a process of its own: its peak RSS before and after read()
 # (VmHWM, of this process's memory alone: ru_maxrss keeps the peak of the
-# pytest process it was forked from across exec).
+# pytest process it was forked from across exec); with a third argument
+# "safetensors", of load_arrays (the header parser of
+# gshm.torch.load_state_dict, without torch).
 _READER = r"""
 import json, sys, time
 import gshm
-from gshm import _manifest
+from gshm import _manifest, _safetensors
 
 def hwm_kib():
     with open("/proc/self/status") as f:
         return int(next(l for l in f if l.startswith("VmHWM:")).split()[1])
 
 c = gshm.Client(sys.argv[1], name="hostile-reader")
+if sys.argv[3:] == ["safetensors"]:
+    import numpy  # (load_arrays imports it: its 20-odd MiB are no header's)
 r0 = hwm_kib()
 t0 = time.monotonic()
 try:
-    _manifest.read(c, sys.argv[2])
+    if sys.argv[3:] == ["safetensors"]:
+        _safetensors.load_arrays(c, sys.argv[2])
+    else:
+        _manifest.read(c, sys.argv[2])
     err = None
-except _manifest.ManifestError as e:
+except ValueError as e:  # (ManifestError is one)
     err = str(e)
 print(json.dumps({"error": err, "s": time.monotonic() - t0,
                   "grew_kib": hwm_kib() - r0}))
 """
 
 
-def _read_elsewhere(daemon, prefix):
-    p = subprocess.run([sys.executable, "-c", _READER, daemon.socket, prefix],
+def _read_elsewhere(daemon, prefix, *how):
+    p = subprocess.run([sys.executable, "-c", _READER, daemon.socket, prefix] + list(how),
                        env=gshm_testutil.child_env(), stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, timeout=120)
     assert p.returncode == 0, p.stderr.decode()
@@ -242,3 +249,32 @@ def test_safetensors_integer_literal_length_capped():
     blob = struct.pack("<Q", len(ok)) + ok + bytes(16)
     with pytest.raises(ValueError, match="offsets"):
         _safetensors.parse(lambda off, n: blob[off:off + n], len(blob))
+
+
+@pytest.mark.parametrize("what", ["oversized", "containers"])
+def test_hostile_safetensors_header_costs_the_reader_nothing(daemon, client, segname, what):
+    """A state dict segment another user wrote (names are first come, first
+    served), read with load_arrays or gshm.torch.load_state_dict.  Before:
+    its header was parsed whole up to 100 MiB, with no count of its
+    containers: 2M empty arrays (6 MiB) made the reader's peak RSS grow
+    by 190 MiB, 100 MiB of them by 2.4 GiB (43 s); an 80 MiB header of
+    blanks was read, decoded and taken (256 MiB).  Now both are refused
+    from their length and a count over the bytes, as a manifest's are."""
+    if what == "oversized":
+        body = b'{"__metadata__":{}}'
+        js = body + b" " * (80 * MiB - len(body))
+    else:
+        js = json.dumps({"__metadata__": {}, "a": {"dtype": "F32", "shape": [],
+                                                   "data_offsets": [0, 4]},
+                         "pad": [[]] * (2 << 20)}).encode()
+        js += b" " * (-len(js) % 8)
+        assert len(js) < 16 * MiB
+    _put(client, segname, struct.pack("<Q", len(js)) + js + bytes(8))
+    try:
+        r = _read_elsewhere(daemon, segname, "safetensors")
+    finally:
+        client.unlink(segname)
+    assert r["error"] is not None, r
+    assert "safetensors" in r["error"], r
+    assert r["grew_kib"] < 32 * 1024, r
+    assert r["s"] < 2.0, r
