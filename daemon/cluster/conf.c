@@ -83,9 +83,7 @@ static int parse_peers(struct links *ll, const char *spec) {
     snprintf(p->name, sizeof(p->name), "%.*s", (int)(eq - tok), tok);
     snprintf(p->address, sizeof(p->address), "%s", eq + 1);
     if (!gshmd__cluster_name_ok(p->name)) {
-      gshm_log_err("cluster.peers: peer name '%s': 1 to 63 bytes, no blanks or control bytes, "
-                   "not '?'",
-                   p->name);
+      gshm_log_err("cluster.peers: peer name '%s': " GSHMD_CLUSTER_NAME_RULE, p->name);
       free(copy);
       return -EINVAL;
     }
@@ -247,11 +245,14 @@ bool gshmd__cluster_name_ok(const char *s) {
   size_t n = strlen(s);
   /* (a comma separates names in lists of sources and in the path of
    * relayed bytes, where a lone "?" stands for the unknown rest:
-   * relay_path.h) */
+   * relay_path.h; a colon a peer from a segment's name, in gshmctl pull
+   * PEER:NAME and a source PEER:NAME#ID.GEN; a quote or a backslash
+   * broke the metrics' label values, peer="...", and with them every
+   * scrape of the node) */
   if (n == 0 || n > 63 || !strcmp(s, "?"))
     return false;
   for (const char *p = s; *p; p++)
-    if ((unsigned char)*p <= 0x20 || *p == 0x7f || *p == ',')
+    if ((unsigned char)*p <= 0x20 || *p == 0x7f || strchr(",:\"\\", *p))
       return false;
   return true;
 }
@@ -283,8 +284,7 @@ int gshmd__cluster_conf(struct gshmd_cluster *cl) {
   else if (gethostname(ll->node_name, sizeof(ll->node_name) - 1) < 0)
     strcpy(ll->node_name, "localhost");
   if (!gshmd__cluster_name_ok(ll->node_name)) {
-    gshm_log_err("cluster.node_name '%s': 1 to 63 bytes, no blanks, control bytes or commas, "
-                 "not '?'", ll->node_name);
+    gshm_log_err("cluster.node_name '%s': " GSHMD_CLUSTER_NAME_RULE, ll->node_name);
     return -EINVAL;
   }
   ll->listen = cfg->cluster_listen;

@@ -70,16 +70,26 @@ refused "peer without a port" "cannot resolve" "${L[@]}" "${K[@]}" \
   --set cluster.peers=node7=10.0.0.7
 refused "peer named twice" "named twice" "${L[@]}" "${K[@]}" \
   --set "cluster.peers=n=127.0.0.1:2,n=127.0.0.1:3"
-refused "peer name with a control byte" "no blanks or control bytes" "${L[@]}" "${K[@]}" \
+refused "peer name with a control byte" "no blanks, control bytes" "${L[@]}" "${K[@]}" \
   --set "cluster.peers=a$(printf '\033')b=127.0.0.1:2"
 refused "node name with a blank" "cluster.node_name" "${L[@]}" "${K[@]}" \
   --set "cluster.node_name=a b"
 # a comma parts names in lists of sources and paths of relayed bytes, where
 # a lone '?' is the unknown rest
-refused "node name with a comma" "or commas, not '?'" "${L[@]}" "${K[@]}" \
+refused "node name with a comma" "backslashes, not '?'" "${L[@]}" "${K[@]}" \
   --set "cluster.node_name=a,b"
-refused "node name '?'" "or commas, not '?'" "${L[@]}" "${K[@]}" --set "cluster.node_name=?"
+refused "node name '?'" "backslashes, not '?'" "${L[@]}" "${K[@]}" --set "cluster.node_name=?"
 refused "peer named '?'" "not '?'" "${L[@]}" "${K[@]}" --set "cluster.peers=?=127.0.0.1:2"
+# a quote or a backslash in a name broke every scrape of the node: its
+# metrics' label values (peer="b"ad") are no Prometheus text format; a
+# colon parts a peer from a name (gshmctl pull PEER:NAME, a pulled
+# segment's source PEER:NAME#ID.GEN): such a peer could not be pulled from
+for bad in 'b"ad' 'b\ad' 'c:d'; do
+  refused "peer named '$bad'" "no blanks, control bytes, commas, colons, quotes" "${L[@]}" \
+    "${K[@]}" --set "cluster.peers=$bad=127.0.0.1:2"
+done
+refused "node name with a quote" "cluster.node_name" "${L[@]}" "${K[@]}" \
+  --set 'cluster.node_name=a"b'
 # which of the two it looked for (a group written without its '@' was
 # "no such user or group", no hint of the '@')
 refused "export of an unknown user" "no such user 'no-such-user-here' (a group is @GROUP)" \
