@@ -81,6 +81,20 @@ def shown(text: str) -> str:
     return "".join(out)
 
 
+def _json_text(v: Any) -> Any:
+    """v with every str in it as gshmctl --json gives a name that is not
+    UTF-8: each byte of no valid UTF-8 (_dec's surrogate escape) as U+FFFD.
+    json.dumps wrote the escape as a lone surrogate ("\\udc9b"), which
+    strict parsers refuse: one user's name broke the whole document."""
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if isinstance(v, dict):
+        return {_json_text(k): _json_text(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_text(x) for x in v]
+    return v
+
+
 def segment_lines(segs: Sequence[SegmentInfo]) -> List[str]:
     """gshmctl segments's table: a name longer than its column widens it."""
     w = max([30] + [len(shown(s.name)) for s in segs])
@@ -151,7 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         key = args.verb
         doc = result if args.verb == "status" else {key: result}
-        print(json.dumps(doc, indent=2, default=str))
+        print(json.dumps(_json_text(doc), indent=2, default=str))
     else:
         print("\n".join(result))
     return EXIT_OK

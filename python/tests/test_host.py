@@ -910,6 +910,29 @@ def test_python_m_gshm_escapes_names(daemon, client):
         evil.unlink(name)
 
 
+def test_python_m_gshm_json_is_unicode(daemon, client):
+    """A segment or client name that is not UTF-8 (names are bytes) comes
+    out of python -m gshm --json as gshmctl --json gives it: each bad byte
+    as U+FFFD.  Before, its surrogate escape went out as a lone surrogate
+    ("\\udc9b"), JSON that strict parsers (Rust's serde_json, Go's
+    decoder rewrites it) refuse or alter: any user could break an admin's
+    script that parses the listing, as one document for everyone."""
+    import gshm
+    name = "bad\udc9bname"
+    with gshm.Client(daemon.socket, name="evil\udc9b31m") as evil, \
+            evil.create(name, 4096, location="host", mode=0o644):
+        for verb, key, want in (("segments", "name", "bad\ufffdname"),
+                                ("clients", "name", "evil\ufffd31m")):
+            p = _python_m_gshm("--json", verb, "--socket", daemon.socket)
+            assert p.returncode == 0, p.stderr.decode()
+            doc = json.loads(p.stdout)
+            names = [e[key] for e in doc[verb]]
+            for n in names:
+                n.encode("utf-8")  # no lone surrogate
+            assert want in names, names
+        evil.unlink(name)
+
+
 def test_python_m_gshm_long_names_keep_columns(daemon, client):
     """A segment or client name longer than its column widens the column
     for every row, as in gshmctl: before, it pushed the later columns of
