@@ -248,13 +248,18 @@ bool gshmd__cluster_name_ok(const char *s) {
    * relay_path.h; a colon a peer from a segment's name, in gshmctl pull
    * PEER:NAME and a source PEER:NAME#ID.GEN; a quote or a backslash
    * broke the metrics' label values, peer="...", and with them every
-   * scrape of the node) */
+   * scrape of the node, as does a byte of no valid UTF-8; a C1 control
+   * or a bidi override is no name's: gshm__text_clean changes neither) */
+  char clean[64];
+
   if (n == 0 || n > 63 || !strcmp(s, "?"))
     return false;
   for (const char *p = s; *p; p++)
     if ((unsigned char)*p <= 0x20 || *p == 0x7f || strchr(",:\"\\", *p))
       return false;
-  return true;
+  memcpy(clean, s, n + 1);
+  gshm__text_clean(clean);
+  return !strcmp(clean, s);
 }
 
 static int read_pull_group(struct gshmd_cluster *cl, const char *group) {

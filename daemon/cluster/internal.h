@@ -141,11 +141,13 @@ int gshmd__cluster_listen_check(const struct links *ll);
  * GSHMD_PEER_ERROR_LEN); returns buf. */
 char *gshmd__peer_error(const struct peer_req *req, int err, const Gshm__Cluster__Msg *m,
                         const char *why, char *buf, size_t size);
-/* A node name: 1 to 63 bytes, no blanks, control bytes, commas, colons,
- * quotes or backslashes, and not "?" (relay_path.h; conf.c says why). */
+/* A node name: 1 to 63 bytes of UTF-8, no blanks, control characters
+ * (C0, C1, invisible or bidi ones), commas, colons, quotes or
+ * backslashes, and not "?" (relay_path.h; conf.c says why). */
 bool gshmd__cluster_name_ok(const char *s);
 #define GSHMD_CLUSTER_NAME_RULE                                                                  \
-  "1 to 63 bytes, no blanks, control bytes, commas, colons, quotes or backslashes, not '?'"
+  "1 to 63 bytes of UTF-8, no blanks, control bytes or characters, commas, colons, quotes or "   \
+  "backslashes, not '?'"
 
 /* ---- hello.c: the authenticated hello ---- */
 

@@ -84,8 +84,11 @@ refused "peer named '?'" "not '?'" "${L[@]}" "${K[@]}" --set "cluster.peers=?=12
 # metrics' label values (peer="b"ad") are no Prometheus text format; a
 # colon parts a peer from a name (gshmctl pull PEER:NAME, a pulled
 # segment's source PEER:NAME#ID.GEN): such a peer could not be pulled from
-for bad in 'b"ad' 'b\ad' 'c:d'; do
-  refused "peer named '$bad'" "no blanks, control bytes, commas, colons, quotes" "${L[@]}" \
+# a byte of no valid UTF-8 likewise (label values are UTF-8), and a C1
+# control or a bidi override is text no name needs
+for bad in 'b"ad' 'b\ad' 'c:d' "$(printf 'b\377ad')" "$(printf 'b\302\233ad')" \
+  "$(printf 'b\342\200\256ad')"; do
+  refused "peer named '$bad'" "no blanks, control bytes" "${L[@]}" \
     "${K[@]}" --set "cluster.peers=$bad=127.0.0.1:2"
 done
 refused "node name with a quote" "cluster.node_name" "${L[@]}" "${K[@]}" \
