@@ -35,7 +35,7 @@ import json
 import struct
 
 from ._dtypes import dtype as _to_dtype
-from ._safetensors import _json_list
+from ._safetensors import _json_list, _shown
 from ._safetensors import _json_int as _int_literal
 
 __all__ = ["FORMAT", "VERSION", "ManifestError", "StaleManifest", "manifest_name",
@@ -87,7 +87,7 @@ def _json_int(v):
     """v, a JSON integer: TypeError for a float, bool or string, which int()
     would truncate, take, or overflow on (Infinity)."""
     if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError("%r is not an integer" % (v,))
+        raise TypeError("%s is not an integer" % _shown(v))
     return v
 
 
@@ -113,8 +113,8 @@ def torch_dtypes(doc, torch):
                 continue
             t = getattr(torch, name, None)
             if not isinstance(t, torch.dtype):
-                raise ManifestError("gshm: manifest %s entry %r has dtype %s, which this torch "
-                                    "(%s) lacks" % (where[:-1], k, name,
+                raise ManifestError("gshm: manifest %s entry %s has dtype %s, which this torch "
+                                    "(%s) lacks" % (where[:-1], _shown(k), name,
                                                     getattr(torch, "__version__", "?")))
             out[name] = t
     return out
@@ -133,14 +133,16 @@ def _entry_fields(t):
     JSON type and within int64; TypeError / ValueError / KeyError else."""
     seg = t["segment"]
     if not isinstance(seg, str):
-        raise TypeError("segment %r is not a string" % (seg,))
+        raise TypeError("segment %s is not a string" % _shown(seg))
     name = t["dtype"]
     if not isinstance(name, str):  # dtype() would ask NumPy about a list or an object
-        raise TypeError("dtype %r is not a name" % (name,))
+        raise TypeError("dtype %s is not a name" % _shown(name))
     try:
+        if len(name) > 64:  # (no dtype's name is: dtype() would quote it whole)
+            raise ValueError(name)
         dt = _to_dtype(name)
     except ValueError:
-        raise ValueError("unknown dtype %r" % (name,)) from None
+        raise ValueError("unknown dtype %s" % _shown(name)) from None
     try:
         offset = _json_in(t["offset"], _I64)
     except ValueError as e:
@@ -153,27 +155,29 @@ def _entry_fields(t):
         return seg, offset, dt, [_json_in(d, _I64) for d in shape], \
             [_json_in(d, _I64) for d in strides]
     except ValueError as e:  # (a TypeError says which value it was)
-        raise ValueError("bad shape %r / strides %r: %s" % (shape, strides, e)) from None
+        raise ValueError("bad shape %s / strides %s: %s" % (_shown(shape), _shown(strides), e)) \
+            from None
 
 
 def _check_entry(where, name, t, segments):
     """The entry t, checked against the segments it may name; raises
     ManifestError naming it."""
-    what = "gshm: manifest %s entry %r" % (where, name)
+    what = "gshm: manifest %s entry %s" % (where, _shown(name))
     try:
         seg, offset, dt, shape, strides = _entry_fields(t)
     except (KeyError, TypeError, ValueError) as e:
         raise ManifestError("%s: %s" % (what, e)) from None
     if seg not in segments:
-        raise ManifestError("%s names segment %r, not in its list" % (what, seg))
+        raise ManifestError("%s names segment %s, not in its list" % (what, _shown(seg)))
     size = segments[seg]["size"]
+    seg_shown = _shown(seg)  # (a name from the manifest, quoted short)
     if len(shape) != len(strides):
         raise ManifestError("%s: bad shape %r / strides %r" % (what, shape, strides))
     if offset % dt.itemsize:
         raise ManifestError("%s: offset %d not aligned to %s" % (what, offset, dt.name))
     end = tensor_extent(offset, dt.itemsize, shape, strides)  # (< 2**134: 64 dims < 2**63)
     if end > size:
-        raise ManifestError("%s reaches byte %d of %r (%d bytes)" % (what, end, seg, size))
+        raise ManifestError("%s reaches byte %d of %s (%d bytes)" % (what, end, seg_shown, size))
     # Its elements, counted up to what its segment could hold as distinct
     # ones: a view never claims more (stride 0 would let 2**62 elements sit
     # on one, and every op on it walk them).
@@ -183,14 +187,14 @@ def _check_entry(where, name, t, segments):
     cap = max(1, size // dt.itemsize)
     for d in shape:
         if d > cap:
-            raise ManifestError("%s: shape %r has a dimension longer than its segment %r "
-                                "holds elements (%d bytes)" % (what, shape, seg, size))
+            raise ManifestError("%s: shape %r has a dimension longer than its segment %s "
+                                "holds elements (%d bytes)" % (what, shape, seg_shown, size))
     count = 0 if 0 in shape else 1
     for d in shape if count else ():
         count *= d
         if count * dt.itemsize > size:
-            raise ManifestError("%s: shape %r has more elements than its segment %r holds "
-                                "(%d bytes)" % (what, shape, seg, size))
+            raise ManifestError("%s: shape %r has more elements than its segment %s holds "
+                                "(%d bytes)" % (what, shape, seg_shown, size))
     return {"segment": seg, "offset": offset, "dtype": dt.name, "shape": shape,
             "strides": strides}
 
@@ -238,7 +242,7 @@ def _segments(v):
                            "generation": _json_in(s["generation"], _U64),
                            "size": _json_in(s["size"], _I64)}
         except ValueError as e:  # (a TypeError or KeyError says which field)
-            raise ValueError("segment %r: id, generation or size %s" % (k, e)) from None
+            raise ValueError("segment %s: id, generation or size %s" % (_shown(k), e)) from None
     return out
 
 
@@ -269,11 +273,11 @@ def _parse(js):
         raise ManifestError("gshm: manifest is not JSON: %s" % e) from None
     del raw
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ManifestError("gshm: not a gshm pool manifest (format %r)"
-                            % (doc.get("format") if isinstance(doc, dict) else None))
+        raise ManifestError("gshm: not a gshm pool manifest (format %s)"
+                            % _shown(doc.get("format") if isinstance(doc, dict) else None))
     if doc.get("version") != VERSION:
-        raise ManifestError("gshm: manifest version %r; this gshm reads %d"
-                            % (doc.get("version"), VERSION))
+        raise ManifestError("gshm: manifest version %s; this gshm reads %d"
+                            % (_shown(doc.get("version")), VERSION))
     try:
         segs = _segments(doc["segments"])
         tensors, buffers = doc["tensors"], doc.get("buffers") or {}
@@ -283,7 +287,7 @@ def _parse(js):
                 or not isinstance(meta, dict):
             raise TypeError("tensors, buffers and metadata must be objects")
         if not isinstance(location, str):
-            raise TypeError("location %r is not a string" % (location,))
+            raise TypeError("location %s is not a string" % _shown(location))
         if not all(isinstance(v, str) for v in meta.values()):
             raise TypeError("metadata must map str to str")
         if len(tensors) + len(buffers) > MAX_ENTRIES:
@@ -354,8 +358,8 @@ def _resolve_pulled(doc, prefix, source):
 
     def local(n):
         if not n.startswith(name + "/"):
-            raise ManifestError("gshm: pulled manifest names segment %r, not under its own "
-                                "prefix %r on peer %r" % (n, name, peer))
+            raise ManifestError("gshm: pulled manifest names segment %s, not under its own "
+                                "prefix %r on peer %r" % (_shown(n), name, peer))
         return prefix + n[len(name):]
 
     for k in ("tensors", "buffers"):
@@ -391,8 +395,8 @@ def read(client, prefix):
         doc = _resolve_pulled(doc, prefix, seg.info.source)
     for n in doc["segments"]:
         if not n.startswith(segment_prefix(prefix)):
-            raise ManifestError("gshm: manifest of %r names segment %r, not one of the pool's "
-                                "(%s*)" % (prefix, n, segment_prefix(prefix)))
+            raise ManifestError("gshm: manifest of %r names segment %s, not one of the pool's "
+                                "(%s*)" % (prefix, _shown(n), segment_prefix(prefix)))
     return doc
 
 

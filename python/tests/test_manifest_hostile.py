@@ -87,6 +87,35 @@ def test_hostile_entry_is_refused(data, message):
         _manifest.decode(data)
 
 
+_BIG = "x" * (8 * MiB)
+
+
+@pytest.mark.parametrize("where", ["name", "dtype", "segment", "segment_key", "offset",
+                                   "shape", "format", "location"])
+def test_hostile_values_are_quoted_short(where):
+    """Each refusal names the entry or value it refuses with a short repr
+    (reprlib: the start of a long string, a few items of a list).  Before,
+    the whole value went into the message, once or twice over: a dtype of
+    60 MiB made an error of 60 MiB (the reader's peak RSS grew 180 MiB, 3.3
+    s), printed whole in a traceback or a service's log."""
+    t = {"segment": SEG, "offset": 0, "dtype": "float32", "shape": [4], "strides": [1]}
+    segs = {SEG: {"id": 1, "generation": 1, "size": 4096}}
+    entry, kw = "w", {}
+    if where == "name":
+        entry, t["dtype"] = _BIG, "float99"
+    elif where in ("dtype", "segment", "offset"):
+        t[where] = _BIG
+    elif where == "segment_key":
+        segs = {_BIG: {"id": -1, "generation": 1, "size": 4096}}
+    elif where == "shape":
+        t["shape"] = [_BIG]
+    else:
+        kw[where] = _BIG if where == "format" else [7] * (4 << 20)
+    with pytest.raises(_manifest.ManifestError) as e:
+        _manifest.decode(_bytes(_doc({entry: t}, segments=segs, **kw)))
+    assert len(str(e.value)) < 1000, (where, len(str(e.value)))
+
+
 def test_stride_zero_within_its_segment_is_taken():
     """An expanded buffer (stride 0) of a published module is fine while it
     names no more elements than its segment's bytes could hold."""
