@@ -535,6 +535,14 @@ static int handle_metrics(struct req *q) {
   if (e)
     return set_error(q, e, "cannot render metrics");
   q->free_after = text;
+  /* Many peers (130 of 13-byte names) make it more than one reply holds:
+   * refused, never sent (an unsendable reply closes the connection, and
+   * with it the client's leases). */
+  if (strlen(text) > GSHM_WIRE_MAX_PACKET - GSHM_WIRE_HEADER_SIZE - 64) {
+    snprintf(q->msg, sizeof(q->msg), "the metrics (%zu bytes) do not fit one reply (64 KiB): "
+             "read them from metrics.http_listen or metrics.textfile", strlen(text));
+    return set_error(q, -EFBIG, q->msg);
+  }
   q->reply->body_case = GSHM__REPLY__BODY_TEXT;
   q->reply->text = text;
   return 0;

@@ -509,8 +509,54 @@ static void test_textfile_no_symlink_and_removed_at_stop(void **state) {
   assert_int_equal(rmdir(dir), 0); /* nothing else left behind */
 }
 
+/* A cluster of many peers makes the text larger than one reply (64 KiB:
+ * 130 peers of 13-byte names, 73 KB).  gshmd closed the connection of
+ * every client that asked ("reply too large"; libgshm's resend met the
+ * same), and with it the client's leases: an unlinked segment it still
+ * mapped was freed.  Now the request is refused (-EFBIG, saying where to
+ * read the metrics instead) and the connection and its leases stay. */
+static void test_too_large_keeps_the_connection(void **state) {
+  char key[] = "/tmp/gshm-metrics-key.XXXXXX", listen[64], keyset[96], *peers, *text = NULL;
+  const char *args[] = {"--set", listen, "--set", keyset, "--set", "cluster.node_name=me",
+                        "--set", "daemon.log_level=warning", "--set", NULL, NULL};
+  size_t len = 0, cap = 8192;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  gshm_segment_info_t info;
+  struct harness h;
+  int fd;
+
+  (void)state;
+  assert_true((fd = mkstemp(key)) >= 0);
+  assert_int_equal(write(fd, "0123456789abcdef0123456789abcdef", 32), 32);
+  close(fd);
+  snprintf(keyset, sizeof(keyset), "cluster.secret_file=%s", key);
+  snprintf(listen, sizeof(listen), "cluster.listen=127.0.0.1:%d", harness_free_port());
+  assert_non_null(peers = malloc(cap));
+  len = (size_t)snprintf(peers, cap, "cluster.peers=");
+  for (int i = 0; i < 130; i++) /* unreachable: only their series count */
+    len += (size_t)snprintf(peers + len, cap - len, "%sgpu-node-%04d=127.0.0.1:1", i ? "," : "",
+                            i);
+  assert_true(len < cap);
+  args[9] = peers;
+  assert_int_equal(harness_start(&h, args), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "metrics-big", &c), 0);
+  assert_int_equal(gshm_create(c, "big/held", 4096, NULL, 0600, 0, &s), 0);
+  assert_int_equal(gshm_unlink(c, "big/held"), 0); /* freed with the lease */
+  assert_int_equal(gshm_metrics(c, &text), -EFBIG);
+  assert_null(text);
+  assert_non_null(strstr(gshm_last_error(c), "metrics.http_listen"));
+  assert_int_equal(gshm_stat(s, &info), 0); /* the lease is still held */
+  gshm_close(s);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&h), 0);
+  free(peers);
+  unlink(key);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_too_large_keeps_the_connection),
       cmocka_unit_test(test_textfile_no_symlink_and_removed_at_stop),
       cmocka_unit_test(test_parser_rejects),
       cmocka_unit_test_setup_teardown(test_values, setup, harness_cmocka_teardown),
