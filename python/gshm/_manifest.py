@@ -439,16 +439,19 @@ def open_segments(client, manifest, access="r"):
 
 def unlink_prefix(client, prefix):
     """Unlinks "<prefix>/manifest" and every "<prefix>/seg-*" this client may
-    see; returns the names unlinked.  Memory goes with the last lease."""
+    see and unlink; returns the names unlinked.  Memory goes with the last
+    lease.  Names another user holds under the prefix (names are first come,
+    first served) are passed over: the first of them stopped the cleanup,
+    and the caller's own segments listed after it stayed."""
     names = [s.name for s in client.segments()
              if not s.unlinked and (s.name == manifest_name(prefix)
                                     or s.name.startswith(segment_prefix(prefix)))]
     done = []
-    from ._errors import NotFound
+    from ._errors import NotFound, PermissionDenied
     for n in names:
         try:
             client.unlink(n)
             done.append(n)
-        except NotFound:
-            pass
+        except (NotFound, PermissionDenied):
+            pass  # gone meanwhile, or another user's: its owner's or an admin's to unlink
     return done

@@ -268,8 +268,8 @@ class MemPool(object):
         if unlink and self.persistent and not self.client.closed:
             try:
                 self.client.unlink(_manifest.manifest_name(self.prefix))
-            except FileNotFoundError:
-                pass
+            except (FileNotFoundError, PermissionError):
+                pass  # none, or another user's (names are first come, first served)
         release = _fn("gshm_pool_release")
         _torch.cuda.synchronize(self.device)
         gc.collect()

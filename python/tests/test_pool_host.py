@@ -10,11 +10,14 @@ import json
 import os
 import random
 import struct
+import subprocess
+import sys
 import types
 
 import pytest
 
 import gshm
+import gshm_testutil
 from gshm import _cuda, _manifest, _safetensors, _torch_conf
 from gshm import _lib as L
 
@@ -177,6 +180,61 @@ def test_manifest_write_read_open_and_unlink_prefix(client, segname):
     with pytest.raises(gshm.NotFound):
         _manifest.read(client, segname)
     assert _manifest.unlink_prefix(client, segname) == []
+
+
+def _as_uid(uid):
+    def drop():
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    return drop
+
+
+# The owner's cleanup, as a user that is no admin: {"done", "left"}.
+_OWNER = r"""
+import json, sys
+import gshm
+from gshm import _manifest
+with gshm.Client(sys.argv[1], name="owner") as c:
+    mine = [sys.argv[2] + "/seg-%06d" % i for i in (1, 2)]
+    for n in mine:
+        c.create(n, 4096, location="host").close()
+    try:
+        done = _manifest.unlink_prefix(c, sys.argv[2])
+    except gshm.Error as e:
+        done = repr(e)
+    print(json.dumps({"done": done, "left": [n for n in mine if c.exists(n)]}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two other users")
+def test_unlink_prefix_passes_over_another_users_names():
+    """Names are first come, first served: another user may create
+    "<prefix>/manifest" or "<prefix>/seg-..." under a prefix it does not
+    own (mode 0644, so that the owner lists them).  unlink_prefix (the
+    cleanup after a pool's process died) stopped at the first it could not
+    unlink (PermissionDenied), so the owner's own segments after it stayed,
+    their memory charged to the owner.  Now it passes over names it may
+    not unlink and unlinks all of the caller's."""
+    d = gshm_testutil.Daemon(args=["--set", "daemon.socket_mode=0666"]).start()
+    try:
+        os.chmod(d.tmpdir, 0o755)
+        prefix = "victim/pool"
+        for n in ("/manifest", "/seg-000000"):  # listed before the owner's own (lower ids)
+            p = subprocess.run([gshm_testutil.gshmctl_path(), "--socket", d.socket, "create",
+                                prefix + n, "4096", "--mode", "0644"],
+                               preexec_fn=_as_uid(65534), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=30)
+            assert p.returncode == 0, p.stderr.decode()
+        p = subprocess.run([sys.executable, "-c", _OWNER, d.socket, prefix],
+                           env=gshm_testutil.child_env(), preexec_fn=_as_uid(65533),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        assert p.returncode == 0, p.stderr.decode()
+        r = json.loads(p.stdout)
+        assert r == {"done": [prefix + "/seg-000001", prefix + "/seg-000002"], "left": []}, r
+        assert d.gshmctl("--json", "segments").stdout.count(b"victim/pool/") == 2  # nobody's
+    finally:
+        d.stop()
 
 
 def test_manifest_naming_a_gone_segment_is_stale(client, segname):
