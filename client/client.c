@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -1049,17 +1050,57 @@ int gshm_list_devices(gshm_client_t *c, gshm_device_info_t **devices_out, size_t
                         (void **)devices_out, count_out);
 }
 
+/* The text of the metrics' memfd fd (gshmd's, sealed), malloc'ed into
+ * *text_out.  Returns 0, -EFBIG over 64 MiB, -ENOMEM, or a read's errno. */
+static int read_text_fd(int fd, char **text_out) {
+  struct stat st;
+  size_t done = 0;
+  char *text;
+
+  if (fstat(fd, &st) < 0)
+    return -errno;
+  if (st.st_size < 0 || st.st_size > (64 << 20))
+    return -EFBIG;
+  if (!(text = malloc((size_t)st.st_size + 1)))
+    return -ENOMEM;
+  while (done < (size_t)st.st_size) {
+    ssize_t n = pread(fd, text + done, (size_t)st.st_size - done, (off_t)done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      int e = n < 0 ? -errno : -EIO;
+      free(text);
+      return e;
+    }
+    done += (size_t)n;
+  }
+  text[done] = '\0';
+  *text_out = text;
+  return 0;
+}
+
 int gshm_metrics(gshm_client_t *c, char **text_out) {
   Gshm__Empty m = GSHM__EMPTY__INIT;
   Gshm__Reply *reply = NULL;
-  char *text;
-  int e;
+  char *text = NULL;
+  int e, fd = -1;
 
   if (!c || !text_out)
     return -EINVAL;
-  if ((e = gshm__request_body(c, GSHM_WIRE_METRICS, &m.base, GSHM__REPLY__BODY_TEXT, &reply)))
+  if ((e = gshm__client_lock(c)))
     return e;
-  e = (text = strdup(reply->text)) ? 0 : -ENOMEM;
+  e = gshm__request(c, GSHM_WIRE_METRICS, &m.base, &reply, &fd);
+  pthread_mutex_unlock(&c->lock);
+  if (e)
+    return e;
+  if (reply->body_case != GSHM__REPLY__BODY_TEXT)
+    e = -EPROTO;
+  else if (fd >= 0) /* (a text larger than one reply) */
+    e = read_text_fd(fd, &text);
+  else
+    e = (text = strdup(reply->text)) ? 0 : -ENOMEM;
+  if (fd >= 0)
+    close(fd);
   gshm__reply__free_unpacked(reply, NULL);
   if (!e)
     *text_out = text;

@@ -4,6 +4,7 @@
  * for counters. */
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -259,4 +260,28 @@ int gshmd_metrics_store_textfile(const char *path, const char *text) {
   }
   last_err = e;
   return e;
+}
+
+int gshmd_metrics_memfd(const char *text, size_t len) {
+  int fd = memfd_create("gshm-metrics", MFD_CLOEXEC | MFD_ALLOW_SEALING), e;
+
+  if (fd < 0)
+    return -errno;
+  for (size_t done = 0; done < len;) {
+    ssize_t n = write(fd, text + done, len - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      e = n < 0 ? -errno : -EIO;
+      close(fd);
+      return e;
+    }
+    done += (size_t)n;
+  }
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+    e = -errno;
+    close(fd);
+    return e;
+  }
+  return fd;
 }

@@ -13,6 +13,13 @@ struct gshmd_server;
  * NUL-terminated malloc'ed string the caller frees.  Errors: -ENOMEM. */
 int gshmd_metrics_render(struct gshmd_server *s, char **text_out);
 
+/* A sealed memfd (F_SEAL_WRITE, _SHRINK, _GROW, _SEAL) holding the len
+ * bytes of text: the METRICS answer when the exposition does not fit one
+ * reply (64 KiB: about 115 peers of short names), sent as the reply's fd.
+ * Returns the fd (the caller's, to close once sent) or a negative errno
+ * (-EMFILE, -ENOMEM, a write's). */
+int gshmd_metrics_memfd(const char *text, size_t len);
+
 /* Writes `text` (an exposition from gshmd_metrics_render) to `path`
  * atomically: a new temporary file in the same directory (mkostemp; named
  * so that node_exporter's *.prom glob never reads it half-written), fsync,

@@ -41,6 +41,7 @@ struct req {
   size_t len;
   Gshm__Reply *reply;
   int fd_out;
+  bool fd_ours;     /* fd_out is the handler's, closed once sent (else lent by the backend) */
   char msg[256];
   /* Storage that must outlive the handler until the reply is sent. */
   Gshm__LeaseGrant grant;
@@ -535,13 +536,17 @@ static int handle_metrics(struct req *q) {
   if (e)
     return set_error(q, e, "cannot render metrics");
   q->free_after = text;
-  /* Many peers (130 of 13-byte names) make it more than one reply holds:
-   * refused, never sent (an unsendable reply closes the connection, and
-   * with it the client's leases). */
+  /* More than one reply holds (about 115 peers): the text goes in a memfd,
+   * the reply's fd (an unsendable reply closed the connection, and with it
+   * the client's leases); a client without fd support reads this line. */
   if (strlen(text) > GSHM_WIRE_MAX_PACKET - GSHM_WIRE_HEADER_SIZE - 64) {
-    snprintf(q->msg, sizeof(q->msg), "the metrics (%zu bytes) do not fit one reply (64 KiB): "
-             "read them from metrics.http_listen or metrics.textfile", strlen(text));
-    return set_error(q, -EFBIG, q->msg);
+    if ((e = gshmd_metrics_memfd(text, strlen(text))) < 0)
+      return set_error(q, e, "cannot make the metrics' memfd");
+    q->fd_out = e;
+    q->fd_ours = true;
+    snprintf(q->msg, sizeof(q->msg), "# gshm: the metrics (%zu bytes) came as this reply's fd\n",
+             strlen(text));
+    text = q->msg;
   }
   q->reply->body_case = GSHM__REPLY__BODY_TEXT;
   q->reply->text = text;
@@ -626,22 +631,23 @@ static int request_dispatch(struct req *q) {
 }
 #undef DISPATCH
 
-/* Sends q's reply (with its fd); returns its status.  A grant whose fd
- * cannot go now (gshmd's user has more fds in flight than its
- * RLIMIT_NOFILE) is taken back and answered -EMFILE; the connection stays
- * (closed, its client's leases ended, docs/SECURITY.md).  So is a queued
- * one whose send meets that later (server.c conn_flush). */
+/* Sends q's reply (with its fd); returns its status.  A reply whose fd
+ * cannot go now (gshmd's user has more fds in flight than RLIMIT_NOFILE)
+ * is answered -EMFILE, a grant taken back; the connection stays (closed,
+ * its client's leases ended, docs/SECURITY.md).  So is a queued one whose
+ * send meets that later (server.c conn_flush). */
 static Gshm__Status reply_send(struct req *q, const struct gshm_wire_header *hdr) {
   Gshm__Reply refused = GSHM__REPLY__INIT;
   int e = gshmd_conn_send(q->c, hdr->type, hdr->request_id, q->reply, q->fd_out);
 
   if (!e && q->granted && q->fd_out >= 0) /* queued: its send may meet the same */
     gshmd_conn_queued_grant(q->c, q->granted->id, q->created);
-  if ((e != -ETOOMANYREFS && e != -EMFILE) || !q->granted || q->c->closing)
+  if ((e != -ETOOMANYREFS && e != -EMFILE) || q->fd_out < 0 || q->c->closing)
     return q->reply->status;
   gshm_log_warn("an fd could not be sent to client %" PRIu64 " (%s): refused; raise "
                 "LimitNOFILE= (fds in flight count)", q->c->client->session_id, strerror(-e));
-  grant_undo(q);
+  if (q->granted)
+    grant_undo(q);
   q->reply = &refused;
   set_error(q, -EMFILE, GSHMD_FD_REFUSED);
   gshmd_conn_send(q->c, hdr->type, hdr->request_id, &refused, -1);
@@ -686,7 +692,8 @@ void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
     status = reply_send(&q, &hdr);
   if ((counter = gshmd_server_requests(s, hdr.type, (unsigned)status)))
     (*counter)++;
-  /* q.fd_out is lent by the backend: not ours to close. */
+  if (q.fd_ours) /* (else lent by the backend: not ours to close) */
+    close(q.fd_out);
   free(q.free_after);
   if (hdr.type == GSHM_WIRE_HELLO && err && !c->closing)
     gshmd_conn_close(c, reply.message); /* a refused hello ends the connection */

@@ -377,9 +377,9 @@ void gshmd_conn_queued_grant(struct conn *c, uint64_t lease_id, bool created) {
   }
 }
 
-/* Queued reply p grants a lease whose fd cannot go now: the grant is
- * taken back and an -EMFILE refusal to the same request takes p's place
- * (gshmd_conn_queued_grant).  Returns 0, or -ENOMEM (the caller closes
+/* Queued reply p carries an fd that cannot go now (a lease's grant, or
+ * the metrics' memfd): a grant is taken back, and an -EMFILE refusal to
+ * the same request takes p's place (gshmd_conn_queued_grant).  Returns 0, or -ENOMEM (the caller closes
  * the connection, which ends the lease anyway). */
 static int conn_refuse_queued(struct conn *c, struct out_pkt *p) {
   struct gshmd_server *s = c->srv;
@@ -400,7 +400,8 @@ static int conn_refuse_queued(struct conn *c, struct out_pkt *p) {
   /* Others may have opened a created segment since: they hear of its unlink. */
   if (p->created && l && l->client == c->client && !l->seg->unlinked && l->seg->nleases > 1)
     gshmd_notify_lease_holders(s, l->seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, c);
-  gshmd_registry_grant_undo(s->reg, c->client, p->lease_id, p->created);
+  if (p->lease_id)
+    gshmd_registry_grant_undo(s->reg, c->client, p->lease_id, p->created);
   memcpy(n->data, s->txbuf, len);
   n->len = len;
   n->fd = -1;
@@ -419,7 +420,7 @@ static void conn_flush(struct conn *c) {
     int r = gshm__wire_sendmsg(c->fd, p->data, p->len, p->fd);
     if (r == -EAGAIN)
       return;
-    if (r == -ETOOMANYREFS && p->lease_id && c->client && !conn_refuse_queued(c, p))
+    if (r == -ETOOMANYREFS && p->fd >= 0 && c->client && !conn_refuse_queued(c, p))
       continue; /* the refusal goes next */
     if (r) {
       gshmd_conn_close(c, NULL);

@@ -373,7 +373,10 @@ GSHM_EXTERN int gshm_list_devices(gshm_client_t *client, gshm_device_info_t **de
 
 /* The daemon's metrics in Prometheus text format (version 0.0.4).
  * *text_out is malloc'ed and NUL-terminated; free it with gshm_free().
- * Errors as gshm_status. */
+ * A text larger than one reply (64 KiB: a cluster of about 115 peers or
+ * more) comes in a sealed memfd beside the reply, read here and closed.
+ * Errors as gshm_status; -EMFILE gshmd could not send that memfd now (its
+ * fds in flight); -EFBIG that memfd is over 64 MiB; a read's errno. */
 GSHM_EXTERN int gshm_metrics(gshm_client_t *client, char **text_out);
 
 /* ---- Cluster: segments of peer nodes (docs/CLUSTER.md) ---- */
