@@ -2,7 +2,9 @@
 /* gshmd's INI configuration files: the file itself (through inih, with
  * our line counting, '#' comments and indentation rules) and its conf.d
  * drop-ins.  Values go through the option table (config.c); a key set
- * twice in one file is taken (the last value) with a warning. */
+ * twice in one file is taken (the last value) with a warning.  A line of
+ * a list key (LIST_KEYS) that ends with '\' continues on the next line:
+ * Debian's inih holds a line to 200 bytes, 8 peers of cluster.peers. */
 #include <dirent.h>
 #include <errno.h>
 #include <ini.h>
@@ -30,6 +32,8 @@ struct ini_state {
   const char *path;
   int line;          /* line of the chunk inih is processing */
   bool at_line_start;
+  bool cont_next;    /* the line read last ended with '\\': the next continues its key */
+  bool cont;         /* the line inih is processing continues the key above */
   int error;         /* first handler error, negative errno; stops the reader */
   int error_line;
   char message[PATH_MAX + 256];
@@ -69,6 +73,34 @@ static void key_seen_report(struct ini_state *st, bool warn) {
   }
   free(st->seen);
   st->seen = NULL;
+}
+
+bool gshmd__config_list_key(const char *section, const char *name) {
+  return !strcmp(section, "cluster") && (!strcmp(name, "peers") || !strcmp(name, "export"));
+}
+
+/* Ends str (one line, comments gone) at a '\\' that ends it, noting that
+ * the next line continues; then, where this line continues the one above,
+ * starts it with a blank, which makes inih hand it over under the key
+ * above.  Returns false when no byte is left for that blank. */
+static bool line_continues(struct ini_state *st, char *str, int num) {
+  size_t len = strlen(str);
+
+  st->cont = st->cont_next;
+  while (len && strchr(" \t\r\n", str[len - 1]))
+    len--;
+  /* (a comment's or a section's '\\' continues nothing) */
+  st->cont_next = len && str[len - 1] == '\\' && !strchr("#;[", str[0]);
+  if (st->cont_next)
+    strcpy(str + len - 1, "\n");
+  if (!st->cont || !len)
+    return true;
+  len = strlen(str);
+  if ((int)len + 2 > num)
+    return false;
+  memmove(str + 1, str, len + 1);
+  str[0] = ' ';
+  return true;
 }
 
 static char *ini_state_read(char *str, int num, void *stream) {
@@ -112,7 +144,37 @@ static char *ini_state_read(char *str, int num, void *stream) {
       *p = '\0';
       break;
     }
+  if (!line_continues(st, str, num)) {
+    st->error = -EINVAL;
+    st->error_line = st->line;
+    snprintf(st->message, sizeof(st->message), "%s:%d: line longer than %d bytes", st->path,
+             st->line, num - 4);
+    return NULL;
+  }
   return str;
+}
+
+/* Adds value, a continuation line, to the list opt holds (a blank
+ * between).  Returns 1, or 0 with st->error set. */
+static int continue_value(struct ini_state *st, const struct option_def *opt,
+                          const char *value) {
+  const char *old = *(char **)((char *)st->cfg + opt->offset), *why = NULL;
+  size_t len = strlen(old ? old : "") + 1 + strlen(value) + 1;
+  char *joined = malloc(len), whybuf[160];
+  int r = joined ? 0 : -ENOMEM;
+
+  if (joined) {
+    snprintf(joined, len, "%s%s%s", old ? old : "", old && *old ? " " : "", value);
+    r = gshmd__config_option_set(st->cfg, opt, joined, &why, whybuf, sizeof(whybuf));
+    free(joined);
+  }
+  if (r == 0)
+    return 1;
+  snprintf(st->message, sizeof(st->message), "%s:%d: key '%s.%s': %s", st->path, st->line,
+           opt->section, opt->key, why ? why : strerror(-r));
+  st->error = r;
+  st->error_line = st->line;
+  return 0;
 }
 
 static int ini_state_handle(void *user, const char *section, const char *name, const char *value) {
@@ -139,6 +201,13 @@ static int ini_state_handle(void *user, const char *section, const char *name, c
     else
       snprintf(st->message, sizeof(st->message), "%s:%d: unknown key '%s.%s'", st->path, st->line,
                section, name);
+  } else if (st->cont && !gshmd__config_list_key(section, name)) {
+    r = -EINVAL;
+    snprintf(st->message, sizeof(st->message), "%s:%d: key '%s.%s': only cluster.peers and "
+             "cluster.export continue on the next line (a '\\' ends the line above)",
+             st->path, st->line, section, name);
+  } else if (st->cont) {
+    return continue_value(st, opt, value);
   } else {
     r = gshmd__config_option_set(st->cfg, opt, value, &why, whybuf, sizeof(whybuf));
     if (r == 0) {

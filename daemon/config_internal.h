@@ -88,6 +88,11 @@ int gshmd__config_option_set(struct gshmd_config *cfg, const struct option_def *
                              const char *value, const char **why, char *whybuf,
                              size_t whybuf_size);
 
+/* Whether section.name holds a list separated by blanks (cluster.peers,
+ * cluster.export), which a line ending with '\\' continues on the next
+ * (config_file.c) and --dump-config writes over several lines. */
+bool gshmd__config_list_key(const char *section, const char *name);
+
 /* Parses the INI file path into cfg, printing the first error with its
  * file and line.  Returns 0; -ENOENT for a missing file (not printed when
  * quiet_missing); -EINVAL for a syntax or value error; another negative

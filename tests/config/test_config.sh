@@ -187,6 +187,25 @@ expect_value daemon poll_us 30 --config "$tmp/good.conf" --set daemon.poll_us=30
 "$gshmd" --dump-config --config "$tmp/dump.conf" >"$tmp/dump2.conf"
 cmp -s "$tmp/dump.conf" "$tmp/dump2.conf" || fail "--dump-config output does not read back"
 
+# A line of cluster.peers or cluster.export that ends with '\' continues on
+# the next: libinih holds a line to 197 bytes, 8 peers (before: 9 peers in a
+# gshmd.conf stopped gshmd with "line longer than 197 bytes").  A comment's
+# '\' continues nothing; --dump-config writes such a list back over lines.
+{
+  printf '[cluster]\npeers = '
+  for i in $(seq 1 20); do printf 'node%d=10.0.0.%d:7470 \\\n    ' "$i" "$i"; done
+  printf 'node21=10.0.0.21:7470\n# a comment \\\nexport = llama/*  \\\n  mistral/*\n'
+} >"$tmp/list.conf"
+run 0 "$gshmd" --dump-config --config "$tmp/list.conf" --set cluster.listen= && {
+  cp "$tmp/out" "$tmp/list-dump.conf"
+  tr -d '\\\n' <"$tmp/list-dump.conf" | tr -s " " | grep -qF "node20=10.0.0.20:7470 node21=10.0.0.21:7470" ||
+    fail "--dump-config lacks the 21 continued peers"
+  grep -qx 'export = llama/\* mistral/\*' "$tmp/list-dump.conf" || fail "export's continued line lost"
+  awk 'length > 197 { exit 1 }' "$tmp/list-dump.conf" || fail "--dump-config wrote a line past 197 bytes"
+  run 0 "$gshmd" --dump-config --config "$tmp/list-dump.conf"
+  cmp -s "$tmp/out" "$tmp/list-dump.conf" || fail "a continued list does not read back"
+}
+
 # --- errors name the file, the line and the key ------------------------------
 
 # bad_file EXPECTED_RC LINE KEY MESSAGE CONTENT: CONTENT in a file must fail.
@@ -205,6 +224,9 @@ bad_file() {
 bad_file 2 4 daemon.no_such_key "unknown key" '[daemon]\nsocket = /a\n\nno_such_key = 1\n'
 bad_file 2 2 nosuch.key "unknown key" '[nosuch]\nkey = 1\n'
 bad_file 2 1 orphan "unknown key" 'orphan = 1\n[daemon]\n'
+bad_file 2 3 daemon.log_level "only cluster.peers and cluster.export continue" \
+  '[daemon]\nlog_level = info \\\n  debug\n'
+bad_file 2 3 cluster.admin "unknown key" '[cluster]\npeers = a=1.2.3.4:1 # c \\\nadmin = x\n'
 # A retired key (read by an older release) warns and is ignored: an
 # upgrade must not stop gshmd over a key that no longer does anything.
 printf '[daemon]\nwatchdog_sec = 30\n' >"$tmp/retired.conf"
