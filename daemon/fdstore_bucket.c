@@ -331,6 +331,19 @@ static struct fdstore_bucket *keep_bucket(struct gshmd_fdstore *fs, int *fds, ch
   return b;
 }
 
+/* The memory fd for m[i], the first (newest) record of its id in m[0..nm)
+ * (sorted by cmp_member): its own, else that of an older record of the
+ * id which has one.  The newest may have none (its bucket's state came
+ * from the journal, which carries no fds, after the member moved there
+ * from a bucket that lost an end): one id's memory is one memfd,
+ * whichever bucket's datagram carried it. */
+static int *member_fd(const struct fdstore_member *m, size_t nm, size_t i) {
+  int *fd = m[i].fd;
+  for (size_t j = i + 1; (!fd || *fd < 0) && j < nm && m[j].rec->id == m[i].rec->id; j++)
+    fd = m[j].fd;
+  return fd;
+}
+
 /* Adopts every member of the buckets found, in id order (the registry's
  * list is kept in id order: O(1) per segment that way), into the buckets
  * they came from (or, for a bucket that lost an end, into new ones);
@@ -363,7 +376,7 @@ static int adopt_members(struct gshmd_fdstore *fs, struct found *f, int nf,
       gshm_log_err("fd store: segment id %" PRIu64 " is in two buckets; the one written "
                    "first is dropped", m[i].rec->id);
       fs->dropped++;
-    } else if (gshmd__fdstore_adopt(fs, rec, m[i].fd) == 0) {
+    } else if (gshmd__fdstore_adopt(fs, rec, member_fd(m, nm, i)) == 0) {
       seg = gshmd_registry_find_id(fs->reg, m[i].rec->id);
       gshmd__publish_adopted(fs, rec, seg);
       if (b && b->n < FDSTORE_BUCKET_FDS) {

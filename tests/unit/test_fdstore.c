@@ -395,6 +395,68 @@ static void test_id_in_two_buckets_newest_wins_either_number(void **state) {
   id_in_two_buckets(state, false);
 }
 
+static int journal2(uint64_t done);
+
+/* A journal2 with no publish mark whose copy 0 of bucket `bucket` holds a
+ * StateBucket of seq and recs[0..n) (no fds: a datagram that could not be
+ * sent), laid out as fdstore_journal.c writes it. */
+static int journal2_copy(uint32_t bucket, uint64_t seq, Gshm__StateRecord *recs, size_t n) {
+  const off_t slot = (192 << 10) + 4096, off = 4096 + (off_t)bucket * 2 * slot;
+  Gshm__StateBucket t = GSHM__STATE_BUCKET__INIT;
+  Gshm__StateRecord *p[8];
+  struct {
+    uint64_t seq;
+    uint32_t len, pad;
+  } sh = {seq, 0, 0};
+  uint8_t buf[8192];
+  int fd = journal2(0);
+
+  t.version = 1;
+  t.seq = seq;
+  t.bucket = bucket;
+  for (size_t i = 0; i < n; i++)
+    p[i] = &recs[i];
+  t.segments = p;
+  t.n_segments = n;
+  sh.len = (uint32_t)protobuf_c_message_pack(&t.base, buf);
+  assert_true(ftruncate(fd, 4096 + (off_t)(bucket + 1) * 2 * slot) == 0 &&
+              pwrite(fd, buf, sh.len, off + 16) == (ssize_t)sh.len &&
+              pwrite(fd, &sh, sizeof(sh), off) == (ssize_t)sizeof(sh));
+  return fd;
+}
+
+/* The newest record of an id has no memory fd, an older one has: a
+ * bucket came back with one end, its member moved to bucket 1 whose
+ * datagram could not be sent then (its state went to the journal, which
+ * has no fds), and gshmd restarted before the store caught up (the one-
+ * ended bucket's name is retired only then).  The segment is restored
+ * with the newest record and the memory of the older copy: the memory of
+ * one segment id is one memfd.  Before, the newest won, was not restored
+ * (its memory "not handed back") and the older, which had it, was dropped
+ * as the duplicate: the segment was lost. */
+static void test_id_in_two_buckets_newest_without_memory(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord old = record(7, "x", 0644, false), now = record(7, "x", 0600, false);
+  Gshm__StateRecord other = record(8, "y", 0600, false);
+  Gshm__StateRecord both[2] = {now, other};
+  int one[2], two[2];
+
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, one), 0);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, two), 0);
+  queue_bucket_n(one[1], 0, 30, &old, 1); /* b0: into one's a queue */
+  close(one[1]);                          /* its b end lost */
+  queue_bucket_n(two[1], 1, 35, &other, 1); /* b1's datagram: y only */
+  put(&f->st, "b0a", one[0]);
+  put(&f->st, "b1a", two[0]);
+  put(&f->st, "b1b", two[1]);
+  put(&f->st, "journal2", journal2_copy(1, 41, both, 2)); /* b1 since: x and y */
+  restore(f);
+  assert_non_null(gshmd_registry_find_id(&f->reg, 8));
+  assert_non_null(gshmd_registry_find_id(&f->reg, 7));
+  assert_int_equal(gshmd_registry_find_id(&f->reg, 7)->mode, 0600);
+  assert_int_equal(f->fs.restored, 2);
+}
+
 /* A datagram whose fds do not fit under RLIMIT_NOFILE (MSG_CTRUNC) is not
  * restored and stays queued, untouched, for a start with a higher limit. */
 static void test_bucket_unreadable_is_left_queued(void **state) {
@@ -919,6 +981,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_id_in_two_buckets_newest_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_id_in_two_buckets_newest_wins_either_number, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_id_in_two_buckets_newest_without_memory, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_bucket_unreadable_is_left_queued, setup, teardown),
       cmocka_unit_test_setup_teardown(test_fdnames_fit_at_max_segments, setup, teardown),
