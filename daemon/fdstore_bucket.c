@@ -291,17 +291,20 @@ static int *fd_of(struct found *f, size_t i) {
 
 /* Registers f as bucket f->index with its ends (taken from fds[]).  A
  * bucket of which only one end came back is not kept: NULL (its
- * members go to other buckets, its name is retired). */
+ * members go to other buckets, its name is retired); its number is not
+ * used again in this run (fs->nbuckets counts it): FDSTOREREMOVE removes
+ * every fd of a name, so the retire would take a new bucket's end stored
+ * under the same name with it. */
 static struct fdstore_bucket *keep_bucket(struct gshmd_fdstore *fs, int *fds, char **names,
                                           struct found *f, uint64_t seq, bool frozen) {
+  bool one_end = f->idx[0] < 0 || f->idx[1] < 0;
   struct fdstore_bucket *b;
 
-  if (f->idx[0] < 0 || f->idx[1] < 0) {
+  if (one_end) {
     int i = f->idx[0] >= 0 ? f->idx[0] : f->idx[1];
     gshm_log_warn("fd store: bucket %" PRIu32 " came back with one end; its segments move",
                   f->index);
     gshmd__fdstore_retire(fs, names[i]);
-    return NULL;
   }
   if (f->index >= fs->buckets_cap) {
     uint32_t cap = fs->buckets_cap ? fs->buckets_cap : 16;
@@ -314,7 +317,9 @@ static struct fdstore_bucket *keep_bucket(struct gshmd_fdstore *fs, int *fds, ch
     fs->buckets = n;
     fs->buckets_cap = cap;
   }
-  if (!(b = calloc(1, sizeof(*b))))
+  if (f->index >= fs->nbuckets)
+    fs->nbuckets = f->index + 1;
+  if (one_end || !(b = calloc(1, sizeof(*b))))
     return NULL;
   b->index = f->index;
   for (int k = 0; k < 2; k++) {
@@ -326,8 +331,6 @@ static struct fdstore_bucket *keep_bucket(struct gshmd_fdstore *fs, int *fds, ch
   b->seq = seq;
   b->frozen = frozen;
   fs->buckets[f->index] = b;
-  if (f->index >= fs->nbuckets)
-    fs->nbuckets = f->index + 1;
   return b;
 }
 

@@ -673,6 +673,121 @@ static void test_replace_below_the_mark_is_an_unlink(void **state) {
   assert_true(old->unlinked && old->fs_replaced == 0);
 }
 
+/* The store on: a service manager at $NOTIFY_SOCKET, a datagram socket
+ * in dir (a mkdtemp template) whose fd it returns, to read (or not) what
+ * gshmd sends. */
+static int store_on(struct fixture *f, char *dir, struct sockaddr_un *sa) {
+  int ns;
+
+  assert_non_null(mkdtemp(dir));
+  snprintf(sa->sun_path, sizeof(sa->sun_path), "%s/notify", dir);
+  ns = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  assert_int_equal(bind(ns, (struct sockaddr *)sa, sizeof(*sa)), 0);
+  setenv("NOTIFY_SOCKET", sa->sun_path, 1);
+  gshmd_fdstore_shutdown(&f->fs);
+  assert_int_equal(gshmd_fdstore_setup(&f->fs, &f->reg), 0); /* on, now */
+  return ns;
+}
+
+static void store_off(int ns, char *dir, const struct sockaddr_un *sa) {
+  unsetenv("NOTIFY_SOCKET");
+  close(ns);
+  unlink(sa->sun_path);
+  rmdir(dir);
+}
+
+/* ---- names as systemd's store keeps them ---- */
+
+/* One fd systemd's store holds (the test's model): its name, and whether
+ * this run's gshmd stored it. */
+struct held {
+  char name[32];
+  bool ours;
+};
+
+/* Applies what gshmd sent to $NOTIFY_SOCKET (ns) to the model h[0..*n) as
+ * systemd does: FDSTORE=1 adds an fd under its name (another fd of a name
+ * held is kept too), FDSTOREREMOVE=1 removes every fd of the name. */
+static void systemd_apply(int ns, struct held *h, int *n) {
+  char buf[512];
+  union {
+    struct cmsghdr align;
+    char b[CMSG_SPACE(sizeof(int) * 8)];
+  } ctl;
+
+  for (;;) {
+    struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf) - 1};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                        .msg_controllen = sizeof(ctl.b)};
+    ssize_t len = recvmsg(ns, &mh, MSG_DONTWAIT);
+    char name[32] = "";
+    const char *p;
+    if (len < 0)
+      return;
+    buf[len] = '\0';
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+        for (size_t k = 0; k < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++)
+          close(((int *)CMSG_DATA(c))[k]);
+    if ((p = strstr(buf, "FDNAME=")))
+      sscanf(p + 7, "%31[^\n]", name);
+    if (!strncmp(buf, "FDSTORE=1", 9) && *name) {
+      assert_true(*n < 64);
+      snprintf(h[*n].name, sizeof(h[*n].name), "%s", name);
+      h[(*n)++].ours = true;
+    } else if (!strncmp(buf, "FDSTOREREMOVE=1", 15) && *name) {
+      int m = 0;
+      for (int i = 0; i < *n; i++)
+        if (strcmp(h[i].name, name))
+          h[m++] = h[i];
+      *n = m;
+    }
+  }
+}
+
+static bool holds_ours(const struct held *h, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (h[i].ours && !strcmp(h[i].name, name))
+      return true;
+  return false;
+}
+
+/* The only bucket, b0, comes back with one end (its datagram in that
+ * end's queue): its member moves to a new bucket and b0's name is retired
+ * (FDSTOREREMOVE, which removes every fd of the name) once the new one is
+ * stored.  The new bucket must not be numbered 0: its end stored as b0a
+ * went with the retired one, the next rewrite put the datagram in the
+ * queue of that end, which the store no longer held, and the next restart
+ * lost every member.  Before, bucket_add numbered it 0 (fs->nbuckets did
+ * not count a bucket that was not kept). */
+static void test_one_ended_bucket_number_not_reused(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r = record(7, "x", 0600, false);
+  char dir[] = "/tmp/gshm-fdstore-XXXXXX", a[32], b[32];
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  struct held h[64] = {{"b0a", false}};
+  struct gshmd_segment *seg;
+  int sv[2], ns, n = 1;
+
+  ns = store_on(f, dir, &sa);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  queue_bucket(sv[1], 1, &r, 1); /* into a's queue */
+  close(sv[1]);                  /* b0b lost */
+  put(&f->st, "b0a", sv[0]);
+  restore(f);
+  systemd_apply(ns, h, &n);
+  assert_non_null(seg = gshmd_registry_find_id(&f->reg, 7));
+  assert_true(seg->fs_bucket > 0);
+  snprintf(a, sizeof(a), "b%ua", seg->fs_bucket - 1);
+  snprintf(b, sizeof(b), "b%ub", seg->fs_bucket - 1);
+  print_message("    segment 7 moved to bucket %u; the store holds %s: %s, %s: %s\n",
+                seg->fs_bucket - 1, a, holds_ours(h, n, a) ? "yes" : "no", b,
+                holds_ours(h, n, b) ? "yes" : "no");
+  assert_true(holds_ours(h, n, a));
+  assert_true(holds_ours(h, n, b));
+  store_off(ns, dir, &sa);
+}
+
 /* ---- a sticky CUDA error in the restore ---- */
 
 /* A bucket of a host segment and a device segment whose adopt hits a
@@ -693,13 +808,7 @@ static void test_sticky_cuda_error_leaves_the_store_alone(void **state) {
   r[1].location = FAKE_GPU0_LOCATION;
   r[1].size = r[1].requested_size = FAKE_GRAN;
   assert_int_equal(gshmd_backend_cuda_create(&f->cfg, &f->reg.cuda, NULL), 0);
-  assert_non_null(mkdtemp(dir));
-  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
-  ns = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  assert_int_equal(bind(ns, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  setenv("NOTIFY_SOCKET", sa.sun_path, 1);
-  gshmd_fdstore_shutdown(&f->fs);
-  assert_int_equal(gshmd_fdstore_setup(&f->fs, &f->reg), 0); /* on, now */
+  ns = store_on(f, dir, &sa);
   f->fs.sticky_restart = true;
   assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
   queue_bucket(sv[1], 1, r, 2); /* into a's queue */
@@ -712,10 +821,7 @@ static void test_sticky_cuda_error_leaves_the_store_alone(void **state) {
   assert_true(gshmd_backend_needs_restart(f->reg.cuda));
   assert_true(queued(sv[0])); /* the datagram with both, where it was */
   assert_false(queued(sv[1]));
-  unsetenv("NOTIFY_SOCKET");
-  close(ns);
-  unlink(sa.sun_path);
-  rmdir(dir);
+  store_off(ns, dir, &sa);
   f->reg.cuda->ops->destroy(f->reg.cuda); /* (it holds no segment of the registry's) */
   f->reg.cuda = NULL;
 }
@@ -1000,6 +1106,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_sticky_cuda_error_parks_device_segments, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_park_all_moves_cuda_segments, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_one_ended_bucket_number_not_reused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sticky_cuda_error_leaves_the_store_alone, setup,
                                       teardown),
   };
