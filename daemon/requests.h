@@ -38,6 +38,8 @@ struct conn {
   int64_t accepted_ns, last_ns; /* CLOCK_MONOTONIC: timeouts */
   uint64_t notify_mark;         /* gshmd_notify_lease_holders: already a target */
   bool sent_fd;                 /* an fd went on it (gshmd_closer_close_client) */
+  int64_t stalled_ns;           /* CLOCK_MONOTONIC: when outq last went from empty */
+  int pidfd;                    /* cred.pid's, while outq waits (server.c stalled_gone); -1 */
 };
 
 /* ---- server.c ---- */

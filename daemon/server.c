@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "cluster.h"
@@ -89,6 +90,8 @@ static void conn_on_closed(uv_handle_t *h) {
       close(p->fd);
     free(p);
   }
+  if (c->pidfd >= 0)
+    close(c->pidfd);
   free(c->cred.groups);
   free(c);
 }
@@ -173,8 +176,10 @@ static int conn_send(struct conn *c, size_t len, int fd, bool event) {
     }
     gshm_list_add_tail(&c->outq, &p->node);
     c->nevents += event;
-    if (c->noutq++ == 0)
+    if (c->noutq++ == 0) {
+      c->stalled_ns = gshm__now_ns(CLOCK_MONOTONIC);
       uv_poll_start(&c->poll, UV_WRITABLE | UV_DISCONNECT, conn_on_io);
+    }
     return 0;
   }
   if (r) {
@@ -436,6 +441,10 @@ static void conn_flush(struct conn *c) {
     free(p);
     c->noutq--;
   }
+  if (c->pidfd >= 0) { /* (its client reads again) */
+    close(c->pidfd);
+    c->pidfd = -1;
+  }
   uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_on_io);
   conn_read(c); /* requests may be waiting behind the stalled replies */
 }
@@ -487,6 +496,7 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     }
     c->srv = s;
     c->fd = fd;
+    c->pidfd = -1;
     gshm_list_init(&c->outq);
     c->accepted_ns = c->last_ns = gshm__now_ns(CLOCK_MONOTONIC);
     /* The uid's quota first, then the global limit less the admins'
@@ -506,10 +516,31 @@ static void on_accept(uv_poll_t *h, int status, int events) {
   }
 }
 
+/* Whether c's replies have waited over a second for a process that has
+ * exited (the one that connected, SO_PEERCRED).  Its end can outlive it
+ * where fds reach gshmd: sent in a packet gshmd does not read while the
+ * replies wait, it lives in gshmd's own receive queue, and no hangup ever
+ * comes (a connection of its uid held till gshmd restarts; the session 28
+ * review).  A pidfd (readable once the process exits, zombie or not) is
+ * kept while the replies wait; a pid gshmd cannot see (0: another pid
+ * namespace) is never judged. */
+static bool stalled_gone(struct conn *c, int64_t now) {
+  struct pollfd pfd;
+
+  if (!c->noutq || c->srv->fds_refused || c->cred.pid <= 0 ||
+      now - c->stalled_ns < 1000000000LL)
+    return false;
+  if (c->pidfd < 0 && (c->pidfd = (int)syscall(SYS_pidfd_open, c->cred.pid, 0)) < 0)
+    return errno == ESRCH; /* (gone already; else, no fd now: asked again next sweep) */
+  pfd = (struct pollfd){.fd = c->pidfd, .events = POLLIN};
+  return poll(&pfd, 1, 0) == 1;
+}
+
 /* Drops connections that never said hello (SEQPACKET has no partial
- * packets: a slow client is one that connects and says nothing) and, when
- * configured, connections idle for too long.  One sweep a second over the
- * connection list instead of a timer per connection: 10,000 idle
+ * packets: a slow client is one that connects and says nothing), when
+ * configured connections idle for too long, and those whose replies wait
+ * for a client that has exited (stalled_gone).  One sweep a second over
+ * the connection list instead of a timer per connection: 10,000 idle
  * connections cost no timers. */
 static void on_sweep(uv_timer_t *t) {
   struct gshmd_server *s = t->data;
@@ -528,6 +559,8 @@ static void on_sweep(uv_timer_t *t) {
     } else if (c->client && idle_ns && now - c->last_ns > idle_ns) {
       s->timeouts++;
       gshmd_conn_close(c, "idle timeout");
+    } else if (stalled_gone(c, now)) {
+      gshmd_conn_close(c, "its process exited with replies unread");
     }
   }
 }
@@ -575,13 +608,13 @@ int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gsh
   fl = fcntl(listen_fd, F_GETFL);
   if (fl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) < 0)
     return -errno;
-  if (cfg->partial_timeout_ms || cfg->idle_timeout_ms) {
+  if (cfg->partial_timeout_ms || cfg->idle_timeout_ms || !s->fds_refused) {
     uint64_t period = 1000;
     uint32_t shortest = cfg->partial_timeout_ms && (!cfg->idle_timeout_ms ||
                                                      cfg->partial_timeout_ms < cfg->idle_timeout_ms)
                             ? cfg->partial_timeout_ms
                             : cfg->idle_timeout_ms;
-    if (shortest / 4 < period)
+    if (shortest && shortest / 4 < period) /* (0: only stalled_gone's, a second) */
       period = shortest / 4 ? shortest / 4 : 1;
     uv_timer_init(loop, &s->sweep_timer);
     s->sweep_timer.data = s;

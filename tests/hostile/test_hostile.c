@@ -1711,6 +1711,35 @@ static int own_end_probe(const char *path) {
   return 1;
 }
 
+/* gshmd with quota.connections OWN_END_QUOTA and fds let in; attack runs
+ * as another uid (it returns the connections it left pinned), then
+ * whether that uid gets a connection again within 5 s. */
+static void own_end_case(int (*attack)(const char *path), const char *what) {
+  struct harness g;
+  gshm_client_t *root;
+  gshm_segment_t *seg;
+  int left, probe, stopped;
+  char quota[64];
+
+  snprintf(quota, sizeof(quota), "quota.connections=%d", OWN_END_QUOTA);
+  assert_int_equal(harness_start(&g, (const char *const[]){"--set", "daemon.socket_mode=0666",
+                                                           "--set", "limits.max_fds_per_connection=1",
+                                                           "--set", quota, NULL}), 0);
+  assert_int_equal(gshm_connect(g.socket_path, "root", &root), 0);
+  assert_int_equal(gshm_create(root, "fl/seg", 4096, NULL, 0644, 0, &seg), 0);
+  left = harness_as_nobody(attack, g.socket_path);
+  probe = harness_as_nobody(own_end_probe, g.socket_path);
+  print_message("    %d of %d %s connections left with their own end unread in gshmd's queue; "
+                "a connection of that uid taken again within 5 s: %s\n", left, OWN_END_QUOTA,
+                what, probe ? "no" : "yes");
+  assert_int_equal(gshm_close(seg), 0);
+  gshm_disconnect(root);
+  stopped = harness_stop(&g);
+  assert_int_equal(stopped, 0);
+  assert_int_equal(left, OWN_END_QUOTA);
+  assert_int_equal(probe, 0);
+}
+
 /* A dropped connection with replies (fds) unread is kept, counted as a
  * connection of its uid, until the client reads them or closes its end.
  * Where fds reach gshmd, a client sent its own end in a packet gshmd
@@ -1721,30 +1750,69 @@ static int own_end_probe(const char *path) {
  * its receive queue on a socket it keeps now, so nothing in it pins the
  * client's end. */
 static void test_dropped_connection_own_end(void **state) {
-  struct harness g;
-  gshm_client_t *root;
-  gshm_segment_t *seg;
-  int left, probe, stopped;
-  char quota[64];
   (void)state;
+  own_end_case(own_end_attack, "dropped");
+}
 
-  snprintf(quota, sizeof(quota), "quota.connections=%d", OWN_END_QUOTA);
-  assert_int_equal(harness_start(&g, (const char *const[]){"--set", "daemon.socket_mode=0666",
-                                                           "--set", "limits.max_fds_per_connection=1",
-                                                           "--set", quota, NULL}), 0);
-  assert_int_equal(gshm_connect(g.socket_path, "root", &root), 0);
-  assert_int_equal(gshm_create(root, "fl/seg", 4096, NULL, 0644, 0, &seg), 0);
-  left = harness_as_nobody(own_end_attack, g.socket_path);
-  probe = harness_as_nobody(own_end_probe, g.socket_path);
-  print_message("    %d of %d connections left with their own end unread in gshmd's queue; "
-                "a connection of that uid taken again within 5 s: %s\n", left, OWN_END_QUOTA,
-                probe ? "no" : "yes");
-  assert_int_equal(gshm_close(seg), 0);
-  gshm_disconnect(root);
-  stopped = harness_stop(&g);
-  assert_int_equal(stopped, 0);
-  assert_int_equal(left, OWN_END_QUOTA);
-  assert_int_equal(probe, 0);
+/* The attacker of test_stalled_connection_own_end, as another uid: on
+ * OWN_END_QUOTA connections, opens "fl/seg" one request at a time without
+ * reading the replies (each carries the segment's fd) until one does not
+ * come within 200 ms: gshmd's send buffer to it is full, the reply waits
+ * in gshmd's queue, and gshmd reads no request of the connection until
+ * it is sent (under limits.max_inflight, so the connection is not
+ * dropped).  Then sends a packet that carries this end of the socket,
+ * which gshmd so never reads, and closes its fd.  Exits with the number
+ * of connections left so. */
+static int stalled_attack(const char *path) {
+  Gshm__OpenRequest m = GSHM__OPEN_REQUEST__INIT;
+  int left = 0;
+
+  m.name = "fl/seg";
+  m.access = GSHM__ACCESS__ACCESS_READ;
+  for (int t = 0; t < 10 && left < OWN_END_QUOTA; t++) {
+    int c = kid_connect(path), inq = 0, was = 0;
+    bool stalled = false;
+    if (c < 0) {
+      usleep(100 * 1000);
+      continue;
+    }
+    for (uint32_t i = 0; i < 5000 && !stalled; i++) {
+      if (gshm__wire_send(c, GSHM_WIRE_OPEN, i + 2, &m.base, -1))
+        return 50;
+      stalled = true;
+      for (int w = 0; w < 200 && stalled; w++) { /* (its reply, within 200 ms) */
+        if (!ioctl(c, SIOCINQ, &inq) && inq != was)
+          stalled = false;
+        else
+          usleep(1000);
+      }
+      was = inq;
+    }
+    if (stalled) { /* (none in 500 ms more either: not a slow reply) */
+      usleep(500 * 1000);
+      stalled = !ioctl(c, SIOCINQ, &inq) && inq == was;
+    }
+    if (stalled && send_with_fds(c, "x", 1, &c, 1, 1) == 1)
+      left++;
+    close(c);
+  }
+  return left;
+}
+
+/* A connection whose replies (fds) the client leaves unread until gshmd
+ * stops reading its requests (the send buffer full, a reply queued) is
+ * not dropped: it counts as a connection of its uid while the client
+ * lives.  Where fds reach gshmd (limits.max_fds_per_connection > 0, or a
+ * kernel before 6.16 without SO_PASSRIGHTS), the client sent its own end
+ * in a packet gshmd never reads and exited: the end lives on in gshmd's
+ * receive queue, so gshmd sees no hangup, the replies are never read and
+ * the connection, counted against quota.connections, stays until gshmd
+ * restarts (limits.idle_timeout_ms is 0 by default); quota.connections
+ * such connections lock the uid out.  The session 27 fix empties the
+ * receive queue of a dropped connection's socket only. */
+static void test_stalled_connection_own_end(void **state) {
+  (void)state;
+  own_end_case(stalled_attack, "stalled");
 }
 
 /* The attacker of test_refused_connection_fds, as another uid: holds its
@@ -1872,6 +1940,7 @@ int main(void) {
       cmocka_unit_test(test_refused_connection_fds),
       cmocka_unit_test(test_dropped_connection_unread_fds),
       cmocka_unit_test(test_dropped_connection_own_end),
+      cmocka_unit_test(test_stalled_connection_own_end),
       cmocka_unit_test_setup_teardown(test_big_free_off_the_loop, setup_reap_hold,
                                       teardown_reap_hold),
   };
