@@ -360,8 +360,8 @@ int gshmd__prefault_all_in(struct pull *p) {
       start < p->mem->size &&
       madvise((uint8_t *)p->dst + start, p->mem->size - start, MADV_POPULATE_WRITE) < 0 &&
       (errno == ENOMEM || errno == EFAULT)) {
-    gshmd__pull_set_fail(p->s, -ENOMEM, "out of memory for '%s' (daemon.host_populate)",
-                         p->local_name);
+    gshmd__pull_set_fail_here(p->s, -ENOMEM, "out of memory for '%s' (daemon.host_populate)",
+                              p->local_name);
     return -ENOMEM;
   }
   rebuild(p);

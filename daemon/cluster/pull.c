@@ -113,8 +113,10 @@ static bool peer_budget_left(const struct peer *peer, const struct pull *p) {
          (peer->bytes_inflight == 0 || peer->bytes_inflight + len <= PEER_BYTES_BUDGET);
 }
 
-/* A chunk left every step (err 0: its bytes are in place). */
-static void chunk_end(struct chunk *c, int err, const char *why) {
+/* A chunk left every step (err 0: its bytes are in place); here: its
+ * failure was this node's own (its memory, its device copy), charged to
+ * no peer (pull_fail_here). */
+static void chunk_close(struct chunk *c, int err, const char *why, bool here) {
   struct pull *p = c->p;
   struct pull_set *s = p->s;
 
@@ -124,7 +126,9 @@ static void chunk_end(struct chunk *c, int err, const char *why) {
   p->peer->bytes_inflight -= c->len; /* (other sets waiting for it: the kick's reap) */
   if (p->nslots)
     p->free_slots[p->nfree++] = c->slot;
-  if (err) {
+  if (err && here) {
+    pull_fail_here(p, err, "%s", why);
+  } else if (err) {
     pull_fail(p, err, "%s", why);
   } else {
     p->done += c->len;
@@ -142,8 +146,13 @@ static void chunk_end(struct chunk *c, int err, const char *why) {
   gshmd__link_kick(&s->cl->ll);
 }
 
+/* chunk_close; out of memory is always this node's own. */
+static void chunk_end(struct chunk *c, int err, const char *why) {
+  chunk_close(c, err, why, err == -ENOMEM);
+}
+
 static void on_copied(struct stage_copy *sc, int err) {
-  chunk_end(sc->arg, err, "copying into the local device segment failed");
+  chunk_close(sc->arg, err, "copying into the local device segment failed", true);
 }
 
 /* The chunk's bytes are where the answer put them: into the local
