@@ -198,6 +198,12 @@ static int cmp_member(const void *a, const void *b) {
   const struct fdstore_member *x = a, *y = b;
   if (x->rec->id != y->rec->id)
     return x->rec->id < y->rec->id ? -1 : 1;
+  /* a bucket kept whole before one that came back with one end: a
+   * member is only ever moved out of the latter, so the other copy is the
+   * moved one (what a store from before write_seq, whose seqs count per
+   * bucket, cannot tell) */
+  if (!x->b != !y->b)
+    return x->b ? -1 : 1;
   return x->seq > y->seq ? -1 : x->seq < y->seq;
 }
 

@@ -367,7 +367,8 @@ static void test_bucket_newest_datagram_wins_either_queue(void **state) {
  * bucket number holds it: before, the member that qsort (not stable) put
  * first did, and a chmod (or an unlink) made since the move could be
  * undone.  stale_first: the one-ended bucket is b0. */
-static void id_in_two_buckets(void **state, bool stale_first) {
+static void id_in_two_buckets_at(void **state, bool stale_first, uint64_t stale_seq,
+                                 uint64_t seq) {
   struct fixture *f = *state;
   Gshm__StateRecord old = record(7, "x", 0644, false), now = record(7, "x", 0600, false);
   Gshm__StateRecord other = record(8, "y", 0600, false);
@@ -376,9 +377,9 @@ static void id_in_two_buckets(void **state, bool stale_first) {
 
   assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, one), 0);
   assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, two), 0);
-  queue_bucket_n(one[1], stale_first ? 0 : 1, 30, &old, 1); /* into one's a queue */
-  close(one[1]);                                            /* its b end lost */
-  queue_bucket_n(two[1], stale_first ? 1 : 0, 41, both, 2);
+  queue_bucket_n(one[1], stale_first ? 0 : 1, stale_seq, &old, 1); /* into one's a queue */
+  close(one[1]);                                                   /* its b end lost */
+  queue_bucket_n(two[1], stale_first ? 1 : 0, seq, both, 2);
   put(&f->st, stale_first ? "b0a" : "b1a", one[0]);
   put(&f->st, stale_first ? "b1a" : "b0a", two[0]);
   put(&f->st, stale_first ? "b1b" : "b0b", two[1]);
@@ -386,13 +387,22 @@ static void id_in_two_buckets(void **state, bool stale_first) {
   assert_int_equal(f->fs.restored, 2);
   assert_int_equal(f->fs.dropped, 1);
   assert_int_equal(gshmd_registry_find_id(&f->reg, 7)->mode, 0600);
-  assert_true(f->fs.write_seq == 41); /* the next write of any bucket: 42 */
+  assert_true(f->fs.write_seq == (stale_seq > seq ? stale_seq : seq)); /* the next write: +1 */
 }
 
-static void test_id_in_two_buckets_newest_wins(void **state) { id_in_two_buckets(state, true); }
+static void test_id_in_two_buckets_newest_wins(void **state) {
+  id_in_two_buckets_at(state, true, 30, 41);
+}
 
 static void test_id_in_two_buckets_newest_wins_either_number(void **state) {
-  id_in_two_buckets(state, false);
+  id_in_two_buckets_at(state, false, 30, 41);
+}
+
+/* A store written before write_seq counts seqs per bucket: the one-ended
+ * bucket, rewritten many times, has the higher one.  The copy in the
+ * bucket kept whole is still the one its member was moved to: it wins. */
+static void test_id_in_two_buckets_kept_whole_wins(void **state) {
+  id_in_two_buckets_at(state, true, 90, 3);
 }
 
 static int journal2(uint64_t done);
@@ -1086,6 +1096,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bucket_newest_datagram_wins_either_queue, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_id_in_two_buckets_newest_wins, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_id_in_two_buckets_kept_whole_wins, setup, teardown),
       cmocka_unit_test_setup_teardown(test_id_in_two_buckets_newest_wins_either_number, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_id_in_two_buckets_newest_without_memory, setup,
