@@ -24,7 +24,6 @@
 #include "util.h"
 #include "wire.h"
 
-
 /* One chunk in flight: asked for (Read, or Stage: copied into a slot on
  * the peer first) -> its bytes received -> [copied into the local device
  * segment from a local slot]. */
@@ -37,7 +36,7 @@ struct chunk {
   Gshm__Cluster__Stage st;
   Gshm__Cluster__Read rd;
   struct stage_copy sc;      /* slot -> local device segment */
-  struct relay_ask ask;      /* a relaying peer's busy answers to it */
+  struct relay_ask ask;      /* the busy answers to it (a relay's; a link cap's) */
 };
 
 static void set_vfail(struct pull_set *s, int err, bool here, const char *fmt, va_list ap) {
@@ -299,10 +298,16 @@ static void on_chunk_answer(struct peer_req *req, int err, const char *why,
   char buf[240];
 
   (void)m;
-  /* a relaying peer that waited for the bytes itself: asked again */
+  /* a relaying peer that waited for the bytes itself: asked again; so is
+   * a peer's link at its read cap (PULL_BUSY_RETRIES) */
   if (err == -EBUSY && c->p->relayed && !c->p->s->err &&
       !(err = gshmd__relay_ask_again(c->p->link, req, &c->ask, &why)))
     return;
+  if (err == -EBUSY && !c->p->relayed && !c->p->s->err && c->ask.busy++ < PULL_BUSY_RETRIES &&
+      c->p->link && c->p->link->state == LINK_UP) {
+    gshmd__link_req_send(c->p->link, req);
+    return;
+  }
   if (!err) { /* an answer without bytes */
     err = -EPROTO;
     why = "the peer answered a read without the bytes";

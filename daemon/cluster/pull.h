@@ -205,6 +205,12 @@ void gshmd__pull_memo_arm(struct pull_set *s, bool arm);
 
 /* ---- pull.c ---- */
 
+/* Busy answers a chunk's read may get from a peer that does not relay it
+ * (its link's read cap, serve.c over_caps: it counts a read till its send
+ * completes, which it may hear of after the puller's next read, on slow
+ * CPUs) before the pull fails: each is asked again at once. */
+#define PULL_BUSY_RETRIES 64
+
 /* The set fails (first error wins): what is not sent yet is withdrawn.
  * err: a negative errno for the requester; fmt: why, for it and the log.
  * The metrics charge it to a peer: the failing segment's source
