@@ -39,13 +39,13 @@ struct chunk {
   struct relay_ask ask;      /* the busy answers to it (a relay's; a link cap's) */
 };
 
+__attribute__((format(printf, 4, 0)))
 static void set_vfail(struct pull_set *s, int err, bool here, const char *fmt, va_list ap) {
   if (!s->err) {
     s->err = err;
     s->failed_here = here && !s->failed_by;
     vsnprintf(s->why, sizeof(s->why), fmt, ap);
-    /* (it goes to the requester, and to its terminal: a peer's refusal
-     * in it, a listing's or a Read's, may hold any byte) */
+    /* (to the requester's terminal: a peer's refusal in it may hold any byte) */
     gshm__text_clean(s->why);
     /* what is not sent yet is withdrawn; what is sent ends with its answer */
     if (s->lreq_pending && gshmd__link_req_cancel(&s->lreq))
