@@ -964,6 +964,34 @@ int gshm_list_clients(gshm_client_t *c, gshm_client_info_t **clients_out, size_t
                         (void **)clients_out, count_out);
 }
 
+int gshm_client_uid(gshm_client_t *c, uint32_t *uid_out) {
+  gshm_client_info_t *v = NULL;
+  uint64_t session;
+  size_t n = 0;
+  int e;
+
+  if (!c || !uid_out)
+    return -EINVAL;
+  if ((e = gshm_list_clients(c, &v, &n)))
+    return e;
+  /* Read after the list: a reconnect during it gave the session it shows. */
+  if ((e = gshm__client_lock(c))) {
+    gshm_free(v);
+    return e;
+  }
+  session = c->session_id;
+  pthread_mutex_unlock(&c->lock);
+  e = -ENOENT;
+  for (size_t i = 0; i < n; i++)
+    if (v[i].session_id == session) {
+      *uid_out = v[i].uid;
+      e = 0;
+      break;
+    }
+  gshm_free(v);
+  return e;
+}
+
 int gshm_status(gshm_client_t *c, gshm_status_info_t *status_out) {
   Gshm__Empty m = GSHM__EMPTY__INIT;
   Gshm__Reply *reply = NULL;

@@ -361,6 +361,18 @@ GSHM_EXTERN int gshm_list_leases(gshm_client_t *client, gshm_lease_info_t **leas
 GSHM_EXTERN int gshm_list_clients(gshm_client_t *client, gshm_client_info_t **clients_out,
                                   size_t *count_out);
 
+/* The uid gshmd knows this connection by: the owner of the segments it
+ * creates (SO_PEERCRED at connect: in a user namespace the outer uid, not
+ * what getuid() says inside; docs/CONTAINERS.md).  What a reader compares a
+ * segment's owner with before it trusts what this user itself published
+ * (gshm.torch.attach's default owner).
+ *  client   the connection (not taken over).
+ *  uid_out  receives the uid.
+ * Errors: -EINVAL a NULL argument; -ENOENT the daemon did not list this
+ * connection (a reconnect gave it another session meanwhile: ask again);
+ * -ENOMEM; the errors of gshm_list_clients. */
+GSHM_EXTERN int gshm_client_uid(gshm_client_t *client, uint32_t *uid_out);
+
 /* The daemon's totals and version.  Errors: -EINVAL a NULL argument;
  * -EPROTO a reply of another kind; -ENOMEM; the errors every call to the
  * daemon may give (above). */

@@ -241,6 +241,18 @@ class Client(object):
         """Every lease (list of LeaseInfo): one per client per open segment."""
         return self._list("gshm_list_leases", L.LeaseInfoC, LeaseInfo)
 
+    def uid(self) -> int:
+        """The uid gshmd knows this connection by: the owner of the segments
+        it creates (in a user namespace the outer uid, which os.getuid()
+        does not say; docs/CONTAINERS.md).  gshm.torch.attach() expects a
+        prefix of this owner unless told another."""
+        out = ctypes.c_uint32()
+        with self._use() as p:
+            rc = _optional("gshm_client_uid")(p, ctypes.byref(out))
+            if rc < 0:
+                _raise(rc, "gshm_client_uid", p)
+        return out.value
+
     def clients(self) -> List[ClientInfo]:
         """Every client connection (list of ClientInfo)."""
         return self._list("gshm_list_clients", L.ClientInfoC, ClientInfo)

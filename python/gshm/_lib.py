@@ -309,6 +309,8 @@ _OPTIONAL_PROTOTYPES = {
     "gshm_pool_segments": (_int, [_vp, ctypes.POINTER(ctypes.POINTER(PoolSegmentC)), _size_p]),
     "gshm_pool_release": (_int, [_vp, _int]),
     "gshm_torch_last_error": (_int, []),
+    # owner pinning of gshm.torch.attach
+    "gshm_client_uid": (_int, [_vp, ctypes.POINTER(ctypes.c_uint32)]),
 }
 
 _lock = threading.Lock()

@@ -520,6 +520,7 @@ def test_info_and_lists(daemon, client, segname):
         assert mine[0].client == "pytest"
         clients = client.clients()
         assert any(c.pid == os.getpid() and c.name == "pytest" for c in clients)
+        assert client.uid() == info.uid  # (the owner of what it creates)
         status = client.status()
         assert status.segments >= 1 and status.leases >= 1 and "host" in status.backends
     client.unlink(segname)
