@@ -361,7 +361,8 @@ def _device_for(manifest, device, segs):
     return _torch.cuda.current_device()
 
 
-def attach(client: Client, prefix: str, device: Any = None, access: str = "r") -> StateDict:
+def attach(client: Client, prefix: str, device: Any = None, access: str = "r",
+           owner: Union[int, str, None] = None) -> StateDict:
     """The tensors published under `prefix` as zero-copy views: a
     gshm.torch.StateDict ready for model.load_state_dict(sd, assign=True)
     (see load_module for non-persistent buffers, in sd.buffers).
@@ -370,6 +371,14 @@ def attach(client: Client, prefix: str, device: Any = None, access: str = "r") -
             visible here, else the current device; another GPU maps over
             peer access).
     access  "r" (default: writes through the tensors fault) or "rw".
+    owner   whose the prefix must be: a uid as gshmd knows it (`gshmctl
+            segments` shows it) or a user name; None (default): the uid
+            gshmd knows client by (client.uid()), this user's own.  The
+            manifest and every segment it names must be owner's and not
+            writable by its group or others (names are first come, first
+            served: another user may have created "<prefix>/manifest" or a
+            segment name first); else UntrustedSegment, before anything is
+            mapped.  Pass the publisher's uid to attach another user's model.
 
     Every tensor keeps its segment mapped (and leased) while it lives.  A
     prefix pulled from a peer node in one set pull (manifest and segments,
@@ -378,8 +387,10 @@ def attach(client: Client, prefix: str, device: Any = None, access: str = "r") -
     Raises gshm.NotFound when nothing is published under prefix,
     ManifestError for a manifest that is not gshm's or names a dtype this
     torch lacks (before anything is mapped), StaleManifest when a segment
-    is gone or was created again since publish."""
-    man = _manifest.read(client, prefix)
+    is gone or was created again since publish, UntrustedSegment (a
+    ManifestError) for another owner's segment or one others may write,
+    TypeError / ValueError for an owner that is no uid or user."""
+    man = _manifest.read(client, prefix, owner)
     tdts = _manifest.torch_dtypes(man, _torch)
     segs = _manifest.open_segments(client, man, access)
     try:

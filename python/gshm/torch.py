@@ -43,13 +43,13 @@ from ._segment import _check_view, map_for_writers
 from ._dtypes import DTypeLike, dtype as _to_dtype
 from ._safetensors import plan as _plan, parse as _parse
 from ._torch_state import StateDict
-from ._manifest import ManifestError, StaleManifest
+from ._manifest import ManifestError, StaleManifest, UntrustedSegment
 from ._torch_pool import MemPool, use_pool, attach, load_module, unlink_prefix
 from ._torch_load import load_safetensors
 
 __all__ = ["share_state_dict", "load_state_dict", "tensor_view", "StateDict",
            "MemPool", "use_pool", "attach", "load_module", "unlink_prefix",
-           "load_safetensors", "ManifestError", "StaleManifest"]
+           "load_safetensors", "ManifestError", "StaleManifest", "UntrustedSegment"]
 
 
 def _torch_dtype(dt):

@@ -8,6 +8,7 @@ import ctypes
 import errno
 import json
 import os
+import pwd
 import random
 import struct
 import subprocess
@@ -235,6 +236,129 @@ def test_unlink_prefix_passes_over_another_users_names():
         assert d.gshmctl("--json", "segments").stdout.count(b"victim/pool/") == 2  # nobody's
     finally:
         d.stop()
+
+
+# A user publishing its own prefix (host segments stand for the pool's),
+# or planting names under one it does not own: argv socket, prefix, what
+# ("pool": a manifest and its segment; "segment": the segment alone), mode.
+# Prints the segment list the manifest would record.
+_PUBLISH = r"""
+import json, sys
+import gshm
+from gshm import _manifest
+sock, prefix, what, mode = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4], 8)
+with gshm.Client(sock, name="publisher") as c:
+    with c.create(prefix + "/seg-000000", 4096, location="host", mode=mode) as seg:
+        seg.write(b"\x7f" * 32, 0)  # its weights
+        info = {seg.name: {"id": seg.info.id, "generation": seg.info.generation,
+                           "size": seg.info.size}}
+    if what == "pool":
+        _manifest.write(c, prefix, _manifest.encode("host", info, {"w": {
+            "segment": prefix + "/seg-000000", "offset": 0, "dtype": "float32", "shape": [8],
+            "strides": [1]}}), mode=mode)
+print(json.dumps(info))
+"""
+
+# A reader (attach's manifest half) as a user that is no admin: argv
+# socket, then prefixes; prints {prefix: "ok" or the error}.
+_READ = r"""
+import json, sys
+import gshm
+from gshm import _manifest
+out = {}
+with gshm.Client(sys.argv[1], name="reader") as c:
+    for prefix in sys.argv[2:]:
+        try:
+            for s in _manifest.open_segments(c, _manifest.read(c, prefix)).values():
+                s.close()
+            out[prefix] = "ok"
+        except (ValueError, gshm.Error) as e:
+            out[prefix] = "%s: %s" % (type(e).__name__, e)
+print(json.dumps(out))
+"""
+
+
+def _as(d, uid, script, *args):
+    p = subprocess.run([sys.executable, "-c", script, d.socket] + [str(a) for a in args],
+                       env=gshm_testutil.child_env(), preexec_fn=_as_uid(uid),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()
+    return json.loads(p.stdout)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two other users")
+def test_attach_refuses_a_prefix_another_user_planted():
+    """Names are first come, first served: another user (nobody) may create
+    "<prefix>/manifest" before the publisher does (or after a release, or
+    in the gap of a republish's unlink and create), naming segments of its
+    own under "<prefix>/seg-", with its own ids.  read() and
+    open_segments() took it, and attach() handed nobody's bytes out as the
+    reader's weights.  Now they expect the prefix to be the reader's own
+    uid's (as gshmd knows it) unless told another owner, and refuse any
+    segment of the prefix that someone else owns, naming both."""
+    d = gshm_testutil.Daemon(args=["--set", "daemon.socket_mode=0666"]).start()
+    try:
+        os.chmod(d.tmpdir, 0o755)
+        _as(d, 65533, _PUBLISH, "mine/llama", "pool", "0600")        # the reader's own
+        planted = _as(d, 65534, _PUBLISH, "mine/poisoned", "pool", "0644")
+        got = _as(d, 65533, _READ, "mine/llama", "mine/poisoned")
+        assert got["mine/llama"] == "ok", got
+        assert got["mine/poisoned"].startswith("UntrustedSegment: "), got
+        assert "'mine/poisoned/manifest' is owned by uid 65534" in got["mine/poisoned"], got
+        assert "expects uid 65533" in got["mine/poisoned"], got
+        assert list(planted) == ["mine/poisoned/seg-000000"]
+        # root's manifest, naming a segment nobody holds under its prefix
+        # (its recorded id and generation, so not stale): refused by name
+        seg = _as(d, 65534, _PUBLISH, "mine/poisoned-seg", "segment", "0644")
+        with gshm.Client(d.socket) as c:
+            _manifest.write(c, "mine/poisoned-seg", _manifest.encode(
+                "host", seg, {"w": _entry("mine/poisoned-seg/seg-000000", 0, "float32", (8,),
+                                          (1,))}), mode=0o644)
+            m = _manifest.read(c, "mine/poisoned-seg")  # root's own manifest
+            with pytest.raises(_manifest.UntrustedSegment,
+                               match=r"'mine/poisoned-seg/seg-000000' is owned by uid 65534.*"
+                                     r"expects uid 0"):
+                _manifest.open_segments(c, m)
+            assert [l for l in c.leases() if l.pid == os.getpid()] == []
+            # another user's model, attached on purpose: by uid or by name
+            for owner in (65534, pwd.getpwuid(65534).pw_name):
+                m = _manifest.read(c, "mine/poisoned", owner=owner)
+                for s in _manifest.open_segments(c, m).values():
+                    assert s.info.uid == 65534
+                    s.close()
+                with pytest.raises(_manifest.UntrustedSegment,
+                                   match="'mine/poisoned-seg/manifest' is owned by uid 0"):
+                    _manifest.read(c, "mine/poisoned-seg", owner=owner)
+            with pytest.raises(ValueError, match="no user named"):
+                _manifest.read(c, "mine/poisoned", owner="no-such-user-gshm")
+            for bad in (True, -1, 1 << 32, 1.0):
+                with pytest.raises((TypeError, ValueError)):
+                    _manifest.read(c, "mine/poisoned", owner=bad)
+    finally:
+        d.stop()
+
+
+def test_manifest_refuses_segments_others_may_write(daemon, client, segname):
+    """A segment of the prefix that its group or others may write (mode
+    0o620, 0o602) lets them change the weights under the reader; the owner
+    pinning means nothing then.  read() refuses such a manifest,
+    open_segments() such a segment."""
+    names = _fake_pool(client, segname)
+    for mode in (0o620, 0o602, 0o666):
+        daemon.gshmctl("chmod", segname + "/manifest", "%04o" % mode)
+        with pytest.raises(_manifest.UntrustedSegment, match="%04o" % mode):
+            _manifest.read(client, segname)
+    daemon.gshmctl("chmod", segname + "/manifest", "%04o" % 0o644)
+    m = _manifest.read(client, segname)
+    daemon.gshmctl("chmod", names[1], "%04o" % 0o660)
+    with pytest.raises(_manifest.UntrustedSegment,
+                       match=r"'%s' .*mode 0660: others than its owner may write it" % names[1]):
+        _manifest.open_segments(client, m)
+    assert _my_leases(client) == []
+    daemon.gshmctl("chmod", names[1], "%04o" % 0o640)
+    for s in _manifest.open_segments(client, m).values():
+        s.close()
+    _manifest.unlink_prefix(client, segname)
 
 
 def test_manifest_naming_a_gone_segment_is_stale(client, segname):
