@@ -378,7 +378,9 @@ def attach(client: Client, prefix: str, device: Any = None, access: str = "r",
             writable by its group or others (names are first come, first
             served: another user may have created "<prefix>/manifest" or a
             segment name first); else UntrustedSegment, before anything is
-            mapped.  Pass the publisher's uid to attach another user's model.
+            mapped.  Pass the publisher's uid to attach another user's model
+            (read-only: access="rw" as another user needs a mode this
+            refuses).
 
     Every tensor keeps its segment mapped (and leased) while it lives.  A
     prefix pulled from a peer node in one set pull (manifest and segments,
