@@ -297,6 +297,43 @@ static int revoke_id_as_user(const char *arg) {
   return e == -EPERM ? 0 : 3;
 }
 
+/* gshm_client_uid as a user: 0 when it says arg (a uid), else 2-5. */
+static int client_uid_is(const char *arg) {
+  gshm_client_t *c;
+  uint32_t uid = UINT32_MAX;
+  int e;
+
+  if (gshm_connect(h->socket_path, "whoami", &c))
+    return 2;
+  e = gshm_client_uid(c, &uid);
+  if (!e && gshm_client_uid(c, NULL) != -EINVAL)
+    e = 4;
+  gshm_disconnect(c);
+  return e ? 3 : uid == strtoul(arg, NULL, 10) ? 0 : 5;
+}
+
+/* gshm_client_uid says the uid gshmd knows the connection by (what
+ * gshm.torch.attach pins a prefix's owner to by default): a user's own,
+ * and an admin's own among every connection it lists (root's here). */
+static void test_client_uid(void **state) {
+  gshm_client_t *root;
+  uint32_t uid = 1;
+  char arg[16];
+
+  (void)state;
+  need_root();
+  assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
+  assert_int_equal(gshm_client_uid(root, &uid), 0);
+  assert_int_equal(uid, 0);
+  assert_int_equal(gshm_client_uid(NULL, &uid), -EINVAL);
+  snprintf(arg, sizeof(arg), "%u", (unsigned)UID_A);
+  assert_int_equal(child_as(UID_A, UID_A, A.groups, A.ngroups, client_uid_is, arg), 0);
+  snprintf(arg, sizeof(arg), "%u", (unsigned)UID_ADMIN);
+  assert_int_equal(child_as(UID_ADMIN, UID_ADMIN, admin.groups, admin.ngroups, client_uid_is, arg),
+                   0);
+  gshm_disconnect(root);
+}
+
 /* How many list requests of type op gshmd answered OK (its metrics). */
 static uint64_t lists_answered(gshm_client_t *c, const char *op) {
   char *text = NULL, key[96];
@@ -964,6 +1001,7 @@ int main(void) {
       cmocka_unit_test(test_quota),
       cmocka_unit_test(test_admin_sees_and_revokes),
       cmocka_unit_test(test_admin_revokes_unlinked),
+      cmocka_unit_test(test_client_uid),
       cmocka_unit_test(test_unlinked_is_not_opened_anew),
       cmocka_unit_test(test_unlinked_not_opened_anew_after_restart),
       cmocka_unit_test(test_listing_walks_a_bounded_part),
