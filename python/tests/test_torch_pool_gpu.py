@@ -306,6 +306,16 @@ def role_limits(sock, out_dir):
     res["attach_tied_is_one_tensor"] = sd["w_tied"] is sd["w"]
     res["attach_strided_view"] = (tuple(sd["w_t"].stride()) == (1, 1024)
                                   and sd["w_t"].data_ptr() == sd["w"].data_ptr())
+    # owner pinning (test_pool_host has the other users): the prefix is
+    # this user's, so an attach that expects another owner is refused,
+    # naming the manifest, before anything is mapped
+    try:
+        gt.attach(c, "torchtest/stale", device=0, owner=c.uid() + 1)
+        res["other_owner_refused"] = False
+    except gt.UntrustedSegment as e:
+        res["other_owner_refused"] = "'torchtest/stale/manifest' is owned by" in str(e)
+    res["own_owner_ok"] = bool((gt.attach(c, "torchtest/stale", device=0, owner=c.uid())["w"]
+                                .cpu() == 1).all())
     # a dtype gshm knows that this torch lacks (float8 before torch 2.1):
     # gshm's ManifestError naming the entry, not a bare AttributeError
     f8 = getattr(torch, "float8_e4m3fn", None)
