@@ -199,9 +199,30 @@ static int errorf(int rc, int err, const char *fmt, ...) {
     json_object_set_new(doc, "error", e);
     dump_json(doc, stderr, JSON_COMPACT | JSON_PRESERVE_ORDER);
   } else {
-    fprintf(stderr, "gshmctl: %s\n", msg);
+    /* the message echoes the user's own argv (a name, an option, a
+     * value) and gshmd's words about it: escaped as the tables escape
+     * names, so that an ESC, a CR or a bidi control in them cannot
+     * rewrite the terminal of whoever runs the script */
+    char safe[4 * sizeof(msg) + 1];
+    fprintf(stderr, "gshmctl: %s\n", gshm__escape_text(msg, safe, sizeof(safe)));
   }
   return rc;
+}
+
+/* Prints one line of a verb's output (fmt without its newline; up to 2047
+ * bytes once formatted) to stdout, all of it escaped as the tables escape
+ * names (gshm__escape_text): the names, peers and values it echoes are
+ * the user's own argv or another user's choosing, and an ESC, a CR or a
+ * bidi control in them must not reach the terminal raw. */
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...) {
+  char text[2048], safe[4 * sizeof(text) + 1];
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof(text), fmt, ap);
+  va_end(ap);
+  printf("%s\n", gshm__escape_text(text, safe, sizeof(safe)));
 }
 
 /* Whether every name of peer ("a" or "a,b,...") is one of v[n]'s. */
@@ -868,9 +889,9 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
     gshm_close(seg);
     return print_json(doc);
   }
-  printf("created '%s': %s at %s (id %" PRIu64 ")\n", gshm_segment_info(seg)->name,
-         gshm__format_size(gshm_segment_info(seg)->size, sz, sizeof(sz)),
-         gshm_segment_info(seg)->location, gshm_segment_info(seg)->id);
+  say("created '%s': %s at %s (id %" PRIu64 ")", gshm_segment_info(seg)->name,
+      gshm__format_size(gshm_segment_info(seg)->size, sz, sizeof(sz)),
+      gshm_segment_info(seg)->location, gshm_segment_info(seg)->id);
   gshm_close(seg);
   return EXIT_OK;
 }
@@ -892,7 +913,7 @@ static int cmd_by_name(gshm_client_t *c, int argc, char **argv, const char *verb
     json_object_set_new(doc, "name", json_text(argv[1]));
     return print_json(doc);
   }
-  printf("%s '%s'\n", done, argv[1]);
+  say("%s '%s'", done, argv[1]);
   return EXIT_OK;
 }
 
@@ -921,7 +942,7 @@ static int cmd_chmod(gshm_client_t *c, int argc, char **argv) {
     json_object_set_new(doc, "mode", json_string(m));
     return print_json(doc);
   }
-  printf("changed the mode of '%s' to %04o\n", argv[1], (unsigned)mode);
+  say("changed the mode of '%s' to %04o", argv[1], (unsigned)mode);
   return EXIT_OK;
 }
 
@@ -988,10 +1009,10 @@ static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
     return print_json(doc);
   }
   if (uid == (uint32_t)-1)
-    printf("changed the group of '%s' to %s\n", argv[1], colon + 1);
+    say("changed the group of '%s' to %s", argv[1], colon + 1);
   else
-    printf("changed the owner%s of '%s' to %s\n", gid == (uint32_t)-1 ? "" : " and group",
-           argv[1], gid == (uint32_t)-1 ? spec : argv[2]);
+    say("changed the owner%s of '%s' to %s", gid == (uint32_t)-1 ? "" : " and group", argv[1],
+        gid == (uint32_t)-1 ? spec : argv[2]);
   return EXIT_OK;
 }
 
@@ -1244,7 +1265,7 @@ static int cmd_write(gshm_client_t *c, int argc, char **argv) {
   if (rc == EXIT_OK && json_out) {
     rc = print_json(json_transfer(argv[optind], offset, done));
   } else if (rc == EXIT_OK) {
-    printf("wrote %" PRIu64 " bytes to '%s' at offset %" PRIu64 "\n", done, argv[optind], offset);
+    say("wrote %" PRIu64 " bytes to '%s' at offset %" PRIu64, done, argv[optind], offset);
   }
 out:
   free(buf);
@@ -1345,7 +1366,7 @@ static int cmd_peers(gshm_client_t *c) {
   if (!node[0])
     printf("cluster off (gshmd's cluster.listen and cluster.peers are empty)\n");
   else
-    printf("node '%s', %zu peer%s\n", node, n, n == 1 ? "" : "s");
+    say("node '%s', %zu peer%s", node, n, n == 1 ? "" : "s");
   int wn = 16, wa = 24;
   for (size_t i = 0; i < n; i++) {
     wn = widen(wn, v[i].name);
@@ -1481,8 +1502,8 @@ static void pulled_by_peer(const gshm_pull_result_t *v, size_t n) {
         count++;
         bytes += v[k].bytes;
       }
-    printf("  from %s: %zu segment%s, %s\n", v[i].peer, count, count == 1 ? "" : "s",
-           gshm__format_size(bytes, sz, sizeof(sz)));
+    say("  from %s: %zu segment%s, %s", v[i].peer, count, count == 1 ? "" : "s",
+        gshm__format_size(bytes, sz, sizeof(sz)));
   }
 }
 
@@ -1523,10 +1544,10 @@ static int pulled_set(const char *peer, const char *prefix, const char *as,
              strchr(peer, ',') ? "their source" : peer);
   if (as && *as && strcmp(as, prefix)) /* (where the names are, --as another prefix) */
     snprintf(where, sizeof(where), " as '%s'", as);
-  printf("pulled %zu segment%s under %s:%s%s: %s in %.3f s, %.2f GB/s (paths: %u host, %u staged, "
-         "%u direct%s)\n",
-         n, n == 1 ? "" : "s", peer, prefix, where, gshm__format_size(bytes, sz, sizeof(sz)), sec,
-         sec > 0 ? (double)bytes / sec / 1e9 : 0, paths[0], paths[1], paths[2], rel);
+  say("pulled %zu segment%s under %s:%s%s: %s in %.3f s, %.2f GB/s (paths: %u host, %u staged, "
+      "%u direct%s)",
+      n, n == 1 ? "" : "s", peer, prefix, where, gshm__format_size(bytes, sz, sizeof(sz)), sec,
+      sec > 0 ? (double)bytes / sec / 1e9 : 0, paths[0], paths[1], paths[2], rel);
   if (strchr(peer, ',')) /* several sources: what each gave */
     pulled_by_peer(v, n);
   return EXIT_OK;
@@ -1615,7 +1636,6 @@ static void pull_bar_end(bool prefix, const gshm_pull_result_t *r, const gshm_pu
 
 /* The result of a one-segment pull of the peer's `name`. */
 static int pulled_one(const gshm_pull_result_t *r, const char *name) {
-  static char esc[SHOWN_CAP];
   char sz[32];
 
   if (json_out) {
@@ -1627,15 +1647,15 @@ static int pulled_one(const gshm_pull_result_t *r, const char *name) {
                         json_real(r->elapsed_ns ? (double)r->bytes / (double)r->elapsed_ns : 0));
     return print_json(doc);
   }
-  printf("pulled %s:%s into '%s' (id %" PRIu64 "): %s in %.3f s, %.2f GB/s, path %s (%s)\n",
-         r->peer, name, r->segment.name, r->segment.id,
-         gshm__format_size(r->bytes, sz, sizeof(sz)), (double)r->elapsed_ns / 1e9,
-         r->elapsed_ns ? (double)r->bytes / (double)r->elapsed_ns : 0, r->path, r->path_reason);
+  say("pulled %s:%s into '%s' (id %" PRIu64 "): %s in %.3f s, %.2f GB/s, path %s (%s)", r->peer,
+      name, r->segment.name, r->segment.id, gshm__format_size(r->bytes, sz, sizeof(sz)),
+      (double)r->elapsed_ns / 1e9, r->elapsed_ns ? (double)r->bytes / (double)r->elapsed_ns : 0,
+      r->path, r->path_reason);
   /* a copy of a copy (or relayed): where it came from first */
   if (r->relayed || strncmp(r->segment.source, r->peer, strlen(r->peer)) ||
       r->segment.source[strlen(r->peer)] != ':')
-    printf("  %sfirst from %s\n", r->relayed ? "relayed (the peer was still pulling it), " : "",
-           shown(r->segment.source, esc));
+    say("  %sfirst from %s", r->relayed ? "relayed (the peer was still pulling it), " : "",
+        r->segment.source);
   return EXIT_OK;
 }
 

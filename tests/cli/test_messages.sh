@@ -409,6 +409,49 @@ if [ "$(id -u)" = 0 ]; then
 fi
 kill $qpid; wait $qpid 2>/dev/null
 
+# a name or argument gshmctl echoes in its one-line answers and errors is
+# escaped as its tables escape names: an ESC, a CR, a C1 CSI or a bidi
+# override in it reached the terminal raw ("created '<name>'", "unknown
+# verb '<arg>'"), and could rewrite what the admin running a script sees
+# raw_free: neither out nor err of the last command holds one raw
+raw_free() {
+  local f
+  for f in out err; do
+    "$py" -c 'import sys; b = open(sys.argv[1], "rb").read()
+sys.exit(any(c in b for c in (b"\x1b", b"\r", b"\x07", b"\xc2\x9b", b"\xe2\x80\xae")))' "$dir/$f" \
+      || fail "$f of the last command holds a raw control: $(od -c "$dir/$f" | head -5)"
+  done
+}
+evil="evil/$(printf '\xe2\x80\xae\xc2\x9b2Jz')"  # a valid name: a bidi override and a C1 CSI
+for args in "create|$evil|4K" "chmod|$evil|0640" "chown|$evil|0" "revoke|$evil" \
+            "create|$evil|4K" "unlink|$evil"; do
+  IFS='|' read -r -a a <<<"$args"
+  run 0 "${a[@]}"
+  raw_free
+  has out '\xE2\x80\xAE\xC2\x9B2Jz'
+done
+printf 'abc' | "$ctl" create "$evil" 4K >/dev/null
+printf 'abc' | run 0 write "$evil"
+raw_free
+has out '\xE2\x80\xAE'
+run 0 unlink "$evil"
+run 5 unlink "$evil"  # no such segment: gshmd's answer names it
+raw_free
+run 2 "$(printf '\e[2J\rverb')"
+raw_free
+has err "unknown verb '\x1B[2J\x0Dverb'"
+run 5 chown x "$(printf '\e]0;title\a')"
+raw_free
+has err "no such user '\x1B]0;title\x07'"
+run 1 create "$(printf 'a\e[31m')" 4K
+raw_free
+run 2 create x 4K --mode "$(printf '\e[2J')"
+raw_free
+run 2 create x "$(printf '4K\r')"
+raw_free
+GSHM_SOCKET="$dir/$(printf '\e[2J')" run 3 status
+raw_free
+
 # usage_error WANT ARGS...: gshm-bench ARGS exits 2 (a usage error), WANT
 # in its stderr
 usage_error() {
