@@ -809,8 +809,12 @@ static int parse_bytes(const char *what, const char *s, uint64_t *out) {
   return e;
 }
 
-/* Mode bits in octal, 0000..0777; prints the usage error for verb `what`. */
-static int parse_mode(const char *what, const char *s, uint32_t *out) {
+/* Mode bits in octal, 0000..0777; prints the usage error for verb `what`.
+ * A new segment's mode (create, pull: new) may not be 0: gshm_create and
+ * gshmd take 0 for "the default, 0600" (the wire cannot tell them apart),
+ * so `--mode 0` gave 0600, silently; it is refused, naming chmod, which
+ * does set 0. */
+static int parse_mode(const char *what, const char *s, bool new, uint32_t *out) {
   unsigned long v;
   char *end;
 
@@ -818,6 +822,13 @@ static int parse_mode(const char *what, const char *s, uint32_t *out) {
   v = strtoul(s, &end, 8);
   if (errno || *end || !*s || v > 0777) {
     errorf(EXIT_USAGE, -EINVAL, "%s: mode '%s' is not octal 0000..0777", what, s);
+    return -EINVAL;
+  }
+  if (new && v == 0) {
+    errorf(EXIT_USAGE, -EINVAL,
+           "%s: --mode 0 cannot be given to a new segment (gshmd takes 0 for its default, 0600): "
+           "give another mode, then 'gshmctl chmod NAME 0' to take every access away",
+           what);
     return -EINVAL;
   }
   *out = (uint32_t)v;
@@ -860,7 +871,7 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
       location = optarg;
       break;
     case 'm':
-      if (parse_mode("create", optarg, &mode))
+      if (parse_mode("create", optarg, true, &mode))
         return EXIT_USAGE;
       break;
     case 'L':
@@ -928,7 +939,7 @@ static int cmd_chmod(gshm_client_t *c, int argc, char **argv) {
   if (argc != 3) {
     return errorf(EXIT_USAGE, -EINVAL, "usage: chmod NAME MODE");
   }
-  if (parse_mode("chmod", argv[2], &mode))
+  if (parse_mode("chmod", argv[2], false, &mode))
     return EXIT_USAGE;
   if (!c)
     return EXIT_OK;
@@ -1580,7 +1591,7 @@ static int pull_args(int argc, char **argv, gshm_pull_opts_t *po, bool *prefix_o
       po->location = optarg;
       break;
     case 'm':
-      if (parse_mode("pull", optarg, &po->mode))
+      if (parse_mode("pull", optarg, true, &po->mode))
         return EXIT_USAGE;
       break;
     case 'p':

@@ -71,6 +71,18 @@ def _connect_hint(path: str, err: int) -> str:
     return buf.value.decode("utf-8", "replace")
 
 
+def _check_new_mode(mode: int, function: str, name: str) -> None:
+    """Refuses mode 0 for a new segment: gshm_create, gshm_pull and gshmd
+    take 0 for the default, 0600 (the wire cannot tell them apart), so
+    mode=0 gave 0600, silently.  `gshmctl chmod NAME 0` sets 0."""
+    if int(mode) == 0:
+        e = InvalidArgument(errno.EINVAL, "%s: mode 0 cannot be given to a new segment (gshmd "
+                            "takes 0 for its default, 0600): give another mode, then "
+                            "'gshmctl chmod NAME 0' to take every access away" % function, name)
+        e.function = function
+        raise e
+
+
 class Client(object):
     """A connection to gshmd.
 
@@ -145,9 +157,12 @@ class Client(object):
         location  "host" (the default, as for gshm_create and gshmctl create),
                   "cuda:N" (the daemon's device index), "cuda:GPU-<uuid>",
                   or an int N for "cuda:N".
-        mode      permission bits like chmod (0o600, 0o640, ...).
+        mode      permission bits like chmod (0o600, 0o640, ...); not 0, which
+                  gshm_create and gshmd take for the default 0600
+                  (InvalidArgument; `gshmctl chmod NAME 0` sets 0 afterwards).
         Raises Exists (EEXIST), InvalidArgument, NoDevice, NotSupported,
         OutOfMemory, LimitExceeded, ..."""
+        _check_new_mode(mode, "gshm_create", name)
         if isinstance(location, int) and not isinstance(location, bool):
             location = "cuda:%d" % location
         elif location is not None and not isinstance(location, (str, bytes)):
@@ -336,12 +351,16 @@ class Client(object):
         names in the same step (their holders keep them) instead of failing
         with Exists.
 
+        `mode`: the new segments' permission bits, not 0 (InvalidArgument,
+        as for create).
+
         `progress(bytes_done, bytes_total, elapsed_ns)` is called about five
         times a second meanwhile (it must not use this client).  Errors as
         gshm_pull: NotFound (no such peer, or nothing exported under that
         name), Exists (a local segment holds a name: pass replace=True),
         PermissionDenied, Unreachable (the peer went away; nothing is left
         behind)."""
+        _check_new_mode(mode, "gshm_pull", name)
         fn = _optional("gshm_pull_prefix" if prefix else "gshm_pull")
         if not isinstance(peer, str):
             peer = ",".join(peer)

@@ -503,6 +503,19 @@ def test_unlinked_segment_keeps_memory_for_its_leases(client, segname):
     client.unlink(segname)
 
 
+def test_create_mode_0_refused(daemon, client, segname):
+    """mode=0 is refused, not silently made 0600 (gshm_create and gshmd
+    take 0 for the default): a segment its creator meant nobody to open
+    was open to its owner; nothing is created."""
+    import gshm
+    for call in (lambda: client.create(segname, 4096, location="host", mode=0),
+                 lambda: client.pull("nopeer", segname, mode=0)):
+        with pytest.raises(gshm.InvalidArgument) as e:
+            call()
+        assert "mode 0" in str(e.value) and "chmod" in str(e.value), e.value
+    assert segname not in [s.name for s in client.segments()]
+
+
 def test_info_and_lists(daemon, client, segname):
     with client.create(segname, 5000, location="host", mode=0o640) as seg:
         info = seg.info

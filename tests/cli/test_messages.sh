@@ -409,6 +409,20 @@ if [ "$(id -u)" = 0 ]; then
 fi
 kill $qpid; wait $qpid 2>/dev/null
 
+# --mode 0 for a new segment is refused (gshmd takes 0 for its default,
+# 0600: "create --mode 0" gave 0600, silently); chmod sets 0 itself
+for verb in "create m0 4K" "pull p:m0"; do
+  run 2 $verb --mode 0
+  has err "${verb%% *}: --mode 0 cannot be given to a new segment"
+  has err "gshmctl chmod NAME 0"
+done
+run 5 unlink m0
+run 0 create m0 4K --mode 0644
+run 0 chmod m0 0
+run 0 --json segments
+json out "[s['mode'] for s in d['segments'] if s['name'] == 'm0'] == ['0000']"
+run 0 unlink m0
+
 # a name or argument gshmctl echoes in its one-line answers and errors is
 # escaped as its tables escape names: an ESC, a CR, a C1 CSI or a bidi
 # override in it reached the terminal raw ("created '<name>'", "unknown
