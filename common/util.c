@@ -143,9 +143,12 @@ static size_t utf8_seq(const unsigned char *p, uint32_t *cp) {
   return len;
 }
 
+/* U+061C, ARABIC LETTER MARK, is a bidi control as U+200E/U+200F are
+ * (Unicode's Bidi_Control list): it reorders what follows as they do. */
 static bool unprintable(uint32_t cp) {
-  return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || (cp >= 0x200B && cp <= 0x200F) ||
-         (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2060 && cp <= 0x206F) || cp == 0xFEFF;
+  return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || cp == 0x061C ||
+         (cp >= 0x200B && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202E) ||
+         (cp >= 0x2060 && cp <= 0x206F) || cp == 0xFEFF;
 }
 
 const char *gshm__escape_text(const char *text, char *buf, size_t cap) {

@@ -56,7 +56,8 @@ const char *gshm__format_size_as(uint64_t bytes, uint64_t scale, char *buf, size
 /* Copies text into buf (cap bytes, cap >= 1; always NUL-terminated) for a
  * terminal: '\\' becomes "\\\\", and every byte of a C0 or C1 control
  * (U+0000..U+001F, U+007F..U+009F), of an invisible or bidi format
- * character (U+200B..U+200F, U+2028..U+202E, U+2060..U+206F, U+FEFF) and
+ * character (U+061C, U+200B..U+200F, U+2028..U+202E, U+2060..U+206F,
+ * U+FEFF) and
  * of a byte sequence that is not valid UTF-8 becomes "\xHH".  Output that
  * does not fit is cut at a character boundary.  Returns buf.  4 * strlen +
  * 1 bytes always suffice. */

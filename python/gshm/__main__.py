@@ -57,7 +57,7 @@ def status_lines(st: StatusInfo) -> List[str]:
 def _unprintable(cp: int) -> bool:
     """A C0 or C1 control, or an invisible or bidi format character: the
     code points gshmctl's tables escape (gshm__escape_text)."""
-    return (cp < 0x20 or 0x7F <= cp <= 0x9F or 0x200B <= cp <= 0x200F
+    return (cp < 0x20 or 0x7F <= cp <= 0x9F or cp == 0x061C or 0x200B <= cp <= 0x200F
             or 0x2028 <= cp <= 0x202E or 0x2060 <= cp <= 0x206F or cp == 0xFEFF)
 
 

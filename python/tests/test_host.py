@@ -924,6 +924,14 @@ def test_python_m_gshm_escapes_names(daemon, client):
         evil.unlink(name)
 
 
+def test_shown_escapes_arabic_letter_mark():
+    """U+061C (ARABIC LETTER MARK) is a bidi control as U+200F is: shown()
+    escapes it as gshmctl's tables do (it went raw); Arabic letters stay."""
+    from gshm.__main__ import shown
+    assert shown("a\u061cb") == "a\\xD8\\x9Cb"
+    assert shown("\u061b\u0627") == "\u061b\u0627"
+
+
 def test_python_m_gshm_json_is_unicode(daemon, client):
     """A segment or client name that is not UTF-8 (names are bytes) comes
     out of python -m gshm --json as gshmctl --json gives it: each bad byte

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -121,6 +122,19 @@ static void test_escape(void **state) {
   assert_string_equal(gshm__escape_text("\xed\xa0\x80", buf, sizeof(buf)), "\\xED\\xA0\\x80");
   assert_string_equal(gshm__escape_text("back\\slash", buf, sizeof(buf)), "back\\\\slash");
   assert_string_equal(gshm__escape_text("del\x7f", buf, sizeof(buf)), "del\\x7F");
+  /* U+061C ARABIC LETTER MARK, a bidi control (it went raw), and its
+   * neighbours, Arabic letters, that stay */
+  assert_string_equal(gshm__escape_text("alm\xd8\x9c", buf, sizeof(buf)), "alm\\xD8\\x9C");
+  assert_string_equal(gshm__escape_text("\xd8\x9b\xd8\x9d", buf, sizeof(buf)), "\xd8\x9b\xd8\x9d");
+  {
+    char *j = gshm__json_escape_unprintable("\"a\xd8\x9c" "b\"");
+    char clean[] = "x\xd8\x9cy";
+    assert_non_null(j);
+    assert_string_equal(j, "\"a\\u061Cb\"");
+    free(j);
+    gshm__text_clean(clean);
+    assert_string_equal(clean, "x??y");
+  }
   /* cut at a whole character, never inside an escape */
   assert_string_equal(gshm__escape_text("ab\x9b", buf, 6), "ab");
   assert_string_equal(gshm__escape_text("ab\x9b", buf, 7), "ab\\x9B");
