@@ -155,7 +155,9 @@ static char *ini_state_read(char *str, int num, void *stream) {
 }
 
 /* Adds value, a continuation line, to the list opt holds (a blank
- * between).  Returns 1, or 0 with st->error set. */
+ * between), on the heap: the joined list is held to opt's own cap
+ * (GSHMD_CONFIG_LIST_MAX), not to a line's.  Returns 1, or 0 with
+ * st->error set. */
 static int continue_value(struct ini_state *st, const struct option_def *opt,
                           const char *value) {
   const char *old = *(char **)((char *)st->cfg + opt->offset), *why = NULL;

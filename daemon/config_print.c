@@ -114,17 +114,18 @@ void gshmd__config_print_usage(FILE *f) {
              "See gshmd --print-config for a commented configuration file.\n");
 }
 
-/* Formats the value of opt in cfg the way the INI parser reads it back. */
-static void option_format(const struct gshmd_config *cfg, const struct option_def *opt, char *buf,
-                          size_t size) {
+/* The value of opt in cfg the way the INI parser reads it back: a
+ * string option's own text (a list of peers may run past size), else
+ * formatted into buf (size bytes). */
+static const char *option_format(const struct gshmd_config *cfg, const struct option_def *opt,
+                                 char *buf, size_t size) {
   const void *field = (const char *)cfg + opt->offset;
 
   switch (opt->type) {
   case OPT_STR:
   case OPT_PATH:
   case OPT_ENUM:
-    snprintf(buf, size, "%s", *(char *const *)field ? *(char *const *)field : "");
-    break;
+    return *(char *const *)field ? *(char *const *)field : "";
   case OPT_BOOL:
     snprintf(buf, size, "%s", *(const bool *)field ? "true" : "false");
     break;
@@ -142,6 +143,7 @@ static void option_format(const struct gshmd_config *cfg, const struct option_de
     snprintf(buf, size, "%" PRIu64, *(const uint64_t *)field);
     break;
   }
+  return buf;
 }
 
 static void print_key_value(FILE *f, const char *prefix, const char *key, const char *value) {
@@ -208,16 +210,17 @@ void gshmd__config_print_default(FILE *f) {
 /* Writes the effective configuration as an INI file that parses back. */
 void gshmd__config_print_effective(FILE *f, const struct gshmd_config *cfg) {
   const char *section = NULL;
-  char value[PATH_MAX + 1];
+  char buf[64];
 
   for (size_t i = 0; i < gshmd__config_noptions; i++) {
     const struct option_def *opt = &gshmd__config_options[i];
+    const char *value;
 
     if (!section || strcmp(section, opt->section) != 0) {
       fprintf(f, "%s[%s]\n", section ? "\n" : "", opt->section);
       section = opt->section;
     }
-    option_format(cfg, opt, value, sizeof(value));
+    value = option_format(cfg, opt, buf, sizeof(buf));
     if (gshmd__config_list_key(opt->section, opt->key))
       print_list_value(f, opt, value);
     else

@@ -25,6 +25,13 @@
 
 #include "config.h"
 
+/* Bytes of cluster.peers and of cluster.export, continued lines joined:
+ * about 550 peers of "nodeNNN=10.0.NNN.NNN:7470" (4095 held about 140).
+ * Not more: `gshmctl peers` is one reply of at most 64 KiB
+ * (GSHM_WIRE_MAX_PACKET), a row of each peer's name, address, state and
+ * message; 550 peers whose messages run to 60 bytes still fit. */
+#define GSHMD_CONFIG_LIST_MAX 16383
+
 #define GSHMD_OPTION_TABLE(X)                                                   \
   X(daemon, socket, PATH, socket_path, GSHMD_DEFAULT_SOCKET, 1, 107, NULL,      \
     "Path of the listening Unix socket (SOCK_SEQPACKET). Ignored when systemd " \
@@ -204,15 +211,17 @@
   X(cluster, node_name, STR, cluster_node_name, "", 0, 63, NULL,                \
     "This node's name as its peers know it (their cluster.peers); empty: the "  \
     "host name.")                                                               \
-  X(cluster, peers, STR, cluster_peers, "", 0, 4095, NULL,                      \
+  X(cluster, peers, STR, cluster_peers, "", 0, GSHMD_CONFIG_LIST_MAX, NULL,     \
     "The peer nodes, NAME=ADDRESS:PORT separated by blanks or commas. Only "    \
-    "these may connect, and only these can be pulled from.")                   \
-  X(cluster, export, STR, cluster_export, "", 0, 4095, NULL,                    \
+    "these may connect, and only these can be pulled from. At most 16383 "      \
+    "bytes, continued lines joined (about 550 peers).")                        \
+  X(cluster, export, STR, cluster_export, "", 0, GSHMD_CONFIG_LIST_MAX, NULL,   \
     "What peers may list and read, rules separated by blanks: PATTERN "        \
     "(fnmatch; '*' also matches '/') exports matching segments of root and "    \
     "gshmd's user that others may read (mode o+r); PATTERN:USER those of "      \
     "USER that others may read; PATTERN:@GROUP those of group GROUP that the "  \
-    "group may read (g+r). Empty exports nothing.")                             \
+    "group may read (g+r). Empty exports nothing. At most 16383 bytes, "        \
+    "continued lines joined.")                                                  \
   X(cluster, secret_file, PATH, cluster_secret_file, "", 0, 4095, NULL,         \
     "File with the key every node of the cluster shares (at least 16 bytes; "   \
     "e.g. head -c 32 /dev/urandom | base64). It must be owned by gshmd's user " \

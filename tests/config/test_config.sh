@@ -206,6 +206,34 @@ run 0 "$gshmd" --dump-config --config "$tmp/list.conf" --set cluster.listen= && 
   cmp -s "$tmp/out" "$tmp/list-dump.conf" || fail "a continued list does not read back"
 }
 
+# A long list, continued over many lines: cluster.peers held 4095 bytes
+# once joined (about 140 peers: 500 stopped gshmd with "longer than 4095
+# bytes"); it holds 16383 (GSHMD_CONFIG_LIST_MAX), and --dump-config
+# wrote string values through a PATH_MAX buffer, which would cut such a
+# list.  One byte past the cap is still refused, naming it.
+# big_list N FILE: N peers of cluster.peers, 5 to a line
+big_list() {
+  {
+    printf '[cluster]\npeers ='
+    for i in $(seq 1 "$1"); do
+      printf ' n%d=10.%d.%d.1:7470' "$i" $((i / 250)) $((i % 250))
+      [ $((i % 5)) = 0 ] && [ "$i" != "$1" ] && printf ' \\\n '
+    done
+    printf '\n'
+  } >"$2"
+}
+big_list 500 "$tmp/big.conf"
+run 0 "$gshmd" --dump-config --config "$tmp/big.conf" --set cluster.listen= && {
+  cp "$tmp/out" "$tmp/big-dump.conf"
+  tr -d '\\\n' <"$tmp/big-dump.conf" | tr -s " " | grep -qF "n499=10.1.249.1:7470 n500=10.2.0.1:7470" ||
+    fail "--dump-config lacks the last of 500 continued peers"
+  run 0 "$gshmd" --dump-config --config "$tmp/big-dump.conf" --set cluster.listen=
+  cmp -s "$tmp/out" "$tmp/big-dump.conf" || fail "500 continued peers do not read back"
+}
+big_list 900 "$tmp/huge.conf"
+run 2 "$gshmd" --check-config --config "$tmp/huge.conf" --set cluster.listen= &&
+  expect_err "longer than 16383 bytes"
+
 # --- errors name the file, the line and the key ------------------------------
 
 # bad_file EXPECTED_RC LINE KEY MESSAGE CONTENT: CONTENT in a file must fail.
