@@ -146,18 +146,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         with Client(args.socket, name="python -m gshm") as c:
             result = VERBS[args.verb](c, args.json)
+    # (the socket path is the user's own argument, a message may quote a
+    # name: escaped as gshmctl's errors are, so that an ESC or a bidi
+    # control in them does not reach the terminal raw)
     except Unreachable as e:
-        print("gshm: cannot reach gshmd at %s: %s" % (e.filename, e.strerror), file=sys.stderr)
+        print(shown("gshm: cannot reach gshmd at %s: %s" % (e.filename, e.strerror)),
+              file=sys.stderr)
         return EXIT_UNREACHABLE
     except PermissionDenied as e:
         if e.function == "gshm_connect":
-            print("gshm: cannot reach gshmd at %s: %s" % (e.filename, e.strerror),
+            print(shown("gshm: cannot reach gshmd at %s: %s" % (e.filename, e.strerror)),
                   file=sys.stderr)
         else:
-            print("gshm: %s (%s)" % (e.strerror, e.filename), file=sys.stderr)
+            print(shown("gshm: %s (%s)" % (e.strerror, e.filename)), file=sys.stderr)
         return EXIT_DENIED
     except Error as e:
-        print("gshm: %s" % (e,), file=sys.stderr)
+        print(shown("gshm: %s" % (e,)), file=sys.stderr)
         return EXIT_ERROR
     except ImportError as e:  # libgshm not found: what to do, not a traceback
         print(e, file=sys.stderr)

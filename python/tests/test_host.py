@@ -924,6 +924,18 @@ def test_python_m_gshm_escapes_names(daemon, client):
         evil.unlink(name)
 
 
+def test_python_m_gshm_escapes_its_errors(tmp_path):
+    """python -m gshm's error line escapes the socket path it echoes (the
+    user's own argument) as gshmctl's errors do: an ESC or a bidi
+    override in it went to the terminal raw."""
+    sock = str(tmp_path / "\x1b[2J\u202e")
+    p = _python_m_gshm("--socket", sock)
+    err = p.stderr
+    assert p.returncode == 3, (p.returncode, err)
+    assert b"\x1b" not in err and b"\xe2\x80\xae" not in err, err
+    assert b"\\x1B[2J\\xE2\\x80\\xAE" in err, err
+
+
 def test_shown_escapes_arabic_letter_mark():
     """U+061C (ARABIC LETTER MARK) is a bidi control as U+200F is: shown()
     escapes it as gshmctl's tables do (it went raw); Arabic letters stay."""
