@@ -542,6 +542,7 @@ static void resend(struct gshmd_fdstore *fs) {
     }
     fs->nretire = 0;
   }
+  gshmd__one_ended_forget(fs, false);
 }
 
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event) {
@@ -586,6 +587,7 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
       bucket_write(fs, fs->buckets[seg->fs_bucket - 1]);
     break;
   }
+  gshmd__one_ended_changed(fs, seg, event);
   gshmd__publish_commit(fs); /* (a publish's end, or the store caught up) */
   r->fdstore_pending = pending(fs);
   gshmd__publish_release(fs); /* (last: it frees segments, each an event) */

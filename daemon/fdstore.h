@@ -64,6 +64,12 @@ struct gshmd_fdstore {
   size_t nremoves, removes_cap;
   char **retire;
   size_t nretire, retire_cap;
+  /* Buckets that came back with one end, while that end stays stored
+   * (until the retire above is sent): each with the segments adopted from
+   * its records, whose state goes to its number's journal copy at each
+   * change (fdstore_bucket.c: a bucket that came back with one end). */
+  struct fdstore_bucket **one_ended;
+  uint32_t n_one_ended, one_ended_cap;
   uint64_t failed_sends;   /* notifications and datagrams that failed */
   /* Between GSHMD_PUBLISH_BEGIN and _END: placements mark their buckets
    * (rewrite) instead of writing them, and END writes each once. */

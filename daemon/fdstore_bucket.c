@@ -340,6 +340,103 @@ static struct fdstore_bucket *keep_bucket(struct gshmd_fdstore *fs, int *fds, ch
   return b;
 }
 
+/* ---- A bucket that came back with one end ----
+ * Its members move to other buckets, and its one end stays stored until
+ * the store has caught up (the retire of its name, keep_bucket): its
+ * datagram carries the memory of members whose new bucket's state is only
+ * in the journal (which has no fds), or nowhere (no bucket could be
+ * made).  A restart before that reads the datagram again, with its
+ * records as they were when the bucket lost its end: a member freed since
+ * came back from it, named, with its memory as the free left it (zeroed
+ * by a revoke's punch), and a chmod or an unlink made since was undone
+ * where its new bucket did not come back whole.  No datagram can be sent
+ * to an end whose peer is gone, so the bucket's state, the segments
+ * adopted from its records as they are now, goes to its number's journal
+ * copy instead (its number is out of use in this run: keep_bucket), at
+ * the restore and at each unlink, chmod, chown or free of one of them; a
+ * restart takes that copy (newer: write_seq) with the memory fds of the
+ * datagram (fd_of).  The list is dropped once the name is retired. */
+
+/* A one-ended bucket of number index, empty, in fs->one_ended.  NULL
+ * when out of memory or without a service manager (nothing is written). */
+static struct fdstore_bucket *one_ended_add(struct gshmd_fdstore *fs, uint32_t index) {
+  struct fdstore_bucket *b;
+
+  if (!fs->enabled)
+    return NULL;
+  if (fs->n_one_ended == fs->one_ended_cap) {
+    uint32_t c = fs->one_ended_cap ? 2 * fs->one_ended_cap : 4;
+    struct fdstore_bucket **l = realloc(fs->one_ended, c * sizeof(*l));
+    if (!l)
+      return NULL;
+    fs->one_ended = l;
+    fs->one_ended_cap = c;
+  }
+  if (!(b = calloc(1, sizeof(*b))))
+    return NULL;
+  b->index = index;
+  b->end[0] = b->end[1] = -1;
+  b->queued = -1;
+  fs->one_ended[fs->n_one_ended++] = b;
+  return b;
+}
+
+/* Writes one-ended b's members' current records to its journal copy. */
+static void one_ended_put(struct gshmd_fdstore *fs, struct fdstore_bucket *b) {
+  uint8_t *buf = NULL;
+  size_t len;
+  int e;
+
+  b->seq = ++fs->write_seq;
+  len = gshmd__bucket_pack(b, b->seq, fs->publish_done, &buf);
+  e = buf ? gshmd__journal_put(fs, b, buf, len) : -ENOMEM;
+  free(buf);
+  if (e && e != -EBADF) /* (no journal: said at the start) */
+    gshm_log_err("fd store: cannot write the journal's copy of bucket %" PRIu32 ", which came "
+                 "back with one end (%s); a crash now may bring back its segments as they "
+                 "were, also those freed since",
+                 b->index, strerror(-e));
+}
+
+/* After the restore: each one-ended bucket's state, without the members
+ * that were not adopted (a cut publish's, those without memory). */
+void gshmd__one_ended_write(struct gshmd_fdstore *fs) {
+  for (uint32_t k = 0; k < fs->n_one_ended; k++)
+    one_ended_put(fs, fs->one_ended[k]);
+}
+
+/* A registry event: when seg (NULL: none) was unlinked, changed (owner,
+ * mode) or freed, the state of each one-ended bucket it came from is
+ * written again (without it, freed).  O(members of those buckets), only
+ * while one is stored. */
+void gshmd__one_ended_changed(struct gshmd_fdstore *fs, struct gshmd_segment *seg, int event) {
+  if (!seg || (event != GSHMD_SEGMENT_UNLINKED && event != GSHMD_SEGMENT_CHANGED &&
+               event != GSHMD_SEGMENT_FREED))
+    return;
+  for (uint32_t k = 0; k < fs->n_one_ended; k++) {
+    struct fdstore_bucket *b = fs->one_ended[k];
+    for (uint32_t i = 0; i < b->n; i++)
+      if (b->seg[i] == seg) {
+        if (event == GSHMD_SEGMENT_FREED)
+          b->seg[i] = b->seg[--b->n];
+        one_ended_put(fs, b);
+        break;
+      }
+  }
+}
+
+/* The one-ended buckets are forgotten once their names are retired and
+ * no removal is owed (the resend), or at a stop. */
+void gshmd__one_ended_forget(struct gshmd_fdstore *fs, bool stop) {
+  if (!stop && (fs->nretire || fs->nremoves || !fs->n_one_ended))
+    return;
+  for (uint32_t k = 0; k < fs->n_one_ended; k++)
+    free(fs->one_ended[k]);
+  free(fs->one_ended);
+  fs->one_ended = NULL;
+  fs->n_one_ended = fs->one_ended_cap = 0;
+}
+
 /* The memory fd for m[i], the first (newest) record of its id in m[0..nm)
  * (sorted by cmp_member): its own, else that of an older record of the
  * id which has one.  The newest may have none (its bucket's state came
@@ -355,10 +452,11 @@ static int *member_fd(const struct fdstore_member *m, size_t nm, size_t i) {
 
 /* Adopts every member of the buckets found, in id order (the registry's
  * list is kept in id order: O(1) per segment that way), into the buckets
- * they came from (or, for a bucket that lost an end, into new ones);
+ * they came from (or, for a bucket that lost an end, into new ones, and
+ * each into the list of its one_ended[] bucket, where it has one);
  * but none of a set whose publish a stop cut short (fdstore_publish.c). */
 static int adopt_members(struct gshmd_fdstore *fs, struct found *f, int nf,
-                         struct fdstore_bucket **kept) {
+                         struct fdstore_bucket **kept, struct fdstore_bucket **one_ended) {
   struct fdstore_member *m;
   size_t nm = 0, total = 0;
 
@@ -368,8 +466,9 @@ static int adopt_members(struct gshmd_fdstore *fs, struct found *f, int nf,
     return -ENOMEM;
   for (int i = 0; i < nf; i++)
     for (size_t k = 0; f[i].use && k < f[i].use->n_segments; k++)
-      m[nm++] = (struct fdstore_member){f[i].use->segments[k], f[i].use->seq, fd_of(&f[i], k),
-                                        kept[i], false};
+      m[nm++] = (struct fdstore_member){.rec = f[i].use->segments[k], .seq = f[i].use->seq,
+                                        .fd = fd_of(&f[i], k), .b = kept[i],
+                                        .one_ended = one_ended[i]};
   nm = gshmd__publish_filter(fs, m, nm);
   qsort(m, nm, sizeof(*m), cmp_member);
   for (size_t i = 0; i < nm; i++) {
@@ -401,6 +500,12 @@ static int adopt_members(struct gshmd_fdstore *fs, struct found *f, int nf,
     if (b) /* its bucket must be rewritten without it */
       b->rewrite = true;
   }
+  for (size_t i = 0; i < nm; i++) { /* (also an id adopted from another bucket's copy) */
+    struct fdstore_bucket *o = m[i].one_ended;
+    struct gshmd_segment *seg;
+    if (o && o->n < FDSTORE_BUCKET_FDS && (seg = gshmd_registry_find_id(fs->reg, m[i].rec->id)))
+      o->seg[o->n++] = seg;
+  }
   free(m);
   return 0;
 }
@@ -412,7 +517,8 @@ int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int
   uint8_t *buf = malloc(cap);
   int nf = buf ? collect(fds, names, n, &f) : -ENOMEM, e = 0;
 
-  if (nf < 0 || !(kept = calloc((size_t)nf + 1, sizeof(*kept)))) {
+  /* (kept[0..nf) the buckets kept, kept[nf..2 nf) those with one end) */
+  if (nf < 0 || !(kept = calloc(2 * (size_t)nf + 1, sizeof(*kept)))) {
     free(buf);
     free(f);
     return -ENOMEM;
@@ -425,6 +531,8 @@ int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int
     kept[i] = keep_bucket(fs, fds, names, &f[i], seq, frozen);
     if (kept[i] && f[i].journal && f[i].use == f[i].journal)
       kept[i]->rewrite = true; /* the journal's copy is newer: resent */
+    if (!kept[i] && f[i].use && (f[i].idx[0] < 0 || f[i].idx[1] < 0))
+      kept[nf + i] = one_ended_add(fs, f[i].index);
     if (!kept[i])
       for (int k = 0; k < 2; k++)
         if (f[i].idx[k] >= 0 && fds[f[i].idx[k]] >= 0) {
@@ -432,7 +540,7 @@ int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int
           fds[f[i].idx[k]] = -1;
         }
   }
-  e = adopt_members(fs, f, nf, kept);
+  e = adopt_members(fs, f, nf, kept, kept + nf);
   for (int i = 0; i < nf; i++) {
     if (f[i].use && f[i].use_dg < 0 && f[i].use->n_segments)
       gshm_log_err("fd store: bucket %" PRIu32 ": %zu segment(s) whose memory never reached "

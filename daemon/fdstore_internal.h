@@ -83,6 +83,9 @@ int gshmd__bucket_send(struct fdstore_bucket *b, const uint8_t *payload, size_t 
 size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint64_t publish_done,
                           uint8_t **buf_out);
 int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
+void gshmd__one_ended_write(struct gshmd_fdstore *fs);
+void gshmd__one_ended_changed(struct gshmd_fdstore *fs, struct gshmd_segment *seg, int event);
+void gshmd__one_ended_forget(struct gshmd_fdstore *fs, bool stop);
 
 /* fdstore_journal.c */
 int gshmd__journal_create(struct gshmd_fdstore *fs);
@@ -104,6 +107,7 @@ struct fdstore_member {
   int *fd;
   struct fdstore_bucket *b;
   bool relink;  /* replaced by a publish that was cut short: adopted linked */
+  struct fdstore_bucket *one_ended; /* its bucket came back with one end (b NULL) */
 };
 void gshmd__publish_begin(struct gshmd_fdstore *fs);
 void gshmd__publish_member(struct gshmd_fdstore *fs, struct gshmd_segment *seg);

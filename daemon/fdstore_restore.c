@@ -284,6 +284,7 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
   if (fs->journal_fd < 0 && !start_journal(fs))
     return e;
   gshmd__fdstore_settle(fs);
+  gshmd__one_ended_write(fs);
   gshmd_fdstore_retry(fs); /* ids reserved, retired names removed */
   return e;
 }
@@ -301,6 +302,7 @@ void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
     free(fs->removes[i]);
   for (size_t i = 0; i < fs->nretire; i++)
     free(fs->retire[i]);
+  gshmd__one_ended_forget(fs, true);
   for (uint32_t i = 0; i < fs->nbuckets; i++)
     if (fs->buckets[i]) { /* (systemd keeps its own copies) */
       close(fs->buckets[i]->end[0]);

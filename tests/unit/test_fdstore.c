@@ -798,6 +798,56 @@ static void test_one_ended_bucket_number_not_reused(void **state) {
   store_off(ns, dir, &sa);
 }
 
+/* A bucket, b0, came back with one end while the store could take
+ * nothing (its $NOTIFY_SOCKET gone, the journal handed back): its members
+ * moved to a new bucket whose ends and datagram never reached the store
+ * (its state in the journal only), so b0's name is still owed its retire
+ * and b0a keeps its datagram.  Then member x is revoked (freed, its pages
+ * punched) and y is chmod'ed, and gshmd restarts before the store caught
+ * up: x must not come back, y must, with its new mode.  Before, both came
+ * back from b0a's stale datagram: x named, its memory zeroed, and y's
+ * chmod undone. */
+static void test_freed_member_of_one_ended_bucket_stays_gone(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {record(7, "x", 0600, false), record(8, "y", 0600, false)};
+  char dir[] = "/tmp/gshm-fdstore-XXXXXX";
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  struct gshmd_cred root = {.pid = 2000, .uid = 0, .gid = 0, .admin = true};
+  struct gshmd_client *c = NULL;
+  const char *msg = NULL;
+  int sv[2], ns, kept_end, kept_journal;
+
+  ns = store_on(f, dir, &sa);
+  close(ns); /* nobody listens any more: every FDSTORE=1 fails */
+  unlink(sa.sun_path);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  queue_bucket(sv[1], 30, r, 2); /* into a's queue */
+  close(sv[1]);                  /* b0b lost */
+  kept_end = dup(sv[0]);         /* systemd's own copies */
+  put(&f->st, "b0a", sv[0]);
+  put(&f->st, "journal2", journal2(0));
+  kept_journal = dup(f->st.fds[1]);
+  restore(f);
+  assert_true(f->fs.nretire > 0); /* b0a owed its retire: the store is behind */
+  assert_int_equal(gshmd_registry_client_add(&f->reg, &root, &c), 0);
+  assert_int_equal(gshmd_registry_revoke(&f->reg, c, "x", 0, &msg), 0);
+  assert_null(gshmd_registry_find_id(&f->reg, 7));
+  assert_int_equal(gshmd_registry_chmod(&f->reg, c, "y", 0640, &msg), 0);
+  unsetenv("NOTIFY_SOCKET");
+  rmdir(dir);
+  /* the restart: what systemd holds */
+  assert_int_equal(teardown(state), 0);
+  assert_int_equal(setup(state), 0);
+  f = *state;
+  put(&f->st, "b0a", kept_end);
+  put(&f->st, "journal2", kept_journal);
+  restore(f);
+  assert_null(gshmd_registry_find_name(&f->reg, "x"));
+  assert_null(gshmd_registry_find_id(&f->reg, 7));
+  assert_non_null(gshmd_registry_find_name(&f->reg, "y"));
+  assert_int_equal(gshmd_registry_find_name(&f->reg, "y")->mode, 0640);
+}
+
 /* ---- a sticky CUDA error in the restore ---- */
 
 /* A bucket of a host segment and a device segment whose adopt hits a
@@ -1118,6 +1168,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_park_all_moves_cuda_segments, setup, teardown),
       cmocka_unit_test_setup_teardown(test_one_ended_bucket_number_not_reused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_freed_member_of_one_ended_bucket_stays_gone, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_sticky_cuda_error_leaves_the_store_alone, setup,
                                       teardown),
   };
