@@ -98,7 +98,8 @@ struct gshmd_fdstore {
   bool journal_ids;        /* its header holds ids past the stored record */
   uint32_t journal_nslots; /* buckets its size covers */
   uint64_t memo_seq;       /* the resend memo's newest entry (gshmd_fdstore_memo_put) */
-  /* The newest bucket state written or restored, of every bucket: each
+  /* The newest bucket state written or restored (or found in a frozen
+   * bucket, never restored in this run), of every bucket: each
    * write takes the next, so of two records of one segment id in two
    * buckets (one that lost an end, whose members moved, and the one they
    * moved to) restore keeps the one written last. */

@@ -116,6 +116,7 @@ struct peeked {
   Gshm__StateBucket *t;
   int fds[FDSTORE_BUCKET_FDS];
   int nfds;
+  uint64_t frozen_seq; /* -EMFILE: the seq of the datagram left queued (0: unreadable) */
 };
 
 static void peeked_free(struct peeked *p) {
@@ -131,7 +132,8 @@ static void peeked_free(struct peeked *p) {
 /* Peeks the head of fd's receive queue into p.  Returns 1 (a valid one
  * for bucket index), 0 (queue empty), -EBADMSG (not one of ours: the
  * caller drops it), -EMFILE (its fds could not all be installed: the
- * datagram stays queued, untouched) or another negative errno. */
+ * datagram stays queued, untouched; p->frozen_seq its seq) or another
+ * negative errno. */
 static int peek_one(int fd, uint32_t index, uint8_t *buf, size_t cap, struct peeked *p) {
   union {
     struct cmsghdr align;
@@ -147,6 +149,9 @@ static int peek_one(int fd, uint32_t index, uint8_t *buf, size_t cap, struct pee
     return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
   gshm__cmsg_take_fds(&mh, p->fds, FDSTORE_BUCKET_FDS, &p->nfds);
   if (mh.msg_flags & MSG_CTRUNC) {
+    peeked_free(p);
+    if (!(mh.msg_flags & MSG_TRUNC) && (p->t = gshm__state_bucket__unpack(NULL, (size_t)n, buf)))
+      p->frozen_seq = p->t->bucket == index ? p->t->seq : 0;
     peeked_free(p);
     return -EMFILE;
   }
@@ -239,10 +244,30 @@ static int collect(int *fds, char **names, int n, struct found **out) {
 }
 
 
+/* The highest seq of frozen f's datagrams' (seq[0..1]) and journal copy:
+ * a later start reads them, so this run's writes must be numbered above.
+ * Its fds peeked are closed; f->use stays NULL (nothing adopted). */
+static uint64_t frozen_seq(struct gshmd_fdstore *fs, struct found *f, const uint64_t *seq) {
+  uint64_t top = seq[0] > seq[1] ? seq[0] : seq[1];
+  Gshm__StateBucket *j = gshmd__journal_get(fs, f->index);
+
+  gshm_log_err("fd store: bucket %" PRIu32 " not restored: its fds do not fit under "
+               "RLIMIT_NOFILE (raise LimitNOFILE=); it stays stored, untouched",
+               f->index);
+  peeked_free(&f->dg[0]);
+  peeked_free(&f->dg[1]);
+  if (j && j->seq > top)
+    top = j->seq;
+  if (j)
+    gshm__state_bucket__free_unpacked(j, NULL);
+  return top;
+}
+
 /* Reads what f's ends (fds[f->idx[k]]) hold: the newest valid datagram
  * (the older one is dropped from its queue) and the journal's copy when
- * newer.  Returns the highest seq seen, or 0 with *frozen set when a
- * datagram's fds could not be installed (left queued, untouched). */
+ * newer.  Returns the highest seq seen; with *frozen set when a
+ * datagram's fds could not be installed (left queued, untouched; the
+ * seq is that of its newest state, of which nothing is adopted). */
 static uint64_t read_found(struct gshmd_fdstore *fs, const int *fds, struct found *f, uint8_t *buf,
                            size_t cap, bool *frozen) {
   uint64_t seq[2] = {0, 0}, top;
@@ -251,16 +276,14 @@ static uint64_t read_found(struct gshmd_fdstore *fs, const int *fds, struct foun
   for (int k = 0; k < 2; k++) {
     int e = f->idx[k] < 0 ? 0 : peek_valid(fds[f->idx[k]], f->index, buf, cap, &f->dg[k]);
     if (e == -EMFILE) {
-      gshm_log_err("fd store: bucket %" PRIu32 " not restored: its fds do not fit under "
-                   "RLIMIT_NOFILE (raise LimitNOFILE=); it stays stored, untouched",
-                   f->index);
-      peeked_free(&f->dg[0]);
       *frozen = true;
-      return 0;
+      seq[k] = f->dg[k].frozen_seq;
     }
     if (e == 1)
       seq[k] = f->dg[k].t->seq;
   }
+  if (*frozen)
+    return frozen_seq(fs, f, seq);
   if (seq[0] || seq[1]) {
     int old = seq[0] > seq[1] ? 1 : 0;
     f->use_dg = 1 - old;

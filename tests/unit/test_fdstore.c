@@ -467,19 +467,12 @@ static void test_id_in_two_buckets_newest_without_memory(void **state) {
   assert_int_equal(f->fs.restored, 2);
 }
 
-/* A datagram whose fds do not fit under RLIMIT_NOFILE (MSG_CTRUNC) is not
- * restored and stays queued, untouched, for a start with a higher limit. */
-static void test_bucket_unreadable_is_left_queued(void **state) {
-  struct fixture *f = *state;
-  Gshm__StateRecord r[2] = {record(1, "a", 0600, false), record(2, "b", 0600, false)};
+/* Restores f's store under an RLIMIT_NOFILE that leaves no room for one
+ * more fd (none of a datagram's can be installed: MSG_CTRUNC). */
+static void restore_without_fds(struct fixture *f) {
   struct rlimit was, tight;
-  int sv[2], low;
+  int low = dup(0); /* the lowest free fd: a limit at it leaves no room */
 
-  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
-  queue_bucket(sv[0], 1, r, 2);
-  put(&f->st, "b0a", sv[0]);
-  put(&f->st, "b0b", sv[1]);
-  low = dup(0); /* the lowest free fd: a limit at it leaves no room */
   close(low);
   assert_int_equal(getrlimit(RLIMIT_NOFILE, &was), 0);
   tight = was;
@@ -487,9 +480,54 @@ static void test_bucket_unreadable_is_left_queued(void **state) {
   assert_int_equal(setrlimit(RLIMIT_NOFILE, &tight), 0);
   assert_int_equal(gshmd_fdstore_restore(&f->fs, f->st.fds, f->st.names, f->st.n), 0);
   assert_int_equal(setrlimit(RLIMIT_NOFILE, &was), 0);
+}
+
+/* A datagram whose fds do not fit under RLIMIT_NOFILE (MSG_CTRUNC) is not
+ * restored and stays queued, untouched, for a start with a higher limit. */
+static void test_bucket_unreadable_is_left_queued(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {record(1, "a", 0600, false), record(2, "b", 0600, false)};
+  int sv[2];
+
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  queue_bucket(sv[0], 1, r, 2);
+  put(&f->st, "b0a", sv[0]);
+  put(&f->st, "b0b", sv[1]);
+  restore_without_fds(f);
   assert_int_equal(f->fs.restored, 0);
   assert_true(queued(sv[1]));
   assert_int_equal(f->st.fds[0], -1); /* held (frozen), never rewritten */
+}
+
+/* A frozen bucket (its datagram's fds do not fit under RLIMIT_NOFILE)
+ * holds a state of seq dg_seq, and the journal one of journal_seq: the
+ * writes of this run take seqs above both (write_seq), since a later
+ * start reads that bucket again, and of an id in it and in a bucket this
+ * run rewrites (one that came back with one end: its members move) the
+ * copy written last must win.  Before, a frozen bucket's seq counted as
+ * 0: write_seq started below it. */
+static void frozen_bucket_raises_write_seq(void **state, uint64_t dg_seq, uint64_t journal_seq) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {record(1, "a", 0600, false), record(2, "b", 0600, false)};
+  int sv[2];
+
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  queue_bucket(sv[0], dg_seq, r, 2);
+  put(&f->st, "b0a", sv[0]);
+  put(&f->st, "b0b", sv[1]);
+  put(&f->st, "journal2", journal2_copy(0, journal_seq, r, 2));
+  restore_without_fds(f);
+  assert_int_equal(f->fs.restored, 0); /* (frozen) */
+  assert_true(queued(sv[1]));
+  assert_true(f->fs.write_seq >= (dg_seq > journal_seq ? dg_seq : journal_seq));
+}
+
+static void test_frozen_bucket_datagram_raises_write_seq(void **state) {
+  frozen_bucket_raises_write_seq(state, 50, 45);
+}
+
+static void test_frozen_bucket_journal_copy_raises_write_seq(void **state) {
+  frozen_bucket_raises_write_seq(state, 50, 60);
 }
 
 /* The names the store hands back at limits.max_segments (every bucket
@@ -1152,6 +1190,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_id_in_two_buckets_newest_without_memory, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_bucket_unreadable_is_left_queued, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_frozen_bucket_datagram_raises_write_seq, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_frozen_bucket_journal_copy_raises_write_seq, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_fdnames_fit_at_max_segments, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_cut_short_is_dropped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_whole_is_kept, setup, teardown),
