@@ -504,8 +504,9 @@ static int adopt_members(struct gshmd_fdstore *fs, struct found *f, int nf,
       linked.replaced_by = 0;
     }
     if (i && m[i].rec->id == m[i - 1].rec->id) {
-      gshm_log_err("fd store: segment id %" PRIu64 " is in two buckets; the one written "
-                   "first is dropped", m[i].rec->id);
+      gshm_log_err("fd store: segment id %" PRIu64 " is in two buckets; the copy in a bucket "
+                   "kept whole is kept, else the one written last; the other is dropped",
+                   m[i].rec->id);
       fs->dropped++;
     } else if (gshmd__fdstore_adopt(fs, rec, member_fd(m, nm, i)) == 0) {
       seg = gshmd_registry_find_id(fs->reg, m[i].rec->id);
