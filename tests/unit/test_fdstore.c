@@ -361,6 +361,28 @@ static void test_bucket_newest_datagram_wins_either_queue(void **state) {
   assert_false(queued(sv[1]));
 }
 
+/* Two buckets handed back: b<stale> (0 or 1) with one end, a, whose
+ * datagram of seq stale_seq holds segment 7 "x" as it was (mode 0644),
+ * and the other, kept whole, whose datagram of seq holds recs[0..n). */
+static void one_ended_and_whole(struct fixture *f, uint32_t stale, uint64_t stale_seq,
+                                uint64_t seq, Gshm__StateRecord *recs, size_t n) {
+  Gshm__StateRecord old = record(7, "x", 0644, false);
+  char name[8];
+  int one[2], two[2];
+
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, one), 0);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, two), 0);
+  queue_bucket_n(one[1], stale, stale_seq, &old, 1); /* into one's a queue */
+  close(one[1]);                                      /* its b end lost */
+  queue_bucket_n(two[1], 1 - stale, seq, recs, n);
+  snprintf(name, sizeof(name), "b%ua", stale);
+  put(&f->st, name, one[0]);
+  snprintf(name, sizeof(name), "b%ua", 1 - stale);
+  put(&f->st, name, two[0]);
+  snprintf(name, sizeof(name), "b%ub", 1 - stale);
+  put(&f->st, name, two[1]);
+}
+
 /* One segment id in two buckets: a bucket came back with one end (its
  * members moved to another bucket, written then) and a crash came before
  * its last end left the store.  The record written last wins, whichever
@@ -370,19 +392,9 @@ static void test_bucket_newest_datagram_wins_either_queue(void **state) {
 static void id_in_two_buckets_at(void **state, bool stale_first, uint64_t stale_seq,
                                  uint64_t seq) {
   struct fixture *f = *state;
-  Gshm__StateRecord old = record(7, "x", 0644, false), now = record(7, "x", 0600, false);
-  Gshm__StateRecord other = record(8, "y", 0600, false);
-  Gshm__StateRecord both[2] = {now, other};
-  int one[2], two[2];
+  Gshm__StateRecord both[2] = {record(7, "x", 0600, false), record(8, "y", 0600, false)};
 
-  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, one), 0);
-  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, two), 0);
-  queue_bucket_n(one[1], stale_first ? 0 : 1, stale_seq, &old, 1); /* into one's a queue */
-  close(one[1]);                                                   /* its b end lost */
-  queue_bucket_n(two[1], stale_first ? 1 : 0, seq, both, 2);
-  put(&f->st, stale_first ? "b0a" : "b1a", one[0]);
-  put(&f->st, stale_first ? "b1a" : "b0a", two[0]);
-  put(&f->st, stale_first ? "b1b" : "b0b", two[1]);
+  one_ended_and_whole(f, stale_first ? 0 : 1, stale_seq, seq, both, 2);
   restore(f);
   assert_int_equal(f->fs.restored, 2);
   assert_int_equal(f->fs.dropped, 1);
@@ -446,19 +458,9 @@ static int journal2_copy(uint32_t bucket, uint64_t seq, Gshm__StateRecord *recs,
  * as the duplicate: the segment was lost. */
 static void test_id_in_two_buckets_newest_without_memory(void **state) {
   struct fixture *f = *state;
-  Gshm__StateRecord old = record(7, "x", 0644, false), now = record(7, "x", 0600, false);
-  Gshm__StateRecord other = record(8, "y", 0600, false);
-  Gshm__StateRecord both[2] = {now, other};
-  int one[2], two[2];
+  Gshm__StateRecord both[2] = {record(7, "x", 0600, false), record(8, "y", 0600, false)};
 
-  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, one), 0);
-  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, two), 0);
-  queue_bucket_n(one[1], 0, 30, &old, 1); /* b0: into one's a queue */
-  close(one[1]);                          /* its b end lost */
-  queue_bucket_n(two[1], 1, 35, &other, 1); /* b1's datagram: y only */
-  put(&f->st, "b0a", one[0]);
-  put(&f->st, "b1a", two[0]);
-  put(&f->st, "b1b", two[1]);
+  one_ended_and_whole(f, 0, 30, 35, both + 1, 1);          /* b1's datagram: y only */
   put(&f->st, "journal2", journal2_copy(1, 41, both, 2)); /* b1 since: x and y */
   restore(f);
   assert_non_null(gshmd_registry_find_id(&f->reg, 8));
