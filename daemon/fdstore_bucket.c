@@ -47,8 +47,9 @@ struct fdstore_bucket *gshmd__bucket_new(uint32_t index) {
 }
 
 /* b's members as a StateBucket of sequence seq (their publish tags only
- * above publish_done), in *buf_out (malloc'ed; NULL when out of memory).
- * Returns its length. */
+ * above publish_done, the journal's mark, which it carries too: a restart
+ * that lost the journal alone takes it from there), in *buf_out
+ * (malloc'ed; NULL when out of memory).  Returns its length. */
 size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint64_t publish_done,
                           uint8_t **buf_out) {
   Gshm__StateBucket t = GSHM__STATE_BUCKET__INIT;
@@ -58,6 +59,7 @@ size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint64_t
   t.version = 1;
   t.seq = seq;
   t.bucket = b->index;
+  t.publish_done = publish_done;
   for (uint32_t i = 0; i < b->n; i++) {
     gshmd__fdstore_fill_record(b->seg[i], publish_done, &recs[i]);
     precs[i] = &recs[i];
@@ -552,6 +554,8 @@ int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int
     uint64_t seq = read_found(fs, fds, &f[i], buf, cap, &frozen);
     if (seq > fs->write_seq)
       fs->write_seq = seq;
+    if (f[i].use && f[i].use->publish_done > fs->publish_done)
+      fs->publish_done = f[i].use->publish_done; /* (the journal's mark, when it is lost) */
     kept[i] = keep_bucket(fs, fds, names, &f[i], seq, frozen);
     if (kept[i] && f[i].journal && f[i].use == f[i].journal)
       kept[i]->rewrite = true; /* the journal's copy is newer: resent */

@@ -12,7 +12,11 @@
  *   - once every bucket holds its current state (nothing dirty, nothing
  *     unplaced: each member's memory fd is in a sent datagram), the
  *     journal's first page records "every publish up to P is complete",
- *     one pwrite within one page, which a SIGKILL cannot tear.
+ *     one pwrite within one page, which a SIGKILL cannot tear; each
+ *     bucket written from then on carries that mark too
+ *     (StateBucket.publish_done), and restore takes the highest mark it
+ *     finds, so a journal lost alone does not make every publish with a
+ *     member freed since look cut short.
  * Restore keeps a record of a publish above that mark only when every
  * member of its publish came back with its memory; otherwise none of
  * them is adopted (fds closed, buckets rewritten without them).  Records

@@ -276,10 +276,10 @@ static void test_names_parsed_strictly(void **state) {
 /* ---- Buckets ---- */
 
 /* Queues on end `from` of a socketpair (so in the other end's queue) a
- * datagram of bucket 0 with seq and the records recs[0..n), each with a
- * 4 KiB memfd. */
-static void queue_bucket_n(int from, uint32_t bucket, uint64_t seq, Gshm__StateRecord *recs,
-                           size_t n) {
+ * datagram of bucket `bucket` with seq, the publish mark `done` and the
+ * records recs[0..n), each with a 4 KiB memfd. */
+static void queue_bucket_marked(int from, uint32_t bucket, uint64_t seq, uint64_t done,
+                                Gshm__StateRecord *recs, size_t n) {
   Gshm__StateBucket t = GSHM__STATE_BUCKET__INIT;
   Gshm__StateRecord *p[8];
   uint8_t buf[8192];
@@ -296,6 +296,7 @@ static void queue_bucket_n(int from, uint32_t bucket, uint64_t seq, Gshm__StateR
   t.version = 1;
   t.seq = seq;
   t.bucket = bucket;
+  t.publish_done = done;
   for (size_t i = 0; i < n; i++) {
     p[i] = &recs[i];
     fds[i] = memory(4096);
@@ -312,6 +313,12 @@ static void queue_bucket_n(int from, uint32_t bucket, uint64_t seq, Gshm__StateR
   assert_true(sendmsg(from, &mh, 0) > 0);
   for (size_t i = 0; i < n; i++)
     close(fds[i]);
+}
+
+/* Without a mark (as an older gshmd wrote them). */
+static void queue_bucket_n(int from, uint32_t bucket, uint64_t seq, Gshm__StateRecord *recs,
+                           size_t n) {
+  queue_bucket_marked(from, bucket, seq, 0, recs, n);
 }
 
 /* Bucket 0's. */
@@ -630,6 +637,44 @@ static void test_publish_cut_short_is_dropped(void **state) {
   assert_null(gshmd_registry_find_name(&f->reg, "s/a"));
   assert_null(gshmd_registry_find_id(&f->reg, 6));
   assert_true(f->fs.publish_last == 7); /* the mark passes it once the store has the rest */
+}
+
+/* A publish of 2 (ids 6, 7: publish 7) across b0 and b1, complete: the
+ * journal's mark passed it; then 6 was freed, and b0 rewritten without it
+ * (its datagram carries the mark, 7), while b1 still holds 7's record
+ * tagged.  The journal alone is lost (not handed back, or of a format
+ * this gshmd does not take): 7 is restored, its publish being at or below
+ * the mark that b0's datagram says.  Before, the mark was the journal's
+ * alone, 0 without one: the publish looked cut short (1 of 2 came back)
+ * and 7 was dropped, a live segment lost. */
+static void test_publish_mark_from_a_bucket_without_the_journal(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord other = record(2, "x", 0600, false), kept = member(7, "s/b", 7, 2);
+  int b0[2], b1[2];
+
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, b0), 0);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, b1), 0);
+  queue_bucket_marked(b0[1], 0, 12, 7, &other, 1); /* after 6's free */
+  queue_bucket_marked(b1[1], 1, 10, 0, &kept, 1);  /* the publish's write */
+  put(&f->st, "b0a", b0[0]);
+  put(&f->st, "b0b", b0[1]);
+  put(&f->st, "b1a", b1[0]);
+  put(&f->st, "b1b", b1[1]);
+  restore(f);
+  assert_int_equal(f->fs.cut, 0);
+  assert_non_null(gshmd_registry_find_name(&f->reg, "s/b"));
+  assert_non_null(gshmd_registry_find_name(&f->reg, "x"));
+  assert_true(f->fs.publish_done == 7);
+  { /* and every bucket gshmd writes carries the mark */
+    struct fdstore_bucket empty = {.index = 3};
+    uint8_t *buf = NULL;
+    size_t len = gshmd__bucket_pack(&empty, 20, 7, &buf);
+    Gshm__StateBucket *t = gshm__state_bucket__unpack(NULL, len, buf);
+    assert_non_null(t);
+    assert_true(t->publish_done == 7 && t->seq == 20);
+    gshm__state_bucket__free_unpacked(t, NULL);
+    free(buf);
+  }
 }
 
 /* Every member back: restored, and each keeps its publish's tag until the
@@ -1199,6 +1244,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fdnames_fit_at_max_segments, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_cut_short_is_dropped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_whole_is_kept, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_publish_mark_from_a_bucket_without_the_journal, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_create_token_restored, setup, teardown),
       cmocka_unit_test(test_resend_memo),
       cmocka_unit_test_setup_teardown(test_keeps_all_only_when_on_and_caught_up, setup, teardown),
