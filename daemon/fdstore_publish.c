@@ -201,18 +201,22 @@ static int cmp_publish(const void *a, const void *b) {
 }
 
 /* Whether m[0..n) (one publish's records, by id) are all its members,
- * each with its memory. */
+ * each with its memory.  An id in two buckets (one came back with one
+ * end) counts once, with memory when either copy has it: restore adopts
+ * the record that wins with the memory of the other (member_fd), and
+ * which copy comes first here is qsort's choice. */
 static bool whole(const struct fdstore_member *m, size_t n) {
   uint32_t want = m[0].rec->publish_members;
+  uint64_t counted = 0; /* the id last counted (ids are never 0) */
   size_t have = 0;
 
   for (size_t i = 0; i < n; i++) {
     if (m[i].rec->publish_members != want || m[i].rec->id > m[i].rec->publish)
       return false;
-    if (i && m[i].rec->id == m[i - 1].rec->id)
-      continue; /* (in two buckets: adopt_members drops the second) */
-    if (m[i].fd && *m[i].fd >= 0)
+    if (m[i].fd && *m[i].fd >= 0 && m[i].rec->id != counted) {
       have++;
+      counted = m[i].rec->id;
+    }
   }
   return want && have == want;
 }

@@ -368,26 +368,33 @@ static void test_bucket_newest_datagram_wins_either_queue(void **state) {
   assert_false(queued(sv[1]));
 }
 
+/* Bucket `index` handed back, its datagram of seq holding recs[0..n) in
+ * a's queue; with its b end lost when one_end. */
+static void bucket_handed_back(struct fixture *f, uint32_t index, bool one_end, uint64_t seq,
+                               Gshm__StateRecord *recs, size_t n) {
+  char name[16];
+  int sv[2];
+
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  queue_bucket_n(sv[1], index, seq, recs, n);
+  snprintf(name, sizeof(name), "b%ua", index);
+  put(&f->st, name, sv[0]);
+  snprintf(name, sizeof(name), "b%ub", index);
+  if (one_end)
+    close(sv[1]);
+  else
+    put(&f->st, name, sv[1]);
+}
+
 /* Two buckets handed back: b<stale> (0 or 1) with one end, a, whose
  * datagram of seq stale_seq holds segment 7 "x" as it was (mode 0644),
  * and the other, kept whole, whose datagram of seq holds recs[0..n). */
 static void one_ended_and_whole(struct fixture *f, uint32_t stale, uint64_t stale_seq,
                                 uint64_t seq, Gshm__StateRecord *recs, size_t n) {
   Gshm__StateRecord old = record(7, "x", 0644, false);
-  char name[8];
-  int one[2], two[2];
 
-  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, one), 0);
-  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, two), 0);
-  queue_bucket_n(one[1], stale, stale_seq, &old, 1); /* into one's a queue */
-  close(one[1]);                                      /* its b end lost */
-  queue_bucket_n(two[1], 1 - stale, seq, recs, n);
-  snprintf(name, sizeof(name), "b%ua", stale);
-  put(&f->st, name, one[0]);
-  snprintf(name, sizeof(name), "b%ua", 1 - stale);
-  put(&f->st, name, two[0]);
-  snprintf(name, sizeof(name), "b%ub", 1 - stale);
-  put(&f->st, name, two[1]);
+  bucket_handed_back(f, stale, true, stale_seq, &old, 1);
+  bucket_handed_back(f, 1 - stale, false, seq, recs, n);
 }
 
 /* One segment id in two buckets: a bucket came back with one end (its
@@ -675,6 +682,35 @@ static void test_publish_mark_from_a_bucket_without_the_journal(void **state) {
     gshm__state_bucket__free_unpacked(t, NULL);
     free(buf);
   }
+}
+
+/* A publish of 2 (ids 6, 7: publish 7, above the journal's mark): 6 was
+ * in a bucket that came back with one end, b<stale>, and moved to the
+ * other bucket, whose datagram (7 only) could not be sent since: its
+ * journal copy holds 6 and 7, 6 without memory there.  The set is whole
+ * (6's memory is in the one-ended bucket's datagram) and comes back.
+ * Before, of 6's two records the publish check counted the one qsort put
+ * first, and when that was the journal's (no fd) the whole set was cut:
+ * with the one-ended bucket numbered 1. */
+static void publish_whole_across_one_ended(void **state, uint32_t stale) {
+  struct fixture *f = *state;
+  Gshm__StateRecord both[2] = {member(6, "s/a", 7, 2), member(7, "s/b", 7, 2)};
+
+  bucket_handed_back(f, stale, true, 30, both, 1);          /* 6, with its memory */
+  bucket_handed_back(f, 1 - stale, false, 35, both + 1, 1); /* 7 */
+  put(&f->st, "journal2", journal2_copy(1 - stale, 41, both, 2));
+  restore(f);
+  assert_int_equal(f->fs.cut, 0);
+  assert_non_null(gshmd_registry_find_name(&f->reg, "s/a"));
+  assert_non_null(gshmd_registry_find_name(&f->reg, "s/b"));
+}
+
+static void test_publish_whole_across_one_ended_b0(void **state) {
+  publish_whole_across_one_ended(state, 0);
+}
+
+static void test_publish_whole_across_one_ended_b1(void **state) {
+  publish_whole_across_one_ended(state, 1);
 }
 
 /* Every member back: restored, and each keeps its publish's tag until the
@@ -1244,6 +1280,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fdnames_fit_at_max_segments, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_cut_short_is_dropped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_whole_is_kept, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_publish_whole_across_one_ended_b0, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_publish_whole_across_one_ended_b1, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_mark_from_a_bucket_without_the_journal, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_create_token_restored, setup, teardown),
