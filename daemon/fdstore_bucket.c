@@ -322,7 +322,9 @@ static int *fd_of(struct found *f, size_t i) {
 
 /* Registers f as bucket f->index with its ends (taken from fds[]).  A
  * bucket of which only one end came back is not kept: NULL (its
- * members go to other buckets, its name is retired); its number is not
+ * members go to other buckets, its name is retired; not when frozen:
+ * nothing of it was read, and its end stays stored for a start that can
+ * take its fds); its number is not
  * used again in this run (fs->nbuckets counts it): FDSTOREREMOVE removes
  * every fd of a name, so the retire would take a new bucket's end stored
  * under the same name with it. */
@@ -331,7 +333,7 @@ static struct fdstore_bucket *keep_bucket(struct gshmd_fdstore *fs, int *fds, ch
   bool one_end = f->idx[0] < 0 || f->idx[1] < 0;
   struct fdstore_bucket *b;
 
-  if (one_end) {
+  if (one_end && !frozen) {
     int i = f->idx[0] >= 0 ? f->idx[0] : f->idx[1];
     gshm_log_warn("fd store: bucket %" PRIu32 " came back with one end; its segments move",
                   f->index);

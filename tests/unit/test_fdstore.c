@@ -515,6 +515,23 @@ static void test_bucket_unreadable_is_left_queued(void **state) {
   assert_int_equal(f->st.fds[0], -1); /* held (frozen), never rewritten */
 }
 
+/* A bucket that came back with one end, whose datagram's fds do not fit
+ * under RLIMIT_NOFILE: nothing of it is adopted, and its end stays in the
+ * store, its name not retired, for a start with a higher limit (which
+ * moves its members).  Before, its name was retired like that of any
+ * one-ended bucket, whose members had moved: once the store caught up,
+ * every segment in it was gone. */
+static void test_frozen_one_ended_bucket_not_retired(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {record(1, "a", 0600, false), record(2, "b", 0600, false)};
+
+  bucket_handed_back(f, 0, true, 5, r, 2);
+  restore_without_fds(f);
+  assert_int_equal(f->fs.restored, 0);
+  assert_int_equal(f->fs.nretire, 0);
+  assert_true(f->fs.nbuckets >= 1); /* (its number out of use all the same) */
+}
+
 /* A frozen bucket (its datagram's fds do not fit under RLIMIT_NOFILE)
  * holds a state of seq dg_seq, and the journal one of journal_seq: the
  * writes of this run take seqs above both (write_seq), since a later
@@ -1273,6 +1290,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_id_in_two_buckets_newest_without_memory, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_bucket_unreadable_is_left_queued, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_frozen_one_ended_bucket_not_retired, setup, teardown),
       cmocka_unit_test_setup_teardown(test_frozen_bucket_datagram_raises_write_seq, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_frozen_bucket_journal_copy_raises_write_seq, setup,
