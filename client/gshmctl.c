@@ -1583,6 +1583,9 @@ static int pull_args(int argc, char **argv, gshm_pull_opts_t *po, bool *prefix_o
   while ((o = getopt_long(argc, argv, ":a:l:m:pr", opts, NULL)) != -1) {
     switch (o) {
     case 'a':
+      if (!*optarg) /* (gshm_pull's default: the peer's own name, maybe --replace'd) */
+        return errorf(EXIT_USAGE, -EINVAL, "pull: --as needs a local name, not '' (without "
+                      "--as: the peer's name)");
       po->local_name = optarg;
       break;
     case 'l':
@@ -1749,6 +1752,14 @@ static int dispatch(gshm_client_t *c, const char *verb, int argc, char **argv) {
   return rc;
 }
 
+/* --socket '' (an unset variable in a script): a usage error, not the
+ * default socket, whose gshmd the script did not mean to change.
+ * Returns EXIT_USAGE. */
+static int empty_socket(void) {
+  return errorf(EXIT_USAGE, -EINVAL, "option '--socket' needs a path, not '' (without --socket: "
+                "$GSHM_SOCKET, else %s)", GSHM_DEFAULT_SOCKET);
+}
+
 /* gshmctl's own options before the verb: --socket, --json, and --help
  * and --version, which end the run.  Returns -1 to go on (optind at the
  * verb), else the exit status. */
@@ -1765,6 +1776,8 @@ static int global_options(int argc, char **argv) {
   while ((o = getopt_long(argc, argv, "+:s:jhV", opts, NULL)) != -1) {
     switch (o) {
     case 's':
+      if (!*optarg)
+        return empty_socket();
       socket_path = optarg;
       break;
     case 'j':
@@ -1800,8 +1813,12 @@ static int options_after_verb(int *argc_io, char **argv, bool *help_out) {
       if (r + 1 == argc)
         return errorf(EXIT_USAGE, -EINVAL, "option '%s' needs a value", argv[r]);
       socket_path = argv[++r];
+      if (!*socket_path)
+        return empty_socket();
     } else if (!strncmp(argv[r], "--socket=", 9)) {
       socket_path = argv[r] + 9;
+      if (!*socket_path)
+        return empty_socket();
     } else if (!strcmp(argv[r], "--help") || !strcmp(argv[r], "-h")) {
       *help_out = true;
     } else if (!strcmp(argv[r], "--")) { /* the rest as it is: a name "--help" */

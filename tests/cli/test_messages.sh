@@ -285,6 +285,15 @@ has err "write --as 'v2/'"
 usage_json frobnicate
 usage_json status --socket
 has err "option '--socket' needs a value"
+# an empty --socket (an unset variable in a script) is not the default
+# socket, whose gshmd the script did not mean to change; an empty --as
+# is not the peer's own name (with --replace: the local segment of it)
+for args in "-s '' status" "--socket= status" "status -s ''" "status --socket="; do
+  eval "usage_json $args"
+  has err "option '--socket' needs a path, not ''"
+done
+usage_json pull node7:x --as "" --replace
+has err "pull: --as needs a local name, not ''"
 # the listing verbs take no arguments: a typo is not silently ignored
 usage_json status x
 has err "status: unexpected argument 'x'"
