@@ -77,6 +77,10 @@ int gshm_connect_explain(const char *socket_path, int err, char *buf, size_t cap
   if (err == -ECONNREFUSED && !se && !S_ISSOCK(st.st_mode))
     return put(buf, cap, "%s is not a socket: give gshmd's socket's path (gshmctl --socket "
                "PATH, gshm.Client(socket=PATH), or $GSHM_SOCKET)", socket_path);
+  if (err == -EPROTOTYPE) /* connect(2) of a SOCK_SEQPACKET to a stream or datagram socket */
+    return put(buf, cap, "%s is a stream or datagram socket, not gshmd's (a SOCK_SEQPACKET one): "
+               "another program's? give gshmd's socket's path (gshmctl --socket PATH, "
+               "gshm.Client(socket=PATH), or $GSHM_SOCKET)", socket_path);
   if (err == -ECONNREFUSED)
     return put(buf, cap, "%s: nothing listens on that socket (left by a gshmd that stopped?): %s",
                gshm_strerror(err), START_HINT);

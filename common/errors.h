@@ -39,6 +39,7 @@
   X(ENOTSUP, "not supported here (backend or feature unavailable)")                \
   X(ECONNRESET, "connection to gshmd reset")                                       \
   X(ECONNREFUSED, "gshmd is not running (connection refused)")                     \
+  X(EPROTOTYPE, "not gshmd's socket (a stream or datagram socket)")                \
   X(ETIMEDOUT, "timed out")                                                        \
   X(ESTALE, "segment or lease is gone (revoked, or freed across a daemon restart)") \
   X(EDQUOT, "quota exceeded")                                                      \

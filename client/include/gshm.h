@@ -170,7 +170,8 @@ typedef struct gshm_device_info {
  *               program's name.
  *  client_out   receives the client; free it with gshm_disconnect().
  * Errors: -ENOENT / -ECONNREFUSED no daemon at path (gshmctl exit 3);
- * -EACCES the socket's mode refuses us; -EPROTONOSUPPORT the daemon speaks
+ * -EACCES the socket's mode refuses us; -EPROTOTYPE path is a stream or
+ * datagram socket (another program's, not gshmd's); -EPROTONOSUPPORT the daemon speaks
  * another major protocol version (gshm_last_error() cannot help here: the
  * message is logged at GSHM_LOG_LEVEL>=3); -ENAMETOOLONG path too long.
  * Fork: a client belongs to the process that connected it.  In a child
@@ -190,7 +191,8 @@ GSHM_EXTERN int gshm_connect(const char *path, const char *client_name,
 /* Why gshm_connect() failed and what the user can do about it, as one line
  * of text for a person (gshmctl and the Python package print it after
  * "cannot reach gshmd at PATH: "): no socket there or nothing listening on
- * it (start gshmd, or give its socket's path), a file that is not a socket,
+ * it (start gshmd, or give its socket's path), a file that is not a socket
+ * or a socket of another type (-EPROTOTYPE: not gshmd's),
  * a directory above the socket that refuses this uid, the socket's owner,
  * group and mode where they refuse this uid (and how an admin widens them),
  * or a path too long for a Unix socket's address (-ENAMETOOLONG).

@@ -42,7 +42,8 @@ class InvalidArgument(Error, ValueError):
 
 class Unreachable(Error, ConnectionError):
     """No daemon at the socket, or it (or a cluster peer) went away
-    (ECONNREFUSED, ECONNRESET, EPIPE, ENOTCONN)."""
+    (ECONNREFUSED, ECONNRESET, EPIPE, ENOTCONN), or the socket is another
+    program's (EPROTOTYPE)."""
 
 
 class NoDevice(Error):
@@ -92,6 +93,7 @@ _BY_ERRNO = {
     _errno.ECONNRESET: Unreachable,
     _errno.EPIPE: Unreachable,
     _errno.ENOTCONN: Unreachable,
+    _errno.EPROTOTYPE: Unreachable,  # a stream or datagram socket: not gshmd's
     _errno.ETIMEDOUT: TimedOut,
     _errno.ENODEV: NoDevice,
     _errno.ENOTSUP: NotSupported,

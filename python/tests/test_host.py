@@ -10,6 +10,7 @@ import gc
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -890,6 +891,14 @@ def test_python_m_gshm_is_gshmctl_status(daemon, client, segname):
     with pytest.raises(gshm.Unreachable) as ei:
         gshm.Client(daemon.socket + ".absent")
     assert "is gshmd running?" in str(ei.value) and ei.value.errno == errno.ENOENT, ei.value
+    # another program's socket (a stream one): not gshmd's, exit 3 as
+    # gshmctl; it was "unknown error" and exit 1
+    with tempfile.TemporaryDirectory() as d, socket.socket(socket.AF_UNIX) as other:
+        other.bind(os.path.join(d, "other"))
+        other.listen()
+        p = _python_m_gshm("--socket", os.path.join(d, "other"))
+        assert p.returncode == 3 and b"not gshmd's" in p.stderr, (p.returncode, p.stderr)
+        assert b"unknown error" not in p.stderr, p.stderr
 
 
 def test_python_m_gshm_without_libgshm(tmp_path):

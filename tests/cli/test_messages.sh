@@ -197,6 +197,20 @@ has err "nothing listens on that socket"
 has err "start gshmd"
 GSHM_SOCKET=$dir/in100 run 3 status
 has err "$dir/in100 is not a socket"
+# another program's socket, a stream or a datagram one: not gshmd's, said
+# so (it was "unknown error")
+for type in SOCK_STREAM SOCK_DGRAM; do
+  "$py" -c "import socket,sys,time; s=socket.socket(socket.AF_UNIX, socket.$type); s.bind(sys.argv[1])
+if s.type == socket.SOCK_STREAM: s.listen()
+print(flush=True); time.sleep(30)" "$dir/other" >"$dir/other.out" &
+  other=$!
+  for _ in $(seq 200); do [ -s "$dir/other.out" ] && break; sleep 0.05; done
+  GSHM_SOCKET=$dir/other run 3 status
+  has err "$dir/other is a stream or datagram socket, not gshmd's"
+  grep -qF "unknown error" "$dir/err" && fail "a $type socket: $(cat "$dir/err")"
+  kill $other; wait $other 2>/dev/null
+  rm -f "$dir/other" "$dir/other.out"
+done
 # a path longer than sun_path: not a bare "name too long" (a segment's?)
 GSHM_SOCKET=$dir/$(printf 'z%.0s' $(seq 120))/s run 3 status
 has err "longer than a Unix socket's address takes (107)"
