@@ -595,8 +595,12 @@ int gshmd_config_setup(struct gshmd_config *cfg, int argc, char **argv,
   free(cl.overrides);
   if (r < 0)
     return r;
-  if (cl.answered || check)
-    fflush(stdout);
+  /* "gshmd --dump-config > gshmd.conf" on a full disk: a cut file, not
+   * exit 0 */
+  if ((cl.answered || check) && (fflush(stdout) != 0 || ferror(stdout))) {
+    gshmd__config_error("writing to stdout: %s", strerror(errno ? errno : EIO));
+    return -EIO;
+  }
   *action_out = check         ? GSHMD_CONFIG_CHECK
                 : cl.answered ? GSHMD_CONFIG_EXIT_OK
                               : GSHMD_CONFIG_RUN;

@@ -118,7 +118,9 @@ int gshmd_config_init(struct gshmd_config *cfg);
  * returns EXIT_OK) itself.  Errors are printed to stderr as
  * "gshmd: FILE:LINE: key 'KEY': WHAT" and returned as -EINVAL (bad value,
  * unknown key, usage) or -ENOENT (explicit --config FILE missing; the
- * default file may be missing).  *action_out is written only on success. */
+ * default file may be missing), or -EIO what it printed could not be
+ * written (stdout on a full disk; said on stderr).  *action_out is written
+ * only on success. */
 int gshmd_config_setup(struct gshmd_config *cfg, int argc, char **argv,
                        enum gshmd_config_action *action_out);
 

@@ -186,6 +186,16 @@ expect_value daemon poll_us 30 --config "$tmp/good.conf" --set daemon.poll_us=30
 "$gshmd" --dump-config --config "$tmp/good.conf" >"$tmp/dump.conf"
 "$gshmd" --dump-config --config "$tmp/dump.conf" >"$tmp/dump2.conf"
 cmp -s "$tmp/dump.conf" "$tmp/dump2.conf" || fail "--dump-config output does not read back"
+# what it prints could not be written (a full disk under "gshmd
+# --dump-config > gshmd.conf"): exit 1 saying so, not 0 over a cut file
+if [[ -w /dev/full ]]; then
+  for args in "--print-config" "--dump-config" "--help" "--version" "--check-config"; do
+    "$gshmd" $args --config "$tmp/good.conf" >/dev/full 2>"$tmp/err" && rc=0 || rc=$?
+    [[ $rc == 1 ]] || fail "gshmd $args >/dev/full: exit $rc, wanted 1"
+    grep -q "writing to stdout: No space left on device" "$tmp/err" \
+      || fail "gshmd $args >/dev/full: $(cat "$tmp/err")"
+  done
+fi
 
 # A line of cluster.peers or cluster.export that ends with '\' continues on
 # the next: libinih holds a line to 197 bytes, 8 peers (before: 9 peers in a
