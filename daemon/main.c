@@ -205,11 +205,11 @@ static int socket_dir_make(const char *path) {
 
 /* A socket already at path: a live daemon answers connect() (refuse to
  * start); a stale one from a crash does not (replaced later); never
- * another kind of file.  Returns 0 or a negative errno (logged). */
+ * another kind of file, nor another program's live socket.  Returns 0 or a negative errno (logged). */
 static int socket_check_existing(const struct sockaddr_un *sa, const char *path) {
   struct stat st;
   int probe;
-  bool live;
+  bool live, other;
 
   if (lstat(path, &st) < 0)
     return 0;
@@ -219,13 +219,18 @@ static int socket_check_existing(const struct sockaddr_un *sa, const char *path)
   }
   probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   live = probe >= 0 && connect(probe, (const struct sockaddr *)sa, sizeof(*sa)) == 0;
+  /* EPROTOTYPE: a stream or datagram socket that a live process holds
+   * (a stale one refuses, ECONNREFUSED): another program's, which gshmd
+   * replaced, and unlinked at its exit */
+  other = probe >= 0 && !live && errno == EPROTOTYPE;
   if (probe >= 0)
     close(probe);
-  if (live) {
+  if (other)
+    gshm_log_err("%s is another program's socket (a stream or datagram one, open); not "
+                 "removing it", path);
+  else if (live)
     gshm_log_err("another gshmd is already listening on %s", path);
-    return -EADDRINUSE;
-  }
-  return 0;
+  return live || other ? -EADDRINUSE : 0;
 }
 
 /* Gives the bound socket at name the configured mode and group.

@@ -199,17 +199,22 @@ GSHM_SOCKET=$dir/in100 run 3 status
 has err "$dir/in100 is not a socket"
 # another program's socket, a stream or a datagram one: not gshmd's, said
 # so (it was "unknown error")
-for type in SOCK_STREAM SOCK_DGRAM; do
-  "$py" -c "import socket,sys,time; s=socket.socket(socket.AF_UNIX, socket.$type); s.bind(sys.argv[1])
+# hold_socket TYPE PATH: another program's socket of TYPE (SOCK_STREAM,
+# listening, or SOCK_DGRAM) bound at PATH, held open by process $held
+hold_socket() {
+  rm -f "$2" "$2.out"
+  "$py" -c "import socket,sys,time; s=socket.socket(socket.AF_UNIX, socket.$1); s.bind(sys.argv[1])
 if s.type == socket.SOCK_STREAM: s.listen()
-print(flush=True); time.sleep(30)" "$dir/other" >"$dir/other.out" &
-  other=$!
-  for _ in $(seq 200); do [ -s "$dir/other.out" ] && break; sleep 0.05; done
+print(flush=True); time.sleep(30)" "$2" >"$2.out" &
+  held=$!
+  for _ in $(seq 200); do [ -s "$2.out" ] && break; sleep 0.05; done
+}
+for type in SOCK_STREAM SOCK_DGRAM; do
+  hold_socket $type "$dir/other"
   GSHM_SOCKET=$dir/other run 3 status
   has err "$dir/other is a stream or datagram socket, not gshmd's"
   grep -qF "unknown error" "$dir/err" && fail "a $type socket: $(cat "$dir/err")"
-  kill $other; wait $other 2>/dev/null
-  rm -f "$dir/other" "$dir/other.out"
+  kill $held; wait $held 2>/dev/null
 done
 # a path longer than sun_path: not a bare "name too long" (a segment's?)
 GSHM_SOCKET=$dir/$(printf 'z%.0s' $(seq 120))/s run 3 status
@@ -267,6 +272,26 @@ for sock in "$dir/ro/sub/s" "$dir/ro/s"; do
     || fail "gshmd on $sock: no hint: $(cat "$dir/perm.log")"
 done
 grep -qF "bind $dir/ro/s:" "$dir/perm.log" || fail "bind names a temporary path: $(cat "$dir/perm.log")"
+# gshmd given the path of another program's open socket (a stream or
+# datagram one: a typo for docker.sock, say) leaves it alone and exits 1;
+# it took it for a stale gshmd socket, replaced it and unlinked it at exit.
+# Once that program is gone, the socket is stale and gshmd takes the path.
+for type in SOCK_STREAM SOCK_DGRAM; do
+  hold_socket $type "$dir/theirs"
+  ino=$(stat -c %i "$dir/theirs")
+  timeout 10 "$gshmd" --backend host --socket "$dir/theirs" --log-level 3 2>"$dir/theirs.log"
+  rc=$?
+  [ $rc = 1 ] || fail "gshmd on another program's $type socket: exit $rc, want 1"
+  grep -qF "$dir/theirs is another program's socket" "$dir/theirs.log" \
+    || fail "gshmd on a $type socket: $(cat "$dir/theirs.log")"
+  [ "$(stat -c %i "$dir/theirs" 2>/dev/null)" = "$ino" ] || fail "gshmd replaced another program's $type socket"
+  kill $held; wait $held 2>/dev/null
+done
+"$gshmd" --backend host --socket "$dir/theirs" --log-level 3 2>"$dir/theirs.log" &
+theirs=$!
+for _ in $(seq 200); do [ "$(stat -c %i "$dir/theirs" 2>/dev/null)" != "$ino" ] && break; sleep 0.05; done
+GSHM_SOCKET=$dir/theirs run 0 status
+kill $theirs; wait $theirs 2>/dev/null
 [ "$(id -u)" = 0 ] && chmod 0700 "$dir"
 # every usage error is the same JSON object with --json (stdout empty)
 usage_json() {
