@@ -418,7 +418,7 @@ static void test_not_exported_not_relayed(void **state) {
  * (seed base) from A, and C, once B has listed it, pulls it from B in the
  * background (hc), B in hb. */
 static void greedy_c_reads_b(const char *pre, unsigned long long base, struct hop *hb,
-                             struct hop *hc) {
+                             struct hop *hc, bool stop_a) {
   gshm_client_t *a = connect_to(&A);
 
   restart_with(&C, "--set=cluster.pull_depth=200", "--set=cluster.pull_chunk=16K");
@@ -426,6 +426,10 @@ static void greedy_c_reads_b(const char *pre, unsigned long long base, struct ho
   gshm_disconnect(a);
   hop_start(hb, &B, "a", pre, 0644);
   assert_true(wait_pull_listed(&B, 0) >= 0);
+  /* stop_a: B's pull cannot end until A goes on (the caller's SIGCONT,
+   * or cont_all when the test fails), however slow C is to ask */
+  if (stop_a)
+    assert_int_equal(kill(A.h.sp.pid, SIGSTOP), 0);
   hop_start(hc, &C, "b", pre, 0644);
 }
 
@@ -451,7 +455,7 @@ static void test_many_reads_parked(void **state) {
   (void)state;
 
   gshm_disconnect(b);
-  greedy_c_reads_b(pre, 600, &hb, &hc);
+  greedy_c_reads_b(pre, 600, &hb, &hc, false);
   pthread_join(hc.t, NULL);
   pthread_join(hb.t, NULL);
   b = connect_to(&B);
@@ -490,16 +494,20 @@ static void test_reader_killed_parked(void **state) {
   long waits0 = metric(b, "gshm_cluster_relay_waits_total"), waits = waits0;
   (void)state;
 
-  greedy_c_reads_b(pre, 700, &hb, &hc);
+  /* A stopped once B has listed: C's reads park on B whatever the load
+   * (B's pull ended first under ASan on a busy host: fewer than 20 waits
+   * in its 2.1 s) */
+  greedy_c_reads_b(pre, 700, &hb, &hc, true);
+  assert_true(pull_in_flight(&B));
   for (int i = 0; i < 20000 && waits < waits0 + 20; i++) {
     usleep(1000);
     waits = metric(b, "gshm_cluster_relay_waits_total");
   }
   assert_true(waits >= waits0 + 20); /* C's reads wait on B */
-  assert_true(pull_in_flight(&B));
   /* C stops taking B's bytes: B's sends to C pile up in UCX as B's pull
    * lands the chunks C's parked reads wait for; then C dies */
   assert_int_equal(kill(C.h.sp.pid, SIGSTOP), 0);
+  assert_int_equal(kill(A.h.sp.pid, SIGCONT), 0);
   pthread_join(hb.t, NULL);
   assert_int_equal(harness_restart(&C.h, SIGKILL, C.argv), 0);
   pthread_join(hc.t, NULL);
@@ -1238,22 +1246,33 @@ static void test_listing_waits(void **state) {
   gshm_disconnect(c);
 }
 
+/* After every test, failed or not: a node a test stopped (SIGSTOP) goes
+ * on, so a failed assert leaves the next tests a node that answers (a
+ * stopped A made every later test fail or wait on it). */
+static int cont_all(void **state) {
+  (void)state;
+  for (int i = 0; i < 4; i++)
+    if (chain[i]->h.sp.pid > 0)
+      kill(chain[i]->h.sp.pid, SIGCONT);
+  return 0;
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_chain),
-      cmocka_unit_test(test_relay_killed),
-      cmocka_unit_test(test_not_exported_not_relayed),
-      cmocka_unit_test(test_many_reads_parked),
-      cmocka_unit_test(test_reader_killed_parked),
-      cmocka_unit_test(test_relayed_results),
-      cmocka_unit_test(test_relay_checks),
-      cmocka_unit_test(test_replace_relayed),
-      cmocka_unit_test(test_replace_relay_fails),
-      cmocka_unit_test(test_sources),
-      cmocka_unit_test(test_sources_each_other),
-      cmocka_unit_test(test_sources_partial),
-      cmocka_unit_test(test_sources_relay_any),
-      cmocka_unit_test(test_listing_waits),
+      cmocka_unit_test_teardown(test_chain, cont_all),
+      cmocka_unit_test_teardown(test_relay_killed, cont_all),
+      cmocka_unit_test_teardown(test_not_exported_not_relayed, cont_all),
+      cmocka_unit_test_teardown(test_many_reads_parked, cont_all),
+      cmocka_unit_test_teardown(test_reader_killed_parked, cont_all),
+      cmocka_unit_test_teardown(test_relayed_results, cont_all),
+      cmocka_unit_test_teardown(test_relay_checks, cont_all),
+      cmocka_unit_test_teardown(test_replace_relayed, cont_all),
+      cmocka_unit_test_teardown(test_replace_relay_fails, cont_all),
+      cmocka_unit_test_teardown(test_sources, cont_all),
+      cmocka_unit_test_teardown(test_sources_each_other, cont_all),
+      cmocka_unit_test_teardown(test_sources_partial, cont_all),
+      cmocka_unit_test_teardown(test_sources_relay_any, cont_all),
+      cmocka_unit_test_teardown(test_listing_waits, cont_all),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
