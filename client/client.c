@@ -20,6 +20,12 @@
 #include "util.h"
 
 #define DEFAULT_RECONNECT_MS 10000
+/* How long a hello waits for gshmd ($GSHM_HELLO_TIMEOUT_MS): a gshmd that
+ * is stopped (SIGSTOP, a debugger) or a socket that accepts and never
+ * answers would hold gshm_connect, and every gshmctl verb, for ever.  A
+ * restart's restore answers well inside it (16,000 segments in 67 ms:
+ * docs/PERFORMANCE.md "Restart at scale"). */
+#define DEFAULT_HELLO_TIMEOUT_MS 10000
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
@@ -205,6 +211,15 @@ bool gshm__drain_events(struct gshm_client *c, bool wait) {
   return true;
 }
 
+/* Bounds the hello's send and receive to ms milliseconds (0: none, the
+ * blocking socket's own way, which every later request keeps). */
+static void hello_timeout(struct gshm_client *c, int ms) {
+  struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+
+  (void)setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  (void)setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
 static int hello(struct gshm_client *c) {
   Gshm__Hello m = GSHM__HELLO__INIT;
   Gshm__Reply *reply = NULL;
@@ -215,9 +230,13 @@ static int hello(struct gshm_client *c) {
   m.minor = GSHM_PROTO_MINOR;
   m.client_name = c->name;
   m.resume_session_id = c->session_id;
-  if ((e = gshm__wire_send(c->fd, GSHM_WIRE_HELLO, id, &m.base, -1)))
-    return e;
-  if ((e = read_reply(c, id, GSHM_WIRE_HELLO, &reply, NULL, 0)))
+  hello_timeout(c, c->hello_timeout_ms);
+  if (!(e = gshm__wire_send(c->fd, GSHM_WIRE_HELLO, id, &m.base, -1)))
+    e = read_reply(c, id, GSHM_WIRE_HELLO, &reply, NULL, 0);
+  hello_timeout(c, 0);
+  if (e == -EAGAIN || e == -EWOULDBLOCK)
+    return -ETIMEDOUT; /* (gshm_connect_explain says what to look at) */
+  if (e)
     return e;
   if (reply->status != GSHM__STATUS__STATUS_OK) {
     e = gshm__status_to_errno(reply->status);
@@ -465,6 +484,10 @@ int gshm_connect(const char *path, const char *client_name, gshm_client_t **clie
       *p = '?';
   env = secure_getenv("GSHM_RECONNECT_MS");
   c->reconnect_ms = env && *env ? atoi(env) : DEFAULT_RECONNECT_MS;
+  env = secure_getenv("GSHM_HELLO_TIMEOUT_MS");
+  c->hello_timeout_ms = env && *env ? atoi(env) : DEFAULT_HELLO_TIMEOUT_MS;
+  if (c->hello_timeout_ms < 0)
+    c->hello_timeout_ms = 0;
   c->poll_ns = default_poll_ns();
   c->fork_gen = gshm__fork_gen();
   if ((e = socket_connect(c->path, &c->fd)) || (e = hello(c))) {

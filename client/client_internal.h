@@ -58,6 +58,7 @@ struct gshm_client {
   struct gshm__lease *leases;
   char last_error[256];
   int reconnect_ms;        /* how long to wait for a restarted daemon */
+  int hello_timeout_ms;    /* how long the hello may wait for gshmd's answer; 0: for ever */
   int poll_ns;             /* how long to poll for a reply before sleeping */
   unsigned fork_gen;       /* gshm__fork_gen when connected: see gshm__forked */
   /* gshm__request's last request went out whole, its reply was lost with

@@ -26,8 +26,8 @@
  *  - The library prints nothing unless $GSHM_LOG_LEVEL is set (0..7,
  *    syslog priorities; messages go to stderr).  In a setuid or setgid
  *    program (AT_SECURE) the library ignores $GSHM_SOCKET,
- *    $GSHM_LOG_LEVEL, $GSHM_RECONNECT_MS and $GSHM_POLL_US
- *    (secure_getenv(3)).
+ *    $GSHM_LOG_LEVEL, $GSHM_RECONNECT_MS, $GSHM_HELLO_TIMEOUT_MS and
+ *    $GSHM_POLL_US (secure_getenv(3)).
  *  - A request polls its socket for the reply for up to $GSHM_POLL_US
  *    microseconds (0..1000; default 30 where the process may run on 4 or
  *    more CPUs (its affinity mask), else 0) before it sleeps: shorter
@@ -173,7 +173,12 @@ typedef struct gshm_device_info {
  * -EACCES the socket's mode refuses us; -EPROTOTYPE path is a stream or
  * datagram socket (another program's, not gshmd's); -EPROTONOSUPPORT the daemon speaks
  * another major protocol version (gshm_last_error() cannot help here: the
- * message is logged at GSHM_LOG_LEVEL>=3); -ENAMETOOLONG path too long.
+ * message is logged at GSHM_LOG_LEVEL>=3); -ENAMETOOLONG path too long;
+ * -ETIMEDOUT nothing answered the hello within $GSHM_HELLO_TIMEOUT_MS
+ * milliseconds (default 10000; 0 waits for ever): a gshmd stopped
+ * (SIGSTOP, a debugger) or stuck, or another program's socket that
+ * accepts and never answers.  The same bound holds for the hello of each
+ * reconnect (within $GSHM_RECONNECT_MS); no other request is bounded.
  * Fork: a client belongs to the process that connected it.  In a child
  * made by fork() every call of this client that would talk to gshmd
  * (every request, gshm_open, gshm_stat_name, ...) returns -ECHILD
@@ -195,7 +200,8 @@ GSHM_EXTERN int gshm_connect(const char *path, const char *client_name,
  * or a socket of another type (-EPROTOTYPE: not gshmd's),
  * a directory above the socket that refuses this uid, the socket's owner,
  * group and mode where they refuse this uid (and how an admin widens them),
- * or a path too long for a Unix socket's address (-ENAMETOOLONG).
+ * or a path too long for a Unix socket's address (-ENAMETOOLONG), or
+ * nothing answering the hello in time (-ETIMEDOUT).
  * Any other error: gshm_strerror(err).  Looks at the socket with stat(2);
  * sends nothing to gshmd.
  *  socket_path  the path given to gshm_connect(); NULL or "" resolves as

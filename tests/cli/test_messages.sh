@@ -216,6 +216,18 @@ for type in SOCK_STREAM SOCK_DGRAM; do
   grep -qF "unknown error" "$dir/err" && fail "a $type socket: $(cat "$dir/err")"
   kill $held; wait $held 2>/dev/null
 done
+# a stopped gshmd (SIGSTOP, a debugger) does not hold gshmctl for ever: the
+# hello gives up after $GSHM_HELLO_TIMEOUT_MS and says what to look at
+kill -STOP $pid
+start=$(date +%s%N)
+GSHM_HELLO_TIMEOUT_MS=300 timeout 20 "$ctl" status >"$dir/out" 2>"$dir/err"
+rc=$?
+ms=$((($(date +%s%N) - start) / 1000000))
+kill -CONT $pid
+[ $rc = 3 ] || fail "status to a stopped gshmd: exit $rc, want 3 ($(cat "$dir/err"))"
+has err "gshmd did not answer within \$GSHM_HELLO_TIMEOUT_MS"
+[ $ms -lt 10000 ] || fail "status to a stopped gshmd took $ms ms with a 300 ms hello timeout"
+run 0 status
 # a path longer than sun_path: not a bare "name too long" (a segment's?)
 GSHM_SOCKET=$dir/$(printf 'z%.0s' $(seq 120))/s run 3 status
 has err "longer than a Unix socket's address takes (107)"
