@@ -23,9 +23,13 @@
 /* How long a hello waits for gshmd ($GSHM_HELLO_TIMEOUT_MS): a gshmd that
  * is stopped (SIGSTOP, a debugger) or a socket that accepts and never
  * answers would hold gshm_connect, and every gshmctl verb, for ever.  A
- * restart's restore answers well inside it (16,000 segments in 67 ms:
- * docs/PERFORMANCE.md "Restart at scale"). */
-#define DEFAULT_HELLO_TIMEOUT_MS 10000
+ * hello sent to systemd's socket (gshmd.socket) while gshmd starts or
+ * restarts waits for its whole start: the CUDA driver's initialisation of
+ * every GPU (seconds per GPU where no persistence daemon holds them) and
+ * the restore (16,000 segments in 67 ms: docs/PERFORMANCE.md "Restart at
+ * scale").  30 s leaves a slow start room; before this bound such a hello
+ * waited for ever, and a stopped gshmd held its caller as long. */
+#define DEFAULT_HELLO_TIMEOUT_MS 30000
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 

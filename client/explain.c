@@ -82,8 +82,9 @@ int gshm_connect_explain(const char *socket_path, int err, char *buf, size_t cap
                "another program's? give gshmd's socket's path (gshmctl --socket PATH, "
                "gshm.Client(socket=PATH), or $GSHM_SOCKET)", socket_path);
   if (err == -ETIMEDOUT)
-    return put(buf, cap, "gshmd did not answer within $GSHM_HELLO_TIMEOUT_MS (default 10000 ms): "
-               "is it stopped (SIGSTOP, a debugger) or stuck? or is %s another program's "
+    return put(buf, cap, "gshmd did not answer within $GSHM_HELLO_TIMEOUT_MS (default 30000 ms): "
+               "is it stopped (SIGSTOP, a debugger), stuck, or still starting (the GPUs' initialisation)? "
+               "or is %s another program's "
                "socket that accepts and never answers?", socket_path);
   if (err == -ECONNREFUSED)
     return put(buf, cap, "%s: nothing listens on that socket (left by a gshmd that stopped?): %s",

@@ -175,9 +175,11 @@ typedef struct gshm_device_info {
  * another major protocol version (gshm_last_error() cannot help here: the
  * message is logged at GSHM_LOG_LEVEL>=3); -ENAMETOOLONG path too long;
  * -ETIMEDOUT nothing answered the hello within $GSHM_HELLO_TIMEOUT_MS
- * milliseconds (default 10000; 0 waits for ever): a gshmd stopped
+ * milliseconds (default 30000; 0 waits for ever): a gshmd stopped
  * (SIGSTOP, a debugger) or stuck, or another program's socket that
- * accepts and never answers.  The same bound holds for the hello of each
+ * accepts and never answers.  (A hello to systemd's socket while gshmd
+ * starts waits for its start, the CUDA driver's initialisation of every
+ * GPU included: the default leaves it room.)  The same bound holds for the hello of each
  * reconnect (within $GSHM_RECONNECT_MS); no other request is bounded.
  * Fork: a client belongs to the process that connected it.  In a child
  * made by fork() every call of this client that would talk to gshmd
