@@ -194,6 +194,26 @@ def skip(reason):
     pytest.skip(reason)
 
 
+def as_uid(uid):
+    """A subprocess preexec_fn: the child runs as uid, gid uid, no other
+    groups (a user that is no admin of gshmd).  Needs root."""
+    def drop():
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    return drop
+
+
+def run_as(daemon, uid, script, *args, timeout=120):
+    """Runs Python source `script` as uid (as_uid), argv [daemon's socket]
+    + args, this package first on its path; returns the CompletedProcess
+    (stdout, stderr as bytes).  The daemon's socket must let uid connect
+    (daemon.socket_mode=0666, its directory searchable)."""
+    return subprocess.run([sys.executable, "-c", script, daemon.socket] + [str(a) for a in args],
+                          env=child_env(), preexec_fn=as_uid(uid), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=timeout)
+
+
 def cluster_pair(keydir, export, backend="host"):
     """Two started gshmd, nodes "a" (exports `export`) and "b", peers of
     each other on free ports of 127.0.0.1, with a key in keydir and this

@@ -12,7 +12,6 @@ import pwd
 import random
 import struct
 import subprocess
-import sys
 import types
 
 import pytest
@@ -183,14 +182,6 @@ def test_manifest_write_read_open_and_unlink_prefix(client, segname):
     assert _manifest.unlink_prefix(client, segname) == []
 
 
-def _as_uid(uid):
-    def drop():
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-    return drop
-
-
 # The owner's cleanup, as a user that is no admin: {"done", "left"}.
 _OWNER = r"""
 import json, sys
@@ -224,12 +215,10 @@ def test_unlink_prefix_passes_over_another_users_names():
         for n in ("/manifest", "/seg-000000"):  # listed before the owner's own (lower ids)
             p = subprocess.run([gshm_testutil.gshmctl_path(), "--socket", d.socket, "create",
                                 prefix + n, "4096", "--mode", "0644"],
-                               preexec_fn=_as_uid(65534), stdout=subprocess.PIPE,
+                               preexec_fn=gshm_testutil.as_uid(65534), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, timeout=30)
             assert p.returncode == 0, p.stderr.decode()
-        p = subprocess.run([sys.executable, "-c", _OWNER, d.socket, prefix],
-                           env=gshm_testutil.child_env(), preexec_fn=_as_uid(65533),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        p = gshm_testutil.run_as(d, 65533, _OWNER, prefix)
         assert p.returncode == 0, p.stderr.decode()
         r = json.loads(p.stdout)
         assert r == {"done": [prefix + "/seg-000001", prefix + "/seg-000002"], "left": []}, r
@@ -279,9 +268,7 @@ print(json.dumps(out))
 
 
 def _as(d, uid, script, *args):
-    p = subprocess.run([sys.executable, "-c", script, d.socket] + [str(a) for a in args],
-                       env=gshm_testutil.child_env(), preexec_fn=_as_uid(uid),
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    p = gshm_testutil.run_as(d, uid, script, *args)
     assert p.returncode == 0, p.stderr.decode()
     return json.loads(p.stdout)
 
