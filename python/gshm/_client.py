@@ -184,8 +184,15 @@ class Client(object):
             return self._wrap(out.value)
 
     def open(self, name: str, access: str = "rw") -> AnySegment:
-        """Opens segment `name` ("r": read-only, "rw": read-write).
-        Raises NotFound (ENOENT), PermissionDenied (EACCES), ..."""
+        """Opens segment `name` ("r": read-only, "rw": read-write) and
+        returns its Segment (HostSegment or DeviceSegment; close it, or use
+        it as a context manager).  Whose the segment is, is not checked:
+        names are first come, first served, so another user may hold
+        `name`; compare seg.info.uid and seg.info.mode (the record the
+        lease came with) before using its bytes as data, as
+        gshm.torch.load_state_dict and attach do through their owner=.
+        Raises NotFound (ENOENT), PermissionDenied (EACCES), ValueError for
+        an unknown access or a closed client, ..."""
         code = _access_code(access)
         with self._use() as p:
             out = ctypes.c_void_p()

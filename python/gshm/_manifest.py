@@ -33,21 +33,24 @@ Who published it: names are first come, first served, so any user may
 create "<prefix>/manifest" or "<prefix>/seg-..." before the publisher does
 (or after a release).  read() and open_segments() take only segments of
 one owner, the reader's own uid unless told another (attach's owner=), that
-neither its group nor others may write (check_owner): the owner's word is
-what a reader trusts, as of a file it would load its weights from.
+neither its group nor others may write (check_owner, gshm._owner): the
+owner's word is what a reader trusts, as of a file it would load its
+weights from.  gshm.torch.load_state_dict and _safetensors.load_arrays
+check their one name the same way (open_owned).
 
 Nothing here needs torch or a GPU."""
 
 import json
-import pwd
 import struct
 
 from ._dtypes import dtype as _to_dtype
+# (defined in _owner, below this module and _safetensors, which both use them)
+from ._owner import ManifestError, UntrustedSegment, owner_uid, check_owner, open_owned
 from ._safetensors import _json_list, _shown
 from ._safetensors import _json_int as _int_literal
 
 __all__ = ["FORMAT", "VERSION", "ManifestError", "StaleManifest", "UntrustedSegment",
-           "owner_uid", "check_owner", "manifest_name",
+           "owner_uid", "check_owner", "open_owned", "manifest_name",
            "segment_prefix", "encode", "decode", "tensor_extent", "torch_dtypes", "write",
            "read", "open_segments", "unlink_prefix", "parse_source"]
 
@@ -76,65 +79,8 @@ _I64 = (1 << 63) - 1  # what torch takes as a size, stride or offset
 _U64 = (1 << 64) - 1  # the daemon's ids and generations
 
 
-class ManifestError(ValueError):
-    """The manifest is not one gshm wrote, or does not fit its segments."""
-
-
 class StaleManifest(ManifestError):
     """A segment the manifest names is gone, or was created again since."""
-
-
-class UntrustedSegment(ManifestError):
-    """A segment of the prefix (its manifest, or one the manifest names) is
-    not the expected owner's, or others than its owner may write it: names
-    are first come, first served, so another user may have created it."""
-
-
-def _user(uid):
-    """"uid N (name)" for messages; "uid N" where this process's user
-    database has no such uid."""
-    try:
-        return "uid %d (%s)" % (uid, pwd.getpwuid(uid).pw_name)
-    except (KeyError, OverflowError):
-        return "uid %d" % uid
-
-
-def owner_uid(client, owner=None):
-    """The uid whose prefix a reader trusts: owner, a uid (int, as gshmd
-    knows it: `gshmctl segments` shows it) or a user name (looked up in
-    this process's user database: in a user namespace, pass the outer uid);
-    None: the uid gshmd knows client by (Client.uid()), the reader's own.
-    Raises TypeError for another type, ValueError for a uid outside
-    [0, 2**32 - 2] or a name with no user."""
-    if owner is None:
-        return client.uid()
-    if isinstance(owner, bool) or not isinstance(owner, (int, str)):
-        raise TypeError("gshm: owner must be a uid (int) or a user name (str), not %s"
-                        % type(owner).__name__)
-    if isinstance(owner, str):
-        try:
-            return pwd.getpwnam(owner).pw_uid
-        except KeyError:
-            raise ValueError("gshm: owner %s: no user named so here" % _shown(owner)) from None
-    if not 0 <= owner < (1 << 32) - 1:  # ((uid_t)-1 is no one's)
-        raise ValueError("gshm: owner %d is not a uid" % owner)
-    return owner
-
-
-def check_owner(info, uid, what="segment"):
-    """Refuses a segment (its SegmentInfo, as the daemon gave it with the
-    lease) that uid does not own, or whose group or others may write it
-    (mode 0o022: they could change its bytes under the reader).  Raises
-    UntrustedSegment naming the segment, its owner and the expected one."""
-    if info.uid != uid:
-        raise UntrustedSegment(
-            "gshm: %s %r is owned by %s; this attach expects %s (its owner= argument, by "
-            "default the reader's own uid): another user may have created the name first, and "
-            "its bytes are refused as weights" % (what, info.name, _user(info.uid), _user(uid)))
-    if info.mode & 0o022:
-        raise UntrustedSegment(
-            "gshm: %s %r of %s has mode %04o: others than its owner may write it, so its "
-            "bytes are refused as weights" % (what, info.name, _user(info.uid), info.mode & 0o7777))
 
 
 def manifest_name(prefix):
@@ -447,9 +393,8 @@ def read(client, prefix, owner=None):
     (with the reader's rights, "rw" included) and attach() hands out as
     weights."""
     uid = owner_uid(client, owner)
-    with client.open(manifest_name(prefix), "r") as seg:
-        # The lease's own record: the segment these bytes are read from.
-        check_owner(seg.info, uid, "manifest")
+    # Checked on the lease's own record: the segment these bytes are read from.
+    with open_owned(client, manifest_name(prefix), "r", uid, "manifest") as seg:
         # The length first, checked against the segment and MAX_BYTES before
         # anything more is read: whoever created "<prefix>/manifest" must
         # not choose how much every reader allocates (the whole segment was

@@ -22,6 +22,7 @@ import struct
 
 from ._client import _unlink_on_error
 from ._dtypes import DTYPES, dtype as _to_dtype
+from ._owner import open_owned
 
 __all__ = ["ALIGN", "Layout", "plan", "parse", "copy_plan", "share_arrays", "load_arrays"]
 
@@ -255,12 +256,28 @@ def share_arrays(client, name, arrays, location="host", mode=0o600, metadata=Non
     return seg
 
 
-def load_arrays(client, name, access="r"):
-    """Opens segment `name` (written by share_arrays or gshm.torch) and
+def load_arrays(client, name, access="r", owner=None):
+    """Opens host segment `name` (written by share_arrays or gshm.torch) and
     returns {name: numpy array} views on it, no copy.  The lease lasts as
-    long as the arrays do."""
+    long as the arrays do.
+
+    access  "r" (default: read-only views) or "rw".
+    owner   whose the segment must be: a uid as gshmd knows it or a user
+            name; None (default): the uid gshmd knows client by
+            (client.uid()), the reader's own.  Names are first come, first
+            served: another user may have created `name` first.  The
+            segment must be owner's and not writable by its group or
+            others, as gshm.torch.attach checks a prefix (gshm._owner);
+            pass the sharer's uid or name to load another user's arrays.
+
+    Raises TypeError / ValueError for an owner that is no uid or user, the
+    errors of Client.open (gshm.NotFound, gshm.PermissionDenied, ...),
+    UntrustedSegment (gshm._owner, also gshm.torch's; a ValueError) for
+    another owner's segment or one others may write, ValueError for a
+    device segment or a header that is not safetensors or does not fit
+    the segment; nothing stays open on error."""
     import numpy
-    seg = client.open(name, access)
+    seg = open_owned(client, name, access, owner, "state dict")
     try:
         if not seg.is_host:
             raise ValueError("gshm: load_arrays needs a host segment (use gshm.torch for GPUs)")

@@ -11,6 +11,9 @@
     sd = gshm.torch.load_state_dict(c, "llama/weights", device="cuda:1")
     model.load_state_dict(sd, assign=True)   # parameters ARE the shared memory
 
+load_state_dict and attach take only this user's segments unless told
+another owner (owner="modelsvc"): names are first come, first served.
+
 The segment is a safetensors file from byte 0 (see gshm._safetensors), so
 `gshmctl read llama/weights -o w.safetensors` gives a loadable file.
 
@@ -32,7 +35,7 @@ through pinned staging buffers, without PyTorch's device allocator.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch as _torch
 
@@ -44,6 +47,7 @@ from ._dtypes import DTypeLike, dtype as _to_dtype
 from ._safetensors import plan as _plan, parse as _parse
 from ._torch_state import StateDict
 from ._manifest import ManifestError, StaleManifest, UntrustedSegment
+from ._owner import open_owned as _open_owned
 from ._torch_pool import MemPool, use_pool, attach, load_module, unlink_prefix
 from ._torch_load import load_safetensors
 
@@ -197,7 +201,7 @@ def _read_header_bytes(seg, dev):
 
 
 def load_state_dict(client: Client, name: str, device: Any = None,
-                    access: str = "r") -> StateDict:
+                    access: str = "r", owner: Union[int, str, None] = None) -> StateDict:
     """Opens segment `name` (written by share_state_dict, or any safetensors
     layout) and returns {name: tensor}, every tensor a view on the mapped
     segment: no copy.
@@ -213,9 +217,23 @@ def load_state_dict(client: Client, name: str, device: Any = None,
             are copy-on-write views (a write changes this process's copy of
             the page, never the segment).  "rw" for tensors that write the
             segment.
+    owner   whose the segment must be: a uid as gshmd knows it (`gshmctl
+            segments` shows it) or a user name; None (default): the uid
+            gshmd knows client by (client.uid()), this user's own.  Names
+            are first come, first served: another user may have created
+            `name` first.  The segment must be owner's and not writable by
+            its group or others, checked as attach() checks a prefix, on
+            the record the lease came with, before a byte is read.  Pass
+            the sharer's uid or name to load another user's state dict.
 
-    The lease lasts for as long as any of the returned tensors does."""
-    seg = client.open(name, access)
+    The lease lasts for as long as any of the returned tensors does.
+    Raises TypeError / ValueError for an owner that is no uid or user,
+    the errors of Client.open (gshm.NotFound, gshm.PermissionDenied, ...),
+    UntrustedSegment (a ManifestError, so a ValueError) for another
+    owner's segment or one others may write, ValueError for a header that
+    is not safetensors or puts a tensor outside the segment or misaligned;
+    nothing stays open on error."""
+    seg = _open_owned(client, name, access, owner, "state dict")
     try:
         if isinstance(seg, HostSegment):
             meta, entries = _parse(lambda off, n: seg[off:off + n], seg.size)

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import traceback
 
 import gshm_testutil
 from gshm_testutil import skip
@@ -46,6 +47,7 @@ OTHER = 1 if _GPUS >= 2 else 0
 
 import gshm
 import gshm.torch as gt
+from gshm import _safetensors
 
 MiB = 1 << 20
 
@@ -158,6 +160,96 @@ def test_loaded_tensors_are_views_on_the_segment(gpu_daemon, gpu_client, segname
     torch.cuda.synchronize()
     assert not any(m["segment"] == segname and m["pid"] == pid for m in gpu_daemon.mappings())
     gpu_client.unlink(segname)
+
+
+def _plant_state_dict_as(daemon, uid, names):
+    """State dicts {"w": 8 x 7.0 float32} in host segments `names` (mode
+    0644), created by uid: a forked child drops to it before it connects
+    (gshmd knows a connection by its peer's uid), so nothing needs to be
+    readable or executable by that user.  The child touches no CUDA."""
+    layout = _safetensors.plan([("w", "float32", (8,))])
+    begin = layout.entries[0][3]
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            gshm_testutil.as_uid(uid)()
+            with gshm.Client(daemon.socket, name="planter") as c:
+                for name in names:
+                    with c.create(name, layout.size, location="host", mode=0o644) as seg:
+                        seg.write(layout.header, 0)
+                        seg.write(b"\x00\x00\xe0\x40" * 8, begin)  # 7.0f, little-endian
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, "planting as uid %d failed (status %d)" % (uid, status)
+
+
+def _refused(fn, *args, **kwargs):
+    """The UntrustedSegment's message when fn(*args, **kwargs) raises it;
+    AssertionError when it returns."""
+    try:
+        fn(*args, **kwargs)
+    except gt.UntrustedSegment as e:
+        return str(e)
+    raise AssertionError("%s%r was taken" % (fn.__name__, args))
+
+
+def test_load_state_dict_refuses_a_name_another_user_planted():
+    """Names are first come, first served: another user (nobody) may create
+    the name a state dict is shared under before its sharer does (or after
+    an unlink).  load_state_dict took any segment by that name and handed
+    nobody's bytes out as the reader's weights.  Now it expects the
+    segment to be the reader's own uid's (as gshmd knows it) unless told
+    another owner, as attach() does, and refuses it naming both, before a
+    byte of it is read; the lease is given back at once."""
+    if os.geteuid() != 0:
+        skip("needs root to act as another user")
+    d = gshm_testutil.Daemon(backend="cuda", args=["--set", "daemon.socket_mode=0666"]).start()
+    try:
+        os.chmod(d.tmpdir, 0o755)
+        name = "mine/weights"
+        _plant_state_dict_as(d, 65534, [name])
+        with gshm.Client(d.socket, name="victim") as c:  # root: uid 0, an admin
+            for device in (None, "cuda:0"):
+                msg = _refused(gt.load_state_dict, c, name, device=device)
+                assert "'%s' is owned by uid 65534" % name in msg, msg
+                assert "expects uid 0" in msg, msg
+                msg = _refused(gt.load_state_dict, c, name, device=device, owner=0)
+                assert "is owned by uid 65534" in msg, msg
+            assert [l for l in c.leases() if l.pid == os.getpid()] == []
+            # another user's state dict, loaded on purpose: by uid or by name
+            import pwd
+            for owner in (65534, pwd.getpwuid(65534).pw_name):
+                for device in (None, "cuda:0"):
+                    sd = gt.load_state_dict(c, name, device=device, owner=owner)
+                    assert sd.info.uid == 65534
+                    assert sd["w"].tolist() == [7.0] * 8, sd["w"]
+                    del sd
+    finally:
+        d.stop()
+
+
+def test_load_state_dict_refuses_a_segment_others_may_write(gpu_daemon, gpu_client, segname):
+    """A state dict segment that its group or others may write lets them
+    change the weights under the reader (the owner pinning means nothing
+    then): load_state_dict took it, host or device.  Now it refuses it,
+    whoever the owner, as attach() refuses such a pool segment."""
+    sd = {"w": torch.arange(8, dtype=torch.float32, device="cuda:0")}
+    for location in ("host", gshm.location_of_device(0)):
+        gt.share_state_dict(gpu_client, segname, sd, location=location).close()
+        for mode in ("0620", "0602", "0666"):
+            gpu_daemon.gshmctl("chmod", segname, mode)
+            msg = _refused(gt.load_state_dict, gpu_client, segname, device="cuda:0")
+            assert "mode %s: others than its owner may write it" % mode in msg, msg
+        gpu_daemon.gshmctl("chmod", segname, "0640")
+        back = gt.load_state_dict(gpu_client, segname, device="cuda:0")
+        assert torch.equal(back["w"], sd["w"])
+        del back
+        gpu_client.unlink(segname)
 
 
 def test_torch_and_cupy_views_alias_across_processes(gpu_daemon, gpu_client, segname):

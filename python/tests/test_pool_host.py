@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The PyTorch pool's parts that need no GPU and no torch: the manifest
-format and its checks against real (host) segments, the C pool's refusals
-of bad configuration, the safetensors copy plan and the allocator-settings
-check.  The GPU half is tests/test_torch_pool_gpu.py."""
+format and its checks against real (host) segments, the owner pinning of
+attach and of load_arrays (load_state_dict's half without torch), the C
+pool's refusals of bad configuration, the safetensors copy plan and the
+allocator-settings check.  The GPU half is tests/test_torch_pool_gpu.py
+(and load_state_dict's owner tests, tests/test_gpu.py)."""
 
 import ctypes
 import errno
@@ -273,6 +275,16 @@ def _as(d, uid, script, *args):
     return json.loads(p.stdout)
 
 
+def _refuses_bad_owners(load):
+    """load(owner) refuses an owner that is no uid (a bool, a float, one
+    outside [0, 2**32 - 2]) or no user's name."""
+    with pytest.raises(ValueError, match="no user named"):
+        load("no-such-user-gshm")
+    for bad in (True, -1, 1 << 32, 1.0):
+        with pytest.raises((TypeError, ValueError)):
+            load(bad)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two other users")
 def test_attach_refuses_a_prefix_another_user_planted():
     """Names are first come, first served: another user (nobody) may create
@@ -316,11 +328,7 @@ def test_attach_refuses_a_prefix_another_user_planted():
                 with pytest.raises(_manifest.UntrustedSegment,
                                    match="'mine/poisoned-seg/manifest' is owned by uid 0"):
                     _manifest.read(c, "mine/poisoned-seg", owner=owner)
-            with pytest.raises(ValueError, match="no user named"):
-                _manifest.read(c, "mine/poisoned", owner="no-such-user-gshm")
-            for bad in (True, -1, 1 << 32, 1.0):
-                with pytest.raises((TypeError, ValueError)):
-                    _manifest.read(c, "mine/poisoned", owner=bad)
+            _refuses_bad_owners(lambda owner: _manifest.read(c, "mine/poisoned", owner=owner))
     finally:
         d.stop()
 
@@ -346,6 +354,98 @@ def test_manifest_refuses_segments_others_may_write(daemon, client, segname):
     for s in _manifest.open_segments(client, m).values():
         s.close()
     _manifest.unlink_prefix(client, segname)
+
+
+# A user sharing NumPy arrays under a name, its own or one it plants for
+# another user to load: argv socket, name, mode (octal).
+_SHARE = r"""
+import sys
+import numpy
+import gshm
+from gshm import _safetensors
+with gshm.Client(sys.argv[1], name="sharer") as c:
+    _safetensors.share_arrays(c, sys.argv[2], {"w": numpy.full(8, 7, numpy.float32)},
+                              mode=int(sys.argv[3], 8)).close()
+print("{}")
+"""
+
+# A loader (load_arrays) as a user that is no admin: argv socket, owner
+# ("-": none passed, the default), then names; prints {name: "ok SUM" or
+# the error}, and the leases this process still holds after them.
+_LOAD = r"""
+import json, os, sys
+import gshm
+from gshm import _safetensors
+kw = {} if sys.argv[2] == "-" else {"owner": int(sys.argv[2]) if sys.argv[2].isdigit()
+                                    else sys.argv[2]}
+out = {}
+with gshm.Client(sys.argv[1], name="loader") as c:
+    for name in sys.argv[3:]:
+        try:
+            out[name] = "ok %s" % float(_safetensors.load_arrays(c, name, **kw)["w"].sum())
+        except (ValueError, gshm.Error) as e:
+            out[name] = "%s: %s" % (type(e).__name__, e)
+    out["leases"] = len([l for l in c.leases() if l.pid == os.getpid()])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as two other users")
+def test_load_arrays_refuses_a_name_another_user_planted():
+    """Names are first come, first served: another user (nobody) may create
+    the name a state dict is shared under before its owner does (or after
+    an unlink), with bytes of its own.  load_arrays (the NumPy half of
+    gshm.torch.load_state_dict, which shares its check) took any segment
+    by that name and handed nobody's bytes out as the reader's data.  Now
+    it expects the segment to be the reader's own uid's unless told
+    another owner, as attach() does, and refuses it naming both."""
+    d = gshm_testutil.Daemon(args=["--set", "daemon.socket_mode=0666"]).start()
+    try:
+        os.chmod(d.tmpdir, 0o755)
+        _as(d, 65533, _SHARE, "mine/arrays", "0600")      # the reader's own
+        _as(d, 65534, _SHARE, "mine/planted", "0644")     # nobody's, under the reader's name
+        got = _as(d, 65533, _LOAD, "-", "mine/arrays", "mine/planted")
+        assert got["mine/arrays"] == "ok 56.0", got
+        assert got["mine/planted"].startswith("UntrustedSegment: "), got
+        assert "'mine/planted' is owned by uid 65534" in got["mine/planted"], got
+        assert "expects uid 65533" in got["mine/planted"], got
+        assert got["leases"] == 0, got  # the refused lease is given back at once
+        # the reader's own uid named explicitly: the same refusal
+        got = _as(d, 65533, _LOAD, 65533, "mine/planted")
+        assert got["mine/planted"].startswith("UntrustedSegment: "), got
+        # another user's arrays, loaded on purpose: by uid or by name
+        for owner in (65534, pwd.getpwuid(65534).pw_name):
+            got = _as(d, 65533, _LOAD, owner, "mine/planted", "mine/arrays")
+            assert got["mine/planted"] == "ok 56.0", got
+            assert "'mine/arrays' is owned by uid 65533" in got["mine/arrays"], got
+        # root (an admin: it may open any name) is pinned all the same
+        with gshm.Client(d.socket) as c:
+            with pytest.raises(_manifest.UntrustedSegment,
+                               match="'mine/planted' is owned by uid 65534.*expects uid 0"):
+                _safetensors.load_arrays(c, "mine/planted")
+            assert [l for l in c.leases() if l.pid == os.getpid()] == []
+            _refuses_bad_owners(lambda owner: _safetensors.load_arrays(c, "mine/planted",
+                                                                        owner=owner))
+    finally:
+        d.stop()
+
+
+def test_load_arrays_refuses_a_segment_others_may_write(daemon, client, segname):
+    """A state dict segment that its group or others may write lets them
+    change the data under the reader: load_arrays took it.  Now it refuses
+    it (check_owner, as attach() does), whoever the owner."""
+    import numpy
+    _safetensors.share_arrays(client, segname, {"w": numpy.arange(8, dtype=numpy.int32)}).close()
+    for mode in (0o620, 0o602, 0o666):
+        daemon.gshmctl("chmod", segname, "%04o" % mode)
+        with pytest.raises(_manifest.UntrustedSegment,
+                           match=r"'%s' .*mode %04o: others than its owner may write it"
+                                 % (segname, mode)):
+            _safetensors.load_arrays(client, segname)
+        assert _my_leases(client) == []
+    daemon.gshmctl("chmod", segname, "%04o" % 0o640)
+    assert _safetensors.load_arrays(client, segname)["w"].tolist() == list(range(8))
+    client.unlink(segname)
 
 
 def test_manifest_naming_a_gone_segment_is_stale(client, segname):
