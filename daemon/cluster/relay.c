@@ -484,10 +484,12 @@ static uint64_t item_key(const struct pull_set *s, size_t i) {
   return 1 + (s->seq << 13) + i; /* (PULL_SET_MAX < 8192) */
 }
 
-void gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after,
-                          bool (*fn)(void *arg, struct gshmd_segment *seg, uint64_t key),
-                          void *arg) {
+uint64_t gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after, unsigned visits,
+                              bool (*fn)(void *arg, struct gshmd_segment *seg, uint64_t key),
+                              void *arg) {
   struct gshm_list *pos;
+  uint64_t looked = 0;
+
   gshm_list_foreach(pos, &cl->pulls) {
     struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
     uint64_t first = item_key(s, 0);
@@ -496,12 +498,16 @@ void gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after,
     for (size_t i = after >= first ? (size_t)(after - first + 1) : 0; i < s->n; i++) {
       struct gshmd_segment *seg = s->items[i]->seg;
       uint64_t key = item_key(s, i);
+      if (key <= after)
+        continue;
+      if (!visits--)
+        return looked;
       /* (a name held here is listed in flight only by a set that
        * replaces it and may: another set's publish would fail on it) */
-      if (key <= after || !seg || !seg->cluster_relay || !may_stand_for(cl, s, seg))
-        continue;
-      if (!fn(arg, seg, key))
-        return;
+      if (seg && seg->cluster_relay && may_stand_for(cl, s, seg) && !fn(arg, seg, key))
+        return 0;
+      looked = key;
     }
   }
+  return 0;
 }

@@ -118,12 +118,16 @@ bool gshmd__relay_list_wait(struct gshmd_cluster *cl, struct link *l, uint32_t r
  * published segment that follows in the listing is the old one, which
  * the puller skips; fn checks the export rules; two sets in flight
  * here may list one name twice: the puller keeps the first), with a listing key
- * above after, in key order, while fn returns true.  Keys are below
- * RELAY_KEY_END. */
+ * above after, in key order, while fn returns true, looking at no more
+ * than visits segments in flight past after (those fn skips, not
+ * exported, included).  Returns 0, or the key of the last one looked at
+ * when visits ran out first: the cursor of a page that is not the
+ * listing's end (each List cost the loop every segment in flight
+ * before, 4096 a set).  Keys are below RELAY_KEY_END. */
 #define RELAY_KEY_END (1ull << 62)
-void gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after,
-                          bool (*fn)(void *arg, struct gshmd_segment *seg, uint64_t key),
-                          void *arg);
+uint64_t gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after, unsigned visits,
+                              bool (*fn)(void *arg, struct gshmd_segment *seg, uint64_t key),
+                              void *arg);
 /* Answers the parked Lists whose wait is over, and refuses busy the
  * parked reads that waited half of cluster.request_timeout_ms (after
  * each loop batch). */

@@ -164,8 +164,11 @@ void gshmd__serve_list(struct link *l, uint32_t rid, const Gshm__Cluster__ListRe
     gshmd__link_send_status(l, rid, -ENOMEM, "out of memory");
     return;
   }
-  if (base && req->after < base)
-    gshmd__relay_foreach(cl, req->after, relayed_add, &pg);
+  if (base && req->after < base) {
+    uint64_t cut = gshmd__relay_foreach(cl, req->after, GSHMD_LIST_VISITS, relayed_add, &pg);
+    if (cut && !pg.next)
+      pg.next = cut; /* (a page whose walk ended at its visits: its cursor, maybe no segment) */
+  }
   if (!pg.next)
     published_page(cl, &pg, base, req->after);
   r.n_segments = pg.n;

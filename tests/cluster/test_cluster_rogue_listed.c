@@ -21,7 +21,9 @@
  *   PEERS, each query, timer and request kept until the link failed);
  * - a node stopped (SIGTERM) just after such a listing, its pieces on
  *   the thread pool, tells the requester "gshmd is stopping" and exits
- *   clean.
+ *   clean;
+ * - a peer's List with segments in flight looks at no more than 2048 of
+ *   a set's 4096 segments that no rule exports (it walked them all).
  * Each failed set leaves nothing (no segment, hidden or not, no bytes). */
 #include <errno.h>
 #include <pthread.h>
@@ -750,22 +752,24 @@ static void test_relay_name_not_replaceable(void **state) {
   close(qlfd);
 }
 
-/* root's set pull of the rogue's "m/" as local "g/". */
-static void *root_pull_thread(void *arg) {
-  struct node *q = arg;
+/* root's set pull of the rogue's "m/" as local "g/" of mode `mode` on
+ * q: its result (1: no connection). */
+static int root_pull(struct node *q, unsigned mode) {
   gshm_pull_result_t *v = NULL;
   size_t n = 0;
   gshm_client_t *c;
   int e;
 
   if (gshm_connect(q->h.socket_path, "root", &c))
-    return (void *)(intptr_t)1;
-  e = gshm_pull_prefix(c, "rs", "m/", &(gshm_pull_opts_t){.local_name = "g/", .mode = 0644},
+    return 1;
+  e = gshm_pull_prefix(c, "rs", "m/", &(gshm_pull_opts_t){.local_name = "g/", .mode = mode},
                        &v, &n);
   gshm_free(v);
   gshm_disconnect(c);
-  return (void *)(intptr_t)e;
+  return e;
 }
+
+static void *root_pull_thread(void *arg) { return (void *)(intptr_t)root_pull(arg, 0644); }
 
 /* A relaying node's set fails (its peer refuses a grant) while another
  * peer holds a grant of one of its segments in flight: the segment was
@@ -821,6 +825,141 @@ static void test_relay_failed_grant_ends(void **state) {
   gshm__cluster__msg__free_unpacked(a, NULL);
   assert_int_equal(st.bytes, 0);
   rogue_close(&rb);
+  assert_nothing_left(c, NULL);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&Q.h), 0);
+  rogue_close(&rq);
+  close(qlfd);
+}
+
+/* root_pull of mode 0600: its segments are in flight here, and no
+ * export rule exports them. */
+static atomic_bool private_done;
+static void *private_pull_thread(void *arg) {
+  int e = root_pull(arg, 0600);
+  private_done = true;
+  return (void *)(intptr_t)e;
+}
+
+#define BIG_SET 4096 /* pull.h PULL_SET_MAX */
+
+/* Answers List rid (cursor after) of rq with the next page of 256 of
+ * BIG_SET one-page host segments "m/sN". */
+static void send_big_page(struct rogue *rq, uint32_t rid, uint64_t after) {
+  static Gshm__Cluster__Segment segs[256], *ptrs[256];
+  static char names[256][16];
+  Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+
+  for (unsigned i = 0; i < 256 && after + i < BIG_SET; i++) {
+    segment_at(&segs[i], names[i], sizeof(names[i]), (unsigned)after + i, 4096, "host");
+    snprintf(names[i], sizeof(names[i]), "m/s%u", (unsigned)after + i);
+    ptrs[r.n_segments++] = &segs[i];
+  }
+  r.segments = ptrs;
+  r.total = BIG_SET;
+  r.next = after + 256 < BIG_SET ? after + 256 : 0;
+  a.request_id = rid;
+  a.status = 1;
+  a.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+  a.list_reply = &r;
+  rogue_send(rq, &a);
+}
+
+/* rq lists the whole big set and holds its grant requests (their ids
+ * into held, *nheld of them, at most 64). */
+static void hold_big_set(struct rogue *rq, uint32_t *held, unsigned *nheld) {
+  int64_t end = now_ms() + 30000;
+  bool granting = false, listed = false;
+
+  while (!(granting && listed) && now_ms() < end) {
+    Gshm__Cluster__Msg *m = rogue_recv(rq, 20);
+    if (!m) {
+      assert_false(rq->failed);
+      continue;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && !rogue_answer_count(rq, m)) {
+      send_big_page(rq, m->request_id, m->list->after);
+      listed |= m->list->after + 256 >= BIG_SET;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST && *nheld < 64) {
+      held[(*nheld)++] = m->request_id;
+      granting = true;
+    }
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  assert_true(granting && listed);
+}
+
+/* A relaying node pulls a set of 4096 segments that it exports to no peer
+ * (mode 0600).  A peer's List with segments in flight walked every
+ * segment in flight of every set past its cursor, exported or not, and
+ * answered only at the end: each List of a few bytes cost the loop
+ * O(segments in flight), 4096 per set here, 64 sets a user, and a peer
+ * pipelines thousands of Lists in one read.  Now a page looks at no more
+ * than GSHMD_LIST_VISITS (2048) of them and returns its cursor, as the
+ * published segments' walk does. */
+static void test_relay_list_visits_capped(void **state) {
+  static struct node Q;
+  static struct rogue rq, rb;
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *a;
+  Gshm__Cluster__ListRequest lr = GSHM__CLUSTER__LIST_REQUEST__INIT;
+  uint8_t rkey[32];
+  uint64_t next;
+  uint32_t held[64];
+  unsigned pages = 0, nheld = 0;
+  int64_t t0;
+  pthread_t t;
+  void *ret;
+  gshm_client_t *c;
+  int qlfd = relay_with_rogue(&Q, &rq, "g/*", NULL, rkey);
+  (void)state;
+
+  c = connect_to(&Q);
+  private_done = false;
+  assert_int_equal(pthread_create(&t, NULL, private_pull_thread, &Q), 0);
+  hold_big_set(&rq, held, &nheld);
+  assert_int_equal(rogue_connect(&rb, Q.port, "b", "q", rkey), 0);
+  lr.with_in_flight = true;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST;
+  m.list = &lr;
+  a = ask(&rb, &m, 1, GSHM__CLUSTER__MSG__BODY_LIST_REPLY);
+  next = a->list_reply->next;
+  assert_int_equal(a->list_reply->n_segments, 0); /* (none exported) */
+  gshm__cluster__msg__free_unpacked(a, NULL);
+  for (lr.after = next; lr.after && pages < 64; pages++) { /* (the rest, by its cursor) */
+    a = ask(&rb, &m, 2 + pages, GSHM__CLUSTER__MSG__BODY_LIST_REPLY);
+    assert_int_equal(a->list_reply->n_segments, 0);
+    assert_true(!a->list_reply->next || a->list_reply->next > lr.after);
+    lr.after = a->list_reply->next;
+    gshm__cluster__msg__free_unpacked(a, NULL);
+  }
+  lr.after = 0;
+  t0 = now_ms();
+  for (uint32_t i = 0; i < 1000; i++) {
+    m.request_id = 100 + i;
+    rogue_send(&rb, &m);
+  }
+  for (unsigned i = 0; i < 1000; i++) {
+    assert_non_null(a = rogue_recv(&rb, 30000));
+    gshm__cluster__msg__free_unpacked(a, NULL);
+  }
+  printf("List with 4096 unexported segments in flight: first page's cursor %" PRIu64
+         ", %u more pages; 1000 pipelined Lists answered in %" PRId64 " ms\n",
+         next, pages, now_ms() - t0);
+  rogue_close(&rb);
+  for (unsigned i = 0; i < nheld; i++)
+    rogue_send_status(&rq, held[i], 2, "the rogue grants nothing");
+  for (int64_t end = now_ms() + 20000; !private_done && now_ms() < end;) {
+    Gshm__Cluster__Msg *g = rogue_recv(&rq, 20);
+    if (g && g->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
+      rogue_send_status(&rq, g->request_id, 2, "the rogue grants nothing");
+    if (g)
+      gshm__cluster__msg__free_unpacked(g, NULL);
+  }
+  pthread_join(t, &ret);
+  assert_int_equal((intptr_t)ret, -EINVAL);
+  assert_true(next != 0); /* (walked every segment in flight before: 0, the end) */
   assert_nothing_left(c, NULL);
   gshm_disconnect(c);
   assert_int_equal(harness_stop(&Q.h), 0);
@@ -913,6 +1052,7 @@ int main(void) {
       cmocka_unit_test(test_remote_list_crowded),
       cmocka_unit_test(test_relay_name_not_replaceable),
       cmocka_unit_test(test_relay_failed_grant_ends),
+      cmocka_unit_test(test_relay_list_visits_capped),
       cmocka_unit_test(test_populate_listed),
       cmocka_unit_test(test_peers_flood),
       cmocka_unit_test(test_pull_flood),
