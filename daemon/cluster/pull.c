@@ -587,8 +587,8 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
     return;
   }
   g = m->grant;
-  /* what the peer says of the segment becomes a local segment's size and
-   * source: it must be the one asked for, and sane */
+  /* the peer's word becomes a local segment's size and source: the one asked for and
+   * sane, else the set fails and goes on: the grant is taken below to go back (s->err) */
   if ((why = gshmd__pull_segment_bad(s->cl, g->segment)) ||
       strcmp(g->segment->name, p->remote_name)) {
     pull_fail(p, -EPROTO, "peer '%s' granted '%s' with %s", p->peer->name, p->remote_name,
