@@ -554,7 +554,7 @@ static int config_validate(const struct gshmd_config *cfg, bool check) {
   /* One list item must fit in one reply: the largest is a lease (segment
    * name, client name, location, 8 device UUIDs and a dozen numbers:
    * under 1 KiB besides the name), within max_packet less the header and
-   * the reply's own fields (requests.c list_budget). */
+   * the reply's own fields (proto/wire.h gshm__wire_list_budget). */
   if ((uint64_t)cfg->max_name + GSHMD_LIST_ITEM_OVERHEAD > (uint64_t)cfg->max_packet - 16 - 64) {
     gshmd__config_error("limits.max_name %u: a list item with a name that long does not fit in "
                         "one reply of limits.max_packet %u bytes (names up to %u fit)",

@@ -238,23 +238,6 @@ static int handle_stat(struct req *q, Gshm__StatRequest *m) {
   return 0;
 }
 
-/* Room left in one reply packet for list items: the header, the Reply's
- * own fields and the cursor take well under 64 bytes. */
-static size_t list_budget(const struct gshmd_server *s) {
-  size_t max = s->cfg->max_packet ? s->cfg->max_packet : GSHM_WIRE_MAX_PACKET;
-  if (max > GSHM_WIRE_MAX_PACKET)
-    max = GSHM_WIRE_MAX_PACKET;
-  return max - GSHM_WIRE_HEADER_SIZE - 64;
-}
-
-/* Bytes that one embedded message of packed size n adds: tag, length, body. */
-static size_t embedded_size(size_t n) {
-  size_t v = 1;
-  for (size_t k = n; k >= 128; k >>= 7)
-    v++;
-  return 1 + v + n;
-}
-
 /* First list node with id > after, walking from the id tree when possible. */
 static struct gshm_list *segments_after(struct gshmd_registry *r, uint64_t after) {
   struct gshmd_segment *seg;
@@ -386,7 +369,7 @@ static size_t client_fill(struct req *q, struct gshm_list *node, unsigned i) {
 static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm_list *from,
                           struct gshm_list *head, const struct list_kind *kind,
                           uint64_t *next_out) {
-  size_t budget = list_budget(q->c->srv), used = 0;
+  size_t budget = gshm__wire_list_budget(q->c->srv->cfg->max_packet), used = 0;
   unsigned limit = list_limit(m), n = 0, visits = 0;
   uint64_t done = 0; /* every item up to this id is on the page or not the requester's */
 
@@ -404,7 +387,7 @@ static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm
       done = id;
       continue;
     }
-    sz = embedded_size(kind->fill(q, pos, n));
+    sz = gshm__wire_embedded_size(kind->fill(q, pos, n));
     /* An item larger than the configured budget (limits lowered since a
      * long name was made, e.g. across a restart) goes alone on its page,
      * up to the wire's 64 KiB that every client reads: a list never ends

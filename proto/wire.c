@@ -183,3 +183,15 @@ int gshm__errno_to_status(int err) {
     return GSHM__STATUS__STATUS_INTERNAL;
   }
 }
+
+size_t gshm__wire_list_budget(uint32_t max_packet) {
+  size_t max = max_packet && max_packet < GSHM_WIRE_MAX_PACKET ? max_packet : GSHM_WIRE_MAX_PACKET;
+  return max - GSHM_WIRE_HEADER_SIZE - 64;
+}
+
+size_t gshm__wire_embedded_size(size_t n) {
+  size_t v = 1;
+  for (size_t k = n; k >= 128; k >>= 7)
+    v++;
+  return 1 + v + n;
+}

@@ -95,6 +95,17 @@ ssize_t gshm__wire_recv(int sock, void *buf, size_t cap, int *fds, int max_fds, 
  * Returns 0, -EBADMSG (bad magic or length) or -EPROTO (too short). */
 int gshm__wire_parse_header(const void *pkt, size_t len, struct gshm_wire_header *hdr_out);
 
+/* Bytes that the items of a paged list (LIST_*, PEERS) may take in one
+ * reply packet when the daemon's limits.max_packet is max_packet (bytes;
+ * 0: GSHM_WIRE_MAX_PACKET, larger values capped there): the packet less
+ * its header and 64 bytes for the Reply's own fields, the list's
+ * embedding and its cursor. */
+size_t gshm__wire_list_budget(uint32_t max_packet);
+
+/* Bytes that one embedded message of packed size n adds to its parent:
+ * its tag, its length (a varint) and its body. */
+size_t gshm__wire_embedded_size(size_t n);
+
 /* Wire status <-> negative errno (STATUS_OK <-> 0). */
 int gshm__status_to_errno(int status);
 int gshm__errno_to_status(int err);
