@@ -10,41 +10,75 @@
 
 #include "client_internal.h"
 
-/* The PEERS reply (its body checked). */
-static int peers_request(gshm_client_t *c, Gshm__Reply **reply_out) {
-  Gshm__Empty m = GSHM__EMPTY__INIT;
+#define GSHM_CLUSTER_PEERS_MAX 16384 /* rows of all pages (cluster.peers holds ~1400) */
 
+/* One page of the PEERS reply (its body checked): the peers after
+ * cursor `after`; 0: the first page, with the pulls in flight. */
+static int peers_request(gshm_client_t *c, uint64_t after, Gshm__Reply **reply_out) {
+  Gshm__PeersRequest m = GSHM__PEERS_REQUEST__INIT;
+
+  m.after = after;
   return gshm__request_body(c, GSHM_WIRE_PEERS, &m.base, GSHM__REPLY__BODY_CLUSTER_PEERS,
                             reply_out);
 }
 
+/* Appends page's peers to *a (*n of them, room for *cap). */
+static int peers_add(const Gshm__ClusterPeerList *page, gshm_cluster_peer_t **a, size_t *n,
+                     size_t *cap) {
+  if (*n + page->n_peers > *cap) {
+    size_t want = *cap ? *cap * 2 : 64;
+    gshm_cluster_peer_t *b;
+    while (want < *n + page->n_peers)
+      want *= 2;
+    if (!(b = realloc(*a, want * sizeof(*b))))
+      return -ENOMEM;
+    *a = b;
+    *cap = want;
+  }
+  for (size_t i = 0; i < page->n_peers; i++) {
+    const Gshm__ClusterPeer *p = page->peers[i];
+    gshm_cluster_peer_t *o = &(*a)[(*n)++];
+    memset(o, 0, sizeof(*o));
+    snprintf(o->name, sizeof(o->name), "%s", p->name);
+    snprintf(o->address, sizeof(o->address), "%s", p->address);
+    snprintf(o->state, sizeof(o->state), "%s", p->state);
+    o->exported = p->exported;
+    snprintf(o->message, sizeof(o->message), "%s", p->message);
+  }
+  return 0;
+}
+
+/* The peers, page after page: a daemon's cursor must move forward, and
+ * the pages may not add up to more than GSHM_CLUSTER_PEERS_MAX rows (a
+ * daemon that never ends its list fails the call, -EPROTO). */
 int gshm_cluster_peers(gshm_client_t *c, char *node_name_out, gshm_cluster_peer_t **peers_out,
                        size_t *count_out) {
-  Gshm__Reply *reply = NULL;
   gshm_cluster_peer_t *a = NULL;
-  size_t n = 0;
+  size_t n = 0, cap = 0;
+  uint64_t after = 0;
   int e;
 
   if (!c || !peers_out || !count_out)
     return -EINVAL;
-  if ((e = peers_request(c, &reply)))
-    return e;
-  n = reply->cluster_peers->n_peers;
-  if (n && !(a = calloc(n, sizeof(*a)))) {
+  do {
+    Gshm__Reply *reply = NULL;
+    const Gshm__ClusterPeerList *page;
+    if ((e = peers_request(c, after, &reply)))
+      break;
+    page = reply->cluster_peers;
+    if (after == 0 && node_name_out)
+      snprintf(node_name_out, 64, "%s", page->node_name);
+    if ((page->next && page->next <= after) || n + page->n_peers > GSHM_CLUSTER_PEERS_MAX)
+      e = -EPROTO;
+    else
+      e = peers_add(page, &a, &n, &cap);
+    after = page->next;
     gshm__reply__free_unpacked(reply, NULL);
-    return -ENOMEM;
+  } while (!e && after);
+  if (e) {
+    free(a);
+    return e;
   }
-  for (size_t i = 0; i < n; i++) {
-    const Gshm__ClusterPeer *p = reply->cluster_peers->peers[i];
-    snprintf(a[i].name, sizeof(a[i].name), "%s", p->name);
-    snprintf(a[i].address, sizeof(a[i].address), "%s", p->address);
-    snprintf(a[i].state, sizeof(a[i].state), "%s", p->state);
-    a[i].exported = p->exported;
-    snprintf(a[i].message, sizeof(a[i].message), "%s", p->message);
-  }
-  if (node_name_out)
-    snprintf(node_name_out, 64, "%s", reply->cluster_peers->node_name);
-  gshm__reply__free_unpacked(reply, NULL);
   *peers_out = a;
   *count_out = n;
   return 0;
@@ -58,7 +92,7 @@ int gshm_cluster_pulls(gshm_client_t *c, gshm_cluster_pull_t **pulls_out, size_t
 
   if (!c || !pulls_out || !count_out)
     return -EINVAL;
-  if ((e = peers_request(c, &reply)))
+  if ((e = peers_request(c, 0, &reply)))
     return e;
   n = reply->cluster_peers->n_pulls;
   if (n && !(a = calloc(n, sizeof(*a)))) {

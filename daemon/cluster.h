@@ -84,18 +84,25 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl);
  * a request to a peer until the peer answers (or its link fails). */
 #define GSHMD_PULLS_PER_USER 64
 
-/* PEERS for client c: the peers, their state and their exported
- * segments now.  When no peer is up (or cl is NULL: the cluster is off, an
- * empty list) it fills reply->cluster_peers (storage in cl, valid until
- * the next call) and sets *deferred_out false; otherwise it asks every up
- * peer for its count and the reply goes later through the reply function
- * to c with request_id (at most GSHMD_PEERS_WAIT_MS later: a peer that
- * has not answered by then shows its last known count), *deferred_out
- * true; while GSHMD_PEERS_QUERIES earlier ones still wait for counts, it
- * answers at once with the counts last known.  Returns 0, or -ENOMEM
- * (nothing deferred). */
+/* PEERS for client c: one page of the peers, their state and their
+ * exported segments now.  after: the cursor from the request
+ * (PeersRequest.after; 0: the first page, with the pulls in flight; peer
+ * i of cluster.peers has cursor i + 1; any value is safe: past the last
+ * peer, an empty last page).  A page holds as many peers as fit one
+ * reply of limits.max_packet (at least one); its next is the cursor for
+ * the following page, 0 on the last.  When no peer is up, on a later
+ * page (after != 0), or when cl is NULL (the cluster is off: an empty
+ * list) it fills reply->cluster_peers (storage in cl, valid until the
+ * next call) and sets *deferred_out false; otherwise (the first page) it
+ * asks every up peer for its count and the reply goes later through the
+ * reply function to c with request_id (at most GSHMD_PEERS_WAIT_MS later:
+ * a peer that has not answered by then shows its last known count),
+ * *deferred_out true; while GSHMD_PEERS_QUERIES earlier ones still wait
+ * for counts, it answers at once with the counts last known.  Returns 0,
+ * or -ENOMEM (nothing deferred). */
 int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
-                               uint32_t request_id, Gshm__Reply *reply, bool *deferred_out);
+                               uint32_t request_id, uint64_t after, Gshm__Reply *reply,
+                               bool *deferred_out);
 
 /* REMOTE_LIST and PULL take the request: on 0 the reply (for PULL:
  * progress replies, then the result) comes later through the reply

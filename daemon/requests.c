@@ -489,10 +489,10 @@ static int handle_map_report(struct req *q, Gshm__MapReport *m) {
 
 /* Cluster requests: daemon/cluster/ answers them (REMOTE_LIST and PULL
  * later, through gshmd_server_reply). */
-static int handle_peers(struct req *q) {
+static int handle_peers(struct req *q, Gshm__PeersRequest *m) {
   bool deferred = false;
-  int e = gshmd_cluster_handle_peers(q->c->srv->cluster, q->c->client, q->request_id, q->reply,
-                                     &deferred);
+  int e = gshmd_cluster_handle_peers(q->c->srv->cluster, q->c->client, q->request_id, m->after,
+                                     q->reply, &deferred);
   q->deferred = deferred;
   return e ? set_error(q, e, "out of memory") : 0;
 }
@@ -605,7 +605,7 @@ static int request_dispatch(struct req *q) {
   case GSHM_WIRE_STATUS: return handle_status(q);
   case GSHM_WIRE_DEVICES: return handle_devices(q);
   case GSHM_WIRE_METRICS: return handle_metrics(q);
-  case GSHM_WIRE_PEERS: return handle_peers(q);
+  case GSHM_WIRE_PEERS: DISPATCH(Gshm__PeersRequest, peers_request, handle_peers);
   case GSHM_WIRE_REMOTE_LIST:
     DISPATCH(Gshm__RemoteListRequest, remote_list_request, handle_remote_list);
   case GSHM_WIRE_PULL: DISPATCH(Gshm__PullRequest, pull_request, handle_pull);

@@ -43,7 +43,7 @@ enum gshm_wire_type {
   GSHM_WIRE_CHMOD = 14,        /* ChmodRequest -> Reply{segment} */
   GSHM_WIRE_CHOWN = 15,        /* ChownRequest -> Reply{segment} */
   GSHM_WIRE_REVOKE = 16,       /* RevokeRequest -> Reply{} (admin) */
-  GSHM_WIRE_PEERS = 17,        /* Empty -> Reply{cluster_peers} */
+  GSHM_WIRE_PEERS = 17,        /* PeersRequest -> Reply{cluster_peers}, paged */
   GSHM_WIRE_REMOTE_LIST = 18,  /* RemoteListRequest -> Reply{segments} */
   GSHM_WIRE_PULL = 19,         /* PullRequest -> Reply{pull_progress}*, Reply{pull_result} */
   GSHM_WIRE_TYPE_MAX = 19,

@@ -413,9 +413,23 @@ typedef struct gshm_cluster_peer {
   char message[160];               /* why it is down, if known */
 } gshm_cluster_peer_t;
 
-/* Lists the daemon's peers (an empty list when its cluster is off), as
- * gshm_list.  node_name_out (may be NULL; 64 bytes) gets the daemon's own
- * cluster node name ("" when off). */
+/* Lists every peer of the daemon's cluster.peers, in that order (an
+ * empty list when its cluster is off).  The daemon answers in pages of
+ * one reply packet each (hundreds of peers with long messages do not fit
+ * one); this asks page after page and returns them all at once, so a
+ * peer list that changes meanwhile (the daemon restarted) may show a
+ * peer twice or not at all.
+ *  client         the connection.
+ *  node_name_out  may be NULL; else 64 bytes that get the daemon's own
+ *                 cluster node name ("" when the cluster is off).
+ *  peers_out      receives an array of *count_out entries (NULL when
+ *                 none), the caller's to free with gshm_free().
+ *  count_out      receives the number of peers.
+ * Errors (nothing is returned then): -EINVAL a NULL client, peers_out or
+ * count_out; -ENOMEM; -EPROTO a reply without the peer list, or a
+ * daemon whose cursor does not move forward or whose pages add up to
+ * more than 16384 peers; and the errors every call to the daemon may
+ * give (-ECONNRESET the daemon went away, ...). */
 GSHM_EXTERN int gshm_cluster_peers(gshm_client_t *client, char *node_name_out,
                                    gshm_cluster_peer_t **peers_out, size_t *count_out);
 
@@ -434,8 +448,9 @@ typedef struct gshm_cluster_pull {
                                       not say */
 } gshm_cluster_pull_t;
 
-/* Lists the pulls in flight on the daemon (at most 64, oldest first; an
- * empty list when its cluster is off), as gshm_list: *pulls_out is an
+/* Lists the pulls in flight on the daemon (oldest first; an empty list
+ * when its cluster is off): the first 64 at most, as many as fit half of
+ * one reply packet (the first page of PEERS), as gshm_list: *pulls_out is an
  * array of *count_out entries (NULL when none) for gshm_free.  Errors:
  * -EINVAL a NULL argument, -ENOMEM, -EPROTO, and those of every request
  * (-ECONNRESET the daemon went away). */

@@ -25,7 +25,7 @@
 
 struct gshmd_segment;
 
-#define GSHMD_PULLS_SHOWN 64 /* pulls in flight that PEERS lists (one reply packet) */
+#define GSHMD_PULLS_SHOWN 64 /* pulls in flight that PEERS lists at most (its first page) */
 #define GSHMD_LIST_PAGE_SEGMENTS 256 /* segments in one list answer at most */
 
 /* One rule of cluster.export: segments whose name matches pattern, of

@@ -35,30 +35,73 @@ struct peers_query {
   struct gshm_list node;       /* cl->peer_queries */
 };
 
-/* Fills reply->cluster_peers from what is known now. */
-static void fill_peers(struct gshmd_cluster *cl, Gshm__Reply *reply) {
+/* Peer p as row ci (its strings stay p's). */
+static void peer_row(struct peer *p, Gshm__ClusterPeer *ci) {
+  gshm__cluster_peer__init(ci);
+  ci->name = p->name;
+  ci->address = p->address;
+  ci->state = p->state == PEER_UP ? "up" : p->state == PEER_CONNECTING ? "connecting" : "down";
+  ci->exported = p->exported;
+  gshm__text_clean(p->why); /* may hold a peer's refusal */
+  ci->message = p->why;
+}
+
+/* The first page's pulls in flight: the first GSHMD_PULLS_SHOWN of them,
+ * as many as fit in room bytes (the rest of the page is the peers');
+ * pulls_total counts them all.  A pull has no stable place in a list that
+ * changes as pulls end, so pulls are bounded, not paged. */
+static void fill_pulls(struct gshmd_cluster *cl, size_t room) {
+  size_t n = gshmd__pull_describe(cl, cl->pull_infos, GSHMD_PULLS_SHOWN), used = 0, kept = 0;
+  struct gshm_list *pos;
+
+  gshm_list_foreach(pos, &cl->pulls) {
+    cl->peer_list.pulls_total++;
+  }
+  for (; kept < n; kept++) {
+    const Gshm__ClusterPull *o = &cl->pull_infos[kept];
+    size_t sz = gshm__wire_embedded_size(gshm__cluster_pull__get_packed_size(o));
+    if (used + sz > room)
+      break;
+    used += sz;
+    cl->pull_ptrs[kept] = &cl->pull_infos[kept];
+  }
+  cl->peer_list.n_pulls = kept;
+  cl->peer_list.pulls = cl->pull_ptrs;
+}
+
+/* Fills reply->cluster_peers from what is known now: the peers after
+ * cursor `after` (peer i of cluster.peers is i + 1), as many as fit one
+ * packet (the first always: a row is under 400 bytes), next the cursor of
+ * the last one (0: it was the last); after 0 adds the pulls in flight.
+ * Any cursor from the wire: one past the last peer or more is an empty,
+ * last page; the work is one page's. */
+static void fill_peers(struct gshmd_cluster *cl, Gshm__Reply *reply, uint64_t after) {
+  size_t budget = gshm__wire_list_budget(cl->cfg->max_packet), used;
+  unsigned n = 0;
+
   gshm__cluster_peer_list__init(&cl->peer_list);
   cl->peer_list.node_name = cl->ll.node_name;
   cl->peer_list.listen = cl->cfg->cluster_listen ? cl->cfg->cluster_listen : "";
   cl->peer_list.cuda_memory = cl->ll.cuda_memory;
-  for (unsigned i = 0; i < cl->ll.npeers; i++) {
-    struct peer *p = &cl->ll.peers[i];
-    Gshm__ClusterPeer *ci = &cl->peer_infos[i];
-    gshm__cluster_peer__init(ci);
-    ci->name = p->name;
-    ci->address = p->address;
-    ci->state = p->state == PEER_UP ? "up" : p->state == PEER_CONNECTING ? "connecting" : "down";
-    ci->exported = p->exported;
-    gshm__text_clean(p->why); /* may hold a peer's refusal */
-    ci->message = p->why;
-    cl->peer_ptrs[i] = ci;
+  if (after == 0)
+    fill_pulls(cl, budget / 2);
+  cl->peer_list.next = UINT64_MAX; /* (sized at its largest) */
+  used = gshm__cluster_peer_list__get_packed_size(&cl->peer_list);
+  cl->peer_list.next = 0;
+  for (uint64_t i = after; i < cl->ll.npeers; i++) {
+    Gshm__ClusterPeer *ci = &cl->peer_infos[n];
+    size_t sz;
+    peer_row(&cl->ll.peers[i], ci);
+    sz = gshm__wire_embedded_size(gshm__cluster_peer__get_packed_size(ci));
+    if (n && used + sz > budget) {
+      cl->peer_list.next = i; /* (the cursor of peer i - 1) */
+      break;
+    }
+    used += sz;
+    cl->peer_ptrs[n++] = ci;
   }
-  cl->peer_list.n_peers = cl->ll.npeers;
+  cl->peer_list.n_peers = n;
   cl->peer_list.peers = cl->peer_ptrs;
-  cl->peer_list.n_pulls = gshmd__pull_describe(cl, cl->pull_infos, GSHMD_PULLS_SHOWN);
-  for (size_t i = 0; i < cl->peer_list.n_pulls; i++)
-    cl->pull_ptrs[i] = &cl->pull_infos[i];
-  cl->peer_list.pulls = cl->pull_ptrs;
   reply->body_case = GSHM__REPLY__BODY_CLUSTER_PEERS;
   reply->cluster_peers = &cl->peer_list;
 }
@@ -86,7 +129,7 @@ static void query_answer(struct peers_query *q) {
   q->answered = true;
   if (q->client) {
     reply.status = GSHM__STATUS__STATUS_OK;
-    fill_peers(q->cl, &reply);
+    fill_peers(q->cl, &reply, 0);
     q->cl->reply(q->cl->reply_arg, q->client, GSHM_WIRE_PEERS, q->request_id, &reply);
   }
   uv_timer_stop(&q->timer);
@@ -143,7 +186,8 @@ static unsigned queries_waiting(struct gshmd_cluster *cl) {
 }
 
 int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
-                               uint32_t request_id, Gshm__Reply *reply, bool *deferred_out) {
+                               uint32_t request_id, uint64_t after, Gshm__Reply *reply,
+                               bool *deferred_out) {
   static Gshm__ClusterPeerList empty;
   struct peers_query *q;
   unsigned up = 0;
@@ -159,9 +203,10 @@ int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
     up += cl->ll.peers[i].state == PEER_UP;
   /* (a query stays until its peers' counts came, or their links failed:
    * a peer that answers none would otherwise have a local user without
-   * any right make it a query, a timer and a request a PEERS) */
-  if (!up || cl->ll.stopping || queries_waiting(cl) >= GSHMD_PEERS_QUERIES) {
-    fill_peers(cl, reply);
+   * any right make it a query, a timer and a request a PEERS; a later
+   * page answers at once: its counts are those the first page asked) */
+  if (!up || after || cl->ll.stopping || queries_waiting(cl) >= GSHMD_PEERS_QUERIES) {
+    fill_peers(cl, reply, after);
     return 0;
   }
   if (!(q = calloc(1, sizeof(*q))) || !(q->reqs = calloc(up, sizeof(*q->reqs)))) {

@@ -300,8 +300,10 @@ class Client(object):
     # ---- cluster (docs/CLUSTER.md) ----
 
     def peers(self) -> List[ClusterPeer]:
-        """The daemon's peer nodes (list of ClusterPeer; empty when its cluster
-        is off)."""
+        """The daemon's peer nodes, every one of cluster.peers in its order
+        (list of ClusterPeer; empty when its cluster is off).  libgshm asks
+        the daemon page after page (hundreds of peers do not fit one reply)
+        and returns them all; raises as gshm_cluster_peers fails."""
         fn = _optional("gshm_cluster_peers")
         arr = ctypes.POINTER(L.ClusterPeerC)()
         n = ctypes.c_size_t(0)

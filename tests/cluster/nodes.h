@@ -25,6 +25,18 @@ struct node {
   const char *argv[17];
 };
 
+/* The frame header of the cluster port (daemon/cluster/stream.h's
+ * struct frame_hdr), for tests that write frames without gshmd's stream
+ * code: kind 1 a control frame (before the hello: plain). */
+struct port_frame {
+  uint32_t len;
+  uint8_t kind;
+  uint8_t reserved[3];
+  uint32_t request_id;
+  uint32_t reserved2;
+  uint64_t offset;
+};
+
 /* cluster.pull_group of every node started (the test's own group: set it,
  * or call keys_make, before the first node_start). */
 extern char node_group[64];

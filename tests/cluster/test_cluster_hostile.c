@@ -34,16 +34,6 @@
 #include "harness.h"
 #include "nodes.h"
 
-/* The frame header of the cluster port (proto/cluster.proto). */
-struct frame_hdr {
-  uint32_t len;
-  uint8_t kind;
-  uint8_t reserved[3];
-  uint32_t request_id;
-  uint32_t reserved2;
-  uint64_t offset;
-};
-
 static struct cluster_keys keys;
 static struct node S, P; /* S serves pub/ *, P pulls from it directly */
 static int proxy_port, rogue_port;
@@ -68,7 +58,7 @@ static int tcp_connect(const char *from, int port) {
 
 static void send_msg(int fd, const Gshm__Cluster__Msg *m) {
   uint8_t buf[2048];
-  struct frame_hdr h = {.kind = 1};
+  struct port_frame h = {.kind = 1};
   h.len = (uint32_t)gshm__cluster__msg__get_packed_size(m);
   assert_true(h.len <= sizeof(buf) - sizeof(h));
   memcpy(buf, &h, sizeof(h));
@@ -94,7 +84,7 @@ static int read_full(int fd, void *buf, size_t n, int ms) {
 
 /* The next plain control message on fd (before any key), NULL at EOF. */
 static Gshm__Cluster__Msg *recv_msg(int fd) {
-  struct frame_hdr h;
+  struct port_frame h;
   uint8_t buf[2048];
   if (read_full(fd, &h, sizeof(h), 5000) || h.kind != 1 || h.len > sizeof(buf) ||
       read_full(fd, buf, h.len, 5000))
@@ -421,7 +411,7 @@ static void test_prehello_frames(void **state) {
 
   make_segment(s, "pub/probe", 4096, 5);
   for (int i = 0; i < 8; i++) {
-    struct frame_hdr h = {.len = 256u << 20, .kind = (uint8_t)(i % 2 ? 2 : 1)};
+    struct port_frame h = {.len = 256u << 20, .kind = (uint8_t)(i % 2 ? 2 : 1)};
     int fd = tcp_connect(NULL, S.port);
     assert_true(fd >= 0);
     assert_int_equal(send(fd, &h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
@@ -535,7 +525,7 @@ struct frames {
 static uint64_t frame_flip_at(const struct flip *fl, struct frames *f, const uint8_t *p,
                               uint64_t at, size_t len) {
   while ((fl->data || (fl->frame && f->n < fl->frame)) && f->next + 24 <= at + len) {
-    struct frame_hdr h;
+    struct port_frame h;
     for (int i = 0; i < 24; i++) /* the header may straddle two reads */
       if (f->next + (uint64_t)i >= at)
         f->hdr[i] = p[f->next + (uint64_t)i - at];
