@@ -27,9 +27,9 @@
 
 /* Bytes of cluster.peers and of cluster.export, continued lines joined:
  * about 550 peers of "nodeNNN=10.0.NNN.NNN:7470" (4095 held about 140).
- * Not more: `gshmctl peers` is one reply of at most 64 KiB
- * (GSHM_WIRE_MAX_PACKET), a row of each peer's name, address, state and
- * message; 550 peers whose messages run to 60 bytes still fit. */
+ * (`gshmctl peers` comes in pages of one reply each, daemon/cluster/
+ * peers.c: short entries make ~1400 peers, with messages of up to 159
+ * bytes ~200 KiB of rows; they once had to fit one reply of 64 KiB.) */
 #define GSHMD_CONFIG_LIST_MAX 16383
 
 #define GSHMD_OPTION_TABLE(X)                                                   \
