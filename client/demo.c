@@ -212,6 +212,17 @@ static int demo_options(int argc, char **argv, uint64_t *size, int *gpu) {
   return -1;
 }
 
+/* Returns rc, the demo's exit status, or 1 (said on stderr) where rc is 0
+ * and what it printed on stdout could not be written (a full disk under
+ * "gshm-demo --help > FILE"): not 0 over a cut or empty file. */
+static int demo_output_written(int rc) {
+  int e = gshm__stdout_flush();
+
+  if (e)
+    fprintf(stderr, "gshm-demo: writing to stdout: %s\n", strerror(-e));
+  return e && rc == 0 ? 1 : rc;
+}
+
 /* Starts the demo's own gshmd in sp.  Returns 0, or 1 (said why; sp
  * cleaned up). */
 static int demo_gshmd_start(struct gshm_spawn *sp) {
@@ -310,7 +321,7 @@ int main(int argc, char **argv) {
   int gpu = -1, rc, status;
 
   if ((rc = demo_options(argc, argv, &size, &gpu)) >= 0)
-    return rc;
+    return demo_output_written(rc);
   find_self_dir();
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (demo_gshmd_start(&sp))
@@ -332,5 +343,5 @@ int main(int argc, char **argv) {
     rc = 1;
   }
   printf("%s\n", rc ? "demo FAILED" : "demo ok: the segment was shared, verified and released");
-  return rc;
+  return demo_output_written(rc);
 }

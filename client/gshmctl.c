@@ -1871,9 +1871,7 @@ static int check_arguments(const char *verb, int argc, char **argv) {
   return dispatch(NULL, verb, argc, argv);
 }
 
-/* Runs verb on a connection to gshmd; returns its exit status.  Output
- * that could not be written (a full disk, a closed pipe) is a failure,
- * not a success with nothing shown. */
+/* Runs verb on a connection to gshmd; returns its exit status. */
 static int run_verb(const char *verb, int argc, char **argv) {
   gshm_client_t *c = NULL;
   int rc;
@@ -1882,16 +1880,24 @@ static int run_verb(const char *verb, int argc, char **argv) {
     return rc;
   rc = dispatch(c, verb, argc, argv);
   gshm_disconnect(c);
-  if (fflush(stdout) != 0 || ferror(stdout)) {
-    int err = errno ? errno : EIO;
-    errorf(EXIT_ERR, -err, "writing output: %s", strerror(err));
-    if (rc == EXIT_OK)
-      rc = EXIT_ERR;
-  }
   return rc;
 }
 
-int main(int argc, char **argv) {
+/* Returns rc, the exit status of what gshmctl did, or EXIT_ERR (said on
+ * stderr) where rc is EXIT_OK and what it printed on stdout could not be
+ * written (a full disk): a failure, not a success with nothing shown or a
+ * cut file; for a verb's output and --help's and --version's alike. */
+static int output_written(int rc) {
+  int e = gshm__stdout_flush();
+
+  if (e)
+    errorf(EXIT_ERR, e, "writing output: %s", strerror(-e));
+  return e && rc == EXIT_OK ? EXIT_ERR : rc;
+}
+
+/* gshmctl's command line: its options, then the verb's help or the verb.
+ * Returns the exit status. */
+static int run(int argc, char **argv) {
   const char *verb;
   bool verb_help = false;
   int rc;
@@ -1925,3 +1931,5 @@ int main(int argc, char **argv) {
     return rc;
   return run_verb(verb, argc, argv);
 }
+
+int main(int argc, char **argv) { return output_written(run(argc, argv)); }

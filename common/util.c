@@ -246,6 +246,13 @@ int gshm__name_check(const char *name, size_t max) {
   return 0;
 }
 
+int gshm__stdout_flush(void) {
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout))
+    return 0;
+  return errno ? -errno : -EIO;
+}
+
 int64_t gshm__now_ns(clockid_t clock) {
   struct timespec ts;
   clock_gettime(clock, &ts);

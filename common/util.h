@@ -84,6 +84,13 @@ void gshm__text_clean(char *text);
  * "..".  Returns 0, -EINVAL or -ENAMETOOLONG. */
 int gshm__name_check(const char *name, size_t max);
 
+/* Pushes out what stdio holds for stdout and checks that everything
+ * printed there was written: "gshmd --dump-config > FILE" or "gshmctl
+ * --help > FILE" on a full disk must fail, not exit 0 over a cut or empty
+ * file.  Returns 0, or the negative errno of the failed write (-EIO where
+ * stdio kept none); says nothing (the caller says it, in its own form). */
+int gshm__stdout_flush(void);
+
 /* clock_gettime in nanoseconds. */
 int64_t gshm__now_ns(clockid_t clock);
 

@@ -597,8 +597,8 @@ int gshmd_config_setup(struct gshmd_config *cfg, int argc, char **argv,
     return r;
   /* "gshmd --dump-config > gshmd.conf" on a full disk: a cut file, not
    * exit 0 */
-  if ((cl.answered || check) && (fflush(stdout) != 0 || ferror(stdout))) {
-    gshmd__config_error("writing to stdout: %s", strerror(errno ? errno : EIO));
+  if ((cl.answered || check) && (r = gshm__stdout_flush())) {
+    gshmd__config_error("writing to stdout: %s", strerror(-r));
     return -EIO;
   }
   *action_out = check         ? GSHMD_CONFIG_CHECK

@@ -647,9 +647,11 @@ static int check_config(struct daemon *d) {
   e = gshmd_cluster_check_config(&d->cfg);
   if (!e && unused)
     fprintf(stderr, "gshmd: warning: " GSHMD_CLUSTER_UNUSED_KEY_FMT "\n", unused);
-  if (!e && (printf("gshmd: configuration ok (%s)\n", d->cfg.sources) < 0 || fflush(stdout))) {
-    fprintf(stderr, "gshmd: writing to stdout: %s\n", strerror(errno ? errno : EIO));
-    e = -EIO; /* (stdout on a full disk: not "ok" with nothing said) */
+  if (!e)
+    printf("gshmd: configuration ok (%s)\n", d->cfg.sources);
+  if (!e && (e = gshm__stdout_flush())) { /* (a full disk: not "ok" with nothing said) */
+    fprintf(stderr, "gshmd: writing to stdout: %s\n", strerror(-e));
+    e = -EIO; /* exit 1, whatever the write's errno */
   }
   gshmd_config_free(&d->cfg);
   return e == -EINVAL ? 2 : e ? EXIT_FAILURE : EXIT_SUCCESS;

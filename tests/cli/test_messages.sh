@@ -8,23 +8,7 @@
 #   test_messages.sh GSHMD GSHMCTL VERSION PYTHON SOURCE_DIR BENCH
 set -u
 gshmd=$1 ctl=$2 version=$3 py=$4 src=$5 bench=$6
-dir=$(mktemp -d)
-"$gshmd" --backend host --socket "$dir/s" --log-level 3 2>"$dir/gshmd.log" &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 200); do [ -S "$dir/s" ] && break; sleep 0.05; done
-export GSHM_SOCKET=$dir/s
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-# run RC ARGS...: runs gshmctl, checks the exit code; output in $dir/out, $dir/err
-run() {
-  local want=$1 rc
-  shift
-  "$ctl" "$@" >"$dir/out" 2>"$dir/err"
-  rc=$?
-  [ "$rc" = "$want" ] || fail "gshmctl $*: exit $rc, want $want ($(cat "$dir/err"))"
-}
-has() { grep -qF -- "$2" "$dir/$1" || fail "$1 of the last command lacks '$2': $(cat "$dir/$1")"; }
+. "$(dirname "$0")/lib.sh"
 json() { "$py" -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$dir/$1" \
            || fail "$1 is not JSON with $2: $(cat "$dir/$1")"; }
 # aligned FILE COLUMN: in the table of $dir/FILE (from the line whose
