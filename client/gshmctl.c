@@ -1148,6 +1148,12 @@ static int read_output(const char **file) {
   return 0;
 }
 
+/* An offset past an existing segment's end (offset, size: bytes), for
+ * read and write: an error about that segment (EXIT_ERR, as a range that
+ * runs past it), not a usage error (EXIT_USAGE is for a command line
+ * gshmctl refuses before asking gshmd; only gshmd's answer shows this). */
+#define PAST_END_FMT "offset %" PRIu64 " is past the segment's end (%" PRIu64 " bytes)"
+
 static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   uint64_t offset = 0, length = 0, done = 0;
   bool have_length = false;
@@ -1171,7 +1177,12 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
     uint64_t end = have_length ? size : gshm_segment_info(seg)->requested_size;
     if (offset > end || (have_length && length > size - offset)) {
       gshm_close(seg);
-      return errorf(EXIT_ERR, -ERANGE, "read: range past the segment's %" PRIu64 " bytes", end);
+      if (offset > end)
+        return errorf(EXIT_ERR, -ERANGE, "read: " PAST_END_FMT, offset, end);
+      return errorf(EXIT_ERR, -ERANGE,
+                    "read: --length %" PRIu64 " from offset %" PRIu64
+                    " runs past the segment's end (%" PRIu64 " bytes)",
+                    length, offset, size);
     }
     if (!have_length)
       length = end - offset;
@@ -1236,9 +1247,7 @@ static int cmd_write(gshm_client_t *c, int argc, char **argv) {
   }
   size = gshm_segment_info(seg)->size;
   if (offset > size) {
-    rc = errorf(EXIT_USAGE, -ERANGE,
-                "write: offset %" PRIu64 " is past the segment's end (%" PRIu64 " bytes)", offset,
-                size);
+    rc = errorf(EXIT_ERR, -ERANGE, "write: " PAST_END_FMT, offset, size);
     goto out;
   }
   if ((e = gshm_map(seg, NULL, 0, &addr))) {

@@ -35,5 +35,21 @@ if [ -w /dev/full ]; then
   has err "gshm-demo: writing to stdout: No space left on device"
 fi
 
+# An offset past an existing segment's end is an error about that
+# segment (exit 1, as a read or write that runs past it), not a usage
+# error: the command line is well formed and only gshmd's answer shows it
+# (write said 2, read 1)
+run 0 create seg 4K
+head -c 10 /dev/zero >"$dir/in10"
+for verb in "read seg -o $dir/o" "write seg -i $dir/in10"; do
+  run 1 $verb --offset 5000
+  has err "${verb%% *}: offset 5000 is past the segment's end (4096 bytes)"
+  run 1 --json $verb --offset 5000
+  has err '"exit_code":1'
+done
+run 1 read seg --offset 4000 --length 200 -o "$dir/o"
+has err "read: --length 200 from offset 4000 runs past the segment's end (4096 bytes)"
+run 0 unlink seg
+
 [ "$failures" = 0 ] && echo "all checks passed"
 exit $((failures > 0))
