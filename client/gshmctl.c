@@ -89,6 +89,7 @@ static void usage(FILE *f) {
           "                                 moves the device segments only); MODE octal,\n"
           "                                 default 0600\n"
           "                                 (progress on a terminal; --json: one summary)\n"
+          "  help [VERB]                    this text; with VERB, that verb's usage\n"
           "\n"
           "Options:\n"
           "  -s, --socket PATH   gshmd's socket (default $GSHM_SOCKET, else %s)\n"
@@ -1927,10 +1928,12 @@ static int run(int argc, char **argv) {
   if (!strcmp(verb, "help") && argc > 1) { /* "gshmctl help VERB" */
     verb = argv[1];
     verb_help = true;
-  } else if (!strcmp(verb, "help")) {
+  } else if (!strcmp(verb, "help") && !verb_help) {
     usage(stdout);
     return EXIT_OK;
   }
+  if (verb_help && !strcmp(verb, "help")) /* "help help", "help --help" */
+    return verb_usage(verb);
   if (!verb_known(verb))
     return errorf(EXIT_USAGE, -EINVAL, "unknown verb '%s' (gshmctl --help lists them)", verb);
   if (verb_help)

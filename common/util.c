@@ -247,10 +247,26 @@ int gshm__name_check(const char *name, size_t max) {
 }
 
 int gshm__stdout_flush(void) {
+  int before = ferror(stdout) ? errno : 0;
+
   errno = 0;
   if (fflush(stdout) == 0 && !ferror(stdout))
     return 0;
-  return errno ? -errno : -EIO;
+  if (errno)
+    return -errno;
+  /* a printf failed already (more than stdio's buffer, on a full disk)
+   * and stdio dropped what it held: that write's errno is the one at
+   * hand when nothing since set another, and only one a write gives */
+  switch (before) {
+  case ENOSPC:
+  case EDQUOT:
+  case EFBIG:
+  case EPIPE:
+  case EBADF:
+    return -before;
+  default:
+    return -EIO;
+  }
 }
 
 int64_t gshm__now_ns(clockid_t clock) {

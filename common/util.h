@@ -87,8 +87,12 @@ int gshm__name_check(const char *name, size_t max);
 /* Pushes out what stdio holds for stdout and checks that everything
  * printed there was written: "gshmd --dump-config > FILE" or "gshmctl
  * --help > FILE" on a full disk must fail, not exit 0 over a cut or empty
- * file.  Returns 0, or the negative errno of the failed write (-EIO where
- * stdio kept none); says nothing (the caller says it, in its own form). */
+ * file.  Call it right after the printing: where an earlier printf's
+ * write failed (output longer than stdio's buffer) and nothing was left to
+ * flush, the errno still at hand, if a write's (ENOSPC, EDQUOT, EFBIG,
+ * EPIPE, EBADF), is taken for its.  Returns 0, or the negative errno of the
+ * failed write (-EIO where there is none); says nothing (the caller says
+ * it, in its own form). */
 int gshm__stdout_flush(void);
 
 /* clock_gettime in nanoseconds. */

@@ -51,5 +51,17 @@ run 1 read seg --offset 4000 --length 200 -o "$dir/o"
 has err "read: --length 200 from offset 4000 runs past the segment's end (4096 bytes)"
 run 0 unlink seg
 
+# help's own help: its usage line, as any verb's (it was "unknown verb
+# 'help'", exit 2), on stdout, no gshmd needed
+for args in "help help" "help --help" "help -h"; do
+  GSHM_SOCKET=$dir/nothing-here run 0 $args
+  has out "help [VERB]"
+  has out "that verb's usage"
+  grep -qF "create NAME" "$dir/out" && fail "gshmctl $args shows other verbs: $(cat "$dir/out")"
+done
+run 0 help
+has out "  help [VERB]"
+has out "  create NAME SIZE"
+
 [ "$failures" = 0 ] && echo "all checks passed"
 exit $((failures > 0))
