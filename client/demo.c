@@ -27,6 +27,7 @@
 #include "util.h"
 
 #define SEGMENT "demo/weights"
+#define DEMO_MIN_SIZE 8 /* bytes: one word of the pattern */
 
 /* xorshift64*: the same stream in both processes, no shared state. */
 static uint64_t rng_next(uint64_t *s) {
@@ -52,7 +53,7 @@ static int producer(const char *sock, uint64_t size, uint64_t seed, int ready_fd
   gshm_segment_t *seg;
   uint64_t *p, s = seed;
   void *addr;
-  char ok = 1, go;
+  char ok = 1, go, shown[32];
   int e;
 
   if ((e = gshm_connect(sock, "demo-producer", &c)) ||
@@ -64,8 +65,8 @@ static int producer(const char *sock, uint64_t size, uint64_t seed, int ready_fd
   p = addr;
   for (uint64_t i = 0; i < size / 8; i++)
     p[i] = rng_next(&s);
-  printf("producer (pid %d): created '%s', %" PRIu64 " MiB at %s, filled with random data\n",
-         (int)getpid(), SEGMENT, size >> 20, gshm_segment_info(seg)->location);
+  printf("producer (pid %d): created '%s', %s at %s, filled with random data\n", (int)getpid(),
+         SEGMENT, gshm__format_size(size, shown, sizeof(shown)), gshm_segment_info(seg)->location);
   fflush(stdout);
   if (write(ready_fd, &ok, 1) != 1 || read(go_fd, &go, 1) != 1)
     return 1;
@@ -81,7 +82,7 @@ static int consumer(const char *sock, uint64_t seed, int ready_fd, int go_fd) {
   const uint64_t *p;
   uint64_t s = seed, size, bad = 0;
   void *addr;
-  char ok, go;
+  char ok, go, shown[32];
   int e;
 
   if ((e = gshm_connect(sock, "demo-consumer", &c)) ||
@@ -90,13 +91,13 @@ static int consumer(const char *sock, uint64_t seed, int ready_fd, int go_fd) {
     fprintf(stderr, "consumer: %s\n", gshm_strerror(e));
     return 1;
   }
-  size = gshm_segment_info(seg)->size;
+  size = gshm_segment_info(seg)->requested_size; /* (size: rounded up to a page) */
   p = addr;
   for (uint64_t i = 0; i < size / 8; i++)
     bad += p[i] != rng_next(&s);
-  printf("consumer (pid %d): opened '%s' read-only, mapped %" PRIu64 " MiB, verified %" PRIu64
-         " words: %s\n",
-         (int)getpid(), SEGMENT, size >> 20, size / 8, bad ? "MISMATCH" : "all equal");
+  printf("consumer (pid %d): opened '%s' read-only, mapped %s, verified %" PRIu64 " words: %s\n",
+         (int)getpid(), SEGMENT, gshm__format_size(size, shown, sizeof(shown)), size / 8,
+         bad ? "MISMATCH" : "all equal");
   fflush(stdout);
   ok = bad == 0;
   if (write(ready_fd, &ok, 1) != 1 || read(go_fd, &go, 1) != 1)
@@ -174,6 +175,23 @@ static const char *without_fd_limit(char *status) {
   return status;
 }
 
+/* Parses --size's value s into *size (bytes).  Returns 0, or -1 where it
+ * is none gshm-demo takes, said on stderr with the sizes it takes: "bad
+ * size" alone left the user to guess the least, the most and the units. */
+static int bad_size(const char *s, uint64_t *size) {
+  int e = gshm__parse_size(s, size);
+
+  if (!e && *size >= DEMO_MIN_SIZE)
+    return 0;
+  fprintf(stderr,
+          "gshm-demo: --size '%s': %s: give at least %d bytes, at most what this host's memory "
+          "holds (default 64M; " GSHM_SIZE_SYNTAX ")\n",
+          s, *s == '-' ? "cannot be negative" : e == -ERANGE ? "too large" : e ? "not a size"
+                                                                              : "too small",
+          DEMO_MIN_SIZE);
+  return -1;
+}
+
 /* gshm-demo's options: *size (bytes), *gpu (-1 auto, 0 --no-gpu, 1
  * --gpu).  Returns -1 to go on, else the exit status (--help: 0, a usage
  * error: 2). */
@@ -188,10 +206,8 @@ static int demo_options(int argc, char **argv, uint64_t *size, int *gpu) {
   while ((o = getopt_long(argc, argv, "s:h", opts, NULL)) != -1) {
     switch (o) {
     case 's':
-      if (gshm__parse_size(optarg, size) || *size < 8) {
-        fprintf(stderr, "gshm-demo: bad size '%s'\n", optarg);
+      if (bad_size(optarg, size))
         return 2;
-      }
       break;
     case 'g':
       *gpu = 1;

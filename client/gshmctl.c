@@ -805,7 +805,7 @@ static int cmd_metrics(gshm_client_t *c) {
 static int parse_bytes(const char *what, const char *s, uint64_t *out) {
   int e = gshm__parse_size(s, out);
   if (e)
-    errorf(EXIT_USAGE, e, "%s '%s': %s (bytes, or K/M/G/T: K, KB and KiB all mean 1024)",
+    errorf(EXIT_USAGE, e, "%s '%s': %s (" GSHM_SIZE_SYNTAX ")",
            what, s, *s == '-' ? "cannot be negative" : e == -ERANGE ? "too large" : "not a size");
   return e;
 }

@@ -37,6 +37,8 @@ int gshm__location_parse(const char *s, struct gshm_location *out);
  * Returns 0, -EINVAL (not a number, unknown suffix) or -ERANGE (over
  * 2^64-1). */
 int gshm__parse_size(const char *s, uint64_t *out);
+/* What gshm__parse_size takes, for the tools' messages about a size. */
+#define GSHM_SIZE_SYNTAX "bytes, or K/M/G/T: K, KB and KiB all mean 1024"
 
 /* Parses a loopback "ADDR:PORT" (127.0.0.0/8, [::1], or localhost; port
  * 1..65535) into *sa and *len.  Returns 0 or -EINVAL (not that form, or

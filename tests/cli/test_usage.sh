@@ -63,5 +63,24 @@ run 0 help
 has out "  help [VERB]"
 has out "  create NAME SIZE"
 
+# gshm-demo --size that it does not take: what it takes (the least, the
+# most, the units), as gshmctl's sizes say (it said "bad size '1'")
+for size in 1 7 abc -8 4Q 99999999999999999999; do
+  runs 2 "$demo" --size $size
+  has err "gshm-demo: --size '$size': "
+  has err "give at least 8 bytes, at most what this host's memory holds"
+  has err "K, KB and KiB all mean 1024"
+done
+has err "too large"
+runs 2 "$demo" --size 1
+has err "'1': too small"
+# and one it takes that is no whole page: shared and verified, said in
+# bytes (the consumer checked the page's 4 KiB against the producer's 12
+# bytes: MISMATCH; sizes were said in whole MiB: "0 MiB")
+runs 0 timeout 50 "$demo" --no-gpu --size 12
+has out "created 'demo/weights', 12 B at host"
+has out "mapped 12 B, verified 1 words: all equal"
+has out "demo ok"
+
 [ "$failures" = 0 ] && echo "all checks passed"
 exit $((failures > 0))
