@@ -95,9 +95,9 @@ static int consumer(const char *sock, uint64_t seed, int ready_fd, int go_fd) {
   p = addr;
   for (uint64_t i = 0; i < size / 8; i++)
     bad += p[i] != rng_next(&s);
-  printf("consumer (pid %d): opened '%s' read-only, mapped %s, verified %" PRIu64 " words: %s\n",
+  printf("consumer (pid %d): opened '%s' read-only, mapped %s, verified %" PRIu64 " word%s: %s\n",
          (int)getpid(), SEGMENT, gshm__format_size(size, shown, sizeof(shown)), size / 8,
-         bad ? "MISMATCH" : "all equal");
+         gshm__plural(size / 8), bad ? "MISMATCH" : "all equal");
   fflush(stdout);
   ok = bad == 0;
   if (write(ready_fd, &ok, 1) != 1 || read(go_fd, &go, 1) != 1)

@@ -483,8 +483,9 @@ static int cmd_status(gshm_client_t *c) {
     printf("GPUs unusable: %s (%s); device segments are parked (listed, not opened) and device "
            "creates refused until the GPUs work again and gshmd restarts\n",
            gpu_fault_what(st.gpu_fault), gpu_fault_why(st.gpu_fault));
-  printf("%u clients, %u segments (%s), %u leases\n", st.clients, st.segments,
-         gshm__format_size(st.bytes, sz, sizeof(sz)), st.leases);
+  printf("%u client%s, %u segment%s (%s), %u lease%s\n", st.clients, gshm__plural(st.clients),
+         st.segments, gshm__plural(st.segments), gshm__format_size(st.bytes, sz, sizeof(sz)),
+         st.leases, gshm__plural(st.leases));
   return EXIT_OK;
 }
 
@@ -1468,9 +1469,12 @@ static void pull_progress_bar(const gshm_pull_progress_t *p, void *arg) {
   char bar[31];
   int fill = (int)(frac * 30);
 
-  if (*(const bool *)arg)
-    snprintf(segs, sizeof(segs), p->segments_total ? "  %u/%u segments" : "  %u segments (listing)",
-             p->segments_done, p->segments_total);
+  if (*(const bool *)arg && p->segments_total)
+    snprintf(segs, sizeof(segs), "  %u/%u segment%s", p->segments_done, p->segments_total,
+             gshm__plural(p->segments_total));
+  else if (*(const bool *)arg)
+    snprintf(segs, sizeof(segs), "  %u segment%s (listing)", p->segments_done,
+             gshm__plural(p->segments_done));
   for (int i = 0; i < 30; i++)
     bar[i] = i < fill ? '#' : '.';
   bar[30] = '\0';

@@ -45,6 +45,10 @@ int gshm__parse_size(const char *s, uint64_t *out);
  * not a loopback address: gshm's metrics name users' segments). */
 int gshm__parse_loopback(const char *listen, struct sockaddr_storage *sa, socklen_t *len);
 
+/* "s" where n things are more (or fewer) than one, else "": "%u client%s",
+ * n, gshm__plural(n) says "1 client", "0 clients", "2 clients". */
+static inline const char *gshm__plural(uint64_t n) { return n == 1 ? "" : "s"; }
+
 /* Formats bytes as "64 MiB" style into buf; returns buf. */
 const char *gshm__format_size(uint64_t bytes, char *buf, size_t cap);
 

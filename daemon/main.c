@@ -384,13 +384,15 @@ static void update_status(struct daemon *d) {
   gshmd_leasekey_retry(&d->leasekey);
 
   if (owed)
-    snprintf(behind, sizeof(behind), "; fd store behind: %u segments", owed);
+    snprintf(behind, sizeof(behind), "; fd store behind: %u segment%s", owed, gshm__plural(owed));
   if (*d->reg.gpu_fault)
     snprintf(gpus, sizeof(gpus), "; GPUs unusable: %s at start (%s), device segments parked",
              d->reg.gpu_no_driver ? "no CUDA driver" : "sticky CUDA error", d->reg.gpu_fault);
-  snprintf(line, sizeof(line), "STATUS=%u clients, %u segments, %s, %u leases%s%s%s%s",
-           d->reg.nclients, d->reg.nsegments, gshm__format_size(d->reg.bytes, sz, sizeof(sz)),
-           d->reg.nleases, *d->fd_warning ? "; " : "", d->fd_warning, behind, gpus);
+  snprintf(line, sizeof(line), "STATUS=%u client%s, %u segment%s, %s, %u lease%s%s%s%s%s",
+           d->reg.nclients, gshm__plural(d->reg.nclients), d->reg.nsegments,
+           gshm__plural(d->reg.nsegments), gshm__format_size(d->reg.bytes, sz, sizeof(sz)),
+           d->reg.nleases, gshm__plural(d->reg.nleases), *d->fd_warning ? "; " : "", d->fd_warning,
+           behind, gpus);
   if (strcmp(line, d->last_status)) {
     strcpy(d->last_status, line);
     sd_notify(0, line);
@@ -602,7 +604,7 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
     return -1;
   update_status(d);
   sd_notify(0, "READY=1");
-  gshm_log_info("ready: %u segments restored", d->reg.nsegments);
+  gshm_log_info("ready: %u segment%s restored", d->reg.nsegments, gshm__plural(d->reg.nsegments));
   return 0;
 }
 

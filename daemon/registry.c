@@ -308,8 +308,9 @@ int gshmd__reg_lease_add(struct gshmd_registry *r, struct gshmd_client *c, struc
   if (!u)
     return -ENOMEM;
   if (r->cfg->quota_leases && c->cred.uid && u->leases >= r->cfg->quota_leases) {
-    *msg_out = gshmd__reg_fmt_msg(r, "uid %u holds %u leases, limit %u (quota.leases)",
-                                  (unsigned)c->cred.uid, u->leases, r->cfg->quota_leases);
+    *msg_out = gshmd__reg_fmt_msg(r, "uid %u holds %u lease%s, limit %u (quota.leases)",
+                                  (unsigned)c->cred.uid, u->leases, gshm__plural(u->leases),
+                                  r->cfg->quota_leases);
     return -EDQUOT;
   }
   if (gshmd_seg_index_reserve(&r->lease_index) || !(l = calloc(1, sizeof(*l))))
@@ -442,8 +443,9 @@ int gshmd_registry_unlink(struct gshmd_registry *r, struct gshmd_client *c, cons
   tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
   seg->unlinked = true;
   r->changes++;
-  gshm_log_info("segment '%s' id %" PRIu64 " unlinked by pid %d (%u leases remain)", seg->name,
-                seg->id, (int)c->cred.pid, seg->nleases);
+  gshm_log_info("segment '%s' id %" PRIu64 " unlinked by pid %d (%u %s)", seg->name, seg->id,
+                (int)c->cred.pid, seg->nleases,
+                seg->nleases == 1 ? "lease remains" : "leases remain");
   if (seg->nleases == 0 && gshmd__reg_segment_release(r, seg))
     return 0;
   if (r->on_event)

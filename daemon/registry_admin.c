@@ -231,8 +231,9 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
     tdelete(seg, &r->by_name, gshmd__reg_cmp_name);
   seg->unlinked = true;
   r->changes++;
-  gshm_log_notice("segment '%s' id %" PRIu64 " revoked by pid %d uid %u (%u leases ended)",
-                  seg->name, seg->id, (int)c->cred.pid, (unsigned)c->cred.uid, seg->nleases);
+  gshm_log_notice("segment '%s' id %" PRIu64 " revoked by pid %d uid %u (%u lease%s ended)",
+                  seg->name, seg->id, (int)c->cred.pid, (unsigned)c->cred.uid, seg->nleases,
+                  gshm__plural(seg->nleases));
   /* Count first: the list head goes with seg (found by
    * tests/fuzz/fuzz_server, corpus revoke_two_leases). */
   for (n = seg->nleases; n > 0; n--)

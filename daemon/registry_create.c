@@ -202,8 +202,9 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
   if (!hidden && (seg = gshmd_registry_find_name(r, req->name)))
     return name_taken(r, c, req, &loc, seg, seg_out, msg_out);
   if (cfg->max_segments && r->nsegments + r->nhidden >= cfg->max_segments) {
-    *msg_out = gshmd__reg_fmt_msg(r, "the daemon holds %u segments, its limit "
-                                  "(limits.max_segments)", r->nsegments);
+    *msg_out = gshmd__reg_fmt_msg(r, "the daemon holds %u segment%s, its limit "
+                                  "(limits.max_segments)",
+                                  r->nsegments, gshm__plural(r->nsegments));
     return -EMFILE;
   }
   cuda = loc.kind != GSHM_LOCATION_HOST;
@@ -216,8 +217,9 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
   if (!(u = gshmd__reg_usage_get(r, c->cred.uid)))
     return -ENOMEM;
   if (cfg->quota_segments && c->cred.uid && u->segments >= cfg->quota_segments) {
-    *msg_out = gshmd__reg_fmt_msg(r, "uid %u owns %u segments, limit %u (quota.segments)",
-                                  (unsigned)c->cred.uid, u->segments, cfg->quota_segments);
+    *msg_out = gshmd__reg_fmt_msg(r, "uid %u owns %u segment%s, limit %u (quota.segments)",
+                                  (unsigned)c->cred.uid, u->segments, gshm__plural(u->segments),
+                                  cfg->quota_segments);
     return -EDQUOT;
   }
   quota = cuda ? cfg->quota_cuda_bytes : cfg->quota_host_bytes;

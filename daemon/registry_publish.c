@@ -125,8 +125,8 @@ static void unlink_replaced(struct gshmd_registry *r, struct gshmd_segment **old
       continue;
     old[i]->unlinked = true; /* its name node is the new segment's now */
     r->changes++;
-    gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u leases remain%s)", old[i]->name,
-                  old[i]->id, old[i]->nleases,
+    gshm_log_info("segment '%s' id %" PRIu64 " replaced (%u %s%s)", old[i]->name, old[i]->id,
+                  old[i]->nleases, old[i]->nleases == 1 ? "lease remains" : "leases remain",
                   old[i]->fs_replaced ? "; kept until the fd store has the new set" : "");
     /* as an unlink (restored ones kept through the grace period) */
     if (old[i]->fs_replaced || (old[i]->nleases == 0 && gshmd__reg_segment_release(r, old[i])) ||

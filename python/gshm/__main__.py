@@ -45,13 +45,20 @@ def _when(ns: int) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _s(n: int) -> str:
+    """"s" where n things are more (or fewer) than one: "1 client",
+    "2 clients", as gshmctl says them (gshm__plural)."""
+    return "" if n == 1 else "s"
+
+
 def status_lines(st: StatusInfo) -> List[str]:
     """gshmctl status's three lines for st."""
     gpus = "GPU" if st.devices == 1 else "GPUs"
     return ["gshmd %s, pid %d, up since %s" % (st.version, st.pid, _when(st.started_ns)),
             "backends: %s (%d %s)" % (",".join(st.backends), st.devices, gpus),
-            "%d clients, %d segments (%s), %d leases"
-            % (st.clients, st.segments, _size(st.bytes), st.leases)]
+            "%d client%s, %d segment%s (%s), %d lease%s"
+            % (st.clients, _s(st.clients), st.segments, _s(st.segments), _size(st.bytes),
+               st.leases, _s(st.leases))]
 
 
 def _unprintable(cp: int) -> bool:

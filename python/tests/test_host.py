@@ -868,6 +868,8 @@ def test_python_m_gshm_is_gshmctl_status(daemon, client, segname):
         mine = p.stdout.decode().splitlines()
         # the first two lines are the same; the third counts this client as well
         assert mine[:2] == ctl[:2], (mine, ctl)
+        # one of a thing is one ("1 segments" before), as gshmctl says it
+        assert mine[2].endswith(" clients, 1 segment (3 MiB), 1 lease"), mine
         want = json.loads(daemon.gshmctl("--json", "status").stdout)
         got = json.loads(_python_m_gshm("--json", "--socket", daemon.socket).stdout)
         for k in ("version", "pid", "started", "backends", "devices", "segments", "bytes"):

@@ -79,8 +79,42 @@ has err "'1': too small"
 # bytes: MISMATCH; sizes were said in whole MiB: "0 MiB")
 runs 0 timeout 50 "$demo" --no-gpu --size 12
 has out "created 'demo/weights', 12 B at host"
-has out "mapped 12 B, verified 1 words: all equal"
+has out "mapped 12 B, verified 1 word: all equal"
 has out "demo ok"
+
+# one of a thing is one, not "1 clients": gshmctl status, gshmd's STATUS=
+# (systemctl status), its messages and its log.  A gshmd of one segment
+# at most, its STATUS= lines in $dir/n.out; "sleep | gshmctl write"
+# holds a client and a lease until sleep ends
+python3 -c 'import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.bind(sys.argv[1]); s.settimeout(20)
+while True: print(s.recv(4096).decode(), flush=True)' "$dir/n" >"$dir/n.out" 2>/dev/null &
+npid=$!
+for _ in $(seq 100); do [ -S "$dir/n" ] && break; sleep 0.05; done
+NOTIFY_SOCKET=$dir/n "$gshmd" --backend host --socket "$dir/one" --log-level 6 \
+  --set limits.max_segments=1 2>"$dir/one.log" &
+onepid=$!
+for _ in $(seq 200); do [ -S "$dir/one" ] && break; sleep 0.05; done
+GSHM_SOCKET=$dir/one run 0 status
+has out "1 client, 0 segments (0 B), 0 leases"
+GSHM_SOCKET=$dir/one run 0 create one 4K
+GSHM_SOCKET=$dir/one run 1 create two 4K
+has err "the daemon holds 1 segment, its limit (limits.max_segments)"
+sleep 5 | GSHM_SOCKET=$dir/one "$ctl" write one >/dev/null 2>&1 &
+holder=$!
+for _ in $(seq 40); do
+  GSHM_SOCKET=$dir/one run 0 status
+  grep -qF "1 lease" "$dir/out" && break
+  sleep 0.05
+done
+has out "2 clients, 1 segment (4 KiB), 1 lease"
+for _ in $(seq 40); do grep -qF "STATUS=1 client, 1 segment, 4 KiB, 1 lease" "$dir/n.out" && break; sleep 0.1; done
+grep -qF "STATUS=1 client, 1 segment, 4 KiB, 1 lease" "$dir/n.out" \
+  || fail "gshmd's STATUS=: $(grep STATUS "$dir/n.out")"
+GSHM_SOCKET=$dir/one run 0 unlink one
+grep -qF "(1 lease remains)" "$dir/one.log" || fail "gshmd's unlink log: $(grep unlinked "$dir/one.log")"
+wait $holder
+kill $onepid $npid; wait $onepid $npid 2>/dev/null
 
 [ "$failures" = 0 ] && echo "all checks passed"
 exit $((failures > 0))
