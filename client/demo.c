@@ -193,8 +193,8 @@ static int bad_size(const char *s, uint64_t *size) {
 }
 
 /* gshm-demo's options: *size (bytes), *gpu (-1 auto, 0 --no-gpu, 1
- * --gpu).  Returns -1 to go on, else the exit status (--help: 0, a usage
- * error: 2). */
+ * --gpu).  Returns -1 to go on, else the exit status (--help: 0, printed
+ * once every option parsed; a usage error, said as gshmctl says its: 2). */
 static int demo_options(int argc, char **argv, uint64_t *size, int *gpu) {
   static const struct option opts[] = {{"size", required_argument, NULL, 's'},
                                        {"gpu", no_argument, NULL, 'g'},
@@ -202,8 +202,10 @@ static int demo_options(int argc, char **argv, uint64_t *size, int *gpu) {
                                        {"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
   int o;
+  bool help = false;
 
-  while ((o = getopt_long(argc, argv, "s:h", opts, NULL)) != -1) {
+  opterr = 0; /* our own messages, "gshm-demo: ...", not argv[0]'s */
+  while ((o = getopt_long(argc, argv, ":s:h", opts, NULL)) != -1) {
     switch (o) {
     case 's':
       if (bad_size(optarg, size))
@@ -216,16 +218,27 @@ static int demo_options(int argc, char **argv, uint64_t *size, int *gpu) {
       *gpu = 0;
       break;
     case 'h':
-      printf("usage: gshm-demo [--size BYTES] [--gpu|--no-gpu]\n"
-             "Starts a private gshmd, shares a segment between two processes, verifies it,\n"
-             "shows `gshmctl mappings`, and stops.  gshmd is found through $GSHMD, next to\n"
-             "this program, or on PATH.\n");
-      return 0;
+      help = true;
+      break;
+    case ':':
+      fprintf(stderr, "gshm-demo: option '%s' needs a value\n", argv[optind - 1]);
+      return 2;
     default:
+      fprintf(stderr, "gshm-demo: unknown option '%s' (gshm-demo --help lists them)\n",
+              argv[optind - 1]);
       return 2;
     }
   }
-  return -1;
+  if (optind < argc) {
+    fprintf(stderr, "gshm-demo: unexpected argument '%s' (it takes options only)\n", argv[optind]);
+    return 2;
+  }
+  if (help)
+    printf("usage: gshm-demo [--size BYTES] [--gpu|--no-gpu]\n"
+           "Starts a private gshmd, shares a segment between two processes, verifies it,\n"
+           "shows `gshmctl mappings`, and stops.  gshmd is found through $GSHMD, next to\n"
+           "this program, or on PATH.\n");
+  return help ? 0 : -1;
 }
 
 /* Returns rc, the demo's exit status, or 1 (said on stderr) where rc is 0

@@ -1775,15 +1775,16 @@ static int empty_socket(void) {
 }
 
 /* gshmctl's own options before the verb: --socket, --json, and --help
- * and --version, which end the run.  Returns -1 to go on (optind at the
- * verb), else the exit status. */
+ * and --version, which end the run (the first of them given, printed once
+ * the options parsed without a usage error).  Returns -1 to go on (optind
+ * at the verb), else the exit status. */
 static int global_options(int argc, char **argv) {
   static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
                                        {"json", no_argument, NULL, 'j'},
                                        {"help", no_argument, NULL, 'h'},
                                        {"version", no_argument, NULL, 'V'},
                                        {NULL, 0, NULL, 0}};
-  int o;
+  int o, info = 0; /* 'h' or 'V': answered once every option before the verb parsed */
 
   opterr = 0; /* errorf reports, with the program's name (and as JSON) */
   /* "+": stop at the verb, whose own options follow it. */
@@ -1798,11 +1799,9 @@ static int global_options(int argc, char **argv) {
       json_out = 1;
       break;
     case 'h':
-      usage(stdout);
-      return EXIT_OK;
     case 'V':
-      printf("gshmctl %s\n", GSHM_VERSION);
-      return EXIT_OK;
+      info = info ? info : o;
+      break;
     case ':':
       return errorf(EXIT_USAGE, -EINVAL, "option '%s' needs a value", argv[optind - 1]);
     default:
@@ -1810,7 +1809,12 @@ static int global_options(int argc, char **argv) {
                     argv[optind - 1]);
     }
   }
-  return -1;
+  /* (after the loop: "gshmctl -V --bogus" is a usage error, not a version) */
+  if (info == 'h')
+    usage(stdout);
+  else if (info == 'V')
+    printf("gshmctl %s\n", GSHM_VERSION);
+  return info ? EXIT_OK : -1;
 }
 
 /* Global options may also follow the verb ("gshmctl mappings --json"):

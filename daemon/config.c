@@ -426,14 +426,29 @@ static void usage_hint(void) {
 struct cmdline {
   const char *config_path;    /* --config, or NULL for the default */
   bool check, dump;           /* --check-config, --dump-config */
+  int info;                   /* FLAG_HELP, FLAG_VERSION or FLAG_PRINT: the first given */
   bool answered;              /* --help, --version or --print-config was printed */
   struct override *overrides; /* flags that set keys, in argv order; freed by the caller */
   size_t n_overrides;
 };
 
-/* Parses argv into cl.  --help, --version and --print-config print at once
- * and stop the parse (cl->answered).  Returns 0, -EINVAL for a bad command
- * line (said on stderr) or -ENOMEM. */
+/* Prints what --help, --version or --print-config (cl->info, the first of
+ * them given) asks for, and sets cl->answered; nothing without one. */
+static void cmdline_answer(struct cmdline *cl) {
+  if (cl->info == FLAG_PRINT)
+    gshmd__config_print_default(stdout);
+  else if (cl->info == FLAG_HELP)
+    gshmd__config_print_usage(stdout);
+  else if (cl->info == FLAG_VERSION)
+    printf("gshmd " GSHM_VERSION "\n");
+  cl->answered = cl->info != 0;
+}
+
+/* Parses argv into cl.  --help, --version and --print-config print once
+ * all of argv parsed (cl->answered): an unknown option or a missing value
+ * after them ("gshmd -V --bogus") is a usage error, not an answer that
+ * leaves it unsaid.  Returns 0, -EINVAL for a bad command line (said on
+ * stderr) or -ENOMEM. */
 static int cmdline_parse(struct cmdline *cl, int argc, char **argv) {
   struct option longopts[gshmd__config_nflags + 1];
   int c;
@@ -470,17 +485,10 @@ static int cmdline_parse(struct cmdline *cl, int argc, char **argv) {
       cl->dump = true;
       break;
     case FLAG_PRINT:
-      gshmd__config_print_default(stdout);
-      cl->answered = true;
-      return 0;
     case FLAG_HELP:
-      gshmd__config_print_usage(stdout);
-      cl->answered = true;
-      return 0;
     case FLAG_VERSION:
-      printf("gshmd " GSHM_VERSION "\n");
-      cl->answered = true;
-      return 0;
+      cl->info = cl->info ? cl->info : c;
+      break;
     case ':':
       gshmd__config_error("option '%s' requires an argument", argv[optind - 1]);
       usage_hint();
@@ -499,6 +507,7 @@ static int cmdline_parse(struct cmdline *cl, int argc, char **argv) {
     usage_hint();
     return -EINVAL;
   }
+  cmdline_answer(cl);
   return 0;
 }
 

@@ -116,5 +116,47 @@ grep -qF "(1 lease remains)" "$dir/one.log" || fail "gshmd's unlink log: $(grep 
 wait $holder
 kill $onepid $npid; wait $onepid $npid 2>/dev/null
 
+# an unknown option is a usage error whatever comes before it: an info
+# flag answered at once and the rest went unread ("gshmd -V --bogus"
+# printed the version, exit 0); the first info flag still answers when
+# all else is well
+for args in "-V --bogus" "--version --bogus" "--help --bogus" "--print-config --bogus" \
+            "-V -q" "--bogus -V"; do
+  runs 2 "$gshmd" $args
+  has err "Try 'gshmd --help' for more information."
+  [ -s "$dir/out" ] && fail "gshmd $args printed on stdout: $(head -3 "$dir/out")"
+done
+runs 2 "$gshmd" -V --bogus
+has err "gshmd: unrecognized option '--bogus'"
+runs 2 "$gshmd" -V --socket
+has err "option '--socket' requires an argument"
+runs 2 "$gshmd" --help extra
+has err "gshmd: unexpected argument 'extra'"
+runs 0 "$gshmd" -V --help
+has out "gshmd "
+for args in "-V --bogus|--bogus" "--help --frob|--frob" "-h -x|-x" "--bogus -V|--bogus"; do
+  run 2 ${args%|*}
+  has err "gshmctl: unknown option '${args#*|}'"
+  [ -s "$dir/out" ] && fail "gshmctl ${args%|*} printed on stdout: $(head -3 "$dir/out")"
+done
+run 2 -V --socket
+has err "option '--socket' needs a value"
+run 0 -V --help
+has out "gshmctl "
+# gshm-demo's usage errors say so as gshmctl's do (it was getopt's
+# "/path/to/gshm-demo: unrecognized option '--bogus'")
+for args in "--help --bogus" "--bogus --help" "--size" "--help extra"; do
+  runs 2 "$demo" $args
+  [ -s "$dir/out" ] && fail "gshm-demo $args printed on stdout: $(head -3 "$dir/out")"
+done
+runs 2 "$demo" --help --bogus
+has err "gshm-demo: unknown option '--bogus' (gshm-demo --help lists them)"
+runs 2 "$demo" --size
+has err "gshm-demo: option '--size' needs a value"
+runs 2 "$demo" --help extra
+has err "gshm-demo: unexpected argument 'extra'"
+runs 0 "$demo" --no-gpu --help
+has out "usage: gshm-demo"
+
 [ "$failures" = 0 ] && echo "all checks passed"
 exit $((failures > 0))
