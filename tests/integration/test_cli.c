@@ -208,7 +208,7 @@ static void test_tables(void **state) {
   assert_non_null(strstr(text, "64 MiB"));
   free(text);
   assert_int_equal(CTL(h, &text, "status"), 0);
-  assert_non_null(strstr(text, "1 segments"));
+  assert_non_null(strstr(text, "1 segment (64 MiB)")); /* one: not "1 segments" */
   free(text);
   assert_int_equal(CTL(h, &text, "metrics"), 0);
   assert_non_null(strstr(text, "gshm_segments 1\n"));

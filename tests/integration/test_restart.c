@@ -382,7 +382,7 @@ static void test_watchdog_and_status(void **state) {
   for (int i = 0; i < 30; i++) { /* STATUS= is refreshed once a second */
     bool seen;
     usleep(100 * 1000);
-    seen = status_has(&h, "1 clients, 1 segments, 4 KiB, 1 leases");
+    seen = status_has(&h, "1 client, 1 segment, 4 KiB, 1 lease"); /* not "1 clients" */
     if (seen)
       break;
     assert_true(i < 29);
