@@ -65,7 +65,11 @@ int gshm__copy_launch(void *dst, const void *src, size_t bytes, enum gshm__kerne
 int gshm__copy_fill(void *p, size_t bytes, uint32_t seed, CUstream stream);
 
 /* Counts the bytes that differ between a and b, in the current context, on
- * `stream`, and waits for the answer (synchronizes `stream`). */
+ * `stream`, and waits for the answer (synchronizes `stream`).  One at a
+ * time per context: every compare in a context counts into its one 8-byte
+ * device counter (zeroed, added to, read back on `stream`), so two at once
+ * on different streams or threads would add into each other's count.  Its
+ * callers (gshm-bench copy and broadcast) run one thread. */
 int gshm__copy_compare(const void *a, const void *b, size_t bytes, CUstream stream,
                        uint64_t *bad_out);
 
