@@ -176,8 +176,14 @@ static uint64_t isqrt(uint64_t x) {
   return r;
 }
 
+/* AUTO's chunk for `bytes` to n GPUs, in [CHUNK_ALIGN, MAX_CHUNK]; from 8
+ * TiB per hop up the product would wrap (bytes may be 2^58): its root is
+ * far above MAX_CHUNK there, so MAX_CHUNK. */
 static size_t auto_chunk(size_t bytes, int n) {
-  size_t c = n > 1 ? (size_t)isqrt((uint64_t)bytes / (uint64_t)(n - 1) * AUTO_T0_BYTES) : bytes;
+  uint64_t per = n > 1 ? (uint64_t)bytes / (uint64_t)(n - 1) : 0;
+  size_t c = n <= 1                            ? bytes
+             : per > UINT64_MAX / AUTO_T0_BYTES ? MAX_CHUNK
+                                               : (size_t)isqrt(per * AUTO_T0_BYTES);
   return c < CHUNK_ALIGN ? CHUNK_ALIGN : c > MAX_CHUNK ? MAX_CHUNK : c;
 }
 
