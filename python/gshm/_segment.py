@@ -384,8 +384,16 @@ class HostSegment(Segment, mmap.mmap):  # type: ignore[misc]
         import numpy
         fd = self.fileno()
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        m = mmap.mmap(fd, offset + nbytes - start, access=mmap.ACCESS_COPY, offset=start)
+        m = _SegmentMmap(fd, offset + nbytes - start, access=mmap.ACCESS_COPY, offset=start)
+        m.segment = self  # the array holds m, m holds the lease
         return numpy.frombuffer(m, dtype=numpy.uint8, count=nbytes, offset=offset - start)
+
+
+class _SegmentMmap(mmap.mmap):
+    """An mmap that keeps `segment` (the Segment it maps) alive, and so its
+    lease, for as long as the mapping is referenced (by a NumPy array or a
+    tensor over it)."""
+    segment: Optional[Segment] = None
 
 
 class DeviceSegment(Segment):
@@ -448,7 +456,9 @@ class DeviceSegment(Segment):
         with _state_lock:
             if self._h.refs > 1:
                 raise BufferError("gshm: segment %r has live views; cannot unmap" % self.name)
-            Segment.unmap(self)
+        # Outside the lock (see _state_lock): gshm_unmap waits for the
+        # client's lock, which a pull holds across its progress callback.
+        Segment.unmap(self)
 
     def _pin(self):
         # A consumer may now hold the segment object alone: keep the mapping

@@ -163,7 +163,12 @@ class MemPool(object):
             self._client_handle = client._h
             self._client_handle.incref()
         try:
-            self._torch_pool = _torch.cuda.MemPool(_pluggable().allocator())
+            # A torch.cuda.MemPool belongs to the device current when it is
+            # built (PyTorch >= 2.8 keeps current_device() in the pool); built
+            # on another device, use_mem_pool(device=self.device) would never
+            # route this device's allocations to gshm.
+            with _torch.cuda.device(self.device):
+                self._torch_pool = _torch.cuda.MemPool(_pluggable().allocator())
             _immortal(self._torch_pool)
         except BaseException:
             _fn("gshm_pool_release")(self._ptr, 1)

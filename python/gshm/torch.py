@@ -145,7 +145,11 @@ def share_state_dict(client: Client, name: str, state_dict: Mapping[str, _torch.
               None: the GPU of the first tensor (by UUID), or "host" when it
               is on the CPU.
     metadata  extra safetensors __metadata__ (str -> str).
-    The copies are finished (the device synchronised) before this returns."""
+    The copies are finished (the device synchronised) before this returns.
+    Tied tensors (two keys, one storage) are written once per key, as in any
+    safetensors file, and load_state_dict gives them back as separate
+    tensors: tie them again after loading (model.tie_weights()), or share
+    through MemPool + publish, whose attach() keeps ties."""
     items = []
     for k, t in state_dict.items():
         if not isinstance(t, _torch.Tensor):

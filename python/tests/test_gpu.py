@@ -162,6 +162,25 @@ def test_loaded_tensors_are_views_on_the_segment(gpu_daemon, gpu_client, segname
     gpu_client.unlink(segname)
 
 
+def test_read_only_host_state_dict_holds_its_lease(gpu_daemon, gpu_client, segname):
+    """load_state_dict with access "r" on a host segment gives tensors on a
+    private copy-on-write mapping, which held no reference to the segment:
+    the lease ended when load_state_dict returned, while the docstring
+    says the tensors hold it.  Now the mapping holds the segment."""
+    gt.share_state_dict(gpu_client, segname, {"w": torch.arange(64.0)}, location="host").close()
+    pid = os.getpid()
+    loaded = gt.load_state_dict(gpu_client, segname)
+    w = loaded["w"]
+    del loaded
+    gc.collect()
+    assert any(m["segment"] == segname and m["pid"] == pid for m in gpu_daemon.mappings())
+    assert float(w.sum()) == 2016.0
+    del w
+    gc.collect()
+    assert not any(m["segment"] == segname and m["pid"] == pid for m in gpu_daemon.mappings())
+    gpu_client.unlink(segname)
+
+
 def _plant_state_dict_as(daemon, uid, names):
     """State dicts {"w": 8 x 7.0 float32} in host segments `names` (mode
     0644), created by uid: a forked child drops to it before it connects

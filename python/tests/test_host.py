@@ -432,6 +432,26 @@ def test_private_view_of_a_read_only_lease(client, segname):
     client.unlink(segname)
 
 
+def test_private_bytes_hold_the_lease(daemon, client, segname):
+    """A private copy-on-write array (what torch tensors of a read-only host
+    lease sit on) held no reference to its segment: once the Segment object
+    was collected its lease ended under the array."""
+    import gc
+    client.create(segname, 2 * 4096, location="host").close()
+    pid = os.getpid()
+    ro = client.open(segname, "r")
+    a = ro._private_bytes(4096, 4096)
+    del ro
+    gc.collect()
+    assert len(leases_of(daemon, segname, pid)) == 1
+    a[:] = 5                                       # still this process's copy
+    assert int(a.sum()) == 5 * 4096
+    del a
+    gc.collect()
+    assert leases_of(daemon, segname, pid) == []
+    client.unlink(segname)
+
+
 def test_segment_context_manager_releases_lease(daemon, client, segname):
     client.create(segname, 4096, location="host").close()
     pid = os.getpid()

@@ -16,7 +16,8 @@
 3. PyTorch's limits and bad input: expandable_segments refused,
    empty_cache keeps the pool's memory, a pool released under live
    tensors keeps them valid, unknown device, closed client, stale
-   manifest, a non-persistent pool goes with its process.
+   manifest, a pool for a GPU other than the current one (two GPUs),
+   a non-persistent pool goes with its process.
 
 Exits 77 when no interpreter here has torch with a CUDA GPU, transformers
 and safetensors ($GSHM_GPU_PYTHON picks one).  Paths as run_gpu.py."""
@@ -358,6 +359,26 @@ def role_limits(sock, out_dir):
     del w4
     pool4.release()
     gt.unlink_prefix(c, "torchtest/stale")
+
+    # a pool for another GPU than the current one: torch binds a MemPool to
+    # the device current when it is built, so it was bound to GPU 0 and
+    # GPU 1's tensors bypassed gshm (publish then refused them)
+    if torch.cuda.device_count() >= 2:
+        with torch.cuda.device(0):
+            pool6 = gt.MemPool(c, "torchtest/other", device=1)
+            with gt.use_pool(pool6):
+                o = torch.full((1 << 20,), 3.0, device="cuda:1")
+            segs = pool6.segments()
+            res["other_device_in_gshm"] = bool(segs) and all(s.name.startswith("torchtest/other/")
+                                                             for s in segs)
+            pool6.publish({"o": o})
+            res["other_device_attach"] = bool((gt.attach(c, "torchtest/other", device=1)["o"]
+                                               .cpu() == 3).all())
+        del o
+        pool6.release()
+        gt.unlink_prefix(c, "torchtest/other")
+    else:
+        res["other_device"] = "skipped: one GPU"
 
     # a non-persistent pool: no names, and publish refuses
     pool5 = gt.MemPool(c, "torchtest/np", device=0, persistent=False)
