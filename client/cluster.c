@@ -85,16 +85,25 @@ int gshm_cluster_peers(gshm_client_t *c, char *node_name_out, gshm_cluster_peer_
 }
 
 int gshm_cluster_pulls(gshm_client_t *c, gshm_cluster_pull_t **pulls_out, size_t *count_out) {
+  uint64_t total;
+
+  return gshm_cluster_pulls_counted(c, pulls_out, count_out, &total);
+}
+
+int gshm_cluster_pulls_counted(gshm_client_t *c, gshm_cluster_pull_t **pulls_out,
+                               size_t *count_out, uint64_t *total_out) {
   Gshm__Reply *reply = NULL;
   gshm_cluster_pull_t *a = NULL;
   size_t n;
   int e;
 
-  if (!c || !pulls_out || !count_out)
+  if (!c || !pulls_out || !count_out || !total_out)
     return -EINVAL;
   if ((e = peers_request(c, 0, &reply)))
     return e;
   n = reply->cluster_peers->n_pulls;
+  /* (a daemon before pulls_total sends 0) */
+  *total_out = reply->cluster_peers->pulls_total > n ? reply->cluster_peers->pulls_total : n;
   if (n && !(a = calloc(n, sizeof(*a)))) {
     gshm__reply__free_unpacked(reply, NULL);
     return -ENOMEM;

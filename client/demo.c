@@ -186,9 +186,7 @@ static int bad_size(const char *s, uint64_t *size) {
   fprintf(stderr,
           "gshm-demo: --size '%s': %s: give at least %d bytes, at most what this host's memory "
           "holds (default 64M; " GSHM_SIZE_SYNTAX ")\n",
-          s, *s == '-' ? "cannot be negative" : e == -ERANGE ? "too large" : e ? "not a size"
-                                                                              : "too small",
-          DEMO_MIN_SIZE);
+          s, e ? gshm__size_refusal(s, e) : "too small", DEMO_MIN_SIZE);
   return -1;
 }
 

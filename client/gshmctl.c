@@ -807,7 +807,7 @@ static int parse_bytes(const char *what, const char *s, uint64_t *out) {
   int e = gshm__parse_size(s, out);
   if (e)
     errorf(EXIT_USAGE, e, "%s '%s': %s (" GSHM_SIZE_SYNTAX ")",
-           what, s, *s == '-' ? "cannot be negative" : e == -ERANGE ? "too large" : "not a size");
+           what, s, gshm__size_refusal(s, e));
   return e;
 }
 
@@ -1300,8 +1300,9 @@ out:
 /* ---- cluster verbs ---- */
 
 /* The pulls in flight, as `peers` shows them (JSON: an array): NAME the
- * peer's segment or prefix, LOCAL where it lands here (--as). */
-static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
+ * peer's segment or prefix, LOCAL where it lands here (--as); v has the
+ * n listed of the in_flight there are. */
+static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n, uint64_t in_flight) {
   static char esc[SHOWN_CAP], esc2[SHOWN_CAP], esc3[SHOWN_CAP];
   char done[32], total[32], segs[48];
   json_t *arr = json_out ? json_array() : NULL;
@@ -1312,9 +1313,13 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n) {
     wn = widen(wn, v[i].name);
     wl = widen(wl, v[i].local_name);
   }
+  if (in_flight > n && !json_out)
+    printf("\n%" PRIu64 " pulls in flight, the first %zu listed:\n", in_flight, n);
+  else if (n && !json_out)
+    printf("\n%zu pull%s in flight:\n", n, gshm__plural(n));
   if (n && !json_out)
-    printf("\n%zu pull%s in flight:\n%-*s %-*s %-*s %6s %-20s %-23s %s\n", n, n == 1 ? "" : "s",
-           wp, "PEER", wn, "NAME", wl, "LOCAL", "UID", "BYTES", "SEGMENTS", "TIME");
+    printf("%-*s %-*s %-*s %6s %-20s %-23s %s\n", wp, "PEER", wn, "NAME", wl, "LOCAL", "UID",
+           "BYTES", "SEGMENTS", "TIME");
   for (size_t i = 0; i < n; i++) {
     double sec = (double)v[i].elapsed_ns / 1e9;
     if (json_out) {
@@ -1355,9 +1360,10 @@ static int cmd_peers(gshm_client_t *c) {
   gshm_cluster_pull_t *pv = NULL;
   char node[64] = "";
   size_t n = 0, np = 0;
+  uint64_t ntotal = 0;
   int e = gshm_cluster_peers(c, node, &v, &n);
 
-  if (!e && (e = gshm_cluster_pulls(c, &pv, &np)))
+  if (!e && (e = gshm_cluster_pulls_counted(c, &pv, &np, &ntotal)))
     gshm_free(v);
   if (e)
     return fail(c, "peers", e);
@@ -1380,7 +1386,9 @@ static int cmd_peers(gshm_client_t *c) {
       json_array_append_new(arr, o);
     }
     json_object_set_new(doc, "peers", arr);
-    json_object_set_new(doc, "pulls", pulls_in_flight(pv, np));
+    json_object_set_new(doc, "pulls", pulls_in_flight(pv, np, ntotal));
+    /* (pulls lists the first 64 at most) */
+    json_object_set_new(doc, "pulls_in_flight", json_integer((json_int_t)ntotal));
     gshm_free(v);
     gshm_free(pv);
     return print_json(doc);
@@ -1407,7 +1415,7 @@ static int cmd_peers(gshm_client_t *c) {
     printf("%-*s %-*s %-10s %8s %s\n", col(esc, wn), esc, col(esc2, wa), esc2, v[i].state, count,
            shown(v[i].message, esc3));
   }
-  pulls_in_flight(pv, np);
+  pulls_in_flight(pv, np, ntotal);
   gshm_free(v);
   gshm_free(pv);
   return EXIT_OK;

@@ -3,6 +3,7 @@
 #ifndef GSHM_COMMON_UTIL_H
 #define GSHM_COMMON_UTIL_H
 
+#include <errno.h>
 #include <sys/socket.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,6 +38,11 @@ int gshm__location_parse(const char *s, struct gshm_location *out);
  * Returns 0, -EINVAL (not a number, unknown suffix) or -ERANGE (over
  * 2^64-1). */
 int gshm__parse_size(const char *s, uint64_t *out);
+/* Why gshm__parse_size refused s with error e (-EINVAL, -ERANGE), in
+ * words for a message: "cannot be negative", "too large", "not a size". */
+static inline const char *gshm__size_refusal(const char *s, int e) {
+  return *s == '-' ? "cannot be negative" : e == -ERANGE ? "too large" : "not a size";
+}
 /* What gshm__parse_size takes, for the tools' messages about a size. */
 #define GSHM_SIZE_SYNTAX "bytes, or K/M/G/T: K, KB and KiB all mean 1024"
 

@@ -457,6 +457,14 @@ typedef struct gshm_cluster_pull {
 GSHM_EXTERN int gshm_cluster_pulls(gshm_client_t *client, gshm_cluster_pull_t **pulls_out,
                                    size_t *count_out);
 
+/* As gshm_cluster_pulls, and *total_out (not NULL) gets how many pulls
+ * are in flight in all, of which *count_out are listed: more than the
+ * 64 listed at most (or than fit half a packet) are counted, not listed.
+ * A daemon older than this count gives *count_out as the total.  Errors
+ * as gshm_cluster_pulls (-EINVAL also for a NULL total_out). */
+GSHM_EXTERN int gshm_cluster_pulls_counted(gshm_client_t *client, gshm_cluster_pull_t **pulls_out,
+                                           size_t *count_out, uint64_t *total_out);
+
 /* Lists the segments that peer exports, as gshm_list (id, generation,
  * name, sizes, location and created_ns are the peer's; uid, gid and mode
  * are 0): the segments the peer's cluster.export rules let peers read.

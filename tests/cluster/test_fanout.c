@@ -171,9 +171,12 @@ static void restart_with(struct node *n, const char *more1, const char *more2) {
 
 /* Waits until n has a pull in flight whose listing is done (its segments
  * created, hidden: what the next hop lists) with at least min_done bytes
- * in, or (min_done < 0) any pull in flight, listed or not; returns its
- * bytes done, -1 when none came within 10 s. */
-static long long wait_pull_listed(struct node *n, long long min_done) {
+ * and min_segs whole segments in, or (min_done < 0) any pull in flight,
+ * listed or not; returns its bytes done, -1 when none came within 10 s.
+ * (min_segs: a relay serves a whole segment (closed) whatever its
+ * source does, where bytes_done may be parts of many, none of them
+ * whole, each read of a puller behind n then waiting for its source.) */
+static long long wait_pull(struct node *n, long long min_done, uint32_t min_segs) {
   gshm_client_t *c = connect_to(n);
   long long done = -1;
 
@@ -182,7 +185,8 @@ static long long wait_pull_listed(struct node *n, long long min_done) {
     size_t cnt = 0;
     assert_int_equal(gshm_cluster_pulls(c, &v, &cnt), 0);
     if (cnt == 1 && (min_done < 0 || (v[0].segments_total == NSET &&
-                                      (long long)v[0].bytes_done >= min_done)))
+                                      (long long)v[0].bytes_done >= min_done &&
+                                      v[0].segments_done >= min_segs)))
       done = (long long)v[0].bytes_done;
     gshm_free(v);
     if (done < 0)
@@ -192,25 +196,8 @@ static long long wait_pull_listed(struct node *n, long long min_done) {
   return done;
 }
 
-/* Waits (10 s at most) until n's one pull has every byte of `segs` of
- * its segments in (segments_done: a relay can serve those whole, where
- * bytes_done may be parts of many, none of them whole, each read of a
- * puller behind n then waiting for its source).  Returns whether it has. */
-static bool wait_pull_closed(struct node *n, uint32_t segs) {
-  gshm_client_t *c = connect_to(n);
-  bool done = false;
-
-  for (int k = 0; k < 5000 && !done; k++) {
-    gshm_cluster_pull_t *v = NULL;
-    size_t cnt = 0;
-    assert_int_equal(gshm_cluster_pulls(c, &v, &cnt), 0);
-    done = cnt == 1 && v[0].segments_done >= segs;
-    gshm_free(v);
-    if (!done)
-      usleep(2000);
-  }
-  gshm_disconnect(c);
-  return done;
+static long long wait_pull_listed(struct node *n, long long min_done) {
+  return wait_pull(n, min_done, 0);
 }
 
 /* Whether n has a pull in flight now. */
@@ -780,7 +767,7 @@ static void test_replace_relayed(void **state) {
    * request reached B, and nothing be relayed: seen under load; and B's
    * bytes, counted alone, can be parts of many segments, no read of C's
    * whole in them: C then waited for stopped A, seen on CI) */
-  assert_true(wait_pull_closed(&B, 1));
+  assert_true(wait_pull(&B, 0, 1) >= 0);
   assert_int_equal(kill(A.h.sp.pid, SIGSTOP), 0);
   assert_true(pull_in_flight(&B));
   hop_start(&hc, &C, "b", pre, 0644);
@@ -858,7 +845,7 @@ static void test_replace_relay_fails(void **state) {
    * (over UCX B could otherwise finish between C's first bytes and the
    * kill, and C's pull end well: seen on a loaded 2-core machine; bytes
    * alone may be no whole read of C's, as in test_replace_relayed) */
-  assert_true(wait_pull_closed(&B, 1));
+  assert_true(wait_pull(&B, 0, 1) >= 0);
   assert_int_equal(kill(A.h.sp.pid, SIGSTOP), 0);
   assert_true(pull_in_flight(&B));
   hop_start(&hc, &C, "b", pre, 0644);
@@ -1270,6 +1257,85 @@ static void test_listing_waits(void **state) {
   gshm_disconnect(c);
 }
 
+/* One single pull of A's fan/cnt by C, under a long local name. */
+struct one_pull {
+  pthread_t t;
+  char local[232];
+  int err;
+};
+
+static void *one_pull_thread(void *arg) {
+  struct one_pull *o = arg;
+  gshm_pull_opts_t po = {.mode = 0600, .local_name = o->local};
+  gshm_pull_result_t r;
+  gshm_client_t *c;
+
+  o->err = gshm_connect(C.h.socket_path, "counted", &c);
+  if (!o->err) {
+    o->err = gshm_pull(c, "a", "fan/cnt", &po, &r);
+    gshm_disconnect(c);
+  }
+  return NULL;
+}
+
+/* More pulls in flight than PEERS lists (here: more than half of a 4 KiB
+ * packet holds, with local names of 230 bytes): libgshm
+ * (gshm_cluster_pulls_counted) and `gshmctl peers` say how many there
+ * are, not only the ones listed (they showed the listed as all). */
+static void test_pulls_counted(void **state) {
+  enum { NPULLS = 12 };
+  struct one_pull p[NPULLS];
+  gshm_client_t *a = connect_to(&A), *c;
+  gshm_segment_t *seg;
+  gshm_cluster_pull_t *v = NULL;
+  size_t n = 0;
+  uint64_t total = 0;
+  char *out = NULL, want[64];
+  (void)state;
+
+  restart_with(&C, "--set=limits.max_packet=4096", NULL);
+  assert_int_equal(gshm_create(a, "fan/cnt", 4096, "host", 0644, 0, &seg), 0);
+  gshm_close(seg);
+  assert_int_equal(kill(A.h.sp.pid, SIGSTOP), 0); /* the pulls stay in flight */
+  for (int i = 0; i < NPULLS; i++) {
+    snprintf(p[i].local, sizeof(p[i].local), "fan/cnt-%02d-%0220d", i, 0);
+    assert_int_equal(pthread_create(&p[i].t, NULL, one_pull_thread, &p[i]), 0);
+  }
+  c = connect_to(&C);
+  for (int k = 0; k < 5000 && total < NPULLS; k++) {
+    gshm_free(v);
+    v = NULL;
+    assert_int_equal(gshm_cluster_pulls_counted(c, &v, &n, &total), 0);
+    if (total < NPULLS)
+      usleep(2000);
+  }
+  print_message("%llu pulls in flight, %zu listed\n", (unsigned long long)total, n);
+  assert_int_equal(total, NPULLS);
+  assert_true(n >= 1 && n < NPULLS);
+  gshm_free(v);
+  assert_int_equal(harness_gshmctl(&C.h, &out, (const char *[]){"peers", NULL}), 0);
+  snprintf(want, sizeof(want), "%d pulls in flight, the first %zu listed:", NPULLS, n);
+  assert_non_null(out);
+  assert_non_null(strstr(out, want));
+  free(out);
+  out = NULL;
+  assert_int_equal(harness_gshmctl(&C.h, &out, (const char *[]){"--json", "peers", NULL}), 0);
+  snprintf(want, sizeof(want), "\"pulls_in_flight\": %d", NPULLS);
+  assert_non_null(out);
+  assert_non_null(strstr(out, want));
+  free(out);
+  assert_int_equal(kill(A.h.sp.pid, SIGCONT), 0);
+  for (int i = 0; i < NPULLS; i++) {
+    pthread_join(p[i].t, NULL);
+    assert_int_equal(p[i].err, 0);
+    assert_int_equal(gshm_unlink(c, p[i].local), 0);
+  }
+  gshm_disconnect(c);
+  assert_int_equal(harness_restart(&C.h, SIGTERM, C.argv), 0);
+  assert_int_equal(gshm_unlink(a, "fan/cnt"), 0);
+  gshm_disconnect(a);
+}
+
 /* After every test, failed or not: a node a test stopped (SIGSTOP) goes
  * on, so a failed assert leaves the next tests a node that answers (a
  * stopped A made every later test fail or wait on it). */
@@ -1297,6 +1363,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_sources_partial, cont_all),
       cmocka_unit_test_teardown(test_sources_relay_any, cont_all),
       cmocka_unit_test_teardown(test_listing_waits, cont_all),
+      cmocka_unit_test_teardown(test_pulls_counted, cont_all),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
