@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import traceback
 
 import gshm_testutil
 from gshm_testutil import skip
@@ -183,28 +182,30 @@ def test_read_only_host_state_dict_holds_its_lease(gpu_daemon, gpu_client, segna
 
 def _plant_state_dict_as(daemon, uid, names):
     """State dicts {"w": 8 x 7.0 float32} in host segments `names` (mode
-    0644), created by uid: a forked child drops to it before it connects
-    (gshmd knows a connection by its peer's uid), so nothing needs to be
-    readable or executable by that user.  The child touches no CUDA."""
+    0644), created by uid: a child process that drops to uid once gshm is
+    loaded, before it connects (gshmd knows a connection by its peer's
+    uid), so nothing needs to be readable or executable by that user.  A
+    new process, not a fork of this one, which has torch's and CUDA's
+    threads: a forked copy may deadlock on a lock one of them held."""
     layout = _safetensors.plan([("w", "float32", (8,))])
-    begin = layout.entries[0][3]
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            gshm_testutil.as_uid(uid)()
-            with gshm.Client(daemon.socket, name="planter") as c:
-                for name in names:
-                    with c.create(name, layout.size, location="host", mode=0o644) as seg:
-                        seg.write(layout.header, 0)
-                        seg.write(b"\x00\x00\xe0\x40" * 8, begin)  # 7.0f, little-endian
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert status == 0, "planting as uid %d failed (status %d)" % (uid, status)
+    script = textwrap.dedent("""
+        import os, sys, gshm
+        uid = int(sys.argv[2])
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        header, size, begin = bytes.fromhex(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+        with gshm.Client(sys.argv[1], name="planter") as c:
+            for name in sys.argv[6:]:
+                with c.create(name, size, location="host", mode=0o644) as seg:
+                    seg.write(header, 0)
+                    seg.write(b"\\x00\\x00\\xe0\\x40" * 8, begin)  # 7.0f, little-endian
+        """)
+    args = [daemon.socket, uid, layout.header.hex(), layout.size, layout.entries[0][3]] + names
+    p = subprocess.run([sys.executable, "-c", script] + [str(a) for a in args],
+                       env=gshm_testutil.child_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=120)
+    assert p.returncode == 0, "planting as uid %d failed: %s" % (uid, p.stderr.decode())
 
 
 def _refused(fn, *args, **kwargs):
