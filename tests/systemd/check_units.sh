@@ -3,8 +3,9 @@
 # Installs the systemd, conf and daemon parts of the build into a temporary
 # DESTDIR and checks what systemd will see: the units pass
 # `systemd-analyze verify`, gshmd.service scores an exposure level of at most
-# 2.0 in `systemd-analyze security`, and the sysusers.d/tmpfiles.d snippets
-# create group gshm and /run/gshm.
+# 2.0 in `systemd-analyze security`, gshmd reads the node's memory under the
+# unit's /proc options, and the sysusers.d/tmpfiles.d snippets create group
+# gshm and /run/gshm.
 #
 # usage: check_units.sh BUILD_DIR UNITDIR SBINDIR TMPFILESDIR SYSUSERSDIR FDSTORE_MAX
 # Exits 77 (skip) without systemd-analyze.
@@ -85,6 +86,44 @@ if [[ -z $exposure ]]; then
 elif ! awk -v e="$exposure" -v m="$max_exposure" 'BEGIN { exit !(e <= m) }'; then
   grep -a "✗" "$tmp/security.out" >&2 || true
   fail "exposure level $exposure > $max_exposure"
+fi
+
+# --- gshmd under the unit's /proc -------------------------------------------
+
+# ProtectProc= and ProcSubset= mount the unit's /proc with hidepid= and
+# subset=.  gshmd reads /proc/meminfo to refuse a host segment larger than
+# the machine (and to size pulls); under subset=pid it is gone and a 64 TiB
+# create was taken.  Root and unshare(1) only (mounting /proc).
+proc_opts=
+protect=$(sed -n 's/^ProtectProc=//p' "$service" | tail -1)
+case $protect in
+invisible | noaccess | ptraceable) proc_opts=hidepid=$protect ;;
+esac
+if [[ $(sed -n 's/^ProcSubset=//p' "$service" | tail -1) == pid ]]; then
+  proc_opts=${proc_opts:+$proc_opts,}subset=pid
+fi
+if [[ $(id -u) == 0 ]] && command -v unshare >/dev/null &&
+   unshare -m --propagation private mount -t proc -o "${proc_opts:-defaults}" proc /proc 2>/dev/null; then
+  sock=$tmp/gshmd.sock
+  # shellcheck disable=SC2016
+  unshare -m --propagation private sh -c 'mount -t proc -o "$0" proc /proc && exec "$@"' \
+    "${proc_opts:-defaults}" "$build/daemon/gshmd" --config /dev/null --backend host \
+    --socket "$sock" >"$tmp/gshmd.log" 2>&1 &
+  gshmd_pid=$!
+  for _ in $(seq 50); do
+    "$build/client/gshmctl" --socket "$sock" status >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  if out=$("$build/client/gshmctl" --socket "$sock" create systemd-units-check/big 64T \
+             --location host 2>&1); then
+    fail "under the unit's /proc (${proc_opts:-defaults}) gshmd took a 64 TiB host segment: it cannot read /proc/meminfo"
+  elif [[ $out != *"larger than this machine's memory"* ]]; then
+    fail "under the unit's /proc: the 64 TiB create was not refused for the machine's memory: $out"
+  fi
+  kill "$gshmd_pid" 2>/dev/null
+  wait "$gshmd_pid" 2>/dev/null || true
+else
+  echo "note: not root or no unshare: gshmd not run under the unit's /proc"
 fi
 
 # --- sysusers.d and tmpfiles.d -------------------------------------------------
