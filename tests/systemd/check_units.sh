@@ -3,8 +3,9 @@
 # Installs the systemd, conf and daemon parts of the build into a temporary
 # DESTDIR and checks what systemd will see: the units pass
 # `systemd-analyze verify`, gshmd.service scores an exposure level of at most
-# 2.0 in `systemd-analyze security`, gshmd reads the node's memory under the
-# unit's /proc options, and the sysusers.d/tmpfiles.d snippets create group
+# 2.0 in `systemd-analyze security`, the system calls gshmd imports pass its
+# SystemCallFilter=, gshmd reads the node's memory under the unit's /proc
+# options, and the sysusers.d/tmpfiles.d snippets create group
 # gshm and /run/gshm.
 #
 # usage: check_units.sh BUILD_DIR UNITDIR SBINDIR TMPFILESDIR SYSUSERSDIR FDSTORE_MAX
@@ -86,6 +87,43 @@ if [[ -z $exposure ]]; then
 elif ! awk -v e="$exposure" -v m="$max_exposure" 'BEGIN { exit !(e <= m) }'; then
   grep -a "✗" "$tmp/security.out" >&2 || true
   fail "exposure level $exposure > $max_exposure"
+fi
+
+# --- the system calls gshmd makes itself ------------------------------------
+
+# Every libc function gshmd imports that is also a system call's name must
+# pass the unit's SystemCallFilter= lines (the first an allow list, then ~
+# removes and a plain line adds): refused, it fails with EPERM
+# (SystemCallErrorNumber=), which nothing else reports.  mincore is in no
+# group and was refused.  Not checked: gethostname (glibc calls uname),
+# syscall(2) itself, chown (only when gshmd binds a socket of its own,
+# never under gshmd.socket).
+if command -v nm >/dev/null; then
+  systemd-analyze syscall-filter >"$tmp/groups" 2>/dev/null
+  refused=$(nm -D --undefined-only "$root$sbindir/gshmd" | awk '{ print $NF }' | sed 's/@.*//' |
+    awk -v filters="$(sed -n 's/^SystemCallFilter=//p' "$service" | tr '\n' ';')" '
+      function set(name, on,   i) {
+        if (name !~ /^@/) { allowed[name] = on; return }
+        for (i = 1; i <= n[name]; i++) set(member[name, i], on)
+      }
+      FILENAME != "-" && /^@/ { group = $1; next }
+      FILENAME != "-" && /^    [a-z_0-9@-]+$/ {
+        member[group, ++n[group]] = $1
+        if (group == "@known") known[$1] = 1
+        next
+      }
+      FILENAME != "-" { next }
+      FNR == 1 {
+        lines = split(filters, line, ";")
+        for (l = 1; l <= lines; l++) {
+          on = substr(line[l], 1, 1) != "~"
+          k = split(on ? line[l] : substr(line[l], 2), f, " ")
+          for (i = 1; i <= k; i++) set(f[i], on)
+        }
+      }
+      ($1 in known) && !allowed[$1] && $1 !~ /^(gethostname|syscall|chown)$/ { print $1 }
+    ' "$tmp/groups" - | sort -u | tr '\n' ' ')
+  [[ -z $refused ]] || fail "gshmd calls what the unit's SystemCallFilter= refuses: $refused"
 fi
 
 # --- gshmd under the unit's /proc -------------------------------------------
