@@ -62,6 +62,68 @@ def test_struct_layout_matches_header(tmp_path):
     assert got == expect
 
 
+def _ctypes_kind(t):
+    """(kind, size) of a ctypes type as a C++ check sees it: kind "void",
+    "ptr" (any pointer, callback or string) or "int" with its signedness
+    ("signed" / "unsigned")."""
+    if t is None:
+        return "void", 0
+    if (t in (ctypes.c_char_p, ctypes.c_void_p, ctypes.c_wchar_p)
+            or issubclass(t, (ctypes._Pointer, ctypes._CFuncPtr))):
+        return "ptr", ctypes.sizeof(ctypes.c_void_p)
+    return ("signed" if t(-1).value < 0 else "unsigned"), ctypes.sizeof(t)
+
+
+def test_prototypes_match_header(tmp_path):
+    """Every function _lib declares has gshm.h's arity, and each argument
+    and result its kind (pointer or integer), size and signedness: ctypes
+    trusts the declaration, and a size_t declared c_int, or an argument
+    too few, is a silent truncation or a read of garbage, not an error.
+    Checked at compile time by C++ template deduction on gshm.h itself
+    (an enum: any signedness, as C leaves it to the compiler)."""
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        pytest.skip("no C++ compiler")
+    include = os.environ.get("GSHM_INCLUDE") or os.path.join(gshm_testutil.REPO, "client", "include")
+    lines = ["#include <cstddef>", "#include <tuple>", "#include <type_traits>",
+             "#include <gshm.h>",
+             "template <class F> struct sig;",
+             "template <class R, class... A> struct sig<R (*)(A...)> {",
+             "  using ret = R; using args = std::tuple<A...>;",
+             "  static constexpr std::size_t n = sizeof...(A); };",
+             "template <class T> constexpr const char *kind() {",
+             "  if constexpr (std::is_void_v<T>) return \"void\";",
+             "  else if constexpr (std::is_pointer_v<T>) return \"ptr\";",
+             "  else if constexpr (std::is_enum_v<T>) return \"enum\";",
+             "  else return std::is_signed_v<T> ? \"signed\" : \"unsigned\"; }",
+             "template <class T> constexpr std::size_t size() {",
+             "  if constexpr (std::is_void_v<T>) return 0; else return sizeof(T); }",
+             "constexpr bool same(const char *a, const char *b) {",
+             "  return *a == *b && (!*a || same(a + 1, b + 1)); }",
+             "constexpr bool fits(const char *c, const char *py) {",
+             "  return same(c, py) || (same(c, \"enum\") && !same(py, \"ptr\") && !same(py, \"void\")); }",
+             "#define ARG(f, i) std::tuple_element_t<i, sig<decltype(&f)>::args>",
+             "#define RET(f) sig<decltype(&f)>::ret"]
+    protos = dict(_lib._PROTOTYPES)
+    protos.update(_lib._OPTIONAL_PROTOTYPES)
+    for name, (res, args) in sorted(protos.items()):
+        lines.append('static_assert(sig<decltype(&%s)>::n == %d, "%s: %d arguments in _lib");'
+                     % (name, len(args), name, len(args)))
+        for what, t, i in [("result", res, None)] + [("argument %d" % i, a, i)
+                                                      for i, a in enumerate(args)]:
+            k, n = _ctypes_kind(t)
+            ct = "RET(%s)" % name if i is None else "ARG(%s, %d)" % (name, i)
+            lines.append('static_assert(fits(kind<%s>(), "%s") && size<%s>() == %d, '
+                         '"%s: %s is %s of %d bytes in _lib");' % (ct, k, ct, n, name, what, k, n))
+    src = tmp_path / "protos.cc"
+    src.write_text("\n".join(lines) + "\n")
+    p = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-I", include, str(src)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    errors = [l for l in p.stdout.decode().splitlines() if "static assertion failed" in l
+              or "error" in l]
+    assert p.returncode == 0, "\n".join(errors[:20]) or p.stdout.decode()[-3000:]
+
+
 def test_dlpack_capsule_keeps_owner_until_consumer_lets_go():
     """The DLPack machinery on CPU memory, consumed by NumPy."""
     buf = (ctypes.c_float * 12)(*range(12))
