@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import warnings
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _lib as L
@@ -26,6 +27,20 @@ Location = Union[str, int]
 # What create and open return: HostSegment or DeviceSegment by location.
 AnySegment = Union[HostSegment, DeviceSegment]
 _Seg = TypeVar("_Seg", bound=Segment)
+
+
+def _progress_raised(raised: List[BaseException], what: str) -> None:
+    """After a pull: raises again a KeyboardInterrupt or SystemExit that its
+    progress callback caught (Ctrl-C while the pull ran: it was lost, the
+    pull carrying on and returning as if nothing happened), warns of any
+    other exception the callback raised."""
+    if not raised:
+        return
+    e = raised[0]
+    if not isinstance(e, Exception):
+        raise e
+    warnings.warn("gshm: the progress callback of the pull of %s raised %r; it was not called "
+                  "again" % (what, e), RuntimeWarning, stacklevel=3)
 
 
 def _pull_hint(rc: int, replace: bool) -> Optional[Callable[[str], str]]:
@@ -364,7 +379,12 @@ class Client(object):
         as for create).
 
         `progress(bytes_done, bytes_total, elapsed_ns)` is called about five
-        times a second meanwhile (it must not use this client).  Errors as
+        times a second meanwhile (it must not use this client).  What it
+        raises cannot stop the pull (neither can Ctrl-C: the daemons have
+        no way to be told yet): it is called no more, and once the pull has
+        ended (its segments in place) a KeyboardInterrupt or SystemExit
+        is raised again, any other exception is reported as a
+        RuntimeWarning.  Errors as
         gshm_pull: NotFound (no such peer, or nothing exported under that
         name), Exists (a local segment holds a name: pass replace=True),
         PermissionDenied, Unreachable (the peer went away; nothing is left
@@ -379,13 +399,16 @@ class Client(object):
         opts.mode = int(mode)
         opts.replace = 1 if replace else 0
         cb = None
+        raised: List[BaseException] = []
         if progress is not None:
             def _cb(pr, arg):
+                if raised:
+                    return  # (called no more once it raised)
                 try:
                     progress(pr.contents.bytes_done, pr.contents.bytes_total,
                              pr.contents.elapsed_ns)
-                except Exception:  # an exception cannot cross the C frame
-                    pass
+                except BaseException as e:  # an exception cannot cross the C frame
+                    raised.append(e)
             cb = L.PULL_PROGRESS_FN(_cb)
             opts.progress = cb
         what = "%s:%s" % (peer, name)
@@ -395,6 +418,7 @@ class Client(object):
                 rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
                 if rc < 0:
                     _raise(rc, "gshm_pull", p, what, hint=_pull_hint(rc, replace))
+            _progress_raised(raised, what)
             return PullResult._from_c(res)
         arr = ctypes.POINTER(L.PullResultC)()
         n = ctypes.c_size_t(0)
@@ -404,6 +428,7 @@ class Client(object):
             if rc < 0:
                 _raise(rc, "gshm_pull_prefix", p, what, hint=_pull_hint(rc, replace))
         try:
+            _progress_raised(raised, what)
             return [PullResult._from_c(arr[i]) for i in range(n.value)]
         finally:
             L.lib().gshm_free(ctypes.cast(arr, ctypes.c_void_p))

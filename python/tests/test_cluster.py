@@ -53,6 +53,41 @@ def test_pull(pair):
         ca.unlink("pub/py")
 
 
+def test_pull_interrupted_in_progress(pair):
+    """Ctrl-C while a pull ran raised KeyboardInterrupt inside the progress
+    callback, where ctypes printed "Exception ignored" and dropped it: the
+    pull returned as if nothing happened.  Now the interrupt is raised
+    again once the pull has ended; another exception is a warning."""
+    import signal
+    a, b = pair
+    data = os.urandom(64 * 1024 * 1024)
+    with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
+        with ca.create("pub/intr", len(data), location="host", mode=0o644) as seg:
+            memoryview(seg)[:len(data)] = data
+        calls = []
+
+        def interrupt(done, total, ns):
+            calls.append(done)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        with pytest.raises(KeyboardInterrupt):
+            cb.pull("a", "pub/intr", local_name="py/intr", progress=interrupt)
+        assert len(calls) == 1  # (not called again)
+        # the pull itself went through (the daemons cannot be told to stop)
+        with cb.open("py/intr", access="r") as seg:
+            assert bytes(memoryview(seg)[:len(data)]) == data
+        cb.unlink("py/intr")
+
+        def broken(done, total, ns):
+            raise ValueError("bad callback")
+
+        with pytest.warns(RuntimeWarning, match="bad callback"):
+            r = cb.pull("a", "pub/intr", local_name="py/intr", progress=broken)
+        assert r.bytes == len(data)
+        cb.unlink("py/intr")
+        ca.unlink("pub/intr")
+
+
 def _pty_stderr(cmd):
     """Runs cmd with its stderr on a pseudo-terminal (stdout a pipe), as
     gshmctl draws its progress bar only on a terminal.  Returns (exit
