@@ -4,6 +4,7 @@
 #define GSHM_CLIENT_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -64,6 +65,9 @@ struct gshm_client {
   /* gshm__request's last request went out whole, its reply was lost with
    * the connection, and it was sent again: the first may have been done */
   bool resent_after_loss;
+  /* gshm_pull_cancel asked (any thread, no lock): the pull in flight sends
+   * PULL_CANCEL at its next progress reply */
+  atomic_bool pull_cancel;
   uint8_t rx[GSHM_WIRE_MAX_PACKET + 1];
 };
 

@@ -240,6 +240,25 @@ static int result_take(struct pulled *pd, const Gshm__PullResult *r, bool prefix
   return 0;
 }
 
+/* Sends PULL_CANCEL for the PULL in flight (c->next_request, as
+ * gshm__request_more reads it) with request id 0: no reply of its own;
+ * the PULL's own answer says how it ended.  A failed send is the
+ * connection's end, which the next read sees.  Caller holds c->lock. */
+static void send_cancel(gshm_client_t *c) {
+  Gshm__PullCancel m = GSHM__PULL_CANCEL__INIT;
+
+  m.request_id = c->next_request;
+  if (c->fd >= 0)
+    (void)gshm__wire_send(c->fd, GSHM_WIRE_PULL_CANCEL, 0, &m.base, -1);
+}
+
+int gshm_pull_cancel(gshm_client_t *c) {
+  if (!c)
+    return -EINVAL;
+  atomic_store(&c->pull_cancel, true);
+  return 0;
+}
+
 /* One PULL request: progress replies, then (a set) pull_items pages, then
  * the result.  *results_out (malloc'ed) gets one entry per segment. */
 static int pull_request(gshm_client_t *c, const char *peer, const char *name, bool prefix,
@@ -269,6 +288,7 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
   }
   if ((e = gshm__client_lock(c)))
     return e;
+  atomic_store(&c->pull_cancel, false); /* (a cancel asked before this pull is not for it) */
   e = gshm__request(c, GSHM_WIRE_PULL, &m.base, &reply, NULL);
   while (!e) {
     if (reply->body_case == GSHM__REPLY__BODY_PULL_PROGRESS) {
@@ -280,6 +300,8 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
                                  .segments_total = prefix ? p->segments_total : 1};
       if (opts && opts->progress)
         opts->progress(&pr, opts->progress_arg);
+      if (atomic_exchange(&c->pull_cancel, false))
+        send_cancel(c);
     } else if (prefix && reply->body_case == GSHM__REPLY__BODY_PULL_ITEMS) {
       if ((e = add_items(&pd, reply->pull_items, &m)))
         break;

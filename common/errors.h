@@ -46,7 +46,8 @@
   X(EREMOTEIO, "gshmd failed (its message says why)")                              \
   X(ECHILD, "made before this process forked: connect again here (CUDA: not after a fork)") \
   X(ENOBUFS, "the text did not fit the buffer")                                   \
-  X(E2BIG, "too many segments for one request")
+  X(E2BIG, "too many segments for one request")                                    \
+  X(ECANCELED, "canceled (gshm_pull_cancel)")
 
 /* libgshm's gshm_last_error() when the connection to gshmd itself was
  * lost (no answer of gshmd's to show): gshmctl tells it from an answer. */

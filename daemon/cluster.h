@@ -118,6 +118,13 @@ int gshmd_cluster_handle_pull(struct gshmd_cluster *cl, struct gshmd_client *c,
                               uint32_t request_id, const Gshm__PullRequest *m,
                               const char **msg_out);
 
+/* Client c's PULL of request_id fails with -ECANCELED (its requester asked:
+ * PULL_CANCEL), leaving nothing, as when c goes away; its error is c's
+ * answer to the PULL.  0, or -ENOENT: no pull of c's in flight has that
+ * request id (it ended meanwhile), or cl is NULL. */
+int gshmd_cluster_pull_cancel(struct gshmd_cluster *cl, struct gshmd_client *c,
+                              uint32_t request_id);
+
 /* A local client is going away: its pending remote lists are dropped and
  * its pulls fail (the partial segments are removed).  Accepts cl NULL. */
 void gshmd_cluster_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);

@@ -43,6 +43,7 @@ static const char *const op_names[GSHM_WIRE_TYPE_MAX + 1] = {
     [GSHM_WIRE_PEERS] = "peers",
     [GSHM_WIRE_REMOTE_LIST] = "remote_list",
     [GSHM_WIRE_PULL] = "pull",
+    [GSHM_WIRE_PULL_CANCEL] = "pull_cancel",
 };
 
 /* Status label: the enum's name without its prefix, lowercase. */

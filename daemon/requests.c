@@ -512,6 +512,10 @@ static int handle_pull(struct req *q, Gshm__PullRequest *m) {
   return e ? set_error(q, e, msg) : 0;
 }
 
+static int handle_pull_cancel(struct req *q, Gshm__PullCancel *m) {
+  return gshmd_cluster_pull_cancel(q->c->srv->cluster, q->c->client, m->request_id);
+}
+
 static int handle_metrics(struct req *q) {
   char *text = NULL;
   int e = gshmd_metrics_render(q->c->srv, &text);
@@ -609,6 +613,7 @@ static int request_dispatch(struct req *q) {
   case GSHM_WIRE_REMOTE_LIST:
     DISPATCH(Gshm__RemoteListRequest, remote_list_request, handle_remote_list);
   case GSHM_WIRE_PULL: DISPATCH(Gshm__PullRequest, pull_request, handle_pull);
+  case GSHM_WIRE_PULL_CANCEL: DISPATCH(Gshm__PullCancel, pull_cancel, handle_pull_cancel);
   }
   return 0;
 }
@@ -669,9 +674,12 @@ void gshmd_request_handle(struct conn *c, const uint8_t *pkt, size_t len) {
   else if (reply.status == GSHM__STATUS__STATUS_UNSPECIFIED)
     set_error(&q, err, NULL);
   status = reply.status;
-  /* A mapping report with request id 0 wants no reply (libgshm sends it
-   * without waiting, to keep a round trip off every first map). */
-  if (!(hdr.type == GSHM_WIRE_MAP_REPORT && hdr.request_id == 0) && !q.deferred)
+  /* A mapping report or a pull's cancel with request id 0 wants no reply
+   * (libgshm sends them without waiting: a first map's round trip; a
+   * cancel sent while it reads its pull's replies). */
+  if (!((hdr.type == GSHM_WIRE_MAP_REPORT || hdr.type == GSHM_WIRE_PULL_CANCEL) &&
+        hdr.request_id == 0) &&
+      !q.deferred)
     status = reply_send(&q, &hdr);
   if ((counter = gshmd_server_requests(s, hdr.type, (unsigned)status)))
     (*counter)++;

@@ -142,6 +142,7 @@ int gshm__wire_parse_header(const void *pkt, size_t len, struct gshm_wire_header
   X(GSHM__STATUS__STATUS_PEER_LOST, ECONNRESET)      \
   X(GSHM__STATUS__STATUS_TIMED_OUT, ETIMEDOUT)      \
   X(GSHM__STATUS__STATUS_TOO_MANY, E2BIG)            \
+  X(GSHM__STATUS__STATUS_CANCELED, ECANCELED)        \
   X(GSHM__STATUS__STATUS_INTERNAL, EREMOTEIO)
 
 int gshm__status_to_errno(int status) {

@@ -46,7 +46,8 @@ enum gshm_wire_type {
   GSHM_WIRE_PEERS = 17,        /* PeersRequest -> Reply{cluster_peers}, paged */
   GSHM_WIRE_REMOTE_LIST = 18,  /* RemoteListRequest -> Reply{segments} */
   GSHM_WIRE_PULL = 19,         /* PullRequest -> Reply{pull_progress}*, Reply{pull_result} */
-  GSHM_WIRE_TYPE_MAX = 19,
+  GSHM_WIRE_PULL_CANCEL = 20,  /* PullCancel -> Reply{}; none when request_id is 0 */
+  GSHM_WIRE_TYPE_MAX = 20,
   GSHM_WIRE_EVENT = 0x4000,    /* Event, daemon -> client, unasked */
   GSHM_WIRE_REPLY = 0x8000,
 };

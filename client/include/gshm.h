@@ -465,6 +465,18 @@ GSHM_EXTERN int gshm_cluster_pulls(gshm_client_t *client, gshm_cluster_pull_t **
 GSHM_EXTERN int gshm_cluster_pulls_counted(gshm_client_t *client, gshm_cluster_pull_t **pulls_out,
                                            size_t *count_out, uint64_t *total_out);
 
+/* Asks the daemon to stop client's pull in flight (gshm_pull or
+ * gshm_pull_prefix on any thread): callable from its progress callback,
+ * from another thread, or from a signal handler (it only sets a flag,
+ * lock-free).  The pull sends the request at its next progress report
+ * (about five times a second once bytes flow; none while the peer is still
+ * being reached or a set listed) and then fails with -ECANCELED, leaving
+ * nothing behind, as when the requester goes away; a pull that ended
+ * meanwhile keeps its result.  The flag is cleared when a pull starts: a
+ * cancel with no pull in flight is for none.  Returns 0, or -EINVAL
+ * for a NULL client. */
+GSHM_EXTERN int gshm_pull_cancel(gshm_client_t *client);
+
 /* Lists the segments that peer exports, as gshm_list (id, generation,
  * name, sizes, location and created_ns are the peer's; uid, gid and mode
  * are 0): the segments the peer's cluster.export rules let peers read.

@@ -239,7 +239,12 @@ void gshmd_cluster_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c)
     }
   }
   gshmd__peers_client_gone(cl, c);
-  gshmd__pull_client_gone(cl, c);
+  gshmd__pull_cancel(cl, c, NULL);
+}
+
+int gshmd_cluster_pull_cancel(struct gshmd_cluster *cl, struct gshmd_client *c,
+                              uint32_t request_id) {
+  return cl ? gshmd__pull_cancel(cl, c, &request_id) : -ENOENT;
 }
 
 /* ---- metrics ---------------------------------------------------------- */

@@ -205,7 +205,10 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
  * -ECONNRESET (a lost peer), and a message that says why. */
 void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l, int err, const char *why);
 /* Pulls of client c fail (it went away). */
-void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c);
+/* Fails c's pulls in flight (-ECANCELED): every one, c gone (request_id
+ * NULL: none is answered), or the one of *request_id, answered with the
+ * error once it has let go of what it holds.  0, or -ENOENT: none. */
+int gshmd__pull_cancel(struct gshmd_cluster *cl, struct gshmd_client *c, const uint32_t *request_id);
 /* Finishes pulls that are done or failed and have nothing in flight (run
  * outside UCX callbacks). */
 void gshmd__pull_reap(struct gshmd_cluster *cl);

@@ -643,15 +643,20 @@ void gshmd__pull_reap(struct gshmd_cluster *cl) {
   gshmd__relay_poll(cl); /* Lists that waited for a set's listing */
 }
 
-void gshmd__pull_client_gone(struct gshmd_cluster *cl, struct gshmd_client *c) {
+int gshmd__pull_cancel(struct gshmd_cluster *cl, struct gshmd_client *c, const uint32_t *request_id) {
   struct gshm_list *pos;
+  int e = -ENOENT;
   gshm_list_foreach(pos, &cl->pulls) {
     struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
-    if (s->requester == c) {
-      s->requester = NULL;
-      gshmd__pull_set_fail_here(s, -ECANCELED, "the requesting client went away");
-    }
+    if (s->requester != c || (request_id && (s->request_id != *request_id || s->err)))
+      continue;
+    if (!request_id)
+      s->requester = NULL; /* gone: nobody to answer */
+    gshmd__pull_set_fail_here(s, -ECANCELED, "%s", request_id ? "cancelled by its requester"
+                                                               : "the requesting client went away");
+    e = 0;
   }
+  return e;
 }
 
 void gshmd__pull_stop_all(struct gshmd_cluster *cl) {

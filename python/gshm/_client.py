@@ -29,6 +29,22 @@ AnySegment = Union[HostSegment, DeviceSegment]
 _Seg = TypeVar("_Seg", bound=Segment)
 
 
+def _cancel_pull(client_ptr: int) -> None:
+    """gshm_pull_cancel: the pull on client_ptr stops at its next report
+    (nothing where libgshm predates it: the pull then runs to its end)."""
+    try:
+        _optional("gshm_pull_cancel")(client_ptr)
+    except NotImplementedError:
+        pass
+
+
+def _progress_interrupted(raised: List[BaseException]) -> None:
+    """Raises again the KeyboardInterrupt or SystemExit the progress
+    callback caught, whatever the pull's own result (its cancel's error)."""
+    if raised and not isinstance(raised[0], Exception):
+        raise raised[0]
+
+
 def _progress_raised(raised: List[BaseException], what: str) -> None:
     """After a pull: raises again a KeyboardInterrupt or SystemExit that its
     progress callback caught (Ctrl-C while the pull ran: it was lost, the
@@ -379,12 +395,13 @@ class Client(object):
         as for create).
 
         `progress(bytes_done, bytes_total, elapsed_ns)` is called about five
-        times a second meanwhile (it must not use this client).  What it
-        raises cannot stop the pull (neither can Ctrl-C: the daemons have
-        no way to be told yet): it is called no more, and once the pull has
-        ended (its segments in place) a KeyboardInterrupt or SystemExit
-        is raised again, any other exception is reported as a
-        RuntimeWarning.  Errors as
+        times a second meanwhile (it must not use this client).  Once it
+        raised it is called no more.  A KeyboardInterrupt or SystemExit
+        (Ctrl-C while the pull runs: Python delivers it in the callback)
+        cancels the pull (gshm_pull_cancel: nothing is left behind, unless
+        it ended meanwhile) and is raised again; any other exception is
+        reported as a RuntimeWarning once the pull has ended.  Without a
+        callback Ctrl-C waits for the pull's end.  Errors as
         gshm_pull: NotFound (no such peer, or nothing exported under that
         name), Exists (a local segment holds a name: pass replace=True),
         PermissionDenied, Unreachable (the peer went away; nothing is left
@@ -400,6 +417,7 @@ class Client(object):
         opts.replace = 1 if replace else 0
         cb = None
         raised: List[BaseException] = []
+        calling: List[int] = []  # the C client while the pull runs
         if progress is not None:
             def _cb(pr, arg):
                 if raised:
@@ -409,13 +427,17 @@ class Client(object):
                              pr.contents.elapsed_ns)
                 except BaseException as e:  # an exception cannot cross the C frame
                     raised.append(e)
+                    if not isinstance(e, Exception) and calling:
+                        _cancel_pull(calling[0])  # Ctrl-C: the pull stops
             cb = L.PULL_PROGRESS_FN(_cb)
             opts.progress = cb
         what = "%s:%s" % (peer, name)
         if not prefix:
             res = L.PullResultC()
             with self._use() as p:
+                calling.append(p)
                 rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
+                _progress_interrupted(raised)
                 if rc < 0:
                     _raise(rc, "gshm_pull", p, what, hint=_pull_hint(rc, replace))
             _progress_raised(raised, what)
@@ -423,9 +445,11 @@ class Client(object):
         arr = ctypes.POINTER(L.PullResultC)()
         n = ctypes.c_size_t(0)
         with self._use() as p:
+            calling.append(p)
             rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(arr),
                     ctypes.byref(n))
             if rc < 0:
+                _progress_interrupted(raised)
                 _raise(rc, "gshm_pull_prefix", p, what, hint=_pull_hint(rc, replace))
         try:
             _progress_raised(raised, what)

@@ -303,6 +303,7 @@ _OPTIONAL_PROTOTYPES = {
                          ctypes.POINTER(PullResultC)]),
     "gshm_pull_prefix": (_int, [_vp, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(PullOptsC),
                                 ctypes.POINTER(ctypes.POINTER(PullResultC)), _size_p]),
+    "gshm_pull_cancel": (_int, [_vp]),
     # the PyTorch pool of issue 14 (client/torch_alloc.c)
     "gshm_pool_create": (_int, [_vp, ctypes.POINTER(PoolConfigC), ctypes.POINTER(_vp)]),
     "gshm_pool_activate": (_vp, [_vp]),
