@@ -113,8 +113,11 @@ has err "gshmctl: unknown option '--frobnicate'"
 
 # item 6: no "<6>" syslog prefix when stderr is a terminal (script gives one)
 if command -v script >/dev/null; then
-  script -qec "'$gshmd' --socket '$dir/t' --log-level 6 & sleep 0.5; kill \$!" \
-    /dev/null >"$dir/tty" 2>&1
+  # (killed once it answers, not after a fixed 0.5 s: under ASan on a
+  # busy 2-CPU CI machine gshmd had not logged "listening" by then)
+  script -qec "'$gshmd' --socket '$dir/t' --log-level 6 & p=\$!
+    for i in \$(seq 200); do '$ctl' --socket '$dir/t' status >/dev/null 2>&1 && break; sleep 0.05; done
+    kill \$p; wait \$p" /dev/null >"$dir/tty" 2>&1
   grep -q "gshmd: listening" "$dir/tty" || fail "no log line on the terminal: $(cat "$dir/tty")"
   grep -q "<6>" "$dir/tty" && fail "the <6> prefix reached a terminal: $(cat "$dir/tty")"
   # and without a GPU (backend auto), gshmd says what is missing, not an errno
