@@ -204,7 +204,6 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
  * they fail, with -ETIMEDOUT or -EPROTO where err is that, else
  * -ECONNRESET (a lost peer), and a message that says why. */
 void gshmd__pull_link_lost(struct gshmd_cluster *cl, struct link *l, int err, const char *why);
-/* Pulls of client c fail (it went away). */
 /* Fails c's pulls in flight (-ECANCELED): every one, c gone (request_id
  * NULL: none is answered), or the one of *request_id, answered with the
  * error once it has let go of what it holds.  0, or -ENOENT: none. */
