@@ -46,17 +46,12 @@ def _progress_interrupted(raised: List[BaseException]) -> None:
 
 
 def _progress_raised(raised: List[BaseException], what: str) -> None:
-    """After a pull: raises again a KeyboardInterrupt or SystemExit that its
-    progress callback caught (Ctrl-C while the pull ran: it was lost, the
-    pull carrying on and returning as if nothing happened), warns of any
-    other exception the callback raised."""
-    if not raised:
-        return
-    e = raised[0]
-    if not isinstance(e, Exception):
-        raise e
-    warnings.warn("gshm: the progress callback of the pull of %s raised %r; it was not called "
-                  "again" % (what, e), RuntimeWarning, stacklevel=3)
+    """After a pull: _progress_interrupted, else warns of the exception the
+    progress callback raised, if any."""
+    _progress_interrupted(raised)
+    if raised:
+        warnings.warn("gshm: the progress callback of the pull of %s raised %r; it was not called "
+                      "again" % (what, raised[0]), RuntimeWarning, stacklevel=3)
 
 
 def _pull_hint(rc: int, replace: bool) -> Optional[Callable[[str], str]]:
