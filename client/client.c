@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,12 +140,48 @@ static void apply_event(struct gshm_client *c, const uint8_t *body, size_t len) 
   gshm__event__free_unpacked(ev, NULL);
 }
 
+/* Sends PULL_CANCEL for the PULL of request pull_id with request id 0:
+ * no reply of its own; the PULL's own answer says how it ended.  A failed
+ * send is the connection's end, which the wait sees next. */
+static void send_pull_cancel(struct gshm_client *c, uint32_t pull_id) {
+  Gshm__PullCancel m = GSHM__PULL_CANCEL__INIT;
+
+  m.request_id = pull_id;
+  (void)gshm__wire_send(c->fd, GSHM_WIRE_PULL_CANCEL, 0, &m.base, -1);
+}
+
+/* The wait of PULL pull_id for its next packet (struct gshm__pull_wait): poll(2)
+ * in steps of GSHM_PULL_WAKE_MS, sending the cancel gshm_pull_cancel asked
+ * for before each step, and calling on_signal when a signal cut one short
+ * (poll is never restarted after a handler: signal(7)).  Returns 0 once
+ * c->fd is readable (or hung up: the read then says so), or -errno of a
+ * failed poll. */
+static int pull_wait_readable(struct gshm_client *c, uint32_t pull_id) {
+  for (;;) {
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    int r;
+
+    if (atomic_exchange(&c->pull_cancel, false))
+      send_pull_cancel(c, pull_id);
+    r = poll(&p, 1, GSHM_PULL_WAKE_MS);
+    if (r > 0)
+      return 0;
+    if (r < 0 && errno != EINTR)
+      return -errno;
+    if (r < 0 && c->pull_wait->on_signal)
+      c->pull_wait->on_signal(c->pull_wait->arg);
+  }
+}
+
 /* Receives one packet: a blocking recvmsg, after polling for up to
  * c->poll_ns.  gshmd answers most requests in a few microseconds; a thread
  * that sleeps in recvmsg pays the scheduler's wake-up on top, a large part
- * of an open (docs/PERFORMANCE.md, Attach).  Returns what gshm__wire_recv
- * does. */
-static ssize_t recv_polling(struct gshm_client *c, int *fds, int *nfds) {
+ * of an open (docs/PERFORMANCE.md, Attach).  pull_id, not 0: the PULL
+ * whose replies this waits for, which waits through pull_wait_readable.
+ * Returns what gshm__wire_recv does, or a failed poll's -errno. */
+static ssize_t recv_polling(struct gshm_client *c, int *fds, int *nfds, uint32_t pull_id) {
+  int e;
+
   if (c->poll_ns > 0) {
     int64_t deadline = gshm__now_ns(CLOCK_MONOTONIC) + c->poll_ns;
     do {
@@ -153,6 +190,8 @@ static ssize_t recv_polling(struct gshm_client *c, int *fds, int *nfds) {
         return n;
     } while (gshm__now_ns(CLOCK_MONOTONIC) < deadline);
   }
+  if (pull_id && (e = pull_wait_readable(c, pull_id)))
+    return e;
   return gshm__wire_recv(c->fd, c->rx, sizeof(c->rx), fds, 4, nfds, 0);
 }
 
@@ -169,7 +208,8 @@ static int read_reply(struct gshm_client *c, uint32_t request_id, uint16_t type,
 
     /* dontwait: only what is already queued (events), one syscall. */
     n = flags_dontwait ? gshm__wire_recv(c->fd, c->rx, sizeof(c->rx), fds, 4, &nfds, MSG_DONTWAIT)
-                       : recv_polling(c, fds, &nfds);
+                       : recv_polling(c, fds, &nfds,
+                                      c->pull_wait && type == GSHM_WIRE_PULL ? request_id : 0);
     if (n <= 0)
       e = n == 0 ? -ECONNRESET : (int)n;
     else if (gshm__wire_parse_header(c->rx, (size_t)n, &h) || h.major != GSHM_PROTO_MAJOR)

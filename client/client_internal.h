@@ -15,6 +15,23 @@
 
 struct gshm__lease;
 
+/* A pull waiting for its replies (cluster.c's pull_request sets
+ * gshm_client.pull_wait under the client's lock for the pull's whole
+ * wait): read_reply then waits in steps of GSHM_PULL_WAKE_MS, and at each
+ * step, and at once when a signal interrupts the wait, sends the
+ * PULL_CANCEL that gshm_pull_cancel asked for; a signal also calls
+ * on_signal (the pull's progress callback, with the last report's
+ * figures again), so that a runtime whose signal handlers run only in its
+ * own code (Python's KeyboardInterrupt) gets to run them. */
+struct gshm__pull_wait {
+  void (*on_signal)(void *arg); /* NULL: none */
+  void *arg;
+};
+
+/* How often a waiting pull looks at its cancel flag, in milliseconds:
+ * short enough for a person's Ctrl-C, one poll(2) a step. */
+#define GSHM_PULL_WAKE_MS 100
+
 /* One daemon lease held by this client connection.  gshm_open() of a name
  * this client already holds (same id and generation, enough access, name
  * not unlinked since) shares it: a cached re-open costs no round trip and
@@ -66,8 +83,9 @@ struct gshm_client {
    * the connection, and it was sent again: the first may have been done */
   bool resent_after_loss;
   /* gshm_pull_cancel asked (any thread, no lock): the pull in flight sends
-   * PULL_CANCEL at its next progress reply */
+   * PULL_CANCEL within GSHM_PULL_WAKE_MS (struct gshm__pull_wait) */
   atomic_bool pull_cancel;
+  struct gshm__pull_wait *pull_wait; /* the pull in flight's (NULL: none); under lock */
   uint8_t rx[GSHM_WIRE_MAX_PACKET + 1];
 };
 

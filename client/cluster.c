@@ -240,23 +240,23 @@ static int result_take(struct pulled *pd, const Gshm__PullResult *r, bool prefix
   return 0;
 }
 
-/* Sends PULL_CANCEL for the PULL in flight (c->next_request, as
- * gshm__request_more reads it) with request id 0: no reply of its own;
- * the PULL's own answer says how it ended.  A failed send is the
- * connection's end, which the next read sees.  Caller holds c->lock. */
-static void send_cancel(gshm_client_t *c) {
-  Gshm__PullCancel m = GSHM__PULL_CANCEL__INIT;
-
-  m.request_id = c->next_request;
-  if (c->fd >= 0)
-    (void)gshm__wire_send(c->fd, GSHM_WIRE_PULL_CANCEL, 0, &m.base, -1);
-}
-
 int gshm_pull_cancel(gshm_client_t *c) {
   if (!c)
     return -EINVAL;
   atomic_store(&c->pull_cancel, true);
   return 0;
+}
+
+/* The pull's progress callback again, with the last report's figures,
+ * when a signal cut its wait short (struct gshm__pull_wait). */
+struct pull_signal {
+  const gshm_pull_opts_t *opts;
+  gshm_pull_progress_t last;
+};
+
+static void pull_on_signal(void *arg) {
+  struct pull_signal *ps = arg;
+  ps->opts->progress(&ps->last, ps->opts->progress_arg);
 }
 
 /* One PULL request: progress replies, then (a set) pull_items pages, then
@@ -267,6 +267,9 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
   Gshm__PullRequest m = GSHM__PULL_REQUEST__INIT;
   Gshm__Reply *reply = NULL;
   struct pulled pd = {0};
+  struct pull_signal ps = {.opts = opts, .last.segments_total = prefix ? 0 : 1};
+  struct gshm__pull_wait wait = {.on_signal = opts && opts->progress ? pull_on_signal : NULL,
+                                 .arg = &ps};
   uint8_t token[GSHM_PULL_TOKEN_BYTES];
   int e;
 
@@ -289,19 +292,18 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
   if ((e = gshm__client_lock(c)))
     return e;
   atomic_store(&c->pull_cancel, false); /* (a cancel asked before this pull is not for it) */
+  c->pull_wait = &wait;
   e = gshm__request(c, GSHM_WIRE_PULL, &m.base, &reply, NULL);
   while (!e) {
     if (reply->body_case == GSHM__REPLY__BODY_PULL_PROGRESS) {
       const Gshm__PullProgress *p = reply->pull_progress;
-      gshm_pull_progress_t pr = {.bytes_done = p->bytes_done,
-                                 .bytes_total = p->bytes_total,
-                                 .elapsed_ns = p->elapsed_ns,
-                                 .segments_done = p->segments_done,
-                                 .segments_total = prefix ? p->segments_total : 1};
+      ps.last = (gshm_pull_progress_t){.bytes_done = p->bytes_done,
+                                       .bytes_total = p->bytes_total,
+                                       .elapsed_ns = p->elapsed_ns,
+                                       .segments_done = p->segments_done,
+                                       .segments_total = prefix ? p->segments_total : 1};
       if (opts && opts->progress)
-        opts->progress(&pr, opts->progress_arg);
-      if (atomic_exchange(&c->pull_cancel, false))
-        send_cancel(c);
+        opts->progress(&ps.last, opts->progress_arg);
     } else if (prefix && reply->body_case == GSHM__REPLY__BODY_PULL_ITEMS) {
       if ((e = add_items(&pd, reply->pull_items, &m)))
         break;
@@ -316,6 +318,7 @@ static int pull_request(gshm_client_t *c, const char *peer, const char *name, bo
     reply = NULL;
     e = gshm__request_more(c, GSHM_WIRE_PULL, &reply);
   }
+  c->pull_wait = NULL;
   pthread_mutex_unlock(&c->lock);
   if (reply)
     gshm__reply__free_unpacked(reply, NULL);

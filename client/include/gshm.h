@@ -468,11 +468,11 @@ GSHM_EXTERN int gshm_cluster_pulls_counted(gshm_client_t *client, gshm_cluster_p
 /* Asks the daemon to stop client's pull in flight (gshm_pull or
  * gshm_pull_prefix on any thread): callable from its progress callback,
  * from another thread, or from a signal handler (it only sets a flag,
- * lock-free).  The pull sends the request at its next progress report
- * (about five times a second once bytes flow; none while the peer is still
- * being reached or a set listed) and then fails with -ECANCELED, leaving
- * nothing behind, as when the requester goes away; a pull that ended
- * meanwhile keeps its result.  The flag is cleared when a pull starts: a
+ * lock-free).  The waiting pull sends the request within 100 ms
+ * (GSHM_PULL_WAKE_MS; at once from a handler of a signal that reached its
+ * thread), also while the peer is still being reached or a set listed,
+ * and then fails with -ECANCELED, leaving nothing behind, as when the
+ * requester goes away; a pull that ended meanwhile keeps its result.  The flag is cleared when a pull starts: a
  * cancel with no pull in flight is for none.  Returns 0, or -EINVAL
  * for a NULL client. */
 GSHM_EXTERN int gshm_pull_cancel(gshm_client_t *client);
@@ -509,7 +509,11 @@ typedef struct gshm_pull_opts {
                                       for a device one */
   uint32_t mode;                   /* permission bits of the new segment; 0: 0600 */
   gshm_pull_progress_fn progress;  /* NULL: none; called on the calling thread while the
-                                      client is busy: it must not use the client */
+                                      client is busy: it must not use the client.  Also
+                                      called when a signal handler ran on that thread
+                                      while the pull waited, with the last report's
+                                      figures again (all 0 before the first): where a
+                                      runtime runs its signal handlers (Python) */
   void *progress_arg;
   int replace;                     /* 1: a local segment that holds a new name is unlinked
                                       in the step that publishes the new one (its holders

@@ -1449,6 +1449,82 @@ static void test_pull_cancelled(void **state) {
   gshm_disconnect(a);
 }
 
+/* A pull of B's from "e" (which never answers), cancelled while B still
+ * reaches it: by a thread's gshm_pull_cancel, or by a SIGUSR1 handler on
+ * the pulling thread. */
+struct reaching {
+  pthread_t t;
+  gshm_client_t *c;
+  int err;
+  int64_t end_ns;
+};
+
+static gshm_client_t *signal_client; /* cancel_on_signal's */
+
+static void cancel_on_signal(int sig) {
+  (void)sig;
+  (void)gshm_pull_cancel(signal_client);
+}
+
+static void *reaching_thread(void *arg) {
+  struct reaching *r = arg;
+  gshm_pull_opts_t po = {.mode = 0644};
+  gshm_pull_result_t *v = NULL;
+  size_t n = 0;
+
+  r->err = gshm_pull_prefix(r->c, "e", "fan/rch/", &po, &v, &n);
+  r->end_ns = gshm__now_ns(CLOCK_MONOTONIC);
+  gshm_free(v);
+  return NULL;
+}
+
+/* Starts B's pull from "e", waits until B shows it, cancels it (by_signal:
+ * SIGUSR1 to the pulling thread, whose handler asks; else this thread
+ * asks) and returns the milliseconds from the cancel to the pull's end,
+ * which must have failed -ECANCELED with nothing left in flight on B. */
+static long cancel_reaching(gshm_client_t *b, bool by_signal) {
+  struct reaching r = {.c = b};
+  int64_t t0;
+
+  silent_drop(); /* (a hello to e under way ends: this pull starts its own) */
+  wait_peer_down(&B, "e");
+  assert_int_equal(pthread_create(&r.t, NULL, reaching_thread, &r), 0);
+  assert_true(wait_pull_listed(&B, -1) >= 0);
+  usleep(300000); /* (well into its wait: not a cancel asked before it began) */
+  t0 = gshm__now_ns(CLOCK_MONOTONIC);
+  if (by_signal)
+    assert_int_equal(pthread_kill(r.t, SIGUSR1), 0);
+  else
+    assert_int_equal(gshm_pull_cancel(b), 0);
+  assert_int_equal(pthread_join(r.t, NULL), 0);
+  print_message("%s cancel: %d (%s) after %.1f ms\n", by_signal ? "signal" : "thread", r.err,
+                gshm_strerror(r.err), (double)(r.end_ns - t0) / 1e6);
+  assert_int_equal(r.err, -ECANCELED);
+  assert_false(pull_in_flight(&B));
+  return (long)((r.end_ns - t0) / 1000000);
+}
+
+/* gshm_pull_cancel of a pull that has not reached its peer yet (no
+ * progress report comes before the first bytes): it ends -ECANCELED
+ * well before the hello to the peer would time out (5 s), from another
+ * thread or from a signal handler (sigaction without SA_RESTART, as
+ * Python's).  Before: the cancel waited for a progress report, and the
+ * pull failed with the hello's own error after 5 s. */
+static void test_pull_cancelled_reaching(void **state) {
+  struct sigaction sa = {.sa_handler = cancel_on_signal}, old;
+  gshm_client_t *b = connect_to(&B);
+  (void)state;
+
+  signal_client = b;
+  assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+  assert_true(cancel_reaching(b, false) < 2000);
+  assert_true(cancel_reaching(b, true) < 2000);
+  assert_int_equal(sigaction(SIGUSR1, &old, NULL), 0);
+  assert_int_equal(count_named(b, "fan/rch/"), 0);
+  silent_drop();
+  gshm_disconnect(b);
+}
+
 /* After every test, failed or not: a node a test stopped (SIGSTOP) goes
  * on, so a failed assert leaves the next tests a node that answers (a
  * stopped A made every later test fail or wait on it). */
@@ -1478,6 +1554,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_listing_waits, cont_all),
       cmocka_unit_test_teardown(test_pulls_counted, cont_all),
       cmocka_unit_test_teardown(test_pull_cancelled, cont_all),
+      cmocka_unit_test_teardown(test_pull_cancelled_reaching, cont_all),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
