@@ -9,7 +9,9 @@ import ctypes
 import errno
 import os
 import warnings
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+from types import FrameType
+from typing import (Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union,
+                    cast)
 
 from . import _lib as L
 from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _count, _dec, _enc,
@@ -38,17 +40,56 @@ def _cancel_pull(client_ptr: int) -> None:
         pass
 
 
-def _progress_interrupted(raised: List[BaseException]) -> None:
-    """Raises again the KeyboardInterrupt or SystemExit the progress
-    callback caught, whatever the pull's own result (its cancel's error)."""
+@contextlib.contextmanager
+def _cancel_on_sigint(calling: List[int], interrupted: List[BaseException]) -> Iterator[None]:
+    """While a pull runs on the main thread: SIGINT's Python handler is
+    wrapped so that whatever it raises (KeyboardInterrupt, by default)
+    cancels the pull and is kept in `interrupted` (raised again once the
+    pull has returned) instead of escaping the ctypes callback where Python runs
+    handlers during a pull (at the callback's first line, before any
+    try: ctypes would print "Exception ignored" and drop it).  Elsewhere
+    (another thread, a handler that is SIG_DFL or SIG_IGN), nothing."""
+    import signal
+    import threading
+    old = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(old):
+        yield
+        return
+
+    prev = cast(Callable[[int, Optional[FrameType]], object], old)
+
+    def handler(signum: int, frame: Optional[FrameType]) -> None:
+        try:
+            prev(signum, frame)
+        except BaseException as e:
+            interrupted.append(e)
+            if calling:
+                _cancel_pull(calling[0])
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _progress_interrupted(raised: List[BaseException],
+                          interrupted: Sequence[BaseException] = ()) -> None:
+    """Raises again what a SIGINT handler raised during the pull
+    (`interrupted`, from _cancel_on_sigint), else the KeyboardInterrupt or
+    SystemExit the progress callback caught, whatever the pull's own result
+    (its cancel's error)."""
+    if interrupted:
+        raise interrupted[0]
     if raised and not isinstance(raised[0], Exception):
         raise raised[0]
 
 
-def _progress_raised(raised: List[BaseException], what: str) -> None:
+def _progress_raised(raised: List[BaseException], what: str,
+                     interrupted: Sequence[BaseException] = ()) -> None:
     """After a pull: _progress_interrupted, else warns of the exception the
     progress callback raised, if any."""
-    _progress_interrupted(raised)
+    _progress_interrupted(raised, interrupted)
     if raised:
         warnings.warn("gshm: the progress callback of the pull of %s raised %r; it was not called "
                       "again" % (what, raised[0]), RuntimeWarning, stacklevel=3)
@@ -391,12 +432,12 @@ class Client(object):
 
         `progress(bytes_done, bytes_total, elapsed_ns)` is called about five
         times a second meanwhile (it must not use this client).  Once it
-        raised it is called no more.  A KeyboardInterrupt or SystemExit
-        (Ctrl-C while the pull runs: Python delivers it in the callback)
-        cancels the pull (gshm_pull_cancel: nothing is left behind, unless
-        it ended meanwhile) and is raised again; any other exception is
-        reported as a RuntimeWarning once the pull has ended.  Without a
-        callback Ctrl-C waits for the pull's end.  Errors as
+        raised it is called no more; any exception but a KeyboardInterrupt
+        or SystemExit is reported as a RuntimeWarning once the pull has
+        ended.  Ctrl-C while the pull runs (with or without a callback, the
+        peer still being reached included) cancels the pull within about
+        0.1 s (gshm_pull_cancel: nothing is left behind, unless it ended
+        meanwhile) and KeyboardInterrupt is raised.  Errors as
         gshm_pull: NotFound (no such peer, or nothing exported under that
         name), Exists (a local segment holds a name: pass replace=True),
         PermissionDenied, Unreachable (the peer went away; nothing is left
@@ -410,44 +451,53 @@ class Client(object):
         opts.location = _enc(location) if location else None
         opts.mode = int(mode)
         opts.replace = 1 if replace else 0
-        cb = None
         raised: List[BaseException] = []
+        interrupted: List[BaseException] = []
         calling: List[int] = []  # the C client while the pull runs
-        if progress is not None:
-            def _cb(pr, arg):
-                if raised:
-                    return  # (called no more once it raised)
-                try:
+        seen = [0]  # elapsed_ns of the last report passed on
+
+        def _cb(pr, arg):
+            # Also called when a signal cut the pull's wait short (the last
+            # report's figures again, all 0 before the first): running here
+            # is what lets Python raise a Ctrl-C's KeyboardInterrupt while
+            # the pull waits, with or without `progress`.
+            if raised:
+                return  # (called no more once it raised)
+            try:
+                if progress is not None and pr.contents.elapsed_ns != seen[0]:
+                    seen[0] = pr.contents.elapsed_ns
                     progress(pr.contents.bytes_done, pr.contents.bytes_total,
                              pr.contents.elapsed_ns)
-                except BaseException as e:  # an exception cannot cross the C frame
-                    raised.append(e)
-                    if not isinstance(e, Exception) and calling:
-                        _cancel_pull(calling[0])  # Ctrl-C: the pull stops
-            cb = L.PULL_PROGRESS_FN(_cb)
-            opts.progress = cb
+            except BaseException as e:  # an exception cannot cross the C frame
+                raised.append(e)
+                if not isinstance(e, Exception) and calling:
+                    _cancel_pull(calling[0])  # Ctrl-C: the pull stops
+        cb = L.PULL_PROGRESS_FN(_cb)
+        opts.progress = cb
         what = "%s:%s" % (peer, name)
         if not prefix:
             res = L.PullResultC()
             with self._use() as p:
                 calling.append(p)
-                rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
-                _progress_interrupted(raised)
+                with _cancel_on_sigint(calling, interrupted):
+                    rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
+                _progress_interrupted(raised, interrupted)
                 if rc < 0:
                     _raise(rc, "gshm_pull", p, what, hint=_pull_hint(rc, replace))
-            _progress_raised(raised, what)
+            _progress_raised(raised, what, interrupted)
             return PullResult._from_c(res)
         arr = ctypes.POINTER(L.PullResultC)()
         n = ctypes.c_size_t(0)
         with self._use() as p:
             calling.append(p)
-            rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(arr),
-                    ctypes.byref(n))
+            with _cancel_on_sigint(calling, interrupted):
+                rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(arr),
+                        ctypes.byref(n))
             if rc < 0:
-                _progress_interrupted(raised)
+                _progress_interrupted(raised, interrupted)
                 _raise(rc, "gshm_pull_prefix", p, what, hint=_pull_hint(rc, replace))
         try:
-            _progress_raised(raised, what)
+            _progress_raised(raised, what, interrupted)
             return [PullResult._from_c(arr[i]) for i in range(n.value)]
         finally:
             L.lib().gshm_free(ctypes.cast(arr, ctypes.c_void_p))

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Client.pull, Client.peers and Client.remote_segments against two real
 gshmd talking UCX over tcp on 127.0.0.1 (docs/CLUSTER.md)."""
+import json
 import os
 import tempfile
 
@@ -91,6 +92,50 @@ def test_pull_interrupted_in_progress(pair):
         assert r.bytes == len(data)
         cb.unlink("py/intr")
         ca.unlink("pub/intr")
+
+
+def test_pull_interrupted_while_reaching(pair, tmp_path):
+    """Ctrl-C during a pull without a progress callback, while its peer is
+    still being reached (a listener that never answers: no progress report
+    comes): KeyboardInterrupt within a fraction of a second, the pull
+    cancelled.  Before: Python's handler could run only once the pull had
+    returned, after the hello's 5 s timeout, and the pull's own TimedOut
+    was raised instead."""
+    import signal
+    import socket
+    import threading
+    import time
+    a, _ = pair
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    key = tmp_path / "key"
+    key.write_bytes(b"python-cluster-test-key-0123456789\n")
+    key.chmod(0o600)
+    port = silent.getsockname()[1]
+    group = __import__("grp").getgrgid(os.getegid()).gr_name
+    c = gshm_testutil.Daemon(args=[
+        "--set=cluster.node_name=c",
+        "--set=cluster.peers=s=127.0.0.1:%d" % port, "--set=cluster.secret_file=%s" % key,
+        "--set=cluster.pull_group=" + group]).start()
+    main = threading.main_thread().ident
+    try:
+        with gshm.Client(c.socket) as cc:
+            for progress in (None, lambda done, total, ns: None):
+                timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+                t0 = time.monotonic()
+                timer.start()
+                with pytest.raises(KeyboardInterrupt):
+                    cc.pull("s", "pub/x/", prefix=True, progress=progress)
+                elapsed = time.monotonic() - t0
+                timer.join()
+                assert 0.5 <= elapsed < 2.0, elapsed
+                peers = json.loads(c.gshmctl("peers", "--json").stdout)
+                assert peers["pulls_in_flight"] == 0, peers
+            assert not list(cc.segments())
+    finally:
+        c.stop()
+        silent.close()
 
 
 def _pty_stderr(cmd):
