@@ -11,6 +11,7 @@
 #include <pwd.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -101,7 +102,7 @@ static void usage(FILE *f) {
           "                      (gshmctl unlink -- --help)\n"
           "\n"
           "Exit status: 0 ok, 1 error, 2 usage, 3 daemon unreachable, 4 permission denied,\n"
-          "5 not found.\n",
+          "5 not found; 130 (143) a pull cancelled by SIGINT, Ctrl-C (SIGTERM).\n",
           GSHM_DEFAULT_SOCKET);
 }
 
@@ -1695,6 +1696,39 @@ static int pulled_one(const gshm_pull_result_t *r, const char *name) {
   return EXIT_OK;
 }
 
+/* The pull's client while a pull runs, and the signal that cancelled it
+ * (0: none): pull_interrupted's. */
+static gshm_client_t *pulling;
+static volatile sig_atomic_t pull_signal;
+
+/* SIGINT or SIGTERM during a pull: asks for its cancel (gshm_pull_cancel
+ * only sets a flag, async-signal-safe; the pull ends -ECANCELED within
+ * 0.1 s, nothing kept).  SA_RESETHAND gives the signal its default back:
+ * a second Ctrl-C ends gshmctl at once (gshmd then cancels the pull when
+ * its connection closes). */
+static void pull_interrupted(int sig) {
+  pull_signal = sig;
+  (void)gshm_pull_cancel(pulling);
+}
+
+/* Runs the pull with pull_interrupted on SIGINT and SIGTERM; returns what
+ * gshm_pull or gshm_pull_prefix does. */
+static int pull_run(gshm_client_t *c, const char *peer, const char *name, bool prefix,
+                    const gshm_pull_opts_t *po, gshm_pull_result_t *r, gshm_pull_result_t **v,
+                    size_t *n) {
+  struct sigaction sa = {.sa_handler = pull_interrupted, .sa_flags = SA_RESETHAND}, old[2];
+  int e;
+
+  pulling = c;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old[0]);
+  sigaction(SIGTERM, &sa, &old[1]);
+  e = prefix ? gshm_pull_prefix(c, peer, name, po, v, n) : gshm_pull(c, peer, name, po, r);
+  sigaction(SIGINT, &old[0], NULL);
+  sigaction(SIGTERM, &old[1], NULL);
+  return e;
+}
+
 static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
   gshm_pull_opts_t po = {0};
   gshm_pull_result_t r, *v = NULL;
@@ -1714,13 +1748,16 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
     po.progress = pull_progress_bar;
     po.progress_arg = &prefix;
   }
-  e = prefix ? gshm_pull_prefix(c, peer, colon + 1, &po, &v, &n)
-             : gshm_pull(c, peer, colon + 1, &po, &r);
+  e = pull_run(c, peer, colon + 1, prefix, &po, &r, &v, &n);
   if (bar) {
     if (!e)
       pull_bar_end(prefix, &r, v, n);
     fputc('\n', stderr);
   }
+  if (e == -ECANCELED && pull_signal)
+    return errorf(128 + pull_signal, e, "pull of %s%s:%s cancelled (%s): nothing was kept",
+                  prefix ? "the set under " : "", peer, colon + 1,
+                  pull_signal == SIGINT ? "SIGINT" : "SIGTERM");
   if (e && strcmp(gshm_last_error(c), GSHM_LOST_GSHMD_TEXT)) { /* gshmd's answer: as its log */
     char msg[768], hint[256];
     gshm__pull_failure_message(msg, sizeof(msg), prefix, colon + 1, peer, e, gshm_last_error(c));

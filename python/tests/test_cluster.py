@@ -94,48 +94,77 @@ def test_pull_interrupted_in_progress(pair):
         ca.unlink("pub/intr")
 
 
-def test_pull_interrupted_while_reaching(pair, tmp_path):
-    """Ctrl-C during a pull without a progress callback, while its peer is
-    still being reached (a listener that never answers: no progress report
-    comes): KeyboardInterrupt within a fraction of a second, the pull
-    cancelled.  Before: Python's handler could run only once the pull had
-    returned, after the hello's 5 s timeout, and the pull's own TimedOut
-    was raised instead."""
-    import signal
+@pytest.fixture
+def silent_node(tmp_path):
+    """A gshmd "c" whose one peer "s" is a listener of 127.0.0.1 that never
+    answers: a pull from s waits in the hello (5 s) with no progress."""
+    import grp
     import socket
-    import threading
-    import time
-    a, _ = pair
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
     key = tmp_path / "key"
     key.write_bytes(b"python-cluster-test-key-0123456789\n")
     key.chmod(0o600)
-    port = silent.getsockname()[1]
-    group = __import__("grp").getgrgid(os.getegid()).gr_name
     c = gshm_testutil.Daemon(args=[
         "--set=cluster.node_name=c",
-        "--set=cluster.peers=s=127.0.0.1:%d" % port, "--set=cluster.secret_file=%s" % key,
-        "--set=cluster.pull_group=" + group]).start()
-    main = threading.main_thread().ident
+        "--set=cluster.peers=s=127.0.0.1:%d" % silent.getsockname()[1],
+        "--set=cluster.secret_file=%s" % key,
+        "--set=cluster.pull_group=" + grp.getgrgid(os.getegid()).gr_name]).start()
     try:
-        with gshm.Client(c.socket) as cc:
-            for progress in (None, lambda done, total, ns: None):
-                timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
-                t0 = time.monotonic()
-                timer.start()
-                with pytest.raises(KeyboardInterrupt):
-                    cc.pull("s", "pub/x/", prefix=True, progress=progress)
-                elapsed = time.monotonic() - t0
-                timer.join()
-                assert 0.5 <= elapsed < 2.0, elapsed
-                peers = json.loads(c.gshmctl("peers", "--json").stdout)
-                assert peers["pulls_in_flight"] == 0, peers
-            assert not list(cc.segments())
+        yield c
     finally:
         c.stop()
         silent.close()
+
+
+def _pulls_in_flight(node):
+    return json.loads(node.gshmctl("peers", "--json").stdout)["pulls_in_flight"]
+
+
+def test_pull_interrupted_while_reaching(silent_node):
+    """Ctrl-C during a pull without a progress callback, while its peer is
+    still being reached (no progress report comes): KeyboardInterrupt
+    within a fraction of a second, the pull cancelled.  Before: Python's
+    handler could run only once the pull had returned, after the hello's
+    5 s timeout, and the pull's own TimedOut was raised instead."""
+    import signal
+    import threading
+    import time
+    main = threading.main_thread().ident
+    with gshm.Client(silent_node.socket) as cc:
+        for progress in (None, lambda done, total, ns: None):
+            timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+            t0 = time.monotonic()
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                cc.pull("s", "pub/x/", prefix=True, progress=progress)
+            elapsed = time.monotonic() - t0
+            timer.join()
+            assert 0.5 <= elapsed < 2.0, elapsed
+            assert _pulls_in_flight(silent_node) == 0
+        assert not list(cc.segments())
+
+
+def test_gshmctl_pull_interrupted(silent_node):
+    """gshmctl pull and Ctrl-C (SIGINT), or SIGTERM: the pull is cancelled
+    (nothing kept), gshmctl says so and exits 130 (143).  Before: the
+    signal killed gshmctl mid-line (its progress bar unended)."""
+    import signal
+    import subprocess
+    import time
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        proc = subprocess.Popen([gshm_testutil.gshmctl_path(), "--socket", silent_node.socket,
+                                 "pull", "s:pub/x/", "--prefix"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=10)
+        assert time.monotonic() - t0 < 2.0
+        assert proc.returncode == code, (proc.returncode, err)
+        assert b"cancelled" in err and b"nothing was kept" in err, err
+        assert _pulls_in_flight(silent_node) == 0
 
 
 def _pty_stderr(cmd):
