@@ -54,6 +54,14 @@ int gshm__client_lock(struct gshm_client *c) {
   return pthread_mutex_trylock(&c->lock) ? -ECHILD : 0;
 }
 
+int gshm__client_unlock(struct gshm_client *c) {
+  struct device_map *retired = c->retired;
+
+  c->retired = NULL;
+  pthread_mutex_unlock(&c->lock);
+  return retired ? gshm__retire_device_maps(c, retired, false) : 0;
+}
+
 /* The library is silent unless $GSHM_LOG_LEVEL asks (docs/ARCHITECTURE.md
  * "Errors and logging").  Every variable the library reads goes through
  * secure_getenv: in a setuid or setgid program (AT_SECURE) the caller's
@@ -575,6 +583,8 @@ void gshm_disconnect(gshm_client_t *c) {
   if (c->fd >= 0)
     close(c->fd);
   pthread_mutex_unlock(&c->lock);
+  if (c->retired) /* (no other thread may use c now) */
+    gshm__retire_device_maps(c, c->retired, true);
   pthread_mutex_destroy(&c->lock);
   free(c->path);
   free(c);
@@ -778,7 +788,7 @@ int gshm_close(gshm_segment_t *seg) {
   if (seg->mapped && --seg->lease->map_refs == 0)
     gshm__lease_unmap(seg->lease, seg->lease->refs > 1); /* else the close tells */
   lease_release(c, seg->lease);
-  pthread_mutex_unlock(&c->lock);
+  gshm__client_unlock(c);
   free(seg);
   return 0;
 }

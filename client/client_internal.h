@@ -14,6 +14,7 @@
 #include "wire.h"
 
 struct gshm__lease;
+struct device_map; /* map_cuda.c's */
 
 /* A pull waiting for its replies (cluster.c's pull_request sets
  * gshm_client.pull_wait under the client's lock for the pull's whole
@@ -86,6 +87,7 @@ struct gshm_client {
    * PULL_CANCEL within GSHM_PULL_WAKE_MS (struct gshm__pull_wait) */
   atomic_bool pull_cancel;
   struct gshm__pull_wait *pull_wait; /* the pull in flight's (NULL: none); under lock */
+  struct device_map *retired; /* device mappings to unmap once the lock is let go; under lock */
   uint8_t rx[GSHM_WIRE_MAX_PACKET + 1];
 };
 
@@ -207,10 +209,28 @@ size_t gshm__map_device_uuids(const struct gshm__lease *l, char ***uuids_out);
  * CU_MEM_ACCESS_FLAGS_PROT_NONE), 0 (not one: the driver's own rules
  * apply).  Takes GSHM__LOCK_GPUS. */
 int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *flags_out);
-/* Undoes gshm__map_device in reverse order; accepts an unmapped lease.  A
+/* Ends l's device mapping (accepts an unmapped lease): the lease forgets
+ * it and it goes on its client's retired list, which gshm__client_unlock
+ * unmaps once the client's lock is let go (gshm__retire_device_maps).  A
  * mapping made by a process this one was forked from is only forgotten
- * (no driver call: it is that process's CUDA state); 0. */
+ * (no driver call: it is that process's CUDA state).  Caller holds the
+ * client's lock; returns 0. */
 int gshm__unmap_device(struct gshm__lease *l);
+/* Unmaps the retired device mappings of `list` (taken off c->retired),
+ * each after waiting for the work queued in every context that may use
+ * it (cuCtxSynchronize: cudaFree's semantics; NVIDIA does not say that
+ * cuMemUnmap waits, and PyTorch's expandable segments synchronize before
+ * unmapping for that reason, CUDACachingAllocator.cpp unmapHandles).
+ * Called without c's lock, which a wait there could deadlock (a
+ * gshm_wait queued in a context that another thread's call on c would
+ * satisfy).  A mapping whose wait failed but not for good (a stream
+ * capture under way refuses it) goes back on c->retired for the next
+ * flush, or, with `last` (the client is going), is left mapped and
+ * logged.  Returns 0, or -EIO (a driver call failed; logged). */
+int gshm__retire_device_maps(struct gshm_client *c, struct device_map *list, bool last);
+/* Lets go of c's lock, then unmaps what calls under it retired
+ * (gshm__retire_device_maps).  Returns 0 or that -EIO. */
+int gshm__client_unlock(struct gshm_client *c);
 
 /* Copies the bytes of a mapped device segment to or from host memory
  * through a staging copy (for gshmctl read/write).  offset and bytes in

@@ -120,14 +120,14 @@ int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices, void **ad
   }
   if (!e)
     *addr_out = seg->lease->addr;
-  pthread_mutex_unlock(&c->lock);
+  gshm__client_unlock(c); /* (a revoked lease's kept mapping, retired above) */
   return e;
 }
 
 int gshm_unmap(gshm_segment_t *seg) {
   struct gshm__lease *l;
   struct gshm_client *c;
-  int e = 0;
+  int e = 0, e2;
 
   if (!seg)
     return -EINVAL;
@@ -142,8 +142,8 @@ int gshm_unmap(gshm_segment_t *seg) {
   } else {
     e = drop_kept(l); /* gshm_read / gshm_write's, no gshm_map's */
   }
-  pthread_mutex_unlock(&c->lock);
-  return e;
+  e2 = gshm__client_unlock(c); /* the device mapping ends there, after a wait */
+  return e ? e : e2;
 }
 
 /* Shared body of gshm_read and gshm_write. */
@@ -189,7 +189,7 @@ static int segment_rw(gshm_segment_t *seg, uint64_t offset, void *buf, size_t by
     e = gshm__device_rw(l, offset, buf, bytes, write);
   }
 out:
-  pthread_mutex_unlock(&c->lock);
+  gshm__client_unlock(c); /* (a revoked lease's kept mapping, retired above) */
   return e;
 }
 

@@ -13,6 +13,7 @@
  * container's device list) renumbers them.  The segment's canonical
  * location, "cuda:GPU-<uuid>", names the owning GPU. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -497,21 +498,67 @@ size_t gshm__map_device_uuids(const struct gshm__lease *l, char ***uuids_out) {
 
 int gshm__unmap_device(struct gshm__lease *l) {
   struct device_map *m = l->device_map;
-  const struct gshm_cudadrv *drv;
-  int e = 0, r;
 
   if (!m)
     return 0;
-  drv = m->drv;
-  mappings_remove(m);
-  if (mapped_by_parent(m))
-    goto forget; /* the child's copy of the record goes; the parent's mapping stays */
-  /* No wait of ours for work queued on the address (gshm_unmap's
-   * contract): the callers hold the client's lock, and a wait for a whole
-   * context there could wait for a gshm_wait that only a later call of
-   * this process (or a peer waiting for this lease to end) would satisfy.
-   * The driver's own cuMemUnmap waited for a kernel still queued on the
-   * range on driver 580 (python_gpu test_dropped_view_waits_for_queued_readers). */
+  mappings_remove(m); /* (copies refuse the range from here on) */
+  if (mapped_by_parent(m)) {
+    free(m); /* the child's copy of the record goes; the parent's mapping stays */
+  } else {
+    m->next = l->client->retired; /* unmapped by gshm__client_unlock, after a wait */
+    l->client->retired = m;
+  }
+  l->device_map = NULL;
+  l->addr = NULL;
+  l->map_size = 0;
+  return 0;
+}
+
+/* cuCtxSynchronize of the current context, its failure logged at debug
+ * (the caller says what it does about it). */
+static CUresult ctx_wait(const struct gshm_cudadrv *drv) {
+  CUresult r = drv->cuCtxSynchronize();
+
+  if (r != CUDA_SUCCESS)
+    gshm__cuda_log(GSHM_LOG_DEBUG, r, "cuCtxSynchronize()", __FILE__, __LINE__);
+  return r;
+}
+
+/* Waits for the work queued in every context that may use m's range:
+ * the calling thread's current one, and the primary context of each
+ * device m gave access to where it is active.  CUDA_SUCCESS, or the first
+ * failed wait's result (the other contexts are still waited for). */
+static CUresult wait_users(struct device_map *m) {
+  const struct gshm_cudadrv *drv = m->drv;
+  CUcontext cur = NULL, ctx, popped;
+  CUresult first = CUDA_SUCCESS, r;
+
+  if (drv->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur && (r = ctx_wait(drv)))
+    first = r;
+  for (size_t i = 0; i < m->ndevices; i++) {
+    unsigned flags = 0;
+    int active = 0;
+
+    if (drv->cuDevicePrimaryCtxGetState(m->devices[i], &flags, &active) != CUDA_SUCCESS ||
+        !active || CU_LIB(drv, cuDevicePrimaryCtxRetain, &ctx, m->devices[i]))
+      continue;
+    if (ctx != cur && (r = drv->cuCtxPushCurrent(ctx)) == CUDA_SUCCESS) {
+      r = ctx_wait(drv);
+      CU_LIB(drv, cuCtxPopCurrent, &popped);
+    }
+    if (ctx != cur && r != CUDA_SUCCESS && first == CUDA_SUCCESS)
+      first = r;
+    CU_LIB(drv, cuDevicePrimaryCtxRelease, m->devices[i]);
+  }
+  return first;
+}
+
+/* Unmaps, frees the range of and releases one retired mapping; 0 or -EIO
+ * (the mapping is then leaked, and logged by CU_LIB). */
+static int unmap_now(struct device_map *m) {
+  const struct gshm_cudadrv *drv = m->drv;
+  int e = 0, r;
+
   if ((r = CU_LIB(drv, cuMemUnmap, m->va, m->size)))
     e = r;
   if (!r && (r = CU_LIB(drv, cuMemAddressFree, m->va, m->size)))
@@ -520,12 +567,48 @@ int gshm__unmap_device(struct gshm__lease *l) {
     e = e ? e : r;
   for (; m->copy_retains; m->copy_retains--)
     CU_LIB(drv, cuDevicePrimaryCtxRelease, m->copy_dev);
-forget:
   free(m);
-  l->device_map = NULL;
-  l->addr = NULL;
-  l->map_size = 0;
   return e ? -EIO : 0;
+}
+
+int gshm__retire_device_maps(struct gshm_client *c, struct device_map *list, bool last) {
+  struct device_map *kept = NULL, *m;
+  int e = 0;
+
+  while ((m = list)) {
+    CUresult r;
+
+    list = m->next;
+    if (mapped_by_parent(m)) { /* (retired before a fork, flushed in the child) */
+      free(m);
+      continue;
+    }
+    r = wait_users(m);
+    /* a context that failed for good (a sticky error) runs nothing more:
+     * its range can go; another failure (a stream capture under way
+     * refuses a context's wait) keeps it for the next flush */
+    if (r == CUDA_SUCCESS || gshm__cuda_sticky(r)) {
+      int u = unmap_now(m);
+      e = e ? e : u;
+    } else if (last) { /* the range and the memory stay this process's */
+      gshm_log_err("a device mapping of %" PRIu64 " bytes is left mapped: the wait for its "
+                   "queued work failed (CUresult %d)", m->size, (int)r);
+      free(m);
+      e = e ? e : -EIO;
+    } else {
+      m->next = kept;
+      kept = m;
+    }
+  }
+  if (kept) {
+    pthread_mutex_lock(&c->lock);
+    for (m = kept; m->next; m = m->next)
+      ;
+    m->next = c->retired;
+    c->retired = kept;
+    pthread_mutex_unlock(&c->lock);
+  }
+  return e;
 }
 
 /* m's context, live again where a reset of the primary context

@@ -654,15 +654,19 @@ GSHM_EXTERN void gshm_free(void *p);
 GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices,
                          void **addr_out);
 
-/* Undoes gshm_map.  The last unmap of a lease's mapping (here or in
- * gshm_close) removes it at once (cuMemUnmap, cuMemRelease): work queued
- * on the GPU that still uses the address is the caller's to finish first
- * (synchronize its streams).  libgshm adds no wait of its own: it would
- * run under the client's lock, where waiting for a context's whole queue
- * could wait for a gshm_wait that only a later call of this process, or a
- * peer waiting for this lease to end, would satisfy.  (On driver 580 the
- * driver's cuMemUnmap itself waited for a kernel still queued on the
- * range: python_gpu's test_dropped_view_waits_for_queued_readers.)
+/* Undoes gshm_map.  The last unmap of a lease's device mapping (here or
+ * in gshm_close) first waits for the work queued in every context that
+ * may use the range (cuCtxSynchronize of the calling thread's context and
+ * of the primary context of each device the mapping gave access to, once
+ * the client's lock is let go), then removes it (cuMemUnmap, cuMemRelease):
+ * cudaFree's semantics.  NVIDIA does not say that cuMemUnmap waits, and a
+ * DLPack consumer (torch) drops a tensor with work on it still queued;
+ * PyTorch's own cuMem unmaps synchronize the same way
+ * (CUDACachingAllocator.cpp, unmapHandles).  So, as with cudaFree, an
+ * unmap with a gshm_wait queued that only a later call of this thread
+ * would satisfy waits for ever; and a wait refused while a stream capture
+ * runs leaves the range mapped until the client's next call lets go of
+ * its lock (or, at gshm_disconnect, for good: logged).
  * Called on a handle that gshm_map did not map, it ends the mapping
  * gshm_read / gshm_write keep (when no gshm_map of the segment holds it).
  * Returns 0 (also when not mapped), -EINVAL for a NULL seg, or -EIO when

@@ -451,15 +451,19 @@ def test_copy_between_gpus(gpu_client, segname):
 # Each in a child process: on a library that gets them wrong, the GPU
 # faults (an illegal address ends the process's CUDA context for good).
 
-def test_dropped_view_waits_for_queued_readers(gpu_daemon, segname):
-    # A tensor over a segment dropped while a kernel that reads it is still
-    # queued: the kernel must neither fault nor read the next segment
-    # mapped at the same address.  gshm adds no wait (gshm_unmap): this
-    # holds because the driver's cuMemUnmap waited, on driver 580; a
-    # driver that did not would fail here.
+@pytest.mark.parametrize("reader", ["current_stream", "side_stream", "copy_engine"])
+def test_dropped_view_waits_for_queued_readers(gpu_daemon, segname, reader):
+    # A tensor over a segment dropped while GPU work that reads it is still
+    # queued (a kernel on torch's current stream or on a stream of its own,
+    # or a copy-engine copy out of it): the work must neither fault nor
+    # read the next segment mapped at the same address.  libgshm waits for
+    # the contexts that may use a range before its last unmap (after the
+    # client's lock: gshm__retire_device_maps); NVIDIA does not say that
+    # cuMemUnmap waits (before, this held on driver 580 through the
+    # driver's own wait, the current-stream case only tested).
     out = run_child(gpu_daemon, """
         import gc
-        name = sys.argv[2]
+        name, reader = sys.argv[2], sys.argv[3]
         n = 64 << 20
         c = gshm.Client(sock)
         a = c.create(name + "/a", n, location="cuda:0")
@@ -467,8 +471,16 @@ def test_dropped_view_waits_for_queued_readers(gpu_daemon, segname):
         ta = torch.from_dlpack(a.view("uint8", (n,), device=0))
         ta.fill_(1)
         torch.cuda.synchronize()
-        torch.cuda._sleep(1 << 30)          # about half a second of spinning
-        total = ta.to(torch.int32).sum()    # queued behind it, reads ta
+        side = torch.cuda.Stream() if reader != "current_stream" else torch.cuda.current_stream()
+        out = torch.zeros(n, dtype=torch.uint8, device=0)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(1 << 30)      # about half a second of spinning
+            if reader == "copy_engine":
+                out.copy_(ta, non_blocking=True)   # cudaMemcpyAsync, queued behind it
+                total = None
+            else:
+                total = ta.to(torch.int32).sum()   # a kernel queued behind it
         old = ta.data_ptr()
         del ta
         a.close()
@@ -477,9 +489,10 @@ def test_dropped_view_waits_for_queued_readers(gpu_daemon, segname):
         c.unlink(name + "/b")
         tb = torch.from_dlpack(b.view("uint8", (n,), device=0))
         tb.fill_(2)
-        print(json.dumps({"sum": int(total.item()), "n": n,
-                          "same_address": tb.data_ptr() == old}))
-        """, segname)
+        torch.cuda.synchronize()
+        got = int(total.item()) if total is not None else int(out.to(torch.int64).sum().item())
+        print(json.dumps({"sum": got, "n": n, "same_address": tb.data_ptr() == old}))
+        """, segname, reader)
     r = json.loads(out.strip().splitlines()[-1])
     assert r["sum"] == r["n"], r
 

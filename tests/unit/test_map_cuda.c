@@ -203,8 +203,22 @@ static CUresult f_ctx_device(CUdevice *d) {
   *d = current_dev;
   return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
+/* Work queued on a mapping (a kernel that reads it): a context's
+ * cuCtxSynchronize finishes it, unless sync_fails says what every one
+ * returns: a capture under way keeps it queued, a sticky error drops it
+ * (the context runs nothing more). */
+static bool queued;
+static int ctx_syncs;
+static CUresult sync_fails;
+static CUresult f_ctx_sync(void) {
+  ctx_syncs++;
+  if (sync_fails == CUDA_SUCCESS || gshm__cuda_sticky(sync_fails))
+    queued = false;
+  return sync_fails;
+}
 static CUresult f_unmap(CUdeviceptr va, size_t size) {
   (void)va, (void)size;
+  assert_false(queued); /* never under work still queued on it */
   mappings--;
   return CUDA_SUCCESS;
 }
@@ -265,11 +279,15 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuDevicePrimaryCtxGetState = f_ctx_state;
   fake_drv.cuCtxGetCurrent = f_get_current;
   fake_drv.cuCtxGetDevice = f_ctx_device;
+  fake_drv.cuCtxSynchronize = f_ctx_sync;
   *drv_out = &fake_drv;
   return 0;
 }
 
 /* ---- helpers ---- */
+
+/* The client every lease here is on (its retired list). */
+static struct gshm_client client = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* A device segment's lease as a grant makes it: owned by GPU `owner`. */
 static struct gshm__lease lease_of(uint64_t size, uint64_t gran, int owner, gshm_access_t access) {
@@ -278,6 +296,7 @@ static struct gshm__lease lease_of(uint64_t size, uint64_t gran, int owner, gshm
   char uuid[48];
 
   memset(&l, 0, sizeof(l));
+  l.client = &client;
   memset(u, 0x10 + owner, sizeof(u));
   gshm__format_gpu_uuid(u, uuid);
   l.fd = 99; /* the fake driver never reads it */
@@ -289,6 +308,18 @@ static struct gshm__lease lease_of(uint64_t size, uint64_t gran, int owner, gshm
   snprintf(l.info.name, sizeof(l.info.name), "dev/seg");
   snprintf(l.info.location, sizeof(l.info.location), "cuda:%s", uuid);
   return l;
+}
+
+/* gshm__unmap_device, then what gshm__client_unlock does after it: the
+ * retired mapping's wait and unmap.  0, or the first error. */
+static int unmap_device(struct gshm__lease *l) {
+  struct device_map *r;
+  int e = gshm__unmap_device(l), e2;
+
+  r = client.retired;
+  client.retired = NULL;
+  e2 = r ? gshm__retire_device_maps(&client, r, false) : 0;
+  return e ? e : e2;
 }
 
 static void assert_nothing_held(void) {
@@ -420,10 +451,10 @@ static void test_failed_device_list_is_retried(void **state) {
   alloc_owner = 0;
   assert_int_equal(gshm__map_device(&on0, NULL, 0, &uuids, &n), 0);
   assert_int_equal(n, NDEV);
-  assert_int_equal(gshm__unmap_device(&on0), 0);
+  assert_int_equal(unmap_device(&on0), 0);
   alloc_owner = 1;
   assert_int_equal(gshm__map_device(&on1, NULL, 0, &uuids, &n), 0);
-  assert_int_equal(gshm__unmap_device(&on1), 0);
+  assert_int_equal(unmap_device(&on1), 0);
   assert_nothing_held();
 }
 
@@ -497,7 +528,7 @@ static void test_read_only_everywhere(void **state) {
   assert_int_equal(gshm__map_device_add(&l, both, 2, &uuids, &n), 0);
   assert_int_equal(n, 0);
   assert_int_equal(access_calls, 1);
-  assert_int_equal(gshm__unmap_device(&l), 0);
+  assert_int_equal(unmap_device(&l), 0);
   assert_nothing_held();
 }
 
@@ -518,7 +549,7 @@ static void test_write_is_done_when_it_returns(void **state) {
   assert_int_equal(gshm__device_rw(&l, 4 * MiB - 8, buf, 16, false), -ERANGE);
   assert_int_equal(gshm__device_rw(&l, 0, buf, sizeof(buf), false), 0);
   assert_int_equal(buf[0], 0x5a);
-  assert_int_equal(gshm__unmap_device(&l), 0);
+  assert_int_equal(unmap_device(&l), 0);
   assert_nothing_held();
 }
 
@@ -536,7 +567,7 @@ static void assert_mapping_keeps(struct gshm__lease *l, int dev) {
   map_for_every_device(l);
   for (int d = 0; d < NDEV; d++)
     assert_int_equal(retained[d], d == dev);
-  assert_int_equal(gshm__unmap_device(l), 0);
+  assert_int_equal(unmap_device(l), 0);
   assert_nothing_held();
 }
 
@@ -585,7 +616,7 @@ static void test_copy_after_a_context_reset(void **state) {
   assert_int_equal(gshm__device_rw(&l, 0, buf, sizeof(buf), true), 0);
   assert_int_equal(retained[1], 2); /* one more, once */
   assert_int_equal(depth, 0);
-  assert_int_equal(gshm__unmap_device(&l), 0);
+  assert_int_equal(unmap_device(&l), 0);
   assert_nothing_held();
 }
 
@@ -617,12 +648,12 @@ static void test_map_access_per_device(void **state) {
   assert_int_equal(gshm__map_device_add(&l, NULL, 0, &uuids, &n), 0); /* every device */
   assert_int_equal(gshm__map_access(va, 8, 0, &f), 1);
   assert_int_equal(f, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-  assert_int_equal(gshm__unmap_device(&l), 0);
+  assert_int_equal(unmap_device(&l), 0);
   assert_int_equal(gshm__map_access(va, 8, 1, &f), 0);
   assert_int_equal(gshm__map_device(&r, NULL, 0, &uuids, &n), 0);
   assert_int_equal(gshm__map_access((uintptr_t)r.addr, 8, 0, &f), 1);
   assert_int_equal(f, CU_MEM_ACCESS_FLAGS_PROT_READ);
-  assert_int_equal(gshm__unmap_device(&r), 0);
+  assert_int_equal(unmap_device(&r), 0);
   assert_nothing_held();
 }
 
@@ -648,7 +679,7 @@ static void test_parent_mapping_in_a_child(void **state) {
     bad |= gshm__device_rw(&l, 0, buf, sizeof(buf), false) != -ECHILD;
     bad |= (gshm__device_rw(&l, 0, buf, sizeof(buf), true) != -ECHILD) << 1;
     bad |= (gshm__map_device_add(&l, NULL, 0, &uuids, &n) != -ECHILD) << 2;
-    bad |= (gshm__unmap_device(&l) != 0 || l.device_map || l.addr) << 3;
+    bad |= (unmap_device(&l) != 0 || l.device_map || l.addr) << 3;
     /* this process's copy of the fake driver's books: nothing undone */
     bad |= (mappings != 1 || reservations != 1 || handles != 1 || retained[1] != 1 ||
             access_calls != 1) << 4;
@@ -658,8 +689,67 @@ static void test_parent_mapping_in_a_child(void **state) {
   assert_int_equal(waitpid(pid, &status, 0), pid);
   assert_true(WIFEXITED(status));
   assert_int_equal(WEXITSTATUS(status), 0);
-  assert_int_equal(gshm__unmap_device(&l), 0); /* the parent's is whole */
+  assert_int_equal(unmap_device(&l), 0); /* the parent's is whole */
   assert_nothing_held();
+}
+
+/* The last unmap of a device mapping waits for the work queued on it
+ * first (cuCtxSynchronize of the contexts that may use it: NVIDIA does
+ * not say that cuMemUnmap waits; PyTorch synchronizes before its own
+ * unmaps), after the client's lock is let go; a wait a stream capture
+ * refuses keeps the mapping for the next flush, a context dead for good
+ * (sticky error) lets it go; a client that goes with a wait still
+ * refused leaves it mapped (-EIO, logged).  Before: cuMemUnmap at once,
+ * under the lock, whatever was queued (f_unmap's assert). */
+static void test_unmap_waits_for_queued_work(void **state) {
+  struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
+  char **uuids;
+  size_t n;
+  (void)state;
+
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
+  queued = true;
+  ctx_syncs = 0;
+  assert_int_equal(unmap_device(&l), 0);
+  assert_true(ctx_syncs >= 1);
+  assert_false(queued);
+  assert_nothing_held();
+
+  /* refused while a capture runs: kept, unmapped at the next flush */
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
+  queued = true;
+  sync_fails = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  assert_int_equal(unmap_device(&l), 0);
+  assert_int_equal(mappings, 1);
+  assert_non_null(client.retired);
+  assert_null(l.device_map); /* the lease forgot it at once */
+  sync_fails = CUDA_SUCCESS;
+  assert_int_equal(unmap_device(&l), 0); /* (an unmapped lease: the flush only) */
+  assert_null(client.retired);
+  assert_nothing_held();
+
+  /* a sticky error: the context runs nothing more, the range goes */
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
+  queued = true;
+  sync_fails = CUDA_ERROR_ILLEGAL_ADDRESS;
+  assert_int_equal(unmap_device(&l), 0);
+  sync_fails = CUDA_SUCCESS;
+  assert_nothing_held();
+
+  /* the client going, a wait still refused: left mapped, -EIO */
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
+  queued = true;
+  sync_fails = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  assert_int_equal(gshm__unmap_device(&l), 0);
+  assert_int_equal(gshm__retire_device_maps(&client, client.retired, true), -EIO);
+  client.retired = NULL;
+  assert_int_equal(mappings, 1);
+  sync_fails = CUDA_SUCCESS;
+  queued = false;
+  /* (the fake driver's books, as if the process ended) */
+  mappings = reservations = handles = 0;
+  for (int d = 0; d < NDEV; d++)
+    retained[d] = 0;
 }
 
 int main(void) {
@@ -676,6 +766,7 @@ int main(void) {
       cmocka_unit_test(test_mapping_makes_no_context),
       cmocka_unit_test(test_map_access_per_device),
       cmocka_unit_test(test_copy_after_a_context_reset),
+      cmocka_unit_test(test_unmap_waits_for_queued_work),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,6 +32,10 @@ int gshm__client_lock(struct gshm_client *c) {
   pthread_mutex_lock(&c->lock);
   return 0;
 }
+int gshm__client_unlock(struct gshm_client *c) {
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
 bool gshm__drain_events(struct gshm_client *c, bool wait) {
   (void)c, (void)wait;
   return true;
