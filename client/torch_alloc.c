@@ -444,6 +444,7 @@ void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   uint64_t a = (uint64_t)(uintptr_t)ptr;
   struct pool_seg *s = NULL;
   CUcontext ctx = NULL;
+  CUresult r;
   gshm_pool_t *p;
   bool forked = false;
   int e = -EINVAL;
@@ -483,9 +484,22 @@ void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream) {
    * (release, OOM retry), never on the allocation path, so the wait is
    * rare. */
   (void)stream;
-  if (!GSHM_CU(p->drv, GSHM_LOG_ERR, cuCtxPushCurrent, p->ctx)) {
-    GSHM_CU(p->drv, GSHM_LOG_ERR, cuCtxSynchronize);
+  if ((r = p->drv->cuCtxPushCurrent(p->ctx)) == CUDA_SUCCESS) {
+    r = p->drv->cuCtxSynchronize();
     GSHM_CU(p->drv, GSHM_LOG_ERR, cuCtxPopCurrent, &ctx);
+  }
+  /* A wait that failed, but not for good (a stream capture under way
+   * refuses it: CUDA's "prohibited operations"), leaves work on the block
+   * that may still run: it stays live (leaked) rather than reused or
+   * unmapped under that work.  After a sticky error the context runs
+   * nothing more. */
+  if (r != CUDA_SUCCESS && !gshm__cuda_sticky(r)) {
+    gshm__cuda_log(GSHM_LOG_ERR, r, "cuCtxSynchronize()", __FILE__, __LINE__);
+    gshm_log_err("gshm_torch_free(%p): the wait for the device failed: the block is kept "
+                 "(leaked), not reused under work that may still use it", ptr);
+    pthread_mutex_unlock(&p->lock);
+    last_error = gshm__cuda_errno(r);
+    return;
   }
   e = gshm__arena_return(&s->arena, a - s->base);
   if (e)

@@ -845,7 +845,12 @@ GSHM_EXTERN void *gshm_torch_malloc(ssize_t size, int device, void *stream);
  * passed to cudaFree) and sets gshm_torch_last_error() to -EINVAL; in a
  * process forked from one that made pools, a pointer that none of this
  * process's pools handed out is ignored with -ECHILD (the parent's pools
- * are not looked at there: see gshm_torch_malloc). */
+ * are not looked at there: see gshm_torch_malloc).  A wait that fails but
+ * not for good (a stream capture under way refuses it) keeps the block
+ * live, leaked, rather than reused or unmapped under work that may still
+ * use it: gshm_torch_last_error() gives the wait's errno then (logged);
+ * after a sticky error (the context runs nothing more) the block is
+ * returned as usual. */
 GSHM_EXTERN void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream);
 
 /* The result of the calling thread's last gshm_torch_malloc or

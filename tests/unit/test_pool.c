@@ -215,11 +215,15 @@ static CUresult fake_pop(CUcontext *c) {
   *c = ctx_stack[--ctx_depth];
   return CUDA_SUCCESS;
 }
+static CUresult sync_result; /* what the next fake_sync returns (then CUDA_SUCCESS) */
 static CUresult fake_sync(void) {
+  CUresult r = sync_result;
+
+  sync_result = CUDA_SUCCESS;
   __atomic_add_fetch(&syncs, 1, __ATOMIC_SEQ_CST);
   if (ctx_depth && ctx_stack[ctx_depth - 1] == POOL_CTX)
     __atomic_add_fetch(&syncs_on_pool_ctx, 1, __ATOMIC_SEQ_CST);
-  return CUDA_SUCCESS;
+  return r;
 }
 
 static struct gshm_cudadrv fake_drv;
@@ -313,6 +317,35 @@ static void test_free_synchronises_on_the_pool_context(void **state) {
   gshm_torch_free(b, MiB, 0, NULL);
   gshm_torch_free(c, MiB, 0, NULL);
   /* non-persistent: an empty segment goes at once, and never had a name */
+  assert_int_equal(open_segments, 0);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  assert_nothing_left();
+}
+
+/* A free whose wait for the device fails, but not for good (a stream
+ * capture under way refuses it), keeps the block live: not reused, its
+ * segment not unmapped, under work that may still use it
+ * (gshm_torch_last_error says why); after a sticky error the block is
+ * given back as usual.  Before: given back whatever the wait said. */
+static void test_free_keeps_a_block_it_could_not_wait_for(void **state) {
+  gshm_pool_t *p = pool_new("t/nowait", 0, 2 * MiB);
+  void *a, *b, *c;
+  (void)state;
+
+  gshm_pool_activate(p);
+  assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
+  assert_non_null(b = gshm_torch_malloc(MiB, 0, NULL));
+  sync_result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  gshm_torch_free(a, MiB, 0, NULL);
+  assert_true(gshm_torch_last_error() < 0);
+  assert_non_null(c = gshm_torch_malloc(MiB, 0, NULL));
+  assert_ptr_not_equal(c, a); /* a stays taken */
+  gshm_torch_free(c, MiB, 0, NULL);
+  sync_result = CUDA_ERROR_ILLEGAL_ADDRESS; /* sticky: nothing runs any more */
+  gshm_torch_free(b, MiB, 0, NULL);
+  assert_int_equal(gshm_torch_last_error(), 0);
+  assert_int_equal(open_segments, 1); /* a's segment: a is live */
+  gshm_torch_free(a, MiB, 0, NULL); /* (the wait works now) */
   assert_int_equal(open_segments, 0);
   assert_int_equal(gshm_pool_release(p, 1), 0);
   assert_nothing_left();
@@ -718,6 +751,7 @@ int main(void) {
       cmocka_unit_test(test_fork_while_a_pool_grows),
       cmocka_unit_test(test_sizes_and_foreign_pointers),
       cmocka_unit_test(test_free_synchronises_on_the_pool_context),
+      cmocka_unit_test(test_free_keeps_a_block_it_could_not_wait_for),
       cmocka_unit_test(test_failed_growth_leaves_nothing),
       cmocka_unit_test(test_short_segment_leaves_nothing),
       cmocka_unit_test(test_release_with_live_blocks),
