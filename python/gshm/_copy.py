@@ -13,7 +13,13 @@ __all__ = ["copy", "copy_signal", "signal", "wait"]
 _COPY_METHODS = {"auto": 0, "copy_engine": 1, "ce": 1, "sm": 2}
 
 
-def _addr_and_size(obj, what):
+def _addr_and_size(obj, what, writes=False):
+    """(address, size in bytes or None) of a copy's `what` ("dst", "src",
+    "flag"): an array interface must describe C-contiguous memory (strides
+    None: a reversed or transposed array's data pointer is not where its
+    bytes start, and a copy from it runs past them), and one the GPU
+    `writes` must not be marked read-only (data[1]).  ValueError
+    otherwise."""
     if isinstance(obj, bool):
         raise TypeError("gshm.copy: %s must be an address, a segment or an array" % what)
     if isinstance(obj, int):
@@ -28,20 +34,18 @@ def _addr_and_size(obj, what):
         if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
             raise ValueError("gshm.copy: %s tensor is not contiguous" % what)
         return obj.data_ptr(), obj.numel() * obj.element_size()
-    cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is not None:
-        if cai.get("strides") is not None:
+    for attr in ("__cuda_array_interface__", "__array_interface__"):
+        iface = getattr(obj, attr, None)
+        if iface is None:
+            continue
+        if iface.get("strides") is not None:
             raise ValueError("gshm.copy: %s array is not C-contiguous" % what)
+        if writes and iface["data"][1]:
+            raise ValueError("gshm.copy: %s array is read-only" % what)
         n = 1
-        for d in cai["shape"]:
+        for d in iface["shape"]:
             n *= d
-        return cai["data"][0], n * int(cai["typestr"][2:])
-    ai = getattr(obj, "__array_interface__", None)
-    if ai is not None:
-        n = 1
-        for d in ai["shape"]:
-            n *= d
-        return ai["data"][0], n * int(ai["typestr"][2:])
+        return iface["data"][0], n * int(iface["typestr"][2:])
     raise TypeError("gshm.copy: cannot take the address of %s (%s)" % (what, type(obj).__name__))
 
 
@@ -157,7 +161,7 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
     Raises NotImplementedError when this libgshm has no gshm_copy."""
     fn = _optional("gshm_copy")
     m = _method(method)
-    d, dsize = _addr_and_size(dst, "dst")
+    d, dsize = _addr_and_size(dst, "dst", writes=True)
     s, ssize = _addr_and_size(src, "src")
     if nbytes is None:
         known = [x for x in (dsize, ssize) if x is not None]
@@ -173,8 +177,8 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
         _raise(rc, "gshm_copy")
 
 
-def _flag_address(flag):
-    addr, size = _addr_and_size(flag, "flag")
+def _flag_address(flag, writes=True):
+    addr, size = _addr_and_size(flag, "flag", writes)
     if size is not None and size < 8:
         raise ValueError("gshm: a flag needs 8 bytes")
     if addr % 8:
@@ -201,7 +205,7 @@ def signal(flag: Any, value: int, stream: Any = None) -> None:
 def wait(flag: Any, value: int, stream: Any = None) -> None:
     """Makes `stream` wait, without the host, until the 64-bit word at
     `flag` is >= value (gshm_wait)."""
-    rc = _on_stream(_optional("gshm_wait"), (_flag_address(flag), _flag_value(value)),
+    rc = _on_stream(_optional("gshm_wait"), (_flag_address(flag, False), _flag_value(value)),
                     stream, flag)
     if rc < 0:
         _raise(rc, "gshm_wait")
@@ -212,7 +216,7 @@ def copy_signal(dst: Any, src: Any, nbytes: int, flag: Any, value: int,
     """copy() then signal(flag, value), fused into one kernel where possible."""
     fn = _optional("gshm_copy_signal")
     m = _method(method)
-    d, dsize = _addr_and_size(dst, "dst")
+    d, dsize = _addr_and_size(dst, "dst", writes=True)
     s, ssize = _addr_and_size(src, "src")
     n: int = _count(int(nbytes), "gshm.copy_signal: nbytes", "size_t")
     for size, what in ((dsize, "dst"), (ssize, "src")):

@@ -671,6 +671,33 @@ def test_copy_needs_gshm_copy():
         gshm.copy(0, 0, 1)
 
 
+def test_copy_refuses_strided_and_read_only_arrays(monkeypatch):
+    """gshm.copy took an array's data pointer and shape and ignored its
+    strides and read-only flag: from a reversed view (its pointer at the
+    last element) it copied bytes past the array, into a transposed one in
+    memory order, and into np.frombuffer(bytes) it wrote what Python holds
+    immutable.  Now each is a ValueError before any copy is queued; a
+    C-contiguous array still goes through."""
+    from gshm import _copy
+    calls = []
+    monkeypatch.setattr(_copy, "_optional", lambda name: lambda *a: calls.append((name, a)) or 0)
+    a = numpy.arange(16, dtype=numpy.uint8)
+    ro = numpy.frombuffer(bytes(16), dtype=numpy.uint8)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gshm.copy(a, a[::-1].copy()[::-1])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gshm.copy(numpy.zeros((4, 4), numpy.uint8).T, a)
+    with pytest.raises(ValueError, match="read-only"):
+        gshm.copy(ro, a)
+    with pytest.raises(ValueError, match="read-only"):
+        gshm.signal(numpy.frombuffer(bytes(8), dtype=numpy.uint64), 1)
+    assert calls == []
+    gshm.copy(a, ro)  # a read-only source is fine, and a flag only waited for
+    assert calls and calls[0][1][2] == 16
+    gshm.wait(numpy.frombuffer(bytes(8), dtype=numpy.uint64), 1)
+    assert len(calls) == 2
+
+
 def test_copy_signal_and_flags_refuse_counts_ctypes_would_wrap(monkeypatch):
     """copy_signal passed nbytes, and signal/wait/copy_signal the flag value,
     through int() to size_t / uint64_t arguments, which ctypes wraps
