@@ -30,6 +30,14 @@
        ? " (run gshmd as root or through gshmd.socket, or give it a socket path this user may " \
          "create: --socket PATH, $GSHM_SOCKET or daemon.socket)"                                \
        : "")
+/* Why gshmd may not give its socket daemon.socket_group (chown's errno err):
+ * gshmd.service takes both ways (the capability and the system call). */
+#define GSHMD_SOCKET_GROUP_HINT(err)                                                           \
+  ((err) == EPERM                                                                          \
+       ? " (a socket's group is changed with CAP_CHOWN, or by a member of that group; "     \
+         "gshmd.service allows neither (CapabilityBoundingSet=, SystemCallFilter=~@privileged): " \
+         "there let gshmd.socket make the socket (SocketGroup=), or empty daemon.socket_group)" \
+       : "")
 
 struct gshmd_config {
   /* [daemon] */

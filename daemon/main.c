@@ -183,8 +183,7 @@ static int setup_backends(struct daemon *d) {
   return 0;
 }
 
-/* Makes the socket's directory (e.g. /run/gshm) if missing; its parents
- * not. */
+/* Makes the socket's directory (e.g. /run/gshm) if missing, not its parents. */
 static int socket_dir_make(const char *path) {
   char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
   char *slash;
@@ -233,10 +232,9 @@ static int socket_check_existing(const struct sockaddr_un *sa, const char *path)
   return live || other ? -EADDRINUSE : 0;
 }
 
-/* Gives the bound socket at name the configured mode and group.
- * Returns 0, or -ENOENT where daemon.socket_group names no group (logged:
- * a socket of gshmd's own group would refuse everyone the admin meant to
- * let in, so gshmd does not start, as for daemon.admin_group). */
+/* Gives the bound socket at name the configured mode and group.  Returns 0, -ENOENT
+ * (daemon.socket_group names no group) or chown's error, logged: a socket of gshmd's
+ * own group would refuse everyone the admin meant to let in, so gshmd does not start. */
 static int socket_set_owner(struct daemon *d, const char *name) {
   if (chmod(name, d->cfg.socket_mode) < 0)
     gshm_log_warn("chmod %s %o: %m", name, d->cfg.socket_mode);
@@ -247,8 +245,11 @@ static int socket_set_owner(struct daemon *d, const char *name) {
                    "may connect)", d->cfg.socket_group);
       return -ENOENT;
     }
-    if (chown(name, (uid_t)-1, g->gr_gid) < 0)
-      gshm_log_warn("socket group '%s': %m", d->cfg.socket_group);
+    if (chown(name, (uid_t)-1, g->gr_gid) < 0) {
+      gshm_log_err("daemon.socket_group '%s': chown %s: %m%s", d->cfg.socket_group, name,
+                   GSHMD_SOCKET_GROUP_HINT(errno));
+      return -errno; /* (the log keeps errno) */
+    }
   }
   return 0;
 }
@@ -623,8 +624,7 @@ static void shutdown_all(struct daemon *d) {
     close(d->listen_fd);
   if (d->socket_created && !d->socket_activated)
     unlink(d->cfg.socket_path);
-  /* a stopped gshmd must not go on reporting gshm_up 1 through the
-   * node exporter */
+  /* a stopped gshmd must not go on reporting gshm_up 1 to the node exporter */
   if (d->metrics_timer_on)
     unlink(d->cfg.metrics_textfile);
   gshmd_fdstore_shutdown(&d->fdstore);

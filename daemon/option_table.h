@@ -43,8 +43,9 @@
     "socket_group this decides who may connect.")                               \
   X(daemon, socket_group, STR, socket_group, "", 0, 255, NULL,                  \
     "Group that owns the socket when gshmd creates it itself; empty keeps the " \
-    "daemon's group. A group that does not exist stops gshmd from starting."   \
-    )                                                                           \
+    "daemon's group. A group that does not exist, or one gshmd may not give "  \
+    "(that needs CAP_CHOWN, which gshmd.service does not grant, or membership)," \
+    " stops gshmd from starting.")                                              \
   X(daemon, admin_group, STR, admin_group, "", 0, 255, NULL,                    \
     "Members of this group may use the admin verbs (revoke, unlink of other "   \
     "users' segments); empty means root only.")                                 \

@@ -434,6 +434,21 @@ run 1 timeout 10 "$gshmd" --backend host --socket "$tmp/grp.sock" \
   --set daemon.socket_group=no-such-group-gshm || true
 grep -q "no such group" "$tmp/err" || fail "gshmd started without its socket group: $(cat "$tmp/err")"
 [[ ! -e $tmp/grp.sock ]] || fail "a socket was left at $tmp/grp.sock"
+# A socket group gshmd may not give (no CAP_CHOWN, not a member), as under
+# gshmd.service (CapabilityBoundingSet=, SystemCallFilter=~@privileged) when
+# gshmd binds its own socket: it does not start and says why (it warned and
+# served on a socket of its own group, which let nobody meant in).
+other_group=$(getent group | awk -F: -v mine=" $(id -G) " 'index(mine, " " $3 " ") == 0 { print $1; exit }')
+if [[ -n $other_group ]] && { [[ $(id -u) != 0 ]] || command -v setpriv >/dev/null; }; then
+  no_chown=()
+  [[ $(id -u) != 0 ]] || no_chown=(setpriv --bounding-set=-chown --inh-caps=-chown)
+  run 1 timeout 10 "${no_chown[@]}" "$gshmd" --config /dev/null --backend host \
+    --socket "$tmp/grp.sock" --set "daemon.socket_group=$other_group" || true
+  grep -q "daemon.socket_group '$other_group': chown .*: Operation not permitted (.*CAP_CHOWN" \
+    "$tmp/err" || fail "no chown error for socket_group $other_group: $(cat "$tmp/err")"
+  grep -q "gshmd.socket" "$tmp/err" || fail "the chown error does not point at gshmd.socket"
+  [[ ! -e $tmp/grp.sock ]] || fail "a socket was left at $tmp/grp.sock"
+fi
 
 # backend = cuda where the CUDA driver does not load (this test runs
 # without LD_LIBRARY_PATH's fake driver): gshmd does not start, and says
