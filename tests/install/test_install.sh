@@ -96,9 +96,13 @@ if cmake -S "$dir/consumer" -B "$dir/cb99" -DCMAKE_C_COMPILER="$cc" -DWANT=99.0 
      -DCMAKE_PREFIX_PATH="$p" >"$dir/cmake99.log" 2>&1; then
   fail "find_package(gshm 99.0) was accepted"
 fi
-# pkg-config, from the installed .pc (relocatable: ${pcfiledir}); where the
-# programs carry a RUNPATH, so does what `pkg-config --libs` builds
+# pkg-config, from the installed .pc, which names the prefix (the DESTDIR
+# tree is read through PKG_CONFIG_SYSROOT_DIR); where the programs carry a
+# RUNPATH, so does what `pkg-config --libs` builds
 export PKG_CONFIG_PATH=$lib/pkgconfig
+[ "$(pkg-config --variable=prefix gshm)" = "$prefix" ] ||
+  fail "gshm.pc's prefix is $(pkg-config --variable=prefix gshm), not $prefix"
+export PKG_CONFIG_SYSROOT_DIR=$root
 if flags=$(pkg-config --cflags --libs gshm); then
   [ "$(pkg-config --modversion gshm)" = "$version" ] || fail "pkg-config --modversion"
   if [ "$runpath" = ON ]; then
@@ -110,6 +114,19 @@ if flags=$(pkg-config --cflags --libs gshm); then
     fail "the pkg-config consumer did not build or run without LD_LIBRARY_PATH ($flags)"
 else
   fail "pkg-config gshm"
+fi
+unset PKG_CONFIG_SYSROOT_DIR
+# installed to /usr, gshm.pc adds no -I or -L (pkg-config drops the system
+# directories; a prefix of ${pcfiledir}/../.. gave
+# -I/usr/lib/pkgconfig/../../include, which it keeps)
+DESTDIR=$dir/usr-root cmake --install "$build" --prefix /usr >"$dir/install-usr.log" 2>&1 ||
+  fail "cmake --install --prefix /usr: $(cat "$dir/install-usr.log")"
+usr_pc=$(find "$dir/usr-root" -name gshm.pc | head -1)
+if [ -z "$usr_pc" ]; then
+  fail "--prefix /usr: no gshm.pc installed"
+else
+  flags=$(PKG_CONFIG_PATH=$(dirname "$usr_pc") pkg-config --cflags --libs-only-L --libs-only-l gshm)
+  [ "$(echo $flags)" = "-lgshm" ] || fail "--prefix /usr: pkg-config --cflags --libs gshm: $flags"
 fi
 
 # the same build installed to another prefix: the system files follow it
