@@ -1225,7 +1225,9 @@ out:
     json_t *doc = json_transfer(argv[optind], offset, done);
     json_object_set_new(doc, "file", json_text(file));
     rc = print_json(doc);
-  }
+  } else if (rc == EXIT_OK && file) /* (stdout is free: the one line the other verbs print) */
+    say("read %" PRIu64 " bytes of '%s' at offset %" PRIu64 " to %s", done, argv[optind], offset,
+        file);
   return rc;
 }
 

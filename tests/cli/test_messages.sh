@@ -148,6 +148,10 @@ fi
 # item 7: the same success shape for every verb, JSON errors
 run 0 write k4 -i "$dir/in100"
 has out "wrote 100 bytes to 'k4' at offset 0"
+# read to a file says so too (to stdout its bytes are all it prints)
+run 0 read k4 --offset 4 --length 10 -o "$dir/k4.out"
+has out "read 10 bytes of 'k4' at offset 4 to $dir/k4.out"
+[ "$(stat -c %s "$dir/k4.out")" = 10 ] || fail "read -o wrote $(stat -c %s "$dir/k4.out") bytes"
 run 0 chmod k4 0640
 has out "changed the mode of 'k4' to 0640"
 run 0 unlink k4i
