@@ -165,14 +165,15 @@
     "progress, within this many milliseconds; 0 never.")                        \
                                                                                 \
   X(quota, host_bytes, SIZE, quota_host_bytes, "0", 0, UINT64_MAX, NULL,        \
-    "Per-uid limit on the bytes of host (memfd) segments; 0 means unlimited.")                                          \
+    "Per-uid limit on the bytes of host (memfd) segments (root is exempt); 0 " \
+    "means unlimited.")                                                         \
   X(quota, cuda_bytes, SIZE, quota_cuda_bytes, "0", 0, UINT64_MAX, NULL,        \
-    "Per-uid limit on the bytes of device segments, all GPUs together; 0 "     \
-    "means unlimited.  It counts segments until gshmd frees them: memory a "  \
+    "Per-uid limit on the bytes of device segments, all GPUs together (root "  \
+    "is exempt); 0 means unlimited.  It counts segments until gshmd frees them: memory a "  \
     "client keeps alive after that through its own copy of a segment's fd "   \
     "(the driver cannot take it back) is not counted.")                        \
   X(quota, segments, U32, quota_segments, "0", 0, UINT32_MAX, NULL,             \
-    "Per-uid limit on segments owned; 0 means unlimited.")                      \
+    "Per-uid limit on segments owned (root is exempt); 0 means unlimited.")     \
   X(quota, leases, U32, quota_leases, "65536", 0, UINT32_MAX, NULL,             \
     "Per-uid limit on open leases (root is exempt); 0 means unlimited. The "   \
     "default is far above what a workload holds and keeps one user from "     \
