@@ -26,7 +26,11 @@
  * (err: the positive errno of mkdir or bind), as a suffix of that log
  * line; "" for other errors. */
 #define GSHMD_SOCKET_ACCESS_HINT(err)                                                          \
-  ((err) == EACCES || (err) == EPERM || (err) == EROFS                                          \
+  ((err) == EROFS                                                                              \
+       ? " (a read-only file system, as /run is under gshmd.service's ProtectSystem=strict: "  \
+         "there gshmd.socket makes the socket; elsewhere give it a writable path: --socket "   \
+         "PATH, $GSHM_SOCKET or daemon.socket)"                                                \
+   : (err) == EACCES || (err) == EPERM                                                         \
        ? " (run gshmd as root or through gshmd.socket, or give it a socket path this user may " \
          "create: --socket PATH, $GSHM_SOCKET or daemon.socket)"                                \
        : "")

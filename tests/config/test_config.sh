@@ -449,6 +449,23 @@ if [[ -n $other_group ]] && { [[ $(id -u) != 0 ]] || command -v setpriv >/dev/nu
   grep -q "gshmd.socket" "$tmp/err" || fail "the chown error does not point at gshmd.socket"
   [[ ! -e $tmp/grp.sock ]] || fail "a socket was left at $tmp/grp.sock"
 fi
+# A socket directory on a read-only file system, as /run is under
+# gshmd.service's ProtectSystem=strict for a gshmd binding its own socket:
+# the hint names that, not "run gshmd as root" (it is root there).
+# Root and unshare(1) only (a read-only bind mount).
+if [[ $(id -u) == 0 ]] && command -v unshare >/dev/null; then
+  mkdir "$tmp/ro"
+  # shellcheck disable=SC2016
+  run 1 timeout 10 unshare -m sh -c 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" &&
+    exec "$@"' "$tmp/ro" "$gshmd" --config /dev/null --backend host --socket "$tmp/ro/s" || true
+  if ! grep -q "Read-only file system" "$tmp/err"; then
+    echo "note: no read-only bind mount here: $(tail -1 "$tmp/err")"
+  else
+    grep -q "ProtectSystem=strict: there gshmd.socket makes the socket" "$tmp/err" ||
+      fail "a read-only socket directory: no hint at gshmd.socket: $(cat "$tmp/err")"
+    grep -q "run gshmd as root" "$tmp/err" && fail "a read-only socket directory: 'run gshmd as root'"
+  fi
+fi
 
 # backend = cuda where the CUDA driver does not load (this test runs
 # without LD_LIBRARY_PATH's fake driver): gshmd does not start, and says
