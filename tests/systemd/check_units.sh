@@ -97,7 +97,8 @@ fi
 # (SystemCallErrorNumber=), which nothing else reports.  mincore is in no
 # group and was refused.  Not checked: gethostname (glibc calls uname),
 # syscall(2) itself, chown (only when gshmd binds a socket of its own,
-# never under gshmd.socket).
+# never under gshmd.socket; refused there, gshmd does not start and says
+# why, but /run is read-only to it first: tests/config checks both).
 if command -v nm >/dev/null; then
   systemd-analyze syscall-filter >"$tmp/groups" 2>/dev/null
   refused=$(nm -D --undefined-only "$root$sbindir/gshmd" | awk '{ print $NF }' | sed 's/@.*//' |
