@@ -339,7 +339,24 @@ def _candidates():
         out.append(found)
     out.append("libgshm.so.0")
     out.append("libgshm.so")
-    return out, False
+    return _unique(out), False
+
+
+def _unique(paths):
+    """paths without repeats, in order: find_library's answer is the
+    soname ("libgshm.so.0") that follows it, and the build's libgshm.so
+    and libgshm.so.0 are links to one file, so a library that fails to
+    load was tried, and listed in the error, two or three times.  A path
+    with a "/" is one file (by realpath); a bare name is what dlopen looks
+    up (by the name)."""
+    seen = set()
+    out = []
+    for p in paths:
+        key = os.path.realpath(p) if os.sep in p else p
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
 
 
 def lib():

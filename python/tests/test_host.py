@@ -1023,6 +1023,45 @@ def test_python_m_gshm_without_libgshm(tmp_path):
     assert err.startswith("gshm: cannot load libgshm") and "GSHM_LIBRARY" in err, err
 
 
+def test_python_m_gshm_lists_each_library_tried_once(tmp_path):
+    """python -m gshm where no libgshm loads lists each candidate once: the
+    dynamic linker's name (find_library's answer where ldconfig knows a
+    libgshm.so.0 that does not load, then the fallback of the same name)
+    was tried and listed twice, and a build's libgshm.so and libgshm.so.0,
+    links to one file, twice as well."""
+    build = tmp_path / "build" / "client"
+    build.mkdir(parents=True)
+    (build / "libgshm.so.0.1.0").write_bytes(b"not an ELF file")
+    os.symlink("libgshm.so.0.1.0", str(build / "libgshm.so.0"))
+    os.symlink("libgshm.so.0", str(build / "libgshm.so"))
+    script = textwrap.dedent("""
+        import ctypes, ctypes.util, sys
+        try:
+            ctypes.CDLL("libgshm.so.0")
+            sys.exit(77)  # one is installed: nothing here would fail to load
+        except OSError:
+            pass
+        ctypes.util.find_library = lambda name: "libgshm.so.0"  # ldconfig's stale entry
+        import gshm._lib as L
+        L._package_dir = lambda: %r
+        from gshm.__main__ import main
+        sys.exit(main(["--socket", %r]))
+        """ % (str(tmp_path / "pkg" / "gshm"), str(tmp_path / "s")))
+    env = gshm_testutil.child_env()
+    env.pop("GSHM_LIBRARY", None)
+    env.pop("LD_LIBRARY_PATH", None)
+    p = subprocess.run([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=60)
+    if p.returncode == 77:
+        pytest.skip("a libgshm.so.0 is installed")
+    err = p.stderr.decode()
+    assert p.returncode == 1 and err.startswith("gshm: cannot load libgshm"), (p.returncode, err)
+    tried = [t.split(": ", 1)[0] for t in err.split("tried: ", 1)[1].strip().split("; ")]
+    assert len(tried) == len(set(tried)), tried
+    assert tried.count("libgshm.so.0") == 1, tried
+    assert len([t for t in tried if t.startswith(str(build))]) == 1, tried
+
+
 def test_python_m_gshm_escapes_names(daemon, client):
     """Names other users chose reach python -m gshm's tables escaped as
     gshmctl's (the attack4 review): a C1 CSI (U+009B) and a bidi override
