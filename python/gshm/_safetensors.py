@@ -184,8 +184,14 @@ def parse(read, size, aligned=True):
             shape = tuple(_json_count(d) for d in _json_list(t["shape"]))
             b, e = (_json_count(x) for x in _json_list(t["data_offsets"]))
             # what torch takes: a shape with a 0 holds no bytes whatever its
-            # other dimensions, so the byte checks below never see them
-            if len(shape) > MAX_DIMS or any(d > _I64 for d in shape):
+            # other dimensions, so the byte checks below never see them.
+            # Their product must fit int64 as well: torch multiplies the
+            # sizes in order, and [2**62, 2**62, 0] overflowed into its own
+            # RuntimeError (each dimension alone was within int64).
+            nonzero = 1
+            for d in shape:
+                nonzero *= d or 1
+            if len(shape) > MAX_DIMS or nonzero > _I64:
                 raise ValueError("shape")
         except (KeyError, TypeError, ValueError):
             raise ValueError("gshm: bad safetensors entry %s: %s" % (_shown(name), _shown(t))) \

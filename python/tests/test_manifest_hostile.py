@@ -249,14 +249,25 @@ def _st(shape, nbytes=0, **kw):
     return lambda off, n: data[off:off + n], len(data)
 
 
-@pytest.mark.parametrize("shape,nbytes", [([0, 1 << 64], 0), ([1 << 63, 0], 0), ([1] * 65, 4)])
+@pytest.mark.parametrize("shape,nbytes", [([0, 1 << 64], 0), ([1 << 63, 0], 0), ([1] * 65, 4),
+                                          ([1 << 62, 1 << 62, 0], 0), ([0, 1 << 32, 1 << 31], 0)])
 def test_safetensors_shape_torch_cannot_take(shape, nbytes):
     """A shape with a 0 holds no bytes, so its other dimensions were never
     checked: 2**64 passed parse(), and torch raised its own error on the
-    view.  Dimensions are int64 and at most 64 of them."""
+    view.  Dimensions are int64 and at most 64 of them, and so is the
+    product of those that are not 0 ([2**62, 2**62, 0] passed, each
+    dimension within int64, and torch's size arithmetic overflowed)."""
     read, size = _st(shape, nbytes)
     with pytest.raises(ValueError, match="'a'"):
         _safetensors.parse(read, size)
+
+
+def test_safetensors_empty_tensor_with_long_dimensions_is_taken():
+    """An empty tensor's other dimensions may be longer than the file
+    holds elements (as torch allows): only their product is capped."""
+    read, size = _st([0, 1 << 40, 1 << 20], 0)
+    meta, entries = _safetensors.parse(read, size)
+    assert entries[0][2] == (0, 1 << 40, 1 << 20), entries
 
 
 def test_safetensors_integer_literal_length_capped():
