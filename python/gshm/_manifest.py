@@ -43,7 +43,9 @@ Nothing here needs torch or a GPU."""
 import json
 import struct
 
+from ._core import _enc
 from ._dtypes import dtype as _to_dtype
+from ._lib import GSHM_NAME_MAX
 # (defined in _owner, below this module and _safetensors, which both use them)
 from ._owner import ManifestError, UntrustedSegment, owner_uid, check_owner, open_owned
 from ._safetensors import _json_list, _shown
@@ -380,6 +382,22 @@ def _resolve_pulled(doc, prefix, source):
     return doc
 
 
+def _check_name(name):
+    """A segment name from a manifest, as open_segments() will send it:
+    ManifestError for one that no gshm name can be (a NUL byte, a lone
+    surrogate that UTF-8 cannot encode, more than GSHM_NAME_MAX bytes),
+    which Client.open refused with a plain ValueError or
+    UnicodeEncodeError (or gshmd with InvalidArgument) after the segments
+    before it were opened."""
+    try:
+        b = _enc(name)
+    except ValueError:  # (UnicodeEncodeError is one)
+        b = None
+    if b is None or len(b) > GSHM_NAME_MAX:
+        raise ManifestError("gshm: manifest names segment %s, which is no segment name"
+                            % _shown(name))
+
+
 def read(client, prefix, owner=None):
     """Reads and checks "<prefix>/manifest" (resolved to the local names when
     it was pulled from a peer).  owner: whose the manifest must be
@@ -411,6 +429,7 @@ def read(client, prefix, owner=None):
         if not n.startswith(segment_prefix(prefix)):
             raise ManifestError("gshm: manifest of %r names segment %s, not one of the pool's "
                                 "(%s*)" % (prefix, _shown(n), segment_prefix(prefix)))
+        _check_name(n)
     doc["owner"] = uid
     return doc
 
