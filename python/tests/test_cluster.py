@@ -4,6 +4,7 @@ gshmd talking UCX over tcp on 127.0.0.1 (docs/CLUSTER.md)."""
 import json
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -165,6 +166,68 @@ def test_gshmctl_pull_interrupted(silent_node):
         assert proc.returncode == code, (proc.returncode, err)
         assert b"cancelled" in err and b"nothing was kept" in err, err
         assert _pulls_in_flight(silent_node) == 0
+
+
+def _ctrl_c_later(started, delay):
+    """A thread that sends this process SIGINT `delay` s after the event
+    `started` is set: a Ctrl-C that comes while the main thread is inside
+    libgshm's pull (as a person's does), not inside the progress callback."""
+    import signal
+    import threading
+
+    def run():
+        if started.wait(30):
+            time.sleep(delay)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("with_callback", [True, False], ids=["callback", "no_callback"])
+def test_pull_cancelled_by_ctrl_c_in_libgshm(pair, with_callback):
+    """A real Ctrl-C comes while the pull runs in C, and Python raises it at
+    the entry of the next Python frame: the ctypes progress callback's,
+    outside its try, where ctypes printed "Exception ignored on calling
+    ctypes callback function" and dropped it (test_pull_interrupted_in_progress
+    sent its SIGINT from inside the callback, where the try catches it).
+    The pull then ran to its end and returned as if nothing happened, and
+    without a callback Ctrl-C waited for the pull's end.  Now SIGINT on the
+    main thread cancels the pull within 0.1 s, callback or not, and
+    KeyboardInterrupt is raised once it has stopped; nothing is left."""
+    import threading
+    a, b = pair
+    size = 512 << 20
+    with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
+        with ca.create("pub/ctrlc", size, location="host", mode=0o644) as seg:
+            memoryview(seg)[size - 1:size] = b"x"
+        started = threading.Event()
+        calls = []
+
+        def progress(done, total, ns):
+            calls.append(done)
+            started.set()
+
+        t0 = time.monotonic()
+        if not with_callback:
+            started.set()
+        killer = _ctrl_c_later(started, 0.05 if with_callback else 0.3)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                cb.pull("a", "pub/ctrlc", local_name="py/ctrlc",
+                        progress=progress if with_callback else None)
+            took = time.monotonic() - t0
+            # cancelled, not whole: a pull of 512 MiB over loopback TCP is
+            # not over that soon
+            left = [s.name for s in cb.segments() if s.name.startswith("py/ctrlc")]
+            assert not left, (left, took)
+            assert [p.name for p in cb.peers()] == ["a"]  # the client goes on
+        finally:
+            killer.join(30)
+            ca.unlink("pub/ctrlc")
+            if cb.exists("py/ctrlc"):
+                cb.unlink("py/ctrlc")
 
 
 def _pty_stderr(cmd):
