@@ -25,7 +25,7 @@ from typing import Any
 
 from ._errors import (Error, NotFound, Exists, PermissionDenied, InvalidArgument,
                       Unreachable, NoDevice, NotSupported, OutOfMemory, LimitExceeded,
-                      Revoked, ProtocolError, TimedOut, ForkedChild)
+                      Revoked, ProtocolError, TimedOut, ForkedChild, Canceled)
 from ._dtypes import DType, DTypeLike, DTYPES, dtype
 from ._info import (SegmentInfo, LeaseInfo, ClientInfo, StatusInfo, DeviceInfo, PeerInfo,
                     ClusterPeer, PullResult)
@@ -45,7 +45,7 @@ __all__ = [
     "copy", "copy_signal", "signal", "wait",
     "Error", "NotFound", "Exists", "PermissionDenied", "InvalidArgument", "Unreachable",
     "NoDevice", "NotSupported", "OutOfMemory", "LimitExceeded", "Revoked", "ProtocolError",
-    "TimedOut", "ForkedChild",
+    "TimedOut", "ForkedChild", "Canceled",
     "DType", "DTYPES", "dtype", "ACCESS_READ", "ACCESS_READ_WRITE", "CREATE_LEGACY_IPC",
     "NAME_MAX", "library_path", "location_of_device",
     # type aliases for annotations (py.typed)

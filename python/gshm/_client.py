@@ -437,7 +437,8 @@ class Client(object):
         ended.  Ctrl-C while the pull runs (with or without a callback, the
         peer still being reached included) cancels the pull within about
         0.1 s (gshm_pull_cancel: nothing is left behind, unless it ended
-        meanwhile) and KeyboardInterrupt is raised.  Errors as
+        meanwhile) and KeyboardInterrupt is raised (a SIGINT handler of the
+        program's that does not raise leaves the pull running).  Errors as
         gshm_pull: NotFound (no such peer, or nothing exported under that
         name), Exists (a local segment holds a name: pass replace=True),
         PermissionDenied, Unreachable (the peer went away; nothing is left

@@ -7,7 +7,7 @@ from typing import Optional, Type
 __all__ = [
     "Error", "NotFound", "Exists", "PermissionDenied", "InvalidArgument",
     "Unreachable", "NoDevice", "NotSupported", "OutOfMemory", "LimitExceeded",
-    "Revoked", "ProtocolError", "TimedOut", "ForkedChild", "error_for",
+    "Revoked", "ProtocolError", "TimedOut", "ForkedChild", "Canceled", "error_for",
 ]
 
 
@@ -37,7 +37,8 @@ class PermissionDenied(Error, PermissionError):
 
 
 class InvalidArgument(Error, ValueError):
-    """EINVAL / ENAMETOOLONG: a bad name, size, location, mode or access."""
+    """EINVAL / ENAMETOOLONG: a bad name, size, location, mode or access;
+    ERANGE: a range (gshm_read, gshm_write, gshm_copy) outside its segment."""
 
 
 class Unreachable(Error, ConnectionError):
@@ -52,7 +53,7 @@ class NoDevice(Error):
 
 class NotSupported(Error):
     """ENOTSUP (= EOPNOTSUPP): backend or feature not available on this daemon or machine;
-    EXDEV: two GPUs without a peer path."""
+    EXDEV: two GPUs without a peer path; ENOSYS: a CUDA driver too old for it."""
 
 
 class OutOfMemory(Error, MemoryError):
@@ -60,7 +61,8 @@ class OutOfMemory(Error, MemoryError):
 
 
 class LimitExceeded(Error):
-    """EDQUOT / EFBIG / EMFILE: a quota or limit would be crossed."""
+    """EDQUOT / EFBIG / EMFILE: a quota or limit would be crossed; E2BIG: more
+    segments than one request may hold (a set pull of more than 4096)."""
 
 
 class Revoked(Error):
@@ -79,7 +81,13 @@ class ForkedChild(Error, ChildProcessError):
 
 
 class ProtocolError(Error):
-    """EPROTO / EPROTONOSUPPORT: the daemon speaks another protocol."""
+    """EPROTO / EPROTONOSUPPORT / EBADMSG: the daemon speaks another protocol,
+    or sent a malformed message."""
+
+
+class Canceled(Error):
+    """ECANCELED: the pull was cancelled (gshm_pull_cancel; Client.pull's
+    Ctrl-C where SIGINT's handler does not raise).  Nothing is left behind."""
 
 
 _BY_ERRNO = {
@@ -89,6 +97,7 @@ _BY_ERRNO = {
     _errno.EPERM: PermissionDenied,
     _errno.EINVAL: InvalidArgument,
     _errno.ENAMETOOLONG: InvalidArgument,
+    _errno.ERANGE: InvalidArgument,  # a range outside its segment
     _errno.ECONNREFUSED: Unreachable,
     _errno.ECONNRESET: Unreachable,
     _errno.EPIPE: Unreachable,
@@ -99,14 +108,18 @@ _BY_ERRNO = {
     _errno.ENOTSUP: NotSupported,
     _errno.EOPNOTSUPP: NotSupported,
     _errno.EXDEV: NotSupported,  # no peer path between two GPUs
+    _errno.ENOSYS: NotSupported,  # a CUDA driver too old
     _errno.ENOMEM: OutOfMemory,
     _errno.EDQUOT: LimitExceeded,
     _errno.EFBIG: LimitExceeded,
     _errno.EMFILE: LimitExceeded,
+    _errno.E2BIG: LimitExceeded,  # STATUS_TOO_MANY (read as EFBIG before it had its own)
     _errno.ESTALE: Revoked,
     _errno.ECHILD: ForkedChild,
     _errno.EPROTO: ProtocolError,
     _errno.EPROTONOSUPPORT: ProtocolError,
+    _errno.EBADMSG: ProtocolError,
+    _errno.ECANCELED: Canceled,
 }
 
 

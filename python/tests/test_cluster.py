@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Client.pull, Client.peers and Client.remote_segments against two real
 gshmd talking UCX over tcp on 127.0.0.1 (docs/CLUSTER.md)."""
+import errno
 import json
 import os
 import tempfile
@@ -166,6 +167,26 @@ def test_gshmctl_pull_interrupted(silent_node):
         assert proc.returncode == code, (proc.returncode, err)
         assert b"cancelled" in err and b"nothing was kept" in err, err
         assert _pulls_in_flight(silent_node) == 0
+
+
+def test_pull_of_too_many_segments_is_limit_exceeded(pair):
+    """A set pull of more than 4096 segments fails with E2BIG (gshmd's
+    STATUS_TOO_MANY): gshm.LimitExceeded, as when the wire read it as
+    EFBIG; since STATUS_TOO_MANY it came as a bare gshm.Error."""
+    a, b = pair
+    names = ["pub/many/%05d" % i for i in range(4097)]
+    with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
+        try:
+            for n in names:
+                ca.create(n, 1, location="host", mode=0o644).close()
+            with pytest.raises(gshm.LimitExceeded) as ei:
+                cb.pull("a", "pub/many/", prefix=True)
+            assert ei.value.errno == errno.E2BIG, ei.value
+            assert not any(s.name.startswith("pub/many/") for s in cb.segments())
+        finally:
+            for n in names:
+                if ca.exists(n):
+                    ca.unlink(n)
 
 
 def _ctrl_c_later(started, delay):

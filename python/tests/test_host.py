@@ -26,6 +26,51 @@ from gshm import _dlpack, _lib, _safetensors
 
 # ------------------------------------------------------------ ABI checks
 
+# What each errno of common/errors.h (libgshm's one error table) raises in
+# Python: a subclass where a caller would catch it by meaning, gshm.Error
+# itself for the rest.  A status added to the table fails this test until it
+# is placed here (E2BIG, STATUS_TOO_MANY, and ECANCELED, STATUS_CANCELED,
+# came as plain gshm.Error: a set pull of too many segments had been
+# LimitExceeded while the wire read it as EFBIG).
+_ERRNO_CLASSES = {
+    "EPERM": gshm.PermissionDenied, "EACCES": gshm.PermissionDenied,
+    "ENOENT": gshm.NotFound, "EEXIST": gshm.Exists,
+    "EINVAL": gshm.InvalidArgument, "ENAMETOOLONG": gshm.InvalidArgument,
+    "ERANGE": gshm.InvalidArgument,
+    "ENOMEM": gshm.OutOfMemory, "ENODEV": gshm.NoDevice,
+    "ENOTSUP": gshm.NotSupported, "EXDEV": gshm.NotSupported, "ENOSYS": gshm.NotSupported,
+    "EMFILE": gshm.LimitExceeded, "EFBIG": gshm.LimitExceeded, "EDQUOT": gshm.LimitExceeded,
+    "E2BIG": gshm.LimitExceeded,
+    "EPIPE": gshm.Unreachable, "ECONNRESET": gshm.Unreachable,
+    "ECONNREFUSED": gshm.Unreachable, "EPROTOTYPE": gshm.Unreachable,
+    "ETIMEDOUT": gshm.TimedOut, "ESTALE": gshm.Revoked, "ECHILD": gshm.ForkedChild,
+    "EPROTO": gshm.ProtocolError, "EPROTONOSUPPORT": gshm.ProtocolError,
+    "EBADMSG": gshm.ProtocolError, "ECANCELED": gshm.Canceled,
+    # no meaning a caller catches apart: gshm.Error
+    "EINTR": gshm.Error, "EIO": gshm.Error, "EBADF": gshm.Error, "EAGAIN": gshm.Error,
+    "EBUSY": gshm.Error, "ENOSPC": gshm.Error, "EMSGSIZE": gshm.Error,
+    "EREMOTEIO": gshm.Error, "ENOBUFS": gshm.Error,
+}
+
+
+def test_every_errno_of_the_error_table_has_its_exception():
+    """Every errno in common/errors.h's GSHM_ERRNO_MAP raises the exception
+    chosen for it above (none new and unplaced), with that errno."""
+    import re
+    from gshm._errors import error_for
+    with open(os.path.join(gshm_testutil.REPO, "common", "errors.h")) as f:
+        table = f.read().split("#define GSHM_ERRNO_MAP(X)", 1)[1].split("\n\n", 1)[0]
+    names = re.findall(r"^\s*X\((E[A-Z0-9]+),", table, re.M)
+    assert "ECANCELED" in names and len(names) > 30, names
+    unplaced = [n for n in names if n not in _ERRNO_CLASSES]
+    assert not unplaced, "errnos of common/errors.h with no Python class chosen: %s" % unplaced
+    for n in names:
+        code = getattr(errno, n)
+        e = error_for(-code, function="gshm_x", filename="seg")
+        assert type(e) is _ERRNO_CLASSES[n], (n, type(e))
+        assert e.errno == code and e.filename == "seg", (n, e)
+
+
 def test_struct_layout_matches_header(tmp_path):
     """Every ctypes mirror has the C struct's size and every field its offset."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
