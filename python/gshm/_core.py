@@ -125,7 +125,7 @@ def _optional(name):
 # every other thread's gshm call, and a finalizer run by the garbage
 # collector inside that request's progress callback, would wait too (the
 # latter for ever).
-_state_lock = threading.RLock()
+_state_lock = L.fork_safe(threading.RLock())
 
 
 class _Handle(object):

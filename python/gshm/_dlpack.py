@@ -23,6 +23,8 @@ import ctypes
 import threading
 from typing import Any, Dict
 
+from ._lib import fork_safe
+
 __all__ = ["DLDevice", "DLDataType", "DLTensor", "DLManagedTensor", "make_capsule",
            "kDLCPU", "kDLCUDA", "kDLCUDAHost", "live_exports"]
 
@@ -62,7 +64,7 @@ DLManagedTensor._fields_ = [
 
 # address of a DLManagedTensor -> _Export (everything it points to, and the owner)
 _LIVE: Dict[int, Any] = {}
-_LIVE_LOCK = threading.Lock()
+_LIVE_LOCK = fork_safe(threading.Lock())
 
 
 class _Export(object):

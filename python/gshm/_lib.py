@@ -33,6 +33,7 @@ __all__ = [
     "lib",
     "library_path",
     "optional_symbol",
+    "fork_safe",
 ]
 
 GSHM_NAME_MAX = 255
@@ -314,7 +315,21 @@ _OPTIONAL_PROTOTYPES = {
     "gshm_client_uid": (_int, [_vp, ctypes.POINTER(ctypes.c_uint32)]),
 }
 
-_lock = threading.Lock()
+def fork_safe(lock):
+    """lock, held across os.fork() by the forking thread (taken before the
+    fork, released after it in parent and child) and returned.  A fork
+    while another thread held one of the package's locks left it held for
+    ever in the child, where that thread does not exist: the child's next
+    use of it (a finalizer's decref as the child drops a segment it
+    inherited, a DLPack deleter) hung.  No lock so guarded may be held by a
+    thread that forks, nor across a blocking call."""
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=lock.acquire, after_in_parent=lock.release,
+                            after_in_child=lock.release)
+    return lock
+
+
+_lock = fork_safe(threading.Lock())
 _lib = None
 _lib_path = None
 

@@ -1259,6 +1259,50 @@ def test_typed_example_runs(daemon):
     assert "examples/typed_host" not in names, names  # the example unlinks what it made
 
 
+@pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")
+@pytest.mark.parametrize("which", ["_core._state_lock", "_dlpack._LIVE_LOCK", "_lib._lock"])
+def test_fork_while_another_thread_holds_a_package_lock(daemon, client, segname, which):
+    """A fork while another thread held one of the package's locks (a
+    decref, a DLPack deleter, the library's loading) left it held for ever
+    in the child: the child's first segment it dropped (its finalizer's
+    decref) or DLPack deleter hung.  Now the fork waits for the lock
+    (os.register_at_fork), and the child's copy is free."""
+    import threading
+    from gshm import _core
+    mod, name = which.split(".")
+    lock = getattr({"_core": _core, "_dlpack": _dlpack, "_lib": _lib}[mod], name)
+    seg = client.create(segname, 4096, location="host")
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(10)
+    timer = threading.Timer(0.3, release.set)
+    timer.start()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            if lock.acquire(timeout=5):
+                lock.release()
+                seg.close()  # (the decref that hung)
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    t.join(10)
+    timer.join(10)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert seg.stat().leases == 1  # the child's close was its own copy's
+    seg.close()
+    client.unlink(segname)
+
+
 def test_client_used_in_a_forked_child_is_forked_child(client):
     """A client connected before a fork belongs to the parent: the child's
     calls fail with ECHILD, gshm.ForkedChild (a ChildProcessError), whose
