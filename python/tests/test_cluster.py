@@ -206,8 +206,9 @@ def _ctrl_c_later(started, delay):
     return t
 
 
-@pytest.mark.parametrize("with_callback", [True, False], ids=["callback", "no_callback"])
-def test_pull_cancelled_by_ctrl_c_in_libgshm(pair, with_callback):
+@pytest.mark.parametrize("with_callback,prefix", [(True, False), (False, False), (False, True)],
+                         ids=["callback", "no_callback", "set"])
+def test_pull_cancelled_by_ctrl_c_in_libgshm(pair, with_callback, prefix):
     """A real Ctrl-C comes while the pull runs in C, and Python raises it at
     the entry of the next Python frame: the ctypes progress callback's,
     outside its try, where ctypes printed "Exception ignored on calling
@@ -236,7 +237,7 @@ def test_pull_cancelled_by_ctrl_c_in_libgshm(pair, with_callback):
         killer = _ctrl_c_later(started, 0.05 if with_callback else 0.3)
         try:
             with pytest.raises(KeyboardInterrupt):
-                cb.pull("a", "pub/ctrlc", local_name="py/ctrlc",
+                cb.pull("a", "pub/ctrlc", local_name="py/ctrlc", prefix=prefix,
                         progress=progress if with_callback else None)
             took = time.monotonic() - t0
             # cancelled, not whole: a pull of 512 MiB over loopback TCP is
