@@ -384,16 +384,19 @@ def _resolve_pulled(doc, prefix, source):
 
 def _check_name(name):
     """A segment name from a manifest, as open_segments() will send it:
-    ManifestError for one that no gshm name can be (a NUL byte, a lone
-    surrogate that UTF-8 cannot encode, more than GSHM_NAME_MAX bytes),
-    which Client.open refused with a plain ValueError or
-    UnicodeEncodeError (or gshmd with InvalidArgument) after the segments
-    before it were opened."""
+    ManifestError for one that no gshm name can be, which Client.open
+    refused with a plain ValueError (a NUL byte), a UnicodeEncodeError (a
+    lone surrogate) or gshm.InvalidArgument (gshmd's rules, those of
+    common/util.c gshm__name_check: 1..GSHM_NAME_MAX bytes, no control
+    byte, '/'-separated components, none empty, "." or "..") after the
+    segments before it were opened."""
     try:
         b = _enc(name)
     except ValueError:  # (UnicodeEncodeError is one)
         b = None
-    if b is None or len(b) > GSHM_NAME_MAX:
+    if b is None or not 0 < len(b) <= GSHM_NAME_MAX \
+            or any(c < 0x20 or c == 0x7F for c in b) \
+            or any(comp in (b"", b".", b"..") for comp in b.split(b"/")):
         raise ManifestError("gshm: manifest names segment %s, which is no segment name"
                             % _shown(name))
 

@@ -320,13 +320,17 @@ def test_hostile_safetensors_header_costs_the_reader_nothing(daemon, client, seg
     assert r["s"] < 2.0, r
 
 
-@pytest.mark.parametrize("tail", ["x\u0000y", "\ud800", "x" * 300], ids=["nul", "surrogate", "long"])
+@pytest.mark.parametrize("tail", ["x\u0000y", "\ud800", "x" * 300, "x\x01", "x\x7f", "x//y",
+                                  "x/./y", "x/..", "x/"],
+                         ids=["nul", "surrogate", "long", "control", "del", "empty", "dot",
+                              "dotdot", "trailing"])
 def test_manifest_segment_name_that_is_no_name(daemon, client, segname, tail):
     """A manifest naming a segment that no gshm name can be (a NUL byte, a
-    lone surrogate, more than GSHM_NAME_MAX bytes) under the pool's prefix
-    is refused by read() as a ManifestError; open_segments() raised a
-    plain ValueError ("contains a NUL byte"), a UnicodeEncodeError or
-    gshm.InvalidArgument instead, after opening the segments before it."""
+    lone surrogate, more than GSHM_NAME_MAX bytes, a control byte, an
+    empty, "." or ".." component) under the pool's prefix is refused by
+    read() as a ManifestError; open_segments() raised a plain ValueError
+    ("contains a NUL byte"), a UnicodeEncodeError or gshm.InvalidArgument
+    instead, after opening the segments before it."""
     bad = segname + "/seg-" + tail
     segs = {bad: {"id": 1, "generation": 1, "size": 4096}}
     _put(client, segname + "/manifest", _bytes(_doc(segments=segs)))
