@@ -249,11 +249,26 @@ class Segment(object):
             raise ValueError("gshm: range [%d, %d) is outside the segment (%d bytes)"
                              % (offset, offset + n, self.size))
         fn = _optional("gshm_write")
-        src = (ctypes.c_char * max(n, 1)).from_buffer_copy(mv) if n else None
-        with self._use() as p:
-            rc = fn(p, offset, src, n)
-            if rc < 0:
-                _raise(rc, "gshm_write", self._h.client.ptr, self.name)
+        # gshm_write reads the caller's buffer in place: one copy of the
+        # data, as read() makes (a temporary copy of it doubled the peak
+        # memory of writing a model's bytes).  A read-only buffer other
+        # than a bytes object has no address ctypes gives: copied.
+        if not n:
+            src: Any = None
+        elif not mv.readonly:
+            src = (ctypes.c_char * n).from_buffer(mv)
+        elif type(data) is bytes:
+            src = _bytes_address(data)
+        else:
+            src = (ctypes.c_char * n).from_buffer_copy(mv)
+        try:
+            with self._use() as p:
+                rc = fn(p, offset, src, n)
+                if rc < 0:
+                    _raise(rc, "gshm_write", self._h.client.ptr, self.name)
+        finally:
+            del src  # (the buffer export from_buffer holds, before mv goes)
+            mv.release()
 
     # -- mapping
     def map(self, devices: Devices = None) -> int:

@@ -892,6 +892,47 @@ def test_child_after_fork_does_not_touch_parent_connection(daemon, client, segna
     client.unlink(segname)
 
 
+_WRITER = r"""
+import sys
+import gshm
+
+def hwm_kib():
+    with open("/proc/self/status") as f:
+        return int(next(l for l in f if l.startswith("VmHWM:")).split()[1])
+
+size = int(sys.argv[3])
+with gshm.Client(sys.argv[1]) as c, c.open(sys.argv[2], "rw") as seg:
+    seg.write(b"\0", size - 1)  # the shared pages, touched before the measure
+    seg.write(bytearray(size), 0)
+    data = (bytearray if sys.argv[4] == "bytearray" else bytes)(b"\x5a" * size)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak RSS from now on (making data had its own)
+    before = hwm_kib()
+    seg.write(data, 0)
+    grew = hwm_kib() - before
+    assert seg.read(size - 1, 1) == b"\x5a"
+print(grew)
+"""
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bytearray"])
+def test_write_makes_no_copy_of_the_data(daemon, client, segname, kind):
+    """Segment.write handed gshm_write a ctypes copy of the whole buffer
+    (from_buffer_copy): writing 256 MiB of weights took 256 MiB more of
+    memory for the length of the call.  Now bytes and writable buffers are
+    read in place (a process of its own: its peak RSS grows by less than
+    a quarter of the data)."""
+    size = 256 << 20
+    with client.create(segname, size, location="host", mode=0o600):
+        p = subprocess.run([sys.executable, "-c", _WRITER, daemon.socket, segname, str(size),
+                            kind], env=gshm_testutil.child_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=120)
+    client.unlink(segname)
+    assert p.returncode == 0, p.stderr.decode()
+    grew_kib = int(p.stdout)
+    assert grew_kib < (size >> 10) // 4, (kind, grew_kib)
+
+
 def test_read_write_and_daemon_views(daemon, client, segname):
     with client.create(segname, 10000, location="host") as seg:
         seg.write(b"hello", 4090)
