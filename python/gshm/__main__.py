@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -176,10 +177,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         key = args.verb
         doc = result if args.verb == "status" else {key: result}
-        print(json.dumps(_json_text(doc), indent=2, default=str))
+        text = json.dumps(_json_text(doc), indent=2, default=str)
     else:
-        print("\n".join(result))
-    return EXIT_OK
+        text = "\n".join(result)
+    return _write_output(text)
+
+
+def _write_output(text: str) -> int:
+    """Prints text on stdout; EXIT_OK, or EXIT_ERROR where it could not be
+    written, as gshmctl: a full disk said once on stderr, a reader that
+    went away (`| head`) quietly.  Either was a traceback, and another
+    one from the interpreter's own flush at exit."""
+    try:
+        print(text)
+        sys.stdout.flush()
+        return EXIT_OK
+    except OSError as e:
+        # (the interpreter flushes stdout again at exit: give it nowhere
+        # to fail, dup'ed over the fd, as Python's documentation advises)
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        if not isinstance(e, BrokenPipeError):
+            print(shown("gshm: writing output: %s" % (e.strerror or e)), file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -1109,6 +1109,36 @@ def test_python_m_gshm_without_libgshm(tmp_path):
     assert err.startswith("gshm: cannot load libgshm") and "GSHM_LIBRARY" in err, err
 
 
+def test_python_m_gshm_output_that_cannot_be_written(daemon, client):
+    """python -m gshm whose stdout is a pipe its reader closed (`| head`)
+    or a full disk: a BrokenPipeError or OSError traceback (and another
+    from the interpreter's flush at exit).  Now, as gshmctl: exit 1, the
+    full disk said in one line, the closed pipe quietly."""
+    names = ["pyout/%04d" % i for i in range(2000)]  # more than a pipe holds
+    try:
+        for n in names:
+            client.create(n, 1, location="host").close()
+        p = subprocess.Popen([sys.executable, "-m", "gshm", "segments", "--socket",
+                              daemon.socket], env=gshm_testutil.child_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        p.stdout.read(10)
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        assert p.wait(60) == 1 and err == "", (p.returncode, err)
+        if os.path.exists("/dev/full"):
+            with open("/dev/full", "w") as full:
+                q = subprocess.run([sys.executable, "-m", "gshm", "--socket", daemon.socket],
+                                   env=gshm_testutil.child_env(), stdout=full,
+                                   stderr=subprocess.PIPE, timeout=60)
+            err = q.stderr.decode()
+            assert q.returncode == 1 and "Traceback" not in err, (q.returncode, err)
+            assert err.startswith("gshm: writing output: No space left"), err
+    finally:
+        for n in names:
+            if client.exists(n):
+                client.unlink(n)
+
+
 def test_python_m_gshm_lists_each_library_tried_once(tmp_path):
     """python -m gshm where no libgshm loads lists each candidate once: the
     dynamic linker's name (find_library's answer where ldconfig knows a
