@@ -64,7 +64,11 @@ DLManagedTensor._fields_ = [
 
 # address of a DLManagedTensor -> _Export (everything it points to, and the owner)
 _LIVE: Dict[int, Any] = {}
-_LIVE_LOCK = fork_safe(threading.Lock())
+# Reentrant: a capsule destroyed by the garbage collector while this
+# thread holds it (Python 3.12 runs a collection at any bytecode boundary,
+# the lines under the lock included) runs _deleter_impl, which takes it:
+# a plain lock there waited for itself for ever.
+_LIVE_LOCK = fork_safe(threading.RLock())
 
 
 class _Export(object):

@@ -1330,6 +1330,39 @@ def test_typed_example_runs(daemon):
     assert "examples/typed_host" not in names, names  # the example unlinks what it made
 
 
+_CAPSULE_UNDER_LOCK = r"""
+import gc, sys
+from gshm import _dlpack
+
+class Owner(object):
+    pass
+
+cap = _dlpack.make_capsule(Owner(), 0x1000, _dlpack.kDLCUDA, 0, 2, 32, (4,))
+cycle = [cap]
+cycle.append(cycle)  # garbage only the cyclic collector frees
+del cap, cycle
+with _dlpack._LIVE_LOCK:  # a collection that comes while the lock is held
+    gc.collect()
+print(_dlpack.live_exports())
+"""
+
+
+def test_dlpack_capsule_collected_while_the_export_lock_is_held():
+    """An unconsumed DLPack capsule in a reference cycle, collected while
+    this thread holds _dlpack._LIVE_LOCK (Python 3.12 collects at any
+    bytecode boundary, the lines under that lock included): its destructor
+    runs the deleter, which takes the same lock, a plain Lock, and the
+    process hung for ever.  The lock is reentrant now; the export is gone."""
+    try:
+        p = subprocess.run([sys.executable, "-c", _CAPSULE_UNDER_LOCK],
+                           env=gshm_testutil.child_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the collection of a capsule under _LIVE_LOCK hung")
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stdout.split() == [b"0"], p.stdout
+
+
 @pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")
 @pytest.mark.parametrize("which", ["_core._state_lock", "_dlpack._LIVE_LOCK", "_lib._lock"])
 def test_fork_while_another_thread_holds_a_package_lock(daemon, client, segname, which):
