@@ -227,6 +227,20 @@ int gshmd_server_reply(struct gshmd_server *s, struct gshmd_client *client, uint
     refusal.message = "the answer from the peer does not fit one reply";
     return gshmd_conn_send(c, type, request_id, &refusal, -1) ? -ENOTCONN : -EMSGSIZE;
   }
+  /* The parts of one PULL's answer (docs/SECURITY.md): a progress report
+   * is dropped while the client has replies unread (the next one says
+   * more), and the result's pull_items pages go as events do, outside
+   * limits.max_inflight: counted one a packet, a set of 4,000 long names
+   * (about 25 pages) closed a client that read them only at the end. */
+  if (reply->body_case == GSHM__REPLY__BODY_PULL_PROGRESS && c->noutq)
+    return 0;
+  if (reply->body_case == GSHM__REPLY__BODY_PULL_ITEMS) {
+    size_t len;
+    if (gshm__wire_pack(type | GSHM_WIRE_REPLY, request_id, &reply->base, c->srv->txbuf,
+                        sizeof(c->srv->txbuf), &len))
+      return -EMSGSIZE; /* (cannot happen: checked above) */
+    return conn_send(c, len, -1, true) ? -ENOTCONN : 0;
+  }
   return gshmd_conn_send(c, type, request_id, reply, -1) ? -ENOTCONN : 0;
 }
 

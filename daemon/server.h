@@ -95,7 +95,9 @@ int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gsh
  * later) to the connection of client c.  Returns 0, or -ENOTCONN when c
  * has no connection (internal clients) or it is closing, or -EMSGSIZE when
  * the reply does not fit one packet (what a peer said: a listing's page;
- * c is answered -EPROTO instead). */
+ * c is answered -EPROTO instead).  A PULL's progress report is dropped
+ * (0) while c has replies unread; its pull_items pages are not counted
+ * against limits.max_inflight (one answer's parts). */
 int gshmd_server_reply(struct gshmd_server *s, struct gshmd_client *c, uint16_t type,
                        uint32_t request_id, const Gshm__Reply *reply);
 

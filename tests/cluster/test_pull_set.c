@@ -777,6 +777,66 @@ static void test_pull_token_names_one_request(void **state) {
   gshm_disconnect(a);
 }
 
+/* A set's answer is many packets (progress reports, then pull_items
+ * pages, then the result), all to one PULL.  A client that reads them
+ * only at the end (busy, or a progress callback that takes its time)
+ * owes gshmd no read meanwhile: its other requests are not read either.
+ * gshmd counted each packet against limits.max_inflight (16) and closed
+ * the connection ("client does not read its replies"), and with it the
+ * client's leases, once 16 were queued: a set of 4,000 segments of long
+ * names is about 25 pages.  Now the pages of one answer count once and a
+ * progress report waits for nothing (one is dropped while the client has
+ * replies unread): the raw client reads every page and the result. */
+static void test_answer_pages_unread(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  Gshm__PullRequest m = GSHM__PULL_REQUEST__INIT;
+  char pad[232], name[256];
+  const int n = 4000;
+  size_t items = 0;
+  Gshm__Reply *r;
+  int fd = raw_connect(B.h.socket_path);
+  (void)state;
+
+  memset(pad, 'u', sizeof(pad) - 1);
+  pad[sizeof(pad) - 1] = '\0';
+  for (int i = 0; i < n; i++) {
+    snprintf(name, sizeof(name), "pub/unread/%s%04d", pad, i);
+    make_segment(a, name, 64, 900 + (unsigned long long)i);
+  }
+  m.peer = "a";
+  m.name = "pub/unread/";
+  m.local_name = "unread/";
+  m.prefix = true;
+  assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_PULL, 7, &m.base, -1), 0);
+  /* nothing read until the set is published and its answer all sent */
+  for (int t = 0; count_named(b, "unread/") < (unsigned)n; t++) {
+    assert_true(t < 1200); /* (2 minutes) */
+    usleep(100 * 1000);
+  }
+  usleep(300 * 1000);
+  while ((r = raw_reply(fd))->status == GSHM__STATUS__STATUS_OK &&
+         r->body_case != GSHM__REPLY__BODY_PULL_RESULT) {
+    if (r->body_case == GSHM__REPLY__BODY_PULL_ITEMS) {
+      assert_int_equal(r->pull_items->first, items);
+      items += r->pull_items->n_items;
+    }
+    gshm__reply__free_unpacked(r, NULL);
+  }
+  assert_int_equal(r->status, GSHM__STATUS__STATUS_OK);
+  assert_int_equal(r->pull_result->count, n);
+  assert_int_equal(items, n);
+  gshm__reply__free_unpacked(r, NULL);
+  close(fd);
+  for (int i = 0; i < n; i++) {
+    snprintf(name, sizeof(name), "unread/%s%04d", pad, i);
+    assert_int_equal(gshm_unlink(b, name), 0);
+    snprintf(name, sizeof(name), "pub/unread/%s%04d", pad, i);
+    assert_int_equal(gshm_unlink(a, name), 0);
+  }
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_invisible_while_pulling),
@@ -784,6 +844,7 @@ int main(void) {
       cmocka_unit_test(test_set_all_at_once),
       cmocka_unit_test(test_replace),
       cmocka_unit_test(test_set_pages),
+      cmocka_unit_test(test_answer_pages_unread),
       cmocka_unit_test(test_replace_in_grace),
       cmocka_unit_test(test_set_peer_killed),
       cmocka_unit_test(test_many_sets_at_once),
