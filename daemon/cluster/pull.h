@@ -150,6 +150,7 @@ struct pull_set {
   size_t next_create;         /* the next of them is at or past items[next_create] */
   struct pull **items;
   size_t n, cap;
+  void *names;                /* tsearch tree of the items' remote_name (pullset.c set_has) */
   size_t next_start;          /* items[next_start] is the next to ask a grant for */
   size_t first_open;          /* items before it are closed */
   size_t nclosed;
@@ -253,6 +254,10 @@ void gshmd__pull_item_close(struct pull *p);
  * UCX receives still write into (p's mapping or slots, handed over when
  * p closed) goes with the last of them. */
 void gshmd__pull_hold_drop(struct pull *p);
+/* The answer of published set s to its requester (pull_resend.c): the
+ * pull_items pages of a set (prefix), then the result; ns: the pull's
+ * time.  The requester must be set; each segment still s's items'. */
+void gshmd__pull_reply_result(struct pull_set *s, int64_t ns);
 /* The set's landing mappings go (each segment's backend keeps or
  * unmaps its own: backend.h local_done), before it is published or
  * freed. */

@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* A pull sent again after a gshmd restart lost its reply (libgshm's one
+/* A pull's answer to its requester: a published set's (its pull_items
+ * pages, then its result), and the one a resend gets.
+ *
+ * A pull sent again after a gshmd restart lost its reply (libgshm's one
  * resend: the same PullRequest, token and all).  The publish of the
  * first one noted its segment in the fd store's resend memo under a hash
  * of the token and the request's fields; the resend is answered with
@@ -12,6 +15,7 @@
 #include <inttypes.h>
 #include <sodium.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fdstore.h"
@@ -160,4 +164,104 @@ void gshmd__pull_memo_arm(struct pull_set *s, bool arm) {
 
   gshmd_fdstore_memo_on_publish(s->cl->reg->fdstore, arm && one && s->memo ? s->memo_key : NULL,
                                 s->holder->cred.uid);
+}
+
+/* ---- a published set's answer ---- */
+
+#define ITEMS_PAGE 49152 /* bytes of PulledSegment per pull_items reply (packets: 64 KiB) */
+#define GSHMD_SOURCE_TEXT 400 /* a source made here: peer name, segment name, two ids */
+
+/* p's source as a pull_items entry carries it: "" where the requester
+ * makes it from the entry (the peer's own segment: "PEER:REMOTE_NAME#ID.
+ * GEN"), else the segment's (the peer pulled or relayed it: where it came
+ * from first).  own: scratch of len bytes. */
+static char *item_source(const struct pull_set *s, const struct pull *p, char *own, size_t len) {
+  snprintf(own, len, "%s:%s#%" PRIu64 ".%" PRIu64, (p->peer ? p->peer : s->peer)->name,
+           p->remote_name, p->remote_id,
+           p->remote_gen);
+  return !p->seg->source || !strcmp(own, p->seg->source) ? (char *)"" : p->seg->source;
+}
+
+/* Sends `items` pages of the set's segments items[first..n): as many as
+ * fit one reply each. */
+static void reply_items(struct pull_set *s) {
+  Gshm__PulledSegment *items = calloc(s->n, sizeof(*items));
+  Gshm__PulledSegment **ptrs = calloc(s->n, sizeof(*ptrs));
+  size_t first = 0, used = 0;
+  char own[GSHMD_SOURCE_TEXT];
+
+  if (!items || !ptrs) {
+    free(items);
+    free(ptrs);
+    return; /* the final result still comes (count says what is missing) */
+  }
+  for (size_t i = 0; i <= s->n; i++) {
+    if (i < s->n) {
+      struct pull *p = s->items[i];
+      Gshm__PulledSegment *o = &items[i];
+      gshm__pulled_segment__init(o);
+      o->name = p->seg->name;
+      o->id = p->seg->id;
+      o->generation = p->seg->generation;
+      o->size = p->seg->mem->size;
+      o->bytes = p->total;
+      o->location = (char *)p->seg->mem->location;
+      o->path = (char *)gshmd__pull_path_name(p->path);
+      o->path_reason = p->path_reason;
+      o->remote_id = p->remote_id;
+      o->remote_generation = p->remote_gen;
+      o->device_index = p->seg->mem->device_index;
+      o->relayed = p->relayed;
+      o->source = item_source(s, p, own, sizeof(own));
+      o->peer = s->npeers > 1 && p->peer ? p->peer->name : (char *)"";
+      ptrs[i] = o;
+      used += gshm__pulled_segment__get_packed_size(o) + 4;
+    }
+    if ((i == s->n && i > first) || used > ITEMS_PAGE) {
+      Gshm__Reply reply = GSHM__REPLY__INIT;
+      Gshm__PullItems pi = GSHM__PULL_ITEMS__INIT;
+      size_t end = i == s->n ? i : i + 1;
+      pi.items = &ptrs[first];
+      pi.n_items = end - first;
+      pi.first = (uint32_t)first;
+      reply.status = GSHM__STATUS__STATUS_OK;
+      reply.body_case = GSHM__REPLY__BODY_PULL_ITEMS;
+      reply.pull_items = &pi;
+      s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
+      first = end;
+      used = 0;
+    }
+  }
+  free(items);
+  free(ptrs);
+}
+
+/* The result that ends the request: the (first) segment's, and for a set
+ * the whole set's count, bytes and time. */
+void gshmd__pull_reply_result(struct pull_set *s, int64_t ns) {
+  struct pull *p = s->items[0];
+  Gshm__Reply reply = GSHM__REPLY__INIT;
+  Gshm__PullResult res = GSHM__PULL_RESULT__INIT;
+  Gshm__SegmentInfo info;
+
+  if (s->prefix)
+    reply_items(s);
+  gshmd_segment_to_info(p->seg, &info);
+  res.segment = &info;
+  res.bytes = p->total;
+  res.elapsed_ns = ns;
+  res.path = (char *)gshmd__pull_path_name(p->path);
+  res.path_reason = p->path_reason;
+  res.peer = (p->peer ? p->peer : s->peer)->name;
+  res.remote_id = p->remote_id;
+  res.remote_generation = p->remote_gen;
+  res.relayed = p->relayed;
+  if (s->prefix) {
+    res.count = (uint32_t)s->n;
+    res.set_bytes = s->done;
+  }
+  reply.status = GSHM__STATUS__STATUS_OK;
+  reply.body_case = GSHM__REPLY__BODY_PULL_RESULT;
+  reply.pull_result = &res;
+  s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
 }

@@ -7,6 +7,7 @@
  * bytes.  docs/CLUSTER.md. */
 #include <errno.h>
 #include <inttypes.h>
+#include <search.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,11 @@
 #include "relay.h"
 #include "util.h"
 #include "wire.h"
+
+/* The set's index of its items' remote names (s->names). */
+static int cmp_remote_name(const void *a, const void *b) { return strcmp(a, b); }
+
+static void name_node_keep(void *name) { (void)name; /* (p->remote_name, freed with p) */ }
 
 /* p was listed (listed: the peer's entry, size bytes): its hidden
  * segment is made now, or soon.  Returns 0 or a negative errno (the set
@@ -82,6 +88,10 @@ static int set_add(struct pull_set *s, const char *name, uint64_t size,
   s->items[s->n++] = p;
   p->s = s;
   snprintf(p->remote_name, sizeof(p->remote_name), "%s", name);
+  if (!tsearch(p->remote_name, &s->names, cmp_remote_name)) {
+    gshmd__pull_set_fail_here(s, -ENOMEM, "out of memory");
+    return -ENOMEM;
+  }
   if (!s->prefix)
     snprintf(p->local_name, sizeof(p->local_name), "%s", s->local);
   else if ((size_t)snprintf(p->local_name, sizeof(p->local_name), "%s%s", s->local,
@@ -168,10 +178,7 @@ void gshmd__pull_create_stop(struct gshmd_cluster *cl) {
 /* Whether the set has a segment of that peer name already (a peer that
  * lists segments in flight lists one again once it published it). */
 static bool set_has(const struct pull_set *s, const char *name) {
-  for (size_t i = 0; i < s->n; i++)
-    if (!strcmp(s->items[i]->remote_name, name))
-      return true;
-  return false;
+  return tfind(name, &s->names, cmp_remote_name) != NULL;
 }
 
 static void list_page_done(struct peer_req *req, int err, const char *why,
@@ -392,104 +399,6 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   return 0;
 }
 
-#define ITEMS_PAGE 49152 /* bytes of PulledSegment per pull_items reply (packets: 64 KiB) */
-#define GSHMD_SOURCE_TEXT 400 /* a source made here: peer name, segment name, two ids */
-
-/* p's source as a pull_items entry carries it: "" where the requester
- * makes it from the entry (the peer's own segment: "PEER:REMOTE_NAME#ID.
- * GEN"), else the segment's (the peer pulled or relayed it: where it came
- * from first).  own: scratch of len bytes. */
-static char *item_source(const struct pull_set *s, const struct pull *p, char *own, size_t len) {
-  snprintf(own, len, "%s:%s#%" PRIu64 ".%" PRIu64, (p->peer ? p->peer : s->peer)->name,
-           p->remote_name, p->remote_id,
-           p->remote_gen);
-  return !p->seg->source || !strcmp(own, p->seg->source) ? (char *)"" : p->seg->source;
-}
-
-/* Sends `items` pages of the set's segments items[first..n): as many as
- * fit one reply each. */
-static void reply_items(struct pull_set *s) {
-  Gshm__PulledSegment *items = calloc(s->n, sizeof(*items));
-  Gshm__PulledSegment **ptrs = calloc(s->n, sizeof(*ptrs));
-  size_t first = 0, used = 0;
-  char own[GSHMD_SOURCE_TEXT];
-
-  if (!items || !ptrs) {
-    free(items);
-    free(ptrs);
-    return; /* the final result still comes (count says what is missing) */
-  }
-  for (size_t i = 0; i <= s->n; i++) {
-    if (i < s->n) {
-      struct pull *p = s->items[i];
-      Gshm__PulledSegment *o = &items[i];
-      gshm__pulled_segment__init(o);
-      o->name = p->seg->name;
-      o->id = p->seg->id;
-      o->generation = p->seg->generation;
-      o->size = p->seg->mem->size;
-      o->bytes = p->total;
-      o->location = (char *)p->seg->mem->location;
-      o->path = (char *)gshmd__pull_path_name(p->path);
-      o->path_reason = p->path_reason;
-      o->remote_id = p->remote_id;
-      o->remote_generation = p->remote_gen;
-      o->device_index = p->seg->mem->device_index;
-      o->relayed = p->relayed;
-      o->source = item_source(s, p, own, sizeof(own));
-      o->peer = s->npeers > 1 && p->peer ? p->peer->name : (char *)"";
-      ptrs[i] = o;
-      used += gshm__pulled_segment__get_packed_size(o) + 4;
-    }
-    if ((i == s->n && i > first) || used > ITEMS_PAGE) {
-      Gshm__Reply reply = GSHM__REPLY__INIT;
-      Gshm__PullItems pi = GSHM__PULL_ITEMS__INIT;
-      size_t end = i == s->n ? i : i + 1;
-      pi.items = &ptrs[first];
-      pi.n_items = end - first;
-      pi.first = (uint32_t)first;
-      reply.status = GSHM__STATUS__STATUS_OK;
-      reply.body_case = GSHM__REPLY__BODY_PULL_ITEMS;
-      reply.pull_items = &pi;
-      s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
-      first = end;
-      used = 0;
-    }
-  }
-  free(items);
-  free(ptrs);
-}
-
-/* The result that ends the request: the (first) segment's, and for a set
- * the whole set's count, bytes and time. */
-static void reply_result(struct pull_set *s, int64_t ns) {
-  struct pull *p = s->items[0];
-  Gshm__Reply reply = GSHM__REPLY__INIT;
-  Gshm__PullResult res = GSHM__PULL_RESULT__INIT;
-  Gshm__SegmentInfo info;
-
-  if (s->prefix)
-    reply_items(s);
-  gshmd_segment_to_info(p->seg, &info);
-  res.segment = &info;
-  res.bytes = p->total;
-  res.elapsed_ns = ns;
-  res.path = (char *)gshmd__pull_path_name(p->path);
-  res.path_reason = p->path_reason;
-  res.peer = (p->peer ? p->peer : s->peer)->name;
-  res.remote_id = p->remote_id;
-  res.remote_generation = p->remote_gen;
-  res.relayed = p->relayed;
-  if (s->prefix) {
-    res.count = (uint32_t)s->n;
-    res.set_bytes = s->done;
-  }
-  reply.status = GSHM__STATUS__STATUS_OK;
-  reply.body_case = GSHM__REPLY__BODY_PULL_RESULT;
-  reply.pull_result = &res;
-  s->cl->reply(s->cl->reply_arg, s->requester, GSHM_WIRE_PULL, s->request_id, &reply);
-}
-
 /* Every byte of the set is in: its segments appear at once, and the
  * requester gets their results.  Returns 0 or the publish's error. */
 static int set_succeeded(struct pull_set *s, int64_t ns) {
@@ -535,7 +444,7 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
                 gshm__format_size(s->done, sz, sizeof(sz)), (double)ns / 1e9,
                 ns > 0 ? (double)s->done / (double)ns : 0.0);
   if (s->requester) /* (each seg is live until the loop runs again) */
-    reply_result(s, ns);
+    gshmd__pull_reply_result(s, ns);
   for (size_t i = 0; i < s->n; i++) {
     gshmd__relay_end(s->cl, s->items[i]->seg, 0, NULL);
     s->items[i]->seg = NULL; /* the registry's now */
@@ -601,6 +510,7 @@ static void set_end(struct pull_set *s) {
     free(s->items[i]->upstream);
     free(s->items[i]);
   }
+  tdestroy(s->names, name_node_keep);
   free(s->items);
   gshm_list_del(&s->node);
   free(s);

@@ -923,6 +923,23 @@ static void test_stream_frame_stalled(void **state) {
   gshm_disconnect(p);
 }
 
+/* A List answer of ptrs[0, n) with cursor next, to request rid. */
+static void send_segments(uint32_t rid, Gshm__Cluster__Segment **ptrs, size_t n, uint64_t next,
+                          uint64_t total) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+
+  r.segments = ptrs;
+  r.n_segments = n;
+  r.next = next;
+  r.total = total;
+  m.request_id = rid;
+  m.status = 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+  m.list_reply = &r;
+  rogue_send(&rs, &m);
+}
+
 /* The page of a listing of `total` segments "pub/xNNNNN" that starts at
  * entry first (its 256 entries at most; cursor: the last id), answering
  * request rid. */
@@ -930,24 +947,16 @@ static void send_long_page(uint32_t rid, unsigned first, unsigned total) {
   static Gshm__Cluster__Segment segs[256];
   static Gshm__Cluster__Segment *ptrs[256];
   static char names[256][16];
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
-  Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
+  size_t n = 0;
 
-  for (unsigned i = first; i < total && r.n_segments < 256; i++) {
-    size_t k = r.n_segments++;
-    struct entry e = {i + 1, names[k], 4096, "host"};
-    snprintf(names[k], sizeof(names[k]), "pub/x%05u", i);
-    segment_of(&e, &segs[k]);
-    ptrs[k] = &segs[k];
+  for (unsigned i = first; i < total && n < 256; i++) {
+    struct entry e = {i + 1, names[n], 4096, "host"};
+    snprintf(names[n], sizeof(names[n]), "pub/x%05u", i);
+    segment_of(&e, &segs[n]);
+    ptrs[n] = &segs[n];
+    n++;
   }
-  r.segments = ptrs;
-  r.next = first + r.n_segments < total ? first + r.n_segments : 0;
-  r.total = total;
-  m.request_id = rid;
-  m.status = 1;
-  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
-  m.list_reply = &r;
-  rogue_send(&rs, &m);
+  send_segments(rid, ptrs, n, first + n < total ? first + n : 0, total);
 }
 
 /* A set of more than PULL_SET_MAX (4096) segments, listed honestly page
@@ -1093,6 +1102,88 @@ static void test_in_flight_local_name(void **state) {
   gshm_disconnect(p);
 }
 
+/* A serving peer that lists its segments in flight (a relay) lists one
+ * again once it is published there, so the puller skips a name its set
+ * already has: that was a walk of the whole set, a strcmp of each name,
+ * for each entry of each page.  A key holder listed 4,000 names of 250
+ * bytes in flight, then the last 200 again and again under a cursor that
+ * advances: each such page cost the puller's event loop about 6 ms of
+ * CPU (every local client waited on it), for as long as the key holder
+ * liked.  Now a name is looked up in an index of the set's names. */
+#define REP_N 4000
+#define REP_PAGE 200
+#define REP_AGAIN 150
+static char rep_names[REP_N][256];
+
+/* The page of rep_names[first, first + REP_PAGE), all in flight. */
+static void send_rep_page(uint32_t rid, size_t first, uint64_t next) {
+  static Gshm__Cluster__Segment segs[REP_PAGE];
+  static Gshm__Cluster__Segment *ptrs[REP_PAGE];
+
+  for (size_t i = 0; i < REP_PAGE; i++) {
+    struct entry e = {0, rep_names[first + i], 4096, "host"};
+    segment_of(&e, &segs[i]);
+    segs[i].in_flight = true;
+    ptrs[i] = &segs[i];
+  }
+  send_segments(rid, ptrs, REP_PAGE, next, REP_N);
+}
+
+static void test_relay_listing_repeats(void **state) {
+  static const struct lie rep = {"repeats", true, {{0}}, {{0}}, 0, {0}};
+  gshm_client_t *p = connect_to(&P);
+  struct bg bg = {.lie = &rep};
+  uint64_t t0 = 0, t1 = 0;
+  double ms;
+  (void)state;
+
+  for (size_t i = 0; i < REP_N; i++)
+    snprintf(rep_names[i], sizeof(rep_names[i]), "pub/%0240zu", i);
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+  while (!bg.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    uint64_t k;
+    if (!m) {
+      assert_false(rs.failed);
+      continue;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
+      rogue_send_status(&rs, m->request_id, 18, "busy"); /* BUSY: asked again later */
+    } else if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST &&
+               (k = m->list->after) < REP_N / REP_PAGE) {
+      send_rep_page(m->request_id, k * REP_PAGE, k + 1);
+    } else if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && k < REP_N / REP_PAGE + REP_AGAIN) {
+      if (k == REP_N / REP_PAGE) { /* the set's segments made meanwhile */
+        for (int i = 0; i < 50; i++) {
+          Gshm__Cluster__Msg *g = rogue_recv(&rs, 20);
+          if (g && g->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
+            rogue_send_status(&rs, g->request_id, 18, "busy");
+          if (g)
+            gshm__cluster__msg__free_unpacked(g, NULL);
+        }
+        assert_int_equal(gshm__proc_cpu_ticks(P.h.sp.pid, &t0), 0);
+      }
+      send_rep_page(m->request_id, REP_N - REP_PAGE, k + 1);
+    } else if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST) {
+      assert_int_equal(gshm__proc_cpu_ticks(P.h.sp.pid, &t1), 0);
+      send_error(m->request_id);
+    } else {
+      rogue_answer_count(&rs, m);
+    }
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  assert_int_equal(bg.err, -EINVAL); /* (the rogue's last answer) */
+  assert_true(t0 && t1);
+  ms = (double)(t1 - t0) * 1000.0 / (double)sysconf(_SC_CLK_TCK) / REP_AGAIN;
+  print_message("    %d pages listing names the set has: %.2f ms of the puller's CPU a page\n",
+                REP_AGAIN, ms);
+  assert_true(ms < 1.5);
+  assert_nothing_left(p, "pub/");
+  assert_false(rs.failed);
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lies_refused),
@@ -1100,6 +1191,7 @@ int main(void) {
       cmocka_unit_test(test_set_too_large_and_wrong_answer),
       cmocka_unit_test(test_grant_not_listed),
       cmocka_unit_test(test_in_flight_local_name),
+      cmocka_unit_test(test_relay_listing_repeats),
       cmocka_unit_test(test_set_grants_busy),
       cmocka_unit_test(test_device_set_without_gpu),
       cmocka_unit_test(test_host_set_beyond_memory),
