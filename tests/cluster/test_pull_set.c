@@ -837,6 +837,79 @@ static void test_answer_pages_unread(void **state) {
   gshm_disconnect(b);
 }
 
+/* Every name under prefix on c's node unlinked. */
+static void unlink_under(gshm_client_t *c, const char *prefix) {
+  gshm_segment_info_t *v = NULL;
+  size_t n = 0;
+  assert_int_equal(gshm_list(c, &v, &n), 0);
+  for (size_t i = 0; i < n; i++)
+    if (!strncmp(v[i].name, prefix, strlen(prefix)))
+      assert_int_equal(gshm_unlink(c, v[i].name), 0);
+  gshm_free(v);
+}
+
+/* Whether c's node has a pull in flight. */
+static bool pulls_in_flight(gshm_client_t *c) {
+  gshm_cluster_pull_t *v = NULL;
+  size_t n = 0;
+  assert_int_equal(gshm_cluster_pulls(c, &v, &n), 0);
+  gshm_free(v);
+  return n > 0;
+}
+
+/* PULL_CANCEL at any moment of a set pull, with or without --replace,
+ * then the replies read to the end, or the connection closed at once:
+ * the node stays up, each pull ends (published whole or gone whole), and
+ * nothing is left in flight or owed. */
+static void test_cancel_races(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  Gshm__PullCancel cx = GSHM__PULL_CANCEL__INIT;
+  char name[64];
+  (void)state;
+
+  for (int i = 0; i < 24; i++) {
+    snprintf(name, sizeof(name), "pub/race/%02d", i);
+    make_segment(a, name, 96 * 1024, 700 + (unsigned long long)i);
+  }
+  srand(7);
+  for (int it = 0; it < 120; it++) {
+    Gshm__PullRequest m = GSHM__PULL_REQUEST__INIT;
+    int fd = raw_connect(B.h.socket_path), how = it % 4;
+    Gshm__Reply *r;
+
+    m.peer = "a";
+    m.name = "pub/race/";
+    m.local_name = "race/";
+    m.prefix = true;
+    m.replace = it % 3 == 0;
+    assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_PULL, 5, &m.base, -1), 0);
+    usleep((useconds_t)(rand() % 15000));
+    cx.request_id = how == 3 ? 6 : 5;
+    if (how != 2)
+      assert_int_equal(gshm__wire_send(fd, GSHM_WIRE_PULL_CANCEL, 0, &cx.base, -1), 0);
+    if (how == 0 || how == 3) {
+      while ((r = raw_reply(fd))->status == GSHM__STATUS__STATUS_OK &&
+             r->body_case != GSHM__REPLY__BODY_PULL_RESULT)
+        gshm__reply__free_unpacked(r, NULL);
+      assert_true(r->status == GSHM__STATUS__STATUS_OK ||
+                  r->status == GSHM__STATUS__STATUS_CANCELED);
+      gshm__reply__free_unpacked(r, NULL);
+    }
+    close(fd);
+    for (int t = 0; pulls_in_flight(b); t++) {
+      assert_true(t < 3000);
+      usleep(10 * 1000);
+    }
+    if ((it + 1) % 3) /* (kept for the next one, a --replace) */
+      unlink_under(b, "race/");
+  }
+  assert_int_equal(metric(b, "gshm_cluster_pull_host_owed_bytes"), 0);
+  unlink_under(b, "race/");
+  unlink_under(a, "pub/race/");
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_invisible_while_pulling),
@@ -845,6 +918,7 @@ int main(void) {
       cmocka_unit_test(test_replace),
       cmocka_unit_test(test_set_pages),
       cmocka_unit_test(test_answer_pages_unread),
+      cmocka_unit_test(test_cancel_races),
       cmocka_unit_test(test_replace_in_grace),
       cmocka_unit_test(test_set_peer_killed),
       cmocka_unit_test(test_many_sets_at_once),
