@@ -222,10 +222,12 @@ void gshmd__pull_stop_all(struct gshmd_cluster *cl);
  * for their prefault pieces, which end them as they end, after the
  * server closed every connection) answer their requesters now. */
 void gshmd__pull_stop_answer(struct gshmd_cluster *cl);
-/* Describes up to max pulls in flight (sets count once) into out; the
- * strings point into the pulls (valid until the loop runs again).
- * Returns how many. */
-size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, size_t max);
+/* Describes up to max pulls in flight (sets count once) that viewer may
+ * see (its own uid's; every one for an admin) into out; the strings
+ * point into the pulls (valid until the loop runs again).  Returns how
+ * many; *seen_out: how many viewer may see in all. */
+size_t gshmd__pull_describe(struct gshmd_cluster *cl, const struct gshmd_client *viewer,
+                            Gshm__ClusterPull *out, size_t max, uint32_t *seen_out);
 
 /* The gauges of pinned slots held by pulls into GPUs (Prometheus text)
  * to f (grants.c). */

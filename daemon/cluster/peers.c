@@ -46,17 +46,16 @@ static void peer_row(struct peer *p, Gshm__ClusterPeer *ci) {
   ci->message = p->why;
 }
 
-/* The first page's pulls in flight: the first GSHMD_PULLS_SHOWN of them,
- * as many as fit in room bytes (the rest of the page is the peers');
- * pulls_total counts them all.  A pull has no stable place in a list that
- * changes as pulls end, so pulls are bounded, not paged. */
-static void fill_pulls(struct gshmd_cluster *cl, size_t room) {
-  size_t n = gshmd__pull_describe(cl, cl->pull_infos, GSHMD_PULLS_SHOWN), used = 0, kept = 0;
-  struct gshm_list *pos;
+/* The first page's pulls in flight that viewer may see (its uid's, or
+ * all for an admin: docs/SECURITY.md): the first GSHMD_PULLS_SHOWN of
+ * them, as many as fit in room bytes (the rest of the page is the
+ * peers'); pulls_total counts them all.  A pull has no stable place in a
+ * list that changes as pulls end, so pulls are bounded, not paged. */
+static void fill_pulls(struct gshmd_cluster *cl, const struct gshmd_client *viewer, size_t room) {
+  size_t n = gshmd__pull_describe(cl, viewer, cl->pull_infos, GSHMD_PULLS_SHOWN,
+                                  &cl->peer_list.pulls_total),
+         used = 0, kept = 0;
 
-  gshm_list_foreach(pos, &cl->pulls) {
-    cl->peer_list.pulls_total++;
-  }
   for (; kept < n; kept++) {
     const Gshm__ClusterPull *o = &cl->pull_infos[kept];
     size_t sz = gshm__wire_embedded_size(gshm__cluster_pull__get_packed_size(o));
@@ -72,10 +71,12 @@ static void fill_pulls(struct gshmd_cluster *cl, size_t room) {
 /* Fills reply->cluster_peers from what is known now: the peers after
  * cursor `after` (peer i of cluster.peers is i + 1), as many as fit one
  * packet (the first always: a row is under 400 bytes), next the cursor of
- * the last one (0: it was the last); after 0 adds the pulls in flight.
+ * the last one (0: it was the last); after 0 adds the pulls in flight
+ * that viewer may see.
  * Any cursor from the wire: one past the last peer or more is an empty,
  * last page; the work is one page's. */
-static void fill_peers(struct gshmd_cluster *cl, Gshm__Reply *reply, uint64_t after) {
+static void fill_peers(struct gshmd_cluster *cl, const struct gshmd_client *viewer,
+                       Gshm__Reply *reply, uint64_t after) {
   size_t budget = gshm__wire_list_budget(cl->cfg->max_packet), used;
   unsigned n = 0;
 
@@ -84,7 +85,7 @@ static void fill_peers(struct gshmd_cluster *cl, Gshm__Reply *reply, uint64_t af
   cl->peer_list.listen = cl->cfg->cluster_listen ? cl->cfg->cluster_listen : "";
   cl->peer_list.cuda_memory = cl->ll.cuda_memory;
   if (after == 0)
-    fill_pulls(cl, budget / 2);
+    fill_pulls(cl, viewer, budget / 2);
   cl->peer_list.next = UINT64_MAX; /* (sized at its largest) */
   used = gshm__cluster_peer_list__get_packed_size(&cl->peer_list);
   cl->peer_list.next = 0;
@@ -129,7 +130,7 @@ static void query_answer(struct peers_query *q) {
   q->answered = true;
   if (q->client) {
     reply.status = GSHM__STATUS__STATUS_OK;
-    fill_peers(q->cl, &reply, 0);
+    fill_peers(q->cl, q->client, &reply, 0);
     q->cl->reply(q->cl->reply_arg, q->client, GSHM_WIRE_PEERS, q->request_id, &reply);
   }
   uv_timer_stop(&q->timer);
@@ -206,7 +207,7 @@ int gshmd_cluster_handle_peers(struct gshmd_cluster *cl, struct gshmd_client *c,
    * any right make it a query, a timer and a request a PEERS; a later
    * page answers at once: its counts are those the first page asked) */
   if (!up || after || cl->ll.stopping || queries_waiting(cl) >= GSHMD_PEERS_QUERIES) {
-    fill_peers(cl, reply, after);
+    fill_peers(cl, c, reply, after);
     return 0;
   }
   if (!(q = calloc(1, sizeof(*q))) || !(q->reqs = calloc(up, sizeof(*q->reqs)))) {

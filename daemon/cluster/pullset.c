@@ -582,16 +582,23 @@ void gshmd__pull_stop_answer(struct gshmd_cluster *cl) {
       answer_failed(gshm_list_entry(pos, struct pull_set, node));
 }
 
-size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, size_t max) {
+size_t gshmd__pull_describe(struct gshmd_cluster *cl, const struct gshmd_client *viewer,
+                            Gshm__ClusterPull *out, size_t max, uint32_t *seen_out) {
   int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
   struct gshm_list *pos;
+  uint32_t seen = 0;
   size_t n = 0;
 
   gshm_list_foreach(pos, &cl->pulls) {
     struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
     Gshm__ClusterPull *o = &out[n];
+    /* another user's names (where a model lands here, under which uid)
+     * are the requester's and the admins' to see, as its segments are */
+    if (!viewer->cred.admin && s->holder->cred.uid != viewer->cred.uid)
+      continue;
+    seen++;
     if (n == max)
-      break;
+      continue; /* (counted, not shown) */
     gshm__cluster_pull__init(o);
     o->peer = s->peers_text;
     o->name = s->name;
@@ -605,5 +612,6 @@ size_t gshmd__pull_describe(struct gshmd_cluster *cl, Gshm__ClusterPull *out, si
     o->elapsed_ns = now - s->start_ns;
     n++;
   }
+  *seen_out = seen;
   return n;
 }

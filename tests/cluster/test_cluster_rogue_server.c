@@ -1065,24 +1065,44 @@ static char *ctl_answering(const char *const *args) {
   return g.out;
 }
 
+/* Root's pull of rs's "pub/one" as "mine/one" (as_thread) started in bg,
+ * held: its grant request unanswered.  Returns that request's id. */
+static uint32_t held_pull_start(struct bg *bg) {
+  Gshm__Cluster__Msg *m;
+  uint32_t rid = 0;
+
+  assert_int_equal(pthread_create(&bg->t, NULL, as_thread, bg), 0);
+  while (!rid && (m = recv_during(bg))) {
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
+      rid = m->request_id;
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  assert_true(rid != 0);
+  return rid;
+}
+
+/* The held pull refused at its grant (rid): it fails, leaving nothing. */
+static void held_pull_end(struct bg *bg, uint32_t rid, gshm_client_t *p) {
+  Gshm__Cluster__Msg *m;
+
+  send_error(rid);
+  while ((m = recv_during(bg)))
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  pthread_join(bg->t, NULL);
+  assert_int_equal(bg->err, -EINVAL);
+  assert_nothing_left(p, "mine/one");
+}
+
 /* gshmctl peers lists a pull in flight with the peer's name (NAME) and
  * where it lands here (LOCAL, --as); before, only the peer's name was
  * shown, and a pull --as another name could not be told apart. */
 static void test_in_flight_local_name(void **state) {
   gshm_client_t *p = connect_to(&P);
   struct bg bg = {0};
-  Gshm__Cluster__Msg *m;
-  uint32_t rid = 0;
+  uint32_t rid = held_pull_start(&bg);
   char *out;
   (void)state;
 
-  assert_int_equal(pthread_create(&bg.t, NULL, as_thread, &bg), 0);
-  while (!rid && (m = recv_during(&bg))) { /* its grant request stays unanswered */
-    if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST)
-      rid = m->request_id;
-    gshm__cluster__msg__free_unpacked(m, NULL);
-  }
-  assert_true(rid != 0);
   out = ctl_answering((const char *const[]){"peers", NULL});
   if (!strstr(out, " LOCAL ") || !strstr(out, " pub/one ") || !strstr(out, " mine/one "))
     fail_msg("peers: the pull in flight lacks NAME pub/one, LOCAL mine/one: %s", out);
@@ -1092,12 +1112,83 @@ static void test_in_flight_local_name(void **state) {
   if (!strstr(out, "\"name\": \"pub/one\"") || !strstr(out, "\"local_name\": \"mine/one\""))
     fail_msg("--json peers: the pull in flight lacks name, local_name: %s", out);
   free(out);
-  send_error(rid);
-  while ((m = recv_during(&bg)))
-    gshm__cluster__msg__free_unpacked(m, NULL);
-  pthread_join(bg.t, NULL);
-  assert_int_equal(bg.err, -EINVAL);
-  assert_nothing_left(p, "mine/one");
+  held_pull_end(&bg, rid, p);
+  assert_false(rs.failed);
+  gshm_disconnect(p);
+}
+
+/* nobody's view of the pulls in flight (PEERS needs no right): how many
+ * it is shown, as its exit status (50 + N: an error). */
+static int nobody_sees_pulls(const char *socket_path) {
+  gshm_cluster_pull_t *v = NULL;
+  size_t n = 0;
+  gshm_client_t *c;
+  int e;
+
+  if ((e = gshm_connect(socket_path, "nobody", &c)))
+    return 50;
+  e = gshm_cluster_pulls(c, &v, &n);
+  gshm_free(v);
+  gshm_disconnect(c);
+  return e ? 51 : (int)(n < 40 ? n : 40);
+}
+
+/* What nobody, then root, are shown of the pulls in flight (each PEERS
+ * asks rs for its count: the test's thread answers meanwhile). */
+struct pulls_view {
+  pthread_t t;
+  int nobody;                  /* nobody_sees_pulls' status */
+  int root_err;
+  size_t root_n;
+  char root_local[256];        /* the first row's local name */
+  atomic_bool done;
+};
+
+static void *pulls_view_thread(void *arg) {
+  struct pulls_view *pv = arg;
+  gshm_cluster_pull_t *v = NULL;
+  gshm_client_t *c;
+
+  pv->nobody = harness_as_nobody(nobody_sees_pulls, P.h.socket_path);
+  if (!(pv->root_err = gshm_connect(P.h.socket_path, "root", &c))) {
+    if (!(pv->root_err = gshm_cluster_pulls(c, &v, &pv->root_n)) && pv->root_n)
+      snprintf(pv->root_local, sizeof(pv->root_local), "%s", v[0].local_name);
+    gshm_free(v);
+    gshm_disconnect(c);
+  }
+  pv->done = true;
+  return NULL;
+}
+
+/* Another user's pulls in flight, seen by a local user without any right
+ * (nobody: not in cluster.pull_group, may list no peer's segments) through
+ * PEERS (`gshmctl peers`): each row gave root's peer, the segment it pulls,
+ * where it lands here (--as) and its uid, as gshmctl segments shows no
+ * segment that user may not read.  Now a user sees its own pulls, an
+ * admin every one. */
+static void test_pulls_shown_to_their_user(void **state) {
+  gshm_client_t *p = connect_to(&P);
+  struct pulls_view pv = {0};
+  struct bg bg = {0};
+  uint32_t rid = held_pull_start(&bg);
+  Gshm__Cluster__Msg *m;
+  (void)state;
+
+  assert_int_equal(pthread_create(&pv.t, NULL, pulls_view_thread, &pv), 0);
+  while (!pv.done) { /* (each PEERS asks rs for its count) */
+    if ((m = rogue_recv(&rs, 20))) {
+      rogue_answer_count(&rs, m);
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    }
+  }
+  pthread_join(pv.t, NULL);
+  print_message("    nobody is shown %d of root's 1 pull in flight, root %zu\n", pv.nobody,
+                pv.root_n);
+  assert_int_equal(pv.root_err, 0); /* (root: an admin) */
+  assert_int_equal(pv.root_n, 1);
+  assert_string_equal(pv.root_local, "mine/one");
+  assert_int_equal(pv.nobody, 0);
+  held_pull_end(&bg, rid, p);
   assert_false(rs.failed);
   gshm_disconnect(p);
 }
@@ -1204,6 +1295,7 @@ int main(void) {
       cmocka_unit_test(test_set_too_large_and_wrong_answer),
       cmocka_unit_test(test_grant_not_listed),
       cmocka_unit_test(test_in_flight_local_name),
+      cmocka_unit_test(test_pulls_shown_to_their_user),
       cmocka_unit_test(test_relay_listing_repeats),
       cmocka_unit_test(test_set_grants_busy),
       cmocka_unit_test(test_device_set_without_gpu),
