@@ -449,7 +449,9 @@ typedef struct gshm_cluster_pull {
 } gshm_cluster_pull_t;
 
 /* Lists the pulls in flight on the daemon (oldest first; an empty list
- * when its cluster is off): the first 64 at most, as many as fit half of
+ * when its cluster is off) that the caller may see: its own uid's, every
+ * one for an admin (another user's pull names its segments and where they
+ * land): the first 64 at most, as many as fit half of
  * one reply packet (the first page of PEERS), as gshm_list: *pulls_out is an
  * array of *count_out entries (NULL when none) for gshm_free.  Errors:
  * -EINVAL a NULL argument, -ENOMEM, -EPROTO, and those of every request
@@ -458,8 +460,9 @@ GSHM_EXTERN int gshm_cluster_pulls(gshm_client_t *client, gshm_cluster_pull_t **
                                    size_t *count_out);
 
 /* As gshm_cluster_pulls, and *total_out (not NULL) gets how many pulls
- * are in flight in all, of which *count_out are listed: more than the
- * 64 listed at most (or than fit half a packet) are counted, not listed.
+ * the caller may see are in flight in all, of which *count_out are
+ * listed: more than the 64 listed at most (or than fit half a packet) are
+ * counted, not listed.
  * A daemon older than this count gives *count_out as the total.  Errors
  * as gshm_cluster_pulls (-EINVAL also for a NULL total_out). */
 GSHM_EXTERN int gshm_cluster_pulls_counted(gshm_client_t *client, gshm_cluster_pull_t **pulls_out,
