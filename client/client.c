@@ -402,24 +402,29 @@ static bool connection_lost(int e) {
 int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
                   Gshm__Reply **reply_out, int *fd_out) {
   Gshm__Reply *reply = NULL;
+  int64_t deadline = 0; /* reconnect_ms after the first loss: every resend is before it */
   int e = 0;
 
   c->last_error[0] = '\0';
   c->resent_after_loss = false;
   if (gshm__forked(c))
     return -ECHILD;
-  for (int attempt = 0; attempt < 2; attempt++) {
+  for (;;) {
     uint32_t id;
-    int fd = -1;
+    int fd = -1, wait_ms = c->reconnect_ms;
     bool sent;
-    if (c->fd < 0 && (e = reconnect(c, c->reconnect_ms)))
+    if (deadline) /* a gshmd killed again as it came back (a crash loop) */
+      wait_ms = (int)((deadline - gshm__now_ns(CLOCK_MONOTONIC)) / 1000000);
+    if (c->fd < 0 && (e = wait_ms < 0 ? -ECONNRESET : reconnect(c, wait_ms)))
       break;
     id = ++c->next_request;
     e = gshm__wire_send(c->fd, type, id, msg, -1);
     if ((sent = !e))
       e = read_reply(c, id, type, &reply, fd_out ? &fd : NULL, 0);
     if (e && connection_lost(e) && c->reconnect_ms > 0) {
-      c->resent_after_loss = attempt == 0 && sent; /* (gshmd may have done it) */
+      c->resent_after_loss |= sent; /* (gshmd may have done it) */
+      if (!deadline)
+        deadline = gshm__now_ns(CLOCK_MONOTONIC) + (int64_t)c->reconnect_ms * 1000000;
       close(c->fd);
       c->fd = -1;
       continue;

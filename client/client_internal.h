@@ -107,8 +107,11 @@ bool gshm__forked(struct gshm_client *c);
 int gshm__client_lock(struct gshm_client *c);
 
 /* Sends msg as a request of type and waits for its reply, applying any
- * event that arrives first; reconnects and re-takes leases once if the
- * daemon went away.  Caller holds c->lock.  On success *reply_out is the
+ * event that arrives first; if the daemon went away, reconnects, re-takes
+ * the leases and sends it again, as often as the daemon goes away again
+ * within reconnect_ms of the first loss (a gshmd killed as it came back:
+ * the requests that may be done twice carry a token gshmd answers a
+ * resend from).  Caller holds c->lock.  On success *reply_out is the
  * decoded reply (free with gshm__reply__free_unpacked) and, when fd_out is
  * not NULL, *fd_out the fd that came with it (or -1).  A non-OK status is
  * returned as its negative errno after copying the message to

@@ -19,26 +19,28 @@
 #include "wire.h"
 
 /* Moves one packet from `from` to `to` (its fd too).  *req_id: set to the
- * id of a request of p->type on its way to gshmd (while 0); the reply
- * with that id coming back is kept instead (returns 2).  Returns 0 moved,
+ * id of a request of p->type on its way to gshmd (while 0, and fewer than
+ * p->losses kept); the reply with that id coming back is kept instead
+ * (returns 2).  Returns 0 moved,
  * 1 one side ended, 2 the reply kept (p->kept, p->kept_fd). */
 static int pass_one(struct proxy *p, int from, int to, uint32_t *req_id) {
   static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
   struct gshm_wire_header hdr;
-  int fds[GSHM_WIRE_MAX_FDS], nfds = 0, e = 0;
+  int fds[GSHM_WIRE_MAX_FDS], nfds = 0, e = 0, losses = p->losses > 0 ? p->losses : 1;
   ssize_t len = gshm__wire_recv(from, buf, sizeof(buf), fds, GSHM_WIRE_MAX_FDS, &nfds, 0);
 
   if (len <= 0 || gshm__wire_parse_header(buf, (size_t)len, &hdr)) {
     e = 1;
-  } else if (*req_id && !p->kept && hdr.request_id == *req_id) {
-    p->kept = true;
-    if (nfds)
-      p->kept_fd = fds[0];
-    for (int i = 1; i < nfds; i++)
+  } else if (*req_id && p->lost < losses && hdr.request_id == *req_id) {
+    if (nfds && !p->kept)
+      p->kept_fd = fds[0]; /* the first reply's: the others' are closed */
+    for (int i = p->kept ? 0 : 1; i < nfds; i++)
       close(fds[i]);
+    p->kept = true;
+    p->lost++;
     return 2;
   } else {
-    if (!*req_id && !p->kept && hdr.type == p->type)
+    if (!*req_id && p->lost < losses && hdr.type == p->type)
       *req_id = hdr.request_id;
     e = gshm__wire_sendmsg(to, buf, (size_t)len, nfds ? fds[0] : -1) ? 1 : 0;
   }
@@ -81,6 +83,7 @@ void proxy_start(struct proxy *p, struct harness *h, uint16_t type) {
   p->h = h;
   p->type = type;
   p->kept = false;
+  p->lost = 0;
   p->kept_fd = -1;
   p->restarted = 1;
   snprintf(p->path, sizeof(p->path), "%s.proxy", h->socket_path);

@@ -27,14 +27,18 @@ struct proxy {
   char path[108];       /* the proxy's socket: connect libgshm here */
   int lfd;
   pthread_t t;
+  int losses;           /* how many replies of that request (its resends') to keep, a
+                           restart each; 0: one */
+  int lost;             /* how many were kept */
   bool kept;            /* that reply was kept (the thread's until joined) */
   int kept_fd;          /* its fd, or -1 */
   int restarted;        /* harness_restart's result once it ran; 1: not yet */
 };
 
 /* Starts p's thread on a socket next to h's ("<socket>.proxy") for the
- * first reply to a request of type; p->restart_args, after_restart and
- * arg are set by the caller first (or zero). */
+ * first reply to a request of type (and to its resends, p->losses);
+ * p->restart_args, after_restart, arg and losses are set by the caller
+ * first (or zero). */
 void proxy_start(struct proxy *p, struct harness *h, uint16_t type);
 /* Ends p's thread (after h's gshmd stopped or the client left). */
 void proxy_stop(struct proxy *p);

@@ -124,6 +124,37 @@ static void test_create_reply_lost_to_a_restart(void **state) {
   free(got);
 }
 
+/* The create's reply is lost to a restart, and so is its resend's (two
+ * kills within one request, as a crash loop or test_crash_torture's kill
+ * during a restart gives): libgshm sends it once more, within
+ * GSHM_RECONNECT_MS of the first loss, and gets the first create's
+ * segment, one segment in all.  Before: two sends at most, the create
+ * failed -ECONNRESET with its segment made. */
+static void test_create_reply_lost_to_two_restarts(void **state) {
+  struct fx *f = *state;
+  struct proxy *p = &f->p;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  gshm_status_info_t st;
+  uint64_t id;
+
+  p->losses = 2;
+  proxy_start(p, &f->h, GSHM_WIRE_CREATE);
+  f->proxied = true;
+  assert_int_equal(gshm_connect(p->path, "resender", &c), 0);
+  assert_int_equal(gshm_create(c, "lost/twice", 4096, NULL, 0640, 0, &s), 0);
+  assert_int_equal(p->lost, 2);
+  assert_int_equal(p->restarted, 0);
+  id = gshm_segment_info(s)->id;
+  assert_int_equal(gshm_status(c, &st), 0);
+  assert_int_equal(st.segments, 1);
+  assert_int_equal(gshm_close(s), 0);
+  assert_int_equal(gshm_unlink(c, "lost/twice"), 0);
+  assert_true(id > 0);
+  close(p->kept_fd);
+  gshm_disconnect(c);
+}
+
 /* The first unlink of a segment is done and stored, its reply lost:
  * libgshm's resend meets -ENOENT and says 0; the name is gone (and an
  * unlink of a name that never was still says -ENOENT). */
@@ -273,6 +304,7 @@ static void test_unlink_resend_spares_a_newer_segment(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_create_reply_lost_to_a_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_create_reply_lost_to_two_restarts, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unlink_reply_lost_to_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unlink_resend_spares_a_newer_segment, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revoke_reply_lost_to_a_restart, setup, teardown),
