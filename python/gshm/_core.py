@@ -189,6 +189,7 @@ class _SegHandle(_Handle):
         self.client = client_handle
         self.refs = 1
         self.owner_released = False
+        self.unmapping = False  # DeviceSegment.unmap under way: no new view
         self.pid = os.getpid()
         with _state_lock:
             # Client.close() on another thread while this segment was being
@@ -202,6 +203,8 @@ class _SegHandle(_Handle):
         with _state_lock:
             if not self.ptr:
                 raise ValueError("gshm: segment is closed")
+            if self.unmapping:
+                raise BufferError("gshm: segment is being unmapped (unmap() on another thread)")
             self.refs += 1
 
     def decref(self):

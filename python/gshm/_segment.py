@@ -464,16 +464,26 @@ class DeviceSegment(Segment):
             kept = self._mapped_devices
             self.map(devices=[dev])
             self._mapped_devices = None if kept is None else kept + [dev]
-        return DeviceArray(self, base + offset, offset, dims, dt, dev, self.readonly)
+        arr = DeviceArray(self, base + offset, offset, dims, dt, dev, self.readonly)
+        if self._address != base:  # unmap() on another thread ended between
+            arr._fin()
+            raise BufferError("gshm: segment %r was unmapped while the view was made" % self.name)
+        return arr
 
     def unmap(self) -> None:
-        """Undoes map().  Raises BufferError while views of it are alive."""
+        """Undoes map().  Raises BufferError while views of it are alive (or
+        while another thread unmaps it)."""
         with _state_lock:
-            if self._h.refs > 1:
+            if self._h.refs > 1 or self._h.unmapping:
                 raise BufferError("gshm: segment %r has live views; cannot unmap" % self.name)
+            self._h.unmapping = True  # a view() meanwhile fails, not points at unmapped memory
         # Outside the lock (see _state_lock): gshm_unmap waits for the
         # client's lock, which a pull holds across its progress callback.
-        Segment.unmap(self)
+        try:
+            Segment.unmap(self)
+        finally:
+            with _state_lock:
+                self._h.unmapping = False
 
     def _pin(self):
         # A consumer may now hold the segment object alone: keep the mapping

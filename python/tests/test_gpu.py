@@ -138,6 +138,47 @@ def test_state_dict_gpu0_to_gpu1_in_another_process(gpu_daemon, gpu_client, segn
     gpu_client.unlink(segname)
 
 
+def test_view_while_another_thread_unmaps_is_refused(gpu_client, segname):
+    # DeviceSegment.unmap checks for live views under the package's lock,
+    # then unmaps outside it (gshm_unmap waits for the client's lock); a
+    # view() on another thread in between got the old address and a
+    # DeviceArray over memory about to be unmapped (a GPU fault at its
+    # first use).  Now a view meanwhile is a BufferError, and after the
+    # unmap a view maps again.
+    import threading
+    from gshm import _segment
+    seg = gpu_client.create(segname, 2 << 20, location="cuda:0")
+    gpu_client.unlink(segname)
+    seg.map()
+    entered, go = threading.Event(), threading.Event()
+    orig = _segment.Segment.unmap
+
+    def slow_unmap(self):
+        entered.set()
+        go.wait(10)
+        orig(self)
+
+    _segment.Segment.unmap = slow_unmap
+    t = threading.Thread(target=seg.unmap)
+    t.start()
+    try:
+        assert entered.wait(10)
+        try:
+            seg.view("uint8")
+            raise AssertionError("a view while another thread unmaps was made")
+        except BufferError:
+            pass
+    finally:
+        go.set()
+        t.join(10)
+        _segment.Segment.unmap = orig
+    assert not seg.mapped
+    v = seg.view("uint8", (16,))
+    assert seg.mapped and v.ptr == seg.address
+    del v
+    seg.close()
+
+
 def test_loaded_tensors_are_views_on_the_segment(gpu_daemon, gpu_client, segname):
     sd = {"a": torch.arange(1 << 20, dtype=torch.float32, device="cuda:0"),
           "b": torch.ones(3, 5, dtype=torch.bfloat16, device="cuda:0")}
@@ -452,7 +493,7 @@ def test_copy_between_gpus(gpu_client, segname):
 # faults (an illegal address ends the process's CUDA context for good).
 
 @pytest.mark.parametrize("reader", ["current_stream", "side_stream", "copy_engine"])
-def test_dropped_view_waits_for_queued_readers(gpu_daemon, segname, reader):
+def test_dropped_view_waits_for_queued_readers(gpu_daemon, segname, reader="current_stream"):
     # A tensor over a segment dropped while GPU work that reads it is still
     # queued (a kernel on torch's current stream or on a stream of its own,
     # or a copy-engine copy out of it): the work must neither fault nor
