@@ -299,7 +299,10 @@ GSHM_EXTERN int gshm_chown(gshm_client_t *client, const char *name, uint32_t uid
 /* Admin only: ends every lease of the segment and unlinks it.  A host
  * segment's pages are punched out at once (its holders' mappings read
  * zeros); a device segment's memory is freed once the holders' own fds and
- * mappings go (the driver cannot take back what a process has mapped).
+ * mappings go (the driver cannot take back what a process has mapped),
+ * except a legacy-IPC one's (GSHM_CREATE_LEGACY_IPC: cuMemAlloc'ed, no fd
+ * keeps it), freed at the revoke: its importers must have closed it
+ * first (cuIpcCloseMemHandle; CUDA leaves a free before that undefined).
  * Holders get -ESTALE from their next call on that segment (gshm_stat,
  * gshm_map, gshm_read, gshm_write), also when the revoke happened while
  * the daemon restarted.

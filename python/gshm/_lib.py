@@ -254,7 +254,8 @@ _vp = ctypes.c_void_p
 _int = ctypes.c_int
 _size_p = ctypes.POINTER(ctypes.c_size_t)
 
-# name: (restype, argtypes).  Every function of gshm.h v1.
+# name: (restype, argtypes): the functions of gshm.h the package calls
+# (not gshm_chmod, gshm_chown, gshm_revoke: admin verbs, gshmctl's).
 _PROTOTYPES = {
     "gshm_connect": (_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_vp)]),
     "gshm_disconnect": (None, [_vp]),

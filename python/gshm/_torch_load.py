@@ -178,9 +178,13 @@ def _stream_in(f, dst, jobs, data_start, data_end, chunk, dev, bar):
                 bar.update(n)
     finally:
         # On error too: no copy may still read the staging buffers, or
-        # write the segment the caller is about to unmap and unlink.
-        stream.synchronize()
-        del buf
-        stage.close()
-        if bar is not None:
-            bar.close()
+        # write the segment the caller is about to unmap and unlink.  A
+        # wait that raises (a sticky CUDA error: nothing runs any more)
+        # still closes them (their registration and mapping).
+        try:
+            stream.synchronize()
+        finally:
+            del buf
+            stage.close()
+            if bar is not None:
+                bar.close()

@@ -33,7 +33,7 @@ from ._core import _enc, _raise
 from ._dtypes import dtype as _to_dtype
 from ._torch_conf import check_alloc_conf as _check_alloc_conf
 from ._torch_state import StateDict
-from ._client import Client
+from ._client import Client, _check_new_mode
 
 __all__ = ["MemPool", "use_pool", "attach", "load_module", "unlink_prefix"]
 
@@ -138,6 +138,7 @@ class MemPool(object):
                                       % _torch.__version__)
         if not isinstance(prefix, str) or not prefix:
             raise ValueError("gshm: prefix must be a non-empty str")
+        _check_new_mode(mode, "gshm_pool_create", prefix)  # (0 gave 0600, as create's did)
         self.client = client
         self.prefix = prefix
         self.device = _ordinal(device)

@@ -237,6 +237,14 @@ def role_limits(sock, out_dir):
         except ValueError as e:
             res["granule_%s_refused" % name] = "granule" in str(e)
 
+    # mode 0: gshmd takes 0 for its default (0600), so it was 0600 silently
+    # (create and pull refuse it: InvalidArgument)
+    try:
+        gt.MemPool(c, "torchtest/mode0", device=0, mode=0)
+        res["mode_zero_refused"] = False
+    except gshm.InvalidArgument:
+        res["mode_zero_refused"] = not c.exists("torchtest/mode0/seg-000000")
+
     # empty_cache cannot take the pool's memory, nor corrupt live tensors
     pool = gt.MemPool(c, "torchtest/ec", device=0)
     with gt.use_pool(pool):
