@@ -492,8 +492,7 @@ def test_copy_between_gpus(gpu_client, segname):
 # Each in a child process: on a library that gets them wrong, the GPU
 # faults (an illegal address ends the process's CUDA context for good).
 
-@pytest.mark.parametrize("reader", ["current_stream", "side_stream", "copy_engine"])
-def test_dropped_view_waits_for_queued_readers(gpu_daemon, segname, reader="current_stream"):
+def test_dropped_view_waits_for_queued_readers(gpu_daemon, segname):
     # A tensor over a segment dropped while GPU work that reads it is still
     # queued (a kernel on torch's current stream or on a stream of its own,
     # or a copy-engine copy out of it): the work must neither fault nor
@@ -502,6 +501,12 @@ def test_dropped_view_waits_for_queued_readers(gpu_daemon, segname, reader="curr
     # client's lock: gshm__retire_device_maps); NVIDIA does not say that
     # cuMemUnmap waits (before, this held on driver 580 through the
     # driver's own wait, the current-stream case only tested).
+    # (one child each; a loop, not parametrize: run_gpu.py's own runner has none)
+    for reader in ("current_stream", "side_stream", "copy_engine"):
+        _dropped_view_child(gpu_daemon, segname, reader)
+
+
+def _dropped_view_child(gpu_daemon, segname, reader):
     out = run_child(gpu_daemon, """
         import gc
         name, reader = sys.argv[2], sys.argv[3]
@@ -535,7 +540,7 @@ def test_dropped_view_waits_for_queued_readers(gpu_daemon, segname, reader="curr
         print(json.dumps({"sum": got, "n": n, "same_address": tb.data_ptr() == old}))
         """, segname, reader)
     r = json.loads(out.strip().splitlines()[-1])
-    assert r["sum"] == r["n"], r
+    assert r["sum"] == r["n"], (reader, r)
 
 
 def test_copy_into_read_only_mapping_refused(gpu_daemon, segname):
