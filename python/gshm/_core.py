@@ -9,8 +9,10 @@ import contextlib
 import ctypes
 import operator
 import os
+import sys
 import threading
 import weakref
+from typing import List, Tuple
 
 from . import _lib as L
 from ._errors import error_for
@@ -149,6 +151,44 @@ class _Handle(object):
             self.decref()
 
 
+# Segment closes put off while a CUDA graph capture ran on the closing
+# thread: (segment ptr, its client handle, pid).  libgshm's last unmap of
+# a device mapping waits for the GPU's queued work (cuCtxSynchronize), which
+# CUDA refuses during a capture and which may invalidate it; PyTorch puts
+# off its own frees during a capture the same way.  A view's last reference
+# can go there (the garbage collector runs at any allocation).  Closed at
+# the next close outside a capture, or when the client is closed.
+_deferred: List[Tuple[int, "_ClientHandle", int]] = []
+
+
+def _capturing() -> bool:
+    """Whether this thread's current CUDA stream is capturing a graph, as
+    torch says (False where torch is not imported or has no CUDA yet)."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized()
+                    and torch.cuda.is_current_stream_capturing())
+    except Exception:
+        return False
+
+
+def _close_segment(ptr: int, client: "_ClientHandle") -> None:
+    L.lib().gshm_close(ptr)
+    client.decref()  # after the close, which needs the client
+
+
+def _flush_deferred() -> None:
+    """Closes the segments _deferred holds (this process's; a forked
+    child's copies are dropped: the parent's to close)."""
+    while True:
+        with _state_lock:
+            if not _deferred:
+                return
+            ptr, client, pid = _deferred.pop()
+        if pid == os.getpid():
+            _close_segment(ptr, client)
+
+
 class _ClientHandle(_Handle):
     def __init__(self, ptr):
         self.ptr = ptr
@@ -173,6 +213,8 @@ class _ClientHandle(_Handle):
             L.lib().gshm_disconnect(ptr)
 
     def release_owner(self):
+        if not _capturing():
+            _flush_deferred()  # (they hold their clients: this one's may be among them)
         with _state_lock:
             if self.owner_released:
                 return
@@ -214,9 +256,15 @@ class _SegHandle(_Handle):
                 return
             ptr, self.ptr = self.ptr, None
             self.client.segments.discard(self)
-        if self.pid == os.getpid():  # outside the lock, as for the client
-            L.lib().gshm_close(ptr)
-        self.client.decref()  # after the close, which needs the client
+        if self.pid != os.getpid():  # a forked child's copy: the parent's to close
+            self.client.decref()
+            return
+        if _capturing():  # (_deferred: the close's wait would break the capture)
+            with _state_lock:
+                _deferred.append((ptr, self.client, self.pid))
+            return
+        _flush_deferred()
+        _close_segment(ptr, self.client)  # outside the lock, as for the client
 
     def release_owner(self):
         with _state_lock:

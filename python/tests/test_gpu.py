@@ -543,6 +543,52 @@ def _dropped_view_child(gpu_daemon, segname, reader):
     assert r["sum"] == r["n"], (reader, r)
 
 
+def test_view_dropped_during_graph_capture(gpu_daemon, segname):
+    # A tensor over a device segment whose last reference goes while torch
+    # captures a CUDA graph on this thread (the garbage collector runs at
+    # any allocation): libgshm's last unmap waits for the GPU
+    # (cuCtxSynchronize), which CUDA refuses during a capture and which may
+    # invalidate it.  The package puts the close off until the next close
+    # outside a capture: the capture completes and replays, and the lease
+    # ends then.
+    out = run_child(gpu_daemon, """
+        import gc, os
+        name = sys.argv[2]
+        n = 1 << 20
+        c = gshm.Client(sock)
+        mine = lambda: [l for l in c.leases() if l.pid == os.getpid()]
+        a = c.create(name, n, location="cuda:0")
+        c.unlink(name)
+        t = torch.from_dlpack(a.view("uint8", (n,), device=0))
+        t.fill_(3)
+        a.close()
+        before = len(mine())
+        x = torch.ones(1024, device="cuda:0")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            y = x * 2              # (warm-up before the capture)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = x * 2
+            del t                  # the view's last reference, inside the capture
+            gc.collect()
+        during = len(mine())
+        x.fill_(5)
+        g.replay()
+        torch.cuda.synchronize()
+        replayed = bool((y == 10).all())
+        b = c.create(name + "/b", 4096, location="host")
+        c.unlink(name + "/b")
+        b.close()                  # a close outside the capture: the put-off one too
+        print(json.dumps({"before": before, "during": during, "after": len(mine()),
+                          "replayed": replayed}))
+        """, segname)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r == {"before": 1, "during": 1, "after": 0, "replayed": True}, r
+
+
 def test_copy_into_read_only_mapping_refused(gpu_daemon, segname):
     # An SM copy into a read-only device mapping: -EACCES, not a store that
     # faults on the GPU.
