@@ -672,7 +672,10 @@ GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevice
  * unmap with a gshm_wait queued that only a later call of this thread
  * would satisfy waits for ever; and a wait refused while a stream capture
  * runs leaves the range mapped until the client's next call lets go of
- * its lock (or, at gshm_disconnect, for good: logged).
+ * its lock (or, at gshm_disconnect, for good: logged), and CUDA may
+ * invalidate that capture: unmap (and close) device segments outside a
+ * capture, as PyTorch frees (the Python package puts a close that comes
+ * during one off until after it).
  * Called on a handle that gshm_map did not map, it ends the mapping
  * gshm_read / gshm_write keep (when no gshm_map of the segment holds it).
  * Returns 0 (also when not mapped), -EINVAL for a NULL seg, or -EIO when
