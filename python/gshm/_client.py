@@ -32,7 +32,7 @@ _Seg = TypeVar("_Seg", bound=Segment)
 
 
 def _cancel_pull(client_ptr: int) -> None:
-    """gshm_pull_cancel: the pull on client_ptr stops at its next report
+    """gshm_pull_cancel: the pull on client_ptr stops within 0.1 s
     (nothing where libgshm predates it: the pull then runs to its end)."""
     try:
         _optional("gshm_pull_cancel")(client_ptr)
@@ -74,7 +74,7 @@ def _cancel_on_sigint(calling: List[int], interrupted: List[BaseException]) -> I
 
 
 def _progress_interrupted(raised: List[BaseException],
-                          interrupted: Sequence[BaseException] = ()) -> None:
+                          interrupted: Sequence[BaseException]) -> None:
     """Raises again what a SIGINT handler raised during the pull
     (`interrupted`, from _cancel_on_sigint), else the KeyboardInterrupt or
     SystemExit the progress callback caught, whatever the pull's own result
@@ -86,7 +86,7 @@ def _progress_interrupted(raised: List[BaseException],
 
 
 def _progress_raised(raised: List[BaseException], what: str,
-                     interrupted: Sequence[BaseException] = ()) -> None:
+                     interrupted: Sequence[BaseException]) -> None:
     """After a pull: _progress_interrupted, else warns of the exception the
     progress callback raised, if any."""
     _progress_interrupted(raised, interrupted)
@@ -482,8 +482,8 @@ class Client(object):
                 calling.append(p)
                 with _cancel_on_sigint(calling, interrupted):
                     rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
-                _progress_interrupted(raised, interrupted)
                 if rc < 0:
+                    _progress_interrupted(raised, interrupted)  # (before the cancel's error)
                     _raise(rc, "gshm_pull", p, what, hint=_pull_hint(rc, replace))
             _progress_raised(raised, what, interrupted)
             return PullResult._from_c(res)
@@ -495,7 +495,7 @@ class Client(object):
                 rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(arr),
                         ctypes.byref(n))
             if rc < 0:
-                _progress_interrupted(raised, interrupted)
+                _progress_interrupted(raised, interrupted)  # (before the cancel's error)
                 _raise(rc, "gshm_pull_prefix", p, what, hint=_pull_hint(rc, replace))
         try:
             _progress_raised(raised, what, interrupted)
