@@ -121,6 +121,7 @@ int gshm_cluster_pulls_counted(gshm_client_t *c, gshm_cluster_pull_t **pulls_out
     a[i].segments_done = p->segments_done;
     a[i].segments_total = p->segments_total;
     a[i].elapsed_ns = p->elapsed_ns;
+    snprintf(a[i].ending, sizeof(a[i].ending), "%s", p->ending ? p->ending : "");
   }
   gshm__reply__free_unpacked(reply, NULL);
   *pulls_out = a;

@@ -1337,6 +1337,7 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n, uint64_t 
       json_object_set_new(o, "segments_done", json_integer(v[i].segments_done));
       json_object_set_new(o, "segments_total", json_integer(v[i].segments_total));
       json_object_set_new(o, "seconds", json_real(sec));
+      json_object_set_new(o, "ending", v[i].ending[0] ? json_text(v[i].ending) : json_null());
       json_array_append_new(arr, o);
       continue;
     }
@@ -1346,9 +1347,13 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n, uint64_t 
     /* (SEGMENTS one field wide, so that TIME has a column of its own) */
     snprintf(segs, sizeof(segs), "%u/%u%s", v[i].segments_done, v[i].segments_total,
              v[i].prefix && !v[i].segments_total ? " (listing)" : "");
-    printf("%-*s %-*s %-*s %6u %9s/%-9s  %-23s %.1f s\n", col(esc, wp), esc, col(esc2, wn), esc2,
+    printf("%-*s %-*s %-*s %6u %9s/%-9s  %-23s %.1f s", col(esc, wp), esc, col(esc2, wn), esc2,
            col(esc3, wl), esc3, v[i].uid, gshm__format_size(v[i].bytes_done, done, sizeof(done)),
            gshm__format_size(v[i].bytes_total, total, sizeof(total)), segs, sec);
+    /* (a failed or cancelled one that waits for its peers' answers) */
+    if (v[i].ending[0])
+      printf("  ending: %s", shown(v[i].ending, esc));
+    printf("\n");
   }
   return arr;
 }

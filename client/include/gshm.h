@@ -449,6 +449,11 @@ typedef struct gshm_cluster_pull {
   char local_name[256];            /* where it lands on this node: the local segment, or the
                                       local prefix (--as); name where an older daemon does
                                       not say */
+  char ending[256];                /* "" while it runs; else why it failed or was cancelled
+                                      (the requester has its answer): the row goes once what
+                                      it asked its peers is answered or timed out
+                                      (cluster.request_timeout_ms at most), and the set's
+                                      hidden segments with it */
 } gshm_cluster_pull_t;
 
 /* Lists the pulls in flight on the daemon (oldest first; an empty list
@@ -478,7 +483,12 @@ GSHM_EXTERN int gshm_cluster_pulls_counted(gshm_client_t *client, gshm_cluster_p
  * (GSHM_PULL_WAKE_MS; at once from a handler of a signal that reached its
  * thread), also while the peer is still being reached or a set listed,
  * and then fails with -ECANCELED, leaving nothing behind, as when the
- * requester goes away; a pull that ended meanwhile keeps its result.  The flag is cleared when a pull starts: a
+ * requester goes away; a pull that ended meanwhile keeps its result.
+ * The pull fails at once even where a peer has not answered what gshmd
+ * asked it (a grant, a listing page, a read): gshmd keeps the set,
+ * invisible but for gshm_cluster_pulls' `ending`, until those answers
+ * come or time out (cluster.request_timeout_ms), and its memory with
+ * it (it counts in the uid's pulls in flight).  The flag is cleared when a pull starts: a
  * cancel with no pull in flight is for none.  Returns 0, or -EINVAL
  * for a NULL client. */
 GSHM_EXTERN int gshm_pull_cancel(gshm_client_t *client);

@@ -554,9 +554,9 @@ void gshmd__pull_reap(struct gshmd_cluster *cl) {
 }
 
 int gshmd__pull_cancel(struct gshmd_cluster *cl, struct gshmd_client *c, const uint32_t *request_id) {
-  struct gshm_list *pos;
+  struct gshm_list *pos, *tmp;
   int e = -ENOENT;
-  gshm_list_foreach(pos, &cl->pulls) {
+  gshm_list_foreach_safe(pos, tmp, &cl->pulls) {
     struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
     if (s->requester != c || (request_id && (s->request_id != *request_id || s->err)))
       continue;
@@ -565,6 +565,13 @@ int gshmd__pull_cancel(struct gshmd_cluster *cl, struct gshmd_client *c, const u
     gshmd__pull_set_fail_here(s, -ECANCELED, "%s", request_id ? "cancelled by its requester"
                                                                : "the requesting client went away");
     e = 0;
+    /* What was asked of a peer ends with its answer (grants go back):
+     * up to cluster.request_timeout_ms for a peer slow to answer.  The
+     * requester does not wait for that: its names were never visible,
+     * and the set's hidden segments go when it ends (PEERS shows it
+     * ending meanwhile, and it counts in its uid's pulls in flight). */
+    if (request_id && !set_reap(s))
+      answer_failed(s);
   }
   return e;
 }
@@ -610,6 +617,7 @@ size_t gshmd__pull_describe(struct gshmd_cluster *cl, const struct gshmd_client 
     o->segments_done = (uint32_t)s->nclosed;
     o->segments_total = s->listing ? 0 : (uint32_t)s->n;
     o->elapsed_ns = now - s->start_ns;
+    o->ending = s->err ? s->why : "";
     n++;
   }
   *seen_out = seen;

@@ -66,6 +66,7 @@ struct plan {
   int64_t hold_offset;     /* the Read of this offset is never answered (-1: none) */
   int gap_ms;              /* between chunks (0: at once) */
   void (*on_grant)(void);  /* after the grant is sent */
+  bool cancel_at_hold;     /* the job's client cancels its pull once a request is held */
 };
 
 /* A pull on a node in the background, and a monitor that asks P for its
@@ -78,7 +79,8 @@ struct job {
   bool prefix, monitor;
   int err;
   char msg[512];
-  int64_t start, end;
+  int64_t start, end, cancel_ms;
+  gshm_client_t *_Atomic c; /* the pull's connection, once made */
   atomic_bool done;
 };
 
@@ -92,10 +94,12 @@ static void *job_thread(void *arg) {
   j->start = now_ms();
   j->err = gshm_connect(j->n->h.socket_path, "job", &c);
   if (!j->err) {
+    j->c = c;
     j->err = j->prefix ? gshm_pull_prefix(c, j->peer, j->name, &po, &v, &n)
                        : gshm_pull(c, j->peer, j->name, &po, &r);
     snprintf(j->msg, sizeof(j->msg), "%s", gshm_last_error(c));
     gshm_free(v);
+    j->c = NULL;
     gshm_disconnect(c);
   }
   j->end = now_ms();
@@ -210,6 +214,10 @@ static unsigned serve(struct job *j, const struct plan *pl, int64_t ms) {
       send_listing(m->request_id, pl);
     } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
       holding |= pl->hold_grant;
+      if (pl->hold_grant && pl->cancel_at_hold && !j->cancel_ms) {
+        j->cancel_ms = now_ms();
+        assert_int_equal(gshm_pull_cancel(j->c), 0);
+      }
       if (!pl->hold_grant) {
         assert_string_equal(m->grant_request->name, pl->name);
         rogue_send_grant(&rh, m->request_id, 1, pl->name, pl->size);
@@ -266,7 +274,7 @@ static int group_teardown(void **state) {
  * the next pull (answered whole) must work. */
 static void held(const struct plan *pl, const char *what) {
   static struct job j; /* (static: a failed check leaves its threads) */
-  struct plan honest = {pl->name, pl->size, pl->seed + 1, false, -1, 0, NULL};
+  struct plan honest = {pl->name, pl->size, pl->seed + 1, false, -1, 0, NULL, false};
   gshm_client_t *p = connect_to(&P);
   long timeouts = metric(p, "gshm_cluster_refusals_total{cause=\"timeout\"}");
   unsigned counts;
@@ -304,15 +312,83 @@ static void held(const struct plan *pl, const char *what) {
 }
 
 static void test_grant_held(void **state) {
-  static const struct plan pl = {"pub/one", SEG, 10, true, -1, 0, NULL};
+  static const struct plan pl = {"pub/one", SEG, 10, true, -1, 0, NULL, false};
   (void)state;
   held(&pl, "the grant of 'pub/one'");
 }
 
 static void test_read_held(void **state) {
-  static const struct plan pl = {"pub/one", SEG, 20, false, MiB, 0, NULL};
+  static const struct plan pl = {"pub/one", SEG, 20, false, MiB, 0, NULL, false};
   (void)state;
   held(&pl, "a read of bytes 1048576+1048576 of grant 1001");
+}
+
+/* The one pull in flight on P (NULL: none) and its `ending`. */
+static bool pull_ending(gshm_client_t *p, char *ending, size_t len) {
+  gshm_cluster_pull_t *v = NULL;
+  size_t n = 0;
+
+  assert_int_equal(gshm_cluster_pulls(p, &v, &n), 0);
+  assert_true(n <= 1);
+  if (n)
+    snprintf(ending, len, "%s", v[0].ending);
+  gshm_free(v);
+  return n == 1;
+}
+
+/* The rogue holds the grant of P's pull; the puller cancels it.  Its
+ * gshm_pull ends -ECANCELED at once, not when the grant's request times
+ * out (TIMEOUT_MS); P shows the pull ending ("cancelled by its
+ * requester") until the held request times out, then nothing is left,
+ * and the next pull from that peer works.  Before: the cancel's answer
+ * waited for the held grant, TIMEOUT_MS and the sweep's second (60 s
+ * with the default cluster.request_timeout_ms). */
+static void test_cancel_held(void **state) {
+  static const struct plan pl = {"pub/one", SEG, 40, true, -1, 0, NULL, true};
+  struct plan honest = {pl.name, pl.size, pl.seed + 1, false, -1, 0, NULL, false};
+  static struct job j;
+  gshm_client_t *p = connect_to(&P);
+  char ending[256] = "";
+  int64_t gone = 0;
+  (void)state;
+
+  rh_up(p);
+  job_start(&j, &P, "rh", pl.name, false, false);
+  serve(&j, &pl, 30000);
+  assert_true(j.done);
+  job_join(&j);
+  printf("cancelled with its grant held: %d (%s) %.1f ms after the cancel\n", j.err, j.msg,
+         (double)(j.end - j.cancel_ms));
+  assert_true(j.cancel_ms > 0);
+  assert_int_equal(j.err, -ECANCELED);
+  assert_true(j.end - j.cancel_ms < TIMEOUT_MS / 3);
+  assert_int_equal(gshm_stat_name(p, pl.name, &(gshm_segment_info_t){0}), -ENOENT);
+  /* still asked of rh: shown ending, until the request times out */
+  assert_true(pull_ending(p, ending, sizeof(ending)));
+  assert_non_null(strstr(ending, "cancelled"));
+  for (int64_t end = now_ms() + TIMEOUT_MS + 8000; !gone && now_ms() < end;) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rh, 10);
+    if (m) {
+      (void)rogue_answer_count(&rh, m); /* (the grant stays held) */
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    }
+    if (!pull_ending(p, ending, sizeof(ending)))
+      gone = now_ms();
+  }
+  printf("the set went %.1f s after the cancel\n", (double)(gone - j.cancel_ms) / 1000);
+  assert_true(gone > 0);
+  assert_true(gone - j.cancel_ms >= TIMEOUT_MS / 2);
+  assert_nothing_left(p, pl.name);
+  rh_down();
+  rh_up(p);
+  job_start(&j, &P, "rh", pl.name, false, false);
+  serve(&j, &honest, 30000);
+  job_join(&j);
+  assert_int_equal(j.err, 0);
+  check_segment(p, pl.name, pl.size, honest.seed);
+  assert_int_equal(gshm_unlink(p, pl.name), 0);
+  rh_down();
+  gshm_disconnect(p);
 }
 
 /* C's pull of the set from P, started once P has its grant (the set is
@@ -321,7 +397,7 @@ static struct job relay_job;
 static void start_c(void) { job_start(&relay_job, &C, "p", "slow/", true, false); }
 
 static void test_relay_slow(void **state) {
-  static const struct plan pl = {"slow/a", SLOW_SEG, 30, false, -1, SLOW_GAP_MS, start_c};
+  static const struct plan pl = {"slow/a", SLOW_SEG, 30, false, -1, SLOW_GAP_MS, start_c, false};
   static struct job j;
   gshm_client_t *p = connect_to(&P), *c = connect_to(&C);
   long busy = metric(p, "gshm_cluster_relay_busy_total");
@@ -572,6 +648,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_grant_held),
       cmocka_unit_test(test_read_held),
+      cmocka_unit_test(test_cancel_held),
       cmocka_unit_test(test_relay_slow),
       cmocka_unit_test(test_relay_list_slow),
       cmocka_unit_test(test_relay_finished_path),
