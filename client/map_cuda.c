@@ -515,10 +515,24 @@ int gshm__unmap_device(struct gshm__lease *l) {
 }
 
 /* cuCtxSynchronize of the current context, its failure logged at debug
- * (the caller says what it does about it). */
+ * (the caller says what it does about it).  Not while a stream capture
+ * the driver shows is under way in it: a cuCtxSynchronize during any
+ * thread's capture in the context fails CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ * and invalidates that capture, whatever its mode and the caller's
+ * (cuThreadExchangeStreamCaptureMode relaxed too; measured on an H200,
+ * driver 580, CUDA 13.0: a probe of every mode, stream kind and thread).
+ * cuStreamIsCapturing of the legacy stream tells, without harm, of a
+ * capture on a blocking stream (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT):
+ * then that is returned, and the mapping waits for a later flush.  A
+ * capture on a non-blocking stream (cuStreamCreate's
+ * CU_STREAM_NON_BLOCKING: PyTorch's side streams) shows nowhere outside
+ * its stream, and is invalidated (gshm.h: unmap outside captures). */
 static CUresult ctx_wait(const struct gshm_cudadrv *drv) {
-  CUresult r = drv->cuCtxSynchronize();
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = drv->cuStreamIsCapturing(CU_STREAM_LEGACY, &st);
 
+  if (r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+    r = drv->cuCtxSynchronize();
   if (r != CUDA_SUCCESS)
     gshm__cuda_log(GSHM_LOG_DEBUG, r, "cuCtxSynchronize()", __FILE__, __LINE__);
   return r;

@@ -680,12 +680,19 @@ GSHM_EXTERN int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevice
  * PyTorch's own cuMem unmaps synchronize the same way
  * (CUDACachingAllocator.cpp, unmapHandles).  So, as with cudaFree, an
  * unmap with a gshm_wait queued that only a later call of this thread
- * would satisfy waits for ever; and a wait refused while a stream capture
- * runs leaves the range mapped until the client's next call lets go of
- * its lock (or, at gshm_disconnect, for good: logged), and CUDA may
- * invalidate that capture: unmap (and close) device segments outside a
- * capture, as PyTorch frees (the Python package puts a close that comes
- * during one off until after it).
+ * would satisfy waits for ever.  While any thread captures a stream in a
+ * context the wait would synchronize, cuCtxSynchronize fails and
+ * invalidates that capture (every capture mode, also relaxed: probed on
+ * an H200, driver 580).  A capture on a blocking stream (cuStreamCreate
+ * without CU_STREAM_NON_BLOCKING: CuPy's default) is seen first through
+ * the legacy stream, harmlessly: the wait is not made, the capture goes
+ * on, and the range stays mapped until a later call of the client lets go
+ * of its lock after the capture (at gshm_disconnect during one: left
+ * mapped for good, logged).  A capture on a non-blocking stream (PyTorch's
+ * side streams, torch.cuda.graph) shows nowhere outside its stream and is
+ * invalidated: unmap (and close) device segments outside a capture, as
+ * PyTorch frees (the Python package puts a close during the calling
+ * thread's own torch capture off until after it).
  * Called on a handle that gshm_map did not map, it ends the mapping
  * gshm_read / gshm_write keep (when no gshm_map of the segment holds it).
  * Returns 0 (also when not mapped), -EINVAL for a NULL seg, or -EIO when

@@ -589,6 +589,72 @@ def test_view_dropped_during_graph_capture(gpu_daemon, segname):
     assert r == {"before": 1, "during": 1, "after": 0, "replayed": True}, r
 
 
+def test_view_dropped_during_another_threads_capture(gpu_daemon, segname):
+    # A view's last reference goes on one thread while another captures a
+    # CUDA graph with CuPy on a blocking stream (CuPy's default kind).  The
+    # package's deferral sees only this thread's torch capture; libgshm's
+    # unmap wait (cuCtxSynchronize) would invalidate any thread's capture
+    # in the context (probed on an H200: every capture mode, the caller's
+    # mode relaxed too).  libgshm asks the legacy stream first, which shows
+    # a blocking stream's capture harmlessly, and keeps the mapping for a
+    # later flush: the capture completes and replays, and the lease ends
+    # at the next request after it.  (A non-blocking stream's capture shows
+    # nowhere and is still invalidated: gshm.h says unmap outside captures.)
+    if cupy is None:
+        skip("needs cupy")
+    out = run_child(gpu_daemon, """
+        import os, threading
+        import cupy
+        name = sys.argv[2]
+        n = 1 << 20
+        c = gshm.Client(sock)
+        mine = lambda: [l for l in c.leases() if l.pid == os.getpid()]
+        a = c.create(name, n, location="cuda:0")
+        c.unlink(name)
+        v = a.view("uint8", (n,), device=0)
+        a.close()
+        with cupy.cuda.Device(0):
+            x = cupy.ones(1024, dtype=cupy.float32)
+            y = cupy.empty_like(x)
+            s = cupy.cuda.Stream(non_blocking=False)
+            with s:
+                cupy.multiply(x, 2, out=y)     # (warm-up: the kernel loaded before the capture)
+            s.synchronize()
+            started, dropped = threading.Event(), threading.Event()
+            res = {}
+            def capture():
+                with cupy.cuda.Device(0):
+                    try:
+                        s.begin_capture()
+                        with s:
+                            cupy.multiply(x, 2, out=y)
+                        started.set()
+                        dropped.wait(30)
+                        g = s.end_capture()
+                        x.fill(5)
+                        g.launch(s)
+                        s.synchronize()
+                        res["replayed"] = bool((y == 10).all())
+                    except Exception as e:
+                        res["error"] = repr(e)
+                        started.set()
+            t = threading.Thread(target=capture)
+            t.start()
+            started.wait(30)
+            del v                      # the last reference: libgshm's unmap
+            during = len(mine())
+            dropped.set()
+            t.join(60)
+        b = c.create(name + "/b", 4096, location="host")   # a request: the flush
+        c.unlink(name + "/b")
+        b.close()
+        res.update(during=during, after=len(mine()))
+        print(json.dumps(res))
+        """, segname)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r == {"replayed": True, "during": 0, "after": 0}, r
+
+
 def test_copy_into_read_only_mapping_refused(gpu_daemon, segname):
     # An SM copy into a read-only device mapping: -EACCES, not a store that
     # faults on the GPU.

@@ -216,6 +216,14 @@ static CUresult f_ctx_sync(void) {
     queued = false;
   return sync_fails;
 }
+/* A capture on a blocking stream, which the legacy stream's query
+ * shows (a cuCtxSynchronize then would invalidate it). */
+static bool legacy_capture;
+static CUresult f_is_capturing(CUstream s, CUstreamCaptureStatus *st) {
+  assert_true(s == CU_STREAM_LEGACY);
+  *st = CU_STREAM_CAPTURE_STATUS_NONE;
+  return legacy_capture ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+}
 static CUresult f_unmap(CUdeviceptr va, size_t size) {
   (void)va, (void)size;
   assert_false(queued); /* never under work still queued on it */
@@ -280,6 +288,7 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuCtxGetCurrent = f_get_current;
   fake_drv.cuCtxGetDevice = f_ctx_device;
   fake_drv.cuCtxSynchronize = f_ctx_sync;
+  fake_drv.cuStreamIsCapturing = f_is_capturing;
   *drv_out = &fake_drv;
   return 0;
 }
@@ -697,7 +706,9 @@ static void test_parent_mapping_in_a_child(void **state) {
  * first (cuCtxSynchronize of the contexts that may use it: NVIDIA does
  * not say that cuMemUnmap waits; PyTorch synchronizes before its own
  * unmaps), after the client's lock is let go; a wait a stream capture
- * refuses keeps the mapping for the next flush, a context dead for good
+ * refuses keeps the mapping for the next flush (as one a capture on a
+ * blocking stream would refuse, asked first: the wait would invalidate
+ * it), a context dead for good
  * (sticky error) lets it go; a client that goes with a wait still
  * refused leaves it mapped (-EIO, logged).  Before: cuMemUnmap at once,
  * under the lock, whatever was queued (f_unmap's assert). */
@@ -725,6 +736,22 @@ static void test_unmap_waits_for_queued_work(void **state) {
   assert_null(l.device_map); /* the lease forgot it at once */
   sync_fails = CUDA_SUCCESS;
   assert_int_equal(unmap_device(&l), 0); /* (an unmapped lease: the flush only) */
+  assert_null(client.retired);
+  assert_nothing_held();
+
+  /* a capture the legacy stream shows: no cuCtxSynchronize (it would
+   * invalidate the capture), kept, unmapped at the next flush after it */
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
+  queued = true;
+  legacy_capture = true;
+  ctx_syncs = 0;
+  assert_int_equal(unmap_device(&l), 0);
+  assert_int_equal(ctx_syncs, 0);
+  assert_int_equal(mappings, 1);
+  assert_non_null(client.retired);
+  legacy_capture = false;
+  assert_int_equal(unmap_device(&l), 0);
+  assert_true(ctx_syncs >= 1);
   assert_null(client.retired);
   assert_nothing_held();
 
