@@ -96,6 +96,7 @@
   X(cuCtxPushCurrent)                   \
   X(cuCtxPopCurrent)                    \
   X(cuMemGetAllocationPropertiesFromHandle) \
+  X(cuMemRetainAllocationHandle)        \
   X(cuLaunchKernelEx)                   \
   X(cuDevicePrimaryCtxReset)            \
   X(cuDevicePrimaryCtxGetState)         \

@@ -361,21 +361,41 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p,
 
 /* Whether every copy of plan p may run where it is issued: the issuing
  * GPU (the sender when push, else the receiver) reads the parent's buffer
- * and writes the child's, and a gshm mapping it has no access to would
- * fault there (gshm__copy_reach).  0, -EXDEV or -EACCES before anything is
- * queued. */
-static int plan_reach(const struct plan *p, const struct gshm__where *where, int push,
-                      size_t bytes) {
+ * and writes the child's, and cuMem memory it has no access to would
+ * fault there (gshm__copy_reach, asked in each issuing GPU's primary
+ * context, which the broadcast's streams belong to: the access flags of
+ * memory gshm_map did not map are the current context's GPU's).  0,
+ * -EXDEV or -EACCES before anything is queued, or the errors of making
+ * an issuer's primary context current. */
+static int plan_reach(const struct gshm_cudadrv *drv, const struct plan *p,
+                      const struct gshm__where *where, int push, size_t bytes) {
+  uint64_t issuers = 0;
   int e = 0;
 
-  for (int q = 0; q < p->nparts && !e; q++)
-    for (int k = 0; k < p->n && !e; k++) {
-      int node = p->order[q][k], par = p->parent[q][node];
-      int issuer = push ? where[par].ordinal : where[node].ordinal;
-      if ((e = gshm__copy_reach(&where[par], bytes, issuer, 0)) >= 0)
-        e = gshm__copy_reach(&where[node], bytes, issuer, 1);
-      e = e < 0 ? e : 0;
+  for (int q = 0; q < p->nparts; q++)
+    for (int k = 0; k < p->n; k++) {
+      int node = p->order[q][k];
+      issuers |= 1ull << (push ? where[p->parent[q][node]].ordinal : where[node].ordinal);
     }
+  for (int g = 0; g < MAX_GPUS && !e; g++) {
+    CUcontext ctx, ignored;
+
+    if (!(issuers >> g & 1))
+      continue;
+    if ((e = gshm__copy_primary_ctx(drv, g, &ctx)) ||
+        (e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxPushCurrent, ctx)))
+      break;
+    for (int q = 0; q < p->nparts && !e; q++)
+      for (int k = 0; k < p->n && !e; k++) {
+        int node = p->order[q][k], par = p->parent[q][node];
+        if ((push ? where[par].ordinal : where[node].ordinal) != g)
+          continue;
+        if ((e = gshm__copy_reach(&where[par], bytes, g, 0)) >= 0)
+          e = gshm__copy_reach(&where[node], bytes, g, 1);
+        e = e < 0 ? e : 0;
+      }
+    drv->cuCtxPopCurrent(&ignored);
+  }
   return e;
 }
 
@@ -451,7 +471,7 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
   if (!(p = malloc(sizeof(*p))))
     return -ENOMEM;
   make_plan(p, o.algo, n, bytes, o.chunk_bytes);
-  if ((e = plan_reach(p, where, !o.pull, bytes))) {
+  if ((e = plan_reach(drv, p, where, !o.pull, bytes))) {
     free(p);
     return e;
   }

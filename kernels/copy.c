@@ -521,13 +521,67 @@ void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm
   }
 }
 
+/* Whether device memory at addr is a cuMem range (cuMemMap's, or a
+ * memory pool's), whose access is given per device and which peer access
+ * does not cover, rather than cuMemAlloc memory or a legacy IPC import,
+ * which peer access does cover (and a copy engine copy without it goes
+ * through the host).  Only asked after the access flags said "no" or
+ * "read-only" (below): up to three driver calls. */
+static bool cumem_range(const struct gshm_cudadrv *drv, uintptr_t addr) {
+  unsigned long long legacy = 0; /* a boolean: the driver writes 4 bytes or 8 */
+  CUmemoryPool pool = NULL;
+  CUmemGenericAllocationHandle h;
+
+  if (drv->cuPointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                 (CUdeviceptr)addr) == CUDA_SUCCESS &&
+      legacy)
+    return false; /* cuMemAlloc's */
+  if (drv->cuPointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, (CUdeviceptr)addr) ==
+          CUDA_SUCCESS &&
+      pool)
+    return true;
+  if (drv->cuMemRetainAllocationHandle(&h, (void *)addr) != CUDA_SUCCESS)
+    return false; /* not cuMemMap's: a legacy IPC import, or unknown */
+  (void)GSHM_CU(drv, GSHM_LOG_WARNING, cuMemRelease, h);
+  return true;
+}
+
+/* gshm__copy_reach for device memory gshm_map did not map (cuMemAlloc's,
+ * PyTorch's expandable segments, a memory pool's): the access the current
+ * context's GPU has to it (CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, one driver
+ * call).  Read-write, or read-only to be read: 0.  Less on a cuMem range:
+ * -EXDEV (no access) or -EACCES (read-only, to be written), as for a gshm
+ * mapping, where a kernel or copy engine would fault.  Less on other
+ * memory (peer memory without peer access, which the copy paths enable or
+ * the driver stages through the host), or a driver that cannot say: 0. */
+static int foreign_reach(const struct gshm__where *w, size_t bytes, int me, int write) {
+  const struct gshm_cudadrv *drv;
+  unsigned long long flags = 0; /* an enum: the driver writes 4 bytes or 8 */
+  unsigned f;
+
+  if (copy_driver_load(&drv) ||
+      drv->cuPointerGetAttribute(&flags, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
+                                 (CUdeviceptr)w->addr) != CUDA_SUCCESS)
+    return 0;
+  f = (unsigned)flags;
+  if (f == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE ||
+      (!write && f == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ) || !cumem_range(drv, w->addr))
+    return 0;
+  gshm_log_err("GPU %d has %s access to 0x%llx (+%zu bytes), cuMem memory of GPU %d that "
+               "gshm_map did not map: give that GPU access (cuMemSetAccess)",
+               me, f == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ ? "read-only" : "no",
+               (unsigned long long)w->addr, bytes, w->ordinal);
+  return f == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ ? -EACCES : -EXDEV;
+}
+
 int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int write) {
   unsigned long long flags = 0;
   int found;
 
-  if (!w->device || me < 0 || !gshm__map_access ||
-      !(found = gshm__map_access(w->addr, bytes, me, &flags)))
-    return 0; /* not a gshm mapping: the driver's own rules (peer access) */
+  if (!w->device || me < 0)
+    return 0;
+  if (!gshm__map_access || !(found = gshm__map_access(w->addr, bytes, me, &flags)))
+    return foreign_reach(w, bytes, me, write); /* the driver's own rules, and its access flags */
   if (found == 2) {
     gshm_log_err("0x%llx (+%zu bytes) runs past the end of the segment gshm_map mapped there",
                  (unsigned long long)w->addr, bytes);

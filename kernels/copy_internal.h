@@ -89,20 +89,25 @@ struct gshm__where {
   uintptr_t addr; /* the address classified */
 };
 
-/* Whether GPU `me` may touch `bytes` of device memory at w (read, or write
- * when `write`) where w is a device segment this process mapped with
- * gshm_map: a cuMem mapping gives access per device (cuMemSetAccess), which
- * peer access (cuCtxEnablePeerAccess) does not cover, and an SM kernel or
- * copy engine of a GPU without it faults (an illegal address that ends the
- * context).  Returns 1 (a gshm mapping whose access covers `me`: no peer
- * access is needed, none should be enabled for it), 0 (host memory,
- * memory gshm_map did not make: the driver's rules), -EXDEV no access
- * from `me` (map the
- * segment for it: gshm_map's devices), -EACCES a read-only mapping to be
- * written, -ERANGE a range that runs past the end of the mapping it
- * starts in.  Only gshm's own mappings are judged: other cuMem memory
- * (PyTorch's expandable segments) and memory of legacy IPC imports are
- * told apart from them by no driver query this could rely on. */
+/* Whether GPU `me`, the current context's, may touch `bytes` of device
+ * memory at w (read, or write when `write`): a cuMem mapping gives access
+ * per device (cuMemSetAccess), which peer access (cuCtxEnablePeerAccess)
+ * does not cover, and an SM kernel or copy engine of a GPU without it
+ * faults (an illegal address that ends the context).  A device segment
+ * this process mapped with gshm_map is judged by its mapping's access
+ * (no driver call); other device memory by the access flags the driver
+ * reports for the current context (CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: one
+ * driver call; the current context must be on GPU `me`), refused only
+ * where it is a cuMem range (cuMemMap's, a memory pool's: PyTorch's
+ * expandable segments, cudaMallocAsync): cuMemAlloc memory and legacy IPC
+ * imports on another GPU read "no access" until peer access is enabled,
+ * which the copy paths do.  Returns 1 (a gshm mapping whose access covers
+ * `me`: no peer access is needed, none should be enabled for it), 0 (host
+ * memory, other memory the flags allow or that is not a cuMem range: the
+ * driver's rules), -EXDEV no access from `me` (a gshm mapping: map the
+ * segment for it, gshm_map's devices; other cuMem memory: cuMemSetAccess),
+ * -EACCES a read-only mapping or range to be written, -ERANGE a range that
+ * runs past the end of the gshm mapping it starts in. */
 int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int write);
 
 /* client/map_cuda.c (client_internal.h has its comment): 1 and the access

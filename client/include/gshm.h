@@ -947,18 +947,20 @@ typedef enum {
  * cover cuMem mappings (gshm_map's, PyTorch's expandable segments): the
  * GPU that runs the copy (the stream's) must be among the devices the
  * mapping gives access to (gshm_map's devices; NULL gives every device
- * that can reach the segment's GPU).  For a mapping of gshm_map's (in this
- * process) libgshm checks that first and returns -EXDEV where the GPU
- * would fault (an illegal address that ends the context); other cuMem
- * memory is the driver's to judge.
+ * that can reach the segment's GPU).  libgshm checks that first and
+ * returns -EXDEV where the GPU would fault (an illegal address that ends
+ * the context): for a mapping of gshm_map's (in this process) from its own
+ * record, for other cuMem memory (cuMemMap ranges, memory pools) from the
+ * access flags the driver reports (one driver query per device address
+ * gshm_map did not map, each call).
  * Errors: -EINVAL dst or src NULL, an unknown method, or GSHM_COPY_SM on
  * pageable host memory; -EIO a stream whose context cannot be made
  * current (destroyed); -ENOTSUP
  * GSHM_COPY_SM in a libgshm built without nvcc, or a GPU architecture the
  * embedded kernels (sm_90 SASS + PTX) cannot run on; -EXDEV
  * GSHM_COPY_SM between GPUs without peer access, or src or dst a cuMem
- * mapping the stream's GPU has no access to; -EACCES dst a read-only
- * cuMem mapping (a read-only lease's); -ERANGE src or dst starts in a
+ * mapping the stream's GPU has no access to; -EACCES dst a cuMem mapping
+ * the stream's GPU may only read (a read-only lease's); -ERANGE src or dst starts in a
  * mapping of gshm_map's and runs past its end; -ENOENT / -ENODEV no CUDA
  * driver or no GPU; -ENOSYS a driver older than CUDA 12.0, or one that
  * lacks an entry point libgshm needs; -ECHILD this process was forked
@@ -1047,9 +1049,9 @@ typedef struct {
  * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
  * SPLIT with host memory, bytes of 2^58 or more (more than any memory);
  * -EXDEV two GPUs without a peer path for a copy the algorithm needs, or
- * a buffer mapped by gshm_map that a GPU issuing one of its copies (the
- * sender, or with pull the receiver) has no access to; -EACCES such a
- * destination mapped read-only; -ERANGE a buffer that runs past the end
+ * a buffer in cuMem memory (gshm_map's or other) that a GPU issuing one of
+ * its copies (the sender, or with pull the receiver) has no access to;
+ * -EACCES such a destination that GPU may only read; -ERANGE a buffer that runs past the end
  * of the gshm_map mapping it starts in (all before anything is queued);
  * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOSYS a driver too old, or
  * -ECHILD a forked child (both as gshm_copy); -ENOMEM, -EIO from the

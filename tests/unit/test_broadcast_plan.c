@@ -313,11 +313,17 @@ int gshm__copy_enable_peer(int ordinal) {
 }
 
 /* gshm__copy_reach: the buffer at no_access_addr is a gshm mapping that
- * only GPU no_access_gpu may write. */
+ * only GPU no_access_gpu may write.  Calls made while the current context
+ * is not GPU me's are counted: the real one asks the driver for the
+ * access flags of memory gshm_map did not map, which are the current
+ * context's GPU's. */
 static uintptr_t no_access_addr;
 static int no_access_gpu = -1;
+static unsigned reach_wrong_ctx;
 int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int write) {
   (void)bytes;
+  if (w->device && (me < 0 || me >= NGPUS || current != &ctxs[me]))
+    reach_wrong_ctx++;
   return w->addr && w->addr == no_access_addr && write && me != no_access_gpu ? -EXDEV : 0;
 }
 
@@ -371,10 +377,11 @@ static void broadcast_once(const gshm_broadcast_opts_t *o, int n, size_t bytes, 
   current = &ctxs[0];
   f_memcpy_async((CUdeviceptr)(uintptr_t)src, (CUdeviceptr)(uintptr_t)want, bytes, caller);
   current = NULL; /* no context on this thread: the caller's stream's is pushed */
-  foreign_stream_ops = cross_ctx_records = 0;
+  foreign_stream_ops = cross_ctx_records = reach_wrong_ctx = 0;
   e = gshm_broadcast_ex(src, (void *const *)dsts, n, bytes, caller, o);
   assert_int_equal(e, 0);
   assert_null(current); /* the thread's context is back */
+  assert_int_equal(reach_wrong_ctx, 0); /* each check in its issuing GPU's context */
   assert_int_equal(cross_ctx_records, 0);
   assert_int_equal(foreign_stream_ops, 0);
   current = &ctxs[0];
@@ -456,10 +463,13 @@ static void test_unreachable_destination_is_refused(void **state) {
   current = NULL;
   no_access_addr = (uintptr_t)dsts[1];
   no_access_gpu = 2;
+  reach_wrong_ctx = 0;
   assert_int_equal(gshm_broadcast_ex(src, (void *const *)dsts, 2, 200 * KiB, caller, &push),
                    -EXDEV);
   assert_int_equal(nstreams, before);
   assert_int_equal(caller->n, queued);
+  assert_int_equal(reach_wrong_ctx, 0);
+  assert_null(current);
   assert_int_equal(gshm_broadcast_ex(src, (void *const *)dsts, 2, 200 * KiB, caller, &pull), 0);
   no_access_addr = 0;
   no_access_gpu = -1;

@@ -52,15 +52,50 @@ static CUcontext ctx0 = (CUcontext)0x6001; /* the thread's current context */
 static unsigned get_device_stall_us;
 static sem_t get_device_entered;
 
+/* Device memory gshm_map did not map, as the driver describes it:
+ * device_mem[128..143] a memory pool's (cudaMallocAsync) that GPU 0 has no
+ * access to, [160..191] cuMemAlloc memory of GPU 1 (no access from GPU 0
+ * until peer access is enabled: the copy paths enable it), [192..223] a
+ * cuMem range (cuMemMap) with no access for GPU 0, [224..255] one GPU 0
+ * may only read; the rest of [0..255] GPU 0's cuMemAlloc memory. */
+#define FOREIGN(lo, n) in(p, &device_mem[lo], (n) * sizeof(uint64_t))
+static int access_queries, class_queries, handle_retains, handle_releases;
 static CUresult f_pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr ptr) {
   const void *p = (const void *)(uintptr_t)ptr;
   if (!in(p, device_mem, sizeof(device_mem)) && !in(p, pinned_mem, sizeof(pinned_mem)))
     return CUDA_ERROR_INVALID_VALUE; /* pageable memory: unknown to the driver */
-  if (attr == CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+  if (attr == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) {
     *(CUmemorytype *)data =
         in(p, device_mem, sizeof(device_mem)) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
-  else if (attr == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
-    *(int *)data = in(p, &device_mem[448], 48 * sizeof(uint64_t)) ? 1 : 0;
+  } else if (attr == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) {
+    *(int *)data = in(p, &device_mem[448], 48 * sizeof(uint64_t)) || FOREIGN(160, 32) ? 1 : 0;
+  } else if (attr == CU_POINTER_ATTRIBUTE_ACCESS_FLAGS) {
+    access_queries++;
+    *(unsigned *)data = FOREIGN(128, 16) || FOREIGN(160, 32) || FOREIGN(192, 32)
+                            ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE
+                        : FOREIGN(224, 32) ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ
+                                           : CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+  } else if (attr == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE) {
+    class_queries++;
+    *(int *)data = !FOREIGN(128, 16) && !FOREIGN(192, 64);
+  } else if (attr == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE) {
+    class_queries++;
+    *(CUmemoryPool *)data = FOREIGN(128, 16) ? (CUmemoryPool)0x5001 : NULL;
+  }
+  return CUDA_SUCCESS;
+}
+static CUresult f_retain_handle(CUmemGenericAllocationHandle *h, void *addr) {
+  const void *p = addr;
+  class_queries++;
+  if (!FOREIGN(192, 64))
+    return CUDA_ERROR_INVALID_VALUE; /* not cuMemMap's */
+  handle_retains++;
+  *h = 0x4001;
+  return CUDA_SUCCESS;
+}
+static CUresult f_mem_release(CUmemGenericAllocationHandle h) {
+  (void)h;
+  handle_releases++;
   return CUDA_SUCCESS;
 }
 /* cuStreamWriteValue64 / WaitValue64: device or registered host memory only. */
@@ -224,6 +259,8 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuDevicePrimaryCtxRetain = f_primary_retain;
   fake_drv.cuDeviceCanAccessPeer = f_can_access_peer;
   fake_drv.cuCtxEnablePeerAccess = f_enable_peer;
+  fake_drv.cuMemRetainAllocationHandle = f_retain_handle;
+  fake_drv.cuMemRelease = f_mem_release;
   *drv_out = &fake_drv;
   return 0;
 }
@@ -315,6 +352,50 @@ static void test_mapping_with_access_enables_no_peer(void **state) {
   assert_int_equal(launches + copies + stream_writes, 5);
 }
 
+/* cuMem memory gshm_map did not map (a cuMemMap range, a memory pool's)
+ * that the running GPU has no access to, or may only read, is refused as
+ * gshm's own mappings are (-EXDEV, -EACCES to write a read-only one),
+ * before anything is queued: the driver's access flags say so.  Such
+ * copies used to be queued, and faulted on the GPU (an illegal address
+ * that ends the context).  cuMemAlloc memory of another GPU, which reads
+ * "no access" until peer access is enabled, still goes.  The cost: one
+ * access-flags query per device operand gshm_map did not map, nothing
+ * more where the flags allow the copy, none for gshm's mappings. */
+static void test_foreign_cumem_without_access_is_refused(void **state) {
+  (void)state;
+  reset_counts();
+  access_queries = class_queries = handle_retains = handle_releases = 0;
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[200], 64, GSHM_COPY_SM, NULL), -EXDEV);
+  assert_int_equal(gshm_copy(&device_mem[200], &device_mem[8], 64, GSHM_COPY_ENGINE, NULL),
+                   -EXDEV);
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[130], 64, GSHM_COPY_AUTO, NULL), -EXDEV);
+  assert_int_equal(gshm_copy(&device_mem[230], &device_mem[8], 64, GSHM_COPY_ENGINE, NULL),
+                   -EACCES);
+  assert_int_equal(gshm_copy(&device_mem[230], &device_mem[8], 64, GSHM_COPY_SM, NULL), -EACCES);
+  assert_int_equal(gshm_signal(&device_mem[232], 1, NULL), -EACCES);
+  assert_int_equal(gshm_signal(&device_mem[200], 1, NULL), -EXDEV);
+  assert_int_equal(gshm_wait(&device_mem[200], 1, NULL), -EXDEV);
+  assert_int_equal(launches + copies + stream_writes + stream_waits, 0);
+  assert_int_equal(handle_retains, handle_releases); /* each handle looked at is given back */
+  /* what the access allows goes: a read-only range read, a flag in it waited on */
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[230], 64, GSHM_COPY_SM, NULL), 0);
+  assert_int_equal(gshm_wait(&device_mem[232], 0, NULL), 0);
+  assert_int_equal(launches + stream_waits, 2);
+  /* cuMemAlloc memory of GPU 1 without peer access yet: not refused */
+  reset_counts();
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[170], 64, GSHM_COPY_ENGINE, NULL), 0);
+  assert_int_equal(gshm_copy(&device_mem[170], &device_mem[8], 64, GSHM_COPY_SM, NULL), 0);
+  assert_int_equal(copies + launches, 2);
+  /* the cost on the common path: GPU 0's cuMemAlloc memory both sides is
+   * one query per side; a gshm mapping (with access) none */
+  access_queries = class_queries = 0;
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[16], 64, GSHM_COPY_SM, NULL), 0);
+  assert_int_equal(access_queries, 2);
+  assert_int_equal(gshm_copy(&device_mem[448], &device_mem[456], 64, GSHM_COPY_SM, NULL), 0);
+  assert_int_equal(access_queries, 2);
+  assert_int_equal(class_queries, 0);
+}
+
 /* A context whose entry could not be made (its device unknown) leaves no
  * slot taken: many such failures, then the calls work again.  Each used
  * to keep one of the 64 slots for good, and after 64 every copy, signal
@@ -377,6 +458,7 @@ int main(void) {
       cmocka_unit_test(test_pageable_flag_never_reaches_the_gpu),
       cmocka_unit_test(test_cumem_mapping_without_access_is_refused),
       cmocka_unit_test(test_mapping_with_access_enables_no_peer),
+      cmocka_unit_test(test_foreign_cumem_without_access_is_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
