@@ -67,7 +67,7 @@ struct kctx {
  * there is -ECHILD, so the child never looks at them. */
 static struct kctx table[MAX_CONTEXTS];
 static int table_len;
-static CUcontext primary[MAX_DEVICES]; /* retained once, never released */
+static CUcontext primary[MAX_DEVICES]; /* retained once (again after a reset), never released */
 
 int gshm__copy_have_kernels(void) {
 #ifdef GSHM_HAVE_COPY_FATBIN
@@ -311,12 +311,22 @@ int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontex
   if (ordinal < 0 || ordinal >= MAX_DEVICES)
     return -ENODEV;
   gshm__fork_lock(GSHM__LOCK_COPY);
-  if (primary[ordinal] && drv->cuCtxGetId) {
-    /* reset since (cuDevicePrimaryCtxReset, cudaDeviceReset): the handle is
-     * dead until the primary context is retained again */
-    unsigned long long id;
-    if (drv->cuCtxGetId(primary[ordinal], &id) == CUDA_ERROR_CONTEXT_IS_DESTROYED)
+  if (primary[ordinal]) {
+    /* reset since (cuDevicePrimaryCtxReset, cudaDeviceReset), and nobody
+     * retained it again: inactive although we hold a retain, and the
+     * handle is dead until the next retain.  A reset does not release a
+     * retain (the driver API's cuDevicePrimaryCtxReset), so ours is given
+     * back before the retain below takes another: else each reset kept
+     * one more count, and the context could never go.  (A driver whose
+     * reset did drop the count refuses the release: nothing lost.) */
+    unsigned flags = 0;
+    int active = 1;
+    CUdevice dev;
+    if (drv->cuDeviceGet(&dev, ordinal) == CUDA_SUCCESS &&
+        drv->cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
+      (void)GSHM_CU(drv, GSHM_LOG_DEBUG, cuDevicePrimaryCtxRelease, dev);
       primary[ordinal] = NULL;
+    }
   }
   if (!primary[ordinal]) {
     CUdevice dev;

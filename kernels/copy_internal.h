@@ -135,7 +135,9 @@ int gshm__copy_enter_ctx(const struct gshm_cudadrv *drv, CUstream stream, int fa
                          int *pushed);
 void gshm__copy_leave_ctx(const struct gshm_cudadrv *drv, int pushed);
 
-/* GPU `ordinal`'s primary context, retained once for the process's life. */
+/* GPU `ordinal`'s primary context, retained once for the process's life
+ * (after a reset that left it inactive, released and retained again: one
+ * count held at any time). */
 int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontext *out);
 
 /* An event of the current context, created on first use and kept with the

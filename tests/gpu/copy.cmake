@@ -7,7 +7,7 @@ if(TARGET gshm)
 else()
   set(gshm_copy_test_lib gshm_kernels) # before client/ exists
 endif()
-foreach(t test_copy test_copy_access test_signal test_broadcast)
+foreach(t test_copy test_copy_access test_copy_reset test_signal test_broadcast)
   add_executable(${t} ${CMAKE_CURRENT_LIST_DIR}/${t}.c)
   target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/client/include)
   target_link_libraries(${t} PRIVATE ${gshm_copy_test_lib} gshm_common)

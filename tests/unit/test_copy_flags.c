@@ -209,9 +209,35 @@ static CUresult f_device_get(CUdevice *d, int ordinal) {
   *d = ordinal;
   return CUDA_SUCCESS;
 }
+/* Primary contexts: a retain count per GPU, and whether a reset
+ * (cuDevicePrimaryCtxReset) left it inactive; as the driver API documents,
+ * a reset keeps the count, and the handle is dead until the next retain. */
+static int primary_count[8], primary_reset[8];
 static CUresult f_primary_retain(CUcontext *c, CUdevice d) {
   peer_calls++;
+  primary_count[d]++;
+  primary_reset[d] = 0;
   *c = (CUcontext)(uintptr_t)(0x6100 + d);
+  return CUDA_SUCCESS;
+}
+static CUresult f_primary_release(CUdevice d) {
+  if (!primary_count[d])
+    return CUDA_ERROR_INVALID_CONTEXT;
+  primary_count[d]--;
+  return CUDA_SUCCESS;
+}
+static CUresult f_primary_state(CUdevice d, unsigned *flags, int *active) {
+  *flags = 0;
+  *active = primary_count[d] > 0 && !primary_reset[d];
+  return CUDA_SUCCESS;
+}
+/* Context ids: a primary context's handle is destroyed while reset; every
+ * other context keeps one id. */
+static CUresult f_ctx_id(CUcontext c, unsigned long long *id) {
+  uintptr_t v = (uintptr_t)c;
+  if (v >= 0x6100 && v < 0x6108 && primary_reset[v - 0x6100])
+    return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *id = v;
   return CUDA_SUCCESS;
 }
 static CUresult f_can_access_peer(int *can, CUdevice a, CUdevice b) {
@@ -257,6 +283,9 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuThreadExchangeStreamCaptureMode = f_capture_mode;
   fake_drv.cuDeviceGet = f_device_get;
   fake_drv.cuDevicePrimaryCtxRetain = f_primary_retain;
+  fake_drv.cuDevicePrimaryCtxRelease = f_primary_release;
+  fake_drv.cuDevicePrimaryCtxGetState = f_primary_state;
+  fake_drv.cuCtxGetId = f_ctx_id;
   fake_drv.cuDeviceCanAccessPeer = f_can_access_peer;
   fake_drv.cuCtxEnablePeerAccess = f_enable_peer;
   fake_drv.cuMemRetainAllocationHandle = f_retain_handle;
@@ -396,6 +425,37 @@ static void test_foreign_cumem_without_access_is_refused(void **state) {
   assert_int_equal(class_queries, 0);
 }
 
+/* A primary context reset (cudaDeviceReset) and found inactive is
+ * retained again, holding one count in all: the reset keeps libgshm's
+ * count, which is given back first.  Each reset used to keep one more
+ * (four resets: five counts), so the context could never go. */
+static void test_primary_retained_once_across_resets(void **state) {
+  const struct gshm_cudadrv *drv;
+  CUcontext c = NULL;
+  (void)state;
+
+  assert_int_equal(gshm__cudadrv_load(0, &drv), 0);
+  assert_int_equal(gshm__copy_primary_ctx(drv, 5, &c), 0);
+  assert_ptr_equal(c, (CUcontext)0x6105);
+  assert_int_equal(primary_count[5], 1);
+  assert_int_equal(gshm__copy_primary_ctx(drv, 5, &c), 0); /* live: nothing more */
+  assert_int_equal(primary_count[5], 1);
+  for (int i = 0; i < 4; i++) {
+    primary_reset[5] = 1;
+    c = NULL;
+    assert_int_equal(gshm__copy_primary_ctx(drv, 5, &c), 0);
+    assert_ptr_equal(c, (CUcontext)0x6105);
+    assert_int_equal(primary_reset[5], 0); /* retained again: live */
+    assert_int_equal(primary_count[5], 1);
+  }
+  /* a driver whose reset dropped the count: the release is refused, the
+   * retain still made, one count */
+  primary_reset[5] = 1;
+  primary_count[5] = 0;
+  assert_int_equal(gshm__copy_primary_ctx(drv, 5, &c), 0);
+  assert_int_equal(primary_count[5], 1);
+}
+
 /* A context whose entry could not be made (its device unknown) leaves no
  * slot taken: many such failures, then the calls work again.  Each used
  * to keep one of the 64 slots for good, and after 64 every copy, signal
@@ -459,6 +519,7 @@ int main(void) {
       cmocka_unit_test(test_cumem_mapping_without_access_is_refused),
       cmocka_unit_test(test_mapping_with_access_enables_no_peer),
       cmocka_unit_test(test_foreign_cumem_without_access_is_refused),
+      cmocka_unit_test(test_primary_retained_once_across_resets),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
