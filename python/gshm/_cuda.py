@@ -5,12 +5,22 @@ locations name GPUs by UUID: "cuda:GPU-<uuid>")."""
 
 import ctypes
 import threading
+import time
 
 __all__ = ["available", "device_count", "device_uuid", "ordinal_of_uuid", "current_device"]
 
+# What is cached is only what worked: a process that asked before the
+# driver was ready (cuInit failed: driver not loaded yet, no device yet) or
+# while a device's UUID could not be read asks again, at most once per
+# _RETRY_S for cuInit (as libgshm's own loader, common/cudadrv.c), at once
+# for the UUIDs.  A failure cached for good left such a process without
+# GPUs (or with one that had no UUID) for its life.
+_RETRY_S = 1.0
 _lock = threading.Lock()
-_cuda = None
-_uuids = None
+_lib = None       # libcuda.so.1's handle, once dlopen'ed
+_cuda = None      # _lib, once cuInit(0) has succeeded (for good)
+_last_try = None  # time.monotonic() of the last failed try
+_uuids = None     # every device's "GPU-<uuid>", once all were read
 
 
 class _CUuuid(ctypes.Structure):
@@ -18,19 +28,23 @@ class _CUuuid(ctypes.Structure):
 
 
 def _load():
-    global _cuda
+    """The driver with cuInit done, or None (not installed, or cuInit
+    failed: tried again on a call _RETRY_S or more after the last try)."""
+    global _lib, _cuda, _last_try
     if _cuda is not None:
-        return _cuda or None
+        return _cuda
     with _lock:
-        if _cuda is None:
+        if _cuda is None and (_last_try is None or time.monotonic() - _last_try >= _RETRY_S):
             try:
-                c = ctypes.CDLL("libcuda.so.1")
-                if c.cuInit(0) != 0:
-                    raise OSError("cuInit failed")
-                _cuda = c
+                if _lib is None:
+                    _lib = ctypes.CDLL("libcuda.so.1")
+                if _lib.cuInit(0) == 0:
+                    _cuda = _lib
             except (OSError, AttributeError):
-                _cuda = False
-    return _cuda or None
+                pass
+            if _cuda is None:
+                _last_try = time.monotonic()
+    return _cuda
 
 
 def available():
@@ -54,22 +68,29 @@ def _format_uuid(b):
 
 
 def _all_uuids():
+    """Every device's "GPU-<uuid>" by ordinal (None where it could not be
+    read); kept once the driver answered for every device."""
     global _uuids
     if _uuids is not None:
         return _uuids
     c = _load()
+    if c is None:
+        return []
+    n = ctypes.c_int(0)
+    if c.cuDeviceGetCount(ctypes.byref(n)) != 0:
+        return []
     out = []
-    if c is not None:
-        get_uuid = getattr(c, "cuDeviceGetUuid_v2", None) or getattr(c, "cuDeviceGetUuid", None)
-        for i in range(device_count()):
-            dev = ctypes.c_int(0)
-            u = _CUuuid()
-            if c.cuDeviceGet(ctypes.byref(dev), i) != 0 or get_uuid is None \
-                    or get_uuid(ctypes.byref(u), dev) != 0:
-                out.append(None)
-            else:
-                out.append(_format_uuid(u.bytes))
-    _uuids = out
+    get_uuid = getattr(c, "cuDeviceGetUuid_v2", None) or getattr(c, "cuDeviceGetUuid", None)
+    for i in range(n.value):
+        dev = ctypes.c_int(0)
+        u = _CUuuid()
+        if c.cuDeviceGet(ctypes.byref(dev), i) != 0 or get_uuid is None \
+                or get_uuid(ctypes.byref(u), dev) != 0:
+            out.append(None)
+        else:
+            out.append(_format_uuid(u.bytes))
+    if None not in out:
+        _uuids = out
     return out
 
 

@@ -251,6 +251,88 @@ def test_safetensors_layout_roundtrip():
         numpy.testing.assert_array_equal(loaded[k], v)
 
 
+# ------------------------------------------- _cuda: the driver, faked
+
+class _FakeLibcuda:
+    """libcuda.so.1 as gshm._cuda calls it through ctypes: cuInit fails
+    until `ready` (a driver not loaded yet), and device i's UUID cannot be
+    read while i is in `no_uuid`."""
+
+    def __init__(self, ndev):
+        self.ready = False
+        self.no_uuid = set()
+        self.inits = 0
+        self.ndev = ndev
+
+    def cuInit(self, flags):
+        self.inits += 1
+        return 0 if self.ready else 100  # CUDA_ERROR_NO_DEVICE
+
+    def cuDeviceGetCount(self, n):
+        n._obj.value = self.ndev
+        return 0
+
+    def cuDeviceGet(self, dev, i):
+        dev._obj.value = i
+        return 0
+
+    def cuDeviceGetUuid_v2(self, u, dev):
+        if dev.value in self.no_uuid:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        u._obj.bytes[:] = [dev.value + 1] * 16
+        return 0
+
+
+def test_cuda_lookups_retry_until_the_driver_answers(monkeypatch):
+    """gshm._cuda caches what worked, never a failure: a process that asked
+    before libcuda.so.1 was there, or before cuInit could succeed, or while
+    a device's UUID could not be read, gets the answers once they can be
+    had (cuInit at most once per _RETRY_S).  It used to keep the failed
+    cuInit (no GPUs) and the UUID list with None for the process's life."""
+    from gshm import _cuda
+    fake = _FakeLibcuda(2)
+    loads = []
+
+    def cdll(name):
+        loads.append(name)
+        if len(loads) == 1:
+            raise OSError("libcuda.so.1: cannot open shared object file")
+        return fake
+
+    monkeypatch.setattr(_cuda.ctypes, "CDLL", cdll)
+    for name in ("_lib", "_cuda", "_uuids", "_last_try"):
+        monkeypatch.setattr(_cuda, name, None, raising=False)
+    monkeypatch.setattr(_cuda, "_RETRY_S", 3600.0, raising=False)
+    assert not _cuda.available()  # not installed
+    assert not _cuda.available()  # asked again within _RETRY_S: no new try
+    assert loads == ["libcuda.so.1"]
+    monkeypatch.setattr(_cuda, "_RETRY_S", 0.0, raising=False)
+    assert not _cuda.available()  # installed now, cuInit fails
+    assert len(loads) == 2 and fake.inits == 1
+    with pytest.raises(ValueError):
+        _cuda.device_uuid(0)
+    uuid = ["GPU-%s-%s-%s-%s-%s" % (h * 4, h * 2, h * 2, h * 2, h * 6) for h in ("01", "02")]
+    assert _cuda.ordinal_of_uuid(uuid[0]) is None
+
+    fake.ready = True
+    fake.no_uuid = {1}
+    assert _cuda.available() and _cuda.device_count() == 2
+    assert len(loads) == 2  # the handle was kept, cuInit tried again
+    assert _cuda.device_uuid(0) == uuid[0]
+    with pytest.raises(ValueError):
+        _cuda.device_uuid(1)  # not readable (yet)
+    fake.no_uuid = set()
+    assert _cuda.device_uuid(1) == uuid[1]
+    assert _cuda.ordinal_of_uuid(uuid[1].lower()) == 1
+
+    # what worked is kept: no cuInit again, the UUIDs not read again
+    inits = fake.inits
+    fake.ready = False
+    fake.no_uuid = {0, 1}
+    assert _cuda.available() and fake.inits == inits
+    assert _cuda.device_uuid(0) == uuid[0] and _cuda.ordinal_of_uuid(uuid[1]) == 1
+
+
 # --------------------------------------------------------- with a daemon
 
 def run_child(daemon, code, *args, check=True):
