@@ -115,12 +115,38 @@ def _on_stream(fn, args, stream, *objs):
     torch tensor among objs used on a torch stream other than its own is
     recorded on it (tensor.record_stream), so that torch's caching
     allocator does not hand its memory out while the copy may still read
-    or write it.  Returns fn's result."""
+    or write it.  With stream None, torch tensors among objs on other GPUs
+    than the one whose current stream runs fn get torch's own barrier of a
+    copy between GPUs (Tensor.copy_): that stream waits for their GPUs'
+    current streams before fn, and their current streams wait for it after
+    (the work already queued there on them comes first; the work queued
+    there next, a read of dst or the caching allocator's reuse of a freed
+    tensor, comes after).  Returns fn's result."""
     handle, dev = _stream_handle(stream, *objs)
     if stream is not None and type(stream).__module__.startswith("torch"):
         for o in objs:
             if _torch_cuda_device(o) is not None:
                 o.record_stream(stream)
+    others = []
+    if stream is None and dev is not None:  # (dev: the first CUDA tensor's GPU)
+        others = sorted({d for d in map(_torch_cuda_device, objs) if d not in (None, dev)})
+    if not others:
+        return _call_on(fn, args, handle, dev)
+    import torch
+    runs_on = torch.cuda.current_stream(dev)
+    for d in others:
+        runs_on.wait_stream(torch.cuda.current_stream(d))
+    rc = _call_on(fn, args, handle, dev)
+    if rc >= 0:
+        for d in others:
+            torch.cuda.current_stream(d).wait_stream(runs_on)
+    return rc
+
+
+def _call_on(fn, args, handle, dev):
+    """fn(*args, handle), with GPU `dev` current where handle is None (the
+    legacy default stream: libgshm takes the current context's) and dev is
+    known."""
     if handle is not None or dev is None:
         return fn(*args, handle)
     try:
@@ -156,7 +182,12 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
                torch.cuda.Stream or a cupy stream (a default stream runs
                with its own GPU current).  A tensor used on a torch
                stream other than its own is recorded on it
-               (record_stream).
+               (record_stream).  With stream None and tensors on two
+               GPUs, the streams are ordered as torch orders its own copy
+               between GPUs: the copy runs on the source GPU's current
+               stream after the work queued before on the destination
+               GPU's current stream, and the work queued there after it
+               waits for the copy.
     method     "auto", "copy_engine" or "sm".
     Raises NotImplementedError when this libgshm has no gshm_copy."""
     fn = _optional("gshm_copy")

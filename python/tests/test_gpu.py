@@ -796,6 +796,53 @@ def test_copy_on_another_gpus_default_stream(gpu_daemon, segname):
     assert r["got"] == [r["n"], r["n"]], r
 
 
+def test_copy_between_gpus_orders_both_current_streams(gpu_daemon):
+    # gshm.copy(dst on GPU 1, src on GPU 0) with no stream runs on GPU 0's
+    # current stream; as torch's own dst.copy_(src), it must come after
+    # the work queued before on GPU 1's current stream (a fill of dst
+    # behind a long kernel: the copy must not be overwritten by it), and
+    # the work queued after on GPU 1's current stream must wait for it (a
+    # clone of dst while GPU 0's stream is held up by a long kernel before
+    # the copy: the clone must see the copied bytes).  Before, neither
+    # GPU 1 stream was ordered with the copy.
+    if _GPUS < 2:
+        skip("needs two GPUs (a copy between GPU 0 and GPU 1)")
+    out = run_child(gpu_daemon, """
+        n = 64 << 20
+        x = torch.full((n,), 7, dtype=torch.uint8, device="cuda:0")
+        y = torch.zeros(n, dtype=torch.uint8, device="cuda:1")
+        gshm.copy(y, x)  # (warms libgshm up: its module, peer access)
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        y.zero_()
+        torch.cuda.synchronize(1)
+        # the destination's earlier work comes first
+        with torch.cuda.device(1):
+            torch.cuda._sleep(1 << 30)
+            y.fill_(5)
+        torch.cuda.set_device(0)
+        gshm.copy(y, x)
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        before = int((y == 7).sum().item())
+        # the destination's later work comes after
+        y.zero_()
+        torch.cuda.synchronize(1)
+        torch.cuda._sleep(1 << 30)  # on GPU 0's current stream, before the copy
+        x.fill_(9)
+        gshm.copy(y, x)
+        with torch.cuda.device(1):
+            z = y.clone()
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        after = int((z == 9).sum().item())
+        print(json.dumps({"before": before, "after": after, "n": n}))
+        """)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["before"] == r["n"], "the copy ran before GPU 1's earlier fill of dst: %s" % r
+    assert r["after"] == r["n"], "GPU 1's later read of dst ran before the copy: %s" % r
+
+
 def test_copy_of_a_cupy_array_on_another_gpu(gpu_daemon, segname):
     # gshm.copy of a CuPy array on GPU 1 while GPU 0 is current, no
     # stream given: CuPy ran the array's work on GPU 1's legacy default

@@ -333,6 +333,59 @@ def test_cuda_lookups_retry_until_the_driver_answers(monkeypatch):
     assert _cuda.device_uuid(0) == uuid[0] and _cuda.ordinal_of_uuid(uuid[1]) == 1
 
 
+# ------------------------------------- _copy: stream order, torch faked
+
+def test_copy_between_gpus_orders_both_current_streams_host(monkeypatch):
+    """gshm.copy(dst, src) of torch tensors on two GPUs with no stream: as
+    torch's own copy between GPUs, the source GPU's current stream (which
+    runs the copy) waits for the destination GPU's current stream before
+    it, and that stream waits for the copy after it; nothing more where
+    both are on one GPU or a stream is given.  (torch faked: the order of
+    the calls is what is checked; tests/test_gpu.py checks the bytes on
+    two GPUs.)  Before, the destination GPU's stream was not ordered with
+    the copy at all."""
+    import types
+    from gshm import _copy
+    calls = []
+
+    class Stream:
+        def __init__(self, dev):
+            self.dev = dev
+            self.cuda_stream = 0x1000 + dev
+
+        def wait_stream(self, other):
+            calls.append(("wait", self.dev, other.dev))
+
+    class Device:
+        def __init__(self, index):
+            self.type, self.index = "cuda", index
+
+    Tensor = type("Tensor", (), {"__module__": "torch"})
+
+    def tensor(dev):
+        t = Tensor()
+        t.device = Device(dev)
+        return t
+
+    fake = types.ModuleType("torch")
+    fake.cuda = types.SimpleNamespace(current_stream=Stream)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+
+    def fn(*args):
+        calls.append(("copy", args[-1]))
+        return 0
+
+    src, dst = tensor(0), tensor(1)
+    assert _copy._on_stream(fn, (1, 2), None, src, dst) == 0
+    assert calls == [("wait", 0, 1), ("copy", 0x1000), ("wait", 1, 0)], calls
+    del calls[:]
+    _copy._on_stream(fn, (1, 2), None, src, tensor(0))  # one GPU: torch orders it
+    assert calls == [("copy", 0x1000)], calls
+    del calls[:]
+    _copy._on_stream(fn, (1, 2), 0x2000, src, dst)  # a stream given: the caller's order
+    assert calls == [("copy", 0x2000)], calls
+
+
 # --------------------------------------------------------- with a daemon
 
 def run_child(daemon, code, *args, check=True):
