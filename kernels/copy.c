@@ -531,12 +531,13 @@ void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm
   }
 }
 
-/* Whether device memory at addr is a cuMem range (cuMemMap's, or a
- * memory pool's), whose access is given per device and which peer access
- * does not cover, rather than cuMemAlloc memory or a legacy IPC import,
- * which peer access does cover (and a copy engine copy without it goes
- * through the host).  Only asked after the access flags said "no" or
- * "read-only" (below): up to three driver calls. */
+/* Whether device memory at addr, which the current context's GPU cannot
+ * use as asked (with peer access enabled, where it is another GPU's), is a
+ * cuMem range (cuMemMap's, or a memory pool's), whose access is given per
+ * device, rather than cuMemAlloc memory of a context this one does not
+ * reach (another context of its GPU, or one other than the primary
+ * context peer access goes to).  Up to three driver calls, on that
+ * refusal path only. */
 static bool cumem_range(const struct gshm_cudadrv *drv, uintptr_t addr) {
   unsigned long long legacy = 0; /* a boolean: the driver writes 4 bytes or 8 */
   CUmemoryPool pool = NULL;
@@ -551,31 +552,51 @@ static bool cumem_range(const struct gshm_cudadrv *drv, uintptr_t addr) {
       pool)
     return true;
   if (drv->cuMemRetainAllocationHandle(&h, (void *)addr) != CUDA_SUCCESS)
-    return false; /* not cuMemMap's: a legacy IPC import, or unknown */
+    return false; /* not cuMemMap's, or unknown */
   (void)GSHM_CU(drv, GSHM_LOG_WARNING, cuMemRelease, h);
   return true;
 }
 
+/* CU_POINTER_ATTRIBUTE_ACCESS_FLAGS of addr for the current context's GPU
+ * (CU_POINTER_ATTRIBUTE_ACCESS_FLAG_*), or -1 where the driver does not
+ * say. */
+static int access_flags(const struct gshm_cudadrv *drv, uintptr_t addr) {
+  unsigned long long flags = 0; /* an enum: the driver writes 4 bytes or 8 */
+
+  if (drv->cuPointerGetAttribute(&flags, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, (CUdeviceptr)addr) !=
+      CUDA_SUCCESS)
+    return -1;
+  return (int)(unsigned)flags;
+}
+
 /* gshm__copy_reach for device memory gshm_map did not map (cuMemAlloc's,
- * PyTorch's expandable segments, a memory pool's): the access the current
- * context's GPU has to it (CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, one driver
- * call).  Read-write, or read-only to be read: 0.  Less on a cuMem range:
- * -EXDEV (no access) or -EACCES (read-only, to be written), as for a gshm
- * mapping, where a kernel or copy engine would fault.  Less on other
- * memory (peer memory without peer access, which the copy paths enable or
- * the driver stages through the host), or a driver that cannot say: 0. */
+ * PyTorch's expandable segments, a memory pool's, legacy IPC imports):
+ * the access flags the driver reports for the current context's GPU `me`
+ * (one driver call where they allow the use: the common path).  Where
+ * they do not and the memory is on another GPU, cuMemAlloc memory and
+ * legacy IPC imports read "no access" until peer access is enabled, which
+ * the copy paths do anyway: it is enabled here and the flags read again
+ * (no peer path: 0, the driver's rules, which copy through the host on the
+ * copy engine).  Still short (or short on the memory's own GPU, where
+ * memory of another context of that GPU is the one case that is not a
+ * cuMem range), the memory is refused where it is a cuMem range
+ * (cumem_range).  Returns 0, -EXDEV (no access) or -EACCES (read-only, to
+ * be written), as for a gshm mapping. */
 static int foreign_reach(const struct gshm__where *w, size_t bytes, int me, int write) {
   const struct gshm_cudadrv *drv;
-  unsigned long long flags = 0; /* an enum: the driver writes 4 bytes or 8 */
-  unsigned f;
+  int f;
 
-  if (copy_driver_load(&drv) ||
-      drv->cuPointerGetAttribute(&flags, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
-                                 (CUdeviceptr)w->addr) != CUDA_SUCCESS)
+  if (copy_driver_load(&drv) || (f = access_flags(drv, w->addr)) < 0)
     return 0;
-  f = (unsigned)flags;
   if (f == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE ||
-      (!write && f == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ) || !cumem_range(drv, w->addr))
+      (!write && f == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ))
+    return 0;
+  if (w->ordinal != me &&
+      (gshm__copy_enable_peer(w->ordinal) || (f = access_flags(drv, w->addr)) < 0 ||
+       f == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE ||
+       (!write && f == CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ)))
+    return 0;
+  if (!cumem_range(drv, w->addr))
     return 0;
   gshm_log_err("GPU %d has %s access to 0x%llx (+%zu bytes), cuMem memory of GPU %d that "
                "gshm_map did not map: give that GPU access (cuMemSetAccess)",

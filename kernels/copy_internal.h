@@ -97,11 +97,13 @@ struct gshm__where {
  * this process mapped with gshm_map is judged by its mapping's access
  * (no driver call); other device memory by the access flags the driver
  * reports for the current context (CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: one
- * driver call; the current context must be on GPU `me`), refused only
- * where it is a cuMem range (cuMemMap's, a memory pool's: PyTorch's
- * expandable segments, cudaMallocAsync): cuMemAlloc memory and legacy IPC
- * imports on another GPU read "no access" until peer access is enabled,
- * which the copy paths do.  Returns 1 (a gshm mapping whose access covers
+ * driver call where they allow the use; the current context must be on
+ * GPU `me`), refused only where it is a cuMem range (cuMemMap's, a memory
+ * pool's: PyTorch's expandable segments, cudaMallocAsync): cuMemAlloc
+ * memory and legacy IPC imports on another GPU read "no access" until
+ * peer access is enabled, so where the flags fall short on another GPU
+ * peer access is enabled (as the copy paths would) and they are read
+ * again.  Returns 1 (a gshm mapping whose access covers
  * `me`: no peer access is needed, none should be enabled for it), 0 (host
  * memory, other memory the flags allow or that is not a cuMem range: the
  * driver's rules), -EXDEV no access from `me` (a gshm mapping: map the

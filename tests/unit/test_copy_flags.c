@@ -53,13 +53,16 @@ static unsigned get_device_stall_us;
 static sem_t get_device_entered;
 
 /* Device memory gshm_map did not map, as the driver describes it:
- * device_mem[128..143] a memory pool's (cudaMallocAsync) that GPU 0 has no
- * access to, [160..191] cuMemAlloc memory of GPU 1 (no access from GPU 0
- * until peer access is enabled: the copy paths enable it), [192..223] a
- * cuMem range (cuMemMap) with no access for GPU 0, [224..255] one GPU 0
- * may only read; the rest of [0..255] GPU 0's cuMemAlloc memory. */
+ * device_mem[128..143] a memory pool's (cudaMallocAsync) on GPU 1 that GPU
+ * 0 has no access to, [160..191] cuMemAlloc memory of GPU 1 (no access
+ * from GPU 0 until peer access is enabled), [192..207] a cuMem range
+ * (cuMemMap) of GPU 0 with no access for GPU 0, [208..223] one of GPU 1
+ * with no access for GPU 0, [224..255] one of GPU 0 that GPU 0 may only
+ * read, [144..159] cuMemAlloc memory of GPU 0 made in another context
+ * (which this one cannot use); the rest of [0..255] GPU 0's cuMemAlloc
+ * memory. */
 #define FOREIGN(lo, n) in(p, &device_mem[lo], (n) * sizeof(uint64_t))
-static int access_queries, class_queries, handle_retains, handle_releases;
+static int access_queries, class_queries, handle_retains, handle_releases, peer_enabled;
 static CUresult f_pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr ptr) {
   const void *p = (const void *)(uintptr_t)ptr;
   if (!in(p, device_mem, sizeof(device_mem)) && !in(p, pinned_mem, sizeof(pinned_mem)))
@@ -68,10 +71,14 @@ static CUresult f_pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr
     *(CUmemorytype *)data =
         in(p, device_mem, sizeof(device_mem)) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
   } else if (attr == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) {
-    *(int *)data = in(p, &device_mem[448], 48 * sizeof(uint64_t)) || FOREIGN(160, 32) ? 1 : 0;
+    *(int *)data = in(p, &device_mem[448], 48 * sizeof(uint64_t)) || FOREIGN(128, 16) ||
+                           FOREIGN(160, 32) || FOREIGN(208, 16)
+                       ? 1
+                       : 0;
   } else if (attr == CU_POINTER_ATTRIBUTE_ACCESS_FLAGS) {
     access_queries++;
-    *(unsigned *)data = FOREIGN(128, 16) || FOREIGN(160, 32) || FOREIGN(192, 32)
+    *(unsigned *)data = FOREIGN(128, 32) || (FOREIGN(160, 32) && !peer_enabled) ||
+                                FOREIGN(192, 32)
                             ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE
                         : FOREIGN(224, 32) ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ
                                            : CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
@@ -249,6 +256,7 @@ static CUresult f_can_access_peer(int *can, CUdevice a, CUdevice b) {
 static CUresult f_enable_peer(CUcontext c, unsigned flags) {
   (void)c, (void)flags;
   peer_calls++;
+  peer_enabled = 1; /* GPU 1's cuMemAlloc memory is mapped for GPU 0 from now on */
   return CUDA_SUCCESS;
 }
 static CUresult f_capture_mode(CUstreamCaptureMode *mode) {
@@ -387,34 +395,40 @@ static void test_mapping_with_access_enables_no_peer(void **state) {
  * before anything is queued: the driver's access flags say so.  Such
  * copies used to be queued, and faulted on the GPU (an illegal address
  * that ends the context).  cuMemAlloc memory of another GPU, which reads
- * "no access" until peer access is enabled, still goes.  The cost: one
- * access-flags query per device operand gshm_map did not map, nothing
- * more where the flags allow the copy, none for gshm's mappings. */
+ * "no access" until peer access is enabled, still goes (peer access is
+ * enabled and the flags read again).  The cost: one access-flags query per
+ * device operand gshm_map did not map where the flags allow the use, none
+ * for gshm's mappings. */
 static void test_foreign_cumem_without_access_is_refused(void **state) {
   (void)state;
   reset_counts();
   access_queries = class_queries = handle_retains = handle_releases = 0;
+  /* on GPU 0 itself */
   assert_int_equal(gshm_copy(&device_mem[8], &device_mem[200], 64, GSHM_COPY_SM, NULL), -EXDEV);
   assert_int_equal(gshm_copy(&device_mem[200], &device_mem[8], 64, GSHM_COPY_ENGINE, NULL),
                    -EXDEV);
-  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[130], 64, GSHM_COPY_AUTO, NULL), -EXDEV);
   assert_int_equal(gshm_copy(&device_mem[230], &device_mem[8], 64, GSHM_COPY_ENGINE, NULL),
                    -EACCES);
   assert_int_equal(gshm_copy(&device_mem[230], &device_mem[8], 64, GSHM_COPY_SM, NULL), -EACCES);
   assert_int_equal(gshm_signal(&device_mem[232], 1, NULL), -EACCES);
   assert_int_equal(gshm_signal(&device_mem[200], 1, NULL), -EXDEV);
   assert_int_equal(gshm_wait(&device_mem[200], 1, NULL), -EXDEV);
+  /* on GPU 1: still no access with peer access enabled, and a cuMem range */
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[130], 64, GSHM_COPY_AUTO, NULL), -EXDEV);
+  assert_int_equal(gshm_copy(&device_mem[210], &device_mem[8], 64, GSHM_COPY_ENGINE, NULL),
+                   -EXDEV);
   assert_int_equal(launches + copies + stream_writes + stream_waits, 0);
+  assert_true(handle_retains > 0);
   assert_int_equal(handle_retains, handle_releases); /* each handle looked at is given back */
   /* what the access allows goes: a read-only range read, a flag in it waited on */
   assert_int_equal(gshm_copy(&device_mem[8], &device_mem[230], 64, GSHM_COPY_SM, NULL), 0);
   assert_int_equal(gshm_wait(&device_mem[232], 0, NULL), 0);
   assert_int_equal(launches + stream_waits, 2);
-  /* cuMemAlloc memory of GPU 1 without peer access yet: not refused */
+  /* GPU 0's cuMemAlloc memory of another context: "no access", yet not a
+   * cuMem range: the driver's rules (its copy engine copies it) */
   reset_counts();
-  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[170], 64, GSHM_COPY_ENGINE, NULL), 0);
-  assert_int_equal(gshm_copy(&device_mem[170], &device_mem[8], 64, GSHM_COPY_SM, NULL), 0);
-  assert_int_equal(copies + launches, 2);
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[150], 64, GSHM_COPY_ENGINE, NULL), 0);
+  assert_int_equal(copies, 1);
   /* the cost on the common path: GPU 0's cuMemAlloc memory both sides is
    * one query per side; a gshm mapping (with access) none */
   access_queries = class_queries = 0;
@@ -422,6 +436,27 @@ static void test_foreign_cumem_without_access_is_refused(void **state) {
   assert_int_equal(access_queries, 2);
   assert_int_equal(gshm_copy(&device_mem[448], &device_mem[456], 64, GSHM_COPY_SM, NULL), 0);
   assert_int_equal(access_queries, 2);
+  assert_int_equal(class_queries, 0);
+}
+
+/* cuMemAlloc memory of another GPU reads "no access" until peer access is
+ * enabled (as legacy IPC imports opened with LAZY_ENABLE_PEER_ACCESS):
+ * not refused; peer access is enabled and the flags read again, with no
+ * classification.  (Must run before another test enables peer access.) */
+static void test_peer_memory_without_peer_access_yet_goes(void **state) {
+  (void)state;
+  reset_counts();
+  access_queries = class_queries = 0;
+  assert_int_equal(peer_enabled, 0);
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[170], 64, GSHM_COPY_ENGINE, NULL), 0);
+  assert_int_equal(peer_enabled, 1);
+  assert_int_equal(access_queries, 3); /* src: no, then (peer access enabled) yes; dst: yes */
+  assert_int_equal(class_queries, 0);
+  assert_int_equal(gshm_copy(&device_mem[170], &device_mem[8], 64, GSHM_COPY_SM, NULL), 0);
+  assert_int_equal(gshm_copy_signal(&device_mem[8], &device_mem[16], 64, GSHM_COPY_SM,
+                                    &device_mem[180], 3, NULL),
+                   0);
+  assert_int_equal(copies + launches, 3);
   assert_int_equal(class_queries, 0);
 }
 
@@ -518,6 +553,7 @@ int main(void) {
       cmocka_unit_test(test_pageable_flag_never_reaches_the_gpu),
       cmocka_unit_test(test_cumem_mapping_without_access_is_refused),
       cmocka_unit_test(test_mapping_with_access_enables_no_peer),
+      cmocka_unit_test(test_peer_memory_without_peer_access_yet_goes),
       cmocka_unit_test(test_foreign_cumem_without_access_is_refused),
       cmocka_unit_test(test_primary_retained_once_across_resets),
   };
