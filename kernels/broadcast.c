@@ -7,8 +7,8 @@
  * by parent[]; every part is cut into chunks.  For each chunk of each part
  * and each destination node, one cuMemcpyAsync copies the chunk from the
  * node's parent; it is issued on the stream that libgshm keeps for the
- * ordered pair (issuing GPU, other GPU) and lane (chunk index modulo the
- * lanes), where the issuing GPU is the sender's (a push, the default) or
+ * caller's stream, the ordered pair (issuing GPU, other GPU) and lane
+ * (chunk index modulo the lanes; struct bset), where the issuing GPU is the sender's (a push, the default) or
  * the receiver's (a pull).  A copy out of a node that is itself a
  * destination waits for the event recorded after the copy into it.  The three algorithms are three shapes of plan:
  *
@@ -30,8 +30,9 @@
  * latest when it was called (CUDA driver API, cuStreamWaitEvent).
  *
  * Streams and events belong to the GPUs' primary contexts, created on first
- * use and kept for the life of the process (like the primary contexts,
- * which gshm__copy_primary_ctx retains); one lock (common/fork.h
+ * use; events are kept for the life of the process (like the primary
+ * contexts, which gshm__copy_primary_ctx retains), streams as long as
+ * their caller stream's set (struct bset); one lock (common/fork.h
  * GSHM__LOCK_BROADCAST) covers a whole queueing, so the pools need no
  * finer locking.  The event that orders the streams after the caller's is
  * the caller context's (gshm__copy_ctx_event), and peer access is what
@@ -68,25 +69,94 @@
 struct bgpu {
   CUcontext ctx;            /* primary, retained by gshm__copy_primary_ctx */
   unsigned long long ctx_id; /* its cuCtxGetId when the pools were made (0: unknown) */
-  CUstream stream[GSHM_BCAST_MAX_LANES][MAX_GPUS]; /* [lane][other GPU]: copies it issues */
   CUevent *ev;              /* pool, in ctx */
   int nev, used;            /* created, handed out in this broadcast */
-  uint64_t used_mask[GSHM_BCAST_MAX_LANES]; /* stream[lane][other] used in this broadcast */
+  uint64_t used_mask[GSHM_BCAST_MAX_LANES]; /* the set's [lane][other] used in this broadcast */
 };
 
 static struct bgpu bgpus[MAX_GPUS]; /* under GSHM__LOCK_BROADCAST */
 
-/* Stream `lane` of those GPU g issues copies to or from GPU `other` on
- * (g == other: a copy within g).  Under the broadcast lock. */
-static int pair_stream(const struct gshm_cudadrv *drv, int g, int other, int lane, CUstream *out) {
+/* The pair streams of one caller stream: broadcasts queued on one caller
+ * stream share them, those of different caller streams never do.  Sharing
+ * adds no order between the broadcasts of one caller stream (each already
+ * waits for the caller's earlier work, the caller's stream for each), and
+ * none between those of different callers: two independent broadcasts
+ * (other threads, other streams) run side by side, and no broadcast's
+ * copies wait behind another's.  MAX_SETS are kept; a caller stream
+ * beyond them takes the set used least recently, whose streams are
+ * destroyed (their queued work still runs: cuStreamDestroy) and made
+ * afresh. */
+#define MAX_SETS 8
+struct bset {
+  CUcontext caller_ctx; /* NULL: unused (the legacy stream NULL is one per context) */
+  CUstream caller;
+  uint64_t last; /* bset_clock at its last use */
+  CUstream *stream[MAX_GPUS]; /* [g]: NULL, or [lane * MAX_GPUS + other]: copies g issues */
+};
+
+static struct bset bsets[MAX_SETS]; /* under GSHM__LOCK_BROADCAST */
+static uint64_t bset_clock;
+
+/* Destroys set s's streams of GPU g (live: made in bgpus[g].ctx, which
+ * has not been reset since) and forgets them. */
+static void set_drop_gpu(const struct gshm_cudadrv *drv, struct bset *s, int g) {
+  CUcontext ignored;
+
+  if (!s->stream[g])
+    return;
+  if (drv->cuCtxPushCurrent(bgpus[g].ctx) == CUDA_SUCCESS) {
+    for (int i = 0; i < GSHM_BCAST_MAX_LANES * MAX_GPUS; i++)
+      if (s->stream[g][i])
+        (void)GSHM_CU(drv, GSHM_LOG_WARNING, cuStreamDestroy, s->stream[g][i]);
+    drv->cuCtxPopCurrent(&ignored);
+  }
+  free(s->stream[g]);
+  s->stream[g] = NULL;
+}
+
+/* The set of the caller's stream `caller` in context caller_ctx: its own,
+ * a free one, or the least recently used one emptied.  Under the
+ * broadcast lock, after the reset check (every stream left is live). */
+static struct bset *set_for(const struct gshm_cudadrv *drv, CUcontext caller_ctx,
+                            CUstream caller) {
+  struct bset *s = NULL;
+
+  for (int i = 0; i < MAX_SETS && !s; i++)
+    if (bsets[i].caller_ctx == caller_ctx && bsets[i].caller == caller)
+      s = &bsets[i];
+  for (int i = 0; i < MAX_SETS && !s; i++)
+    if (!bsets[i].caller_ctx)
+      s = &bsets[i];
+  if (!s) {
+    s = &bsets[0];
+    for (int i = 1; i < MAX_SETS; i++)
+      if (bsets[i].last < s->last)
+        s = &bsets[i];
+    for (int g = 0; g < MAX_GPUS; g++)
+      set_drop_gpu(drv, s, g);
+  }
+  s->caller_ctx = caller_ctx;
+  s->caller = caller;
+  s->last = ++bset_clock;
+  return s;
+}
+
+/* Stream `lane` of set s on which GPU g issues copies to or from GPU
+ * `other` (g == other: a copy within g).  Under the broadcast lock. */
+static int pair_stream(const struct gshm_cudadrv *drv, struct bset *set, int g, int other,
+                       int lane, CUstream *out) {
   struct bgpu *b = &bgpus[g];
-  CUstream *slot = &b->stream[lane][other];
+  CUstream *slot;
   int e;
 
   if (!b->ctx && (e = gshm__copy_primary_ctx(drv, g, &b->ctx)))
     return e;
   if (!b->ctx_id && drv->cuCtxGetId && drv->cuCtxGetId(b->ctx, &b->ctx_id) != CUDA_SUCCESS)
     b->ctx_id = 0;
+  if (!set->stream[g] &&
+      !(set->stream[g] = calloc(GSHM_BCAST_MAX_LANES * MAX_GPUS, sizeof(CUstream))))
+    return -ENOMEM;
+  slot = &set->stream[g][lane * MAX_GPUS + other];
   if (!*slot) {
     if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxPushCurrent, b->ctx)))
       return e;
@@ -244,6 +314,57 @@ struct run_params {
   int ce_only;                       /* 1: cuMemcpyAsync; 0: gshm_copy AUTO (STAR) */
 };
 
+/* Before a broadcast's queueing: no event handed out, no stream used, and
+ * a GPU whose primary context was reset (cudaDeviceReset) since its
+ * streams and events were made has them forgotten (they went with it; new
+ * ones are made in the context there is now).  Under the broadcast lock. */
+static void pools_refresh(const struct gshm_cudadrv *drv) {
+  for (int g = 0; g < MAX_GPUS; g++) {
+    struct bgpu *b = &bgpus[g];
+    unsigned long long id = 0;
+    CUcontext now;
+    b->used = 0;
+    memset(b->used_mask, 0, sizeof(b->used_mask));
+    if (!b->ctx || !drv->cuCtxGetId || gshm__copy_primary_ctx(drv, g, &now))
+      continue;
+    if (now != b->ctx || drv->cuCtxGetId(now, &id) != CUDA_SUCCESS || id != b->ctx_id) {
+      free(b->ev);
+      for (int i = 0; i < MAX_SETS; i++) {
+        free(bsets[i].stream[g]);
+        bsets[i].stream[g] = NULL;
+      }
+      b->ev = NULL;
+      b->nev = 0;
+      b->ctx = now;
+      b->ctx_id = id;
+    }
+  }
+}
+
+/* The caller's `stream` (in context `caller`) waits for the end of every
+ * stream of set s this broadcast used.  Returns the first error. */
+static int join(const struct gshm_cudadrv *drv, const struct bset *s, CUcontext caller,
+                CUstream stream) {
+  int e = 0;
+
+  for (int g = 0; g < MAX_GPUS; g++)
+    for (int i = 0; i < GSHM_BCAST_MAX_LANES * MAX_GPUS; i++) {
+      int lane = i / MAX_GPUS, other = i % MAX_GPUS;
+      CUevent end;
+      int e2;
+
+      if (!(bgpus[g].used_mask[lane] >> other & 1))
+        continue;
+      if ((e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxSetCurrent, bgpus[g].ctx)) ||
+          (e2 = pool_event(drv, g, &end)) ||
+          (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuEventRecord, end, s->stream[g][i])) ||
+          (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxSetCurrent, caller)) ||
+          (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamWaitEvent, stream, end, 0)))
+        e = e ? e : e2;
+    }
+  return e;
+}
+
 /* Queues the plan.  Under the broadcast lock; r->start has been recorded
  * on the caller's r->stream in context r->caller.  Before returning, also
  * on error (so that what was queued stays ordered before the caller's
@@ -252,14 +373,13 @@ struct run_params {
 static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p,
                     const struct run_params *r) {
   const struct gshm__where *where = r->where;
-  CUcontext caller = r->caller;
-  CUstream stream = r->stream;
   CUevent start = r->start;
   int push = r->push, lanes = r->lanes, ce_only = r->ce_only;
   const char *node_addr[MAX_DSTS + 1];
   CUevent node_ev[MAX_DSTS][MAX_DSTS + 1];
+  struct bset *set;
   size_t nchunks = 0;
-  int e = 0;
+  int e = 0, e2;
 
   memset(node_ev, 0, sizeof(node_ev));
   node_addr[0] = r->src;
@@ -270,25 +390,8 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p,
     if (c > nchunks)
       nchunks = c;
   }
-  for (int g = 0; g < MAX_GPUS; g++) {
-    struct bgpu *b = &bgpus[g];
-    unsigned long long id = 0;
-    CUcontext now;
-    b->used = 0;
-    memset(b->used_mask, 0, sizeof(b->used_mask));
-    if (!b->ctx || !drv->cuCtxGetId || gshm__copy_primary_ctx(drv, g, &now))
-      continue;
-    if (now != b->ctx || drv->cuCtxGetId(now, &id) != CUDA_SUCCESS || id != b->ctx_id) {
-      /* the primary context was reset (cudaDeviceReset): its streams and
-       * events went with it; make new ones in the context there is now */
-      free(b->ev);
-      memset(&b->stream, 0, sizeof(b->stream));
-      b->ev = NULL;
-      b->nev = 0;
-      b->ctx = now;
-      b->ctx_id = id;
-    }
-  }
+  pools_refresh(drv);
+  set = set_for(drv, r->caller, r->stream);
 
   for (size_t c = 0; c < nchunks && !e; c++) {
     for (int q = 0; q < p->nparts && !e; q++) {
@@ -304,7 +407,7 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p,
         CUstream s;
         int lane = (int)(c % (size_t)lanes);
 
-        if ((e = pair_stream(drv, issuer, other, lane, &s)))
+        if ((e = pair_stream(drv, set, issuer, other, lane, &s)))
           break;
         if ((e = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxSetCurrent, bgpus[issuer].ctx)))
           break;
@@ -339,23 +442,9 @@ static int run_plan(const struct gshm_cudadrv *drv, const struct plan *p,
     }
   }
 
-  /* join: the caller's stream waits for the end of every stream used */
-  for (int g = 0; g < MAX_GPUS; g++)
-    for (int i = 0; i < GSHM_BCAST_MAX_LANES * MAX_GPUS; i++) {
-      int lane = i / MAX_GPUS, other = i % MAX_GPUS;
-      CUevent end;
-      int e2;
-
-      if (!(bgpus[g].used_mask[lane] >> other & 1))
-        continue;
-      if ((e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxSetCurrent, bgpus[g].ctx)) ||
-          (e2 = pool_event(drv, g, &end)) ||
-          (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuEventRecord, end, bgpus[g].stream[lane][other])) ||
-          (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuCtxSetCurrent, caller)) ||
-          (e2 = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamWaitEvent, stream, end, 0)))
-        e = e ? e : e2;
-    }
-  drv->cuCtxSetCurrent(caller);
+  if ((e2 = join(drv, set, r->caller, r->stream)))
+    e = e ? e : e2;
+  drv->cuCtxSetCurrent(r->caller);
   return e;
 }
 
@@ -452,10 +541,10 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
     return e;
   }
   if (capturing(drv, (CUstream)stream)) {
-    /* Into a graph: the process-wide pair streams would join the capture
-     * and stay in it until it ends, and another broadcast's copies queued
-     * on them meanwhile would be captured too, or refused (capture
-     * isolation).  So one gshm_copy per destination on the caller's
+    /* Into a graph: the caller's pair streams would join the capture and
+     * stay in it until it ends, and their next use after it would queue
+     * behind nodes of a graph rather than work (capture isolation keeps
+     * other streams out meanwhile).  So one gshm_copy per destination on the caller's
      * stream: nodes of its graph alone. */
     for (int i = 0; i < n && !e; i++)
       e = gshm_copy(dsts[i], src, bytes, GSHM_COPY_AUTO, stream);

@@ -975,8 +975,9 @@ GSHM_EXTERN int gshm_copy(void *dst, const void *src, size_t bytes, gshm_copy_me
 
 /* How gshm_broadcast moves one buffer to several.  CHAIN and SPLIT cut the
  * buffer into chunks copied by the copy engines (cuMemcpyAsync) on streams
- * that libgshm keeps per ordered pair of GPUs (created on first use, never
- * destroyed), ordered by events; STAR copies as gshm_copy AUTO does. */
+ * that libgshm keeps per caller stream and ordered pair of GPUs (created on
+ * first use; see gshm_broadcast's "Ordering"), ordered by events; STAR
+ * copies as gshm_copy AUTO does. */
 typedef enum {
   GSHM_BCAST_AUTO = 0,  /* by size and layout, from measurements (below) */
   GSHM_BCAST_STAR = 1,  /* one direct copy from the source to each destination,
@@ -1028,19 +1029,21 @@ typedef struct {
  * the gshm-bench broadcast runs behind them: docs/PERFORMANCE.md "AUTO
  * thresholds".
  * Host cost: about three driver calls per destination and chunk (copy,
- * event record, event wait); libgshm holds one lock while it queues, so
- * broadcasts from several threads of a process are queued one at a time.
- * Ordering: the copies run on streams libgshm keeps per GPU pair (and
- * lane) and shares between all broadcasts of the process, so copies
- * issued by one GPU to one other GPU run in the order they were queued;
- * broadcasts queued on different callers' streams are not otherwise
- * ordered against each other (a chain in another order, or another
- * issuing GPU, copies into the same buffer on another stream): two that
- * write the same destination are ordered by their callers, e.g. the
- * second's stream waits for the first's.  Never make an earlier
- * broadcast's stream wait (gshm_wait, cuStreamWaitEvent) for work queued
- * after a later broadcast on another stream: a later copy can wait behind
- * an earlier one on a shared stream, and neither ends.
+ * event record, event wait), plus a cuStreamCreate per GPU pair and lane
+ * used on a caller stream's first broadcast; libgshm holds one lock while
+ * it queues, so broadcasts from several threads of a process are queued
+ * one at a time (and then run side by side on the GPUs).
+ * Ordering: a broadcast is ordered by its caller's stream alone.  Its
+ * copies run on streams libgshm keeps per caller stream (with its
+ * context), GPU pair and lane: broadcasts queued on one caller stream
+ * share them (they are ordered by that stream anyway), broadcasts queued
+ * on different callers' streams (other threads, other streams) share none
+ * and are not ordered against each other: two that write the same
+ * destination are ordered by their callers, e.g. the second's stream
+ * waits for the first's.  The streams of the 8 caller streams used most
+ * recently are kept; a ninth caller stream's first broadcast destroys
+ * those of the one used least recently (work queued on them still runs)
+ * and makes its own.
  * On a stream being captured into a CUDA graph, the broadcast is one
  * gshm_copy per destination on that stream (any algorithm; pull and lanes
  * are not used): the shared streams would join the capture until it ends,

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cudadrv.h"
 #include "gshm.h"
@@ -192,6 +193,61 @@ static void captured_and_eager(void) {
   fprintf(stderr, "capture: done (%d failures so far)\n", failures);
 }
 
+/* Broadcasts on two callers' streams are independent: caller stream A is
+ * held by a gshm_wait on a page-locked host flag, a CHAIN is queued on A,
+ * then one on B (both within GPU 0, so one GPU does); B's must end (a
+ * gshm_signal after it on B sets a second host flag) while A is still
+ * held.  libgshm used to issue both on its one set of pair streams, B's
+ * copies behind A's, which wait for A: B's broadcast never ended while A
+ * was held (a deadlock, had the flag waited for B).  A is released at the
+ * end either way. */
+static void independent_callers(void) {
+  gshm_broadcast_opts_t o = {GSHM_BCAST_CHAIN, 256 << 10, 0, 0};
+  size_t n = 4 * MiB + 1;
+  CUdeviceptr s, d[4];
+  volatile uint64_t *flags;
+  void *da[2], *db[2];
+  CUstream a, b;
+  int waited = 0;
+
+  CU(drv->cuCtxSetCurrent(ctx[0]));
+  CU(drv->cuMemAllocHost((void **)&flags, 16));
+  flags[0] = flags[1] = 0;
+  CU(drv->cuMemAlloc(&s, n));
+  CU(drv->cuMemsetD8(s, 0x3C, n));
+  for (int i = 0; i < 4; i++) {
+    CU(drv->cuMemAlloc(&d[i], n));
+    CU(drv->cuMemsetD8(d[i], 0, n));
+  }
+  CU(drv->cuCtxSynchronize());
+  da[0] = (void *)(uintptr_t)d[0], da[1] = (void *)(uintptr_t)d[1];
+  db[0] = (void *)(uintptr_t)d[2], db[1] = (void *)(uintptr_t)d[3];
+  CU(drv->cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+  CU(drv->cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+  CHECK(gshm_wait((const uint64_t *)&flags[0], 1, a) == 0, "wait on A");
+  CHECK(gshm_broadcast_ex((const void *)(uintptr_t)s, da, 2, n, a, &o) == 0, "broadcast on A");
+  CHECK(gshm_broadcast_ex((const void *)(uintptr_t)s, db, 2, n, b, &o) == 0, "broadcast on B");
+  CHECK(gshm_signal((uint64_t *)&flags[1], 1, b) == 0, "signal after B");
+  for (; waited < 10000 && !flags[1]; waited++) /* up to 10 s */
+    usleep(1000);
+  CHECK(flags[1] == 1, "the broadcast on B did not end while A was held (it waited behind A's)");
+  CHECK(!flags[0], "A was released early");
+  flags[0] = 1; /* release A */
+  CU(drv->cuStreamSynchronize(a));
+  CU(drv->cuStreamSynchronize(b));
+  for (int i = 0; i < 4; i++) {
+    CU(drv->cuMemcpyDtoH(back, d[i], n));
+    CHECK(back[0] == 0x3C && back[n - 1] == 0x3C, "independent callers: destination %d", i);
+    CU(drv->cuMemFree(d[i]));
+  }
+  CU(drv->cuMemFree(s));
+  CU(drv->cuStreamDestroy(a));
+  CU(drv->cuStreamDestroy(b));
+  CU(drv->cuMemFreeHost((void *)flags));
+  fprintf(stderr, "independent callers: done after %d ms (%d failures so far)\n", waited,
+          failures);
+}
+
 int main(void) {
   static const size_t sizes[] = {1, 4095, MiB + 3, 256 * MiB};
   static const size_t offs[][2] = {{0, 0}, {3, 0}, {0, 5}, {7, 13}};
@@ -275,6 +331,7 @@ int main(void) {
   }
   host_destination();
   captured_and_eager();
+  independent_callers();
   /* NULL stream with the source's context current: the legacy stream */
   {
     gshm_broadcast_opts_t o = {GSHM_BCAST_SPLIT, 0, 0, 0};

@@ -152,8 +152,10 @@ static CUresult f_stream_create(CUstream *s, unsigned flags) {
   *s = stream_new(current);
   return CUDA_SUCCESS;
 }
+static int streams_destroyed; /* (a destroyed stream's queued work still runs, as in CUDA) */
 static CUresult f_stream_destroy(CUstream s) {
   (void)s;
+  streams_destroyed++;
   return CUDA_SUCCESS;
 }
 static CUresult f_event_create(CUevent *e, unsigned flags) {
@@ -513,6 +515,100 @@ static void test_impossible_sizes_are_refused(void **state) {
   bufs_free();
 }
 
+/* Marks in used[] the streams other than the callers' whose queues grew
+ * since before[] (queue lengths, nbefore streams) was taken. */
+static void streams_grown(const size_t *before, int nbefore, const CUstream *callers, int ncallers,
+                          unsigned char *used) {
+  for (int i = 0; i < nstreams; i++) {
+    bool is_caller = false;
+    for (int c = 0; c < ncallers; c++)
+      is_caller |= streams[i] == callers[c];
+    used[i] = !is_caller && (i >= nbefore || streams[i]->n > before[i]);
+  }
+}
+
+static void queue_lengths(size_t *n) {
+  for (int i = 0; i < nstreams; i++)
+    n[i] = streams[i]->n;
+}
+
+/* Broadcasts on two callers' streams use no stream in common (they used
+ * to share every pair stream of the process: a hidden order between
+ * independent broadcasts of different threads or streams, and a wait
+ * between them could deadlock); a second broadcast on the first caller's
+ * stream uses its streams again, making none. */
+static void test_broadcasts_of_other_callers_share_no_stream(void **state) {
+  const gshm_broadcast_opts_t chain = {GSHM_BCAST_CHAIN, 64 * KiB, 0, 2};
+  static size_t before[MAX_STREAMS];
+  static unsigned char used[3][MAX_STREAMS];
+  const size_t len = 300 * KiB;
+  CUstream other = stream_new(&ctxs[0]), callers[2] = {caller, other};
+  unsigned char *want = buf_new(len, -1), *src = buf_new(len, 0), *d[3][3];
+  int nb, n0 = 0, n1 = 0;
+  (void)state;
+
+  for (size_t i = 0; i < len; i++)
+    want[i] = (unsigned char)(i * 11 + 3);
+  memcpy(src, want, len);
+  for (int b = 0; b < 3; b++)
+    for (int i = 0; i < 3; i++)
+      d[b][i] = buf_new(len, i + 1);
+  current = NULL;
+  for (int b = 0; b < 3; b++) {
+    nb = nstreams;
+    queue_lengths(before);
+    assert_int_equal(gshm_broadcast_ex(src, (void *const *)d[b], 3, len, b == 1 ? other : caller,
+                                       &chain),
+                     0);
+    streams_grown(before, nb, callers, 2, used[b]);
+    if (b == 2)
+      assert_int_equal(nstreams, nb); /* the first caller's streams, again */
+  }
+  for (int i = 0; i < nstreams; i++) {
+    if (used[0][i] && used[1][i])
+      fail_msg("stream %d carried copies of broadcasts on two callers' streams", i);
+    if (used[2][i] && !used[0][i])
+      fail_msg("stream %d: the first caller's second broadcast used another set", i);
+    n0 += used[0][i];
+    n1 += used[1][i];
+  }
+  assert_true(n0 > 0 && n1 > 0);
+  drain(11);
+  for (int b = 0; b < 3; b++)
+    for (int i = 0; i < 3; i++)
+      assert_memory_equal(d[b][i], want, len);
+  bufs_free();
+}
+
+/* More callers' streams than sets kept: the least recently used set's
+ * streams are destroyed and made again for the new caller (their queued
+ * copies still run), and every broadcast delivers. */
+static void test_many_callers_reuse_the_oldest_set(void **state) {
+  const gshm_broadcast_opts_t chain = {GSHM_BCAST_CHAIN, 64 * KiB, 0, 1};
+  const size_t len = 200 * KiB;
+  unsigned char *want = buf_new(len, -1), *src = buf_new(len, 0), *d[12][2];
+  (void)state;
+
+  for (size_t i = 0; i < len; i++)
+    want[i] = (unsigned char)(i * 5 + 9);
+  memcpy(src, want, len);
+  current = NULL;
+  streams_destroyed = 0;
+  for (int b = 0; b < 12; b++) {
+    CUstream s = stream_new(&ctxs[0]);
+    d[b][0] = buf_new(len, 1);
+    d[b][1] = buf_new(len, 2);
+    assert_int_equal(gshm_broadcast_ex(src, (void *const *)d[b], 2, len, s, &chain), 0);
+    assert_null(current);
+  }
+  assert_true(streams_destroyed > 0);
+  drain(12);
+  for (int b = 0; b < 12; b++)
+    for (int i = 0; i < 2; i++)
+      assert_memory_equal(d[b][i], want, len);
+  bufs_free();
+}
+
 struct bcast_args {
   void *src;
   void **dsts;
@@ -564,6 +660,8 @@ int main(void) {
       cmocka_unit_test(test_captured_broadcast_stays_on_its_stream),
       cmocka_unit_test(test_unreachable_destination_is_refused),
       cmocka_unit_test(test_chain_without_peer_access),
+      cmocka_unit_test(test_broadcasts_of_other_callers_share_no_stream),
+      cmocka_unit_test(test_many_callers_reuse_the_oldest_set),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }
