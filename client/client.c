@@ -1046,31 +1046,40 @@ int gshm_list_clients(gshm_client_t *c, gshm_client_info_t **clients_out, size_t
                         (void **)clients_out, count_out);
 }
 
+/* How many lists gshm_client_uid reads before it gives up: a reconnect
+ * between a list and the session read (another thread's request met a
+ * restarted gshmd) gives the connection a session that the list did not
+ * show; only a gshmd restarted that often in a row leaves it -ENOENT. */
+#define UID_TRIES 8
+
 int gshm_client_uid(gshm_client_t *c, uint32_t *uid_out) {
-  gshm_client_info_t *v = NULL;
-  uint64_t session;
-  size_t n = 0;
-  int e;
+  int e = -ENOENT;
 
   if (!c || !uid_out)
     return -EINVAL;
-  if ((e = gshm_list_clients(c, &v, &n)))
-    return e;
-  /* Read after the list: a reconnect during it gave the session it shows. */
-  if ((e = gshm__client_lock(c))) {
-    gshm_free(v);
-    return e;
-  }
-  session = c->session_id;
-  pthread_mutex_unlock(&c->lock);
-  e = -ENOENT;
-  for (size_t i = 0; i < n; i++)
-    if (v[i].session_id == session) {
-      *uid_out = v[i].uid;
-      e = 0;
-      break;
+  for (int tries = 0; e == -ENOENT && tries < UID_TRIES; tries++) {
+    gshm_client_info_t *v = NULL;
+    uint64_t session;
+    size_t n = 0;
+
+    if ((e = gshm_list_clients(c, &v, &n)))
+      return e;
+    /* Read after the list: a reconnect during it gave the session it shows. */
+    if ((e = gshm__client_lock(c))) {
+      gshm_free(v);
+      return e;
     }
-  gshm_free(v);
+    session = c->session_id;
+    pthread_mutex_unlock(&c->lock);
+    e = -ENOENT;
+    for (size_t i = 0; i < n; i++)
+      if (v[i].session_id == session) {
+        *uid_out = v[i].uid;
+        e = 0;
+        break;
+      }
+    gshm_free(v);
+  }
   return e;
 }
 

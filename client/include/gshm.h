@@ -381,9 +381,12 @@ GSHM_EXTERN int gshm_list_clients(gshm_client_t *client, gshm_client_info_t **cl
  * (gshm.torch.attach's default owner).
  *  client   the connection (not taken over).
  *  uid_out  receives the uid.
+ * A reconnect on another thread between the list and the session read
+ * (gshmd restarted) gives the connection a session the list does not show:
+ * the list is read again, up to 8 times.
  * Errors: -EINVAL a NULL argument; -ENOENT the daemon did not list this
- * connection (a reconnect gave it another session meanwhile: ask again);
- * -ENOMEM; the errors of gshm_list_clients. */
+ * connection in 8 lists running (gshmd restarted between each list and
+ * its check); -ENOMEM; the errors of gshm_list_clients. */
 GSHM_EXTERN int gshm_client_uid(gshm_client_t *client, uint32_t *uid_out);
 
 /* The daemon's totals and version.  Errors: -EINVAL a NULL argument;
