@@ -47,12 +47,13 @@ from ._core import _enc
 from ._dtypes import dtype as _to_dtype
 from ._lib import GSHM_NAME_MAX
 # (defined in _owner, below this module and _safetensors, which both use them)
-from ._owner import ManifestError, UntrustedSegment, owner_uid, check_owner, open_owned
+from ._owner import (ManifestError, UntrustedSegment, owner_uid, check_owner, check_segment,
+                     open_owned)
 from ._safetensors import _json_list, _shown
 from ._safetensors import _json_int as _int_literal
 
 __all__ = ["FORMAT", "VERSION", "ManifestError", "StaleManifest", "UntrustedSegment",
-           "owner_uid", "check_owner", "open_owned", "manifest_name",
+           "owner_uid", "check_owner", "check_segment", "open_owned", "manifest_name",
            "segment_prefix", "encode", "decode", "tensor_extent", "torch_dtypes", "write",
            "read", "open_segments", "unlink_prefix", "parse_source"]
 
@@ -442,8 +443,9 @@ def open_segments(client, manifest, access="r", owner=None):
     it recorded and owner's: {name: Segment}.  owner: as owner_uid(); None:
     the manifest's, as read() recorded it (else the reader's own uid).
     Raises StaleManifest (a segment is gone, or was created again: another
-    id or generation), UntrustedSegment (check_owner(): another owner's, or
-    one that others may write); nothing stays open on error."""
+    id or generation), UntrustedSegment (check_segment(): another owner's,
+    or one that others may write, on the daemon's record of now), the
+    errors of Segment.stat(); nothing stays open on error."""
     from ._errors import NotFound
     if owner is None and "owner" in manifest:
         uid = manifest["owner"]
@@ -473,7 +475,7 @@ def open_segments(client, manifest, access="r", owner=None):
             if info.size < want["size"]:
                 raise StaleManifest("gshm: segment %r is %d bytes, the manifest says %d"
                                     % (name, info.size, want["size"]))
-            check_owner(info, uid)
+            check_segment(seg, uid)  # (its record now: seg.info may be a cached lease's)
         return out
     except BaseException:
         for seg in out.values():

@@ -7,10 +7,22 @@ shared state dict's name) before the publisher does, or after an unlink,
 with bytes of its own.  A reader therefore pins the owner: a segment is
 taken only when it is that owner's (by default the reader's own uid, as
 gshmd knows its connection) and neither its group nor others may write it,
-checked on the record the daemon gave with the lease (SegmentInfo), not
-on a second lookup by name.  gshm.torch.attach (through gshm._manifest),
+checked on the daemon's record of the very segment leased (Segment.stat(),
+by id and generation: SegmentInfo), not on a second lookup by name.  Not
+on the record the lease came with (seg.info): libgshm serves a second open
+of a name this client already holds from that lease, and seg.info is then
+the first open's record, from before any chmod or chown since.  gshm.torch.attach (through gshm._manifest),
 gshm.torch.load_state_dict and gshm._safetensors.load_arrays use it;
 Client.open, the raw primitive, checks nothing.
+
+The check is made once, at open, and not again: a chmod or chown by the
+owner afterwards is not seen, and the reader is not told (leases are kept
+as granted, as open files are).  A later check could not protect it
+anyway: the bytes are mapped and read at any time, and whoever opened the
+segment for writing between two checks keeps that lease.  The owner is
+trusted with the bytes (it may write them itself): an owner that lets
+others write a segment readers use hands them that trust.  To check
+again, open (attach, load) again.
 
 This module imports nothing else of gshm, so that _safetensors and
 _manifest (which imports _safetensors) may both use it."""
@@ -18,7 +30,8 @@ _manifest (which imports _safetensors) may both use it."""
 import pwd
 import reprlib
 
-__all__ = ["ManifestError", "UntrustedSegment", "owner_uid", "check_owner", "open_owned"]
+__all__ = ["ManifestError", "UntrustedSegment", "owner_uid", "check_owner", "check_segment",
+           "open_owned"]
 
 
 class ManifestError(ValueError):
@@ -69,7 +82,8 @@ def owner_uid(client, owner=None):
 def check_owner(info, uid, what="segment"):
     """Refuses a segment (its SegmentInfo, as the daemon gave it with the
     lease) that uid does not own, or whose group or others may write it
-    (mode 0o022: they could change its bytes under the reader).  Raises
+    (mode 0o022: they could change its bytes under the reader).  info is
+    one record of it: check_segment() gives the one of now.  Raises
     UntrustedSegment naming the segment, its owner and the expected one."""
     if info.uid != uid:
         raise UntrustedSegment(
@@ -82,11 +96,22 @@ def check_owner(info, uid, what="segment"):
             "bytes are refused as weights" % (what, info.name, _user(info.uid), info.mode & 0o7777))
 
 
+def check_segment(seg, uid, what="segment"):
+    """check_owner() on the daemon's record of open segment seg now
+    (seg.stat(): one request), not on seg.info, which a lease this client
+    already held gave (libgshm's lease cache) before a chmod or chown.
+    Raises UntrustedSegment as check_owner(), and the errors of
+    Segment.stat() (gshm.PermissionDenied: the owner changed the mode so
+    that this client may no longer see it; OSError ESTALE: revoked)."""
+    check_owner(seg.stat(), uid, what)
+
+
 def open_owned(client, name, access="r", owner=None, what="segment"):
     """Opens segment `name` whose bytes the caller uses as data (weights,
     arrays) and checks it as attach() checks a prefix: check_owner() on
     the SegmentInfo the lease came with (no second lookup by name that a
-    re-created name could race).  access: "r" or "rw", as Client.open;
+    re-created name could race; check_segment(): its record now, not the
+    one a cached lease gave).  access: "r" or "rw", as Client.open;
     owner: as owner_uid() (None: the uid gshmd knows client by, the
     reader's own); what: the segment's kind in messages.  Returns the open
     Segment, the caller's to close.  Raises TypeError / ValueError for an
@@ -97,7 +122,7 @@ def open_owned(client, name, access="r", owner=None, what="segment"):
     uid = owner_uid(client, owner)
     seg = client.open(name, access)
     try:
-        check_owner(seg.info, uid, what)
+        check_segment(seg, uid, what)
     except BaseException:
         seg.close()
         raise

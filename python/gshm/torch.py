@@ -227,7 +227,8 @@ def load_state_dict(client: Client, name: str, device: Any = None,
             are first come, first served: another user may have created
             `name` first.  The segment must be owner's and not writable by
             its group or others, checked as attach() checks a prefix, on
-            the record the lease came with, before a byte is read.  Pass
+            the daemon's record of the leased segment (gshm._owner), before
+            a byte is read.  Pass
             the sharer's uid or name to load another user's state dict.
 
     The lease lasts for as long as any of the returned tensors does.

@@ -448,6 +448,41 @@ def test_load_arrays_refuses_a_segment_others_may_write(daemon, client, segname)
     client.unlink(segname)
 
 
+def test_owner_check_sees_a_chmod_since_a_cached_lease(daemon, client, segname):
+    """A second load of a name this client still holds is served from the
+    held lease (libgshm's cache), whose record (seg.info) predates a chmod
+    since: the check on it took a segment that others may now write.  Now
+    the check reads the daemon's record of the segment (check_segment).
+    The arrays already loaded stay (checked once, at open: gshm._owner)."""
+    import numpy
+    _safetensors.share_arrays(client, segname, {"w": numpy.arange(8, dtype=numpy.int32)}).close()
+    daemon.gshmctl("chmod", segname, "0640")
+    arrays = _safetensors.load_arrays(client, segname)
+    daemon.gshmctl("chmod", segname, "0666")
+    assert arrays["w"].tolist() == list(range(8))
+    with pytest.raises(_manifest.UntrustedSegment, match="mode 0666"):
+        _safetensors.load_arrays(client, segname)
+    assert len(_my_leases(client)) == 1  # the first load's, kept
+    del arrays
+    assert _my_leases(client) == []
+    client.unlink(segname)
+
+
+def test_attach_sees_a_chmod_since_a_cached_lease(daemon, client, segname):
+    """open_segments (attach) while this client holds the pool's segments:
+    a segment chmod'ed 0666 since was taken on the held lease's record."""
+    names = _fake_pool(client, segname)
+    m = _manifest.read(client, segname)
+    held = _manifest.open_segments(client, m)
+    daemon.gshmctl("chmod", names[1], "0666")
+    with pytest.raises(_manifest.UntrustedSegment, match="mode 0666"):
+        _manifest.open_segments(client, m)
+    for seg in held.values():
+        seg.close()
+    assert _my_leases(client) == []
+    _manifest.unlink_prefix(client, segname)
+
+
 def test_manifest_naming_a_gone_segment_is_stale(client, segname):
     names = _fake_pool(client, segname)
     m = _manifest.read(client, segname)
