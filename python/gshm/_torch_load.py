@@ -35,11 +35,15 @@ def _pread_exact(fd, n, off):
 
 def _readinto_exact(f, mv):
     got = 0
-    while got < len(mv):
-        n = f.readinto(mv[got:])
-        if not n:
-            raise ValueError("gshm: safetensors file shorter than its header says")
-        got += n
+    try:
+        while got < len(mv):
+            n = f.readinto(mv[got:])
+            if not n:
+                raise ValueError("gshm: safetensors file shorter than its header says")
+            got += n
+    except BaseException:
+        del mv  # the traceback keeps this frame: the staging mapping would stay
+        raise
 
 
 def _progress_bar(total, progress, desc):
@@ -89,13 +93,19 @@ def load_safetensors(client: Client, name: str, path: Union[str, "os.PathLike[st
             dev = seg.device
             map_for_writers(seg, dev)  # written from the host (on dev)
             dst = _torch.from_dlpack(seg.view("uint8", (layout.size,), 0, device=dev))
-            header = _torch.frombuffer(bytearray(layout.header), dtype=_torch.uint8)
-            dst[:layout.data_start].copy_(header)
-            where = {k: b for k, _, _, b, _ in layout.entries}
-            jobs = [(b, e, where[k]) for k, _, _, b, e in entries]
-            _stream_in(f, dst, jobs, header_len, data_end, chunk, dev,
-                       _progress_bar(data_end - header_len, progress, name))
-            del dst
+            try:
+                header = _torch.frombuffer(bytearray(layout.header), dtype=_torch.uint8)
+                dst[:layout.data_start].copy_(header)
+                where = {k: b for k, _, _, b, _ in layout.entries}
+                jobs = [(b, e, where[k]) for k, _, _, b, e in entries]
+                _stream_in(f, dst, jobs, header_len, data_end, chunk, dev,
+                           _progress_bar(data_end - header_len, progress, name))
+            finally:
+                # On error too, before _unlink_on_error closes seg: the
+                # exception's traceback keeps this frame, and with it the
+                # view, its mapping and the lease (the segment's memory, a
+                # second copy's worth on a retry) until the caller drops it.
+                del dst
     return seg
 
 
@@ -184,7 +194,8 @@ def _stream_in(f, dst, jobs, data_start, data_end, chunk, dev, bar):
         try:
             stream.synchronize()
         finally:
-            del buf
+            # dst too: the traceback keeps this frame (load_safetensors says why)
+            del buf, dst
             stage.close()
             if bar is not None:
                 bar.close()

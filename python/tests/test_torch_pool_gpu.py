@@ -12,7 +12,8 @@
    prefix gives the GPU's free memory (gshmd's cuMemGetInfo) back to within
    1 MiB of where it was before A started.
 2. load_safetensors of a >= 1 GiB file gives the bytes share_state_dict
-   gives of the same tensors, with torch.cuda.max_memory_allocated() 0.
+   gives of the same tensors, with torch.cuda.max_memory_allocated() 0;
+   one that fails midway leaves no lease while its exception is held.
 3. PyTorch's limits and bad input: expandable_segments refused,
    empty_cache keeps the pool's memory, a pool released under live
    tensors keeps them valid, unknown device, closed client, stale
@@ -200,9 +201,47 @@ def role_load(sock, out_dir):
         except ValueError as e:
             odd_refused = "not aligned" in str(e)
     c.unlink("torchtest/odd-raw")
+    failed_released = failed_load_releases(c, gt, path, loc)
     print(json.dumps({"bytes": n, "file_bytes": total, "same": same, "values": values,
                       "max_allocated": peak, "load_s": t_load, "odd_values": odd_values,
-                      "odd_refused": odd_refused}), flush=True)
+                      "odd_refused": odd_refused, "failed_released": failed_released}),
+          flush=True)
+
+
+def failed_load_releases(c, gt, path, loc):
+    """A load_safetensors that fails midway (a read error injected on the
+    second chunk) holds no lease once it raised, while its caller still
+    holds the exception (as a retry loop does): the traceback's frames kept
+    the device view, and with it the segment's memory, before.  True when
+    nothing of the segment is left."""
+    import errno
+    import torch
+    from safetensors.torch import save_file
+    import gshm._torch_load as tl
+    save_file({"w": torch.zeros(4 * MiB, dtype=torch.uint8)}, path)
+    real, calls, kept = tl._readinto_exact, [0], None
+
+    def failing(f, mv):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise OSError(errno.EIO, "injected read error")
+        return real(f, mv)
+
+    tl._readinto_exact = failing
+    try:
+        gt.load_safetensors(c, "torchtest/failed", path, location=loc, chunk_bytes=MiB,
+                            progress=False)
+    except OSError as e:
+        kept = e  # and its __traceback__, with every frame
+    finally:
+        tl._readinto_exact = real
+    os.unlink(path)
+    left = [l.segment for l in c.leases()
+            if l.pid == os.getpid() and l.segment == "torchtest/failed"]
+    listed = [s.name for s in c.segments() if s.name == "torchtest/failed"]
+    released = kept is not None and calls[0] == 2 and not left and not listed
+    del kept
+    return released
 
 
 def role_limits(sock, out_dir):
@@ -527,6 +566,7 @@ def check_load(py, daemon, c, out_dir, log):
     assert r["same"] and r["values"], r
     assert r["max_allocated"] == 0, r
     assert r["odd_values"] and r["odd_refused"], r
+    assert r["failed_released"], r
 
 
 def check_limits(py, daemon, c, out_dir, log):
