@@ -37,12 +37,32 @@ static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static const char forked_error[] =
     "this client was connected before a fork: a forked process connects its own";
 
+/* The explanation of this thread's last request, and the client (address
+ * and serial) it was made on: what gshm_last_error gives the thread that
+ * made the request, whatever other threads' requests on the same client
+ * wrote into client->last_error since. */
+static __thread struct {
+  const struct gshm_client *client;
+  uint64_t serial;
+  char text[sizeof(((struct gshm_client *)0)->last_error)];
+} thread_error;
+
+static atomic_uint_fast64_t connects;
+
+/* Writes c's explanation of the calling thread's request (NULL: none). */
+static void set_last_error(struct gshm_client *c, const char *msg) {
+  snprintf(c->last_error, sizeof(c->last_error), "%s", msg ? msg : "");
+  thread_error.client = c;
+  thread_error.serial = c->serial;
+  memcpy(thread_error.text, c->last_error, sizeof(thread_error.text));
+}
+
 /* A client remembers the count of forks (common/fork.h) it was connected
  * under. */
 bool gshm__forked(struct gshm_client *c) {
   if (c->fork_gen == gshm__fork_gen())
     return false;
-  snprintf(c->last_error, sizeof(c->last_error), "%s", forked_error);
+  set_last_error(c, forked_error);
   return true;
 }
 
@@ -83,6 +103,12 @@ const char *gshm_last_error(gshm_client_t *client) {
 
   if (!client)
     return "";
+  if (client->fork_gen != gshm__fork_gen()) /* every call of it here said -ECHILD */
+    return forked_error;
+  if (thread_error.client == client && thread_error.serial == client->serial) {
+    memcpy(copy, thread_error.text, sizeof(copy)); /* this thread's own request's */
+    return copy;
+  }
   if (gshm__client_lock(client))
     return forked_error; /* the lock went with a thread of the parent */
   memcpy(copy, client->last_error, sizeof(copy));
@@ -91,10 +117,6 @@ const char *gshm_last_error(gshm_client_t *client) {
 }
 
 void gshm_free(void *p) { free(p); }
-
-static void set_last_error(struct gshm_client *c, const char *msg) {
-  snprintf(c->last_error, sizeof(c->last_error), "%s", msg ? msg : "");
-}
 
 /* A name past GSHM_NAME_MAX, refused before any request: says so in
  * gshm_last_error() as gshmd would (else it kept an older call's text).
@@ -106,7 +128,11 @@ static int name_check(struct gshm_client *c, const char *name) {
     return 0;
   if ((e = gshm__client_lock(c))) /* (a forked child's: -ECHILD) */
     return e;
-  snprintf(c->last_error, sizeof(c->last_error), "name is longer than %d bytes", GSHM_NAME_MAX);
+  {
+    char text[64];
+    snprintf(text, sizeof(text), "name is longer than %d bytes", GSHM_NAME_MAX);
+    set_last_error(c, text);
+  }
   pthread_mutex_unlock(&c->lock);
   return -ENAMETOOLONG;
 }
@@ -405,7 +431,7 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
   int64_t deadline = 0; /* reconnect_ms after the first loss: every resend is before it */
   int e = 0;
 
-  c->last_error[0] = '\0';
+  set_last_error(c, NULL);
   c->resent_after_loss = false;
   if (gshm__forked(c))
     return -ECHILD;
@@ -547,6 +573,7 @@ int gshm_connect(const char *path, const char *client_name, gshm_client_t **clie
     c->hello_timeout_ms = 0;
   c->poll_ns = default_poll_ns();
   c->fork_gen = gshm__fork_gen();
+  c->serial = atomic_fetch_add(&connects, 1) + 1;
   if ((e = socket_connect(c->path, &c->fd)) || (e = hello(c))) {
     if (e != -EPROTONOSUPPORT)
       gshm_log_info("cannot connect to gshmd at %s: %s", c->path, gshm_strerror(e));
@@ -826,7 +853,7 @@ int gshm_unlink(gshm_client_t *c, const char *name) {
   if (e == -ENOENT && c->resent_after_loss) {
     gshm_log_info("unlink of '%s' sent again after gshmd restarted: the name is already gone",
                   name);
-    c->last_error[0] = '\0';
+    set_last_error(c, NULL);
     e = 0;
   }
   /* Our own leases on that name are not served to new opens any more

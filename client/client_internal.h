@@ -76,6 +76,8 @@ struct gshm_client {
   uint64_t capabilities;
   struct gshm__lease *leases;
   char last_error[256];
+  uint64_t serial;         /* this process's count of connects at ours: tells a client
+                              from a freed one at the same address (gshm_last_error) */
   int reconnect_ms;        /* how long to wait for a restarted daemon */
   int hello_timeout_ms;    /* how long the hello may wait for gshmd's answer; 0: for ever */
   int poll_ns;             /* how long to poll for a reply before sleeping */

@@ -734,8 +734,11 @@ GSHM_EXTERN int gshm_write(gshm_segment_t *seg, uint64_t offset, const void *buf
  * 3 GiB of 4 GiB on cuda, 2 GiB more asked (quota.cuda_bytes)"), or "" when
  * there is none.
  * Returns a copy in storage of the calling thread, valid until that
- * thread's next gshm_last_error(); with several threads on one client,
- * "last" is the last of any thread's requests. */
+ * thread's next gshm_last_error().  With several threads on one client,
+ * "last" is the calling thread's last request on this client (another
+ * thread's request since does not rewrite it); for a thread that made
+ * none on it since its last request on another client, the last of any
+ * thread's. */
 GSHM_EXTERN const char *gshm_last_error(gshm_client_t *client);
 
 /* A static description of a negative errno returned by this library. */

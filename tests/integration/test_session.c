@@ -628,6 +628,43 @@ static void test_error_names(void **state) {
   assert_string_equal(gshm_strerror(-EXDEV), "the two GPUs have no peer (P2P) path");
 }
 
+/* Another thread's request on the same client, between a failed call and
+ * its gshm_last_error (Python's gshm raises its exception there), rewrote
+ * the explanation: the failure was told another request's text, or none.
+ * Now each thread reads its own last request's. */
+static void *other_request(void *arg) {
+  gshm_status_info_t st;
+  gshm_segment_t *s;
+  gshm_client_t *c = arg;
+
+  if (gshm_status(c, &st) != 0 ||
+      gshm_create(c, "huge-elsewhere", 100ull << 40, NULL, 0600, 0, &s) != -EFBIG)
+    return (void *)1;
+  return strstr(gshm_last_error(c), "100 TiB") ? NULL : (void *)1;
+}
+
+static void test_last_error_is_the_threads_own(void **state) {
+  struct harness *h = *state;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  pthread_t t;
+  void *bad = (void *)1;
+  char why[256];
+
+  assert_int_equal(gshm_connect(h->socket_path, "errors", &c), 0);
+  assert_int_equal(gshm_create(c, "huge", 100ull << 40, NULL, 0600, 0, &s), -EFBIG);
+  snprintf(why, sizeof(why), "%s", gshm_last_error(c));
+  assert_non_null(strstr(why, "100 TiB"));
+  assert_int_equal(gshm_open(c, "missing/segment", GSHM_ACCESS_READ, &s), -ENOENT);
+  snprintf(why, sizeof(why), "%s", gshm_last_error(c));
+  print_message("    open of a missing name: %s\n", why);
+  assert_int_equal(pthread_create(&t, NULL, other_request, c), 0);
+  assert_int_equal(pthread_join(t, &bad), 0);
+  assert_null(bad);
+  assert_string_equal(gshm_last_error(c), why); /* was the other thread's "100 TiB" */
+  gshm_disconnect(c);
+}
+
 /* Issue 15 item 6: a host segment larger than the machine's memory is
  * refused up front, with the figures; one that fits is backed lazily
  * unless daemon.host_populate asks for its pages at create time. */
@@ -839,6 +876,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_read_keeps_its_mapping, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_host_size_and_populate, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_last_error_is_the_threads_own, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_poll_yields_to_other_clients, setup_polling, harness_cmocka_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
