@@ -49,6 +49,12 @@ static __thread struct {
 
 static atomic_uint_fast64_t connects;
 
+void gshm__last_error_local(struct gshm_client *c) {
+  thread_error.client = c;
+  thread_error.serial = c->serial;
+  thread_error.text[0] = '\0';
+}
+
 /* Writes c's explanation of the calling thread's request (NULL: none). */
 static void set_last_error(struct gshm_client *c, const char *msg) {
   snprintf(c->last_error, sizeof(c->last_error), "%s", msg ? msg : "");

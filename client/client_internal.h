@@ -101,6 +101,13 @@ struct gshm_client {
  * lock was copied held: gshm__client_lock). */
 bool gshm__forked(struct gshm_client *c);
 
+/* For a call that may fail without a request (gshm_map, gshm_unmap,
+ * gshm_read, gshm_write), first: the calling thread's gshm_last_error()
+ * says "" for its failure, not an older request's explanation (a request
+ * the call makes, a reconnect's hello, writes its own).  No lock: only the
+ * thread's own copy changes. */
+void gshm__last_error_local(struct gshm_client *c);
+
 /* Takes c->lock: 0.  In a process forked from the one that connected c,
  * the lock may have been copied held, by a thread this process does not
  * have, and would be waited for for good: there it is only tried, and

@@ -107,6 +107,7 @@ int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices, void **ad
   if (!seg || !addr_out || (!devices && ndevices))
     return -EINVAL;
   c = seg->lease->client;
+  gshm__last_error_local(c);
   if ((e = gshm__client_lock(c)))
     return e;
   gshm__drain_events(c, false); /* a revoke (or a restart) is learnt here */
@@ -133,6 +134,7 @@ int gshm_unmap(gshm_segment_t *seg) {
     return -EINVAL;
   l = seg->lease;
   c = l->client;
+  gshm__last_error_local(c);
   if ((e = gshm__client_lock(c)))
     return e;
   if (seg->mapped) {
@@ -156,6 +158,7 @@ static int segment_rw(gshm_segment_t *seg, uint64_t offset, void *buf, size_t by
     return -EINVAL;
   l = seg->lease;
   c = l->client;
+  gshm__last_error_local(c);
   if (offset > l->info.size || bytes > l->info.size - offset)
     return -ERANGE;
   if (write && l->access != GSHM_ACCESS_READ_WRITE)

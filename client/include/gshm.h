@@ -732,7 +732,9 @@ GSHM_EXTERN int gshm_write(gshm_segment_t *seg, uint64_t offset, const void *buf
 
 /* Daemon's explanation of this client's last failed request ("uid 1000 uses
  * 3 GiB of 4 GiB on cuda, 2 GiB more asked (quota.cuda_bytes)"), or "" when
- * there is none.
+ * there is none.  Each request starts with none; gshm_map, gshm_unmap,
+ * gshm_read and gshm_write too, for the calling thread (their failures in
+ * libgshm itself have no explanation: not an older request's).
  * Returns a copy in storage of the calling thread, valid until that
  * thread's next gshm_last_error().  With several threads on one client,
  * "last" is the calling thread's last request on this client (another

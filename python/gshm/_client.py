@@ -211,7 +211,10 @@ class Client(object):
 
     @property
     def last_error(self) -> str:
-        """The daemon's explanation of this client's last failed request, or ""."""
+        """The daemon's explanation of the last request this thread made on
+        this client, if it failed, or "" (gshm_last_error: another thread's
+        request since does not change it; the exceptions carry it as
+        gshm_message)."""
         with self._use() as p:
             m = L.lib().gshm_last_error(p)
             return _dec(m) if m else ""

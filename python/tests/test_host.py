@@ -657,6 +657,28 @@ def test_readonly_lease(client, segname):
     client.unlink(segname)
 
 
+def test_local_failures_carry_no_older_message(client, segname):
+    """A call that fails in libgshm without a request (write on a read-only
+    lease, a range outside the segment) raised with the daemon's text of
+    an older failed request of the thread ("no segment named ...") as its
+    gshm_message and in its text."""
+    client.create(segname, 4096, location="host").close()
+    with pytest.raises(gshm.NotFound):
+        client.open(segname + "/missing", "r")
+    with client.open(segname, "r") as ro:
+        with pytest.raises(gshm.PermissionDenied) as ei:
+            gshm.Segment.write(ro, b"x", 0)  # (not mmap's write: libgshm's)
+        assert ei.value.gshm_message == "" and "no segment" not in str(ei.value), ei.value
+        with pytest.raises(gshm.NotFound):
+            client.open(segname + "/missing", "r")
+        ro.map()
+        with pytest.raises(gshm.NotFound):
+            client.open(segname + "/missing", "r")
+        ro.unmap()  # nothing fails here: the text is the last request's no more
+        assert client.last_error == ""
+    client.unlink(segname)
+
+
 def test_private_view_of_a_read_only_lease(client, segname):
     """The copy-on-write view that gshm.torch gives torch for a read-only
     host lease: it reads the shared memory (a later write by the segment's

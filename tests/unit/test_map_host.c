@@ -36,6 +36,7 @@ int gshm__client_unlock(struct gshm_client *c) {
   pthread_mutex_unlock(&c->lock);
   return 0;
 }
+void gshm__last_error_local(struct gshm_client *c) { (void)c; }
 bool gshm__drain_events(struct gshm_client *c, bool wait) {
   (void)c, (void)wait;
   return true;
