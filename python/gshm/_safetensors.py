@@ -255,10 +255,16 @@ def share_arrays(client, name, arrays, location="host", mode=0o600, metadata=Non
         if not seg.is_host:
             raise ValueError("gshm: share_arrays needs a host segment (use gshm.torch for GPUs)")
         buf = memoryview(seg)
-        buf[:layout.data_start] = layout.header
-        for k, dt, shape, b, e in layout.entries:
-            buf[b:e] = arrays[k].reshape(-1).view(numpy.uint8).data if e > b else b""
-        del buf
+        try:
+            buf[:layout.data_start] = layout.header
+            for k, dt, shape, b, e in layout.entries:
+                buf[b:e] = arrays[k].reshape(-1).view(numpy.uint8).data if e > b else b""
+        finally:
+            # On error too, before _unlink_on_error closes seg: the
+            # exception's traceback keeps this frame, and a live export
+            # keeps the segment's memory mapped (close() cannot unmap it)
+            # until the caller drops the exception.
+            buf.release()
     return seg
 
 
@@ -296,5 +302,6 @@ def load_arrays(client, name, access="r", owner=None):
                 out[k] = seg.view(dt, shape, b)
         return out
     except BaseException:
+        out = {}  # (their exports would keep the mapping as long as the traceback)
         seg.close()
         raise

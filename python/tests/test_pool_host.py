@@ -448,6 +448,49 @@ def test_load_arrays_refuses_a_segment_others_may_write(daemon, client, segname)
     client.unlink(segname)
 
 
+def _mapped(name):
+    """This process's mappings of host segment `name` (its memfd, whose
+    name gshmd cuts to 63 bytes)."""
+    key = "/memfd:" + ("gshm:" + name)[:63]
+    with open("/proc/self/maps") as f:
+        return [line for line in f if key in line]
+
+
+def test_share_arrays_failure_unmaps_while_the_exception_lives(client, segname, monkeypatch):
+    """share_arrays interrupted midway (Ctrl-C during the copy) unlinked the
+    segment, but its memoryview stayed in the frame that the exception's
+    traceback keeps: close() could not unmap, and the segment's memory
+    stayed until the caller dropped the exception (a retry in the handler
+    held two copies)."""
+    import numpy
+    real = memoryview
+
+    class Interrupted(object):  # a memoryview whose second store is interrupted
+        def __init__(self, obj):
+            self.mv, self.stores = real(obj), 0
+
+        def __setitem__(self, key, value):
+            self.stores += 1
+            if self.stores == 2:
+                raise KeyboardInterrupt
+            self.mv[key] = value
+
+        def release(self):
+            self.mv.release()
+
+    monkeypatch.setattr(_safetensors, "memoryview", Interrupted, raising=False)
+    kept = None
+    try:
+        _safetensors.share_arrays(client, segname, {"a": numpy.arange(1 << 16),
+                                                    "b": numpy.arange(1 << 16)})
+    except KeyboardInterrupt as e:
+        kept = e  # with its traceback, as a handler that retries holds it
+    assert kept is not None and not client.exists(segname)
+    assert _my_leases(client) == []
+    assert _mapped(segname) == []
+    del kept
+
+
 def test_owner_check_sees_a_chmod_since_a_cached_lease(daemon, client, segname):
     """A second load of a name this client still holds is served from the
     held lease (libgshm's cache), whose record (seg.info) predates a chmod
