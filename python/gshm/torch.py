@@ -171,13 +171,19 @@ def share_state_dict(client: Client, name: str, state_dict: Mapping[str, _torch.
             map_for_writers(seg, dev if _segment_gpu_visible(seg) else None, writers)
             dst = _torch.from_dlpack(seg.view("uint8", (layout.size,), 0, device=dev))
             sync = dst.device
-        dst[:layout.data_start].copy_(header)
-        for k, dt, shape, b, e in layout.entries:
-            if e > b:
-                dst[b:e].copy_(_as_bytes(src[k]))
-        if sync is not None:
-            _torch.cuda.synchronize(sync)
-        del dst
+        try:
+            dst[:layout.data_start].copy_(header)
+            for k, dt, shape, b, e in layout.entries:
+                if e > b:
+                    dst[b:e].copy_(_as_bytes(src[k]))
+            if sync is not None:
+                _torch.cuda.synchronize(sync)
+        finally:
+            # On error too, before _unlink_on_error closes seg: the
+            # exception's traceback keeps this frame, and a device view
+            # keeps the mapping and the lease (the segment's memory) until
+            # the caller drops the exception.
+            del dst
     return seg
 
 
@@ -269,5 +275,8 @@ def load_state_dict(client: Client, name: str, device: Any = None,
         seg.close()
         return out
     except BaseException:
+        # (views made so far: the traceback keeps this frame, and they
+        # would keep the mapping and the lease as long as it)
+        out, private = StateDict(), None
         seg.close()
         raise

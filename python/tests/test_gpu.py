@@ -374,6 +374,36 @@ def test_tensor_keeps_lease_after_close(gpu_daemon, gpu_client, segname):
     gpu_client.unlink(segname)
 
 
+def test_failed_share_state_dict_holds_no_lease(gpu_daemon, gpu_client, segname):
+    """share_state_dict interrupted midway (Ctrl-C during the copies, here
+    at the second tensor): its device view stayed in the frame that the
+    exception's traceback keeps, and with it the mapping and the lease of
+    the unlinked segment (its GPU memory) until the caller dropped the
+    exception.  Now nothing of the segment is left while it is held."""
+    real, calls, kept = gt._as_bytes, [0], None
+
+    def interrupted(t):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise KeyboardInterrupt
+        return real(t)
+
+    sd = {"a": torch.ones(1 << 20, device="cuda:0"), "b": torch.ones(1 << 20, device="cuda:0")}
+    gt._as_bytes = interrupted
+    try:
+        gt.share_state_dict(gpu_client, segname, sd)
+    except KeyboardInterrupt as e:
+        kept = e  # with its traceback, as a handler that retries holds it
+    finally:
+        gt._as_bytes = real
+    pid = os.getpid()
+    assert kept is not None and calls[0] == 2
+    assert not any(m["segment"] == segname and m["pid"] == pid for m in gpu_daemon.mappings())
+    assert not [l for l in gpu_client.leases() if l.pid == pid and l.segment == segname]
+    assert not gpu_client.exists(segname)
+    del kept
+
+
 def test_host_tensor_view_survives_close(gpu_daemon, gpu_client, segname):
     """A torch view of a host segment keeps the memory mapped after close()
     (it once pointed at unmapped memory: torch.frombuffer keeps no export)."""
