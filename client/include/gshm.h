@@ -252,7 +252,12 @@ GSHM_EXTERN int gshm_create(gshm_client_t *client, const char *name, uint64_t si
                             gshm_segment_t **seg_out);
 
 /* Opens an existing segment by name: the daemon checks permission against
- * our uid/gid (SO_PEERCRED) and records a lease for this connection.
+ * our uid/gid (SO_PEERCRED) and records a lease for this connection.  A
+ * name this client already holds (same access, not unlinked or revoked
+ * since) shares that lease without asking the daemon (the lease cache,
+ * docs/ARCHITECTURE.md): no permission check then (the lease is kept as
+ * granted), and gshm_segment_info() gives that lease's record, from before
+ * any chmod or chown since; gshm_stat() asks the daemon.
  *  access    GSHM_ACCESS_READ or GSHM_ACCESS_READ_WRITE.
  *  seg_out   receives the open segment; release with gshm_close().
  * Errors: -ENOENT no such name; -EACCES mode bits refuse this access;
@@ -343,7 +348,10 @@ GSHM_EXTERN int gshm_stat_name(gshm_client_t *client, const char *name,
                                gshm_segment_info_t *info_out);
 
 /* The information this process got when it opened seg (no daemon round
- * trip): name, id, generation, size, location.  Never fails for a valid seg. */
+ * trip): name, id, generation, size, location; for a seg on a cached lease
+ * (gshm_open), the record of the open that took the lease, whose mode, uid
+ * and gid may be older than a chmod or chown (gshm_stat() asks the daemon).
+ * Never fails for a valid seg. */
 GSHM_EXTERN const gshm_segment_info_t *gshm_segment_info(const gshm_segment_t *seg);
 
 /* The segment's file descriptor (a sealed memfd for host segments, a cuMem

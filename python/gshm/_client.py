@@ -258,9 +258,10 @@ class Client(object):
         returns its Segment (HostSegment or DeviceSegment; close it, or use
         it as a context manager).  Whose the segment is, is not checked:
         names are first come, first served, so another user may hold
-        `name`; compare seg.info.uid and seg.info.mode (the record the
-        lease came with) before using its bytes as data, as
-        gshm.torch.load_state_dict and attach do through their owner=.
+        `name`; compare seg.stat().uid and .mode before using its bytes as
+        data, as gshm.torch.load_state_dict and attach do through their
+        owner= (not seg.info's: a name this client already holds is served
+        from that lease, and its record may predate a chmod or chown).
         Raises NotFound (ENOENT), PermissionDenied (EACCES), ValueError for
         an unknown access or a closed client, ..."""
         code = _access_code(access)

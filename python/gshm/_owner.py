@@ -102,7 +102,7 @@ def check_segment(seg, uid, what="segment"):
     already held gave (libgshm's lease cache) before a chmod or chown.
     Raises UntrustedSegment as check_owner(), and the errors of
     Segment.stat() (gshm.PermissionDenied: the owner changed the mode so
-    that this client may no longer see it; OSError ESTALE: revoked)."""
+    that this client may no longer see it; gshm.Revoked: revoked)."""
     check_owner(seg.stat(), uid, what)
 
 

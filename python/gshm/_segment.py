@@ -134,7 +134,9 @@ class Segment(object):
 
     Use as a context manager or call close().  Attributes: name, size,
     requested_size, location, access ("r"/"rw"), readonly, info (a
-    SegmentInfo from when it was opened; stat() asks the daemon again)."""
+    SegmentInfo from when the lease was granted: an open of a name this
+    client already holds shares that lease and its record, whose mode and
+    owner may predate a chmod or chown; stat() asks the daemon again)."""
 
     access: str
     _address: Optional[int]
@@ -210,7 +212,10 @@ class Segment(object):
     fd = property(fileno)
 
     def stat(self) -> SegmentInfo:
-        """Fresh SegmentInfo from the daemon (lease count, unlinked state)."""
+        """Fresh SegmentInfo from the daemon (lease count, unlinked state,
+        mode and owner now), of this very segment (by id and generation).
+        Raises Revoked (ESTALE) for a revoked segment, PermissionDenied when
+        a chmod since hides it from this user."""
         info = L.SegmentInfoC()
         with self._use() as p:
             rc = L.lib().gshm_stat(p, ctypes.byref(info))
