@@ -401,14 +401,13 @@ def attach(client: Client, prefix: str, device: Any = None, access: str = "r",
     man = _manifest.read(client, prefix, owner)
     tdts = _manifest.torch_dtypes(man, _torch)
     segs = _manifest.open_segments(client, man, access)
+    bases: dict = {}
+    made: dict = {}
     try:
         dev = _device_for(man, device, segs)
-        bases = {}
         for name, seg in segs.items():
             map_for_writers(seg, dev, () if access == "r" else None)
             bases[name] = _torch.from_dlpack(seg.view("uint8", (seg.size,), 0, device=dev))
-
-        made = {}
 
         def view(e):
             # Entries for the same bytes give the same tensor (tied weights,
@@ -432,6 +431,14 @@ def attach(client: Client, prefix: str, device: Any = None, access: str = "r",
         out.buffers = {k: view(e) for k, e in man["buffers"].items()}
         out.metadata = man["metadata"]
         out.segments = {n: s.info for n, s in segs.items()}
+    except BaseException:
+        # The views made so far: the exception's traceback keeps this
+        # frame, and they would keep the mappings and the leases (the
+        # segments' memory) for as long as the caller holds it.
+        bases.clear()
+        made.clear()
+        out = StateDict()
+        raise
     finally:
         for seg in segs.values():
             seg.close()  # the DLPack exports hold the mappings now

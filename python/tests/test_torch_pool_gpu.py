@@ -379,6 +379,25 @@ def role_limits(sock, out_dir):
             torch.float8_e4m3fn = f8
         pool4.publish({"w": w4, "w_tied": w4, "w_t": w4.view(1024, 1024).t()})
     del sd
+    # an attach that fails midway (here at its first view: Ctrl-C) holds
+    # no view of the prefix's segments while its exception is kept: the
+    # whole-segment tensors stayed in the frame that the traceback keeps
+    # (a retry in the handler mapped everything twice)
+    from gshm import _dlpack, _manifest as gm
+    real_extent, kept, exports = gm.tensor_extent, None, _dlpack.live_exports()
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    gm.tensor_extent = interrupted
+    try:
+        gt.attach(c, "torchtest/stale", device=0)
+    except KeyboardInterrupt as e:
+        kept = e
+    finally:
+        gm.tensor_extent = real_extent
+    res["failed_attach_keeps_no_view"] = kept is not None and _dlpack.live_exports() == exports
+    del kept
     c.unlink(seg0)
     c.create(seg0, 2 * MiB, location=gshm.location_of_device(0)).close()
     try:
