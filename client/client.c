@@ -548,6 +548,7 @@ int gshm__request_more(struct gshm_client *c, uint16_t type, Gshm__Reply **reply
 int gshm_connect(const char *path, const char *client_name, gshm_client_t **client_out) {
   struct gshm_client *c;
   const char *env;
+  unsigned long list_max;
   int e;
 
   pthread_once(&log_once, log_init);
@@ -578,6 +579,10 @@ int gshm_connect(const char *path, const char *client_name, gshm_client_t **clie
   if (c->hello_timeout_ms < 0)
     c->hello_timeout_ms = 0;
   c->poll_ns = default_poll_ns();
+  env = secure_getenv("GSHM_LIST_MAX"); /* (lowers the cap only) */
+  list_max = env && *env ? strtoul(env, NULL, 10) : 0;
+  c->remote_list_max = list_max && list_max < GSHM_WIRE_SEGMENTS_MAX ? list_max
+                                                                     : GSHM_WIRE_SEGMENTS_MAX;
   c->fork_gen = gshm__fork_gen();
   c->serial = atomic_fetch_add(&connects, 1) + 1;
   if ((e = socket_connect(c->path, &c->fd)) || (e = hello(c))) {
@@ -944,10 +949,35 @@ gshm_access_t gshm_segment_access(const gshm_segment_t *seg) {
   return seg ? seg->lease->access : GSHM_ACCESS_READ;
 }
 
+/* A peer's listing (peer not NULL: REMOTE_LIST, a page a request, relayed
+ * by gshmd) is a key holder's to make, page after page with advancing
+ * cursors: it ends within what a gshmd can list, c->remote_list_max
+ * segments (-E2BIG past them) and GSHM_WIRE_SEGMENTS_MAX /
+ * GSHM_WIRE_LIST_VISITS pages with no segment (-EPROTO past them: each
+ * such page of a gshmd's looked at GSHM_WIRE_LIST_VISITS segments).
+ * Returns 0 or that error (gshm_last_error says which). */
+static int remote_page_check(struct gshm_client *c, size_t n, size_t before, size_t *empty) {
+  char msg[160];
+
+  if (n > c->remote_list_max) {
+    snprintf(msg, sizeof(msg), "the peer listed more than %zu segments (more than a gshmd holds)",
+             c->remote_list_max);
+    set_last_error(c, msg);
+    return -E2BIG;
+  }
+  if (n == before && ++*empty > GSHM_WIRE_SEGMENTS_MAX / GSHM_WIRE_LIST_VISITS) {
+    snprintf(msg, sizeof(msg), "the peer sent more than %u pages with no segment (more than a "
+             "gshmd's listing has)", GSHM_WIRE_SEGMENTS_MAX / GSHM_WIRE_LIST_VISITS);
+    set_last_error(c, msg);
+    return -EPROTO;
+  }
+  return 0;
+}
+
 int gshm__list_all(gshm_client_t *c, uint16_t type, const char *peer, Gshm__Reply__BodyCase want,
                    gshm__page_fn add, void **arr_out, size_t *n_out) {
   void *arr = NULL;
-  size_t n = 0, cap = 0;
+  size_t n = 0, cap = 0, empty = 0;
   uint64_t after = 0;
   int e = 0;
 
@@ -960,12 +990,15 @@ int gshm__list_all(gshm_client_t *c, uint16_t type, const char *peer, Gshm__Repl
     Gshm__RemoteListRequest rm = GSHM__REMOTE_LIST_REQUEST__INIT;
     Gshm__Reply *reply = NULL;
     uint64_t next = 0;
+    size_t before = n;
     m.after = rm.after = after;
     rm.peer = (char *)peer;
     if ((e = gshm__request(c, type, peer ? &rm.base : &m.base, &reply, NULL)))
       break;
     e = reply->body_case == want ? add(reply, &arr, &n, &cap, &next) : -EPROTO;
     gshm__reply__free_unpacked(reply, NULL);
+    if (!e && peer)
+      e = remote_page_check(c, n, before, &empty);
     if (e)
       break;
     if (next && next <= after) {

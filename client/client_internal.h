@@ -81,6 +81,8 @@ struct gshm_client {
   int reconnect_ms;        /* how long to wait for a restarted daemon */
   int hello_timeout_ms;    /* how long the hello may wait for gshmd's answer; 0: for ever */
   int poll_ns;             /* how long to poll for a reply before sleeping */
+  size_t remote_list_max;  /* segments one peer's listing may hold ($GSHM_LIST_MAX lowers
+                              GSHM_WIRE_SEGMENTS_MAX) */
   unsigned fork_gen;       /* gshm__fork_gen when connected: see gshm__forked */
   /* gshm__request's last request went out whole, its reply was lost with
    * the connection, and it was sent again: the first may have been done */

@@ -134,6 +134,8 @@
     "daemon.admin_group may use, so that an admin can always connect (to look " \
     "or to revoke) when other users hold all the rest; at most a quarter of "  \
     "max_connections is kept.")                                                 \
+  /* (its max is GSHM_WIRE_SEGMENTS_MAX, proto/wire.h: libgshm refuses a     \
+   * peer's listing of more segments than a gshmd can hold) */                 \
   X(limits, max_segments, U32, max_segments, "65536", 1, 16777216, NULL,        \
     "Most segments at once (all users). Every segment survives a restart in "  \
     "systemd's fd store, in buckets of up to 253 (2 fds each); at most "        \

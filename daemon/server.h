@@ -22,8 +22,9 @@ struct gshmd_cluster;
 #define GSHMD_LIST_MAX 4096 /* items in one list reply, at most */
 /* Items one list request looks at, at most (requests.c list_page): 2048
  * take about 10 us; a page with fewer items than the request's limit and a
- * cursor is not the list's end. */
-#define GSHMD_LIST_VISITS 2048
+ * cursor is not the list's end.  A peer's List too (libgshm bounds a
+ * peer's listing's empty pages with it). */
+#define GSHMD_LIST_VISITS GSHM_WIRE_LIST_VISITS
 #define GSHMD_LEASE_DEVICES 8 /* mapped devices listed per lease */
 
 struct gshmd_server {

@@ -24,6 +24,14 @@
 #define GSHM_REVOKE_TOKEN_BYTES 16  /* RevokeRequest.token: random, per revoke */
 #define GSHM_UNLINK_TOKEN_BYTES 16  /* UnlinkRequest.token: random, per unlink */
 #define GSHM_PULL_TOKEN_BYTES 16    /* PullRequest.token: random, per pull */
+/* The most segments a gshmd holds: limits.max_segments' maximum
+ * (daemon/option_table.h), hence the most a peer's listing can hold. */
+#define GSHM_WIRE_SEGMENTS_MAX 16777216u
+/* The most segments one page of a listing looks at past its cursor
+ * (gshmd's and a peer's: cluster.proto ListReply.next); a page with no
+ * segment looked at this many, so a listing of GSHM_WIRE_SEGMENTS_MAX has
+ * at most GSHM_WIRE_SEGMENTS_MAX / GSHM_WIRE_LIST_VISITS of them. */
+#define GSHM_WIRE_LIST_VISITS 2048u
 
 /* Header type: a request's operation; replies set GSHM_WIRE_REPLY. */
 enum gshm_wire_type {

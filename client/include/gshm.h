@@ -26,8 +26,11 @@
  *  - The library prints nothing unless $GSHM_LOG_LEVEL is set (0..7,
  *    syslog priorities; messages go to stderr).  In a setuid or setgid
  *    program (AT_SECURE) the library ignores $GSHM_SOCKET,
- *    $GSHM_LOG_LEVEL, $GSHM_RECONNECT_MS, $GSHM_HELLO_TIMEOUT_MS and
- *    $GSHM_POLL_US (secure_getenv(3)).
+ *    $GSHM_LOG_LEVEL, $GSHM_RECONNECT_MS, $GSHM_HELLO_TIMEOUT_MS,
+ *    $GSHM_POLL_US and $GSHM_LIST_MAX (secure_getenv(3)).
+ *  - $GSHM_LIST_MAX (1..16777216, read at connect) lowers the most
+ *    segments gshm_list_remote takes from one peer (16777216: the most a
+ *    gshmd can hold, its limits.max_segments at most).
  *  - A request polls its socket for the reply for up to $GSHM_POLL_US
  *    microseconds (0..1000; default 30 where the process may run on 4 or
  *    more CPUs (its affinity mask), else 0) before it sleeps: shorter
@@ -511,7 +514,11 @@ GSHM_EXTERN int gshm_pull_cancel(gshm_client_t *client);
  * -EACCES the caller is neither an admin nor in cluster.pull_group, or the
  * peer refused this node's key, -EPERM the peer refused this node (not in
  * its peers), -ECONNRESET/-ECONNREFUSED/-ETIMEDOUT the peer cannot be
- * reached, -EPROTO the peer listed a malformed name or location. */
+ * reached, -EPROTO the peer listed a malformed name or location, or sent
+ * more than 8192 pages with no segment (a gshmd's page with none looked at
+ * 2048 segments: 16777216 of them in 8192 pages), -E2BIG the peer listed
+ * more than 16777216 segments (more than a gshmd holds: limits.max_segments
+ * at most; fewer with $GSHM_LIST_MAX), which take 12 GiB of *infos_out. */
 GSHM_EXTERN int gshm_list_remote(gshm_client_t *client, const char *peer,
                                  gshm_segment_info_t **infos_out, size_t *count_out);
 

@@ -40,6 +40,7 @@
 #include "link.h"
 #include "nodes.h"
 #include "rogue.h"
+#include "wire.h"
 
 static struct cluster_keys keys;
 static struct node P; /* pulls from the rogues, nodes "rs" and "rl" */
@@ -1288,6 +1289,92 @@ static void test_relay_listing_repeats(void **state) {
   gshm_disconnect(p);
 }
 
+/* gshm_list_remote toward rs in the background (GSHM_LIST_MAX: list_max,
+ * NULL: unset): its result, how many it got, its message. */
+struct bg_list {
+  pthread_t t;
+  const char *list_max;
+  int err;
+  size_t n;
+  char msg[512];
+  atomic_bool done;
+};
+
+static void *bg_list_thread(void *arg) {
+  struct bg_list *bg = arg;
+  gshm_segment_info_t *v = NULL;
+  gshm_client_t *c;
+
+  bg->err = gshm_connect(P.h.socket_path, "lister", &c);
+  if (!bg->err) {
+    bg->err = gshm_list_remote(c, "rs", &v, &bg->n);
+    snprintf(bg->msg, sizeof(bg->msg), "%s", gshm_last_error(c));
+    gshm_free(v);
+    gshm_disconnect(c);
+  }
+  bg->done = true;
+  return NULL;
+}
+
+/* Lists rs with GSHM_LIST_MAX list_max (NULL: unset) while rs answers its
+ * Lists: `pages` pages (the last one's cursor 0) of `per` segments each
+ * (0: none), cursors advancing; returns how many pages it sent. */
+static unsigned list_rogue(struct bg_list *bg, const char *list_max, unsigned pages,
+                           unsigned per) {
+  unsigned sent = 0;
+
+  bg->list_max = list_max;
+  if (list_max)
+    setenv("GSHM_LIST_MAX", list_max, 1); /* (read at connect) */
+  assert_int_equal(pthread_create(&bg->t, NULL, bg_list_thread, bg), 0);
+  while (!bg->done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    if (!m) {
+      assert_false(rs.failed);
+      continue;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && m->list->after != UINT64_MAX) {
+      uint64_t k = m->list->after; /* (the cursor: pages sent, times per) */
+      if (per)
+        send_long_page(m->request_id, (unsigned)k, pages * per);
+      else
+        send_segments(m->request_id, NULL, 0, k + 1 < pages ? k + 1 : 0, 0);
+      sent++;
+    } else {
+      rogue_answer_count(&rs, m);
+    }
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg->t, NULL);
+  unsetenv("GSHM_LIST_MAX");
+  return sent;
+}
+
+/* A key holder answers REMOTE_LIST (gshm_list_remote, gshmctl ls rs:/)
+ * page after page with advancing cursors: libgshm kept every page, its
+ * memory grew for as long as the peer liked (and with empty pages the
+ * listing went on for ever).  Now a listing holds at most what a gshmd
+ * can (GSHM_WIRE_SEGMENTS_MAX, lowered here by GSHM_LIST_MAX=1000: -E2BIG
+ * at the 4th page of 256) and at most 8192 pages with no segment (-EPROTO
+ * at the 8193rd).  Without the caps both listings ended with the rogue's
+ * last page and said 0 (10,240 segments, then none). */
+static void test_remote_list_capped(void **state) {
+  struct bg_list big = {0}, empty = {0};
+  unsigned pages;
+  (void)state;
+
+  pages = list_rogue(&big, "1000", 40, 256);
+  assert_int_equal(big.err, -E2BIG);
+  assert_int_equal(pages, 4);
+  assert_non_null(strstr(big.msg, "more than 1000 segments"));
+  pages = list_rogue(&empty, NULL, 9000, 0);
+  print_message("    %u empty pages listed\n", pages);
+  assert_int_equal(empty.err, -EPROTO);
+  assert_int_equal(pages, GSHM_WIRE_SEGMENTS_MAX / GSHM_WIRE_LIST_VISITS + 1);
+  assert_non_null(strstr(empty.msg, "pages with no segment"));
+  assert_false(rs.failed);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lies_refused),
@@ -1304,6 +1391,7 @@ int main(void) {
       cmocka_unit_test(test_status_answer_to_claimed),
       cmocka_unit_test(test_lane_frame_stalled),
       cmocka_unit_test(test_stream_frame_stalled),
+      cmocka_unit_test(test_remote_list_capped),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
