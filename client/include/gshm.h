@@ -641,7 +641,10 @@ GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *n
  * the prefix (or a listed peer is not in the daemon's cluster.peers),
  * -E2BIG more than 4096 segments, -EINVAL a NULL argument, a prefix or
  * local prefix that makes a name invalid here, or a list of peers with
- * an empty or repeated name or more than 8.
+ * an empty or repeated name or more than 8, -ETIMEDOUT also when the
+ * peer's listing pages took both the daemon's cluster.request_timeout_ms
+ * and 8192 pages with none adding a segment under the prefix (a relay's
+ * busy answers aside).
  * A set's resend after a gshmd restart lost its first reply is answered
  * as gshm_pull's: that reply is a progress reply (sent before the
  * publish, so the resend pulls anew) unless the set is one segment whose

@@ -28,6 +28,10 @@
  * (limits.max_inflight packets of 64 KiB beyond the socket's buffer)
  * while the client reads them. */
 #define PULL_SET_MAX 4096
+/* Pages a set's listing may take with none adding a segment, beyond
+ * cluster.request_timeout_ms (pullset.c list_stalled): as many as an
+ * honest gshmd's listing has with no segment at all. */
+#define PULL_LIST_IDLE_PAGES (GSHM_WIRE_SEGMENTS_MAX / GSHM_WIRE_LIST_VISITS)
 /* Pinned staging memory the pulls of a node into GPUs hold at once, all
  * sets together, in cluster.staging_bytes: a set asks grants
  * GRANTS_AHEAD segments ahead and each device segment's holds slots
@@ -145,6 +149,9 @@ struct pull_set {
   Gshm__Cluster__ListRequest lr;
   struct relay_ask lask;      /* a relaying peer's busy answers to the page asked for */
   bool listing, lreq_pending;
+  int64_t list_asked_ns;      /* when that page was asked for (again, after a busy answer) */
+  int64_t list_idle_ns;       /* time the pages took since one added to the set */
+  unsigned list_idle_pages;   /* ... and how many */
   bool relayed;               /* the peer listed segments it is still pulling */
   unsigned to_create;         /* listed items whose hidden segments are still to make */
   size_t next_create;         /* the next of them is at or past items[next_create] */

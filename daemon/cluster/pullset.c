@@ -231,7 +231,39 @@ static void list_next(struct pull_set *s, uint64_t after) {
   s->lreq.arg = s;
   s->lask = (struct relay_ask){0};
   s->lreq_pending = true;
+  s->list_asked_ns = gshm__now_ns(CLOCK_MONOTONIC);
   gshmd__link_req_submit(&s->cl->ll, s->peer, &s->lreq);
+}
+
+/* Whether the set's listing failed (-ETIMEDOUT) for its pages having
+ * added no segment to the set for both cluster.request_timeout_ms and
+ * PULL_LIST_IDLE_PAGES pages (n_before: the set's items before this page;
+ * last: the peer's last page).  A key holder's pages of no segment, or of
+ * names outside the prefix, under cursors that advance, each answered at
+ * once, kept a listing, a registry client and one of its user's
+ * GSHMD_PULLS_PER_USER pulls going for ever.  Both, because an honest
+ * peer's listing may take longer than the timeout (a page a second,
+ * each within it: test_cluster_rogue_held's test_relay_list_slow), and a
+ * large one many pages (its 16,777,216 segments make 8,192 pages that
+ * list none).  A relaying peer's busy answer restarts its page's clock
+ * (relay.c bounds those by the relay's progress). */
+static bool list_stalled(struct pull_set *s, size_t n_before, bool last) {
+  s->list_idle_ns += gshm__now_ns(CLOCK_MONOTONIC) - s->list_asked_ns;
+  s->list_idle_pages++;
+  if (s->n > n_before) {
+    s->list_idle_ns = 0;
+    s->list_idle_pages = 0;
+    return false;
+  }
+  if (last || s->list_idle_ns <= s->cl->ll.request_timeout_ns ||
+      s->list_idle_pages <= PULL_LIST_IDLE_PAGES)
+    return false;
+  gshmd__pull_set_fail(s, -ETIMEDOUT,
+                       "peer '%s' listed no segment under '%s' in %u pages over %lld ms "
+                       "(cluster.request_timeout_ms): a listing that adds nothing is given up",
+                       s->peer->name, s->name, s->list_idle_pages,
+                       (long long)(s->list_idle_ns / 1000000));
+  return true;
 }
 
 /* A page of the peer's exported segments: the ones under the prefix join
@@ -241,7 +273,7 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
                            const Gshm__Cluster__Msg *m) {
   struct pull_set *s = req->arg;
   const Gshm__Cluster__ListReply *r;
-  size_t plen = strlen(s->name);
+  size_t plen = strlen(s->name), n_before;
 
   s->lreq_pending = false;
   if (s->err)
@@ -249,6 +281,7 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
   /* a relaying peer that waited for its own set's listing: asked again */
   if (err == -EBUSY && !(err = gshmd__relay_ask_again(s->peer->out, req, &s->lask, &why))) {
     s->lreq_pending = true;
+    s->list_asked_ns = gshm__now_ns(CLOCK_MONOTONIC);
     return;
   }
   if (err) { /* (as a single pull says it: the peer named once, with its address) */
@@ -264,6 +297,7 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
   r = m->list_reply;
   if (list_page_bad(s, r))
     return;
+  n_before = s->n;
   for (size_t i = 0; i < r->n_segments; i++) {
     const Gshm__Cluster__Segment *g = r->segments[i];
     if (strncmp(g->name, s->name, plen) || (s->relayed && set_has(s, g->name)))
@@ -272,6 +306,8 @@ static void list_page_done(struct peer_req *req, int err, const char *why,
     if (set_add(s, g->name, g->size, g))
       return;
   }
+  if (list_stalled(s, n_before, !r->next))
+    return;
   if (r->next) {
     if (r->next <= s->lr.after) { /* a cursor must advance */
       gshmd__pull_set_fail(s, -EPROTO, "peer '%s' sent a list cursor that does not advance",

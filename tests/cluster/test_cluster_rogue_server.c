@@ -40,6 +40,7 @@
 #include "link.h"
 #include "nodes.h"
 #include "rogue.h"
+#include "util.h"
 #include "wire.h"
 
 static struct cluster_keys keys;
@@ -1375,6 +1376,54 @@ static void test_remote_list_capped(void **state) {
   assert_false(rs.failed);
 }
 
+/* A key holder keeps a set's listing (gshm_pull_prefix) going with pages
+ * that add nothing to it, under cursors that advance: none, or one name
+ * outside the prefix, each answered at once.  It went on for as long as
+ * the rogue liked (here 15 s, then an error: -EINVAL), holding the pull,
+ * its registry client and one of its user's pulls in flight.  Now the set
+ * fails -ETIMEDOUT once its pages took P's cluster.request_timeout_ms
+ * (STALL_S) without adding a segment, leaving nothing behind. */
+static void test_set_listing_without_progress(void **state) {
+  static const struct lie idle = {"idle pages", true, {{0}}, {{0}}, 0, {0}};
+  static const struct entry other = {1, "pux/other", 4096, "host"};
+  gshm_client_t *p = connect_to(&P);
+  struct bg bg = {.lie = &idle};
+  Gshm__Cluster__Segment seg, *ptrs[1] = {&seg};
+  int64_t t0 = gshm__now_ns(CLOCK_MONOTONIC), ms;
+  unsigned pages = 0;
+  (void)state;
+
+  segment_of(&other, &seg);
+  assert_int_equal(pthread_create(&bg.t, NULL, bg_thread, &bg), 0);
+  while (!bg.done) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rs, 20);
+    bool late = gshm__now_ns(CLOCK_MONOTONIC) - t0 > 15 * 1000000000ll;
+    if (!m) {
+      assert_false(rs.failed);
+      continue;
+    }
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_LIST && m->list->after != UINT64_MAX) {
+      if (late)
+        send_error(m->request_id);
+      else /* (every other page one name outside the prefix) */
+        send_segments(m->request_id, ptrs, pages % 2, m->list->after + 1, 1);
+      pages++;
+    } else {
+      rogue_answer_count(&rs, m);
+    }
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  pthread_join(bg.t, NULL);
+  ms = (gshm__now_ns(CLOCK_MONOTONIC) - t0) / 1000000;
+  print_message("    %u pages in %lld ms: %s\n", pages, (long long)ms, bg.msg);
+  assert_int_equal(bg.err, -ETIMEDOUT);
+  assert_non_null(strstr(bg.msg, "listed no segment under 'pub/'"));
+  assert_true(ms >= STALL_S * 1000 && ms < 2 * STALL_S * 1000);
+  assert_nothing_left(p, "pub/");
+  assert_false(rs.failed);
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lies_refused),
@@ -1384,6 +1433,8 @@ int main(void) {
       cmocka_unit_test(test_in_flight_local_name),
       cmocka_unit_test(test_pulls_shown_to_their_user),
       cmocka_unit_test(test_relay_listing_repeats),
+      cmocka_unit_test(test_remote_list_capped),
+      cmocka_unit_test(test_set_listing_without_progress),
       cmocka_unit_test(test_set_grants_busy),
       cmocka_unit_test(test_device_set_without_gpu),
       cmocka_unit_test(test_host_set_beyond_memory),
@@ -1391,7 +1442,6 @@ int main(void) {
       cmocka_unit_test(test_status_answer_to_claimed),
       cmocka_unit_test(test_lane_frame_stalled),
       cmocka_unit_test(test_stream_frame_stalled),
-      cmocka_unit_test(test_remote_list_capped),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
