@@ -188,10 +188,13 @@ uint64_t gshmd_fdstore_max_restorable(uint64_t max_name);
 /* The resend memo: what a request did that a client sends again, with
  * the same random token, when a gshmd restart lost its reply
  * (docs/ARCHITECTURE.md "The fd store": requests sent again).  GSHMD_MEMO_ENTRIES
- * entries in the journal's first page, oldest overwritten first: written
- * in place before the request's change reaches the store, so a restart
- * that kept the change keeps its entry. */
+ * entries in the journal's first page, shared by the users: a user that
+ * holds GSHMD_MEMO_PER_UID overwrites its own oldest, one that holds fewer
+ * the oldest of whoever holds the most (a free slot first): written in
+ * place before the request's change reaches the store, so a restart that
+ * kept the change keeps its entry. */
 #define GSHMD_MEMO_ENTRIES 64u
+#define GSHMD_MEMO_PER_UID (GSHMD_MEMO_ENTRIES / 4)
 #define GSHMD_MEMO_TOKEN_BYTES 16u
 enum gshmd_memo_kind { GSHMD_MEMO_REVOKE = 1, GSHMD_MEMO_PULL = 2, GSHMD_MEMO_UNLINK = 3 };
 

@@ -252,17 +252,54 @@ int gshmd__journal_put_publish(struct gshmd_fdstore *fs, uint64_t publish) {
   return write_head(fs, publish);
 }
 
+/* The entries of m (all GSHMD_MEMO_ENTRIES) that uid holds. */
+static unsigned memo_count(const struct memo_entry *m, uint32_t uid) {
+  unsigned n = 0;
+  for (uint32_t i = 0; i < GSHMD_MEMO_ENTRIES; i++)
+    n += m[i].seq && m[i].uid == uid;
+  return n;
+}
+
+/* Where uid's next entry goes in the memo m: a free slot; else, once uid
+ * holds GSHMD_MEMO_PER_UID entries, its own oldest; else the oldest of
+ * the user holding the most.  A user whose requests come fast (a loop of
+ * create and unlink) evicted every other user's entries, oldest first,
+ * so that their resends after a restart found none (an unlink's then took
+ * a segment made since under the name); now one user takes no other
+ * user below its newest GSHMD_MEMO_PER_UID while four or fewer write. */
+static uint32_t memo_slot(const struct memo_entry *m, uint32_t uid) {
+  uint32_t best = 0;
+  unsigned best_n = 0, mine = memo_count(m, uid);
+
+  for (uint32_t i = 0; i < GSHMD_MEMO_ENTRIES; i++) {
+    unsigned n;
+    if (!m[i].seq)
+      return i;
+    if (mine >= GSHMD_MEMO_PER_UID && m[i].uid != uid)
+      continue;
+    n = mine >= GSHMD_MEMO_PER_UID ? mine : memo_count(m, m[i].uid);
+    if (n > best_n || (n == best_n && m[i].seq < m[best].seq)) {
+      best = i;
+      best_n = n;
+    }
+  }
+  return best;
+}
+
 int gshmd_fdstore_memo_put(struct gshmd_fdstore *fs, const uint8_t *token, uint32_t uid,
                            enum gshmd_memo_kind kind, uint64_t id) {
-  struct memo_entry m = {.id = id, .uid = uid, .kind = kind};
+  struct memo_entry m = {.id = id, .uid = uid, .kind = kind}, all[GSHMD_MEMO_ENTRIES];
+  uint32_t slot;
   int e;
 
   if (!fs || fs->journal_fd < 0)
     return -EBADF;
   m.seq = fs->memo_seq + 1;
   memcpy(m.token, token, sizeof(m.token));
-  e = pwrite_all(fs->journal_fd, &m, sizeof(m),
-                 MEMO_OFF + (off_t)(m.seq % GSHMD_MEMO_ENTRIES) * (off_t)sizeof(m));
+  slot = pread(fs->journal_fd, all, sizeof(all), MEMO_OFF) == (ssize_t)sizeof(all)
+             ? memo_slot(all, uid)
+             : (uint32_t)(m.seq % GSHMD_MEMO_ENTRIES);
+  e = pwrite_all(fs->journal_fd, &m, sizeof(m), MEMO_OFF + (off_t)slot * (off_t)sizeof(m));
   if (!e)
     fs->memo_seq = m.seq;
   return e;

@@ -38,6 +38,8 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <grp.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -60,6 +62,13 @@ struct fx {
 
 static int setup(void **state) {
   return harness_cmocka_start(state, sizeof(struct fx), NULL) ? 0 : -1;
+}
+
+/* gshmd's socket open to every user (another uid's client connects) */
+static const char *const open_socket[] = {"--set", "daemon.socket_mode=0666", NULL};
+
+static int setup_open(void **state) {
+  return harness_cmocka_start(state, sizeof(struct fx), open_socket) ? 0 : -1;
 }
 
 /* gshmd stops first (its end ends the proxy's connection to it, which a
@@ -271,12 +280,11 @@ static void remake_name(struct proxy *p) {
   gshm_disconnect(o);
 }
 
-/* The first unlink is done and stored, its reply lost; before libgshm's
- * resend another process of the same uid creates the name again (its
- * create acknowledged by the new gshmd).  The resend is the first
- * unlink's, not a new one: it must leave the newer segment alone, as a
- * revoke's resend does.  It unlinked it. */
-static void test_unlink_resend_spares_a_newer_segment(void **state) {
+/* The first unlink is done and stored, its reply lost; after the
+ * restart after_restart runs (remake_name last: *(uint64_t *)p->arg is
+ * the newer segment's id), gshmd restarted with restart_args. */
+static void unlink_resend_after(void **state, void (*after_restart)(struct proxy *p),
+                                const char *const *restart_args) {
   struct fx *f = *state;
   struct proxy *p = &f->p;
   gshm_client_t *c;
@@ -284,7 +292,8 @@ static void test_unlink_resend_spares_a_newer_segment(void **state) {
   gshm_segment_info_t info;
   uint64_t first, newer = 0;
 
-  p->after_restart = remake_name;
+  p->restart_args = restart_args;
+  p->after_restart = after_restart;
   p->arg = &newer;
   proxy_start(p, &f->h, GSHM_WIRE_UNLINK);
   f->proxied = true;
@@ -301,12 +310,78 @@ static void test_unlink_resend_spares_a_newer_segment(void **state) {
   gshm_disconnect(c);
 }
 
+/* Before libgshm's resend another process of the same uid creates the
+ * name again (its create acknowledged by the new gshmd).  The resend is
+ * the first unlink's, not a new one: it must leave the newer segment
+ * alone, as a revoke's resend does.  It unlinked it. */
+static void test_unlink_resend_spares_a_newer_segment(void **state) {
+  unlink_resend_after(state, remake_name, NULL);
+}
+
+#define CHURN_UID 60001
+#define CHURN_UNLINKS 80 /* more than GSHMD_MEMO_ENTRIES (64) */
+
+/* A user of another uid (CHURN_UID) unlinks CHURN_UNLINKS segments of its
+ * own, each a create and an unlink (an entry each in the fd store's
+ * resend memo); exits 0 when all went through. */
+static void churn_as_another_user(const char *socket_path) {
+  gshm_client_t *o;
+  gshm_segment_t *s;
+  char name[32];
+  int done = 0;
+
+  if (setgroups(0, NULL) || setresgid(CHURN_UID, CHURN_UID, CHURN_UID) ||
+      setresuid(CHURN_UID, CHURN_UID, CHURN_UID))
+    _exit(2);
+  if (gshm_connect(socket_path, "churner", &o))
+    _exit(3);
+  for (int i = 0; i < CHURN_UNLINKS; i++) {
+    snprintf(name, sizeof(name), "churn/%d", i);
+    if (!gshm_create(o, name, 4096, NULL, 0600, 0, &s) && !gshm_close(s) &&
+        !gshm_unlink(o, name))
+      done++;
+  }
+  gshm_disconnect(o);
+  _exit(done == CHURN_UNLINKS ? 0 : 1);
+}
+
+static int churn_status = -1;
+
+/* Between the restart and the resend: another user churns the memo
+ * (churn_status: its exit status), then a client of the unlinker's uid
+ * makes "gone/soon" again (remake_name). */
+static void churn_then_remake(struct proxy *p) {
+  pid_t pid = fork();
+
+  if (pid == 0)
+    churn_as_another_user(p->h->socket_path);
+  if (pid > 0 && waitpid(pid, &churn_status, 0) != pid)
+    churn_status = -1;
+  remake_name(p);
+}
+
+/* As test_unlink_resend_spares_a_newer_segment, and between the restart
+ * and the resend another local user unlinks 80 segments of its own: the
+ * memo's 64 entries were shared oldest first, so the unlinker's entry
+ * was gone, its resend met the newer segment under the name and unlinked
+ * it.  Now one user overwrites its own entries past its share
+ * (GSHMD_MEMO_PER_UID), and the resend leaves the newer segment alone.
+ * Needs root (another uid); skipped otherwise. */
+static void test_unlink_resend_survives_another_users_unlinks(void **state) {
+  if (geteuid() != 0)
+    skip();
+  unlink_resend_after(state, churn_then_remake, open_socket);
+  assert_int_equal(churn_status, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_create_reply_lost_to_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_create_reply_lost_to_two_restarts, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unlink_reply_lost_to_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unlink_resend_spares_a_newer_segment, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unlink_resend_survives_another_users_unlinks,
+                                      setup_open, teardown),
       cmocka_unit_test_setup_teardown(test_revoke_reply_lost_to_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revoke_id_reply_lost_to_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revoke_resend_spares_a_newer_segment, setup, teardown),

@@ -1269,6 +1269,55 @@ static void test_resend_memo(void **state) {
   close(fs.journal_fd);
 }
 
+/* The memo is shared by the users: one user's requests, however many,
+ * keep another's newest GSHMD_MEMO_PER_UID entries.  Before, 64 puts of
+ * uid 1001 (a loop of create and unlink) evicted uid 1000's entry, and
+ * its resend after a restart found nothing. */
+static void test_resend_memo_shared(void **state) {
+  struct gshmd_fdstore fs = {.journal_fd = -1};
+  uint8_t tok[GSHMD_MEMO_TOKEN_BYTES], churn[GSHMD_MEMO_TOKEN_BYTES];
+  uint64_t id = 0;
+
+  (void)state;
+  memset(tok, 0x5a, sizeof(tok));
+  memset(churn, 0x33, sizeof(churn));
+  assert_int_equal(gshmd__journal_create(&fs), 0);
+  /* one entry of uid 1000, then 1,000 of uid 1001: 1000's stays */
+  assert_int_equal(gshmd_fdstore_memo_put(&fs, tok, 1000, GSHMD_MEMO_UNLINK, 7), 0);
+  for (uint32_t i = 0; i < 1000; i++) {
+    churn[0] = (uint8_t)i;
+    churn[1] = (uint8_t)(i >> 8);
+    assert_int_equal(gshmd_fdstore_memo_put(&fs, churn, 1001, GSHMD_MEMO_UNLINK, 100 + i), 0);
+  }
+  assert_true(gshmd_fdstore_memo_find(&fs, tok, 1000, GSHMD_MEMO_UNLINK, &id));
+  assert_int_equal(id, 7);
+  /* 1001's newest are there, its oldest went (its own share) */
+  assert_true(gshmd_fdstore_memo_find(&fs, churn, 1001, GSHMD_MEMO_UNLINK, &id));
+  assert_int_equal(id, 100 + 999);
+  churn[0] = churn[1] = 0;
+  assert_false(gshmd_fdstore_memo_find(&fs, churn, 1001, GSHMD_MEMO_UNLINK, &id));
+  /* a new memo: uid 1000 alone fills it (its 64 newest), then 1001 takes
+   * GSHMD_MEMO_PER_UID of them, 1000's oldest: its newest 48 stay */
+  close(fs.journal_fd);
+  fs = (struct gshmd_fdstore){.journal_fd = -1};
+  assert_int_equal(gshmd__journal_create(&fs), 0);
+  for (uint32_t i = 0; i < GSHMD_MEMO_ENTRIES; i++) {
+    tok[0] = (uint8_t)i;
+    assert_int_equal(gshmd_fdstore_memo_put(&fs, tok, 1000, GSHMD_MEMO_REVOKE, 200 + i), 0);
+  }
+  for (uint32_t i = 0; i < 1000; i++) {
+    churn[0] = (uint8_t)i;
+    churn[1] = (uint8_t)(i >> 8);
+    assert_int_equal(gshmd_fdstore_memo_put(&fs, churn, 1001, GSHMD_MEMO_REVOKE, 100 + i), 0);
+  }
+  for (uint32_t i = 0; i < GSHMD_MEMO_ENTRIES; i++) {
+    tok[0] = (uint8_t)i;
+    assert_int_equal(gshmd_fdstore_memo_find(&fs, tok, 1000, GSHMD_MEMO_REVOKE, &id),
+                     i >= GSHMD_MEMO_PER_UID);
+  }
+  close(fs.journal_fd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_stale_journal_record_loses, setup, teardown),
@@ -1304,6 +1353,7 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_create_token_restored, setup, teardown),
       cmocka_unit_test(test_resend_memo),
+      cmocka_unit_test(test_resend_memo_shared),
       cmocka_unit_test_setup_teardown(test_keeps_all_only_when_on_and_caught_up, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_below_the_mark_is_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_publish_replace_cut_short_keeps_the_old, setup,
