@@ -127,6 +127,13 @@ class MemPool(object):
     def __init__(self, client: Client, prefix: str, device: Any = 0, persistent: bool = True,
                  mode: int = 0o600, granule: Optional[int] = None,
                  segment_per_alloc: bool = False) -> None:
+        # Held by release() throughout, and by every other C call on the
+        # pool (segments(), use_pool's activation): gshm_pool_release frees
+        # the pool (its lock destroyed, its segments closed), so a call on
+        # it that another thread's release overtook, or a second release,
+        # was a use after free.  Reentrant: release's gc.collect() may run
+        # a finalizer that asks the pool for its segments.
+        self._lock = threading.RLock()
         _check_alloc_conf(os.environ)
         if granule is not None and not 0 <= int(granule) < 1 << 64:
             # ctypes would wrap it into a uint64_t: -2 MiB as 2^64 - 2 MiB
@@ -194,12 +201,13 @@ class MemPool(object):
         return self._torch_pool
 
     def segments(self) -> List[PoolSegment]:
-        """[PoolSegment] in creation order."""
-        if self._ptr is None:
-            return []
+        """[PoolSegment] in creation order ([] once the pool was freed)."""
         arr = ctypes.POINTER(L.PoolSegmentC)()
         n = ctypes.c_size_t(0)
-        rc = _fn("gshm_pool_segments")(self._ptr, ctypes.byref(arr), ctypes.byref(n))
+        with self._lock:  # a release() on another thread waits for the call
+            if self._ptr is None:
+                return []
+            rc = _fn("gshm_pool_segments")(self._ptr, ctypes.byref(arr), ctypes.byref(n))
         if rc < 0:
             _raise(rc, "gshm_pool_segments", None, self.prefix)
         try:
@@ -267,7 +275,14 @@ class MemPool(object):
 
         Tensors allocated from the pool that are still alive keep their
         memory: their segments stay mapped (never unmapped under a tensor)
-        and return at process exit, with a warning saying so."""
+        and return at process exit, with a warning saying so.
+
+        Safe from any thread: a release() called while another thread's
+        runs returns once that one has finished."""
+        with self._lock:
+            self._release(unlink)
+
+    def _release(self, unlink):
         if self.released:
             return
         self.released = True
@@ -295,7 +310,7 @@ class MemPool(object):
                 return
         warnings.warn("gshm: pool %r released while tensors from it are alive: their "
                       "memory returns when this process ends" % self.prefix, RuntimeWarning,
-                      stacklevel=2)
+                      stacklevel=3)
 
     def _pool_idle(self):
         snap = getattr(self._torch_pool, "snapshot", None)
@@ -331,9 +346,10 @@ class use_pool(object):
         self._ctx: Any = None
 
     def __enter__(self) -> MemPool:
-        self.pool._check_usable()
-        self._ctx = _torch.cuda.use_mem_pool(self.pool._torch_pool, device=self.pool.device)
-        self._prev = _fn("gshm_pool_activate")(self.pool._ptr)
+        with self.pool._lock:  # not released between the check and the activation
+            self.pool._check_usable()
+            self._ctx = _torch.cuda.use_mem_pool(self.pool._torch_pool, device=self.pool.device)
+            self._prev = _fn("gshm_pool_activate")(self.pool._ptr)
         try:
             self._ctx.__enter__()
         except BaseException:

@@ -1,0 +1,229 @@
+# SPDX-License-Identifier: Apache-2.0
+"""gshm.torch.MemPool and use_pool from several threads, without a GPU or
+torch: gshm._torch_pool is loaded against a stand-in torch module, with a
+real gshmd and a real Client, and libgshm's pool calls replaced by a model
+of the C pool that records any call on a pool gshm_pool_release has freed
+(in C: a destroyed mutex locked, closed segments read, the primary
+context released twice).  Each race is made certain by holding one
+thread inside a C call until the other has had its chance to overtake.
+The real pool on a GPU: tests/test_torch_pool_gpu.py."""
+
+import contextlib
+import errno
+import importlib.util
+import os
+import sys
+import threading
+import types
+
+import pytest
+
+import gshm
+
+WAIT = 1.0  # seconds a thread is given to overtake another (it must not)
+PREV = 0x7e57  # the pool gshm_pool_activate says was active before
+
+
+def _standin_torch():
+    torch = types.ModuleType("torch")
+    torch.__version__ = "0+standin"
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    class MemPool(object):
+        def __init__(self, allocator):
+            self.allocator = allocator
+
+        def snapshot(self):
+            return []
+
+    class CUDAPluggableAllocator(object):
+        def __init__(self, path, malloc, free):
+            pass
+
+        def allocator(self):
+            return object()
+
+    @contextlib.contextmanager
+    def nothing(*args, **kw):
+        yield
+
+    torch.OutOfMemoryError = OutOfMemoryError
+    torch.Tensor = type("Tensor", (), {})
+    torch.nn = types.SimpleNamespace(Module=type("Module", (), {}))
+    torch.cuda = types.SimpleNamespace(
+        MemPool=MemPool, use_mem_pool=nothing, device=nothing, OutOfMemoryError=OutOfMemoryError,
+        synchronize=lambda device=None: None, current_device=lambda: 0,
+        is_initialized=lambda: False,
+        memory=types.SimpleNamespace(CUDAPluggableAllocator=CUDAPluggableAllocator))
+    return torch
+
+
+class CPool(object):
+    """libgshm's pool calls as the Python side sees them.  hold[name], when
+    set, runs inside that call (one thread waits there)."""
+
+    def __init__(self):
+        self.freed = set()
+        self.calls = []
+        self.misuse = []
+        self.hold = {}
+        self.next = 0x10000
+
+    def fn(self, name):
+        return getattr(self, name[len("gshm_"):])
+
+    def _enter(self, name, ptr):
+        self.calls.append((name, ptr))
+        if ptr in self.freed:
+            self.misuse.append("%s on a pool gshm_pool_release freed" % name)
+        hook = self.hold.pop(name, None)
+        if hook is not None:
+            hook()
+        if ptr in self.freed and name != "gshm_pool_release":
+            self.misuse.append("%s: the pool was freed during the call" % name)
+
+    def pool_create(self, client, cfg, out):
+        self.next += 0x1000
+        out._obj.value = self.next
+        return 0
+
+    def pool_release(self, ptr, unlink):
+        self._enter("gshm_pool_release", ptr)
+        self.freed.add(ptr)
+        return 0
+
+    def pool_segments(self, ptr, arr, n):
+        self._enter("gshm_pool_segments", ptr)
+        n._obj.value = 0
+        return 0
+
+    def pool_activate(self, ptr):
+        if ptr == PREV:
+            return None  # use_pool's exit restoring the thread's earlier pool
+        if ptr is None:
+            self.misuse.append("gshm_pool_activate(NULL) for a pool: none is active, and "
+                               "gshm_torch_malloc takes the process's only other pool")
+        else:
+            self._enter("gshm_pool_activate", ptr)
+        return PREV
+
+    def torch_last_error(self):
+        return -errno.ENOMEM
+
+
+@pytest.fixture
+def tp(monkeypatch):
+    """(gshm._torch_pool over the stand-in torch, its CPool)."""
+    monkeypatch.setitem(sys.modules, "torch", _standin_torch())
+    path = os.path.join(os.path.dirname(gshm.__file__), "_torch_pool.py")
+    spec = importlib.util.spec_from_file_location("gshm._torch_pool_standin", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # not in sys.modules: the real one stays as it was
+    c = CPool()
+    monkeypatch.setattr(mod, "_fn", c.fn)
+    return mod, c
+
+
+def _thread(target, *args):
+    box = {}
+
+    def run():
+        try:
+            box["result"] = target(*args)
+        except BaseException as e:  # noqa: B902  (reported by the test)
+            box["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def test_release_waits_for_segments(tp, client, segname):
+    """segments() checked that the pool was not freed, then called
+    gshm_pool_segments without a lock: a release() on another thread in
+    between freed the pool under the call.  Now release() waits for it."""
+    mod, c = tp
+    pool = mod.MemPool(client, segname)
+    overtaken = threading.Event()
+    box = {}
+
+    def inside_segments():
+        box["t"], box["box"] = _thread(pool.release)
+        overtaken.wait(WAIT)  # set if the release reached C meanwhile
+
+    c.hold["gshm_pool_release"] = overtaken.set
+    c.hold["gshm_pool_segments"] = inside_segments
+    assert pool.segments() == []
+    box["t"].join(10)
+    assert not box["t"].is_alive() and "error" not in box["box"], box
+    assert c.misuse == []
+    assert [n for n, _ in c.calls] == ["gshm_pool_segments", "gshm_pool_release"]
+    assert pool.released and pool.segments() == []
+    assert pool._client_handle.refs == 1  # the client's own: the pool's went once
+
+
+def test_two_releases_free_once(tp, client, segname):
+    """Two threads calling release() at once both found released False and
+    both called gshm_pool_release (the second on a freed pool) and dropped
+    the pool's reference on the client twice (disconnecting it under the
+    client's other users).  The check and the set are two bytecodes apart:
+    `released` is made a property here that keeps each of the first two
+    readers until the other has read too (a second at most)."""
+    mod, c = tp
+    both_read = threading.Barrier(2, timeout=WAIT)
+
+    class Racy(mod.MemPool):
+        @property
+        def released(self):
+            v = self.__dict__.get("released", False)
+            if self.__dict__.get("racing"):
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    both_read.wait()
+            return v
+
+        @released.setter
+        def released(self, v):
+            self.__dict__["released"] = v
+
+    pool = Racy(client, segname)
+    pool.__dict__["racing"] = True
+    threads = [_thread(pool.release) for _ in range(2)]
+    for t, box in threads:
+        t.join(10)
+        assert not t.is_alive() and "error" not in box, box
+    pool.__dict__["racing"] = False
+    assert c.misuse == []
+    assert [n for n, _ in c.calls] == ["gshm_pool_release"]
+    assert client._h.refs == 1 and not client.closed
+    assert client.exists(segname + "/x") is False  # the connection still works
+
+
+def test_use_pool_activates_no_freed_pool(tp, client, segname):
+    """use_pool's __enter__ checked that the pool was usable, then activated
+    pool._ptr: a release() on another thread in between made that NULL
+    (the thread then allocated from whichever other pool the process had)
+    or a freed pool.  Now the release waits for the activation; the
+    allocations after it fail with EBADF, as gshm_pool_activate says."""
+    mod, c = tp
+    pool = mod.MemPool(client, segname)
+    overtaken = threading.Event()
+    c.hold["gshm_pool_release"] = overtaken.set
+    box = {}
+
+    @contextlib.contextmanager
+    def use_mem_pool(torch_pool, device=None):
+        yield
+
+    def between(torch_pool, device=None):  # what __enter__ does between check and activation
+        box["t"], box["box"] = _thread(pool.release)
+        overtaken.wait(WAIT)
+        return use_mem_pool(torch_pool, device)
+
+    mod._torch.cuda.use_mem_pool = between
+    with mod.use_pool(pool):
+        pass
+    box["t"].join(10)
+    assert not box["t"].is_alive() and "error" not in box["box"], box
+    assert c.misuse == []
+    assert [n for n, _ in c.calls] == ["gshm_pool_activate", "gshm_pool_release"]
