@@ -17,6 +17,7 @@ Python on the allocation path.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -366,8 +367,16 @@ class use_pool(object):
         oom = getattr(_torch, "OutOfMemoryError", None) or _torch.cuda.OutOfMemoryError
         if exc_type is not None and issubclass(exc_type, oom):
             rc = _fn("gshm_torch_last_error")()
-            if rc < 0 and not self.pool.client.closed:
-                _raise(rc, "gshm_torch_malloc", self.pool.client._ptr(), self.pool.prefix)
+            if rc < 0:
+                # The daemon's explanation comes from the C client, which
+                # _use() keeps alive against a close() on another thread
+                # (with the pool released there too, nothing else holds it).
+                with contextlib.ExitStack() as stack:
+                    try:
+                        cp = stack.enter_context(self.pool.client._use())
+                    except ValueError:
+                        return  # the client is closed: PyTorch's error stands
+                    _raise(rc, "gshm_torch_malloc", cp, self.pool.prefix)
 
 
 def _device_for(manifest, device, segs):

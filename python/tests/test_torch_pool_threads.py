@@ -227,3 +227,40 @@ def test_use_pool_activates_no_freed_pool(tp, client, segname):
     assert not box["t"].is_alive() and "error" not in box["box"], box
     assert c.misuse == []
     assert [n for n, _ in c.calls] == ["gshm_pool_activate", "gshm_pool_release"]
+
+
+def test_use_pool_exit_keeps_the_client_for_its_error(tp, client, segname, monkeypatch):
+    """use_pool's __exit__, turning PyTorch's out-of-memory error into
+    gshm's with the daemon's explanation, passed client._ptr() to
+    gshm_last_error outside client._use(): a release() of the pool and a
+    close() of the client on another thread meanwhile disconnected the C
+    client under the call.  Now the call holds the client (its error is
+    still the gshm error, with the explanation)."""
+    mod, c = tp
+    from gshm import _lib as L
+    pool = mod.MemPool(client, segname)
+    real = L.lib().gshm_last_error
+    racing = threading.Event()
+    seen = []
+
+    def last_error(ptr):
+        if racing.is_set():  # the release's own (its unlink of the manifest: NotFound)
+            return real(ptr)
+        racing.set()
+        t, box = _thread(lambda: (pool.release(), client.close()))
+        t.join(10)
+        assert not t.is_alive() and "error" not in box, box
+        if client._h.ptr is None:  # gshm_disconnect ran: do not touch ptr
+            seen.append("gshm_last_error on a disconnected client")
+            return None
+        seen.append("alive")
+        return real(ptr)
+
+    monkeypatch.setattr(L.lib(), "gshm_last_error", last_error)
+    with pytest.raises(gshm.Error) as e:
+        with mod.use_pool(pool):
+            raise mod._torch.OutOfMemoryError("stand-in")
+    assert e.value.errno == errno.ENOMEM and "gshm_torch_malloc" in str(e.value)
+    assert seen == ["alive"]
+    assert client.closed and client._h.ptr is None  # disconnected once the error was made
+    assert c.misuse == []
