@@ -330,16 +330,32 @@ def decode(data):
 
 def write(client, prefix, data, mode=0o600):
     """Writes manifest bytes to host segment "<prefix>/manifest", replacing
-    an earlier one."""
+    an earlier one.  Not atomic: gshmd offers a client no rename and no
+    replacing create (a pull's replace swaps only segments pulled from a
+    peer), so from the old manifest's unlink until the new one's create (one
+    round trip to gshmd) a reader gets NotFound, and until the bytes are
+    copied in, ManifestError.  Raises the unlink's error (not NotFound: none
+    is fine), the create's, or the write's; a failed write leaves no
+    manifest of its own, and its error is the one raised, whatever the
+    cleanup meets."""
     name = manifest_name(prefix)
-    if client.exists(name):
+    try:
+        # No exists() first: a manifest another process unlinked between
+        # the two failed the write with NotFound.
         client.unlink(name)
+    except FileNotFoundError:
+        pass
     seg = client.create(name, len(data), location="host", mode=mode)
     try:
         seg.write(data, 0)
     except BaseException:
+        mine = seg.info.id
         seg.close()
-        client.unlink(name)
+        try:
+            if client.stat(name).id == mine:  # not another writer's, made meanwhile
+                client.unlink(name)
+        except Exception:
+            pass  # (it went meanwhile, or the client did): the write's error is the news
         raise
     seg.close()
 

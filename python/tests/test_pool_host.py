@@ -608,6 +608,53 @@ def test_manifest_that_is_not_one(client, segname):
     client.unlink(segname + "/manifest")
 
 
+def test_manifest_write_keeps_its_own_error(client, segname, daemon, monkeypatch):
+    """A write that failed unlinked the new manifest to leave none, and a
+    failure of that unlink (another process had unlinked the name) was
+    raised in place of the write's own error.  Now the write's error is
+    raised, and a name another process holds by then is left alone."""
+    name = _manifest.manifest_name(segname)
+    failure = OSError(errno.EIO, "the copy failed")
+    with gshm.Client(daemon.socket, name="other") as other:
+        def write(seg, data, offset=0):
+            other.unlink(name)  # as unlink_prefix or `gshmctl unlink` elsewhere
+            raise failure
+        monkeypatch.setattr(gshm.HostSegment, "write", write)
+        with pytest.raises(OSError) as e:
+            _manifest.write(client, segname, _manifest.encode("host", {}, {}))
+        assert e.value is failure
+        # another writer's manifest, made under the name meanwhile, stays
+        def write_other(seg, data, offset=0):
+            other.unlink(name)
+            other.create(name, 64, location="host").close()
+            raise failure
+        monkeypatch.setattr(gshm.HostSegment, "write", write_other)
+        with pytest.raises(OSError) as e:
+            _manifest.write(client, segname, _manifest.encode("host", {}, {}))
+        assert e.value is failure
+        assert client.exists(name)
+        client.unlink(name)
+
+
+def test_manifest_write_when_the_old_one_goes_first(client, segname, daemon, monkeypatch):
+    """write() asked whether a manifest existed, then unlinked it: one that
+    another process unlinked in between failed the write with NotFound.
+    Now it unlinks whatever is there, and none is no error."""
+    name = _manifest.manifest_name(segname)
+    _manifest.write(client, segname, _manifest.encode("host", {}, {}, metadata={"a": "1"}))
+    real = client.unlink
+    with gshm.Client(daemon.socket, name="other") as other:
+        def unlink(n):
+            if n == name and other.exists(name):
+                other.unlink(name)  # just before ours
+            return real(n)
+        monkeypatch.setattr(client, "unlink", unlink)
+        _manifest.write(client, segname, _manifest.encode("host", {}, {}, metadata={"b": "2"}))
+    monkeypatch.undo()
+    assert _manifest.read(client, segname)["metadata"] == {"b": "2"}
+    client.unlink(name)
+
+
 # ------------------------------------------------------ the C pool's refusals
 
 def _pool_create(client, prefix, device=0, mode=0, flags=0, granule=0, cfg=True):
