@@ -397,8 +397,14 @@ static void expire_waits(struct gshmd_cluster *cl, int64_t now) {
 
 int gshmd__relay_ask_again(struct link *l, struct peer_req *req, struct relay_ask *ra,
                            const char **why_out) {
-  ra->stale = ra->busy && req->progress <= ra->progress ? ra->stale + 1 : 0;
-  ra->progress = req->progress;
+  /* (a relay's progress only grows; what it says early, it cannot have
+   * waited for: relay.h RELAY_PARK_MIN_NS) */
+  bool grew = req->progress > ra->progress &&
+              gshm__now_ns(CLOCK_MONOTONIC) - req->sent_ns >= RELAY_PARK_MIN_NS;
+
+  ra->stale = ra->busy && !grew ? ra->stale + 1 : 0;
+  if (grew)
+    ra->progress = req->progress;
   ra->busy++;
   if (ra->stale >= RELAY_STALE_MAX) {
     *why_out = "it kept a read (or a listing) waiting for what it is still pulling, and its "

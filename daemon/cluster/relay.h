@@ -41,20 +41,33 @@ struct pull_set;
  * until the bytes land. */
 #define RELAY_STALE_MAX 3
 
+/* The least time a relay parks a read (or a List) before it answers it
+ * busy with its progress: half of the least cluster.request_timeout_ms
+ * that gshmd takes (1000 ms, daemon/option_table.h).  A busy answer that
+ * comes sooner after its ask was not parked (an honest node's are its
+ * link caps' refusals, serve.c over_caps, which say no progress): its
+ * Msg.progress is not taken as progress (a key holder answering busy at
+ * once with its progress one higher each time kept a read or a listing
+ * asking again for ever, in a tight loop of the puller's event loop). */
+#define RELAY_PARK_MIN_NS 500000000LL
+
 /* The reader's record of one read's busy answers (in struct chunk,
  * zeroed with it). */
 struct relay_ask {
-  uint64_t progress;         /* the last busy answer's Msg.progress */
+  uint64_t progress;         /* the highest Msg.progress of its parked busy answers */
   unsigned busy;             /* busy answers so far */
   unsigned stale;            /* ... in a row without progress */
 };
 
 /* The reader's side: read req (a Read or Stage of a segment granted in
  * flight, relayed) was refused busy with progress (req->progress) on
- * link l: asks it again on l (its done runs again later).  Returns 0, or
+ * link l: asks it again on l (its done runs again later).  A busy answer
+ * shows progress only when it came RELAY_PARK_MIN_NS or more after its
+ * ask (req->sent_ns) with a progress above every such answer's before
+ * (one that goes back, or comes early, shows none).  Returns 0, or
  * -ETIMEDOUT with *why_out when the peer showed no progress for
- * RELAY_STALE_MAX busy answers, or -ECONNRESET when l is not up (req is
- * not sent again: its caller fails it). */
+ * RELAY_STALE_MAX busy answers in a row, or -ECONNRESET when l is not up
+ * (req is not sent again: its caller fails it). */
 int gshmd__relay_ask_again(struct link *l, struct peer_req *req, struct relay_ask *ra,
                            const char **why_out);
 

@@ -485,8 +485,8 @@ int rogue_listener(int *port_out) {
   return fd;
 }
 
-void rogue_send_grant_at(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
-                         uint64_t size, const char *location) {
+static void send_grant(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
+                       uint64_t size, const char *location, bool in_flight) {
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
   Gshm__Cluster__Segment s = GSHM__CLUSTER__SEGMENT__INIT;
@@ -497,6 +497,7 @@ void rogue_send_grant_at(struct rogue *r, uint32_t rid, uint64_t id, const char 
   s.size = size;
   s.allocated = size;
   s.location = (char *)location;
+  s.in_flight = in_flight;
   g.segment = &s;
   g.grant_id = 1000 + id;
   g.path = GSHM__CLUSTER__PATH__PATH_HOST;
@@ -508,9 +509,19 @@ void rogue_send_grant_at(struct rogue *r, uint32_t rid, uint64_t id, const char 
   rogue_send(r, &m);
 }
 
+void rogue_send_grant_at(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
+                         uint64_t size, const char *location) {
+  send_grant(r, rid, id, name, size, location, false);
+}
+
 void rogue_send_grant(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
                       uint64_t size) {
-  rogue_send_grant_at(r, rid, id, name, size, "host");
+  send_grant(r, rid, id, name, size, "host", false);
+}
+
+void rogue_send_grant_in_flight(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
+                                uint64_t size) {
+  send_grant(r, rid, id, name, size, "host", true);
 }
 
 void rogue_send_status(struct rogue *r, uint32_t rid, uint32_t status, const char *message) {

@@ -95,6 +95,10 @@ int rogue_listener(int *port_out);
  * host memory, PATH_HOST: read with Reads), grant id 1000 + id. */
 void rogue_send_grant(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
                       uint64_t size);
+/* The same grant of a segment in flight (Segment.in_flight: a relay's,
+ * whose reads it may answer busy with its progress). */
+void rogue_send_grant_in_flight(struct rogue *r, uint32_t rid, uint64_t id, const char *name,
+                                uint64_t size);
 /* The same grant saying the segment is at `location` ("host", "cuda:0",
  * ...), whatever the listing said. */
 void rogue_send_grant_at(struct rogue *r, uint32_t rid, uint64_t id, const char *name,

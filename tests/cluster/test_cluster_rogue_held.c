@@ -20,7 +20,8 @@
  * fail it).  And a listing of C that waits on P for P's own set to
  * list the rogue, slowly, is answered busy and asked again too.  And P's
  * grants of a set in flight say where its bytes come from, also for a
- * segment whose bytes are all in. */
+ * segment whose bytes are all in.  And a rogue that answers busy at once,
+ * with a rising progress, is not asked again for ever. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -644,6 +645,105 @@ static void test_relay_finished_path(void **state) {
   gshm_disconnect(p);
 }
 
+/* A key holder that answers P's List (of a set) and then P's Read (of a
+ * segment it grants in flight: relayed) busy at once, each time with its
+ * progress one higher (Msg.progress).  P took that progress at its word
+ * and asked again at once, for ever: a tight loop of P's event loop (on
+ * which every local client waits) and of the link, thousands of asks a
+ * second, the pull never ending.  Now a busy answer that comes sooner
+ * than a relay parks a request (relay.h RELAY_PARK_MIN_NS) shows no
+ * progress: P asks RELAY_STALE_MAX + 1 times at most, then the pull fails
+ * -ETIMEDOUT (and test_relay_slow, test_relay_list_slow: an honest
+ * relay's busy answers still count). */
+#define EARLY_ASKS_MAX 4 /* of one request: the first and RELAY_STALE_MAX again */
+#define EARLY_WATCH_MS 3000
+
+static void send_busy(uint32_t rid, uint64_t progress) {
+  Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
+  a.request_id = rid;
+  a.status = 18; /* STATUS_BUSY (proto/gshm.proto) */
+  a.message = "still pulling those bytes: ask again";
+  a.progress = progress;
+  rogue_send(&rh, &a);
+}
+
+/* Serves P's pull (job j) of pl: each request of kind `busy` (a List or
+ * a Read) answered busy at once with progress one higher; the others as
+ * serve does (the grant in flight).  Cancels the pull if it still runs
+ * after EARLY_WATCH_MS.  Returns the asks of kind busy in that time, and
+ * in *most the most of them for one request (a List's cursor, a Read's
+ * offset: each busy one is asked again). */
+static unsigned busy_early(struct job *j, const struct plan *pl, int busy, bool *cancelled,
+                           unsigned *most) {
+  uint64_t seen[64];
+  unsigned asks = 0, per[64], nkeys = 0;
+  uint64_t progress = 1000;
+  int64_t end = now_ms() + EARLY_WATCH_MS, stop = end + 30000;
+
+  *cancelled = false;
+  while (!j->done && now_ms() < stop) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rh, 10);
+    if (!*cancelled && now_ms() >= end && j->c) {
+      assert_int_equal(gshm_pull_cancel(j->c), 0);
+      *cancelled = true;
+    }
+    if (m && rogue_answer_count(&rh, m)) {
+    } else if (m && (int)m->body_case == busy) {
+      uint64_t key = busy == GSHM__CLUSTER__MSG__BODY_READ ? m->read->offset : m->list->after;
+      unsigned i = 0;
+      while (i < nkeys && seen[i] != key)
+        i++;
+      if (i == nkeys && nkeys < 64)
+        seen[nkeys] = key, per[nkeys++] = 0;
+      if (!*cancelled && i < nkeys)
+        asks++, per[i]++;
+      send_busy(m->request_id, ++progress);
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST) {
+      send_listing(m->request_id, pl);
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
+      rogue_send_grant_in_flight(&rh, m->request_id, 1, pl->name, pl->size);
+    }
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  *most = 0;
+  for (unsigned i = 0; i < nkeys; i++)
+    *most = per[i] > *most ? per[i] : *most;
+  return asks;
+}
+
+static void test_relay_busy_early(void **state) {
+  static const struct plan pl = {"early/a", 1 * MiB, 60, false, -1, 0, NULL, false};
+  static const int kinds[2] = {GSHM__CLUSTER__MSG__BODY_LIST, GSHM__CLUSTER__MSG__BODY_READ};
+  static const char *what[2] = {"List", "Read"};
+  static struct job j[2];
+  gshm_client_t *p = connect_to(&P);
+  bool cancelled[2];
+  unsigned asks[2], most[2];
+  (void)state;
+
+  /* (both run before the checks: the old code's counts for each) */
+  for (int k = 0; k < 2; k++) {
+    rh_up(p);
+    job_start(&j[k], &P, "rh", "early/", true, false);
+    asks[k] = busy_early(&j[k], &pl, kinds[k], &cancelled[k], &most[k]);
+    job_join(&j[k]);
+    printf("%s answered busy at once: %u asks (%u of one) in %.1f s%s; the pull %d (%s)\n",
+           what[k], asks[k], most[k], (double)(j[k].end - j[k].start) / 1000,
+           cancelled[k] ? " (cancelled: still asking)" : "", j[k].err, j[k].msg);
+    rh_down();
+  }
+  for (int k = 0; k < 2; k++) {
+    assert_false(cancelled[k]); /* (the old code: still asking) */
+    assert_true(most[k] >= 1 && most[k] <= EARLY_ASKS_MAX);
+    assert_true(asks[k] <= 64 * EARLY_ASKS_MAX);
+    assert_int_equal(j[k].err, -ETIMEDOUT);
+    assert_non_null(strstr(j[k].msg, "no progress"));
+  }
+  assert_nothing_left(p, pl.name);
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_grant_held),
@@ -652,6 +752,7 @@ int main(void) {
       cmocka_unit_test(test_relay_slow),
       cmocka_unit_test(test_relay_list_slow),
       cmocka_unit_test(test_relay_finished_path),
+      cmocka_unit_test(test_relay_busy_early),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
