@@ -518,7 +518,8 @@ int bench_pull_main(int argc, char **argv) {
     tcp_new = (double)size / bench_median(t_new, n) / 1e9;
     tcp_warm = (double)size / bench_median(t_warm, n) / 1e9;
     best = tcp_new > tcp_warm ? tcp_new : tcp_warm;
-    best = tag > best ? tag : am > best ? am : best;
+    best = tag > best ? tag : best;
+    best = am > best ? am : best;
     printf("%8s %9.2f %9.2f %10.2f %6.2f %10.2f %6.2f %8.2f %8.2f %6.2f  %s\n",
            gshm__format_size(size, sz, sizeof(sz)), gbs, med * 1e3, tcp_new,
            tcp_new > 0 ? gbs / tcp_new : 0, tcp_warm, tcp_warm > 0 ? gbs / tcp_warm : 0, tag, am,

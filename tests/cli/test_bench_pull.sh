@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# gshm-bench pull's table against anchors it is given: a stand-in for
+# ucx_perftest (--perftest) that prints the bandwidth each test is told
+# to, so that what the bench makes of them can be checked.  Host segments,
+# two gshmd on 127.0.0.1, 1 MiB, a few iterations.  bash only.
+#
+# usage: test_bench_pull.sh GSHM_BENCH GSHMD
+set -u
+bench=$1
+gshmd=$2
+
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+export UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n
+
+# The stand-in: a server (no host argument) waits to be stopped; a client
+# prints ucx_perftest's CSV (-f -v) with overall bandwidth $PT_<TEST> MB/s
+# (a comma list: one value a run, in turn, counted in $dir/runs.<TEST>), or
+# fails without output where the value is "fail".
+cat >"$dir/perftest" <<'PT'
+#!/usr/bin/env bash
+case $1 in -*) exec sleep 60 ;; esac
+t=$3
+var=PT_$t
+IFS=, read -r -a v <<<"${!var:-1000}"
+k=$(cat "$PTDIR/runs.$t" 2>/dev/null || echo 0)
+echo $((k + 1)) >"$PTDIR/runs.$t"
+bw=${v[k % ${#v[@]}]}
+[ "$bw" = fail ] && exit 1
+echo "iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr"
+echo "20,10.0,11.0,11.0,$bw,$bw,100,100"
+PT
+chmod +x "$dir/perftest"
+export PTDIR=$dir
+
+# pull ARGS...: the bench with the stand-in, 1 MiB; output in $dir/out,
+# $dir/err, its exit status in $rc
+pull() {
+  rm -f "$dir"/runs.*
+  "$bench" pull --sizes 1M --perftest "$dir/perftest" --gshmd "$gshmd" "$@" >"$dir/out" 2>"$dir/err"
+  rc=$?
+}
+# the 1 MiB row's fields: PULL GB/s, TCPxK new, TCPxK warm, tag_bw, am_bw, vsBEST
+row() { awk '$1 == "1" && $2 == "MiB" { print $3, $5, $7, $9, $10, $11 }' "$dir/out"; }
+
+# vsBEST is the pull's rate over the best of all four anchors: am_bw above
+# tag_bw above the TCP ones must be the one it is judged by
+PT_tag_bw=20000 PT_ucp_am_bw=2000000 pull --iters 3
+[ $rc = 0 ] || fail "pull: exit $rc ($(tail -3 "$dir/err"))"
+read -r gbs tnew twarm tag am best <<<"$(row)"
+[ -n "${best:-}" ] || fail "no 1 MiB row: $(cat "$dir/out")"
+awk -v g="$gbs" -v a="$tnew" -v b="$twarm" -v c="$tag" -v d="$am" -v r="${best:-0}" 'BEGIN {
+  m = a; if (b > m) m = b; if (c > m) m = c; if (d > m) m = d
+  x = g / m - r; if (x < 0) x = -x
+  exit !(x < 0.006) }' ||
+  fail "vsBEST $best is not PULL $gbs over the best anchor of $tnew $twarm $tag $am"
+
+[ $failures = 0 ] && echo "ok: gshm-bench pull against given anchors"
+exit $((failures > 0))
