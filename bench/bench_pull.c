@@ -166,6 +166,17 @@ static int perftest(const char *bin, const char *ldpath, const char *test, uint6
   return 0;
 }
 
+/* An anchor's GB/s for the table, 8 wide: "-" not run (v -2), "fail"
+ * (v -1), else the figure. */
+static const char *anchor_str(double v, char buf[16]) {
+  if (v == -2)
+    return "-";
+  if (v < 0)
+    return "fail";
+  snprintf(buf, 16, "%.2f", v);
+  return buf;
+}
+
 /* Node k (the k-th started by this process) and every thread it has
  * (its later threads inherit the mask) on CPUs [k*n, (k+1)*n) modulo the
  * machine's: nodes that share no core, as machines would. */
@@ -301,7 +312,7 @@ int bench_pull_main(int argc, char **argv) {
   char dir[PATH_MAX - 8], key[PATH_MAX], pa[64], pb[64], ptbuf[PATH_MAX], ldpath[PATH_MAX];
   const char *gshmd, *pt, *tmp = getenv("TMPDIR");
   gshm_client_t *a = NULL, *b = NULL;
-  int c, fd, rc = 1, port_a, port_b;
+  int c, fd, rc = 1, port_a, port_b, failed_anchors = 0;
   double lat4k_pull = -1;
   unsigned char seen[256] = {0};
 
@@ -434,13 +445,13 @@ int bench_pull_main(int argc, char **argv) {
          "TCPxK new", "vs", "TCPxK warm", "vs", "tag_bw", "am_bw", "vsBEST", "PATH");
   for (int i = 0; i < o.nsizes; i++) {
     uint64_t size = o.sizes[i];
-    double t[64], t_new[64], t_warm[64], med, gbs, tcp_new, tcp_warm, best, tag = -1, am = -1,
+    double t[64], t_new[64], t_warm[64], med, gbs, tcp_new, tcp_warm, best, tag = -2, am = -2,
         mbs, lat, cpu_a = 0, cpu_b = 0, cpu_new = 0, cpu_warm = 0, c0, c1, c2, c3, t_first = 0;
     double thr_a[BENCH_THR_N][2] = {{0}}, thr_b[BENCH_THR_N][2] = {{0}}; /* by thread, summed */
     long recycled0 = recycled_pulls(b);
     uint8_t *tsrc, *twarm;
     gshm_pull_result_t r;
-    char sz[32];
+    char sz[32], stag[16], sam[16];
     int e, n = o.iters < 64 ? o.iters : 63;
 
     if ((e = make_source(a, &o, size))) {
@@ -508,22 +519,24 @@ int bench_pull_main(int argc, char **argv) {
      * the H100 run): its message size does not reach that far */
     if (!o.no_perftest && size < (4ull << 30)) {
       int it = size >= (1ull << 30) ? 5 : size >= (256ull << 20) ? 10 : 50;
-      if (!perftest(pt, ldpath, "tag_bw", size, it, &mbs, &lat))
-        tag = mbs * 1048576.0 / 1e9;
-      if (!perftest(pt, ldpath, "ucp_am_bw", size, it, &mbs, &lat))
-        am = mbs * 1048576.0 / 1e9;
-      if (tag < 0 && am < 0)
-        fprintf(stderr, "gshm-bench pull: %s did not run (--no-perftest skips it)\n", pt);
+      tag = perftest(pt, ldpath, "tag_bw", size, it, &mbs, &lat) ? -1 : mbs * 1048576.0 / 1e9;
+      am = perftest(pt, ldpath, "ucp_am_bw", size, it, &mbs, &lat) ? -1 : mbs * 1048576.0 / 1e9;
+      for (int k2 = 0; k2 < 2; k2++)
+        if ((k2 ? am : tag) == -1) {
+          fprintf(stderr, "gshm-bench pull: %s -t %s at %s failed (--no-perftest skips it)\n", pt,
+                  k2 ? "ucp_am_bw" : "tag_bw", gshm__format_size(size, sz, sizeof(sz)));
+          failed_anchors++;
+        }
     }
     tcp_new = (double)size / bench_median(t_new, n) / 1e9;
     tcp_warm = (double)size / bench_median(t_warm, n) / 1e9;
     best = tcp_new > tcp_warm ? tcp_new : tcp_warm;
     best = tag > best ? tag : best;
     best = am > best ? am : best;
-    printf("%8s %9.2f %9.2f %10.2f %6.2f %10.2f %6.2f %8.2f %8.2f %6.2f  %s\n",
+    printf("%8s %9.2f %9.2f %10.2f %6.2f %10.2f %6.2f %8s %8s %6.2f  %s\n",
            gshm__format_size(size, sz, sizeof(sz)), gbs, med * 1e3, tcp_new,
-           tcp_new > 0 ? gbs / tcp_new : 0, tcp_warm, tcp_warm > 0 ? gbs / tcp_warm : 0, tag, am,
-           best > 0 ? gbs / best : 0, r.path);
+           tcp_new > 0 ? gbs / tcp_new : 0, tcp_warm, tcp_warm > 0 ? gbs / tcp_warm : 0,
+           anchor_str(tag, stag), anchor_str(am, sam), best > 0 ? gbs / best : 0, r.path);
     /* CPU seconds per GB moved (both ends): what bounds several pulls on
      * one host (fan-out) is the host's cores over this */
     c3 = (double)size * n / 1e9;
@@ -562,14 +575,25 @@ int bench_pull_main(int argc, char **argv) {
     }
     gshm_unlink(a, "bench/src");
     lat4k_pull = bench_median(t, n) * 1e6;
-    if (!o.no_perftest && !perftest(pt, ldpath, "ucp_get", 4096, 2000, &pt_mbs, &pt_lat))
+    if (!o.no_perftest && !perftest(pt, ldpath, "ucp_get", 4096, 2000, &pt_mbs, &pt_lat)) {
       printf("4 KiB host pull: %.1f us median (request to result); ucp_get 4 KiB latency %.1f us "
              "(%.2fx)\n",
              lat4k_pull, pt_lat, lat4k_pull / pt_lat);
-    else
-      printf("4 KiB host pull: %.1f us median (request to result)\n", lat4k_pull);
+    } else {
+      printf("4 KiB host pull: %.1f us median (request to result)%s\n", lat4k_pull,
+             o.no_perftest ? "" : "; ucp_get: fail");
+      if (!o.no_perftest) {
+        fprintf(stderr, "gshm-bench pull: %s -t ucp_get at 4 KiB failed\n", pt);
+        failed_anchors++;
+      }
+    }
   }
   rc = 0;
+  if (failed_anchors) { /* the table is printed; the run still failed */
+    fprintf(stderr, "gshm-bench pull: %d anchor run(s) failed (\"fail\" in their columns)\n",
+            failed_anchors);
+    rc = 1;
+  }
 out:
   if (a)
     gshm_disconnect(a);

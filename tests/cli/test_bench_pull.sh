@@ -61,5 +61,21 @@ awk -v g="$gbs" -v a="$tnew" -v b="$twarm" -v c="$tag" -v d="$am" -v r="${best:-
   exit !(x < 0.006) }' ||
   fail "vsBEST $best is not PULL $gbs over the best anchor of $tnew $twarm $tag $am"
 
+# an anchor that fails is a failure: its column says fail, stderr says
+# which, the run exits 1 (a -1.00 in the table, exit 0, before)
+PT_ucp_am_bw=fail pull --iters 1
+[ $rc = 1 ] || fail "pull with ucp_am_bw failing: exit $rc, want 1"
+read -r gbs tnew twarm tag am best <<<"$(row)"
+[ "${am:-}" = fail ] || fail "ucp_am_bw failed, its column says '${am:-}': $(cat "$dir/out")"
+[ "${tag:-}" = 1.05 ] || fail "tag_bw 1000 MB/s (2^20 B) is 1.05 GB/s, not '${tag:-}'"
+grep -q "ucp_am_bw at 1 MiB failed" "$dir/err" || fail "no word of ucp_am_bw's failure: $(cat "$dir/err")"
+PT_ucp_get=fail pull --iters 1
+[ $rc = 1 ] || fail "pull with ucp_get failing: exit $rc, want 1"
+grep -q "ucp_get: fail" "$dir/out" || fail "ucp_get failed, the 4 KiB line says: $(grep 4 "$dir/out")"
+pull --iters 1 --no-perftest
+[ $rc = 0 ] || fail "pull --no-perftest: exit $rc ($(tail -3 "$dir/err"))"
+read -r gbs tnew twarm tag am best <<<"$(row)"
+[ "${tag:-}/${am:-}" = -/- ] || fail "--no-perftest: tag_bw / am_bw say '${tag:-}/${am:-}', want -/-"
+
 [ $failures = 0 ] && echo "ok: gshm-bench pull against given anchors"
 exit $((failures > 0))
