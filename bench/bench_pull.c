@@ -106,12 +106,12 @@ static const char *find_perftest(const struct pull_opts *o, const char *gshmd, c
   return "ucx_perftest";
 }
 
-/* Runs ucx_perftest -t test (ucp_get, tag_bw, ucp_am_bw) for size
+/* Runs ucx_perftest -t test (ucp_get, tag_bw, ucp_am_bw) once for size
  * bytes: a server process and a client on 127.0.0.1.  *mbs_out: overall
- * bandwidth, MB/s (2^20); *lat_us_out: median latency, us.  Returns 0 or
- * -1. */
-static int perftest(const char *bin, const char *ldpath, const char *test, uint64_t size,
-                    int iters, double *mbs_out, double *lat_us_out) {
+ * bandwidth of the run, MB/s (2^20); *lat_us_out: its median latency, us.
+ * Returns 0, or -1 (no result line, or the client did not exit 0). */
+static int perftest_once(const char *bin, const char *ldpath, const char *test, uint64_t size,
+                         int iters, double *mbs_out, double *lat_us_out) {
   char ssize[32], siters[16], swarm[16], sport[16], line[512];
   int port = bench_free_port(), pipefd[2], status;
   pid_t srv, cli;
@@ -133,8 +133,11 @@ static int perftest(const char *bin, const char *ldpath, const char *test, uint6
     _exit(127);
   }
   usleep(300000); /* the server's listening socket: ucx_perftest has no readiness signal */
-  if (pipe(pipefd) < 0)
+  if (pipe(pipefd) < 0) {
+    kill(srv, SIGTERM);
+    waitpid(srv, NULL, 0);
     return -1;
+  }
   if ((cli = fork()) == 0) {
     dup2(pipefd[1], 1);
     close(pipefd[0]);
@@ -154,7 +157,8 @@ static int perftest(const char *bin, const char *ldpath, const char *test, uint6
   }
   if (f)
     fclose(f);
-  waitpid(cli, &status, 0);
+  if (cli < 0 || waitpid(cli, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
+    best_mbs = -1;
   kill(srv, SIGTERM);
   waitpid(srv, NULL, 0);
   if (ldpath[0])
@@ -163,6 +167,23 @@ static int perftest(const char *bin, const char *ldpath, const char *test, uint6
     return -1;
   *mbs_out = best_mbs;
   *lat_us_out = lat;
+  return 0;
+}
+
+/* perftest_once `runs` times (1..64): *mbs_out and *lat_us_out get the
+ * medians of the runs' figures, as the pull's are medians of its
+ * iterations (one run's figure is a mean over its messages).  Returns 0,
+ * or -1 when any run failed. */
+static int perftest(const char *bin, const char *ldpath, const char *test, uint64_t size,
+                    int iters, int runs, double *mbs_out, double *lat_us_out) {
+  double mbs[64], lat[64];
+
+  runs = runs < 1 ? 1 : runs > 64 ? 64 : runs;
+  for (int i = 0; i < runs; i++)
+    if (perftest_once(bin, ldpath, test, size, iters, &mbs[i], &lat[i]))
+      return -1;
+  *mbs_out = bench_median(mbs, runs);
+  *lat_us_out = bench_median(lat, runs);
   return 0;
 }
 
@@ -438,9 +459,9 @@ int bench_pull_main(int argc, char **argv) {
          o.location, o.to, o.encrypt ? "cluster.encrypt on" : "authenticated", o.streams,
          getenv("UCX_TLS"), o.iters);
   printf("TCPxK new: %u plain TCP connections into new memory (a memfd's, as a pull's), warm: "
-         "into memory written before; tag_bw, ucp_am_bw: ucx_perftest; BEST: the best of "
-         "those anchors\n",
-         o.streams);
+         "into memory written before; tag_bw, ucp_am_bw: ucx_perftest's overall bandwidth, the "
+         "median of %d runs; BEST: the best of those anchors\n",
+         o.streams, o.iters < 64 ? o.iters : 63);
   printf("%8s %9s %9s %10s %6s %10s %6s %8s %8s %6s  %s\n", "SIZE", "PULL GB/s", "PULL ms",
          "TCPxK new", "vs", "TCPxK warm", "vs", "tag_bw", "am_bw", "vsBEST", "PATH");
   for (int i = 0; i < o.nsizes; i++) {
@@ -519,8 +540,8 @@ int bench_pull_main(int argc, char **argv) {
      * the H100 run): its message size does not reach that far */
     if (!o.no_perftest && size < (4ull << 30)) {
       int it = size >= (1ull << 30) ? 5 : size >= (256ull << 20) ? 10 : 50;
-      tag = perftest(pt, ldpath, "tag_bw", size, it, &mbs, &lat) ? -1 : mbs * 1048576.0 / 1e9;
-      am = perftest(pt, ldpath, "ucp_am_bw", size, it, &mbs, &lat) ? -1 : mbs * 1048576.0 / 1e9;
+      tag = perftest(pt, ldpath, "tag_bw", size, it, n, &mbs, &lat) ? -1 : mbs * 1048576.0 / 1e9;
+      am = perftest(pt, ldpath, "ucp_am_bw", size, it, n, &mbs, &lat) ? -1 : mbs * 1048576.0 / 1e9;
       for (int k2 = 0; k2 < 2; k2++)
         if ((k2 ? am : tag) == -1) {
           fprintf(stderr, "gshm-bench pull: %s -t %s at %s failed (--no-perftest skips it)\n", pt,
@@ -575,7 +596,7 @@ int bench_pull_main(int argc, char **argv) {
     }
     gshm_unlink(a, "bench/src");
     lat4k_pull = bench_median(t, n) * 1e6;
-    if (!o.no_perftest && !perftest(pt, ldpath, "ucp_get", 4096, 2000, &pt_mbs, &pt_lat)) {
+    if (!o.no_perftest && !perftest(pt, ldpath, "ucp_get", 4096, 2000, 1, &pt_mbs, &pt_lat)) {
       printf("4 KiB host pull: %.1f us median (request to result); ucp_get 4 KiB latency %.1f us "
              "(%.2fx)\n",
              lat4k_pull, pt_lat, lat4k_pull / pt_lat);

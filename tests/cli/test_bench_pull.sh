@@ -77,5 +77,17 @@ pull --iters 1 --no-perftest
 read -r gbs tnew twarm tag am best <<<"$(row)"
 [ "${tag:-}/${am:-}" = -/- ] || fail "--no-perftest: tag_bw / am_bw say '${tag:-}/${am:-}', want -/-"
 
+# tag_bw and am_bw are the medians of as many ucx_perftest runs as the
+# pull's timed iterations (one run before: its figure, whichever it was)
+PT_tag_bw=1000,9000,5000 PT_ucp_am_bw=3000,2000,7000 pull --iters 3
+[ $rc = 0 ] || fail "pull: exit $rc ($(tail -3 "$dir/err"))"
+read -r gbs tnew twarm tag am best <<<"$(row)"
+[ "${tag:-}/${am:-}" = 5.24/3.15 ] ||
+  fail "tag_bw / am_bw of runs 1000,9000,5000 / 3000,2000,7000 MB/s: '${tag:-}/${am:-}', want the medians 5.24/3.15"
+[ "$(cat "$dir/runs.tag_bw" 2>/dev/null)" = 3 ] || fail "tag_bw ran $(cat "$dir/runs.tag_bw" 2>/dev/null) times, want 3"
+# a run that fails among them fails the anchor (not a median of the rest)
+PT_tag_bw=1000,fail,5000 pull --iters 3
+[ $rc = 1 ] || fail "pull with tag_bw's second run failing: exit $rc, want 1"
+
 [ $failures = 0 ] && echo "ok: gshm-bench pull against given anchors"
 exit $((failures > 0))
