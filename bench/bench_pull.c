@@ -524,6 +524,13 @@ int bench_pull_main(int argc, char **argv) {
       c1 = bench_cpu_s(0);
       tw = bench_tcp_once(tsrc, twarm, size, o.streams);
       c2 = bench_cpu_s(0);
+      if (tn < 0 || tw < 0) { /* a failure, not a time to take the median of */
+        fprintf(stderr, "gshm-bench pull: the plain TCP anchor into %s memory failed at %s\n",
+                tn < 0 ? "new" : "written", gshm__format_size(size, sz, sizeof(sz)));
+        free(tsrc);
+        free(twarm);
+        goto out;
+      }
       if (k >= 0) {
         t_new[k] = tn;
         t_warm[k] = tw;

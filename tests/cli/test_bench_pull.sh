@@ -5,10 +5,11 @@
 # to, so that what the bench makes of them can be checked.  Host segments,
 # two gshmd on 127.0.0.1, 1 MiB, a few iterations.  bash only.
 #
-# usage: test_bench_pull.sh GSHM_BENCH GSHMD
+# usage: test_bench_pull.sh GSHM_BENCH GSHMD [FAIL_MEMFD_SHIM]
 set -u
 bench=$1
 gshmd=$2
+shim=${3:-}
 
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -88,6 +89,17 @@ read -r gbs tnew twarm tag am best <<<"$(row)"
 # a run that fails among them fails the anchor (not a median of the rest)
 PT_tag_bw=1000,fail,5000 pull --iters 3
 [ $rc = 1 ] || fail "pull with tag_bw's second run failing: exit $rc, want 1"
+
+# a plain TCP anchor that fails (its memfd refused: the shim) fails the
+# run, with a word; its -1 s were taken into the median before
+if [ -n "$shim" ]; then
+  LD_PRELOAD=$shim FAIL_MEMFD_NAME=gshm-bench-tcp pull --iters 2 --no-perftest
+  [ $rc = 1 ] || fail "pull with the TCP anchor failing: exit $rc, want 1 ($(row))"
+  grep -q "plain TCP anchor into new memory failed" "$dir/err" ||
+    fail "no word of the TCP anchor's failure: $(cat "$dir/err")"
+else
+  echo "(no memfd shim: the failing TCP anchor is not checked)"
+fi
 
 [ $failures = 0 ] && echo "ok: gshm-bench pull against given anchors"
 exit $((failures > 0))
