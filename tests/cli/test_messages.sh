@@ -545,6 +545,10 @@ for args in "pull --set 4x1M --set 8x1M" "pull --iters=2 --iters 3" "attach --ru
   usage_error "gshm-bench $1: ${2%%=*} given twice" "$@"
 done
 usage_error "gshm-bench pull: --model and --set both given" pull --model 2x64 --set 4x1M
+# more repeats than the medians' arrays hold is a usage error: pull
+# --iters 70 ran 63 and copy --reps 100 ran 64, under headers saying 70 / 100
+usage_error "gshm-bench pull: --iters takes 1 to 63" pull --iters 64
+usage_error "gshm-bench copy: --reps takes 1 to 64" copy --reps 65
 for args in "pull --gshmd-set a=1 --gshmd-set b=2 --help" "attach --size 2M --size 4M --help"; do
   timeout 20 "$bench" $args >"$dir/out" 2>"$dir/err" \
     || fail "gshm-bench $args: exit $?, want 0 ($(tail -2 "$dir/err"))"
