@@ -157,8 +157,19 @@ static int perftest_once(const char *bin, const char *ldpath, const char *test, 
   }
   if (f)
     fclose(f);
-  if (cli < 0 || waitpid(cli, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
+  if (cli < 0 || waitpid(cli, &status, 0) < 0)
+    status = -1;
+  if (best_mbs < 0 || status) { /* why, for the failure the caller reports */
+    fprintf(stderr, "gshm-bench pull: %s -t %s -s %s: %s", bin, test, ssize,
+            best_mbs < 0 ? "no result line" : "a result line");
+    if (status == -1)
+      fprintf(stderr, ", no client\n");
+    else if (WIFSIGNALED(status))
+      fprintf(stderr, ", client killed by signal %d\n", WTERMSIG(status));
+    else
+      fprintf(stderr, ", client exit %d\n", WEXITSTATUS(status));
     best_mbs = -1;
+  }
   kill(srv, SIGTERM);
   waitpid(srv, NULL, 0);
   if (ldpath[0])

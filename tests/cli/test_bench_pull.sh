@@ -70,6 +70,8 @@ read -r gbs tnew twarm tag am best <<<"$(row)"
 [ "${am:-}" = fail ] || fail "ucp_am_bw failed, its column says '${am:-}': $(cat "$dir/out")"
 [ "${tag:-}" = 1.05 ] || fail "tag_bw 1000 MB/s (2^20 B) is 1.05 GB/s, not '${tag:-}'"
 grep -q "ucp_am_bw at 1 MiB failed" "$dir/err" || fail "no word of ucp_am_bw's failure: $(cat "$dir/err")"
+grep -q "perftest -t ucp_am_bw -s 1048576: no result line, client exit 1" "$dir/err" ||
+  fail "no word of why ucp_am_bw failed: $(cat "$dir/err")"
 PT_ucp_get=fail pull --iters 1
 [ $rc = 1 ] || fail "pull with ucp_get failing: exit $rc, want 1"
 grep -q "ucp_get: fail" "$dir/out" || fail "ucp_get failed, the 4 KiB line says: $(grep 4 "$dir/out")"
