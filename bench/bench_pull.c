@@ -9,12 +9,14 @@
  *
  * It starts two gshmd (A exports, B pulls) with cluster ports on
  * 127.0.0.1 (--encrypt sets cluster.encrypt on both, --streams
- * cluster.streams).  For each size a segment at --location (host, filled
- * with pseudo-random bytes; or cuda:N: the staging path without a
- * CUDA-aware UCX) is created on A; B pulls it (into --to, default the same
- * location) --iters times after one warm-up pull; the median wall time of
- * gshm_pull (request to result, control round trips included) gives the
- * rate.  A 4 KiB pull's median time is compared with ucx_perftest's 4 KiB
+ * cluster.streams).  For each size a segment at --location (host, or
+ * cuda:N: the staging path without a CUDA-aware UCX) is created on A and
+ * written with pseudo-random bytes (gshm_write); B pulls it (into --to,
+ * default the same location) --iters times after one warm-up pull; the
+ * median wall time of gshm_pull (request to result, control round trips
+ * included) gives the rate.  After each pull, untimed, the copy is read
+ * back (gshm_read) and compared with the source's bytes: a short or wrong
+ * copy prints FAIL and ends the run (exit 1).  A 4 KiB pull's median time is compared with ucx_perftest's 4 KiB
  * ucp_get latency.  ucx_perftest is not run for 4 GiB and more (its
  * results there are garbage).
  *
@@ -43,7 +45,6 @@
 #include "bench.h"
 #include "bench_pull.h"
 #include "bench_tcp.h"
-#include "cudadrv.h"
 #include "gshm.h"
 #include "spawn.h"
 #include "util.h"
@@ -284,36 +285,44 @@ static long recycled_pulls(gshm_client_t *c) {
   return v;
 }
 
-/* Fills the new segment (host: memset; device: cuMemsetD8) so that its
- * pages exist before the first pull. */
-static int make_source(gshm_client_t *c, const struct pull_opts *o, uint64_t size) {
+/* The source segment bench/src on c's gshmd at o->location, its size
+ * bytes written from bytes (pseudo-random: never zeros or one repeated
+ * byte, which a device's memset gave before) so that its pages exist
+ * before the first pull.  0 or a negative errno. */
+static int make_source(gshm_client_t *c, const struct pull_opts *o, const uint8_t *bytes,
+                       uint64_t size) {
   gshm_segment_t *seg;
-  void *p;
   int e;
 
   if ((e = gshm_create(c, "bench/src", size, o->location, 0644, 0, &seg)))
     return e;
-  if ((e = gshm_map(seg, NULL, 0, &p))) {
-    gshm_close(seg);
-    return e;
-  }
-  if (!strncmp(o->location, "cuda", 4)) {
-    const struct gshm_cudadrv *drv;
-    CUdevice dev;
-    CUcontext ctx;
-    int ordinal = atoi(o->location + 5); /* "cuda:N" */
-    if (gshm__cudadrv_load(GSHM_LOG_ERR, &drv) ||
-        drv->cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS ||
-        drv->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
-        drv->cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
-        drv->cuMemsetD8((CUdeviceptr)(uintptr_t)p, 0x5a, size) != CUDA_SUCCESS ||
-        drv->cuCtxSynchronize() != CUDA_SUCCESS)
-      e = -EIO;
-  } else {
-    bench_fill_random(p, size);
-  }
+  e = gshm_write(seg, 0, bytes, size);
   gshm_close(seg);
   return e;
+}
+
+/* Every byte of the pulled bench/dst on b's gshmd is want's (size bytes),
+ * read back into scratch (host or device segment alike).  0, or -1
+ * (printed: a short segment, a read that failed, bytes that differ). */
+static int check_pull(gshm_client_t *b, const uint8_t *want, uint8_t *scratch, uint64_t size) {
+  gshm_segment_t *seg;
+  const char *why = NULL;
+  int e;
+
+  if ((e = gshm_open(b, "bench/dst", GSHM_ACCESS_READ, &seg))) {
+    fprintf(stderr, "gshm-bench pull: cannot open the pulled copy: %s\n", gshm_strerror(e));
+    return -1;
+  }
+  if (gshm_segment_info(seg)->requested_size != size)
+    why = "its size is not the source's";
+  else if ((e = gshm_read(seg, 0, scratch, size)))
+    why = gshm_strerror(e);
+  else if (memcmp(scratch, want, size))
+    why = "its bytes differ from the source's";
+  gshm_close(seg);
+  if (why)
+    fprintf(stderr, "gshm-bench pull: FAIL: the pulled copy: %s\n", why);
+  return why ? -1 : 0;
 }
 
 int bench_pull_main(int argc, char **argv) {
@@ -472,7 +481,8 @@ int bench_pull_main(int argc, char **argv) {
     goto out;
   pt = find_perftest(&o, gshmd, ptbuf, sizeof(ptbuf), ldpath, sizeof(ldpath));
   printf("gshm-bench pull: from %s to %s, %s, cluster.streams=%u, UCX_TLS=%s for ucx_perftest, "
-         "%d iterations after 1 warm-up, medians\n",
+         "%d iterations after 1 warm-up, medians; every pulled copy read back and compared "
+         "with the source's random bytes (untimed)\n",
          o.location, o.to, o.encrypt ? "cluster.encrypt on" : "authenticated", o.streams,
          getenv("UCX_TLS"), o.iters);
   printf("TCPxK new: %u plain TCP connections into new memory (a memfd's, as a pull's), warm: "
@@ -492,19 +502,21 @@ int bench_pull_main(int argc, char **argv) {
     char sz[32], stag[16], sam[16];
     int e, n = o.iters;
 
-    if ((e = make_source(a, &o, size))) {
-      fprintf(stderr, "gshm-bench pull: source of %" PRIu64 " bytes: %s (%s)\n", size,
-              gshm_strerror(e), gshm_last_error(a));
-      goto out;
-    }
-    /* the pull and the TCP baselines take turns, so that a machine whose
-     * speed drifts (a shared host) shifts all three alike */
     if (!(tsrc = malloc(size)) || !(twarm = malloc(size))) {
       free(tsrc);
       goto out;
     }
     bench_fill_random(tsrc, size);
     memset(twarm, 1, size);
+    if ((e = make_source(a, &o, tsrc, size))) {
+      fprintf(stderr, "gshm-bench pull: source of %" PRIu64 " bytes: %s (%s)\n", size,
+              gshm_strerror(e), gshm_last_error(a));
+      free(tsrc);
+      free(twarm);
+      goto out;
+    }
+    /* the pull and the TCP baselines take turns, so that a machine whose
+     * speed drifts (a shared host) shifts all three alike */
     for (int k = -1; k < n; k++) {
       gshm_pull_opts_t po = {.local_name = "bench/dst",
                              .location = strncmp(o.to, "cuda", 4) ? NULL : o.to};
@@ -534,6 +546,11 @@ int bench_pull_main(int argc, char **argv) {
           }
       } else {
         t_first = bench_now_s() - t0;
+      }
+      if (check_pull(b, tsrc, twarm, size)) { /* outside the timing and the CPU figures */
+        free(tsrc);
+        free(twarm);
+        goto out;
       }
       gshm_unlink(b, "bench/dst");
       c0 = bench_cpu_s(0);
@@ -606,16 +623,25 @@ int bench_pull_main(int argc, char **argv) {
     int n = 50, e;
     gshm_pull_result_t r;
     struct pull_opts small = o;
+    uint8_t want[4096], back[4096];
     small.location = "host";
-    if ((e = make_source(a, &small, 4096)))
+    bench_fill_random(want, sizeof(want));
+    if ((e = make_source(a, &small, want, sizeof(want)))) {
+      fprintf(stderr, "gshm-bench pull: 4 KiB source: %s (%s)\n", gshm_strerror(e),
+              gshm_last_error(a));
       goto out;
+    }
     for (int k = -5; k < n; k++) {
       gshm_pull_opts_t po = {.local_name = "bench/dst"};
       double t0 = bench_now_s();
-      if ((e = gshm_pull(b, "a", "bench/src", &po, &r)))
+      if ((e = gshm_pull(b, "a", "bench/src", &po, &r))) {
+        fprintf(stderr, "gshm-bench pull: 4 KiB: %s (%s)\n", gshm_strerror(e), gshm_last_error(b));
         goto out;
+      }
       if (k >= 0)
         t[k] = bench_now_s() - t0;
+      if (check_pull(b, want, back, sizeof(want)))
+        goto out;
       gshm_unlink(b, "bench/dst");
     }
     gshm_unlink(a, "bench/src");

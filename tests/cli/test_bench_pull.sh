@@ -5,7 +5,7 @@
 # to, so that what the bench makes of them can be checked.  Host segments,
 # two gshmd on 127.0.0.1, 1 MiB, a few iterations.  bash only.
 #
-# usage: test_bench_pull.sh GSHM_BENCH GSHMD [FAIL_MEMFD_SHIM]
+# usage: test_bench_pull.sh GSHM_BENCH GSHMD [FAULT_SHIM (tests/cli/bench_faults.c)]
 set -u
 bench=$1
 gshmd=$2
@@ -99,8 +99,14 @@ if [ -n "$shim" ]; then
   [ $rc = 1 ] || fail "pull with the TCP anchor failing: exit $rc, want 1 ($(row))"
   grep -q "plain TCP anchor into new memory failed" "$dir/err" ||
     fail "no word of the TCP anchor's failure: $(cat "$dir/err")"
+  # every pulled copy is read back and compared: one read back wrong is
+  # a FAIL and exit 1 (nothing was compared before: exit 0)
+  LD_PRELOAD=$shim FLIP_READ=1 pull --iters 1 --no-perftest
+  [ $rc = 1 ] || fail "pull with its copy read back wrong: exit $rc, want 1"
+  grep -q "FAIL: the pulled copy: its bytes differ" "$dir/err" ||
+    fail "no word of the wrong copy: $(cat "$dir/err")"
 else
-  echo "(no memfd shim: the failing TCP anchor is not checked)"
+  echo "(no fault shim: a failing TCP anchor and a wrong copy are not checked)"
 fi
 
 [ $failures = 0 ] && echo "ok: gshm-bench pull against given anchors"

@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* LD_PRELOAD shim for test_bench_pull.sh, faults a benchmark must report:
+ * memfd_create of the name in $FAIL_MEMFD_NAME fails with EMFILE (every
+ * other name is the real call's), so that an anchor that needs one fails;
+ * with $FLIP_READ set, gshm_read returns its bytes with one bit flipped,
+ * as a wrong copy would read.  Exported by name: the project builds with
+ * hidden visibility. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SHIM_API __attribute__((visibility("default")))
+
+typedef struct gshm_segment gshm_segment_t;
+SHIM_API int memfd_create(const char *name, unsigned int flags);
+SHIM_API int gshm_read(gshm_segment_t *seg, uint64_t offset, void *buf, size_t bytes);
+
+int memfd_create(const char *name, unsigned int flags) {
+  int (*real)(const char *, unsigned int) =
+      (int (*)(const char *, unsigned int))dlsym(RTLD_NEXT, "memfd_create");
+  const char *fail = getenv("FAIL_MEMFD_NAME");
+
+  if (fail && name && !strcmp(name, fail)) {
+    errno = EMFILE;
+    return -1;
+  }
+  if (!real) {
+    errno = ENOSYS;
+    return -1;
+  }
+  return real(name, flags);
+}
+
+int gshm_read(gshm_segment_t *seg, uint64_t offset, void *buf, size_t bytes) {
+  int (*real)(gshm_segment_t *, uint64_t, void *, size_t) =
+      (int (*)(gshm_segment_t *, uint64_t, void *, size_t))dlsym(RTLD_NEXT, "gshm_read");
+  int e = real ? real(seg, offset, buf, bytes) : -ENOSYS;
+
+  if (!e && bytes && getenv("FLIP_READ"))
+    ((uint8_t *)buf)[bytes / 2] ^= 1;
+  return e;
+}
