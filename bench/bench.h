@@ -56,9 +56,11 @@ double bench_median(double *v, int n);
 /* Fills the n bytes at p with pseudo-random bytes (splitmix64 from a
  * fixed seed: not zeros, not one repeated byte, the same every run). */
 void bench_fill_random(void *p, size_t n);
-/* CPU time (user + system, seconds) a process has used so far: pid > 0
- * from /proc/PID/stat (clock ticks: 10 ms steps at 100 Hz), pid 0 this
- * process (getrusage: all its threads).  -1 where it cannot be read. */
+/* CPU time (user + system, seconds) a process has used so far, all its
+ * threads, those that ended included: pid > 0 from its CPU clock
+ * (clock_getcpuclockid: nanoseconds), else /proc/PID/stat (clock ticks:
+ * 10 ms steps at 100 Hz); pid 0 this process (getrusage).  -1 where it
+ * cannot be read. */
 double bench_cpu_s(int pid);
 /* Thread classes of a gshmd: its loop (the main thread), the data lanes'
  * receiving and sending threads (named by daemon/cluster/lane.c), the

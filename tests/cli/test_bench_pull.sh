@@ -62,6 +62,12 @@ awk -v g="$gbs" -v a="$tnew" -v b="$twarm" -v c="$tag" -v d="$am" -v r="${best:-
   exit !(x < 0.006) }' ||
   fail "vsBEST $best is not PULL $gbs over the best anchor of $tnew $twarm $tag $am"
 
+# the gshmd's CPU s/GB come from their CPU clocks (ns): 3 MiB of pulls
+# cost each side a few ms, under /proc's 10 ms tick, which printed 0.00
+read -r src pul <<<"$(sed -n 's/.*CPU s\/GB: pull [0-9.]* (source \([0-9.]*\), puller \([0-9.]*\)).*/\1 \2/p' "$dir/out")"
+awk -v a="${src:-0}" -v b="${pul:-0}" 'BEGIN { exit !(a > 0 && b > 0 && a < 100 && b < 100) }' ||
+  fail "CPU s/GB of source '${src:-}' and puller '${pul:-}' at 1 MiB: want both above 0"
+
 # an anchor that fails is a failure: its column says fail, stderr says
 # which, the run exits 1 (a -1.00 in the table, exit 0, before)
 PT_ucp_am_bw=fail pull --iters 1
