@@ -1048,9 +1048,15 @@ int bench_control_main(int argc, char **argv) {
              ir.stat.ops_s, ir.stat.p50_us, ir.stat.p99_us, ir.stat.p999_us);
   }
   rc = 0;
-  for (int i = 0; i < nres; i++)
+  for (int i = 0; i < nres; i++) {
     if (res[i].opens_checked && !res[i].opens_ok)
       rc = 1;
+    if (res[i].p.errors) { /* a failed iteration is a failed run, whatever the table says */
+      fprintf(stderr, "gshm-bench control: %s N=%u: %" PRIu64 " failed iterations (first: %s)\n",
+              op_names[res[i].op], res[i].n, res[i].p.errors, gshm_strerror(res[i].p.first_error));
+      rc = 1;
+    }
+  }
   if (o.idle && ir.error)
     rc = 1;
 

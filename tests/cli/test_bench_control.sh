@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# gshm-bench control against a gshmd whose iterations fail: the run must
+# fail (exit 1, a word on stderr), not print a table and exit 0.  A gshmd
+# of limits.max_segments=2 holds the bench's two segments and refuses
+# every create+unlink.  bash only.
+#
+# usage: test_bench_control.sh GSHM_BENCH GSHMD
+set -u
+bench=$1
+gshmd=$2
+
+dir=$(mktemp -d)
+"$gshmd" --backend host --socket "$dir/s" --log-level 3 --set=limits.max_segments=2 \
+  2>"$dir/gshmd.log" &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+for _ in $(seq 200); do [ -S "$dir/s" ] && break; sleep 0.05; done
+failures=0
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+timeout 60 "$bench" control --socket "$dir/s" --clients 1 --ops create --duration 0.3 \
+  --warmup 0.1 --no-floor >"$dir/out" 2>"$dir/err"
+rc=$?
+[ $rc = 1 ] || fail "control with every create refused: exit $rc, want 1"
+grep -q "gshm-bench control: create+unlink N=1: [0-9]* failed iterations" "$dir/err" ||
+  fail "no word of the failed iterations on stderr: $(cat "$dir/err")"
+
+[ $failures = 0 ] && echo "ok: gshm-bench control fails with its iterations"
+exit $((failures > 0))
