@@ -16,8 +16,8 @@
  * All clients run --warmup seconds, then --duration seconds are measured:
  * throughput over all clients, and p50/p99/p999 of the per-iteration
  * latencies (CLOCK_MONOTONIC around each iteration, kept per process in a
- * shared mapping and merged by the parent).  With --repeat R each point
- * runs R times and the medians are reported.
+ * shared mapping and merged by the parent).  Each point runs --repeat R
+ * times (default 3) and the medians are reported.
  *
  * The floor, per N, in the same run: N pairs of processes over
  * SOCK_SEQPACKET Unix sockets, one sending a small request and the other
@@ -157,11 +157,6 @@ static void sleep_until(int64_t t) {
 
 static int cmp_u32(const void *a, const void *b) {
   uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
 }
 
@@ -525,7 +520,7 @@ static int run_point(const struct opts *o, enum op op, unsigned n, const char *s
 static int run_point_repeated(const struct opts *o, enum op op, unsigned n, const char *segname,
                               struct point *out) {
   double v[6][16];
-  int reps = o->repeat < 1 ? 1 : o->repeat > 16 ? 16 : o->repeat, e;
+  int reps = o->repeat, e; /* 1..16 (parse_opts) */
   struct point p;
 
   memset(out, 0, sizeof(*out));
@@ -545,14 +540,12 @@ static int run_point_repeated(const struct opts *o, enum op op, unsigned n, cons
     if (!out->first_error)
       out->first_error = p.first_error;
   }
-  for (int k = 0; k < 6; k++)
-    qsort(v[k], (size_t)reps, sizeof(double), cmp_double);
-  out->ops_s = v[0][reps / 2];
-  out->p50_us = v[1][reps / 2];
-  out->p99_us = v[2][reps / 2];
-  out->p999_us = v[3][reps / 2];
-  out->daemon_cpu = v[4][reps / 2];
-  out->clients_cpu = v[5][reps / 2];
+  out->ops_s = bench_median(v[0], reps); /* of two middle ones their mean, not the upper */
+  out->p50_us = bench_median(v[1], reps);
+  out->p99_us = bench_median(v[2], reps);
+  out->p999_us = bench_median(v[3], reps);
+  out->daemon_cpu = bench_median(v[4], reps);
+  out->clients_cpu = bench_median(v[5], reps);
   return 0;
 }
 
@@ -804,7 +797,7 @@ static void usage(FILE *f) {
           "  --ops LIST        stat,open,create (default all three)\n"
           "  --duration SEC    measured seconds per point (default 2)\n"
           "  --warmup SEC      warm-up seconds per point, all clients busy (default 0.5)\n"
-          "  --repeat R        runs per point; medians reported (default 1)\n"
+          "  --repeat R        runs per point, 1 to 16; medians reported (default 3)\n"
           "  --no-floor        skip the raw ping-pong floors\n"
           "  --idle N          also hold N idle connections and measure stat meanwhile;\n"
           "                    --idle N alone (no --clients/--ops) runs only that\n"
@@ -846,7 +839,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
   memset(o, 0, sizeof(*o));
   o->duration = 2;
   o->warmup = 0.5;
-  o->repeat = 1;
+  o->repeat = 3; /* medians over repeated runs, as every figure of the bench's */
   o->floor = true;
   o->idle_duration = 2;
   o->run_op[0] = o->run_op[1] = o->run_op[2] = true;
@@ -888,7 +881,10 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       o->warmup = atof(optarg);
       break;
     case 'r':
-      o->repeat = bench_int_arg("control", "--repeat", optarg, 1);
+      if ((o->repeat = bench_int_arg("control", "--repeat", optarg, 1)) > 16) {
+        fprintf(stderr, "gshm-bench control: --repeat takes 1 to 16\n"); /* v[6][16] */
+        return 2;
+      }
       break;
     case 'F':
       o->floor = false;

@@ -3,7 +3,8 @@
 # gshm-bench control against a gshmd whose iterations fail: the run must
 # fail (exit 1, a word on stderr), not print a table and exit 0.  A gshmd
 # of limits.max_segments=2 holds the bench's two segments and refuses
-# every create+unlink.  bash only.
+# every create+unlink.  Also: points are medians of 3 runs by default.
+# bash only.
 #
 # usage: test_bench_control.sh GSHM_BENCH GSHMD
 set -u
@@ -28,6 +29,18 @@ rc=$?
 [ $rc = 1 ] || fail "control with every create refused: exit $rc, want 1"
 grep -q "gshm-bench control: create+unlink N=1: [0-9]* failed iterations" "$dir/err" ||
   fail "no word of the failed iterations on stderr: $(cat "$dir/err")"
+
+# each point is the median of repeated runs by default (--repeat 3; it
+# was 1: one run, no median), and --repeat past what it holds is refused
+timeout 60 "$bench" control --socket "$dir/s" --clients 1 --ops stat --duration 0.1 \
+  --warmup 0.05 --no-floor --json >"$dir/out" 2>"$dir/err"
+rc=$?
+[ $rc = 0 ] || fail "control --ops stat: exit $rc ($(cat "$dir/err"))"
+grep -q '"repeat":3,' "$dir/out" || fail "control's default repeat is not 3: $(head -c 300 "$dir/out")"
+timeout 20 "$bench" control --repeat 17 >"$dir/out" 2>"$dir/err"
+rc=$?
+[ $rc = 2 ] || fail "control --repeat 17: exit $rc, want 2 (it ran 16)"
+grep -q "gshm-bench control: --repeat takes 1 to 16" "$dir/err" || fail "control --repeat 17 says: $(cat "$dir/err")"
 
 [ $failures = 0 ] && echo "ok: gshm-bench control fails with its iterations"
 exit $((failures > 0))
