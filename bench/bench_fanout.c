@@ -25,7 +25,9 @@
  * pulls, each iteration therefore moves the same set without gshm
  * (bench_tcp.c): send -> recv over --streams connections per hop, in
  * chunks of --chunk bytes (the pull's default, 4 MiB, without it), into
- * new memfds of the set's sizes, one process per node (on the CPUs its
+ * new memfds of the set's sizes (with --recycle written through before
+ * the start, as the pulls land in memory made before), one process per
+ * node (on the CPUs its
  * gshmd has under --cpus-per-node): one hop n0 -> n1 alone; the chain,
  * where node i's process sends on each chunk as soon as it received it;
  * and N independent hops at once, each sending n0's bytes.  Every byte
@@ -481,7 +483,8 @@ static double plain(struct fan *f, int hops, bool relay) {
                                  .lanes = f->o->streams,
                                  .chunk = f->chunk,
                                  .cpus_per_node = f->o->cpus_per_node,
-                                 .relay = relay};
+                                 .relay = relay,
+                                 .written = f->o->recycle != NULL};
   return bench_tcp_chain(&p);
 }
 
@@ -620,9 +623,11 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
            "with the fewest of its bytes open (not a chain)\n");
   if (!o->no_plain)
     printf("plain TCP: the same segments, send -> recv over %u connections per hop in chunks of "
-         "%s, into new memfds, a process per node%s; chain: each node sends on each chunk as it "
+         "%s, into %s, a process per node%s; chain: each node sends on each chunk as it "
          "lands; apart: every hop sends n0's bytes\n",
          o->streams, gshm__format_size(f.chunk, ck, sizeof(ck)),
+         o->recycle ? "memfds written before (as --recycle's pulls land in recycled memory)"
+                    : "new memfds",
          o->cpus_per_node ? " on its gshmd's CPUs" : "");
   for (int k = -1; k < n; k++) {
     f.timed = k >= 0;

@@ -350,6 +350,8 @@ static void node_main(struct chain_node *nd, int go_r, int check_r, int res_w) {
   for (unsigned s = 0; nd->node > 0 && s < p->count && !m.err; s++)
     if (!(nd->dst[s] = bench_fresh_memfd(p->sizes[s])))
       m.err = -ENOMEM;
+    else if (p->written) /* its pages made, as a recycled segment's are */
+      memset(nd->dst[s], 1, p->sizes[s]);
   nd->forward = p->relay && nd->node > 0;
   node_say(res_w, &m, CHAIN_READY);
   if (m.err || read(go_r, &b, 1) != 0)

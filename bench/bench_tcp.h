@@ -39,13 +39,15 @@ struct bench_chain_params {
   unsigned cpus_per_node;    /* 0: unpinned; else node k on bench_node_cpus(k, N) */
   bool relay; /* true: node i sends on what it received (a chain); false: every
                * hop's sender sends node 0's bytes (independent transfers) */
+  bool written; /* receivers' memfds written through before the start (the
+                 * memory state of pulls into recycled memory); false: new */
 };
 
 /* One process per node (forked; node k pinned as cpus_per_node says) and
  * lanes connections per hop: connection j of every hop carries chunks j,
  * j + lanes, ... of the set (in set order, each segment cut into chunks
  * of p->chunk bytes).  Hop i's receiver (node i) writes into new memfds
- * of the set's sizes; with relay, node i's sender for hop i + 1 sends
+ * of the set's sizes (with p->written, written through before the start); with relay, node i's sender for hop i + 1 sends
  * each chunk from that memory as soon as its receiver landed it.  All
  * start at once; after the last byte every copy is compared with node
  * 0's.  Returns the seconds from the start to the last receiver's last

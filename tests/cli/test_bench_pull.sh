@@ -98,6 +98,14 @@ read -r gbs tnew twarm tag am best <<<"$(row)"
 PT_tag_bw=1000,fail,5000 pull --iters 3
 [ $rc = 1 ] || fail "pull with tag_bw's second run failing: exit $rc, want 1"
 
+# --fanout --recycle: the pulls land in memory made before, and so must
+# the plain TCP anchors (they wrote new memfds: half the speed here)
+"$bench" pull --gshmd "$gshmd" --fanout 1 --set 4x1M --iters 1 --recycle 64M >"$dir/out" 2>"$dir/err"
+rc=$?
+[ $rc = 0 ] || fail "pull --fanout 1 --recycle: exit $rc ($(tail -3 "$dir/err"))"
+grep -q "^plain TCP: .* into memfds written before" "$dir/out" ||
+  fail "--fanout --recycle's plain TCP anchors do not land in written memory: $(grep '^plain TCP:' "$dir/out")"
+
 # a plain TCP anchor that fails (its memfd refused: the shim) fails the
 # run, with a word; its -1 s were taken into the median before
 if [ -n "$shim" ]; then
