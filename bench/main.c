@@ -23,7 +23,7 @@ static const struct {
     {"broadcast", bench_broadcast_main, "one GPU to many: gshm_broadcast vs ncclBroadcast"},
     {"attach", bench_attach_main, "create/open/map costs vs raw driver import and cudaIpc"},
     {"control", bench_control_main, "control-plane throughput and latency with N clients"},
-    {"pull", bench_pull_main, "pulling a segment from a peer gshmd vs ucx_perftest -t ucp_get"},
+    {"pull", bench_pull_main, "a peer gshmd's segment pulled vs K TCP streams, ucx_perftest"},
     {"seal", bench_seal_main, "a core tagging data frames per construction (seal.c) vs memcpy"},
 };
 
@@ -32,6 +32,8 @@ static void usage(FILE *f) {
              "       gshm-bench --version\n\n");
   for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)
     fprintf(f, "  %-10s %s\n", subcommands[i].name, subcommands[i].help);
+  fprintf(f, "\nEach measures against its anchor in the same run and prints medians after a\n"
+             "warm-up, with units (GB/s = 1e9 bytes/s); SUBCOMMAND --help says what it times.\n");
   fprintf(f, "\nSIGTERM, SIGINT or SIGHUP stops the benchmark and every gshmd and process it\n"
              "started; gshm-bench then dies by that signal ($? 128 + the signal).  The benchmark\n"
              "runs in a child of a small supervisor: for a profiler or debugger that follows\n"

@@ -50,6 +50,14 @@ pull() {
 # the 1 MiB row's fields: PULL GB/s, TCPxK new, TCPxK warm, tag_bw, am_bw, vsBEST
 row() { awk '$1 == "1" && $2 == "MiB" { print $3, $5, $7, $9, $10, $11 }' "$dir/out"; }
 
+# the help says what pull is measured against and what its columns are,
+# in which units (it named ucp_get, not run for the table, and no columns)
+"$bench" --help | grep -q "^  pull .*TCP streams, ucx_perftest" ||
+  fail "gshm-bench --help's pull line: $("$bench" --help | grep '^  pull')"
+for w in "PULL GB/s (1e9 bytes/s" "TCPxK new" "TCPxK warm" "vsBEST" "CPU s/GB (CPU seconds per 1e9"; do
+  "$bench" pull --help | tr -s ' \n' ' ' | grep -qF "$w" || fail "pull --help does not explain '$w'"
+done
+
 # vsBEST is the pull's rate over the best of all four anchors: am_bw above
 # tag_bw above the TCP ones must be the one it is judged by
 PT_tag_bw=20000 PT_ucp_am_bw=2000000 pull --iters 3
