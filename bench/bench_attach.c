@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* gshm-bench attach: what it costs to get at a shared device segment.
  *
- * For each size (default 2 MiB, 64 MiB, 4 GiB), medians over --runs runs:
+ * For each size (default 2 MiB, 64 MiB, 4 GiB), medians over --runs runs,
+ * each measurement after one untimed warm-up run of it:
  *   create      gshm_create of a device segment on --device (daemon
  *               cuMemCreate + zeroing + fd export + one round trip)
  *   rtt         a no-op daemon round trip (gshm_status)
@@ -150,12 +151,13 @@ static double bench_cuipc(const struct opts *o, uint64_t size, CUcontext map_ctx
     h.reserved[i] = (char)v;
   }
   drv->cuCtxSetCurrent(map_ctx);
-  for (int r = 0; r < o->runs; r++) {
+  for (int r = -1; r < o->runs; r++) { /* r -1: the warm-up, untimed */
     CUdeviceptr p;
     double t0 = now_us();
     if (GSHM_CU(drv, GSHM_LOG_ERR, cuIpcOpenMemHandle, &p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
       DIE("cuIpcOpenMemHandle failed");
-    t[r] = now_us() - t0;
+    if (r >= 0)
+      t[r] = now_us() - t0;
     drv->cuIpcCloseMemHandle(p);
   }
   close(in[1]); /* the exporter frees and exits */
@@ -169,12 +171,13 @@ static double bench_cuipc(const struct opts *o, uint64_t size, CUcontext map_ctx
 /* A no-op daemon round trip (gshm_status). */
 static double bench_rtt(const struct opts *o, gshm_client_t *c) {
   double *t = calloc((size_t)o->runs, sizeof(double)), m;
-  for (int r = 0; r < o->runs; r++) {
+  for (int r = -1; r < o->runs; r++) { /* r -1: the warm-up, untimed */
     gshm_status_info_t st;
     double t0 = now_us();
     if (gshm_status(c, &st))
       DIE("status failed");
-    t[r] = now_us() - t0;
+    if (r >= 0)
+      t[r] = now_us() - t0;
   }
   m = bench_median(t, o->runs);
   free(t);
@@ -196,13 +199,14 @@ static double bench_export(const struct opts *o, uint64_t size, uint64_t gran) {
   size = (size + gran - 1) / gran * gran;
   if (GSHM_CU(drv, GSHM_LOG_ERR, cuMemCreate, &h, size, &prop, 0))
     DIE("cuMemCreate failed");
-  for (int r = 0; r < o->runs; r++) {
+  for (int r = -1; r < o->runs; r++) { /* r -1: the warm-up, untimed */
     int fd = -1;
     double t0 = now_us();
     if (GSHM_CU(drv, GSHM_LOG_ERR, cuMemExportToShareableHandle, &fd, h,
                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0))
       DIE("export failed");
-    t[r] = now_us() - t0;
+    if (r >= 0)
+      t[r] = now_us() - t0;
     close(fd);
   }
   drv->cuMemRelease(h);
@@ -218,7 +222,7 @@ static double bench_raw(const struct opts *o, int fd, uint64_t size, uint64_t gr
   double *t = calloc((size_t)o->runs, sizeof(double)), m;
 
   drv->cuCtxSetCurrent(map_ctx);
-  for (int r = 0; r < o->runs; r++) {
+  for (int r = -1; r < o->runs; r++) { /* r -1: the warm-up, untimed */
     CUmemGenericAllocationHandle h;
     CUmemAccessDesc acc;
     CUdeviceptr va;
@@ -233,7 +237,8 @@ static double bench_raw(const struct opts *o, int fd, uint64_t size, uint64_t gr
         GSHM_CU(drv, GSHM_LOG_ERR, cuMemMap, va, size, 0, h, 0) ||
         GSHM_CU(drv, GSHM_LOG_ERR, cuMemSetAccess, va, size, &acc, 1))
       DIE("raw driver import/map failed");
-    t[r] = now_us() - t0;
+    if (r >= 0)
+      t[r] = now_us() - t0;
     drv->cuMemUnmap(va, size);
     drv->cuMemAddressFree(va, size);
     drv->cuMemRelease(h);
@@ -255,7 +260,7 @@ static void bench_steps(const struct opts *o, gshm_client_t *c, const char *name
   double *t[STEPS + 1];
   for (int k = 0; k <= STEPS; k++)
     t[k] = calloc((size_t)o->runs, sizeof(double));
-  for (int r = 0; r < o->runs; r++) {
+  for (int r = -1; r < o->runs; r++) { /* r -1: the warm-up, untimed */
     gshm_segment_t *seg;
     CUmemGenericAllocationHandle h;
     CUmemAllocationProp prop;
@@ -294,9 +299,10 @@ static void bench_steps(const struct opts *o, gshm_client_t *c, const char *name
     ts[7] = now_us();
     BENCH_CU(drv, "attach", drv->cuCtxPopCurrent(&popped));
     ts[8] = now_us();
-    for (int k = 0; k < STEPS; k++)
+    for (int k = 0; r >= 0 && k < STEPS; k++)
       t[k][r] = ts[k + 1] - ts[k];
-    t[STEPS][r] = ts[STEPS] - ts[0];
+    if (r >= 0)
+      t[STEPS][r] = ts[STEPS] - ts[0];
     drv->cuMemUnmap(va, size);
     drv->cuMemAddressFree(va, size);
     drv->cuMemRelease(h);
@@ -313,13 +319,14 @@ static void bench_steps(const struct opts *o, gshm_client_t *c, const char *name
 /* Median gshm_open of a segment not held (then closed), on client c. */
 static double bench_open(const struct opts *o, gshm_client_t *c, const char *name) {
   double *t = calloc((size_t)o->runs, sizeof(double)), m;
-  for (int r = 0; r < o->runs; r++) {
+  for (int r = -1; r < o->runs; r++) { /* r -1: the warm-up, untimed */
     gshm_segment_t *seg;
     double t0 = now_us();
     int e = gshm_open(c, name, GSHM_ACCESS_READ_WRITE, &seg);
     if (e)
       DIE("open: %s", gshm_strerror(e));
-    t[r] = now_us() - t0;
+    if (r >= 0)
+      t[r] = now_us() - t0;
     gshm_close(seg);
   }
   m = bench_median(t, o->runs);
@@ -334,7 +341,8 @@ static void usage(FILE *f) {
           "  --socket PATH     use a running gshmd (it must have the cuda backend; legacy\n"
           "                    IPC is measured with a process of our own)\n"
           "  --gshmd PATH      start this gshmd (default $GSHMD, else gshmd on PATH)\n"
-          "  --runs N          runs per measurement, median reported (default 20)\n"
+          "  --runs N          runs per measurement after a warm-up one, median reported\n"
+          "                    (default 20)\n"
           "  --device N        GPU the segments live on (default 0)\n"
           "  --map-device N    GPU the consumer maps on (default 1 when there are two)\n"
           "  --size BYTES      a size (K/M/G suffixes); repeat; default 2M 64M 4G\n");
@@ -429,8 +437,8 @@ int bench_attach_main(int argc, char **argv) {
     poll_default_us = env && *env ? atoi(env) : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 30 : 0;
   }
 
-  printf("gshm-bench attach: segments on GPU %d (%s), mapped on GPU %d, median of %d runs, "
-         "microseconds\n",
+  printf("gshm-bench attach: segments on GPU %d (%s), mapped on GPU %d, median of %d runs "
+         "after a warm-up run, microseconds\n",
          o.device, ustr, o.map_device, o.runs);
   printf("%-8s %9s %9s %9s %9s %9s %9s %9s %7s %9s %9s\n", "size", "create", "rtt", "export",
          "open", "map", "open+map", "raw", "ratio", "cached", "cuIpc");
@@ -450,18 +458,19 @@ int bench_attach_main(int argc, char **argv) {
 
     snprintf(name, sizeof(name), "bench/attach-%d", s);
     /* create */
-    for (int r = 0; r < o.runs; r++) {
+    for (int r = -1; r < o.runs; r++) { /* r -1: the warm-up, untimed */
       gshm_segment_t *seg;
       double t0 = now_us();
       if ((e = gshm_create(c, name, size, loc, 0600, 0, &seg)))
         DIE("create %s: %s (%s)", name, gshm_strerror(e), gshm_last_error(c));
-      tc[r] = now_us() - t0;
+      if (r >= 0)
+        tc[r] = now_us() - t0;
       gshm_close(seg);
       if (r + 1 < o.runs)
         gshm_unlink(c, name);
     }
     /* first open + map (the segment is held by the daemon only) */
-    for (int r = 0; r < o.runs; r++) {
+    for (int r = -1; r < o.runs; r++) { /* r -1: the warm-up, untimed */
       gshm_segment_t *seg;
       double t0 = now_us(), t1, t2;
       if ((e = gshm_open(c, name, GSHM_ACCESS_READ_WRITE, &seg)))
@@ -470,23 +479,26 @@ int bench_attach_main(int argc, char **argv) {
       if ((e = gshm_map(seg, &o.map_device, 1, &addr)))
         DIE("map: %s", gshm_strerror(e));
       t2 = now_us();
-      to[r] = t1 - t0;
-      tm[r] = t2 - t1;
-      tom[r] = t2 - t0;
+      if (r >= 0) {
+        to[r] = t1 - t0;
+        tm[r] = t2 - t1;
+        tom[r] = t2 - t0;
+      }
       gshm_close(seg);
     }
     /* cached re-open of a held, mapped segment */
     if ((e = gshm_open(c, name, GSHM_ACCESS_READ_WRITE, &held)) ||
         (e = gshm_map(held, &o.map_device, 1, &addr)))
       DIE("open/map: %s", gshm_strerror(e));
-    for (int r = 0; r < o.runs; r++) {
+    for (int r = -1; r < o.runs; r++) { /* r -1: the warm-up, untimed */
       gshm_segment_t *seg;
       void *a2;
       double t0 = now_us();
       if ((e = gshm_open(c, name, GSHM_ACCESS_READ_WRITE, &seg)) ||
           (e = gshm_map(seg, &o.map_device, 1, &a2)))
         DIE("cached open/map: %s", gshm_strerror(e));
-      tk[r] = now_us() - t0;
+      if (r >= 0)
+        tk[r] = now_us() - t0;
       if (a2 != addr)
         DIE("the cache did not serve the re-open");
       gshm_close(seg);
