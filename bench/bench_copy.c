@@ -9,10 +9,11 @@
  * in the source and zeros in the destination; the stream is held at a
  * cuStreamWaitValue64 gate while a batch of `n` copies is queued between two
  * CUDA events, so that host launch costs are not timed; the gate opens; the
- * events give the batch's time.  One warm-up batch, then `--reps` timed
- * batches; the median batch time / n is reported.  Afterwards every
- * destination is compared with its source on the GPU (any mismatch: the cell
- * prints FAIL and the program exits 1). */
+ * events give the batch's time.  One warm-up batch, then the destination
+ * is zeroed again and `--reps` timed batches run; the median batch time / n
+ * is reported.  Afterwards every destination is compared with its source
+ * on the GPU (any mismatch: the cell prints FAIL and the program exits 1):
+ * what the timed batches wrote, not the warm-up's. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -132,6 +133,15 @@ static int cmp_float(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Zeros every lane's destination (bytes and the slack past them). */
+static void zero_dsts(const struct lane *l, int nl, size_t bytes) {
+  for (int i = 0; i < nl; i++) {
+    use(l[i].dst);
+    CK(drv->cuMemsetD8Async(gpus[l[i].dst].b, 0, bytes + l[i].off_dst + 16, gpus[l[i].dst].stream));
+    CK(drv->cuStreamSynchronize(gpus[l[i].dst].stream));
+  }
+}
+
 /* Median seconds per copy of `bytes` on every lane at once; verifies. */
 static double measure(const struct lane *l, int nl, size_t bytes, int *ok) {
   static uint32_t seed = 12345;
@@ -147,11 +157,12 @@ static double measure(const struct lane *l, int nl, size_t bytes, int *ok) {
     CKE(gshm__copy_fill(addr(gpus[l[i].src].a, 0), (bytes + l[i].off_src + 3) / 4 * 4, ++seed,
                         gpus[l[i].src].stream));
     CK(drv->cuStreamSynchronize(gpus[l[i].src].stream));
-    use(l[i].dst);
-    CK(drv->cuMemsetD8Async(gpus[l[i].dst].b, 0, bytes + l[i].off_dst + 16, gpus[l[i].dst].stream));
-    CK(drv->cuStreamSynchronize(gpus[l[i].dst].stream));
   }
+  zero_dsts(l, nl, bytes);
   batch(l, nl, bytes, n); /* warm-up */
+  /* zeros again, so that the compare below proves the timed batches
+   * wrote every byte (the warm-up's copies would pass it otherwise) */
+  zero_dsts(l, nl, bytes);
   for (int i = 0; i < r; i++)
     t[i] = batch(l, nl, bytes, n);
   qsort(t, (size_t)r, sizeof(t[0]), cmp_float);
