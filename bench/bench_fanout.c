@@ -131,9 +131,9 @@ struct fan {
   const struct gshm_cudadrv *drv;  /* device segments (--location cuda:N) */
   CUcontext src_ctx, dst_ctx;      /* primary contexts of n0's GPU and of --to's */
   bool device;
-  /* CPU seconds of each gshmd (utime + stime from /proc) in the timed
-   * iterations, summed: during one pull, during the fan-out */
-  double cpu_one[FAN_MAX + 1], cpu_fan[FAN_MAX + 1];
+  /* CPU seconds of each gshmd (bench_cpu_s) in each timed iteration
+   * ([node][iteration]): during one pull, during the fan-out */
+  double cpu_one[FAN_MAX + 1][64], cpu_fan[FAN_MAX + 1][64];
   /* the fan-out's, by thread: [node][class][user, system] */
   double thr_fan[FAN_MAX + 1][BENCH_THR_N][2];
   /* each hop's start and end, seconds after the first hop's start, summed */
@@ -141,19 +141,27 @@ struct fan {
   /* bytes each node served in the fan-outs, by the pulls' results */
   uint64_t served[FAN_MAX + 1];
   bool timed; /* the iteration running counts (not the warm-up) */
+  int iter;   /* which timed iteration it is, 0 .. --iters - 1 */
 };
 
 
-/* Adds each gshmd's CPU seconds since before[] (taken by cpu_mark) to
- * sum[]; before NULL: fills before[] instead. */
-static void cpu_mark(const struct fan *f, double before[FAN_MAX + 1], double *sum) {
+/* Stores each gshmd's CPU seconds since before[] (taken by cpu_mark) as
+ * this iteration's, per[node][f->iter]; per NULL: fills before[] instead. */
+static void cpu_mark(const struct fan *f, double before[FAN_MAX + 1], double (*per)[64]) {
   for (int i = 0; i < f->nodes; i++) {
     double c = bench_cpu_s(f->sp[i].pid);
-    if (sum)
-      sum[i] += c - before[i];
+    if (per)
+      per[i][f->iter] = c - before[i];
     else
       before[i] = c;
   }
+}
+
+/* The median of node's iters figures in per (copied: per stays in order). */
+static double node_median(const double (*per)[64], int node, int iters) {
+  double v[64];
+  memcpy(v, per[node], sizeof(double) * (size_t)iters);
+  return bench_median(v, iters);
 }
 
 /* The primary context of GPU "cuda:N" (loc), made current; 0 or -EIO. */
@@ -558,14 +566,16 @@ static void report(const struct fan *f, const double m[T_N], double first, int i
 cpu:
   /* where the CPU goes: a node whose CPU seconds come near its share of
    * the machine times the wall time is what bounds the chain */
-  printf("gshmd CPU s per iteration (mean), one pull / fan-out:");
+  printf("gshmd CPU s per iteration (median), one pull / fan-out:");
   for (int i = 0; i < f->nodes; i++)
-    printf("  n%d %.3f / %.3f", i, f->cpu_one[i] / iters, f->cpu_fan[i] / iters);
+    printf("  n%d %.3f / %.3f", i, node_median(f->cpu_one, i, iters),
+           node_median(f->cpu_fan, i, iters));
   printf("\n");
   if (f->o->cpus_per_node)
-    printf("  busy (CPU s / (median s x %u CPUs)), fan-out:", f->o->cpus_per_node);
+    printf("  busy (median CPU s / (median s x %u CPUs)), fan-out:", f->o->cpus_per_node);
   for (int i = 0; f->o->cpus_per_node && i < f->nodes; i++)
-    printf("  n%d %.0f%%", i, 100 * f->cpu_fan[i] / iters / (m[T_FAN] * f->o->cpus_per_node));
+    printf("  n%d %.0f%%", i,
+           100 * node_median(f->cpu_fan, i, iters) / (m[T_FAN] * f->o->cpus_per_node));
   if (f->o->cpus_per_node)
     printf("\n");
   if (f->o->sources) {
@@ -631,6 +641,7 @@ int bench_fanout_run(const struct pull_opts *o, const char *gshmd, const char *k
          o->cpus_per_node ? " on its gshmd's CPUs" : "");
   for (int k = -1; k < n; k++) {
     f.timed = k >= 0;
+    f.iter = k;
     if (iteration(&f, v))
       goto out;
     if (k < 0)

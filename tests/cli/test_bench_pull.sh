@@ -113,6 +113,9 @@ rc=$?
 [ $rc = 0 ] || fail "pull --fanout 1 --recycle: exit $rc ($(tail -3 "$dir/err"))"
 grep -q "^plain TCP: .* into memfds written before" "$dir/out" ||
   fail "--fanout --recycle's plain TCP anchors do not land in written memory: $(grep '^plain TCP:' "$dir/out")"
+# its gshmd CPU figures are medians over the iterations, as its times are
+grep -q "^gshmd CPU s per iteration (median), one pull / fan-out:  n0 [0-9.]* / [0-9.]*  n1" "$dir/out" ||
+  fail "--fanout's gshmd CPU line: $(grep '^gshmd CPU' "$dir/out")"
 
 # a plain TCP anchor that fails (its memfd refused: the shim) fails the
 # run, with a word; its -1 s were taken into the median before
