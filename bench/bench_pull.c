@@ -45,6 +45,7 @@
 #include "bench.h"
 #include "bench_pull.h"
 #include "bench_tcp.h"
+#include "cudadrv.h"
 #include "gshm.h"
 #include "spawn.h"
 #include "util.h"
@@ -301,6 +302,33 @@ static int make_source(gshm_client_t *c, const struct pull_opts *o, const uint8_
   return e;
 }
 
+/* Holds (hold) or lets go (!hold) a retain of the primary context of each
+ * GPU of --location and --to, so that the bench's gshm_write and gshm_read
+ * of device segments, each mapping and unmapping one, find it active
+ * rather than make and destroy one every call (133 ms each on an H200,
+ * gshm.h): untimed, but it would stretch a run past the suite's limits.
+ * Returns 0, or -EIO (printed) when a GPU cannot be held. */
+static int hold_gpus(const struct pull_opts *o, bool hold) {
+  const char *locs[2] = {o->location, o->to};
+  const struct gshm_cudadrv *drv;
+  CUcontext ctx;
+  CUdevice dev;
+
+  for (int i = 0; i < 2; i++) {
+    if (strncmp(locs[i], "cuda:", 5) || (i && !strcmp(locs[0], locs[1])))
+      continue;
+    if (gshm__cudadrv_load(GSHM_LOG_ERR, &drv) ||
+        drv->cuDeviceGet(&dev, atoi(locs[i] + 5)) != CUDA_SUCCESS ||
+        (hold ? drv->cuDevicePrimaryCtxRetain(&ctx, dev) : drv->cuDevicePrimaryCtxRelease(dev)) !=
+            CUDA_SUCCESS) {
+      fprintf(stderr, "gshm-bench pull: cannot %s %s's primary context\n",
+              hold ? "retain" : "release", locs[i]);
+      return -EIO;
+    }
+  }
+  return 0;
+}
+
 /* Every byte of the pulled bench/dst on b's gshmd is want's (size bytes),
  * read back into scratch (host or device segment alike).  0, or -1
  * (printed: a short segment, a read that failed, bytes that differ). */
@@ -354,6 +382,7 @@ int bench_pull_main(int argc, char **argv) {
   const char *gshmd, *pt, *tmp = getenv("TMPDIR");
   gshm_client_t *a = NULL, *b = NULL;
   int c, fd, rc = 1, port_a, port_b, failed_anchors = 0;
+  bool held = false; /* hold_gpus */
   double lat4k_pull = -1;
   unsigned char seen[256] = {0};
 
@@ -491,6 +520,9 @@ int bench_pull_main(int argc, char **argv) {
     goto out;
   if (gshm_connect(A.socket_path, "bench-src", &a) || gshm_connect(B.socket_path, "bench-dst", &b))
     goto out;
+  if (hold_gpus(&o, true))
+    goto out;
+  held = true;
   pt = find_perftest(&o, gshmd, ptbuf, sizeof(ptbuf), ldpath, sizeof(ldpath));
   printf("gshm-bench pull: from %s to %s, %s, cluster.streams=%u, UCX_TLS=%s for ucx_perftest, "
          "%d iterations after 1 warm-up, medians; every pulled copy read back and compared "
@@ -678,6 +710,8 @@ int bench_pull_main(int argc, char **argv) {
     rc = 1;
   }
 out:
+  if (held)
+    hold_gpus(&o, false);
   if (a)
     gshm_disconnect(a);
   if (b)
