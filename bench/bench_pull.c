@@ -16,9 +16,11 @@
  * median wall time of gshm_pull (request to result, control round trips
  * included) gives the rate.  After each pull, untimed, the copy is read
  * back (gshm_read) and compared with the source's bytes: a short or wrong
- * copy prints FAIL and ends the run (exit 1).  A 4 KiB pull's median time is compared with ucx_perftest's 4 KiB
- * ucp_get latency.  ucx_perftest is not run for 4 GiB and more (its
- * results there are garbage).
+ * copy prints FAIL and ends the run (exit 1).  tag_bw and ucp_am_bw are
+ * the medians of as many ucx_perftest runs as timed pulls; an anchor that
+ * fails prints "fail" and the run exits 1.  A 4 KiB pull's median time is
+ * compared with ucx_perftest's 4 KiB ucp_get latency.  ucx_perftest is
+ * not run for 4 GiB and more (its results there are garbage).
  *
  * ucx_perftest: --perftest PATH, else $GSHM_UCX_PERFTEST, else
  * ucx_perftest next to the carried UCX (../ucx-lib of gshmd, for a
