@@ -34,9 +34,12 @@ if step ctest; then
   cp Testing/Temporary/LastTest.log "$out/ctest-gpu-full.log" 2>/dev/null
 fi
 step demo && { timeout 120 ./client/gshm-demo --gpu > "$out/demo.log" 2>&1; echo "demo rc=$?" >> "$out/demo.log"; }
-step attach && timeout 200 ./bench/gshm-bench attach > "$out/bench-attach.txt" 2>&1
-step copy && timeout 240 ./bench/gshm-bench copy ${GSHM_COPY_ARGS:---only uni,bidi,latency --reps 7} \
-  > "$out/bench-copy.txt" 2>&1
+# rc FILE: appends the last command's exit status to $out/FILE (the benches exit 1
+# on a failure they report: a FAIL compare, a failed pull or anchor; 124: timeout)
+rc() { echo "rc=$?" >> "$out/$1"; }
+step attach && { timeout 200 ./bench/gshm-bench attach > "$out/bench-attach.txt" 2>&1; rc bench-attach.txt; }
+step copy && { timeout 240 ./bench/gshm-bench copy ${GSHM_COPY_ARGS:---only uni,bidi,latency --reps 7} \
+  > "$out/bench-copy.txt" 2>&1; rc bench-copy.txt; }
 step broadcast && { timeout 300 ./bench/gshm-bench broadcast ${GSHM_BCAST_ARGS:-} \
   > "$out/bench-broadcast.txt" 2>&1; echo "broadcast rc=$?" >> "$out/bench-broadcast.txt"; }
 py=$(command -v /opt/torch/.venv/bin/python3 || command -v python3)
@@ -46,30 +49,31 @@ step python && timeout 180 "$py" "$src/python/examples/share_weights.py" --gshmd
 # K plain TCP connections and ucx_perftest tag_bw / ucp_am_bw (the bench runs the anchors)
 if step pull; then
   pa=${GSHM_PULL_ARGS:---sizes 64M,1G --iters 5}
-  timeout 240 ./bench/gshm-bench pull $pa > "$out/bench-pull-host.txt" 2>&1
+  # (tag_bw and ucp_am_bw run --iters times each a size: medians)
+  timeout 300 ./bench/gshm-bench pull $pa > "$out/bench-pull-host.txt" 2>&1; rc bench-pull-host.txt
   timeout 150 ./bench/gshm-bench pull $pa --encrypt --no-perftest \
-    > "$out/bench-pull-host-encrypt.txt" 2>&1
+    > "$out/bench-pull-host-encrypt.txt" 2>&1; rc bench-pull-host-encrypt.txt
   timeout 150 ./bench/gshm-bench pull $pa --streams 1 --no-perftest \
-    > "$out/bench-pull-host-1stream.txt" 2>&1
+    > "$out/bench-pull-host-1stream.txt" 2>&1; rc bench-pull-host-1stream.txt
   timeout 150 ./bench/gshm-bench pull --location cuda:0 $pa --no-perftest \
-    > "$out/bench-pull-cuda.txt" 2>&1
+    > "$out/bench-pull-cuda.txt" 2>&1; rc bench-pull-cuda.txt
   # two GPUs: a segment of GPU 0 on one gshmd pulled onto GPU 1 by the other
   [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ] &&
-    timeout 150 ./bench/gshm-bench pull --location cuda:0 --to cuda:1 $pa --no-perftest \
-      > "$out/bench-pull-cuda01.txt" 2>&1
+    { timeout 150 ./bench/gshm-bench pull --location cuda:0 --to cuda:1 $pa --no-perftest \
+      > "$out/bench-pull-cuda01.txt" 2>&1; rc bench-pull-cuda01.txt; }
   # fan-out: four gshmd on this host in a chain, beside the same chain over plain TCP;
   # unpinned, and each node on 4 CPUs of its own (as separate machines) with 2 lanes;
   # pinned, n3 taking half the set from each of n1 and n2 (--split)
   fa=${GSHM_FANOUT_ARGS:---set 64x16M --iters 5}
-  { timeout 200 ./bench/gshm-bench pull --fanout 3 $fa
-    timeout 200 ./bench/gshm-bench pull --fanout 3 $fa --cpus-per-node 4 --streams 2
-    timeout 200 ./bench/gshm-bench pull --fanout 3 $fa --cpus-per-node 4 --split --no-plain
-    timeout 200 ./bench/gshm-bench pull --fanout 3 --model 44x1024 --iters 3; } \
+  { timeout 200 ./bench/gshm-bench pull --fanout 3 $fa; echo "rc=$?"
+    timeout 200 ./bench/gshm-bench pull --fanout 3 $fa --cpus-per-node 4 --streams 2; echo "rc=$?"
+    timeout 200 ./bench/gshm-bench pull --fanout 3 $fa --cpus-per-node 4 --split --no-plain; echo "rc=$?"
+    timeout 200 ./bench/gshm-bench pull --fanout 3 --model 44x1024 --iters 3; echo "rc=$?"; } \
     > "$out/bench-fanout.txt" 2>&1
   # the model as one set of device segments on GPU 0 pulled into the last GPU (staged)
   to=cuda:$(( $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') > 1 ? 1 : 0 ))
   timeout 200 ./bench/gshm-bench pull --fanout 1 --model 44x1024 --iters 3 --location cuda:0 \
-    --to $to > "$out/bench-pull-model-cuda.txt" 2>&1
+    --to $to > "$out/bench-pull-model-cuda.txt" 2>&1; rc bench-pull-model-cuda.txt
 fi
 # Not in the default steps (minutes, 18 GiB of disk or /dev/shm): GSHM_STEPS=restart.
 # GSHM_RESTART_ARGS: more options, e.g. "--start warm --repeat 5 --cold-repeat 2".
