@@ -2,8 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # gshm-bench pull's table against anchors it is given: a stand-in for
 # ucx_perftest (--perftest) that prints the bandwidth each test is told
-# to, so that what the bench makes of them can be checked.  Host segments,
-# two gshmd on 127.0.0.1, 1 MiB, a few iterations.  bash only.
+# to, so that what the bench makes of them can be checked (vsBEST over the
+# best anchor, medians of repeated runs, failed runs reported and exit 1).
+# Host segments, two gshmd on 127.0.0.1, 1 MiB, a few iterations.  Also:
+# the helps' words, the gshmd CPU figures above 0, --fanout 1 --recycle's
+# anchors in written memory and CPU medians; with the fault shim
+# (bench_faults.c) a failing TCP anchor and a copy read back wrong must
+# fail the run.  bash only.
 #
 # usage: test_bench_pull.sh GSHM_BENCH GSHMD [FAULT_SHIM (tests/cli/bench_faults.c)]
 set -u
