@@ -37,6 +37,13 @@ timeout 60 "$bench" control --socket "$dir/s" --clients 1 --ops stat --duration 
 rc=$?
 [ $rc = 0 ] || fail "control --ops stat: exit $rc ($(cat "$dir/err"))"
 grep -q '"repeat":3,' "$dir/out" || fail "control's default repeat is not 3: $(head -c 300 "$dir/out")"
+# CPU shares come from the processes' CPU clocks (ns): from /proc's 10 ms
+# ticks over a 0.2 s point every one was a multiple of 0.05
+timeout 60 "$bench" control --socket "$dir/s" --clients 1,4 --ops stat --duration 0.2 \
+  --warmup 0.05 --no-floor --repeat 1 --json >"$dir/out" 2>"$dir/err"
+grep -o '"\(gshmd\|clients\)_cpu":[0-9.]*' "$dir/out" | cut -d: -f2 |
+  awk '{ n++; if (int($1 * 1000 + 0.5) % 50) fine++ } END { exit !(n == 4 && fine > 0) }' ||
+  fail "control's CPU shares are all in 10 ms steps (or missing): $(grep -o '"[a-z]*_cpu":[0-9.]*' "$dir/out" | tr '\n' ' ')"
 timeout 20 "$bench" control --repeat 17 >"$dir/out" 2>"$dir/err"
 rc=$?
 [ $rc = 2 ] || fail "control --repeat 17: exit $rc, want 2 (it ran 16)"
