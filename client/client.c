@@ -360,6 +360,12 @@ static int retake_leases(struct gshm_client *c) {
     uint32_t id = ++c->next_request;
     int fd = -1;
 
+    if (l->hidden) { /* (gshmd keeps no hidden segment through a restart) */
+      l->lease_id = 0;
+      l->revoked = true;
+      gshm_log_warn("hidden segment '%s' lost: gshmd restarted before its publish", l->info.name);
+      continue;
+    }
     m.segment_id = l->info.id;
     m.generation = l->info.generation;
     m.access = l->access == GSHM_ACCESS_READ ? GSHM__ACCESS__ACCESS_READ
@@ -736,10 +742,17 @@ int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *l
   m.flags = flags;
   if ((e = gshm__client_lock(c)))
     return e;
+  if ((flags & GSHM_CREATE_HIDDEN) && !(c->capabilities & GSHM_WIRE_CAP_PUBLISH)) {
+    set_last_error(c, "this gshmd is too old for hidden segments (no PUBLISH)");
+    pthread_mutex_unlock(&c->lock);
+    return -ENOTSUP;
+  }
   e = gshm__request(c, GSHM_WIRE_CREATE, &m.base, &reply, &fd);
   if (!e) {
     e = gshm__lease_from_grant(c, reply, fd, seg_out);
     gshm__reply__free_unpacked(reply, NULL);
+    if (!e && (flags & GSHM_CREATE_HIDDEN))
+      (*seg_out)->lease->hidden = true;
   }
   pthread_mutex_unlock(&c->lock);
   return e;
@@ -753,7 +766,7 @@ static struct gshm__lease *cached_lease(struct gshm_client *c, const char *name,
   for (struct gshm__lease *l = c->leases; l; l = l->next)
     /* Same access only: a read-only open must not get a writable mapping;
      * never a legacy-IPC lease (it has no fd to map). */
-    if (!l->unlinked && !l->revoked && l->fd >= 0 && l->lease_id && l->access == access &&
+    if (!l->unlinked && !l->revoked && !l->hidden && l->fd >= 0 && l->lease_id && l->access == access &&
         !strcmp(l->info.name, name))
       return l;
   return NULL;
@@ -836,6 +849,50 @@ int gshm_close(gshm_segment_t *seg) {
   return 0;
 }
 
+int gshm_publish(gshm_segment_t *seg, uint32_t flags) {
+  Gshm__PublishRequest m = GSHM__PUBLISH_REQUEST__INIT;
+  Gshm__Reply *reply = NULL;
+  struct gshm__lease *l;
+  struct gshm_client *c;
+  int e;
+
+  if (!seg || (flags & ~GSHM_PUBLISH_REPLACE))
+    return -EINVAL;
+  l = seg->lease;
+  c = l->client;
+  if ((e = gshm__client_lock(c)))
+    return e;
+  if (l->revoked || !l->lease_id)
+    e = -ESTALE;
+  else if (!l->hidden)
+    e = -EINVAL;
+  if (e) {
+    set_last_error(c, e == -ESTALE ? "the hidden segment is gone (gshmd restarted)"
+                                   : "not a hidden segment (published already?)");
+    pthread_mutex_unlock(&c->lock);
+    return e;
+  }
+  m.lease_id = l->lease_id;
+  m.replace = (flags & GSHM_PUBLISH_REPLACE) != 0;
+  e = gshm__request(c, GSHM_WIRE_PUBLISH, &m.base, &reply, NULL);
+  if (!e && (reply->body_case != GSHM__REPLY__BODY_GRANT || !reply->grant->segment ||
+             reply->grant->lease_id != l->lease_id))
+    e = -EPROTO;
+  if (!e) {
+    /* Our leases on the segment it replaced serve no new opens. */
+    for (struct gshm__lease *o = c->leases; o; o = o->next)
+      if (o != l && !strcmp(o->info.name, l->info.name))
+        o->unlinked = true;
+    gshm__info_from_wire(&l->info, reply->grant->segment);
+    lease_set_token(l, reply->grant);
+    l->hidden = false;
+  }
+  if (reply)
+    gshm__reply__free_unpacked(reply, NULL);
+  pthread_mutex_unlock(&c->lock);
+  return e;
+}
+
 int gshm_unlink(gshm_client_t *c, const char *name) {
   Gshm__UnlinkRequest m = GSHM__UNLINK_REQUEST__INIT;
   Gshm__Reply *reply = NULL;
@@ -909,6 +966,11 @@ int gshm_stat(gshm_segment_t *seg, gshm_segment_info_t *info_out) {
   if (seg->lease->revoked) {
     pthread_mutex_unlock(&c->lock);
     return -ESTALE;
+  }
+  if (seg->lease->hidden) { /* (nobody may stat it: the create's record) */
+    *info_out = seg->lease->info;
+    pthread_mutex_unlock(&c->lock);
+    return 0;
   }
   e = stat_request(c, NULL, seg->lease->info.id, &info);
   if (!e && info.generation != seg->lease->info.generation)

@@ -45,6 +45,8 @@ struct gshm__lease {
   int fd;                  /* memfd or cuMem POSIX fd; owned */
   int refs;                /* gshm_segment_t objects using this lease */
   bool unlinked;           /* name gone: never served to new opens */
+  bool hidden;             /* a GSHM_CREATE_HIDDEN segment not yet published: never served
+                              to opens, lost (revoked) with a gshmd restart */
   bool revoked;            /* the daemon ended the lease, or it could not be re-taken after
                               a restart: calls on its segments fail with -ESTALE */
   /* The daemon's proof of this grant (LeaseGrant.lease_token), sent back

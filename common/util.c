@@ -388,3 +388,10 @@ void *gshm__map_shared_aligned(int fd, uint64_t len, int prot) {
     munmap(p + mapped, (size_t)(r + huge - p));
   return p;
 }
+
+bool gshm__printable(const char *s) {
+  for (const char *p = s; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f)
+      return false;
+  return true;
+}

@@ -4,6 +4,7 @@
 #define GSHM_COMMON_UTIL_H
 
 #include <errno.h>
+#include <stdbool.h>
 #include <sys/socket.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -90,6 +91,10 @@ char *gshm__json_escape_unprintable(const char *json);
  * (a cluster peer's name or message) reaches clients and terminals
  * without them; the length stays. */
 void gshm__text_clean(char *text);
+
+/* Whether s holds no control character (< 0x20, 0x7f): a client's name
+ * as gshmd takes it (the hello). */
+bool gshm__printable(const char *s);
 
 /* Checks a segment name: 1..max bytes, printable ASCII/UTF-8 bytes >= 0x20
  * except DEL, '/'-separated components that are non-empty and not "." or

@@ -44,6 +44,7 @@ static const char *const op_names[GSHM_WIRE_TYPE_MAX + 1] = {
     [GSHM_WIRE_REMOTE_LIST] = "remote_list",
     [GSHM_WIRE_PULL] = "pull",
     [GSHM_WIRE_PULL_CANCEL] = "pull_cancel",
+    [GSHM_WIRE_PUBLISH] = "publish",
 };
 
 /* Status label: the enum's name without its prefix, lowercase. */

@@ -141,7 +141,9 @@ void gshmd__reg_lease_end(struct gshmd_registry *r, struct gshmd_lease *l, bool 
     u->leases--;
   free(l->mapped_devices);
   free(l);
-  if (seg->unlinked && seg->nleases == 0 && !keep) {
+  if (seg->hidden && seg->local && seg->nleases == 0 && !keep)
+    gshmd_registry_discard_hidden(r, seg); /* its creator let go before publishing */
+  else if (seg->unlinked && seg->nleases == 0 && !keep) {
     if (seg->hidden) /* discarded while a peer relayed it */
       gshmd_registry_discard_hidden(r, seg);
     else

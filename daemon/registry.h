@@ -60,6 +60,10 @@ struct gshmd_segment {
   /* Hidden (gshmd_registry_create_hidden) until published.  unlinked on
    * a hidden segment: discarded while leased, freed with its last lease. */
   bool hidden;
+  /* Hidden by a client's own create (SEGMENT_FLAG_HIDDEN), not by a
+   * pull: its creator's lease is all that keeps it, until that client
+   * publishes it (gshmd_registry_publish_lease). */
+  bool local;
   void *cluster_relay;       /* daemon/cluster/relay.c: its landed chunks, while pulled */
 };
 
@@ -219,7 +223,10 @@ int gshmd_registry_client_add(struct gshmd_registry *r, const struct gshmd_cred 
 /* Ends every lease of the client and frees it. */
 void gshmd_registry_client_remove(struct gshmd_registry *r, struct gshmd_client *c);
 
-/* Creates a segment and a read-write lease on it for c.  A create resent
+/* Creates a segment and a read-write lease on it for c; with
+ * SEGMENT_FLAG_HIDDEN in req->flags a hidden one (as
+ * gshmd_registry_create_hidden, the name not checked until published;
+ * seg->local), which ends with that lease.  A create resent
  * after a restart (req->create_token: GSHM_CREATE_TOKEN_BYTES bytes, the
  * same as that of the segment of that name, made by c's uid with the
  * same size, location and flags) gets a read-write lease of that segment
@@ -267,6 +274,18 @@ int gshmd_registry_lease_hidden(struct gshmd_registry *r, struct gshmd_client *c
 int gshmd_registry_publish(struct gshmd_registry *r, struct gshmd_client *c,
                            struct gshmd_segment *const *segs, size_t n, bool replace,
                            const char **msg_out);
+
+/* PUBLISH: makes the hidden segment of c's lease lease_id (one c made
+ * with SEGMENT_FLAG_HIDDEN) live under its name, as gshmd_registry_publish
+ * does for one segment (replace: the rules of an unlink), and gives the
+ * lease a token for the segment's new id and generation.  *lease_out: that
+ * lease.  Errors: -ESTALE c holds no such lease (a restart ended it, or c
+ * closed it); -EINVAL the lease's segment is not a hidden one of c's
+ * create (published already, or another's); -EEXIST, -EACCES, -ENOMEM as
+ * gshmd_registry_publish.  *msg_out says why. */
+int gshmd_registry_publish_lease(struct gshmd_registry *r, struct gshmd_client *c,
+                                 uint64_t lease_id, bool replace, struct gshmd_lease **lease_out,
+                                 const char **msg_out);
 
 /* The fd store has recorded complete the publish that replaced seg and
  * cleared seg->fs_replaced: seg, when unlinked and unleased, is freed now

@@ -58,7 +58,8 @@ static int request_check(struct gshmd_registry *r, const Gshm__CreateRequest *re
     *msg_out = gshmd__reg_fmt_msg(r, "mode %o has bits outside 0777", mode);
     return -EINVAL;
   }
-  if (req->flags & ~(uint32_t)GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC) {
+  if (req->flags & ~(uint32_t)(GSHM__SEGMENT_FLAG__SEGMENT_FLAG_LEGACY_IPC |
+                               GSHM__SEGMENT_FLAG__SEGMENT_FLAG_HIDDEN)) {
     *msg_out = "unknown segment flags";
     return -EINVAL;
   }
@@ -194,7 +195,7 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
   struct usage *u;
   uint32_t mode = req->mode ? req->mode : 0600;
   uint64_t quota, used;
-  bool cuda;
+  bool local = (req->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_HIDDEN) != 0, cuda;
   int e;
 
   if ((e = request_check(r, req, mode, &loc, msg_out)))
@@ -228,7 +229,9 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
                        msg_out)))
     return e;
 
-  if ((e = backend_alloc(r, b, &loc, req, hidden ? c : NULL, &mem, msg_out)))
+  /* (a client's hidden create gets fresh memory, as any create: it need
+   * not write every byte, as a pull does) */
+  if ((e = backend_alloc(r, b, &loc, req, hidden && !local ? c : NULL, &mem, msg_out)))
     return e;
   /* Rounding up to the granularity may cross the quota after all. */
   if ((e = quota_check(r, c->cred.uid, quota, used, mem->size, cuda ? "cuda" : "host",
@@ -246,7 +249,7 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
   seg->uid = c->cred.uid;
   seg->gid = c->cred.gid;
   seg->mode = mode;
-  seg->flags = req->flags;
+  seg->flags = req->flags & ~(uint32_t)GSHM__SEGMENT_FLAG__SEGMENT_FLAG_HIDDEN;
   seg->created_ns = gshm__now_ns(CLOCK_REALTIME);
   if ((seg->has_token = req->create_token.len == GSHM_CREATE_TOKEN_BYTES))
     memcpy(seg->create_token, req->create_token.data, GSHM_CREATE_TOKEN_BYTES);
@@ -312,6 +315,8 @@ int gshmd_registry_create(struct gshmd_registry *r, struct gshmd_client *c,
 
   if (resent_out)
     *resent_out = false;
+  if (req->flags & GSHM__SEGMENT_FLAG__SEGMENT_FLAG_HIDDEN)
+    return gshmd__reg_create_local_hidden(r, c, req, lease_out, msg_out);
   if ((e = gshmd__reg_segment_new(r, c, req, false, &seg, msg_out)) == 1) {
     gshm_log_notice("segment '%s' id %" PRIu64 ": its create sent again by pid %d (a reply lost "
                     "to a restart): a read-write lease of it",

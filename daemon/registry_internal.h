@@ -67,6 +67,13 @@ int gshmd__reg_lease_add(struct gshmd_registry *r, struct gshmd_client *c,
 /* Frees a segment of segment_new that is in no tree or list (r->on_free
  * first: it may take the memory). */
 void gshmd__reg_segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg);
+/* gshmd_registry_create of a SEGMENT_FLAG_HIDDEN request
+ * (registry_publish.c): a hidden segment (seg->local) and c's read-write
+ * lease on it; errors as gshmd_registry_create_hidden and
+ * gshmd__reg_lease_add (nothing left then). */
+int gshmd__reg_create_local_hidden(struct gshmd_registry *r, struct gshmd_client *c,
+                                   const Gshm__CreateRequest *req, struct gshmd_lease **lease_out,
+                                   const char **msg_out);
 /* Gives seg its id and puts it in the trees, list and index; 0 or -ENOMEM. */
 int gshmd__reg_segment_insert(struct gshmd_registry *r, struct gshmd_segment *seg);
 

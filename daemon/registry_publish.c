@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Hidden segments and their publishing in one step, for cluster pulls. */
+/* Hidden segments and their publishing in one step, for cluster pulls and
+ * for a client's own hidden creates (PUBLISH). */
 #include "registry.h"
 
 #include <errno.h>
@@ -220,4 +221,53 @@ nomem:
   publish_undo(r, segs, n, named, ided, id0);
   free(old);
   return -ENOMEM;
+}
+
+int gshmd__reg_create_local_hidden(struct gshmd_registry *r, struct gshmd_client *c,
+                                   const Gshm__CreateRequest *req, struct gshmd_lease **lease_out,
+                                   const char **msg_out) {
+  struct gshmd_segment *seg;
+  int e;
+
+  if ((e = gshmd_registry_create_hidden(r, c, req, &seg, msg_out)))
+    return e;
+  seg->local = true;
+  if ((e = gshmd__reg_lease_add(r, c, seg, GSHM__ACCESS__ACCESS_READ_WRITE, lease_out, msg_out))) {
+    gshmd_registry_discard_hidden(r, seg);
+    return e;
+  }
+  gshm_log_info("hidden segment '%s' created by pid %d, to be published", seg->name,
+                (int)c->cred.pid);
+  return 0;
+}
+
+int gshmd_registry_publish_lease(struct gshmd_registry *r, struct gshmd_client *c,
+                                 uint64_t lease_id, bool replace, struct gshmd_lease **lease_out,
+                                 const char **msg_out) {
+  struct gshmd_lease *l = gshmd_registry_find_lease(r, lease_id);
+  struct gshmd_segment *seg;
+  int e;
+
+  if (!l || l->client != c) {
+    *msg_out = "no such lease on this connection (a hidden segment ends with its lease and with "
+               "a gshmd restart)";
+    return -ESTALE;
+  }
+  seg = l->seg;
+  /* Only the creator's own hidden segment: not one a pull fills (a peer
+   * relaying it holds a lease on it), not a published one. */
+  if (!seg->hidden || !seg->local || l->access != GSHM__ACCESS__ACCESS_READ_WRITE) {
+    *msg_out = seg->hidden ? "not a hidden segment of this client's create"
+                           : gshmd__reg_fmt_msg(r, "segment '%s' is published already", seg->name);
+    return -EINVAL;
+  }
+  if ((e = gshmd_registry_publish(r, c, &seg, 1, replace, msg_out)))
+    return e;
+  seg->local = false;
+  /* The grant's token named the hidden segment (id 0): re-takes after a
+   * restart need the live one's. */
+  if (r->token_make)
+    r->token_make(r->token_arg, seg, c->cred.uid, l->access, l->token);
+  *lease_out = l;
+  return 0;
 }

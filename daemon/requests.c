@@ -25,13 +25,6 @@
 #error "GSHM_VERSION comes from project() in CMakeLists.txt"
 #endif
 
-static bool client_name_ok(const char *name) {
-  for (const char *p = name; *p; p++)
-    if ((unsigned char)*p < 0x20 || *p == 0x7f)
-      return false;
-  return true;
-}
-
 /* ---- request handlers: each fills *reply (and *fd_out) ---- */
 
 struct req {
@@ -91,7 +84,7 @@ static int handle_hello(struct req *q, Gshm__Hello *m) {
   if (m->major != GSHM_PROTO_MAJOR)
     return set_error(q, -EPROTONOSUPPORT,
                      version_mismatch(q->msg, sizeof(q->msg), m->major, m->minor));
-  if (strlen(m->client_name) > 63 || !client_name_ok(m->client_name))
+  if (strlen(m->client_name) > 63 || !gshm__printable(m->client_name))
     return set_error(q, -EINVAL, "client name: at most 63 printable bytes");
   if ((e = gshmd_registry_client_add(s->reg, &c->cred, &c->client)))
     return set_error(q, e, "out of memory");
@@ -102,12 +95,27 @@ static int handle_hello(struct req *q, Gshm__Hello *m) {
                 c->cred.admin ? " (admin)" : "");
   q->welcome.server_version = GSHM_VERSION;
   q->welcome.session_id = c->client->session_id;
-  q->welcome.capabilities = 1u | (s->reg->cuda ? 2u : 0u);
+  q->welcome.capabilities = 1u | (s->reg->cuda ? 2u : 0u) | GSHM_WIRE_CAP_PUBLISH;
   q->welcome.major = GSHM_PROTO_MAJOR;
   q->welcome.minor = GSHM_PROTO_MINOR;
   q->welcome.max_packet = s->cfg->max_packet;
   q->reply->body_case = GSHM__REPLY__BODY_WELCOME;
   q->reply->welcome = &q->welcome;
+  return 0;
+}
+
+/* The grant of lease l in q's reply (its fd, if any, set by the caller). */
+static int grant_fill(struct req *q, struct gshmd_lease *l) {
+  gshmd_segment_to_info(l->seg, &q->info);
+  q->grant.segment = &q->info;
+  q->grant.lease_id = l->id;
+  q->grant.access = l->access;
+  if (l->has_token) { /* the lease outlives the reply: l->token stays valid */
+    q->grant.lease_token.data = l->token;
+    q->grant.lease_token.len = sizeof(l->token);
+  }
+  q->reply->body_case = GSHM__REPLY__BODY_GRANT;
+  q->reply->grant = &q->grant;
   return 0;
 }
 
@@ -132,17 +140,7 @@ static int grant_lease(struct req *q, struct gshmd_lease *l, bool legacy) {
       return set_error(q, e, "cannot export the segment's fd");
   }
   gshmd_alloc_note_reach(mem, (uint32_t)l->client->cred.uid);
-  gshmd_segment_to_info(l->seg, &q->info);
-  q->grant.segment = &q->info;
-  q->grant.lease_id = l->id;
-  q->grant.access = l->access;
-  if (l->has_token) { /* the lease outlives the reply: l->token stays valid */
-    q->grant.lease_token.data = l->token;
-    q->grant.lease_token.len = sizeof(l->token);
-  }
-  q->reply->body_case = GSHM__REPLY__BODY_GRANT;
-  q->reply->grant = &q->grant;
-  return 0;
+  return grant_fill(q, l);
 }
 
 /* Takes back q->granted: the lease ends, a create's segment with it. */
@@ -176,6 +174,15 @@ static int handle_open(struct req *q, Gshm__OpenRequest *m) {
   if ((e = grant_lease(q, q->granted, m->legacy_ipc)))
     grant_undo(q);
   return e;
+}
+
+/* Reply: the same lease, of the live segment now (no fd: it has one). */
+static int handle_publish(struct req *q, Gshm__PublishRequest *m) {
+  struct gshmd_lease *l;
+  const char *msg = NULL;
+  int e = gshmd_registry_publish_lease(q->c->srv->reg, q->c->client, m->lease_id, m->replace, &l,
+                                       &msg);
+  return e ? set_error(q, e, msg) : grant_fill(q, l);
 }
 
 static int handle_close(struct req *q, Gshm__CloseRequest *m) {
@@ -451,8 +458,7 @@ static int handle_status(struct req *q) {
   q->status.bytes = r->bytes;
   q->status.leases = r->nleases;
   q->status.pid = getpid();
-  q->status.n_backends = 0;
-  q->status.backends = q->backends;
+  q->status.backends = q->backends; /* (n_backends: 0 from gshm__status_info__init) */
   q->backends[q->status.n_backends++] = "host";
   if (r->cuda) {
     q->backends[q->status.n_backends++] = "cuda";
@@ -614,6 +620,7 @@ static int request_dispatch(struct req *q) {
     DISPATCH(Gshm__RemoteListRequest, remote_list_request, handle_remote_list);
   case GSHM_WIRE_PULL: DISPATCH(Gshm__PullRequest, pull_request, handle_pull);
   case GSHM_WIRE_PULL_CANCEL: DISPATCH(Gshm__PullCancel, pull_cancel, handle_pull_cancel);
+  case GSHM_WIRE_PUBLISH: DISPATCH(Gshm__PublishRequest, publish_request, handle_publish);
   }
   return 0;
 }

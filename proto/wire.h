@@ -24,6 +24,8 @@
 #define GSHM_REVOKE_TOKEN_BYTES 16  /* RevokeRequest.token: random, per revoke */
 #define GSHM_UNLINK_TOKEN_BYTES 16  /* UnlinkRequest.token: random, per unlink */
 #define GSHM_PULL_TOKEN_BYTES 16    /* PullRequest.token: random, per pull */
+/* Welcome.capabilities bits (bit 0 host backend, bit 1 cuda backend). */
+#define GSHM_WIRE_CAP_PUBLISH 0x4u  /* SEGMENT_FLAG_HIDDEN creates and PUBLISH */
 /* The most segments a gshmd holds: limits.max_segments' maximum
  * (daemon/option_table.h), hence the most a peer's listing can hold. */
 #define GSHM_WIRE_SEGMENTS_MAX 16777216u
@@ -55,7 +57,8 @@ enum gshm_wire_type {
   GSHM_WIRE_REMOTE_LIST = 18,  /* RemoteListRequest -> Reply{segments} */
   GSHM_WIRE_PULL = 19,         /* PullRequest -> Reply{pull_progress}*, Reply{pull_result} */
   GSHM_WIRE_PULL_CANCEL = 20,  /* PullCancel -> Reply{}; none when request_id is 0 */
-  GSHM_WIRE_TYPE_MAX = 20,
+  GSHM_WIRE_PUBLISH = 21,      /* PublishRequest -> Reply{grant}, no fd */
+  GSHM_WIRE_TYPE_MAX = 21,
   GSHM_WIRE_EVENT = 0x4000,    /* Event, daemon -> client, unasked */
   GSHM_WIRE_REPLY = 0x8000,
 };

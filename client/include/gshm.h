@@ -74,6 +74,15 @@ typedef enum gshm_access {
 
 /* Flags for gshm_create(). */
 #define GSHM_CREATE_LEGACY_IPC 0x1u /* also exportable as a cudaIpcMemHandle (see gshm_open_legacy_ipc) */
+/* Hidden until gshm_publish(): the segment is allocated, charged to the
+ * caller's quotas and opened read-write by it, but has no name anyone
+ * sees (others cannot open, stat or list it; the name may be taken by
+ * another segment meanwhile).  It ends, freed, when its creator closes it
+ * or disconnects or gshmd restarts before the publish.  For replacing a
+ * segment in place: fill the hidden one, then publish it with
+ * GSHM_PUBLISH_REPLACE, and readers find the old or the new one, never
+ * none. */
+#define GSHM_CREATE_HIDDEN 0x2u
 
 /* What the daemon knows of a segment. */
 typedef struct gshm_segment_info {
@@ -87,7 +96,7 @@ typedef struct gshm_segment_info {
   int device_index;                /* the daemon's GPU index; -1 for host */
   uint32_t uid, gid;               /* owner */
   uint32_t mode;                   /* permission bits, e.g. 0640 */
-  uint32_t flags;                  /* GSHM_CREATE_* */
+  uint32_t flags;                  /* GSHM_CREATE_* (never GSHM_CREATE_HIDDEN) */
   int unlinked;                    /* 1: name removed, memory kept until the last lease ends */
   uint32_t leases;                 /* leases held now, all clients */
   int64_t created_ns;              /* CLOCK_REALTIME, nanoseconds */
@@ -232,7 +241,9 @@ GSHM_EXTERN void gshm_disconnect(gshm_client_t *client);
  *  location  "host", "cuda:N" (daemon's device index) or "cuda:GPU-<uuid>";
  *            NULL means "host".
  *  mode      permission bits (0600, 0640, ...); 0 means 0600.
- *  flags     GSHM_CREATE_* bits.
+ *  flags     GSHM_CREATE_* bits.  GSHM_CREATE_HIDDEN: a hidden segment,
+ *            named only by gshm_publish() (the name's -EEXIST comes then);
+ *            its gshm_segment_info() has id and generation 0 until then.
  *  seg_out   receives the open segment (a lease); release with gshm_close().
  * Errors: -EEXIST name in use; -EINVAL bad name, size 0, bad location or
  * mode; -ENAMETOOLONG; -ENODEV no such GPU, or (a device location) the
@@ -242,7 +253,8 @@ GSHM_EXTERN void gshm_disconnect(gshm_client_t *client);
  * daemon restart lost its reply, made a device segment the daemon now
  * keeps parked (gshm_open reaches it once its GPU serves again);
  * -ENOTSUP backend not available
- * on this daemon (e.g. no GPU driver) or legacy IPC disabled; -ENOMEM the
+ * on this daemon (e.g. no GPU driver) or legacy IPC disabled, or
+ * GSHM_CREATE_HIDDEN asked of a gshmd too old for it; -ENOMEM the
  * backend could not allocate; -EDQUOT a per-user quota would be crossed;
  * -EFBIG over the daemon's segment size limit; -EMFILE a limit on segments
  * or leases, or the daemon cannot pass an fd now (its fds in flight are
@@ -276,6 +288,32 @@ GSHM_EXTERN int gshm_open(gshm_client_t *client, const char *name, gshm_access_t
  * ends.  Accepts NULL (returns 0).  Returns 0 even when the daemon is gone
  * (the lease ended with the connection); -EBUSY never. */
 GSHM_EXTERN int gshm_close(gshm_segment_t *seg);
+
+/* Flags for gshm_publish(). */
+#define GSHM_PUBLISH_REPLACE 0x1u /* take the name from the segment that holds it */
+
+/* Gives a hidden segment (gshm_create with GSHM_CREATE_HIDDEN) its name,
+ * in one step of gshmd: from then on gshm_open() of the name finds it, and
+ * no open, stat or listing ever sees the name missing between the old
+ * segment and this one.  With GSHM_PUBLISH_REPLACE the segment that held
+ * the name is unlinked in the same step (as by gshm_unlink: its holders
+ * keep their mappings and are told); gshmd's fd store records both
+ * changes as one, so after a crash the name holds the old segment or the
+ * new one, never neither.  seg stays open, read-write, now on the live
+ * segment: gshm_segment_info() gives its id and generation.
+ *  seg    a segment of gshm_create(..., GSHM_CREATE_HIDDEN, ...), not yet
+ *         published.
+ *  flags  0 or GSHM_PUBLISH_REPLACE.
+ * Errors: -EEXIST a segment holds the name and flags lacks
+ * GSHM_PUBLISH_REPLACE; -EACCES that segment is not the caller's to
+ * unlink (not its owner nor an admin: gshm_unlink's rule), and it stays;
+ * on either seg stays hidden and may be published again; -EINVAL NULL
+ * seg, unknown flags, or seg not hidden (published already, or not made
+ * hidden); -ESTALE the hidden segment is gone: gshmd restarted since the
+ * create (hidden segments do not survive one; this includes a publish
+ * whose reply a restart lost: gshm_stat_name() tells whether it took
+ * effect); -ENOMEM; and the errors every call to the daemon may give. */
+GSHM_EXTERN int gshm_publish(gshm_segment_t *seg, uint32_t flags);
 
 /* Removes a segment's name.  Existing leases keep the memory until they
  * end; the name can be created again at once (new id and generation).
