@@ -221,7 +221,8 @@ class Client(object):
 
     # -- segments
     def create(self, name: str, size: int, location: Optional[Location] = "host", mode: int = 0o600,
-               flags: Optional[int] = 0, legacy_ipc: bool = False) -> AnySegment:
+               flags: Optional[int] = 0, legacy_ipc: bool = False,
+               hidden: bool = False) -> AnySegment:
         """Creates segment `name` of `size` bytes and opens it read-write.
 
         location  "host" (the default, as for gshm_create and gshmctl create),
@@ -230,6 +231,13 @@ class Client(object):
         mode      permission bits like chmod (0o600, 0o640, ...); not 0, which
                   gshm_create and gshmd take for the default 0600
                   (InvalidArgument; `gshmctl chmod NAME 0` sets 0 afterwards).
+        hidden    the segment has no name anyone sees (nobody else opens,
+                  stats or lists it) until seg.publish(); closing it (or
+                  this client, or a gshmd restart) before frees it.  Fill
+                  it, then publish(replace=True) to replace `name` in one
+                  step: readers find the old segment or the new one, never
+                  none.  NotImplementedError where libgshm lacks
+                  gshm_publish, NotSupported where gshmd is too old.
         Raises Exists (EEXIST), InvalidArgument, NoDevice, NotSupported,
         OutOfMemory, LimitExceeded, ..."""
         _check_new_mode(mode, "gshm_create", name)
@@ -245,6 +253,9 @@ class Client(object):
             flags = 0
         if legacy_ipc:
             flags |= L.GSHM_CREATE_LEGACY_IPC
+        if hidden:
+            _optional("gshm_publish")  # (an older libgshm would send the flag as it is)
+            flags |= L.GSHM_CREATE_HIDDEN
         with self._use() as p:
             out = ctypes.c_void_p()
             rc = L.lib().gshm_create(p, _enc(name), size, _enc(location, "location"), int(mode),

@@ -18,6 +18,8 @@ __all__ = [
     "GSHM_ACCESS_READ",
     "GSHM_ACCESS_READ_WRITE",
     "GSHM_CREATE_LEGACY_IPC",
+    "GSHM_CREATE_HIDDEN",
+    "GSHM_PUBLISH_REPLACE",
     "SegmentInfoC",
     "LeaseInfoC",
     "ClientInfoC",
@@ -41,6 +43,8 @@ GSHM_LOCATION_MAX = 64
 GSHM_ACCESS_READ = 1
 GSHM_ACCESS_READ_WRITE = 2
 GSHM_CREATE_LEGACY_IPC = 0x1
+GSHM_CREATE_HIDDEN = 0x2
+GSHM_PUBLISH_REPLACE = 0x1
 
 _c_access = ctypes.c_int  # gshm_access_t: a C enum, int-sized
 
@@ -314,6 +318,8 @@ _OPTIONAL_PROTOTYPES = {
     "gshm_torch_last_error": (_int, []),
     # owner pinning of gshm.torch.attach
     "gshm_client_uid": (_int, [_vp, ctypes.POINTER(ctypes.c_uint32)]),
+    # hidden creates and their publish (replacing a segment in place)
+    "gshm_publish": (_int, [_vp, ctypes.c_uint32]),
 }
 
 def fork_safe(lock):

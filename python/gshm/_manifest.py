@@ -45,6 +45,7 @@ import struct
 
 from ._core import _enc
 from ._dtypes import dtype as _to_dtype
+from ._errors import NotSupported
 from ._lib import GSHM_NAME_MAX
 # (defined in _owner, below this module and _safetensors, which both use them)
 from ._owner import (ManifestError, UntrustedSegment, owner_uid, check_owner, check_segment,
@@ -330,15 +331,37 @@ def decode(data):
 
 def write(client, prefix, data, mode=0o600):
     """Writes manifest bytes to host segment "<prefix>/manifest", replacing
-    an earlier one.  Not atomic: gshmd offers a client no rename and no
-    replacing create (a pull's replace swaps only segments pulled from a
-    peer), so from the old manifest's unlink until the new one's create (one
-    round trip to gshmd) a reader gets NotFound, and until the bytes are
-    copied in, ManifestError.  Raises the unlink's error (not NotFound: none
-    is fine), the create's, or the write's; a failed write leaves no
-    manifest of its own, and its error is the one raised, whatever the
-    cleanup meets."""
+    an earlier one atomically: the bytes go into a hidden segment, which is
+    then published over the old one in one step of gshmd, so a reader
+    (attach) finds the old manifest or the whole new one, never NotFound
+    and never a partial one.  Raises the create's, the write's or the
+    publish's error (PermissionDenied: the name is held by a manifest this
+    user may not unlink, which stays); a failed write leaves nothing of its
+    own (the hidden segment goes with its close).
+
+    Where libgshm or gshmd predates hidden segments (NotImplementedError,
+    NotSupported), the old way: unlink, create, copy, with its window in
+    which a reader gets NotFound, then ManifestError."""
     name = manifest_name(prefix)
+    try:
+        seg = client.create(name, len(data), location="host", mode=mode, hidden=True)
+    except (NotImplementedError, NotSupported):
+        return _write_replacing(client, name, data, mode)
+    try:
+        seg.write(data, 0)
+        seg.publish(replace=True)
+    finally:
+        seg.close()
+
+
+def _write_replacing(client, name, data, mode):
+    """write() for a libgshm or gshmd without hidden segments: not atomic
+    (no rename and no replacing create there), so from the old manifest's
+    unlink until the new one's create a reader gets NotFound, and until
+    the bytes are copied in, ManifestError.  Raises the unlink's error
+    (not NotFound: none is fine), the create's, or the write's; a failed
+    write leaves no manifest of its own, and its error is the one raised,
+    whatever the cleanup meets."""
     try:
         # No exists() first: a manifest another process unlinked between
         # the two failed the write with NotFound.

@@ -223,6 +223,24 @@ class Segment(object):
                 _raise(rc, "gshm_stat", self._h.client.ptr, self.name)
         return SegmentInfo._from_c(info)
 
+    def publish(self, replace: bool = False) -> None:
+        """Gives a hidden segment (Client.create(..., hidden=True)) its
+        name, in one step of gshmd (gshm_publish): with replace, the
+        segment that held the name is unlinked in the same step (its
+        holders keep it), so a reader never finds the name missing; after
+        a gshmd crash the name holds the old segment or this one.  info
+        then has the live segment's id and generation.
+        Raises Exists (the name is held and not replace), PermissionDenied
+        (replace of a segment this user may not unlink: it stays),
+        InvalidArgument (not hidden, or published already), Revoked (the
+        hidden segment is gone: gshmd restarted since the create)."""
+        fn = _optional("gshm_publish")
+        with self._use() as p:
+            rc = fn(p, L.GSHM_PUBLISH_REPLACE if replace else 0)
+            if rc < 0:
+                _raise(rc, "gshm_publish", self._h.client.ptr, self.name)
+            self._info = SegmentInfo._from_c(L.lib().gshm_segment_info(p).contents)
+
     def __len__(self) -> int:
         return self._info.size
 

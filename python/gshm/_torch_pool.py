@@ -239,8 +239,9 @@ class MemPool(object):
         the segment, byte offset, dtype, shape and strides.  metadata: str ->
         str, returned by attach() as .metadata.  The device is synchronised
         first, so the bytes are in place.  Returns the manifest's name.
-        An earlier manifest is replaced, not atomically: an attach() in that
-        moment gets NotFound (gshm._manifest.write says why).
+        An earlier manifest is replaced atomically: an attach() meanwhile
+        reads the old one or the new one (gshm._manifest.write; not so
+        with a gshmd or libgshm older than hidden segments).
         Raises ValueError for a tensor that is not in this pool, or for a
         non-persistent pool (its segments have no names to attach by)."""
         self._check_usable()

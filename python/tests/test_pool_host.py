@@ -608,11 +608,46 @@ def test_manifest_that_is_not_one(client, segname):
     client.unlink(segname + "/manifest")
 
 
+def _old_manifest_write(client, monkeypatch):
+    """write() as with a gshmd too old for hidden segments (NotSupported):
+    its unlink-then-create fallback."""
+    create = client.create
+
+    def no_hidden(*args, hidden=False, **kw):
+        if hidden:
+            raise gshm.NotSupported(errno.ENOTSUP, "gshm_create: no hidden segments", args[0])
+        return create(*args, **kw)
+    monkeypatch.setattr(client, "create", no_hidden)
+
+
+def test_manifest_write_failure_keeps_the_old_one(client, segname, monkeypatch):
+    """A write whose copy fails raises the copy's error and leaves the
+    manifest that was there, whole (the new one was hidden: its close
+    freed it)."""
+    _manifest.write(client, segname, _manifest.encode("host", {}, {}, metadata={"a": "1"}))
+    before = client.status()
+    failure = OSError(errno.EIO, "the copy failed")
+
+    def write(seg, data, offset=0):
+        raise failure
+    monkeypatch.setattr(gshm.HostSegment, "write", write)
+    with pytest.raises(OSError) as e:
+        _manifest.write(client, segname, _manifest.encode("host", {}, {}, metadata={"b": "2"}))
+    assert e.value is failure
+    monkeypatch.undo()
+    assert _manifest.read(client, segname)["metadata"] == {"a": "1"}
+    after = client.status()
+    assert (after.segments, after.bytes) == (before.segments, before.bytes)
+    client.unlink(_manifest.manifest_name(segname))
+
+
 def test_manifest_write_keeps_its_own_error(client, segname, daemon, monkeypatch):
     """A write that failed unlinked the new manifest to leave none, and a
     failure of that unlink (another process had unlinked the name) was
     raised in place of the write's own error.  Now the write's error is
-    raised, and a name another process holds by then is left alone."""
+    raised, and a name another process holds by then is left alone.  (The
+    fallback for an older gshmd: the hidden path unlinks nothing.)"""
+    _old_manifest_write(client, monkeypatch)
     name = _manifest.manifest_name(segname)
     failure = OSError(errno.EIO, "the copy failed")
     with gshm.Client(daemon.socket, name="other") as other:
@@ -639,7 +674,9 @@ def test_manifest_write_keeps_its_own_error(client, segname, daemon, monkeypatch
 def test_manifest_write_when_the_old_one_goes_first(client, segname, daemon, monkeypatch):
     """write() asked whether a manifest existed, then unlinked it: one that
     another process unlinked in between failed the write with NotFound.
-    Now it unlinks whatever is there, and none is no error."""
+    Now it unlinks whatever is there, and none is no error.  (The fallback
+    for an older gshmd, as above.)"""
+    _old_manifest_write(client, monkeypatch)
     name = _manifest.manifest_name(segname)
     _manifest.write(client, segname, _manifest.encode("host", {}, {}, metadata={"a": "1"}))
     real = client.unlink
