@@ -138,7 +138,8 @@ typedef struct gshm_status_info {
   int64_t started_ns;              /* CLOCK_REALTIME */
   uint32_t clients, segments, leases, devices;
   uint64_t bytes;                  /* allocated by all live and unlinked segments and
-                                      by pulls in progress (not yet named) */
+                                      by hidden ones: pulls in progress and
+                                      GSHM_CREATE_HIDDEN creates not yet published */
   char backends[64];               /* comma-separated: "host", "host,cuda" */
   /* "" normally.  Set while the GPUs are unusable to gshmd (a sticky CUDA
    * error at its start, e.g. "0000:18:00.0: CUDA_ERROR_ECC_UNCORRECTABLE";

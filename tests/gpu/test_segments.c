@@ -599,6 +599,35 @@ static void check_rdma_capable(gshm_client_t *c, const char *name) {
     CHECK(theirs, "gshmd's device allocation is not GPUDirect-RDMA-capable");
 }
 
+/* A hidden device segment (GSHM_CREATE_HIDDEN), filled on GPU 0 and
+ * published over name (ours, no lease left): another process then reads
+ * the new bytes under the name. */
+static void step_publish(gshm_client_t *c, const char *name) {
+  gshm_segment_t *s = NULL, *o = NULL;
+  char seed[32];
+  void *addr = NULL;
+  int dev = 0, e;
+
+  rand_seed(seed, sizeof(seed));
+  e = gshm_create(c, name, SEG_SIZE, loc[0], 0666, GSHM_CREATE_HIDDEN, &s);
+  REQUIRE(e == 0, "hidden create at %s: %s (%s)", loc[0], gshm_strerror(e), gshm_last_error(c));
+  CHECK(gshm_segment_info(s)->id == 0, "a hidden segment has id %" PRIu64,
+        gshm_segment_info(s)->id);
+  e = gshm_map(s, &dev, 1, &addr);
+  REQUIRE(e == 0, "map hidden on 0: %s", gshm_strerror(e));
+  fill_on(0, addr, gshm_segment_info(s)->size, strtoull(seed, NULL, 0));
+  e = gshm_publish(s, 0);
+  CHECK(e == -EEXIST, "publish over %s without replace: %s", name, gshm_strerror(e));
+  e = gshm_publish(s, GSHM_PUBLISH_REPLACE);
+  CHECK(e == 0, "publish over %s: %s (%s)", name, gshm_strerror(e), gshm_last_error(c));
+  CHECK(gshm_open(c, name, GSHM_ACCESS_READ, &o) == 0 &&
+            gshm_segment_info(o)->id == gshm_segment_info(s)->id,
+        "%s is not the published segment", name);
+  gshm_close(o);
+  gshm_close(s);
+  ROLE("verify", name, "0", seed);
+}
+
 static void test_main(struct harness *h) {
   gshm_client_t *c;
   char seed[32], seed2[32], seed3[32], size[32];
@@ -668,6 +697,10 @@ static void test_main(struct harness *h) {
   ROLE("verify", "t/kill", other, seed3);
   ROLE("verify", "t/kill", "0", seed3);
   fprintf(stderr, "sigkill: done (%d failures so far)\n", failures);
+
+  /* publish: a hidden device segment replaces t/kill */
+  step_publish(c, "t/kill");
+  fprintf(stderr, "publish: done (%d failures so far)\n", failures);
 
   /* memory */
   CHECK(gshm_unlink(c, "t/p2p") == 0, "unlink t/p2p");

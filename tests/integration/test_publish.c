@@ -101,14 +101,19 @@ static int republish(gshm_client_t *c, const char *name, uint8_t v) {
 /* The reader: opens and reads the name until told to stop; every open
  * must find it and every read must be whole.  Steps once when it has
  * read the first version. */
+struct reader {
+  const char *socket, *name;
+};
+
 static void reader_body(struct harness_kid *k, void *arg) {
+  const struct reader *r = arg;
   gshm_client_t *c;
   int e, v, last = -1, versions = 0;
   long reads = 0;
 
-  KCHECK(gshm_connect((const char *)arg, "reader", &c) == 0);
+  KCHECK(gshm_connect(r->socket, "reader", &c) == 0);
   for (;;) {
-    bool ok = read_uniform(c, "w/model", &e, &v);
+    bool ok = read_uniform(c, r->name, &e, &v);
     if (!ok)
       fprintf(stderr, "reader: open/read %d (%s), value %d\n", e, gshm_strerror(e), v);
     KCHECK(ok);
@@ -125,10 +130,23 @@ static void reader_body(struct harness_kid *k, void *arg) {
   gshm_disconnect(c);
 }
 
+/* Starts reader_body as UID_B on r->name and waits for its first read. */
+static void reader_start(struct harness_kid *k, const struct reader *r) {
+  assert_int_equal(harness_kid_start(k, UID_B, UID_B, reader_body, (void *)r), 0);
+  assert_true(harness_kid_await(k->from_kid, 10000));
+}
+
+/* Stops it: it must have met no missing name, no partial segment. */
+static void reader_stop(struct harness_kid *k) {
+  assert_int_equal(harness_kid_step(k->to_kid), 0);
+  assert_int_equal(harness_kid_wait(k), 0);
+}
+
 /* 200 republishes under a reader of another uid that polls the name:
  * never ENOENT, never a partial segment (with unlink-then-create, the
  * reader met ENOENT between the two). */
 static void test_republish_is_atomic(void **state) {
+  const struct reader r = {h->socket_path, "w/model"};
   struct harness_kid k;
   gshm_client_t *c;
   gshm_status_info_t st;
@@ -137,17 +155,70 @@ static void test_republish_is_atomic(void **state) {
   need_root();
   assert_int_equal(gshm_connect(h->socket_path, "publisher", &c), 0);
   assert_int_equal(republish(c, "w/model", 1), 0);
-  assert_int_equal(harness_kid_start(&k, UID_B, UID_B, reader_body, (void *)h->socket_path), 0);
-  assert_true(harness_kid_await(k.from_kid, 10000));
+  reader_start(&k, &r);
   for (int i = 0; i < 200; i++)
     assert_int_equal(republish(c, "w/model", (uint8_t)(2 + i % 250)), 0);
-  assert_int_equal(harness_kid_step(k.to_kid), 0);
-  assert_int_equal(harness_kid_wait(&k), 0);
+  reader_stop(&k);
   /* nothing left but the last version */
   assert_int_equal(gshm_status(c, &st), 0);
   assert_int_equal(st.segments, 1);
   assert_int_equal(st.bytes, SEG);
   assert_int_equal(gshm_unlink(c, "w/model"), 0);
+  gshm_disconnect(c);
+}
+
+struct racer {
+  const char *socket;
+  uint8_t first;   /* values first .. first + 99 */
+  int want;        /* what each publish must return: 0, or -EACCES for another user's name */
+};
+
+/* 100 republishes of r/x as fast as it can, each publish answered want. */
+static void racer_body(struct harness_kid *k, void *arg) {
+  const struct racer *r = arg;
+  gshm_client_t *c;
+
+  KCHECK(gshm_connect(r->socket, "racer", &c) == 0);
+  KCHECK(harness_kid_await(k->in, 10000)); /* all start together */
+  for (int i = 0; i < 100; i++) {
+    int e = republish(c, "r/x", (uint8_t)(r->first + i));
+    if (e != r->want)
+      fprintf(stderr, "racer %u: publish %d (%s): %s\n", r->first, e, gshm_strerror(e),
+              gshm_last_error(c));
+    KCHECK(e == r->want);
+  }
+  gshm_disconnect(c);
+}
+
+/* Publishes of one name racing: two clients of one uid replace it 100
+ * times each while a user who may not unlink it tries to (EACCES every
+ * time: the name is never found free) and a reader polls it (never
+ * missing, never partial).  One segment and its bytes are left. */
+static void test_racing_publishes(void **state) {
+  struct racer rs[3] = {{h->socket_path, 1, 0}, {h->socket_path, 101, 0},
+                        {h->socket_path, 201, -EACCES}};
+  uid_t uids[3] = {(uid_t)-1, (uid_t)-1, UID_A};
+  const struct reader r = {h->socket_path, "r/x"};
+  struct harness_kid k[3], reader;
+  gshm_client_t *c;
+  gshm_status_info_t st;
+  (void)state;
+
+  need_root();
+  assert_int_equal(gshm_connect(h->socket_path, "root", &c), 0);
+  assert_int_equal(republish(c, "r/x", 250), 0);
+  reader_start(&reader, &r);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(harness_kid_start(&k[i], uids[i], uids[i], racer_body, &rs[i]), 0);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(harness_kid_step(k[i].to_kid), 0);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(harness_kid_wait(&k[i]), 0);
+  reader_stop(&reader);
+  assert_int_equal(gshm_status(c, &st), 0);
+  assert_int_equal(st.segments, 1);
+  assert_int_equal(st.bytes, SEG);
+  assert_int_equal(gshm_unlink(c, "r/x"), 0);
   gshm_disconnect(c);
 }
 
@@ -422,6 +493,7 @@ static void test_killed_around_publish(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_republish_is_atomic),
+      cmocka_unit_test(test_racing_publishes),
       cmocka_unit_test(test_hidden_is_nobody_elses),
       cmocka_unit_test(test_quota_counts_hidden),
       cmocka_unit_test(test_creator_gone_leaves_nothing),
