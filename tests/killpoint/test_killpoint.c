@@ -68,6 +68,7 @@ enum step {
   STEP_CREATE,
   STEP_MAP,
   STEP_WRITE,
+  STEP_PUBLISH,     /* hidden sequence only: the segment takes its name */
   STEP_OPEN,        /* a second lease on the same segment */
   STEP_MAP2,
   STEP_CLOSE2,
@@ -79,12 +80,14 @@ enum step {
 };
 
 static const char *const step_names[STEP_COUNT] = {
-    "connect", "create", "map", "write", "open", "map2", "close2", "unlink", "unmap", "close",
+    "connect", "create", "map", "write", "publish", "open", "map2", "close2", "unlink", "unmap", "close",
     "disconnect"};
 
-/* Runs the steps, raising SIGKILL right after step kill_after (-1: never).
+/* Runs the steps, raising SIGKILL right after step kill_after (-1: never);
+ * hidden: the create is GSHM_CREATE_HIDDEN and STEP_PUBLISH names it.
  * Child side: never returns. */
-static void child_sequence(const char *socket_path, const char *name, int kill_after, bool loop) {
+static void child_sequence(const char *socket_path, const char *name, int kill_after, bool loop,
+                           bool hidden) {
   static unsigned char buf[SEG_BYTES];
   unsigned iter = 0;
 
@@ -100,9 +103,12 @@ static void child_sequence(const char *socket_path, const char *name, int kill_a
       int e = 0;
       switch (k) {
       case STEP_CONNECT: e = gshm_connect(socket_path, "victim", &c); break;
-      case STEP_CREATE: e = gshm_create(c, nm, SEG_BYTES, "host", 0600, 0, &s1); break;
+      case STEP_CREATE:
+        e = gshm_create(c, nm, SEG_BYTES, "host", 0600, hidden ? GSHM_CREATE_HIDDEN : 0, &s1);
+        break;
       case STEP_MAP: e = gshm_map(s1, NULL, 0, &addr); break;
       case STEP_WRITE: e = gshm_write(s1, 0, buf, sizeof(buf)); break;
+      case STEP_PUBLISH: e = hidden ? gshm_publish(s1, 0) : 0; break;
       case STEP_OPEN: e = gshm_open(c, nm, GSHM_ACCESS_READ, &s2); break;
       case STEP_MAP2: e = gshm_map(s2, NULL, 0, &addr); break;
       case STEP_CLOSE2: e = gshm_close(s2); break;
@@ -211,26 +217,31 @@ static void reap_killed(pid_t pid) {
   assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
 }
 
-/* Killed right after each step in turn. */
+/* Killed right after each step in turn; then the same with a hidden
+ * create, which leaves nothing before its publish. */
 static void test_kill_after_each_step(void **state) {
   struct fx *f = *state;
 
-  for (int k = 0; k < STEP_COUNT; k++) {
-    char what[64];
-    pid_t pid;
-    int left;
+  for (int hidden = 0; hidden < 2; hidden++)
+    for (int k = 0; k < STEP_COUNT; k++) {
+      char what[64];
+      pid_t pid;
+      int left;
 
-    snprintf(what, sizeof(what), "kill after %s", step_names[k]);
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0)
-      child_sequence(f->h.socket_path, "kp-step", k, false);
-    reap_killed(pid);
-    left = expect_baseline(f, what);
-    /* The name outlives its creator exactly between create and unlink. */
-    assert_int_equal(left, k >= STEP_CREATE && k < STEP_UNLINK ? 1 : 0);
-    print_message("    %-28s ok (%d named segment left, unlinked by the watcher)\n", what, left);
-  }
+      if (k == STEP_PUBLISH && !hidden)
+        continue; /* (no step there) */
+      snprintf(what, sizeof(what), "kill after %s%s", step_names[k], hidden ? " (hidden)" : "");
+      pid = fork();
+      assert_true(pid >= 0);
+      if (pid == 0)
+        child_sequence(f->h.socket_path, "kp-step", k, false, hidden);
+      reap_killed(pid);
+      left = expect_baseline(f, what);
+      /* The name outlives its creator exactly between its create (a
+       * hidden one's publish) and its unlink. */
+      assert_int_equal(left, k >= (hidden ? STEP_PUBLISH : STEP_CREATE) && k < STEP_UNLINK);
+      print_message("    %-37s ok (%d named segment left, unlinked by the watcher)\n", what, left);
+    }
 }
 
 /* A child loops through the whole sequence; the parent kills it at a
@@ -252,7 +263,7 @@ static void test_kill_at_random_moments(void **state) {
     pid = fork();
     assert_true(pid >= 0);
     if (pid == 0)
-      child_sequence(f->h.socket_path, name, -1, true);
+      child_sequence(f->h.socket_path, name, -1, true, i % 2); /* (every other: hidden) */
     usleep(r % 20000); /* 0-20 ms: a few iterations at most */
     kill(pid, SIGKILL);
     reap_killed(pid);
