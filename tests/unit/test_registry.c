@@ -320,6 +320,52 @@ static void test_hidden_publish(void **state) {
   assert_true(gshmd_registry_find_name(&f->reg, "m/a") == segs[0]);
 }
 
+/* A client's own hidden segment (SEGMENT_FLAG_HIDDEN): only its
+ * creator's lease publishes it, once; a pull's hidden segment is not
+ * published through a relay's lease of it; closing the creator's lease
+ * before the publish frees it. */
+static void test_publish_lease(void **state) {
+  struct fixture *f = *state;
+  Gshm__CreateRequest req = GSHM__CREATE_REQUEST__INIT;
+  struct gshmd_lease *l, *relay, *out;
+  struct gshmd_segment *pulled;
+  const char *msg = NULL;
+
+  req.name = "p/x";
+  req.size = 100;
+  req.location = "host";
+  req.flags = GSHM__SEGMENT_FLAG__SEGMENT_FLAG_HIDDEN;
+  assert_int_equal(gshmd_registry_create(&f->reg, f->alice, &req, &l, NULL, &msg), 0);
+  assert_true(l->seg->hidden && l->seg->local && l->seg->id == 0 && l->seg->flags == 0);
+  assert_null(gshmd_registry_find_name(&f->reg, "p/x"));
+  assert_int_equal(f->reg.nhidden, 1);
+  /* another client's (an admin's too) PUBLISH of the lease */
+  assert_int_equal(gshmd_registry_publish_lease(&f->reg, f->bob, l->id, true, &out, &msg),
+                   -ESTALE);
+  assert_int_equal(gshmd_registry_publish_lease(&f->reg, f->root, l->id, true, &out, &msg),
+                   -ESTALE);
+  assert_int_equal(gshmd_registry_publish_lease(&f->reg, f->alice, l->id, false, &out, &msg), 0);
+  assert_true(out == l && gshmd_registry_find_name(&f->reg, "p/x") == l->seg);
+  assert_true(l->seg->id != 0 && !l->seg->hidden && !l->seg->local);
+  assert_int_equal(gshmd_registry_publish_lease(&f->reg, f->alice, l->id, true, &out, &msg),
+                   -EINVAL);
+  /* a pull's hidden segment, leased by a relaying peer's client */
+  pulled = hidden(f, f->alice, "p/y", 100);
+  assert_int_equal(gshmd_registry_lease_hidden(&f->reg, f->alice, pulled,
+                                               GSHM__ACCESS__ACCESS_READ_WRITE, &relay, &msg), 0);
+  assert_int_equal(gshmd_registry_publish_lease(&f->reg, f->alice, relay->id, false, &out, &msg),
+                   -EINVAL);
+  assert_true(pulled->hidden);
+  gshmd_registry_discard_hidden(&f->reg, pulled);
+  /* closed before its publish: gone, uncharged */
+  req.name = "p/z";
+  assert_int_equal(gshmd_registry_create(&f->reg, f->alice, &req, &l, NULL, &msg), 0);
+  assert_int_equal(f->reg.nhidden, 1);
+  assert_int_equal(gshmd_registry_close(&f->reg, f->alice, l->id), 0);
+  assert_int_equal(f->reg.nhidden, 0);
+  assert_true(f->reg.bytes == 4096); /* p/x's page only */
+}
+
 /* Published segments are in the id index as created ones are: a listing
  * page resumes after its cursor through the index (the cursor's segment
  * may have been freed), and it skipped every published segment (a pull's)
@@ -424,6 +470,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_unlink_keeps_memory_for_leases, setup, teardown),
       cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hidden_publish, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_publish_lease, setup, teardown),
       cmocka_unit_test_setup_teardown(test_hidden_duplicate_discard, setup, teardown),
       cmocka_unit_test_setup_teardown(test_published_are_indexed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_restart_grace, setup, teardown),
