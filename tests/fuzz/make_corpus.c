@@ -389,6 +389,29 @@ int main(int argc, char **argv) {
     script_add(&sc, GSHM_WIRE_REVOKE, 4, &rv.base);
     put("fuzz_server", "revoke_two_leases", sc.buf, sc.len);
   }
+  /* A hidden create published over a visible segment of its name
+   * (SEGMENT_FLAG_HIDDEN, PUBLISH with replace), then published again
+   * (refused: its lease's segment is named now) and a lease id that is
+   * not the sender's. */
+  {
+    Gshm__PublishRequest pb = GSHM__PUBLISH_REQUEST__INIT;
+    sc.len = 0;
+    sc.buf[sc.len++] = 1;
+    cr.name = "s";
+    cr.flags = 0;
+    script_add(&sc, GSHM_WIRE_CREATE, 2, &cr.base);
+    cr.flags = GSHM__SEGMENT_FLAG__SEGMENT_FLAG_HIDDEN;
+    script_add(&sc, GSHM_WIRE_CREATE, 3, &cr.base);
+    pb.lease_id = 2;
+    pb.replace = 1;
+    script_add(&sc, GSHM_WIRE_PUBLISH, 4, &pb.base);
+    script_add(&sc, GSHM_WIRE_PUBLISH, 5, &pb.base);
+    pb.lease_id = 99;
+    script_add(&sc, GSHM_WIRE_PUBLISH, 6, &pb.base);
+    script_add(&sc, GSHM_WIRE_STAT, 7, &st.base);
+    put("fuzz_server", "publish_replace", sc.buf, sc.len);
+    cr.flags = 0;
+  }
 
   /* The cluster port (fuzz_cluster_stream): before the hello, a Hello in
    * one frame (24-byte header, then the Msg); after it, records
