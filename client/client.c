@@ -363,7 +363,9 @@ static int retake_leases(struct gshm_client *c) {
     if (l->hidden) { /* (gshmd keeps no hidden segment through a restart) */
       l->lease_id = 0;
       l->revoked = true;
-      gshm_log_warn("hidden segment '%s' lost: gshmd restarted before its publish", l->info.name);
+      gshm_log_warn("hidden segment '%s' lost: gshmd restarted before its publish (unless a "
+                    "publish of it under way was stored: its resend says)",
+                    l->info.name);
       continue;
     }
     m.segment_id = l->info.id;
@@ -852,8 +854,10 @@ int gshm_close(gshm_segment_t *seg) {
 int gshm_publish(gshm_segment_t *seg, uint32_t flags) {
   Gshm__PublishRequest m = GSHM__PUBLISH_REQUEST__INIT;
   Gshm__Reply *reply = NULL;
+  uint8_t token[GSHM_PUBLISH_TOKEN_BYTES];
   struct gshm__lease *l;
   struct gshm_client *c;
+  bool resent;
   int e;
 
   if (!seg || (flags & ~GSHM_PUBLISH_REPLACE))
@@ -874,9 +878,17 @@ int gshm_publish(gshm_segment_t *seg, uint32_t flags) {
   }
   m.lease_id = l->lease_id;
   m.replace = (flags & GSHM_PUBLISH_REPLACE) != 0;
+  /* gshmd notes the segment it publishes under it: a resend after a
+   * restart that lost the reply gets that segment and a new lease on it
+   * (the first lease ended with that gshmd), and publishes nothing */
+  if (gshm__draw_token(token, sizeof(token))) {
+    m.token.data = token;
+    m.token.len = sizeof(token);
+  }
   e = gshm__request(c, GSHM_WIRE_PUBLISH, &m.base, &reply, NULL);
+  resent = c->resent_after_loss; /* (the reconnect marked l revoked: the reply's lease is new) */
   if (!e && (reply->body_case != GSHM__REPLY__BODY_GRANT || !reply->grant->segment ||
-             reply->grant->lease_id != l->lease_id))
+             (!resent && reply->grant->lease_id != l->lease_id)))
     e = -EPROTO;
   if (!e) {
     /* Our leases on the segment it replaced serve no new opens. */
@@ -886,6 +898,16 @@ int gshm_publish(gshm_segment_t *seg, uint32_t flags) {
     gshm__info_from_wire(&l->info, reply->grant->segment);
     lease_set_token(l, reply->grant);
     l->hidden = false;
+    if (resent) {
+      l->lease_id = reply->grant->lease_id;
+      l->revoked = false;
+      l->unlinked = reply->grant->segment->state == GSHM__SEGMENT_STATE__SEGMENT_STATE_UNLINKED;
+      if (l->addr) { /* (as a re-take reports it) */
+        char **uuids = NULL;
+        size_t n = gshm__map_device_uuids(l, &uuids);
+        gshm__report_mapping(c, l, uuids, n, false);
+      }
+    }
   }
   if (reply)
     gshm__reply__free_unpacked(reply, NULL);

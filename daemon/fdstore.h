@@ -108,6 +108,7 @@ struct gshmd_fdstore {
    * publish's first member is noted under (while memo_armed) */
   uint8_t memo_key[16];    /* GSHMD_MEMO_TOKEN_BYTES */
   uint32_t memo_uid;
+  uint32_t memo_kind;      /* enum gshmd_memo_kind */
   bool memo_armed;
 };
 
@@ -196,7 +197,12 @@ uint64_t gshmd_fdstore_max_restorable(uint64_t max_name);
 #define GSHMD_MEMO_ENTRIES 64u
 #define GSHMD_MEMO_PER_UID (GSHMD_MEMO_ENTRIES / 4)
 #define GSHMD_MEMO_TOKEN_BYTES 16u
-enum gshmd_memo_kind { GSHMD_MEMO_REVOKE = 1, GSHMD_MEMO_PULL = 2, GSHMD_MEMO_UNLINK = 3 };
+enum gshmd_memo_kind {
+  GSHMD_MEMO_REVOKE = 1,
+  GSHMD_MEMO_PULL = 2,
+  GSHMD_MEMO_UNLINK = 3,
+  GSHMD_MEMO_PUBLISH = 4 /* a local client's PUBLISH of its hidden create */
+};
 
 /* Notes that uid's request of kind with token (GSHMD_MEMO_TOKEN_BYTES)
  * acts on segment id.  Returns 0; -EBADF no journal (fs NULL, no service
@@ -210,11 +216,13 @@ bool gshmd_fdstore_memo_find(const struct gshmd_fdstore *fs, const uint8_t *toke
                              enum gshmd_memo_kind kind, uint64_t *id_out);
 
 /* The next publish's first member (gshmd_registry_publish: its new id) is
- * noted as uid's GSHMD_MEMO_PULL under key (GSHMD_MEMO_TOKEN_BYTES)
- * before the store learns of the publish; key NULL disarms.  A pull arms
- * it right before its publish and disarms it right after (a publish that
- * failed early noted nothing).  fs may be NULL (nothing). */
-void gshmd_fdstore_memo_on_publish(struct gshmd_fdstore *fs, const uint8_t *key, uint32_t uid);
+ * noted as uid's request of kind (GSHMD_MEMO_PULL, GSHMD_MEMO_PUBLISH)
+ * under key (GSHMD_MEMO_TOKEN_BYTES) before the store learns of the
+ * publish; key NULL disarms.  A pull and a PUBLISH arm it right before
+ * their publish and disarm it right after (a publish that failed early
+ * noted nothing).  fs may be NULL (nothing). */
+void gshmd_fdstore_memo_on_publish(struct gshmd_fdstore *fs, const uint8_t *key, uint32_t uid,
+                                   enum gshmd_memo_kind kind);
 
 /* Unhooks the registry; says so in the log when the store is behind (those
  * changes are lost or undone at the next start).  Closes the buckets'

@@ -324,11 +324,13 @@ bool gshmd_fdstore_memo_find(const struct gshmd_fdstore *fs, const uint8_t *toke
   return newest != 0;
 }
 
-void gshmd_fdstore_memo_on_publish(struct gshmd_fdstore *fs, const uint8_t *key, uint32_t uid) {
+void gshmd_fdstore_memo_on_publish(struct gshmd_fdstore *fs, const uint8_t *key, uint32_t uid,
+                                   enum gshmd_memo_kind kind) {
   if (!fs)
     return;
   fs->memo_armed = key != NULL;
   if (key)
     memcpy(fs->memo_key, key, sizeof(fs->memo_key));
   fs->memo_uid = uid;
+  fs->memo_kind = kind;
 }

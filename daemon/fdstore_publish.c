@@ -63,7 +63,7 @@ void gshmd__publish_begin(struct gshmd_fdstore *fs) {
 void gshmd__publish_member(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
   if (fs->memo_armed) { /* (its buckets are written at the publish's end) */
     fs->memo_armed = false;
-    gshmd_fdstore_memo_put(fs, fs->memo_key, fs->memo_uid, GSHMD_MEMO_PULL, seg->id);
+    gshmd_fdstore_memo_put(fs, fs->memo_key, fs->memo_uid, fs->memo_kind, seg->id);
   }
   if (fs->pub_untagged || (!seg->fs_bucket && !seg->fs_slot))
     return;

@@ -287,6 +287,17 @@ int gshmd_registry_publish_lease(struct gshmd_registry *r, struct gshmd_client *
                                  uint64_t lease_id, bool replace, struct gshmd_lease **lease_out,
                                  const char **msg_out);
 
+/* A PUBLISH sent again after a restart lost its reply, whose first one
+ * published segment id (the fd store's resend memo): a new read-write
+ * lease of c on that segment, as the first one's lease re-taken would be
+ * (unlinked or replaced since, it is still the one).  *lease_out: the
+ * lease.  Errors: -ESTALE no segment has that id (the restart came before
+ * the publish reached the store: the hidden segment is lost; or it was
+ * freed since, as the first lease would have been); -EDQUOT, -ENOMEM as a
+ * lease's.  *msg_out says why. */
+int gshmd_registry_publish_resent(struct gshmd_registry *r, struct gshmd_client *c, uint64_t id,
+                                  struct gshmd_lease **lease_out, const char **msg_out);
+
 /* The fd store has recorded complete the publish that replaced seg and
  * cleared seg->fs_replaced: seg, when unlinked and unleased, is freed now
  * (a restored one at the end of the grace period, as an unlink's). */

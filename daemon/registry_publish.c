@@ -271,3 +271,28 @@ int gshmd_registry_publish_lease(struct gshmd_registry *r, struct gshmd_client *
   *lease_out = l;
   return 0;
 }
+
+int gshmd_registry_publish_resent(struct gshmd_registry *r, struct gshmd_client *c, uint64_t id,
+                                  struct gshmd_lease **lease_out, const char **msg_out) {
+  struct gshmd_segment *seg = gshmd_registry_find_id(r, id);
+  int e;
+
+  /* (ids never recur: one noted by a publish that the store never got
+   * is nobody's after the restart) */
+  if (!seg || seg->hidden) {
+    gshm_log_notice("publish sent again by pid %d (its token is an earlier publish's: a reply "
+                    "lost to a restart): its segment id %" PRIu64 " is gone, the restart came "
+                    "before the publish was stored or it was freed since",
+                    (int)c->cred.pid, id);
+    *msg_out = "the hidden segment is gone: gshmd restarted before its publish was stored (or "
+               "the published segment was freed since)";
+    return -ESTALE;
+  }
+  if ((e = gshmd__reg_lease_add(r, c, seg, GSHM__ACCESS__ACCESS_READ_WRITE, lease_out, msg_out)))
+    return e;
+  gshm_log_notice("publish of '%s' sent again by pid %d (its token is an earlier publish's: a "
+                  "reply lost to a restart): that one published it as id %" PRIu64
+                  "; lease %" PRIu64 " given",
+                  seg->name, (int)c->cred.pid, seg->id, (*lease_out)->id);
+  return 0;
+}

@@ -180,8 +180,7 @@ static int handle_open(struct req *q, Gshm__OpenRequest *m) {
 static int handle_publish(struct req *q, Gshm__PublishRequest *m) {
   struct gshmd_lease *l;
   const char *msg = NULL;
-  int e = gshmd_registry_publish_lease(q->c->srv->reg, q->c->client, m->lease_id, m->replace, &l,
-                                       &msg);
+  int e = gshmd_request_publish(q->c, m, &l, &msg);
   return e ? set_error(q, e, msg) : grant_fill(q, l);
 }
 

@@ -116,6 +116,21 @@ int gshmd_request_revoke(struct conn *c, const Gshm__RevokeRequest *m, const cha
  * registry buffer. */
 int gshmd_request_unlink(struct conn *c, const Gshm__UnlinkRequest *m, const char **msg_out);
 
+/* Handles c's PublishRequest m (gshm_publish): gshmd_registry_publish_lease.
+ * A publish with a token (GSHM_PUBLISH_TOKEN_BYTES) has the published
+ * segment's new id noted in the fd store's resend memo before the publish
+ * reaches the store; the same token again from the same uid (libgshm's
+ * resend after a restart lost the reply) publishes nothing: it gets a new
+ * read-write lease on the first one's segment
+ * (gshmd_registry_publish_resent), or -ESTALE when that segment is gone
+ * (the restart came before the publish was stored).  *lease_out: the lease
+ * to grant (no fd: the client holds the segment's).  Errors: as
+ * gshmd_registry_publish_lease and gshmd_registry_publish_resent; -EINVAL
+ * a token of another length.  *msg_out may point at a static or registry
+ * buffer. */
+int gshmd_request_publish(struct conn *c, const Gshm__PublishRequest *m,
+                          struct gshmd_lease **lease_out, const char **msg_out);
+
 /* ---- server_admit.c ---- */
 
 /* The peer's credentials on socket fd into *cred (its groups malloc'ed:

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The revoke and unlink requests, and their resends after a gshmd
- * restart: the fd store's resend memo says which segment the first one
- * revoked or unlinked (requests.h). */
+/* The revoke, unlink and publish requests, and their resends after a
+ * gshmd restart: the fd store's resend memo says which segment the first
+ * one revoked, unlinked or published (requests.h). */
 #include <errno.h>
 #include <inttypes.h>
 
@@ -14,6 +14,7 @@
 
 _Static_assert(GSHM_REVOKE_TOKEN_BYTES == GSHMD_MEMO_TOKEN_BYTES, "a revoke token is a memo key");
 _Static_assert(GSHM_UNLINK_TOKEN_BYTES == GSHMD_MEMO_TOKEN_BYTES, "an unlink token is a memo key");
+_Static_assert(GSHM_PUBLISH_TOKEN_BYTES == GSHMD_MEMO_TOKEN_BYTES, "a publish token is a memo key");
 
 int gshmd_request_revoke(struct conn *cn, const Gshm__RevokeRequest *m, const char **msg_out) {
   struct gshmd_server *srv = cn->srv;
@@ -88,4 +89,30 @@ int gshmd_request_unlink(struct conn *cn, const Gshm__UnlinkRequest *m, const ch
     gshmd_notify_lease_holders(cn->srv, seg, GSHM__EVENT_KIND__EVENT_KIND_UNLINKED, cn);
   }
   return gshmd_registry_unlink(r, c, m->name, msg_out);
+}
+
+int gshmd_request_publish(struct conn *cn, const Gshm__PublishRequest *m,
+                          struct gshmd_lease **lease_out, const char **msg_out) {
+  struct gshmd_registry *r = cn->srv->reg;
+  struct gshmd_client *c = cn->client;
+  const uint8_t *token = m->token.len == GSHM_PUBLISH_TOKEN_BYTES ? m->token.data : NULL;
+  uint64_t first;
+  int e;
+
+  if (m->token.len && !token) {
+    *msg_out = "a publish token is 16 bytes";
+    return -EINVAL;
+  }
+  /* Sent again after a restart: the first one's segment, before the lease
+   * id is looked at (the first one's lease ended with its gshmd, and this
+   * gshmd may have given its id to another lease of c's). */
+  if (token && gshmd_fdstore_memo_find(r->fdstore, token, c->cred.uid, GSHMD_MEMO_PUBLISH, &first))
+    return gshmd_registry_publish_resent(r, c, first, lease_out, msg_out);
+  /* the new id is noted before the publish reaches the store: a restart
+   * that kept the publish keeps the note (fdstore_publish.c) */
+  if (token)
+    gshmd_fdstore_memo_on_publish(r->fdstore, token, c->cred.uid, GSHMD_MEMO_PUBLISH);
+  e = gshmd_registry_publish_lease(r, c, m->lease_id, m->replace, lease_out, msg_out);
+  gshmd_fdstore_memo_on_publish(r->fdstore, NULL, 0, GSHMD_MEMO_PUBLISH);
+  return e;
 }

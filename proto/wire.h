@@ -24,6 +24,7 @@
 #define GSHM_REVOKE_TOKEN_BYTES 16  /* RevokeRequest.token: random, per revoke */
 #define GSHM_UNLINK_TOKEN_BYTES 16  /* UnlinkRequest.token: random, per unlink */
 #define GSHM_PULL_TOKEN_BYTES 16    /* PullRequest.token: random, per pull */
+#define GSHM_PUBLISH_TOKEN_BYTES 16 /* PublishRequest.token: random, per publish */
 /* Welcome.capabilities bits (bit 0 host backend, bit 1 cuda backend). */
 #define GSHM_WIRE_CAP_PUBLISH 0x4u  /* SEGMENT_FLAG_HIDDEN creates and PUBLISH */
 /* The most segments a gshmd holds: limits.max_segments' maximum

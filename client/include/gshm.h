@@ -311,9 +311,15 @@ GSHM_EXTERN int gshm_close(gshm_segment_t *seg);
  * on either seg stays hidden and may be published again; -EINVAL NULL
  * seg, unknown flags, or seg not hidden (published already, or not made
  * hidden); -ESTALE the hidden segment is gone: gshmd restarted since the
- * create (hidden segments do not survive one; this includes a publish
- * whose reply a restart lost: gshm_stat_name() tells whether it took
- * effect); -ENOMEM; and the errors every call to the daemon may give. */
+ * create and before the publish was stored (hidden segments do not
+ * survive a restart; nothing was published); -ENOMEM; and the errors
+ * every call to the daemon may give.  A publish whose reply a gshmd
+ * restart lost is sent again with the same random token: when the first
+ * one was stored, gshmd answers with the segment it published (0, seg on
+ * that segment with a new lease, as above) and publishes nothing again;
+ * when it was not, -ESTALE.  Without gshmd's fd store (no service
+ * manager) there is no record of the first one: -ESTALE either way, and
+ * gshm_stat_name() tells whether it took effect. */
 GSHM_EXTERN int gshm_publish(gshm_segment_t *seg, uint32_t flags);
 
 /* Removes a segment's name.  Existing leases keep the memory until they

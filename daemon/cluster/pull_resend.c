@@ -163,7 +163,7 @@ void gshmd__pull_memo_arm(struct pull_set *s, bool arm) {
   bool one = !s->prefix || s->n == 1;
 
   gshmd_fdstore_memo_on_publish(s->cl->reg->fdstore, arm && one && s->memo ? s->memo_key : NULL,
-                                s->holder->cred.uid);
+                                s->holder->cred.uid, GSHMD_MEMO_PULL);
 }
 
 /* ---- a published set's answer ---- */

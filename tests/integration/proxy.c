@@ -21,7 +21,8 @@
 /* Moves one packet from `from` to `to` (its fd too).  *req_id: set to the
  * id of a request of p->type on its way to gshmd (while 0, and fewer than
  * p->losses kept); the reply with that id coming back is kept instead
- * (returns 2).  Returns 0 moved,
+ * (returns 2), or with p->lose_request that request itself (gshmd never
+ * sees it).  Returns 0 moved,
  * 1 one side ended, 2 the reply kept (p->kept, p->kept_fd). */
 static int pass_one(struct proxy *p, int from, int to, uint32_t *req_id) {
   static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
@@ -39,6 +40,10 @@ static int pass_one(struct proxy *p, int from, int to, uint32_t *req_id) {
     p->kept = true;
     p->lost++;
     return 2;
+  } else if (p->lose_request && p->lost < losses && hdr.type == p->type) {
+    p->kept = true; /* (its fds, none for the types tested, are closed below) */
+    p->lost++;
+    e = 2;
   } else {
     if (!*req_id && p->lost < losses && hdr.type == p->type)
       *req_id = hdr.request_id;

@@ -29,6 +29,8 @@ struct proxy {
   pthread_t t;
   int losses;           /* how many replies of that request (its resends') to keep, a
                            restart each; 0: one */
+  bool lose_request;    /* keep the request itself instead (gshmd never gets it): a
+                           restart before gshmd did the work */
   int lost;             /* how many were kept */
   bool kept;            /* that reply was kept (the thread's until joined) */
   int kept_fd;          /* its fd, or -1 */
@@ -37,8 +39,8 @@ struct proxy {
 
 /* Starts p's thread on a socket next to h's ("<socket>.proxy") for the
  * first reply to a request of type (and to its resends, p->losses);
- * p->restart_args, after_restart, arg and losses are set by the caller
- * first (or zero). */
+ * p->restart_args, after_restart, arg, losses and lose_request are set by
+ * the caller first (or zero). */
 void proxy_start(struct proxy *p, struct harness *h, uint16_t type);
 /* Ends p's thread (after h's gshmd stopped or the client left). */
 void proxy_stop(struct proxy *p);

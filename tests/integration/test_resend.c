@@ -16,6 +16,12 @@
  * carries a token that gshmd notes in the fd store's journal with the
  * segment it revokes: the resend says 0 and touches nothing else.
  *
+ * A publish of a hidden create: the first one published the segment, the
+ * resend met no lease (the first one's ended with its gshmd) and said
+ * -ESTALE, as if the hidden segment were lost.  Now it carries a token
+ * that gshmd notes with the published segment's id: the resend gets that
+ * segment and a new lease on it, and publishes nothing again.
+ *
  * Real gshmd and real libgshm; between them a proxy thread (proxy.h) that
  * passes every packet (and its fd) through, except the reply to the first
  * request of one type (create, unlink, revoke): that one it keeps,
@@ -374,6 +380,122 @@ static void test_unlink_resend_survives_another_users_unlinks(void **state) {
   assert_int_equal(churn_status, 0);
 }
 
+/* A publish through the proxy: c makes "pub/weights" a visible segment
+ * with bytes old (old_id), then a hidden one of that name (s) with bytes
+ * want, and publishes it over the old one (GSHM_PUBLISH_REPLACE) while
+ * the proxy loses the reply (or with lose_request the request) to a
+ * restart; e: what gshm_publish said.  got: room for SIZE bytes. */
+struct pub {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  unsigned char *old, *want, *got;
+  uint64_t old_id;
+  int e;
+};
+
+static void publish_lost(struct fx *f, bool lose_request, struct pub *t) {
+  struct proxy *p = &f->p;
+  gshm_segment_t *v;
+
+  assert_non_null(t->old = malloc(SIZE));
+  assert_non_null(t->want = malloc(SIZE));
+  assert_non_null(t->got = malloc(SIZE));
+  harness_random(t->old, SIZE, 0x01d);
+  harness_random(t->want, SIZE, 0x2ee);
+  p->lose_request = lose_request;
+  proxy_start(p, &f->h, GSHM_WIRE_PUBLISH);
+  f->proxied = true;
+  assert_int_equal(gshm_connect(p->path, "publisher", &t->c), 0);
+  assert_int_equal(gshm_create(t->c, "pub/weights", SIZE, NULL, 0644, 0, &v), 0);
+  assert_int_equal(gshm_write(v, 0, t->old, SIZE), 0);
+  t->old_id = gshm_segment_info(v)->id;
+  assert_int_equal(gshm_close(v), 0);
+  assert_int_equal(
+      gshm_create(t->c, "pub/weights", SIZE, NULL, 0644, GSHM_CREATE_HIDDEN, &t->s), 0);
+  assert_int_equal(gshm_write(t->s, 0, t->want, SIZE), 0);
+  t->e = gshm_publish(t->s, GSHM_PUBLISH_REPLACE);
+  assert_true(p->kept);
+  assert_int_equal(p->restarted, 0);
+}
+
+static void pub_end(struct pub *t) {
+  gshm_close(t->s);
+  gshm_disconnect(t->c);
+  free(t->old);
+  free(t->want);
+  free(t->got);
+}
+
+/* What a fresh client of h's gshmd finds under "pub/weights": its id
+ * (*id_out), its bytes (got, SIZE) and how many segments there are. */
+static void look(struct harness *h, uint64_t *id_out, unsigned char *got, uint32_t *n_out) {
+  gshm_client_t *o;
+  gshm_segment_t *r;
+  gshm_status_info_t st;
+
+  assert_int_equal(gshm_connect(h->socket_path, "looker", &o), 0);
+  assert_int_equal(gshm_open(o, "pub/weights", GSHM_ACCESS_READ, &r), 0);
+  *id_out = gshm_segment_info(r)->id;
+  assert_int_equal(gshm_read(r, 0, got, SIZE), 0);
+  assert_int_equal(gshm_status(o, &st), 0);
+  *n_out = st.segments;
+  gshm_close(r);
+  gshm_disconnect(o);
+}
+
+/* The publish is done and stored, its reply lost: the resend says 0, seg
+ * is the published segment, read-write, on a lease that a later restart
+ * re-takes; the name holds its bytes, one segment in all, and a publish
+ * again is -EINVAL (published already).  Before: the resend said -ESTALE
+ * although the segment was published. */
+static void test_publish_reply_lost_to_a_restart(void **state) {
+  struct fx *f = *state;
+  struct pub t;
+  gshm_segment_info_t info;
+  gshm_status_info_t st;
+  uint64_t id;
+  uint32_t n;
+
+  publish_lost(f, false, &t);
+  assert_int_equal(t.e, 0);
+  assert_true(gshm_segment_info(t.s)->id > t.old_id);
+  look(&f->h, &id, t.got, &n);
+  assert_int_equal(id, gshm_segment_info(t.s)->id);
+  assert_memory_equal(t.got, t.want, SIZE);
+  assert_int_equal(n, 1);
+  assert_int_equal(gshm_publish(t.s, GSHM_PUBLISH_REPLACE), -EINVAL);
+  /* the lease is valid: its writes are the name's, and a restart
+   * re-takes it (not revoked) */
+  t.want[7] ^= 0xff;
+  assert_int_equal(gshm_write(t.s, 7, &t.want[7], 1), 0);
+  assert_int_equal(harness_restart(&f->h, SIGKILL, NULL), 0);
+  assert_int_equal(gshm_status(t.c, &st), 0); /* (reconnects and re-takes) */
+  assert_int_equal(gshm_stat(t.s, &info), 0);
+  assert_int_equal(info.id, id);
+  look(&f->h, &id, t.got, &n);
+  assert_memory_equal(t.got, t.want, SIZE);
+  assert_int_equal(n, 1);
+  pub_end(&t);
+}
+
+/* The restart comes before gshmd got the publish (the proxy loses the
+ * request): the hidden segment is lost, the resend says -ESTALE and
+ * nothing is published; the name keeps the old segment and its bytes. */
+static void test_publish_lost_before_gshmd_got_it(void **state) {
+  struct fx *f = *state;
+  struct pub t;
+  uint64_t id;
+  uint32_t n;
+
+  publish_lost(f, true, &t);
+  assert_int_equal(t.e, -ESTALE);
+  look(&f->h, &id, t.got, &n);
+  assert_int_equal(id, t.old_id);
+  assert_memory_equal(t.got, t.old, SIZE);
+  assert_int_equal(n, 1);
+  pub_end(&t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_create_reply_lost_to_a_restart, setup, teardown),
@@ -385,6 +507,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_revoke_reply_lost_to_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revoke_id_reply_lost_to_a_restart, setup, teardown),
       cmocka_unit_test_setup_teardown(test_revoke_resend_spares_a_newer_segment, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_publish_reply_lost_to_a_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_publish_lost_before_gshmd_got_it, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
