@@ -594,16 +594,18 @@ int gshmd__pull_cancel(struct gshmd_cluster *cl, struct gshmd_client *c, const u
   int e = -ENOENT;
   gshm_list_foreach_safe(pos, tmp, &cl->pulls) {
     struct pull_set *s = gshm_list_entry(pos, struct pull_set, node);
-    if (s->requester != c || (request_id && (s->request_id != *request_id || s->err)))
+    if (s->requester != c || (request_id && s->request_id != *request_id))
       continue;
     if (!request_id)
       s->requester = NULL; /* gone: nobody to answer */
+    /* (a set that failed already keeps its own error, answered below) */
     gshmd__pull_set_fail_here(s, -ECANCELED, "%s", request_id ? "cancelled by its requester"
                                                                : "the requesting client went away");
     e = 0;
     /* What was asked of a peer ends with its answer (grants go back):
      * up to cluster.request_timeout_ms for a peer slow to answer.  The
-     * requester does not wait for that: its names were never visible,
+     * requester does not wait for that, also where the set failed before
+     * the cancel and waits on its peers: its names were never visible,
      * and the set's hidden segments go when it ends (PEERS shows it
      * ending meanwhile, and it counts in its uid's pulls in flight). */
     if (request_id && !set_reap(s))

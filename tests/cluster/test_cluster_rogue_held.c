@@ -392,6 +392,69 @@ static void test_cancel_held(void **state) {
   gshm_disconnect(p);
 }
 
+/* The rogue fails one Read of P's pull (an error answer) and holds
+ * another: the set has failed, and waits for the held Read's answer (or
+ * its timeout) before it ends.  The puller cancels meanwhile: its
+ * gshm_pull ends at once with the set's own error (a pull that ended
+ * meanwhile keeps its result: gshm.h gshm_pull_cancel), not when the
+ * held Read times out.  Before: a cancel of a set that had failed was
+ * ignored (gshmd__pull_cancel skipped sets with an error), and the
+ * puller waited TIMEOUT_MS and the sweep's second (60 s with the default
+ * cluster.request_timeout_ms) although gshm.h says the pull fails at once
+ * even where a peer has not answered. */
+static void test_cancel_failed_held(void **state) {
+  static const struct plan honest = {"pub/one", SEG, 61, false, -1, 0, NULL, false};
+  static struct job j;
+  gshm_client_t *p = connect_to(&P);
+  int64_t failed = 0, end;
+  (void)state;
+
+  rh_up(p);
+  job_start(&j, &P, "rh", honest.name, false, false);
+  for (end = now_ms() + 30000; !j.done && now_ms() < end;) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rh, 10);
+    if (m && rogue_answer_count(&rh, m)) {
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST) {
+      send_listing(m->request_id, &honest);
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
+      rogue_send_grant(&rh, m->request_id, 1, honest.name, honest.size);
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_READ && !failed &&
+               m->read->offset != MiB) { /* (the Read of MiB stays held, as the others) */
+      rogue_send_status(&rh, m->request_id, 2 /* STATUS_INVALID_ARGUMENT */, "no bytes here");
+      failed = now_ms();
+    }
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    if (failed && !j.cancel_ms && now_ms() - failed >= 300) {
+      j.cancel_ms = now_ms();
+      assert_int_equal(gshm_pull_cancel(j.c), 0);
+    }
+  }
+  assert_true(j.done);
+  job_join(&j);
+  printf("a failed pull with a Read held, cancelled: %d (%s) %.1f ms after the cancel\n", j.err,
+         j.msg, (double)(j.end - j.cancel_ms));
+  assert_true(failed > 0);
+  assert_true(j.cancel_ms > 0);
+  assert_int_equal(j.err, -EINVAL); /* the set's own error */
+  assert_non_null(strstr(j.msg, "no bytes here"));
+  assert_true(j.end - j.cancel_ms < TIMEOUT_MS / 3);
+  /* the set goes once the held Reads time out: nothing left */
+  for (end = now_ms() + TIMEOUT_MS + 8000; now_ms() < end;) {
+    char ending[256];
+    Gshm__Cluster__Msg *m = rogue_recv(&rh, 10);
+    if (m) {
+      (void)rogue_answer_count(&rh, m);
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    }
+    if (!pull_ending(p, ending, sizeof(ending)))
+      break;
+  }
+  assert_nothing_left(p, honest.name);
+  rh_down();
+  gshm_disconnect(p);
+}
+
 /* C's pull of the set from P, started once P has its grant (the set is
  * listed on P: C lists it in flight and reads it relayed). */
 static struct job relay_job;
@@ -749,6 +812,7 @@ int main(void) {
       cmocka_unit_test(test_grant_held),
       cmocka_unit_test(test_read_held),
       cmocka_unit_test(test_cancel_held),
+      cmocka_unit_test(test_cancel_failed_held),
       cmocka_unit_test(test_relay_slow),
       cmocka_unit_test(test_relay_list_slow),
       cmocka_unit_test(test_relay_finished_path),
