@@ -43,6 +43,7 @@
  * (CUDA does not survive fork): its broadcasts end with -ECHILD at the
  * driver's load, before they look at them. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,6 +91,7 @@ static struct bgpu bgpus[MAX_GPUS]; /* under GSHM__LOCK_BROADCAST */
 struct bset {
   CUcontext caller_ctx; /* NULL: unused (the legacy stream NULL is one per context) */
   CUstream caller;
+  pthread_t thread;     /* caller CU_STREAM_PER_THREAD: whose (one handle, a stream per thread) */
   uint64_t last; /* bset_clock at its last use */
   CUstream *stream[MAX_GPUS]; /* [g]: NULL, or [lane * MAX_GPUS + other]: copies g issues */
 };
@@ -121,8 +123,15 @@ static struct bset *set_for(const struct gshm_cudadrv *drv, CUcontext caller_ctx
                             CUstream caller) {
   struct bset *s = NULL;
 
+  /* CU_STREAM_PER_THREAD is one handle that names each thread's own
+   * stream: two threads' broadcasts on it are independent, as on two
+   * streams (the legacy NULL stream is one stream of the context) */
+  bool per_thread = caller == CU_STREAM_PER_THREAD;
+  pthread_t me = pthread_self();
+
   for (int i = 0; i < MAX_SETS && !s; i++)
-    if (bsets[i].caller_ctx == caller_ctx && bsets[i].caller == caller)
+    if (bsets[i].caller_ctx == caller_ctx && bsets[i].caller == caller &&
+        (!per_thread || pthread_equal(bsets[i].thread, me)))
       s = &bsets[i];
   for (int i = 0; i < MAX_SETS && !s; i++)
     if (!bsets[i].caller_ctx)
@@ -137,6 +146,7 @@ static struct bset *set_for(const struct gshm_cudadrv *drv, CUcontext caller_ctx
   }
   s->caller_ctx = caller_ctx;
   s->caller = caller;
+  s->thread = me;
   s->last = ++bset_clock;
   return s;
 }

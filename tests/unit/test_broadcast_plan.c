@@ -71,7 +71,13 @@ static CUcontext current; /* the fake's one thread */
 static int cross_ctx_records, foreign_stream_ops;
 static CUstream caller; /* the user's stream, on GPU 0 */
 
+/* CU_STREAM_PER_THREAD names the calling thread's own stream: per_thread
+ * here (made by the test's thread that uses it). */
+static __thread CUstream per_thread;
+static CUstream resolve(CUstream s) { return s == CU_STREAM_PER_THREAD ? per_thread : s; }
+
 static void enqueue(CUstream s, struct op o) {
+  s = resolve(s);
   if (s->n == s->cap) {
     s->cap = s->cap ? 2 * s->cap : 64;
     s->q = realloc(s->q, s->cap * sizeof(*s->q));
@@ -142,6 +148,7 @@ static CUresult f_pop(CUcontext *c) {
 /* The stream being captured into a graph (NULL: none). */
 static CUstream capturing_stream;
 static CUresult f_is_capturing(CUstream s, CUstreamCaptureStatus *st) {
+  s = resolve(s);
   *st = s && s == capturing_stream ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
   return CUDA_SUCCESS;
 }
@@ -168,6 +175,7 @@ static CUresult f_event_create(CUevent *e, unsigned flags) {
 }
 /* cuEventRecord: event and stream of one context, that context current. */
 static CUresult f_event_record(CUevent e, CUstream s) {
+  s = resolve(s);
   if (e->ctx != s->ctx) {
     cross_ctx_records++;
     return CUDA_ERROR_INVALID_HANDLE;
@@ -189,6 +197,7 @@ static CUresult f_wait_event(CUstream s, CUevent e, unsigned flags) {
   return CUDA_SUCCESS;
 }
 static CUresult f_memcpy_async(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstream s) {
+  s = resolve(s);
   if (s->ctx != current) {
     foreign_stream_ops++;
     return CUDA_ERROR_INVALID_CONTEXT;
@@ -263,6 +272,7 @@ int gshm__copy_enter_ctx(const struct gshm_cudadrv *drv, CUstream stream, int fa
                          int *pushed) {
   (void)drv, (void)fallback;
   *pushed = 0;
+  stream = resolve(stream);
   if (stream->ctx != current) {
     f_push(stream->ctx);
     *pushed = 1;
@@ -580,6 +590,72 @@ static void test_broadcasts_of_other_callers_share_no_stream(void **state) {
   bufs_free();
 }
 
+/* Two threads broadcast on CU_STREAM_PER_THREAD, one after the other:
+ * the same handle, each thread's own stream, so their pair streams are
+ * disjoint as for two streams.  Before: keyed by the handle alone, the
+ * threads shared a set (the hidden order between independent broadcasts
+ * that per-caller sets remove). */
+struct pt_job {
+  CUstream own;
+  void *src, *d[3];
+  size_t len;
+  int err;
+  sem_t done, go; /* its broadcast queued; it may end (the threads overlap:
+                   * an ended thread's id may be the next one's) */
+};
+
+static void *pt_thread(void *arg) {
+  const gshm_broadcast_opts_t chain = {GSHM_BCAST_CHAIN, 64 * KiB, 0, 2};
+  struct pt_job *j = arg;
+
+  per_thread = j->own;
+  j->err = gshm_broadcast_ex(j->src, (void *const *)j->d, 3, j->len, CU_STREAM_PER_THREAD, &chain);
+  sem_post(&j->done);
+  sem_wait(&j->go);
+  return NULL;
+}
+
+static void test_per_thread_streams_share_no_set(void **state) {
+  static size_t before[MAX_STREAMS];
+  static unsigned char used[2][MAX_STREAMS];
+  const size_t len = 300 * KiB;
+  struct pt_job j[2];
+  unsigned char *want = buf_new(len, -1);
+  (void)state;
+
+  for (size_t i = 0; i < len; i++)
+    want[i] = (unsigned char)(i * 13 + 5);
+  pthread_t th[2];
+
+  current = NULL;
+  for (int t = 0; t < 2; t++) {
+    int nb = nstreams;
+    j[t] = (struct pt_job){.own = stream_new(&ctxs[0]), .src = buf_new(len, 0), .len = len};
+    sem_init(&j[t].done, 0, 0);
+    sem_init(&j[t].go, 0, 0);
+    memcpy(j[t].src, want, len);
+    for (int i = 0; i < 3; i++)
+      j[t].d[i] = buf_new(len, i + 1);
+    queue_lengths(before);
+    assert_int_equal(pthread_create(&th[t], NULL, pt_thread, &j[t]), 0);
+    sem_wait(&j[t].done);
+    assert_int_equal(j[t].err, 0);
+    streams_grown(before, nb, &j[t].own, 1, used[t]);
+  }
+  for (int t = 0; t < 2; t++) {
+    sem_post(&j[t].go);
+    assert_int_equal(pthread_join(th[t], NULL), 0);
+  }
+  for (int i = 0; i < nstreams; i++)
+    if (used[0][i] && used[1][i])
+      fail_msg("stream %d carried copies of two threads' per-thread-stream broadcasts", i);
+  drain(13);
+  for (int t = 0; t < 2; t++)
+    for (int i = 0; i < 3; i++)
+      assert_memory_equal(j[t].d[i], want, len);
+  bufs_free();
+}
+
 /* More callers' streams than sets kept: the least recently used set's
  * streams are destroyed and made again for the new caller (their queued
  * copies still run), and every broadcast delivers. */
@@ -662,6 +738,7 @@ int main(void) {
       cmocka_unit_test(test_chain_without_peer_access),
       cmocka_unit_test(test_broadcasts_of_other_callers_share_no_stream),
       cmocka_unit_test(test_many_callers_reuse_the_oldest_set),
+      cmocka_unit_test(test_per_thread_streams_share_no_set),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }
