@@ -68,6 +68,7 @@ struct kctx {
 static struct kctx table[MAX_CONTEXTS];
 static int table_len;
 static CUcontext primary[MAX_DEVICES]; /* retained once (again after a reset), never released */
+static unsigned long long primary_id[MAX_DEVICES]; /* its cuCtxGetId at the retain (0: unknown) */
 
 int gshm__copy_have_kernels(void) {
 #ifdef GSHM_HAVE_COPY_FATBIN
@@ -305,6 +306,28 @@ static int kctx_module(const struct gshm_cudadrv *drv, struct kctx **k_out) {
   return e;
 }
 
+/* Notes the id of primary[ordinal] (cuCtxGetId, CUDA 12.0; 0 without). */
+static void primary_id_note(const struct gshm_cudadrv *drv, int ordinal) {
+  primary_id[ordinal] = 0;
+  if (drv->cuCtxGetId && drv->cuCtxGetId(primary[ordinal], &primary_id[ordinal]) != CUDA_SUCCESS)
+    primary_id[ordinal] = 0;
+}
+
+/* Whether active primary[ordinal] is no longer the context it was at its
+ * retain: reset since and made again by someone else's retain (the
+ * handle dead, CUDA_ERROR_CONTEXT_IS_DESTROYED, or another context's id:
+ * a new context gets a new id).  False where the driver cannot tell. */
+static bool primary_ctx_remade(const struct gshm_cudadrv *drv, int ordinal) {
+  unsigned long long id = 0;
+  CUresult r;
+
+  if (!drv->cuCtxGetId)
+    return false;
+  r = drv->cuCtxGetId(primary[ordinal], &id);
+  return r == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
+         (r == CUDA_SUCCESS && primary_id[ordinal] && id != primary_id[ordinal]);
+}
+
 int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontext *out) {
   int e = 0;
 
@@ -322,17 +345,30 @@ int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontex
     unsigned flags = 0;
     int active = 1;
     CUdevice dev;
-    if (drv->cuDeviceGet(&dev, ordinal) == CUDA_SUCCESS &&
-        drv->cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
+    if (drv->cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS) {
+      /* (keeps the handle: the copy will say what is wrong) */
+    } else if (drv->cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
       (void)GSHM_CU(drv, GSHM_LOG_DEBUG, cuDevicePrimaryCtxRelease, dev);
       primary[ordinal] = NULL;
+    } else if (primary_ctx_remade(drv, ordinal)) {
+      /* reset, then made again by another retain (cudart, torch): our
+       * count still stands; a retain gives the live handle and its
+       * release the count back */
+      CUcontext now;
+      if (!(e = GSHM_CU(drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRetain, &now, dev))) {
+        (void)GSHM_CU(drv, GSHM_LOG_WARNING, cuDevicePrimaryCtxRelease, dev);
+        primary[ordinal] = now;
+        primary_id_note(drv, ordinal);
+      }
     }
   }
-  if (!primary[ordinal]) {
+  if (!e && !primary[ordinal]) {
     CUdevice dev;
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceGet, &dev, ordinal);
     if (!e)
       e = GSHM_CU(drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRetain, &primary[ordinal], dev);
+    if (!e)
+      primary_id_note(drv, ordinal);
   }
   if (!e)
     *out = primary[ordinal];

@@ -9,8 +9,10 @@
  * cuDevicePrimaryCtxRelease of a context not retained is
  * CUDA_ERROR_INVALID_CONTEXT).  libgshm used to retain again after each
  * reset without giving its earlier count back (the driver keeps a retain
- * across a reset): one more count per reset.  Exit 77 (skip) without a
- * GPU. */
+ * across a reset): one more count per reset.  Then a reset that another
+ * retain (the test's, as cudart's or torch's) makes good before the next
+ * copy: the copy must work on the live context, one count still libgshm's.
+ * Exit 77 (skip) without a GPU. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -61,11 +63,28 @@ int main(void) {
     CU(drv->cuDevicePrimaryCtxReset(dev));
     copy_without_context(i);
   }
-  /* count the retains outstanding; none of them is this test's */
+  /* a reset, then another user (cudart, torch) makes the context again
+   * before libgshm's next copy: libgshm must use the live context, and
+   * keep its one count (the test's retain is the second) */
+  {
+    CUcontext before = NULL, mine = NULL;
+    unsigned long long id0 = 0, id1 = 0;
+    CU(drv->cuDevicePrimaryCtxRetain(&before, dev));
+    (void)drv->cuCtxGetId(before, &id0);
+    CU(drv->cuDevicePrimaryCtxRelease(dev));
+    CU(drv->cuDevicePrimaryCtxReset(dev));
+    CU(drv->cuDevicePrimaryCtxRetain(&mine, dev));
+    (void)drv->cuCtxGetId(mine, &id1);
+    printf("after a reset and another retain: handle %s, id %llu -> %llu\n",
+           mine == before ? "the same" : "another", id0, id1);
+    copy_without_context(RESETS + 1);
+  }
+  /* count the retains outstanding: libgshm's and the test's last one */
   while (releases < 100 && (r = drv->cuDevicePrimaryCtxRelease(dev)) == CUDA_SUCCESS)
     releases++;
-  printf("retains outstanding after %d resets: %d\n", RESETS, releases);
-  CHECK(releases == 1, "%d retains of GPU 0's primary context outstanding, want 1 (libgshm's)",
+  printf("retains outstanding after %d resets: %d\n", RESETS + 1, releases);
+  CHECK(releases == 2,
+        "%d retains of GPU 0's primary context outstanding, want 2 (libgshm's and the test's)",
         releases);
   printf("%d failures\n", failures);
   return failures ? 1 : 0;

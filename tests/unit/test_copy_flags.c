@@ -220,11 +220,20 @@ static CUresult f_device_get(CUdevice *d, int ordinal) {
  * (cuDevicePrimaryCtxReset) left it inactive; as the driver API documents,
  * a reset keeps the count, and the handle is dead until the next retain. */
 static int primary_count[8], primary_reset[8];
+/* new_handles: a retain that makes a reset context again gives a new
+ * handle (primary_gen[d] counts them; the older handles are dead), as a
+ * driver may; else the handle stays 0x6100 + d. */
+static int new_handles, primary_gen[8];
+static CUcontext primary_handle(CUdevice d) {
+  return (CUcontext)(uintptr_t)(0x6100 + d + 0x1000 * primary_gen[d]);
+}
 static CUresult f_primary_retain(CUcontext *c, CUdevice d) {
   peer_calls++;
   primary_count[d]++;
+  if (primary_reset[d] && new_handles)
+    primary_gen[d]++;
   primary_reset[d] = 0;
-  *c = (CUcontext)(uintptr_t)(0x6100 + d);
+  *c = primary_handle(d);
   return CUDA_SUCCESS;
 }
 static CUresult f_primary_release(CUdevice d) {
@@ -242,8 +251,11 @@ static CUresult f_primary_state(CUdevice d, unsigned *flags, int *active) {
  * other context keeps one id. */
 static CUresult f_ctx_id(CUcontext c, unsigned long long *id) {
   uintptr_t v = (uintptr_t)c;
-  if (v >= 0x6100 && v < 0x6108 && primary_reset[v - 0x6100])
-    return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  for (int d = 0; d < 8; d++)
+    for (int g = 0; g <= primary_gen[d]; g++)
+      if (v == 0x6100 + (uintptr_t)d + 0x1000 * (uintptr_t)g &&
+          (primary_reset[d] || g != primary_gen[d]))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED; /* reset, or an older handle */
   *id = v;
   return CUDA_SUCCESS;
 }
@@ -491,6 +503,32 @@ static void test_primary_retained_once_across_resets(void **state) {
   assert_int_equal(primary_count[5], 1);
 }
 
+/* A primary context reset and made again by someone else's retain
+ * (cudart, torch) before libgshm's next use: active, a new handle, the
+ * one libgshm holds dead.  libgshm takes the live handle and keeps one
+ * count of its own (theirs stays theirs).  Before: "active" was taken
+ * for "live", and every copy on the dead handle failed. */
+static void test_primary_made_again_by_another_retain(void **state) {
+  const struct gshm_cudadrv *drv;
+  CUcontext c = NULL, theirs;
+  (void)state;
+
+  assert_int_equal(gshm__cudadrv_load(0, &drv), 0);
+  new_handles = 1;
+  assert_int_equal(gshm__copy_primary_ctx(drv, 6, &c), 0);
+  assert_int_equal(primary_count[6], 1);
+  primary_reset[6] = 1;
+  assert_int_equal(f_primary_retain(&theirs, 6), CUDA_SUCCESS); /* the other user's */
+  assert_ptr_not_equal(theirs, c);
+  assert_int_equal(gshm__copy_primary_ctx(drv, 6, &c), 0);
+  assert_ptr_equal(c, theirs);
+  assert_int_equal(primary_count[6], 2); /* ours and theirs */
+  assert_int_equal(gshm__copy_primary_ctx(drv, 6, &c), 0); /* live now: nothing more */
+  assert_ptr_equal(c, theirs);
+  assert_int_equal(primary_count[6], 2);
+  new_handles = 0;
+}
+
 /* A context whose entry could not be made (its device unknown) leaves no
  * slot taken: many such failures, then the calls work again.  Each used
  * to keep one of the 64 slots for good, and after 64 every copy, signal
@@ -556,6 +594,7 @@ int main(void) {
       cmocka_unit_test(test_peer_memory_without_peer_access_yet_goes),
       cmocka_unit_test(test_foreign_cumem_without_access_is_refused),
       cmocka_unit_test(test_primary_retained_once_across_resets),
+      cmocka_unit_test(test_primary_made_again_by_another_retain),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
