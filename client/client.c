@@ -851,6 +851,15 @@ int gshm_close(gshm_segment_t *seg) {
   return 0;
 }
 
+/* c's leases on the segment that held `name` (all but `keep`) serve no
+ * new opens of it any more: it lost the name (an unlink, or a publish
+ * over it; the daemon's event may also be on its way).  Under c->lock. */
+static void leases_unnamed(struct gshm_client *c, const char *name, const struct gshm__lease *keep) {
+  for (struct gshm__lease *l = c->leases; l; l = l->next)
+    if (l != keep && !strcmp(l->info.name, name))
+      l->unlinked = true;
+}
+
 int gshm_publish(gshm_segment_t *seg, uint32_t flags) {
   Gshm__PublishRequest m = GSHM__PUBLISH_REQUEST__INIT;
   Gshm__Reply *reply = NULL;
@@ -891,10 +900,7 @@ int gshm_publish(gshm_segment_t *seg, uint32_t flags) {
              (!resent && reply->grant->lease_id != l->lease_id)))
     e = -EPROTO;
   if (!e) {
-    /* Our leases on the segment it replaced serve no new opens. */
-    for (struct gshm__lease *o = c->leases; o; o = o->next)
-      if (o != l && !strcmp(o->info.name, l->info.name))
-        o->unlinked = true;
+    leases_unnamed(c, l->info.name, l); /* (the segment it replaced) */
     gshm__info_from_wire(&l->info, reply->grant->segment);
     lease_set_token(l, reply->grant);
     l->hidden = false;
@@ -946,12 +952,8 @@ int gshm_unlink(gshm_client_t *c, const char *name) {
     set_last_error(c, NULL);
     e = 0;
   }
-  /* Our own leases on that name are not served to new opens any more
-   * (the daemon's event may also be on its way). */
   if (!e)
-    for (struct gshm__lease *l = c->leases; l; l = l->next)
-      if (!strcmp(l->info.name, name))
-        l->unlinked = true;
+    leases_unnamed(c, name, NULL);
   pthread_mutex_unlock(&c->lock);
   return e;
 }
