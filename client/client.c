@@ -768,7 +768,8 @@ static struct gshm__lease *cached_lease(struct gshm_client *c, const char *name,
   for (struct gshm__lease *l = c->leases; l; l = l->next)
     /* Same access only: a read-only open must not get a writable mapping;
      * never a legacy-IPC lease (it has no fd to map). */
-    if (!l->unlinked && !l->revoked && !l->hidden && l->fd >= 0 && l->lease_id && l->access == access &&
+    if (!l->unlinked && !l->revoked && !l->hidden && l->fd >= 0 && l->lease_id &&
+        l->access == access &&
         !strcmp(l->info.name, name))
       return l;
   return NULL;
@@ -854,7 +855,8 @@ int gshm_close(gshm_segment_t *seg) {
 /* c's leases on the segment that held `name` (all but `keep`) serve no
  * new opens of it any more: it lost the name (an unlink, or a publish
  * over it; the daemon's event may also be on its way).  Under c->lock. */
-static void leases_unnamed(struct gshm_client *c, const char *name, const struct gshm__lease *keep) {
+static void leases_unnamed(struct gshm_client *c, const char *name,
+                           const struct gshm__lease *keep) {
   for (struct gshm__lease *l = c->leases; l; l = l->next)
     if (l != keep && !strcmp(l->info.name, name))
       l->unlinked = true;
