@@ -262,7 +262,11 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
 
 /* Frees a segment of gshmd__reg_segment_new that is in no tree or list: its usage,
  * its pages (discarded) and its memory, unless r->on_free took that (a
- * peer's sends in flight of a hidden segment still read it). */
+ * peer's sends in flight of a hidden segment still read it).  Not the
+ * pages while gshmd stops: a client's hidden create goes there with its
+ * lease, and its creator, whose mapping outlives the stop, must not find
+ * zeros where it wrote (as after a SIGKILL; the kernel frees them with
+ * its last fd and mapping).  A pull's hidden segment reached no client. */
 void gshmd__reg_segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg) {
   struct usage *u = gshmd__reg_usage_get(r, seg->uid);
 
@@ -271,7 +275,7 @@ void gshmd__reg_segment_drop(struct gshmd_registry *r, struct gshmd_segment *seg
     gshmd__reg_usage_charge(u, seg->mem, -1);
   if (r->on_free)
     r->on_free(r, seg); /* (a served segment's mapping and registration) */
-  gshmd__reg_segment_dispose(seg, true);
+  gshmd__reg_segment_dispose(seg, !r->stopping);
 }
 
 void gshmd__reg_segment_dispose(struct gshmd_segment *seg, bool discard) {

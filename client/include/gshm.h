@@ -78,7 +78,10 @@ typedef enum gshm_access {
  * caller's quotas and opened read-write by it, but has no name anyone
  * sees (others cannot open, stat or list it; the name may be taken by
  * another segment meanwhile).  It ends, freed, when its creator closes it
- * or disconnects or gshmd restarts before the publish.  For replacing a
+ * or disconnects or gshmd restarts (stopped or killed) before the publish;
+ * a restart leaves the creator's mapping and the bytes written there (the
+ * publish then fails -ESTALE: copy them into a new hidden segment to
+ * publish them).  For replacing a
  * segment in place: fill the hidden one, then publish it with
  * GSHM_PUBLISH_REPLACE, and readers find the old or the new one, never
  * none. */

@@ -381,16 +381,27 @@ static void test_quota_counts_hidden(void **state) {
   assert_int_equal(harness_kid_wait(&k), 0);
 }
 
-/* Makes a hidden segment, steps, then waits; stepped again (after a
- * gshmd restart), its publish finds it gone. */
+/* Makes a hidden segment and fills it through its mapping, steps, then
+ * waits; stepped again (after a gshmd restart), its bytes are still what
+ * it wrote (a graceful stop punched them: zeros) and its publish finds
+ * the segment gone. */
 static void doomed_body(struct harness_kid *k, void *arg) {
   gshm_client_t *c;
   gshm_segment_t *seg;
+  uint8_t *p;
   int e;
 
   KCHECK(gshm_connect((const char *)arg, "doomed", &c) == 0);
   KCHECK(gshm_create(c, "d/x", SEG, "host", 0644, GSHM_CREATE_HIDDEN, &seg) == 0);
+  KCHECK(gshm_map(seg, NULL, 0, (void **)&p) == 0);
+  memset(p, 0xa5, SEG);
   KCHECK(harness_kid_step(k->out) == 0 && harness_kid_await(k->in, 30000));
+  for (size_t i = 0; i < SEG; i++)
+    if (p[i] != 0xa5) {
+      fprintf(stderr, "doomed: byte %zu of the hidden segment is 0x%02x after the restart\n", i,
+              p[i]);
+      _exit(4);
+    }
   e = gshm_publish(seg, GSHM_PUBLISH_REPLACE);
   if (e != -ESTALE)
     fprintf(stderr, "doomed: publish %d (%s): %s\n", e, gshm_strerror(e), gshm_last_error(c));
@@ -431,16 +442,19 @@ static void test_creator_gone_leaves_nothing(void **state) {
   assert_int_equal(gshm_connect(h->socket_path, "watcher", &c), 0);
   await_empty(c);
   gshm_disconnect(c);
-  /* gshmd killed before its publish: nothing after the restart, and the
-   * publish says the segment is gone */
-  assert_int_equal(harness_kid_start(&k, UID_A, UID_A, doomed_body, (void *)h->socket_path), 0);
-  assert_true(harness_kid_await(k.from_kid, 10000));
-  assert_int_equal(harness_restart(h, SIGKILL, args), 0);
-  assert_int_equal(harness_kid_step(k.to_kid), 0);
-  assert_int_equal(harness_kid_wait(&k), 0);
-  assert_int_equal(gshm_connect(h->socket_path, "watcher", &c), 0);
-  await_empty(c);
-  gshm_disconnect(c);
+  /* gshmd killed, then stopped, before its publish: nothing after the
+   * restart, the creator's bytes stay, and the publish says the segment
+   * is gone */
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(harness_kid_start(&k, UID_A, UID_A, doomed_body, (void *)h->socket_path), 0);
+    assert_true(harness_kid_await(k.from_kid, 10000));
+    assert_int_equal(harness_restart(h, i ? SIGTERM : SIGKILL, args), 0);
+    assert_int_equal(harness_kid_step(k.to_kid), 0);
+    assert_int_equal(harness_kid_wait(&k), 0);
+    assert_int_equal(gshm_connect(h->socket_path, "watcher", &c), 0);
+    await_empty(c);
+    gshm_disconnect(c);
+  }
 }
 
 /* Republishes c/x until stepped, through gshmd's restarts (errors of a
