@@ -86,8 +86,11 @@ static struct bgpu bgpus[MAX_GPUS]; /* under GSHM__LOCK_BROADCAST */
  * copies wait behind another's.  MAX_SETS are kept; a caller stream
  * beyond them takes the set used least recently, whose streams are
  * destroyed (their queued work still runs: cuStreamDestroy) and made
- * afresh. */
-#define MAX_SETS 8
+ * afresh.  32: an engine's streams or a thread pool's per-thread streams
+ * in rotation (8 kept made every call of 9 or more callers create its
+ * pair streams again); a set's streams are made only for the pairs it
+ * uses, so an unused set costs its slot here. */
+#define MAX_SETS 32
 struct bset {
   CUcontext caller_ctx; /* NULL: unused (the legacy stream NULL is one per context) */
   CUstream caller;

@@ -231,7 +231,7 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
 
 /* ---- the fake kernels/copy.c: buffers registered with their GPU ---- */
 
-#define MAX_BUFS 80
+#define MAX_BUFS 160
 static struct {
   const char *p;
   size_t len;
@@ -656,13 +656,19 @@ static void test_per_thread_streams_share_no_set(void **state) {
   bufs_free();
 }
 
-/* More callers' streams than sets kept: the least recently used set's
- * streams are destroyed and made again for the new caller (their queued
- * copies still run), and every broadcast delivers. */
+/* More callers' streams than sets kept (40 > 32): the least recently
+ * used set's streams are destroyed and made again for the new caller
+ * (their queued copies still run), and every broadcast delivers.  And 16
+ * callers in rotation keep their sets: the second round destroys no
+ * stream (with 8 sets kept, every call of it made its streams again). */
+#define MANY 40
+#define ROTATION 16
 static void test_many_callers_reuse_the_oldest_set(void **state) {
   const gshm_broadcast_opts_t chain = {GSHM_BCAST_CHAIN, 64 * KiB, 0, 1};
   const size_t len = 200 * KiB;
-  unsigned char *want = buf_new(len, -1), *src = buf_new(len, 0), *d[12][2];
+  unsigned char *want = buf_new(len, -1), *src = buf_new(len, 0), *d[MANY + ROTATION][2];
+  CUstream own[ROTATION];
+  unsigned destroyed;
   (void)state;
 
   for (size_t i = 0; i < len; i++)
@@ -670,16 +676,24 @@ static void test_many_callers_reuse_the_oldest_set(void **state) {
   memcpy(src, want, len);
   current = NULL;
   streams_destroyed = 0;
-  for (int b = 0; b < 12; b++) {
-    CUstream s = stream_new(&ctxs[0]);
+  for (int b = 0; b < MANY + ROTATION; b++) {
+    CUstream s = b < MANY ? stream_new(&ctxs[0]) : own[(b - MANY) % ROTATION];
+    if (b == MANY) {
+      assert_true(streams_destroyed > 0);
+      destroyed = (unsigned)streams_destroyed;
+    }
+    if (b >= MANY - ROTATION && b < MANY)
+      own[b - (MANY - ROTATION)] = s;
     d[b][0] = buf_new(len, 1);
     d[b][1] = buf_new(len, 2);
     assert_int_equal(gshm_broadcast_ex(src, (void *const *)d[b], 2, len, s, &chain), 0);
     assert_null(current);
   }
-  assert_true(streams_destroyed > 0);
+  if ((unsigned)streams_destroyed != destroyed)
+    fail_msg("%d callers in rotation: %u pair streams destroyed and made again", ROTATION,
+             (unsigned)streams_destroyed - destroyed);
   drain(12);
-  for (int b = 0; b < 12; b++)
+  for (int b = 0; b < MANY + ROTATION; b++)
     for (int i = 0; i < 2; i++)
       assert_memory_equal(d[b][i], want, len);
   bufs_free();
