@@ -129,7 +129,7 @@ class MemPool(object):
                  mode: int = 0o600, granule: Optional[int] = None,
                  segment_per_alloc: bool = False) -> None:
         # Held by release() throughout, and by every other C call on the
-        # pool (segments(), use_pool's activation): gshm_pool_release frees
+        # pool (segments(), publish(), use_pool's activation): gshm_pool_release frees
         # the pool (its lock destroyed, its segments closed), so a call on
         # it that another thread's release overtook, or a second release,
         # was a use after free.  Reentrant: release's gc.collect() may run
@@ -242,8 +242,20 @@ class MemPool(object):
         An earlier manifest is replaced atomically: an attach() meanwhile
         reads the old one or the new one (gshm._manifest.write; not so
         with a gshmd or libgshm older than hidden segments).
-        Raises ValueError for a tensor that is not in this pool, or for a
-        non-persistent pool (its segments have no names to attach by)."""
+        Raises ValueError for a tensor that is not in this pool, for a
+        non-persistent pool (its segments have no names to attach by), or
+        for a released pool (or one whose client is closed).
+
+        A release() on another thread waits for the publish to finish (and
+        then removes the manifest it wrote)."""
+        with self._lock:
+            return self._publish(module_or_state_dict, metadata)
+
+    def _publish(self, module_or_state_dict, metadata):
+        # Under self._lock throughout: a release() between the check and the
+        # segments left none (every tensor "not allocated in pool"), and one
+        # between the listing and the write left a manifest of unlinked
+        # segments behind.
         self._check_usable()
         if not self.persistent:
             raise ValueError("gshm: pool %r is not persistent: its segments have no names "

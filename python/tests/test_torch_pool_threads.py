@@ -264,3 +264,74 @@ def test_use_pool_exit_keeps_the_client_for_its_error(tp, client, segname, monke
     assert seen == ["alive"]
     assert client.closed and client._h.ptr is None  # disconnected once the error was made
     assert c.misuse == []
+
+
+class _Tensor(object):
+    """A stand-in tensor at `address` on cuda:0 (what _locate reads)."""
+
+    def __init__(self, address):
+        self.address = address
+        self.device = types.SimpleNamespace(type="cuda", index=0)
+        self.dtype = "torch.float32"
+        self.shape = (4,)
+
+    def data_ptr(self):
+        return self.address
+
+    def stride(self):
+        return (1,)
+
+
+@pytest.fixture
+def one_segment(tp, monkeypatch):
+    """gshm_pool_segments lists one segment at 0x100000 (1 MiB); stand-in
+    tensors for publish(); the GPU's UUID made up."""
+    mod, c = tp
+    from gshm import _lib as L
+    seg = L.PoolSegmentC()
+    seg.size, seg.address, seg.id, seg.generation = 1 << 20, 0x100000, 1, 1
+
+    def pool_segments(ptr, arr, n):
+        c._enter("gshm_pool_segments", ptr)
+        seg.name = mod._enc(c.prefix + "/seg-000000")
+        arr._obj.contents = seg
+        n._obj.value = 1
+        return 0
+
+    c.pool_segments = pool_segments
+    monkeypatch.setattr(L.lib(), "gshm_free", lambda p: None)  # seg is Python's
+    monkeypatch.setattr(mod._cuda, "device_uuid", lambda device: "GPU-standin")
+    mod._torch.Tensor = _Tensor
+    return mod, c
+
+
+def test_publish_and_release_are_serialized(one_segment, client, segname):
+    """publish() checked that the pool was not released, then ran without
+    the pool's lock: a release() on another thread in between left it
+    without segments, and it raised ValueError "was not allocated in pool
+    ...: build it inside use_pool" for a tensor that was (or, overtaken
+    after listing them, wrote a manifest of unlinked segments after the
+    release had removed the old one).  Now the release waits for the
+    publish, and then removes its manifest."""
+    mod, c = one_segment
+    c.prefix = segname
+    pool = mod.MemPool(client, segname)
+    overtaken = threading.Event()
+    c.hold["gshm_pool_release"] = overtaken.set
+    box = {}
+
+    def synchronize(device=None):  # publish's first step after its check
+        box["t"], box["box"] = _thread(pool.release)
+        overtaken.wait(WAIT)
+
+    mod._torch.cuda.synchronize = synchronize
+    name = pool.publish({"w": _Tensor(0x100000 + 4096)})
+    assert name == segname + "/manifest"
+    mod._torch.cuda.synchronize = lambda device=None: None
+    box["t"].join(10)
+    assert not box["t"].is_alive() and "error" not in box["box"], box
+    assert c.misuse == []
+    assert [n for n, _ in c.calls] == ["gshm_pool_segments", "gshm_pool_release"]
+    assert not client.exists(name)  # the release came after, and removed it
+    with pytest.raises(ValueError, match="was released"):
+        pool.publish({"w": _Tensor(0x100000)})
