@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import gc
 import os
+import sys
 import threading
 import warnings
 from typing import Any, List, Mapping, Optional, Union
@@ -30,7 +31,7 @@ import torch as _torch
 from . import _cuda, _manifest
 from ._segment import map_for_writers
 from . import _lib as L
-from ._core import _enc, _raise
+from ._core import _capturing, _enc, _raise
 from ._dtypes import dtype as _to_dtype
 from ._torch_conf import check_alloc_conf as _check_alloc_conf
 from ._torch_state import StateDict
@@ -40,6 +41,27 @@ __all__ = ["MemPool", "use_pool", "attach", "load_module", "unlink_prefix"]
 
 _lock = threading.Lock()
 _allocator = None
+# Pools garbage collected while tensors of theirs were alive, after a
+# release() that found them so (EBUSY): kept here and released again by
+# every later MemPool() and release() (_retry_busy), so that their memory
+# goes back once the tensors have gone.  Reentrant: a pool's finalizer
+# (MemPool.__del__, which appends) may run at any allocation.
+_busy: List["MemPool"] = []
+_busy_lock = L.fork_safe(threading.RLock())
+
+
+def _retry_busy() -> None:
+    """Releases again each pool of _busy (under its own lock, with the
+    unlink its release asked for); drops those that are freed now."""
+    with _busy_lock:
+        pools = list(_busy)
+    for p in pools:
+        with p._lock:
+            p._release(p._unlinks, warn=False)
+            freed = p._ptr is None
+        if freed:
+            with _busy_lock:
+                _busy[:] = [q for q in _busy if q is not p]
 
 
 # A torch.cuda.MemPool over gshm is never destroyed while a tensor from it
@@ -147,6 +169,7 @@ class MemPool(object):
         if not isinstance(prefix, str) or not prefix:
             raise ValueError("gshm: prefix must be a non-empty str")
         _check_new_mode(mode, "gshm_pool_create", prefix)  # (0 gave 0600, as create's did)
+        _retry_busy()  # (memory a dropped pool kept may be needed now)
         self.client = client
         self.prefix = prefix
         self.device = _ordinal(device)
@@ -183,6 +206,7 @@ class MemPool(object):
             _fn("gshm_pool_release")(self._ptr, 1)
             self._client_handle.decref()
             raise
+        self._unlinks = False  # a release asked to unlink (kept for its retries)
         self.released = False
 
     def __repr__(self) -> str:
@@ -290,23 +314,33 @@ class MemPool(object):
         segments stay for attach()).
 
         Tensors allocated from the pool that are still alive keep their
-        memory: their segments stay mapped (never unmapped under a tensor)
-        and return at process exit, with a warning saying so.
+        memory: their segments stay mapped (never unmapped under a tensor),
+        with a warning saying so.  What they hold goes back once they are
+        gone and the pool is released again: by another release() (which
+        may then unlink what an earlier unlink=False kept), when the pool
+        is garbage collected, or, if its tensors still lived then, by a
+        later MemPool() or release() of any pool; else at process exit.
 
         Safe from any thread: a release() called while another thread's
         runs returns once that one has finished."""
         with self._lock:
             self._release(unlink)
+        _retry_busy()
 
-    def _release(self, unlink):
-        if self.released:
-            return
+    def _release(self, unlink, warn=True):
+        # Under self._lock.  Again after an EBUSY: the C pool was not freed
+        # (it keeps the client and its primary context), and the torch pool
+        # may cache the blocks of tensors that are gone since.
+        if self._ptr is None:
+            return  # freed
         self.released = True
-        if unlink and self.persistent and not self.client.closed:
+        unlink = bool(unlink or self._unlinks)
+        if unlink and not self._unlinks and self.persistent and not self.client.closed:
             try:
                 self.client.unlink(_manifest.manifest_name(self.prefix))
             except (FileNotFoundError, PermissionError):
                 pass  # none, or another user's (names are first come, first served)
+        self._unlinks = unlink
         release = _fn("gshm_pool_release")
         _torch.cuda.synchronize(self.device)
         gc.collect()
@@ -316,7 +350,7 @@ class MemPool(object):
         # Blocks PyTorch caches in the pool: let it give them back, which it
         # does by destroying its MemPool (its empty_cache ignores private
         # pools, pytorch #145168), but only when no tensor uses them.
-        if self._pool_idle():
+        if self._torch_pool is not None and self._pool_idle():
             tp, self._torch_pool = self._torch_pool, None
             _mortal(tp)
             del tp
@@ -324,9 +358,31 @@ class MemPool(object):
             if release(self._ptr, 1 if unlink else 0) == 0:
                 self._finish()
                 return
-        warnings.warn("gshm: pool %r released while tensors from it are alive: their "
-                      "memory returns when this process ends" % self.prefix, RuntimeWarning,
-                      stacklevel=3)
+        if warn:
+            warnings.warn("gshm: pool %r released while tensors from it are alive: their "
+                          "memory returns once they are gone and the pool is released again "
+                          "(release(), or the pool garbage collected)" % self.prefix,
+                          RuntimeWarning, stacklevel=3)
+
+    def __del__(self) -> None:
+        # A release that found tensors alive (EBUSY) is finished here; if
+        # they still are (or a CUDA graph is being captured on this thread,
+        # which synchronize would break), the pool is kept in _busy for a
+        # later MemPool() or release().  A pool never released keeps its
+        # segments, as documented (persistent ones are meant to outlive it).
+        if not getattr(self, "released", False) or getattr(self, "_ptr", None) is None:
+            return
+        if sys.is_finalizing():
+            return  # the process ends: so do its leases
+        if not _capturing():
+            try:
+                with self._lock:
+                    self._release(self._unlinks, warn=False)
+            except Exception:
+                pass  # (kept for a retry: a finalizer's error is only printed)
+        if self._ptr is not None:
+            with _busy_lock:
+                _busy.append(self)
 
     def _pool_idle(self):
         snap = getattr(self._torch_pool, "snapshot", None)

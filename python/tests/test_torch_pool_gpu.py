@@ -320,6 +320,18 @@ def role_limits(sock, out_dir):
         res["released_refused"] = False
     except ValueError:
         res["released_refused"] = True
+    # released again now that x is gone: PyTorch's cached block of it and
+    # the pool go (a second release returned at once and kept them)
+    ec_free = torch.cuda.mem_get_info(0)[0]
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        pool.release()
+    res["release_again_quiet"] = not [m for m in w if "alive" in str(m.message)]
+    res["release_again_frees"] = pool.segments() == [] and pool.torch_pool is None
+    deadline = time.monotonic() + 5  # (gshmd frees the segment once its lease is gone)
+    while torch.cuda.mem_get_info(0)[0] < ec_free + 200 * MiB and time.monotonic() < deadline:
+        time.sleep(0.05)
+    res["release_again_returns"] = torch.cuda.mem_get_info(0)[0] >= ec_free + 200 * MiB
 
     # a pool whose client is closed
     c2 = gshm.Client(sock, name="limits-2")

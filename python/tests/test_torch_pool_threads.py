@@ -10,11 +10,14 @@ The real pool on a GPU: tests/test_torch_pool_gpu.py."""
 
 import contextlib
 import errno
+import gc
 import importlib.util
 import os
 import sys
 import threading
 import types
+import warnings
+import weakref
 
 import pytest
 
@@ -70,6 +73,8 @@ class CPool(object):
         self.misuse = []
         self.hold = {}
         self.next = 0x10000
+        self.unlinks = []
+        self.busy = lambda: False  # whether blocks of the pool are live (EBUSY)
 
     def fn(self, name):
         return getattr(self, name[len("gshm_"):])
@@ -91,6 +96,9 @@ class CPool(object):
 
     def pool_release(self, ptr, unlink):
         self._enter("gshm_pool_release", ptr)
+        self.unlinks.append(unlink)
+        if self.busy():
+            return -errno.EBUSY  # nothing freed: the pool stays, released
         self.freed.add(ptr)
         return 0
 
@@ -335,3 +343,77 @@ def test_publish_and_release_are_serialized(one_segment, client, segname):
     assert not client.exists(name)  # the release came after, and removed it
     with pytest.raises(ValueError, match="was released"):
         pool.publish({"w": _Tensor(0x100000)})
+
+
+def _busy_pool(mod, c, client, name, unlink=True):
+    """A pool released while a tensor of it is alive (c.live[0]): its
+    release warned, gshm_pool_release said EBUSY.  Returns (pool, a weak
+    reference to its torch pool).  Blocks are live in C while a tensor is
+    alive, and while the torch pool caches them (until it is destroyed)."""
+    pool = mod.MemPool(client, name)
+    tpool = weakref.ref(pool._torch_pool)
+    live = c.live = [True]
+    c.busy = lambda: live[0] or any(r() is not None for r in c.tpools)
+    c.tpools = getattr(c, "tpools", []) + [tpool]
+    pool._torch_pool.snapshot = lambda: [{"blocks": [{"state": "active_allocated"}]}
+                                         if live[0] else {"blocks": [{"state": "inactive"}]}]
+    with pytest.warns(RuntimeWarning, match="alive"):
+        pool.release(unlink)
+    assert pool.released and tpool() is not None
+    return pool, tpool
+
+
+def test_release_again_after_busy(tp, client, segname):
+    """A release() while tensors of the pool were alive (EBUSY) set
+    released, and a later release(), once they were gone, returned at once:
+    the torch pool kept their blocks cached (their segments mapped, the GPU
+    memory held) and the C pool and its reference on the client stayed
+    until the process ended.  Now a later release() does what the first
+    could not: the cached blocks go back, the pool is freed, once."""
+    mod, c = tp
+    pool, tpool = _busy_pool(mod, c, client, segname, unlink=False)
+    assert pool._client_handle.refs == 2 and c.freed == set()
+    c.live[0] = False  # the tensors went; their blocks stay in the torch pool's cache
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pool.release()  # unlink=True now: the names go too
+    assert tpool() is None
+    assert c.freed == {pool_ptr for _, pool_ptr in c.calls}
+    assert pool._ptr is None and client._h.refs == 1
+    assert c.unlinks == [0, 1, 1]  # busy; busy (the cache); freed
+    n = len(c.calls)
+    pool.release()
+    assert len(c.calls) == n and c.misuse == []
+
+
+def test_busy_pool_released_when_collected(tp, client, segname):
+    """A pool released while its tensors were alive, then dropped once they
+    were gone: its finalizer frees what the release could not."""
+    mod, c = tp
+    pool, tpool = _busy_pool(mod, c, client, segname)
+    c.live[0] = False
+    del pool
+    gc.collect()
+    assert tpool() is None and len(c.freed) == 1
+    assert client._h.refs == 1 and c.misuse == []
+
+
+def test_busy_pool_dropped_while_busy_is_retried(tp, client, segname):
+    """A pool released and dropped while its tensors were alive is kept and
+    freed by a later release() of another pool once they are gone; it is
+    not retried after that."""
+    mod, c = tp
+    pool, tpool = _busy_pool(mod, c, client, segname)
+    ptr = pool._ptr
+    del pool
+    gc.collect()
+    assert tpool() is not None and c.freed == set() and client._h.refs == 2
+    c.live[0] = False
+    other = mod.MemPool(client, segname + "/2")
+    other_ptr = other._ptr
+    other.release()
+    assert tpool() is None and c.freed == {ptr, other_ptr}
+    assert client._h.refs == 1
+    n = len(c.calls)
+    mod.MemPool(client, segname + "/3").release()
+    assert [p for _, p in c.calls[n:]].count(ptr) == 0 and c.misuse == []
