@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import gc
 import os
 import sys
@@ -31,8 +32,9 @@ import torch as _torch
 from . import _cuda, _manifest
 from ._segment import map_for_writers
 from . import _lib as L
-from ._core import _capturing, _enc, _raise
+from ._core import _capturing, _enc, _raise, _strerror
 from ._dtypes import dtype as _to_dtype
+from ._errors import error_for
 from ._torch_conf import check_alloc_conf as _check_alloc_conf
 from ._torch_state import StateDict
 from ._client import Client, _check_new_mode
@@ -56,6 +58,8 @@ def _retry_busy() -> None:
     with _busy_lock:
         pools = list(_busy)
     for p in pools:
+        if p._pid != os.getpid():
+            continue  # a forked child's copy: the parent's to release (its lock may be held)
         with p._lock:
             p._release(p._unlinks, warn=False)
             freed = p._ptr is None
@@ -157,6 +161,7 @@ class MemPool(object):
         # was a use after free.  Reentrant: release's gc.collect() may run
         # a finalizer that asks the pool for its segments.
         self._lock = threading.RLock()
+        self._pid = os.getpid()
         _check_alloc_conf(os.environ)
         if granule is not None and not 0 <= int(granule) < 1 << 64:
             # ctypes would wrap it into a uint64_t: -2 MiB as 2^64 - 2 MiB
@@ -214,6 +219,15 @@ class MemPool(object):
             self.prefix, self.device, " persistent" if self.persistent else "",
             " released" if self.released else "")
 
+    def _check_not_forked(self, function):
+        # Before self._lock: a fork while another thread held it (a release
+        # or a publish under way) left it held for ever in the child.
+        if self._pid != os.getpid():
+            raise error_for(-errno.ECHILD, function=function, filename=self.prefix,
+                            description=_strerror(-errno.ECHILD),
+                            message="the pool is process %d's, which this one was forked "
+                            "from: that process uses and releases it" % self._pid)
+
     def _check_usable(self):
         if self.released:
             raise ValueError("gshm: pool %r was released" % self.prefix)
@@ -229,6 +243,7 @@ class MemPool(object):
         """[PoolSegment] in creation order ([] once the pool was freed)."""
         arr = ctypes.POINTER(L.PoolSegmentC)()
         n = ctypes.c_size_t(0)
+        self._check_not_forked("gshm_pool_segments")
         with self._lock:  # a release() on another thread waits for the call
             if self._ptr is None:
                 return []
@@ -271,7 +286,9 @@ class MemPool(object):
         for a released pool (or one whose client is closed).
 
         A release() on another thread waits for the publish to finish (and
-        then removes the manifest it wrote)."""
+        then removes the manifest it wrote).  Raises gshm.ForkedChild in
+        a process forked from the pool's."""
+        self._check_not_forked("gshm_pool_segments")
         with self._lock:
             return self._publish(module_or_state_dict, metadata)
 
@@ -322,7 +339,9 @@ class MemPool(object):
         later MemPool() or release() of any pool; else at process exit.
 
         Safe from any thread: a release() called while another thread's
-        runs returns once that one has finished."""
+        runs returns once that one has finished.  Raises gshm.ForkedChild
+        in a process forked from the pool's (which leaves it alone)."""
+        self._check_not_forked("gshm_pool_release")
         with self._lock:
             self._release(unlink)
         _retry_busy()
@@ -372,8 +391,8 @@ class MemPool(object):
         # segments, as documented (persistent ones are meant to outlive it).
         if not getattr(self, "released", False) or getattr(self, "_ptr", None) is None:
             return
-        if sys.is_finalizing():
-            return  # the process ends: so do its leases
+        if sys.is_finalizing() or self._pid != os.getpid():
+            return  # the process ends (so do its leases), or a forked child's copy
         if not _capturing():
             try:
                 with self._lock:
@@ -405,7 +424,8 @@ class MemPool(object):
 class use_pool(object):
     """with gshm.torch.use_pool(pool): every CUDA allocation PyTorch makes on
     this thread (on the pool's device) comes from the pool.  Raises
-    ValueError for a released pool or one whose client is closed; an
+    ValueError for a released pool or one whose client is closed,
+    gshm.ForkedChild in a process forked from the pool's; an
     allocation the pool cannot make raises gshm's error (the daemon's
     reason) instead of PyTorch's bare out-of-memory."""
 
@@ -418,6 +438,7 @@ class use_pool(object):
         self._ctx: Any = None
 
     def __enter__(self) -> MemPool:
+        self.pool._check_not_forked("gshm_pool_activate")
         with self.pool._lock:  # not released between the check and the activation
             self.pool._check_usable()
             self._ctx = _torch.cuda.use_mem_pool(self.pool._torch_pool, device=self.pool.device)

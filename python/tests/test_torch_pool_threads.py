@@ -13,6 +13,7 @@ import errno
 import gc
 import importlib.util
 import os
+import signal
 import sys
 import threading
 import types
@@ -74,6 +75,7 @@ class CPool(object):
         self.hold = {}
         self.next = 0x10000
         self.unlinks = []
+        self.pid = os.getpid()
         self.busy = lambda: False  # whether blocks of the pool are live (EBUSY)
 
     def fn(self, name):
@@ -95,6 +97,8 @@ class CPool(object):
         return 0
 
     def pool_release(self, ptr, unlink):
+        if os.getpid() != self.pid:
+            return -errno.ECHILD  # the pool is the parent's (the C pool checks first)
         self._enter("gshm_pool_release", ptr)
         self.unlinks.append(unlink)
         if self.busy():
@@ -103,6 +107,8 @@ class CPool(object):
         return 0
 
     def pool_segments(self, ptr, arr, n):
+        if os.getpid() != self.pid:
+            return -errno.ECHILD
         self._enter("gshm_pool_segments", ptr)
         n._obj.value = 0
         return 0
@@ -417,3 +423,66 @@ def test_busy_pool_dropped_while_busy_is_retried(tp, client, segname):
     n = len(c.calls)
     mod.MemPool(client, segname + "/3").release()
     assert [p for _, p in c.calls[n:]].count(ptr) == 0 and c.misuse == []
+
+
+def _in_child(fn):
+    """Runs fn() in a forked child (killed after 5 s: a hang); returns its
+    exit status (fn's int, 99 for an exception it raised)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            signal.alarm(5)
+            code = fn()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+@pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")
+def test_release_in_forked_child_is_forked_child(tp, client, segname):
+    """A forked child's release() of its parent's pool ran the whole
+    release on the parent's objects and, gshm_pool_release refusing it
+    (ECHILD), warned that tensors of the pool were alive; a child forked
+    while another thread held the pool's lock (a release or a publish
+    under way) hung in it for ever.  Now release(), publish(), segments()
+    and use_pool raise gshm.ForkedChild at once in the child, which leaves
+    the pool (and its lock) alone; the parent's pool goes on."""
+    mod, c = tp
+    pool = mod.MemPool(client, segname)
+
+    def child():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for call in (lambda: pool.release(unlink=False), pool.segments,
+                         lambda: pool.publish({}), lambda: mod.use_pool(pool).__enter__()):
+                try:
+                    call()
+                    return 2
+                except gshm.ForkedChild as e:
+                    if "forked" not in str(e) or e.errno != errno.ECHILD:
+                        return 3
+        return 0
+
+    assert _in_child(child) == 0
+    held, done = threading.Event(), threading.Event()
+
+    def holder():
+        with pool._lock:
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(10)
+    try:
+        status = _in_child(child)
+    finally:
+        done.set()
+        t.join(10)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert not pool.released
+    pool.release()
+    assert [n for n, _ in c.calls] == ["gshm_pool_release"] and c.misuse == []
+    assert pool._ptr is None and client._h.refs == 1
