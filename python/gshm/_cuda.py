@@ -4,6 +4,7 @@ translate between this process's device ordinals and GPU UUIDs (gshm
 locations name GPUs by UUID: "cuda:GPU-<uuid>")."""
 
 import ctypes
+import os
 import threading
 import time
 
@@ -16,11 +17,24 @@ __all__ = ["available", "device_count", "device_uuid", "ordinal_of_uuid", "curre
 # for the UUIDs.  A failure cached for good left such a process without
 # GPUs (or with one that had no UUID) for its life.
 _RETRY_S = 1.0
-_lock = threading.Lock()
+_lock = threading.Lock()  # held across cuInit: see _after_fork
 _lib = None       # libcuda.so.1's handle, once dlopen'ed
 _cuda = None      # _lib, once cuInit(0) has succeeded (for good)
 _last_try = None  # time.monotonic() of the last failed try
 _uuids = None     # every device's "GPU-<uuid>", once all were read
+
+
+def _after_fork() -> None:
+    """In a forked child: a lock of its own.  A fork while another thread
+    held _lock (in cuInit, which takes seconds on a large node) left it
+    held for ever in the child, where that thread does not exist.  Not
+    _lib.fork_safe: the fork would wait for the cuInit."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 class _CUuuid(ctypes.Structure):

@@ -1564,6 +1564,42 @@ def test_fork_while_another_thread_holds_a_package_lock(daemon, client, segname,
     client.unlink(segname)
 
 
+@pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")
+def test_fork_while_another_thread_loads_the_cuda_driver():
+    """gshm._cuda holds its lock across cuInit (seconds, on a large node):
+    a fork meanwhile left it held for ever in the child, whose first
+    device lookup (a device segment's .device, gshm.device_location)
+    hung.  Now the child starts with the lock free; the fork does not
+    wait for the cuInit either."""
+    import signal
+    import threading
+    from gshm import _cuda
+    held, release = threading.Event(), threading.Event()
+
+    def holder():  # as _load does around cuInit
+        with _cuda._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    try:
+        assert held.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(5)  # a hang ends the child
+                code = 0 if isinstance(_cuda.device_count(), int) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        t.join(10)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
 def test_client_used_in_a_forked_child_is_forked_child(client):
     """A client connected before a fork belongs to the parent: the child's
     calls fail with ECHILD, gshm.ForkedChild (a ChildProcessError), whose
