@@ -54,14 +54,19 @@ _busy_lock = L.fork_safe(threading.RLock())
 
 def _retry_busy() -> None:
     """Releases again each pool of _busy (under its own lock, with the
-    unlink its release asked for); drops those that are freed now."""
+    unlink its release asked for); drops those that are freed now.  Its
+    errors are the busy pools' (a sticky CUDA error in their synchronize),
+    not the caller's: they are left for the next retry."""
     with _busy_lock:
         pools = list(_busy)
     for p in pools:
         if p._pid != os.getpid():
             continue  # a forked child's copy: the parent's to release (its lock may be held)
         with p._lock:
-            p._release(p._unlinks, warn=False)
+            try:
+                p._release(p._unlinks, warn=False)
+            except Exception:
+                pass
             freed = p._ptr is None
         if freed:
             with _busy_lock:

@@ -76,7 +76,7 @@ class CPool(object):
         self.next = 0x10000
         self.unlinks = []
         self.pid = os.getpid()
-        self.busy = lambda: False  # whether blocks of the pool are live (EBUSY)
+        self.live_blocks = {}  # pool -> whether blocks of it are live (EBUSY)
 
     def fn(self, name):
         return getattr(self, name[len("gshm_"):])
@@ -101,7 +101,7 @@ class CPool(object):
             return -errno.ECHILD  # the pool is the parent's (the C pool checks first)
         self._enter("gshm_pool_release", ptr)
         self.unlinks.append(unlink)
-        if self.busy():
+        if ptr in self.live_blocks and self.live_blocks[ptr]():
             return -errno.EBUSY  # nothing freed: the pool stays, released
         self.freed.add(ptr)
         return 0
@@ -359,8 +359,7 @@ def _busy_pool(mod, c, client, name, unlink=True):
     pool = mod.MemPool(client, name)
     tpool = weakref.ref(pool._torch_pool)
     live = c.live = [True]
-    c.busy = lambda: live[0] or any(r() is not None for r in c.tpools)
-    c.tpools = getattr(c, "tpools", []) + [tpool]
+    c.live_blocks[pool._ptr] = lambda: live[0] or tpool() is not None
     pool._torch_pool.snapshot = lambda: [{"blocks": [{"state": "active_allocated"}]}
                                          if live[0] else {"blocks": [{"state": "inactive"}]}]
     with pytest.warns(RuntimeWarning, match="alive"):
@@ -486,3 +485,27 @@ def test_release_in_forked_child_is_forked_child(tp, client, segname):
     pool.release()
     assert [n for n, _ in c.calls] == ["gshm_pool_release"] and c.misuse == []
     assert pool._ptr is None and client._h.refs == 1
+
+
+def test_busy_pool_retry_error_stays_its_own(tp, client, segname):
+    """The retry of a pool dropped while busy runs inside other pools'
+    MemPool() and release(): an error of its (a sticky CUDA error in its
+    synchronize) must not fail them, as if theirs; it is tried again
+    later."""
+    mod, c = tp
+    pool, tpool = _busy_pool(mod, c, client, segname)
+    ptr = pool._ptr
+    del pool
+    gc.collect()
+    c.live[0] = False
+
+    def broken(device=None):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    mod._torch.cuda.synchronize = broken
+    other = mod.MemPool(client, segname + "/2")
+    mod._torch.cuda.synchronize = lambda device=None: None
+    assert c.freed == set() and len(mod._busy) == 1
+    other.release()
+    assert tpool() is None and ptr in c.freed and mod._busy == []
+    assert client._h.refs == 1 and c.misuse == []
