@@ -2,9 +2,11 @@
 """gshm.copy, signal, wait and copy_signal: stream-ordered copies and flags
 between segments, arrays and raw device addresses."""
 
+import errno
 from typing import Any, Optional
 
 from ._core import _count, _optional, _raise
+from ._errors import error_for
 from ._segment import DeviceArray, Segment
 
 __all__ = ["copy", "copy_signal", "signal", "wait"]
@@ -19,11 +21,19 @@ def _addr_and_size(obj, what, writes=False):
     None: a reversed or transposed array's data pointer is not where its
     bytes start, and a copy from it runs past them), and one the GPU
     `writes` must not be marked read-only (data[1]).  ValueError
-    otherwise."""
+    otherwise; gshm.PermissionDenied for a host segment that `writes` on a
+    read-only lease (libgshm's copy refuses a device one so)."""
     if isinstance(obj, bool):
         raise TypeError("gshm.copy: %s must be an address, a segment or an array" % what)
     if isinstance(obj, int):
         return obj, None
+    if isinstance(obj, Segment) and obj.is_host and writes and obj.readonly:
+        # Its mapping is PROT_READ, and libgshm's check of the destination
+        # (-EACCES) covers device memory only: the copy went to the driver,
+        # to write read-only pages.
+        raise error_for(-errno.EACCES, filename=obj.name,
+                        message="gshm.copy: %s, host segment %r, is read-only here (opened "
+                        "with access 'r')" % (what, obj.name))
     if isinstance(obj, Segment):
         if obj.address is None:
             obj.map()

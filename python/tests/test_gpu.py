@@ -687,26 +687,34 @@ def test_view_dropped_during_another_threads_capture(gpu_daemon, segname):
 
 def test_copy_into_read_only_mapping_refused(gpu_daemon, segname):
     # An SM copy into a read-only device mapping: -EACCES, not a store that
-    # faults on the GPU.
+    # faults on the GPU.  Into a host segment leased read-only (PROT_READ
+    # pages; libgshm checks a device destination's access only): refused
+    # in Python, gshm.PermissionDenied as well, not a driver copy there.
+    for location in ("cuda:0", "host"):
+        _copy_into_read_only(gpu_daemon, segname, location)
+
+
+def _copy_into_read_only(gpu_daemon, segname, location):
     out = run_child(gpu_daemon, """
-        name = sys.argv[2]
+        name, location = sys.argv[2], sys.argv[3]
         n = 1 << 20
         c = gshm.Client(sock)
-        w = c.create(name, n, location="cuda:0", mode=0o644)
+        w = c.create(name, n, location=location, mode=0o644)
         w.close()
         ro = c.open(name, "r")
-        ro.map(devices=[0])
+        if location != "host":
+            ro.map(devices=[0])
         src = torch.full((n,), 5, dtype=torch.uint8, device="cuda:0")
         try:
-            gshm.copy(ro, src, n, method="sm")
+            gshm.copy(ro, src, n, method="sm" if location != "host" else "auto")
             torch.cuda.synchronize()
             print("copied")
         except gshm.PermissionDenied as e:
             torch.cuda.synchronize()
             print("refused", e.errno)
         c.unlink(name)
-        """, segname)
-    assert out.strip().splitlines()[-1] == "refused 13", out
+        """, segname, location)
+    assert out.strip().splitlines()[-1] == "refused 13", (location, out)
 
 
 def test_tensors_on_two_gpus_share_one_segment(gpu_daemon, segname):

@@ -900,6 +900,31 @@ def test_copy_refuses_strided_and_read_only_arrays(monkeypatch):
     assert len(calls) == 2
 
 
+def test_copy_refuses_read_only_host_segments(monkeypatch, client, segname):
+    """gshm.copy, copy_signal and signal refused a read-only array as what
+    they write, but took a host segment opened with access "r": libgshm
+    checks the access of device memory only (-EACCES), and the driver's
+    copy into the read-only (PROT_READ) pages crashed the process.  Now
+    each is gshm.PermissionDenied, as libgshm's for a device segment,
+    before anything is queued; reading from one is still fine."""
+    from gshm import _copy
+    calls = []
+    monkeypatch.setattr(_copy, "_optional", lambda name: lambda *a: calls.append((name, a)) or 0)
+    client.create(segname, 4096, location="host").close()
+    try:
+        with client.open(segname, "r") as ro, client.open(segname, "rw") as rw:
+            for call in (lambda: gshm.copy(ro, rw, 16), lambda: gshm.copy_signal(ro, rw, 8, rw, 1),
+                         lambda: gshm.copy_signal(rw, rw, 8, ro, 1), lambda: gshm.signal(ro, 1)):
+                with pytest.raises(gshm.PermissionDenied, match="read-only.*'r'"):
+                    call()
+            assert calls == []
+            gshm.copy(rw, ro, 16)  # from it: fine
+            gshm.wait(ro, 1)
+            assert [n for n, _ in calls] == ["gshm_copy", "gshm_wait"]
+    finally:
+        client.unlink(segname)
+
+
 def test_copy_signal_and_flags_refuse_counts_ctypes_would_wrap(monkeypatch):
     """copy_signal passed nbytes, and signal/wait/copy_signal the flag value,
     through int() to size_t / uint64_t arguments, which ctypes wraps
