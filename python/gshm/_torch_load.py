@@ -165,11 +165,12 @@ class _Staging(object):
 
 def _stream_in(f, dst, jobs, data_start, data_end, chunk, dev, bar):
     chunk = min(chunk, max(data_end - data_start, 1))
+    # (before the staging buffers: a failure here leaves none registered)
+    stream = _torch.cuda.Stream(device=dev)
+    f.seek(data_start)
     stage = _Staging(chunk)
     done = [None, None]
     buf = None
-    stream = _torch.cuda.Stream(device=dev)
-    f.seek(data_start)
     try:
         for i, (pos, n, pieces) in enumerate(_pieces(jobs, data_start, data_end, chunk)):
             k = i & 1
