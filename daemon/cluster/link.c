@@ -70,6 +70,9 @@ void gshmd__link_refuse(struct link *l, enum refusal why, int err, const char *m
     else {
       l->state = LINK_REFUSED; /* the sweep closes it; the peer usually first */
       l->since_ns = gshm__now_ns(CLOCK_MONOTONIC); /* (its linger counts from now) */
+      /* Parsed, what it sent on kept the loop busy for all its linger:
+       * a host without the key sent empty frames, 24 bytes a read. */
+      gshmd__stream_drain(&l->st);
     }
   }
 }

@@ -331,8 +331,13 @@ static int header_in(struct stream *s) {
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  static uint8_t dropped[STREAM_DRAIN_MAX]; /* (the loop's thread only) */
   struct stream *s = h->data;
   (void)suggested;
+  if (s->draining) {
+    *buf = uv_buf_init((char *)dropped, sizeof(dropped));
+    return;
+  }
   switch (s->rx_step) {
   case RX_HDR:
     *buf = uv_buf_init((char *)&s->hdr + s->got, (unsigned)(sizeof(s->hdr) - s->got));
@@ -383,6 +388,11 @@ static void on_read(uv_stream_t *h, ssize_t nread, const uv_buf_t *buf) {
   }
   if (s->failed || s->closing)
     return;
+  if (s->draining) {
+    if ((s->drained += (size_t)nread) > STREAM_DRAIN_MAX)
+      stream_fail(s, -ECONNRESET, "it sent on after it was refused");
+    return;
+  }
   s->rx_ns = gshm__now_ns(CLOCK_MONOTONIC);
   s->got += (size_t)nread;
   want = s->rx_step == RX_HDR ? sizeof(s->hdr) : s->rx_step == RX_TAG ? STREAM_TAG : s->hdr.len;
@@ -438,6 +448,8 @@ static void on_tcp_closed(uv_handle_t *h) {
   sodium_memzero(s->key_rx, sizeof(s->key_rx));
   maybe_closed(s);
 }
+
+void gshmd__stream_drain(struct stream *s) { s->draining = true; }
 
 void gshmd__stream_close(struct stream *s) {
   if (s->closing)

@@ -29,6 +29,7 @@
 #define STREAM_PREHELLO_MAX 1024 /* largest frame before the keys: the hello's */
 #define STREAM_CTRL_MAX 65536    /* largest control frame after the hello */
 #define STREAM_CTRL_COST 512     /* what a queued control frame costs beyond its payload */
+#define STREAM_DRAIN_MAX 65536   /* what a refused connection may send on (gshmd__stream_drain) */
 
 enum frame_kind { FRAME_CTRL = 1, FRAME_DATA = 2 };
 
@@ -108,6 +109,8 @@ struct stream {
    * answers cannot queue them without bound). */
   size_t ctrl_queued, ctrl_queued_max;
   bool paused, failed, closing, closed;
+  bool draining;                /* gshmd__stream_drain: what comes is dropped */
+  size_t drained;               /* ... so many bytes so far */
 };
 
 /* Sets up s on loop (uv_tcp_init); the caller connects or accepts on
@@ -131,6 +134,12 @@ int gshmd__stream_send_ctrl(struct stream *s, const uint8_t *payload, size_t len
 int gshmd__stream_send_data(struct stream *s, uint32_t request_id, uint64_t offset,
                             const void *src, uint64_t len, void (*done)(void *arg, int err),
                             void *arg);
+/* Parses nothing more that comes on s (the frames it queued still go),
+ * so that its peer may read a refusal before the stream closes: what the
+ * peer sends meanwhile is read in large pieces and dropped, and past
+ * STREAM_DRAIN_MAX bytes the stream fails at once (on_error, -ECONNRESET),
+ * as at its EOF.  Idempotent. */
+void gshmd__stream_drain(struct stream *s);
 /* Ends the stream: reading stops, queued frames are dropped (their done
  * runs with -ECONNRESET), the handle closes; on_closed runs once every
  * job has finished too.  Idempotent. */

@@ -478,6 +478,87 @@ static void test_idle_flood(void **state) {
   gshm_disconnect(p);
 }
 
+/* CPU time (user and system, all threads) of process pid so far, in ms. */
+static int64_t cpu_ms(pid_t pid) {
+  char path[64], buf[1024], *p;
+  unsigned long long ut = 0, st = 0;
+  FILE *f;
+
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  assert_non_null(f = fopen(path, "r"));
+  assert_non_null(fgets(buf, sizeof(buf), f));
+  fclose(f);
+  assert_non_null(p = strrchr(buf, ')')); /* fields 14 and 15 follow state, the 3rd */
+  assert_int_equal(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+                          &st),
+                   2);
+  return (int64_t)((ut + st) * 1000 / (unsigned long long)sysconf(_SC_CLK_TCK));
+}
+
+/* Hosts that are not peers, each refused at its first frame, then
+ * sending empty control frames as fast as S takes them until S closes
+ * the connection (its refusal lingers up to 2 s so that the refusal is
+ * read).  S reads nothing more from a refused connection: before, it
+ * went on reading it, 24 bytes a read, for as long as it lingered, and 4
+ * such hosts kept S's loop busy all the time (5 s of CPU in 5 s). */
+static void test_refused_not_read(void **state) {
+  gshm_client_t *s = connect_to(&S);
+  struct port_frame empty[2048];
+  int fds[4], open_fds = 4;
+  int64_t cpu0, cpu, end;
+  long long taken = 0;
+  (void)state;
+
+  memset(empty, 0, sizeof(empty));
+  for (size_t i = 0; i < sizeof(empty) / sizeof(empty[0]); i++)
+    empty[i].kind = 1;
+  gshm_unlink(s, "pub/probe"); /* (left by the tests before, or not) */
+  make_segment(s, "pub/probe", 4096, 5);
+  cpu0 = cpu_ms(S.h.sp.pid);
+  for (int i = 0; i < 4; i++) {
+    Gshm__Cluster__Msg *r;
+    char from[32];
+    snprintf(from, sizeof(from), "127.0.0.%d", 40 + i);
+    assert_true((fds[i] = tcp_connect(from, S.port)) >= 0);
+    assert_int_equal(send(fds[i], empty, sizeof(empty[0]), MSG_NOSIGNAL), (ssize_t)sizeof(empty[0]));
+    assert_non_null(r = recv_msg(fds[i])); /* the refusal still comes */
+    assert_non_null(strstr(r->message, "message before the hello"));
+    gshm__cluster__msg__free_unpacked(r, NULL);
+  }
+  end = now_ms() + 4000;
+  while (open_fds && now_ms() < end) {
+    struct pollfd p[4];
+    open_fds = 0;
+    for (int i = 0; i < 4; i++)
+      p[i] = (struct pollfd){.fd = fds[i], .events = POLLOUT};
+    poll(p, 4, 10);
+    for (int i = 0; i < 4; i++) {
+      ssize_t n;
+      if (fds[i] < 0)
+        continue;
+      n = send(fds[i], empty, sizeof(empty), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0)
+        taken += n;
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        close(fds[i]);
+        fds[i] = -1;
+        continue;
+      }
+      open_fds++;
+    }
+  }
+  cpu = cpu_ms(S.h.sp.pid) - cpu0;
+  print_message("refused connections: %lld bytes taken, S used %lld ms of CPU\n", taken,
+                (long long)cpu);
+  for (int i = 0; i < 4; i++)
+    if (fds[i] >= 0)
+      close(fds[i]);
+  assert_int_equal(open_fds, 0); /* S closed them */
+  assert_true(cpu < 300);
+  assert_true(probe_slowest(s) < 100);
+  gshm_disconnect(s);
+}
+
 /* ---- a man in the middle ---------------------------------------------------- */
 
 /* Forwards connections from proxy_port to S, one at a time (the link's
@@ -775,6 +856,7 @@ int main(void) {
       cmocka_unit_test(test_rogue_server_wrong_mac),
       cmocka_unit_test(test_prehello_frames),
       cmocka_unit_test(test_idle_flood),
+      cmocka_unit_test(test_refused_not_read),
       cmocka_unit_test(test_tampered_stream),
       cmocka_unit_test(test_tampered_lane),
       cmocka_unit_test(test_encrypted),
