@@ -2,7 +2,8 @@
 /* The UCP worker of the link layer, driven from the libuv loop through
  * its event fd (ucp_worker_get_efd + ucp_worker_arm: nothing
  * busy-polls), and the idle turn that runs link_hooks.after_progress.
- * UCX never gets its tcp transport, and no UCX message reaches gshm. */
+ * UCX never gets its tcp or sysv transport, and no UCX message reaches
+ * gshm. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,55 +120,81 @@ static ucs_status_t on_am_refused(void *arg, const void *header, size_t header_l
   return UCS_OK;
 }
 
-/* UCX_TLS without tcp, whatever the environment says: UCX's tcp
- * transport listens on every interface and writes wherever a sender says
- * (docs/CLUSTER.md). */
-static void transports_without_tcp(char *out, size_t size) {
+/* The transports gshmd never lets UCX use (FORBIDDEN_TLS as UCX_TLS
+ * names them): tcp listens on every interface and writes wherever a
+ * sender says (docs/CLUSTER.md); sysv puts the worker's receive FIFO in
+ * SysV shared memory of mode 0660 in the host's IPC namespace, which any
+ * process of gshmd's group attached read and write (random bytes there
+ * aborted gshmd in ucp_worker_progress).  posix and cma, which need
+ * gshmd's uid, serve shared memory instead. */
+#define FORBIDDEN_TLS "tcp,sysv"
+static const char *const forbidden_tls[] = {"tcp", "sysv"};
+
+/* Whether tok, a name of a UCX_TLS list, is a forbidden transport (also
+ * as "NAME:aux": UCX opens a transport named so for its wireup, and
+ * tcp's listener with it). */
+static bool tls_forbidden(const char *tok) {
+  for (size_t i = 0; i < sizeof(forbidden_tls) / sizeof(forbidden_tls[0]); i++) {
+    size_t n = strlen(forbidden_tls[i]);
+    if (!strncmp(tok, forbidden_tls[i], n) && (tok[n] == '\0' || tok[n] == ':'))
+      return true;
+  }
+  return false;
+}
+
+/* UCX_TLS without the forbidden transports, whatever the environment
+ * says. */
+static void transports_allowed(char *out, size_t size) {
   const char *env = getenv("UCX_TLS");
   char copy[256], *save = NULL, *tok;
   size_t n = 0;
 
   if (!env || !*env || !strcmp(env, "all")) {
-    snprintf(out, size, "^tcp"); /* everything but tcp */
+    snprintf(out, size, "^" FORBIDDEN_TLS); /* everything else */
     return;
   }
   if (env[0] == '^') {
-    snprintf(out, size, "%s,tcp", env); /* what the user left out, and tcp */
+    snprintf(out, size, "%s," FORBIDDEN_TLS, env); /* what the user left out, and those */
     return;
   }
-  snprintf(copy, sizeof(copy), "%s", env); /* the user's list without tcp */
+  snprintf(copy, sizeof(copy), "%s", env); /* the user's list without them */
   out[0] = '\0';
-  /* (also "tcp:aux": UCX opens a transport named so for its wireup, and
-   * tcp's listener with it) */
   for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
-    if (strcmp(tok, "tcp") && strncmp(tok, "tcp:", 4) && n < size)
+    if (!tls_forbidden(tok) && n < size)
       n += (size_t)snprintf(out + n, size - n, "%s%s", n ? "," : "", tok);
   if (!out[0])
-    snprintf(out, size, "^tcp");
+    snprintf(out, size, "^" FORBIDDEN_TLS);
 }
 
-/* Whether ctx has a resource of UCX's tcp transport (ucp_context_print_info
- * lists each as "... flags -- tcp/DEVICE"; unknown: true).  The filter
- * above goes by spelling, and UCX reads more than one ("\\tcp" is tcp);
- * this goes by what UCX made. */
-static bool has_tcp_resource(ucp_context_h ctx) {
-  char *buf = NULL;
+/* Whether ctx has a resource of a forbidden transport
+ * (ucp_context_print_info lists each as "... flags -- tcp/DEVICE";
+ * unknown: true).  The filter above goes by spelling, and UCX reads more
+ * than one ("\\tcp" is tcp; "sm", "shm" and "mm" take sysv); this goes by
+ * what UCX made. */
+static bool has_forbidden_resource(ucp_context_h ctx) {
+  char *buf = NULL, what[32];
   size_t len = 0;
   FILE *f = open_memstream(&buf, &len);
-  bool tcp = true;
+  bool found = true;
 
   if (f) {
     ucp_context_print_info(ctx, f);
-    if (fclose(f) == 0 && buf)
-      tcp = strstr(buf, "-- tcp/") != NULL;
+    if (fclose(f) == 0 && buf) {
+      found = false;
+      for (size_t i = 0; i < sizeof(forbidden_tls) / sizeof(forbidden_tls[0]); i++) {
+        snprintf(what, sizeof(what), "-- %s/", forbidden_tls[i]);
+        found |= strstr(buf, what) != NULL;
+      }
+    }
   }
   free(buf);
-  return tcp;
+  return found;
 }
 
-/* ll->ctx made with UCX_TLS=tls, or the status.  None with a tcp resource
- * (has_tcp_resource): one whose tls UCX read as tcp anyway is made again
- * with "^tcp" (tls says so then), never kept. */
+/* ll->ctx made with UCX_TLS=tls, or the status.  None with a forbidden
+ * resource (has_forbidden_resource): one whose tls UCX read as tcp or
+ * sysv anyway is made again with "^tcp,sysv" (tls says so then), never
+ * kept. */
 static ucs_status_t init_ctx(struct links *ll, const ucp_params_t *p, char *tls, size_t size) {
   ucp_config_t *config;
   ucs_status_t st;
@@ -177,16 +204,17 @@ static ucs_status_t init_ctx(struct links *ll, const ucp_params_t *p, char *tls,
   if ((st = ucp_config_modify(config, "TLS", tls)) == UCS_OK)
     st = ucp_init(p, config, &ll->ctx);
   ucp_config_release(config);
-  if (st != UCS_OK || !has_tcp_resource(ll->ctx))
+  if (st != UCS_OK || !has_forbidden_resource(ll->ctx))
     return st;
   ucp_cleanup(ll->ctx);
   ll->ctx = NULL;
-  if (!strcmp(tls, "^tcp"))
+  if (!strcmp(tls, "^" FORBIDDEN_TLS))
     return UCS_ERR_UNSUPPORTED; /* (cannot happen: UCX's own negation) */
-  gshm_log_warn("cluster: UCX read transports %s as its tcp transport, which listens on every "
-                "interface with no authentication: using ^tcp instead",
+  gshm_log_warn("cluster: UCX read transports %s as its tcp or sysv transport, which any host "
+                "or any process of gshmd's group reaches with no authentication: using "
+                "^" FORBIDDEN_TLS " instead",
                 tls);
-  snprintf(tls, size, "^tcp");
+  snprintf(tls, size, "^" FORBIDDEN_TLS);
   return init_ctx(ll, p, tls, size);
 }
 
@@ -206,10 +234,10 @@ static int setup_ucp(struct links *ll) {
   ucs_status_t st;
   char *tls = ll->ucx_tls;
 
-  transports_without_tcp(tls, sizeof(ll->ucx_tls));
+  transports_allowed(tls, sizeof(ll->ucx_tls));
   if (getenv("UCX_TLS") && strcmp(getenv("UCX_TLS"), tls))
-    gshm_log_notice("cluster: UCX_TLS=%s overridden to %s: UCX's tcp transport is never used "
-                    "(bytes over TCP go on gshm's authenticated streams)",
+    gshm_log_notice("cluster: UCX_TLS=%s overridden to %s: UCX's tcp and sysv transports are "
+                    "never used (bytes over TCP go on gshm's authenticated streams)",
                     getenv("UCX_TLS"), tls);
   if ((st = init_ctx(ll, &p, tls, sizeof(ll->ucx_tls))) != UCS_OK)
     goto fail;

@@ -8,10 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <linux/capability.h>
 #include <ucp/api/ucp.h>
 
 #include "gshm.h"
@@ -104,6 +106,20 @@ static void child_resume(ucp_worker_h w, ucs_status_ptr_t sp, int rfd, int wfd) 
   }
 }
 
+/* The child's capabilities, dropped as gshmd's are (the unit's empty
+ * CapabilityBoundingSet=, the harness's spawn): gshmd keeps UCX to its
+ * posix and cma shared memory (no sysv), whose peers open each other's
+ * segment through /proc/PID/fd and read with process_vm_readv, which the
+ * kernel allows only into a process whose every capability the opener
+ * has: gshmd, with none, could not reach a root child that kept all. */
+static void child_drop_capabilities(void) {
+  struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct d[2];
+
+  memset(d, 0, sizeof(d));
+  syscall(SYS_capset, &h, d);
+}
+
 /* The child: an endpoint to the node's worker (addr) over shared memory
  * only (its puts then land by cross-memory attach, whatever the node
  * has: no RDMA connection that the node's failed endpoint takes down),
@@ -130,6 +146,7 @@ static void child_run(const uint8_t *addr, uint64_t token, int rfd, int wfd) {
   uint8_t *buf;
   ucs_status_ptr_t sp;
 
+  child_drop_capabilities();
   if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK ||
       ucp_config_modify(cfg, "TLS", "sm") != UCS_OK ||
       ucp_config_modify(cfg, "RNDV_SCHEME", "put_zcopy") != UCS_OK ||

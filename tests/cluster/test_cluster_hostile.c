@@ -242,6 +242,61 @@ static void test_one_port_tcp_aux(void **state) {
     assert_true(only_its_own[i]);
 }
 
+/* The SysV shared-memory segments process pid made (/proc/sysvipc/shm's
+ * cpid), their modes in modes[0..max); how many. */
+static unsigned sysv_segments(pid_t pid, unsigned *modes, unsigned max) {
+  FILE *f = fopen("/proc/sysvipc/shm", "r");
+  char line[512];
+  unsigned n = 0;
+
+  assert_non_null(f);
+  assert_non_null(fgets(line, sizeof(line), f)); /* the header */
+  while (fgets(line, sizeof(line), f)) {
+    unsigned mode;
+    int cpid;
+    if (sscanf(line, "%*d %*d %o %*u %d", &mode, &cpid) == 2 && cpid == pid && n < max)
+      modes[n++] = mode;
+  }
+  fclose(f);
+  return n;
+}
+
+/* UCX's sysv transport puts its receive FIFO in SysV shared memory of
+ * mode 0660 in the host's IPC namespace (the unit has no PrivateIPC):
+ * any process of gshmd's group (root's, 0, with the shipped unit: a
+ * container run with --user UID and --ipc=host has it) attached it read
+ * and write, and random bytes written there aborted gshmd in
+ * ucp_worker_progress ("invalid am id"), no cluster key asked.  gshmd
+ * keeps UCX off sysv as off tcp (posix and cma, which need the rights of
+ * gshmd's uid, serve shared memory), whatever UCX_TLS says. */
+static void test_no_sysv(void **state) {
+  static struct node x;
+  const char *tls[] = {NULL, "sysv,self", "sm", "^posix"};
+  char peers[64], *old = getenv("UCX_TLS") ? strdup(getenv("UCX_TLS")) : NULL;
+  unsigned modes[8], n[4];
+  (void)state;
+
+  n[0] = sysv_segments(S.h.sp.pid, modes, 8);
+  for (unsigned i = 0; i < n[0]; i++)
+    print_message("S: a SysV segment of mode %o\n", modes[i]);
+  snprintf(peers, sizeof(peers), "s=127.0.0.1:%d", S.port);
+  for (size_t i = 1; i < sizeof(tls) / sizeof(tls[0]); i++) {
+    setenv("UCX_TLS", tls[i], 1);
+    memset(&x, 0, sizeof(x));
+    node_start(&x, "x", peers, keys.key, "", NULL);
+    n[i] = sysv_segments(x.h.sp.pid, modes, 8);
+    assert_int_equal(harness_stop(&x.h), 0);
+    print_message("UCX_TLS=%s: %u SysV segment(s)\n", tls[i], n[i]);
+  }
+  if (old) /* (the nodes of the tests after this one) */
+    setenv("UCX_TLS", old, 1);
+  else
+    unsetenv("UCX_TLS");
+  free(old);
+  for (size_t i = 0; i < sizeof(tls) / sizeof(tls[0]); i++)
+    assert_int_equal(n[i], 0);
+}
+
 /* ---- rogue peers ----------------------------------------------------------- */
 
 /* Sends a Hello as node name, speaking cluster protocol major.minor,
@@ -850,6 +905,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_port),
       cmocka_unit_test(test_one_port_tcp_aux),
+      cmocka_unit_test(test_no_sysv),
       cmocka_unit_test(test_rogue_peer_wrong_mac),
       cmocka_unit_test(test_rogue_lane),
       cmocka_unit_test(test_rogue_peer_wrong_version),
