@@ -66,7 +66,9 @@ class LimitExceeded(Error):
 
 
 class Revoked(Error):
-    """ESTALE: the segment was revoked by an administrator."""
+    """ESTALE: the segment or lease is gone: revoked by an administrator,
+    or lost to a gshmd restart (a hidden segment not yet published, a
+    lease that could not be taken back)."""
 
 
 class TimedOut(Error, TimeoutError):

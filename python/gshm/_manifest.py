@@ -45,7 +45,7 @@ import struct
 
 from ._core import _enc
 from ._dtypes import dtype as _to_dtype
-from ._errors import NotSupported
+from ._errors import NotSupported, Revoked
 from ._lib import GSHM_NAME_MAX
 # (defined in _owner, below this module and _safetensors, which both use them)
 from ._owner import (ManifestError, UntrustedSegment, owner_uid, check_owner, check_segment,
@@ -339,19 +339,34 @@ def write(client, prefix, data, mode=0o600):
     user may not unlink, which stays); a failed write leaves nothing of its
     own (the hidden segment goes with its close).
 
+    A gshmd restart between the create and the publish loses the hidden
+    segment (Revoked from the publish): the write is made again, up to
+    _RESTART_TRIES times in all, as the named create it replaces would
+    have come through the restart.
+
     Where libgshm or gshmd predates hidden segments (NotImplementedError,
     NotSupported), the old way: unlink, create, copy, with its window in
     which a reader gets NotFound, then ManifestError."""
     name = manifest_name(prefix)
-    try:
-        seg = client.create(name, len(data), location="host", mode=mode, hidden=True)
-    except (NotImplementedError, NotSupported):
-        return _write_replacing(client, name, data, mode)
-    try:
-        seg.write(data, 0)
-        seg.publish(replace=True)
-    finally:
-        seg.close()
+    for attempt in range(_RESTART_TRIES):
+        try:
+            seg = client.create(name, len(data), location="host", mode=mode, hidden=True)
+        except (NotImplementedError, NotSupported):
+            return _write_replacing(client, name, data, mode)
+        try:
+            seg.write(data, 0)
+            seg.publish(replace=True)
+            return
+        except Revoked:
+            if attempt + 1 == _RESTART_TRIES:
+                raise
+        finally:
+            seg.close()
+
+
+# Manifest writes in all when gshmd restarts between a write's hidden
+# create and its publish (each restart loses the hidden segment).
+_RESTART_TRIES = 3
 
 
 def _write_replacing(client, name, data, mode):

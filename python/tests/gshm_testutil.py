@@ -138,7 +138,15 @@ class Daemon(object):
                 return
             self.messages.append(msg.decode("utf-8", "replace"))
 
-    def stop(self):
+    def restart(self):
+        """Stops gshmd (SIGTERM) and starts a new one on the same socket and
+        files; what it stored in the fd store is not handed back (the
+        notify socket discards fds).  Returns self."""
+        self.stop(keep_dir=True)
+        os.unlink(os.path.join(self.tmpdir, "notify"))
+        return self.start()
+
+    def stop(self, keep_dir=False):
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -155,7 +163,8 @@ class Daemon(object):
         if self._notify is not None:
             self._notify.close()
             self._notify = None
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        if not keep_dir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def gshmctl(self, *args, check=True):
         """Runs gshmctl --socket S ARGS...; returns the CompletedProcess."""

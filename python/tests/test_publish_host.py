@@ -92,6 +92,42 @@ def test_manifest_write_old_daemon(client, segname, monkeypatch):
     client.unlink(_manifest.manifest_name(segname))
 
 
+def test_manifest_write_through_restarts(segname, monkeypatch):
+    """gshmd restarted between the write's hidden create and its publish
+    (twice): the write is made again and the manifest is there, whole.
+    Before, the first restart's Revoked ('revoked by an administrator')
+    failed the write, where the named create it replaced had come
+    through.  Three restarts in a row: Revoked, nothing left."""
+    monkeypatch.setenv("GSHM_RECONNECT_MS", "10000")
+    d = gshm_testutil.Daemon().start()
+    try:
+        with gshm.Client(d.socket, name="writer") as c:
+            publish = gshm.Segment.publish
+            restarts = []
+
+            def publish_after_restart(seg, *args, **kw):
+                if len(restarts) < want[0]:
+                    d.restart()
+                    restarts.append(1)
+                return publish(seg, *args, **kw)
+
+            monkeypatch.setattr(gshm.Segment, "publish", publish_after_restart)
+            want = [2]
+            _manifest.write(c, segname, _manifest_bytes(7))
+            assert len(restarts) == 2
+            with c.open(_manifest.manifest_name(segname), "r") as seg:
+                assert seg.read(0, len(_manifest_bytes(7))) == _manifest_bytes(7)
+            restarts.clear()
+            want[0] = 3
+            with pytest.raises(gshm.Revoked):
+                _manifest.write(c, segname + "x", _manifest_bytes(9))
+            assert len(restarts) == 3
+            with pytest.raises(gshm.NotFound):
+                c.stat(_manifest.manifest_name(segname + "x"))
+    finally:
+        d.stop()
+
+
 def test_hidden_segment_publish(daemon, client, segname):
     with gshm.Client(daemon.socket, name="other") as other:
         seg = client.create(segname, 4096, hidden=True)
