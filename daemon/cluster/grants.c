@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* A set's grants, paced (pull.h): GRANTS_AHEAD segments asked at once,
  * fewer while a busy peer refuses, and the node's pulls into GPUs held
- * to PULL_PINNED_FULL staging_bytes of pinned slots. */
+ * to PULL_PINNED_FULL staging_bytes of pinned slots; and their Releases. */
 #include "pull.h"
 
 #include <errno.h>
@@ -110,6 +110,18 @@ void gshmd__pull_grant_off(struct pull *p) {
   s->active--;
   s->open_bytes[p->src] -= open_cost(p);
   p->peer->grants_out--;
+}
+
+void gshmd__pull_release_send(const struct pull *p) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Release r = GSHM__CLUSTER__RELEASE__INIT;
+
+  if (!p->granted || !p->link || p->link->state != LINK_UP)
+    return;
+  r.grant_id = p->grant_id;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_RELEASE;
+  m.release = &r;
+  gshmd__link_send(p->link, &m);
 }
 
 uint64_t gshmd__pull_pin_need(struct pull *p) {

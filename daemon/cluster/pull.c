@@ -321,6 +321,10 @@ static void on_chunk_answer(struct peer_req *req, int err, const char *why,
  * Read (or, from a staging peer, a Stage) answered with its bytes. */
 static void issue_chunks(struct pull *p) {
   struct pull_set *s = p->s;
+  struct link *l = p->link; /* (its reads leave together: gshmd__stream_cork) */
+
+  if (l)
+    gshmd__stream_cork(&l->st, true);
 
   while (!s->err && s->inflight < gshmd__pull_set_depth(s) && p->next_off < p->total &&
          (!p->nslots || p->nfree) && peer_budget_left(p->peer, p)) {
@@ -372,6 +376,8 @@ static void issue_chunks(struct pull *p) {
     }
     gshmd__link_req_send(p->link, &c->req);
   }
+  if (l)
+    gshmd__stream_cork(&l->st, false);
   gshmd__prefault_add(p); /* (its pages past the chunks just asked for) */
 }
 
@@ -635,18 +641,6 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
                 p->remote_name, p->peer->name, p->local_name, p->location, p->total,
                 gshmd__pull_path_name(p->path), p->path_reason);
   gshmd__pull_set_issue(s);
-}
-
-void gshmd__pull_release_send(const struct pull *p) {
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
-  Gshm__Cluster__Release r = GSHM__CLUSTER__RELEASE__INIT;
-
-  if (!p->granted || !p->link || p->link->state != LINK_UP)
-    return;
-  r.grant_id = p->grant_id;
-  m.body_case = GSHM__CLUSTER__MSG__BODY_RELEASE;
-  m.release = &r;
-  gshmd__link_send(p->link, &m);
 }
 
 /* A segment has nothing in flight and is done (or its set failed): the

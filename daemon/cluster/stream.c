@@ -5,6 +5,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -147,6 +149,22 @@ int gshmd__stream_send_ctrl(struct stream *s, const uint8_t *payload, size_t len
   gshm_list_add_tail(&s->txq, &tx->node);
   flush(s);
   return 0;
+}
+
+void gshmd__stream_cork(struct stream *s, bool on) {
+  uv_os_fd_t fd;
+  int v = on;
+
+  if (on)
+    s->corked++;
+  else if (s->corked)
+    s->corked--;
+  else
+    return; /* (unbalanced: a caller's bug) */
+  /* (the outermost call only; a closing handle has no fd to set) */
+  if (s->corked != (on ? 1u : 0u) || s->closing || uv_fileno((uv_handle_t *)&s->tcp, &fd))
+    return;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_CORK, &v, sizeof(v));
 }
 
 static void seal_work(uv_work_t *w) {

@@ -111,6 +111,7 @@ struct stream {
   bool paused, failed, closing, closed;
   bool draining;                /* gshmd__stream_drain: what comes is dropped */
   size_t drained;               /* ... so many bytes so far */
+  unsigned corked;              /* gshmd__stream_cork depth */
 };
 
 /* Sets up s on loop (uv_tcp_init); the caller connects or accepts on
@@ -140,6 +141,13 @@ int gshmd__stream_send_data(struct stream *s, uint32_t request_id, uint64_t offs
  * STREAM_DRAIN_MAX bytes the stream fails at once (on_error, -ECONNRESET),
  * as at its EOF.  Idempotent. */
 void gshmd__stream_drain(struct stream *s);
+/* on: the frames queued from now on wait in the kernel (TCP_CORK) until
+ * the matching call with !on (calls nest), which sends them in as few
+ * TCP segments as they fit: for a burst of small control frames (a
+ * pull's Reads), each of which, written alone, was a segment and a
+ * wake-up of the peer's loop (docs/PERFORMANCE.md "Session 35").  Only a
+ * hint: where the socket refuses it, each frame goes as before. */
+void gshmd__stream_cork(struct stream *s, bool on);
 /* Ends the stream: reading stops, queued frames are dropped (their done
  * runs with -ECONNRESET), the handle closes; on_closed runs once every
  * job has finished too.  Idempotent. */

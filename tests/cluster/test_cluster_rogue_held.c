@@ -24,6 +24,7 @@
  * with a rising progress, is not asked again for ever. */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,6 +42,7 @@
 #include "harness.h"
 #include "nodes.h"
 #include "rogue.h"
+#include "tcp_segs.h"
 
 #define TIMEOUT_MS 3000 /* cluster.request_timeout_ms of P and C */
 #define STR_(x) #x
@@ -68,6 +70,7 @@ struct plan {
   int gap_ms;              /* between chunks (0: at once) */
   void (*on_grant)(void);  /* after the grant is sent */
   bool cancel_at_hold;     /* the job's client cancels its pull once a request is held */
+  void (*on_read)(unsigned n); /* after the n-th Read came (1, 2, ...); 0: the grant request */
 };
 
 /* A pull on a node in the background, and a monitor that asks P for its
@@ -202,6 +205,7 @@ static unsigned serve(struct job *j, const struct plan *pl, int64_t ms) {
   uint8_t *src = malloc(pl->size);
   unsigned counts = 0;
   int64_t end = now_ms() + ms;
+  unsigned reads = 0;
   bool holding = false;
 
   assert_non_null(src);
@@ -221,6 +225,8 @@ static unsigned serve(struct job *j, const struct plan *pl, int64_t ms) {
       }
       if (!pl->hold_grant) {
         assert_string_equal(m->grant_request->name, pl->name);
+        if (pl->on_read) /* (before the grant: its Reads may come at once) */
+          pl->on_read(0);
         rogue_send_grant(&rh, m->request_id, 1, pl->name, pl->size);
         if (pl->on_grant)
           pl->on_grant();
@@ -231,6 +237,8 @@ static unsigned serve(struct job *j, const struct plan *pl, int64_t ms) {
         holding = true;
       else
         held_push(&h, m);
+      if (pl->on_read)
+        pl->on_read(++reads);
     }
     if (m)
       gshm__cluster__msg__free_unpacked(m, NULL);
@@ -275,7 +283,7 @@ static int group_teardown(void **state) {
  * the next pull (answered whole) must work. */
 static void held(const struct plan *pl, const char *what) {
   static struct job j; /* (static: a failed check leaves its threads) */
-  struct plan honest = {pl->name, pl->size, pl->seed + 1, false, -1, 0, NULL, false};
+  struct plan honest = {pl->name, pl->size, pl->seed + 1, false, -1, 0, NULL, false, NULL};
   gshm_client_t *p = connect_to(&P);
   long timeouts = metric(p, "gshm_cluster_refusals_total{cause=\"timeout\"}");
   unsigned counts;
@@ -313,13 +321,13 @@ static void held(const struct plan *pl, const char *what) {
 }
 
 static void test_grant_held(void **state) {
-  static const struct plan pl = {"pub/one", SEG, 10, true, -1, 0, NULL, false};
+  static const struct plan pl = {"pub/one", SEG, 10, true, -1, 0, NULL, false, NULL};
   (void)state;
   held(&pl, "the grant of 'pub/one'");
 }
 
 static void test_read_held(void **state) {
-  static const struct plan pl = {"pub/one", SEG, 20, false, MiB, 0, NULL, false};
+  static const struct plan pl = {"pub/one", SEG, 20, false, MiB, 0, NULL, false, NULL};
   (void)state;
   held(&pl, "a read of bytes 1048576+1048576 of grant 1001");
 }
@@ -345,8 +353,8 @@ static bool pull_ending(gshm_client_t *p, char *ending, size_t len) {
  * waited for the held grant, TIMEOUT_MS and the sweep's second (60 s
  * with the default cluster.request_timeout_ms). */
 static void test_cancel_held(void **state) {
-  static const struct plan pl = {"pub/one", SEG, 40, true, -1, 0, NULL, true};
-  struct plan honest = {pl.name, pl.size, pl.seed + 1, false, -1, 0, NULL, false};
+  static const struct plan pl = {"pub/one", SEG, 40, true, -1, 0, NULL, true, NULL};
+  struct plan honest = {pl.name, pl.size, pl.seed + 1, false, -1, 0, NULL, false, NULL};
   static struct job j;
   gshm_client_t *p = connect_to(&P);
   char ending[256] = "";
@@ -403,7 +411,7 @@ static void test_cancel_held(void **state) {
  * cluster.request_timeout_ms) although gshm.h says the pull fails at once
  * even where a peer has not answered. */
 static void test_cancel_failed_held(void **state) {
-  static const struct plan honest = {"pub/one", SEG, 61, false, -1, 0, NULL, false};
+  static const struct plan honest = {"pub/one", SEG, 61, false, -1, 0, NULL, false, NULL};
   static struct job j;
   gshm_client_t *p = connect_to(&P);
   int64_t failed = 0, end;
@@ -461,7 +469,8 @@ static struct job relay_job;
 static void start_c(void) { job_start(&relay_job, &C, "p", "slow/", true, false); }
 
 static void test_relay_slow(void **state) {
-  static const struct plan pl = {"slow/a", SLOW_SEG, 30, false, -1, SLOW_GAP_MS, start_c, false};
+  static const struct plan pl = {"slow/a", SLOW_SEG, 30, false, -1,
+                                 SLOW_GAP_MS, start_c, false, NULL};
   static struct job j;
   gshm_client_t *p = connect_to(&P), *c = connect_to(&C);
   long busy = metric(p, "gshm_cluster_relay_busy_total");
@@ -776,7 +785,7 @@ static unsigned busy_early(struct job *j, const struct plan *pl, int busy, bool 
 }
 
 static void test_relay_busy_early(void **state) {
-  static const struct plan pl = {"early/a", 1 * MiB, 60, false, -1, 0, NULL, false};
+  static const struct plan pl = {"early/a", 1 * MiB, 60, false, -1, 0, NULL, false, NULL};
   static const int kinds[2] = {GSHM__CLUSTER__MSG__BODY_LIST, GSHM__CLUSTER__MSG__BODY_READ};
   static const char *what[2] = {"List", "Read"};
   static struct job j[2];
@@ -807,6 +816,53 @@ static void test_relay_busy_early(void **state) {
   gshm_disconnect(p);
 }
 
+/* TCP segments the rogue's link (rh's control connection) has received. */
+static unsigned segs_in(void) {
+  uv_os_fd_t fd;
+  long n;
+
+  assert_int_equal(uv_fileno((uv_handle_t *)&rh.st.tcp, &fd), 0);
+  assert_true((n = tcp_segs_in(fd)) >= 0);
+  return (unsigned)n;
+}
+
+#define BURST 16 /* Reads of a segment of BURST MiB: all asked for at its grant */
+static unsigned burst_segs0, burst_segs;
+
+static void burst_read(unsigned n) {
+  if (n == 0)
+    burst_segs0 = segs_in();
+  else if (n == BURST)
+    burst_segs = segs_in() - burst_segs0;
+}
+
+/* The Reads a pull asks for at once leave its link together: a segment
+ * of 16 chunks (cluster.pull_chunk 1M) is asked for in 16 Reads at its
+ * grant, which came to the peer in as many TCP segments, each a write of
+ * P's loop and a wake-up of the peer's (docs/PERFORMANCE.md "Session
+ * 35").  Now they are written corked (gshmd__stream_cork) and come in
+ * one or two.  The pull ends whole. */
+static void test_reads_together(void **state) {
+  static struct job j;
+  static const struct plan pl = {"pub/burst", BURST * MiB, 30, false, -1, 0, NULL, false,
+                                 burst_read};
+  gshm_client_t *p = connect_to(&P);
+  (void)state;
+
+  burst_segs = UINT_MAX;
+  rh_up(p);
+  job_start(&j, &P, "rh", pl.name, false, false);
+  serve(&j, &pl, 30000);
+  job_join(&j);
+  printf("%u Reads came in %u TCP segments (acknowledgements included)\n", BURST, burst_segs);
+  assert_int_equal(j.err, 0);
+  check_segment(p, pl.name, pl.size, pl.seed);
+  assert_int_equal(gshm_unlink(p, pl.name), 0);
+  assert_true(burst_segs <= BURST / 4); /* (uncorked: about BURST) */
+  rh_down();
+  gshm_disconnect(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_grant_held),
@@ -817,6 +873,7 @@ int main(void) {
       cmocka_unit_test(test_relay_list_slow),
       cmocka_unit_test(test_relay_finished_path),
       cmocka_unit_test(test_relay_busy_early),
+      cmocka_unit_test(test_reads_together),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
