@@ -121,7 +121,16 @@ void gshmd__pull_release_send(const struct pull *p) {
   r.grant_id = p->grant_id;
   m.body_case = GSHM__CLUSTER__MSG__BODY_RELEASE;
   m.release = &r;
+  gshm_log_debug("cluster: grant %" PRIu64 " of '%s' released to peer '%s'", p->grant_id,
+                 p->remote_name, p->peer->name);
   gshmd__link_send(p->link, &m);
+}
+
+void gshmd__pull_release_owed(struct pull *p) {
+  if (!p->release_owed)
+    return;
+  p->release_owed = false;
+  gshmd__pull_release_send(p);
 }
 
 uint64_t gshmd__pull_pin_need(struct pull *p) {

@@ -644,13 +644,13 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
 }
 
 /* A segment has nothing in flight and is done (or its set failed): the
- * grant goes back, the slots go, and its mapping unless made at the
+ * grant is owed back, the slots go, and its mapping unless made at the
  * listing; the hidden segment stays with the set. */
 void gshmd__pull_item_close(struct pull *p) {
   struct pull_set *s = p->s;
   struct gshmd_cluster *cl = s->cl;
 
-  gshmd__pull_release_send(p);
+  p->release_owed = true;
   if (p->on_link)
     gshm_list_del(&p->link_node);
   p->on_link = false;

@@ -69,6 +69,7 @@ struct pull {
   char location[GSHM_LOCATION_MAX];
   bool listed_in_flight;      /* the lister listed it in flight (GrantRequest.in_flight) */
   bool started, granted, finished, closed, on_link;
+  bool release_owed;          /* closed: its Release goes at the end of the reap (pullset.c) */
   struct pull *next_retry;    /* s->retry: refused for now (busy peer), asked again later */
   uint64_t grant_id, remote_id, remote_gen;
   bool relayed;               /* granted while the peer was still pulling it (no ids there) */
@@ -253,10 +254,12 @@ void gshmd__pull_grant_done(struct peer_req *req, int err, const char *why,
 /* A Release of p's grant to its peer, where p holds one and its link is
  * up (the peer forgets a lost link's grants itself). */
 void gshmd__pull_release_send(const struct pull *p);
-/* p has nothing in flight: its grant goes back, its slots go, and its
- * mapping unless made at the listing (its hidden segment stays with the
- * set). */
+/* p has nothing in flight: its grant is owed back (p->release_owed:
+ * gshmd__pull_release_owed sends it), its slots go, and its mapping
+ * unless made at the listing (its hidden segment stays with the set). */
 void gshmd__pull_item_close(struct pull *p);
+/* p's Release, when its close owes one (once). */
+void gshmd__pull_release_owed(struct pull *p);
 /* p's own reference to its hold (p->hold) goes, at its set's end: what
  * UCX receives still write into (p's mapping or slots, handed over when
  * p closed) goes with the last of them. */

@@ -536,6 +536,8 @@ static void set_end(struct pull_set *s) {
   gshmd__pull_set_unmap(s);
   if (!ok)
     set_failed(s);
+  for (size_t i = 0; i < s->n; i++) /* (answered: the grants its last reap closed) */
+    gshmd__pull_release_owed(s->items[i]);
   gshmd_registry_client_remove(cl->reg, s->holder);
   for (size_t i = 0; i < s->n; i++) {
     gshmd__prefault_forget(s->items[i]);
@@ -552,9 +554,22 @@ static void set_end(struct pull_set *s) {
   free(s);
 }
 
+/* Whether s has nothing left in flight and nothing left to start. */
+static bool set_over(const struct pull_set *s) {
+  return s->active == 0 && !s->lreq_pending && !s->pf_jobs &&
+         (s->err || (!s->listing && s->nclosed == s->n));
+}
+
 /* Closes the finished segments of s, starts the next grants, and ends s
- * when nothing of it is left in flight.  Returns true when s was freed. */
+ * when nothing of it is left in flight.  The grants of the segments it
+ * closes go back before the next grants are asked (the peer caps those
+ * it holds for a link), or, when s ends, after its answer: a Release
+ * written on the way cost the last segment's requester a write to the
+ * peer (docs/PERFORMANCE.md "Session 35").  Returns true when s was
+ * freed. */
 static bool set_reap(struct pull_set *s) {
+  size_t first = s->first_open;
+
   for (size_t i = s->first_open; i < s->next_start; i++) {
     struct pull *p = s->items[i];
     if (!p->closed && (p->finished || s->err) && p->inflight == 0 && !p->req_pending &&
@@ -563,11 +578,14 @@ static bool set_reap(struct pull_set *s) {
     if (p->closed && i == s->first_open)
       s->first_open++;
   }
-  gshmd__pull_set_start_grants(s);
-  if (!s->err)
-    gshmd__pull_set_issue(s);
-  if (s->active == 0 && !s->lreq_pending && !s->pf_jobs &&
-      (s->err || (!s->listing && s->nclosed == s->n))) {
+  if (!set_over(s)) {
+    for (size_t i = first; i < s->next_start; i++)
+      gshmd__pull_release_owed(s->items[i]);
+    gshmd__pull_set_start_grants(s);
+    if (!s->err)
+      gshmd__pull_set_issue(s);
+  }
+  if (set_over(s)) {
     set_end(s);
     return true;
   }
