@@ -464,7 +464,9 @@ int bench_pull_main(int argc, char **argv) {
              "         ucp_am_bw, GB/s, the median of --iters runs (\"-\" not run, \"fail\": the\n"
              "         run exits 1); vsBEST: the pull over the best anchor; PATH host, direct or\n"
              "         staged.  Then CPU s/GB (CPU seconds per 1e9 bytes moved) of each gshmd and\n"
-             "         of the TCP anchors, and by gshmd thread; last, the median 4 KiB pull in us\n"
+             "         of the TCP anchors, and by gshmd thread; PULL ms split into gshmd's own\n"
+             "         elapsed time (acceptance to the set's end) and the rest (the request's way\n"
+             "         in, the publish, the answer's way out); last, the median 4 KiB pull in us\n"
              "         against ucp_get's 4 KiB latency.\n"
              "       gshm-bench pull --fanout N [--model LAYERSxHIDDEN | --set COUNTxSIZE]\n"
              "                       [--iters N] [--chunk BYTES] [--depth N] [--encrypt] [--streams N]\n"
@@ -539,7 +541,8 @@ int bench_pull_main(int argc, char **argv) {
          "TCPxK new", "vs", "TCPxK warm", "vs", "tag_bw", "am_bw", "vsBEST", "PATH");
   for (int i = 0; i < o.nsizes; i++) {
     uint64_t size = o.sizes[i];
-    double t[64], t_new[64], t_warm[64], med, gbs, tcp_new, tcp_warm, best, tag = -2, am = -2,
+    double t[64], t_in[64], t_out[64], t_new[64], t_warm[64], med, gbs, tcp_new, tcp_warm, best,
+        tag = -2, am = -2,
         mbs, lat, cpu_a = 0, cpu_b = 0, cpu_new = 0, cpu_warm = 0, c0, c1, c2, c3, t_first = 0;
     double thr_a[BENCH_THR_N][2] = {{0}}, thr_b[BENCH_THR_N][2] = {{0}}; /* by thread, summed */
     long recycled0 = recycled_pulls(b);
@@ -581,6 +584,8 @@ int bench_pull_main(int argc, char **argv) {
       }
       if (k >= 0) {
         t[k] = bench_now_s() - t0;
+        t_in[k] = (double)r.elapsed_ns / 1e9;
+        t_out[k] = t[k] - t_in[k];
         cpu_a += bench_cpu_s(A.pid) - a0;
         cpu_b += bench_cpu_s(B.pid) - b0;
         bench_thread_cpu(A.pid, thr_a);
@@ -657,6 +662,12 @@ int bench_pull_main(int argc, char **argv) {
         printf("  %s %.3f + %.3f", bench_thr_name[k2], v[k2][0] / c3, v[k2][1] / c3);
       printf("\n");
     }
+    /* gshmd's elapsed_ns: from its acceptance of the request to the set's
+     * end (every byte in, every segment closed); the rest of the wall
+     * time is the request's way in, the publish and the answer's way out */
+    printf("%8s PULL ms: %.3f in gshmd to the last segment's close, %.3f around it (request, "
+           "publish, answer), medians\n",
+           "", bench_median(t_in, n) * 1e3, bench_median(t_out, n) * 1e3);
     if (o.recycle) /* the warm-up is the first pull of the size: new memory */
       printf("%8s first pull (new memory) %.2f GB/s (%.2f ms); the %d timed: %ld of them into "
              "recycled memory\n",
