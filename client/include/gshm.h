@@ -1114,8 +1114,8 @@ typedef struct {
  * on different callers' streams (other threads, other streams) share none
  * and are not ordered against each other: two that write the same
  * destination are ordered by their callers, e.g. the second's stream
- * waits for the first's.  The streams of the 8 caller streams used most
- * recently are kept; a ninth caller stream's first broadcast destroys
+ * waits for the first's.  The streams of the 32 caller streams used most
+ * recently are kept; a 33rd caller stream's first broadcast destroys
  * those of the one used least recently (work queued on them still runs)
  * and makes its own.
  * On a stream being captured into a CUDA graph, the broadcast is one
