@@ -45,7 +45,8 @@ _lock = threading.Lock()
 _allocator = None
 # Pools garbage collected while tensors of theirs were alive, after a
 # release() that found them so (EBUSY): kept here and released again by
-# every later MemPool() and release() (_retry_busy), so that their memory
+# every later MemPool() and release() outside a CUDA graph capture
+# (_retry_busy), so that their memory
 # goes back once the tensors have gone.  Reentrant: a pool's finalizer
 # (MemPool.__del__, which appends) may run at any allocation.
 _busy: List["MemPool"] = []
@@ -56,7 +57,11 @@ def _retry_busy() -> None:
     """Releases again each pool of _busy (under its own lock, with the
     unlink its release asked for); drops those that are freed now.  Its
     errors are the busy pools' (a sticky CUDA error in their synchronize),
-    not the caller's: they are left for the next retry."""
+    not the caller's: they are left for the next retry.  Not while this
+    thread captures a CUDA graph (their synchronize would break it, as
+    their finalizer knows): the next call after the capture does it."""
+    if _capturing():
+        return
     with _busy_lock:
         pools = list(_busy)
     for p in pools:

@@ -487,17 +487,26 @@ def test_release_in_forked_child_is_forked_child(tp, client, segname):
     assert pool._ptr is None and client._h.refs == 1
 
 
+def _dropped_busy_pool(mod, c, client, name):
+    """A busy pool (_busy_pool) dropped and collected, kept in _busy; then
+    its tensors go.  Returns (its C pointer, a weak reference to its torch
+    pool)."""
+    pool, tpool = _busy_pool(mod, c, client, name)
+    ptr = pool._ptr
+    del pool
+    gc.collect()
+    assert len(mod._busy) == 1
+    c.live[0] = False
+    return ptr, tpool
+
+
 def test_busy_pool_retry_error_stays_its_own(tp, client, segname):
     """The retry of a pool dropped while busy runs inside other pools'
     MemPool() and release(): an error of its (a sticky CUDA error in its
     synchronize) must not fail them, as if theirs; it is tried again
     later."""
     mod, c = tp
-    pool, tpool = _busy_pool(mod, c, client, segname)
-    ptr = pool._ptr
-    del pool
-    gc.collect()
-    c.live[0] = False
+    ptr, tpool = _dropped_busy_pool(mod, c, client, segname)
 
     def broken(device=None):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -508,4 +517,23 @@ def test_busy_pool_retry_error_stays_its_own(tp, client, segname):
     assert c.freed == set() and len(mod._busy) == 1
     other.release()
     assert tpool() is None and ptr in c.freed and mod._busy == []
+    assert client._h.refs == 1 and c.misuse == []
+
+
+def test_busy_pool_not_retried_during_a_capture(tp, client, segname):
+    """A pool dropped while busy is not retried inside a MemPool() made
+    while this thread captures a CUDA graph: the retry's synchronize
+    breaks the capture (its finalizer already waits so; the retry ran
+    it).  It is retried by the first call after the capture."""
+    mod, c = tp
+    ptr, tpool = _dropped_busy_pool(mod, c, client, segname)
+    capturing, synced = [True], []
+    mod._torch.cuda.is_initialized = lambda: True
+    mod._torch.cuda.is_current_stream_capturing = lambda: capturing[0]
+    mod._torch.cuda.synchronize = lambda device=None: synced.append(capturing[0])
+    other = mod.MemPool(client, segname + "/2")
+    assert synced == [] and c.freed == set() and len(mod._busy) == 1
+    capturing[0] = False
+    other.release()
+    assert True not in synced and tpool() is None and ptr in c.freed and mod._busy == []
     assert client._h.refs == 1 and c.misuse == []
