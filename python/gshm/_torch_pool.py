@@ -46,11 +46,14 @@ _allocator = None
 # Pools garbage collected while tensors of theirs were alive, after a
 # release() that found them so (EBUSY): kept here and released again by
 # every later MemPool() and release() outside a CUDA graph capture
-# (_retry_busy), so that their memory
-# goes back once the tensors have gone.  Reentrant: a pool's finalizer
-# (MemPool.__del__, which appends) may run at any allocation.
+# (_retry_busy), so that their memory goes back once the tensors have
+# gone.  No lock: a pool's finalizer
+# (MemPool.__del__, which appends) runs at any allocation, on a thread
+# that may hold one of the package's fork-guarded locks, and a fork takes
+# a lock guarded so after it (the fork waited for the finalizer, which
+# waited for the fork's lock: a deadlock); its append, copy (list()) and
+# remove are each one step under the GIL (MemPool has no __eq__).
 _busy: List["MemPool"] = []
-_busy_lock = L.fork_safe(threading.RLock())
 
 
 def _retry_busy() -> None:
@@ -62,8 +65,7 @@ def _retry_busy() -> None:
     their finalizer knows): the next call after the capture does it."""
     if _capturing():
         return
-    with _busy_lock:
-        pools = list(_busy)
+    pools = list(_busy)
     for p in pools:
         if p._pid != os.getpid():
             continue  # a forked child's copy: the parent's to release (its lock may be held)
@@ -74,8 +76,8 @@ def _retry_busy() -> None:
                 pass
             freed = p._ptr is None
         if freed:
-            with _busy_lock:
-                _busy[:] = [q for q in _busy if q is not p]
+            with contextlib.suppress(ValueError):  # (another thread's retry took it)
+                _busy.remove(p)
 
 
 # A torch.cuda.MemPool over gshm is never destroyed while a tensor from it
@@ -410,8 +412,7 @@ class MemPool(object):
             except Exception:
                 pass  # (kept for a retry: a finalizer's error is only printed)
         if self._ptr is not None:
-            with _busy_lock:
-                _busy.append(self)
+            _busy.append(self)
 
     def _pool_idle(self):
         snap = getattr(self._torch_pool, "snapshot", None)

@@ -537,3 +537,40 @@ def test_busy_pool_not_retried_during_a_capture(tp, client, segname):
     other.release()
     assert True not in synced and tpool() is None and ptr in c.freed and mod._busy == []
     assert client._h.refs == 1 and c.misuse == []
+
+
+@pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")
+def test_busy_pool_finalized_while_another_thread_forks(tp, daemon, segname):
+    """A busy pool's finalizer runs at any allocation, on a thread that may
+    hold one of the package's fork-guarded locks (gshm._core's, here).  It
+    took _busy_lock, also fork-guarded and taken by a fork before the
+    others: a fork on another thread then held _busy_lock and waited for
+    the finalizer's thread's lock, which waited for _busy_lock, for ever.
+    Now the finalizer keeps the pool without a lock and the fork goes on.
+    (In a child of the test, killed after 5 s: a hang.)"""
+    mod, c = tp
+    from gshm import _core
+
+    def child():
+        c.pid = os.getpid()  # (the C pool stand-in answers this process)
+        cl = gshm.Client(daemon.socket, name="fork-finalizer")
+        box = {"pool": _busy_pool(mod, c, cl, segname)[0]}
+        forking = threading.Event()
+        os.register_at_fork(before=forking.set)  # (runs first: registered last)
+
+        def finalizing_thread():
+            with _core._state_lock:
+                forking.wait(5)
+                threading.Event().wait(0.2)  # (the fork gets to _core._state_lock meanwhile)
+                del box["pool"]  # the finalizer: released, busy, so kept in _busy
+        t = threading.Thread(target=finalizing_thread)
+        t.start()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        t.join(5)
+        return 0 if status == 0 and not t.is_alive() and len(mod._busy) == 1 else 2
+
+    status = _in_child(child)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
