@@ -58,6 +58,8 @@ struct gshm__lease {
   uint64_t map_size;
   int map_refs;
   void *device_map;        /* map_cuda.c's state; NULL for host mappings */
+  bool ro_listed;          /* a read-only host mapping, in map.c's list (gshm__host_read_only) */
+  struct gshm__lease *ro_next; /* ... its next, under GSHM__LOCK_GPUS */
   struct gshm_segment *segs; /* the segment objects on this lease */
   struct gshm__lease *next;
 };
@@ -225,6 +227,11 @@ size_t gshm__map_device_uuids(const struct gshm__lease *l, char ***uuids_out);
  * CU_MEM_ACCESS_FLAGS_PROT_NONE), 0 (not one: the driver's own rules
  * apply).  Takes GSHM__LOCK_GPUS. */
 int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *flags_out);
+/* Whether [addr, addr + bytes) overlaps a host segment this process
+ * mapped read-only with gshm_map (a read-only lease: PROT_READ), for
+ * kernels/copy.c, which refuses to hand the driver a destination it would
+ * write there.  Returns 1 or 0.  Takes GSHM__LOCK_GPUS. */
+int gshm__host_read_only(uintptr_t addr, size_t bytes);
 /* Ends l's device mapping (accepts an unmapped lease): the lease forgets
  * it and it goes on its client's retired list, which gshm__client_unlock
  * unmaps once the client's lock is let go (gshm__retire_device_maps).  A

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "client_internal.h"
+#include "fork.h"
 #include "log.h"
 #include "util.h"
 
@@ -32,6 +33,44 @@ static int host_fd_check(const struct gshm__lease *l) {
     return -EPROTO;
   }
   return 0;
+}
+
+/* This process's read-only host mappings (gshm_map of a read-only
+ * lease), newest first, for gshm__host_read_only.  Under GSHM__LOCK_GPUS
+ * (the device mappings' lock: kernels/copy.c asks both at one point). */
+static struct gshm__lease *ro_host;
+
+static void ro_host_add(struct gshm__lease *l) {
+  gshm__fork_lock(GSHM__LOCK_GPUS);
+  l->ro_next = ro_host;
+  ro_host = l;
+  l->ro_listed = true;
+  gshm__fork_unlock(GSHM__LOCK_GPUS);
+}
+
+static void ro_host_remove(struct gshm__lease *l) {
+  if (!l->ro_listed)
+    return;
+  gshm__fork_lock(GSHM__LOCK_GPUS);
+  for (struct gshm__lease **pp = &ro_host; *pp; pp = &(*pp)->ro_next)
+    if (*pp == l) {
+      *pp = l->ro_next;
+      break;
+    }
+  l->ro_listed = false;
+  gshm__fork_unlock(GSHM__LOCK_GPUS);
+}
+
+int gshm__host_read_only(uintptr_t addr, size_t bytes) {
+  int found = 0;
+
+  gshm__fork_lock(GSHM__LOCK_GPUS);
+  for (struct gshm__lease *l = ro_host; l && !found; l = l->ro_next) {
+    uintptr_t va = (uintptr_t)l->addr;
+    found = addr <= va ? bytes > va - addr : addr - va < l->map_size;
+  }
+  gshm__fork_unlock(GSHM__LOCK_GPUS);
+  return found;
 }
 
 /* Maps l once; later callers share the mapping, and devices they list
@@ -70,6 +109,8 @@ static int lease_map(struct gshm__lease *l, const int *devices, size_t ndevices)
       (void)madvise(p, l->info.size, MADV_HUGEPAGE);
     l->addr = p;
     l->map_size = l->info.size;
+    if (!(prot & PROT_WRITE))
+      ro_host_add(l);
   } else if ((e = gshm__map_device(l, devices, ndevices, &uuids, &nuuids))) {
     return e;
   }
@@ -82,6 +123,7 @@ int gshm__lease_unmap(struct gshm__lease *l, bool report) {
 
   if (!l->addr)
     return 0;
+  ro_host_remove(l); /* (before the range may be mapped again) */
   if (l->device_map)
     e = gshm__unmap_device(l);
   else if (munmap(l->addr, l->map_size) < 0)

@@ -645,7 +645,18 @@ int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int writ
   unsigned long long flags = 0;
   int found;
 
-  if (!w->device || me < 0)
+  if (!w->device) {
+    /* (the driver would write through a PROT_READ mapping: a fault in
+     * its own thread, or an error of its choosing) */
+    if (write && gshm__host_read_only && gshm__host_read_only(w->addr, bytes)) {
+      gshm_log_err("0x%llx (+%zu bytes) is in a host segment mapped read-only (a read-only "
+                   "lease): it cannot be written",
+                   (unsigned long long)w->addr, bytes);
+      return -EACCES;
+    }
+    return 0;
+  }
+  if (me < 0)
     return 0;
   if (!gshm__map_access || !(found = gshm__map_access(w->addr, bytes, me, &flags)))
     return foreign_reach(w, bytes, me, write); /* the driver's own rules, and its access flags */

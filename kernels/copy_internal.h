@@ -108,8 +108,9 @@ struct gshm__where {
  * memory, other memory the flags allow or that is not a cuMem range: the
  * driver's rules), -EXDEV no access from `me` (a gshm mapping: map the
  * segment for it, gshm_map's devices; other cuMem memory: cuMemSetAccess),
- * -EACCES a read-only mapping or range to be written, -ERANGE a range that
- * runs past the end of the gshm mapping it starts in. */
+ * -EACCES a read-only mapping or range to be written (host memory too: a
+ * host segment gshm_map mapped read-only, gshm__host_read_only), -ERANGE
+ * a range that runs past the end of the gshm mapping it starts in. */
 int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int write);
 
 /* client/map_cuda.c (client_internal.h has its comment): 1 and the access
@@ -119,6 +120,9 @@ int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int writ
  * own copy of them) maps nothing through them, and judges nothing. */
 __attribute__((weak)) int gshm__map_access(uintptr_t addr, size_t bytes, int dev,
                                            unsigned long long *flags_out);
+/* client/map.c: 1 where [addr, addr + bytes) overlaps a host segment
+ * mapped read-only by gshm_map, else 0 (weak, as above). */
+__attribute__((weak)) int gshm__host_read_only(uintptr_t addr, size_t bytes);
 
 /* Lets this thread make calls a stream capture forbids (an allocation, a
  * module load: cuThreadExchangeStreamCaptureMode RELAXED, as PyTorch's

@@ -1034,7 +1034,8 @@ typedef enum {
  * embedded kernels (sm_90 SASS + PTX) cannot run on; -EXDEV
  * GSHM_COPY_SM between GPUs without peer access, or src or dst a cuMem
  * mapping the stream's GPU has no access to; -EACCES dst a cuMem mapping
- * the stream's GPU may only read (a read-only lease's); -ERANGE src or dst starts in a
+ * the stream's GPU may only read (a read-only lease's), or in a host
+ * segment gshm_map mapped read-only; -ERANGE src or dst starts in a
  * mapping of gshm_map's and runs past its end; -ENOENT / -ENODEV no CUDA
  * driver or no GPU; -ENOSYS a driver older than CUDA 12.0, or one that
  * lacks an entry point libgshm needs; -ECHILD this process was forked
@@ -1158,7 +1159,8 @@ GSHM_EXTERN int gshm_broadcast_ex(const void *src, void *const dsts[], int n, si
  * memory (never handed to the GPU); -EXDEV the flag is
  * on a GPU the stream's GPU has no peer path to (libgshm enables peer
  * access where there is one), or in a cuMem mapping the stream's GPU has
- * no access to; -EACCES a read-only cuMem mapping (both as gshm_copy);
+ * no access to; -EACCES a read-only cuMem mapping, or a host segment
+ * mapped read-only (both as gshm_copy);
  * -ENOENT / -ENODEV no CUDA driver or GPU;
  * -ENOSYS a driver too old, or -ECHILD a forked child (both as
  * gshm_copy); -ENOTSUP the driver refuses

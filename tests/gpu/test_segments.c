@@ -309,6 +309,50 @@ static int role_readonly(char **a) {
   return failures ? 1 : 0;
 }
 
+/* hostro NAME: a host segment opened read-only (PROT_READ mapping) is no
+ * destination of gshm_copy (every method), gshm_signal or
+ * gshm_copy_signal's flag: -EACCES before the driver is asked (before
+ * session 35 only a device segment's read-only mapping was refused; the
+ * driver was handed a store through PROT_READ); copying out of it works,
+ * and the context still works after. */
+static int role_hostro(char **a) {
+  gshm_client_t *c = connect_or_die();
+  gshm_segment_t *s = NULL;
+  unsigned char want[4096], back[4096];
+  CUdeviceptr dev = 0;
+  void *addr = NULL;
+  int e;
+
+  e = gshm_open(c, a[0], GSHM_ACCESS_READ, &s);
+  REQUIRE(e == 0, "open %s read-only: %s", a[0], gshm_strerror(e));
+  e = gshm_map(s, NULL, 0, &addr);
+  REQUIRE(e == 0, "map: %s", gshm_strerror(e));
+  memcpy(want, addr, sizeof(want));
+  ctx_of(0);
+  REQUIRE(drv->cuMemAlloc(&dev, 4096) == CUDA_SUCCESS, "cuMemAlloc");
+  REQUIRE(drv->cuMemsetD8(dev, 0x3c, 4096) == CUDA_SUCCESS, "cuMemsetD8");
+  REQUIRE(drv->cuCtxSynchronize() == CUDA_SUCCESS, "sync");
+  for (int m = GSHM_COPY_AUTO; m <= GSHM_COPY_SM; m++) {
+    e = gshm_copy(addr, (const void *)(uintptr_t)dev, 4096, (gshm_copy_method_t)m, NULL);
+    CHECK(e == -EACCES, "copy (method %d) into a read-only host segment: %d, want -EACCES", m, e);
+  }
+  e = gshm_signal((uint64_t *)addr, 1, NULL);
+  CHECK(e == -EACCES, "signal in a read-only host segment: %d, want -EACCES", e);
+  e = gshm_copy_signal((void *)(uintptr_t)dev, (const void *)(uintptr_t)dev, 64, GSHM_COPY_SM,
+                       (uint64_t *)addr + 8, 1, NULL);
+  CHECK(e == -EACCES, "copy_signal with its flag in a read-only host segment: %d", e);
+  e = gshm_copy((void *)(uintptr_t)dev, addr, 4096, GSHM_COPY_ENGINE, NULL);
+  CHECK(e == 0, "copy out of a read-only host segment: %d", e);
+  REQUIRE(drv->cuCtxSynchronize() == CUDA_SUCCESS, "the context faulted after the refusals");
+  REQUIRE(drv->cuMemcpyDtoH(back, dev, sizeof(back)) == CUDA_SUCCESS, "read back");
+  CHECK(!memcmp(back, want, sizeof(back)), "copy out of a read-only host segment: wrong bytes");
+  CHECK(!memcmp(addr, want, sizeof(want)), "a refused copy changed the read-only segment");
+  drv->cuMemFree(dev);
+  gshm_close(s);
+  gshm_disconnect(c);
+  return failures ? 1 : 0;
+}
+
 /* cache NAME LOCATION SEED NEWSEED: re-opens of a held segment come from
  * the lease cache; a new generation never does. */
 static int role_cache(char **a) {
@@ -496,6 +540,7 @@ static int run_child_role(int argc, char **argv) {
   } roles[] = {
       {"produce", 4, role_produce},   {"consume", 4, role_consume},
       {"verify", 3, role_verify},     {"readonly", 2, role_readonly},
+      {"hostro", 1, role_hostro},
       {"cache", 4, role_cache},       {"hold", 2, role_hold},
       {"legacy-refused", 1, role_legacy_refused},
       {"legacy-produce", 3, role_legacy_produce},
@@ -667,6 +712,20 @@ static void test_main(struct harness *h) {
   ROLE("readonly", "t/p2p", seed2);
   ROLE("verify", "t/p2p", other, seed2);
   fprintf(stderr, "readonly: done (%d failures so far)\n", failures);
+
+  /* a host segment opened read-only is no copy's destination */
+  {
+    gshm_segment_t *hs = NULL;
+    unsigned char bytes[8192];
+    gpu_fill_random(bytes, sizeof(bytes), 35);
+    CHECK(gshm_create(c, "t/hostro", sizeof(bytes), "host", 0644, 0, &hs) == 0 &&
+              gshm_write(hs, 0, bytes, sizeof(bytes)) == 0,
+          "host segment t/hostro");
+    gshm_close(hs);
+    ROLE("hostro", "t/hostro");
+    CHECK(gshm_unlink(c, "t/hostro") == 0, "unlink t/hostro");
+    fprintf(stderr, "hostro: done (%d failures so far)\n", failures);
+  }
 
   /* cache (unlinks t/p2p and creates it again, 2 MiB) */
   ROLE("cache", "t/p2p", loc[0], seed2, seed);
