@@ -396,23 +396,20 @@ class MemPool(object):
                           RuntimeWarning, stacklevel=3)
 
     def __del__(self) -> None:
-        # A release that found tensors alive (EBUSY) is finished here; if
-        # they still are (or a CUDA graph is being captured on this thread,
-        # which synchronize would break), the pool is kept in _busy for a
-        # later MemPool() or release().  A pool never released keeps its
-        # segments, as documented (persistent ones are meant to outlive it).
+        # A release that found tensors alive (EBUSY) is not finished here
+        # but kept in _busy for the next MemPool() or release() of any pool
+        # (_retry_busy): finishing it synchronizes the device, and a
+        # finalizer runs at any allocation on any thread, which may be in
+        # the middle of another thread's CUDA graph capture (a synchronize
+        # then invalidates that capture: every capture mode, probed on an
+        # H200; no query sees another thread's capture on a non-blocking
+        # stream).  A pool never released keeps its segments, as
+        # documented (persistent ones are meant to outlive it).
         if not getattr(self, "released", False) or getattr(self, "_ptr", None) is None:
             return
         if sys.is_finalizing() or self._pid != os.getpid():
             return  # the process ends (so do its leases), or a forked child's copy
-        if not _capturing():
-            try:
-                with self._lock:
-                    self._release(self._unlinks, warn=False)
-            except Exception:
-                pass  # (kept for a retry: a finalizer's error is only printed)
-        if self._ptr is not None:
-            _busy.append(self)
+        _busy.append(self)
 
     def _pool_idle(self):
         snap = getattr(self._torch_pool, "snapshot", None)

@@ -393,14 +393,25 @@ def test_release_again_after_busy(tp, client, segname):
 
 def test_busy_pool_released_when_collected(tp, client, segname):
     """A pool released while its tensors were alive, then dropped once they
-    were gone: its finalizer frees what the release could not."""
+    were gone: its finalizer makes no device call (it may run in the middle
+    of another thread's graph capture, which a synchronize breaks) and
+    leaves it to the next MemPool(), which frees what the release could
+    not."""
     mod, c = tp
     pool, tpool = _busy_pool(mod, c, client, segname)
     c.live[0] = False
-    del pool
-    gc.collect()
-    assert tpool() is None and len(c.freed) == 1
-    assert client._h.refs == 1 and c.misuse == []
+    n, synced = len(c.calls), []
+    mod._torch.cuda.synchronize = lambda device=None: synced.append(device)
+    try:
+        del pool
+        gc.collect()
+        assert c.calls[n:] == [] and synced == [] and c.freed == set()
+        assert tpool() is not None
+        mod.MemPool(client, segname + "/2")
+    finally:
+        mod._torch.cuda.synchronize = lambda device=None: None
+    assert tpool() is None and len(c.freed) == 1 and synced
+    assert c.misuse == []
 
 
 def test_busy_pool_dropped_while_busy_is_retried(tp, client, segname):
