@@ -142,6 +142,16 @@ static bool tls_forbidden(const char *tok) {
   return false;
 }
 
+/* What UCX 1.13 reads the shared memory aliases of UCX_TLS as, less
+ * sysv (src/ucp/core/ucp_context.c ucp_tl_aliases: sm and shm are mm, cma
+ * and knem; mm is posix, sysv and xpmem): a user's "shared memory only"
+ * stays that (widened to "^tcp,sysv" by init_ctx, it took RDMA too). */
+static const char *tls_alias(const char *tok) {
+  if (!strcmp(tok, "sm") || !strcmp(tok, "shm"))
+    return "posix,xpmem,cma,knem";
+  return !strcmp(tok, "mm") ? "posix,xpmem" : tok;
+}
+
 /* UCX_TLS without the forbidden transports, whatever the environment
  * says. */
 static void transports_allowed(char *out, size_t size) {
@@ -161,7 +171,7 @@ static void transports_allowed(char *out, size_t size) {
   out[0] = '\0';
   for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
     if (!tls_forbidden(tok) && n < size)
-      n += (size_t)snprintf(out + n, size - n, "%s%s", n ? "," : "", tok);
+      n += (size_t)snprintf(out + n, size - n, "%s%s", n ? "," : "", tls_alias(tok));
   if (!out[0])
     snprintf(out, size, "^" FORBIDDEN_TLS);
 }

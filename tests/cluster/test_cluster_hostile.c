@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -269,11 +270,41 @@ static unsigned sysv_segments(pid_t pid, unsigned *modes, unsigned max) {
  * ucp_worker_progress ("invalid am id"), no cluster key asked.  gshmd
  * keeps UCX off sysv as off tcp (posix and cma, which need the rights of
  * gshmd's uid, serve shared memory), whatever UCX_TLS says. */
+/* Starts node x with UCX_TLS=tls, its stderr (log) into a file; returns
+ * the SysV segments it holds and whether its log says it widened tls. */
+static unsigned node_tls(struct node *x, const char *peers, const char *tls, bool *widened) {
+  char path[160], log[8192] = "";
+  unsigned modes[8], n;
+  int saved = dup(2), fd;
+  ssize_t got;
+
+  snprintf(path, sizeof(path), "%s/x.log", keys.dir);
+  fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  assert_true(saved >= 0 && fd >= 0);
+  assert_int_equal(dup2(fd, 2), 2);
+  setenv("UCX_TLS", tls, 1);
+  memset(x, 0, sizeof(*x));
+  node_start(x, "x", peers, keys.key, "", NULL);
+  assert_int_equal(dup2(saved, 2), 2);
+  close(saved);
+  n = sysv_segments(x->h.sp.pid, modes, 8);
+  assert_int_equal(harness_stop(&x->h), 0);
+  got = pread(fd, log, sizeof(log) - 1, 0);
+  log[got > 0 ? got : 0] = '\0';
+  close(fd);
+  unlink(path);
+  *widened = strstr(log, " instead") != NULL;
+  print_message("UCX_TLS=%s: %u SysV segment(s)%s\n", tls, n,
+                *widened ? ", widened to ^tcp,sysv" : "");
+  return n;
+}
+
 static void test_no_sysv(void **state) {
   static struct node x;
-  const char *tls[] = {NULL, "sysv,self", "sm", "^posix"};
+  const char *tls[] = {NULL, "sysv,self", "sm", "^posix", "mm,self"};
   char peers[64], *old = getenv("UCX_TLS") ? strdup(getenv("UCX_TLS")) : NULL;
-  unsigned modes[8], n[4];
+  unsigned modes[8], n[5];
+  bool widened;
   (void)state;
 
   n[0] = sysv_segments(S.h.sp.pid, modes, 8);
@@ -281,12 +312,10 @@ static void test_no_sysv(void **state) {
     print_message("S: a SysV segment of mode %o\n", modes[i]);
   snprintf(peers, sizeof(peers), "s=127.0.0.1:%d", S.port);
   for (size_t i = 1; i < sizeof(tls) / sizeof(tls[0]); i++) {
-    setenv("UCX_TLS", tls[i], 1);
-    memset(&x, 0, sizeof(x));
-    node_start(&x, "x", peers, keys.key, "", NULL);
-    n[i] = sysv_segments(x.h.sp.pid, modes, 8);
-    assert_int_equal(harness_stop(&x.h), 0);
-    print_message("UCX_TLS=%s: %u SysV segment(s)\n", tls[i], n[i]);
+    n[i] = node_tls(&x, peers, tls[i], &widened);
+    /* a shared memory alias is read as its transports less sysv, not
+     * widened to every transport but tcp and sysv (RDMA too) */
+    assert_false(widened);
   }
   if (old) /* (the nodes of the tests after this one) */
     setenv("UCX_TLS", old, 1);
