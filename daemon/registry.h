@@ -159,8 +159,9 @@ struct gshmd_registry {
   void *usage_root;            /* tsearch root: per-uid usage (quotas) */
   /* Shutting down: segments freed from now on (connections ending) keep
    * their pages, parked in the fd store for the next start and still
-   * mapped by their clients; otherwise a freed host segment's pages are
-   * punched out (backend discard). */
+   * mapped by their clients (a client's hidden segment, in no fd store,
+   * only in its creator's mapping or fd); otherwise a freed host
+   * segment's pages are punched out (backend discard). */
   bool stopping;
   /* The message of the last refused request (fmt_msg); valid until the
    * next registry call. */

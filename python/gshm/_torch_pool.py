@@ -300,7 +300,7 @@ class MemPool(object):
         A release() on another thread waits for the publish to finish (and
         then removes the manifest it wrote).  Raises gshm.ForkedChild in
         a process forked from the pool's."""
-        self._check_not_forked("gshm_pool_segments")
+        self._check_not_forked("MemPool.publish")
         with self._lock:
             return self._publish(module_or_state_dict, metadata)
 
