@@ -310,11 +310,13 @@ static int role_readonly(char **a) {
 }
 
 /* hostro NAME: a host segment opened read-only (PROT_READ mapping) is no
- * destination of gshm_copy (every method), gshm_signal or
- * gshm_copy_signal's flag: -EACCES before the driver is asked (before
- * session 35 only a device segment's read-only mapping was refused; the
- * driver was handed a store through PROT_READ); copying out of it works,
- * and the context still works after. */
+ * destination of gshm_copy (every method): -EACCES before the driver is
+ * asked (before session 35 only a device segment's read-only mapping was
+ * refused: the driver was handed a store through PROT_READ, and the role
+ * died of SIGSEGV, H200); page-locked read-only (cuMemHostRegister
+ * READ_ONLY), no copy's destination nor gshm_signal's or
+ * gshm_copy_signal's flag either; copying out of it works, and the
+ * context still works after. */
 static int role_hostro(char **a) {
   gshm_client_t *c = connect_or_die();
   gshm_segment_t *s = NULL;
@@ -336,11 +338,26 @@ static int role_hostro(char **a) {
     e = gshm_copy(addr, (const void *)(uintptr_t)dev, 4096, (gshm_copy_method_t)m, NULL);
     CHECK(e == -EACCES, "copy (method %d) into a read-only host segment: %d, want -EACCES", m, e);
   }
+  /* a flag in pageable memory is refused as such (-EINVAL, gshm.h); page-locked
+   * read-only (cuMemHostRegister READ_ONLY: the GPU may read it), as read-only */
   e = gshm_signal((uint64_t *)addr, 1, NULL);
-  CHECK(e == -EACCES, "signal in a read-only host segment: %d, want -EACCES", e);
-  e = gshm_copy_signal((void *)(uintptr_t)dev, (const void *)(uintptr_t)dev, 64, GSHM_COPY_SM,
-                       (uint64_t *)addr + 8, 1, NULL);
-  CHECK(e == -EACCES, "copy_signal with its flag in a read-only host segment: %d", e);
+  CHECK(e == -EINVAL, "signal in a pageable read-only host segment: %d, want -EINVAL", e);
+  if (drv->cuMemHostRegister(addr, 8192, CU_MEMHOSTREGISTER_READ_ONLY) == CUDA_SUCCESS) {
+    e = gshm_signal((uint64_t *)addr, 1, NULL);
+    CHECK(e == -EACCES, "signal in a registered read-only host segment: %d, want -EACCES", e);
+    e = gshm_copy_signal((void *)(uintptr_t)dev, (const void *)(uintptr_t)dev, 64,
+                         GSHM_COPY_SM, (uint64_t *)addr + 8, 1, NULL);
+    CHECK(e == -EACCES, "copy_signal with its flag in a registered read-only host segment: %d",
+          e);
+    for (int m = GSHM_COPY_AUTO; m <= GSHM_COPY_SM; m++) {
+      e = gshm_copy(addr, (const void *)(uintptr_t)dev, 4096, (gshm_copy_method_t)m, NULL);
+      CHECK(e == -EACCES, "copy (method %d) into a registered read-only host segment: %d", m,
+            e);
+    }
+    REQUIRE(drv->cuMemHostUnregister(addr) == CUDA_SUCCESS, "cuMemHostUnregister");
+  } else {
+    fprintf(stderr, "hostro: cuMemHostRegister READ_ONLY refused here: its steps skipped\n");
+  }
   e = gshm_copy((void *)(uintptr_t)dev, addr, 4096, GSHM_COPY_ENGINE, NULL);
   CHECK(e == 0, "copy out of a read-only host segment: %d", e);
   REQUIRE(drv->cuCtxSynchronize() == CUDA_SUCCESS, "the context faulted after the refusals");
