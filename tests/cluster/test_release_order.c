@@ -106,7 +106,7 @@ static void test_release_after_answer(void **state) {
   (void)state;
 
   make_segment(a, "pub/one", 4 * MiB, 1);
-  log_since(0, &from); /* (what B logged so far is not this pull's) */
+  free(log_since(0, &from)); /* (what B logged so far is not this pull's) */
   assert_int_equal(gshm_pull(b, "a", "pub/one", &po, &r), 0);
   check_segment(b, "pub/one", 4 * MiB, 1);
   for (t_end = now_ms() + 10000; leases_of(a, "pub/one") && now_ms() < t_end;)
