@@ -88,6 +88,13 @@ elif ! awk -v e="$exposure" -v m="$max_exposure" 'BEGIN { exit !(e <= m) }'; the
   grep -a "✗" "$tmp/security.out" >&2 || true
   fail "exposure level $exposure > $max_exposure"
 fi
+# Namespaces the unit must have whatever the score: network and /tmp
+# (scored), and IPC (a library's SysV shared memory, UCX 1.13's sysv FIFO
+# among them, reachable by no one else), which systemd 252 does not score.
+for want in PrivateNetwork= PrivateTmp=; do
+  grep -aq "✓ $want" "$tmp/security.out" || fail "systemd-analyze security: $want not ✓"
+done
+grep -q '^PrivateIPC=yes$' "$tmp/units/gshmd.service" || fail "gshmd.service lacks PrivateIPC=yes"
 
 # --- the system calls gshmd makes itself ------------------------------------
 
