@@ -28,9 +28,9 @@ def _addr_and_size(obj, what, writes=False):
     if isinstance(obj, int):
         return obj, None
     if isinstance(obj, Segment) and obj.is_host and writes and obj.readonly:
-        # Its mapping is PROT_READ, and libgshm's check of the destination
-        # (-EACCES) covers device memory only: the copy went to the driver,
-        # to write read-only pages.
+        # Its mapping is PROT_READ: libgshm refuses it too (-EACCES,
+        # gshm__copy_reach), this gives the same refusal before the CUDA
+        # driver is loaded or asked anything.
         raise error_for(-errno.EACCES, filename=obj.name,
                         message="gshm.copy: %s, host segment %r, is read-only here (opened "
                         "with access 'r')" % (what, obj.name))

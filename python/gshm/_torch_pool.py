@@ -61,8 +61,8 @@ def _retry_busy() -> None:
     unlink its release asked for); drops those that are freed now.  Its
     errors are the busy pools' (a sticky CUDA error in their synchronize),
     not the caller's: they are left for the next retry.  Not while this
-    thread captures a CUDA graph (their synchronize would break it, as
-    their finalizer knows): the next call after the capture does it."""
+    thread captures a CUDA graph (their synchronize would break it): the
+    next call after the capture does it."""
     if _capturing():
         return
     pools = list(_busy)
@@ -346,9 +346,9 @@ class MemPool(object):
         memory: their segments stay mapped (never unmapped under a tensor),
         with a warning saying so.  What they hold goes back once they are
         gone and the pool is released again: by another release() (which
-        may then unlink what an earlier unlink=False kept), when the pool
-        is garbage collected, or, if its tensors still lived then, by a
-        later MemPool() or release() of any pool; else at process exit.
+        may then unlink what an earlier unlink=False kept), or, once the
+        pool is garbage collected, by the next MemPool() or release() of
+        any pool (never by its finalizer: __del__); else at process exit.
 
         Safe from any thread: a release() called while another thread's
         runs returns once that one has finished.  Raises gshm.ForkedChild
@@ -392,7 +392,8 @@ class MemPool(object):
         if warn:
             warnings.warn("gshm: pool %r released while tensors from it are alive: their "
                           "memory returns once they are gone and the pool is released again "
-                          "(release(), or the pool garbage collected)" % self.prefix,
+                          "(release(), or once the pool is collected the next MemPool() or "
+                          "release())" % self.prefix,
                           RuntimeWarning, stacklevel=3)
 
     def __del__(self) -> None:
