@@ -343,6 +343,31 @@ static int prefix_check(const char *prefix, unsigned max) {
   return gshm__name_check(name, max);
 }
 
+/* The peer's name (or prefix) of m, then the local one: 0, or -EINVAL or
+ * -ENAMETOOLONG with *msg_out (cl->reply_msg) saying which is wrong, why. */
+static int names_check(struct gshmd_cluster *cl, const Gshm__PullRequest *m, const char *local,
+                       const char **msg_out) {
+  unsigned max[2] = {255, cl->cfg->max_name};
+  const char *name[2] = {m->name, local};
+  int e = 0, i = -1;
+  while (!e && ++i < 2)
+    e = m->prefix ? prefix_check(name[i], max[i]) : gshm__name_check(name[i], max[i]);
+  if (!e)
+    return 0;
+  if (e == -ENAMETOOLONG) /* (a prefix leaves a byte for the rest of a name) */
+    snprintf(cl->reply_msg, sizeof(cl->reply_msg), "the %s %s is longer than %u bytes%s",
+             i ? "local" : "peer's", m->prefix ? "prefix" : "name",
+             m->prefix ? (max[i] > 255 ? 255 : max[i] - 1) : max[i], i ? " (limits.max_name)" : "");
+  else
+    snprintf(cl->reply_msg, sizeof(cl->reply_msg),
+             "the %s %s '%.160s' is not %s: '/'-separated components, none empty, '.' or '..', "
+             "no control characters",
+             i ? "local" : "peer's", m->prefix ? "prefix" : "name", name[i],
+             m->prefix ? "the start of a name" : "a name");
+  *msg_out = cl->reply_msg;
+  return e;
+}
+
 /* The pulls in flight of uid (its requester gone or not: a set holds
  * its memory and its requests until they end). */
 static unsigned pulls_of(struct gshmd_cluster *cl, uid_t uid) {
@@ -370,16 +395,8 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
     *msg_out = "too many pulls in flight for this user; try again";
     return -EBUSY;
   }
-  if (m->prefix) {
-    if ((e = prefix_check(m->name, 255)) || (e = prefix_check(local, cl->cfg->max_name))) {
-      *msg_out = e == -ENAMETOOLONG ? "prefix too long" : "bad prefix: the start of a name";
-      return e;
-    }
-  } else if ((e = gshm__name_check(m->name, 255)) ||
-             (e = gshm__name_check(local, cl->cfg->max_name))) {
-    *msg_out = e == -ENAMETOOLONG ? "name too long" : "bad segment name";
+  if ((e = names_check(cl, m, local, msg_out)))
     return e;
-  }
   if (m->location && *m->location && gshm__location_parse(m->location, &loc)) {
     *msg_out = "bad location: use host, cuda:N or cuda:GPU-<uuid>";
     return -EINVAL;

@@ -783,6 +783,27 @@ static void test_not_exported(void **state) {
   }
   assert_int_equal(gshm_unlink(b, "taken"), 0);
   {
+    /* which of the two names is wrong, and why (it said "bad segment
+     * name" of either, "name too long: name too long") */
+    gshm_pull_opts_t po = {.local_name = "a//b"};
+    gshm_pull_result_t *res = NULL;
+    size_t nres = 0;
+    char longer[300];
+    assert_int_equal(gshm_pull(b, "a", "pub/visible", &po, NULL), -EINVAL);
+    assert_non_null(strstr(gshm_last_error(b), "the local name 'a//b' is not a name: "
+                                               "'/'-separated components, none empty"));
+    assert_int_equal(gshm_pull(b, "a", "pub//visible", NULL, NULL), -EINVAL);
+    assert_non_null(strstr(gshm_last_error(b), "the peer's name 'pub//visible' is not a name"));
+    po.local_name = "/v2/";
+    assert_int_equal(gshm_pull_prefix(b, "a", "pub/", &po, &res, &nres), -EINVAL);
+    assert_non_null(strstr(gshm_last_error(b), "the local prefix '/v2/' is not the start"));
+    memset(longer, 'n', sizeof(longer) - 1);
+    longer[sizeof(longer) - 1] = '\0';
+    po.local_name = longer;
+    assert_int_equal(gshm_pull(b, "a", "pub/visible", &po, NULL), -ENAMETOOLONG);
+    assert_non_null(strstr(gshm_last_error(b), "the local name is longer than 255 bytes"));
+  }
+  {
     /* B counted the refusals by cause */
     char *text = NULL;
     const char *m;
