@@ -355,7 +355,7 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   struct serve_grant *g;
   struct gshmd_lease *lease;
   const char *msg = NULL;
-  char buf[400];
+  char buf[480]; /* (node_name < 64, a name <= 255, the rules) */
   int e;
 
   /* the cap first: a refusal costs the loop next to nothing */
@@ -371,8 +371,11 @@ static void serve_grant(struct link *l, uint32_t rid, const Gshm__Cluster__Grant
   }
   /* A segment that is not exported does not exist for peers. */
   if (!seg || !gshmd__serve_exported(cl, seg)) {
-    snprintf(buf, sizeof(buf), "node '%s' exports no segment named '%.255s'", cl->ll.node_name,
-             req->name);
+    /* (the puller's user may have made it 0600, as a pull set's message says) */
+    snprintf(buf, sizeof(buf),
+             "node '%s' exports no segment named '%.255s' (its cluster.export rules decide by "
+             "name, owner and mode: a segment of mode 0600 is never exported)",
+             cl->ll.node_name, req->name);
     uint64_t n = ++l->peer->not_exported;
     if ((n & (n - 1)) == 0) /* (the 1st, 2nd, 4th...: a peer's asks must not flood the log) */
       gshm_log_notice("cluster: peer '%s' asked for '%.255s': not exported%s (%" PRIu64

@@ -769,6 +769,18 @@ static void test_not_exported(void **state) {
   gshm_free(v);
   assert_int_equal(gshm_pull(b, "a", "private/x", NULL, NULL), -ENOENT);
   assert_non_null(strstr(gshm_last_error(b), "exports no segment"));
+  {
+    /* one of an exported name but mode 0600: the rules it missed (the
+     * message of a set said them, that of one segment did not) */
+    gshm_segment_t *seg;
+    assert_int_equal(gshm_create(a, "pub/0600", 4096, "host", 0600, 0, &seg), 0);
+    gshm_close(seg);
+    assert_int_equal(gshm_pull(b, "a", "pub/0600", NULL, NULL), -ENOENT);
+    assert_non_null(strstr(gshm_last_error(b), "exports no segment named 'pub/0600' (its "
+                                               "cluster.export rules decide by name, owner and "
+                                               "mode: a segment of mode 0600 is never exported)"));
+    assert_int_equal(gshm_unlink(a, "pub/0600"), 0);
+  }
   assert_int_equal(gshm_stat_name(b, "private/x", &st), -ENOENT); /* nothing left behind */
   assert_int_equal(gshm_pull(b, "a", "pub/missing", NULL, NULL), -ENOENT);
   assert_int_equal(gshm_pull(b, "nosuch", "pub/visible", NULL, NULL), -ENOENT);
