@@ -407,7 +407,7 @@ class Client(object):
         with self._use() as p:
             rc = fn(p, _enc(peer), ctypes.byref(arr), ctypes.byref(n))
             if rc < 0:
-                _raise(rc, "gshm_list_remote", p, peer)
+                _raise(rc, "gshm_list_remote", p, peer, peer=True)
         try:
             return [SegmentInfo._from_c(arr[i]) for i in range(n.value)]
         finally:
@@ -499,7 +499,7 @@ class Client(object):
                     rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
                 if rc < 0:
                     _progress_interrupted(raised, interrupted)  # (before the cancel's error)
-                    _raise(rc, "gshm_pull", p, what, hint=_pull_hint(rc, replace))
+                    _raise(rc, "gshm_pull", p, what, hint=_pull_hint(rc, replace), peer=True)
             _progress_raised(raised, what, interrupted)
             return PullResult._from_c(res)
         arr = ctypes.POINTER(L.PullResultC)()
@@ -511,7 +511,8 @@ class Client(object):
                         ctypes.byref(n))
             if rc < 0:
                 _progress_interrupted(raised, interrupted)  # (before the cancel's error)
-                _raise(rc, "gshm_pull_prefix", p, what, hint=_pull_hint(rc, replace))
+                _raise(rc, "gshm_pull_prefix", p, what, hint=_pull_hint(rc, replace),
+                       peer=True)
         try:
             _progress_raised(raised, what, interrupted)
             return [PullResult._from_c(arr[i]) for i in range(n.value)]

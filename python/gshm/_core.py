@@ -7,6 +7,7 @@ their API."""
 
 import contextlib
 import ctypes
+import errno
 import operator
 import os
 import sys
@@ -68,19 +69,32 @@ def _strerror(rc):
         return None
 
 
-def _raise(rc, function, client_ptr=None, filename=None, cls=None, hint=None):
+# A request to a cluster peer that failed with one of these lost the peer,
+# not this process's gshmd, whose text the errno's would give ("connection
+# to gshmd reset"): gshmctl's words for it (common/errors.h,
+# GSHM_PULL_FAILURE_MAP's PEER_LOST), unless libgshm lost gshmd itself.
+_PEER_LOST = (errno.ECONNRESET, errno.ETIMEDOUT, errno.ESHUTDOWN)
+_PEER_LOST_TEXT = "peer lost or unreachable"
+_LOST_GSHMD_TEXT = "connection to gshmd lost"  # (GSHM_LOST_GSHMD_TEXT)
+
+
+def _raise(rc, function, client_ptr=None, filename=None, cls=None, hint=None, peer=False):
     """Raises the exception for rc, with the daemon's explanation of the
-    client's last request; hint(message), when given, rewrites that."""
+    client's last request; hint(message), when given, rewrites that.
+    peer: the request went on to a cluster peer (a pull, a remote list)."""
     message = ""
     if client_ptr:
         m = L.lib().gshm_last_error(client_ptr)
         message = _dec(m) if m else ""
+    description = _strerror(rc)
+    if peer and abs(rc) in _PEER_LOST and message != _LOST_GSHMD_TEXT:
+        description = _PEER_LOST_TEXT
     if hint is not None:
         message = hint(message)
     if isinstance(filename, bytes):
         filename = _dec(filename)
     raise error_for(rc, function=function, filename=filename, message=message,
-                    description=_strerror(rc), cls=cls)
+                    description=description, cls=cls)
 
 
 def _access_code(access):

@@ -169,6 +169,33 @@ def test_gshmctl_pull_interrupted(silent_node):
         assert _pulls_in_flight(silent_node) == 0
 
 
+def test_peer_down_is_the_peers_failure(tmp_path):
+    """A pull from (or a listing of) a peer that nothing answers is
+    Unreachable, and says that the peer was lost, as gshmctl does.  Before:
+    "gshm_pull: connection to gshmd reset: peer 'd' ... unreachable", the
+    words of this process's own gshmd connection, which was fine."""
+    import grp
+    key = tmp_path / "key"
+    key.write_bytes(b"python-cluster-test-key-0123456789\n")
+    key.chmod(0o600)
+    c = gshm_testutil.Daemon(args=[
+        "--set=cluster.node_name=c", "--set=cluster.peers=d=127.0.0.1:1",
+        "--set=cluster.secret_file=%s" % key,
+        "--set=cluster.pull_group=" + grp.getgrgid(os.getegid()).gr_name]).start()
+    try:
+        with gshm.Client(c.socket) as cc:
+            for call in (lambda: cc.pull("d", "pub/x"),
+                         lambda: cc.pull("d", "pub/", prefix=True),
+                         lambda: cc.remote_segments("d")):
+                with pytest.raises(gshm.Unreachable) as e:
+                    call()
+                assert "peer lost or unreachable: peer 'd'" in str(e.value), str(e.value)
+                assert "connection to gshmd" not in str(e.value), str(e.value)
+            assert cc.status().version  # its own gshmd still answers
+    finally:
+        c.stop()
+
+
 def test_pull_of_too_many_segments_is_limit_exceeded(pair):
     """A set pull of more than 4096 segments fails with E2BIG (gshmd's
     STATUS_TOO_MANY): gshm.LimitExceeded, as when the wire read it as
