@@ -517,6 +517,7 @@ static int cmdline_parse(struct cmdline *cl, int argc, char **argv) {
 static int config_load_all(struct gshmd_config *cfg, const struct cmdline *cl) {
   const char *path = cl->config_path ? cl->config_path : GSHMD_DEFAULT_CONFIG;
   const char *env = getenv("GSHM_SOCKET");
+  char *file_socket = NULL;
   int r;
 
   r = gshmd__config_load_file(cfg, path, !cl->config_path);
@@ -532,17 +533,23 @@ static int config_load_all(struct gshmd_config *cfg, const struct cmdline *cl) {
              " and %d drop-in%s from its conf.d", r, r == 1 ? "" : "s");
   if (env && env[0]) {
     struct origin where = {.file = "$GSHM_SOCKET"};
-
+    /* the files' own socket, lost to the environment: said below */
+    if (strcmp(cfg->socket_path, env) && strcmp(cfg->socket_path, GSHMD_DEFAULT_SOCKET) &&
+        !(file_socket = strdup(cfg->socket_path)))
+      return -ENOMEM;
     r = option_set_by_name(cfg, "daemon", "socket", env, &where);
-    if (r < 0)
-      return r;
   }
-  for (size_t i = 0; i < cl->n_overrides; i++) {
+  for (size_t i = 0; r >= 0 && i < cl->n_overrides; i++)
     r = override_apply(cfg, &cl->overrides[i]);
-    if (r < 0)
-      return r;
-  }
-  return 0;
+  /* A shell that exported one gshmd's socket for gshmctl starts a second
+   * gshmd on that path, whatever its file says (docs/CLUSTER.md, two nodes
+   * on one host): "another gshmd is already listening" was all it said. */
+  if (r >= 0 && file_socket && !strcmp(cfg->socket_path, env))
+    gshmd__config_warning("$GSHM_SOCKET (%s) overrides daemon.socket = %s of the configuration "
+                          "files; unset GSHM_SOCKET for this gshmd, or give --socket PATH",
+                          env, file_socket);
+  free(file_socket);
+  return r < 0 ? r : 0;
 }
 
 /* Values whose form the option table cannot express: checked here so that

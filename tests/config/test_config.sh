@@ -385,6 +385,23 @@ GSHM_SOCKET=/env.sock expect_value daemon socket /env.sock --config "$d/gshmd.co
 GSHM_SOCKET=/env.sock expect_value daemon socket /flag.sock --config "$d/gshmd.conf" --socket /flag.sock
 GSHM_SOCKET=/env.sock expect_value daemon socket /flag.sock --socket /flag.sock --config "$d/gshmd.conf"
 expect_value daemon socket /set.sock --config "$d/gshmd.conf" --set daemon.socket=/set.sock
+# the files' own socket lost to $GSHM_SOCKET is said (a shell that exported
+# one gshmd's path for gshmctl started a second gshmd on it, silently);
+# nothing where a flag decides, the two agree, or no file names one
+GSHM_SOCKET=/env.sock run 0 "$gshmd" --check-config --config "$d/gshmd.conf" || true
+expect_err "warning: \$GSHM_SOCKET (/env.sock) overrides daemon.socket = /dropin.sock of the"
+expect_err "unset GSHM_SOCKET for this gshmd, or give --socket PATH"
+for quiet in "--socket /flag.sock" "--set daemon.socket=/set.sock"; do
+  GSHM_SOCKET=/env.sock run 0 "$gshmd" --check-config --config "$d/gshmd.conf" $quiet || true
+  if grep -q warning "$tmp/err"; then fail "a warning with $quiet: $(cat "$tmp/err")"; fi
+done
+GSHM_SOCKET=/dropin.sock run 0 "$gshmd" --check-config --config "$d/gshmd.conf" || true
+if grep -q warning "$tmp/err"; then
+  fail "a warning where \$GSHM_SOCKET agrees: $(cat "$tmp/err")"
+fi
+printf '[daemon]\nbackend = host\n' >"$tmp/nosocket.conf"
+GSHM_SOCKET=/env.sock run 0 "$gshmd" --check-config --config "$tmp/nosocket.conf" || true
+if grep -q warning "$tmp/err"; then fail "a warning without a file's socket: $(cat "$tmp/err")"; fi
 expect_value daemon backend host --config "$d/gshmd.conf" --backend host
 expect_value daemon log_level 7 --config "$d/gshmd.conf" --log-level 7
 expect_value daemon log_level 2 --config "$d/gshmd.conf" --log-level 7 --set daemon.log_level=crit
