@@ -150,6 +150,19 @@ def _check_new_mode(mode: int, function: str, name: str) -> None:
         raise e
 
 
+def _check_local_prefix(name: str, local_name: Optional[str]) -> None:
+    """Refuses a local prefix without the '/' that ends the peer's, as
+    gshmctl pull --as does: local_name="v2" for "llama/" made
+    "v2seg-000001", not "v2/seg-000001", silently."""
+    if name.endswith("/") and local_name and not local_name.endswith("/"):
+        e = InvalidArgument(errno.EINVAL, "gshm_pull_prefix: local_name %r does not end in '/' "
+                            "as %r does: each local name would be %r and the rest of the "
+                            "peer's name, with no '/' between; write local_name=%r"
+                            % (local_name, name, local_name, local_name + "/"), name)
+        e.function = "gshm_pull_prefix"
+        raise e
+
+
 class Client(object):
     """A connection to gshmd.
 
@@ -429,7 +442,8 @@ class Client(object):
         prefix=True pulls every segment the peer exports whose name starts
         with `name` ("llama/": a published gshm.torch model, manifest and
         segments) in one pipelined request and returns a list of
-        PullResult, one per segment; `local_name` is then the local prefix.
+        PullResult, one per segment; `local_name` is then the local prefix
+        (ending in '/' where `name` does: InvalidArgument otherwise).
         With prefix=True, `peer` may list several nodes that hold the set
         (["n0", "n1"], at most 8): the first lists it, and each segment
         comes from the one with the fewest of the set's bytes open (each
@@ -459,6 +473,8 @@ class Client(object):
         PermissionDenied, Unreachable (the peer went away; nothing is left
         behind)."""
         _check_new_mode(mode, "gshm_pull", name)
+        if prefix:
+            _check_local_prefix(name, local_name)
         fn = _optional("gshm_pull_prefix" if prefix else "gshm_pull")
         if not isinstance(peer, str):
             peer = ",".join(peer)

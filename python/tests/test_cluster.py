@@ -387,6 +387,12 @@ def test_pull_prefix_resolves_manifest(pair):
         finally:
             for s in segs.values():
                 s.close()
+        # a local prefix without the peer's '/': refused, as gshmctl's --as
+        # (it made "v2seg-000000", silently), and nothing pulled
+        with pytest.raises(gshm.InvalidArgument) as bad:
+            cb.pull("a", "pub/llama/", local_name="v2", prefix=True)
+        assert "write local_name='v2/'" in str(bad.value), str(bad.value)
+        assert not [s for s in cb.segments() if s.name.startswith("v2")]
         # the same names again: refused, unless replace
         with pytest.raises(gshm.Exists) as exists:
             cb.pull("a", "pub/llama/", local_name="llama/", prefix=True)
