@@ -150,16 +150,23 @@ def _check_new_mode(mode: int, function: str, name: str) -> None:
         raise e
 
 
-def _check_local_prefix(name: str, local_name: Optional[str]) -> None:
-    """Refuses a local prefix without the '/' that ends the peer's, as
-    gshmctl pull --as does: local_name="v2" for "llama/" made
-    "v2seg-000001", not "v2/seg-000001", silently."""
-    if name.endswith("/") and local_name and not local_name.endswith("/"):
-        e = InvalidArgument(errno.EINVAL, "gshm_pull_prefix: local_name %r does not end in '/' "
-                            "as %r does: each local name would be %r and the rest of the "
-                            "peer's name, with no '/' between; write local_name=%r"
-                            % (local_name, name, local_name, local_name + "/"), name)
-        e.function = "gshm_pull_prefix"
+def _check_pull_names(name: str, local_name: Optional[str], prefix: bool) -> None:
+    """Refuses what gshmctl pull refuses before asking gshmd, in this API's
+    words: a name ending in '/' without prefix=True (gshmd's answer said
+    only that it is not a name), and a local prefix without the '/' that
+    ends the peer's (local_name="v2" for "llama/" made "v2seg-000001",
+    not "v2/seg-000001", silently)."""
+    function, text = "gshm_pull", None
+    if not prefix and name.endswith("/"):
+        text = "%r ends in '/': to pull every segment under it, pass prefix=True" % name
+    elif prefix and name.endswith("/") and local_name and not local_name.endswith("/"):
+        function = "gshm_pull_prefix"
+        text = ("local_name %r does not end in '/' as %r does: each local name would be %r and "
+                "the rest of the peer's name, with no '/' between; write local_name=%r"
+                % (local_name, name, local_name, local_name + "/"))
+    if text:
+        e = InvalidArgument(errno.EINVAL, "%s: %s" % (function, text), name)
+        e.function = function
         raise e
 
 
@@ -473,8 +480,7 @@ class Client(object):
         PermissionDenied, Unreachable (the peer went away; nothing is left
         behind)."""
         _check_new_mode(mode, "gshm_pull", name)
-        if prefix:
-            _check_local_prefix(name, local_name)
+        _check_pull_names(name, local_name, prefix)
         fn = _optional("gshm_pull_prefix" if prefix else "gshm_pull")
         if not isinstance(peer, str):
             peer = ",".join(peer)

@@ -393,6 +393,11 @@ def test_pull_prefix_resolves_manifest(pair):
             cb.pull("a", "pub/llama/", local_name="v2", prefix=True)
         assert "write local_name='v2/'" in str(bad.value), str(bad.value)
         assert not [s for s in cb.segments() if s.name.startswith("v2")]
+        # a prefix without prefix=True: the way out (it said "the peer's
+        # name 'pub/llama/' is not a name")
+        with pytest.raises(gshm.InvalidArgument) as bad:
+            cb.pull("a", "pub/llama/")
+        assert "to pull every segment under it, pass prefix=True" in str(bad.value), bad.value
         # the same names again: refused, unless replace
         with pytest.raises(gshm.Exists) as exists:
             cb.pull("a", "pub/llama/", local_name="llama/", prefix=True)
