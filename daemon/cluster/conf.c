@@ -187,6 +187,28 @@ static int parse_exports(struct gshmd_cluster *cl, const char *spec) {
   return e;
 }
 
+/* Says why the key file at path did not open (errno) and what to do: the
+ * errno alone ("Permission denied", "Too many levels of symbolic links")
+ * left the admin to find whose the file is, or that it is a link. */
+static void secret_open_failed(const char *path) {
+  int err = errno;
+  struct stat st;
+
+  if (err == ELOOP && lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+    gshm_log_err("cluster.secret_file %s: a symbolic link, which gshmd does not follow; name "
+                 "the file itself", path);
+  else if (err == EACCES && stat(path, &st) == 0)
+    gshm_log_err("cluster.secret_file %s: gshmd (uid %u) may not read it: mode %04o owned by "
+                 "uid %u; it must be owned by uid %u with no group or other permissions "
+                 "(chown, then chmod 0600)",
+                 path, (unsigned)geteuid(), (unsigned)(st.st_mode & 07777),
+                 (unsigned)st.st_uid, (unsigned)geteuid());
+  else {
+    errno = err;
+    gshm_log_err("cluster.secret_file %s: %m", path);
+  }
+}
+
 /* The shared key: a file only gshmd's user may read; its bytes (blanks
  * around them dropped) hashed to crypto_auth's key size. */
 static int read_secret(struct gshmd_cluster *cl, const char *path) {
@@ -201,7 +223,7 @@ static int read_secret(struct gshmd_cluster *cl, const char *path) {
     return -EINVAL;
   }
   if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0) {
-    gshm_log_err("cluster.secret_file %s: %m", path);
+    secret_open_failed(path);
     return -EINVAL;
   }
   if (fstat(fd, &st) < 0) {

@@ -58,6 +58,23 @@ refused "listen without a secret" "cluster.secret_file is required" "${L[@]}"
 refused "peers without a secret" "cluster.secret_file is required" \
   --set cluster.peers=n=127.0.0.1:7470
 refused "missing key" "No such file" "${L[@]}" --set "cluster.secret_file=$tmp/none"
+# a link, and (as root) a key gshmd's user may not read: what the file is,
+# and what to do ("Too many levels of symbolic links", "Permission denied")
+ln -s "$tmp/key" "$tmp/link-key"
+refused "key behind a symbolic link" "a symbolic link, which gshmd does not follow; name the file" \
+  "${L[@]}" --set "cluster.secret_file=$tmp/link-key"
+if [[ $(id -u) == 0 ]] && command -v setpriv >/dev/null; then
+  chmod 0711 "$tmp" # nobody may reach the key (root's, 0600), not read it
+  rc=0
+  setpriv --reuid=65534 --regid=65534 --clear-groups "$gshmd" --check-config "${L[@]}" \
+    "${K[@]}" >"$tmp/out" 2>"$tmp/err" || rc=$?
+  if [[ $rc != 2 ]] || ! grep -qF "gshmd (uid 65534) may not read it: mode 0600 owned by uid 0" \
+    "$tmp/err"; then
+    fail "a key gshmd's user may not read: exit $rc"
+    sed 's/^/  stderr: /' "$tmp/err" >&2
+  fi
+  chmod 0700 "$tmp"
+fi
 refused "short key" "at least 16 bytes" "${L[@]}" --set "cluster.secret_file=$tmp/short"
 refused "key readable by the group" "chmod 0600" "${L[@]}" --set "cluster.secret_file=$tmp/open-key"
 # ... and says what it found (it said only what a key must be)
