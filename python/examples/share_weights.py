@@ -157,11 +157,14 @@ def start_gshmd(exe):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--socket", default=None)
+    ap.add_argument("--socket", default=None,
+                    help="gshmd's socket (default $GSHM_SOCKET, else /run/gshm/gshmd.sock)")
     ap.add_argument("--gshmd", default=None, help="start this gshmd on a private socket")
     ap.add_argument("--workers", type=int, default=None, help="default: one per other GPU")
-    ap.add_argument("--size-mib", type=int, default=2048)
-    ap.add_argument("--name", default="example/weights")
+    ap.add_argument("--size-mib", type=int, default=2048,
+                    help="MiB of weights to share (default %(default)s)")
+    ap.add_argument("--name", default="example/weights",
+                    help="the segment's name (default %(default)s)")
     ap.add_argument("--compare", action="store_true",
                     help="also time a safetensors file and torch.multiprocessing CUDA IPC")
     args = ap.parse_args()

@@ -563,6 +563,12 @@ has err "gshm-bench pull: --split takes --fanout 3"
 "$py" "$src/python/examples/share_weights.py" --help >"$dir/out" 2>"$dir/err" \
   || fail "share_weights.py --help: $(cat "$dir/err")"
 has out "usage: share_weights.py"
+# every option says what it is and its default (--socket, --size-mib and
+# --name said nothing), whatever the lines' wrapping
+tr -s ' \n' '  ' <"$dir/out" >"$dir/out1" && mv "$dir/out1" "$dir/out"
+has out "gshmd's socket (default \$GSHM_SOCKET, else /run/gshm/gshmd.sock)"
+has out "MiB of weights to share (default 2048)"
+has out "the segment's name (default example/weights)"
 
 # the fd limit: a hand-started gshmd under a shell's limit (below the
 # unit's LimitNOFILE=) says nothing at notice level, once at debug level;
