@@ -37,7 +37,7 @@ def _size(n: int) -> str:
         v /= 1024
         i += 1
     if i == 0:
-        return "%d bytes" % n
+        return "%d B" % n  # (gshm__format_size; "0 bytes" was what an empty gshmd showed)
     return ("%d %s" if v == int(v) else "%.1f %s") % (v, units[i])
 
 

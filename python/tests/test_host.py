@@ -1280,6 +1280,21 @@ def test_python_m_gshm_is_gshmctl_status(daemon, client, segname):
         assert b"unknown error" not in p.stderr, p.stderr
 
 
+def test_python_m_gshm_empty_daemon_is_gshmctl_status():
+    """On a gshmd that holds nothing (a fresh node: the README's first
+    check), python -m gshm's status is gshmctl's, line for line; it said
+    "0 segments (0 bytes)" where gshmctl says "(0 B)"."""
+    d = gshm_testutil.Daemon().start()
+    try:
+        p = _python_m_gshm("--socket", d.socket)
+        assert p.returncode == 0, p.stderr.decode()
+        ctl = d.gshmctl("status").stdout.decode().splitlines()
+        assert p.stdout.decode().splitlines() == ctl, (p.stdout.decode(), ctl)
+        assert ctl[2] == "1 client, 0 segments (0 B), 0 leases", ctl
+    finally:
+        d.stop()
+
+
 def test_python_m_gshm_without_libgshm(tmp_path):
     """python -m gshm where libgshm cannot be loaded (a container without
     it: the check the README offers) says so in one line and exits 1; it
