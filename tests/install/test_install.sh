@@ -64,6 +64,13 @@ case $prefix in
 esac
 "${libenv[@]}" "$p/sbin/gshmd" --help 2>&1 | grep -qF "$want_conf" ||
   fail "gshmd --help does not name $want_conf"
+# an admin's edits to gshmd.conf outlive a reinstall (an upgrade): the
+# shipped file replaced them
+[ -f "$root$want_conf" ] || fail "no $want_conf installed"
+echo "# an admin's line" >>"$root$want_conf"
+DESTDIR=$root cmake --install "$build" >"$dir/install2.log" 2>&1 || fail "cmake --install again"
+grep -qxF "# an admin's line" "$root$want_conf" || fail "a reinstall replaced the edited $want_conf"
+grep -qF "Keeping: $root$want_conf" "$dir/install2.log" || fail "install: $(cat "$dir/install2.log")"
 
 # a consumer project
 mkdir -p "$dir/consumer"
