@@ -141,7 +141,12 @@ def _connect_hint(path: str, err: int) -> str:
 def _check_new_mode(mode: int, function: str, name: str) -> None:
     """Refuses mode 0 for a new segment: gshm_create, gshm_pull and gshmd
     take 0 for the default, 0600 (the wire cannot tell them apart), so
-    mode=0 gave 0600, silently.  `gshmctl chmod NAME 0` sets 0."""
+    mode=0 gave 0600, silently.  `gshmctl chmod NAME 0` sets 0.  A mode
+    that is no int (as os.chmod) is a TypeError: int() read the string
+    "444" (gshmctl's --mode 444) as decimal, 0o674, group-writable."""
+    if isinstance(mode, (str, bytes, float)):
+        raise TypeError("%s: mode is permission bits as an int, such as 0o640 (as os.chmod "
+                        "takes them), not %r" % (function, mode))
     if int(mode) == 0:
         e = InvalidArgument(errno.EINVAL, "%s: mode 0 cannot be given to a new segment (gshmd "
                             "takes 0 for its default, 0600): give another mode, then "

@@ -801,6 +801,20 @@ def test_create_mode_0_refused(daemon, client, segname):
     assert segname not in [s.name for s in client.segments()]
 
 
+def test_create_mode_as_a_string_refused(daemon, client, segname):
+    """A mode written as gshmctl takes it, a string, is a TypeError (as
+    os.chmod's), not int(): mode="444" made a segment of mode 0o674
+    (decimal 444: group-writable, others may read), "0644" a refusal
+    naming mode 1204; nothing is created."""
+    for mode in ("444", "0644", b"600", 420.0):
+        for call in (lambda: client.create(segname, 4096, location="host", mode=mode),
+                     lambda: client.pull("nopeer", segname, mode=mode)):
+            with pytest.raises(TypeError) as e:
+                call()
+            assert "mode is permission bits as an int, such as 0o640" in str(e.value), e.value
+    assert segname not in [s.name for s in client.segments()]
+
+
 def test_info_and_lists(daemon, client, segname):
     with client.create(segname, 5000, location="host", mode=0o640) as seg:
         info = seg.info
