@@ -171,10 +171,12 @@ static const char *errno_name(int err) {
 
 /* Writes doc (taken) and a newline to f.  jansson escapes C0 controls
  * only: a C1 CSI (U+009B) or a bidi override in a name another user chose
- * reached the terminal raw, in valid JSON; they go as \u escapes.
- * Returns 0 or -1. */
+ * reached the terminal raw, in valid JSON; they go as \u escapes.  Reals
+ * with 15 significant digits (%.15g, which every decimal of up to 15
+ * digits survives): jansson's default 17 wrote 0.005577662 s as
+ * 0.0055776619999999997.  Returns 0 or -1. */
 static int dump_json(json_t *doc, FILE *f, size_t flags) {
-  char *text = json_dumps(doc, flags), *safe = text ? gshm__json_escape_unprintable(text) : NULL;
+  char *text = json_dumps(doc, flags | JSON_REAL_PRECISION(15)), *safe = text ? gshm__json_escape_unprintable(text) : NULL;
   int e = safe && fputs(safe, f) >= 0 && fputc('\n', f) != EOF ? 0 : -1;
 
   free(safe);

@@ -6,6 +6,7 @@
  * at once and byte-exact; a set whose peer dies mid-set leaves nothing;
  * --replace swaps a set while a reader of the old one keeps its bytes;
  * gshmctl pull --prefix --json and gshmctl peers (pulls in flight). */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -15,6 +16,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -322,6 +324,36 @@ static void test_set_all_at_once(void **state) {
   gshm_disconnect(b);
 }
 
+/* The most significant digits of a fraction or exponent number in text
+ * (JSON): gshmctl writes at most 15 (0.0055776619999999997 was
+ * jansson's 17 for 0.005577662). */
+static int most_real_digits(const char *text) {
+  int most = 0;
+
+  for (const char *q = text; *q; q++) {
+    int digits = 0;
+    bool real = false, leading = true;
+
+    if (!(*q >= '0' && *q <= '9') || (q > text && (isalpha((unsigned char)q[-1]) || q[-1] == '/')))
+      continue; /* (not one in a name) */
+    for (; (*q >= '0' && *q <= '9') || *q == '.'; q++) {
+      if (*q == '.') {
+        real = true;
+        continue;
+      }
+      if (*q != '0')
+        leading = false;
+      digits += !leading;
+    }
+    real = real || *q == 'e' || *q == 'E';
+    if (real && digits > most)
+      most = digits;
+    if (!*q)
+      break;
+  }
+  return most;
+}
+
 /* --replace while a reader maps the old set/03: the reader keeps the old
  * bytes; new opens get the new ones, the reader's own too (it learns of
  * the replace as of an unlink); the old copy goes when let go. */
@@ -345,6 +377,7 @@ static void test_replace(void **state) {
                    0);
   assert_non_null(strstr(out, "\"count\": 24"));
   assert_non_null(strstr(out, "\"gb_per_s\""));
+  assert_in_range(most_real_digits(out), 1, 15);
   assert_non_null(strstr(out, "\"path\": \"host\""));
   assert_non_null(strstr(out, "\"remote_name\": \"pub/set/03\""));
   free(out);
