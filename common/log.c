@@ -11,6 +11,14 @@
 static const char *log_ident = "gshm";
 static int log_threshold = -1;
 static int log_prefix;
+static _Atomic(gshm_log_gate_fn) log_gate;
+static void *_Atomic log_gate_arg;
+
+void gshm__log_set_gate(gshm_log_gate_fn gate, void *arg) {
+  if (gate)
+    log_gate_arg = arg; /* (first: a thread that sees the gate sees its arg) */
+  log_gate = gate;
+}
 
 void gshm__log_setup(const char *ident, int level, int prefix_priority) {
   log_ident = ident;
@@ -24,10 +32,11 @@ int gshm__log_level(void) { return log_threshold; }
 void gshm__log(int prio, const char *fmt, ...) {
   int saved = errno;
   char line[1024], text[4 * sizeof(line)];
+  gshm_log_gate_fn gate = log_gate;
   va_list ap;
   int n;
 
-  if (prio > log_threshold) {
+  if (prio > log_threshold || (gate && !gate(log_gate_arg, prio))) {
     errno = saved;
     return;
   }

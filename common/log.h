@@ -27,6 +27,17 @@ void gshm__log_setup(const char *ident, int level, int prefix_priority);
 /* Current threshold; -1 means silent. */
 int gshm__log_level(void);
 
+/* A gate that may hold back a line: called with the line's priority for
+ * every line the level lets through, from whichever thread logs it;
+ * returns false to drop the line.  gshmd's holds the lines a local user's
+ * clients make it write to a rate per uid (daemon/loglimit.c). */
+typedef _Bool (*gshm_log_gate_fn)(void *arg, int prio);
+
+/* Installs gate (NULL: none) with its argument; the logger calls it until
+ * another is installed.  Install it before, and remove it after, any
+ * thread that may log and call into arg's owner runs. */
+void gshm__log_set_gate(gshm_log_gate_fn gate, void *arg);
+
 /* Writes one line; errno is preserved so "%m" works in callers' formats. */
 void gshm__log(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -150,6 +150,9 @@ static void write_server_counters(FILE *f, struct gshmd_server *s) {
             "Times gshmd stopped accepting at its fd limit.", s->accept_pauses);
   write_one(f, "counter", "gshm_fds_sent_total", "File descriptors handed to clients.",
             s->fds_sent);
+  write_one(f, "counter", "gshm_log_lines_dropped_total",
+            "Log lines not written: a uid's clients made gshmd log more than its rate.",
+            s->loglimit.dropped);
 }
 
 /* The host backend's recycling of pulled memory (daemon.host_recycle). */

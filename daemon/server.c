@@ -463,9 +463,7 @@ static void conn_flush(struct conn *c) {
   conn_read(c); /* requests may be waiting behind the stalled replies */
 }
 
-static void conn_on_io(uv_poll_t *h, int status, int events) {
-  struct conn *c = h->data;
-
+static void conn_io(struct conn *c, int status, int events) {
   if (status < 0) {
     /* libuv reports POLLERR on a peer that died with unread replies as
      * UV_EBADF: it is a reset connection. */
@@ -478,6 +476,16 @@ static void conn_on_io(uv_poll_t *h, int status, int events) {
     conn_read(c);
   else if (!c->closing && (events & UV_DISCONNECT) && !(events & UV_READABLE))
     gshmd_conn_close(c, NULL);
+}
+
+/* What a connection makes gshmd log is charged to its uid (loglimit.h). */
+static void conn_on_io(uv_poll_t *h, int status, int events) {
+  struct conn *c = h->data;
+  struct gshmd_loglimit *ll = &c->srv->loglimit; /* (c may be closed on return) */
+
+  gshmd_loglimit_charge(ll, &c->cred);
+  conn_io(c, status, events);
+  gshmd_loglimit_charge(ll, NULL);
 }
 
 static void on_accept(uv_poll_t *h, int status, int events) {
@@ -514,14 +522,17 @@ static void on_accept(uv_poll_t *h, int status, int events) {
     gshm_list_init(&c->outq);
     c->accepted_ns = c->last_ns = gshm__now_ns(CLOCK_MONOTONIC);
     /* The uid's quota first, then the global limit less the admins'
-     * reserve: one user can fill neither. */
-    if (gshmd__peer_credentials(s, fd, &c->cred) || gshmd__over_uid_quota(s, &c->cred) ||
+     * reserve: one user can fill neither.  (A refusal's line is the uid's.) */
+    if (gshmd__peer_credentials(s, fd, &c->cred) ||
+        (gshmd_loglimit_charge(&s->loglimit, &c->cred), gshmd__over_uid_quota(s, &c->cred)) ||
         gshmd__over_global_limit(s, &c->cred) || uv_poll_init(s->loop, &c->poll, fd)) {
+      gshmd_loglimit_charge(&s->loglimit, NULL);
       gshmd_closer_close(s, &fd, 1, c->cred.uid);
       free(c->cred.groups);
       free(c);
       continue;
     }
+    gshmd_loglimit_charge(&s->loglimit, NULL);
     c->poll.data = c;
     gshm_list_add_tail(&s->conns, &c->node);
     s->nconns++;
@@ -567,6 +578,7 @@ static void on_sweep(uv_timer_t *t) {
     struct conn *c = gshm_list_entry(pos, struct conn, node);
     if (c->closing)
       continue;
+    gshmd_loglimit_charge(&s->loglimit, &c->cred);
     if (!c->client && hello_ns && now - c->accepted_ns > hello_ns) {
       s->timeouts++;
       gshmd_conn_close(c, "no hello in time");
@@ -577,6 +589,7 @@ static void on_sweep(uv_timer_t *t) {
       gshmd_conn_close(c, "its process exited with replies unread");
     }
   }
+  gshmd_loglimit_charge(&s->loglimit, NULL);
 }
 
 int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gshmd_config *cfg,
@@ -595,6 +608,7 @@ int gshmd_server_start(struct gshmd_server *s, uv_loop_t *loop, const struct gsh
   reg->on_replaced = notify_replaced;
   reg->on_replaced_arg = s;
   gshm_list_init(&s->conns);
+  gshmd_loglimit_start(&s->loglimit); /* (before any thread that logs) */
   if ((r = gshmd_closer_start(s, loop)))
     return r;
   /* One counter per status the protocol defines: the enum's values are
@@ -669,6 +683,7 @@ void gshmd_server_stop(struct gshmd_server *s) {
 
 void gshmd_server_free(struct gshmd_server *s) {
   gshmd_closer_free(s);
+  gshmd_loglimit_stop(&s->loglimit);
   free(s->requests);
   s->requests = NULL;
 }

@@ -12,6 +12,7 @@
 
 #include "list.h"
 #include "histogram.h"
+#include "loglimit.h"
 #include "wire.h"
 
 struct gshmd_config;
@@ -45,6 +46,7 @@ struct gshmd_server {
   uint64_t accept_pauses;   /* episodes, for metrics */
   bool fds_refused;         /* SO_PASSRIGHTS is off on the listener */
   struct gshmd_closer *closer; /* clients' fds closed off the loop (server_close.c) */
+  struct gshmd_loglimit loglimit; /* log lines charged to the uid served (loglimit.c) */
   struct gshm_list conns;
   uint32_t nconns;
   bool have_admin_gid;
