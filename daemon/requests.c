@@ -578,9 +578,11 @@ static bool request_header_ok(struct conn *c, const uint8_t *pkt, size_t len,
 
 /* Unpacks the body as message type T, calls handler H and returns its
  * result; a body that does not decode is a protocol error (the connection
- * fails, c->closing says so). */
+ * fails, c->closing says so); one of too many fields is refused unread. */
 #define DISPATCH(T, lower, H)                                                         \
   do {                                                                                \
+    if (gshm__wire_fields_over(q->body, q->len, GSHM_WIRE_REQUEST_FIELDS_MAX))        \
+      return set_error(q, -EINVAL, "more fields than any request holds");             \
     T *msg_ = gshm__##lower##__unpack(&s->arena_allocator, q->len, q->body);          \
     if (!msg_) {                                                                      \
       gshmd_conn_fail(q->c, q->type, q->request_id, GSHM__STATUS__STATUS_PROTOCOL_ERROR,    \

@@ -196,3 +196,51 @@ size_t gshm__wire_embedded_size(size_t n) {
     v++;
   return 1 + v + n;
 }
+
+/* Reads one varint at *p (not past end), moving *p past it.  false when
+ * it runs past end or past 10 bytes. */
+static bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+  uint64_t x = 0;
+
+  for (unsigned shift = 0; shift < 70 && *p < end; shift += 7) {
+    uint8_t b = *(*p)++;
+    x |= (uint64_t)(b & 0x7f) << (shift < 64 ? shift : 63);
+    if (!(b & 0x80)) {
+      *v = x;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool gshm__wire_fields_over(const void *body, size_t len, unsigned max) {
+  const uint8_t *p = body, *end = p + len;
+  uint64_t tag, v;
+
+  for (unsigned n = 0; p < end; n++) {
+    if (n == max)
+      return true;
+    if (!wire_varint(&p, end, &tag))
+      return false;
+    switch (tag & 7) {
+    case 0: /* varint */
+      if (!wire_varint(&p, end, &v))
+        return false;
+      break;
+    case 1: /* 64-bit */
+    case 5: /* 32-bit */
+      if ((size_t)(end - p) < ((tag & 7) == 1 ? 8u : 4u))
+        return false;
+      p += (tag & 7) == 1 ? 8 : 4;
+      break;
+    case 2: /* length-delimited */
+      if (!wire_varint(&p, end, &v) || v > (uint64_t)(end - p))
+        return false;
+      p += v;
+      break;
+    default: /* groups: protobuf-c refuses them */
+      return false;
+    }
+  }
+  return false;
+}

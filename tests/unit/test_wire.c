@@ -156,6 +156,31 @@ static void test_status_table(void **state) {
   assert_string_equal(gshm__strerror(-12345), "unknown error");
 }
 
+/* gshm__wire_fields_over: every tag counted, up to max + 1 of them; a
+ * body malformed before that is not over (its decoder refuses it). */
+static void test_fields_over(void **state) {
+  uint8_t b[600];
+  size_t n = 0;
+
+  (void)state;
+  for (int i = 0; i < 64; i++) { /* 64 fields of each wire type in turn */
+    switch (i % 4) {
+    case 0: b[n++] = 0x08; b[n++] = 0x96; b[n++] = 0x01; break;          /* 1: varint 150 */
+    case 1: b[n++] = 0x12; b[n++] = 2; b[n++] = 'a'; b[n++] = 'b'; break; /* 2: bytes */
+    case 2: b[n++] = 0x19; memset(b + n, 0, 8); n += 8; break;              /* 3: 64-bit */
+    case 3: b[n++] = 0x25; memset(b + n, 0, 4); n += 4; break;              /* 4: 32-bit */
+    }
+  }
+  assert_false(gshm__wire_fields_over(b, n, 64));
+  assert_true(gshm__wire_fields_over(b, n, 63));
+  assert_false(gshm__wire_fields_over(b, 0, 0));
+  b[n++] = 0x08; /* a 65th, cut short: over all the same */
+  assert_true(gshm__wire_fields_over(b, n, 64));
+  /* malformed within the count: a length past the end, a group */
+  assert_false(gshm__wire_fields_over((const uint8_t[]){0x12, 5, 'a'}, 3, 64));
+  assert_false(gshm__wire_fields_over((const uint8_t[]){0x0b, 0x0c}, 2, 64));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pack_parse_roundtrip),
@@ -163,6 +188,7 @@ int main(void) {
       cmocka_unit_test(test_pack_too_big),
       cmocka_unit_test(test_fd_passing_and_extra_fds_closed),
       cmocka_unit_test(test_status_table),
+      cmocka_unit_test(test_fields_over),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
