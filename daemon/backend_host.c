@@ -499,6 +499,7 @@ static void host_destroy(struct gshmd_backend *b) {
   while (!gshm_list_empty(&hb->pool))
     pooled_free(hb, gshm_list_entry(hb->pool.next, struct pooled, node));
   gshmd_host_reap_stop(hb->reaper);
+  gshmd_host_memory_close(&hb->mem);
   free(b);
 }
 
@@ -632,6 +633,7 @@ int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backe
   hb->collapse = huge == 2 && hb->pull_page == GSHMD_HUGE_PAGE;
   gshm_list_init(&hb->pool);
   (void)gshmd_host_reap_start(&hb->reaper); /* (without it: at once, on the loop) */
+  gshmd_host_memory_update(&hb->mem); /* (its files opened now: gshmd's fds settle at start) */
   *out = &hb->base;
   return 0;
 }

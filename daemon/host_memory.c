@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/utsname.h>
@@ -26,50 +27,95 @@
 #endif
 #define COLLAPSE_BACKOFF_NS 1000000000LL
 
-/* A number from a one-line cgroup file: "max" and v1's near-2^63 values
- * mean no limit (UINT64_MAX); a missing or unreadable file too. */
-static uint64_t read_limit(const char *dir, const char *file) {
-  char path[PATH_MAX], line[64];
-  unsigned long long v;
-  FILE *f;
+/* ---- The figures ----------------------------------------------------------
+ * Each file is opened once and read again from offset 0 (a seq_file, as
+ * /proc's and the cgroup files are, makes its text again for a read at 0):
+ * opening, reading and closing /proc/meminfo, /proc/self/cgroup and three
+ * files of each of three cgroup levels took 72-73 us on the 2-core VM, 60%
+ * of it the path walks, opens and closes; held open, 14 us (docs/PERFORMANCE.md
+ * "Session 36: a pull's fixed costs"). */
 
-  snprintf(path, sizeof(path), "%s/%s", dir, file);
-  if (!(f = fopen(path, "re")))
-    return UINT64_MAX;
-  if (!fgets(line, sizeof(line), f) || sscanf(line, "%llu", &v) != 1 || v >= (1ull << 62))
-    v = UINT64_MAX;
-  fclose(f);
-  return v;
-}
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+#define CGROUP_TEXT 8192 /* bytes of /proc/self/cgroup looked at */
 
 /* The files of one cgroup version's memory controller. */
 struct cg_files {
-  const char *root, *mem, *swap, *usage;
+  const char *root, *file[3]; /* file[]: limit, swap limit, usage */
   bool memsw; /* v1: the swap limit counts memory and swap together */
 };
 
-static const struct cg_files cg_v2 = {"/sys/fs/cgroup", "memory.max", "memory.swap.max",
-                                      "memory.current", false};
-static const struct cg_files cg_v1 = {"/sys/fs/cgroup/memory", "memory.limit_in_bytes",
-                                      "memory.memsw.limit_in_bytes", "memory.usage_in_bytes",
+static const struct cg_files cg_v2 = {"/sys/fs/cgroup",
+                                      {"memory.max", "memory.swap.max", "memory.current"},
+                                      false};
+static const struct cg_files cg_v1 = {"/sys/fs/cgroup/memory",
+                                      {"memory.limit_in_bytes", "memory.memsw.limit_in_bytes",
+                                       "memory.usage_in_bytes"},
                                       true};
 
-/* gshmd's memory cgroup folder into dir (cap bytes), and its version's
- * files; NULL where it has none.  v2 where the unified hierarchy is
- * mounted at /sys/fs/cgroup (cgroup.controllers there: the root cgroup
- * has no memory.max), else the v1 memory controller's line (a hybrid
- * host's "0::" line is a v2 hierarchy without that controller). */
-static const struct cg_files *cgroup_dir(char *dir, size_t cap) {
-  char line[PATH_MAX];
+/* One level of gshmd's cgroup (its own, then each ancestor's). */
+struct cg_level {
+  int fd[3]; /* cg_files.file[]; -1: missing (looked up again at each read) */
+  int dir;   /* the level's folder (O_PATH) while one of them is missing; else -1 */
+};
+
+struct gshmd_host_memory_files {
+  int meminfo, self_cgroup;  /* /proc/meminfo, /proc/self/cgroup; -1: opened again at a read */
+  const struct cg_files *cg; /* the levels' version; NULL: no memory cgroup */
+  struct cg_level *level;    /* gshmd's cgroup first, the root last */
+  unsigned nlevels;
+  ssize_t text_len;          /* of text; -1: /proc/self/cgroup could not be read */
+  char text[CGROUP_TEXT];    /* /proc/self/cgroup when the levels were opened */
+};
+
+/* *fd's text from offset 0 into buf (cap bytes, NUL-terminated; what
+ * does not fit is left).  Returns its length, or -1 (*fd closed, -1:
+ * opened again at the next read). */
+static ssize_t read_text(int *fd, char *buf, size_t cap) {
+  ssize_t n;
+
+  if (*fd < 0)
+    return -1;
+  while ((n = pread(*fd, buf, cap - 1, 0)) < 0 && errno == EINTR)
+    ;
+  if (n < 0) {
+    close(*fd);
+    *fd = -1;
+    return -1;
+  }
+  buf[n] = '\0';
+  return n;
+}
+
+/* A number from a one-line cgroup file: "max" and v1's near-2^63 values
+ * mean no limit (UINT64_MAX); a missing or unreadable file too. */
+static uint64_t read_limit(int *fd) {
+  char line[64], *end;
+  unsigned long long v;
+
+  if (read_text(fd, line, sizeof(line)) <= 0)
+    return UINT64_MAX;
+  v = strtoull(line, &end, 10);
+  return end == line || v >= (1ull << 62) ? UINT64_MAX : v;
+}
+
+/* gshmd's memory cgroup folder into dir (cap bytes), from text
+ * (/proc/self/cgroup), and its version's files; NULL where it has none.
+ * v2 where the unified hierarchy is mounted at /sys/fs/cgroup
+ * (cgroup.controllers there: the root cgroup has no memory.max), else the
+ * v1 memory controller's line (a hybrid host's "0::" line is a v2
+ * hierarchy without that controller). */
+static const struct cg_files *cgroup_dir(char *text, char *dir, size_t cap) {
   bool v2 = !access("/sys/fs/cgroup/cgroup.controllers", F_OK);
   const struct cg_files *cg = NULL;
-  FILE *f = fopen("/proc/self/cgroup", "re");
+  char *line = text, *next;
 
-  while (f && !cg && fgets(line, sizeof(line), f)) {
-    char *p = strchr(line, ':'), *q = p ? strchr(p + 1, ':') : NULL;
-    if (!q)
+  for (; line && *line && !cg; line = next) {
+    char *p, *q;
+    if ((next = strchr(line, '\n')))
+      *next++ = '\0';
+    if (!(p = strchr(line, ':')) || !(q = strchr(p + 1, ':')))
       continue;
-    q[strcspn(q, "\n")] = '\0';
     if (v2 && !strncmp(line, "0::", 3))
       cg = &cg_v2;
     else if (!v2 && (!strncmp(p, ":memory:", 8) || !strncmp(p, ":memory,", 8) ||
@@ -78,8 +124,6 @@ static const struct cg_files *cgroup_dir(char *dir, size_t cap) {
     if (cg)
       snprintf(dir, cap, "%s%s", cg->root, q + 1);
   }
-  if (f)
-    fclose(f);
   /* Inside a cgroup namespace the path may not exist under the mount:
    * then the mount's root is ours. */
   if (cg && access(dir, F_OK))
@@ -87,56 +131,163 @@ static const struct cg_files *cgroup_dir(char *dir, size_t cap) {
   return cg;
 }
 
-static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+static void close_fd(int *fd) {
+  if (*fd >= 0)
+    close(*fd);
+  *fd = -1;
+}
 
-/* The tightest limits of gshmd's cgroup and its ancestors, and the least
- * room any of them leaves. */
-static void read_cgroup(struct gshmd_host_memory *m) {
-  char dir[PATH_MAX];
-  const struct cg_files *cg = cgroup_dir(dir, sizeof(dir));
+static void levels_close(struct gshmd_host_memory_files *f) {
+  for (unsigned i = 0; i < f->nlevels; i++) {
+    for (int k = 0; k < 3; k++)
+      close_fd(&f->level[i].fd[k]);
+    close_fd(&f->level[i].dir);
+  }
+  free(f->level);
+  f->level = NULL;
+  f->nlevels = 0;
+  f->cg = NULL;
+}
 
-  m->cg_mem = m->cg_swap = m->cg_room = UINT64_MAX;
-  while (cg) {
-    uint64_t lim = read_limit(dir, cg->mem), w = read_limit(dir, cg->swap), used;
+/* Opens the files of each level of the cgroup text (/proc/self/cgroup,
+ * n bytes, kept in f->text; n -1: none) names, gshmd's own up to the
+ * hierarchy's root.  Out of memory: no level (no limit known). */
+static void levels_open(struct gshmd_host_memory_files *f, const char *text, ssize_t n) {
+  char dir[PATH_MAX], copy[CGROUP_TEXT];
+  unsigned levels = 1;
+
+  levels_close(f);
+  f->text_len = n;
+  if (n < 0)
+    return;
+  memcpy(f->text, text, (size_t)n + 1);
+  memcpy(copy, text, (size_t)n + 1);
+  if (!(f->cg = cgroup_dir(copy, dir, sizeof(dir))))
+    return;
+  for (const char *p = dir + strlen(f->cg->root); *p; p++)
+    levels += *p == '/';
+  if (!(f->level = calloc(levels, sizeof(*f->level)))) {
+    f->text_len = -2; /* (tried again at the next read) */
+    return;
+  }
+  for (;;) {
+    struct cg_level *l = &f->level[f->nlevels++];
     char *slash;
-    if (lim != UINT64_MAX && (used = read_limit(dir, cg->usage)) != UINT64_MAX)
-      m->cg_room = min_u64(m->cg_room, lim > used ? lim - used : 0);
-    m->cg_mem = min_u64(m->cg_mem, lim);
-    if (cg->memsw && w != UINT64_MAX)
-      w = w > lim ? w - lim : 0;
-    m->cg_swap = min_u64(m->cg_swap, w);
-    if (strlen(dir) <= strlen(cg->root) || !(slash = strrchr(dir, '/')))
+    l->dir = -1;
+    for (int k = 0; k < 3; k++) {
+      char path[PATH_MAX + 40];
+      snprintf(path, sizeof(path), "%s/%s", dir, f->cg->file[k]);
+      if ((l->fd[k] = open(path, O_RDONLY | O_CLOEXEC)) < 0 && l->dir < 0)
+        l->dir = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    }
+    if (f->nlevels == levels || strlen(dir) <= strlen(f->cg->root) ||
+        !(slash = strrchr(dir, '/')))
       break;
     *slash = '\0';
   }
 }
 
-void gshmd_host_memory_update(struct gshmd_host_memory *m) {
-  char line[256];
-  unsigned long long kib, avail = 0;
-  unsigned navail = 0;
-  int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
-  FILE *f;
+/* The tightest limits of gshmd's cgroup and its ancestors, and the least
+ * room any of them leaves; the levels' files opened again first where
+ * /proc/self/cgroup changed (gshmd moved). */
+static void read_cgroup(struct gshmd_host_memory *m, struct gshmd_host_memory_files *f) {
+  char text[CGROUP_TEXT];
+  ssize_t n;
 
-  if (m->read_ns && now - m->read_ns <= GSHMD_HOST_MEMORY_REREAD_NS)
-    return;
+  if (f->self_cgroup < 0)
+    f->self_cgroup = open("/proc/self/cgroup", O_RDONLY | O_CLOEXEC);
+  n = read_text(&f->self_cgroup, text, sizeof(text));
+  if (n != f->text_len || (n >= 0 && memcmp(text, f->text, (size_t)n)))
+    levels_open(f, text, n);
+  m->cg_mem = m->cg_swap = m->cg_room = UINT64_MAX;
+  for (unsigned i = 0; i < f->nlevels; i++) {
+    struct cg_level *l = &f->level[i];
+    uint64_t lim, w, used;
+    for (int k = 0; k < 3 && l->dir >= 0; k++) /* (a controller enabled since) */
+      if (l->fd[k] < 0)
+        l->fd[k] = openat(l->dir, f->cg->file[k], O_RDONLY | O_CLOEXEC);
+    lim = read_limit(&l->fd[0]);
+    w = read_limit(&l->fd[1]);
+    if (lim != UINT64_MAX && (used = read_limit(&l->fd[2])) != UINT64_MAX)
+      m->cg_room = min_u64(m->cg_room, lim > used ? lim - used : 0);
+    m->cg_mem = min_u64(m->cg_mem, lim);
+    if (f->cg->memsw && w != UINT64_MAX)
+      w = w > lim ? w - lim : 0;
+    m->cg_swap = min_u64(m->cg_swap, w);
+  }
+}
+
+/* MemTotal, SwapTotal, and MemAvailable + SwapFree from /proc/meminfo. */
+static void read_meminfo(struct gshmd_host_memory *m, struct gshmd_host_memory_files *f) {
+  static const char *const key[4] = {"MemTotal:", "SwapTotal:", "MemAvailable:", "SwapFree:"};
+  char buf[8192], *line = buf, *next;
+  unsigned long long avail = 0;
+  unsigned navail = 0;
+
   m->ram = m->swap = m->avail = UINT64_MAX;
-  if ((f = fopen("/proc/meminfo", "re"))) {
-    while (fgets(line, sizeof(line), f)) {
-      if (sscanf(line, "MemTotal: %llu kB", &kib) == 1)
+  if (f->meminfo < 0)
+    f->meminfo = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+  if (read_text(&f->meminfo, buf, sizeof(buf)) < 0)
+    return;
+  for (; *line; line = next) {
+    if (!(next = strchr(line, '\n')))
+      next = line + strlen(line);
+    else
+      *next++ = '\0';
+    for (int k = 0; k < 4; k++) {
+      size_t len = strlen(key[k]);
+      char *end;
+      unsigned long long kib;
+      if (strncmp(line, key[k], len))
+        continue;
+      kib = strtoull(line + len, &end, 10);
+      if (end == line + len)
+        break;
+      if (k == 0)
         m->ram = (uint64_t)kib * 1024;
-      else if (sscanf(line, "SwapTotal: %llu kB", &kib) == 1)
+      else if (k == 1)
         m->swap = (uint64_t)kib * 1024;
-      else if ((sscanf(line, "MemAvailable: %llu kB", &kib) == 1 ||
-                sscanf(line, "SwapFree: %llu kB", &kib) == 1) && ++navail)
+      else {
         avail += kib;
+        navail++;
+      }
+      break;
     }
-    fclose(f);
   }
   if (navail == 2)
     m->avail = (uint64_t)avail * 1024;
-  read_cgroup(m);
+}
+
+void gshmd_host_memory_update(struct gshmd_host_memory *m) {
+  int64_t now = gshm__now_ns(CLOCK_MONOTONIC);
+  struct gshmd_host_memory_files *f = m->files;
+
+  if (m->read_ns && now - m->read_ns <= GSHMD_HOST_MEMORY_REREAD_NS)
+    return;
+  if (!f && (f = m->files = malloc(sizeof(*f)))) {
+    f->meminfo = f->self_cgroup = -1;
+    f->cg = NULL;
+    f->level = NULL;
+    f->nlevels = 0;
+    f->text_len = -2; /* (never read: opened at this read whatever it finds) */
+  }
+  if (!f) { /* (out of memory: nothing known, nothing to fail) */
+    m->ram = m->swap = m->avail = m->cg_mem = m->cg_swap = m->cg_room = UINT64_MAX;
+    return;
+  }
+  read_meminfo(m, f);
+  read_cgroup(m, f);
   m->read_ns = now;
+}
+
+void gshmd_host_memory_close(struct gshmd_host_memory *m) {
+  if (!m || !m->files)
+    return;
+  levels_close(m->files);
+  close_fd(&m->files->meminfo);
+  close_fd(&m->files->self_cgroup);
+  free(m->files);
+  m->files = NULL;
 }
 
 /* ---- 2 MiB pages where shmem_enabled is never -------------------------- */

@@ -14,8 +14,11 @@
 /* How old the figures may be: a cgroup's limit may change at run time,
  * and each landed pull's pages leave MemAvailable (the pull's room check
  * counts only pulls not landed yet); a read costs tens of microseconds
- * (/proc/meminfo, two files per cgroup level). */
+ * (/proc/meminfo, three files per cgroup level, each held open:
+ * docs/PERFORMANCE.md "Session 36: a pull's fixed costs"). */
 #define GSHMD_HOST_MEMORY_REREAD_NS 100000000LL
+
+struct gshmd_host_memory_files;
 
 /* Every figure in bytes; UINT64_MAX where it could not be read (or, for
  * the cgroup ones, where no level has a limit). */
@@ -29,12 +32,24 @@ struct gshmd_host_memory {
                                memory.memsw.limit_in_bytes less the former */
   uint64_t cg_room;         /* the least any of those levels with a memory limit leaves:
                                limit less v2 memory.current / v1 memory.usage_in_bytes */
+  struct gshmd_host_memory_files *files; /* the files read, held open between reads
+                                            (host_memory.c); NULL: opened at the next read */
 };
 
 /* Reads every figure of *m again when it is older than
  * GSHMD_HOST_MEMORY_REREAD_NS (or was never read).  A file that cannot
- * be read leaves its figure UINT64_MAX: nothing to fail. */
+ * be read leaves its figure UINT64_MAX: nothing to fail.  The first read
+ * opens the files and keeps them open (m->files: 2 fds, and up to 3 a
+ * cgroup level, or 1 for a level one of whose files is missing; 9 under
+ * a systemd service on cgroup v2); each later one reads them again from
+ * offset 0, opens again those found missing before, and the cgroup
+ * levels' files again when /proc/self/cgroup says gshmd moved.  Make the
+ * first call at start, so that gshmd's fd count is settled from there. */
 void gshmd_host_memory_update(struct gshmd_host_memory *m);
+
+/* Closes the files m holds open (m->files, NULL after); its figures
+ * stay.  m may be NULL. */
+void gshmd_host_memory_close(struct gshmd_host_memory *m);
 
 /* ---- 2 MiB pages for new memfd memory where shmem_enabled is never ----
  *
