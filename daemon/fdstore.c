@@ -481,31 +481,6 @@ void gshmd__fdstore_settle(struct gshmd_fdstore *fs) {
       open_push(fs, fs->buckets[i]);
 }
 
-/* The last bucket, once empty and stored, leaves the store (so that a
- * gshmd with no segments holds no bucket); its number is reused only when
- * both removals went through (an owed one would remove the next bucket of
- * that name). */
-static void bucket_drop(struct gshmd_fdstore *fs, struct fdstore_bucket *b) {
-  char msg[64];
-  int gone = 0;
-
-  for (int k = 0; k < 2; k++) {
-    snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=b%" PRIu32 "%c", b->index, "ab"[k]);
-    if (sd_notify(0, msg) > 0)
-      gone++;
-    else if (k == 0)
-      return; /* nothing changed: kept */
-    else
-      gshmd__fdstore_remove(fs, msg + strlen("FDSTOREREMOVE=1\nFDNAME=")); /* owed */
-  }
-  fs->buckets[b->index] = NULL;
-  if (gone == 2 && b->index + 1 == fs->nbuckets)
-    fs->nbuckets--;
-  close(b->end[0]);
-  close(b->end[1]);
-  free(b);
-}
-
 /* Takes seg out of its bucket (freed) and writes the bucket. */
 static void unplace(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
   struct fdstore_bucket *b = fs->buckets[seg->fs_bucket - 1];
@@ -515,8 +490,7 @@ static void unplace(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
   last->fs_slot = seg->fs_slot;
   seg->fs_bucket = 0;
   open_push(fs, b);
-  if (bucket_write(fs, b) == 0 && !b->n && b->index + 1 == fs->nbuckets)
-    bucket_drop(fs, b);
+  bucket_write(fs, b); /* (emptied, the last leaves later: gshmd__bucket_drop_idle) */
 }
 
 /* After a failure: the owed removals, then each dirty bucket (every one,
@@ -600,6 +574,7 @@ unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs) {
     fs->journal_stored =
         !gshmd__fdstore_store_fd(fs, FDSTORE_JOURNAL_NAME, fs->journal_fd, false);
   resend(fs);
+  gshmd__bucket_drop_idle(fs);
   reserve_ids(fs); /* an ids record owed: its limits were not raised */
   gshmd__publish_commit(fs);
   gshmd__publish_release(fs);

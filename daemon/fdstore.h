@@ -71,6 +71,11 @@ struct gshmd_fdstore {
   struct fdstore_bucket **one_ended;
   uint32_t n_one_ended, one_ended_cap;
   uint64_t failed_sends;   /* notifications and datagrams that failed */
+  /* gshmd__bucket_drop_idle: the last bucket (number, seq of its state)
+   * found empty and stored at the previous retry, while idle_armed */
+  bool idle_armed;
+  uint32_t idle_index;
+  uint64_t idle_seq;
   /* Between GSHMD_PUBLISH_BEGIN and _END: placements mark their buckets
    * (rewrite) instead of writing them, and END writes each once. */
   bool publishing;

@@ -16,9 +16,11 @@
  * datagram queued), so a restart that dies half-way loses nothing. */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include "fdstore_internal.h"
@@ -109,6 +111,56 @@ int gshmd__bucket_send(struct fdstore_bucket *b, const uint8_t *payload, size_t 
       ;
   b->queued = 1 - from;
   return 0;
+}
+
+/* ---- The last bucket leaving the store ----
+ * A gshmd with no segments holds no bucket: the last bucket, once empty,
+ * leaves the store.  Not at once: a weight update that unlinks its old
+ * copy and pulls the next, or a bench that pulls and unlinks one segment
+ * at a time, made it again at each pull (a socketpair and two FDSTORE=1
+ * in the pull's publish, and two FDSTOREREMOVE=1 at the unlink: 62 and
+ * 48 us of the loop on the 2-core VM, docs/PERFORMANCE.md "Session 36: a
+ * pull's fixed costs").  It leaves once it stayed empty and unwritten
+ * from one gshmd_fdstore_retry (once a second) to the next: 1-2 s after
+ * its last member's free.  A restart in between finds it empty (adopted,
+ * then left the same way). */
+
+/* b (empty, stored, its datagram sent) leaves the store; its number is
+ * reused only when both removals went through (an owed one would remove
+ * the next bucket of that name).  Kept when the first cannot be sent. */
+static void bucket_drop(struct gshmd_fdstore *fs, struct fdstore_bucket *b) {
+  char msg[64];
+  int gone = 0;
+
+  for (int k = 0; k < 2; k++) {
+    snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=b%" PRIu32 "%c", b->index, "ab"[k]);
+    if (sd_notify(0, msg) > 0)
+      gone++;
+    else if (k == 0)
+      return; /* nothing changed: kept */
+    else
+      gshmd__fdstore_remove(fs, msg + strlen("FDSTOREREMOVE=1\nFDNAME=")); /* owed */
+  }
+  fs->buckets[b->index] = NULL;
+  if (gone == 2 && b->index + 1 == fs->nbuckets)
+    fs->nbuckets--;
+  close(b->end[0]);
+  close(b->end[1]);
+  free(b);
+}
+
+void gshmd__bucket_drop_idle(struct gshmd_fdstore *fs) {
+  struct fdstore_bucket *b = fs->nbuckets ? fs->buckets[fs->nbuckets - 1] : NULL;
+  bool idle = b && !b->n && !b->dirty && !b->frozen && b->stored[0] && b->stored[1];
+
+  if (idle && fs->idle_armed && fs->idle_index == b->index && fs->idle_seq == b->seq) {
+    fs->idle_armed = false;
+    bucket_drop(fs, b);
+    return;
+  }
+  fs->idle_armed = idle; /* (seen empty now: it leaves at the next call if still so) */
+  fs->idle_index = idle ? b->index : 0;
+  fs->idle_seq = idle ? b->seq : 0;
 }
 
 /* ---- Restore ---- */

@@ -82,6 +82,9 @@ struct fdstore_bucket *gshmd__bucket_new(uint32_t index);
 int gshmd__bucket_send(struct fdstore_bucket *b, const uint8_t *payload, size_t len);
 size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint64_t publish_done,
                           uint8_t **buf_out);
+/* Called once a second (gshmd_fdstore_retry): the last bucket, empty,
+ * stored and unwritten since the previous call, leaves the store. */
+void gshmd__bucket_drop_idle(struct gshmd_fdstore *fs);
 int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
 void gshmd__one_ended_write(struct gshmd_fdstore *fs);
 void gshmd__one_ended_changed(struct gshmd_fdstore *fs, struct gshmd_segment *seg, int event);

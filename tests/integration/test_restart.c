@@ -199,6 +199,79 @@ static void test_freed_entries_leave_the_store(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
+/* The inode of the socket stored as name (0: none stored). */
+static ino_t stored_inode(struct harness *h, const char *name) {
+  struct stat st;
+  ino_t ino = 0;
+
+  pthread_mutex_lock(&h->sp.lock);
+  for (int i = 0; i < h->sp.nfds; i++)
+    if (!strcmp(h->sp.names[i], name) && fstat(h->sp.fds[i], &st) == 0)
+      ino = st.st_ino;
+  pthread_mutex_unlock(&h->sp.lock);
+  return ino;
+}
+
+/* Polls the store until it holds no bucket; false after 5 s. */
+static bool no_bucket_within_5s(struct harness *h) {
+  for (int i = 0; i < 100 && harness_store_count(h, "b"); i++)
+    gshm__spawn_poll(&h->sp, 50);
+  return !harness_store_count(h, "b");
+}
+
+/* The last bucket, emptied by a free, stays stored while segments come
+ * and go (a weight update that unlinks its copy and pulls the next; a
+ * bench that pulls and unlinks one at a time): the next create is placed
+ * in the same bucket (the same socket), with no FDSTOREREMOVE and no new
+ * socketpair and FDSTORE=1 (62 + 48 us of the loop a pull on the 2-core
+ * VM).  Once empty for a second it leaves the store (a gshmd with no
+ * segments holds no bucket), and a restart that finds it empty adopts
+ * it and lets it go the same way.  Before, the free removed it and the
+ * next create made a new one (another socket under the same name). */
+static void test_emptied_bucket_stays_a_while(void **state) {
+  struct harness h;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  ino_t ino;
+
+  (void)state;
+  assert_int_equal(harness_start(&h, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "churn", &c), 0);
+  assert_int_equal(gshm_create(c, "w", 4096, NULL, 0600, 0, &s), 0);
+  gshm__spawn_poll(&h.sp, 200);
+  assert_true((ino = stored_inode(&h, "b0a")) != 0);
+  for (int i = 0; i < 3; i++) { /* (freed, then made again at once) */
+    gshm_close(s);
+    assert_int_equal(gshm_unlink(c, "w"), 0);
+    assert_int_equal(gshm_create(c, "w", 4096, NULL, 0600, 0, &s), 0);
+  }
+  gshm__spawn_poll(&h.sp, 200);
+  assert_true(stored_inode(&h, "b0a") == ino);
+  assert_int_equal(harness_store_count(&h, "b"), 2);
+  assert_int_equal(gshm__spawn_store_memory_fds(&h.sp), 1);
+  gshm_close(s);
+  assert_int_equal(gshm_unlink(c, "w"), 0);
+  gshm__spawn_poll(&h.sp, 50);
+  assert_int_equal(gshm__spawn_store_memory_fds(&h.sp), 0);
+  assert_true(no_bucket_within_5s(&h));
+  /* emptied again, and gshmd killed before it left: adopted empty */
+  assert_int_equal(gshm_create(c, "w", 4096, NULL, 0600, 0, &s), 0);
+  gshm_close(s);
+  assert_int_equal(gshm_unlink(c, "w"), 0);
+  gshm__spawn_poll(&h.sp, 50);
+  assert_int_equal(harness_store_count(&h, "b"), 2);
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  assert_true(status_has(&h, "0 segments"));
+  assert_true(no_bucket_within_5s(&h));
+  assert_int_equal(gshm_create(c, "after", 4096, NULL, 0600, 0, &s), 0); /* (reconnects) */
+  gshm__spawn_poll(&h.sp, 200);
+  assert_int_equal(harness_store_count(&h, "b"), 2);
+  assert_int_equal(gshm__spawn_store_memory_fds(&h.sp), 1);
+  gshm_close(s);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
 /* An unlinked segment still leased when gshmd dies (sig SIGKILL) or is
  * restarted gracefully (SIGTERM: systemctl restart; the connections end at
  * stop, which frees the segment in the registry, but its memory and record
@@ -754,6 +827,7 @@ int main(void) {
       cmocka_unit_test(test_sigkill_restart),
       cmocka_unit_test(test_sigkill_restart_socket_activated),
       cmocka_unit_test(test_freed_entries_leave_the_store),
+      cmocka_unit_test(test_emptied_bucket_stays_a_while),
       cmocka_unit_test(test_unlinked_but_leased_survives),
       cmocka_unit_test(test_lease_ids_unique_across_restart),
       cmocka_unit_test(test_unlinked_but_leased_survives_sigterm),
