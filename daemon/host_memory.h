@@ -39,9 +39,10 @@ struct gshmd_host_memory {
 /* Reads every figure of *m again when it is older than
  * GSHMD_HOST_MEMORY_REREAD_NS (or was never read).  A file that cannot
  * be read leaves its figure UINT64_MAX: nothing to fail.  The first read
- * opens the files and keeps them open (m->files: 2 fds, and up to 3 a
- * cgroup level, or 1 for a level one of whose files is missing; 9 under
- * a systemd service on cgroup v2); each later one reads them again from
+ * opens the files and keeps them open (m->files: /proc/meminfo and
+ * /proc/self/cgroup, each cgroup level's files that exist, up to 3, and
+ * the folder of a level one of whose files is missing: 9 fds for a
+ * systemd service on cgroup v2); each later one reads them again from
  * offset 0, opens again those found missing before, and the cgroup
  * levels' files again when /proc/self/cgroup says gshmd moved.  Make the
  * first call at start, so that gshmd's fd count is settled from there. */
