@@ -595,6 +595,7 @@ unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs) {
         !gshmd__fdstore_store_fd(fs, FDSTORE_JOURNAL_NAME, fs->journal_fd, false);
   resend(fs);
   gshmd__bucket_drop_idle(fs);
+  gshmd__bucket_count_held(fs);
   reserve_ids(fs); /* an ids record owed: its limits were not raised */
   gshmd__publish_commit(fs);
   gshmd__publish_release(fs);

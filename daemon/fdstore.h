@@ -76,6 +76,7 @@ struct gshmd_fdstore {
   bool idle_armed;
   uint32_t idle_index;
   uint64_t idle_seq;
+  bool held_said;          /* gshmd__bucket_count_held's notice went out */
   /* Between GSHMD_PUBLISH_BEGIN and _END: placements mark their buckets
    * (rewrite) instead of writing them, and END writes each once. */
   bool publishing;

@@ -163,6 +163,37 @@ void gshmd__bucket_drop_idle(struct gshmd_fdstore *fs) {
   fs->idle_seq = idle ? b->seq : 0;
 }
 
+/* The usual soft RLIMIT_NOFILE: systemd's default for services, and
+ * containerd 2's for containers. */
+#define GSHMD_FDSTORE_HELD_NOTICE 1024u
+
+/* The kernel counts the fds queued in a unix socket (SCM_RIGHTS, "in
+ * flight") against the user that sent them, until they are received, and
+ * refuses a sendmsg with fds (ETOOMANYREFS) by any process of that user
+ * whose RLIMIT_NOFILE is below the user's count, unless it has
+ * CAP_SYS_RESOURCE or CAP_SYS_ADMIN (net/unix/scm.c too_many_unix_fds).
+ * The buckets' datagrams stay queued: each stored segment's memory fd
+ * counts for gshmd's uid (root under the shipped unit) for as long as the
+ * segment is stored (docs/SECURITY.md).  Counted from the members (a
+ * bucket whose datagram is behind holds its previous members'). */
+void gshmd__bucket_count_held(struct gshmd_fdstore *fs) {
+  uint64_t n = 0;
+
+  for (uint32_t i = 0; i < fs->nbuckets; i++)
+    if (fs->buckets[i])
+      n += fs->buckets[i]->n;
+  fs->reg->fdstore_fds_held = n;
+  if (n <= GSHMD_FDSTORE_HELD_NOTICE || fs->held_said)
+    return;
+  fs->held_said = true;
+  gshm_log_notice("fd store: %" PRIu64 " segment fds are queued in its buckets, counted by the "
+                  "kernel as fds in flight of uid %u: a process of uid %u without "
+                  "CAP_SYS_RESOURCE whose RLIMIT_NOFILE is below that count cannot pass fds over "
+                  "a unix socket (sendmsg fails ETOOMANYREFS: NCCL's and PyTorch's fd passing "
+                  "in a rootful container, say); raise its limit (docs/SECURITY.md)",
+                  n, (unsigned)getuid(), (unsigned)getuid());
+}
+
 /* ---- Restore ---- */
 
 /* One queued datagram, peeked: its StateBucket and the fds it carried. */

@@ -85,6 +85,10 @@ size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint64_t
 /* Called once a second (gshmd_fdstore_retry): the last bucket, empty,
  * stored and unwritten since the previous call, leaves the store. */
 void gshmd__bucket_drop_idle(struct gshmd_fdstore *fs);
+/* Called once a second too: counts the memory fds in the buckets
+ * (reg->fdstore_fds_held, for the metrics), and says once when they pass
+ * GSHMD_FDSTORE_HELD_NOTICE what that costs gshmd's uid (fdstore_bucket.c). */
+void gshmd__bucket_count_held(struct gshmd_fdstore *fs);
 int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
 void gshmd__one_ended_write(struct gshmd_fdstore *fs);
 void gshmd__one_ended_changed(struct gshmd_fdstore *fs, struct gshmd_segment *seg, int event);

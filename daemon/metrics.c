@@ -225,6 +225,10 @@ int gshmd_metrics_render(struct gshmd_server *s, char **text_out) {
             "GPU probes (child processes) run since such an error.", r->gpu_probes);
   write_one(f, "gauge", "gshm_fdstore_pending", "Segments whose state the fd store is behind by.",
             r->fdstore_pending);
+  write_one(f, "gauge", "gshm_fdstore_fds_held",
+            "Segment fds queued in the fd store's buckets: fds in flight counted against gshmd's "
+            "uid (docs/SECURITY.md).",
+            r->fdstore_fds_held);
   write_one(f, "counter", "gshm_fdstore_failed_sends_total",
             "Notifications to the fd store that failed.", r->fdstore_failed_sends);
   gshmd_cluster_metrics(s->cluster, f);

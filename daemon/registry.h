@@ -161,6 +161,7 @@ struct gshmd_registry {
    * notifications. */
   uint32_t fdstore_pending;
   uint64_t fdstore_failed_sends;
+  uint64_t fdstore_fds_held;   /* memory fds queued in the buckets (in flight) */
   void *usage_root;            /* tsearch root: per-uid usage (quotas) */
   /* Shutting down: segments freed from now on (connections ending) keep
    * their pages, parked in the fd store for the next start and still

@@ -272,6 +272,74 @@ static void test_emptied_bucket_stays_a_while(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
+/* gshmd's fds_held metric: the memory fds queued in its buckets; past
+ * 1,024 (the usual soft RLIMIT_NOFILE) one notice says what they cost
+ * its uid (fds in flight: ETOOMANYREFS for that uid's capless processes
+ * below that limit, docs/SECURITY.md).  Back to 0 once they are freed. */
+static unsigned long long fds_held_within_3s(gshm_client_t *c, unsigned long long want) {
+  unsigned long long v = ~0ull;
+
+  for (int i = 0; i < 300 && v != want; i++) {
+    char *text = NULL, *at;
+    if (i)
+      nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    assert_int_equal(gshm_metrics(c, &text), 0);
+    assert_non_null(at = strstr(text, "\ngshm_fdstore_fds_held "));
+    v = strtoull(at + strlen("\ngshm_fdstore_fds_held "), NULL, 10);
+    gshm_free(text);
+  }
+  return v;
+}
+
+static void test_fds_held_counted_and_said(void **state) {
+  char path[] = "/tmp/gshm-test-held-XXXXXX", line[1024], name[32];
+  enum { N = 1100 };
+  gshm_segment_t *seg;
+  unsigned said = 0;
+  struct harness h;
+  gshm_client_t *c;
+  int saved, fd, e;
+  FILE *f;
+
+  (void)state;
+  saved = dup(2); /* gshmd's stderr (its log) into the file */
+  fd = mkstemp(path);
+  assert_true(saved >= 0 && fd >= 0);
+  assert_int_equal(dup2(fd, 2), 2);
+  close(fd);
+  e = harness_start(&h, NULL);
+  assert_int_equal(dup2(saved, 2), 2);
+  close(saved);
+  assert_int_equal(e, 0);
+  assert_int_equal(gshm_connect(h.socket_path, "held", &c), 0);
+  for (int i = 0; i < 1000; i++) { /* (closed: this process has 1,024 fds) */
+    snprintf(name, sizeof(name), "held/%d", i);
+    assert_int_equal(gshm_create(c, name, 4096, NULL, 0600, 0, &seg), 0);
+    gshm_close(seg);
+  }
+  assert_int_equal(fds_held_within_3s(c, 1000), 1000);
+  for (int i = 1000; i < N; i++) { /* (closed: this process has 1,024 fds) */
+    snprintf(name, sizeof(name), "held/%d", i);
+    assert_int_equal(gshm_create(c, name, 4096, NULL, 0600, 0, &seg), 0);
+    gshm_close(seg);
+  }
+  assert_int_equal(fds_held_within_3s(c, N), N);
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "held/%d", i);
+    assert_int_equal(gshm_unlink(c, name), 0);
+  }
+  assert_int_equal(fds_held_within_3s(c, 0), 0);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&h), 0);
+  assert_non_null(f = fopen(path, "re"));
+  while (fgets(line, sizeof(line), f))
+    said += strstr(line, "1100 segment fds are queued in its buckets, counted by the kernel as "
+                         "fds in flight of uid") != NULL;
+  fclose(f);
+  unlink(path);
+  assert_int_equal(said, 1);
+}
+
 /* An unlinked segment still leased when gshmd dies (sig SIGKILL) or is
  * restarted gracefully (SIGTERM: systemctl restart; the connections end at
  * stop, which frees the segment in the registry, but its memory and record
@@ -828,6 +896,7 @@ int main(void) {
       cmocka_unit_test(test_sigkill_restart_socket_activated),
       cmocka_unit_test(test_freed_entries_leave_the_store),
       cmocka_unit_test(test_emptied_bucket_stays_a_while),
+      cmocka_unit_test(test_fds_held_counted_and_said),
       cmocka_unit_test(test_unlinked_but_leased_survives),
       cmocka_unit_test(test_lease_ids_unique_across_restart),
       cmocka_unit_test(test_unlinked_but_leased_survives_sigterm),
