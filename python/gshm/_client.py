@@ -160,8 +160,11 @@ def _check_pull_names(name: str, local_name: Optional[str], prefix: bool) -> Non
     words: a name ending in '/' without prefix=True (gshmd's answer said
     only that it is not a name), and a local prefix without the '/' that
     ends the peer's (local_name="v2" for "llama/" made "v2seg-000001",
-    not "v2/seg-000001", silently)."""
+    not "v2/seg-000001", silently).  Looked at as str, whatever they came
+    as (str, bytes or path-like, as _enc takes them)."""
     function, text = "gshm_pull", None
+    name = _dec(_enc(name))
+    local_name = _dec(_enc(local_name)) if local_name else None
     if not prefix and name.endswith("/"):
         text = "%r ends in '/': to pull every segment under it, pass prefix=True" % name
     elif prefix and name.endswith("/") and local_name and not local_name.endswith("/"):

@@ -815,6 +815,26 @@ def test_create_mode_as_a_string_refused(daemon, client, segname):
     assert segname not in [s.name for s in client.segments()]
 
 
+def test_pull_takes_names_as_bytes(daemon, client, segname):
+    """A name may be str, bytes or path-like (as for create and open), in a
+    pull too: its check of a trailing '/' called str.endswith on it, a
+    TypeError for bytes ("endswith first arg must be bytes") before gshmd
+    was asked.  This gshmd has no cluster: the pull fails there, and the
+    check still refuses a prefix given without prefix=True."""
+    for call in (lambda: client.pull("nopeer", segname.encode()),
+                 lambda: client.pull("nopeer", segname, local_name=segname.encode()),
+                 lambda: client.pull("nopeer", b"pub/", local_name=b"v2/", prefix=True)):
+        with pytest.raises(gshm.Error) as e:
+            call()
+        assert not isinstance(e.value, gshm.InvalidArgument), e.value
+    with pytest.raises(gshm.InvalidArgument) as bad:
+        client.pull("nopeer", b"pub/")
+    assert "to pull every segment under it, pass prefix=True" in str(bad.value), bad.value
+    with pytest.raises(gshm.InvalidArgument) as bad:
+        client.pull("nopeer", b"pub/", local_name=b"v2", prefix=True)
+    assert "does not end in '/'" in str(bad.value), bad.value
+
+
 def test_info_and_lists(daemon, client, segname):
     with client.create(segname, 5000, location="host", mode=0o640) as seg:
         info = seg.info
