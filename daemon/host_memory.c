@@ -124,10 +124,17 @@ static const struct cg_files *cgroup_dir(char *text, char *dir, size_t cap) {
     if (cg)
       snprintf(dir, cap, "%s%s", cg->root, q + 1);
   }
+  if (!cg)
+    return NULL;
   /* Inside a cgroup namespace the path may not exist under the mount:
    * then the mount's root is ours. */
-  if (cg && access(dir, F_OK))
+  if (access(dir, F_OK))
     snprintf(dir, cap, "%s", cg->root);
+  /* The root of a cgroup namespace ("0::/": a container's own) is the
+   * mount's root, without the '/', which levels_open took for a level
+   * and then, cut, for its parent: its files held and read twice. */
+  for (size_t n = strlen(dir); n > strlen(cg->root) && dir[n - 1] == '/';)
+    dir[--n] = '\0';
   return cg;
 }
 

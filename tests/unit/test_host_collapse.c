@@ -22,8 +22,10 @@
 #include <dirent.h>
 #include <limits.h>
 #include <sys/mman.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -421,6 +423,59 @@ static void test_memory_figures_follow_a_cgroup_move(void **state) {
   gshmd_host_memory_close(&m);
 }
 
+/* The fds the figures hold for gshmd in the root of its cgroup
+ * namespace: /proc/meminfo, /proc/self/cgroup, the root level's files
+ * that exist and its folder where one is missing. */
+static int root_level_fds(void) {
+  bool v2 = !access("/sys/fs/cgroup/cgroup.controllers", F_OK);
+  const char *root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
+  const char *file[3] = {v2 ? "memory.max" : "memory.limit_in_bytes",
+                         v2 ? "memory.swap.max" : "memory.memsw.limit_in_bytes",
+                         v2 ? "memory.current" : "memory.usage_in_bytes"};
+  int n = 2, missing = 0;
+
+  for (int k = 0; k < 3; k++) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/%s", root, file[k]);
+    if (access(path, R_OK))
+      missing = 1;
+    else
+      n++;
+  }
+  return n + missing;
+}
+
+/* gshmd in the root of its cgroup namespace (a container's own, Docker's
+ * default on cgroup v2: /proc/self/cgroup says "0::/") holds that one
+ * level's files once.  Its folder, the mount's root with a '/' after it,
+ * was taken for a level of its own and then, the '/' cut, for its
+ * parent: the same files opened and read twice.  In a child that
+ * unshares its cgroup namespace; skipped where it may not (not root). */
+static void test_memory_figures_namespace_root_once(void **state) {
+  int status;
+  pid_t pid;
+  (void)state;
+
+  if ((pid = fork()) == 0) {
+    struct gshmd_host_memory m = {0};
+    int before;
+    if (unshare(CLONE_NEWCGROUP))
+      _exit(77);
+    before = fd_count();
+    gshmd_host_memory_update(&m);
+    fprintf(stderr, "fds held: %d, want %d\n", fd_count() - before, root_level_fds());
+    _exit(fd_count() - before == root_level_fds() ? 0 : 1);
+  }
+  assert_true(pid > 0);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) {
+    printf("no cgroup namespace can be made here: skipped\n");
+    skip();
+  }
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_builds_runs_and_leaves_pages),
@@ -429,6 +484,7 @@ int main(void) {
       cmocka_unit_test(test_reap_counts_pages_step_by_step),
       cmocka_unit_test(test_memory_figures_read_from_held_files),
       cmocka_unit_test(test_memory_figures_follow_a_cgroup_move),
+      cmocka_unit_test(test_memory_figures_namespace_root_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
