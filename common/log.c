@@ -32,10 +32,11 @@ int gshm__log_level(void) { return log_threshold; }
 void gshm__log(int prio, const char *fmt, ...) {
   int saved = errno;
   char line[1024], text[4 * sizeof(line)];
-  gshm_log_gate_fn gate = log_gate;
+  gshm_log_gate_fn gate = prio & GSHM_LOG_UNGATED ? NULL : log_gate;
   va_list ap;
   int n;
 
+  prio &= ~GSHM_LOG_UNGATED;
   if (prio > log_threshold || (gate && !gate(log_gate_arg, prio))) {
     errno = saved;
     return;

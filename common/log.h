@@ -38,6 +38,11 @@ typedef _Bool (*gshm_log_gate_fn)(void *arg, int prio);
  * thread that may log and call into arg's owner runs. */
 void gshm__log_set_gate(gshm_log_gate_fn gate, void *arg);
 
+/* OR'd into a line's priority: a line about gshmd's own state, not about
+ * the client whose request the loop serves when it is written (the fd
+ * store falling behind, say): no gate holds it back. */
+#define GSHM_LOG_UNGATED 0x100
+
 /* Writes one line; errno is preserved so "%m" works in callers' formats. */
 void gshm__log(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -49,7 +49,9 @@ void gshmd__fdstore_count_failure(struct gshmd_fdstore *fs, const char *what, in
   if (fs->reg->fdstore_pending) /* said once while behind */
     return;
   fs->reg->fdstore_pending = 1;
-  gshm_log_warn("fd store: cannot send %s (%s); will resend", what, strerror(-r));
+  /* (ungated: said once, whichever uid's request met the failure) */
+  gshm__log(GSHM_LOG_WARNING | GSHM_LOG_UNGATED, "fd store: cannot send %s (%s); will resend",
+            what, strerror(-r));
 }
 
 /* Sends one fd to the store under name (nopoll: FDPOLL=0, systemd does not

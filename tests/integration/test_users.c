@@ -1034,6 +1034,23 @@ static int one_refused_open(const char *path) {
   return e == -EACCES ? 0 : 3;
 }
 
+/* A gshmd whose stderr (its log) goes to path (mkstemp'ed here, for the
+ * test to read), every user allowed to connect; root's client *c holds
+ * quiet/secret (*s), which the floods may not open. */
+static void start_logged(struct harness *q, char *path, gshm_client_t **c, gshm_segment_t **s) {
+  int saved = dup(2), fd = mkstemp(path), e;
+
+  assert_true(saved >= 0 && fd >= 0);
+  assert_int_equal(dup2(fd, 2), 2);
+  close(fd);
+  e = harness_start(q, (const char *const[]){"--set", "daemon.socket_mode=0666", NULL});
+  assert_int_equal(dup2(saved, 2), 2);
+  close(saved);
+  assert_int_equal(e, 0);
+  assert_int_equal(gshm_connect(q->socket_path, "root", c), 0);
+  assert_int_equal(gshm_create(*c, "quiet/secret", 4096, NULL, 0600, 0, s), 0);
+}
+
 /* gshmd logs a line for each connection, create, unlink and refused open
  * or connection, and journald keeps at most RateLimitBurst (10,000) lines
  * of a service per 30 s: a client of one uid looping on a refused open
@@ -1049,23 +1066,11 @@ static void test_log_held_per_uid(void **state) {
   gshm_client_t *c;
   gshm_segment_t *s;
   struct harness q;
-  int saved, fd;
   FILE *f;
 
   (void)state;
   need_root();
-  /* gshmd's stderr (its log) into the file, for the test to read */
-  saved = dup(2);
-  fd = mkstemp(path);
-  assert_true(saved >= 0 && fd >= 0);
-  assert_int_equal(dup2(fd, 2), 2);
-  close(fd);
-  fd = harness_start(&q, (const char *const[]){"--set", "daemon.socket_mode=0666", NULL});
-  assert_int_equal(dup2(saved, 2), 2);
-  close(saved);
-  assert_int_equal(fd, 0);
-  assert_int_equal(gshm_connect(q.socket_path, "root", &c), 0);
-  assert_int_equal(gshm_create(c, "quiet/secret", 4096, NULL, 0600, 0, &s), 0);
+  start_logged(&q, path, &c, &s);
   assert_int_equal(child_as(UID_A, UID_A, A.groups, A.ngroups, log_flood, q.socket_path), 0);
   assert_int_equal(child_as(UID_B, UID_B, B_alone.groups, 1, one_refused_open, q.socket_path), 0);
   assert_int_equal(gshm_metrics(c, &metrics), 0);
@@ -1092,6 +1097,75 @@ static void test_log_held_per_uid(void **state) {
   assert_int_equal(root_create, 1);
 }
 
+/* As uid A: a segment of its own, a/kept (linked, unleased); the flood
+ * (its lines past its rate); then, once gshmd may open no fd (the
+ * parent's step), 64 more refused opens on a connection it holds and the
+ * unlink of a/kept, whose bucket's rewrite fails. */
+static void flood_then_unlink(struct harness_kid *k, void *arg) {
+  Gshm__OpenRequest o = GSHM__OPEN_REQUEST__INIT;
+  const char *path = arg;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  int fd;
+
+  if (gshm_connect(path, "a", &c) || gshm_create(c, "a/kept", 4096, NULL, 0600, 0, &s) ||
+      gshm_close(s) || (fd = hello_conn(path)) < 0)
+    _exit(2);
+  if (log_flood(path) || harness_kid_step(k->out) || !harness_kid_await(k->in, 60000))
+    _exit(3);
+  o.name = "quiet/secret";
+  o.access = GSHM__ACCESS__ACCESS_READ;
+  for (uint32_t i = 0; i < 64; i++)
+    if (gshm__wire_send(fd, GSHM_WIRE_OPEN, 2 + i, &o.base, -1) ||
+        raw_status(fd) != GSHM__STATUS__STATUS_PERMISSION_DENIED)
+      _exit(4);
+  if (gshm_unlink(c, "a/kept"))
+    _exit(5);
+  close(fd);
+  gshm_disconnect(c);
+}
+
+/* The limiter holds back a uid's lines, not gshmd's own: a warning that
+ * the fd store cannot send (said once while it is behind: a crash then
+ * relies on the journal) is written although the request that met the
+ * failure was of a uid past its rate.  Before, it was charged to that
+ * uid and dropped, and not said again while the store stayed behind. */
+static void test_log_keeps_gshmd_own_warning(void **state) {
+  char path[] = "/tmp/gshm-test-log-XXXXXX", line[512];
+  struct rlimit orig, none;
+  struct harness_kid k;
+  struct harness q;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  unsigned said = 0;
+  int fd;
+  FILE *f;
+
+  (void)state;
+  need_root();
+  start_logged(&q, path, &c, &s);
+  assert_int_equal(
+      harness_kid_start(&k, UID_A, UID_A, flood_then_unlink, (void *)q.socket_path), 0);
+  assert_true(harness_kid_await(k.from_kid, 60000));
+  assert_int_equal(prlimit(q.sp.pid, RLIMIT_NOFILE, NULL, &orig), 0);
+  none.rlim_cur = 0;
+  none.rlim_max = orig.rlim_max;
+  assert_int_equal(prlimit(q.sp.pid, RLIMIT_NOFILE, &none, NULL), 0);
+  harness_kid_step(k.to_kid);
+  fd = harness_kid_wait(&k);
+  assert_int_equal(prlimit(q.sp.pid, RLIMIT_NOFILE, &orig, NULL), 0);
+  assert_int_equal(fd, 0);
+  gshm_close(s);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&q), 0);
+  assert_non_null(f = fopen(path, "re"));
+  while (fgets(line, sizeof(line), f))
+    said += strstr(line, "fd store: cannot send") != NULL;
+  fclose(f);
+  unlink(path);
+  assert_true(said >= 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_read_only_fd_stays_read_only),
@@ -1108,6 +1182,7 @@ int main(void) {
       cmocka_unit_test(test_setgid_ignores_environment),
       cmocka_unit_test(test_fair_defaults),
       cmocka_unit_test(test_log_held_per_uid),
+      cmocka_unit_test(test_log_keeps_gshmd_own_warning),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
