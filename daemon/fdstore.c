@@ -483,19 +483,6 @@ void gshmd__fdstore_settle(struct gshmd_fdstore *fs) {
       open_push(fs, fs->buckets[i]);
 }
 
-/* b's members or their records changed: b is written now, or between
- * GSHMD_UNLINKS_BEGIN and _END marked, to be written once at the END (a
- * --replace of a 400-segment set rewrote its buckets, some 200 records
- * and fds each, at each of the 400 old segments' frees: 17 ms of the loop
- * before the pull's answer on the 2-core VM, docs/PERFORMANCE.md
- * "Session 36: a pull's fixed costs"). */
-static void bucket_changed(struct gshmd_fdstore *fs, struct fdstore_bucket *b) {
-  if (fs->unlinking)
-    b->rewrite = true;
-  else
-    bucket_write(fs, b);
-}
-
 /* Takes seg out of its bucket (freed) and writes the bucket. */
 static void unplace(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
   struct fdstore_bucket *b = fs->buckets[seg->fs_bucket - 1];
@@ -505,7 +492,7 @@ static void unplace(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
   last->fs_slot = seg->fs_slot;
   seg->fs_bucket = 0;
   open_push(fs, b);
-  bucket_changed(fs, b); /* (emptied, the last leaves later: gshmd__bucket_drop_idle) */
+  bucket_write(fs, b); /* (emptied, the last leaves later: gshmd__bucket_drop_idle) */
 }
 
 /* After a failure: the owed removals, then each dirty bucket (every one,
@@ -564,13 +551,6 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
   case GSHMD_SEGMENT_REPLACED:
     gshmd__publish_replaced(fs, seg);
     break;
-  case GSHMD_UNLINKS_BEGIN:
-    fs->unlinking = true;
-    break;
-  case GSHMD_UNLINKS_END:
-    fs->unlinking = false;
-    write_marked(fs);
-    break;
   case GSHMD_SEGMENT_FREED:
     gshmd__publish_unhold(fs, seg); /* (a revoke, a shutdown: not held any more) */
     if (seg->fs_bucket)
@@ -580,7 +560,7 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
     break;
   default: /* unlinked, chmod, chown */
     if (seg->fs_bucket)
-      bucket_changed(fs, fs->buckets[seg->fs_bucket - 1]);
+      bucket_write(fs, fs->buckets[seg->fs_bucket - 1]);
     break;
   }
   gshmd__one_ended_changed(fs, seg, event);

@@ -94,8 +94,6 @@ struct gshmd_fdstore {
   struct gshmd_segment **held;
   uint32_t nheld, held_cap, held_pub;
   bool releasing;          /* gshmd__publish_release is at work */
-  bool unlinking;          /* between GSHMD_UNLINKS_BEGIN and _END: changed buckets marked
-                              (rewrite), each written once at the END */
   bool publish_failed;     /* the mark's last write failed (logged once) */
   uint64_t publish_last, publish_done;
   unsigned cut;            /* restore: segments of publishes cut short */

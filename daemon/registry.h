@@ -124,11 +124,6 @@ enum gshmd_segment_event {
    * seg->fs_replaced at the END): its unlink is then already written, and
    * it is not freed until gshmd_registry_release_replaced. */
   GSHMD_SEGMENT_REPLACED = 8,
-  /* After the END, around the UNLINKED and FREED events of the segments
-   * the publish replaced, seg NULL: the fd store writes each bucket they
-   * change once, at this END, instead of once a segment. */
-  GSHMD_UNLINKS_BEGIN = 9,
-  GSHMD_UNLINKS_END = 10,
 };
 
 struct gshmd_registry {

@@ -118,13 +118,9 @@ static int name_holders(struct gshmd_registry *r, struct gshmd_client *c,
  * (fs_replaced: its publish is not yet recorded complete) has its unlink
  * written already, and stays until gshmd_registry_release_replaced. */
 static void unlink_replaced(struct gshmd_registry *r, struct gshmd_segment **old, size_t n) {
-  size_t nold = 0;
-
   for (size_t i = 0; i < n; i++)
-    if (old[i] && ++nold && old[i]->nleases && r->on_replaced)
+    if (old[i] && old[i]->nleases && r->on_replaced)
       r->on_replaced(r->on_replaced_arg, old[i]);
-  if (nold && r->on_event) /* (the fd store writes each bucket once) */
-    r->on_event(r, NULL, GSHMD_UNLINKS_BEGIN);
   for (size_t i = 0; i < n; i++) {
     if (!old[i])
       continue;
@@ -139,8 +135,6 @@ static void unlink_replaced(struct gshmd_registry *r, struct gshmd_segment **old
       continue;
     r->on_event(r, old[i], GSHMD_SEGMENT_UNLINKED);
   }
-  if (nold && r->on_event)
-    r->on_event(r, NULL, GSHMD_UNLINKS_END);
 }
 
 void gshmd_registry_release_replaced(struct gshmd_registry *r, struct gshmd_segment *seg) {
