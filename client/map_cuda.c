@@ -26,8 +26,10 @@
 #include "log.h"
 #include "util.h"
 
-/* Most devices one mapping gives access to (a node's GPUs). */
-#define MAP_MAX_DEVICES 64
+/* Most devices one mapping gives access to (a node's GPUs); its
+ * MapReport names each (gshmd serves a request of at most
+ * GSHM_WIRE_REQUEST_FIELDS_MAX fields). */
+#define MAP_MAX_DEVICES GSHM_WIRE_MAP_DEVICES_MAX
 
 struct device_map {
   const struct gshm_cudadrv *drv;

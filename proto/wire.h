@@ -36,14 +36,20 @@
  * segment looked at this many, so a listing of GSHM_WIRE_SEGMENTS_MAX has
  * at most GSHM_WIRE_SEGMENTS_MAX / GSHM_WIRE_LIST_VISITS of them. */
 #define GSHM_WIRE_LIST_VISITS 2048u
+/* The most GPUs one device mapping gives access to (libgshm's
+ * map_cuda.c), and so the most UUIDs a MapReport names. */
+#define GSHM_WIRE_MAP_DEVICES_MAX 64
 /* The most fields a request's body may hold, every tag counted (known or
  * not, each occurrence of a repeated one): the largest request, a
- * MapReport naming 16 GPUs, holds 18.  protobuf-c keeps each unknown
+ * MapReport naming GSHM_WIRE_MAP_DEVICES_MAX GPUs, holds 66 (64 was
+ * too few for it: helper-111's review).  protobuf-c keeps each unknown
  * field and each occurrence of a known one (an allocation each, about
  * 30 ns), so a 64 KiB body of 3-byte fields took gshmd 0.67 ms to
  * unpack, 60 times a request's whole cost: gshmd counts first
  * (gshm__wire_fields_over). */
-#define GSHM_WIRE_REQUEST_FIELDS_MAX 64u
+#define GSHM_WIRE_REQUEST_FIELDS_MAX 96u
+_Static_assert(GSHM_WIRE_REQUEST_FIELDS_MAX >= GSHM_WIRE_MAP_DEVICES_MAX + 2,
+               "a MapReport of every device a mapping may name must be served");
 
 /* Header type: a request's operation; replies set GSHM_WIRE_REPLY. */
 enum gshm_wire_type {
