@@ -351,8 +351,11 @@ static bool others_hold(struct host_backend *hb, struct host_alloc *h) {
     fcntl(probe, F_SETLEASE, F_UNLCK);
   } else if (errno != EAGAIN && !hb->lease_warned) {
     hb->lease_warned = true;
-    gshm_log_notice("host: no write lease on a memfd (%m): daemon.host_recycle keeps nothing "
-                    "(fs.leases-enable?)");
+    /* (said once: not held back by the log limit of the uid whose
+     * close or unlink this is, docs/SECURITY.md) */
+    gshm__log(GSHM_LOG_NOTICE | GSHM_LOG_UNGATED,
+              "host: no write lease on a memfd (%m): daemon.host_recycle keeps nothing "
+              "(fs.leases-enable?)");
   }
   close(probe);
   return held;
