@@ -58,14 +58,13 @@ static bool gate(void *arg, int prio) {
     return false;
   }
   u->tokens--;
-  if ((n = u->dropped)) { /* (written uncharged, ahead of the line) */
+  if ((n = u->dropped)) { /* (paid for above, ahead of the line) */
     u->tokens--;
     u->dropped = 0;
-    l->charged = NULL;
-    gshm_log_notice("uid %u: %" PRIu64 " log line%s about its clients not written (more than %u "
-                    "a second; gshm_log_lines_dropped_total)",
-                    (unsigned)u->uid, n, gshm__plural(n), GSHMD_LOGLIMIT_RATE);
-    l->charged = u;
+    gshm__log(GSHM_LOG_NOTICE | GSHM_LOG_UNGATED,
+              "uid %u: %" PRIu64 " log line%s about its clients not written (more than %u a "
+              "second; gshm_log_lines_dropped_total)",
+              (unsigned)u->uid, n, gshm__plural(n), GSHMD_LOGLIMIT_RATE);
   }
   return true;
 }
