@@ -71,6 +71,41 @@ int harness_start_activated(struct harness *h, const char *const *extra_args) {
   return first_start(h, extra_args, true);
 }
 
+int harness_stderr_onto(int fd) {
+  int saved = dup(2);
+
+  if (saved < 0)
+    return -1;
+  if (dup2(fd, 2) < 0) {
+    close(saved);
+    return -1;
+  }
+  return saved;
+}
+
+void harness_stderr_back(int saved) {
+  if (saved < 0)
+    return;
+  dup2(saved, 2);
+  close(saved);
+}
+
+int harness_start_logged(struct harness *h, const char *const *extra_args, char *path) {
+  int fd = mkstemp(path), saved, e;
+
+  if (fd < 0)
+    return -errno;
+  if ((saved = harness_stderr_onto(fd)) < 0) {
+    e = -errno;
+    close(fd);
+    return e;
+  }
+  close(fd);
+  e = harness_start(h, extra_args);
+  harness_stderr_back(saved);
+  return e;
+}
+
 int harness_restart(struct harness *h, int sig, const char *const *extra_args) {
   gshm__spawn_stop(&h->sp, sig);
   return start(h, extra_args, h->sp.listen_fd >= 0);

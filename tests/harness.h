@@ -23,6 +23,20 @@ struct harness {
  * errno (the reason is printed). */
 int harness_start(struct harness *h, const char *const *extra_args);
 
+/* This process's stderr onto fd (a file the test reads afterwards) until
+ * harness_stderr_back: a gshmd started meanwhile writes its log there.
+ * Returns the saved stderr (give it to harness_stderr_back), or -1 with
+ * errno (nothing changed). */
+int harness_stderr_onto(int fd);
+/* Puts back the stderr harness_stderr_onto saved, and closes saved. */
+void harness_stderr_back(int saved);
+
+/* harness_start with gshmd's log in a file: path is a mkstemp template
+ * ("/tmp/...-XXXXXX", rewritten to the file's name; the caller unlinks
+ * it).  Returns harness_start's result, or a negative errno when the file
+ * or the redirection could not be made. */
+int harness_start_logged(struct harness *h, const char *const *extra_args, char *path);
+
 /* Same, socket-activated: the harness binds the socket and passes it. */
 int harness_start_activated(struct harness *h, const char *const *extra_args);
 

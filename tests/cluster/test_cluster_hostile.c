@@ -275,18 +275,18 @@ static unsigned sysv_segments(pid_t pid, unsigned *modes, unsigned max) {
 static unsigned node_tls(struct node *x, const char *peers, const char *tls, bool *widened) {
   char path[160], log[8192] = "";
   unsigned modes[8], n;
-  int saved = dup(2), fd;
+  int saved, fd;
   ssize_t got;
 
   snprintf(path, sizeof(path), "%s/x.log", keys.dir);
   fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  assert_true(saved >= 0 && fd >= 0);
-  assert_int_equal(dup2(fd, 2), 2);
+  assert_true(fd >= 0);
+  saved = harness_stderr_onto(fd);
+  assert_true(saved >= 0);
   setenv("UCX_TLS", tls, 1);
   memset(x, 0, sizeof(*x));
   node_start(x, "x", peers, keys.key, "", NULL);
-  assert_int_equal(dup2(saved, 2), 2);
-  close(saved);
+  harness_stderr_back(saved);
   n = sysv_segments(x->h.sp.pid, modes, 8);
   assert_int_equal(harness_stop(&x->h), 0);
   got = pread(fd, log, sizeof(log) - 1, 0);

@@ -40,13 +40,12 @@ static int group_setup(void **state) {
   snprintf(pb, sizeof(pb), "a=127.0.0.1:%d", A.port);
   node_start(&A, "a", pa, keys.key, "pub/*", NULL);
   /* B's stderr (its log) into the file, for the test to read */
-  saved = dup(2);
   fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  assert_true(saved >= 0 && fd >= 0);
-  assert_int_equal(dup2(fd, 2), 2);
+  assert_true(fd >= 0);
+  saved = harness_stderr_onto(fd);
+  assert_true(saved >= 0);
   node_start(&B, "b", pb, keys.key, "", "daemon.log_level=7", "cluster.pull_chunk=1M", NULL);
-  assert_int_equal(dup2(saved, 2), 2);
-  close(saved);
+  harness_stderr_back(saved);
   close(fd);
   return 0;
 }

@@ -298,19 +298,10 @@ static void test_fds_held_counted_and_said(void **state) {
   unsigned said = 0;
   struct harness h;
   gshm_client_t *c;
-  int saved, fd, e;
   FILE *f;
 
   (void)state;
-  saved = dup(2); /* gshmd's stderr (its log) into the file */
-  fd = mkstemp(path);
-  assert_true(saved >= 0 && fd >= 0);
-  assert_int_equal(dup2(fd, 2), 2);
-  close(fd);
-  e = harness_start(&h, NULL);
-  assert_int_equal(dup2(saved, 2), 2);
-  close(saved);
-  assert_int_equal(e, 0);
+  assert_int_equal(harness_start_logged(&h, NULL, path), 0); /* (its log into the file) */
   assert_int_equal(gshm_connect(h.socket_path, "held", &c), 0);
   for (int i = 0; i < 1000; i++) { /* (closed: this process has 1,024 fds) */
     snprintf(name, sizeof(name), "held/%d", i);

@@ -1038,15 +1038,9 @@ static int one_refused_open(const char *path) {
  * test to read), every user allowed to connect; root's client *c holds
  * quiet/secret (*s), which the floods may not open. */
 static void start_logged(struct harness *q, char *path, gshm_client_t **c, gshm_segment_t **s) {
-  int saved = dup(2), fd = mkstemp(path), e;
-
-  assert_true(saved >= 0 && fd >= 0);
-  assert_int_equal(dup2(fd, 2), 2);
-  close(fd);
-  e = harness_start(q, (const char *const[]){"--set", "daemon.socket_mode=0666", NULL});
-  assert_int_equal(dup2(saved, 2), 2);
-  close(saved);
-  assert_int_equal(e, 0);
+  assert_int_equal(
+      harness_start_logged(q, (const char *const[]){"--set", "daemon.socket_mode=0666", NULL}, path),
+      0);
   assert_int_equal(gshm_connect(q->socket_path, "root", c), 0);
   assert_int_equal(gshm_create(*c, "quiet/secret", 4096, NULL, 0600, 0, s), 0);
 }
