@@ -101,6 +101,15 @@ static int store_put(struct gshm_spawn *s, const char *name, int fd, bool nopoll
   return 0;
 }
 
+int gshm__spawn_run_as(struct gshm_spawn *s, uid_t uid) {
+  (void)uid; /* (as systemd's /run/systemd/notify: anyone may send, root without
+              * CAP_DAC_OVERRIDE before the switch and uid after it) */
+  if (chmod(s->notify_path, 0777) < 0)
+    return -errno;
+  s->unit_caps = true;
+  return 0;
+}
+
 int gshm__spawn_store_add(struct gshm_spawn *s, const char *name, int fd, bool nopoll) {
   int e;
   pthread_mutex_lock(&s->lock);
@@ -288,18 +297,20 @@ static void fdnames_join(struct gshm_spawn *s, bool socket_activation, char *nam
     used += (size_t)sprintf(names + used, "%s%s", used || i ? ":" : "", s->names[i]);
 }
 
-/* As gshmd.service's CapabilityBoundingSet= (empty): no capability
- * survives the exec, also for root (the bounding set and the inheritable
- * set are emptied; without CAP_SETPCAP, as a normal user, there is
- * nothing to drop).  Without CAP_SYS_RESOURCE the kernel counts the fds
- * gshmd keeps in flight in its buckets against RLIMIT_NOFILE, as in
- * production. */
-static void drop_capabilities(void) {
+/* No capability survives the exec, also for root (the bounding set and
+ * the inheritable set are emptied; without CAP_SETPCAP, as a normal user,
+ * there is nothing to drop): gshmd as it runs under gshmd.service once it
+ * has become daemon.user.  Without CAP_SYS_RESOURCE the kernel counts the
+ * fds gshmd keeps in flight in its buckets against RLIMIT_NOFILE, as in
+ * production.  With s->unit_caps, gshmd.service's CapabilityBoundingSet=
+ * (CAP_CHOWN CAP_SETGID CAP_SETUID) stays, for a start with daemon.user. */
+static void drop_capabilities(const struct gshm_spawn *s) {
   struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
   struct __user_cap_data_struct d[2];
 
   for (int c = 0; c < 64; c++)
-    prctl(PR_CAPBSET_DROP, c, 0, 0, 0);
+    if (!s->unit_caps || (c != CAP_CHOWN && c != CAP_SETGID && c != CAP_SETUID))
+      prctl(PR_CAPBSET_DROP, c, 0, 0, 0);
   if (syscall(SYS_capget, &h, d) == 0) {
     d[0].inheritable = d[1].inheritable = 0;
     syscall(SYS_capset, &h, d);
@@ -339,7 +350,7 @@ static void child_exec(struct gshm_spawn *s, const char *const *argv, int nfds,
     unsetenv("LISTEN_PID");
     unsetenv("LISTEN_FDNAMES");
   }
-  drop_capabilities();
+  drop_capabilities(s);
   execvp(argv[0], (char *const *)argv);
   e = errno;
   if (write(err_fd, &e, sizeof(e)) < 0)

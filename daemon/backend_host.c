@@ -54,6 +54,8 @@ struct host_backend {
   bool lease_warned;           /* a lease refused for another reason than a holder: said once */
   struct gshmd_host_reaper *reaper; /* large frees off the loop (host_reap.h); NULL: none */
   uint64_t reap_steps;              /* its punch steps that mem was read after */
+  uid_t memory_uid;                 /* whose memfds are (config.h memory_uid) */
+  unsigned foreign;                 /* adopted memfds left another uid's (said once) */
 };
 
 /* Most allocations in the pool (a take scans it). */
@@ -241,6 +243,28 @@ static int host_park_fd(struct gshmd_backend *b, struct gshmd_alloc *a, int *fd_
   return 0;
 }
 
+/* A memfd stored by a gshmd of another user (root before daemon.user, or
+ * the other way) is given to gshmd's: each lease reopens it through
+ * /proc/self/fd (host_reopen), and its mode 0600 lets only its owner in.
+ * fchown needs CAP_CHOWN, which gshmd has before its switch
+ * (gshmd.service); refused, the segment is kept (a client holding its fd
+ * keeps its bytes) but opening it fails EACCES: said once, with the way
+ * out. */
+static void adopt_owner(struct host_backend *hb, int fd, struct stat *st) {
+  if (st->st_uid == hb->memory_uid)
+    return;
+  if (fchown(fd, hb->memory_uid, (gid_t)-1) == 0) {
+    st->st_uid = hb->memory_uid;
+    return;
+  }
+  if (hb->foreign++ == 0)
+    gshm_log_err("host: a restored segment's memory belongs to uid %u, not to gshmd's user (uid "
+                 "%u), and cannot be given to it (fchown: %m; CAP_CHOWN, which gshmd.service "
+                 "grants until gshmd's switch to daemon.user): opening it fails EACCES until "
+                 "gshmd runs as uid %u again", (unsigned)st->st_uid, (unsigned)hb->memory_uid,
+                 (unsigned)st->st_uid);
+}
+
 static int host_adopt_fd(struct gshmd_backend *b, int fd, const char *location, uint64_t size,
                          struct gshmd_alloc **out) {
   struct stat st;
@@ -254,6 +278,7 @@ static int host_adopt_fd(struct gshmd_backend *b, int fd, const char *location, 
   if (seals < 0 || (seals & HOST_SEALS) != HOST_SEALS || fstat(fd, &st) < 0 ||
       (uint64_t)st.st_size != size)
     return -EINVAL;
+  adopt_owner((struct host_backend *)b, fd, &st);
   /* parked by a gshmd that left memfds 0777 (see host_alloc) */
   if ((st.st_mode & 07777) != 0600 && fchmod(fd, 0600) < 0)
     return -errno;
@@ -630,6 +655,7 @@ int gshmd_backend_host_create(const struct gshmd_config *cfg, struct gshmd_backe
   hb->populate = cfg && cfg->host_populate;
   hb->recycle_cap = cfg ? cfg->host_recycle : 0;
   hb->huge = cfg && cfg->host_huge_pages;
+  hb->memory_uid = cfg ? (uid_t)cfg->memory_uid : geteuid();
   hb->pull_page = (uint64_t)sysconf(_SC_PAGESIZE);
   if (hb->huge && (huge = huge_report()) && hb->pull_page < GSHMD_HUGE_PAGE)
     hb->pull_page = GSHMD_HUGE_PAGE;

@@ -21,6 +21,7 @@
 
 #include "config_internal.h"
 #include "option_table.h"
+#include "user_switch.h"
 #include "util.h"
 
 #ifndef GSHM_VERSION
@@ -356,6 +357,7 @@ int gshmd_config_init(struct gshmd_config *cfg) {
       return r;
     }
   }
+  cfg->memory_uid = (uint32_t)geteuid(); /* (main.c: daemon.user's once resolved) */
   /* poll_us's default holds where gshmd can poll without taking the CPU
    * its clients need; a value from a file or --set applies everywhere. */
   if (gshm__usable_cpus() < GSHM_POLL_MIN_CPUS)
@@ -577,6 +579,14 @@ static int config_validate(const struct gshmd_config *cfg, bool check) {
                         cfg->max_name, cfg->max_packet,
                         cfg->max_packet - 16 - 64 - GSHMD_LIST_ITEM_OVERHEAD);
     return -EINVAL;
+  }
+  if (check && cfg->user && *cfg->user) {
+    struct gshmd_user u;
+    int e = gshmd_user_resolve(cfg->user, &u, true);
+    if (e == -ENOENT) { /* (not -EPERM: a user checks the file gshmd.service's root reads) */
+      gshmd__config_error("daemon.user '%s': no such user", cfg->user);
+      return -EINVAL;
+    }
   }
   if (check && cfg->admin_group && *cfg->admin_group && !getgrnam(cfg->admin_group)) {
     gshmd__config_error("daemon.admin_group '%s': no such group", cfg->admin_group);

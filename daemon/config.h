@@ -49,6 +49,7 @@ struct gshmd_config {
   uint32_t socket_mode;     /* socket_mode = 0660 (octal) */
   char *socket_group;       /* socket_group = ; "" keeps the daemon's group */
   char *admin_group;        /* admin_group = ; "" means root only */
+  char *user;               /* user = ; "" stays as started (user_switch.h) */
   char *backend;            /* backend = auto|host|cuda */
   char *sticky_start;       /* sticky_start = serve|restart: a sticky CUDA error at start */
   uint32_t gpu_probe_ms;    /* gpu_probe_ms = 10000: GPU probes while one keeps them unusable */
@@ -58,6 +59,11 @@ struct gshmd_config {
   uint64_t host_recycle;    /* host_recycle = 0 (off): bytes of freed pulled memory kept */
   bool host_huge_pages;     /* host_huge_pages = true: MADV_HUGEPAGE on gshmd's host mappings */
   uint32_t poll_us;         /* poll a connection this long after a request (default 0 on < 4 CPUs) */
+  /* Not a key: the uid that the host segments' memory files belong to
+   * (daemon.user's, else gshmd's own), set by main.c before the backends
+   * start: a restored memfd of another uid is given to it (backend_host.c
+   * host_adopt_fd). */
+  uint32_t memory_uid;
 
   /* [limits] */
   uint32_t max_connections;        /* default 4096 */

@@ -521,6 +521,12 @@ static void resend(struct gshmd_fdstore *fs) {
   gshmd__one_ended_forget(fs, false);
 }
 
+void gshmd_fdstore_resend_all(struct gshmd_fdstore *fs) {
+  for (uint32_t i = 0; fs->enabled && i < fs->nbuckets; i++)
+    if (fs->buckets[i] && fs->buckets[i]->n && !fs->buckets[i]->frozen)
+      bucket_write(fs, fs->buckets[i]);
+}
+
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event) {
   struct gshmd_fdstore *fs = r->on_event_data;
 

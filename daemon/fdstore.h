@@ -158,6 +158,14 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
  * disabled. */
 unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs);
 
+/* Sends every bucket holding segments again (each datagram replaced as a
+ * change would, crash-safe the same way): after gshmd became daemon.user,
+ * so that the kernel counts the queued fds against that user instead of
+ * the one that sent them before (user_switch.h).  O(stored segments): a
+ * bucket write each 253 of them.  A send that fails leaves its bucket to
+ * gshmd_fdstore_retry, as any. */
+void gshmd_fdstore_resend_all(struct gshmd_fdstore *fs);
+
 /* The most buckets max_segments segments with names of max_name bytes can
  * need (each bucket is filled before a new one is made), and so the most
  * fds the store holds: 2 per bucket + 3 (ids record and its replacement,

@@ -173,8 +173,8 @@ void gshmd__bucket_drop_idle(struct gshmd_fdstore *fs) {
  * whose RLIMIT_NOFILE is below the user's count, unless it has
  * CAP_SYS_RESOURCE or CAP_SYS_ADMIN (net/unix/scm.c too_many_unix_fds).
  * The buckets' datagrams stay queued: each stored segment's memory fd
- * counts for gshmd's uid (root under the shipped unit) for as long as the
- * segment is stored (docs/SECURITY.md).  Counted from the members (a
+ * counts for gshmd's uid for as long as the segment is stored: daemon.user
+ * under the shipped unit, root before it (docs/SECURITY.md).  Counted from the members (a
  * bucket whose datagram is behind holds its previous members'). */
 void gshmd__bucket_count_held(struct gshmd_fdstore *fs) {
   uint64_t n = 0;
@@ -190,7 +190,8 @@ void gshmd__bucket_count_held(struct gshmd_fdstore *fs) {
                   "kernel as fds in flight of uid %u: a process of uid %u without "
                   "CAP_SYS_RESOURCE whose RLIMIT_NOFILE is below that count cannot pass fds over "
                   "a unix socket (sendmsg fails ETOOMANYREFS: NCCL's and PyTorch's fd passing "
-                  "in a rootful container, say); raise its limit (docs/SECURITY.md)",
+                  "in a rootful container, say); give gshmd a user of its own (daemon.user, as "
+                  "gshmd.service does) or raise that process's limit (docs/SECURITY.md)",
                   n, (unsigned)getuid(), (unsigned)getuid());
 }
 

@@ -21,6 +21,7 @@
 #include "backend.h"
 #include "cluster.h"
 #include "config.h"
+#include "fd_limit.h"
 #include "fdstore.h"
 #include "gpu_fault.h"
 #include "leasekey.h"
@@ -29,6 +30,7 @@
 #include "metrics_http.h"
 #include "registry.h"
 #include "server.h"
+#include "user_switch.h"
 #include "util.h"
 
 struct daemon {
@@ -58,6 +60,7 @@ struct daemon {
   bool stopping;
   bool sticky_at_start; /* a sticky CUDA error at start, to exit for (sticky_start = restart) */
   struct gshmd_gpu_fault gpu; /* probes after one met at start (sticky_start = serve) */
+  struct gshmd_user user;     /* daemon.user: who gshmd becomes before READY=1 */
 };
 
 static void setup_logging(struct daemon *d) {
@@ -78,71 +81,6 @@ static const char *cuda_missing(int e) {
   default:
     return strerror(-e);
   }
-}
-
-#ifndef GSHMD_UNIT_LIMIT_NOFILE
-#define GSHMD_UNIT_LIMIT_NOFILE 1048576 /* LimitNOFILE= of gshmd.service */
-#endif
-
-/* Raises the soft RLIMIT_NOFILE to the hard limit (systemd's default soft
- * limit is 1024, far below what 4096 connections and 65536 segments
- * need) and says once when even that cannot cover the configured
- * maximums: at the limit accept fails and gshmd serves nobody new.  Under
- * systemd that is a warning (and part of STATUS=).  Started by hand (no
- * INVOCATION_ID or NOTIFY_SOCKET from a service manager) under
- * a shell's limit below the unit's LimitNOFILE= it is expected (a test, a
- * try-out): said at debug level only, unless the unit's limit would not
- * suffice either. */
-static void setup_fd_limit(struct daemon *d) {
-  /* a connection: 1 fd; a segment: its memory and a read-only reopen (host)
-   * or a cached export (cuda); plus the loop, the listener, logging,
-   * sd_notify and the fd store's records in flight */
-  uint64_t need = (uint64_t)d->cfg.max_connections + 2 * (uint64_t)d->cfg.max_segments + 64;
-  /* daemon.host_recycle: a pulled segment's read-write reopen too, and the
-   * pool's memfds */
-  if (d->cfg.host_recycle)
-    need += (uint64_t)d->cfg.max_segments + GSHMD_HOST_RECYCLE_MAX;
-  /* systemd sets INVOCATION_ID for its services (v232 on), NOTIFY_SOCKET
-   * for Type=notify ones and whoever else reads STATUS=.  NOTIFY_SOCKET
-   * alone is no service: gshm's own spawner (gshm-demo, gshm-bench, the
-   * tests) sets it to wait for READY=1; the shortfall goes in its STATUS=
-   * but the log does not send anyone to a gshmd.service that is not there. */
-  const char *invocation = getenv("INVOCATION_ID"), *notify = getenv("NOTIFY_SOCKET");
-  bool service = invocation && *invocation;
-  bool by_hand = !service && !(notify && *notify);
-  struct rlimit rl;
-
-  if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-    return;
-  if (rl.rlim_cur < rl.rlim_max) {
-    rlim_t was = rl.rlim_cur;
-    rl.rlim_cur = rl.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
-      gshm_log_info("fd limit raised from %llu to %llu", (unsigned long long)was,
-                    (unsigned long long)rl.rlim_cur);
-    else
-      getrlimit(RLIMIT_NOFILE, &rl);
-  }
-  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
-    return;
-  if (by_hand && rl.rlim_cur < GSHMD_UNIT_LIMIT_NOFILE) {
-    gshm_log_debug("fd limit %llu is below the %llu that limits.max_connections=%u and "
-                   "limits.max_segments=%u may need (gshmd.service gives %llu)",
-                   (unsigned long long)rl.rlim_cur, (unsigned long long)need,
-                   d->cfg.max_connections, d->cfg.max_segments,
-                   (unsigned long long)GSHMD_UNIT_LIMIT_NOFILE);
-    return;
-  }
-  snprintf(d->fd_warning, sizeof(d->fd_warning),
-           "fd limit %llu is below the %llu that limits.max_connections=%u and "
-           "limits.max_segments=%u may need",
-           (unsigned long long)rl.rlim_cur, (unsigned long long)need, d->cfg.max_connections,
-           d->cfg.max_segments);
-  if (service || by_hand) /* (by hand here: at or above the unit's limit, still short) */
-    gshm_log_warn("%s: raise LimitNOFILE= in gshmd.service or lower the limits", d->fd_warning);
-  else
-    gshm_log_debug("%s (gshmd.service gives %llu)", d->fd_warning,
-                   (unsigned long long)GSHMD_UNIT_LIMIT_NOFILE);
 }
 
 /* Whether a sticky CUDA error at start exits for a restart
@@ -575,7 +513,9 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
   d->loop_ready = true;
   gshmd_registry_init(&d->reg, &d->cfg);
   d->reg_ready = true;
-  setup_fd_limit(d);
+  gshmd_fd_limit_setup(&d->cfg, d->fd_warning, sizeof(d->fd_warning));
+  if (gshmd_user_resolve(d->cfg.user, &d->user, false) == 0 && d->user.on)
+    d->cfg.memory_uid = d->user.uid; /* (the restore gives it the stored memory) */
   if (setup_backends(d))
     return -1;
   /* The lease key first: its entry is not the fd store's to adopt. */
@@ -603,6 +543,10 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
   if (d->cfg.metrics_http_listen && *d->cfg.metrics_http_listen &&
       gshmd_metrics_http_start(&d->loop, &d->srv, d->cfg.metrics_http_listen, &d->http))
     return -1;
+  /* Last, before anything is served: the store's queued fds then count
+   * against the new user once its buckets are sent again (user_switch.h). */
+  if (d->user.on && gshmd_user_switch(&d->user) == 0)
+    gshmd_fdstore_resend_all(&d->fdstore);
   update_status(d);
   sd_notify(0, "READY=1");
   gshm_log_info("ready: %u segment%s restored", d->reg.nsegments, gshm__plural(d->reg.nsegments));

@@ -49,6 +49,18 @@
   X(daemon, admin_group, STR, admin_group, "", 0, 255, NULL,                    \
     "Members of this group may use the admin verbs (revoke, unlink of other "   \
     "users' segments); empty means root only.")                                 \
+  X(daemon, user, STR, user, "", 0, 255, NULL,                                  \
+    "User (a name or a number) gshmd becomes once it is set up, started as "   \
+    "root: it reads its configuration, the cluster key and the fd store, "     \
+    "gives the stored segments' memory to this user, binds its sockets, then " \
+    "takes this user's ids and groups and keeps no capability. gshmd.service " \
+    "sets gshmd (its sysusers.d snippet makes the user). Why a user of its "   \
+    "own: the fds the fd store keeps queued are counted by the kernel against " \
+    "the user that queued them, and past a process's RLIMIT_NOFILE that "      \
+    "user's processes may not pass fds (ETOOMANYREFS; docs/SECURITY.md). "     \
+    "Empty: gshmd stays the user it was started as. A user that does not "     \
+    "exist, or a switch refused (no CAP_SETUID), is logged and gshmd stays "   \
+    "as started, keeping every segment.")                                       \
   X(daemon, backend, ENUM, backend, "auto", 0, 0, "auto|host|cuda",             \
     "Memory backend: auto (cuda when libcuda.so.1 loads and a device is "       \
     "present, else host), host (sealed memfd segments only) or cuda.")          \

@@ -45,7 +45,8 @@ done
 
 # --- unit contents that systemd-analyze would not catch --------------------
 
-grep -qxF "ExecStart=$sbindir/gshmd" "$service" || fail "ExecStart is not $sbindir/gshmd"
+grep -qxF "ExecStart=$sbindir/gshmd --set daemon.user=gshmd" "$service" ||
+  fail "ExecStart is not $sbindir/gshmd --set daemon.user=gshmd"
 grep -qxF "FileDescriptorStoreMax=$fdstore_max" "$service" || fail "FileDescriptorStoreMax is not $fdstore_max"
 grep -qx "Type=notify" "$service" || fail "gshmd.service is not Type=notify"
 grep -q "^RuntimeDirectory=" "$service" &&
@@ -179,6 +180,8 @@ mkdir -p "$sysroot/etc"
 if command -v systemd-sysusers >/dev/null; then
   if systemd-sysusers --root="$sysroot" "$root$sysusersdir/gshm.conf" >/dev/null 2>&1; then
     grep -q "^gshm:" "$sysroot/etc/group" || fail "sysusers.d snippet does not create group gshm"
+    grep -q "^gshmd:" "$sysroot/etc/passwd" ||
+      fail "sysusers.d snippet does not create user gshmd (gshmd.service's daemon.user)"
     # tmpfiles chowns to gshm, which needs root.
     if [[ $(id -u) == 0 ]] && command -v systemd-tmpfiles >/dev/null; then
       systemd-tmpfiles --root="$sysroot" --create "$root$tmpfilesdir/gshm.conf" ||

@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* gshmd's own user: see user_switch.h. */
+#include "user_switch.h"
+
+#include <errno.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "log.h"
+
+/* spec as a uid when it is all digits; false otherwise. */
+static bool parse_uid(const char *spec, uid_t *out) {
+  char *end;
+  unsigned long long v;
+
+  if (spec[0] < '0' || spec[0] > '9')
+    return false;
+  errno = 0;
+  v = strtoull(spec, &end, 10);
+  if (*end || errno || v >= (uid_t)-1) /* ((uid_t)-1: "no change" to the kernel) */
+    return false;
+  *out = (uid_t)v;
+  return true;
+}
+
+/* Whether capability cap is in this thread's effective set. */
+static bool cap_effective(int cap) {
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct d[2] = {{0}};
+
+  if (syscall(SYS_capget, &h, d) < 0)
+    return false;
+  return d[cap / 32].effective & (1u << (cap % 32));
+}
+
+int gshmd_user_resolve(const char *spec, struct gshmd_user *u, bool quiet) {
+  struct passwd pw, *found = NULL;
+  char buf[4096];
+  bool numeric = spec && *spec >= '0' && *spec <= '9';
+
+  memset(u, 0, sizeof(*u));
+  u->uid = geteuid();
+  u->gid = getegid();
+  if (!spec || !*spec)
+    return 0;
+  if (numeric) {
+    uid_t uid;
+    if (!parse_uid(spec, &uid)) {
+      if (!quiet)
+        gshm_log_err("daemon.user '%s': not a uid (0 to 4294967294); gshmd stays uid %u", spec,
+                     (unsigned)geteuid());
+      return -ENOENT;
+    }
+    getpwuid_r(uid, &pw, buf, sizeof(buf), &found);
+    u->uid = uid;
+    u->gid = found ? found->pw_gid : (gid_t)uid;
+  } else {
+    getpwnam_r(spec, &pw, buf, sizeof(buf), &found);
+    if (!found) {
+      if (!quiet)
+        gshm_log_err("daemon.user '%s': no such user; gshmd stays uid %u and keeps every segment "
+                     "(create it: systemd-sysusers installs gshm.conf's)",
+                     spec, (unsigned)geteuid());
+      u->uid = geteuid();
+      return -ENOENT;
+    }
+    u->uid = found->pw_uid;
+    u->gid = found->pw_gid;
+  }
+  if (found && strlen(found->pw_name) < sizeof(u->name))
+    snprintf(u->name, sizeof(u->name), "%s", found->pw_name);
+  if (u->uid == geteuid()) /* (already so: nothing to do) */
+    return 0;
+  /* (asked now, before the restore gives the user its memory: a switch
+   * refused afterwards would leave gshmd unable to reopen it) */
+  if (geteuid() != 0 || !cap_effective(CAP_SETUID) || !cap_effective(CAP_SETGID)) {
+    if (!quiet)
+      gshm_log_err("daemon.user '%s' (uid %u): gshmd (uid %u) %s and cannot become another "
+                   "user; it stays uid %u and keeps every segment",
+                   spec, (unsigned)u->uid, (unsigned)geteuid(),
+                   geteuid() ? "was not started as root"
+                             : "lacks CAP_SETUID or CAP_SETGID (gshmd.service keeps both in "
+                               "CapabilityBoundingSet=)",
+                   (unsigned)geteuid());
+    u->uid = geteuid();
+    u->gid = getegid();
+    return -EPERM;
+  }
+  u->on = true;
+  return 0;
+}
+
+/* Whether any capability is left in the permitted, effective or
+ * inheritable sets, or the ambient set. */
+static bool caps_left(void) {
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct d[2] = {{0}};
+
+  if (syscall(SYS_capget, &h, d) < 0)
+    return true;
+  for (int i = 0; i < 2; i++)
+    if (d[i].permitted || d[i].effective || d[i].inheritable)
+      return true;
+  for (int c = 0; c <= 63; c++) {
+    int r = prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, c, 0, 0);
+    if (r < 0)
+      break; /* (past the kernel's last capability) */
+    if (r > 0)
+      return true;
+  }
+  return false;
+}
+
+int gshmd_user_switch(const struct gshmd_user *u) {
+  uid_t r, e, s;
+  gid_t gr, ge, gs;
+  int err;
+
+  if (!u->on)
+    return 0;
+  if ((u->name[0] ? initgroups(u->name, u->gid) : setgroups(0, NULL)) < 0 ||
+      setresgid(u->gid, u->gid, u->gid) < 0 || setresuid(u->uid, u->uid, u->uid) < 0) {
+    err = errno;
+    gshm_log_err("daemon.user: cannot become uid %u gid %u (%s); gshmd stays uid %u (it needs "
+                 "CAP_SETUID and CAP_SETGID to switch: gshmd.service keeps them in "
+                 "CapabilityBoundingSet=)",
+                 (unsigned)u->uid, (unsigned)u->gid, strerror(err), (unsigned)geteuid());
+    return -err;
+  }
+  if (getresuid(&r, &e, &s) < 0 || getresgid(&gr, &ge, &gs) < 0 || r != u->uid || e != u->uid ||
+      s != u->uid || gr != u->gid || ge != u->gid || gs != u->gid || caps_left()) {
+    gshm_log_err("daemon.user: after the switch to uid %u an id or a capability is left "
+                 "(uids %u/%u/%u, gids %u/%u/%u)",
+                 (unsigned)u->uid, (unsigned)r, (unsigned)e, (unsigned)s, (unsigned)gr,
+                 (unsigned)ge, (unsigned)gs);
+    return -EIO;
+  }
+  prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+  gshm_log_info("running as uid %u gid %u%s%s%s, no capabilities", (unsigned)u->uid,
+                (unsigned)u->gid, u->name[0] ? " (" : "", u->name, u->name[0] ? ")" : "");
+  return 0;
+}

@@ -1,0 +1,249 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* gshmd's own user (daemon.user, daemon/user_switch.h): started as root
+ * with gshmd.service's capability bounding set, gshmd takes back the fd
+ * store, gives the stored memory to that user, becomes it with no
+ * capability, and sends its buckets again so that the kernel counts their
+ * queued fds against that user, not the one that sent them (root before:
+ * ETOOMANYREFS for capless root processes with a low RLIMIT_NOFILE).
+ * Root only (the switch, and the children of other uids). */
+#include <errno.h>
+#include <grp.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gshm.h"
+#include "harness.h"
+
+/* uids no other test uses: the kernel's count of fds in flight is per uid */
+#define UID_A 61001u
+#define UID_B 61002u
+#define NSEG 300 /* stored segments: over the children's fd limit below */
+#define CHILD_NOFILE 100
+
+/* A field of /proc/PID/status ("Uid:", "CapEff:"): its value in out. */
+static void proc_status(pid_t pid, const char *field, char *out, size_t n) {
+  char path[64], line[256];
+  FILE *f;
+
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  assert_non_null(f = fopen(path, "re"));
+  out[0] = '\0';
+  while (fgets(line, sizeof(line), f))
+    if (!strncmp(line, field, strlen(field))) {
+      const char *v = line + strlen(field);
+      while (*v == ' ' || *v == '\t')
+        v++;
+      snprintf(out, n, "%.*s", (int)strcspn(v, "\n"), v);
+    }
+  fclose(f);
+}
+
+/* gshmd (pid) runs as uid with no capability. */
+static void assert_runs_as(pid_t pid, unsigned uid) {
+  char want[64], got[128];
+
+  snprintf(want, sizeof(want), "%u\t%u\t%u\t%u", uid, uid, uid, uid);
+  proc_status(pid, "Uid:", got, sizeof(got));
+  assert_string_equal(got, want);
+  proc_status(pid, "CapEff:", got, sizeof(got));
+  assert_string_equal(got, "0000000000000000");
+  proc_status(pid, "CapPrm:", got, sizeof(got));
+  assert_string_equal(got, "0000000000000000");
+}
+
+/* Whether a process of uid (no capability, RLIMIT_NOFILE CHILD_NOFILE) may
+ * pass an fd over a unix socket: 0 it may, 1 it may not, ETOOMANYREFS (the
+ * kernel counts more fds in flight against uid than its limit), 2 another
+ * error. */
+static int child_passes_fd(uid_t uid) {
+  pid_t pid = fork();
+  int status;
+
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    struct rlimit rl = {CHILD_NOFILE, CHILD_NOFILE};
+    union {
+      struct cmsghdr align;
+      char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    char byte = 'x';
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                        .msg_controllen = sizeof(ctl.buf)};
+    struct cmsghdr *c;
+    int sv[2], fd0 = 0;
+
+    if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid) ||
+        setrlimit(RLIMIT_NOFILE, &rl) || socketpair(AF_UNIX, SOCK_DGRAM, 0, sv))
+      _exit(100);
+    memset(ctl.buf, 0, sizeof(ctl.buf));
+    c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd0, sizeof(int));
+    if (sendmsg(sv[0], &mh, 0) == 1)
+      _exit(0);
+    fprintf(stderr, "uid %u: sendmsg with an fd: %s\n", (unsigned)uid, strerror(errno));
+    _exit(errno == ETOOMANYREFS ? 1 : 2);
+  }
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_not_equal(WEXITSTATUS(status), 100);
+  return WEXITSTATUS(status);
+}
+
+static void check_segment(gshm_client_t *c, int i) {
+  char name[32];
+  unsigned char b = 0;
+  gshm_segment_t *s;
+
+  snprintf(name, sizeof(name), "mig/%d", i);
+  assert_int_equal(gshm_open(c, name, GSHM_ACCESS_READ, &s), 0); /* (EACCES: not its owner) */
+  assert_int_equal(gshm_read(s, 0, &b, 1), 0);
+  assert_int_equal(b, (unsigned char)(i * 7 + 1));
+  gshm_close(s);
+  assert_int_equal(gshm_open(c, name, GSHM_ACCESS_READ_WRITE, &s), 0);
+  gshm_close(s);
+}
+
+static int restart_as(struct harness *h, unsigned uid) {
+  char set[64];
+  const char *args[] = {"--set", set, NULL};
+
+  snprintf(set, sizeof(set), "daemon.user=%u", uid);
+  assert_int_equal(gshm__spawn_run_as(&h->sp, uid), 0);
+  return harness_restart(h, SIGTERM, args);
+}
+
+/* A store written by a root gshmd, taken back by one that becomes UID_A,
+ * then by one that becomes UID_B: every segment opens (its memory given to
+ * the new user), and the queued fds count against the user gshmd is now. */
+/* Each test's gshmd, killed when a check fails (harness_set_leftover): a
+ * gshmd left running keeps its fds in flight for its uid. */
+static struct harness H;
+
+static void test_switch_moves_memory_and_fds(void **state) {
+  struct harness *h = &H;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  char name[32];
+
+  (void)state;
+  if (geteuid() != 0)
+    skip();
+  harness_kill_leftover();
+  assert_int_equal(harness_start(h, NULL), 0); /* (root, no capability) */
+  harness_set_leftover(h);
+  assert_int_equal(gshm_connect(h->socket_path, "mig", &c), 0);
+  for (int i = 0; i < NSEG; i++) {
+    unsigned char b = (unsigned char)(i * 7 + 1);
+    snprintf(name, sizeof(name), "mig/%d", i);
+    assert_int_equal(gshm_create(c, name, 4096, NULL, 0644, 0, &s), 0);
+    assert_int_equal(gshm_write(s, 0, &b, 1), 0);
+    gshm_close(s);
+  }
+  gshm_disconnect(c);
+  assert_int_equal(child_passes_fd(UID_A), 0); /* (nothing counted against it yet) */
+
+  assert_int_equal(restart_as(h, UID_A), 0);
+  assert_runs_as(h->sp.pid, UID_A);
+  assert_int_equal(gshm_connect(h->socket_path, "mig", &c), 0);
+  for (int i = 0; i < NSEG; i += 37)
+    check_segment(c, i);
+  assert_int_equal(gshm_create(c, "mig/new", 4096, NULL, 0644, 0, &s), 0);
+  gshm_close(s);
+  gshm_disconnect(c);
+  assert_int_equal(child_passes_fd(UID_A), 1); /* (ETOOMANYREFS) the store's, counted for UID_A */
+
+  assert_int_equal(restart_as(h, UID_B), 0);
+  assert_runs_as(h->sp.pid, UID_B);
+  assert_int_equal(gshm_connect(h->socket_path, "mig", &c), 0);
+  for (int i = 0; i < NSEG; i += 37)
+    check_segment(c, i);
+  gshm_disconnect(c);
+  assert_int_equal(child_passes_fd(UID_A), 0); /* every bucket sent again by UID_B */
+  assert_int_equal(child_passes_fd(UID_B), 1);
+  assert_int_equal(harness_stop(h), 0);
+  harness_set_leftover(NULL);
+}
+
+/* Whether gshmd's log (path) has a line holding text. */
+static bool log_has(const char *path, const char *text) {
+  char line[1024];
+  bool found = false;
+  FILE *f = fopen(path, "re");
+
+  assert_non_null(f);
+  while (!found && fgets(line, sizeof(line), f))
+    found = strstr(line, text) != NULL;
+  fclose(f);
+  return found;
+}
+
+/* A daemon.user that cannot be had (no such user; no CAP_SETUID) is said,
+ * and gshmd serves as the user it was started as, with its segments. */
+static void stays_as_started(const char *set, const char *said) {
+  char path[] = "/tmp/gshm-test-user-XXXXXX";
+  const char *args[] = {"--set", set, NULL};
+  struct harness *h = &H;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  char got[64], want[64];
+
+  harness_kill_leftover();
+  assert_int_equal(harness_start_logged(h, args, path), 0);
+  harness_set_leftover(h);
+  snprintf(want, sizeof(want), "%u\t%u\t%u\t%u", geteuid(), geteuid(), geteuid(), geteuid());
+  proc_status(h->sp.pid, "Uid:", got, sizeof(got));
+  assert_string_equal(got, want);
+  assert_int_equal(gshm_connect(h->socket_path, "stay", &c), 0);
+  assert_int_equal(gshm_create(c, "stay/a", 4096, NULL, 0600, 0, &s), 0);
+  assert_int_equal(gshm_write(s, 0, "\x42", 1), 0);
+  gshm_close(s);
+  gshm_disconnect(c);
+  assert_int_equal(harness_restart(h, SIGKILL, args), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "stay", &c), 0);
+  assert_int_equal(gshm_open(c, "stay/a", GSHM_ACCESS_READ, &s), 0);
+  gshm_close(s);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(h), 0);
+  harness_set_leftover(NULL);
+  assert_true(log_has(path, said));
+  unlink(path);
+}
+
+static void test_no_such_user(void **state) {
+  (void)state;
+  stays_as_started("daemon.user=gshm-test-no-such-user", "'gshm-test-no-such-user': no such user");
+}
+
+static void test_switch_without_capabilities(void **state) {
+  (void)state;
+  if (geteuid() != 0)
+    skip();
+  /* (the harness drops every capability unless gshm__spawn_run_as) */
+  stays_as_started("daemon.user=61003", "lacks CAP_SETUID or CAP_SETGID");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_switch_moves_memory_and_fds),
+      cmocka_unit_test(test_no_such_user),
+      cmocka_unit_test(test_switch_without_capabilities),
+  };
+  atexit(harness_kill_leftover);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
