@@ -7,7 +7,7 @@ Python and libgshm, for a quick check inside a container:
     python3 -m gshm                    # status: version, backends, totals
     python3 -m gshm segments           # the segments this user may read
     python3 -m gshm clients            # every client (host pids and uids)
-    python3 -m gshm --json status      # one JSON document
+    python3 -m gshm --json status      # gshmctl --json status's document
     python3 -m gshm --socket /run/gshm/gshmd.sock
 
 Exit status as gshmctl's: 0 ok, 1 error, 3 daemon unreachable, 4
@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from ._client import Client
 from ._errors import Error, PermissionDenied, Unreachable
 from ._info import ClientInfo, SegmentInfo, StatusInfo
+from ._lib import GSHM_CREATE_LEGACY_IPC
 
 EXIT_OK, EXIT_ERROR, EXIT_UNREACHABLE, EXIT_DENIED = 0, 1, 3, 4
 
@@ -126,19 +127,43 @@ def client_lines(clients: Sequence[ClientInfo]) -> List[str]:
     return out
 
 
-def _status_json(c: Client) -> Dict[str, Any]:
-    st = c.status()
-    doc = st.asdict()
-    doc["started"] = _when(st.started_ns)
-    doc["backends"] = ",".join(st.backends)  # as gshmctl --json status
-    return doc
+#: gshmctl --json's schema_version (client/gshmctl.c SCHEMA_VERSION): the
+#: documents below have its keys, in its order, with its value forms
+SCHEMA_VERSION = 1
+
+
+def status_json(st: StatusInfo) -> Dict[str, Any]:
+    """gshmctl --json status's document for st."""
+    return {"schema_version": SCHEMA_VERSION, "version": st.version, "pid": st.pid,
+            "started": _when(st.started_ns), "clients": st.clients, "segments": st.segments,
+            "leases": st.leases, "bytes": st.bytes, "devices": st.devices,
+            "backends": ",".join(st.backends), "gpu_fault": st.gpu_fault or None}
+
+
+def segment_json(s: SegmentInfo) -> Dict[str, Any]:
+    """One segment of gshmctl --json segments: mode as octal text ("0640"),
+    state "live" or "unlinked", device null for a host segment."""
+    return {"name": s.name, "id": s.id, "generation": s.generation, "size": s.size,
+            "requested_size": s.requested_size, "location": s.location,
+            "device": None if s.device_index < 0 else s.device_index, "uid": s.uid,
+            "gid": s.gid, "mode": "%04o" % s.mode, "state": "unlinked" if s.unlinked else "live",
+            "leases": s.leases, "legacy_ipc": bool(s.flags & GSHM_CREATE_LEGACY_IPC),
+            "created": _when(s.created_ns), "source": s.source or None}
+
+
+def client_json(c: ClientInfo) -> Dict[str, Any]:
+    """One client of gshmctl --json clients."""
+    return {"session_id": c.session_id, "pid": c.pid, "uid": c.uid, "gid": c.gid,
+            "name": c.name, "since": _when(c.since_ns), "leases": c.leases}
 
 
 VERBS: Dict[str, Callable[[Client, bool], Any]] = {
-    "status": lambda c, js: _status_json(c) if js else status_lines(c.status()),
-    "segments": lambda c, js: ([s.asdict() for s in c.segments()] if js
+    "status": lambda c, js: status_json(c.status()) if js else status_lines(c.status()),
+    "segments": lambda c, js: ({"schema_version": SCHEMA_VERSION,
+                                "segments": [segment_json(s) for s in c.segments()]} if js
                                else segment_lines(c.segments())),
-    "clients": lambda c, js: ([s.asdict() for s in c.clients()] if js
+    "clients": lambda c, js: ({"schema_version": SCHEMA_VERSION,
+                               "clients": [client_json(s) for s in c.clients()]} if js
                               else client_lines(c.clients())),
 }
 
@@ -175,9 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(e, file=sys.stderr)
         return EXIT_ERROR
     if args.json:
-        key = args.verb
-        doc = result if args.verb == "status" else {key: result}
-        text = json.dumps(_json_text(doc), indent=2, default=str)
+        text = json.dumps(_json_text(result), indent=2)
     else:
         text = "\n".join(result)
     return _write_output(text)

@@ -1473,6 +1473,40 @@ def test_python_m_gshm_json_is_unicode(daemon, client):
         evil.unlink(name)
 
 
+def test_python_m_gshm_json_is_gshmctls(daemon, client, segname):
+    """python -m gshm --json gives gshmctl --json's documents for status,
+    segments and clients: its schema_version, its keys in its order, its
+    value forms (mode "0640", state, created and since as RFC 3339 text,
+    device and source null).  Before, the Python CLI dumped its records:
+    no schema_version, mode 416, started_ns, unlinked, device_index, ...,
+    so a script written against one broke on the other."""
+    with client.create(segname + "/a", 3 << 20, location="host", mode=0o640), \
+            client.create(segname + "/b", 4096, location="host", mode=0o604):
+        client.unlink(segname + "/b")  # still held: listed as "unlinked"
+        for verb in ("status", "segments", "clients"):
+            want = json.loads(daemon.gshmctl("--json", verb).stdout)
+            p = _python_m_gshm("--json", verb, "--socket", daemon.socket)
+            assert p.returncode == 0, p.stderr.decode()
+            got = json.loads(p.stdout)
+            assert list(got) == list(want), (verb, got, want)
+            if verb == "status":
+                assert got == want, (got, want)
+            elif verb == "segments":
+                assert got == want, (got, want)
+                mine = [s for s in got["segments"] if s["name"].startswith(segname)]
+                assert [(s["mode"], s["state"]) for s in mine] == [("0640", "live"),
+                                                                   ("0604", "unlinked")], mine
+            else:
+                # each lists itself as well ("gshmctl", "python -m gshm"): the same
+                # keys in every entry, and the same entries for the others
+                assert all(list(e) == list(want["clients"][0])
+                           for e in got["clients"] + want["clients"]), (got, want)
+                others = lambda d: [e for e in d["clients"]
+                                    if e["name"] not in ("gshmctl", "python -m gshm")]
+                assert others(got) == others(want) and others(got), (got, want)
+    client.unlink(segname + "/a")
+
+
 def test_python_m_gshm_long_names_keep_columns(daemon, client):
     """A segment or client name longer than its column widens the column
     for every row, as in gshmctl: before, it pushed the later columns of
