@@ -10,24 +10,27 @@ Python and libgshm, for a quick check inside a container:
     python3 -m gshm --json status      # gshmctl --json status's document
     python3 -m gshm --socket /run/gshm/gshmd.sock
 
-Exit status as gshmctl's: 0 ok, 1 error, 3 daemon unreachable, 4
-permission denied (the socket's mode or group refuses this user)."""
+Exit status as gshmctl's: 0 ok, 1 error, 2 usage, 3 daemon unreachable,
+4 permission denied (the socket's mode or group refuses this user).  With
+--json an error is gshmctl's one-line JSON error on stderr (README, "The
+CLI"): {"schema_version": 1, "error": {"exit_code", "errno", "message"}}."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import errno
 import json
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
 from ._client import Client
 from ._errors import Error, PermissionDenied, Unreachable
 from ._info import ClientInfo, SegmentInfo, StatusInfo
-from ._lib import GSHM_CREATE_LEGACY_IPC
+from ._lib import GSHM_CREATE_LEGACY_IPC, optional_symbol
 
-EXIT_OK, EXIT_ERROR, EXIT_UNREACHABLE, EXIT_DENIED = 0, 1, 3, 4
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DENIED = 0, 1, 2, 3, 4
 
 
 def _size(n: int) -> str:
@@ -168,14 +171,28 @@ VERBS: Dict[str, Callable[[Client, bool], Any]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors, with --json, are gshmctl's
+    JSON error (exit 2, "EINVAL") rather than its text."""
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if not self.json_errors:
+            super().error(message)
+        sys.exit(_report(True, EXIT_USAGE, errno.EINVAL, message))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gshm",
-                                description="gshmd's state from Python (as gshmctl).")
+    p = _Parser(prog="python -m gshm", description="gshmd's state from Python (as gshmctl).")
     p.add_argument("verb", nargs="?", default="status", choices=sorted(VERBS))
     p.add_argument("-s", "--socket", default=None,
                    help="gshmd's socket (default $GSHM_SOCKET, else /run/gshm/gshmd.sock)")
-    p.add_argument("-j", "--json", action="store_true", help="one JSON document")
-    args = p.parse_args(argv)
+    p.add_argument("-j", "--json", action="store_true",
+                   help="gshmctl --json's document; an error as its JSON error on stderr")
+    words = list(sys.argv[1:] if argv is None else argv)
+    opts = words[:words.index("--")] if "--" in words else words
+    p.json_errors = "-j" in opts or "--json" in opts
+    args = p.parse_args(words)
     try:
         with Client(args.socket, name="python -m gshm") as c:
             result = VERBS[args.verb](c, args.json)
@@ -183,32 +200,64 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # name: escaped as gshmctl's errors are, so that an ESC or a bidi
     # control in them does not reach the terminal raw)
     except Unreachable as e:
-        print(shown("gshm: cannot reach gshmd at %s: %s" % (e.filename, e.strerror)),
-              file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return _report(args.json, EXIT_UNREACHABLE, e.errno, _unreached(e))
     except PermissionDenied as e:
         if e.function == "gshm_connect":
-            print(shown("gshm: cannot reach gshmd at %s: %s" % (e.filename, e.strerror)),
-                  file=sys.stderr)
-        else:
-            print(shown("gshm: %s (%s)" % (e.strerror, e.filename)), file=sys.stderr)
-        return EXIT_DENIED
+            return _report(args.json, EXIT_DENIED, e.errno, _unreached(e))
+        return _report(args.json, EXIT_DENIED, e.errno, "%s (%s)" % (e.strerror, e.filename))
     except Error as e:
-        print(shown("gshm: %s" % (e,)), file=sys.stderr)
-        return EXIT_ERROR
+        return _report(args.json, EXIT_ERROR, e.errno, str(e))
     except ImportError as e:  # libgshm not found: what to do, not a traceback
-        print(e, file=sys.stderr)
-        return EXIT_ERROR
+        return _report(args.json, EXIT_ERROR, 0, str(e), prefix="")
     if args.json:
         text = json.dumps(_json_text(result), indent=2)
     else:
         text = "\n".join(result)
-    return _write_output(text)
+    return _write_output(text, args.json)
 
 
-def _write_output(text: str) -> int:
+def _unreached(e: Error) -> str:
+    """gshmctl's words for a daemon not reached at e.filename: "cannot
+    reach gshmd at PATH: " and libgshm's explanation (gshm_connect's,
+    without its function name), or e's description for a daemon lost
+    after the connect."""
+    why = e.gshm_message if e.function == "gshm_connect" and e.gshm_message else e.strerror
+    return "cannot reach gshmd at %s: %s" % (e.filename, why)
+
+
+def errno_name(err: int) -> Optional[str]:
+    """The "errno" of gshmctl's JSON error for err (a positive errno):
+    libgshm's name for it ("ENOTSUP", never "EOPNOTSUPP"), Python's for
+    one that libgshm does not return itself, None for 0 or an unknown
+    one, or where libgshm cannot be loaded and Python knows none."""
+    if not err:
+        return None
+    try:
+        fn = optional_symbol("gshm_err_name")
+        name = fn(-err).decode() if fn is not None else "E?"
+    except (ImportError, OSError):
+        name = "E?"
+    return name if name != "E?" else errno.errorcode.get(err)
+
+
+def _report(js: bool, code: int, err: Optional[int], message: str, prefix: str = "gshm: ") -> int:
+    """Says an error on stderr and returns code (the exit status): with js,
+    gshmctl --json's one-line JSON error, {"schema_version": 1, "error":
+    {"exit_code", "errno" (errno_name(err)), "message"}} (README, "The
+    CLI"); else prefix and message, escaped as gshmctl's errors are."""
+    if js:
+        doc = {"schema_version": SCHEMA_VERSION,
+               "error": {"exit_code": code, "errno": errno_name(err or 0), "message": message}}
+        print(json.dumps(_json_text(doc), separators=(",", ":")), file=sys.stderr)
+    else:
+        print(shown(prefix + message), file=sys.stderr)
+    return code
+
+
+def _write_output(text: str, js: bool) -> int:
     """Prints text on stdout; EXIT_OK, or EXIT_ERROR where it could not be
-    written, as gshmctl: a full disk said once on stderr, a reader that
+    written, as gshmctl: a full disk said once on stderr (with js, as a
+    JSON error), a reader that
     went away (`| head`) quietly.  Either was a traceback, and another
     one from the interpreter's own flush at exit."""
     try:
@@ -225,7 +274,7 @@ def _write_output(text: str) -> int:
         except (OSError, ValueError):
             pass
         if not isinstance(e, BrokenPipeError):
-            print(shown("gshm: writing output: %s" % (e.strerror or e)), file=sys.stderr)
+            return _report(js, EXIT_ERROR, e.errno, "writing output: %s" % (e.strerror or e))
         return EXIT_ERROR
 
 

@@ -294,6 +294,7 @@ _OPTIONAL_PROTOTYPES = {
     "gshm_read": (_int, [_vp, _u64, _vp, ctypes.c_size_t]),
     "gshm_write": (_int, [_vp, _u64, _vp, ctypes.c_size_t]),
     "gshm_connect_explain": (_int, [ctypes.c_char_p, _int, ctypes.c_char_p, ctypes.c_size_t]),
+    "gshm_err_name": (ctypes.c_char_p, [_int]),
     "gshm_open_legacy_ipc": (_int, [_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint8 * 64),
                                     ctypes.POINTER(_vp)]),
     "gshm_copy": (_int, [_vp, _vp, ctypes.c_size_t, _int, _vp]),

@@ -1507,6 +1507,32 @@ def test_python_m_gshm_json_is_gshmctls(daemon, client, segname):
     client.unlink(segname + "/a")
 
 
+def test_python_m_gshm_json_errors_are_gshmctls(tmp_path):
+    """With --json an error of python -m gshm is gshmctl's JSON error, one
+    line on stderr with stdout empty: a daemon not reached (the same
+    document, message included) and a usage error (exit 2, EINVAL).
+    Before, both were text ("gshm: cannot reach gshmd at ...: gshm_connect:
+    ...", argparse's usage), which a script that parses stderr as gshmctl's
+    README says could not read."""
+    sock = str(tmp_path / "absent")
+    unreached = None
+    for verb, code in (("status", 3), ("bogus", 2)):
+        want = subprocess.run([gshm_testutil.gshmctl_path(), "--socket", sock, "--json", verb],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        p = _python_m_gshm("--socket", sock, "--json", verb)
+        assert (p.returncode, want.returncode) == (code, code), (p, want)
+        assert p.stdout == b"" and len(p.stderr.splitlines()) == 1, p
+        got, ref = json.loads(p.stderr), json.loads(want.stderr)
+        assert list(got) == list(ref) and list(got["error"]) == list(ref["error"]), (got, ref)
+        assert got["error"]["errno"] == ref["error"]["errno"], (got, ref)
+        if code == 3:
+            assert got == ref, (got, ref)
+            unreached = ref["error"]["message"]
+    # without --json, the same words as text
+    p = _python_m_gshm("--socket", sock)
+    assert p.returncode == 3 and p.stderr.decode() == "gshm: %s\n" % unreached, p.stderr
+
+
 def test_python_m_gshm_long_names_keep_columns(daemon, client):
     """A segment or client name longer than its column widens the column
     for every row, as in gshmctl: before, it pushed the later columns of
