@@ -253,6 +253,8 @@ class Client(object):
                hidden: bool = False) -> AnySegment:
         """Creates segment `name` of `size` bytes and opens it read-write.
 
+        size      bytes, an int (1 << 30 for gshmctl's "1G"): a str or bytes
+                  ("1G", even "4096") is a TypeError, as a mode string is.
         location  "host" (the default, as for gshm_create and gshmctl create),
                   "cuda:N" (the daemon's device index), "cuda:GPU-<uuid>",
                   or an int N for "cuda:N".
@@ -273,6 +275,9 @@ class Client(object):
             location = "cuda:%d" % location
         elif location is not None and not isinstance(location, (str, bytes)):
             location = str(location)
+        if isinstance(size, (str, bytes, bytearray)):
+            raise TypeError("gshm_create: size is bytes as an int, such as 1 << 30 (gshmctl's "
+                            "'1G'), not %r" % (size,))
         size = int(size)
         if size <= 0:
             raise InvalidArgument(22, "gshm_create: size must be > 0, not %d" % size, name)

@@ -815,6 +815,19 @@ def test_create_mode_as_a_string_refused(daemon, client, segname):
     assert segname not in [s.name for s in client.segments()]
 
 
+def test_create_size_as_a_string_refused(daemon, client, segname):
+    """A size written as gshmctl takes it ("1G") is a TypeError that says
+    what is taken (an int of bytes), as a mode string is, and so is one
+    of digits: before, "1G" failed inside int() ("invalid literal for
+    int() with base 10"), a ValueError naming neither size nor the way
+    out, and "4096" was read.  Nothing is created."""
+    for size in ("1G", "64M", "4096", b"4096", bytearray(b"1K")):
+        with pytest.raises(TypeError) as e:
+            client.create(segname, size, location="host")
+        assert "size is bytes as an int, such as 1 << 30" in str(e.value), e.value
+    assert segname not in [s.name for s in client.segments()]
+
+
 def test_pull_takes_names_as_bytes(daemon, client, segname):
     """A name may be str, bytes or path-like (as for create and open), in a
     pull too: its check of a trailing '/' called str.endswith on it, a
