@@ -1550,6 +1550,20 @@ static void pulled_by_peer(const gshm_pull_result_t *v, size_t n) {
   }
 }
 
+/* A set pull's set in words, into buf (cap bytes): "under PEER:PREFIX",
+ * or for the empty prefix (every segment the peers export) "from PEER
+ * (all it exports)": "under PEER:" made "pulled 2 segments under
+ * node7:: 3 MiB". */
+#define SET_NAMED_CAP (PULL_PEER_CAP + GSHM_NAME_MAX + 32)
+static const char *set_named(char *buf, size_t cap, const char *peer, const char *prefix) {
+  if (*prefix)
+    snprintf(buf, cap, "under %s:%s", peer, prefix);
+  else
+    snprintf(buf, cap, "from %s (all %s)", peer,
+             strchr(peer, ',') ? "they export" : "it exports");
+  return buf;
+}
+
 /* The summary of a set pull (--prefix); as: the local prefix (--as), or
  * NULL. */
 static int pulled_set(const char *peer, const char *prefix, const char *as,
@@ -1557,7 +1571,7 @@ static int pulled_set(const char *peer, const char *prefix, const char *as,
   uint64_t bytes = 0;
   double sec = n ? (double)v[0].elapsed_ns / 1e9 : 0;
   unsigned paths[3] = {0}, relayed = 0;
-  char sz[32], rel[160] = "", where[300] = "";
+  char sz[32], rel[160] = "", where[300] = "", set[SET_NAMED_CAP];
 
   for (size_t i = 0; i < n; i++) {
     bytes += v[i].bytes;
@@ -1587,9 +1601,10 @@ static int pulled_set(const char *peer, const char *prefix, const char *as,
              strchr(peer, ',') ? "their source" : peer);
   if (as && *as && strcmp(as, prefix)) /* (where the names are, --as another prefix) */
     snprintf(where, sizeof(where), " as '%s'", as);
-  say("pulled %zu segment%s under %s:%s%s: %s in %.3f s, %.2f GB/s (paths: %u host, %u staged, "
+  say("pulled %zu segment%s %s%s: %s in %.3f s, %.2f GB/s (paths: %u host, %u staged, "
       "%u direct%s)",
-      n, n == 1 ? "" : "s", peer, prefix, where, gshm__format_size(bytes, sz, sizeof(sz)), sec,
+      n, n == 1 ? "" : "s", set_named(set, sizeof(set), peer, prefix), where,
+      gshm__format_size(bytes, sz, sizeof(sz)), sec,
       sec > 0 ? (double)bytes / sec / 1e9 : 0, paths[0], paths[1], paths[2], rel);
   if (strchr(peer, ',')) /* several sources: what each gave */
     pulled_by_peer(v, n);
@@ -1763,10 +1778,15 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
       pull_bar_end(prefix, &r, v, n);
     fputc('\n', stderr);
   }
-  if (e == -ECANCELED && pull_signal)
-    return errorf(128 + pull_signal, e, "pull of %s%s:%s cancelled (%s): nothing was kept",
-                  prefix ? "the set under " : "", peer, colon + 1,
-                  pull_signal == SIGINT ? "SIGINT" : "SIGTERM");
+  if (e == -ECANCELED && pull_signal) {
+    char what[SET_NAMED_CAP];
+    if (prefix)
+      set_named(what, sizeof(what), peer, colon + 1);
+    else
+      snprintf(what, sizeof(what), "%s:%s", peer, colon + 1);
+    return errorf(128 + pull_signal, e, "pull of %s%s cancelled (%s): nothing was kept",
+                  prefix ? "the set " : "", what, pull_signal == SIGINT ? "SIGINT" : "SIGTERM");
+  }
   if (e && strcmp(gshm_last_error(c), GSHM_LOST_GSHMD_TEXT)) { /* gshmd's answer: as its log */
     char msg[768], hint[256];
     gshm__pull_failure_message(msg, sizeof(msg), prefix, colon + 1, peer, e, gshm_last_error(c));

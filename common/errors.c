@@ -70,8 +70,13 @@ char *gshm__pull_failure_message(char *buf, size_t len, bool prefix, const char 
                                  const char *peer, int err, const char *why) {
   bool has_why = why && *why;
 
-  snprintf(buf, len, "pull of %s'%s' from peer%s '%s' failed: %s%s%s",
-           prefix ? "the set under " : "", name, strchr(peer, ',') ? "s" : "", peer,
-           gshm__peer_failure_text(err), has_why ? ": " : "", has_why ? why : "");
+  if (prefix && !*name) /* (the empty prefix: "the set under ''" said nothing) */
+    snprintf(buf, len, "pull of every segment from peer%s '%s' failed: %s%s%s",
+             strchr(peer, ',') ? "s" : "", peer, gshm__peer_failure_text(err),
+             has_why ? ": " : "", has_why ? why : "");
+  else
+    snprintf(buf, len, "pull of %s'%s' from peer%s '%s' failed: %s%s%s",
+             prefix ? "the set under " : "", name, strchr(peer, ',') ? "s" : "", peer,
+             gshm__peer_failure_text(err), has_why ? ": " : "", has_why ? why : "");
   return buf;
 }

@@ -101,7 +101,8 @@ const char *gshm__peer_failure_text(int err);
  * NUL-terminated): "pull of [the set under ]'NAME' from peer 'PEER'
  * failed: CAUSE: WHY" (CAUSE: the table's text for err, else its errno
  * text; ": WHY" left out when why is NULL or empty; "from peers 'A,B'"
- * where PEER lists several).  prefix: a set pull (NAME is its prefix).
+ * where PEER lists several).  prefix: a set pull (NAME is its prefix;
+ * the empty prefix: "pull of every segment from peer 'PEER' failed").
  * Returns buf. */
 char *gshm__pull_failure_message(char *buf, size_t len, bool prefix, const char *name,
                                  const char *peer, int err, const char *why);

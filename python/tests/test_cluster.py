@@ -151,13 +151,17 @@ def test_pull_interrupted_while_reaching(silent_node):
 def test_gshmctl_pull_interrupted(silent_node):
     """gshmctl pull and Ctrl-C (SIGINT), or SIGTERM: the pull is cancelled
     (nothing kept), gshmctl says so and exits 130 (143).  Before: the
-    signal killed gshmctl mid-line (its progress bar unended)."""
+    signal killed gshmctl mid-line (its progress bar unended).  The set is
+    named as the summary names it: "under s:pub/x/", or for the empty
+    prefix "from s (all it exports)" (it said "under s:")."""
     import signal
     import subprocess
     import time
-    for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+    for sig, code, what, said in ((signal.SIGINT, 130, "s:pub/x/", b"the set under s:pub/x/ "),
+                                  (signal.SIGTERM, 143, "s:pub/x/", b"the set under s:pub/x/ "),
+                                  (signal.SIGINT, 130, "s:", b"the set from s (all it exports) ")):
         proc = subprocess.Popen([gshm_testutil.gshmctl_path(), "--socket", silent_node.socket,
-                                 "pull", "s:pub/x/", "--prefix"],
+                                 "pull", what, "--prefix"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         time.sleep(0.5)
         t0 = time.monotonic()
@@ -166,6 +170,7 @@ def test_gshmctl_pull_interrupted(silent_node):
         assert time.monotonic() - t0 < 2.0
         assert proc.returncode == code, (proc.returncode, err)
         assert b"cancelled" in err and b"nothing was kept" in err, err
+        assert b"pull of " + said + b"cancelled" in err, err
         assert _pulls_in_flight(silent_node) == 0
 
 

@@ -943,8 +943,40 @@ static void test_cancel_races(void **state) {
   gshm_disconnect(b);
 }
 
+/* The empty prefix, every segment the peer exports (docs/CLUSTER.md,
+ * gshmctl pull PEER: --prefix): gshmctl names the set "from a (all it
+ * exports)", and a failure "every segment from peer 'a'".  Before, it
+ * said "pulled 2 segments under a:: 12 KiB" and "pull of the set under
+ * '' from peer 'a' failed". */
+static void test_empty_prefix_named(void **state) {
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B);
+  const char *pull[] = {"pull", "a:", "--prefix", "--as", "all/", NULL};
+  char *out = NULL;
+  (void)state;
+
+  make_segment(a, "pub/all/one", 4096, 301);
+  make_segment(a, "pub/all/two", 8192, 302);
+  assert_int_equal(harness_gshmctl(&B.h, &out, pull), 0);
+  assert_non_null(strstr(out, " segments from a (all it exports) as 'all/': "));
+  assert_null(strstr(out, "a::"));
+  free(out);
+  assert_int_equal(count_named(b, "all/pub/all/"), 2);
+  /* again: the names are taken here now */
+  assert_int_equal(harness_gshmctl_stderr(&B.h, &out, pull, true), 1);
+  assert_non_null(strstr(out, "pull of every segment from peer 'a' failed: segment exists"));
+  assert_null(strstr(out, "''"));
+  free(out);
+  unlink_under(b, "all/");
+  unlink_under(a, "pub/all/");
+  gshm_disconnect(a);
+  gshm_disconnect(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      /* first: it pulls all A exports, which the others leave more of,
+       * into B, whose limits test_set_over_limit lowers */
+      cmocka_unit_test(test_empty_prefix_named),
       cmocka_unit_test(test_invisible_while_pulling),
       cmocka_unit_test(test_killed_mid_pull_restart),
       cmocka_unit_test(test_set_all_at_once),
