@@ -56,14 +56,29 @@ def _s(n: int) -> str:
     return "" if n == 1 else "s"
 
 
+#: StatusInfo.gpu_fault's start where gshmd's CUDA driver did not start
+#: (GSHM_GPU_FAULT_NO_DRIVER, common/util.h)
+_NO_DRIVER = "no driver: "
+
+
 def status_lines(st: StatusInfo) -> List[str]:
-    """gshmctl status's three lines for st."""
+    """gshmctl status's lines for st: three, and while the GPUs are
+    unusable (st.gpu_fault) the fourth that says so, third."""
     gpus = "GPU" if st.devices == 1 else "GPUs"
-    return ["gshmd %s, pid %d, up since %s" % (st.version, st.pid, _when(st.started_ns)),
-            "backends: %s (%d %s)" % (",".join(st.backends), st.devices, gpus),
-            "%d client%s, %d segment%s (%s), %d lease%s"
-            % (st.clients, _s(st.clients), st.segments, _s(st.segments), _size(st.bytes),
-               st.leases, _s(st.leases))]
+    out = ["gshmd %s, pid %d, up since %s" % (st.version, st.pid, _when(st.started_ns)),
+           "backends: %s (%d %s)" % (",".join(st.backends), st.devices, gpus)]
+    if st.gpu_fault:  # (gshmctl's gpu_fault_what and gpu_fault_why)
+        if st.gpu_fault.startswith(_NO_DRIVER):
+            what, why = "the CUDA driver did not start with gshmd", st.gpu_fault[len(_NO_DRIVER):]
+        else:
+            what, why = "a sticky CUDA error at gshmd's start", st.gpu_fault
+        out.append("GPUs unusable: %s (%s); device segments are parked (listed, not opened) and "
+                   "device creates refused until the GPUs work again and gshmd restarts"
+                   % (what, why))
+    out.append("%d client%s, %d segment%s (%s), %d lease%s"
+               % (st.clients, _s(st.clients), st.segments, _s(st.segments), _size(st.bytes),
+                  st.leases, _s(st.leases)))
+    return out
 
 
 def _unprintable(cp: int) -> bool:

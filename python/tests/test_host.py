@@ -1546,6 +1546,34 @@ def test_python_m_gshm_json_errors_are_gshmctls(tmp_path):
     assert p.returncode == 3 and p.stderr.decode() == "gshm: %s\n" % unreached, p.stderr
 
 
+def test_python_m_gshm_status_says_gpus_unusable():
+    """While gshmd's GPUs are unusable (StatusInfo.gpu_fault), python -m
+    gshm status says so in gshmctl status's words, between the backends
+    and the totals (tests/integration/test_sticky_restart.c checks
+    gshmctl's on a fake driver).  Before, it printed the three lines of a
+    healthy gshmd: a container's check saw nothing wrong."""
+    from gshm import StatusInfo
+    from gshm.__main__ import status_lines
+    base = dict(version="0.1.0", pid=7, started_ns=0, clients=1, segments=2, leases=0,
+                devices=0, bytes=8192, backends=("host", "cuda"))
+    for fault, said in (("", None),
+                        ("0000:18:00.0: CUDA_ERROR_ECC_UNCORRECTABLE",
+                         "GPUs unusable: a sticky CUDA error at gshmd's start (0000:18:00.0: "
+                         "CUDA_ERROR_ECC_UNCORRECTABLE); device segments are parked (listed, "
+                         "not opened) and device creates refused until the GPUs work again and "
+                         "gshmd restarts"),
+                        ("no driver: cuInit failed: no NVIDIA GPU",
+                         "GPUs unusable: the CUDA driver did not start with gshmd (cuInit "
+                         "failed: no NVIDIA GPU); device segments are parked")):
+        lines = status_lines(StatusInfo(gpu_fault=fault, **base))
+        assert lines[1] == "backends: host,cuda (0 GPUs)", lines
+        assert lines[-1] == "1 client, 2 segments (8 KiB), 0 leases", lines
+        if said is None:
+            assert len(lines) == 3, lines
+        else:
+            assert len(lines) == 4 and lines[2].startswith(said), lines
+
+
 def test_python_m_gshm_long_names_keep_columns(daemon, client):
     """A segment or client name longer than its column widens the column
     for every row, as in gshmctl: before, it pushed the later columns of
