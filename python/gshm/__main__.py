@@ -23,6 +23,7 @@ import errno
 import json
 import os
 import sys
+import time
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
 from ._client import Client
@@ -122,26 +123,46 @@ def _json_text(v: Any) -> Any:
     return v
 
 
+def _age(ns: int) -> str:
+    """How long ago ns (ns since the epoch) was, as gshmctl's AGE and SINCE
+    columns say it: "42s" under two minutes, "17m" under two hours, "5h"
+    under two days, else "3d"."""
+    s = max(0, (time.time_ns() - ns) // 1_000_000_000)
+    if s < 120:
+        return "%ds" % s
+    if s < 7200:
+        return "%dm" % (s // 60)
+    if s < 172800:
+        return "%dh" % (s // 3600)
+    return "%dd" % (s // 86400)
+
+
 def segment_lines(segs: Sequence[SegmentInfo]) -> List[str]:
-    """gshmctl segments's table: a name longer than its column widens it."""
-    w = max([30] + [len(shown(s.name)) for s in segs])
-    out = ["%-6s %-*s %12s %-12s %6s %6s %4s %-8s %6s"
-           % ("ID", w, "NAME", "SIZE", "LOCATION", "UID", "GID", "MODE", "STATE", "LEASES")]
+    """gshmctl segments's table (cmd_segments): its columns and widths, AGE
+    last and "  from SOURCE" after it for a pulled segment; a name longer
+    than its column widens it."""
+    w = max([28] + [len(shown(s.name)) for s in segs])
+    out = ["%-6s %-*s %10s %-10s %6s %6s %4s %-8s %6s %s"
+           % ("ID", w, "NAME", "SIZE", "LOCATION", "UID", "GID", "MODE", "STATE", "LEASES", "AGE")]
     for s in segs:
-        loc = s.location if s.is_host else "cuda:%d" % s.device_index
-        out.append("%-6d %-*s %12s %-12s %6d %6d %04o %-8s %6d"
+        loc = "cuda:%d" % s.device_index if s.device_index >= 0 else "host"
+        out.append("%-6d %-*s %10s %-10s %6d %6d %04o %-8s %6d %s%s"
                    % (s.id, w, shown(s.name), _size(s.size), loc, s.uid, s.gid, s.mode,
-                      "unlinked" if s.unlinked else "live", s.leases))
+                      "unlinked" if s.unlinked else "live", s.leases, _age(s.created_ns),
+                      "  from " + shown(s.source) if s.source else ""))
     return out
 
 
 def client_lines(clients: Sequence[ClientInfo]) -> List[str]:
-    """gshmctl clients's table: a name longer than its column widens it."""
+    """gshmctl clients's table (cmd_clients): its columns, SINCE included;
+    a name longer than its column widens it."""
     w = max([20] + [len(shown(c.name)) for c in clients])
-    out = ["%-8s %8s %6s %6s %-*s %6s" % ("SESSION", "PID", "UID", "GID", w, "NAME", "LEASES")]
+    out = ["%-8s %8s %6s %6s %-*s %-6s %s"
+           % ("SESSION", "PID", "UID", "GID", w, "NAME", "SINCE", "LEASES")]
     for c in clients:
-        out.append("%-8d %8d %6d %6d %-*s %6d"
-                   % (c.session_id, c.pid, c.uid, c.gid, w, shown(c.name), c.leases))
+        out.append("%-8d %8d %6d %6d %-*s %-6s %d"
+                   % (c.session_id, c.pid, c.uid, c.gid, w, shown(c.name), _age(c.since_ns),
+                      c.leases))
     return out
 
 
