@@ -66,17 +66,21 @@ const char *gshm__peer_failure_text(int err) {
   return cause ? cause : gshm__strerror(err);
 }
 
+char *gshm__pull_what(char *buf, size_t len, bool prefix, const char *name) {
+  if (prefix && !*name)
+    snprintf(buf, len, "every segment");
+  else
+    snprintf(buf, len, "%s'%s'", prefix ? "the set under " : "", name);
+  return buf;
+}
+
 char *gshm__pull_failure_message(char *buf, size_t len, bool prefix, const char *name,
                                  const char *peer, int err, const char *why) {
+  char what[GSHM__PULL_WHAT_CAP];
   bool has_why = why && *why;
 
-  if (prefix && !*name) /* (the empty prefix: "the set under ''" said nothing) */
-    snprintf(buf, len, "pull of every segment from peer%s '%s' failed: %s%s%s",
-             strchr(peer, ',') ? "s" : "", peer, gshm__peer_failure_text(err),
-             has_why ? ": " : "", has_why ? why : "");
-  else
-    snprintf(buf, len, "pull of %s'%s' from peer%s '%s' failed: %s%s%s",
-             prefix ? "the set under " : "", name, strchr(peer, ',') ? "s" : "", peer,
-             gshm__peer_failure_text(err), has_why ? ": " : "", has_why ? why : "");
+  snprintf(buf, len, "pull of %s from peer%s '%s' failed: %s%s%s",
+           gshm__pull_what(what, sizeof(what), prefix, name), strchr(peer, ',') ? "s" : "", peer,
+           gshm__peer_failure_text(err), has_why ? ": " : "", has_why ? why : "");
   return buf;
 }

@@ -97,13 +97,21 @@ const char *gshm__pull_failure_label(enum gshm_pull_failure f);
  * -ECONNRESET), else its errno text (gshm__strerror).  Never NULL. */
 const char *gshm__peer_failure_text(int err);
 
+/* What a pull asked for, in words, into buf (len bytes, truncated,
+ * NUL-terminated): "'NAME'" (one segment), "the set under 'PREFIX'"
+ * (prefix), or "every segment" for the empty prefix (all a peer
+ * exports: "under ''" said nothing).  Returns buf.  GSHM__PULL_WHAT_CAP
+ * holds the words around a name of up to 255 bytes (gshm.h's
+ * GSHM_NAME_MAX, which common/ does not include). */
+#define GSHM__PULL_WHAT_CAP 288
+char *gshm__pull_what(char *buf, size_t len, bool prefix, const char *name);
+
 /* The one wording of a failed pull, into buf (len bytes, truncated,
  * NUL-terminated): "pull of [the set under ]'NAME' from peer 'PEER'
  * failed: CAUSE: WHY" (CAUSE: the table's text for err, else its errno
  * text; ": WHY" left out when why is NULL or empty; "from peers 'A,B'"
- * where PEER lists several).  prefix: a set pull (NAME is its prefix;
- * the empty prefix: "pull of every segment from peer 'PEER' failed").
- * Returns buf. */
+ * where PEER lists several; the set as gshm__pull_what says it).
+ * prefix: a set pull (NAME is its prefix).  Returns buf. */
 char *gshm__pull_failure_message(char *buf, size_t len, bool prefix, const char *name,
                                  const char *peer, int err, const char *why);
 

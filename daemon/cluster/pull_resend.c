@@ -115,6 +115,7 @@ int gshmd__pull_resent(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_
   uint8_t key[GSHMD_MEMO_TOKEN_BYTES];
   struct gshmd_segment *seg;
   char remote[sizeof(((struct pull *)0)->remote_name)];
+  char what[GSHM__PULL_WHAT_CAP];
   uint64_t id;
 
   if (m->token.len && m->token.len != GSHM_PULL_TOKEN_BYTES) {
@@ -127,9 +128,9 @@ int gshmd__pull_resent(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_
   seg = gshmd_registry_find_id(cl->reg, id);
   /* (unlinked since, or its name given to another: pulled again) */
   if (!still_published(seg, c, m, local, remote, sizeof(remote))) {
-    gshm_log_info("cluster: pull of %s'%s' sent again by pid %d (its token is an earlier "
+    gshm_log_info("cluster: pull of %s sent again by pid %d (its token is an earlier "
                   "pull's): that one's segment id %" PRIu64 " is gone; pulled again",
-                  m->prefix ? "the set under " : "", m->name, (int)c->cred.pid, id);
+                  gshm__pull_what(what, sizeof(what), m->prefix, m->name), (int)c->cred.pid, id);
     return 0;
   }
   gshmd_segment_to_info(seg, &info);
@@ -148,11 +149,11 @@ int gshmd__pull_resent(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_
   reply.status = GSHM__STATUS__STATUS_OK;
   reply.body_case = GSHM__REPLY__BODY_PULL_RESULT;
   reply.pull_result = &res;
-  gshm_log_notice("cluster: pull of %s'%s' from peer '%s' sent again by pid %d (its token is an "
+  gshm_log_notice("cluster: pull of %s from peer '%s' sent again by pid %d (its token is an "
                   "earlier pull's: a reply lost to a restart): answered with the segment that "
                   "one published, '%s' id %" PRIu64,
-                  m->prefix ? "the set under " : "", m->name, m->peer, (int)c->cred.pid,
-                  seg->name, seg->id);
+                  gshm__pull_what(what, sizeof(what), m->prefix, m->name), m->peer,
+                  (int)c->cred.pid, seg->name, seg->id);
   cl->reply(cl->reply_arg, c, GSHM_WIRE_PULL, request_id, &reply);
   return 1;
 }

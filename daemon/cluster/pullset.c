@@ -386,6 +386,7 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   unsigned npeers;
   struct gshm_location loc;
   struct pull_set *s;
+  char what[GSHM__PULL_WHAT_CAP];
   int e;
 
   if ((e = gshmd__pull_sources_parse(cl, m, peers, &npeers, msg_out)))
@@ -439,10 +440,10 @@ int gshmd__pull_start(struct gshmd_cluster *cl, struct gshmd_client *c, uint32_t
   s->window = GRANTS_AHEAD;
   s->retry_tail = &s->retry;
   gshm_list_add_tail(&cl->pulls, &s->node);
-  gshm_log_info("cluster: uid %u pid %d asks to pull %s'%s' from peer%s '%s' as '%s'%s",
-                (unsigned)c->cred.uid, (int)c->cred.pid, s->prefix ? "every segment under " : "",
-                s->name, npeers > 1 ? "s" : "", s->peers_text, s->local,
-                s->replace ? " (replacing)" : "");
+  gshm_log_info("cluster: uid %u pid %d asks to pull %s from peer%s '%s' as '%s'%s",
+                (unsigned)c->cred.uid, (int)c->cred.pid,
+                gshm__pull_what(what, sizeof(what), s->prefix, s->name), npeers > 1 ? "s" : "",
+                s->peers_text, s->local, s->replace ? " (replacing)" : "");
   if (s->prefix) {
     s->listing = true;
     list_next(s, 0);
@@ -458,7 +459,7 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
   struct gshmd_segment **segs = calloc(s->n, sizeof(*segs));
   const char *msg = NULL;
   unsigned served = 0; /* (bits of s->peers) */
-  char sz[32];
+  char sz[32], what[GSHM__PULL_WHAT_CAP];
   int e;
 
   if (!segs) {
@@ -490,9 +491,9 @@ static int set_succeeded(struct pull_set *s, int64_t ns) {
   }
   for (unsigned k = 0; k < s->npeers; k++)
     s->peers[k]->pulls_ok += (served >> k) & 1;
-  gshm_log_info("cluster: pulled %s'%s' from peer%s '%s' into '%s': %zu segment(s), %s in "
+  gshm_log_info("cluster: pulled %s from peer%s '%s' into '%s': %zu segment(s), %s in "
                 "%.3f s (%.2f GB/s)",
-                s->prefix ? "every segment under " : "", s->name, s->npeers > 1 ? "s" : "",
+                gshm__pull_what(what, sizeof(what), s->prefix, s->name), s->npeers > 1 ? "s" : "",
                 s->peers_text, s->local, s->n,
                 gshm__format_size(s->done, sz, sizeof(sz)), (double)ns / 1e9,
                 ns > 0 ? (double)s->done / (double)ns : 0.0);

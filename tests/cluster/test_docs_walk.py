@@ -149,6 +149,10 @@ def main():
              "CLUSTER.md: the pull of all node7 exports")
         want(re.search(r"^\d+ +n7/llama/x .* from node7:llama/x#\d+\.\d+$", out, re.M),
              "CLUSTER.md: segments does not list n7/llama/x from node7")
+        # the gshmd's log on the terminal names that pull "every segment", not "under ''"
+        want("asks to pull every segment from peer 'node7' as 'n7/'" in out
+             and "pulled every segment from peer 'node7' into 'n7/'" in out and "''" not in out,
+             "CLUSTER.md: node5's log of the pull of all node7 exports")
     for f in failures:
         print("FAIL: " + f)
     return 1 if failures else 0
