@@ -69,6 +69,7 @@ struct gshmd_config {
   uint32_t max_connections;        /* default 4096 */
   uint32_t admin_connections;      /* of those, kept for root and admins: default 64 */
   uint32_t max_segments;           /* default 65536; also sizes FileDescriptorStoreMax */
+  uint32_t admin_segments;         /* of those, kept for root and admins: default 64 */
   uint32_t max_fds_per_connection; /* fds a client may send in one packet: 0 */
   uint32_t max_packet;             /* bytes, default 65536 */
   uint32_t max_name;               /* bytes, default 255 */

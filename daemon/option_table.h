@@ -154,6 +154,11 @@
     "2084172 at max_name 255, beyond which LISTEN_FDNAMES could not be handed " \
     "back and gshmd refuses to start. RLIMIT_NOFILE must exceed it: the "       \
     "buckets' fds count as in flight.")                                         \
+  X(limits, admin_segments, U32, admin_segments, "64", 0, 16777215, NULL,      \
+    "Segments of max_segments that only root and members of "                   \
+    "daemon.admin_group may create (or pull), so that an admin can still make " \
+    "segments (a recovery's, a pull's) when other users hold all the rest; at " \
+    "most a quarter of max_segments is kept.")                                  \
   X(limits, max_fds_per_connection, U32, max_fds_per_connection, "0", 0, 253,   \
     NULL,                                                                       \
     "File descriptors a client may send in one packet; a client that sends "   \

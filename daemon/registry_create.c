@@ -34,6 +34,32 @@ static int quota_check(struct gshmd_registry *r, uid_t uid, uint64_t quota, uint
   return -EDQUOT;
 }
 
+/* limits.max_segments, of which the last limits.admin_segments (at most
+ * a quarter) only root and the admin group may take: one user (or all
+ * together) filling the rest leaves an admin room to create and pull.
+ * 0, or -EMFILE with *msg_out saying which limit, to a user who is not
+ * an admin what to do. */
+static int segments_check(struct gshmd_registry *r, const struct gshmd_client *c,
+                          const char **msg_out) {
+  uint32_t max = r->cfg->max_segments, reserve = r->cfg->admin_segments;
+  uint32_t n = r->nsegments + r->nhidden;
+
+  if (reserve > max / 4)
+    reserve = max / 4;
+  if (!max || n < (c->cred.admin ? max : max - reserve))
+    return 0;
+  if (c->cred.admin || !reserve)
+    *msg_out = gshmd__reg_fmt_msg(r, "the daemon holds %u segment%s, its limit "
+                                  "(limits.max_segments)", n, gshm__plural(n));
+  else
+    *msg_out = gshmd__reg_fmt_msg(r, "the daemon holds %u segment%s: the last %u of its limit "
+                                  "of %u (limits.max_segments) are kept for root and "
+                                  "daemon.admin_group (limits.admin_segments); unlink segments "
+                                  "no longer needed, or ask an admin to raise "
+                                  "limits.max_segments", n, gshm__plural(n), reserve, max);
+  return -EMFILE;
+}
+
 /* The checks of a create request on its own: name, size, mode, flags,
  * the daemon's size limit and the location, parsed into *loc.  0 or
  * negative errno with *msg_out set. */
@@ -202,12 +228,8 @@ int gshmd__reg_segment_new(struct gshmd_registry *r, struct gshmd_client *c,
     return e;
   if (!hidden && (seg = gshmd_registry_find_name(r, req->name)))
     return name_taken(r, c, req, &loc, seg, seg_out, msg_out);
-  if (cfg->max_segments && r->nsegments + r->nhidden >= cfg->max_segments) {
-    *msg_out = gshmd__reg_fmt_msg(r, "the daemon holds %u segment%s, its limit "
-                                  "(limits.max_segments)",
-                                  r->nsegments, gshm__plural(r->nsegments));
-    return -EMFILE;
-  }
+  if ((e = segments_check(r, c, msg_out)))
+    return e;
   cuda = loc.kind != GSHM_LOCATION_HOST;
   if ((e = create_backend(r, cuda, &b, msg_out)))
     return e;
