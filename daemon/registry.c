@@ -276,6 +276,28 @@ bool gshmd_registry_may_see(const struct gshmd_client *c, const struct gshmd_seg
          gshmd_registry_may_access(c, seg, GSHM__ACCESS__ACCESS_READ);
 }
 
+struct gshmd_segment *gshmd_registry_find_id_for(struct gshmd_registry *r,
+                                                 const struct gshmd_client *c, uint64_t id) {
+  struct gshmd_segment *seg = gshmd_registry_find_id(r, id);
+
+  return seg && (gshmd_registry_may_see(c, seg) || gshmd_registry_holds(c, seg)) ? seg : NULL;
+}
+
+bool gshmd_registry_holds(const struct gshmd_client *c, const struct gshmd_segment *seg) {
+  const struct gshm_list *head = c->nleases < seg->nleases ? &c->leases : &seg->leases;
+  bool by_client = head == &c->leases;
+  const struct gshm_list *pos;
+
+  /* (the shorter list: a client that holds nothing walks nothing) */
+  for (pos = head->next; pos != head; pos = pos->next) {
+    const struct gshmd_lease *l = by_client ? gshm_list_entry(pos, struct gshmd_lease, client_node)
+                                            : gshm_list_entry(pos, struct gshmd_lease, seg_node);
+    if (l->seg == seg && l->client == c)
+      return true;
+  }
+  return false;
+}
+
 struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name) {
   struct gshmd_segment key = {.name = (char *)name}, **slot;
   slot = tfind(&key, &r->by_name, gshmd__reg_cmp_name);
@@ -344,6 +366,32 @@ int gshmd__reg_lease_add(struct gshmd_registry *r, struct gshmd_client *c, struc
   return 0;
 }
 
+/* An open of seg by c that its mode refuses (by id when by_id): -EACCES
+ * with the owner, group and mode in *msg_out only for a client that may
+ * see them; by id, to one that may not, the answer of an id not in use
+ * (-ESTALE, GSHMD_ID_GONE): ids are counted up, and -EACCES told which of
+ * them are other users' live segments. */
+static int open_refused(struct gshmd_registry *r, const struct gshmd_client *c,
+                        const struct gshmd_segment *seg, bool by_id, int access,
+                        const char **msg_out) {
+  bool unseen = !gshmd_registry_may_see(c, seg);
+  const char *how = access == GSHM__ACCESS__ACCESS_READ ? "read" : "read-write";
+
+  gshm_log_notice("denied: pid %d uid %u %s open of '%s'", (int)c->cred.pid,
+                  (unsigned)c->cred.uid, access == GSHM__ACCESS__ACCESS_READ ? "read" : "rw",
+                  seg->name);
+  if (unseen && by_id) {
+    *msg_out = GSHMD_ID_GONE;
+    return -ESTALE;
+  }
+  *msg_out = unseen ? "permission denied"
+                    : gshmd__reg_fmt_msg(r, "segment '%s' (uid %u, gid %u, mode %04o) refuses %s "
+                                         "access to uid %u", seg->name, (unsigned)seg->uid,
+                                         (unsigned)seg->gid, seg->mode, how,
+                                         (unsigned)c->cred.uid);
+  return -EACCES;
+}
+
 int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
                         const Gshm__OpenRequest *req, struct gshmd_lease **lease_out,
                         const char **msg_out) {
@@ -362,7 +410,7 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
   if (req->segment_id) {
     seg = gshmd_registry_find_id(r, req->segment_id);
     if (!seg || (req->generation && seg->generation != req->generation)) {
-      *msg_out = "segment is gone (revoked, or freed while the daemon restarted)";
+      *msg_out = GSHMD_ID_GONE;
       return -ESTALE;
     }
     /* A re-take that proves its grant keeps the grant's access: a lease is
@@ -386,22 +434,8 @@ int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
       return gshmd__reg_no_segment(r, req->name, msg_out);
     }
   }
-  if (!granted && !gshmd_registry_may_access(c, seg, access)) {
-    /* The owner, group and mode only to a client that may see them. */
-    *msg_out =
-        !gshmd_registry_may_see(c, seg)
-            ? "permission denied"
-            : gshmd__reg_fmt_msg(r,
-                                 "segment '%s' (uid %u, gid %u, mode %04o) refuses %s access to "
-                                 "uid %u",
-                                 seg->name, (unsigned)seg->uid, (unsigned)seg->gid, seg->mode,
-                                 access == GSHM__ACCESS__ACCESS_READ ? "read" : "read-write",
-                                 (unsigned)c->cred.uid);
-    gshm_log_notice("denied: pid %d uid %u %s open of '%s'", (int)c->cred.pid,
-                    (unsigned)c->cred.uid, access == GSHM__ACCESS__ACCESS_READ ? "read" : "rw",
-                    seg->name);
-    return -EACCES;
-  }
+  if (!granted && !gshmd_registry_may_access(c, seg, access))
+    return open_refused(r, c, seg, req->segment_id != 0, access, msg_out);
   /* An unlinked segment has no name: like an unlinked file, nobody opens
    * it anew, only its holders re-take their grants with their tokens.
    * Else any user its mode allowed could open it by id (ids are counted

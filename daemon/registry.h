@@ -312,8 +312,9 @@ void gshmd_registry_release_replaced(struct gshmd_registry *r, struct gshmd_segm
  * unlinked segment is only for its owner and admins (and, during a
  * restart's grace period, for anyone its mode allows).  Errors: -EINVAL
  * bad access or name, -ENAMETOOLONG, -ENOENT no such name, -ESTALE the id
- * is gone, has another generation, or is unlinked and c may not open it
- * anew, -EACCES, -ENOTSUP legacy IPC not allowed, -EDQUOT quota.leases,
+ * is gone, has another generation, is one c may not see (GSHMD_ID_GONE)
+ * and its mode refuses, or is unlinked and c may not open it anew,
+ * -EACCES, -ENOTSUP legacy IPC not allowed, -EDQUOT quota.leases,
  * -ENOMEM. */
 int gshmd_registry_open(struct gshmd_registry *r, struct gshmd_client *c,
                         const Gshm__OpenRequest *req, struct gshmd_lease **lease_out,
@@ -384,6 +385,21 @@ bool gshmd_registry_may_access(const struct gshmd_client *c, const struct gshmd_
 bool gshmd_registry_may_see(const struct gshmd_client *c, const struct gshmd_segment *seg);
 /* Whether c may unlink, chmod, chown or replace seg: its owner or an admin. */
 bool gshmd_registry_may_manage(const struct gshmd_client *c, const struct gshmd_segment *seg);
+/* Whether c holds a lease on seg (a walk of the shorter of their lease
+ * lists). */
+bool gshmd_registry_holds(const struct gshmd_client *c, const struct gshmd_segment *seg);
+
+/* The segment of id as c may know it: NULL where none has that id, and
+ * where c may not see it and holds no lease on it (a holder whose
+ * segment was chmod'ed since still finds it: gshm.h gshm_stat's
+ * -EACCES).  The stat by id's lookup. */
+struct gshmd_segment *gshmd_registry_find_id_for(struct gshmd_registry *r,
+                                                 const struct gshmd_client *c, uint64_t id);
+
+/* What a request by segment id is answered (-ESTALE) for an id that names
+ * no segment, or one the requester may not see (gshmd_registry_may_see)
+ * and holds no lease on: the two are told apart by nobody. */
+#define GSHMD_ID_GONE "segment is gone (revoked, or freed while the daemon restarted)"
 
 /* At restore: seg (adopted, linked) loses its name to a newer segment that
  * holds the same one, which can only have been created after seg was

@@ -228,11 +228,11 @@ static int handle_stat(struct req *q, Gshm__StatRequest *m) {
   struct gshmd_registry *r = q->c->srv->reg;
   struct gshmd_segment *seg;
 
-  seg = m->segment_id ? gshmd_registry_find_id(r, m->segment_id)
+  seg = m->segment_id ? gshmd_registry_find_id_for(r, q->c->client, m->segment_id)
                       : gshmd_registry_find_name(r, m->name);
   if (!seg) {
     if (m->segment_id)
-      return set_error(q, -ESTALE, "segment is gone");
+      return set_error(q, -ESTALE, GSHMD_ID_GONE);
     snprintf(q->msg, sizeof(q->msg), "no segment named '%.200s'", m->name);
     return set_error(q, -ENOENT, q->msg);
   }

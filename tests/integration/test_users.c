@@ -559,6 +559,92 @@ static void test_unlinked_is_not_opened_anew(void **state) {
   unlinked_case("r/unlinked-0644", false);
 }
 
+/* On raw connection fd: a STAT (open false) or read OPEN (true) of
+ * segment id; the reply's status, its message into msg (cap bytes). */
+static int by_id(int fd, uint64_t id, bool open, char *msg, size_t cap) {
+  Gshm__StatRequest st = GSHM__STAT_REQUEST__INIT;
+  Gshm__OpenRequest o = GSHM__OPEN_REQUEST__INIT;
+  Gshm__Reply *r;
+  int status;
+
+  st.name = o.name = "";
+  st.segment_id = o.segment_id = id;
+  o.access = GSHM__ACCESS__ACCESS_READ;
+  if (open ? gshm__wire_send(fd, GSHM_WIRE_OPEN, 2, &o.base, -1)
+           : gshm__wire_send(fd, GSHM_WIRE_STAT, 2, &st.base, -1))
+    return -1;
+  r = raw_reply(fd);
+  status = r->status;
+  snprintf(msg, cap, "%s", r->message ? r->message : "");
+  gshm__reply__free_unpacked(r, NULL);
+  return status;
+}
+
+/* As a uid that may not see segment id arg: its STAT and its OPEN by id
+ * are answered as those of an id never used (arg + 1,000,000): STALE,
+ * word for word.  0, or 10 + what differed (1 STAT, 2 OPEN). */
+static int ids_look_alike(const char *arg) {
+  uint64_t id = strtoull(arg, NULL, 10);
+  int fd = raw_connect(h->socket_path);
+
+  for (int open = 0; open < 2; open++) {
+    char msg[2][256];
+    int st = by_id(fd, id, open, msg[0], sizeof(msg[0]));
+    int none = by_id(fd, id + 1000000, open, msg[1], sizeof(msg[1]));
+    fprintf(stderr, "%s by id: %d '%s'; unused id: %d '%s'\n", open ? "open" : "stat", st,
+            msg[0], none, msg[1]);
+    if (st != GSHM__STATUS__STATUS_STALE || none != st || strcmp(msg[0], msg[1]))
+      return 11 + open;
+  }
+  close(fd);
+  return 0;
+}
+
+/* As uid B: a read lease of ids/shared (0644, root's); after the parent's
+ * step (a chmod 0600) its gshm_stat says -EACCES (gshm.h), as documented
+ * for a holder, not -ESTALE: it holds the segment. */
+static void holder_stats(struct harness_kid *k, void *arg) {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  gshm_segment_info_t info;
+
+  if (gshm_connect(arg, "holder", &c) || gshm_open(c, "ids/shared", GSHM_ACCESS_READ, &s) ||
+      gshm_stat(s, &info) || harness_kid_step(k->out) || !harness_kid_await(k->in, 60000))
+    _exit(2);
+  _exit(gshm_stat(s, &info) == -EACCES ? 0 : 3);
+}
+
+/* Segment ids are counted up: a STAT or OPEN by id answered
+ * PERMISSION_DENIED for a segment the asker may not see and STALE for an
+ * id not in use told any user which ids were other users' live
+ * segments.  Now both are STALE with the same message; a holder whose
+ * segment was chmod'ed since still gets -EACCES from gshm_stat. */
+static void test_ids_tell_nothing(void **state) {
+  struct harness_kid k;
+  gshm_client_t *root;
+  gshm_segment_t *s, *shared;
+  char arg[32];
+
+  (void)state;
+  need_root();
+  assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
+  assert_int_equal(gshm_create(root, "ids/private", 4096, NULL, 0600, 0, &s), 0);
+  snprintf(arg, sizeof(arg), "%" PRIu64, gshm_segment_info(s)->id);
+  assert_int_equal(child_as(UID_B, UID_B, B_alone.groups, 1, ids_look_alike, arg), 0);
+  /* the holder's documented -EACCES stays */
+  assert_int_equal(gshm_create(root, "ids/shared", 4096, NULL, 0644, 0, &shared), 0);
+  assert_int_equal(harness_kid_start(&k, UID_B, UID_B, holder_stats, (void *)h->socket_path), 0);
+  assert_true(harness_kid_await(k.from_kid, 60000));
+  assert_int_equal(gshm_chmod(root, "ids/shared", 0600), 0);
+  harness_kid_step(k.to_kid);
+  assert_int_equal(harness_kid_wait(&k), 0);
+  gshm_close(shared);
+  gshm_close(s);
+  assert_int_equal(gshm_unlink(root, "ids/shared"), 0);
+  assert_int_equal(gshm_unlink(root, "ids/private"), 0);
+  gshm_disconnect(root);
+}
+
 /* A read-only lease: writes are refused, and so is reopening its fd
  * read-write through /proc/self/fd (the memfd's inode is 0600, gshmd's). */
 static int try_reopen_rw(const char *socket_path) {
@@ -1237,6 +1323,7 @@ int main(void) {
       cmocka_unit_test(test_client_uid),
       cmocka_unit_test(test_unlinked_is_not_opened_anew),
       cmocka_unit_test(test_unlinked_not_opened_anew_after_restart),
+      cmocka_unit_test(test_ids_tell_nothing),
       cmocka_unit_test(test_listing_walks_a_bounded_part),
       cmocka_unit_test(test_setgid_ignores_environment),
       cmocka_unit_test(test_fair_defaults),
