@@ -55,8 +55,9 @@ static const struct cg_files cg_v1 = {"/sys/fs/cgroup/memory",
 
 /* One level of gshmd's cgroup (its own, then each ancestor's). */
 struct cg_level {
-  int fd[3]; /* cg_files.file[]; -1: missing (looked up again at each read) */
-  int dir;   /* the level's folder (O_PATH) while one of them is missing; else -1 */
+  int fd[3];  /* cg_files.file[]; -1: missing, or its read failed (looked up again at each read) */
+  int dir;    /* the level's folder (O_PATH) while one of them is missing; else -1 */
+  char *path; /* the level's folder (heap), to open dir again after a failed read */
 };
 
 struct gshmd_host_memory_files {
@@ -149,6 +150,7 @@ static void levels_close(struct gshmd_host_memory_files *f) {
     for (int k = 0; k < 3; k++)
       close_fd(&f->level[i].fd[k]);
     close_fd(&f->level[i].dir);
+    free(f->level[i].path);
   }
   free(f->level);
   f->level = NULL;
@@ -181,6 +183,7 @@ static void levels_open(struct gshmd_host_memory_files *f, const char *text, ssi
     struct cg_level *l = &f->level[f->nlevels++];
     char *slash;
     l->dir = -1;
+    l->path = strdup(dir); /* (NULL: a failed read is not retried) */
     for (int k = 0; k < 3; k++) {
       char path[PATH_MAX + 40];
       snprintf(path, sizeof(path), "%s/%s", dir, f->cg->file[k]);
@@ -192,6 +195,20 @@ static void levels_open(struct gshmd_host_memory_files *f, const char *text, ssi
       break;
     *slash = '\0';
   }
+}
+
+/* After a read of level l: a file whose read failed (read_text closed it)
+ * is opened again at the next read, through the level's folder, as one
+ * missing at the start is; before, it stayed closed, its figure unknown
+ * (no limit), until gshmd moved to another cgroup.  The folder is closed
+ * again once every file is open. */
+static void level_keep(struct cg_level *l) {
+  bool missing = l->fd[0] < 0 || l->fd[1] < 0 || l->fd[2] < 0;
+
+  if (missing && l->dir < 0 && l->path)
+    l->dir = open(l->path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  else if (!missing)
+    close_fd(&l->dir);
 }
 
 /* The tightest limits of gshmd's cgroup and its ancestors, and the least
@@ -217,6 +234,7 @@ static void read_cgroup(struct gshmd_host_memory *m, struct gshmd_host_memory_fi
     w = read_limit(&l->fd[1]);
     if (lim != UINT64_MAX && (used = read_limit(&l->fd[2])) != UINT64_MAX)
       m->cg_room = min_u64(m->cg_room, lim > used ? lim - used : 0);
+    level_keep(l);
     m->cg_mem = min_u64(m->cg_mem, lim);
     if (f->cg->memsw && w != UINT64_MAX)
       w = w > lim ? w - lim : 0;

@@ -43,7 +43,8 @@ struct gshmd_host_memory {
  * /proc/self/cgroup, each cgroup level's files that exist, up to 3, and
  * the folder of a level one of whose files is missing: 9 fds for a
  * systemd service on cgroup v2); each later one reads them again from
- * offset 0, opens again those found missing before, and the cgroup
+ * offset 0, opens again those found missing or whose read failed at the
+ * read before (a level's files through its folder), and the cgroup
  * levels' files again when /proc/self/cgroup says gshmd moved.  Make the
  * first call at start, so that gshmd's fd count is settled from there. */
 void gshmd_host_memory_update(struct gshmd_host_memory *m);

@@ -423,6 +423,62 @@ static void test_memory_figures_follow_a_cgroup_move(void **state) {
   gshmd_host_memory_close(&m);
 }
 
+/* The lowest fd of this process open on a file whose path ends in
+ * suffix ("/memory.max"), or on exactly that path where exact; its path
+ * into path (cap bytes).  -1 where none is. */
+static int fd_on(const char *suffix, bool exact, char *path, size_t cap) {
+  size_t len = strlen(suffix);
+
+  for (int fd = 3; fd < 1024; fd++) {
+    char link[64];
+    ssize_t n;
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    if ((n = readlink(link, path, cap - 1)) <= 0)
+      continue;
+    path[n] = '\0';
+    if (exact ? !strcmp(path, suffix) : (size_t)n > len && !strcmp(path + n - len, suffix))
+      return fd;
+  }
+  return -1;
+}
+
+/* A cgroup level's file whose read fails (here: its fd made a folder's,
+ * pread EISDIR) is opened again at the next read, and its figure read
+ * from it.  Before, read_text closed it and nothing opened it again
+ * until gshmd moved to another cgroup: the level's limit unknown (no
+ * limit, for a create's size check and a pull's room) for good.
+ * Skipped where no memory cgroup file is held (none mounted). */
+static void test_memory_figures_reopen_after_failed_read(void **state) {
+  bool v2 = !access("/sys/fs/cgroup/cgroup.controllers", F_OK);
+  struct gshmd_host_memory m = {0};
+  char path[PATH_MAX], again[PATH_MAX];
+  uint64_t cg_mem;
+  int held, fd, dir;
+  (void)state;
+
+  gshmd_host_memory_update(&m);
+  cg_mem = m.cg_mem;
+  held = fd_count();
+  if ((fd = fd_on(v2 ? "/memory.max" : "/memory.limit_in_bytes", false, path, sizeof(path))) < 0) {
+    gshmd_host_memory_close(&m);
+    printf("no memory cgroup file held here: skipped\n");
+    skip();
+  }
+  assert_true((dir = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0);
+  assert_int_equal(dup2(dir, fd), fd); /* (its reads now fail) */
+  close(dir);
+  m.read_ns = 0;
+  gshmd_host_memory_update(&m); /* the read fails: the file is closed */
+  m.read_ns = 0;
+  gshmd_host_memory_update(&m);
+  print_message("    %s (fd %d): held again: %s\n", path, fd,
+                fd_on(path, true, again, sizeof(again)) >= 0 ? "yes" : "no");
+  assert_true(fd_on(path, true, again, sizeof(again)) >= 0);
+  assert_int_equal(m.cg_mem, cg_mem);
+  assert_int_equal(fd_count(), held);
+  gshmd_host_memory_close(&m);
+}
+
 /* The fds the figures hold for gshmd in the root of its cgroup
  * namespace: /proc/meminfo, /proc/self/cgroup, the root level's files
  * that exist and its folder where one is missing. */
@@ -484,6 +540,7 @@ int main(void) {
       cmocka_unit_test(test_reap_counts_pages_step_by_step),
       cmocka_unit_test(test_memory_figures_read_from_held_files),
       cmocka_unit_test(test_memory_figures_follow_a_cgroup_move),
+      cmocka_unit_test(test_memory_figures_reopen_after_failed_read),
       cmocka_unit_test(test_memory_figures_namespace_root_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
