@@ -13,11 +13,19 @@ static int log_threshold = -1;
 static int log_prefix;
 static _Atomic(gshm_log_gate_fn) log_gate;
 static void *_Atomic log_gate_arg;
+static _Thread_local unsigned log_ungated; /* gshm__log_ungated_begin's depth */
 
 void gshm__log_set_gate(gshm_log_gate_fn gate, void *arg) {
   if (gate)
     log_gate_arg = arg; /* (first: a thread that sees the gate sees its arg) */
   log_gate = gate;
+}
+
+void gshm__log_ungated_begin(void) { log_ungated++; }
+
+void gshm__log_ungated_end(void) {
+  if (log_ungated)
+    log_ungated--;
 }
 
 void gshm__log_setup(const char *ident, int level, int prefix_priority) {
@@ -32,7 +40,7 @@ int gshm__log_level(void) { return log_threshold; }
 void gshm__log(int prio, const char *fmt, ...) {
   int saved = errno;
   char line[1024], text[4 * sizeof(line)];
-  gshm_log_gate_fn gate = prio & GSHM_LOG_UNGATED ? NULL : log_gate;
+  gshm_log_gate_fn gate = prio & GSHM_LOG_UNGATED || log_ungated ? NULL : log_gate;
   va_list ap;
   int n;
 

@@ -43,6 +43,15 @@ void gshm__log_set_gate(gshm_log_gate_fn gate, void *arg);
  * store falling behind, say): no gate holds it back. */
 #define GSHM_LOG_UNGATED 0x100
 
+/* Between gshm__log_ungated_begin() and its gshm__log_ungated_end(), every
+ * line the calling thread writes is as if marked GSHM_LOG_UNGATED: a
+ * stretch of gshmd's own work that a client's request only happened to
+ * run (the fd store catching up on sends that failed before, at that
+ * request's event), whose lines are not that client's.  Pairs nest; a
+ * thread-local count, so other threads are not affected. */
+void gshm__log_ungated_begin(void);
+void gshm__log_ungated_end(void);
+
 /* Writes one line; errno is preserved so "%m" works in callers' formats. */
 void gshm__log(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

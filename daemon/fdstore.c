@@ -529,13 +529,22 @@ void gshmd_fdstore_resend_all(struct gshmd_fdstore *fs) {
 
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event) {
   struct gshmd_fdstore *fs = r->on_event_data;
+  bool behind;
 
   if (!fs || !fs->enabled)
     return;
   /* (not during a publish: a dirty bucket rewritten now would store its
    * new members before their publish's tag, as if complete) */
-  if (!fs->publishing && (fs->nremoves || fs->ndirty || fs->nunplaced))
+  behind = !fs->publishing && (fs->nremoves || fs->ndirty || fs->nunplaced);
+  /* Catching up is gshmd's own work, as at the once-a-second retry: its
+   * lines (the segments of earlier publishes it lets go, freed) are not
+   * those of the client whose request raised this event, and its uid's
+   * log rate (loglimit.h) must not hold them back. */
+  if (behind) {
+    gshm__log_ungated_begin();
     resend(fs);
+    gshm__log_ungated_end();
+  }
   switch (event) {
   case GSHMD_IDS_USED:
     reserve_ids(fs);
@@ -572,7 +581,11 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
   gshmd__one_ended_changed(fs, seg, event);
   gshmd__publish_commit(fs); /* (a publish's end, or the store caught up) */
   r->fdstore_pending = pending(fs);
+  if (behind)
+    gshm__log_ungated_begin();
   gshmd__publish_release(fs); /* (last: it frees segments, each an event) */
+  if (behind)
+    gshm__log_ungated_end();
 }
 
 unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs) {

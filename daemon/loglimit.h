@@ -36,7 +36,9 @@ void gshmd_loglimit_start(struct gshmd_loglimit *l);
 /* The loop's lines from now on are cred's (the connection it serves):
  * warnings, notices, info and debug lines beyond its uid's rate are
  * dropped; errors always go, and so do lines about gshmd's own state
- * (GSHM_LOG_UNGATED, log.h: the fd store falling behind).  NULL, root
+ * (GSHM_LOG_UNGATED, log.h: the fd store falling behind) and those of
+ * gshmd's own work that a request's event ran (gshm__log_ungated_begin:
+ * the fd store catching up, fdstore.c on_event).  NULL, root
  * or a member of daemon.admin_group: nobody's, never dropped.  Out of
  * memory for the uid's record: not charged. */
 void gshmd_loglimit_charge(struct gshmd_loglimit *l, const struct gshmd_cred *cred);

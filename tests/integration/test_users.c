@@ -1242,12 +1242,26 @@ static void test_log_held_per_uid(void **state) {
   assert_int_equal(root_create, 1);
 }
 
+/* 64 refused opens of quiet/secret on hello'd connection fd, one after
+ * another (so that the lines its uid's bucket refilled meanwhile are
+ * spent): 0, or -1 when one was not refused. */
+static int refused_opens(int fd) {
+  Gshm__OpenRequest o = GSHM__OPEN_REQUEST__INIT;
+
+  o.name = "quiet/secret";
+  o.access = GSHM__ACCESS__ACCESS_READ;
+  for (uint32_t i = 0; i < 64; i++)
+    if (gshm__wire_send(fd, GSHM_WIRE_OPEN, 2 + i, &o.base, -1) ||
+        raw_status(fd) != GSHM__STATUS__STATUS_PERMISSION_DENIED)
+      return -1;
+  return 0;
+}
+
 /* As uid A: a segment of its own, a/kept (linked, unleased); the flood
  * (its lines past its rate); then, once gshmd may open no fd (the
  * parent's step), 64 more refused opens on a connection it holds and the
  * unlink of a/kept, whose bucket's rewrite fails. */
 static void flood_then_unlink(struct harness_kid *k, void *arg) {
-  Gshm__OpenRequest o = GSHM__OPEN_REQUEST__INIT;
   const char *path = arg;
   gshm_client_t *c;
   gshm_segment_t *s;
@@ -1258,16 +1272,42 @@ static void flood_then_unlink(struct harness_kid *k, void *arg) {
     _exit(2);
   if (log_flood(path) || harness_kid_step(k->out) || !harness_kid_await(k->in, 60000))
     _exit(3);
-  o.name = "quiet/secret";
-  o.access = GSHM__ACCESS__ACCESS_READ;
-  for (uint32_t i = 0; i < 64; i++)
-    if (gshm__wire_send(fd, GSHM_WIRE_OPEN, 2 + i, &o.base, -1) ||
-        raw_status(fd) != GSHM__STATUS__STATUS_PERMISSION_DENIED)
-      _exit(4);
+  if (refused_opens(fd))
+    _exit(4);
   if (gshm_unlink(c, "a/kept"))
     _exit(5);
   close(fd);
   gshm_disconnect(c);
+}
+
+/* gshmd (pid) may open no fd from now (zero), with its limit kept in
+ * *orig, or again as before (!zero): its fd store's sends then fail. */
+static void gshmd_nofile(pid_t pid, bool zero, struct rlimit *orig) {
+  struct rlimit none;
+
+  if (!zero) {
+    assert_int_equal(prlimit(pid, RLIMIT_NOFILE, orig, NULL), 0);
+    return;
+  }
+  assert_int_equal(prlimit(pid, RLIMIT_NOFILE, NULL, orig), 0);
+  none.rlim_cur = 0;
+  none.rlim_max = orig->rlim_max;
+  assert_int_equal(prlimit(pid, RLIMIT_NOFILE, &none, NULL), 0);
+}
+
+/* The lines of the log at path (start_logged's) that hold needle; the
+ * file is removed. */
+static unsigned log_lines(const char *path, const char *needle) {
+  char line[512];
+  unsigned n = 0;
+  FILE *f = fopen(path, "re");
+
+  assert_non_null(f);
+  while (fgets(line, sizeof(line), f))
+    n += strstr(line, needle) != NULL;
+  fclose(f);
+  unlink(path);
+  return n;
 }
 
 /* The limiter holds back a uid's lines, not gshmd's own: a warning that
@@ -1276,15 +1316,13 @@ static void flood_then_unlink(struct harness_kid *k, void *arg) {
  * failure was of a uid past its rate.  Before, it was charged to that
  * uid and dropped, and not said again while the store stayed behind. */
 static void test_log_keeps_gshmd_own_warning(void **state) {
-  char path[] = "/tmp/gshm-test-log-XXXXXX", line[512];
-  struct rlimit orig, none;
+  char path[] = "/tmp/gshm-test-log-XXXXXX";
+  struct rlimit orig;
   struct harness_kid k;
   struct harness q;
   gshm_client_t *c;
   gshm_segment_t *s;
-  unsigned said = 0;
-  int fd;
-  FILE *f;
+  int rc;
 
   (void)state;
   need_root();
@@ -1292,23 +1330,78 @@ static void test_log_keeps_gshmd_own_warning(void **state) {
   assert_int_equal(
       harness_kid_start(&k, UID_A, UID_A, flood_then_unlink, (void *)q.socket_path), 0);
   assert_true(harness_kid_await(k.from_kid, 60000));
-  assert_int_equal(prlimit(q.sp.pid, RLIMIT_NOFILE, NULL, &orig), 0);
-  none.rlim_cur = 0;
-  none.rlim_max = orig.rlim_max;
-  assert_int_equal(prlimit(q.sp.pid, RLIMIT_NOFILE, &none, NULL), 0);
+  gshmd_nofile(q.sp.pid, true, &orig);
   harness_kid_step(k.to_kid);
-  fd = harness_kid_wait(&k);
-  assert_int_equal(prlimit(q.sp.pid, RLIMIT_NOFILE, &orig, NULL), 0);
-  assert_int_equal(fd, 0);
+  rc = harness_kid_wait(&k);
+  gshmd_nofile(q.sp.pid, false, &orig);
+  assert_int_equal(rc, 0);
   gshm_close(s);
   gshm_disconnect(c);
   assert_int_equal(harness_stop(&q), 0);
-  assert_non_null(f = fopen(path, "re"));
-  while (fgets(line, sizeof(line), f))
-    said += strstr(line, "fd store: cannot send") != NULL;
-  fclose(f);
-  unlink(path);
-  assert_true(said >= 1);
+  assert_true(log_lines(path, "fd store: cannot send") >= 1);
+}
+
+/* As uid A: the flood (its lines past its rate); after the parent's
+ * step, 64 refused opens (spending what its bucket refilled) and a new
+ * connection, whose hello (an event of the fd store) lets the store
+ * catch up. */
+static void flood_then_connect(struct harness_kid *k, void *arg) {
+  const char *path = arg;
+  gshm_client_t *c;
+  int fd;
+
+  if ((fd = hello_conn(path)) < 0 || log_flood(path) || harness_kid_step(k->out) ||
+      !harness_kid_await(k->in, 60000))
+    _exit(2);
+  if (refused_opens(fd))
+    _exit(3);
+  if (gshm_connect(path, "late", &c))
+    _exit(4);
+  gshm_disconnect(c);
+  close(fd);
+}
+
+/* The lines of the fd store's catch-up are gshmd's, not those of the
+ * request whose event it rode on: root replaces rep/old (a hidden
+ * segment published over it) while the store cannot send (gshmd at
+ * RLIMIT_NOFILE 0), so the old segment is held until the store records
+ * the publish; the next event, uid A's hello, lets it catch up and frees
+ * it.  Its "freed" line was charged to A, past its rate, and dropped
+ * (it is written when the once-a-second retry catches up instead). */
+static void test_log_catch_up_not_charged(void **state) {
+  char path[] = "/tmp/gshm-test-log-XXXXXX", want[96];
+  struct rlimit orig;
+  struct harness_kid k;
+  struct harness q;
+  gshm_client_t *c;
+  gshm_segment_t *s, *old, *hidden;
+  unsigned said;
+  int rc;
+
+  (void)state;
+  need_root();
+  start_logged(&q, path, &c, &s);
+  assert_int_equal(gshm_create(c, "rep/old", 4096, NULL, 0644, 0, &old), 0);
+  snprintf(want, sizeof(want), "segment 'rep/old' id %" PRIu64 " freed",
+           gshm_segment_info(old)->id);
+  assert_int_equal(gshm_close(old), 0);
+  assert_int_equal(gshm_create(c, "rep/old", 4096, NULL, 0644, GSHM_CREATE_HIDDEN, &hidden), 0);
+  assert_int_equal(
+      harness_kid_start(&k, UID_A, UID_A, flood_then_connect, (void *)q.socket_path), 0);
+  assert_true(harness_kid_await(k.from_kid, 60000));
+  gshmd_nofile(q.sp.pid, true, &orig);
+  rc = gshm_publish(hidden, GSHM_PUBLISH_REPLACE);
+  gshmd_nofile(q.sp.pid, false, &orig);
+  assert_int_equal(rc, 0);
+  harness_kid_step(k.to_kid); /* (nothing of root's meanwhile: its lines are nobody's) */
+  assert_int_equal(harness_kid_wait(&k), 0);
+  gshm_close(hidden);
+  gshm_close(s);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&q), 0);
+  said = log_lines(path, want);
+  print_message("    '%s': %u line(s)\n", want, said);
+  assert_int_equal(said, 1);
 }
 
 int main(void) {
@@ -1330,6 +1423,7 @@ int main(void) {
       cmocka_unit_test(test_segments_reserve_for_admins),
       cmocka_unit_test(test_log_held_per_uid),
       cmocka_unit_test(test_log_keeps_gshmd_own_warning),
+      cmocka_unit_test(test_log_catch_up_not_charged),
   };
   if (getenv("GSHM_TEST_FILTER")) /* (a cmocka test filter, as test_hostile takes) */
     cmocka_set_test_filter(getenv("GSHM_TEST_FILTER"));
