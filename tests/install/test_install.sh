@@ -155,11 +155,11 @@ for f in "$alt/sbin/gshmd" "$alt/lib/systemd/system/gshmd.service" \
 done
 [ -d "$root$alt_conf/conf.d" ] || fail "--prefix $alt: no $alt_conf/conf.d"
 unit=$root$alt/lib/systemd/system/gshmd.service
-grep -qxF "ExecStart=$alt/sbin/gshmd --config $alt_conf/gshmd.conf" "$unit" ||
+grep -qxF "ExecStart=$alt/sbin/gshmd --set daemon.user=gshmd --config $alt_conf/gshmd.conf" "$unit" ||
   fail "--prefix $alt: the unit's $(grep ^ExecStart= "$unit")"
 # the configured prefix's unit runs its gshmd with the compiled-in default
-grep -rqxF "ExecStart=$prefix/sbin/gshmd" "$root" --include=gshmd.service ||
-  fail "no unit for $prefix with ExecStart=$prefix/sbin/gshmd"
+grep -rqxF "ExecStart=$prefix/sbin/gshmd --set daemon.user=gshmd" "$root" --include=gshmd.service ||
+  fail "no unit for $prefix with ExecStart=$prefix/sbin/gshmd --set daemon.user=gshmd"
 # every file the last install names (install_manifest.txt lists them without
 # DESTDIR) is in the DESTDIR, and the host has no trace of the new prefix
 n=0
