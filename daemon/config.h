@@ -39,7 +39,8 @@
 #define GSHMD_SOCKET_GROUP_HINT(err)                                                           \
   ((err) == EPERM                                                                          \
        ? " (a socket's group is changed with CAP_CHOWN, or by a member of that group; "     \
-         "gshmd.service allows neither (CapabilityBoundingSet=, SystemCallFilter=~@privileged): " \
+         "gshmd.service refuses the chown system call (SystemCallFilter=~@privileged; it "   \
+         "keeps CAP_CHOWN for fchown only, until its switch to daemon.user): "                \
          "there let gshmd.socket make the socket (SocketGroup=), or empty daemon.socket_group)" \
        : "")
 
