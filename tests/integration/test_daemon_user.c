@@ -129,8 +129,9 @@ static int restart_as(struct harness *h, unsigned uid) {
 }
 
 /* A store written by a root gshmd, taken back by one that becomes UID_A,
- * then by one that becomes UID_B: every segment opens (its memory given to
- * the new user), and the queued fds count against the user gshmd is now. */
+ * then by one that becomes UID_B, then by root again: every segment opens
+ * (its memory given to the new user), and the queued fds count against
+ * the user gshmd is now. */
 /* Each test's gshmd, killed when a check fails (harness_set_leftover): a
  * gshmd left running keeps its fds in flight for its uid. */
 static struct harness H;
@@ -176,6 +177,18 @@ static void test_switch_moves_memory_and_fds(void **state) {
   gshm_disconnect(c);
   assert_int_equal(child_passes_fd(UID_A), 0); /* every bucket sent again by UID_B */
   assert_int_equal(child_passes_fd(UID_B), 1);
+
+  /* Back (README's way to an older gshmd): daemon.user empty, with the
+   * unit's capabilities, gives the memory back to root, which a gshmd
+   * that runs as root with no capability then opens. */
+  assert_int_equal(gshm__spawn_run_as(&h->sp, 0), 0);
+  assert_int_equal(harness_restart(h, SIGTERM, NULL), 0);
+  h->sp.unit_caps = false;
+  assert_int_equal(harness_restart(h, SIGTERM, NULL), 0);
+  assert_int_equal(gshm_connect(h->socket_path, "mig", &c), 0);
+  for (int i = 0; i < NSEG; i += 37)
+    check_segment(c, i);
+  gshm_disconnect(c);
   assert_int_equal(harness_stop(h), 0);
   harness_set_leftover(NULL);
 }
