@@ -177,6 +177,8 @@ static void item_from_wire(gshm_pull_result_t *out, const Gshm__PulledSegment *i
   out->segment.requested_size = it->bytes;
   snprintf(out->segment.location, sizeof(out->segment.location), "%s", it->location);
   out->segment.device_index = it->device_index;
+  out->segment.granularity = it->granularity;
+  out->segment.created_ns = it->created_ns;
   snprintf(out->remote_name, sizeof(out->remote_name), "%s%s", prefix,
            strncmp(it->name, local, ll) ? "" : it->name + ll);
   if (it->source && *it->source)

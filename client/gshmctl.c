@@ -1504,9 +1504,11 @@ static void pull_progress_bar(const gshm_pull_progress_t *p, void *arg) {
 
 /* One pulled segment, as --json shows it: the peer it was read from, its
  * name and ids there (null when the peer relayed it: it had none yet),
- * and its source (where it came from first). */
+ * its source (where it came from first), and the local segment's
+ * granularity and creation time (null when gshmd sent none: 0). */
 static json_t *pulled_json(const gshm_pull_result_t *r) {
   json_t *o = json_object();
+  char t[40];
   json_object_set_new(o, "peer", json_text(r->peer));
   json_object_set_new(o, "remote_name", json_text(r->remote_name));
   json_object_set_new(o, "remote_id",
@@ -1521,6 +1523,12 @@ static json_t *pulled_json(const gshm_pull_result_t *r) {
   json_object_set_new(o, "path", json_string(r->path));
   json_object_set_new(o, "path_reason", json_text(r->path_reason));
   json_object_set_new(o, "source", json_text(r->segment.source));
+  json_object_set_new(o, "granularity", r->segment.granularity
+                                            ? json_integer((json_int_t)r->segment.granularity)
+                                            : json_null());
+  json_object_set_new(o, "created", r->segment.created_ns
+                                        ? json_string(rfc3339(r->segment.created_ns, t, sizeof(t)))
+                                        : json_null());
   return o;
 }
 

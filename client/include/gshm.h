@@ -663,7 +663,8 @@ GSHM_EXTERN int gshm_pull(gshm_client_t *client, const char *peer, const char *n
  * opts->progress meanwhile (segment counts included).  *results_out gets
  * one gshm_pull_result_t per segment, in the peer's id order (for
  * gshm_free), and *count_out their number: each with its segment's name,
- * id, generation, sizes, location, device_index and source, uid and gid
+ * id, generation, sizes, granularity, created_ns (0 from a gshmd that
+ * does not send them), location, device_index and source, uid and gid
  * (this process's effective ones, which gshmd gives a pulled segment)
  * and mode (opts->mode, 0600 for 0), its bytes, path,
  * peer, remote_name, remote ids and relayed; elapsed_ns is the whole

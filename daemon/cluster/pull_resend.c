@@ -80,6 +80,8 @@ static void reply_set_item(struct gshmd_cluster *cl, struct gshmd_client *c, uin
   o.remote_generation = res->remote_generation;
   o.device_index = seg->mem->device_index;
   o.source = seg->source ? seg->source : "";
+  o.granularity = seg->mem->granularity;
+  o.created_ns = seg->created_ns;
   pi.items = &op;
   pi.n_items = 1;
   reply.status = GSHM__STATUS__STATUS_OK;
@@ -212,6 +214,8 @@ static void reply_items(struct pull_set *s) {
       o->remote_id = p->remote_id;
       o->remote_generation = p->remote_gen;
       o->device_index = p->seg->mem->device_index;
+      o->granularity = p->seg->mem->granularity;
+      o->created_ns = p->seg->created_ns;
       o->relayed = p->relayed;
       o->source = item_source(s, p, own, sizeof(own));
       o->peer = s->npeers > 1 && p->peer ? p->peer->name : (char *)"";

@@ -56,6 +56,47 @@ def test_pull(pair):
         ca.unlink("pub/py")
 
 
+def test_pull_result_granularity_and_created(pair):
+    """A pull's result describes the new segment as stat does: its
+    granularity and creation time.  A set pull's (prefix=True) had
+    granularity 0 and created_ns 0 (created read 1970): gshmd's pull_items
+    entries did not carry them; gshmctl pull --json showed neither."""
+    a, b = pair
+    now = time.time()
+
+    def check(seg, st):
+        assert seg.granularity > 0 and seg.granularity == st.granularity, (seg, st)
+        assert seg.created_ns == st.created_ns, (seg, st)
+        assert abs(seg.created.timestamp() - now) < 60, seg.created
+
+    with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
+        for n in ("pub/when/x", "pub/when/y"):
+            ca.create(n, 5000, location="host", mode=0o644).close()
+        r = cb.pull("a", "pub/when/x", local_name="when1")
+        check(r.segment, cb.stat("when1"))
+        rs = cb.pull("a", "pub/when/", local_name="when2/", prefix=True)
+        assert len(rs) == 2
+        for r in rs:
+            check(r.segment, cb.stat(r.segment.name))
+        # gshmctl pull --json: both, one segment and a set
+        one = json.loads(b.gshmctl("--json", "pull", "a:pub/when/x", "--as", "when3").stdout)
+        st = cb.stat("when3")
+        assert one["granularity"] == st.granularity
+        assert one["created"] == time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                               time.gmtime(st.created_ns // 10**9)), one
+        doc = json.loads(b.gshmctl("--json", "pull", "a:pub/when/", "--prefix",
+                                   "--as", "when4/").stdout)
+        for e in doc["segments"]:
+            st = cb.stat(e["name"])
+            assert e["granularity"] == st.granularity, e
+            assert e["created"] == time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                 time.gmtime(st.created_ns // 10**9)), e
+        for n in ("when1", "when2/x", "when2/y", "when3", "when4/x", "when4/y"):
+            cb.unlink(n)
+        for n in ("pub/when/x", "pub/when/y"):
+            ca.unlink(n)
+
+
 def test_pull_interrupted_in_progress(pair):
     """Ctrl-C while a pull ran raised KeyboardInterrupt inside the progress
     callback, where ctypes printed "Exception ignored" and dropped it: the

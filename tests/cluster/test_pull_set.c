@@ -33,6 +33,7 @@
 #include "nodes.h"
 #include "proxy.h"
 #include "raw.h"
+#include "util.h"
 #include "wire.h"
 
 #define NSET 24 /* segments in the test set */
@@ -291,10 +292,17 @@ static void test_set_all_at_once(void **state) {
   assert_int_equal(count_named(b, "set/"), NSET);
   assert_int_equal(count_named(b, "settle"), 0);
   for (size_t i = 0; i < bg.n; i++) {
+    gshm_segment_info_t st;
     assert_string_equal(bg.v[i].path, "host");
     assert_non_null(strstr(bg.v[i].path_reason, "host segment")); /* each its own (was "") */
     assert_true(bg.v[i].bytes == bg.v[i].segment.requested_size);
     assert_non_null(strstr(bg.v[i].segment.source, "a:pub/set/"));
+    /* granularity and creation time as stat says (were 0: created in 1970) */
+    assert_int_equal(gshm_stat_name(b, bg.v[i].segment.name, &st), 0);
+    assert_true(bg.v[i].segment.granularity > 0);
+    assert_int_equal(bg.v[i].segment.granularity, st.granularity);
+    assert_int_equal(bg.v[i].segment.created_ns, st.created_ns);
+    assert_true(gshm__now_ns(CLOCK_REALTIME) - st.created_ns < 60 * 1000000000LL);
   }
   gshm_free(bg.v);
   check_set(b, "set/", 100);
@@ -680,6 +688,8 @@ static gshm_client_t *check_lost_reply(const struct proxy *p, const gshm_pull_re
   assert_int_equal(res->segment.id, local.id);
   assert_int_equal(res->segment.generation, local.generation);
   assert_string_equal(res->segment.source, local.source);
+  assert_int_equal(res->segment.granularity, local.granularity); /* (a set's was 0) */
+  assert_int_equal(res->segment.created_ns, local.created_ns);
   assert_int_equal(res->bytes, ONE_SIZE);
   assert_string_equal(res->peer, "a");
   assert_string_equal(res->remote_name, remote_name);
