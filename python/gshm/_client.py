@@ -15,7 +15,7 @@ from typing import (Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 from . import _lib as L
 from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _count, _dec, _enc,
-                    _finalizer, _optional, _raise, _strerror)
+                    _finalizer, _optional, _raise, _strerror, _whole)
 from ._errors import InvalidArgument, Unreachable, error_for
 from ._info import (ClientInfo, ClusterPeer, DeviceInfo, LeaseInfo, PullResult, SegmentInfo,
                     StatusInfo)
@@ -254,7 +254,9 @@ class Client(object):
         """Creates segment `name` of `size` bytes and opens it read-write.
 
         size      bytes, an int (1 << 30 for gshmctl's "1G"): a str or bytes
-                  ("1G", even "4096") is a TypeError, as a mode string is.
+                  ("1G", even "4096") is a TypeError, as a mode string is;
+                  a float only when it is integral (1e9), never rounded: 1.5
+                  (or nan, inf) is a ValueError.
         location  "host" (the default, as for gshm_create and gshmctl create),
                   "cuda:N" (the daemon's device index), "cuda:GPU-<uuid>",
                   or an int N for "cuda:N".
@@ -278,7 +280,7 @@ class Client(object):
         if isinstance(size, (str, bytes, bytearray)):
             raise TypeError("gshm_create: size is bytes as an int, such as 1 << 30 (gshmctl's "
                             "'1G'), not %r" % (size,))
-        size = int(size)
+        size = _whole(size, "gshm_create: size (bytes)")
         if size <= 0:
             raise InvalidArgument(22, "gshm_create: size must be > 0, not %d" % size, name)
         size = _count(size, "size")

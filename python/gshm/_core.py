@@ -42,13 +42,30 @@ def _enc(s, what="name"):
 _C_BITS = {"uint64_t": 64, "size_t": 8 * ctypes.sizeof(ctypes.c_size_t)}
 
 
+def _whole(v, what):
+    """v as an int: an int as it is, a float (or another number) only when
+    it is integral (1e9), never rounded: ValueError naming `what` and the
+    rule for 1.5, nan or inf (int() made 1.5 a 1 silently)."""
+    try:
+        return operator.index(v)
+    except TypeError:
+        pass
+    try:
+        n = int(v)
+        whole = n == v
+    except (ValueError, OverflowError):
+        whole = False
+    if not whole:
+        raise ValueError("%s is a whole number, not %r: a float is taken only when it is "
+                         "integral (1e9), never rounded" % (what, v))
+    return n
+
+
 def _count(v, what, ctype="uint64_t"):
     """v as a non-negative int that fits the C type; ValueError for a
-    negative one or one of 2**64 and up (ctypes would wrap it silently)."""
-    try:
-        n = operator.index(v)
-    except TypeError:
-        n = int(v)
+    negative one, one of 2**64 and up (ctypes would wrap it silently) or
+    a non-integral one (_whole)."""
+    n = _whole(v, "gshm: " + what)
     if n < 0:
         raise ValueError("gshm: %s %d is negative" % (what, n))
     if n >> _C_BITS[ctype]:

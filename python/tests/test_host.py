@@ -828,6 +828,22 @@ def test_create_size_as_a_string_refused(daemon, client, segname):
     assert segname not in [s.name for s in client.segments()]
 
 
+def test_create_size_float_only_when_integral(daemon, client, segname):
+    """A float size is taken only when it is a whole number of bytes (1e9
+    is): 1.5 made a 1-byte segment silently (int() rounded it down), and
+    4096.5 a 4096-byte one.  Now a ValueError names the rule, and nothing
+    is created; an integral float still creates its size."""
+    for size in (1.5, 4096.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError) as e:
+            client.create(segname, size, location="host")
+        assert "size (bytes) is a whole number" in str(e.value), e.value
+        assert "never rounded" in str(e.value), e.value
+    assert segname not in [s.name for s in client.segments()]
+    with client.create(segname, 8192.0, location="host") as seg:
+        assert seg.info.requested_size == 8192
+    client.unlink(segname)
+
+
 def test_pull_takes_names_as_bytes(daemon, client, segname):
     """A name may be str, bytes or path-like (as for create and open), in a
     pull too: its check of a trailing '/' called str.endswith on it, a
