@@ -365,6 +365,8 @@ has out "pull PEER:NAME [--as LOCAL] [--prefix]"
 has out "LOC default: host for a host segment,"
 has out "cuda:0 for a device one"
 has out "MODE octal,"
+# an empty NAME with --prefix pulls all the peer exports: said (it was not)
+has out "(PEER: --prefix, an empty NAME: all it exports)"
 GSHM_SOCKET=$dir/nothing-here run 0 create --help
 has out "--legacy-ipc: also export"
 run 2 help nope
