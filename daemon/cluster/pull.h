@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* What pull.c (one segment's bytes: grant, paths, chunks) and pullset.c
- * (a request: the set, its listing, grants ahead, publish, results)
- * share. */
+ * (a request: the set, grants ahead, publish, results; its listing:
+ * pull_list.c) share. */
 #ifndef GSHMD_CLUSTER_PULL_H
 #define GSHMD_CLUSTER_PULL_H
 
@@ -29,7 +29,7 @@
  * while the client reads them. */
 #define PULL_SET_MAX 4096
 /* Pages a set's listing may take with none adding a segment, beyond
- * cluster.request_timeout_ms (pullset.c list_stalled): as many as an
+ * cluster.request_timeout_ms (pull_list.c list_stalled): as many as an
  * honest gshmd's listing has with no segment at all. */
 #define PULL_LIST_IDLE_PAGES (GSHM_WIRE_SEGMENTS_MAX / GSHM_WIRE_LIST_VISITS)
 /* Pinned staging memory the pulls of a node into GPUs hold at once, all
@@ -158,7 +158,7 @@ struct pull_set {
   size_t next_create;         /* the next of them is at or past items[next_create] */
   struct pull **items;
   size_t n, cap;
-  void *names;                /* tsearch tree of the items' remote_name (pullset.c set_has) */
+  void *names;                /* tsearch tree of the items' remote_name (gshmd__pull_set_has) */
   size_t next_start;          /* items[next_start] is the next to ask a grant for */
   size_t first_open;          /* items before it are closed */
   size_t nclosed;
@@ -189,6 +189,30 @@ static inline bool gshmd__pull_set_from(const struct pull_set *s, const struct p
       return true;
   return false;
 }
+
+/* ---- pullset.c ---- */
+
+/* A new item of set s: remote segment `name`, `size` bytes; listed: the
+ * peer's listing of it (its hidden segment made now or a few a loop
+ * turn from now), else NULL (a single pull: made at its grant).
+ * Returns 0 or a negative errno (the set failed: -E2BIG over
+ * PULL_SET_MAX, -ENOMEM, -EEXIST a local name taken without replace,
+ * -EINVAL/-ENAMETOOLONG a local name that is not one). */
+int gshmd__pull_set_add(struct pull_set *s, const char *name, uint64_t size,
+                        const Gshm__Cluster__Segment *listed);
+/* Whether set s has an item of that peer name already (a peer that
+ * lists segments in flight lists one again once it published it). */
+bool gshmd__pull_set_has(const struct pull_set *s, const char *name);
+
+/* ---- pull_list.c ---- */
+
+/* Asks set s's lister (s->peer) for its next page of exported segments,
+ * after cursor `after` (0: the first); the answer adds those under the
+ * prefix to s and asks for the next page, until the last (s->listing
+ * false then), or fails s (a page it refuses, a cursor that does not
+ * advance, a listing that adds nothing for too long, nothing exported
+ * under the prefix: -ENOENT). */
+void gshmd__pull_list_next(struct pull_set *s, uint64_t after);
 
 /* ---- pull_resend.c ---- */
 
