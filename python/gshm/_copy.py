@@ -209,7 +209,7 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
         if not known:
             raise ValueError("gshm.copy: nbytes is needed for raw addresses")
         nbytes = min(known)
-    n: int = _count(int(nbytes), "gshm.copy: nbytes", "size_t")
+    n: int = _count(nbytes, "gshm.copy: nbytes", "size_t")
     for size, what in ((dsize, "dst"), (ssize, "src")):
         if size is not None and n > size:
             raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (n, what, size))
@@ -230,7 +230,7 @@ def _flag_address(flag, writes=True):
 def _flag_value(value):
     """value as the uint64_t the flag holds; ValueError where ctypes would
     wrap it (a negative one, 2**64 and up)."""
-    return _count(int(value), "gshm: flag value")
+    return _count(value, "gshm: flag value")
 
 
 def signal(flag: Any, value: int, stream: Any = None) -> None:
@@ -259,7 +259,7 @@ def copy_signal(dst: Any, src: Any, nbytes: int, flag: Any, value: int,
     m = _method(method)
     d, dsize = _addr_and_size(dst, "dst", writes=True)
     s, ssize = _addr_and_size(src, "src")
-    n: int = _count(int(nbytes), "gshm.copy_signal: nbytes", "size_t")
+    n: int = _count(nbytes, "gshm.copy_signal: nbytes", "size_t")
     for size, what in ((dsize, "dst"), (ssize, "src")):
         if size is not None and n > size:
             raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (n, what, size))

@@ -1010,9 +1010,16 @@ def test_copy_signal_and_flags_refuse_counts_ctypes_would_wrap(monkeypatch):
             gshm.signal(flag, bad)
         with pytest.raises(ValueError):
             gshm.wait(flag, bad)
+    # a non-integral float was rounded down by int() (1.5 bytes: a copy of 1)
+    for call in (lambda: gshm.copy_signal(flag + 8, flag + 16, 1.5, flag, 1),
+                 lambda: gshm.copy_signal(flag + 8, flag + 16, 8, flag, 2.5),
+                 lambda: gshm.copy(flag + 8, flag + 16, nbytes=1.5),
+                 lambda: gshm.signal(flag, 0.5), lambda: gshm.wait(flag, 1.5)):
+        with pytest.raises(ValueError, match="whole number"):
+            call()
     assert calls == []
-    # good values still go through, unchanged
-    gshm.copy_signal(flag + 8, flag + 16, 8, flag, (1 << 64) - 1)
+    # good values still go through, unchanged (an integral float too)
+    gshm.copy_signal(flag + 8, flag + 16, 8.0, flag, (1 << 64) - 1)
     gshm.signal(flag, 0)
     gshm.wait(flag, 5)
     assert [(n, a[2] if n == "gshm_copy_signal" else a[1]) for n, a in calls] == [
