@@ -32,7 +32,10 @@
 /* uids no other test uses: the kernel's count of fds in flight is per uid */
 #define UID_A 61001u
 #define UID_B 61002u
-#define NSEG 300 /* stored segments: over the children's fd limit below */
+/* Stored segments: 2 buckets of the fd store (253 fds each at most,
+ * fdstore_internal.h), each alone over the children's fd limit below, so
+ * that one bucket not sent again (the first or the last) fails the check */
+#define NSEG 400
 #define CHILD_NOFILE 100
 
 /* A field of /proc/WHO/status ("Uid:", "CapEff:"; WHO a pid, or
