@@ -540,13 +540,16 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
   d->srv.cluster = d->cluster;
   setup_signals(d);
   setup_timers(d);
+  /* Before anything is served: the store's queued fds then count against
+   * the new user once its buckets are sent again (user_switch.h).  Before
+   * the metrics endpoint, whose thread answers TCP connections from its
+   * start, not from the loop's: it never runs as root (nor with the
+   * capabilities gshmd.service keeps for the switch). */
+  if (d->user.on && gshmd_user_switch(&d->user) == 0)
+    gshmd_fdstore_resend_all(&d->fdstore);
   if (d->cfg.metrics_http_listen && *d->cfg.metrics_http_listen &&
       gshmd_metrics_http_start(&d->loop, &d->srv, d->cfg.metrics_http_listen, &d->http))
     return -1;
-  /* Last, before anything is served: the store's queued fds then count
-   * against the new user once its buckets are sent again (user_switch.h). */
-  if (d->user.on && gshmd_user_switch(&d->user) == 0)
-    gshmd_fdstore_resend_all(&d->fdstore);
   update_status(d);
   sd_notify(0, "READY=1");
   gshm_log_info("ready: %u segment%s restored", d->reg.nsegments, gshm__plural(d->reg.nsegments));

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <grp.h>
+#include <netinet/in.h>
 #include <pwd.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -32,6 +33,7 @@
 /* uids no other test uses: the kernel's count of fds in flight is per uid */
 #define UID_A 61001u
 #define UID_B 61002u
+#define UID_C 61004u
 /* Stored segments: 2 buckets of the fd store (253 fds each at most,
  * fdstore_internal.h), each alone over the children's fd limit below, so
  * that one bucket not sent again (the first or the last) fails the check */
@@ -240,6 +242,73 @@ static void test_switch_moves_memory_and_fds(void **state) {
   harness_set_leftover(NULL);
 }
 
+/* The uid that owns the TCP socket listening on 127.0.0.1:port
+ * (/proc/net/tcp); -1 when none is. */
+static long tcp_listener_uid(int port) {
+  char line[512], local[64];
+  unsigned st;
+  long uid, found = -1;
+  FILE *f = fopen("/proc/net/tcp", "re");
+
+  assert_non_null(f);
+  snprintf(local, sizeof(local), "0100007F:%04X", (unsigned)port);
+  while (fgets(line, sizeof(line), f)) {
+    char addr[64];
+    /* sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid */
+    if (sscanf(line, " %*s %63s %*s %x %*s %*s %*s %ld", addr, &st, &uid) == 3 &&
+        !strcmp(addr, local) && st == 0x0A)
+      found = uid;
+  }
+  fclose(f);
+  return found;
+}
+
+/* GET /metrics from 127.0.0.1:port: the HTTP status. */
+static int metrics_get(int port) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  static const char req[] = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  char buf[64] = "";
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), code = -1;
+
+  assert_true(fd >= 0);
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(write(fd, req, sizeof(req) - 1), (ssize_t)sizeof(req) - 1);
+  assert_true(read(fd, buf, sizeof(buf) - 1) > 0);
+  close(fd);
+  sscanf(buf, "HTTP/1.%*d %d", &code);
+  return code;
+}
+
+/* The metrics endpoint (libmicrohttpd) answers TCP connections on its own
+ * thread from the moment it starts, not from the loop's: it must start
+ * after the switch, never as root with the capabilities gshmd.service
+ * keeps for it.  Its listening socket, made as it starts, is owned by
+ * the uid gshmd had then. */
+static void test_metrics_endpoint_after_switch(void **state) {
+  struct harness *h = &H;
+  char set_user[64], set_listen[64];
+  const char *args[] = {"--set", set_user, "--set", set_listen, NULL};
+  int port;
+
+  (void)state;
+  if (geteuid() != 0)
+    skip();
+  harness_kill_leftover();
+  assert_true((port = harness_free_port()) > 0);
+  snprintf(set_user, sizeof(set_user), "daemon.user=%u", UID_C);
+  snprintf(set_listen, sizeof(set_listen), "metrics.http_listen=127.0.0.1:%d", port);
+  assert_int_equal(harness_start(h, NULL), 0);
+  harness_set_leftover(h);
+  assert_int_equal(gshm__spawn_run_as(&h->sp, UID_C), 0);
+  assert_int_equal(harness_restart(h, SIGTERM, args), 0);
+  assert_runs_as(h->sp.pid, UID_C);
+  assert_int_equal(tcp_listener_uid(port), (long)UID_C); /* (0: started before the switch) */
+  assert_int_equal(metrics_get(port), 200);
+  assert_int_equal(harness_stop(h), 0);
+  harness_set_leftover(NULL);
+}
+
 /* Whether gshmd's log (path) has a line holding text. */
 static bool log_has(const char *path, const char *text) {
   char line[1024];
@@ -303,6 +372,7 @@ int main(void) {
       cmocka_unit_test(test_switch_moves_memory_and_fds),
       cmocka_unit_test(test_no_such_user),
       cmocka_unit_test(test_switch_without_capabilities),
+      cmocka_unit_test(test_metrics_endpoint_after_switch),
   };
   atexit(harness_kill_leftover);
   return cmocka_run_group_tests(tests, NULL, NULL);
