@@ -278,10 +278,11 @@ static int host_adopt_fd(struct gshmd_backend *b, int fd, const char *location, 
   if (seals < 0 || (seals & HOST_SEALS) != HOST_SEALS || fstat(fd, &st) < 0 ||
       (uint64_t)st.st_size != size)
     return -EINVAL;
-  adopt_owner((struct host_backend *)b, fd, &st);
-  /* parked by a gshmd that left memfds 0777 (see host_alloc) */
+  /* parked by a gshmd that left memfds 0777 (see host_alloc); before the
+   * file is given away: root without CAP_FOWNER may chmod only its own */
   if ((st.st_mode & 07777) != 0600 && fchmod(fd, 0600) < 0)
     return -errno;
+  adopt_owner((struct host_backend *)b, fd, &st);
   return host_wrap(b, fd, size, out);
 }
 

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -177,6 +178,16 @@ static int restart_as(struct harness *h, unsigned uid) {
   return harness_restart(h, SIGTERM, args);
 }
 
+/* A root gshmd (with no capability, as the harness starts it), killed
+ * when a check fails; the test is skipped when not run as root. */
+static void start_as_root(struct harness *h) {
+  if (geteuid() != 0)
+    skip();
+  harness_kill_leftover();
+  assert_int_equal(harness_start(h, NULL), 0);
+  harness_set_leftover(h);
+}
+
 /* A store written by a root gshmd, taken back by one that becomes UID_A,
  * then by one that becomes UID_B, then by root again: every segment opens
  * (its memory given to the new user), and the queued fds count against
@@ -192,11 +203,7 @@ static void test_switch_moves_memory_and_fds(void **state) {
   char name[32];
 
   (void)state;
-  if (geteuid() != 0)
-    skip();
-  harness_kill_leftover();
-  assert_int_equal(harness_start(h, NULL), 0); /* (root, no capability) */
-  harness_set_leftover(h);
+  start_as_root(h);
   assert_int_equal(gshm_connect(h->socket_path, "mig", &c), 0);
   for (int i = 0; i < NSEG; i++) {
     unsigned char b = (unsigned char)(i * 7 + 1);
@@ -237,6 +244,43 @@ static void test_switch_moves_memory_and_fds(void **state) {
   assert_int_equal(gshm_connect(h->socket_path, "mig", &c), 0);
   for (int i = 0; i < NSEG; i += 37)
     check_segment(c, i);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(h), 0);
+  harness_set_leftover(NULL);
+}
+
+/* A memfd that an older gshmd left mode 0777 (backend_host.c
+ * host_adopt_fd makes it 0600), stored by a root gshmd, is taken over by
+ * one that becomes another user: made 0600 and that user's, and its
+ * segment opens, with its bytes.  (The mode must be set while root still
+ * owns the file: root without CAP_FOWNER may not chmod another's.) */
+static void test_adopts_memory_left_0777(void **state) {
+  struct harness *h = &H;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  unsigned char b = 0;
+  struct stat st;
+
+  (void)state;
+  start_as_root(h);
+  assert_int_equal(gshm_connect(h->socket_path, "wide", &c), 0);
+  assert_int_equal(gshm_create(c, "wide/a", 4096, NULL, 0644, 0, &s), 0);
+  assert_int_equal(gshm_write(s, 0, "\x5a", 1), 0);
+  /* (gshmd's own description of the memfd: a read-write lease's) */
+  assert_int_equal(fchmod(gshm_segment_fd(s), 0777), 0);
+  gshm_close(s);
+  gshm_disconnect(c);
+
+  assert_int_equal(restart_as(h, UID_C), 0);
+  assert_runs_as(h->sp.pid, UID_C);
+  assert_int_equal(gshm_connect(h->socket_path, "wide", &c), 0);
+  assert_int_equal(gshm_open(c, "wide/a", GSHM_ACCESS_READ, &s), 0);
+  assert_int_equal(gshm_read(s, 0, &b, 1), 0);
+  assert_int_equal(b, 0x5a);
+  assert_int_equal(fstat(gshm_segment_fd(s), &st), 0);
+  assert_int_equal(st.st_mode & 07777, 0600);
+  assert_int_equal(st.st_uid, UID_C);
+  gshm_close(s);
   gshm_disconnect(c);
   assert_int_equal(harness_stop(h), 0);
   harness_set_leftover(NULL);
@@ -292,14 +336,10 @@ static void test_metrics_endpoint_after_switch(void **state) {
   int port;
 
   (void)state;
-  if (geteuid() != 0)
-    skip();
-  harness_kill_leftover();
+  start_as_root(h);
   assert_true((port = harness_free_port()) > 0);
   snprintf(set_user, sizeof(set_user), "daemon.user=%u", UID_C);
   snprintf(set_listen, sizeof(set_listen), "metrics.http_listen=127.0.0.1:%d", port);
-  assert_int_equal(harness_start(h, NULL), 0);
-  harness_set_leftover(h);
   assert_int_equal(gshm__spawn_run_as(&h->sp, UID_C), 0);
   assert_int_equal(harness_restart(h, SIGTERM, args), 0);
   assert_runs_as(h->sp.pid, UID_C);
@@ -373,6 +413,7 @@ int main(void) {
       cmocka_unit_test(test_no_such_user),
       cmocka_unit_test(test_switch_without_capabilities),
       cmocka_unit_test(test_metrics_endpoint_after_switch),
+      cmocka_unit_test(test_adopts_memory_left_0777),
   };
   atexit(harness_kill_leftover);
   return cmocka_run_group_tests(tests, NULL, NULL);
