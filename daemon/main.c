@@ -516,6 +516,8 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
   gshmd_fd_limit_setup(&d->cfg, d->fd_warning, sizeof(d->fd_warning));
   if (gshmd_user_resolve(d->cfg.user, &d->user, false) == 0 && d->user.on)
     d->cfg.memory_uid = d->user.uid; /* (the restore gives it the stored memory) */
+  else if (!d->user.on && d->cfg.user && *d->cfg.user) /* (no thread started yet) */
+    gshmd_user_keep_no_capability();
   if (setup_backends(d))
     return -1;
   /* The lease key first: its entry is not the fd store's to adopt. */

@@ -60,7 +60,7 @@
     "user's processes may not pass fds (ETOOMANYREFS; docs/SECURITY.md). "     \
     "Empty: gshmd stays the user it was started as. A user that does not "     \
     "exist, or a switch refused (no CAP_SETUID), is logged and gshmd stays "   \
-    "as started, keeping every segment.")                                       \
+    "as started, keeping every segment, but with no capability.")               \
   X(daemon, backend, ENUM, backend, "auto", 0, 0, "auto|host|cuda",             \
     "Memory backend: auto (cuda when libcuda.so.1 loads and a device is "       \
     "present, else host), host (sealed memfd segments only) or cuda.")          \

@@ -54,8 +54,8 @@ int gshmd_user_resolve(const char *spec, struct gshmd_user *u, bool quiet) {
     uid_t uid;
     if (!parse_uid(spec, &uid)) {
       if (!quiet)
-        gshm_log_err("daemon.user '%s': not a uid (0 to 4294967294); gshmd stays uid %u", spec,
-                     (unsigned)geteuid());
+        gshm_log_err("daemon.user '%s': not a uid (0 to 4294967294); gshmd stays uid %u, with no "
+                     "capability", spec, (unsigned)geteuid());
       return -ENOENT;
     }
     getpwuid_r(uid, &pw, buf, sizeof(buf), &found);
@@ -65,8 +65,8 @@ int gshmd_user_resolve(const char *spec, struct gshmd_user *u, bool quiet) {
     getpwnam_r(spec, &pw, buf, sizeof(buf), &found);
     if (!found) {
       if (!quiet)
-        gshm_log_err("daemon.user '%s': no such user; gshmd stays uid %u and keeps every segment "
-                     "(create it: systemd-sysusers installs gshm.conf's)",
+        gshm_log_err("daemon.user '%s': no such user; gshmd stays uid %u, with no capability, and "
+                     "keeps every segment (create it: systemd-sysusers installs gshm.conf's)",
                      spec, (unsigned)geteuid());
       u->uid = geteuid();
       return -ENOENT;
@@ -83,7 +83,7 @@ int gshmd_user_resolve(const char *spec, struct gshmd_user *u, bool quiet) {
   if (geteuid() != 0 || !cap_effective(CAP_SETUID) || !cap_effective(CAP_SETGID)) {
     if (!quiet)
       gshm_log_err("daemon.user '%s' (uid %u): gshmd (uid %u) %s and cannot become another "
-                   "user; it stays uid %u and keeps every segment",
+                   "user; it stays uid %u, with no capability, and keeps every segment",
                    spec, (unsigned)u->uid, (unsigned)geteuid(),
                    geteuid() ? "was not started as root"
                              : "lacks CAP_SETUID or CAP_SETGID (gshmd.service keeps both in "
@@ -116,6 +116,17 @@ static bool caps_left(void) {
       return true;
   }
   return false;
+}
+
+void gshmd_user_keep_no_capability(void) {
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct d[2] = {{0}};
+
+  /* (lowering the sets needs no capability; this thread's only, so
+   * called before gshmd starts any other: they inherit it) */
+  prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+  if (syscall(SYS_capset, &h, d) < 0 || caps_left())
+    gshm_log_err("daemon.user: cannot drop the capabilities kept for the switch (%m)");
 }
 
 int gshmd_user_switch(const struct gshmd_user *u) {

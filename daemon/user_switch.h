@@ -41,6 +41,16 @@ struct gshmd_user {
  * Each error is logged (unless quiet) saying gshmd stays as started. */
 int gshmd_user_resolve(const char *spec, struct gshmd_user *u, bool quiet);
 
+/* For a daemon.user that is set but will not be had (no such user, or
+ * no CAP_SETUID/CAP_SETGID: gshmd_user_resolve's errors): gshmd stays as
+ * started, but with no capability, so that the ones gshmd.service keeps
+ * for the switch (CAP_CHOWN, CAP_SETUID, CAP_SETGID: as root, a way to
+ * any user's files and processes) are not held while it serves.  Empties
+ * the calling thread's permitted, effective, inheritable and ambient
+ * sets: call it before any other thread starts (they inherit them).  A
+ * failure (none expected: lowering needs no capability) is logged. */
+void gshmd_user_keep_no_capability(void);
+
 /* Becomes u (when u->on): supplementary groups (initgroups for a named
  * user, none for a bare number), then setresgid and setresuid to u's ids
  * on every thread (glibc's set*id reach all of them).  Going from root to

@@ -363,8 +363,10 @@ static bool log_has(const char *path, const char *text) {
 }
 
 /* A daemon.user that cannot be had (no such user; no CAP_SETUID) is said,
- * and gshmd serves as the user it was started as, with its segments. */
-static void stays_as_started(const char *set, const char *said) {
+ * and gshmd serves as the user it was started as, with its segments.
+ * unit_caps: the restart has gshmd.service's bounding set (CAP_CHOWN,
+ * CAP_SETGID, CAP_SETUID), of which nothing may stay while it serves. */
+static void stays_as_started(const char *set, const char *said, bool unit_caps) {
   char path[] = "/tmp/gshm-test-user-XXXXXX";
   const char *args[] = {"--set", set, NULL};
   struct harness *h = &H;
@@ -383,7 +385,11 @@ static void stays_as_started(const char *set, const char *said) {
   assert_int_equal(gshm_write(s, 0, "\x42", 1), 0);
   gshm_close(s);
   gshm_disconnect(c);
+  if (unit_caps)
+    assert_int_equal(gshm__spawn_run_as(&h->sp, geteuid()), 0);
   assert_int_equal(harness_restart(h, SIGKILL, args), 0);
+  if (unit_caps && geteuid() == 0)
+    assert_runs_as(h->sp.pid, 0);
   assert_int_equal(gshm_connect(h->socket_path, "stay", &c), 0);
   assert_int_equal(gshm_open(c, "stay/a", GSHM_ACCESS_READ, &s), 0);
   gshm_close(s);
@@ -396,7 +402,8 @@ static void stays_as_started(const char *set, const char *said) {
 
 static void test_no_such_user(void **state) {
   (void)state;
-  stays_as_started("daemon.user=gshm-test-no-such-user", "'gshm-test-no-such-user': no such user");
+  stays_as_started("daemon.user=gshm-test-no-such-user", "'gshm-test-no-such-user': no such user",
+                   true);
 }
 
 static void test_switch_without_capabilities(void **state) {
@@ -404,7 +411,7 @@ static void test_switch_without_capabilities(void **state) {
   if (geteuid() != 0)
     skip();
   /* (the harness drops every capability unless gshm__spawn_run_as) */
-  stays_as_started("daemon.user=61003", "lacks CAP_SETUID or CAP_SETGID");
+  stays_as_started("daemon.user=61003", "lacks CAP_SETUID or CAP_SETGID", false);
 }
 
 int main(void) {
