@@ -427,6 +427,71 @@ int harness_kid_wait(struct harness_kid *k) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+bool harness_proc_status(const char *who, const char *field, char *out, size_t n) {
+  char path[352], line[256];
+  FILE *f;
+
+  snprintf(path, sizeof(path), "/proc/%s/status", who);
+  out[0] = '\0';
+  if (!(f = fopen(path, "re")))
+    return false;
+  while (fgets(line, sizeof(line), f))
+    if (!strncmp(line, field, strlen(field))) {
+      const char *v = line + strlen(field) + strspn(line + strlen(field), " \t");
+      snprintf(out, n, "%.*s", (int)strcspn(v, "\n"), v);
+    }
+  fclose(f);
+  return true;
+}
+
+int harness_threads_not_as(pid_t pid, uid_t uid, gid_t gid, int *checked) {
+  static const char *const zero[] = {"CapEff:", "CapPrm:", "CapAmb:"};
+  char dir[64], who[320], name[64], got[128], want_uid[64], want_gid[64];
+  struct dirent *e;
+  int bad = 0, n = 0;
+  DIR *d;
+
+  snprintf(want_uid, sizeof(want_uid), "%u\t%u\t%u\t%u", (unsigned)uid, (unsigned)uid,
+           (unsigned)uid, (unsigned)uid);
+  snprintf(want_gid, sizeof(want_gid), "%u\t%u\t%u\t%u", (unsigned)gid, (unsigned)gid,
+           (unsigned)gid, (unsigned)gid);
+  snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+  if (!(d = opendir(dir)))
+    return -1;
+  while ((e = readdir(d))) {
+    bool ok;
+    if (e->d_name[0] < '0' || e->d_name[0] > '9')
+      continue;
+    snprintf(who, sizeof(who), "%d/task/%s", (int)pid, e->d_name);
+    if (!harness_proc_status(who, "Name:", name, sizeof(name)))
+      continue; /* (ended meanwhile) */
+    harness_proc_status(who, "Uid:", got, sizeof(got));
+    ok = !strcmp(got, want_uid);
+    harness_proc_status(who, "Gid:", got, sizeof(got));
+    ok = ok && !strcmp(got, want_gid);
+    for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++) {
+      harness_proc_status(who, zero[i], got, sizeof(got));
+      ok = ok && !strcmp(got, "0000000000000000");
+    }
+    if (!ok) {
+      char u[64], g[64], c[32];
+      harness_proc_status(who, "Uid:", u, sizeof(u));
+      harness_proc_status(who, "Gid:", g, sizeof(g));
+      harness_proc_status(who, "CapPrm:", c, sizeof(c));
+      fprintf(stderr,
+              "harness: gshmd thread %s (%s): Uid %s, Gid %s, CapPrm %s; want uid %u gid %u, no "
+              "capability\n",
+              e->d_name, name, u, g, c, (unsigned)uid, (unsigned)gid);
+      bad++;
+    }
+    n++;
+  }
+  closedir(d);
+  if (checked)
+    *checked = n;
+  return bad;
+}
+
 int harness_as_nobody(int (*fn)(const char *arg), const char *arg) {
   int status;
   pid_t pid = fork();

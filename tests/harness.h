@@ -124,6 +124,19 @@ void harness_random(void *buf, size_t n, unsigned long long seed);
  * from a start of its own (by pid), never handing out a port twice. */
 int harness_free_port(void);
 
+/* The value of field ("Uid:", "CapEff:") in /proc/WHO/status (WHO a pid,
+ * or PID/task/TID for one thread) in out (n bytes; "" when the field is
+ * missing).  False when WHO is gone. */
+bool harness_proc_status(const char *who, const char *field, char *out, size_t n);
+
+/* How many threads of pid do not run as uid and gid (all four ids of
+ * each) with empty effective, permitted and ambient capability sets,
+ * each one said on stderr; -1 when /proc/PID/task cannot be read.  A
+ * thread that ends meanwhile is skipped.  *checked (may be NULL): how
+ * many threads were looked at.  (/proc/PID/status is the main thread's
+ * alone: a switch of ids by raw syscalls changes the calling thread only.) */
+int harness_threads_not_as(pid_t pid, uid_t uid, gid_t gid, int *checked);
+
 /* A child process, as another user, stepped by its parent: one byte per
  * step through two pipes (the parent's ends to_kid/from_kid, the child's
  * in/out). */

@@ -47,6 +47,15 @@ gshm_segments_add_test(gpu.dev_killpoint gpu 300 COMMAND test_dev_killpoint)
 gshm_segments_add_test(killpoint.dev_logic_host killpoint 120 ENV GSHM_KP_HOST=1
                        COMMAND test_dev_killpoint)
 
+# Device segments across gshmd's switch to daemon.user (root only): made
+# before it and after it, and every thread of gshmd (libcuda's too) as that
+# user with no capability.  One GPU; the same steps on host segments check
+# the test's own logic on every CI build.
+gshm_segments_test(test_dev_user)
+gshm_segments_add_test(gpu.dev_user gpu 150 COMMAND test_dev_user)
+gshm_segments_add_test(integration.dev_user_logic_host integration 120 ENV GSHM_DEV_USER_HOST=1
+                       COMMAND test_dev_user)
+
 # A device segment pulled between two gshmd on one GPU over UCX; a set of
 # device segments relayed by a gshmd still pulling it (fan-out).
 gshm_segments_test(test_cluster_gpu)

@@ -23,6 +23,7 @@
 
 #include "cudadrv.h"
 #include "gpu_check.h"
+#include "gpu_count.h"
 #include "gshm.h"
 #include "harness.h"
 
@@ -96,23 +97,6 @@ static void holder(struct harness_kid *k, void *arg) {
   gshm_disconnect(c);
   free(buf);
   _exit(failures ? 1 : 0);
-}
-
-/* A child counts the GPUs: CUDA must not start in this process, whose
- * forked holder uses it. */
-static int gpu_count(void) {
-  const struct gshm_cudadrv *drv;
-  pid_t pid = fork();
-  int count = 0, st;
-
-  if (pid == 0) {
-    if (gshm__cudadrv_load(GSHM_LOG_DEBUG, &drv) || drv->cuDeviceGetCount(&count) != CUDA_SUCCESS)
-      _exit(0);
-    _exit(count > 100 ? 100 : count);
-  }
-  if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
-    return 0;
-  return WEXITSTATUS(st);
 }
 
 int main(void) {

@@ -6,7 +6,6 @@
  * queued fds against that user, not the one that sent them (root before:
  * ETOOMANYREFS for capless root processes with a low RLIMIT_NOFILE).
  * Root only (the switch, and the children of other uids). */
-#include <dirent.h>
 #include <errno.h>
 #include <grp.h>
 #include <netinet/in.h>
@@ -41,73 +40,25 @@
 #define NSEG 400
 #define CHILD_NOFILE 100
 
-/* A field of /proc/WHO/status ("Uid:", "CapEff:"; WHO a pid, or
- * PID/task/TID for one thread): its value in out.  False when WHO is gone
- * (a thread that ended meanwhile). */
-static bool proc_status_of(const char *who, const char *field, char *out, size_t n) {
-  char path[352], line[256];
-  FILE *f;
-
-  snprintf(path, sizeof(path), "/proc/%s/status", who);
-  out[0] = '\0';
-  if (!(f = fopen(path, "re")))
-    return false;
-  while (fgets(line, sizeof(line), f))
-    if (!strncmp(line, field, strlen(field))) {
-      const char *v = line + strlen(field);
-      while (*v == ' ' || *v == '\t')
-        v++;
-      snprintf(out, n, "%.*s", (int)strcspn(v, "\n"), v);
-    }
-  fclose(f);
-  return true;
-}
-
-/* The same for the main thread of pid. */
+/* A field of /proc/PID/status ("Uid:", "CapEff:") of pid's main thread:
+ * its value in out. */
 static void proc_status(pid_t pid, const char *field, char *out, size_t n) {
   char who[16];
 
   snprintf(who, sizeof(who), "%d", (int)pid);
-  assert_true(proc_status_of(who, field, out, n));
+  assert_true(harness_proc_status(who, field, out, n));
 }
 
-/* Every thread of gshmd (pid) runs as uid with no capability: /proc/PID/status
- * is the main thread's alone, and a thread that kept root's ids (a switch
- * by raw syscalls, which change only the calling thread) would keep
- * CAP_CHOWN, CAP_SETUID and CAP_SETGID while the main thread looks right. */
+/* Every thread of gshmd (pid) runs as uid with no capability: a thread
+ * that kept root's ids (a switch by raw syscalls, which change only the
+ * calling thread) would keep CAP_CHOWN, CAP_SETUID and CAP_SETGID while
+ * the main thread looks right (harness_threads_not_as). */
 static void assert_runs_as(pid_t pid, unsigned uid) {
-  static const char *const caps[] = {"CapEff:", "CapPrm:", "CapAmb:"};
-  char dir[64], task[320], want[64], want_gid[64], got[128], who[128];
   struct passwd *pw = getpwuid(uid);
-  unsigned gid = pw ? (unsigned)pw->pw_gid : uid; /* (user_switch.c's: a bare uid's group) */
-  struct dirent *e;
-  DIR *d;
+  gid_t gid = pw ? pw->pw_gid : (gid_t)uid; /* (user_switch.c's: a bare uid's group) */
   int n = 0;
 
-  snprintf(want, sizeof(want), "%u\t%u\t%u\t%u", uid, uid, uid, uid);
-  snprintf(want_gid, sizeof(want_gid), "%u\t%u\t%u\t%u", gid, gid, gid, gid);
-  snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
-  assert_non_null(d = opendir(dir));
-  while ((e = readdir(d))) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9')
-      continue;
-    snprintf(task, sizeof(task), "%d/task/%s", (int)pid, e->d_name);
-    if (!proc_status_of(task, "Name:", who, sizeof(who)))
-      continue; /* (ended meanwhile) */
-    proc_status_of(task, "Uid:", got, sizeof(got));
-    if (strcmp(got, want))
-      fail_msg("gshmd thread %s (%s): Uid %s, not %s", e->d_name, who, got, want);
-    proc_status_of(task, "Gid:", got, sizeof(got));
-    if (strcmp(got, want_gid))
-      fail_msg("gshmd thread %s (%s): Gid %s, not %s", e->d_name, who, got, want_gid);
-    for (size_t i = 0; i < sizeof(caps) / sizeof(caps[0]); i++) {
-      proc_status_of(task, caps[i], got, sizeof(got));
-      if (strcmp(got, "0000000000000000"))
-        fail_msg("gshmd thread %s (%s): %s %s", e->d_name, who, caps[i], got);
-    }
-    n++;
-  }
-  closedir(d);
+  assert_int_equal(harness_threads_not_as(pid, uid, gid, &n), 0);
   /* (at least the main thread and the host reaper, which the backend
    * started before the switch: host_reap.c) */
   assert_true(n >= 2);
