@@ -58,7 +58,10 @@ static bool name_matches(const struct gshmd_cluster *cl, const struct gshmd_segm
 }
 
 int gshmd__serve_link_up(struct gshmd_cluster *cl, struct link *l) {
-  struct gshmd_cred cred = {.pid = getpid(), .uid = geteuid(), .gid = getegid(), .admin = true};
+  /* uid 0, not gshmd's own: the serving is gshmd's work, which the
+   * per-uid quotas exempt as root's; gshmd's user (daemon.user) would put
+   * every peer's serving leases under one uid's quota.leases */
+  struct gshmd_cred cred = {.pid = getpid(), .uid = 0, .gid = 0, .admin = true};
 
   /* The serving leases of this link belong to an internal client that
    * gshmctl clients and mappings show as "peer:NAME". */
