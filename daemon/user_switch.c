@@ -130,8 +130,8 @@ void gshmd_user_keep_no_capability(void) {
 }
 
 int gshmd_user_switch(const struct gshmd_user *u) {
-  uid_t r, e, s;
-  gid_t gr, ge, gs;
+  uid_t r = (uid_t)-1, e = (uid_t)-1, s = (uid_t)-1;
+  gid_t gr = (gid_t)-1, ge = (gid_t)-1, gs = (gid_t)-1;
   int err;
 
   if (!u->on)
