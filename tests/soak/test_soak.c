@@ -627,7 +627,10 @@ static unsigned daemon_segments(struct harness *h) {
 }
 
 int main(int argc, char **argv) {
-  static const char *const args[] = {"--set", "daemon.socket_mode=0666", NULL};
+  static char user_set[64];
+  /* (--user: gshmd becomes that uid at each start, as under gshmd.service) */
+  static const char *args[] = {"--set", "daemon.socket_mode=0666", NULL, NULL, NULL};
+  unsigned user = 0;
   struct harness h;
   int seconds = 60, nclients = 16, nrestarts = 2, think_us = 20000, kills = 0, incarnation = 1;
   uint64_t seed = (uint64_t)time(NULL);
@@ -648,9 +651,11 @@ int main(int argc, char **argv) {
       seed = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--think-us") && i + 1 < argc)
       think_us = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--user") && i + 1 < argc)
+      user = (unsigned)strtoul(argv[++i], NULL, 10);
     else {
       fprintf(stderr, "usage: %s [--seconds N] [--clients N (1..%d)] [--restarts N (0..16)] "
-                      "[--seed N] [--think-us N]\n",
+                      "[--seed N] [--think-us N] [--user UID]\n",
               argv[0], MAX_CLIENTS);
       return 2;
     }
@@ -668,6 +673,15 @@ int main(int argc, char **argv) {
   if (harness_start(&h, args))
     return 1;
   harness_set_leftover(&h);
+  if (user) { /* (args name the user from now on: the restart switches) */
+    snprintf(user_set, sizeof(user_set), "daemon.user=%u", user);
+    args[2] = "--set";
+    args[3] = user_set;
+    if (gshm__spawn_run_as(&h.sp, user) || harness_restart(&h, SIGTERM, args)) {
+      fprintf(stderr, "FAIL: gshmd did not start as uid %u\n", user);
+      return 1;
+    }
+  }
   atexit(harness_kill_leftover);
   count_fds(h.sp.pid, &mem_base, &fd_base);
   bucket_base = harness_store_bucket_fds(&h);
