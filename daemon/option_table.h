@@ -58,6 +58,8 @@
     "own: the fds the fd store keeps queued are counted by the kernel against " \
     "the user that queued them, and past a process's RLIMIT_NOFILE that "      \
     "user's processes may not pass fds (ETOOMANYREFS; docs/SECURITY.md). "     \
+    "It must be a user no other process runs as (never nobody): every "        \
+    "process of that user may trace gshmd and so reach every segment. "        \
     "Empty: gshmd stays the user it was started as. A user that does not "     \
     "exist, or a switch refused (no CAP_SETUID), is logged and gshmd stays "   \
     "as started, keeping every segment, but with no capability.")               \

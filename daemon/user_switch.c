@@ -78,6 +78,12 @@ int gshmd_user_resolve(const char *spec, struct gshmd_user *u, bool quiet) {
     snprintf(u->name, sizeof(u->name), "%s", found->pw_name);
   if (u->uid == geteuid()) /* (already so: nothing to do) */
     return 0;
+  /* gshmd is made dumpable after the switch: every process of its user
+   * may trace it, and so read and write every segment */
+  if (!quiet && (u->uid == 65534 || !strcmp(u->name, "nobody")))
+    gshm_log_warn("daemon.user '%s' (uid %u): other processes run as this user (NFS, "
+                  "containers) and could trace gshmd and reach every segment; give gshmd a user "
+                  "of its own (gshmd.service's: gshmd)", spec, (unsigned)u->uid);
   /* (asked now, before the restore gives the user its memory: a switch
    * refused afterwards would leave gshmd unable to reopen it) */
   if (geteuid() != 0 || !cap_effective(CAP_SETUID) || !cap_effective(CAP_SETGID)) {

@@ -24,7 +24,7 @@ struct gshmd_user {
   bool on;        /* switch at gshmd_user_switch */
   uid_t uid;      /* the user's; when !on, gshmd's effective uid */
   gid_t gid;      /* its primary group (a bare number: the same number) */
-  char name[64];  /* its passwd name, "" for a number without one */
+  char name[256]; /* its passwd name, "" for a number without one (LOGIN_NAME_MAX) */
 };
 
 /* Reads daemon.user.

@@ -365,11 +365,20 @@ static void test_switch_without_capabilities(void **state) {
   stays_as_started("daemon.user=61003", "lacks CAP_SETUID or CAP_SETGID", false);
 }
 
+/* nobody (65534) is a user other processes run as: said (gshmd is made
+ * dumpable after a switch, so they could trace it); without the
+ * capabilities here gshmd stays as started. */
+static void test_nobody_warned(void **state) {
+  (void)state;
+  stays_as_started("daemon.user=65534", "other processes run as this user", false);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_switch_moves_memory_and_fds),
       cmocka_unit_test(test_no_such_user),
       cmocka_unit_test(test_switch_without_capabilities),
+      cmocka_unit_test(test_nobody_warned),
       cmocka_unit_test(test_metrics_endpoint_after_switch),
       cmocka_unit_test(test_adopts_memory_left_0777),
   };
