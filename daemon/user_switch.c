@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -40,8 +41,11 @@ static bool cap_effective(int cap) {
   return d[cap / 32].effective & (1u << (cap % 32));
 }
 
+static int trial_switch(const struct gshmd_user *u);
+
 int gshmd_user_resolve(const char *spec, struct gshmd_user *u, bool quiet) {
   struct passwd pw, *found = NULL;
+  int e;
   char buf[4096];
   bool numeric = spec && *spec >= '0' && *spec <= '9';
 
@@ -99,6 +103,16 @@ int gshmd_user_resolve(const char *spec, struct gshmd_user *u, bool quiet) {
     u->gid = getegid();
     return -EPERM;
   }
+  if (!quiet && (e = trial_switch(u))) {
+    gshm_log_err("daemon.user '%s' (uid %u): the switch, tried in a child process, failed (%s: "
+                 "in a user namespace the uid must be mapped and setgroups allowed); gshmd stays "
+                 "uid %u, with no capability, and keeps every segment",
+                 spec, (unsigned)u->uid, e == -EIO ? "an id or a capability was left" : strerror(-e),
+                 (unsigned)geteuid());
+    u->uid = geteuid();
+    u->gid = getegid();
+    return -EPERM;
+  }
   u->on = true;
   return 0;
 }
@@ -135,28 +149,69 @@ void gshmd_user_keep_no_capability(void) {
     gshm_log_err("daemon.user: cannot drop the capabilities kept for the switch (%m)");
 }
 
-int gshmd_user_switch(const struct gshmd_user *u) {
+/* The switch's calls: supplementary groups, then gids, then uids.
+ * Returns 0 or -errno (what was done before the failing call stays). */
+static int become(const struct gshmd_user *u) {
+  if ((u->name[0] ? initgroups(u->name, u->gid) : setgroups(0, NULL)) < 0 ||
+      setresgid(u->gid, u->gid, u->gid) < 0 || setresuid(u->uid, u->uid, u->uid) < 0)
+    return -errno;
+  return 0;
+}
+
+/* Whether this thread is u now, every id, with no capability; the ids
+ * read back in ids[6] (uids, then gids). */
+static bool became(const struct gshmd_user *u, unsigned ids[6]) {
   uid_t r = (uid_t)-1, e = (uid_t)-1, s = (uid_t)-1;
   gid_t gr = (gid_t)-1, ge = (gid_t)-1, gs = (gid_t)-1;
+  bool ok = getresuid(&r, &e, &s) == 0 && getresgid(&gr, &ge, &gs) == 0 && r == u->uid &&
+            e == u->uid && s == u->uid && gr == u->gid && ge == u->gid && gs == u->gid;
+
+  ids[0] = r, ids[1] = e, ids[2] = s, ids[3] = gr, ids[4] = ge, ids[5] = gs;
+  return ok && !caps_left();
+}
+
+/* The switch tried in a child process first, before the restore gives
+ * u its memory: a switch the capabilities allow can still fail (a user
+ * namespace where u's uid is not mapped or setgroups is denied, a
+ * SecureBits drop-in that keeps capabilities), and found failing only
+ * then, it would leave gshmd as root with the memory given away.
+ * Returns 0, or the child's -errno (-EIO: an id or capability left). */
+static int trial_switch(const struct gshmd_user *u) {
+  unsigned ids[6];
+  int status;
+  pid_t pid = fork();
+
+  if (pid < 0)
+    return -errno;
+  if (pid == 0) {
+    int e = become(u);
+    _exit(e ? (-e < 256 ? -e : 255) : became(u, ids) ? 0 : EIO);
+  }
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR)
+      return -errno;
+  if (WIFEXITED(status))
+    return -WEXITSTATUS(status);
+  return -ECHILD;
+}
+
+int gshmd_user_switch(const struct gshmd_user *u) {
+  unsigned ids[6];
   int err;
 
   if (!u->on)
     return 0;
-  if ((u->name[0] ? initgroups(u->name, u->gid) : setgroups(0, NULL)) < 0 ||
-      setresgid(u->gid, u->gid, u->gid) < 0 || setresuid(u->uid, u->uid, u->uid) < 0) {
-    err = errno;
+  if ((err = become(u))) {
     gshm_log_err("daemon.user: cannot become uid %u gid %u (%s); gshmd stays uid %u (it needs "
                  "CAP_SETUID and CAP_SETGID to switch: gshmd.service keeps them in "
                  "CapabilityBoundingSet=)",
-                 (unsigned)u->uid, (unsigned)u->gid, strerror(err), (unsigned)geteuid());
-    return -err;
+                 (unsigned)u->uid, (unsigned)u->gid, strerror(-err), (unsigned)geteuid());
+    return err;
   }
-  if (getresuid(&r, &e, &s) < 0 || getresgid(&gr, &ge, &gs) < 0 || r != u->uid || e != u->uid ||
-      s != u->uid || gr != u->gid || ge != u->gid || gs != u->gid || caps_left()) {
+  if (!became(u, ids)) {
     gshm_log_err("daemon.user: after the switch to uid %u an id or a capability is left "
                  "(uids %u/%u/%u, gids %u/%u/%u)",
-                 (unsigned)u->uid, (unsigned)r, (unsigned)e, (unsigned)s, (unsigned)gr,
-                 (unsigned)ge, (unsigned)gs);
+                 (unsigned)u->uid, ids[0], ids[1], ids[2], ids[3], ids[4], ids[5]);
     return -EIO;
   }
   prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);

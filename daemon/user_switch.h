@@ -37,7 +37,11 @@ struct gshmd_user {
  * Nothing to do, and 0, when spec is empty or names gshmd's own uid.
  * Returns 0; -ENOENT no such user name, or a number out of range;
  * -EPERM spec names another user and gshmd cannot switch to it: not root,
- * or without CAP_SETUID and CAP_SETGID (then on is false).
+ * or without CAP_SETUID and CAP_SETGID, or the switch tried in a forked
+ * child failed (a user namespace where the uid is not mapped or setgroups
+ * is denied; a SecureBits setting that keeps capabilities: an id or a
+ * capability left) -- then on is false.  The trial (not when quiet) forks
+ * once, before gshmd has threads; the child exits at once.
  * Each error is logged (unless quiet) saying gshmd stays as started. */
 int gshmd_user_resolve(const char *spec, struct gshmd_user *u, bool quiet);
 
