@@ -225,7 +225,9 @@
     "(docs/SECURITY.md). The unit allows only AF_UNIX and a private network: "  \
     "a drop-in with RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 "          \
     "AF_NETLINK (without AF_NETLINK all clients share 4 connections), "         \
-    "PrivateNetwork=no and IPAddressAllow=localhost is needed.")                \
+    "PrivateNetwork=no and IPAddressAllow=localhost is needed. It starts "     \
+    "after gshmd becomes daemon.user, so a port below 1024 needs "              \
+    "CAP_NET_BIND_SERVICE for that user; use a higher one.")                    \
                                                                                 \
   X(cluster, listen, STR, cluster_listen, "", 0, 128, NULL,                     \
     "Serve peer nodes on ADDRESS:PORT (e.g. 10.0.0.5:7470), the one TCP port "  \

@@ -227,7 +227,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="gshmctl --json's document; an error as its JSON error on stderr")
     words = list(sys.argv[1:] if argv is None else argv)
     opts = words[:words.index("--")] if "--" in words else words
-    p.json_errors = "-j" in opts or "--json" in opts
+    # (argparse, as gshmctl's getopt_long, takes "--js" for --json)
+    p.json_errors = any(w == "-j" or (len(w) > 2 and "--json".startswith(w)) for w in opts)
     args = p.parse_args(words)
     try:
         with Client(args.socket, name="python -m gshm") as c:

@@ -1564,6 +1564,10 @@ def test_python_m_gshm_json_errors_are_gshmctls(tmp_path):
         if code == 3:
             assert got == ref, (got, ref)
             unreached = ref["error"]["message"]
+    # an abbreviated --json, which argparse (as gshmctl's getopt_long) takes:
+    # the same JSON error (it was argparse's text)
+    p = _python_m_gshm("--socket", sock, "--js", "bogus")
+    assert p.returncode == 2 and json.loads(p.stderr)["error"]["errno"] == "EINVAL", p
     # without --json, the same words as text
     p = _python_m_gshm("--socket", sock)
     assert p.returncode == 3 and p.stderr.decode() == "gshm: %s\n" % unreached, p.stderr
