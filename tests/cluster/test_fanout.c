@@ -172,6 +172,38 @@ static void restart_with(struct node *n, const char *more1, const char *more2) {
   assert_int_equal(harness_restart(&n->h, SIGTERM, argv), 0);
 }
 
+/* Restarts n (SIGTERM) with its log (stderr) into the file path, or back
+ * onto the test's stderr (path NULL). */
+static void restart_logged(struct node *n, const char *path) {
+  int fd = path ? open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1, saved = -1;
+
+  if (path) {
+    assert_true(fd >= 0);
+    assert_true((saved = harness_stderr_onto(fd)) >= 0);
+  }
+  assert_int_equal(harness_restart(&n->h, SIGTERM, n->argv), 0);
+  if (path) {
+    harness_stderr_back(saved);
+    close(fd);
+  }
+}
+
+/* The whole of file path, NUL-terminated (malloc'ed). */
+static char *file_text(const char *path) {
+  FILE *f = fopen(path, "re");
+  char *text;
+  long end;
+
+  assert_non_null(f);
+  assert_int_equal(fseek(f, 0, SEEK_END), 0);
+  assert_true((end = ftell(f)) >= 0);
+  assert_non_null(text = calloc(1, (size_t)end + 1));
+  rewind(f);
+  assert_int_equal(fread(text, 1, (size_t)end, f), (size_t)end);
+  fclose(f);
+  return text;
+}
+
 /* Waits until n has a pull in flight whose listing is done (its segments
  * created, hidden: what the next hop lists) with at least min_done bytes
  * and min_segs whole segments in, or (min_done < 0) any pull in flight,
@@ -1170,21 +1202,27 @@ static uint64_t even_size(int i) { return 256 * 1024 + (uint64_t)i; }
 
 /* A source that refuses one segment still serves the rest: B holds
  * copies of all but one of A's 40 segments of about the same size
- * (pulled one by one), C takes
- * the set from "a,b".  B's refusal of the one it lacks (its answer: not
- * found) passes that segment to A, not B itself: before, any refusal of a
- * source but the lister was taken for no answer, and B was asked nothing
- * more of the set after its first (it served 7 of 40, those of the first
- * GRANTS_AHEAD asks). */
+ * (pulled one by one), C takes the set from "a,b".  B's refusal of the
+ * one it lacks (its answer: not found) passes that segment to A, not B
+ * itself: before, any refusal of a source but the lister was taken for no
+ * answer, and B was asked nothing more of the set after its first (it
+ * served 7 of 40, those of the first GRANTS_AHEAD asks).  Checked in C's
+ * log (the segment asked of another source, B not dropped for the set):
+ * how many of the later asks go to B is the least-busy choice's, a matter
+ * of timing (1 to 22 seen), so the count is only said. */
 static void test_sources_partial(void **state) {
   const char *pre = "fan/part/";
-  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c = connect_to(&C);
+  gshm_client_t *a = connect_to(&A), *b = connect_to(&B), *c;
   gshm_pull_opts_t po = {.mode = 0644}; /* (B exports what others may read) */
   gshm_pull_result_t r, *v = NULL;
+  char log_path[160], *text;
   unsigned from_b = 0;
   size_t n = 0;
   (void)state;
 
+  snprintf(log_path, sizeof(log_path), "%s/c-partial.log", keys.dir);
+  restart_logged(&C, log_path);
+  c = connect_to(&C);
   set_make(a, pre, 40, even_size, 1600);
   for (int i = 0; i < 40; i++) {
     char name[64];
@@ -1201,7 +1239,11 @@ static void test_sources_partial(void **state) {
     from_b += !strcmp(v[i].peer, "b");
   }
   print_message("C took %u of 40 segments from B\n", from_b);
-  assert_true(from_b >= 12);
+  assert_true(from_b > 0);
+  text = file_text(log_path);
+  assert_non_null(strstr(text, "asks another source for 'fan/part/01': peer 'b': "));
+  assert_null(strstr(text, "(and that peer for nothing more)"));
+  free(text);
   set_check(c, pre, 40, even_size, 1600);
   gshm_free(v);
   set_unlink(c, pre, 40);
@@ -1214,6 +1256,8 @@ static void test_sources_partial(void **state) {
   gshm_disconnect(a);
   gshm_disconnect(b);
   gshm_disconnect(c);
+  restart_logged(&C, NULL);
+  unlink(log_path);
 }
 
 /* Closes the connections waiting on the silent listener: their hello
