@@ -44,6 +44,14 @@
          "there let gshmd.socket make the socket (SocketGroup=), or empty daemon.socket_group)" \
        : "")
 
+/* Of a limit of max (limits.max_connections, limits.max_segments), the
+ * part kept for root and daemon.admin_group: reserve
+ * (limits.admin_connections, limits.admin_segments), at most a quarter of
+ * max, so that the rest stays for everyone. */
+static inline uint32_t gshmd_config_admin_reserve(uint32_t max, uint32_t reserve) {
+  return reserve < max / 4 ? reserve : max / 4;
+}
+
 struct gshmd_config {
   /* [daemon] */
   char *socket_path;        /* socket = ; $GSHM_SOCKET, then --socket override */

@@ -41,11 +41,10 @@ static int quota_check(struct gshmd_registry *r, uid_t uid, uint64_t quota, uint
  * an admin what to do. */
 static int segments_check(struct gshmd_registry *r, const struct gshmd_client *c,
                           const char **msg_out) {
-  uint32_t max = r->cfg->max_segments, reserve = r->cfg->admin_segments;
+  uint32_t max = r->cfg->max_segments;
+  uint32_t reserve = gshmd_config_admin_reserve(max, r->cfg->admin_segments);
   uint32_t n = r->nsegments + r->nhidden;
 
-  if (reserve > max / 4)
-    reserve = max / 4;
   if (!max || n < (c->cred.admin ? max : max - reserve))
     return 0;
   if (c->cred.admin || !reserve)

@@ -77,8 +77,8 @@ static uint32_t uid_holds(struct gshmd_server *s, uid_t uid) {
 /* limits.max_connections, of which the last limits.admin_connections (at
  * most a quarter) only root and the admin group may take. */
 static uint32_t global_limit(const struct gshmd_server *s, const struct gshmd_cred *cred) {
-  uint32_t max = s->cfg->max_connections, reserve = s->cfg->admin_connections;
-  return cred->admin ? max : max - (reserve < max / 4 ? reserve : max / 4);
+  uint32_t max = s->cfg->max_connections;
+  return cred->admin ? max : max - gshmd_config_admin_reserve(max, s->cfg->admin_connections);
 }
 
 /* Whether cred's uid, holding `adding` more connections than it does
