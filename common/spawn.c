@@ -101,9 +101,9 @@ static int store_put(struct gshm_spawn *s, const char *name, int fd, bool nopoll
   return 0;
 }
 
-int gshm__spawn_run_as(struct gshm_spawn *s, uid_t uid) {
-  (void)uid; /* (as systemd's /run/systemd/notify: anyone may send, root without
-              * CAP_DAC_OVERRIDE before the switch and uid after it) */
+int gshm__spawn_unit_caps(struct gshm_spawn *s) {
+  /* (as systemd's /run/systemd/notify: anyone may send, root without
+   * CAP_DAC_OVERRIDE before the switch and daemon.user after it) */
   if (chmod(s->notify_path, 0777) < 0)
     return -errno;
   s->unit_caps = true;

@@ -35,7 +35,7 @@ struct gshm_spawn {
   int store_max;
   unsigned store_refused;    /* fds closed for store_max */
   int listen_fd;             /* >= 0: pass as a socket-activated listener */
-  bool unit_caps;            /* keep gshmd.service's bounding set (gshm__spawn_run_as) */
+  bool unit_caps;            /* keep gshmd.service's bounding set (gshm__spawn_unit_caps) */
   /* A thread drains the notify socket all the time, as a service manager
    * does: gshmd blocks in sd_notify when the datagram queue is full.  The
    * fields above that it writes are read under `lock`. */
@@ -49,12 +49,12 @@ struct gshm_spawn {
  * negative errno. */
 int gshm__spawn_init(struct gshm_spawn *s);
 
-/* For starts with daemon.user = uid: the notify socket is made writable
- * by anyone, as systemd's is (gshmd sends fd store entries before its
- * switch and READY=1 after it), and each start keeps gshmd.service's
- * capability bounding set (CAP_CHOWN, CAP_SETGID, CAP_SETUID) instead of
- * none.  Returns 0 or chmod's -errno. */
-int gshm__spawn_run_as(struct gshm_spawn *s, uid_t uid);
+/* For starts as gshmd.service makes them (gshmd given daemon.user):
+ * the notify socket is made writable by anyone, as systemd's is (gshmd
+ * sends fd store entries before its switch and READY=1 after it), and
+ * each start keeps gshmd.service's capability bounding set (CAP_CHOWN,
+ * CAP_SETGID, CAP_SETUID) instead of none.  Returns 0 or chmod's -errno. */
+int gshm__spawn_unit_caps(struct gshm_spawn *s);
 
 /* Adds fd (taken) to the fd store under name, as FDSTORE=1 would: to
  * build a store written by another program (an earlier format) for the

@@ -93,7 +93,7 @@ static void test_serving_is_under_no_quota(void **state) {
   A.argv[k] = extra_a[0];
   A.argv[k + 1] = extra_a[1];
   A.argv[k + 2] = NULL;
-  assert_int_equal(gshm__spawn_run_as(&A.h.sp, USER), 0);
+  assert_int_equal(gshm__spawn_unit_caps(&A.h.sp), 0);
   assert_int_equal(harness_restart(&A.h, SIGTERM, A.argv), 0);
   assert_int_equal(harness_threads_not_as(A.h.sp.pid, USER, USER, NULL), 0);
   node_start(&B, "b", pb, key_path, "", NULL);

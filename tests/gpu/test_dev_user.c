@@ -144,7 +144,7 @@ int main(void) {
   REQUIRE(st == 0, "the client before the switch failed: exit %d", st);
 
   /* gshmd.service's bounding set (CAP_CHOWN, CAP_SETGID, CAP_SETUID) */
-  REQUIRE(gshm__spawn_run_as(&h.sp, USER) == 0, "gshm__spawn_run_as");
+  REQUIRE(gshm__spawn_unit_caps(&h.sp) == 0, "gshm__spawn_unit_caps");
   REQUIRE(harness_restart(&h, SIGTERM, args_user) == 0, "gshmd did not come back as %u", USER);
   n = check_threads(h.sp.pid);
   fprintf(stderr, "dev_user: %d thread(s) of gshmd checked after the switch\n", n);

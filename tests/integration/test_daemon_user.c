@@ -125,7 +125,7 @@ static int restart_as(struct harness *h, unsigned uid) {
   const char *args[] = {"--set", set, NULL};
 
   snprintf(set, sizeof(set), "daemon.user=%u", uid);
-  assert_int_equal(gshm__spawn_run_as(&h->sp, uid), 0);
+  assert_int_equal(gshm__spawn_unit_caps(&h->sp), 0);
   return harness_restart(h, SIGTERM, args);
 }
 
@@ -188,7 +188,7 @@ static void test_switch_moves_memory_and_fds(void **state) {
   /* Back (README's way to an older gshmd): daemon.user empty, with the
    * unit's capabilities, gives the memory back to root, which a gshmd
    * that runs as root with no capability then opens. */
-  assert_int_equal(gshm__spawn_run_as(&h->sp, 0), 0);
+  assert_int_equal(gshm__spawn_unit_caps(&h->sp), 0);
   assert_int_equal(harness_restart(h, SIGTERM, NULL), 0);
   h->sp.unit_caps = false;
   assert_int_equal(harness_restart(h, SIGTERM, NULL), 0);
@@ -291,7 +291,7 @@ static void test_metrics_endpoint_after_switch(void **state) {
   assert_true((port = harness_free_port()) > 0);
   snprintf(set_user, sizeof(set_user), "daemon.user=%u", UID_C);
   snprintf(set_listen, sizeof(set_listen), "metrics.http_listen=127.0.0.1:%d", port);
-  assert_int_equal(gshm__spawn_run_as(&h->sp, UID_C), 0);
+  assert_int_equal(gshm__spawn_unit_caps(&h->sp), 0);
   assert_int_equal(harness_restart(h, SIGTERM, args), 0);
   assert_runs_as(h->sp.pid, UID_C);
   assert_int_equal(tcp_listener_uid(port), (long)UID_C); /* (0: started before the switch) */
@@ -337,7 +337,7 @@ static void stays_as_started(const char *set, const char *said, bool unit_caps) 
   gshm_close(s);
   gshm_disconnect(c);
   if (unit_caps)
-    assert_int_equal(gshm__spawn_run_as(&h->sp, geteuid()), 0);
+    assert_int_equal(gshm__spawn_unit_caps(&h->sp), 0);
   assert_int_equal(harness_restart(h, SIGKILL, args), 0);
   if (unit_caps && geteuid() == 0)
     assert_runs_as(h->sp.pid, 0);
@@ -361,7 +361,7 @@ static void test_switch_without_capabilities(void **state) {
   (void)state;
   if (geteuid() != 0)
     skip();
-  /* (the harness drops every capability unless gshm__spawn_run_as) */
+  /* (the harness drops every capability unless gshm__spawn_unit_caps) */
   stays_as_started("daemon.user=61003", "lacks CAP_SETUID or CAP_SETGID", false);
 }
 

@@ -677,7 +677,7 @@ int main(int argc, char **argv) {
     snprintf(user_set, sizeof(user_set), "daemon.user=%u", user);
     args[2] = "--set";
     args[3] = user_set;
-    if (gshm__spawn_run_as(&h.sp, user) || harness_restart(&h, SIGTERM, args)) {
+    if (gshm__spawn_unit_caps(&h.sp) || harness_restart(&h, SIGTERM, args)) {
       fprintf(stderr, "FAIL: gshmd did not start as uid %u\n", user);
       return 1;
     }
