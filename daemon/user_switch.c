@@ -31,14 +31,20 @@ static bool parse_uid(const char *spec, uid_t *out) {
   return true;
 }
 
+/* This thread's capability sets (d[0]: capabilities 0-31, d[1]: 32-63),
+ * or -1 (d zeroed). */
+static int caps_read(struct __user_cap_data_struct d[2]) {
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+
+  d[0] = d[1] = (struct __user_cap_data_struct){0};
+  return (int)syscall(SYS_capget, &h, d);
+}
+
 /* Whether capability cap is in this thread's effective set. */
 static bool cap_effective(int cap) {
-  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-  struct __user_cap_data_struct d[2] = {{0}};
+  struct __user_cap_data_struct d[2];
 
-  if (syscall(SYS_capget, &h, d) < 0)
-    return false;
-  return d[cap / 32].effective & (1u << (cap % 32));
+  return caps_read(d) == 0 && (d[cap / 32].effective & (1u << (cap % 32)));
 }
 
 static int trial_switch(const struct gshmd_user *u);
@@ -120,10 +126,9 @@ int gshmd_user_resolve(const char *spec, struct gshmd_user *u, bool quiet) {
 /* Whether any capability is left in the permitted, effective or
  * inheritable sets, or the ambient set. */
 static bool caps_left(void) {
-  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-  struct __user_cap_data_struct d[2] = {{0}};
+  struct __user_cap_data_struct d[2];
 
-  if (syscall(SYS_capget, &h, d) < 0)
+  if (caps_read(d) < 0)
     return true;
   for (int i = 0; i < 2; i++)
     if (d[i].permitted || d[i].effective || d[i].inheritable)
