@@ -11,6 +11,7 @@
 #include <string.h>
 #include <linux/capability.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -150,6 +151,28 @@ int gshm__spawn_store_memory_fds(struct gshm_spawn *s) {
   }
   pthread_mutex_unlock(&s->lock);
   return n;
+}
+
+int gshm__spawn_store_queued_fds(struct gshm_spawn *s, const char *name) {
+  int n = 0;
+
+  pthread_mutex_lock(&s->lock);
+  for (int i = 0; i < s->nfds; i++)
+    if (!strcmp(s->names[i], name))
+      n += peek_fd_count(s->fds[i]);
+  pthread_mutex_unlock(&s->lock);
+  return n;
+}
+
+int gshm__spawn_store_drop(struct gshm_spawn *s, const char *name) {
+  int had;
+
+  pthread_mutex_lock(&s->lock);
+  had = s->nfds;
+  store_remove(s, name);
+  had -= s->nfds;
+  pthread_mutex_unlock(&s->lock);
+  return had;
 }
 
 static size_t gshm__spawn_fdnames_len_locked(struct gshm_spawn *s, bool socket_activation);
@@ -349,6 +372,11 @@ static void child_exec(struct gshm_spawn *s, const char *const *argv, int nfds,
     unsetenv("LISTEN_FDS");
     unsetenv("LISTEN_PID");
     unsetenv("LISTEN_FDNAMES");
+  }
+  if (s->nofile) {
+    struct rlimit rl = {s->nofile, s->nofile};
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+      _exit(126);
   }
   drop_capabilities(s);
   execvp(argv[0], (char *const *)argv);

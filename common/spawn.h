@@ -36,6 +36,9 @@ struct gshm_spawn {
   unsigned store_refused;    /* fds closed for store_max */
   int listen_fd;             /* >= 0: pass as a socket-activated listener */
   bool unit_caps;            /* keep gshmd.service's bounding set (gshm__spawn_unit_caps) */
+  /* > 0: the RLIMIT_NOFILE (soft and hard, fds) each start gives gshmd,
+   * as LimitNOFILE= would; 0: this process's */
+  unsigned long nofile;
   /* A thread drains the notify socket all the time, as a service manager
    * does: gshmd blocks in sd_notify when the datagram queue is full.  The
    * fields above that it writes are read under `lock`. */
@@ -65,6 +68,16 @@ int gshm__spawn_store_add(struct gshm_spawn *s, const char *name, int fd, bool n
  * those carried by the datagrams queued in its buckets (b<n>a / b<n>b:
  * peeked, the copies closed).  -1 on error. */
 int gshm__spawn_store_memory_fds(struct gshm_spawn *s);
+
+/* Fds carried by the datagram queued first in the receive queue of the
+ * socket stored under name (a bucket's end, b<n>a or b<n>b: peeked, the
+ * copies closed); 0 when none is queued or nothing has that name. */
+int gshm__spawn_store_queued_fds(struct gshm_spawn *s, const char *name);
+
+/* Takes every fd stored under name out of the fd store and closes it, as
+ * FDSTOREREMOVE=1 does (while gshmd is stopped: a store that lost an
+ * entry).  Returns how many there were. */
+int gshm__spawn_store_drop(struct gshm_spawn *s, const char *name);
 
 /* Bytes of LISTEN_FDNAMES the next start would pass (names joined by ':',
  * "gshmd" first when socket_activation), without the terminating NUL. */

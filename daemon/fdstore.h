@@ -161,8 +161,15 @@ unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs);
 /* Sends every bucket holding segments again (each datagram replaced as a
  * change would, crash-safe the same way): after gshmd became daemon.user,
  * so that the kernel counts the queued fds against that user instead of
- * the one that sent them before (user_switch.h).  O(stored segments): a
- * bucket write each 253 of them.  A send that fails leaves its bucket to
+ * the one that sent them before (user_switch.h).  Not sent: a bucket that
+ * came back with one end (its peer is gone; its members moved to other
+ * buckets, sent here, and its end, with the earlier user's fds, leaves
+ * the store at the gshmd_fdstore_retry that finds every bucket stored:
+ * main.c's before READY=1 when these sends go through); and a frozen one
+ * (fdstore_bucket.c: its fds do not fit under RLIMIT_NOFILE).  The
+ * journal, the ids record and the lease key are never in flight: the
+ * service manager received them.  O(stored segments): a bucket write each
+ * 253 of them.  A send that fails leaves its bucket to
  * gshmd_fdstore_retry, as any. */
 void gshmd_fdstore_resend_all(struct gshmd_fdstore *fs);
 

@@ -7,6 +7,7 @@
  * ETOOMANYREFS for capless root processes with a low RLIMIT_NOFILE).
  * Root only (the switch, and the children of other uids). */
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <netinet/in.h>
 #include <pwd.h>
@@ -34,6 +35,10 @@
 #define UID_A 61001u
 #define UID_B 61002u
 #define UID_C 61004u
+/* the user of the gshmd that wrote the store, and the one after it, in
+ * the test of a bucket that came back with one end */
+#define UID_D 61005u
+#define UID_E 61006u
 /* Stored segments: 2 buckets of the fd store (253 fds each at most,
  * fdstore_internal.h), each alone over the children's fd limit below, so
  * that one bucket not sent again (the first or the last) fails the check */
@@ -106,18 +111,51 @@ static int child_passes_fd(uid_t uid) {
   return WEXITSTATUS(status);
 }
 
-static void check_segment(gshm_client_t *c, int i) {
+/* Segment prefix/i opens read-only and read-write, with its byte
+ * (fill_segments'). */
+static void check_named(gshm_client_t *c, const char *prefix, int i) {
   char name[32];
   unsigned char b = 0;
   gshm_segment_t *s;
 
-  snprintf(name, sizeof(name), "mig/%d", i);
+  snprintf(name, sizeof(name), "%s/%d", prefix, i);
   assert_int_equal(gshm_open(c, name, GSHM_ACCESS_READ, &s), 0); /* (EACCES: not its owner) */
   assert_int_equal(gshm_read(s, 0, &b, 1), 0);
   assert_int_equal(b, (unsigned char)(i * 7 + 1));
   gshm_close(s);
   assert_int_equal(gshm_open(c, name, GSHM_ACCESS_READ_WRITE, &s), 0);
   gshm_close(s);
+}
+
+static void check_segment(gshm_client_t *c, int i) {
+  check_named(c, "mig", i);
+}
+
+/* n segments prefix/0.. of 4 KiB, each with its byte (i * 7 + 1). */
+static void fill_segments(struct harness *h, const char *prefix, int n) {
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  char name[32];
+
+  assert_int_equal(gshm_connect(h->socket_path, prefix, &c), 0);
+  for (int i = 0; i < n; i++) {
+    unsigned char b = (unsigned char)(i * 7 + 1);
+    snprintf(name, sizeof(name), "%s/%d", prefix, i);
+    assert_int_equal(gshm_create(c, name, 4096, NULL, 0644, 0, &s), 0);
+    assert_int_equal(gshm_write(s, 0, &b, 1), 0);
+    gshm_close(s);
+  }
+  gshm_disconnect(c);
+}
+
+/* Every segment prefix/0..n-1 opens, with its byte. */
+static void check_all(struct harness *h, const char *prefix, int n) {
+  gshm_client_t *c;
+
+  assert_int_equal(gshm_connect(h->socket_path, prefix, &c), 0);
+  for (int i = 0; i < n; i++)
+    check_named(c, prefix, i);
+  gshm_disconnect(c);
 }
 
 static int restart_as(struct harness *h, unsigned uid) {
@@ -151,19 +189,10 @@ static void test_switch_moves_memory_and_fds(void **state) {
   struct harness *h = &H;
   gshm_client_t *c;
   gshm_segment_t *s;
-  char name[32];
 
   (void)state;
   start_as_root(h);
-  assert_int_equal(gshm_connect(h->socket_path, "mig", &c), 0);
-  for (int i = 0; i < NSEG; i++) {
-    unsigned char b = (unsigned char)(i * 7 + 1);
-    snprintf(name, sizeof(name), "mig/%d", i);
-    assert_int_equal(gshm_create(c, name, 4096, NULL, 0644, 0, &s), 0);
-    assert_int_equal(gshm_write(s, 0, &b, 1), 0);
-    gshm_close(s);
-  }
-  gshm_disconnect(c);
+  fill_segments(h, "mig", NSEG);
   assert_int_equal(child_passes_fd(UID_A), 0); /* (nothing counted against it yet) */
 
   assert_int_equal(restart_as(h, UID_A), 0);
@@ -373,6 +402,83 @@ static void test_nobody_warned(void **state) {
   stays_as_started("daemon.user=65534", "other processes run as this user", false);
 }
 
+/* Queues n fds in flight for this process's uid (root, the uid gshmd's
+ * restore runs as): copies of /dev/null in datagrams of a socketpair
+ * nobody reads; closing sv[0] and sv[1] takes them back.  (This process
+ * has CAP_SYS_ADMIN: its own sends are not refused.) */
+static void hold_in_flight(int sv[2], int n) {
+  int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+  assert_true(null >= 0);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  for (int sent = 0; sent < n;) {
+    union {
+      struct cmsghdr align;
+      char buf[CMSG_SPACE(sizeof(int) * 250)];
+    } ctl;
+    int k = n - sent < 250 ? n - sent : 250;
+    char byte = 'x';
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                        .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)k)};
+    struct cmsghdr *c;
+
+    memset(ctl.buf, 0, sizeof(ctl.buf));
+    c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)k);
+    for (int j = 0; j < k; j++)
+      memcpy(CMSG_DATA(c) + sizeof(int) * (size_t)j, &null, sizeof(int));
+    assert_int_equal(sendmsg(sv[0], &mh, 0), 1);
+    sent += k;
+  }
+  close(null);
+}
+
+/* A bucket that came back with one end (the other lost from the store)
+ * is not sent again: its peer is gone.  Its members move to new buckets,
+ * and its end, whose datagram holds their fds as the earlier gshmd's
+ * user sent them, leaves the store once every bucket is stored.  When the
+ * restore (as root) could not store them, that is after the switch, with
+ * the resend of every bucket, before READY=1; it was at the next retry, a
+ * second later, and the earlier user's count kept the end's fds until
+ * then.  Root's sends are made to fail here by fds in flight of root over
+ * gshmd's RLIMIT_NOFILE (ETOOMANYREFS: gshmd.service gives it no
+ * CAP_SYS_RESOURCE). */
+static void test_one_ended_bucket_leaves_with_the_switch(void **state) {
+  struct harness *h = &H;
+  int sv[2], keep;
+
+  (void)state;
+  start_as_root(h);
+  fill_segments(h, "end", NSEG);
+  assert_int_equal(restart_as(h, UID_D), 0);
+  assert_int_equal(child_passes_fd(UID_D), 1); /* the store's, sent by UID_D */
+  gshm__spawn_stop(&h->sp, SIGTERM);
+  /* bucket 0 loses the end whose queue is empty; the other holds its
+   * datagram (its members' memory) */
+  keep = gshm__spawn_store_queued_fds(&h->sp, "b0a") ? 0 : 1;
+  assert_true(gshm__spawn_store_queued_fds(&h->sp, keep ? "b0b" : "b0a") > CHILD_NOFILE);
+  assert_int_equal(gshm__spawn_store_drop(&h->sp, keep ? "b0a" : "b0b"), 1);
+
+  h->sp.nofile = 700; /* (NSEG memory fds and gshmd's own fit) */
+  hold_in_flight(sv, 750);
+  assert_int_equal(restart_as(h, UID_E), 0);
+  close(sv[0]);
+  close(sv[1]);
+  h->sp.nofile = 0;
+  assert_runs_as(h->sp.pid, UID_E);
+  /* at READY=1: the end is gone from the store, and with it UID_D's fds */
+  assert_int_equal(harness_store_count(h, "b0a") + harness_store_count(h, "b0b"), 0);
+  assert_int_equal(child_passes_fd(UID_D), 0);
+  /* (each lease reopens its memory: not at that fd limit) */
+  assert_int_equal(restart_as(h, UID_E), 0);
+  check_all(h, "end", NSEG);
+  assert_int_equal(harness_stop(h), 0);
+  harness_set_leftover(NULL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_switch_moves_memory_and_fds),
@@ -381,6 +487,7 @@ int main(void) {
       cmocka_unit_test(test_nobody_warned),
       cmocka_unit_test(test_metrics_endpoint_after_switch),
       cmocka_unit_test(test_adopts_memory_left_0777),
+      cmocka_unit_test(test_one_ended_bucket_leaves_with_the_switch),
   };
   atexit(harness_kill_leftover);
   return cmocka_run_group_tests(tests, NULL, NULL);
