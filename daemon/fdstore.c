@@ -525,6 +525,7 @@ void gshmd_fdstore_resend_all(struct gshmd_fdstore *fs) {
   for (uint32_t i = 0; fs->enabled && i < fs->nbuckets; i++)
     if (fs->buckets[i] && fs->buckets[i]->n && !fs->buckets[i]->frozen)
       bucket_write(fs, fs->buckets[i]);
+  gshmd__bucket_say_frozen(fs);
 }
 
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event) {

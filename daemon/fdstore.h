@@ -110,6 +110,13 @@ struct gshmd_fdstore {
    * buckets (one that lost an end, whose members moved, and the one they
    * moved to) restore keeps the one written last. */
   uint64_t write_seq;
+  /* Restore: frozen buckets (their fds did not fit under RLIMIT_NOFILE;
+   * never read, never rewritten in this run), one-ended ones too, and the
+   * fds their queued datagrams hold (at most 253 a datagram): in flight of
+   * the user that sent them, whatever gshmd's user
+   * (gshmd_fdstore_resend_all) */
+  uint32_t nfrozen;
+  uint64_t frozen_fds;
   /* gshmd_fdstore_memo_on_publish: the key and uid that the next
    * publish's first member is noted under (while memo_armed) */
   uint8_t memo_key[16];    /* GSHMD_MEMO_TOKEN_BYTES */
@@ -165,12 +172,14 @@ unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs);
  * came back with one end (its peer is gone; its members moved to other
  * buckets, sent here, and its end, with the earlier user's fds, leaves
  * the store at the gshmd_fdstore_retry that finds every bucket stored:
- * main.c's before READY=1 when these sends go through); and a frozen one
- * (fdstore_bucket.c: its fds do not fit under RLIMIT_NOFILE).  The
- * journal, the ids record and the lease key are never in flight: the
- * service manager received them.  O(stored segments): a bucket write each
- * 253 of them.  A send that fails leaves its bucket to
- * gshmd_fdstore_retry, as any. */
+ * main.c's before READY=1 when these sends go through); and a frozen one,
+ * whose fds stay counted against the user that sent them, said here with
+ * their number (fs->frozen_fds: a datagram cannot be sent on without
+ * receiving its fds, and they do not fit under RLIMIT_NOFILE, which the
+ * switch leaves as it is).  The journal, the ids record and the lease
+ * key are never in flight: the service manager received them.  O(stored
+ * segments): a bucket write each 253 of them.  A send that fails leaves
+ * its bucket to gshmd_fdstore_retry, as any. */
 void gshmd_fdstore_resend_all(struct gshmd_fdstore *fs);
 
 /* The most buckets max_segments segments with names of max_name bytes can

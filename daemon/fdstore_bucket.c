@@ -195,6 +195,23 @@ void gshmd__bucket_count_held(struct gshmd_fdstore *fs) {
                   n, (unsigned)getuid(), (unsigned)getuid());
 }
 
+/* A frozen bucket is not sent again after the switch to daemon.user: its
+ * datagram could be sent on only once received, with its fds installed,
+ * which RLIMIT_NOFILE (the same after the switch) does not allow, and
+ * dropping it would lose its segments.  So its fds stay counted against
+ * the user that sent them (root, for a store of a gshmd from before
+ * daemon.user) until a start with room for them takes the bucket back and
+ * writes it: said once, with their number. */
+void gshmd__bucket_say_frozen(const struct gshmd_fdstore *fs) {
+  if (!fs->nfrozen)
+    return;
+  gshm_log_warn("fd store: %" PRIu32 " bucket(s) not restored (their fds do not fit under "
+                "RLIMIT_NOFILE) are not sent again as uid %u: their %" PRIu64 " segment fds "
+                "stay queued as the gshmd that wrote them sent them, counted by the kernel as "
+                "fds in flight of its user, until a start with a higher LimitNOFILE= takes them",
+                fs->nfrozen, (unsigned)getuid(), fs->frozen_fds);
+}
+
 /* ---- Restore ---- */
 
 /* One queued datagram, peeked: its StateBucket and the fds it carried. */
@@ -203,6 +220,7 @@ struct peeked {
   int fds[FDSTORE_BUCKET_FDS];
   int nfds;
   uint64_t frozen_seq; /* -EMFILE: the seq of the datagram left queued (0: unreadable) */
+  uint32_t frozen_fds; /* -EMFILE: the fds it holds (its records; unreadable: at most 253) */
 };
 
 static void peeked_free(struct peeked *p) {
@@ -238,6 +256,8 @@ static int peek_one(int fd, uint32_t index, uint8_t *buf, size_t cap, struct pee
     peeked_free(p);
     if (!(mh.msg_flags & MSG_TRUNC) && (p->t = gshm__state_bucket__unpack(NULL, (size_t)n, buf)))
       p->frozen_seq = p->t->bucket == index ? p->t->seq : 0;
+    p->frozen_fds = p->t && p->t->n_segments < FDSTORE_BUCKET_FDS ? (uint32_t)p->t->n_segments
+                                                                   : FDSTORE_BUCKET_FDS;
     peeked_free(p);
     return -EMFILE;
   }
@@ -332,7 +352,9 @@ static int collect(int *fds, char **names, int n, struct found **out) {
 
 /* The highest seq of frozen f's datagrams' (seq[0..1]) and journal copy:
  * a later start reads them, so this run's writes must be numbered above.
- * Its fds peeked are closed; f->use stays NULL (nothing adopted). */
+ * Its fds peeked are closed; f->use stays NULL (nothing adopted); the
+ * fds its datagrams keep in flight (both may be queued: a rewrite killed
+ * before it dropped the older) are counted in fs->frozen_fds. */
 static uint64_t frozen_seq(struct gshmd_fdstore *fs, struct found *f, const uint64_t *seq) {
   uint64_t top = seq[0] > seq[1] ? seq[0] : seq[1];
   Gshm__StateBucket *j = gshmd__journal_get(fs, f->index);
@@ -340,6 +362,9 @@ static uint64_t frozen_seq(struct gshmd_fdstore *fs, struct found *f, const uint
   gshm_log_err("fd store: bucket %" PRIu32 " not restored: its fds do not fit under "
                "RLIMIT_NOFILE (raise LimitNOFILE=); it stays stored, untouched",
                f->index);
+  fs->nfrozen++;
+  for (int k = 0; k < 2; k++)
+    fs->frozen_fds += f->dg[k].t ? (uint64_t)f->dg[k].nfds : f->dg[k].frozen_fds;
   peeked_free(&f->dg[0]);
   peeked_free(&f->dg[1]);
   if (j && j->seq > top)

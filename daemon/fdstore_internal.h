@@ -90,6 +90,9 @@ void gshmd__bucket_drop_idle(struct gshmd_fdstore *fs);
  * GSHMD_FDSTORE_HELD_NOTICE what that costs gshmd's uid (fdstore_bucket.c). */
 void gshmd__bucket_count_held(struct gshmd_fdstore *fs);
 int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
+/* After gshmd became another user: says what the frozen buckets keep in
+ * flight for the one that sent them (fs->frozen_fds), if any. */
+void gshmd__bucket_say_frozen(const struct gshmd_fdstore *fs);
 void gshmd__one_ended_write(struct gshmd_fdstore *fs);
 void gshmd__one_ended_changed(struct gshmd_fdstore *fs, struct gshmd_segment *seg, int event);
 void gshmd__one_ended_forget(struct gshmd_fdstore *fs, bool stop);

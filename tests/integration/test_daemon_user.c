@@ -36,7 +36,7 @@
 #define UID_B 61002u
 #define UID_C 61004u
 /* the user of the gshmd that wrote the store, and the one after it, in
- * the test of a bucket that came back with one end */
+ * the tests of a bucket that came back with one end or frozen */
 #define UID_D 61005u
 #define UID_E 61006u
 /* Stored segments: 2 buckets of the fd store (253 fds each at most,
@@ -479,6 +479,49 @@ static void test_one_ended_bucket_leaves_with_the_switch(void **state) {
   harness_set_leftover(NULL);
 }
 
+/* A frozen bucket (its datagram's fds did not fit under gshmd's
+ * RLIMIT_NOFILE at the restore) cannot be sent again after the switch:
+ * its fds stay counted against the user that sent them, which gshmd says
+ * with their number (it did not), until a start with room takes the
+ * bucket back and sends it as its own user. */
+static void test_frozen_bucket_said_and_sent_later(void **state) {
+  char path[] = "/tmp/gshm-test-user-XXXXXX", said[128];
+  struct harness *h = &H;
+  int fd, saved, frozen, e;
+
+  (void)state;
+  start_as_root(h);
+  fill_segments(h, "frz", NSEG);
+  assert_int_equal(restart_as(h, UID_D), 0);
+  gshm__spawn_stop(&h->sp, SIGTERM);
+  frozen = gshm__spawn_store_queued_fds(&h->sp, "b1a") +
+           gshm__spawn_store_queued_fds(&h->sp, "b1b");
+  assert_true(frozen > CHILD_NOFILE);
+  assert_true(frozen < NSEG);
+
+  /* room for bucket 0's memory and gshmd's own fds, not bucket 1's too */
+  h->sp.nofile = (unsigned long)(NSEG - frozen) + 120;
+  assert_true((fd = mkstemp(path)) >= 0);
+  assert_true((saved = harness_stderr_onto(fd)) >= 0);
+  close(fd);
+  e = restart_as(h, UID_E);
+  harness_stderr_back(saved);
+  h->sp.nofile = 0;
+  assert_int_equal(e, 0);
+  assert_runs_as(h->sp.pid, UID_E);
+  assert_int_equal(child_passes_fd(UID_D), 1); /* (ETOOMANYREFS) bucket 1's, sent by UID_D */
+  snprintf(said, sizeof(said), "as uid %u: their %d segment fds stay queued", UID_E, frozen);
+  assert_true(log_has(path, "1 bucket(s) not restored"));
+  assert_true(log_has(path, said));
+  unlink(path);
+
+  assert_int_equal(restart_as(h, UID_E), 0); /* room: bucket 1 taken back, sent by UID_E */
+  assert_int_equal(child_passes_fd(UID_D), 0);
+  check_all(h, "frz", NSEG);
+  assert_int_equal(harness_stop(h), 0);
+  harness_set_leftover(NULL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_switch_moves_memory_and_fds),
@@ -488,6 +531,7 @@ int main(void) {
       cmocka_unit_test(test_metrics_endpoint_after_switch),
       cmocka_unit_test(test_adopts_memory_left_0777),
       cmocka_unit_test(test_one_ended_bucket_leaves_with_the_switch),
+      cmocka_unit_test(test_frozen_bucket_said_and_sent_later),
   };
   atexit(harness_kill_leftover);
   return cmocka_run_group_tests(tests, NULL, NULL);
