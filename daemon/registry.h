@@ -295,8 +295,9 @@ int gshmd_registry_publish_lease(struct gshmd_registry *r, struct gshmd_client *
  * (unlinked or replaced since, it is still the one).  *lease_out: the
  * lease.  Errors: -ESTALE no segment has that id (the restart came before
  * the publish reached the store: the hidden segment is lost; or it was
- * freed since, as the first lease would have been); -EDQUOT, -ENOMEM as a
- * lease's.  *msg_out says why. */
+ * freed since, as the first lease would have been), or it is no longer
+ * c's uid's (an admin gave it to another user: the same answer); -EDQUOT,
+ * -ENOMEM as a lease's.  *msg_out says why. */
 int gshmd_registry_publish_resent(struct gshmd_registry *r, struct gshmd_client *c, uint64_t id,
                                   struct gshmd_lease **lease_out, const char **msg_out);
 

@@ -278,14 +278,17 @@ int gshmd_registry_publish_resent(struct gshmd_registry *r, struct gshmd_client 
   int e;
 
   /* (ids never recur: one noted by a publish that the store never got
-   * is nobody's after the restart) */
-  if (!seg || seg->hidden) {
+   * is nobody's after the restart).  Only for its owner, as a resent
+   * create's or pull's: the memo is keyed by the publisher's uid, and a
+   * segment an admin gave to another user since must not come back to
+   * the old owner read-write, with a lease token that opens it by id. */
+  if (!seg || seg->hidden || seg->uid != c->cred.uid) {
     gshm_log_notice("publish sent again by pid %d (its token is an earlier publish's: a reply "
                     "lost to a restart): its segment id %" PRIu64 " is gone, the restart came "
-                    "before the publish was stored or it was freed since",
-                    (int)c->cred.pid, id);
+                    "before the publish was stored, or it was freed or given to another user "
+                    "since", (int)c->cred.pid, id);
     *msg_out = "the hidden segment is gone: gshmd restarted before its publish was stored (or "
-               "the published segment was freed since)";
+               "the published segment was freed or given to another user since)";
     return -ESTALE;
   }
   if ((e = gshmd__reg_lease_add(r, c, seg, GSHM__ACCESS__ACCESS_READ_WRITE, lease_out, msg_out)))

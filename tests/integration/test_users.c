@@ -645,6 +645,114 @@ static void test_ids_tell_nothing(void **state) {
   gshm_disconnect(root);
 }
 
+/* The token of B's publish below (any 16 bytes: libgshm draws them). */
+static uint8_t pub_token[GSHM_PUBLISH_TOKEN_BYTES] = "B-publish-token";
+
+/* On raw connection fd: PUBLISH of lease_id with pub_token; the reply
+ * (free it), whose grant, when OK, has the lease's id and token. */
+static Gshm__Reply *publish_raw(int fd, uint64_t lease_id) {
+  Gshm__PublishRequest p = GSHM__PUBLISH_REQUEST__INIT;
+
+  p.lease_id = lease_id;
+  p.token.data = pub_token;
+  p.token.len = sizeof(pub_token);
+  if (gshm__wire_send(fd, GSHM_WIRE_PUBLISH, 3, &p.base, -1))
+    return NULL;
+  return raw_reply(fd);
+}
+
+/* As B, raw: a hidden create of segment arg (0600), published with
+ * pub_token; the connection closes (its lease ends).  0, or 100 + a
+ * step that failed. */
+static int publish_with_token(const char *arg) {
+  Gshm__CreateRequest c = GSHM__CREATE_REQUEST__INIT;
+  Gshm__Reply *r;
+  uint64_t lease;
+  int fd = raw_connect(h->socket_path), rc = 0;
+
+  c.name = (char *)arg;
+  c.size = 4096;
+  c.location = "host";
+  c.mode = 0600;
+  c.flags = GSHM__SEGMENT_FLAG__SEGMENT_FLAG_HIDDEN;
+  if (gshm__wire_send(fd, GSHM_WIRE_CREATE, 2, &c.base, -1))
+    return 101;
+  r = raw_reply(fd);
+  if (r->status != GSHM__STATUS__STATUS_OK || !r->grant)
+    return 102;
+  lease = r->grant->lease_id;
+  gshm__reply__free_unpacked(r, NULL);
+  if (!(r = publish_raw(fd, lease)) || r->status != GSHM__STATUS__STATUS_OK)
+    rc = 103;
+  if (r)
+    gshm__reply__free_unpacked(r, NULL);
+  close(fd);
+  return rc;
+}
+
+/* As B, raw, on a new connection: pub_token's publish sent again (its
+ * lease id one this connection never had), then, with the lease token
+ * its grant gave, a read-write open of that segment by id.  The
+ * publish's status (GSHM__STATUS__*) when it is refused; 200 when it is
+ * granted and the open refused; 201 when both are granted (a read-write
+ * fd); 100 + a step that failed. */
+static int publish_again(const char *arg) {
+  Gshm__OpenRequest o = GSHM__OPEN_REQUEST__INIT;
+  Gshm__Reply *r, *g;
+  int fd = raw_connect(h->socket_path), rc;
+
+  (void)arg;
+  if (!(g = publish_raw(fd, 77)))
+    return 101;
+  if (g->status != GSHM__STATUS__STATUS_OK || !g->grant) {
+    rc = g->status;
+    gshm__reply__free_unpacked(g, NULL);
+    close(fd);
+    return rc;
+  }
+  o.name = "";
+  o.segment_id = g->grant->segment->id;
+  o.generation = g->grant->segment->generation;
+  o.access = GSHM__ACCESS__ACCESS_READ_WRITE;
+  o.lease_token = g->grant->lease_token;
+  if (gshm__wire_send(fd, GSHM_WIRE_OPEN, 4, &o.base, -1))
+    return 102;
+  r = raw_reply(fd);
+  rc = r->status == GSHM__STATUS__STATUS_OK ? 201 : 200;
+  gshm__reply__free_unpacked(r, NULL);
+  gshm__reply__free_unpacked(g, NULL);
+  close(fd);
+  return rc;
+}
+
+/* A publish sent again (the same uid and token: libgshm's resend after a
+ * restart lost the reply) was answered with a read-write lease of the
+ * segment the first one published, whoever owned it now: B published
+ * pb/given, an admin gave it to A (0600), and B, its lease long closed,
+ * replayed its own token and then opened A's segment read-write by id
+ * with the lease token that grant came with.  Now only the segment's
+ * owner gets it back, as a resent create or pull does; the others get
+ * STALE, as for a segment gone.  (Before the chown B's replay is
+ * granted: the memo does hold the token, so the refusal is the fix's.) */
+static void test_publish_resend_only_for_owner(void **state) {
+  gshm_client_t *root;
+  gshm_segment_info_t info;
+
+  (void)state;
+  need_root();
+  assert_int_equal(child_as(UID_B, UID_B, B_alone.groups, 1, publish_with_token, "pb/given"), 0);
+  assert_int_equal(child_as(UID_B, UID_B, B_alone.groups, 1, publish_again, NULL), 201);
+  assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
+  assert_int_equal(gshm_chown(root, "pb/given", UID_A, UID_A), 0);
+  assert_int_equal(gshm_stat_name(root, "pb/given", &info), 0);
+  assert_int_equal(info.uid, UID_A);
+  assert_int_equal(info.mode, 0600);
+  assert_int_equal(child_as(UID_B, UID_B, B_alone.groups, 1, publish_again, NULL),
+                   GSHM__STATUS__STATUS_STALE);
+  assert_int_equal(gshm_unlink(root, "pb/given"), 0);
+  gshm_disconnect(root);
+}
+
 /* A read-only lease: writes are refused, and so is reopening its fd
  * read-write through /proc/self/fd (the memfd's inode is 0600, gshmd's). */
 static int try_reopen_rw(const char *socket_path) {
@@ -1417,6 +1525,7 @@ int main(void) {
       cmocka_unit_test(test_unlinked_is_not_opened_anew),
       cmocka_unit_test(test_unlinked_not_opened_anew_after_restart),
       cmocka_unit_test(test_ids_tell_nothing),
+      cmocka_unit_test(test_publish_resend_only_for_owner),
       cmocka_unit_test(test_listing_walks_a_bounded_part),
       cmocka_unit_test(test_setgid_ignores_environment),
       cmocka_unit_test(test_fair_defaults),
