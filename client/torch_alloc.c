@@ -3,7 +3,8 @@
  * libgshm, behind PyTorch's pluggable-allocator signatures.
  *
  * A pool allocates from "arena" segments of pool->granule bytes (256 MiB
- * by default) named "<prefix>/seg-NNNNNN", each created by gshmd, mapped
+ * by default) named "<prefix>/seg-NNNNNN" (pool_name_create: in order,
+ * past other users' names), each created by gshmd, mapped
  * once on the pool's device and carved up here by best fit over the free
  * extents of all its segments.  An allocation larger than the granule gets a
  * segment of its own, rounded up to 2 MiB.  Why arenas rather than one
@@ -48,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "arena.h"
 #include "client_internal.h"
@@ -59,6 +61,11 @@
 #define POOL_ALIGN 512u                     /* PyTorch's smallest block size */
 #define POOL_SEG_ROUND (2ull << 20)         /* device granularity */
 #define POOL_MAX_SEGMENTS 1000000u          /* seg-NNNNNN */
+/* Names a growth tries when another user holds the one it wanted (see
+ * pool_name_next): with every other name drawn at random, a user who
+ * wants them all to fail must hold most of the million, far past
+ * limits.max_segments (65,536 by default). */
+#define POOL_NAME_TRIES 32u
 
 struct pool_seg {
   gshm_segment_t *seg;
@@ -82,6 +89,8 @@ struct gshm_pool {
   pthread_mutex_t lock;
   struct pool_seg *segs;
   uint32_t next_index;
+  uint32_t uid;    /* gshm_client_uid of client, once uid_known (pool_name_others) */
+  bool uid_known;
   uint64_t serial; /* unique in the process: tells a new pool from a freed one */
   unsigned fork_gen; /* gshm__fork_gen() at create: see pool_forked */
   bool released;   /* written under lock; read atomically by pool_for_malloc */
@@ -151,22 +160,99 @@ static void pool_remove(gshm_pool_t *p, struct pool_seg *s, bool unlink) {
   pool_seg_drop(p, s, unlink);
 }
 
-/* Creates, maps (and for a non-persistent pool at once unlinks) segment
- * number p->next_index of at least `size` bytes.  Caller holds p->lock. */
+/* Whether one of p's segments has number index.  Caller holds p->lock. */
+static bool pool_index_used(const gshm_pool_t *p, uint32_t index) {
+  for (const struct pool_seg *s = p->segs; s; s = s->next)
+    if (s->index == index)
+      return true;
+  return false;
+}
+
+/* Whether the name that a create of p found taken (-EEXIST) is another
+ * user's: not the uid gshmd knows p's client by (stat refused, or its
+ * owner another uid, or gone again since).  Names are first come, first
+ * served: any user may create "<prefix>/seg-NNNNNN" before the pool does
+ * (docs/SECURITY.md).  One of p's own uid is a pool not released. */
+static bool pool_name_others(gshm_pool_t *p, const char *name) {
+  gshm_segment_info_t info;
+
+  if (!p->uid_known && !gshm_client_uid(p->client, &p->uid))
+    p->uid_known = true; /* (a round trip: asked once) */
+  if (!p->uid_known || gshm_stat_name(p->client, name, &info))
+    return true;
+  return info.uid != p->uid;
+}
+
+/* The number of p's next segment: p->next_index, past numbers p's own
+ * segments hold (drawn before); after a name another user held
+ * (taken > 0), one drawn at random that none of p's holds.  Caller holds
+ * p->lock. */
+static uint32_t pool_name_next(gshm_pool_t *p, unsigned taken) {
+  uint32_t r;
+
+  while (!taken && p->next_index < POOL_MAX_SEGMENTS && pool_index_used(p, p->next_index))
+    p->next_index++;
+  if (!taken)
+    return p->next_index;
+  for (uint32_t salt = 0;; salt++) {
+    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) /* (no entropy yet) */
+      r = (uint32_t)((p->serial + taken) * 2654435761u + salt * 40503u + p->next_index);
+    r %= POOL_MAX_SEGMENTS;
+    if (!pool_index_used(p, r)) /* (p holds far fewer than the million: 2 MiB of a GPU each) */
+      return r;
+  }
+}
+
+/* Creates a segment of at least `size` bytes for p under the next name
+ * no one holds (pool_name_next), into *seg_out with its number in
+ * *index_out.  Errors: gshm_create's; -EEXIST the name is p's own uid's
+ * (a pool of this prefix was not released), or POOL_NAME_TRIES names in
+ * a row were other users' (logged).  Caller holds p->lock. */
+static int pool_name_create(gshm_pool_t *p, uint64_t size, char name[GSHM_NAME_MAX + 1],
+                            gshm_segment_t **seg_out, uint32_t *index_out) {
+  unsigned taken;
+  uint32_t index;
+  int e = -EEXIST;
+
+  for (taken = 0; taken < POOL_NAME_TRIES; taken++) {
+    index = pool_name_next(p, taken);
+    if (index >= POOL_MAX_SEGMENTS)
+      return -EMFILE;
+    if ((e = segment_name(p->prefix, index, name)))
+      return e;
+    e = gshm_create(p->client, name, size, p->location, p->mode, 0, seg_out);
+    if (e != -EEXIST) {
+      if (!e)
+        *index_out = index;
+      return e;
+    }
+    if (!pool_name_others(p, name))
+      return -EEXIST;
+    gshm_log_info("pool '%s': %s is another user's; trying another name", p->prefix, name);
+    if (index == p->next_index)
+      p->next_index++; /* (never ours to take) */
+  }
+  gshm_log_err("pool '%s': %u names under the prefix in a row were other users' (names are "
+               "first come, first served): use a prefix of your own", p->prefix, taken);
+  return e;
+}
+
+/* Creates, maps (and for a non-persistent pool at once unlinks) a
+ * segment of at least `size` bytes, under the pool's next free name
+ * (pool_name_create).  Caller holds p->lock. */
 static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
   char name[GSHM_NAME_MAX + 1];
   struct pool_seg *s;
   void *addr = NULL;
   bool named = false;
+  uint32_t index = 0;
   int e;
 
   if (p->next_index >= POOL_MAX_SEGMENTS)
     return -EMFILE;
-  if ((e = segment_name(p->prefix, p->next_index, name)))
-    return e;
   if (!(s = calloc(1, sizeof(*s))))
     return -ENOMEM;
-  if ((e = gshm_create(p->client, name, size, p->location, p->mode, 0, &s->seg)))
+  if ((e = pool_name_create(p, size, name, &s->seg, &index)))
     goto free_seg;
   named = true;
   /* The block that asked for this growth must fit in it: a segment the
@@ -193,7 +279,9 @@ static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
   s->size = gshm_segment_info(s->seg)->size;
   if ((e = gshm__arena_init(&s->arena, s->size)))
     goto close_seg;
-  s->index = p->next_index++;
+  s->index = index;
+  if (index == p->next_index)
+    p->next_index++;
   s->named = p->flags & GSHM_POOL_PERSISTENT;
   s->next = p->segs;
   p->segs = s;
@@ -261,17 +349,20 @@ int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t *cfg,
   snprintf(p->location, sizeof(p->location), "cuda:%s", uuid);
   if ((e = GSHM_CU(p->drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRetain, &p->ctx, p->cu_device)))
     goto free_pool;
-  /* A persistent prefix in use (a pool that was not released) is refused
-   * here, not at the first allocation inside PyTorch. */
+  /* A persistent prefix in use (a pool of this user that was not
+   * released) is refused here, not at the first allocation inside
+   * PyTorch.  Not for a name of another user's: any user may create
+   * "<prefix>/seg-000000" first, and the pool then takes other names
+   * (pool_name_create). */
   if (p->flags & GSHM_POOL_PERSISTENT) {
     segment_name(p->prefix, 0, name);
     e = gshm_stat_name(client, name, &info);
-    if (e == 0 || e == -EACCES) {
+    if (e == 0 && !pool_name_others(p, name)) {
       gshm_log_info("pool '%s': %s exists already", p->prefix, name);
       e = -EEXIST;
       goto release_ctx;
     }
-    if (e != -ENOENT)
+    if (e && e != -ENOENT && e != -EACCES)
       goto release_ctx;
   }
   gshm__fork_lock(GSHM__LOCK_POOLS);
@@ -382,13 +473,13 @@ static int pool_malloc(gshm_pool_t *p, uint64_t size, void **ptr_out) {
     uint64_t want = round_up(size, POOL_SEG_ROUND);
     if (!(p->flags & GSHM_POOL_SEGMENT_PER_ALLOC) && want < p->granule)
       want = p->granule;
+    uint32_t next = p->next_index;
     if ((e = pool_grow(p, want, &s)))
       goto unlock;
     if ((e = gshm__arena_carve(&s->arena, size, &off))) {
       /* a failed growth leaves nothing behind, nor burns its index */
-      uint32_t index = s->index;
       pool_remove(p, s, true);
-      p->next_index = index;
+      p->next_index = next;
       goto unlock;
     }
   }

@@ -853,7 +853,9 @@ GSHM_EXTERN int gshm_open_legacy_ipc(gshm_client_t *client, const char *name,
 /* ---- PyTorch's allocator: pools of device segments (client/torch_alloc.c) ---- */
 
 /* A pool hands out device memory that gshmd owns: segments named
- * "<prefix>/seg-NNNNNN" (NNNNNN from 000000), created on one GPU, mapped
+ * "<prefix>/seg-NNNNNN" (NNNNNN from 000000 in order; past a name another
+ * user holds, as names are first come, first served, one drawn at random
+ * from the million that no one holds), created on one GPU, mapped
  * once in this process and carved up by libgshm (best fit).  Each segment
  * is `granule` bytes, or, for an allocation larger than that, the
  * allocation rounded up to 2 MiB; no allocation crosses a segment boundary,
@@ -898,10 +900,11 @@ typedef struct gshm_pool_segment {
  * segment name; -ENAMETOOLONG prefix too long for "<prefix>/seg-NNNNNN";
  * -ENOTSUP no CUDA driver here; -ECHILD this process was forked from one
  * that had initialized CUDA (as gshm_copy); -ENODEV no such CUDA device
- * in this process; -EEXIST (persistent pools) "<prefix>/seg-000000" exists, i.e.
- * the prefix holds a pool that was not released (unlink its segments
- * first); -EIO (or -ENOMEM) a driver call failed (logged); the errors of
- * gshm_stat_name(). */
+ * in this process; -EEXIST (persistent pools) "<prefix>/seg-000000" exists
+ * and is the client's own uid's (gshm_client_uid), i.e. the prefix holds a
+ * pool of this user that was not released (unlink its segments first;
+ * another user's is passed over); -EIO (or -ENOMEM) a driver call failed
+ * (logged); the errors of gshm_stat_name() and gshm_client_uid(). */
 GSHM_EXTERN int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t *cfg,
                                  gshm_pool_t **pool_out);
 
@@ -927,7 +930,10 @@ GSHM_EXTERN gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool);
  * and context are that process's, and CUDA does not survive fork: see
  * gshm_copy); -ENODEV `device`
  * is not the pool's; -EMFILE the pool has a million segments; -EPROTO
- * gshmd made a segment smaller than asked; the errors of gshm_create()
+ * gshmd made a segment smaller than asked; -EEXIST the name a growth
+ * wanted is the client's own uid's (a pool of this prefix not released),
+ * or 32 names in a row were other users' (logged: use a prefix of your
+ * own); the other errors of gshm_create()
  * (the daemon's explanation in gshm_last_error() of the pool's client)
  * and gshm_map().  A failed growth leaves no segment, name or mapping
  * behind. */

@@ -145,7 +145,9 @@ class MemPool(object):
 
     client      the gshm.Client whose user owns the segments; it must stay
                 open while the pool is used (a closed client is refused).
-    prefix      segment names are "<prefix>/seg-NNNNNN"; publish() writes
+    prefix      segment names are "<prefix>/seg-NNNNNN" (in order; a name
+                another user took first is passed over for one drawn at
+                random: gshm.Exists after 32 in a row); publish() writes
                 "<prefix>/manifest".
     device      this process's CUDA ordinal (int, "cuda:N", torch.device).
     persistent  True: the segments keep their names and memory after this
@@ -160,7 +162,7 @@ class MemPool(object):
 
     Raises RuntimeError when expandable_segments is asked for, gshm.NoDevice
     for an unknown device, gshm.Exists when a persistent prefix still holds
-    a pool that was not released, gshm.NotSupported without a CUDA driver,
+    a pool of this user that was not released, gshm.NotSupported without a CUDA driver,
     ValueError for a bad prefix or granule, or a closed client."""
 
     def __init__(self, client: Client, prefix: str, device: Any = 0, persistent: bool = True,

@@ -19,6 +19,9 @@
    tensors keeps them valid, unknown device, closed client, stale
    manifest, a pool for a GPU other than the current one (two GPUs),
    a non-persistent pool goes with its process.
+4. Squatted names (as root): nobody's "torchtest/sq/seg-000000" and the
+   next 39 names; a pool of that prefix is made, grows past them,
+   publishes and attaches, and nobody's names stay its own.
 
 Exits 77 when no interpreter here has torch with a CUDA GPU, transformers
 and safetensors ($GSHM_GPU_PYTHON picks one).  Paths as run_gpu.py."""
@@ -472,7 +475,41 @@ def role_limits(sock, out_dir):
     # exits with v alive: the pool's memory goes with the process
 
 
-ROLES = {"a": role_a, "b": role_b, "load": role_load, "limits": role_limits}
+SQUATTED = 40  # "torchtest/sq/seg-000000" .. "-000039", nobody's: past 32 names in a row
+
+
+def role_squatted(sock, out_dir):
+    """A persistent pool under a prefix whose first SQUATTED segment names
+    another user (nobody) took first: made, grown past them, published and
+    attached, every segment this user's and none of them a squatted name."""
+    import torch
+    import gshm
+    import gshm.torch as gt
+    res = {}
+    c = gshm.Client(sock, name="squatted")
+    pool = gt.MemPool(c, "torchtest/sq", device=0, granule=2 * MiB)  # gshm.Exists before
+    with gt.use_pool(pool):
+        # 12 MiB each: a block of its own in PyTorch (from 10 MiB), so a
+        # segment of its own here (past the 2 MiB granule): three growths
+        ts = {"t%d" % i: torch.full((3 << 20,), float(i), device="cuda:0") for i in range(3)}
+    segs = pool.segments()
+    me = c.uid()
+    res["grown_past"] = len(segs) >= 3 and all(
+        s.name.startswith("torchtest/sq/seg-") and int(s.name.rsplit("-", 1)[1]) >= SQUATTED
+        and c.stat(s.name).uid == me for s in segs)
+    pool.publish(ts)
+    sd = gt.attach(c, "torchtest/sq", device=0)
+    res["attached"] = sorted(sd) == sorted(ts) and all(
+        bool((sd[k].cpu() == ts[k].cpu()).all()) for k in ts)
+    del sd, ts
+    pool.release()
+    res["released"] = not any(s.name.startswith("torchtest/sq/") and s.uid == me
+                              and not s.unlinked for s in c.segments())
+    print(json.dumps(res), flush=True)
+
+
+ROLES = {"a": role_a, "b": role_b, "load": role_load, "limits": role_limits,
+         "squatted": role_squatted}
 
 
 # ------------------------------------------------------------ orchestration
@@ -614,6 +651,35 @@ def check_limits(py, daemon, c, out_dir, log):
     assert abs(free1 - free0) <= MiB, (free0, free1)
 
 
+def check_squatted(py, daemon, c, out_dir, log):
+    """Names are first come, first served: nobody created the first names
+    a pool of this user would take; the pool passes over them (libgshm's
+    pool_name_create; before, MemPool() raised gshm.Exists).  Needs root
+    (to run as nobody)."""
+    if os.geteuid() != 0:
+        log("squatted: skipped (not root)")
+        return
+    os.chmod(daemon.tmpdir, 0o755)  # (nobody connects: the socket opened to it)
+    os.chmod(daemon.socket, 0o666)
+    made = gshm_testutil.run_as(daemon, 65534, (
+        "import sys, gshm\n"
+        "c = gshm.Client(sys.argv[1], name='squatter')\n"
+        "for i in range(%d):\n"
+        "    c.create('torchtest/sq/seg-%%06d' %% i, 1, mode=0o600).close()\n" % SQUATTED))
+    assert made.returncode == 0, made.stderr.decode()[-2000:]
+    try:
+        r = child(py, "squatted", daemon.socket, out_dir)
+        log("squatted: %s" % r)
+        bad = [k for k, v in r.items() if v is False]
+        assert not bad, bad
+        for i in range(SQUATTED):  # nobody's, untouched
+            assert c.stat("torchtest/sq/seg-%06d" % i).uid == 65534
+    finally:
+        for i in range(SQUATTED):
+            c.unlink("torchtest/sq/seg-%06d" % i)  # (root: an admin)
+        os.chmod(daemon.socket, 0o600)
+
+
 def probe(py):
     code = ("import torch, transformers, safetensors\n"
             "print(torch.cuda.device_count() if torch.cuda.is_available() else 0)\n")
@@ -654,7 +720,8 @@ def main(argv):
             tempfile.TemporaryDirectory(prefix="gshm-torch-") as out_dir, \
             gshm.Client(daemon.socket, name="orchestrator") as c:
         for name, fn in (("restart_after_sigkill", check_restart),
-                         ("load_safetensors", check_load), ("limits", check_limits)):
+                         ("load_safetensors", check_load), ("limits", check_limits),
+                         ("squatted_names", check_squatted)):
             t0 = time.monotonic()
             try:
                 fn(py, daemon, c, out_dir, log)

@@ -43,7 +43,11 @@ static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   char name[GSHM_NAME_MAX + 1];
   uint64_t id;
+  uint32_t uid; /* OWN_UID, or another user's (plant) */
 } names[MAX_NAMES];
+#define OWN_UID 1000u   /* the fake client's uid */
+#define OTHER_UID 2000u /* a squatter's: its names stat -EACCES, as gshmd's 0600 ones */
+static int taken_creates; /* the next N creates meet -EEXIST, the name another user's */
 static uint64_t next_id = 1;
 static int open_segments, live_mappings;
 static int fail_create, fail_map, fail_unlink; /* the next N calls fail */
@@ -76,6 +80,9 @@ int gshm_create(gshm_client_t *client, const char *name, uint64_t size, const ch
   if (fail_create) {
     fail_create--;
     e = -ENOSPC;
+  } else if (taken_creates) {
+    taken_creates--;
+    e = -EEXIST; /* (its stat: ENOENT, gone again since) */
   } else if (name_find(name) >= 0) {
     e = -EEXIST;
   }
@@ -95,6 +102,7 @@ int gshm_create(gshm_client_t *client, const char *name, uint64_t size, const ch
     }
     s->info.requested_size = size;
     names[i].id = s->info.id;
+    names[i].uid = s->info.uid = OWN_UID;
     snprintf(names[i].name, sizeof(names[i].name), "%s", name);
     open_segments++;
     *seg_out = s;
@@ -125,12 +133,41 @@ int gshm_stat_name(gshm_client_t *client, const char *name, gshm_segment_info_t 
   pthread_mutex_lock(&fake_lock);
   if ((i = name_find(name)) < 0) {
     e = -ENOENT;
+  } else if (names[i].uid != OWN_UID) {
+    e = -EACCES;
   } else {
     memset(info_out, 0, sizeof(*info_out));
     info_out->id = names[i].id;
+    info_out->uid = names[i].uid;
   }
   pthread_mutex_unlock(&fake_lock);
   return e;
+}
+
+int gshm_client_uid(gshm_client_t *client, uint32_t *uid_out) {
+  (void)client;
+  *uid_out = OWN_UID;
+  return 0;
+}
+
+/* Name `name`, held by uid (no segment of this process): as another
+ * user's create, or a pool of this user's left unreleased. */
+static void plant(const char *name, uint32_t uid) {
+  int i;
+  pthread_mutex_lock(&fake_lock);
+  for (i = 0; i < MAX_NAMES && names[i].id; i++)
+    ;
+  assert_true(i < MAX_NAMES);
+  names[i].id = next_id++;
+  names[i].uid = uid;
+  snprintf(names[i].name, sizeof(names[i].name), "%s", name);
+  pthread_mutex_unlock(&fake_lock);
+}
+
+static void unplant(const char *name) {
+  pthread_mutex_lock(&fake_lock);
+  names[name_find(name)].id = 0;
+  pthread_mutex_unlock(&fake_lock);
 }
 
 int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices, void **addr_out) {
@@ -418,6 +455,66 @@ static void test_short_segment_leaves_nothing(void **state) {
     }
     grows_first_then_release(p);
   }
+}
+
+/* Names are first come, first served: another user who created
+ * "<prefix>/seg-000000" and the next names first made the pool's
+ * creation fail -EEXIST (as if a pool of this user had not been
+ * released) and, later, each growth into them.  Now the pool passes over
+ * a name another user holds (for one drawn at random), up to
+ * POOL_NAME_TRIES (32) in a row, then fails -EEXIST, leaving nothing; a
+ * name of its own user's still means a pool not released. */
+static void test_other_users_names_passed_over(void **state) {
+  gshm_pool_segment_t *segs;
+  char name[64];
+  void *a[4];
+  size_t n;
+  gshm_pool_t *p;
+
+  (void)state;
+  for (int i = 0; i < 8; i++) {
+    snprintf(name, sizeof(name), "sq/seg-%06d", i);
+    plant(name, OTHER_UID);
+  }
+  p = pool_new("sq", GSHM_POOL_PERSISTENT, 2 * MiB);
+  gshm_pool_activate(p);
+  for (int i = 0; i < 3; i++)
+    assert_non_null(a[i] = gshm_torch_malloc(2 * MiB, 0, NULL));
+  assert_int_equal(gshm_pool_segments(p, &segs, &n), 0);
+  assert_int_equal(n, 3);
+  for (size_t i = 0; i < n; i++) {
+    gshm_segment_info_t info;
+    assert_int_equal(strncmp(segs[i].name, "sq/seg-", 7), 0);
+    assert_int_equal(gshm_stat_name(fake_client, segs[i].name, &info), 0); /* (its own) */
+    assert_int_equal(info.id, segs[i].id);
+  }
+  free(segs);
+  /* 31 taken names in a row still grow it; 32 fail, leaving nothing */
+  taken_creates = 31;
+  assert_non_null(a[3] = gshm_torch_malloc(2 * MiB, 0, NULL));
+  assert_int_equal(open_segments, 4);
+  taken_creates = 32;
+  assert_null(gshm_torch_malloc(2 * MiB, 0, NULL));
+  assert_int_equal(gshm_torch_last_error(), -EEXIST);
+  assert_int_equal(open_segments, 4);
+  taken_creates = 0;
+  for (int i = 0; i < 4; i++)
+    gshm_torch_free(a[i], 2 * MiB, 0, NULL);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  assert_int_equal(names_left(), 8); /* the squatter's, untouched */
+  for (int i = 0; i < 8; i++) {
+    snprintf(name, sizeof(name), "sq/seg-%06d", i);
+    unplant(name);
+  }
+  assert_nothing_left();
+  /* this user's own "<prefix>/seg-000000": a pool not released */
+  {
+    gshm_pool_config_t cfg = {.prefix = "own", .device = 0, .flags = GSHM_POOL_PERSISTENT};
+    plant("own/seg-000000", OWN_UID);
+    assert_int_equal(gshm_pool_create(fake_client, &cfg, &p), -EEXIST);
+    unplant("own/seg-000000");
+  }
+  assert_nothing_left();
 }
 
 /* A pool released with live blocks keeps them mapped, loses its names,
@@ -754,6 +851,7 @@ int main(void) {
       cmocka_unit_test(test_free_keeps_a_block_it_could_not_wait_for),
       cmocka_unit_test(test_failed_growth_leaves_nothing),
       cmocka_unit_test(test_short_segment_leaves_nothing),
+      cmocka_unit_test(test_other_users_names_passed_over),
       cmocka_unit_test(test_release_with_live_blocks),
       cmocka_unit_test(test_pool_released_while_active_elsewhere),
       cmocka_unit_test(test_stale_handle_never_names_a_new_pool),
