@@ -516,40 +516,18 @@ int gshm__unmap_device(struct gshm__lease *l) {
   return 0;
 }
 
-/* cuCtxSynchronize of the current context, its failure logged at debug
- * (the caller says what it does about it).  Not while a stream capture
- * the driver shows is under way in it: a cuCtxSynchronize during any
- * thread's capture in the context fails CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
- * and invalidates that capture, whatever its mode and the caller's
- * (cuThreadExchangeStreamCaptureMode relaxed too; measured on an H200,
- * driver 580, CUDA 13.0: a probe of every mode, stream kind and thread).
- * cuStreamIsCapturing of the legacy stream tells, without harm, of a
- * capture on a blocking stream (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT):
- * then that is returned, and the mapping waits for a later flush.  A
- * capture on a non-blocking stream (cuStreamCreate's
- * CU_STREAM_NON_BLOCKING: PyTorch's side streams) shows nowhere outside
- * its stream, and is invalidated (gshm.h: unmap outside captures). */
-static CUresult ctx_wait(const struct gshm_cudadrv *drv) {
-  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-  CUresult r = drv->cuStreamIsCapturing(CU_STREAM_LEGACY, &st);
-
-  if (r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
-    r = drv->cuCtxSynchronize();
-  if (r != CUDA_SUCCESS)
-    gshm__cuda_log(GSHM_LOG_DEBUG, r, "cuCtxSynchronize()", __FILE__, __LINE__);
-  return r;
-}
-
 /* Waits for the work queued in every context that may use m's range:
  * the calling thread's current one, and the primary context of each
- * device m gave access to where it is active.  CUDA_SUCCESS, or the first
- * failed wait's result (the other contexts are still waited for). */
+ * device m gave access to where it is active (gshm__cuda_ctx_wait: no
+ * wait in a context where a capture it can see runs; then the mapping
+ * waits for a later flush).  CUDA_SUCCESS, or the first failed or
+ * skipped wait's result (the other contexts are still waited for). */
 static CUresult wait_users(struct device_map *m) {
   const struct gshm_cudadrv *drv = m->drv;
   CUcontext cur = NULL, ctx, popped;
   CUresult first = CUDA_SUCCESS, r;
 
-  if (drv->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur && (r = ctx_wait(drv)))
+  if (drv->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur && (r = gshm__cuda_ctx_wait(drv)))
     first = r;
   for (size_t i = 0; i < m->ndevices; i++) {
     unsigned flags = 0;
@@ -559,7 +537,7 @@ static CUresult wait_users(struct device_map *m) {
         !active || CU_LIB(drv, cuDevicePrimaryCtxRetain, &ctx, m->devices[i]))
       continue;
     if (ctx != cur && (r = drv->cuCtxPushCurrent(ctx)) == CUDA_SUCCESS) {
-      r = ctx_wait(drv);
+      r = gshm__cuda_ctx_wait(drv);
       CU_LIB(drv, cuCtxPopCurrent, &popped);
     }
     if (ctx != cur && r != CUDA_SUCCESS && first == CUDA_SUCCESS)

@@ -573,21 +573,23 @@ void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream) {
    * `stream`: that handle may be a stream destroyed since the block was
    * allocated.  PyTorch frees pool blocks only when it empties its cache
    * (release, OOM retry), never on the allocation path, so the wait is
-   * rare. */
+   * rare.  Not made while a capture it can see runs in the context
+   * (gshm__cuda_ctx_wait: the wait would invalidate it). */
   (void)stream;
   if ((r = p->drv->cuCtxPushCurrent(p->ctx)) == CUDA_SUCCESS) {
-    r = p->drv->cuCtxSynchronize();
+    r = gshm__cuda_ctx_wait(p->drv);
     GSHM_CU(p->drv, GSHM_LOG_ERR, cuCtxPopCurrent, &ctx);
   }
-  /* A wait that failed, but not for good (a stream capture under way
-   * refuses it: CUDA's "prohibited operations"), leaves work on the block
-   * that may still run: it stays live (leaked) rather than reused or
-   * unmapped under that work.  After a sticky error the context runs
-   * nothing more. */
+  /* A wait that failed, or was not made, but not for good (a stream
+   * capture under way: CUDA's "prohibited operations"), leaves work on
+   * the block that may still run: it stays live (leaked) rather than
+   * reused or unmapped under that work.  After a sticky error the context
+   * runs nothing more. */
   if (r != CUDA_SUCCESS && !gshm__cuda_sticky(r)) {
     gshm__cuda_log(GSHM_LOG_ERR, r, "cuCtxSynchronize()", __FILE__, __LINE__);
-    gshm_log_err("gshm_torch_free(%p): the wait for the device failed: the block is kept "
-                 "(leaked), not reused under work that may still use it", ptr);
+    gshm_log_err("gshm_torch_free(%p): no wait for the device (it failed, or a stream "
+                 "capture is under way): the block is kept (leaked), not reused under work "
+                 "that may still use it", ptr);
     pthread_mutex_unlock(&p->lock);
     last_error = gshm__cuda_errno(r);
     return;

@@ -157,6 +157,22 @@ int gshm__cuda_errno(CUresult r);
  * false for CUDA_SUCCESS and for errors of one call. */
 bool gshm__cuda_sticky(CUresult r);
 
+/* cuCtxSynchronize of the current context, its failure logged at debug
+ * (the caller says what it does about it): CUDA_SUCCESS, or the result
+ * that the caller must not take as "done".  Not while a stream capture
+ * the driver shows is under way in the context: a cuCtxSynchronize during
+ * any thread's capture in the context fails
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates that capture,
+ * whatever its mode and the caller's (cuThreadExchangeStreamCaptureMode
+ * relaxed too; measured on an H200, driver 580, CUDA 13.0: a probe of
+ * every mode, stream kind and thread).  cuStreamIsCapturing of the legacy
+ * stream tells, without harm, of a capture on a blocking stream
+ * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT): that is returned then, and no
+ * wait is made.  A capture on a non-blocking stream (cuStreamCreate's
+ * CU_STREAM_NON_BLOCKING: PyTorch's side streams) shows nowhere outside
+ * its stream, and is invalidated.  common/cuda_wait.c. */
+CUresult gshm__cuda_ctx_wait(const struct gshm_cudadrv *drv);
+
 /* Logs a failed driver call as "TEXT: NAME (description)" at prio. */
 void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *file, int line);
 

@@ -953,9 +953,11 @@ GSHM_EXTERN void *gshm_torch_malloc(ssize_t size, int device, void *stream);
  * process forked from one that made pools, a pointer that none of this
  * process's pools handed out is ignored with -ECHILD (the parent's pools
  * are not looked at there: see gshm_torch_malloc).  A wait that fails but
- * not for good (a stream capture under way refuses it) keeps the block
- * live, leaked, rather than reused or unmapped under work that may still
- * use it: gshm_torch_last_error() gives the wait's errno then (logged);
+ * not for good (a stream capture under way refuses it), or that is not
+ * made (a capture on a blocking stream of the pool's context, which the
+ * wait would invalidate: as for gshm_unmap), keeps the block live,
+ * leaked, rather than reused or unmapped under work that may still use
+ * it: gshm_torch_last_error() gives the wait's errno then (logged);
  * after a sticky error (the context runs nothing more) the block is
  * returned as usual. */
 GSHM_EXTERN void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream);

@@ -18,7 +18,8 @@
    empty_cache keeps the pool's memory, a pool released under live
    tensors keeps them valid, unknown device, closed client, stale
    manifest, a pool for a GPU other than the current one (two GPUs),
-   a non-persistent pool goes with its process.
+   a non-persistent pool goes with its process, a pool free during a
+   capture on a blocking stream leaves the capture valid.
 4. Squatted names (as root): nobody's "torchtest/sq/seg-000000" and the
    next 39 names; a pool of that prefix is made, grows past them,
    publishes and attaches, and nobody's names stay its own.
@@ -247,6 +248,49 @@ def failed_load_releases(c, gt, path, loc):
     return released
 
 
+def free_during_capture(c, gt):
+    """gshm_torch_free while a capture runs on a blocking stream of the
+    pool's context (PyTorch's out-of-memory retry frees pool blocks inside
+    an allocation): the capture must survive (no cuCtxSynchronize, which
+    invalidates a capture in every mode: libgshm asks the legacy stream
+    first), the block is kept (gshm_torch_last_error < 0), and a free
+    after the capture gives it back.  Relaxed mode: the wait alone is what
+    could break it.  Before the fix: the capture ended invalidated."""
+    import ctypes
+    import torch
+    from gshm import _lib as L
+    vp = ctypes.c_void_p
+    lib, cuda = L.lib(), ctypes.CDLL("libcuda.so.1")
+    activate = L.optional_symbol("gshm_pool_activate")  # (its prototype: pointers)
+    last_error = L.optional_symbol("gshm_torch_last_error")
+    malloc, free = lib.gshm_torch_malloc, lib.gshm_torch_free
+    malloc.restype, malloc.argtypes = vp, [ctypes.c_ssize_t, ctypes.c_int, vp]
+    free.restype, free.argtypes = None, [vp, ctypes.c_ssize_t, ctypes.c_int, vp]
+    res = {}
+    torch.zeros(1, device="cuda:0")  # device 0's primary context current here
+    pool = gt.MemPool(c, "torchtest/capture", device=0, persistent=False)
+    prev = activate(pool._ptr)
+    p = malloc(MiB, 0, None)
+    activate(prev)
+    res["capture_block"] = bool(p)
+    s, graph, st = vp(), vp(), ctypes.c_int(-1)
+    res["capture_stream"] = cuda.cuStreamCreate(ctypes.byref(s), 0) == 0  # blocking
+    res["capture_begins"] = cuda.cuStreamBeginCapture_v2(s, 2) == 0  # relaxed
+    free(p, MiB, 0, None)
+    err = last_error()
+    cuda.cuStreamIsCapturing(s, ctypes.byref(st))
+    res["free_during_capture_keeps_capture"] = st.value == 1  # ACTIVE
+    res["free_during_capture_capture_ends"] = cuda.cuStreamEndCapture(s, ctypes.byref(graph)) == 0
+    res["free_during_capture_keeps_block"] = err < 0
+    if graph.value:
+        cuda.cuGraphDestroy(graph)
+    cuda.cuStreamDestroy_v2(s)
+    free(p, MiB, 0, None)  # after the capture: waits, gives it back
+    res["free_after_capture_gives_back"] = last_error() == 0 and not pool.segments()
+    pool.release()
+    return res
+
+
 def role_limits(sock, out_dir):
     """PyTorch's known limits and the bad-input cases, one line each."""
     import torch
@@ -471,6 +515,7 @@ def role_limits(sock, out_dir):
         res["nonpersistent_publish_refused"] = False
     except ValueError:
         res["nonpersistent_publish_refused"] = True
+    res.update(free_during_capture(c, gt))
     print(json.dumps(res), flush=True)
     # exits with v alive: the pool's memory goes with the process
 

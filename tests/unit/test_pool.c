@@ -263,6 +263,19 @@ static CUresult fake_sync(void) {
   return r;
 }
 
+/* A capture on a blocking stream of the current context, which the
+ * legacy stream's query shows (a cuCtxSynchronize then would invalidate
+ * it): common/cuda_wait.c asks before it waits. */
+static bool legacy_capture;
+static int capture_queries_on_pool_ctx;
+static CUresult fake_is_capturing(CUstream s, CUstreamCaptureStatus *st) {
+  assert_true(s == CU_STREAM_LEGACY);
+  if (ctx_depth && ctx_stack[ctx_depth - 1] == POOL_CTX)
+    __atomic_add_fetch(&capture_queries_on_pool_ctx, 1, __ATOMIC_SEQ_CST);
+  *st = CU_STREAM_CAPTURE_STATUS_NONE;
+  return legacy_capture ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+}
+
 static struct gshm_cudadrv fake_drv;
 
 int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
@@ -275,6 +288,7 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuCtxPushCurrent = fake_push;
   fake_drv.cuCtxPopCurrent = fake_pop;
   fake_drv.cuCtxSynchronize = fake_sync;
+  fake_drv.cuStreamIsCapturing = fake_is_capturing;
   *drv_out = &fake_drv;
   return 0;
 }
@@ -383,6 +397,40 @@ static void test_free_keeps_a_block_it_could_not_wait_for(void **state) {
   assert_int_equal(gshm_torch_last_error(), 0);
   assert_int_equal(open_segments, 1); /* a's segment: a is live */
   gshm_torch_free(a, MiB, 0, NULL); /* (the wait works now) */
+  assert_int_equal(open_segments, 0);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  assert_nothing_left();
+}
+
+/* A free while a capture on a blocking stream of the pool's context is
+ * under way (the legacy stream's query on that context shows it) makes no
+ * cuCtxSynchronize, which would invalidate that capture (every capture
+ * mode: measured, common/cudadrv.h gshm__cuda_ctx_wait), and keeps the
+ * block as for a wait the capture refused; once the capture is over, a
+ * free waits and gives back.  Before: the wait was made, and the
+ * capture lost, whatever the query would have said. */
+static void test_free_during_a_capture_leaves_it_alone(void **state) {
+  gshm_pool_t *p = pool_new("t/capture", 0, 2 * MiB);
+  void *a, *b, *c;
+  (void)state;
+
+  gshm_pool_activate(p);
+  assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
+  assert_non_null(b = gshm_torch_malloc(MiB, 0, NULL));
+  legacy_capture = true;
+  syncs = capture_queries_on_pool_ctx = 0;
+  gshm_torch_free(a, MiB, 0, NULL);
+  assert_int_equal(syncs, 0); /* the capture is left alone */
+  assert_int_equal(capture_queries_on_pool_ctx, 1); /* asked in the pool's context */
+  assert_int_equal(gshm_torch_last_error(), -EIO);
+  assert_non_null(c = gshm_torch_malloc(MiB, 0, NULL));
+  assert_ptr_not_equal(c, a); /* a stays taken: work of the capture may use it */
+  legacy_capture = false;
+  gshm_torch_free(c, MiB, 0, NULL);
+  assert_int_equal(syncs, 1);
+  assert_int_equal(gshm_torch_last_error(), 0);
+  gshm_torch_free(b, MiB, 0, NULL);
+  gshm_torch_free(a, MiB, 0, NULL); /* (a caller that frees it again, after) */
   assert_int_equal(open_segments, 0);
   assert_int_equal(gshm_pool_release(p, 1), 0);
   assert_nothing_left();
@@ -849,6 +897,7 @@ int main(void) {
       cmocka_unit_test(test_sizes_and_foreign_pointers),
       cmocka_unit_test(test_free_synchronises_on_the_pool_context),
       cmocka_unit_test(test_free_keeps_a_block_it_could_not_wait_for),
+      cmocka_unit_test(test_free_during_a_capture_leaves_it_alone),
       cmocka_unit_test(test_failed_growth_leaves_nothing),
       cmocka_unit_test(test_short_segment_leaves_nothing),
       cmocka_unit_test(test_other_users_names_passed_over),
