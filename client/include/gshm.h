@@ -1135,9 +1135,11 @@ typedef struct {
  * Errors: -EINVAL a NULL pointer, n outside 1..64, src not device memory,
  * an unknown algorithm, lanes outside 0..GSHM_BCAST_MAX_LANES, CHAIN /
  * SPLIT with host memory, bytes of 2^58 or more (more than any memory);
- * -EXDEV two GPUs without a peer path for a copy the algorithm needs, or
- * a buffer in cuMem memory (gshm_map's or other) that a GPU issuing one of
- * its copies (the sender, or with pull the receiver) has no access to;
+ * -EXDEV a buffer in cuMem memory (gshm_map's or other) that a GPU
+ * issuing one of its copies (the sender, or with pull the receiver) has
+ * no access to (two GPUs without a peer path are no error: peer access is
+ * enabled where it can be, and the copy engine copies between the others
+ * through the host, slower);
  * -EACCES such a destination that GPU may only read; -ERANGE a buffer that runs past the end
  * of the gshm_map mapping it starts in (all before anything is queued);
  * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOSYS a driver too old, or
