@@ -1026,7 +1026,9 @@ typedef enum {
  * synchronize it before reading dst.  When src and dst are on different
  * GPUs, peer access is enabled (cuCtxEnablePeerAccess, once, and left
  * enabled) from the launching context to the other GPU's primary context,
- * which is retained for the life of the process.  Peer access does not
+ * which is retained for the life of the process; not for a buffer that
+ * is a gshm_map mapping giving the launching GPU access, which needs none
+ * (no context is made on its GPU for it).  Peer access does not
  * cover cuMem mappings (gshm_map's, PyTorch's expandable segments): the
  * GPU that runs the copy (the stream's) must be among the devices the
  * mapping gives access to (gshm_map's devices; NULL gives every device
