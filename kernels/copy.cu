@@ -136,8 +136,9 @@ __global__ void __launch_bounds__(1024) gshm_copy_u8(char *dst, const char *src,
 }
 
 /* Small copies where latency is what counts: no unroll, so a thread issues
- * its one load as soon as it starts; launched as one block sized to the
- * copy. */
+ * its one load as soon as it starts; launched with one thread per 16-byte
+ * vector, in blocks of up to 1024 threads (5 blocks at 64 KiB:
+ * gshm__copy_pick_shape; gshm-bench gives shapes of its own). */
 __global__ void __launch_bounds__(1024) gshm_copy_u1(char *dst, const char *src, size_t n) {
   copy_any<1>(dst, src, n);
 }
