@@ -4,7 +4,7 @@
  * hit the kernels' head, body and tail paths (1 B, 4095 B, 1 MiB + 3 B,
  * 256 MiB, misaligned and mutually misaligned source/destination), with
  * guard bytes around each destination that must stay untouched.  Plus the
- * argument errors.  Exit 77 (skip) without a GPU; the peer cases need two
+ * argument errors, and a first SM copy made inside a stream capture.  Exit 77 (skip) without a GPU; the peer cases need two
  * and are skipped, said so, with one. */
 #include <errno.h>
 #include <stdint.h>
@@ -70,6 +70,60 @@ static void one(int s, int d, int on, size_t n, size_t os, size_t od, gshm_copy_
   }
 }
 
+/* The first SM copy of a context, captured into a CUDA graph in global
+ * mode (torch.cuda.graph's default): libgshm loads its module then, and
+ * with two GPUs also enables peer access (GPU 1 pushes to GPU 0), calls a
+ * capture forbids, which it makes with this thread's capture mode relaxed
+ * (copy.c gshm__capture_relax, as PyTorch's cudaMallocMaybeCapturing).
+ * The capture must end valid and its graph copy the bytes.  Run before
+ * any other copy of this process, so that the set-up happens inside; on
+ * GPU 1's context, so that GPU 0's peer access to GPU 1 is still first
+ * enabled by the flag case below, which checks that. */
+static void first_copy_captured(int n) {
+  const int g = n >= 2 ? 1 : 0;
+  unsigned char v[4096];
+  CUgraph graph = NULL;
+  CUgraphExec ge = NULL;
+  CUresult r;
+  CUstream cs;
+  int e;
+
+  if (!drv->cuStreamBeginCapture || !drv->cuStreamEndCapture || !drv->cuGraphInstantiate ||
+      !drv->cuGraphLaunch || !drv->cuGraphDestroy || !drv->cuGraphExecDestroy) {
+    fprintf(stderr, "first copy captured: SKIPPED (the driver lacks the graph entry points)\n");
+    return;
+  }
+  CU(drv->cuCtxSetCurrent(ctx[0]));
+  CU(drv->cuMemsetD8(dst[0], 0, sizeof(v)));
+  CU(drv->cuCtxSynchronize());
+  CU(drv->cuCtxSetCurrent(ctx[g]));
+  CU(drv->cuMemsetD8(src[g], 0x2A, sizeof(v)));
+  CU(drv->cuCtxSynchronize());
+  CU(drv->cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+  CU(drv->cuStreamBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  e = gshm_copy((void *)(uintptr_t)dst[0], (void *)(uintptr_t)src[g], sizeof(v), GSHM_COPY_SM,
+                cs);
+  r = drv->cuStreamEndCapture(cs, &graph);
+  CHECK(e == 0, "first SM copy (GPU %d -> GPU 0) inside a capture: %d", g, e);
+  CHECK(r == CUDA_SUCCESS && graph,
+        "the capture around the first SM copy ended with %d (invalidated?)", (int)r);
+  if (r == CUDA_SUCCESS && graph && drv->cuGraphInstantiate(&ge, graph, 0) == CUDA_SUCCESS) {
+    CU(drv->cuGraphLaunch(ge, cs));
+    CU(drv->cuStreamSynchronize(cs));
+    CU(drv->cuMemcpyDtoH(v, dst[0], sizeof(v)));
+    CHECK(v[0] == 0x2A && v[sizeof(v) - 1] == 0x2A, "the captured copy's bytes: %x %x", v[0],
+          v[sizeof(v) - 1]);
+    CU(drv->cuGraphExecDestroy(ge));
+  } else if (r == CUDA_SUCCESS && graph) {
+    CHECK(0, "the graph of the first SM copy does not instantiate");
+  }
+  if (graph)
+    drv->cuGraphDestroy(graph);
+  CU(drv->cuStreamDestroy(cs));
+  CU(drv->cuCtxSetCurrent(ctx[0]));
+  fprintf(stderr, "first copy captured: done (%d failures so far)\n", failures);
+}
+
 int main(void) {
   static const size_t sizes[] = {1, 15, 16, 17, 31, 4095, 4096, 65536 + 5, (1u << 20) + 3,
                                  (4u << 20) + 9, 256u << 20};
@@ -100,6 +154,8 @@ int main(void) {
     CU(drv->cuMemAlloc(&src[g], cap));
     CU(drv->cuMemAlloc(&dst[g], cap));
   }
+
+  first_copy_captured(n); /* (first: no copy may have loaded the module before) */
 
   /* argument errors and trivial cases */
   CU(drv->cuCtxSetCurrent(ctx[0]));
