@@ -179,25 +179,30 @@ static int copy_driver_load(const struct gshm_cudadrv **drv) {
 static int module_load(const struct gshm_cudadrv *drv, struct kctx *k) {
 #ifdef GSHM_HAVE_COPY_FATBIN
   CUstreamCaptureMode mode;
+  bool loaded;
   int e;
 
   if (k->module_state)
     return k->module_state < 0 ? k->module_state : 0;
   /* the first copy of a context may come inside a stream capture, where
    * loading a module is a call the capture forbids (it would end the
-   * capture): this thread may make it (as PyTorch's allocator does) */
+   * capture): this thread may make it (as PyTorch's allocator does), and
+   * the lookups too, which is where a driver that loads lazily
+   * (CUDA_MODULE_LOADING=LAZY, Linux's default from CUDA 12.2) loads each
+   * kernel */
   mode = gshm__capture_relax(drv);
   e = GSHM_CU(drv, GSHM_LOG_ERR, cuModuleLoadData, &k->module, gshm__copy_fatbin);
+  loaded = !e;
+  for (int i = 0; loaded && i < GSHM__K_COUNT && !e; i++)
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuModuleGetFunction, &k->fn[i], k->module, kernel_names[i]);
   gshm__capture_restore(drv, mode);
-  if (e == -ENOMEM)
+  if (!loaded && e == -ENOMEM)
     return e; /* maybe transient (the GPU is full now): try again next time */
-  if (e) {
+  if (!loaded) {
     /* NO_BINARY_FOR_GPU and friends: an architecture our fatbin lacks */
     k->module_state = e == -EIO ? -ENOTSUP : e;
     return k->module_state;
   }
-  for (int i = 0; i < GSHM__K_COUNT && !e; i++)
-    e = GSHM_CU(drv, GSHM_LOG_ERR, cuModuleGetFunction, &k->fn[i], k->module, kernel_names[i]);
   if (e) {
     drv->cuModuleUnload(k->module);
     if (e != -ENOMEM && e != -EIO)

@@ -154,8 +154,15 @@ static CUresult f_attr(int *v, CUdevice_attribute a, CUdevice d) {
   *v = a == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT ? 132 : 0;
   return CUDA_SUCCESS;
 }
+/* This thread's stream capture mode (cuThreadExchangeStreamCaptureMode
+ * swaps it; GLOBAL is a thread's default), and how many module calls were
+ * made in another mode than RELAXED: inside a capture those would be
+ * refused, and the capture ended (CUDA's "prohibited operations"). */
+static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+static int module_calls_unrelaxed;
 static CUresult f_module_load(CUmodule *m, const void *image) {
   (void)image;
+  module_calls_unrelaxed += thread_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
   *m = (CUmodule)0x7001;
   return CUDA_SUCCESS;
 }
@@ -165,6 +172,7 @@ static CUresult f_module_unload(CUmodule m) {
 }
 static CUresult f_get_function(CUfunction *f, CUmodule m, const char *name) {
   (void)m, (void)name;
+  module_calls_unrelaxed += thread_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
   *f = (CUfunction)0x8001;
   return CUDA_SUCCESS;
 }
@@ -272,7 +280,9 @@ static CUresult f_enable_peer(CUcontext c, unsigned flags) {
   return CUDA_SUCCESS;
 }
 static CUresult f_capture_mode(CUstreamCaptureMode *mode) {
-  *mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  CUstreamCaptureMode old = thread_mode;
+  thread_mode = *mode;
+  *mode = old;
   return CUDA_SUCCESS;
 }
 static CUresult f_memcpy_async(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
@@ -315,6 +325,27 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
 }
 
 static void reset_counts(void) { launches = stream_writes = stream_waits = copies = 0; }
+
+/* A context's first SM copy loads libgshm's module: cuModuleLoadData, and
+ * cuModuleGetFunction for each kernel, which is where a driver that loads
+ * lazily (CUDA_MODULE_LOADING=LAZY, Linux's default from CUDA 12.2) loads
+ * the kernels.  The first copy may come inside a stream capture: every
+ * one of those calls is made with the thread's capture mode relaxed, and
+ * the mode is given back after.  Before: the lookups ran in the caller's
+ * mode (only cuModuleLoadData was relaxed). */
+static void test_first_copy_loads_the_module_relaxed(void **state) {
+  CUcontext saved = ctx0;
+  (void)state;
+
+  ctx0 = (CUcontext)0x6077; /* a context no copy has used: its module is loaded now */
+  reset_counts();
+  module_calls_unrelaxed = 0;
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[0], 64, GSHM_COPY_SM, NULL), 0);
+  assert_int_equal(launches, 1);
+  assert_int_equal(module_calls_unrelaxed, 0);
+  assert_int_equal(thread_mode, CU_STREAM_CAPTURE_MODE_GLOBAL); /* given back */
+  ctx0 = saved;
+}
 
 /* ---- tests ---- */
 
@@ -586,6 +617,7 @@ static void test_fork_while_another_thread_makes_an_entry(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fork_while_another_thread_makes_an_entry), /* first */
+      cmocka_unit_test(test_first_copy_loads_the_module_relaxed),
       cmocka_unit_test(test_reachable_flags),
       cmocka_unit_test(test_failed_context_entries_are_not_kept),
       cmocka_unit_test(test_pageable_flag_never_reaches_the_gpu),
