@@ -243,8 +243,9 @@
   X(cluster, export, STR, cluster_export, "", 0, GSHMD_CONFIG_LIST_MAX, NULL,   \
     "What peers may list and read, rules separated by blanks: PATTERN "        \
     "(fnmatch; '*' also matches '/') exports matching segments of root and "    \
-    "gshmd's user that others may read (mode o+r); PATTERN:USER those of "      \
-    "USER that others may read; PATTERN:@GROUP those of group GROUP that the "  \
+    "of the user that started gshmd that others may read (mode o+r); "         \
+    "PATTERN:USER those of USER that others may read; PATTERN:@GROUP those "    \
+    "of group GROUP that the "                                                  \
     "group may read (g+r). Empty exports nothing. At most 16383 bytes, "        \
     "continued lines joined.")                                                  \
   X(cluster, secret_file, PATH, cluster_secret_file, "", 0, 4095, NULL,         \

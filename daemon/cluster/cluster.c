@@ -414,6 +414,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
   cl->reg = reg;
   cl->reply = reply;
   cl->reply_arg = reply_arg;
+  cl->started_uid = geteuid(); /* (the switch to daemon.user comes after) */
   gshm_list_init(&cl->pulls);
   cl->serve_again = gshmd__serve_handle;
   gshm_list_init(&cl->lists);

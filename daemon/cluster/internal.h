@@ -34,7 +34,7 @@ struct gshmd_segment;
 struct export_rule {
   char *pattern;  /* fnmatch */
   enum {
-    EXPORT_ADMINS,  /* PATTERN: owned by root or gshmd's user, mode o+r */
+    EXPORT_ADMINS,  /* PATTERN: owned by root or the user that started gshmd, mode o+r */
     EXPORT_USER,    /* PATTERN:USER: owned by uid id, mode o+r */
     EXPORT_GROUP,   /* PATTERN:@GROUP: of group id, mode g+r */
   } owner;
@@ -50,6 +50,8 @@ struct gshmd_cluster {
   gshmd_cluster_reply_fn reply; /* to local clients (the daemon's server) */
   void *reply_arg;
   uint8_t key[crypto_auth_KEYBYTES];
+  uid_t started_uid;         /* gshmd's euid at gshmd_cluster_start, before any switch to
+                                daemon.user: whose segments PATTERN rules export with root's */
   struct gshm_list pulls;    /* struct pull_set.node */
   struct gshm_list lists;    /* struct remote_list.node */
   struct gshm_list peer_queries; /* struct peers_query.node (peers.c) */

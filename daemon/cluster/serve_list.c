@@ -17,16 +17,20 @@
 #include "relay.h"
 #include "server.h" /* GSHMD_LIST_VISITS */
 
-/* Whether rule x lets peers read seg.  A peer reads as "others" of this
- * node, or as a member of the group the rule names: the rule says whose
- * segments may leave the node (a user cannot export a segment by naming
- * it under a pattern), the mode says that the owner lets them. */
-static bool rule_allows(const struct export_rule *x, const struct gshmd_segment *seg) {
+/* Whether rule x of cl lets peers read seg.  A peer reads as "others" of
+ * this node, or as a member of the group the rule names: the rule says
+ * whose segments may leave the node (a user cannot export a segment by
+ * naming it under a pattern), the mode says that the owner lets them.  A
+ * PATTERN rule's owners are root and the user that started gshmd (an
+ * unprivileged gshmd's own), not daemon.user: processes that share that
+ * user (nobody, say) are no admins. */
+static bool rule_allows(const struct gshmd_cluster *cl, const struct export_rule *x,
+                        const struct gshmd_segment *seg) {
   if (fnmatch(x->pattern, seg->name, 0) != 0)
     return false;
   switch (x->owner) {
   case EXPORT_ADMINS:
-    return (seg->uid == 0 || seg->uid == geteuid()) && (seg->mode & S_IROTH);
+    return (seg->uid == 0 || seg->uid == cl->started_uid) && (seg->mode & S_IROTH);
   case EXPORT_USER:
     return seg->uid == x->id && (seg->mode & S_IROTH);
   case EXPORT_GROUP:
@@ -39,7 +43,7 @@ bool gshmd__serve_exported(const struct gshmd_cluster *cl, const struct gshmd_se
   if (seg->unlinked)
     return false;
   for (unsigned i = 0; i < cl->nexport; i++)
-    if (rule_allows(&cl->exports[i], seg))
+    if (rule_allows(cl, &cl->exports[i], seg))
       return true;
   return false;
 }

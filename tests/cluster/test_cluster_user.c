@@ -6,6 +6,7 @@
 #include <grp.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -67,6 +68,27 @@ static int pull_set(gshm_client_t *c, const char *peer, const char *prefix) {
   return e;
 }
 
+/* In a child that becomes USER (its group the same number, no other), a
+ * segment `name` of 4 KiB, mode 0644, on n: what any process running as
+ * daemon.user could make.  Returns the child's exit status (0: made). */
+static int create_as_user(struct node *n, const char *name) {
+  pid_t pid = fork();
+  int st = -1;
+
+  assert_true(pid >= 0);
+  if (!pid) {
+    gshm_client_t *c = NULL;
+    gshm_segment_t *seg = NULL;
+    if (setgroups(0, NULL) || setresgid(USER, USER, USER) || setresuid(USER, USER, USER))
+      _exit(90);
+    if (gshm_connect(n->h.socket_path, "daemon-user", &c))
+      _exit(91);
+    _exit(gshm_create(c, name, 4096, "host", 0644, 0, &seg) ? 92 : 0);
+  }
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* Node a runs as USER with quota.leases=2: a peer's pull of a set of 8
  * segments holds a serving lease of each segment it reads, which the
  * quota must not count (root is exempt, and serving is gshmd's own work).
@@ -103,6 +125,15 @@ static void test_serving_is_under_no_quota(void **state) {
   b = connect_to(&B);
   assert_int_equal(pull_set(b, "a", "pub/set/"), 0);
   set_check(b, "pub/set/", NSET, set_size, 0x6108); /* (under the peer's names) */
+  /* A PATTERN rule exports root's segments and those of the user that
+   * started gshmd (root here), not daemon.user's: any other process of
+   * that user (nobody, say) would have been an admin for the export */
+  assert_int_equal(create_as_user(&A, "pub/own"), 0);
+  {
+    gshm_pull_result_t r;
+    assert_int_equal(gshm_pull(b, "a", "pub/own", NULL, &r), -ENOENT);
+  }
+  assert_int_equal(gshm_unlink(a, "pub/own"), 0);
   set_unlink(b, "pub/set/", NSET);
   set_unlink(a, "pub/set/", NSET);
   gshm_disconnect(b);
