@@ -72,6 +72,13 @@ void gshmd_cluster_stop(struct gshmd_cluster *cl);
 /* Frees the UCP worker and context and cl.  Accepts NULL. */
 void gshmd_cluster_destroy(struct gshmd_cluster *cl);
 
+/* From now on the lines each peer's messages make gshmd write (a grant,
+ * a link up or gone) are held to that peer's rate in l (loglimit.h:
+ * gshmd_loglimit_charge_peer); l (the server's) must outlive cl.
+ * Accepts a NULL cl (the cluster off). */
+struct gshmd_loglimit;
+void gshmd_cluster_loglimit(struct gshmd_cluster *cl, struct gshmd_loglimit *l);
+
 /* ---- local requests (the daemon's request dispatch calls these) ---- */
 
 #define GSHMD_PEERS_WAIT_MS 1000 /* PEERS waits this long at most for peers' counts */

@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The log lines a local user's clients make gshmd write, held to a rate
- * per uid: a token bucket a uid (loglimit.h). */
+ * per uid: a token bucket a uid; and those a cluster peer's messages
+ * make, a bucket a peer name (loglimit.h). */
 #include "loglimit.h"
 
 #include <inttypes.h>
 #include <search.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "log.h"
@@ -14,6 +17,7 @@
 #define NS_PER_LINE (1000000000LL / GSHMD_LOGLIMIT_RATE)
 
 struct loglimit_uid {
+  char peer[64];    /* a cluster peer's name, or "": a uid's */
   uid_t uid;
   uint32_t tokens;  /* lines it may have written now */
   int64_t at_ns;    /* CLOCK_MONOTONIC: tokens counted up to here */
@@ -21,8 +25,9 @@ struct loglimit_uid {
 };
 
 static int cmp_uid(const void *a, const void *b) {
-  uid_t x = ((const struct loglimit_uid *)a)->uid, y = ((const struct loglimit_uid *)b)->uid;
-  return x < y ? -1 : x > y;
+  const struct loglimit_uid *p = a, *q = b;
+  int c = strcmp(p->peer, q->peer);
+  return c ? c : p->uid < q->uid ? -1 : p->uid > q->uid;
 }
 
 /* u's tokens, refilled for the time since they were last counted. */
@@ -61,10 +66,16 @@ static bool gate(void *arg, int prio) {
   if ((n = u->dropped)) { /* (paid for above, ahead of the line) */
     u->tokens--;
     u->dropped = 0;
-    gshm__log(GSHM_LOG_NOTICE | GSHM_LOG_UNGATED,
-              "uid %u: %" PRIu64 " log line%s about its clients not written (more than %u a "
-              "second; gshm_log_lines_dropped_total)",
-              (unsigned)u->uid, n, gshm__plural(n), GSHMD_LOGLIMIT_RATE);
+    if (u->peer[0])
+      gshm__log(GSHM_LOG_NOTICE | GSHM_LOG_UNGATED,
+                "cluster: peer '%s': %" PRIu64 " log line%s about its requests not written (more "
+                "than %u a second; gshm_log_lines_dropped_total)",
+                u->peer, n, gshm__plural(n), GSHMD_LOGLIMIT_RATE);
+    else
+      gshm__log(GSHM_LOG_NOTICE | GSHM_LOG_UNGATED,
+                "uid %u: %" PRIu64 " log line%s about its clients not written (more than %u a "
+                "second; gshm_log_lines_dropped_total)",
+                (unsigned)u->uid, n, gshm__plural(n), GSHMD_LOGLIMIT_RATE);
   }
   return true;
 }
@@ -74,20 +85,19 @@ void gshmd_loglimit_start(struct gshmd_loglimit *l) {
   gshm__log_set_gate(gate, l);
 }
 
-void gshmd_loglimit_charge(struct gshmd_loglimit *l, const struct gshmd_cred *cred) {
-  struct loglimit_uid key, *u, **slot;
+/* The loop's lines from now on are the bucket's of uid, or of peer where
+ * not NULL (its record made at its first charge). */
+static void charge_key(struct gshmd_loglimit *l, uid_t uid, const char *peer) {
+  struct loglimit_uid key = {.uid = uid}, *u, **slot;
 
-  l->charged = NULL;
-  if (!cred || cred->admin)
-    return;
-  key.uid = cred->uid;
+  snprintf(key.peer, sizeof(key.peer), "%s", peer ? peer : "");
   if ((slot = tfind(&key, &l->root, cmp_uid))) {
     l->charged = *slot;
     return;
   }
   if (!(u = calloc(1, sizeof(*u))))
     return;
-  u->uid = cred->uid;
+  *u = key;
   u->tokens = GSHMD_LOGLIMIT_BURST;
   u->at_ns = gshm__now_ns(CLOCK_MONOTONIC);
   if (!(slot = tsearch(u, &l->root, cmp_uid))) {
@@ -95,6 +105,18 @@ void gshmd_loglimit_charge(struct gshmd_loglimit *l, const struct gshmd_cred *cr
     return;
   }
   l->charged = u;
+}
+
+void gshmd_loglimit_charge(struct gshmd_loglimit *l, const struct gshmd_cred *cred) {
+  l->charged = NULL;
+  if (cred && !cred->admin)
+    charge_key(l, cred->uid, NULL);
+}
+
+void gshmd_loglimit_charge_peer(struct gshmd_loglimit *l, const char *peer) {
+  l->charged = NULL;
+  if (peer && *peer)
+    charge_key(l, 0, peer);
 }
 
 void gshmd_loglimit_stop(struct gshmd_loglimit *l) {

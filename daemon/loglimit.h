@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The log lines a local user's clients make gshmd write, held to a rate
- * per uid.  gshmd logs a line for each connection, create, unlink and
+ * per uid, and those a cluster peer's messages make, per peer.  gshmd logs a line for each connection, create, unlink and
  * refused open or connection; journald keeps at most RateLimitBurst
  * (10,000) lines of a service per 30 s and drops the rest, whoever they
  * are about.  Without a bound of its own, one user's client looping on a
@@ -24,7 +24,7 @@
 
 struct gshmd_loglimit {
   pthread_t loop;      /* the thread whose lines are charged (the loop's) */
-  void *root;          /* tsearch tree of struct loglimit_uid, one a uid */
+  void *root;          /* tsearch tree of struct loglimit_uid, one a uid or a peer */
   struct loglimit_uid *charged; /* whose lines the loop writes now; NULL: nobody's */
   uint64_t dropped;    /* lines not written, all uids (metrics) */
 };
@@ -42,6 +42,17 @@ void gshmd_loglimit_start(struct gshmd_loglimit *l);
  * or a member of daemon.admin_group: nobody's, never dropped.  Out of
  * memory for the uid's record: not charged. */
 void gshmd_loglimit_charge(struct gshmd_loglimit *l, const struct gshmd_cred *cred);
+
+/* The loop's lines from now on are those cluster peer `peer` (its name in
+ * cluster.peers, which a key holder may claim) makes gshmd write with its
+ * messages: held as a uid's are, in a bucket of the peer's own (the
+ * count of those dropped is written as "cluster: peer 'NAME': N log
+ * lines about its requests not written").  A key holder that asked for a
+ * grant and released it, over and over, made a line each ("granted read
+ * of"), 12,000 a second, and so took journald's whole budget of gshmd's
+ * lines (docs/SECURITY.md).  NULL or "": nobody's.  Out of memory for
+ * the peer's record: not charged. */
+void gshmd_loglimit_charge_peer(struct gshmd_loglimit *l, const char *peer);
 
 /* Stops charging (the logger no longer consults l) and frees l's
  * records.  Call it once no other thread logs. */

@@ -540,6 +540,7 @@ static int setup_all(struct daemon *d, struct passed_fds *p) {
   if (gshmd_cluster_start(&d->loop, &d->cfg, &d->reg, cluster_reply, &d->srv, &d->cluster))
     return -1;
   d->srv.cluster = d->cluster;
+  gshmd_cluster_loglimit(d->cluster, &d->srv.loglimit); /* (peers' lines: their rate) */
   setup_signals(d);
   setup_timers(d);
   /* Before anything is served: the store's queued fds then count against

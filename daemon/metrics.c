@@ -151,7 +151,8 @@ static void write_server_counters(FILE *f, struct gshmd_server *s) {
   write_one(f, "counter", "gshm_fds_sent_total", "File descriptors handed to clients.",
             s->fds_sent);
   write_one(f, "counter", "gshm_log_lines_dropped_total",
-            "Log lines not written: a uid's clients made gshmd log more than its rate.",
+            "Log lines not written: a uid's clients, or a cluster peer's messages, made gshmd "
+            "log more than its rate.",
             s->loglimit.dropped);
 }
 

@@ -16,6 +16,7 @@
 #include "internal.h"
 #include "lane.h"
 #include "log.h"
+#include "loglimit.h"
 #include "registry.h"
 #include "util.h"
 #include "wire.h"
@@ -45,6 +46,13 @@ static void on_lost(struct link *l, int err, const char *why) {
 static void on_idle(struct link *l) { gshmd__serve_link_idle(cluster_of(l->ll), l); }
 
 static void after_progress(void *arg) { gshmd__pull_reap(arg); }
+
+/* The lines l's peer makes gshmd write, held to its rate (loglimit.h). */
+static void charge(void *arg, const struct link *l, bool on) {
+  struct gshmd_cluster *cl = arg;
+  if (cl->loglimit && l->inbound && l->peer)
+    gshmd_loglimit_charge_peer(cl->loglimit, on ? l->peer->name : NULL);
+}
 
 /* ---- local requests ---------------------------------------------------- */
 
@@ -432,7 +440,8 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                                      .on_up = gshmd__lanes_open,
                                      .on_fail = gshmd__lanes_link_failed,
                                      .lane_overdue = gshmd__lane_overdue,
-                                     .after_progress = after_progress, .arg = cl};
+                                     .after_progress = after_progress, .charge = charge,
+                                     .arg = cl};
   cl->ll.encrypt = cfg->cluster_encrypt;
   cl->ll.gmac = strcmp(cfg->cluster_mac, "poly1305") != 0;
   cl->ll.streams = cfg->cluster_streams;
@@ -483,6 +492,11 @@ void gshmd_cluster_stop(struct gshmd_cluster *cl) {
   gshmd__pull_stop_answer(cl);
   gshmd_stage_pool_drain(&cl->stage);
   gshmd__serve_stop(cl);
+}
+
+void gshmd_cluster_loglimit(struct gshmd_cluster *cl, struct gshmd_loglimit *l) {
+  if (cl)
+    cl->loglimit = l;
 }
 
 void gshmd_cluster_destroy(struct gshmd_cluster *cl) {

@@ -49,6 +49,7 @@ struct gshmd_cluster {
   struct gshmd_registry *reg;
   gshmd_cluster_reply_fn reply; /* to local clients (the daemon's server) */
   void *reply_arg;
+  struct gshmd_loglimit *loglimit; /* the server's: peers' lines charged to them (NULL: none) */
   uint8_t key[crypto_auth_KEYBYTES];
   uid_t started_uid;         /* gshmd's euid at gshmd_cluster_start, before any switch to
                                 daemon.user: whose segments PATTERN rules export with root's */

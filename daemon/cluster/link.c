@@ -160,15 +160,17 @@ static void on_stream_error(struct stream *s, int err, const char *why) {
   struct link *l = s->owner;
   char buf[160];
 
+  l->ll->hooks.charge(l->ll->hooks.arg, l, true);
   if (err == -EBADMSG) {
     gshmd__link_refused(l->ll, REFUSE_TAMPERED, l->remote, why);
     gshmd__link_fail(l, -EPROTO, why);
-    return;
+  } else {
+    if (err == -EPROTO)
+      gshmd__link_refused(l->ll, REFUSE_PROTOCOL, l->remote, why);
+    snprintf(buf, sizeof(buf), "connection lost (%s)", why);
+    gshmd__link_fail(l, err == -EPROTO ? -EPROTO : -ECONNRESET, buf);
   }
-  if (err == -EPROTO)
-    gshmd__link_refused(l->ll, REFUSE_PROTOCOL, l->remote, why);
-  snprintf(buf, sizeof(buf), "connection lost (%s)", why);
-  gshmd__link_fail(l, err == -EPROTO ? -EPROTO : -ECONNRESET, buf);
+  l->ll->hooks.charge(l->ll->hooks.arg, l, false);
 }
 
 static void on_stream_closed(struct stream *s) {
@@ -503,12 +505,13 @@ static void on_stream_ctrl(struct stream *s, const uint8_t *payload, size_t len)
   l->active_ns = gshm__now_ns(CLOCK_MONOTONIC);
   if (l->state == LINK_CLOSED || l->state == LINK_REFUSED)
     return;
-  if (!(m = gshm__cluster__msg__unpack(NULL, len, payload))) {
+  l->ll->hooks.charge(l->ll->hooks.arg, l, true);
+  if ((m = gshm__cluster__msg__unpack(NULL, len, payload)))
+    link_handle(l, m);
+  else
     gshmd__link_refuse(l, REFUSE_PROTOCOL, -EPROTO, "message does not decode");
-    return;
-  }
-  link_handle(l, m);
   gshm__cluster__msg__free_unpacked(m, NULL);
+  l->ll->hooks.charge(l->ll->hooks.arg, l, false);
 }
 
 /* ---- the sweep: timeouts, reconnects ---------------------------------- */

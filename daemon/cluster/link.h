@@ -260,6 +260,10 @@ struct link_hooks {
   const char *(*lane_overdue)(const struct link *l, int64_t now);
   /* After each batch of worker progress, outside UCX callbacks. */
   void (*after_progress)(void *arg);
+  /* What l sent is being handled (on), or no more: the lines logged
+   * meanwhile are the doing of its peer where l is inbound and its hello
+   * named one (held to the peer's rate: cluster.c). */
+  void (*charge)(void *arg, const struct link *l, bool on);
   void *arg;
 };
 
