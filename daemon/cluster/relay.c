@@ -40,6 +40,7 @@ struct relay_wait {
   struct link *l;
   int64_t parked_ns;         /* CLOCK_MONOTONIC: a read's wait is over at half the request
                                 timeout (0: its reader does not ask again, CAP_ASK_AGAIN) */
+  size_t next;               /* a read's: the first granule of its range not seen landed */
   Gshm__Cluster__Msg m;
   Gshm__Cluster__Read rd;
   Gshm__Cluster__Stage st;
@@ -105,14 +106,29 @@ static void wait_resume(struct gshmd_cluster *cl, struct relay_wait *w) {
   free(w);
 }
 
+/* Whether parked read w's range has landed: its granules from w->next
+ * on are looked at, and w->next moves past those that have (granules
+ * only fill).  Each landing looked at every granule of every parked read
+ * from its range's start: a key holder's 256 reads of 16 MiB parked on
+ * a relay whose cluster.pull_chunk is 4 KiB cost its loop some 2 billion
+ * looks over the pull's 4,096 landings (docs/SECURITY.md). */
+static bool wait_landed(const struct relay *x, struct relay_wait *w) {
+  uint64_t off, len;
+  size_t last;
+
+  wait_range(w, &off, &len);
+  last = (size_t)((off + len - 1) / x->granule); /* (parked: within x, len > 0) */
+  while (w->next <= last && x->landed[w->next] >= granule_len(x, w->next))
+    w->next++;
+  return w->next > last;
+}
+
 /* The first parked read of x whose range has landed, or NULL. */
 static struct relay_wait *ready_wait(struct relay *x) {
   struct gshm_list *pos;
   gshm_list_foreach(pos, &x->waits) {
     struct relay_wait *w = gshm_list_entry(pos, struct relay_wait, node);
-    uint64_t off, len;
-    wait_range(w, &off, &len);
-    if (landed(x, off, len))
+    if (wait_landed(x, w))
       return w;
   }
   return NULL;
@@ -337,6 +353,7 @@ int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
     w->m.body_case = GSHM__CLUSTER__MSG__BODY_STAGE;
     w->m.stage = &w->st;
   }
+  w->next = (size_t)((rd ? rd->offset : st->offset) / x->granule);
   park_deadline(cl, l, w, GSHM__CLUSTER__CAP__CAP_ASK_AGAIN);
   gshm_list_add_tail(&x->waits, &w->node);
   cl->relay_waits++;

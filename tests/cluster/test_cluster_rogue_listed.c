@@ -652,8 +652,9 @@ static void relayed_view(struct rogue *rb, bool *listed_in_flight, bool *granted
 
 /* The rogue "rs" lists nobody's set (one host segment "m/shared") and
  * holds its grant request: nobody's hidden copy, to be published as
- * "g/shared", exists then.  Returns the grant request's id. */
-static uint32_t hold_set(struct rogue *rq) {
+ * "g/shared", exists then.  Returns the grant request's id.  (size: the
+ * segment's bytes: hold_set_of; hold_set's is a page.) */
+static uint32_t hold_set_of(struct rogue *rq, uint64_t size) {
   int64_t end = now_ms() + 20000;
 
   while (now_ms() < end) {
@@ -668,7 +669,7 @@ static uint32_t hold_set(struct rogue *rq) {
       static Gshm__Cluster__Segment seg, *ptrs[1] = {&seg};
       Gshm__Cluster__Msg a = GSHM__CLUSTER__MSG__INIT;
       Gshm__Cluster__ListReply r = GSHM__CLUSTER__LIST_REPLY__INIT;
-      segment_at(&seg, (char[16]){0}, 16, 0, 4096, "host");
+      segment_at(&seg, (char[16]){0}, 16, 0, size, "host");
       seg.name = "m/shared";
       r.segments = ptrs;
       r.n_segments = r.total = 1;
@@ -684,9 +685,11 @@ static uint32_t hold_set(struct rogue *rq) {
     }
     gshm__cluster__msg__free_unpacked(m, NULL);
   }
-  fail_msg("no grant request from nobody's set");
+  fail_msg("no grant request from the set");
   return 0;
 }
+
+static uint32_t hold_set(struct rogue *rq) { return hold_set_of(rq, 4096); }
 
 /* Starts relaying node q (exports, "--set" value set1 or NULL) whose
  * peers are the rogue ro, serving as "rs", and "b" (a rogue puller may
@@ -830,6 +833,144 @@ static void test_relay_failed_grant_ends(void **state) {
   assert_int_equal(harness_stop(&Q.h), 0);
   rogue_close(&rq);
   close(qlfd);
+}
+
+
+/* ---- a relay's parked reads, looked at as its bytes land ---- */
+
+#define SCAN_SIZE (32 * MiB)  /* 8,192 granules of cluster.pull_chunk = 4 KiB */
+#define SCAN_LINKS 4          /* the links of one peer */
+#define SCAN_READS 64         /* reads parked a link (relay.h RELAY_MAX_PARKED) */
+
+/* pid's CPU time so far (user and system), in ms. */
+static long cpu_ms(pid_t pid) {
+  char path[64], buf[1024], *p;
+  unsigned long ut, st;
+  size_t n;
+  FILE *f;
+
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  assert_non_null(f = fopen(path, "re"));
+  n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  assert_non_null(p = strrchr(buf, ')')); /* (fields 14 and 15: utime, stime) */
+  assert_int_equal(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st),
+                   2);
+  return (long)((ut + st) * 1000 / (unsigned long)sysconf(_SC_CLK_TCK));
+}
+
+struct scan_pull {
+  struct node *q;
+  atomic_bool done;
+  int err;
+};
+
+static void *scan_pull_thread(void *arg) {
+  struct scan_pull *sp = arg;
+  sp->err = root_pull(sp->q, 0644);
+  sp->done = true;
+  return NULL;
+}
+
+static void scan_sent(void *arg, int err) { (void)arg, (void)err; }
+
+/* rb (a link of peer "b" to q) takes a grant of q's "g/shared" in flight
+ * and asks SCAN_READS reads of all of it, which q parks. */
+static void park_reads(struct rogue *rb, struct node *q, const uint8_t rkey[32]) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *a;
+  Gshm__Cluster__GrantRequest gr = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  Gshm__Cluster__Read rd = GSHM__CLUSTER__READ__INIT;
+
+  memset(rb, 0, sizeof(*rb));
+  assert_int_equal(rogue_connect(rb, q->port, "b", "q", rkey), 0);
+  gr.name = "g/shared";
+  gr.in_flight = true;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  m.grant_request = &gr;
+  a = ask(rb, &m, 1, GSHM__CLUSTER__MSG__BODY_GRANT);
+  assert_true(a->grant->segment->in_flight);
+  rd.grant_id = a->grant->grant_id;
+  gshm__cluster__msg__free_unpacked(a, NULL);
+  rd.length = SCAN_SIZE;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_READ;
+  m.read = &rd;
+  for (uint32_t i = 0; i < SCAN_READS; i++) {
+    m.request_id = 2 + i;
+    rogue_send(rb, &m);
+  }
+  rogue_run(rb, 50);
+}
+
+/* root's set pull of rq's "m/" (one segment of SCAN_SIZE) on relaying
+ * node q, with nlinks links of peer "b" (rb) each parking SCAN_READS
+ * reads of all of it first: q's CPU time in ms from the grant to the
+ * pull's end (every Read rq answered at once with its bytes). */
+static long relay_pull(struct node *q, struct rogue *rq, struct rogue *rb, int nlinks,
+                       const uint8_t rkey[32]) {
+  static uint8_t bytes[SCAN_SIZE];
+  struct scan_pull sp = {.q = q};
+  gshm_client_t *c = connect_to(q);
+  long waits = metric(c, "gshm_cluster_relay_waits_total"), cpu;
+  int64_t end = now_ms() + 120000;
+  uint32_t rid;
+  pthread_t t;
+
+  assert_int_equal(pthread_create(&t, NULL, scan_pull_thread, &sp), 0);
+  rid = hold_set_of(rq, SCAN_SIZE);
+  for (int k = 0; k < nlinks; k++)
+    park_reads(&rb[k], q, rkey);
+  for (int i = 0; i < 100 && metric(c, "gshm_cluster_relay_waits_total") <
+                                 waits + (long)nlinks * SCAN_READS; i++)
+    usleep(20000);
+  assert_int_equal(metric(c, "gshm_cluster_relay_waits_total"), waits + (long)nlinks * SCAN_READS);
+  cpu = cpu_ms(q->h.sp.pid);
+  rogue_send_grant(rq, rid, 1, "m/shared", SCAN_SIZE);
+  while (!sp.done && now_ms() < end) {
+    Gshm__Cluster__Msg *m = rogue_recv(rq, 20);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_READ)
+      assert_int_equal(gshmd__stream_send_data(&rq->st, m->request_id, m->read->offset,
+                                               bytes + m->read->offset, m->read->length,
+                                               scan_sent, NULL),
+                       0);
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  cpu = cpu_ms(q->h.sp.pid) - cpu;
+  pthread_join(t, NULL);
+  for (int k = 0; k < nlinks; k++)
+    rogue_close(&rb[k]);
+  assert_int_equal(sp.err, 0);
+  assert_int_equal(gshm_unlink(c, "g/shared"), 0);
+  gshm_disconnect(c);
+  return cpu;
+}
+
+/* A key holder parks its reads on a relay: 64 reads of the whole of a
+ * 32 MiB segment the relay is still pulling, on each of its 4 links.
+ * With cluster.pull_chunk at 4 KiB (its least) each landing of the
+ * relay's own pull looked at every granule of every parked read from the
+ * read's start up to the first that had not landed: 256 x 8,192^2 / 2,
+ * some 8 billion looks over the pull's 8,192 chunks, on the loop every
+ * local client waits on.  Now each parked read remembers how far its
+ * range has landed.  The relay's CPU time for the pull is compared with
+ * the same pull's with nothing parked. */
+static void test_relay_parked_reads_scanned_once(void **state) {
+  static struct node Q;
+  static struct rogue rq, rb[SCAN_LINKS];
+  uint8_t rkey[32];
+  long alone, parked;
+  int qlfd = relay_with_rogue(&Q, &rq, "g/*", "cluster.pull_chunk=4096", rkey);
+  (void)state;
+
+  alone = relay_pull(&Q, &rq, rb, 0, rkey);
+  parked = relay_pull(&Q, &rq, rb, SCAN_LINKS, rkey);
+  printf("relay's CPU for a 32 MiB pull in 4 KiB chunks: %ld ms alone, %ld ms with %d reads of "
+         "it parked\n",
+         alone, parked, SCAN_LINKS * SCAN_READS);
+  assert_int_equal(harness_stop(&Q.h), 0);
+  rogue_close(&rq);
+  close(qlfd);
+  assert_true(parked < 3 * alone + 300);
 }
 
 /* root_pull of mode 0600: its segments are in flight here, and no
@@ -1052,6 +1193,7 @@ int main(void) {
       cmocka_unit_test(test_remote_list_crowded),
       cmocka_unit_test(test_relay_name_not_replaceable),
       cmocka_unit_test(test_relay_failed_grant_ends),
+      cmocka_unit_test(test_relay_parked_reads_scanned_once),
       cmocka_unit_test(test_relay_list_visits_capped),
       cmocka_unit_test(test_populate_listed),
       cmocka_unit_test(test_peers_flood),
