@@ -31,6 +31,9 @@ struct relay {
   uint64_t size, granule;
   size_t n;                  /* granules */
   uint64_t *landed;          /* bytes landed, per granule */
+  /* per granule i (and n, the end): a granule at or past i not whole yet,
+   * the first where it is i itself (granule_next: the first one) */
+  size_t *next_open;
   struct gshm_list waits;    /* struct relay_wait: reads parked on it */
 };
 
@@ -40,7 +43,6 @@ struct relay_wait {
   struct link *l;
   int64_t parked_ns;         /* CLOCK_MONOTONIC: a read's wait is over at half the request
                                 timeout (0: its reader does not ask again, CAP_ASK_AGAIN) */
-  size_t next;               /* a read's: the first granule of its range not seen landed */
   Gshm__Cluster__Msg m;
   Gshm__Cluster__Read rd;
   Gshm__Cluster__Stage st;
@@ -64,11 +66,15 @@ int gshmd__relay_new(struct gshmd_cluster *cl, const struct pull *p) {
   x->by_name.name = seg->name;
   x->by_name.order = s->seq;
   if ((x->n && !(x->landed = calloc(x->n, sizeof(*x->landed)))) ||
+      !(x->next_open = malloc((x->n + 1) * sizeof(*x->next_open))) ||
       gshmd__relay_names_add(&cl->relay_names, &x->by_name)) {
     free(x->landed);
+    free(x->next_open);
     free(x);
     return -ENOMEM;
   }
+  for (size_t i = 0; i <= x->n; i++)
+    x->next_open[i] = i;
   gshm_list_init(&x->waits);
   gshm_list_add_tail(&cl->relays, &x->node);
   seg->cluster_relay = x;
@@ -80,15 +86,27 @@ static uint64_t granule_len(const struct relay *x, size_t i) {
   return x->size - start < x->granule ? x->size - start : x->granule;
 }
 
+/* The first granule at or past i that is not whole yet (x->n: none),
+ * the links followed on the way halved.  Granules only fill, so over a
+ * pull every link is followed about once: whether a range has landed
+ * costs next to nothing, however long it is.  (Each Read, and each
+ * landing for each parked read, looked at its range granule by granule:
+ * with cluster.pull_chunk at 4 KiB, 16,384 looks for a Read of 64 MiB,
+ * which a key holder sent as fast as it liked: docs/SECURITY.md.) */
+static size_t granule_next(struct relay *x, size_t i) {
+  while (x->next_open[i] != i) {
+    x->next_open[i] = x->next_open[x->next_open[i]];
+    i = x->next_open[i];
+  }
+  return i;
+}
+
 /* Whether [off, off + len) has landed; a range outside the segment is
  * left to serve.c to refuse. */
-static bool landed(const struct relay *x, uint64_t off, uint64_t len) {
+static bool landed(struct relay *x, uint64_t off, uint64_t len) {
   if (len == 0 || off >= x->size || len > x->size - off)
     return true;
-  for (size_t i = off / x->granule; i <= (off + len - 1) / x->granule; i++)
-    if (x->landed[i] < granule_len(x, i))
-      return false;
-  return true;
+  return granule_next(x, (size_t)(off / x->granule)) > (off + len - 1) / x->granule;
 }
 
 static void wait_range(const struct relay_wait *w, uint64_t *off, uint64_t *len) {
@@ -106,29 +124,14 @@ static void wait_resume(struct gshmd_cluster *cl, struct relay_wait *w) {
   free(w);
 }
 
-/* Whether parked read w's range has landed: its granules from w->next
- * on are looked at, and w->next moves past those that have (granules
- * only fill).  Each landing looked at every granule of every parked read
- * from its range's start: a key holder's 256 reads of 16 MiB parked on
- * a relay whose cluster.pull_chunk is 4 KiB cost its loop some 2 billion
- * looks over the pull's 4,096 landings (docs/SECURITY.md). */
-static bool wait_landed(const struct relay *x, struct relay_wait *w) {
-  uint64_t off, len;
-  size_t last;
-
-  wait_range(w, &off, &len);
-  last = (size_t)((off + len - 1) / x->granule); /* (parked: within x, len > 0) */
-  while (w->next <= last && x->landed[w->next] >= granule_len(x, w->next))
-    w->next++;
-  return w->next > last;
-}
-
 /* The first parked read of x whose range has landed, or NULL. */
 static struct relay_wait *ready_wait(struct relay *x) {
   struct gshm_list *pos;
   gshm_list_foreach(pos, &x->waits) {
     struct relay_wait *w = gshm_list_entry(pos, struct relay_wait, node);
-    if (wait_landed(x, w))
+    uint64_t off, len;
+    wait_range(w, &off, &len);
+    if (landed(x, off, len))
       return w;
   }
   return NULL;
@@ -147,7 +150,8 @@ void gshmd__relay_landed(struct gshmd_cluster *cl, struct gshmd_segment *seg, ui
     size_t i = off / x->granule;
     uint64_t gend = (uint64_t)(i + 1) * x->granule;
     uint64_t n = (gend < end ? gend : end) - off;
-    x->landed[i] += n;
+    if ((x->landed[i] += n) >= granule_len(x, i))
+      x->next_open[i] = i + 1; /* (whole: granule_next goes past it) */
     off += n;
   }
   cl->relay_landed += len;
@@ -179,6 +183,7 @@ void gshmd__relay_end(struct gshmd_cluster *cl, struct gshmd_segment *seg, int e
     free(w);
   }
   free(x->landed);
+  free(x->next_open);
   free(x);
 }
 
@@ -353,7 +358,6 @@ int gshmd__relay_gate(struct gshmd_cluster *cl, struct link *l, struct gshmd_seg
     w->m.body_case = GSHM__CLUSTER__MSG__BODY_STAGE;
     w->m.stage = &w->st;
   }
-  w->next = (size_t)((rd ? rd->offset : st->offset) / x->granule);
   park_deadline(cl, l, w, GSHM__CLUSTER__CAP__CAP_ASK_AGAIN);
   gshm_list_add_tail(&x->waits, &w->node);
   cl->relay_waits++;

@@ -774,6 +774,26 @@ static int root_pull(struct node *q, unsigned mode) {
 
 static void *root_pull_thread(void *arg) { return (void *)(intptr_t)root_pull(arg, 0644); }
 
+/* rb, a new link of peer "b" to relaying node q, takes a grant of q's
+ * "g/shared" in flight: its grant id. */
+static uint64_t grant_in_flight(struct rogue *rb, struct node *q, const uint8_t rkey[32]) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *a;
+  Gshm__Cluster__GrantRequest gr = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  uint64_t gid;
+
+  memset(rb, 0, sizeof(*rb));
+  assert_int_equal(rogue_connect(rb, q->port, "b", "q", rkey), 0);
+  gr.name = "g/shared";
+  gr.in_flight = true;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  m.grant_request = &gr;
+  a = ask(rb, &m, 1, GSHM__CLUSTER__MSG__BODY_GRANT);
+  assert_true(a->grant->segment->in_flight);
+  gid = a->grant->grant_id;
+  gshm__cluster__msg__free_unpacked(a, NULL);
+  return gid;
+}
+
 /* A relaying node's set fails (its peer refuses a grant) while another
  * peer holds a grant of one of its segments in flight: the segment was
  * kept, hidden and nameless, for as long as that peer kept its grant
@@ -786,7 +806,6 @@ static void test_relay_failed_grant_ends(void **state) {
   static struct node Q;
   static struct rogue rq, rb;
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *a;
-  Gshm__Cluster__GrantRequest gr = GSHM__CLUSTER__GRANT_REQUEST__INIT;
   Gshm__Cluster__Read rd = GSHM__CLUSTER__READ__INIT;
   gshm_status_info_t st = {0};
   uint8_t rkey[32];
@@ -800,15 +819,7 @@ static void test_relay_failed_grant_ends(void **state) {
   c = connect_to(&Q);
   assert_int_equal(pthread_create(&t, NULL, root_pull_thread, &Q), 0);
   held = hold_set(&rq);
-  assert_int_equal(rogue_connect(&rb, Q.port, "b", "q", rkey), 0);
-  gr.name = "g/shared";
-  gr.in_flight = true;
-  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
-  m.grant_request = &gr;
-  a = ask(&rb, &m, 1, GSHM__CLUSTER__MSG__BODY_GRANT);
-  assert_true(a->grant->segment->in_flight);
-  rd.grant_id = a->grant->grant_id;
-  gshm__cluster__msg__free_unpacked(a, NULL);
+  rd.grant_id = grant_in_flight(&rb, &Q, rkey);
   rogue_send_status(&rq, held, 2, "the rogue grants nothing");
   pthread_join(t, &ret);
   assert_int_equal((intptr_t)ret, -EINVAL);
@@ -878,20 +889,10 @@ static void scan_sent(void *arg, int err) { (void)arg, (void)err; }
 /* rb (a link of peer "b" to q) takes a grant of q's "g/shared" in flight
  * and asks SCAN_READS reads of all of it, which q parks. */
 static void park_reads(struct rogue *rb, struct node *q, const uint8_t rkey[32]) {
-  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *a;
-  Gshm__Cluster__GrantRequest gr = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__Read rd = GSHM__CLUSTER__READ__INIT;
 
-  memset(rb, 0, sizeof(*rb));
-  assert_int_equal(rogue_connect(rb, q->port, "b", "q", rkey), 0);
-  gr.name = "g/shared";
-  gr.in_flight = true;
-  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
-  m.grant_request = &gr;
-  a = ask(rb, &m, 1, GSHM__CLUSTER__MSG__BODY_GRANT);
-  assert_true(a->grant->segment->in_flight);
-  rd.grant_id = a->grant->grant_id;
-  gshm__cluster__msg__free_unpacked(a, NULL);
+  rd.grant_id = grant_in_flight(rb, q, rkey);
   rd.length = SCAN_SIZE;
   m.body_case = GSHM__CLUSTER__MSG__BODY_READ;
   m.read = &rd;
@@ -971,6 +972,109 @@ static void test_relay_parked_reads_scanned_once(void **state) {
   rogue_close(&rq);
   close(qlfd);
   assert_true(parked < 3 * alone + 300);
+}
+
+
+/* ---- a relay's look at a Read's range ---- */
+
+#define GATE_SIZE (64 * MiB)  /* the longest Read: 16,384 granules of 4 KiB */
+#define GATE_READS 100000
+
+/* rq grants root's pull of "m/shared" (GATE_SIZE, grant request rid) on
+ * a relay and answers every Read of it but the last chunk's, which it
+ * holds; returns once all the others are answered. */
+static void serve_but_last(struct rogue *rq, uint32_t rid) {
+  static uint8_t bytes[GATE_SIZE];
+  uint64_t answered = 0, want = GATE_SIZE / 4096 - 1;
+  int64_t end = now_ms() + 60000;
+
+  rogue_send_grant(rq, rid, 1, "m/shared", GATE_SIZE);
+  while (answered < want && now_ms() < end) {
+    Gshm__Cluster__Msg *m = rogue_recv(rq, 20);
+    if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_READ &&
+        m->read->offset + m->read->length < GATE_SIZE) {
+      assert_int_equal(gshmd__stream_send_data(&rq->st, m->request_id, m->read->offset,
+                                               bytes + m->read->offset, m->read->length,
+                                               scan_sent, NULL),
+                       0);
+      answered++;
+    }
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  assert_int_equal(answered, want);
+  rogue_run(rq, 200); /* (the last frames out) */
+}
+
+static void count_any(struct rogue *r, const Gshm__Cluster__Msg *m) {
+  (void)m;
+  (*(uint64_t *)r->arg)++;
+}
+
+static uint64_t gate_answers;
+static bool gate_answered(struct rogue *r) { return *(uint64_t *)r->arg >= gate_answers; }
+
+/* rb's GATE_READS Reads of [off, off + len) of grant gid on q, a
+ * thousand at a time, each answered (busy: q parks none past the 64 it
+ * holds) but for `parked` of them: q's CPU time for them, in ms. */
+static long gate_reads(struct rogue *rb, struct node *q, uint64_t gid, uint64_t off, uint64_t len,
+                       unsigned parked) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__Read rd = GSHM__CLUSTER__READ__INIT;
+  static uint64_t answers;
+  long cpu = cpu_ms(q->h.sp.pid);
+
+  answers = 0;
+  rb->on_msg = count_any;
+  rb->arg = &answers;
+  rd.grant_id = gid;
+  rd.offset = off;
+  rd.length = len;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_READ;
+  m.read = &rd;
+  for (uint32_t i = 0; i < GATE_READS; i++) {
+    m.request_id = 100 + i + (off ? 0 : GATE_READS);
+    rogue_send(rb, &m);
+    if (i % 1000 == 999) {
+      gate_answers = i + 1 - parked;
+      assert_true(rogue_run_until(rb, gate_answered, 30000));
+    }
+  }
+  return cpu_ms(q->h.sp.pid) - cpu;
+}
+
+/* A relay looked at a Read of a segment it is still pulling granule by
+ * granule, from the range's start to the first not landed, before it
+ * served, parked or refused it: a key holder's Reads of the whole of a
+ * 64 MiB segment whose last chunk had not landed (its source holding
+ * it), each refused busy (the relay parks 64), cost 16,383 looks each
+ * with cluster.pull_chunk at 4 KiB.  The relay's CPU for 100,000 such
+ * Reads is compared with that for as many Reads of the last chunk alone. */
+static void test_relay_read_range_looked_at_once(void **state) {
+  static struct node Q;
+  static struct rogue rq, rb;
+  struct scan_pull sp = {0};
+  uint8_t rkey[32];
+  long last_only, whole;
+  pthread_t t;
+  uint64_t gid;
+  int qlfd = relay_with_rogue(&Q, &rq, "g/*", "cluster.pull_chunk=4096", rkey);
+  (void)state;
+
+  sp.q = &Q;
+  assert_int_equal(pthread_create(&t, NULL, scan_pull_thread, &sp), 0);
+  serve_but_last(&rq, hold_set_of(&rq, GATE_SIZE));
+  gid = grant_in_flight(&rb, &Q, rkey);
+  last_only = gate_reads(&rb, &Q, gid, GATE_SIZE - 4096, 4096, SCAN_READS);
+  whole = gate_reads(&rb, &Q, gid, 0, GATE_SIZE, 0);
+  printf("relay's CPU for %d Reads refused busy: %ld ms of the missing last chunk alone, "
+         "%ld ms of all 64 MiB\n",
+         GATE_READS, last_only, whole);
+  rogue_close(&rb);
+  rogue_close(&rq); /* (root's pull fails: its source lost) */
+  pthread_join(t, NULL);
+  assert_int_equal(harness_stop(&Q.h), 0);
+  close(qlfd);
+  assert_true(whole < 3 * last_only / 2 + 200);
 }
 
 /* root_pull of mode 0600: its segments are in flight here, and no
@@ -1194,6 +1298,7 @@ int main(void) {
       cmocka_unit_test(test_relay_name_not_replaceable),
       cmocka_unit_test(test_relay_failed_grant_ends),
       cmocka_unit_test(test_relay_parked_reads_scanned_once),
+      cmocka_unit_test(test_relay_read_range_looked_at_once),
       cmocka_unit_test(test_relay_list_visits_capped),
       cmocka_unit_test(test_populate_listed),
       cmocka_unit_test(test_peers_flood),
