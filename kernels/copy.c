@@ -195,6 +195,8 @@ static int module_load(const struct gshm_cudadrv *drv, struct kctx *k) {
   loaded = !e;
   for (int i = 0; loaded && i < GSHM__K_COUNT && !e; i++)
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuModuleGetFunction, &k->fn[i], k->module, kernel_names[i]);
+  if (loaded && e)
+    drv->cuModuleUnload(k->module); /* (in the relaxed span too: unsafe as a load) */
   gshm__capture_restore(drv, mode);
   if (!loaded && e == -ENOMEM)
     return e; /* maybe transient (the GPU is full now): try again next time */
@@ -204,7 +206,6 @@ static int module_load(const struct gshm_cudadrv *drv, struct kctx *k) {
     return k->module_state;
   }
   if (e) {
-    drv->cuModuleUnload(k->module);
     if (e != -ENOMEM && e != -EIO)
       k->module_state = e; /* else maybe transient: try again next time */
     return e;

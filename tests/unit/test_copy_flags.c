@@ -166,13 +166,21 @@ static CUresult f_module_load(CUmodule *m, const void *image) {
   *m = (CUmodule)0x7001;
   return CUDA_SUCCESS;
 }
+static int module_unloads;
 static CUresult f_module_unload(CUmodule m) {
   (void)m;
+  module_unloads++;
+  module_calls_unrelaxed += thread_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
   return CUDA_SUCCESS;
 }
+static int fail_get_function; /* the next cuModuleGetFunction fails */
 static CUresult f_get_function(CUfunction *f, CUmodule m, const char *name) {
   (void)m, (void)name;
   module_calls_unrelaxed += thread_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (fail_get_function) {
+    fail_get_function = 0;
+    return CUDA_ERROR_NOT_FOUND;
+  }
   *f = (CUfunction)0x8001;
   return CUDA_SUCCESS;
 }
@@ -342,6 +350,26 @@ static void test_first_copy_loads_the_module_relaxed(void **state) {
   module_calls_unrelaxed = 0;
   assert_int_equal(gshm_copy(&device_mem[8], &device_mem[0], 64, GSHM_COPY_SM, NULL), 0);
   assert_int_equal(launches, 1);
+  assert_int_equal(module_calls_unrelaxed, 0);
+  assert_int_equal(thread_mode, CU_STREAM_CAPTURE_MODE_GLOBAL); /* given back */
+  ctx0 = saved;
+}
+
+/* A kernel the module lacks (cuModuleGetFunction fails): the module is
+ * unloaded again, and that unload, as unsafe inside a capture as the
+ * load, is made with the capture mode still relaxed.  It used to be made
+ * after the mode was given back. */
+static void test_failed_lookup_unloads_the_module_relaxed(void **state) {
+  CUcontext saved = ctx0;
+  (void)state;
+
+  ctx0 = (CUcontext)0x6078; /* a context no copy has used */
+  reset_counts();
+  module_calls_unrelaxed = module_unloads = 0;
+  fail_get_function = 1;
+  assert_int_not_equal(gshm_copy(&device_mem[8], &device_mem[0], 64, GSHM_COPY_SM, NULL), 0);
+  assert_int_equal(launches, 0);
+  assert_int_equal(module_unloads, 1);
   assert_int_equal(module_calls_unrelaxed, 0);
   assert_int_equal(thread_mode, CU_STREAM_CAPTURE_MODE_GLOBAL); /* given back */
   ctx0 = saved;
@@ -618,6 +646,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fork_while_another_thread_makes_an_entry), /* first */
       cmocka_unit_test(test_first_copy_loads_the_module_relaxed),
+      cmocka_unit_test(test_failed_lookup_unloads_the_module_relaxed),
       cmocka_unit_test(test_reachable_flags),
       cmocka_unit_test(test_failed_context_entries_are_not_kept),
       cmocka_unit_test(test_pageable_flag_never_reaches_the_gpu),
