@@ -335,10 +335,18 @@ static bool primary_ctx_remade(const struct gshm_cudadrv *drv, int ordinal) {
 }
 
 int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontext *out) {
+  CUstreamCaptureMode mode;
   int e = 0;
 
   if (ordinal < 0 || ordinal >= MAX_DEVICES)
     return -ENODEV;
+  /* a retain that makes the context (or a release that ends it)
+   * allocates device memory outside any stream, as cudaMalloc, the
+   * example CUDA gives of a "potentially unsafe" call (it lists no
+   * others): one refused while a global-mode capture runs in any thread,
+   * and that ends the capture.  This thread may make them (as
+   * module_load) */
+  mode = gshm__capture_relax(drv);
   gshm__fork_lock(GSHM__LOCK_COPY);
   if (primary[ordinal]) {
     /* reset since (cuDevicePrimaryCtxReset, cudaDeviceReset), and nobody
@@ -379,6 +387,7 @@ int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontex
   if (!e)
     *out = primary[ordinal];
   gshm__fork_unlock(GSHM__LOCK_COPY);
+  gshm__capture_restore(drv, mode);
   return e;
 }
 

@@ -143,7 +143,9 @@ void gshm__copy_leave_ctx(const struct gshm_cudadrv *drv, int pushed);
 
 /* GPU `ordinal`'s primary context, retained once for the process's life
  * (after a reset that left it inactive, released and retained again: one
- * count held at any time). */
+ * count held at any time).  The retain and release are made with this
+ * thread's capture mode relaxed (gshm__capture_relax): a call that may
+ * come inside a stream capture. */
 int gshm__copy_primary_ctx(const struct gshm_cudadrv *drv, int ordinal, CUcontext *out);
 
 /* An event of the current context, created on first use and kept with the

@@ -243,8 +243,10 @@ static int new_handles, primary_gen[8];
 static CUcontext primary_handle(CUdevice d) {
   return (CUcontext)(uintptr_t)(0x6100 + d + 0x1000 * primary_gen[d]);
 }
+static int primary_calls_unrelaxed; /* retains and releases made in another mode than RELAXED */
 static CUresult f_primary_retain(CUcontext *c, CUdevice d) {
   peer_calls++;
+  primary_calls_unrelaxed += thread_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
   primary_count[d]++;
   if (primary_reset[d] && new_handles)
     primary_gen[d]++;
@@ -253,6 +255,7 @@ static CUresult f_primary_retain(CUcontext *c, CUdevice d) {
   return CUDA_SUCCESS;
 }
 static CUresult f_primary_release(CUdevice d) {
+  primary_calls_unrelaxed += thread_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
   if (!primary_count[d])
     return CUDA_ERROR_INVALID_CONTEXT;
   primary_count[d]--;
@@ -531,6 +534,34 @@ static void test_peer_memory_without_peer_access_yet_goes(void **state) {
   assert_int_equal(class_queries, 0);
 }
 
+/* A NULL stream without a current context runs in the primary context
+ * of the memory's GPU, retained on first use, which makes that context;
+ * the first use may come inside a stream capture (another thread's, in
+ * global mode, forbids this thread such calls, and is ended by them): the
+ * retain, and the release and retain after a reset, are made with the
+ * capture mode relaxed, and the mode is given back.  They were made in
+ * the caller's mode. */
+static void test_primary_retained_relaxed(void **state) {
+  const struct gshm_cudadrv *drv;
+  CUcontext c = NULL, saved = ctx0;
+  int pushed = 0;
+  (void)state;
+
+  assert_int_equal(gshm__cudadrv_load(0, &drv), 0);
+  primary_calls_unrelaxed = 0;
+  ctx0 = NULL; /* no current context */
+  assert_int_equal(gshm__copy_enter_ctx(drv, NULL, 7, &pushed), 0);
+  assert_int_equal(pushed, 1);
+  gshm__copy_leave_ctx(drv, pushed);
+  assert_int_equal(primary_count[7], 1);
+  primary_reset[7] = 1; /* reset: released and retained again */
+  assert_int_equal(gshm__copy_primary_ctx(drv, 7, &c), 0);
+  assert_int_equal(primary_count[7], 1);
+  assert_int_equal(primary_calls_unrelaxed, 0);
+  assert_int_equal(thread_mode, CU_STREAM_CAPTURE_MODE_GLOBAL); /* given back */
+  ctx0 = saved;
+}
+
 /* A primary context reset (cudaDeviceReset) and found inactive is
  * retained again, holding one count in all: the reset keeps libgshm's
  * count, which is given back first.  Each reset used to keep one more
@@ -655,6 +686,7 @@ int main(void) {
       cmocka_unit_test(test_peer_memory_without_peer_access_yet_goes),
       cmocka_unit_test(test_foreign_cumem_without_access_is_refused),
       cmocka_unit_test(test_primary_retained_once_across_resets),
+      cmocka_unit_test(test_primary_retained_relaxed),
       cmocka_unit_test(test_primary_made_again_by_another_retain),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
