@@ -223,7 +223,8 @@ size_t gshm__map_device_uuids(const struct gshm__lease *l, char ***uuids_out);
  * it: *flags_out CU_MEM_ACCESS_FLAGS_PROT_NONE, _READ or _READWRITE (as
  * cuMemSetAccess was given).  For kernels/copy.c, which refuses a copy,
  * signal or wait its GPU would fault on.  Returns 1 (a gshm mapping), 2
- * (the range starts in one and runs past its end: *flags_out
+ * (the range is partly in one: it starts in one and runs past its end,
+ * or starts before one and runs into it; *flags_out
  * CU_MEM_ACCESS_FLAGS_PROT_NONE), 0 (not one: the driver's own rules
  * apply).  Takes GSHM__LOCK_GPUS. */
 int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *flags_out);

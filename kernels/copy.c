@@ -676,7 +676,8 @@ int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int writ
   if (!gshm__map_access || !(found = gshm__map_access(w->addr, bytes, me, &flags)))
     return foreign_reach(w, bytes, me, write); /* the driver's own rules, and its access flags */
   if (found == 2) {
-    gshm_log_err("0x%llx (+%zu bytes) runs past the end of the segment gshm_map mapped there",
+    gshm_log_err("0x%llx (+%zu bytes) is partly in a segment gshm_map mapped: it starts "
+                 "before the segment or runs past its end",
                  (unsigned long long)w->addr, bytes);
     return -ERANGE;
   }

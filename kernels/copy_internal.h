@@ -110,12 +110,14 @@ struct gshm__where {
  * segment for it, gshm_map's devices; other cuMem memory: cuMemSetAccess),
  * -EACCES a read-only mapping or range to be written (host memory too: a
  * host segment gshm_map mapped read-only, gshm__host_read_only), -ERANGE
- * a range that runs past the end of the gshm mapping it starts in. */
+ * a range partly in a gshm mapping (it starts in one and runs past its
+ * end, or starts before one and runs into it). */
 int gshm__copy_reach(const struct gshm__where *w, size_t bytes, int me, int write);
 
 /* client/map_cuda.c (client_internal.h has its comment): 1 and the access
  * GPU dev has where [addr, addr + bytes) is a gshm device mapping, 2 where
- * it starts in one and runs past its end, else 0.
+ * it is partly in one (starts in it and runs past its end, or starts
+ * before it and runs into it), else 0.
  * Weak: a program that links the kernels without the client (gshm-bench's
  * own copy of them) maps nothing through them, and judges nothing. */
 __attribute__((weak)) int gshm__map_access(uintptr_t addr, size_t bytes, int dev,

@@ -1046,8 +1046,9 @@ typedef enum {
  * GSHM_COPY_SM between GPUs without peer access, or src or dst a cuMem
  * mapping the stream's GPU has no access to; -EACCES dst a cuMem mapping
  * the stream's GPU may only read (a read-only lease's), or in a host
- * segment gshm_map mapped read-only; -ERANGE src or dst starts in a
- * mapping of gshm_map's and runs past its end; -ENOENT / -ENODEV no CUDA
+ * segment gshm_map mapped read-only; -ERANGE src or dst partly in a
+ * mapping of gshm_map's (starts in one and runs past its end, or starts
+ * before one and runs into it); -ENOENT / -ENODEV no CUDA
  * driver or no GPU; -ENOSYS a driver older than CUDA 12.0, or one that
  * lacks an entry point libgshm needs; -ECHILD this process was forked
  * from one that had initialized CUDA, which a forked child cannot use
@@ -1142,8 +1143,9 @@ typedef struct {
  * no access to (two GPUs without a peer path are no error: peer access is
  * enabled where it can be, and the copy engine copies between the others
  * through the host, slower);
- * -EACCES such a destination that GPU may only read; -ERANGE a buffer that runs past the end
- * of the gshm_map mapping it starts in (all before anything is queued);
+ * -EACCES such a destination that GPU may only read; -ERANGE a buffer
+ * partly in a gshm_map mapping: it starts in one and runs past its end,
+ * or starts before one and runs into it (all before anything is queued);
  * -ENOENT / -ENODEV no CUDA driver or GPU; -ENOSYS a driver too old, or
  * -ECHILD a forked child (both as gshm_copy); -ENOMEM, -EIO from the
  * driver. */

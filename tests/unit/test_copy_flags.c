@@ -28,6 +28,7 @@
 #include "copy_internal.h"
 #include "cudadrv.h"
 #include "gshm.h"
+#include "log.h"
 
 /* The embedded kernels: a stand-in, the fake loader reads nothing. */
 const unsigned long long gshm__copy_fatbin[1] = {0};
@@ -209,6 +210,11 @@ static CUresult f_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, un
 int gshm__map_access(uintptr_t addr, size_t bytes, int dev, unsigned long long *flags_out) {
   const void *p = (const void *)addr;
   (void)dev;
+  if ((const char *)p < (const char *)&device_mem[448] &&
+      (const char *)p + bytes > (const char *)&device_mem[448]) {
+    *flags_out = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    return 2; /* starts before the mapping and runs into it */
+  }
   if (in(p, &device_mem[256], 128 * sizeof(uint64_t)))
     *flags_out = CU_MEM_ACCESS_FLAGS_PROT_NONE;
   else if (in(p, &device_mem[384], 64 * sizeof(uint64_t)))
@@ -463,6 +469,45 @@ static void test_mapping_with_access_enables_no_peer(void **state) {
   assert_int_equal(launches + copies + stream_writes, 5);
 }
 
+/* The stderr lines f() logs (GSHM_LOG_ERR and up), into buf. */
+static void logged_by(int (*f)(void), int *ret, char *buf, size_t len) {
+  FILE *tmp = tmpfile();
+  int saved = dup(STDERR_FILENO);
+  size_t n;
+
+  assert_non_null(tmp);
+  assert_true(saved >= 0);
+  assert_true(dup2(fileno(tmp), STDERR_FILENO) >= 0);
+  gshm__log_setup("t", GSHM_LOG_ERR, 0);
+  *ret = f();
+  gshm__log_setup("t", -1, 0);
+  assert_true(dup2(saved, STDERR_FILENO) >= 0);
+  close(saved);
+  rewind(tmp);
+  n = fread(buf, 1, len - 1, tmp);
+  buf[n] = '\0';
+  fclose(tmp);
+}
+static int copy_into_mapping_from_below(void) {
+  /* [440..455]: 8 words before the mapping at [448], 8 in it */
+  return gshm_copy(&device_mem[8], &device_mem[440], 128, GSHM_COPY_SM, NULL);
+}
+
+/* A range that starts before a gshm mapping and runs into it is -ERANGE,
+ * as one that runs past its end, nothing queued; what is logged says
+ * either (it said "runs past the end of the segment" for both). */
+static void test_range_into_a_mapping_from_below(void **state) {
+  char log[1024];
+  int ret;
+  (void)state;
+
+  reset_counts();
+  logged_by(copy_into_mapping_from_below, &ret, log, sizeof(log));
+  assert_int_equal(ret, -ERANGE);
+  assert_int_equal(launches + copies, 0);
+  assert_non_null(strstr(log, "starts before the segment"));
+}
+
 /* cuMem memory gshm_map did not map (a cuMemMap range, a memory pool's)
  * that the running GPU has no access to, or may only read, is refused as
  * gshm's own mappings are (-EXDEV, -EACCES to write a read-only one),
@@ -683,6 +728,7 @@ int main(void) {
       cmocka_unit_test(test_pageable_flag_never_reaches_the_gpu),
       cmocka_unit_test(test_cumem_mapping_without_access_is_refused),
       cmocka_unit_test(test_mapping_with_access_enables_no_peer),
+      cmocka_unit_test(test_range_into_a_mapping_from_below),
       cmocka_unit_test(test_peer_memory_without_peer_access_yet_goes),
       cmocka_unit_test(test_foreign_cumem_without_access_is_refused),
       cmocka_unit_test(test_primary_retained_once_across_resets),
