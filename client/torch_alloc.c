@@ -474,14 +474,20 @@ static int pool_malloc(gshm_pool_t *p, uint64_t size, void **ptr_out) {
     if (!(p->flags & GSHM_POOL_SEGMENT_PER_ALLOC) && want < p->granule)
       want = p->granule;
     uint32_t next = p->next_index;
-    if ((e = pool_grow(p, want, &s)))
-      goto unlock;
-    if ((e = gshm__arena_carve(&s->arena, size, &off))) {
+    /* A growth inside a stream capture (a PyTorch that calls allocators
+     * outside its own relaxed-mode guard) imports, maps and gives access
+     * to memory outside any stream, calls that end a global-mode capture
+     * of any thread: this thread may make them, as PyTorch's own
+     * allocator does (cudaMallocMaybeCapturing), and its unwinding too. */
+    CUstreamCaptureMode mode = gshm__capture_relax(p->drv);
+    if (!(e = pool_grow(p, want, &s)) && (e = gshm__arena_carve(&s->arena, size, &off))) {
       /* a failed growth leaves nothing behind, nor burns its index */
       pool_remove(p, s, true);
       p->next_index = next;
-      goto unlock;
     }
+    gshm__capture_restore(p->drv, mode);
+    if (e)
+      goto unlock;
   }
   p->allocations++;
   *ptr_out = (void *)(uintptr_t)(s->base + off);

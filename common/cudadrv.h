@@ -173,6 +173,16 @@ bool gshm__cuda_sticky(CUresult r);
  * its stream, and is invalidated.  common/cuda_wait.c. */
 CUresult gshm__cuda_ctx_wait(const struct gshm_cudadrv *drv);
 
+/* Lets this thread make calls a stream capture forbids (an allocation, a
+ * mapping, a module load: cuThreadExchangeStreamCaptureMode RELAXED, as
+ * PyTorch's cudaMallocMaybeCapturing), for lazy set-up that a call inside
+ * a capture may trigger (kernels/copy.c's first copy of a context,
+ * client/torch_alloc.c's pool growth); returns the mode to give
+ * gshm__capture_restore, which sets it back (nothing where the exchange
+ * failed).  common/cuda_capture.c. */
+CUstreamCaptureMode gshm__capture_relax(const struct gshm_cudadrv *drv);
+void gshm__capture_restore(const struct gshm_cudadrv *drv, CUstreamCaptureMode mode);
+
 /* Logs a failed driver call as "TEXT: NAME (description)" at prio. */
 void gshm__cuda_log(int prio, CUresult r, const char *call_text, const char *file, int line);
 

@@ -156,19 +156,6 @@ static int stream_ctx(const struct gshm_cudadrv *drv, CUstream stream, CUcontext
   return GSHM_CU(drv, GSHM_LOG_ERR, cuStreamGetCtx, stream, ctx);
 }
 
-CUstreamCaptureMode gshm__capture_relax(const struct gshm_cudadrv *drv) {
-  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-
-  if (drv->cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
-    mode = CU_STREAM_CAPTURE_MODE_RELAXED; /* nothing to restore */
-  return mode;
-}
-
-void gshm__capture_restore(const struct gshm_cudadrv *drv, CUstreamCaptureMode mode) {
-  if (mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-    drv->cuThreadExchangeStreamCaptureMode(&mode);
-}
-
 /* The driver for copies, signals and broadcasts: its absence is an error
  * of the call (logged at ERR once). */
 static int copy_driver_load(const struct gshm_cudadrv **drv) {

@@ -126,13 +126,6 @@ __attribute__((weak)) int gshm__map_access(uintptr_t addr, size_t bytes, int dev
  * mapped read-only by gshm_map, else 0 (weak, as above). */
 __attribute__((weak)) int gshm__host_read_only(uintptr_t addr, size_t bytes);
 
-/* Lets this thread make calls a stream capture forbids (an allocation, a
- * module load: cuThreadExchangeStreamCaptureMode RELAXED, as PyTorch's
- * cudaMallocMaybeCapturing), for lazy set-up that the first copy inside a
- * capture may trigger; returns the mode to give gshm__capture_restore. */
-CUstreamCaptureMode gshm__capture_relax(const struct gshm_cudadrv *drv);
-void gshm__capture_restore(const struct gshm_cudadrv *drv, CUstreamCaptureMode mode);
-
 /* Fills *w for address p (cuPointerGetAttribute; unknown memory: all 0). */
 void gshm__copy_where(const struct gshm_cudadrv *drv, const void *p, struct gshm__where *w);
 

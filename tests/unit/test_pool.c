@@ -57,6 +57,13 @@ static gshm_client_t *const fake_client = (gshm_client_t *)0x1;
  * create_entered and stalls this long first. */
 static unsigned create_stall_us;
 static sem_t create_entered;
+/* This thread's stream capture mode (the fake driver's
+ * cuThreadExchangeStreamCaptureMode swaps it; GLOBAL is a thread's
+ * default), and how many gshm_map calls were made in another: gshm_map
+ * imports, maps and sets access, calls a global-mode capture (any
+ * thread's) forbids and is ended by. */
+static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+static int map_calls_unrelaxed;
 
 static int name_find(const char *name) {
   for (int i = 0; i < MAX_NAMES; i++)
@@ -174,6 +181,7 @@ int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices, void **ad
   int e = 0;
   (void)devices, (void)ndevices;
   pthread_mutex_lock(&fake_lock);
+  map_calls_unrelaxed += thread_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
   if (fail_map) {
     fail_map--;
     e = -ENOMEM;
@@ -276,6 +284,13 @@ static CUresult fake_is_capturing(CUstream s, CUstreamCaptureStatus *st) {
   return legacy_capture ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
 }
 
+static CUresult fake_capture_mode(CUstreamCaptureMode *mode) {
+  CUstreamCaptureMode old = thread_mode;
+  thread_mode = *mode;
+  *mode = old;
+  return CUDA_SUCCESS;
+}
+
 static struct gshm_cudadrv fake_drv;
 
 int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
@@ -289,6 +304,7 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuCtxPopCurrent = fake_pop;
   fake_drv.cuCtxSynchronize = fake_sync;
   fake_drv.cuStreamIsCapturing = fake_is_capturing;
+  fake_drv.cuThreadExchangeStreamCaptureMode = fake_capture_mode;
   *drv_out = &fake_drv;
   return 0;
 }
@@ -890,6 +906,31 @@ static void test_fork_while_a_pool_grows(void **state) {
   fork_test_end(p, grow, pid, a);
 }
 
+/* A pool's growth may come inside a stream capture (a PyTorch that calls
+ * the allocator outside its relaxed-mode guard): the mapping's driver
+ * calls are made with this thread's capture mode relaxed, and the mode
+ * is given back after, a failed growth's too.  They were made in the
+ * caller's mode (GLOBAL here, a thread's default). */
+static void test_growth_maps_relaxed(void **state) {
+  gshm_pool_t *p = pool_new("t/relaxed", 0, 2 * MiB);
+  void *a;
+  (void)state;
+
+  gshm_pool_activate(p);
+  map_calls_unrelaxed = 0;
+  assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL)); /* the first growth */
+  assert_int_equal(live_mappings, 1);
+  fail_map = 1;
+  assert_null(gshm_torch_malloc(4 * MiB, 0, NULL)); /* a growth whose map fails */
+  assert_int_equal(gshm_torch_last_error(), -ENOMEM);
+  assert_int_equal(map_calls_unrelaxed, 0);
+  assert_int_equal(thread_mode, CU_STREAM_CAPTURE_MODE_GLOBAL); /* given back */
+  gshm_torch_free(a, MiB, 0, NULL);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  assert_null(gshm_pool_activate(NULL)); /* release deactivated it */
+  assert_nothing_left();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fork_while_another_thread_frees),
@@ -899,6 +940,7 @@ int main(void) {
       cmocka_unit_test(test_free_keeps_a_block_it_could_not_wait_for),
       cmocka_unit_test(test_free_during_a_capture_leaves_it_alone),
       cmocka_unit_test(test_failed_growth_leaves_nothing),
+      cmocka_unit_test(test_growth_maps_relaxed),
       cmocka_unit_test(test_short_segment_leaves_nothing),
       cmocka_unit_test(test_other_users_names_passed_over),
       cmocka_unit_test(test_release_with_live_blocks),
