@@ -39,7 +39,12 @@ static const char *const kernel_names[GSHM__K_COUNT] = {
  * access, and a context destroyed and created again can get the old
  * handle; either way the entry is rebuilt.  Entries are never removed: a
  * process that uses more than MAX_CONTEXTS contexts over its life gets
- * -ENOMEM from then on (an entry that could not be made takes no slot). */
+ * -ENOMEM from then on (an entry that could not be made takes no slot).
+ * Fields are written under the table's lock; dev, sm_count, can_flush
+ * and fn are also read without it (KLOAD), by a caller holding the entry,
+ * while another thread may be remaking it: written with KSTORE, they read
+ * as the old value or the new, never torn (what such a caller then does
+ * is bounded: kctx_current). */
 struct kctx {
   CUcontext ctx;
   unsigned long long ctx_id; /* 0: cuCtxGetId unavailable */
@@ -58,6 +63,9 @@ struct kctx {
   CUcontext peer_ctx[MAX_DEVICES];
   int peer_err[MAX_DEVICES]; /* the failed first try's error, given again */
 };
+
+#define KLOAD(field) __atomic_load_n(&(field), __ATOMIC_RELAXED)
+#define KSTORE(field, v) __atomic_store_n(&(field), (v), __ATOMIC_RELAXED)
 
 /* Under GSHM__LOCK_COPY (common/fork.h).  A fork waits for its holder
  * (which may be loading a module: seconds where the PTX is compiled); the
@@ -180,8 +188,11 @@ static int module_load(const struct gshm_cudadrv *drv, struct kctx *k) {
   mode = gshm__capture_relax(drv);
   e = GSHM_CU(drv, GSHM_LOG_ERR, cuModuleLoadData, &k->module, gshm__copy_fatbin);
   loaded = !e;
-  for (int i = 0; loaded && i < GSHM__K_COUNT && !e; i++)
-    e = GSHM_CU(drv, GSHM_LOG_ERR, cuModuleGetFunction, &k->fn[i], k->module, kernel_names[i]);
+  for (int i = 0; loaded && i < GSHM__K_COUNT && !e; i++) {
+    CUfunction f = NULL;
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuModuleGetFunction, &f, k->module, kernel_names[i]);
+    KSTORE(k->fn[i], f);
+  }
   if (loaded && e)
     drv->cuModuleUnload(k->module); /* (in the relaxed span too: unsafe as a load) */
   gshm__capture_restore(drv, mode);
@@ -206,7 +217,57 @@ static int module_load(const struct gshm_cudadrv *drv, struct kctx *k) {
 #endif
 }
 
-/* The table entry of the current context (created on first use). */
+/* Forgets what k held for a context that is gone (nothing to free: it
+ * went with the context).  Under the table's lock. */
+static void kctx_forget(struct kctx *k) {
+  k->ctx = NULL; /* an unused slot (matches no context) until kctx_fill */
+  k->ctx_id = 0;
+  k->module_state = 0;
+  k->module = NULL;
+  k->scratch = 0;
+  k->order_ev = NULL;
+  k->peer_tried = k->peer_ok = 0;
+  memset(k->peer_ctx_id, 0, sizeof(k->peer_ctx_id));
+  memset(k->peer_ctx, 0, sizeof(k->peer_ctx));
+  memset(k->peer_err, 0, sizeof(k->peer_err));
+  for (int i = 0; i < GSHM__K_COUNT; i++)
+    KSTORE(k->fn[i], (CUfunction)NULL);
+}
+
+/* Makes k the entry of ctx (id: its cuCtxGetId, 0 unknown), forgotten
+ * before.  Under the table's lock.  Returns 0 or the driver's error (k
+ * then stays an unused slot). */
+static int kctx_fill(const struct gshm_cudadrv *drv, struct kctx *k, CUcontext ctx,
+                     unsigned long long id) {
+  CUdevice dev;
+  int sm_count = 0, can_flush = 0, e;
+
+  e = ctx_device(drv, ctx, &dev);
+  if (!e)
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceGetAttribute, &sm_count,
+                CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+  if (e)
+    return e;
+  if (drv->cuDeviceGetAttribute(&can_flush, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES, dev) !=
+      CUDA_SUCCESS)
+    can_flush = 0;
+  KSTORE(k->dev, dev);
+  KSTORE(k->sm_count, sm_count);
+  KSTORE(k->can_flush, can_flush);
+  k->ctx = ctx;
+  k->ctx_id = id;
+  return 0;
+}
+
+/* The table entry of the current context (created on first use).  The
+ * context's id is read under the table's lock, so that the entry's is
+ * always the latest any thread saw: an entry is remade only for a context
+ * reset or re-created after it was made, never because a thread read the
+ * id before another remade the entry for the new context (the two would
+ * remake it in turn, each wiping what the other's copies were using).  A
+ * caller still using an entry being remade uses a context that is gone:
+ * its launches fail (the module went with the context) whatever it reads
+ * (KLOAD: the old values or the new). */
 static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
   CUcontext ctx = NULL;
   struct kctx *k = NULL;
@@ -219,9 +280,9 @@ static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
     return e;
   if (!ctx)
     return -EINVAL;
+  gshm__fork_lock(GSHM__LOCK_COPY);
   if (drv->cuCtxGetId && drv->cuCtxGetId(ctx, &id) != CUDA_SUCCESS)
     id = 0;
-  gshm__fork_lock(GSHM__LOCK_COPY);
   for (int i = 0; i < table_len; i++)
     if (table[i].ctx == ctx) {
       k = &table[i];
@@ -248,21 +309,11 @@ static int kctx_current(const struct gshm_cudadrv *drv, struct kctx **k_out) {
     fresh = true;
   }
   if (fresh) {
-    memset(k, 0, sizeof(*k));
-    e = ctx_device(drv, ctx, &k->dev);
-    if (!e)
-      e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceGetAttribute, &k->sm_count,
-                  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, k->dev);
-    if (e) {
-      k->ctx = NULL; /* an unused slot (matches no context) */
+    kctx_forget(k);
+    if ((e = kctx_fill(drv, k, ctx, id))) {
       gshm__fork_unlock(GSHM__LOCK_COPY);
       return e;
     }
-    if (drv->cuDeviceGetAttribute(&k->can_flush, CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES,
-                                  k->dev) != CUDA_SUCCESS)
-      k->can_flush = 0;
-    k->ctx = ctx;
-    k->ctx_id = id;
   }
   gshm__fork_unlock(GSHM__LOCK_COPY);
   *k_out = k;
@@ -394,7 +445,7 @@ int gshm__copy_enable_peer(int ordinal) {
     e = kctx_current(drv, &k);
   if (e)
     return e;
-  if (ordinal == (int)k->dev)
+  if (ordinal == (int)KLOAD(k->dev))
     return 0;
   if (ordinal < 0 || ordinal >= MAX_DEVICES)
     return -ENODEV;
@@ -413,7 +464,7 @@ int gshm__copy_enable_peer(int ordinal) {
   if (tried && drv->cuCtxGetId(peer, &id) == CUDA_SUCCESS && id == was)
     return 0;
 
-  e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceCanAccessPeer, &can, k->dev, (CUdevice)ordinal);
+  e = GSHM_CU(drv, GSHM_LOG_ERR, cuDeviceCanAccessPeer, &can, KLOAD(k->dev), (CUdevice)ordinal);
   if (!e && !can)
     e = -EXDEV;
   mode = gshm__capture_relax(drv); /* as module_load */
@@ -456,8 +507,8 @@ static int launch_ex(const struct gshm_cudadrv *drv, struct kctx *k, enum gshm__
   CUlaunchConfig cfg;
 
   if (!pdl)
-    return GSHM_CU(drv, GSHM_LOG_ERR, cuLaunchKernel, k->fn[kern], blocks, 1, 1, threads, 1, 1,
-                   0, stream, args, NULL);
+    return GSHM_CU(drv, GSHM_LOG_ERR, cuLaunchKernel, KLOAD(k->fn[kern]), blocks, 1, 1, threads,
+                   1, 1, 0, stream, args, NULL);
   memset(&attr, 0, sizeof(attr));
   memset(&cfg, 0, sizeof(cfg));
   attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -469,7 +520,8 @@ static int launch_ex(const struct gshm_cudadrv *drv, struct kctx *k, enum gshm__
   cfg.hStream = stream;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  return GSHM_CU(drv, GSHM_LOG_ERR, cuLaunchKernelEx, &cfg, k->fn[kern], args, NULL);
+  return GSHM_CU(drv, GSHM_LOG_ERR, cuLaunchKernelEx, &cfg, KLOAD(k->fn[kern]), args,
+                 NULL);
 }
 
 static int launch(const struct gshm_cudadrv *drv, struct kctx *k, enum gshm__kernel kern,
@@ -508,7 +560,7 @@ int gshm__copy_fill(void *p, size_t bytes, uint32_t seed, CUstream stream) {
     e = kctx_module(drv, &k);
   if (e)
     return e;
-  return launch(drv, k, GSHM__K_FILL32, (unsigned)k->sm_count * 4, 512, stream, args);
+  return launch(drv, k, GSHM__K_FILL32, (unsigned)KLOAD(k->sm_count) * 4, 512, stream, args);
 }
 
 int gshm__copy_compare(const void *a, const void *b, size_t bytes, CUstream stream,
@@ -516,6 +568,7 @@ int gshm__copy_compare(const void *a, const void *b, size_t bytes, CUstream stre
   const struct gshm_cudadrv *drv;
   struct kctx *k;
   unsigned long long bad = 0;
+  CUdeviceptr scratch;
   void *counter;
   void *args[4] = {&a, &b, &bytes, &counter};
   int e;
@@ -530,15 +583,16 @@ int gshm__copy_compare(const void *a, const void *b, size_t bytes, CUstream stre
   gshm__fork_lock(GSHM__LOCK_COPY);
   if (!k->scratch)
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemAlloc, &k->scratch, 8);
+  scratch = k->scratch; /* (k may be remade once the lock is let go) */
   gshm__fork_unlock(GSHM__LOCK_COPY);
   if (e)
     return e;
-  counter = (void *)(uintptr_t)k->scratch;
-  e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemsetD8Async, k->scratch, 0, 8, stream);
+  counter = (void *)(uintptr_t)scratch;
+  e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemsetD8Async, scratch, 0, 8, stream);
   if (!e)
-    e = launch(drv, k, GSHM__K_COMPARE, (unsigned)k->sm_count * 4, 512, stream, args);
+    e = launch(drv, k, GSHM__K_COMPARE, (unsigned)KLOAD(k->sm_count) * 4, 512, stream, args);
   if (!e)
-    e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)&bad, k->scratch, 8,
+    e = GSHM_CU(drv, GSHM_LOG_ERR, cuMemcpyAsync, (CUdeviceptr)(uintptr_t)&bad, scratch, 8,
                 stream);
   if (!e)
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamSynchronize, stream);
@@ -740,7 +794,7 @@ static int signal_in_ctx(const struct gshm_cudadrv *drv, uint64_t *flag, uint64_
   void *args[2] = {&flag, &value};
   int e;
 
-  if ((e = kctx_current(drv, &k)) || (e = flag_reachable(wf, (int)k->dev, 1)))
+  if ((e = kctx_current(drv, &k)) || (e = flag_reachable(wf, (int)KLOAD(k->dev), 1)))
     return e;
   r = drv->cuStreamWriteValue64(stream, (CUdeviceptr)(uintptr_t)flag, value,
                                 CU_STREAM_WRITE_VALUE_DEFAULT);
@@ -782,7 +836,7 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params 
   e = kctx_current(drv, &k);
   if (e)
     return e;
-  me = (int)k->dev;
+  me = (int)KLOAD(k->dev);
   peer = ws->device && wd->device && ws->ordinal != wd->ordinal;
   /* either method runs on this GPU (its SMs or its copy engine); a gshm
    * mapping with access for it needs no peer access (gs, gd: 1), which
@@ -833,7 +887,7 @@ static int copy_in_ctx(const struct gshm_cudadrv *drv, const struct copy_params 
     } else {
       if (!bytes)
         goto signal;
-      s = gshm__copy_pick_shape(bytes, k->sm_count, wd->device && wd->ordinal == me && peer);
+      s = gshm__copy_pick_shape(bytes, KLOAD(k->sm_count), wd->device && wd->ordinal == me && peer);
     }
     e = launch_ex(drv, k, s.kernel, s.blocks, s.threads, stream, args, 1);
   } else {
@@ -963,9 +1017,9 @@ GSHM_EXTERN int gshm_wait(const uint64_t *flag, uint64_t value, void *stream) {
     return e;
   e = kctx_current(drv, &k);
   if (!e)
-    e = flag_reachable(&w, (int)k->dev, 0);
+    e = flag_reachable(&w, (int)KLOAD(k->dev), 0);
   if (!e) {
-    if (k->can_flush)
+    if (KLOAD(k->can_flush))
       flags |= CU_STREAM_WAIT_VALUE_FLUSH;
     e = GSHM_CU(drv, GSHM_LOG_ERR, cuStreamWaitValue64, (CUstream)stream,
                 (CUdeviceptr)(uintptr_t)flag, value, flags);

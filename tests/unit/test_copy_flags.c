@@ -77,7 +77,7 @@ static CUresult f_pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr
                        ? 1
                        : 0;
   } else if (attr == CU_POINTER_ATTRIBUTE_ACCESS_FLAGS) {
-    access_queries++;
+    __atomic_add_fetch(&access_queries, 1, __ATOMIC_RELAXED); /* (two threads copy) */
     *(unsigned *)data = FOREIGN(128, 32) || (FOREIGN(160, 32) && !peer_enabled) ||
                                 FOREIGN(192, 32)
                             ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE
@@ -160,9 +160,10 @@ static CUresult f_attr(int *v, CUdevice_attribute a, CUdevice d) {
  * made in another mode than RELAXED: inside a capture those would be
  * refused, and the capture ended (CUDA's "prohibited operations"). */
 static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-static int module_calls_unrelaxed;
+static int module_calls_unrelaxed, module_loads;
 static CUresult f_module_load(CUmodule *m, const void *image) {
   (void)image;
+  __atomic_add_fetch(&module_loads, 1, __ATOMIC_SEQ_CST);
   module_calls_unrelaxed += thread_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
   *m = (CUmodule)0x7001;
   return CUDA_SUCCESS;
@@ -192,7 +193,7 @@ static CUresult f_mem_alloc(CUdeviceptr *p, size_t n) {
 }
 static CUresult f_launch_ex(const CUlaunchConfig *cfg, CUfunction f, void **args, void **extra) {
   (void)cfg, (void)f, (void)args, (void)extra;
-  launches++;
+  __atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
   return CUDA_SUCCESS;
 }
 static CUresult f_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -273,7 +274,14 @@ static CUresult f_primary_state(CUdevice d, unsigned *flags, int *active) {
   return CUDA_SUCCESS;
 }
 /* Context ids: a primary context's handle is destroyed while reset; every
- * other context keeps one id. */
+ * other context keeps one id, but for remade_ctx, whose id grows by
+ * remade_by (a reset: the handle stays, the context is a new one).  The
+ * next call for remade_ctx after id_stall_us is set answers, then posts
+ * id_entered and stalls that long (the answer already read). */
+static CUcontext remade_ctx;
+static unsigned long long remade_by;
+static unsigned id_stall_us;
+static sem_t id_entered;
 static CUresult f_ctx_id(CUcontext c, unsigned long long *id) {
   uintptr_t v = (uintptr_t)c;
   for (int d = 0; d < 8; d++)
@@ -281,7 +289,13 @@ static CUresult f_ctx_id(CUcontext c, unsigned long long *id) {
       if (v == 0x6100 + (uintptr_t)d + 0x1000 * (uintptr_t)g &&
           (primary_reset[d] || g != primary_gen[d]))
         return CUDA_ERROR_CONTEXT_IS_DESTROYED; /* reset, or an older handle */
-  *id = v;
+  *id = v + (c == remade_ctx ? __atomic_load_n(&remade_by, __ATOMIC_SEQ_CST) : 0);
+  if (c == remade_ctx && id_stall_us) {
+    unsigned us = id_stall_us;
+    id_stall_us = 0;
+    sem_post(&id_entered);
+    usleep(us);
+  }
   return CUDA_SUCCESS;
 }
 static CUresult f_can_access_peer(int *can, CUdevice a, CUdevice b) {
@@ -310,8 +324,8 @@ static CUresult f_memcpy_async(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstr
 
 static struct gshm_cudadrv fake_drv;
 
-int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
-  (void)prio;
+/* The table, filled once (as the real loader's: threads load it at once). */
+static void fake_drv_fill(void) {
   fake_drv.cuPointerGetAttribute = f_pointer_attr;
   fake_drv.cuStreamWriteValue64 = f_write_value;
   fake_drv.cuStreamWaitValue64 = f_wait_value;
@@ -337,6 +351,12 @@ int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
   fake_drv.cuCtxEnablePeerAccess = f_enable_peer;
   fake_drv.cuMemRetainAllocationHandle = f_retain_handle;
   fake_drv.cuMemRelease = f_mem_release;
+}
+
+int gshm__cudadrv_load(int prio, const struct gshm_cudadrv **drv_out) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  (void)prio;
+  pthread_once(&once, fake_drv_fill);
   *drv_out = &fake_drv;
   return 0;
 }
@@ -683,6 +703,80 @@ static void test_failed_context_entries_are_not_kept(void **state) {
   ctx0 = was;
 }
 
+static void *sm_copy_in_thread(void *arg) {
+  (void)arg;
+  return (void *)(intptr_t)gshm_copy(&device_mem[40], &device_mem[32], 64, GSHM_COPY_SM, NULL);
+}
+
+/* A context reset while another thread's copy in it has read the
+ * context's id but not yet looked at its entry: the entry is remade
+ * once, for the new context, and kept.  The id used to be read before the
+ * table's lock, so that the late thread took the id it had read for
+ * newer than the entry's, and remade the entry (its module, functions,
+ * peer access wiped under any other thread's launch: a launch error on a
+ * live context) for the old context, and the next copy remade it again:
+ * three module loads for one reset, and one more per such race. */
+static void test_reset_seen_late_remakes_the_entry_once(void **state) {
+  CUcontext saved = ctx0;
+  pthread_t t;
+  void *ret;
+  (void)state;
+
+  ctx0 = remade_ctx = (CUcontext)0x6079; /* a context no copy has used */
+  module_loads = 0;
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[0], 64, GSHM_COPY_SM, NULL), 0);
+  assert_int_equal(module_loads, 1);
+  assert_int_equal(sem_init(&id_entered, 0, 0), 0);
+  id_stall_us = 300000;
+  assert_int_equal(pthread_create(&t, NULL, sm_copy_in_thread, NULL), 0);
+  assert_int_equal(sem_wait(&id_entered), 0); /* it has the old context's id */
+  __atomic_store_n(&remade_by, 1ull << 32, __ATOMIC_SEQ_CST); /* the context is reset */
+  assert_int_equal(gshm_copy(&device_mem[16], &device_mem[0], 64, GSHM_COPY_SM, NULL), 0);
+  assert_int_equal(pthread_join(t, &ret), 0);
+  assert_int_equal((int)(intptr_t)ret, 0);
+  assert_int_equal(gshm_copy(&device_mem[24], &device_mem[0], 64, GSHM_COPY_SM, NULL), 0);
+  assert_int_equal(module_loads, 2); /* the first, and once for the reset */
+  sem_destroy(&id_entered);
+  remade_ctx = NULL;
+  ctx0 = saved;
+}
+
+static int copies_left;
+static void *sm_copies_in_thread(void *arg) {
+  int bad = 0;
+  (void)arg;
+  while (__atomic_sub_fetch(&copies_left, 1, __ATOMIC_RELAXED) > 0)
+    bad |= gshm_copy(&device_mem[56], &device_mem[48], 64, GSHM_COPY_SM, NULL) != 0;
+  return (void *)(intptr_t)bad;
+}
+
+/* A context reset again and again while another thread copies in it:
+ * the entry is remade under that thread's reads of its device, SM count
+ * and kernels, which it makes without the table's lock.  Every call
+ * returns (0 here: the fake launches what it is given; on a GPU the
+ * launches of a reset context's module fail, the driver's answer), and a
+ * build with GSHM_SANITIZE=thread reports no race (the entry was wiped
+ * with memset and rebuilt field by field in place, under those reads). */
+static void test_remade_under_copies(void **state) {
+  CUcontext saved = ctx0;
+  pthread_t t;
+  void *ret;
+  (void)state;
+
+  ctx0 = remade_ctx = (CUcontext)0x607a;
+  assert_int_equal(gshm_copy(&device_mem[8], &device_mem[0], 64, GSHM_COPY_SM, NULL), 0);
+  copies_left = 4000;
+  assert_int_equal(pthread_create(&t, NULL, sm_copies_in_thread, NULL), 0);
+  for (int i = 0; i < 300; i++) {
+    __atomic_add_fetch(&remade_by, 1ull << 32, __ATOMIC_SEQ_CST); /* a reset */
+    assert_int_equal(gshm_copy(&device_mem[8], &device_mem[0], 64, GSHM_COPY_SM, NULL), 0);
+  }
+  assert_int_equal(pthread_join(t, &ret), 0);
+  assert_int_equal((int)(intptr_t)ret, 0);
+  remade_ctx = NULL;
+  ctx0 = saved;
+}
+
 static void *signal_in_thread(void *arg) {
   return (void *)(intptr_t)gshm_signal(arg, 3, NULL);
 }
@@ -723,6 +817,8 @@ int main(void) {
       cmocka_unit_test(test_fork_while_another_thread_makes_an_entry), /* first */
       cmocka_unit_test(test_first_copy_loads_the_module_relaxed),
       cmocka_unit_test(test_failed_lookup_unloads_the_module_relaxed),
+      cmocka_unit_test(test_reset_seen_late_remakes_the_entry_once),
+      cmocka_unit_test(test_remade_under_copies),
       cmocka_unit_test(test_reachable_flags),
       cmocka_unit_test(test_failed_context_entries_are_not_kept),
       cmocka_unit_test(test_pageable_flag_never_reaches_the_gpu),
@@ -735,5 +831,7 @@ int main(void) {
       cmocka_unit_test(test_primary_retained_relaxed),
       cmocka_unit_test(test_primary_made_again_by_another_retain),
   };
+  if (getenv("GSHM_TEST_FILTER")) /* (a cmocka test filter, as test_hostile takes) */
+    cmocka_set_test_filter(getenv("GSHM_TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
