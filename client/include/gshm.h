@@ -921,7 +921,11 @@ GSHM_EXTERN gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool);
  * from the calling thread's pool (gshm_pool_activate), growing it by a
  * segment when no free range fits.  `stream` is not needed: freed ranges
  * are reused only after the device finished the work queued before their
- * free.  Thread-safe.  Returns the device address; NULL for size 0 (with
+ * free.  A growth makes its driver calls (import, map, access) with the
+ * calling thread's stream capture mode relaxed, as PyTorch's own
+ * allocator does: inside a capture (a PyTorch that calls the allocator
+ * outside its own relaxed guard) they are not refused for a global-mode
+ * capture.  Thread-safe.  Returns the device address; NULL for size 0 (with
  * gshm_torch_last_error() 0); otherwise NULL (PyTorch then raises its
  * out-of-memory error) with the reason in gshm_torch_last_error():
  * -EINVAL size < 0, or no active pool and not exactly one unreleased pool
