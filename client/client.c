@@ -126,7 +126,11 @@ void gshm_free(void *p) { free(p); }
 
 /* A name past GSHM_NAME_MAX, refused before any request: says so in
  * gshm_last_error() as gshmd would (else it kept an older call's text).
- * Returns -ENAMETOOLONG, or 0 for a name that fits. */
+ * Every call that takes a segment name asks it first, so that one
+ * condition gives one errno: gshmd looks a name up before it checks it
+ * (a long name was -ENOENT to stat, chmod, chown and revoke, and one
+ * over a packet -EMSGSIZE, while open, create and unlink said
+ * -ENAMETOOLONG).  Returns -ENAMETOOLONG, or 0 for a name that fits. */
 static int name_check(struct gshm_client *c, const char *name) {
   int e;
 
@@ -1016,6 +1020,8 @@ int gshm_stat_name(gshm_client_t *c, const char *name, gshm_segment_info_t *info
 
   if (!c || !name || !info_out)
     return -EINVAL;
+  if ((e = name_check(c, name)))
+    return e;
   if ((e = gshm__client_lock(c)))
     return e;
   e = stat_request(c, name, 0, &info);
@@ -1392,8 +1398,12 @@ static int simple_request(gshm_client_t *c, uint16_t type, const ProtobufCMessag
 
 int gshm_chmod(gshm_client_t *c, const char *name, uint32_t mode) {
   Gshm__ChmodRequest m = GSHM__CHMOD_REQUEST__INIT;
+  int e;
+
   if (!c || !name)
     return -EINVAL;
+  if ((e = name_check(c, name)))
+    return e;
   m.name = (char *)name;
   m.mode = mode;
   return simple_request(c, GSHM_WIRE_CHMOD, &m.base);
@@ -1401,8 +1411,12 @@ int gshm_chmod(gshm_client_t *c, const char *name, uint32_t mode) {
 
 int gshm_chown(gshm_client_t *c, const char *name, uint32_t uid, uint32_t gid) {
   Gshm__ChownRequest m = GSHM__CHOWN_REQUEST__INIT;
+  int e;
+
   if (!c || !name)
     return -EINVAL;
+  if ((e = name_check(c, name)))
+    return e;
   m.name = (char *)name;
   m.uid = uid == (uint32_t)-1 ? -1 : (int64_t)uid;
   m.gid = gid == (uint32_t)-1 ? -1 : (int64_t)gid;
@@ -1441,8 +1455,12 @@ static int revoke_request(gshm_client_t *c, const char *name, uint64_t id) {
 }
 
 int gshm_revoke(gshm_client_t *c, const char *name) {
+  int e;
+
   if (!c || !name)
     return -EINVAL;
+  if ((e = name_check(c, name)))
+    return e;
   return revoke_request(c, name, 0);
 }
 

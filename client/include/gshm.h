@@ -340,8 +340,9 @@ GSHM_EXTERN int gshm_unlink(gshm_client_t *client, const char *name);
 
 /* Changes a segment's permission bits (like chmod(2)); leases already
  * granted keep their access.  Owner or admin only.
- * Errors: -ENOENT; -EACCES not the owner nor an admin; -EINVAL bits
- * outside 0777. */
+ * Errors: -ENOENT; -EACCES not the owner nor an admin; -EINVAL a NULL
+ * argument, or bits outside 0777; -ENAMETOOLONG name over GSHM_NAME_MAX;
+ * and the errors every call to the daemon may give. */
 GSHM_EXTERN int gshm_chmod(gshm_client_t *client, const char *name, uint32_t mode);
 
 /* Changes a segment's owner and/or group (like chown(2)); pass
@@ -349,7 +350,10 @@ GSHM_EXTERN int gshm_chmod(gshm_client_t *client, const char *name, uint32_t mod
  * gives a segment to another user, and per-user quotas move with it; the
  * owner may set a group it belongs to.
  * Errors: -ENOENT; -EACCES not the owner nor an admin; -EPERM the change
- * needs an admin; -EINVAL. */
+ * needs an admin (another owner), or gid is a group the caller is not in;
+ * -EINVAL a NULL argument, or uid or gid over 4294967294 and not
+ * (uint32_t)-1; -ENAMETOOLONG name over GSHM_NAME_MAX; -ENOMEM; and the
+ * errors every call to the daemon may give. */
 GSHM_EXTERN int gshm_chown(gshm_client_t *client, const char *name, uint32_t uid, uint32_t gid);
 
 /* Admin only: ends every lease of the segment and unlinks it.  A host
@@ -370,7 +374,9 @@ GSHM_EXTERN int gshm_chown(gshm_client_t *client, const char *name, uint32_t uid
  * note (gshmd runs without a service manager's fd store, or 64 later
  * revokes and pulls came before the resend) the resend says what it
  * meets: -ENOENT for a segment the first one revoked.
- * Errors: -ENOENT; -EPERM not an admin. */
+ * Errors: -ENOENT (also to a non-admin, for a name no segment holds);
+ * -EPERM not an admin; -EINVAL a NULL argument; -ENAMETOOLONG name over
+ * GSHM_NAME_MAX; and the errors every call to the daemon may give. */
 GSHM_EXTERN int gshm_revoke(gshm_client_t *client, const char *name);
 
 /* gshm_revoke of the segment of id segment_id (gshm_segment_info_t.id, as
@@ -379,7 +385,9 @@ GSHM_EXTERN int gshm_revoke(gshm_client_t *client, const char *name);
  * this is how an admin takes it back.  A resend after a gshmd restart
  * is answered as gshm_revoke's (0 for the segment the first one revoked;
  * without gshmd's note, -ESTALE).
- * Errors: -ESTALE no segment has that id (also 0); -EPERM not an admin. */
+ * Errors: -ESTALE no segment has that id (also 0); -EPERM not an admin
+ * (asked before the id is looked up); -EINVAL a NULL client; and the
+ * errors every call to the daemon may give. */
 GSHM_EXTERN int gshm_revoke_id(gshm_client_t *client, uint64_t segment_id);
 
 /* Fresh information about an open segment (lease count, unlinked state)
@@ -394,7 +402,9 @@ GSHM_EXTERN int gshm_revoke_id(gshm_client_t *client, uint64_t segment_id);
 GSHM_EXTERN int gshm_stat(gshm_segment_t *seg, gshm_segment_info_t *info_out);
 
 /* Information about a segment by name, without opening it.
- * Errors: -ENOENT; -EACCES (no read permission). */
+ * Errors: -ENOENT; -EACCES (no read permission); -EINVAL a NULL argument;
+ * -ENAMETOOLONG name over GSHM_NAME_MAX; -EPROTO a reply of another kind;
+ * and the errors every call to the daemon may give. */
 GSHM_EXTERN int gshm_stat_name(gshm_client_t *client, const char *name,
                                gshm_segment_info_t *info_out);
 

@@ -281,6 +281,37 @@ static void test_bad_requests_through_the_api(void **state) {
   close(fd);
 }
 
+/* A name over GSHM_NAME_MAX is -ENAMETOOLONG from every call that takes
+ * one, as from gshm_open and gshm_unlink: gshmd looks the name up before
+ * it checks it, so stat, chmod, chown and revoke said -ENOENT, and one
+ * longer than a packet -EMSGSIZE (an errno gshm.h never listed). */
+static void test_long_names_everywhere(void **state) {
+  struct fx *f = *state;
+  gshm_segment_info_t info;
+  gshm_segment_t *s;
+  size_t lens[] = {GSHM_NAME_MAX + 1, GSHM_WIRE_MAX_PACKET + 1};
+  char *name = malloc(GSHM_WIRE_MAX_PACKET + 2);
+
+  assert_non_null(name);
+  for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+    memset(name, 'n', lens[i]);
+    name[lens[i]] = '\0';
+    assert_int_equal(gshm_open(f->bystander, name, GSHM_ACCESS_READ, &s), -ENAMETOOLONG);
+    assert_int_equal(gshm_unlink(f->bystander, name), -ENAMETOOLONG);
+    assert_int_equal(gshm_stat_name(f->bystander, name, &info), -ENAMETOOLONG);
+    assert_non_null(strstr(gshm_last_error(f->bystander), "longer than 255"));
+    assert_int_equal(gshm_chmod(f->bystander, name, 0644), -ENAMETOOLONG);
+    assert_int_equal(gshm_chown(f->bystander, name, (uint32_t)-1, (uint32_t)-1), -ENAMETOOLONG);
+    assert_int_equal(gshm_revoke(f->bystander, name), -ENAMETOOLONG);
+  }
+  /* the longest name is still a name: not found, as before */
+  memset(name, 'n', GSHM_NAME_MAX);
+  name[GSHM_NAME_MAX] = '\0';
+  assert_int_equal(gshm_stat_name(f->bystander, name, &info), -ENOENT);
+  assert_int_equal(gshm_chmod(f->bystander, name, 0644), -ENOENT);
+  free(name);
+}
+
 /* A client that holds a lease, asks for an unlink and is gone before the
  * reply: gshmd used to notify the requester's own connection too, the send
  * failed, the connection closed under the request and the registry got a
@@ -425,6 +456,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_unknown_type_and_order, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unexpected_fds_are_closed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_requests_through_the_api, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_long_names_everywhere, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
