@@ -185,7 +185,13 @@ typedef struct gshm_device_info {
  *  client_name  shown by `gshmctl clients` (truncated to 63 bytes); NULL: the
  *               program's name.
  *  client_out   receives the client; free it with gshm_disconnect().
- * Errors: -ENOENT / -ECONNREFUSED no daemon at path (gshmctl exit 3);
+ * Errors: -EINVAL client_out NULL; -ENOMEM; -ENOENT / -ECONNREFUSED no
+ * daemon at path (gshmctl exit 3); another errno of socket(2) or
+ * connect(2) (-ENOTDIR, -EMFILE, ...); -EPIPE / -ECONNRESET gshmd closed
+ * the connection before its hello reply: it was at limits.max_connections
+ * (less limits.admin_connections for a user who is not an admin) or this
+ * uid at quota.connections (gshmd logs "connection refused"); -EPROTO an
+ * answer that is not a gshm hello reply;
  * -EACCES the socket's mode refuses us; -EPROTOTYPE path is a stream or
  * datagram socket (another program's, not gshmd's); -EPROTONOSUPPORT the daemon speaks
  * another major protocol version (gshm_last_error() cannot help here: the
@@ -249,8 +255,10 @@ GSHM_EXTERN void gshm_disconnect(gshm_client_t *client);
  *            named only by gshm_publish() (the name's -EEXIST comes then);
  *            its gshm_segment_info() has id and generation 0 until then.
  *  seg_out   receives the open segment (a lease); release with gshm_close().
- * Errors: -EEXIST name in use; -EINVAL bad name, size 0, bad location or
- * mode; -ENAMETOOLONG; -ENODEV no such GPU, or (a device location) the
+ * Errors: -EEXIST name in use; -EINVAL a NULL client, name or seg_out,
+ * bad name, size 0, bad location, mode outside 0777 or unknown flags;
+ * -ENAMETOOLONG name over GSHM_NAME_MAX; -ENODEV no such GPU, or (a
+ * device location) the
  * daemon's GPUs are unusable until it restarts: a sticky CUDA error at its
  * start, or no CUDA driver at its start while it held device segments
  * (gshm_status_info_t.gpu_fault), or this create, sent again after a
@@ -262,7 +270,9 @@ GSHM_EXTERN void gshm_disconnect(gshm_client_t *client);
  * backend could not allocate; -EDQUOT a per-user quota would be crossed;
  * -EFBIG over the daemon's segment size limit; -EMFILE a limit on segments
  * or leases, or the daemon cannot pass an fd now (its fds in flight are
- * at its RLIMIT_NOFILE; nothing was created: try again).
+ * at its RLIMIT_NOFILE; nothing was created: try again); -EIO the
+ * backend (the GPU driver) failed otherwise (gshm_last_error() says so);
+ * and the errors every call to the daemon may give.
  * A create whose reply a gshmd restart lost is sent again once libgshm
  * has reconnected, with the same random token: gshmd answers it with the
  * segment the first one made (not -EEXIST; docs/ARCHITECTURE.md). */
@@ -280,10 +290,15 @@ GSHM_EXTERN int gshm_create(gshm_client_t *client, const char *name, uint64_t si
  *  access    GSHM_ACCESS_READ or GSHM_ACCESS_READ_WRITE.
  *  seg_out   receives the open segment; release with gshm_close().
  * Errors: -ENOENT no such name; -EACCES mode bits refuse this access;
- * -EINVAL bad access or name; -ENAMETOOLONG name over GSHM_NAME_MAX;
- * -ENOTSUP a legacy-IPC-only segment (use gshm_open_legacy_ipc); -EDQUOT /
- * -EMFILE lease limits; -EMFILE also when the daemon cannot pass an fd now
- * (as gshm_create). */
+ * -EINVAL a NULL argument, bad access or name; -ENAMETOOLONG name over
+ * GSHM_NAME_MAX; -ENOTSUP a legacy-IPC-only segment (use
+ * gshm_open_legacy_ipc); -ENODEV a device segment the daemon keeps parked
+ * while its GPUs are unusable to it (gshm_status_info_t.gpu_fault; listed,
+ * not opened, until it restarts); -EDQUOT / -EMFILE lease limits; -EMFILE
+ * also when the daemon cannot pass an fd now (as gshm_create); -EIO the
+ * daemon could not export the segment's fd (its driver failed:
+ * gshm_last_error() says so); and the errors every call to the daemon
+ * may give. */
 GSHM_EXTERN int gshm_open(gshm_client_t *client, const char *name, gshm_access_t access,
                           gshm_segment_t **seg_out);
 
@@ -398,7 +413,10 @@ GSHM_EXTERN int gshm_revoke_id(gshm_client_t *client, uint64_t segment_id);
  * down), or it was unlinked and this process did not call gshmd for 30 s
  * after a restart, so the lease was not re-taken (the mapping keeps its
  * bytes); -EACCES its owner changed the mode since we opened it and we may
- * no longer see it. */
+ * no longer see it; -EINVAL seg or info_out NULL; -EPROTO a reply of
+ * another kind; and the errors every call to the daemon may give.  A
+ * hidden segment (GSHM_CREATE_HIDDEN, not yet published) is not asked
+ * about: its create's record. */
 GSHM_EXTERN int gshm_stat(gshm_segment_t *seg, gshm_segment_info_t *info_out);
 
 /* Information about a segment by name, without opening it.
@@ -576,7 +594,9 @@ GSHM_EXTERN int gshm_pull_cancel(gshm_client_t *client);
  * more than 8192 pages with no segment (a gshmd's page with none looked at
  * 2048 segments: 16777216 of them in 8192 pages), -E2BIG the peer listed
  * more than 16777216 segments (more than a gshmd holds: limits.max_segments
- * at most; fewer with $GSHM_LIST_MAX), which take 12 GiB of *infos_out. */
+ * at most; fewer with $GSHM_LIST_MAX), which take 12 GiB of *infos_out;
+ * -EINVAL a NULL argument; -ENOMEM; and the errors every call to the
+ * daemon may give. */
 GSHM_EXTERN int gshm_list_remote(gshm_client_t *client, const char *peer,
                                  gshm_segment_info_t **infos_out, size_t *count_out);
 
@@ -644,8 +664,15 @@ typedef struct gshm_pull_result {
  * -ENOTSUP cluster off or a path this build lacks, -ECONNRESET the peer
  * went away mid-pull, or the connection to the daemon was lost after a
  * progress reply (not sent again: the segment may exist if the daemon
- * published it before it died; gshm_stat_name tells), -EDQUOT, -EINVAL
- * bad name, location or mode.
+ * published it before it died; gshm_stat_name tells), -ETIMEDOUT the
+ * peer did not answer, or its bytes did not come, within the daemon's
+ * cluster.request_timeout_ms, -ECANCELED gshm_pull_cancel stopped it,
+ * -EPROTO the peer broke the protocol (a chunk that failed its
+ * authentication included), -EDQUOT / -EFBIG / -EMFILE / -ENODEV /
+ * -ENOMEM the new local segment, as for gshm_create, -EINVAL a NULL
+ * client, peer or name, or a bad name, location or mode, -ENAMETOOLONG a
+ * local name over GSHM_NAME_MAX; and the errors every call to the
+ * daemon may give.
  * A pull whose first reply a gshmd restart lost is sent again once
  * libgshm has reconnected, with the same random token: when the first
  * one had published its segment (gshmd notes it under the token and the
