@@ -443,10 +443,30 @@ static bool connection_lost(int e) {
          e == -ENOENT;
 }
 
+/* The error of a request that lost gshmd (the connection, or with
+ * `unreached` the reconnect after it): -ECONNRESET or -EPIPE, as gshm.h
+ * promises, with GSHM_LOST_GSHMD_TEXT, by which gshmctl and the Python
+ * package tell it from a cluster peer's failure.  A reconnect's own errno
+ * meant something else to the caller: -ETIMEDOUT (a restarted gshmd that
+ * did not answer the hello) read as a peer's timeout in a pull, -EACCES
+ * (its socket's new mode) as a segment's mode bits, -ENOTCONN had no name.
+ * Kept: -EPROTO, and -EPROTONOSUPPORT (a gshmd of another major version
+ * came back; the hello's refusal is the last error).  Other errors pass. */
+static int lost_gshmd(struct gshm_client *c, int e, bool unreached) {
+  if (!e || !(unreached || connection_lost(e)) || e == -EPROTONOSUPPORT)
+    return e;
+  if (!connection_lost(e))
+    gshm_log_warn("gshmd at %s went away and reconnecting failed: %s", c->path,
+                  gshm_strerror(e));
+  set_last_error(c, GSHM_LOST_GSHMD_TEXT);
+  return e == -EPIPE || e == -EPROTO ? e : -ECONNRESET;
+}
+
 int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,
                   Gshm__Reply **reply_out, int *fd_out) {
   Gshm__Reply *reply = NULL;
   int64_t deadline = 0; /* reconnect_ms after the first loss: every resend is before it */
+  bool unreached = false; /* gshmd went away and the reconnect failed */
   int e = 0;
 
   set_last_error(c, NULL);
@@ -459,8 +479,10 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
     bool sent;
     if (deadline) /* a gshmd killed again as it came back (a crash loop) */
       wait_ms = (int)((deadline - gshm__now_ns(CLOCK_MONOTONIC)) / 1000000);
-    if (c->fd < 0 && (e = wait_ms < 0 ? -ECONNRESET : reconnect(c, wait_ms)))
+    if (c->fd < 0 && (e = wait_ms < 0 ? -ECONNRESET : reconnect(c, wait_ms))) {
+      unreached = true;
       break;
+    }
     id = ++c->next_request;
     e = gshm__wire_send(c->fd, type, id, msg, -1);
     if ((sent = !e))
@@ -488,11 +510,7 @@ int gshm__request(struct gshm_client *c, uint16_t type, const ProtobufCMessage *
     *reply_out = reply;
     return 0;
   }
-  if (e && connection_lost(e)) {
-    set_last_error(c, GSHM_LOST_GSHMD_TEXT);
-    e = e == -ENOENT || e == -ECONNREFUSED ? -ECONNRESET : e;
-  }
-  return e;
+  return lost_gshmd(c, e, unreached);
 }
 
 int gshm__request_body(struct gshm_client *c, uint16_t type, const ProtobufCMessage *msg,

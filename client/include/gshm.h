@@ -11,11 +11,16 @@
  *    failure; gshm_strerror() names it.  Output arguments (`*_out`) are
  *    written only on success.
  *  - Every call that talks to the daemon may also return -ECONNRESET or
- *    -EPIPE (the daemon went away and could not be reached again),
- *    -EPROTO (the daemon broke the protocol), -EREMOTEIO (the daemon
- *    failed in a way that has no errno of the API: gshm_last_error() says
- *    how) and -ENOMEM.  The daemon's own explanation of the last failure
- *    is in gshm_last_error().
+ *    -EPIPE (the daemon went away and could not be reached again within
+ *    $GSHM_RECONNECT_MS, default 10000 ms: gshm_last_error() says
+ *    "connection to gshmd lost"; also when what came back at its socket
+ *    did not answer the hello in time or refused this uid, logged at
+ *    GSHM_LOG_LEVEL>=4), -EPROTONOSUPPORT (a gshmd of another major
+ *    version came back), -EPROTO (the daemon broke the protocol),
+ *    -EREMOTEIO (the daemon failed in a way that has no errno of the API:
+ *    gshm_last_error() says how), -ENOMEM, and -ECHILD in a process forked
+ *    from the one that connected (gshm_connect, "Fork").  The daemon's own
+ *    explanation of the last failure is in gshm_last_error().
  *  - A gshm_client_t may be used from several threads: requests are
  *    serialised by a mutex inside it, for their whole time: a gshm_pull or
  *    gshm_pull_prefix (seconds to minutes) holds every other request of

@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -401,6 +402,50 @@ static void test_connect_explain(void **state) {
   assert_true(strncmp(buf, plain, strlen(plain)) == 0);
   assert_non_null(strstr(buf, " is not a socket: "));
   unlink(plain);
+}
+
+/* gshmd went away and what answers at its socket never says hello (a
+ * restarted gshmd stuck in its start, or another program's socket):
+ * requests fail as gshm.h promises for a daemon that went away,
+ * -ECONNRESET with gshm_last_error() "connection to gshmd lost", which is
+ * how gshmctl and the Python package tell the local gshmd's loss from a
+ * cluster peer's.  The reconnect's own -ETIMEDOUT came back instead, with
+ * no explanation: a pull or a remote list said "peer lost or unreachable"
+ * of a peer that was fine. */
+static void test_reconnect_that_fails_is_a_lost_gshmd(void **state) {
+  struct harness *h = *state;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  char dir[108], *slash;
+  gshm_segment_info_t info;
+  gshm_status_info_t st;
+  gshm_client_t *c;
+  int fd;
+
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", h->socket_path);
+  snprintf(dir, sizeof(dir), "%s", h->socket_path);
+  assert_non_null(slash = strrchr(dir, '/'));
+  *slash = '\0';
+  setenv("GSHM_HELLO_TIMEOUT_MS", "100", 1);
+  setenv("GSHM_RECONNECT_MS", "400", 1);
+  assert_int_equal(gshm_connect(sa.sun_path, "lost", &c), 0);
+  unsetenv("GSHM_HELLO_TIMEOUT_MS");
+  unsetenv("GSHM_RECONNECT_MS");
+  assert_int_equal(gshm_status(c, &st), 0);
+  assert_int_equal(harness_stop(h), 0); /* (removes dir) */
+  /* a socket that takes connections into its backlog and never answers */
+  assert_int_equal(mkdir(dir, 0700), 0);
+  assert_true((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) >= 0);
+  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(fd, 64), 0);
+  assert_int_equal(gshm_status(c, &st), -ECONNRESET);
+  assert_string_equal(gshm_last_error(c), "connection to gshmd lost");
+  assert_int_equal(gshm_stat_name(c, "any", &info), -ECONNRESET);
+  assert_string_equal(gshm_last_error(c), "connection to gshmd lost");
+  gshm_disconnect(c);
+  close(fd);
+  unlink(sa.sun_path);
+  rmdir(dir);
+  assert_int_equal(harness_start(h, NULL), 0); /* (for the teardown) */
 }
 
 /* A killed client's leases go when gshmd reads its connection's end: within
@@ -870,6 +915,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_queued_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_connect_explain, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_reconnect_that_fails_is_a_lost_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_forked_child_leaves_the_parent_alone, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_fork_while_another_thread_waits_for_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
