@@ -89,6 +89,14 @@ int gshm_connect_explain(const char *socket_path, int err, char *buf, size_t cap
   if (err == -ECONNREFUSED)
     return put(buf, cap, "%s: nothing listens on that socket (left by a gshmd that stopped?): %s",
                gshm_strerror(err), START_HINT);
+  /* gshmd accepts a connection over its limits and closes it at once
+   * (server.c): the hello's send or read meets the end */
+  if (err == -EPIPE || err == -ECONNRESET)
+    return put(buf, cap, "gshmd closed the connection before it answered: it holds as many "
+               "connections as its limits.max_connections (less limits.admin_connections "
+               "for users who are not admins) or quota.connections for uid %u allow (its log "
+               "says \"connection refused\"; close some clients, or an admin raises them), or "
+               "it stopped meanwhile", (unsigned)geteuid());
   if (err == -EACCES && se)
     return put(buf, cap, "%s: a directory above it does not let uid %u through",
                gshm_strerror(err), (unsigned)geteuid());

@@ -229,8 +229,10 @@ GSHM_EXTERN int gshm_connect(const char *path, const char *client_name,
  * or a socket of another type (-EPROTOTYPE: not gshmd's),
  * a directory above the socket that refuses this uid, the socket's owner,
  * group and mode where they refuse this uid (and how an admin widens them),
- * or a path too long for a Unix socket's address (-ENAMETOOLONG), or
- * nothing answering the hello in time (-ETIMEDOUT).
+ * a path too long for a Unix socket's address (-ENAMETOOLONG),
+ * nothing answering the hello in time (-ETIMEDOUT), or gshmd closing
+ * the connection before its answer (-EPIPE, -ECONNRESET: at its
+ * connection limits, which the text names, or stopped meanwhile).
  * Any other error: gshm_strerror(err).  Looks at the socket with stat(2);
  * sends nothing to gshmd.
  *  socket_path  the path given to gshm_connect(); NULL or "" resolves as

@@ -404,6 +404,38 @@ static void test_connect_explain(void **state) {
   unlink(plain);
 }
 
+/* A gshm_connect over gshmd's connection limits: gshmd takes the
+ * connection and closes it before the hello's answer, -EPIPE or
+ * -ECONNRESET; gshm_connect_explain names the limits (it said only
+ * "connection to gshmd lost"). */
+static void test_connect_over_the_limit_is_explained(void **state) {
+  static struct harness q; /* (static: harness_kill_leftover may read it after a failure) */
+  gshm_client_t *first, *second = NULL;
+  char buf[512];
+  int e;
+
+  (void)state;
+  assert_int_equal(harness_start(&q, (const char *const[]){"--set", "limits.max_connections=1",
+                                                           "--set", "limits.admin_connections=0",
+                                                           NULL}),
+                   0);
+  harness_set_leftover(&q);
+  assert_int_equal(gshm_connect(q.socket_path, "first", &first), 0);
+  e = gshm_connect(q.socket_path, "second", &second);
+  assert_true(e == -EPIPE || e == -ECONNRESET);
+  assert_null(second);
+  assert_int_equal(gshm_connect_explain(q.socket_path, e, buf, sizeof(buf)), 0);
+  assert_non_null(strstr(buf, "gshmd closed the connection before it answered"));
+  assert_non_null(strstr(buf, "limits.max_connections"));
+  assert_non_null(strstr(buf, "quota.connections"));
+  assert_int_equal(gshm_connect_explain(q.socket_path, e == -EPIPE ? -ECONNRESET : -EPIPE, buf,
+                                        sizeof(buf)), 0);
+  assert_non_null(strstr(buf, "limits.max_connections"));
+  gshm_disconnect(first);
+  harness_set_leftover(NULL);
+  assert_int_equal(harness_stop(&q), 0);
+}
+
 /* gshmd went away and what answers at its socket never says hello (a
  * restarted gshmd stuck in its start, or another program's socket):
  * requests fail as gshm.h promises for a daemon that went away,
@@ -915,6 +947,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_queued_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_connect_explain, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test(test_connect_over_the_limit_is_explained),
       cmocka_unit_test_setup_teardown(test_reconnect_that_fails_is_a_lost_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_forked_child_leaves_the_parent_alone, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_fork_while_another_thread_waits_for_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
