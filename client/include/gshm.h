@@ -833,8 +833,9 @@ GSHM_EXTERN int gshm_unmap(gshm_segment_t *seg);
  * survived: the next call makes it again.
  *  offset, bytes  byte range within the segment.
  *  buf            host memory of at least `bytes` bytes.
- * Errors: -ERANGE range outside the segment; -EACCES gshm_write on a
- * read-only lease; -ENOTSUP device segment without a CUDA driver here;
+ * Errors: -EINVAL seg NULL, or buf NULL with bytes > 0; -ERANGE range
+ * outside the segment; -EACCES gshm_write on a read-only lease; -ENOTSUP
+ * device segment without a CUDA driver here;
  * -ECHILD a device segment in a process forked from one that had
  * initialized CUDA, mapped or not (as gshm_map); the errors of
  * gshm_map(). */
@@ -888,7 +889,10 @@ GSHM_EXTERN const char *gshm_err_name(int err);
  * Errors: -ENOENT no such name; -EACCES the mode bits refuse read-write;
  * -ENOTSUP legacy export disabled on this daemon, or the segment was not
  * created with GSHM_CREATE_LEGACY_IPC; -EINVAL NULL argument;
- * -ENAMETOOLONG name over GSHM_NAME_MAX. */
+ * -ENAMETOOLONG name over GSHM_NAME_MAX; -EDQUOT / -EMFILE lease limits
+ * (as gshm_open); -EIO the daemon's export of the handle failed;
+ * -EPROTO a grant without the 64-byte handle; and the errors every call
+ * to the daemon may give. */
 GSHM_EXTERN int gshm_open_legacy_ipc(gshm_client_t *client, const char *name,
                                      uint8_t handle_out[GSHM_LEGACY_IPC_HANDLE_SIZE],
                                      gshm_segment_t **seg_out);
