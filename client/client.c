@@ -131,7 +131,7 @@ void gshm_free(void *p) { free(p); }
  * (a long name was -ENOENT to stat, chmod, chown and revoke, and one
  * over a packet -EMSGSIZE, while open, create and unlink said
  * -ENAMETOOLONG).  Returns -ENAMETOOLONG, or 0 for a name that fits. */
-static int name_check(struct gshm_client *c, const char *name) {
+int gshm__name_check_len(struct gshm_client *c, const char *name) {
   int e;
 
   if (strlen(name) <= GSHM_NAME_MAX)
@@ -750,7 +750,7 @@ int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *l
 
   if (!c || !name || !seg_out)
     return -EINVAL;
-  if ((e = name_check(c, name)))
+  if ((e = gshm__name_check_len(c, name)))
     return e;
   /* names this create: gshm__request sends it again, token and all, when
    * a gshmd restart lost the reply, and gshmd answers the resend with the
@@ -805,7 +805,7 @@ int gshm_open(gshm_client_t *c, const char *name, gshm_access_t access, gshm_seg
 
   if (!c || !name || !seg_out || (access != GSHM_ACCESS_READ && access != GSHM_ACCESS_READ_WRITE))
     return -EINVAL;
-  if ((e = name_check(c, name)))
+  if ((e = gshm__name_check_len(c, name)))
     return e;
   if ((e = gshm__client_lock(c)))
     return e;
@@ -953,7 +953,7 @@ int gshm_unlink(gshm_client_t *c, const char *name) {
 
   if (!c || !name)
     return -EINVAL;
-  if ((e = name_check(c, name)))
+  if ((e = gshm__name_check_len(c, name)))
     return e;
   m.name = (char *)name;
   /* gshmd notes it with the segment it unlinks: a resend after a restart
@@ -1038,7 +1038,7 @@ int gshm_stat_name(gshm_client_t *c, const char *name, gshm_segment_info_t *info
 
   if (!c || !name || !info_out)
     return -EINVAL;
-  if ((e = name_check(c, name)))
+  if ((e = gshm__name_check_len(c, name)))
     return e;
   if ((e = gshm__client_lock(c)))
     return e;
@@ -1420,7 +1420,7 @@ int gshm_chmod(gshm_client_t *c, const char *name, uint32_t mode) {
 
   if (!c || !name)
     return -EINVAL;
-  if ((e = name_check(c, name)))
+  if ((e = gshm__name_check_len(c, name)))
     return e;
   m.name = (char *)name;
   m.mode = mode;
@@ -1433,7 +1433,7 @@ int gshm_chown(gshm_client_t *c, const char *name, uint32_t uid, uint32_t gid) {
 
   if (!c || !name)
     return -EINVAL;
-  if ((e = name_check(c, name)))
+  if ((e = gshm__name_check_len(c, name)))
     return e;
   m.name = (char *)name;
   m.uid = uid == (uint32_t)-1 ? -1 : (int64_t)uid;
@@ -1477,7 +1477,7 @@ int gshm_revoke(gshm_client_t *c, const char *name) {
 
   if (!c || !name)
     return -EINVAL;
-  if ((e = name_check(c, name)))
+  if ((e = gshm__name_check_len(c, name)))
     return e;
   return revoke_request(c, name, 0);
 }

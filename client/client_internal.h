@@ -114,6 +114,12 @@ bool gshm__forked(struct gshm_client *c);
  * thread's own copy changes. */
 void gshm__last_error_local(struct gshm_client *c);
 
+/* A name past GSHM_NAME_MAX, refused before any request, with
+ * gshm_last_error() saying so as gshmd would: -ENAMETOOLONG (-ECHILD in a
+ * forked child), or 0 for a name that fits.  Every call that takes a
+ * segment name asks it first (client.c). */
+int gshm__name_check_len(struct gshm_client *c, const char *name);
+
 /* Takes c->lock: 0.  In a process forked from the one that connected c,
  * the lock may have been copied held, by a thread this process does not
  * have, and would be waited for for good: there it is only tried, and

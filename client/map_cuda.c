@@ -664,8 +664,8 @@ int gshm_open_legacy_ipc(gshm_client_t *c, const char *name,
 
   if (!c || !name || !handle_out || !seg_out)
     return -EINVAL;
-  if (strlen(name) > GSHM_NAME_MAX)
-    return -ENAMETOOLONG;
+  if ((e = gshm__name_check_len(c, name)))
+    return e;
   m.name = (char *)name;
   m.access = GSHM__ACCESS__ACCESS_READ_WRITE; /* a legacy handle maps read-write */
   m.legacy_ipc = true;

@@ -284,12 +284,15 @@ static void test_bad_requests_through_the_api(void **state) {
 /* A name over GSHM_NAME_MAX is -ENAMETOOLONG from every call that takes
  * one, as from gshm_open and gshm_unlink: gshmd looks the name up before
  * it checks it, so stat, chmod, chown and revoke said -ENOENT, and one
- * longer than a packet -EMSGSIZE (an errno gshm.h never listed). */
+ * longer than a packet -EMSGSIZE (an errno gshm.h never listed); and
+ * gshm_last_error() says why (gshm_open_legacy_ipc left an older
+ * request's explanation there). */
 static void test_long_names_everywhere(void **state) {
   struct fx *f = *state;
   gshm_segment_info_t info;
   gshm_segment_t *s;
   size_t lens[] = {GSHM_NAME_MAX + 1, GSHM_WIRE_MAX_PACKET + 1};
+  uint8_t handle[GSHM_LEGACY_IPC_HANDLE_SIZE];
   char *name = malloc(GSHM_WIRE_MAX_PACKET + 2);
 
   assert_non_null(name);
@@ -303,6 +306,10 @@ static void test_long_names_everywhere(void **state) {
     assert_int_equal(gshm_chmod(f->bystander, name, 0644), -ENAMETOOLONG);
     assert_int_equal(gshm_chown(f->bystander, name, (uint32_t)-1, (uint32_t)-1), -ENAMETOOLONG);
     assert_int_equal(gshm_revoke(f->bystander, name), -ENAMETOOLONG);
+    /* and says so, not an older request's explanation */
+    assert_int_equal(gshm_open(f->bystander, "missing", GSHM_ACCESS_READ, &s), -ENOENT);
+    assert_int_equal(gshm_open_legacy_ipc(f->bystander, name, handle, &s), -ENAMETOOLONG);
+    assert_non_null(strstr(gshm_last_error(f->bystander), "longer than 255"));
   }
   /* the longest name is still a name: not found, as before */
   memset(name, 'n', GSHM_NAME_MAX);
