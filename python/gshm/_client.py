@@ -353,11 +353,18 @@ class Client(object):
         return SegmentInfo._from_c(info)
 
     def exists(self, name: str) -> bool:
+        """Whether a segment of that name exists and this user may see it.
+        False also for a name longer than NAME_MAX bytes, which no segment
+        has (stat() raises InvalidArgument, ENAMETOOLONG, for it)."""
         try:
             self.stat(name)
             return True
         except FileNotFoundError:
             return False
+        except InvalidArgument as e:
+            if e.errno == errno.ENAMETOOLONG:
+                return False
+            raise
 
     def _list(self, fn_name, ctype, cls):
         arr = ctypes.POINTER(ctype)()

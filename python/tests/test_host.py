@@ -529,6 +529,14 @@ def test_errno_missing_name(client):
     with pytest.raises(FileNotFoundError):
         client.stat("pytest/no/such/segment")
     assert not client.exists("pytest/no/such/segment")
+    # a name no segment can have: as open, create and unlink say (stat
+    # said ENOENT, gshmd's lookup), and exists() stays False
+    for long_name in ("n" * (gshm.NAME_MAX + 1), "n" * 70000):
+        for call in (client.stat, client.unlink, client.open):
+            with pytest.raises(gshm.InvalidArgument) as ei:
+                call(long_name)
+            assert ei.value.errno == errno.ENAMETOOLONG
+        assert not client.exists(long_name)
 
 
 def test_errno_duplicate_create(client, segname):
