@@ -275,7 +275,9 @@ GSHM_EXTERN void gshm_disconnect(gshm_client_t *client);
  * on this daemon (e.g. no GPU driver) or legacy IPC disabled, or
  * GSHM_CREATE_HIDDEN asked of a gshmd too old for it; -ENOMEM the
  * backend could not allocate; -EDQUOT a per-user quota would be crossed;
- * -EFBIG over the daemon's segment size limit; -EMFILE a limit on segments
+ * -EFBIG over the daemon's segment size limit (limits.max_segment_size), or
+ * a host segment larger than the machine's memory (RAM + swap) or than
+ * gshmd's cgroup may use; -EMFILE a limit on segments
  * or leases, or the daemon cannot pass an fd now (its fds in flight are
  * at its RLIMIT_NOFILE; nothing was created: try again); -EIO the
  * backend (the GPU driver) failed otherwise (gshm_last_error() says so);
