@@ -280,23 +280,24 @@ static bool connection_lost(int e);
  * that went away may have sent events we never got (its restart lost
  * them): then reconnect (waiting up to reconnect_ms when `wait`, else one
  * attempt), which re-takes every lease by id and generation and marks
- * those that are gone; returns false when still disconnected. */
-bool gshm__drain_events(struct gshm_client *c, bool wait) {
+ * those that are gone.  Returns as client_internal.h says. */
+int gshm__drain_events(struct gshm_client *c, bool wait) {
   Gshm__Reply *unused;
   int e;
 
   if (gshm__forked(c))
-    return false;
+    return -ECHILD;
   e = c->fd >= 0 ? read_reply(c, 0, 0, &unused, NULL, 1) : -ENOTCONN;
 
   if (e && connection_lost(e)) {
     if (c->fd >= 0)
       close(c->fd);
     c->fd = -1;
-    if (c->reconnect_ms <= 0 || reconnect(c, wait ? c->reconnect_ms : 0))
-      return false;
+    if (c->reconnect_ms <= 0)
+      return -ENOTCONN;
+    return reconnect(c, wait ? c->reconnect_ms : 0);
   }
-  return true;
+  return 0;
 }
 
 /* Bounds the hello's send and receive to ms milliseconds (0: none, the
@@ -782,19 +783,30 @@ int gshm_create(gshm_client_t *c, const char *name, uint64_t size, const char *l
   return e;
 }
 
-/* A lease of this client that can serve an open of name with access. */
-static struct gshm__lease *cached_lease(struct gshm_client *c, const char *name,
-                                        gshm_access_t access) {
-  if (!gshm__drain_events(c, true))
-    return NULL; /* no daemon to confirm the name: the request will say */
+/* A lease of this client that can serve an open of name with access
+ * into *l_out (NULL: none, ask gshmd).  Returns 0, or the error of a
+ * reconnect that already waited $GSHM_RECONNECT_MS for a gshmd that went
+ * away (the open's request must not wait as long again: gshm_open took
+ * twice the time of every other call), -ECHILD in a forked child. */
+static int cached_lease(struct gshm_client *c, const char *name, gshm_access_t access,
+                        struct gshm__lease **l_out) {
+  int e = gshm__drain_events(c, true);
+
+  *l_out = NULL;
+  if (e == -ENOTCONN)
+    return 0; /* no reconnect tried ($GSHM_RECONNECT_MS 0): the request's one attempt says */
+  if (e)
+    return e;
   for (struct gshm__lease *l = c->leases; l; l = l->next)
     /* Same access only: a read-only open must not get a writable mapping;
      * never a legacy-IPC lease (it has no fd to map). */
     if (!l->unlinked && !l->revoked && !l->hidden && l->fd >= 0 && l->lease_id &&
         l->access == access &&
-        !strcmp(l->info.name, name))
-      return l;
-  return NULL;
+        !strcmp(l->info.name, name)) {
+      *l_out = l;
+      break;
+    }
+  return 0;
 }
 
 int gshm_open(gshm_client_t *c, const char *name, gshm_access_t access, gshm_segment_t **seg_out) {
@@ -809,8 +821,8 @@ int gshm_open(gshm_client_t *c, const char *name, gshm_access_t access, gshm_seg
     return e;
   if ((e = gshm__client_lock(c)))
     return e;
-  if ((l = cached_lease(c, name, access))) {
-    e = segment_new(l, seg_out);
+  if ((e = cached_lease(c, name, access, &l)) || l) {
+    e = e ? (e == -ECHILD ? e : lost_gshmd(c, e, true)) : segment_new(l, seg_out);
     pthread_mutex_unlock(&c->lock);
     return e;
   }

@@ -160,9 +160,11 @@ int gshm__request_more(struct gshm_client *c, uint16_t type, Gshm__Reply **reply
 
 /* Applies the events already waiting on the socket (no blocking); a
  * connection found dead is reconnected (waiting up to $GSHM_RECONNECT_MS
- * when `wait`, else one attempt), which re-takes every lease.  Returns
- * false when still disconnected.  Caller holds c->lock. */
-bool gshm__drain_events(struct gshm_client *c, bool wait);
+ * when `wait`, else one attempt), which re-takes every lease.  Returns 0
+ * when connected; else -ENOTCONN (no reconnect tried: $GSHM_RECONNECT_MS
+ * 0), -ECHILD (a forked child's client), or the failed reconnect's error.
+ * Caller holds c->lock. */
+int gshm__drain_events(struct gshm_client *c, bool wait);
 
 /* A SegmentInfo from the wire in the public struct. */
 void gshm__info_from_wire(gshm_segment_info_t *o, const Gshm__SegmentInfo *i);

@@ -480,6 +480,38 @@ static void test_reconnect_that_fails_is_a_lost_gshmd(void **state) {
   assert_int_equal(harness_start(h, NULL), 0); /* (for the teardown) */
 }
 
+/* gshm_open with gshmd gone for good waits $GSHM_RECONNECT_MS once, as
+ * every other call does: its lease cache's check reconnected (waiting),
+ * and on failure its request reconnected again, waiting as long again
+ * (20 s by default instead of 10). */
+static void test_open_waits_for_gshmd_once(void **state) {
+  struct harness *h = *state;
+  gshm_status_info_t st;
+  gshm_segment_t *s;
+  gshm_client_t *c;
+  struct timespec t0, t1;
+  double open_s, status_s;
+
+  setenv("GSHM_RECONNECT_MS", "1000", 1);
+  assert_int_equal(gshm_connect(h->socket_path, "once", &c), 0);
+  unsetenv("GSHM_RECONNECT_MS");
+  assert_int_equal(harness_stop(h), 0); /* (removes its socket: no gshmd comes back) */
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  assert_int_equal(gshm_open(c, "any", GSHM_ACCESS_READ, &s), -ECONNRESET);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  assert_string_equal(gshm_last_error(c), "connection to gshmd lost");
+  open_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  assert_int_equal(gshm_status(c, &st), -ECONNRESET);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  status_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  print_message("open %.2f s, status %.2f s\n", open_s, status_s);
+  assert_true(open_s >= 0.9 && status_s >= 0.9); /* (each waited) */
+  assert_true(open_s < 1.5 * status_s);          /* (once: it took twice as long) */
+  gshm_disconnect(c);
+  assert_int_equal(harness_start(h, NULL), 0); /* (for the teardown) */
+}
+
 /* A killed client's leases go when gshmd reads its connection's end: within
  * 1 s, or 10 s where gshmd runs under valgrind (valgrind_test_session,
  * $GSHM_VALGRIND_GSHMD set): there, on 2 CPUs shared with another test
@@ -948,6 +980,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_queued_fd_send_refused_keeps_the_connection, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_connect_explain, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test(test_connect_over_the_limit_is_explained),
+      cmocka_unit_test_setup_teardown(test_open_waits_for_gshmd_once, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_reconnect_that_fails_is_a_lost_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_forked_child_leaves_the_parent_alone, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_fork_while_another_thread_waits_for_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
