@@ -375,9 +375,8 @@ GSHM_EXTERN int gshm_chmod(gshm_client_t *client, const char *name, uint32_t mod
  * owner may set a group it belongs to.
  * Errors: -ENOENT; -EACCES not the owner nor an admin; -EPERM the change
  * needs an admin (another owner), or gid is a group the caller is not in;
- * -EINVAL a NULL argument, or uid or gid over 4294967294 and not
- * (uint32_t)-1; -ENAMETOOLONG name over GSHM_NAME_MAX; -ENOMEM; and the
- * errors every call to the daemon may give. */
+ * -EINVAL a NULL argument; -ENAMETOOLONG name over GSHM_NAME_MAX;
+ * -ENOMEM; and the errors every call to the daemon may give. */
 GSHM_EXTERN int gshm_chown(gshm_client_t *client, const char *name, uint32_t uid, uint32_t gid);
 
 /* Admin only: ends every lease of the segment and unlinks it.  A host
