@@ -249,7 +249,7 @@ static int pick_devices(const struct gshm_cudadrv *drv, struct device_map *m, co
     if (d != m->owner &&
         (GSHM_CU(drv, GSHM_LOG_DEBUG, cuDeviceCanAccessPeer, &can, d, m->owner) || !can)) {
       gshm_log_info("device %d cannot reach the segment's GPU (no peer access)", devices[k]);
-      return -ENODEV;
+      return -EXDEV; /* (gshm_copy's errno for no peer path; -ENODEV: no such GPU here) */
     }
     m->devices[m->ndevices++] = d;
   }

@@ -771,7 +771,8 @@ GSHM_EXTERN void gshm_free(void *p);
  * Errors: -EINVAL seg or addr_out NULL, devices NULL with ndevices > 0,
  * devices given for a host segment, ndevices 0 or over 64 with devices,
  * or an unknown ordinal; -ENODEV the segment's GPU is not visible to this
- * process, or a listed device has no peer access to it; -ENOTSUP no CUDA
+ * process; -EXDEV a listed device has no peer access to it (as gshm_copy;
+ * devices NULL leaves such a device out); -ENOTSUP no CUDA
  * driver here for a device segment; -ECHILD a device segment in a process
  * forked from one that had initialized CUDA (as gshm_copy); -EBADF a
  * legacy-IPC lease

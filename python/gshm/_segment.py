@@ -5,6 +5,7 @@ memfd), DeviceSegment and DeviceArray (__cuda_array_interface__, DLPack)."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import operator
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
@@ -14,7 +15,7 @@ from . import _lib as L
 from ._core import _finalizer, _optional, _raise, _state_lock
 from ._dtypes import DType, DTypeLike, dtype as _to_dtype
 from ._info import SegmentInfo
-from ._errors import NoDevice
+from ._errors import NotSupported
 
 if TYPE_CHECKING:
     import numpy
@@ -482,7 +483,7 @@ class DeviceSegment(Segment):
         if dev != self.device and dev not in (self._mapped_devices or ()):
             # (a view on another GPU: that GPU gets access first, or its first
             # kernel on the view would fault, an error that ends the
-            # process's CUDA; gshm_map adds access, -ENODEV where it has no
+            # process's CUDA; gshm_map adds access, -EXDEV where it has no
             # peer path)
             kept = self._mapped_devices
             self.map(devices=[dev])
@@ -626,6 +627,8 @@ def map_for_writers(seg: "DeviceSegment", device: Optional[int] = None,
     for w in sorted(set(writers) - {device}):
         try:
             seg.map(devices=[w])
-        except NoDevice:
-            pass  # no peer path from w: torch's copy from it goes its own way
+        except NotSupported as e:  # EXDEV: no peer path from w (NoDevice before)
+            if e.errno != errno.EXDEV:
+                raise
+            # torch's copy from it goes its own way
     return seg.map(devices=[device])  # last: seg.device is this one

@@ -117,9 +117,10 @@ static CUresult f_uuid(CUuuid *u, CUdevice d) {
   memset(u->bytes, 0x10 + d, sizeof(u->bytes));
   return CUDA_SUCCESS;
 }
+static bool no_peer; /* the fake GPUs have no peer path between them */
 static CUresult f_can_peer(int *can, CUdevice d, CUdevice peer) {
   (void)d, (void)peer;
-  *can = 1;
+  *can = !no_peer;
   return CUDA_SUCCESS;
 }
 /* GPU d's primary context reset (cudaDeviceReset) since its last retain:
@@ -670,6 +671,36 @@ static void test_map_access_per_device(void **state) {
   assert_nothing_held();
 }
 
+/* A listed device with no peer path to the segment's GPU is -EXDEV, the
+ * errno gshm_copy, gshm_signal and gshm_wait give for it (common/errors.h:
+ * one errno per meaning); it was -ENODEV, which is the segment's GPU
+ * missing here.  At the first map and when access is added; nothing is
+ * held after either, and the mapping keeps its devices.  Devices NULL
+ * leaves such a GPU out, no error. */
+static void test_no_peer_path_is_exdev(void **state) {
+  struct gshm__lease l = lease_of(4 * MiB, GRAN, 1, GSHM_ACCESS_READ_WRITE);
+  unsigned long long f = 99;
+  char **uuids;
+  size_t n;
+  int zero = 0, one = 1;
+  (void)state;
+
+  no_peer = true;
+  assert_int_equal(gshm__map_device(&l, &zero, 1, &uuids, &n), -EXDEV);
+  assert_null(l.device_map);
+  assert_nothing_held();
+  assert_int_equal(gshm__map_device(&l, &one, 1, &uuids, &n), 0);
+  assert_int_equal(gshm__map_device_add(&l, &zero, 1, &uuids, &n), -EXDEV);
+  assert_int_equal(gshm__map_access((uintptr_t)l.addr, 8, 0, &f), 1);
+  assert_int_equal(f, CU_MEM_ACCESS_FLAGS_PROT_NONE); /* not given */
+  assert_int_equal(unmap_device(&l), 0);
+  assert_int_equal(gshm__map_device(&l, NULL, 0, &uuids, &n), 0);
+  assert_int_equal(n, 1); /* the segment's own GPU alone */
+  assert_int_equal(unmap_device(&l), 0);
+  no_peer = false;
+  assert_nothing_held();
+}
+
 /* A mapping made before a fork is the parent's CUDA state, which a forked
  * child cannot use: there a read or write, or access for more devices, is
  * -ECHILD, and an unmap forgets the child's record of it without a driver
@@ -798,6 +829,7 @@ int main(void) {
       cmocka_unit_test(test_map_access_per_device),
       cmocka_unit_test(test_copy_after_a_context_reset),
       cmocka_unit_test(test_unmap_waits_for_queued_work),
+      cmocka_unit_test(test_no_peer_path_is_exdev), /* last: no_peer stays set if it fails */
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
