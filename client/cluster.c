@@ -56,6 +56,7 @@ int gshm_cluster_peers(gshm_client_t *c, char *node_name_out, gshm_cluster_peer_
   gshm_cluster_peer_t *a = NULL;
   size_t n = 0, cap = 0;
   uint64_t after = 0;
+  char node[64] = "";
   int e;
 
   if (!c || !peers_out || !count_out)
@@ -66,8 +67,8 @@ int gshm_cluster_peers(gshm_client_t *c, char *node_name_out, gshm_cluster_peer_
     if ((e = peers_request(c, after, &reply)))
       break;
     page = reply->cluster_peers;
-    if (after == 0 && node_name_out)
-      snprintf(node_name_out, 64, "%s", page->node_name);
+    if (after == 0) /* (written out on success only, as every *_out) */
+      snprintf(node, sizeof(node), "%s", page->node_name);
     if ((page->next && page->next <= after) || n + page->n_peers > GSHM_CLUSTER_PEERS_MAX)
       e = -EPROTO;
     else
@@ -79,6 +80,8 @@ int gshm_cluster_peers(gshm_client_t *c, char *node_name_out, gshm_cluster_peer_
     free(a);
     return e;
   }
+  if (node_name_out)
+    memcpy(node_name_out, node, sizeof(node));
   *peers_out = a;
   *count_out = n;
   return 0;
@@ -94,6 +97,7 @@ int gshm_cluster_pulls_counted(gshm_client_t *c, gshm_cluster_pull_t **pulls_out
                                size_t *count_out, uint64_t *total_out) {
   Gshm__Reply *reply = NULL;
   gshm_cluster_pull_t *a = NULL;
+  uint64_t total;
   size_t n;
   int e;
 
@@ -103,7 +107,7 @@ int gshm_cluster_pulls_counted(gshm_client_t *c, gshm_cluster_pull_t **pulls_out
     return e;
   n = reply->cluster_peers->n_pulls;
   /* (a daemon before pulls_total sends 0) */
-  *total_out = reply->cluster_peers->pulls_total > n ? reply->cluster_peers->pulls_total : n;
+  total = reply->cluster_peers->pulls_total > n ? reply->cluster_peers->pulls_total : n;
   if (n && !(a = calloc(n, sizeof(*a)))) {
     gshm__reply__free_unpacked(reply, NULL);
     return -ENOMEM;
@@ -126,6 +130,7 @@ int gshm_cluster_pulls_counted(gshm_client_t *c, gshm_cluster_pull_t **pulls_out
   gshm__reply__free_unpacked(reply, NULL);
   *pulls_out = a;
   *count_out = n;
+  *total_out = total;
   return 0;
 }
 

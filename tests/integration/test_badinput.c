@@ -6,6 +6,7 @@
  * count is back to its baseline. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -319,6 +320,86 @@ static void test_long_names_everywhere(void **state) {
   free(name);
 }
 
+/* A fake gshmd on a socket of its own, for the library's side of bad
+ * input: it answers the hello, then each PEERS request with an empty page
+ * of node name "fake-node" whose cursor goes 2, then back to 1. */
+struct fake_gshmd {
+  char dir[64], path[108];
+  int lfd;
+  pthread_t t;
+};
+
+static void *fake_peers_paging_back(void *arg) {
+  struct fake_gshmd *g = arg;
+  static uint8_t buf[GSHM_WIRE_MAX_PACKET + 1];
+  int fd = accept4(g->lfd, NULL, NULL, SOCK_CLOEXEC);
+
+  for (int n = 0; fd >= 0; n++) {
+    Gshm__Reply r = GSHM__REPLY__INIT;
+    Gshm__Welcome w = GSHM__WELCOME__INIT;
+    Gshm__ClusterPeerList page = GSHM__CLUSTER_PEER_LIST__INIT;
+    struct gshm_wire_header h;
+    int fds[4], nfds = 0;
+    ssize_t len = gshm__wire_recv(fd, buf, sizeof(buf), fds, 4, &nfds, 0);
+
+    if (len <= 0 || gshm__wire_parse_header(buf, (size_t)len, &h))
+      break;
+    r.status = GSHM__STATUS__STATUS_OK;
+    if (h.type == GSHM_WIRE_HELLO) {
+      w.major = GSHM_PROTO_MAJOR;
+      w.minor = GSHM_PROTO_MINOR;
+      w.session_id = 1;
+      r.body_case = GSHM__REPLY__BODY_WELCOME;
+      r.welcome = &w;
+    } else {
+      page.node_name = "fake-node";
+      page.next = n == 1 ? 2 : 1;
+      r.body_case = GSHM__REPLY__BODY_CLUSTER_PEERS;
+      r.cluster_peers = &page;
+    }
+    if (gshm__wire_send(fd, h.type | GSHM_WIRE_REPLY, h.request_id, &r.base, -1))
+      break;
+  }
+  if (fd >= 0)
+    close(fd);
+  return NULL;
+}
+
+/* gshm_cluster_peers of a daemon whose page cursor goes back: -EPROTO,
+ * and nothing written out ("Output arguments are written only on
+ * success"): node_name_out got the first page's node name before the
+ * second page failed. */
+static void test_peers_out_untouched_on_failure(void **state) {
+  struct fake_gshmd g;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  gshm_cluster_peer_t *peers = (gshm_cluster_peer_t *)&g;
+  gshm_client_t *c;
+  char node[64];
+  size_t n = 7;
+  (void)state;
+
+  snprintf(g.dir, sizeof(g.dir), "/tmp/gshm-fake-XXXXXX");
+  assert_non_null(mkdtemp(g.dir));
+  snprintf(g.path, sizeof(g.path), "%s/s", g.dir);
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", g.path);
+  assert_true((g.lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) >= 0);
+  assert_int_equal(bind(g.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(g.lfd, 4), 0);
+  assert_int_equal(pthread_create(&g.t, NULL, fake_peers_paging_back, &g), 0);
+  memset(node, 'X', sizeof(node) - 1);
+  node[sizeof(node) - 1] = '\0';
+  assert_int_equal(gshm_connect(g.path, "paging", &c), 0);
+  assert_int_equal(gshm_cluster_peers(c, node, &peers, &n), -EPROTO);
+  assert_int_equal(strspn(node, "X"), sizeof(node) - 1);
+  assert_ptr_equal(peers, (gshm_cluster_peer_t *)&g);
+  assert_int_equal(n, 7);
+  gshm_disconnect(c);
+  assert_int_equal(pthread_join(g.t, NULL), 0);
+  close(g.lfd);
+  unlink(g.path);
+  rmdir(g.dir);
+}
+
 /* A client that holds a lease, asks for an unlink and is gone before the
  * reply: gshmd used to notify the requester's own connection too, the send
  * failed, the connection closed under the request and the registry got a
@@ -464,6 +545,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_unexpected_fds_are_closed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_requests_through_the_api, setup, teardown),
       cmocka_unit_test_setup_teardown(test_long_names_everywhere, setup, teardown),
+      cmocka_unit_test(test_peers_out_untouched_on_failure),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
