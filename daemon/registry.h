@@ -348,10 +348,11 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
                           uint64_t segment_id, const char **msg_out);
 
 /* Records what c reported of its lease lease_id's mapping: mapped or not
- * (unmapped), on the devices uuids[0..n) (at most GSHMD_MAP_REPORT_DEVICES,
- * each at most 47 printable bytes without a ','), shown by the lease
- * listing.  Errors: -ENOENT c holds no such lease, -EINVAL, -ENOMEM. */
-#define GSHMD_MAP_REPORT_DEVICES 16
+ * (unmapped), on the devices uuids[0..n) (at most GSHM_WIRE_MAP_DEVICES_MAX,
+ * as many as libgshm maps on, each at most 47 printable bytes without a
+ * ','; kept as one string of at most 3 KiB per lease), shown by the lease
+ * listing (its first 8: server.h GSHMD_LEASE_DEVICES).  Errors: -ENOENT c holds no
+ * such lease, -EINVAL, -ENOMEM. */
 int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id,
                               const char *const *uuids, size_t n, bool unmapped,
                               const char **msg_out);

@@ -243,6 +243,8 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
   return 0;
 }
 
+_Static_assert(GSHM_WIRE_MAP_DEVICES_MAX == 64, "gshmd_registry_map_report's message names 64");
+
 int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id,
                               const char *const *uuids, size_t n, bool unmapped,
                               const char **msg_out) {
@@ -254,8 +256,8 @@ int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, 
     *msg_out = "no such lease on this connection";
     return -ENOENT;
   }
-  if (n > GSHMD_MAP_REPORT_DEVICES) {
-    *msg_out = "at most 16 devices per mapping report";
+  if (n > GSHM_WIRE_MAP_DEVICES_MAX) {
+    *msg_out = "at most 64 devices per mapping report";
     return -EINVAL;
   }
   for (size_t i = 0; i < n; i++) {

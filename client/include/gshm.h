@@ -126,7 +126,9 @@ typedef struct gshm_lease_info {
   gshm_access_t access;
   int64_t since_ns;                /* CLOCK_REALTIME */
   int mapped;                      /* the client reported a mapping */
-  char mapped_devices[256];        /* comma-separated GPU UUIDs it mapped on; "" for CPU */
+  char mapped_devices[256];        /* comma-separated GPU UUIDs it mapped on, the
+                                      first ones (gshmd lists 8) that fit whole;
+                                      "" for CPU */
 } gshm_lease_info_t;
 
 /* One client connection. */

@@ -655,6 +655,66 @@ static int lease_mapped(gshm_client_t *c, const char *name) {
   return mapped;
 }
 
+/* A mapping report naming as many GPUs as libgshm maps on
+ * (GSHM_WIRE_MAP_DEVICES_MAX) is recorded; gshmd used to refuse one of
+ * more than 16, and as libgshm sends it unanswered the lease's listing
+ * kept the devices of the report before.  One over the limit is refused. */
+static void test_map_report_of_many_gpus(void **state) {
+  struct harness *h = *state;
+  char uuid[GSHM_WIRE_MAP_DEVICES_MAX + 1][48];
+  char *uuids[GSHM_WIRE_MAP_DEVICES_MAX + 1];
+  Gshm__OpenRequest o = GSHM__OPEN_REQUEST__INIT;
+  Gshm__MapReport mr = GSHM__MAP_REPORT__INIT;
+  gshm_lease_info_t *leases;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  int raw = raw_connect(h->socket_path);
+  size_t n, found = 0;
+  Gshm__Reply *r;
+
+  for (int i = 0; i <= GSHM_WIRE_MAP_DEVICES_MAX; i++) {
+    snprintf(uuid[i], sizeof(uuid[i]), "GPU-%08x-0000-0000-0000-000000000000", i);
+    uuids[i] = uuid[i];
+  }
+  assert_int_equal(gshm_connect(h->socket_path, "owner", &c), 0);
+  assert_int_equal(gshm_create(c, "many/gpus", 4096, NULL, 0644, 0, &s), 0);
+  o.name = "many/gpus";
+  o.access = GSHM__ACCESS__ACCESS_READ;
+  assert_int_equal(gshm__wire_send(raw, GSHM_WIRE_OPEN, 2, &o.base, -1), 0);
+  r = raw_reply(raw);
+  assert_int_equal(r->status, GSHM__STATUS__STATUS_OK);
+  mr.lease_id = r->grant->lease_id;
+  gshm__reply__free_unpacked(r, NULL);
+  mr.device_uuids = uuids;
+  mr.n_device_uuids = GSHM_WIRE_MAP_DEVICES_MAX + 1;
+  assert_int_equal(gshm__wire_send(raw, GSHM_WIRE_MAP_REPORT, 3, &mr.base, -1), 0);
+  r = raw_reply(raw);
+  assert_int_equal(r->status, GSHM__STATUS__STATUS_INVALID_ARGUMENT);
+  gshm__reply__free_unpacked(r, NULL);
+  mr.n_device_uuids = GSHM_WIRE_MAP_DEVICES_MAX;
+  assert_int_equal(gshm__wire_send(raw, GSHM_WIRE_MAP_REPORT, 4, &mr.base, -1), 0);
+  r = raw_reply(raw);
+  assert_int_equal(r->status, GSHM__STATUS__STATUS_OK);
+  gshm__reply__free_unpacked(r, NULL);
+
+  assert_int_equal(gshm_list_leases(c, &leases, &n), 0);
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(leases[i].client_name, "raw"))
+      continue;
+    found++;
+    assert_int_equal(leases[i].mapped, 1);
+    /* The listing names the first devices, as many as fit. */
+    assert_int_equal(strncmp(leases[i].mapped_devices, uuid[0], strlen(uuid[0])), 0);
+    assert_non_null(strstr(leases[i].mapped_devices, uuid[1]));
+  }
+  gshm_free(leases);
+  assert_int_equal(found, 1);
+  close(raw);
+  assert_int_equal(gshm_close(s), 0);
+  assert_int_equal(gshm_unlink(c, "many/gpus"), 0);
+  gshm_disconnect(c);
+}
+
 /* gshm_read / gshm_write map a segment that is not mapped and keep that
  * mapping (reported to gshmd) for the next calls, until gshm_unmap or the
  * close; each call used to map and unmap (for a device segment, a CUDA
@@ -986,6 +1046,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_fork_while_another_thread_waits_for_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_read_keeps_its_mapping, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_map_report_of_many_gpus, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_host_size_and_populate, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_last_error_is_the_threads_own, harness_cmocka_setup, harness_cmocka_teardown),
