@@ -972,6 +972,9 @@ GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
                                  void *stream) {
   if (!flag)
     return -EINVAL;
+  /* Nothing to copy: a caller that only signals has no buffers to give. */
+  if (!bytes && (!dst || !src))
+    return (unsigned)method > GSHM_COPY_SM ? -EINVAL : gshm_signal(flag, value, stream);
   return copy_common(dst, src, bytes, method, flag, value, stream);
 }
 

@@ -1243,9 +1243,13 @@ GSHM_EXTERN int gshm_signal(uint64_t *flag, uint64_t value, void *stream);
  * when the SM method is chosen and the copy is small (the size is in
  * docs/PERFORMANCE.md "AUTO thresholds"): one block copies, fences
  * system-wide and then stores the flag, one launch instead of two.
- * bytes 0: the signal alone.  Parameters and errors as for gshm_copy and
- * gshm_signal (flag NULL: -EINVAL); the flag is checked before the copy
- * is queued, so an error queues nothing. */
+ * bytes 0: the signal alone; dst and src may then be NULL, and with
+ * either NULL the call is gshm_signal(flag, value, stream) (with stream
+ * NULL and no current context: the flag's GPU's primary context, where
+ * with both given it is the one the copy would take).  Parameters and
+ * errors as for gshm_copy and gshm_signal (flag NULL: -EINVAL; dst or src
+ * NULL with bytes > 0: -EINVAL); the flag is checked before the copy is
+ * queued, so an error queues nothing. */
 GSHM_EXTERN int gshm_copy_signal(void *dst, const void *src, size_t bytes,
                                  gshm_copy_method_t method, uint64_t *flag, uint64_t value,
                                  void *stream);

@@ -254,12 +254,16 @@ def wait(flag: Any, value: int, stream: Any = None) -> None:
 
 def copy_signal(dst: Any, src: Any, nbytes: int, flag: Any, value: int,
                 stream: Any = None, method: str = "auto") -> None:
-    """copy() then signal(flag, value), fused into one kernel where possible."""
+    """copy() then signal(flag, value), fused into one kernel where possible.
+    nbytes 0: the signal alone; dst and src may then be None (as
+    gshm_copy_signal's NULL: then it is signal(flag, value, stream))."""
     fn = _optional("gshm_copy_signal")
     m = _method(method)
+    n: int = _count(nbytes, "gshm.copy_signal: nbytes", "size_t")
+    if n == 0 and (dst is None or src is None):
+        dst, src = (0 if dst is None else dst), (0 if src is None else src)
     d, dsize = _addr_and_size(dst, "dst", writes=True)
     s, ssize = _addr_and_size(src, "src")
-    n: int = _count(nbytes, "gshm.copy_signal: nbytes", "size_t")
     for size, what in ((dsize, "dst"), (ssize, "src")):
         if size is not None and n > size:
             raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (n, what, size))

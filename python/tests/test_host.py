@@ -996,6 +996,37 @@ def test_copy_refuses_read_only_host_segments(monkeypatch, client, segname):
         client.unlink(segname)
 
 
+def test_copy_signal_of_nothing_takes_none_buffers(monkeypatch):
+    """copy_signal of 0 bytes is the signal alone (gshm.h): dst and src
+    may then be None, passed as NULL, which libgshm took as -EINVAL (and
+    the bindings refused None before asking it); with bytes to copy they
+    are still refused.  Against the real library the call is then
+    signal(flag, value): the same outcome, whatever the machine's GPUs."""
+    from gshm import _copy
+    buf = ctypes.create_string_buffer(64)
+    flag = (ctypes.addressof(buf) + 7) & ~7
+
+    def outcome(call):
+        try:
+            call()
+            return None
+        except Exception as e:  # noqa: BLE001 (compared, not swallowed)
+            return type(e), getattr(e, "errno", None)
+    assert outcome(lambda: gshm.copy_signal(None, None, 0, flag, 1)) == \
+        outcome(lambda: gshm.signal(flag, 1))
+    assert outcome(lambda: gshm.copy_signal(None, flag + 16, 0, flag, 1, method="sm")) == \
+        outcome(lambda: gshm.signal(flag, 1))
+    calls = []
+    monkeypatch.setattr(_copy, "_optional", lambda name: lambda *a: calls.append((name, a)) or 0)
+    gshm.copy_signal(None, None, 0, flag, 3)
+    assert calls == [("gshm_copy_signal", (0, 0, 0, 0, flag, 3, None))]
+    with pytest.raises(TypeError, match="dst"):
+        gshm.copy_signal(None, flag + 16, 8, flag, 1)
+    with pytest.raises(TypeError, match="src"):
+        gshm.copy_signal(flag + 8, None, 8, flag, 1)
+    assert len(calls) == 1
+
+
 def test_copy_signal_and_flags_refuse_counts_ctypes_would_wrap(monkeypatch):
     """copy_signal passed nbytes, and signal/wait/copy_signal the flag value,
     through int() to size_t / uint64_t arguments, which ctypes wraps

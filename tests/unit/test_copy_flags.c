@@ -421,6 +421,35 @@ static void test_reachable_flags(void **state) {
   assert_int_equal(launches, 0);
 }
 
+/* gshm_copy_signal of 0 bytes is the signal alone (gshm.h), and a caller
+ * that only signals has no buffers to name: NULL dst or src are taken
+ * then (they were -EINVAL), and only then. */
+static void test_signal_alone_takes_no_buffers(void **state) {
+  (void)state;
+  reset_counts();
+  assert_int_equal(gshm_copy_signal(NULL, NULL, 0, GSHM_COPY_SM, &device_mem[0], 11, NULL), 0);
+  assert_int_equal(device_mem[0], 11);
+  assert_int_equal(gshm_copy_signal(NULL, &device_mem[100], 0, GSHM_COPY_AUTO, &pinned_mem[0], 12,
+                                    NULL),
+                   0);
+  assert_int_equal(pinned_mem[0], 12);
+  assert_int_equal(stream_writes, 2);
+  assert_int_equal(copies, 0);
+  assert_int_equal(launches, 0);
+  /* Still refused: bytes to copy from or to nothing, an unknown method,
+   * no flag, a flag in pageable memory. */
+  assert_int_equal(gshm_copy_signal(NULL, &device_mem[100], 8, GSHM_COPY_AUTO, &device_mem[0], 13,
+                                    NULL),
+                   -EINVAL);
+  assert_int_equal(gshm_copy_signal(NULL, NULL, 0, (gshm_copy_method_t)99, &device_mem[0], 13, NULL),
+                   -EINVAL);
+  assert_int_equal(gshm_copy_signal(NULL, NULL, 0, GSHM_COPY_AUTO, NULL, 13, NULL), -EINVAL);
+  assert_int_equal(gshm_copy_signal(NULL, NULL, 0, GSHM_COPY_AUTO, &pageable_mem[0], 13, NULL),
+                   -EINVAL);
+  assert_int_equal(device_mem[0], 11);
+  assert_int_equal(stream_writes, 2);
+}
+
 /* A flag in pageable memory is -EINVAL, and nothing reaches the GPU: no
  * kernel stores to it, no copy is queued before the refusal. */
 static void test_pageable_flag_never_reaches_the_gpu(void **state) {
@@ -820,6 +849,7 @@ int main(void) {
       cmocka_unit_test(test_reset_seen_late_remakes_the_entry_once),
       cmocka_unit_test(test_remade_under_copies),
       cmocka_unit_test(test_reachable_flags),
+      cmocka_unit_test(test_signal_alone_takes_no_buffers),
       cmocka_unit_test(test_failed_context_entries_are_not_kept),
       cmocka_unit_test(test_pageable_flag_never_reaches_the_gpu),
       cmocka_unit_test(test_cumem_mapping_without_access_is_refused),
