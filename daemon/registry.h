@@ -367,6 +367,13 @@ int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, 
 int gshmd_registry_grant_undo(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id,
                               bool created);
 
+/* The error for a request that names a segment (open, stat, unlink,
+ * chmod, chown, revoke) when no segment holds name: -EINVAL for a name no
+ * segment could have (empty; an empty, "." or ".." component; a control
+ * byte), -ENAMETOOLONG past limits.max_name, as a create of it says;
+ * else -ENOENT.  Sets *msg_out (valid until the next registry message). */
+int gshmd_registry_no_segment(struct gshmd_registry *r, const char *name, const char **msg_out);
+
 /* A segment by name (live) or id (any state); NULL when missing. */
 struct gshmd_segment *gshmd_registry_find_name(struct gshmd_registry *r, const char *name);
 struct gshmd_segment *gshmd_registry_find_id(struct gshmd_registry *r, uint64_t id);

@@ -148,7 +148,7 @@ int gshmd_registry_chmod(struct gshmd_registry *r, struct gshmd_client *c, const
   struct gshmd_segment *seg = gshmd_registry_find_name(r, name);
 
   if (!seg)
-    return gshmd__reg_no_segment(r, name, msg_out);
+    return gshmd_registry_no_segment(r, name, msg_out);
   if (mode & ~0777u) {
     *msg_out = gshmd__reg_fmt_msg(r, "mode %o has bits outside 0777", mode);
     return -EINVAL;
@@ -170,7 +170,7 @@ int gshmd_registry_chown(struct gshmd_registry *r, struct gshmd_client *c, const
   struct usage *from, *to;
 
   if (!seg)
-    return gshmd__reg_no_segment(r, name, msg_out);
+    return gshmd_registry_no_segment(r, name, msg_out);
   if (uid < -1 || uid > (int64_t)UINT32_MAX - 1 || gid < -1 || gid > (int64_t)UINT32_MAX - 1) {
     *msg_out = "uid and gid must be 0..4294967294, or -1 to keep";
     return -EINVAL;
@@ -221,7 +221,7 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
     return -ESTALE;
   }
   if (!seg)
-    return gshmd__reg_no_segment(r, name, msg_out);
+    return gshmd_registry_no_segment(r, name, msg_out);
   if (!c->cred.admin) {
     *msg_out = "revoke is for admins (root or a member of daemon.admin_group)";
     return -EPERM;

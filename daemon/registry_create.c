@@ -68,13 +68,8 @@ static int request_check(struct gshmd_registry *r, const Gshm__CreateRequest *re
   char q[32], s[32];
   int e;
 
-  if ((e = gshm__name_check(req->name, cfg->max_name))) {
-    *msg_out = e == -ENAMETOOLONG
-                   ? gshmd__reg_fmt_msg(r, "name is longer than %u bytes", cfg->max_name)
-                   : "bad name: 1..255 bytes, '/'-separated components, none empty, '.' or '..', "
-                     "no control characters";
+  if ((e = gshmd__reg_name_check(r, req->name, msg_out)))
     return e;
-  }
   if (req->size == 0) {
     *msg_out = "size must be at least 1 byte";
     return -EINVAL;

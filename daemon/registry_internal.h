@@ -33,8 +33,10 @@ int gshmd__reg_cmp_seg_id(const void *a, const void *b);
  */
 const char *gshmd__reg_fmt_msg(struct gshmd_registry *r, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* Sets *msg_out to "no segment named ..." and returns -ENOENT. */
-int gshmd__reg_no_segment(struct gshmd_registry *r, const char *name, const char **msg_out);
+/* Checks name as a create does (gshm__name_check against limits.max_name):
+ * 0, or -EINVAL (empty; an empty, "." or ".." component; a control byte)
+ * or -ENAMETOOLONG with *msg_out saying why. */
+int gshmd__reg_name_check(struct gshmd_registry *r, const char *name, const char **msg_out);
 /* Sets *msg_out to the refusal (owner named only to one who may see seg);
  * returns -EACCES. */
 int gshmd__reg_not_owner(struct gshmd_registry *r, const struct gshmd_client *c,

@@ -227,15 +227,15 @@ static int handle_revoke(struct req *q, Gshm__RevokeRequest *m) {
 static int handle_stat(struct req *q, Gshm__StatRequest *m) {
   struct gshmd_registry *r = q->c->srv->reg;
   struct gshmd_segment *seg;
+  const char *msg = GSHMD_ID_GONE;
+  int e = -ESTALE;
 
   seg = m->segment_id ? gshmd_registry_find_id_for(r, q->c->client, m->segment_id)
                       : gshmd_registry_find_name(r, m->name);
-  if (!seg) {
-    if (m->segment_id)
-      return set_error(q, -ESTALE, GSHMD_ID_GONE);
-    snprintf(q->msg, sizeof(q->msg), "no segment named '%.200s'", m->name);
-    return set_error(q, -ENOENT, q->msg);
-  }
+  if (!seg && !m->segment_id)
+    e = gshmd_registry_no_segment(r, m->name, &msg);
+  if (!seg)
+    return set_error(q, e, msg);
   if (!gshmd_registry_may_see(q->c->client, seg))
     return set_error(q, -EACCES, "permission denied");
   gshmd_segment_to_info(seg, &q->info);

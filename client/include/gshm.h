@@ -254,7 +254,11 @@ GSHM_EXTERN void gshm_disconnect(gshm_client_t *client);
 
 /* Creates a named segment and opens it read-write.
  *  name      1..GSHM_NAME_MAX bytes; '/'-separated components, none empty,
- *            "." or "..", no control characters.
+ *            "." or "..", no control characters.  A name that breaks these
+ *            rules (a "bad name") is -EINVAL for every call that takes a
+ *            name (gshm_open, gshm_stat_name, gshm_unlink, gshm_chmod,
+ *            gshm_chown, gshm_revoke), as no segment can hold it; -ENOENT
+ *            is a good name that no segment holds.
  *  size      bytes, > 0; rounded up to the location's granularity (page size
  *            for host, the driver's minimum granularity for a GPU).
  *  location  "host", "cuda:N" (daemon's device index) or "cuda:GPU-<uuid>";
@@ -301,7 +305,8 @@ GSHM_EXTERN int gshm_create(gshm_client_t *client, const char *name, uint64_t si
  *  access    GSHM_ACCESS_READ or GSHM_ACCESS_READ_WRITE.
  *  seg_out   receives the open segment; release with gshm_close().
  * Errors: -ENOENT no such name; -EACCES mode bits refuse this access;
- * -EINVAL a NULL argument, bad access or name; -ENAMETOOLONG name over
+ * -EINVAL a NULL argument, bad access or bad name (gshm_create);
+ * -ENAMETOOLONG name over
  * GSHM_NAME_MAX; -ENOTSUP a legacy-IPC-only segment (use
  * gshm_open_legacy_ipc); -ENODEV a device segment the daemon keeps parked
  * while its GPUs are unusable to it (gshm_status_info_t.gpu_fault; listed,
@@ -354,7 +359,8 @@ GSHM_EXTERN int gshm_publish(gshm_segment_t *seg, uint32_t flags);
 /* Removes a segment's name.  Existing leases keep the memory until they
  * end; the name can be created again at once (new id and generation).
  * Errors: -ENOENT; -EACCES not the owner (nor an admin); -EINVAL NULL
- * argument; -ENAMETOOLONG name over GSHM_NAME_MAX.  An unlink whose reply
+ * argument or bad name (gshm_create); -ENAMETOOLONG name over
+ * GSHM_NAME_MAX.  An unlink whose reply
  * a gshmd restart lost is sent again once libgshm has reconnected, with
  * the same random token, which gshmd noted with the segment it unlinked:
  * the resend then returns 0 and never unlinks a segment that took the
@@ -367,8 +373,9 @@ GSHM_EXTERN int gshm_unlink(gshm_client_t *client, const char *name);
 /* Changes a segment's permission bits (like chmod(2)); leases already
  * granted keep their access.  Owner or admin only.
  * Errors: -ENOENT; -EACCES not the owner nor an admin; -EINVAL a NULL
- * argument, or bits outside 0777; -ENAMETOOLONG name over GSHM_NAME_MAX;
- * and the errors every call to the daemon may give. */
+ * argument, a bad name (gshm_create), or bits outside 0777; -ENAMETOOLONG
+ * name over GSHM_NAME_MAX; and the errors every call to the daemon may
+ * give. */
 GSHM_EXTERN int gshm_chmod(gshm_client_t *client, const char *name, uint32_t mode);
 
 /* Changes a segment's owner and/or group (like chown(2)); pass
@@ -377,7 +384,8 @@ GSHM_EXTERN int gshm_chmod(gshm_client_t *client, const char *name, uint32_t mod
  * owner may set a group it belongs to.
  * Errors: -ENOENT; -EACCES not the owner nor an admin; -EPERM the change
  * needs an admin (another owner), or gid is a group the caller is not in;
- * -EINVAL a NULL argument; -ENAMETOOLONG name over GSHM_NAME_MAX;
+ * -EINVAL a NULL argument or bad name (gshm_create); -ENAMETOOLONG name
+ * over GSHM_NAME_MAX;
  * -ENOMEM; and the errors every call to the daemon may give. */
 GSHM_EXTERN int gshm_chown(gshm_client_t *client, const char *name, uint32_t uid, uint32_t gid);
 
@@ -400,8 +408,8 @@ GSHM_EXTERN int gshm_chown(gshm_client_t *client, const char *name, uint32_t uid
  * revokes and pulls came before the resend) the resend says what it
  * meets: -ENOENT for a segment the first one revoked.
  * Errors: -ENOENT (also to a non-admin, for a name no segment holds);
- * -EPERM not an admin; -EINVAL a NULL argument; -ENAMETOOLONG name over
- * GSHM_NAME_MAX; and the errors every call to the daemon may give. */
+ * -EPERM not an admin; -EINVAL a NULL argument or bad name (gshm_create;
+ * also to a non-admin); -ENAMETOOLONG name over GSHM_NAME_MAX; and the errors every call to the daemon may give. */
 GSHM_EXTERN int gshm_revoke(gshm_client_t *client, const char *name);
 
 /* gshm_revoke of the segment of id segment_id (gshm_segment_info_t.id, as
@@ -430,8 +438,8 @@ GSHM_EXTERN int gshm_revoke_id(gshm_client_t *client, uint64_t segment_id);
 GSHM_EXTERN int gshm_stat(gshm_segment_t *seg, gshm_segment_info_t *info_out);
 
 /* Information about a segment by name, without opening it.
- * Errors: -ENOENT; -EACCES (no read permission); -EINVAL a NULL argument;
- * -ENAMETOOLONG name over GSHM_NAME_MAX; -EPROTO a reply of another kind;
+ * Errors: -ENOENT; -EACCES (no read permission); -EINVAL a NULL argument
+ * or bad name (gshm_create); -ENAMETOOLONG name over GSHM_NAME_MAX; -EPROTO a reply of another kind;
  * and the errors every call to the daemon may give. */
 GSHM_EXTERN int gshm_stat_name(gshm_client_t *client, const char *name,
                                gshm_segment_info_t *info_out);

@@ -337,7 +337,11 @@ class Client(object):
             raise
 
     def unlink(self, name: str) -> None:
-        """Removes segment `name`; leases keep its memory until they end."""
+        """Removes segment `name`; leases keep its memory until they end.
+        Raises NotFound (ENOENT) where no segment holds a well-formed
+        name, InvalidArgument for a name no segment can have (as open,
+        stat, chmod, chown and revoke: EINVAL malformed, ENAMETOOLONG),
+        PermissionDenied (EACCES) another user's, ..."""
         with self._use() as p:
             rc = L.lib().gshm_unlink(p, _enc(name))
             if rc < 0:
@@ -354,15 +358,17 @@ class Client(object):
 
     def exists(self, name: str) -> bool:
         """Whether a segment of that name exists and this user may see it.
-        False also for a name longer than NAME_MAX bytes, which no segment
-        has (stat() raises InvalidArgument, ENAMETOOLONG, for it)."""
+        False also for a name no segment can have: longer than NAME_MAX
+        bytes, or malformed ("", "a//b", a "." or ".." component, a
+        control character), for which stat() raises InvalidArgument
+        (ENAMETOOLONG, EINVAL)."""
         try:
             self.stat(name)
             return True
         except FileNotFoundError:
             return False
         except InvalidArgument as e:
-            if e.errno == errno.ENAMETOOLONG:
+            if e.errno in (errno.ENAMETOOLONG, errno.EINVAL):
                 return False
             raise
 

@@ -553,6 +553,23 @@ def test_errno_bad_name(client, name):
         client.create(name, 4096, location="host")
     assert ei.value.errno in (errno.EINVAL, errno.ENAMETOOLONG)
     assert isinstance(ei.value, ValueError)
+    # the same for every call that takes a name: stat and unlink said
+    # NotFound (gshmd looked the name up before checking it), open EINVAL
+    for call in (lambda: client.open(name), lambda: client.stat(name),
+                 lambda: client.unlink(name)):
+        with pytest.raises(gshm.InvalidArgument) as ei:
+            call()
+        assert ei.value.errno == errno.EINVAL and not isinstance(ei.value, FileNotFoundError)
+    assert client.exists(name) is False  # no segment can have it
+
+
+def test_errno_missing_good_name(client, segname):
+    for call in (lambda: client.open(segname), lambda: client.stat(segname),
+                 lambda: client.unlink(segname)):
+        with pytest.raises(gshm.NotFound) as ei:
+            call()
+        assert ei.value.errno == errno.ENOENT
+    assert client.exists(segname) is False
 
 
 def test_errno_bad_arguments(client, segname):

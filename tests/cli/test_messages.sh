@@ -171,6 +171,15 @@ run 0 --json unlink k4k
 json out "d['name'] == 'k4k'"
 run 5 --json unlink no-such
 json err "d['schema_version'] == 1 and d['error']['exit_code'] == 5 and d['error']['errno'] == 'ENOENT' and 'unlink' in d['error']['message']"
+# a name no segment can have is a bad argument (exit 1, EINVAL), for every
+# verb as for create; unlink, chmod, chown and revoke said "not found"
+run 1 --json unlink a//b
+json err "d['error']['exit_code'] == 1 and d['error']['errno'] == 'EINVAL' and 'bad name' in d['error']['message']"
+for v in "chmod|../x|0600" "chown|x/./y|0" "revoke|/abs" "read|a/"; do
+  IFS='|' read -r -a a <<<"$v"
+  run 1 "${a[@]}"
+  has err "bad name"
+done
 [ -s "$dir/out" ] && fail "a --json error wrote to stdout: $(cat "$dir/out")"
 run 2 --json create x 12Q
 json err "d['error']['exit_code'] == 2 and d['error']['errno'] == 'EINVAL' and 'not a size' in d['error']['message']"

@@ -320,6 +320,35 @@ static void test_long_names_everywhere(void **state) {
   free(name);
 }
 
+/* A name no segment can have is -EINVAL, "bad name", from every call that
+ * takes one, as from gshm_create and gshm_open: gshmd looked it up first,
+ * and stat, unlink, chmod, chown and revoke answered -ENOENT, as for a
+ * good name not there (which they still do). */
+static void test_bad_names_everywhere(void **state) {
+  static const char *const bad[] = {"", "a//b", "a/", "/abs", "../x", "x/./y", "ctl\x01" "char"};
+  struct fx *f = *state;
+  gshm_segment_info_t info;
+  gshm_segment_t *s;
+
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    const char *name = bad[i];
+    assert_int_equal(gshm_open(f->bystander, name, GSHM_ACCESS_READ, &s), -EINVAL);
+    assert_int_equal(gshm_stat_name(f->bystander, name, &info), -EINVAL);
+    assert_non_null(strstr(gshm_last_error(f->bystander), "bad name"));
+    assert_int_equal(gshm_unlink(f->bystander, name), -EINVAL);
+    assert_int_equal(gshm_chmod(f->bystander, name, 0644), -EINVAL);
+    assert_int_equal(gshm_chown(f->bystander, name, (uint32_t)-1, (uint32_t)-1), -EINVAL);
+    assert_int_equal(gshm_revoke(f->bystander, name), -EINVAL);
+    assert_non_null(strstr(gshm_last_error(f->bystander), "bad name"));
+  }
+  assert_int_equal(gshm_stat_name(f->bystander, "a/b", &info), -ENOENT);
+  assert_non_null(strstr(gshm_last_error(f->bystander), "no segment named 'a/b'"));
+  assert_int_equal(gshm_unlink(f->bystander, "a/b"), -ENOENT);
+  assert_int_equal(gshm_chmod(f->bystander, "a/b", 0644), -ENOENT);
+  assert_int_equal(gshm_chown(f->bystander, "a/b", (uint32_t)-1, (uint32_t)-1), -ENOENT);
+  assert_int_equal(gshm_revoke(f->bystander, "a/b"), -ENOENT);
+}
+
 /* A fake gshmd on a socket of its own, for the library's side of bad
  * input: it answers the hello, then each PEERS request with an empty page
  * of node name "fake-node" whose cursor goes 2, then back to 1. */
@@ -545,6 +574,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_unexpected_fds_are_closed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_requests_through_the_api, setup, teardown),
       cmocka_unit_test_setup_teardown(test_long_names_everywhere, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bad_names_everywhere, setup, teardown),
       cmocka_unit_test(test_peers_out_untouched_on_failure),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
