@@ -383,7 +383,8 @@ static void issue_chunks(struct pull *p) {
 
 /* Chunks for the open segments, oldest first, while the budget lasts. */
 void gshmd__pull_set_issue(struct pull_set *s) {
-  for (size_t i = s->first_open; i < s->next_start && !s->err; i++) {
+  for (size_t i = gshmd__pull_set_open(s, s->first_open); i < s->next_start && !s->err;
+       i = gshmd__pull_set_open(s, i + 1)) {
     struct pull *p = s->items[i];
     if (s->inflight >= gshmd__pull_set_depth(s))
       break;
@@ -667,6 +668,7 @@ void gshmd__pull_item_close(struct pull *p) {
   free(p->free_slots);
   p->free_slots = NULL;
   p->closed = true;
+  p->skip_to = p->index + 1;
   /* (one a busy peer refused waits unstarted: grants.c counted it off,
    * and a set that fails closes it too) */
   if (p->started)

@@ -70,6 +70,10 @@ struct pull {
   bool listed_in_flight;      /* the lister listed it in flight (GrantRequest.in_flight) */
   bool started, granted, finished, closed, on_link;
   bool release_owed;          /* closed: its Release goes at the end of the reap (pullset.c) */
+  struct pull *next_owed;     /* the next in its reap's list of Releases owed (set_reap) */
+  size_t index;               /* its place in s->items */
+  size_t skip_to;             /* closed: no item of s->items[index + 1, skip_to) is open
+                                 (gshmd__pull_set_open) */
   struct pull *next_retry;    /* s->retry: refused for now (busy peer), asked again later */
   uint64_t grant_id, remote_id, remote_gen;
   bool relayed;               /* granted while the peer was still pulling it (no ids there) */
@@ -284,6 +288,13 @@ void gshmd__pull_release_send(const struct pull *p);
 void gshmd__pull_item_close(struct pull *p);
 /* p's Release, when its close owes one (once). */
 void gshmd__pull_release_owed(struct pull *p);
+/* The index of s's first item at or past i that is not closed, or
+ * s->next_start when every one before it is: a walk over s's open items
+ * from i (a set's first item held open leaves up to PULL_SET_MAX - 1
+ * closed ones after it, which each pass of the reap walked).  The closed
+ * items it passes point past the others (skip_to), so that later calls
+ * jump them in one step. */
+size_t gshmd__pull_set_open(struct pull_set *s, size_t i);
 /* p's own reference to its hold (p->hold) goes, at its set's end: what
  * UCX receives still write into (p's mapping or slots, handed over when
  * p closed) goes with the last of them. */

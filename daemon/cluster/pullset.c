@@ -86,6 +86,7 @@ int gshmd__pull_set_add(struct pull_set *s, const char *name, uint64_t size,
     gshmd__pull_set_fail_here(s, -ENOMEM, "out of memory");
     return -ENOMEM;
   }
+  p->index = s->n;
   s->items[s->n++] = p;
   p->s = s;
   snprintf(p->remote_name, sizeof(p->remote_name), "%s", name);
@@ -420,6 +421,18 @@ static void set_end(struct pull_set *s) {
   free(s);
 }
 
+size_t gshmd__pull_set_open(struct pull_set *s, size_t i) {
+  size_t j = i, k;
+
+  while (j < s->next_start && s->items[j]->closed)
+    j = s->items[j]->skip_to;
+  for (; i < j; i = k) { /* (all closed: the next walk jumps straight to j) */
+    k = s->items[i]->skip_to;
+    s->items[i]->skip_to = j;
+  }
+  return j;
+}
+
 /* Whether s has nothing left in flight and nothing left to start. */
 static bool set_over(const struct pull_set *s) {
   return s->active == 0 && !s->lreq_pending && !s->pf_jobs &&
@@ -434,19 +447,23 @@ static bool set_over(const struct pull_set *s) {
  * peer (docs/PERFORMANCE.md "Session 35").  Returns true when s was
  * freed. */
 static bool set_reap(struct pull_set *s) {
-  size_t first = s->first_open;
+  struct pull *owed = NULL, **owed_tail = &owed;
 
-  for (size_t i = s->first_open; i < s->next_start; i++) {
+  for (size_t i = gshmd__pull_set_open(s, s->first_open); i < s->next_start;
+       i = gshmd__pull_set_open(s, i + 1)) {
     struct pull *p = s->items[i];
-    if (!p->closed && (p->finished || s->err) && p->inflight == 0 && !p->req_pending &&
-        !p->pf_jobs && !p->lsb_job)
+    if ((p->finished || s->err) && p->inflight == 0 && !p->req_pending && !p->pf_jobs &&
+        !p->lsb_job) {
       gshmd__pull_item_close(p);
-    if (p->closed && i == s->first_open)
-      s->first_open++;
+      p->next_owed = NULL;
+      *owed_tail = p;
+      owed_tail = &p->next_owed;
+    }
   }
+  s->first_open = gshmd__pull_set_open(s, s->first_open);
   if (!set_over(s)) {
-    for (size_t i = first; i < s->next_start; i++)
-      gshmd__pull_release_owed(s->items[i]);
+    for (; owed; owed = owed->next_owed)
+      gshmd__pull_release_owed(owed);
     gshmd__pull_set_start_grants(s);
     if (!s->err)
       gshmd__pull_set_issue(s);
