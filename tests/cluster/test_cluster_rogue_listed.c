@@ -1311,7 +1311,10 @@ static void test_set_first_held_walk(void **state) {
   assert_int_equal(harness_stop(&Q.h), 0);
   rogue_close(&rq);
   close(qlfd);
-  assert_true(first < 4 * last / 3 + 50);
+  /* (without the skip: 740-810 ms against 380-420, ASan 1,300 against
+   * 630; with it within 10% either way: a bound with room for CI's
+   * loaded cores that the walk still fails) */
+  assert_true(first < 3 * last / 2 + 60);
 }
 
 /* A peer lists one 4 KiB segment at `listed` and grants it at `granted`
