@@ -194,9 +194,10 @@ typedef struct gshm_device_info {
  *  client_out   receives the client; free it with gshm_disconnect().
  * Errors: -EINVAL client_out NULL; -ENOMEM; -ENOENT / -ECONNREFUSED no
  * daemon at path (gshmctl exit 3); another errno of socket(2) or
- * connect(2) (-ENOTDIR, -EMFILE, ...); -EPIPE / -ECONNRESET gshmd closed
- * the connection before its hello reply: it was at limits.max_connections
- * (less limits.admin_connections for a user who is not an admin) or this
+ * connect(2) (-EMFILE; a path through a file that is no directory, ...);
+ * -EPIPE / -ECONNRESET gshmd closed the connection before its hello
+ * reply: it was at limits.max_connections (less
+ * limits.admin_connections for a user who is not an admin) or this
  * uid at quota.connections (gshmd logs "connection refused"); -EPROTO an
  * answer that is not a gshm hello reply;
  * -EACCES the socket's mode refuses us; -EPROTOTYPE path is a stream or
