@@ -170,7 +170,7 @@ bool gshm__cuda_sticky(CUresult r);
  * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT): that is returned then, and no
  * wait is made.  A capture on a non-blocking stream (cuStreamCreate's
  * CU_STREAM_NON_BLOCKING: PyTorch's side streams) shows nowhere outside
- * its stream, and is invalidated.  common/cuda_wait.c. */
+ * its stream, and is invalidated.  common/cuda_capture.c. */
 CUresult gshm__cuda_ctx_wait(const struct gshm_cudadrv *drv);
 
 /* Lets this thread make calls a stream capture forbids (an allocation, a

@@ -273,7 +273,7 @@ static CUresult fake_sync(void) {
 
 /* A capture on a blocking stream of the current context, which the
  * legacy stream's query shows (a cuCtxSynchronize then would invalidate
- * it): common/cuda_wait.c asks before it waits. */
+ * it): common/cuda_capture.c asks before it waits. */
 static bool legacy_capture;
 static int capture_queries_on_pool_ctx;
 static CUresult fake_is_capturing(CUstream s, CUstreamCaptureStatus *st) {
