@@ -451,10 +451,11 @@ static bool connection_lost(int e) {
  * meant something else to the caller: -ETIMEDOUT (a restarted gshmd that
  * did not answer the hello) read as a peer's timeout in a pull, -EACCES
  * (its socket's new mode) as a segment's mode bits, -ENOTCONN had no name.
- * Kept: -EPROTO, and -EPROTONOSUPPORT (a gshmd of another major version
- * came back; the hello's refusal is the last error).  Other errors pass. */
+ * Kept: -EPROTO, -EPROTONOSUPPORT (a gshmd of another major version
+ * came back; the hello's refusal is the last error) and -ECHILD (a
+ * forked child's client).  Other errors pass. */
 static int lost_gshmd(struct gshm_client *c, int e, bool unreached) {
-  if (!e || !(unreached || connection_lost(e)) || e == -EPROTONOSUPPORT)
+  if (!e || !(unreached || connection_lost(e)) || e == -EPROTONOSUPPORT || e == -ECHILD)
     return e;
   if (!connection_lost(e))
     gshm_log_warn("gshmd at %s went away and reconnecting failed: %s", c->path,
@@ -822,7 +823,7 @@ int gshm_open(gshm_client_t *c, const char *name, gshm_access_t access, gshm_seg
   if ((e = gshm__client_lock(c)))
     return e;
   if ((e = cached_lease(c, name, access, &l)) || l) {
-    e = e ? (e == -ECHILD ? e : lost_gshmd(c, e, true)) : segment_new(l, seg_out);
+    e = e ? lost_gshmd(c, e, true) : segment_new(l, seg_out);
     pthread_mutex_unlock(&c->lock);
     return e;
   }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The log lines a local user's clients make gshmd write, held to a rate
- * per uid, and those a cluster peer's messages make, per peer.  gshmd logs a line for each connection, create, unlink and
- * refused open or connection; journald keeps at most RateLimitBurst
+ * per uid, and those a cluster peer's messages make, per peer.  gshmd
+ * logs a line for each connection, create, unlink and refused open or
+ * connection; journald keeps at most RateLimitBurst
  * (10,000) lines of a service per 30 s and drops the rest, whoever they
  * are about.  Without a bound of its own, one user's client looping on a
  * refused open (17,000 lines a second) or on connect and close (25,000)
