@@ -23,7 +23,7 @@ commit() { cat "$src/COMMIT" 2>/dev/null ||
   { [ -e "$src/.git" ] && git -C "$src" rev-parse --short HEAD; } || echo "commit unknown"; }
 { nvidia-smi -L; nvidia-smi topo -m; echo "commit $(commit)"; date -u; } > "$out/machine.txt" 2>&1
 # GSHM_STEPS picks what runs (comma list; default all, in this order).
-steps=",${GSHM_STEPS:-ctest,demo,attach,copy,broadcast,python,pull},"
+steps=",${GSHM_STEPS:-ctest,demo,attach,copy,broadcast,python,pull,control},"
 [ -n "${GSHM_ONLY_CTEST:-}" ] && steps=",ctest,"
 step() { case "$steps" in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 if step ctest; then
@@ -75,6 +75,10 @@ if step pull; then
   timeout 200 ./bench/gshm-bench pull --fanout 1 --model 44x1024 --iters 3 --location cuda:0 \
     --to $to > "$out/bench-pull-model-cuda.txt" 2>&1; rc bench-pull-model-cuda.txt
 fi
+# the control plane on this machine's cores (the CI VM has 2): stat, open+close,
+# create+unlink from 1..256 clients against the raw SOCK_SEQPACKET ping-pong floor
+step control && { timeout 240 ./bench/gshm-bench control ${GSHM_CONTROL_ARGS:---clients 1,16,64,256 --repeat 3} \
+  > "$out/bench-control.txt" 2>&1; rc bench-control.txt; }
 # Not in the default steps (minutes, 18 GiB of disk or /dev/shm): GSHM_STEPS=restart.
 # GSHM_RESTART_ARGS: more options, e.g. "--start warm --repeat 5 --cold-repeat 2".
 rb=${GSHM_RESTART_BUDGET:-540}
