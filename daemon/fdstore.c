@@ -474,8 +474,8 @@ static void write_marked(struct gshmd_fdstore *fs) {
   }
 }
 
-/* After restore: every marked bucket is written once (write_marked), and
- * those with room are offered to new segments. */
+/* After restore (or a hold, gshmd__publish_hold_released): every marked
+ * bucket is written once (write_marked), those with room are offered. */
 void gshmd__fdstore_settle(struct gshmd_fdstore *fs) {
   write_marked(fs);
   for (uint32_t i = fs->nbuckets; i-- > 0;)
@@ -532,7 +532,9 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
   struct gshmd_fdstore *fs = r->on_event_data;
   bool behind;
 
-  if (!fs || !fs->enabled)
+  if (fs && fs->enabled && event == GSHMD_SEGMENT_RELEASE)
+    gshmd__publish_hold_released(fs, seg); /* (alone: the caller still holds seg) */
+  if (!fs || !fs->enabled || event == GSHMD_SEGMENT_RELEASE)
     return;
   /* (not during a publish: a dirty bucket rewritten now would store its
    * new members before their publish's tag, as if complete) */

@@ -136,6 +136,33 @@ void gshmd__publish_replaced(struct gshmd_fdstore *fs, struct gshmd_segment *seg
     fs->buckets[seg->fs_bucket - 1]->rewrite = true;
 }
 
+/* GSHMD_SEGMENT_RELEASE: seg, unlinked and unleased, is about to be
+ * freed.  A stored member of a publish above the mark is held instead,
+ * as a replaced one is (fs_replaced: its own publish), so that its record
+ * and memory stay in the store until the mark passes it: freed, its
+ * bucket rewritten without it, a crash before the mark (the store behind
+ * for another bucket) found its set short of a member and dropped every
+ * other member, live ones the puller had been told of.  Restore adopts a
+ * held member unlinked and holds it again (gshmd__publish_adopted).
+ * Frees nothing (the registry still holds seg): a held seg's bucket is
+ * written (its record's replaced_by), nothing else. */
+void gshmd__publish_hold_released(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+  gshmd__publish_commit(fs); /* (the mark as it may be now) */
+  if (fs->publishing || seg->fs_replaced || seg->fs_publish <= fs->publish_done ||
+      !seg->fs_bucket)
+    return;
+  if (!held_push(fs, seg)) {
+    gshm_log_err("fd store: out of memory; a crash before the store records its set complete "
+                 "may drop the set of segment '%s' id %" PRIu64,
+                 seg->name, seg->id);
+    return;
+  }
+  seg->fs_replaced = seg->fs_publish;
+  fs->held_pub = fs->nheld;
+  fs->buckets[seg->fs_bucket - 1]->rewrite = true;
+  gshmd__fdstore_settle(fs); /* (writes the marked bucket) */
+}
+
 /* seg, freed while held (a revoke), or no longer to be held: out of the
  * list.  Linear: rare. */
 void gshmd__publish_unhold(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {

@@ -115,10 +115,17 @@ void gshmd__reg_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg
  * reconnected yet may re-take it).  A restored segment's pages are not
  * punched: such a holder may still map them, and gshmd cannot tell (the
  * kernel frees them with the last mapping and fd).  Nor while the fd
- * store holds it (fs_replaced).  Returns whether seg was freed. */
+ * store holds it (fs_replaced; GSHMD_SEGMENT_RELEASE may make it hold a
+ * member of a publish it has not recorded complete).  Returns whether seg
+ * was freed. */
 bool gshmd__reg_segment_release(struct gshmd_registry *r, struct gshmd_segment *seg) {
   if (seg->fs_replaced || (seg->restored && !r->restore_grace_over)) /* (held: the fd store's) */
     return false;
+  if (seg->fs_publish && r->on_event) {
+    r->on_event(r, seg, GSHMD_SEGMENT_RELEASE); /* (frees nothing) */
+    if (seg->fs_replaced)
+      return false;
+  }
   gshmd__reg_segment_free(r, seg, !seg->restored);
   return true;
 }

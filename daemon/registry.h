@@ -124,6 +124,13 @@ enum gshmd_segment_event {
    * seg->fs_replaced at the END): its unlink is then already written, and
    * it is not freed until gshmd_registry_release_replaced. */
   GSHMD_SEGMENT_REPLACED = 8,
+  /* seg, unlinked and unleased, of a publish (seg->fs_publish), is about
+   * to be freed: the fd store may hold it (sets seg->fs_replaced to its
+   * own publish) until it has recorded that publish complete, and frees
+   * nothing during this event.  Freed before, a crash found its set short
+   * of a member and dropped the others, which the puller had been told
+   * of.  It is then freed by gshmd_registry_release_replaced. */
+  GSHMD_SEGMENT_RELEASE = 9,
 };
 
 struct gshmd_registry {

@@ -986,6 +986,69 @@ static void test_freed_member_of_one_ended_bucket_stays_gone(void **state) {
   assert_int_equal(gshmd_registry_find_name(&f->reg, "y")->mode, 0640);
 }
 
+/* A pulled set of 2 (ids 6, 7: publish 7) came back whole in b0 (both
+ * ends) but unmarked, while the store stays behind for another bucket:
+ * b1 came back with one end, and its member 3 moves to a new bucket whose
+ * ends never reach the store (nobody reads $NOTIFY_SOCKET), so the
+ * journal's mark cannot pass 7.  Then 6 is unlinked, unleased: freed; and
+ * gshmd restarts.  7, live all along, must come back.  Before, 6 was
+ * freed and b0 rewritten without it: the set came back 1 of 2, was taken
+ * for one cut short by a crash, and 7 was dropped.  Now 6 is held,
+ * unlinked, until the mark passes its publish, and comes back so. */
+static void test_member_freed_before_the_mark_keeps_its_set(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord set[2] = {member(6, "s/a", 7, 2), member(7, "s/b", 7, 2)};
+  Gshm__StateRecord other = record(3, "z", 0600, false);
+  char dir[] = "/tmp/gshm-fdstore-XXXXXX";
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  struct gshmd_cred root = {.pid = 2000, .uid = 0, .gid = 0, .admin = true};
+  struct gshmd_client *c = NULL;
+  struct gshmd_segment *seg;
+  const char *msg = NULL;
+  int b0[2], b1[2], kept[4], ns;
+
+  ns = store_on(f, dir, &sa);
+  close(ns); /* nobody listens any more: every FDSTORE=1 fails */
+  unlink(sa.sun_path);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, b0), 0);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, b1), 0);
+  queue_bucket_n(b0[1], 0, 10, set, 2);
+  queue_bucket_n(b1[1], 1, 11, &other, 1);
+  close(b1[1]); /* b1b lost */
+  put(&f->st, "b0a", b0[0]);
+  put(&f->st, "b0b", b0[1]);
+  put(&f->st, "b1a", b1[0]);
+  put(&f->st, "journal2", journal2(0));
+  for (int i = 0; i < 4; i++) /* systemd's own copies */
+    kept[i] = dup(f->st.fds[i]);
+  restore(f);
+  assert_int_equal(f->fs.cut, 0);
+  assert_true(f->fs.ndirty + f->fs.nunplaced > 0); /* behind */
+  assert_true(f->fs.publish_done < 7);
+  gshmd_registry_reap_unlinked(&f->reg); /* (the grace period over) */
+  assert_int_equal(gshmd_registry_client_add(&f->reg, &root, &c), 0);
+  assert_int_equal(gshmd_registry_unlink(&f->reg, c, "s/a", &msg), 0);
+  assert_non_null(seg = gshmd_registry_find_id(&f->reg, 6)); /* held, not freed */
+  assert_true(seg->unlinked && seg->fs_replaced == 7);
+  unsetenv("NOTIFY_SOCKET");
+  rmdir(dir);
+  /* the restart: what systemd holds */
+  assert_int_equal(teardown(state), 0);
+  assert_int_equal(setup(state), 0);
+  f = *state;
+  put(&f->st, "b0a", kept[0]);
+  put(&f->st, "b0b", kept[1]);
+  put(&f->st, "b1a", kept[2]);
+  put(&f->st, "journal2", kept[3]);
+  restore(f);
+  assert_int_equal(f->fs.cut, 0);
+  assert_non_null(gshmd_registry_find_name(&f->reg, "s/b"));
+  assert_non_null(gshmd_registry_find_name(&f->reg, "z"));
+  assert_null(gshmd_registry_find_name(&f->reg, "s/a"));
+  assert_non_null(seg = gshmd_registry_find_id(&f->reg, 6)); /* unlinked, held again */
+  assert_true(seg->unlinked && seg->fs_replaced == 7);
+}
+
 /* ---- a sticky CUDA error in the restore ---- */
 
 /* A bucket of a host segment and a device segment whose adopt hits a
@@ -1366,6 +1429,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_park_all_moves_cuda_segments, setup, teardown),
       cmocka_unit_test_setup_teardown(test_one_ended_bucket_number_not_reused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_freed_member_of_one_ended_bucket_stays_gone, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_member_freed_before_the_mark_keeps_its_set, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_sticky_cuda_error_leaves_the_store_alone, setup,
                                       teardown),
