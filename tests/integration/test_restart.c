@@ -383,6 +383,57 @@ static void test_unlinked_but_leased_survives_sigterm(void **state) {
   unlinked_but_leased_survives(SIGTERM);
 }
 
+/* Two restarts in a row within the grace period: an unlinked segment
+ * whose only holder has not reconnected after the first (restored, kept
+ * unleased by the grace period) is still there after the second, and
+ * again after a third that follows the holder's re-take; the holder reads
+ * its byte each time; ids stay unique. */
+static void test_unlinked_leased_two_restarts_in_grace(void **state) {
+  struct harness h;
+  gshm_client_t *owner, *reader, *other;
+  gshm_segment_t *s, *r, *fresh;
+  gshm_segment_info_t info;
+  unsigned char b = 0;
+  uint64_t id;
+  (void)state;
+
+  assert_int_equal(harness_start(&h, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "owner", &owner), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "reader", &reader), 0);
+  assert_int_equal(gshm_create(owner, "held2", 4096, NULL, 0644, 0, &s), 0);
+  assert_int_equal(gshm_write(s, 0, "\x5a", 1), 0);
+  id = gshm_segment_info(s)->id;
+  assert_int_equal(gshm_open(reader, "held2", GSHM_ACCESS_READ, &r), 0);
+  assert_int_equal(gshm_close(s), 0);
+  assert_int_equal(gshm_unlink(owner, "held2"), 0);
+  gshm_disconnect(owner);
+  /* the reader does nothing between these two */
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  assert_int_equal(gshm__spawn_store_memory_fds(&h.sp), 1);
+  assert_int_equal(gshm_stat(r, &info), 0); /* reconnects, re-takes */
+  assert_true(info.unlinked && info.id == id && info.leases == 1);
+  assert_int_equal(gshm_read(r, 0, &b, 1), 0);
+  assert_int_equal(b, 0x5a);
+  /* and once more, after the re-take */
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  b = 0;
+  assert_int_equal(gshm_read(r, 0, &b, 1), 0);
+  assert_int_equal(b, 0x5a);
+  assert_int_equal(gshm_stat(r, &info), 0);
+  assert_true(info.unlinked && info.id == id && info.leases == 1);
+  assert_int_equal(gshm_connect(h.socket_path, "other", &other), 0);
+  assert_int_equal(gshm_create(other, "held2", 4096, NULL, 0600, 0, &fresh), 0);
+  assert_true(gshm_segment_info(fresh)->id > id);
+  assert_int_equal(gshm_stat_name(other, "held2", &info), 0);
+  assert_true(info.id == gshm_segment_info(fresh)->id && !info.unlinked);
+  gshm_close(fresh);
+  gshm_close(r);
+  gshm_disconnect(other);
+  gshm_disconnect(reader);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
 /* The largest lease id among this client's view of the leases. */
 static uint64_t max_lease_id(gshm_client_t *c) {
   gshm_lease_info_t *leases;
@@ -898,6 +949,7 @@ int main(void) {
       cmocka_unit_test(test_unlinked_but_leased_survives),
       cmocka_unit_test(test_lease_ids_unique_across_restart),
       cmocka_unit_test(test_unlinked_but_leased_survives_sigterm),
+      cmocka_unit_test(test_unlinked_leased_two_restarts_in_grace),
       cmocka_unit_test(test_open_after_restart_sees_new_generation),
       cmocka_unit_test(test_close_after_restart_ends_the_lease),
       cmocka_unit_test(test_listing_never_ends_early),
