@@ -21,8 +21,10 @@
  * member of its publish came back with its memory; otherwise none of
  * them is adopted (fds closed, buckets rewritten without them).  Records
  * at or below the mark are adopted as any other, so a member unlinked
- * after the publish never takes the rest with it.  A journal's copy of a
- * bucket does not count: it carries no fds.
+ * after the publish never takes the rest with it; one unlinked and let
+ * go before the mark is held, record and memory, until the mark passes
+ * (gshmd__publish_hold_released).  A journal's copy of a bucket does not
+ * count: it carries no fds.
  *
  * A --replace's unlink of the old segments is part of the publish: their
  * records, written with the new ones, say unlinked by it

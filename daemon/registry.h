@@ -49,7 +49,9 @@ struct gshmd_segment {
   /* fd store: the publish that took its name (--replace), until the store
    * has recorded that publish complete: its record says so
    * (StateRecord.replaced_by), and it is not freed before (a crash may
-   * yet undo the publish and give the name back).  0: none. */
+   * yet undo the publish and give the name back).  Or its own publish,
+   * for a member unlinked and let go before then (GSHMD_SEGMENT_RELEASE:
+   * freed, its set would look cut short).  0: none. */
   uint64_t fs_replaced;
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
   /* CreateRequest.create_token of the create that made it (has_token):
