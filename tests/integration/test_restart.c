@@ -712,7 +712,7 @@ static void test_failed_store_sends_are_resent(void **state) {
  * be sent: no socket, no record memfd).  The journal, a memfd stored at
  * start and rewritten in place, carries what the store missed, so the
  * restart gives exactly the state before the kill: the segment unlinked
- * while the store failed stays gone, the chmod holds, the other segment
+ * while the store failed stays gone, the chmod and chown hold, the other segment
  * and every byte are back, and no id is handed out twice.  Before the
  * journal (74cede6) the unlinked segment came back under its name and the
  * chmod was undone. */
@@ -745,6 +745,7 @@ static void test_sigkill_while_the_store_is_behind(void **state) {
   assert_int_equal(prlimit(h.sp.pid, RLIMIT_NOFILE, &none, NULL), 0);
   assert_int_equal(gshm_unlink(c, names[0]), 0);
   assert_int_equal(gshm_chmod(c, names[1], 0604), 0);
+  assert_int_equal(gshm_chown(c, names[1], HARNESS_NOBODY, HARNESS_NOBODY), 0);
   /* An unlinked segment still leased: restored as unlinked, never by name. */
   assert_int_equal(gshm_unlink(c, names[2]), 0);
   held = s[2];
@@ -761,6 +762,7 @@ static void test_sigkill_while_the_store_is_behind(void **state) {
   assert_int_equal(n, 2); /* (a listing shows unlinked segments too) */
   assert_string_equal(list[0].name, names[1]);
   assert_int_equal(list[0].mode, 0604);
+  assert_true(list[0].uid == HARNESS_NOBODY && list[0].gid == HARNESS_NOBODY); /* (the chown) */
   assert_false(list[0].unlinked);
   assert_string_equal(list[1].name, names[2]);
   assert_true(list[1].unlinked);
