@@ -936,6 +936,41 @@ static void test_one_ended_bucket_number_not_reused(void **state) {
   store_off(ns, dir, &sa);
 }
 
+/* A SIGKILL inside a journal write (fdstore_journal.c: the older copy's
+ * contents, then its 16-byte header) leaves that copy's old header over
+ * torn contents, the other copy whole: bucket 0's datagram (seq 10, x
+ * 0600), its journal copy 0 (seq 12, x 0640, whole) and copy 1 (header
+ * seq 11, contents half overwritten).  Restore takes copy 0: x is 0640.
+ * Held before this test (a regression test of the restart audit). */
+static void test_torn_journal_copy_is_the_older(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord old = record(7, "x", 0600, false), now = record(7, "x", 0640, false);
+  const off_t slot = (192 << 10) + 4096, copy1 = 4096 + slot;
+  struct {
+    uint64_t seq;
+    uint32_t len, pad;
+  } sh;
+  uint8_t junk[256];
+  int sv[2], j;
+
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  queue_bucket(sv[1], 10, &old, 1);
+  put(&f->st, "b0a", sv[0]);
+  put(&f->st, "b0b", sv[1]);
+  j = journal2_copy(0, 12, &now, 1);
+  /* copy 1: what copy 0's record was at seq 11, then torn by the next write */
+  assert_int_equal(pread(j, &sh, sizeof(sh), 4096), (ssize_t)sizeof(sh));
+  sh.seq = 11;
+  memset(junk, 0xa5, sizeof(junk));
+  assert_true(pwrite(j, &sh, sizeof(sh), copy1) == (ssize_t)sizeof(sh) &&
+              pwrite(j, junk, sizeof(junk), copy1 + 16) == (ssize_t)sizeof(junk));
+  put(&f->st, "journal2", j);
+  restore(f);
+  assert_int_equal(f->fs.restored, 1);
+  assert_int_equal(f->fs.from_journal, 1);
+  assert_int_equal(gshmd_registry_find_id(&f->reg, 7)->mode, 0640);
+}
+
 /* A bucket, b0, came back with one end while the store could take
  * nothing (its $NOTIFY_SOCKET gone, the journal handed back): its members
  * moved to a new bucket whose ends and datagram never reached the store
@@ -1402,6 +1437,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_id_in_two_buckets_newest_without_memory, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_bucket_unreadable_is_left_queued, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_torn_journal_copy_is_the_older, setup, teardown),
       cmocka_unit_test_setup_teardown(test_frozen_one_ended_bucket_not_retired, setup, teardown),
       cmocka_unit_test_setup_teardown(test_frozen_bucket_datagram_raises_write_seq, setup,
                                       teardown),
