@@ -1192,10 +1192,17 @@ static int add_leases(const Gshm__Reply *r, void **arr, size_t *n, size_t *cap, 
     for (size_t k = 0; k < w->n_mapped_devices; k++) {
       int wrote = snprintf(o->mapped_devices + used, sizeof(o->mapped_devices) - used, "%s%s",
                            k ? "," : "", w->mapped_devices[k]);
-      if (wrote < 0 || (size_t)wrote >= sizeof(o->mapped_devices) - used)
+      if (wrote < 0 || (size_t)wrote >= sizeof(o->mapped_devices) - used) {
+        o->mapped_devices[used] = '\0'; /* (snprintf left part of the one that did not fit) */
         break;
+      }
       used += (size_t)wrote;
+      o->mapped_devices_listed++;
     }
+    /* (a gshmd before mapped_devices_total says 0: what it listed, then) */
+    o->mapped_devices_total = w->mapped_devices_total > w->n_mapped_devices
+                                  ? w->mapped_devices_total
+                                  : (uint32_t)w->n_mapped_devices;
   }
   *next = r->leases->next;
   return 0;

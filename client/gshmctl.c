@@ -629,6 +629,8 @@ static int cmd_mappings(gshm_client_t *c) {
       /* the table's "cpu": mapped, and on no GPU ("devices" lists GPUs only) */
       json_object_set_new(o, "cpu", json_boolean(v[i].mapped && !*v[i].mapped_devices));
       json_object_set_new(o, "devices", devs);
+      /* ("devices" lists the first ones only: those libgshm's struct holds) */
+      json_object_set_new(o, "devices_total", json_integer(v[i].mapped_devices_total));
       json_array_append_new(arr, o);
     }
     json_object_set_new(doc, "mappings", arr);
@@ -643,12 +645,17 @@ static int cmd_mappings(gshm_client_t *c) {
   printf("%-*s %8s %6s %-*s %-6s %-6s %-6s %s\n", ws, "SEGMENT", "PID", "UID", wc, "CLIENT",
          "ACCESS", "SINCE", "MAPPED", "DEVICES");
   for (size_t i = 0; i < n; i++) {
+    char more[32] = "";
     shown(v[i].segment_name, esc);
     shown(v[i].client_name, esc2);
-    printf("%-*s %8d %6u %-*s %-6s %-6s %-6s %s\n", col(esc, ws), esc, v[i].pid, v[i].uid,
+    if (v[i].mapped && v[i].mapped_devices_total > v[i].mapped_devices_listed)
+      snprintf(more, sizeof(more), " (+%u more)",
+               v[i].mapped_devices_total - v[i].mapped_devices_listed);
+    printf("%-*s %8d %6u %-*s %-6s %-6s %-6s %s%s\n", col(esc, ws), esc, v[i].pid, v[i].uid,
            col(esc2, wc), esc2, v[i].access == GSHM_ACCESS_READ ? "r" : "rw",
            age(v[i].since_ns, t, sizeof(t)), v[i].mapped ? "yes" : "no",
-           !v[i].mapped ? "-" : *v[i].mapped_devices ? shown(v[i].mapped_devices, esc3) : "cpu");
+           !v[i].mapped ? "-" : *v[i].mapped_devices ? shown(v[i].mapped_devices, esc3) : "cpu",
+           more);
   }
   gshm_free(v);
   return EXIT_OK;

@@ -103,6 +103,7 @@ struct gshmd_lease {
   int64_t since_ns;
   bool mapped;
   char *mapped_devices;      /* comma-separated UUIDs; NULL: none reported */
+  uint32_t mapped_count;     /* UUIDs in mapped_devices */
   bool has_token;            /* token is set (the registry has a token_make) */
   uint8_t token[GSHMD_LEASE_TOKEN_BYTES]; /* proof of this grant (LeaseGrant.lease_token) */
   struct gshm_list seg_node;
@@ -360,7 +361,8 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
  * (unmapped), on the devices uuids[0..n) (at most GSHM_WIRE_MAP_DEVICES_MAX,
  * as many as libgshm maps on, each at most 47 printable bytes without a
  * ','; kept as one string of at most 3 KiB per lease), shown by the lease
- * listing (its first 8: server.h GSHMD_LEASE_DEVICES).  Errors: -ENOENT c holds no
+ * listing (its first 8: server.h GSHMD_LEASE_DEVICES, with their count
+ * in all).  Errors: -ENOENT c holds no
  * such lease, -EINVAL, -ENOMEM. */
 int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, uint64_t lease_id,
                               const char *const *uuids, size_t n, bool unmapped,

@@ -281,6 +281,7 @@ int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, 
   }
   free(l->mapped_devices);
   l->mapped_devices = devs;
+  l->mapped_count = (uint32_t)n;
   l->mapped = !unmapped;
   return 0;
 }

@@ -327,6 +327,7 @@ static size_t lease_fill(struct req *q, struct gshm_list *node, unsigned i) {
   li->location = l->seg->mem->location;
   li->n_mapped_devices = 0;
   li->mapped_devices = devs;
+  li->mapped_devices_total = l->mapped_devices ? l->mapped_count : 0;
   if (l->mapped_devices) {
     const char *p = l->mapped_devices;
     while (*p && li->n_mapped_devices < GSHMD_LEASE_DEVICES) {

@@ -126,9 +126,14 @@ typedef struct gshm_lease_info {
   gshm_access_t access;
   int64_t since_ns;                /* CLOCK_REALTIME */
   int mapped;                      /* the client reported a mapping */
-  char mapped_devices[256];        /* comma-separated GPU UUIDs it mapped on, the
-                                      first ones (gshmd lists 8) that fit whole;
-                                      "" for CPU */
+  char mapped_devices[248];        /* comma-separated GPU UUIDs it mapped on, the
+                                      first ones (gshmd lists 8) that fit whole:
+                                      6 of 40 bytes; "" for CPU */
+  /* (these two took the last 8 bytes of mapped_devices, once 256: the
+   * struct's size and its other fields' offsets are as they were) */
+  uint32_t mapped_devices_listed;  /* UUIDs in mapped_devices */
+  uint32_t mapped_devices_total;   /* GPUs it mapped on, in all: more than listed
+                                      when some did not fit (an 8-GPU node's 8) */
 } gshm_lease_info_t;
 
 /* One client connection. */

@@ -81,7 +81,8 @@ class LeaseInfo:
     access: str           #: "r" or "rw"
     since_ns: int
     mapped: bool
-    devices: tuple        #: GPU UUIDs it mapped on; () for CPU or unmapped
+    devices: tuple        #: GPU UUIDs it mapped on, the first 6 at most; () for CPU or unmapped
+    devices_total: int = 0  #: GPUs it mapped on in all (more than len(devices): some left out)
 
     @classmethod
     def _from_c(cls, c):
@@ -90,7 +91,8 @@ class LeaseInfo:
                    location=_dec(c.location), session_id=c.session_id, pid=c.pid, uid=c.uid,
                    client=_dec(c.client_name), access=_access_name(c.access),
                    since_ns=c.since_ns, mapped=bool(c.mapped),
-                   devices=tuple(d for d in devs.split(",") if d))
+                   devices=tuple(d for d in devs.split(",") if d),
+                   devices_total=c.mapped_devices_total)
 
     @property
     def since(self) -> datetime.datetime:

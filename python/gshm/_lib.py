@@ -144,7 +144,9 @@ class LeaseInfoC(ctypes.Structure):
         ("access", _c_access),
         ("since_ns", ctypes.c_int64),
         ("mapped", ctypes.c_int),
-        ("mapped_devices", ctypes.c_char * 256),
+        ("mapped_devices", ctypes.c_char * 248),
+        ("mapped_devices_listed", ctypes.c_uint32),
+        ("mapped_devices_total", ctypes.c_uint32),
     ]
 
 

@@ -703,12 +703,29 @@ static void test_map_report_of_many_gpus(void **state) {
       continue;
     found++;
     assert_int_equal(leases[i].mapped, 1);
-    /* The listing names the first devices, as many as fit. */
+    /* The listing names the first devices, as many as fit whole, and
+     * says how many there are in all (the old struct ended on part of
+     * the 7th UUID and said nothing of the 58 it left out). */
     assert_int_equal(strncmp(leases[i].mapped_devices, uuid[0], strlen(uuid[0])), 0);
     assert_non_null(strstr(leases[i].mapped_devices, uuid[1]));
+    assert_int_equal(leases[i].mapped_devices_total, GSHM_WIRE_MAP_DEVICES_MAX);
+    assert_int_equal(leases[i].mapped_devices_listed, 6);
+    assert_int_equal(strlen(leases[i].mapped_devices), 6 * strlen(uuid[0]) + 5);
+    assert_non_null(strstr(leases[i].mapped_devices, uuid[5]));
   }
   gshm_free(leases);
   assert_int_equal(found, 1);
+  { /* gshmctl says so too: the table and its JSON */
+    char *out = NULL;
+    assert_int_equal(harness_gshmctl(h, &out, (const char *const[]){"mappings", NULL}), 0);
+    assert_non_null(strstr(out, "(+58 more)"));
+    free(out);
+    out = NULL;
+    assert_int_equal(
+        harness_gshmctl(h, &out, (const char *const[]){"mappings", "--json", NULL}), 0);
+    assert_non_null(strstr(out, "\"devices_total\": 64"));
+    free(out);
+  }
   close(raw);
   assert_int_equal(gshm_close(s), 0);
   assert_int_equal(gshm_unlink(c, "many/gpus"), 0);
