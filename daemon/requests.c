@@ -371,8 +371,8 @@ static size_t client_fill(struct req *q, struct gshm_list *node, unsigned i) {
  * `from` to `head`, with at most the request's limit of items and as many
  * as fit in one reply packet, looking at no more than GSHMD_LIST_VISITS
  * items past the cursor (else another user's were all walked for each
- * request).  Returns the number of items (maybe 0); *next_out is the
- * cursor (the id of the last item looked at), 0 when the walk ended. */
+ * request).  Returns the number of items (maybe 0); *next_out is the cursor: 0 when the walk
+ * ended, else just below the next page's first item, or the last one looked at (SECURITY.md). */
 static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm_list *from,
                           struct gshm_list *head, const struct list_kind *kind,
                           uint64_t *next_out) {
@@ -387,7 +387,7 @@ static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm
     if (id <= m->after) /* (clients: their walk starts at the head) */
       continue;
     if (visits++ == GSHMD_LIST_VISITS || (n == limit && kind->visible(q, pos))) {
-      *next_out = done;
+      *next_out = kind->visible(q, pos) ? id - 1 : done; /* (id - 1: no other's id told) */
       break;
     }
     if (!kind->visible(q, pos)) {
@@ -400,7 +400,7 @@ static unsigned list_page(struct req *q, const Gshm__ListRequest *m, struct gshm
      * up to the wire's 64 KiB that every client reads: a list never ends
      * before its last item. */
     if (used + sz > (n ? budget : GSHM_WIRE_MAX_PACKET - GSHM_WIRE_HEADER_SIZE - 64)) {
-      *next_out = done;
+      *next_out = n ? id - 1 : done;
       break;
     }
     used += sz;

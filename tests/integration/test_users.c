@@ -412,6 +412,81 @@ static void test_listing_walks_a_bounded_part(void **state) {
   gshm_disconnect(root);
 }
 
+/* B's raw LIST_SEGMENTS, one item a page (limit 1), after the cursor arg
+ * names ("FD AFTER"): writes the page's item's id and its cursor into
+ * pipe FD; 0, or 100 + a step that failed. */
+static int list_one_as_b(const char *arg) {
+  Gshm__ListRequest m = GSHM__LIST_REQUEST__INIT;
+  Gshm__Reply *r;
+  uint64_t out[2];
+  int fd = raw_connect(h->socket_path), rc = 0, wfd;
+
+  if (sscanf(arg, "%d %" SCNu64, &wfd, &m.after) != 2)
+    return 101;
+  m.limit = 1;
+  if (gshm__wire_send(fd, GSHM_WIRE_LIST_SEGMENTS, 2, &m.base, -1))
+    return 102;
+  r = raw_reply(fd);
+  if (r->status != GSHM__STATUS__STATUS_OK || !r->segments || r->segments->n_segments != 1)
+    rc = 103;
+  else {
+    out[0] = r->segments->segments[0]->id;
+    out[1] = r->segments->next;
+    rc = write(wfd, out, sizeof(out)) == (ssize_t)sizeof(out) ? 0 : 104;
+  }
+  gshm__reply__free_unpacked(r, NULL);
+  close(fd);
+  return rc;
+}
+
+/* A listing page that ended full (its limit, or its packet) at an item
+ * of the requester's answered as its cursor the id of the last item it
+ * had looked at: where items the requester may not see came between,
+ * an id in use by another user (B, one item a page, learnt each id in
+ * use just before each of its own).  Now it answers the id just below
+ * the next page's first item, which the requester sees anyway.  Root
+ * makes "lc/v0" (0644: B may see it), 0600 ones "lc/i0", "lc/i1" and
+ * "lc/i2", then frees i0 and i2, then "lc/v1" (0644): B's first page is
+ * v0, with cursor v1 - 1 (i2's id, not in use), not i1's. */
+static void test_list_cursor_tells_no_id(void **state) {
+  static const char *const names[] = {"lc/v0", "lc/i0", "lc/i1", "lc/i2", "lc/v1"};
+  gshm_segment_t *segs[5];
+  gshm_client_t *root;
+  uint64_t ids[5], got[2];
+  int p[2];
+  char arg[48];
+  (void)state;
+  need_root();
+  assert_int_equal(gshm_connect(h->socket_path, "root", &root), 0);
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(gshm_create(root, names[i], 4096, NULL, names[i][3] == 'v' ? 0644 : 0600, 0,
+                                 &segs[i]),
+                     0);
+    ids[i] = gshm_segment_info(segs[i])->id;
+  }
+  for (int i = 1; i <= 3; i += 2) {
+    assert_int_equal(gshm_close(segs[i]), 0);
+    assert_int_equal(gshm_unlink(root, names[i]), 0);
+  }
+  assert_int_equal(ids[4], ids[0] + 4); /* (ids counted up: nothing else made meanwhile) */
+  assert_int_equal(pipe(p), 0);
+  snprintf(arg, sizeof(arg), "%d %" PRIu64, p[1], ids[0] - 1);
+  assert_int_equal(child_as(UID_B, UID_B, &B_alone.groups[0], 1, list_one_as_b, arg), 0);
+  assert_int_equal(read(p[0], got, sizeof(got)), (ssize_t)sizeof(got));
+  print_message("    B's first page: id %" PRIu64 ", cursor %" PRIu64 " (i1 %" PRIu64
+                " in use, v1 %" PRIu64 ")\n",
+                got[0], got[1], ids[2], ids[4]);
+  assert_int_equal(got[0], ids[0]);
+  assert_int_equal(got[1], ids[4] - 1);
+  close(p[0]);
+  close(p[1]);
+  for (int i = 0; i < 5; i += 2) {
+    assert_int_equal(gshm_close(segs[i]), 0);
+    assert_int_equal(gshm_unlink(root, names[i]), 0);
+  }
+  gshm_disconnect(root);
+}
+
 static void test_admin_revokes_unlinked(void **state) {
   struct harness_kid k;
   gshm_client_t *root;
@@ -1527,6 +1602,7 @@ int main(void) {
       cmocka_unit_test(test_ids_tell_nothing),
       cmocka_unit_test(test_publish_resend_only_for_owner),
       cmocka_unit_test(test_listing_walks_a_bounded_part),
+      cmocka_unit_test(test_list_cursor_tells_no_id),
       cmocka_unit_test(test_setgid_ignores_environment),
       cmocka_unit_test(test_fair_defaults),
       cmocka_unit_test(test_segments_reserve_for_admins),
