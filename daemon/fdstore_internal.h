@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* What the fd store's files share (fdstore.c: events, placement, stored
- * names; fdstore_bucket.c: the datagrams; fdstore_journal.c: the journal;
+ * names; fdstore_bucket.c: the datagrams; fdstore_inflight.c: their fds
+ * in flight; fdstore_journal.c: the journal;
  * fdstore_publish.c: a publish all or nothing; fdstore_legacy.c:
  * restoring the one-fd-per-segment format).  Not for
  * the rest of gshmd: fdstore.h is the interface. */
@@ -85,11 +86,12 @@ size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint64_t
 /* Called once a second (gshmd_fdstore_retry): the last bucket, empty,
  * stored and unwritten since the previous call, leaves the store. */
 void gshmd__bucket_drop_idle(struct gshmd_fdstore *fs);
+int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
+/* fdstore_inflight.c */
 /* Called once a second too: counts the memory fds in the buckets
  * (reg->fdstore_fds_held, for the metrics), and says once when they pass
- * GSHMD_FDSTORE_HELD_NOTICE what that costs gshmd's uid (fdstore_bucket.c). */
+ * GSHMD_FDSTORE_HELD_NOTICE what that costs gshmd's uid. */
 void gshmd__bucket_count_held(struct gshmd_fdstore *fs);
-int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
 /* After gshmd became another user: says what the frozen buckets keep in
  * flight for the one that sent them (fs->frozen_fds), if any. */
 void gshmd__bucket_say_frozen(const struct gshmd_fdstore *fs);
