@@ -117,6 +117,10 @@ struct gshmd_fdstore {
    * (gshmd_fdstore_resend_all) */
   uint32_t nfrozen;
   uint64_t frozen_fds;
+  bool frozen_fds_most;    /* frozen_fds counts 253 for a datagram it could not read */
+  uint32_t frozen_senders; /* their datagrams (with fds) seen, and of them: */
+  uint32_t frozen_by;      /* 1 + the uid that sent them all (StateBucket.sender_uid_plus_one);
+                              0 where they did not all say, or said several */
   /* gshmd_fdstore_memo_on_publish: the key and uid that the next
    * publish's first member is noted under (while memo_armed) */
   uint8_t memo_key[16];    /* GSHMD_MEMO_TOKEN_BYTES */

@@ -62,6 +62,7 @@ size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint64_t
   t.seq = seq;
   t.bucket = b->index;
   t.publish_done = publish_done;
+  t.sender_uid_plus_one = (uint32_t)getuid() + 1u; /* (packed to be sent: by this process) */
   for (uint32_t i = 0; i < b->n; i++) {
     gshmd__fdstore_fill_record(b->seg[i], publish_done, &recs[i]);
     precs[i] = &recs[i];
@@ -172,6 +173,8 @@ struct peeked {
   int nfds;
   uint64_t frozen_seq; /* -EMFILE: the seq of the datagram left queued (0: unreadable) */
   uint32_t frozen_fds; /* -EMFILE: the fds it holds (its records; unreadable: at most 253) */
+  uint32_t frozen_by;  /* -EMFILE: its StateBucket.sender_uid_plus_one (unreadable: 0) */
+  bool frozen_read;    /* -EMFILE: its StateBucket was read (frozen_fds is its count) */
 };
 
 static void peeked_free(struct peeked *p) {
@@ -209,6 +212,8 @@ static int peek_one(int fd, uint32_t index, uint8_t *buf, size_t cap, struct pee
       p->frozen_seq = p->t->bucket == index ? p->t->seq : 0;
     p->frozen_fds = p->t && p->t->n_segments < FDSTORE_BUCKET_FDS ? (uint32_t)p->t->n_segments
                                                                    : FDSTORE_BUCKET_FDS;
+    p->frozen_by = p->t ? p->t->sender_uid_plus_one : 0;
+    p->frozen_read = p->t != NULL;
     peeked_free(p);
     return -EMFILE;
   }
@@ -314,8 +319,14 @@ static uint64_t frozen_seq(struct gshmd_fdstore *fs, struct found *f, const uint
                "RLIMIT_NOFILE (raise LimitNOFILE=); it stays stored, untouched",
                f->index);
   fs->nfrozen++;
-  for (int k = 0; k < 2; k++)
-    fs->frozen_fds += f->dg[k].t ? (uint64_t)f->dg[k].nfds : f->dg[k].frozen_fds;
+  for (int k = 0; k < 2; k++) {
+    const struct peeked *d = &f->dg[k];
+    uint64_t n = d->t ? (uint64_t)d->nfds : d->frozen_fds;
+    fs->frozen_fds += n;
+    fs->frozen_fds_most |= !d->t && n && !d->frozen_read;
+    if (n) /* (whose they are: said at the switch, gshmd__bucket_say_frozen) */
+      gshmd__bucket_frozen_sender(fs, d->t ? d->t->sender_uid_plus_one : d->frozen_by);
+  }
   peeked_free(&f->dg[0]);
   peeked_free(&f->dg[1]);
   if (j && j->seq > top)

@@ -4,6 +4,7 @@
  * what is said of them, once). */
 #include <inttypes.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include "fdstore_internal.h"
@@ -42,19 +43,39 @@ void gshmd__bucket_count_held(struct gshmd_fdstore *fs) {
                   n, (unsigned)getuid(), (unsigned)getuid());
 }
 
+void gshmd__bucket_frozen_sender(struct gshmd_fdstore *fs, uint32_t by) {
+  if (!fs->frozen_senders++)
+    fs->frozen_by = by;
+  else if (fs->frozen_by != by)
+    fs->frozen_by = 0;
+}
+
 /* A frozen bucket is not sent again after the switch to daemon.user: its
  * datagram could be sent on only once received, with its fds installed,
  * which RLIMIT_NOFILE (the same after the switch) does not allow, and
  * dropping it would lose its segments.  So its fds stay counted against
  * the user that sent them (root, for a store of a gshmd from before
  * daemon.user) until a start with room for them takes the bucket back and
- * writes it: said once, with their number. */
+ * writes it: said once, with their number and that user (each datagram
+ * says its sender: the kernel's count is not gshmd's uid's, which the
+ * message named alone before). */
 void gshmd__bucket_say_frozen(const struct gshmd_fdstore *fs) {
+  char whose[192];
+
   if (!fs->nfrozen)
     return;
+  if (fs->frozen_by)
+    snprintf(whose, sizeof(whose),
+             "uid %u (a process of uid %u without CAP_SYS_RESOURCE whose RLIMIT_NOFILE is "
+             "below that count cannot pass fds: ETOOMANYREFS)",
+             (unsigned)(fs->frozen_by - 1), (unsigned)(fs->frozen_by - 1));
+  else
+    snprintf(whose, sizeof(whose), "the user(s) that sent them (their datagrams do not all say "
+                                   "one uid: some are a gshmd's from before 2026-11-29)");
   gshm_log_warn("fd store: %" PRIu32 " bucket(s) not restored (their fds do not fit under "
-                "RLIMIT_NOFILE) are not sent again as uid %u: their %" PRIu64 " segment fds "
+                "RLIMIT_NOFILE) are not sent again as uid %u: their %s%" PRIu64 " segment fds "
                 "stay queued as the gshmd that wrote them sent them, counted by the kernel as "
-                "fds in flight of its user, until a start with a higher LimitNOFILE= takes them",
-                fs->nfrozen, (unsigned)getuid(), fs->frozen_fds);
+                "fds in flight of %s, until a start with a higher LimitNOFILE= takes them",
+                fs->nfrozen, (unsigned)getuid(), fs->frozen_fds_most ? "at most " : "",
+                fs->frozen_fds, whose);
 }

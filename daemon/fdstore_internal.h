@@ -92,8 +92,12 @@ int gshmd__buckets_restore(struct gshmd_fdstore *fs, int *fds, char **names, int
  * (reg->fdstore_fds_held, for the metrics), and says once when they pass
  * GSHMD_FDSTORE_HELD_NOTICE what that costs gshmd's uid. */
 void gshmd__bucket_count_held(struct gshmd_fdstore *fs);
+/* Restore: a frozen bucket's datagram holding fds was sent by the uid
+ * by - 1 (its StateBucket.sender_uid_plus_one; 0: not said). */
+void gshmd__bucket_frozen_sender(struct gshmd_fdstore *fs, uint32_t by);
 /* After gshmd became another user: says what the frozen buckets keep in
- * flight for the one that sent them (fs->frozen_fds), if any. */
+ * flight for the one that sent them (fs->frozen_fds; by its uid where
+ * their datagrams all said the same), if any. */
 void gshmd__bucket_say_frozen(const struct gshmd_fdstore *fs);
 void gshmd__one_ended_write(struct gshmd_fdstore *fs);
 void gshmd__one_ended_changed(struct gshmd_fdstore *fs, struct gshmd_segment *seg, int event);

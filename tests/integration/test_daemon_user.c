@@ -482,8 +482,9 @@ static void test_one_ended_bucket_leaves_with_the_switch(void **state) {
 /* A frozen bucket (its datagram's fds did not fit under gshmd's
  * RLIMIT_NOFILE at the restore) cannot be sent again after the switch:
  * its fds stay counted against the user that sent them, which gshmd says
- * with their number (it did not), until a start with room takes the
- * bucket back and sends it as its own user. */
+ * with their number and that user's uid (its datagram names its sender;
+ * before, "its user"), until a start with room takes the bucket back and
+ * sends it as its own user. */
 static void test_frozen_bucket_said_and_sent_later(void **state) {
   char path[] = "/tmp/gshm-test-user-XXXXXX", said[128];
   struct harness *h = &H;
@@ -512,6 +513,9 @@ static void test_frozen_bucket_said_and_sent_later(void **state) {
   assert_int_equal(child_passes_fd(UID_D), 1); /* (ETOOMANYREFS) bucket 1's, sent by UID_D */
   snprintf(said, sizeof(said), "as uid %u: their %d segment fds stay queued", UID_E, frozen);
   assert_true(log_has(path, "1 bucket(s) not restored"));
+  assert_true(log_has(path, said));
+  /* whose count they are: UID_D's, which sent them (it said "its user") */
+  snprintf(said, sizeof(said), "counted by the kernel as fds in flight of uid %u ", UID_D);
   assert_true(log_has(path, said));
   unlink(path);
 
