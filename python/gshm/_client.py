@@ -10,12 +10,12 @@ import errno
 import os
 import warnings
 from types import FrameType
-from typing import (Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union,
-                    cast)
+from typing import (Callable, Iterator, List, NoReturn, Optional, Sequence, SupportsIndex,
+                    Tuple, TypeVar, Union, cast)
 
 from . import _lib as L
 from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _count, _dec, _enc,
-                    _finalizer, _optional, _raise, _strerror, _whole)
+                    _finalizer, _optional, _raise, _refuse_pickle, _strerror, _whole)
 from ._errors import InvalidArgument, Unreachable, error_for
 from ._info import (ClientInfo, ClusterPeer, DeviceInfo, LeaseInfo, PullResult, SegmentInfo,
                     StatusInfo)
@@ -226,6 +226,11 @@ class Client(object):
 
     def __repr__(self) -> str:
         return "<gshm.Client %s%s>" % (self.socket, " closed" if self.closed else "")
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        """TypeError: a Client is this process's connection (pickle or
+        copy would share its C object); connect again in the other process."""
+        _refuse_pickle(self, "connection to gshmd")
 
     def _ptr(self) -> int:
         if self._h.owner_released or not self._h.ptr:

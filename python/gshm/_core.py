@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import List, Tuple
+from typing import Any, List, NoReturn, Tuple
 
 from . import _lib as L
 from ._errors import error_for
@@ -165,6 +165,9 @@ class _Handle(object):
     """What both handles share: use(), the C object for the length of one
     call (ptr, refs, owner_released and decref() are the subclass's)."""
 
+    def __reduce_ex__(self, protocol):
+        _refuse_pickle(self, "handle of a libgshm object")
+
     @contextlib.contextmanager
     def use(self, closed_message):
         """with handle.use(message) as ptr: ptr stays valid until the block
@@ -303,6 +306,18 @@ class _SegHandle(_Handle):
                 return
             self.owner_released = True
         self.decref()
+
+
+def _refuse_pickle(obj: Any, what: str) -> NoReturn:
+    """__reduce_ex__ of the objects that stand for C objects of this
+    process (a Client, a Segment, a DeviceArray): TypeError.  Pickled, one
+    carried a raw libgshm pointer into another process (multiprocessing's
+    "spawn", torch.multiprocessing), whose first call on it crashed; copied
+    (copy.copy, copy.deepcopy), two objects each closed the one C object,
+    the second close a use after free."""
+    raise TypeError("gshm: cannot pickle or copy a %s: it is this process's %s; in another "
+                    "process make its own (gshm.Client(socket), then open the segment by "
+                    "name) and pass names, not objects" % (type(obj).__name__, what))
 
 
 def _finalizer(obj, fn, *args):

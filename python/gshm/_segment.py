@@ -8,11 +8,12 @@ import ctypes
 import errno
 import mmap
 import operator
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, NoReturn, Optional, Sequence,
+                    SupportsIndex, Tuple, TypeVar, Union)
 
 from . import _cuda, _dlpack
 from . import _lib as L
-from ._core import _finalizer, _optional, _raise, _state_lock
+from ._core import _finalizer, _optional, _raise, _refuse_pickle, _state_lock
 from ._dtypes import DType, DTypeLike, dtype as _to_dtype
 from ._info import SegmentInfo
 from ._errors import NotSupported
@@ -348,6 +349,11 @@ class Segment(object):
             type(self).__name__, self._info.name, self._info.location, self._info.size,
             self.access, " closed" if self.closed else "")
 
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        """TypeError: a Segment is this process's lease (pickle or copy
+        would share its C object); open the name again in the other process."""
+        _refuse_pickle(self, "lease")
+
 
 # Segment.read/write (offset, nbytes) come first in the MRO, before mmap's
 # file-like read/write; typeshed's mmap has no __new__ and a plain `closed`.
@@ -602,6 +608,11 @@ class DeviceArray(object):
     def __repr__(self) -> str:
         return "<gshm.DeviceArray %s%r on cuda:%d at 0x%x (segment %r + %d)>" % (
             self.dtype.name, self.shape, self.device, self.ptr, self.segment.name, self.offset)
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        """TypeError: an address in this process's mapping, and a reference
+        on its lease (pickle or copy would share them)."""
+        _refuse_pickle(self, "view of a mapping")
 
 
 def map_for_writers(seg: "DeviceSegment", device: Optional[int] = None,

@@ -1902,3 +1902,34 @@ def test_client_used_in_a_forked_child_is_forked_child(client):
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     client.status()  # the parent's client goes on
+
+
+def _spawned_child(c):  # (never runs: its argument cannot be pickled)
+    c.status()
+
+
+def test_client_segment_and_view_refuse_pickle_and_copy(client, segname):
+    """A Client pickled as any object: its raw libgshm pointer went into
+    the pickle, so a multiprocessing "spawn" (or torch.multiprocessing)
+    child given one called gshm_status on an address of its parent's, and
+    copy.deepcopy(client) made a second handle of the one C client, whose
+    close freed it under the first.  Now pickling or copying a Client, a
+    Segment or a DeviceArray is a TypeError that says to pass names; a
+    spawn refuses it in the parent, before any child starts."""
+    import copy
+    import multiprocessing
+    import pickle
+    seg = client.create(segname, 4096, location="host")
+    try:
+        for obj in (client, seg, object.__new__(gshm.DeviceSegment),
+                    object.__new__(gshm.DeviceArray)):
+            for how in (pickle.dumps, copy.copy, copy.deepcopy):
+                with pytest.raises(TypeError, match="gshm: cannot pickle or copy.*pass names"):
+                    how(obj)
+        p = multiprocessing.get_context("spawn").Process(target=_spawned_child, args=(client,))
+        with pytest.raises(TypeError, match="gshm: cannot pickle"):
+            p.start()
+        assert client.status().pid > 0 and seg.stat().leases == 1  # both still work
+    finally:
+        seg.close()
+        client.unlink(segname)
