@@ -2,6 +2,7 @@
 """gshm.copy, signal, wait and copy_signal: stream-ordered copies and flags
 between segments, arrays and raw device addresses."""
 
+import contextlib
 import errno
 from typing import Any, Optional
 
@@ -15,9 +16,13 @@ __all__ = ["copy", "copy_signal", "signal", "wait"]
 _COPY_METHODS = {"auto": 0, "copy_engine": 1, "ce": 1, "sm": 2}
 
 
-def _addr_and_size(obj, what, writes=False):
+def _addr_and_size(obj, what, held, writes=False):
     """(address, size in bytes or None) of a copy's `what` ("dst", "src",
-    "flag"): an array interface must describe C-contiguous memory (strides
+    "flag"); a segment's lease is held in `held` (an ExitStack the caller
+    keeps open until the call has queued its work: ValueError for a closed
+    segment, whose address was its unmapped memory's, and a close on
+    another thread meanwhile waits for the call).  An array interface must
+    describe C-contiguous memory (strides
     None: a reversed or transposed array's data pointer is not where its
     bytes start, and a copy from it runs past them), and one the GPU
     `writes` must not be marked read-only (data[1]).  ValueError
@@ -35,6 +40,7 @@ def _addr_and_size(obj, what, writes=False):
                         message="gshm.copy: %s, host segment %r, is read-only here (opened "
                         "with access 'r')" % (what, obj.name))
     if isinstance(obj, Segment):
+        held.enter_context(obj._use())
         if obj.address is None:
             obj.map()
         return obj.address, obj.size
@@ -182,7 +188,8 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
     """Copies `nbytes` bytes from `src` to `dst` on a CUDA stream with
     gshm_copy (enqueued: synchronise the stream before reading dst).
 
-    dst, src   addresses (int), segments (mapped on first use), DeviceArray
+    dst, src   addresses (int), segments (mapped on first use; ValueError
+               once closed, and held open until the copy is queued), DeviceArray
                views, torch tensors or objects with __cuda_array_interface__.
     nbytes     default: the smaller of the two sizes, where known.
     stream     None: torch's current stream on the source's GPU (the
@@ -202,8 +209,14 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
     Raises NotImplementedError when this libgshm has no gshm_copy."""
     fn = _optional("gshm_copy")
     m = _method(method)
-    d, dsize = _addr_and_size(dst, "dst", writes=True)
-    s, ssize = _addr_and_size(src, "src")
+    with contextlib.ExitStack() as held:
+        _copy(fn, m, dst, src, nbytes, stream, held)
+
+
+def _copy(fn, m, dst, src, nbytes, stream, held):
+    """copy(), with the segments among dst and src held in `held`."""
+    d, dsize = _addr_and_size(dst, "dst", held, writes=True)
+    s, ssize = _addr_and_size(src, "src", held)
     if nbytes is None:
         known = [x for x in (dsize, ssize) if x is not None]
         if not known:
@@ -218,8 +231,8 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
         _raise(rc, "gshm_copy")
 
 
-def _flag_address(flag, writes=True):
-    addr, size = _addr_and_size(flag, "flag", writes)
+def _flag_address(flag, held, writes=True):
+    addr, size = _addr_and_size(flag, "flag", held, writes)
     if size is not None and size < 8:
         raise ValueError("gshm: a flag needs 8 bytes")
     if addr % 8:
@@ -237,8 +250,9 @@ def signal(flag: Any, value: int, stream: Any = None) -> None:
     """Writes the 64-bit `value` to `flag` on `stream` after the work queued
     before it (gshm_signal).  flag: an address, a DeviceArray (its first 8
     bytes), a segment or a tensor."""
-    rc = _on_stream(_optional("gshm_signal"), (_flag_address(flag), _flag_value(value)),
-                    stream, flag)
+    fn = _optional("gshm_signal")
+    with contextlib.ExitStack() as held:
+        rc = _on_stream(fn, (_flag_address(flag, held), _flag_value(value)), stream, flag)
     if rc < 0:
         _raise(rc, "gshm_signal")
 
@@ -246,8 +260,9 @@ def signal(flag: Any, value: int, stream: Any = None) -> None:
 def wait(flag: Any, value: int, stream: Any = None) -> None:
     """Makes `stream` wait, without the host, until the 64-bit word at
     `flag` is >= value (gshm_wait)."""
-    rc = _on_stream(_optional("gshm_wait"), (_flag_address(flag, False), _flag_value(value)),
-                    stream, flag)
+    fn = _optional("gshm_wait")
+    with contextlib.ExitStack() as held:
+        rc = _on_stream(fn, (_flag_address(flag, held, False), _flag_value(value)), stream, flag)
     if rc < 0:
         _raise(rc, "gshm_wait")
 
@@ -262,12 +277,13 @@ def copy_signal(dst: Any, src: Any, nbytes: int, flag: Any, value: int,
     n: int = _count(nbytes, "gshm.copy_signal: nbytes", "size_t")
     if n == 0 and (dst is None or src is None):
         dst, src = (0 if dst is None else dst), (0 if src is None else src)
-    d, dsize = _addr_and_size(dst, "dst", writes=True)
-    s, ssize = _addr_and_size(src, "src")
-    for size, what in ((dsize, "dst"), (ssize, "src")):
-        if size is not None and n > size:
-            raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (n, what, size))
-    rc = _on_stream(fn, (d, s, n, m, _flag_address(flag), _flag_value(value)), stream, src,
-                    dst, flag)
+    with contextlib.ExitStack() as held:
+        d, dsize = _addr_and_size(dst, "dst", held, writes=True)
+        s, ssize = _addr_and_size(src, "src", held)
+        for size, what in ((dsize, "dst"), (ssize, "src")):
+            if size is not None and n > size:
+                raise ValueError("gshm.copy: %d bytes do not fit %s (%d bytes)" % (n, what, size))
+        rc = _on_stream(fn, (d, s, n, m, _flag_address(flag, held), _flag_value(value)), stream,
+                        src, dst, flag)
     if rc < 0:
         _raise(rc, "gshm_copy_signal")

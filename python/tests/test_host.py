@@ -1933,3 +1933,44 @@ def test_client_segment_and_view_refuse_pickle_and_copy(client, segname):
     finally:
         seg.close()
         client.unlink(segname)
+
+
+def test_copy_refuses_closed_segments(monkeypatch, client, segname):
+    """gshm.copy, copy_signal, signal and wait took a closed segment's
+    address as it was before the close: the memory there was unmapped
+    (a device segment's VA range freed, libgshm's host mapping gone), and
+    the driver's copy into it faulted or wrote whatever had been mapped
+    there since.  Now a closed segment is ValueError before anything is
+    queued, and an open one's lease is held for the length of the call."""
+    from gshm import _copy
+    calls = []
+    seen = []
+    open_seg = []
+
+    def fake(name):
+        def call(*a):
+            calls.append(name)
+            seen.append(open_seg[0]._h.refs if open_seg else None)  # the call's own reference
+            return 0
+        return call
+    monkeypatch.setattr(_copy, "_optional", fake)
+    a = numpy.zeros(16, numpy.uint8)
+    client.create(segname, 4096, location="host").close()
+    try:
+        closed = client.open(segname, "rw")
+        closed.close()
+        for call in (lambda: gshm.copy(closed, a), lambda: gshm.copy(a, closed),
+                     lambda: gshm.copy_signal(a, a, 8, closed, 1),
+                     lambda: gshm.signal(closed, 1), lambda: gshm.wait(closed, 1)):
+            with pytest.raises(ValueError, match="closed"):
+                call()
+        assert calls == []
+        with client.open(segname, "rw") as rw:
+            open_seg.append(rw)
+            refs = rw._h.refs
+            gshm.copy(rw, a)
+            gshm.signal(rw, 1)
+            assert calls == ["gshm_copy", "gshm_signal"] and seen == [refs + 1, refs + 1]
+            assert rw._h.refs == refs
+    finally:
+        client.unlink(segname)
