@@ -190,8 +190,10 @@ class Segment(object):
 
     @property
     def address(self) -> Optional[int]:
-        """The address returned by map(), or None while not mapped."""
-        return self._address
+        """The address returned by map(), or None while not mapped and once
+        closed (close() unmaps it, or leaves it to the views that hold it:
+        theirs to use, not this object's)."""
+        return None if self._h.owner_released else self._address
 
     def _ptr(self) -> int:
         if self._h.owner_released or not self._h.ptr:
@@ -331,7 +333,8 @@ class Segment(object):
 
     @property
     def mapped(self) -> bool:
-        return self._address is not None
+        """Whether address is an address: mapped, and not closed."""
+        return self.address is not None
 
     # -- lifetime
     def close(self) -> None:

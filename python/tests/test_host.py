@@ -1974,3 +1974,17 @@ def test_copy_refuses_closed_segments(monkeypatch, client, segname):
             assert rw._h.refs == refs
     finally:
         client.unlink(segname)
+
+
+def test_closed_segment_has_no_address(client, segname):
+    """Segment.address ("None while not mapped") and .mapped kept the
+    mapping's address after close(), when libgshm had unmapped it: code
+    that checked seg.mapped before handing seg.address to a copy or a
+    kernel used memory that was gone.  Now both say unmapped once closed."""
+    seg = client.create(segname, 4096, location="host")
+    try:
+        assert seg.mapped and seg.address
+        seg.close()
+        assert seg.closed and not seg.mapped and seg.address is None
+    finally:
+        client.unlink(segname)
