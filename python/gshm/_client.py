@@ -14,8 +14,9 @@ from typing import (Callable, Iterator, List, NoReturn, Optional, Sequence, Supp
                     Tuple, TypeVar, Union, cast)
 
 from . import _lib as L
-from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _count, _dec, _enc,
-                    _finalizer, _optional, _raise, _refuse_pickle, _strerror, _whole)
+from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _calling_back,
+                    _count, _dec, _enc, _finalizer, _optional, _raise, _refuse_pickle,
+                    _strerror, _whole)
 from ._errors import InvalidArgument, Unreachable, error_for
 from ._info import (ClientInfo, ClusterPeer, DeviceInfo, LeaseInfo, PullResult, SegmentInfo,
                     StatusInfo)
@@ -500,7 +501,9 @@ class Client(object):
         as for create).
 
         `progress(bytes_done, bytes_total, elapsed_ns)` is called about five
-        times a second meanwhile (it must not use this client).  Once it
+        times a second meanwhile (it must not use this client; a segment of
+        it whose last reference goes meanwhile on this thread is closed
+        when the pull returns).  Once it
         raised it is called no more; any exception but a KeyboardInterrupt
         or SystemExit is reported as a RuntimeWarning once the pull has
         ended.  Ctrl-C while the pull runs (with or without a callback, the
@@ -550,7 +553,7 @@ class Client(object):
             res = L.PullResultC()
             with self._use() as p:
                 calling.append(p)
-                with _cancel_on_sigint(calling, interrupted):
+                with _cancel_on_sigint(calling, interrupted), _calling_back(self._h):
                     rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(res))
                 if rc < 0:
                     _progress_interrupted(raised, interrupted)  # (before the cancel's error)
@@ -561,7 +564,7 @@ class Client(object):
         n = ctypes.c_size_t(0)
         with self._use() as p:
             calling.append(p)
-            with _cancel_on_sigint(calling, interrupted):
+            with _cancel_on_sigint(calling, interrupted), _calling_back(self._h):
                 rc = fn(p, _enc(peer), _enc(name), ctypes.byref(opts), ctypes.byref(arr),
                         ctypes.byref(n))
             if rc < 0:

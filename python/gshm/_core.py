@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, List, NoReturn, Tuple
+from typing import Any, Iterator, List, NoReturn, Tuple
 
 from . import _lib as L
 from ._errors import error_for
@@ -186,7 +186,9 @@ class _Handle(object):
 
 
 # Segment closes put off while a CUDA graph capture ran on the closing
-# thread: (segment ptr, its client handle, pid).  libgshm's last unmap of
+# thread, or while that thread was inside a request of the segment's client
+# that calls back into Python (_calling_back): (segment ptr, its client
+# handle, pid).  libgshm's last unmap of
 # a device mapping waits for the GPU's queued work (cuCtxSynchronize), which
 # CUDA refuses during a capture and which may invalidate it; PyTorch puts
 # off its own frees during a capture the same way.  A view's last reference
@@ -213,14 +215,50 @@ def _close_segment(ptr: int, client: "_ClientHandle") -> None:
 
 def _flush_deferred() -> None:
     """Closes the segments _deferred holds (this process's; a forked
-    child's copies are dropped: the parent's to close)."""
+    child's copies are dropped: the parent's to close), but those of a
+    client this thread is in a request of (_calling_back): theirs wait
+    for its end."""
+    busy = _busy_clients()
     while True:
         with _state_lock:
-            if not _deferred:
+            i = next((i for i, d in enumerate(_deferred) if d[1] not in busy), None)
+            if i is None:
                 return
-            ptr, client, pid = _deferred.pop()
+            ptr, client, pid = _deferred.pop(i)
         if pid == os.getpid():
             _close_segment(ptr, client)
+
+
+# The clients this thread is in a request of that calls back into Python
+# (a pull's progress callback, where Python also runs signal handlers):
+# libgshm holds the client's lock, which is not recursive, until the
+# request returns.  A segment of that client whose last reference went on
+# this thread meanwhile (the garbage collector runs at any allocation, a
+# DLPack deleter when a tensor goes, the callback may drop one) was closed
+# there, and gshm_close waited for that lock, held by its own thread: for
+# ever.  Its close is put off (_deferred) to the request's end.
+_tls = threading.local()
+
+
+def _busy_clients() -> List["_ClientHandle"]:
+    return getattr(_tls, "calling_back", [])
+
+
+@contextlib.contextmanager
+def _calling_back(client: "_ClientHandle") -> Iterator[None]:
+    """with _calling_back(handle): around a libgshm request on client
+    `handle` whose callbacks run Python on this thread; the closes put off
+    meanwhile are made once it has returned (outside a capture)."""
+    busy = getattr(_tls, "calling_back", None)
+    if busy is None:
+        busy = _tls.calling_back = []
+    busy.append(client)
+    try:
+        yield
+    finally:
+        busy.pop()
+        if not _capturing():
+            _flush_deferred()
 
 
 class _ClientHandle(_Handle):
@@ -293,7 +331,9 @@ class _SegHandle(_Handle):
         if self.pid != os.getpid():  # a forked child's copy: the parent's to close
             self.client.decref()
             return
-        if _capturing():  # (_deferred: the close's wait would break the capture)
+        # (_deferred: the close's wait would break the capture, or wait for
+        # this very thread's request)
+        if _capturing() or self.client in _busy_clients():
             with _state_lock:
                 _deferred.append((ptr, self.client, self.pid))
             return

@@ -137,6 +137,55 @@ def test_pull_interrupted_in_progress(pair):
         ca.unlink("pub/intr")
 
 
+_DROP_IN_PROGRESS = r"""
+import os, sys
+import gshm
+with gshm.Client(sys.argv[1]) as cb:
+    held = [cb.open(sys.argv[2], "r")]
+    calls = []
+
+    def progress(done, total, ns):
+        calls.append(done)
+        held.clear()  # the segment's last reference: closed on the pulling thread
+
+    r = cb.pull("a", "pub/dropped", local_name="py/dropped", progress=progress)
+    assert calls and not held and r.bytes == int(sys.argv[3]), (calls, held, r.bytes)
+    # its close, put off to the pull's end, was made then
+    mine = [l for l in cb.leases() if l.segment == sys.argv[2] and l.pid == os.getpid()]
+    assert not mine, mine
+    cb.unlink("py/dropped")
+print("ok")
+"""
+
+
+def test_segment_dropped_in_pull_progress_is_closed_after_it(pair):
+    """A segment of the pulling client whose last reference went inside
+    the pull's progress callback (the callback dropped it; or the garbage
+    collector, which runs at any allocation, or a DLPack deleter) was
+    closed there: gshm_close waited for the client's lock, which the pull
+    on that same thread held, and the process hung for ever.  Now such a
+    close is put off to the pull's end, and made then.  Run in a child
+    process, killed after 60 s (a hang fails the test, not the suite)."""
+    import subprocess
+    import sys
+    a, b = pair
+    size = 64 * 1024 * 1024
+    with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
+        ca.create("pub/dropped", size, location="host", mode=0o644).close()
+        cb.create("py/held", 4096, location="host").close()
+        try:
+            p = subprocess.run([sys.executable, "-c", _DROP_IN_PROGRESS, b.socket, "py/held",
+                                str(size)], env=gshm_testutil.child_env(), timeout=60,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               universal_newlines=True)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the pull hung: the segment dropped in its progress callback was "
+                        "closed on the pulling thread")
+        assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout
+        cb.unlink("py/held")
+        ca.unlink("pub/dropped")
+
+
 @pytest.fixture
 def silent_node(tmp_path):
     """A gshmd "c" whose one peer "s" is a listener of 127.0.0.1 that never
