@@ -53,9 +53,14 @@ __all__ = [
 ]
 
 
-def location_of_device(ordinal: Any) -> str:
+def location_of_device(ordinal: Any = None) -> str:
     """The gshm location ("cuda:GPU-<uuid>") of this process's CUDA device
     `ordinal`: unlike "cuda:N" (the daemon's numbering) it names the same GPU
-    whatever CUDA_VISIBLE_DEVICES says."""
+    whatever CUDA_VISIBLE_DEVICES says.  ordinal: an int, "cuda:N" or a
+    torch.device; None, "cuda" or torch.device("cuda"): this thread's
+    current device (torch.cuda.set_device's), as Segment.view takes them.
+    Raises ValueError for no such device here, or for anything else."""
     from . import _cuda
-    return "cuda:" + _cuda.device_uuid(int(getattr(ordinal, "index", ordinal) or 0))
+    from ._segment import _ordinal
+    current = _cuda.current_device()
+    return "cuda:" + _cuda.device_uuid(current if ordinal is None else _ordinal(ordinal, current))

@@ -1988,3 +1988,22 @@ def test_closed_segment_has_no_address(client, segname):
         assert seg.closed and not seg.mapped and seg.address is None
     finally:
         client.unlink(segname)
+
+
+def test_location_of_device_takes_devices_as_views_do(monkeypatch):
+    """gshm.location_of_device(torch.device("cuda")) (index None) gave GPU
+    0's location whatever device was current: every rank of a program that
+    set its own device (torch.cuda.set_device(local_rank)) named GPU 0,
+    and "cuda:1" was a bare int() error.  Now a device without an index is
+    the current one, and the forms Segment.view takes are taken."""
+    import types
+    from gshm import _cuda
+    monkeypatch.setattr(_cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(_cuda, "device_uuid", lambda k: "GPU-%d" % k)
+    cases = [(None, 3), ("cuda", 3), (types.SimpleNamespace(type="cuda", index=None), 3),
+             (types.SimpleNamespace(type="cuda", index=1), 1), ("cuda:2", 2), (0, 0), (5, 5)]
+    for arg, want in cases:
+        assert gshm.location_of_device(arg) == "cuda:GPU-%d" % want, arg
+    for bad in ("cpu", True, "cuda:x"):
+        with pytest.raises(ValueError):
+            gshm.location_of_device(bad)
