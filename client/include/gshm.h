@@ -1059,6 +1059,47 @@ GSHM_EXTERN int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs
 GSHM_EXTERN int gshm_pool_release(gshm_pool_t *pool, int unlink);
 /* ---- end PyTorch's allocator ---- */
 
+/* ---- DLPack for bindings without compiled code (client/pyglue.c) ---- */
+
+/* A DLPack producer written with ctypes (the Python package) can give C
+ * only Python functions (ctypes callbacks) as a DLManagedTensor's deleter
+ * and a capsule's destructor, and a ctypes callback entered while a
+ * Python exception is pending loses it (the interpreter turns the
+ * callback's result into a SystemError, which ctypes reports as
+ * unraisable and clears): a consumer that dropped the capsule while
+ * raising (numpy.from_dlpack of a GPU view) returned NULL with no
+ * exception, and the release never ran.  gshm_py_dlpack_deleter and
+ * gshm_py_capsule_destructor are C functions to give instead: each takes
+ * the GIL, sets the pending exception aside, calls the binding's callback
+ * and puts the exception back.  libgshm does not link Python: the binding
+ * hands in the interpreter's own functions. */
+typedef struct gshm_py_glue {
+  int (*gil_ensure)(void);                               /* PyGILState_Ensure */
+  void (*gil_release)(int state);                        /* PyGILState_Release */
+  void (*err_fetch)(void **type, void **value, void **traceback); /* PyErr_Fetch */
+  void (*err_restore)(void *type, void *value, void *traceback);  /* PyErr_Restore */
+  void (*deleter)(void *managed);            /* what gshm_py_dlpack_deleter calls */
+  void (*capsule_destructor)(void *capsule); /* what gshm_py_capsule_destructor calls */
+} gshm_py_glue_t;
+
+/* Sets, for the whole process, the functions the two below call.  glue
+ * (not copied) and every function it names must stay valid until the
+ * process ends; a later call replaces it for the calls that follow.
+ * Returns 0; -EINVAL glue or one of its functions NULL. */
+GSHM_EXTERN int gshm_py_glue_set(const gshm_py_glue_t *glue);
+
+/* A DLManagedTensor deleter (declared void * here: gshm.h does not
+ * include dlpack.h), callable from any thread, with or without the GIL:
+ * glue->deleter(managed) with the GIL held and Python's pending exception
+ * kept.  Does nothing before gshm_py_glue_set. */
+GSHM_EXTERN void gshm_py_dlpack_deleter(void *managed);
+
+/* A PyCapsule destructor (a PyObject *, declared void * here), called
+ * with the GIL held: glue->capsule_destructor(capsule), Python's pending
+ * exception kept.  Does nothing before gshm_py_glue_set. */
+GSHM_EXTERN void gshm_py_capsule_destructor(void *capsule);
+/* ---- end DLPack for bindings ---- */
+
 /* ---- copy, broadcast, signal (kernels/) ---- */
 
 /* How gshm_copy moves bytes. */

@@ -17,12 +17,21 @@ Ownership, per the DLPack spec:
 The ctypes callbacks and the capsule name are created once and never freed
 (a C pointer to each outlives any Python object that could own it), so a
 deleter called late, from any thread, finds them.
+
+What C is given as the deleter and the destructor is libgshm's
+gshm_py_dlpack_deleter and gshm_py_capsule_destructor, which call those
+callbacks with Python's pending exception set aside: a ctypes callback
+entered while one is pending loses it (a consumer that drops the capsule
+while raising, as numpy.from_dlpack does for a GPU view, then returned
+NULL with no exception: a SystemError, and the export was never
+released).  The callbacks themselves only where libgshm lacks them.
 """
 
 import ctypes
 import threading
 from typing import Any, Dict
 
+from . import _lib
 from ._lib import fork_safe
 
 __all__ = ["DLDevice", "DLDataType", "DLTensor", "DLManagedTensor", "make_capsule",
@@ -92,7 +101,7 @@ def _deleter_impl(addr):
         pass
 
 
-_deleter = _forever(_DELETER(_deleter_impl))
+_py_deleter = _forever(_DELETER(_deleter_impl))
 
 _NAME = _forever(ctypes.create_string_buffer(b"dltensor"))
 
@@ -119,7 +128,41 @@ def _capsule_destructor_impl(capsule):
         pass
 
 
-_capsule_destructor = _forever(_DESTRUCTOR(_capsule_destructor_impl))
+_py_capsule_destructor = _forever(_DESTRUCTOR(_capsule_destructor_impl))
+
+# (deleter, capsule destructor address) that make_capsule gives C, chosen
+# at its first call (_c_functions).
+_given = None
+
+
+def _c_functions():
+    """libgshm's gshm_py_dlpack_deleter (as a _DELETER) and
+    gshm_py_capsule_destructor (an address) around the callbacks above,
+    once gshm_py_glue_set has them; the callbacks themselves where
+    libgshm cannot be loaded or predates them."""
+    global _given
+    if _given is not None:
+        return _given
+    given = (_py_deleter, ctypes.cast(_py_capsule_destructor, ctypes.c_void_p).value)
+    try:
+        setup = _lib.optional_symbol("gshm_py_glue_set")
+        deleter = _lib.optional_symbol("gshm_py_dlpack_deleter")
+        destructor = _lib.optional_symbol("gshm_py_capsule_destructor")
+    except ImportError:
+        setup = None
+    if setup is not None and deleter is not None and destructor is not None:
+        api = ctypes.pythonapi
+
+        def address(fn):
+            return ctypes.cast(fn, ctypes.c_void_p).value
+        glue = _forever(_lib.PyGlueC(
+            address(api.PyGILState_Ensure), address(api.PyGILState_Release),
+            address(api.PyErr_Fetch), address(api.PyErr_Restore), address(_py_deleter),
+            address(_py_capsule_destructor)))
+        if setup(ctypes.byref(glue)) == 0:
+            given = (_DELETER(address(deleter)), address(destructor))
+    _given = given
+    return given
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
 _PyCapsule_New.restype = ctypes.py_object
@@ -148,14 +191,15 @@ def make_capsule(owner, data, device_type, device_id, dl_code, dl_bits, shape):
     t.shape = ctypes.cast(export.shape, ctypes.POINTER(ctypes.c_int64))
     t.strides = ctypes.cast(export.strides, ctypes.POINTER(ctypes.c_int64))
     t.byte_offset = 0
+    deleter, destructor = _c_functions()
     m.manager_ctx = None
-    m.deleter = _deleter
+    m.deleter = deleter
     export.managed = m
     addr = ctypes.addressof(m)
     with _LIVE_LOCK:
         _LIVE[addr] = export
     try:
-        return _PyCapsule_New(addr, ctypes.addressof(_NAME), ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+        return _PyCapsule_New(addr, ctypes.addressof(_NAME), destructor)
     except BaseException:
         with _LIVE_LOCK:
             _LIVE.pop(addr, None)

@@ -28,6 +28,7 @@ __all__ = [
     "DeviceInfoC",
     "PoolConfigC",
     "PoolSegmentC",
+    "PyGlueC",
     "GSHM_POOL_PERSISTENT",
     "GSHM_POOL_SEGMENT_PER_ALLOC",
     "GSHM_POOL_DEFAULT_GRANULE",
@@ -240,6 +241,19 @@ class PoolSegmentC(ctypes.Structure):
     ]
 
 
+class PyGlueC(ctypes.Structure):
+    """gshm_py_glue_t (every member a C function's address)"""
+
+    _fields_ = [
+        ("gil_ensure", ctypes.c_void_p),
+        ("gil_release", ctypes.c_void_p),
+        ("err_fetch", ctypes.c_void_p),
+        ("err_restore", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("capsule_destructor", ctypes.c_void_p),
+    ]
+
+
 GSHM_POOL_PERSISTENT = 0x1
 GSHM_POOL_SEGMENT_PER_ALLOC = 0x2
 GSHM_POOL_DEFAULT_GRANULE = 256 << 20
@@ -254,6 +268,7 @@ STRUCTS = {
     "gshm_device_info_t": DeviceInfoC,
     "gshm_pool_config_t": PoolConfigC,
     "gshm_pool_segment_t": PoolSegmentC,
+    "gshm_py_glue_t": PyGlueC,
 }
 
 _vp = ctypes.c_void_p
@@ -323,6 +338,10 @@ _OPTIONAL_PROTOTYPES = {
     "gshm_client_uid": (_int, [_vp, ctypes.POINTER(ctypes.c_uint32)]),
     # hidden creates and their publish (replacing a segment in place)
     "gshm_publish": (_int, [_vp, ctypes.c_uint32]),
+    # DLPack's deleter and capsule destructor in C (gshm._dlpack)
+    "gshm_py_glue_set": (_int, [ctypes.POINTER(PyGlueC)]),
+    "gshm_py_dlpack_deleter": (None, [_vp]),
+    "gshm_py_capsule_destructor": (None, [_vp]),
 }
 
 def fork_safe(lock):

@@ -2007,3 +2007,49 @@ def test_location_of_device_takes_devices_as_views_do(monkeypatch):
     for bad in ("cpu", True, "cuda:x"):
         with pytest.raises(ValueError):
             gshm.location_of_device(bad)
+
+
+def test_dlpack_release_keeps_a_pending_exception():
+    """A DLPack capsule destroyed while an exception was being raised (a
+    consumer refusing it: numpy.from_dlpack of a GPU view, "Unsupported
+    device"; or any temporary dropped on an error path) ran its ctypes
+    destructor with that exception pending: the interpreter turned the
+    callback's result into a SystemError, ctypes dropped it, and the
+    caller got "SystemError: ... returned NULL without setting an
+    exception" instead of the consumer's error, while the export (and
+    with it a device view's lease and mapping) was never released.  Now
+    C gets libgshm's gshm_py_capsule_destructor and gshm_py_dlpack_deleter,
+    which set the exception aside around the callbacks."""
+    buf = (ctypes.c_uint8 * 16)()
+    released = []
+
+    class View(object):
+        def __init__(self, device_type):
+            self.device_type = device_type
+
+        def __dlpack__(self, stream=None, **kw):
+            return _dlpack.make_capsule(self, ctypes.addressof(buf), self.device_type, 0,
+                                        gshm.dtype("uint8").dl_code, 8, (16,))
+
+        def __dlpack_device__(self):
+            return (self.device_type, 0)
+
+    import weakref
+    before = _dlpack.live_exports()
+    v = View(_dlpack.kDLCUDA)
+    weakref.finalize(v, released.append, "refused")
+    with pytest.raises(Exception) as refused:
+        numpy.from_dlpack(v)
+    assert not isinstance(refused.value, SystemError), refused.value
+    assert "device" in str(refused.value).lower(), refused.value
+    del v, refused
+    gc.collect()
+    assert released == ["refused"] and _dlpack.live_exports() == before
+    # an unconsumed capsule freed on an error path of the interpreter itself
+    v = View(_dlpack.kDLCPU)
+    weakref.finalize(v, released.append, "dropped")
+    with pytest.raises(IndexError):
+        [v.__dlpack__()][5]
+    del v
+    gc.collect()
+    assert released[-1] == "dropped" and _dlpack.live_exports() == before
