@@ -367,7 +367,14 @@ class Client(object):
         False also for a name no segment can have: longer than NAME_MAX
         bytes, or malformed ("", "a//b", a "." or ".." component, a
         control character), for which stat() raises InvalidArgument
-        (ENAMETOOLONG, EINVAL)."""
+        (ENAMETOOLONG, EINVAL), or ValueError before asking gshmd (a NUL
+        byte, a lone surrogate: no bytes C could be given).  TypeError for
+        a name that is no str, bytes or path; ValueError for a closed
+        client."""
+        try:
+            _enc(name)
+        except ValueError:  # (UnicodeEncodeError is one)
+            return False
         try:
             self.stat(name)
             return True

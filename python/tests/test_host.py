@@ -2053,3 +2053,19 @@ def test_dlpack_release_keeps_a_pending_exception():
     del v
     gc.collect()
     assert released[-1] == "dropped" and _dlpack.live_exports() == before
+
+
+def test_exists_is_false_for_names_c_cannot_be_given(client):
+    """Client.exists() is False for a name no segment can have, control
+    characters included, but a NUL byte (a control character too) or a
+    lone surrogate raised the ValueError of the name's encoding instead.
+    Now both are False; a closed client and a name of the wrong type
+    still raise."""
+    for name in ("a\0b", "\ud800", "a\x01b"):
+        assert client.exists(name) is False, repr(name)
+    with pytest.raises(TypeError):
+        client.exists(42)
+    c = gshm.Client(client.socket)
+    c.close()
+    with pytest.raises(ValueError, match="closed"):
+        c.exists("x")
