@@ -13,7 +13,7 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, NoReturn, Optional
 
 from . import _cuda, _dlpack
 from . import _lib as L
-from ._core import _finalizer, _optional, _raise, _refuse_pickle, _state_lock
+from ._core import _finalizer, _optional, _raise, _refuse_pickle, _state_lock, _whole
 from ._dtypes import DType, DTypeLike, dtype as _to_dtype
 from ._info import SegmentInfo
 from ._errors import NotSupported
@@ -250,7 +250,12 @@ class Segment(object):
 
     def read(self, offset: int = 0, nbytes: Optional[int] = None) -> bytes:
         """Copies nbytes (default: to the end) from byte offset into a new
-        bytes object, for host and device segments alike (gshm_read)."""
+        bytes object, for host and device segments alike (gshm_read).
+        ValueError for a range outside the segment or a count that is no
+        whole number (TypeError for no number at all)."""
+        offset = _whole(offset, "gshm: offset")
+        if nbytes is not None:
+            nbytes = _whole(nbytes, "gshm: nbytes")
         if nbytes is None:
             nbytes = self.size - offset
         if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
@@ -269,7 +274,10 @@ class Segment(object):
         return out
 
     def write(self, data: Any, offset: int = 0) -> None:
-        """Copies data (bytes-like) into the segment at byte offset (gshm_write)."""
+        """Copies data (bytes-like) into the segment at byte offset (gshm_write).
+        ValueError for a range outside the segment or an offset that is no
+        whole number (TypeError for no number at all)."""
+        offset = _whole(offset, "gshm: offset")
         mv = memoryview(data).cast("B")
         n = mv.nbytes
         if offset < 0 or offset + n > self.size:

@@ -2069,3 +2069,23 @@ def test_exists_is_false_for_names_c_cannot_be_given(client):
     c.close()
     with pytest.raises(ValueError, match="closed"):
         c.exists("x")
+
+
+def test_read_write_take_offsets_as_create_takes_sizes(client, segname):
+    """Segment.read(0.5, 1) or write(data, 1.5) handed the float to ctypes,
+    whose ctypes.ArgumentError is neither a ValueError nor a TypeError (an
+    `except ValueError` let it through).  Now offsets and counts are
+    taken as create takes a size: an integral float as its int, anything
+    else a ValueError (TypeError for no number)."""
+    with client.create(segname, 4096, location="host") as seg:
+        try:
+            seg.write(b"ab", 4.0)
+            assert seg.read(4.0, 2.0) == b"ab" and seg.read(numpy.int64(5), 1) == b"b"
+            for call in (lambda: seg.read(0.5, 1), lambda: seg.read(0, 1.5),
+                         lambda: seg.write(b"x", 1.5), lambda: seg.read(float("nan"), 1)):
+                with pytest.raises(ValueError, match="whole number"):
+                    call()
+            with pytest.raises(TypeError):
+                seg.read(None, 1)
+        finally:
+            client.unlink(segname)
