@@ -374,6 +374,27 @@ def test_tensor_keeps_lease_after_close(gpu_daemon, gpu_client, segname):
     gpu_client.unlink(segname)
 
 
+def test_tensor_freed_while_raising_keeps_the_error_and_ends_the_lease(gpu_daemon, gpu_client,
+                                                                        segname):
+    # A tensor from a DLPack view whose last reference goes on an error
+    # path of the interpreter (a temporary dropped after IndexError was
+    # set) ran gshm's deleter with that exception pending: a ctypes
+    # callback then loses it (SystemError), and the export, its mapping and
+    # the lease stayed for the process's life.  libgshm's
+    # gshm_py_dlpack_deleter sets the exception aside around the callback.
+    seg = gpu_client.create(segname, 4 * MiB, location=gshm.location_of_device(0))
+    pid = os.getpid()
+    try:
+        [torch.from_dlpack(seg.view("int32", (1024,)))][5]
+    except IndexError:
+        pass  # (a SystemError is the bug)
+    seg.close()
+    gc.collect()
+    torch.cuda.synchronize()
+    assert not any(m["segment"] == segname and m["pid"] == pid for m in gpu_daemon.mappings())
+    gpu_client.unlink(segname)
+
+
 def test_failed_share_state_dict_holds_no_lease(gpu_daemon, gpu_client, segname):
     """share_state_dict interrupted midway (Ctrl-C during the copies, here
     at the second tensor): its device view stayed in the frame that the
