@@ -157,7 +157,9 @@ def _optional(name):
 # another thread's request (a pull: minutes) holds, and with this lock held
 # every other thread's gshm call, and a finalizer run by the garbage
 # collector inside that request's progress callback, would wait too (the
-# latter for ever).
+# latter for ever).  A segment whose last reference goes while this thread
+# holds it (the collector runs at any allocation) has its close put off
+# (_SegHandle.decref).
 _state_lock = L.fork_safe(threading.RLock())
 
 
@@ -183,6 +185,8 @@ class _Handle(object):
             yield self.ptr
         finally:
             self.decref()
+            if _deferred and not _state_lock._is_owned() and not _capturing():
+                _flush_deferred()  # (put off under _state_lock: see _SegHandle.decref)
 
 
 # Segment closes put off while a CUDA graph capture ran on the closing
@@ -332,8 +336,12 @@ class _SegHandle(_Handle):
             self.client.decref()
             return
         # (_deferred: the close's wait would break the capture, or wait for
-        # this very thread's request)
-        if _capturing() or self.client in _busy_clients():
+        # this very thread's request, or, where this thread holds
+        # _state_lock (a finalizer the garbage collector ran at an
+        # allocation under it), stall every thread's gshm call behind
+        # another's request, and for ever where that request's callback
+        # wants the lock; made at the next call's end)
+        if _capturing() or self.client in _busy_clients() or _state_lock._is_owned():
             with _state_lock:
                 _deferred.append((ptr, self.client, self.pid))
             return

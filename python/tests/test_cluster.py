@@ -166,24 +166,88 @@ def test_segment_dropped_in_pull_progress_is_closed_after_it(pair):
     on that same thread held, and the process hung for ever.  Now such a
     close is put off to the pull's end, and made then.  Run in a child
     process, killed after 60 s (a hang fails the test, not the suite)."""
-    import subprocess
-    import sys
     a, b = pair
     size = 64 * 1024 * 1024
     with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
         ca.create("pub/dropped", size, location="host", mode=0o644).close()
         cb.create("py/held", 4096, location="host").close()
-        try:
-            p = subprocess.run([sys.executable, "-c", _DROP_IN_PROGRESS, b.socket, "py/held",
-                                str(size)], env=gshm_testutil.child_env(), timeout=60,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               universal_newlines=True)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the pull hung: the segment dropped in its progress callback was "
-                        "closed on the pulling thread")
-        assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout
+        _child_ok_within_60s(_DROP_IN_PROGRESS, [b.socket, "py/held", str(size)],
+                             "the pull hung: the segment dropped in its progress callback was "
+                             "closed on the pulling thread")
         cb.unlink("py/held")
         ca.unlink("pub/dropped")
+
+
+def _child_ok_within_60s(script, args, hung):
+    """Runs script in a child Python with args; fails the test with `hung`
+    when it has not ended in 60 s (it is killed), or unless it printed
+    "ok" last and exited 0."""
+    import subprocess
+    import sys
+    try:
+        p = subprocess.run([sys.executable, "-c", script] + args, env=gshm_testutil.child_env(),
+                           timeout=60, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           universal_newlines=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail(hung)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout
+
+
+_CLOSE_UNDER_STATE_LOCK = r"""
+import os, sys, threading
+import gshm
+from gshm import _core
+with gshm.Client(sys.argv[1]) as cb:
+    seg = cb.open(sys.argv[2], "r")
+    in_cb, go = threading.Event(), threading.Event()
+
+    def progress(done, total, ns):
+        if not in_cb.is_set():
+            in_cb.set()
+            go.wait(30)
+            with _core._state_lock:  # (as a segment dropped here would take it)
+                pass
+
+    def pull():
+        cb.pull("a", "pub/locked", local_name="py/locked", progress=progress)
+
+    t = threading.Thread(target=pull)
+    t.start()
+    assert in_cb.wait(30)
+    # A finalizer that the garbage collector runs at an allocation made
+    # under _state_lock: the segment's last reference goes there, while
+    # the pull on t holds the client's lock.
+    with _core._state_lock:
+        del seg
+    go.set()
+    t.join(60)
+    assert not t.is_alive()
+    cb.status()  # a call's end makes what was put off
+    mine = [l for l in cb.leases() if l.segment == sys.argv[2] and l.pid == os.getpid()]
+    assert not mine, mine
+    cb.unlink("py/locked")
+print("ok")
+"""
+
+
+def test_segment_closed_under_the_state_lock_waits_for_no_request(pair):
+    """A segment whose last reference went while its thread held
+    gshm._core._state_lock (a finalizer run by the garbage collector at an
+    allocation under it) was closed right there: gshm_close waited for
+    the client's lock, held by another thread's pull, with _state_lock
+    held, so every thread's gshm call stalled behind the pull, and a
+    progress callback that took _state_lock (a segment dropped there) hung
+    both for ever.  Now such a close is put off and made at the end of the
+    next call.  Run in a child process, killed after 60 s."""
+    a, b = pair
+    size = 64 * 1024 * 1024
+    with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
+        ca.create("pub/locked", size, location="host", mode=0o644).close()
+        cb.create("py/held2", 4096, location="host").close()
+        _child_ok_within_60s(_CLOSE_UNDER_STATE_LOCK, [b.socket, "py/held2"],
+                             "hung: a close under _state_lock waited for another thread's pull")
+        cb.unlink("py/held2")
+        ca.unlink("pub/locked")
 
 
 @pytest.fixture
