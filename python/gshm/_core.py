@@ -220,12 +220,12 @@ def _close_segment(ptr: int, client: "_ClientHandle") -> None:
 def _flush_deferred() -> None:
     """Closes the segments _deferred holds (this process's; a forked
     child's copies are dropped: the parent's to close), but those of a
-    client this thread is in a request of (_calling_back): theirs wait
-    for its end."""
-    busy = _busy_clients()
+    client that a thread is in a request of (_calling_back): its close
+    would wait for that request (this thread's own for ever, another's
+    for minutes), and the request's end makes it."""
     while True:
         with _state_lock:
-            i = next((i for i, d in enumerate(_deferred) if d[1] not in busy), None)
+            i = next((i for i, d in enumerate(_deferred) if not d[1].calling_back), None)
             if i is None:
                 return
             ptr, client, pid = _deferred.pop(i)
@@ -257,10 +257,14 @@ def _calling_back(client: "_ClientHandle") -> Iterator[None]:
     if busy is None:
         busy = _tls.calling_back = []
     busy.append(client)
+    with _state_lock:
+        client.calling_back += 1
     try:
         yield
     finally:
         busy.pop()
+        with _state_lock:
+            client.calling_back -= 1
         if not _capturing():
             _flush_deferred()
 
@@ -272,6 +276,7 @@ class _ClientHandle(_Handle):
         self.owner_released = False
         self.pid = os.getpid()
         self.segments = set()
+        self.calling_back = 0  # threads in a request of it that calls back (_calling_back)
 
     def incref(self):
         with _state_lock:

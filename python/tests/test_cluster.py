@@ -250,6 +250,49 @@ def test_segment_closed_under_the_state_lock_waits_for_no_request(pair):
         ca.unlink("pub/locked")
 
 
+def test_close_put_off_by_a_pull_does_not_hold_other_calls(pair):
+    """A segment dropped in a pull's progress callback has its close put
+    off to the pull's end; but every other call's end (the next one on
+    any thread, any client) made it, and so waited there for the pull
+    holding that client's lock: a status() of another client stalled for
+    as long as the pull ran.  Now what a pull put off is made only by
+    that pull's end."""
+    import threading
+    import time
+    a, b = pair
+    size = 64 * 1024 * 1024
+    with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb, \
+            gshm.Client(b.socket) as other:
+        ca.create("pub/longpull", size, location="host", mode=0o644).close()
+        other.create("py/held3", 4096, location="host").close()
+        held = [cb.open("py/held3", "r")]
+        in_cb, go = threading.Event(), threading.Event()
+
+        def progress(done, total, ns):
+            if held:
+                held.clear()  # put off: this thread is in cb's pull
+                in_cb.set()
+                go.wait(30)
+
+        t = threading.Thread(target=lambda: cb.pull("a", "pub/longpull", local_name="py/longpull",
+                                                    progress=progress))
+        t.start()
+        try:
+            assert in_cb.wait(30)
+            t0 = time.monotonic()
+            other.status()  # another client's call: its end must not wait for cb's pull
+            waited = time.monotonic() - t0
+        finally:
+            go.set()
+            t.join(60)
+        assert waited < 10, waited
+        # (the pull's end made the close)
+        assert not [l for l in other.leases() if l.segment == "py/held3" and l.pid == os.getpid()]
+        cb.unlink("py/longpull")
+        other.unlink("py/held3")
+        ca.unlink("pub/longpull")
+
+
 @pytest.fixture
 def silent_node(tmp_path):
     """A gshmd "c" whose one peer "s" is a listener of 127.0.0.1 that never
