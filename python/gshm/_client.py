@@ -10,8 +10,8 @@ import errno
 import os
 import warnings
 from types import FrameType
-from typing import (Callable, Iterator, List, NoReturn, Optional, Sequence, SupportsIndex,
-                    Tuple, TypeVar, Union, cast)
+from typing import (Callable, Iterator, List, Literal, NoReturn, Optional, Sequence,
+                    SupportsIndex, Tuple, TypeVar, Union, cast, overload)
 
 from . import _lib as L
 from ._core import (_ClientHandle, _SegHandle, _access_code, _access_name, _calling_back,
@@ -30,6 +30,8 @@ Location = Union[str, int]
 # What create and open return: HostSegment or DeviceSegment by location.
 AnySegment = Union[HostSegment, DeviceSegment]
 _Seg = TypeVar("_Seg", bound=Segment)
+# What Client.pull's progress callback takes: (bytes_done, bytes_total, elapsed_ns).
+_Progress = Optional[Callable[[int, int, int], object]]
 
 
 def _cancel_pull(client_ptr: int) -> None:
@@ -473,6 +475,23 @@ class Client(object):
             return [SegmentInfo._from_c(arr[i]) for i in range(n.value)]
         finally:
             L.lib().gshm_free(ctypes.cast(arr, ctypes.c_void_p))
+
+    # pull's result: one PullResult, or a list of them with prefix=True
+    # (mypy knew only the union, so every caller had to narrow or cast it).
+    @overload
+    def pull(self, peer: Union[str, Sequence[str]], name: str, local_name: Optional[str] = ...,
+             location: Optional[str] = ..., mode: int = ..., progress: _Progress = ...,
+             prefix: Literal[False] = ..., replace: bool = ...) -> PullResult: ...
+
+    @overload
+    def pull(self, peer: Union[str, Sequence[str]], name: str, local_name: Optional[str] = ...,
+             location: Optional[str] = ..., mode: int = ..., progress: _Progress = ..., *,
+             prefix: Literal[True], replace: bool = ...) -> List[PullResult]: ...
+
+    @overload
+    def pull(self, peer: Union[str, Sequence[str]], name: str, local_name: Optional[str] = ...,
+             location: Optional[str] = ..., mode: int = ..., progress: _Progress = ...,
+             prefix: bool = ..., replace: bool = ...) -> Union[PullResult, List[PullResult]]: ...
 
     def pull(self, peer: Union[str, Sequence[str]], name: str,
              local_name: Optional[str] = None,

@@ -23,8 +23,11 @@ pid: str = c.status().pid                    # line 6: an int
 n: int = c.segments()[0].name                # line 7: a str
 gshm.torch.attach(c, 42)                     # line 8: the prefix is a str
 c.unlink()                                   # line 9: needs a name
+one: int = c.pull("n", "x").bytes            # (fine: one PullResult)
+many: int = c.pull("n", "x/", prefix=True)[0].bytes  # (fine: a list of them)
+c.pull("n", "x/", prefix=True).bytes         # line 12: a list has no bytes
 '''
-MISUSE_LINES = {4, 5, 6, 7, 8, 9}
+MISUSE_LINES = {4, 5, 6, 7, 8, 9, 12}
 
 
 def run_mypy(cache, *args):
