@@ -213,7 +213,8 @@ def copy(dst: Any, src: Any, nbytes: Optional[int] = None, stream: Any = None,
         _copy(fn, m, dst, src, nbytes, stream, held)
 
 
-def _copy(fn, m, dst, src, nbytes, stream, held):
+def _copy(fn: Any, m: int, dst: Any, src: Any, nbytes: Optional[int], stream: Any,
+          held: contextlib.ExitStack) -> None:
     """copy(), with the segments among dst and src held in `held`."""
     d, dsize = _addr_and_size(dst, "dst", held, writes=True)
     s, ssize = _addr_and_size(src, "src", held)
