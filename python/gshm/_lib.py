@@ -371,7 +371,11 @@ def _candidates():
     env = os.environ.get("GSHM_LIBRARY")
     if env:
         # An explicit choice: use it or fail, never fall back silently.
-        return [env], True
+        # A relative path is made absolute now: library_path() is dlopen'ed
+        # again later (gshm.torch's CUDAPluggableAllocator), by when the
+        # working directory may have changed (then nothing, or another
+        # copy of libgshm, with a pool registry of its own, was loaded).
+        return [os.path.abspath(env) if os.sep in env else env], True
     here = _package_dir()
     out = []
     for d in (here, os.path.join(here, os.pardir, os.pardir, "build", "client")):

@@ -2089,3 +2089,21 @@ def test_read_write_take_offsets_as_create_takes_sizes(client, segname):
                 seg.read(None, 1)
         finally:
             client.unlink(segname)
+
+
+def test_relative_gshm_library_is_named_absolutely():
+    """A relative $GSHM_LIBRARY was kept as given in library_path(), which
+    gshm.torch's CUDAPluggableAllocator dlopens again when the first
+    MemPool is made: after a chdir that loaded nothing, or a second copy
+    of libgshm whose pool registry is empty (every allocation fails).
+    Now library_path() is the absolute path of what was loaded."""
+    lib = os.path.realpath(gshm.library_path())
+    if not os.path.exists(lib):
+        pytest.skip("libgshm was found by name (%s), not by path" % gshm.library_path())
+    here = os.path.dirname(lib)
+    code = ("import os, gshm\np = gshm.library_path()\nos.chdir('/')\n"
+            "print(os.path.isabs(p), os.path.samefile(p, %r))" % lib)
+    env = gshm_testutil.child_env(GSHM_LIBRARY=os.path.join(".", os.path.basename(lib)))
+    out = subprocess.run([sys.executable, "-c", code], cwd=here, env=env, universal_newlines=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert out.stdout.split() == ["True", "True"], out.stdout
