@@ -299,13 +299,12 @@ class Client(object):
         if hidden:
             _optional("gshm_publish")  # (an older libgshm would send the flag as it is)
             flags |= L.GSHM_CREATE_HIDDEN
+        cflags = int(flags)
         with self._use() as p:
-            out = ctypes.c_void_p()
-            rc = L.lib().gshm_create(p, _enc(name), size, _enc(location, "location"), int(mode),
-                                     int(flags), ctypes.byref(out))
-            if rc < 0:
-                _raise(rc, "gshm_create", p, name)
-            return self._wrap(out.value)
+            return self._new_segment(
+                p, lambda out: L.lib().gshm_create(p, _enc(name), size, _enc(location, "location"),
+                                                   int(mode), cflags, ctypes.byref(out)),
+                "gshm_create", name, None if hidden else _enc(name))
 
     def open(self, name: str, access: str = "rw") -> AnySegment:
         """Opens segment `name` ("r": read-only, "rw": read-write) and
@@ -320,16 +319,43 @@ class Client(object):
         an unknown access or a closed client, ..."""
         code = _access_code(access)
         with self._use() as p:
-            out = ctypes.c_void_p()
-            rc = L.lib().gshm_open(p, _enc(name), code, ctypes.byref(out))
-            if rc < 0:
-                _raise(rc, "gshm_open", p, name)
-            return self._wrap(out.value)
+            return self._new_segment(
+                p, lambda out: L.lib().gshm_open(p, _enc(name), code, ctypes.byref(out)),
+                "gshm_open", name, None)
 
-    def _wrap(self, ptr: Optional[int]) -> AnySegment:
-        """The Segment object for a new gshm_segment_t; called inside
-        self._use(), so that the C client (and ptr with it) is alive."""
+    def _new_segment(self, p: int, call: Callable[[ctypes.c_void_p], int], function: str,
+                     name: str, unlink: Optional[bytes]) -> AnySegment:
+        """The Segment of the gshm_segment_t that call(out), a libgshm
+        create or open on the C client p, writes to out; raises its error.
+        Whatever is raised once the call has returned (a signal's
+        KeyboardInterrupt, which Python raises as the call ends, before
+        its result is stored; a failed mmap in _wrap) leaves nothing of
+        it: the C segment is closed (it kept its lease until the client
+        closed) and a create's new name, `unlink`, unlinked (it kept the
+        memory, a device segment's GiBs, until someone unlinked it)."""
+        out = ctypes.c_void_p()
+        owned = [False]
         try:
+            rc = call(out)
+            if rc < 0:
+                _raise(rc, function, p, name)
+            return self._wrap(out.value, owned)
+        except BaseException:
+            if out.value:
+                if not owned[0]:
+                    L.lib().gshm_close(out.value)
+                if unlink is not None:
+                    L.lib().gshm_unlink(p, unlink)  # (its own error: the one raised is the news)
+            raise
+
+    def _wrap(self, ptr: Optional[int], owned: Optional[List[bool]] = None) -> AnySegment:
+        """The Segment object for a new gshm_segment_t; called inside
+        self._use(), so that the C client (and ptr with it) is alive.
+        Closes ptr when it fails; sets owned[0] once it is ptr's to
+        close (no step of Python's between the two)."""
+        try:
+            if owned is not None:
+                owned[0] = True
             handle = _SegHandle(ptr, self._h)
         except BaseException:
             L.lib().gshm_close(ptr)
@@ -610,12 +636,11 @@ class Client(object):
         mapping.  The daemon must allow legacy IPC (gshmd --legacy-ipc)."""
         fn = _optional("gshm_open_legacy_ipc")
         handle = (ctypes.c_uint8 * 64)()
-        out = ctypes.c_void_p()
         with self._use() as p:
-            rc = fn(p, _enc(name), ctypes.byref(handle), ctypes.byref(out))
-            if rc < 0:
-                _raise(rc, "gshm_open_legacy_ipc", p, name)
-            return bytes(handle), self._wrap(out.value)
+            seg = self._new_segment(
+                p, lambda out: fn(p, _enc(name), ctypes.byref(handle), ctypes.byref(out)),
+                "gshm_open_legacy_ipc", name, None)
+            return bytes(handle), seg
 
     def status(self) -> StatusInfo:
         """The daemon's totals and version (StatusInfo)."""

@@ -1135,7 +1135,9 @@ def test_close_from_another_thread_during_a_call(daemon, client, segname):
     assert "client closed: True" in out, out
     assert "read: True True" in out, out
     assert leases_of(daemon, segname) == [] and leases_of(daemon, segname + "-new") == []
-    client.unlink(segname + "-new")  # the create itself was done by gshmd
+    # gshmd made the segment, but the create failed: its name is unlinked
+    # (test_create_interrupted_as_it_returns_leaves_nothing)
+    assert not client.exists(segname + "-new")
     client.unlink(segname)
 
 
@@ -2107,3 +2109,63 @@ def test_relative_gshm_library_is_named_absolutely():
     out = subprocess.run([sys.executable, "-c", code], cwd=here, env=env, universal_newlines=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert out.stdout.split() == ["True", "True"], out.stdout
+
+
+class _InterruptedAfter(object):
+    """libgshm, but `name` raises KeyboardInterrupt once the real call has
+    returned: what Python does with a Ctrl-C that came during the call
+    (its handler runs as the call ends, before the result is stored)."""
+
+    def __init__(self, lib, name):
+        self._lib, self._name = lib, name
+
+    def __getattr__(self, attr):
+        fn = getattr(self._lib, attr)
+        if attr != self._name:
+            return fn
+
+        def interrupted(*args):
+            fn(*args)
+            raise KeyboardInterrupt
+        return interrupted
+
+
+def test_create_interrupted_as_it_returns_leaves_nothing(monkeypatch, client, segname):
+    """A Ctrl-C during gshm_create (a device segment of GiBs takes long
+    enough) raised KeyboardInterrupt as the call returned, before its
+    result was wrapped: the C segment kept its lease until the client
+    closed, and the new name kept its memory in gshmd after the process
+    was gone, until someone unlinked it.  A failed mmap of the new host
+    segment left the name the same way.  Now the segment is closed and
+    the name unlinked; an open so interrupted is closed."""
+    from gshm import _client
+    pid = os.getpid()
+
+    def mine(name):
+        return [l for l in client.leases() if l.segment == name and l.pid == pid]
+
+    real, handle = _client.L.lib, _client.L.lib()
+    monkeypatch.setattr(_client.L, "lib", lambda: _InterruptedAfter(handle, "gshm_create"))
+    with pytest.raises(KeyboardInterrupt):
+        client.create(segname, 4096, location="host")
+    monkeypatch.setattr(_client.L, "lib", real)
+    assert not client.exists(segname) and not mine(segname)
+
+    client.create(segname, 4096, location="host").close()
+    try:
+        monkeypatch.setattr(_client.L, "lib", lambda: _InterruptedAfter(handle, "gshm_open"))
+        with pytest.raises(KeyboardInterrupt):
+            client.open(segname, "r")
+        monkeypatch.setattr(_client.L, "lib", real)
+        assert client.exists(segname) and not mine(segname)  # an open unlinks nothing
+    finally:
+        monkeypatch.setattr(_client.L, "lib", real)
+        client.unlink(segname)
+
+    def no_mapping(*a, **kw):
+        raise OSError(errno.ENOMEM, "mmap failed")
+    monkeypatch.setattr(gshm.HostSegment, "__new__", no_mapping)
+    with pytest.raises(OSError, match="mmap failed"):
+        client.create(segname, 4096, location="host")
+    monkeypatch.undo()
+    assert not client.exists(segname) and not mine(segname)
