@@ -126,7 +126,7 @@ static uid_t peer_uid(struct gshmd_metrics_http *h, const struct sockaddr *peer)
   long buf[512]; /* aligned for nlmsghdr */
   struct nlmsghdr *nh;
   ssize_t n;
-  int len;
+  unsigned len;
 
   if (h->diag_fd < 0 || (peer->sa_family != AF_INET && peer->sa_family != AF_INET6))
     return UID_UNKNOWN;
@@ -137,7 +137,7 @@ static uid_t peer_uid(struct gshmd_metrics_http *h, const struct sockaddr *peer)
   for (int tries = 0; tries < 8; tries++) {
     if ((n = recv(h->diag_fd, buf, sizeof(buf), MSG_DONTWAIT)) <= 0)
       return UID_UNKNOWN;
-    len = (int)n;
+    len = (unsigned)n;
     for (nh = (struct nlmsghdr *)buf; NLMSG_OK(nh, len); nh = NLMSG_NEXT(nh, len)) {
       if (nh->nlmsg_seq != h->diag_seq)
         continue;

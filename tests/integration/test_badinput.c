@@ -325,7 +325,7 @@ static void test_long_names_everywhere(void **state) {
  * and stat, unlink, chmod, chown and revoke answered -ENOENT, as for a
  * good name not there (which they still do). */
 static void test_bad_names_everywhere(void **state) {
-  static const char *const bad[] = {"", "a//b", "a/", "/abs", "../x", "x/./y", "ctl\x01" "char"};
+  static const char *const bad[] = {"", "a//b", "a/", "/abs", "../x", "x/./y", "ctl\001char"};
   struct fx *f = *state;
   gshm_segment_info_t info;
   gshm_segment_t *s;
