@@ -22,12 +22,12 @@
 #define RECORD_MAX (1u << 20) /* a stored record larger than this is refused */
 #define ID_BLOCK 4096         /* ids reserved per ids-<v> record */
 /* A StateRecord's largest encoding besides its name: 12 varint fields of
- * up to 10 bytes with their tags (which bound all 13: mode, unlinked,
- * flags, uid, gid and publish_members take 6 bytes at most, 107 in all
- * with replaced_by's 2-byte tag), the location (63 bytes) and a pulled
- * segment's source (GSHM_SOURCE_MAX, 384) or a client's create token
- * (19 bytes with its tag and length: never both, fill_record), with tags
- * and lengths, and the StateBucket's tag and length around it. */
+ * up to 10 bytes with their tags (which bound all 14: mode, unlinked,
+ * revoked, flags, uid, gid and publish_members take 6 bytes at most, 110
+ * in all with replaced_by's and revoked's 2-byte tags), the location
+ * (63 bytes) and a pulled segment's source (GSHM_SOURCE_MAX, 384) or a
+ * client's create token (19 bytes with its tag and length: never both,
+ * fill_record), with tags and lengths, and the StateBucket's around it. */
 #define RECORD_FIXED_MAX (12u * 11 + 2 + 66 + 387 + 8)
 
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
@@ -191,6 +191,7 @@ void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, uint64_t publis
   x->flags = seg->flags;
   x->created_ns = seg->created_ns;
   x->unlinked = seg->unlinked || seg->fs_replaced; /* (a replace's: before unlink_replaced) */
+  x->revoked = seg->fs_revoked;
   if (seg->source)
     x->source = seg->source;
   else if (seg->has_token) { /* (a pulled segment has none: RECORD_FIXED_MAX) */
@@ -474,7 +475,7 @@ static void write_marked(struct gshmd_fdstore *fs) {
   }
 }
 
-/* After restore (or a hold, gshmd__publish_hold_released): every marked
+/* After restore (or a hold, gshmd__publish_hold): every marked
  * bucket is written once (write_marked), those with room are offered. */
 void gshmd__fdstore_settle(struct gshmd_fdstore *fs) {
   write_marked(fs);
@@ -532,9 +533,8 @@ static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int ev
   struct gshmd_fdstore *fs = r->on_event_data;
   bool behind;
 
-  if (fs && fs->enabled && event == GSHMD_SEGMENT_RELEASE)
-    gshmd__publish_hold_released(fs, seg); /* (alone: the caller still holds seg) */
-  if (!fs || !fs->enabled || event == GSHMD_SEGMENT_RELEASE)
+  /* (a hold, or a revoked member kept: alone, the caller still holds seg) */
+  if (!fs || !fs->enabled || gshmd__publish_hold(fs, seg, event))
     return;
   /* (not during a publish: a dirty bucket rewritten now would store its
    * new members before their publish's tag, as if complete) */

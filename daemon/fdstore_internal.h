@@ -131,7 +131,8 @@ void gshmd__publish_tag(struct gshmd_fdstore *fs);
 void gshmd__publish_commit(struct gshmd_fdstore *fs);
 void gshmd__publish_replaced(struct gshmd_fdstore *fs, struct gshmd_segment *seg);
 void gshmd__publish_unhold(struct gshmd_fdstore *fs, struct gshmd_segment *seg);
-void gshmd__publish_hold_released(struct gshmd_fdstore *fs, struct gshmd_segment *seg);
+bool gshmd__publish_hold(struct gshmd_fdstore *fs, struct gshmd_segment *seg, int event);
+void gshmd__publish_revoked_restored(struct gshmd_fdstore *fs);
 void gshmd__publish_release(struct gshmd_fdstore *fs);
 size_t gshmd__publish_filter(struct gshmd_fdstore *fs, struct fdstore_member *m, size_t n);
 void gshmd__publish_adopted(struct gshmd_fdstore *fs, const Gshm__StateRecord *rec,

@@ -22,8 +22,9 @@
  * them is adopted (fds closed, buckets rewritten without them).  Records
  * at or below the mark are adopted as any other, so a member unlinked
  * after the publish never takes the rest with it; one unlinked and let
- * go before the mark is held, record and memory, until the mark passes
- * (gshmd__publish_hold_released).  A journal's copy of a bucket does not
+ * go before the mark is held, record and memory, until the mark passes,
+ * and so is the record (and punched memory) of one revoked, out of the
+ * registry (gshmd__publish_hold).  A journal's copy of a bucket does not
  * count: it carries no fds.
  *
  * A --replace's unlink of the old segments is part of the publish: their
@@ -148,7 +149,7 @@ void gshmd__publish_replaced(struct gshmd_fdstore *fs, struct gshmd_segment *seg
  * held member unlinked and holds it again (gshmd__publish_adopted).
  * Frees nothing (the registry still holds seg): a held seg's bucket is
  * written (its record's replaced_by), nothing else. */
-void gshmd__publish_hold_released(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+static void hold_released(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
   gshmd__publish_commit(fs); /* (the mark as it may be now) */
   if (fs->publishing || seg->fs_replaced || seg->fs_publish <= fs->publish_done ||
       !seg->fs_bucket)
@@ -163,6 +164,69 @@ void gshmd__publish_hold_released(struct gshmd_fdstore *fs, struct gshmd_segment
   fs->held_pub = fs->nheld;
   fs->buckets[seg->fs_bucket - 1]->rewrite = true;
   gshmd__fdstore_settle(fs); /* (writes the marked bucket) */
+}
+
+/* GSHMD_SEGMENT_REVOKED: seg, a member of a publish above the mark, is
+ * kept (held until the mark passes its publish, fs_revoked: the registry
+ * lets it go but for its record and allocation), its bucket written with
+ * its record marked revoked.  Revoked, it is gone for everyone at once
+ * (leases ended, pages discarded, no name, no id), but its record must
+ * stay: freed, its bucket rewritten without it, a crash before the mark
+ * found its set short of a member and dropped the other members, live
+ * ones the puller had been told of.  Restore counts the record towards
+ * its set and never adopts it as a segment (gshmd__publish_adopted).  A
+ * seg already held (a replace's, an unlink's) is kept until both its
+ * holds pass.  Frees nothing. */
+static void hold_revoked(struct gshmd_fdstore *fs, struct gshmd_segment *seg) {
+  gshmd__publish_commit(fs); /* (the mark as it may be now) */
+  if (fs->publishing || seg->fs_publish <= fs->publish_done || !seg->fs_bucket)
+    return;
+  if (!seg->fs_replaced && !held_push(fs, seg)) {
+    gshm_log_err("fd store: out of memory; a crash before the store records its set complete "
+                 "may drop the set of revoked segment '%s' id %" PRIu64,
+                 seg->name, seg->id);
+    return;
+  }
+  if (seg->fs_replaced < seg->fs_publish)
+    seg->fs_replaced = seg->fs_publish;
+  fs->held_pub = fs->nheld;
+  seg->fs_revoked = true;
+  fs->buckets[seg->fs_bucket - 1]->rewrite = true;
+  gshmd__fdstore_settle(fs); /* (writes the marked bucket) */
+}
+
+/* The events the hold of a publish's member takes alone (the caller still
+ * holds seg; nothing else is to be done for them): GSHMD_SEGMENT_RELEASE,
+ * GSHMD_SEGMENT_REVOKED, and the GSHMD_SEGMENT_FREED of a revoked one
+ * kept (it stays in its bucket).  Returns whether event was one. */
+bool gshmd__publish_hold(struct gshmd_fdstore *fs, struct gshmd_segment *seg, int event) {
+  if (event == GSHMD_SEGMENT_RELEASE)
+    hold_released(fs, seg);
+  else if (event == GSHMD_SEGMENT_REVOKED)
+    hold_revoked(fs, seg);
+  else
+    return event == GSHMD_SEGMENT_FREED && seg->fs_revoked;
+  return true;
+}
+
+/* Restore, once every member is in its bucket: the revoked ones
+ * (gshmd__publish_adopted) leave the registry, as at their revoke.  One
+ * not held (out of memory) stays in its bucket, a record no segment
+ * stands for, until gshmd stops; the next restart takes it as this one. */
+void gshmd__publish_revoked_restored(struct gshmd_fdstore *fs) {
+  struct gshm_list *pos, *tmp;
+
+  gshm_list_foreach_safe(pos, tmp, &fs->reg->segments) {
+    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+    if (!seg->fs_revoked)
+      continue;
+    gshmd_registry_drop_revoked(fs->reg, seg);
+    fs->restored--; /* (a record kept, not a segment restored) */
+    if (!seg->fs_replaced)
+      gshm_log_err("fd store: out of memory; the record of revoked segment id %" PRIu64
+                   " stays in the store until gshmd stops",
+                   seg->id);
+  }
 }
 
 /* seg, freed while held (a revoke), or no longer to be held: out of the
@@ -195,7 +259,13 @@ void gshmd__publish_release(struct gshmd_fdstore *fs) {
     fs->held[i] = fs->held[--fs->nheld];
     fs->held_pub = fs->nheld;
     seg->fs_replaced = 0;
-    gshmd_registry_release_replaced(fs->reg, seg);
+    if (!seg->fs_revoked) {
+      gshmd_registry_release_replaced(fs->reg, seg);
+      continue;
+    }
+    seg->fs_revoked = false; /* (out of the registry: its record leaves the store, then it goes) */
+    fs->reg->on_event(fs->reg, seg, GSHMD_SEGMENT_FREED);
+    gshmd_registry_revoked_dispose(seg);
   }
   fs->releasing = false;
 }
@@ -271,6 +341,8 @@ static void relink(struct gshmd_fdstore *fs, struct fdstore_member *m, size_t n,
       continue;
     if (p > fs->publish_last)
       fs->publish_last = p;
+    if (m[i].rec->revoked) /* (never adopted linked: gshmd__publish_adopted) */
+      continue;
     if (kept_ids && bsearch(&p, kept_ids, nkept, sizeof(*kept_ids), cmp_u64))
       continue;
     m[i].relink = true;
@@ -282,6 +354,24 @@ static void relink(struct gshmd_fdstore *fs, struct fdstore_member *m, size_t n,
     gshm_log_notice("fd store: %u segment(s) replaced by a set whose publish a stop cut short "
                     "keep their names",
                     back);
+}
+
+/* Restore: of m[0..n), the records of a revoke are taken out (their
+ * buckets marked for a rewrite without them) but those of a publish above
+ * the mark publish_done, whose set they keep whole.  Returns how many
+ * remain, first in m, in order. */
+static size_t drop_revoked(struct fdstore_member *m, size_t n, uint64_t publish_done) {
+  size_t kept = 0;
+
+  for (size_t i = 0; i < n; i++) {
+    if (m[i].rec->revoked && m[i].rec->publish <= publish_done) {
+      if (m[i].b)
+        m[i].b->rewrite = true;
+      continue;
+    }
+    m[kept++] = m[i];
+  }
+  return kept;
 }
 
 /* Restore, before any adoption: the records of m[0..n) whose publish is
@@ -320,7 +410,7 @@ size_t gshmd__publish_filter(struct gshmd_fdstore *fs, struct fdstore_member *m,
   }
   relink(fs, m, kept, whole_ids, nwhole); /* (whole_ids: in order, as m was) */
   free(whole_ids);
-  return kept;
+  return drop_revoked(m, kept, fs->publish_done);
 }
 
 /* Restore: seg was adopted from rec; it keeps its publish's tag while the
@@ -331,6 +421,17 @@ void gshmd__publish_adopted(struct gshmd_fdstore *fs, const Gshm__StateRecord *r
   if (rec->publish > fs->publish_done) {
     seg->fs_publish = rec->publish;
     seg->fs_publish_n = rec->publish_members;
+  }
+  /* revoked (a set above the mark: gshmd__publish_filter drops the
+   * others): held until the mark, out of the registry once placed
+   * (gshmd__publish_revoked_restored) */
+  if (rec->revoked) {
+    seg->fs_revoked = true;
+    if (held_push(fs, seg)) {
+      seg->fs_replaced = rec->publish;
+      fs->held_pub = fs->nheld;
+    }
+    return;
   }
   /* unlinked by a publish that came back whole but is not marked yet:
    * held until the mark, as before the stop */

@@ -260,6 +260,7 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
     find_journal(fs, fds, names, n);
     restore_ids(fs, fds, names, n);
     e = gshmd__buckets_restore(fs, fds, names, n);
+    gshmd__publish_revoked_restored(fs);
     if (restore_cut_for_restart(fs))
       return -EIO;
     if (!e)
@@ -319,9 +320,12 @@ void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
   free(fs->dirty);
   free(fs->removes);
   free(fs->retire);
-  for (uint32_t i = 0; i < fs->nheld; i++) /* (freed as any from now on; the store keeps
-                                              * their records, to restore by their rules) */
+  for (uint32_t i = 0; i < fs->nheld; i++) { /* (freed as any from now on; the store keeps
+                                                * their records, to restore by their rules) */
     fs->held[i]->fs_replaced = 0;
+    if (fs->held[i]->fs_revoked) /* (the store's alone: out of the registry) */
+      gshmd_registry_revoked_dispose(fs->held[i]);
+  }
   free(fs->held);
   fs->held = NULL;
   fs->nheld = fs->held_cap = fs->held_pub = 0;

@@ -107,6 +107,14 @@ void gshmd__reg_segment_free(struct gshmd_registry *r, struct gshmd_segment *seg
   if (r->on_free)
     r->on_free(r, seg);
   gshm_log_info("segment '%s' id %" PRIu64 " freed (%" PRIu64 " bytes)", seg->name, seg->id, size);
+  if (seg->fs_revoked) { /* (kept by the fd store: GSHMD_SEGMENT_REVOKED) */
+    if (seg->mem) { /* its pages go now, never to the recycling pool: the store has its fd */
+      seg->mem->no_recycle = true;
+      if (seg->mem->backend->ops->discard)
+        seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
+    }
+    return;
+  }
   gshmd__reg_segment_dispose(seg, discard && !r->stopping);
 }
 

@@ -53,6 +53,11 @@ struct gshmd_segment {
    * for a member unlinked and let go before then (GSHMD_SEGMENT_RELEASE:
    * freed, its set would look cut short).  0: none. */
   uint64_t fs_replaced;
+  /* fd store: revoked while it was held for its publish (GSHMD_SEGMENT_
+   * REVOKED): out of the registry, its pages discarded, its record and
+   * allocation the fd store's until it frees them
+   * (gshmd_registry_revoked_dispose). */
+  bool fs_revoked;
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
   /* CreateRequest.create_token of the create that made it (has_token):
    * a resend of that create after a restart is answered with it */
@@ -134,6 +139,15 @@ enum gshmd_segment_event {
    * of a member and dropped the others, which the puller had been told
    * of.  It is then freed by gshmd_registry_release_replaced. */
   GSHMD_SEGMENT_RELEASE = 9,
+  /* seg, of a publish (seg->fs_publish), revoked, its leases ended, is
+   * about to be freed: the fd store may keep it (sets seg->fs_revoked)
+   * until it has recorded that publish complete.  The free then takes it
+   * out of every tree, list and count and discards its pages, but leaves
+   * its record and allocation to the store (no GSHMD_SEGMENT_FREED
+   * effect there), which frees them with gshmd_registry_revoked_dispose.
+   * Freed before, a crash found its set short of a member and dropped
+   * the others, which the puller had been told of. */
+  GSHMD_SEGMENT_REVOKED = 10,
 };
 
 struct gshmd_registry {
@@ -315,6 +329,16 @@ int gshmd_registry_publish_resent(struct gshmd_registry *r, struct gshmd_client 
  * cleared seg->fs_replaced: seg, when unlinked and unleased, is freed now
  * (a restored one at the end of the grace period, as an unlink's). */
 void gshmd_registry_release_replaced(struct gshmd_registry *r, struct gshmd_segment *seg);
+
+/* Restore: seg, adopted from a record that says revoked and marked
+ * seg->fs_revoked by the fd store, leaves the registry as a revoke's
+ * does (its pages discarded); the fd store keeps the rest. */
+void gshmd_registry_drop_revoked(struct gshmd_registry *r, struct gshmd_segment *seg);
+
+/* Frees a revoked segment the fd store kept (seg->fs_revoked, out of the
+ * registry; the store has let go of its record): its allocation and
+ * itself.  Its pages went at the revoke. */
+void gshmd_registry_revoked_dispose(struct gshmd_segment *seg);
 
 /* Opens by name, or re-takes a lease by id and generation, and adds a
  * lease.  A re-take whose lease_token token_check accepts gets the access

@@ -238,9 +238,22 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
    * tests/fuzz/fuzz_server, corpus revoke_two_leases). */
   for (n = seg->nleases; n > 0; n--)
     gshmd__reg_lease_end(r, gshm_list_entry(seg->leases.next, struct gshmd_lease, seg_node), true);
-  /* Revoke takes the memory back, restored or not: the pages go now. */
+  /* Revoke takes the memory back, restored or not: the pages go now.  A
+   * member of a set the fd store has not recorded complete leaves its
+   * record (and fd) there until it has, so that a crash meanwhile does
+   * not take the set for one cut short (registry.h GSHMD_SEGMENT_REVOKED). */
+  if (seg->fs_publish && r->on_event)
+    r->on_event(r, seg, GSHMD_SEGMENT_REVOKED);
   gshmd__reg_segment_free(r, seg, true);
   return 0;
+}
+
+void gshmd_registry_drop_revoked(struct gshmd_registry *r, struct gshmd_segment *seg) {
+  gshmd__reg_segment_free(r, seg, true); /* (seg->fs_revoked: only out of the registry) */
+}
+
+void gshmd_registry_revoked_dispose(struct gshmd_segment *seg) {
+  gshmd__reg_segment_dispose(seg, false);
 }
 
 _Static_assert(GSHM_WIRE_MAP_DEVICES_MAX == 64, "gshmd_registry_map_report's message names 64");

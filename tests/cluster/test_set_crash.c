@@ -628,9 +628,10 @@ static uint64_t small_size(int i) { return 4096 + 7 * (uint64_t)i; }
 /* B with the set pub/s/ under set/ (its 300 chmod'ed 0640 while b0 is
  * jammed: b0 stays dirty, the store behind) and A's pub/t/ pulled under
  * set2/ into b2, whose send went through; the journal's mark cannot pass
- * set2's publish; then set2/03 unlinked (no lease).  Returns b0's junk
- * end (jam_bucket) and B's connection in *b_out. */
-static int member_unlinked_while_behind(gshm_client_t *a, gshm_client_t **b_out) {
+ * set2's publish; then set2/03 unlinked (no lease), or revoked (this
+ * test runs as root: an admin) when `revoke`.  Returns b0's junk end
+ * (jam_bucket) and B's connection in *b_out. */
+static int member_gone_while_behind(gshm_client_t *a, gshm_client_t **b_out, bool revoke) {
   gshm_client_t *b;
   int cap, fillers, junk_end;
   char name[64];
@@ -665,7 +666,7 @@ static int member_unlinked_while_behind(gshm_client_t *a, gshm_client_t **b_out)
   }
   assert_int_equal(buckets(), 3);
   assert_int_equal(bucket_members(2), 10); /* the set's bucket went through */
-  assert_int_equal(gshm_unlink(b, "set2/03"), 0);
+  assert_int_equal(revoke ? gshm_revoke(b, "set2/03") : gshm_unlink(b, "set2/03"), 0);
   *b_out = b;
   return junk_end;
 }
@@ -706,7 +707,7 @@ static void set2_back_after_restart(gshm_client_t *a, unsigned listed) {
  * gone without the hold).  03 comes back unlinked (gshm_list counts it). */
 static void test_member_unlinked_while_behind_keeps_its_set(void **state) {
   gshm_client_t *a = connect_to(&A), *b;
-  int junk_end = member_unlinked_while_behind(a, &b);
+  int junk_end = member_gone_while_behind(a, &b, false);
   (void)state;
 
   gshm_disconnect(b);
@@ -722,13 +723,57 @@ static void test_member_unlinked_while_behind_keeps_its_set(void **state) {
  * this run; a restart brings back the other 9. */
 static void test_member_unlinked_while_behind_then_caught_up(void **state) {
   gshm_client_t *a = connect_to(&A), *b;
-  int junk_end = member_unlinked_while_behind(a, &b);
+  int junk_end = member_gone_while_behind(a, &b, false);
   (void)state;
 
   assert_int_equal(count_named(b, "set2/"), 10); /* (03 held) */
   drain_junk(0, junk_end);
   for (int i = 0; i < 100 && count_named(b, "set2/") != 9; i++)
     gshm__spawn_poll(&B.h.sp, 100);
+  assert_int_equal(count_named(b, "set2/"), 9);
+  gshm_disconnect(b);
+  set2_back_after_restart(a, 9);
+}
+
+/* As test_member_unlinked_while_behind_keeps_its_set, but set2/03
+ * revoked by an admin.  It is gone at once (no name, not listed, its
+ * pages punched), yet the other 9 come back after
+ * the SIGKILL: the revoked member's record stays in the store, marked
+ * revoked, until the mark passes the set.  Before, the revoke freed it
+ * and its bucket was rewritten without it: the set came back 9 of 10 and
+ * all 10 were dropped (checked: set2/00 gone without the fix).  03 never
+ * comes back, by name or in gshm_list. */
+static void test_member_revoked_while_behind_keeps_its_set(void **state) {
+  gshm_client_t *a = connect_to(&A), *b;
+  int junk_end = member_gone_while_behind(a, &b, true);
+  gshm_segment_info_t info;
+  (void)state;
+
+  assert_int_equal(gshm_stat_name(b, "set2/03", &info), -ENOENT);
+  assert_int_equal(count_named(b, "set2/"), 9); /* (held, not listed) */
+  gshm_disconnect(b);
+  assert_int_equal(gshm__spawn_stop(&B.h.sp, SIGKILL) >= 0, 1);
+  drain_junk(0, junk_end);
+  set2_back_after_restart(a, 9);
+  /* the restart's store caught up: the mark passes the set, and 03's
+   * record, restored only to be kept there, leaves b2 */
+  for (int i = 0; i < 100 && bucket_members(2) != 9; i++)
+    gshm__spawn_poll(&B.h.sp, 100);
+  assert_int_equal(bucket_members(2), 9);
+}
+
+/* The same, but b0 unjammed before any crash: the mark passes set2's
+ * publish and the revoked 03's record leaves the store; a restart
+ * brings back the other 9. */
+static void test_member_revoked_while_behind_then_caught_up(void **state) {
+  gshm_client_t *a = connect_to(&A), *b;
+  int junk_end = member_gone_while_behind(a, &b, true);
+  (void)state;
+
+  drain_junk(0, junk_end);
+  for (int i = 0; i < 100 && bucket_members(2) != 9; i++)
+    gshm__spawn_poll(&B.h.sp, 100);
+  assert_int_equal(bucket_members(2), 9);
   assert_int_equal(count_named(b, "set2/"), 9);
   gshm_disconnect(b);
   set2_back_after_restart(a, 9);
@@ -743,6 +788,8 @@ int main(void) {
       cmocka_unit_test(test_replace_behind_then_caught_up),
       cmocka_unit_test(test_member_unlinked_while_behind_keeps_its_set),
       cmocka_unit_test(test_member_unlinked_while_behind_then_caught_up),
+      cmocka_unit_test(test_member_revoked_while_behind_keeps_its_set),
+      cmocka_unit_test(test_member_revoked_while_behind_then_caught_up),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
