@@ -1084,6 +1084,57 @@ static void test_member_freed_before_the_mark_keeps_its_set(void **state) {
   assert_true(seg->unlinked && seg->fs_replaced == 7);
 }
 
+/* A set of 2 (ids 6, 7: publish 7) above the journal's mark, 6 revoked
+ * before the mark (its record kept, marked revoked): the set counts as
+ * whole, 7 comes back, and 6 is not a segment again (no id, no name: a
+ * revoke is never undone) but stays held, out of the registry, until the
+ * mark passes.  Once the mark passed 7, a revoked record left behind (a
+ * crash before the rewrite without it) is dropped.  And a revoked old
+ * segment of a --replace cut short is not given its name back.  Before
+ * (records without the flag: the daemon changes of the commit reverted,
+ * checked), 6 came back as an unlinked segment a re-take could reach,
+ * and the replaced one came back named. */
+static void test_revoked_record_restore(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {member(6, "s/a", 7, 2), member(7, "s/b", 7, 2)};
+  Gshm__StateRecord old = record(4, "m", 0600, true), cut = member(8, "m", 9, 2);
+
+  r[0].unlinked = r[0].revoked = true;
+  restore_bucket(f, r, 2, 0);
+  assert_int_equal(f->fs.cut, 0);
+  assert_int_equal(f->fs.restored, 1);
+  assert_non_null(gshmd_registry_find_name(&f->reg, "s/b"));
+  assert_null(gshmd_registry_find_id(&f->reg, 6));
+  assert_int_equal(f->fs.nheld, 1);
+  assert_true(f->fs.held[0]->id == 6 && f->fs.held[0]->fs_revoked);
+  assert_int_equal(f->reg.nsegments, 1);
+
+  assert_int_equal(teardown(state), 0); /* the mark passed 7 */
+  assert_int_equal(setup(state), 0);
+  f = *state;
+  restore_bucket(f, r, 2, 7);
+  assert_int_equal(f->fs.restored, 1);
+  assert_null(gshmd_registry_find_id(&f->reg, 6));
+  assert_int_equal(f->fs.nheld, 0);
+
+  assert_int_equal(teardown(state), 0); /* 4 replaced by 9, cut short */
+  assert_int_equal(setup(state), 0);
+  f = *state;
+  old.revoked = true;
+  old.replaced_by = 9;
+  old.publish = 5; /* (its own set, above the mark and whole: kept) */
+  old.publish_members = 1;
+  old.id = 5;
+  {
+    Gshm__StateRecord b[2] = {old, cut};
+    restore_bucket(f, b, 2, 0);
+  }
+  assert_int_equal(f->fs.cut, 1);
+  assert_null(gshmd_registry_find_name(&f->reg, "m"));
+  assert_null(gshmd_registry_find_id(&f->reg, 5));
+  assert_int_equal(f->fs.nheld, 1);
+}
+
 /* ---- a sticky CUDA error in the restore ---- */
 
 /* A bucket of a host segment and a device segment whose adopt hits a
@@ -1468,6 +1519,7 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_member_freed_before_the_mark_keeps_its_set, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_revoked_record_restore, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sticky_cuda_error_leaves_the_store_alone, setup,
                                       teardown),
   };
