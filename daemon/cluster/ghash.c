@@ -78,6 +78,7 @@ WIDE void gshmd__ghash_init(struct ghash_key *k, const uint8_t h[16]) {
     _mm_storeu_si128((__m128i *)k->pow[i], p);
     p = gfmul(p, h1);
   }
+  _mm256_zeroall(); /* H and its powers live in k only (as at update's end) */
 }
 
 /* The four 128-bit lanes of v, added. */

@@ -46,7 +46,8 @@ struct ghash_key {
  * PCLMULQDQ.  Checked once, thread-safe. */
 bool gshmd__ghash_wide_usable(void);
 
-/* Expands the hash key h (16 bytes: AES_K(0^128)) into k.  Only where
+/* Expands the hash key h (16 bytes: AES_K(0^128)) into k, leaving no
+ * power of it in a vector register.  Only where
  * gshmd__ghash_wide_usable(). */
 void gshmd__ghash_init(struct ghash_key *k, const uint8_t h[16]);
 
