@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <sys/socket.h>
@@ -306,6 +307,147 @@ static void test_gmac_wide_agrees(void **state) {
   free(payload);
 }
 
+/* GHASH of the GCM specification's test cases 2 (AES-128) and 14
+ * (AES-256): H, one block of ciphertext, no associated data (McGrew and
+ * Viega, "The Galois/Counter Mode of Operation", appendix B); the
+ * hand-written code and the bit-by-bit definition both give the
+ * published value. */
+static void test_ghash_known_answers(void **state) {
+  static const struct {
+    const char *h, *c, *ghash;
+  } tc[] = {
+      {"66e94bd4ef8a2c3b884cfa59ca342b2e", "0388dace60b6a392f328c2b971b2fe78",
+       "f38cbb1ad69223dcc3457ae5b6b0f885"},
+      {"dc95c078a2408989ad48a21492842087", "cea7403d4d606b6e074ec5d3baf39d18",
+       "83de425c5edc5d498f382c441041ca92"},
+  };
+  (void)state;
+
+  if (!gshmd__ghash_wide_usable())
+    skip();
+  for (size_t i = 0; i < sizeof(tc) / sizeof(tc[0]); i++) {
+    uint8_t h[16], in[32] = {0}, want[16], y1[16] = {0}, y2[16] = {0}, y3[16] = {0};
+    struct ghash_key k;
+    assert_int_equal(sodium_hex2bin(h, 16, tc[i].h, 32, NULL, NULL, NULL), 0);
+    assert_int_equal(sodium_hex2bin(in, 16, tc[i].c, 32, NULL, NULL, NULL), 0);
+    assert_int_equal(sodium_hex2bin(want, 16, tc[i].ghash, 32, NULL, NULL, NULL), 0);
+    in[16 + 15] = 128; /* len(A) = 0, len(C) = 128 bits, big-endian */
+    gshmd__ghash_init(&k, h);
+    gshmd__ghash_update(&k, y1, in, sizeof(in));
+    gshmd__ghash_update(&k, y2, in, 16); /* the same, in two calls */
+    gshmd__ghash_update(&k, y2, in + 16, 16);
+    ref_ghash(h, y3, in, sizeof(in));
+    assert_memory_equal(y1, want, 16);
+    assert_memory_equal(y2, want, 16);
+    assert_memory_equal(y3, want, 16);
+    sodium_memzero(&k, sizeof(k));
+  }
+}
+
+/* AES-GMAC of frame n as the standard defines it, through libcrypto's
+ * EVP here in the test (not seal.c's code): AES-256-GCM, IV = n
+ * little-endian then 4 zero bytes, the payload the associated data, the
+ * header the plaintext (its ciphertext not sent). */
+static void evp_gmac(const uint8_t *key, uint64_t n, const struct frame_hdr *h, const uint8_t *p,
+                     size_t len, uint8_t tag[STREAM_TAG]) {
+  EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+  uint8_t iv[12] = {0}, ct[sizeof(*h)];
+  int l;
+
+  memcpy(iv, &n, sizeof(n));
+  assert_non_null(c);
+  assert_int_equal(EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), NULL, key, iv), 1);
+  for (size_t o = 0, k; o < len; o += k) {
+    k = len - o < (1u << 20) ? len - o : (1u << 20);
+    assert_int_equal(EVP_EncryptUpdate(c, NULL, &l, p + o, (int)k), 1);
+  }
+  assert_int_equal(EVP_EncryptUpdate(c, ct, &l, (const uint8_t *)h, sizeof(*h)), 1);
+  assert_int_equal(EVP_EncryptFinal_ex(c, ct, &l), 1);
+  assert_int_equal(EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, STREAM_TAG, tag), 1);
+  EVP_CIPHER_CTX_free(c);
+}
+
+/* Every way gshmd computes frame n's AES-GMAC at payload p (len bytes)
+ * gives want, and each opens it: the 512-bit GHASH whole and in pieces
+ * of random multiples of 16 bytes (a lane's thread), libcrypto whole
+ * (the fallback where the CPU lacks VPCLMULQDQ), libsodium (where
+ * libcrypto lacks an algorithm); a flipped payload bit fails each. */
+static void gmac_every_path(const uint8_t *key, uint64_t n, const struct frame_hdr *h,
+                            uint8_t *p, size_t len, const uint8_t want[STREAM_TAG]) {
+  uint8_t t[STREAM_TAG];
+  struct frame_mac m;
+
+  for (int path = 0; path < 3; path++) {
+    gshmd__seal_wide_ghash = path == 0;
+    gshmd__seal_openssl = path != 2;
+    assert_int_equal(gshmd__stream_seal(STREAM_GMAC, key, n, h, p, NULL, len, t), 0);
+    assert_memory_equal(t, want, STREAM_TAG);
+    assert_int_equal(gshmd__stream_unseal(STREAM_GMAC, key, n, h, p, len, want), 0);
+    if (len) {
+      size_t at = randombytes_uniform((uint32_t)len);
+      uint8_t bit = (uint8_t)(1u << randombytes_uniform(8));
+      p[at] ^= bit;
+      assert_int_equal(gshmd__stream_unseal(STREAM_GMAC, key, n, h, p, len, want), -EBADMSG);
+      p[at] ^= bit;
+    }
+  }
+  gshmd__seal_wide_ghash = true;
+  gshmd__seal_openssl = true;
+  if (!gshmd__frame_mac_inline(STREAM_GMAC))
+    return;
+  assert_int_equal(gshmd__frame_mac_begin(&m, key, n, h), 0);
+  for (size_t off = 0, k; off < len; off += k) {
+    k = 16 * (size_t)randombytes_uniform(300);
+    if (k > len - off || randombytes_uniform(8) == 0)
+      k = len - off;
+    gshmd__frame_mac_update(&m, p + off, k);
+  }
+  gshmd__frame_mac_end(&m, t);
+  assert_memory_equal(t, want, STREAM_TAG);
+}
+
+/* The frame's AES-GMAC, every way gshmd computes it, against
+ * libcrypto's EVP AES-256-GCM called here: the lengths around GHASH's
+ * block (16), the 512-bit register (64) and the 32-block stride (512),
+ * 4 KiB and 1 MiB, then 400 random ones to 256 KiB, each at a random
+ * offset of 0 to 63 bytes (unaligned), a random key and a random 64-bit
+ * frame number. */
+static void test_gmac_random_vs_evp(void **state) {
+  static const size_t fixed[] = {0,    1,    15,   16,   17,   31,   32,   33,       63,
+                                 64,   65,   127,  128,  129,  511,  512,  513,      1023,
+                                 1024, 1025, 4095, 4096, 4097, 8191, 8192, LEN - 1, LEN + 13};
+  const size_t max = LEN + 13;
+  uint8_t key[STREAM_KEY], want[STREAM_TAG], want2[STREAM_TAG], hdr_ct[sizeof(struct frame_hdr)];
+  uint8_t *buf = malloc(max + 64);
+  unsigned nfixed = sizeof(fixed) / sizeof(fixed[0]);
+  (void)state;
+
+  if (!crypto_aead_aes256gcm_is_available()) {
+    free(buf);
+    skip();
+  }
+  assert_non_null(buf);
+  randombytes_buf(buf, max + 64);
+  for (unsigned i = 0; i < nfixed + 400; i++) {
+    size_t len = i < nfixed ? fixed[i] : randombytes_uniform(256 << 10);
+    uint8_t *p = buf + randombytes_uniform(64);
+    uint64_t n = ((uint64_t)randombytes_random() << 32) | randombytes_random();
+    struct frame_hdr h = gshmd__frame_data(randombytes_random(), n >> 3, len);
+    randombytes_buf(key, sizeof(key));
+    evp_gmac(key, n, &h, p, len, want);
+    /* and libsodium's AES-256-GCM, called here too */
+    uint8_t iv[12] = {0};
+    memcpy(iv, &n, sizeof(n));
+    assert_int_equal(crypto_aead_aes256gcm_encrypt_detached(hdr_ct, want2, NULL,
+                                                            (const uint8_t *)&h, sizeof(h), p,
+                                                            len, NULL, iv, key),
+                     0);
+    assert_memory_equal(want, want2, STREAM_TAG);
+    gmac_every_path(key, n, &h, p, len, want);
+  }
+  free(buf);
+}
+
 /* A frame tagged piece by piece (what a lane's thread does, lane_io.c)
  * has the one-shot tag, for pieces of any multiple of 16 bytes and frame
  * numbers past 2^32; a short piece before another never gives a tag that
@@ -513,6 +655,8 @@ int main(void) {
       cmocka_unit_test(test_ghash_reference),
       cmocka_unit_test(test_ghash_init_leaves_no_power),
       cmocka_unit_test(test_gmac_wide_agrees),
+      cmocka_unit_test(test_ghash_known_answers),
+      cmocka_unit_test(test_gmac_random_vs_evp),
       cmocka_unit_test(test_frame_mac_pieces),
       cmocka_unit_test(test_frame_aead_pieces),
       cmocka_unit_test(test_lane_io_modes),
