@@ -2,6 +2,7 @@
 /* What the cluster tests share (nodes.h). */
 #include "nodes.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -50,6 +51,20 @@ int free_port(void) {
 
   assert_true(port > 0);
   return port;
+}
+
+int listen_local(int backlog, int *port_out) {
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t len = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  assert_true(fd >= 0);
+  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(fd, backlog), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+  *port_out = ntohs(sa.sin_port);
+  return fd;
 }
 
 void write_key(const char *path, unsigned long long seed) {

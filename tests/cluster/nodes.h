@@ -62,6 +62,9 @@ int nodes_run_group(const char *name, const struct CMUnitTest *tests, size_t n,
   nodes_run_group(#tests, tests, sizeof(tests) / sizeof((tests)[0]), setup, teardown)
 /* A TCP port of 127.0.0.1 free right now (bound once, then closed). */
 int free_port(void);
+/* A socket listening on 127.0.0.1 with backlog, at a port of the
+ * kernel's choice (*port_out); the caller closes it. */
+int listen_local(int backlog, int *port_out);
 /* Writes a 44-byte key from seed to path (0600). */
 void write_key(const char *path, unsigned long long seed);
 gshm_client_t *connect_to(struct node *n);

@@ -3,7 +3,9 @@
  * listens on cluster.listen and on no other TCP port (UCX_TLS=tcp in the
  * environment is overridden); a peer that skips its own check and sends a
  * wrong MAC is refused and counted by the serving node, and the mirror
- * case by the puller; hosts that never say hello are bounded in memory,
+ * case by the puller; a node's own hello and proofs reflected back to it
+ * are refused, as is a hello whose capabilities a man in the middle
+ * stripped (downgrade); hosts that never say hello are bounded in memory,
  * connections and time while local clients keep being served; a flipped
  * byte on the wire fails the pull; cluster.encrypt hides the bytes. */
 #include <arpa/inet.h>
@@ -437,6 +439,19 @@ static void test_rogue_peer_wrong_version(void **state) {
   gshm_disconnect(s);
 }
 
+/* The next message on fd is a refusal for a key not proved (never the
+ * next step of the hello), and the node closes fd; closes fd. */
+static void refused_unproven(int fd) {
+  Gshm__Cluster__Msg *r = recv_msg(fd);
+
+  assert_non_null(r);
+  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY__NOT_SET);
+  assert_non_null(strstr(r->message, "did not prove the shared key"));
+  gshm__cluster__msg__free_unpacked(r, NULL);
+  assert_true(closed_within(fd, 4000));
+  close(fd);
+}
+
 /* The mirror case: a "serving node" that answers the hello with a wrong
  * MAC.  The puller must refuse it before saying anything more. */
 static void test_rogue_server_wrong_mac(void **state) {
@@ -470,15 +485,76 @@ static void test_rogue_server_wrong_mac(void **state) {
   m.challenge = &ch;
   send_msg(fd, &m);
   /* a refusal, never Auth */
-  assert_non_null(r = recv_msg(fd));
-  assert_int_equal(r->body_case, GSHM__CLUSTER__MSG__BODY__NOT_SET);
-  assert_non_null(strstr(r->message, "did not prove the shared key"));
-  gshm__cluster__msg__free_unpacked(r, NULL);
-  assert_true(closed_within(fd, 4000));
-  close(fd);
+  refused_unproven(fd);
   close(lfd);
   cc = connect_to(&c);
   assert_true(refusals(cc, "bad_key") >= 1);
+  gshm_disconnect(cc);
+  assert_int_equal(harness_stop(&c.h), 0);
+}
+
+/* Reflection: what a node says in its own hello, sent back to it.  Node
+ * c links to "rogue" (this test); the test takes c's Hello (nonce nc)
+ * and says it to c's own port as "rogue", with c's nonce and
+ * capabilities, and c answers with a Challenge: its MAC over the very
+ * values its Auth check would use.  (1) That MAC, sent back as the
+ * Auth on the same connection, is refused: the proofs of the two
+ * directions differ ('S', 'C').  (2) That Challenge, relayed to c's own
+ * outbound connection as rogue's, is refused before any Auth: the
+ * names are ordered connecting side first.  Without the direction or
+ * that order, c would prove the key to itself for a host that has none. */
+static void test_reflected_hello(void **state) {
+  static struct node c;
+  gshm_client_t *cc;
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT, *hello, *chal;
+  Gshm__Cluster__Hello h = GSHM__CLUSTER__HELLO__INIT;
+  Gshm__Cluster__Auth a = GSHM__CLUSTER__AUTH__INIT;
+  int port, lfd = listen_local(16, &port), out, in;
+  long bad_key;
+  char peers[64], *name;
+  (void)state;
+
+  snprintf(peers, sizeof(peers), "rogue=127.0.0.1:%d", port);
+  node_start(&c, "c", peers, keys.key, "", NULL);
+  cc = connect_to(&c);
+  bad_key = refusals(cc, "bad_key");
+  assert_true((out = accept(lfd, NULL, NULL)) >= 0);
+  assert_non_null(hello = recv_msg(out));
+  assert_int_equal(hello->body_case, GSHM__CLUSTER__MSG__BODY_HELLO);
+  assert_string_equal(hello->hello->node_name, "c");
+
+  /* c's hello, said back to c as rogue */
+  assert_true((in = tcp_connect(NULL, c.port)) >= 0);
+  h.major = hello->hello->major;
+  h.minor = hello->hello->minor;
+  h.node_name = "rogue";
+  h.nonce = hello->hello->nonce;
+  h.caps = hello->hello->caps;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_HELLO;
+  m.hello = &h;
+  send_msg(in, &m);
+  assert_non_null(chal = recv_msg(in));
+  assert_int_equal(chal->body_case, GSHM__CLUSTER__MSG__BODY_CHALLENGE);
+  assert_int_equal(chal->challenge->caps, hello->hello->caps); /* (the same node) */
+
+  /* (1) its proof as server, back as the client's */
+  a.mac = chal->challenge->mac;
+  m = (Gshm__Cluster__Msg)GSHM__CLUSTER__MSG__INIT;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH;
+  m.auth = &a;
+  send_msg(in, &m);
+  refused_unproven(in);
+
+  /* (2) its Challenge, as rogue's, to its own outbound connection */
+  name = chal->challenge->node_name;
+  chal->challenge->node_name = "rogue"; /* (the name check comes first) */
+  send_msg(out, chal);
+  chal->challenge->node_name = name;
+  refused_unproven(out);
+  close(lfd);
+  assert_int_equal(refusals(cc, "bad_key"), bad_key + 2);
+  gshm__cluster__msg__free_unpacked(chal, NULL);
+  gshm__cluster__msg__free_unpacked(hello, NULL);
   gshm_disconnect(cc);
   assert_int_equal(harness_stop(&c.h), 0);
 }
@@ -816,6 +892,103 @@ static void start_behind_proxy(struct node *n, const char *name, const char *ext
   node_start(n, name, peers, keys.key, "", extra, "cluster.transport=tcp", extra2, NULL);
 }
 
+/* A man in the middle of the hello: forwards one connection at a time
+ * from its port to S, with the capabilities in the first message each
+ * way (Hello, Challenge) less `strip`, then every byte as it comes. */
+struct capmitm {
+  struct proxy px;            /* (its stop, and proxy_pipe's forwarding) */
+  int port;
+  uint32_t strip;
+  atomic_uint rewritten;      /* first messages rewritten */
+};
+
+/* The next control message of from, its caps less strip, to to. */
+static bool capmitm_one(struct capmitm *x, int from, int to) {
+  Gshm__Cluster__Msg *m = recv_msg(from);
+  if (!m)
+    return false;
+  if (m->body_case == GSHM__CLUSTER__MSG__BODY_HELLO)
+    m->hello->caps &= ~x->strip;
+  else if (m->body_case == GSHM__CLUSTER__MSG__BODY_CHALLENGE)
+    m->challenge->caps &= ~x->strip;
+  send_msg(to, m);
+  gshm__cluster__msg__free_unpacked(m, NULL);
+  x->rewritten++;
+  return true;
+}
+
+static void *capmitm_thread(void *arg) {
+  struct capmitm *x = arg;
+  while (!x->px.stop) {
+    struct pollfd pf = {.fd = x->px.lfd, .events = POLLIN};
+    int c, s;
+    if (poll(&pf, 1, 100) <= 0 || (c = accept(x->px.lfd, NULL, NULL)) < 0)
+      continue;
+    if ((s = tcp_connect(NULL, S.port)) >= 0 && capmitm_one(x, c, s) && capmitm_one(x, s, c))
+      proxy_pipe(&x->px, c, s, 1); /* (nothing to flip) */
+    if (s >= 0)
+      close(s);
+    close(c);
+  }
+  return NULL;
+}
+
+/* Downgrade: a man in the middle of the hello clears capabilities in
+ * both directions, so that each side sees the other without them: AES-GMAC
+ * (both sides would choose Poly1305), encryption (the side that did
+ * not ask for it would not encrypt).  The hello's MACs cover both sides'
+ * capabilities as each side sent them: the puller refuses the serving
+ * node's Challenge (bad_key) and no link comes up; nothing is pulled.
+ * The same relay stripping nothing (a control): the pull goes through
+ * it, AES-GMAC where the CPU has AES-NI. */
+static void test_hello_downgrade_refused(void **state) {
+  static const uint32_t strips[] = {0, GSHM__CLUSTER__CAP__CAP_GMAC,
+                                    GSHM__CLUSTER__CAP__CAP_ENCRYPT | GSHM__CLUSTER__CAP__CAP_GMAC};
+  gshm_client_t *s = connect_to(&S), *mc;
+  gshm_pull_result_t res;
+  gshm_segment_info_t info;
+  (void)state;
+
+  make_segment(s, "pub/downgrade", 64 * 1024, 11);
+  for (size_t i = 0; i < sizeof(strips) / sizeof(strips[0]); i++) {
+    static struct node m;
+    struct capmitm x = {.strip = strips[i]};
+    char peers[64];
+    long bad_key;
+    if (strips[i] & GSHM__CLUSTER__CAP__CAP_GMAC && !crypto_aead_aes256gcm_is_available())
+      continue; /* (no CAP_GMAC to strip) */
+    x.px.lfd = listen_local(16, &x.port);
+    assert_int_equal(pthread_create(&x.px.t, NULL, capmitm_thread, &x), 0);
+    snprintf(peers, sizeof(peers), "s=127.0.0.1:%d", x.port);
+    /* the puller asks for encryption where the relay strips it */
+    node_start(&m, "m", peers, keys.key, "", "cluster.transport=tcp", "cluster.streams=1",
+               strips[i] & GSHM__CLUSTER__CAP__CAP_ENCRYPT ? "cluster.encrypt=true" : NULL,
+               NULL);
+    mc = connect_to(&m);
+    bad_key = refusals(mc, "bad_key");
+    if (!strips[i]) {
+      assert_int_equal(gshm_pull(mc, "s", "pub/downgrade", NULL, &res), 0);
+      check_segment(mc, "pub/downgrade", 64 * 1024, 11);
+      assert_true((strstr(res.path_reason, "AES-GMAC") != NULL) ==
+                  crypto_aead_aes256gcm_is_available());
+    } else {
+      for (int t = 0; t < 100 && refusals(mc, "bad_key") == bad_key; t++)
+        usleep(50000);
+      assert_true(refusals(mc, "bad_key") > bad_key);
+      assert_int_not_equal(gshm_pull(mc, "s", "pub/downgrade", NULL, NULL), 0);
+      assert_int_equal(gshm_stat_name(mc, "pub/downgrade", &info), -ENOENT);
+    }
+    assert_true(x.rewritten >= 2);
+    gshm_disconnect(mc);
+    assert_int_equal(harness_stop(&m.h), 0);
+    x.px.stop = true;
+    pthread_join(x.px.t, NULL);
+    close(x.px.lfd);
+  }
+  assert_int_equal(gshm_unlink(s, "pub/downgrade"), 0);
+  gshm_disconnect(s);
+}
+
 /* One flipped bit of S's bytes on the wire, in a data frame (the third
  * MiB) or in the first control frame after the hello (the Grant), with
  * frames authenticated by AES-GMAC (where this CPU has AES-NI) and by
@@ -939,9 +1112,11 @@ int main(void) {
       cmocka_unit_test(test_rogue_lane),
       cmocka_unit_test(test_rogue_peer_wrong_version),
       cmocka_unit_test(test_rogue_server_wrong_mac),
+      cmocka_unit_test(test_reflected_hello),
       cmocka_unit_test(test_prehello_frames),
       cmocka_unit_test(test_idle_flood),
       cmocka_unit_test(test_refused_not_read),
+      cmocka_unit_test(test_hello_downgrade_refused),
       cmocka_unit_test(test_tampered_stream),
       cmocka_unit_test(test_tampered_lane),
       cmocka_unit_test(test_encrypted),

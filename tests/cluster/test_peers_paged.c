@@ -93,18 +93,11 @@ static void *refuser_main(void *arg) {
 }
 
 static int refuser_start(void) {
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  socklen_t len = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int port;
 
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  assert_true(fd >= 0);
-  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  assert_int_equal(listen(fd, 1024), 0);
-  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-  refuser_fd = fd;
+  refuser_fd = listen_local(1024, &port);
   assert_int_equal(pthread_create(&refuser, NULL, refuser_main, NULL), 0);
-  return ntohs(sa.sin_port);
+  return port;
 }
 
 /* Node a, its cluster.peers NPEERS names at the refuser's port (its
