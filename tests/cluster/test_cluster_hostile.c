@@ -5,7 +5,8 @@
  * wrong MAC is refused and counted by the serving node, and the mirror
  * case by the puller; a node's own hello and proofs reflected back to it
  * are refused, as is a hello whose capabilities a man in the middle
- * stripped (downgrade); hosts that never say hello are bounded in memory,
+ * stripped (downgrade); a captured frame sent again (replay) fails the
+ * pull; hosts that never say hello are bounded in memory,
  * connections and time while local clients keep being served; a flipped
  * byte on the wire fails the pull; cluster.encrypt hides the bytes. */
 #include <arpa/inet.h>
@@ -733,6 +734,8 @@ struct proxy {
   unsigned flip_frame;       /* 0: none; else the frame (from 1) whose first payload byte flips */
   const uint8_t *pattern;    /* 64 bytes to look for in S's stream */
   atomic_bool seen;
+  unsigned replay_frame;     /* 0: none; else the frame (from 1) of S's stream sent twice */
+  atomic_uint replayed;      /* frames sent again */
   bool lanes;                /* connections at once; flip_* apply to the first only, and
                               * on every later one (a data lane) the first data frame's
                               * first payload byte flips where flip_lanes */
@@ -779,6 +782,63 @@ static uint64_t frame_flip_at(const struct flip *fl, struct frames *f, const uin
   return 0;
 }
 
+/* A frame of S's stream captured whole, to be sent again right after
+ * it (its copy follows the original on the wire: a replay). */
+struct replay {
+  unsigned frame;            /* from 1; 0: none */
+  uint8_t *hist;             /* S's stream from its first byte, while looking */
+  size_t hlen, wpos;         /* bytes kept; offset of the next header */
+  unsigned n;                /* headers seen */
+  size_t at, len;            /* the frame, once whole */
+  bool found, done;
+};
+
+#define REPLAY_KEEP (2 * MiB + 65536) /* frames 1-4 with a 1 MiB first chunk */
+
+/* Keeps p (len bytes of S's stream) and finds rp's frame once whole. */
+static void replay_see(struct replay *rp, const uint8_t *p, size_t len) {
+  if (!rp->frame || rp->found)
+    return;
+  if (!rp->hist)
+    assert_non_null(rp->hist = malloc(REPLAY_KEEP));
+  assert_true(rp->hlen + len <= REPLAY_KEEP);
+  memcpy(rp->hist + rp->hlen, p, len);
+  rp->hlen += len;
+  while (rp->wpos + 24 <= rp->hlen) {
+    struct port_frame h;
+    size_t size;
+    memcpy(&h, rp->hist + rp->wpos, sizeof(h));
+    size = 24 + h.len + (rp->n + 1 >= 3 ? 16 : 0); /* (Challenge, AuthOk: no tag) */
+    if (rp->wpos + size > rp->hlen)
+      return;
+    if (++rp->n == rp->frame) {
+      rp->at = rp->wpos;
+      rp->len = size;
+      rp->found = true;
+      return;
+    }
+    rp->wpos += size;
+  }
+}
+
+/* Sends p (len bytes of S's stream from offset from) to c, with rp's
+ * frame again right after the original where it ends in p.  Returns
+ * false when c is gone. */
+static bool replay_send(struct proxy *px, struct replay *rp, int c, const uint8_t *p, size_t len,
+                        uint64_t from) {
+  bool now = rp->found && !rp->done && rp->at + rp->len > from && rp->at + rp->len <= from + len;
+  size_t first = now ? rp->at + rp->len - from : len;
+
+  if (send(c, p, first, MSG_NOSIGNAL) != (ssize_t)first)
+    return false;
+  if (!now)
+    return true;
+  rp->done = true;
+  px->replayed++;
+  return send(c, rp->hist + rp->at, rp->len, MSG_NOSIGNAL) == (ssize_t)rp->len &&
+         send(c, p + first, len - first, MSG_NOSIGNAL) == (ssize_t)(len - first);
+}
+
 /* Forwards between c and S (s), connection idx (from 1). */
 static void proxy_pipe(struct proxy *px, int c, int s, unsigned idx) {
   uint8_t *buf = malloc(64 + 65536);
@@ -786,10 +846,13 @@ static void proxy_pipe(struct proxy *px, int c, int s, unsigned idx) {
   uint64_t from_s = 0;
   struct frames fr = {0};
   struct flip fl = {0};
+  struct replay rp = {0};
 
   assert_non_null(buf);
-  if (idx == 1)
+  if (idx == 1) {
     fl = (struct flip){.at = px->flip_at, .frame = px->flip_frame};
+    rp.frame = px->replay_frame;
+  }
   else if (px->lanes)
     fl = (struct flip){.data = true, .armed = &px->flip_lanes, .hdr_byte = px->lane_hdr_byte};
   while (!px->stop) {
@@ -813,15 +876,17 @@ static void proxy_pipe(struct proxy *px, int c, int s, unsigned idx) {
       buf[ntail + (fl.at - from_s - 1)] ^= 0x01;
       px->flipped++;
     }
-    from_s += (uint64_t)r;
+    replay_see(&rp, buf + ntail, (size_t)r);
     if (px->pattern && memmem(buf, ntail + (size_t)r, px->pattern, 64))
       px->seen = true;
-    if (send(c, buf + ntail, (size_t)r, MSG_NOSIGNAL) != r)
+    if (!replay_send(px, &rp, c, buf + ntail, (size_t)r, from_s))
       break;
+    from_s += (uint64_t)r;
     k = ntail + (size_t)r < 64 ? ntail + (size_t)r : 64;
     memmove(buf, buf + ntail + (size_t)r - k, k);
     ntail = k;
   }
+  free(rp.hist);
   free(buf);
 }
 
@@ -1018,6 +1083,46 @@ static void test_tampered_stream(void **state) {
   gshm_disconnect(s);
 }
 
+/* Replay: S's first keyed frame (frame 3, its answer to the puller's
+ * first request: the Grant) and then its first data frame (frame 4, the
+ * first MiB) sent a second time right after the original, as a man in
+ * the middle would replay a captured frame.  The copy carries the same
+ * tag over the same bytes, but the puller expects the next frame number
+ * there: the control frame's copy fails its authentication; the data
+ * frame's copy names a request already answered, so it is read nowhere
+ * and its link fails before its tag is even checked.  Either way the
+ * pull fails and nothing of it stays. */
+static void test_replayed_frame(void **state) {
+  static struct node m[2];
+  gshm_client_t *s = connect_to(&S), *mc;
+  gshm_segment_info_t info;
+  (void)state;
+
+  make_segment(s, "pub/replay", 4 * MiB, 12);
+  for (int i = 0; i < 2; i++) {
+    struct proxy px = {.replay_frame = 3 + (unsigned)i};
+    long tampered, protocol;
+    proxy_start(&px);
+    start_behind_proxy(&m[i], "m", "cluster.pull_chunk=1M", "cluster.streams=1");
+    mc = connect_to(&m[i]);
+    tampered = refusals(mc, "tampered");
+    protocol = refusals(mc, "protocol");
+    assert_int_equal(gshm_pull(mc, "s", "pub/replay", NULL, NULL), -EPROTO);
+    assert_int_equal(px.replayed, 1);
+    assert_non_null(strstr(gshm_last_error(mc), i == 0 ? "authentication" : "no request"));
+    assert_int_equal(gshm_stat_name(mc, "pub/replay", &info), -ENOENT);
+    if (i == 0)
+      assert_int_equal(refusals(mc, "tampered"), tampered + 1);
+    else
+      assert_true(refusals(mc, "protocol") > protocol);
+    gshm_disconnect(mc);
+    assert_int_equal(harness_stop(&m[i].h), 0);
+    proxy_stop(&px);
+  }
+  assert_int_equal(gshm_unlink(s, "pub/replay"), 0);
+  gshm_disconnect(s);
+}
+
 /* A flipped byte in a data frame on each data lane (cluster.streams, 8:
  * the frames of a pull go on them once they are up), with AES-GMAC (where this
  * CPU has AES-NI; its lane threads check each frame as it lands where the
@@ -1119,6 +1224,7 @@ int main(void) {
       cmocka_unit_test(test_hello_downgrade_refused),
       cmocka_unit_test(test_tampered_stream),
       cmocka_unit_test(test_tampered_lane),
+      cmocka_unit_test(test_replayed_frame),
       cmocka_unit_test(test_encrypted),
   };
   if (sodium_init() < 0) /* before crypto_aead_aes256gcm_is_available() */
