@@ -478,6 +478,8 @@ static ucs_status_t on_data_am(void *arg, const void *header, size_t header_leng
 }
 
 int gshmd__link_data_start(struct links *ll) {
+  if (!ll->worker) /* (no UCX on this node: cluster.transport = tcp or encrypt) */
+    return 0;
   if (ucp_dt_create_generic(&send_dt_ops, NULL, &ll->send_dt) != UCS_OK)
     return -EIO;
   ll->send_dt_made = true;

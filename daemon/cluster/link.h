@@ -281,7 +281,8 @@ struct links {
   uv_timer_t sweep;
   bool handles_on, idle_on, stopping;
   bool worker_handles;       /* poll and idle are open */
-  bool ucx_allowed;          /* cluster.transport auto or ucx, and encryption off */
+  bool ucx_allowed;          /* cluster.transport auto or ucx, and encryption off; false:
+                                no UCP context or worker (ctx, worker NULL) */
   bool ucx_without_peer_errors; /* cluster.transport = ucx: also endpoints that cannot
                                    tell a dead peer */
   char ucx_tls[256];         /* UCX_TLS as gshmd set it */
@@ -342,7 +343,8 @@ unsigned gshmd__link_strangers(const struct links *ll);
  * per metrics scrape, not on a data path. */
 unsigned gshmd__link_peer_conns(const struct links *ll);
 
-/* Sets up the UCP context and worker (never with UCX's tcp transport),
+/* Sets up the UCP context and worker (never with UCX's tcp transport;
+ * none when ll->ucx_allowed is false),
  * the TCP listener on ll->listen_sa and the loop handles; the caller
  * filled loop, hooks, node_name, listen (with listen_sa),
  * hello_timeout_ns, encrypt and peers.  Errors (logged): -EIO UCX failed. */
@@ -441,7 +443,8 @@ int gshmd__landing_claim(struct landings *lt, uint32_t rid, uint64_t offset, uin
 void gshmd__landings_ref(struct landings *lt);
 void gshmd__landings_unref(struct landings *lt);
 /* Takes UCX data messages (after gshmd__link_start), and makes the
- * datatype of the sends on eager endpoints.  Returns 0 or -EIO. */
+ * datatype of the sends on eager endpoints; nothing without a worker
+ * (!ll->ucx_allowed).  Returns 0 or -EIO. */
 int gshmd__link_data_start(struct links *ll);
 /* l failed (err, a negative errno): its UCX endpoint goes (closed by
  * force: UCX cancels what sends it can; an eager one stays open, as UCX
@@ -494,8 +497,9 @@ struct link *gshmd__link_connect_lane(struct link *parent);
 /* l->busy went down: when it reaches 0 on a failed link, on_idle runs. */
 void gshmd__link_unbusy(struct link *l);
 /* worker.c: the UCP context and worker (never UCX's tcp transport; a
- * refusing handler for every active message id), polled from the loop.
- * Start errors (logged): -EIO.  Stop closes the handles; destroy frees
+ * refusing handler for every active message id), polled from the loop;
+ * none at all without ll->ucx_allowed (the worker calls below then
+ * answer -EIO or -EHOSTUNREACH).  Start errors (logged): -EIO.  Stop closes the handles; destroy frees
  * the worker and the context. */
 int gshmd__link_worker_start(struct links *ll);
 void gshmd__link_worker_stop(struct links *ll);

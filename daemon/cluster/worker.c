@@ -277,11 +277,19 @@ int gshmd__link_worker_start(struct links *ll) {
   int e;
 
   ll->efd = -1;
-  if ((e = setup_ucp(ll)))
+  if (!ll->ucx_allowed) {
+    /* No link could use UCX: no context and no worker, so that none of
+     * UCX's parsing or resources (its shared-memory FIFO, RDMA devices)
+     * is reachable for nothing.  The idle turn still runs after_progress. */
+    gshm_log_info("cluster: UCX not started (cluster.transport = tcp or cluster.encrypt on): "
+                  "every byte goes on gshm's authenticated streams");
+  } else if ((e = setup_ucp(ll))) {
     return e;
-  uv_poll_init(ll->loop, &ll->poll, ll->efd);
-  ll->poll.data = ll;
-  uv_poll_start(&ll->poll, UV_READABLE, on_efd);
+  } else {
+    uv_poll_init(ll->loop, &ll->poll, ll->efd);
+    ll->poll.data = ll;
+    uv_poll_start(&ll->poll, UV_READABLE, on_efd);
+  }
   uv_idle_init(ll->loop, &ll->idle);
   ll->idle.data = ll;
   ll->worker_handles = true;
@@ -298,11 +306,14 @@ void gshmd__link_worker_stop(struct links *ll) {
   if (!ll->worker_handles)
     return;
   ll->worker_handles = false;
-  uv_close((uv_handle_t *)&ll->poll, NULL);
+  if (ll->worker) /* (its poll handle: none without one) */
+    uv_close((uv_handle_t *)&ll->poll, NULL);
   uv_close((uv_handle_t *)&ll->idle, NULL);
 }
 
 int gshmd__link_worker_address(struct links *ll, ucp_address_t **addr_out, size_t *len_out) {
+  if (!ll->worker)
+    return -EIO;
   return ucp_worker_get_address(ll->worker, addr_out, len_out) == UCS_OK ? 0 : -EIO;
 }
 
@@ -368,6 +379,10 @@ int gshmd__link_worker_ep(struct links *ll, const void *addr, size_t len,
   ucs_status_t st;
 
   *eager_out = false;
+  if (!ll->worker) { /* (no UCX on this node: never offered) */
+    free(copy);
+    return -EHOSTUNREACH;
+  }
   if (!copy) {
     gshm_log_notice("cluster: a peer offered %s (%zu bytes): not used", why, len);
     return -EPROTO;
@@ -414,6 +429,8 @@ int gshmd__link_worker_am(struct links *ll, unsigned id, ucp_am_recv_callback_t 
                                              UCP_AM_HANDLER_PARAM_FIELD_CB |
                                              UCP_AM_HANDLER_PARAM_FIELD_ARG,
                                .id = id, .cb = cb, .arg = arg};
+  if (!ll->worker)
+    return -EIO;
   return ucp_worker_set_am_recv_handler(ll->worker, &ap) == UCS_OK ? 0 : -EIO;
 }
 

@@ -329,6 +329,73 @@ static void test_no_sysv(void **state) {
     assert_int_equal(n[i], 0);
 }
 
+/* The UCX resources process pid holds: fds on UCX's shared-memory FIFOs
+ * (/dev/shm/ucx_*, made with the worker) and UCX's transport modules
+ * mapped (.../ucx/libuct_*.so, which ucp_init loads). */
+static unsigned ucx_resources(pid_t pid) {
+  char dir[64], path[384], link[256], line[512];
+  unsigned n = 0;
+  struct dirent *e;
+  DIR *d;
+  FILE *f;
+
+  snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+  assert_non_null(d = opendir(dir));
+  while ((e = readdir(d))) {
+    ssize_t k;
+    snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+    if ((k = readlink(path, link, sizeof(link) - 1)) > 0) {
+      link[k] = '\0';
+      n += strstr(link, "/dev/shm/ucx_") != NULL;
+    }
+  }
+  closedir(d);
+  snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+  assert_non_null(f = fopen(path, "r"));
+  while (fgets(line, sizeof(line), f))
+    n += strstr(line, "/ucx/libuct_") != NULL;
+  fclose(f);
+  return n;
+}
+
+/* With cluster.transport = tcp, or cluster.encrypt on, no link can use
+ * UCX: gshmd made UCX's context and worker anyway (UCX's shared-memory
+ * FIFO, its RDMA devices opened, for nothing gshm's hello guards).  It
+ * makes none now, and pulls go on its streams; S, of transport auto,
+ * keeps its worker. */
+static void test_no_ucx_unless_used(void **state) {
+  static struct node t, e;
+  const char *env = getenv("GSHM_TEST_CLUSTER_TRANSPORT");
+  gshm_client_t *s = connect_to(&S), *c;
+  struct node *n[2] = {&t, &e};
+  gshm_pull_result_t res;
+  unsigned held[2];
+  char peers[64];
+  (void)state;
+
+  make_segment(s, "pub/no-ucx", 1 * MiB + 5, 21);
+  snprintf(peers, sizeof(peers), "s=127.0.0.1:%d", S.port);
+  node_start(&t, "m", peers, keys.key, "", "cluster.transport=tcp", NULL);
+  node_start(&e, "e", peers, keys.key, "", "cluster.encrypt=true", NULL);
+  for (int i = 0; i < 2; i++) {
+    c = connect_to(n[i]);
+    assert_int_equal(gshm_pull(c, "s", "pub/no-ucx", NULL, &res), 0);
+    check_segment(c, "pub/no-ucx", 1 * MiB + 5, 21);
+    assert_null(strstr(res.path_reason, "UCX"));
+    held[i] = ucx_resources(n[i]->h.sp.pid);
+    print_message("%s: %u UCX resource(s), pulled over %s\n", n[i]->name, held[i],
+                  res.path_reason);
+    gshm_disconnect(c);
+    assert_int_equal(harness_stop(&n[i]->h), 0);
+  }
+  assert_int_equal(gshm_unlink(s, "pub/no-ucx"), 0);
+  gshm_disconnect(s);
+  assert_int_equal(held[0], 0);
+  assert_int_equal(held[1], 0);
+  if (!env || strcmp(env, "tcp")) /* (auto or ucx: S's worker is there) */
+    assert_true(ucx_resources(S.h.sp.pid) > 0);
+}
+
 /* ---- rogue peers ----------------------------------------------------------- */
 
 /* Sends a Hello as node name, speaking cluster protocol major.minor,
@@ -1213,6 +1280,7 @@ int main(void) {
       cmocka_unit_test(test_one_port),
       cmocka_unit_test(test_one_port_tcp_aux),
       cmocka_unit_test(test_no_sysv),
+      cmocka_unit_test(test_no_ucx_unless_used),
       cmocka_unit_test(test_rogue_peer_wrong_mac),
       cmocka_unit_test(test_rogue_lane),
       cmocka_unit_test(test_rogue_peer_wrong_version),
