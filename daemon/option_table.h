@@ -249,9 +249,10 @@
     "group may read (g+r). Empty exports nothing. At most 16383 bytes, "        \
     "continued lines joined.")                                                  \
   X(cluster, secret_file, PATH, cluster_secret_file, "", 0, 4095, NULL,         \
-    "File with the key every node of the cluster shares (at least 16 bytes; "   \
-    "e.g. head -c 32 /dev/urandom | base64). It must be owned by gshmd's user " \
-    "and readable by nobody else. Required when listen is set.")              \
+    "File with the key every node of the cluster shares (at least 16 bytes, "   \
+    "at most 4096; e.g. head -c 32 /dev/urandom | base64). It must be owned "   \
+    "by gshmd's user and readable by nobody else. Required when listen is "     \
+    "set.")                                                                     \
   X(cluster, pull_group, STR, cluster_pull_group, "", 0, 255, NULL,             \
     "Members of this group (and admins) may list and pull peers' segments; "  \
     "empty means admins only.")                                                 \

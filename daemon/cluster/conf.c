@@ -209,10 +209,16 @@ static void secret_open_failed(const char *path) {
   }
 }
 
-/* The shared key: a file only gshmd's user may read; its bytes (blanks
- * around them dropped) hashed to crypto_auth's key size. */
+/* The most bytes of a key file: past them the rest went unread, and two
+ * files that differ only there made the same key; such a file is
+ * refused (docs/CLUSTER.md). */
+#define SECRET_FILE_MAX 4096
+
+/* The shared key: a file only gshmd's user may read, of at most
+ * SECRET_FILE_MAX bytes; its bytes (blanks around them dropped) hashed
+ * to crypto_auth's key size. */
 static int read_secret(struct gshmd_cluster *cl, const char *path) {
-  uint8_t buf[4096];
+  uint8_t buf[SECRET_FILE_MAX + 1]; /* (one more: a longer file is seen) */
   struct stat st;
   ssize_t n;
   size_t b = 0, e;
@@ -245,6 +251,13 @@ static int read_secret(struct gshmd_cluster *cl, const char *path) {
   close(fd);
   if (n < 0) {
     gshm_log_err("cluster.secret_file %s: %m", path);
+    return -EINVAL;
+  }
+  if (n > SECRET_FILE_MAX) {
+    gshm_log_err("cluster.secret_file %s: more than %u bytes; a key file holds one key "
+                 "(32 random bytes, base64: docs/CLUSTER.md)",
+                 path, SECRET_FILE_MAX);
+    sodium_memzero(buf, sizeof(buf));
     return -EINVAL;
   }
   e = (size_t)n;

@@ -76,6 +76,15 @@ if [[ $(id -u) == 0 ]] && command -v setpriv >/dev/null; then
   chmod 0700 "$tmp"
 fi
 refused "short key" "at least 16 bytes" "${L[@]}" --set "cluster.secret_file=$tmp/short"
+# a key file past 4096 bytes: only its first 4096 were read, the rest
+# silently ignored (two files that differ only there made one key)
+{
+  cat "$tmp/key"
+  head -c 4096 /dev/zero | tr '\0' k
+} >"$tmp/long-key"
+chmod 0600 "$tmp/long-key"
+refused "key file past 4096 bytes" "more than 4096 bytes" "${L[@]}" \
+  --set "cluster.secret_file=$tmp/long-key"
 refused "key readable by the group" "chmod 0600" "${L[@]}" --set "cluster.secret_file=$tmp/open-key"
 # ... and says what it found (it said only what a key must be)
 refused "key readable by the group: its mode" "is mode 0640" "${L[@]}" \
@@ -127,6 +136,16 @@ rc=0
   --set "cluster.export=llama/* kv/*:root kv/*:@root" >"$tmp/out" 2>"$tmp/err" || rc=$?
 if [[ $rc != 0 ]] || ! grep -qF "configuration ok" "$tmp/out"; then
   fail "a good cluster config: exit $rc"
+  sed 's/^/  stderr: /' "$tmp/err" >&2
+fi
+# ... with a key file of 4096 bytes exactly, the most
+head -c 4096 "$tmp/long-key" >"$tmp/key-4096"
+chmod 0600 "$tmp/key-4096"
+rc=0
+"$gshmd" --check-config "${L[@]}" --set "cluster.secret_file=$tmp/key-4096" >"$tmp/out" \
+  2>"$tmp/err" || rc=$?
+if [[ $rc != 0 ]] || ! grep -qF "configuration ok" "$tmp/out"; then
+  fail "a key file of 4096 bytes: exit $rc"
   sed 's/^/  stderr: /' "$tmp/err" >&2
 fi
 
