@@ -20,9 +20,10 @@
  * before and waited for its answer.  Under AES-GMAC with ghash.h's GHASH (gshmd__frame_mac_inline)
  * the threads tag and check each frame themselves, 256 KiB at a time
  * beside the copy, while the piece is in the core's cache (the serving
- * thread just before a piece goes into the socket, the pulling one just
- * after it lands; a frame whose tag does not match ends the lane with
- * -EBADMSG): measured, that took a recycled 1 GiB pull on the lent
+ * thread just after a piece went into the socket: a piece changed in
+ * between is tagged as changed and the receiver refuses the frame; the
+ * pulling one just after it lands; a frame whose tag does not match ends
+ * the lane with -EBADMSG): measured, that took a recycled 1 GiB pull on the lent
  * 16-core machine from 13.7 to 23.3 GB/s and gshmd's CPU from 0.97 to
  * 0.57 s/GB (docs/PERFORMANCE.md, "Lane threads tag as they copy").
  * Under the other modes the loop has each frame sealed on libuv's pool
