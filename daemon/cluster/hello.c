@@ -19,7 +19,15 @@ static uint32_t caps_mine(const struct gshmd_cluster *cl) {
          (crypto_aead_aes256gcm_is_available() && cl->ll.gmac ? GSHM__CLUSTER__CAP__CAP_GMAC : 0) |
          (cl->ll.ucx_allowed ? GSHM__CLUSTER__CAP__CAP_UCX : 0) |
          GSHM__CLUSTER__CAP__CAP_LANES | GSHM__CLUSTER__CAP__CAP_ASK_AGAIN |
-         GSHM__CLUSTER__CAP__CAP_ASK_AGAIN_LIST;
+         GSHM__CLUSTER__CAP__CAP_ASK_AGAIN_LIST | GSHM__CLUSTER__CAP__CAP_AUTH_OK_KEYED;
+}
+
+/* Whether AuthOk goes keyed (both sides said CAP_AUTH_OK_KEYED; a peer
+ * before protocol 2.5 reads it in the clear, and its count then is not
+ * authenticated: docs/SECURITY.md).  The hello's MACs cover the caps, so
+ * nobody between the two can take it away. */
+static bool auth_ok_keyed(const struct gshmd_cluster *cl, const struct link *l) {
+  return (caps_mine(cl) & l->caps_theirs & GSHM__CLUSTER__CAP__CAP_AUTH_OK_KEYED) != 0;
 }
 
 /* Whether the bytes of this link may go over UCX: both sides said so in
@@ -200,12 +208,15 @@ static void on_challenge(struct link *l, const Gshm__Cluster__Challenge *c) {
   m.auth = &a;
   l->state = LINK_AUTH;
   gshmd__link_send(l, &m);
-  hello_keys(cl, l, true, false); /* what we send after Auth is keyed */
+  /* what we send after Auth is keyed, and so is what comes after it
+   * when AuthOk is */
+  hello_keys(cl, l, true, auth_ok_keyed(cl, l));
 }
 
-/* Inbound, proved: AuthOk (exported: segments exported now) goes before
- * the keys (a refusal would have gone there too); every frame after it,
- * both ways, is keyed. */
+/* Inbound, proved: AuthOk (exported: segments exported now); every frame
+ * after it, both ways, is keyed.  With a peer before protocol 2.5 it goes
+ * before the keys (a refusal would have gone there too); else on_auth
+ * keyed the stream already. */
 static void auth_ok(struct gshmd_cluster *cl, struct link *l, uint32_t exported) {
   Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
   Gshm__Cluster__AuthOk ok = GSHM__CLUSTER__AUTH_OK__INIT;
@@ -214,7 +225,8 @@ static void auth_ok(struct gshmd_cluster *cl, struct link *l, uint32_t exported)
   m.body_case = GSHM__CLUSTER__MSG__BODY_AUTH_OK;
   m.auth_ok = &ok;
   gshmd__link_send(l, &m);
-  hello_keys(cl, l, true, true);
+  if (!auth_ok_keyed(cl, l))
+    hello_keys(cl, l, true, true);
 }
 
 /* The link of l's peer that an inbound lane names, up; NULL if none. */
@@ -262,6 +274,8 @@ static void on_auth(struct link *l, const Gshm__Cluster__Auth *a) {
     gshmd__link_refuse(l, REFUSE_BAD_KEY, -EACCES, msg);
     return;
   }
+  if (auth_ok_keyed(cl, l)) /* AuthOk, or a refusal, keyed */
+    hello_keys(cl, l, true, true);
   if (l->is_lane) {
     lane_up_inbound(cl, l);
     return;
@@ -332,7 +346,8 @@ static void lane_up_outbound(struct link *l) {
 static void on_auth_ok(struct link *l, const Gshm__Cluster__AuthOk *ok) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
 
-  hello_keys(cl, l, false, true);
+  if (!auth_ok_keyed(cl, l)) /* (else keyed since on_challenge) */
+    hello_keys(cl, l, false, true);
   if (l->is_lane) {
     lane_up_outbound(l);
     return;

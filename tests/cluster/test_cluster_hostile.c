@@ -825,8 +825,9 @@ struct flip {
 };
 
 /* Where frame px->flip_frame's first payload byte is in S's stream (from
- * 1), once the headers before it went by (0 until then).  Frames 1 and 2
- * (Challenge, AuthOk) have no tag; the later ones 16 bytes. */
+ * 1), once the headers before it went by (0 until then).  Frame 1
+ * (Challenge) has no tag; the later ones 16 bytes (AuthOk too: keyed
+ * between two nodes of protocol 2.5, CAP_AUTH_OK_KEYED). */
 struct frames {
   uint64_t next;             /* offset of the next header */
   unsigned n;                /* headers seen */
@@ -844,7 +845,7 @@ static uint64_t frame_flip_at(const struct flip *fl, struct frames *f, const uin
     if (++f->n == fl->frame ||
         (fl->data && h.kind == 2 /* data */ && h.len > 0 && (!fl->armed || *fl->armed)))
       return fl->hdr_byte ? f->next + fl->hdr_byte : f->next + 24 + 1;
-    f->next += 24 + h.len + (f->n >= 3 ? 16 : 0);
+    f->next += 24 + h.len + (f->n >= 2 ? 16 : 0);
   }
   return 0;
 }
@@ -875,7 +876,7 @@ static void replay_see(struct replay *rp, const uint8_t *p, size_t len) {
     struct port_frame h;
     size_t size;
     memcpy(&h, rp->hist + rp->wpos, sizeof(h));
-    size = 24 + h.len + (rp->n + 1 >= 3 ? 16 : 0); /* (Challenge, AuthOk: no tag) */
+    size = 24 + h.len + (rp->n + 1 >= 2 ? 16 : 0); /* (Challenge: no tag; AuthOk keyed) */
     if (rp->wpos + size > rp->hlen)
       return;
     if (++rp->n == rp->frame) {
@@ -1032,6 +1033,7 @@ struct capmitm {
   int port;
   uint32_t strip;
   atomic_uint rewritten;      /* first messages rewritten */
+  bool forge_auth_ok;         /* and the Auth, then the AuthOk's count (auth_ok_forge) */
 };
 
 /* The next control message of from, its caps less strip, to to. */
@@ -1049,6 +1051,28 @@ static bool capmitm_one(struct capmitm *x, int from, int to) {
   return true;
 }
 
+/* The listener's AuthOk from `from`, its count of segments changed to
+ * AUTH_OK_FORGED, to `to` (test_auth_ok_count_forged). */
+#define AUTH_OK_FORGED 4242
+#define AUTH_OK_FORGED_TEXT "4242" /* (as the puller logs it) */
+static bool auth_ok_forge(struct capmitm *x, int from, int to) {
+  struct port_frame h;
+  uint8_t buf[2048];
+  Gshm__Cluster__Msg *m;
+
+  /* (keyed, the frame's tag follows: forwarded as it is, after it) */
+  if (read_full(from, &h, sizeof(h), 5000) || h.kind != 1 || h.len > sizeof(buf) ||
+      read_full(from, buf, h.len, 5000) || !(m = gshm__cluster__msg__unpack(NULL, h.len, buf)))
+    return false;
+  if (m->body_case == GSHM__CLUSTER__MSG__BODY_AUTH_OK) {
+    m->auth_ok->exported = AUTH_OK_FORGED;
+    x->rewritten++;
+  }
+  send_msg(to, m);
+  gshm__cluster__msg__free_unpacked(m, NULL);
+  return true;
+}
+
 static void *capmitm_thread(void *arg) {
   struct capmitm *x = arg;
   while (!x->px.stop) {
@@ -1056,7 +1080,8 @@ static void *capmitm_thread(void *arg) {
     int c, s;
     if (poll(&pf, 1, 100) <= 0 || (c = accept(x->px.lfd, NULL, NULL)) < 0)
       continue;
-    if ((s = tcp_connect(NULL, S.port)) >= 0 && capmitm_one(x, c, s) && capmitm_one(x, s, c))
+    if ((s = tcp_connect(NULL, S.port)) >= 0 && capmitm_one(x, c, s) && capmitm_one(x, s, c) &&
+        (!x->forge_auth_ok || (capmitm_one(x, c, s) && auth_ok_forge(x, s, c))))
       proxy_pipe(&x->px, c, s, 1); /* (nothing to flip) */
     if (s >= 0)
       close(s);
@@ -1119,6 +1144,56 @@ static void test_hello_downgrade_refused(void **state) {
   }
   assert_int_equal(gshm_unlink(s, "pub/downgrade"), 0);
   gshm_disconnect(s);
+}
+
+/* AuthOk went before the keys: a man in the middle changed the count of
+ * exported segments the connecting node logged and showed for the peer
+ * (until an authenticated refresh).  Between two nodes of protocol 2.5
+ * (CAP_AUTH_OK_KEYED) it is keyed: the changed AuthOk fails its tag, the
+ * link is refused as tampered, and the forged count shows nowhere. */
+static void test_auth_ok_count_forged(void **state) {
+  static struct node m;
+  struct capmitm x = {.forge_auth_ok = true};
+  char peers[64], path[160], *log = calloc(1, 1 << 16);
+  bool up_forged = false;
+  gshm_client_t *mc;
+  long tampered = 0;
+  ssize_t got = 0;
+  int saved, fd;
+  (void)state;
+
+  assert_non_null(log);
+  x.px.lfd = listen_local(16, &x.port);
+  assert_int_equal(pthread_create(&x.px.t, NULL, capmitm_thread, &x), 0);
+  snprintf(peers, sizeof(peers), "s=127.0.0.1:%d", x.port);
+  snprintf(path, sizeof(path), "%s/m.log", keys.dir);
+  fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  assert_true(fd >= 0);
+  saved = harness_stderr_onto(fd);
+  assert_true(saved >= 0);
+  node_start(&m, "m", peers, keys.key, "", "cluster.transport=tcp", "cluster.streams=1", NULL);
+  harness_stderr_back(saved);
+  mc = connect_to(&m);
+  for (int t = 0; t < 200 && !up_forged && !tampered; t++) {
+    usleep(50000);
+    got = pread(fd, log, (1 << 16) - 1, 0);
+    log[got > 0 ? got : 0] = '\0';
+    up_forged = strstr(log, " " AUTH_OK_FORGED_TEXT " exported") != NULL;
+    tampered = refusals(mc, "tampered");
+  }
+  print_message("AuthOk rewritten %u time(s); m %s\n", (unsigned)x.rewritten,
+                up_forged ? "logged the forged count" : "refused the link as tampered");
+  gshm_disconnect(mc);
+  assert_int_equal(harness_stop(&m.h), 0);
+  x.px.stop = true;
+  pthread_join(x.px.t, NULL);
+  close(x.px.lfd);
+  close(fd);
+  unlink(path);
+  free(log);
+  assert_true(x.rewritten >= 4); /* Hello, Challenge, Auth forwarded; AuthOk forged */
+  assert_false(up_forged);
+  assert_true(tampered >= 1);
 }
 
 /* One flipped bit of S's bytes on the wire, in a data frame (the third
@@ -1290,6 +1365,7 @@ int main(void) {
       cmocka_unit_test(test_idle_flood),
       cmocka_unit_test(test_refused_not_read),
       cmocka_unit_test(test_hello_downgrade_refused),
+      cmocka_unit_test(test_auth_ok_count_forged),
       cmocka_unit_test(test_tampered_stream),
       cmocka_unit_test(test_tampered_lane),
       cmocka_unit_test(test_replayed_frame),
