@@ -163,6 +163,15 @@ int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg);
  * removed, so that a restart finds every segment again. */
 int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
 
+/* Whether the service manager handed this process fd store entries that
+ * hold segments (a bucket end, or the legacy format's "seg-<id>"), read
+ * from $LISTEN_FDNAMES (and $LISTEN_PID, which must be this process's)
+ * without taking any fd.  For a start that fails before the restore: a
+ * unit that fails its start limit drops its store (main.c
+ * start_failed_wait).  No errors: false when the variables are absent or
+ * not this process's. */
+bool gshmd_fdstore_passed_segments(void);
+
 /* Resends what the store lacks: owed removals, unstored bucket ends and
  * journal, each dirty bucket.  Returns how many things the store is still
  * behind by (dirty buckets plus owed removals), 0 when up to date or

@@ -346,3 +346,24 @@ void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
     fs->reg->fdstore = NULL;
   }
 }
+
+bool gshmd_fdstore_passed_segments(void) {
+  const char *pid = getenv("LISTEN_PID"), *names = getenv("LISTEN_FDNAMES");
+  char name[64];
+  uint64_t id, v;
+
+  if (!pid || !names || strtoll(pid, NULL, 10) != (long long)getpid())
+    return false;
+  for (const char *p = names; *p;) {
+    size_t k = strcspn(p, ":");
+    if (k < sizeof(name)) {
+      memcpy(name, p, k);
+      name[k] = '\0';
+      enum fdstore_kind kind = gshmd__fdstore_parse_name(name, &id, &v);
+      if (kind == K_BUCKET || kind == K_SEG)
+        return true;
+    }
+    p += k + (p[k] == ':');
+  }
+  return false;
+}

@@ -609,11 +609,40 @@ static int check_config(struct daemon *d) {
   return e == -EINVAL ? 2 : e ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
+/* A start that failed (a configuration gshmd refuses, a cluster key it may
+ * not read, its port taken) while the service manager's fd store holds
+ * segments.  Exiting at once, Restart=on-failure would start gshmd again
+ * until StartLimitBurst= (5 in StartLimitIntervalSec=30s) failed the unit,
+ * and a failed unit's store is dropped: every segment freed over a typo in
+ * gshmd.conf.  So such a start waits GSHMD_STICKY_START_DELAY_S (10 s: at
+ * most 3 starts in any 30 s, as a sticky CUDA error's start), saying why
+ * in the log and STATUS=, and then exits as it would have; the first start
+ * after the cause is mended adopts every segment.  Without a service
+ * manager, or with no segment stored (stored: gshmd_fdstore_passed_segments
+ * before sd_listen_fds took the variables), it exits at once. */
+static void start_failed_wait(bool stored) {
+  if (!getenv("NOTIFY_SOCKET") || !stored)
+    return;
+  if (gshm__log_level() < GSHM_LOG_ERR) /* (a configuration error: before setup_logging) */
+    gshm__log_setup("gshmd", GSHM_LOG_ERR, !isatty(STDERR_FILENO));
+  gshm_log_err("could not start (above); the fd store holds segments: exiting in %d s, so that "
+               "systemd's restarts stay within the unit's start limit and keep every segment "
+               "until a start succeeds (check the configuration: gshmd --check-config)",
+               GSHMD_STICKY_START_DELAY_S);
+  sd_notify(0, "STATUS=could not start (see the log): retrying, every segment kept in the fd "
+               "store, until a start succeeds");
+  for (int i = 0; i < GSHMD_STICKY_START_DELAY_S; i++) {
+    sd_notify(0, "WATCHDOG=1");
+    sleep(1);
+  }
+}
+
 int main(int argc, char **argv) {
   static struct daemon d;
   struct passed_fds passed = {0};
   enum gshmd_config_action action;
   int e, status = EXIT_FAILURE;
+  bool stored;
 
   d.listen_fd = -1;
   if (argc > 1 && !strcmp(argv[1], GSHMD_PROBE_FLAG))
@@ -623,6 +652,7 @@ int main(int argc, char **argv) {
   e = gshmd_config_setup(&d.cfg, argc, argv, &action);
   if (e < 0) {
     gshmd_config_free(&d.cfg);
+    start_failed_wait(gshmd_fdstore_passed_segments());
     return e == -EINVAL ? 2 : EXIT_FAILURE;
   }
   if (action == GSHMD_CONFIG_EXIT_OK) {
@@ -632,6 +662,7 @@ int main(int argc, char **argv) {
   if (action == GSHMD_CONFIG_CHECK)
     return check_config(&d);
   setup_logging(&d);
+  stored = gshmd_fdstore_passed_segments();
   passed_fds_get(&passed);
   if (setup_all(&d, &passed) == 0) {
     uv_run(&d.loop, UV_RUN_DEFAULT);
@@ -644,6 +675,8 @@ int main(int argc, char **argv) {
   shutdown_all(&d);
   if (d.sticky_at_start)
     gshmd_gpu_fault_start_wait();
+  else if (status == EXIT_FAILURE)
+    start_failed_wait(stored);
   passed_fds_free(&passed);
   gshmd_config_free(&d.cfg);
   return status;

@@ -940,6 +940,65 @@ static void test_fdstore_max_too_small_is_refused(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
+static double since_s(const struct timespec *t0) {
+  struct timespec t1;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+/* A start that fails while the fd store holds segments (a typo in the
+ * configuration before `systemctl restart`, a store too small for it) no
+ * longer exits at once: Restart=on-failure then ran into StartLimitBurst=
+ * (5 in 30 s) within a second, and a failed unit's store is dropped, every
+ * segment with it.  Such a start waits 10 s (GSHMD_STICKY_START_DELAY_S)
+ * and says why in STATUS=; the start after the mend adopts the segment
+ * with its bytes.  With nothing stored a failing start still exits at once. */
+static void test_failed_start_keeps_the_store(void **state) {
+  const char *const typo[] = {"--set", "limits.max_segmnets=100", NULL};
+  static struct harness h, fresh;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  struct timespec t0;
+  (void)state;
+
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  assert_int_equal(harness_start(&fresh, typo), -ECHILD); /* nothing stored: at once */
+  assert_true(since_s(&t0) < 5);
+  gshm__spawn_cleanup(&fresh.sp);
+
+  assert_int_equal(harness_start(&h, NULL), 0);
+  harness_set_leftover(&h);
+  assert_int_equal(gshm_connect(h.socket_path, "maker", &c), 0);
+  s = create_filled(c, "kept/a", (1u << 20) + 3, 77);
+  assert_int_equal(gshm_close(s), 0);
+  gshm_disconnect(c);
+
+  /* a configuration gshmd refuses (exit 2) */
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  assert_int_equal(harness_restart(&h, SIGKILL, typo), -ECHILD);
+  assert_true(since_s(&t0) >= 9);
+  assert_true(WIFEXITED(h.sp.exit_status));
+  assert_int_equal(WEXITSTATUS(h.sp.exit_status), 2);
+  assert_non_null(strstr(h.sp.status, "could not start"));
+  /* a setup step that fails (the store too small for limits.max_segments, exit 1) */
+  setenv("FDSTORE", "4", 1);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), -ECHILD);
+  unsetenv("FDSTORE");
+  assert_true(since_s(&t0) >= 9);
+  assert_true(WIFEXITED(h.sp.exit_status));
+  assert_int_equal(WEXITSTATUS(h.sp.exit_status), 1);
+
+  assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+  assert_int_equal(gshm_connect(h.socket_path, "fresh", &c), 0);
+  assert_int_equal(gshm_open(c, "kept/a", GSHM_ACCESS_READ, &s), 0);
+  check_bytes(s, (1u << 20) + 3, 77);
+  assert_int_equal(gshm_close(s), 0);
+  gshm_disconnect(c);
+  harness_set_leftover(NULL);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_watchdog_and_status),
@@ -959,6 +1018,7 @@ int main(void) {
       cmocka_unit_test(test_sigkill_while_the_store_is_behind),
       cmocka_unit_test(test_segment_without_a_bucket_is_placed_later),
       cmocka_unit_test(test_fdstore_max_too_small_is_refused),
+      cmocka_unit_test(test_failed_start_keeps_the_store),
   };
   /* The common default soft limit: restarts hand fds back at any limit
    * (the harness once moved them through fd 10000). */
@@ -969,5 +1029,7 @@ int main(void) {
       setrlimit(RLIMIT_NOFILE, &rl);
     }
   }
+  if (getenv("GSHM_TEST_FILTER")) /* (a cmocka test filter, as test_hostile takes) */
+    cmocka_set_test_filter(getenv("GSHM_TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
