@@ -70,7 +70,9 @@ static void usage(FILE *f) {
           "                                 the size asked for at create); --json needs -o;\n"
           "                                 a terminal needs -o (-o -: stdout all the same)\n"
           "  write NAME [-i FILE] [--offset B]\n"
-          "                                 bytes from stdin or FILE into the segment\n"
+          "                                 bytes from stdin or FILE into the segment; an input\n"
+          "                                 that does not fit changes nothing (a pipe's bytes\n"
+          "                                 wait in a file in $TMPDIR, else /tmp, until it ends)\n"
           "  peers                          the cluster's peer nodes and their state;\n"
           "                                 EXPORTED: segments an up peer exports now, - for\n"
           "                                 a peer not up (--json: \"exported\" null, and\n"
@@ -1241,13 +1243,89 @@ out:
   return rc;
 }
 
+/* A temporary file for write's input, unlinked from the start: in
+ * $TMPDIR, else /tmp.  Returns its fd (the caller closes it) or -errno;
+ * *dir_out names the directory, for messages. */
+static int spool_open(const char **dir_out) {
+  const char *dir = getenv("TMPDIR");
+  char path[4096];
+  int fd;
+
+  if (!dir || !*dir)
+    dir = "/tmp";
+  *dir_out = dir;
+  if ((fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600)) >= 0)
+    return fd;
+  /* (a file system without O_TMPFILE: a named file, unlinked at once) */
+  if (snprintf(path, sizeof(path), "%s/gshmctl-write.XXXXXX", dir) >= (int)sizeof(path))
+    return -ENAMETOOLONG;
+  if ((fd = mkostemp(path, O_CLOEXEC)) < 0)
+    return -errno;
+  unlink(path);
+  return fd;
+}
+
+/* How many bytes write's input holds, known before a byte of it goes into
+ * the segment, so that an input that does not fit changes nothing: a
+ * regular file's size past its offset (*from_out = in); any other input
+ * (a pipe, a terminal, a device) is read to its end, or to room + 1 bytes,
+ * into a temporary file (*from_out, positioned at its start; the caller
+ * closes it when it is not in).  buf holds CHUNK bytes.  Returns 0, or an
+ * exit status whose error was printed; *len_out is then what was read (more
+ * than room: the input does not fit). */
+static int input_measure(int in, uint64_t room, void *buf, int *from_out, uint64_t *len_out) {
+  const char *dir;
+  struct stat st;
+  uint64_t len = 0;
+  off_t at;
+  int spool, e;
+
+  *from_out = in;
+  if (!fstat(in, &st) && S_ISREG(st.st_mode) && (at = lseek(in, 0, SEEK_CUR)) >= 0) {
+    *len_out = (uint64_t)st.st_size > (uint64_t)at ? (uint64_t)(st.st_size - at) : 0;
+    return EXIT_OK;
+  }
+  if ((spool = spool_open(&dir)) < 0)
+    return errorf(EXIT_ERR, spool, "write: a temporary file in %s for the input: %s; nothing "
+                  "was written (-i FILE goes straight in)", dir, strerror(-spool));
+  while (len <= room) {
+    ssize_t n = read(in, buf, CHUNK);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      e = errno;
+      close(spool);
+      return errorf(EXIT_ERR, -e, "write: reading input: %s; nothing was written", strerror(e));
+    }
+    if (n == 0)
+      break;
+    if ((e = write_all(spool, buf, (size_t)n))) {
+      close(spool);
+      return errorf(EXIT_ERR, e, "write: holding the input in %s: %s; nothing was written "
+                    "(-i FILE goes straight in)", dir, strerror(-e));
+    }
+    len += (uint64_t)n;
+  }
+  if (lseek(spool, 0, SEEK_SET) < 0) {
+    e = errno;
+    close(spool);
+    return errorf(EXIT_ERR, -e, "write: holding the input in %s: %s; nothing was written", dir,
+                  strerror(e));
+  }
+  *from_out = spool;
+  *len_out = len;
+  return EXIT_OK;
+}
+
+/* write: the input, measured first (input_measure), goes into the segment
+ * in CHUNK pieces; one that does not fit is refused with nothing written. */
 static int cmd_write(gshm_client_t *c, int argc, char **argv) {
-  uint64_t offset = 0, unused = 0, done = 0, size;
+  uint64_t offset = 0, unused = 0, done = 0, size, len = 0;
   bool have_length = false;
   const char *file = NULL;
   gshm_segment_t *seg = NULL;
   void *addr, *buf = NULL;
-  int in = STDIN_FILENO, e, rc;
+  int in = STDIN_FILENO, from = -1, e, rc;
 
   if ((rc = rw_opts(argc, argv, true, &offset, &unused, &have_length, &file)))
     return rc;
@@ -1273,24 +1351,26 @@ static int cmd_write(gshm_client_t *c, int argc, char **argv) {
     rc = fail(c, "write", -ENOMEM);
     goto out;
   }
-  for (;;) {
-    ssize_t n = read(in, buf, CHUNK);
+  if ((rc = input_measure(in, size - offset, buf, &from, &len)))
+    goto out;
+  if (len > size - offset) {
+    /* both numbers: how much input there is (at least), and the room */
+    rc = errorf(EXIT_ERR, -EFBIG,
+                "write: the input (%s%" PRIu64 " bytes) does not fit: the segment has %" PRIu64
+                " bytes, %" PRIu64 " of them from offset %" PRIu64 " on; nothing was written",
+                from == in ? "" : "at least ", len, size, size - offset, offset);
+    goto out;
+  }
+  while (done < len) {
+    ssize_t n = read(from, buf, len - done < CHUNK ? (size_t)(len - done) : CHUNK);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0) {
       rc = errorf(EXIT_ERR, -errno, "write: reading input: %s", strerror(errno));
       break;
     }
-    if (n == 0)
+    if (n == 0) /* (a file that shrank meanwhile) */
       break;
-    if (offset + done > size || (uint64_t)n > size - offset - done) {
-      /* both numbers: how much input there is (at least), and the room */
-      rc = errorf(EXIT_ERR, -EFBIG,
-                  "write: the input (at least %" PRIu64 " bytes) does not fit: the segment has "
-                  "%" PRIu64 " bytes, %" PRIu64 " of them from offset %" PRIu64 " on",
-                  done + (uint64_t)n, size, size - offset, offset);
-      break;
-    }
     if ((e = gshm_write(seg, offset + done, buf, (size_t)n))) {
       rc = fail(c, "write", e);
       break;
@@ -1304,6 +1384,8 @@ static int cmd_write(gshm_client_t *c, int argc, char **argv) {
   }
 out:
   free(buf);
+  if (from >= 0 && from != in)
+    close(from);
   if (file)
     close(in);
   gshm_close(seg);

@@ -51,6 +51,31 @@ run 1 read seg --offset 4000 --length 200 -o "$dir/o"
 has err "read: --length 200 from offset 4000 runs past the segment's end (4096 bytes)"
 run 0 unlink seg
 
+# A write whose input does not fit changes nothing: the segment keeps its
+# bytes (the input's first 4 MiB went in, chunk by chunk, before the
+# chunk that did not fit failed the command, exit 1, over bytes already
+# lost), from a file of more than one 4 MiB chunk and from a pipe, whose
+# first 4 KiB come before the rest
+run 0 create seg4m 4M
+head -c 4M /dev/zero | tr '\0' a >"$dir/a4m"
+head -c 5M /dev/zero | tr '\0' b >"$dir/b5m"
+run 0 write seg4m -i "$dir/a4m"
+run 1 write seg4m -i "$dir/b5m"
+has err "write: the input (5242880 bytes) does not fit: the segment has 4194304 bytes"
+has err "nothing was written"
+run 1 write seg4m --offset 4092 -i "$dir/b5m"
+{ head -c 4096 "$dir/b5m"; sleep 0.3; head -c 4M "$dir/b5m"; } | run 1 write seg4m
+has err "write: the input (at least "
+has err "nothing was written"
+"$ctl" read seg4m -o "$dir/o" >/dev/null 2>&1
+cmp -s "$dir/o" "$dir/a4m" || fail "a write that did not fit changed the segment: $(od -c "$dir/o" | head -3)"
+# what fits still goes in, from a pipe as from a file
+head -c 4096 "$dir/b5m" | run 0 write seg4m --offset 8192
+has out "wrote 4096 bytes to 'seg4m' at offset 8192"
+"$ctl" read seg4m --offset 8190 --length 4 -o "$dir/o" >/dev/null 2>&1
+[ "$(cat "$dir/o")" = aabb ] || fail "a pipe's write landed wrong: $(od -c "$dir/o")"
+run 0 unlink seg4m
+
 # help's own help: its usage line, as any verb's (it was "unknown verb
 # 'help'", exit 2), on stdout, no gshmd needed
 for args in "help help" "help --help" "help -h"; do
