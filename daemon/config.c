@@ -144,6 +144,58 @@ const struct option_def *gshmd__config_option_find(const char *section, const ch
   return NULL;
 }
 
+/* Edit distance of a and b (an insertion, a deletion, a substitution or a
+ * swap of two neighbours each count 1); 99 for words of 48 bytes or more. */
+static unsigned typo_distance(const char *a, const char *b) {
+  unsigned d[3][48], *prev2 = d[0], *prev = d[1], *cur = d[2], *t;
+  size_t la = strlen(a), lb = strlen(b);
+
+  if (la >= 48 || lb >= 48)
+    return 99;
+  for (size_t j = 0; j <= lb; j++)
+    prev[j] = (unsigned)j;
+  for (size_t i = 1; i <= la; i++) {
+    cur[0] = (unsigned)i;
+    for (size_t j = 1; j <= lb; j++) {
+      unsigned v = prev[j - 1] + (a[i - 1] != b[j - 1]);
+      v = prev[j] + 1 < v ? prev[j] + 1 : v;
+      v = cur[j - 1] + 1 < v ? cur[j - 1] + 1 : v;
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && prev2[j - 2] + 1 < v)
+        v = prev2[j - 2] + 1;
+      cur[j] = v;
+    }
+    t = prev2, prev2 = prev, prev = cur, cur = t;
+  }
+  return prev[lb];
+}
+
+/* config_internal.h */
+void gshmd__config_unknown_hint(const char *section, const char *key, char *out, size_t n) {
+  const struct option_def *best = NULL;
+  unsigned best_d = 3; /* (2 at most: one typo in each of section and key, or a key of
+                        * another section with none) */
+  bool tied = false;
+
+  for (size_t i = 0; i < gshmd__config_noptions; i++) {
+    const struct option_def *o = &gshmd__config_options[i];
+    unsigned dk = typo_distance(key, o->key), d;
+    /* (the start of a key counts as one typo: "secret" for secret_file) */
+    if (strlen(key) >= 4 && !strncmp(o->key, key, strlen(key)) && dk > 1)
+      dk = 1;
+    d = dk + typo_distance(section, o->section);
+    d = dk + 2 < d ? dk + 2 : d;
+    if (d < best_d)
+      best = o, best_d = d, tied = false;
+    else if (best && d == best_d)
+      tied = true;
+  }
+  if (best && !tied) /* (two as near: no guess, "host" for host_populate or host_recycle) */
+    snprintf(out, n, " (did you mean '%s.%s'? gshmd --help lists every key)", best->section,
+             best->key);
+  else
+    snprintf(out, n, " (gshmd --help lists every key)");
+}
+
 /* Parses an unsigned decimal (base 8 if octal) number, or (when sizes is
  * set) a size as gshmctl reads one: K, M, G or T alone, with B or with
  * iB, all 1024-based (gshm__parse_size).  Rejects signs, blanks, junk. */
@@ -332,7 +384,10 @@ static int option_set_by_name(struct gshmd_config *cfg, const char *section, con
   if (!opt) {
     if (gshmd__config_retired_key(at, section, key))
       return 0;
-    gshmd__config_error("%s: unknown key '%s.%s'", at, section, key);
+    char hint[160];
+
+    gshmd__config_unknown_hint(section, key, hint, sizeof(hint));
+    gshmd__config_error("%s: unknown key '%s.%s'%s", at, section, key, hint);
     return -EINVAL;
   }
   r = gshmd__config_option_set(cfg, opt, value, &why, whybuf, sizeof(whybuf));

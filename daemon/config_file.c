@@ -195,14 +195,17 @@ static int ini_state_handle(void *user, const char *section, const char *name, c
     snprintf(at, sizeof(at), "%s:%d", st->path, st->line);
     if (gshmd__config_retired_key(at, section, name))
       return 1;
+    char hint[160];
+
     r = -EINVAL;
+    gshmd__config_unknown_hint(section, name, hint, sizeof(hint));
     if (section[0] == '\0')
       snprintf(st->message, sizeof(st->message),
-               "%s:%d: unknown key '%s' (every key belongs in a [section])", st->path, st->line,
-               name);
+               "%s:%d: unknown key '%s': every key belongs in a [section]%s", st->path,
+               st->line, name, hint);
     else
-      snprintf(st->message, sizeof(st->message), "%s:%d: unknown key '%s.%s'", st->path, st->line,
-               section, name);
+      snprintf(st->message, sizeof(st->message), "%s:%d: unknown key '%s.%s'%s", st->path,
+               st->line, section, name, hint);
   } else if (st->cont && !gshmd__config_list_key(section, name)) {
     r = -EINVAL;
     snprintf(st->message, sizeof(st->message), "%s:%d: key '%s.%s': only cluster.peers and "

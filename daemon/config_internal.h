@@ -77,6 +77,12 @@ __attribute__((format(printf, 1, 2))) void gshmd__config_warning(const char *fmt
 /* The row of section.key, or NULL when there is none. */
 const struct option_def *gshmd__config_option_find(const char *section, const char *key);
 
+/* What an error about the unknown key section.key ("" for a key before any
+ * [section]) adds: the nearest key of the table, within a typo or two (or
+ * the same key in another section), and where every key is listed; into
+ * out (n bytes, cut to fit), starting with a blank. */
+void gshmd__config_unknown_hint(const char *section, const char *key, char *out, size_t n);
+
 /* If section.key is a key older releases read, warns once on stderr,
  * naming at (where it was set) and returns true: the caller ignores it. */
 bool gshmd__config_retired_key(const char *at, const char *section, const char *key);

@@ -265,6 +265,18 @@ bad_file 2 1 orphan "unknown key" 'orphan = 1\n[daemon]\n'
 bad_file 2 3 daemon.log_level "only cluster.peers and cluster.export continue" \
   '[daemon]\nlog_level = info \\\n  debug\n'
 bad_file 2 3 cluster.admin "unknown key" '[cluster]\npeers = a=1.2.3.4:1 # c \\\nadmin = x\n'
+# an unknown key names the key it was likely meant to be (a typo, a key of
+# another section, the start of a key) and where every key is listed; two
+# as near are no guess
+bad_file 2 2 daemon.sokcet "did you mean 'daemon.socket'?" '[daemon]\nsokcet = /a\n'
+bad_file 2 2 deamon.socket "did you mean 'daemon.socket'?" '[deamon]\nsocket = /a\n'
+bad_file 2 2 daemon.listen "did you mean 'cluster.listen'?" '[daemon]\nlisten = 127.0.0.1:1\n'
+bad_file 2 2 cluster.secret "did you mean 'cluster.secret_file'?" '[cluster]\nsecret = /k\n'
+bad_file 2 1 socket "every key belongs in a [section] (did you mean 'daemon.socket'?" 'socket = /a\n'
+bad_file 2 2 daemon.host "unknown key 'daemon.host' (gshmd --help lists every key)" \
+  '[daemon]\nhost = 1\n'
+run 2 "$gshmd" --check-config --config "$tmp/good.conf" --set cluster.pull_chunks=1M || true
+expect_err "--set: unknown key 'cluster.pull_chunks' (did you mean 'cluster.pull_chunk'?"
 # A retired key (read by an older release) warns and is ignored: an
 # upgrade must not stop gshmd over a key that no longer does anything.
 printf '[daemon]\nwatchdog_sec = 30\n' >"$tmp/retired.conf"
