@@ -924,9 +924,27 @@ static int cmd_create(gshm_client_t *c, int argc, char **argv) {
 
 /* unlink NAME, revoke NAME: one call on a name, "DONE 'NAME'" or
  * {"schema_version": 1, "name": NAME}. */
+/* unlink, chmod, chown and revoke read NAME without getopt: a NAME that
+ * starts with '-' (before any "--") is an option they do not take, not a
+ * name (a "--bogus" was a segment no one has; "revoke --id=5" revoked a
+ * segment named "--id=5", or said "not found" for an id that has one).
+ * '-' alone is a name.  Returns 0 or the usage error's exit status
+ * (printed, with usage: the verb's usage line). */
+static int name_not_option(const char *verb, const char *usage, char **argv) {
+  if (args_literal || !argv[1] || argv[1][0] != '-' || !argv[1][1])
+    return 0;
+  return errorf(EXIT_USAGE, -EINVAL, "%s: unknown option '%s'; usage: %s (a NAME that starts "
+                "with '-' goes after '--': gshmctl %s -- NAME)", verb, argv[1], usage, verb);
+}
+
 static int cmd_by_name(gshm_client_t *c, int argc, char **argv, const char *verb,
                        int (*fn)(gshm_client_t *, const char *), const char *done) {
+  char usage[32];
   int e;
+
+  snprintf(usage, sizeof(usage), "%s NAME", verb);
+  if ((e = name_not_option(verb, usage, argv)))
+    return e;
   if (argc != 2) {
     return errorf(EXIT_USAGE, -EINVAL, "usage: %s NAME", verb);
   }
@@ -951,6 +969,8 @@ static int cmd_chmod(gshm_client_t *c, int argc, char **argv) {
   uint32_t mode;
   int e;
 
+  if ((e = name_not_option("chmod", "chmod NAME MODE", argv)))
+    return e;
   if (argc != 3) {
     return errorf(EXIT_USAGE, -EINVAL, "usage: chmod NAME MODE");
   }
@@ -1009,6 +1029,8 @@ static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
   uint32_t uid, gid = (uint32_t)-1;
   int e;
 
+  if ((e = name_not_option("chown", "chown NAME [USER][:GROUP]", argv)))
+    return e;
   if (argc != 3 || strlen(argv[2]) >= sizeof(spec) || !*argv[2]) {
     return errorf(EXIT_USAGE, -EINVAL, "usage: chown NAME [USER][:GROUP]");
   }
@@ -1045,15 +1067,22 @@ static int cmd_chown(gshm_client_t *c, int argc, char **argv) {
 /* revoke NAME, or revoke --id ID: a segment without a name (unlinked,
  * still held) by the id `segments` shows. */
 static int cmd_revoke(gshm_client_t *c, int argc, char **argv) {
-  unsigned long long id;
+  unsigned long long id = 0;
+  const char *arg = NULL;
   char *end;
   int e;
 
-  if (argc == 2 && (args_literal || strcmp(argv[1], "--id")))
+  if (argc > 1 && !args_literal && !strcmp(argv[1], "--id"))
+    arg = argc == 3 ? argv[2] : NULL;
+  else if (argc > 1 && !args_literal && !strncmp(argv[1], "--id=", 5))
+    arg = argc == 2 ? argv[1] + 5 : NULL;
+  else if ((e = name_not_option("revoke", "revoke NAME | revoke --id ID", argv)))
+    return e;
+  else if (argc == 2)
     return cmd_by_name(c, argc, argv, "revoke", gshm_revoke, "revoked");
   errno = 0;
-  id = argc == 3 && !strcmp(argv[1], "--id") && isdigit((unsigned char)*argv[2])
-           ? strtoull(argv[2], &end, 10) : 0;
+  if (arg && isdigit((unsigned char)*arg))
+    id = strtoull(arg, &end, 10);
   if (!id || errno || *end)
     return errorf(EXIT_USAGE, -EINVAL, "usage: revoke NAME | revoke --id ID (a segment's id, "
                   "as 'segments' shows it)");

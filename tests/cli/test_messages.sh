@@ -359,6 +359,20 @@ usage_json revoke k4 --id 1
 has err "usage: revoke NAME | revoke --id ID"
 run 5 revoke --id 999999
 has err "no segment has id 999999"
+# --id=ID as getopt's verbs take --opt=VALUE (it was a revoke of a segment
+# named '--id=ID', "not found" for an id that has one), and a word that
+# starts with '-' in NAME's place is an option these verbs do not take,
+# not a name (unlink --bogus said "no segment named '--bogus'")
+run 0 create byid 4K
+id=$("$ctl" --json segments | "$py" -c 'import json,sys
+print(next(s["id"] for s in json.load(sys.stdin)["segments"] if s["name"] == "byid"))')
+run 0 revoke --id="$id"
+has out "revoked segment id $id"
+for verb in "unlink --bogus" "chmod -x 0600" "chown --frob 0" "revoke --bogus"; do
+  run 2 $verb
+  has err "${verb%% *}: unknown option '$(echo "$verb" | cut -d' ' -f2)'"
+  has err "goes after '--'"
+done
 run 5 --json revoke --id 999999
 json err "d['error']['exit_code'] == 5"
 # VERB --help (and help VERB): that verb's usage on stdout, exit 0, no
