@@ -1785,6 +1785,11 @@ static int pull_args(int argc, char **argv, gshm_pull_opts_t *po, bool *prefix_o
     return errorf(EXIT_USAGE, -EINVAL,
                   "pull: '%s' names no peer: write PEER:NAME (gshmctl peers lists the peers)",
                   argv[optind]);
+  if (argc - optind == 1 && !colon[1] && !prefix)
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: '%s' names no segment: write PEER:NAME (gshmctl segments --peer "
+                  "%.*s lists them), or add --prefix to pull every segment it exports",
+                  argv[optind], (int)strcspn(argv[optind], ",:"), argv[optind]);
   if (argc - optind != 1 || !(colon = strchr(argv[optind], ':')) || colon == argv[optind] ||
       (!colon[1] && !prefix) || (size_t)(colon - argv[optind]) >= PULL_PEER_CAP) {
     return errorf(EXIT_USAGE, -EINVAL,

@@ -397,6 +397,10 @@ has err "unknown verb 'nope'"
 # a pull without its peer says what is missing (it printed the usage alone)
 run 2 pull llama/ --prefix
 has err "'llama/' names no peer: write PEER:NAME"
+# and one without its name, what to write (it printed the usage alone)
+run 2 pull node7:
+has err "pull: 'node7:' names no segment: write PEER:NAME (gshmctl segments --peer node7"
+has err "or add --prefix to pull every segment it exports"
 # --json read has no form for raw bytes: refused without -o, a summary with
 run 0 create jr 4K
 usage_json read jr
