@@ -203,6 +203,10 @@ static void secret_open_failed(const char *path) {
                  "(chown, then chmod 0600)",
                  path, (unsigned)geteuid(), (unsigned)(st.st_mode & 07777),
                  (unsigned)st.st_uid, (unsigned)geteuid());
+  else if (err == ENOENT)
+    gshm_log_err("cluster.secret_file %s: no such file; make the key once, readable by gshmd's "
+                 "user alone: (umask 077; head -c 32 /dev/urandom | base64 > %s); then copy "
+                 "it to every node with its mode (scp -p; docs/CLUSTER.md, Setup)", path, path);
   else {
     errno = err;
     gshm_log_err("cluster.secret_file %s: %m", path);
@@ -225,7 +229,9 @@ static int read_secret(struct gshmd_cluster *cl, const char *path) {
   int fd;
 
   if (!path || !*path) {
-    gshm_log_err("cluster.secret_file is required when the cluster is on");
+    gshm_log_err("cluster.secret_file is required when the cluster is on (cluster.listen or "
+                 "cluster.peers set): name a file of the key every node shares, made once with "
+                 "(umask 077; head -c 32 /dev/urandom | base64 > FILE) (docs/CLUSTER.md, Setup)");
     return -EINVAL;
   }
   if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0) {
@@ -267,7 +273,9 @@ static int read_secret(struct gshmd_cluster *cl, const char *path) {
                    buf[e - 1] == '\r'))
     e--;
   if (e - b < 16) {
-    gshm_log_err("cluster.secret_file %s: the key must be at least 16 bytes", path);
+    gshm_log_err("cluster.secret_file %s: the key must be at least 16 bytes, it has %zu; "
+                 "make a random one: (umask 077; head -c 32 /dev/urandom | base64 > %s), the "
+                 "same on every node", path, e - b, path);
     sodium_memzero(buf, sizeof(buf));
     return -EINVAL;
   }

@@ -57,7 +57,15 @@ K=(--set "cluster.secret_file=$tmp/key")
 refused "listen without a secret" "cluster.secret_file is required" "${L[@]}"
 refused "peers without a secret" "cluster.secret_file is required" \
   --set cluster.peers=n=127.0.0.1:7470
-refused "missing key" "No such file" "${L[@]}" --set "cluster.secret_file=$tmp/none"
+refused "missing key" "no such file; make the key once" "${L[@]}" \
+  --set "cluster.secret_file=$tmp/none"
+# what to do, for each key that is not there or not a key
+refused "missing key: how to make one" "head -c 32 /dev/urandom | base64 > $tmp/none" "${L[@]}" \
+  --set "cluster.secret_file=$tmp/none"
+refused "listen without a secret: how to make one" "head -c 32 /dev/urandom | base64 > FILE" \
+  "${L[@]}"
+refused "short key: its length" "at least 16 bytes, it has 9; make a random one" "${L[@]}" \
+  --set "cluster.secret_file=$tmp/short"
 # a link, and (as root) a key gshmd's user may not read: what the file is,
 # and what to do ("Too many levels of symbolic links", "Permission denied")
 ln -s "$tmp/key" "$tmp/link-key"
