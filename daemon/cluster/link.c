@@ -324,12 +324,14 @@ static void sockaddr_text(const struct sockaddr *sa, char *buf, size_t size) {
 
 static void on_connected(uv_connect_t *c, int status) {
   struct link *l = c->data;
-  char why[96];
+  char why[160];
 
   if (l->state == LINK_CLOSED)
     return;
   if (status) {
-    snprintf(why, sizeof(why), "%s", uv_strerror(status));
+    snprintf(why, sizeof(why), "%s%s", uv_strerror(status),
+             status == UV_ECONNREFUSED ? " (nothing listens there: is the peer's daemon running, "
+                                         "with this address as its cluster.listen?)" : "");
     /* ECONNRESET: the status a client reads as "the peer cannot be
      * reached" (ECONNREFUSED has none: it would reach it as EPROTO) */
     gshmd__link_fail(l, -ECONNRESET, why);

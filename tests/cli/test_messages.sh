@@ -431,6 +431,8 @@ cpid=$!
 for _ in $(seq 200); do [ -S "$dir/c" ] && [ -S "$dir/o" ] && break; sleep 0.05; done
 GSHM_SOCKET=$dir/c run 1 segments --peer gone
 has err "segments --peer gone: peer lost or unreachable: peer 'gone'"
+# and what to look at where nothing listens at its address
+has err "(127.0.0.1:1) unreachable: connection refused (nothing listens there: is the peer's daemon running, with this address as its cluster.listen?)"
 grep -qF "connection to gshmd" "$dir/err" && fail "a peer down blamed on gshmd: $(cat "$dir/err")"
 # a peer of another key: named once, with its address ("peer 'other'
 # (ADDR): peer 'other' did not prove ..." before; a set: "peer 'other':
