@@ -315,8 +315,11 @@ static int fail_peer(gshm_client_t *c, const char *what, int err, const char *pe
       return errorf(rc, err, "%s: %s%s", what, gshm_strerror(err),
                     hidden_segment_hint(what, hint, sizeof(hint)));
   }
-  return errorf(rc, err, "%s: %s%s%s%s", what, text,
-                *detail ? ": " : "", detail, c ? peer_hint(c, err, peer, hint, sizeof(hint)) : "");
+  return errorf(rc, err, "%s: %s%s%s%s", what, text, *detail ? ": " : "", detail,
+                err == -EEXIST && !strcmp(what, "create")
+                    ? " (choose another name, or gshmctl unlink it first: whoever holds it "
+                      "keeps its bytes until they close it)"
+                : c ? peer_hint(c, err, peer, hint, sizeof(hint)) : "");
 }
 
 static int fail(gshm_client_t *c, const char *what, int err) {

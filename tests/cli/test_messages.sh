@@ -101,6 +101,9 @@ run 2 read x --length 1Q
 has err "gshmctl: read: length '1Q': not a size"
 run 0 create k4 4KB
 has out "4 KiB"
+# a name that exists: what to do, not only that it does
+run 1 create k4 4K
+has err "create: segment exists: segment 'k4' exists (choose another name, or gshmctl unlink it first"
 run 0 create k4i 4KiB
 has out "4 KiB"
 run 0 create k4k 4k
