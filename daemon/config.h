@@ -22,9 +22,9 @@
 #define GSHMD_DEFAULT_SOCKET "/run/gshm/gshmd.sock"
 #endif
 
-/* What to do when gshmd may not make its socket or the socket's directory
- * (err: the positive errno of mkdir or bind), as a suffix of that log
- * line; "" for other errors. */
+/* What to do when gshmd may not (or cannot: its parents are missing) make
+ * its socket or the socket's directory (err: the positive errno of mkdir
+ * or bind), as a suffix of that log line; "" for other errors. */
 #define GSHMD_SOCKET_ACCESS_HINT(err)                                                          \
   ((err) == EROFS                                                                              \
        ? " (a read-only file system, as /run is under gshmd.service's ProtectSystem=strict: "  \
@@ -33,6 +33,9 @@
    : (err) == EACCES || (err) == EPERM                                                         \
        ? " (run gshmd as root or through gshmd.socket, or give it a socket path this user may " \
          "create: --socket PATH, $GSHM_SOCKET or daemon.socket)"                                \
+   : (err) == ENOENT || (err) == ENOTDIR                                                       \
+       ? " (gshmd makes the socket's directory, not its parents: make them first, or give "    \
+         "it another path: --socket PATH, $GSHM_SOCKET or daemon.socket)"                      \
        : "")
 /* Why gshmd may not give its socket daemon.socket_group (chown's errno err):
  * gshmd.service takes both ways (the capability and the system call). */

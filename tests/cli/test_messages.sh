@@ -287,6 +287,12 @@ for sock in "$dir/ro/sub/s" "$dir/ro/s"; do
     || fail "gshmd on $sock: no hint: $(cat "$dir/perm.log")"
 done
 grep -qF "bind $dir/ro/s:" "$dir/perm.log" || fail "bind names a temporary path: $(cat "$dir/perm.log")"
+# ... or cannot, its directory's parent missing: that it makes one
+# directory, not its parents (it said "No such file or directory" alone)
+timeout 10 "$gshmd" --backend host --socket "$dir/none/sub/s" --log-level 3 2>"$dir/perm.log"
+[ $? = 1 ] || fail "gshmd under a missing directory: not exit 1 ($(cat "$dir/perm.log"))"
+grep -qF "mkdir $dir/none/sub: No such file or directory (gshmd makes the socket's directory, not its parents: make them first" \
+  "$dir/perm.log" || fail "gshmd under a missing directory: no hint: $(cat "$dir/perm.log")"
 # gshmd given the path of another program's open socket (a stream or
 # datagram one: a typo for docker.sock, say) leaves it alone and exits 1;
 # it took it for a stale gshmd socket, replaced it and unlinked it at exit.
