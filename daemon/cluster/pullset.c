@@ -64,6 +64,7 @@ static int item_listed(struct pull *p, uint64_t size, const Gshm__Cluster__Segme
 int gshmd__pull_set_add(struct pull_set *s, const char *name, uint64_t size,
                         const Gshm__Cluster__Segment *listed) {
   struct gshmd_cluster *cl = s->cl;
+  struct gshmd_segment *old;
   struct pull *p;
   int e;
 
@@ -107,6 +108,14 @@ int gshmd__pull_set_add(struct pull_set *s, const char *name, uint64_t size,
   if (!s->replace && gshmd_registry_find_name(cl->reg, p->local_name)) {
     gshmd__pull_set_fail_here(s, -EEXIST, "a local segment named '%s' exists", p->local_name);
     return -EEXIST;
+  }
+  /* (the publish checks it again; here before a byte moves, not after all of them) */
+  if (s->replace && (old = gshmd_registry_find_name(cl->reg, p->local_name)) &&
+      !gshmd_registry_may_manage(s->holder, old)) {
+    gshmd__pull_set_fail_here(s, -EACCES, "segment '%s' is not yours to replace (its owner or "
+                              "an admin may; or pull it under another name with --as)",
+                              p->local_name);
+    return -EACCES;
   }
   snprintf(p->location, sizeof(p->location), "%s", s->location);
   p->listed = size;

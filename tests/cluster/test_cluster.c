@@ -1532,6 +1532,65 @@ static void test_least_privilege(void **state) {
   assert_int_equal(harness_stop(&C.h), 0);
 }
 
+/* nobody on C (in C's pull_group) pulls over names root holds there with
+ * replace: one segment and a set, each refused -EACCES, the reason named.
+ * Returns 0 or which step failed. */
+static int nobody_replaces(const char *socket_path) {
+  gshm_pull_opts_t one = {.local_name = "rp/one", .replace = 1};
+  gshm_pull_opts_t set = {.local_name = "rp/set/", .replace = 1};
+  gshm_pull_result_t *res = NULL;
+  gshm_client_t *c;
+  size_t n = 0;
+  int rc = 0;
+
+  if (gshm_connect(socket_path, "nobody", &c))
+    return 1;
+  if (gshm_pull(c, "a", "pub/rp/one", &one, NULL) != -EACCES)
+    rc = 2;
+  else if (!strstr(gshm_last_error(c), "segment 'rp/one' is not yours to replace"))
+    rc = 3;
+  else if (gshm_pull_prefix(c, "a", "pub/rp/set/", &set, &res, &n) != -EACCES)
+    rc = 4;
+  else if (!strstr(gshm_last_error(c), "segment 'rp/set/01' is not yours to replace"))
+    rc = 5;
+  if (rc)
+    fprintf(stderr, "nobody_replaces step %d: %s\n", rc, gshm_last_error(c));
+  gshm_free(res);
+  gshm_disconnect(c);
+  return rc;
+}
+
+/* A pull that replaces is refused before a byte moves when a local name
+ * it would take is not the requester's to replace: A grants nothing.  The
+ * publish alone checked it, once every byte was in (a user's pull of a
+ * model over an admin's copy moved the whole model, then failed). */
+static void test_replace_not_yours(void **state) {
+  static const char *const names[] = {"pub/rp/one", "pub/rp/set/00", "pub/rp/set/01"};
+  gshm_client_t *a = connect_to(&A), *c;
+  gshm_segment_t *seg;
+  long grants;
+  (void)state;
+
+  start_c("cluster.pull_group=nogroup", NULL);
+  c = connect_to(&C);
+  for (size_t i = 0; i < 3; i++)
+    make_segment(a, names[i], 4 * MiB, 70 + i);
+  /* root's on C: rp/one, and rp/set/01 of the set's two */
+  assert_int_equal(gshm_create(c, "rp/one", 4096, "host", 0644, 0, &seg), 0);
+  gshm_close(seg);
+  assert_int_equal(gshm_create(c, "rp/set/01", 4096, "host", 0644, 0, &seg), 0);
+  gshm_close(seg);
+  grants = metric(a, "gshm_cluster_grants_total");
+  assert_int_equal(harness_as_nobody(nobody_replaces, C.h.socket_path), 0);
+  assert_int_equal(metric(a, "gshm_cluster_grants_total"), grants);
+  assert_int_equal(count_named(c, "rp/"), 2);
+  for (size_t i = 0; i < 3; i++)
+    assert_int_equal(gshm_unlink(a, names[i]), 0);
+  gshm_disconnect(c);
+  gshm_disconnect(a);
+  assert_int_equal(harness_stop(&C.h), 0);
+}
+
 /* A peer that cannot be reached: the error names it, its address and
  * what failed. */
 static void test_unreachable_peer(void **state) {
@@ -1679,6 +1738,7 @@ int main(void) {
       cmocka_unit_test(test_gshmctl),
       cmocka_unit_test(test_list_many),
       cmocka_unit_test(test_least_privilege),
+      cmocka_unit_test(test_replace_not_yours),
       cmocka_unit_test(test_lanes),
       cmocka_unit_test(test_prefault),
       cmocka_unit_test(test_read_budget),
