@@ -11,6 +11,36 @@ gshmd=$1 ctl=$2 version=$3 py=$4 src=$5 bench=$6
 . "$(dirname "$0")/lib.sh"
 json() { "$py" -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$dir/$1" \
            || fail "$1 is not JSON with $2: $(cat "$dir/$1")"; }
+
+# documented VERB FILE MODE: the keys README's --json table gives VERB (its
+# row's backquoted words outside parentheses) against the keys of the JSON
+# document in $dir/FILE at any depth, schema_version aside: MODE eq, the
+# same; sub, each of the document's documented (a verb whose lists were
+# empty here)
+documented() {
+  "$py" - "$src/README.md" "$1" "$dir/$2" "$3" <<'PY' || fail "README's --json keys of '$1' vs $(cat "$dir/$2")"
+import json, re, sys
+readme, verb, path, mode = sys.argv[1:]
+text = open(readme, encoding="utf-8").read()
+table = text[text.index("<!-- json-keys"):].split("\n\n")[0]
+row = next(l for l in table.splitlines()
+           if l.startswith("| ") and re.match(r"`%s`($|,)" % re.escape(verb), l.split("|")[1].strip()))
+doc = set(re.findall(r"`([a-z_]+)`", re.sub(r"\([^()]*\)", "", row.split("|")[2])))
+got = set()
+def walk(v):
+    if isinstance(v, dict):
+        got.update(k for k in v if k != "schema_version")
+        for x in v.values(): walk(x)
+    elif isinstance(v, list):
+        for x in v: walk(x)
+walk(json.load(open(path)))
+ok = got == doc if mode == "eq" else got <= doc
+if not ok:
+    print("documented, not in the output:", sorted(doc - got), "in the output, not documented:",
+          sorted(got - doc))
+sys.exit(0 if ok else 1)
+PY
+}
 # aligned FILE COLUMN: in the table of $dir/FILE (from the line whose
 # words include COLUMN to the next empty line), every row's field of the
 # left-aligned COLUMN starts where its heading does, in characters
@@ -382,6 +412,35 @@ for verb in "unlink --bogus" "chmod -x 0600" "chown --frob 0" "revoke --bogus"; 
   has err "${verb%% *}: unknown option '$(echo "$verb" | cut -d' ' -f2)'"
   has err "goes after '--'"
 done
+# --json: each verb's document has the keys README's table gives it
+run 0 --json create jk 4K
+documented create out eq
+head -c 10 /dev/zero >"$dir/in10"
+run 0 --json write jk -i "$dir/in10"
+documented write out eq
+run 0 --json read jk -o "$dir/jk.out"
+documented read out eq
+run 0 --json chmod jk 0640
+documented chmod out eq
+run 0 --json chown jk 0:0
+documented chown out eq
+for verb in status segments clients metrics; do
+  run 0 --json $verb
+  documented $verb out eq
+done
+run 0 --json devices
+documented devices out sub
+sleep 3 | "$ctl" write jk >/dev/null 2>&1 & # (a lease, mapped, while it reads its input)
+holder=$!
+for _ in $(seq 60); do
+  run 0 --json mappings
+  grep -qF '"segment": "jk"' "$dir/out" && break
+  sleep 0.05
+done
+documented mappings out eq
+wait $holder
+run 0 --json unlink jk
+documented unlink out eq
 run 5 --json revoke --id 999999
 json err "d['error']['exit_code'] == 5"
 # VERB --help (and help VERB): that verb's usage on stdout, exit 0, no
@@ -454,6 +513,7 @@ kill $opid; wait $opid 2>/dev/null
 # --json peers says whether the cluster is on, as the text does
 GSHM_SOCKET=$dir/c run 0 --json peers
 json out "d['cluster'] is True and d['peers'][0]['name'] == 'gone'"
+documented peers out sub
 # a peer name longer than the PEER column, an address longer than
 # ADDRESS: the columns after them stay in line
 GSHM_SOCKET=$dir/c run 0 peers
