@@ -20,13 +20,15 @@
 #include "util.h"
 
 /* "HOST:PORT" or "[V6]:PORT" to a socket address. */
-int gshmd__cluster_parse_address(const char *s, struct sockaddr_storage *sa, socklen_t *len) {
+int gshmd__cluster_parse_address(const char *s, struct sockaddr_storage *sa, socklen_t *len,
+                                 const char **why_out) {
   char host[128], port[16];
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                            .ai_flags = AI_NUMERICSERV}, *res = NULL;
   const char *colon;
   size_t hl;
 
+  *why_out = "no ':PORT' (want ADDRESS:PORT, such as 10.0.0.5:7470, or [V6]:PORT)";
   if (s[0] == '[') {
     const char *end = strchr(s, ']');
     if (!end || end[1] != ':')
@@ -40,13 +42,19 @@ int gshmd__cluster_parse_address(const char *s, struct sockaddr_storage *sa, soc
       return -EINVAL;
     hl = (size_t)(colon - s);
   }
-  if (hl == 0 || hl >= sizeof(host) || strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(port))
+  *why_out = hl ? "an address of 127 bytes at most" : "no ADDRESS before ':PORT' (0.0.0.0:PORT "
+                                                      "is every IPv4 interface)";
+  if (hl == 0 || hl >= sizeof(host))
     return -EINVAL;
   memcpy(host, s, hl);
   host[hl] = '\0';
+  *why_out = "PORT is not a number 1..65535";
+  if (!colon[1] || strlen(colon + 1) >= sizeof(port))
+    return -EINVAL;
   strcpy(port, colon + 1);
   if (strspn(port, "0123456789") != strlen(port) || atoi(port) <= 0 || atoi(port) > 65535)
     return -EINVAL;
+  *why_out = "this host cannot resolve its ADDRESS";
   if (getaddrinfo(host, port, &hints, &res) || !res)
     return -EINVAL;
   memcpy(sa, res->ai_addr, res->ai_addrlen);
@@ -57,6 +65,7 @@ int gshmd__cluster_parse_address(const char *s, struct sockaddr_storage *sa, soc
 
 static int parse_peers(struct links *ll, const char *spec) {
   char *copy = strdup(spec ? spec : ""), *save = NULL, *tok;
+  const char *why;
   unsigned cap = 0;
 
   if (!copy)
@@ -87,9 +96,8 @@ static int parse_peers(struct links *ll, const char *spec) {
       free(copy);
       return -EINVAL;
     }
-    if (gshmd__cluster_parse_address(p->address, &p->sa, &p->salen)) {
-      gshm_log_err("cluster.peers: peer '%s': cannot resolve '%s' (want ADDRESS:PORT)", p->name,
-                   p->address);
+    if (gshmd__cluster_parse_address(p->address, &p->sa, &p->salen, &why)) {
+      gshm_log_err("cluster.peers: peer '%s': address '%s': %s", p->name, p->address, why);
       free(copy);
       return -EINVAL;
     }
@@ -325,6 +333,7 @@ static int read_pull_group(struct gshmd_cluster *cl, const char *group) {
 int gshmd__cluster_conf(struct gshmd_cluster *cl) {
   const struct gshmd_config *cfg = cl->cfg;
   struct links *ll = &cl->ll;
+  const char *why;
   int e;
 
   if (cfg->cluster_node_name && *cfg->cluster_node_name)
@@ -337,8 +346,8 @@ int gshmd__cluster_conf(struct gshmd_cluster *cl) {
   }
   ll->listen = cfg->cluster_listen;
   if (ll->listen && *ll->listen &&
-      gshmd__cluster_parse_address(ll->listen, &ll->listen_sa, &ll->listen_salen)) {
-    gshm_log_err("cluster.listen '%s': want ADDRESS:PORT", ll->listen);
+      gshmd__cluster_parse_address(ll->listen, &ll->listen_sa, &ll->listen_salen, &why)) {
+    gshm_log_err("cluster.listen '%s': %s", ll->listen, why);
     return -EINVAL;
   }
   if ((e = parse_peers(ll, cfg->cluster_peers)) || (e = parse_exports(cl, cfg->cluster_export)) ||

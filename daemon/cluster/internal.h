@@ -125,8 +125,10 @@ static inline struct gshmd_cluster *cluster_of(struct links *ll) {
 
 /* ---- conf.c: the [cluster] keys ---- */
 
-/* "HOST:PORT" or "[V6]:PORT" to a socket address.  Returns 0 or -EINVAL. */
-int gshmd__cluster_parse_address(const char *s, struct sockaddr_storage *sa, socklen_t *len);
+/* "HOST:PORT" or "[V6]:PORT" to a socket address.  Returns 0, or -EINVAL
+ * with *why_out (static text) saying what is wrong with s. */
+int gshmd__cluster_parse_address(const char *s, struct sockaddr_storage *sa, socklen_t *len,
+                                 const char **why_out);
 /* cluster.peers into ll->peers; cluster.export into cl's patterns; the
  * key from cluster.secret_file; cluster.pull_group.  Errors (logged):
  * -EINVAL, -ENOMEM. */

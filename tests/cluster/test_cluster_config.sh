@@ -97,11 +97,19 @@ refused "key readable by the group" "chmod 0600" "${L[@]}" --set "cluster.secret
 # ... and says what it found (it said only what a key must be)
 refused "key readable by the group: its mode" "is mode 0640" "${L[@]}" \
   --set "cluster.secret_file=$tmp/open-key"
-refused "listen without a port" "want ADDRESS:PORT" --set cluster.listen=127.0.0.1 "${K[@]}"
+refused "listen without a port" "cluster.listen '127.0.0.1': no ':PORT' (want ADDRESS:PORT" \
+  --set cluster.listen=127.0.0.1 "${K[@]}"
 refused "peer without an address" "is not NAME=ADDRESS:PORT" "${L[@]}" "${K[@]}" \
   --set cluster.peers=node7
-refused "peer without a port" "cannot resolve" "${L[@]}" "${K[@]}" \
-  --set cluster.peers=node7=10.0.0.7
+# an address that is no ADDRESS:PORT: what is wrong with it (a peer
+# without its port "cannot resolve '10.0.0.7'", a port 0 or an empty
+# address "want ADDRESS:PORT")
+refused "peer without a port" "peer 'node7': address '10.0.0.7': no ':PORT'" "${L[@]}" \
+  "${K[@]}" --set cluster.peers=node7=10.0.0.7
+refused "listen on port 0" "cluster.listen '127.0.0.1:0': PORT is not a number 1..65535" \
+  --set cluster.listen=127.0.0.1:0 "${K[@]}"
+refused "listen without an address" "no ADDRESS before ':PORT' (0.0.0.0:PORT is every IPv4" \
+  --set cluster.listen=:7470 "${K[@]}"
 refused "peer named twice" "named twice" "${L[@]}" "${K[@]}" \
   --set "cluster.peers=n=127.0.0.1:2,n=127.0.0.1:3"
 refused "peer name with a control byte" "no blanks, control bytes" "${L[@]}" "${K[@]}" \
