@@ -296,6 +296,21 @@ static const char *hidden_segment_hint(const char *what, char *buf, size_t cap) 
   return buf;
 }
 
+/* What to do after gshmd's own explanation of err for verb `what`, in
+ * this program's words (a name that exists; a segment this user may see
+ * but not use so, or not change; a peer gshmd does not know), or "". */
+static const char *way_out(gshm_client_t *c, const char *what, int err, const char *peer,
+                           char *buf, size_t cap) {
+  if (err == -EEXIST && !strcmp(what, "create"))
+    return " (choose another name, or gshmctl unlink it first: whoever holds it keeps its bytes "
+           "until they close it)";
+  if (err == -EACCES && (!strcmp(what, "read") || !strcmp(what, "write")))
+    return " (its owner or an admin can open it to this user: gshmctl chmod, chown)";
+  if (err == -EACCES && (!strcmp(what, "unlink") || !strcmp(what, "chmod")))
+    return " (only its owner or an admin may)";
+  return c ? peer_hint(c, err, peer, buf, cap) : "";
+}
+
 /* Reports a failed call (of a verb that named peer, or NULL); returns rc,
  * the exit code. */
 static int fail_peer(gshm_client_t *c, const char *what, int err, const char *peer, int rc) {
@@ -316,10 +331,7 @@ static int fail_peer(gshm_client_t *c, const char *what, int err, const char *pe
                     hidden_segment_hint(what, hint, sizeof(hint)));
   }
   return errorf(rc, err, "%s: %s%s%s%s", what, text, *detail ? ": " : "", detail,
-                err == -EEXIST && !strcmp(what, "create")
-                    ? " (choose another name, or gshmctl unlink it first: whoever holds it "
-                      "keeps its bytes until they close it)"
-                : c ? peer_hint(c, err, peer, hint, sizeof(hint)) : "");
+                way_out(c, what, err, peer, hint, sizeof(hint)));
 }
 
 static int fail(gshm_client_t *c, const char *what, int err) {

@@ -293,6 +293,21 @@ if [ "$(id -u)" = 0 ]; then
   [ $? = 4 ] || fail "revoke as uid 65534: not exit 4"
   has err "root or a member of daemon.admin_group"
   run 0 unlink hidden
+  # one it may see (0644) but not write nor change: who can, as for one it
+  # may not see (gshmd's words alone: "refuses read-write access to uid
+  # 65534", "belongs to uid 0")
+  run 0 create seen 4K --mode 0644
+  for verb in "write seen" "unlink seen" "chmod seen 0666"; do
+    as_other "$ctl" -s "$dir/s" $verb </dev/null >"$dir/out" 2>"$dir/err"
+    [ $? = 4 ] || fail "$verb of a 0644 segment as uid 65534: not exit 4"
+  done
+  as_other "$ctl" -s "$dir/s" write seen </dev/null >"$dir/out" 2>"$dir/err"
+  has err "refuses read-write access to uid 65534 (its owner or an admin can open it to this user: gshmctl chmod, chown)"
+  for verb in "unlink seen" "chmod seen 0666"; do
+    as_other "$ctl" -s "$dir/s" $verb >"$dir/out" 2>"$dir/err"
+    has err "belongs to uid 0 (only its owner or an admin may)"
+  done
+  run 0 unlink seen
   chmod 0660 "$dir/s"
   chmod 0700 "$dir"
 else
