@@ -11,6 +11,7 @@
 #include <pwd.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -1213,12 +1214,61 @@ static int read_output(const char **file) {
  * gshmctl refuses before asking gshmd; only gshmd's answer shows this). */
 #define PAST_END_FMT "offset %" PRIu64 " is past the segment's end (%" PRIu64 " bytes)"
 
+/* read -o FILE: where the bytes go until every one is in.  A regular file
+ * (or none yet) is written as a temporary file beside it, renamed over it
+ * at the end (output_end), so that a read that fails midway (a full disk,
+ * a segment revoked) leaves FILE as it was instead of cut; a device, a
+ * pipe, a symbolic link, a file of several links or one in a directory
+ * this user may not write is written in place.  tmp (cap bytes) gets the
+ * temporary file's path, "" in place.  Returns the fd or -errno. */
+static int output_open(const char *file, char *tmp, size_t cap) {
+  const char *slash = strrchr(file, '/');
+  struct stat st;
+  bool exists = lstat(file, &st) == 0;
+  mode_t mask = umask(0);
+  int fd;
+
+  umask(mask);
+  tmp[0] = '\0';
+  if ((exists && (!S_ISREG(st.st_mode) || st.st_nlink > 1)) || (!exists && errno != ENOENT))
+    return (fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ? -errno : fd;
+  if (snprintf(tmp, cap, "%.*s.%s.gshmctl-XXXXXX", slash ? (int)(slash - file + 1) : 0, file,
+               slash ? slash + 1 : file) >= (int)cap || (fd = mkostemp(tmp, O_CLOEXEC)) < 0) {
+    tmp[0] = '\0'; /* (a directory it may not write: in place) */
+    return (fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ? -errno : fd;
+  }
+  if (fchmod(fd, exists ? st.st_mode & 07777 : 0644 & ~mask) < 0) {
+    int e = -errno;
+    close(fd);
+    unlink(tmp);
+    return e;
+  }
+  return fd;
+}
+
+/* Closes read's output fd (of file, written at tmp: output_open) and, when
+ * ok, renames tmp over file; else removes tmp.  Returns 0 or the exit
+ * status of the error (printed). */
+static int output_end(const char *file, const char *tmp, int fd, bool ok) {
+  int rc = EXIT_OK;
+
+  if (fd >= 0 && close(fd) < 0 && ok)
+    rc = errorf(EXIT_ERR, -errno, "read: %s: %s", file, strerror(errno));
+  if (*tmp && (rc || !ok || rename(tmp, file) < 0)) {
+    if (!rc && ok)
+      rc = errorf(EXIT_ERR, -errno, "read: %s: %s", file, strerror(errno));
+    unlink(tmp);
+  }
+  return rc;
+}
+
 static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   uint64_t offset = 0, length = 0, done = 0;
   bool have_length = false;
   const char *file = NULL;
   gshm_segment_t *seg = NULL;
   void *addr, *buf = NULL;
+  char tmp[PATH_MAX] = "";
   int out = STDOUT_FILENO, e, rc = EXIT_OK;
 
   if ((rc = rw_opts(argc, argv, false, &offset, &length, &have_length, &file)) ||
@@ -1251,8 +1301,8 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
     rc = fail(c, "read: map", e);
     goto out;
   }
-  if (file && (out = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
-    rc = errorf(EXIT_ERR, -errno, "read: %s: %s", file, strerror(errno));
+  if (file && (out = output_open(file, tmp, sizeof(tmp))) < 0) {
+    rc = errorf(EXIT_ERR, out, "read: %s: %s", file, strerror(-out));
     goto out;
   }
   if (!(buf = malloc(CHUNK))) {
@@ -1273,9 +1323,8 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   }
 out:
   free(buf);
-  if (file && out >= 0 && close(out) < 0 && rc == EXIT_OK) {
-    rc = errorf(EXIT_ERR, -errno, "read: %s: %s", file, strerror(errno));
-  }
+  if (file && (e = output_end(file, tmp, out, rc == EXIT_OK)))
+    rc = e;
   gshm_close(seg);
   if (rc == EXIT_OK && json_out) {
     json_t *doc = json_transfer(argv[optind], offset, done);

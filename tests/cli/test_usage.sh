@@ -74,6 +74,20 @@ head -c 4096 "$dir/b5m" | run 0 write seg4m --offset 8192
 has out "wrote 4096 bytes to 'seg4m' at offset 8192"
 "$ctl" read seg4m --offset 8190 --length 4 -o "$dir/o" >/dev/null 2>&1
 [ "$(cat "$dir/o")" = aabb ] || fail "a pipe's write landed wrong: $(od -c "$dir/o")"
+# A read -o FILE that fails midway (here a file size limit, as a full disk
+# would) leaves FILE as it was, and no file beside it (FILE was cut, then
+# held the first 64 KiB); one that succeeds replaces it, its mode kept
+printf 'precious\n' >"$dir/keep"
+chmod 0640 "$dir/keep"
+(trap '' XFSZ; ulimit -f 64; "$ctl" read seg4m -o "$dir/keep" >"$dir/out" 2>"$dir/err")
+[ $? = 1 ] || fail "read -o past the file size limit: not exit 1 ($(cat "$dir/err"))"
+has err "read: writing output: File too large"
+[ "$(cat "$dir/keep")" = precious ] || fail "a failed read -o cut the file: $(head -c 40 "$dir/keep" | od -c | head -2)"
+ls -A "$dir" | grep -q gshmctl- && fail "a failed read -o left a file: $(ls -A "$dir")"
+run 0 read seg4m -o "$dir/keep"
+"$ctl" read seg4m >"$dir/o" 2>/dev/null
+cmp -s "$dir/keep" "$dir/o" || fail "read -o over a file: not the segment's bytes"
+[ "$(stat -c %a "$dir/keep")" = 640 ] || fail "read -o over a file: mode $(stat -c %a "$dir/keep")"
 run 0 unlink seg4m
 
 # help's own help: its usage line, as any verb's (it was "unknown verb
