@@ -1864,6 +1864,12 @@ static int pull_args(int argc, char **argv, gshm_pull_opts_t *po, bool *prefix_o
     return errorf(EXIT_USAGE, -EINVAL,
                   "pull: '%s' ends in '/': to pull every segment under it, add --prefix",
                   colon + 1);
+  if (!prefix && po->local_name && po->local_name[strlen(po->local_name) - 1] == '/')
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: --as '%s' ends in '/', and a name cannot: for one segment --as is its "
+                  "local name (write --as '%s%s'); with --prefix, the local prefix",
+                  po->local_name, po->local_name,
+                  strrchr(colon + 1, '/') ? strrchr(colon + 1, '/') + 1 : colon + 1);
   /* The local prefix replaces the peer's verbatim: "--as v2" for
    * "llama/" would make "v2seg-000001", not "v2/seg-000001". */
   if (prefix && colon[1] && colon[strlen(colon) - 1] == '/' && po->local_name &&

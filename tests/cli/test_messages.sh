@@ -387,6 +387,10 @@ has err "pull: 'llama/' ends in '/': to pull every segment under it, add --prefi
 # and its local prefix needs the '/' too ("v2" + "seg-1" is "v2seg-1")
 usage_json pull node7:llama/ --prefix --as v2
 has err "write --as 'v2/'"
+# and one segment's --as is a name, which cannot end in '/' (gshmd refused
+# it after connecting: "the local name 'v2/' is not a name")
+usage_json pull node7:llama/x --as v2/
+has err "--as 'v2/' ends in '/', and a name cannot: for one segment --as is its local name (write --as 'v2/x')"
 usage_json frobnicate
 usage_json status --socket
 has err "option '--socket' needs a value"
