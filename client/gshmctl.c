@@ -1621,6 +1621,9 @@ static int cmd_remote_segments(gshm_client_t *c, const char *peer) {
   char t[40], sz[32];
   int e;
 
+  if (strchr(peer, ',')) /* (gshmd looked for a peer named so: "no such peer") */
+    return errorf(EXIT_USAGE, -EINVAL, "segments --peer '%s': one peer at a time (a list "
+                  "PEER1,PEER2 is for pull --prefix)", peer);
   if (!c)
     return EXIT_OK;
   if ((e = gshm_list_remote(c, peer, &v, &n))) {

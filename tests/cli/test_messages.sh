@@ -387,6 +387,10 @@ has err "pull: 'llama/' ends in '/': to pull every segment under it, add --prefi
 # and its local prefix needs the '/' too ("v2" + "seg-1" is "v2seg-1")
 usage_json pull node7:llama/ --prefix --as v2
 has err "write --as 'v2/'"
+# segments --peer takes one peer: a list is a usage error (it was "no
+# such peer in cluster.peers", exit 5, every peer of it known)
+usage_json segments --peer node7,node8
+has err "segments --peer 'node7,node8': one peer at a time (a list PEER1,PEER2 is for pull --prefix)"
 # and one segment's --as is a name, which cannot end in '/' (gshmd refused
 # it after connecting: "the local name 'v2/' is not a name")
 usage_json pull node7:llama/x --as v2/
