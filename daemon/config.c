@@ -211,7 +211,8 @@ static int parse_number(const char *s, bool sizes, int base, uint64_t *out, cons
   if (sizes) {
     if ((e = gshm__parse_size(s, out)))
       *why = e == -ERANGE ? "number too large"
-                          : "bad size suffix (use K, M, G or T, alone or with B or iB: 1024-based)";
+                          : "not a size: a whole number of bytes, alone or with K, M, G or T (or "
+                            "KB, KiB: all 1024-based)";
     return e ? -EINVAL : 0;
   }
   errno = 0;

@@ -275,6 +275,11 @@ bad_file 2 2 cluster.secret "did you mean 'cluster.secret_file'?" '[cluster]\nse
 bad_file 2 1 socket "every key belongs in a [section] (did you mean 'daemon.socket'?" 'socket = /a\n'
 bad_file 2 2 daemon.host "unknown key 'daemon.host' (gshmd --help lists every key)" \
   '[daemon]\nhost = 1\n'
+# a size that is none says what a size is: "1.5G" was a "bad size suffix"
+for v in 1.5G 64X; do
+  run 2 "$gshmd" --check-config --config "$tmp/good.conf" --set "limits.max_segment_size=$v" || true
+  expect_err "key 'limits.max_segment_size': not a size: a whole number of bytes, alone or with K, M, G or T"
+done
 run 2 "$gshmd" --check-config --config "$tmp/good.conf" --set cluster.pull_chunks=1M || true
 expect_err "--set: unknown key 'cluster.pull_chunks' (did you mean 'cluster.pull_chunk'?"
 # A retired key (read by an older release) warns and is ignored: an
@@ -326,7 +331,7 @@ bad_file 2 2 daemon.log_level "out of range" '[daemon]\nlog_level = 8\n'
 bad_file 2 2 daemon.socket "not an absolute path" '[daemon]\nsocket = relative.sock\n'
 bad_file 2 2 daemon.socket "must not be empty" '[daemon]\nsocket =\n'
 bad_file 2 2 daemon.socket "longer than" "[daemon]\nsocket = /$(printf 'x%.0s' {1..120})\n"
-bad_file 2 2 limits.max_segment_size "suffix" '[limits]\nmax_segment_size = 4X\n'
+bad_file 2 2 limits.max_segment_size "not a size" '[limits]\nmax_segment_size = 4X\n'
 bad_file 2 2 limits.max_segment_size "too large" '[limits]\nmax_segment_size = 99999999T\n'
 bad_file 2 2 limits.max_packet "out of range" '[limits]\nmax_packet = 4G\n'
 
