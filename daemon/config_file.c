@@ -79,6 +79,11 @@ bool gshmd__config_list_key(const char *section, const char *name) {
   return !strcmp(section, "cluster") && (!strcmp(name, "peers") || !strcmp(name, "export"));
 }
 
+/* What to do with a line past libinih's buffer (conf/gshmd.conf says it). */
+#define LONG_LINE_HINT                                                                         \
+  " (give a longer value with --set SECTION.KEY=VALUE; a line of cluster.peers or "             \
+  "cluster.export that ends with '\\' goes on on the next)"
+
 /* Ends str (one line, comments gone) at a '\\' that ends it, noting that
  * the next line continues; then, where this line continues the one above,
  * starts it with a blank, which makes inih hand it over under the key
@@ -122,8 +127,8 @@ static char *ini_state_read(char *str, int num, void *stream) {
       ungetc(c, st->fp);
       st->error = -EINVAL;
       st->error_line = st->line;
-      snprintf(st->message, sizeof(st->message), "%s:%d: line longer than %d bytes", st->path,
-               st->line, num - 3);
+      snprintf(st->message, sizeof(st->message),
+               "%s:%d: line longer than %d bytes" LONG_LINE_HINT, st->path, st->line, num - 3);
       return NULL;
     }
   }
@@ -147,8 +152,8 @@ static char *ini_state_read(char *str, int num, void *stream) {
   if (!line_continues(st, str, num)) {
     st->error = -EINVAL;
     st->error_line = st->line;
-    snprintf(st->message, sizeof(st->message), "%s:%d: line longer than %d bytes", st->path,
-             st->line, num - 4);
+    snprintf(st->message, sizeof(st->message),
+             "%s:%d: line longer than %d bytes" LONG_LINE_HINT, st->path, st->line, num - 4);
     return NULL;
   }
   return str;
