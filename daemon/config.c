@@ -284,7 +284,9 @@ static int option_set_string(void *field, const struct option_def *opt, const ch
     *why = "must not be empty";
     return -EINVAL;
   } else if (len > opt->max) {
-    snprintf(whybuf, whybuf_size, "longer than %" PRIu64 " bytes", opt->max);
+    snprintf(whybuf, whybuf_size, "longer than %" PRIu64 " bytes%s", opt->max,
+             opt->type == OPT_PATH && !strcmp(opt->key, "socket")
+                 ? ", what a Unix socket's address holds: give a shorter path" : "");
     *why = whybuf;
     return -EINVAL;
   } else if (opt->type == OPT_PATH && len > 0 && value[0] != '/') {

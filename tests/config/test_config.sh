@@ -332,6 +332,9 @@ bad_file 2 2 daemon.socket "not an absolute path" '[daemon]\nsocket = relative.s
 bad_file 2 2 daemon.socket "must not be empty" '[daemon]\nsocket =\n'
 bad_file 2 2 daemon.socket "longer than" "[daemon]\nsocket = /$(printf 'x%.0s' {1..120})\n"
 bad_file 2 2 limits.max_segment_size "not a size" '[limits]\nmax_segment_size = 4X\n'
+# a socket path past sun_path: why the limit, and what to do
+run 2 "$gshmd" --check-config --config "$tmp/good.conf" --socket "/tmp/$(printf 'z%.0s' $(seq 120))/s" || true
+expect_err "key 'daemon.socket': longer than 107 bytes, what a Unix socket's address holds: give a shorter path"
 # a line past libinih's 197 bytes: what to do instead (it said only that)
 printf '[metrics]\ntextfile = /%s\n' "$(printf 'a%.0s' $(seq 250))" >"$tmp/long.conf"
 run 2 "$gshmd" --check-config --config "$tmp/long.conf" || true
