@@ -35,6 +35,7 @@
 #include "registry.h"
 #include "requests.h"
 #include "server.h"
+#include "fuzz_fds.h"
 #include "wire.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -48,18 +49,6 @@ static struct gshmd_server srv;
 static struct sockaddr_un addr;
 static socklen_t addrlen;
 static uint8_t rx[GSHM_WIRE_MAX_PACKET + 1];
-
-static int fd_count(void) {
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *e;
-  int n = 0;
-  if (!d)
-    abort();
-  while ((e = readdir(d)))
-    n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
 
 /* Lease tokens are issued and checked, so that re-takes with hostile
  * tokens reach crypto_auth_verify. */
@@ -186,7 +175,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   if (size < 1 || size > 1 << 18)
     return 0;
-  baseline = fd_count(); /* per input: libFuzzer opens files between inputs */
+  baseline = fuzz_fd_count(); /* per input: libFuzzer opens files between inputs */
   flags = data[0];
   fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0 || connect(fd, (struct sockaddr *)&addr, addrlen) < 0)
@@ -246,8 +235,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     gshmd_fdstore_setup(&fs, &reg);
     gshmd_leasekey_attach(&leasekey, &reg);
   }
-  if (fd_count() != baseline) {
-    fprintf(stderr, "fuzz_server: %d fds open, %d before\n", fd_count(), baseline);
+  if (fuzz_fd_count() != baseline) {
+    fprintf(stderr, "fuzz_server: %d fds open, %d before\n", fuzz_fd_count(), baseline);
     dump_fds();
     abort();
   }

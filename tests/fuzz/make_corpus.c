@@ -6,7 +6,8 @@
  *
  * corpus/fuzz_server also holds found-<sha1> files: the inputs of an
  * 11-minute fuzz_server run, minimised with -merge=1, so that the short
- * CI runs start from deep protocol states.  make_corpus leaves them be. */
+ * CI runs start from deep protocol states; corpus/fuzz_client those of a
+ * 5-minute fuzz_client run.  make_corpus leaves them be. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -61,6 +62,124 @@ static void script_add(struct script *s, uint16_t type, uint32_t id, const Proto
   s->buf[s->len++] = (uint8_t)(n >> 8);
   memcpy(s->buf + s->len, pkt, n);
   s->len += n;
+}
+
+/* fuzz_client input: flags, the calls, then [how][u16 len][Reply]* (the
+ * fake gshmd's answers, fuzz_client.c). */
+struct answers {
+  uint8_t buf[8192];
+  size_t len;
+};
+
+static void answers_start(struct answers *a, const uint8_t *calls, size_t ncalls) {
+  a->buf[0] = 1; /* a valid Welcome */
+  a->buf[1] = (uint8_t)ncalls;
+  memcpy(a->buf + 2, calls, ncalls);
+  a->len = 2 + ncalls;
+}
+
+static void answers_add(struct answers *a, uint8_t how, const Gshm__Reply *r) {
+  size_t n = protobuf_c_message_pack(&r->base, a->buf + a->len + 3);
+  a->buf[a->len] = how;
+  a->buf[a->len + 1] = (uint8_t)(n & 0xff);
+  a->buf[a->len + 2] = (uint8_t)(n >> 8);
+  a->len += 3 + n;
+}
+
+/* Seeds for fuzz_client: a gshmd's usual answers to libgshm's calls (call
+ * numbers: fuzz_client.c's call()). */
+static void client_corpus(void) {
+  Gshm__Reply ok = GSHM__REPLY__INIT, r = GSHM__REPLY__INIT;
+  Gshm__SegmentInfo si = GSHM__SEGMENT_INFO__INIT, *sis[2] = {&si, &si};
+  Gshm__LeaseGrant gr = GSHM__LEASE_GRANT__INIT;
+  Gshm__SegmentList sl = GSHM__SEGMENT_LIST__INIT;
+  Gshm__PullProgress pp = GSHM__PULL_PROGRESS__INIT;
+  Gshm__PullResult pr = GSHM__PULL_RESULT__INIT;
+  Gshm__ClusterPeer cp = GSHM__CLUSTER_PEER__INIT, *cps[1] = {&cp};
+  Gshm__ClusterPeerList cpl = GSHM__CLUSTER_PEER_LIST__INIT;
+  Gshm__StatusInfo sti = GSHM__STATUS_INFO__INIT;
+  struct answers a;
+
+  ok.status = r.status = GSHM__STATUS__STATUS_OK;
+  si.id = 7;
+  si.generation = 1;
+  si.name = "a";
+  si.size = si.requested_size = si.granularity = 4096;
+  si.location = "host";
+  si.mode = 0600;
+  si.state = GSHM__SEGMENT_STATE__SEGMENT_STATE_LIVE;
+  si.device_index = -1;
+  gr.segment = &si;
+  gr.lease_id = 4;
+  gr.access = GSHM__ACCESS__ACCESS_READ_WRITE;
+  r.body_case = GSHM__REPLY__BODY_GRANT;
+  r.grant = &gr;
+  /* open (a one-page memfd), map and read, stat, close */
+  answers_start(&a, (const uint8_t[]){0, 21, 18, 19}, 4);
+  answers_add(&a, 1 | 1 << 4 | 1 << 5, &r); /* sealed, one page */
+  r.body_case = GSHM__REPLY__BODY_SEGMENT;
+  r.segment = &si;
+  answers_add(&a, 0, &r);
+  answers_add(&a, 0, &ok);
+  answers_add(&a, 0, &ok);
+  put("fuzz_client", "open_map_stat_close", a.buf, a.len);
+  /* create, with an event about it before the grant */
+  answers_start(&a, (const uint8_t[]){2, 20}, 2);
+  r.body_case = GSHM__REPLY__BODY_GRANT;
+  answers_add(&a, 1 | 4 | 1 << 4 | 1 << 5, &r);
+  answers_add(&a, 0, &r);
+  put("fuzz_client", "create_publish", a.buf, a.len);
+  /* list, status */
+  answers_start(&a, (const uint8_t[]){4, 7}, 2);
+  sl.n_segments = 2;
+  sl.segments = sis;
+  r.body_case = GSHM__REPLY__BODY_SEGMENTS;
+  r.segments = &sl;
+  answers_add(&a, 0, &r);
+  sti.version = "0.1";
+  sti.pid = 1;
+  r.body_case = GSHM__REPLY__BODY_STATUS_INFO;
+  r.status_info = &sti;
+  answers_add(&a, 0, &r);
+  put("fuzz_client", "list_status", a.buf, a.len);
+  /* remote list, pull with progress */
+  answers_start(&a, (const uint8_t[]){12, 13}, 2);
+  r.body_case = GSHM__REPLY__BODY_SEGMENTS;
+  r.segments = &sl;
+  answers_add(&a, 0, &r);
+  pp.bytes_done = 4096;
+  pp.bytes_total = 8192;
+  r.body_case = GSHM__REPLY__BODY_PULL_PROGRESS;
+  r.pull_progress = &pp;
+  answers_add(&a, 0, &r);
+  pr.segment = &si;
+  pr.bytes = 8192;
+  pr.path = "host";
+  pr.peer = "p";
+  r.body_case = GSHM__REPLY__BODY_PULL_RESULT;
+  r.pull_result = &pr;
+  answers_add(&a, 0, &r);
+  put("fuzz_client", "remote_list_pull", a.buf, a.len);
+  /* peers */
+  answers_start(&a, (const uint8_t[]){10, 11}, 2);
+  cp.name = "p";
+  cp.address = "10.0.0.2:7070";
+  cp.state = "up";
+  cpl.node_name = "n";
+  cpl.n_peers = 1;
+  cpl.peers = cps;
+  r.body_case = GSHM__REPLY__BODY_CLUSTER_PEERS;
+  r.cluster_peers = &cpl;
+  answers_add(&a, 0, &r);
+  answers_add(&a, 0, &r);
+  put("fuzz_client", "peers", a.buf, a.len);
+  /* an error with a message */
+  answers_start(&a, (const uint8_t[]){3}, 1);
+  r.status = GSHM__STATUS__STATUS_PERMISSION_DENIED;
+  r.message = "permission denied";
+  r.body_case = GSHM__REPLY__BODY__NOT_SET;
+  answers_add(&a, 0, &r);
+  put("fuzz_client", "error", a.buf, a.len);
 }
 
 int main(int argc, char **argv) {
@@ -470,5 +589,6 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof(confs) / sizeof(confs[0]); i++)
       put("fuzz_config", confs[i][0], confs[i][1], strlen(confs[i][1]));
   }
+  client_corpus();
   return 0;
 }
