@@ -585,9 +585,16 @@ int main(int argc, char **argv) {
                   "leases = 1000\nconnections = 10\n[metrics]\ntextfile = /var/lib/x.prom\n"
                   "interval_sec = 15\n"},
         {"bad", "[limits]\nmax_packet = 1T\nnosuch = 1\n"},
+        {"cluster", "[cluster]\nlisten = 127.0.0.1:7070\nnode_name = a\n"
+                    "peers = b=10.0.0.2:7070, c=[::1]:7071 a=127.0.0.1:7070\n"
+                    "export = pub/* kv/*:0 x/*:@0\n"},
     };
+    /* a file, then NUL-separated --set values (fuzz_config.c) */
+    static const char sets[] = "[daemon]\nbackend = host\n\0limits.max_packet=32K\0"
+                               "cluster.peers=b=127.0.0.1:1\0cluster.node_name=n";
     for (size_t i = 0; i < sizeof(confs) / sizeof(confs[0]); i++)
       put("fuzz_config", confs[i][0], confs[i][1], strlen(confs[i][1]));
+    put("fuzz_config", "file_and_set", sets, sizeof(sets) - 1);
   }
   client_corpus();
   return 0;
