@@ -134,7 +134,8 @@ static bool drain(int fd) {
 static bool no_reply_wanted(const uint8_t *p, size_t len) {
   struct gshm_wire_header h;
   return gshm__wire_parse_header(p, len, &h) == 0 && h.major == GSHM_PROTO_MAJOR &&
-         h.type == GSHM_WIRE_MAP_REPORT && h.request_id == 0;
+         (h.type == GSHM_WIRE_MAP_REPORT || h.type == GSHM_WIRE_PULL_CANCEL) &&
+         h.request_id == 0;
 }
 
 static void dump_fds(void) {
@@ -201,8 +202,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     first = false;
     off += len;
     /* One reply per request, or the connection goes.  A mapping report
-     * with request id 0 is the exception: libgshm sends it without
-     * waiting, and gshmd answers it only when it breaks the protocol. */
+     * or a pull's cancel with request id 0 is the exception: libgshm
+     * sends it without waiting, and gshmd answers it only when it breaks
+     * the protocol (wire.h). */
     if (!pump_until_readable(fd) && !no_reply_wanted(data + off - len, len)) {
       fprintf(stderr, "fuzz_server: no reply to packet at offset %zu (%zu bytes)\n", off - len, len);
       abort();

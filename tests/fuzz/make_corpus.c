@@ -531,6 +531,38 @@ int main(int argc, char **argv) {
     put("fuzz_server", "publish_replace", sc.buf, sc.len);
     cr.flags = 0;
   }
+  /* chmod and chown, and the cluster's requests on a gshmd whose cluster
+   * is off (each answered, a PULL_CANCEL of request id 0 excepted). */
+  {
+    Gshm__ChmodRequest cm = GSHM__CHMOD_REQUEST__INIT;
+    Gshm__ChownRequest co = GSHM__CHOWN_REQUEST__INIT;
+    Gshm__PeersRequest pe = GSHM__PEERS_REQUEST__INIT;
+    Gshm__RemoteListRequest rl = GSHM__REMOTE_LIST_REQUEST__INIT;
+    Gshm__PullRequest pr = GSHM__PULL_REQUEST__INIT;
+    Gshm__PullCancel pc = GSHM__PULL_CANCEL__INIT;
+    sc.len = 0;
+    sc.buf[sc.len++] = 1;
+    cr.name = "s";
+    script_add(&sc, GSHM_WIRE_CREATE, 2, &cr.base);
+    cm.name = "s";
+    cm.mode = 0644;
+    script_add(&sc, GSHM_WIRE_CHMOD, 3, &cm.base);
+    co.name = "s";
+    co.uid = 1;
+    co.gid = 1;
+    script_add(&sc, GSHM_WIRE_CHOWN, 4, &co.base);
+    script_add(&sc, GSHM_WIRE_PEERS, 5, &pe.base);
+    rl.peer = "p";
+    script_add(&sc, GSHM_WIRE_REMOTE_LIST, 6, &rl.base);
+    pr.peer = "p";
+    pr.name = "s";
+    script_add(&sc, GSHM_WIRE_PULL, 7, &pr.base);
+    pc.request_id = 7;
+    script_add(&sc, GSHM_WIRE_PULL_CANCEL, 8, &pc.base);
+    script_add(&sc, GSHM_WIRE_PULL_CANCEL, 0, &pc.base);
+    script_add(&sc, GSHM_WIRE_STAT, 9, &st.base);
+    put("fuzz_server", "chmod_chown_cluster_off", sc.buf, sc.len);
+  }
 
   /* The cluster port (fuzz_cluster_stream): before the hello, a Hello in
    * one frame (24-byte header, then the Msg); after it, records
