@@ -628,6 +628,12 @@ int main(int argc, char **argv) {
       put("fuzz_config", confs[i][0], confs[i][1], strlen(confs[i][1]));
     put("fuzz_config", "file_and_set", sets, sizeof(sets) - 1);
   }
+  {
+    static const char *const names[] = {"b0a", "b17b", "seg-1", "meta-12-3", "ids-7", "journal",
+                                        "journal2", "leasekey"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+      put("fuzz_fdstore_names", names[i], names[i], strlen(names[i]));
+  }
   client_corpus();
   return 0;
 }
