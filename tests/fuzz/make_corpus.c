@@ -6,8 +6,9 @@
  *
  * corpus/fuzz_server also holds found-<sha1> files: the inputs of an
  * 11-minute fuzz_server run, minimised with -merge=1, so that the short
- * CI runs start from deep protocol states; corpus/fuzz_client those of a
- * 5-minute fuzz_client run.  make_corpus leaves them be. */
+ * CI runs start from deep protocol states; corpus/fuzz_client and
+ * corpus/fuzz_cluster those of 5-minute runs.  make_corpus leaves them
+ * be. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -180,6 +181,115 @@ static void client_corpus(void) {
   r.body_case = GSHM__REPLY__BODY__NOT_SET;
   answers_add(&a, 0, &r);
   put("fuzz_client", "error", a.buf, a.len);
+}
+
+/* Seeds for fuzz_cluster: [flags][u16 len][Msg]* (fuzz_cluster.c); grant
+ * 0 in a Read, Stage or Release is the last grant the node gave. */
+static void cluster_corpus(void) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListRequest lr = GSHM__CLUSTER__LIST_REQUEST__INIT;
+  Gshm__Cluster__GrantRequest gq = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  Gshm__Cluster__Read rd = GSHM__CLUSTER__READ__INIT;
+  Gshm__Cluster__Stage sg = GSHM__CLUSTER__STAGE__INIT;
+  Gshm__Cluster__Release rl = GSHM__CLUSTER__RELEASE__INIT;
+  uint8_t buf[4096];
+  size_t len = 1;
+
+#define CLUSTER_ADD(rid, field, body, kase)                                     \
+  do {                                                                          \
+    size_t n_;                                                                  \
+    m = (Gshm__Cluster__Msg)GSHM__CLUSTER__MSG__INIT;                           \
+    m.request_id = rid;                                                         \
+    m.body_case = GSHM__CLUSTER__MSG__BODY_##kase;                              \
+    m.field = body;                                                             \
+    n_ = protobuf_c_message_pack(&m.base, buf + len + 2);                       \
+    buf[len] = (uint8_t)(n_ & 0xff);                                            \
+    buf[len + 1] = (uint8_t)(n_ >> 8);                                          \
+    len += 2 + n_;                                                              \
+  } while (0)
+
+  buf[0] = 1; /* after the hello, no capabilities */
+  CLUSTER_ADD(1, list, &lr, LIST);
+  lr.after = 1;
+  lr.with_in_flight = 1;
+  CLUSTER_ADD(2, list, &lr, LIST);
+  put("fuzz_cluster", "list", buf, len);
+  len = 1;
+  gq.name = "pub/b";
+  CLUSTER_ADD(3, grant_request, &gq, GRANT_REQUEST);
+  rd.offset = 4096;
+  rd.length = 8192;
+  CLUSTER_ADD(4, read, &rd, READ);
+  sg.length = 4096;
+  CLUSTER_ADD(5, stage, &sg, STAGE);
+  CLUSTER_ADD(0, release, &rl, RELEASE);
+  put("fuzz_cluster", "grant_read_release", buf, len);
+  buf[0] = 1 | 1 << 2; /* CAP_ENCRYPT */
+  put("fuzz_cluster", "grant_read_release_encrypted", buf, len);
+  buf[0] = 0; /* before the hello: a control frame of 16 bytes of nothing */
+  memset(buf + 1, 0, 24 + 16);
+  buf[1] = 16;
+  buf[5] = 1;
+  put("fuzz_cluster", "raw_frame", buf, 1 + 24 + 16);
+#undef CLUSTER_ADD
+  /* the node pulls from the rogue: [how][u16 len][answer]* */
+  {
+    Gshm__Cluster__Segment seg = GSHM__CLUSTER__SEGMENT__INIT, *segs[1] = {&seg};
+    Gshm__Cluster__ListReply lrep = GSHM__CLUSTER__LIST_REPLY__INIT;
+    Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
+    static uint8_t out[16384];
+    size_t n, ogrant;
+
+    seg.id = 1;
+    seg.generation = 1;
+    seg.name = "pub/a";
+    seg.size = seg.allocated = 4096;
+    seg.location = "host";
+    g.segment = &seg;
+    g.grant_id = 77;
+    g.path = GSHM__CLUSTER__PATH__PATH_HOST;
+    g.length = 4096;
+    m = (Gshm__Cluster__Msg)GSHM__CLUSTER__MSG__INIT;
+    m.status = 1;
+    m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
+    m.grant = &g;
+    out[0] = 2; /* a pull of pub/a */
+    n = protobuf_c_message_pack(&m.base, out + 4);
+    out[1] = 0; /* a Msg, the request's id */
+    out[2] = (uint8_t)n;
+    out[3] = (uint8_t)(n >> 8);
+    ogrant = 4 + n;
+    out[ogrant] = 1; /* a data frame: the 4 KiB */
+    out[ogrant + 1] = 0;
+    out[ogrant + 2] = 0x10;
+    memset(out + ogrant + 3, 0xa5, 4096);
+    put("fuzz_cluster", "serve_pull", out, ogrant + 3 + 4096);
+    out[0] = 2 | 8 << 2; /* CAP_LANES: the 4 KiB on a data lane */
+    put("fuzz_cluster", "serve_pull_lanes", out, ogrant + 3 + 4096);
+    out[0] = 2;
+    /* a set: the listing first */
+    lrep.n_segments = 1;
+    lrep.segments = segs;
+    lrep.total = 1;
+    m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+    m.list_reply = &lrep;
+    out[0] = 3;
+    n = protobuf_c_message_pack(&m.base, out + 4);
+    out[2] = (uint8_t)n;
+    out[3] = (uint8_t)(n >> 8);
+    m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
+    m.grant = &g; /* (a oneof: list_reply took its place) */
+    out[4 + n] = 0;
+    ogrant = protobuf_c_message_pack(&m.base, out + 4 + n + 3);
+    out[4 + n + 1] = (uint8_t)ogrant;
+    out[4 + n + 2] = (uint8_t)(ogrant >> 8);
+    ogrant += 4 + n + 3;
+    out[ogrant] = 1;
+    out[ogrant + 1] = 0;
+    out[ogrant + 2] = 0x10;
+    memset(out + ogrant + 3, 0x5a, 4096);
+    put("fuzz_cluster", "serve_set", out, ogrant + 3 + 4096);
+  }
 }
 
 int main(int argc, char **argv) {
@@ -635,5 +745,6 @@ int main(int argc, char **argv) {
       put("fuzz_fdstore_names", names[i], names[i], strlen(names[i]));
   }
   client_corpus();
+  cluster_corpus();
   return 0;
 }

@@ -1,0 +1,424 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* libFuzzer target: a cluster peer's messages, through gshmd's real
+ * cluster code (daemon/cluster: link, hello, serve, serve_list, relay,
+ * stage, lanes), as any host that reaches the cluster port (before the
+ * hello) or a peer that holds the key (after it) sends them.  The node
+ * "n" runs in this process on its own libuv loop and thread, listening
+ * on 127.0.0.1 with cluster.transport = tcp, exporting two host
+ * segments (pub/a, 4 KiB; pub/b, 64 KiB, mode 0644); its one peer "r"
+ * is the rogue of tests/cluster/rogue.c, on this thread, either side of
+ * a link.
+ *
+ * Input: byte 0 flags; flags & 3 the mode, (flags >> 2) the rogue's
+ * capabilities (cluster.proto Cap: CAP_ENCRYPT 1, CAP_AES 2, CAP_LANES 8,
+ * CAP_GMAC 16; CAP_UCX is masked off, and CAP_LANES in mode 1).
+ *   0: before the hello: the rest is written to a plain TCP connection to
+ *      the port, as is.
+ *   1: the rogue connects as peer "r" (a puller) with the key and does
+ *      the hello, then sends each record [u16 LE len][len bytes] as one control
+ * frame's payload (a Msg: List, GrantRequest, Read, Stage, Release, or
+ * anything), reading what the node answers for a few ms after each.  A
+ * record that decodes as a Read, Stage or Release of grant 0 names the
+ * last grant the node gave instead (grant ids are the node's lease ids,
+ * which grow from input to input: no input could name one otherwise).
+ *   2, 3: the node pulls from the rogue (the serving side): a local
+ *      client's PULL of "pub/a" (mode 2) or of every "pub/" segment
+ *      (mode 3, a set: listed first) into "got/", made on the node's
+ *      thread; the rogue accepts the node's link and answers each
+ *      request the node sends (List, GrantRequest, Read, Stage, Release)
+ *      with the next record [u8 how][u16 LE len][len bytes]: how & 3 = 0
+ *      a Msg (given the request's id unless how & 4), 1 a data frame of
+ *      the bytes at the Read's offset (plus len when how & 4) for the
+ *      request, 2 the bytes raw on the wire, 3 no answer.  Records left
+ *      after 5 ms with no request go out for the last one (a Read's
+ *      several frames).  Then the rogue closes the link and the pull must
+ *      end (answered) within 5 s.
+ *
+ * Checked: no crash, leak or undefined behaviour in the node, the node
+ * still completes a hello after every input (its loop did not stop or
+ * wedge), and every pull ends. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "backend.h"
+#include "cluster.h"
+#include "config.h"
+#include "leasekey.h"
+#include "log.h"
+#include "registry.h"
+#include "rogue.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
+static struct gshmd_config cfg;
+static uv_loop_t loop;
+static struct gshmd_registry reg;
+static struct gshmd_leasekey leasekey;
+static struct gshmd_cluster *cl;
+static uint8_t key[32];
+static int port;
+static struct rogue rogue; /* (large: its queue) */
+static struct rogue_lane lanes[2]; /* the node's data lanes to the serving rogue */
+static int rlfd, rport;    /* where the rogue serves */
+static struct gshmd_client *puller;
+static uv_async_t kick;    /* a pull to start on the node's thread */
+static atomic_int pull_mode; /* 0 none; 2 "pub/a"; 3 the set "pub/" */
+static atomic_bool pull_done;
+static uint32_t pull_rid;
+
+/* The node's answers to the local client's PULL: the last one (anything
+ * but progress) ends it. */
+static int to_client(void *arg, struct gshmd_client *c, uint16_t type, uint32_t request_id,
+                     const Gshm__Reply *reply) {
+  (void)arg, (void)c, (void)type, (void)request_id;
+  if (reply->body_case != GSHM__REPLY__BODY_PULL_PROGRESS)
+    atomic_store(&pull_done, true);
+  return 0;
+}
+
+/* On the node's thread: starts the pull asked for. */
+static void on_kick(uv_async_t *a) {
+  Gshm__PullRequest m = GSHM__PULL_REQUEST__INIT;
+  int mode = atomic_exchange(&pull_mode, 0);
+  const char *msg = NULL;
+
+  (void)a;
+  if (!mode)
+    return;
+  m.peer = "r";
+  m.prefix = mode == 3;
+  m.name = m.prefix ? "pub/" : "pub/a";
+  m.local_name = m.prefix ? "got/" : "got/a";
+  m.replace = true;
+  if (gshmd_cluster_handle_pull(cl, puller, ++pull_rid, &m, &msg))
+    atomic_store(&pull_done, true);
+}
+
+/* gshmd's loop, on its own thread for the whole run. */
+static void *node_thread(void *arg) {
+  (void)arg;
+  for (;;)
+    if (!uv_run(&loop, UV_RUN_DEFAULT))
+      usleep(1000);
+  return NULL;
+}
+
+static int free_port(void) {
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t len = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), p;
+
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+      getsockname(fd, (struct sockaddr *)&sa, &len) < 0)
+    abort();
+  p = ntohs(sa.sin_port);
+  close(fd);
+  return p;
+}
+
+static void segment(struct gshmd_client *c, const char *name, uint64_t size) {
+  Gshm__CreateRequest m = GSHM__CREATE_REQUEST__INIT;
+  struct gshmd_lease *lease;
+  const char *msg = NULL;
+
+  m.name = (char *)name;
+  m.size = size;
+  m.location = "host";
+  m.mode = 0644;
+  if (gshmd_registry_create(&reg, c, &m, &lease, NULL, &msg))
+    abort();
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  static char sets[9][256], keyfile[128];
+  char *args[2 * 9 + 1];
+  enum gshmd_config_action action = GSHMD_CONFIG_RUN;
+  struct gshmd_cred cred = {0};
+  struct gshmd_client *owner;
+  pthread_t t;
+  int fd, n = 0;
+
+  (void)argc;
+  (void)argv;
+  signal(SIGPIPE, SIG_IGN); /* as gshmd */
+  unsetenv("NOTIFY_SOCKET");
+  gshm__log_setup("fuzz", getenv("GSHM_FUZZ_LOG") ? 7 : 0, 0); /* GSHM_FUZZ_LOG=1: the node's log */
+  snprintf(keyfile, sizeof(keyfile), "%s/gshm-fuzz-cluster-key.XXXXXX",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  if ((fd = mkstemp(keyfile)) < 0 || write(fd, "fuzz-cluster-key-0123456789", 27) != 27)
+    abort();
+  close(fd);
+  rogue_key(keyfile, key);
+  port = free_port();
+  snprintf(sets[0], sizeof(sets[0]), "cluster.listen=127.0.0.1:%d", port);
+  snprintf(sets[1], sizeof(sets[1]), "cluster.node_name=n");
+  if ((rlfd = rogue_listener(&rport)) < 0)
+    abort();
+  snprintf(sets[2], sizeof(sets[2]), "cluster.peers=r=127.0.0.1:%d", rport);
+  snprintf(sets[3], sizeof(sets[3]), "cluster.secret_file=%s", keyfile);
+  snprintf(sets[4], sizeof(sets[4]), "cluster.export=pub/*");
+  snprintf(sets[5], sizeof(sets[5]), "cluster.transport=tcp");
+  snprintf(sets[6], sizeof(sets[6]), "daemon.backend=host");
+  snprintf(sets[7], sizeof(sets[7]), "cluster.request_timeout_ms=1000");
+  snprintf(sets[8], sizeof(sets[8]), "cluster.streams=2");
+  args[n++] = "gshmd";
+  for (int i = 0; i < 9; i++) {
+    args[n++] = "--set";
+    args[n++] = sets[i];
+  }
+  if (gshmd_config_init(&cfg) || gshmd_config_setup(&cfg, n, args, &action) ||
+      uv_loop_init(&loop))
+    abort();
+  gshmd_registry_init(&reg, &cfg);
+  if (gshmd_backend_host_create(&cfg, &reg.host) || gshmd_leasekey_setup(&leasekey, NULL, NULL, 0))
+    abort();
+  gshmd_leasekey_attach(&leasekey, &reg);
+  cred.pid = getpid();
+  cred.uid = geteuid();
+  cred.gid = getegid();
+  cred.admin = true;
+  if (gshmd_registry_client_add(&reg, &cred, &owner))
+    abort();
+  segment(owner, "pub/a", 4096);
+  segment(owner, "pub/b", 65536);
+  if (gshmd_registry_client_add(&reg, &cred, &puller))
+    abort();
+  if (gshmd_cluster_start(&loop, &cfg, &reg, to_client, NULL, &cl) || !cl ||
+      uv_async_init(&loop, &kick, on_kick))
+    abort();
+  if (pthread_create(&t, NULL, node_thread, NULL))
+    abort();
+  return 0;
+}
+
+/* Before the hello: bytes as is; waits (at most 20 ms) for the node to
+ * close the connection or say something. */
+static void raw(const uint8_t *p, size_t n) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct pollfd pf = {.fd = fd, .events = POLLIN};
+
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+    abort();
+  if (n && write(fd, p, n) < 0) {
+    close(fd);
+    return;
+  }
+  (void)poll(&pf, 1, 20);
+  close(fd);
+}
+
+/* UCX's own allocations at exit are not the node's. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) { return "leak:libucs.so\nleak:libucp.so\n"; }
+
+static uint64_t last_grant;
+
+/* Reads what the node answers until it is quiet for ms. */
+static void drain(struct rogue *r, int ms) {
+  Gshm__Cluster__Msg *m;
+  while (!r->failed && !r->closed && (m = rogue_recv(r, ms))) {
+    if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT && m->grant)
+      last_grant = m->grant->grant_id;
+    gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+}
+
+/* Sends record p (len bytes), with grant 0 of a Read, Stage or Release
+ * made the last grant's. */
+static void send_record(struct rogue *r, const uint8_t *p, size_t len) {
+  Gshm__Cluster__Msg *m = gshm__cluster__msg__unpack(NULL, len, p);
+  uint64_t *grant = NULL;
+
+  if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_READ && m->read)
+    grant = &m->read->grant_id;
+  else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_STAGE && m->stage)
+    grant = &m->stage->grant_id;
+  else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_RELEASE && m->release)
+    grant = &m->release->grant_id;
+  if (grant && *grant == 0) {
+    *grant = last_grant;
+    rogue_send(r, m);
+  } else {
+    rogue_send_packed(r, p, len);
+  }
+  gshm__cluster__msg__free_unpacked(m, NULL);
+}
+
+/* The next record of a serving input answers request m (NULL: the last
+ * one, rid): see the top.  Returns false when no record is left. */
+static bool serve_record(struct rogue *r, const uint8_t **p, size_t *n, uint32_t rid,
+                         uint64_t read_off) {
+  Gshm__Cluster__Msg *a;
+  uint8_t how;
+  size_t len;
+
+  if (*n < 3)
+    return false;
+  how = (*p)[0];
+  len = (size_t)(*p)[1] | (size_t)(*p)[2] << 8;
+  *p += 3;
+  *n -= 3;
+  if (len > *n)
+    len = *n;
+  switch (how & 3) {
+  case 0:
+    if ((a = gshm__cluster__msg__unpack(NULL, len, *p))) {
+      if (!(how & 4))
+        a->request_id = rid;
+      rogue_send(r, a);
+      gshm__cluster__msg__free_unpacked(a, NULL);
+    } else {
+      rogue_send_packed(r, *p, len);
+    }
+    break;
+  case 1: {
+    uint64_t off = read_off + ((how & 4) ? len : 0);
+    struct rogue_lane *ln = &lanes[(how >> 3) & 1];
+    if (len && ln->up)
+      (void)rogue_lane_send(ln, rid, off, *p, len, (how & 32) ? len / 2 : len);
+    else if (len)
+      gshmd__stream_send_data(&r->st, rid, off, *p, len, NULL, NULL);
+    break;
+  }
+  case 2: {
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&r->st.tcp, &fd) == 0 && write(fd, *p, len) < 0)
+      break;
+    break;
+  }
+  default:
+    break;
+  }
+  *p += len;
+  *n -= len;
+  return true;
+}
+
+/* Waits until the node connects to the rogue (true), or its pull ended
+ * first, or 5 s passed (false). */
+static bool wait_connection(void) {
+  for (int i = 0; i < 5000 && !atomic_load(&pull_done); i++) {
+    struct pollfd pf = {.fd = rlfd, .events = POLLIN};
+    if (poll(&pf, 1, 1) > 0)
+      return true;
+  }
+  return false;
+}
+
+/* Modes 2 and 3: the node pulls from the rogue (see the top). */
+static void serve(uint8_t flags, const uint8_t *p, size_t n) {
+  struct rogue *r = &rogue;
+  uint32_t rid = 0;
+  uint64_t read_off = 0;
+  int tries = 0;
+
+  atomic_store(&pull_done, false);
+  atomic_store(&pull_mode, flags & 3);
+  uv_async_send(&kick);
+  /* the node's connection (a stale one of an earlier input may come
+   * first), unless the pull ended before it asked anything */
+  memset(r, 0, sizeof(*r));
+  r->caps = (uint32_t)(flags >> 2) & ~4u;
+  while (wait_connection() && rogue_accept(r, rlfd, "r", key)) {
+    rogue_close(r);
+    memset(r, 0, sizeof(*r));
+    r->caps = (uint32_t)(flags >> 2) & ~4u;
+    if (++tries == 4)
+      break;
+  }
+  /* its lanes, which it opens once the link is up */
+  for (int i = 0; i < 2 && r->up && (r->caps & 8); i++)
+    if (wait_connection())
+      (void)rogue_accept_lane(r, rlfd, &lanes[i]);
+  while (r->up && !r->failed && !r->closed && !atomic_load(&pull_done)) {
+    Gshm__Cluster__Msg *m = rogue_recv(r, 5);
+    if (m) {
+      rid = m->request_id;
+      if (m->body_case == GSHM__CLUSTER__MSG__BODY_READ && m->read)
+        read_off = m->read->offset;
+      else if (m->body_case == GSHM__CLUSTER__MSG__BODY_STAGE && m->stage)
+        read_off = m->stage->offset;
+      gshm__cluster__msg__free_unpacked(m, NULL);
+      if (!rid)
+        continue; /* a Release: no answer due */
+    } else if (!rid) {
+      continue;
+    }
+    if (!serve_record(r, &p, &n, rid, read_off))
+      break;
+  }
+  /* what was sent last may still be on its way (a lane's frame) */
+  for (int i = 0; i < 4 && r->up && !r->failed && !atomic_load(&pull_done); i++) {
+    Gshm__Cluster__Msg *m = rogue_recv(r, 5);
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+  }
+  for (int i = 0; i < 2; i++) {
+    rogue_lane_close(&lanes[i]);
+    memset(&lanes[i], 0, sizeof(lanes[i]));
+  }
+  rogue_close(r);
+  for (int i = 0; i < 5000 && !atomic_load(&pull_done); i++)
+    usleep(1000);
+  if (!atomic_load(&pull_done)) {
+    fprintf(stderr, "fuzz_cluster: the pull did not end within 5 s of its link's end\n");
+    abort();
+  }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  struct rogue *r = &rogue;
+  size_t off = 1;
+
+  if (size < 1 || size > 1 << 18)
+    return 0;
+  if ((data[0] & 3) == 0) {
+    raw(data + 1, size - 1);
+    return 0;
+  }
+  if ((data[0] & 3) >= 2) {
+    serve(data[0], data + 1, size - 1);
+    return 0;
+  }
+  memset(r, 0, sizeof(*r));
+  r->caps = (uint32_t)(data[0] >> 2) & ~(4u | 8u);
+  if (rogue_connect(r, port, "r", "n", key)) {
+    /* The node must still take an honest hello (a refusal of these caps
+     * aside: try without any). */
+    rogue_close(r);
+    memset(r, 0, sizeof(*r));
+    if (rogue_connect(r, port, "r", "n", key)) {
+      fprintf(stderr, "fuzz_cluster: the node takes no hello: %s\n", r->refusal);
+      abort();
+    }
+    rogue_close(r);
+    return 0;
+  }
+  while (off + 2 <= size && !r->failed && !r->closed) {
+    size_t len = (size_t)data[off] | (size_t)data[off + 1] << 8;
+    off += 2;
+    if (len > size - off)
+      len = size - off;
+    send_record(r, data + off, len);
+    off += len;
+    drain(r, 2);
+  }
+  rogue_close(r);
+  return 0;
+}
