@@ -11,11 +11,12 @@
  *
  * Input: byte 0 flags; flags & 3 the mode, (flags >> 2) the rogue's
  * capabilities (cluster.proto Cap: CAP_ENCRYPT 1, CAP_AES 2, CAP_LANES 8,
- * CAP_GMAC 16; CAP_UCX is masked off, and CAP_LANES in mode 1).
+ * CAP_GMAC 16; CAP_UCX is masked off: no UCX).
  *   0: before the hello: the rest is written to a plain TCP connection to
  *      the port, as is.
  *   1: the rogue connects as peer "r" (a puller) with the key and does
- *      the hello, then sends each record [u16 LE len][len bytes] as one control
+ *      the hello (and, with CAP_LANES, opens a data lane of its link,
+ *      on which the node then sends what it serves), then sends each record [u16 LE len][len bytes] as one control
  * frame's payload (a Msg: List, GrantRequest, Read, Stage, Release, or
  * anything), reading what the node answers for a few ms after each.  A
  * record that decodes as a Read, Stage or Release of grant 0 names the
@@ -72,6 +73,7 @@ static uint8_t key[32];
 static int port;
 static struct rogue rogue; /* (large: its queue) */
 static struct rogue_lane lanes[2]; /* the node's data lanes to the serving rogue */
+static struct rogue plane;         /* the pulling rogue's data lane (mode 1) */
 static int rlfd, rport;    /* where the rogue serves */
 static struct gshmd_client *puller;
 static uv_async_t kick;    /* a pull to start on the node's thread */
@@ -229,9 +231,12 @@ const char *__lsan_default_suppressions(void) { return "leak:libucs.so\nleak:lib
 
 static uint64_t last_grant;
 
-/* Reads what the node answers until it is quiet for ms. */
+/* Reads what the node answers until it is quiet for ms (and what it
+ * sent on the pulling rogue's lane, when it has one). */
 static void drain(struct rogue *r, int ms) {
   Gshm__Cluster__Msg *m;
+  if (plane.up)
+    rogue_run(&plane, 1);
   while (!r->failed && !r->closed && (m = rogue_recv(r, ms))) {
     if (m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT && m->grant)
       last_grant = m->grant->grant_id;
@@ -260,8 +265,9 @@ static void send_record(struct rogue *r, const uint8_t *p, size_t len) {
   gshm__cluster__msg__free_unpacked(m, NULL);
 }
 
-/* The next record of a serving input answers request m (NULL: the last
- * one, rid): see the top.  Returns false when no record is left. */
+/* The next record of a serving input answers request rid (the last the
+ * node sent; a Read's or Stage's at read_off): see the top.  Returns
+ * false when no record is left. */
 static bool serve_record(struct rogue *r, const uint8_t **p, size_t *n, uint32_t rid,
                          uint64_t read_off) {
   Gshm__Cluster__Msg *a;
@@ -397,7 +403,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   memset(r, 0, sizeof(*r));
-  r->caps = (uint32_t)(data[0] >> 2) & ~(4u | 8u);
+  r->caps = (uint32_t)(data[0] >> 2) & ~4u;
   if (rogue_connect(r, port, "r", "n", key)) {
     /* The node must still take an honest hello (a refusal of these caps
      * aside: try without any). */
@@ -410,6 +416,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     rogue_close(r);
     return 0;
   }
+  memset(&plane, 0, sizeof(plane));
+  if (r->caps & 8)
+    if (rogue_connect_lane(r, port, &plane) && getenv("GSHM_FUZZ_LOG"))
+      fprintf(stderr, "fuzz_cluster: no lane: %s\n", plane.refusal);
   while (off + 2 <= size && !r->failed && !r->closed) {
     size_t len = (size_t)data[off] | (size_t)data[off + 1] << 8;
     off += 2;
@@ -419,6 +429,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     off += len;
     drain(r, 2);
   }
+  rogue_close(&plane);
   rogue_close(r);
   return 0;
 }

@@ -226,6 +226,8 @@ static void cluster_corpus(void) {
   put("fuzz_cluster", "grant_read_release", buf, len);
   buf[0] = 1 | 1 << 2; /* CAP_ENCRYPT */
   put("fuzz_cluster", "grant_read_release_encrypted", buf, len);
+  buf[0] = 1 | 8 << 2; /* CAP_LANES: the node sends the Read's bytes on a lane */
+  put("fuzz_cluster", "grant_read_release_lane", buf, len);
   buf[0] = 0; /* before the hello: a control frame of 16 bytes of nothing */
   memset(buf + 1, 0, 24 + 16);
   buf[1] = 16;
