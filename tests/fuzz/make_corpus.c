@@ -174,6 +174,49 @@ static void client_corpus(void) {
   answers_add(&a, 0, &r);
   answers_add(&a, 0, &r);
   put("fuzz_client", "peers", a.buf, a.len);
+  /* the other lists, and metrics as a memfd and as text */
+  {
+    Gshm__LeaseInfo li = GSHM__LEASE_INFO__INIT, *lis[1] = {&li};
+    Gshm__LeaseList ll = GSHM__LEASE_LIST__INIT;
+    Gshm__ClientInfo ci = GSHM__CLIENT_INFO__INIT, *cis[1] = {&ci};
+    Gshm__ClientList cl = GSHM__CLIENT_LIST__INIT;
+    Gshm__DeviceInfo di = GSHM__DEVICE_INFO__INIT, *dis[1] = {&di};
+    Gshm__DeviceList dl = GSHM__DEVICE_LIST__INIT;
+
+    answers_start(&a, (const uint8_t[]){5, 6, 8, 9, 9}, 5);
+    li.lease_id = 4;
+    li.segment_id = 7;
+    li.segment_name = "a";
+    li.client_name = "w";
+    li.location = "host";
+    ll.n_leases = 1;
+    ll.leases = lis;
+    r.body_case = GSHM__REPLY__BODY_LEASES;
+    r.leases = &ll;
+    answers_add(&a, 0, &r);
+    ci.session_id = 1;
+    ci.pid = 2;
+    ci.name = "w";
+    cl.n_clients = 1;
+    cl.clients = cis;
+    r.body_case = GSHM__REPLY__BODY_CLIENTS;
+    r.clients = &cl;
+    answers_add(&a, 0, &r);
+    di.index = 0;
+    di.pci_bus_id = "0000:01:00.0";
+    di.name = "gpu";
+    dl.n_devices = 1;
+    dl.devices = dis;
+    r.body_case = GSHM__REPLY__BODY_DEVICES;
+    r.devices = &dl;
+    answers_add(&a, 0, &r);
+    r.body_case = GSHM__REPLY__BODY_TEXT;
+    r.text = "";
+    answers_add(&a, 1 | 1 << 4 | 1 << 5, &r); /* the text in a memfd */
+    r.text = "gshm_segments 1\n";
+    answers_add(&a, 0, &r);
+    put("fuzz_client", "lists_metrics", a.buf, a.len);
+  }
   /* an error with a message */
   answers_start(&a, (const uint8_t[]){3}, 1);
   r.status = GSHM__STATUS__STATUS_PERMISSION_DENIED;
