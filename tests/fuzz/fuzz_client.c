@@ -58,6 +58,11 @@ struct fake {
   atomic_bool done; /* the client disconnected: the thread ends */
 };
 
+static void remove_dir(void) {
+  unlink(path);
+  rmdir(dir);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
 
@@ -75,6 +80,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(lfd, 4) < 0)
     abort();
+  atexit(remove_dir);
   return 0;
 }
 

@@ -145,8 +145,12 @@ static void segment(struct gshmd_client *c, const char *name, uint64_t size) {
     abort();
 }
 
+static char keyfile[128];
+
+static void remove_keyfile(void) { unlink(keyfile); }
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
-  static char sets[9][256], keyfile[128];
+  static char sets[9][256];
   char *args[2 * 9 + 1];
   enum gshmd_config_action action = GSHMD_CONFIG_RUN;
   struct gshmd_cred cred = {0};
@@ -164,6 +168,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   if ((fd = mkstemp(keyfile)) < 0 || write(fd, "fuzz-cluster-key-0123456789", 27) != 27)
     abort();
   close(fd);
+  atexit(remove_keyfile);
   rogue_key(keyfile, key);
   port = free_port();
   snprintf(sets[0], sizeof(sets[0]), "cluster.listen=127.0.0.1:%d", port);

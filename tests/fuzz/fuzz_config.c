@@ -55,6 +55,8 @@ int getaddrinfo(const char *node, const char *service, const struct addrinfo *hi
   return real(node, service, &h, res);
 }
 
+static void remove_secret(void) { unlink(secret); }
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
@@ -70,6 +72,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     if ((fd = mkstemp(secret)) < 0 || write(fd, "0123456789abcdef0123", 20) != 20)
       abort();
     close(fd);
+    atexit(remove_secret);
   }
   return 0;
 }
