@@ -741,6 +741,13 @@ int main(int argc, char **argv) {
     buf[1] = (uint8_t)len;
     buf[5] = 1; /* control frame */
     put("fuzz_cluster_stream", "hello", buf, 25 + len);
+    /* fuzz_cluster's mode 0 takes the same bytes: the Hello of its known
+     * peer "r", to which the node answers with a Challenge */
+    h.node_name = "r";
+    len = gshm__cluster__msg__pack(&m, buf + 25);
+    buf[1] = (uint8_t)len;
+    put("fuzz_cluster", "raw_hello", buf, 25 + len);
+    h.node_name = "b";
     rd.grant_id = 2;
     rd.length = 4096;
     gshm__cluster__msg__init(&m);
