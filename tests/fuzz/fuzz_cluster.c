@@ -23,9 +23,13 @@
  * last grant the node gave instead (grant ids are the node's lease ids,
  * which grow from input to input: no input could name one otherwise).
  *   2, 3: the node pulls from the rogue (the serving side): a local
- *      client's PULL of "pub/a" (mode 2) or of every "pub/" segment
- *      (mode 3, a set: listed first) into "got/", made on the node's
- *      thread; the rogue accepts the node's link and answers each
+ *      client's PULL of "pub/a" into "got/a" (mode 2), or (mode 3) the
+ *      local request of the first record [u8 kind][u16 LE len][body]:
+ *      kind % 3 = 0 a PullRequest (a set's is listed first), 1 a
+ *      RemoteListRequest, 2 a PeersRequest, as a local client may send
+ *      them (gshmd_cluster_handle_*), made on the node's thread; the
+ *      rogue accepts the node's link (if the request asks for one) and
+ *      answers each
  *      request the node sends (List, GrantRequest, Read, Stage, Release)
  *      with the next record [u8 how][u16 LE len][len bytes]: how & 3 = 0
  *      a Msg (given the request's id unless how & 4), 1 a data frame of
@@ -60,6 +64,7 @@
 #include "log.h"
 #include "registry.h"
 #include "rogue.h"
+#include "wire.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -77,7 +82,10 @@ static struct rogue plane;         /* the pulling rogue's data lane (mode 1) */
 static int rlfd, rport;    /* where the rogue serves */
 static struct gshmd_client *puller;
 static uv_async_t kick;    /* a pull to start on the node's thread */
-static atomic_int pull_mode; /* 0 none; 2 "pub/a"; 3 the set "pub/" */
+static atomic_int pull_mode; /* 0 none; 2 "pub/a"; 3 the request in req */
+static uint8_t req[GSHM_WIRE_MAX_PACKET]; /* mode 3: the local request's body */
+static size_t req_len;
+static uint8_t req_kind;
 static atomic_bool pull_done;
 static uint32_t pull_rid;
 
@@ -91,19 +99,56 @@ static int to_client(void *arg, struct gshmd_client *c, uint16_t type, uint32_t 
   return 0;
 }
 
-/* On the node's thread: starts the pull asked for. */
+/* Mode 3's local request (req, req_kind) as gshmd's requests.c would
+ * hand it to the cluster; false when it was answered at once. */
+static bool local_request(void) {
+  const char *msg = NULL;
+  bool deferred = false;
+  int e = -EINVAL;
+
+  switch (req_kind % 3) {
+  case 0: {
+    Gshm__PullRequest *m = gshm__pull_request__unpack(NULL, req_len, req);
+    if (m)
+      e = gshmd_cluster_handle_pull(cl, puller, ++pull_rid, m, &msg);
+    gshm__pull_request__free_unpacked(m, NULL);
+    return e == 0;
+  }
+  case 1: {
+    Gshm__RemoteListRequest *m = gshm__remote_list_request__unpack(NULL, req_len, req);
+    if (m)
+      e = gshmd_cluster_handle_remote_list(cl, puller, ++pull_rid, m, &msg);
+    gshm__remote_list_request__free_unpacked(m, NULL);
+    return e == 0;
+  }
+  default: {
+    Gshm__PeersRequest *m = gshm__peers_request__unpack(NULL, req_len, req);
+    Gshm__Reply reply = GSHM__REPLY__INIT;
+    if (m)
+      e = gshmd_cluster_handle_peers(cl, puller, ++pull_rid, m->after, &reply, &deferred);
+    gshm__peers_request__free_unpacked(m, NULL);
+    return e == 0 && deferred;
+  }
+  }
+}
+
+/* On the node's thread: starts the pull (or mode 3's request) asked for. */
 static void on_kick(uv_async_t *a) {
   Gshm__PullRequest m = GSHM__PULL_REQUEST__INIT;
   int mode = atomic_exchange(&pull_mode, 0);
   const char *msg = NULL;
 
   (void)a;
+  if (mode == 3) {
+    if (!local_request())
+      atomic_store(&pull_done, true);
+    return;
+  }
   if (!mode)
     return;
   m.peer = "r";
-  m.prefix = mode == 3;
-  m.name = m.prefix ? "pub/" : "pub/a";
-  m.local_name = m.prefix ? "got/" : "got/a";
+  m.name = "pub/a";
+  m.local_name = "got/a";
   m.replace = true;
   if (gshmd_cluster_handle_pull(cl, puller, ++pull_rid, &m, &msg))
     atomic_store(&pull_done, true);
@@ -339,6 +384,17 @@ static void serve(uint8_t flags, const uint8_t *p, size_t n) {
   uint64_t read_off = 0;
   int tries = 0;
 
+  if ((flags & 3) == 3) { /* the local request: the first record */
+    if (n < 3)
+      return;
+    req_kind = p[0];
+    req_len = (size_t)p[1] | (size_t)p[2] << 8;
+    if (req_len > n - 3)
+      req_len = n - 3;
+    memcpy(req, p + 3, req_len);
+    p += 3 + req_len;
+    n -= 3 + req_len;
+  }
   atomic_store(&pull_done, false);
   atomic_store(&pull_mode, flags & 3);
   uv_async_send(&kick);
@@ -388,7 +444,7 @@ static void serve(uint8_t flags, const uint8_t *p, size_t n) {
   for (int i = 0; i < 5000 && !atomic_load(&pull_done); i++)
     usleep(1000);
   if (!atomic_load(&pull_done)) {
-    fprintf(stderr, "fuzz_cluster: the pull did not end within 5 s of its link's end\n");
+    fprintf(stderr, "fuzz_cluster: the request did not end within 5 s of its link's end\n");
     abort();
   }
 }

@@ -226,6 +226,16 @@ static void client_corpus(void) {
   put("fuzz_client", "error", a.buf, a.len);
 }
 
+/* Writes the record [how][u16 LE len][m packed] at out + at; returns
+ * where the next goes. */
+static size_t put_record(uint8_t *out, size_t at, uint8_t how, const ProtobufCMessage *m) {
+  size_t n = protobuf_c_message_pack(m, out + at + 3);
+  out[at] = how;
+  out[at + 1] = (uint8_t)(n & 0xff);
+  out[at + 2] = (uint8_t)(n >> 8);
+  return at + 3 + n;
+}
+
 /* Seeds for fuzz_cluster: [flags][u16 len][Msg]* (fuzz_cluster.c); grant
  * 0 in a Read, Stage or Release is the last grant the node gave. */
 static void cluster_corpus(void) {
@@ -312,28 +322,46 @@ static void cluster_corpus(void) {
     out[0] = 2 | 8 << 2; /* CAP_LANES: the 4 KiB on a data lane */
     put("fuzz_cluster", "serve_pull_lanes", out, ogrant + 3 + 4096);
     out[0] = 2;
-    /* a set: the listing first */
-    lrep.n_segments = 1;
-    lrep.segments = segs;
-    lrep.total = 1;
-    m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
-    m.list_reply = &lrep;
-    out[0] = 3;
-    n = protobuf_c_message_pack(&m.base, out + 4);
-    out[2] = (uint8_t)n;
-    out[3] = (uint8_t)(n >> 8);
-    m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
-    m.grant = &g; /* (a oneof: list_reply took its place) */
-    out[4 + n] = 0;
-    ogrant = protobuf_c_message_pack(&m.base, out + 4 + n + 3);
-    out[4 + n + 1] = (uint8_t)ogrant;
-    out[4 + n + 2] = (uint8_t)(ogrant >> 8);
-    ogrant += 4 + n + 3;
-    out[ogrant] = 1;
-    out[ogrant + 1] = 0;
-    out[ogrant + 2] = 0x10;
-    memset(out + ogrant + 3, 0x5a, 4096);
-    put("fuzz_cluster", "serve_set", out, ogrant + 3 + 4096);
+    /* mode 3: the local request first: a set's PULL (listed first) */
+    {
+      Gshm__PullRequest pr = GSHM__PULL_REQUEST__INIT;
+      Gshm__RemoteListRequest rlq = GSHM__REMOTE_LIST_REQUEST__INIT;
+      Gshm__PeersRequest pe = GSHM__PEERS_REQUEST__INIT;
+      size_t at;
+
+      pr.peer = "r";
+      pr.name = "pub/";
+      pr.local_name = "got/";
+      pr.prefix = 1;
+      pr.replace = 1;
+      out[0] = 3;
+      at = put_record(out, 1, 0, &pr.base); /* kind 0: PULL */
+      lrep.n_segments = 1;
+      lrep.segments = segs;
+      lrep.total = 1;
+      m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+      m.list_reply = &lrep;
+      at = put_record(out, at, 0, &m.base);
+      m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
+      m.grant = &g; /* (a oneof: list_reply took its place) */
+      at = put_record(out, at, 0, &m.base);
+      out[at] = 1;
+      out[at + 1] = 0;
+      out[at + 2] = 0x10;
+      memset(out + at + 3, 0x5a, 4096);
+      put("fuzz_cluster", "serve_set", out, at + 3 + 4096);
+      /* REMOTE_LIST of r: its listing */
+      rlq.peer = "r";
+      at = put_record(out, 1, 1, &rlq.base);
+      m.body_case = GSHM__CLUSTER__MSG__BODY_LIST_REPLY;
+      m.list_reply = &lrep;
+      at = put_record(out, at, 0, &m.base);
+      put("fuzz_cluster", "remote_list", out, at);
+      /* PEERS, first page */
+      at = put_record(out, 1, 2, &pe.base);
+      at = put_record(out, at, 0, &m.base);
+      put("fuzz_cluster", "peers", out, at);
+    }
   }
 }
 
