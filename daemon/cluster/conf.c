@@ -242,7 +242,8 @@ static int read_secret(struct gshmd_cluster *cl, const char *path) {
                  "(umask 077; head -c 32 /dev/urandom | base64 > FILE) (docs/CLUSTER.md, Setup)");
     return -EINVAL;
   }
-  if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0) {
+  /* (O_NONBLOCK: a FIFO named there hung the start in open; refused below) */
+  if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)) < 0) {
     secret_open_failed(path);
     return -EINVAL;
   }

@@ -37,7 +37,7 @@ chmod 0640 "$tmp/open-key"
 refused() {
   local what=$1 msg=$2 rc=0
   shift 2
-  "$gshmd" --check-config "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
+  timeout 30 "$gshmd" --check-config "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
   if [[ $rc != 2 ]] || ! grep -qF -- "$msg" "$tmp/err"; then
     fail "$what: --check-config exit $rc, wanted 2 and '$msg'"
     sed 's/^/  stderr: /' "$tmp/err" >&2
@@ -93,6 +93,10 @@ refused "short key" "at least 16 bytes" "${L[@]}" --set "cluster.secret_file=$tm
 chmod 0600 "$tmp/long-key"
 refused "key file past 4096 bytes" "more than 4096 bytes" "${L[@]}" \
   --set "cluster.secret_file=$tmp/long-key"
+# a FIFO as the key: open(2) waited for a writer, and gshmd's start (and
+# --check-config) hung there for ever
+mkfifo -m 0600 "$tmp/fifo-key"
+refused "key that is a FIFO" "not a regular file" "${L[@]}" --set "cluster.secret_file=$tmp/fifo-key"
 refused "key readable by the group" "chmod 0600" "${L[@]}" --set "cluster.secret_file=$tmp/open-key"
 # ... and says what it found (it said only what a key must be)
 refused "key readable by the group: its mode" "is mode 0640" "${L[@]}" \
