@@ -711,9 +711,9 @@ static int relay_with_rogue(struct node *q, struct rogue *ro, const char *export
 
 /* A local user of a relaying node (nobody, in cluster.pull_group and in
  * the group of an export rule "g/ * :@nogroup") pulls a set with
- * --replace into a name that another member's exported segment holds
- * (root's "g/shared", group nogroup, 0640), which it may not replace:
- * its publish would fail.  Yet while it was in flight the node listed
+ * --replace into a name that another member's exported segment then
+ * takes (root's "g/shared", group nogroup, 0640, made while the set is in
+ * flight), which it may not replace: its publish would fail.  Yet while it was in flight the node listed
  * its copy to peers in place of root's (the page dropped the published
  * one) and granted it to a grant request of the name in flight: a peer's
  * set pull of "g/" took nobody's bytes as "g/shared".  Now a set in
@@ -731,11 +731,14 @@ static void test_relay_name_not_replaceable(void **state) {
   (void)state;
 
   c = connect_to(&Q);
+  assert_int_equal(pthread_create(&t, NULL, nobody_thread, &Q), 0);
+  held = hold_set(&rq);
+  /* root's segment under the name once nobody's set is in flight: made
+   * before, the pull is refused at its listing (not nobody's to replace,
+   * b54bc5f) and no set is ever in flight over it */
   make_segment(c, "g/shared", 4096, 62);
   assert_int_equal(gshm_chmod(c, "g/shared", 0640), 0);
   assert_int_equal(gshm_chown(c, "g/shared", (uint32_t)-1, HARNESS_NOBODY), 0);
-  assert_int_equal(pthread_create(&t, NULL, nobody_thread, &Q), 0);
-  held = hold_set(&rq);
   assert_int_equal(rogue_connect(&rb, Q.port, "b", "q", rkey), 0);
   relayed_view(&rb, &listed_in_flight, &granted_in_flight);
   printf("root's g/shared with nobody's set in flight over it: listed %s, granted %s\n",
