@@ -29,7 +29,7 @@ released).  The callbacks themselves only where libgshm lacks them.
 
 import ctypes
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from . import _lib
 from ._lib import fork_safe
@@ -80,6 +80,32 @@ _LIVE: Dict[int, Any] = {}
 _LIVE_LOCK = fork_safe(threading.RLock())
 
 
+# Exports whose deleter ran while this thread already held _LIVE_LOCK (a
+# capsule the garbage collector destroyed at a bytecode boundary under it):
+# dropping one there may end its segment's lease, and gshm_close waits for
+# the client's lock, which another thread's request (a pull: minutes)
+# holds; that request's progress callback letting go of a DLPack tensor
+# then waited for _LIVE_LOCK, held by the waiting close: both hung for
+# ever.  They are dropped where the outermost holder has let the lock go
+# (_drop_put_off).  No lock of its own: append and pop are each one step
+# under the GIL.
+_put_off: List[Any] = []
+
+
+def _drop_put_off():
+    """Drops the exports _put_off holds (their owners' closes run here);
+    nothing while this thread holds _LIVE_LOCK (its outermost holder
+    drops them)."""
+    if _LIVE_LOCK._is_owned():
+        return
+    while _put_off:
+        try:
+            export = _put_off.pop()
+        except IndexError:  # (another thread took the last)
+            return
+        del export
+
+
 class _Export(object):
     __slots__ = ("managed", "shape", "strides", "owner", "__weakref__")
 
@@ -92,11 +118,17 @@ def _forever(obj):
 
 def _deleter_impl(addr):
     try:
+        nested = _LIVE_LOCK._is_owned()  # (a finalizer run under it: see _put_off)
         with _LIVE_LOCK:
             export = _LIVE.pop(addr, None)
+        if nested:
+            if export is not None:
+                _put_off.append(export)
+            return
         # Dropping `export` here releases the owner (view -> segment), which
         # may end the lease; that runs gshm_close from this thread.
         del export
+        _drop_put_off()
     except BaseException:  # never let anything escape into C
         pass
 
@@ -198,6 +230,7 @@ def make_capsule(owner, data, device_type, device_id, dl_code, dl_bits, shape):
     addr = ctypes.addressof(m)
     with _LIVE_LOCK:
         _LIVE[addr] = export
+    _drop_put_off()  # (a collection under the lock: see _put_off)
     try:
         return _PyCapsule_New(addr, ctypes.addressof(_NAME), destructor)
     except BaseException:
@@ -209,4 +242,6 @@ def make_capsule(owner, data, device_type, device_id, dl_code, dl_bits, shape):
 def live_exports():
     """Number of DLPack exports not yet released by their consumers (for tests)."""
     with _LIVE_LOCK:
-        return len(_LIVE)
+        n = len(_LIVE)
+    _drop_put_off()
+    return n

@@ -193,19 +193,28 @@ def _child_ok_within_60s(script, args, hung):
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout
 
 
-_CLOSE_UNDER_STATE_LOCK = r"""
-import os, sys, threading
+# argv: socket, segment, lock ("state": _core._state_lock, the segment
+# dropped under it; "export": _dlpack._LIVE_LOCK, the segment held by an
+# unconsumed DLPack capsule in a cycle, collected under it).
+_CLOSE_UNDER_LOCK = r"""
+import gc, os, sys, threading
 import gshm
-from gshm import _core
+from gshm import _core, _dlpack
+lock = {"state": _core._state_lock, "export": _dlpack._LIVE_LOCK}[sys.argv[3]]
 with gshm.Client(sys.argv[1]) as cb:
     seg = cb.open(sys.argv[2], "r")
+    if sys.argv[3] == "export":
+        cap = _dlpack.make_capsule(seg, 0x1000, _dlpack.kDLCPU, 0, 1, 8, (4,))
+        cycle = [cap]
+        cycle.append(cycle)  # garbage only the cyclic collector frees
+        del seg, cap, cycle  # the capsule's export holds the last reference
     in_cb, go = threading.Event(), threading.Event()
 
     def progress(done, total, ns):
         if not in_cb.is_set():
             in_cb.set()
             go.wait(30)
-            with _core._state_lock:  # (as a segment dropped here would take it)
+            with lock:  # (as a segment dropped, or a DLPack tensor let go of, here would take it)
                 pass
 
     def pull():
@@ -214,15 +223,19 @@ with gshm.Client(sys.argv[1]) as cb:
     t = threading.Thread(target=pull)
     t.start()
     assert in_cb.wait(30)
-    # A finalizer that the garbage collector runs at an allocation made
-    # under _state_lock: the segment's last reference goes there, while
-    # the pull on t holds the client's lock.
-    with _core._state_lock:
-        del seg
+    # A finalizer that the garbage collector runs at an allocation (or, in
+    # Python 3.12, a bytecode boundary) under the lock: the segment's last
+    # reference goes there, while the pull on t holds the client's lock.
+    with lock:
+        if sys.argv[3] == "export":
+            gc.collect()
+        else:
+            del seg
     go.set()
     t.join(60)
     assert not t.is_alive()
     cb.status()  # a call's end makes what was put off
+    assert _dlpack.live_exports() == 0  # (drops the exports put off)
     mine = [l for l in cb.leases() if l.segment == sys.argv[2] and l.pid == os.getpid()]
     assert not mine, mine
     cb.unlink("py/locked")
@@ -239,13 +252,18 @@ def test_segment_closed_under_the_state_lock_waits_for_no_request(pair):
     progress callback that took _state_lock (a segment dropped there) hung
     both for ever.  Now such a close is put off and made at the end of the
     next call.  Run in a child process, killed after 60 s."""
+    _close_under_lock_while_pulling(pair, "state", "hung: a close under _state_lock waited "
+                                    "for another thread's pull")
+
+
+def _close_under_lock_while_pulling(pair, lock, hung):
+    """Runs _CLOSE_UNDER_LOCK for `lock` in a child (_child_ok_within_60s)
+    over a 64 MiB segment of node a and a segment of node b to drop."""
     a, b = pair
-    size = 64 * 1024 * 1024
     with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
-        ca.create("pub/locked", size, location="host", mode=0o644).close()
+        ca.create("pub/locked", 64 * 1024 * 1024, location="host", mode=0o644).close()
         cb.create("py/held2", 4096, location="host").close()
-        _child_ok_within_60s(_CLOSE_UNDER_STATE_LOCK, [b.socket, "py/held2"],
-                             "hung: a close under _state_lock waited for another thread's pull")
+        _child_ok_within_60s(_CLOSE_UNDER_LOCK, [b.socket, "py/held2", lock], hung)
         cb.unlink("py/held2")
         ca.unlink("pub/locked")
 
@@ -291,6 +309,19 @@ def test_close_put_off_by_a_pull_does_not_hold_other_calls(pair):
         cb.unlink("py/longpull")
         other.unlink("py/held3")
         ca.unlink("pub/longpull")
+
+
+def test_export_dropped_under_the_export_lock_waits_for_no_request(pair):
+    """A DLPack export whose capsule the garbage collector destroyed while
+    its thread held gshm._dlpack._LIVE_LOCK (Python 3.12 collects at any
+    bytecode boundary) was dropped right there: its segment's close waited
+    for the client's lock, held by another thread's pull, with _LIVE_LOCK
+    held, and the pull's progress callback letting go of a DLPack tensor
+    (which takes _LIVE_LOCK) hung both for ever.  Now such an export is
+    dropped once the lock's outermost holder has let it go.  Run in a
+    child process, killed after 60 s."""
+    _close_under_lock_while_pulling(pair, "export", "hung: an export dropped under _LIVE_LOCK "
+                                    "waited for another thread's pull")
 
 
 @pytest.fixture
