@@ -163,6 +163,31 @@ def _optional(name):
 _state_lock = L.fork_safe(threading.RLock())
 
 
+class _PutOffLock(object):
+    """A reentrant lock that may be held across a collection (a pool's,
+    whose release runs gc.collect()) while a request of another thread
+    wants it: the segment closes that finalizers make while this thread
+    holds one are put off as under _state_lock (_SegHandle.decref; their
+    wait for a client's lock, held by another thread's request whose
+    callback waited for this lock, hung both for ever), and made once
+    this thread has let go of the outermost (outside a capture)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> "_PutOffLock":
+        self._lock.acquire()
+        _tls.putting_off = getattr(_tls, "putting_off", 0) + 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _tls.putting_off -= 1
+        self._lock.release()
+        if (_deferred and not _tls.putting_off and not _state_lock._is_owned()
+                and not _capturing()):
+            _flush_deferred()
+
+
 class _Handle(object):
     """What both handles share: use(), the C object for the length of one
     call (ptr, refs, owner_released and decref() are the subclass's)."""
@@ -345,8 +370,10 @@ class _SegHandle(_Handle):
         # _state_lock (a finalizer the garbage collector ran at an
         # allocation under it), stall every thread's gshm call behind
         # another's request, and for ever where that request's callback
-        # wants the lock; made at the next call's end)
-        if _capturing() or self.client in _busy_clients() or _state_lock._is_owned():
+        # wants the lock, or, likewise, a _PutOffLock; made at the next
+        # call's end, or the _PutOffLock's)
+        if (_capturing() or self.client in _busy_clients() or _state_lock._is_owned()
+                or getattr(_tls, "putting_off", 0)):
             with _state_lock:
                 _deferred.append((ptr, self.client, self.pid))
             return

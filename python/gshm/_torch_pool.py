@@ -32,7 +32,7 @@ import torch as _torch
 from . import _cuda, _manifest
 from ._segment import map_for_writers
 from . import _lib as L
-from ._core import _capturing, _enc, _raise, _strerror
+from ._core import _PutOffLock, _capturing, _enc, _raise, _strerror
 from ._dtypes import dtype as _to_dtype
 from ._errors import error_for
 from ._torch_conf import check_alloc_conf as _check_alloc_conf
@@ -173,8 +173,10 @@ class MemPool(object):
         # the pool (its lock destroyed, its segments closed), so a call on
         # it that another thread's release overtook, or a second release,
         # was a use after free.  Reentrant: release's gc.collect() may run
-        # a finalizer that asks the pool for its segments.
-        self._lock = threading.RLock()
+        # a finalizer that asks the pool for its segments.  A _PutOffLock:
+        # a segment that collection (or any finalizer run under the lock)
+        # drops is closed once the lock is let go, not under it.
+        self._lock = _PutOffLock()
         self._pid = os.getpid()
         _check_alloc_conf(os.environ)
         if granule is not None and not 0 <= int(granule) < 1 << 64:

@@ -256,14 +256,15 @@ def test_segment_closed_under_the_state_lock_waits_for_no_request(pair):
                                     "for another thread's pull")
 
 
-def _close_under_lock_while_pulling(pair, lock, hung):
-    """Runs _CLOSE_UNDER_LOCK for `lock` in a child (_child_ok_within_60s)
-    over a 64 MiB segment of node a and a segment of node b to drop."""
+def _close_under_lock_while_pulling(pair, lock, hung, script=_CLOSE_UNDER_LOCK):
+    """Runs script (_CLOSE_UNDER_LOCK for `lock`) in a child
+    (_child_ok_within_60s) over a 64 MiB segment of node a and a segment
+    of node b to drop."""
     a, b = pair
     with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
         ca.create("pub/locked", 64 * 1024 * 1024, location="host", mode=0o644).close()
         cb.create("py/held2", 4096, location="host").close()
-        _child_ok_within_60s(_CLOSE_UNDER_LOCK, [b.socket, "py/held2", lock], hung)
+        _child_ok_within_60s(script, [b.socket, "py/held2", lock], hung)
         cb.unlink("py/held2")
         ca.unlink("pub/locked")
 
@@ -322,6 +323,67 @@ def test_export_dropped_under_the_export_lock_waits_for_no_request(pair):
     child process, killed after 60 s."""
     _close_under_lock_while_pulling(pair, "export", "hung: an export dropped under _LIVE_LOCK "
                                     "waited for another thread's pull")
+
+
+# argv: socket, segment, the tests' folder.  gshm._torch_pool over
+# test_torch_pool_threads's stand-in torch and model of the C pool (no GPU).
+_RELEASE_POOL_WHILE_PULLING = r"""
+import gc, importlib.util, os, sys, threading
+sys.path.insert(0, sys.argv[3])
+import test_torch_pool_threads as standin
+import gshm
+sys.modules["torch"] = standin._standin_torch()
+spec = importlib.util.spec_from_file_location(
+    "gshm._torch_pool_standin", os.path.join(os.path.dirname(gshm.__file__), "_torch_pool.py"))
+tp = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tp)
+tp._fn = standin.CPool().fn
+gc.disable()  # (a collection before release's would wait for the pull, not under the lock)
+with gshm.Client(sys.argv[1]) as cb:
+    pool = tp.MemPool(cb, "py/standin", device=0, persistent=False)
+    seg = cb.open(sys.argv[2], "r")
+    cycle = [seg]
+    cycle.append(cycle)  # garbage only the cyclic collector frees: release's
+    del seg, cycle
+    in_cb, go = threading.Event(), threading.Event()
+
+    def progress(done, total, ns):
+        if not in_cb.is_set():
+            in_cb.set()
+            go.wait(30)
+            pool.segments()  # takes the pool's lock
+
+    def pull():
+        cb.pull("a", "pub/locked", local_name="py/locked", progress=progress)
+
+    t = threading.Thread(target=pull)
+    t.start()
+    assert in_cb.wait(30)
+    pool.release()  # its gc.collect() under the pool's lock drops the segment
+    go.set()
+    t.join(60)
+    assert not t.is_alive()
+    mine = [l for l in cb.leases() if l.segment == sys.argv[2] and l.pid == os.getpid()]
+    assert not mine, mine  # (closed at the pull's end)
+    cb.unlink("py/locked")
+print("ok")
+"""
+
+
+def test_segment_collected_by_a_pool_release_waits_for_no_request(pair):
+    """gshm.torch.MemPool.release() runs gc.collect() with the pool's lock
+    held: a segment in a collected cycle was closed right there, and its
+    gshm_close waited for the client's lock, held by another thread's pull,
+    whose progress callback that asked the pool for its segments (or
+    entered use_pool, or published) waited for the pool's lock: both hung
+    for ever.  Now a close that a finalizer makes under a pool's lock is
+    put off (gshm._core._PutOffLock) and made once the lock is let go or,
+    for the pulling client's, at the pull's end.  Over a stand-in torch
+    (no GPU); run in a child process, killed after 60 s."""
+    _close_under_lock_while_pulling(
+        pair, os.path.join(gshm_testutil.PYTHON_DIR, "tests"),
+        "hung: a segment that a pool's release collected waited for another thread's pull",
+        script=_RELEASE_POOL_WHILE_PULLING)
 
 
 @pytest.fixture
