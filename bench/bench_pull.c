@@ -53,16 +53,10 @@
 #include "util.h"
 
 
+/* (below the kernel's ephemeral range: gshm__spawn_free_port says why) */
 int bench_free_port(void) {
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-    port = ntohs(sa.sin_port);
-  if (fd >= 0)
-    close(fd);
-  return port;
+  int port = gshm__spawn_free_port();
+  return port > 0 ? port : 0;
 }
 
 double bench_now_s(void) { return (double)gshm__now_ns(CLOCK_MONOTONIC) / 1e9; }

@@ -122,4 +122,15 @@ int gshm__proc_cpu_ticks(pid_t pid, uint64_t *ticks_out);
  * Returns a static string. */
 const char *gshm__find_gshmd(void);
 
+/* A TCP port of 127.0.0.1 that was free a moment ago (bound and closed),
+ * or a negative errno (-EADDRINUSE: none free).  Below the kernel's
+ * ephemeral range (ip_local_port_range): a port the kernel picks there,
+ * bound and closed, is picked again by the next caller and may be taken
+ * by any outbound connection meanwhile (another gshmd's link, a test's
+ * client: a node of gshm-bench then could not listen, "the port is in
+ * use", with a concurrent ctest test).  Each process walks 10000 up to
+ * that range from a start of its own (by pid), never handing out a port
+ * twice.  For tests and benchmarks (the harness, gshm-bench). */
+int gshm__spawn_free_port(void);
+
 #endif

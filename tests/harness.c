@@ -191,61 +191,7 @@ int harness_store_bucket_fds(struct harness *h) {
 }
 
 /* A port the kernel picks (bound to port 0, then closed). */
-static int bind_any_port(void) {
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), e = 0;
-
-  if (fd < 0)
-    return -errno;
-  if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) || getsockname(fd, (struct sockaddr *)&sa, &len))
-    e = -errno;
-  close(fd);
-  return e ? e : ntohs(sa.sin_port);
-}
-
-/* Whether TCP port `port` of 127.0.0.1 can be bound now (nothing
- * listens on it or holds it). */
-static bool port_free(int port) {
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-                           .sin_port = htons((uint16_t)port)};
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-
-  if (fd >= 0)
-    close(fd);
-  return ok;
-}
-
-/* The first port of the kernel's ephemeral range (ip_local_port_range),
- * 32768 where it cannot be read. */
-static int ephemeral_low(void) {
-  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
-  int lo = 32768;
-
-  if (f) {
-    if (fscanf(f, "%d", &lo) != 1)
-      lo = 32768;
-    fclose(f);
-  }
-  return lo;
-}
-
-int harness_free_port(void) {
-  static int step; /* ports handed out by this process */
-  const int lo = 10000, hi = ephemeral_low();
-  int span = hi - lo, start;
-
-  if (span < 1000) /* (a range that starts low: let the kernel choose) */
-    return bind_any_port();
-  start = (int)(((unsigned)getpid() * 7919u) % (unsigned)span);
-  for (int tries = 0; tries < span; tries++) {
-    int port = lo + (start + step++) % span;
-    if (port_free(port))
-      return port;
-  }
-  return -EADDRINUSE;
-}
+int harness_free_port(void) { return gshm__spawn_free_port(); }
 
 void harness_random(void *buf, size_t n, unsigned long long seed) {
   /* (odd, so never 0; one stream a seed: seed | 1 gave 2k and 2k + 1 the

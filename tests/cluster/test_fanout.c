@@ -207,7 +207,9 @@ static char *file_text(const char *path) {
 /* Waits until n has a pull in flight whose listing is done (its segments
  * created, hidden: what the next hop lists) with at least min_done bytes
  * and min_segs whole segments in, or (min_done < 0) any pull in flight,
- * listed or not; returns its bytes done, -1 when none came within 10 s.
+ * listed or not; returns its bytes done, -1 when none came within 30 s
+ * (10 s was once too few on CI's loaded 2-core machine over UCX, where the
+ * next hop's link and its UCX wireup were made during the wait).
  * (min_segs: a relay serves a whole segment (closed) whatever its
  * source does, where bytes_done may be parts of many, none of them
  * whole, each read of a puller behind n then waiting for its source.) */
@@ -215,7 +217,7 @@ static long long wait_pull(struct node *n, long long min_done, uint32_t min_segs
   gshm_client_t *c = connect_to(n);
   long long done = -1;
 
-  for (int k = 0; k < 5000 && done < 0; k++) {
+  for (int k = 0; k < 15000 && done < 0; k++) {
     gshm_cluster_pull_t *v = NULL;
     size_t cnt = 0;
     assert_int_equal(gshm_cluster_pulls(c, &v, &cnt), 0);
