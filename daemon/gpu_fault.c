@@ -197,6 +197,10 @@ void gshmd_gpu_fault_start_wait(void) {
                "restart); nothing is served, every segment kept in the fd store, until the GPU "
                "works", GSHMD_STICKY_START_DELAY_S);
   sd_notify(0, "STATUS=a sticky CUDA error at start: restarting until the GPU works");
+  gshmd_start_delay();
+}
+
+void gshmd_start_delay(void) {
   for (int i = 0; i < GSHMD_STICKY_START_DELAY_S; i++) {
     sd_notify(0, "WATCHDOG=1");
     sleep(1);

@@ -107,6 +107,13 @@ bool gshmd_gpu_fault_restart_due(struct gshmd_gpu_fault *g, struct gshmd_registr
  * watchdog), said in the log and STATUS=. */
 void gshmd_gpu_fault_start_wait(void);
 
+/* Sleeps GSHMD_STICKY_START_DELAY_S seconds, telling the service manager
+ * WATCHDOG=1 each second: the wait of a start that failed before it exits
+ * (gshmd_gpu_fault_start_wait; main.c start_failed_wait, for any other
+ * failed start while the fd store holds segments), so that
+ * Restart=on-failure never reaches the unit's start limit.  No errors. */
+void gshmd_start_delay(void);
+
 /* The probe: gshmd run as `gshmd --probe-gpus LEVEL` (argv[2], the log
  * level; its stderr is gshmd's).  Sets up the CUDA backend as gshmd's
  * start does and releases it, and ends the process (_exit): status 0 the

@@ -631,10 +631,7 @@ static void start_failed_wait(bool stored) {
                GSHMD_STICKY_START_DELAY_S);
   sd_notify(0, "STATUS=could not start (see the log): retrying, every segment kept in the fd "
                "store, until a start succeeds");
-  for (int i = 0; i < GSHMD_STICKY_START_DELAY_S; i++) {
-    sd_notify(0, "WATCHDOG=1");
-    sleep(1);
-  }
+  gshmd_start_delay();
 }
 
 int main(int argc, char **argv) {
