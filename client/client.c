@@ -32,6 +32,10 @@
  * waited for ever, and a stopped gshmd held its caller as long. */
 #define DEFAULT_HELLO_TIMEOUT_MS 30000
 
+/* The most milliseconds $GSHM_RECONNECT_MS and $GSHM_HELLO_TIMEOUT_MS
+ * take (a day; gshm.h): within an int, and within a timeval. */
+#define ENV_MS_MAX 86400000
+
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
 static const char forked_error[] =
@@ -48,6 +52,8 @@ static __thread struct {
 } thread_error;
 
 static atomic_uint_fast64_t connects;
+/* a bad $GSHM_RECONNECT_MS, $GSHM_HELLO_TIMEOUT_MS was logged (env_ms) */
+static atomic_bool reconnect_told, hello_told;
 
 void gshm__last_error_local(struct gshm_client *c) {
   thread_error.client = c;
@@ -534,6 +540,30 @@ int gshm__request_body(struct gshm_client *c, uint16_t type, const ProtobufCMess
   return 0;
 }
 
+/* $name as milliseconds: decimal digits alone, 0 to ENV_MS_MAX; unset or
+ * empty, dflt.  Any other value (junk, a sign, a number past the maximum)
+ * is the default too, said once per process at GSHM_LOG_LEVEL >= 4 (*told
+ * marks it): atoi made junk 0 (no reconnect, a hello that waits for
+ * ever), a negative hello timeout none, a value past INT_MAX anything. */
+static int env_ms(const char *name, int dflt, atomic_bool *told) {
+  const char *v = secure_getenv(name);
+  unsigned long long ms = 0;
+  char *end = NULL;
+
+  if (!v || !*v)
+    return dflt;
+  errno = 0;
+  if (*v >= '0' && *v <= '9')
+    ms = strtoull(v, &end, 10);
+  if (end && !*end && !errno && ms <= ENV_MS_MAX)
+    return (int)ms;
+  if (!atomic_exchange(told, true))
+    gshm_log_warn("$%s=\"%.40s\" is not a count of milliseconds from 0 to %d: the default, "
+                  "%d ms, is used",
+                  name, v, ENV_MS_MAX, dflt);
+  return dflt;
+}
+
 /* How long a request polls for its reply before sleeping: $GSHM_POLL_US
  * microseconds (0 to 1000), else 30 us where this process may run on at
  * least 4 CPUs (gshmd then has one of its own) and 0 on smaller machines
@@ -604,12 +634,8 @@ int gshm_connect(const char *path, const char *client_name, gshm_client_t **clie
   for (char *p = c->name; *p; p++)
     if ((unsigned char)*p < 0x20 || *p == 0x7f)
       *p = '?';
-  env = secure_getenv("GSHM_RECONNECT_MS");
-  c->reconnect_ms = env && *env ? atoi(env) : DEFAULT_RECONNECT_MS;
-  env = secure_getenv("GSHM_HELLO_TIMEOUT_MS");
-  c->hello_timeout_ms = env && *env ? atoi(env) : DEFAULT_HELLO_TIMEOUT_MS;
-  if (c->hello_timeout_ms < 0)
-    c->hello_timeout_ms = 0;
+  c->reconnect_ms = env_ms("GSHM_RECONNECT_MS", DEFAULT_RECONNECT_MS, &reconnect_told);
+  c->hello_timeout_ms = env_ms("GSHM_HELLO_TIMEOUT_MS", DEFAULT_HELLO_TIMEOUT_MS, &hello_told);
   c->poll_ns = default_poll_ns();
   env = secure_getenv("GSHM_LIST_MAX"); /* (lowers the cap only) */
   list_max = env && *env ? strtoul(env, NULL, 10) : 0;

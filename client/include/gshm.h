@@ -33,6 +33,10 @@
  *    program (AT_SECURE) the library ignores $GSHM_SOCKET,
  *    $GSHM_LOG_LEVEL, $GSHM_RECONNECT_MS, $GSHM_HELLO_TIMEOUT_MS,
  *    $GSHM_POLL_US and $GSHM_LIST_MAX (secure_getenv(3)).
+ *  - $GSHM_RECONNECT_MS (0: no reconnect) and $GSHM_HELLO_TIMEOUT_MS (0:
+ *    the hello waits for ever), read at connect, take decimal digits
+ *    alone, 0..86400000 (a day); any other value (a sign, junk, more) is
+ *    ignored for the default, said once at GSHM_LOG_LEVEL>=4.
  *  - $GSHM_LIST_MAX (1..16777216, read at connect) lowers the most
  *    segments gshm_list_remote takes from one peer (16777216: the most a
  *    gshmd can hold, its limits.max_segments at most).

@@ -480,6 +480,92 @@ static void test_reconnect_that_fails_is_a_lost_gshmd(void **state) {
   assert_int_equal(harness_start(h, NULL), 0); /* (for the teardown) */
 }
 
+/* Occurrences of needle in text. */
+static int count_of(const char *text, const char *needle) {
+  int n = 0;
+  for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
+    n++;
+  return n;
+}
+
+/* $GSHM_RECONNECT_MS and $GSHM_HELLO_TIMEOUT_MS take decimal digits alone,
+ * 0 to 86400000; any other value is the default, said once at
+ * GSHM_LOG_LEVEL>=4 (gshm.h).  They were read with atoi: junk made 0 (a
+ * client that never reconnects), a value past INT_MAX whatever its low
+ * bits said (4294967396: a hello timeout of 100 ms), a negative hello
+ * timeout none, all silently. */
+static void test_env_ms_strict(void **state) {
+  static const char *const status[] = {"status", NULL};
+  struct harness *h = *state;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  char dir[108], *slash, *out = NULL;
+  gshm_status_info_t st;
+  gshm_client_t *c;
+  int fd, status_rc, exited = 0;
+  pid_t pid;
+
+  /* junk: the default reconnect (10 s), not none */
+  setenv("GSHM_RECONNECT_MS", "junk", 1);
+  assert_int_equal(gshm_connect(h->socket_path, "junk", &c), 0);
+  unsetenv("GSHM_RECONNECT_MS");
+  assert_int_equal(harness_restart(h, SIGTERM, NULL), 0);
+  assert_int_equal(gshm_status(c, &st), 0); /* (reconnected; was -ECONNRESET) */
+  gshm_disconnect(c);
+
+  /* past INT_MAX: the default hello timeout (30 s), not its low bits' 100 ms */
+  snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", h->socket_path);
+  snprintf(dir, sizeof(dir), "%s", h->socket_path);
+  assert_non_null(slash = strrchr(dir, '/'));
+  *slash = '\0';
+  assert_int_equal(harness_stop(h), 0); /* (removes dir) */
+  assert_int_equal(mkdir(dir, 0700), 0);
+  assert_true((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) >= 0);
+  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(fd, 64), 0); /* (takes connections, never answers) */
+  setenv("GSHM_HELLO_TIMEOUT_MS", "4294967396", 1);
+  if ((pid = fork()) == 0)
+    _exit(gshm_connect(sa.sun_path, "big", &c) == -ETIMEDOUT ? 0 : 1);
+  unsetenv("GSHM_HELLO_TIMEOUT_MS");
+  assert_true(pid > 0);
+  for (int i = 0; i < 100 && !exited; i++) {
+    usleep(10000);
+    exited = waitpid(pid, &status_rc, WNOHANG) == pid;
+  }
+  if (!exited) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status_rc, 0);
+  }
+  assert_false(exited); /* still waiting after 1 s (before: -ETIMEDOUT at 100 ms) */
+  /* a good value still bounds it */
+  setenv("GSHM_HELLO_TIMEOUT_MS", "200", 1);
+  assert_int_equal(gshm_connect(sa.sun_path, "small", &c), -ETIMEDOUT);
+  unsetenv("GSHM_HELLO_TIMEOUT_MS");
+  close(fd);
+  unlink(sa.sun_path);
+  rmdir(dir);
+  assert_int_equal(harness_start(h, NULL), 0);
+
+  /* said once each, where GSHM_LOG_LEVEL asks; the maximum is taken */
+  setenv("GSHM_LOG_LEVEL", "4", 1);
+  setenv("GSHM_HELLO_TIMEOUT_MS", "-1", 1);
+  setenv("GSHM_RECONNECT_MS", "86400001", 1);
+  assert_int_equal(harness_gshmctl_stderr(h, &out, status, true), 0);
+  print_message("%s", out);
+  assert_int_equal(count_of(out, "$GSHM_HELLO_TIMEOUT_MS=\"-1\" is not a count of milliseconds "
+                                 "from 0 to 86400000: the default, 30000 ms, is used"), 1);
+  assert_int_equal(count_of(out, "$GSHM_RECONNECT_MS=\"86400001\" is not a count of "
+                                 "milliseconds from 0 to 86400000: the default, 10000 ms"), 1);
+  free(out);
+  setenv("GSHM_HELLO_TIMEOUT_MS", "86400000", 1);
+  setenv("GSHM_RECONNECT_MS", "0", 1);
+  assert_int_equal(harness_gshmctl_stderr(h, &out, status, true), 0);
+  assert_null(strstr(out, "is not a count of milliseconds"));
+  free(out);
+  unsetenv("GSHM_LOG_LEVEL");
+  unsetenv("GSHM_HELLO_TIMEOUT_MS");
+  unsetenv("GSHM_RECONNECT_MS");
+}
+
 /* gshm_open with gshmd gone for good waits $GSHM_RECONNECT_MS once, as
  * every other call does: its lease cache's check reconnected (waiting),
  * and on failure its request reconnected again, waiting as long again
@@ -1059,6 +1145,7 @@ int main(void) {
       cmocka_unit_test(test_connect_over_the_limit_is_explained),
       cmocka_unit_test_setup_teardown(test_open_waits_for_gshmd_once, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_reconnect_that_fails_is_a_lost_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_env_ms_strict, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_forked_child_leaves_the_parent_alone, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_fork_while_another_thread_waits_for_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
