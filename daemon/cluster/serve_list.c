@@ -123,9 +123,12 @@ static bool replaced_in_page(const struct list_page *pg, const struct gshmd_segm
 /* Fills pg with the published segments after key `after` (keys: base +
  * id), from the first one past it (through the registry's id index),
  * looking at no more than GSHMD_LIST_VISITS of them: a page whose walk
- * ends there has its cursor (the last key looked at) and maybe no
- * segment.  (Before, each page walked from the first segment, exported
- * or not, to its end or a full page: a List of a few bytes cost the loop
+ * ends there has its cursor and maybe no segment.  That cursor is the
+ * key of the segment the walk stopped at less one where the peer may
+ * read that segment (the next page lists it: the cursor tells nothing),
+ * else the last key looked at, an unexported segment's id (SECURITY.md).
+ * (Before, each page walked from the first segment, exported or not, to
+ * its end or a full page: a List of a few bytes cost the loop
  * O(segments).) */
 static void published_page(struct gshmd_cluster *cl, struct list_page *pg, uint64_t base,
                            uint64_t after) {
@@ -141,7 +144,7 @@ static void published_page(struct gshmd_cluster *cl, struct list_page *pg, uint6
     if (base + seg->id <= after)
       continue;
     if (visits++ == GSHMD_LIST_VISITS) {
-      pg->next = looked;
+      pg->next = gshmd__serve_exported(cl, seg) ? base + seg->id - 1 : looked;
       return;
     }
     if (gshmd__serve_exported(cl, seg) && !replaced_in_page(pg, seg) &&

@@ -34,6 +34,7 @@
 #include "harness.h"
 #include "nodes.h"
 #include "rogue.h"
+#include "wire.h"
 
 /* gshmd's caps (docs/SECURITY.md): links of one peer, grants (staged
  * ones) and reads in flight per link. */
@@ -1368,6 +1369,109 @@ static void test_list_walks_a_bounded_part(void **state) {
   quiet_segments(false);
 }
 
+/* One List answer: its cursor, its segments' count and first name. */
+struct cursor_page {
+  uint64_t answers, next;
+  size_t n;
+  char first[64];
+};
+
+static void cursor_answer(struct rogue *r, const Gshm__Cluster__Msg *m) {
+  struct cursor_page *p = r->arg;
+  p->answers++;
+  if (m->body_case != GSHM__CLUSTER__MSG__BODY_LIST_REPLY)
+    return;
+  p->next = m->list_reply->next;
+  p->n = m->list_reply->n_segments;
+  snprintf(p->first, sizeof(p->first), "%s", p->n ? m->list_reply->segments[0]->name : "");
+}
+
+static bool cursor_answered(struct rogue *r) {
+  return ((struct cursor_page *)r->arg)->answers >= want_answers;
+}
+
+/* r's List after `after` (with_in_flight: published keys from
+ * RELAY_KEY_END on), answered into *p. */
+static void cursor_list(struct rogue *r, struct cursor_page *p, uint64_t after, bool in_flight) {
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  Gshm__Cluster__ListRequest lr = GSHM__CLUSTER__LIST_REQUEST__INIT;
+  lr.after = after;
+  lr.with_in_flight = in_flight;
+  m.request_id = (uint32_t)p->answers + 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_LIST;
+  m.list = &lr;
+  rogue_send(r, &m);
+  want_answers = p->answers + 1;
+  assert_true(rogue_run_until(r, cursor_answered, 10000));
+}
+
+/* A created segment's id (its handle closed). */
+static uint64_t created_id(gshm_client_t *c, const char *name, uint32_t mode) {
+  gshm_segment_t *seg;
+  uint64_t id;
+  assert_int_equal(gshm_create(c, name, 4096, NULL, mode, 0, &seg), 0);
+  id = gshm_segment_info(seg)->id;
+  assert_int_equal(gshm_close(seg), 0);
+  return id;
+}
+
+#define KEY_END (1ull << 62) /* relay.h RELAY_KEY_END */
+
+/* A peer's List page that looked at GSHMD_LIST_VISITS segments and
+ * stopped at an exported one gives that one's key less one as its
+ * cursor, not the last key it looked at: there an unexported segment's
+ * id in use.  S holds pub/cur-v0 (exported), 2,048 of mode 0600, the
+ * last of them unlinked, then pub/cur-v1: a page from v0 looks at v0 and
+ * 2,047 unexported ones and stops at v1.  Its cursor was the id of the
+ * 2,047th (in use, never listed); now it is v1's less one (the unlinked
+ * one's: nobody's).  With and without with_in_flight (keys from
+ * RELAY_KEY_END).  The stop at an unexported segment still tells the
+ * last one's id: SECURITY.md. */
+static void test_list_cursor_tells_no_id(void **state) {
+  static struct rogue r;
+  struct cursor_page pg = {0};
+  gshm_client_t *s = connect_to(&S);
+  uint64_t v0, v1, hidden_last = 0;
+  char name[32];
+  (void)state;
+
+  v0 = created_id(s, "pub/cur-v0", 0644);
+  for (unsigned i = 0; i < GSHM_WIRE_LIST_VISITS; i++) {
+    snprintf(name, sizeof(name), "cur/%04u", i);
+    if (i == GSHM_WIRE_LIST_VISITS - 2)
+      hidden_last = created_id(s, name, 0600);
+    else
+      (void)created_id(s, name, 0600);
+  }
+  assert_int_equal(gshm_unlink(s, name), 0); /* (the last: freed) */
+  v1 = created_id(s, "pub/cur-v1", 0644);
+  assert_int_equal(rogue_connect(&r, S.port, "r", "s", key), 0);
+  r.on_msg = cursor_answer;
+  r.arg = &pg;
+  for (int k = 0; k < 2; k++) {
+    uint64_t base = k ? KEY_END : 0;
+    cursor_list(&r, &pg, base + v0 - 1, k);
+    printf("with_in_flight %d: a page of %zu (%s), cursor %" PRIu64 " (v1 %" PRIu64
+           ", the last unexported one looked at %" PRIu64 ")\n",
+           k, pg.n, pg.first, pg.next - base, v1, hidden_last);
+    assert_int_equal(pg.n, 1);
+    assert_string_equal(pg.first, "pub/cur-v0");
+    assert_int_not_equal(pg.next, base + hidden_last); /* (the old cursor) */
+    assert_int_equal(pg.next, base + v1 - 1);
+    cursor_list(&r, &pg, pg.next, k);
+    assert_true(pg.n >= 1);
+    assert_string_equal(pg.first, "pub/cur-v1");
+  }
+  rogue_close(&r);
+  for (unsigned i = 0; i + 1 < GSHM_WIRE_LIST_VISITS; i++) {
+    snprintf(name, sizeof(name), "cur/%04u", i);
+    assert_int_equal(gshm_unlink(s, name), 0);
+  }
+  assert_int_equal(gshm_unlink(s, "pub/cur-v0"), 0);
+  assert_int_equal(gshm_unlink(s, "pub/cur-v1"), 0);
+  gshm_disconnect(s);
+}
+
 /* ---- UCX sends a peer never takes ---------------------------------------- */
 
 static bool closed_or_failed(struct rogue *r) { return r->failed || r->closed; }
@@ -1592,6 +1696,7 @@ int main(void) {
       cmocka_unit_test(test_lanes_per_link),
       cmocka_unit_test(test_revoke_under_grant),
       cmocka_unit_test(test_list_walks_a_bounded_part),
+      cmocka_unit_test(test_list_cursor_tells_no_id),
       cmocka_unit_test(test_ucx_sends_not_taken),
       cmocka_unit_test(test_grant_lines_held),
   };
