@@ -217,7 +217,9 @@ struct link {
   /* owned by the layers above (serve.c, pull.c) */
   struct gshmd_client *serve_client; /* inbound, up: holds the serving leases */
   struct gshm_list grants;   /* inbound: struct serve_grant */
-  unsigned parked;           /* inbound: requests parked by relay.c */
+  unsigned parked;           /* inbound: requests parked by relay.c ... */
+  struct gshm_list parked_waits; /* ... its struct relay_wait (made by relay.c when parked
+                                    goes from 0: what link_gone drops) */
   struct gshm_list pulls;    /* outbound: struct pull.link_node using this link */
   /* data lanes (lane.h) */
   bool is_lane;              /* this connection is a data lane of lane_of */

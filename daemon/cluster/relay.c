@@ -40,6 +40,7 @@ struct relay {
 /* A request parked: its copy, served again as it came. */
 struct relay_wait {
   struct gshm_list node;     /* relay->waits or cl->relay_lists */
+  struct gshm_list by_link;  /* l->parked_waits */
   struct link *l;
   int64_t parked_ns;         /* CLOCK_MONOTONIC: a read's wait is over at half the request
                                 timeout (0: its reader does not ask again, CAP_ASK_AGAIN) */
@@ -114,11 +115,17 @@ static void wait_range(const struct relay_wait *w, uint64_t *off, uint64_t *len)
   *len = w->m.body_case == GSHM__CLUSTER__MSG__BODY_READ ? w->rd.length : w->st.length;
 }
 
-/* Takes w off its list and serves its request again (or drops it when
+/* Takes w off its list and its link's: no longer counted on the link. */
+static void wait_unpark(struct relay_wait *w) {
+  gshm_list_del(&w->node);
+  gshm_list_del(&w->by_link);
+  w->l->parked--;
+}
+
+/* Takes w off its lists and serves its request again (or drops it when
  * its link is no longer up). */
 static void wait_resume(struct gshmd_cluster *cl, struct relay_wait *w) {
-  gshm_list_del(&w->node);
-  w->l->parked--;
+  wait_unpark(w);
   if (w->l->state == LINK_UP)
     cl->serve_again(cl, w->l, &w->m);
   free(w);
@@ -176,8 +183,7 @@ void gshmd__relay_end(struct gshmd_cluster *cl, struct gshmd_segment *seg, int e
       wait_resume(cl, w); /* (seg is published: served whole) */
       continue;
     }
-    gshm_list_del(&w->node);
-    w->l->parked--;
+    wait_unpark(w);
     if (w->l->state == LINK_UP)
       gshmd__link_send_status(w->l, w->m.request_id, err, why);
     free(w);
@@ -294,8 +300,9 @@ struct gshmd_segment *gshmd__relay_grant_find(struct gshmd_cluster *cl, const ch
   return seg ? seg : relay_find(cl, name, asker, later_out);
 }
 
-/* A wait for request rid of link l (the caller fills its message),
- * counted on l.  NULL when out of memory. */
+/* A wait for request rid of link l (the caller fills its message and
+ * puts it on a list), counted on l and on its list.  NULL when out of
+ * memory. */
 static struct relay_wait *wait_new(struct link *l, uint32_t rid) {
   struct relay_wait *w = calloc(1, sizeof(*w));
   if (!w)
@@ -303,6 +310,9 @@ static struct relay_wait *wait_new(struct link *l, uint32_t rid) {
   w->l = l;
   gshm__cluster__msg__init(&w->m);
   w->m.request_id = rid;
+  if (!l->parked) /* (none parked: made here, for a new link has no list yet) */
+    gshm_list_init(&l->parked_waits);
+  gshm_list_add_tail(&l->parked_waits, &w->by_link);
   l->parked++;
   return w;
 }
@@ -382,8 +392,7 @@ static void expired(struct gshm_list *h, int64_t now, int64_t park, int64_t *nex
         *next = w->parked_ns + park;
       continue;
     }
-    gshm_list_del(&w->node);
-    w->l->parked--;
+    wait_unpark(w);
     gshm_list_add_tail(gone, &w->node);
   }
 }
@@ -483,26 +492,15 @@ void gshmd__relay_poll(struct gshmd_cluster *cl) {
     expire_waits(cl, now);
 }
 
-/* Drops the waits of link l from list h. */
-static void drop_waits(struct gshm_list *h, struct link *l) {
-  struct gshm_list *pos, *tmp;
-  gshm_list_foreach_safe(pos, tmp, h) {
-    struct relay_wait *w = gshm_list_entry(pos, struct relay_wait, node);
-    if (w->l != l)
-      continue;
-    gshm_list_del(&w->node);
-    l->parked--;
+void gshmd__relay_link_gone(struct gshmd_cluster *cl, struct link *l) {
+  (void)cl;
+  /* (l's own waits: before, every relayed segment's were walked for each
+   * link that went with a request parked) */
+  while (l->parked) {
+    struct relay_wait *w = gshm_list_entry(l->parked_waits.next, struct relay_wait, by_link);
+    wait_unpark(w);
     free(w);
   }
-}
-
-void gshmd__relay_link_gone(struct gshmd_cluster *cl, struct link *l) {
-  struct gshm_list *pos;
-  if (!l->parked)
-    return;
-  gshm_list_foreach(pos, &cl->relays)
-      drop_waits(&gshm_list_entry(pos, struct relay, node)->waits, l);
-  drop_waits(&cl->relay_lists, l);
 }
 
 /* A set's item's listing key: sets in the order they started (their

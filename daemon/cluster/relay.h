@@ -145,7 +145,8 @@ uint64_t gshmd__relay_foreach(struct gshmd_cluster *cl, uint64_t after, unsigned
  * parked reads that waited half of cluster.request_timeout_ms (after
  * each loop batch). */
 void gshmd__relay_poll(struct gshmd_cluster *cl);
-/* Link l is gone: what it parked is dropped unanswered. */
+/* Link l is gone: what it parked is dropped unanswered (its own waits,
+ * l->parked_waits: whatever else is relayed or parked is not looked at). */
 void gshmd__relay_link_gone(struct gshmd_cluster *cl, struct link *l);
 
 #endif

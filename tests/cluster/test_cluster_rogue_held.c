@@ -21,7 +21,8 @@
  * list the rogue, slowly, is answered busy and asked again too.  And P's
  * grants of a set in flight say where its bytes come from, also for a
  * segment whose bytes are all in.  And a rogue that answers busy at once,
- * with a rising progress, is not asked again for ever. */
+ * with a rising progress, is not asked again for ever.  And a puller that
+ * goes with reads parked on P leaves another's parked reads served. */
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -717,6 +718,126 @@ static void test_relay_finished_path(void **state) {
   gshm_disconnect(p);
 }
 
+/* Two rogue pullers "c" read P's set in flight (relayed): each asks the
+ * grant of slow/g and then the whole segment in Reads of 1 MiB, which
+ * park on P: the rogue sends none of P's chunks until both have.  The
+ * first puller goes (its connection closed) with its reads parked: P
+ * drops them (gshmd__relay_link_gone: the link's own waits, where it
+ * walked every relayed segment's), and the other's parked reads of the
+ * same segment are still served as the chunks land, every byte once.
+ * (A link_gone that dropped nothing fails it under ASan: P's waits kept
+ * the gone link, read after it was freed; one that dropped the other's
+ * waits too left its reads unanswered.) */
+#define GONE_READS (SLOW_SEG / MiB) /* Reads of 1 MiB a puller sends */
+
+/* Asks the grant of name (in flight) of q as request 1; its grant id. */
+static uint64_t grant_of(struct rogue *q, const char *name) {
+  Gshm__Cluster__GrantRequest gq = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+  Gshm__Cluster__Msg out = GSHM__CLUSTER__MSG__INIT, *g;
+  uint64_t id;
+
+  gq.in_flight = true;
+  gq.name = (char *)name;
+  out.body_case = GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST;
+  out.grant_request = &gq;
+  out.request_id = 1;
+  rogue_send(q, &out);
+  assert_non_null(g = rogue_recv(q, 10000));
+  if (g->body_case != GSHM__CLUSTER__MSG__BODY_GRANT)
+    fail_msg("P refused 'c' %s: %d %s", name, g->status, g->message ? g->message : "");
+  id = g->grant->grant_id;
+  gshm__cluster__msg__free_unpacked(g, NULL);
+  return id;
+}
+
+/* q's Reads of the whole of grant gid (SLOW_SEG bytes, 1 MiB each). */
+static void read_all(struct rogue *q, uint64_t gid) {
+  Gshm__Cluster__Read rd = GSHM__CLUSTER__READ__INIT;
+  Gshm__Cluster__Msg out = GSHM__CLUSTER__MSG__INIT;
+
+  rd.grant_id = gid;
+  rd.length = MiB;
+  out.body_case = GSHM__CLUSTER__MSG__BODY_READ;
+  out.read = &rd;
+  for (unsigned i = 0; i < GONE_READS; i++) {
+    rd.offset = i * MiB;
+    out.request_id = 100 + i;
+    rogue_send(q, &out);
+  }
+}
+
+static void test_relay_link_gone(void **state) {
+  static const struct plan pl = {"slow/g", SLOW_SEG, 70, false, -1, 0, NULL, false, NULL};
+  static struct job j;
+  static struct rogue q[2];
+  static struct held_reads h;
+  uint8_t *want = malloc(SLOW_SEG);
+  gshm_client_t *p = connect_to(&P);
+  long waits0 = metric(p, "gshm_cluster_relay_waits_total"), conns = 0;
+  bool granted = false, parked = false, dropped = false;
+  (void)state;
+
+  assert_non_null(want);
+  harness_random(want, SLOW_SEG, pl.seed);
+  memset(&h, 0, sizeof(h));
+  rh_up(p);
+  job_start(&j, &P, "rh", "slow/", true, false);
+  for (int64_t end = now_ms() + 60000; !j.done && now_ms() < end;) {
+    Gshm__Cluster__Msg *m = rogue_recv(&rh, 10);
+    if (m && rogue_answer_count(&rh, m)) {
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_LIST) {
+      send_listing(m->request_id, &pl);
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_GRANT_REQUEST) {
+      rogue_send_grant(&rh, m->request_id, 1, pl.name, pl.size);
+      granted = true;
+    } else if (m && m->body_case == GSHM__CLUSTER__MSG__BODY_READ && h.n < 64) {
+      held_push(&h, m);
+    }
+    if (m)
+      gshm__cluster__msg__free_unpacked(m, NULL);
+    if (granted && !q[0].up) { /* both pullers' reads, all parked: no chunk landed */
+      for (int i = 0; i < 2; i++) {
+        assert_int_equal(rogue_connect(&q[i], P.port, "c", "p", rkey), 0);
+        read_all(&q[i], grant_of(&q[i], pl.name));
+      }
+    }
+    if (q[0].up && !parked &&
+        metric(p, "gshm_cluster_relay_waits_total") >= waits0 + 2 * (long)GONE_READS) {
+      conns = metric(p, "gshm_cluster_connections{kind=\"open\"}");
+      rogue_close(&q[0]); /* (gone with its reads parked) */
+      /* (P has dropped its link, and its waits, before a chunk lands) */
+      for (int64_t t = now_ms() + 10000; !dropped && now_ms() < t;) {
+        rogue_run(&q[1], 10);
+        dropped = metric(p, "gshm_cluster_connections{kind=\"open\"}") < conns;
+      }
+      parked = true;
+    }
+    if (q[1].up)
+      rogue_run(&q[1], 1);
+    if (parked)
+      held_send_next(&h, want, SLOW_GAP_MS / 5);
+  }
+  for (int64_t end = now_ms() + 10000; q[1].data_frames < GONE_READS && now_ms() < end;)
+    rogue_run(&q[1], 10);
+  job_join(&j);
+  printf("P's set %d (%s); the puller left: %" PRIu64 " frames, %" PRIu64 " bad; P dropped "
+         "the other's link %s; %ld reads waited\n",
+         j.err, j.msg, q[1].data_frames, q[1].data_bad, dropped ? "before a chunk landed" : "late",
+         metric(p, "gshm_cluster_relay_waits_total") - waits0);
+  assert_true(parked);
+  assert_true(dropped);
+  assert_int_equal(j.err, 0);
+  assert_int_equal(q[1].data_bad, 0);
+  assert_int_equal(q[1].data_frames, GONE_READS);
+  assert_memory_equal(q[1].sink, want, SLOW_SEG);
+  check_segment(p, pl.name, SLOW_SEG, pl.seed);
+  rogue_close(&q[1]);
+  assert_int_equal(gshm_unlink(p, pl.name), 0);
+  rh_down();
+  gshm_disconnect(p);
+  free(want);
+}
+
 /* A key holder that answers P's List (of a set) and then P's Read (of a
  * segment it grants in flight: relayed) busy at once, each time with its
  * progress one higher (Msg.progress).  P took that progress at its word
@@ -872,6 +993,7 @@ int main(void) {
       cmocka_unit_test(test_relay_slow),
       cmocka_unit_test(test_relay_list_slow),
       cmocka_unit_test(test_relay_finished_path),
+      cmocka_unit_test(test_relay_link_gone),
       cmocka_unit_test(test_relay_busy_early),
       cmocka_unit_test(test_reads_together),
   };
