@@ -85,7 +85,9 @@ static void usage(FILE *f) {
           "       [--mode MODE]             copy a peer's segment into a new local one;\n"
           "                                 --prefix: every segment it exports under NAME\n"
           "                                 (PEER: --prefix, an empty NAME: all it exports),\n"
-          "                                 all appearing at once (--as: local prefix);\n"
+          "                                 all appearing at once (--as: local prefix); a\n"
+          "                                 '*' ending NAME or --as is dropped (llama/* is\n"
+          "                                 llama/), other glob characters are refused;\n"
           "                                 PEER,PEER2,...: the set's segments from\n"
           "                                 several holders, each from the least busy;\n"
           "                                 --replace: swap out local segments of those\n"
@@ -1805,6 +1807,111 @@ static int pulled_set(const char *peer, const char *prefix, const char *as,
   return EXIT_OK;
 }
 
+/* The first of name's glob characters (fnmatch's '*', '?', '['), or NULL. */
+static char *glob_char(const char *name) {
+  const char *g = name + strcspn(name, "*?[");
+  return *g ? (char *)g : NULL;
+}
+
+/* pull --prefix takes the start of the names, not a pattern; a user who has
+ * read cluster.export's rules types 'llama/' and a '*': one '*' that ends name (the
+ * NAME of PEER:NAME, or --as's local prefix) means the prefix before it and
+ * is dropped, in place; any other glob character in name is refused,
+ * naming the prefix to write instead (the start of name before it).  peer:
+ * PEER as typed, len bytes of it; as: name is --as's.  Returns 0 or
+ * EXIT_USAGE (printed). */
+static int pull_prefix_glob(const char *peer, int len, char *name, bool as) {
+  size_t n = strlen(name);
+  bool star = n && name[n - 1] == '*';
+  const char *g;
+
+  if (as && star && n == 1) /* (an empty --as is refused as such: pull_args) */
+    return errorf(EXIT_USAGE, -EINVAL, "pull: --as needs a local prefix, not '*' (without "
+                  "--as: the peer's names)");
+  if (star)
+    name[n - 1] = '\0';
+  if (!(g = glob_char(name)))
+    return 0;
+  if (star) /* (as typed, for the message) */
+    name[n - 1] = '*';
+  if (as)
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: --as '%s' is a pattern: with --prefix, --as is the local prefix itself, "
+                  "'*' only at its end (write --as '%.*s')", name, (int)(g - name), name);
+  return errorf(EXIT_USAGE, -EINVAL,
+                "pull: '%s' is a pattern: --prefix takes the start of the names, '*' only at "
+                "its end ('llama/*' is 'llama/'); write gshmctl pull '%.*s:%.*s' --prefix for "
+                "%s%.*s%s", name, len, peer, (int)(g - name), name,
+                g == name ? "all it exports" : "every segment whose name starts with '",
+                (int)(g - name), name, g == name ? "" : "'");
+}
+
+/* For a one-segment pull refused -ENOENT (err) of a name with a glob
+ * character ('*' is a name's character as any other, so the pull was
+ * tried): the set pull its typist may have meant, in buf (cap bytes), or
+ * "".  peer: PEER as typed. */
+static const char *glob_hint(int err, const char *peer, const char *name, char *buf,
+                             size_t cap) {
+  const char *g = glob_char(name);
+
+  buf[0] = '\0';
+  if (err == -ENOENT && g)
+    snprintf(buf, cap, " (a pattern? did you mean --prefix: gshmctl pull '%s:%.*s' --prefix, "
+             "%s%.*s%s)", peer, (int)(g - name), name,
+             g == name ? "all it exports" : "every segment whose name starts with '",
+             (int)(g - name), name, g == name ? "" : "'");
+  return buf;
+}
+
+/* pull's PEER:NAME (argv[optind], the one argument left after the options)
+ * and its --as (as, NULL without), checked against each other and
+ * --prefix: *colon_out at the ':' of PEER:NAME.  With --prefix, a '*' that
+ * ends NAME or as is dropped (pull_prefix_glob).  Returns 0 or the exit
+ * status of a usage error (printed). */
+static int pull_target(int argc, char **argv, bool prefix, char *as, const char **colon_out) {
+  const char *colon;
+
+  if (argc - optind == 1 && (!(colon = strchr(argv[optind], ':')) || colon == argv[optind]))
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: '%s' names no peer: write PEER:NAME (gshmctl peers lists the peers)",
+                  argv[optind]);
+  if (argc - optind == 1 && !colon[1] && !prefix)
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: '%s' names no segment: write PEER:NAME (gshmctl segments --peer "
+                  "%.*s lists them), or add --prefix to pull every segment it exports",
+                  argv[optind], (int)strcspn(argv[optind], ",:"), argv[optind]);
+  if (argc - optind != 1 || !(colon = strchr(argv[optind], ':')) || colon == argv[optind] ||
+      (!colon[1] && !prefix) || (size_t)(colon - argv[optind]) >= PULL_PEER_CAP) {
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "usage: pull PEER:NAME [--as LOCAL] [--prefix] [--replace] [--location LOC] "
+                  "[--mode MODE]");
+  }
+  if (prefix && (pull_prefix_glob(argv[optind], (int)(colon - argv[optind]),
+                                  argv[optind] + (colon - argv[optind]) + 1, false) ||
+                 (as && pull_prefix_glob(NULL, 0, as, true))))
+    return EXIT_USAGE;
+  if (!prefix && colon[strlen(colon) - 1] == '/')
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: '%s' ends in '/': to pull every segment under it, add --prefix",
+                  colon + 1);
+  if (!prefix && as && as[strlen(as) - 1] == '/')
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: --as '%s' ends in '/', and a name cannot: for one segment --as is its "
+                  "local name (write --as '%s%s'); with --prefix, the local prefix",
+                  as, as,
+                  strrchr(colon + 1, '/') ? strrchr(colon + 1, '/') + 1 : colon + 1);
+  /* The local prefix replaces the peer's verbatim: "--as v2" for
+   * "llama/" would make "v2seg-000001", not "v2/seg-000001". */
+  if (prefix && colon[1] && colon[strlen(colon) - 1] == '/' && as &&
+      *as && as[strlen(as) - 1] != '/')
+    return errorf(EXIT_USAGE, -EINVAL,
+                  "pull: --as '%s' does not end in '/' as '%s' does: each local name would "
+                  "be '%s' and the rest of the peer's name, with no '/' between; write "
+                  "--as '%s/'", as, colon + 1, as, as);
+  *colon_out = colon;
+  return 0;
+}
+
 /* pull's options and PEER:NAME (argv[optind]), checked: po filled in,
  * *prefix_out for --prefix, *colon_out at the ':' of PEER:NAME.  Returns 0
  * or the exit status of a usage error (printed). */
@@ -1816,7 +1923,7 @@ static int pull_args(int argc, char **argv, gshm_pull_opts_t *po, bool *prefix_o
                                        {"prefix", no_argument, NULL, 'p'},
                                        {"replace", no_argument, NULL, 'r'},
                                        {NULL, 0, NULL, 0}};
-  const char *colon;
+  char *as = NULL;
   bool prefix = false;
   int o;
 
@@ -1827,7 +1934,7 @@ static int pull_args(int argc, char **argv, gshm_pull_opts_t *po, bool *prefix_o
       if (!*optarg) /* (gshm_pull's default: the peer's own name, maybe --replace'd) */
         return errorf(EXIT_USAGE, -EINVAL, "pull: --as needs a local name, not '' (without "
                       "--as: the peer's name)");
-      po->local_name = optarg;
+      po->local_name = as = optarg;
       break;
     case 'l':
       if (check_location("pull", optarg))
@@ -1848,41 +1955,9 @@ static int pull_args(int argc, char **argv, gshm_pull_opts_t *po, bool *prefix_o
       return bad_option("pull", o, argv);
     }
   }
-  if (argc - optind == 1 && (!(colon = strchr(argv[optind], ':')) || colon == argv[optind]))
-    return errorf(EXIT_USAGE, -EINVAL,
-                  "pull: '%s' names no peer: write PEER:NAME (gshmctl peers lists the peers)",
-                  argv[optind]);
-  if (argc - optind == 1 && !colon[1] && !prefix)
-    return errorf(EXIT_USAGE, -EINVAL,
-                  "pull: '%s' names no segment: write PEER:NAME (gshmctl segments --peer "
-                  "%.*s lists them), or add --prefix to pull every segment it exports",
-                  argv[optind], (int)strcspn(argv[optind], ",:"), argv[optind]);
-  if (argc - optind != 1 || !(colon = strchr(argv[optind], ':')) || colon == argv[optind] ||
-      (!colon[1] && !prefix) || (size_t)(colon - argv[optind]) >= PULL_PEER_CAP) {
-    return errorf(EXIT_USAGE, -EINVAL,
-                  "usage: pull PEER:NAME [--as LOCAL] [--prefix] [--replace] [--location LOC] "
-                  "[--mode MODE]");
-  }
-  if (!prefix && colon[strlen(colon) - 1] == '/')
-    return errorf(EXIT_USAGE, -EINVAL,
-                  "pull: '%s' ends in '/': to pull every segment under it, add --prefix",
-                  colon + 1);
-  if (!prefix && po->local_name && po->local_name[strlen(po->local_name) - 1] == '/')
-    return errorf(EXIT_USAGE, -EINVAL,
-                  "pull: --as '%s' ends in '/', and a name cannot: for one segment --as is its "
-                  "local name (write --as '%s%s'); with --prefix, the local prefix",
-                  po->local_name, po->local_name,
-                  strrchr(colon + 1, '/') ? strrchr(colon + 1, '/') + 1 : colon + 1);
-  /* The local prefix replaces the peer's verbatim: "--as v2" for
-   * "llama/" would make "v2seg-000001", not "v2/seg-000001". */
-  if (prefix && colon[1] && colon[strlen(colon) - 1] == '/' && po->local_name &&
-      *po->local_name && po->local_name[strlen(po->local_name) - 1] != '/')
-    return errorf(EXIT_USAGE, -EINVAL,
-                  "pull: --as '%s' does not end in '/' as '%s' does: each local name would "
-                  "be '%s' and the rest of the peer's name, with no '/' between; write "
-                  "--as '%s/'", po->local_name, colon + 1, po->local_name, po->local_name);
+  if ((o = pull_target(argc, argv, prefix, as, colon_out)))
+    return o;
   *prefix_out = prefix;
-  *colon_out = colon;
   return 0;
 }
 
@@ -1993,10 +2068,11 @@ static int cmd_pull(gshm_client_t *c, int argc, char **argv) {
                   prefix ? "the set " : "", what, pull_signal == SIGINT ? "SIGINT" : "SIGTERM");
   }
   if (e && strcmp(gshm_last_error(c), GSHM_LOST_GSHMD_TEXT)) { /* gshmd's answer: as its log */
-    char msg[768], hint[256];
+    char msg[768], hint[256], glob[2 * GSHM_NAME_MAX + PULL_PEER_CAP + 128];
     gshm__pull_failure_message(msg, sizeof(msg), prefix, colon + 1, peer, e, gshm_last_error(c));
-    return errorf(exit_code(e), e, "%s%s%s", msg, peer_hint(c, e, peer, hint, sizeof(hint)),
-                  replace_hint(e, po.replace, gshm_last_error(c)));
+    return errorf(exit_code(e), e, "%s%s%s%s", msg, peer_hint(c, e, peer, hint, sizeof(hint)),
+                  replace_hint(e, po.replace, gshm_last_error(c)),
+                  prefix ? "" : glob_hint(e, peer, colon + 1, glob, sizeof(glob)));
   }
   if (e)
     return fail(c, "pull", e);
