@@ -1216,14 +1216,37 @@ static int read_output(const char **file) {
  * gshmctl refuses before asking gshmd; only gshmd's answer shows this). */
 #define PAST_END_FMT "offset %" PRIu64 " is past the segment's end (%" PRIu64 " bytes)"
 
-/* read -o FILE: where the bytes go until every one is in.  A regular file
- * (or none yet) is written as a temporary file beside it, renamed over it
- * at the end (output_end), so that a read that fails midway (a full disk,
- * a segment revoked) leaves FILE as it was instead of cut; a device, a
- * pipe, a symbolic link, a file of several links or one in a directory
- * this user may not write is written in place.  tmp (cap bytes) gets the
- * temporary file's path, "" in place.  Returns the fd or -errno. */
-static int output_open(const char *file, char *tmp, size_t cap) {
+/* read -o FILE's temporary file while it is written ("": none), and the
+ * handlers of the signals that end gshmctl that read_interrupted replaced
+ * meanwhile: a signal handler can use only what was prepared before it. */
+static char output_tmp[PATH_MAX];
+static struct sigaction output_old[3];
+static const int output_signals[3] = {SIGINT, SIGTERM, SIGHUP};
+
+/* SIGINT, SIGTERM or SIGHUP during read -o: removes the temporary file
+ * (unlink and raise are async-signal-safe), then ends gshmctl as the
+ * signal's default would (SA_RESETHAND gave it back; the signal, blocked
+ * while its handler runs, is delivered on return): FILE as it was. */
+static void read_interrupted(int sig) {
+  if (output_tmp[0])
+    unlink(output_tmp);
+  raise(sig);
+}
+
+/* Blocks output_signals, so that output_tmp and the handlers change
+ * together; *old_out gets the mask before, which SIG_SETMASK restores. */
+static void output_signals_block(sigset_t *old_out) {
+  sigset_t set;
+
+  sigemptyset(&set);
+  for (size_t i = 0; i < 3; i++)
+    sigaddset(&set, output_signals[i]);
+  sigprocmask(SIG_BLOCK, &set, old_out);
+}
+
+/* output_open's file: fd for file, or its temporary file, whose path tmp
+ * (cap bytes) gets ("" in place).  Returns the fd or -errno. */
+static int output_create(const char *file, char *tmp, size_t cap) {
   const char *slash = strrchr(file, '/');
   struct stat st;
   bool exists = lstat(file, &st) == 0;
@@ -1248,12 +1271,42 @@ static int output_open(const char *file, char *tmp, size_t cap) {
   return fd;
 }
 
-/* Closes read's output fd (of file, written at tmp: output_open) and, when
- * ok, renames tmp over file; else removes tmp.  Returns 0 or the exit
- * status of the error (printed). */
-static int output_end(const char *file, const char *tmp, int fd, bool ok) {
+/* read -o FILE: where the bytes go until every one is in.  A regular file
+ * (or none yet) is written as a temporary file beside it, renamed over it
+ * at the end (output_end), so that a read that fails midway (a full disk,
+ * a segment revoked) or is ended by SIGINT, SIGTERM or SIGHUP
+ * (read_interrupted) leaves FILE as it was instead of cut, and no
+ * temporary file; a device, a pipe, a symbolic link, a file of several
+ * links or one in a directory this user may not write is written in
+ * place.  Returns the fd or -errno. */
+static int output_open(const char *file) {
+  struct sigaction sa = {.sa_handler = read_interrupted, .sa_flags = SA_RESETHAND};
+  sigset_t mask;
+  int fd;
+
+  sigemptyset(&sa.sa_mask);
+  output_signals_block(&mask);
+  fd = output_create(file, output_tmp, sizeof(output_tmp));
+  /* (a signal ignored, as nohup's SIGHUP or a script's background
+   * job's SIGINT, stays ignored) */
+  for (size_t i = 0; i < 3 && output_tmp[0]; i++)
+    if (!sigaction(output_signals[i], NULL, &output_old[i]) &&
+        output_old[i].sa_handler != SIG_IGN)
+      sigaction(output_signals[i], &sa, NULL);
+  sigprocmask(SIG_SETMASK, &mask, NULL);
+  return fd;
+}
+
+/* Closes read's output fd (of file, written at output_tmp: output_open)
+ * and, when ok, renames the temporary file over file; else removes it;
+ * the signals' handlers as they were.  Returns 0 or the exit status of
+ * the error (printed). */
+static int output_end(const char *file, int fd, bool ok) {
+  const char *tmp = output_tmp;
+  sigset_t mask;
   int rc = EXIT_OK;
 
+  output_signals_block(&mask);
   if (fd >= 0 && close(fd) < 0 && ok)
     rc = errorf(EXIT_ERR, -errno, "read: %s: %s", file, strerror(errno));
   if (*tmp && (rc || !ok || rename(tmp, file) < 0)) {
@@ -1261,6 +1314,10 @@ static int output_end(const char *file, const char *tmp, int fd, bool ok) {
       rc = errorf(EXIT_ERR, -errno, "read: %s: %s", file, strerror(errno));
     unlink(tmp);
   }
+  for (size_t i = 0; i < 3 && *tmp; i++)
+    sigaction(output_signals[i], &output_old[i], NULL);
+  output_tmp[0] = '\0';
+  sigprocmask(SIG_SETMASK, &mask, NULL);
   return rc;
 }
 
@@ -1270,7 +1327,6 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   const char *file = NULL;
   gshm_segment_t *seg = NULL;
   void *addr, *buf = NULL;
-  char tmp[PATH_MAX] = "";
   int out = STDOUT_FILENO, e, rc = EXIT_OK;
 
   if ((rc = rw_opts(argc, argv, false, &offset, &length, &have_length, &file)) ||
@@ -1303,7 +1359,7 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
     rc = fail(c, "read: map", e);
     goto out;
   }
-  if (file && (out = output_open(file, tmp, sizeof(tmp))) < 0) {
+  if (file && (out = output_open(file)) < 0) {
     rc = errorf(EXIT_ERR, out, "read: %s: %s", file, strerror(-out));
     goto out;
   }
@@ -1325,7 +1381,7 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
   }
 out:
   free(buf);
-  if (file && (e = output_end(file, tmp, out, rc == EXIT_OK)))
+  if (file && (e = output_end(file, out, rc == EXIT_OK)))
     rc = e;
   gshm_close(seg);
   if (rc == EXIT_OK && json_out) {

@@ -3,7 +3,9 @@
  * memfd_create of the name in $FAIL_MEMFD_NAME fails with EMFILE (every
  * other name is the real call's), so that an anchor that needs one fails;
  * with $FLIP_READ set, gshm_read returns its bytes with one bit flipped,
- * as a wrong copy would read.  Exported by name: the project builds with
+ * as a wrong copy would read.  For test_read_signal.sh, $SLOW_READ_MS
+ * makes each gshm_read first sleep that many milliseconds (a read long
+ * enough to interrupt).  Exported by name: the project builds with
  * hidden visibility. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -11,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SHIM_API __attribute__((visibility("default")))
 
@@ -37,8 +40,12 @@ int memfd_create(const char *name, unsigned int flags) {
 int gshm_read(gshm_segment_t *seg, uint64_t offset, void *buf, size_t bytes) {
   int (*real)(gshm_segment_t *, uint64_t, void *, size_t) =
       (int (*)(gshm_segment_t *, uint64_t, void *, size_t))dlsym(RTLD_NEXT, "gshm_read");
-  int e = real ? real(seg, offset, buf, bytes) : -ENOSYS;
+  const char *slow = getenv("SLOW_READ_MS");
+  int e;
 
+  if (slow)
+    usleep((useconds_t)atoi(slow) * 1000);
+  e = real ? real(seg, offset, buf, bytes) : -ENOSYS;
   if (!e && bytes && getenv("FLIP_READ"))
     ((uint8_t *)buf)[bytes / 2] ^= 1;
   return e;
