@@ -230,9 +230,10 @@
     "CAP_NET_BIND_SERVICE for that user; use a higher one.")                    \
                                                                                 \
   X(cluster, listen, STR, cluster_listen, "", 0, 128, NULL,                     \
-    "Serve peer nodes on ADDRESS:PORT (e.g. 10.0.0.5:7470), the one TCP port "  \
-    "gshmd listens on; empty turns the cluster off. Peers prove the cluster "   \
-    "key there before anything else. See docs/CLUSTER.md.")                  \
+    "Serve peer nodes on ADDRESS:PORT (e.g. 10.0.0.5:7470), the cluster's "     \
+    "one TCP port (its data lanes connect there too; metrics.http_listen, "    \
+    "when set, is another, on loopback); empty turns the cluster off. Peers "  \
+    "prove the cluster key there before anything else. See docs/CLUSTER.md.")  \
   X(cluster, node_name, STR, cluster_node_name, "", 0, 63, NULL,                \
     "This node's name as its peers know it (their cluster.peers); empty: the "  \
     "host name.")                                                               \
