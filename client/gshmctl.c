@@ -1225,8 +1225,9 @@ static const int output_signals[3] = {SIGINT, SIGTERM, SIGHUP};
 
 /* SIGINT, SIGTERM or SIGHUP during read -o: removes the temporary file
  * (unlink and raise are async-signal-safe), then ends gshmctl as the
- * signal's default would (SA_RESETHAND gave it back; the signal, blocked
- * while its handler runs, is delivered on return): FILE as it was. */
+ * signal's default would (SA_RESETHAND gave it back; raised, it ends the
+ * process at once, or on return where the handler runs with it blocked):
+ * FILE as it was. */
 static void read_interrupted(int sig) {
   if (output_tmp[0])
     unlink(output_tmp);
