@@ -52,8 +52,9 @@ static __thread struct {
 } thread_error;
 
 static atomic_uint_fast64_t connects;
-/* a bad $GSHM_RECONNECT_MS, $GSHM_HELLO_TIMEOUT_MS was logged (env_ms) */
-static atomic_bool reconnect_told, hello_told;
+/* a bad $GSHM_RECONNECT_MS, $GSHM_HELLO_TIMEOUT_MS, $GSHM_POLL_US,
+ * $GSHM_LIST_MAX was logged (env_count) */
+static atomic_bool reconnect_told, hello_told, poll_told, list_max_told;
 
 void gshm__last_error_local(struct gshm_client *c) {
   thread_error.client = c;
@@ -94,6 +95,25 @@ int gshm__client_unlock(struct gshm_client *c) {
   return retired ? gshm__retire_device_maps(c, retired, false) : 0;
 }
 
+/* v as a count: decimal digits alone, min to max, into *out.  False for
+ * anything else (a sign, a space, junk after the digits, a number past
+ * max): atoi and strtol took "10s" as 10, junk as 0, and strtoul "-1" as
+ * ULONG_MAX. */
+static bool env_digits(const char *v, unsigned long long min, unsigned long long max,
+                       unsigned long long *out) {
+  unsigned long long n;
+  char *end = NULL;
+
+  if (*v < '0' || *v > '9')
+    return false;
+  errno = 0;
+  n = strtoull(v, &end, 10);
+  if (*end || errno || n < min || n > max)
+    return false;
+  *out = n;
+  return true;
+}
+
 /* The library is silent unless $GSHM_LOG_LEVEL asks (docs/ARCHITECTURE.md
  * "Errors and logging").  Every variable the library reads goes through
  * secure_getenv: in a setuid or setgid program (AT_SECURE) the caller's
@@ -101,7 +121,24 @@ int gshm__client_unlock(struct gshm_client *c) {
  * written to stderr. */
 static void log_init(void) {
   const char *v = secure_getenv("GSHM_LOG_LEVEL");
-  gshm__log_setup("libgshm", v && *v ? atoi(v) : -1, 0);
+  unsigned long long level;
+
+  if (!v || !*v) {
+    gshm__log_setup("libgshm", -1, 0);
+    return;
+  }
+  if (env_digits(v, 0, GSHM_LOG_DEBUG, &level)) {
+    gshm__log_setup("libgshm", (int)level, 0);
+    return;
+  }
+  /* atoi took "4x" as 4 and junk as 0 (emergencies only): a set but bad
+   * value says so once, here, where the caller asked for a log, and the
+   * library is silent after it (gshm.h) */
+  gshm__log_setup("libgshm", GSHM_LOG_WARNING, 0);
+  gshm_log_warn("$GSHM_LOG_LEVEL=\"%.40s\" is not a syslog priority from 0 to %d: libgshm "
+                "logs nothing",
+                v, GSHM_LOG_DEBUG);
+  gshm__log_setup("libgshm", -1, 0);
 }
 
 const char *gshm_strerror(int err) { return gshm__strerror(err); }
@@ -540,44 +577,64 @@ int gshm__request_body(struct gshm_client *c, uint16_t type, const ProtobufCMess
   return 0;
 }
 
-/* $name as milliseconds: decimal digits alone, 0 to ENV_MS_MAX; unset or
- * empty, dflt.  Any other value (junk, a sign, a number past the maximum)
- * is the default too, said once per process at GSHM_LOG_LEVEL >= 4 (*told
- * marks it): atoi made junk 0 (no reconnect, a hello that waits for
- * ever), a negative hello timeout none, a value past INT_MAX anything. */
-static int env_ms(const char *name, int dflt, atomic_bool *told) {
-  const char *v = secure_getenv(name);
-  unsigned long long ms = 0;
-  char *end = NULL;
+/* A number that libgshm reads from its environment (gshm.h). */
+struct env_count {
+  const char *name;         /* the variable */
+  unsigned long long min;   /* its range */
+  unsigned long long max;
+  const char *unit;         /* what it counts, "milliseconds" */
+  const char *abbrev;       /* the unit after the default, "ms" */
+  atomic_bool *told;        /* a bad value of it was logged */
+};
+
+/* $k->name read strictly (env_digits); unset or empty, dflt.  Any other
+ * value is dflt too, said once per process and variable at
+ * GSHM_LOG_LEVEL >= 4 (k->told marks it). */
+static long long env_count(const struct env_count *k, long long dflt) {
+  const char *v = secure_getenv(k->name);
+  unsigned long long n;
 
   if (!v || !*v)
     return dflt;
-  errno = 0;
-  if (*v >= '0' && *v <= '9')
-    ms = strtoull(v, &end, 10);
-  if (end && !*end && !errno && ms <= ENV_MS_MAX)
-    return (int)ms;
-  if (!atomic_exchange(told, true))
-    gshm_log_warn("$%s=\"%.40s\" is not a count of milliseconds from 0 to %d: the default, "
-                  "%d ms, is used",
-                  name, v, ENV_MS_MAX, dflt);
+  if (env_digits(v, k->min, k->max, &n))
+    return (long long)n;
+  if (!atomic_exchange(k->told, true))
+    gshm_log_warn("$%s=\"%.40s\" is not a count of %s from %llu to %llu: the default, %lld "
+                  "%s, is used",
+                  k->name, v, k->unit, k->min, k->max, dflt, k->abbrev);
   return dflt;
+}
+
+/* $GSHM_RECONNECT_MS, $GSHM_HELLO_TIMEOUT_MS: atoi made junk 0 (no
+ * reconnect, a hello that waits for ever), a negative hello timeout none,
+ * a value past INT_MAX anything. */
+static int env_ms(const char *name, int dflt, atomic_bool *told) {
+  const struct env_count k = {name, 0, ENV_MS_MAX, "milliseconds", "ms", told};
+
+  return (int)env_count(&k, dflt);
 }
 
 /* How long a request polls for its reply before sleeping: $GSHM_POLL_US
  * microseconds (0 to 1000), else 30 us where this process may run on at
  * least 4 CPUs (gshmd then has one of its own) and 0 on smaller machines
  * or cpusets, where a polling client would take the CPU gshmd needs to
- * answer. */
+ * answer.  (strtol without an end check took junk as 0: no polling.) */
 static int default_poll_ns(void) {
-  const char *env = secure_getenv("GSHM_POLL_US");
-  long us;
+  static const struct env_count k = {"GSHM_POLL_US", 0, 1000, "microseconds", "us", &poll_told};
+  int dflt = gshm__usable_cpus() >= GSHM_POLL_MIN_CPUS ? 30 : 0;
 
-  if (env && *env) {
-    us = strtol(env, NULL, 10);
-    return (int)(us < 0 ? 0 : us > 1000 ? 1000 : us) * 1000;
-  }
-  return gshm__usable_cpus() >= GSHM_POLL_MIN_CPUS ? 30000 : 0;
+  return (int)env_count(&k, dflt) * 1000;
+}
+
+/* The most segments gshm_list_remote takes from one peer: $GSHM_LIST_MAX
+ * (1 to GSHM_WIRE_SEGMENTS_MAX, which is also the default).  strtoul took
+ * junk or 0 as no lowering, "-1" as ULONG_MAX (the cap) and "1000x" as
+ * 1000, all silently. */
+static uint32_t list_max(void) {
+  static const struct env_count k = {"GSHM_LIST_MAX", 1, GSHM_WIRE_SEGMENTS_MAX, "segments",
+                                     "segments", &list_max_told};
+
+  return (uint32_t)env_count(&k, GSHM_WIRE_SEGMENTS_MAX);
 }
 
 int gshm__request_more(struct gshm_client *c, uint16_t type, Gshm__Reply **reply_out) {
@@ -610,7 +667,6 @@ int gshm__request_more(struct gshm_client *c, uint16_t type, Gshm__Reply **reply
 int gshm_connect(const char *path, const char *client_name, gshm_client_t **client_out) {
   struct gshm_client *c;
   const char *env;
-  unsigned long list_max;
   int e;
 
   pthread_once(&log_once, log_init);
@@ -637,10 +693,7 @@ int gshm_connect(const char *path, const char *client_name, gshm_client_t **clie
   c->reconnect_ms = env_ms("GSHM_RECONNECT_MS", DEFAULT_RECONNECT_MS, &reconnect_told);
   c->hello_timeout_ms = env_ms("GSHM_HELLO_TIMEOUT_MS", DEFAULT_HELLO_TIMEOUT_MS, &hello_told);
   c->poll_ns = default_poll_ns();
-  env = secure_getenv("GSHM_LIST_MAX"); /* (lowers the cap only) */
-  list_max = env && *env ? strtoul(env, NULL, 10) : 0;
-  c->remote_list_max = list_max && list_max < GSHM_WIRE_SEGMENTS_MAX ? list_max
-                                                                     : GSHM_WIRE_SEGMENTS_MAX;
+  c->remote_list_max = list_max(); /* (lowers the cap only) */
   c->fork_gen = gshm__fork_gen();
   c->serial = atomic_fetch_add(&connects, 1) + 1;
   if ((e = socket_connect(c->path, &c->fd)) || (e = hello(c))) {

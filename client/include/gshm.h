@@ -29,7 +29,8 @@
  *    client and must not be used after gshm_close() or
  *    gshm_disconnect().
  *  - The library prints nothing unless $GSHM_LOG_LEVEL is set (0..7,
- *    syslog priorities; messages go to stderr).  In a setuid or setgid
+ *    syslog priorities; messages go to stderr; another value logs nothing
+ *    but one line that says so).  In a setuid or setgid
  *    program (AT_SECURE) the library ignores $GSHM_SOCKET,
  *    $GSHM_LOG_LEVEL, $GSHM_RECONNECT_MS, $GSHM_HELLO_TIMEOUT_MS,
  *    $GSHM_POLL_US and $GSHM_LIST_MAX (secure_getenv(3)).
@@ -44,6 +45,9 @@
  *    microseconds (0..1000; default 30 where the process may run on 4 or
  *    more CPUs (its affinity mask), else 0) before it sleeps: shorter
  *    round trips for a little CPU.  gshmd's own side is daemon.poll_us.
+ *  - $GSHM_LIST_MAX and $GSHM_POLL_US, like $GSHM_RECONNECT_MS, take
+ *    decimal digits alone within their range; another value is the
+ *    default, said once at GSHM_LOG_LEVEL>=4.
  *  - CUDA is loaded with dlopen only when a device segment is mapped or a
  *    copy is asked for: host-only programs need no CUDA installation.
  */

@@ -566,6 +566,68 @@ static void test_env_ms_strict(void **state) {
   unsetenv("GSHM_RECONNECT_MS");
 }
 
+/* $GSHM_POLL_US (0..1000), $GSHM_LIST_MAX (1..16777216) and
+ * $GSHM_LOG_LEVEL (0..7) take decimal digits alone too; any other value is
+ * the default, said once (gshm.h).  strtol took junk as 0 and "2000" as
+ * 1000, strtoul "-1" as ULONG_MAX and "1000x" as 1000, atoi "4x" as 4,
+ * all silently. */
+static void test_env_counts_strict(void **state) {
+  static const char *const status[] = {"status", NULL};
+  static const char *const bad_poll[] = {"junk", "-1", "2000", "10us", " 5"};
+  static const char *const bad_list[] = {"-1", "0", "1000x", "16777217", "99999999999999999999"};
+  struct harness *h = *state;
+  char want[256], *out = NULL;
+
+  setenv("GSHM_LOG_LEVEL", "4", 1);
+  for (size_t i = 0; i < sizeof(bad_poll) / sizeof(*bad_poll); i++) {
+    setenv("GSHM_POLL_US", bad_poll[i], 1);
+    setenv("GSHM_LIST_MAX", bad_list[i], 1);
+    assert_int_equal(harness_gshmctl_stderr(h, &out, status, true), 0);
+    print_message("%s", out);
+    snprintf(want, sizeof(want), "$GSHM_POLL_US=\"%s\" is not a count of microseconds from 0 "
+             "to 1000: the default, ", bad_poll[i]);
+    assert_int_equal(count_of(out, want), 1);
+    snprintf(want, sizeof(want), "$GSHM_LIST_MAX=\"%s\" is not a count of segments from 1 to "
+             "16777216: the default, 16777216 segments, is used", bad_list[i]);
+    assert_int_equal(count_of(out, want), 1);
+    free(out);
+  }
+  /* the ends of the ranges are taken without a word */
+  for (int i = 0; i < 2; i++) {
+    setenv("GSHM_POLL_US", i ? "1000" : "0", 1);
+    setenv("GSHM_LIST_MAX", i ? "16777216" : "1", 1);
+    assert_int_equal(harness_gshmctl_stderr(h, &out, status, true), 0);
+    assert_null(strstr(out, "is not a count of"));
+    free(out);
+  }
+  unsetenv("GSHM_POLL_US");
+  unsetenv("GSHM_LIST_MAX");
+
+  /* a bad level: said once, and nothing else is logged (the library's
+   * connect line at level 6 came with "7x") */
+  setenv("GSHM_LOG_LEVEL", "7x", 1);
+  setenv("GSHM_POLL_US", "junk", 1);
+  assert_int_equal(harness_gshmctl_stderr(h, &out, status, true), 0);
+  print_message("%s", out);
+  assert_int_equal(count_of(out, "$GSHM_LOG_LEVEL=\"7x\" is not a syslog priority from 0 to 7: "
+                                 "libgshm logs nothing"), 1);
+  assert_null(strstr(out, "GSHM_POLL_US"));
+  free(out);
+  setenv("GSHM_LOG_LEVEL", "8", 1);
+  assert_int_equal(harness_gshmctl_stderr(h, &out, status, true), 0);
+  assert_int_equal(count_of(out, "$GSHM_LOG_LEVEL=\"8\" is not a syslog priority"), 1);
+  assert_null(strstr(out, "GSHM_POLL_US"));
+  free(out);
+  /* a good one still logs */
+  setenv("GSHM_LOG_LEVEL", "4", 1);
+  assert_int_equal(harness_gshmctl_stderr(h, &out, status, true), 0);
+  assert_int_equal(count_of(out, "$GSHM_POLL_US=\"junk\""), 1);
+  assert_null(strstr(out, "GSHM_LOG_LEVEL"));
+  free(out);
+  unsetenv("GSHM_POLL_US");
+  unsetenv("GSHM_LOG_LEVEL");
+}
+
 /* gshm_open with gshmd gone for good waits $GSHM_RECONNECT_MS once, as
  * every other call does: its lease cache's check reconnected (waiting),
  * and on failure its request reconnected again, waiting as long again
@@ -1146,6 +1208,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_open_waits_for_gshmd_once, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_reconnect_that_fails_is_a_lost_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_env_ms_strict, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_env_counts_strict, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_forked_child_leaves_the_parent_alone, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_fork_while_another_thread_waits_for_gshmd, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
