@@ -1246,24 +1246,34 @@ static void output_signals_block(sigset_t *old_out) {
 }
 
 /* output_open's file: fd for file, or its temporary file, whose path tmp
- * (cap bytes) gets ("" in place).  Returns the fd or -errno. */
+ * (cap bytes) gets ("" in place).  Only a regular file of this user's own
+ * (or none yet) is written as a temporary file; another user's is written
+ * in place: renamed, it became this user's with that user's mode,
+ * set-user-ID bit included (root reading into a file another user left in
+ * /tmp made a set-user-ID root program of bytes that user may have put in
+ * the segment); for the same reason the set-group-ID bit is kept only
+ * where the new file has the old one's group.  Returns the fd or -errno. */
 static int output_create(const char *file, char *tmp, size_t cap) {
   const char *slash = strrchr(file, '/');
-  struct stat st;
+  struct stat st, mine;
   bool exists = lstat(file, &st) == 0;
-  mode_t mask = umask(0);
+  mode_t mask = umask(0), mode = 0644 & ~mask;
   int fd;
 
   umask(mask);
   tmp[0] = '\0';
-  if ((exists && (!S_ISREG(st.st_mode) || st.st_nlink > 1)) || (!exists && errno != ENOENT))
+  if ((exists && (!S_ISREG(st.st_mode) || st.st_nlink > 1 || st.st_uid != geteuid())) ||
+      (!exists && errno != ENOENT))
     return (fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ? -errno : fd;
   if (snprintf(tmp, cap, "%.*s.%s.gshmctl-XXXXXX", slash ? (int)(slash - file + 1) : 0, file,
                slash ? slash + 1 : file) >= (int)cap || (fd = mkostemp(tmp, O_CLOEXEC)) < 0) {
     tmp[0] = '\0'; /* (a directory it may not write: in place) */
     return (fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ? -errno : fd;
   }
-  if (fchmod(fd, exists ? st.st_mode & 07777 : 0644 & ~mask) < 0) {
+  if (exists)
+    mode = fstat(fd, &mine) == 0 && mine.st_gid == st.st_gid ? st.st_mode & 07777
+                                                              : st.st_mode & 07777 & ~S_ISGID;
+  if (fchmod(fd, mode) < 0) {
     int e = -errno;
     close(fd);
     unlink(tmp);
@@ -1278,8 +1288,8 @@ static int output_create(const char *file, char *tmp, size_t cap) {
  * a segment revoked) or is ended by SIGINT, SIGTERM or SIGHUP
  * (read_interrupted) leaves FILE as it was instead of cut, and no
  * temporary file; a device, a pipe, a symbolic link, a file of several
- * links or one in a directory this user may not write is written in
- * place.  Returns the fd or -errno. */
+ * links, another user's file (output_create) or one in a directory this
+ * user may not write is written in place.  Returns the fd or -errno. */
 static int output_open(const char *file) {
   struct sigaction sa = {.sa_handler = read_interrupted, .sa_flags = SA_RESETHAND};
   sigset_t mask;

@@ -88,6 +88,29 @@ run 0 read seg4m -o "$dir/keep"
 "$ctl" read seg4m >"$dir/o" 2>/dev/null
 cmp -s "$dir/keep" "$dir/o" || fail "read -o over a file: not the segment's bytes"
 [ "$(stat -c %a "$dir/keep")" = 640 ] || fail "read -o over a file: mode $(stat -c %a "$dir/keep")"
+# ... but only a file of its own: run by root (or any user) over a file
+# another user made in a directory both may write (/tmp), the rename gave
+# root a file of that user's mode, set-user-ID bit and all, holding bytes
+# the other user may have put in the segment: a root shell.  Such a file
+# is written in place, its owner's still.
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
+  shared=$(mktemp -d)
+  chmod 1777 "$shared"
+  setpriv --reuid=65534 --regid=65534 --clear-groups \
+    sh -c 'printf x >"$1" && chmod 06777 "$1"' sh "$shared/trap" || fail "nobody's file"
+  run 0 read seg4m -o "$shared/trap"
+  cmp -s "$shared/trap" "$dir/o" || fail "read -o over nobody's file: not the segment's bytes"
+  [ "$(stat -c %u "$shared/trap")" = 65534 ] ||
+    fail "read -o over nobody's file: now $(stat -c '%U %a' "$shared/trap")"
+  # a file of its own whose group it is not in keeps no set-group-ID bit
+  printf x >"$shared/own"
+  chgrp 65534 "$shared/own"
+  chmod 02755 "$shared/own"
+  run 0 read seg4m -o "$shared/own"
+  [ "$(stat -c %a "$shared/own")" = 755 ] ||
+    fail "read -o over its own file of another group: mode $(stat -c '%a %G' "$shared/own")"
+  rm -rf "$shared"
+fi
 run 0 unlink seg4m
 
 # help's own help: its usage line, as any verb's (it was "unknown verb
