@@ -165,7 +165,8 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
 
 /* Whether the service manager handed this process fd store entries that
  * hold segments (a bucket end, or the legacy format's "seg-<id>"), read
- * from $LISTEN_FDNAMES (and $LISTEN_PID, which must be this process's)
+ * from $LISTEN_FDNAMES (and $LISTEN_PID, which must be this process's,
+ * in decimal digits alone as systemd writes it)
  * without taking any fd.  For a start that fails before the restore: a
  * unit that fails its start limit drops its store (main.c
  * start_failed_wait).  No errors: false when the variables are absent or

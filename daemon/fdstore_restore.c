@@ -4,6 +4,7 @@
  * run's journal is made; and at stop (fdstore.h). */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -349,10 +350,13 @@ void gshmd_fdstore_shutdown(struct gshmd_fdstore *fs) {
 
 bool gshmd_fdstore_passed_segments(void) {
   const char *pid = getenv("LISTEN_PID"), *names = getenv("LISTEN_FDNAMES");
-  char name[64];
+  char name[64], mine[24];
   uint64_t id, v;
 
-  if (!pid || !names || strtoll(pid, NULL, 10) != (long long)getpid())
+  /* (whole, as systemd writes it: strtoll took "PIDx" for PID, a store
+   * sd_listen_fds refuses to hand over) */
+  snprintf(mine, sizeof(mine), "%d", (int)getpid());
+  if (!pid || !names || strcmp(pid, mine))
     return false;
   for (const char *p = names; *p;) {
     size_t k = strcspn(p, ":");

@@ -1467,6 +1467,35 @@ static void test_resend_memo_shared(void **state) {
   close(fs.journal_fd);
 }
 
+/* gshmd_fdstore_passed_segments takes $LISTEN_PID whole, as
+ * sd_listen_fds does: "PIDx" (strtoll without an end check read it as
+ * PID) is no one's, and a failed start then does not wait 10 s for a
+ * store that sd_listen_fds would not hand over. */
+static void test_passed_segments_pid_strict(void **state) {
+  char pid[32];
+  (void)state;
+
+  setenv("LISTEN_FDNAMES", "gshmd.sock:b0a", 1);
+  snprintf(pid, sizeof(pid), "%d", (int)getpid());
+  setenv("LISTEN_PID", pid, 1);
+  assert_true(gshmd_fdstore_passed_segments());
+  snprintf(pid, sizeof(pid), "%dx", (int)getpid());
+  setenv("LISTEN_PID", pid, 1);
+  assert_false(gshmd_fdstore_passed_segments());
+  snprintf(pid, sizeof(pid), "%d 1", (int)getpid());
+  setenv("LISTEN_PID", pid, 1);
+  assert_false(gshmd_fdstore_passed_segments());
+  snprintf(pid, sizeof(pid), "0%d", (int)getpid());
+  setenv("LISTEN_PID", pid, 1);
+  assert_false(gshmd_fdstore_passed_segments());
+  setenv("LISTEN_FDNAMES", "gshmd.sock", 1);
+  snprintf(pid, sizeof(pid), "%d", (int)getpid());
+  setenv("LISTEN_PID", pid, 1);
+  assert_false(gshmd_fdstore_passed_segments()); /* (nothing stored) */
+  unsetenv("LISTEN_PID");
+  unsetenv("LISTEN_FDNAMES");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_stale_journal_record_loses, setup, teardown),
@@ -1522,6 +1551,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_revoked_record_restore, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sticky_cuda_error_leaves_the_store_alone, setup,
                                       teardown),
+      cmocka_unit_test(test_passed_segments_pid_strict),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
