@@ -383,8 +383,9 @@ int gshmd_registry_revoke(struct gshmd_registry *r, struct gshmd_client *c, cons
 
 /* Records what c reported of its lease lease_id's mapping: mapped or not
  * (unmapped), on the devices uuids[0..n) (at most GSHM_WIRE_MAP_DEVICES_MAX,
- * as many as libgshm maps on, each at most 47 printable bytes without a
- * ','; kept as one string of at most 3 KiB per lease), shown by the lease
+ * as many as libgshm maps on, each 1 to 47 bytes of printable ASCII
+ * (0x21..0x7e) without a ','; kept as one string of at most 3 KiB per
+ * lease), shown by the lease
  * listing (its first 8: server.h GSHMD_LEASE_DEVICES, with their count
  * in all).  Errors: -ENOENT c holds no
  * such lease, -EINVAL, -ENOMEM. */

@@ -275,10 +275,13 @@ int gshmd_registry_map_report(struct gshmd_registry *r, struct gshmd_client *c, 
   }
   for (size_t i = 0; i < n; i++) {
     size_t len = strlen(uuids[i]);
+    /* printable ASCII without blanks: an admin's listing shows them
+     * (bytes past 0x7e, no UTF-8, vanished from gshmctl's JSON) */
     for (size_t k = 0; k < len && len <= 47; k++)
-      if ((unsigned char)uuids[i][k] < 0x20 || uuids[i][k] == 0x7f || uuids[i][k] == ',')
+      if ((unsigned char)uuids[i][k] <= 0x20 || (unsigned char)uuids[i][k] >= 0x7f ||
+          uuids[i][k] == ',')
         len = SIZE_MAX;
-    if (len > 47) {
+    if (len == 0 || len > 47) {
       *msg_out = "bad device uuid";
       return -EINVAL;
     }

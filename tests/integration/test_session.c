@@ -880,6 +880,58 @@ static void test_map_report_of_many_gpus(void **state) {
   gshm_disconnect(c);
 }
 
+/* A mapping report's device UUIDs are printable ASCII (libgshm's are
+ * "GPU-...", "MIG-..." or "cuda:N"), 1 to 47 bytes.  gshmd took any byte
+ * from 0x80 up and empty ones: a client whose lease an admin lists sent
+ * "GPU-\xff", which `gshmctl --json mappings` dropped from "devices"
+ * (jansson refuses bytes that are no UTF-8), so the lease showed mapped on
+ * no GPU while it said devices_total 1; "\xc2\x9b" is a C1 CSI. */
+static void test_map_report_uuids_are_ascii(void **state) {
+  static const char *const bad[] = {"GPU-\xff", "GPU-\xc2\x9b" "2J", "", "GPU-a b", "GPU-\x7f"};
+  struct harness *h = *state;
+  Gshm__OpenRequest o = GSHM__OPEN_REQUEST__INIT;
+  Gshm__MapReport mr = GSHM__MAP_REPORT__INIT;
+  char *uuids[1], good[] = "GPU-ok", *out = NULL;
+  gshm_client_t *c;
+  gshm_segment_t *s;
+  int raw = raw_connect(h->socket_path);
+  uint32_t rid = 2;
+  Gshm__Reply *r;
+
+  assert_int_equal(gshm_connect(h->socket_path, "owner", &c), 0);
+  assert_int_equal(gshm_create(c, "ascii/gpus", 4096, NULL, 0644, 0, &s), 0);
+  o.name = "ascii/gpus";
+  o.access = GSHM__ACCESS__ACCESS_READ;
+  assert_int_equal(gshm__wire_send(raw, GSHM_WIRE_OPEN, rid++, &o.base, -1), 0);
+  r = raw_reply(raw);
+  assert_int_equal(r->status, GSHM__STATUS__STATUS_OK);
+  mr.lease_id = r->grant->lease_id;
+  gshm__reply__free_unpacked(r, NULL);
+  mr.device_uuids = uuids;
+  mr.n_device_uuids = 1;
+  for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++) {
+    uuids[0] = (char *)bad[i];
+    assert_int_equal(gshm__wire_send(raw, GSHM_WIRE_MAP_REPORT, rid++, &mr.base, -1), 0);
+    r = raw_reply(raw);
+    print_message("    uuid %zu: status %d\n", i, (int)r->status);
+    assert_int_equal(r->status, GSHM__STATUS__STATUS_INVALID_ARGUMENT);
+    gshm__reply__free_unpacked(r, NULL);
+  }
+  uuids[0] = good;
+  assert_int_equal(gshm__wire_send(raw, GSHM_WIRE_MAP_REPORT, rid++, &mr.base, -1), 0);
+  r = raw_reply(raw);
+  assert_int_equal(r->status, GSHM__STATUS__STATUS_OK);
+  gshm__reply__free_unpacked(r, NULL);
+  assert_int_equal(harness_gshmctl(h, &out, (const char *const[]){"mappings", "--json", NULL}),
+                   0);
+  assert_non_null(strstr(out, "\"GPU-ok\""));
+  free(out);
+  close(raw);
+  assert_int_equal(gshm_close(s), 0);
+  assert_int_equal(gshm_unlink(c, "ascii/gpus"), 0);
+  gshm_disconnect(c);
+}
+
 /* gshm_read / gshm_write map a segment that is not mapped and keep that
  * mapping (reported to gshmd) for the next calls, until gshm_unmap or the
  * close; each call used to map and unmap (for a device segment, a CUDA
@@ -1214,6 +1266,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_lease_cache, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_read_keeps_its_mapping, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_map_report_of_many_gpus, harness_cmocka_setup, harness_cmocka_teardown),
+      cmocka_unit_test_setup_teardown(test_map_report_uuids_are_ascii, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_lists_and_status, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_host_size_and_populate, harness_cmocka_setup, harness_cmocka_teardown),
       cmocka_unit_test_setup_teardown(test_last_error_is_the_threads_own, harness_cmocka_setup, harness_cmocka_teardown),
