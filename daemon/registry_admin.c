@@ -131,14 +131,18 @@ uint64_t gshmd_registry_grace_begin(struct gshmd_registry *r) {
 }
 
 unsigned gshmd_registry_reap_unlinked(struct gshmd_registry *r) {
-  struct gshm_list *pos, *tmp;
+  struct gshmd_segment *seg;
   unsigned n = 0;
 
   r->restore_grace_over = true;
-  gshm_list_foreach_safe(pos, tmp, &r->segments) {
-    struct gshmd_segment *seg = gshm_list_entry(pos, struct gshmd_segment, node);
+  /* By id, each step looked up again: a free's event may let the fd store
+   * catch up and let go of the segments it held, any of them (the list's
+   * next one, kept across the free, was then freed under the walk). */
+  for (seg = gshmd_registry_find_after(r, 0); seg;) {
+    uint64_t id = seg->id;
     if (seg->unlinked && seg->nleases == 0)
       n += gshmd__reg_segment_release(r, seg);
+    seg = gshmd_registry_find_after(r, id);
   }
   return n;
 }

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -1467,6 +1468,54 @@ static void test_resend_memo_shared(void **state) {
   close(fs.journal_fd);
 }
 
+/* The grace period's end frees each restored segment left unlinked and
+ * unleased (gshmd_registry_reap_unlinked).  With the store behind until
+ * then, the first such free's event lets the store catch up, record the
+ * publish mark and let go of the members it held: the reap must not then
+ * step onto one of those, freed under it. */
+static void test_reap_while_the_store_catches_up(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[3] = {record(3, "z", 0600, true), member(6, "s/a", 7, 2),
+                            member(7, "s/b", 7, 2)};
+  Gshm__StateRecord other = record(9, "o", 0600, false);
+  char dir[] = "/tmp/gshm-fdstore-XXXXXX";
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  struct gshm_list *pos;
+  int ns, sv[2], b1[2];
+
+  r[1].unlinked = true; /* unlinked before the mark: held for its set */
+  r[1].replaced_by = 7;
+  ns = store_on(f, dir, &sa);
+  close(ns); /* nobody listens: every FDSTORE=1 fails, the store stays behind */
+  unlink(sa.sun_path);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, b1), 0);
+  queue_bucket(sv[1], 1, r, 3);
+  queue_bucket_n(b1[1], 1, 11, &other, 1);
+  close(b1[1]); /* b1b lost: bucket 1 is to be written again (the store behind) */
+  put(&f->st, "b0a", sv[0]);
+  put(&f->st, "b0b", sv[1]);
+  put(&f->st, "b1a", b1[0]);
+  put(&f->st, "journal2", journal2(0));
+  restore(f);
+  assert_true(f->fs.ndirty + f->fs.nunplaced > 0); /* behind */
+  gshm_list_foreach(pos, &f->reg.segments)
+      print_message("    restored id %" PRIu64 "\n",
+                    gshm_list_entry(pos, struct gshmd_segment, node)->id);
+  assert_non_null(gshmd_registry_find_id(&f->reg, 6));
+  assert_int_equal(gshmd_registry_find_id(&f->reg, 6)->fs_replaced, 7);
+  assert_true(f->fs.publish_done < 7);
+  /* the service manager listens again */
+  ns = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  assert_int_equal(bind(ns, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  gshmd_registry_reap_unlinked(&f->reg);
+  assert_int_equal(f->fs.publish_done, 7);
+  assert_null(gshmd_registry_find_id(&f->reg, 3));
+  assert_null(gshmd_registry_find_id(&f->reg, 6));
+  assert_non_null(gshmd_registry_find_name(&f->reg, "s/b"));
+  store_off(ns, dir, &sa);
+}
+
 /* gshmd_fdstore_passed_segments takes $LISTEN_PID whole, as
  * sd_listen_fds does: "PIDx" (strtoll without an end check read it as
  * PID) is no one's, and a failed start then does not wait 10 s for a
@@ -1551,6 +1600,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_revoked_record_restore, setup, teardown),
       cmocka_unit_test_setup_teardown(test_sticky_cuda_error_leaves_the_store_alone, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_reap_while_the_store_catches_up, setup, teardown),
       cmocka_unit_test(test_passed_segments_pid_strict),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
