@@ -511,6 +511,6 @@ void gshmd_cluster_destroy(struct gshmd_cluster *cl) {
   free(cl->ll.peers);
   free(cl->peer_infos);
   free(cl->peer_ptrs);
-  sodium_memzero(cl->key, sizeof(cl->key));
+  gshmd__subkeys_wipe(&cl->keys);
   free(cl);
 }

@@ -228,7 +228,8 @@ static void secret_open_failed(const char *path) {
 
 /* The shared key: a file only gshmd's user may read, of at most
  * SECRET_FILE_MAX bytes; its bytes (blanks around them dropped) hashed
- * to crypto_auth's key size. */
+ * to crypto_auth's key size, and the subkeys made from that at once
+ * (subkeys.h). */
 static int read_secret(struct gshmd_cluster *cl, const char *path) {
   uint8_t buf[SECRET_FILE_MAX + 1]; /* (one more: a longer file is seen) */
   struct stat st;
@@ -288,8 +289,9 @@ static int read_secret(struct gshmd_cluster *cl, const char *path) {
     sodium_memzero(buf, sizeof(buf));
     return -EINVAL;
   }
-  crypto_generichash(cl->key, sizeof(cl->key), buf + b, e - b, NULL, 0);
+  crypto_generichash(cl->keys.raw, sizeof(cl->keys.raw), buf + b, e - b, NULL, 0);
   sodium_memzero(buf, sizeof(buf));
+  gshmd__subkeys_derive(&cl->keys);
   return 0;
 }
 

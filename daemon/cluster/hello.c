@@ -83,7 +83,7 @@ static void hello_mac(const struct gshmd_cluster *cl, const struct link *l, char
     memcpy(buf + n, l->lane_token, LINK_LANE_TOKEN);
     n += LINK_LANE_TOKEN;
   }
-  crypto_auth(mac, buf, n, cl->key);
+  crypto_auth(mac, buf, n, cl->keys.raw);
 }
 
 /* From the next frame on, the link's stream is protected with keys of
@@ -101,7 +101,8 @@ static void hello_keys(const struct gshmd_cluster *cl, struct link *l, bool tx, 
   memcpy(in, "gshm-session-2\0\0", 16);
   memcpy(in + 16, v.nonce_c, GSHMD_CLUSTER_NONCE);
   memcpy(in + 16 + GSHMD_CLUSTER_NONCE, v.nonce_s, GSHMD_CLUSTER_NONCE);
-  crypto_generichash(master, sizeof(master), in, sizeof(in), cl->key, sizeof(cl->key));
+  crypto_generichash(master, sizeof(master), in, sizeof(in), cl->keys.raw,
+                     sizeof(cl->keys.raw));
   crypto_kdf_derive_from_key(c2s, sizeof(c2s), 1, "gshm-c2s", master);
   crypto_kdf_derive_from_key(s2c, sizeof(s2c), 2, "gshm-s2c", master);
   if (!l->is_lane) /* what this link's lanes name it by (lane.h) */

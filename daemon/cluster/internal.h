@@ -22,6 +22,7 @@
 #include "errors.h"
 #include "link.h"
 #include "stage.h"
+#include "subkeys.h"
 
 struct gshmd_segment;
 
@@ -50,7 +51,7 @@ struct gshmd_cluster {
   gshmd_cluster_reply_fn reply; /* to local clients (the daemon's server) */
   void *reply_arg;
   struct gshmd_loglimit *loglimit; /* the server's: peers' lines charged to them (NULL: none) */
-  uint8_t key[crypto_auth_KEYBYTES];
+  struct subkeys keys;       /* the cluster key and its subkeys (subkeys.h) */
   uid_t started_uid;         /* gshmd's euid at gshmd_cluster_start, before any switch to
                                 daemon.user: whose segments PATTERN rules export with root's */
   struct gshm_list pulls;    /* struct pull_set.node */
