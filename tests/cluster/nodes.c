@@ -222,6 +222,15 @@ long metric(gshm_client_t *c, const char *name) {
   return v;
 }
 
+long metric_past(gshm_client_t *c, const char *name, long floor) {
+  long v = metric(c, name);
+  for (int i = 0; i < 150 && v <= floor; i++) {
+    usleep(20000);
+    v = metric(c, name);
+  }
+  return v;
+}
+
 void keys_make(struct cluster_keys *k, const char *prefix) {
   struct group *g = getgrgid(getegid());
 

@@ -96,6 +96,9 @@ void keys_remove(struct cluster_keys *k);
 void nodes_stop(struct node *serving, struct node *puller);
 /* A counter or gauge (no labels) from c's daemon's metrics. */
 long metric(gshm_client_t *c, const char *name);
+/* c's daemon's metric name once it passes floor (metrics are a snapshot
+ * up to a second old), or its value after 3 s. */
+long metric_past(gshm_client_t *c, const char *name, long floor);
 /* What a failed pull must leave on c's daemon: no segment, hidden or
  * not, no bytes, and no segment `name` (unless NULL); and it answers. */
 void assert_nothing_left(gshm_client_t *c, const char *name);

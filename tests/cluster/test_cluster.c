@@ -270,7 +270,6 @@ static bool shmem_thp(void) {
   return strchr(buf, '[') && !strstr(buf, "[never]") && !strstr(buf, "[deny]");
 }
 
-static long metric_past(gshm_client_t *c, const char *name, long floor);
 
 /* Whether MADV_COLLAPSE (Linux 6.1) builds a 2 MiB page of a memfd here
  * whatever shmem_enabled says (tried as gshmd tries it at start). */
@@ -562,16 +561,6 @@ static bool kernel_at_least(int major, int minor) {
          (ma > major || (ma == major && mi >= minor));
 }
 
-/* c's daemon's metric name once it passes floor (metrics are a snapshot
- * up to a second old), or its value after 3 s. */
-static long metric_past(gshm_client_t *c, const char *name, long floor) {
-  long v = metric(c, name);
-  for (int i = 0; i < 150 && v <= floor; i++) {
-    usleep(20000);
-    v = metric(c, name);
-  }
-  return v;
-}
 
 static long prefaulted_past(gshm_client_t *c, long floor) {
   return metric_past(c, "gshm_cluster_prefault_bytes_total", floor);
