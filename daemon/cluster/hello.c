@@ -2,7 +2,9 @@
 /* The authenticated hello (docs/CLUSTER.md "How a pull goes"): mutual
  * challenge-response with libsodium's crypto_auth over both nonces, both
  * node names and both sides' capabilities, on the link's stream before
- * its keys; then the keys of the stream. */
+ * its keys; then the keys of the stream.  Between two nodes of protocol
+ * 2.6 (CAP_SUBKEYS) each of the two is keyed with its own subkey of the
+ * cluster key (subkeys.h), with an older peer with the key itself. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,7 +21,8 @@ static uint32_t caps_mine(const struct gshmd_cluster *cl) {
          (crypto_aead_aes256gcm_is_available() && cl->ll.gmac ? GSHM__CLUSTER__CAP__CAP_GMAC : 0) |
          (cl->ll.ucx_allowed ? GSHM__CLUSTER__CAP__CAP_UCX : 0) |
          GSHM__CLUSTER__CAP__CAP_LANES | GSHM__CLUSTER__CAP__CAP_ASK_AGAIN |
-         GSHM__CLUSTER__CAP__CAP_ASK_AGAIN_LIST | GSHM__CLUSTER__CAP__CAP_AUTH_OK_KEYED;
+         GSHM__CLUSTER__CAP__CAP_ASK_AGAIN_LIST | GSHM__CLUSTER__CAP__CAP_AUTH_OK_KEYED |
+         GSHM__CLUSTER__CAP__CAP_SUBKEYS;
 }
 
 /* Whether AuthOk goes keyed (both sides said CAP_AUTH_OK_KEYED; a peer
@@ -55,10 +58,20 @@ static struct hello_view view_of(const struct gshmd_cluster *cl, const struct li
   return v;
 }
 
+/* Whether both sides' caps, as this side sees them, say CAP_SUBKEYS:
+ * then the hello's MACs and the link's keys come from the cluster key's
+ * subkeys, else (a peer before protocol 2.6) from the key itself.  Each
+ * side chooses by the caps its MACs cover, so a bit stripped or added on
+ * the way has the two sides key their MACs differently (over different
+ * caps anyway): the hello fails (bad_key), never falls back. */
+static bool subkeys_agreed(const struct hello_view *v) {
+  return (v->caps_c & v->caps_s & GSHM__CLUSTER__CAP__CAP_SUBKEYS) != 0;
+}
+
 /* crypto_auth over a label, a direction, both nonces, both names and
  * both sides' capabilities, so that no proof can be replayed in the
  * other direction or on another exchange, and nobody between the two
- * can turn encryption off. */
+ * can turn encryption off; keyed with the hello subkey (CAP_SUBKEYS). */
 static void hello_mac(const struct gshmd_cluster *cl, const struct link *l, char dir,
                       uint8_t mac[crypto_auth_BYTES]) {
   struct hello_view v = view_of(cl, l);
@@ -83,12 +96,13 @@ static void hello_mac(const struct gshmd_cluster *cl, const struct link *l, char
     memcpy(buf + n, l->lane_token, LINK_LANE_TOKEN);
     n += LINK_LANE_TOKEN;
   }
-  crypto_auth(mac, buf, n, cl->keys.raw);
+  crypto_auth(mac, buf, n, subkeys_agreed(&v) ? cl->keys.hello : cl->keys.raw);
 }
 
 /* From the next frame on, the link's stream is protected with keys of
  * this exchange: one per direction, from the shared key and both nonces
- * (crypto_generichash keyed with the cluster key, then crypto_kdf). */
+ * (crypto_generichash keyed with the session subkey, CAP_SUBKEYS, or
+ * with a peer before 2.6 the cluster key; then crypto_kdf). */
 static void hello_keys(const struct gshmd_cluster *cl, struct link *l, bool tx, bool rx) {
   struct hello_view v = view_of(cl, l);
   uint8_t in[16 + 2 * GSHMD_CLUSTER_NONCE], master[crypto_kdf_KEYBYTES];
@@ -101,8 +115,8 @@ static void hello_keys(const struct gshmd_cluster *cl, struct link *l, bool tx, 
   memcpy(in, "gshm-session-2\0\0", 16);
   memcpy(in + 16, v.nonce_c, GSHMD_CLUSTER_NONCE);
   memcpy(in + 16 + GSHMD_CLUSTER_NONCE, v.nonce_s, GSHMD_CLUSTER_NONCE);
-  crypto_generichash(master, sizeof(master), in, sizeof(in), cl->keys.raw,
-                     sizeof(cl->keys.raw));
+  crypto_generichash(master, sizeof(master), in, sizeof(in),
+                     subkeys_agreed(&v) ? cl->keys.session : cl->keys.raw, SUBKEY_BYTES);
   crypto_kdf_derive_from_key(c2s, sizeof(c2s), 1, "gshm-c2s", master);
   crypto_kdf_derive_from_key(s2c, sizeof(s2c), 2, "gshm-s2c", master);
   if (!l->is_lane) /* what this link's lanes name it by (lane.h) */

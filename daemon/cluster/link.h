@@ -22,7 +22,7 @@
 #include "stream.h"
 
 #define GSHMD_CLUSTER_MAJOR 2
-#define GSHMD_CLUSTER_MINOR 5
+#define GSHMD_CLUSTER_MINOR 6
 #define GSHMD_CLUSTER_NONCE 32
 #define GSHMD_CLUSTER_MAX_MSG STREAM_CTRL_MAX /* larger control messages are refused */
 

@@ -3,7 +3,11 @@
  * proto/cluster.proto: crypto_auth over "gshm-cluster-2 " || direction ||
  * both nonces || both names (NUL-terminated) || both sides' capabilities,
  * connecting side first; then one key per direction from the cluster key
- * and both nonces (crypto_generichash, crypto_kdf). */
+ * and both nonces (crypto_generichash, crypto_kdf).  Under CAP_SUBKEYS
+ * (protocol 2.6, both sides) the MACs are keyed with the cluster key's
+ * hello subkey and the link's keys come from its session subkey
+ * (crypto_kdf_derive_from_key, ids and contexts of
+ * daemon/cluster/subkeys.h, written here again); else the key itself. */
 #include "rogue.h"
 #include "lane_io.h"
 
@@ -38,6 +42,20 @@ void rogue_key(const char *path, uint8_t key[32]) {
   crypto_generichash(key, 32, buf, n > 0 ? (size_t)n : 0, NULL, 0);
 }
 
+/* The key of the hello's MACs (session: of the link's master key) that
+ * r uses: a subkey when both sides said CAP_SUBKEYS and r is not told to
+ * use the cluster key itself; into out. */
+static void rogue_subkey(const struct rogue *r, bool session, uint8_t out[32]) {
+  bool raw = session ? r->raw_session : r->raw_hello;
+
+  if (!(r->caps & r->caps_theirs & GSHM__CLUSTER__CAP__CAP_SUBKEYS) || raw)
+    memcpy(out, r->key, 32);
+  else if (session)
+    crypto_kdf_derive_from_key(out, 32, 2, "gshmsess", r->key);
+  else
+    crypto_kdf_derive_from_key(out, 32, 1, "gshmhelo", r->key);
+}
+
 /* The hello's MAC in direction dir ('S' from the listening side, 'C'
  * from the connecting one); a lane's covers its link's token too. */
 static void hello_mac(const struct rogue *r, char dir, uint8_t mac[crypto_auth_BYTES]) {
@@ -46,7 +64,7 @@ static void hello_mac(const struct rogue *r, char dir, uint8_t mac[crypto_auth_B
   const char *name_c = r->accepted ? r->peer : r->name, *name_s = r->accepted ? r->name : r->peer;
   uint32_t caps_c = r->accepted ? r->caps_theirs : r->caps;
   uint32_t caps_s = r->accepted ? r->caps : r->caps_theirs;
-  uint8_t buf[16 + 64 + 2 * 64 + 8 + ROGUE_LANE_TOKEN];
+  uint8_t buf[16 + 64 + 2 * 64 + 8 + ROGUE_LANE_TOKEN], key[32];
   size_t n = 0;
 
   memcpy(buf, "gshm-cluster-2 ", 15);
@@ -66,14 +84,15 @@ static void hello_mac(const struct rogue *r, char dir, uint8_t mac[crypto_auth_B
     memcpy(buf + n, r->lane_token, ROGUE_LANE_TOKEN);
     n += ROGUE_LANE_TOKEN;
   }
-  crypto_auth(mac, buf, n, r->key);
+  rogue_subkey(r, false, key);
+  crypto_auth(mac, buf, n, key);
 }
 
 /* The stream's keys after the hello (tx, rx: which directions now). */
 static void hello_keys(struct rogue *r, bool tx, bool rx) {
   const uint8_t *nc = r->accepted ? r->nonce_theirs : r->nonce_mine;
   const uint8_t *ns = r->accepted ? r->nonce_mine : r->nonce_theirs;
-  uint8_t in[16 + 64], master[crypto_kdf_KEYBYTES], c2s[STREAM_KEY], s2c[STREAM_KEY];
+  uint8_t in[16 + 64], master[crypto_kdf_KEYBYTES], c2s[STREAM_KEY], s2c[STREAM_KEY], key[32];
   /* (the rogue claims neither AES nor GMAC: Poly1305, or ChaCha20 when
    * either side encrypts) */
   enum stream_mode mode =
@@ -82,7 +101,8 @@ static void hello_keys(struct rogue *r, bool tx, bool rx) {
   memcpy(in, "gshm-session-2\0\0", 16);
   memcpy(in + 16, nc, 32);
   memcpy(in + 48, ns, 32);
-  crypto_generichash(master, sizeof(master), in, sizeof(in), r->key, 32);
+  rogue_subkey(r, true, key);
+  crypto_generichash(master, sizeof(master), in, sizeof(in), key, 32);
   crypto_kdf_derive_from_key(c2s, sizeof(c2s), 1, "gshm-c2s", master);
   crypto_kdf_derive_from_key(s2c, sizeof(s2c), 2, "gshm-s2c", master);
   if (!r->is_lane) /* what the link's lanes name it by, as hello.c derives it */
@@ -126,8 +146,11 @@ static void on_challenge(struct rogue *r, const Gshm__Cluster__Challenge *c) {
   hello_mac(r, 'S', mac);
   if (sodium_memcmp(mac, c->mac.data, sizeof(mac))) {
     snprintf(r->refusal, sizeof(r->refusal), "the node's challenge has a wrong MAC");
-    r->failed = true;
-    return;
+    r->challenge_bad = true;
+    if (!r->raw_hello) {
+      r->failed = true;
+      return;
+    }
   }
   hello_mac(r, 'C', mac);
   a.mac.data = mac;

@@ -30,8 +30,18 @@ struct rogue {
   uint8_t key[32];
   uint8_t nonce_mine[32], nonce_theirs[32];
   uint32_t caps;                 /* the capabilities it claims (set before the hello; 0:
-                                    none; CAP_LANES: the node opens data lanes to it) */
+                                    none; CAP_LANES: the node opens data lanes to it;
+                                    CAP_SUBKEYS: the subkeys of protocol 2.6, below) */
   uint32_t caps_theirs;
+  /* Under CAP_SUBKEYS (both sides': then the hello's MACs are keyed with
+   * the cluster key's hello subkey and the link's keys come from its
+   * session subkey, daemon/cluster/subkeys.h) a rogue that keys the one
+   * or the other with the cluster key itself, as before 2.6: a node must
+   * refuse it.  With raw_hello the rogue does not stop at the node's
+   * Challenge when its MAC differs from the rogue's (challenge_bad), and
+   * sends its Auth anyway. */
+  bool raw_hello, raw_session;
+  bool challenge_bad;
   bool is_lane;                  /* a data lane in its hello (rogue_accept_lane) */
   uint8_t lane_token[ROGUE_LANE_TOKEN]; /* a link: what its lanes name it by (from the
                                            session key); a lane: its link's */

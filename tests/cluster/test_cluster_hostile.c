@@ -1093,14 +1093,17 @@ static void *capmitm_thread(void *arg) {
 /* Downgrade: a man in the middle of the hello clears capabilities in
  * both directions, so that each side sees the other without them: AES-GMAC
  * (both sides would choose Poly1305), encryption (the side that did
- * not ask for it would not encrypt).  The hello's MACs cover both sides'
+ * not ask for it would not encrypt), the subkeys of protocol 2.6 (both
+ * sides would key the hello and the link with the cluster key itself, as
+ * with a peer of 2.5).  The hello's MACs cover both sides'
  * capabilities as each side sent them: the puller refuses the serving
  * node's Challenge (bad_key) and no link comes up; nothing is pulled.
  * The same relay stripping nothing (a control): the pull goes through
  * it, AES-GMAC where the CPU has AES-NI. */
 static void test_hello_downgrade_refused(void **state) {
   static const uint32_t strips[] = {0, GSHM__CLUSTER__CAP__CAP_GMAC,
-                                    GSHM__CLUSTER__CAP__CAP_ENCRYPT | GSHM__CLUSTER__CAP__CAP_GMAC};
+                                    GSHM__CLUSTER__CAP__CAP_ENCRYPT | GSHM__CLUSTER__CAP__CAP_GMAC,
+                                    GSHM__CLUSTER__CAP__CAP_SUBKEYS};
   gshm_client_t *s = connect_to(&S), *mc;
   gshm_pull_result_t res;
   gshm_segment_info_t info;

@@ -1675,6 +1675,118 @@ static void test_grant_lines_held(void **state) {
   assert_true(told >= 1);
 }
 
+/* ---- key separation (protocol 2.6) ---------------------------------------- */
+
+static bool refused_or_closed(struct rogue *r) { return r->failed || r->closed; }
+
+/* c's daemon's refusals of cause once past was (up to 3 s). */
+static long refusals_past(gshm_client_t *c, const char *cause, long was) {
+  char name[96];
+  snprintf(name, sizeof(name), "gshm_cluster_refusals_total{cause=\"%s\"}", cause);
+  return metric_past(c, name, was);
+}
+
+/* The cluster key was both the hello's MAC key and the key of each
+ * link's master key.  Between nodes that both say CAP_SUBKEYS (protocol
+ * 2.6) each has its own subkey (daemon/cluster/subkeys.h), and the key
+ * itself is used for neither: a peer that says CAP_SUBKEYS and MACs its
+ * hello with the key itself is refused (bad_key), and S's Challenge to
+ * it is not under the key itself either; one that passes the hello but
+ * keys its frames from the key itself is refused at its first frame
+ * (tampered).  A peer of 2.5 (no CAP_SUBKEYS: the rogue of every other
+ * test here) still links with the key itself, and one of 2.6 with the
+ * subkeys; both are answered. */
+static void test_subkeys(void **state) {
+  static struct rogue r;
+  static const uint32_t honest[] = {GSHM__CLUSTER__CAP__CAP_SUBKEYS, 0};
+  struct list_walk lw = {0};
+  gshm_client_t *s = connect_to(&S);
+  long bad_key = refusals(s, "bad_key"), tampered = refusals(s, "tampered");
+  int rc;
+  (void)state;
+
+  for (size_t i = 0; i < sizeof(honest) / sizeof(honest[0]); i++) {
+    memset(&r, 0, sizeof(r));
+    r.caps = honest[i];
+    rc = rogue_connect(&r, S.port, "r", "s", key);
+    if (rc)
+      print_message("caps %#x: %s\n", honest[i], r.refusal);
+    assert_int_equal(rc, 0);
+    r.on_msg = list_answer;
+    r.arg = &lw;
+    assert_int_equal(list_total(&r, 1), 2); /* pub/probe, pub/big */
+    rogue_close(&r);
+  }
+
+  /* the hello's MACs under the key itself */
+  memset(&r, 0, sizeof(r));
+  r.caps = GSHM__CLUSTER__CAP__CAP_SUBKEYS;
+  r.raw_hello = true;
+  rc = rogue_connect(&r, S.port, "r", "s", key);
+  print_message("hello MAC'd with the key itself: %s\n", r.refusal);
+  rogue_close(&r);
+  assert_int_equal(rc, -1);
+  assert_true(r.challenge_bad); /* (S's own MAC was not under the key itself) */
+  assert_non_null(strstr(r.refusal, "did not prove the shared key"));
+  assert_true(refusals_past(s, "bad_key", bad_key) > bad_key);
+
+  /* the hello right, the link's keys from the key itself */
+  memset(&r, 0, sizeof(r));
+  r.caps = GSHM__CLUSTER__CAP__CAP_SUBKEYS;
+  r.raw_session = true;
+  assert_int_equal(rogue_connect(&r, S.port, "r", "s", key), 0); /* (AuthOk in the clear:
+                                                                     no CAP_AUTH_OK_KEYED) */
+  lw = (struct list_walk){0};
+  r.on_msg = list_answer;
+  r.arg = &lw;
+  send_list(&r, 2, 0);
+  assert_true(rogue_run_until(&r, refused_or_closed, 5000));
+  rogue_close(&r);
+  assert_int_equal(lw.answers, 0);
+  assert_true(refusals_past(s, "tampered", tampered) > tampered);
+  gshm_disconnect(s);
+}
+
+/* The same with the node as the connecting side (node q, peer "ra" the
+ * rogue's listener): a serving peer of 2.6 passes q's check of its
+ * Challenge and q's Auth passes the rogue's, both under the hello
+ * subkey; one that MACs its Challenge with the key itself is refused
+ * (bad_key on q). */
+static void test_subkeys_connecting(void **state) {
+  static struct node q;
+  static struct rogue ra;
+  char peers[64];
+  uint8_t rkey[32];
+  gshm_client_t *c;
+  long bad_key;
+  int port, lfd2, rc;
+  (void)state;
+
+  rogue_key(keys.key, rkey);
+  assert_true((lfd2 = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "ra=127.0.0.1:%d", port);
+  node_start(&q, "q", peers, keys.key, "", NULL);
+  c = connect_to(&q);
+  memset(&ra, 0, sizeof(ra));
+  ra.caps = GSHM__CLUSTER__CAP__CAP_SUBKEYS;
+  rc = rogue_accept(&ra, lfd2, "ra", rkey);
+  if (rc)
+    print_message("honest serving peer of 2.6: %s\n", ra.refusal);
+  rogue_close(&ra);
+  assert_int_equal(rc, 0);
+  bad_key = refusals(c, "bad_key");
+  memset(&ra, 0, sizeof(ra));
+  ra.caps = GSHM__CLUSTER__CAP__CAP_SUBKEYS;
+  ra.raw_hello = true;
+  rc = rogue_accept(&ra, lfd2, "ra", rkey); /* (q tries again 2 s after the link closed) */
+  rogue_close(&ra);
+  assert_int_equal(rc, -1);
+  assert_true(refusals_past(c, "bad_key", bad_key) > bad_key);
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&q.h), 0);
+  close(lfd2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_peer_message_escaped),
@@ -1699,6 +1811,8 @@ int main(void) {
       cmocka_unit_test(test_list_cursor_tells_no_id),
       cmocka_unit_test(test_ucx_sends_not_taken),
       cmocka_unit_test(test_grant_lines_held),
+      cmocka_unit_test(test_subkeys),
+      cmocka_unit_test(test_subkeys_connecting),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }
