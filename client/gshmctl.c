@@ -2082,21 +2082,27 @@ static void pull_interrupted(int sig) {
   (void)gshm_pull_cancel(pulling);
 }
 
-/* Runs the pull with pull_interrupted on SIGINT and SIGTERM; returns what
- * gshm_pull or gshm_pull_prefix does. */
+/* Runs the pull with pull_interrupted on SIGINT and SIGTERM, each but
+ * one ignored at start (nohup, or a script's background job's SIGINT),
+ * which stays ignored: such a pull is not to be cancelled by it.
+ * Returns what gshm_pull or gshm_pull_prefix does. */
 static int pull_run(gshm_client_t *c, const char *peer, const char *name, bool prefix,
                     const gshm_pull_opts_t *po, gshm_pull_result_t *r, gshm_pull_result_t **v,
                     size_t *n) {
   struct sigaction sa = {.sa_handler = pull_interrupted, .sa_flags = SA_RESETHAND}, old[2];
+  const int sigs[2] = {SIGINT, SIGTERM};
+  bool set[2] = {false, false};
   int e;
 
   pulling = c;
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old[0]);
-  sigaction(SIGTERM, &sa, &old[1]);
+  for (size_t i = 0; i < 2; i++)
+    set[i] = !sigaction(sigs[i], NULL, &old[i]) && old[i].sa_handler != SIG_IGN &&
+             !sigaction(sigs[i], &sa, NULL);
   e = prefix ? gshm_pull_prefix(c, peer, name, po, v, n) : gshm_pull(c, peer, name, po, r);
-  sigaction(SIGINT, &old[0], NULL);
-  sigaction(SIGTERM, &old[1], NULL);
+  for (size_t i = 0; i < 2; i++)
+    if (set[i])
+      sigaction(sigs[i], &old[i], NULL);
   return e;
 }
 

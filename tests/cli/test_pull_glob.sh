@@ -27,21 +27,8 @@ has err "pull: --as needs a local prefix, not '*'"
 run 2 pull 'node7:llama/*' --prefix --as v2
 has err "write --as 'v2/'"
 
-free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-(umask 077; head -c 32 /dev/urandom | base64 >"$dir/key")
-p5=$(free_port) p7=$(free_port)
-peers="cluster.peers=node5=127.0.0.1:$p5,node7=127.0.0.1:$p7"
-node() { # node N PORT: a gshmd as node N on $dir/nN, its pid in $pidN
-  "$gshmd" --backend host --socket "$dir/n$1" --log-level 3 --set "cluster.listen=127.0.0.1:$2" \
-    --set "cluster.secret_file=$dir/key" --set "cluster.node_name=node$1" --set "$peers" \
-    --set "cluster.export=llama/* odd*" --set "cluster.pull_group=$(id -gn)" \
-    2>"$dir/gshmd-$1.log" &
-  eval "pid$1=\$!"
-}
-node 5 "$p5"
-node 7 "$p7"
-trap 'kill $pid5 $pid7 $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 200); do [ -S "$dir/n5" ] && [ -S "$dir/n7" ] && break; sleep 0.05; done
+exports="llama/* odd*"
+. "$(dirname "$0")/lib_nodes.sh"
 for n in llama/a llama/b 'odd*'; do
   GSHM_SOCKET=$dir/n7 run 0 create "$n" 4K --mode 0644
 done
