@@ -41,6 +41,24 @@ if not ok:
 sys.exit(0 if ok else 1)
 PY
 }
+# columns VERB: the columns README's CLI table gives VERB (its row's list
+# after "every ...:", up to a ';') against the headings of the table
+# `gshmctl VERB` prints, in order
+columns() {
+  "$ctl" "$1" >"$dir/cols" 2>&1 || fail "gshmctl $1: $(cat "$dir/cols")"
+  "$py" - "$src/README.md" "$1" "$dir/cols" <<'PY' || fail "README's columns of '$1' vs $(head -1 "$dir/cols")"
+import sys
+readme, verb, path = sys.argv[1:]
+text = open(readme, encoding="utf-8").read()
+table = text[text.index("\n| verb | what |"):].split("\n\n")[0]
+row = next(l for l in table.splitlines() if l.startswith("| `%s` |" % verb))
+doc = row.split("|")[2].split(":", 1)[1].split(";")[0].strip().split(", ")
+got = [w.lower() for w in open(path, encoding="utf-8").readline().split()]
+if doc != got:
+    print("README:", doc, "gshmctl:", got)
+sys.exit(0 if doc == got else 1)
+PY
+}
 # aligned FILE COLUMN: in the table of $dir/FILE (from the line whose
 # words include COLUMN to the next empty line), every row's field of the
 # left-aligned COLUMN starts where its heading does, in characters
@@ -451,6 +469,9 @@ for verb in status segments clients metrics; do
   run 0 --json $verb
   documented $verb out eq
 done
+# and the table's columns, those README's CLI table lists
+columns segments
+columns clients
 run 0 --json devices
 documented devices out sub
 sleep 3 | "$ctl" write jk >/dev/null 2>&1 & # (a lease, mapped, while it reads its input)
