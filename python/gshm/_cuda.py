@@ -5,6 +5,7 @@ locations name GPUs by UUID: "cuda:GPU-<uuid>")."""
 
 import ctypes
 import os
+import sys
 import threading
 import time
 
@@ -131,7 +132,17 @@ def ordinal_of_uuid(uuid):
 
 
 def current_device():
-    """The calling thread's current CUDA device per the driver (0 if none)."""
+    """The calling thread's current CUDA device: torch's
+    (torch.cuda.current_device()) once torch has initialized CUDA in this
+    process (its set_device may leave making the context current for
+    later, with a CUDA runtime before 12), else the device of the thread's
+    current context per the driver (0 if none)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+    except Exception:  # (a stand-in torch, or one without CUDA)
+        pass
     c = _load()
     if c is None:
         return 0

@@ -13,10 +13,11 @@ from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, NoReturn, Optional
 
 from . import _cuda, _dlpack
 from . import _lib as L
-from ._core import _finalizer, _optional, _raise, _refuse_pickle, _state_lock, _whole
+from ._core import (_finalizer, _optional, _raise, _refuse_pickle, _state_lock, _strerror,
+                    _whole)
 from ._dtypes import DType, DTypeLike, dtype as _to_dtype
 from ._info import SegmentInfo
-from ._errors import NotSupported
+from ._errors import NotSupported, error_for
 
 if TYPE_CHECKING:
     import numpy
@@ -489,27 +490,67 @@ class DeviceSegment(Segment):
     def view(self, dtype: DTypeLike = "uint8", shape: Shape = None, offset: int = 0,
              device: Any = None) -> DeviceArray:
         """A DeviceArray of `dtype` and `shape` (default: as many items as fit)
-        from byte `offset`.  device: the CUDA ordinal the view is reported on
-        (default: self.device).  Raises ValueError when the view would reach
-        past the segment or offset is not a multiple of the item size."""
+        from byte `offset`.
+
+        device  the CUDA ordinal of this process the view is on (its DLPack
+                device): an int, "cuda:N" or an object with .index
+                (torch.device("cuda", N)).  None (default): self.device,
+                the segment's own GPU when visible here.  "cuda" or
+                torch.device("cuda") without an index: the calling thread's
+                current CUDA device, as torch means it, not the segment's
+                GPU (torch.cuda.current_device() once torch has initialized
+                CUDA; else the device of the thread's current context,
+                which cupy's Device.use selects); gshm.torch's tensor_view,
+                load_state_dict and attach read it the same way.  A GPU
+                other than the segment's gets access to the mapping first
+                (peer access over NVLink or PCIe).
+
+        Raises ValueError when the view would reach past the segment, when
+        offset is not a multiple of the item size, or for a device that is
+        no CUDA device ("cpu": a device segment has no CPU view; copy it);
+        gshm.NoDevice for an ordinal this process does not have;
+        gshm.NotSupported (errno EXDEV) for a GPU with no peer path to the
+        segment's (view it on the segment's own GPU, device=None, and copy
+        from there)."""
         self._ptr()
         dt = _to_dtype(dtype)
         dims, nbytes, offset = _check_view(self.size, dt, shape, offset)
+        dev = None if device is None else _ordinal(device, _cuda.current_device())
         base = self._address if self._address is not None else self.map()
-        dev = self.device if device is None else _ordinal(device, self.device)
-        if dev != self.device and dev not in (self._mapped_devices or ()):
-            # (a view on another GPU: that GPU gets access first, or its first
-            # kernel on the view would fault, an error that ends the
-            # process's CUDA; gshm_map adds access, -EXDEV where it has no
-            # peer path)
-            kept = self._mapped_devices
-            self.map(devices=[dev])
-            self._mapped_devices = None if kept is None else kept + [dev]
+        if dev is None:
+            dev = self.device
+        elif dev != self.device and dev not in (self._mapped_devices or ()):
+            self._grant(dev)
         arr = DeviceArray(self, base + offset, offset, dims, dt, dev, self.readonly)
         if self._address != base:  # unmap() on another thread ended between
             arr._fin()
             raise BufferError("gshm: segment %r was unmapped while the view was made" % self.name)
         return arr
+
+    def _grant(self, dev: int) -> None:
+        """Gives CUDA device dev of this process access to the mapping, for
+        a view on it: without it, the first kernel on the view would fault
+        (an illegal address, the end of the process's CUDA).  Errors of
+        view()."""
+        n = _cuda.device_count()
+        if not 0 <= dev < n:
+            raise error_for(-errno.ENODEV, "gshm_map", self.name,
+                            "no CUDA device %d in this process (%d visible)" % (dev, n),
+                            description=_strerror(-errno.ENODEV))
+        kept = self._mapped_devices
+        try:
+            self.map(devices=[dev])
+        except NotSupported as e:
+            if e.errno != errno.EXDEV:
+                raise
+            uuid = self._info.gpu_uuid
+            own = _cuda.ordinal_of_uuid(uuid) if uuid is not None else None
+            raise error_for(-errno.EXDEV, "gshm_map", self.name,
+                            "cuda:%d has no peer path to the segment's GPU (%s): view it on "
+                            "that GPU (device=None) and copy the tensor from there"
+                            % (dev, "cuda:%d here" % own if own is not None else uuid),
+                            description=_strerror(-errno.EXDEV)) from None
+        self._mapped_devices = None if kept is None else kept + [dev]
 
     def unmap(self) -> None:
         """Undoes map().  Raises BufferError while views of it are alive (or

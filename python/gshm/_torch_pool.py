@@ -504,8 +504,11 @@ def attach(client: Client, prefix: str, device: Any = None, access: str = "r",
     (see load_module for non-persistent buffers, in sd.buffers).
 
     device  this process's CUDA ordinal to map on (None: the pool's GPU when
-            visible here, else the current device; another GPU maps over
-            peer access).
+            visible here, else the current device; "cuda" or
+            torch.device("cuda") without an index: torch's current device,
+            as tensor_view and DeviceSegment.view read it; another GPU maps
+            over peer access: gshm.NotSupported, errno EXDEV, where it has
+            no peer path).
     access  "r" (default: writes through the tensors fault) or "rw".
     owner   whose the prefix must be: a uid as gshmd knows it (`gshmctl
             segments` shows it) or a user name; None (default): the uid

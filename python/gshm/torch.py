@@ -88,6 +88,29 @@ def _cuda_ordinal(device):
     return device.index if device.index is not None else _torch.cuda.current_device()
 
 
+def _view_device(seg, device):
+    """The CUDA ordinal a zero-copy view of seg goes on, by the rule
+    load_state_dict and attach follow: None for seg's own (host
+    segments: the CPU); an index as given; "cuda" or torch.device("cuda")
+    without one: torch's current device.  ValueError where no view can be
+    there: a host segment on a GPU, a device segment on the CPU."""
+    if device is None:
+        return None
+    d = device if isinstance(device, int) else _torch.device(device)
+    if seg.is_host:
+        if isinstance(d, int) or d.type != "cpu":
+            raise ValueError("gshm: host segment %r has no view on %s (no copy); use device=None "
+                             "and .to(device), or load_state_dict(device=...), which copies"
+                             % (seg.name, "cuda:%d" % d if isinstance(d, int) else d))
+        return None
+    if isinstance(d, int):
+        return d
+    if d.type != "cuda":
+        raise ValueError("gshm: device segment %r has no view on %s (no copy); use device=None "
+                         "and .to(device)" % (seg.name, d))
+    return _cuda_ordinal(d)
+
+
 def tensor_view(seg: AnySegment, dtype: DTypeLike, shape: Sequence[int], offset: int = 0,
                 device: Any = None) -> _torch.Tensor:
     """A torch tensor of dtype and shape on segment seg's memory from byte
@@ -95,18 +118,31 @@ def tensor_view(seg: AnySegment, dtype: DTypeLike, shape: Sequence[int], offset:
     segment mapped); host segments through the buffer protocol (on a
     read-only lease, a private copy-on-write mapping: torch has no read-only
     tensors, and writing one changes this process's copy of the page, never
-    the segment).  Checked as
-    Segment.view() checks: ValueError past the end, for a negative dimension
-    or offset, or an offset that is not a multiple of the item size (the
-    byte view below would not see that: a misaligned tensor faults in GPU
-    kernels)."""
-    return _tensor_view(seg, dtype, shape, offset, device)
+    the segment).
+
+    device  as load_state_dict's and attach's: None (default) the
+            segment's own GPU (a host segment: the CPU); "cuda:N", N or
+            torch.device("cuda", N) that device, which gets access to the
+            mapping first (peer access); "cuda" or torch.device("cuda")
+            without an index torch's current device
+            (torch.cuda.current_device()), not the segment's GPU.
+
+    Checked as Segment.view() checks: ValueError past the end, for a
+    negative dimension or offset, or an offset that is not a multiple of
+    the item size (the byte view below would not see that: a misaligned
+    tensor faults in GPU kernels).  ValueError for a view that would need
+    a copy (a host segment on a GPU, a device segment on the CPU);
+    gshm.NoDevice for a GPU this process lacks, gshm.NotSupported (errno
+    EXDEV) for one with no peer path to the segment's
+    (DeviceSegment.view)."""
+    return _tensor_view(seg, dtype, shape, offset, _view_device(seg, device))
 
 
 def _tensor_view(seg, dtype, shape, offset, device, private=None):
-    """tensor_view; private: a uint8 tensor on a copy-on-write mapping of
-    all of the read-only host segment seg, which the view slices (one
-    mapping for all of load_state_dict's tensors)."""
+    """tensor_view, with device None or an ordinal (_view_device); private:
+    a uint8 tensor on a copy-on-write mapping of all of the read-only host
+    segment seg, which the view slices (one mapping for all of
+    load_state_dict's tensors)."""
     dt = _to_dtype(dtype)
     tdt = _torch_dtype(dt)
     shape, nbytes, offset = _check_view(seg.size, dt, shape, offset)
@@ -219,9 +255,11 @@ def load_state_dict(client: Client, name: str, device: Any = None,
     device  None: a device segment's own GPU when visible here (else the
             current device); a host segment gives CPU tensors.  "cuda:K":
             map the segment on device K (peer access over NVLink/PCIe when
-            the memory lives on another GPU) and put the tensors there.
-            Asking a host segment for CUDA tensors, or a device segment for
-            CPU tensors, copies.
+            the memory lives on another GPU) and put the tensors there;
+            "cuda" or torch.device("cuda") without an index: torch's
+            current device (as tensor_view, attach and
+            DeviceSegment.view read it).  Asking a host segment for CUDA
+            tensors, or a device segment for CPU tensors, copies.
     access  "r" (default): a read-only lease.  On a GPU, writing through
             the tensors is then a CUDA fault; CPU tensors of a host segment
             are copy-on-write views (a write changes this process's copy of

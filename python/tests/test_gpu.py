@@ -968,6 +968,87 @@ def test_view_on_a_gpu_without_access_maps_it(gpu_daemon, segname):
     assert r == {"sum": r["want"], "want": r["want"], "device": "cuda:1"}, r
 
 
+def test_cuda_means_the_current_device(gpu_daemon, segname):
+    # device="cuda" (or torch.device("cuda"), no index) is the current
+    # device, as torch means it, for DeviceSegment.view, gt.tensor_view,
+    # load_state_dict and attach alike.  view (and tensor_view, through it)
+    # took it as the segment's own GPU, while load_state_dict and attach
+    # took the current device.  Step 1 (one GPU): current device 0, and the
+    # errors where a view cannot be made; step 2 (two GPUs, else left out):
+    # current device 1 over a segment on GPU 0, which gets peer access.
+    out = run_child(gpu_daemon, """
+        name = sys.argv[2]
+        n = 1 << 20
+        c = gshm.Client(sock)
+        seg = c.create(name, n, location=gshm.location_of_device(0))
+        c.unlink(name)
+        torch.from_dlpack(seg.view("uint8", (n,), device=0)).fill_(5)
+        torch.cuda.synchronize(0)
+        w = torch.arange(256, dtype=torch.float32, device="cuda:0")
+        gt.share_state_dict(c, name + "/sd", {"w": w}).close()
+        pooled = hasattr(torch.cuda, "MemPool")  # (attach: PyTorch >= 2.6)
+        if pooled:
+            pool = gt.MemPool(c, name + "/pool", device=0)
+            with gt.use_pool(pool):
+                pw = torch.full((1024,), 7.0, device="cuda:0")
+            pool.publish({"w": pw})
+
+        def where():
+            got = {"current": torch.cuda.current_device(),
+                   "none": seg.view("uint8", (n,)).device,
+                   "view": seg.view("uint8", (n,), device="cuda").device,
+                   "view_torch_device": seg.view("uint8", (n,), device=torch.device("cuda")).device}
+            t = gt.tensor_view(seg, "uint8", (n,), device="cuda")
+            got["tensor_view"] = t.device.index
+            got["tensor_view_reads"] = int(t.to(torch.int64).sum().item()) == 5 * n
+            sd = gt.load_state_dict(c, name + "/sd", device="cuda")
+            got["load_state_dict"] = sd["w"].device.index
+            got["load_state_dict_reads"] = bool((sd["w"].cpu() == w.cpu()).all())
+            if pooled:
+                a = gt.attach(c, name + "/pool", device="cuda")
+                got["attach"] = a["w"].device.index
+                got["attach_reads"] = float(a["w"].sum().item()) == 7.0 * 1024
+            return got
+
+        r = {"gpus": torch.cuda.device_count(), "step1": where(), "errors": {}}
+        hseg = c.create(name + "/host", 4096, location="host")
+        c.unlink(name + "/host")
+        for what, call, exc in [
+                ("host_on_gpu", lambda: gt.tensor_view(hseg, "uint8", (16,), device="cuda"),
+                 ValueError),
+                ("device_on_cpu", lambda: gt.tensor_view(seg, "uint8", (16,), device="cpu"),
+                 ValueError),
+                ("no_such_gpu", lambda: seg.view("uint8", (16,), device=torch.cuda.device_count()),
+                 gshm.NoDevice)]:
+            try:
+                call()
+                r["errors"][what] = "no error"
+            except exc as e:
+                r["errors"][what] = ("no view on" in str(e) or "no CUDA device" in str(e))
+        if r["gpus"] >= 2:
+            torch.cuda.set_device(1)
+            r["step2"] = where()
+        if pooled:
+            del pw
+            pool.release()
+        c.unlink(name + "/sd")
+        print(json.dumps(r))
+        """, segname)
+    r = json.loads(out.strip().splitlines()[-1])
+    print("device='cuda':", r)
+    keys = ["view", "view_torch_device", "tensor_view", "load_state_dict", "attach"]
+    for step, current in (("step1", 0), ("step2", 1)):
+        if step not in r:
+            print("SKIPPED step 2 (needs two GPUs): current device 1 over GPU 0's segment")
+            continue
+        got = r[step]
+        assert got["current"] == current and got["none"] == 0, r
+        assert {k: got[k] for k in keys if k in got} == {k: current for k in keys if k in got}, r
+        assert got["tensor_view_reads"] and got["load_state_dict_reads"], r
+        assert got.get("attach_reads", True), r
+    assert r["errors"] == {"host_on_gpu": True, "device_on_cpu": True, "no_such_gpu": True}, r
+
+
 def test_reads_without_a_context_keep_one_mapping(gpu_daemon, segname):
     # seg.read / seg.write of a device segment that is not mapped, in a
     # process with no CUDA context (a CPU tool): the first call maps it and

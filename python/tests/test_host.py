@@ -2011,6 +2011,69 @@ def test_location_of_device_takes_devices_as_views_do(monkeypatch):
             gshm.location_of_device(bad)
 
 
+def _standin_device_segment(monkeypatch, peer_path=True):
+    """A DeviceSegment on "GPU-own" (ordinal 0 of 2 here; the current device
+    is 1) over a stand-in handle, whose map() records the devices asked
+    for (no GPU: gshm_map is what a GPU test runs, test_gpu.py
+    test_cuda_means_the_current_device).  peer_path False: mapping for
+    cuda:1 fails as gshm_map's -EXDEV does."""
+    import types
+    from gshm import _cuda, _segment
+    monkeypatch.setattr(_cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(_cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(_cuda, "ordinal_of_uuid", lambda u: 0 if u == "GPU-own" else None)
+    handle = types.SimpleNamespace(ptr=0x10, owner_released=False, refs=1, unmapping=False,
+                                   release_owner=lambda: None)
+    handle.incref = lambda: None
+    handle.decref = lambda: None
+    info = types.SimpleNamespace(name="standin/dev", size=1 << 20, gpu_uuid="GPU-own",
+                                 location="cuda:GPU-own", is_host=False)
+    seg = _segment.DeviceSegment(None, handle, info, "rw")
+    asked = []
+
+    def map(devices=None):
+        asked.append(devices)
+        if devices == [1] and not peer_path:
+            raise gshm.NotSupported(errno.EXDEV, "gshm_map: Invalid cross-device link")
+        seg._address = 0x7000000
+        if seg._mapped_devices is None and devices is not None:
+            seg._mapped_devices = list(devices)
+        return seg._address
+
+    seg.map = map
+    return seg, asked
+
+
+def test_device_view_cuda_means_the_current_device(monkeypatch):
+    """DeviceSegment.view(device="cuda") (or torch.device("cuda"), no
+    index) gave a view on the segment's own GPU, where torch (and
+    gshm.torch's load_state_dict and attach) mean the current device:
+    gshm.torch.tensor_view(seg, ..., device="cuda") followed view.  Now
+    both are the calling thread's current device, which gets access to the
+    mapping first; device=None stays the segment's own GPU.  An ordinal
+    this process lacks is NoDevice, a GPU without a peer path NotSupported
+    (EXDEV) saying which GPUs and what to do instead."""
+    import types
+    seg, asked = _standin_device_segment(monkeypatch)
+    assert seg.view("uint8", 16).device == 0 and asked == [None]
+    for dev in ("cuda", types.SimpleNamespace(type="cuda", index=None)):
+        del asked[:]
+        v = seg.view("uint8", 16, device=dev)
+        assert v.device == 1 and asked == [[1]], (dev, v.device, asked)
+        assert v.__dlpack_device__() == (_dlpack.kDLCUDA, 1)
+    assert seg.view("uint8", 16, device="cuda:0").device == 0
+    with pytest.raises(gshm.NoDevice, match="no CUDA device 2 in this process"):
+        seg.view("uint8", 16, device=2)
+    with pytest.raises(ValueError, match="no CUDA device"):
+        seg.view("uint8", 16, device="cpu")
+    seg, asked = _standin_device_segment(monkeypatch, peer_path=False)
+    with pytest.raises(gshm.NotSupported) as e:
+        seg.view("uint8", 16, device="cuda")
+    assert e.value.errno == errno.EXDEV and e.value.filename == "standin/dev"
+    assert "cuda:1 has no peer path to the segment's GPU (cuda:0 here)" in str(e.value), e.value
+    assert seg.view("uint8", 16).device == 0  # its own GPU still works
+
+
 def test_dlpack_release_keeps_a_pending_exception():
     """A DLPack capsule destroyed while an exception was being raised (a
     consumer refusing it: numpy.from_dlpack of a GPU view, "Unsupported
