@@ -164,16 +164,26 @@ _state_lock = L.fork_safe(threading.RLock())
 
 
 class _PutOffLock(object):
-    """A reentrant lock that may be held across a collection (a pool's,
-    whose release runs gc.collect()) while a request of another thread
-    wants it: the segment closes that finalizers make while this thread
-    holds one are put off as under _state_lock (_SegHandle.decref; their
-    wait for a client's lock, held by another thread's request whose
-    callback waited for this lock, hung both for ever), and made once
-    this thread has let go of the outermost (outside a capture)."""
+    """A reentrant lock that a request of another thread (a pull's
+    progress callback) may want: the segment closes that finalizers make
+    while this thread holds one (the collector runs at any allocation) are
+    put off as under _state_lock (_SegHandle.decref; their wait for a
+    client's lock, held by another thread's request whose callback waited
+    for this lock, hung both for ever), and made once this thread has let
+    go of the outermost (outside a capture).  wait() and notify_all(), with
+    the lock held: a condition over it."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+
+    def wait(self) -> None:
+        """Lets go of the lock (all of this thread's holds) until another
+        thread's notify_all(), and takes it again."""
+        self._cond.wait()
+
+    def notify_all(self) -> None:
+        self._cond.notify_all()
 
     def __enter__(self) -> "_PutOffLock":
         self._lock.acquire()
@@ -181,11 +191,32 @@ class _PutOffLock(object):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _tls.putting_off -= 1
         self._lock.release()
-        if (_deferred and not _tls.putting_off and not _state_lock._is_owned()
-                and not _capturing()):
-            _flush_deferred()
+        _put_off_end()
+
+
+def _put_off_end() -> None:
+    """Ends one of this thread's put-off scopes (_PutOffLock, _putting_off);
+    the outermost makes what was put off (outside a capture and
+    _state_lock)."""
+    _tls.putting_off -= 1
+    if (_deferred and not _tls.putting_off and not _state_lock._is_owned()
+            and not _capturing()):
+        _flush_deferred()
+
+
+@contextlib.contextmanager
+def _putting_off() -> Iterator[None]:
+    """with _putting_off(): the closes that finalizers make on this thread
+    meanwhile (a gc.collect() here) are put off as under a _PutOffLock, and
+    made at its end; for a client that a request with callbacks holds (a
+    pull's, whose callback may be waiting for this thread), at that
+    request's end."""
+    _tls.putting_off = getattr(_tls, "putting_off", 0) + 1
+    try:
+        yield
+    finally:
+        _put_off_end()
 
 
 class _Handle(object):

@@ -32,7 +32,7 @@ import torch as _torch
 from . import _cuda, _manifest
 from ._segment import map_for_writers
 from . import _lib as L
-from ._core import _PutOffLock, _capturing, _enc, _raise, _strerror
+from ._core import _PutOffLock, _capturing, _enc, _putting_off, _raise, _strerror
 from ._dtypes import dtype as _to_dtype
 from ._errors import error_for
 from ._torch_conf import check_alloc_conf as _check_alloc_conf
@@ -69,13 +69,13 @@ def _retry_busy() -> None:
     for p in pools:
         if p._pid != os.getpid():
             continue  # a forked child's copy: the parent's to release (its lock may be held)
-        with p._lock:
-            try:
-                p._release(p._unlinks, warn=False)
-            except Exception:
-                pass
-            freed = p._ptr is None
-        if freed:
+        try:
+            # (wait=False: a retry under way on another thread is left to
+            # it, which may be waiting for a request whose callback is here)
+            p._release(p._unlinks, warn=False, wait=False)
+        except Exception:
+            pass
+        if p._ptr is None:  # freed
             with contextlib.suppress(ValueError):  # (another thread's retry took it)
                 _busy.remove(p)
 
@@ -168,15 +168,24 @@ class MemPool(object):
     def __init__(self, client: Client, prefix: str, device: Any = 0, persistent: bool = True,
                  mode: int = 0o600, granule: Optional[int] = None,
                  segment_per_alloc: bool = False) -> None:
-        # Held by release() throughout, and by every other C call on the
-        # pool (segments(), publish(), use_pool's activation): gshm_pool_release frees
-        # the pool (its lock destroyed, its segments closed), so a call on
-        # it that another thread's release overtook, or a second release,
-        # was a use after free.  Reentrant: release's gc.collect() may run
-        # a finalizer that asks the pool for its segments.  A _PutOffLock:
-        # a segment that collection (or any finalizer run under the lock)
-        # drops is closed once the lock is let go, not under it.
+        # gshm_pool_release frees the pool (its lock destroyed, its
+        # segments closed), so a call on it that another thread's release
+        # overtook, or a second release, was a use after free: a release
+        # waits for the calls on the C pool in flight (_users: segments(),
+        # publish(), use_pool's activation) and a call waits for no
+        # release (segments() answers [] during one, publish and use_pool
+        # refuse a released pool).  _lock guards that state and is held
+        # only to read and change it, never across a libgshm call: those
+        # wait for the client's lock (release's closes and unlinks,
+        # publish's manifest; segments and activation for the C pool's
+        # lock, held across a growth's create), which another thread's
+        # request holds (a pull: minutes), and that request's progress
+        # callback asking the pool for its segments waited for _lock: both
+        # hung for ever.  A _PutOffLock: a segment that a finalizer run
+        # under it drops is closed once it is let go, not under it.
         self._lock = _PutOffLock()
+        self._users = 0  # calls on the C pool in flight (segments, publish, activation)
+        self._releasing = False  # a release() (or retry) is making its calls
         self._pid = os.getpid()
         _check_alloc_conf(os.environ)
         if granule is not None and not 0 <= int(granule) < 1 << 64:
@@ -256,14 +265,33 @@ class MemPool(object):
         return self._torch_pool
 
     def segments(self) -> List[PoolSegment]:
-        """[PoolSegment] in creation order ([] once the pool was freed)."""
+        """[PoolSegment] in creation order; [] once the pool was freed, and
+        while a release() runs (its calls may wait for this thread's
+        request: a pull whose progress callback this is)."""
+        self._check_not_forked("gshm_pool_segments")
+        with self._lock:
+            if self._ptr is None or self._releasing:
+                return []
+            self._users += 1  # a release() on another thread waits for the call
+            ptr = self._ptr
+        try:
+            return self._list(ptr)
+        finally:
+            self._let_go()
+
+    def _let_go(self):
+        """Ends one of _users' calls; a release waiting for the last goes on."""
+        with self._lock:
+            self._users -= 1
+            if not self._users:
+                self._lock.notify_all()
+
+    def _list(self, ptr):
+        """segments() of C pool ptr, which the caller keeps from being freed
+        (one of _users)."""
         arr = ctypes.POINTER(L.PoolSegmentC)()
         n = ctypes.c_size_t(0)
-        self._check_not_forked("gshm_pool_segments")
-        with self._lock:  # a release() on another thread waits for the call
-            if self._ptr is None:
-                return []
-            rc = _fn("gshm_pool_segments")(self._ptr, ctypes.byref(arr), ctypes.byref(n))
+        rc = _fn("gshm_pool_segments")(ptr, ctypes.byref(arr), ctypes.byref(n))
         if rc < 0:
             _raise(rc, "gshm_pool_segments", None, self.prefix)
         try:
@@ -302,21 +330,28 @@ class MemPool(object):
         for a released pool (or one whose client is closed).
 
         A release() on another thread waits for the publish to finish (and
-        then removes the manifest it wrote).  Raises gshm.ForkedChild in
-        a process forked from the pool's."""
+        then removes the manifest it wrote); the pool's lock is not held
+        meanwhile (the manifest's requests may wait for another thread's
+        request on the client, whose progress callback may call the pool).
+        Raises gshm.ForkedChild in a process forked from the pool's."""
         self._check_not_forked("MemPool.publish")
         with self._lock:
-            return self._publish(module_or_state_dict, metadata)
+            self._check_usable()
+            if not self.persistent:
+                raise ValueError("gshm: pool %r is not persistent: its segments have no names "
+                                 "another process could attach" % self.prefix)
+            # One of _users until the manifest is written: a release() between
+            # the check and the listing left no segments (every tensor "not
+            # allocated in pool"), and one between the listing and the write
+            # left a manifest of unlinked segments behind.
+            self._users += 1
+            ptr = self._ptr
+        try:
+            return self._publish(ptr, module_or_state_dict, metadata)
+        finally:
+            self._let_go()
 
-    def _publish(self, module_or_state_dict, metadata):
-        # Under self._lock throughout: a release() between the check and the
-        # segments left none (every tensor "not allocated in pool"), and one
-        # between the listing and the write left a manifest of unlinked
-        # segments behind.
-        self._check_usable()
-        if not self.persistent:
-            raise ValueError("gshm: pool %r is not persistent: its segments have no names "
-                             "another process could attach" % self.prefix)
+    def _publish(self, ptr, module_or_state_dict, metadata):
         buffers = {}
         if isinstance(module_or_state_dict, _torch.nn.Module):
             m = module_or_state_dict
@@ -329,7 +364,7 @@ class MemPool(object):
         else:
             sd = module_or_state_dict
         _torch.cuda.synchronize(self.device)
-        segs = self.segments()
+        segs = self._list(ptr)
         tensors = {k: self._locate(segs, v, "state_dict[%r]" % k) for k, v in sd.items()}
         bufs = {k: self._locate(segs, v, "buffer %r" % k) for k, v in buffers.items()}
         used = {e["segment"] for e in list(tensors.values()) + list(bufs.values())}
@@ -355,20 +390,41 @@ class MemPool(object):
         any pool (never by its finalizer: __del__); else at process exit.
 
         Safe from any thread: a release() called while another thread's
-        runs returns once that one has finished.  Raises gshm.ForkedChild
-        in a process forked from the pool's (which leaves it alone)."""
+        runs returns once that one has finished; it waits for a publish()
+        or segments() in flight, and a segments() meanwhile answers [].
+        Raises gshm.ForkedChild in a process forked from the pool's (which
+        leaves it alone)."""
         self._check_not_forked("gshm_pool_release")
-        with self._lock:
-            self._release(unlink)
+        self._release(unlink)
         _retry_busy()
 
-    def _release(self, unlink, warn=True):
-        # Under self._lock.  Again after an EBUSY: the C pool was not freed
-        # (it keeps the client and its primary context), and the torch pool
-        # may cache the blocks of tensors that are gone since.
-        if self._ptr is None:
-            return  # freed
-        self.released = True
+    def _release(self, unlink, warn=True, wait=True):
+        """release() of this pool alone.  wait=False: returns at once when
+        another thread's release of it is under way."""
+        with self._lock:
+            while self._releasing:
+                if not wait:
+                    return
+                self._lock.wait()
+            if self._ptr is None:
+                return  # freed
+            self.released = True  # no new publish or activation from here on
+            self._releasing = True  # nor a segments() call
+        try:
+            with self._lock:
+                while self._users:
+                    self._lock.wait()
+            self._release_calls(unlink, warn)
+        finally:
+            with self._lock:
+                self._releasing = False
+                self._lock.notify_all()
+
+    def _release_calls(self, unlink, warn):
+        # Without self._lock (see __init__), the only thread in the C pool
+        # (_releasing, no _users).  Again after an EBUSY: the C pool was
+        # not freed (it keeps the client and its primary context), and the
+        # torch pool may cache the blocks of tensors that are gone since.
         unlink = bool(unlink or self._unlinks)
         if unlink and not self._unlinks and self.persistent and not self.client.closed:
             try:
@@ -378,7 +434,10 @@ class MemPool(object):
         self._unlinks = unlink
         release = _fn("gshm_pool_release")
         _torch.cuda.synchronize(self.device)
-        gc.collect()
+        # (a close that a finalizer makes here is put off: one on a client
+        # whose lock a pull holds would wait here for the pull's end)
+        with _putting_off():
+            gc.collect()
         if release(self._ptr, 1 if unlink else 0) == 0:
             self._finish()
             return
@@ -389,7 +448,8 @@ class MemPool(object):
             tp, self._torch_pool = self._torch_pool, None
             _mortal(tp)
             del tp
-            gc.collect()
+            with _putting_off():
+                gc.collect()
             if release(self._ptr, 1 if unlink else 0) == 0:
                 self._finish()
                 return
@@ -451,11 +511,19 @@ class use_pool(object):
         self._ctx: Any = None
 
     def __enter__(self) -> MemPool:
-        self.pool._check_not_forked("gshm_pool_activate")
-        with self.pool._lock:  # not released between the check and the activation
-            self.pool._check_usable()
-            self._ctx = _torch.cuda.use_mem_pool(self.pool._torch_pool, device=self.pool.device)
-            self._prev = _fn("gshm_pool_activate")(self.pool._ptr)
+        pool = self.pool
+        pool._check_not_forked("gshm_pool_activate")
+        with pool._lock:
+            pool._check_usable()
+            pool._users += 1  # not released between the check and the activation
+            ptr, torch_pool = pool._ptr, pool._torch_pool
+        try:
+            self._ctx = _torch.cuda.use_mem_pool(torch_pool, device=pool.device)
+            # (outside the lock: the registry's lock it takes may wait for
+            # a pool's, held across a growth's requests on the client)
+            self._prev = _fn("gshm_pool_activate")(ptr)
+        finally:
+            pool._let_go()
         try:
             self._ctx.__enter__()
         except BaseException:

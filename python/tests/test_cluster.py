@@ -256,17 +256,19 @@ def test_segment_closed_under_the_state_lock_waits_for_no_request(pair):
                                     "for another thread's pull")
 
 
-def _close_under_lock_while_pulling(pair, lock, hung, script=_CLOSE_UNDER_LOCK):
+def _close_under_lock_while_pulling(pair, lock, hung, script=_CLOSE_UNDER_LOCK, extra=()):
     """Runs script (_CLOSE_UNDER_LOCK for `lock`) in a child
     (_child_ok_within_60s) over a 64 MiB segment of node a and a segment
-    of node b to drop."""
+    of node b to drop; extra: more arguments."""
     a, b = pair
     with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
         ca.create("pub/locked", 64 * 1024 * 1024, location="host", mode=0o644).close()
         cb.create("py/held2", 4096, location="host").close()
-        _child_ok_within_60s(script, [b.socket, "py/held2", lock], hung)
-        cb.unlink("py/held2")
-        ca.unlink("pub/locked")
+        try:
+            _child_ok_within_60s(script, [b.socket, "py/held2", lock] + list(extra), hung)
+        finally:  # (a child killed hung leaves them: the next test makes them again)
+            cb.unlink("py/held2")
+            ca.unlink("pub/locked")
 
 
 def test_close_put_off_by_a_pull_does_not_hold_other_calls(pair):
@@ -325,9 +327,9 @@ def test_export_dropped_under_the_export_lock_waits_for_no_request(pair):
                                     "waited for another thread's pull")
 
 
-# argv: socket, segment, the tests' folder.  gshm._torch_pool over
+# argv: socket, segment, the tests' folder.  gshm._torch_pool (as tp) over
 # test_torch_pool_threads's stand-in torch and model of the C pool (no GPU).
-_RELEASE_POOL_WHILE_PULLING = r"""
+_STANDIN_POOL = r"""
 import gc, importlib.util, os, sys, threading
 sys.path.insert(0, sys.argv[3])
 import test_torch_pool_threads as standin
@@ -338,6 +340,9 @@ spec = importlib.util.spec_from_file_location(
 tp = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tp)
 tp._fn = standin.CPool().fn
+"""
+
+_RELEASE_POOL_WHILE_PULLING = _STANDIN_POOL + r"""
 gc.disable()  # (a collection before release's would wait for the pull, not under the lock)
 with gshm.Client(sys.argv[1]) as cb:
     pool = tp.MemPool(cb, "py/standin", device=0, persistent=False)
@@ -384,6 +389,76 @@ def test_segment_collected_by_a_pool_release_waits_for_no_request(pair):
         pair, os.path.join(gshm_testutil.PYTHON_DIR, "tests"),
         "hung: a segment that a pool's release collected waited for another thread's pull",
         script=_RELEASE_POOL_WHILE_PULLING)
+
+
+# argv: socket, segment (unused), the tests' folder, "release" or "publish".
+# As _RELEASE_POOL_WHILE_PULLING; the main thread's release() (its unlink of
+# the manifest) or publish() (its write of the manifest) waits for the
+# client's lock, which the pull holds, while the pull's progress callback
+# asks the pool for its segments.
+_POOL_CALL_WHILE_PULLING = _STANDIN_POOL + r"""
+tp._cuda.device_uuid = lambda device: "GPU-standin"
+with gshm.Client(sys.argv[1]) as cb:
+    pool = tp.MemPool(cb, "py/standin2", device=0)
+    in_cb, go, waiting = threading.Event(), threading.Event(), threading.Event()
+    listed = []
+
+    def progress(done, total, ns):
+        if not in_cb.is_set():
+            in_cb.set()
+            go.wait(30)
+            listed.append(pool.segments())
+
+    def pull():
+        cb.pull("a", "pub/locked", local_name="py/locked", progress=progress)
+
+    def on_client(call):  # the pool's own request on cb: it waits for the pull
+        def waits(*args):
+            waiting.set()
+            return call(*args)
+        return waits
+
+    if sys.argv[4] == "release":
+        cb.unlink = on_client(cb.unlink)  # release's unlink of the manifest
+        call = pool.release
+    else:
+        tp._manifest.write = on_client(tp._manifest.write)
+        call = lambda: pool.publish({})
+    t = threading.Thread(target=pull, daemon=True)
+    t.start()
+    assert in_cb.wait(30)
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert waiting.wait(30)
+    go.set()
+    t.join(20)
+    caller.join(20)
+    assert not t.is_alive() and not caller.is_alive(), "hung"
+    assert listed == [[]], listed
+    if sys.argv[4] == "publish":
+        pool.release()
+    cb.unlink("py/locked")
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("call", ["release", "publish"])
+def test_pool_calls_hold_no_lock_while_a_pull_runs(pair, call):
+    """MemPool.release() and publish() held the pool's lock across their
+    requests on the pool's client (release: the manifest's unlink and
+    gshm_pool_release's closes and unlinks; publish: the manifest's
+    create, write and publish), which wait for the client's lock: where
+    another thread's pull held it, the pull's progress callback that asked
+    the pool for its segments (or entered use_pool) waited for the pool's
+    lock, and both hung for ever.  Now the pool's lock is held only to
+    read and change its state; the calls are made outside it (a release
+    waits for the calls in flight on the C pool, and a segments() during
+    a release answers [] at once).  Over a stand-in torch and C pool (no
+    GPU); run in a child process, killed after 60 s."""
+    _close_under_lock_while_pulling(
+        pair, os.path.join(gshm_testutil.PYTHON_DIR, "tests"),
+        "hung: the pool's %s held its lock while waiting for the pull's client" % call,
+        script=_POOL_CALL_WHILE_PULLING, extra=[call])
 
 
 @pytest.fixture
