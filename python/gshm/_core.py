@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, Iterator, List, NoReturn, Tuple
+from typing import Any, Iterator, List, NoReturn, Optional, Tuple
 
 from . import _lib as L
 from ._errors import error_for
@@ -200,8 +200,24 @@ def _put_off_end() -> None:
     the outermost makes what was put off (outside a capture and
     _state_lock)."""
     _tls.putting_off -= 1
-    if (_deferred and not _tls.putting_off and not _state_lock._is_owned()
-            and not _capturing()):
+    _flush_when_free()
+
+
+def _put_off_here() -> bool:
+    """Whether a segment close or a client's last disconnect made on this
+    thread now is put off (_deferred): during a CUDA graph capture (their
+    wait for the GPU's queued work would invalidate it), with _state_lock
+    held or in a put-off scope (_PutOffLock, _putting_off: their wait for
+    a client's lock or the GPU would stall every thread that wants that
+    lock, and for ever where another thread's request waits for it in a
+    progress callback)."""
+    return bool(_state_lock._is_owned() or getattr(_tls, "putting_off", 0) or _capturing())
+
+
+def _flush_when_free() -> None:
+    """Makes what was put off, unless this thread must put off still
+    (_put_off_here)."""
+    if _deferred and not _put_off_here():
         _flush_deferred()
 
 
@@ -241,20 +257,21 @@ class _Handle(object):
             yield self.ptr
         finally:
             self.decref()
-            if _deferred and not _state_lock._is_owned() and not _capturing():
-                _flush_deferred()  # (put off under _state_lock: see _SegHandle.decref)
+            _flush_when_free()  # (put off under _state_lock: see _SegHandle.decref)
 
 
 # Segment closes put off while a CUDA graph capture ran on the closing
 # thread, or while that thread was inside a request of the segment's client
-# that calls back into Python (_calling_back): (segment ptr, its client
-# handle, pid).  libgshm's last unmap of
+# that calls back into Python (_calling_back), or held a lock where they
+# must not wait (_put_off_here): (segment ptr, its client handle, pid); and
+# clients' last disconnects put off likewise: (client ptr, None, pid).
+# libgshm's last unmap of
 # a device mapping waits for the GPU's queued work (cuCtxSynchronize), which
 # CUDA refuses during a capture and which may invalidate it; PyTorch puts
 # off its own frees during a capture the same way.  A view's last reference
 # can go there (the garbage collector runs at any allocation).  Closed at
 # the next close outside a capture, or when the client is closed.
-_deferred: List[Tuple[int, "_ClientHandle", int]] = []
+_deferred: List[Tuple[int, Optional["_ClientHandle"], int]] = []
 
 
 def _capturing() -> bool:
@@ -274,18 +291,24 @@ def _close_segment(ptr: int, client: "_ClientHandle") -> None:
 
 
 def _flush_deferred() -> None:
-    """Closes the segments _deferred holds (this process's; a forked
-    child's copies are dropped: the parent's to close), but those of a
-    client that a thread is in a request of (_calling_back): its close
-    would wait for that request (this thread's own for ever, another's
-    for minutes), and the request's end makes it."""
+    """Closes the segments _deferred holds and disconnects its clients
+    (this process's; a forked child's copies are dropped: the parent's to
+    close), but the segments of a client that a thread is in a request of
+    (_calling_back): its close would wait for that request (this thread's
+    own for ever, another's for minutes), and the request's end makes it.
+    (A client is disconnected after its segments: each holds it.)"""
     while True:
         with _state_lock:
-            i = next((i for i, d in enumerate(_deferred) if not d[1].calling_back), None)
+            i = next((i for i, d in enumerate(_deferred)
+                      if d[1] is None or not d[1].calling_back), None)
             if i is None:
                 return
             ptr, client, pid = _deferred.pop(i)
-        if pid == os.getpid():
+        if pid != os.getpid():
+            continue
+        if client is None:
+            L.lib().gshm_disconnect(ptr)
+        else:
             _close_segment(ptr, client)
 
 
@@ -321,8 +344,7 @@ def _calling_back(client: "_ClientHandle") -> Iterator[None]:
         busy.pop()
         with _state_lock:
             client.calling_back -= 1
-        if not _capturing():
-            _flush_deferred()
+        _flush_when_free()
 
 
 class _ClientHandle(_Handle):
@@ -344,14 +366,22 @@ class _ClientHandle(_Handle):
             if self.refs or not self.ptr:
                 return
             ptr, self.ptr = self.ptr, None
+        if self.pid != os.getpid():
+            return  # a forked child must not touch the parent's connection
         # Outside the lock (see _state_lock): it waits for the client's
-        # requests in flight on other threads.
-        if self.pid == os.getpid():  # a forked child must not touch the parent's connection
-            L.lib().gshm_disconnect(ptr)
+        # lock and, for the device mappings whose unmap it finishes, for the
+        # GPU's queued work.  Put off where a segment's close is
+        # (_put_off_here: the last reference dropped by a finalizer that
+        # the garbage collector ran at an allocation under a lock, or
+        # during a capture), to the end of the next call, lock or capture.
+        if _put_off_here():
+            with _state_lock:
+                _deferred.append((ptr, None, self.pid))
+            return
+        L.lib().gshm_disconnect(ptr)
 
     def release_owner(self):
-        if not _capturing():
-            _flush_deferred()  # (they hold their clients: this one's may be among them)
+        _flush_when_free()  # (they hold their clients: this one's may be among them)
         with _state_lock:
             if self.owner_released:
                 return
@@ -403,8 +433,7 @@ class _SegHandle(_Handle):
         # another's request, and for ever where that request's callback
         # wants the lock, or, likewise, a _PutOffLock; made at the next
         # call's end, or the _PutOffLock's)
-        if (_capturing() or self.client in _busy_clients() or _state_lock._is_owned()
-                or getattr(_tls, "putting_off", 0)):
+        if self.client in _busy_clients() or _put_off_here():
             with _state_lock:
                 _deferred.append((ptr, self.client, self.pid))
             return

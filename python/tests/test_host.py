@@ -4,6 +4,7 @@
 Run: GSHM_LIBRARY=... GSHMD=... GSHMCTL=... python3 -m pytest -q python/tests/test_host.py
 (ctest runs it as python_host with those set to the build's targets)."""
 
+import contextlib
 import ctypes
 import errno
 import gc
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 
 import numpy
 import pytest
@@ -1183,6 +1185,65 @@ def test_a_close_waiting_in_libgshm_does_not_stall_other_clients(monkeypatch, da
     assert got == [segname] and seg.closed
     other.close()
     client.unlink(segname)
+
+
+def test_last_disconnect_under_a_lock_is_put_off(monkeypatch, daemon, client):
+    """A Client whose last reference went while its thread held
+    gshm._core._state_lock or a pool's lock (a _PutOffLock; a release's
+    collection, _putting_off), or captured a CUDA graph (a finalizer that
+    the garbage collector ran at an allocation there), was disconnected
+    right there, where a segment's close is put off: gshm_disconnect waits
+    for the client's lock and, for the mappings whose unmap it finishes,
+    for the GPU's queued work (a synchronize, which invalidates a
+    capture), stalling every thread that wants the lock.  Now it is put
+    off as the closes are, and made once the lock is let go (at the next
+    call's end for _state_lock, after the capture).  gshm_disconnect is
+    wrapped here to record where it was called."""
+    from gshm import _core
+    lib = _lib.lib()
+    calls = []
+
+    class Recording(object):
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def gshm_disconnect(self, ptr):  # where: (under _state_lock, put-off scopes, capturing)
+            calls.append((_core._state_lock._is_owned(), getattr(_core._tls, "putting_off", 0),
+                          capturing[0]))
+            return lib.gshm_disconnect(ptr)
+
+    capturing = [False]
+    monkeypatch.setattr(_core, "_capturing", lambda: capturing[0])
+    monkeypatch.setattr(_lib, "lib", Recording)
+
+    @contextlib.contextmanager
+    def capture():
+        capturing[0] = True
+        try:
+            yield
+        finally:
+            capturing[0] = False
+
+    scopes = {"state_lock": lambda: _core._state_lock, "pool_lock": _core._PutOffLock,
+              "putting_off": _core._putting_off, "capture": capture}
+    for scope, enter in scopes.items():
+        name = "put-off-" + scope
+        c = gshm.Client(daemon.socket, name=name)
+        cycle = [c]
+        cycle.append(cycle)  # garbage only the cyclic collector frees
+        del c, cycle
+        with enter():
+            gc.collect()  # the Client's finalizer: its last reference
+            assert calls == [], (scope, calls)
+            assert name in [ci.name for ci in client.clients()], scope  # still connected
+        client.status()  # a call's end (after _state_lock, the capture) makes it
+        assert calls == [(False, 0, False)], (scope, calls)
+        assert _core._deferred == []
+        del calls[:]
+        deadline = time.monotonic() + 10
+        while name in [ci.name for ci in client.clients()] and time.monotonic() < deadline:
+            time.sleep(0.05)  # (gshmd drops the connection on its own loop)
+        assert name not in [ci.name for ci in client.clients()], scope
 
 
 @pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")
