@@ -12,6 +12,8 @@ pulls the prefix (manifest and every segment) in one client.pull(...,
 prefix=True) onto the second GPU where there is one, else the same GPU;
 role B attaches it on B with gshm.torch.attach and its logits equal A's
 exactly.  Another client listing B all along never sees part of the set.
+Then a pool of B's is released while its client pulls, the pull's progress
+callback asking the pool for its segments (pool_release_during_pull).
 
 Exits 77 where test_torch_pool_gpu.py does (no torch with a CUDA GPU,
 transformers, safetensors)."""
@@ -46,6 +48,73 @@ def publish_on_a(py, sock, out_dir):
         a.wait()
         a.stdout.close()
         err.close()
+
+
+# argv: socket of gshmd B.  A real MemPool (libgshm's C pool, GPU 0) on the
+# client that pulls: its release() (the manifest's unlink, then
+# gshm_pool_release's closes and unlinks) waits for that client's lock,
+# held by the pull, while the pull's progress callback asks the pool for
+# its segments.  The pool's Python lock was held across those requests,
+# and the callback waited for it: both hung for ever.
+_POOL_RELEASE_DURING_PULL = r"""
+import sys, threading, torch, gshm, gshm.torch as gt
+cb = gshm.Client(sys.argv[1], name="pool-during-pull")
+pool = gt.MemPool(cb, "torchtest/poolpull", device=0)
+with gt.use_pool(pool):
+    x = torch.ones(1 << 20, device="cuda:0")
+pool.publish({"x": x})
+del x
+in_cb, go, waiting, listed = threading.Event(), threading.Event(), threading.Event(), []
+
+def progress(done, total, ns):
+    if not in_cb.is_set():
+        in_cb.set()
+        go.wait(60)
+        listed.append(pool.segments())
+
+unlink = cb.unlink
+def unlink_waits(name):  # release's first request on cb: it waits for the pull
+    waiting.set()
+    return unlink(name)
+cb.unlink = unlink_waits
+t = threading.Thread(target=lambda: cb.pull("a", "torchtest/pullsrc",
+                                            local_name="torchtest/pullsrc-copy",
+                                            progress=progress), daemon=True)
+t.start()
+assert in_cb.wait(60), "no progress report"
+r = threading.Thread(target=pool.release, daemon=True)
+r.start()
+assert waiting.wait(60)
+go.set()
+t.join(60)
+r.join(60)
+assert not t.is_alive() and not r.is_alive(), "hung: the pool's release and the pull"
+assert listed == [[]], listed  # (being released: [] at once)
+assert pool.released
+cb.unlink = unlink
+cb.unlink("torchtest/pullsrc-copy")
+print("ok")
+"""
+
+
+def pool_release_during_pull(py, a, b):
+    """_POOL_RELEASE_DURING_PULL in a child (killed after 240 s: a hang)
+    over a 64 MiB host segment of A that B's client pulls."""
+    import gshm
+    with gshm.Client(a.socket) as ca:
+        ca.create("torchtest/pullsrc", 64 << 20, location="host", mode=0o644).close()
+        try:
+            p = subprocess.run([py, "-c", _POOL_RELEASE_DURING_PULL, b.socket],
+                               env=gshm_testutil.child_env(), timeout=240,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               universal_newlines=True)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("hung: a pool released while its client pulled, the pull's "
+                                 "progress callback calling pool.segments()")
+        finally:
+            ca.unlink("torchtest/pullsrc")
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout
+    print("pool_release_during_pull PASSED", flush=True)
 
 
 def main(argv):
@@ -116,6 +185,8 @@ def main(argv):
             lb = torch.load(os.path.join(tmp, "logits-b.pt"))
             assert torch.equal(la, lb), (la - lb).abs().max()
             print("pull_model PASSED")
+            if hasattr(torch.cuda, "MemPool"):
+                pool_release_during_pull(py, a, b)
             with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
                 from gshm import _manifest
                 _manifest.unlink_prefix(ca, prefix)
