@@ -15,7 +15,7 @@ import threading
 import weakref
 from typing import Any, Iterator, List, NoReturn, Optional, Tuple
 
-from . import _lib as L
+from . import _dlpack, _lib as L
 from ._errors import error_for
 
 # ---------------------------------------------------------------- helpers
@@ -207,11 +207,14 @@ def _put_off_here() -> bool:
     """Whether a segment close or a client's last disconnect made on this
     thread now is put off (_deferred): during a CUDA graph capture (their
     wait for the GPU's queued work would invalidate it), with _state_lock
-    held or in a put-off scope (_PutOffLock, _putting_off: their wait for
-    a client's lock or the GPU would stall every thread that wants that
-    lock, and for ever where another thread's request waits for it in a
-    progress callback)."""
-    return bool(_state_lock._is_owned() or getattr(_tls, "putting_off", 0) or _capturing())
+    or _dlpack._LIVE_LOCK held or in a put-off scope (_PutOffLock,
+    _putting_off: their wait for a client's lock or the GPU would stall
+    every thread that wants that lock, and for ever where another thread's
+    request waits for it in a progress callback: a DLPack tensor let go of
+    there takes _LIVE_LOCK).  What is put off under _LIVE_LOCK is made at
+    the next call's end, as under _state_lock."""
+    return bool(_state_lock._is_owned() or _dlpack._LIVE_LOCK._is_owned()
+                or getattr(_tls, "putting_off", 0) or _capturing())
 
 
 def _flush_when_free() -> None:

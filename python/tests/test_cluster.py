@@ -195,12 +195,14 @@ def _child_ok_within_60s(script, args, hung):
 
 # argv: socket, segment, lock ("state": _core._state_lock, the segment
 # dropped under it; "export": _dlpack._LIVE_LOCK, the segment held by an
-# unconsumed DLPack capsule in a cycle, collected under it).
+# unconsumed DLPack capsule in a cycle, collected under it; "live":
+# _dlpack._LIVE_LOCK, the segment dropped under it).
 _CLOSE_UNDER_LOCK = r"""
 import gc, os, sys, threading
 import gshm
 from gshm import _core, _dlpack
-lock = {"state": _core._state_lock, "export": _dlpack._LIVE_LOCK}[sys.argv[3]]
+lock = {"state": _core._state_lock, "export": _dlpack._LIVE_LOCK,
+        "live": _dlpack._LIVE_LOCK}[sys.argv[3]]
 with gshm.Client(sys.argv[1]) as cb:
     seg = cb.open(sys.argv[2], "r")
     if sys.argv[3] == "export":
@@ -254,6 +256,20 @@ def test_segment_closed_under_the_state_lock_waits_for_no_request(pair):
     next call.  Run in a child process, killed after 60 s."""
     _close_under_lock_while_pulling(pair, "state", "hung: a close under _state_lock waited "
                                     "for another thread's pull")
+
+
+def test_segment_closed_under_the_export_lock_waits_for_no_request(pair):
+    """A segment whose last reference went while its thread held
+    gshm._dlpack._LIVE_LOCK (any finalizer the garbage collector ran at a
+    bytecode boundary under it: a Segment in a cycle) was closed right
+    there: unlike under _core._state_lock or a pool's lock, a close
+    under it was not put off (only a DLPack export's own drop was), and
+    gshm_close waited for the client's lock, held by another thread's
+    pull, whose progress callback letting go of a DLPack tensor (which
+    takes _LIVE_LOCK) hung both for ever.  Now it is put off as under
+    _state_lock.  Run in a child process, killed after 60 s."""
+    _close_under_lock_while_pulling(pair, "live", "hung: a close under _LIVE_LOCK waited for "
+                                    "another thread's pull")
 
 
 def _close_under_lock_while_pulling(pair, lock, hung, script=_CLOSE_UNDER_LOCK, extra=()):

@@ -1189,16 +1189,17 @@ def test_a_close_waiting_in_libgshm_does_not_stall_other_clients(monkeypatch, da
 
 def test_last_disconnect_under_a_lock_is_put_off(monkeypatch, daemon, client):
     """A Client whose last reference went while its thread held
-    gshm._core._state_lock or a pool's lock (a _PutOffLock; a release's
-    collection, _putting_off), or captured a CUDA graph (a finalizer that
-    the garbage collector ran at an allocation there), was disconnected
-    right there, where a segment's close is put off: gshm_disconnect waits
-    for the client's lock and, for the mappings whose unmap it finishes,
-    for the GPU's queued work (a synchronize, which invalidates a
-    capture), stalling every thread that wants the lock.  Now it is put
-    off as the closes are, and made once the lock is let go (at the next
-    call's end for _state_lock, after the capture).  gshm_disconnect is
-    wrapped here to record where it was called."""
+    gshm._core._state_lock, gshm._dlpack._LIVE_LOCK or a pool's lock (a
+    _PutOffLock; a release's collection, _putting_off), or captured a CUDA
+    graph (a finalizer that the garbage collector ran at an allocation
+    there), was disconnected right there, where a segment's close is put
+    off: gshm_disconnect waits for the client's lock and, for the mappings
+    whose unmap it finishes, for the GPU's queued work (a synchronize,
+    which invalidates a capture), stalling every thread that wants the
+    lock.  Now it is put off as the closes are, and made once the lock is
+    let go (at the next call's end for _state_lock and _LIVE_LOCK, after
+    the capture).  gshm_disconnect is wrapped here to record where it was
+    called."""
     from gshm import _core
     lib = _lib.lib()
     calls = []
@@ -1207,9 +1208,9 @@ def test_last_disconnect_under_a_lock_is_put_off(monkeypatch, daemon, client):
         def __getattr__(self, name):
             return getattr(lib, name)
 
-        def gshm_disconnect(self, ptr):  # where: (under _state_lock, put-off scopes, capturing)
-            calls.append((_core._state_lock._is_owned(), getattr(_core._tls, "putting_off", 0),
-                          capturing[0]))
+        def gshm_disconnect(self, ptr):  # where: (_state_lock, _LIVE_LOCK, put-off scopes, capture)
+            calls.append((_core._state_lock._is_owned(), _dlpack._LIVE_LOCK._is_owned(),
+                          getattr(_core._tls, "putting_off", 0), capturing[0]))
             return lib.gshm_disconnect(ptr)
 
     capturing = [False]
@@ -1225,7 +1226,8 @@ def test_last_disconnect_under_a_lock_is_put_off(monkeypatch, daemon, client):
             capturing[0] = False
 
     scopes = {"state_lock": lambda: _core._state_lock, "pool_lock": _core._PutOffLock,
-              "putting_off": _core._putting_off, "capture": capture}
+              "putting_off": _core._putting_off, "capture": capture,
+              "export_lock": lambda: _dlpack._LIVE_LOCK}
     for scope, enter in scopes.items():
         name = "put-off-" + scope
         c = gshm.Client(daemon.socket, name=name)
@@ -1237,7 +1239,7 @@ def test_last_disconnect_under_a_lock_is_put_off(monkeypatch, daemon, client):
             assert calls == [], (scope, calls)
             assert name in [ci.name for ci in client.clients()], scope  # still connected
         client.status()  # a call's end (after _state_lock, the capture) makes it
-        assert calls == [(False, 0, False)], (scope, calls)
+        assert calls == [(False, False, 0, False)], (scope, calls)
         assert _core._deferred == []
         del calls[:]
         deadline = time.monotonic() + 10
