@@ -134,14 +134,21 @@ typedef struct gshm_lease_info {
   gshm_access_t access;
   int64_t since_ns;                /* CLOCK_REALTIME */
   int mapped;                      /* the client reported a mapping */
-  char mapped_devices[248];        /* comma-separated GPU UUIDs it mapped on, the
-                                      first ones (gshmd lists 8) that fit whole:
-                                      6 of 40 bytes; "" for CPU */
+  char mapped_devices[248];        /* NUL-terminated, comma-separated GPU UUIDs the
+                                      client reported it mapped on (its last
+                                      report, of up to 64), the first ones that
+                                      fit whole, of those gshmd lists (8 a lease,
+                                      GSHMD_LEASE_DEVICES in daemon/server.h):
+                                      6 of libgshm's 40-byte "GPU-<uuid>"s;
+                                      "" for CPU or before a report */
   /* (these two took the last 8 bytes of mapped_devices, once 256: the
    * struct's size and its other fields' offsets are as they were) */
-  uint32_t mapped_devices_listed;  /* UUIDs in mapped_devices */
-  uint32_t mapped_devices_total;   /* GPUs it mapped on, in all: more than listed
-                                      when some did not fit (an 8-GPU node's 8) */
+  uint32_t mapped_devices_listed;  /* UUIDs in mapped_devices, 0..8 */
+  uint32_t mapped_devices_total;   /* GPUs of the client's report, in all (0..64,
+                                      GSHM_WIRE_MAP_DEVICES_MAX): more than listed
+                                      when the report named more than 8 or some
+                                      did not fit (an 8-GPU node's 8); from a
+                                      gshmd that predates it, the UUIDs it listed */
 } gshm_lease_info_t;
 
 /* One client connection. */
@@ -1090,21 +1097,42 @@ typedef struct gshm_py_glue {
   void (*capsule_destructor)(void *capsule); /* what gshm_py_capsule_destructor calls */
 } gshm_py_glue_t;
 
-/* Sets, for the whole process, the functions the two below call.  glue
- * (not copied) and every function it names must stay valid until the
- * process ends; a later call replaces it for the calls that follow.
- * Returns 0; -EINVAL glue or one of its functions NULL. */
+/* Sets, for the whole process, the functions the two below call; call it
+ * before giving either of them to a consumer.  Callable from any thread,
+ * GIL or not, and again: the glue is swapped in whole (an atomic store),
+ * and a deleter that runs meanwhile uses the old glue or the new one.
+ *  glue  in; not copied: it and every function it names must stay valid
+ *        until the process ends (the Python package keeps them for ever).
+ * Returns 0; -EINVAL glue or one of its six functions NULL (the glue set
+ * before, if any, stays). */
 GSHM_EXTERN int gshm_py_glue_set(const gshm_py_glue_t *glue);
 
 /* A DLManagedTensor deleter (declared void * here: gshm.h does not
- * include dlpack.h), callable from any thread, with or without the GIL:
- * glue->deleter(managed) with the GIL held and Python's pending exception
- * kept.  Does nothing before gshm_py_glue_set. */
+ * include dlpack.h), callable from any thread, with or without the GIL
+ * (PyGILState_Ensure nests), but not once the interpreter is finalizing
+ * (PyGILState_Ensure's own rule).  It takes the GIL, moves Python's
+ * pending exception aside (err_fetch), calls glue->deleter(managed),
+ * puts the exception back (err_restore: its three references, new ones
+ * from err_fetch, go back unchanged, so none leaks) and releases the GIL,
+ * as CPython sets an exception aside around a weakref's callback.  An
+ * exception the callback leaves set is dropped (PyErr_Restore clears it);
+ * a ctypes callback's own is reported as unraisable by ctypes.
+ *  managed  the DLManagedTensor * (in): handed to glue->deleter, which
+ *           owns and frees it; libgshm neither reads nor frees it.
+ * Returns nothing and cannot fail.  Before gshm_py_glue_set it does
+ * nothing at all: the tensor, and what its deleter would release, leak. */
 GSHM_EXTERN void gshm_py_dlpack_deleter(void *managed);
 
-/* A PyCapsule destructor (a PyObject *, declared void * here), called
- * with the GIL held: glue->capsule_destructor(capsule), Python's pending
- * exception kept.  Does nothing before gshm_py_glue_set. */
+/* A PyCapsule destructor (PyCapsule_New's third argument), which Python
+ * calls with the GIL held as it frees the capsule; it takes the GIL
+ * anyway, as gshm_py_dlpack_deleter does, and keeps Python's pending
+ * exception the same way around glue->capsule_destructor(capsule).
+ *  capsule  the PyObject * being freed (in, borrowed for the call, its
+ *           reference count already 0): the callback may read it
+ *           (PyCapsule_IsValid, PyCapsule_GetPointer) but not keep it.
+ * Returns nothing and cannot fail.  Before gshm_py_glue_set it does
+ * nothing at all: what the callback would release (an unconsumed
+ * tensor) leaks. */
 GSHM_EXTERN void gshm_py_capsule_destructor(void *capsule);
 /* ---- end DLPack for bindings ---- */
 
