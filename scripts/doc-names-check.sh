@@ -20,7 +20,7 @@
 # its head (current figures, the AUTO thresholds the code uses) describes
 # today's code, while the benchmark sections are records of past runs that
 # name the code of their commit (`gshmd_fdstore_sync`) and perf's kernel
-# symbols on purpose.  ctest runs it on README.md and docs/*.md as the
+# symbols on purpose.  ctest runs it on README.md, docs/*.md and python/README.md as the
 # test `docs_names`.
 #
 #   scripts/doc-names-check.sh [FILE.md...]   lists the names no file has;
@@ -29,7 +29,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 all=0
-(($#)) || { all=1; set -- README.md docs/*.md; }
+(($#)) || { all=1; set -- README.md docs/*.md python/README.md; }
 
 # Names that are not gshm's, each with its owner.  Keep it short: a name of
 # gshm's own that no file has is a stale name to fix in the doc.
