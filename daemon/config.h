@@ -112,6 +112,7 @@ struct gshmd_config {
   bool cluster_encrypt;            /* encrypt the streams between nodes */
   char *cluster_mac;               /* auto|poly1305: how frames are authenticated without encryption */
   char *cluster_transport;         /* auto|tcp: UCX where it reaches, or the stream only */
+  char *cluster_min_protocol;      /* 2.0|2.6: the oldest cluster protocol a peer may speak */
   uint64_t cluster_pull_chunk;     /* bytes per ucp_get_nbx */
   uint32_t cluster_pull_depth;     /* gets in flight per pull */
   uint32_t cluster_streams;        /* TCP data lanes a puller opens per peer */

@@ -276,6 +276,14 @@
     "gshm's TCP stream; tcp always over the stream; ucx also over UCX "         \
     "transports that cannot detect a dead peer (shared memory in UCX 1.13), "   \
     "eagerly (for tests and trials).")                                        \
+  X(cluster, min_protocol, ENUM, cluster_min_protocol, "2.0", 0, 0, "2.0|2.6",  \
+    "The oldest cluster protocol a peer may speak, both when it connects and " \
+    "when this node connects to it. 2.0: any (nodes of older gshmd link as "   \
+    "before). 2.6: a peer must offer the cluster key's subkeys (CAP_SUBKEYS), " \
+    "so that the key itself keys no MAC and no link; an older peer is "         \
+    "refused before any MAC is sent or checked (refusals cause version, "      \
+    "logged with its name). Set it on every node once every node runs a "     \
+    "gshmd of protocol 2.6 (docs/CLUSTER.md).")                               \
   X(cluster, pull_chunk, SIZE, cluster_pull_chunk, "4M", 4096, 67108864,        \
     NULL, "Bytes per read request (and per staging slot) of a pull.")         \
   X(cluster, pull_depth, U32, cluster_pull_depth, "32", 1, 256, NULL,           \

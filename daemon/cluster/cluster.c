@@ -444,6 +444,8 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                                      .arg = cl};
   cl->ll.encrypt = cfg->cluster_encrypt;
   cl->ll.gmac = strcmp(cfg->cluster_mac, "poly1305") != 0;
+  cl->ll.caps_required =
+      strcmp(cfg->cluster_min_protocol, "2.6") ? 0 : GSHM__CLUSTER__CAP__CAP_SUBKEYS;
   cl->ll.streams = cfg->cluster_streams;
   cl->ll.ucx_allowed = !cfg->cluster_encrypt && strcmp(cfg->cluster_transport, "tcp");
   cl->ll.ucx_without_peer_errors = !strcmp(cfg->cluster_transport, "ucx");

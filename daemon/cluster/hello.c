@@ -144,6 +144,26 @@ static bool version_ok(struct link *l, uint32_t major, uint32_t minor) {
   return false;
 }
 
+/* Whether the peer's hello or challenge has the capabilities that
+ * cluster.min_protocol requires (ll->caps_required: CAP_SUBKEYS for 2.6);
+ * refuses the link (REFUSE_VERSION) when it has not.  Called before
+ * hello_mac on either side, so that no MAC under the cluster key itself
+ * is sent to such a peer, nor one of its MACs checked. */
+static bool min_protocol_ok(struct gshmd_cluster *cl, struct link *l, uint32_t caps,
+                            uint32_t major, uint32_t minor) {
+  char msg[512];
+
+  if ((caps & cl->ll.caps_required) == cl->ll.caps_required)
+    return true;
+  snprintf(msg, sizeof(msg),
+           "node '%s' speaks cluster protocol %u.%u without the cluster key's subkeys "
+           "(CAP_SUBKEYS, 2.6) and cluster.min_protocol of '%s' is 2.6: update gshmd on '%s', "
+           "or set cluster.min_protocol = 2.0 on '%s' until every node runs 2.6",
+           l->peer->name, major, minor, cl->ll.node_name, l->peer->name, cl->ll.node_name);
+  gshmd__link_refuse(l, REFUSE_VERSION, -EPROTONOSUPPORT, msg);
+  return false;
+}
+
 /* Inbound: Hello -> Challenge. */
 static void on_hello(struct link *l, const Gshm__Cluster__Hello *h) {
   struct gshmd_cluster *cl = cluster_of(l->ll);
@@ -169,6 +189,8 @@ static void on_hello(struct link *l, const Gshm__Cluster__Hello *h) {
     gshmd__link_refuse(l, REFUSE_UNKNOWN_PEER, -EPERM, msg);
     return;
   }
+  if (!min_protocol_ok(cl, l, h->caps, h->major, h->minor))
+    return;
   memcpy(l->nonce_theirs, h->nonce.data, GSHMD_CLUSTER_NONCE);
   l->caps_theirs = h->caps;
   hello_mac(cl, l, 'S', mac);
@@ -207,6 +229,8 @@ static void on_challenge(struct link *l, const Gshm__Cluster__Challenge *c) {
     gshmd__link_refuse(l, REFUSE_UNKNOWN_PEER, -EPERM, msg);
     return;
   }
+  if (!min_protocol_ok(cl, l, c->caps, c->major, c->minor))
+    return;
   memcpy(l->nonce_theirs, c->nonce.data, GSHMD_CLUSTER_NONCE);
   l->caps_theirs = c->caps;
   hello_mac(cl, l, 'S', mac);

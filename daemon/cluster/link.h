@@ -297,6 +297,8 @@ struct links {
   void *abandoned_recvs;     /* data.c: ... and receives (first word: next) */
   bool encrypt;              /* cluster.encrypt */
   bool gmac;                 /* cluster.mac = auto: AES-GMAC where both nodes have AES-NI */
+  uint32_t caps_required;    /* cluster.min_protocol: CAP_* bits a peer's hello must have
+                                (hello.c refuses it before any MAC otherwise) */
   unsigned nconns;           /* links with a socket (the fd budget) */
   unsigned max_conns;
   bool cuda_memory;          /* UCX registers CUDA memory (UCS_MEMORY_TYPE_CUDA) */
