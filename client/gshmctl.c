@@ -1245,6 +1245,35 @@ static void output_signals_block(sigset_t *old_out) {
   sigprocmask(SIG_BLOCK, &set, old_out);
 }
 
+/* output_create's FILE written in place, where lstat found st (exists:
+ * it found something).  A regular file is opened only if it is still
+ * that file and truncated only then: between the lstat and the open,
+ * another user of a group-writable directory without the sticky bit may
+ * have put a symbolic link there (which open would follow, truncating
+ * whatever it names) or another file; then -ESTALE, nothing touched
+ * (O_NONBLOCK: a FIFO put there does not block the open).  Anything else
+ * is opened as it is: a symbolic link followed, a device.  Returns the fd
+ * or -errno. */
+static int output_in_place(const char *file, bool exists, const struct stat *st) {
+  struct stat now;
+  int fd, e;
+
+  if (!exists || !S_ISREG(st->st_mode))
+    return (fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ? -errno : fd;
+  if ((fd = open(file, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)) < 0)
+    return errno == ELOOP || errno == ENOENT || errno == ENXIO ? -ESTALE : -errno;
+  if (fstat(fd, &now) < 0)
+    e = -errno;
+  else if (!S_ISREG(now.st_mode) || now.st_dev != st->st_dev || now.st_ino != st->st_ino)
+    e = -ESTALE;
+  else if (fcntl(fd, F_SETFL, 0) < 0 || ftruncate(fd, 0) < 0)
+    e = -errno;
+  else
+    return fd;
+  close(fd);
+  return e;
+}
+
 /* output_open's file: fd for file, or its temporary file, whose path tmp
  * (cap bytes) gets ("" in place).  Only a regular file of this user's own
  * (or none yet) is written as a temporary file; another user's is written
@@ -1252,7 +1281,9 @@ static void output_signals_block(sigset_t *old_out) {
  * set-user-ID bit included (root reading into a file another user left in
  * /tmp made a set-user-ID root program of bytes that user may have put in
  * the segment); for the same reason the set-group-ID bit is kept only
- * where the new file has the old one's group.  Returns the fd or -errno. */
+ * where the new file has the old one's group.  In place, a regular file
+ * replaced since its lstat is refused (output_in_place: -ESTALE).
+ * Returns the fd or -errno. */
 static int output_create(const char *file, char *tmp, size_t cap) {
   const char *slash = strrchr(file, '/');
   struct stat st, mine;
@@ -1264,11 +1295,11 @@ static int output_create(const char *file, char *tmp, size_t cap) {
   tmp[0] = '\0';
   if ((exists && (!S_ISREG(st.st_mode) || st.st_nlink > 1 || st.st_uid != geteuid())) ||
       (!exists && errno != ENOENT))
-    return (fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ? -errno : fd;
+    return output_in_place(file, exists, &st);
   if (snprintf(tmp, cap, "%.*s.%s.gshmctl-XXXXXX", slash ? (int)(slash - file + 1) : 0, file,
                slash ? slash + 1 : file) >= (int)cap || (fd = mkostemp(tmp, O_CLOEXEC)) < 0) {
     tmp[0] = '\0'; /* (a directory it may not write: in place) */
-    return (fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ? -errno : fd;
+    return output_in_place(file, exists, &st);
   }
   if (exists)
     mode = fstat(fd, &mine) == 0 && mine.st_gid == st.st_gid ? st.st_mode & 07777
@@ -1371,7 +1402,12 @@ static int cmd_read(gshm_client_t *c, int argc, char **argv) {
     goto out;
   }
   if (file && (out = output_open(file)) < 0) {
-    rc = errorf(EXIT_ERR, out, "read: %s: %s", file, strerror(-out));
+    rc = out == -ESTALE ? errorf(EXIT_ERR, out,
+                                 "read: %s: replaced while gshmctl opened it (by a symbolic "
+                                 "link or another file): not written; check who else writes "
+                                 "its directory",
+                                 file)
+                        : errorf(EXIT_ERR, out, "read: %s: %s", file, strerror(-out));
     goto out;
   }
   if (!(buf = malloc(CHUNK))) {
