@@ -11,7 +11,13 @@
  *
  * Input: byte 0 flags; flags & 3 the mode, (flags >> 2) the rogue's
  * capabilities (cluster.proto Cap: CAP_ENCRYPT 1, CAP_AES 2, CAP_LANES 8,
- * CAP_GMAC 16; CAP_UCX is masked off: no UCX).
+ * CAP_GMAC 16, CAP_ASK_AGAIN 32).  Its bit 4 (CAP_UCX, which the rogue
+ * never says: no UCX) says that byte 1 is a second flags byte, and the
+ * rest (below) starts after it: bit 0 the rogue says CAP_SUBKEYS (the
+ * subkeys of protocol 2.6), bit 1 the node has cluster.min_protocol = 2.6
+ * for this input (else 2.0).  A rogue without CAP_SUBKEYS must then be
+ * refused before any MAC: checked (mode 1: no Challenge came; 2 and 3:
+ * the node's link to it never came up).
  *   0: before the hello: the rest is written to a plain TCP connection to
  *      the port, as is.
  *   1: the rogue connects as peer "r" (a puller) with the key and does
@@ -41,7 +47,8 @@
  *
  * Checked: no crash, leak or undefined behaviour in the node, the node
  * still completes a hello after every input (its loop did not stop or
- * wedge), and every pull ends. */
+ * wedge), every pull ends, and under cluster.min_protocol = 2.6 no peer
+ * without CAP_SUBKEYS gets a Challenge or a link. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -60,6 +67,7 @@
 #include "backend.h"
 #include "cluster.h"
 #include "config.h"
+#include "internal.h"
 #include "leasekey.h"
 #include "log.h"
 #include "registry.h"
@@ -88,6 +96,16 @@ static size_t req_len;
 static uint8_t req_kind;
 static atomic_bool pull_done;
 static uint32_t pull_rid;
+/* cluster.min_protocol for the input: the caps the node requires
+ * (ll.caps_required), set on the node's thread by on_kick */
+static atomic_uint floor_want, floor_have;
+
+/* What an input's flags say (see the top). */
+struct input_flags {
+  uint8_t mode;
+  uint32_t caps;     /* the rogue's */
+  uint32_t required; /* the node's cluster.min_protocol, as caps */
+};
 
 /* The node's answers to the local client's PULL: the last one (anything
  * but progress) ends it. */
@@ -139,6 +157,8 @@ static void on_kick(uv_async_t *a) {
   const char *msg = NULL;
 
   (void)a;
+  cl->ll.caps_required = atomic_load(&floor_want);
+  atomic_store(&floor_have, cl->ll.caps_required);
   if (mode == 3) {
     if (!local_request())
       atomic_store(&pull_done, true);
@@ -378,13 +398,13 @@ static bool wait_connection(void) {
 }
 
 /* Modes 2 and 3: the node pulls from the rogue (see the top). */
-static void serve(uint8_t flags, const uint8_t *p, size_t n) {
+static void serve(const struct input_flags *f, const uint8_t *p, size_t n) {
   struct rogue *r = &rogue;
   uint32_t rid = 0;
   uint64_t read_off = 0;
   int tries = 0;
 
-  if ((flags & 3) == 3) { /* the local request: the first record */
+  if (f->mode == 3) { /* the local request: the first record */
     if (n < 3)
       return;
     req_kind = p[0];
@@ -396,18 +416,23 @@ static void serve(uint8_t flags, const uint8_t *p, size_t n) {
     n -= 3 + req_len;
   }
   atomic_store(&pull_done, false);
-  atomic_store(&pull_mode, flags & 3);
+  atomic_store(&pull_mode, f->mode);
   uv_async_send(&kick);
   /* the node's connection (a stale one of an earlier input may come
    * first), unless the pull ended before it asked anything */
   memset(r, 0, sizeof(*r));
-  r->caps = (uint32_t)(flags >> 2) & ~4u;
+  r->caps = f->caps;
   while (wait_connection() && rogue_accept(r, rlfd, "r", key)) {
     rogue_close(r);
     memset(r, 0, sizeof(*r));
-    r->caps = (uint32_t)(flags >> 2) & ~4u;
+    r->caps = f->caps;
     if (++tries == 4)
       break;
+  }
+  if (r->up && (f->required & ~f->caps)) {
+    fprintf(stderr, "fuzz_cluster: the node linked to a peer without CAP_SUBKEYS under "
+                    "cluster.min_protocol = 2.6\n");
+    abort();
   }
   /* its lanes, which it opens once the link is up */
   for (int i = 0; i < 2 && r->up && (r->caps & 8); i++)
@@ -449,33 +474,77 @@ static void serve(uint8_t flags, const uint8_t *p, size_t n) {
   }
 }
 
+/* Reads the input's flags (one byte, or two: see the top) into f;
+ * returns the bytes they took, or 0 when the input is too short. */
+static size_t input_flags(const uint8_t *data, size_t size, struct input_flags *f) {
+  uint8_t more;
+
+  if (size < 1 || ((data[0] & 16) && size < 2))
+    return 0;
+  more = (data[0] & 16) ? data[1] : 0;
+  f->mode = data[0] & 3;
+  f->caps = ((uint32_t)(data[0] >> 2) & ~4u) | (more & 1 ? GSHM__CLUSTER__CAP__CAP_SUBKEYS : 0);
+  f->required = more & 2 ? GSHM__CLUSTER__CAP__CAP_SUBKEYS : 0;
+  return (data[0] & 16) ? 2 : 1;
+}
+
+/* Gives the node cluster.min_protocol f->required for this input, on its
+ * thread (within 5 s, else the loop is wedged: abort). */
+static void node_floor(const struct input_flags *f) {
+  if (atomic_load(&floor_have) == f->required)
+    return;
+  atomic_store(&floor_want, f->required);
+  uv_async_send(&kick);
+  for (int i = 0; i < 5000 && atomic_load(&floor_have) != f->required; i++)
+    usleep(1000);
+  if (atomic_load(&floor_have) != f->required) {
+    fprintf(stderr, "fuzz_cluster: the node's loop did not take cluster.min_protocol\n");
+    abort();
+  }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct rogue *r = &rogue;
-  size_t off = 1;
+  struct input_flags f;
+  size_t off;
 
-  if (size < 1 || size > 1 << 18)
+  if (size > 1 << 18 || !(off = input_flags(data, size, &f)))
     return 0;
-  if ((data[0] & 3) == 0) {
-    raw(data + 1, size - 1);
+  node_floor(&f);
+  if (f.mode == 0) {
+    raw(data + off, size - off);
     return 0;
   }
-  if ((data[0] & 3) >= 2) {
-    serve(data[0], data + 1, size - 1);
+  if (f.mode >= 2) {
+    serve(&f, data + off, size - off);
     return 0;
   }
   memset(r, 0, sizeof(*r));
-  r->caps = (uint32_t)(data[0] >> 2) & ~4u;
+  r->caps = f.caps;
   if (rogue_connect(r, port, "r", "n", key)) {
+    /* Refused for want of CAP_SUBKEYS: before the node sent its
+     * Challenge, the first MAC (under the cluster key itself here). */
+    if ((f.required & ~f.caps) && !sodium_is_zero(r->nonce_theirs, sizeof(r->nonce_theirs))) {
+      fprintf(stderr, "fuzz_cluster: the node sent a Challenge to a peer without CAP_SUBKEYS "
+                      "under cluster.min_protocol = 2.6\n");
+      abort();
+    }
     /* The node must still take an honest hello (a refusal of these caps
-     * aside: try without any). */
+     * aside: try with only those it requires). */
     rogue_close(r);
     memset(r, 0, sizeof(*r));
+    r->caps = f.required;
     if (rogue_connect(r, port, "r", "n", key)) {
       fprintf(stderr, "fuzz_cluster: the node takes no hello: %s\n", r->refusal);
       abort();
     }
     rogue_close(r);
     return 0;
+  }
+  if (f.required & ~f.caps) {
+    fprintf(stderr, "fuzz_cluster: a peer without CAP_SUBKEYS linked under "
+                    "cluster.min_protocol = 2.6\n");
+    abort();
   }
   memset(&plane, 0, sizeof(plane));
   if (r->caps & 8)

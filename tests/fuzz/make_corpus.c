@@ -8,7 +8,8 @@
  * 11-minute fuzz_server run, minimised with -merge=1, so that the short
  * CI runs start from deep protocol states; corpus/fuzz_client and
  * corpus/fuzz_cluster those of 5-minute runs.  make_corpus leaves them
- * be. */
+ * be.  (fuzz_cluster's of a first flags byte with bit 4 set were given a
+ * second one, 0, when that bit came to announce it: the same inputs.) */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -236,6 +237,19 @@ static size_t put_record(uint8_t *out, size_t at, uint8_t how, const ProtobufCMe
   return at + 3 + n;
 }
 
+/* Seed `name` of fuzz_cluster: seed (len bytes, one flags byte) with the
+ * second flags byte `more` (fuzz_cluster.c: bit 0 the rogue says
+ * CAP_SUBKEYS, protocol 2.6; bit 1 the node has cluster.min_protocol =
+ * 2.6). */
+static void put_cluster_26(const char *name, const uint8_t *seed, size_t len, uint8_t more) {
+  static uint8_t out[16384 + 1];
+
+  out[0] = seed[0] | 16;
+  out[1] = more;
+  memcpy(out + 2, seed + 1, len - 1);
+  put("fuzz_cluster", name, out, len + 1);
+}
+
 /* Seeds for fuzz_cluster: [flags][u16 len][Msg]* (fuzz_cluster.c); grant
  * 0 in a Read, Stage or Release is the last grant the node gave. */
 static void cluster_corpus(void) {
@@ -277,10 +291,14 @@ static void cluster_corpus(void) {
   CLUSTER_ADD(5, stage, &sg, STAGE);
   CLUSTER_ADD(0, release, &rl, RELEASE);
   put("fuzz_cluster", "grant_read_release", buf, len);
+  put_cluster_26("grant_read_release_subkeys", buf, len, 1);
+  put_cluster_26("grant_read_release_subkeys_required", buf, len, 3);
+  put_cluster_26("grant_read_release_refused_2_5", buf, len, 2); /* (2.5 under 2.6) */
   buf[0] = 1 | 1 << 2; /* CAP_ENCRYPT */
   put("fuzz_cluster", "grant_read_release_encrypted", buf, len);
   buf[0] = 1 | 8 << 2; /* CAP_LANES: the node sends the Read's bytes on a lane */
   put("fuzz_cluster", "grant_read_release_lane", buf, len);
+  put_cluster_26("grant_read_release_lane_subkeys", buf, len, 3);
   buf[0] = 0; /* before the hello: a control frame of 16 bytes of nothing */
   memset(buf + 1, 0, 24 + 16);
   buf[1] = 16;
@@ -319,8 +337,11 @@ static void cluster_corpus(void) {
     out[ogrant + 2] = 0x10;
     memset(out + ogrant + 3, 0xa5, 4096);
     put("fuzz_cluster", "serve_pull", out, ogrant + 3 + 4096);
+    put_cluster_26("serve_pull_subkeys", out, ogrant + 3 + 4096, 3);
+    put_cluster_26("serve_pull_refused_2_5", out, ogrant + 3 + 4096, 2);
     out[0] = 2 | 8 << 2; /* CAP_LANES: the 4 KiB on a data lane */
     put("fuzz_cluster", "serve_pull_lanes", out, ogrant + 3 + 4096);
+    put_cluster_26("serve_pull_lanes_subkeys", out, ogrant + 3 + 4096, 1);
     out[0] = 2;
     /* mode 3: the local request first: a set's PULL (listed first) */
     {
@@ -350,6 +371,7 @@ static void cluster_corpus(void) {
       out[at + 2] = 0x10;
       memset(out + at + 3, 0x5a, 4096);
       put("fuzz_cluster", "serve_set", out, at + 3 + 4096);
+      put_cluster_26("serve_set_subkeys", out, at + 3 + 4096, 3);
       /* REMOTE_LIST of r: its listing */
       rlq.peer = "r";
       at = put_record(out, 1, 1, &rlq.base);
@@ -775,6 +797,14 @@ int main(int argc, char **argv) {
     len = gshm__cluster__msg__pack(&m, buf + 25);
     buf[1] = (uint8_t)len;
     put("fuzz_cluster", "raw_hello", buf, 25 + len);
+    /* the same under cluster.min_protocol = 2.6: refused (no CAP_SUBKEYS),
+     * and with CAP_SUBKEYS: answered */
+    put_cluster_26("raw_hello_refused_2_5", buf, 25 + len, 2);
+    h.caps = GSHM__CLUSTER__CAP__CAP_SUBKEYS;
+    len = gshm__cluster__msg__pack(&m, buf + 25);
+    buf[1] = (uint8_t)len;
+    put_cluster_26("raw_hello_subkeys_required", buf, 25 + len, 2);
+    h.caps = 0;
     h.node_name = "b";
     rd.grant_id = 2;
     rd.length = 4096;
