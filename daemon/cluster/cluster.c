@@ -399,6 +399,21 @@ int gshmd_cluster_check_config(const struct gshmd_config *cfg) {
   return e;
 }
 
+/* The links' settings that come straight from cfg's [cluster] keys (the
+ * rest, peers and listen address, from gshmd__cluster_conf). */
+static void link_settings(struct links *ll, const struct gshmd_config *cfg) {
+  ll->encrypt = cfg->cluster_encrypt;
+  ll->gmac = strcmp(cfg->cluster_mac, "poly1305") != 0;
+  ll->caps_required =
+      strcmp(cfg->cluster_min_protocol, "2.6") ? 0 : GSHM__CLUSTER__CAP__CAP_SUBKEYS;
+  ll->streams = cfg->cluster_streams;
+  ll->ucx_allowed = !cfg->cluster_encrypt && strcmp(cfg->cluster_transport, "tcp");
+  ll->ucx_without_peer_errors = !strcmp(cfg->cluster_transport, "ucx");
+  ll->request_timeout_ns = (int64_t)cfg->cluster_request_timeout_ms * 1000000;
+  ll->hello_timeout_ns =
+      (int64_t)(cfg->partial_timeout_ms ? cfg->partial_timeout_ms : 5000) * 1000000;
+}
+
 int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                         struct gshmd_registry *reg, gshmd_cluster_reply_fn reply,
                         void *reply_arg, struct gshmd_cluster **cl_out) {
@@ -442,16 +457,7 @@ int gshmd_cluster_start(uv_loop_t *loop, const struct gshmd_config *cfg,
                                      .lane_overdue = gshmd__lane_overdue,
                                      .after_progress = after_progress, .charge = charge,
                                      .arg = cl};
-  cl->ll.encrypt = cfg->cluster_encrypt;
-  cl->ll.gmac = strcmp(cfg->cluster_mac, "poly1305") != 0;
-  cl->ll.caps_required =
-      strcmp(cfg->cluster_min_protocol, "2.6") ? 0 : GSHM__CLUSTER__CAP__CAP_SUBKEYS;
-  cl->ll.streams = cfg->cluster_streams;
-  cl->ll.ucx_allowed = !cfg->cluster_encrypt && strcmp(cfg->cluster_transport, "tcp");
-  cl->ll.ucx_without_peer_errors = !strcmp(cfg->cluster_transport, "ucx");
-  cl->ll.request_timeout_ns = (int64_t)cfg->cluster_request_timeout_ms * 1000000;
-  cl->ll.hello_timeout_ns =
-      (int64_t)(cfg->partial_timeout_ms ? cfg->partial_timeout_ms : 5000) * 1000000;
+  link_settings(&cl->ll, cfg);
   if ((e = gshmd__cluster_conf(cl)) || (e = gshmd__cluster_listen_check(&cl->ll)))
     goto fail;
   cl->peer_infos = calloc(cl->ll.npeers + 1, sizeof(*cl->peer_infos));
