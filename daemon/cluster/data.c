@@ -417,7 +417,9 @@ static void on_ucx_received(void *request, ucs_status_t status, size_t length, v
     recv_end(rec, status == UCS_OK && length ? 0 : -ECONNRESET);
 }
 
-/* The bytes of a rendezvous into dst, for req on l. */
+/* The bytes of a rendezvous into dst, for req on l (none where nothing
+ * can hold dst: req fails -ENOMEM, and UCX drops data when on_data_am
+ * returns). */
 static void recv_ucx(struct link *l, struct peer_req *req, void *data, void *dst, size_t length) {
   struct links *ll = l->ll;
   struct data_recv *rec = calloc(1, sizeof(*rec));
@@ -430,8 +432,7 @@ static void recv_ucx(struct link *l, struct peer_req *req, void *data, void *dst
 
   if (!hold) { /* (UCX would write where nothing keeps the memory) */
     free(rec);
-    ucp_am_data_release(ll->worker, data);
-    req->data_done(req, -ENOMEM);
+    req->data_done(req, -ENOMEM); /* (on_data_am's UCS_OK drops data: no release here) */
     return;
   }
   *rec = (struct data_recv){.l = l, .req = req, .hold = hold,
@@ -459,8 +460,10 @@ static ucs_status_t on_data_am(void *arg, const void *header, size_t header_leng
   if (l)
     dst = gshmd__link_data_dest(l, hdr.request_id, hdr.offset, length, (void **)&req);
   if (!dst) {
-    if (rndv)
-      ucp_am_data_release(ll->worker, data);
+    /* (a rendezvous not received is dropped by UCX itself when the
+     * handler returns UCS_OK, ucp_def.h: a ucp_am_data_release here as
+     * well dropped it twice, and the sender's UCX 1.13 aborted on the
+     * second acknowledgement, ucp_rndv_ats_handler) */
     if (l)
       gshmd__link_fail(l, -EPROTO, "the peer sent bytes for no request over UCX");
     else

@@ -106,14 +106,15 @@ static void drive(struct links *ll) {
  * hello, and no message id is gshm's: each one is dropped and counted.
  * Registered for every id UCX's 16-bit header can carry, so that UCX
  * 1.13, which reads its handler table before checking the id, always
- * finds an entry (an unregistered id crashed it). */
+ * finds an entry (an unregistered id crashed it).  A rendezvous is
+ * dropped by UCX itself on UCS_OK (ucp_def.h); released here as well,
+ * it was dropped twice and its sender's UCX aborted on the second
+ * acknowledgement. */
 static ucs_status_t on_am_refused(void *arg, const void *header, size_t header_length,
                                   void *data, size_t length, const ucp_am_recv_param_t *param) {
   struct links *ll = arg;
-  (void)header, (void)header_length, (void)length;
+  (void)header, (void)header_length, (void)data, (void)length, (void)param;
   uint64_t n;
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
-    ucp_am_data_release(ll->worker, data);
   n = ++ll->refusals[REFUSE_PROTOCOL];
   if ((n & (n - 1)) == 0) /* the first, then at powers of two */
     gshm_log_warn("cluster: dropped a UCX active message (gshm takes none)");
