@@ -21,14 +21,6 @@
 
 #define RECORD_MAX (1u << 20) /* a stored record larger than this is refused */
 #define ID_BLOCK 4096         /* ids reserved per ids-<v> record */
-/* A StateRecord's largest encoding besides its name: 12 varint fields of
- * up to 10 bytes with their tags (which bound all 14: mode, unlinked,
- * revoked, flags, uid, gid and publish_members take 6 bytes at most, 110
- * in all with replaced_by's and revoked's 2-byte tags), the location
- * (63 bytes) and a pulled segment's source (GSHM_SOURCE_MAX, 384) or a
- * client's create token (19 bytes with its tag and length: never both,
- * fill_record), with tags and lengths, and the StateBucket's around it. */
-#define RECORD_FIXED_MAX (12u * 11 + 2 + 66 + 387 + 8)
 
 static void on_event(struct gshmd_registry *r, struct gshmd_segment *seg, int event);
 
@@ -194,7 +186,7 @@ void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, uint64_t publis
   x->revoked = seg->fs_revoked;
   if (seg->source)
     x->source = seg->source;
-  else if (seg->has_token) { /* (a pulled segment has none: RECORD_FIXED_MAX) */
+  else if (seg->has_token) { /* (a pulled segment has none: fdstore_size.c RECORD_FIXED_MAX) */
     x->create_token.data = (uint8_t *)seg->create_token;
     x->create_token.len = GSHM_CREATE_TOKEN_BYTES;
   }
@@ -609,89 +601,16 @@ unsigned gshmd_fdstore_retry(struct gshmd_fdstore *fs) {
   return fs->reg->fdstore_pending;
 }
 
-uint64_t gshmd_fdstore_max_buckets(uint64_t max_segments, uint64_t max_name) {
-  uint64_t rec = RECORD_FIXED_MAX + 3 + max_name + FDSTORE_RECORD_SLACK;
-  uint64_t cap = (FDSTORE_BUCKET_BYTES - 64) / rec;
-  if (cap > FDSTORE_BUCKET_FDS)
-    cap = FDSTORE_BUCKET_FDS;
-  return (max_segments + cap - 1) / cap;
-}
-
-uint64_t gshmd_fdstore_names_bytes(uint64_t nbuckets) {
-  uint64_t digits = 1, bytes = 0;
-  /* b<n>a and b<n>b with ':' after each; then ids-<v> twice (a
-   * replacement in flight) and journal2, at most 24 bytes each */
-  for (uint64_t lo = 0, hi = 10; lo < nbuckets; lo = hi, hi *= 10, digits++)
-    bytes += 2 * ((hi < nbuckets ? hi : nbuckets) - lo) * (digits + 3);
-  return bytes + 3 * 24;
-}
-
-uint64_t gshmd_fdstore_max_fdnames(uint64_t max_segments, uint64_t max_name) {
-  return gshmd_fdstore_names_bytes(gshmd_fdstore_max_buckets(max_segments, max_name));
-}
-
-uint64_t gshmd_fdstore_max_restorable(uint64_t max_name) {
-  uint64_t lo = 0, hi = 1ull << 40; /* largest n with names within the limit */
-  while (lo < hi) {
-    uint64_t mid = lo + (hi - lo + 1) / 2;
-    if (gshmd_fdstore_max_fdnames(mid, max_name) <= FDSTORE_FDNAMES_MAX)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
-uint64_t gshmd_fdstore_max_entries(uint64_t max_segments, uint64_t max_name) {
-  return 2 * gshmd_fdstore_max_buckets(max_segments, max_name) + FDSTORE_OTHER_ENTRIES;
-}
-
-/* systemd keeps at most FileDescriptorStoreMax= fds for gshmd (it says how
- * many in $FDSTORE, set only when the setting is not 0) and closes any fd
- * past that while sd_notify succeeds: a bucket whose end it dropped would
- * come back without its datagram, losing its segments at the next start,
- * and nothing would have said so.  So a store too small for
- * limits.max_segments stops gshmd here, as a LISTEN_FDNAMES too long does.
- * Returns 0 or -ENOSPC (logged). */
-static int check_store_max(const struct gshmd_config *cfg) {
-  const char *env = getenv("FDSTORE");
-  uint64_t max, need = gshmd_fdstore_max_entries(cfg->max_segments, cfg->max_name);
-  const char *end;
-
-  if (!env || !number(env, true, &max, &end) || *end)
-    return 0; /* (not said: an older systemd, or none) */
-  if (max >= need)
-    return 0;
-  gshm_log_err("the fd store is too small for limits.max_segments %u: systemd keeps %" PRIu64
-               " fds for gshmd (FileDescriptorStoreMax=) and silently closes the rest, but up "
-               "to %" PRIu64 " may be needed; segments would be lost at a restart (raise "
-               "FileDescriptorStoreMax= or lower limits.max_segments)",
-               cfg->max_segments, max, need);
-  return -ENOSPC;
-}
-
 int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg) {
   const char *ns = getenv("NOTIFY_SOCKET");
   int e;
-  uint64_t rec = RECORD_FIXED_MAX + 3 + reg->cfg->max_name + FDSTORE_RECORD_SLACK;
 
   memset(fs, 0, sizeof(*fs));
   fs->reg = reg;
   fs->enabled = ns && *ns;
   fs->journal_fd = -1;
-  fs->capacity = (uint32_t)((FDSTORE_BUCKET_BYTES - 64) / rec);
-  if (fs->capacity > FDSTORE_BUCKET_FDS)
-    fs->capacity = FDSTORE_BUCKET_FDS;
-  if (fs->enabled &&
-      gshmd_fdstore_max_fdnames(reg->cfg->max_segments, reg->cfg->max_name) > FDSTORE_FDNAMES_MAX) {
-    gshm_log_err("limits.max_segments %u cannot be restored after a restart: its fd store "
-                 "names would pass the %u bytes of LISTEN_FDNAMES that execve allows "
-                 "(MAX_ARG_STRLEN); at most %" PRIu64 " at limits.max_name %u",
-                 reg->cfg->max_segments, FDSTORE_FDNAMES_MAX,
-                 gshmd_fdstore_max_restorable(reg->cfg->max_name), reg->cfg->max_name);
-    return -E2BIG;
-  }
-  if (fs->enabled && (e = check_store_max(reg->cfg)))
+  fs->capacity = gshmd__fdstore_capacity(reg->cfg->max_name);
+  if (fs->enabled && (e = gshmd__fdstore_check_limits(fs)))
     return e;
   reg->on_event_data = fs;
   reg->fdstore = fs;

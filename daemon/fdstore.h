@@ -33,6 +33,7 @@ struct fdstore_bucket;
 struct gshmd_fdstore {
   struct gshmd_registry *reg;
   bool enabled;   /* $NOTIFY_SOCKET is set and the manager listens */
+  uint64_t store_max;  /* $FDSTORE (FileDescriptorStoreMax=); 0: not said */
   /* Set by the caller between gshmd_fdstore_setup and _restore: a sticky
    * CUDA error in the restore stops it for a restart (daemon.sticky_start
    * = restart).  Unset, the device segments from there on are kept
@@ -116,6 +117,8 @@ struct gshmd_fdstore {
    * the user that sent them, whatever gshmd's user
    * (gshmd_fdstore_resend_all) */
   uint32_t nfrozen;
+  uint32_t frozen_ends;    /* of them, ends of those that came back with one
+                              (not in buckets[], still stored) */
   uint64_t frozen_fds;
   bool frozen_fds_most;    /* frozen_fds counts 253 for a datagram it could not read */
   uint32_t frozen_senders; /* their datagrams (with fds) seen, and of them: */
@@ -158,9 +161,11 @@ int gshmd_fdstore_setup(struct gshmd_fdstore *fs, struct gshmd_registry *reg);
  * CUDA backend's needs_restart, logged) parks that device segment and
  * every later one (the caller moves those adopted before it:
  * gshmd_registry_park_all), unless fs->sticky_restart.  Returns 0;
- * -ENOMEM; or, with fs->sticky_restart, -EIO after a sticky CUDA error:
- * the restore stops there, with nothing of the store rewritten or
- * removed, so that a restart finds every segment again. */
+ * -ENOMEM; with fs->sticky_restart, -EIO after a sticky CUDA error: the
+ * restore stops there, with nothing of the store rewritten or removed,
+ * so that a restart finds every segment again; -ENOSPC (logged, the same
+ * way: nothing stored) when $FDSTORE is below
+ * gshmd_fdstore_entries_needed. */
 int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int n);
 
 /* Whether the service manager handed this process fd store entries that
@@ -212,6 +217,20 @@ uint64_t gshmd_fdstore_max_buckets(uint64_t max_segments, uint64_t max_name);
  * segments can need, plus FDSTORE_OTHER_ENTRIES.  At start gshmd refuses
  * a FileDescriptorStoreMax= ($FDSTORE) below it. */
 uint64_t gshmd_fdstore_max_entries(uint64_t max_segments, uint64_t max_name);
+
+/* The most fds the store may hold for gshmd in this run, given what the
+ * restore found: 2 per bucket that is not frozen, as many as
+ * limits.max_segments can need (gshmd_fdstore_max_buckets) or as came
+ * back when more did; the stored ends of frozen buckets (their segments
+ * are not in the registry, so as many again may be made: both ends, or
+ * the one left of a bucket that lost the other); the names to be removed
+ * once the store caught up (the end of a bucket that came back with one,
+ * whose members move to new buckets; the legacy format's entries) and
+ * owed removals, counted whole (a failed send delays them while segments
+ * are made); and FDSTORE_OTHER_ENTRIES.  At start, after the restore,
+ * gshmd refuses a $FDSTORE below it (logged; the store is kept as it is).
+ * Pure: fs after gshmd_fdstore_restore (before it: the limit's count). */
+uint64_t gshmd_fdstore_entries_needed(const struct gshmd_fdstore *fs);
 
 /* Bytes of LISTEN_FDNAMES the store's names take at most with nbuckets
  * buckets (names joined by ':'), besides other names. */

@@ -404,6 +404,8 @@ static struct fdstore_bucket *keep_bucket(struct gshmd_fdstore *fs, int *fds, ch
   bool one_end = f->idx[0] < 0 || f->idx[1] < 0;
   struct fdstore_bucket *b;
 
+  if (one_end && frozen)
+    fs->frozen_ends++; /* (its end stays stored: gshmd_fdstore_entries_needed) */
   if (one_end && !frozen) {
     int i = f->idx[0] >= 0 ? f->idx[0] : f->idx[1];
     gshm_log_warn("fd store: bucket %" PRIu32 " came back with one end; its segments move",

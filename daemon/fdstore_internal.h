@@ -3,7 +3,8 @@
  * names; fdstore_bucket.c: the datagrams; fdstore_inflight.c: their fds
  * in flight; fdstore_journal.c: the journal;
  * fdstore_publish.c: a publish all or nothing; fdstore_legacy.c:
- * restoring the one-fd-per-segment format).  Not for
+ * restoring the one-fd-per-segment format; fdstore_size.c: how much of
+ * the store gshmd may take).  Not for
  * the rest of gshmd: fdstore.h is the interface. */
 #ifndef GSHMD_FDSTORE_INTERNAL_H
 #define GSHMD_FDSTORE_INTERNAL_H
@@ -77,6 +78,20 @@ int gshmd__fdstore_place(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bo
 void gshmd__fdstore_settle(struct gshmd_fdstore *fs);
 void gshmd__fdstore_raise_ids(struct gshmd_registry *r, const Gshm__StateTable *t);
 ssize_t gshmd__fdstore_read_record(int fd, uint8_t **buf_out);
+
+/* fdstore_size.c */
+/* Members a bucket takes at limits.max_name max_name (its records within
+ * FDSTORE_BUCKET_BYTES, at most FDSTORE_BUCKET_FDS). */
+uint32_t gshmd__fdstore_capacity(uint64_t max_name);
+/* At setup, under a service manager: sets fs->store_max from $FDSTORE.
+ * Returns 0; -E2BIG when limits.max_segments is more than the store can
+ * hand back (gshmd_fdstore_max_restorable), -ENOSPC when $FDSTORE is
+ * below gshmd_fdstore_max_entries (both logged). */
+int gshmd__fdstore_check_limits(struct gshmd_fdstore *fs);
+/* After the restore, before anything is stored: 0, or -ENOSPC (logged)
+ * when $FDSTORE is below gshmd_fdstore_entries_needed (what came back
+ * stays stored as it is). */
+int gshmd__fdstore_check_room(const struct gshmd_fdstore *fs);
 
 /* fdstore_bucket.c */
 struct fdstore_bucket *gshmd__bucket_new(uint32_t index);

@@ -283,6 +283,8 @@ int gshmd_fdstore_restore(struct gshmd_fdstore *fs, int *fds, char **names, int 
   }
   if (!fs->enabled)
     return e;
+  if (!e && (e = gshmd__fdstore_check_room(fs)))
+    return e; /* (before anything is stored: a frozen bucket's, a one-ended one's end stay) */
   if (fs->journal_fd < 0 && !start_journal(fs))
     return e;
   gshmd__fdstore_settle(fs);

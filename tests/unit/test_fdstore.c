@@ -564,6 +564,55 @@ static void test_frozen_bucket_journal_copy_raises_write_seq(void **state) {
   frozen_bucket_raises_write_seq(state, 50, 60);
 }
 
+/* What the store may hold in this run (gshmd_fdstore_entries_needed,
+ * checked against FileDescriptorStoreMax= at start) counts what came
+ * back besides the buckets limits.max_segments can need: a frozen
+ * bucket's two ends (its segments are not in the registry: as many
+ * again may be made), the one end left of a frozen bucket that lost the
+ * other, and the end of a one-ended bucket whose members move (stored
+ * until the store caught up; a failed send delays that while segments
+ * are made).  Before, the check at start counted limits.max_segments'
+ * buckets alone: a store with a frozen bucket passed it and overflowed
+ * near the limit (systemd closes an fd past FileDescriptorStoreMax=:
+ * a bucket's end, its segments lost at the next start). */
+static void test_entries_needed_counts_what_came_back(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[2] = {record(1, "a", 0600, false), record(2, "b", 0600, false)};
+  Gshm__StateRecord q[1] = {record(3, "c", 0600, false)};
+  uint64_t base = gshmd_fdstore_max_entries(f->cfg.max_segments, f->cfg.max_name);
+  int sv[2];
+
+  assert_int_equal(gshmd_fdstore_entries_needed(&f->fs), base);
+  bucket_handed_back(f, 0, false, 5, r, 2); /* frozen, both ends: +2 */
+  bucket_handed_back(f, 1, true, 6, q, 1);  /* frozen, one end: +1 */
+  /* one end, nothing queued (read: not frozen): retired once the store
+   * caught up, counted until then: +1 */
+  assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+  put(&f->st, "b2b", sv[1]);
+  close(sv[0]);
+  restore_without_fds(f);
+  assert_int_equal(f->fs.nfrozen, 2);
+  assert_int_equal(f->fs.nretire, 1);
+  assert_int_equal(gshmd_fdstore_entries_needed(&f->fs), base + 4);
+}
+
+/* Buckets that came back whole are within limits.max_segments' count
+ * (each bucket is filled before a new one is made), unless more came
+ * back than that count (a larger limit before): then those, 2 fds each. */
+static void test_entries_needed_counts_buckets_kept(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord r[1] = {record(1, "a", 0600, false)}, q[1] = {record(2, "b", 0600, false)};
+
+  bucket_handed_back(f, 0, false, 5, r, 1);
+  bucket_handed_back(f, 1, false, 6, q, 1);
+  restore(f);
+  assert_int_equal(f->fs.restored, 2);
+  assert_int_equal(gshmd_fdstore_entries_needed(&f->fs),
+                   gshmd_fdstore_max_entries(f->cfg.max_segments, f->cfg.max_name));
+  f->cfg.max_segments = 1; /* (its count: one bucket) */
+  assert_int_equal(gshmd_fdstore_entries_needed(&f->fs), 2 * 2 + FDSTORE_OTHER_ENTRIES);
+}
+
 /* The names the store hands back at limits.max_segments (every bucket
  * full but the last, as placement fills them: gshmd_fdstore_max_buckets),
  * joined as systemd joins them in LISTEN_FDNAMES with the socket's name
@@ -1568,6 +1617,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bucket_unreadable_is_left_queued, setup, teardown),
       cmocka_unit_test_setup_teardown(test_torn_journal_copy_is_the_older, setup, teardown),
       cmocka_unit_test_setup_teardown(test_frozen_one_ended_bucket_not_retired, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_entries_needed_counts_what_came_back, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_entries_needed_counts_buckets_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(test_frozen_bucket_datagram_raises_write_seq, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_frozen_bucket_journal_copy_raises_write_seq, setup,
