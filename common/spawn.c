@@ -251,7 +251,16 @@ static int drain(struct gshm_spawn *s) {
         nfds += k;
       }
     msg[n] = '\0';
-    handle_datagram(s, msg, fds, nfds);
+    if (s->killed) /* (sent after the kill point: never reached the manager) */
+      for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+    else if (s->kill_after && strstr(msg, s->kill_after) && --s->kill_count <= 0) {
+      handle_datagram(s, msg, fds, nfds);
+      s->killed = true;
+      if (s->pid > 0)
+        kill(s->pid, SIGKILL);
+    } else
+      handle_datagram(s, msg, fds, nfds);
     pthread_cond_broadcast(&s->changed);
     pthread_mutex_unlock(&s->lock);
     count++;
@@ -441,8 +450,9 @@ int gshm__spawn_start(struct gshm_spawn *s, const char *gshmd_path, const char *
   for (int i = 0; extra_args && extra_args[i] && argc < 62; i++)
     argv[argc++] = extra_args[i];
   argv[argc] = NULL;
+  drain(s); /* (what the last gshmd sent: dropped after a kill point) */
   pthread_mutex_lock(&s->lock);
-  s->ready = s->stopping = false;
+  s->ready = s->stopping = s->killed = false;
   nfds = s->nfds + (socket_activation ? 1 : 0);
   /* Made before fork: LISTEN_FDNAMES (unbounded: execve, not this code,
    * refuses one too long, as under systemd) and the child's fd table. */

@@ -34,6 +34,13 @@ struct gshm_spawn {
   int nfds, cap;
   int store_max;
   unsigned store_refused;    /* fds closed for store_max */
+  /* A kill point: the kill_count-th datagram (from 1) whose text holds
+   * kill_after SIGKILLs gshmd once handled, and every datagram after it
+   * until the next start is dropped (its fds closed), as if gshmd had
+   * died right after that send.  NULL: none.  killed: it fired. */
+  const char *kill_after;
+  int kill_count;
+  bool killed;
   int listen_fd;             /* >= 0: pass as a socket-activated listener */
   bool unit_caps;            /* keep gshmd.service's bounding set (gshm__spawn_unit_caps) */
   /* > 0: the RLIMIT_NOFILE (soft and hard, fds) each start gives gshmd,

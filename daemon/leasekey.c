@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -63,15 +65,37 @@ static bool token_check(void *arg, const struct gshmd_segment *seg, uid_t uid, i
 }
 
 /* The key from a stored memfd: exactly crypto_auth_KEYBYTES bytes. */
-static bool key_read(struct gshmd_leasekey *k, int fd) {
+static bool key_read(uint8_t key[crypto_auth_KEYBYTES], int fd) {
   struct stat st;
 
-  return fstat(fd, &st) == 0 && st.st_size == (off_t)sizeof(k->key) &&
-         pread(fd, k->key, sizeof(k->key), 0) == (ssize_t)sizeof(k->key);
+  return fstat(fd, &st) == 0 && st.st_size == (off_t)crypto_auth_KEYBYTES &&
+         pread(fd, key, crypto_auth_KEYBYTES, 0) == (ssize_t)crypto_auth_KEYBYTES;
 }
 
-/* Stores the key in a sealed memfd of its own.  0 or a negative errno. */
+/* Whether name is a key entry's: "leasekey" (version 0) or "leasekey-<v>"
+ * (v from 1, no leading 0); *v_out its version. */
+static bool key_name(const char *name, uint64_t *v_out) {
+  const char *p;
+  uint64_t v = 0;
+
+  if (!name || strncmp(name, LEASEKEY_NAME, strlen(LEASEKEY_NAME)))
+    return false;
+  p = name + strlen(LEASEKEY_NAME);
+  if (*p && (*p++ != '-' || *p < '1' || *p > '9'))
+    return false;
+  for (; *p; p++) {
+    if (*p < '0' || *p > '9' || v > (UINT64_MAX - 9) / 10)
+      return false;
+    v = v * 10 + (uint64_t)(*p - '0');
+  }
+  *v_out = v;
+  return true;
+}
+
+/* Stores the key in a sealed memfd of its own, under k->version's name.
+ * 0 or a negative errno. */
 static int key_store(struct gshmd_leasekey *k) {
+  char msg[96];
   int fd, e;
 
   fd = memfd_create("gshmd-leasekey", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -84,13 +108,104 @@ static int key_store(struct gshmd_leasekey *k) {
     return e;
   }
   /* FDPOLL=0: a memfd never hangs up; systemd need not watch it. */
-  e = sd_pid_notify_with_fds(0, 0, "FDSTORE=1\nFDNAME=" LEASEKEY_NAME "\nFDPOLL=0", &fd, 1);
+  if (k->version)
+    snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=" LEASEKEY_NAME "-%" PRIu64 "\nFDPOLL=0",
+             k->version);
+  else
+    snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=" LEASEKEY_NAME "\nFDPOLL=0");
+  e = sd_pid_notify_with_fds(0, 0, msg, &fd, 1);
   close(fd);
   return e > 0 ? 0 : e < 0 ? e : -ENOTCONN;
 }
 
+/* Notes name among the entries to remove once the key is stored (once
+ * each).  Out of memory: not noted (the entry stays; the next start
+ * removes it). */
+static void stale_add(struct gshmd_leasekey *k, const char *name) {
+  char **l;
+
+  for (size_t i = 0; i < k->nstale; i++)
+    if (!strcmp(k->stale[i], name))
+      return;
+  if (!(l = realloc(k->stale, (k->nstale + 1) * sizeof(*l))))
+    return;
+  k->stale = l;
+  if ((l[k->nstale] = strdup(name)))
+    k->nstale++;
+}
+
+/* Removes the stale entries (by name: FDSTOREREMOVE takes every fd of
+ * one); those whose removal cannot be sent stay noted. */
+static void stale_send(struct gshmd_leasekey *k) {
+  size_t kept = 0;
+
+  for (size_t i = 0; i < k->nstale; i++) {
+    char msg[96];
+    snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", k->stale[i]);
+    if (sd_notify(0, msg) > 0)
+      free(k->stale[i]);
+    else
+      k->stale[kept++] = k->stale[i];
+  }
+  k->nstale = kept;
+}
+
+static void stale_free(struct gshmd_leasekey *k) {
+  for (size_t i = 0; i < k->nstale; i++)
+    free(k->stale[i]);
+  free(k->stale);
+  k->stale = NULL;
+  k->nstale = 0;
+}
+
+/* Takes the key from the readable entry of the highest version among
+ * fds[0..n) (each key entry's fd closed and set to -1) and notes the
+ * others to remove; the kept one's name too where another entry has it
+ * (it cannot stay: a removal takes every fd of a name): *moved then.
+ * *top the highest version seen, *any whether there was a key entry. */
+static void key_take(struct gshmd_leasekey *k, int *fds, char **names, int n, uint64_t *top,
+                     bool *any, bool *moved) {
+  uint8_t key[crypto_auth_KEYBYTES];
+  int best = -1, unreadable = 0;
+  uint64_t v;
+
+  for (int i = 0; fds && names && i < n; i++) {
+    if (fds[i] < 0 || !names[i] || !key_name(names[i], &v))
+      continue;
+    *any = true;
+    *top = v > *top ? v : *top;
+    if (!key_read(key, fds[i]))
+      unreadable++;
+    else if (best < 0 || v > k->version) {
+      memcpy(k->key, key, sizeof(key));
+      k->version = v;
+      best = i;
+    }
+  }
+  sodium_memzero(key, sizeof(key));
+  for (int i = 0; fds && names && i < n; i++) {
+    if (fds[i] < 0 || !names[i] || !key_name(names[i], &v))
+      continue;
+    if (i != best && best >= 0 && !strcmp(names[i], names[best]))
+      *moved = true;
+    if (i != best)
+      stale_add(k, names[i]);
+  }
+  for (int i = 0; fds && names && i < n; i++)
+    if (fds[i] >= 0 && names[i] && key_name(names[i], &v)) {
+      close(fds[i]);
+      fds[i] = -1;
+    }
+  k->restored = best >= 0;
+  if (unreadable)
+    gshm_log_warn("fd store: %d unreadable lease key entr%s dropped", unreadable,
+                  unreadable == 1 ? "y" : "ies");
+}
+
 int gshmd_leasekey_setup(struct gshmd_leasekey *k, int *fds, char **names, int n) {
   const char *ns = getenv("NOTIFY_SOCKET");
+  uint64_t top = 0;
+  bool any = false, moved = false;
   int e;
 
   memset(k, 0, sizeof(*k));
@@ -99,47 +214,34 @@ int gshmd_leasekey_setup(struct gshmd_leasekey *k, int *fds, char **names, int n
                  "checked against the segments' modes");
     return -EIO;
   }
-  bool dropped = false;
-
-  for (int i = 0; fds && names && i < n; i++) {
-    if (fds[i] < 0 || !names[i] || strcmp(names[i], LEASEKEY_NAME))
-      continue;
-    if (!k->restored && key_read(k, fds[i]))
-      k->restored = true;
-    else
-      dropped = true;
-    close(fds[i]);
-    fds[i] = -1;
-  }
-  /* An unreadable (or second) entry leaves the store, by name, before a
-   * new key is stored under that name: stale keys must not pile up there.
-   * A readable one is then stored again below. */
-  if (dropped) {
-    gshm_log_warn("fd store: unreadable lease key dropped");
-    sd_notify(0, "FDSTOREREMOVE=1\nFDNAME=" LEASEKEY_NAME);
-    if (k->restored) {
-      e = key_store(k);
-      if (e && e != -ECONNREFUSED && e != -ENOENT)
-        k->owed = true;
-    }
-  }
-  if (k->restored) {
-    k->ready = true;
-    return 0;
-  }
-  /* First start (or a store that lost the key: the leases granted before
-   * are then re-checked against the modes). */
-  randombytes_buf(k->key, sizeof(k->key));
+  key_take(k, fds, names, n, &top, &any, &moved);
+  if (!k->restored) /* first start, or a store that lost the key: the leases granted
+                     * before are then re-checked against the modes */
+    randombytes_buf(k->key, sizeof(k->key));
   k->ready = true;
-  if (!ns || !*ns)
+  if (!ns || !*ns) {
+    stale_free(k);
     return 0;
-  e = key_store(k);
-  if (e == -ECONNREFUSED || e == -ENOENT)
-    return 0; /* nobody reads $NOTIFY_SOCKET: the fd store says so, and is off */
-  if (e) {
-    gshm_log_warn("fd store: cannot store the lease key (%s); will retry", strerror(-e));
-    k->owed = true;
   }
+  /* A copy to make: stored under a version above every one seen before
+   * the old entries are removed, so that a SIGKILL in between leaves a
+   * readable one (the next start keeps the highest and removes the rest). */
+  if (moved || !k->restored) {
+    k->version = any ? top + 1 : 0;
+    k->owed = true;
+    e = key_store(k);
+    if (e == -ECONNREFUSED || e == -ENOENT) {
+      stale_free(k); /* nobody reads $NOTIFY_SOCKET: the fd store says so, and is off */
+      k->owed = false;
+      return 0;
+    }
+    if (e) {
+      gshm_log_warn("fd store: cannot store the lease key (%s); will retry", strerror(-e));
+      return 0;
+    }
+    k->owed = false;
+  }
+  stale_send(k);
   return 0;
 }
 
@@ -148,7 +250,9 @@ bool gshmd_leasekey_retry(struct gshmd_leasekey *k) {
     k->owed = false;
     gshm_log_info("fd store: lease key stored");
   }
-  return k->owed;
+  if (!k->owed && k->nstale)
+    stale_send(k);
+  return k->owed || k->nstale;
 }
 
 void gshmd_leasekey_attach(struct gshmd_leasekey *k, struct gshmd_registry *r) {
@@ -160,4 +264,7 @@ void gshmd_leasekey_attach(struct gshmd_leasekey *k, struct gshmd_registry *r) {
   r->tokens_restored = k->restored;
 }
 
-void gshmd_leasekey_destroy(struct gshmd_leasekey *k) { sodium_memzero(k->key, sizeof(k->key)); }
+void gshmd_leasekey_destroy(struct gshmd_leasekey *k) {
+  sodium_memzero(k->key, sizeof(k->key));
+  stale_free(k);
+}

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -999,12 +1000,110 @@ static void test_failed_start_keeps_the_store(void **state) {
   assert_int_equal(harness_stop(&h), 0);
 }
 
+/* The lease key's entries in h's store ("leasekey", "leasekey-<v>"):
+ * how many, and whether each holds key (32 bytes). */
+static int key_entries(struct harness *h, const uint8_t *key, bool *all_key) {
+  int n = 0;
+
+  *all_key = true;
+  pthread_mutex_lock(&h->sp.lock);
+  for (int i = 0; i < h->sp.nfds; i++) {
+    uint8_t b[33];
+    if (strncmp(h->sp.names[i], "leasekey", 8))
+      continue;
+    n++;
+    *all_key &= pread(h->sp.fds[i], b, sizeof(b), 0) == 32 && !memcmp(b, key, 32);
+  }
+  pthread_mutex_unlock(&h->sp.lock);
+  return n;
+}
+
+/* h's store with the lease key's entries replaced by "leasekey" holding
+ * key and another "leasekey" that is not a key (3 bytes). */
+static void key_store_reset(struct harness *h, const uint8_t *key) {
+  char name[64];
+  int fd;
+
+  for (;;) {
+    name[0] = '\0';
+    pthread_mutex_lock(&h->sp.lock);
+    for (int i = 0; i < h->sp.nfds && !name[0]; i++)
+      if (!strncmp(h->sp.names[i], "leasekey", 8))
+        snprintf(name, sizeof(name), "%s", h->sp.names[i]);
+    pthread_mutex_unlock(&h->sp.lock);
+    if (!name[0])
+      break;
+    assert_true(gshm__spawn_store_drop(&h->sp, name) > 0);
+  }
+  assert_true((fd = memfd_create("key", MFD_CLOEXEC)) >= 0);
+  assert_int_equal(write(fd, key, 32), 32);
+  assert_int_equal(gshm__spawn_store_add(&h->sp, "leasekey", fd, true), 0);
+  assert_true((fd = memfd_create("junk", MFD_CLOEXEC)) >= 0);
+  assert_int_equal(write(fd, "bad", 3), 3);
+  assert_int_equal(gshm__spawn_store_add(&h->sp, "leasekey", fd, true), 0);
+}
+
+/* The lease key's store rewrite, SIGKILLed after each of its sends (the
+ * harness's kill point: gshmd killed right after that datagram, what it
+ * sent later dropped).  A store holding the key and an unreadable entry
+ * of the same name makes gshmd store the key again and remove the old
+ * name; it removed "leasekey" first and stored the key after, so a kill
+ * in between lost the key (the next start made a new one: every lease
+ * granted before was re-checked against the modes).  Now the copy is
+ * stored under "leasekey-<v>" first: after each kill, the next start
+ * finds the same key, and leaves one entry holding it. */
+static void test_lease_key_rewrite_killed_keeps_the_key(void **state) {
+  static struct harness h; /* (outlives a failed check: harness_set_leftover) */
+  uint8_t key[32];
+  bool all_key;
+  int kills = 0, e;
+
+  (void)state;
+  assert_int_equal(harness_start(&h, NULL), 0);
+  harness_set_leftover(&h); /* (killed when a check fails) */
+  gshm__spawn_stop(&h.sp, SIGKILL);
+  pthread_mutex_lock(&h.sp.lock);
+  for (int i = 0; i < h.sp.nfds; i++)
+    if (!strcmp(h.sp.names[i], "leasekey"))
+      assert_int_equal(pread(h.sp.fds[i], key, 32, 0), 32);
+  pthread_mutex_unlock(&h.sp.lock);
+  assert_int_equal(key_entries(&h, key, &all_key), 1);
+  assert_true(all_key);
+  for (int k = 1; k < 10; k++) {
+    key_store_reset(&h, key);
+    pthread_mutex_lock(&h.sp.lock);
+    h.sp.kill_after = "FDNAME=leasekey";
+    h.sp.kill_count = k;
+    pthread_mutex_unlock(&h.sp.lock);
+    e = harness_restart(&h, SIGKILL, NULL);
+    pthread_mutex_lock(&h.sp.lock);
+    h.sp.kill_after = NULL;
+    pthread_mutex_unlock(&h.sp.lock);
+    if (e == 0) /* (no k-th send: the rewrite is over) */
+      break;
+    assert_int_equal(e, -ECHILD);
+    kills++;
+    assert_true(key_entries(&h, key, &all_key) >= 1);
+    assert_int_equal(harness_restart(&h, SIGKILL, NULL), 0);
+    gshm__spawn_poll(&h.sp, 100);
+    assert_int_equal(key_entries(&h, key, &all_key), 1);
+    assert_true(all_key);
+  }
+  assert_true(kills >= 2); /* (the copy's send, the old name's removal) */
+  gshm__spawn_poll(&h.sp, 100);
+  assert_int_equal(key_entries(&h, key, &all_key), 1);
+  assert_true(all_key);
+  harness_set_leftover(NULL);
+  assert_int_equal(harness_stop(&h), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_watchdog_and_status),
       cmocka_unit_test(test_sigkill_restart),
       cmocka_unit_test(test_sigkill_restart_socket_activated),
       cmocka_unit_test(test_freed_entries_leave_the_store),
+      cmocka_unit_test(test_lease_key_rewrite_killed_keeps_the_key),
       cmocka_unit_test(test_emptied_bucket_stays_a_while),
       cmocka_unit_test(test_fds_held_counted_and_said),
       cmocka_unit_test(test_unlinked_but_leased_survives),
@@ -1029,6 +1128,7 @@ int main(void) {
       setrlimit(RLIMIT_NOFILE, &rl);
     }
   }
+  atexit(harness_kill_leftover); /* (a gshmd a failed check left: harness_set_leftover) */
   if (getenv("GSHM_TEST_FILTER")) /* (a cmocka test filter, as test_hostile takes) */
     cmocka_set_test_filter(getenv("GSHM_TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
