@@ -165,39 +165,6 @@ enum fdstore_kind gshmd__fdstore_parse_name(const char *name, uint64_t *id, uint
   return K_OTHER;
 }
 
-/* seg's current state as a StateRecord (strings borrowed from seg); its
- * publish only while above publish_done, the journal's mark (a record
- * without one is complete whatever mark a later journal has). */
-void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, uint64_t publish_done,
-                                Gshm__StateRecord *x) {
-  gshm__state_record__init(x);
-  x->id = seg->id;
-  x->generation = seg->generation;
-  x->name = seg->name;
-  x->requested_size = seg->requested_size;
-  x->size = seg->mem->size;
-  x->location = seg->mem->location;
-  x->uid = seg->uid;
-  x->gid = seg->gid;
-  x->mode = seg->mode;
-  x->flags = seg->flags;
-  x->created_ns = seg->created_ns;
-  x->unlinked = seg->unlinked || seg->fs_replaced; /* (a replace's: before unlink_replaced) */
-  x->revoked = seg->fs_revoked;
-  if (seg->source)
-    x->source = seg->source;
-  else if (seg->has_token) { /* (a pulled segment has none: fdstore_size.c RECORD_FIXED_MAX) */
-    x->create_token.data = (uint8_t *)seg->create_token;
-    x->create_token.len = GSHM_CREATE_TOKEN_BYTES;
-  }
-  if (seg->fs_publish > publish_done) {
-    x->publish = seg->fs_publish;
-    x->publish_members = seg->fs_publish_n;
-  }
-  if (seg->fs_replaced > publish_done)
-    x->replaced_by = seg->fs_replaced;
-}
-
 /* A sealed memfd holding msg's encoding. */
 static int sealed_record(const ProtobufCMessage *msg, int *fd_out) {
   size_t len = protobuf_c_message_get_packed_size(msg);

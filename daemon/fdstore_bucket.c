@@ -48,33 +48,6 @@ struct fdstore_bucket *gshmd__bucket_new(uint32_t index) {
   return b;
 }
 
-/* b's members as a StateBucket of sequence seq (their publish tags only
- * above publish_done, the journal's mark, which it carries too: a restart
- * that lost the journal alone takes it from there), in *buf_out
- * (malloc'ed; NULL when out of memory).  Returns its length. */
-size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint64_t publish_done,
-                          uint8_t **buf_out) {
-  Gshm__StateBucket t = GSHM__STATE_BUCKET__INIT;
-  Gshm__StateRecord recs[FDSTORE_BUCKET_FDS], *precs[FDSTORE_BUCKET_FDS];
-  size_t len;
-
-  t.version = 1;
-  t.seq = seq;
-  t.bucket = b->index;
-  t.publish_done = publish_done;
-  t.sender_uid_plus_one = (uint32_t)getuid() + 1u; /* (packed to be sent: by this process) */
-  for (uint32_t i = 0; i < b->n; i++) {
-    gshmd__fdstore_fill_record(b->seg[i], publish_done, &recs[i]);
-    precs[i] = &recs[i];
-  }
-  t.n_segments = b->n;
-  t.segments = precs;
-  len = protobuf_c_message_get_packed_size(&t.base);
-  if ((*buf_out = malloc(len ? len : 1)))
-    protobuf_c_message_pack(&t.base, *buf_out);
-  return len;
-}
-
 /* Sends payload with every member's memory fd (lent by the backend) into
  * the queue not holding the current datagram, then drops that one.
  * Returns 0 or a negative errno (nothing changed: the old datagram stays). */

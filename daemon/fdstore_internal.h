@@ -4,7 +4,8 @@
  * in flight; fdstore_journal.c: the journal;
  * fdstore_publish.c: a publish all or nothing; fdstore_legacy.c:
  * restoring the one-fd-per-segment format; fdstore_size.c: how much of
- * the store gshmd may take).  Not for
+ * the store gshmd may take; fdstore_record.c: what a datagram says, each
+ * member's record packed once).  Not for
  * the rest of gshmd: fdstore.h is the interface. */
 #ifndef GSHMD_FDSTORE_INTERNAL_H
 #define GSHMD_FDSTORE_INTERNAL_H
@@ -71,13 +72,24 @@ void gshmd__fdstore_count_failure(struct gshmd_fdstore *fs, const char *what, in
 int gshmd__fdstore_store_fd(struct gshmd_fdstore *fs, const char *name, int fd, bool nopoll);
 void gshmd__fdstore_remove(struct gshmd_fdstore *fs, const char *name);
 int gshmd__fdstore_retire(struct gshmd_fdstore *fs, const char *name);
-void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, uint64_t publish_done,
-                                Gshm__StateRecord *x);
 int gshmd__fdstore_adopt(struct gshmd_fdstore *fs, const Gshm__StateRecord *rec, int *fd);
 int gshmd__fdstore_place(struct gshmd_fdstore *fs, struct gshmd_segment *seg, bool write);
 void gshmd__fdstore_settle(struct gshmd_fdstore *fs);
 void gshmd__fdstore_raise_ids(struct gshmd_registry *r, const Gshm__StateTable *t);
 ssize_t gshmd__fdstore_read_record(int fd, uint8_t **buf_out);
+
+/* fdstore_record.c */
+void gshmd__fdstore_fill_record(const struct gshmd_segment *seg, uint64_t publish_done,
+                                Gshm__StateRecord *x);
+/* seg's record (gshmd__fdstore_fill_record) packed: kept in
+ * seg->fs_record and packed again only when what it says changed (any
+ * field, compared at each call: no caller need say so).  Returns the
+ * bytes (seg's, valid until the next call for seg or its free), *len_out
+ * their length; NULL when out of memory. */
+const uint8_t *gshmd__fdstore_record(struct gshmd_segment *seg, uint64_t publish_done,
+                                     size_t *len_out);
+size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint64_t publish_done,
+                          uint8_t **buf_out);
 
 /* fdstore_size.c */
 /* Members a bucket takes at limits.max_name max_name (its records within
@@ -96,8 +108,6 @@ int gshmd__fdstore_check_room(const struct gshmd_fdstore *fs);
 /* fdstore_bucket.c */
 struct fdstore_bucket *gshmd__bucket_new(uint32_t index);
 int gshmd__bucket_send(struct fdstore_bucket *b, const uint8_t *payload, size_t len);
-size_t gshmd__bucket_pack(const struct fdstore_bucket *b, uint64_t seq, uint64_t publish_done,
-                          uint8_t **buf_out);
 /* Called once a second (gshmd_fdstore_retry): the last bucket, empty,
  * stored and unwritten since the previous call, leaves the store. */
 void gshmd__bucket_drop_idle(struct gshmd_fdstore *fs);

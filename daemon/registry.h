@@ -58,6 +58,7 @@ struct gshmd_segment {
    * allocation the fd store's until it frees them
    * (gshmd_registry_revoked_dispose). */
   bool fs_revoked;
+  void *fs_record;           /* fd store: its record packed (fdstore_record.c); freed with it */
   char *source;              /* pulled from a peer: "PEER:NAME#ID.GEN" (heap); else NULL */
   /* CreateRequest.create_token of the create that made it (has_token):
    * a resend of that create after a restart is answered with it */

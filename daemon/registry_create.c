@@ -299,6 +299,7 @@ void gshmd__reg_segment_dispose(struct gshmd_segment *seg, bool discard) {
     seg->mem->backend->ops->discard(seg->mem->backend, seg->mem);
   if (seg->mem)
     seg->mem->backend->ops->free(seg->mem->backend, seg->mem);
+  free(seg->fs_record);
   free(seg->source);
   free(seg->name);
   free(seg);

@@ -1411,6 +1411,91 @@ static void test_create_token_restored(void **state) {
   assert_int_equal(x.create_token.len, 0);
 }
 
+/* Bucket 0's payload (gshmd__bucket_pack), unpacked: its record of id. */
+static Gshm__StateBucket *payload(struct fixture *f, uint64_t done) {
+  uint8_t *buf = NULL;
+  size_t len = gshmd__bucket_pack(f->fs.buckets[0], 9, done, &buf);
+  Gshm__StateBucket *t;
+
+  assert_non_null(buf);
+  assert_non_null(t = gshm__state_bucket__unpack(NULL, len, buf));
+  free(buf);
+  assert_int_equal(t->seq, 9);
+  assert_int_equal(t->bucket, 0);
+  assert_int_equal(t->publish_done, done);
+  return t;
+}
+
+static const Gshm__StateRecord *record_of(const Gshm__StateBucket *t, uint64_t id) {
+  for (size_t i = 0; i < t->n_segments; i++)
+    if (t->segments[i]->id == id)
+      return t->segments[i];
+  fail_msg("id %llu not in the bucket", (unsigned long long)id);
+  return NULL;
+}
+
+/* Each member's packed record is kept (a bucket rewrite packed every one
+ * again: about 40% of a create+unlink) and packed again when what it says
+ * changes, whatever changed it: the payload says each member as it is
+ * now.  Checked: with the kept record used whatever changed, the chmod
+ * below is not in the payload.  The second source below gets the first
+ * one's address from glibc (checked): a record compared by pointer would
+ * keep the old one. */
+static void test_bucket_payload_follows_changes(void **state) {
+  struct fixture *f = *state;
+  Gshm__StateRecord recs[2] = {record(1, "a", 0600, false), record(2, "b", 0644, false)};
+  struct gshmd_segment *a;
+  const uint8_t *p1, *p2;
+  Gshm__StateBucket *t;
+  size_t n1, n2;
+
+  restore_bucket(f, recs, 2, 0);
+  assert_non_null(a = gshmd_registry_find_name(&f->reg, "a"));
+  assert_non_null(p1 = gshmd__fdstore_record(a, 0, &n1));
+  assert_non_null(p2 = gshmd__fdstore_record(a, 0, &n2));
+  assert_ptr_equal(p1, p2); /* kept */
+  assert_int_equal(n1, n2);
+  t = payload(f, 0);
+  assert_int_equal(t->n_segments, 2);
+  assert_int_equal(record_of(t, 1)->mode, 0600);
+  assert_string_equal(record_of(t, 1)->name, "a");
+  assert_string_equal(record_of(t, 1)->location, "host");
+  assert_int_equal(record_of(t, 2)->mode, 0644);
+  gshm__state_bucket__free_unpacked(t, NULL);
+
+  a->mode = 0640; /* (as a chmod, a chown, an unlink leave it) */
+  a->uid = 4242;
+  a->unlinked = true;
+  t = payload(f, 0);
+  assert_int_equal(record_of(t, 1)->mode, 0640);
+  assert_int_equal(record_of(t, 1)->uid, 4242);
+  assert_true(record_of(t, 1)->unlinked);
+  assert_int_equal(record_of(t, 2)->mode, 0644);
+  gshm__state_bucket__free_unpacked(t, NULL);
+
+  a->fs_publish = 5; /* a publish's tag, then the mark past it */
+  a->fs_publish_n = 2;
+  t = payload(f, 4);
+  assert_int_equal(record_of(t, 1)->publish, 5);
+  assert_int_equal(record_of(t, 1)->publish_members, 2);
+  gshm__state_bucket__free_unpacked(t, NULL);
+  t = payload(f, 5);
+  assert_int_equal(record_of(t, 1)->publish, 0);
+  gshm__state_bucket__free_unpacked(t, NULL);
+
+  /* a pull replaces the source string: malloc may give the new one the
+   * old one's address (compared by value, not by pointer) */
+  assert_non_null(a->source = strdup("peer:x#1.1"));
+  t = payload(f, 5);
+  assert_string_equal(record_of(t, 1)->source, "peer:x#1.1");
+  gshm__state_bucket__free_unpacked(t, NULL);
+  free(a->source);
+  assert_non_null(a->source = strdup("peer:y#2.2"));
+  t = payload(f, 5);
+  assert_string_equal(record_of(t, 1)->source, "peer:y#2.2");
+  gshm__state_bucket__free_unpacked(t, NULL);
+}
+
 /* A restart after a sticky CUDA error keeps every segment only with a
  * store that a service manager holds and that owes it nothing. */
 static void test_keeps_all_only_when_on_and_caught_up(void **state) {
@@ -1619,6 +1704,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_frozen_one_ended_bucket_not_retired, setup, teardown),
       cmocka_unit_test_setup_teardown(test_entries_needed_counts_what_came_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_entries_needed_counts_buckets_kept, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bucket_payload_follows_changes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_frozen_bucket_datagram_raises_write_seq, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_frozen_bucket_journal_copy_raises_write_seq, setup,
