@@ -27,15 +27,31 @@
  * MemPool's destructor).  A pool is found, from malloc and free alike, only
  * under the registry's lock, and its own lock is taken before that is
  * dropped (the one lock order: registry, then pool); gshm_pool_release
- * unregisters a pool and then waits for its lock before freeing it.  A
- * thread's active pool is checked against the registry (pointer and serial
- * number) on every malloc, so a pool released by another thread is never
- * dereferenced; a released pool's memory is kept (graveyard), so that no
- * later pool has its address.
+ * unregisters a pool and then waits, on the pool's condition, for every
+ * thread still at work on it before freeing it.  A thread's active pool is
+ * checked against the registry (pointer and serial number) on every
+ * malloc, so a pool released by another thread is never dereferenced; a
+ * released pool's memory is kept (graveyard), so that no later pool has
+ * its address.
+ *
+ * Neither lock is held across a request on the pool's client (a create,
+ * map, stat, unlink or close: each waits for the client's lock, which a
+ * gshm_pull of another thread holds for minutes and calls its progress
+ * callback under; a callback that lists the pool's segments or activates
+ * it would wait for a lock held by a thread that waits for the pull).  A
+ * growth marks the pool growing (one at a time: a malloc that finds no
+ * room meanwhile waits for it, with the lock dropped, then looks again),
+ * makes its requests on a segment no other thread can see, and inserts it
+ * under the lock, whole and carved, unless the pool was released
+ * meanwhile (it then drops it).  A segment to close (a free emptied it, or
+ * a release) leaves p->segs under the lock, so no malloc can carve it, for
+ * p->closing, which keeps its number from growths until it is closed
+ * without the lock.
  *
  * Fork: the registry's lock is common/fork.h's GSHM__LOCK_POOLS, so a fork
  * waits for the thread that holds it (which may itself wait for a pool's
- * lock, held across a growth: a daemon round trip and a map).  A child
+ * lock: held across no request, but across a free's wait for the
+ * device).  A child
  * inherits the parent's pools, but their segments, mappings, client and
  * primary context are the parent's and CUDA does not survive fork, so in
  * the child every call on them returns -ECHILD (a free ignores the
@@ -87,9 +103,13 @@ struct gshm_pool {
   uint32_t mode, flags;
   uint64_t granule;
   pthread_mutex_t lock;
+  pthread_cond_t cond; /* broadcast when growing, closing or waiters goes down */
   struct pool_seg *segs;
+  struct pool_seg *closing; /* out of segs, being closed without the lock */
+  bool growing;             /* a thread grows the pool without the lock */
+  unsigned waiters;         /* mallocs waiting for that growth */
   uint32_t next_index;
-  uint32_t uid;    /* gshm_client_uid of client, once uid_known (pool_name_others) */
+  uint32_t uid;    /* gshm_client_uid of client, once uid_known (the growing thread's) */
   bool uid_known;
   uint64_t serial; /* unique in the process: tells a new pool from a freed one */
   unsigned fork_gen; /* gshm__fork_gen() at create: see pool_forked */
@@ -129,17 +149,23 @@ static int segment_name(const char *prefix, uint32_t index, char buf[GSHM_NAME_M
   return 0;
 }
 
-/* Removes s's name, unless the name now belongs to another segment (it was
- * unlinked by someone else and created again). */
+/* Removes name, unless it now belongs to another segment than id (it was
+ * unlinked by someone else and created again).  Requests: see "Threads". */
+static void pool_name_unlink(gshm_pool_t *p, const char *name, uint64_t id) {
+  gshm_segment_info_t now;
+
+  if (!gshm_stat_name(p->client, name, &now) && now.id == id)
+    gshm_unlink(p->client, name);
+}
+
+/* Removes s's name, if it still has one of p's (pool_name_unlink). */
 static void pool_seg_unlink(gshm_pool_t *p, struct pool_seg *s) {
   const gshm_segment_info_t *mine = gshm_segment_info(s->seg);
-  gshm_segment_info_t now;
 
   if (!s->named)
     return;
   s->named = false;
-  if (!gshm_stat_name(p->client, mine->name, &now) && now.id == mine->id)
-    gshm_unlink(p->client, mine->name);
+  pool_name_unlink(p, mine->name, mine->id);
 }
 
 /* Unmaps and closes one segment; unlinks its name when asked. */
@@ -151,18 +177,44 @@ static void pool_seg_drop(gshm_pool_t *p, struct pool_seg *s, bool unlink) {
   free(s);
 }
 
-/* Unlinks s from p->segs and drops it.  Caller holds p->lock. */
-static void pool_remove(gshm_pool_t *p, struct pool_seg *s, bool unlink) {
+/* Moves s from p->segs to p->closing: no malloc carves it any more, and
+ * its number stays taken until pool_seg_close.  Caller holds p->lock. */
+static void pool_seg_retire(gshm_pool_t *p, struct pool_seg *s) {
   struct pool_seg **pp;
+
   for (pp = &p->segs; *pp != s; pp = &(*pp)->next)
     ;
   *pp = s->next;
-  pool_seg_drop(p, s, unlink);
+  s->next = p->closing;
+  p->closing = s;
 }
 
-/* Whether one of p's segments has number index.  Caller holds p->lock. */
+/* Drops s, which the caller retired (pool_seg_retire) and no longer holds
+ * p->lock: its requests are made without the lock (see "Threads"); then,
+ * under it, s leaves p->closing and the pool's waiters are woken. */
+static void pool_seg_close(gshm_pool_t *p, struct pool_seg *s, bool unlink) {
+  struct pool_seg **pp;
+
+  if (unlink)
+    pool_seg_unlink(p, s);
+  gshm_close(s->seg);
+  pthread_mutex_lock(&p->lock);
+  for (pp = &p->closing; *pp != s; pp = &(*pp)->next)
+    ;
+  *pp = s->next;
+  pthread_cond_broadcast(&p->cond);
+  pthread_mutex_unlock(&p->lock);
+  gshm__arena_fini(&s->arena);
+  free(s);
+}
+
+/* Whether one of p's segments, or one it is closing, has number index.
+ * Caller holds p->lock. */
 static bool pool_index_used(const gshm_pool_t *p, uint32_t index) {
   for (const struct pool_seg *s = p->segs; s; s = s->next)
+    if (s->index == index)
+      return true;
+  for (const struct pool_seg *s = p->closing; s; s = s->next)
     if (s->index == index)
       return true;
   return false;
@@ -207,11 +259,13 @@ static uint32_t pool_name_next(gshm_pool_t *p, unsigned taken) {
  * no one holds (pool_name_next), into *seg_out with its number in
  * *index_out.  Errors: gshm_create's; -EEXIST the name is p's own uid's
  * (a pool of this prefix was not released), or POOL_NAME_TRIES names in
- * a row were other users' (logged).  Caller holds p->lock. */
+ * a row were other users' (logged).  Caller holds p->lock and grows p
+ * (p->growing): the lock is dropped for the requests, held on return. */
 static int pool_name_create(gshm_pool_t *p, uint64_t size, char name[GSHM_NAME_MAX + 1],
                             gshm_segment_t **seg_out, uint32_t *index_out) {
   unsigned taken;
   uint32_t index;
+  bool others;
   int e = -EEXIST;
 
   for (taken = 0; taken < POOL_NAME_TRIES; taken++) {
@@ -220,13 +274,16 @@ static int pool_name_create(gshm_pool_t *p, uint64_t size, char name[GSHM_NAME_M
       return -EMFILE;
     if ((e = segment_name(p->prefix, index, name)))
       return e;
+    pthread_mutex_unlock(&p->lock);
     e = gshm_create(p->client, name, size, p->location, p->mode, 0, seg_out);
+    others = e == -EEXIST && pool_name_others(p, name);
+    pthread_mutex_lock(&p->lock);
     if (e != -EEXIST) {
       if (!e)
         *index_out = index;
       return e;
     }
-    if (!pool_name_others(p, name))
+    if (!others)
       return -EEXIST;
     gshm_log_info("pool '%s': %s is another user's; trying another name", p->prefix, name);
     if (index == p->next_index)
@@ -237,29 +294,22 @@ static int pool_name_create(gshm_pool_t *p, uint64_t size, char name[GSHM_NAME_M
   return e;
 }
 
-/* Creates, maps (and for a non-persistent pool at once unlinks) a
- * segment of at least `size` bytes, under the pool's next free name
- * (pool_name_create).  Caller holds p->lock. */
-static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
-  char name[GSHM_NAME_MAX + 1];
-  struct pool_seg *s;
+/* Makes new segment s (named `name`, created for `want` bytes, seen by no
+ * other thread: no lock needed) ready to join its pool: its size checked,
+ * its name removed for a non-persistent pool, mapped, and `size` bytes
+ * carved at *off_out.  On failure s's segment is closed and its name
+ * removed. */
+static int pool_seg_setup(gshm_pool_t *p, struct pool_seg *s, const char *name, uint64_t want,
+                          uint64_t size, uint64_t *off_out) {
+  bool named = true;
   void *addr = NULL;
-  bool named = false;
-  uint32_t index = 0;
   int e;
 
-  if (p->next_index >= POOL_MAX_SEGMENTS)
-    return -EMFILE;
-  if (!(s = calloc(1, sizeof(*s))))
-    return -ENOMEM;
-  if ((e = pool_name_create(p, size, name, &s->seg, &index)))
-    goto free_seg;
-  named = true;
   /* The block that asked for this growth must fit in it: a segment the
    * daemon made shorter than asked would be kept, empty, at every try. */
-  if (gshm_segment_info(s->seg)->size < size) {
+  if (gshm_segment_info(s->seg)->size < want) {
     gshm_log_err("pool '%s': %s has %llu bytes, %llu asked", p->prefix, name,
-                 (unsigned long long)gshm_segment_info(s->seg)->size, (unsigned long long)size);
+                 (unsigned long long)gshm_segment_info(s->seg)->size, (unsigned long long)want);
     e = -EPROTO;
     goto close_seg;
   }
@@ -279,10 +329,55 @@ static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
   s->size = gshm_segment_info(s->seg)->size;
   if ((e = gshm__arena_init(&s->arena, s->size)))
     goto close_seg;
+  if ((e = gshm__arena_carve(&s->arena, size, off_out)))
+    goto fini_arena;
+  return 0;
+
+fini_arena:
+  gshm__arena_fini(&s->arena);
+close_seg:
+  /* the segment is ours and new: its name must not outlive the failure */
+  if (named)
+    gshm_unlink(p->client, name);
+  gshm_close(s->seg);
+  return e;
+}
+
+/* Grows p by a segment of at least `want` bytes (under the pool's next
+ * free name: pool_name_create), mapped (and for a non-persistent pool
+ * unlinked), with `size` bytes carved from it at *off_out.  Caller holds
+ * p->lock and set p->growing: the lock is dropped for the requests and
+ * held on return.  The segment joins p->segs whole and carved; when p was
+ * released meanwhile it is dropped (-EBADF).  A failed growth leaves
+ * nothing behind, nor burns its number. */
+static int pool_grow(gshm_pool_t *p, uint64_t want, uint64_t size, struct pool_seg **seg_out,
+                     uint64_t *off_out) {
+  char name[GSHM_NAME_MAX + 1];
+  struct pool_seg *s;
+  uint32_t index = 0;
+  int e;
+
+  if (p->next_index >= POOL_MAX_SEGMENTS)
+    return -EMFILE;
+  if (!(s = calloc(1, sizeof(*s))))
+    return -ENOMEM;
+  if ((e = pool_name_create(p, want, name, &s->seg, &index)))
+    goto free_seg;
+  pthread_mutex_unlock(&p->lock);
+  e = pool_seg_setup(p, s, name, want, size, off_out);
+  pthread_mutex_lock(&p->lock);
+  if (e)
+    goto free_seg;
+  s->named = p->flags & GSHM_POOL_PERSISTENT;
+  if (p->released) { /* by another thread, meanwhile: no malloc may have it */
+    pthread_mutex_unlock(&p->lock);
+    pool_seg_drop(p, s, true);
+    pthread_mutex_lock(&p->lock);
+    return -EBADF;
+  }
   s->index = index;
   if (index == p->next_index)
     p->next_index++;
-  s->named = p->flags & GSHM_POOL_PERSISTENT;
   s->next = p->segs;
   p->segs = s;
   *seg_out = s;
@@ -290,11 +385,6 @@ static int pool_grow(gshm_pool_t *p, uint64_t size, struct pool_seg **seg_out) {
                  (unsigned long long)s->size, (unsigned long long)s->base);
   return 0;
 
-close_seg:
-  /* the segment is ours and new: its name must not outlive the failure */
-  if (named)
-    gshm_unlink(p->client, name);
-  gshm_close(s->seg);
 free_seg:
   free(s);
   return e;
@@ -327,7 +417,6 @@ int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t *cfg,
   p->mode = cfg->mode ? cfg->mode : 0600;
   p->flags = cfg->flags;
   p->granule = cfg->granule ? cfg->granule : GSHM_POOL_DEFAULT_GRANULE;
-  pthread_mutex_init(&p->lock, NULL);
   p->fork_gen = gshm__fork_gen();
   if ((e = gshm__cudadrv_load(GSHM_LOG_INFO, &p->drv))) {
     if (e != -ECHILD)
@@ -365,6 +454,8 @@ int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t *cfg,
     if (e && e != -ENOENT && e != -EACCES)
       goto release_ctx;
   }
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->cond, NULL);
   gshm__fork_lock(GSHM__LOCK_POOLS);
   p->serial = ++registry_serial;
   p->next = registry;
@@ -376,7 +467,6 @@ int gshm_pool_create(gshm_client_t *client, const gshm_pool_config_t *cfg,
 release_ctx:
   GSHM_CU(p->drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRelease, p->cu_device);
 free_pool:
-  pthread_mutex_destroy(&p->lock);
   free(p);
   return e;
 }
@@ -442,57 +532,68 @@ static gshm_pool_t *pool_for_malloc(int *err_out) {
   return n == 1 ? only : NULL;
 }
 
+/* Carves `size` bytes out of the best fit of p's segments: the free
+ * extent that the block leaves least of (the oldest segment among
+ * equals); NULL when none fits.  First fit from the newest segment left
+ * the tails of older arenas empty for good: a 16 GiB Llama took 86 arenas
+ * of 256 MiB, 71 this way (32% and 9% over its weights;
+ * docs/PERFORMANCE.md).  Caller holds p->lock. */
+static struct pool_seg *pool_fit(gshm_pool_t *p, uint64_t size, uint64_t *off_out) {
+  struct pool_seg *s, *best = NULL;
+  uint64_t left, best_left = 0;
+
+  if (p->flags & GSHM_POOL_SEGMENT_PER_ALLOC)
+    return NULL;
+  for (s = p->segs; s; s = s->next)
+    if (!gshm__arena_fit(&s->arena, size, &left) && (!best || left <= best_left)) {
+      best = s;
+      best_left = left;
+    }
+  return best && !gshm__arena_carve(&best->arena, size, off_out) ? best : NULL;
+}
+
 /* Carves `size` bytes out of p, growing it when nothing fits.  Caller
- * holds p->lock. */
+ * holds p->lock (dropped while it waits for another thread's growth and
+ * while it grows: see "Threads"). */
 static int pool_malloc(gshm_pool_t *p, uint64_t size, void **ptr_out) {
   struct pool_seg *s;
   uint64_t off = 0;
-  int e = -ENOMEM;
+  int e;
 
-  if (p->released) {
-    e = -EBADF;
-    goto unlock;
-  }
-  if (!(p->flags & GSHM_POOL_SEGMENT_PER_ALLOC)) {
-    /* Best fit over every segment: the free extent that the block leaves
-     * least of (the oldest segment among equals).  First fit from the
-     * newest segment left the tails of older arenas empty for good: a
-     * 16 GiB Llama took 86 arenas of 256 MiB, 71 this way (32% and 9%
-     * over its weights; docs/PERFORMANCE.md). */
-    struct pool_seg *best = NULL;
-    uint64_t left, best_left = 0;
-    for (s = p->segs; s; s = s->next)
-      if (!gshm__arena_fit(&s->arena, size, &left) && (!best || left <= best_left)) {
-        best = s;
-        best_left = left;
-      }
-    if ((s = best))
-      e = gshm__arena_carve(&s->arena, size, &off);
-  }
-  if (e) {
-    uint64_t want = round_up(size, POOL_SEG_ROUND);
-    if (!(p->flags & GSHM_POOL_SEGMENT_PER_ALLOC) && want < p->granule)
-      want = p->granule;
-    uint32_t next = p->next_index;
-    /* A growth inside a stream capture (a PyTorch that calls allocators
-     * outside its own relaxed-mode guard) imports, maps and gives access
-     * to memory outside any stream, calls that end a global-mode capture
-     * of any thread: this thread may make them, as PyTorch's own
-     * allocator does (cudaMallocMaybeCapturing), and its unwinding too. */
-    CUstreamCaptureMode mode = gshm__capture_relax(p->drv);
-    if (!(e = pool_grow(p, want, &s)) && (e = gshm__arena_carve(&s->arena, size, &off))) {
-      /* a failed growth leaves nothing behind, nor burns its index */
-      pool_remove(p, s, true);
-      p->next_index = next;
+  for (;;) {
+    if (p->released)
+      return -EBADF;
+    if ((s = pool_fit(p, size, &off)))
+      break;
+    if (!p->growing) {
+      uint64_t want = round_up(size, POOL_SEG_ROUND);
+      if (!(p->flags & GSHM_POOL_SEGMENT_PER_ALLOC) && want < p->granule)
+        want = p->granule;
+      /* A growth inside a stream capture (a PyTorch that calls allocators
+       * outside its own relaxed-mode guard) imports, maps and gives access
+       * to memory outside any stream, calls that end a global-mode capture
+       * of any thread: this thread may make them, as PyTorch's own
+       * allocator does (cudaMallocMaybeCapturing), and its unwinding too. */
+      CUstreamCaptureMode mode = gshm__capture_relax(p->drv);
+      p->growing = true;
+      e = pool_grow(p, want, size, &s, &off);
+      p->growing = false;
+      pthread_cond_broadcast(&p->cond);
+      gshm__capture_restore(p->drv, mode);
+      if (e)
+        return e;
+      break;
     }
-    gshm__capture_restore(p->drv, mode);
-    if (e)
-      goto unlock;
+    /* Another thread grows p: its segment may take this block too (as when
+     * the growth held the lock), so wait for it and look again. */
+    p->waiters++;
+    pthread_cond_wait(&p->cond, &p->lock);
+    if (!--p->waiters)
+      pthread_cond_broadcast(&p->cond); /* (a release may wait for none) */
   }
   p->allocations++;
   *ptr_out = (void *)(uintptr_t)(s->base + off);
-unlock:
-  return e;
+  return 0;
 }
 
 void *gshm_torch_malloc(ssize_t size, int device, void *stream) {
@@ -604,10 +705,16 @@ void gshm_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   if (e)
     gshm_log_err("gshm_torch_free(%p): no block starts there (freed twice?); ignored", ptr);
   /* A non-persistent pool gives memory back as soon as a segment is empty;
-   * a persistent one keeps it under its names until gshm_pool_release. */
-  else if (!s->arena.nlive && (!(p->flags & GSHM_POOL_PERSISTENT) || p->released))
-    pool_remove(p, s, p->release_unlinks);
-  pthread_mutex_unlock(&p->lock);
+   * a persistent one keeps it under its names until gshm_pool_release.
+   * Closed without the lock (see "Threads"). */
+  if (!e && !s->arena.nlive && (!(p->flags & GSHM_POOL_PERSISTENT) || p->released)) {
+    bool unlink = p->release_unlinks;
+    pool_seg_retire(p, s);
+    pthread_mutex_unlock(&p->lock);
+    pool_seg_close(p, s, unlink);
+  } else {
+    pthread_mutex_unlock(&p->lock);
+  }
   last_error = e;
 }
 
@@ -651,10 +758,44 @@ int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs_out, size_t
   return 0;
 }
 
+/* A name that a release removes once it dropped the pool's lock. */
+struct pool_name {
+  char name[GSHM_NAME_MAX + 1];
+  uint64_t id;
+};
+
+/* The names of p's segments that hold live blocks, taken from them (their
+ * close then removes none) into a malloc'ed array of *count_out entries,
+ * for a release to remove without the lock; NULL when there are none, or
+ * no memory for them (their names then go when their segments close, as
+ * p->release_unlinks asks).  Caller holds p->lock. */
+static struct pool_name *pool_names_take(gshm_pool_t *p, size_t *count_out) {
+  struct pool_name *v;
+  struct pool_seg *s;
+  size_t n = 0;
+
+  *count_out = 0;
+  for (s = p->segs; s; s = s->next)
+    n += s->arena.nlive && s->named;
+  if (!n || !(v = calloc(n, sizeof(*v))))
+    return NULL;
+  for (s = p->segs; s; s = s->next)
+    if (s->arena.nlive && s->named) {
+      const gshm_segment_info_t *info = gshm_segment_info(s->seg);
+      struct pool_name *o = &v[(*count_out)++];
+      snprintf(o->name, sizeof(o->name), "%s", info->name);
+      o->id = info->id;
+      s->named = false;
+    }
+  return v;
+}
+
 int gshm_pool_release(gshm_pool_t *pool, int unlink) {
-  struct pool_seg *s, *next;
+  struct pool_name *names = NULL;
+  struct pool_seg *s;
   gshm_pool_t **pp;
-  bool busy = false;
+  size_t nnames = 0;
+  bool busy;
 
   if (!pool)
     return -EINVAL;
@@ -665,18 +806,26 @@ int gshm_pool_release(gshm_pool_t *pool, int unlink) {
   pool->release_unlinks = unlink != 0;
   if (active_pool == pool)
     active_pool = NULL;
-  for (s = pool->segs; s; s = next) {
-    next = s->next;
-    if (!s->arena.nlive) {
-      pool_remove(pool, s, unlink);
-    } else {
-      /* Live blocks stay mapped; only the name goes. */
-      if (unlink)
-        pool_seg_unlink(pool, s);
-      busy = true;
-    }
+  /* Live blocks stay mapped; only the name goes. */
+  if (unlink)
+    names = pool_names_take(pool, &nnames);
+  /* Each empty segment is closed without the lock (see "Threads"); a free
+   * meanwhile closes the one it empties itself (p->released). */
+  for (;;) {
+    for (s = pool->segs; s && s->arena.nlive; s = s->next)
+      ;
+    if (!s)
+      break;
+    pool_seg_retire(pool, s);
+    pthread_mutex_unlock(&pool->lock);
+    pool_seg_close(pool, s, unlink);
+    pthread_mutex_lock(&pool->lock);
   }
+  busy = pool->segs != NULL;
   pthread_mutex_unlock(&pool->lock);
+  for (size_t i = 0; i < nnames; i++)
+    pool_name_unlink(pool, names[i].name, names[i].id);
+  free(names);
   if (busy)
     return -EBUSY;
   gshm__fork_lock(GSHM__LOCK_POOLS);
@@ -686,10 +835,15 @@ int gshm_pool_release(gshm_pool_t *pool, int unlink) {
     *pp = pool->next;
   gshm__fork_unlock(GSHM__LOCK_POOLS);
   /* A malloc or free that found the pool before it left the registry holds
-   * (or waits for) its lock: let it finish before the lock goes. */
+   * (or waits for) its lock; a growth, a close or a malloc waiting for that
+   * growth is under way without it: let them all finish before the lock
+   * goes. */
   pthread_mutex_lock(&pool->lock);
+  while (pool->growing || pool->closing || pool->waiters)
+    pthread_cond_wait(&pool->cond, &pool->lock);
   pthread_mutex_unlock(&pool->lock);
   GSHM_CU(pool->drv, GSHM_LOG_ERR, cuDevicePrimaryCtxRelease, pool->cu_device);
+  pthread_cond_destroy(&pool->cond);
   pthread_mutex_destroy(&pool->lock);
   gshm__fork_lock(GSHM__LOCK_POOLS);
   pool->next = graveyard; /* kept: see graveyard */

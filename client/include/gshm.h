@@ -944,7 +944,15 @@ GSHM_EXTERN int gshm_open_legacy_ipc(gshm_client_t *client, const char *name,
  * `gshmctl segments` with this process's user as owner.  Plug it into
  * PyTorch with torch.cuda.memory.CUDAPluggableAllocator(<libgshm.so>,
  * "gshm_torch_malloc", "gshm_torch_free") and a torch.cuda.MemPool (the
- * Python package's gshm.torch.MemPool does all of this). */
+ * Python package's gshm.torch.MemPool does all of this).
+ * Threads: the pool's own lock (and its process's list of pools) is never
+ * held across a request on the pool's client (a growth's create and map,
+ * the close of a segment a free emptied, a release's closes and unlinks),
+ * which waits for that client's lock, held by a gshm_pull for minutes: a
+ * pull's progress callback on the pool's client may call
+ * gshm_pool_segments and gshm_pool_activate while other threads grow, free
+ * or release the pool.  It must not make the pool grow, close a segment or
+ * release it (each a request on its own client: it would wait for itself). */
 typedef struct gshm_pool gshm_pool_t;
 
 #define GSHM_POOL_PERSISTENT 0x1u        /* segments keep their names (and memory) after
@@ -1006,7 +1014,10 @@ GSHM_EXTERN gshm_pool_t *gshm_pool_activate(gshm_pool_t *pool);
  * calling thread's stream capture mode relaxed, as PyTorch's own
  * allocator does: inside a capture (a PyTorch that calls the allocator
  * outside its own relaxed guard) they are not refused for a global-mode
- * capture.  Thread-safe.  Returns the device address; NULL for size 0 (with
+ * capture.  Thread-safe: a growth's requests are made without the pool's
+ * lock (other threads' allocations that fit go on meanwhile; one that
+ * needs a growth waits for the one under way, then looks again).  Returns
+ * the device address; NULL for size 0 (with
  * gshm_torch_last_error() 0); otherwise NULL (PyTorch then raises its
  * out-of-memory error) with the reason in gshm_torch_last_error():
  * -EINVAL size < 0, or no active pool and not exactly one unreleased pool
@@ -1053,6 +1064,8 @@ GSHM_EXTERN int gshm_torch_last_error(void);
 
 /* Lists the pool's segments in creation order.  *segs_out is one malloc'ed
  * array of *count_out entries (NULL when 0); free it with gshm_free().
+ * Segments being closed (a free emptied them, or a release) are not
+ * listed.  Makes no request: see gshm_pool_t's "Threads".
  * Errors: -EINVAL NULL argument; -ENOMEM; -ECHILD the pool was made by a
  * process this one was forked from (gshm_torch_malloc). */
 GSHM_EXTERN int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs_out,
@@ -1070,7 +1083,11 @@ GSHM_EXTERN int gshm_pool_segments(gshm_pool_t *pool, gshm_pool_segment_t **segs
  * that no later pool gets its address and a stale handle names none);
  * -EINVAL pool NULL; -EBUSY as above; -ECHILD the pool was made by a
  * process this one was forked from (gshm_torch_malloc): nothing is done
- * (its segments, names and context are that process's to end). */
+ * (its segments, names and context are that process's to end).  Before
+ * returning 0 it waits for what other threads still do on the pool
+ * without its lock (a growth, which then drops its new segment and fails
+ * -EBADF; the close of a segment a free emptied): not from a progress
+ * callback of the pool's client (see gshm_pool_t's "Threads"). */
 GSHM_EXTERN int gshm_pool_release(gshm_pool_t *pool, int unlink);
 /* ---- end PyTorch's allocator ---- */
 

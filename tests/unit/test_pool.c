@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -53,10 +54,20 @@ static int open_segments, live_mappings;
 static int fail_create, fail_map, fail_unlink; /* the next N calls fail */
 static int short_create; /* the next N creates make half the size asked (a buggy daemon) */
 static gshm_client_t *const fake_client = (gshm_client_t *)0x1;
-/* The next gshm_create (a pool grows under its pool's lock) posts
- * create_entered and stalls this long first. */
+/* The next gshm_create posts create_entered and stalls this long first. */
 static unsigned create_stall_us;
 static sem_t create_entered;
+/* Gates: the next gshm_create (gshm_close) with its gate armed posts
+ * gate_entered and waits for gate_open: a request that waits (as one
+ * waits for the client's lock while a pull holds it). */
+static bool create_gated, close_gated;
+static sem_t gate_entered, gate_open;
+static void gate_pass(bool *armed) {
+  if (__atomic_exchange_n(armed, false, __ATOMIC_SEQ_CST)) {
+    sem_post(&gate_entered);
+    sem_wait(&gate_open);
+  }
+}
 /* This thread's stream capture mode (the fake driver's
  * cuThreadExchangeStreamCaptureMode swaps it; GLOBAL is a thread's
  * default), and how many gshm_map calls were made in another: gshm_map
@@ -78,6 +89,7 @@ int gshm_create(gshm_client_t *client, const char *name, uint64_t size, const ch
   int i, e = 0;
 
   (void)client, (void)location, (void)mode, (void)flags;
+  gate_pass(&create_gated);
   if (__atomic_load_n(&create_stall_us, __ATOMIC_SEQ_CST)) {
     unsigned us = __atomic_exchange_n(&create_stall_us, 0, __ATOMIC_SEQ_CST);
     sem_post(&create_entered);
@@ -198,6 +210,7 @@ int gshm_map(gshm_segment_t *seg, const int *devices, size_t ndevices, void **ad
 int gshm_close(gshm_segment_t *seg) {
   if (!seg)
     return 0;
+  gate_pass(&close_gated);
   pthread_mutex_lock(&fake_lock);
   if (seg->mapped)
     live_mappings--;
@@ -261,9 +274,18 @@ static CUresult fake_pop(CUcontext *c) {
   return CUDA_SUCCESS;
 }
 static CUresult sync_result; /* what the next fake_sync returns (then CUDA_SUCCESS) */
+/* The next fake_sync posts sync_entered and stalls this long first (a
+ * free waits for the device under its pool's lock). */
+static unsigned sync_stall_us;
+static sem_t sync_entered;
 static CUresult fake_sync(void) {
   CUresult r = sync_result;
 
+  if (__atomic_load_n(&sync_stall_us, __ATOMIC_SEQ_CST)) {
+    unsigned us = __atomic_exchange_n(&sync_stall_us, 0, __ATOMIC_SEQ_CST);
+    sem_post(&sync_entered);
+    usleep(us);
+  }
   sync_result = CUDA_SUCCESS;
   __atomic_add_fetch(&syncs, 1, __ATOMIC_SEQ_CST);
   if (ctx_depth && ctx_stack[ctx_depth - 1] == POOL_CTX)
@@ -803,7 +825,7 @@ static void test_llama_packing(void **state) {
   assert_nothing_left();
 }
 
-/* ---- fork ---- */
+/* ---- threads that grow and free ---- */
 
 static void *grow_in_thread(void *arg) {
   void *p;
@@ -818,8 +840,209 @@ static void *free_in_thread(void *arg) {
   return NULL;
 }
 
+/* ---- no lock held across a request ---- */
+
+/* What a pull's progress callback on the pool's client may do (the
+ * pull holds the client's lock meanwhile): list the pool's segments,
+ * activate it, carve a block and free it, free a foreign pointer. */
+struct calls_arg {
+  gshm_pool_t *pool;
+  sem_t done;
+  int rc_segs;
+  size_t nsegs;                      /* segments listed first */
+  char grown[GSHM_NAME_MAX + 1];     /* the newest segment once the block is in */
+  uint64_t block;
+  int rc_malloc;
+};
+
+static void *pool_calls(void *arg) {
+  struct calls_arg *c = arg;
+  gshm_pool_segment_t *segs = NULL;
+  char foreign[64];
+  size_t n = 0;
+  void *b;
+
+  c->rc_segs = gshm_pool_segments(c->pool, &segs, &c->nsegs);
+  free(segs);
+  gshm_pool_activate(c->pool);
+  b = gshm_torch_malloc(4096, 0, NULL);
+  c->rc_malloc = gshm_torch_last_error();
+  c->block = (uint64_t)(uintptr_t)b;
+  if (!gshm_pool_segments(c->pool, &segs, &n) && n)
+    snprintf(c->grown, sizeof(c->grown), "%s", segs[n - 1].name);
+  free(segs);
+  gshm_torch_free(b, 4096, 0, NULL);
+  gshm_torch_free(foreign, sizeof(foreign), 0, NULL); /* (every pool's lock) */
+  gshm_pool_activate(NULL);
+  sem_post(&c->done);
+  return NULL;
+}
+
+/* Runs pool_calls on p on a thread of its own while a request of another
+ * thread waits at the armed gate (gate_entered already taken); whether it
+ * was done within 5 s.  The gate is opened either way, and the thread
+ * joined (a pool lock held across the request held it until then). */
+static bool calls_while_gated(struct calls_arg *c, gshm_pool_t *p) {
+  struct timespec ts;
+  pthread_t t;
+  int r;
+
+  c->pool = p;
+  assert_int_equal(sem_init(&c->done, 0, 0), 0);
+  assert_int_equal(pthread_create(&t, NULL, pool_calls, c), 0);
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += 5;
+  while ((r = sem_timedwait(&c->done, &ts)) && errno == EINTR)
+    ;
+  sem_post(&gate_open);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  sem_destroy(&c->done);
+  return r == 0;
+}
+
+static void gates_init(void) {
+  assert_int_equal(sem_init(&gate_entered, 0, 0), 0);
+  assert_int_equal(sem_init(&gate_open, 0, 0), 0);
+}
+
+static void gates_fini(void) {
+  sem_destroy(&gate_entered);
+  sem_destroy(&gate_open);
+}
+
+/* While a growth waits for its create (as for the client's lock that a
+ * pull holds), the pool's segments are listed, it is activated, a block
+ * is carved from room it has and freed, and a foreign pointer's free
+ * looks at it: all at once.  Before, the growth held the pool's lock
+ * across its requests and each of these waited for it: a pull's progress
+ * callback doing so hung for good. */
+static void test_growth_holds_no_lock(void **state) {
+  gshm_pool_t *p = pool_new("t/nolock-grow", 0, 2 * MiB);
+  struct calls_arg c = {0};
+  pthread_t grow;
+  void *a, *b;
+  (void)state;
+
+  gates_init();
+  gshm_pool_activate(p);
+  assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
+  create_gated = true;
+  assert_int_equal(pthread_create(&grow, NULL, grow_in_thread, p), 0);
+  assert_int_equal(sem_wait(&gate_entered), 0); /* the growth is in its create */
+  assert_true(calls_while_gated(&c, p));
+  assert_int_equal(pthread_join(grow, &b), 0);
+  assert_non_null(b);
+  assert_int_equal(c.rc_segs, 0);
+  assert_int_equal(c.nsegs, 1);
+  assert_int_equal(c.rc_malloc, 0);
+  assert_non_null(strstr(c.grown, "/seg-000000")); /* carved from the one there was */
+  gshm_torch_free(a, MiB, 0, NULL);
+  gshm_torch_free(b, 2 * MiB, 0, NULL);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  gshm_pool_activate(NULL);
+  gates_fini();
+  assert_nothing_left();
+}
+
+/* While a free's close of the segment it emptied waits (as for the
+ * client's lock), the same calls are made at once; the segment being
+ * closed is no longer listed nor carved (the block comes from a new
+ * segment, whose number is not the closing one's).  Before, the free held
+ * the pool's lock across its close. */
+static void test_free_closes_without_the_lock(void **state) {
+  gshm_pool_t *p = pool_new("t/nolock-free", 0, 2 * MiB);
+  struct calls_arg c = {0};
+  gshm_pool_segment_t *segs;
+  uint64_t base0, end0;
+  pthread_t frees;
+  size_t n;
+  void *a;
+  (void)state;
+
+  gates_init();
+  gshm_pool_activate(p);
+  assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
+  assert_int_equal(gshm_pool_segments(p, &segs, &n), 0);
+  assert_int_equal(n, 1);
+  base0 = segs[0].address;
+  end0 = base0 + segs[0].size;
+  free(segs);
+  close_gated = true;
+  assert_int_equal(pthread_create(&frees, NULL, free_in_thread, a), 0);
+  assert_int_equal(sem_wait(&gate_entered), 0); /* the free is in its close */
+  assert_true(calls_while_gated(&c, p));
+  assert_int_equal(pthread_join(frees, NULL), 0);
+  assert_int_equal(c.rc_segs, 0);
+  assert_int_equal(c.nsegs, 0); /* the closing one is not listed */
+  assert_int_equal(c.rc_malloc, 0);
+  assert_true(c.block < base0 || c.block >= end0);
+  assert_non_null(strstr(c.grown, "/seg-000001"));
+  assert_int_equal(open_segments, 0);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  gshm_pool_activate(NULL);
+  gates_fini();
+  assert_nothing_left();
+}
+
+struct grow_result {
+  gshm_pool_t *pool;
+  void *ptr;
+  int rc;
+};
+
+static void *grow_result_thread(void *arg) {
+  struct grow_result *g = arg;
+  gshm_pool_activate(g->pool);
+  g->ptr = gshm_torch_malloc(MiB, 0, NULL);
+  g->rc = gshm_torch_last_error();
+  gshm_pool_activate(NULL);
+  return NULL;
+}
+
+static void *release_thread(void *arg) {
+  return (void *)(intptr_t)gshm_pool_release(arg, 1);
+}
+
+/* A release while a growth waits for its create goes ahead without it
+ * (out of the registry at once), waits for it, and frees the pool; the
+ * growth finds the pool released and drops its new segment, name and all
+ * (-EBADF).  Before, the release waited for the pool's lock, which the
+ * growth held across its create, and then found the new block live
+ * (-EBUSY). */
+static void test_release_during_a_growth(void **state) {
+  gshm_pool_t *p = pool_new("t/nolock-rel", GSHM_POOL_PERSISTENT, 2 * MiB);
+  struct grow_result g = {.pool = p};
+  pthread_t grow, rel;
+  void *rc;
+  bool out = false;
+  (void)state;
+
+  gates_init();
+  create_gated = true;
+  assert_int_equal(pthread_create(&grow, NULL, grow_result_thread, &g), 0);
+  assert_int_equal(sem_wait(&gate_entered), 0);
+  assert_int_equal(pthread_create(&rel, NULL, release_thread, p), 0);
+  for (int i = 0; i < 500 && !out; i++) { /* until the pool left the registry */
+    gshm_pool_activate(p);
+    out = !gshm_pool_activate(NULL);
+    if (!out)
+      usleep(10000);
+  }
+  sem_post(&gate_open);
+  assert_int_equal(pthread_join(grow, NULL), 0);
+  assert_int_equal(pthread_join(rel, &rc), 0);
+  assert_true(out);
+  assert_int_equal((intptr_t)rc, 0);
+  assert_null(g.ptr);
+  assert_int_equal(g.rc, -EBADF);
+  gates_fini();
+  assert_nothing_left();
+}
+
+/* ---- fork ---- */
+
 /* Arms the next gshm_create's stall and starts a thread whose malloc grows
- * pool p (it holds the pool's lock meanwhile); returns once it stalls. */
+ * pool p; returns once it stalls. */
 static pthread_t grow_stalled(gshm_pool_t *p) {
   pthread_t t;
   assert_int_equal(sem_init(&create_entered, 0, 0), 0);
@@ -851,20 +1074,27 @@ static void fork_test_end(gshm_pool_t *p, pthread_t grow, pid_t pid, void *a) {
 }
 
 /* fork() while another thread's free holds the registry's lock (waiting
- * for the lock of a pool that a third thread grows): the child's malloc
- * must return, not wait for a lock whose holder is not in the child (it
- * did, for good: alarm() ends such a child with SIGALRM). */
+ * for the lock of a pool that a third thread's free holds while it waits
+ * for the device; a growth held it, before it made its requests without
+ * it): the child's malloc must return, not wait for a lock whose holder
+ * is not in the child (it did, for good: alarm() ends such a child with
+ * SIGALRM). */
 static void test_fork_while_another_thread_frees(void **state) {
   gshm_pool_t *p = pool_new("t/fork1", 0, 2 * MiB);
-  pthread_t grow, frees;
+  pthread_t waits, frees;
   char foreign[64];
-  void *a;
+  void *a, *b;
+  int status;
   pid_t pid;
   (void)state;
 
   gshm_pool_activate(p);
   assert_non_null(a = gshm_torch_malloc(MiB, 0, NULL));
-  grow = grow_stalled(p);
+  assert_non_null(b = gshm_torch_malloc(MiB, 0, NULL)); /* (a's free empties nothing) */
+  assert_int_equal(sem_init(&sync_entered, 0, 0), 0);
+  sync_stall_us = 300000;
+  assert_int_equal(pthread_create(&waits, NULL, free_in_thread, a), 0);
+  assert_int_equal(sem_wait(&sync_entered), 0); /* p's lock held, waiting for the device */
   assert_int_equal(pthread_create(&frees, NULL, free_in_thread, foreign), 0);
   usleep(100000); /* for it to take the registry's lock (later: passes on the old code) */
   pid = fork();
@@ -873,11 +1103,20 @@ static void test_fork_while_another_thread_frees(void **state) {
     _exit(!gshm_torch_malloc(512, 0, NULL) && gshm_torch_last_error() == -ECHILD ? 0 : 1);
   }
   assert_int_equal(pthread_join(frees, NULL), 0);
-  fork_test_end(p, grow, pid, a);
+  assert_int_equal(pthread_join(waits, NULL), 0);
+  assert_true(pid > 0);
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  gshm_torch_free(b, MiB, 0, NULL);
+  assert_int_equal(gshm_pool_release(p, 1), 0);
+  gshm_pool_activate(NULL);
+  sem_destroy(&sync_entered);
+  assert_nothing_left();
 }
 
-/* fork() while another thread grows a pool (its lock held, the registry's
- * free): in the child every call on the pool returns (-ECHILD: its
+/* fork() while another thread grows a pool (its create under way; the
+ * pool's lock was held across it before): in the child every call on the pool returns (-ECHILD: its
  * segments, mappings and context are the parent's), none waits for the
  * pool's lock (malloc did, for good). */
 static void test_fork_while_a_pool_grows(void **state) {
@@ -948,6 +1187,9 @@ int main(void) {
       cmocka_unit_test(test_stale_handle_never_names_a_new_pool),
       cmocka_unit_test(test_threads_share_a_pool),
       cmocka_unit_test(test_llama_packing),
+      cmocka_unit_test(test_growth_holds_no_lock),
+      cmocka_unit_test(test_free_closes_without_the_lock),
+      cmocka_unit_test(test_release_during_a_growth),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
