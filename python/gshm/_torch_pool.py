@@ -177,8 +177,9 @@ class MemPool(object):
         # refuse a released pool).  _lock guards that state and is held
         # only to read and change it, never across a libgshm call: those
         # wait for the client's lock (release's closes and unlinks,
-        # publish's manifest; segments and activation for the C pool's
-        # lock, held across a growth's create), which another thread's
+        # publish's manifest; segments and activation wait only briefly
+        # for the C pool's lock, which libgshm holds across no request),
+        # which another thread's
         # request holds (a pull: minutes), and that request's progress
         # callback asking the pool for its segments waited for _lock: both
         # hung for ever.  A _PutOffLock: a segment that a finalizer run
@@ -519,8 +520,8 @@ class use_pool(object):
             ptr, torch_pool = pool._ptr, pool._torch_pool
         try:
             self._ctx = _torch.cuda.use_mem_pool(torch_pool, device=pool.device)
-            # (outside the lock: the registry's lock it takes may wait for
-            # a pool's, held across a growth's requests on the client)
+            # (outside the lock: the registry's lock it takes may wait,
+            # briefly, for a pool's; libgshm holds neither across a request)
             self._prev = _fn("gshm_pool_activate")(ptr)
         finally:
             pool._let_go()
