@@ -13,7 +13,8 @@ prefix=True) onto the second GPU where there is one, else the same GPU;
 role B attaches it on B with gshm.torch.attach and its logits equal A's
 exactly.  Another client listing B all along never sees part of the set.
 Then a pool of B's is released while its client pulls, the pull's progress
-callback asking the pool for its segments (pool_release_during_pull).
+callback asking the pool for its segments (pool_release_during_pull), and
+one grows the same way (pool_grows_during_pull).
 
 Exits 77 where test_torch_pool_gpu.py does (no torch with a CUDA GPU,
 transformers, safetensors)."""
@@ -95,6 +96,77 @@ cb.unlink = unlink
 cb.unlink("torchtest/pullsrc-copy")
 print("ok")
 """
+
+
+# argv: socket of gshmd B.  A real MemPool (libgshm's C pool, GPU 0, 2 MiB
+# granule) on the client that pulls: a tensor allocated on another thread
+# makes it grow (PyTorch asks for a 20 MiB segment: none fits), and the
+# growth's gshm_create waits for that client's lock, held by the pull,
+# while the pull's progress callback asks the pool for its segments.
+# libgshm held its pool's lock across the growth's requests, and
+# gshm_pool_segments waited for it: both hung for ever.
+_POOL_GROWS_DURING_PULL = r"""
+import sys, threading, time, torch, gshm, gshm.torch as gt
+cb = gshm.Client(sys.argv[1], name="pool-grows-during-pull")
+pool = gt.MemPool(cb, "torchtest/poolgrow", device=0, persistent=False, granule=2 << 20)
+with gt.use_pool(pool):
+    x = torch.ones(1 << 10, device="cuda:0")  # the first segment
+torch.cuda.synchronize()
+in_cb, go, listed, grown = threading.Event(), threading.Event(), [], []
+
+def progress(done, total, ns):
+    if not in_cb.is_set():
+        in_cb.set()
+        go.wait(60)
+        time.sleep(1)  # the growth is then in its create, waiting for this pull
+        listed.append(pool.segments())
+
+def grow():
+    with gt.use_pool(pool):
+        grown.append(torch.zeros(8 << 20, dtype=torch.uint8, device="cuda:0"))
+    torch.cuda.synchronize()
+
+t = threading.Thread(target=lambda: cb.pull("a", "torchtest/pullsrc",
+                                            local_name="torchtest/pullsrc-grow",
+                                            progress=progress), daemon=True)
+t.start()
+assert in_cb.wait(60), "no progress report"
+g = threading.Thread(target=grow, daemon=True)
+g.start()
+go.set()
+t.join(120)
+g.join(120)
+assert not t.is_alive() and not g.is_alive(), "hung: the pool's growth and the pull"
+assert len(listed) == 1 and len(listed[0]) >= 1, listed
+assert len(grown) == 1 and int(grown[0].sum()) == 0
+assert len(pool.segments()) > len(listed[0]) or len(listed[0]) > 1, (pool.segments(), listed)
+del x
+grown.clear()
+pool.release()
+assert pool.released
+cb.unlink("torchtest/pullsrc-grow")
+print("ok")
+"""
+
+
+def pool_grows_during_pull(py, a, b):
+    """_POOL_GROWS_DURING_PULL in a child (killed after 240 s: a hang) over
+    a 64 MiB host segment of A that B's client pulls."""
+    import gshm
+    with gshm.Client(a.socket) as ca:
+        ca.create("torchtest/pullsrc", 64 << 20, location="host", mode=0o644).close()
+        try:
+            p = subprocess.run([py, "-c", _POOL_GROWS_DURING_PULL, b.socket],
+                               env=gshm_testutil.child_env(), timeout=240,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               universal_newlines=True)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("hung: a pool grown while its client pulled, the pull's "
+                                 "progress callback calling pool.segments()")
+        finally:
+            ca.unlink("torchtest/pullsrc")
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout
+    print("pool_grows_during_pull PASSED", flush=True)
 
 
 def pool_release_during_pull(py, a, b):
@@ -187,6 +259,7 @@ def main(argv):
             print("pull_model PASSED")
             if hasattr(torch.cuda, "MemPool"):
                 pool_release_during_pull(py, a, b)
+                pool_grows_during_pull(py, a, b)
             with gshm.Client(a.socket) as ca, gshm.Client(b.socket) as cb:
                 from gshm import _manifest
                 _manifest.unlink_prefix(ca, prefix)
