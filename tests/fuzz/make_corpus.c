@@ -7,8 +7,9 @@
  * corpus/fuzz_server also holds found-<sha1> files: the inputs of an
  * 11-minute fuzz_server run, minimised with -merge=1, so that the short
  * CI runs start from deep protocol states; corpus/fuzz_client and
- * corpus/fuzz_cluster those of 5-minute runs.  make_corpus leaves them
- * be.  (fuzz_cluster's of a first flags byte with bit 4 set were given a
+ * corpus/fuzz_cluster those of 5-minute runs, corpus/fuzz_ucx_data
+ * those of a 4-minute one.  make_corpus leaves them be.  (fuzz_cluster's
+ * and fuzz_ucx_data's of a first flags byte with bit 4 set were given a
  * second one, 0, when that bit came to announce it: the same inputs.) */
 #include <errno.h>
 #include <stdint.h>
@@ -237,17 +238,48 @@ static size_t put_record(uint8_t *out, size_t at, uint8_t how, const ProtobufCMe
   return at + 3 + n;
 }
 
-/* Seed `name` of fuzz_cluster: seed (len bytes, one flags byte) with the
- * second flags byte `more` (fuzz_cluster.c: bit 0 the rogue says
- * CAP_SUBKEYS, protocol 2.6; bit 1 the node has cluster.min_protocol =
- * 2.6). */
-static void put_cluster_26(const char *name, const uint8_t *seed, size_t len, uint8_t more) {
+/* Seed `name` of fuzz_cluster or fuzz_ucx_data (target): seed (len
+ * bytes, one flags byte) with the second flags byte `more` (fuzz_node.h
+ * fuzz_node_flags: bit 0 the rogue says CAP_SUBKEYS, protocol 2.6; bit 1
+ * the node has cluster.min_protocol = 2.6). */
+static void put_26(const char *target, const char *name, const uint8_t *seed, size_t len,
+                   uint8_t more) {
   static uint8_t out[16384 + 1];
 
   out[0] = seed[0] | 16;
   out[1] = more;
   memcpy(out + 2, seed + 1, len - 1);
-  put("fuzz_cluster", name, out, len + 1);
+  put(target, name, out, len + 1);
+}
+
+/* Appends to out at len the record [u16 LE length][Msg] of request rid
+ * whose body is `field` (case kase): fuzz_cluster's and fuzz_ucx_data's
+ * messages from a pulling rogue. */
+#define MSG_ADD(out, len, rid, field, body, kase)                                \
+  do {                                                                          \
+    Gshm__Cluster__Msg m_ = GSHM__CLUSTER__MSG__INIT;                           \
+    size_t n_;                                                                  \
+    m_.request_id = rid;                                                        \
+    m_.body_case = GSHM__CLUSTER__MSG__BODY_##kase;                             \
+    m_.field = body;                                                            \
+    n_ = protobuf_c_message_pack(&m_.base, (out) + (len) + 2);                  \
+    (out)[len] = (uint8_t)(n_ & 0xff);                                          \
+    (out)[(len) + 1] = (uint8_t)(n_ >> 8);                                      \
+    (len) += 2 + n_;                                                            \
+  } while (0)
+
+/* A rogue's grant g (77) of its host segment seg, "pub/a" of 4 KiB, read
+ * with Reads: what fuzz_cluster's and fuzz_ucx_data's nodes pull. */
+static void grant_pub_a(Gshm__Cluster__Segment *seg, Gshm__Cluster__Grant *g) {
+  seg->id = 1;
+  seg->generation = 1;
+  seg->name = "pub/a";
+  seg->size = seg->allocated = 4096;
+  seg->location = "host";
+  g->segment = seg;
+  g->grant_id = 77;
+  g->path = GSHM__CLUSTER__PATH__PATH_HOST;
+  g->length = 4096;
 }
 
 /* Seeds for fuzz_cluster: [flags][u16 len][Msg]* (fuzz_cluster.c); grant
@@ -262,49 +294,35 @@ static void cluster_corpus(void) {
   uint8_t buf[4096];
   size_t len = 1;
 
-#define CLUSTER_ADD(rid, field, body, kase)                                     \
-  do {                                                                          \
-    size_t n_;                                                                  \
-    m = (Gshm__Cluster__Msg)GSHM__CLUSTER__MSG__INIT;                           \
-    m.request_id = rid;                                                         \
-    m.body_case = GSHM__CLUSTER__MSG__BODY_##kase;                              \
-    m.field = body;                                                             \
-    n_ = protobuf_c_message_pack(&m.base, buf + len + 2);                       \
-    buf[len] = (uint8_t)(n_ & 0xff);                                            \
-    buf[len + 1] = (uint8_t)(n_ >> 8);                                          \
-    len += 2 + n_;                                                              \
-  } while (0)
-
   buf[0] = 1; /* after the hello, no capabilities */
-  CLUSTER_ADD(1, list, &lr, LIST);
+  MSG_ADD(buf, len, 1, list, &lr, LIST);
   lr.after = 1;
   lr.with_in_flight = 1;
-  CLUSTER_ADD(2, list, &lr, LIST);
+  MSG_ADD(buf, len, 2, list, &lr, LIST);
   put("fuzz_cluster", "list", buf, len);
   len = 1;
   gq.name = "pub/b";
-  CLUSTER_ADD(3, grant_request, &gq, GRANT_REQUEST);
+  MSG_ADD(buf, len, 3, grant_request, &gq, GRANT_REQUEST);
   rd.offset = 4096;
   rd.length = 8192;
-  CLUSTER_ADD(4, read, &rd, READ);
+  MSG_ADD(buf, len, 4, read, &rd, READ);
   sg.length = 4096;
-  CLUSTER_ADD(5, stage, &sg, STAGE);
-  CLUSTER_ADD(0, release, &rl, RELEASE);
+  MSG_ADD(buf, len, 5, stage, &sg, STAGE);
+  MSG_ADD(buf, len, 0, release, &rl, RELEASE);
   put("fuzz_cluster", "grant_read_release", buf, len);
-  put_cluster_26("grant_read_release_subkeys", buf, len, 1);
-  put_cluster_26("grant_read_release_subkeys_required", buf, len, 3);
-  put_cluster_26("grant_read_release_refused_2_5", buf, len, 2); /* (2.5 under 2.6) */
+  put_26("fuzz_cluster", "grant_read_release_subkeys", buf, len, 1);
+  put_26("fuzz_cluster", "grant_read_release_subkeys_required", buf, len, 3);
+  put_26("fuzz_cluster", "grant_read_release_refused_2_5", buf, len, 2); /* (2.5 under 2.6) */
   buf[0] = 1 | 1 << 2; /* CAP_ENCRYPT */
   put("fuzz_cluster", "grant_read_release_encrypted", buf, len);
   buf[0] = 1 | 8 << 2; /* CAP_LANES: the node sends the Read's bytes on a lane */
   put("fuzz_cluster", "grant_read_release_lane", buf, len);
-  put_cluster_26("grant_read_release_lane_subkeys", buf, len, 3);
+  put_26("fuzz_cluster", "grant_read_release_lane_subkeys", buf, len, 3);
   buf[0] = 0; /* before the hello: a control frame of 16 bytes of nothing */
   memset(buf + 1, 0, 24 + 16);
   buf[1] = 16;
   buf[5] = 1;
   put("fuzz_cluster", "raw_frame", buf, 1 + 24 + 16);
-#undef CLUSTER_ADD
   /* the node pulls from the rogue: [how][u16 len][answer]* */
   {
     Gshm__Cluster__Segment seg = GSHM__CLUSTER__SEGMENT__INIT, *segs[1] = {&seg};
@@ -313,15 +331,7 @@ static void cluster_corpus(void) {
     static uint8_t out[16384];
     size_t n, ogrant;
 
-    seg.id = 1;
-    seg.generation = 1;
-    seg.name = "pub/a";
-    seg.size = seg.allocated = 4096;
-    seg.location = "host";
-    g.segment = &seg;
-    g.grant_id = 77;
-    g.path = GSHM__CLUSTER__PATH__PATH_HOST;
-    g.length = 4096;
+    grant_pub_a(&seg, &g);
     m = (Gshm__Cluster__Msg)GSHM__CLUSTER__MSG__INIT;
     m.status = 1;
     m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
@@ -337,11 +347,11 @@ static void cluster_corpus(void) {
     out[ogrant + 2] = 0x10;
     memset(out + ogrant + 3, 0xa5, 4096);
     put("fuzz_cluster", "serve_pull", out, ogrant + 3 + 4096);
-    put_cluster_26("serve_pull_subkeys", out, ogrant + 3 + 4096, 3);
-    put_cluster_26("serve_pull_refused_2_5", out, ogrant + 3 + 4096, 2);
+    put_26("fuzz_cluster", "serve_pull_subkeys", out, ogrant + 3 + 4096, 3);
+    put_26("fuzz_cluster", "serve_pull_refused_2_5", out, ogrant + 3 + 4096, 2);
     out[0] = 2 | 8 << 2; /* CAP_LANES: the 4 KiB on a data lane */
     put("fuzz_cluster", "serve_pull_lanes", out, ogrant + 3 + 4096);
-    put_cluster_26("serve_pull_lanes_subkeys", out, ogrant + 3 + 4096, 1);
+    put_26("fuzz_cluster", "serve_pull_lanes_subkeys", out, ogrant + 3 + 4096, 1);
     out[0] = 2;
     /* mode 3: the local request first: a set's PULL (listed first) */
     {
@@ -371,7 +381,7 @@ static void cluster_corpus(void) {
       out[at + 2] = 0x10;
       memset(out + at + 3, 0x5a, 4096);
       put("fuzz_cluster", "serve_set", out, at + 3 + 4096);
-      put_cluster_26("serve_set_subkeys", out, at + 3 + 4096, 3);
+      put_26("fuzz_cluster", "serve_set_subkeys", out, at + 3 + 4096, 3);
       /* REMOTE_LIST of r: its listing */
       rlq.peer = "r";
       at = put_record(out, 1, 1, &rlq.base);
@@ -384,6 +394,118 @@ static void cluster_corpus(void) {
       at = put_record(out, at, 0, &m.base);
       put("fuzz_cluster", "peers", out, at);
     }
+  }
+}
+
+/* The 24-byte header of a UCX data message (daemon/cluster/data.c)
+ * with token and request id 0: fuzz_ucx_data makes them the link's and
+ * the request's. */
+static size_t put_ucx_header(uint8_t *out, uint64_t offset) {
+  memset(out, 0, 24);
+  memcpy(out + 16, &offset, 8);
+  return 24;
+}
+
+/* Seeds for fuzz_ucx_data (fuzz_ucx_data.c): the node pulls pub/a over
+ * UCX (flags bit 0 clear: [how][u16 len][answer]*), or the rogue pulls
+ * from it over UCX (bit 0 set: the UcxOffer, then [u16 len][Msg]*). */
+static void ucx_corpus(void) {
+  Gshm__Cluster__Segment seg = GSHM__CLUSTER__SEGMENT__INIT;
+  Gshm__Cluster__Grant g = GSHM__CLUSTER__GRANT__INIT;
+  Gshm__Cluster__Msg m = GSHM__CLUSTER__MSG__INIT;
+  static uint8_t out[16384];
+  size_t at, n;
+
+  grant_pub_a(&seg, &g);
+  m.status = 1;
+  m.body_case = GSHM__CLUSTER__MSG__BODY_GRANT;
+  m.grant = &g;
+  /* a host grant, its Read answered by rendezvous, eagerly, as UCX
+   * likes, and by a message of another id */
+  static const struct {
+    const char *name;
+    uint8_t how;
+  } answers[] = {{"pull_rndv", 1 | 16}, {"pull_eager", 1 | 32}, {"pull_any", 1},
+                 {"pull_other_id", 1 | 4 | 32}};
+  for (size_t i = 0; i < sizeof(answers) / sizeof(answers[0]); i++) {
+    out[0] = 0;
+    at = put_record(out, 1, 0, &m.base);
+    n = put_ucx_header(out + at + 3, 0);
+    if (answers[i].how & 4)
+      out[at + 3 + n++] = 0x69; /* the message id */
+    memset(out + at + 3 + n, 0xa5, 4096);
+    n += 4096;
+    out[at] = answers[i].how;
+    out[at + 1] = (uint8_t)(n & 0xff);
+    out[at + 2] = (uint8_t)(n >> 8);
+    put("fuzz_ucx_data", answers[i].name, out, at + 3 + n);
+    if (i > 0)
+      continue;
+    /* the rendezvous between nodes of 2.6 (the node requiring it), and
+     * from a rogue of 2.5 the node under 2.6 never links to */
+    put_26("fuzz_ucx_data", "pull_rndv_subkeys", out, at + 3 + n, 3);
+    put_26("fuzz_ucx_data", "pull_rndv_refused_2_5", out, at + 3 + n, 2);
+  }
+  /* a staged grant (2 slots of 4 KiB): its Stage answered by rendezvous */
+  g.path = GSHM__CLUSTER__PATH__PATH_STAGED;
+  g.slots = 2;
+  g.slot_size = 4096;
+  g.length = 8192;
+  out[0] = 0;
+  at = put_record(out, 1, 0, &m.base);
+  n = put_ucx_header(out + at + 3, 0);
+  memset(out + at + 3 + n, 0x5a, 4096);
+  n += 4096;
+  out[at] = 1 | 16;
+  out[at + 1] = (uint8_t)(n & 0xff);
+  out[at + 2] = (uint8_t)(n >> 8);
+  put("fuzz_ucx_data", "pull_staged", out, at + 3 + n);
+
+  /* the rogue pulls: the UcxOffer (its worker's address, token 1), a
+   * grant of pub/b, a Read of it (or a Stage, the node staging), a
+   * Release */
+  {
+    Gshm__Cluster__GrantRequest gq = GSHM__CLUSTER__GRANT_REQUEST__INIT;
+    Gshm__Cluster__Read rd = GSHM__CLUSTER__READ__INIT;
+    Gshm__Cluster__Stage sg = GSHM__CLUSTER__STAGE__INIT;
+    Gshm__Cluster__Release rl = GSHM__CLUSTER__RELEASE__INIT;
+    static const uint8_t token[8] = {1};
+    size_t len;
+
+    out[0] = 1;
+    out[1] = 0; /* the rogue worker's own address */
+    out[2] = 8;
+    out[3] = 0;
+    memcpy(out + 4, token, 8);
+    len = 12;
+    gq.name = "pub/b";
+    MSG_ADD(out, len, 1, grant_request, &gq, GRANT_REQUEST);
+    rd.offset = 4096;
+    rd.length = 16384;
+    MSG_ADD(out, len, 2, read, &rd, READ);
+    MSG_ADD(out, len, 0, release, &rl, RELEASE);
+    put("fuzz_ucx_data", "serve_read", out, len);
+    put_26("fuzz_ucx_data", "serve_read_subkeys", out, len, 3);
+    put_26("fuzz_ucx_data", "serve_read_refused_2_5", out, len, 2);
+    out[0] = 1 | 2; /* the node stages every grant */
+    len = 12;
+    MSG_ADD(out, len, 1, grant_request, &gq, GRANT_REQUEST);
+    sg.offset = 8192;
+    sg.length = 4096;
+    MSG_ADD(out, len, 2, stage, &sg, STAGE);
+    MSG_ADD(out, len, 0, release, &rl, RELEASE);
+    put("fuzz_ucx_data", "serve_stage", out, len);
+    /* a worker address of the rogue's own making: a format byte and bytes */
+    out[0] = 1;
+    out[1] = 1;
+    out[2] = 16;
+    out[3] = 0;
+    memcpy(out + 4, token, 8);
+    memset(out + 12, 0x11, 8);
+    out[12] = 0x01;
+    len = 20;
+    MSG_ADD(out, len, 1, grant_request, &gq, GRANT_REQUEST);
+    put("fuzz_ucx_data", "serve_bad_address", out, len);
   }
 }
 
@@ -799,11 +921,11 @@ int main(int argc, char **argv) {
     put("fuzz_cluster", "raw_hello", buf, 25 + len);
     /* the same under cluster.min_protocol = 2.6: refused (no CAP_SUBKEYS),
      * and with CAP_SUBKEYS: answered */
-    put_cluster_26("raw_hello_refused_2_5", buf, 25 + len, 2);
+    put_26("fuzz_cluster", "raw_hello_refused_2_5", buf, 25 + len, 2);
     h.caps = GSHM__CLUSTER__CAP__CAP_SUBKEYS;
     len = gshm__cluster__msg__pack(&m, buf + 25);
     buf[1] = (uint8_t)len;
-    put_cluster_26("raw_hello_subkeys_required", buf, 25 + len, 2);
+    put_26("fuzz_cluster", "raw_hello_subkeys_required", buf, 25 + len, 2);
     h.caps = 0;
     h.node_name = "b";
     rd.grant_id = 2;
@@ -856,5 +978,6 @@ int main(int argc, char **argv) {
   }
   client_corpus();
   cluster_corpus();
+  ucx_corpus();
   return 0;
 }
