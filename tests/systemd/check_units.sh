@@ -136,9 +136,16 @@ if command -v nm >/dev/null; then
           for (i = 1; i <= k; i++) set(f[i], on)
         }
       }
+      ($1 in known) && !seen[$1]++ { checked++ }
       ($1 in known) && !allowed[$1] && $1 !~ /^(gethostname|syscall|chown)$/ { print $1 }
-    ' "$tmp/groups" - | sort -u | tr '\n' ' ')
+      END { print checked + 0 >"/dev/stderr" }
+    ' "$tmp/groups" - 2>"$tmp/checked" | sort -u | tr '\n' ' ')
   [[ -z $refused ]] || fail "gshmd calls what the unit's SystemCallFilter= refuses: $refused"
+  # An empty @known (another syscall-filter layout) or an empty import list
+  # would pass the check above having checked nothing.
+  checked=$(cat "$tmp/checked")
+  ((checked >= 40)) ||
+    fail "only $checked of gshmd's calls found among systemd-analyze's @known: nothing was checked"
 fi
 
 # --- gshmd under the unit's /proc -------------------------------------------
@@ -196,8 +203,10 @@ if command -v systemd-sysusers >/dev/null; then
       [[ $(stat -c '%a %u %g' "$sysroot/run/gshm" 2>/dev/null) == "755 0 $gid" ]] ||
         fail "tmpfiles.d snippet does not create /run/gshm 0755 root:gshm"
     fi
+  elif [[ $(id -u) == 0 ]]; then
+    fail "systemd-sysusers --root=$sysroot failed on the sysusers.d snippet"
   else
-    echo "note: systemd-sysusers --root failed here (not root?); snippet not exercised"
+    echo "note: systemd-sysusers --root failed here (not root); snippet not exercised"
   fi
 fi
 
