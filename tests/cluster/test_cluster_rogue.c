@@ -75,6 +75,7 @@ struct watch {
   atomic_bool stop;
   int64_t slowest_ms, raw_ms;
   long rss_max_kib;
+  unsigned samples; /* (0 when it could not connect: checked by watch_stop) */
 };
 
 static void *watch_thread(void *arg) {
@@ -91,6 +92,7 @@ static void *watch_thread(void *arg) {
       w->raw_ms = raw;
     if (rss > w->rss_max_kib)
       w->rss_max_kib = rss;
+    w->samples++;
     usleep(2000);
   }
   gshm_disconnect(c);
@@ -105,9 +107,14 @@ static void watch_start_on(struct watch *w, struct node *n) {
 
 static void watch_start(struct watch *w) { watch_start_on(w, &S); }
 
+/* Its figures are checked by the caller: a watch that took no sample (its
+ * client could not connect, or gshmd never answered a stat before the
+ * attack ended) left them 0, which every bound passes. */
 static void watch_stop(struct watch *w) {
   w->stop = true;
   pthread_join(w->t, NULL);
+  if (!w->samples)
+    fail_msg("the watching client took no stat during the attack (connect refused?)");
 }
 
 static int group_setup(void **state) {
