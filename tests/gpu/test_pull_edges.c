@@ -243,6 +243,8 @@ struct stat_watch {
   const char *socket;
   atomic_bool stop;
   double slowest_ms;
+  unsigned answered; /* statuses answered (0: slowest_ms says nothing) */
+  int err;           /* the connect's or a status's error, 0 if none */
 };
 
 static double now_ms(void) {
@@ -256,14 +258,15 @@ static void *stat_watch_thread(void *arg) {
   gshm_client_t *c;
   gshm_status_info_t st;
 
-  if (gshm_connect(w->socket, "edges-watch", &c))
+  if ((w->err = gshm_connect(w->socket, "edges-watch", &c)))
     return NULL;
   while (!w->stop) {
     double t0 = now_ms(), ms;
-    if (gshm_status(c, &st))
+    if ((w->err = gshm_status(c, &st)))
       break;
     if ((ms = now_ms() - t0) > w->slowest_ms)
       w->slowest_ms = ms;
+    w->answered++;
     usleep(2000);
   }
   gshm_disconnect(c);
@@ -337,6 +340,9 @@ static void pinned_step(gshm_client_t *a, gshm_client_t *c, const char *c_socket
    * host pulls make none, and on CI's 2 shared cores a loop preempted by
    * the other tests missed 50 ms in 5 runs of 48: there the check is only
    * that nothing blocks the loop for long */
+  CHECK(w.err == 0 && w.answered > 0,
+        "the status watch on c during its first pull: %u answered, then %s", w.answered,
+        w.err ? gshm_strerror(w.err) : "no error");
   CHECK(w.slowest_ms < (on_host ? 500 : 50),
         "c's loop answered a status in %.1f ms during its first pull (its "
         "staging buffers made on the loop?)", w.slowest_ms);
