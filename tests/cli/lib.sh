@@ -9,6 +9,10 @@ trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 for _ in $(seq 200); do [ -S "$dir/s" ] && break; sleep 0.05; done
 export GSHM_SOCKET=$dir/s
 failures=0
+# The last command of a pipeline runs in this shell (no job control in a
+# script): `printf x | run 0 write SEG` counts its failure; in a subshell
+# the count was lost and the test passed with FAIL printed.
+shopt -s lastpipe
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 # run RC ARGS...: runs gshmctl, checks the exit code; output in $dir/out, $dir/err
 run() {
