@@ -94,7 +94,9 @@ C
 if cmake -S "$dir/consumer" -B "$dir/cb" -DCMAKE_C_COMPILER="$cc" -DWANT="$version" \
      -DCMAKE_PREFIX_PATH="$p" >"$dir/cmake.log" 2>&1 &&
    cmake --build "$dir/cb" >>"$dir/cmake.log" 2>&1; then
-  "$dir/cb/consumer" | grep -q "^gshm " || fail "the CMake consumer did not run"
+  # (its exit status too: in a pipeline into grep it was lost)
+  out=$("$dir/cb/consumer") || fail "the CMake consumer exited $?: $out"
+  [[ $out == "gshm "*": "?* ]] || fail "the CMake consumer printed '$out'"
 else
   cat "$dir/cmake.log"
   fail "a consumer with find_package(gshm $version) did not build"
@@ -116,9 +118,13 @@ if flags=$(pkg-config --cflags --libs gshm); then
     case $flags in *-Wl,-rpath,*) ;; *) fail "pkg-config --libs gshm has no -Wl,-rpath: $flags" ;; esac
   fi
   # shellcheck disable=SC2086
-  "$cc" -o "$dir/pc" "$dir/consumer/main.c" $flags &&
-    "${libenv[@]}" "$dir/pc" | grep -q "^gshm " ||
-    fail "the pkg-config consumer did not build or run without LD_LIBRARY_PATH ($flags)"
+  if "$cc" -o "$dir/pc" "$dir/consumer/main.c" $flags; then
+    out=$("${libenv[@]}" "$dir/pc") ||
+      fail "the pkg-config consumer did not run without LD_LIBRARY_PATH (exit $?, $flags): $out"
+    [[ $out == "gshm "*": "?* ]] || fail "the pkg-config consumer printed '$out'"
+  else
+    fail "the pkg-config consumer did not build ($flags)"
+  fi
 else
   fail "pkg-config gshm"
 fi
