@@ -29,7 +29,10 @@ trap 'rm -rf "$work"' EXIT INT TERM
 fail=0
 for t in "$@"; do
   if [ ! -x "$bin/$t" ]; then
-    echo "run.sh: $bin/$t missing" >&2
+    # (in the "fuzz T: FAILED" form that scripts/test.sh counts: a line
+    # of its own was counted nowhere, and a target that was not built
+    # went unnoticed in CI's total)
+    echo "fuzz $t: FAILED ($bin/$t missing: not built)" >&2
     fail=1
     continue
   fi
