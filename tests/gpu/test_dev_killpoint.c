@@ -218,6 +218,10 @@ int main(int argc, char **argv) {
     kill(p, SIGKILL);
     waitpid(p, &st, 0);
     snprintf(what, sizeof(what), "random kill %d", i);
+    /* (a victim whose step failed exits 10 + the step: then nothing was
+     * killed mid-request) */
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "%s: victim exited %d, not killed", what,
+          st);
     check_clean(&h, w, p, "kp-loop", &base_fds, what);
   }
   after = free_mem();
