@@ -794,7 +794,11 @@ int main(int argc, char **argv) {
   EXPECT(atomic_load(&sh->unexpected) == 0, "%" PRIu64 " unexpected errors",
          atomic_load(&sh->unexpected));
   EXPECT(restarts == nrestarts, "%d of %d restarts", restarts, nrestarts);
-  EXPECT(atomic_load(&sh->perm_checks) > 0 && checked > 0, "the soak checked nothing");
+  /* (each of the checks above holds for a soak that made none of it) */
+  EXPECT(atomic_load(&sh->perm_checks) > 0 && atomic_load(&sh->byte_checks) > 0 && checked > 0,
+         "the soak checked nothing: %" PRIu64 " permission decisions, %" PRIu64
+         " lease byte checks, %u committed segments",
+         atomic_load(&sh->perm_checks), atomic_load(&sh->byte_checks), checked);
   unlink_all(&h);
   harness_set_leftover(NULL);
   EXPECT(harness_stop(&h) == 0, "gshmd did not stop cleanly");
