@@ -731,6 +731,12 @@ int main(int argc, char **argv) {
          atomic_load(&sh->ops), run.kills, run.restore_kills, run.behind,
          atomic_load(&sh->refused), atomic_load(&sh->nentries),
          (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+  /* every check above holds for a run in which nothing was done */
+  if (!atomic_load(&sh->ops) || !atomic_load(&sh->nentries) || !run.kills) {
+    fprintf(stderr, "torture: checked nothing: %" PRIu64 " ops, %u entries, %d gshmd kills\n",
+            atomic_load(&sh->ops), atomic_load(&sh->nentries), run.kills);
+    atomic_fetch_add(&sh->failures, 1);
+  }
   if (atomic_load(&sh->failures)) {
     fprintf(stderr, "torture: %" PRIu64 " failures (seed %" PRIu64 ", above)\n",
             atomic_load(&sh->failures), run.seed);
