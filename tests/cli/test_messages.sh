@@ -723,6 +723,9 @@ fdlimit() { # fdlimit LOGLEVEL [ENV...]: gshmd's stderr in $dir/fd.log
      --log-level "$1") 2>"$dir/fd.log" &
   local p=$!
   for _ in $(seq 200); do [ -S "$dir/fd.s" ] && break; sleep 0.05; done
+  # (a gshmd that never started says nothing of the limit either: the
+  # checks of its silence below would pass)
+  [ -S "$dir/fd.s" ] || fail "gshmd under ulimit -n 1024 (${*:2}) did not start: $(cat "$dir/fd.log")"
   kill $p; wait $p 2>/dev/null
 }
 fdlimit 6
