@@ -75,7 +75,10 @@ def script(lines, tmp, after_mkdir=""):
         if line.startswith("mkdir") and after_mkdir:
             out.append(after_mkdir)
         if line.startswith("kill %"):
-            out.append("wait")  # (each gshmd stopped: its exit is waited for)
+            # each gshmd stopped: its exit is waited for, and must be 0 (a
+            # bare `wait` returns 0 whatever its jobs' statuses were)
+            out.append("for p in $(jobs -p); do wait \"$p\" || "
+                       "{ echo \"gshmd $p: exit $? at its SIGTERM\" >&2; exit 1; }; done")
     return "\n".join(out) + "\n"
 
 
