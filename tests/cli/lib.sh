@@ -5,7 +5,15 @@
 dir=$(mktemp -d)
 "$gshmd" --backend host --socket "$dir/s" --log-level 3 2>"$dir/gshmd.log" &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+# gshmd_stop: SIGTERM to the gshmd, which must exit 0 (its status was
+# not looked at: a gshmd failing on its way out passed every test)
+gshmd_stop() {
+  local rc=0
+  kill $pid 2>/dev/null
+  wait $pid 2>/dev/null || rc=$?
+  [ "$rc" = 0 ] || { echo "FAIL: gshmd exited $rc at its SIGTERM: $(tail -3 "$dir/gshmd.log")"; return 1; }
+}
+trap 'rc=$?; gshmd_stop || rc=1; rm -rf "$dir"; exit $rc' EXIT
 for _ in $(seq 200); do [ -S "$dir/s" ] && break; sleep 0.05; done
 export GSHM_SOCKET=$dir/s
 failures=0
