@@ -4,7 +4,7 @@
 # one key, node5 on $dir/n5 (pid $pid5) and node7 on $dir/n7 (pid $pid7),
 # each a peer of the other, $(id -gn) their pull group; returns once both
 # sockets are there.  Both are killed at exit (continued first: a test may
-# have stopped one with SIGSTOP).
+# have stopped one with SIGSTOP), and each must exit 0 at its SIGTERM.
 free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 (umask 077; head -c 32 /dev/urandom | base64 >"$dir/key")
 p5=$(free_port) p7=$(free_port)
@@ -18,5 +18,8 @@ node() { # node N PORT: a gshmd as node N on $dir/nN, its pid in $pidN
 }
 node 5 "$p5"
 node 7 "$p7"
-trap 'kill -CONT $pid5 $pid7 2>/dev/null; kill $pid5 $pid7 $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
+# (each gshmd must exit 0 at its SIGTERM: a bare wait returned 0 whatever)
+trap 'rc=$?; kill -CONT $pid5 $pid7 2>/dev/null; for p in $pid5 $pid7; do kill $p 2>/dev/null;
+        wait $p || { echo "FAIL: gshmd $p exited $? at its SIGTERM"; rc=1; }; done
+      gshmd_stop || rc=1; rm -rf "$dir"; exit $rc' EXIT
 for _ in $(seq 200); do [ -S "$dir/n5" ] && [ -S "$dir/n7" ] && break; sleep 0.05; done

@@ -15,7 +15,9 @@ dir=$(mktemp -d)
 "$gshmd" --backend host --socket "$dir/s" --log-level 3 --set=limits.max_segments=2 \
   2>"$dir/gshmd.log" &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+# (gshmd must exit 0 at its SIGTERM: its status was not looked at)
+trap 'rc=$?; kill $pid 2>/dev/null; wait $pid || { echo "FAIL: gshmd exited $? at its SIGTERM" >&2; rc=1; }
+      rm -rf "$dir"; exit $rc' EXIT
 for _ in $(seq 200); do [ -S "$dir/s" ] && break; sleep 0.05; done
 failures=0
 fail() {

@@ -13,8 +13,11 @@ dir=$(mktemp -d)
 "$gshmd" --backend host --socket "$dir/s" --log-level 3 2>"$dir/gshmd.log" &
 pid=$!
 holder=
-trap 'exec 3>&- 2>/dev/null; [ -n "$holder" ] && wait $holder 2>/dev/null; kill $pid 2>/dev/null;
-      wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+# (the holder and gshmd must both exit 0: their statuses were not looked at)
+trap 'rc=$?; exec 3>&- 2>/dev/null
+      [ -z "$holder" ] || wait $holder || { echo "FAIL: the Python client exited $?"; rc=1; }
+      kill $pid 2>/dev/null; wait $pid || { echo "FAIL: gshmd exited $? at its SIGTERM"; rc=1; }
+      rm -rf "$dir"; exit $rc' EXIT
 for _ in $(seq 200); do [ -S "$dir/s" ] && break; sleep 0.05; done
 export GSHM_SOCKET=$dir/s GSHM_LIBRARY=$lib PYTHONPATH=$src/python
 failures=0
