@@ -181,7 +181,9 @@ if [[ $(id -u) == 0 ]] && command -v unshare >/dev/null &&
     fail "under the unit's /proc: the 64 TiB create was not refused for the machine's memory: $out"
   fi
   kill "$gshmd_pid" 2>/dev/null
-  wait "$gshmd_pid" 2>/dev/null || true
+  rc=0
+  wait "$gshmd_pid" 2>/dev/null || rc=$?
+  ((rc == 0)) || fail "gshmd under the unit's /proc exited $rc at its SIGTERM: $(tail -3 "$tmp/gshmd.log")"
 else
   echo "note: not root or no unshare: gshmd not run under the unit's /proc"
 fi
