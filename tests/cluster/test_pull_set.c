@@ -247,11 +247,12 @@ static void *watch_thread(void *arg) {
 
 /* gshmctl peers (text and JSON) while the set's pull is in flight. */
 static char *peers_out[2];
+static int peers_rc[2] = {-1, -1}; /* (their exit codes: checked by the test) */
 
 static void peers_shows_pull(void *arg) {
   (void)arg;
-  harness_gshmctl(&B.h, &peers_out[0], (const char *[]){"peers", NULL});
-  harness_gshmctl(&B.h, &peers_out[1], (const char *[]){"--json", "peers", NULL});
+  peers_rc[0] = harness_gshmctl(&B.h, &peers_out[0], (const char *[]){"peers", NULL});
+  peers_rc[1] = harness_gshmctl(&B.h, &peers_out[1], (const char *[]){"--json", "peers", NULL});
 }
 
 /* One request pulls the set under pub/set/ into set/: while it runs no
@@ -274,6 +275,8 @@ static void test_set_all_at_once(void **state) {
   assert_int_equal(bg.err, 0);
   assert_true(bg.calls > 0);
   assert_int_equal(bg.max_segments_total, NSET);
+  assert_int_equal(peers_rc[0], 0);
+  assert_int_equal(peers_rc[1], 0);
   assert_non_null(peers_out[0]);
   assert_non_null(strstr(peers_out[0], "1 pull in flight"));
   assert_non_null(strstr(peers_out[0], "pub/set/"));
