@@ -120,10 +120,13 @@ uint64_t node_memfd_bytes(pid_t pid, const char *label);
 /* CLOCK_MONOTONIC in milliseconds. */
 int64_t now_ms(void);
 /* The slowest of n stats of segment `name` by a local client, in
- * milliseconds (each must succeed), each less the time this thread and
- * gshmd's loop thread (pid gshmd) waited for a CPU meanwhile (schedstat's
- * run_delay): what is left is gshmd's own doing, not the machine's other
- * load.  *raw_out (may be NULL): the slowest without that correction. */
+ * milliseconds (>= 0), each less the time this thread and gshmd's loop
+ * thread (pid gshmd) waited for a CPU meanwhile (schedstat's run_delay):
+ * what is left is gshmd's own doing, not the machine's other load.
+ * *raw_out (may be NULL): the slowest without that correction, written
+ * only on success.  Returns gshm_stat_name's negative error at the first
+ * stat that fails, and asserts nothing itself, so that a thread other
+ * than cmocka's may call it: the caller checks for < 0. */
 int64_t slowest_stat_busy(gshm_client_t *c, const char *name, int n, pid_t gshmd,
                           int64_t *raw_out);
 

@@ -123,6 +123,8 @@ static long refusals(gshm_client_t *c, const char *cause) {
 static int64_t probe_slowest(gshm_client_t *s) {
   int64_t raw, ms = slowest_stat_busy(s, "pub/probe", 20, S.h.sp.pid, &raw);
 
+  if (ms < 0)
+    fail_msg("stat of pub/probe on S: %s", gshm_strerror((int)ms));
   if (ms >= 100)
     print_message("slowest stat on S: %lld ms (%lld with waits for a CPU)\n", (long long)ms,
                   (long long)raw);

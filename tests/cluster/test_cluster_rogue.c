@@ -76,6 +76,8 @@ struct watch {
   int64_t slowest_ms, raw_ms;
   long rss_max_kib;
   unsigned samples; /* (0 when it could not connect: checked by watch_stop) */
+  int stat_err;     /* a stat's error, which ends the watch: cmocka's asserts
+                     * belong to the main thread, so watch_stop fails on it */
 };
 
 static void *watch_thread(void *arg) {
@@ -85,7 +87,12 @@ static void *watch_thread(void *arg) {
     return NULL;
   while (!w->stop) {
     int64_t raw, ms = slowest_stat_busy(c, "pub/probe", 5, w->n->h.sp.pid, &raw);
-    long rss = harness_rss_kib(w->n->h.sp.pid);
+    long rss;
+    if (ms < 0) {
+      w->stat_err = (int)ms;
+      break;
+    }
+    rss = harness_rss_kib(w->n->h.sp.pid);
     if (ms > w->slowest_ms)
       w->slowest_ms = ms;
     if (raw > w->raw_ms)
@@ -113,6 +120,9 @@ static void watch_start(struct watch *w) { watch_start_on(w, &S); }
 static void watch_stop(struct watch *w) {
   w->stop = true;
   pthread_join(w->t, NULL);
+  if (w->stat_err)
+    fail_msg("the watching client's stat of pub/probe failed after %u samples: %s", w->samples,
+             gshm_strerror(w->stat_err));
   if (!w->samples)
     fail_msg("the watching client took no stat during the attack (connect refused?)");
 }
