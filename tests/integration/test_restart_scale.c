@@ -301,7 +301,9 @@ static void test_upgrade_from_one_fd_per_segment(void **state) {
  * b856fd5), that gshmd makes the store (kept 0640 with bytes, a chmod to
  * 0604, a segment unlinked but still leased, one freed) and is stopped by
  * sig; this gshmd restores it: every segment back, the lease re-taken by
- * its holder.  Skipped without GSHMD_OLD. */
+ * its holder.  ctest sets GSHMD_OLD to what its integration_old_gshmd
+ * step builds from this clone's b856fd5; skipped, saying why, when
+ * GSHMD_OLD is not set or names no executable (no b856fd5 here). */
 static void upgrade_from_running_old(int sig) {
   const char *old = getenv("GSHMD_OLD"), *now = getenv("GSHMD");
   struct harness h;
@@ -313,6 +315,10 @@ static void upgrade_from_running_old(int sig) {
 
   if (!old || !*old || !now) {
     print_message("    GSHMD_OLD (and GSHMD) not set: skipped\n");
+    skip();
+  }
+  if (access(old, X_OK) != 0) {
+    print_message("    GSHMD_OLD %s: %s: skipped\n", old, strerror(errno));
     skip();
   }
   setenv("GSHMD", old, 1);
