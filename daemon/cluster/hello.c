@@ -115,8 +115,9 @@ static void hello_keys(const struct gshmd_cluster *cl, struct link *l, bool tx, 
   memcpy(in, "gshm-session-2\0\0", 16);
   memcpy(in + 16, v.nonce_c, GSHMD_CLUSTER_NONCE);
   memcpy(in + 16 + GSHMD_CLUSTER_NONCE, v.nonce_s, GSHMD_CLUSTER_NONCE);
+  l->subkeys = subkeys_agreed(&v); /* (gshmctl peers shows it) */
   crypto_generichash(master, sizeof(master), in, sizeof(in),
-                     subkeys_agreed(&v) ? cl->keys.session : cl->keys.raw, SUBKEY_BYTES);
+                     l->subkeys ? cl->keys.session : cl->keys.raw, SUBKEY_BYTES);
   crypto_kdf_derive_from_key(c2s, sizeof(c2s), 1, "gshm-c2s", master);
   crypto_kdf_derive_from_key(s2c, sizeof(s2c), 2, "gshm-s2c", master);
   if (!l->is_lane) /* what this link's lanes name it by (lane.h) */
@@ -193,6 +194,8 @@ static void on_hello(struct link *l, const Gshm__Cluster__Hello *h) {
     return;
   memcpy(l->nonce_theirs, h->nonce.data, GSHMD_CLUSTER_NONCE);
   l->caps_theirs = h->caps;
+  l->major_theirs = h->major;
+  l->minor_theirs = h->minor;
   hello_mac(cl, l, 'S', mac);
   c.caps = caps_mine(cl);
   c.major = GSHMD_CLUSTER_MAJOR;
@@ -233,6 +236,8 @@ static void on_challenge(struct link *l, const Gshm__Cluster__Challenge *c) {
     return;
   memcpy(l->nonce_theirs, c->nonce.data, GSHMD_CLUSTER_NONCE);
   l->caps_theirs = c->caps;
+  l->major_theirs = c->major;
+  l->minor_theirs = c->minor;
   hello_mac(cl, l, 'S', mac);
   if (sodium_memcmp(mac, c->mac.data, sizeof(mac)) != 0) {
     snprintf(msg, sizeof(msg), "peer '%s' did not prove the shared key (cluster.secret_file differs)",

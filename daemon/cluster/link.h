@@ -90,6 +90,7 @@ struct peer {
   enum peer_state state;
   struct link *out;          /* our endpoint to it, while connecting or up */
   char why[160];             /* why it is down */
+  char protocol[24];         /* PEERS: "MAJOR.MINOR" of its up link (peers.c) */
   uint32_t exported;
   int64_t retry_ns;          /* CLOCK_MONOTONIC: next connect attempt */
   struct gshm_list waiting;  /* struct peer_req: sent when the link is up */
@@ -191,6 +192,8 @@ struct link {
   int64_t since_ns;          /* CLOCK_MONOTONIC */
   int64_t active_ns;         /* CLOCK_MONOTONIC: the last frame received or sent */
   uint32_t caps_theirs;      /* the hello's capabilities (hello.c) */
+  uint32_t major_theirs, minor_theirs; /* the protocol its hello announced (hello.c) */
+  bool subkeys;              /* the hello's MACs and keys come from the subkeys (hello.c) */
   struct gshm_list reqs;     /* outbound: sent, awaiting answers */
   uint32_t wait_rid;         /* outbound: the oldest request whose answer has not begun,
                                 as the sweep last saw it (reqwait.c) ... */

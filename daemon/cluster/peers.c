@@ -6,6 +6,7 @@
  * after GSHMD_PEERS_WAIT_MS with the last known count of the others. */
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "config.h"
@@ -35,7 +36,8 @@ struct peers_query {
   struct gshm_list node;       /* cl->peer_queries */
 };
 
-/* Peer p as row ci (its strings stay p's). */
+/* Peer p as row ci (its strings stay p's); an up peer with the protocol
+ * its hello announced and whether its link uses the subkeys. */
 static void peer_row(struct peer *p, Gshm__ClusterPeer *ci) {
   gshm__cluster_peer__init(ci);
   ci->name = p->name;
@@ -44,6 +46,12 @@ static void peer_row(struct peer *p, Gshm__ClusterPeer *ci) {
   ci->exported = p->exported;
   gshm__text_clean(p->why); /* may hold a peer's refusal */
   ci->message = p->why;
+  if (p->state == PEER_UP && p->out) { /* (what the hello of the link in use said) */
+    snprintf(p->protocol, sizeof(p->protocol), "%u.%u", p->out->major_theirs,
+             p->out->minor_theirs);
+    ci->protocol = p->protocol;
+    ci->subkeys = p->out->subkeys;
+  }
 }
 
 /* The first page's pulls in flight that viewer may see (its uid's, or
@@ -70,7 +78,7 @@ static void fill_pulls(struct gshmd_cluster *cl, const struct gshmd_client *view
 
 /* Fills reply->cluster_peers from what is known now: the peers after
  * cursor `after` (peer i of cluster.peers is i + 1), as many as fit one
- * packet (the first always: a row is under 400 bytes), next the cursor of
+ * packet (the first always: a row is under 420 bytes), next the cursor of
  * the last one (0: it was the last); after 0 adds the pulls in flight
  * that viewer may see.
  * Any cursor from the wire: one past the last peer or more is an empty,
