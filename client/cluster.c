@@ -22,6 +22,25 @@ static int peers_request(gshm_client_t *c, uint64_t after, Gshm__Reply **reply_o
                             reply_out);
 }
 
+/* An up peer's "MAJOR.MINOR" and subkeys into o (left 0 where the
+ * daemon said none, or something else). */
+static void proto_parse(const Gshm__ClusterPeer *p, gshm_cluster_peer_t *o) {
+  unsigned long major, minor;
+  char *end;
+
+  if (!p->protocol || !p->protocol[0])
+    return;
+  major = strtoul(p->protocol, &end, 10);
+  if (*end != '.' || major == 0)
+    return;
+  minor = strtoul(end + 1, &end, 10);
+  if (*end)
+    return;
+  o->protocol_major = major > 255 ? 255 : (uint8_t)major;
+  o->protocol_minor = minor > 255 ? 255 : (uint8_t)minor;
+  o->subkeys = p->subkeys ? 1 : 0;
+}
+
 /* Appends page's peers to *a (*n of them, room for *cap). */
 static int peers_add(const Gshm__ClusterPeerList *page, gshm_cluster_peer_t **a, size_t *n,
                      size_t *cap) {
@@ -43,6 +62,7 @@ static int peers_add(const Gshm__ClusterPeerList *page, gshm_cluster_peer_t **a,
     snprintf(o->address, sizeof(o->address), "%s", p->address);
     snprintf(o->state, sizeof(o->state), "%s", p->state);
     o->exported = p->exported;
+    proto_parse(p, o);
     snprintf(o->message, sizeof(o->message), "%s", p->message);
   }
   return 0;

@@ -539,7 +539,16 @@ GSHM_EXTERN int gshm_metrics(gshm_client_t *client, char **text_out);
 typedef struct gshm_cluster_peer {
   char name[64];
   char address[136];               /* "ADDRESS:PORT" */
-  char state[16];                  /* "up", "connecting" or "down" */
+  char state[12];                  /* "up", "connecting" or "down" (16 bytes before
+                                      protocol_major: the 4 after the longest's NUL) */
+  /* An up peer: the cluster protocol its hello announced (protocol_major
+   * 0: unknown, the peer is not up or the daemon or libgshm is older than
+   * these fields), and subkeys 1 where the link's hello MACs and keys come from
+   * the cluster key's subkeys (both nodes said CAP_SUBKEYS, protocol 2.6:
+   * cluster.min_protocol = 2.6 refuses a peer that does not), else 0.  A
+   * number past 255 reads 255.  The minor is not authenticated; subkeys
+   * is (the hello's MACs cover the capabilities). */
+  uint8_t protocol_major, protocol_minor, subkeys, reserved_;
   uint32_t exported;               /* segments it exports: now for an up peer (the daemon
                                       asks each, waiting 1 s at most), else as last seen */
   char message[160];               /* why it is down, if known */

@@ -204,11 +204,19 @@ class ClusterPeer:
     state: str            #: "up", "connecting" or "down"
     exported: int         #: segments it exports, as last seen
     message: str          #: why it is down, if known
+    #: an up peer's cluster protocol as its hello announced it ("2.6");
+    #: None: not up, or a gshmd or libgshm before it
+    protocol: Optional[str] = None
+    #: an up peer: its link uses the cluster key's subkeys (both 2.6); else None
+    subkeys: Optional[bool] = None
 
     @classmethod
     def _from_c(cls, c):
+        known = c.protocol_major != 0
         return cls(name=_dec(c.name), address=_dec(c.address), state=_dec(c.state),
-                   exported=c.exported, message=_dec(c.message))
+                   exported=c.exported, message=_dec(c.message),
+                   protocol=f"{c.protocol_major}.{c.protocol_minor}" if known else None,
+                   subkeys=bool(c.subkeys) if known else None)
 
 
 @dataclasses.dataclass(frozen=True)

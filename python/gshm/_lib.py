@@ -79,7 +79,11 @@ class ClusterPeerC(ctypes.Structure):
     _fields_ = [
         ("name", ctypes.c_char * 64),
         ("address", ctypes.c_char * 136),
-        ("state", ctypes.c_char * 16),
+        ("state", ctypes.c_char * 12),
+        ("protocol_major", ctypes.c_uint8),
+        ("protocol_minor", ctypes.c_uint8),
+        ("subkeys", ctypes.c_uint8),
+        ("reserved_", ctypes.c_uint8),
         ("exported", ctypes.c_uint32),
         ("message", ctypes.c_char * 160),
     ]

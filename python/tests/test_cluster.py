@@ -45,6 +45,8 @@ def test_pull(pair):
         assert cb.stat("py/copy").source.startswith("a:pub/py#")
         peers = cb.peers()
         assert [(p.name, p.state) for p in peers] == [("a", "up")]
+        # what to check before cluster.min_protocol = 2.6: both say 2.6
+        assert (peers[0].protocol, peers[0].subkeys) == ("2.6", True)
         with pytest.raises(gshm.NotFound):
             cb.pull("a", "not/exported")
         # the way out, in this API's words: replace=True, not gshmctl's flag
