@@ -78,6 +78,9 @@ static void usage(FILE *f) {
           "                                 EXPORTED: segments an up peer exports now, - for\n"
           "                                 a peer not up (--json: \"exported\" null, and\n"
           "                                 \"exported_last_seen\" the count last known);\n"
+          "                                 PROTO, SUBKEYS: the protocol an up peer announced,\n"
+          "                                 whether its link uses the key's subkeys (2.6 and\n"
+          "                                 yes on every node before cluster.min_protocol=2.6);\n"
           "                                 then the pulls in flight: NAME the peer's segment\n"
           "                                 or prefix, LOCAL where it lands here (--as)\n"
           "  segments --peer PEER           the segments peer node PEER exports\n"
@@ -1652,11 +1655,20 @@ static json_t *pulls_in_flight(const gshm_cluster_pull_t *v, size_t n, uint64_t 
  * it; a peer down or connecting has only the count last seen. */
 static bool peer_up(const gshm_cluster_peer_t *p) { return !strcmp(p->state, "up"); }
 
+/* An up peer's protocol as "MAJOR.MINOR" in buf (24 bytes); false when
+ * unknown (not up, or a gshmd or libgshm before it). */
+static bool peer_protocol(const gshm_cluster_peer_t *p, char *buf) {
+  if (!p->protocol_major)
+    return false;
+  snprintf(buf, 24, "%u.%u", p->protocol_major, p->protocol_minor);
+  return true;
+}
+
 static int cmd_peers(gshm_client_t *c) {
   static char esc[SHOWN_CAP], esc2[SHOWN_CAP], esc3[SHOWN_CAP];
   gshm_cluster_peer_t *v = NULL;
   gshm_cluster_pull_t *pv = NULL;
-  char node[64] = "";
+  char node[64] = "", proto[24];
   size_t n = 0, np = 0;
   uint64_t ntotal = 0;
   int e = gshm_cluster_peers(c, node, &v, &n);
@@ -1681,6 +1693,11 @@ static int cmd_peers(gshm_client_t *c) {
                                                          : json_null());
       json_object_set_new(o, "exported_last_seen", json_integer(v[i].exported));
       json_object_set_new(o, "message", json_text(v[i].message));
+      /* (null: not up, or a gshmd before it says nothing) */
+      json_object_set_new(o, "protocol", peer_protocol(&v[i], proto) ? json_string(proto)
+                                                                      : json_null());
+      json_object_set_new(o, "subkeys", v[i].protocol_major ? json_boolean(v[i].subkeys)
+                                                            : json_null());
       json_array_append_new(arr, o);
     }
     json_object_set_new(doc, "peers", arr);
@@ -1701,7 +1718,8 @@ static int cmd_peers(gshm_client_t *c) {
     wa = widen(wa, v[i].address);
   }
   if (n)
-    printf("%-*s %-*s %-10s %8s %s\n", wn, "PEER", wa, "ADDRESS", "STATE", "EXPORTED", "MESSAGE");
+    printf("%-*s %-*s %-10s %-5s %-7s %8s %s\n", wn, "PEER", wa, "ADDRESS", "STATE", "PROTO",
+           "SUBKEYS", "EXPORTED", "MESSAGE");
   /* a message may quote what a peer sent in its hello, before it proved
    * the key ("calls itself 'NAME'"): escaped as every name is */
   for (size_t i = 0; i < n; i++) {
@@ -1710,7 +1728,9 @@ static int cmd_peers(gshm_client_t *c) {
     char count[16] = "-";
     if (peer_up(&v[i]))
       snprintf(count, sizeof(count), "%u", v[i].exported);
-    printf("%-*s %-*s %-10s %8s %s\n", col(esc, wn), esc, col(esc2, wa), esc2, v[i].state, count,
+    bool known = peer_protocol(&v[i], proto);
+    printf("%-*s %-*s %-10s %-5s %-7s %8s %s\n", col(esc, wn), esc, col(esc2, wa), esc2,
+           v[i].state, known ? proto : "-", !known ? "-" : v[i].subkeys ? "yes" : "no", count,
            shown(v[i].message, esc3));
   }
   pulls_in_flight(pv, np, ntotal);

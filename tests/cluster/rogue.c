@@ -185,6 +185,7 @@ static void on_hello(struct rogue *r, const Gshm__Cluster__Hello *h) {
   snprintf(r->peer, sizeof(r->peer), "%s", h->node_name);
   hello_mac(r, 'S', mac);
   c.major = 2;
+  c.minor = r->minor;
   c.caps = r->caps;
   c.node_name = r->name;
   c.nonce.data = r->nonce_mine;
@@ -350,6 +351,7 @@ int rogue_connect(struct rogue *r, int port, const char *name, const char *peer,
   if (rogue_open(r, fd, name, key))
     return -1;
   h.major = 2;
+  h.minor = r->minor;
   h.caps = r->caps;
   h.node_name = r->name;
   h.nonce.data = r->nonce_mine;

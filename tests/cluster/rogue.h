@@ -32,6 +32,8 @@ struct rogue {
   uint32_t caps;                 /* the capabilities it claims (set before the hello; 0:
                                     none; CAP_LANES: the node opens data lanes to it;
                                     CAP_SUBKEYS: the subkeys of protocol 2.6, below) */
+  uint32_t minor;                /* the protocol's minor its hello or challenge announces
+                                    (2.minor; 0 unless set) */
   uint32_t caps_theirs;
   /* Under CAP_SUBKEYS (both sides': then the hello's MACs are keyed with
    * the cluster key's hello subkey and the link's keys come from its

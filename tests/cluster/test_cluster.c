@@ -1637,7 +1637,8 @@ static void test_peers_count(void **state) {
   assert_int_equal(gshm_chmod(a, "pub/count-2", 0600), 0); /* not exported */
   assert_int_equal(exported_by_a(b), before + 1);
   assert_int_equal(harness_gshmctl(&B.h, &out, (const char *[]){"peers", NULL}), 0);
-  snprintf(want, sizeof(want), " %-10s %8u ", "up", before + 1); /* gshmctl's columns */
+  /* gshmctl's columns: STATE, PROTO, SUBKEYS, EXPORTED */
+  snprintf(want, sizeof(want), " %-10s %-5s %-7s %8u ", "up", "2.6", "yes", before + 1);
   assert_non_null(strstr(out, want));
   free(out);
   assert_int_equal(gshm_unlink(a, "pub/count-1"), 0);
@@ -1697,15 +1698,54 @@ static void test_peers_down_count(void **state) {
   assert_string_not_equal(st, "up");
   assert_int_equal(count, 2); /* what gshmd last saw: gshmctl must not show it as now */
   assert_int_equal(harness_gshmctl(&A.h, &out, (const char *[]){"peers", NULL}), 0);
-  snprintf(want, sizeof(want), " %-10s %8s ", st, "-"); /* gshmctl's columns */
+  /* gshmctl's columns: STATE, PROTO and SUBKEYS unknown, EXPORTED */
+  snprintf(want, sizeof(want), " %-10s %-5s %-7s %8s ", st, "-", "-", "-");
   if (!strstr(out, want))
     fail_msg("peers lacks '%s': %s", want, out);
   free(out);
   assert_int_equal(harness_gshmctl(&A.h, &out, (const char *[]){"--json", "peers", NULL}), 0);
   assert_non_null(strstr(out, "\"exported\": null"));
   assert_non_null(strstr(out, "\"exported_last_seen\": 2"));
+  assert_non_null(strstr(out, "\"protocol\": null"));
+  assert_non_null(strstr(out, "\"subkeys\": null"));
   free(out);
   gshm_disconnect(a);
+}
+
+/* gshmctl peers shows the protocol an up peer's hello announced and
+ * whether the link uses the cluster key's subkeys: between two gshmd of
+ * this version 2.6 and yes (text, --json and the C API), what an
+ * operator checks on every node before cluster.min_protocol = 2.6. */
+static void test_peers_protocol(void **state) {
+  gshm_client_t *b = connect_to(&B);
+  gshm_cluster_peer_t *v = NULL;
+  char st[16], *out = NULL;
+  uint32_t count;
+  size_t n = 0;
+  int64_t until;
+  (void)state;
+
+  for (until = now_ms() + 10000; now_ms() < until; usleep(50000)) {
+    peer_of(b, "a", st, sizeof(st), &count);
+    if (!strcmp(st, "up"))
+      break;
+  }
+  assert_string_equal(st, "up");
+  assert_int_equal(gshm_cluster_peers(b, NULL, &v, &n), 0);
+  assert_int_equal(n, 1);
+  assert_int_equal(v[0].protocol_major, 2);
+  assert_int_equal(v[0].protocol_minor, 6);
+  assert_int_equal(v[0].subkeys, 1);
+  gshm_free(v);
+  assert_int_equal(harness_gshmctl(&B.h, &out, (const char *[]){"peers", NULL}), 0);
+  if (!strstr(out, " PROTO SUBKEYS ") || !strstr(out, " up         2.6   yes     "))
+    fail_msg("peers lacks PROTO 2.6, SUBKEYS yes: %s", out);
+  free(out);
+  assert_int_equal(harness_gshmctl(&B.h, &out, (const char *[]){"--json", "peers", NULL}), 0);
+  if (!strstr(out, "\"protocol\": \"2.6\"") || !strstr(out, "\"subkeys\": true"))
+    fail_msg("peers --json lacks protocol 2.6, subkeys true: %s", out);
+  free(out);
+  gshm_disconnect(b);
 }
 
 int main(void) {
@@ -1734,6 +1774,7 @@ int main(void) {
       cmocka_unit_test(test_unreachable_peer),
       cmocka_unit_test(test_peers_count),
       cmocka_unit_test(test_peers_down_count),
+      cmocka_unit_test(test_peers_protocol),
   };
   return NODES_RUN(tests, group_setup, group_teardown);
 }

@@ -1764,6 +1764,21 @@ static void test_subkeys(void **state) {
   gshm_disconnect(s);
 }
 
+/* Starts node q whose one peer "ra" is a rogue's listener (the rogue
+ * serves: rogue_accept on the fd returned, which the caller closes),
+ * rkey the rogue's key; connects to q as *c_out. */
+static int q_with_serving_rogue(struct node *q, uint8_t rkey[32], gshm_client_t **c_out) {
+  char peers[64];
+  int port, lfd;
+
+  rogue_key(keys.key, rkey);
+  assert_true((lfd = rogue_listener(&port)) >= 0);
+  snprintf(peers, sizeof(peers), "ra=127.0.0.1:%d", port);
+  node_start(q, "q", peers, keys.key, "", NULL);
+  *c_out = connect_to(q);
+  return lfd;
+}
+
 /* The same with the node as the connecting side (node q, peer "ra" the
  * rogue's listener): a serving peer of 2.6 passes q's check of its
  * Challenge and q's Auth passes the rogue's, both under the hello
@@ -1772,18 +1787,12 @@ static void test_subkeys(void **state) {
 static void test_subkeys_connecting(void **state) {
   static struct node q;
   static struct rogue ra;
-  char peers[64];
   uint8_t rkey[32];
   gshm_client_t *c;
   long bad_key;
-  int port, lfd2, rc;
+  int lfd2 = q_with_serving_rogue(&q, rkey, &c), rc;
   (void)state;
 
-  rogue_key(keys.key, rkey);
-  assert_true((lfd2 = rogue_listener(&port)) >= 0);
-  snprintf(peers, sizeof(peers), "ra=127.0.0.1:%d", port);
-  node_start(&q, "q", peers, keys.key, "", NULL);
-  c = connect_to(&q);
   memset(&ra, 0, sizeof(ra));
   ra.caps = GSHM__CLUSTER__CAP__CAP_SUBKEYS;
   rc = rogue_accept(&ra, lfd2, "ra", rkey);
@@ -1903,9 +1912,63 @@ static void test_min_protocol_connecting(void **state) {
   close(lfd2);
 }
 
+/* gshmctl peers shows what an up peer's hello announced and whether its
+ * link uses the subkeys: node q connected to a serving peer "ra" that
+ * says 2.5 without CAP_SUBKEYS shows 2.5 and no (the node an operator
+ * must update before cluster.min_protocol = 2.6), to one of 2.6 2.6 and
+ * yes; text, --json and the C API. */
+static void test_peers_protocol(void **state) {
+  static struct node q;
+  static struct rogue ra;
+  static const struct {
+    uint32_t caps, minor;
+    const char *row, *json;
+  } cases[] = {
+      {0, 5, " up         2.5   no      ", "\"subkeys\": false"},
+      {GSHM__CLUSTER__CAP__CAP_SUBKEYS, 6, " up         2.6   yes     ", "\"subkeys\": true"},
+  };
+  char want[32], *out = NULL;
+  uint8_t rkey[32];
+  gshm_client_t *c;
+  int lfd2 = q_with_serving_rogue(&q, rkey, &c);
+  (void)state;
+
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    gshm_cluster_peer_t *v = NULL;
+    size_t n = 0;
+    memset(&ra, 0, sizeof(ra));
+    ra.caps = cases[i].caps;
+    ra.minor = cases[i].minor;
+    /* (q connects again 2 s after the last link closed) */
+    if (rogue_accept(&ra, lfd2, "ra", rkey))
+      fail_msg("serving peer of 2.%u: %s", cases[i].minor, ra.refusal);
+    assert_int_equal(gshm_cluster_peers(c, NULL, &v, &n), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(v[0].state, "up");
+    assert_int_equal(v[0].protocol_major, 2);
+    assert_int_equal(v[0].protocol_minor, cases[i].minor);
+    assert_int_equal(v[0].subkeys, cases[i].caps == GSHM__CLUSTER__CAP__CAP_SUBKEYS);
+    gshm_free(v);
+    assert_int_equal(harness_gshmctl(&q.h, &out, (const char *[]){"peers", NULL}), 0);
+    if (!strstr(out, cases[i].row))
+      fail_msg("peers lacks '%s': %s", cases[i].row, out);
+    free(out);
+    assert_int_equal(harness_gshmctl(&q.h, &out, (const char *[]){"--json", "peers", NULL}), 0);
+    snprintf(want, sizeof(want), "\"protocol\": \"2.%u\"", cases[i].minor);
+    if (!strstr(out, want) || !strstr(out, cases[i].json))
+      fail_msg("peers --json lacks %s, %s: %s", want, cases[i].json, out);
+    free(out);
+    rogue_close(&ra);
+  }
+  gshm_disconnect(c);
+  assert_int_equal(harness_stop(&q.h), 0);
+  close(lfd2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_peer_message_escaped),
+      cmocka_unit_test(test_peers_protocol),
       cmocka_unit_test(test_links_per_peer),
       cmocka_unit_test(test_hello_slots_spare_peers),
       cmocka_unit_test(test_hello_slots_spare_peers_budget),
