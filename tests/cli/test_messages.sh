@@ -472,6 +472,7 @@ done
 # and the table's columns, those README's CLI table lists
 columns segments
 columns clients
+columns mappings
 run 0 --json devices
 documented devices out sub
 sleep 3 | "$ctl" write jk >/dev/null 2>&1 & # (a lease, mapped, while it reads its input)
