@@ -134,6 +134,12 @@ const uint8_t *gshmd__fdstore_record(struct gshmd_segment *seg, uint64_t publish
   return c->bytes;
 }
 
+/* The varint of a length-delimited field's length (protobuf's encoding
+ * guide).  Written here because protobuf-c has no public call that
+ * appends a field from bytes packed before: protobuf_c_message_pack would
+ * pack every member's StateRecord again, the cost the kept records save;
+ * the unit tests unpack what this writes with protobuf-c's own reader
+ * (test_bucket_payload_follows_changes). */
 static size_t varint_bytes(size_t v) {
   size_t n = 1;
   for (; v >= 0x80; v >>= 7)
